@@ -1,0 +1,187 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"regexp"
+	"strings"
+)
+
+// codeInfo is what a stable error code fixes: the HTTP status, the type and
+// whether a caller may retry (SPEC §8.2). Nothing else chooses these.
+type codeInfo struct {
+	status    int
+	typ       string
+	retryable bool
+}
+
+// codes is the one table of SPEC §8.2. An apiError's status, type and
+// retryable all follow from its code.
+var codes = map[string]codeInfo{
+	"invalid_request":                       {400, "request_error", false},
+	"unauthenticated":                       {401, "authentication_error", false},
+	"forbidden":                             {403, "authorization_error", false},
+	"alias_unknown":                         {404, "request_error", false},
+	"not_found":                             {404, "request_error", false},
+	"method_not_allowed":                    {405, "request_error", false},
+	"state_conflict":                        {409, "state_error", false},
+	"secure_transport_required":             {426, "transport_error", false},
+	"provider_rate_limited":                 {429, "capacity_error", true},
+	"subscription_unavailable":              {429, "capacity_error", true},
+	"client_cancelled":                      {499, "request_error", false},
+	"internal_error":                        {500, "internal_error", false},
+	"provider_failure":                      {502, "provider_error", false},
+	"provider_incomplete":                   {502, "provider_error", false},
+	"provider_quota_exhausted":              {502, "provider_error", false},
+	"alias_unserviceable":                   {503, "dependency_error", false},
+	"credential_unauthorized":               {503, "authorization_error", false},
+	"subscription_reauthorization_required": {503, "authorization_error", false},
+	"dependency_unavailable":                {503, "dependency_error", true},
+	"dependency_timeout":                    {504, "dependency_error", true},
+}
+
+// maxMessageBytes bounds every envelope message (SPEC §8.1).
+const maxMessageBytes = 2048
+
+// apiError is the only error body a client ever sees. Status, type and
+// retryable follow from Code; Attempts is set exactly when the request
+// reached dispatch; Details only on alias refusals.
+type apiError struct {
+	Code      string
+	Message   string // client-safe: no secrets, no prompts, no raw provider bodies
+	Attempts  *int   // nil: refused before dispatch, so no "attempts" key
+	Details   *aliasDetails
+	Retryable *bool // nil: from the code table; set only for SPEC §12's in-progress 409
+	Err       error // cause: logged, never sent
+}
+
+// aliasDetails is the "details" member of alias refusals (SPEC §5.2).
+type aliasDetails struct {
+	Alias string  `json:"alias"`
+	State string  `json:"state"`
+	Route *string `json:"route"`
+}
+
+// refuse builds an apiError for code with a formatted client-safe message.
+func refuse(code, format string, args ...any) *apiError {
+	if _, ok := codes[code]; !ok {
+		panic("brama: unknown error code " + code)
+	}
+	return &apiError{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+func (e *apiError) Error() string { return e.Code + ": " + e.Message }
+func (e *apiError) Unwrap() error { return e.Err }
+
+// Status is the HTTP status the code fixes.
+func (e *apiError) Status() int { return codes[e.Code].status }
+
+// withAttempts returns e marked as a refusal made after dispatch began.
+func (e *apiError) withAttempts(n int) *apiError {
+	e.Attempts = &n
+	return e
+}
+
+// because records the cause for the log; it never reaches the client.
+func (e *apiError) because(err error) *apiError {
+	e.Err = err
+	return e
+}
+
+// envelope is the wire shape of SPEC §8.1, members in the documented order.
+type envelope struct {
+	Error envelopeBody `json:"error"`
+}
+
+type envelopeBody struct {
+	Message   string        `json:"message"`
+	Type      string        `json:"type"`
+	Code      string        `json:"code"`
+	Retryable bool          `json:"retryable"`
+	Attempts  *int          `json:"attempts,omitempty"`
+	Details   *aliasDetails `json:"details,omitempty"`
+}
+
+// body is the envelope a client receives for e.
+func (e *apiError) body() envelope {
+	info := codes[e.Code]
+	retryable := info.retryable
+	if e.Retryable != nil {
+		retryable = *e.Retryable
+	}
+	return envelope{Error: envelopeBody{
+		Message:   truncateUTF8(e.Message, maxMessageBytes),
+		Type:      info.typ,
+		Code:      e.Code,
+		Retryable: retryable,
+		Attempts:  e.Attempts,
+		Details:   e.Details,
+	}}
+}
+
+// asAPIError classifies any error: an apiError as itself, a missing state
+// directory or an unusable journal as dependency_unavailable naming the
+// cause, everything else as internal_error with a message that leaks nothing.
+func asAPIError(err error) *apiError {
+	var ae *apiError
+	if errors.As(err, &ae) {
+		return ae
+	}
+	var ns *noStateError
+	if errors.As(err, &ns) {
+		return refuse("dependency_unavailable", "%s", ns.Error()).because(err)
+	}
+	return refuse("internal_error", "internal error").because(err)
+}
+
+// writeJSON writes v as the JSON body with status.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status, b = 500, []byte(`{"error":{"message":"internal error","type":"internal_error","code":"internal_error","retryable":false}}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(append(b, '\n'))
+}
+
+// writeAPIError writes err in the envelope; Brama-Attempts follows the
+// attempts key (SPEC §7.4).
+func writeAPIError(w http.ResponseWriter, err error) *apiError {
+	ae := asAPIError(err)
+	if ae.Attempts != nil {
+		w.Header().Set("Brama-Attempts", fmt.Sprint(*ae.Attempts))
+	}
+	writeJSON(w, ae.Status(), ae.body())
+	return ae
+}
+
+// truncateUTF8 cuts s to at most n bytes without splitting a rune.
+func truncateUTF8(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !isRuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
+
+func isRuneStart(b byte) bool { return b&0xC0 != 0x80 }
+
+// secretShaped matches API-key-shaped tokens (sk-…, sk-ant-…, brama_…) that
+// must never be quoted back (SPEC §8.1).
+var secretShaped = regexp.MustCompile(`(sk-(ant-)?|brama_)[A-Za-z0-9_\-]{6,}`)
+
+// redact replaces each presented secret and every secret-shaped token in s
+// with [redacted] before s is quoted anywhere.
+func redact(s string, presented ...string) string {
+	for _, p := range presented {
+		if p != "" {
+			s = strings.ReplaceAll(s, p, "[redacted]")
+		}
+	}
+	return secretShaped.ReplaceAllString(s, "[redacted]")
+}

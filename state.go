@@ -1,0 +1,216 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// state is where Brama keeps its files (SPEC §2.1). When no directory
+// resolves, dir is empty and cause says why; every reader and writer then
+// refuses with a *noStateError instead of the process stopping.
+type state struct {
+	dir   string
+	cause error
+}
+
+// noStateError is the refusal of every state reader and writer when no state
+// directory resolved. Its text names the cause from resolving home.
+type noStateError struct {
+	what  string // the consumer, e.g. "journal"
+	cause error
+}
+
+func (e *noStateError) Error() string {
+	return fmt.Sprintf("%s has no state directory: %v", e.what, e.cause)
+}
+func (e *noStateError) Unwrap() error { return e.cause }
+
+// resolveState picks BRAMA_STATE_DIR (trimmed), else <home>/.brama. It never
+// falls back to the working directory or a temporary directory.
+func resolveState(getenv func(string) string) state {
+	if d := strings.TrimSpace(getenv("BRAMA_STATE_DIR")); d != "" {
+		return state{dir: d}
+	}
+	home := strings.TrimSpace(getenv("HOME"))
+	if home == "" {
+		// os.UserHomeDir reads $HOME on Unix; asking it gives the standard cause text.
+		_, err := homeDirFrom(getenv)
+		return state{cause: err}
+	}
+	return state{dir: filepath.Join(home, ".brama")}
+}
+
+// homeDirFrom mirrors os.UserHomeDir on Unix over an injected environment.
+func homeDirFrom(getenv func(string) string) (string, error) {
+	if h := getenv("HOME"); h != "" {
+		return h, nil
+	}
+	return "", errors.New("$HOME is not defined")
+}
+
+// path names file inside the state directory for consumer what, or refuses.
+func (s state) path(what, file string) (string, error) {
+	if s.dir == "" {
+		return "", &noStateError{what: what, cause: s.cause}
+	}
+	return filepath.Join(s.dir, file), nil
+}
+
+// fileOrState is the override named by env when set, else file in the
+// state directory.
+func (s state) fileOrState(getenv func(string) string, env, what, file string) (string, error) {
+	if p := strings.TrimSpace(getenv(env)); p != "" {
+		return p, nil
+	}
+	return s.path(what, file)
+}
+
+// errFileAbsent marks a state file that does not exist yet (callers treat it
+// as empty).
+var errFileAbsent = errors.New("file does not exist")
+
+// fileIdentity is what tells a changed file from an unchanged one without
+// reading it (SPEC §4.2, §2.3).
+type fileIdentity struct {
+	dev, ino uint64
+	size     int64
+	mtime    time.Time
+}
+
+// guardFile applies the reader guards of SPEC §2.2 to name and returns its
+// identity: refuse a symlink, a non-regular file, a file owned by another
+// uid, or one readable or writable by group or other, naming the rule.
+func guardFile(role, name string) (fileIdentity, error) {
+	fi, err := os.Lstat(name)
+	if errors.Is(err, fs.ErrNotExist) {
+		return fileIdentity{}, fmt.Errorf("%s %s: %w", role, name, errFileAbsent)
+	}
+	if err != nil {
+		return fileIdentity{}, fmt.Errorf("%s: %w", role, err)
+	}
+	if fi.Mode()&fs.ModeSymlink != 0 {
+		return fileIdentity{}, fmt.Errorf("%s %s is a symlink; refusing to follow it", role, name)
+	}
+	if !fi.Mode().IsRegular() {
+		return fileIdentity{}, fmt.Errorf("%s %s is not a regular file", role, name)
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return fileIdentity{}, fmt.Errorf("%s %s: no owner information", role, name)
+	}
+	if int(st.Uid) != os.Geteuid() {
+		return fileIdentity{}, fmt.Errorf("%s %s is owned by uid %d, not this process's uid %d", role, name, st.Uid, os.Geteuid())
+	}
+	if fi.Mode().Perm()&0o077 != 0 {
+		return fileIdentity{}, fmt.Errorf("%s %s has mode %#o; it must not be readable or writable by group or other (chmod 600)", role, name, fi.Mode().Perm())
+	}
+	return fileIdentity{dev: uint64(st.Dev), ino: st.Ino, size: fi.Size(), mtime: fi.ModTime()}, nil
+}
+
+// readGuarded reads name after guardFile. An absent file is errFileAbsent.
+func readGuarded(role, name string) ([]byte, fileIdentity, error) {
+	id, err := guardFile(role, name)
+	if err != nil {
+		return nil, id, err
+	}
+	b, err := os.ReadFile(name)
+	if err != nil {
+		return nil, id, fmt.Errorf("%s: %w", role, err)
+	}
+	return b, id, nil
+}
+
+// testingOnlyRename replaces os.Rename inside writeFileAtomic (nil in
+// production) so tests can make the rename fail.
+var testingOnlyRename func(oldpath, newpath string) error
+
+// writeFileAtomic is the owner-only atomic replacement every whole-file
+// writer uses (SPEC §2.2): readers see the old bytes or the new, never a mix,
+// and the new bytes are durable when it returns nil.
+func writeFileAtomic(name string, data []byte) error {
+	dir := filepath.Dir(name)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	// os.CreateTemp opens with O_RDWR|O_CREATE|O_EXCL and mode 0600.
+	f, err := os.CreateTemp(dir, "."+filepath.Base(name)+".tmp*")
+	if err != nil {
+		return err
+	}
+	if _, err = f.Write(data); err == nil {
+		err = f.Sync() // the bytes reach the disk before the name points at them
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		rename := os.Rename
+		if testingOnlyRename != nil {
+			rename = testingOnlyRename
+		}
+		err = rename(f.Name(), name)
+	}
+	if err != nil {
+		os.Remove(f.Name())
+		return err
+	}
+	return syncDir(dir) // makes the rename itself durable
+}
+
+// syncDir fsyncs a directory so a rename inside it survives a crash.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// withFileLock runs fn while holding an exclusive flock on name+".lock"
+// (SPEC §2.3). The lock file is created 0600 once and holds nothing.
+func withFileLock(name string, fn func() error) error {
+	if err := os.MkdirAll(filepath.Dir(name), 0o700); err != nil {
+		return err
+	}
+	lf, err := os.OpenFile(name+".lock", os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return err
+	}
+	defer lf.Close()
+	if err := syscall.Flock(int(lf.Fd()), syscall.LOCK_EX); err != nil {
+		return fmt.Errorf("lock %s: %w", filepath.Base(name)+".lock", err)
+	}
+	defer syscall.Flock(int(lf.Fd()), syscall.LOCK_UN)
+	return fn()
+}
+
+// lockServe takes the one-serve-per-state-directory lock (SPEC §2.3). The
+// returned file keeps the lock until closed.
+func lockServe(s state) (*os.File, error) {
+	if s.dir == "" {
+		return nil, nil
+	}
+	if err := os.MkdirAll(s.dir, 0o700); err != nil {
+		return nil, err
+	}
+	name := filepath.Join(s.dir, "serve.lock")
+	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("another brama serve holds %s", name)
+	}
+	return f, nil
+}
