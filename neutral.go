@@ -112,7 +112,7 @@ type usage struct {
 
 // Stream event kinds, from a provider protocol to a caller dialect.
 const (
-	eventText          = "text"           // Text: the next piece of output text
+	eventText          = "text"            // Text: the next piece of output text
 	eventToolCallStart = "tool_call_start" // Index, ToolCall.ID, ToolCall.Name
 	eventToolCallArgs  = "tool_call_args"  // Index, Text: the next piece of arguments JSON
 	eventFinish        = "finish"          // Finish: why generation stopped

@@ -1,14 +1,18 @@
 package main
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
+	"unicode/utf8"
 )
 
 // state is where Brama keeps its files (SPEC §2.1). When no directory
@@ -213,4 +217,74 @@ func lockServe(s state) (*os.File, error) {
 		return nil, fmt.Errorf("another brama serve holds %s", name)
 	}
 	return f, nil
+}
+
+// decodeStrict decodes one JSON document into v for the strict state files
+// (SPEC §2.2): invalid UTF-8, duplicate object keys at any depth, unknown
+// members and trailing data are refused, naming role and member.
+func decodeStrict(role string, b []byte, v any) error {
+	if !utf8.Valid(b) {
+		return fmt.Errorf("%s is not valid UTF-8", role)
+	}
+	if err := checkDuplicateKeys(json.NewDecoder(bytes.NewReader(b))); err != nil {
+		return fmt.Errorf("%s: %w", role, err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("%s: %w", role, err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return fmt.Errorf("%s: data after the JSON document", role)
+	}
+	return nil
+}
+
+// checkDuplicateKeys walks one JSON value token by token and refuses an
+// object that names a key twice (encoding/json would keep the last).
+func checkDuplicateKeys(dec *json.Decoder) error {
+	tok, err := dec.Token()
+	if err != nil {
+		return err
+	}
+	delim, ok := tok.(json.Delim)
+	if !ok {
+		return nil
+	}
+	switch delim {
+	case '{':
+		seen := map[string]bool{}
+		for dec.More() {
+			kt, err := dec.Token()
+			if err != nil {
+				return err
+			}
+			key, _ := kt.(string)
+			if seen[key] {
+				return fmt.Errorf("duplicate key %q", key)
+			}
+			seen[key] = true
+			if err := checkDuplicateKeys(dec); err != nil {
+				return err
+			}
+		}
+	case '[':
+		for dec.More() {
+			if err := checkDuplicateKeys(dec); err != nil {
+				return err
+			}
+		}
+	}
+	_, err = dec.Token() // the closing delimiter
+	return err
+}
+
+// marshalState is the one encoding of Brama's JSON state files: two-space
+// indentation and a final newline, so files diff and read well.
+func marshalState(v any) ([]byte, error) {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	return append(b, '\n'), nil
 }
