@@ -1,0 +1,661 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// catalogClock is an injected clock tests move by hand.
+type catalogClock struct {
+	mu sync.Mutex // guards t
+	t  time.Time
+}
+
+func newCatalogClock() *catalogClock {
+	return &catalogClock{t: time.Date(2025, 10, 1, 12, 0, 0, 0, time.UTC)}
+}
+
+func (c *catalogClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *catalogClock) advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+// catalogLogs captures slog JSON lines from any goroutine.
+type catalogLogs struct {
+	mu  sync.Mutex // guards buf
+	buf bytes.Buffer
+}
+
+func (l *catalogLogs) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+// lines returns the captured records whose msg is msg.
+func (l *catalogLogs) lines(t *testing.T, msg string) []map[string]any {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(l.buf.String()), "\n") {
+		if line == "" {
+			continue
+		}
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatalf("log line %q is not JSON: %v", line, err)
+		}
+		if rec["msg"] == msg {
+			out = append(out, rec)
+		}
+	}
+	return out
+}
+
+func (l *catalogLogs) logger() *slog.Logger {
+	return slog.New(slog.NewJSONHandler(l, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+func catalogFixture(t *testing.T) []byte {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("testdata", "catalog", "api.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func catalogEnv(m map[string]string) func(string) string {
+	return func(k string) string { return m[k] }
+}
+
+// catalogServer is a fake catalogue URL. Each request reports its number on
+// arrived; requests numbered in block wait for release (or the client to
+// go away) before answering status with the fixture.
+type catalogServer struct {
+	srv     *httptest.Server
+	count   atomic.Int64
+	arrived chan int64
+	release chan struct{}
+}
+
+func newCatalogServer(t *testing.T, body []byte, status func(n int64) int, block func(n int64) bool) *catalogServer {
+	t.Helper()
+	cs := &catalogServer{arrived: make(chan int64, 100), release: make(chan struct{})}
+	cs.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := cs.count.Add(1)
+		cs.arrived <- n
+		if block != nil && block(n) {
+			select {
+			case <-cs.release:
+			case <-r.Context().Done():
+				return
+			}
+		}
+		code := http.StatusOK
+		if status != nil {
+			code = status(n)
+		}
+		w.WriteHeader(code)
+		if code == http.StatusOK {
+			w.Write(body)
+		} else {
+			io.WriteString(w, `{"error":"secret-upstream-detail"}`)
+		}
+	}))
+	t.Cleanup(cs.srv.Close)
+	return cs
+}
+
+// startCatalog starts c's background reader with a done channel fed by
+// testingOnlyReadDone and returns a stop func that cancels and waits.
+func startCatalog(t *testing.T, c *catalog) (done chan struct{}, stop func()) {
+	t.Helper()
+	done = make(chan struct{}, 100)
+	c.testingOnlyReadDone = func() { done <- struct{}{} }
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	c.start(ctx, &wg)
+	stop = func() {
+		cancel()
+		wg.Wait()
+	}
+	t.Cleanup(stop)
+	return done, stop
+}
+
+func (c *catalog) testReads() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.reads
+}
+
+func (c *catalog) testPendingKicks() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.kick)
+}
+
+func (c *catalog) testRefreshing() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.refreshing
+}
+
+func TestCatalogVendor(t *testing.T) {
+	tests := []struct {
+		name, provider, want string
+	}{
+		{"claude-code", "claude-code", "anthropic"},
+		{"codex", "codex", "openai"},
+		{"openai-responses", "openai-responses", "openai"},
+		{"kimi", "kimi", "moonshotai"},
+		{"local-openai", "local-openai", ""},
+		{"anthropic", "anthropic", "anthropic"},
+		{"groq", "groq", "groq"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := catalogVendor(tt.provider); got != tt.want {
+				t.Errorf("catalogVendor(%q) = %q, want %q", tt.provider, got, tt.want)
+			}
+		})
+	}
+	for _, p := range providerTable {
+		if p.id != "local-openai" && catalogVendor(p.id) == "" {
+			t.Errorf("provider %s has no catalogue vendor", p.id)
+		}
+	}
+}
+
+func TestParseCatalog(t *testing.T) {
+	tests := []struct {
+		name    string
+		in      string
+		want    map[string]map[string]modelInfo
+		wantErr bool
+	}{
+		{name: "empty object", in: `{}`, want: map[string]map[string]modelInfo{}},
+		{name: "null", in: `null`, wantErr: true},
+		{name: "array", in: `[]`, wantErr: true},
+		{name: "not JSON", in: `{"a":`, wantErr: true},
+		{name: "provider not an object", in: `{"a":[1]}`, wantErr: true},
+		{name: "provider null", in: `{"a":null}`, wantErr: true},
+		{name: "no models", in: `{"a":{"id":"a"}}`, want: map[string]map[string]modelInfo{"a": {}}},
+		{name: "models not an object", in: `{"a":{"models":[1,2]}}`, want: map[string]map[string]modelInfo{"a": {}}},
+		{
+			name: "all fields, unknown ones ignored",
+			in:   `{"a":{"id":"a","extra":{"x":1},"models":{"m":{"id":"other","cost":{"input":1},"release_date":"2025-01-02","limit":{"context":1000,"output":100,"input":5},"modalities":{"input":["text","image"],"output":["text"]}}}}}`,
+			want: map[string]map[string]modelInfo{"a": {"m": {ID: "m", ReleaseDate: "2025-01-02", ContextLimit: 1000, OutputLimit: 100, Input: []string{"text", "image"}, Output: []string{"text"}}}},
+		},
+		{
+			name: "wrong types are left out",
+			in:   `{"a":{"models":{"m":{"release_date":20250102,"limit":{"context":"big","output":1.5},"modalities":{"input":"text","output":["text",3]}},"n":"x","o":null}}}`,
+			want: map[string]map[string]modelInfo{"a": {"m": {ID: "m", Output: []string{"text"}}}},
+		},
+		{
+			name: "bad dates and limits",
+			in:   `{"a":{"models":{"m":{"release_date":"soon","limit":{"context":-5,"output":1e300}},"n":{"release_date":"2025-06","limit":{"output":4096.0}}}}}`,
+			want: map[string]map[string]modelInfo{"a": {"m": {ID: "m"}, "n": {ID: "n", ReleaseDate: "2025-06", OutputLimit: 4096}}},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := parseCatalog([]byte(tt.in))
+			if tt.wantErr {
+				if !errors.Is(err, errCatalogShape) {
+					t.Fatalf("parseCatalog error = %v, want errCatalogShape", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("parseCatalog mismatch (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestParseCatalogFixture(t *testing.T) {
+	got, err := parseCatalog(catalogFixture(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := modelInfo{ID: "claude-sonnet-4-5", ReleaseDate: "2025-09-29", OutputLimit: 64000, ContextLimit: 200000,
+		Input: []string{"text", "image", "pdf"}, Output: []string{"text"}}
+	if diff := cmp.Diff(want, got["anthropic"]["claude-sonnet-4-5"]); diff != "" {
+		t.Errorf("claude-sonnet-4-5 mismatch (-want +got):\n%s", diff)
+	}
+	again, err := parseCatalog(marshalCatalog(got))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(got, again); diff != "" {
+		t.Errorf("re-encoded catalogue differs (-first +second):\n%s", diff)
+	}
+}
+
+func TestNewCatalogEnv(t *testing.T) {
+	tests := []struct {
+		name     string
+		env      map[string]string
+		wantPath string
+		wantURL  string
+		wantTTL  time.Duration
+	}{
+		{name: "defaults", env: nil, wantURL: defaultCatalogURL, wantTTL: 900 * time.Second},
+		{name: "path wins", env: map[string]string{"BRAMA_MODEL_CATALOG_PATH": " /x/api.json ", "BRAMA_MODEL_CATALOG_URL": "http://h/"}, wantPath: "/x/api.json", wantTTL: 900 * time.Second},
+		{name: "url", env: map[string]string{"BRAMA_MODEL_CATALOG_URL": "http://h/api.json"}, wantURL: "http://h/api.json", wantTTL: 900 * time.Second},
+		{name: "off", env: map[string]string{"BRAMA_MODEL_CATALOG_URL": "off"}, wantTTL: 900 * time.Second},
+		{name: "ttl", env: map[string]string{"BRAMA_MODEL_CATALOG_TTL_SECS": "60"}, wantURL: defaultCatalogURL, wantTTL: time.Minute},
+		{name: "bad ttl", env: map[string]string{"BRAMA_MODEL_CATALOG_TTL_SECS": "-1"}, wantURL: defaultCatalogURL, wantTTL: 900 * time.Second},
+		{name: "junk ttl", env: map[string]string{"BRAMA_MODEL_CATALOG_TTL_SECS": "soon"}, wantURL: defaultCatalogURL, wantTTL: 900 * time.Second},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newCatalog(state{dir: t.TempDir()}, catalogEnv(tt.env), nil, nil, nil)
+			if c.path != tt.wantPath || c.url != tt.wantURL || c.ttl != tt.wantTTL {
+				t.Errorf("got path %q url %q ttl %v, want %q %q %v", c.path, c.url, c.ttl, tt.wantPath, tt.wantURL, tt.wantTTL)
+			}
+		})
+	}
+}
+
+func TestCatalogFileSource(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "api.json")
+	writeModel := func(output int) {
+		t.Helper()
+		body := fmt.Sprintf(`{"anthropic":{"models":{"m":{"limit":{"output":%d}}}}}`, output)
+		if err := os.WriteFile(file, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeModel(100)
+	clock := newCatalogClock()
+	c := newCatalog(state{dir: t.TempDir()}, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_PATH": file}), nil, nil, clock.now)
+
+	steps := []struct {
+		name      string
+		advance   time.Duration
+		rewrite   int // new output limit written before the step; 0: none
+		wantLimit int
+		wantReads int
+	}{
+		{name: "first lookup reads", wantLimit: 100, wantReads: 1},
+		{name: "fresh memory is used", wantLimit: 100, wantReads: 1},
+		{name: "file changed, memory still fresh", advance: 10 * time.Second, rewrite: 200, wantLimit: 100, wantReads: 1},
+		{name: "just before the TTL", advance: 889 * time.Second, wantLimit: 100, wantReads: 1},
+		{name: "TTL passed: re-read", advance: time.Second, wantLimit: 200, wantReads: 2},
+		{name: "fresh again", advance: time.Minute, wantLimit: 200, wantReads: 2},
+	}
+	for _, s := range steps {
+		clock.advance(s.advance)
+		if s.rewrite != 0 {
+			writeModel(s.rewrite)
+		}
+		got, cause := c.outputLimit("claude-code", "m")
+		if got != s.wantLimit || cause != "" {
+			t.Errorf("%s: outputLimit = %d, %q; want %d", s.name, got, cause, s.wantLimit)
+		}
+		if r := c.testReads(); r != s.wantReads {
+			t.Errorf("%s: %d reads, want %d", s.name, r, s.wantReads)
+		}
+	}
+
+	// A failed re-read keeps the older copy and waits a TTL before the next try.
+	os.Remove(file)
+	clock.advance(900 * time.Second)
+	if got, _ := c.outputLimit("anthropic", "m"); got != 200 {
+		t.Errorf("after a failed re-read: limit %d, want the older 200", got)
+	}
+	c.outputLimit("anthropic", "m")
+	if r := c.testReads(); r != 3 {
+		t.Errorf("%d reads, want 3 (no retry within the TTL)", r)
+	}
+}
+
+func TestCatalogFileSourceMissing(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "secret-place", "api.json")
+	c := newCatalog(state{dir: t.TempDir()}, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_PATH": file}), nil, nil, newCatalogClock().now)
+	_, ok, cause := c.lookup("anthropic", "m")
+	if ok || !strings.HasPrefix(cause, "the model catalogue is unavailable: ") || !strings.Contains(cause, "no such file") {
+		t.Errorf("lookup = %v, %q; want unavailable naming the missing file", ok, cause)
+	}
+	avail, why := c.available()
+	if avail || strings.Contains(why, "secret-place") {
+		t.Errorf("available = %v, %q; want false without the path", avail, why)
+	}
+}
+
+func TestCatalogURLStartReadsOnce(t *testing.T) {
+	cs := newCatalogServer(t, catalogFixture(t), nil, nil)
+	c := newCatalog(state{dir: t.TempDir()}, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_URL": cs.srv.URL}), cs.srv.Client(), nil, newCatalogClock().now)
+	done, stop := startCatalog(t, c)
+	<-done
+	for range 10 {
+		if n, cause := c.outputLimit("anthropic", "claude-sonnet-4-5"); n != 64000 {
+			t.Fatalf("outputLimit = %d, %q; want 64000", n, cause)
+		}
+	}
+	stop()
+	if n := cs.count.Load(); n != 1 {
+		t.Errorf("%d catalogue reads, want 1", n)
+	}
+}
+
+func TestCatalogURLLookupDoesNotWait(t *testing.T) {
+	cs := newCatalogServer(t, catalogFixture(t), nil, func(int64) bool { return true })
+	c := newCatalog(state{dir: t.TempDir()}, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_URL": cs.srv.URL}), cs.srv.Client(), nil, newCatalogClock().now)
+	done, _ := startCatalog(t, c)
+	<-cs.arrived // the read is in flight and held by the server
+	_, ok, cause := c.lookup("anthropic", "claude-sonnet-4-5")
+	if ok || cause != "the model catalogue is unavailable: the first catalogue read has not finished" {
+		t.Errorf("lookup during the first read = %v, %q", ok, cause)
+	}
+	if avail, _ := c.available(); avail {
+		t.Error("available during the first read = true")
+	}
+	close(cs.release)
+	<-done
+	if _, ok, cause := c.lookup("anthropic", "claude-sonnet-4-5"); !ok {
+		t.Errorf("lookup after the read = false, %q", cause)
+	}
+}
+
+func TestCatalogURLStaleSingleFlight(t *testing.T) {
+	cs := newCatalogServer(t, catalogFixture(t), nil, func(n int64) bool { return n >= 2 })
+	clock := newCatalogClock()
+	c := newCatalog(state{dir: t.TempDir()}, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_URL": cs.srv.URL}), cs.srv.Client(), nil, clock.now)
+	done, stop := startCatalog(t, c)
+	<-done
+	<-cs.arrived
+
+	clock.advance(900 * time.Second)
+	lookups := func() {
+		var wg sync.WaitGroup
+		var served atomic.Int64
+		for range 20 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if _, ok, _ := c.lookup("anthropic", "claude-sonnet-4-5"); ok {
+					served.Add(1) // stale memory still answers
+				}
+			}()
+		}
+		wg.Wait()
+		if served.Load() != 20 {
+			t.Errorf("%d of 20 lookups served from stale memory", served.Load())
+		}
+	}
+	lookups()
+	if n := <-cs.arrived; n != 2 {
+		t.Fatalf("refresh arrived as request %d, want 2", n)
+	}
+	// The refresh is held by the server: more stale lookups must not queue
+	// another read behind it.
+	lookups()
+	if n := c.testPendingKicks(); n != 0 {
+		t.Errorf("%d reads queued behind the running refresh, want 0", n)
+	}
+	close(cs.release)
+	<-done
+	c.lookup("anthropic", "claude-sonnet-4-5") // fresh: no further read
+	if c.testRefreshing() {
+		t.Error("a fresh catalogue queued another read")
+	}
+	stop()
+	if n := cs.count.Load(); n != 2 {
+		t.Errorf("%d catalogue reads, want 2 (start + one refresh)", n)
+	}
+}
+
+func TestCatalogURLFailureNotRetriedWithinTTL(t *testing.T) {
+	cs := newCatalogServer(t, catalogFixture(t), func(n int64) int {
+		if n == 1 {
+			return http.StatusServiceUnavailable
+		}
+		return http.StatusOK
+	}, nil)
+	clock := newCatalogClock()
+	var logs catalogLogs
+	c := newCatalog(state{dir: t.TempDir()}, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_URL": cs.srv.URL}), cs.srv.Client(), logs.logger(), clock.now)
+	done, stop := startCatalog(t, c)
+	<-done
+
+	_, ok, cause := c.lookup("anthropic", "claude-sonnet-4-5")
+	if ok || cause != "the model catalogue is unavailable: catalogue read: HTTP status 503" {
+		t.Errorf("lookup after a failed read = %v, %q", ok, cause)
+	}
+	clock.advance(899 * time.Second)
+	c.lookup("anthropic", "claude-sonnet-4-5")
+	if c.testRefreshing() {
+		t.Fatal("a failed read was retried within the TTL")
+	}
+	clock.advance(time.Second)
+	c.lookup("anthropic", "claude-sonnet-4-5")
+	if !c.testRefreshing() {
+		t.Fatal("no retry once the TTL passed")
+	}
+	<-done
+	if _, ok, cause := c.lookup("anthropic", "claude-sonnet-4-5"); !ok {
+		t.Errorf("lookup after the retry = false, %q", cause)
+	}
+	stop()
+	if n := cs.count.Load(); n != 2 {
+		t.Errorf("%d catalogue reads, want 2", n)
+	}
+	if strings.Contains(logs.buf.String(), "secret-upstream-detail") {
+		t.Error("the log quotes the upstream body")
+	}
+	if got := len(logs.lines(t, "model_catalog_read_failed")); got != 1 {
+		t.Errorf("%d model_catalog_read_failed lines, want 1", got)
+	}
+}
+
+func TestCatalogCache(t *testing.T) {
+	stateDir := t.TempDir()
+	st := state{dir: stateDir}
+	cs := newCatalogServer(t, catalogFixture(t), nil, nil)
+	c := newCatalog(st, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_URL": cs.srv.URL}), cs.srv.Client(), nil, newCatalogClock().now)
+	done, stop := startCatalog(t, c)
+	<-done
+	stop()
+
+	name := filepath.Join(stateDir, "model-metadata.json")
+	fi, err := os.Stat(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o600 {
+		t.Errorf("cache mode %#o, want 0600", fi.Mode().Perm())
+	}
+	var cc catalogCache
+	b, _ := os.ReadFile(name)
+	if err := json.Unmarshal(b, &cc); err != nil || !cc.FetchedAt.Equal(newCatalogClock().now()) {
+		t.Errorf("cache = %s (%v), want fetched_at of the read", b, err)
+	}
+
+	failing := newCatalogServer(t, nil, func(int64) int { return http.StatusInternalServerError }, nil)
+	tests := []struct {
+		name  string
+		env   map[string]string
+		start bool
+	}{
+		{name: "off", env: map[string]string{"BRAMA_MODEL_CATALOG_URL": "off"}},
+		{name: "failing URL", env: map[string]string{"BRAMA_MODEL_CATALOG_URL": failing.srv.URL}, start: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			fresh := newCatalog(st, catalogEnv(tt.env), failing.srv.Client(), nil, newCatalogClock().now)
+			if tt.start {
+				done, _ := startCatalog(t, fresh)
+				<-done
+			}
+			if n, cause := fresh.outputLimit("codex", "gpt-5"); n != 128000 {
+				t.Errorf("outputLimit from the cache = %d, %q; want 128000", n, cause)
+			}
+		})
+	}
+
+	empty := newCatalog(state{dir: t.TempDir()}, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_URL": "off"}), nil, nil, nil)
+	if ok, why := empty.available(); ok || why != "the model catalogue is unavailable: live reads are off (BRAMA_MODEL_CATALOG_URL=off) and there is no cached copy" {
+		t.Errorf("off without a cache: available = %v, %q", ok, why)
+	}
+}
+
+func TestCatalogCacheGuarded(t *testing.T) {
+	dir := t.TempDir()
+	name := filepath.Join(dir, "model-metadata.json")
+	body := `{"fetched_at":"2025-10-01T12:00:00Z","body":{"openai":{"models":{"gpt-5":{"limit":{"output":5}}}}}}`
+	if err := os.WriteFile(name, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := newCatalog(state{dir: dir}, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_URL": "off"}), nil, nil, nil)
+	if ok, why := c.available(); ok || !strings.Contains(why, "chmod 600") {
+		t.Errorf("group-readable cache: available = %v, %q; want refused naming the rule", ok, why)
+	}
+}
+
+func TestCatalogNoStateDir(t *testing.T) {
+	cs := newCatalogServer(t, catalogFixture(t), nil, nil)
+	clock := newCatalogClock()
+	var logs catalogLogs
+	st := state{cause: errors.New("$HOME is not defined")}
+	c := newCatalog(st, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_URL": cs.srv.URL}), cs.srv.Client(), logs.logger(), clock.now)
+	done, stop := startCatalog(t, c)
+	<-done
+	if n, cause := c.outputLimit("kimi", "kimi-k2-0711-preview"); n != 16384 {
+		t.Errorf("outputLimit from memory = %d, %q", n, cause)
+	}
+	clock.advance(time.Hour)
+	c.lookup("kimi", "kimi-k2-0711-preview")
+	<-done
+	stop()
+	lines := logs.lines(t, "model_metadata_cache_unplaced")
+	if len(lines) != 1 {
+		t.Fatalf("%d model_metadata_cache_unplaced lines, want 1", len(lines))
+	}
+	if cause, _ := lines[0]["cause"].(string); !strings.Contains(cause, "$HOME is not defined") {
+		t.Errorf("cause %q does not name the home cause", cause)
+	}
+}
+
+func TestCatalogStartNeverCalled(t *testing.T) {
+	c := newCatalog(state{dir: t.TempDir()}, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_URL": "http://127.0.0.1:1/"}), nil, nil, nil)
+	_, ok, cause := c.lookup("anthropic", "m")
+	if ok || cause != "the model catalogue is unavailable: no catalogue read has been started" {
+		t.Errorf("lookup = %v, %q", ok, cause)
+	}
+	if c.testRefreshing() {
+		t.Error("a lookup queued background work without start")
+	}
+}
+
+func TestCatalogOutputLimit(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "api.json")
+	if err := os.WriteFile(file, catalogFixture(t), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := newCatalog(state{dir: t.TempDir()}, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_PATH": file}), nil, nil, nil)
+	tests := []struct {
+		name, provider, model string
+		want                  int
+		wantCause             string
+	}{
+		{"known", "anthropic", "claude-3-5-haiku-20241022", 8192, ""},
+		{"known through claude-code", "claude-code", "claude-sonnet-4-5", 64000, ""},
+		{"no limit", "anthropic", "claude-no-limit", 0, "the catalogue has no output limit for anthropic/claude-no-limit"},
+		{"zero limit", "codex", "gpt-image-1", 0, "the catalogue has no output limit for openai/gpt-image-1"},
+		{"unknown model", "anthropic", "x", 0, "the catalogue has no entry for anthropic/x"},
+		{"unknown vendor", "groq", "x", 0, "the catalogue has no entry for groq/x"},
+		{"local-openai", "local-openai", "x", 0, "the catalogue has no vendor for provider local-openai"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, cause := c.outputLimit(tt.provider, tt.model)
+			if got != tt.want || cause != tt.wantCause {
+				t.Errorf("outputLimit(%s, %s) = %d, %q; want %d, %q", tt.provider, tt.model, got, cause, tt.want, tt.wantCause)
+			}
+		})
+	}
+}
+
+func TestCatalogModels(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "api.json")
+	if err := os.WriteFile(file, catalogFixture(t), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := newCatalog(state{dir: t.TempDir()}, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_PATH": file}), nil, nil, nil)
+	tests := []struct {
+		name, provider string
+		want           []string
+	}{
+		{"kimi: date desc, then id", "kimi", []string{"kimi-k2-0905-preview", "kimi-k2-turbo-preview", "kimi-k2-0711-preview", "kimi-undated"}},
+		{"codex", "codex", []string{"gpt-5", "gpt-image-1"}},
+		{"local-openai", "local-openai", nil},
+		{"unknown vendor", "groq", nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var got []string
+			for _, m := range c.models(tt.provider) {
+				got = append(got, m.ID)
+			}
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("models(%s) mismatch (-want +got):\n%s", tt.provider, diff)
+			}
+		})
+	}
+}
+
+func FuzzParseCatalog(f *testing.F) {
+	f.Add([]byte(`{}`))
+	f.Add([]byte(`{"a":{"models":{"m":{"release_date":"2025-01-02","limit":{"context":10,"output":5},"modalities":{"input":["text"],"output":["text"]}}}}}`))
+	f.Add([]byte(`{"a":{"models":{"m":{"limit":{"output":1e9}},"n":null,"o":[]}},"b":{"models":7}}`))
+	f.Add([]byte(`{"a":null}`))
+	f.Add([]byte("{\"\xff\":{\"models\":{\"\xfe\":{\"modalities\":{\"input\":[\"\xfd\"]}}}}}"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		got, err := parseCatalog(data)
+		if err != nil {
+			if !errors.Is(err, errCatalogShape) {
+				t.Fatalf("unclassified error: %v", err)
+			}
+			return
+		}
+		again, err := parseCatalog(marshalCatalog(got))
+		if err != nil {
+			t.Fatalf("re-encoded catalogue refused: %v", err)
+		}
+		if diff := cmp.Diff(got, again); diff != "" {
+			t.Fatalf("round trip changed the catalogue (-first +second):\n%s", diff)
+		}
+	})
+}
