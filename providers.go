@@ -1,5 +1,19 @@
 package main
 
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"strings"
+	"time"
+)
+
 // Provider protocols (SPEC §6.1).
 const (
 	protoOpenAIChat      = "openai-chat"
@@ -49,4 +63,189 @@ func lookupProvider(id string) (providerInfo, bool) {
 		}
 	}
 	return providerInfo{}, false
+}
+
+// errBaseURL marks a base URL override Brama refuses to call (SPEC §6.1).
+var errBaseURL = errors.New("unusable provider base URL")
+
+// providerBaseURL is the base URL a call to p uses: the override
+// BRAMA_PROVIDER_<ID>_BASE_URL when set, else the built-in one. An override
+// must be https://, or http:// to a loopback host, so a typo cannot send a
+// credential in clear text across a network. local-openai has no base URL
+// here: its endpoint comes from the registry deployment.
+func providerBaseURL(p providerInfo, getenv func(string) string) (string, error) {
+	if p.cred == credNone {
+		return "", fmt.Errorf("provider %q: %w: its endpoint comes from the registry deployment", p.id, errBaseURL)
+	}
+	env := "BRAMA_PROVIDER_" + strings.ToUpper(strings.ReplaceAll(p.id, "-", "_")) + "_BASE_URL"
+	raw := strings.TrimSpace(getenv(env))
+	if raw == "" {
+		raw = p.baseURL
+	}
+	if err := checkBaseURL(raw); err != nil {
+		return "", fmt.Errorf("%s: %w: %v", env, errBaseURL, err)
+	}
+	return strings.TrimRight(raw, "/"), nil
+}
+
+// checkBaseURL accepts https:// anywhere and http:// only to loopback. It
+// refuses user info (a password would be quoted in transport errors), a
+// query and a fragment (paths are appended to the base).
+func checkBaseURL(raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return errors.New("not a URL")
+	}
+	switch {
+	case u.Host == "" || u.Opaque != "":
+		return errors.New("no host")
+	case u.User != nil:
+		return errors.New("user info is not allowed")
+	case u.RawQuery != "" || u.ForceQuery || u.Fragment != "":
+		return errors.New("a query or fragment is not allowed")
+	}
+	switch u.Scheme {
+	case "https":
+		return nil
+	case "http":
+		if isLoopbackHost(u.Hostname()) {
+			return nil
+		}
+		return errors.New("http:// is allowed only to a loopback host")
+	}
+	return errors.New("scheme must be https or http to loopback")
+}
+
+// isLoopbackHost reports whether host is localhost or a loopback address
+// (127.0.0.0/8, ::1). It resolves no names: "localhost" is the only name.
+func isLoopbackHost(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.Unmap().IsLoopback()
+}
+
+// newProviderClient is the one HTTP client for provider calls. It never
+// follows redirects (a redirect could carry a credential to another host)
+// and never uses an ambient proxy (SPEC §6.1). It sets no elapsed-time
+// cutoff of any kind, not even for dialing or the TLS handshake: the request
+// context is the only cancel (SPEC §7.4). Idle connections are kept so a
+// busy route does not pay a handshake per call.
+func newProviderClient() *http.Client {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.Proxy = nil
+	t.DialContext = (&net.Dialer{KeepAlive: 30 * time.Second}).DialContext
+	t.TLSHandshakeTimeout = 0
+	t.ResponseHeaderTimeout = 0
+	t.ExpectContinueTimeout = 0
+	t.MaxIdleConns = 256
+	t.MaxIdleConnsPerHost = 64
+	t.IdleConnTimeout = 90 * time.Second
+	return &http.Client{
+		Transport: t,
+		CheckRedirect: func(*http.Request, []*http.Request) error {
+			return http.ErrUseLastResponse
+		},
+	}
+}
+
+// upstreamCredential is what a call presents.
+type upstreamCredential struct {
+	APIKey      string // direct key or an agent's own key
+	AccessToken string // OAuth bearer (claude-code, codex, kimi)
+	AccountID   string // codex chatgpt-account-id
+}
+
+// bearer is the token an Authorization: Bearer header carries.
+func (c upstreamCredential) bearer() string {
+	if c.AccessToken != "" {
+		return c.AccessToken
+	}
+	return c.APIKey
+}
+
+// claudeCodeIdentity must be the first system block of OAuth traffic to
+// Anthropic; the provider refuses such traffic without it (SPEC §6.2).
+const claudeCodeIdentity = "You are Claude Code, Anthropic's official CLI for Claude."
+
+// codexDefaultInstructions stands in for an empty system text: the codex
+// backend refuses a request without instructions (SPEC §6.2).
+const codexDefaultInstructions = "You are a helpful assistant."
+
+// upstreamStreams reports whether the call to p streams: when the caller
+// asked for a stream, and always for codex, whose backend only streams.
+func upstreamStreams(p providerInfo, req chatRequest) bool {
+	return req.Stream || p.id == "codex"
+}
+
+// buildUpstreamRequest builds the provider HTTP request for req, in p's
+// protocol and with p's wire details (SPEC §6.2). model is the upstream
+// model name. A part the protocol cannot carry is refused as
+// invalid_request; nothing is sent.
+func buildUpstreamRequest(ctx context.Context, p providerInfo, baseURL string, cred upstreamCredential, req chatRequest, model string) (*http.Request, error) {
+	stream := upstreamStreams(p, req)
+	var (
+		body any
+		path string
+		err  error
+	)
+	oauth := cred.AccessToken != ""
+	switch p.protocol {
+	case protoOpenAIChat:
+		path = "/chat/completions"
+		body, err = encodeOpenAIChat(req, model, stream)
+	case protoAnthropic:
+		path = "/v1/messages"
+		body, err = encodeAnthropic(req, model, stream, p.id == "claude-code" && oauth)
+	case protoOpenAIResponses:
+		path = "/responses"
+		body, err = encodeResponses(req, model, stream, p.id == "codex")
+	default:
+		return nil, refuse("internal_error", "internal error").because(fmt.Errorf("provider %q has unknown protocol %q", p.id, p.protocol))
+	}
+	if err != nil {
+		return nil, err
+	}
+	b, err := json.Marshal(body)
+	if err != nil {
+		return nil, refuse("invalid_request", "the request cannot be encoded for provider %q", p.id).because(err)
+	}
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, baseURL+path, bytes.NewReader(b))
+	if err != nil {
+		return nil, refuse("internal_error", "internal error").because(err)
+	}
+	h := hr.Header
+	h.Set("Content-Type", "application/json")
+	if stream {
+		h.Set("Accept", "text/event-stream")
+	} else {
+		h.Set("Accept", "application/json")
+	}
+	switch {
+	case p.protocol == protoAnthropic:
+		h.Set("anthropic-version", "2023-06-01")
+		if oauth {
+			h.Set("Authorization", "Bearer "+cred.AccessToken)
+			if p.id == "claude-code" {
+				h.Set("anthropic-beta", "oauth-2025-04-20")
+			}
+		} else if cred.APIKey != "" {
+			h.Set("x-api-key", cred.APIKey)
+		}
+	case p.id == "codex":
+		if t := cred.bearer(); t != "" {
+			h.Set("Authorization", "Bearer "+t)
+		}
+		if cred.AccountID != "" {
+			h.Set("chatgpt-account-id", cred.AccountID)
+		}
+		h.Set("OpenAI-Beta", "responses=experimental")
+		h.Set("originator", "codex_cli_rs")
+	default:
+		if t := cred.bearer(); t != "" {
+			h.Set("Authorization", "Bearer "+t)
+		}
+	}
+	return hr, nil
 }

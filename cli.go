@@ -1,0 +1,294 @@
+package main
+
+import (
+	"bufio"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// The CLI commands that read or edit state in-process (SPEC §2.3 allows a
+// CLI to edit the registry, the clients file and the vault's direct and
+// agents sections while serve runs, each under its file lock).
+
+// deps opens the state for a CLI command; its logs go to stderr.
+func (e cliEnv) deps() deps {
+	return openDeps(e.getenv, newLogger(e.stderr, e.getenv("BRAMA_LOG_LEVEL")))
+}
+
+// hasDirectFromVault is the CLI's view of direct credentials.
+func hasDirectFromVault(v *vault) func(string) bool {
+	return func(p string) bool { return v.directKey(p) != "" }
+}
+
+func (e cliEnv) routesList(args []string) error {
+	fs := e.newFlags("routes list")
+	asJSON := fs.Bool("json", false, "print the body of GET /v1/aliases")
+	if _, err := parseFlags(fs, args, 0, "routes list [-json]"); err != nil {
+		return err
+	}
+	d := e.deps()
+	t, err := d.reg.aliases(hasDirectFromVault(d.vault))
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		b, _ := json.Marshal(t)
+		fmt.Fprintf(e.stdout, "%s\n", b)
+		return nil
+	}
+	e.printAliases(t)
+	return nil
+}
+
+// printAliases prints one aligned row per alias and the unserviceable count.
+func (e cliEnv) printAliases(t aliasTable) {
+	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ALIAS\tSTATE\tROUTE\tREASON")
+	for _, a := range t.Aliases {
+		route := "-"
+		if a.Route != nil {
+			route = *a.Route
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", a.Alias, a.State, route, a.Reason)
+	}
+	tw.Flush()
+	fmt.Fprintf(e.stdout, "%d alias(es), %d cannot serve\n", len(t.Aliases), t.Unserviceable)
+}
+
+func (e cliEnv) routesSet(args []string) error {
+	fs := e.newFlags("routes set")
+	pos, err := parseFlags(fs, args, 2, "routes set ALIAS DESTINATION")
+	if err != nil {
+		return err
+	}
+	d := e.deps()
+	if _, err := d.reg.set(pos[0], pos[1], "cli"); err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "set %s -> %s\n", pos[0], pos[1])
+	return e.printAfterWrite(d)
+}
+
+func (e cliEnv) routesRm(args []string) error {
+	fs := e.newFlags("routes rm")
+	pos, err := parseFlags(fs, args, 1, "routes rm ALIAS")
+	if err != nil {
+		return err
+	}
+	d := e.deps()
+	if _, err := d.reg.remove(pos[0], "cli"); err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "removed %s\n", pos[0])
+	return e.printAfterWrite(d)
+}
+
+func (e cliEnv) printAfterWrite(d deps) error {
+	t, err := d.reg.aliases(hasDirectFromVault(d.vault))
+	if err != nil {
+		return err
+	}
+	e.printAliases(t)
+	return nil
+}
+
+func (e cliEnv) routesMigrate(args []string) error {
+	fs := e.newFlags("routes migrate")
+	file := fs.String("file", "", "registry `file` to migrate (default: the registry Brama reads)")
+	asJSON := fs.Bool("json", false, `print {"ok":true,"file":F,"dropped":[…],"document":{…}}`)
+	if _, err := parseFlags(fs, args, 0, "routes migrate [-file F] [-json]"); err != nil {
+		return err
+	}
+	path := *file
+	if path == "" {
+		var err error
+		if path, err = registryPath(resolveState(e.getenv), e.getenv); err != nil {
+			fmt.Fprintf(e.stderr, "route migration error: %v\n", err)
+			return errRefused
+		}
+	}
+	committed, dropped, _, err := migrateRegistry(path)
+	if err != nil {
+		fmt.Fprintf(e.stderr, "route migration error: %v\n", err)
+		return errRefused
+	}
+	if !*asJSON {
+		e.stdout.Write(committed)
+		return nil
+	}
+	if dropped == nil {
+		dropped = []string{}
+	}
+	b, _ := json.Marshal(struct {
+		OK       bool            `json:"ok"`
+		File     string          `json:"file"`
+		Dropped  []string        `json:"dropped"`
+		Document json.RawMessage `json:"document"`
+	}{true, path, dropped, committed})
+	fmt.Fprintf(e.stdout, "%s\n", b)
+	return nil
+}
+
+// multiFlag collects a repeatable string flag.
+type multiFlag []string
+
+func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
+func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
+
+func (e cliEnv) clientsAdd(args []string) error {
+	fs := e.newFlags("clients add")
+	admin := fs.Bool("admin", false, "give the client the admin role (reaches /v1/admin/*)")
+	agent := fs.String("agent", "", "bind the client's bearer to `agent`")
+	var allow multiFlag
+	fs.Var(&allow, "allow", "allow only this model `name` (repeatable; exact names)")
+	pos, err := parseFlags(fs, args, 1, "clients add ID [-admin] [-agent A] [-allow NAME]...")
+	if err != nil {
+		return err
+	}
+	path, err := resolveState(e.getenv).fileOrState(e.getenv, "BRAMA_CLIENTS_FILE", "clients file", "clients.json")
+	if err != nil {
+		return err
+	}
+	role := roleCaller
+	if *admin {
+		role = roleAdmin
+	}
+	tok := newToken()
+	c := client{ID: pos[0], TokenSHA256: tokenDigest(tok), Role: role, AgentID: *agent, AllowedModels: allow}
+	err = updateClients(path, func(d *clientsDoc) error {
+		if slices.ContainsFunc(d.Clients, func(x client) bool { return x.ID == c.ID }) {
+			return fmt.Errorf("client %q already exists; rm it first", c.ID)
+		}
+		d.Clients = append(d.Clients, c)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stderr, "brama: created %s client %q; bearer token (shown once) on stdout\n", role, c.ID)
+	fmt.Fprintln(e.stdout, tok)
+	return nil
+}
+
+func (e cliEnv) clientsRm(args []string) error {
+	fs := e.newFlags("clients rm")
+	pos, err := parseFlags(fs, args, 1, "clients rm ID")
+	if err != nil {
+		return err
+	}
+	path, err := resolveState(e.getenv).fileOrState(e.getenv, "BRAMA_CLIENTS_FILE", "clients file", "clients.json")
+	if err != nil {
+		return err
+	}
+	err = updateClients(path, func(d *clientsDoc) error {
+		n := len(d.Clients)
+		d.Clients = slices.DeleteFunc(d.Clients, func(x client) bool { return x.ID == pos[0] })
+		if len(d.Clients) == n {
+			return fmt.Errorf("no client %q", pos[0])
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "removed client %s\n", pos[0])
+	return nil
+}
+
+func (e cliEnv) agentsAdd(args []string) error {
+	fs := e.newFlags("agents add")
+	pos, err := parseFlags(fs, args, 1, "agents add ID")
+	if err != nil {
+		return err
+	}
+	if !idPattern.MatchString(pos[0]) {
+		return fmt.Errorf("agent id %q must match [a-z0-9-]{1,64}", pos[0])
+	}
+	b := make([]byte, 32)
+	rand.Read(b)
+	secret := hex.EncodeToString(b)
+	err = e.deps().vault.update(func(d *vaultDoc) error {
+		if _, ok := d.Agents[pos[0]]; ok {
+			return fmt.Errorf("agent %q already exists; rm it first", pos[0])
+		}
+		d.Agents[pos[0]] = vaultAgent{SigningSecret: secret}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "created agent %s; its signing secret (shown once) is the next line\n%s\n", pos[0], secret)
+	return nil
+}
+
+func (e cliEnv) agentsRm(args []string) error {
+	fs := e.newFlags("agents rm")
+	pos, err := parseFlags(fs, args, 1, "agents rm ID")
+	if err != nil {
+		return err
+	}
+	err = e.deps().vault.update(func(d *vaultDoc) error {
+		if _, ok := d.Agents[pos[0]]; !ok {
+			return fmt.Errorf("no agent %q", pos[0])
+		}
+		delete(d.Agents, pos[0])
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "removed agent %s\n", pos[0])
+	return nil
+}
+
+// credentialsSet stores a direct API key read from stdin's first line; it
+// never takes the key as a flag (flags show up in ps).
+func (e cliEnv) credentialsSet(args []string) error {
+	fs := e.newFlags("credentials set")
+	pos, err := parseFlags(fs, args, 1, "credentials set PROVIDER  (the API key on stdin)")
+	if err != nil {
+		return err
+	}
+	p, ok := lookupProvider(pos[0])
+	if !ok || p.cred != credDirect {
+		return fmt.Errorf("%q is not a provider that takes a direct API key", pos[0])
+	}
+	line, err := bufio.NewReader(e.stdin).ReadString('\n')
+	key := strings.TrimSpace(line)
+	if key == "" {
+		return fmt.Errorf("no API key on stdin (%v)", errors.Join(err, errors.New("empty line")))
+	}
+	err = e.deps().vault.update(func(d *vaultDoc) error {
+		d.Direct[p.id] = vaultKey{APIKey: key}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "stored the direct credential for %s in the vault\n", p.id)
+	return nil
+}
+
+func (e cliEnv) journalCheck(args []string) error {
+	fs := e.newFlags("journal check")
+	if _, err := parseFlags(fs, args, 0, "journal check"); err != nil {
+		return err
+	}
+	j := newJournal(resolveState(e.getenv), slog.New(slog.DiscardHandler), time.Now)
+	ok, err := checkJournal(j, e.stdout)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return errRefused
+	}
+	return nil
+}

@@ -1,0 +1,181 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// syncBuffer is a bytes.Buffer safe for the server's logger and the test to
+// share.
+type syncBuffer struct {
+	mu sync.Mutex // guards b
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// daemon is a real `brama serve` started through run on 127.0.0.1:0.
+type daemon struct {
+	t      *testing.T
+	url    string
+	token  string // the admin token printed at first start ("" when a clients file existed)
+	stderr *syncBuffer
+	env    map[string]string
+}
+
+// testEnv returns a getenv over m (nothing from the real environment).
+func testEnv(m map[string]string) func(string) string {
+	return func(k string) string { return m[k] }
+}
+
+// startDaemon runs serve with env until the test ends, then checks that run
+// returned nil after cancellation.
+func startDaemon(t *testing.T, env map[string]string, stdin string, args ...string) *daemon {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	pr, pw := io.Pipe()
+	d := &daemon{t: t, stderr: &syncBuffer{}, env: env}
+	done := make(chan error, 1)
+	go func() {
+		err := run(ctx, append([]string{"serve", "-addr", "127.0.0.1:0"}, args...), testEnv(env), strings.NewReader(stdin), pw, d.stderr)
+		pw.CloseWithError(io.EOF)
+		done <- err
+	}()
+	line, err := bufio.NewReader(pr).ReadString('\n')
+	if err != nil {
+		cancel()
+		t.Fatalf("serve did not start: %v; stderr:\n%s", <-done, d.stderr.String())
+	}
+	go io.Copy(io.Discard, pr)
+	d.url = strings.TrimSpace(strings.TrimPrefix(line, "listening on "))
+	if m := regexp.MustCompile(`bearer token \(shown once\): (\S+)`).FindStringSubmatch(d.stderr.String()); m != nil {
+		d.token = m[1]
+	}
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run returned %v after cancel", err)
+		}
+	})
+	return d
+}
+
+// call makes one request and returns the status, headers and body.
+func (d *daemon) call(method, path, token, body string, hdr ...string) (int, http.Header, []byte) {
+	d.t.Helper()
+	req, err := http.NewRequest(method, d.url+path, strings.NewReader(body))
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Add(hdr[i], hdr[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		d.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		d.t.Fatalf("%s %s: reading body: %v", method, path, err)
+	}
+	return resp.StatusCode, resp.Header, b
+}
+
+// envelopeOf decodes an error body into a generic map and fails the test
+// when it is not the SPEC §8.1 envelope.
+func envelopeOf(t *testing.T, b []byte) map[string]any {
+	t.Helper()
+	var env struct {
+		Error map[string]any `json:"error"`
+	}
+	if err := json.Unmarshal(b, &env); err != nil || env.Error == nil {
+		t.Fatalf("not an error envelope: %s", b)
+	}
+	for _, k := range []string{"message", "type", "code", "retryable"} {
+		if _, ok := env.Error[k]; !ok {
+			t.Errorf("envelope lacks %q: %s", k, b)
+		}
+	}
+	return env.Error
+}
+
+// stateEnv is an environment with a fresh state directory.
+func stateEnv(t *testing.T) map[string]string {
+	return map[string]string{"BRAMA_STATE_DIR": filepath.Join(t.TempDir(), "state"), "BRAMA_MODEL_CATALOG_URL": "off"}
+}
+
+// assertOwnerOnly fails when any file under dir is readable or writable by
+// group or other, or a directory is not 0700.
+func assertOwnerOnly(t *testing.T, dir string) {
+	t.Helper()
+	filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
+		if err != nil {
+			t.Errorf("walk %s: %v", p, err)
+			return nil
+		}
+		if fi.Mode().Perm()&0o077 != 0 {
+			t.Errorf("%s has mode %#o: readable or writable beyond its owner", p, fi.Mode().Perm())
+		}
+		return nil
+	})
+}
+
+// assertNoSecret fails when secret appears in any file under dir (except
+// the vault), or in logs.
+func assertNoSecret(t *testing.T, secret, logs string, dirs ...string) {
+	t.Helper()
+	if secret == "" {
+		t.Fatal("assertNoSecret with an empty secret proves nothing")
+	}
+	if strings.Contains(logs, secret) {
+		t.Errorf("the planted secret appears in the logs")
+	}
+	for _, dir := range dirs {
+		filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
+			if err != nil || fi.IsDir() || filepath.Base(p) == "vault.json" {
+				return nil
+			}
+			b, _ := os.ReadFile(p)
+			if bytes.Contains(b, []byte(secret)) {
+				t.Errorf("the planted secret appears in %s", p)
+			}
+			return nil
+		})
+	}
+}
+
+// logsBesidesFirstStart drops the one stderr line that shows the first
+// admin token on purpose (SPEC §3.1).
+func logsBesidesFirstStart(stderr string) string {
+	var keep []string
+	for _, l := range strings.Split(stderr, "\n") {
+		if !strings.Contains(l, "bearer token (shown once)") {
+			keep = append(keep, l)
+		}
+	}
+	return strings.Join(keep, "\n")
+}

@@ -1,0 +1,144 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+)
+
+var (
+	binaryOnce sync.Once
+	binaryPath string
+	binaryErr  error
+)
+
+// builtBinary builds brama once per test run into a temporary directory.
+func builtBinary(t *testing.T) string {
+	t.Helper()
+	binaryOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "brama-bin")
+		if err != nil {
+			binaryErr = err
+			return
+		}
+		binaryPath = filepath.Join(dir, "brama")
+		out, err := exec.Command("go", "build", "-o", binaryPath, ".").CombinedOutput()
+		if err != nil {
+			binaryErr = err
+			binaryPath = string(out)
+		}
+	})
+	if binaryErr != nil {
+		t.Fatalf("go build: %v\n%s", binaryErr, binaryPath)
+	}
+	return binaryPath
+}
+
+// noHomeEnv is an environment with neither HOME nor BRAMA_STATE_DIR.
+func noHomeEnv() []string {
+	return []string{"PATH=" + os.Getenv("PATH"), "BRAMA_MODEL_CATALOG_URL=off"}
+}
+
+func TestBinaryServesWithoutHome(t *testing.T) {
+	bin := builtBinary(t)
+	cwd := t.TempDir()
+	cmd := exec.Command(bin, "serve", "-addr", "127.0.0.1:0")
+	cmd.Env, cmd.Dir = noHomeEnv(), cwd
+	stdout, _ := cmd.StdoutPipe()
+	stderr := &syncBuffer{}
+	cmd.Stderr = stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	defer func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		if err := <-waited; err != nil {
+			t.Errorf("serve exited with %v after SIGTERM; stderr:\n%s", err, stderr.String())
+		}
+	}()
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	go func() { io.Copy(io.Discard, stdout); waited <- cmd.Wait() }()
+	if err != nil {
+		t.Fatalf("no listening line: %v; stderr:\n%s", err, stderr.String())
+	}
+	url := strings.TrimSpace(strings.TrimPrefix(line, "listening on "))
+	const cause = "$HOME is not defined"
+	if !strings.Contains(stderr.String(), `created admin client "local" for this process only (not kept: `) || !strings.Contains(stderr.String(), cause) {
+		t.Errorf("stderr lacks the process-only client line naming the cause:\n%s", stderr.String())
+	}
+	for i := 0; i < 3; i++ { // keeps serving
+		resp, err := http.Get(url + "/health")
+		if err != nil {
+			t.Fatalf("health %d: %v", i, err)
+		}
+		var h map[string]string
+		json.NewDecoder(resp.Body).Decode(&h)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || h["status"] != "ok" {
+			t.Fatalf("health %d = %d %v", i, resp.StatusCode, h)
+		}
+	}
+	d := &daemon{t: t, url: url}
+	tok := tokenFromStderr(stderr.String())
+	status, _, body := d.call("PUT", "/v1/admin/routes", tok, `{"alias":"chat","route":"openai/gpt-4o"}`)
+	if status != 503 || envelopeOf(t, body)["code"] != "dependency_unavailable" || !strings.Contains(string(body), cause) {
+		t.Errorf("registry write without a state directory: %d %s; want 503 dependency_unavailable naming the cause", status, body)
+	}
+	status, _, body = d.call("GET", "/readyz", "", "")
+	if !strings.Contains(string(body), "no state directory") {
+		t.Errorf("/readyz does not warn about the missing state directory: %d %s", status, body)
+	}
+
+	for _, args := range [][]string{
+		{"journal", "check"},
+		{"routes", "set", "chat", "openai/gpt-4o"},
+		{"clients", "add", "x"},
+		{"agents", "add", "a1"},
+	} {
+		c := exec.Command(bin, args...)
+		c.Env, c.Dir = noHomeEnv(), cwd
+		out, err := c.CombinedOutput()
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(string(out), cause) {
+			t.Errorf("brama %v without a state directory: %v %q; want exit 1 naming %q", args, err, out, cause)
+		}
+	}
+	if ents, _ := os.ReadDir(cwd); len(ents) != 0 {
+		t.Errorf("brama wrote into the working directory: %v", ents)
+	}
+}
+
+func tokenFromStderr(s string) string {
+	_, after, ok := strings.Cut(s, "bearer token (shown once): ")
+	if !ok {
+		return ""
+	}
+	tok, _, _ := strings.Cut(after, "\n")
+	return strings.TrimSpace(tok)
+}
+
+func TestHelpPrintsFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"serve", "-h"}, {"routes", "list", "-h"}, {"routes", "migrate", "-h"}, {"clients", "add", "-h"},
+		{"agents", "add", "-h"}, {"journal", "check", "-h"}, {"credentials", "set", "-h"},
+	} {
+		_, errOut, code := runCLI(t, stateEnv(t), "", args...)
+		if code != 0 || !strings.Contains(errOut, "Usage of brama "+strings.Join(args[:len(args)-1], " ")) {
+			t.Errorf("brama %v: exit %d, stderr %q; want exit 0 and its flags", args, code, errOut)
+		}
+	}
+	if _, _, code := runCLI(t, stateEnv(t), "", "routes", "bogus"); code != 2 {
+		t.Errorf("unknown subcommand exit = %d, want 2", code)
+	}
+	if _, _, code := runCLI(t, stateEnv(t), "", "clients", "add"); code != 2 {
+		t.Errorf("missing positional exit = %d, want 2", code)
+	}
+}

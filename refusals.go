@@ -1,0 +1,304 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// This file classifies failed provider calls: non-2xx answers (SPEC §8.2,
+// §7.2 step 4) and transport failures.
+
+// Refusal classes of a non-2xx provider answer (SPEC §7.2 step 4).
+const (
+	refusalAuth  = "auth"  // 401/403: the credential was refused
+	refusalRate  = "rate"  // 429: try later
+	refusalQuota = "quota" // credit or quota spent, by the provider's type/code
+	refusalModel = "model" // 400/404/422: a request the provider would not run
+	refusalOther = "other" // everything else: answered at once, no rotation
+)
+
+// maxSentenceBytes bounds the provider sentence kept for ledger causes.
+const maxSentenceBytes = 200
+
+// providerRefusal is a classified non-2xx provider answer (SPEC §8.2,
+// §7.2.4). It is decided from the status and the provider's error
+// type/code fields, never by searching message text.
+type providerRefusal struct {
+	err        *apiError     // the code the caller gets on a direct/alias route (no attempts set here)
+	class      string        // refusalAuth, refusalRate, refusalQuota, refusalModel or refusalOther
+	retryAfter time.Duration // from retry-after or reset headers; 0 when none stated
+	sentence   string        // the provider's own error message, redacted, ≤200 bytes
+}
+
+// quotaCodes are the provider error types/codes that say the account's
+// credit or quota is spent: OpenAI's insufficient_quota (sent with 429)
+// and its older billing codes, Anthropic's billing_error (sent with 402).
+var quotaCodes = map[string]bool{
+	"insufficient_quota":         true,
+	"billing_hard_limit_reached": true,
+	"billing_not_active":         true,
+	"billing_error":              true,
+}
+
+// classifyRefusal classifies a non-2xx provider answer. The first argument
+// is a provider id (preferred: the message then names it) or a protocol.
+// presented is the credential the call presented; it is redacted from
+// everything quoted. now anchors an HTTP-date retry-after.
+func classifyRefusal(protocol string, status int, header http.Header, body []byte, presented string, now time.Time) providerRefusal {
+	who, byStatus := "provider", false
+	if p, ok := lookupProvider(protocol); ok {
+		who = fmt.Sprintf("provider %q", p.id)
+		byStatus = p.id == "codex" // SPEC §6.2: codex errors are classified by status alone
+	}
+	typ, code, msg := providerErrorFields(body)
+	typ = cleanQuoted(typ, presented, 64)
+	code = cleanQuoted(code, presented, 64)
+	quota := !byStatus && (quotaCodes[typ] || quotaCodes[code])
+	r := providerRefusal{sentence: cleanQuoted(msg, presented, maxSentenceBytes)}
+
+	switch {
+	case status == http.StatusUnauthorized || status == http.StatusForbidden:
+		r.class = refusalAuth
+	case status >= 400 && status < 500 && (status == http.StatusPaymentRequired || quota):
+		r.class = refusalQuota
+	case status == http.StatusTooManyRequests:
+		r.class = refusalRate
+	case status == http.StatusBadRequest || status == http.StatusNotFound || status == http.StatusUnprocessableEntity:
+		r.class = refusalModel
+	default:
+		r.class = refusalOther
+	}
+	var ec string
+	switch {
+	case r.class == refusalRate:
+		ec = "provider_rate_limited"
+	case r.class == refusalQuota:
+		ec = "provider_quota_exhausted"
+	case status == http.StatusGatewayTimeout:
+		ec = "dependency_timeout"
+	case status >= 500:
+		ec = "dependency_unavailable"
+	default:
+		ec = "provider_failure"
+	}
+	if r.class == refusalRate || r.class == refusalQuota {
+		r.retryAfter = retryAfter(header, now)
+	}
+
+	label := code
+	if label == "" {
+		label = typ
+	}
+	m := fmt.Sprintf("%s answered %d", who, status)
+	if label != "" {
+		m += " (" + label + ")"
+	}
+	if r.sentence != "" {
+		m += ": " + r.sentence
+	}
+	r.err = refuse(ec, "%s", m)
+	return r
+}
+
+// providerErrorFields pulls type, code and message out of the error bodies
+// providers send: OpenAI {"error":{"type","code","message"}}, Anthropic
+// {"type":"error","error":{"type","message"}}, codex {"detail":…}, and
+// {"error":"text"}. A body that is none of these yields nothing: a raw body
+// is never quoted.
+func providerErrorFields(body []byte) (typ, code, msg string) {
+	var b struct {
+		Error  json.RawMessage `json:"error"`
+		Detail json.RawMessage `json:"detail"`
+	}
+	if json.Unmarshal(body, &b) != nil {
+		return "", "", ""
+	}
+	if e, ok := errorObject(b.Error); ok {
+		return e.typ, e.code, e.msg
+	}
+	if s, ok := jsonString(b.Error); ok {
+		return "", "", s
+	}
+	// codex: {"detail": "text"} or {"detail": {"message": …}}; status decides.
+	if s, ok := jsonString(b.Detail); ok {
+		return "", "", s
+	}
+	if e, ok := errorObject(b.Detail); ok {
+		return "", "", e.msg
+	}
+	return "", "", ""
+}
+
+type errorFields struct{ typ, code, msg string }
+
+// errorObject reads {"type","code","message"}; code may be a string or a
+// number (OpenRouter sends the HTTP status there).
+func errorObject(raw json.RawMessage) (errorFields, bool) {
+	var e struct {
+		Type    json.RawMessage `json:"type"`
+		Code    json.RawMessage `json:"code"`
+		Message json.RawMessage `json:"message"`
+	}
+	if len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &e) != nil {
+		return errorFields{}, false
+	}
+	typ, _ := jsonString(e.Type)
+	code, _ := jsonScalar(e.Code)
+	msg, _ := jsonString(e.Message)
+	return errorFields{typ, code, msg}, true
+}
+
+// jsonString decodes raw when it is a JSON string.
+func jsonString(raw json.RawMessage) (string, bool) {
+	var s string
+	if len(raw) == 0 || raw[0] != '"' || json.Unmarshal(raw, &s) != nil {
+		return "", false
+	}
+	return s, true
+}
+
+// jsonScalar decodes a JSON string or number as text.
+func jsonScalar(raw json.RawMessage) (string, bool) {
+	if s, ok := jsonString(raw); ok {
+		return s, true
+	}
+	var n json.Number
+	if len(raw) == 0 || json.Unmarshal(raw, &n) != nil {
+		return "", false
+	}
+	return n.String(), true
+}
+
+// cleanQuoted makes provider text safe to quote: valid UTF-8, one line,
+// the presented credential and secret-shaped tokens redacted, then cut to
+// max bytes (redacting first so a cut cannot leave part of a secret).
+func cleanQuoted(s, presented string, max int) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	s = strings.Join(strings.Fields(s), " ")
+	s = redact(s, presented)
+	return truncateUTF8(s, max)
+}
+
+// maxRetryAfter bounds a stated reset; a block never outlasts it (SPEC §7.2).
+const maxRetryAfter = 7 * 24 * time.Hour
+
+// retryAfter is the wait the provider stated: retry-after-ms, retry-after
+// (seconds or an HTTP date), else the latest reset among the limits its
+// headers show as exhausted. 0 when nothing is stated.
+func retryAfter(h http.Header, now time.Time) time.Duration {
+	if v := strings.TrimSpace(h.Get("Retry-After-Ms")); v != "" {
+		if ms, err := strconv.ParseFloat(v, 64); err == nil && ms > 0 && !math.IsInf(ms, 0) {
+			return clampWait(ms / 1000)
+		}
+	}
+	if v := strings.TrimSpace(h.Get("Retry-After")); v != "" {
+		if s, err := strconv.ParseFloat(v, 64); err == nil && !math.IsNaN(s) {
+			return clampWait(s)
+		}
+		if t, err := http.ParseTime(v); err == nil {
+			return clampWait(t.Sub(now).Seconds())
+		}
+	}
+	var d time.Duration
+	longer := func(x time.Duration) {
+		d = max(d, x)
+	}
+	// OpenAI: x-ratelimit-{remaining,reset}-{requests,tokens}, reset as "6m0s".
+	for _, k := range []string{"requests", "tokens"} {
+		if strings.TrimSpace(h.Get("X-Ratelimit-Remaining-"+k)) == "0" {
+			if x, err := time.ParseDuration(strings.TrimSpace(h.Get("X-Ratelimit-Reset-" + k))); err == nil {
+				longer(clampWait(x.Seconds()))
+			}
+		}
+	}
+	// Anthropic: anthropic-ratelimit-<limit>-{remaining,reset}, reset RFC 3339.
+	for _, k := range []string{"requests", "tokens", "input-tokens", "output-tokens"} {
+		if strings.TrimSpace(h.Get("Anthropic-Ratelimit-"+k+"-Remaining")) == "0" {
+			if t, err := time.Parse(time.RFC3339, strings.TrimSpace(h.Get("Anthropic-Ratelimit-"+k+"-Reset"))); err == nil {
+				longer(clampWait(t.Sub(now).Seconds()))
+			}
+		}
+	}
+	// claude-code plan windows (SPEC §6.3): reset in unix seconds.
+	for _, k := range []string{"", "5h-", "7d-"} {
+		p := "Anthropic-Ratelimit-Unified-" + k
+		u, _ := strconv.ParseFloat(strings.TrimSpace(h.Get(p+"Utilization")), 64)
+		if strings.TrimSpace(h.Get(p+"Status")) == "rejected" || u >= 1 {
+			if s, err := strconv.ParseInt(strings.TrimSpace(h.Get(p+"Reset")), 10, 64); err == nil {
+				longer(clampWait(float64(s - now.Unix())))
+			}
+		}
+	}
+	// codex plan windows (SPEC §6.3).
+	for _, k := range []string{"Primary", "Secondary"} {
+		p := "X-Codex-" + k + "-"
+		if u, err := strconv.ParseFloat(strings.TrimSpace(h.Get(p+"Used-Percent")), 64); err == nil && u >= 100 {
+			if s, err := strconv.ParseFloat(strings.TrimSpace(h.Get(p+"Reset-After-Seconds")), 64); err == nil {
+				longer(clampWait(s))
+			}
+		}
+	}
+	return d
+}
+
+// clampWait turns seconds into a wait within (0, maxRetryAfter]; a wait
+// already over (or not a number) is 0, "none stated".
+func clampWait(s float64) time.Duration {
+	switch {
+	case !(s > 0):
+		return 0
+	case s >= maxRetryAfter.Seconds():
+		return maxRetryAfter
+	}
+	return time.Duration(s * float64(time.Second))
+}
+
+// classifyTransport maps a failed provider call (from client.Do or a body
+// read) to its code (SPEC §8.2): nothing sent (dial refused, DNS, TLS
+// handshake) → dependency_unavailable; connecting timed out →
+// dependency_timeout; anything after the request may have been sent →
+// provider_incomplete, because the provider may have generated and billed.
+// A cancelled request context is the caller hanging up. The cause is kept.
+func classifyTransport(err error) *apiError {
+	cause := err
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		cause = ue.Err // drop "Post <url>:"; the URL says nothing new
+	}
+	text := cleanQuoted(cause.Error(), "", 300)
+	if errors.Is(err, context.Canceled) {
+		return refuse("client_cancelled", "the caller went away during the provider call").because(err)
+	}
+	var (
+		op   *net.OpError
+		dns  *net.DNSError
+		cert *tls.CertificateVerificationError
+		rec  tls.RecordHeaderError
+		alrt tls.AlertError
+		ua   x509.UnknownAuthorityError
+		hn   x509.HostnameError
+		ci   x509.CertificateInvalidError
+	)
+	dial := errors.As(err, &op) && op.Op == "dial"
+	switch {
+	case dial && op.Timeout(), errors.As(err, &dns) && dns.IsTimeout:
+		return refuse("dependency_timeout", "connecting to the provider timed out: %s", text).because(err)
+	case dial, errors.As(err, &dns):
+		return refuse("dependency_unavailable", "could not connect to the provider, nothing was sent: %s", text).because(err)
+	case errors.As(err, &cert), errors.As(err, &rec), errors.As(err, &alrt),
+		errors.As(err, &ua), errors.As(err, &hn), errors.As(err, &ci):
+		return refuse("dependency_unavailable", "TLS handshake with the provider failed, nothing was sent: %s", text).because(err)
+	}
+	return refuse("provider_incomplete", "the provider connection failed after the request was sent: %s", text).because(err)
+}

@@ -1,0 +1,573 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// regLogs is a slog handler that keeps every record (so tests can count
+// warnings) and echoes it to t.Logf.
+type regLogs struct {
+	t    *testing.T
+	mu   sync.Mutex // guards recs
+	recs []slog.Record
+}
+
+func (h *regLogs) Enabled(context.Context, slog.Level) bool { return true }
+func (h *regLogs) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *regLogs) WithGroup(string) slog.Handler            { return h }
+func (h *regLogs) Handle(_ context.Context, r slog.Record) error {
+	h.mu.Lock()
+	h.recs = append(h.recs, r.Clone())
+	h.mu.Unlock()
+	h.t.Logf("log: %s %s", r.Level, r.Message)
+	return nil
+}
+
+// count is how many records with message msg were logged; attrs collects
+// the value of attribute key on each.
+func (h *regLogs) count(msg, key string) (n int, attrs []string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, r := range h.recs {
+		if r.Message != msg {
+			continue
+		}
+		n++
+		r.Attrs(func(a slog.Attr) bool {
+			if a.Key == key {
+				attrs = append(attrs, a.Value.String())
+			}
+			return true
+		})
+	}
+	return n, attrs
+}
+
+// regFixture is a registry at $STATE/routes.json with a real journal in the
+// same state directory.
+type regFixture struct {
+	path string
+	j    *journal
+	logs *regLogs
+	reg  *registry
+}
+
+func newRegFixture(t *testing.T) *regFixture {
+	t.Helper()
+	st := state{dir: t.TempDir()}
+	logs := &regLogs{t: t}
+	log := slog.New(logs)
+	path, err := registryPath(st, func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := newJournal(st, log, func() time.Time { return time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC) })
+	return &regFixture{path: path, j: j, logs: logs, reg: newRegistry(path, nil, j, log)}
+}
+
+// regWrite writes content to name with mode 0600, as an operator would.
+func regWrite(t *testing.T, name, content string) {
+	t.Helper()
+	if err := os.WriteFile(name, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(name, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func regRead(t *testing.T, name string) string {
+	t.Helper()
+	b, err := os.ReadFile(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// routeChanges reads the journal back and keeps its route_change records.
+func (f *regFixture) routeChanges(t *testing.T) []journalRecord {
+	t.Helper()
+	recs, err := f.j.read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []journalRecord
+	for _, r := range recs {
+		if r.Kind == "route_change" {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func regStr(s string) *string { return &s }
+
+// wantAPIError checks that err is an *apiError with code, no attempts key,
+// and a message containing msg.
+func wantAPIError(t *testing.T, err error, code, msg string) *apiError {
+	t.Helper()
+	var ae *apiError
+	if !errors.As(err, &ae) {
+		t.Fatalf("error = %v (%T), want an *apiError %s", err, err, code)
+	}
+	if ae.Code != code || !strings.Contains(ae.Message, msg) {
+		t.Fatalf("error = %s: %s, want %s containing %q", ae.Code, ae.Message, code, msg)
+	}
+	if ae.Attempts != nil {
+		t.Errorf("attempts = %d, want no attempts key (nothing was dispatched)", *ae.Attempts)
+	}
+	return ae
+}
+
+func TestRegistryPath(t *testing.T) {
+	noHome := state{cause: errors.New("$HOME is not defined")}
+	tests := []struct {
+		name    string
+		st      state
+		env     map[string]string
+		want    string
+		wantErr bool
+	}{
+		{name: "state dir", st: state{dir: "/s"}, want: "/s/routes.json"},
+		{name: "override wins", st: state{dir: "/s"}, env: map[string]string{"BRAMA_ROUTES_FILE": " /etc/brama/routes.json "}, want: "/etc/brama/routes.json"},
+		{name: "override without state dir", st: noHome, env: map[string]string{"BRAMA_ROUTES_FILE": "/r.json"}, want: "/r.json"},
+		{name: "neither", st: noHome, wantErr: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := registryPath(tt.st, func(k string) string { return tt.env[k] })
+			var ns *noStateError
+			if tt.wantErr {
+				if !errors.As(err, &ns) || !strings.Contains(err.Error(), "$HOME is not defined") {
+					t.Fatalf("err = %v, want a *noStateError naming the cause", err)
+				}
+				return
+			}
+			if err != nil || got != tt.want {
+				t.Fatalf("registryPath = %q, %v; want %q", got, err, tt.want)
+			}
+		})
+	}
+}
+
+func TestRegistryWithoutStateDir(t *testing.T) {
+	_, pathErr := registryPath(state{cause: errors.New("$HOME is not defined")}, func(string) string { return "" })
+	r := newRegistry("", pathErr, newJournal(state{cause: errors.New("$HOME is not defined")}, nil, nil), nil)
+	doc, err := r.current()
+	if err != nil || len(doc.Routes) != 0 {
+		t.Fatalf("current = %v, %v; want the empty registry", doc, err)
+	}
+	_, err = r.set("chat", "openai/gpt-4o", "cli")
+	wantAPIError(t, err, "dependency_unavailable", "$HOME is not defined")
+	_, err = r.remove("chat", "cli")
+	wantAPIError(t, err, "dependency_unavailable", "$HOME is not defined")
+}
+
+func TestRegistryCurrentParsesOnlyOnChange(t *testing.T) {
+	f := newRegFixture(t)
+	doc, err := f.reg.current()
+	if err != nil || len(doc.Routes) != 0 || f.reg.parses != 0 {
+		t.Fatalf("absent file: current = %v, %v, %d parses; want empty, no parse", doc, err, f.reg.parses)
+	}
+
+	regWrite(t, f.path, `{"routes":{"a":"best"}}`)
+	first, err := f.reg.current()
+	if err != nil || first.Routes["a"] != "best" {
+		t.Fatalf("current = %v, %v", first, err)
+	}
+	for range 3 {
+		again, err := f.reg.current()
+		if err != nil || again != first {
+			t.Fatalf("unchanged file: current = %p, %v; want the cached %p", again, err, first)
+		}
+	}
+	if f.reg.parses != 1 {
+		t.Fatalf("parses = %d after four reads of an unchanged file, want 1", f.reg.parses)
+	}
+
+	// An invalid file: every alias is routes_file_invalid, logged once.
+	if err := writeFileAtomic(f.path, []byte(`{"routes":{"a":"best"},"fallbacks":{}}`)); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if _, err := f.reg.current(); err == nil || !strings.Contains(err.Error(), `"fallbacks"`) {
+			t.Fatalf("invalid file: err = %v", err)
+		}
+	}
+	if f.reg.parses != 2 {
+		t.Errorf("parses = %d, want 2: an unchanged invalid file is not parsed again", f.reg.parses)
+	}
+	n, reasons := f.logs.count("inference_routes_invalid", "reason")
+	if n != 1 || !strings.Contains(reasons[0], `registry field "fallbacks"`) {
+		t.Errorf("inference_routes_invalid logged %d times (%q), want once with the reason", n, reasons)
+	}
+
+	// Fixed in place: the same registry object serves again.
+	if err := writeFileAtomic(f.path, []byte(`{"routes":{"a":"best","b":"best"}}`)); err != nil {
+		t.Fatal(err)
+	}
+	doc, err = f.reg.current()
+	if err != nil || doc.Routes["b"] != "best" || f.reg.parses != 3 {
+		t.Fatalf("repaired file: current = %v, %v, %d parses", doc, err, f.reg.parses)
+	}
+
+	// A different failure is logged again.
+	if err := os.Chmod(f.path, 0o640); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.reg.current(); err == nil || !strings.Contains(err.Error(), "chmod 600") {
+		t.Fatalf("0640 file: err = %v, want the group/other rule", err)
+	}
+	if n, _ := f.logs.count("inference_routes_invalid", "reason"); n != 2 {
+		t.Errorf("inference_routes_invalid logged %d times, want 2 (two distinct failures)", n)
+	}
+}
+
+func TestRegistryCurrentRefusesSymlink(t *testing.T) {
+	f := newRegFixture(t)
+	target := filepath.Join(t.TempDir(), "elsewhere.json")
+	regWrite(t, target, `{"routes":{"a":"best"}}`)
+	if err := os.Symlink(target, f.path); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.reg.current(); err == nil || !strings.Contains(err.Error(), "symlink") {
+		t.Fatalf("err = %v, want the symlink rule", err)
+	}
+	if _, err := f.reg.aliases(nil); err == nil {
+		t.Fatal("aliases of an unreadable registry: want an error")
+	}
+}
+
+func TestRegistrySetRemove(t *testing.T) {
+	f := newRegFixture(t)
+	regWrite(t, f.path, regDoc(`{}`))
+
+	steps := []struct {
+		name   string
+		do     func() (*routesDoc, error)
+		routes map[string]string
+		rec    journalRecord
+	}{
+		{name: "create", do: func() (*routesDoc, error) { return f.reg.set("chat", "  anthropic/claude-sonnet-4-5 ", "local") },
+			routes: map[string]string{"chat": "anthropic/claude-sonnet-4-5"},
+			rec:    journalRecord{Kind: "route_change", Alias: "chat", To: regStr("anthropic/claude-sonnet-4-5"), By: "local"}},
+		{name: "bare deployment", do: func() (*routesDoc, error) { return f.reg.set("cheap", "qwen-local", "cli") },
+			routes: map[string]string{"chat": "anthropic/claude-sonnet-4-5", "cheap": "qwen-local"},
+			rec:    journalRecord{Kind: "route_change", Alias: "cheap", To: regStr("qwen-local"), By: "cli"}},
+		{name: "replace", do: func() (*routesDoc, error) { return f.reg.set("chat", "best", "local") },
+			routes: map[string]string{"chat": "best", "cheap": "qwen-local"},
+			rec:    journalRecord{Kind: "route_change", Alias: "chat", From: regStr("anthropic/claude-sonnet-4-5"), To: regStr("best"), By: "local"}},
+		{name: "best needs no credential yet", do: func() (*routesDoc, error) { return f.reg.set("best", "openai/gpt-4o", "local") },
+			routes: map[string]string{"best": "openai/gpt-4o", "chat": "best", "cheap": "qwen-local"},
+			rec:    journalRecord{Kind: "route_change", Alias: "best", To: regStr("openai/gpt-4o"), By: "local"}},
+		{name: "delete", do: func() (*routesDoc, error) { return f.reg.remove("cheap", "cli") },
+			routes: map[string]string{"best": "openai/gpt-4o", "chat": "best"},
+			rec:    journalRecord{Kind: "route_change", Alias: "cheap", From: regStr("qwen-local"), By: "cli"}},
+	}
+	for i, s := range steps {
+		t.Run(s.name, func(t *testing.T) {
+			doc, err := s.do()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(s.routes, doc.Routes); diff != "" {
+				t.Errorf("committed routes (-want +got):\n%s", diff)
+			}
+			if got := regRead(t, f.path); got != string(encodeRegistry(doc)) {
+				t.Errorf("file is not the canonical encoding of the committed document:\n%s", got)
+			}
+			if fi, err := os.Stat(f.path); err != nil || fi.Mode().Perm() != 0o600 {
+				t.Errorf("file mode = %v, %v; want 0600", fi.Mode().Perm(), err)
+			}
+			recs := f.routeChanges(t)
+			if len(recs) != i+1 {
+				t.Fatalf("route_change records = %d, want %d", len(recs), i+1)
+			}
+			want := s.rec
+			want.At = "2025-01-02T03:04:05.000Z"
+			if diff := cmp.Diff(want, recs[i]); diff != "" {
+				t.Errorf("journal record (-want +got):\n%s", diff)
+			}
+			cur, err := f.reg.current()
+			if err != nil || !cmp.Equal(cur.Routes, s.routes) {
+				t.Errorf("current after write = %v, %v", cur, err)
+			}
+		})
+	}
+}
+
+func TestRegistryWriteRefusals(t *testing.T) {
+	tests := []struct {
+		name    string
+		file    string // "" leaves the file absent
+		do      func(r *registry) (*routesDoc, error)
+		code    string
+		msg     string
+		details *aliasDetails
+	}{
+		{name: "alias pattern", do: func(r *registry) (*routesDoc, error) { return r.set("Chat", "best", "cli") },
+			code: "invalid_request", msg: `alias "Chat" must match`},
+		{name: "alias any", do: func(r *registry) (*routesDoc, error) { return r.set("any", "best", "cli") },
+			code: "invalid_request", msg: "selector name"},
+		{name: "wildcard destination", do: func(r *registry) (*routesDoc, error) { return r.set("a", "openai/*", "cli") },
+			code: "invalid_request", msg: `contains "*"`},
+		{name: "control character", do: func(r *registry) (*routesDoc, error) { return r.set("a", "openai/a\x00b", "cli") },
+			code: "invalid_request", msg: "control character"},
+		{name: "unknown provider", do: func(r *registry) (*routesDoc, error) { return r.set("a", "nosuch/model", "cli") },
+			code: "invalid_request", msg: `Provider "nosuch" is not one Brama knows`},
+		{name: "bare name matching no deployment", file: regDoc(`{}`), do: func(r *registry) (*routesDoc, error) { return r.set("a", "llama", "cli") },
+			code: "invalid_request", msg: `"llama" names no deployment or adapter`},
+		{name: "local-openai naming no deployment", file: regDoc(`{}`), do: func(r *registry) (*routesDoc, error) { return r.set("a", "local-openai/llama", "cli") },
+			code: "invalid_request", msg: `No single deployment or adapter named "llama"`},
+		{name: "best to best", do: func(r *registry) (*routesDoc, error) { return r.set("best", "best", "cli") },
+			code: "invalid_request", msg: "must name a canonical route"},
+		{name: "registry on disk invalid", file: `{"routes":{},"fallbacks":{}}`, do: func(r *registry) (*routesDoc, error) { return r.set("a", "best", "cli") },
+			code: "state_conflict", msg: `registry field "fallbacks"`},
+		{name: "result too large", file: `{"routes":{` + regManyRoutes(2500) + `}}`, do: func(r *registry) (*routesDoc, error) { return r.set("a", "openai/"+strings.Repeat("m", 500), "cli") },
+			code: "state_conflict", msg: "the route registry would be"},
+		{name: "remove unknown alias", file: regDoc(`{"b":"best"}`), do: func(r *registry) (*routesDoc, error) { return r.remove("a", "cli") },
+			code: "alias_unknown", msg: `alias "a" is not declared`, details: &aliasDetails{Alias: "a", State: "no_route"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newRegFixture(t)
+			if tt.file != "" {
+				regWrite(t, f.path, tt.file)
+			}
+			_, err := tt.do(f.reg)
+			ae := wantAPIError(t, err, tt.code, tt.msg)
+			if diff := cmp.Diff(tt.details, ae.Details); diff != "" {
+				t.Errorf("details (-want +got):\n%s", diff)
+			}
+			if tt.file == "" {
+				if _, err := os.Stat(f.path); !errors.Is(err, os.ErrNotExist) {
+					t.Errorf("a refused write created the registry (stat: %v)", err)
+				}
+			} else if got := regRead(t, f.path); got != tt.file {
+				t.Errorf("a refused write changed the registry")
+			}
+			if recs := f.routeChanges(t); len(recs) != 0 {
+				t.Errorf("a refused write journaled %d records", len(recs))
+			}
+		})
+	}
+}
+
+// regManyRoutes is n aliases with 400-byte destinations, about n*430 bytes.
+func regManyRoutes(n int) string {
+	var b strings.Builder
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `"a%d":"openai/%s"`, i, strings.Repeat("m", 400))
+	}
+	return b.String()
+}
+
+func TestRegistryConcurrentSet(t *testing.T) {
+	f := newRegFixture(t)
+	var wg sync.WaitGroup
+	errs := make(chan error, 32)
+	for i := range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := f.reg.set(fmt.Sprintf("alias-%02d", i), "openai/gpt-4o", "cli")
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	doc, err := parseRegistry([]byte(regRead(t, f.path)))
+	if err != nil {
+		t.Fatalf("file after concurrent writes: %v", err)
+	}
+	if len(doc.Routes) != 32 {
+		t.Errorf("aliases in the file = %d, want 32", len(doc.Routes))
+	}
+	seen := map[string]bool{}
+	for _, r := range f.routeChanges(t) {
+		seen[r.Alias] = true
+	}
+	if len(seen) != 32 {
+		t.Errorf("route_change records name %d aliases, want 32", len(seen))
+	}
+}
+
+// TestRegistryRenameFailure sets the package hook testingOnlyRename, so it
+// must not run in parallel with other writers.
+func TestRegistryRenameFailure(t *testing.T) {
+	f := newRegFixture(t)
+	before := regDoc(`{"chat":"best"}`)
+	regWrite(t, f.path, before)
+	testingOnlyRename = func(oldpath, newpath string) error { return errors.New("injected rename failure") }
+	t.Cleanup(func() { testingOnlyRename = nil })
+
+	_, err := f.reg.set("chat", "openai/gpt-4o", "cli")
+	wantAPIError(t, err, "internal_error", "injected rename failure")
+	if got := regRead(t, f.path); got != before {
+		t.Errorf("registry bytes changed after a failed rename:\n%s", got)
+	}
+	if recs := f.routeChanges(t); len(recs) != 0 {
+		t.Errorf("a failed write journaled %d records", len(recs))
+	}
+	if leftovers, _ := filepath.Glob(filepath.Join(filepath.Dir(f.path), ".routes.json.tmp*")); len(leftovers) != 0 {
+		t.Errorf("temporary files left behind: %v", leftovers)
+	}
+}
+
+func TestRegistryJournalNotReady(t *testing.T) {
+	f := newRegFixture(t)
+	before := regDoc(`{"chat":"best"}`)
+	regWrite(t, f.path, before)
+	// The registry file is named explicitly, but there is no state
+	// directory, so there is no journal (SPEC §2.1).
+	f.reg.j = newJournal(state{cause: errors.New("$HOME is not defined")}, nil, nil)
+	_, err := f.reg.set("chat", "openai/gpt-4o", "cli")
+	wantAPIError(t, err, "dependency_unavailable", "$HOME is not defined")
+	_, err = f.reg.remove("chat", "cli")
+	wantAPIError(t, err, "dependency_unavailable", "$HOME is not defined")
+	if got := regRead(t, f.path); got != before {
+		t.Errorf("registry changed although the journal could not record it:\n%s", got)
+	}
+}
+
+func TestRegistryJournalAppendFailsAfterRename(t *testing.T) {
+	f := newRegFixture(t)
+	f.j.testingOnlySync = func(*os.File) error { return errors.New("injected fsync failure") }
+	doc, err := f.reg.set("chat", "openai/gpt-4o", "cli")
+	if err != nil {
+		t.Fatalf("set = %v; a journal failure after the rename must not fail the write", err)
+	}
+	if got := regRead(t, f.path); got != string(encodeRegistry(doc)) || doc.Routes["chat"] != "openai/gpt-4o" {
+		t.Errorf("the change does not stand:\n%s", got)
+	}
+	n, causes := f.logs.count("journal_append_failed", "cause")
+	if n != 1 || !strings.Contains(causes[0], "injected fsync failure") {
+		t.Errorf("journal_append_failed logged %d times (%q), want once with the cause", n, causes)
+	}
+}
+
+func TestMigrateRegistry(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "routes.json")
+	regWrite(t, path, `{"routes":{"smart":"best","chat":"anthropic/claude-sonnet-4-5"},
+		"fallbacks":{"chat":["openai/gpt-4o"]},"comment":"old",
+		"deployments":[{"name":"qwen-local","endpoint":{"host":"127.0.0.1","port":11434}}]}`)
+	want := `{
+  "schema_version": 1,
+  "deployments": [
+    {
+      "name": "qwen-local",
+      "endpoint": {
+        "host": "127.0.0.1",
+        "port": 11434
+      }
+    }
+  ],
+  "routes": {
+    "chat": "anthropic/claude-sonnet-4-5",
+    "smart": "best"
+  }
+}
+`
+	committed, dropped, doc, err := migrateRegistry(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, string(committed)); diff != "" {
+		t.Errorf("committed bytes (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]string{"comment", "fallbacks"}, dropped); diff != "" {
+		t.Errorf("dropped (-want +got):\n%s", diff)
+	}
+	if got := regRead(t, path); got != want || doc.Routes["smart"] != "best" {
+		t.Errorf("file holds:\n%s", got)
+	}
+
+	again, dropped, _, err := migrateRegistry(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(again) != string(committed) || len(dropped) != 0 || dropped == nil {
+		t.Errorf("second run: committed %q, dropped %#v; want identical bytes and []", again, dropped)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "journal.jsonl")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("migrate wrote a journal (stat: %v)", err)
+	}
+}
+
+func TestMigrateRegistryRefusals(t *testing.T) {
+	tests := []struct {
+		name    string
+		content string
+		mode    os.FileMode
+		symlink bool
+		absent  bool
+		msg     string
+	}{
+		{name: "absent", absent: true, msg: "does not exist"},
+		{name: "symlink", content: `{"fallbacks":{}}`, symlink: true, msg: "symlink"},
+		{name: "group readable", content: `{"fallbacks":{}}`, mode: 0o640, msg: "chmod 600"},
+		{name: "not JSON", content: `{"fallbacks":`, msg: "not valid JSON"},
+		{name: "array", content: `[{"routes":{}}]`, msg: "must be one JSON object"},
+		{name: "empty", content: "", msg: "is empty"},
+		{name: "duplicate keys", content: `{"routes":{"a":"best","a":"best"},"fallbacks":{}}`, msg: `duplicate key "a"`},
+		{name: "kept members invalid", content: `{"routes":{"a":"openai/*"},"fallbacks":{}}`, msg: `contains "*"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			path := filepath.Join(dir, "routes.json")
+			target := path
+			if tt.symlink {
+				target = filepath.Join(dir, "real.json")
+				if err := os.Symlink(target, path); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if !tt.absent {
+				regWrite(t, target, tt.content)
+				if tt.mode != 0 {
+					if err := os.Chmod(target, tt.mode); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			_, _, _, err := migrateRegistry(path)
+			if err == nil || !strings.Contains(err.Error(), tt.msg) {
+				t.Fatalf("migrate error = %v, want one containing %q", err, tt.msg)
+			}
+			if tt.absent {
+				return
+			}
+			if got := regRead(t, target); got != tt.content {
+				t.Errorf("refused migration changed the file:\n%s", got)
+			}
+			if fi, err := os.Lstat(path); err != nil || tt.symlink != (fi.Mode()&os.ModeSymlink != 0) {
+				t.Errorf("refused migration replaced the file (%v)", err)
+			}
+			if fi, err := os.Stat(target); err != nil || tt.mode != 0 && fi.Mode().Perm() != tt.mode {
+				t.Errorf("refused migration changed the mode (%v)", err)
+			}
+		})
+	}
+}

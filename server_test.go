@@ -1,0 +1,245 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// runCLI runs one brama command in-process and returns stdout, stderr and
+// the exit code main would use.
+func runCLI(t *testing.T, env map[string]string, stdin string, args ...string) (string, string, int) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	err := run(context.Background(), args, testEnv(env), strings.NewReader(stdin), &out, &errb)
+	code := exitCode(err, &errb)
+	return out.String(), errb.String(), code
+}
+
+// addClient makes a client through the CLI and returns its token.
+func addClient(t *testing.T, env map[string]string, args ...string) string {
+	t.Helper()
+	out, errOut, code := runCLI(t, env, "", append([]string{"clients", "add"}, args...)...)
+	if code != 0 {
+		t.Fatalf("clients add %v: exit %d: %s", args, code, errOut)
+	}
+	return strings.TrimSpace(out)
+}
+
+// addAgent makes an agent through the CLI and returns its signing secret.
+func addAgent(t *testing.T, env map[string]string, id string) string {
+	t.Helper()
+	out, errOut, code := runCLI(t, env, "", "agents", "add", id)
+	if code != 0 {
+		t.Fatalf("agents add %s: exit %d: %s", id, code, errOut)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	return lines[len(lines)-1]
+}
+
+// signedHeaders signs method, path and body for agent at ts.
+func signedHeaders(secret, agent, ts, method, path, body string) []string {
+	sig := hex.EncodeToString(agentSignature(secret, agent, ts, method, path, []byte(body)))
+	return []string{"X-Agent-Id", agent, "X-Agent-Timestamp", ts, "X-Agent-Signature", sig}
+}
+
+func TestBearerAndAgentRefusals(t *testing.T) {
+	env := stateEnv(t)
+	secret := addAgent(t, env, "a1")
+	d := startDaemon(t, env, "")
+	if d.token == "" {
+		t.Fatal("first start printed no admin token")
+	}
+	callerTok := addClient(t, env, "app")
+	now := time.Now().Unix()
+	fresh := fmt.Sprintf("%d.5", now)
+	replayHdr := signedHeaders(secret, "a1", fmt.Sprintf("%d.25", now), "GET", "/v1/aliases", "")
+	bad := signedHeaders(secret, "a1", fresh, "GET", "/v1/aliases", "")
+	bad[5] = strings.Repeat("0", 64)
+
+	tests := []struct {
+		name     string
+		method   string
+		path     string
+		token    string
+		hdr      []string
+		wantCode int
+		wantErr  string
+	}{
+		{name: "missing bearer", method: "GET", path: "/v1/aliases", wantCode: 401, wantErr: "unauthenticated"},
+		{name: "unknown bearer", method: "GET", path: "/v1/aliases", token: "brama_nope", wantCode: 401, wantErr: "unauthenticated"},
+		{name: "repeated bearer", method: "GET", path: "/v1/aliases", token: callerTok, hdr: []string{"Authorization", "Bearer " + callerTok}, wantCode: 401, wantErr: "unauthenticated"},
+		{name: "other scheme", method: "GET", path: "/v1/aliases", hdr: []string{"Authorization", "Basic " + callerTok}, wantCode: 401, wantErr: "unauthenticated"},
+		{name: "caller ok", method: "GET", path: "/v1/aliases", token: callerTok, wantCode: 200},
+		{name: "caller on admin", method: "GET", path: "/v1/admin/routes", token: callerTok, wantCode: 403, wantErr: "forbidden"},
+		{name: "admin on admin", method: "GET", path: "/v1/admin/routes", token: d.token, wantCode: 200},
+		{name: "signed ok", method: "GET", path: "/v1/aliases", token: callerTok, hdr: replayHdr, wantCode: 200},
+		{name: "signature replayed", method: "GET", path: "/v1/aliases", token: callerTok, hdr: replayHdr, wantCode: 401, wantErr: "unauthenticated"},
+		{name: "bad signature", method: "GET", path: "/v1/aliases", token: callerTok, hdr: bad, wantCode: 401, wantErr: "unauthenticated"},
+		{name: "stale timestamp", method: "GET", path: "/v1/aliases", token: callerTok, hdr: signedHeaders(secret, "a1", fmt.Sprint(now-301), "GET", "/v1/aliases", ""), wantCode: 401, wantErr: "unauthenticated"},
+		{name: "future timestamp", method: "GET", path: "/v1/aliases", token: callerTok, hdr: signedHeaders(secret, "a1", fmt.Sprint(now+400), "GET", "/v1/aliases", ""), wantCode: 401, wantErr: "unauthenticated"},
+		{name: "malformed timestamp", method: "GET", path: "/v1/aliases", token: callerTok, hdr: signedHeaders(secret, "a1", "12e9", "GET", "/v1/aliases", ""), wantCode: 401, wantErr: "unauthenticated"},
+		{name: "unknown agent", method: "GET", path: "/v1/aliases", token: callerTok, hdr: signedHeaders(secret, "zz", fresh, "GET", "/v1/aliases", ""), wantCode: 401, wantErr: "unauthenticated"},
+		{name: "signed for another path", method: "GET", path: "/v1/aliases", token: callerTok, hdr: signedHeaders(secret, "a1", fresh+"1", "GET", "/v1/models", ""), wantCode: 401, wantErr: "unauthenticated"},
+		{name: "missing signature header", method: "GET", path: "/v1/aliases", token: callerTok, hdr: []string{"X-Agent-Id", "a1", "X-Agent-Timestamp", fresh}, wantCode: 401, wantErr: "unauthenticated"},
+		{name: "unknown path", method: "GET", path: "/v1/nothing", token: callerTok, wantCode: 404, wantErr: "not_found"},
+		{name: "unknown path without auth", method: "POST", path: "/nope", wantCode: 404, wantErr: "not_found"},
+		{name: "wrong method", method: "POST", path: "/health", wantCode: 405, wantErr: "method_not_allowed"},
+		{name: "wrong method on admin", method: "PATCH", path: "/v1/admin/routes", token: d.token, wantCode: 405, wantErr: "method_not_allowed"},
+		{name: "health without auth", method: "GET", path: "/health", wantCode: 200},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			status, hdr, body := d.call(tc.method, tc.path, tc.token, "", tc.hdr...)
+			if status != tc.wantCode {
+				t.Fatalf("status = %d, want %d: %s", status, tc.wantCode, body)
+			}
+			if hdr.Get("X-Request-Id") == "" {
+				t.Errorf("no X-Request-Id")
+			}
+			if tc.wantErr == "" {
+				return
+			}
+			e := envelopeOf(t, body)
+			if e["code"] != tc.wantErr {
+				t.Errorf("code = %v, want %s", e["code"], tc.wantErr)
+			}
+			if _, ok := e["attempts"]; ok {
+				t.Errorf("refusal before dispatch carries attempts: %s", body)
+			}
+			if tc.wantErr == "unauthenticated" && e["message"] != "unauthorized" {
+				t.Errorf("401 message = %v, want the hint-free \"unauthorized\"", e["message"])
+			}
+		})
+	}
+}
+
+func TestBearerBoundAgentMustAgree(t *testing.T) {
+	env := stateEnv(t)
+	secret := addAgent(t, env, "a2")
+	addAgent(t, env, "a1")
+	d := startDaemon(t, env, "")
+	bound := addClient(t, env, "bound", "-agent", "a1")
+	ts := fmt.Sprintf("%d.1", time.Now().Unix())
+	status, _, body := d.call("GET", "/v1/aliases", bound, "", signedHeaders(secret, "a2", ts, "GET", "/v1/aliases", "")...)
+	if status != 403 || envelopeOf(t, body)["code"] != "forbidden" {
+		t.Fatalf("signed agent a2 with a bearer bound to a1: %d %s, want 403 forbidden", status, body)
+	}
+}
+
+func TestTransportGuard(t *testing.T) {
+	tests := []struct {
+		name    string
+		trusted string
+		remote  string
+		hdr     map[string]string
+		want    bool
+	}{
+		{name: "loopback v4", remote: "127.0.0.1:5000", want: true},
+		{name: "loopback v6", remote: "[::1]:5000", want: true},
+		{name: "remote plain", remote: "192.0.2.7:5000", want: false},
+		{name: "remote claims https, untrusted", remote: "192.0.2.7:5000", hdr: map[string]string{"X-Forwarded-Proto": "https"}, want: false},
+		{name: "trusted proxy, https", trusted: "192.0.2.7", remote: "192.0.2.7:5000", hdr: map[string]string{"X-Forwarded-Proto": "https"}, want: true},
+		{name: "trusted proxy, Forwarded", trusted: "10.9.9.9, 192.0.2.7", remote: "192.0.2.7:5000", hdr: map[string]string{"Forwarded": `for=1.2.3.4;proto="https"`}, want: true},
+		{name: "trusted proxy, http", trusted: "192.0.2.7", remote: "192.0.2.7:5000", hdr: map[string]string{"X-Forwarded-Proto": "http"}, want: false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			g, err := newTransportGuard(tc.trusted)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r, _ := http.NewRequest("GET", "http://x/health", nil)
+			r.RemoteAddr = tc.remote
+			for k, v := range tc.hdr {
+				r.Header.Set(k, v)
+			}
+			if got := g.allows(r); got != tc.want {
+				t.Errorf("allows = %v, want %v", got, tc.want)
+			}
+		})
+	}
+	if _, err := newTransportGuard("not-an-ip"); err == nil {
+		t.Error("a bad BRAMA_TRUSTED_PROXY_IPS entry was accepted")
+	}
+}
+
+func TestClientsFileHoldsDigestsOnly(t *testing.T) {
+	env := stateEnv(t)
+	d := startDaemon(t, env, "")
+	tok := addClient(t, env, "app", "-allow", "chat")
+	if !strings.HasPrefix(tok, "brama_") || len(tok) != len("brama_")+43 {
+		t.Errorf("token %q is not brama_ + 43 base64url characters", tok)
+	}
+	if status, _, body := d.call("GET", "/v1/aliases", tok, ""); status != 200 {
+		t.Fatalf("new client refused: %d %s (the daemon must re-read clients.json on change)", status, body)
+	}
+	for _, secret := range []string{tok, d.token} {
+		assertNoSecret(t, secret, logsBesidesFirstStart(d.stderr.String()), env["BRAMA_STATE_DIR"])
+	}
+	b, err := os.ReadFile(filepath.Join(env["BRAMA_STATE_DIR"], "clients.json"))
+	if err != nil || !bytes.Contains(b, []byte(tokenDigest(tok))) {
+		t.Errorf("clients.json lacks the token's digest: %v", err)
+	}
+	assertOwnerOnly(t, env["BRAMA_STATE_DIR"])
+}
+
+func TestClientsFileRules(t *testing.T) {
+	dig := strings.Repeat("a", 64)
+	tests := []struct {
+		name string
+		doc  string
+		want string // substring of the error; "" means valid
+	}{
+		{name: "valid", doc: `{"clients":[{"id":"local","token_sha256":"` + dig + `","role":"admin"}]}`},
+		{name: "unknown field", doc: `{"clients":[{"id":"x","token_sha256":"` + dig + `","role":"admin","extra":1}]}`, want: "unknown field"},
+		{name: "duplicate id", doc: `{"clients":[{"id":"x","token_sha256":"` + dig + `","role":"admin"},{"id":"x","token_sha256":"` + strings.Repeat("b", 64) + `","role":"admin"}]}`, want: "duplicate client id"},
+		{name: "duplicate digest", doc: `{"clients":[{"id":"x","token_sha256":"` + dig + `","role":"admin"},{"id":"y","token_sha256":"` + dig + `","role":"admin"}]}`, want: "duplicate token digest"},
+		{name: "bad id", doc: `{"clients":[{"id":"X!","token_sha256":"` + dig + `","role":"admin"}]}`, want: "must match"},
+		{name: "wildcard allow", doc: `{"clients":[{"id":"x","token_sha256":"` + dig + `","role":"caller","allowed_models":["*"]}]}`, want: "wildcard"},
+		{name: "empty allow", doc: `{"clients":[{"id":"x","token_sha256":"` + dig + `","role":"caller","allowed_models":[" "]}]}`, want: "wildcard"},
+		{name: "bad role", doc: `{"clients":[{"id":"x","token_sha256":"` + dig + `","role":"root"}]}`, want: "role"},
+		{name: "duplicate key", doc: `{"clients":[],"clients":[]}`, want: "duplicate key"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := parseClients([]byte(tc.doc))
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("valid file refused: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want it to name %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestServeRefusesInvalidClientsFile(t *testing.T) {
+	env := stateEnv(t)
+	dir := env["BRAMA_STATE_DIR"]
+	os.MkdirAll(dir, 0o700)
+	os.WriteFile(filepath.Join(dir, "clients.json"), []byte(`{"clients":[{"id":"x","token_sha256":"zz","role":"admin"}]}`), 0o600)
+	_, errOut, code := runCLI(t, env, "", "serve", "-addr", "127.0.0.1:0")
+	if code != 1 || !strings.Contains(errOut, "token_sha256") {
+		t.Fatalf("serve with an invalid clients file: exit %d, stderr %q; want exit 1 naming the rule", code, errOut)
+	}
+}
+
+func TestSecondServeRefused(t *testing.T) {
+	env := stateEnv(t)
+	startDaemon(t, env, "")
+	_, errOut, code := runCLI(t, env, "", "serve", "-addr", "127.0.0.1:0")
+	if code != 1 || !strings.Contains(errOut, "serve.lock") {
+		t.Fatalf("second serve: exit %d, stderr %q; want exit 1 naming serve.lock", code, errOut)
+	}
+}

@@ -1,0 +1,108 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// readAllSSE reads events until the reader's first error.
+func readAllSSE(r io.Reader) ([]sseEvent, error) {
+	s := newSSEReader(r)
+	var evs []sseEvent
+	for {
+		ev, err := s.next()
+		if err != nil {
+			return evs, err
+		}
+		evs = append(evs, ev)
+	}
+}
+
+func TestSSEReader(t *testing.T) {
+	long := strings.Repeat("x", 200<<10) // past bufio.Scanner's 64 KiB cap and our buffer
+	tests := []struct {
+		name    string
+		in      string
+		want    []sseEvent
+		wantErr error
+	}{
+		{"lf", "event: a\ndata: 1\n\ndata: 2\n\n", []sseEvent{{"a", "1"}, {"", "2"}}, io.EOF},
+		{"crlf", "event: a\r\ndata: 1\r\n\r\n", []sseEvent{{"a", "1"}}, io.EOF},
+		{"cr", "event: a\rdata: 1\r\r", []sseEvent{{"a", "1"}}, io.EOF},
+		{"multi-line data", "data: a\ndata:b\ndata:  c\n\n", []sseEvent{{"", "a\nb\n c"}}, io.EOF},
+		{"comments and unknown fields", ": keep-alive\n\nid: 7\nretry: 10\nfoo\nevent: x\n: inner\ndata: y\n\n", []sseEvent{{"x", "y"}}, io.EOF},
+		{"no data dispatches nothing", "event: x\n\ndata: y\n\n", []sseEvent{{"", "y"}}, io.EOF},
+		{"empty data line", "data:\n\n", []sseEvent{{"", ""}}, io.EOF},
+		{"bom", "\ufeffdata: y\n\n", []sseEvent{{"", "y"}}, io.EOF},
+		{"last event without blank line", "data: a\n\ndata: [DONE]\n", []sseEvent{{"", "a"}, {"", "[DONE]"}}, io.EOF},
+		{"partial last line", "data: a\n\ndata: [DO", []sseEvent{{"", "a"}}, io.ErrUnexpectedEOF},
+		{"long line", "data: " + long + "\n\n", []sseEvent{{"", long}}, io.EOF},
+		{"empty", "", nil, io.EOF},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := readAllSSE(strings.NewReader(tt.in))
+			if !errors.Is(err, tt.wantErr) {
+				t.Errorf("err = %v, want %v", err, tt.wantErr)
+			}
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("events (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestSSEReaderKeepsReadError(t *testing.T) {
+	errCut := errors.New("connection reset")
+	got, err := readAllSSE(io.MultiReader(strings.NewReader("data: a\n\ndata: b\n"), errReader{errCut}))
+	if !errors.Is(err, errCut) {
+		t.Errorf("err = %v, want the read error", err)
+	}
+	if diff := cmp.Diff([]sseEvent{{"", "a"}}, got); diff != "" {
+		t.Errorf("events (-want +got):\n%s", diff)
+	}
+}
+
+// serializeSSE writes events back in the canonical form.
+func serializeSSE(evs []sseEvent) []byte {
+	var b bytes.Buffer
+	for _, ev := range evs {
+		if ev.Event != "" {
+			b.WriteString("event: " + ev.Event + "\n")
+		}
+		for _, l := range strings.Split(ev.Data, "\n") {
+			b.WriteString("data: " + l + "\n")
+		}
+		b.WriteString("\n")
+	}
+	return b.Bytes()
+}
+
+func FuzzSSEReader(f *testing.F) {
+	f.Add([]byte("event: a\ndata: 1\n\ndata: 2\r\n\r\n"))
+	f.Add([]byte(": c\rdata:x\rdata: y\r\rid: 1\n\n"))
+	f.Add([]byte("\ufeffevent:\ndata\n\ndata: [DONE]"))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		evs, err := readAllSSE(bytes.NewReader(in))
+		if err != io.EOF && err != io.ErrUnexpectedEOF {
+			t.Fatalf("unclassified error: %v", err)
+		}
+		for _, ev := range evs {
+			if strings.ContainsAny(ev.Event, "\r\n") || strings.ContainsAny(ev.Data, "\r") {
+				t.Fatalf("line terminator inside %q", ev)
+			}
+		}
+		again, err := readAllSSE(bytes.NewReader(serializeSSE(evs)))
+		if err != io.EOF {
+			t.Fatalf("re-read: %v", err)
+		}
+		if diff := cmp.Diff(evs, again); diff != "" {
+			t.Fatalf("round trip (-first +second):\n%s", diff)
+		}
+	})
+}
