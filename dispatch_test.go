@@ -35,7 +35,7 @@ type fakeProvider struct {
 	lastBody []byte
 }
 
-func newFakeProvider(t *testing.T, h func(w http.ResponseWriter, r *http.Request, body []byte)) *fakeProvider {
+func newFakeProvider(t testing.TB, h func(w http.ResponseWriter, r *http.Request, body []byte)) *fakeProvider {
 	t.Helper()
 	f := &fakeProvider{}
 	f.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -94,7 +94,7 @@ var protocolFixtures = []protocolFixture{
 }
 
 // fixtureProvider serves fx buffered or streamed, as the upstream request asks.
-func fixtureProvider(t *testing.T, fx protocolFixture) *fakeProvider {
+func fixtureProvider(t testing.TB, fx protocolFixture) *fakeProvider {
 	stream := fixture(t, fx.stream)
 	return newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
 		if r.URL.Path != fx.path {

@@ -36,7 +36,7 @@ func (s *syncBuffer) String() string {
 
 // daemon is a real `brama serve` started through run on 127.0.0.1:0.
 type daemon struct {
-	t      *testing.T
+	t      testing.TB
 	url    string
 	token  string // the admin token printed at first start ("" when a clients file existed)
 	stderr *syncBuffer
@@ -50,7 +50,7 @@ func testEnv(m map[string]string) func(string) string {
 
 // startDaemon runs serve with env until the test ends, then checks that run
 // returned nil after cancellation.
-func startDaemon(t *testing.T, env map[string]string, stdin string, args ...string) *daemon {
+func startDaemon(t testing.TB, env map[string]string, stdin string, args ...string) *daemon {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	pr, pw := io.Pipe()
@@ -124,7 +124,7 @@ func envelopeOf(t *testing.T, b []byte) map[string]any {
 }
 
 // stateEnv is an environment with a fresh state directory.
-func stateEnv(t *testing.T) map[string]string {
+func stateEnv(t testing.TB) map[string]string {
 	return map[string]string{"BRAMA_STATE_DIR": filepath.Join(t.TempDir(), "state"), "BRAMA_MODEL_CATALOG_URL": "off"}
 }
 

@@ -23,7 +23,7 @@ func collectStream(t *testing.T, protocol string, body io.Reader) ([]streamEvent
 	return got, err
 }
 
-func fixture(t *testing.T, name string) string {
+func fixture(t testing.TB, name string) string {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join("testdata", "providers", name))
 	if err != nil {

@@ -37,9 +37,13 @@ start_stub() {
 }
 
 # start_brama [serve flags]: run brama serve; sets BRAMA_URL and TOKEN (the
-# admin token printed at first start).
+# admin token printed at first start). With LOCAL_CREDS set (a JSON object
+# provider → key), serve gets -local-credentials-stdin and reads it.
 start_brama() {
-	"$BRAMA" serve -addr 127.0.0.1:0 "$@" >"$WORK/brama.out" 2>"$WORK/brama.err" &
+	local flags=("$@")
+	printf '%s' "${LOCAL_CREDS:-}" >"$WORK/creds"
+	if [ -n "${LOCAL_CREDS:-}" ]; then flags+=(-local-credentials-stdin); fi
+	"$BRAMA" serve -addr 127.0.0.1:0 "${flags[@]}" <"$WORK/creds" >"$WORK/brama.out" 2>"$WORK/brama.err" &
 	PIDS+=($!)
 	wait_for "$WORK/brama.out" '^listening on '
 	BRAMA_URL=$(sed -n 's/^listening on //p' "$WORK/brama.out")

@@ -18,10 +18,12 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 )
 
 func main() {
 	addr := flag.String("addr", "127.0.0.1:0", "`address` to listen on")
+	flag.DurationVar(&latency, "latency", 0, "how long the stub thinks before answering (a provider's own time)")
 	flag.Parse()
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
@@ -42,6 +44,9 @@ func main() {
 	<-sig
 }
 
+// latency is set once from -latency before serving starts.
+var latency time.Duration
+
 type request struct {
 	Model  string `json:"model"`
 	Stream bool   `json:"stream"`
@@ -51,6 +56,7 @@ type request struct {
 // reports whether the handler should go on.
 func readRequest(w http.ResponseWriter, r *http.Request) (request, bool) {
 	var req request
+	time.Sleep(latency) // the provider's own thinking time, for benchmarks
 	b, _ := io.ReadAll(r.Body)
 	json.Unmarshal(b, &req)
 	switch req.Model {
