@@ -161,6 +161,10 @@ func parseFlags(fs *flag.FlagSet, args []string, positionals int, usage string) 
 	return pos, nil
 }
 
+// testingOnlyKeepAlive shortens the stream keep-alive interval in tests
+// (zero in production: keepAliveEvery).
+var testingOnlyKeepAlive time.Duration
+
 // deps are the state-backed parts every command and the server share.
 type deps struct {
 	st      state
@@ -223,6 +227,7 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 	s.client = newProviderClient()
 	s.catalog = newCatalog(d.st, e.getenv, s.client, log, s.now)
 	s.perf = newPerfRegistry(d.st, log, s.now)
+	s.keepAlive = testingOnlyKeepAlive
 	if *localCreds {
 		if s.localCreds, err = readLocalCredentials(e.stdin); err != nil {
 			return err

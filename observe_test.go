@@ -1,0 +1,156 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestStreamKeepAlive shortens the interval and holds the provider silent
+// until the caller has seen a keep-alive comment; the stream then completes.
+func TestStreamKeepAlive(t *testing.T) {
+	testingOnlyKeepAlive = 20 * time.Millisecond
+	defer func() { testingOnlyKeepAlive = 0 }()
+	frames := strings.SplitAfter(fixture(t, "openai-chat.sse"), "\n\n")
+	sawKeepAlive := make(chan struct{})
+	fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, frames[0])
+		w.(http.Flusher).Flush()
+		select {
+		case <-sawKeepAlive:
+		case <-r.Context().Done():
+			return
+		}
+		for _, f := range frames[1:] {
+			io.WriteString(w, f)
+		}
+	})
+	env := stateEnv(t)
+	env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = fake.URL
+	d := startDaemon(t, env, `{"openai":"k"}`, "-local-credentials-stdin")
+	req, _ := http.NewRequest("POST", d.url+"/v1/chat/completions", strings.NewReader(chatBody(dialectChat, "openai/gpt-test", true, "")))
+	req.Header.Set("Authorization", "Bearer "+d.token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	var rest strings.Builder
+	seen := false
+	for {
+		line, err := br.ReadString('\n')
+		if !seen && strings.HasPrefix(line, ": keep-alive") {
+			seen = true
+			close(sawKeepAlive)
+		}
+		if seen {
+			rest.WriteString(line)
+		}
+		if err != nil {
+			break
+		}
+	}
+	if !seen {
+		t.Fatal("no keep-alive comment during 'silence'")
+	}
+	if !strings.Contains(rest.String(), "data: [DONE]") {
+		t.Errorf("the stream did not complete after the keep-alive: %q", rest.String())
+	}
+}
+
+func TestModelsEmbeddingsStatsMetrics(t *testing.T) {
+	fx := protocolFixtures[0]
+	fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		switch r.URL.Path {
+		case "/embeddings":
+			io.WriteString(w, `{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.5]}],"model":"emb-up"}`)
+		default:
+			io.WriteString(w, fx.buffered)
+		}
+	})
+	env := stateEnv(t)
+	env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = fake.URL
+	catalogue := filepath.Join(t.TempDir(), "models.json")
+	os.WriteFile(catalogue, []byte(`{"openai":{"id":"openai","models":{"gpt-cat":{"id":"gpt-cat","release_date":"2026-01-01","modalities":{"input":["text"],"output":["text"]}}}},"anthropic":{"id":"anthropic","models":{"claude-cat":{"id":"claude-cat"}}}}`), 0o600)
+	env["BRAMA_MODEL_CATALOG_PATH"] = catalogue
+	d := startDaemon(t, env, `{"openai":"`+plantedOpenAIKey+`"}`, "-local-credentials-stdin")
+	d.call("PUT", "/v1/admin/routes", d.token, `{"alias":"emb","route":"openai/text-embedding-test"}`)
+
+	status, _, body := d.call("GET", "/v1/models", d.token, "")
+	var models struct {
+		Object string `json:"object"`
+		Data   []struct {
+			ID    string `json:"id"`
+			State string `json:"brama_state"`
+		} `json:"data"`
+	}
+	json.Unmarshal(body, &models)
+	ids := map[string]string{}
+	for _, m := range models.Data {
+		ids[m.ID] = m.State
+	}
+	if status != 200 || models.Object != "list" || ids["emb"] != "serving" {
+		t.Errorf("/v1/models: %d %s", status, body)
+	}
+	if _, ok := ids["openai/gpt-cat"]; !ok {
+		t.Errorf("/v1/models lacks the catalogue model of a provider that can serve: %s", body)
+	}
+	if _, ok := ids["anthropic/claude-cat"]; ok {
+		t.Errorf("/v1/models lists a model of a provider without a credential: %s", body)
+	}
+
+	status, hdr, body := d.call("POST", "/v1/embeddings", d.token, `{"model":"emb","input":"hello"}`)
+	if status != 200 || !strings.Contains(string(body), `"embedding":[0.5]`) || hdr.Get("Brama-Attempts") != "1" {
+		t.Errorf("/v1/embeddings: %d %s", status, body)
+	}
+	var up map[string]any
+	json.Unmarshal(fake.body(), &up)
+	if up["model"] != "text-embedding-test" || up["input"] != "hello" {
+		t.Errorf("upstream embeddings body = %v", up)
+	}
+	d.call("POST", "/v1/chat/completions", d.token, chatBody(dialectChat, "openai/gpt-test", false, ""))
+
+	status, _, body = d.call("GET", "/stats", d.token, "")
+	var st stats
+	json.Unmarshal(body, &st)
+	if status != 200 || st.AttemptsTotal != 2 || st.Routes["openai/gpt-test"].Count != 1 || st.Routes["openai/text-embedding-test"].Count != 1 || st.JournalBytes == 0 {
+		t.Errorf("/stats: %d %s", status, body)
+	}
+	status, hdr, body = d.call("GET", "/metrics", d.token, "")
+	if status != 200 || !strings.HasPrefix(hdr.Get("Content-Type"), "text/plain") ||
+		!strings.Contains(string(body), `brama_route_requests_total{route="openai/gpt-test"} 1`) ||
+		!strings.Contains(string(body), "brama_attempts_total 2") {
+		t.Errorf("/metrics: %d %s", status, body)
+	}
+	if s, _, _ := d.call("GET", "/metrics", "", ""); s != 401 {
+		t.Errorf("/metrics without a bearer = %d, want 401", s)
+	}
+	assertNoSecret(t, plantedOpenAIKey, d.stderr.String(), env["BRAMA_STATE_DIR"])
+}
+
+func TestPerfStatsUnplacedOnce(t *testing.T) {
+	fx := protocolFixtures[0]
+	fake := fixtureProvider(t, fx)
+	env := map[string]string{"BRAMA_MODEL_CATALOG_URL": "off", "BRAMA_PROVIDER_OPENAI_BASE_URL": fake.URL}
+	d := startDaemon(t, env, `{"openai":"k"}`, "-local-credentials-stdin")
+	if strings.Contains(d.stderr.String(), "perf_stats_unplaced") {
+		t.Fatal("perf_stats_unplaced logged before any dispatch")
+	}
+	for range 3 {
+		if s, _, b := d.call("POST", "/v1/chat/completions", d.token, chatBody(dialectChat, "openai/gpt-test", false, "")); s != 200 {
+			t.Fatalf("dispatch without a state directory: %d %s", s, b)
+		}
+	}
+	logs := d.stderr.String()
+	if n := strings.Count(logs, `"msg":"perf_stats_unplaced"`); n != 1 || !strings.Contains(logs, "$HOME is not defined") {
+		t.Errorf("perf_stats_unplaced logged %d times (want 1, naming the cause)", n)
+	}
+}
