@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,7 +19,7 @@ import (
 const keepAliveEvery = 15 * time.Second
 
 // handleChat serves POST /v1/chat/completions, /v1/messages and
-// /v1/responses for one caller dialect: parse, resolve, pay, one call.
+// /v1/responses for one caller dialect: parse, resolve, pay, call.
 func (s *server) handleChat(dialect string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		ri := infoFrom(r.Context())
@@ -29,14 +30,18 @@ func (s *server) handleChat(dialect string) http.HandlerFunc {
 		}
 		ri.requestedModel, ri.streamed = req.Model, req.Stream
 		c, err := s.plan(ri, &req)
-		if err == nil {
-			err = s.applyMaxTokens(&req, c)
-		}
 		if err != nil {
 			s.fail(w, r, err)
 			return
 		}
-		s.dispatch(w, r, dialect, req, c)
+		switch c.res.Mode {
+		case modeDirect, modeAlias:
+			s.dispatch(w, r, dialect, req, c)
+		case modeSubscription:
+			s.walkSubscriptionRoute(w, r, dialect, req, c.res, ri.agentID)
+		default:
+			s.walkSelector(w, r, dialect, req, c.res, ri.agentID)
+		}
 	}
 }
 
@@ -47,9 +52,10 @@ type call struct {
 	cred    upstreamCredential
 }
 
-// plan turns a parsed request into its one provider call, or the refusal
-// made before dispatch (no attempts) or at dispatch with none made
-// (attempts 0). It knows nothing about HTTP.
+// plan resolves a parsed request and applies every check made before
+// dispatch: allowlist, model name, who pays, billingTarget and max_tokens.
+// A direct or alias route also gets its credential here (a missing one is
+// a refusal at dispatch, attempts 0). It knows nothing about HTTP.
 func (s *server) plan(ri *requestInfo, req *chatRequest) (call, error) {
 	if err := checkAllowed(ri.client, req.Model); err != nil {
 		return call{}, err
@@ -60,10 +66,24 @@ func (s *server) plan(ri *requestInfo, req *chatRequest) (call, error) {
 		return call{}, err
 	}
 	ri.routingMode, ri.route = res.Mode, res.Route
-	switch res.Mode {
-	case modeDirect, modeAlias:
-	default:
-		return call{}, s.subscriptionRefusal(ri, res)
+	if res.Mode != modeDirect && res.Mode != modeAlias {
+		if ri.agentID == "" {
+			return call{}, refuse("unauthenticated", "this route is paid by an agent's subscription; sign the request or use a bearer bound to an agent")
+		}
+		if bt := req.BillingTarget; bt != nil {
+			if res.Mode != modeSubscription {
+				return call{}, refuse("invalid_request", "billingTarget names one subscription; use it with a provider/model route, not %q", req.Model)
+			}
+			if err := s.checkBillingTarget(bt, res.Provider.id, ri.agentID); err != nil {
+				return call{}, err
+			}
+		}
+		if res.Mode == modeSubscription {
+			if err := s.applyMaxTokens(req, res); err != nil {
+				return call{}, err
+			}
+		}
+		return call{res: res}, nil
 	}
 	c := call{res: res, baseURL: res.BaseURL}
 	p := res.Provider
@@ -77,19 +97,19 @@ func (s *server) plan(ri *requestInfo, req *chatRequest) (call, error) {
 			return call{}, refuse("dependency_unavailable", "provider %q has an unusable base URL: %v", p.id, err).withAttempts(0)
 		}
 	}
-	return c, nil
+	return c, s.applyMaxTokens(req, res)
 }
 
 // applyMaxTokens is SPEC §6.4's rule: the caller's max_tokens, else the
 // model's own output limit, else omitted, except that anthropic-messages
 // requires one and is refused before any call. Codex never gets one (§6.2).
 // Brama adds no ceiling of its own.
-func (s *server) applyMaxTokens(req *chatRequest, c call) error {
-	p := c.res.Provider
+func (s *server) applyMaxTokens(req *chatRequest, res resolution) error {
+	p := res.Provider
 	if req.MaxTokens != 0 || p.id == "codex" {
 		return nil
 	}
-	limit, cause := s.catalog.outputLimit(p.id, c.res.Model)
+	limit, cause := s.catalog.outputLimit(p.id, res.Model)
 	switch {
 	case limit > 0:
 		req.MaxTokens = limit
@@ -97,22 +117,6 @@ func (s *server) applyMaxTokens(req *chatRequest, c call) error {
 		return refuse("invalid_request", "max_tokens is required: the model's own limit is unknown (%s)", cause)
 	}
 	return nil
-}
-
-// subscriptionRefusal answers routes paid by an agent's subscriptions
-// (SPEC §5.3, §7.2, §7.3) while the inventory is empty: the agent must be
-// known, and then it has no subscription that could pay.
-func (s *server) subscriptionRefusal(ri *requestInfo, res resolution) error {
-	if ri.agentID == "" {
-		return refuse("unauthenticated", "this route is paid by an agent's subscription; sign the request or use a bearer bound to an agent")
-	}
-	if res.Mode == modeSubscription {
-		return refuse("credential_unauthorized", "no %q subscription for agent %q", res.Provider.id, ri.agentID).withAttempts(0)
-	}
-	if res.Mode == modeTask {
-		return refuse("invalid_request", "no passing quality checks recorded for task %q", res.Task)
-	}
-	return refuse("credential_unauthorized", "no subscription model can serve agent %q", ri.agentID).withAttempts(0)
 }
 
 // checkAllowed applies a client's allowed_models (SPEC §3.1).
@@ -142,44 +146,93 @@ func (s *server) directCredential(provider string) (string, error) {
 }
 
 // presented is the secret a call shows the provider, for redaction.
-func (c call) presented() string { return c.cred.APIKey + c.cred.AccessToken }
+func (c call) presented() string {
+	if c.cred.APIKey != "" {
+		return c.cred.APIKey
+	}
+	return c.cred.AccessToken
+}
 
-// dispatch makes the one provider call and answers the caller: a buffered
-// body, a translated stream, or exactly one classified refusal.
+// dispatch makes the one provider call of a direct or alias route (SPEC
+// §7.1) and answers the caller: a buffered body, a translated stream, or
+// exactly one classified refusal.
 func (s *server) dispatch(w http.ResponseWriter, r *http.Request, dialect string, req chatRequest, c call) {
-	ri := infoFrom(r.Context())
 	start := s.now()
-	p := c.res.Provider
-	model := req.Model // SPEC §7.6: an alias or a direct route answers as requested
-	httpReq, err := buildUpstreamRequest(r.Context(), p, c.baseURL, c.cred, req, c.res.Model)
-	if err != nil {
-		s.fail(w, r, refuse("internal_error", "the provider request could not be built").because(err))
+	a := s.callProvider(r.Context(), req, c)
+	if ae := a.failure(); ae != nil {
+		s.settle(r, c, start, usage{}, ae.withAttempts(1))
+		s.fail(w, r, ae)
 		return
 	}
-	one := 1
-	ri.attempts = &one
+	// SPEC §7.6: an alias or a direct route answers as requested.
+	u, ae, streamed := s.deliver(w, r, dialect, req.Model, req, c, a.resp, 1)
+	s.settle(r, c, start, u, ae)
+	switch {
+	case ae == nil:
+	case streamed:
+		panic(http.ErrAbortHandler) // after commit the body is never cleanly terminated (SPEC §7.5)
+	default:
+		s.fail(w, r, ae)
+	}
+}
+
+// attempt is one provider call's outcome before anything reaches the caller.
+type attempt struct {
+	resp    *http.Response   // 2xx: the call committed; the body is unread
+	refusal *providerRefusal // a complete non-2xx answer, classified
+	err     *apiError        // no answer: a transport failure or a cut refusal body
+}
+
+// failure is the refusal a caller gets for a call that did not commit.
+func (a attempt) failure() *apiError {
+	switch {
+	case a.err != nil:
+		return a.err
+	case a.refusal != nil:
+		return a.refusal.err
+	}
+	return nil
+}
+
+// callProvider makes exactly one provider call (one attempt). It reads a
+// refusal whole; a 2xx body is left for deliver.
+func (s *server) callProvider(ctx context.Context, req chatRequest, c call) attempt {
+	p := c.res.Provider
+	httpReq, err := buildUpstreamRequest(ctx, p, c.baseURL, c.cred, req, c.res.Model)
+	if err != nil {
+		return attempt{err: asAPIError(err)}
+	}
+	infoFrom(ctx).countAttempt()
 	s.attempts.Add(1)
 	resp, err := s.client.Do(httpReq)
 	if err != nil {
-		s.finishFailure(w, r, c, start, classifyTransport(err).withAttempts(1))
-		return
+		return attempt{err: classifyTransport(err)}
+	}
+	if resp.StatusCode >= 200 && resp.StatusCode <= 299 {
+		return attempt{resp: resp}
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		body, rerr := io.ReadAll(resp.Body)
-		if rerr != nil {
-			s.finishFailure(w, r, c, start, refuse("provider_incomplete", "provider %q answered %d and its body was cut after %d bytes", p.id, resp.StatusCode, len(body)).because(rerr).withAttempts(1))
-			return
-		}
-		ref := classifyRefusal(p.id, resp.StatusCode, resp.Header, body, c.presented(), s.now())
-		s.finishFailure(w, r, c, start, ref.err.withAttempts(1))
-		return
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return attempt{err: refuse("provider_incomplete", "provider %q answered %d and its body was cut after %d bytes", p.id, resp.StatusCode, len(body)).because(err)}
 	}
+	ref := classifyRefusal(p.id, resp.StatusCode, resp.Header, body, c.presented(), s.now())
+	return attempt{refusal: &ref}
+}
+
+// deliver answers the caller from a committed call, buffered or streamed,
+// naming model. attempts is the calls made so far. A buffered failure is
+// returned unwritten; a stream failure has already been written in-band
+// (streamed is true) and the caller must abort the response.
+func (s *server) deliver(w http.ResponseWriter, r *http.Request, dialect, model string, req chatRequest, c call, resp *http.Response, attempts int) (u usage, failure *apiError, streamed bool) {
+	defer resp.Body.Close()
+	p := c.res.Provider
 	if upstreamStreams(p, req) && req.Stream {
-		s.relayStream(w, r, dialect, model, c, resp, start)
-		return
+		u, failure = s.relayStream(w, r, dialect, model, c, resp, attempts)
+		return u, failure, true
 	}
 	var a chatAnswer
+	var err error
 	if upstreamStreams(p, req) {
 		a, err = assembleStream(p.protocol, resp.Body)
 	} else {
@@ -192,51 +245,47 @@ func (s *server) dispatch(w http.ResponseWriter, r *http.Request, dialect string
 		}
 	}
 	if err != nil {
-		s.finishFailure(w, r, c, start, asAPIError(err).withAttempts(1))
-		return
+		return u, asAPIError(err).withAttempts(attempts), false
 	}
 	a.Model = model
 	out, err := renderAnswer(dialect, a)
 	if err != nil {
-		s.finishFailure(w, r, c, start, refuse("internal_error", "the answer could not be encoded").because(err).withAttempts(1))
-		return
+		return a.Usage, refuse("internal_error", "the answer could not be encoded").because(err).withAttempts(attempts), false
 	}
-	s.recordSuccess(ri, c, start, a.Usage)
-	w.Header().Set("Brama-Attempts", "1")
+	w.Header().Set("Brama-Attempts", strconv.Itoa(attempts))
 	writeRaw(w, http.StatusOK, out)
+	return a.Usage, nil, false
 }
 
-// finishFailure records a failed call and answers with its refusal.
-func (s *server) finishFailure(w http.ResponseWriter, r *http.Request, c call, start time.Time, ae *apiError) {
-	s.perf.record(c.res.Route, false, s.now().Sub(start), 0)
-	s.fail(w, r, ae)
-	if r.Context().Err() != nil {
-		infoFrom(r.Context()).outcome = "client_cancelled"
-	}
-}
-
-// recordSuccess records spend once for a call that produced an answer.
-func (s *server) recordSuccess(ri *requestInfo, c call, start time.Time, u usage) {
+// settle records one request's spend and outcome once, however it ended:
+// the perf registry and the log line's tokens and outcome.
+func (s *server) settle(r *http.Request, c call, start time.Time, u usage, failure *apiError) {
+	ri := infoFrom(r.Context())
 	ri.inputTokens, ri.outputTokens = u.InputTokens, u.OutputTokens
-	s.perf.record(c.res.Route, true, s.now().Sub(start), u.OutputTokens)
+	s.perf.record(c.res.Route, failure == nil, s.now().Sub(start), u.OutputTokens)
+	if failure != nil {
+		ri.outcome, ri.retryable = failure.Code, failure.body().Error.Retryable
+		if r.Context().Err() != nil {
+			ri.outcome = "client_cancelled"
+		}
+	}
 }
 
 // relayStream translates a committed provider stream to the caller's
 // dialect, flushing every event. After commit nothing is retried: a failure
-// writes the dialect's in-band error and aborts the response so no SDK can
-// mistake it for a clean end (SPEC §7.5).
-func (s *server) relayStream(w http.ResponseWriter, r *http.Request, dialect, model string, c call, resp *http.Response, start time.Time) {
-	ri := infoFrom(r.Context())
+// writes the dialect's in-band error and is returned so the caller aborts
+// the response (SPEC §7.5).
+func (s *server) relayStream(w http.ResponseWriter, r *http.Request, dialect, model string, c call, resp *http.Response, attempts int) (usage, *apiError) {
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
 	h.Set("X-Accel-Buffering", "no")
-	h.Set("Brama-Attempts", "1")
+	h.Set("Brama-Attempts", strconv.Itoa(attempts))
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
 	cs := newCallerStream(dialect, w, func() { rc.Flush() }, model)
 
-	var mu sync.Mutex // guards cs writes and done: the relay and the keep-alive timer share the writer
+	var mu sync.Mutex // guards cs and done: the relay and the keep-alive timer share the writer
 	done := false
 	locked := func(f func() error) error {
 		mu.Lock()
@@ -257,12 +306,12 @@ func (s *server) relayStream(w http.ResponseWriter, r *http.Request, dialect, mo
 			return cs.keepAlive()
 		})
 	})
-	stop := func() {
+	defer func() {
 		mu.Lock()
 		done = true
 		timer.Stop()
 		mu.Unlock()
-	}
+	}()
 
 	var u usage
 	err := locked(cs.start)
@@ -281,21 +330,15 @@ func (s *server) relayStream(w http.ResponseWriter, r *http.Request, dialect, mo
 		err = locked(cs.finish)
 	}
 	if err == nil {
-		stop()
-		s.recordSuccess(ri, c, start, u)
-		return
+		return u, nil
 	}
-	ae := asAPIError(err).withAttempts(1)
+	ae := asAPIError(err).withAttempts(attempts)
 	if r.Context().Err() != nil {
-		ae = refuse("client_cancelled", "the caller hung up during the stream").because(err).withAttempts(1)
+		ae = refuse("client_cancelled", "the caller hung up during the stream").because(err).withAttempts(attempts)
 	}
 	locked(func() error { return cs.fail(ae) })
-	stop()
-	ri.outcome, ri.retryable = ae.Code, false
-	ri.inputTokens, ri.outputTokens = u.InputTokens, u.OutputTokens
-	s.perf.record(c.res.Route, false, s.now().Sub(start), u.OutputTokens)
-	s.log.Warn("stream_failed_after_commit", "request_id", ri.id, "code", ae.Code, "cause", redact(fmt.Sprint(ae.Err), c.presented()))
-	panic(http.ErrAbortHandler)
+	s.log.Warn("stream_failed_after_commit", "request_id", infoFrom(r.Context()).id, "code", ae.Code, "cause", redact(fmt.Sprint(ae.Err), c.presented()))
+	return u, ae
 }
 
 // handleEmbeddings serves POST /v1/embeddings: a direct or alias route to an
@@ -333,24 +376,31 @@ func (s *server) handleEmbeddings(w http.ResponseWriter, r *http.Request) {
 		upReq.Header.Set("Authorization", "Bearer "+c.cred.APIKey)
 	}
 	start := s.now()
-	one := 1
-	ri.attempts = &one
+	ri.countAttempt()
 	s.attempts.Add(1)
+	var failure *apiError
 	resp, err := s.client.Do(upReq)
-	if err != nil {
-		s.finishFailure(w, r, c, start, classifyTransport(err).withAttempts(1))
+	var b []byte
+	if err == nil {
+		defer resp.Body.Close()
+		b, err = io.ReadAll(resp.Body)
+		switch {
+		case err != nil:
+			failure = refuse("provider_incomplete", "provider %q answer was cut after %d bytes", c.res.Provider.id, len(b)).because(err)
+		case resp.StatusCode < 200 || resp.StatusCode > 299:
+			failure = classifyRefusal(c.res.Provider.id, resp.StatusCode, resp.Header, b, c.presented(), s.now()).err
+		}
+	} else {
+		failure = classifyTransport(err)
+	}
+	if failure != nil {
+		failure.withAttempts(1)
+	}
+	s.settle(r, c, start, usage{}, failure)
+	if failure != nil {
+		s.fail(w, r, failure)
 		return
 	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	switch {
-	case err != nil:
-		s.finishFailure(w, r, c, start, refuse("provider_incomplete", "provider %q answer was cut after %d bytes", c.res.Provider.id, len(b)).because(err).withAttempts(1))
-	case resp.StatusCode < 200 || resp.StatusCode > 299:
-		s.finishFailure(w, r, c, start, classifyRefusal(c.res.Provider.id, resp.StatusCode, resp.Header, b, c.presented(), s.now()).err.withAttempts(1))
-	default:
-		s.perf.record(c.res.Route, true, s.now().Sub(start), 0)
-		w.Header().Set("Brama-Attempts", strconv.Itoa(1))
-		writeRaw(w, http.StatusOK, b)
-	}
+	w.Header().Set("Brama-Attempts", "1")
+	writeRaw(w, http.StatusOK, b)
 }

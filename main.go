@@ -18,6 +18,10 @@
 //	brama clients add ID [-admin] [-agent A] [-allow NAME]... | rm ID
 //	brama agents add ID | rm ID
 //	brama credentials set PROVIDER   (API key on stdin)
+//	brama subscription add -provider P -agent A [-label L] [-oauth-file F] | list -agent A [-json]
+//	        | retire -agent A [-reason R] ID | reinstate -agent A -reason R ID
+//	        | import -provider claude-code|codex -from FILE -agent A [-label L]
+//	        (each takes -gateway URL; bearer from BRAMA_TOKEN, else stdin's first line)
 //	brama journal check
 //
 // State lives in BRAMA_STATE_DIR, else ~/.brama (0700, files 0600). With
@@ -84,7 +88,7 @@ func exitCode(err error, stderr io.Writer) int {
 // after every goroutine it started has exited.
 func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return &usageError{"usage: brama serve|version|routes|clients|agents|credentials|journal ... (-h on each)"}
+		return &usageError{"usage: brama serve|version|routes|clients|agents|credentials|subscription|journal ... (-h on each)"}
 	}
 	env := cliEnv{getenv: getenv, stdin: stdin, stdout: stdout, stderr: stderr}
 	cmd, rest := args[0], args[1:]
@@ -104,10 +108,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		return env.sub("agents", rest, map[string]func([]string) error{"add": env.agentsAdd, "rm": env.agentsRm})
 	case "credentials":
 		return env.sub("credentials", rest, map[string]func([]string) error{"set": env.credentialsSet})
+	case "subscription":
+		return env.subscriptionCmd(rest)
 	case "journal":
 		return env.sub("journal", rest, map[string]func([]string) error{"check": env.journalCheck})
 	case "-h", "-help", "--help", "help":
-		fmt.Fprintln(stdout, "usage: brama serve|version|routes|clients|agents|credentials|journal ... (-h on each)")
+		fmt.Fprintln(stdout, "usage: brama serve|version|routes|clients|agents|credentials|subscription|journal ... (-h on each)")
 		return nil
 	}
 	return &usageError{fmt.Sprintf("unknown command %q", cmd)}
@@ -227,6 +233,11 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 	s.client = newProviderClient()
 	s.catalog = newCatalog(d.st, e.getenv, s.client, log, s.now)
 	s.perf = newPerfRegistry(d.st, log, s.now)
+	s.ledger = newLedger(d.st, log, s.now)
+	defer s.ledger.flush()
+	s.inv = newInventory(d.st, s.vault, s.journal, s.ledger, e.getenv, log, s.now)
+	s.oauth = newOAuth(e.getenv, s.client, s.vault, s.ledger, log, s.now)
+	defer s.oauth.wait()
 	s.keepAlive = testingOnlyKeepAlive
 	if *localCreds {
 		if s.localCreds, err = readLocalCredentials(e.stdin); err != nil {

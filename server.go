@@ -38,6 +38,10 @@ type server struct {
 	keepAlive  time.Duration // 0: keepAliveEvery; tests shorten it
 	attempts   atomic.Int64  // provider calls made since start, for /stats
 	mux        *http.ServeMux
+	ledger     *ledger
+	inv        *inventory
+	oauth      *oauthClient
+	pins       pins // the subscription that last served each agent and provider
 }
 
 // routes is the only place URL patterns appear.
@@ -56,6 +60,13 @@ func (s *server) routes() {
 	s.mux.Handle("GET /v1/admin/routes", s.admin(s.handleRoutesGet))
 	s.mux.Handle("PUT /v1/admin/routes", s.admin(s.handleRoutesPut))
 	s.mux.Handle("DELETE /v1/admin/routes", s.admin(s.handleRoutesDelete))
+	s.mux.Handle("GET /v1/subscriptions/{agent_id}", s.caller(s.subscriptionOwner(s.handleSubscriptionList)))
+	s.mux.Handle("POST /v1/subscriptions/{agent_id}", s.caller(s.subscriptionOwner(s.handleSubscriptionDonate)))
+	s.mux.Handle("DELETE /v1/subscriptions/{agent_id}/{subscription_id}", s.caller(s.subscriptionOwner(s.handleSubscriptionRetire)))
+	s.mux.Handle("GET /v1/admin/subscriptions/{agent_id}", s.admin(s.subscriptionAgentAgrees(s.handleSubscriptionList)))
+	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}", s.admin(s.subscriptionAgentAgrees(s.handleAdminSubscriptionDonate)))
+	s.mux.Handle("DELETE /v1/admin/subscriptions/{agent_id}/{subscription_id}", s.admin(s.subscriptionAgentAgrees(s.handleSubscriptionRetire)))
+	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/reinstate", s.admin(s.subscriptionAgentAgrees(s.handleSubscriptionReinstate)))
 }
 
 // requestInfo is what the per-request log line reports (SPEC §13); handlers
@@ -75,6 +86,14 @@ type requestInfo struct {
 	outputTokens   int
 	streamed       bool
 	body           []byte // the raw request body, read once by the auth wrapper
+}
+
+// countAttempt records one more provider call for this request.
+func (ri *requestInfo) countAttempt() {
+	if ri.attempts == nil {
+		ri.attempts = new(int)
+	}
+	*ri.attempts++
 }
 
 type infoKey struct{}
@@ -132,7 +151,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case pattern == "":
 		s.notRouted(sw, r, h)
 	default:
-		h.ServeHTTP(sw, r)
+		s.mux.ServeHTTP(sw, r) // not h.ServeHTTP: only the mux sets r.PathValue
 	}
 }
 
@@ -294,6 +313,9 @@ func (s *server) readiness() readiness {
 	if _, cerr := s.clients.load(); cerr != nil && !errors.Is(cerr, errFileAbsent) {
 		rd.Reasons = append(rd.Reasons, "clients file unusable: "+s.hidePath(cerr.Error(), s.clients.path))
 	}
+	if ok, cause := s.catalog.available(); !ok {
+		rd.Warnings = append(rd.Warnings, cause)
+	}
 	for _, b := range s.journalBadLines() {
 		rd.Warnings = append(rd.Warnings, "journal line "+strconv.Itoa(b.Line)+" is unreadable: "+b.Reason)
 	}
@@ -303,6 +325,10 @@ func (s *server) readiness() readiness {
 			payer = payer || k.APIKey != ""
 		}
 	}
+	invReasons, invWarnings, subPayer := s.inv.readiness()
+	rd.Reasons = append(rd.Reasons, invReasons...)
+	rd.Warnings = append(rd.Warnings, invWarnings...)
+	payer = payer || subPayer
 	if !payer {
 		rd.Reasons = append(rd.Reasons, "no payer: no direct credential, declared deployment or active subscription")
 	}

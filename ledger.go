@@ -1,0 +1,536 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"sync"
+	"time"
+)
+
+// The ledger (SPEC §10.3) remembers, per subscription, what traffic and
+// usage reports said about its plan windows, the block a 429 or quota
+// refusal left, its credential state, measured use, and the last usage read
+// and probe. Dispatch orders and skips subscriptions by it, the maintenance
+// scheduler sets its one timer from it, and listings show it (§10.4).
+
+const ledgerFile = "ledger.json"
+
+// ledgerWriteEvery is SPEC §10.3's "rewritten at most once per second" for
+// coalesced changes.
+const ledgerWriteEvery = time.Second
+
+// ledgerMaxBlock caps a recorded block (SPEC §7.2 step 4): a provider stating a
+// reset months away must not park a subscription for months.
+const ledgerMaxBlock = 7 * 24 * time.Hour
+
+// Credential states (SPEC §10.3). credDisabled is computed for retired rows
+// and never stored.
+const (
+	credActive      = "active"
+	credNeedsReauth = "needs_reauthorization"
+	credDisabled    = "disabled"
+)
+
+// ledgerBlock is the block a 429 or quota refusal left; until_ms 0 is none.
+type ledgerBlock struct {
+	UntilMs      int64  `json:"until_ms"`
+	Reason       string `json:"reason"`
+	RecordedAtMs int64  `json:"recorded_at_ms"`
+}
+
+// ledgerCredential is the credential's state and its grant's times.
+type ledgerCredential struct {
+	State         string `json:"state"`
+	Cause         string `json:"cause"`
+	RecordedAtMs  int64  `json:"recorded_at_ms"`
+	ExpiresAtMs   int64  `json:"expires_at_ms"`
+	RefreshedAtMs int64  `json:"refreshed_at_ms"`
+}
+
+// ledgerMeasured counts what Brama itself saw of a subscription's use.
+type ledgerMeasured struct {
+	Requests     int64 `json:"requests"`
+	Failures     int64 `json:"failures"`
+	InputTokens  int64 `json:"input_tokens"`
+	OutputTokens int64 `json:"output_tokens"`
+	LastUsedMs   int64 `json:"last_used_ms"`
+}
+
+// ledgerCheck is the outcome of the last usage read or probe; at_ms 0 is
+// never.
+type ledgerCheck struct {
+	AtMs   int64  `json:"at_ms"`
+	OK     bool   `json:"ok"`
+	Detail string `json:"detail"`
+}
+
+// ledgerEntry is one subscription's ledger record (SPEC §10.3).
+type ledgerEntry struct {
+	Provider   string           `json:"provider"`
+	Windows    []planWindow     `json:"windows"`
+	Block      ledgerBlock      `json:"block"`
+	Credential ledgerCredential `json:"credential"`
+	Measured   ledgerMeasured   `json:"measured"`
+	UsageRead  ledgerCheck      `json:"usage_read"`
+	Probe      ledgerCheck      `json:"probe"`
+}
+
+// ledgerDoc is ledger.json (SPEC §2.2).
+type ledgerDoc struct {
+	SchemaVersion int                    `json:"schema_version"`
+	Subscriptions map[string]ledgerEntry `json:"subscriptions"`
+}
+
+// ledgerIDPattern is the shape of a subscription id (SPEC §2.2).
+var ledgerIDPattern = regexp.MustCompile(`^sub_[0-9a-f]{16}$`)
+
+// ledgerStopper is what a write-behind timer must offer: *time.Timer fits.
+type ledgerStopper interface{ Stop() bool }
+
+// ledger is the in-memory ledger and its file. Mutations apply in memory at
+// once; the file follows, at once for credential, block and probe changes
+// and at most once per second for the rest (a write-behind armed by the
+// change itself, never a periodic job).
+type ledger struct {
+	log        *slog.Logger
+	now        func() time.Time
+	name       string // ledger.json; "" when there is no state directory
+	unplaced   error  // why there is no file (set when name is ""); never changes
+	unreadable error  // why ledger.json could not be read; set once in newLedger, never changes
+	changed    chan struct{}
+
+	// testingOnlyAfterFunc replaces time.AfterFunc for the write-behind
+	// (nil in production), so tests fire it by hand instead of sleeping.
+	testingOnlyAfterFunc func(d time.Duration, f func()) ledgerStopper
+
+	mu        sync.Mutex // guards entries, seq, lastWrite, timer, timerGen, warned
+	entries   map[string]*ledgerEntry
+	seq       uint64        // mutations applied so far
+	lastWrite time.Time     // injected-clock moment of the last snapshot taken for the file
+	timer     ledgerStopper // the armed write-behind, nil when none
+	timerGen  uint64        // identifies the armed write-behind
+	warned    bool          // ledger_unplaced was logged
+
+	writeMu sync.Mutex // guards written; serializes ledger.json writes
+	written uint64     // seq of the newest snapshot on disk
+}
+
+// newLedger loads ledger.json. An absent file is an empty ledger; one that
+// fails the §2.2 guards or the strict parse is served empty, logged once
+// (ledger_unreadable, without its bytes) and never overwritten, so an
+// operator can still inspect or repair it.
+func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if now == nil {
+		now = time.Now
+	}
+	l := &ledger{log: log, now: now, entries: map[string]*ledgerEntry{}, changed: make(chan struct{}, 1)}
+	name, err := st.path("ledger", ledgerFile)
+	if err != nil {
+		l.unplaced = err // ledger_unplaced is logged at the first mutation
+		return l
+	}
+	l.name = name
+	b, _, err := readGuarded("ledger", name)
+	if errors.Is(err, errFileAbsent) {
+		return l
+	}
+	var subs map[string]ledgerEntry
+	if err == nil {
+		subs, err = parseLedger("ledger "+name, b)
+	}
+	if err != nil {
+		l.unreadable = err
+		log.Error("ledger_unreadable", "file", name, "cause", err.Error())
+		return l
+	}
+	for id, e := range subs {
+		l.entries[id] = &e
+	}
+	return l
+}
+
+// parseLedger strictly parses ledger.json's bytes (SPEC §2.2): unknown
+// members, duplicate keys, another schema version, a malformed subscription
+// id or a credential state that is never stored are refused, naming role
+// and the member. Empty bytes are an empty ledger.
+func parseLedger(role string, b []byte) (map[string]ledgerEntry, error) {
+	subs := map[string]ledgerEntry{}
+	if len(b) == 0 {
+		return subs, nil
+	}
+	var doc ledgerDoc
+	if err := decodeStrict(role, b, &doc); err != nil {
+		return nil, err
+	}
+	if doc.SchemaVersion != 1 {
+		return nil, fmt.Errorf("%s: schema_version %d is not 1", role, doc.SchemaVersion)
+	}
+	for id, e := range doc.Subscriptions {
+		if !ledgerIDPattern.MatchString(id) {
+			return nil, fmt.Errorf("%s: subscriptions member %q is not sub_<16 hex>", role, id)
+		}
+		if s := e.Credential.State; s != credActive && s != credNeedsReauth {
+			return nil, fmt.Errorf("%s: subscriptions.%s.credential.state %q is not %q or %q", role, id, s, credActive, credNeedsReauth)
+		}
+		for i, w := range e.Windows {
+			if !(w.UsedFraction >= 0 && w.UsedFraction <= 1) {
+				return nil, fmt.Errorf("%s: subscriptions.%s.windows[%d].used_fraction %v is outside [0,1]", role, id, i, w.UsedFraction)
+			}
+		}
+		subs[id] = e
+	}
+	return subs, nil
+}
+
+// loadErr is non-nil when ledger.json was unreadable: the ledger is then
+// served empty and the file never overwritten (/readyz lists it).
+func (l *ledger) loadErr() error { return l.unreadable }
+
+// copyLedgerEntry deep-copies e so callers never share memory with the ledger.
+func copyLedgerEntry(e *ledgerEntry) ledgerEntry {
+	c := *e
+	if e.Windows != nil {
+		c.Windows = append([]planWindow{}, e.Windows...)
+	}
+	return c
+}
+
+// entry returns a copy of id's record; a missing one reads as an active
+// credential with no windows.
+func (l *ledger) entry(id string) (ledgerEntry, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e, ok := l.entries[id]
+	if !ok {
+		return ledgerEntry{Credential: ledgerCredential{State: credActive}}, false
+	}
+	return copyLedgerEntry(e), true
+}
+
+// credentialState is "active" unless a state was recorded.
+func (l *ledger) credentialState(id string) string {
+	e, _ := l.entry(id)
+	return e.Credential.State
+}
+
+// ledgerSentence is how a cause, reason or detail is kept: secrets
+// redacted, then at most 200 bytes (SPEC §10.3).
+func ledgerSentence(s string) string {
+	return truncateUTF8(redact(s), maxSentenceBytes)
+}
+
+// recordWindows replaces the windows with the same ids and appends new ones
+// (coalesced write).
+func (l *ledger) recordWindows(id, provider string, ws []planWindow) {
+	l.mutate(id, provider, false, func(e *ledgerEntry, _ time.Time) {
+		for _, w := range ws {
+			w.UsedFraction = planFraction(w.UsedFraction)
+			replaced := false
+			for i := range e.Windows {
+				if e.Windows[i].ID == w.ID {
+					e.Windows[i], replaced = w, true
+					break
+				}
+			}
+			if !replaced {
+				e.Windows = append(e.Windows, w)
+			}
+		}
+	})
+}
+
+// block records a block until until, capped at 7 days from now (immediate
+// write). The caller picks the moment (15 min when the provider stated none).
+func (l *ledger) block(id, provider string, until time.Time, reason string) {
+	l.mutate(id, provider, true, func(e *ledgerEntry, now time.Time) {
+		if limit := now.Add(ledgerMaxBlock); until.After(limit) {
+			until = limit
+		}
+		e.Block = ledgerBlock{UntilMs: until.UnixMilli(), Reason: ledgerSentence(reason), RecordedAtMs: now.UnixMilli()}
+	})
+}
+
+// blockedUntil is the end of id's block, or zero when it is not blocked now.
+func (l *ledger) blockedUntil(id string) time.Time {
+	now := l.now().UnixMilli()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if e, ok := l.entries[id]; ok && e.Block.UntilMs > now {
+		return time.UnixMilli(e.Block.UntilMs)
+	}
+	return time.Time{}
+}
+
+// setCredential records the credential state and its cause (immediate
+// write). A state other than active or needs_reauthorization is a caller's
+// bug: it is logged and ignored so the file stays parseable.
+func (l *ledger) setCredential(id, provider, state, cause string) {
+	if state != credActive && state != credNeedsReauth {
+		l.log.Error("ledger_bad_state", "subscription_id", id, "state", state)
+		return
+	}
+	l.mutate(id, provider, true, func(e *ledgerEntry, now time.Time) {
+		e.Credential.State = state
+		e.Credential.Cause = ledgerSentence(cause)
+		e.Credential.RecordedAtMs = now.UnixMilli()
+	})
+}
+
+// setGrantTimes records the grant's expiry and last refresh, both as given
+// (0 unknown / never) (immediate write).
+func (l *ledger) setGrantTimes(id, provider string, expiresAtMs, refreshedAtMs int64) {
+	l.mutate(id, provider, true, func(e *ledgerEntry, _ time.Time) {
+		e.Credential.ExpiresAtMs = expiresAtMs
+		e.Credential.RefreshedAtMs = refreshedAtMs
+	})
+}
+
+// recordUse counts one call on id (coalesced write).
+func (l *ledger) recordUse(id, provider string, ok bool, in, out int) {
+	l.mutate(id, provider, false, func(e *ledgerEntry, now time.Time) {
+		e.Measured.Requests++
+		if !ok {
+			e.Measured.Failures++
+		}
+		e.Measured.InputTokens += int64(max(in, 0))
+		e.Measured.OutputTokens += int64(max(out, 0))
+		e.Measured.LastUsedMs = now.UnixMilli()
+	})
+}
+
+// recordUsageRead records a usage report read's outcome (coalesced write);
+// a refused read keeps the earlier windows.
+func (l *ledger) recordUsageRead(id, provider string, ok bool, detail string) {
+	l.mutate(id, provider, false, func(e *ledgerEntry, now time.Time) {
+		e.UsageRead = ledgerCheck{AtMs: now.UnixMilli(), OK: ok, Detail: ledgerSentence(detail)}
+	})
+}
+
+// recordProbe records a completion probe's outcome (immediate write).
+func (l *ledger) recordProbe(id, provider string, ok bool, detail string) {
+	l.mutate(id, provider, true, func(e *ledgerEntry, now time.Time) {
+		e.Probe = ledgerCheck{AtMs: now.UnixMilli(), OK: ok, Detail: ledgerSentence(detail)}
+	})
+}
+
+// fullness is the highest used_fraction among id's windows whose reset has
+// not passed (SPEC §7.2 step 2); 0 with no such window.
+func (l *ledger) fullness(id string, now time.Time) float64 {
+	ms := now.UnixMilli()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	full := 0.0
+	if e, ok := l.entries[id]; ok {
+		for _, w := range e.Windows {
+			if (w.ResetsAtMs == 0 || w.ResetsAtMs > ms) && w.UsedFraction > full {
+				full = w.UsedFraction
+			}
+		}
+	}
+	return full
+}
+
+// nextDue is the earliest moment strictly after now at which something the
+// ledger states falls due (SPEC §11.2): a grant's expiry, a window's reset,
+// a block's end. ok is false when nothing is due.
+func (l *ledger) nextDue(now time.Time) (time.Time, bool) {
+	ms := now.UnixMilli()
+	var best int64
+	consider := func(t int64) {
+		if t > ms && (best == 0 || t < best) {
+			best = t
+		}
+	}
+	l.mu.Lock()
+	for _, e := range l.entries {
+		consider(e.Credential.ExpiresAtMs)
+		consider(e.Block.UntilMs)
+		for _, w := range e.Windows {
+			consider(w.ResetsAtMs)
+		}
+	}
+	l.mu.Unlock()
+	if best == 0 {
+		return time.Time{}, false
+	}
+	return time.UnixMilli(best), true
+}
+
+// subscribe returns the channel signalled (buffered 1, never blocking the
+// ledger) after every change, for the maintenance scheduler's timer.
+func (l *ledger) subscribe() <-chan struct{} { return l.changed }
+
+// mutate applies fn to id's record (created as an active credential when
+// missing), then starts the file write: immediate ones now, coalesced ones
+// now when the last write is at least a second old, else through one
+// write-behind armed for the remainder.
+func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEntry, now time.Time)) {
+	now := l.now()
+	l.mu.Lock()
+	e, ok := l.entries[id]
+	if !ok {
+		e = &ledgerEntry{Credential: ledgerCredential{State: credActive}}
+		l.entries[id] = e
+	}
+	if provider != "" {
+		e.Provider = provider
+	}
+	fn(e, now)
+	l.seq++
+	var (
+		data    []byte
+		seq     uint64
+		warnNow bool
+	)
+	switch {
+	case l.name == "":
+		warnNow, l.warned = !l.warned, true
+	case l.unreadable != nil:
+		// Never overwrite a file an operator may still recover.
+	case immediate || l.lastWrite.IsZero() || now.Sub(l.lastWrite) >= ledgerWriteEvery:
+		seq, data = l.takeLocked(now)
+	case l.timer == nil:
+		l.timerGen++
+		gen := l.timerGen
+		after := l.testingOnlyAfterFunc
+		if after == nil {
+			after = func(d time.Duration, f func()) ledgerStopper { return time.AfterFunc(d, f) }
+		}
+		l.timer = after(ledgerWriteEvery-now.Sub(l.lastWrite), func() { l.writeBehind(gen) })
+	}
+	l.mu.Unlock()
+
+	if warnNow {
+		l.log.Warn("ledger_unplaced", "cause", l.unplaced.Error())
+	}
+	if data != nil {
+		l.write(seq, data)
+	}
+	select {
+	case l.changed <- struct{}{}:
+	default:
+	}
+}
+
+// writeBehind is the armed timer's write of the changes coalesced since the
+// last one.
+func (l *ledger) writeBehind(gen uint64) {
+	l.mu.Lock()
+	if gen != l.timerGen || l.timer == nil {
+		l.mu.Unlock() // stopped or superseded while firing
+		return
+	}
+	seq, data := l.takeLocked(l.now())
+	l.mu.Unlock()
+	l.write(seq, data)
+}
+
+// takeLocked encodes the ledger for the file, stops any armed write-behind
+// (this snapshot holds its changes) and marks the write time. Ids not of
+// the sub_<16 hex> shape stay in memory only, so the file always parses.
+// l.mu is held.
+func (l *ledger) takeLocked(now time.Time) (uint64, []byte) {
+	if l.timer != nil {
+		l.timer.Stop()
+		l.timer = nil
+	}
+	l.lastWrite = now
+	doc := ledgerDoc{SchemaVersion: 1, Subscriptions: make(map[string]ledgerEntry, len(l.entries))}
+	for id, e := range l.entries {
+		if ledgerIDPattern.MatchString(id) {
+			doc.Subscriptions[id] = *e
+		}
+	}
+	b, err := marshalState(doc)
+	if err != nil { // cannot happen: no floats outside [0,1], no channels
+		l.log.Error("ledger_write_failed", "cause", err.Error())
+		return l.seq, nil
+	}
+	return l.seq, b
+}
+
+// write replaces ledger.json with data unless a newer snapshot is already
+// there, so writes racing outside l.mu never leave older state on disk. A
+// failure is logged; the next change or flush writes again.
+func (l *ledger) write(seq uint64, data []byte) error {
+	l.writeMu.Lock()
+	defer l.writeMu.Unlock()
+	if data == nil || seq <= l.written {
+		return nil
+	}
+	if err := writeFileAtomic(l.name, data); err != nil {
+		err = fmt.Errorf("write ledger %s: %w", l.name, err)
+		l.log.Warn("ledger_write_failed", "cause", err.Error())
+		return err
+	}
+	l.written = seq
+	return nil
+}
+
+// flush writes pending changes now and stops the write-behind (at
+// shutdown). Without a state directory, or with an unreadable file, there
+// is nothing to write.
+func (l *ledger) flush() error {
+	l.mu.Lock()
+	if l.name == "" || l.unreadable != nil {
+		l.mu.Unlock()
+		return nil
+	}
+	seq, data := l.takeLocked(l.now())
+	l.mu.Unlock()
+	return l.write(seq, data)
+}
+
+// subscriptionRow is one subscription in a listing (SPEC §10.4).
+type subscriptionRow struct {
+	ID         string            `json:"id"`
+	Provider   string            `json:"provider"`
+	Label      string            `json:"label"`
+	Status     string            `json:"status"` // "active" or "retired"
+	Windows    []planWindow      `json:"windows"`
+	Block      *ledgerBlock      `json:"block"`
+	Credential *ledgerCredential `json:"credential"`
+	Measured   ledgerMeasured    `json:"measured"`
+	UsageRead  *ledgerCheck      `json:"usage_read"`
+	Probe      *ledgerCheck      `json:"probe"`
+	Stale      bool              `json:"stale"`
+}
+
+// row builds item's listing row from its ledger record. block is null
+// unless a block is in force, usage_read and probe are null until they
+// happened, and a retired row's credential shows disabled. stale says a
+// window's reading predates its reset, or the last usage read failed.
+func (l *ledger) row(item overlayItem, retired bool, now time.Time) subscriptionRow {
+	e, _ := l.entry(item.ID)
+	ms := now.UnixMilli()
+	r := subscriptionRow{ID: item.ID, Provider: item.Provider, Label: item.Label, Status: "active",
+		Windows: e.Windows, Measured: e.Measured, Credential: &e.Credential}
+	if r.Windows == nil {
+		r.Windows = []planWindow{}
+	}
+	if retired {
+		r.Status = "retired"
+		r.Credential.State = credDisabled
+	}
+	if e.Block.UntilMs > ms {
+		r.Block = &e.Block
+	}
+	if e.UsageRead.AtMs != 0 {
+		r.UsageRead = &e.UsageRead
+		r.Stale = !e.UsageRead.OK
+	}
+	if e.Probe.AtMs != 0 {
+		r.Probe = &e.Probe
+	}
+	for _, w := range e.Windows {
+		if w.ResetsAtMs != 0 && w.ResetsAtMs <= ms {
+			r.Stale = true
+		}
+	}
+	return r
+}

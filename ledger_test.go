@@ -1,0 +1,658 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+const (
+	ledgerIDA = "sub_0123456789abcdef"
+	ledgerIDB = "sub_fedcba9876543210"
+)
+
+// ledgerT0 is the injected clock's start.
+var ledgerT0 = time.Date(2025, 10, 1, 12, 0, 0, 0, time.UTC)
+
+// ledgerClock is an injected clock the test moves by hand.
+type ledgerClock struct {
+	mu sync.Mutex // guards t
+	t  time.Time
+}
+
+func (c *ledgerClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *ledgerClock) set(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = t
+}
+
+// ledgerTimers stands in for time.AfterFunc: it records every write-behind
+// armed and lets the test fire it.
+type ledgerTimers struct {
+	mu     sync.Mutex // guards timers
+	timers []*ledgerTimer
+}
+
+type ledgerTimer struct {
+	d       time.Duration
+	f       func()
+	stopped bool
+}
+
+func (t *ledgerTimer) Stop() bool {
+	was := !t.stopped
+	t.stopped = true
+	return was
+}
+
+func (ts *ledgerTimers) afterFunc(d time.Duration, f func()) ledgerStopper {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	t := &ledgerTimer{d: d, f: f}
+	ts.timers = append(ts.timers, t)
+	return t
+}
+
+// fireLast runs the newest timer's function as time.AfterFunc would.
+func (ts *ledgerTimers) fireLast(t *testing.T) {
+	t.Helper()
+	ts.mu.Lock()
+	if len(ts.timers) == 0 {
+		ts.mu.Unlock()
+		t.Fatal("no write-behind was armed")
+	}
+	last := ts.timers[len(ts.timers)-1]
+	ts.mu.Unlock()
+	last.f()
+}
+
+func (ts *ledgerTimers) count() int {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	return len(ts.timers)
+}
+
+// ledgerLogLines returns the JSON log records with message msg.
+func ledgerLogLines(t *testing.T, logs *syncBuffer, msg string) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		if line == "" {
+			continue
+		}
+		var m map[string]any
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		if m["msg"] == msg {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// newTestLedger opens a ledger over st with a fake clock, fake timers and
+// captured JSON logs.
+func newTestLedger(st state) (*ledger, *ledgerClock, *ledgerTimers, *syncBuffer) {
+	clock := &ledgerClock{t: ledgerT0}
+	logs := &syncBuffer{}
+	l := newLedger(st, slog.New(slog.NewJSONHandler(logs, nil)), clock.now)
+	timers := &ledgerTimers{}
+	l.testingOnlyAfterFunc = timers.afterFunc
+	return l, clock, timers, logs
+}
+
+// readLedgerFile parses ledger.json in dir with the loader's parser.
+func readLedgerFile(t *testing.T, dir string) map[string]ledgerEntry {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, ledgerFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	subs, err := parseLedger("ledger", b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return subs
+}
+
+func TestLedgerRoundTrip(t *testing.T) {
+	dir := t.TempDir()
+	l, clock, _, _ := newTestLedger(state{dir: dir})
+	ms := ledgerT0.UnixMilli()
+	l.recordWindows(ledgerIDA, "claude-code", []planWindow{
+		{ID: "anthropic:5h", Label: "5 hours", UsedFraction: 0.25, ResetsAtMs: ms + 3600_000, RecordedAtMs: ms, Source: "traffic"},
+		{ID: "anthropic:7d", Label: "7 days", UsedFraction: 1.5, ResetsAtMs: ms + 86400_000, RecordedAtMs: ms, Source: "traffic"},
+	})
+	l.recordWindows(ledgerIDA, "claude-code", []planWindow{{ID: "anthropic:5h", Label: "5 hours", UsedFraction: 0.5, RecordedAtMs: ms, Source: "usage_report"}})
+	l.recordUse(ledgerIDA, "claude-code", true, 10, 20)
+	l.recordUse(ledgerIDA, "claude-code", false, -1, 0)
+	l.block(ledgerIDA, "claude-code", ledgerT0.Add(15*time.Minute), "429 from provider")
+	l.setGrantTimes(ledgerIDA, "claude-code", ms+7200_000, ms)
+	l.recordUsageRead(ledgerIDA, "claude-code", false, "usage report answered 500")
+	l.recordProbe(ledgerIDA, "claude-code", true, "pong")
+	clock.set(ledgerT0.Add(time.Second))
+	l.setCredential(ledgerIDB, "codex", credNeedsReauth, "invalid_grant")
+	if err := l.flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	wantA := ledgerEntry{
+		Provider: "claude-code",
+		Windows: []planWindow{
+			{ID: "anthropic:5h", Label: "5 hours", UsedFraction: 0.5, RecordedAtMs: ms, Source: "usage_report"},
+			{ID: "anthropic:7d", Label: "7 days", UsedFraction: 1, ResetsAtMs: ms + 86400_000, RecordedAtMs: ms, Source: "traffic"},
+		},
+		Block:      ledgerBlock{UntilMs: ms + 900_000, Reason: "429 from provider", RecordedAtMs: ms},
+		Credential: ledgerCredential{State: credActive, ExpiresAtMs: ms + 7200_000, RefreshedAtMs: ms},
+		Measured:   ledgerMeasured{Requests: 2, Failures: 1, InputTokens: 10, OutputTokens: 20, LastUsedMs: ms},
+		UsageRead:  ledgerCheck{AtMs: ms, OK: false, Detail: "usage report answered 500"},
+		Probe:      ledgerCheck{AtMs: ms, OK: true, Detail: "pong"},
+	}
+	wantB := ledgerEntry{Provider: "codex", Credential: ledgerCredential{State: credNeedsReauth, Cause: "invalid_grant", RecordedAtMs: ms + 1000}}
+
+	l2 := newLedger(state{dir: dir}, nil, clock.now)
+	if err := l2.loadErr(); err != nil {
+		t.Fatalf("loadErr = %v", err)
+	}
+	for _, c := range []struct {
+		name string
+		id   string
+		want ledgerEntry
+	}{
+		{name: "windows, block, use, checks", id: ledgerIDA, want: wantA},
+		{name: "credential only", id: ledgerIDB, want: wantB},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			for _, lg := range []*ledger{l, l2} {
+				got, ok := lg.entry(c.id)
+				if !ok {
+					t.Fatalf("entry %s missing", c.id)
+				}
+				if diff := cmp.Diff(c.want, got); diff != "" {
+					t.Errorf("entry mismatch (-want +got):\n%s", diff)
+				}
+			}
+		})
+	}
+	if got := l2.credentialState(ledgerIDB); got != credNeedsReauth {
+		t.Errorf("credentialState = %q", got)
+	}
+	got, ok := l2.entry("sub_0000000000000000")
+	if ok || got.Credential.State != credActive || got.Windows != nil {
+		t.Errorf("missing entry = %+v, %v; want active credential, not found", got, ok)
+	}
+	// entry is a copy: changing it does not change the ledger.
+	got, _ = l2.entry(ledgerIDA)
+	got.Windows[0].UsedFraction = 0.99
+	if again, _ := l2.entry(ledgerIDA); again.Windows[0].UsedFraction != 0.5 {
+		t.Error("entry shares memory with the ledger")
+	}
+	fi, err := os.Stat(filepath.Join(dir, ledgerFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o600 {
+		t.Errorf("ledger.json mode %#o, want 0600", fi.Mode().Perm())
+	}
+}
+
+func TestLedgerUnreadableIsNeverOverwritten(t *testing.T) {
+	valid := `{"schema_version":1,"subscriptions":{"` + ledgerIDA + `":{"provider":"codex","windows":[],"block":{"until_ms":0,"reason":"","recorded_at_ms":0},"credential":{"state":"active","cause":"","recorded_at_ms":0,"expires_at_ms":0,"refreshed_at_ms":0},"measured":{"requests":0,"failures":0,"input_tokens":0,"output_tokens":0,"last_used_ms":0},"usage_read":{"at_ms":0,"ok":true,"detail":""},"probe":{"at_ms":0,"ok":true,"detail":"PLANTED-BYTES"}}}}`
+	cases := []struct {
+		name    string
+		content string
+		mode    os.FileMode
+		want    string // in loadErr's text
+	}{
+		{name: "unknown top-level member", content: `{"schema_version":1,"subscriptions":{},"extra":"PLANTED-BYTES"}`, want: `unknown field "extra"`},
+		{name: "unknown entry member", content: strings.Replace(valid, `"provider":"codex"`, `"provider":"codex","colour":"PLANTED-BYTES"`, 1), want: `unknown field "colour"`},
+		{name: "duplicate key", content: strings.Replace(valid, `"provider":"codex"`, `"provider":"codex","provider":"PLANTED-BYTES"`, 1), want: `duplicate key "provider"`},
+		{name: "wrong schema_version", content: strings.Replace(valid, `"schema_version":1`, `"schema_version":2`, 1), want: "schema_version 2 is not 1"},
+		{name: "malformed subscription id", content: strings.Replace(valid, ledgerIDA, "sub_XYZ", 1), want: `"sub_XYZ" is not sub_<16 hex>`},
+		{name: "stored disabled state", content: strings.Replace(valid, `"state":"active"`, `"state":"disabled"`, 1), want: "credential.state \"disabled\""},
+		{name: "not JSON", content: "PLANTED-BYTES", want: "ledger"},
+		{name: "trailing data", content: valid + `{}`, want: "data after the JSON document"},
+		{name: "group-readable file", content: valid, mode: 0o644, want: "chmod 600"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			name := filepath.Join(dir, ledgerFile)
+			mode := c.mode
+			if mode == 0 {
+				mode = 0o600
+			}
+			if err := os.WriteFile(name, []byte(c.content), mode); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chmod(name, mode); err != nil { // umask may have narrowed it
+				t.Fatal(err)
+			}
+			l, clock, timers, logs := newTestLedger(state{dir: dir})
+			err := l.loadErr()
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("loadErr = %v, want one containing %q", err, c.want)
+			}
+			if _, ok := l.entry(ledgerIDA); ok {
+				t.Error("an unreadable ledger is not served empty")
+			}
+			l.block(ledgerIDA, "codex", ledgerT0.Add(time.Minute), "429")
+			l.recordUse(ledgerIDA, "codex", true, 1, 1)
+			clock.set(ledgerT0.Add(100 * time.Millisecond))
+			l.recordUse(ledgerIDA, "codex", true, 1, 1)
+			if timers.count() != 0 {
+				t.Error("a write-behind was armed for an unreadable ledger")
+			}
+			if err := l.flush(); err != nil {
+				t.Errorf("flush = %v", err)
+			}
+			if !l.blockedUntil(ledgerIDA).Equal(ledgerT0.Add(time.Minute)) {
+				t.Error("mutations do not apply in memory")
+			}
+			if b, err := os.ReadFile(name); err != nil || string(b) != c.content {
+				t.Errorf("ledger.json changed: %q, %v", b, err)
+			}
+			lines := ledgerLogLines(t, logs, "ledger_unreadable")
+			if len(lines) != 1 || lines[0]["level"] != "ERROR" {
+				t.Errorf("ledger_unreadable records = %v, want one at ERROR", lines)
+			}
+			if strings.Contains(logs.String(), "PLANTED-BYTES") {
+				t.Errorf("the log quotes the file's bytes: %s", logs.String())
+			}
+		})
+	}
+}
+
+func TestLedgerWriteCoalescing(t *testing.T) {
+	dir := t.TempDir()
+	l, clock, timers, _ := newTestLedger(state{dir: dir})
+	use := func(l *ledger) { l.recordUse(ledgerIDA, "claude-code", true, 1, 1) }
+	steps := []struct {
+		name         string
+		at           time.Duration // since ledgerT0
+		do           func(l *ledger)
+		fire         bool          // fire the newest write-behind instead of do
+		wantRequests int64         // measured.requests in ledger.json afterwards
+		wantBlocked  bool          // ledger.json holds the block
+		wantTimers   int           // write-behinds armed so far
+		wantDelay    time.Duration // the newest write-behind's delay
+	}{
+		{name: "first change writes at once", at: 0, do: use, wantRequests: 1},
+		{name: "second within a second arms one write-behind", at: 300 * time.Millisecond, do: use, wantRequests: 1, wantTimers: 1, wantDelay: 700 * time.Millisecond},
+		{name: "third joins the armed write-behind", at: 600 * time.Millisecond, do: use, wantRequests: 1, wantTimers: 1, wantDelay: 700 * time.Millisecond},
+		{name: "the write-behind writes all three", at: time.Second, fire: true, wantRequests: 3, wantTimers: 1, wantDelay: 700 * time.Millisecond},
+		{name: "a block writes at once", at: 1100 * time.Millisecond, do: func(l *ledger) {
+			l.block(ledgerIDA, "claude-code", ledgerT0.Add(time.Hour), "429")
+		}, wantRequests: 3, wantBlocked: true, wantTimers: 1, wantDelay: 700 * time.Millisecond},
+		{name: "a use after the block waits", at: 1500 * time.Millisecond, do: use, wantRequests: 3, wantBlocked: true, wantTimers: 2, wantDelay: 600 * time.Millisecond},
+		{name: "a credential change writes at once and takes the pending use along", at: 1600 * time.Millisecond, do: func(l *ledger) {
+			l.setCredential(ledgerIDA, "claude-code", credActive, "")
+		}, wantRequests: 4, wantBlocked: true, wantTimers: 2, wantDelay: 600 * time.Millisecond},
+		{name: "the stopped write-behind firing late writes nothing new", at: 2100 * time.Millisecond, fire: true, wantRequests: 4, wantBlocked: true, wantTimers: 2, wantDelay: 600 * time.Millisecond},
+		{name: "a second later a use writes at once", at: 2700 * time.Millisecond, do: use, wantRequests: 5, wantBlocked: true, wantTimers: 2, wantDelay: 600 * time.Millisecond},
+		{name: "flush writes what waits", at: 2800 * time.Millisecond, do: func(l *ledger) {
+			use(l)
+			if err := l.flush(); err != nil {
+				t.Fatal(err)
+			}
+		}, wantRequests: 6, wantBlocked: true, wantTimers: 3, wantDelay: 900 * time.Millisecond},
+	}
+	for _, s := range steps {
+		clock.set(ledgerT0.Add(s.at))
+		if s.fire {
+			timers.fireLast(t)
+		} else {
+			s.do(l)
+		}
+		got := readLedgerFile(t, dir)[ledgerIDA]
+		if got.Measured.Requests != s.wantRequests || (got.Block.UntilMs != 0) != s.wantBlocked {
+			t.Errorf("%s: file has requests %d, block %d; want %d, blocked %v", s.name, got.Measured.Requests, got.Block.UntilMs, s.wantRequests, s.wantBlocked)
+		}
+		if n := timers.count(); n != s.wantTimers {
+			t.Errorf("%s: %d write-behinds armed, want %d", s.name, n, s.wantTimers)
+		} else if n > 0 && timers.timers[n-1].d != s.wantDelay {
+			t.Errorf("%s: write-behind delay %v, want %v", s.name, timers.timers[n-1].d, s.wantDelay)
+		}
+	}
+	if n := timers.count(); n > 0 && !timers.timers[n-1].stopped {
+		t.Error("flush left the write-behind armed")
+	}
+}
+
+func TestLedgerUnplaced(t *testing.T) {
+	l, _, timers, logs := newTestLedger(state{cause: errors.New("$HOME is not defined")})
+	l.recordUse(ledgerIDA, "codex", true, 1, 2)
+	l.block(ledgerIDA, "codex", ledgerT0.Add(time.Minute), "429")
+	l.setCredential(ledgerIDB, "codex", credNeedsReauth, "401")
+	l.recordUsageRead(ledgerIDA, "codex", true, "")
+	if err := l.flush(); err != nil {
+		t.Errorf("flush = %v", err)
+	}
+	if err := l.loadErr(); err != nil {
+		t.Errorf("loadErr = %v; no state directory is not an unreadable file", err)
+	}
+	if timers.count() != 0 {
+		t.Error("a write-behind was armed without a state directory")
+	}
+	if e, _ := l.entry(ledgerIDA); e.Measured.Requests != 1 || l.credentialState(ledgerIDB) != credNeedsReauth {
+		t.Errorf("memory-only ledger lost changes: %+v", e)
+	}
+	lines := ledgerLogLines(t, logs, "ledger_unplaced")
+	if len(lines) != 1 {
+		t.Fatalf("%d ledger_unplaced records, want 1:\n%s", len(lines), logs.String())
+	}
+	if lines[0]["level"] != "WARN" || !strings.Contains(lines[0]["cause"].(string), "$HOME is not defined") {
+		t.Errorf("ledger_unplaced = %v, want WARN with the cause", lines[0])
+	}
+}
+
+func TestLedgerFullness(t *testing.T) {
+	ms := ledgerT0.UnixMilli()
+	cases := []struct {
+		name    string
+		windows []planWindow
+		want    float64
+	}{
+		{name: "no reading", want: 0},
+		{name: "highest current window", windows: []planWindow{{ID: "a", UsedFraction: 0.3, ResetsAtMs: ms + 1}, {ID: "b", UsedFraction: 0.7, ResetsAtMs: ms + 2}}, want: 0.7},
+		{name: "a window whose reset passed counts 0", windows: []planWindow{{ID: "a", UsedFraction: 0.3, ResetsAtMs: ms + 1}, {ID: "b", UsedFraction: 0.9, ResetsAtMs: ms}}, want: 0.3},
+		{name: "an unknown reset counts", windows: []planWindow{{ID: "a", UsedFraction: 0.4}}, want: 0.4},
+		{name: "out-of-range readings are clamped", windows: []planWindow{{ID: "a", UsedFraction: 7}}, want: 1},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			l, _, _, _ := newTestLedger(state{dir: t.TempDir()})
+			if c.windows != nil {
+				l.recordWindows(ledgerIDA, "codex", c.windows)
+			}
+			if got := l.fullness(ledgerIDA, ledgerT0); got != c.want {
+				t.Errorf("fullness = %v, want %v", got, c.want)
+			}
+		})
+	}
+}
+
+func TestLedgerNextDue(t *testing.T) {
+	at := func(d time.Duration) int64 { return ledgerT0.Add(d).UnixMilli() }
+	cases := []struct {
+		name string
+		set  func(l *ledger)
+		want time.Duration // since ledgerT0; -1: nothing due
+	}{
+		{name: "empty ledger", set: func(*ledger) {}, want: -1},
+		{name: "only past moments", set: func(l *ledger) {
+			l.setGrantTimes(ledgerIDA, "codex", at(-time.Hour), 0)
+			l.recordWindows(ledgerIDA, "codex", []planWindow{{ID: "codex:primary", ResetsAtMs: at(0)}})
+		}, want: -1},
+		{name: "grant expiry is earliest", set: func(l *ledger) {
+			l.setGrantTimes(ledgerIDA, "codex", at(time.Minute), 0)
+			l.recordWindows(ledgerIDB, "claude-code", []planWindow{{ID: "anthropic:5h", ResetsAtMs: at(time.Hour)}})
+			l.block(ledgerIDB, "claude-code", ledgerT0.Add(2*time.Minute), "429")
+		}, want: time.Minute},
+		{name: "window reset is earliest, past ones ignored", set: func(l *ledger) {
+			l.setGrantTimes(ledgerIDA, "codex", at(-time.Minute), 0)
+			l.recordWindows(ledgerIDA, "codex", []planWindow{{ID: "codex:primary", ResetsAtMs: at(-time.Second)}, {ID: "codex:secondary", ResetsAtMs: at(30 * time.Second)}})
+			l.block(ledgerIDB, "claude-code", ledgerT0.Add(2*time.Minute), "429")
+		}, want: 30 * time.Second},
+		{name: "block end is earliest", set: func(l *ledger) {
+			l.setGrantTimes(ledgerIDA, "codex", at(time.Hour), 0)
+			l.block(ledgerIDB, "claude-code", ledgerT0.Add(time.Second), "429")
+		}, want: time.Second},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			l, _, _, _ := newTestLedger(state{dir: t.TempDir()})
+			c.set(l)
+			got, ok := l.nextDue(ledgerT0)
+			if c.want < 0 {
+				if ok {
+					t.Errorf("nextDue = %v, want nothing due", got)
+				}
+				return
+			}
+			if !ok || !got.Equal(ledgerT0.Add(c.want)) {
+				t.Errorf("nextDue = %v, %v; want %v", got, ok, ledgerT0.Add(c.want))
+			}
+		})
+	}
+}
+
+func TestLedgerBlock(t *testing.T) {
+	cases := []struct {
+		name      string
+		until     time.Duration // since ledgerT0
+		at        time.Duration // when blockedUntil is asked
+		wantUntil time.Duration // -1: not blocked
+	}{
+		{name: "inside the block", until: 15 * time.Minute, at: time.Minute, wantUntil: 15 * time.Minute},
+		{name: "block ended", until: 15 * time.Minute, at: 15 * time.Minute, wantUntil: -1},
+		{name: "capped at 7 days", until: 30 * 24 * time.Hour, at: time.Hour, wantUntil: 7 * 24 * time.Hour},
+		{name: "a moment in the past blocks nothing", until: -time.Minute, at: 0, wantUntil: -1},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			l, clock, _, _ := newTestLedger(state{dir: t.TempDir()})
+			l.block(ledgerIDA, "claude-code", ledgerT0.Add(c.until), "429")
+			clock.set(ledgerT0.Add(c.at))
+			got := l.blockedUntil(ledgerIDA)
+			if c.wantUntil < 0 {
+				if !got.IsZero() {
+					t.Errorf("blockedUntil = %v, want zero", got)
+				}
+			} else if !got.Equal(ledgerT0.Add(c.wantUntil)) {
+				t.Errorf("blockedUntil = %v, want %v", got, ledgerT0.Add(c.wantUntil))
+			}
+		})
+	}
+}
+
+func TestLedgerRow(t *testing.T) {
+	ms := ledgerT0.UnixMilli()
+	item := overlayItem{ID: ledgerIDA, Provider: "claude-code", AgentID: "jeden", Label: "work", CreatedAt: "2025-10-01T00:00:00Z"}
+	cases := []struct {
+		name    string
+		set     func(l *ledger)
+		retired bool
+		want    string
+	}{
+		{name: "never recorded", set: func(*ledger) {}, want: `{"id":"` + ledgerIDA + `","provider":"claude-code","label":"work","status":"active","windows":[],"block":null,
+			"credential":{"state":"active","cause":"","recorded_at_ms":0,"expires_at_ms":0,"refreshed_at_ms":0},
+			"measured":{"requests":0,"failures":0,"input_tokens":0,"output_tokens":0,"last_used_ms":0},"usage_read":null,"probe":null,"stale":false}`},
+		{name: "blocked, probed, fresh window", set: func(l *ledger) {
+			l.recordWindows(ledgerIDA, "claude-code", []planWindow{{ID: "anthropic:5h", Label: "5 hours", UsedFraction: 0.5, ResetsAtMs: ms + 1000, RecordedAtMs: ms, Source: "traffic"}})
+			l.block(ledgerIDA, "claude-code", ledgerT0.Add(time.Minute), "429 rate limited")
+			l.recordProbe(ledgerIDA, "claude-code", true, "ok")
+			l.recordUsageRead(ledgerIDA, "claude-code", true, "")
+		}, want: `{"id":"` + ledgerIDA + `","provider":"claude-code","label":"work","status":"active",
+			"windows":[{"id":"anthropic:5h","label":"5 hours","used_fraction":0.5,"resets_at_ms":1759320001000,"recorded_at_ms":1759320000000,"source":"traffic"}],
+			"block":{"until_ms":1759320060000,"reason":"429 rate limited","recorded_at_ms":1759320000000},
+			"credential":{"state":"active","cause":"","recorded_at_ms":0,"expires_at_ms":0,"refreshed_at_ms":0},
+			"measured":{"requests":0,"failures":0,"input_tokens":0,"output_tokens":0,"last_used_ms":0},
+			"usage_read":{"at_ms":1759320000000,"ok":true,"detail":""},"probe":{"at_ms":1759320000000,"ok":true,"detail":"ok"},"stale":false}`},
+		{name: "ended block is null, passed reset is stale", set: func(l *ledger) {
+			l.recordWindows(ledgerIDA, "claude-code", []planWindow{{ID: "anthropic:5h", Label: "5 hours", UsedFraction: 0.9, ResetsAtMs: ms, RecordedAtMs: ms - 1000, Source: "traffic"}})
+			l.block(ledgerIDA, "claude-code", ledgerT0, "429")
+		}, want: `{"id":"` + ledgerIDA + `","provider":"claude-code","label":"work","status":"active",
+			"windows":[{"id":"anthropic:5h","label":"5 hours","used_fraction":0.9,"resets_at_ms":1759320000000,"recorded_at_ms":1759319999000,"source":"traffic"}],
+			"block":null,"credential":{"state":"active","cause":"","recorded_at_ms":0,"expires_at_ms":0,"refreshed_at_ms":0},
+			"measured":{"requests":0,"failures":0,"input_tokens":0,"output_tokens":0,"last_used_ms":0},"usage_read":null,"probe":null,"stale":true}`},
+		{name: "failed usage read is stale", set: func(l *ledger) {
+			l.recordUsageRead(ledgerIDA, "claude-code", false, "usage report answered 503")
+			l.recordUse(ledgerIDA, "claude-code", true, 3, 4)
+		}, want: `{"id":"` + ledgerIDA + `","provider":"claude-code","label":"work","status":"active","windows":[],"block":null,
+			"credential":{"state":"active","cause":"","recorded_at_ms":0,"expires_at_ms":0,"refreshed_at_ms":0},
+			"measured":{"requests":1,"failures":0,"input_tokens":3,"output_tokens":4,"last_used_ms":1759320000000},
+			"usage_read":{"at_ms":1759320000000,"ok":false,"detail":"usage report answered 503"},"probe":null,"stale":true}`},
+		{name: "retired shows disabled", retired: true, set: func(l *ledger) {
+			l.setCredential(ledgerIDA, "claude-code", credNeedsReauth, "invalid_grant")
+		}, want: `{"id":"` + ledgerIDA + `","provider":"claude-code","label":"work","status":"retired","windows":[],"block":null,
+			"credential":{"state":"disabled","cause":"invalid_grant","recorded_at_ms":1759320000000,"expires_at_ms":0,"refreshed_at_ms":0},
+			"measured":{"requests":0,"failures":0,"input_tokens":0,"output_tokens":0,"last_used_ms":0},"usage_read":null,"probe":null,"stale":false}`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			l, _, _, _ := newTestLedger(state{dir: t.TempDir()})
+			c.set(l)
+			b, err := json.Marshal(l.row(item, c.retired, ledgerT0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got, want any
+			if err := json.Unmarshal(b, &got); err != nil {
+				t.Fatal(err)
+			}
+			if err := json.Unmarshal([]byte(c.want), &want); err != nil {
+				t.Fatalf("want: %v", err)
+			}
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("row mismatch (-want +got):\n%s", diff)
+			}
+			if c.retired && l.credentialState(ledgerIDA) == credDisabled {
+				t.Error("disabled was stored")
+			}
+		})
+	}
+}
+
+func TestLedgerSentences(t *testing.T) {
+	const secret = "sk-ant-api03-PLANTEDsecret0123456789"
+	long := strings.Repeat("é", 150) // 300 bytes
+	cases := []struct {
+		name  string
+		cause string
+		want  string
+	}{
+		{name: "sk-shaped secret redacted", cause: "provider said: bad key " + secret + " (401)", want: "provider said: bad key [redacted] (401)"},
+		{name: "trimmed to 200 bytes on a rune boundary", cause: long, want: strings.Repeat("é", 100)},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			l, _, _, _ := newTestLedger(state{dir: dir})
+			l.setCredential(ledgerIDA, "claude-code", credNeedsReauth, c.cause)
+			l.block(ledgerIDA, "claude-code", ledgerT0.Add(time.Minute), c.cause)
+			l.recordUsageRead(ledgerIDA, "claude-code", false, c.cause)
+			l.recordProbe(ledgerIDA, "claude-code", false, c.cause)
+			if err := l.flush(); err != nil {
+				t.Fatal(err)
+			}
+			e := readLedgerFile(t, dir)[ledgerIDA]
+			got := []string{e.Credential.Cause, e.Block.Reason, e.UsageRead.Detail, e.Probe.Detail}
+			if diff := cmp.Diff([]string{c.want, c.want, c.want, c.want}, got); diff != "" {
+				t.Errorf("sentences mismatch (-want +got):\n%s", diff)
+			}
+			if b, _ := os.ReadFile(filepath.Join(dir, ledgerFile)); bytes.Contains(b, []byte("PLANTED")) {
+				t.Error("ledger.json holds the secret")
+			}
+		})
+	}
+}
+
+func TestLedgerSetCredentialRefusesOtherStates(t *testing.T) {
+	l, _, _, logs := newTestLedger(state{dir: t.TempDir()})
+	l.setCredential(ledgerIDA, "codex", credDisabled, "")
+	if _, ok := l.entry(ledgerIDA); ok {
+		t.Error("a disabled state was recorded")
+	}
+	if n := len(ledgerLogLines(t, logs, "ledger_bad_state")); n != 1 {
+		t.Errorf("%d ledger_bad_state records, want 1", n)
+	}
+}
+
+func TestLedgerSubscribe(t *testing.T) {
+	l, _, _, _ := newTestLedger(state{dir: t.TempDir()})
+	ch := l.subscribe()
+	select {
+	case <-ch:
+		t.Fatal("signalled before any change")
+	default:
+	}
+	l.recordUse(ledgerIDA, "codex", true, 1, 1)
+	l.recordUse(ledgerIDA, "codex", true, 1, 1) // the buffer is full: must not block
+	<-ch
+	select {
+	case <-ch:
+		t.Fatal("two signals buffered; want one")
+	default:
+	}
+	l.setGrantTimes(ledgerIDA, "codex", 1, 0)
+	<-ch
+}
+
+// TestLedgerConcurrent exercises every method at once under -race.
+func TestLedgerConcurrent(t *testing.T) {
+	dir := t.TempDir()
+	l, clock, timers, _ := newTestLedger(state{dir: dir})
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range 50 {
+				clock.set(ledgerT0.Add(time.Duration(i*50+j) * 10 * time.Millisecond))
+				l.recordUse(ledgerIDA, "codex", j%2 == 0, 1, 1)
+				l.recordWindows(ledgerIDB, "codex", []planWindow{{ID: "codex:primary", UsedFraction: 0.1, ResetsAtMs: int64(j)}})
+				if j%10 == 0 {
+					l.block(ledgerIDB, "codex", ledgerT0.Add(time.Minute), "429")
+				}
+				l.row(overlayItem{ID: ledgerIDA}, false, ledgerT0)
+				l.fullness(ledgerIDB, ledgerT0)
+				l.nextDue(ledgerT0)
+				if timers.count() > 0 && j%7 == 0 {
+					timers.fireLast(t)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if err := l.flush(); err != nil {
+		t.Fatal(err)
+	}
+	if got := readLedgerFile(t, dir)[ledgerIDA].Measured.Requests; got != 400 {
+		t.Errorf("file has %d requests after flush, want 400", got)
+	}
+}
+
+func FuzzLedgerFile(f *testing.F) {
+	f.Add([]byte(`{"schema_version":1,"subscriptions":{}}`))
+	f.Add([]byte(`{"schema_version":1,"subscriptions":{"sub_0123456789abcdef":{"provider":"codex","windows":[{"id":"codex:primary","label":"5 hours","used_fraction":0.5,"resets_at_ms":1,"recorded_at_ms":2,"source":"traffic"}],"credential":{"state":"needs_reauthorization","cause":"x"}}}}`))
+	f.Add([]byte(`{"schema_version":1,"subscriptions":{"sub_0123456789abcdef":{"provider":"a","provider":"b"}}}`))
+	f.Add([]byte(`{"schema_version":2}`))
+	f.Add([]byte(``))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		subs, err := parseLedger("ledger", data)
+		if err != nil {
+			if subs != nil {
+				t.Fatalf("refused with entries: %v", err)
+			}
+			return
+		}
+		b, err := marshalState(ledgerDoc{SchemaVersion: 1, Subscriptions: subs})
+		if err != nil {
+			t.Fatalf("accepted ledger does not encode: %v", err)
+		}
+		again, err := parseLedger("ledger", b)
+		if err != nil {
+			t.Fatalf("re-encoded ledger refused: %v\n%s", err, b)
+		}
+		if diff := cmp.Diff(subs, again); diff != "" {
+			t.Fatalf("round trip changed the ledger (-first +second):\n%s", diff)
+		}
+	})
+}

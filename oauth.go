@@ -1,0 +1,562 @@
+package main
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net/http"
+	"net/url"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// This file holds OAuth grants (SPEC §11.1): refreshing them at the
+// providers' token endpoints, once per subscription at a time. The PKCE
+// sign-in that obtains a grant in the first place is in oauthsignin.go.
+
+// oauthProvider is one row of SPEC §11.1's tables: where a provider's grants
+// are refreshed and, for providers with a sign-in, where it starts.
+type oauthProvider struct {
+	id       string
+	tokenURL string // built in; BRAMA_OAUTH_<ID>_TOKEN_URL overrides
+	clientID string
+	form     bool // the token endpoint takes a form body, not JSON
+
+	authorizeURL string // "" when the provider has no sign-in (kimi)
+	redirectURI  string
+	scope        string
+	extra        [][2]string // further authorize parameters
+}
+
+// oauthProviders lists every provider whose subscriptions hold OAuth grants.
+var oauthProviders = []oauthProvider{
+	{
+		id: "claude-code", tokenURL: "https://console.anthropic.com/v1/oauth/token",
+		clientID:     "9d1c250a-e61b-44d9-88ed-5944d1962f5e",
+		authorizeURL: "https://claude.ai/oauth/authorize",
+		redirectURI:  "https://console.anthropic.com/oauth/code/callback",
+		scope:        "org:create_api_key user:profile user:inference",
+		extra:        [][2]string{{"code", "true"}},
+	},
+	{
+		id: "codex", tokenURL: "https://auth.openai.com/oauth/token",
+		clientID: "app_EMoamEEZ73f0CkXaXp7hrann", form: true,
+		authorizeURL: "https://auth.openai.com/oauth/authorize",
+		redirectURI:  "http://localhost:1455/auth/callback",
+		scope:        "openid profile email offline_access",
+		extra:        [][2]string{{"id_token_add_organizations", "true"}, {"codex_cli_simplified_flow", "true"}},
+	},
+	{
+		id: "kimi", tokenURL: "https://auth.kimi.com/api/oauth/token",
+		clientID: "17e5f671-d194-4dfb-9706-5516cb48c098", form: true,
+	},
+}
+
+// Errors of this file. Every failure of a token call is a *refreshError;
+// these are what it (or another error) wraps.
+var (
+	errNoOAuth           = errors.New("provider has no OAuth grants")
+	errNoSignIn          = errors.New("provider has no sign-in; donate its grant or replace it with PUT …/credential")
+	errTokenURL          = errors.New("unusable OAuth token URL")
+	errTokenMalformed    = errors.New("token endpoint answer is not a usable token answer")
+	errTokenRefused      = errors.New("token endpoint answered with an error")
+	errNoRefreshToken    = errors.New("the stored grant has no refresh token")
+	errRefreshSuperseded = errors.New("the vault's grant changed during the refresh; its result was discarded")
+	errStateMismatch     = errors.New("the pasted code belongs to another sign-in (state differs)")
+)
+
+// lookupOAuth finds provider's OAuth row.
+func lookupOAuth(provider string) (oauthProvider, error) {
+	for _, p := range oauthProviders {
+		if p.id == provider {
+			return p, nil
+		}
+	}
+	return oauthProvider{}, fmt.Errorf("provider %q: %w", provider, errNoOAuth)
+}
+
+// oauthClient refreshes and exchanges grants. It shares one refresh per
+// subscription among all who ask at once (STYLE B8), so a burst of 401s
+// spends one refresh token, not fifty.
+type oauthClient struct {
+	getenv func(string) string
+	client *http.Client // the provider client: no redirects, no proxy, no timeout
+	vault  *vault
+	ledger *ledger
+	log    *slog.Logger
+	now    func() time.Time
+
+	mu       sync.Mutex // guards inflight
+	inflight map[string]*refreshCall
+	wg       sync.WaitGroup // counts refreshes running detached from their callers
+
+	// testingOnlyJoined runs after a caller has found or started the flight
+	// for id and before it waits (nil in production), so tests can hold the
+	// token endpoint until every caller has joined.
+	testingOnlyJoined func(id string)
+}
+
+// refreshCall is one refresh in flight; grant and err are set before done
+// is closed and never after.
+type refreshCall struct {
+	done  chan struct{}
+	grant oauthGrant
+	err   error
+}
+
+// newOAuth builds the OAuth client. client should be newProviderClient().
+func newOAuth(getenv func(string) string, client *http.Client, v *vault, l *ledger, log *slog.Logger, now func() time.Time) *oauthClient {
+	if client == nil {
+		client = newProviderClient()
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if now == nil {
+		now = time.Now
+	}
+	return &oauthClient{getenv: getenv, client: client, vault: v, ledger: l, log: log, now: now,
+		inflight: map[string]*refreshCall{}}
+}
+
+// tokenURL is the token endpoint for p: BRAMA_OAUTH_<ID>_TOKEN_URL when set,
+// else the built-in one, under the provider base URL rule (checkBaseURL):
+// https, or http only to loopback, so a typo cannot send a refresh token in
+// clear text across a network.
+func (o *oauthClient) tokenURL(p oauthProvider) (string, error) {
+	env := "BRAMA_OAUTH_" + strings.ToUpper(strings.ReplaceAll(p.id, "-", "_")) + "_TOKEN_URL"
+	raw := strings.TrimSpace(o.getenv(env))
+	if raw == "" {
+		raw = p.tokenURL
+	}
+	if err := checkBaseURL(raw); err != nil {
+		return "", fmt.Errorf("%s: %w: %v", env, errTokenURL, err)
+	}
+	return raw, nil
+}
+
+// wait blocks until no refresh runs detached from its callers (shutdown,
+// tests). A token endpoint that never answers keeps it waiting: Brama sets
+// no time limit of its own (SPEC §11.1).
+func (o *oauthClient) wait() { o.wg.Wait() }
+
+// refresh refreshes subscription id's grant (SPEC §11.1) and returns the
+// grant to use. Concurrent calls for one id share one flight and its result.
+// The flight runs under context.WithoutCancel, so a caller hanging up
+// returns ctx's error without failing the others. refusedAccessToken, when
+// not empty, is the access token a provider just refused: if the vault
+// already holds another one, that one is returned and no token call is made.
+func (o *oauthClient) refresh(ctx context.Context, id, provider, refusedAccessToken string) (oauthGrant, error) {
+	o.mu.Lock()
+	c, ok := o.inflight[id]
+	if !ok {
+		c = &refreshCall{done: make(chan struct{})}
+		o.inflight[id] = c
+		o.wg.Add(1)
+		go func(ctx context.Context) { // exits when the token call ends; callers wait on c.done
+			defer o.wg.Done()
+			c.grant, c.err = o.refreshOnce(ctx, id, provider, refusedAccessToken)
+			o.mu.Lock()
+			delete(o.inflight, id)
+			o.mu.Unlock()
+			close(c.done)
+		}(context.WithoutCancel(ctx))
+	}
+	o.mu.Unlock()
+	if o.testingOnlyJoined != nil {
+		o.testingOnlyJoined(id)
+	}
+	select {
+	case <-c.done:
+		return c.grant, c.err
+	case <-ctx.Done():
+		return oauthGrant{}, fmt.Errorf("waiting for the grant refresh of %s: %w", id, ctx.Err())
+	}
+}
+
+// refreshOnce is one flight: it starts from the vault's current grant, calls
+// the token endpoint, and commits the answer only if the vault still holds
+// the refresh token it started from.
+func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused string) (oauthGrant, error) {
+	p, err := lookupOAuth(provider)
+	if err != nil {
+		return oauthGrant{}, err
+	}
+	doc, err := o.vault.load()
+	if err != nil {
+		o.log.Warn("credential_refresh_failed", "subscription_id", id, "provider", provider, "error", err.Error())
+		return oauthGrant{}, fmt.Errorf("refresh %s: vault: %w", id, err)
+	}
+	cred, ok := doc.Subscriptions[id]
+	if !ok || cred.OAuth == nil {
+		return oauthGrant{}, fmt.Errorf("refresh %s: the vault holds no OAuth grant for it: %w", id, errNoOAuth)
+	}
+	old := *cred.OAuth // doc is the vault's shared cache: copy, never write into it
+	if refused != "" && old.AccessToken != refused {
+		o.log.Debug("credential_refresh_skipped", "subscription_id", id, "provider", provider)
+		return old, nil
+	}
+	endpoint, err := o.tokenURL(p)
+	if err != nil {
+		o.log.Warn("credential_refresh_failed", "subscription_id", id, "provider", provider, "error", err.Error())
+		return oauthGrant{}, err
+	}
+	if old.RefreshToken == "" {
+		// Nothing can refresh this grant; only a sign-in or a new grant helps.
+		re := &refreshError{Definitive: true, Endpoint: endpointName(endpoint),
+			Sentence: errNoRefreshToken.Error(), Err: errNoRefreshToken}
+		return oauthGrant{}, o.refused(id, provider, re)
+	}
+	fields := [][2]string{{"grant_type", "refresh_token"}, {"refresh_token", old.RefreshToken}, {"client_id", p.clientID}}
+	ans, re := o.tokenCall(ctx, p, endpoint, fields, old.RefreshToken, old.AccessToken)
+	if re != nil && re.Definitive {
+		// A refusal is a result too: if a sign-in replaced the grant while
+		// the call was on the wire, the refusal is about a grant nobody uses.
+		if cur, err := o.vault.load(); err == nil {
+			if c := cur.Subscriptions[id].OAuth; c == nil || c.RefreshToken != old.RefreshToken {
+				o.log.Info("credential_refresh_superseded", "subscription_id", id, "provider", provider)
+				return oauthGrant{}, fmt.Errorf("refresh %s: %w", id, errRefreshSuperseded)
+			}
+		}
+		return oauthGrant{}, o.refused(id, provider, re)
+	}
+	if re != nil {
+		o.log.Warn("credential_refresh_failed", "subscription_id", id, "provider", provider, "error", re.Error())
+		return oauthGrant{}, re
+	}
+
+	now := o.now()
+	g := old
+	g.AccessToken = ans.AccessToken
+	if ans.RefreshToken != "" {
+		g.RefreshToken = ans.RefreshToken
+	}
+	if ans.IDToken != "" {
+		g.IDToken = ans.IDToken
+	}
+	g.ExpiresAtMs = answerExpiry(ans, now)
+	if p.id == "codex" && g.AccountID == "" {
+		g.AccountID = codexAccountID(g.IDToken)
+	}
+	err = o.vault.update(func(d *vaultDoc) error {
+		cur, ok := d.Subscriptions[id]
+		if !ok || cur.OAuth == nil || cur.OAuth.RefreshToken != old.RefreshToken {
+			return errRefreshSuperseded
+		}
+		d.Subscriptions[id] = vaultCredential{OAuth: &g}
+		return nil
+	})
+	switch {
+	case errors.Is(err, errRefreshSuperseded):
+		o.log.Info("credential_refresh_superseded", "subscription_id", id, "provider", provider)
+		return oauthGrant{}, fmt.Errorf("refresh %s: %w", id, err)
+	case err != nil:
+		// The provider may already have retired the refresh token the vault
+		// still holds, so the stored grant cannot be trusted to work again.
+		re := &refreshError{Definitive: true, Endpoint: endpointName(endpoint), Status: ans.status, Received: ans.received,
+			Sentence: "the refreshed grant could not be stored in the vault", Err: err}
+		return oauthGrant{}, o.refused(id, provider, re)
+	}
+	o.ledger.setCredential(id, provider, credActive, "")
+	o.ledger.setGrantTimes(id, provider, g.ExpiresAtMs, now.UnixMilli())
+	o.log.Info("credential_refresh_ok", "subscription_id", id, "provider", provider, "expires_at_ms", g.ExpiresAtMs)
+	return g, nil
+}
+
+// refused records a definitive failure: the credential needs a sign-in.
+func (o *oauthClient) refused(id, provider string, re *refreshError) error {
+	o.ledger.setCredential(id, provider, credNeedsReauth, re.Sentence)
+	o.log.Warn("credential_refresh_refused", "subscription_id", id, "provider", provider,
+		"endpoint", re.Endpoint, "status", re.Status, "cause", re.Sentence)
+	return re
+}
+
+// refreshError is a failed token call. Definitive means the provider
+// disowned the grant (a complete invalid_grant-class refusal or a complete
+// 401/403) or the refreshed grant could not be kept; anything else is a
+// transport failure that leaves the recorded credential state alone.
+type refreshError struct {
+	Definitive bool
+	Endpoint   string // scheme, host and path; never a query
+	Status     int    // 0: no HTTP status was received
+	Received   int    // body bytes received
+	Sentence   string // the provider's sentence, redacted, ≤200 bytes (definitive only)
+	Err        error
+}
+
+func (e *refreshError) Error() string {
+	status := "no status"
+	if e.Status != 0 {
+		status = "HTTP " + strconv.Itoa(e.Status)
+	}
+	msg := fmt.Sprintf("OAuth token request to %s failed (%s, %d bytes received)", e.Endpoint, status, e.Received)
+	if e.Err == errTokenRefused {
+		msg = fmt.Sprintf("OAuth token endpoint %s refused the grant (%s, %d bytes received)", e.Endpoint, status, e.Received)
+	}
+	if e.Sentence != "" {
+		msg += ": " + e.Sentence
+	}
+	var ue *url.Error
+	switch {
+	case e.Err == nil || e.Err == errTokenRefused || e.Err == errNoRefreshToken:
+		return msg // the sentence says it all
+	case errors.As(e.Err, &ue):
+		return msg + ": " + ue.Err.Error() // "Post <url>:" would repeat the endpoint
+	}
+	return msg + ": " + e.Err.Error()
+}
+
+func (e *refreshError) Unwrap() error { return e.Err }
+
+// endpointName is raw without user info, query or fragment, for messages.
+func endpointName(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	return (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}).String()
+}
+
+// definitiveErrors are the OAuth error codes (RFC 6749 §5.2, RFC 6750 §3.1)
+// that say the grant or client is no good, not that the server is unwell.
+var definitiveErrors = map[string]bool{
+	"invalid_grant": true, "invalid_token": true, "invalid_client": true, "unauthorized_client": true,
+}
+
+// tokenCall POSTs fields to endpoint in p's body format, reads the answer
+// whole and classifies it. secrets are redacted from any quoted sentence.
+// It returns a usable answer, or a *refreshError.
+func (o *oauthClient) tokenCall(ctx context.Context, p oauthProvider, endpoint string, fields [][2]string, secrets ...string) (tokenAnswer, *refreshError) {
+	name := endpointName(endpoint)
+	var body []byte
+	ctype := "application/json"
+	if p.form {
+		vals := url.Values{}
+		for _, f := range fields {
+			vals.Set(f[0], f[1])
+		}
+		body, ctype = []byte(vals.Encode()), "application/x-www-form-urlencoded"
+	} else {
+		m := map[string]string{}
+		for _, f := range fields {
+			m[f[0]] = f[1]
+		}
+		body, _ = json.Marshal(m) // a map of strings always encodes
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, bytes.NewReader(body))
+	if err != nil {
+		return tokenAnswer{}, &refreshError{Endpoint: name, Err: err}
+	}
+	req.Header.Set("Content-Type", ctype)
+	req.Header.Set("Accept", "application/json")
+	resp, err := o.client.Do(req)
+	if err != nil {
+		return tokenAnswer{}, &refreshError{Endpoint: name, Err: err}
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		// Even a partial 401 or 403 is no evidence the grant was disowned:
+		// only a complete answer is classified (seed, "Cancellation and retry").
+		return tokenAnswer{}, &refreshError{Endpoint: name, Status: resp.StatusCode, Received: len(b), Err: err}
+	}
+	return classifyTokenAnswer(name, resp.StatusCode, b, secrets...)
+}
+
+// classifyTokenAnswer sorts a complete token endpoint answer: a 2xx with an
+// access token is used; an invalid_grant-class error or a 401/403 is
+// definitive; everything else (5xx, 429, other errors, non-JSON) is a
+// transport failure.
+func classifyTokenAnswer(endpoint string, status int, body []byte, secrets ...string) (tokenAnswer, *refreshError) {
+	secrets = slices.DeleteFunc(slices.Clone(secrets), func(s string) bool {
+		return len(s) < 8 // no real token is this short; replacing it would garble the sentence
+	})
+	ans, err := parseTokenAnswer(body)
+	ans.status, ans.received = status, len(body)
+	if err == nil && status >= 200 && status < 300 {
+		return ans, nil
+	}
+	re := &refreshError{Endpoint: endpoint, Status: status, Received: len(body), Err: err}
+	switch {
+	case err == nil:
+		re.Err = fmt.Errorf("%w: an access token with HTTP %d", errTokenMalformed, status)
+	case errors.Is(err, errTokenRefused) && oauthErrorCode.MatchString(ans.Error):
+		re.Err = fmt.Errorf("%w: %s", err, redact(ans.Error, secrets...))
+	}
+	if definitiveErrors[ans.Error] || status == http.StatusUnauthorized || status == http.StatusForbidden {
+		re.Definitive, re.Err = true, errTokenRefused
+		re.Sentence = cmp.Or(
+			cleanQuoted(redact(ans.Description, secrets...), "", maxSentenceBytes),
+			cleanQuoted(redact(ans.Error, secrets...), "", maxSentenceBytes),
+			fmt.Sprintf("the token endpoint answered %d %s", status, http.StatusText(status)))
+	}
+	return ans, re
+}
+
+// oauthErrorCode is the shape of an error code worth quoting in a transport
+// failure (RFC 6749 §5.2 codes are short ASCII words); anything else could
+// be prose carrying a secret and is not quoted.
+var oauthErrorCode = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,64}$`)
+
+// tokenAnswer is what Brama reads from a token endpoint's JSON answer.
+type tokenAnswer struct {
+	AccessToken  string `json:"access_token,omitempty"`
+	RefreshToken string `json:"refresh_token,omitempty"`
+	IDToken      string `json:"id_token,omitempty"`
+	ExpiresIn    int64  `json:"expires_in,omitempty"` // seconds; 0 when absent or unusable
+	Error        string `json:"error,omitempty"`
+	Description  string `json:"error_description,omitempty"`
+
+	status, received int // set by classifyTokenAnswer
+}
+
+// maxExpiresIn bounds expires_in (about 100 years); more is unusable, not an
+// overflow.
+const maxExpiresIn = 100 * 365 * 24 * 3600
+
+// parseTokenAnswer reads a token endpoint answer leniently (providers add
+// members freely). It accepts an object with a non-empty access_token and
+// no error. Otherwise it returns what it read with an error wrapping
+// errTokenRefused (an "error" member: RFC 6749 §5.2, or an Anthropic-style
+// {"error":{"type","message"}}) or errTokenMalformed.
+func parseTokenAnswer(body []byte) (tokenAnswer, error) {
+	var raw struct {
+		AccessToken  json.RawMessage `json:"access_token"`
+		RefreshToken json.RawMessage `json:"refresh_token"`
+		IDToken      json.RawMessage `json:"id_token"`
+		ExpiresIn    json.RawMessage `json:"expires_in"`
+		Error        json.RawMessage `json:"error"`
+		Description  json.RawMessage `json:"error_description"`
+	}
+	b := bytes.TrimSpace(body)
+	if len(b) == 0 || b[0] != '{' {
+		return tokenAnswer{}, fmt.Errorf("%w: not a JSON object", errTokenMalformed)
+	}
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return tokenAnswer{}, fmt.Errorf("%w: not JSON (%s)", errTokenMalformed, jsonErrorKind(err))
+	}
+	var ans tokenAnswer
+	ans.AccessToken, _ = jsonString(raw.AccessToken)
+	ans.RefreshToken, _ = jsonString(raw.RefreshToken)
+	ans.IDToken, _ = jsonString(raw.IDToken)
+	if n, ok := jsonScalar(raw.ExpiresIn); ok {
+		if f, err := strconv.ParseFloat(n, 64); err == nil && f >= 1 && f <= maxExpiresIn {
+			ans.ExpiresIn = int64(f)
+		}
+	}
+	ans.Description, _ = jsonString(raw.Description)
+	if s, ok := jsonString(raw.Error); ok {
+		ans.Error = s
+	} else if e, ok := errorObject(raw.Error); ok {
+		ans.Error = cmp.Or(e.typ, e.code, "error")
+		if ans.Description == "" {
+			ans.Description = e.msg
+		}
+	}
+	switch {
+	case ans.Error != "":
+		return ans, errTokenRefused // the code is quoted only by classifyTokenAnswer, which can redact
+	case ans.AccessToken == "":
+		return ans, fmt.Errorf("%w: no access_token", errTokenMalformed)
+	}
+	return ans, nil
+}
+
+// jsonErrorKind names what was wrong with a JSON document without quoting
+// any of it (a syntax error's text could carry a fragment of a token).
+func jsonErrorKind(err error) string {
+	var se *json.SyntaxError
+	if errors.As(err, &se) {
+		return "syntax error at byte " + strconv.FormatInt(se.Offset, 10)
+	}
+	return "unexpected shape"
+}
+
+// answerExpiry is a refreshed grant's expiry (SPEC §11.1): expires_in when
+// given, else the new access token's JWT exp, else unknown (0).
+func answerExpiry(ans tokenAnswer, now time.Time) int64 {
+	if ans.ExpiresIn > 0 {
+		return now.UnixMilli() + ans.ExpiresIn*1000
+	}
+	return jwtExpMs(ans.AccessToken)
+}
+
+// expiredForRequest reports whether the request path must refresh g first:
+// now ≥ expires_at_ms − 60 s. An unknown expiry (0) is never expired here
+// (SPEC §11.1); the pass timer uses expires_at_ms itself.
+func expiredForRequest(g oauthGrant, now time.Time) bool {
+	return g.ExpiresAtMs != 0 && now.UnixMilli() >= g.ExpiresAtMs-60_000
+}
+
+// fillGrant completes a grant handed to Brama (donation, import, sign-in):
+// an absent expires_at_ms comes from the access token's JWT exp, and for
+// codex an absent account_id from the id_token (SPEC §6.2).
+func fillGrant(provider string, g oauthGrant) oauthGrant {
+	if g.ExpiresAtMs == 0 {
+		g.ExpiresAtMs = jwtExpMs(g.AccessToken)
+	}
+	if provider == "codex" && g.AccountID == "" {
+		g.AccountID = codexAccountID(g.IDToken)
+	}
+	return g
+}
+
+// jwtPayload decodes a JWT's payload (base64url JSON, RFC 7519 §3). The
+// signature is not checked: Brama only reads what the provider told it
+// about its own token, and the provider checks the token on use.
+func jwtPayload(token string) (map[string]json.RawMessage, bool) {
+	parts := strings.Split(token, ".")
+	if len(parts) != 3 {
+		return nil, false
+	}
+	b, err := base64.RawURLEncoding.DecodeString(strings.TrimRight(parts[1], "="))
+	if err != nil {
+		return nil, false
+	}
+	var m map[string]json.RawMessage
+	if json.Unmarshal(b, &m) != nil {
+		return nil, false
+	}
+	return m, true
+}
+
+// jwtExpMs is token's exp claim in milliseconds, or 0 when token is not a
+// JWT or names no usable exp.
+func jwtExpMs(token string) int64 {
+	m, ok := jwtPayload(token)
+	if !ok {
+		return 0
+	}
+	var exp float64
+	if json.Unmarshal(m["exp"], &exp) != nil || exp < 1 || exp > math.MaxInt64/1000/2 {
+		return 0
+	}
+	return int64(exp) * 1000
+}
+
+// codexAccountID is the ChatGPT account id inside a codex id_token: the
+// claim https://api.openai.com/auth → chatgpt_account_id (SPEC §6.2).
+func codexAccountID(idToken string) string {
+	m, ok := jwtPayload(idToken)
+	if !ok {
+		return ""
+	}
+	var auth struct {
+		AccountID string `json:"chatgpt_account_id"`
+	}
+	if json.Unmarshal(m["https://api.openai.com/auth"], &auth) != nil {
+		return ""
+	}
+	return auth.AccountID
+}

@@ -1,0 +1,715 @@
+package main
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// oauthSubID is the subscription every OAuth test refreshes.
+const oauthSubID = "sub_0123456789abcdef"
+
+// oauthNow is the injected clock of every OAuth test.
+var oauthNow = time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+
+// oauthFixture is an oauthClient over a t.TempDir() vault and ledger, with
+// its log kept for grepping.
+type oauthFixture struct {
+	dir       string
+	o         *oauthClient
+	v         *vault
+	l         *ledger
+	vaultPath string
+	logs      *syncBuffer
+}
+
+// oauthLogWriter sends log lines to t.Logf too.
+type oauthLogWriter struct{ t *testing.T }
+
+func (w oauthLogWriter) Write(p []byte) (int, error) {
+	w.t.Logf("%s", strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// newOAuthFixture points provider's token endpoint at tokenURL ("" keeps
+// the built-in one).
+func newOAuthFixture(t *testing.T, provider, tokenURL string) *oauthFixture {
+	t.Helper()
+	dir := t.TempDir()
+	env := map[string]string{}
+	if tokenURL != "" {
+		env["BRAMA_OAUTH_"+strings.ToUpper(strings.ReplaceAll(provider, "-", "_"))+"_TOKEN_URL"] = tokenURL
+	}
+	logs := &syncBuffer{}
+	log := slog.New(slog.NewJSONHandler(io.MultiWriter(logs, oauthLogWriter{t}), &slog.HandlerOptions{Level: slog.LevelDebug}))
+	now := func() time.Time { return oauthNow }
+	f := &oauthFixture{dir: dir, vaultPath: filepath.Join(dir, "vault.json"), logs: logs}
+	f.v = newVault(f.vaultPath, nil)
+	f.l = newLedger(state{dir: dir}, log, now)
+	f.o = newOAuth(testEnv(env), nil, f.v, f.l, log, now)
+	t.Cleanup(f.o.wait) // no refresh outlives its test
+	return f
+}
+
+// seed stores g as subscription id's grant.
+func (f *oauthFixture) seed(t *testing.T, id string, g oauthGrant) {
+	t.Helper()
+	err := f.v.update(func(d *vaultDoc) error {
+		d.Subscriptions[id] = vaultCredential{OAuth: &g}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// stored reads subscription id's grant from the vault file itself.
+func (f *oauthFixture) stored(t *testing.T, id string) oauthGrant {
+	t.Helper()
+	doc, _, err := readVault(f.vaultPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := doc.Subscriptions[id].OAuth
+	if g == nil {
+		t.Fatalf("vault holds no grant for %s", id)
+	}
+	return *g
+}
+
+// fakeTokenEndpoint is a real HTTP token endpoint serving h at /token.
+func fakeTokenEndpoint(t *testing.T, h http.HandlerFunc) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// testJWT builds an unsigned JWT carrying claims.
+func testJWT(claims map[string]any) string {
+	b, _ := json.Marshal(claims)
+	enc := base64.RawURLEncoding
+	return enc.EncodeToString([]byte(`{"alg":"none"}`)) + "." + enc.EncodeToString(b) + "." + enc.EncodeToString([]byte("sig"))
+}
+
+// tokenRequest is what a fake endpoint saw, from a JSON or form body.
+func tokenRequest(t *testing.T, r *http.Request) (ctype string, fields map[string]string) {
+	t.Helper()
+	b, err := io.ReadAll(r.Body)
+	if err != nil {
+		t.Errorf("reading token request: %v", err)
+	}
+	fields = map[string]string{}
+	ctype = r.Header.Get("Content-Type")
+	if ctype == "application/json" {
+		if err := json.Unmarshal(b, &fields); err != nil {
+			t.Errorf("token request is not a JSON object of strings: %v", err)
+		}
+		return ctype, fields
+	}
+	q, err := url.ParseQuery(string(b))
+	if err != nil {
+		t.Errorf("token request is not a form: %v", err)
+	}
+	for k := range q {
+		fields[k] = q.Get(k)
+	}
+	return ctype, fields
+}
+
+func TestRefreshSuccess(t *testing.T) {
+	exp := oauthNow.Add(2 * time.Hour).Unix()
+	idToken := testJWT(map[string]any{"https://api.openai.com/auth": map[string]any{"chatgpt_account_id": "acct-42"}})
+	jwtAccess := testJWT(map[string]any{"exp": exp})
+	tests := []struct {
+		name      string
+		provider  string
+		old       oauthGrant
+		answer    map[string]any
+		wantCtype string
+		wantGrant oauthGrant
+	}{
+		{
+			name:      "claude-code JSON body, expires_in, new refresh token",
+			provider:  "claude-code",
+			old:       oauthGrant{AccessToken: "at-old", RefreshToken: "rt-old", ExpiresAtMs: 1},
+			answer:    map[string]any{"access_token": "at-new", "refresh_token": "rt-new", "expires_in": 3600, "token_type": "Bearer"},
+			wantCtype: "application/json",
+			wantGrant: oauthGrant{AccessToken: "at-new", RefreshToken: "rt-new", ExpiresAtMs: oauthNow.Add(time.Hour).UnixMilli()},
+		},
+		{
+			name:      "codex form body, JWT exp, account id from the id_token, refresh token kept",
+			provider:  "codex",
+			old:       oauthGrant{AccessToken: "at-old", RefreshToken: "rt-old", ExpiresAtMs: 1},
+			answer:    map[string]any{"access_token": jwtAccess, "id_token": idToken},
+			wantCtype: "application/x-www-form-urlencoded",
+			wantGrant: oauthGrant{AccessToken: jwtAccess, RefreshToken: "rt-old", IDToken: idToken, AccountID: "acct-42", ExpiresAtMs: exp * 1000},
+		},
+		{
+			name:      "codex keeps a stored account id and id_token",
+			provider:  "codex",
+			old:       oauthGrant{AccessToken: "at-old", RefreshToken: "rt-old", IDToken: "id-old", AccountID: "acct-old"},
+			answer:    map[string]any{"access_token": "at-new", "expires_in": "60"},
+			wantCtype: "application/x-www-form-urlencoded",
+			wantGrant: oauthGrant{AccessToken: "at-new", RefreshToken: "rt-old", IDToken: "id-old", AccountID: "acct-old", ExpiresAtMs: oauthNow.Add(time.Minute).UnixMilli()},
+		},
+		{
+			name:      "kimi form body, opaque token: expiry unknown",
+			provider:  "kimi",
+			old:       oauthGrant{AccessToken: "at-old", RefreshToken: "rt-old", ExpiresAtMs: 5},
+			answer:    map[string]any{"access_token": "at-new", "refresh_token": "rt-new"},
+			wantCtype: "application/x-www-form-urlencoded",
+			wantGrant: oauthGrant{AccessToken: "at-new", RefreshToken: "rt-new"},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p, _ := lookupOAuth(tc.provider)
+			srv := fakeTokenEndpoint(t, func(w http.ResponseWriter, r *http.Request) {
+				ctype, fields := tokenRequest(t, r)
+				if ctype != tc.wantCtype || r.URL.Path != "/token" || r.Method != http.MethodPost {
+					t.Errorf("request %s %s as %q, want POST /token as %q", r.Method, r.URL.Path, ctype, tc.wantCtype)
+				}
+				want := map[string]string{"grant_type": "refresh_token", "refresh_token": tc.old.RefreshToken, "client_id": p.clientID}
+				if diff := cmp.Diff(want, fields); diff != "" {
+					t.Errorf("token request fields (-want +got):\n%s", diff)
+				}
+				writeJSON(w, http.StatusOK, tc.answer)
+			})
+			f := newOAuthFixture(t, tc.provider, srv.URL+"/token")
+			f.seed(t, oauthSubID, tc.old)
+			g, err := f.o.refresh(context.Background(), oauthSubID, tc.provider, "")
+			if err != nil {
+				t.Fatalf("refresh: %v", err)
+			}
+			if diff := cmp.Diff(tc.wantGrant, g); diff != "" {
+				t.Errorf("grant (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(tc.wantGrant, f.stored(t, oauthSubID)); diff != "" {
+				t.Errorf("vault grant (-want +got):\n%s", diff)
+			}
+			if fi, err := os.Stat(f.vaultPath); err != nil || fi.Mode().Perm() != 0o600 {
+				t.Errorf("vault file: %v, mode %v; want 0600", err, fi.Mode().Perm())
+			}
+			e, _ := f.l.entry(oauthSubID)
+			c := e.Credential
+			if c.State != credActive || c.ExpiresAtMs != tc.wantGrant.ExpiresAtMs || c.RefreshedAtMs != oauthNow.UnixMilli() {
+				t.Errorf("ledger credential = %+v, want active, expires %d, refreshed %d", c, tc.wantGrant.ExpiresAtMs, oauthNow.UnixMilli())
+			}
+			if !strings.Contains(f.logs.String(), `"msg":"credential_refresh_ok"`) {
+				t.Errorf("no credential_refresh_ok in the log")
+			}
+		})
+	}
+}
+
+// hijackPartial answers status with headers promising more body than it
+// sends, then closes the connection.
+func hijackPartial(status int, partial string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		conn, buf, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			panic(err)
+		}
+		fmt.Fprintf(buf, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: 200\r\n\r\n%s", status, http.StatusText(status), partial)
+		buf.Flush()
+		conn.Close()
+	}
+}
+
+// tokenReply replies status with body.
+func tokenReply(status int, body string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		io.WriteString(w, body)
+	}
+}
+
+func TestRefreshFailures(t *testing.T) {
+	tests := []struct {
+		name       string
+		status     int              // with body: a complete answer
+		body       string           //
+		h          http.HandlerFunc // else this handler; nil with status 0: nothing listens
+		received   int              // with h
+		definitive bool
+		sentence   string
+		wantStatus string
+		cause      error // errors.Is target, nil: any
+	}{
+		{name: "invalid_grant with description", status: 400, body: `{"error":"invalid_grant","error_description":"Refresh token  has been revoked"}`,
+			definitive: true, sentence: "Refresh token has been revoked", wantStatus: "HTTP 400", cause: errTokenRefused},
+		{name: "invalid_client without description", status: 401, body: `{"error":"invalid_client"}`,
+			definitive: true, sentence: "invalid_client", wantStatus: "HTTP 401", cause: errTokenRefused},
+		{name: "invalid_token in a 200", status: 200, body: `{"error":"invalid_token"}`,
+			definitive: true, sentence: "invalid_token", wantStatus: "HTTP 200"},
+		{name: "unauthorized_client", status: 400, body: `{"error":"unauthorized_client","error_description":""}`,
+			definitive: true, sentence: "unauthorized_client", wantStatus: "HTTP 400"},
+		{name: "complete 401 with a non-JSON body", status: 401, body: `<html>nope</html>`,
+			definitive: true, sentence: "the token endpoint answered 401 Unauthorized", wantStatus: "HTTP 401"},
+		{name: "complete 403 with an Anthropic-style error", status: 403, body: `{"type":"error","error":{"type":"permission_error","message":"OAuth disabled for this org"}}`,
+			definitive: true, sentence: "OAuth disabled for this org", wantStatus: "HTTP 403"},
+		{name: "partial 401 (hijacked after half a body)", h: hijackPartial(401, `{"error":"invalid_gr`),
+			wantStatus: "HTTP 401", received: 20, cause: io.ErrUnexpectedEOF},
+		{name: "partial 403", h: hijackPartial(403, ``), wantStatus: "HTTP 403", received: 0, cause: io.ErrUnexpectedEOF},
+		{name: "500", status: 500, body: `{"error":"server_error"}`, wantStatus: "HTTP 500", cause: errTokenRefused},
+		{name: "502 HTML", status: 502, body: `<html>bad gateway</html>`, wantStatus: "HTTP 502", cause: errTokenMalformed},
+		{name: "429", status: 429, body: `{"error":"rate_limited"}`, wantStatus: "HTTP 429"},
+		{name: "invalid_request is not definitive", status: 400, body: `{"error":"invalid_request","error_description":"bad"}`, wantStatus: "HTTP 400"},
+		{name: "200 non-JSON", status: 200, body: `access_token=x`, wantStatus: "HTTP 200", cause: errTokenMalformed},
+		{name: "200 JSON without access_token", status: 200, body: `{"token_type":"Bearer"}`, wantStatus: "HTTP 200", cause: errTokenMalformed},
+		{name: "connection refused", wantStatus: "no status", received: 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var srv *httptest.Server
+			received := tc.received
+			switch {
+			case tc.status != 0:
+				srv = fakeTokenEndpoint(t, tokenReply(tc.status, tc.body))
+				received = len(tc.body)
+			case tc.h != nil:
+				srv = fakeTokenEndpoint(t, tc.h)
+			default:
+				srv = httptest.NewServer(http.NotFoundHandler())
+				srv.Close() // its port now refuses connections
+			}
+			endpoint := srv.URL + "/oauth/token"
+			f := newOAuthFixture(t, "claude-code", endpoint)
+			old := oauthGrant{AccessToken: "at-old", RefreshToken: "rt-old", ExpiresAtMs: 7}
+			f.seed(t, oauthSubID, old)
+			f.l.setGrantTimes(oauthSubID, "claude-code", 7, 3)
+			before, _ := f.l.entry(oauthSubID)
+
+			_, err := f.o.refresh(context.Background(), oauthSubID, "claude-code", "")
+			var re *refreshError
+			if !errors.As(err, &re) {
+				t.Fatalf("refresh error = %v (%T), want *refreshError", err, err)
+			}
+			if re.Definitive != tc.definitive {
+				t.Errorf("Definitive = %v, want %v (%v)", re.Definitive, tc.definitive, err)
+			}
+			for _, want := range []string{endpoint, tc.wantStatus, fmt.Sprintf("%d bytes received", received)} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error %q does not name %q", err, want)
+				}
+			}
+			if errors.Unwrap(err) == nil {
+				t.Errorf("error %q keeps no cause", err)
+			}
+			if tc.cause != nil && !errors.Is(err, tc.cause) {
+				t.Errorf("error %q does not wrap %v", err, tc.cause)
+			}
+			if diff := cmp.Diff(old, f.stored(t, oauthSubID)); diff != "" {
+				t.Errorf("vault changed (-want +got):\n%s", diff)
+			}
+			after, _ := f.l.entry(oauthSubID)
+			if tc.definitive {
+				if after.Credential.State != credNeedsReauth || after.Credential.Cause != tc.sentence {
+					t.Errorf("ledger credential = %+v, want needs_reauthorization with %q", after.Credential, tc.sentence)
+				}
+				if b, err := os.ReadFile(filepath.Join(f.dir, "ledger.json")); err != nil || !strings.Contains(string(b), credNeedsReauth) {
+					t.Errorf("ledger.json was not written at once: %v", err)
+				}
+				if !strings.Contains(f.logs.String(), "credential_refresh_refused") {
+					t.Errorf("no credential_refresh_refused in the log")
+				}
+				return
+			}
+			if diff := cmp.Diff(before, after); diff != "" {
+				t.Errorf("transport failure changed the ledger (-before +after):\n%s", diff)
+			}
+			if !strings.Contains(f.logs.String(), "credential_refresh_failed") {
+				t.Errorf("no credential_refresh_failed in the log")
+			}
+		})
+	}
+}
+
+func TestRefreshSingleFlight(t *testing.T) {
+	const callers = 50
+	var calls atomic.Int32
+	release := make(chan struct{})
+	srv := fakeTokenEndpoint(t, func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		<-release
+		writeJSON(w, 200, map[string]any{"access_token": "at-new", "expires_in": 100})
+	})
+	f := newOAuthFixture(t, "kimi", srv.URL)
+	f.seed(t, oauthSubID, oauthGrant{AccessToken: "at-old", RefreshToken: "rt-old"})
+	var joined sync.WaitGroup
+	joined.Add(callers)
+	f.o.testingOnlyJoined = func(string) { joined.Done() }
+	type result struct {
+		g   oauthGrant
+		err error
+	}
+	results := make(chan result, callers)
+	for range callers {
+		go func() {
+			g, err := f.o.refresh(context.Background(), oauthSubID, "kimi", "at-old")
+			results <- result{g, err}
+		}()
+	}
+	joined.Wait() // every caller has joined the one flight
+	close(release)
+	want := oauthGrant{AccessToken: "at-new", RefreshToken: "rt-old", ExpiresAtMs: oauthNow.Add(100 * time.Second).UnixMilli()}
+	for range callers {
+		r := <-results
+		if r.err != nil || r.g != want {
+			t.Errorf("refresh = %+v, %v; want %+v", r.g, r.err, want)
+		}
+	}
+	if n := calls.Load(); n != 1 {
+		t.Errorf("token endpoint called %d times, want 1", n)
+	}
+}
+
+func TestRefreshSkipsTokenNoLongerCurrent(t *testing.T) {
+	var calls atomic.Int32
+	srv := fakeTokenEndpoint(t, func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		writeJSON(w, 200, map[string]any{"access_token": "at-3"})
+	})
+	f := newOAuthFixture(t, "codex", srv.URL)
+	cur := oauthGrant{AccessToken: "at-2", RefreshToken: "rt-2", ExpiresAtMs: 9}
+	f.seed(t, oauthSubID, cur)
+	g, err := f.o.refresh(context.Background(), oauthSubID, "codex", "at-1")
+	if err != nil || g != cur {
+		t.Errorf("refresh = %+v, %v; want the current grant %+v", g, err, cur)
+	}
+	if n := calls.Load(); n != 0 {
+		t.Errorf("token endpoint called %d times, want 0", n)
+	}
+}
+
+func TestRefreshSuperseded(t *testing.T) {
+	replaced := oauthGrant{AccessToken: "at-signed-in", RefreshToken: "rt-signed-in", ExpiresAtMs: 11}
+	tests := []struct {
+		name   string
+		status int
+		answer map[string]any
+	}{
+		{"new grant discarded", 200, map[string]any{"access_token": "at-new", "refresh_token": "rt-new"}},
+		{"refusal of the replaced grant ignored", 400, map[string]any{"error": "invalid_grant"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var f *oauthFixture
+			srv := fakeTokenEndpoint(t, func(w http.ResponseWriter, r *http.Request) {
+				io.Copy(io.Discard, r.Body)
+				f.seed(t, oauthSubID, replaced) // a sign-in lands while the refresh is on the wire
+				writeJSON(w, tc.status, tc.answer)
+			})
+			f = newOAuthFixture(t, "claude-code", srv.URL)
+			f.seed(t, oauthSubID, oauthGrant{AccessToken: "at-old", RefreshToken: "rt-old"})
+			f.l.setGrantTimes(oauthSubID, "claude-code", 5, 6)
+			before, _ := f.l.entry(oauthSubID)
+			_, err := f.o.refresh(context.Background(), oauthSubID, "claude-code", "")
+			if !errors.Is(err, errRefreshSuperseded) {
+				t.Fatalf("refresh error = %v, want errRefreshSuperseded", err)
+			}
+			if got := f.stored(t, oauthSubID); got != replaced {
+				t.Errorf("vault = %+v, want the sign-in's grant kept", got)
+			}
+			after, _ := f.l.entry(oauthSubID)
+			if diff := cmp.Diff(before, after); diff != "" {
+				t.Errorf("superseded refresh changed the ledger (-before +after):\n%s", diff)
+			}
+			if !strings.Contains(f.logs.String(), `"msg":"credential_refresh_superseded"`) {
+				t.Errorf("no credential_refresh_superseded in the log")
+			}
+		})
+	}
+}
+
+func TestRefreshWithoutRefreshToken(t *testing.T) {
+	var calls atomic.Int32
+	srv := fakeTokenEndpoint(t, func(w http.ResponseWriter, r *http.Request) { calls.Add(1) })
+	f := newOAuthFixture(t, "kimi", srv.URL)
+	f.seed(t, oauthSubID, oauthGrant{AccessToken: "at"})
+	_, err := f.o.refresh(context.Background(), oauthSubID, "kimi", "")
+	var re *refreshError
+	if !errors.As(err, &re) || !re.Definitive || !errors.Is(err, errNoRefreshToken) {
+		t.Errorf("refresh error = %v, want a definitive errNoRefreshToken", err)
+	}
+	if e, _ := f.l.entry(oauthSubID); e.Credential.State != credNeedsReauth || e.Credential.Cause != errNoRefreshToken.Error() {
+		t.Errorf("ledger credential = %+v, want needs_reauthorization", e.Credential)
+	}
+	if calls.Load() != 0 {
+		t.Errorf("token endpoint called without a refresh token")
+	}
+}
+
+// TestRefreshVaultWriteFails sets the package hook testingOnlyRename, so it
+// must not run in parallel with other writers.
+func TestRefreshVaultWriteFails(t *testing.T) {
+	srv := fakeTokenEndpoint(t, tokenReply(200, `{"access_token":"at-new","refresh_token":"rt-new","expires_in":60}`))
+	f := newOAuthFixture(t, "claude-code", srv.URL)
+	old := oauthGrant{AccessToken: "at-old", RefreshToken: "rt-old"}
+	f.seed(t, oauthSubID, old)
+	testingOnlyRename = func(oldpath, newpath string) error {
+		if newpath == f.vaultPath {
+			return errors.New("injected rename failure")
+		}
+		return os.Rename(oldpath, newpath)
+	}
+	t.Cleanup(func() { testingOnlyRename = nil })
+	_, err := f.o.refresh(context.Background(), oauthSubID, "claude-code", "")
+	var re *refreshError
+	if !errors.As(err, &re) || !re.Definitive || !strings.Contains(err.Error(), "injected rename failure") {
+		t.Fatalf("refresh error = %v, want a definitive refreshError naming the write failure", err)
+	}
+	if got := f.stored(t, oauthSubID); got != old {
+		t.Errorf("vault = %+v, want the old grant", got)
+	}
+	if st := f.l.credentialState(oauthSubID); st != credNeedsReauth {
+		t.Errorf("credential state = %q, want %q", st, credNeedsReauth)
+	}
+}
+
+func TestRefreshWaiterHangsUp(t *testing.T) {
+	started, release := make(chan struct{}), make(chan struct{})
+	srv := fakeTokenEndpoint(t, func(w http.ResponseWriter, r *http.Request) {
+		close(started)
+		<-release
+		writeJSON(w, 200, map[string]any{"access_token": "at-new"})
+	})
+	f := newOAuthFixture(t, "kimi", srv.URL)
+	f.seed(t, oauthSubID, oauthGrant{AccessToken: "at-old", RefreshToken: "rt-old"})
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		_, err := f.o.refresh(ctx, oauthSubID, "kimi", "")
+		errc <- err
+	}()
+	<-started
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Errorf("hung-up caller got %v, want context.Canceled", err)
+	}
+	close(release)
+	f.o.wait()
+	if got := f.stored(t, oauthSubID).AccessToken; got != "at-new" {
+		t.Errorf("vault access token = %q: the refresh did not finish for the others", got)
+	}
+}
+
+func TestOAuthSecretsNeverQuoted(t *testing.T) {
+	const (
+		access   = "at-PLANTED-access-0001"
+		refresh  = "rt-PLANTED-refresh-0002"
+		fresh    = "at-PLANTED-new-0003"
+		code     = "code-PLANTED-0004"
+		skShaped = "sk-ant-oat01-PLANTEDPLANTED"
+	)
+	echo := fmt.Sprintf("token %s / %s / %s is revoked", access, refresh, skShaped)
+	verifierSeen := make(chan string, 1)
+	tests := []struct {
+		name string
+		h    http.HandlerFunc
+		run  func(f *oauthFixture) error
+	}{
+		{"definitive refusal echoing the tokens", tokenReply(400, fmt.Sprintf(`{"error":"invalid_grant","error_description":%q}`, echo)), nil},
+		{"transport failure echoing the tokens", tokenReply(503, fmt.Sprintf(`{"error":%q}`, echo)), nil},
+		{"partial body", hijackPartial(401, `{"error":"`+refresh), nil},
+		{"success", tokenReply(200, fmt.Sprintf(`{"access_token":%q}`, fresh)), nil},
+		{"exchange refused echoing code and verifier", func(w http.ResponseWriter, r *http.Request) {
+			_, fields := tokenRequest(t, r)
+			verifierSeen <- fields["code_verifier"]
+			writeJSON(w, 400, map[string]string{"error": "invalid_grant", "error_description": "bad " + fields["code_verifier"] + " " + fields["code"]})
+		}, func(f *oauthFixture) error {
+			verifier, _ := newPKCE()
+			_, err := f.o.exchangeCode(context.Background(), "claude-code", code+"#st", verifier, "st")
+			return err
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := fakeTokenEndpoint(t, tc.h)
+			f := newOAuthFixture(t, "claude-code", srv.URL)
+			f.seed(t, oauthSubID, oauthGrant{AccessToken: access, RefreshToken: refresh})
+			var err error
+			if tc.run != nil {
+				err = tc.run(f)
+			} else {
+				_, err = f.o.refresh(context.Background(), oauthSubID, "claude-code", access)
+			}
+			e, _ := f.l.entry(oauthSubID)
+			planted := []string{access, refresh, fresh, code, skShaped}
+			select {
+			case v := <-verifierSeen:
+				planted = append(planted, v)
+			default:
+			}
+			ledgerFile, _ := os.ReadFile(filepath.Join(f.dir, "ledger.json"))
+			for _, where := range []struct{ what, text string }{
+				{"log", f.logs.String()}, {"error", fmt.Sprint(err)}, {"ledger cause", e.Credential.Cause}, {"ledger.json", string(ledgerFile)},
+			} {
+				for _, s := range planted {
+					if strings.Contains(where.text, s) {
+						t.Errorf("%s quotes a secret %q: %s", where.what, s, where.text)
+					}
+				}
+			}
+		})
+	}
+}
+
+func TestTokenURLOverride(t *testing.T) {
+	tests := []struct {
+		name, provider, value, want string
+		ok                          bool
+	}{
+		{"built in", "claude-code", "", "https://console.anthropic.com/v1/oauth/token", true},
+		{"built in codex", "codex", "", "https://auth.openai.com/oauth/token", true},
+		{"built in kimi", "kimi", "", "https://auth.kimi.com/api/oauth/token", true},
+		{"https override", "kimi", " https://proxy.example/token ", "https://proxy.example/token", true},
+		{"http loopback", "claude-code", "http://127.0.0.1:9/t", "http://127.0.0.1:9/t", true},
+		{"http remote refused", "codex", "http://auth.example/token", "", false},
+		{"query refused", "codex", "https://auth.example/token?x=1", "", false},
+		{"user info refused", "codex", "https://u:p@auth.example/token", "", false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			env := map[string]string{"BRAMA_OAUTH_" + strings.ToUpper(strings.ReplaceAll(tc.provider, "-", "_")) + "_TOKEN_URL": tc.value}
+			o := newOAuth(testEnv(env), nil, nil, nil, nil, nil)
+			p, err := lookupOAuth(tc.provider)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := o.tokenURL(p)
+			if (err == nil) != tc.ok || got != tc.want {
+				t.Errorf("tokenURL = %q, %v; want %q, ok %v", got, err, tc.want, tc.ok)
+			}
+			if err != nil && !errors.Is(err, errTokenURL) {
+				t.Errorf("error %v does not wrap errTokenURL", err)
+			}
+		})
+	}
+}
+
+func TestRefreshRefusesBadOverrideWithoutLedgerChange(t *testing.T) {
+	f := newOAuthFixture(t, "codex", "http://auth.example/token")
+	f.seed(t, oauthSubID, oauthGrant{AccessToken: "a", RefreshToken: "r"})
+	_, err := f.o.refresh(context.Background(), oauthSubID, "codex", "")
+	if !errors.Is(err, errTokenURL) {
+		t.Errorf("refresh error = %v, want errTokenURL", err)
+	}
+	if st := f.l.credentialState(oauthSubID); st != credActive {
+		t.Errorf("credential state = %q, want active", st)
+	}
+}
+
+func TestExpiredForRequest(t *testing.T) {
+	ms := oauthNow.UnixMilli()
+	tests := []struct {
+		name    string
+		expires int64
+		want    bool
+	}{
+		{"unknown expiry", 0, false},
+		{"well ahead", ms + 61_000, false},
+		{"exactly 60 s ahead", ms + 60_000, true},
+		{"inside the minute", ms + 1, true},
+		{"past", ms - 1, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := expiredForRequest(oauthGrant{ExpiresAtMs: tc.expires}, oauthNow); got != tc.want {
+				t.Errorf("expiredForRequest = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestFillGrant(t *testing.T) {
+	exp := int64(1_900_000_000)
+	access := testJWT(map[string]any{"exp": exp})
+	idToken := testJWT(map[string]any{"https://api.openai.com/auth": map[string]any{"chatgpt_account_id": "acct-9"}})
+	tests := []struct {
+		name, provider string
+		in, want       oauthGrant
+	}{
+		{"codex fills both", "codex", oauthGrant{AccessToken: access, IDToken: idToken},
+			oauthGrant{AccessToken: access, IDToken: idToken, ExpiresAtMs: exp * 1000, AccountID: "acct-9"}},
+		{"codex keeps what is given", "codex", oauthGrant{AccessToken: access, IDToken: idToken, ExpiresAtMs: 5, AccountID: "a"},
+			oauthGrant{AccessToken: access, IDToken: idToken, ExpiresAtMs: 5, AccountID: "a"}},
+		{"claude-code takes no account id", "claude-code", oauthGrant{AccessToken: "opaque", IDToken: idToken},
+			oauthGrant{AccessToken: "opaque", IDToken: idToken}},
+		{"not a JWT", "codex", oauthGrant{AccessToken: "a.b.c", IDToken: "x"}, oauthGrant{AccessToken: "a.b.c", IDToken: "x"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if diff := cmp.Diff(tc.want, fillGrant(tc.provider, tc.in)); diff != "" {
+				t.Errorf("fillGrant (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func FuzzTokenAnswer(f *testing.F) {
+	for _, s := range []string{
+		`{"access_token":"a","refresh_token":"r","expires_in":3600,"id_token":"x.y.z"}`,
+		`{"access_token":"a","expires_in":"60"}`,
+		`{"error":"invalid_grant","error_description":"revoked"}`,
+		`{"type":"error","error":{"type":"permission_error","message":"no"}}`,
+		`{"access_token":""}`,
+		`<html>`,
+		`{"access_token":"a",`,
+		`{"expires_in":1e400,"access_token":"a"}`,
+		`eyJhbGciOiJub25lIn0.eyJleHAiOjE5MDAwMDAwMDB9.c2ln`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		jwtExpMs(string(data)) // must not panic on anything
+		codexAccountID(string(data))
+		ans, err := parseTokenAnswer(data)
+		if err != nil {
+			if !errors.Is(err, errTokenMalformed) && !errors.Is(err, errTokenRefused) {
+				t.Fatalf("unclassified error: %v", err)
+			}
+			if errors.Is(err, errTokenRefused) && ans.Error == "" {
+				t.Fatalf("refusal without an error code: %v", err)
+			}
+			for _, status := range []int{200, 400, 401, 503} {
+				_, re := classifyTokenAnswer("https://e/t", status, data, "secret-refresh-token")
+				if re == nil || (re.Definitive && re.Sentence == "") || strings.Contains(re.Error(), "secret-refresh-token") {
+					t.Fatalf("classify of a refused answer with status %d = %+v", status, re)
+				}
+			}
+			return
+		}
+		if ans.AccessToken == "" || ans.Error != "" || ans.ExpiresIn < 0 {
+			t.Fatalf("accepted %+v", ans)
+		}
+		b, err := json.Marshal(ans)
+		if err != nil {
+			t.Fatal(err)
+		}
+		again, err := parseTokenAnswer(b)
+		if err != nil || again != ans {
+			t.Fatalf("round trip: %+v, %v; want %+v", again, err, ans)
+		}
+	})
+}

@@ -1,0 +1,93 @@
+package main
+
+import (
+	"encoding/base64"
+	"errors"
+	"strings"
+	"testing"
+)
+
+// fakeJWT builds an unsigned JWT with claims (import reads claims only).
+func fakeJWT(claims string) string {
+	enc := base64.RawURLEncoding.EncodeToString
+	return enc([]byte(`{"alg":"none"}`)) + "." + enc([]byte(claims)) + ".sig"
+}
+
+func TestParseImportFile(t *testing.T) {
+	access := fakeJWT(`{"exp":1790000000}`)
+	idTok := fakeJWT(`{"https://api.openai.com/auth":{"chatgpt_account_id":"acct-from-jwt"}}`)
+	tests := []struct {
+		name     string
+		provider string
+		file     string
+		want     oauthGrant
+		wantErr  string
+	}{
+		{name: "claude-code", provider: "claude-code",
+			file: `{"claudeAiOauth":{"accessToken":"sk-ant-oat01-a","refreshToken":"sk-ant-ort01-r","expiresAt":1790000000000,"scopes":["user:inference"],"subscriptionType":"max"}}`,
+			want: oauthGrant{AccessToken: "sk-ant-oat01-a", RefreshToken: "sk-ant-ort01-r", ExpiresAtMs: 1790000000000}},
+		{name: "claude-code without expiry", provider: "claude-code",
+			file: `{"claudeAiOauth":{"accessToken":"a","refreshToken":"r"}}`,
+			want: oauthGrant{AccessToken: "a", RefreshToken: "r"}},
+		{name: "codex with account id", provider: "codex",
+			file: `{"OPENAI_API_KEY":null,"tokens":{"id_token":"` + idTok + `","access_token":"` + access + `","refresh_token":"rt","account_id":"acct-1"},"last_refresh":"2026-01-01T00:00:00Z"}`,
+			want: oauthGrant{AccessToken: access, RefreshToken: "rt", IDToken: idTok, AccountID: "acct-1", ExpiresAtMs: 1790000000000}},
+		{name: "codex account from id_token", provider: "codex",
+			file: `{"tokens":{"id_token":"` + idTok + `","access_token":"opaque","refresh_token":"rt"}}`,
+			want: oauthGrant{AccessToken: "opaque", RefreshToken: "rt", IDToken: idTok, AccountID: "acct-from-jwt"}},
+		{name: "claude file given as codex", provider: "codex", file: `{"claudeAiOauth":{"accessToken":"a","refreshToken":"r"}}`, wantErr: "no tokens object"},
+		{name: "codex file given as claude-code", provider: "claude-code", file: `{"tokens":{"access_token":"a","refresh_token":"r"}}`, wantErr: "no claudeAiOauth object"},
+		{name: "no refresh token", provider: "claude-code", file: `{"claudeAiOauth":{"accessToken":"a"}}`, wantErr: "lacks its access or refresh token"},
+		{name: "negative expiry", provider: "claude-code", file: `{"claudeAiOauth":{"accessToken":"a","refreshToken":"r","expiresAt":-5}}`, wantErr: "negative"},
+		{name: "expiry not a number", provider: "claude-code", file: `{"claudeAiOauth":{"accessToken":"a","refreshToken":"r","expiresAt":"soon"}}`, wantErr: "expiresAt"},
+		{name: "not JSON, token not quoted", provider: "codex", file: `{"tokens":{"access_token":"sk-secret-0123456789" "x"}}`, wantErr: "syntax error at byte"},
+		{name: "kimi has no file", provider: "kimi", file: `{}`, wantErr: "not \"kimi\""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			g, err := parseImportFile(tc.provider, []byte(tc.file))
+			if tc.wantErr != "" {
+				if err == nil || !errors.Is(err, errImportFile) || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err = %v, want errImportFile naming %q", err, tc.wantErr)
+				}
+				if strings.Contains(err.Error(), "sk-secret") {
+					t.Errorf("the error quotes a token: %v", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if g != tc.want {
+				t.Errorf("grant = %+v\nwant    %+v", g, tc.want)
+			}
+		})
+	}
+}
+
+// FuzzParseImportFile: no panic, every refusal is errImportFile, and an
+// accepted grant has both tokens and passes the donation check.
+func FuzzParseImportFile(f *testing.F) {
+	f.Add(false, []byte(`{"claudeAiOauth":{"accessToken":"a","refreshToken":"r","expiresAt":1790000000000}}`))
+	f.Add(true, []byte(`{"tokens":{"id_token":"x.eyJleHAiOjF9.y","access_token":"a.eyJleHAiOjE3OTAwMDAwMDB9.s","refresh_token":"r"}}`))
+	f.Add(true, []byte(`{"tokens":null}`))
+	f.Fuzz(func(t *testing.T, codex bool, data []byte) {
+		provider := "claude-code"
+		if codex {
+			provider = "codex"
+		}
+		g, err := parseImportFile(provider, data)
+		if err != nil {
+			if !errors.Is(err, errImportFile) {
+				t.Fatalf("unclassified error: %v", err)
+			}
+			return
+		}
+		if g.AccessToken == "" || g.RefreshToken == "" || g.ExpiresAtMs < 0 {
+			t.Fatalf("accepted an unusable grant: %+v", g)
+		}
+		if err := checkCredential(provider, vaultCredential{OAuth: &g}); err != nil {
+			t.Fatalf("accepted grant fails the donation check: %v", err)
+		}
+	})
+}

@@ -1,0 +1,112 @@
+package main
+
+import (
+	"net/http"
+)
+
+// The subscription routes of SPEC §10.1. The agent routes serve the agent
+// the request acts for (a valid signature or a bearer bound to it); the
+// admin twins serve any agent. Each handler decodes, calls one inventory
+// method and encodes.
+
+// subscriptionOwner runs h only when the request acts for the path's agent:
+// a signed agent or a bearer bound to one (SPEC §3.1, §3.2).
+func (s *server) subscriptionOwner(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		agent, path := infoFrom(r.Context()).agentID, r.PathValue("agent_id")
+		switch {
+		case agent == "":
+			s.fail(w, r, refuse("unauthenticated", "this route acts for an agent: sign the request as agent %q (X-Agent-Id, X-Agent-Timestamp, X-Agent-Signature) or use a bearer bound to it", path))
+		case agent != path:
+			s.fail(w, r, refuse("forbidden", "this request acts for agent %q, not %q", agent, path))
+		default:
+			h(w, r)
+		}
+	}
+}
+
+// subscriptionAgentAgrees is the admin twins' check: an admin may act for
+// any agent, but a bearer-bound or signed agent must still be the path's
+// (SPEC §3.2: bearer, signed and path agent agree where present).
+func (s *server) subscriptionAgentAgrees(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if agent, path := infoFrom(r.Context()).agentID, r.PathValue("agent_id"); agent != "" && agent != path {
+			s.fail(w, r, refuse("forbidden", "this request acts for agent %q, not %q", agent, path))
+			return
+		}
+		h(w, r)
+	}
+}
+
+// handleSubscriptionList serves GET …/subscriptions/{agent_id}.
+func (s *server) handleSubscriptionList(w http.ResponseWriter, r *http.Request) {
+	rows, err := s.inv.list(r.PathValue("agent_id"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"subscriptions": rows})
+}
+
+// handleSubscriptionDonate serves POST /v1/subscriptions/{agent_id}.
+func (s *server) handleSubscriptionDonate(w http.ResponseWriter, r *http.Request) {
+	var body donation
+	if err := decodeBody(r, &body); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	it, err := s.inv.donate(r.PathValue("agent_id"), body.Provider, body.Label, vaultCredential{APIKey: body.APIKey, OAuth: body.OAuth})
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, map[string]donatedSubscription{
+		"subscription": {ID: it.ID, Provider: it.Provider, AgentID: it.AgentID, Label: it.Label, Status: "active"},
+	})
+}
+
+// handleAdminSubscriptionDonate serves POST /v1/admin/subscriptions/{agent_id}:
+// an admin may donate only to an agent the vault knows.
+func (s *server) handleAdminSubscriptionDonate(w http.ResponseWriter, r *http.Request) {
+	agent := r.PathValue("agent_id")
+	doc, err := s.vault.load()
+	if err != nil {
+		s.fail(w, r, vaultRefusal(err))
+		return
+	}
+	if _, ok := doc.Agents[agent]; !ok {
+		s.fail(w, r, refuse("not_found", "no agent %q in the vault (brama agents add %s)", agent, agent))
+		return
+	}
+	s.handleSubscriptionDonate(w, r)
+}
+
+// handleSubscriptionRetire serves DELETE …/subscriptions/{agent_id}/{subscription_id}[?reason=TEXT].
+func (s *server) handleSubscriptionRetire(w http.ResponseWriter, r *http.Request) {
+	reason := r.URL.Query().Get("reason")
+	if reason == "" {
+		reason = "retired by " + infoFrom(r.Context()).clientID
+	}
+	if err := s.inv.retire(r.PathValue("agent_id"), r.PathValue("subscription_id"), reason); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]bool{"ok": true})
+}
+
+// handleSubscriptionReinstate serves POST
+// /v1/admin/subscriptions/{agent_id}/{subscription_id}/reinstate {"reason"}.
+func (s *server) handleSubscriptionReinstate(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Reason string `json:"reason"`
+	}
+	if err := decodeBody(r, &body); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if err := s.inv.reinstate(r.PathValue("agent_id"), r.PathValue("subscription_id"), body.Reason); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]bool{"ok": true})
+}

@@ -1,0 +1,393 @@
+package main
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// testClock is an injected clock the test moves by hand.
+type testClock struct {
+	mu sync.Mutex // guards t
+	t  time.Time
+}
+
+func (c *testClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *testClock) advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+// newTestInventory builds an inventory over a fresh state directory.
+func newTestInventory(t *testing.T, env map[string]string, clock *testClock) (*inventory, *journal) {
+	t.Helper()
+	st := resolveState(testEnv(env))
+	vpath, verr := st.fileOrState(testEnv(env), "BRAMA_VAULT_FILE", "vault", "vault.json")
+	j := newJournal(st, nil, clock.now)
+	return newInventory(st, newVault(vpath, verr), j, newLedger(st, nil, clock.now), testEnv(env), nil, clock.now), j
+}
+
+func TestParseOverlay(t *testing.T) {
+	item := `{"id":"sub_0123456789abcdef","provider":"kimi","agent_id":"a1","label":"work","created_at":"2026-01-02T03:04:05.000Z"}`
+	tests := []struct {
+		name  string
+		doc   string
+		items int
+		want  string // substring of the error; "" means valid
+	}{
+		{name: "empty file", doc: ``},
+		{name: "no items", doc: `{"schema_version":1,"items":[]}`},
+		{name: "null items", doc: `{"schema_version":1,"items":null}`},
+		{name: "one item", doc: `{"schema_version":1,"items":[` + item + `]}`, items: 1},
+		{name: "schema 2", doc: `{"schema_version":2,"items":[]}`, want: "schema_version"},
+		{name: "unknown member", doc: `{"schema_version":1,"items":[],"status":{}}`, want: "unknown field"},
+		{name: "status on an item", doc: `{"schema_version":1,"items":[` + strings.TrimSuffix(item, "}") + `,"status":"retired"}]}`, want: "unknown field"},
+		{name: "duplicate key", doc: `{"schema_version":1,"schema_version":1,"items":[]}`, want: "duplicate key"},
+		{name: "duplicate id", doc: `{"schema_version":1,"items":[` + item + `,` + item + `]}`, want: "twice"},
+		{name: "bad id", doc: `{"schema_version":1,"items":[` + strings.Replace(item, "sub_0123456789abcdef", "sub_XYZ", 1) + `]}`, want: "16 lower-case hex"},
+		{name: "local-openai", doc: `{"schema_version":1,"items":[` + strings.Replace(item, "kimi", "local-openai", 1) + `]}`, want: "takes no subscription"},
+		{name: "bad agent", doc: `{"schema_version":1,"items":[` + strings.Replace(item, `"a1"`, `"A 1"`, 1) + `]}`, want: "agent_id"},
+		{name: "bad time", doc: `{"schema_version":1,"items":[` + strings.Replace(item, "2026-01-02T03:04:05.000Z", "yesterday", 1) + `]}`, want: "created_at"},
+		{name: "trailing data", doc: `{"schema_version":1,"items":[]} {}`, want: "after the JSON"},
+		{name: "not UTF-8", doc: "{\"schema_version\":1,\"items\":[],\"\xff\":1}", want: "UTF-8"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			doc, err := parseOverlay([]byte(tc.doc))
+			if tc.want != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.want) || !errors.Is(err, errOverlayInvalid) {
+					t.Fatalf("err = %v, want errOverlayInvalid naming %q", err, tc.want)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("valid overlay refused: %v", err)
+			}
+			if len(doc.Items) != tc.items || doc.Items == nil {
+				t.Errorf("items = %#v, want %d (non-nil)", doc.Items, tc.items)
+			}
+		})
+	}
+}
+
+// FuzzParseOverlay: no panic, every refusal is errOverlayInvalid, and an
+// accepted overlay re-encodes to a document that parses to the same value.
+func FuzzParseOverlay(f *testing.F) {
+	f.Add([]byte(`{"schema_version":1,"items":[{"id":"sub_0123456789abcdef","provider":"kimi","agent_id":"a1","label":"work","created_at":"2026-01-02T03:04:05.000Z"}]}`))
+	f.Add([]byte(`{"schema_version":1,"items":null}`))
+	f.Add([]byte(`{"schema_version":1,"items":[{"id":"sub_0123456789abcdef"}]}`))
+	f.Add([]byte(``))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		doc, err := parseOverlay(data)
+		if err != nil {
+			if !errors.Is(err, errOverlayInvalid) {
+				t.Fatalf("unclassified error: %v", err)
+			}
+			return
+		}
+		b, err := marshalState(doc)
+		if err != nil {
+			t.Fatalf("accepted overlay does not encode: %v", err)
+		}
+		again, err := parseOverlay(b)
+		if err != nil || !reflect.DeepEqual(doc, again) {
+			t.Fatalf("round trip: %v\n%#v\n%#v", err, doc, again)
+		}
+	})
+}
+
+func TestCheckLabelAndReason(t *testing.T) {
+	tests := []struct {
+		name   string
+		text   string
+		label  bool // accepted as a label
+		reason bool // accepted as a reason
+	}{
+		{name: "empty", text: "", label: true, reason: false},
+		{name: "plain", text: "work account", label: true, reason: true},
+		{name: "unicode", text: "Zażółć gęślą jaźń ✓", label: true, reason: true},
+		{name: "128 bytes", text: strings.Repeat("x", 128), label: true, reason: true},
+		{name: "129 bytes", text: strings.Repeat("x", 129), label: false, reason: true},
+		{name: "newline", text: "a\nb", label: false, reason: false},
+		{name: "tab", text: "a\tb", label: false, reason: false},
+		{name: "escape", text: "a\x1b[31mb", label: false, reason: false},
+		{name: "bad UTF-8", text: "a\xffb", label: false, reason: false},
+		{name: "blank reason", text: "   ", label: true, reason: false},
+		{name: "long reason", text: strings.Repeat("y", 513), label: false, reason: false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := checkLabel(tc.text) == nil; got != tc.label {
+				t.Errorf("label accepted = %v, want %v", got, tc.label)
+			}
+			if got := checkReason(tc.text) == nil; got != tc.reason {
+				t.Errorf("reason accepted = %v, want %v", got, tc.reason)
+			}
+		})
+	}
+}
+
+func TestSubscriptionCacheTTL(t *testing.T) {
+	tests := []struct {
+		in      string
+		want    time.Duration
+		wantErr bool
+	}{
+		{"", 60 * time.Second, false},
+		{" 5 ", 5 * time.Second, false},
+		{"0", 0, false},
+		{"-1", 60 * time.Second, true},
+		{"1.5", 60 * time.Second, true},
+		{"forever", 60 * time.Second, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.in, func(t *testing.T) {
+			got, err := subscriptionCacheTTL(tc.in)
+			if got != tc.want || (err != nil) != tc.wantErr {
+				t.Errorf("= %v, %v; want %v, error %v", got, err, tc.want, tc.wantErr)
+			}
+		})
+	}
+}
+
+// TestInventoryListingCache: a listing is kept for the TTL on the injected
+// clock, a retirement another process journals shows only after it, a local
+// mutation shows at once, and eligibility (pool) never sees the cache.
+func TestInventoryListingCache(t *testing.T) {
+	env := stateEnv(t)
+	env["BRAMA_SUBSCRIPTION_CACHE_TTL_SECS"] = "30"
+	clock := &testClock{t: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
+	inv, j := newTestInventory(t, env, clock)
+	a, err := inv.donate("a1", "kimi", "one", vaultCredential{APIKey: "sk-cache-one-0123456789"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	statuses := func() string {
+		t.Helper()
+		rows, err := inv.list("a1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var s []string
+		for _, r := range rows {
+			s = append(s, r.Status)
+		}
+		return strings.Join(s, ",")
+	}
+	poolSize := func() int {
+		t.Helper()
+		p, err := inv.pool("a1", "kimi")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(p)
+	}
+	if got := statuses(); got != "active" {
+		t.Fatalf("first listing = %q", got)
+	}
+	// Another process retires it: only the journal changes.
+	other := newJournal(resolveState(testEnv(env)), nil, clock.now)
+	if err := other.append(journalRecord{Kind: "retire", SubscriptionID: a.ID, Reason: "elsewhere"}); err != nil {
+		t.Fatal(err)
+	}
+	clock.advance(29 * time.Second)
+	if got := statuses(); got != "active" {
+		t.Errorf("listing inside the TTL = %q, want the cached active", got)
+	}
+	if n := poolSize(); n != 0 {
+		t.Errorf("pool sees %d subscriptions: eligibility read the cache, not the journal", n)
+	}
+	clock.advance(time.Second)
+	if got := statuses(); got != "retired" {
+		t.Errorf("listing at the TTL = %q, want retired", got)
+	}
+	// Local mutations invalidate at once, well inside the TTL.
+	steps := []struct {
+		name string
+		do   func() error
+		want string
+	}{
+		{"reinstate", func() error { return inv.reinstate("a1", a.ID, "back") }, "active"},
+		{"donate", func() error {
+			_, err := inv.donate("a1", "openai", "", vaultCredential{APIKey: "sk-cache-two-0123456789"})
+			return err
+		}, "active,active"},
+		{"retire", func() error { return inv.retire("a1", a.ID, "gone") }, "retired,active"},
+		{"replace credential", func() error {
+			inv.l.setCredential(a.ID, "kimi", credNeedsReauth, "refused")
+			return inv.replaceCredential("a1", a.ID, vaultCredential{APIKey: "sk-cache-new-0123456789"})
+		}, "retired,active"},
+	}
+	for _, st := range steps {
+		t.Run(st.name, func(t *testing.T) {
+			statuses() // fill the cache
+			clock.advance(time.Second)
+			if err := st.do(); err != nil {
+				t.Fatal(err)
+			}
+			if got := statuses(); got != st.want {
+				t.Errorf("listing right after %s = %q, want %q", st.name, got, st.want)
+			}
+		})
+	}
+	if c, _ := inv.credential(a.ID); c.APIKey != "sk-cache-new-0123456789" {
+		t.Errorf("credential after replacement = %+v", c)
+	}
+	if s := inv.l.credentialState(a.ID); s != credActive {
+		t.Errorf("ledger credential after replacement = %s, want active", s)
+	}
+	if n := len(journalRecords(t, j)); n != 3 {
+		t.Errorf("journal has %d lines, want 3 (retire elsewhere, reinstate, retire)", n)
+	}
+}
+
+// journalRecords reads every record of j.
+func journalRecords(t *testing.T, j *journal) []journalRecord {
+	t.Helper()
+	recs, err := j.read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return recs
+}
+
+func TestInventoryTTLZeroDisablesCache(t *testing.T) {
+	env := stateEnv(t)
+	env["BRAMA_SUBSCRIPTION_CACHE_TTL_SECS"] = "0"
+	clock := &testClock{t: time.Unix(1_800_000_000, 0)}
+	inv, _ := newTestInventory(t, env, clock)
+	it, err := inv.donate("a1", "kimi", "", vaultCredential{APIKey: "sk-ttl0-0123456789"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv.list("a1")
+	other := newJournal(resolveState(testEnv(env)), nil, clock.now)
+	other.append(journalRecord{Kind: "retire", SubscriptionID: it.ID, Reason: "x"})
+	if rows, _ := inv.list("a1"); len(rows) != 1 || rows[0].Status != "retired" {
+		t.Errorf("with TTL 0 the listing is %+v, want it read afresh (retired)", rows)
+	}
+}
+
+func TestInventoryQueries(t *testing.T) {
+	env := stateEnv(t)
+	clock := &testClock{t: time.Unix(1_800_000_000, 0)}
+	inv, _ := newTestInventory(t, env, clock)
+	donate := func(agent, provider string) string {
+		t.Helper()
+		it, err := inv.donate(agent, provider, "", vaultCredential{APIKey: "sk-q-0123456789"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return it.ID
+	}
+	k1, o1, k2, b1 := donate("a1", "kimi"), donate("a1", "openai"), donate("a1", "kimi"), donate("b1", "kimi")
+	if err := inv.retire("a1", k1, "x"); err != nil {
+		t.Fatal(err)
+	}
+	ids := func(items []overlayItem, err error) string {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var s []string
+		for _, it := range items {
+			s = append(s, it.ID)
+		}
+		return strings.Join(s, ",")
+	}
+	tests := []struct{ name, got, want string }{
+		{"pool a1 kimi", ids(inv.pool("a1", "kimi")), k2},
+		{"pool a1 openai", ids(inv.pool("a1", "openai")), o1},
+		{"pool b1 kimi", ids(inv.pool("b1", "kimi")), b1},
+		{"pool b1 openai", ids(inv.pool("b1", "openai")), ""},
+		{"agentItems a1", ids(inv.agentItems("a1")), o1 + "," + k2},
+		{"items", ids(inv.items()), strings.Join([]string{k1, o1, k2, b1}, ",")},
+	}
+	for _, tc := range tests {
+		if tc.got != tc.want {
+			t.Errorf("%s = %q, want %q", tc.name, tc.got, tc.want)
+		}
+	}
+	if _, ok, _ := inv.get("a1", k1); !ok {
+		t.Error("get misses a retired subscription of its owner")
+	}
+	if _, ok, _ := inv.get("a1", b1); ok {
+		t.Error("get finds another agent's subscription")
+	}
+	if r, _ := inv.isRetired(k1); !r {
+		t.Error("isRetired(k1) = false")
+	}
+	if _, err := inv.credential("sub_ffffffffffffffff"); asAPIError(err).Code != "credential_unauthorized" {
+		t.Errorf("credential of an unknown id: %v", err)
+	}
+	if err := inv.retire("b1", k2, "x"); asAPIError(err).Code != "not_found" {
+		t.Errorf("retire of another agent's id: %v, want not_found", err)
+	}
+	// A hand-broken overlay is 503 for every reader, eligibility included.
+	os.WriteFile(filepath.Join(env["BRAMA_STATE_DIR"], overlayFile), []byte(`{"schema_version":1,"items":[],"x":1}`), 0o600)
+	for name, err := range map[string]error{
+		"pool": func() error { _, err := inv.pool("a1", "kimi"); return err }(),
+		"list": func() error { _, err := inv.list("zz"); return err }(),
+	} {
+		if ae := asAPIError(err); ae.Code != "dependency_unavailable" || !strings.Contains(ae.Message, "overlay") {
+			t.Errorf("%s over a broken overlay: %v, want 503 naming the overlay", name, err)
+		}
+	}
+}
+
+func TestInventoryWithoutStateDir(t *testing.T) {
+	env := map[string]string{}
+	clock := &testClock{t: time.Unix(1_800_000_000, 0)}
+	inv, _ := newTestInventory(t, env, clock)
+	calls := map[string]error{
+		"list":      func() error { _, err := inv.list("a1"); return err }(),
+		"pool":      func() error { _, err := inv.pool("a1", "kimi"); return err }(),
+		"donate":    func() error { _, err := inv.donate("a1", "kimi", "", vaultCredential{APIKey: "k"}); return err }(),
+		"retire":    inv.retire("a1", "sub_0123456789abcdef", "x"),
+		"reinstate": inv.reinstate("a1", "sub_0123456789abcdef", "x"),
+	}
+	for name, err := range calls {
+		ae := asAPIError(err)
+		if ae.Code != "dependency_unavailable" || !strings.Contains(ae.Message, "$HOME is not defined") {
+			t.Errorf("%s without a state directory: %v, want 503 naming the cause", name, err)
+		}
+	}
+}
+
+// TestInventoryDonationFillsGrant: a donated codex grant without expiry or
+// account takes them from its JWTs (SPEC §6.2), in the vault and the ledger.
+func TestInventoryDonationFillsGrant(t *testing.T) {
+	env := stateEnv(t)
+	clock := &testClock{t: time.Unix(1_800_000_000, 0)}
+	inv, _ := newTestInventory(t, env, clock)
+	g := oauthGrant{
+		AccessToken:  fakeJWT(`{"exp":1790000000}`),
+		RefreshToken: "rt-fill-0123456789",
+		IDToken:      fakeJWT(`{"https://api.openai.com/auth":{"chatgpt_account_id":"acct-9"}}`),
+	}
+	it, err := inv.donate("a1", "codex", "", vaultCredential{OAuth: &g})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := inv.credential(it.ID)
+	if err != nil || c.OAuth == nil || c.OAuth.ExpiresAtMs != 1790000000000 || c.OAuth.AccountID != "acct-9" {
+		t.Fatalf("vault grant = %+v, %v; want expiry and account from the JWTs", c.OAuth, err)
+	}
+	if g.ExpiresAtMs != 0 {
+		t.Error("donate changed the caller's grant")
+	}
+	if e, _ := inv.l.entry(it.ID); e.Credential.ExpiresAtMs != 1790000000000 || e.Credential.State != credActive {
+		t.Errorf("ledger credential = %+v, want active with the grant's expiry", e.Credential)
+	}
+}
