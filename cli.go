@@ -20,7 +20,7 @@ import (
 
 // deps opens the state for a CLI command; its logs go to stderr.
 func (e cliEnv) deps() deps {
-	return openDeps(e.getenv, newLogger(e.stderr, e.getenv("BRAMA_LOG_LEVEL")))
+	return openDeps(e.getenv, newLogger(e.stderr, e.getenv("BRAMA_LOG_LEVEL")), time.Now)
 }
 
 // hasDirectFromVault is the CLI's view of direct credentials.

@@ -41,6 +41,7 @@ type daemon struct {
 	token  string // the admin token printed at first start ("" when a clients file existed)
 	stderr *syncBuffer
 	env    map[string]string
+	stop   func() // cancels serve and waits for run to return nil
 }
 
 // testEnv returns a getenv over m (nothing from the real environment).
@@ -71,12 +72,16 @@ func startDaemon(t testing.TB, env map[string]string, stdin string, args ...stri
 	if m := regexp.MustCompile(`bearer token \(shown once\): (\S+)`).FindStringSubmatch(d.stderr.String()); m != nil {
 		d.token = m[1]
 	}
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("run returned %v after cancel", err)
-		}
-	})
+	var once sync.Once
+	d.stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("run returned %v after cancel", err)
+			}
+		})
+	}
+	t.Cleanup(d.stop)
 	return d
 }
 

@@ -22,6 +22,7 @@
 //	        | retire -agent A [-reason R] ID | reinstate -agent A -reason R ID
 //	        | import -provider claude-code|codex -from FILE -agent A [-label L]
 //	        (each takes -gateway URL; bearer from BRAMA_TOKEN, else stdin's first line)
+//	brama tasks record -agent A -model ROUTE -status pass|fail [-score F] TASK
 //	brama journal check
 //
 // State lives in BRAMA_STATE_DIR, else ~/.brama (0700, files 0600). With
@@ -88,7 +89,7 @@ func exitCode(err error, stderr io.Writer) int {
 // after every goroutine it started has exited.
 func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return &usageError{"usage: brama serve|version|routes|clients|agents|credentials|subscription|journal ... (-h on each)"}
+		return &usageError{"usage: brama serve|version|routes|clients|agents|credentials|subscription|tasks|journal ... (-h on each)"}
 	}
 	env := cliEnv{getenv: getenv, stdin: stdin, stdout: stdout, stderr: stderr}
 	cmd, rest := args[0], args[1:]
@@ -110,10 +111,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		return env.sub("credentials", rest, map[string]func([]string) error{"set": env.credentialsSet})
 	case "subscription":
 		return env.subscriptionCmd(rest)
+	case "tasks":
+		return env.sub("tasks", rest, map[string]func([]string) error{"record": env.tasksRecord})
 	case "journal":
 		return env.sub("journal", rest, map[string]func([]string) error{"check": env.journalCheck})
 	case "-h", "-help", "--help", "help":
-		fmt.Fprintln(stdout, "usage: brama serve|version|routes|clients|agents|credentials|subscription|journal ... (-h on each)")
+		fmt.Fprintln(stdout, "usage: brama serve|version|routes|clients|agents|credentials|subscription|tasks|journal ... (-h on each)")
 		return nil
 	}
 	return &usageError{fmt.Sprintf("unknown command %q", cmd)}
@@ -167,6 +170,10 @@ func parseFlags(fs *flag.FlagSet, args []string, positionals int, usage string) 
 	return pos, nil
 }
 
+// testingOnlyNow replaces the serving process's clock in tests (nil in
+// production: time.Now).
+var testingOnlyNow func() time.Time
+
 // testingOnlyKeepAlive shortens the stream keep-alive interval in tests
 // (zero in production: keepAliveEvery).
 var testingOnlyKeepAlive time.Duration
@@ -182,14 +189,14 @@ type deps struct {
 
 // openDeps resolves every state file path (SPEC §2.1, §2.2). Nothing is
 // read yet; a missing state directory shows up as each consumer's refusal.
-func openDeps(getenv func(string) string, log *slog.Logger) deps {
+func openDeps(getenv func(string) string, log *slog.Logger, now func() time.Time) deps {
 	st := resolveState(getenv)
 	d := deps{st: st}
 	cpath, cerr := st.fileOrState(getenv, "BRAMA_CLIENTS_FILE", "clients file", "clients.json")
 	d.clients = &clientStore{path: cpath, pathErr: cerr}
 	vpath, verr := st.fileOrState(getenv, "BRAMA_VAULT_FILE", "vault", "vault.json")
 	d.vault = newVault(vpath, verr)
-	d.journal = newJournal(st, log, time.Now)
+	d.journal = newJournal(st, log, now)
 	rpath, rerr := registryPath(st, getenv)
 	d.reg = newRegistry(rpath, rerr, d.journal, log)
 	return d
@@ -213,7 +220,11 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 		return err
 	}
 	log := newLogger(e.stderr, e.getenv("BRAMA_LOG_LEVEL"))
-	d := openDeps(e.getenv, log)
+	now := time.Now
+	if testingOnlyNow != nil {
+		now = testingOnlyNow
+	}
+	d := openDeps(e.getenv, log, now)
 	lock, err := lockServe(d.st)
 	if err != nil {
 		return err
@@ -226,7 +237,7 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 		return err
 	}
 	s := &server{
-		log: log, getenv: e.getenv, st: d.st, now: time.Now,
+		log: log, getenv: e.getenv, st: d.st, now: now,
 		clients: d.clients, vault: d.vault, journal: d.journal, reg: d.reg, guard: guard,
 	}
 	s.agents = &agentVerifier{secret: s.vault.agentSecret, now: s.now, seen: map[string]time.Time{}}

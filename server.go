@@ -60,6 +60,7 @@ func (s *server) routes() {
 	s.mux.Handle("GET /v1/admin/routes", s.admin(s.handleRoutesGet))
 	s.mux.Handle("PUT /v1/admin/routes", s.admin(s.handleRoutesPut))
 	s.mux.Handle("DELETE /v1/admin/routes", s.admin(s.handleRoutesDelete))
+	s.mux.Handle("POST /v1/admin/checks", s.admin(s.handleChecks))
 	s.mux.Handle("GET /v1/subscriptions/{agent_id}", s.caller(s.subscriptionOwner(s.handleSubscriptionList)))
 	s.mux.Handle("POST /v1/subscriptions/{agent_id}", s.caller(s.subscriptionOwner(s.handleSubscriptionDonate)))
 	s.mux.Handle("DELETE /v1/subscriptions/{agent_id}/{subscription_id}", s.caller(s.subscriptionOwner(s.handleSubscriptionRetire)))

@@ -1,0 +1,513 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// keyedFake answers by the bearer key a call presents: "200", "401",
+// "429" (retry-after 120), "500", "400", "404" or "cut" (the connection is
+// closed after the request arrived). It counts calls per key and keeps the
+// order of (key, model) seen.
+type keyedFake struct {
+	*fakeProvider
+	mu       sync.Mutex // guards behavior, calls, seen
+	behavior map[string]string
+	calls    map[string]int
+	seen     []string
+}
+
+func newKeyedFake(t *testing.T, behavior map[string]string) *keyedFake {
+	k := &keyedFake{behavior: behavior, calls: map[string]int{}}
+	k.fakeProvider = newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		key := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
+		var req struct {
+			Model string `json:"model"`
+		}
+		json.Unmarshal(body, &req)
+		k.mu.Lock()
+		k.calls[key]++
+		k.seen = append(k.seen, key+" "+req.Model)
+		b := k.behavior[key]
+		k.mu.Unlock()
+		switch b {
+		case "200":
+			io.WriteString(w, protocolFixtures[0].buffered)
+		case "401":
+			http.Error(w, `{"error":{"type":"authentication_error","message":"bad key"}}`, 401)
+		case "429":
+			w.Header().Set("Retry-After", "120")
+			http.Error(w, `{"error":{"type":"rate_limit_error","message":"slow down"}}`, 429)
+		case "500":
+			http.Error(w, `{"error":{"type":"server_error","message":"broken"}}`, 500)
+		case "400", "404":
+			code := 400
+			if b == "404" {
+				code = 404
+			}
+			http.Error(w, `{"error":{"type":"invalid_request_error","message":"no such model"}}`, code)
+		case "cut":
+			if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+				conn.Close()
+			}
+		default:
+			http.Error(w, `{"error":{"message":"unknown key"}}`, 418)
+		}
+	})
+	return k
+}
+
+func (k *keyedFake) set(key, behavior string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.behavior[key] = behavior
+}
+
+func (k *keyedFake) count(key string) int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.calls[key]
+}
+
+func (k *keyedFake) total() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	n := 0
+	for _, c := range k.calls {
+		n += c
+	}
+	return n
+}
+
+// donate gives agent a subscription with an API key through the admin API
+// and returns its id.
+func donate(t *testing.T, d *daemon, agent, provider, key string) string {
+	t.Helper()
+	status, _, body := d.call("POST", "/v1/admin/subscriptions/"+agent, d.token, fmt.Sprintf(`{"provider":%q,"api_key":%q}`, provider, key))
+	return donatedID(t, status, body, agent, provider)
+}
+
+// agentWithSubs makes an agent, a bearer bound to it, and one subscription
+// of provider per key, in order.
+func agentWithSubs(t *testing.T, d *daemon, agent, provider string, keys ...string) (token string, ids []string) {
+	t.Helper()
+	addAgent(t, d.env, agent)
+	token = addClient(t, d.env, agent+"-app", "-agent", agent)
+	for _, k := range keys {
+		ids = append(ids, donate(t, d, agent, provider, k))
+	}
+	return token, ids
+}
+
+func TestSubscriptionRouteTwoCredentials(t *testing.T) {
+	env := stateEnv(t)
+	fake := newKeyedFake(t, map[string]string{})
+	env["BRAMA_PROVIDER_KIMI_BASE_URL"] = fake.URL
+	d := startDaemon(t, env, "")
+	type want struct {
+		status int
+		code   string // "" for success
+		calls  int
+	}
+	outcomes := []string{"200", "401", "429", "500", "cut"}
+	expect := func(first, second string) want {
+		switch first {
+		case "200":
+			return want{200, "", 1}
+		case "500":
+			return want{503, "dependency_unavailable", 1}
+		case "cut":
+			return want{502, "provider_incomplete", 1}
+		}
+		// first refused with a rotating class (401 or 429): the second is tried.
+		switch second {
+		case "200":
+			return want{200, "", 2}
+		case "500":
+			return want{503, "dependency_unavailable", 2}
+		case "cut":
+			return want{502, "provider_incomplete", 2}
+		}
+		if first == "429" || second == "429" { // §7.2.5 b before d
+			return want{429, "provider_rate_limited", 2}
+		}
+		return want{503, "subscription_reauthorization_required", 2}
+	}
+	n := 0
+	for _, first := range outcomes {
+		for _, second := range outcomes {
+			n++
+			t.Run(first+"+"+second, func(t *testing.T) {
+				agent := fmt.Sprintf("ag%d", n)
+				k1, k2 := "key-"+agent+"-1", "key-"+agent+"-2"
+				fake.set(k1, first)
+				fake.set(k2, second)
+				tok, _ := agentWithSubs(t, d, agent, "kimi", k1, k2)
+				status, hdr, body := d.call("POST", "/v1/chat/completions", tok, chatBody(dialectChat, "kimi/k2-test", false, ""))
+				w := expect(first, second)
+				calls := fake.count(k1) + fake.count(k2)
+				if calls > 2 {
+					t.Fatalf("the provider saw %d calls; never more than two", calls)
+				}
+				if status != w.status || calls != w.calls {
+					t.Fatalf("status %d with %d calls, want %d with %d: %s", status, calls, w.status, w.calls, body)
+				}
+				if hdr.Get("Brama-Attempts") != fmt.Sprint(calls) {
+					t.Errorf("Brama-Attempts = %q, provider saw %d", hdr.Get("Brama-Attempts"), calls)
+				}
+				if w.code == "" {
+					return
+				}
+				e := envelopeOf(t, body)
+				if e["code"] != w.code || e["attempts"] != float64(calls) {
+					t.Errorf("code %v attempts %v, want %s with %d (the calls the fake saw)", e["code"], e["attempts"], w.code, calls)
+				}
+				if w.code == "provider_rate_limited" && hdr.Get("Retry-After") == "" {
+					t.Errorf("429 without Retry-After")
+				}
+				if first == "500" && fake.count(k2) != 0 {
+					t.Errorf("a 500 from the first credential still called the second")
+				}
+			})
+		}
+	}
+}
+
+func TestSubscriptionRouteStopsAtTwoCalls(t *testing.T) {
+	env := stateEnv(t)
+	fake := newKeyedFake(t, map[string]string{"k1": "401", "k2": "429", "k3": "200"})
+	env["BRAMA_PROVIDER_KIMI_BASE_URL"] = fake.URL
+	d := startDaemon(t, env, "")
+	tok, _ := agentWithSubs(t, d, "a1", "kimi", "k1", "k2", "k3")
+	status, _, body := d.call("POST", "/v1/chat/completions", tok, chatBody(dialectChat, "kimi/k2-test", false, ""))
+	if e := envelopeOf(t, body); status != 429 || e["attempts"] != float64(2) || fake.count("k3") != 0 {
+		t.Errorf("three subscriptions, two refusals: %d %s, third called %d times; the walk stops at two calls", status, body, fake.count("k3"))
+	}
+}
+
+func TestSubscriptionBlockUntilReset(t *testing.T) {
+	clock := &testClock{t: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)}
+	testingOnlyNow = clock.now
+	defer func() { testingOnlyNow = nil }()
+	env := stateEnv(t)
+	fake := newKeyedFake(t, map[string]string{"key-a": "429", "key-b": "200"})
+	env["BRAMA_PROVIDER_KIMI_BASE_URL"] = fake.URL
+	d := startDaemon(t, env, "")
+	tok, ids := agentWithSubs(t, d, "a1", "kimi", "key-a", "key-b")
+	chat := func(d *daemon) (int, []byte) {
+		s, _, b := d.call("POST", "/v1/chat/completions", tok, chatBody(dialectChat, "kimi/k2-test", false, ""))
+		return s, b
+	}
+	if s, b := chat(d); s != 200 || fake.count("key-a") != 1 || fake.count("key-b") != 1 {
+		t.Fatalf("first request: %d %s; calls a=%d b=%d", s, b, fake.count("key-a"), fake.count("key-b"))
+	}
+	fake.set("key-a", "200")
+	if s, _ := chat(d); s != 200 || fake.count("key-a") != 1 || fake.count("key-b") != 2 {
+		t.Fatalf("while a is blocked the request must go to b first: a=%d b=%d", fake.count("key-a"), fake.count("key-b"))
+	}
+
+	// The block survives a restart: the ledger holds it.
+	d.stop()
+	d2 := startDaemon(t, env, "")
+	fake.set("key-b", "429")
+	s, b := chat(d2)
+	if s != 429 || fake.count("key-a") != 1 {
+		t.Fatalf("after a restart, a must still be blocked (skipped without a call): %d %s, a=%d", s, b, fake.count("key-a"))
+	}
+	if e := envelopeOf(t, b); e["code"] != "provider_rate_limited" || e["attempts"] != float64(1) {
+		t.Errorf("b refused, a skipped as blocked: %s", b)
+	}
+	var ledgerDoc struct {
+		Subscriptions map[string]ledgerEntry `json:"subscriptions"`
+	}
+	lb, _ := os.ReadFile(filepath.Join(env["BRAMA_STATE_DIR"], "ledger.json"))
+	json.Unmarshal(lb, &ledgerDoc)
+	if until := ledgerDoc.Subscriptions[ids[0]].Block.UntilMs; until != clock.now().Add(120*time.Second).UnixMilli() {
+		t.Errorf("ledger block for a ends at %d, want now+120 s (retry-after)", until)
+	}
+
+	// Past the stated reset, a is eligible again.
+	clock.advance(121 * time.Second)
+	s, b = chat(d2)
+	if s != 200 || fake.count("key-a") != 2 {
+		t.Fatalf("after the block ended a must be called again: %d %s, a=%d", s, b, fake.count("key-a"))
+	}
+}
+
+func TestAnySkipsRefusedProvider(t *testing.T) {
+	env := stateEnv(t)
+	fake := newKeyedFake(t, map[string]string{"ds-1": "401", "ds-2": "401", "groq-1": "200", "kimi-1": "200"})
+	for _, p := range []string{"DEEPSEEK", "GROQ", "KIMI"} {
+		env["BRAMA_PROVIDER_"+p+"_BASE_URL"] = fake.URL
+	}
+	d := startDaemon(t, env, "")
+	for _, put := range []string{
+		`{"alias":"d1","route":"deepseek/ds-a"}`, `{"alias":"d2","route":"deepseek/ds-b"}`,
+		`{"alias":"g1","route":"groq/gq-a"}`, `{"alias":"k1","route":"kimi/km-a"}`,
+	} {
+		if s, _, b := d.call("PUT", "/v1/admin/routes", d.token, put); s != 200 {
+			t.Fatalf("PUT %s: %d %s", put, s, b)
+		}
+	}
+	tok, _ := agentWithSubs(t, d, "a1", "deepseek", "ds-1", "ds-2")
+	donate(t, d, "a1", "groq", "groq-1")
+	donate(t, d, "a1", "kimi", "kimi-1")
+	status, hdr, body := d.call("POST", "/v1/chat/completions", tok, chatBody(dialectChat, "any", false, ""))
+	if status != 200 {
+		t.Fatalf("any: %d %s", status, body)
+	}
+	fake.mu.Lock()
+	seen := slices.Clone(fake.seen)
+	fake.mu.Unlock()
+	want := []string{"ds-1 ds-a", "ds-2 ds-a", "groq-1 gq-a"}
+	if !slices.Equal(seen, want) {
+		t.Errorf("calls = %v, want %v (deepseek's other model skipped without a call)", seen, want)
+	}
+	if hdr.Get("Brama-Attempts") != "3" {
+		t.Errorf("Brama-Attempts = %q, want 3", hdr.Get("Brama-Attempts"))
+	}
+	if a := decodeChatAnswer(t, body); a.Model != "groq/gq-a" {
+		t.Errorf("answer names %q, want the candidate route that answered", a.Model)
+	}
+}
+
+func TestTaskSelector(t *testing.T) {
+	clock := &testClock{t: time.Now()}
+	testingOnlyNow = clock.now
+	defer func() { testingOnlyNow = nil }()
+	env := stateEnv(t)
+	fake := newKeyedFake(t, map[string]string{"kimi-1": "404", "groq-1": "404"})
+	env["BRAMA_PROVIDER_KIMI_BASE_URL"] = fake.URL
+	env["BRAMA_PROVIDER_GROQ_BASE_URL"] = fake.URL
+	d := startDaemon(t, env, "")
+	tok, _ := agentWithSubs(t, d, "a1", "kimi", "kimi-1")
+	donate(t, d, "a1", "groq", "groq-1")
+
+	status, _, body := d.call("POST", "/v1/chat/completions", tok, chatBody(dialectChat, "task:x", false, ""))
+	if e := envelopeOf(t, body); status != 400 || e["code"] != "invalid_request" || e["attempts"] != nil || fake.total() != 0 {
+		t.Fatalf("task without checks: %d %s, %d calls; want 400 before any call", status, body, fake.total())
+	}
+	for _, c := range []string{
+		`{"agent_id":"a1","task":"x","model":"kimi/low","status":"pass","score":0.5}`,
+		`{"agent_id":"a1","task":"x","model":"kimi/old-high","status":"pass","score":0.9}`,
+		`{"agent_id":"a1","task":"x","model":"groq/new-high","status":"pass","score":0.9}`,
+		`{"agent_id":"a1","task":"x","model":"kimi/failed","status":"fail"}`,
+		`{"agent_id":"a1","task":"x","model":"kimi/later-failed","status":"pass"}`,
+		`{"agent_id":"a1","task":"x","model":"kimi/later-failed","status":"fail"}`,
+		`{"agent_id":"a1","task":"y","model":"kimi/other-task","status":"pass"}`,
+	} {
+		if s, _, b := d.call("POST", "/v1/admin/checks", d.token, c); s != 201 {
+			t.Fatalf("POST /v1/admin/checks %s: %d %s", c, s, b)
+		}
+		clock.advance(time.Second) // each record gets its own `at`
+	}
+	if s, _, b := d.call("POST", "/v1/admin/checks", d.token, `{"agent_id":"ghost","task":"x","model":"kimi/a","status":"pass"}`); s != 400 {
+		t.Errorf("check for an unknown agent: %d %s", s, b)
+	}
+	status, hdr, body := d.call("POST", "/v1/chat/completions", tok, chatBody(dialectChat, "task:x", false, ""))
+	fake.mu.Lock()
+	seen := slices.Clone(fake.seen)
+	fake.mu.Unlock()
+	want := []string{"groq-1 new-high", "kimi-1 old-high", "kimi-1 low"}
+	if !slices.Equal(seen, want) {
+		t.Errorf("candidate order = %v, want %v (score, then newest)", seen, want)
+	}
+	if e := envelopeOf(t, body); status != 502 || e["code"] != "provider_failure" || e["attempts"] != float64(3) || hdr.Get("Brama-Attempts") != "3" {
+		t.Errorf("every candidate refused 404: %d %s", status, body)
+	}
+}
+
+func TestBillingTargetAndRetired(t *testing.T) {
+	env := stateEnv(t)
+	fake := newKeyedFake(t, map[string]string{"a-kimi": "200", "a-kimi-2": "200", "b-kimi": "200", "a-groq": "200"})
+	env["BRAMA_PROVIDER_KIMI_BASE_URL"] = fake.URL
+	env["BRAMA_PROVIDER_GROQ_BASE_URL"] = fake.URL
+	d := startDaemon(t, env, "")
+	tokA, idsA := agentWithSubs(t, d, "a1", "kimi", "a-kimi", "a-kimi-2")
+	_, idsB := agentWithSubs(t, d, "b1", "kimi", "b-kimi")
+	groqA := donate(t, d, "a1", "groq", "a-groq")
+
+	target := func(provider, id string) string {
+		return fmt.Sprintf(`,"billingTarget":{"providerId":%q,"subscriptionId":%q}`, provider, id)
+	}
+	tests := []struct {
+		name   string
+		extra  string
+		status int
+	}{
+		{"another agent's subscription", target("kimi", idsB[0]), 400},
+		{"another provider's subscription", target("kimi", groqA), 400},
+		{"providerId not the route's", target("groq", idsA[0]), 400},
+		{"unknown id", target("kimi", "sub_0000000000000000"), 400},
+		{"own subscription", target("kimi", idsA[1]), 200},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			before := fake.total()
+			status, _, body := d.call("POST", "/v1/chat/completions", tokA, chatBody(dialectChat, "kimi/k2-test", false, tc.extra))
+			if status != tc.status {
+				t.Fatalf("%d %s, want %d", status, body, tc.status)
+			}
+			if tc.status == 400 {
+				if e := envelopeOf(t, body); e["attempts"] != nil || fake.total() != before {
+					t.Errorf("refused billingTarget reached dispatch: %s, calls %d", body, fake.total()-before)
+				}
+			}
+		})
+	}
+	if fake.count("a-kimi-2") != 1 || fake.count("a-kimi") != 0 || fake.count("b-kimi") != 0 {
+		t.Errorf("billingTarget did not pick exactly its subscription: %v", fake.calls)
+	}
+
+	// A retired subscription is never called, not even as a billingTarget.
+	if s, _, b := d.call("DELETE", "/v1/admin/subscriptions/a1/"+idsA[1], d.token, ""); s != 200 {
+		t.Fatalf("retire: %d %s", s, b)
+	}
+	status, _, body := d.call("POST", "/v1/chat/completions", tokA, chatBody(dialectChat, "kimi/k2-test", false, target("kimi", idsA[1])))
+	if status != 400 || fake.count("a-kimi-2") != 1 {
+		t.Errorf("billingTarget on a retired subscription: %d %s, calls %d", status, body, fake.count("a-kimi-2"))
+	}
+	for range 3 {
+		if s, _, b := d.call("POST", "/v1/chat/completions", tokA, chatBody(dialectChat, "kimi/k2-test", false, "")); s != 200 {
+			t.Fatalf("%d %s", s, b)
+		}
+	}
+	if fake.count("a-kimi-2") != 1 || fake.count("a-kimi") != 3 {
+		t.Errorf("a retired subscription was called: a-kimi-2=%d a-kimi=%d", fake.count("a-kimi-2"), fake.count("a-kimi"))
+	}
+	// Agent A cannot spend B's subscription through an agent of its own either.
+	if s, _, _ := d.call("POST", "/v1/chat/completions", tokA, chatBody(dialectChat, "kimi/k2-test", false, target("", idsB[0]))); s != 400 {
+		t.Errorf("spending another agent's subscription: %d", s)
+	}
+	for _, k := range []string{"a-kimi", "a-kimi-2", "b-kimi", "a-groq"} {
+		assertNoSecret(t, k+`"`, d.stderr.String(), env["BRAMA_STATE_DIR"])
+	}
+}
+
+func TestSubscriptionRouteNeedsAgent(t *testing.T) {
+	env := stateEnv(t)
+	d := startDaemon(t, env, "")
+	for _, model := range []string{"kimi/k2", "any", "best", "task:x"} {
+		status, _, body := d.call("POST", "/v1/chat/completions", d.token, chatBody(dialectChat, model, false, ""))
+		e := envelopeOf(t, body)
+		if status != 401 || !strings.Contains(fmt.Sprint(e["message"]), "sign the request") || e["attempts"] != nil {
+			t.Errorf("%s without an agent: %d %s", model, status, body)
+		}
+	}
+	addAgent(t, env, "lonely")
+	tok := addClient(t, env, "lonely-app", "-agent", "lonely")
+	for _, tc := range []struct{ model, msg string }{
+		{"kimi/k2", `no "kimi" subscription for agent "lonely"`},
+		{"any", `no subscription model can serve agent "lonely"`},
+	} {
+		status, _, body := d.call("POST", "/v1/chat/completions", tok, chatBody(dialectChat, tc.model, false, ""))
+		if e := envelopeOf(t, body); status != 503 || e["code"] != "credential_unauthorized" || e["attempts"] != float64(0) || e["message"] != tc.msg {
+			t.Errorf("%s with no subscription: %d %s", tc.model, status, body)
+		}
+	}
+}
+
+func TestSubscriptionOAuthRefreshOnUse(t *testing.T) {
+	const (
+		oldToken = "oauth-access-old-0123456789"
+		newToken = "oauth-access-new-0123456789"
+		refresh1 = "oauth-refresh-one-0123456789"
+		refresh2 = "oauth-refresh-two-0123456789"
+	)
+	fx := protocolFixtures[1] // anthropic-messages
+	var mu sync.Mutex
+	var tokensSeen []string
+	provider := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		tok := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
+		mu.Lock()
+		tokensSeen = append(tokensSeen, tok)
+		mu.Unlock()
+		if tok != newToken {
+			http.Error(w, `{"type":"error","error":{"type":"authentication_error","message":"invalid bearer token"}}`, 401)
+			return
+		}
+		io.WriteString(w, fx.buffered)
+	})
+	tokenEndpoint := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		if !strings.Contains(string(body), refresh1) {
+			http.Error(w, `{"error":"invalid_grant"}`, 400)
+			return
+		}
+		fmt.Fprintf(w, `{"access_token":%q,"refresh_token":%q,"expires_in":3600}`, newToken, refresh2)
+	})
+	env := stateEnv(t)
+	env["BRAMA_PROVIDER_CLAUDE_CODE_BASE_URL"] = provider.URL
+	env["BRAMA_OAUTH_CLAUDE_CODE_TOKEN_URL"] = tokenEndpoint.URL + "/v1/oauth/token"
+	d := startDaemon(t, env, "")
+	addAgent(t, env, "a1")
+	tok := addClient(t, env, "a1-app", "-agent", "a1")
+	grant := fmt.Sprintf(`{"provider":"claude-code","oauth":{"access_token":%q,"refresh_token":%q,"expires_at_ms":%d}}`, oldToken, refresh1, time.Now().Add(time.Hour).UnixMilli())
+	s, _, b := d.call("POST", "/v1/admin/subscriptions/a1", d.token, grant)
+	donatedID(t, s, b, "a1", "claude-code")
+
+	status, hdr, body := d.call("POST", "/v1/messages", tok, chatBody(dialectMessages, "claude-code/claude-test", false, ""))
+	if status != 200 || hdr.Get("Brama-Attempts") != "2" {
+		t.Fatalf("401 then refresh then the same subscription: %d attempts %q %s", status, hdr.Get("Brama-Attempts"), body)
+	}
+	mu.Lock()
+	seen := slices.Clone(tokensSeen)
+	mu.Unlock()
+	if !slices.Equal(seen, []string{oldToken, newToken}) || tokenEndpoint.calls.Load() != 1 {
+		t.Errorf("provider saw tokens %v and the token endpoint %d calls; want old then new, one refresh", seen, tokenEndpoint.calls.Load())
+	}
+	if !strings.Contains(string(provider.body()), "You are Claude Code, Anthropic's official CLI for Claude.") {
+		t.Errorf("claude-code request lacks the required first system block")
+	}
+	for _, secret := range []string{oldToken, newToken, refresh1, refresh2} {
+		assertNoSecret(t, secret, d.stderr.String(), env["BRAMA_STATE_DIR"])
+	}
+	vb, _ := os.ReadFile(filepath.Join(env["BRAMA_STATE_DIR"], "vault.json"))
+	if !strings.Contains(string(vb), newToken) || !strings.Contains(string(vb), refresh2) {
+		t.Errorf("the vault does not hold the refreshed grant")
+	}
+}
+
+func TestSubscriptionRefreshTransportFailure(t *testing.T) {
+	provider := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		io.WriteString(w, protocolFixtures[1].buffered)
+	})
+	tokenEndpoint := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		http.Error(w, `{"error":"server_error"}`, 502)
+	})
+	env := stateEnv(t)
+	env["BRAMA_PROVIDER_CLAUDE_CODE_BASE_URL"] = provider.URL
+	env["BRAMA_OAUTH_CLAUDE_CODE_TOKEN_URL"] = tokenEndpoint.URL + "/v1/oauth/token"
+	d := startDaemon(t, env, "")
+	addAgent(t, env, "a1")
+	tok := addClient(t, env, "a1-app", "-agent", "a1")
+	expired := fmt.Sprintf(`{"provider":"claude-code","oauth":{"access_token":"acc-expired-0123","refresh_token":"ref-0123456789","expires_at_ms":%d}}`, time.Now().Add(-time.Hour).UnixMilli())
+	s, _, b := d.call("POST", "/v1/admin/subscriptions/a1", d.token, expired)
+	id := donatedID(t, s, b, "a1", "claude-code")
+
+	status, _, body := d.call("POST", "/v1/messages", tok, chatBody(dialectMessages, "claude-code/claude-test", false, ""))
+	e := envelopeOf(t, body)
+	if status != 503 || e["code"] != "dependency_unavailable" || e["attempts"] != float64(0) || provider.calls.Load() != 0 {
+		t.Fatalf("expired grant whose refresh failed in transport: %d %s, provider calls %d", status, body, provider.calls.Load())
+	}
+	if msg := fmt.Sprint(e["message"]); !strings.Contains(msg, "/v1/oauth/token") || !strings.Contains(msg, "502") || !strings.Contains(msg, "bytes received") {
+		t.Errorf("message %q must name the token endpoint, the status and the bytes received", msg)
+	}
+	_, _, lb := d.call("GET", "/v1/admin/subscriptions/a1", d.token, "")
+	for _, row := range listRows(t, lb) {
+		if row.ID == id && (row.Credential == nil || row.Credential.State != "active") {
+			t.Errorf("a transport failure changed the credential state: %s", lb)
+		}
+	}
+	if !strings.Contains(d.stderr.String(), "maintenance_requested") {
+		t.Errorf("a refresh stopped by a transport failure must request a maintenance pass")
+	}
+}
