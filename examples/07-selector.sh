@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Selectors: `any` walks the agent's subscription models (alias destinations,
+# then the catalogue's newest), and `task:<name>` follows recorded checks.
+. "$(dirname "$0")/lib.sh"
+start_stub
+export BRAMA_PROVIDER_KIMI_BASE_URL="$STUB_URL/v1"
+start_brama
+"$BRAMA" agents add a1 >/dev/null
+export BRAMA_TOKEN=$TOKEN
+printf '%s\n' "sk-kimi-example" | "$BRAMA" subscription add -gateway "$BRAMA_URL" -provider kimi -agent a1 >/dev/null
+"$BRAMA" routes set coder kimi/stub-model
+app=$("$BRAMA" clients add app-a1 -agent a1 2>/dev/null)
+chat() { curl -s -H "Authorization: Bearer $app" -d "{\"model\":\"$1\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}" "$BRAMA_URL/v1/chat/completions"; }
+out=$(chat any)
+expect "any answers from the candidate route" "$(echo "$out" | jq -r .model)" "kimi/stub-model"
+out=$(chat task:review)
+expect "no checks yet" "$(echo "$out" | jq -r '.error.code + " " + (.error | has("attempts") | tostring)')" "invalid_request false"
+"$BRAMA" tasks record -agent a1 -model kimi/stub-model -status pass -score 0.8 review
+out=$(chat task:review)
+expect "task answers" "$(echo "$out" | jq -r .model)" "kimi/stub-model"
