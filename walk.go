@@ -390,6 +390,16 @@ func (s *server) walkSubscriptionRoute(w http.ResponseWriter, r *http.Request, d
 	}
 }
 
+// allNeedSignIn reports whether the agent has non-retired subscriptions and
+// none of them has an active credential (SPEC §7.3's no-candidate case).
+func (s *server) allNeedSignIn(agent string) bool {
+	items, err := s.inv.agentItems(agent)
+	if err != nil || len(items) == 0 {
+		return false
+	}
+	return !slices.ContainsFunc(items, func(it overlayItem) bool { return s.ledger.credentialState(it.ID) == credActive })
+}
+
 // checkBillingTarget refuses a billingTarget that names no usable
 // subscription of this agent for the route's provider (SPEC §7.2.1), before
 // any dispatch and without saying whether the id exists.
@@ -418,19 +428,18 @@ func (s *server) walkSelector(w http.ResponseWriter, r *http.Request, dialect st
 	}
 	wk := &walk{agent: agent}
 	poolRefused := map[string]bool{}
-	hadEligible, hasAny := false, false
+	hadEligible := false
 	for _, cand := range cands {
 		p := cand.Provider.id
 		if poolRefused[p] {
 			wk.note(cand.Route, "skipped: every "+p+" subscription already refused")
 			continue
 		}
-		subs, anyPool, err := s.eligible(agent, p)
+		subs, _, err := s.eligible(agent, p)
 		if err != nil {
 			s.fail(w, r, asAPIError(err).withAttempts(wk.attempts))
 			return
 		}
-		hasAny = hasAny || anyPool
 		if len(subs) == 0 {
 			wk.note(cand.Route, fmt.Sprintf("no usable %q subscription", p))
 			continue
@@ -451,7 +460,7 @@ func (s *server) walkSelector(w http.ResponseWriter, r *http.Request, dialect st
 	switch {
 	case hadEligible:
 		s.answerExhausted(w, r, wk)
-	case hasAny:
+	case s.allNeedSignIn(agent):
 		s.requestMaintenance("subscription_reauthorization_required")
 		s.fail(w, r, refuse("subscription_reauthorization_required", "agent %q has subscriptions but none has an active credential; sign in again", agent).withAttempts(0))
 	default:

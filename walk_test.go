@@ -511,3 +511,25 @@ func TestSubscriptionRefreshTransportFailure(t *testing.T) {
 		t.Errorf("a refresh stopped by a transport failure must request a maintenance pass")
 	}
 }
+
+func TestSelectorAllNeedSignIn(t *testing.T) {
+	env := stateEnv(t)
+	fake := newKeyedFake(t, map[string]string{"k1": "401"})
+	env["BRAMA_PROVIDER_KIMI_BASE_URL"] = fake.URL
+	d := startDaemon(t, env, "")
+	d.call("PUT", "/v1/admin/routes", d.token, `{"alias":"coder","route":"kimi/k2"}`)
+	tok, _ := agentWithSubs(t, d, "a1", "kimi", "k1")
+	if s, _, b := d.call("POST", "/v1/chat/completions", tok, chatBody(dialectChat, "any", false, "")); s != 503 || envelopeOf(t, b)["code"] != "subscription_reauthorization_required" {
+		t.Fatalf("the only subscription refused 401: %d %s", s, b)
+	}
+	calls := fake.total()
+	for _, model := range []string{"any", "kimi/k2"} {
+		s, _, b := d.call("POST", "/v1/chat/completions", tok, chatBody(dialectChat, model, false, ""))
+		if e := envelopeOf(t, b); s != 503 || e["code"] != "subscription_reauthorization_required" || e["attempts"] != float64(0) {
+			t.Errorf("%s with every subscription needing sign-in: %d %s", model, s, b)
+		}
+	}
+	if fake.total() != calls {
+		t.Errorf("a needs_reauthorization credential was called")
+	}
+}
