@@ -53,11 +53,22 @@ func TestBinaryServesWithoutHome(t *testing.T) {
 	cmd := exec.Command(bin, "serve", "-addr", "127.0.0.1:0")
 	cmd.Env, cmd.Dir = noHomeEnv(), cwd
 	stdout, _ := cmd.StdoutPipe()
+	stderrPipe, _ := cmd.StderrPipe()
 	stderr := &syncBuffer{}
-	cmd.Stderr = stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	// The first-start line is written before the listener; read stderr up
+	// to it, then keep copying the rest in the background.
+	errReader := bufio.NewReader(stderrPipe)
+	for !strings.Contains(stderr.String(), "bearer token (shown once)") {
+		line, err := errReader.ReadString('\n')
+		stderr.Write([]byte(line))
+		if err != nil {
+			t.Fatalf("stderr ended before the first-start line: %v\n%s", err, stderr.String())
+		}
+	}
+	go io.Copy(stderr, errReader)
 	waited := make(chan error, 1)
 	defer func() {
 		cmd.Process.Signal(syscall.SIGTERM)

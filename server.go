@@ -65,9 +65,12 @@ func (s *server) routes() {
 	s.mux.Handle("POST /v1/subscriptions/{agent_id}", s.caller(s.subscriptionOwner(s.handleSubscriptionDonate)))
 	s.mux.Handle("DELETE /v1/subscriptions/{agent_id}/{subscription_id}", s.caller(s.subscriptionOwner(s.handleSubscriptionRetire)))
 	s.mux.Handle("GET /v1/admin/subscriptions/{agent_id}", s.admin(s.subscriptionAgentAgrees(s.handleSubscriptionList)))
-	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}", s.admin(s.subscriptionAgentAgrees(s.handleAdminSubscriptionDonate)))
+	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}", s.admin(s.subscriptionAgentAgrees(s.handleAdminDonation)))
 	s.mux.Handle("DELETE /v1/admin/subscriptions/{agent_id}/{subscription_id}", s.admin(s.subscriptionAgentAgrees(s.handleSubscriptionRetire)))
 	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/reinstate", s.admin(s.subscriptionAgentAgrees(s.handleSubscriptionReinstate)))
+	s.mux.Handle("PUT /v1/admin/subscriptions/{agent_id}/{subscription_id}/credential", s.admin(s.subscriptionAgentAgrees(s.handleSubscriptionCredential)))
+	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/probe", s.admin(s.subscriptionAgentAgrees(s.handleSubscriptionProbe)))
+	s.mux.Handle("POST /v1/admin/subscriptions/refresh", s.admin(s.handleOperatorRefresh))
 }
 
 // requestInfo is what the per-request log line reports (SPEC §13); handlers

@@ -3,6 +3,9 @@
 // (openai-chat, anthropic-messages, openai-responses), buffered and
 // streamed, and misbehaves on request: a model named "fail-500" answers 500,
 // "fail-429" answers 429 with retry-after, "fail-401" answers 401.
+// POST /oauth/token stands in for a provider's OAuth token endpoint
+// (BRAMA_OAUTH_<ID>_TOKEN_URL): it answers every authorization_code and
+// refresh_token grant with fresh tokens, except the code "bad-code".
 // It prints "listening on http://ADDR" and serves until interrupted.
 package main
 
@@ -14,6 +17,7 @@ import (
 	"log"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"strings"
@@ -38,6 +42,7 @@ func main() {
 	mux.HandleFunc("POST /v1/responses", responses)
 	mux.HandleFunc("POST /v1/embeddings", embeddings)
 	mux.HandleFunc("POST /embeddings", embeddings)
+	mux.HandleFunc("POST /oauth/token", token)
 	go http.Serve(ln, mux)
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
@@ -165,4 +170,27 @@ func embeddings(w http.ResponseWriter, r *http.Request) {
 	}
 	json.NewEncoder(w).Encode(map[string]any{"object": "list", "model": req.Model,
 		"data": []any{map[string]any{"object": "embedding", "index": 0, "embedding": []float64{0.1, 0.2, 0.3}}}})
+}
+
+// token answers an OAuth token request (JSON for claude-code, a form for
+// codex and kimi) with fresh made-up tokens.
+func token(w http.ResponseWriter, r *http.Request) {
+	b, _ := io.ReadAll(r.Body)
+	fields := map[string]string{}
+	if json.Unmarshal(b, &fields) != nil {
+		q, _ := url.ParseQuery(string(b))
+		for k := range q {
+			fields[k] = q.Get(k)
+		}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	grant := fields["grant_type"]
+	if fields["code"] == "bad-code" || (grant != "authorization_code" && grant != "refresh_token") {
+		w.WriteHeader(400)
+		io.WriteString(w, `{"error":"invalid_grant","error_description":"the stub refuses this grant"}`)
+		return
+	}
+	n := time.Now().UnixNano()
+	json.NewEncoder(w).Encode(map[string]any{"access_token": fmt.Sprintf("stub-access-%d", n),
+		"refresh_token": fmt.Sprintf("stub-refresh-%d", n), "expires_in": 3600})
 }

@@ -1,0 +1,232 @@
+package main
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+)
+
+// probeAnswer decodes a probe's 200 body.
+type probeAnswer struct {
+	OK    bool `json:"ok"`
+	Probe struct {
+		AtMs   int64  `json:"at_ms"`
+		OK     bool   `json:"ok"`
+		Detail string `json:"detail"`
+	} `json:"probe"`
+	Subscription struct {
+		ID         string `json:"id"`
+		Credential struct {
+			State string `json:"state"`
+		} `json:"credential"`
+	} `json:"subscription"`
+}
+
+// upstreamSeen is one call a fake provider received.
+type upstreamSeen struct {
+	path, auth string
+	body       map[string]any
+}
+
+func TestProbe(t *testing.T) {
+	env := stateEnv(t)
+	addAgent(t, env, "a")
+	addAgent(t, env, "b")
+	var mode atomic.Value // "", "401", "429", "500"
+	mode.Store("")
+	var mu sync.Mutex
+	var seen []upstreamSeen
+	prov := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		var m map[string]any
+		json.Unmarshal(body, &m)
+		auth := r.Header.Get("Authorization")
+		if auth == "" {
+			auth = r.Header.Get("x-api-key")
+		}
+		mu.Lock()
+		seen = append(seen, upstreamSeen{r.URL.Path, auth, m})
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		switch mode.Load() {
+		case "401":
+			w.WriteHeader(401)
+			io.WriteString(w, `{"error":{"type":"authentication_error","message":"token expired"}}`)
+			return
+		case "429":
+			w.Header().Set("Retry-After", "600")
+			w.WriteHeader(429)
+			io.WriteString(w, `{"error":{"type":"rate_limit_error","message":"slow down"}}`)
+			return
+		case "500":
+			w.WriteHeader(500)
+			io.WriteString(w, `{"error":{"type":"server_error","message":"upstream down"}}`)
+			return
+		}
+		if r.URL.Path == "/v1/messages" {
+			io.WriteString(w, opAnthropicAnswer)
+			return
+		}
+		io.WriteString(w, opChatAnswer)
+	})
+	te := newOpTokenEndpoint(t)
+	for _, p := range []string{"KIMI", "OPENAI", "CLAUDE_CODE"} {
+		env["BRAMA_PROVIDER_"+p+"_BASE_URL"] = prov.URL
+	}
+	env["BRAMA_OAUTH_CLAUDE_CODE_TOKEN_URL"] = te.URL + "/token"
+	d := startDaemon(t, env, "")
+	app := addClient(t, env, "app-a", "-agent", "a")
+	donate := func(agent, body string) string {
+		s, _, b := d.call("POST", "/v1/admin/subscriptions/"+agent, d.token, body)
+		var req donation
+		json.Unmarshal([]byte(body), &req)
+		return donatedID(t, s, b, agent, req.Provider)
+	}
+	k1 := donate("a", `{"provider":"kimi","api_key":"sk-probe-k1-0123456789"}`)
+	k2 := donate("a", `{"provider":"kimi","api_key":"sk-probe-k2-0123456789"}`)
+	oa := donate("a", `{"provider":"openai","api_key":"sk-probe-oa-0123456789"}`)
+	gone := donate("a", `{"provider":"kimi","api_key":"sk-probe-gone-0123456789"}`)
+	cc := donate("a", `{"provider":"claude-code","oauth":{"access_token":"probe-cc-access-0123456789","refresh_token":"probe-cc-refresh-0123456789","expires_at_ms":4102444800000}}`)
+	kb := donate("b", `{"provider":"kimi","api_key":"sk-probe-b-0123456789"}`)
+	if s, _, b := d.call("DELETE", "/v1/admin/subscriptions/a/"+gone, d.token, ""); s != 200 {
+		t.Fatalf("retire: %d %s", s, b)
+	}
+	probePath := func(agent, id string) string { return "/v1/admin/subscriptions/" + agent + "/" + id + "/probe" }
+
+	// A real request rate-limited on both kimi subscriptions records blocks.
+	blockK1 := func() {
+		mode.Store("429")
+		s, _, b := d.call("POST", "/v1/chat/completions", app, chatBody(dialectChat, "kimi/kimi-for-coding", false, ""))
+		mode.Store("")
+		if s != 429 {
+			t.Fatalf("rate-limited request: %d %s", s, b)
+		}
+	}
+
+	tests := []struct {
+		name      string
+		setup     func()
+		mode      string
+		path      string
+		body      string
+		want      int
+		code      string
+		calls     int    // provider calls the probe makes
+		wantAuth  string // the credential the one call presented
+		wantModel string
+		probeOK   bool
+		credState string
+	}{
+		{name: "default model on the named subscription", path: probePath("a", k2), want: 200, calls: 1,
+			wantAuth: "Bearer sk-probe-k2-0123456789", wantModel: "kimi-for-coding", probeOK: true, credState: credActive},
+		{name: "another agent's subscription", path: probePath("a", kb), want: 404, code: "not_found"},
+		{name: "unknown id", path: probePath("a", "sub_0000000000000000"), want: 404, code: "not_found"},
+		{name: "retired", path: probePath("a", gone), want: 409, code: "state_conflict"},
+		{name: "no probe model", path: probePath("a", oa), want: 409, code: "state_conflict"},
+		{name: "named model", path: probePath("a", oa), body: `{"model":"gpt-test"}`, want: 200, calls: 1,
+			wantAuth: "Bearer sk-probe-oa-0123456789", wantModel: "gpt-test", probeOK: true, credState: credActive},
+		{name: "unknown body member", path: probePath("a", oa), body: `{"model":"gpt-test","max_tokens":5}`, want: 400, code: "invalid_request"},
+		{name: "provider 500 is an answered probe", mode: "500", path: probePath("a", k2), want: 200, calls: 1,
+			wantAuth: "Bearer sk-probe-k2-0123456789", probeOK: false, credState: credActive},
+		{name: "401 recorded, not retried", mode: "401", path: probePath("a", cc), want: 200, calls: 1,
+			wantAuth: "Bearer probe-cc-access-0123456789", wantModel: "claude-haiku-4-5", probeOK: false, credState: credNeedsReauth},
+		{name: "success reactivates", path: probePath("a", cc), want: 200, calls: 1,
+			wantAuth: "Bearer probe-cc-access-0123456789", wantModel: "claude-haiku-4-5", probeOK: true, credState: credActive},
+		{name: "inside a block", setup: blockK1, path: probePath("a", k1), want: 409, code: "state_conflict"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.setup != nil {
+				tc.setup()
+			}
+			mode.Store(tc.mode)
+			defer mode.Store("")
+			before, tokensBefore := prov.calls.Load(), te.calls.Load()
+			s, _, b := d.call("POST", tc.path, d.token, tc.body)
+			if got := int(prov.calls.Load() - before); got != tc.calls {
+				t.Errorf("the probe made %d provider calls, want %d", got, tc.calls)
+			}
+			if te.calls.Load() != tokensBefore {
+				t.Errorf("the probe called the token endpoint")
+			}
+			if s != tc.want {
+				t.Fatalf("%d %s, want %d", s, b, tc.want)
+			}
+			if tc.code != "" {
+				if e := envelopeOf(t, b); e["code"] != tc.code {
+					t.Errorf("code %v, want %s", e["code"], tc.code)
+				}
+				return
+			}
+			var ans probeAnswer
+			if err := json.Unmarshal(b, &ans); err != nil || !ans.OK || ans.Probe.AtMs == 0 || ans.Probe.Detail == "" {
+				t.Fatalf("probe answer: %s", b)
+			}
+			if ans.Probe.OK != tc.probeOK || ans.Subscription.Credential.State != tc.credState {
+				t.Errorf("probe ok %v, credential %s; want %v, %s: %s", ans.Probe.OK, ans.Subscription.Credential.State, tc.probeOK, tc.credState, b)
+			}
+			if st := credentialStateOf(t, d, "a", ans.Subscription.ID); st != tc.credState {
+				t.Errorf("listing shows %s, want %s", st, tc.credState)
+			}
+			mu.Lock()
+			last := seen[len(seen)-1]
+			mu.Unlock()
+			if last.auth != tc.wantAuth {
+				t.Errorf("the call presented %q, want %q", last.auth, tc.wantAuth)
+			}
+			if tc.wantModel != "" && last.body["model"] != tc.wantModel {
+				t.Errorf("model %v, want %s", last.body["model"], tc.wantModel)
+			}
+			if mt, _ := last.body["max_tokens"].(float64); mt != probeMaxTokens {
+				t.Errorf("max_tokens %v, want %d", last.body["max_tokens"], probeMaxTokens)
+			}
+			if !strings.Contains(string(mustJSON(last.body["messages"])), `"ping"`) {
+				t.Errorf("the probe did not send ping: %v", last.body["messages"])
+			}
+			if strings.Contains(string(b), "0123456789") {
+				t.Errorf("the probe answer carries a credential: %s", b)
+			}
+		})
+	}
+	logs := d.stderr.String()
+	if !strings.Contains(logs, `"msg":"usage_probe_ok"`) || !strings.Contains(logs, `"msg":"usage_probe_failed"`) {
+		t.Errorf("probes are not logged as usage_probe_ok / usage_probe_failed")
+	}
+	for _, secret := range []string{"sk-probe-k2-0123456789", "probe-cc-access-0123456789", "probe-cc-refresh-0123456789"} {
+		assertNoSecret(t, secret, logsBesidesFirstStart(logs), env["BRAMA_STATE_DIR"])
+	}
+}
+
+func mustJSON(v any) []byte {
+	b, _ := json.Marshal(v)
+	return b
+}
+
+func TestPingRequest(t *testing.T) {
+	tests := []struct {
+		name     string
+		provider string
+		want     int
+	}{
+		{"kimi", "kimi", probeMaxTokens},
+		{"claude-code", "claude-code", probeMaxTokens},
+		{"codex takes no output limit", "codex", 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p, _ := lookupProvider(tc.provider)
+			req := pingRequest(tc.provider+"/m", p)
+			if req.MaxTokens != tc.want || len(req.Messages) != 1 || req.Messages[0].Parts[0].Text != "ping" || req.Stream {
+				t.Errorf("pingRequest = %+v", req)
+			}
+		})
+	}
+	for provider := range probeModels {
+		if _, ok := lookupProvider(provider); !ok {
+			t.Errorf("probe model for unknown provider %q", provider)
+		}
+	}
+}

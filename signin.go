@@ -1,0 +1,283 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Sign-in (SPEC §11.1): `brama subscription sign-in` runs the provider's
+// PKCE authorization-code flow on the operator's machine and hands the
+// grant to the daemon, which alone writes the vault's subscriptions
+// section (SPEC §2.3). PUT …/credential is the same replacement for
+// automation. Either way the journal says so (subscription_sign_in) and the
+// ledger credential becomes active: sign-in is how a credential that
+// needs reauthorization comes back.
+
+// signInVia is the query a sign-in's donation carries on POST
+// /v1/admin/subscriptions/{agent_id}, so the daemon journals it as a
+// sign-in; the body is the ordinary donation.
+const signInVia = "sign-in"
+
+// credentialBody is the strict body of PUT …/credential: exactly one of
+// an OAuth grant or an API key (checkCredential enforces "exactly").
+type credentialBody struct {
+	OAuth  *oauthGrant `json:"oauth"`
+	APIKey string      `json:"api_key"`
+}
+
+// handleSubscriptionCredential serves PUT
+// /v1/admin/subscriptions/{agent_id}/{subscription_id}/credential. The
+// answer carries the row, never the secret.
+func (s *server) handleSubscriptionCredential(w http.ResponseWriter, r *http.Request) {
+	var body credentialBody
+	if err := decodeBody(r, &body); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	agent, id := r.PathValue("agent_id"), r.PathValue("subscription_id")
+	ri := infoFrom(r.Context())
+	it, err := s.replaceSubscriptionCredential(agent, id, vaultCredential{OAuth: body.OAuth, APIKey: body.APIKey}, ri.clientID)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"ok": true, "subscription": s.ledger.row(it, false, s.now())})
+}
+
+// replaceSubscriptionCredential replaces the credential of agent's
+// subscription id and journals subscription_sign_in. It refuses before
+// changing anything when the journal could not record it (503), the id is
+// not agent's (404) or the subscription is retired (409 state_conflict: a
+// retired subscription is never refreshed or signed in; reinstate it
+// first). A vault write that fails is journaled as a failed sign-in.
+func (s *server) replaceSubscriptionCredential(agent, id string, cred vaultCredential, by string) (overlayItem, error) {
+	if err := s.journal.ready(); err != nil {
+		return overlayItem{}, refuse("dependency_unavailable", "credential not replaced: the journal cannot record a sign-in: %v", err).because(err)
+	}
+	it, ok, err := s.inv.get(agent, id)
+	switch {
+	case err != nil:
+		return overlayItem{}, err
+	case !ok:
+		return overlayItem{}, refuse("not_found", "agent %q has no subscription %q", agent, id)
+	}
+	retired, err := s.inv.isRetired(id)
+	switch {
+	case err != nil:
+		return overlayItem{}, err
+	case retired:
+		return overlayItem{}, refuse("state_conflict", "subscription %s is retired; reinstate it before replacing its credential", id)
+	}
+	kind := "api key"
+	if cred.OAuth != nil {
+		kind = "oauth grant"
+	}
+	if err := s.inv.replaceCredential(agent, id, cred); err != nil {
+		if ae := asAPIError(err); ae.Status() >= 500 {
+			s.journalSignIn(it, "failed", fmt.Sprintf("the %s from client %s was not stored: %s", kind, by, ae.Message))
+		}
+		return overlayItem{}, err
+	}
+	if err := s.journalSignIn(it, "signed_in", fmt.Sprintf("%s replaced by client %s", kind, by)); err != nil {
+		return overlayItem{}, refuse("dependency_unavailable", "the credential of %s was replaced, but the journal refused the sign-in record: %v", id, err).because(err)
+	}
+	return it, nil
+}
+
+// journalSignIn appends one subscription_sign_in record and logs it.
+func (s *server) journalSignIn(it overlayItem, result, detail string) error {
+	detail = ledgerSentence(detail)
+	err := s.journal.append(journalRecord{Kind: "subscription_sign_in", SubscriptionID: it.ID, Provider: it.Provider, Result: result, Detail: detail})
+	level := slog.LevelInfo
+	if result != "signed_in" || err != nil {
+		level = slog.LevelWarn
+	}
+	attrs := []slog.Attr{slog.String("subscription_id", it.ID), slog.String("agent_id", it.AgentID),
+		slog.String("provider", it.Provider), slog.String("result", result), slog.String("detail", detail)}
+	if err != nil {
+		attrs = append(attrs, slog.String("journal_error", err.Error()))
+	}
+	s.log.LogAttrs(context.Background(), level, "subscription_sign_in", attrs...)
+	return err
+}
+
+// handleAdminDonation serves POST /v1/admin/subscriptions/{agent_id}: an
+// ordinary donation, or with ?via=sign-in a donation made by `brama
+// subscription sign-in`, which is journaled as a sign-in too (SPEC §11.1).
+func (s *server) handleAdminDonation(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Query().Get("via") != signInVia {
+		s.handleAdminSubscriptionDonate(w, r)
+		return
+	}
+	it, err := s.signInDonation(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, map[string]donatedSubscription{
+		"subscription": {ID: it.ID, Provider: it.Provider, AgentID: it.AgentID, Label: it.Label, Status: "active"},
+	})
+}
+
+// signInDonation donates the grant a sign-in obtained as a new
+// subscription and journals subscription_sign_in. Like every operation
+// that must journal, it refuses before changing anything when the journal
+// could not record it.
+func (s *server) signInDonation(r *http.Request) (overlayItem, error) {
+	agent := r.PathValue("agent_id")
+	if err := s.journal.ready(); err != nil {
+		return overlayItem{}, refuse("dependency_unavailable", "subscription not donated: the journal cannot record a sign-in: %v", err).because(err)
+	}
+	var body donation
+	if err := decodeBody(r, &body); err != nil {
+		return overlayItem{}, err
+	}
+	doc, err := s.vault.load()
+	if err != nil {
+		return overlayItem{}, vaultRefusal(err)
+	}
+	if _, ok := doc.Agents[agent]; !ok {
+		return overlayItem{}, refuse("not_found", "no agent %q in the vault (brama agents add %s)", agent, agent)
+	}
+	it, err := s.inv.donate(agent, body.Provider, body.Label, vaultCredential{APIKey: body.APIKey, OAuth: body.OAuth})
+	if err != nil {
+		return overlayItem{}, err
+	}
+	by := infoFrom(r.Context()).clientID
+	if err := s.journalSignIn(it, "signed_in", "new subscription donated by sign-in from client "+by); err != nil {
+		return overlayItem{}, refuse("dependency_unavailable", "subscription %s was donated, but the journal refused the sign-in record: %v", it.ID, err).because(err)
+	}
+	return it, nil
+}
+
+// signInTimeout bounds the CLI's code exchange. The CLI is not the daemon:
+// a person waits at a terminal, and an endpoint that never answers must not
+// hold it forever (the daemon's own calls have no such bound, SPEC §7.4).
+const signInTimeout = 2 * time.Minute
+
+// subscriptionSignIn is `brama subscription sign-in`. It prints the
+// authorize URL on stderr (stdout carries only the subscription id, for
+// scripts), reads the pasted code or redirect URL from stdin (the line
+// after the bearer when BRAMA_TOKEN is unset), exchanges it locally, then
+// hands the grant to the daemon: PUT …/credential with -id, else a new
+// donation. The verifier, the code and the tokens are never printed.
+func (e cliEnv) subscriptionSignIn(args []string) error {
+	const usage = "subscription sign-in -provider claude-code|codex -agent A [-id ID | -label L] [-gateway URL]  (bearer unless BRAMA_TOKEN, then the pasted code, on stdin)"
+	fs := e.newFlags("subscription sign-in")
+	gw := gatewayFlag(fs)
+	provider := fs.String("provider", "", "claude-code or codex")
+	agent := fs.String("agent", "", "the `agent` that owns (or receives) the subscription")
+	id := fs.String("id", "", "replace the credential of this subscription `id` instead of donating a new one")
+	label := fs.String("label", "", "a `label` for a new subscription")
+	if _, err := parseFlags(fs, args, 0, usage); err != nil {
+		return err
+	}
+	if err := errors.Join(requireFlag("provider", *provider, usage), requireFlag("agent", *agent, usage)); err != nil {
+		return &usageError{err.Error()}
+	}
+	if *id != "" && *label != "" {
+		return &usageError{"-label names a new subscription; with -id the subscription keeps its label; usage: brama " + usage}
+	}
+	if p, err := lookupOAuth(*provider); err != nil || p.authorizeURL == "" {
+		return &usageError{fmt.Sprintf("-provider %q has no sign-in (claude-code or codex); donate its grant or replace it with PUT …/credential", *provider)}
+	}
+	in := bufio.NewReader(e.stdin)
+	g, err := e.subscriptionGateway(*gw, in)
+	if err != nil {
+		return err
+	}
+	// Check the gateway, the bearer and -id before the person signs in: a
+	// code is good once and for minutes only.
+	if err := g.checkSignInTarget(*agent, *id, *provider); err != nil {
+		return err
+	}
+	verifier, challenge := newPKCE()
+	state := signInState()
+	authURL, err := authorizeURL(*provider, state, challenge)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stderr, "brama: open this URL, sign in, then paste the code (or the whole redirect URL) as the next line:\n%s\n", authURL)
+	line, _ := in.ReadString('\n')
+	code := strings.TrimSpace(line)
+	if code == "" {
+		return errors.New("sign-in stopped: no authorization code on stdin")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, signInTimeout)
+	defer cancel()
+	o := newOAuth(e.getenv, newProviderClient(), nil, nil, slog.New(slog.DiscardHandler), time.Now)
+	grant, err := o.exchangeCode(ctx, *provider, code, verifier, state)
+	if err != nil {
+		return fmt.Errorf("sign-in failed, nothing was stored: %w", err)
+	}
+	if *id != "" {
+		if _, err := g.call("PUT", subscriptionPath(*agent, *id, "credential"), credentialBody{OAuth: &grant}); err != nil {
+			return err
+		}
+		fmt.Fprintf(e.stderr, "brama: signed in; subscription %s of agent %s has a new %s grant\n", *id, *agent, *provider)
+		fmt.Fprintln(e.stdout, *id)
+		return nil
+	}
+	b, err := g.call("POST", subscriptionPath(*agent)+"?via="+signInVia, donation{Provider: *provider, Label: *label, OAuth: &grant})
+	if err != nil {
+		return err
+	}
+	var ans struct {
+		Subscription donatedSubscription `json:"subscription"`
+	}
+	if err := json.Unmarshal(b, &ans); err != nil || ans.Subscription.ID == "" {
+		return fmt.Errorf("the gateway's answer names no subscription: %s", truncateUTF8(string(b), 200))
+	}
+	fmt.Fprintf(e.stderr, "brama: signed in; donated %s subscription %s to agent %s\n", *provider, ans.Subscription.ID, *agent)
+	fmt.Fprintln(e.stdout, ans.Subscription.ID)
+	return nil
+}
+
+// checkSignInTarget lists agent's subscriptions: it proves the gateway is
+// reachable and the bearer is an admin's, and with id that agent owns a
+// subscription id of provider that is not retired.
+func (g *subGateway) checkSignInTarget(agent, id, provider string) error {
+	b, err := g.call("GET", subscriptionPath(agent), nil)
+	if err != nil || id == "" {
+		return err
+	}
+	var body struct {
+		Subscriptions []subscriptionRow `json:"subscriptions"`
+	}
+	if err := json.Unmarshal(b, &body); err != nil {
+		return fmt.Errorf("the gateway's listing is not JSON: %w", err)
+	}
+	i := slices.IndexFunc(body.Subscriptions, func(r subscriptionRow) bool { return r.ID == id })
+	switch {
+	case i < 0:
+		return fmt.Errorf("agent %q has no subscription %q; nothing to sign in", agent, id)
+	case body.Subscriptions[i].Provider != provider:
+		return fmt.Errorf("subscription %s is a %s subscription, not %s", id, body.Subscriptions[i].Provider, provider)
+	case body.Subscriptions[i].Status == "retired":
+		return fmt.Errorf("subscription %s is retired; reinstate it before signing in", id)
+	}
+	return nil
+}
+
+// signInState is the OAuth state of one sign-in (RFC 6749 §10.12): 32
+// random bytes, base64url, so a code pasted from another sign-in is refused.
+func signInState() string {
+	b := make([]byte, 32)
+	rand.Read(b)
+	return base64.RawURLEncoding.EncodeToString(b)
+}

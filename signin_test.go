@@ -1,0 +1,336 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// opTokenEndpoint is a fake OAuth token endpoint: it counts calls, keeps
+// every field it was sent (the tests grep for the PKCE verifier), answers an
+// authorization_code grant for a known code with tokens minted from it,
+// and refreshes by the rule in refresh.
+type opTokenEndpoint struct {
+	*fakeProvider
+	mu      sync.Mutex // guards seen
+	seen    []map[string]string
+	codes   map[string][2]string                    // code → access, refresh it mints
+	refresh func(refreshToken string) (int, string) // status and body for a refresh_token grant
+}
+
+func newOpTokenEndpoint(t *testing.T) *opTokenEndpoint {
+	te := &opTokenEndpoint{codes: map[string][2]string{}}
+	te.refresh = func(string) (int, string) {
+		return 400, `{"error":"invalid_grant","error_description":"refresh token revoked"}`
+	}
+	te.fakeProvider = newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		fields := map[string]string{}
+		if json.Unmarshal(body, &fields) != nil {
+			t.Errorf("token request is not a JSON object of strings")
+		}
+		te.mu.Lock()
+		te.seen = append(te.seen, fields)
+		toks, known := te.codes[fields["code"]]
+		te.mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		switch fields["grant_type"] {
+		case "authorization_code":
+			if !known || fields["code_verifier"] == "" {
+				w.WriteHeader(400)
+				io.WriteString(w, `{"error":"invalid_grant","error_description":"unknown code"}`)
+				return
+			}
+			fmt.Fprintf(w, `{"access_token":%q,"refresh_token":%q,"expires_in":3600}`, toks[0], toks[1])
+		case "refresh_token":
+			status, b := te.refresh(fields["refresh_token"])
+			w.WriteHeader(status)
+			io.WriteString(w, b)
+		default:
+			w.WriteHeader(400)
+			io.WriteString(w, `{"error":"unsupported_grant_type"}`)
+		}
+	})
+	return te
+}
+
+// verifiers returns every code_verifier the endpoint was sent.
+func (te *opTokenEndpoint) verifiers() []string {
+	te.mu.Lock()
+	defer te.mu.Unlock()
+	var out []string
+	for _, f := range te.seen {
+		if v := f["code_verifier"]; v != "" {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// opAnthropicAnswer is a minimal anthropic-messages answer.
+const opAnthropicAnswer = `{"id":"msg_1","type":"message","role":"assistant","model":"m","content":[{"type":"text","text":"pong"}],"stop_reason":"end_turn","usage":{"input_tokens":3,"output_tokens":1}}`
+
+// opChatAnswer is a minimal openai-chat answer.
+const opChatAnswer = `{"id":"c1","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"pong"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`
+
+// bearerProvider is a fake claude-code provider that accepts only the
+// access tokens in good and answers 401 to any other.
+func bearerProvider(t *testing.T, good *sync.Map) *fakeProvider {
+	return newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		w.Header().Set("Content-Type", "application/json")
+		if _, ok := good.Load(strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")); !ok {
+			w.WriteHeader(401)
+			io.WriteString(w, `{"type":"error","error":{"type":"authentication_error","message":"invalid bearer token"}}`)
+			return
+		}
+		io.WriteString(w, opAnthropicAnswer)
+	})
+}
+
+// opJournal returns the journal's records of kind.
+func opJournal(t *testing.T, env map[string]string, kind string) []journalRecord {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(env["BRAMA_STATE_DIR"], "journal.jsonl"))
+	if err != nil {
+		t.Fatalf("journal: %v", err)
+	}
+	recs, bad, _ := readJournalLines(b)
+	if len(bad) > 0 {
+		t.Errorf("journal has unreadable lines: %+v", bad)
+	}
+	var out []journalRecord
+	for _, r := range recs {
+		if r.Kind == kind {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// credentialState reads one row's credential state from the admin listing.
+func credentialStateOf(t *testing.T, d *daemon, agent, id string) string {
+	t.Helper()
+	s, _, b := d.call("GET", "/v1/admin/subscriptions/"+agent, d.token, "")
+	if s != 200 {
+		t.Fatalf("listing: %d %s", s, b)
+	}
+	for _, r := range listRows(t, b) {
+		if r.ID == id && r.Credential != nil {
+			return r.Credential.State
+		}
+	}
+	t.Fatalf("no row %s in %s", id, b)
+	return ""
+}
+
+func TestSignInReplacesAndDonates(t *testing.T) {
+	env := stateEnv(t)
+	addAgent(t, env, "a1")
+	var good sync.Map
+	prov := bearerProvider(t, &good)
+	te := newOpTokenEndpoint(t)
+	te.codes["planted-code-replace-0123456789"] = [2]string{"planted-access-new-0123456789", "planted-refresh-new-0123456789"}
+	te.codes["planted-code-donate-0123456789"] = [2]string{"planted-access-don-0123456789", "planted-refresh-don-0123456789"}
+	good.Store("planted-access-new-0123456789", true)
+	good.Store("planted-access-don-0123456789", true)
+	env["BRAMA_PROVIDER_CLAUDE_CODE_BASE_URL"] = prov.URL
+	env["BRAMA_OAUTH_CLAUDE_CODE_TOKEN_URL"] = te.URL + "/token"
+	d := startDaemon(t, env, "")
+	app := addClient(t, env, "app-a1", "-agent", "a1")
+	withToken := maps.Clone(env)
+	withToken["BRAMA_TOKEN"] = d.token
+
+	s, _, b := d.call("POST", "/v1/admin/subscriptions/a1", d.token,
+		`{"provider":"claude-code","oauth":{"access_token":"planted-access-old-0123456789","refresh_token":"planted-refresh-old-0123456789","expires_at_ms":4102444800000}}`)
+	id := donatedID(t, s, b, "a1", "claude-code")
+	chat := chatBody(dialectMessages, "claude-code/claude-test", false, "")
+
+	// The provider refuses the old token and the token endpoint its refresh
+	// token: the credential needs reauthorization and nothing serves.
+	s, _, b = d.call("POST", "/v1/messages", app, chat)
+	if s != 503 || envelopeOf(t, b)["code"] != "subscription_reauthorization_required" {
+		t.Fatalf("before sign-in: %d %s", s, b)
+	}
+	if st := credentialStateOf(t, d, "a1", id); st != credNeedsReauth {
+		t.Fatalf("credential state before sign-in = %s", st)
+	}
+
+	var cliOut strings.Builder
+	tests := []struct {
+		name      string
+		env       map[string]string
+		stdin     string
+		args      []string
+		wantCode  int
+		wantID    string // "" for a new id
+		wantErr   string
+		tokenCall bool
+	}{
+		{name: "pasted code of another sign-in", env: withToken, stdin: "planted-code-replace-0123456789#not-this-sign-in\n",
+			args: []string{"-id", id}, wantCode: 1, wantErr: "another sign-in"},
+		{name: "no code", env: withToken, stdin: "", args: []string{"-id", id}, wantCode: 1, wantErr: "no authorization code"},
+		{name: "unknown id", env: withToken, stdin: "planted-code-replace-0123456789\n", args: []string{"-id", "sub_0000000000000000"}, wantCode: 1, wantErr: "no subscription"},
+		{name: "refused code", env: withToken, stdin: "planted-code-unknown-0123456789\n", args: []string{"-id", id}, wantCode: 1, wantErr: "nothing was stored", tokenCall: true},
+		{name: "replace with -id", env: withToken, stdin: "planted-code-replace-0123456789\n", args: []string{"-id", id}, wantID: id, tokenCall: true},
+		{name: "donate, bearer on stdin", env: env, stdin: d.token + "\nplanted-code-donate-0123456789\n", args: []string{"-label", "laptop"}, tokenCall: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			before := te.calls.Load()
+			args := append([]string{"subscription", "sign-in", "-provider", "claude-code", "-agent", "a1", "-gateway", d.url}, tc.args...)
+			out, errOut, code := runCLI(t, tc.env, tc.stdin, args...)
+			cliOut.WriteString(out + errOut)
+			if code != tc.wantCode || !strings.Contains(errOut, tc.wantErr) {
+				t.Fatalf("exit %d, stderr %q; want %d mentioning %q", code, errOut, tc.wantCode, tc.wantErr)
+			}
+			if called := te.calls.Load() > before; called != tc.tokenCall {
+				t.Errorf("token endpoint called: %v, want %v", called, tc.tokenCall)
+			}
+			if !strings.Contains(errOut, "https://claude.ai/oauth/authorize?") && tc.wantErr == "" {
+				t.Errorf("the authorize URL was not printed on stderr: %q", errOut)
+			}
+			if code != 0 {
+				return
+			}
+			got := strings.TrimSpace(out)
+			if (tc.wantID != "" && got != tc.wantID) || !isSubscriptionID(got) {
+				t.Fatalf("stdout %q, want the subscription id %q", got, tc.wantID)
+			}
+			if st := credentialStateOf(t, d, "a1", got); st != credActive {
+				t.Errorf("credential state after sign-in = %s, want active", st)
+			}
+			signIns := opJournal(t, env, "subscription_sign_in")
+			last := signIns[len(signIns)-1]
+			if last.SubscriptionID != got || last.Provider != "claude-code" || last.Result != "signed_in" || last.Detail == "" {
+				t.Errorf("last subscription_sign_in = %+v", last)
+			}
+		})
+	}
+	if n := len(opJournal(t, env, "subscription_sign_in")); n != 2 {
+		t.Errorf("%d subscription_sign_in records, want 2 (one per successful sign-in)", n)
+	}
+	subs := readVaultSubs(t, env)
+	if g := subs[id].OAuth; g == nil || g.AccessToken != "planted-access-new-0123456789" || g.RefreshToken != "planted-refresh-new-0123456789" || g.ExpiresAtMs == 0 {
+		t.Errorf("vault grant of %s after sign-in = %+v", id, g)
+	}
+	// The subscription that needed reauthorization now serves.
+	s, _, b = d.call("POST", "/v1/messages", app, chat)
+	if s != 200 {
+		t.Fatalf("after sign-in: %d %s", s, b)
+	}
+
+	secrets := append(te.verifiers(), "planted-code-replace-0123456789", "planted-code-donate-0123456789",
+		"planted-access-new-0123456789", "planted-refresh-new-0123456789", "planted-access-don-0123456789", "planted-refresh-don-0123456789")
+	if len(te.verifiers()) != 3 {
+		t.Fatalf("token endpoint saw %d verifiers, want 3", len(te.verifiers()))
+	}
+	for _, secret := range secrets {
+		assertNoSecret(t, secret, logsBesidesFirstStart(d.stderr.String())+cliOut.String(), env["BRAMA_STATE_DIR"])
+	}
+	assertOwnerOnly(t, env["BRAMA_STATE_DIR"])
+}
+
+func TestCredentialPut(t *testing.T) {
+	env := stateEnv(t)
+	addAgent(t, env, "a")
+	addAgent(t, env, "b")
+	d := startDaemon(t, env, "")
+	s, _, b := d.call("POST", "/v1/admin/subscriptions/a", d.token, `{"provider":"kimi","api_key":"sk-put-old-0123456789"}`)
+	idA := donatedID(t, s, b, "a", "kimi")
+	s, _, b = d.call("POST", "/v1/admin/subscriptions/a", d.token, `{"provider":"openai","api_key":"sk-put-retired-0123456789"}`)
+	idRetired := donatedID(t, s, b, "a", "openai")
+	s, _, b = d.call("POST", "/v1/admin/subscriptions/b", d.token, `{"provider":"kimi","api_key":"sk-put-b-0123456789"}`)
+	idB := donatedID(t, s, b, "b", "kimi")
+	if s, _, b := d.call("DELETE", "/v1/admin/subscriptions/a/"+idRetired, d.token, ""); s != 200 {
+		t.Fatalf("retire: %d %s", s, b)
+	}
+	path := func(agent, id string) string { return "/v1/admin/subscriptions/" + agent + "/" + id + "/credential" }
+	caller := addClient(t, env, "app")
+
+	tests := []struct {
+		name, path, token, body string
+		want                    int
+		code                    string
+		vaultKey                string // the key the vault holds for idA afterwards ("" unchecked)
+	}{
+		{name: "api key", path: path("a", idA), token: d.token, body: `{"api_key":"sk-put-new-0123456789"}`, want: 200, vaultKey: "sk-put-new-0123456789"},
+		{name: "oauth grant", path: path("a", idA), token: d.token, body: `{"oauth":{"access_token":"put-access-0123456789","refresh_token":"put-refresh-0123456789","expires_at_ms":4102444800000}}`, want: 200},
+		{name: "both", path: path("a", idA), token: d.token, body: `{"api_key":"sk-x-0123456789","oauth":{"access_token":"x","refresh_token":"y","expires_at_ms":0}}`, want: 400, code: "invalid_request"},
+		{name: "neither", path: path("a", idA), token: d.token, body: `{}`, want: 400, code: "invalid_request"},
+		{name: "unknown member", path: path("a", idA), token: d.token, body: `{"api_key":"sk-x-0123456789","label":"x"}`, want: 400, code: "invalid_request"},
+		{name: "unknown grant member", path: path("a", idA), token: d.token, body: `{"oauth":{"access_token":"x","refresh_token":"y","expires_at_ms":0,"scope":"z"}}`, want: 400, code: "invalid_request"},
+		{name: "not json", path: path("a", idA), token: d.token, body: `sk-put-raw`, want: 400, code: "invalid_request"},
+		{name: "another agent's id", path: path("a", idB), token: d.token, body: `{"api_key":"sk-put-stolen-0123456789"}`, want: 404, code: "not_found"},
+		{name: "retired", path: path("a", idRetired), token: d.token, body: `{"api_key":"sk-put-late-0123456789"}`, want: 409, code: "state_conflict"},
+		{name: "not admin", path: path("a", idA), token: caller, body: `{"api_key":"sk-put-caller-0123456789"}`, want: 403, code: "forbidden"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			before := len(opJournal(t, env, "subscription_sign_in"))
+			s, _, b := d.call("PUT", tc.path, tc.token, tc.body)
+			if s != tc.want {
+				t.Fatalf("%d %s, want %d", s, b, tc.want)
+			}
+			after := len(opJournal(t, env, "subscription_sign_in"))
+			if tc.code != "" {
+				if envelopeOf(t, b)["code"] != tc.code {
+					t.Errorf("code: %s, want %s", b, tc.code)
+				}
+				if after != before {
+					t.Errorf("a refused PUT journaled a sign-in")
+				}
+				return
+			}
+			if after != before+1 {
+				t.Errorf("journal sign-ins %d → %d, want one more", before, after)
+			}
+			if strings.Contains(string(b), "0123456789") {
+				t.Errorf("the answer echoes the secret: %s", b)
+			}
+			if tc.vaultKey != "" && readVaultSubs(t, env)[idA].APIKey != tc.vaultKey {
+				t.Errorf("vault does not hold the new key")
+			}
+		})
+	}
+	if g := readVaultSubs(t, env)[idA].OAuth; g == nil || g.RefreshToken != "put-refresh-0123456789" {
+		t.Errorf("the last accepted credential is not in the vault: %+v", g)
+	}
+	if k := readVaultSubs(t, env)[idB].APIKey; k != "sk-put-b-0123456789" {
+		t.Errorf("another agent's credential changed")
+	}
+	for _, secret := range []string{"sk-put-new-0123456789", "put-refresh-0123456789", "sk-put-stolen-0123456789", "sk-put-late-0123456789"} {
+		assertNoSecret(t, secret, logsBesidesFirstStart(d.stderr.String()), env["BRAMA_STATE_DIR"])
+	}
+}
+
+// TestOperatorRoutesWithoutStateDir: every route of this work item must
+// journal or read the inventory, so without a state directory each refuses
+// 503 naming the cause, and onboarding exits 1 naming it.
+func TestOperatorRoutesWithoutStateDir(t *testing.T) {
+	d := startDaemon(t, map[string]string{"BRAMA_MODEL_CATALOG_URL": "off"}, "")
+	tests := []struct{ name, method, path, body string }{
+		{"credential", "PUT", "/v1/admin/subscriptions/a1/sub_0123456789abcdef/credential", `{"api_key":"sk-nostate-0123456789"}`},
+		{"probe", "POST", "/v1/admin/subscriptions/a1/sub_0123456789abcdef/probe", ""},
+		{"refresh", "POST", "/v1/admin/subscriptions/refresh", `{"provider":"claude-code","reason":"rotate"}`},
+		{"sign-in donation", "POST", "/v1/admin/subscriptions/a1?via=sign-in", `{"provider":"kimi","api_key":"sk-nostate-0123456789"}`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s, _, b := d.call(tc.method, tc.path, d.token, tc.body)
+			e := envelopeOf(t, b)
+			if s != 503 || e["code"] != "dependency_unavailable" || !strings.Contains(fmt.Sprint(e["message"]), "$HOME is not defined") {
+				t.Errorf("%d %s, want 503 dependency_unavailable naming the cause", s, b)
+			}
+		})
+	}
+	out, errOut, code := runCLI(t, map[string]string{"BRAMA_TOKEN": d.token}, "", "subscription", "refresh", "claude-code", "-reason", "x", "-gateway", d.url)
+	if code != 1 || !strings.Contains(errOut, "$HOME is not defined") {
+		t.Errorf("refresh CLI without a state dir: exit %d, %q %q", code, out, errOut)
+	}
+}
