@@ -27,6 +27,7 @@
 //	brama tasks record -agent A -model ROUTE -status pass|fail [-score F] TASK
 //	brama onboard [-model ROUTE] [-allow-provider-cost]
 //	brama journal check
+//	brama maintain [-gateway URL] [-json]
 //
 // State lives in BRAMA_STATE_DIR, else ~/.brama (0700, files 0600). With
 // neither, Brama still serves and every state reader and writer refuses
@@ -92,7 +93,7 @@ func exitCode(err error, stderr io.Writer) int {
 // after every goroutine it started has exited.
 func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return &usageError{"usage: brama serve|version|routes|clients|agents|credentials|subscription|tasks|onboard|journal ... (-h on each)"}
+		return &usageError{"usage: brama serve|version|routes|clients|agents|credentials|subscription|tasks|onboard|journal|maintain ... (-h on each)"}
 	}
 	env := cliEnv{getenv: getenv, stdin: stdin, stdout: stdout, stderr: stderr}
 	cmd, rest := args[0], args[1:]
@@ -120,8 +121,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		return env.onboardCmd(rest)
 	case "journal":
 		return env.sub("journal", rest, map[string]func([]string) error{"check": env.journalCheck})
+	case "maintain":
+		return env.maintainCmd(rest)
 	case "-h", "-help", "--help", "help":
-		fmt.Fprintln(stdout, "usage: brama serve|version|routes|clients|agents|credentials|subscription|tasks|onboard|journal ... (-h on each)")
+		fmt.Fprintln(stdout, "usage: brama serve|version|routes|clients|agents|credentials|subscription|tasks|onboard|journal|maintain ... (-h on each)")
 		return nil
 	}
 	return &usageError{fmt.Sprintf("unknown command %q", cmd)}
@@ -254,6 +257,7 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 	s.inv = newInventory(d.st, s.vault, s.journal, s.ledger, e.getenv, log, s.now)
 	s.oauth = newOAuth(e.getenv, s.client, s.vault, s.ledger, log, s.now)
 	defer s.oauth.wait()
+	s.maint = newMaintainer(s.inv, s.ledger, s.oauth, s.journal, s.client, e.getenv, log, s.now)
 	s.keepAlive = testingOnlyKeepAlive
 	if *localCreds {
 		if s.localCreds, err = readLocalCredentials(e.stdin); err != nil {
@@ -285,6 +289,7 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 	bg, stopBackground := context.WithCancel(ctx)
 	defer stopBackground()
 	s.catalog.start(bg, &wg)
+	s.maint.run(bg, &wg) // the listener is up: the start pass may begin
 	defer s.perf.flush()
 	serveErr := make(chan error, 1)
 	wg.Add(1)

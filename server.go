@@ -42,6 +42,7 @@ type server struct {
 	inv        *inventory
 	oauth      *oauthClient
 	pins       pins // the subscription that last served each agent and provider
+	maint      *maintainer
 }
 
 // routes is the only place URL patterns appear.
@@ -68,6 +69,7 @@ func (s *server) routes() {
 	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}", s.admin(s.subscriptionAgentAgrees(s.handleAdminDonation)))
 	s.mux.Handle("DELETE /v1/admin/subscriptions/{agent_id}/{subscription_id}", s.admin(s.subscriptionAgentAgrees(s.handleSubscriptionRetire)))
 	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/reinstate", s.admin(s.subscriptionAgentAgrees(s.handleSubscriptionReinstate)))
+	s.mux.Handle("POST /v1/admin/maintain", s.admin(s.handleMaintain(s.maint)))
 	s.mux.Handle("PUT /v1/admin/subscriptions/{agent_id}/{subscription_id}/credential", s.admin(s.subscriptionAgentAgrees(s.handleSubscriptionCredential)))
 	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/probe", s.admin(s.subscriptionAgentAgrees(s.handleSubscriptionProbe)))
 	s.mux.Handle("POST /v1/admin/subscriptions/refresh", s.admin(s.handleOperatorRefresh))
@@ -477,7 +479,7 @@ func (s *server) stats() stats {
 		Routes:        s.perf.snapshot(),
 		AttemptsTotal: s.attempts.Load(),
 		JournalBytes:  size,
-		Maintenance:   map[string]any{"passes": 0},
+		Maintenance:   s.maint.state(),
 	}
 }
 

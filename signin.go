@@ -91,6 +91,7 @@ func (s *server) replaceSubscriptionCredential(agent, id string, cred vaultCrede
 		}
 		return overlayItem{}, err
 	}
+	s.maint.changed()
 	if err := s.journalSignIn(it, "signed_in", fmt.Sprintf("%s replaced by client %s", kind, by)); err != nil {
 		return overlayItem{}, refuse("dependency_unavailable", "the credential of %s was replaced, but the journal refused the sign-in record: %v", id, err).because(err)
 	}
@@ -156,6 +157,7 @@ func (s *server) signInDonation(r *http.Request) (overlayItem, error) {
 	if err != nil {
 		return overlayItem{}, err
 	}
+	s.maint.changed()
 	by := infoFrom(r.Context()).clientID
 	if err := s.journalSignIn(it, "signed_in", "new subscription donated by sign-in from client "+by); err != nil {
 		return overlayItem{}, refuse("dependency_unavailable", "subscription %s was donated, but the journal refused the sign-in record: %v", it.ID, err).because(err)

@@ -60,6 +60,7 @@ func (s *server) handleSubscriptionDonate(w http.ResponseWriter, r *http.Request
 		s.fail(w, r, err)
 		return
 	}
+	s.maint.changed()
 	writeJSON(w, http.StatusCreated, map[string]donatedSubscription{
 		"subscription": {ID: it.ID, Provider: it.Provider, AgentID: it.AgentID, Label: it.Label, Status: "active"},
 	})
@@ -108,5 +109,6 @@ func (s *server) handleSubscriptionReinstate(w http.ResponseWriter, r *http.Requ
 		s.fail(w, r, err)
 		return
 	}
+	s.maint.changed()
 	writeJSON(w, http.StatusOK, map[string]bool{"ok": true})
 }

@@ -361,7 +361,7 @@ func (s *server) answerSubscription(w http.ResponseWriter, r *http.Request, dial
 // requestMaintenance asks for one maintenance pass after a refusal for want
 // of a signed-in subscription (SPEC §11.2).
 func (s *server) requestMaintenance(reason string) {
-	s.log.Info("maintenance_requested", "reason", reason)
+	s.maint.request(reason)
 }
 
 // walkSubscriptionRoute serves an explicit subscription route (SPEC §7.2).

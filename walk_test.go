@@ -29,6 +29,10 @@ type keyedFake struct {
 func newKeyedFake(t *testing.T, behavior map[string]string) *keyedFake {
 	k := &keyedFake{behavior: behavior, calls: map[string]int{}}
 	k.fakeProvider = newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		if r.Method == http.MethodGet { // a maintenance pass reading kimi's usage report, not a call
+			http.Error(w, `{"error":"no usage report here"}`, http.StatusNotFound)
+			return
+		}
 		key := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
 		var req struct {
 			Model string `json:"model"`
