@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"regexp"
+	"slices"
 	"sync"
 	"time"
 )
@@ -228,6 +229,13 @@ func ledgerSentence(s string) string {
 // (coalesced write).
 func (l *ledger) recordWindows(id, provider string, ws []planWindow) {
 	l.mutate(id, provider, false, func(e *ledgerEntry, _ time.Time) {
+		// A usage report is a whole reading: a window it no longer names is
+		// gone, and keeping it would make the subscription due forever.
+		if len(ws) > 0 && ws[0].Source == windowSourceReport {
+			e.Windows = slices.DeleteFunc(e.Windows, func(old planWindow) bool {
+				return old.Source == windowSourceReport && !slices.ContainsFunc(ws, func(w planWindow) bool { return w.ID == old.ID })
+			})
+		}
 		for _, w := range ws {
 			w.UsedFraction = planFraction(w.UsedFraction)
 			replaced := false
@@ -348,6 +356,9 @@ func (l *ledger) nextDue(now time.Time) (time.Time, bool) {
 	}
 	l.mu.Lock()
 	for _, e := range l.entries {
+		if e.Credential.State == credNeedsReauth {
+			continue // nothing is due for it until a sign-in replaces the credential
+		}
 		consider(e.Credential.ExpiresAtMs)
 		consider(e.Block.UntilMs)
 		for _, w := range e.Windows {

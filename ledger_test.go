@@ -656,3 +656,37 @@ func FuzzLedgerFile(f *testing.F) {
 		}
 	})
 }
+
+func TestLedgerUsageReportReplacesItsWindows(t *testing.T) {
+	l, clock, _, _ := newTestLedger(state{dir: t.TempDir()})
+	now := clock.now()
+	report := func(ids ...string) []planWindow {
+		var ws []planWindow
+		for _, id := range ids {
+			ws = append(ws, planWindow{ID: id, UsedFraction: 0.5, ResetsAtMs: now.Add(time.Hour).UnixMilli(), Source: windowSourceReport})
+		}
+		return ws
+	}
+	l.recordWindows(ledgerIDA, "kimi", []planWindow{{ID: "anthropic:5h", UsedFraction: 0.1, Source: windowSourceTraffic}})
+	l.recordWindows(ledgerIDA, "kimi", report("kimi:usage", "kimi:limit-0"))
+	l.recordWindows(ledgerIDA, "kimi", report("kimi:usage"))
+	e, _ := l.entry(ledgerIDA)
+	var got []string
+	for _, w := range e.Windows {
+		got = append(got, w.ID)
+	}
+	if diff := cmp.Diff([]string{"anthropic:5h", "kimi:usage"}, got); diff != "" {
+		t.Errorf("windows after a report that no longer names kimi:limit-0 (-want +got):\n%s", diff)
+	}
+}
+
+func TestLedgerNextDueSkipsNeedsReauthorization(t *testing.T) {
+	l, clock, _, _ := newTestLedger(state{dir: t.TempDir()})
+	now := clock.now()
+	l.setGrantTimes(ledgerIDA, "kimi", now.Add(time.Hour).UnixMilli(), 0)
+	l.setGrantTimes(ledgerIDB, "kimi", now.Add(2*time.Hour).UnixMilli(), 0)
+	l.setCredential(ledgerIDA, "kimi", credNeedsReauth, "refused")
+	if due, ok := l.nextDue(now); !ok || !due.Equal(now.Add(2*time.Hour).Truncate(time.Millisecond)) {
+		t.Errorf("nextDue = %v %v, want the active grant's expiry (the one needing sign-in has nothing due)", due, ok)
+	}
+}

@@ -13,13 +13,19 @@ import (
 // latest reading of each; dispatch orders subscriptions by them.
 
 // planWindow is one plan window's latest reading.
+// Where a plan window's reading came from.
+const (
+	windowSourceTraffic = "traffic"      // a subscription answer's headers (SPEC §6.3)
+	windowSourceReport  = "usage_report" // a usage report read (SPEC §11.2)
+)
+
 type planWindow struct {
 	ID           string  `json:"id"` // anthropic:5h, anthropic:7d, codex:primary, codex:secondary, kimi:usage, kimi:limit-<i>
 	Label        string  `json:"label"`
 	UsedFraction float64 `json:"used_fraction"` // clamped to [0,1]
 	ResetsAtMs   int64   `json:"resets_at_ms"`  // 0 unknown
 	RecordedAtMs int64   `json:"recorded_at_ms"`
-	Source       string  `json:"source"` // "traffic" or "usage_report"
+	Source       string  `json:"source"` // windowSourceTraffic or windowSourceReport
 }
 
 // planFraction keeps a fraction in [0,1]; NaN reads as 0.
@@ -56,7 +62,7 @@ func parsePlanWindows(provider string, h http.Header, now time.Time) []planWindo
 			if !ok {
 				continue
 			}
-			w := planWindow{ID: k.id, Label: k.label, UsedFraction: planFraction(util), RecordedAtMs: nowMs, Source: "traffic"}
+			w := planWindow{ID: k.id, Label: k.label, UsedFraction: planFraction(util), RecordedAtMs: nowMs, Source: windowSourceTraffic}
 			if reset, ok := planHeaderNumber(h, "anthropic-ratelimit-unified-"+k.key+"-reset"); ok && reset > 0 && reset < planMaxResetSeconds {
 				w.ResetsAtMs = int64(reset * 1000)
 			}
@@ -69,7 +75,7 @@ func parsePlanWindows(provider string, h http.Header, now time.Time) []planWindo
 			if !ok {
 				continue
 			}
-			w := planWindow{ID: "codex:" + which, Label: which + " window", UsedFraction: planFraction(pct / 100), RecordedAtMs: nowMs, Source: "traffic"}
+			w := planWindow{ID: "codex:" + which, Label: which + " window", UsedFraction: planFraction(pct / 100), RecordedAtMs: nowMs, Source: windowSourceTraffic}
 			if mins, ok := planHeaderNumber(h, prefix+"window-minutes"); ok && mins >= 1 && mins < planMaxResetSeconds && mins == math.Trunc(mins) {
 				w.Label = planWindowLabel(int64(mins))
 			}

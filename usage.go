@@ -353,7 +353,7 @@ func kimiWindowLabel(w map[string]json.RawMessage, i int) string {
 // usageWindow is one reading from a usage report, its fraction clamped.
 func usageWindow(id, label string, fraction float64, resetMs int64, now time.Time) planWindow {
 	return planWindow{ID: id, Label: label, UsedFraction: planFraction(fraction), ResetsAtMs: resetMs,
-		RecordedAtMs: now.UnixMilli(), Source: "usage_report"}
+		RecordedAtMs: now.UnixMilli(), Source: windowSourceReport}
 }
 
 // codexUsageURL is codex's usage report (SPEC §11.2); it lives outside the
