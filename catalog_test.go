@@ -21,26 +21,9 @@ import (
 	"github.com/google/go-cmp/cmp"
 )
 
-// catalogClock is an injected clock tests move by hand.
-type catalogClock struct {
-	mu sync.Mutex // guards t
-	t  time.Time
-}
 
-func newCatalogClock() *catalogClock {
-	return &catalogClock{t: time.Date(2025, 10, 1, 12, 0, 0, 0, time.UTC)}
-}
-
-func (c *catalogClock) now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *catalogClock) advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
+func newCatalogClock() *testClock {
+	return &testClock{t: time.Date(2025, 10, 1, 12, 0, 0, 0, time.UTC)}
 }
 
 // catalogLogs captures slog JSON lines from any goroutine.

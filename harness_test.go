@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // syncBuffer is a bytes.Buffer safe for the server's logger and the test to
@@ -183,4 +184,28 @@ func logsBesidesFirstStart(stderr string) string {
 		}
 	}
 	return strings.Join(keep, "\n")
+}
+
+// testClock is an injected clock the test moves by hand.
+type testClock struct {
+	mu sync.Mutex // guards t
+	t  time.Time
+}
+
+func (c *testClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *testClock) set(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = t
+}
+
+func (c *testClock) advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
 }

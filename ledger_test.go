@@ -23,23 +23,6 @@ const (
 // ledgerT0 is the injected clock's start.
 var ledgerT0 = time.Date(2025, 10, 1, 12, 0, 0, 0, time.UTC)
 
-// ledgerClock is an injected clock the test moves by hand.
-type ledgerClock struct {
-	mu sync.Mutex // guards t
-	t  time.Time
-}
-
-func (c *ledgerClock) now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *ledgerClock) set(t time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = t
-}
 
 // ledgerTimers stands in for time.AfterFunc: it records every write-behind
 // armed and lets the test fire it.
@@ -108,8 +91,8 @@ func ledgerLogLines(t *testing.T, logs *syncBuffer, msg string) []map[string]any
 
 // newTestLedger opens a ledger over st with a fake clock, fake timers and
 // captured JSON logs.
-func newTestLedger(st state) (*ledger, *ledgerClock, *ledgerTimers, *syncBuffer) {
-	clock := &ledgerClock{t: ledgerT0}
+func newTestLedger(st state) (*ledger, *testClock, *ledgerTimers, *syncBuffer) {
+	clock := &testClock{t: ledgerT0}
 	logs := &syncBuffer{}
 	l := newLedger(st, slog.New(slog.NewJSONHandler(logs, nil)), clock.now)
 	timers := &ledgerTimers{}

@@ -6,28 +6,10 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
 
-// testClock is an injected clock the test moves by hand.
-type testClock struct {
-	mu sync.Mutex // guards t
-	t  time.Time
-}
-
-func (c *testClock) now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *testClock) advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
 
 // newTestInventory builds an inventory over a fresh state directory.
 func newTestInventory(t *testing.T, env map[string]string, clock *testClock) (*inventory, *journal) {
