@@ -21,7 +21,6 @@ import (
 	"github.com/google/go-cmp/cmp"
 )
 
-
 func newCatalogClock() *testClock {
 	return &testClock{t: time.Date(2025, 10, 1, 12, 0, 0, 0, time.UTC)}
 }

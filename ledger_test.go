@@ -23,7 +23,6 @@ const (
 // ledgerT0 is the injected clock's start.
 var ledgerT0 = time.Date(2025, 10, 1, 12, 0, 0, 0, time.UTC)
 
-
 // ledgerTimers stands in for time.AfterFunc: it records every write-behind
 // armed and lets the test fire it.
 type ledgerTimers struct {

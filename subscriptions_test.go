@@ -10,7 +10,6 @@ import (
 	"time"
 )
 
-
 // newTestInventory builds an inventory over a fresh state directory.
 func newTestInventory(t *testing.T, env map[string]string, clock *testClock) (*inventory, *journal) {
 	t.Helper()
