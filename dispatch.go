@@ -34,14 +34,23 @@ func (s *server) handleChat(dialect string) http.HandlerFunc {
 			s.fail(w, r, err)
 			return
 		}
-		switch c.res.Mode {
-		case modeDirect, modeAlias:
-			s.dispatch(w, r, dialect, req, c)
-		case modeSubscription:
-			s.walkSubscriptionRoute(w, r, dialect, req, c.res, ri.agentID)
-		default:
-			s.walkSelector(w, r, dialect, req, c.res, ri.agentID)
+		route := func(w http.ResponseWriter, r *http.Request) {
+			switch c.res.Mode {
+			case modeDirect, modeAlias:
+				s.dispatch(w, r, dialect, req, c)
+			case modeSubscription:
+				s.walkSubscriptionRoute(w, r, dialect, req, c.res, ri.agentID)
+			default:
+				s.walkSelector(w, r, dialect, req, c.res, ri.agentID)
+			}
 		}
+		// SPEC §12: a signed answer reserves its key only now, after every
+		// check plan made. An empty header value is refused, not ignored.
+		if _, asked := r.Header["Idempotency-Key"]; asked {
+			s.answers.signedAnswer(w, r, req, r.Header.Get("Idempotency-Key"), route)
+			return
+		}
+		route(w, r)
 	}
 }
 

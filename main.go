@@ -28,6 +28,7 @@
 //	brama onboard [-model ROUTE] [-allow-provider-cost]
 //	brama journal check
 //	brama maintain [-gateway URL] [-json]
+//	brama answers verify [-signature v1=HEX] FILE | prune -older-than DURATION
 //
 // State lives in BRAMA_STATE_DIR, else ~/.brama (0700, files 0600). With
 // neither, Brama still serves and every state reader and writer refuses
@@ -93,7 +94,7 @@ func exitCode(err error, stderr io.Writer) int {
 // after every goroutine it started has exited.
 func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return &usageError{"usage: brama serve|version|routes|clients|agents|credentials|subscription|tasks|onboard|journal|maintain ... (-h on each)"}
+		return &usageError{"usage: brama serve|version|routes|clients|agents|credentials|subscription|tasks|onboard|journal|maintain|answers ... (-h on each)"}
 	}
 	env := cliEnv{getenv: getenv, stdin: stdin, stdout: stdout, stderr: stderr}
 	cmd, rest := args[0], args[1:]
@@ -123,8 +124,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		return env.sub("journal", rest, map[string]func([]string) error{"check": env.journalCheck})
 	case "maintain":
 		return env.maintainCmd(rest)
+	case "answers":
+		return env.answersCmd(rest)
 	case "-h", "-help", "--help", "help":
-		fmt.Fprintln(stdout, "usage: brama serve|version|routes|clients|agents|credentials|subscription|tasks|onboard|journal|maintain ... (-h on each)")
+		fmt.Fprintln(stdout, "usage: brama serve|version|routes|clients|agents|credentials|subscription|tasks|onboard|journal|maintain|answers ... (-h on each)")
 		return nil
 	}
 	return &usageError{fmt.Sprintf("unknown command %q", cmd)}
@@ -252,6 +255,7 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 	s.client = newProviderClient()
 	s.catalog = newCatalog(d.st, e.getenv, s.client, log, s.now)
 	s.perf = newPerfRegistry(d.st, log, s.now)
+	s.answers = newAnswerStore(d.st, log, s.now)
 	s.ledger = newLedger(d.st, log, s.now)
 	defer s.ledger.flush()
 	s.inv = newInventory(d.st, s.vault, s.journal, s.ledger, e.getenv, log, s.now)

@@ -43,6 +43,7 @@ type server struct {
 	oauth      *oauthClient
 	pins       pins // the subscription that last served each agent and provider
 	maint      *maintainer
+	answers    *answerStore // signed answers (SPEC §12)
 }
 
 // routes is the only place URL patterns appear.
@@ -56,6 +57,7 @@ func (s *server) routes() {
 	s.mux.Handle("POST /v1/embeddings", s.caller(s.handleEmbeddings))
 	s.mux.Handle("GET /v1/models", s.caller(s.handleModels))
 	s.mux.Handle("GET /v1/aliases", s.caller(s.handleAliases))
+	s.mux.Handle("GET /v1/answers/{key}", s.caller(s.answers.handleGet))
 	s.mux.Handle("GET /stats", s.caller(s.handleStats))
 	s.mux.Handle("GET /metrics", s.caller(s.handleMetrics))
 	s.mux.Handle("GET /v1/admin/routes", s.admin(s.handleRoutesGet))

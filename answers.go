@@ -1,0 +1,633 @@
+package main
+
+import (
+	"bytes"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// Signed answers (SPEC §12): a caller that sends an Idempotency-Key gets one
+// provider spend per (client, key). The first request reserves the key by
+// publishing an in-progress record with os.Link, dispatches, then completes
+// the record with the answer's status and body and an HMAC over the body;
+// every later request with that key is answered from the record.
+
+// answerTimeFormat is RFC 3339 UTC with milliseconds, like every state time.
+const answerTimeFormat = "2006-01-02T15:04:05.000Z"
+
+// Record states (SPEC §12 item 4).
+const (
+	answerInProgress = "in_progress"
+	answerComplete   = "complete"
+)
+
+// abandonedMessage is the kept refusal for an answer whose process stopped
+// before it was kept (SPEC §12 item 2).
+const abandonedMessage = "this answer's process stopped before it was kept; a provider call may have been made"
+
+// errAnswerCorrupt marks a kept-answer file that does not have SPEC §12's
+// shape. Every decode error wraps it.
+var errAnswerCorrupt = errors.New("not a kept answer")
+
+// errSignatureMismatch is `brama answers verify`'s refusal.
+var errSignatureMismatch = errors.New("signature mismatch")
+
+// answerRecord is one kept-answer file, members in SPEC §12's order. While
+// in progress the members that only completion knows are null.
+type answerRecord struct {
+	SchemaVersion int     `json:"schema_version"`
+	State         string  `json:"state"`
+	BootID        string  `json:"boot_id"`
+	Client        string  `json:"client"`
+	KeySHA256     string  `json:"key_sha256"`
+	RequestSHA256 string  `json:"request_sha256"`
+	StartedAt     string  `json:"started_at"`
+	CompletedAt   *string `json:"completed_at"`
+	Status        *int    `json:"status"`
+	BodyBase64    *string `json:"body_base64"`
+	Attempts      *int    `json:"attempts"` // null: unknown (an abandoned answer)
+	Route         string  `json:"route"`
+	Signature     *string `json:"signature"`
+}
+
+// decodeAnswerRecord strictly parses a kept-answer file and checks that its
+// members agree with its state. Every error wraps errAnswerCorrupt.
+func decodeAnswerRecord(b []byte) (*answerRecord, error) {
+	var rec answerRecord
+	if err := decodeStrict("kept answer", b, &rec); err != nil {
+		return nil, fmt.Errorf("%w: %w", errAnswerCorrupt, err)
+	}
+	if err := rec.check(); err != nil {
+		return nil, fmt.Errorf("%w: %w", errAnswerCorrupt, err)
+	}
+	return &rec, nil
+}
+
+// check applies the shape rules decodeStrict cannot express.
+func (rec *answerRecord) check() error {
+	switch {
+	case rec.SchemaVersion != 1:
+		return fmt.Errorf("schema_version %d, want 1", rec.SchemaVersion)
+	case rec.BootID == "":
+		return errors.New("boot_id is empty")
+	case !idPattern.MatchString(rec.Client):
+		return errors.New("client is not a client id")
+	case !isHexDigest(rec.KeySHA256):
+		return errors.New("key_sha256 is not 64 lower-case hex digits")
+	case !isHexDigest(rec.RequestSHA256):
+		return errors.New("request_sha256 is not 64 lower-case hex digits")
+	case !isAnswerTime(rec.StartedAt):
+		return errors.New("started_at is not RFC 3339 UTC with milliseconds")
+	case rec.Attempts != nil && *rec.Attempts < 0:
+		return errors.New("attempts is negative")
+	}
+	switch rec.State {
+	case answerInProgress:
+		if rec.CompletedAt != nil || rec.Status != nil || rec.BodyBase64 != nil || rec.Attempts != nil || rec.Signature != nil {
+			return errors.New("an answer in progress has completion members")
+		}
+	case answerComplete:
+		switch {
+		case rec.CompletedAt == nil || !isAnswerTime(*rec.CompletedAt):
+			return errors.New("completed_at is not RFC 3339 UTC with milliseconds")
+		case rec.Status == nil || *rec.Status < 100 || *rec.Status > 999:
+			return errors.New("status is not an HTTP status")
+		case rec.BodyBase64 == nil:
+			return errors.New("body_base64 is missing")
+		case rec.Signature == nil || !isAnswerSignature(*rec.Signature):
+			return errors.New("signature is not v1=<64 hex>")
+		}
+		if _, err := base64.StdEncoding.Strict().DecodeString(*rec.BodyBase64); err != nil {
+			return errors.New("body_base64 is not standard base64")
+		}
+	default:
+		return fmt.Errorf("state %q is neither %s nor %s", rec.State, answerInProgress, answerComplete)
+	}
+	return nil
+}
+
+// body is a complete record's exact body bytes (check has vouched for them).
+func (rec *answerRecord) body() []byte {
+	b, _ := base64.StdEncoding.DecodeString(*rec.BodyBase64)
+	return b
+}
+
+func isHexDigest(s string) bool {
+	if len(s) != 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+func isAnswerTime(s string) bool {
+	t, err := time.Parse(answerTimeFormat, s)
+	return err == nil && t.Format(answerTimeFormat) == s
+}
+
+func isAnswerSignature(s string) bool {
+	return len(s) == 3+64 && s[:3] == "v1=" && isHexDigest(s[3:])
+}
+
+func hexSHA256(b []byte) string {
+	d := sha256.Sum256(b)
+	return hex.EncodeToString(d[:])
+}
+
+// signAnswer is SPEC §12's signature: v1=<hex HMAC-SHA256(answer key, body)>.
+func signAnswer(key, body []byte) string {
+	m := hmac.New(sha256.New, key)
+	m.Write(body)
+	return "v1=" + hex.EncodeToString(m.Sum(nil))
+}
+
+// verifyAnswer compares sig with body's signature in constant time.
+func verifyAnswer(key, body []byte, sig string) bool {
+	return hmac.Equal([]byte(signAnswer(key, body)), []byte(sig))
+}
+
+// checkIdempotencyKey applies SPEC §12: 1..255 printable ASCII characters.
+func checkIdempotencyKey(key string) error {
+	ok := len(key) >= 1 && len(key) <= 255
+	for i := 0; ok && i < len(key); i++ {
+		ok = key[i] >= 0x20 && key[i] <= 0x7e
+	}
+	if !ok {
+		return refuse("invalid_request", "Idempotency-Key must be 1 to 255 printable ASCII characters")
+	}
+	return nil
+}
+
+// answerStore keeps the signed answers of one state directory. The serving
+// process is their only writer besides `brama answers prune` (SPEC §2.3).
+type answerStore struct {
+	st     state
+	log    *slog.Logger
+	now    func() time.Time
+	bootID string // drawn once per process: tells our records from a stopped process's
+
+	mu  sync.Mutex // guards key
+	key []byte     // the answer key, once read or created
+}
+
+// newAnswerStore makes the store and draws this process's boot id.
+func newAnswerStore(st state, log *slog.Logger, now func() time.Time) *answerStore {
+	b := make([]byte, 16)
+	rand.Read(b)
+	return &answerStore{st: st, log: log, now: now, bootID: hex.EncodeToString(b)}
+}
+
+// answerUnplaced is SPEC §2.1's refusal when an answer cannot be kept.
+func answerUnplaced(cause error) *apiError {
+	var ns *noStateError
+	if errors.As(cause, &ns) {
+		cause = ns.cause
+	}
+	return refuse("internal_error", "this request's one signed answer has no place to be kept: %v", cause).because(cause)
+}
+
+// signingKey reads $STATE/answer-key, creating it once when absent: 32
+// random bytes written whole to an O_EXCL 0600 temporary file, fsynced and
+// published with os.Link, so two creators never both win.
+func (a *answerStore) signingKey() ([]byte, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.key != nil {
+		return a.key, nil
+	}
+	name, err := a.st.path("answer key", "answer-key")
+	if err != nil {
+		return nil, err
+	}
+	key, err := readAnswerKey(name)
+	if errors.Is(err, errFileAbsent) {
+		fresh := make([]byte, 32)
+		rand.Read(fresh)
+		if err = publishFile(name, fresh); err == nil || errors.Is(err, fs.ErrExist) {
+			key, err = readAnswerKey(name)
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	a.key = key
+	return key, nil
+}
+
+// readAnswerKey reads and guards the answer key file.
+func readAnswerKey(name string) ([]byte, error) {
+	b, _, err := readGuarded("answer key", name)
+	if err != nil {
+		return nil, err
+	}
+	if len(b) != 32 {
+		return nil, fmt.Errorf("answer key %s holds %d bytes, want 32", name, len(b))
+	}
+	return b, nil
+}
+
+// publishFile creates name with data only if it does not exist yet: the
+// bytes go whole to a sibling O_EXCL 0600 temporary file, are fsynced, and
+// are linked to name (os.Link fails with fs.ErrExist when the name is
+// taken). The temporary file is removed either way; then the directory is
+// fsynced so the new name survives a crash.
+func publishFile(name string, data []byte) error {
+	dir := filepath.Dir(name)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	// os.CreateTemp opens with O_RDWR|O_CREATE|O_EXCL and mode 0600.
+	f, err := os.CreateTemp(dir, "."+filepath.Base(name)+".tmp*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name())
+	if _, err = f.Write(data); err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Link(f.Name(), name)
+	}
+	if err != nil {
+		return err
+	}
+	return syncDir(dir)
+}
+
+// answerTicket is a reservation this process holds for one key.
+type answerTicket struct {
+	path string
+	rec  answerRecord
+}
+
+// recordPath names the record for (client, key).
+func (a *answerStore) recordPath(client, key string) (string, error) {
+	if !idPattern.MatchString(client) {
+		return "", fmt.Errorf("client id %q cannot name a directory", client)
+	}
+	return a.st.path("signed answers", filepath.Join("answers", client, hexSHA256([]byte(key))+".json"))
+}
+
+// reserve is the last step before the first provider call (SPEC §12 item
+// 1). It returns a ticket when this request now owns the key, or the
+// complete record to replay when the key was taken, or the refusal of
+// item 2. A missing state directory or an unusable answer key refuses with
+// SPEC §2.1's sentence before anything is written.
+func (a *answerStore) reserve(client, key string, body []byte, route string) (*answerTicket, *answerRecord, error) {
+	path, err := a.recordPath(client, key)
+	if err == nil {
+		_, err = a.signingKey()
+	}
+	if err != nil {
+		return nil, nil, answerUnplaced(err)
+	}
+	t := &answerTicket{path: path, rec: answerRecord{
+		SchemaVersion: 1, State: answerInProgress, BootID: a.bootID, Client: client,
+		KeySHA256: hexSHA256([]byte(key)), RequestSHA256: hexSHA256(body),
+		StartedAt: a.now().UTC().Format(answerTimeFormat), Route: route,
+	}}
+	data, err := marshalState(&t.rec)
+	if err != nil {
+		return nil, nil, answerUnplaced(err)
+	}
+	// A record removed between our failed link and our read (a released
+	// retryable refusal, or a prune) frees the key: try again, a few times.
+	for range 3 {
+		err := publishFile(path, data)
+		if err == nil {
+			return t, nil, nil
+		}
+		if !errors.Is(err, fs.ErrExist) {
+			return nil, nil, answerUnplaced(err)
+		}
+		rec, err := a.taken(path, t.rec.RequestSHA256)
+		if errors.Is(err, errFileAbsent) {
+			continue
+		}
+		return nil, rec, err
+	}
+	return nil, nil, answerBusy()
+}
+
+// answerBusy is the 409 of a key whose answer is still being produced, the
+// one retryable state_conflict (SPEC §8.1).
+func answerBusy() *apiError {
+	yes := true
+	ae := refuse("state_conflict", "the answer for this Idempotency-Key is still being produced; retry later")
+	ae.Retryable = &yes
+	return ae
+}
+
+// taken applies SPEC §12 item 2 to the record at path, first match. An
+// empty requestSHA skips the body comparison (GET /v1/answers/{key}). A
+// missing record is errFileAbsent.
+func (a *answerStore) taken(path, requestSHA string) (*answerRecord, error) {
+	rec, err := a.read(path)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case requestSHA != "" && rec.RequestSHA256 != requestSHA:
+		return nil, refuse("state_conflict", "this Idempotency-Key was used with another request body")
+	case rec.State == answerInProgress && rec.BootID != a.bootID:
+		return a.abandon(path, rec)
+	case rec.State == answerInProgress:
+		return nil, answerBusy()
+	}
+	return rec, nil
+}
+
+// read reads, guards and decodes the record at path and checks a complete
+// record's signature. A missing record is errFileAbsent.
+func (a *answerStore) read(path string) (*answerRecord, error) {
+	b, _, err := readGuarded("kept answer", path)
+	if errors.Is(err, errFileAbsent) {
+		return nil, err
+	}
+	var rec *answerRecord
+	if err == nil {
+		rec, err = decodeAnswerRecord(b)
+	}
+	if err == nil && rec.State == answerComplete {
+		var key []byte
+		if key, err = a.signingKey(); err == nil && !verifyAnswer(key, rec.body(), *rec.Signature) {
+			err = errSignatureMismatch
+		}
+	}
+	if err != nil {
+		return nil, refuse("internal_error", "the kept answer for this Idempotency-Key is unreadable").because(err)
+	}
+	return rec, nil
+}
+
+// abandon completes a stopped process's in-progress record as the kept
+// refusal of SPEC §12 item 2: 500 internal_error with no attempts key,
+// because how many calls it made is unknown.
+func (a *answerStore) abandon(path string, rec *answerRecord) (*answerRecord, error) {
+	ae := refuse("internal_error", abandonedMessage)
+	body, _ := json.Marshal(ae.body())
+	t := &answerTicket{path: path, rec: *rec}
+	kept, err := a.complete(t, ae.Status(), append(body, '\n'), nil, rec.Route)
+	if err != nil {
+		return nil, refuse("internal_error", "the abandoned answer for this Idempotency-Key could not be kept").because(err)
+	}
+	a.log.Warn("answer_abandoned", "client", rec.Client, "key_sha256", rec.KeySHA256, "boot_id", rec.BootID)
+	return kept, nil
+}
+
+// complete keeps an answer (SPEC §12 item 3) by owner-only atomic
+// replacement of the reservation.
+func (a *answerStore) complete(t *answerTicket, status int, body []byte, attempts *int, route string) (*answerRecord, error) {
+	key, err := a.signingKey()
+	if err != nil {
+		return nil, err
+	}
+	rec := t.rec
+	done := a.now().UTC().Format(answerTimeFormat)
+	b64 := base64.StdEncoding.EncodeToString(body)
+	sig := signAnswer(key, body)
+	rec.State, rec.CompletedAt, rec.Status, rec.BodyBase64, rec.Attempts, rec.Signature = answerComplete, &done, &status, &b64, attempts, &sig
+	if route != "" {
+		rec.Route = route
+	}
+	data, err := marshalState(&rec)
+	if err == nil {
+		err = writeFileAtomic(t.path, data)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &rec, nil
+}
+
+// release removes a reservation so the key is free again (a retryable
+// refusal, or a caller that hung up before any provider call).
+func (a *answerStore) release(t *answerTicket) error {
+	if err := os.Remove(t.path); err != nil {
+		return err
+	}
+	return syncDir(filepath.Dir(t.path))
+}
+
+// lookup serves GET /v1/answers/{key}: like a replay, without a body to
+// compare. An unknown key is 404 not_found.
+func (a *answerStore) lookup(client, key string) (*answerRecord, error) {
+	path, err := a.recordPath(client, key)
+	if err != nil {
+		return nil, answerUnplaced(err)
+	}
+	rec, err := a.taken(path, "")
+	if errors.Is(err, errFileAbsent) {
+		return nil, refuse("not_found", "no answer is kept for this Idempotency-Key")
+	}
+	return rec, err
+}
+
+// answerCapture holds a buffered dispatch's response until it is kept. Only
+// buffered requests reach it, so nothing needs flushing.
+type answerCapture struct {
+	header http.Header
+	status int
+	body   bytes.Buffer
+}
+
+func (c *answerCapture) Header() http.Header { return c.header }
+
+func (c *answerCapture) WriteHeader(code int) {
+	if c.status == 0 {
+		c.status = code
+	}
+}
+
+func (c *answerCapture) Write(b []byte) (int, error) {
+	c.WriteHeader(http.StatusOK)
+	return c.body.Write(b)
+}
+
+// signedAnswer answers a chat request that carries an Idempotency-Key
+// (SPEC §12). handleChat calls it once plan() has passed every check, so
+// reserving is the last step before dispatch runs the provider calls;
+// dispatch writes a buffered answer or one refusal to the writer it is given.
+func (a *answerStore) signedAnswer(w http.ResponseWriter, r *http.Request, req chatRequest, key string, dispatch func(w http.ResponseWriter, r *http.Request)) {
+	ri := infoFrom(r.Context())
+	err := checkIdempotencyKey(key)
+	switch {
+	case len(r.Header.Values("Idempotency-Key")) > 1:
+		err = refuse("invalid_request", "send one Idempotency-Key header")
+	case err == nil && req.Stream:
+		err = refuse("invalid_request", "Idempotency-Key keeps one buffered answer; it cannot be used with stream: true")
+	}
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	t, kept, err := a.reserve(ri.clientID, key, ri.body, ri.route)
+	switch {
+	case err != nil:
+		a.fail(w, r, err)
+		return
+	case kept != nil:
+		a.replayAnswer(w, r, kept)
+		return
+	}
+	c := &answerCapture{header: http.Header{}}
+	func() {
+		defer func() {
+			if p := recover(); p != nil {
+				a.settleAnswer(r, t, c, true) // keep or release; the connection is lost anyway
+				panic(p)
+			}
+		}()
+		dispatch(c, r)
+	}()
+	c, sig := a.settleAnswer(r, t, c, false)
+	copyCaptured(w, c, sig)
+}
+
+// settleAnswer keeps or releases the reservation after dispatch (SPEC §12
+// item 3, §7.4) and returns what the caller gets, with its signature when
+// kept. A success is kept. A caller that hung up (or a dispatch that
+// panicked) after a provider call started is kept as 499 client_cancelled
+// (500 internal_error), so the key never spends twice; before any call the
+// key is released. A retryable refusal is released so a retry dispatches
+// again; any other refusal is kept.
+func (a *answerStore) settleAnswer(r *http.Request, t *answerTicket, c *answerCapture, panicked bool) (*answerCapture, string) {
+	ri := infoFrom(r.Context())
+	calls := 0
+	if ri.attempts != nil {
+		calls = *ri.attempts
+	}
+	attempts := ri.attempts
+	if n, err := strconv.Atoi(c.header.Get("Brama-Attempts")); err == nil {
+		attempts = &n
+	}
+	var cut *apiError
+	switch {
+	case c.status >= 200 && c.status <= 299 && !panicked:
+	case panicked && calls > 0:
+		cut = refuse("internal_error", "the answer failed inside Brama after a provider call started").withAttempts(calls)
+	case r.Context().Err() != nil && calls > 0:
+		cut = refuse("client_cancelled", "the caller hung up after a provider call started").withAttempts(calls)
+	case panicked, r.Context().Err() != nil, envelopeRetryable(c.body.Bytes()):
+		if err := a.release(t); err != nil {
+			a.log.Error("answer_release_failed", "request_id", ri.id, "err", err)
+		}
+		return c, ""
+	}
+	if cut != nil {
+		body, _ := json.Marshal(cut.body())
+		c = &answerCapture{header: http.Header{}, status: cut.Status()}
+		c.header.Set("Content-Type", "application/json")
+		c.header.Set("Brama-Attempts", strconv.Itoa(calls))
+		c.body.Write(append(body, '\n'))
+		attempts = &calls
+		ri.outcome, ri.retryable = cut.Code, false
+	}
+	rec, err := a.complete(t, c.status, c.body.Bytes(), attempts, ri.route)
+	if err != nil {
+		// The answer exists and was paid for: give it unsigned rather than
+		// lose it. The record stays in progress, so the key never spends
+		// twice; after a restart it reads as abandoned.
+		a.log.Error("answer_unkept", "request_id", ri.id, "err", err)
+		return c, ""
+	}
+	return c, *rec.Signature
+}
+
+// copyCaptured writes a captured response to w, signed when sig is set.
+func copyCaptured(w http.ResponseWriter, c *answerCapture, sig string) {
+	for k, v := range c.header {
+		w.Header()[k] = v
+	}
+	if sig != "" {
+		w.Header().Set("Brama-Answer-Signature", sig)
+	}
+	if c.status == 0 {
+		c.status = http.StatusOK
+	}
+	w.WriteHeader(c.status)
+	w.Write(c.body.Bytes())
+}
+
+// envelopeRetryable reports whether body is an error envelope that says
+// retryable (SPEC §8.1).
+func envelopeRetryable(body []byte) bool {
+	var env struct {
+		Error struct {
+			Retryable bool `json:"retryable"`
+		} `json:"error"`
+	}
+	return json.Unmarshal(body, &env) == nil && env.Error.Retryable
+}
+
+// replayAnswer answers from a complete record: the kept status and body
+// bytes, the signature, Brama-Answer-Replayed and no provider call.
+func (a *answerStore) replayAnswer(w http.ResponseWriter, r *http.Request, rec *answerRecord) {
+	ri := infoFrom(r.Context())
+	zero := 0
+	ri.attempts = &zero
+	body := rec.body()
+	var env struct {
+		Error struct {
+			Code      string `json:"code"`
+			Retryable bool   `json:"retryable"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(body, &env) == nil && env.Error.Code != "" {
+		ri.outcome, ri.retryable = env.Error.Code, env.Error.Retryable
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Brama-Answer-Signature", *rec.Signature)
+	h.Set("Brama-Answer-Replayed", "true")
+	h.Set("Brama-Attempts", "0")
+	w.WriteHeader(*rec.Status)
+	w.Write(body)
+}
+
+// handleGet serves GET /v1/answers/{key} for the calling client.
+func (a *answerStore) handleGet(w http.ResponseWriter, r *http.Request) {
+	key := r.PathValue("key")
+	if err := checkIdempotencyKey(key); err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	rec, err := a.lookup(infoFrom(r.Context()).clientID, key)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	a.replayAnswer(w, r, rec)
+}
+
+// fail answers err as server.fail does: the envelope, and the outcome for
+// the request's log line.
+func (a *answerStore) fail(w http.ResponseWriter, r *http.Request, err error) {
+	ae := writeAPIError(w, err)
+	ri := infoFrom(r.Context())
+	ri.outcome, ri.retryable = ae.Code, ae.body().Error.Retryable
+	if ae.Err != nil {
+		a.log.LogAttrs(r.Context(), slog.LevelWarn, "request_refused", slog.String("request_id", ri.id), slog.String("code", ae.Code), slog.String("cause", redact(ae.Err.Error())))
+	}
+}

@@ -1,0 +1,403 @@
+package main
+
+import (
+	"bytes"
+	"encoding/base64"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// End-to-end tests of signed answers (SPEC §12) through a real daemon.
+// They need the wiring (handleChat, routes, serve) to pass.
+
+// answerPromptMarker is a planted marker: kept answers and logs must never
+// hold the prompt (SPEC §12 item 7).
+const answerPromptMarker = "PROMPT-MARKER-7f3a9c"
+
+// okAnswer is the fake openai provider's buffered success.
+func okAnswer(w http.ResponseWriter) {
+	w.Header().Set("Content-Type", "application/json")
+	io.WriteString(w, protocolFixtures[0].buffered)
+}
+
+// startAnswers runs a daemon whose openai provider is a counting fake.
+func startAnswers(t *testing.T, h func(w http.ResponseWriter, r *http.Request, body []byte)) (*daemon, *fakeProvider, map[string]string) {
+	t.Helper()
+	fake := newFakeProvider(t, h)
+	env := stateEnv(t)
+	env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = fake.URL
+	d := startDaemon(t, env, `{"openai":"`+plantedOpenAIKey+`"}`, "-local-credentials-stdin")
+	return d, fake, env
+}
+
+// answerFile is where the daemon keeps (client, key)'s answer.
+func answerFile(env map[string]string, client, key string) string {
+	return filepath.Join(env["BRAMA_STATE_DIR"], "answers", client, hexSHA256([]byte(key))+".json")
+}
+
+// answerResult is one request's outcome, for goroutines that must not Fatal.
+type answerResult struct {
+	status int
+	hdr    http.Header
+	body   []byte
+	err    error
+}
+
+func postAnswer(d *daemon, key, body string) answerResult {
+	return postAnswerWith(http.DefaultClient, d, key, body)
+}
+
+func postAnswerWith(c *http.Client, d *daemon, key, body string) answerResult {
+	req, err := http.NewRequest("POST", d.url+"/v1/chat/completions", strings.NewReader(body))
+	if err != nil {
+		return answerResult{err: err}
+	}
+	req.Header.Set("Authorization", "Bearer "+d.token)
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := c.Do(req)
+	if err != nil {
+		return answerResult{err: err}
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return answerResult{status: resp.StatusCode, hdr: resp.Header, body: b, err: err}
+}
+
+// wantConflict checks a §12 409: state_conflict, retryable as given, no
+// attempts key.
+func wantConflict(t *testing.T, status int, body []byte, retryable bool) {
+	t.Helper()
+	if status != 409 {
+		t.Fatalf("status %d, want 409: %s", status, body)
+	}
+	e := envelopeOf(t, body)
+	if e["code"] != "state_conflict" || e["retryable"] != retryable {
+		t.Errorf("got code %v retryable %v, want state_conflict %v: %s", e["code"], e["retryable"], retryable, body)
+	}
+	if _, ok := e["attempts"]; ok {
+		t.Errorf("a §12 409 carries attempts: %s", body)
+	}
+}
+
+func TestSignedAnswerOneSpend(t *testing.T) {
+	d, fake, env := startAnswers(t, func(w http.ResponseWriter, r *http.Request, body []byte) { okAnswer(w) })
+	key := "order 42/retry?x=1"
+	body := answerBody(answerPromptMarker)
+	first := postAnswer(d, key, body)
+	if first.err != nil || first.status != 200 {
+		t.Fatalf("first: %d %v: %s", first.status, first.err, first.body)
+	}
+	sig := first.hdr.Get("Brama-Answer-Signature")
+	if !isAnswerSignature(sig) || first.hdr.Get("Brama-Answer-Replayed") != "" || first.hdr.Get("Brama-Attempts") != "1" {
+		t.Errorf("first answer headers: %v", first.hdr)
+	}
+	second := postAnswer(d, key, body)
+	_, getHdr, getBody := d.call("GET", "/v1/answers/"+url.PathEscape(key), d.token, "")
+	for _, got := range []answerResult{second, {status: 200, hdr: getHdr, body: getBody}} {
+		if got.status != 200 || !bytes.Equal(got.body, first.body) {
+			t.Errorf("replay %d differs from the first answer:\n%s\nwant\n%s", got.status, got.body, first.body)
+		}
+		if got.hdr.Get("Brama-Answer-Replayed") != "true" || got.hdr.Get("Brama-Attempts") != "0" || got.hdr.Get("Brama-Answer-Signature") != sig {
+			t.Errorf("replay headers: %v", got.hdr)
+		}
+	}
+	if n := fake.calls.Load(); n != 1 {
+		t.Errorf("provider calls = %d, want 1", n)
+	}
+	other := addClient(t, env, "other")
+	if status, _, b := d.call("GET", "/v1/answers/"+url.PathEscape(key), other, ""); status != 404 || envelopeOf(t, b)["code"] != "not_found" {
+		t.Errorf("another client's GET: %d %s, want 404 not_found", status, b)
+	}
+
+	stateDir := env["BRAMA_STATE_DIR"]
+	assertOwnerOnly(t, filepath.Join(stateDir, "answers"))
+	assertOwnerOnly(t, filepath.Join(stateDir, "answer-key"))
+	assertNoSecret(t, answerPromptMarker, logsBesidesFirstStart(d.stderr.String()), stateDir)
+	kept := answerFile(env, "local", key)
+	raw, err := os.ReadFile(kept)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := decodeAnswerRecord(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.State != answerComplete || *rec.Status != 200 || *rec.Attempts != 1 || rec.Route != "openai/gpt-test" || *rec.Signature != sig ||
+		rec.RequestSHA256 != hexSHA256([]byte(body)) || rec.KeySHA256 != hexSHA256([]byte(key)) || !bytes.Equal(rec.body(), first.body) {
+		t.Errorf("kept record: %+v", rec)
+	}
+
+	// brama answers verify: the kept file and the raw body, then one changed byte.
+	dir := t.TempDir()
+	changed := append([]byte(nil), rec.body()...)
+	changed[len(changed)/2] ^= 1
+	tampered := *rec
+	b64 := base64.StdEncoding.EncodeToString(changed)
+	tampered.BodyBase64 = &b64
+	tamperedFile, _ := marshalState(&tampered)
+	files := map[string][]byte{"body": rec.body(), "changed": changed, "tampered.json": tamperedFile}
+	for name, b := range files {
+		os.WriteFile(filepath.Join(dir, name), b, 0o600)
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{name: "kept file", args: []string{kept}, code: 0, want: "ok\n"},
+		{name: "kept file with a changed body byte", args: []string{filepath.Join(dir, "tampered.json")}, code: 1, want: "brama: signature mismatch\n"},
+		{name: "raw body", args: []string{"-signature", sig, filepath.Join(dir, "body")}, code: 0, want: "ok\n"},
+		{name: "raw body, flag after file", args: []string{filepath.Join(dir, "body"), "-signature", sig}, code: 0, want: "ok\n"},
+		{name: "raw body with a changed byte", args: []string{"-signature", sig, filepath.Join(dir, "changed")}, code: 1, want: "brama: signature mismatch\n"},
+		{name: "malformed signature", args: []string{"-signature", "v2=00", filepath.Join(dir, "body")}, code: 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, errOut, code := runCLI(t, env, "", append([]string{"answers", "verify"}, tc.args...)...)
+			if code != tc.code || (tc.want != "" && out+errOut != tc.want) {
+				t.Errorf("exit %d, output %q %q; want exit %d, %q", code, out, errOut, tc.code, tc.want)
+			}
+		})
+	}
+}
+
+func TestSignedAnswerConcurrent(t *testing.T) {
+	release := make(chan struct{})
+	d, fake, _ := startAnswers(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		select {
+		case <-release:
+			okAnswer(w)
+		case <-r.Context().Done():
+		}
+	})
+	t.Cleanup(func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	})
+	// Its own transport: 20 concurrent dials can leave a spare connection
+	// that never sends a request, which would hold the daemon's Shutdown
+	// for 5 s unless closed first (cleanups run last-in, first-out).
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	c := &http.Client{Transport: tr}
+	const n = 20
+	body := answerBody("concurrent")
+	results := make(chan answerResult, n)
+	for range n {
+		go func() { results <- postAnswerWith(c, d, "same-key", body) }()
+	}
+	// The winner is held inside the provider, so the other 19 must all be
+	// told the answer is still being produced.
+	next := func() answerResult {
+		select {
+		case res := <-results:
+			if res.err != nil {
+				t.Fatal(res.err)
+			}
+			return res
+		case <-time.After(30 * time.Second): // a hang guard, not synchronization
+			t.Fatal("requests hung; more than one reached the provider?")
+		}
+		return answerResult{}
+	}
+	for range n - 1 {
+		res := next()
+		wantConflict(t, res.status, res.body, true)
+	}
+	close(release)
+	won := next()
+	if won.status != 200 {
+		t.Fatalf("winner: %d %s", won.status, won.body)
+	}
+	for range n - 1 {
+		res := postAnswerWith(c, d, "same-key", body)
+		if res.err != nil || res.status != 200 || !bytes.Equal(res.body, won.body) || res.hdr.Get("Brama-Answer-Replayed") != "true" {
+			t.Fatalf("retry after completion: %d %v %s", res.status, res.err, res.body)
+		}
+	}
+	if got := fake.calls.Load(); got != 1 {
+		t.Errorf("provider calls = %d, want 1", got)
+	}
+}
+
+func TestSignedAnswerTakenKey(t *testing.T) {
+	arrived, release := make(chan struct{}, 1), make(chan struct{})
+	d, fake, env := startAnswers(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		arrived <- struct{}{}
+		<-release
+		okAnswer(w)
+	})
+	first := make(chan answerResult, 1)
+	go func() { first <- postAnswer(d, "k", answerBody("one")) }()
+	select {
+	case <-arrived:
+	case res := <-first:
+		close(release)
+		t.Fatalf("the first request never reached the provider: %d %s", res.status, res.body)
+	}
+
+	assertOwnerOnly(t, answerFile(env, "local", "k")) // the in-progress record, as published
+	res := postAnswer(d, "k", answerBody("one"))
+	wantConflict(t, res.status, res.body, true)
+	status, _, b := d.call("GET", "/v1/answers/k", d.token, "")
+	wantConflict(t, status, b, true)
+	res = postAnswer(d, "k", answerBody("two"))
+	wantConflict(t, res.status, res.body, false)
+
+	close(release)
+	if res := <-first; res.status != 200 {
+		t.Fatalf("first: %d %s", res.status, res.body)
+	}
+	res = postAnswer(d, "k", answerBody("two"))
+	wantConflict(t, res.status, res.body, false)
+	if n := fake.calls.Load(); n != 1 {
+		t.Errorf("provider calls = %d, want 1", n)
+	}
+}
+
+func TestSignedAnswerRefusals(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		status    int // the fake provider's
+		wantCode  string
+		kept      bool
+		wantCalls int64 // after the same request twice
+	}{
+		{name: "retryable refusal is not kept", status: 500, wantCode: "dependency_unavailable", kept: false, wantCalls: 2},
+		{name: "non-retryable refusal is kept", status: 400, wantCode: "provider_failure", kept: true, wantCalls: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d, fake, env := startAnswers(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+				http.Error(w, `{"error":{"type":"invalid_request_error","message":"no"}}`, tc.status)
+			})
+			first := postAnswer(d, "r", answerBody("x"))
+			if e := envelopeOf(t, first.body); e["code"] != tc.wantCode || e["attempts"] != 1.0 {
+				t.Fatalf("first: %d %s", first.status, first.body)
+			}
+			if got := first.hdr.Get("Brama-Answer-Signature") != ""; got != tc.kept {
+				t.Errorf("signed = %v, want %v", got, tc.kept)
+			}
+			_, err := os.Stat(answerFile(env, "local", "r"))
+			if kept := err == nil; kept != tc.kept {
+				t.Errorf("record kept = %v (%v), want %v", kept, err, tc.kept)
+			}
+			second := postAnswer(d, "r", answerBody("x"))
+			if second.status != first.status || !bytes.Equal(second.body, first.body) {
+				t.Errorf("second: %d %s, want %d %s", second.status, second.body, first.status, first.body)
+			}
+			if replayed := second.hdr.Get("Brama-Answer-Replayed") == "true"; replayed != tc.kept {
+				t.Errorf("replayed = %v, want %v", replayed, tc.kept)
+			}
+			if n := fake.calls.Load(); n != tc.wantCalls {
+				t.Errorf("provider calls = %d, want %d", n, tc.wantCalls)
+			}
+		})
+	}
+}
+
+func TestSignedAnswerRefusedBeforeReservation(t *testing.T) {
+	d, fake, env := startAnswers(t, func(w http.ResponseWriter, r *http.Request, body []byte) { okAnswer(w) })
+	stream := `{"model":"openai/gpt-test","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	for _, tc := range []struct {
+		name   string
+		body   string
+		keys   []string
+		status int
+		code   string
+	}{
+		{name: "stream", body: stream, keys: []string{"s"}, status: 400, code: "invalid_request"},
+		{name: "empty key", body: answerBody("x"), keys: []string{""}, status: 400, code: "invalid_request"},
+		{name: "key too long", body: answerBody("x"), keys: []string{strings.Repeat("k", 256)}, status: 400, code: "invalid_request"},
+		{name: "non-ASCII key", body: answerBody("x"), keys: []string{"clé"}, status: 400, code: "invalid_request"},
+		{name: "tab in key", body: answerBody("x"), keys: []string{"a\tb"}, status: 400, code: "invalid_request"},
+		{name: "two keys", body: answerBody("x"), keys: []string{"a", "b"}, status: 400, code: "invalid_request"},
+		{name: "unknown model", body: strings.Replace(answerBody("x"), "openai/gpt-test", "ghost", 1), keys: []string{"g"}, status: 404, code: "alias_unknown"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var hdr []string
+			for _, k := range tc.keys {
+				hdr = append(hdr, "Idempotency-Key", k)
+			}
+			status, h, b := d.call("POST", "/v1/chat/completions", d.token, tc.body, hdr...)
+			e := envelopeOf(t, b)
+			if status != tc.status || e["code"] != tc.code {
+				t.Errorf("got %d %s, want %d %s", status, b, tc.status, tc.code)
+			}
+			if _, ok := e["attempts"]; ok || h.Get("Brama-Attempts") != "" {
+				t.Errorf("a refusal before reservation carries attempts: %v %s", h, b)
+			}
+		})
+	}
+	if n := fake.calls.Load(); n != 0 {
+		t.Errorf("provider calls = %d, want 0", n)
+	}
+	if _, err := os.Stat(filepath.Join(env["BRAMA_STATE_DIR"], "answers")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a refused request left answers behind: %v", err)
+	}
+}
+
+func TestSignedAnswerWithoutStateDirectory(t *testing.T) {
+	fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) { okAnswer(w) })
+	env := map[string]string{"BRAMA_MODEL_CATALOG_URL": "off", "BRAMA_PROVIDER_OPENAI_BASE_URL": fake.URL}
+	d := startDaemon(t, env, `{"openai":"k"}`, "-local-credentials-stdin")
+	res := postAnswer(d, "k", answerBody("x"))
+	e := envelopeOf(t, res.body)
+	want := "this request's one signed answer has no place to be kept: $HOME is not defined"
+	if res.status != 500 || e["code"] != "internal_error" || e["message"] != want || e["retryable"] != false {
+		t.Errorf("got %d %s, want 500 internal_error %q", res.status, res.body, want)
+	}
+	if _, ok := e["attempts"]; ok || res.hdr.Get("Brama-Attempts") != "" {
+		t.Errorf("carries attempts: %v %s", res.hdr, res.body)
+	}
+	if n := fake.calls.Load(); n != 0 {
+		t.Errorf("provider calls = %d, want 0", n)
+	}
+	if status, _, b := d.call("POST", "/v1/chat/completions", d.token, answerBody("x")); status != 200 {
+		t.Errorf("without a key the request is still served: %d %s", status, b)
+	}
+}
+
+func TestSignedAnswerAbandoned(t *testing.T) {
+	fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) { okAnswer(w) })
+	env := stateEnv(t)
+	env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = fake.URL
+	body := answerBody("x")
+	old := newAnswerStore(resolveState(testEnv(env)), slog.New(slog.DiscardHandler), time.Now)
+	if tk, kept, err := old.reserve("local", "k", []byte(body), "openai/gpt-test"); err != nil || kept != nil || tk == nil {
+		t.Fatalf("reserve in the stopped process: %v %v", kept, err)
+	}
+	d := startDaemon(t, env, `{"openai":"k"}`, "-local-credentials-stdin")
+	for _, path := range []string{"POST", "GET"} {
+		var res answerResult
+		if path == "POST" {
+			res = postAnswer(d, "k", body)
+		} else {
+			res.status, res.hdr, res.body = d.call("GET", "/v1/answers/k", d.token, "")
+		}
+		e := envelopeOf(t, res.body)
+		if res.status != 500 || e["code"] != "internal_error" || e["message"] != abandonedMessage || e["retryable"] != false {
+			t.Errorf("%s: got %d %s", path, res.status, res.body)
+		}
+		if _, ok := e["attempts"]; ok || res.hdr.Get("Brama-Answer-Replayed") != "true" || !isAnswerSignature(res.hdr.Get("Brama-Answer-Signature")) {
+			t.Errorf("%s: headers %v body %s", path, res.hdr, res.body)
+		}
+	}
+	raw, _ := os.ReadFile(answerFile(env, "local", "k"))
+	if rec, err := decodeAnswerRecord(raw); err != nil || rec.State != answerComplete || rec.Attempts != nil {
+		t.Errorf("abandoned record: %v %s", err, raw)
+	}
+	if n := fake.calls.Load(); n != 0 {
+		t.Errorf("provider calls = %d, want 0", n)
+	}
+}
