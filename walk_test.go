@@ -537,3 +537,64 @@ func TestSelectorAllNeedSignIn(t *testing.T) {
 		t.Errorf("a needs_reauthorization credential was called")
 	}
 }
+
+// TestConcurrentRequestsShareOneRefresh sends 50 requests at once on one
+// expired grant: exactly one token-endpoint call. The token endpoint holds
+// its first call until a second one arrives (single flight broken) or a
+// moment passes, so the requests pile up behind the flight.
+func TestConcurrentRequestsShareOneRefresh(t *testing.T) {
+	const newToken = "oauth-access-fresh-0123456789"
+	provider := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		if r.Header.Get("Authorization") != "Bearer "+newToken {
+			http.Error(w, `{"type":"error","error":{"type":"authentication_error","message":"stale"}}`, 401)
+			return
+		}
+		io.WriteString(w, protocolFixtures[1].buffered)
+	})
+	second := make(chan struct{})
+	var once, closeOnce sync.Once
+	tokenEndpoint := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		fakeCalls := 0
+		once.Do(func() { fakeCalls = 1 })
+		if fakeCalls == 0 {
+			closeOnce.Do(func() { close(second) }) // a second concurrent refresh: the test fails on the count
+		} else {
+			select {
+			case <-second:
+			case <-time.After(500 * time.Millisecond):
+			}
+		}
+		fmt.Fprintf(w, `{"access_token":%q,"refresh_token":"oauth-refresh-fresh-0123","expires_in":3600}`, newToken)
+	})
+	env := stateEnv(t)
+	env["BRAMA_PROVIDER_CLAUDE_CODE_BASE_URL"] = provider.URL
+	env["BRAMA_OAUTH_CLAUDE_CODE_TOKEN_URL"] = tokenEndpoint.URL + "/v1/oauth/token"
+	d := startDaemon(t, env, "")
+	addAgent(t, env, "a1")
+	tok := addClient(t, env, "a1-app", "-agent", "a1")
+	expired := fmt.Sprintf(`{"provider":"claude-code","oauth":{"access_token":"oauth-access-expired-0123","refresh_token":"oauth-refresh-old-0123","expires_at_ms":%d}}`, time.Now().Add(-time.Minute).UnixMilli())
+	s, _, b := d.call("POST", "/v1/admin/subscriptions/a1", d.token, expired)
+	donatedID(t, s, b, "a1", "claude-code")
+
+	var wg sync.WaitGroup
+	statuses := make([]int, 50)
+	for i := range statuses {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			statuses[i], _, _ = d.call("POST", "/v1/messages", tok, chatBody(dialectMessages, "claude-code/claude-test", false, ""))
+		}()
+	}
+	wg.Wait()
+	if n := tokenEndpoint.calls.Load(); n != 1 {
+		t.Errorf("50 concurrent requests on one expired grant made %d token-endpoint calls, want 1", n)
+	}
+	for i, st := range statuses {
+		if st != 200 {
+			t.Errorf("request %d: %d", i, st)
+		}
+	}
+	if n := provider.calls.Load(); n != 50 {
+		t.Errorf("provider saw %d calls, want 50 (each with the refreshed token)", n)
+	}
+}
