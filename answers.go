@@ -244,37 +244,6 @@ func readAnswerKey(name string) ([]byte, error) {
 	return b, nil
 }
 
-// publishFile creates name with data only if it does not exist yet: the
-// bytes go whole to a sibling O_EXCL 0600 temporary file, are fsynced, and
-// are linked to name (os.Link fails with fs.ErrExist when the name is
-// taken). The temporary file is removed either way; then the directory is
-// fsynced so the new name survives a crash.
-func publishFile(name string, data []byte) error {
-	dir := filepath.Dir(name)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
-	}
-	// os.CreateTemp opens with O_RDWR|O_CREATE|O_EXCL and mode 0600.
-	f, err := os.CreateTemp(dir, "."+filepath.Base(name)+".tmp*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(f.Name())
-	if _, err = f.Write(data); err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Link(f.Name(), name)
-	}
-	if err != nil {
-		return err
-	}
-	return syncDir(dir)
-}
-
 // answerTicket is a reservation this process holds for one key.
 type answerTicket struct {
 	path string

@@ -138,6 +138,25 @@ var testingOnlyRename func(oldpath, newpath string) error
 // writer uses (SPEC §2.2): readers see the old bytes or the new, never a mix,
 // and the new bytes are durable when it returns nil.
 func writeFileAtomic(name string, data []byte) error {
+	rename := os.Rename
+	if testingOnlyRename != nil {
+		rename = testingOnlyRename
+	}
+	return placeFile(name, data, rename)
+}
+
+// publishFile creates name with data only if no file has that name yet
+// (os.Link fails with fs.ErrExist when it is taken): the exclusive
+// publication of a signed answer's reservation (SPEC §12).
+func publishFile(name string, data []byte) error {
+	return placeFile(name, data, os.Link)
+}
+
+// placeFile writes data whole to a sibling temporary file (O_EXCL, 0600),
+// fsyncs it, puts it at name with place (rename or link), removes the
+// temporary name, and fsyncs the directory so the new name survives a
+// crash. On any failure the target is untouched.
+func placeFile(name string, data []byte, place func(oldpath, newpath string) error) error {
 	dir := filepath.Dir(name)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
@@ -147,6 +166,7 @@ func writeFileAtomic(name string, data []byte) error {
 	if err != nil {
 		return err
 	}
+	defer os.Remove(f.Name()) // after a rename the name is gone; after a link it is the spare
 	if _, err = f.Write(data); err == nil {
 		err = f.Sync() // the bytes reach the disk before the name points at them
 	}
@@ -154,17 +174,12 @@ func writeFileAtomic(name string, data []byte) error {
 		err = cerr
 	}
 	if err == nil {
-		rename := os.Rename
-		if testingOnlyRename != nil {
-			rename = testingOnlyRename
-		}
-		err = rename(f.Name(), name)
+		err = place(f.Name(), name)
 	}
 	if err != nil {
-		os.Remove(f.Name())
 		return err
 	}
-	return syncDir(dir) // makes the rename itself durable
+	return syncDir(dir) // makes the rename or link itself durable
 }
 
 // syncDir fsyncs a directory so a rename inside it survives a crash.
