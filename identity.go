@@ -157,25 +157,23 @@ func (c *clientStore) authenticate(token string) (client, bool) {
 
 // updateClients changes the clients file under its lock (SPEC §2.3).
 func updateClients(path string, fn func(d *clientsDoc) error) error {
-	return withFileLock(path, func() error {
+	read := func() (*clientsDoc, error) {
 		doc, err := readClients(path)
 		if errors.Is(err, errFileAbsent) {
-			doc, err = &clientsDoc{Clients: []client{}}, nil
+			return &clientsDoc{Clients: []client{}}, nil
 		}
+		return doc, err
+	}
+	return editLocked(path, read, func(d *clientsDoc) error {
+		if err := fn(d); err != nil {
+			return err
+		}
+		b, err := marshalState(d) // the result must still be a valid clients file
 		if err != nil {
 			return err
 		}
-		if err := fn(doc); err != nil {
-			return err
-		}
-		b, err := marshalState(doc)
-		if err != nil {
-			return err
-		}
-		if _, err := parseClients(b); err != nil {
-			return err
-		}
-		return writeFileAtomic(path, b)
+		_, err = parseClients(b)
+		return err
 	})
 }
 

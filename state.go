@@ -213,6 +213,27 @@ func withFileLock(name string, fn func() error) error {
 	return fn()
 }
 
+// editLocked is the read-modify-rename of every file a CLI and the daemon
+// may both edit (SPEC §2.3): under the file's flock it re-reads the current
+// document, lets change edit it, and replaces the file atomically with its
+// encoding. change's error leaves the file untouched.
+func editLocked[T any](name string, read func() (T, error), change func(T) error) error {
+	return withFileLock(name, func() error {
+		doc, err := read()
+		if err != nil {
+			return err
+		}
+		if err := change(doc); err != nil {
+			return err
+		}
+		b, err := marshalState(doc)
+		if err != nil {
+			return err
+		}
+		return writeFileAtomic(name, b)
+	})
+}
+
 // lockServe takes the one-serve-per-state-directory lock (SPEC §2.3). The
 // returned file keeps the lock until closed.
 func lockServe(s state) (*os.File, error) {

@@ -131,20 +131,11 @@ func (v *vault) update(fn func(d *vaultDoc) error) error {
 	if v.pathErr != nil {
 		return v.pathErr
 	}
-	return withFileLock(v.path, func() error {
+	read := func() (*vaultDoc, error) {
 		doc, _, err := readVault(v.path)
-		if err != nil {
-			return err
-		}
-		if err := fn(doc); err != nil {
-			return err
-		}
-		b, err := marshalState(doc)
-		if err != nil {
-			return err
-		}
-		return writeFileAtomic(v.path, b)
-	})
+		return doc, err
+	}
+	return editLocked(v.path, read, fn)
 }
 
 // directKey returns the vault's API key for provider, or "".
