@@ -96,7 +96,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	if len(args) == 0 {
 		return &usageError{"usage: brama serve|version|routes|clients|agents|credentials|subscription|tasks|onboard|journal|maintain|answers ... (-h on each)"}
 	}
-	env := cliEnv{getenv: getenv, stdin: stdin, stdout: stdout, stderr: stderr}
+	env := cliEnv{ctx: ctx, getenv: getenv, stdin: stdin, stdout: stdout, stderr: stderr}
 	cmd, rest := args[0], args[1:]
 	switch cmd {
 	case "serve":
@@ -135,6 +135,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 
 // cliEnv is what every command reads and writes besides its arguments.
 type cliEnv struct {
+	ctx    context.Context // ends on SIGINT/SIGTERM: the only cancel of a CLI's calls
 	getenv func(string) string
 	stdin  io.Reader
 	stdout io.Writer

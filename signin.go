@@ -10,11 +10,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"os"
-	"os/signal"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
 )
 
@@ -165,11 +162,6 @@ func (s *server) signInDonation(r *http.Request) (overlayItem, error) {
 	return it, nil
 }
 
-// signInTimeout bounds the CLI's code exchange. The CLI is not the daemon:
-// a person waits at a terminal, and an endpoint that never answers must not
-// hold it forever (the daemon's own calls have no such bound, SPEC §7.4).
-const signInTimeout = 2 * time.Minute
-
 // subscriptionSignIn is `brama subscription sign-in`. It prints the
 // authorize URL on stderr (stdout carries only the subscription id, for
 // scripts), reads the pasted code or redirect URL from stdin (the line
@@ -218,12 +210,8 @@ func (e cliEnv) subscriptionSignIn(args []string) error {
 	if code == "" {
 		return errors.New("sign-in stopped: no authorization code on stdin")
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	ctx, cancel := context.WithTimeout(ctx, signInTimeout)
-	defer cancel()
 	o := newOAuth(e.getenv, newProviderClient(), nil, nil, slog.New(slog.DiscardHandler), time.Now)
-	grant, err := o.exchangeCode(ctx, *provider, code, verifier, state)
+	grant, err := o.exchangeCode(e.ctx, *provider, code, verifier, state)
 	if err != nil {
 		return fmt.Errorf("sign-in failed, nothing was stored: %w", err)
 	}

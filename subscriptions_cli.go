@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"cmp"
+	"context"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -14,7 +15,6 @@ import (
 	"os"
 	"strings"
 	"text/tabwriter"
-	"time"
 )
 
 // `brama subscription …`: every command is an HTTP client of the admin API
@@ -33,7 +33,8 @@ func (e cliEnv) subscriptionCmd(args []string) error {
 
 // subGateway is one command's connection to the daemon's admin API.
 type subGateway struct {
-	base  string // e.g. http://127.0.0.1:8080, no trailing slash
+	ctx   context.Context // the CLI's: ends on SIGINT/SIGTERM
+	base  string          // e.g. http://127.0.0.1:8080, no trailing slash
 	token string
 	hc    *http.Client
 }
@@ -58,9 +59,9 @@ func (e cliEnv) subscriptionGateway(raw string, in *bufio.Reader) (*subGateway, 
 	if tok == "" {
 		return nil, errors.New("no bearer token: set BRAMA_TOKEN or give the token as stdin's first line")
 	}
-	// A generous bound so a wedged daemon cannot hang the CLI (it has no
-	// context to cancel); no provider call is made on these routes.
-	return &subGateway{base: strings.TrimRight(u.String(), "/"), token: tok, hc: &http.Client{Timeout: 2 * time.Minute}}, nil
+	// No time limit of Brama's own (a maintenance pass may wait on token
+	// endpoints); SIGINT or SIGTERM cancels the call through e.ctx.
+	return &subGateway{ctx: e.ctx, base: strings.TrimRight(u.String(), "/"), token: tok, hc: &http.Client{}}, nil
 }
 
 // gatewayError is a refusal from the daemon: its envelope's code and message.
@@ -85,7 +86,7 @@ func (g *subGateway) call(method, path string, body any) ([]byte, error) {
 		}
 		rd = bytes.NewReader(b)
 	}
-	req, err := http.NewRequest(method, g.base+path, rd)
+	req, err := http.NewRequestWithContext(g.ctx, method, g.base+path, rd)
 	if err != nil {
 		return nil, err
 	}
