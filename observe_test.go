@@ -154,3 +154,29 @@ func TestPerfStatsUnplacedOnce(t *testing.T) {
 		t.Errorf("perf_stats_unplaced logged %d times (want 1, naming the cause)", n)
 	}
 }
+
+func TestReadyzNamesUnusableStateFiles(t *testing.T) {
+	env := stateEnv(t)
+	dir := env["BRAMA_STATE_DIR"]
+	os.MkdirAll(dir, 0o700)
+	os.WriteFile(filepath.Join(dir, "ledger.json"), []byte(`{"schema_version":1,"subscriptions":{},"extra":1}`), 0o600)
+	os.WriteFile(filepath.Join(dir, "journal.jsonl"), []byte("{}\n"), 0o644)
+	d := startDaemon(t, env, `{"openai":"k"}`, "-local-credentials-stdin")
+	status, _, body := d.call("GET", "/readyz", "", "")
+	var rd readiness
+	json.Unmarshal(body, &rd)
+	joined := strings.Join(rd.Reasons, "\n")
+	if status != 503 || rd.Ready || !strings.Contains(joined, "ledger unusable") || !strings.Contains(joined, "journal unusable") {
+		t.Errorf("/readyz with an unreadable ledger and a group-readable journal: %d %s", status, body)
+	}
+	os.Remove(filepath.Join(dir, "journal.jsonl"))
+	os.WriteFile(filepath.Join(dir, "ledger.json"), []byte(`{"schema_version":1,"subscriptions":{}}`), 0o600)
+	status, _, body = d.call("GET", "/readyz", "", "")
+	json.Unmarshal(body, &rd)
+	if strings.Contains(strings.Join(rd.Reasons, "\n"), "journal unusable") {
+		t.Errorf("/readyz still names the removed journal: %s", body)
+	}
+	if status != 503 || !strings.Contains(strings.Join(rd.Reasons, "\n"), "ledger unusable") {
+		t.Errorf("the ledger was read once at start and is never overwritten; it stays named until a restart: %d %s", status, body)
+	}
+}
