@@ -92,18 +92,24 @@ func readVault(path string) (*vaultDoc, fileIdentity, error) {
 	if err != nil {
 		return nil, id, err
 	}
+	doc, err := parseVault(b)
+	return doc, id, err
+}
+
+// parseVault strictly parses vault bytes; an empty file is an empty vault.
+func parseVault(b []byte) (*vaultDoc, error) {
 	doc := emptyVault()
 	if len(b) == 0 {
-		return doc, id, nil
+		return doc, nil
 	}
 	if err := decodeStrict("vault", b, doc); err != nil {
-		return nil, id, err
+		return nil, err
 	}
 	if doc.SchemaVersion != 1 {
-		return nil, id, fmt.Errorf("vault: schema_version %d is not 1", doc.SchemaVersion)
+		return nil, fmt.Errorf("vault: schema_version %d is not 1", doc.SchemaVersion)
 	}
 	doc.fill()
-	return doc, id, nil
+	return doc, nil
 }
 
 func emptyVault() *vaultDoc {
