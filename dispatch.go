@@ -168,6 +168,10 @@ func (c call) presented() string {
 func (s *server) dispatch(w http.ResponseWriter, r *http.Request, dialect string, req chatRequest, c call) {
 	start := s.now()
 	a := s.callProvider(r.Context(), req, c)
+	if !a.sent { // the request could not be encoded: refused before any call
+		s.fail(w, r, a.err)
+		return
+	}
 	if ae := a.failure(); ae != nil {
 		s.settle(r, c, start, usage{}, ae.withAttempts(1))
 		s.fail(w, r, ae)
@@ -187,6 +191,7 @@ func (s *server) dispatch(w http.ResponseWriter, r *http.Request, dialect string
 
 // attempt is one provider call's outcome before anything reaches the caller.
 type attempt struct {
+	sent    bool             // the request left Brama (one attempt); false when it could not be encoded
 	resp    *http.Response   // 2xx: the call committed; the body is unread
 	refusal *providerRefusal // a complete non-2xx answer, classified
 	err     *apiError        // no answer: a transport failure or a cut refusal body
@@ -215,18 +220,18 @@ func (s *server) callProvider(ctx context.Context, req chatRequest, c call) atte
 	s.attempts.Add(1)
 	resp, err := s.client.Do(httpReq)
 	if err != nil {
-		return attempt{err: classifyTransport(err)}
+		return attempt{sent: true, err: classifyTransport(err)}
 	}
 	if resp.StatusCode >= 200 && resp.StatusCode <= 299 {
-		return attempt{resp: resp}
+		return attempt{sent: true, resp: resp}
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return attempt{err: refuse("provider_incomplete", "provider %q answered %d and its body was cut after %d bytes", p.id, resp.StatusCode, len(body)).because(err)}
+		return attempt{sent: true, err: refuse("provider_incomplete", "provider %q answered %d and its body was cut after %d bytes", p.id, resp.StatusCode, len(body)).because(err)}
 	}
 	ref := classifyRefusal(p.id, resp.StatusCode, resp.Header, body, c.presented(), s.now())
-	return attempt{refusal: &ref}
+	return attempt{sent: true, refusal: &ref}
 }
 
 // deliver answers the caller from a committed call, buffered or streamed,
@@ -366,6 +371,9 @@ func (s *server) handleEmbeddings(w http.ResponseWriter, r *http.Request) {
 	}
 	ri.requestedModel = req.Model
 	c, err := s.plan(ri, &req)
+	if err == nil && c.res.Mode != modeDirect && c.res.Mode != modeAlias {
+		err = refuse("invalid_request", "embeddings take a direct or alias route; %q is paid by a subscription", req.Model)
+	}
 	if err == nil && c.res.Provider.protocol != protoOpenAIChat {
 		err = refuse("invalid_request", "embeddings need an openai-chat provider; %q speaks %s", c.res.Provider.id, c.res.Provider.protocol)
 	}

@@ -261,7 +261,7 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 	defer s.ledger.flush()
 	s.inv = newInventory(d.st, s.vault, s.journal, s.ledger, e.getenv, log, s.now)
 	s.oauth = newOAuth(e.getenv, s.client, s.vault, s.ledger, log, s.now)
-	defer s.oauth.wait()
+	defer s.oauth.shutdown()
 	s.maint = newMaintainer(s.inv, s.ledger, s.oauth, s.journal, s.client, e.getenv, log, s.now)
 	s.keepAlive = testingOnlyKeepAlive
 	if *localCreds {

@@ -97,8 +97,9 @@ type oauthClient struct {
 	log    *slog.Logger
 	now    func() time.Time
 
-	mu       sync.Mutex // guards inflight
+	mu       sync.Mutex // guards inflight, closed
 	inflight map[string]*refreshCall
+	closed   bool           // shutdown began: no new flight starts
 	wg       sync.WaitGroup // counts refreshes running detached from their callers
 
 	// testingOnlyJoined runs after a caller has found or started the flight
@@ -110,9 +111,10 @@ type oauthClient struct {
 // refreshCall is one refresh in flight; grant and err are set before done
 // is closed and never after.
 type refreshCall struct {
-	done  chan struct{}
-	grant oauthGrant
-	err   error
+	done   chan struct{}
+	cancel context.CancelFunc // ends the flight at shutdown only
+	grant  oauthGrant
+	err    error
 }
 
 // newOAuth builds the OAuth client. client should be newProviderClient().
@@ -146,10 +148,26 @@ func (o *oauthClient) tokenURL(p oauthProvider) (string, error) {
 	return raw, nil
 }
 
-// wait blocks until no refresh runs detached from its callers (shutdown,
-// tests). A token endpoint that never answers keeps it waiting: Brama sets
-// no time limit of its own (SPEC §11.1).
+// wait blocks until no refresh runs detached from its callers (tests). A
+// token endpoint that never answers keeps it waiting: Brama sets no time
+// limit of its own (SPEC §11.1).
 func (o *oauthClient) wait() { o.wg.Wait() }
+
+// errShuttingDown refuses a refresh asked for after shutdown began.
+var errShuttingDown = errors.New("brama is shutting down")
+
+// shutdown cancels every flight and waits for them: the daemon's own stop
+// is the one end a refresh has besides its answer. A cancelled flight is a
+// transport failure, so no credential state changes.
+func (o *oauthClient) shutdown() {
+	o.mu.Lock()
+	o.closed = true
+	for _, c := range o.inflight {
+		c.cancel()
+	}
+	o.mu.Unlock()
+	o.wg.Wait()
+}
 
 // refresh refreshes subscription id's grant (SPEC §11.1) and returns the
 // grant to use. Concurrent calls for one id share one flight and its result.
@@ -159,19 +177,25 @@ func (o *oauthClient) wait() { o.wg.Wait() }
 // already holds another one, that one is returned and no token call is made.
 func (o *oauthClient) refresh(ctx context.Context, id, provider, refusedAccessToken string) (oauthGrant, error) {
 	o.mu.Lock()
+	if o.closed {
+		o.mu.Unlock()
+		return oauthGrant{}, errShuttingDown
+	}
 	c, ok := o.inflight[id]
 	if !ok {
-		c = &refreshCall{done: make(chan struct{})}
+		fctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		c = &refreshCall{done: make(chan struct{}), cancel: cancel}
 		o.inflight[id] = c
 		o.wg.Add(1)
-		go func(ctx context.Context) { // exits when the token call ends; callers wait on c.done
+		go func() { // exits when the token call ends or shutdown cancels it; callers wait on c.done
 			defer o.wg.Done()
-			c.grant, c.err = o.refreshOnce(ctx, id, provider, refusedAccessToken)
+			defer cancel()
+			c.grant, c.err = o.refreshOnce(fctx, id, provider, refusedAccessToken)
 			o.mu.Lock()
 			delete(o.inflight, id)
 			o.mu.Unlock()
 			close(c.done)
-		}(context.WithoutCancel(ctx))
+		}()
 	}
 	o.mu.Unlock()
 	if o.testingOnlyJoined != nil {

@@ -98,6 +98,11 @@ func guardFile(role, name string) (fileIdentity, error) {
 	if err != nil {
 		return fileIdentity{}, fmt.Errorf("%s: %w", role, err)
 	}
+	return checkFileInfo(role, name, fi)
+}
+
+// checkFileInfo is the guards themselves, on what Lstat or Fstat saw.
+func checkFileInfo(role, name string, fi fs.FileInfo) (fileIdentity, error) {
 	if fi.Mode()&fs.ModeSymlink != 0 {
 		return fileIdentity{}, fmt.Errorf("%s %s is a symlink; refusing to follow it", role, name)
 	}
@@ -117,13 +122,30 @@ func guardFile(role, name string) (fileIdentity, error) {
 	return fileIdentity{dev: uint64(st.Dev), ino: st.Ino, size: fi.Size(), mtime: fi.ModTime()}, nil
 }
 
-// readGuarded reads name after guardFile. An absent file is errFileAbsent.
+// readGuarded reads name under the guards. The file is opened without
+// following a symlink and the guards are applied to the open file, so a
+// name swapped between the check and the read cannot slip through. An
+// absent file is errFileAbsent.
 func readGuarded(role, name string) ([]byte, fileIdentity, error) {
-	id, err := guardFile(role, name)
+	f, err := os.OpenFile(name, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0) // O_NONBLOCK: a FIFO planted here must not hang the reader
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil, fileIdentity{}, fmt.Errorf("%s %s: %w", role, name, errFileAbsent)
+	case errors.Is(err, syscall.ELOOP):
+		return nil, fileIdentity{}, fmt.Errorf("%s %s is a symlink; refusing to follow it", role, name)
+	case err != nil:
+		return nil, fileIdentity{}, fmt.Errorf("%s: %w", role, err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fileIdentity{}, fmt.Errorf("%s: %w", role, err)
+	}
+	id, err := checkFileInfo(role, name, fi)
 	if err != nil {
 		return nil, id, err
 	}
-	b, err := os.ReadFile(name)
+	b, err := io.ReadAll(f)
 	if err != nil {
 		return nil, id, fmt.Errorf("%s: %w", role, err)
 	}

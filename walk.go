@@ -228,6 +228,14 @@ func (s *server) walkRoute(w http.ResponseWriter, r *http.Request, dialect strin
 		c := call{res: res, baseURL: baseURL, cred: cred}
 		start := s.now()
 		a := s.callProvider(r.Context(), req, c)
+		if !a.sent { // the request could not be encoded: nothing was called
+			ae := a.err
+			if wk.attempts > 0 {
+				ae = ae.withAttempts(wk.attempts)
+			}
+			s.fail(w, r, ae)
+			return routeAnswered
+		}
 		calls++
 		wk.attempts++
 		if a.resp != nil {
@@ -244,15 +252,27 @@ func (s *server) walkRoute(w http.ResponseWriter, r *http.Request, dialect strin
 		s.ledger.recordUse(sub.ID, p.id, false, 0, 0)
 		switch ref.class {
 		case refusalAuth:
-			if cred.AccessToken != "" && !wk.refreshed[sub.ID] && calls < 2 {
-				if _, err := s.subscriptionCredential(r, sub, wk, cred.AccessToken); err == nil {
+			wk.auth = true
+			if cred.AccessToken != "" && !wk.refreshed[sub.ID] {
+				// An OAuth grant not yet refreshed in this request: refresh it,
+				// and let the next attempt, if one remains, be this same
+				// subscription. A failed refresh already recorded what it
+				// proved (a definitive refusal marks the grant; a transport
+				// failure changes nothing), so the state is not touched here.
+				_, err := s.subscriptionCredential(r, sub, wk, cred.AccessToken)
+				switch {
+				case err == nil:
 					wk.note(sub.ID, "refused the access token; refreshed")
-					queue = append([]overlayItem{sub}, queue...)
-					continue
+					if calls < 2 {
+						queue = append([]overlayItem{sub}, queue...)
+					}
+				case !errors.Is(err, errSkipSubscription):
+					s.fail(w, r, asAPIError(err).withAttempts(wk.attempts))
+					return routeAnswered
 				}
+				continue
 			}
 			s.ledger.setCredential(sub.ID, p.id, credNeedsReauth, ref.sentence)
-			wk.auth = true
 			wk.note(sub.ID, "authentication refused: "+ref.sentence)
 		case refusalRate, refusalQuota:
 			d := ref.retryAfter
@@ -429,6 +449,7 @@ func (s *server) walkSelector(w http.ResponseWriter, r *http.Request, dialect st
 	wk := &walk{agent: agent}
 	poolRefused := map[string]bool{}
 	hadEligible := false
+	var maxTokensSkip error // set when a candidate was skipped for want of max_tokens
 	for _, cand := range cands {
 		p := cand.Provider.id
 		if poolRefused[p] {
@@ -444,12 +465,13 @@ func (s *server) walkSelector(w http.ResponseWriter, r *http.Request, dialect st
 			wk.note(cand.Route, fmt.Sprintf("no usable %q subscription", p))
 			continue
 		}
-		hadEligible = true
 		creq := req
 		if err := s.applyMaxTokens(&creq, cand); err != nil {
+			maxTokensSkip = err
 			wk.note(cand.Route, "skipped: "+asAPIError(err).Message)
 			continue
 		}
+		hadEligible = true
 		switch s.walkRoute(w, r, dialect, creq, cand, s.order(agent, p, subs), cand.Route, wk, true) {
 		case routeAnswered:
 			return
@@ -460,6 +482,8 @@ func (s *server) walkSelector(w http.ResponseWriter, r *http.Request, dialect st
 	switch {
 	case hadEligible:
 		s.answerExhausted(w, r, wk)
+	case maxTokensSkip != nil: // every usable candidate needs a max_tokens nobody knows (SPEC §6.4)
+		s.fail(w, r, maxTokensSkip)
 	case s.allNeedSignIn(agent):
 		s.requestMaintenance("subscription_reauthorization_required")
 		s.fail(w, r, refuse("subscription_reauthorization_required", "agent %q has subscriptions but none has an active credential; sign in again", agent).withAttempts(0))

@@ -1,0 +1,180 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// oauthSetup starts a daemon whose claude-code provider and token endpoint
+// are fakes, with agent a1 and a bearer bound to it.
+func oauthSetup(t *testing.T, provider, tokenEndpoint *fakeProvider) (*daemon, string) {
+	env := stateEnv(t)
+	env["BRAMA_PROVIDER_CLAUDE_CODE_BASE_URL"] = provider.URL
+	env["BRAMA_OAUTH_CLAUDE_CODE_TOKEN_URL"] = tokenEndpoint.URL + "/v1/oauth/token"
+	d := startDaemon(t, env, "")
+	addAgent(t, env, "a1")
+	return d, addClient(t, env, "a1-app", "-agent", "a1")
+}
+
+// donateGrant gives a1 a claude-code grant and returns its id.
+func donateGrant(t *testing.T, d *daemon, access, refresh string, expiresAtMs int64) string {
+	t.Helper()
+	body := fmt.Sprintf(`{"provider":"claude-code","oauth":{"access_token":%q,"refresh_token":%q,"expires_at_ms":%d}}`, access, refresh, expiresAtMs)
+	s, _, b := d.call("POST", "/v1/admin/subscriptions/a1", d.token, body)
+	return donatedID(t, s, b, "a1", "claude-code")
+}
+
+// A 401 on the second call still refreshes the grant (no attempt remains
+// to use it), and a refresh stopped by a transport failure never marks the
+// credential needs_reauthorization (SPEC §7.2.4, §11.1).
+func TestAuthRefusalRefreshesWithoutDisablingTheGrant(t *testing.T) {
+	tests := []struct {
+		name          string
+		tokenStatus   int
+		wantState     string
+		wantTokenCall int64
+	}{
+		{"refresh succeeds", 200, "active", 1},
+		{"refresh transport failure", 502, "active", 1},
+		{"refresh refused", 400, "needs_reauthorization", 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var mu sync.Mutex
+			behavior := map[string]int{"acc-one": 429, "acc-two": 401}
+			provider := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+				mu.Lock()
+				status := behavior[strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")]
+				mu.Unlock()
+				switch status {
+				case 429:
+					w.Header().Set("Retry-After", "60")
+					http.Error(w, `{"type":"error","error":{"type":"rate_limit_error","message":"slow"}}`, 429)
+				case 401:
+					http.Error(w, `{"type":"error","error":{"type":"authentication_error","message":"expired token"}}`, 401)
+				default:
+					io.WriteString(w, protocolFixtures[1].buffered)
+				}
+			})
+			tokenEndpoint := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+				switch tc.tokenStatus {
+				case 200:
+					io.WriteString(w, `{"access_token":"acc-two-new","refresh_token":"ref-two-new","expires_in":3600}`)
+				case 400:
+					http.Error(w, `{"error":"invalid_grant","error_description":"revoked"}`, 400)
+				default:
+					http.Error(w, `bad gateway`, tc.tokenStatus)
+				}
+			})
+			d, tok := oauthSetup(t, provider, tokenEndpoint)
+			future := time.Now().Add(time.Hour).UnixMilli()
+			donateGrant(t, d, "acc-one", "ref-one", future)
+			second := donateGrant(t, d, "acc-two", "ref-two", future)
+			status, _, body := d.call("POST", "/v1/messages", tok, chatBody(dialectMessages, "claude-code/claude-test", false, ""))
+			if e := envelopeOf(t, body); status != 429 || e["attempts"] != float64(2) {
+				t.Errorf("429 then 401: %d %s, want 429 provider_rate_limited after 2 calls", status, body)
+			}
+			if n := tokenEndpoint.calls.Load(); n != tc.wantTokenCall {
+				t.Errorf("token endpoint calls = %d, want %d (the 401 on the last call still refreshes)", n, tc.wantTokenCall)
+			}
+			if got := credentialStateOf(t, d, "a1", second); got != tc.wantState {
+				t.Errorf("credential state = %q, want %q", got, tc.wantState)
+			}
+		})
+	}
+}
+
+func TestRefusalsThatMakeNoCall(t *testing.T) {
+	fx := protocolFixtures[1]
+	fake := fixtureProvider(t, fx)
+	kimi := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		io.WriteString(w, protocolFixtures[0].buffered)
+	})
+	env := stateEnv(t)
+	env["BRAMA_PROVIDER_ANTHROPIC_BASE_URL"] = fake.URL
+	env["BRAMA_PROVIDER_KIMI_BASE_URL"] = kimi.URL
+	d := startDaemon(t, env, `{"anthropic":"k"}`, "-local-credentials-stdin")
+	d.call("PUT", "/v1/admin/routes", d.token, `{"alias":"cc","route":"claude-code/claude-unknown"}`)
+	addAgent(t, env, "a1")
+	tok := addClient(t, env, "a1-app", "-agent", "a1")
+	s, _, b := d.call("POST", "/v1/admin/subscriptions/a1", d.token, `{"provider":"kimi","api_key":"kimi-key-0123"}`)
+	donatedID(t, s, b, "a1", "kimi")
+	donateGrant(t, d, "acc-cc", "ref-cc", time.Now().Add(time.Hour).UnixMilli())
+
+	tests := []struct {
+		name, path, token, body string
+		status                  int
+	}{
+		{"tool arguments that are not an object", "/v1/chat/completions", d.token,
+			`{"model":"anthropic/claude-x","max_tokens":10,"messages":[{"role":"user","content":"hi"},{"role":"assistant","tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"[1]"}}]},{"role":"tool","tool_call_id":"c1","content":"ok"}]}`, 400},
+		{"embeddings on a subscription route", "/v1/embeddings", tok, `{"model":"kimi/emb","input":"x"}`, 400},
+		{"selector whose candidates need max_tokens", "/v1/chat/completions", tok,
+			`{"model":"any","messages":[{"role":"user","content":"hi"}]}`, 400},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			before := fake.calls.Load() + kimi.calls.Load()
+			status, hdr, body := d.call("POST", tc.path, tc.token, tc.body)
+			e := envelopeOf(t, body)
+			if status != tc.status || e["code"] != "invalid_request" {
+				t.Fatalf("%d %s, want %d invalid_request", status, body, tc.status)
+			}
+			if e["attempts"] != nil || hdr.Get("Brama-Attempts") != "" {
+				t.Errorf("no call was made, yet attempts=%v header=%q", e["attempts"], hdr.Get("Brama-Attempts"))
+			}
+			if n := fake.calls.Load() + kimi.calls.Load() - before; n != 0 {
+				t.Errorf("providers saw %d calls", n)
+			}
+		})
+	}
+	if strings.Contains(d.stderr.String(), "maintenance_requested") {
+		t.Errorf("a max_tokens refusal asked for a maintenance pass")
+	}
+}
+
+// A refresh flight detached from its callers still ends when the daemon
+// stops: a token endpoint that never answers cannot hold shutdown.
+func TestShutdownEndsRefreshFlights(t *testing.T) {
+	arrived := make(chan struct{})
+	release := make(chan struct{})
+	defer close(release)
+	provider := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		io.WriteString(w, protocolFixtures[1].buffered)
+	})
+	tokenEndpoint := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		close(arrived)
+		select { // never answers on its own
+		case <-release:
+		case <-r.Context().Done():
+		}
+	})
+	d, tok := oauthSetup(t, provider, tokenEndpoint)
+	donateGrant(t, d, "acc-stale", "ref-stale", time.Now().Add(-time.Hour).UnixMilli())
+
+	req, _ := http.NewRequest("POST", d.url+"/v1/messages", strings.NewReader(chatBody(dialectMessages, "claude-code/claude-test", false, "")))
+	req.Header.Set("Authorization", "Bearer "+tok)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if resp, err := http.DefaultClient.Do(req.WithContext(ctx)); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	<-arrived
+	cancel() // the caller hangs up; the flight goes on without it
+	<-done
+	stopped := make(chan struct{})
+	go func() { d.stop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(30 * time.Second):
+		t.Fatal("serve did not return: a refresh flight held shutdown")
+	}
+}
