@@ -498,7 +498,10 @@ func (a *answerStore) settleAnswer(r *http.Request, t *answerTicket, c *answerCa
 		cut = refuse("internal_error", "the answer failed inside Brama after a provider call started").withAttempts(calls)
 	case r.Context().Err() != nil && calls > 0:
 		cut = refuse("client_cancelled", "the caller hung up after a provider call started").withAttempts(calls)
-	case panicked, r.Context().Err() != nil, envelopeRetryable(c.body.Bytes()):
+	case panicked, r.Context().Err() != nil, envelopeRetryable(c.body.Bytes()),
+		// A refusal without an attempts count was made before any dispatch
+		// (SPEC §8.1): it belongs before the reservation and is never kept.
+		calls == 0 && c.header.Get("Brama-Attempts") == "":
 		if err := a.release(t); err != nil {
 			a.log.Error("answer_release_failed", "request_id", ri.id, "err", err)
 		}

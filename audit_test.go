@@ -178,3 +178,41 @@ func TestShutdownEndsRefreshFlights(t *testing.T) {
 		t.Fatal("serve did not return: a refresh flight held shutdown")
 	}
 }
+
+func TestUncleanPathsAreEnvelopedNotRedirected(t *testing.T) {
+	d := startDaemon(t, stateEnv(t), "")
+	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	for _, p := range []string{"/v1//models", "/v1/./aliases", "/v1/admin/../aliases", "//health"} {
+		req, _ := http.NewRequest("GET", d.url+p, nil)
+		req.Header.Set("Authorization", "Bearer "+d.token)
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 404 || envelopeOf(t, body)["code"] != "not_found" {
+			t.Errorf("GET %s = %d %s, want a 404 envelope", p, resp.StatusCode, body)
+		}
+	}
+}
+
+func TestSignedAnswerNeverKeepsAPreDispatchRefusal(t *testing.T) {
+	env := stateEnv(t)
+	fake := newKeyedFake(t, map[string]string{"kimi-1": "200"})
+	env["BRAMA_PROVIDER_KIMI_BASE_URL"] = fake.URL
+	d := startDaemon(t, env, "")
+	tok, _ := agentWithSubs(t, d, "a1", "kimi", "kimi-1")
+	body := chatBody(dialectChat, "task:summarize", false, "")
+	status, hdr, b := d.call("POST", "/v1/chat/completions", tok, body, "Idempotency-Key", "k1")
+	if status != 400 || hdr.Get("Brama-Answer-Signature") != "" {
+		t.Fatalf("task without checks, with a key: %d %s (signature %q); want 400, not kept", status, b, hdr.Get("Brama-Answer-Signature"))
+	}
+	if s, _, b := d.call("POST", "/v1/admin/checks", d.token, `{"agent_id":"a1","task":"summarize","model":"kimi/k2","status":"pass"}`); s != 201 {
+		t.Fatalf("check: %d %s", s, b)
+	}
+	status, hdr, b = d.call("POST", "/v1/chat/completions", tok, body, "Idempotency-Key", "k1")
+	if status != 200 || hdr.Get("Brama-Answer-Replayed") != "" || fake.total() != 1 {
+		t.Errorf("the same key after the check was recorded: %d %s replayed=%q calls=%d; want a fresh dispatch", status, b, hdr.Get("Brama-Answer-Replayed"), fake.total())
+	}
+}

@@ -87,8 +87,13 @@ func (s *server) plan(ri *requestInfo, req *chatRequest) (call, error) {
 				return call{}, err
 			}
 		}
-		if res.Mode == modeSubscription {
+		switch res.Mode {
+		case modeSubscription:
 			if err := s.applyMaxTokens(req, res); err != nil {
+				return call{}, err
+			}
+		case modeTask: // no passing checks is a refusal before dispatch (SPEC §7.3)
+			if _, err := s.taskCandidates(ri.agentID, res.Task); err != nil {
 				return call{}, err
 			}
 		}

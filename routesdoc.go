@@ -338,6 +338,11 @@ func checkRoute(doc *routesDoc, alias, dest string) error {
 		if err := checkModelName(model); err != nil {
 			return invalidf("%s: destination %q is not a canonical route: the model %v", label, dest, err)
 		}
+		if alias == modeBest && provider == "local-openai" {
+			// local-openai/<name> is a deployment's canonical spelling, and
+			// best is paid by subscriptions, which a deployment has none of.
+			return invalidf("%s must name a canonical route of a subscription-capable provider, not deployment %q", label, dest)
+		}
 		return nil
 	}
 	if alias == modeBest {

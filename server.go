@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"path"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -156,6 +157,10 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch h, pattern := s.mux.Handler(r); {
 	case !s.guard.allows(r):
 		s.fail(sw, r, refuse("secure_transport_required", "this listener accepts plain HTTP only from loopback or a trusted proxy that received https"))
+	case r.URL.EscapedPath() != path.Clean(r.URL.EscapedPath()):
+		// An unclean path (//, ., ..) would get the mux's own 307 with an
+		// HTML body; every non-success answer is an envelope (SPEC §8.1).
+		s.fail(sw, r, refuse("not_found", "no route for %s", r.URL.Path))
 	case pattern == "":
 		s.notRouted(sw, r, h)
 	default:
