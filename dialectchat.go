@@ -50,21 +50,14 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 	if err := decodeCallerJSON(body, &b, ""); err != nil {
 		return chatRequest{}, err
 	}
-	req := chatRequest{Model: b.Model, Temperature: b.Temperature, Stream: b.Stream}
-	if err := checkCallerModel(b.Model); err != nil {
-		return chatRequest{}, err
-	}
-	var err error
-	if req.MaxTokens, err = checkCallerMaxTokens("max_tokens", b.MaxTokens); err != nil {
+	req, err := newCallerRequest(b.Model, b.Temperature, b.Stream, "max_tokens", b.MaxTokens, b.BillingTarget)
+	if err != nil {
 		return chatRequest{}, err
 	}
 	if b.MaxCompletionTokens != nil { // the newer name wins when both are sent
 		if req.MaxTokens, err = checkCallerMaxTokens("max_completion_tokens", b.MaxCompletionTokens); err != nil {
 			return chatRequest{}, err
 		}
-	}
-	if req.BillingTarget, err = parseCallerBillingTarget(b.BillingTarget); err != nil {
-		return chatRequest{}, err
 	}
 	for i, m := range b.Messages {
 		what := fmt.Sprintf("messages[%d]", i)
@@ -126,18 +119,9 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 // callerChatUserParts reads a user message's content: a string or an array of
 // text and image_url parts.
 func callerChatUserParts(raw json.RawMessage, what string) ([]part, error) {
-	switch rawShape(raw) {
-	case '"':
-		var s string
-		err := decodeCallerJSON(raw, &s, what)
-		return []part{{Type: partText, Text: s}}, err
-	case '[':
-	default:
-		return nil, refuseInvalid("%s must be a string or an array of content parts", what)
-	}
-	var cps []callerChatPart
-	if err := decodeCallerJSON(raw, &cps, what); err != nil {
-		return nil, err
+	text, cps, err := callerContent[callerChatPart](raw, what, "content parts")
+	if err != nil || text != nil {
+		return text, err
 	}
 	if len(cps) == 0 {
 		return nil, refuseInvalid("%s must not be empty", what)

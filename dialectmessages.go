@@ -53,15 +53,8 @@ func parseMessages(body []byte) (chatRequest, error) {
 	if err := decodeCallerJSON(body, &b, ""); err != nil {
 		return chatRequest{}, err
 	}
-	if err := checkCallerModel(b.Model); err != nil {
-		return chatRequest{}, err
-	}
-	req := chatRequest{Model: b.Model, Temperature: b.Temperature, Stream: b.Stream}
-	var err error
-	if req.MaxTokens, err = checkCallerMaxTokens("max_tokens", b.MaxTokens); err != nil {
-		return chatRequest{}, err
-	}
-	if req.BillingTarget, err = parseCallerBillingTarget(b.BillingTarget); err != nil {
+	req, err := newCallerRequest(b.Model, b.Temperature, b.Stream, "max_tokens", b.MaxTokens, b.BillingTarget)
+	if err != nil {
 		return chatRequest{}, err
 	}
 	if !rawIsNull(b.System) {
@@ -108,18 +101,9 @@ func parseMessages(body []byte) (chatRequest, error) {
 // blocks an SDK echoes back from an earlier answer are dropped (the neutral
 // request cannot hold them); any other block kind is refused.
 func callerMessagesParts(role string, raw json.RawMessage, what string) ([]part, error) {
-	switch rawShape(raw) {
-	case '"':
-		var s string
-		err := decodeCallerJSON(raw, &s, what)
-		return []part{{Type: partText, Text: s}}, err
-	case '[':
-	default:
-		return nil, refuseInvalid("%s must be a string or an array of content blocks", what)
-	}
-	var blocks []callerMessagesBlock
-	if err := decodeCallerJSON(raw, &blocks, what); err != nil {
-		return nil, err
+	text, blocks, err := callerContent[callerMessagesBlock](raw, what, "content blocks")
+	if err != nil || text != nil {
+		return text, err
 	}
 	var parts []part
 	for i, bl := range blocks {

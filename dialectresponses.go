@@ -55,15 +55,8 @@ func parseResponses(body []byte) (chatRequest, error) {
 	if err := decodeCallerJSON(body, &b, ""); err != nil {
 		return chatRequest{}, err
 	}
-	if err := checkCallerModel(b.Model); err != nil {
-		return chatRequest{}, err
-	}
-	req := chatRequest{Model: b.Model, Temperature: b.Temperature, Stream: b.Stream}
-	var err error
-	if req.MaxTokens, err = checkCallerMaxTokens("max_output_tokens", b.MaxOutputTokens); err != nil {
-		return chatRequest{}, err
-	}
-	if req.BillingTarget, err = parseCallerBillingTarget(b.BillingTarget); err != nil {
+	req, err := newCallerRequest(b.Model, b.Temperature, b.Stream, "max_output_tokens", b.MaxOutputTokens, b.BillingTarget)
+	if err != nil {
 		return chatRequest{}, err
 	}
 	if b.Instructions != nil {
@@ -169,18 +162,9 @@ func addCallerResponsesItem(req *chatRequest, it callerResponsesItem, what strin
 // input_text / output_text / input_image parts. Refusal parts of an earlier
 // answer are dropped.
 func callerResponsesParts(raw json.RawMessage, what string) ([]part, error) {
-	switch rawShape(raw) {
-	case '"':
-		var s string
-		err := decodeCallerJSON(raw, &s, what)
-		return []part{{Type: partText, Text: s}}, err
-	case '[':
-	default:
-		return nil, refuseInvalid("%s must be a string or an array of content parts", what)
-	}
-	var rps []callerResponsesPart
-	if err := decodeCallerJSON(raw, &rps, what); err != nil {
-		return nil, err
+	text, rps, err := callerContent[callerResponsesPart](raw, what, "content parts")
+	if err != nil || text != nil {
+		return text, err
 	}
 	var parts []part
 	for i, rp := range rps {

@@ -120,6 +120,40 @@ func rawShape(raw json.RawMessage) byte {
 	return raw[0]
 }
 
+// newCallerRequest checks the members every dialect shares and starts the
+// neutral request from them; limitName is the dialect's name for the output
+// limit.
+func newCallerRequest(model string, temperature *float64, stream bool, limitName string, limit *int, bt json.RawMessage) (chatRequest, error) {
+	if err := checkCallerModel(model); err != nil {
+		return chatRequest{}, err
+	}
+	req := chatRequest{Model: model, Temperature: temperature, Stream: stream}
+	var err error
+	if req.MaxTokens, err = checkCallerMaxTokens(limitName, limit); err != nil {
+		return chatRequest{}, err
+	}
+	if req.BillingTarget, err = parseCallerBillingTarget(bt); err != nil {
+		return chatRequest{}, err
+	}
+	return req, nil
+}
+
+// callerContent reads message content that is either a string (one text
+// part) or an array of parts of type T; kind names the array's elements in
+// the refusal.
+func callerContent[T any](raw json.RawMessage, what, kind string) (text []part, items []T, err error) {
+	switch rawShape(raw) {
+	case '"':
+		var s string
+		err := decodeCallerJSON(raw, &s, what)
+		return []part{{Type: partText, Text: s}}, nil, err
+	case '[':
+		err := decodeCallerJSON(raw, &items, what)
+		return nil, items, err
+	}
+	return nil, nil, refuseInvalid("%s must be a string or an array of %s", what, kind)
+}
+
 // checkCallerModel refuses a missing or empty model; a non-string one was already
 // refused by decodeCallerJSON.
 func checkCallerModel(model string) error {
