@@ -46,8 +46,23 @@ type daemon struct {
 }
 
 // testEnv returns a getenv over m (nothing from the real environment).
+// Every outside address a test did not point at a fake is sealed off: the
+// catalogue is off, and provider, usage and token URLs go to a closed
+// loopback port, so no test can reach beyond this machine.
 func testEnv(m map[string]string) func(string) string {
-	return func(k string) string { return m[k] }
+	return func(k string) string {
+		if v, ok := m[k]; ok {
+			return v
+		}
+		switch {
+		case k == "BRAMA_MODEL_CATALOG_URL":
+			return "off"
+		case strings.HasPrefix(k, "BRAMA_PROVIDER_") && (strings.HasSuffix(k, "_BASE_URL") || strings.HasSuffix(k, "_USAGE_URL")),
+			strings.HasPrefix(k, "BRAMA_OAUTH_") && strings.HasSuffix(k, "_TOKEN_URL"):
+			return "http://127.0.0.1:9"
+		}
+		return ""
+	}
 }
 
 // startDaemon runs serve with env until the test ends, then checks that run
