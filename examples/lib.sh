@@ -8,6 +8,14 @@ set -euo pipefail
 
 WORK=$(mktemp -d)
 export BRAMA_STATE_DIR="$WORK/state" BRAMA_MODEL_CATALOG_URL=off
+# Nothing here may reach beyond this machine: every provider, usage report
+# and token endpoint starts at a closed loopback port; a script points the
+# ones it uses at the stub after sourcing this file.
+for id in OPENAI OPENAI_RESPONSES ANTHROPIC OPENROUTER GROQ MISTRAL DEEPSEEK XAI TOGETHER FIREWORKS CEREBRAS CLAUDE_CODE CODEX KIMI; do
+	export "BRAMA_PROVIDER_${id}_BASE_URL=http://127.0.0.1:9"
+done
+export BRAMA_PROVIDER_CODEX_USAGE_URL=http://127.0.0.1:9
+for id in CLAUDE_CODE CODEX KIMI; do export "BRAMA_OAUTH_${id}_TOKEN_URL=http://127.0.0.1:9"; done
 unset HOME_OVERRIDE || true
 PIDS=()
 cleanup() {
