@@ -399,12 +399,7 @@ func TestStreamCutAfterCommit(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.dialect, func(t *testing.T) {
 			before := fake.calls.Load()
-			req, _ := http.NewRequest("POST", d.url+dialectPaths[tc.dialect], strings.NewReader(chatBody(tc.dialect, "openai/gpt-test", true, "")))
-			req.Header.Set("Authorization", "Bearer "+d.token)
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
+			resp := d.openStream(dialectPaths[tc.dialect], d.token, chatBody(tc.dialect, "openai/gpt-test", true, ""))
 			defer resp.Body.Close()
 			body, readErr := io.ReadAll(resp.Body)
 			if resp.StatusCode != 200 {
@@ -449,12 +444,7 @@ func TestClientHangUpCancelsProviderCall(t *testing.T) {
 	})
 	env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = fake.URL
 	d := startDaemon(t, env, `{"openai":"k"}`, "-local-credentials-stdin")
-	req, _ := http.NewRequest("POST", d.url+"/v1/chat/completions", strings.NewReader(chatBody(dialectChat, "openai/gpt-test", true, "")))
-	req.Header.Set("Authorization", "Bearer "+d.token)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp := d.openStream("/v1/chat/completions", d.token, chatBody(dialectChat, "openai/gpt-test", true, ""))
 	line, _ := bufio.NewReader(resp.Body).ReadString('\n')
 	if !strings.HasPrefix(line, "data: ") {
 		t.Fatalf("first line %q", line)

@@ -224,3 +224,19 @@ func (c *testClock) advance(d time.Duration) {
 	defer c.mu.Unlock()
 	c.t = c.t.Add(d)
 }
+
+// openStream posts a streamed chat request and returns the open response;
+// the caller reads and closes it.
+func (d *daemon) openStream(path, token, body string) *http.Response {
+	d.t.Helper()
+	req, err := http.NewRequest("POST", d.url+path, strings.NewReader(body))
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		d.t.Fatalf("POST %s: %v", path, err)
+	}
+	return resp
+}

@@ -114,8 +114,7 @@ type ledger struct {
 	timerGen  uint64        // identifies the armed write-behind
 	warned    bool          // ledger_unplaced was logged
 
-	writeMu sync.Mutex // guards written; serializes ledger.json writes
-	written uint64     // seq of the newest snapshot on disk
+	file snapshotFile // ledger.json, written in snapshot order
 }
 
 // newLedger loads ledger.json. An absent file is an empty ledger; one that
@@ -469,17 +468,14 @@ func (l *ledger) takeLocked(now time.Time) (uint64, []byte) {
 // there, so writes racing outside l.mu never leave older state on disk. A
 // failure is logged; the next change or flush writes again.
 func (l *ledger) write(seq uint64, data []byte) error {
-	l.writeMu.Lock()
-	defer l.writeMu.Unlock()
-	if data == nil || seq <= l.written {
+	if data == nil {
 		return nil
 	}
-	if err := writeFileAtomic(l.name, data); err != nil {
+	if err := l.file.write(l.name, seq, data); err != nil {
 		err = fmt.Errorf("write ledger %s: %w", l.name, err)
 		l.log.Warn("ledger_write_failed", "cause", err.Error())
 		return err
 	}
-	l.written = seq
 	return nil
 }
 

@@ -52,8 +52,7 @@ type perfRegistry struct {
 	seq       uint64    // snapshots taken for writing, in order
 	unplaced  bool      // perf_stats_unplaced was logged
 
-	writeMu sync.Mutex // guards written; serializes perf.json writes
-	written uint64     // seq of the newest snapshot on disk
+	file snapshotFile // perf.json, written in snapshot order
 }
 
 // newPerfRegistry starts from perf.json when it exists. A file that fails
@@ -156,15 +155,9 @@ func (p *perfRegistry) write(name string, seq uint64, doc perfDocument) error {
 	if err != nil {
 		return err
 	}
-	p.writeMu.Lock()
-	defer p.writeMu.Unlock()
-	if seq <= p.written {
-		return nil
-	}
-	if err := writeFileAtomic(name, b); err != nil {
+	if err := p.file.write(name, seq, b); err != nil {
 		return fmt.Errorf("write perf telemetry: %w", err)
 	}
-	p.written = seq
 	return nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 	"unicode/utf8"
@@ -233,6 +234,28 @@ func withFileLock(name string, fn func() error) error {
 	}
 	defer syscall.Flock(int(lf.Fd()), syscall.LOCK_UN)
 	return fn()
+}
+
+// snapshotFile writes numbered snapshots of one file in order: a snapshot
+// older than the one already on disk is dropped, so two flushes racing each
+// other never let old bytes replace new ones (the ledger, perf telemetry).
+type snapshotFile struct {
+	mu      sync.Mutex // guards written; serializes the file's writes
+	written uint64     // seq of the newest snapshot on disk
+}
+
+// write replaces name with data when seq is newer than what is on disk.
+func (f *snapshotFile) write(name string, seq uint64, data []byte) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if seq <= f.written {
+		return nil
+	}
+	if err := writeFileAtomic(name, data); err != nil {
+		return err
+	}
+	f.written = seq
+	return nil
 }
 
 // editLocked is the read-modify-rename of every file a CLI and the daemon

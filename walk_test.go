@@ -448,15 +448,9 @@ func TestSubscriptionOAuthRefreshOnUse(t *testing.T) {
 		}
 		fmt.Fprintf(w, `{"access_token":%q,"refresh_token":%q,"expires_in":3600}`, newToken, refresh2)
 	})
-	env := stateEnv(t)
-	env["BRAMA_PROVIDER_CLAUDE_CODE_BASE_URL"] = provider.URL
-	env["BRAMA_OAUTH_CLAUDE_CODE_TOKEN_URL"] = tokenEndpoint.URL + "/v1/oauth/token"
-	d := startDaemon(t, env, "")
-	addAgent(t, env, "a1")
-	tok := addClient(t, env, "a1-app", "-agent", "a1")
-	grant := fmt.Sprintf(`{"provider":"claude-code","oauth":{"access_token":%q,"refresh_token":%q,"expires_at_ms":%d}}`, oldToken, refresh1, time.Now().Add(time.Hour).UnixMilli())
-	s, _, b := d.call("POST", "/v1/admin/subscriptions/a1", d.token, grant)
-	donatedID(t, s, b, "a1", "claude-code")
+	d, tok := oauthSetup(t, provider, tokenEndpoint)
+	env := d.env
+	donateGrant(t, d, oldToken, refresh1, time.Now().Add(time.Hour).UnixMilli())
 
 	status, hdr, body := d.call("POST", "/v1/messages", tok, chatBody(dialectMessages, "claude-code/claude-test", false, ""))
 	if status != 200 || hdr.Get("Brama-Attempts") != "2" {
@@ -487,15 +481,8 @@ func TestSubscriptionRefreshTransportFailure(t *testing.T) {
 	tokenEndpoint := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
 		http.Error(w, `{"error":"server_error"}`, 502)
 	})
-	env := stateEnv(t)
-	env["BRAMA_PROVIDER_CLAUDE_CODE_BASE_URL"] = provider.URL
-	env["BRAMA_OAUTH_CLAUDE_CODE_TOKEN_URL"] = tokenEndpoint.URL + "/v1/oauth/token"
-	d := startDaemon(t, env, "")
-	addAgent(t, env, "a1")
-	tok := addClient(t, env, "a1-app", "-agent", "a1")
-	expired := fmt.Sprintf(`{"provider":"claude-code","oauth":{"access_token":"acc-expired-0123","refresh_token":"ref-0123456789","expires_at_ms":%d}}`, time.Now().Add(-time.Hour).UnixMilli())
-	s, _, b := d.call("POST", "/v1/admin/subscriptions/a1", d.token, expired)
-	id := donatedID(t, s, b, "a1", "claude-code")
+	d, tok := oauthSetup(t, provider, tokenEndpoint)
+	id := donateGrant(t, d, "acc-expired-0123", "ref-0123456789", time.Now().Add(-time.Hour).UnixMilli())
 
 	status, _, body := d.call("POST", "/v1/messages", tok, chatBody(dialectMessages, "claude-code/claude-test", false, ""))
 	e := envelopeOf(t, body)
@@ -505,11 +492,8 @@ func TestSubscriptionRefreshTransportFailure(t *testing.T) {
 	if msg := fmt.Sprint(e["message"]); !strings.Contains(msg, "/v1/oauth/token") || !strings.Contains(msg, "502") || !strings.Contains(msg, "bytes received") {
 		t.Errorf("message %q must name the token endpoint, the status and the bytes received", msg)
 	}
-	_, _, lb := d.call("GET", "/v1/admin/subscriptions/a1", d.token, "")
-	for _, row := range listRows(t, lb) {
-		if row.ID == id && (row.Credential == nil || row.Credential.State != "active") {
-			t.Errorf("a transport failure changed the credential state: %s", lb)
-		}
+	if got := credentialStateOf(t, d, "a1", id); got != "active" {
+		t.Errorf("a transport failure changed the credential state to %q", got)
 	}
 	if !strings.Contains(d.stderr.String(), "maintenance_requested") {
 		t.Errorf("a refresh stopped by a transport failure must request a maintenance pass")
@@ -566,15 +550,8 @@ func TestConcurrentRequestsShareOneRefresh(t *testing.T) {
 		}
 		fmt.Fprintf(w, `{"access_token":%q,"refresh_token":"oauth-refresh-fresh-0123","expires_in":3600}`, newToken)
 	})
-	env := stateEnv(t)
-	env["BRAMA_PROVIDER_CLAUDE_CODE_BASE_URL"] = provider.URL
-	env["BRAMA_OAUTH_CLAUDE_CODE_TOKEN_URL"] = tokenEndpoint.URL + "/v1/oauth/token"
-	d := startDaemon(t, env, "")
-	addAgent(t, env, "a1")
-	tok := addClient(t, env, "a1-app", "-agent", "a1")
-	expired := fmt.Sprintf(`{"provider":"claude-code","oauth":{"access_token":"oauth-access-expired-0123","refresh_token":"oauth-refresh-old-0123","expires_at_ms":%d}}`, time.Now().Add(-time.Minute).UnixMilli())
-	s, _, b := d.call("POST", "/v1/admin/subscriptions/a1", d.token, expired)
-	donatedID(t, s, b, "a1", "claude-code")
+	d, tok := oauthSetup(t, provider, tokenEndpoint)
+	donateGrant(t, d, "oauth-access-expired-0123", "oauth-refresh-old-0123", time.Now().Add(-time.Minute).UnixMilli())
 
 	var wg sync.WaitGroup
 	statuses := make([]int, 50)
