@@ -451,7 +451,7 @@ func (a *answerStore) signedAnswer(w http.ResponseWriter, r *http.Request, req c
 		a.fail(w, r, err)
 		return
 	}
-	t, kept, err := a.reserve(ri.clientID, key, ri.body, ri.route)
+	t, kept, err := a.reserve(ri.client.ID, key, ri.body, ri.route)
 	switch {
 	case err != nil:
 		a.fail(w, r, err)
@@ -585,7 +585,7 @@ func (a *answerStore) handleGet(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, r, err)
 		return
 	}
-	rec, err := a.lookup(infoFrom(r.Context()).clientID, key)
+	rec, err := a.lookup(infoFrom(r.Context()).client.ID, key)
 	if err != nil {
 		a.fail(w, r, err)
 		return

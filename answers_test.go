@@ -37,7 +37,7 @@ func TestSignedAnswerHangUp(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			a := newAnswerStore(state{dir: t.TempDir()}, slog.New(slog.DiscardHandler), time.Now)
 			body := answerBody("x")
-			ri := &requestInfo{clientID: "local", body: []byte(body), route: "openai/gpt-test"}
+			ri := &requestInfo{client: client{ID: "local"}, body: []byte(body), route: "openai/gpt-test"}
 			ctx, cancel := context.WithCancel(context.WithValue(context.Background(), infoKey{}, ri))
 			r := httptest.NewRequest("POST", "/v1/chat/completions", strings.NewReader(body)).WithContext(ctx)
 			w := httptest.NewRecorder()

@@ -82,7 +82,6 @@ func (s *server) routes() {
 // fill it in as they learn things.
 type requestInfo struct {
 	id             string
-	clientID       string
 	client         client
 	agentID        string
 	routingMode    string
@@ -210,7 +209,7 @@ func (s *server) logRequest(r *http.Request, ri *requestInfo, status int, d time
 		slog.String("method", r.Method),
 		slog.String("path", r.URL.Path),
 		slog.Int("status", status),
-		slog.String("client_id", ri.clientID),
+		slog.String("client_id", ri.client.ID),
 		slog.String("agent_id", ri.agentID),
 		slog.String("routing_mode", ri.routingMode),
 		slog.String("requested_model", ri.requestedModel),
@@ -259,7 +258,7 @@ func (s *server) authenticate(r *http.Request) error {
 	if !ok {
 		return refuse("unauthenticated", "unauthorized")
 	}
-	ri.client, ri.clientID, ri.agentID = cl, cl.ID, cl.AgentID
+	ri.client, ri.agentID = cl, cl.AgentID
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
 		return refuse("invalid_request", "the request body could not be read").because(err)
@@ -407,7 +406,7 @@ func (s *server) handleRoutesPut(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	doc, err := s.reg.set(body.Alias, body.Route, infoFrom(r.Context()).clientID)
+	doc, err := s.reg.set(body.Alias, body.Route, infoFrom(r.Context()).client.ID)
 	s.answerRoutes(w, r, doc, err)
 }
 
@@ -419,7 +418,7 @@ func (s *server) handleRoutesDelete(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	doc, err := s.reg.remove(body.Alias, infoFrom(r.Context()).clientID)
+	doc, err := s.reg.remove(body.Alias, infoFrom(r.Context()).client.ID)
 	s.answerRoutes(w, r, doc, err)
 }
 

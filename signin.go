@@ -46,7 +46,7 @@ func (s *server) handleSubscriptionCredential(w http.ResponseWriter, r *http.Req
 	}
 	agent, id := r.PathValue("agent_id"), r.PathValue("subscription_id")
 	ri := infoFrom(r.Context())
-	it, err := s.replaceSubscriptionCredential(agent, id, vaultCredential{OAuth: body.OAuth, APIKey: body.APIKey}, ri.clientID)
+	it, err := s.replaceSubscriptionCredential(agent, id, vaultCredential{OAuth: body.OAuth, APIKey: body.APIKey}, ri.client.ID)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -155,7 +155,7 @@ func (s *server) signInDonation(r *http.Request) (overlayItem, error) {
 		return overlayItem{}, err
 	}
 	s.maint.changed()
-	by := infoFrom(r.Context()).clientID
+	by := infoFrom(r.Context()).client.ID
 	if err := s.journalSignIn(it, "signed_in", "new subscription donated by sign-in from client "+by); err != nil {
 		return overlayItem{}, refuse("dependency_unavailable", "subscription %s was donated, but the journal refused the sign-in record: %v", it.ID, err).because(err)
 	}

@@ -86,7 +86,7 @@ func (s *server) handleAdminSubscriptionDonate(w http.ResponseWriter, r *http.Re
 func (s *server) handleSubscriptionRetire(w http.ResponseWriter, r *http.Request) {
 	reason := r.URL.Query().Get("reason")
 	if reason == "" {
-		reason = "retired by " + infoFrom(r.Context()).clientID
+		reason = "retired by " + infoFrom(r.Context()).client.ID
 	}
 	if err := s.inv.retire(r.PathValue("agent_id"), r.PathValue("subscription_id"), reason); err != nil {
 		s.fail(w, r, err)
