@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -246,8 +247,12 @@ func (s *server) callProvider(ctx context.Context, req chatRequest, c call) atte
 func (s *server) deliver(w http.ResponseWriter, r *http.Request, dialect, model string, req chatRequest, c call, resp *http.Response, attempts int) (u usage, failure *apiError, streamed bool) {
 	defer resp.Body.Close()
 	p := c.res.Provider
+	if dropped := req.droppedFor(p); len(dropped) > 0 { // SPEC §7.6: nothing is dropped silently
+		w.Header().Set("Brama-Dropped", strings.Join(dropped, ", "))
+		infoFrom(r.Context()).dropped = dropped
+	}
 	if upstreamStreams(p, req) && req.Stream {
-		u, failure = s.relayStream(w, r, dialect, model, c, resp, attempts)
+		u, failure = s.relayStream(w, r, dialect, model, req, c, resp, attempts)
 		return u, failure, true
 	}
 	var a chatAnswer
@@ -267,7 +272,7 @@ func (s *server) deliver(w http.ResponseWriter, r *http.Request, dialect, model 
 		return u, asAPIError(err).withAttempts(attempts), false
 	}
 	a.Model = model
-	out, err := renderAnswer(dialect, a)
+	out, err := renderAnswer(dialect, req, a)
 	if err != nil {
 		return a.Usage, refuse("internal_error", "the answer could not be encoded").because(err).withAttempts(attempts), false
 	}
@@ -294,7 +299,7 @@ func (s *server) settle(r *http.Request, c call, start time.Time, u usage, failu
 // dialect, flushing every event. After commit nothing is retried: a failure
 // writes the dialect's in-band error and is returned so the caller aborts
 // the response (SPEC §7.5).
-func (s *server) relayStream(w http.ResponseWriter, r *http.Request, dialect, model string, c call, resp *http.Response, attempts int) (usage, *apiError) {
+func (s *server) relayStream(w http.ResponseWriter, r *http.Request, dialect, model string, req chatRequest, c call, resp *http.Response, attempts int) (usage, *apiError) {
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
@@ -302,7 +307,7 @@ func (s *server) relayStream(w http.ResponseWriter, r *http.Request, dialect, mo
 	h.Set("Brama-Attempts", strconv.Itoa(attempts))
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
-	cs := newCallerStream(dialect, w, func() { rc.Flush() }, model)
+	cs := newCallerStream(dialect, req, w, func() { rc.Flush() }, model)
 
 	var mu sync.Mutex // guards cs and done: the relay and the keep-alive timer share the writer
 	done := false

@@ -119,7 +119,7 @@ func runCallerStream(t *testing.T, dialect string, events []streamEvent) (string
 	t.Helper()
 	var buf bytes.Buffer
 	flushes := 0
-	s := newCallerStream(dialect, &buf, func() { flushes++ }, "m")
+	s := newCallerStream(dialect, chatRequest{}, &buf, func() { flushes++ }, "m")
 	if err := s.start(); err != nil {
 		t.Fatal(err)
 	}
@@ -162,7 +162,7 @@ func TestStreamsReassemble(t *testing.T) {
 				if diff := cmp.Diff(want, d.stream(t, frames)); diff != "" {
 					t.Errorf("streamed answer mismatch (-want +got):\n%s", diff)
 				}
-				b, err := renderAnswer(d.dialect, tc.want)
+				b, err := renderAnswer(d.dialect, chatRequest{}, tc.want)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -221,7 +221,7 @@ func TestStreamFail(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var buf bytes.Buffer
 			flushes := 0
-			s := newCallerStream(tc.dialect, &buf, func() { flushes++ }, "m")
+			s := newCallerStream(tc.dialect, chatRequest{}, &buf, func() { flushes++ }, "m")
 			s.start()
 			s.event(streamEvent{Kind: eventText, Text: "partial"})
 			s.event(streamEvent{Kind: eventToolCallStart, ToolCall: toolCall{ID: "c", Name: "f"}})
@@ -263,7 +263,7 @@ func TestStreamKeepAliveAndErrors(t *testing.T) {
 		t.Run(d, func(t *testing.T) {
 			var buf bytes.Buffer
 			flushes := 0
-			s := newCallerStream(d, &buf, func() { flushes++ }, "m")
+			s := newCallerStream(d, chatRequest{}, &buf, func() { flushes++ }, "m")
 			if err := s.keepAlive(); err != nil || buf.String() != ": keep-alive\n\n" || flushes != 1 {
 				t.Errorf("keepAlive wrote %q, %d flushes, err %v", buf.String(), flushes, err)
 			}
@@ -277,7 +277,7 @@ func TestStreamKeepAliveAndErrors(t *testing.T) {
 			}
 
 			w := &dialectBrokenWriter{}
-			s = newCallerStream(d, w, nil, "m")
+			s = newCallerStream(d, chatRequest{}, w, nil, "m")
 			if err := s.start(); !errors.Is(err, errDialectBrokenPipe) {
 				t.Fatalf("start on a broken writer = %v", err)
 			}
@@ -321,7 +321,7 @@ func TestParseRequestDispatch(t *testing.T) {
 	if _, err := parseRequest("soap", []byte(`{}`)); err == nil {
 		t.Error("unknown dialect accepted")
 	}
-	if _, err := renderAnswer("soap", chatAnswer{}); err == nil {
+	if _, err := renderAnswer("soap", chatRequest{}, chatAnswer{}); err == nil {
 		t.Error("renderAnswer accepted an unknown dialect")
 	}
 }

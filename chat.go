@@ -1,0 +1,867 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// OpenAI Chat Completions (caller POST /v1/chat/completions, provider
+// {base}/chat/completions): both directions, buffered and streamed.
+
+// Chat Completions wire shapes, for the caller's body and the provider's.
+type (
+	chatRequestBody struct {
+		Model               string          `json:"model"`
+		Messages            []chatMessage   `json:"messages"`
+		Tools               []chatTool      `json:"tools,omitempty"`
+		ToolChoice          json.RawMessage `json:"tool_choice,omitempty"`
+		ParallelToolCalls   *bool           `json:"parallel_tool_calls,omitempty"`
+		MaxTokens           *int            `json:"max_tokens,omitempty"`
+		MaxCompletionTokens *int            `json:"max_completion_tokens,omitempty"`
+		Temperature         *float64        `json:"temperature,omitempty"`
+		TopP                *float64        `json:"top_p,omitempty"`
+		Stop                json.RawMessage `json:"stop,omitempty"`
+		ResponseFormat      *chatFormat     `json:"response_format,omitempty"`
+		ReasoningEffort     string          `json:"reasoning_effort,omitempty"`
+		Stream              bool            `json:"stream,omitempty"`
+		StreamOptions       json.RawMessage `json:"stream_options,omitempty"`
+		BillingTarget       json.RawMessage `json:"billingTarget,omitempty"`
+	}
+	chatMessage struct {
+		Role       string          `json:"role,omitempty"`
+		Content    json.RawMessage `json:"content,omitempty"` // string, parts, or null beside tool calls
+		ToolCalls  []chatToolCall  `json:"tool_calls,omitempty"`
+		ToolCallID string          `json:"tool_call_id,omitempty"`
+	}
+	chatPart struct {
+		Type     string    `json:"type"`
+		Text     *string   `json:"text,omitempty"`
+		ImageURL *chatURL  `json:"image_url,omitempty"`
+		File     *chatFile `json:"file,omitempty"`
+	}
+	chatURL struct {
+		URL string `json:"url"`
+	}
+	chatFile struct {
+		FileData string `json:"file_data,omitempty"`
+		Filename string `json:"filename,omitempty"`
+	}
+	chatToolCall struct {
+		Index    *int          `json:"index,omitempty"` // stream deltas only
+		ID       string        `json:"id,omitempty"`
+		Type     string        `json:"type,omitempty"`
+		Function *chatFunction `json:"function,omitempty"`
+		Custom   *chatCustom   `json:"custom,omitempty"`
+	}
+	chatFunction struct {
+		Name        string          `json:"name,omitempty"`
+		Description string          `json:"description,omitempty"` // tools only
+		Parameters  json.RawMessage `json:"parameters,omitempty"`  // tools only
+		Arguments   *string         `json:"arguments,omitempty"`   // calls only
+	}
+	chatCustom struct {
+		Name        string          `json:"name,omitempty"`
+		Description string          `json:"description,omitempty"` // tools only
+		Format      json.RawMessage `json:"format,omitempty"`      // tools only
+		Input       *string         `json:"input,omitempty"`       // calls only
+	}
+	chatTool   = chatToolCall // a tool definition: type and function or custom
+	chatFormat struct {
+		Type       string `json:"type"`
+		JSONSchema *struct {
+			Name        string          `json:"name,omitempty"`
+			Description string          `json:"description,omitempty"`
+			Schema      json.RawMessage `json:"schema,omitempty"`
+			Strict      *bool           `json:"strict,omitempty"`
+		} `json:"json_schema,omitempty"`
+	}
+	chatCompletion struct { // the answer, and each chunk of a stream
+		ID      string          `json:"id,omitempty"`
+		Object  string          `json:"object,omitempty"`
+		Created int64           `json:"created,omitempty"`
+		Model   string          `json:"model,omitempty"`
+		Choices []chatChoice    `json:"choices"`
+		Usage   *chatUsage      `json:"usage,omitempty"`
+		Error   json.RawMessage `json:"error,omitempty"`
+	}
+	chatChoice struct {
+		Index        int          `json:"index"`
+		Message      *chatMessage `json:"message,omitempty"`
+		Delta        *chatMessage `json:"delta,omitempty"`
+		Logprobs     *string      `json:"logprobs"`
+		FinishReason *string      `json:"finish_reason"`
+	}
+	chatUsage struct {
+		PromptTokens     int `json:"prompt_tokens"`
+		CompletionTokens int `json:"completion_tokens"`
+		TotalTokens      int `json:"total_tokens"`
+	}
+)
+
+const chatKnown = "model messages tools tool_choice parallel_tool_calls max_tokens max_completion_tokens temperature top_p stop response_format reasoning_effort stream stream_options billingTarget store metadata service_tier prompt_cache_key safety_identifier user"
+
+// parseChatCompletions parses an OpenAI Chat Completions request body.
+func parseChatCompletions(body []byte) (chatRequest, error) {
+	var b chatRequestBody
+	if err := decodeCallerJSON(body, &b, ""); err != nil {
+		return chatRequest{}, err
+	}
+	req, err := newCallerRequest(b.Model, b.Temperature, b.TopP, b.Stream, "max_tokens", b.MaxTokens, b.BillingTarget)
+	if err != nil {
+		return chatRequest{}, err
+	}
+	dropUnknown(&req.Dropped, body, "", chatKnown)
+	req.keepShared(body)
+	if b.MaxCompletionTokens != nil { // the newer name wins when both are sent
+		if req.MaxTokens, err = checkCallerMaxTokens("max_completion_tokens", b.MaxCompletionTokens); err != nil {
+			return chatRequest{}, err
+		}
+	}
+	var raw struct{ Messages []json.RawMessage }
+	json.Unmarshal(body, &raw)
+	for i, m := range b.Messages {
+		what := fmt.Sprintf("messages[%d]", i)
+		dropUnknown(&req.Dropped, raw.Messages[i], what, "role content tool_calls tool_call_id")
+		if err := req.addChatMessage(m, what); err != nil {
+			return chatRequest{}, err
+		}
+	}
+	if len(req.Messages) == 0 {
+		return chatRequest{}, refuseInvalid("messages must hold at least one user, assistant or tool message")
+	}
+	for i, t := range b.Tools {
+		if err := req.addOpenAITool(chatToolDef(t), fmt.Sprintf("tools[%d]", i)); err != nil {
+			return chatRequest{}, err
+		}
+	}
+	if req.ToolChoice, err = parseOpenAIToolChoice(&req, b.ToolChoice, true); err != nil {
+		return chatRequest{}, err
+	}
+	req.ParallelToolCalls, req.Effort = b.ParallelToolCalls, b.ReasoningEffort
+	if req.Stop, err = parseStop(b.Stop, "stop"); err != nil {
+		return chatRequest{}, err
+	}
+	if len(req.Stop) > 0 {
+		req.at(pathStop, "stop")
+	}
+	if f := b.ResponseFormat; f != nil {
+		if f.JSONSchema != nil {
+			req.Output = &outputFormat{Name: f.JSONSchema.Name, Description: f.JSONSchema.Description, Schema: f.JSONSchema.Schema, Strict: f.JSONSchema.Strict}
+		}
+		if req.Output, err = checkOutput(f.Type, req.Output, "response_format"); err != nil {
+			return chatRequest{}, err
+		}
+	}
+	req.linkCalls()
+	return req, nil
+}
+
+// addChatMessage adds one Chat Completions message to req.
+func (req *chatRequest) addChatMessage(m chatMessage, what string) error {
+	switch m.Role {
+	case "system", "developer":
+		text, err := callerTextOf(m.Content, what+".content", "text", "\n\n")
+		if err != nil {
+			return err
+		}
+		req.addSystem(text)
+	case "user":
+		parts, err := req.chatParts(m.Content, what+".content")
+		if err != nil {
+			return err
+		}
+		if len(parts) == 0 {
+			return refuseInvalid("%s.content must hold a text, image or file part", what)
+		}
+		req.Messages = append(req.Messages, message{Role: "user", Parts: parts})
+	case "assistant":
+		var parts []part
+		if !rawIsNull(m.Content) {
+			var err error
+			if parts, err = req.chatParts(m.Content, what+".content"); err != nil {
+				return err
+			}
+			if len(parts) == 1 && parts[0].Text == "" && len(m.ToolCalls) > 0 {
+				parts = nil // "" beside tool calls is no text
+			}
+		}
+		for i, tc := range m.ToolCalls {
+			tw := fmt.Sprintf("%s.tool_calls[%d]", what, i)
+			p := part{Type: partToolCall, ToolCallID: tc.ID}
+			switch {
+			case (tc.Type == "" || tc.Type == "function") && tc.Function != nil && tc.Function.Arguments != nil:
+				p.ToolName, p.Arguments = tc.Function.Name, *tc.Function.Arguments
+			case (tc.Type == "" || tc.Type == "function") && tc.Function != nil:
+				p.ToolName = tc.Function.Name
+			case tc.Type == "custom" && tc.Custom != nil && tc.Custom.Input != nil:
+				p.ToolName, p.Arguments, p.Custom = tc.Custom.Name, *tc.Custom.Input, true
+			default:
+				return refuseInvalid("%s must be a function or custom call", tw)
+			}
+			if p.ToolCallID == "" || p.ToolName == "" {
+				return refuseInvalid("%s needs an id and a name", tw)
+			}
+			parts = append(parts, p)
+		}
+		if len(parts) == 0 {
+			return refuseInvalid("%s needs content or tool_calls", what)
+		}
+		req.Messages = append(req.Messages, message{Role: "assistant", Parts: parts})
+	case "tool":
+		if m.ToolCallID == "" {
+			return refuseInvalid("%s.tool_call_id is required", what)
+		}
+		text, err := callerTextOf(m.Content, what+".content", "text", "\n")
+		if err != nil {
+			return err
+		}
+		req.Messages = appendPart(req.Messages, "user", part{Type: partToolResult, ToolCallID: m.ToolCallID, Text: text})
+	default:
+		return refuseInvalid("%s.role %s is not one of system, developer, user, assistant, tool", what, quoteCallerToken(m.Role))
+	}
+	return nil
+}
+
+// chatParts reads content: a string or an array of text, image_url and
+// file parts. Other parts (audio, an earlier refusal) are dropped and named.
+func (req *chatRequest) chatParts(raw json.RawMessage, what string) ([]part, error) {
+	text, cps, err := callerContent[chatPart](raw, what, "content parts")
+	if err != nil || text != nil {
+		return text, err
+	}
+	var parts []part
+	for i, cp := range cps {
+		pw := fmt.Sprintf("%s[%d]", what, i)
+		switch {
+		case cp.Type == "text" && cp.Text != nil:
+			parts = append(parts, part{Type: partText, Text: *cp.Text})
+		case cp.Type == "text":
+			return nil, refuseInvalid("%s.text is required", pw)
+		case cp.Type == "image_url":
+			if cp.ImageURL == nil {
+				return nil, refuseInvalid("%s.image_url must be an object with a url", pw)
+			}
+			if err := checkCallerURL(cp.ImageURL.URL, pw+".image_url.url"); err != nil {
+				return nil, err
+			}
+			parts = append(parts, part{Type: partImage, ImageURL: cp.ImageURL.URL})
+		case cp.Type == "file" && cp.File != nil && cp.File.FileData != "":
+			if err := checkCallerURL(cp.File.FileData, pw+".file.file_data"); err != nil {
+				return nil, err
+			}
+			parts = append(parts, part{Type: partDocument, FileURL: cp.File.FileData, Filename: cp.File.Filename})
+		default:
+			req.Dropped = append(req.Dropped, pw)
+		}
+	}
+	return parts, nil
+}
+
+// openAITool is one tool as both OpenAI formats declare it, nested (chat)
+// or flat (responses); toolsOf is a responses namespace's members.
+type openAITool struct {
+	Type, Name, Description string
+	Parameters, Format      json.RawMessage
+	Tools                   []openAITool
+}
+
+func chatToolDef(t chatTool) openAITool {
+	switch {
+	case t.Type == "function" && t.Function != nil:
+		return openAITool{Type: t.Type, Name: t.Function.Name, Description: t.Function.Description, Parameters: t.Function.Parameters}
+	case t.Type == "custom" && t.Custom != nil:
+		return openAITool{Type: t.Type, Name: t.Custom.Name, Description: t.Custom.Description, Format: t.Custom.Format}
+	case t.Type == "function" || t.Type == "custom":
+		return openAITool{Type: t.Type}
+	}
+	return openAITool{Type: "hosted"}
+}
+
+// addOpenAITool adds a function, custom or namespace tool; any other (a
+// hosted tool: web_search, tool_search, …) is dropped and named.
+func (req *chatRequest) addOpenAITool(t openAITool, what string) error {
+	switch t.Type {
+	case "function", "custom":
+		if t.Name == "" {
+			return refuseInvalid("%s needs a name", what)
+		}
+		params, err := parseCallerSchema(t.Parameters, what+".parameters")
+		if err != nil {
+			return err
+		}
+		nt := tool{Name: t.Name, Description: t.Description, Parameters: params}
+		if t.Type == "custom" {
+			nt = tool{Kind: toolCustom, Name: t.Name, Description: t.Description, Format: t.Format}
+		}
+		req.Tools = append(req.Tools, nt)
+	case "namespace":
+		if t.Name == "" {
+			return refuseInvalid("%s needs a name", what)
+		}
+		if t.Description != "" {
+			req.Dropped = append(req.Dropped, what+".description")
+		}
+		for i, m := range t.Tools {
+			n := len(req.Tools)
+			if err := req.addOpenAITool(m, fmt.Sprintf("%s.tools[%d]", what, i)); err != nil {
+				return err
+			}
+			for j := n; j < len(req.Tools); j++ {
+				req.Tools[j].Namespace, req.Tools[j].Name = t.Name, t.Name+"__"+req.Tools[j].Name
+			}
+		}
+	default:
+		req.Dropped = append(req.Dropped, what)
+	}
+	return nil
+}
+
+// parseOpenAIToolChoice reads tool_choice as both OpenAI formats send it: a
+// mode string, or an object naming one tool, nested under "function" or
+// "custom" in chat and flat in responses. Other objects (allowed_tools, a
+// hosted tool) are dropped and named.
+func parseOpenAIToolChoice(req *chatRequest, raw json.RawMessage, nested bool) (*toolChoice, error) {
+	switch rawShape(raw) {
+	case 0, 'n':
+		if !rawIsNull(raw) {
+			return nil, refuseInvalid("tool_choice is malformed")
+		}
+		return nil, nil
+	case '"':
+		var s string
+		if err := decodeCallerJSON(raw, &s, "tool_choice"); err != nil {
+			return nil, err
+		}
+		switch s {
+		case toolChoiceAuto, toolChoiceNone, toolChoiceRequired:
+			return &toolChoice{Mode: s}, nil
+		}
+		return nil, refuseInvalid("tool_choice must be \"auto\", \"none\", \"required\" or a tool")
+	case '{':
+		var tc struct {
+			Type      string `json:"type"`
+			Name      string `json:"name"`
+			Namespace string `json:"namespace"`
+			Function  struct {
+				Name string `json:"name"`
+			} `json:"function"`
+			Custom struct {
+				Name string `json:"name"`
+			} `json:"custom"`
+		}
+		if err := decodeCallerJSON(raw, &tc, "tool_choice"); err != nil {
+			return nil, err
+		}
+		if tc.Type != "function" && tc.Type != "custom" {
+			req.Dropped = append(req.Dropped, "tool_choice")
+			return nil, nil
+		}
+		name := tc.Name
+		if nested {
+			name = tc.Function.Name + tc.Custom.Name
+		}
+		if name == "" {
+			return nil, refuseInvalid("tool_choice must name a tool: {\"type\":\"function\",…}")
+		}
+		if tc.Namespace != "" {
+			name = tc.Namespace + "__" + name
+		}
+		return &toolChoice{Mode: toolChoiceTool, Name: name}, nil
+	}
+	return nil, refuseInvalid("tool_choice must be a string or an object")
+}
+
+// parseStop reads stop sequences: a string or an array of strings.
+func parseStop(raw json.RawMessage, what string) ([]string, error) {
+	switch rawShape(raw) {
+	case 0, 'n':
+		return nil, nil
+	case '"':
+		var s string
+		err := decodeCallerJSON(raw, &s, what)
+		return []string{s}, err
+	}
+	var ss []string
+	return ss, decodeCallerJSON(raw, &ss, what)
+}
+
+// checkOutput finishes a structured-output member of the given type.
+func checkOutput(typ string, o *outputFormat, what string) (*outputFormat, error) {
+	switch typ {
+	case "", "text":
+		return nil, nil
+	case "json_object":
+		return &outputFormat{JSONMode: true}, nil
+	case "json_schema":
+		if o == nil || rawShape(o.Schema) != '{' {
+			return nil, refuseInvalid("%s needs a JSON Schema object", what)
+		}
+		return o, nil
+	}
+	return nil, refuseInvalid("%s.type %s is not text, json_object or json_schema", what, quoteCallerToken(typ))
+}
+
+// callerTextOf reads content that may only be text: a string, or an array of
+// {"type":textType,"text":…} parts, joined with sep.
+func callerTextOf(raw json.RawMessage, what, textType, sep string) (string, error) {
+	text, parts, err := callerContent[chatPart](raw, what, textType+" parts")
+	if err != nil || text != nil {
+		return textOf(text), err
+	}
+	texts := make([]string, 0, len(parts))
+	for i, p := range parts {
+		if p.Type != textType || p.Text == nil {
+			return "", refuseInvalid("%s[%d] must be a %s part with text", what, i, textType)
+		}
+		texts = append(texts, *p.Text)
+	}
+	return strings.Join(texts, sep), nil
+}
+
+// encodeChat builds a Chat Completions body. Tool results leave their
+// user message as role "tool" messages placed first, since they must follow
+// the assistant turn that called them.
+func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
+	out := chatRequestBody{Model: model, Temperature: req.Temperature, TopP: req.TopP, Stream: o.stream,
+		ParallelToolCalls: req.ParallelToolCalls, ReasoningEffort: req.Effort, Messages: []chatMessage{}}
+	if req.MaxTokens > 0 {
+		out.MaxTokens = &req.MaxTokens
+	}
+	if o.stream {
+		out.StreamOptions = json.RawMessage(`{"include_usage":true}`)
+	}
+	if req.System != "" {
+		out.Messages = append(out.Messages, chatMessage{Role: "system", Content: jsonText(req.System)})
+	}
+	for _, m := range req.Messages {
+		var (
+			parts []chatPart
+			calls []chatToolCall
+			plain = true // only text: content goes as one string
+		)
+		for _, p := range m.Parts {
+			switch p.Type {
+			case partText:
+				parts = append(parts, chatPart{Type: "text", Text: &p.Text})
+			case partImage:
+				plain = false
+				parts = append(parts, chatPart{Type: "image_url", ImageURL: &chatURL{p.ImageURL}})
+			case partDocument:
+				plain = false
+				parts = append(parts, chatPart{Type: "file", File: &chatFile{FileData: p.FileURL, Filename: p.Filename}})
+			case partToolCall:
+				calls = append(calls, chatCall(p.ToolCallID, p.ToolName, p.Arguments, p.Custom))
+			case partToolResult:
+				out.Messages = append(out.Messages, chatMessage{Role: "tool", ToolCallID: p.ToolCallID, Content: jsonText(p.Text)})
+			}
+		}
+		msg := chatMessage{Role: m.Role, ToolCalls: calls}
+		switch {
+		case len(parts) == 0 && len(calls) == 0:
+			continue // only tool results: already sent as role "tool"
+		case plain || m.Role != "user":
+			msg.Content = jsonText(textOf(m.Parts))
+			if len(parts) == 0 {
+				msg.Content = json.RawMessage("null")
+			}
+		default:
+			msg.Content, _ = json.Marshal(parts)
+		}
+		out.Messages = append(out.Messages, msg)
+	}
+	for _, t := range req.Tools {
+		if t.Kind == toolCustom {
+			out.Tools = append(out.Tools, chatTool{Type: "custom", Custom: &chatCustom{Name: t.Name, Description: t.Description, Format: t.Format}})
+		} else {
+			out.Tools = append(out.Tools, chatTool{Type: "function", Function: &chatFunction{Name: t.Name, Description: t.Description, Parameters: t.Parameters}})
+		}
+	}
+	if c := req.ToolChoice; c != nil {
+		out.ToolChoice = jsonText(c.Mode)
+		if c.Mode == toolChoiceTool {
+			kind := "function"
+			if t := req.findTool(c.Name); t != nil && t.Kind == toolCustom {
+				kind = "custom"
+			}
+			out.ToolChoice, _ = json.Marshal(map[string]any{"type": kind, kind: map[string]string{"name": c.Name}})
+		}
+	}
+	if len(req.Stop) > 0 {
+		out.Stop, _ = json.Marshal(req.Stop)
+	}
+	if f := req.Output; f != nil {
+		out.ResponseFormat = &chatFormat{Type: "json_object"}
+		if !f.JSONMode {
+			out.ResponseFormat.Type = "json_schema"
+			out.ResponseFormat.JSONSchema = &struct {
+				Name        string          `json:"name,omitempty"`
+				Description string          `json:"description,omitempty"`
+				Schema      json.RawMessage `json:"schema,omitempty"`
+				Strict      *bool           `json:"strict,omitempty"`
+			}{outputName(f), f.Description, f.Schema, f.Strict}
+		}
+	}
+	b, err := json.Marshal(out)
+	if err != nil {
+		return nil, err
+	}
+	return sharedJSON(b, req.Shared)
+}
+
+// outputName is a schema's name, which the OpenAI formats require.
+func outputName(f *outputFormat) string {
+	if f.Name == "" {
+		return "output"
+	}
+	return f.Name
+}
+
+// jsonText is s as a JSON string.
+func jsonText(s string) json.RawMessage {
+	b, _ := json.Marshal(s)
+	return b
+}
+
+// chatCall is one tool call in chat's shape.
+func chatCall(id, name, args string, custom bool) chatToolCall {
+	if custom {
+		return chatToolCall{ID: id, Type: "custom", Custom: &chatCustom{Name: name, Input: &args}}
+	}
+	args = argumentsText(args)
+	return chatToolCall{ID: id, Type: "function", Function: &chatFunction{Name: name, Arguments: &args}}
+}
+
+// chatFinish maps a Chat Completions finish_reason to the neutral one.
+func chatFinish(r string) string {
+	switch r {
+	case finishLength, "model_length":
+		return finishLength
+	case finishToolCalls, "function_call":
+		return finishToolCalls
+	case finishContentFilter:
+		return finishContentFilter
+	}
+	return finishStop
+}
+
+func (u *chatUsage) neutral() usage {
+	if u == nil {
+		return usage{}
+	}
+	return usage{InputTokens: u.PromptTokens, OutputTokens: u.CompletionTokens, Reported: true}
+}
+
+func chatUsageOf(u usage) *chatUsage {
+	return &chatUsage{u.InputTokens, u.OutputTokens, u.InputTokens + u.OutputTokens}
+}
+
+// decodeChat reads a complete Chat Completions answer.
+func decodeChat(body []byte) (chatAnswer, error) {
+	var r chatCompletion
+	if err := json.Unmarshal(body, &r); err != nil {
+		return chatAnswer{}, malformedAnswer(protoOpenAIChat, err)
+	}
+	if len(r.Choices) == 0 || r.Choices[0].Message == nil || !rawIsNull(r.Error) {
+		return chatAnswer{}, malformedAnswer(protoOpenAIChat, nil)
+	}
+	c := r.Choices[0]
+	a := chatAnswer{Usage: r.Usage.neutral(), Finish: finishStop}
+	if !rawIsNull(c.Message.Content) {
+		var s string
+		if json.Unmarshal(c.Message.Content, &s) != nil {
+			var parts []chatPart // some compatible providers send text parts
+			if err := json.Unmarshal(c.Message.Content, &parts); err != nil {
+				return chatAnswer{}, malformedAnswer(protoOpenAIChat, err)
+			}
+			for _, p := range parts {
+				if p.Type == "text" && p.Text != nil {
+					s += *p.Text
+				}
+			}
+		}
+		a.Text = s
+	}
+	for _, tc := range c.Message.ToolCalls {
+		call := toolCall{ID: tc.ID}
+		switch {
+		case tc.Custom != nil && tc.Custom.Input != nil:
+			call.Name, call.Arguments, call.Custom = tc.Custom.Name, *tc.Custom.Input, true
+		case tc.Function != nil:
+			call.Name = tc.Function.Name
+			if tc.Function.Arguments != nil {
+				call.Arguments = *tc.Function.Arguments
+			}
+		}
+		if call.Name == "" {
+			return chatAnswer{}, malformedAnswer(protoOpenAIChat, nil)
+		}
+		a.ToolCalls = append(a.ToolCalls, call)
+	}
+	if c.FinishReason != nil && *c.FinishReason != "" {
+		a.Finish = chatFinish(*c.FinishReason)
+	} else if len(a.ToolCalls) > 0 {
+		a.Finish = finishToolCalls
+	}
+	return a, nil
+}
+
+// renderChat is the chat.completion object for a. content is null when
+// the answer is only tool calls, as OpenAI sends it; usage is left out when
+// the provider reported none rather than invented as zeros.
+func renderChat(req chatRequest, a chatAnswer) any {
+	m := chatMessage{Role: "assistant", Content: json.RawMessage("null")}
+	if a.Text != "" || len(a.ToolCalls) == 0 {
+		m.Content = jsonText(a.Text)
+	}
+	for _, tc := range a.ToolCalls {
+		_, name, args, custom := req.callerTool(tc)
+		m.ToolCalls = append(m.ToolCalls, chatCall(answerIDOr(tc.ID, "call_"), name, args, custom))
+	}
+	f := answerFinish(a.Finish)
+	out := chatCompletion{ID: newAnswerID("chatcmpl-"), Object: "chat.completion", Created: time.Now().Unix(), Model: a.Model,
+		Choices: []chatChoice{{Message: &m, FinishReason: &f}}}
+	if a.Usage.Reported {
+		out.Usage = chatUsageOf(a.Usage)
+	}
+	return out
+}
+
+// chatCallerStream writes chat.completion.chunk frames.
+type chatCallerStream struct {
+	sse        callerSSE
+	req        chatRequest
+	id         string
+	created    int64
+	model      string
+	started    bool
+	finishSent bool
+	calls      []*callerCall
+}
+
+func newChatCallerStream(sse callerSSE, req chatRequest, model string) callerStream {
+	return &chatCallerStream{sse: sse, req: req, id: newAnswerID("chatcmpl-"), created: time.Now().Unix(), model: model}
+}
+
+// chunk writes one chunk with a single choice.
+func (s *chatCallerStream) chunk(d chatMessage, finish *string) error {
+	return s.sse.frame("", chatCompletion{ID: s.id, Object: "chat.completion.chunk", Created: s.created, Model: s.model,
+		Choices: []chatChoice{{Delta: &d, FinishReason: finish}}})
+}
+
+// start writes the role delta chunk. Every method starts the stream when
+// it has not started, so a stream is well-formed however dispatch drives it.
+func (s *chatCallerStream) start() error {
+	if s.started {
+		return nil
+	}
+	s.started = true
+	return s.chunk(chatMessage{Role: "assistant", Content: jsonText("")}, nil)
+}
+
+// callDelta is a tool-call delta chunk's one call.
+func (s *chatCallerStream) callDelta(i int, args string) chatMessage {
+	tc := chatToolCall{Index: &i}
+	if s.calls[i].custom {
+		tc.Custom = &chatCustom{Input: &args}
+	} else {
+		tc.Function = &chatFunction{Arguments: &args}
+	}
+	return chatMessage{ToolCalls: []chatToolCall{tc}}
+}
+
+// event writes a content or tool-call delta chunk. The finish chunk goes
+// out as soon as the finish event arrives; usage waits for finish().
+func (s *chatCallerStream) event(ev streamEvent) error {
+	if s.sse.done {
+		return errCallerStreamDone
+	}
+	if err := s.start(); err != nil {
+		return err
+	}
+	if s.sse.tail.record(ev) {
+		if ev.Kind == eventFinish {
+			return s.sendFinish()
+		}
+		return nil
+	}
+	switch ev.Kind {
+	case eventText:
+		if ev.Text == "" {
+			return nil
+		}
+		return s.chunk(chatMessage{Content: jsonText(ev.Text)}, nil)
+	case eventToolCallStart:
+		for len(s.calls) <= ev.Index {
+			s.calls = append(s.calls, nil)
+		}
+		c := newCallerCall(s.req, ev.ToolCall)
+		s.calls[ev.Index] = c
+		idx := ev.Index
+		tc := chatCall(answerIDOr(ev.ToolCall.ID, "call_"), c.name, "", c.custom)
+		tc.Index = &idx
+		if empty := ""; tc.Function != nil {
+			tc.Function.Arguments = &empty
+		}
+		return s.chunk(chatMessage{ToolCalls: []chatToolCall{tc}}, nil)
+	case eventToolCallArgs:
+		if ev.Index >= len(s.calls) || s.calls[ev.Index] == nil {
+			return fmt.Errorf("arguments for tool call %d before its start", ev.Index)
+		}
+		if d := s.calls[ev.Index].delta(ev.Text); d != "" {
+			return s.chunk(s.callDelta(ev.Index, d), nil)
+		}
+		return nil
+	}
+	return unknownStreamEvent(ev)
+}
+
+// sendFinish writes held-back custom inputs, then the chunk carrying
+// finish_reason, once.
+func (s *chatCallerStream) sendFinish() error {
+	if s.finishSent {
+		return nil
+	}
+	s.finishSent = true
+	for i, c := range s.calls {
+		if c != nil && c.wrapped {
+			if err := s.chunk(s.callDelta(i, c.unwrap()), nil); err != nil {
+				return err
+			}
+		}
+	}
+	f := answerFinish(s.sse.tail.finish)
+	return s.chunk(chatMessage{}, &f)
+}
+
+// finish writes the finish chunk if the finish event did not, the usage
+// chunk (choices: []) when usage was reported, then [DONE].
+func (s *chatCallerStream) finish() error {
+	if err := s.sse.end(); err != nil {
+		return err
+	}
+	if err := s.start(); err != nil {
+		return err
+	}
+	if err := s.sendFinish(); err != nil {
+		return err
+	}
+	if u := s.sse.tail.usage; u.Reported {
+		err := s.sse.frame("", chatCompletion{ID: s.id, Object: "chat.completion.chunk", Created: s.created, Model: s.model,
+			Choices: []chatChoice{}, Usage: chatUsageOf(u)})
+		if err != nil {
+			return err
+		}
+	}
+	return s.sse.write("data: [DONE]\n\n")
+}
+
+// fail writes the envelope of SPEC §8.1 as a final data frame.
+func (s *chatCallerStream) fail(e *apiError) error {
+	if err := s.sse.end(); err != nil {
+		return err
+	}
+	return s.sse.frame("", e.body())
+}
+
+func (s *chatCallerStream) keepAlive() error { return s.sse.keepAlive() }
+
+// chatUpstreamStream translates Chat Completions chunks. A chunk with a
+// finish_reason is the terminal signal, but the usage chunk follows it, so
+// the tail is emitted at [DONE] or at the end of the body.
+type chatUpstreamStream struct {
+	finish string      // set once a chunk carried finish_reason
+	usage  usage       // the latest usage reported
+	tools  map[int]int // provider tool-call index → neutral index
+}
+
+func newChatUpstreamStream() streamTranslator { return &chatUpstreamStream{tools: map[int]int{}} }
+
+func (c *chatUpstreamStream) handle(ev sseEvent, emit func(streamEvent) error) (bool, error) {
+	if ev.Data == "[DONE]" {
+		return c.ended(emit)
+	}
+	var ch chatCompletion
+	if err := json.Unmarshal([]byte(ev.Data), &ch); err != nil {
+		return false, malformedEvent(protoOpenAIChat, err)
+	}
+	if ev.Event == "error" || !rawIsNull(ch.Error) {
+		e, _ := errorObject(ch.Error)
+		if e.code == "" {
+			e.code = e.typ
+		}
+		return false, inBandError(e.code)
+	}
+	if ch.Usage != nil {
+		c.usage = ch.Usage.neutral()
+	}
+	for _, choice := range ch.Choices {
+		if choice.Index != 0 || choice.Delta == nil {
+			if f := choice.FinishReason; choice.Index == 0 && f != nil && *f != "" {
+				c.finish = chatFinish(*f)
+			}
+			continue // Brama never asks for n > 1
+		}
+		d := choice.Delta
+		var t string
+		if json.Unmarshal(d.Content, &t) == nil && t != "" {
+			if err := emit(streamEvent{Kind: eventText, Text: t}); err != nil {
+				return false, err
+			}
+		}
+		for i, tc := range d.ToolCalls {
+			if err := c.toolDelta(i, tc, emit); err != nil {
+				return false, err
+			}
+		}
+		if f := choice.FinishReason; f != nil && *f != "" {
+			c.finish = chatFinish(*f)
+		}
+	}
+	return false, nil
+}
+
+// toolDelta emits the start of a new call and the arguments of any.
+func (c *chatUpstreamStream) toolDelta(i int, tc chatToolCall, emit func(streamEvent) error) error {
+	if tc.Index != nil {
+		i = *tc.Index
+	}
+	var name, args string
+	custom := tc.Custom != nil
+	switch {
+	case custom:
+		name = tc.Custom.Name
+		if tc.Custom.Input != nil {
+			args = *tc.Custom.Input
+		}
+	case tc.Function != nil:
+		name = tc.Function.Name
+		if tc.Function.Arguments != nil {
+			args = *tc.Function.Arguments
+		}
+	}
+	ni, ok := c.tools[i]
+	if !ok {
+		if name == "" {
+			return malformedEvent(protoOpenAIChat, errors.New("tool call without a name"))
+		}
+		ni = len(c.tools)
+		c.tools[i] = ni
+		if err := emit(streamEvent{Kind: eventToolCallStart, Index: ni, ToolCall: toolCall{ID: tc.ID, Name: name, Custom: custom}}); err != nil {
+			return err
+		}
+	}
+	if args == "" {
+		return nil
+	}
+	return emit(streamEvent{Kind: eventToolCallArgs, Index: ni, Text: args})
+}
+
+func (c *chatUpstreamStream) ended(emit func(streamEvent) error) (bool, error) {
+	if c.finish == "" {
+		return false, nil
+	}
+	return true, emitTail(emit, c.finish, c.usage)
+}

@@ -1,0 +1,892 @@
+package main
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"reflect"
+	"slices"
+	"strings"
+)
+
+// Translation across wire formats (SPEC §7.5, §7.6). Three formats, each in
+// its own file holding both directions, caller side and provider side:
+// chat.go (OpenAI Chat Completions), messages.go (Anthropic Messages) and
+// responses.go (OpenAI Responses). Each wire shape is declared once and
+// serves the caller's body, the provider's body, the answer and the stream.
+// This file holds the neutral request and answer between them, the one
+// table of the three formats and what they share.
+//
+// Translation carries every member that has a counterpart in the target
+// format. A member with none is dropped and named (chatRequest.Dropped,
+// in the caller's own member paths); structured output the target cannot
+// express is refused before any call. Parsing is lenient: an unknown member
+// is dropped and named, and only a member Brama must read and cannot (a
+// non-string model, an unknown role) is refused as invalid_request.
+// Refusals name the member (messages[2].content[0]) but never quote the
+// caller's text.
+
+// chatRequest is one chat request in no particular format.
+type chatRequest struct {
+	Model             string // as the caller named it: alias, route, selector or best
+	System            string // the leading system and developer text, "" when none
+	Messages          []message
+	Tools             []tool
+	ToolChoice        *toolChoice // nil: the provider's default
+	ParallelToolCalls *bool
+	MaxTokens         int // 0: the caller gave none (SPEC §6.4 decides)
+	Temperature       *float64
+	TopP              *float64
+	Stop              []string
+	Output            *outputFormat // structured output; nil: free text
+	Effort            string        // reasoning effort (low, medium, high, …); "" the provider's default
+	Shared            []sharedMember
+	Stream            bool
+	BillingTarget     *billingTarget // removed before forwarding (SPEC §7.2)
+	Dropped           []string       // caller member paths with no counterpart in any other format
+	Paths             map[string]string
+}
+
+// Neutral members whose caller path is kept in chatRequest.Paths because
+// one target format has no counterpart for them (see droppedFor).
+const (
+	pathStop        = "stop"
+	pathTemperature = "temperature"
+	pathTopP        = "top_p"
+)
+
+// sharedMember is a member Chat Completions and Responses both have under
+// the same name and shape (store, metadata, …): carried between them
+// as it was sent, dropped and named toward messages.
+type sharedMember struct {
+	Name  string
+	Value json.RawMessage
+}
+
+// sharedMemberNames lists the members sharedMember carries.
+var sharedMemberNames = []string{"store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier", "user"}
+
+// message is one turn: "user", "assistant", or "system" for an instruction
+// that stands later in the conversation than the leading System text.
+// Tool results travel as tool_result parts of a user message.
+type message struct {
+	Role  string
+	Parts []part
+}
+
+// part kinds.
+const (
+	partText       = "text"
+	partImage      = "image"
+	partDocument   = "document"
+	partToolCall   = "tool_call"
+	partToolResult = "tool_result"
+)
+
+// part is one piece of a message.
+type part struct {
+	Type string
+	// text: the text; tool_result: the result's text content.
+	Text string
+	// image: an https URL or a data URL ("data:image/png;base64,…").
+	ImageURL string
+	// document: an https URL or a data URL, and its file name when known.
+	FileURL  string
+	Filename string
+	// tool_call and tool_result: the call's id.
+	ToolCallID string
+	// tool_call: the (flattened) tool name and its JSON-encoded arguments,
+	// or for a custom tool its free-form input.
+	ToolName  string
+	Arguments string
+	// tool_call and tool_result: the call is to a custom tool.
+	Custom bool
+	// tool_result: the tool reported an error.
+	IsError bool
+}
+
+// Tool kinds.
+const (
+	toolFunction = ""       // JSON arguments under a schema
+	toolCustom   = "custom" // free-form input, no JSON schema
+)
+
+// tool is one tool the model may call. Name is what providers see: a tool
+// of a namespaced group is flattened to <namespace>__<name> (SPEC §7.6).
+type tool struct {
+	Kind        string
+	Name        string
+	Namespace   string // "" outside a group
+	Description string
+	Parameters  json.RawMessage // function: JSON Schema object; nil when none given
+	Format      json.RawMessage // custom: the grammar or text format, nil when none given
+}
+
+// memberName is the tool's name inside its group.
+func (t tool) memberName() string { return strings.TrimPrefix(t.Name, t.Namespace+"__") }
+
+// findTool is the tool named name (flattened), or nil.
+func (req *chatRequest) findTool(name string) *tool {
+	for i := range req.Tools {
+		if req.Tools[i].Name == name {
+			return &req.Tools[i]
+		}
+	}
+	return nil
+}
+
+// toolChoice modes.
+const (
+	toolChoiceAuto     = "auto"
+	toolChoiceNone     = "none"
+	toolChoiceRequired = "required" // any tool
+	toolChoiceTool     = "tool"     // the named tool
+)
+
+// toolChoice says whether and which tool the model must call.
+type toolChoice struct {
+	Mode string
+	Name string // with toolChoiceTool
+}
+
+// outputFormat is structured output: a JSON Schema, or with JSONMode any
+// JSON object (which messages cannot express).
+type outputFormat struct {
+	Name        string
+	Description string
+	Schema      json.RawMessage
+	Strict      *bool
+	JSONMode    bool
+}
+
+// billingTarget names the one subscription that must pay (SPEC §7.2).
+type billingTarget struct {
+	ProviderID     string `json:"providerId,omitempty"`
+	AccountID      string `json:"accountId,omitempty"`
+	SubscriptionID string `json:"subscriptionId"`
+}
+
+// Finish reasons, in the neutral (OpenAI chat) vocabulary.
+const (
+	finishStop          = "stop"
+	finishLength        = "length"
+	finishToolCalls     = "tool_calls"
+	finishContentFilter = "content_filter"
+)
+
+// chatAnswer is one complete answer in no particular format.
+type chatAnswer struct {
+	Model     string // the name reported to the caller (SPEC §7.6)
+	Text      string
+	ToolCalls []toolCall
+	Finish    string
+	Usage     usage
+}
+
+// toolCall is one tool call the model made.
+type toolCall struct {
+	ID        string
+	Name      string // as the provider saw it (flattened)
+	Arguments string // JSON text, or a custom tool's free-form input
+	Custom    bool   // the provider called it as a custom tool
+}
+
+// usage counts tokens as the provider reported them.
+type usage struct {
+	InputTokens  int
+	OutputTokens int
+	Reported     bool // the provider sent usage at all
+}
+
+// Stream event kinds, from a provider protocol to a caller dialect.
+const (
+	eventText          = "text"            // Text: the next piece of output text
+	eventToolCallStart = "tool_call_start" // Index, ToolCall.ID, ToolCall.Name, ToolCall.Custom
+	eventToolCallArgs  = "tool_call_args"  // Index, Text: the next piece of arguments (or custom input)
+	eventFinish        = "finish"          // Finish: why generation stopped
+	eventUsage         = "usage"           // Usage
+)
+
+// streamEvent is one translated piece of a streamed answer. A provider stream
+// yields finish (and usage) only when it sent its own terminal signal
+// (SPEC §7.5); the caller's terminal event is written after that alone.
+type streamEvent struct {
+	Kind     string
+	Text     string
+	Index    int // tool call index, 0-based, in call order
+	ToolCall toolCall
+	Finish   string
+	Usage    usage
+}
+
+// Caller dialects, one per public chat endpoint.
+const (
+	dialectChat      = "chat"      // OpenAI Chat Completions, POST /v1/chat/completions
+	dialectMessages  = "messages"  // Anthropic Messages, POST /v1/messages
+	dialectResponses = "responses" // OpenAI Responses, POST /v1/responses
+)
+
+// upstreamOptions are the per-provider rules an encoder applies (SPEC §6.2).
+type upstreamOptions struct {
+	stream bool
+	oauth  bool // claude-code: the identity system block first
+	codex  bool // codex: SPEC §6.2's body rules
+}
+
+// wireFormat is one row of the format table: the caller dialect and the
+// provider protocol of one wire format and every translation function.
+type wireFormat struct {
+	dialect, protocol string
+	path              string // the provider endpoint below the base URL
+	parse             func(body []byte) (chatRequest, error)
+	encode            func(req chatRequest, model string, o upstreamOptions) (any, error)
+	decode            func(body []byte) (chatAnswer, error)
+	render            func(req chatRequest, a chatAnswer) any
+	callerStream      func(sse callerSSE, req chatRequest, model string) callerStream
+	upstreamStream    func() streamTranslator
+}
+
+// wireFormats is the one table of the three formats; it never changes.
+var wireFormats = []wireFormat{
+	{dialectChat, protoOpenAIChat, "/chat/completions", parseChatCompletions, encodeChat, decodeChat, renderChat, newChatCallerStream, newChatUpstreamStream},
+	{dialectMessages, protoAnthropic, "/v1/messages", parseMessages, encodeMessages, decodeMessages, renderMessages, newMessagesCallerStream, newMessagesUpstreamStream},
+	{dialectResponses, protoOpenAIResponses, "/responses", parseResponses, encodeResponses, decodeResponses, renderResponses, newResponsesCallerStream, newResponsesUpstreamStream},
+}
+
+// formatOf is the format whose dialect or protocol is name, or nil.
+func formatOf(name string) *wireFormat {
+	for i := range wireFormats {
+		if f := &wireFormats[i]; f.dialect == name || f.protocol == name {
+			return f
+		}
+	}
+	return nil
+}
+
+func errUnknownFormat(name string) *apiError {
+	return refuse("internal_error", "internal error").because(fmt.Errorf("unknown wire format %q", name))
+}
+
+// parseRequest parses body as the given dialect into the neutral request.
+// Every error is an *apiError with code invalid_request.
+func parseRequest(dialect string, body []byte) (chatRequest, error) {
+	f := formatOf(dialect)
+	if f == nil {
+		return chatRequest{}, errUnknownFormat(dialect)
+	}
+	return f.parse(body)
+}
+
+// renderAnswer encodes a buffered answer as the caller's dialect's success
+// body; req is the caller's request, whose tools name the calls.
+func renderAnswer(dialect string, req chatRequest, a chatAnswer) ([]byte, error) {
+	f := formatOf(dialect)
+	if f == nil {
+		return nil, errUnknownFormat(dialect)
+	}
+	return json.Marshal(f.render(req, a))
+}
+
+// decodeUpstreamAnswer decodes a complete 2xx non-stream body. Model is
+// left for the dispatcher, which reports what SPEC §7.6 says.
+func decodeUpstreamAnswer(protocol string, body []byte) (chatAnswer, error) {
+	f := formatOf(protocol)
+	if f == nil {
+		return chatAnswer{}, refuse("provider_failure", "unknown provider protocol %q", protocol)
+	}
+	return f.decode(body)
+}
+
+// droppedFor is every caller member the request to p loses: those with no
+// counterpart in any other format, and those p's format or p itself lacks.
+func (req chatRequest) droppedFor(p providerInfo) []string {
+	d := slices.Clone(req.Dropped)
+	lacks := func(key string) {
+		if path := req.Paths[key]; path != "" {
+			d = append(d, path)
+		}
+	}
+	switch {
+	case p.protocol == protoAnthropic:
+		for _, m := range req.Shared {
+			d = append(d, m.Name)
+		}
+		for i, t := range req.Tools {
+			if t.Kind == toolCustom && t.Format != nil {
+				lacks(fmt.Sprintf("tools[%d].format", i))
+			}
+		}
+	case p.protocol == protoOpenAIResponses && len(req.Stop) > 0:
+		lacks(pathStop)
+	}
+	if p.id == "codex" {
+		if req.Temperature != nil {
+			lacks(pathTemperature)
+		}
+		if req.TopP != nil {
+			lacks(pathTopP)
+		}
+	}
+	return d
+}
+
+// ---- parsing helpers ----
+
+// refuseInvalid is refuse("invalid_request", …), the one code a parse error has.
+func refuseInvalid(format string, args ...any) *apiError {
+	return refuse("invalid_request", format, args...)
+}
+
+// decodeCallerJSON unmarshals data into v and turns encoding/json's errors into
+// invalid_request refusals that name the member at fault and quote nothing
+// of the body. what prefixes the member path ("" for the request body).
+func decodeCallerJSON(data []byte, v any, what string) error {
+	err := json.Unmarshal(data, v)
+	if err == nil {
+		return nil
+	}
+	var se *json.SyntaxError
+	var te *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &se):
+		return refuseInvalid("malformed JSON at byte %d", se.Offset).because(err)
+	case errors.As(err, &te):
+		field := te.Field
+		if what != "" && field != "" {
+			field = what + "." + field
+		} else if field == "" {
+			field = what
+		}
+		if field == "" {
+			return refuseInvalid("the request body must be a JSON object").because(err)
+		}
+		return refuseInvalid("%s: expected %s, got %s", field, callerJSONKind(te.Type), truncateUTF8(te.Value, 32)).because(err)
+	}
+	return refuseInvalid("malformed JSON").because(err)
+}
+
+// callerJSONKind names the JSON shape a Go type decodes from, for refusals.
+func callerJSONKind(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "a boolean"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "an integer"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.Pointer:
+		return callerJSONKind(t.Elem())
+	}
+	return "an object"
+}
+
+// rawIsNull reports whether a member was absent or JSON null.
+func rawIsNull(raw json.RawMessage) bool {
+	raw = bytes.TrimSpace(raw)
+	return len(raw) == 0 || string(raw) == "null"
+}
+
+// rawShape is the first byte of a JSON value: '"', '[', '{', or another
+// byte for numbers, booleans and null.
+func rawShape(raw json.RawMessage) byte {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 {
+		return 0
+	}
+	return raw[0]
+}
+
+// dropUnknown names, in d, every member of the JSON object raw that is not
+// in known (space-separated), under path ("" for the body). A value that is
+// not an object names nothing: the typed decode refuses it.
+func dropUnknown(d *[]string, raw json.RawMessage, path, known string) {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(raw, &m) != nil {
+		return
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		if !slices.Contains(strings.Fields(known), k) {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		*d = append(*d, joinPath(path, k))
+	}
+}
+
+// joinPath is path.member, or member at the top.
+func joinPath(path, member string) string {
+	if path == "" {
+		return member
+	}
+	return path + "." + member
+}
+
+// newCallerRequest checks the members every dialect shares and starts the
+// neutral request from them; limitName is the dialect's name for the output
+// limit.
+func newCallerRequest(model string, temperature, topP *float64, stream bool, limitName string, limit *int, bt json.RawMessage) (chatRequest, error) {
+	if model == "" {
+		return chatRequest{}, refuseInvalid("model is required and must be a non-empty string")
+	}
+	req := chatRequest{Model: model, Temperature: temperature, TopP: topP, Stream: stream}
+	if temperature != nil {
+		req.at(pathTemperature, "temperature")
+	}
+	if topP != nil {
+		req.at(pathTopP, "top_p")
+	}
+	var err error
+	if req.MaxTokens, err = checkCallerMaxTokens(limitName, limit); err != nil {
+		return chatRequest{}, err
+	}
+	if req.BillingTarget, err = parseCallerBillingTarget(bt); err != nil {
+		return chatRequest{}, err
+	}
+	return req, nil
+}
+
+// at records the caller path of a neutral member some target lacks.
+func (req *chatRequest) at(key, path string) {
+	if req.Paths == nil {
+		req.Paths = map[string]string{}
+	}
+	req.Paths[key] = path
+}
+
+// keepShared records the members chat and responses share, from the
+// body's top-level object.
+func (req *chatRequest) keepShared(body []byte) {
+	var m map[string]json.RawMessage
+	json.Unmarshal(body, &m) // already decoded once
+	for _, name := range sharedMemberNames {
+		if v, ok := m[name]; ok && !rawIsNull(v) {
+			req.Shared = append(req.Shared, sharedMember{name, v})
+		}
+	}
+}
+
+// sharedJSON merges the shared members into an encoded body.
+func sharedJSON(body []byte, shared []sharedMember) (any, error) {
+	if len(shared) == 0 {
+		return json.RawMessage(body), nil
+	}
+	var b bytes.Buffer
+	b.Write(body[:len(body)-1])
+	for _, m := range shared {
+		name, _ := json.Marshal(m.Name)
+		b.WriteByte(',')
+		b.Write(name)
+		b.WriteByte(':')
+		b.Write(m.Value)
+	}
+	b.WriteByte('}')
+	return json.RawMessage(b.Bytes()), nil
+}
+
+// callerContent reads message content that is either a string (one text
+// part) or an array of parts of type T; kind names the array's elements in
+// the refusal.
+func callerContent[T any](raw json.RawMessage, what, kind string) (text []part, items []T, err error) {
+	switch rawShape(raw) {
+	case '"':
+		var s string
+		err := decodeCallerJSON(raw, &s, what)
+		return []part{{Type: partText, Text: s}}, nil, err
+	case '[':
+		err := decodeCallerJSON(raw, &items, what)
+		return nil, items, err
+	}
+	return nil, nil, refuseInvalid("%s must be a string or an array of %s", what, kind)
+}
+
+// checkCallerMaxTokens refuses a caller's limit below 1 (SPEC §8.2 "bad limits").
+func checkCallerMaxTokens(name string, v *int) (int, error) {
+	if v == nil {
+		return 0, nil
+	}
+	if *v < 1 {
+		return 0, refuseInvalid("%s must be at least 1", name)
+	}
+	return *v, nil
+}
+
+// parseCallerBillingTarget reads the top-level billingTarget member shared by all
+// three dialects (SPEC §7.2). It is never forwarded.
+func parseCallerBillingTarget(raw json.RawMessage) (*billingTarget, error) {
+	if rawIsNull(raw) {
+		return nil, nil
+	}
+	if rawShape(raw) != '{' {
+		return nil, refuseInvalid("billingTarget must be an object")
+	}
+	var bt billingTarget
+	if err := decodeCallerJSON(raw, &bt, "billingTarget"); err != nil {
+		return nil, err
+	}
+	if bt.SubscriptionID == "" {
+		return nil, refuseInvalid("billingTarget.subscriptionId is required")
+	}
+	return &bt, nil
+}
+
+// parseCallerSchema reads a JSON Schema member: absent or null is nil, an
+// object is kept (compacted), anything else is refused.
+func parseCallerSchema(raw json.RawMessage, what string) (json.RawMessage, error) {
+	if rawIsNull(raw) {
+		return nil, nil
+	}
+	if rawShape(raw) != '{' {
+		return nil, refuseInvalid("%s must be a JSON Schema object", what)
+	}
+	var b bytes.Buffer
+	if err := json.Compact(&b, raw); err != nil {
+		return nil, refuseInvalid("%s is malformed", what).because(err)
+	}
+	return json.RawMessage(b.Bytes()), nil
+}
+
+// checkCallerURL accepts the two references every provider protocol can
+// carry for an image or a document: an https URL or a data URL.
+func checkCallerURL(url, what string) error {
+	if strings.HasPrefix(url, "https://") || strings.HasPrefix(url, "data:") {
+		return nil
+	}
+	return refuseInvalid("%s must be an https URL or a data URL", what)
+}
+
+// quoteCallerToken quotes a caller-chosen token (a role, a part type) for a refusal,
+// bounded so a refusal never echoes a long string back.
+func quoteCallerToken(s string) string {
+	return fmt.Sprintf("%q", truncateUTF8(s, 64))
+}
+
+// newAnswerID returns prefix followed by 26 random characters.
+func newAnswerID(prefix string) string { return prefix + rand.Text() }
+
+// answerIDOr is id, or a fresh one with prefix when the provider sent none.
+func answerIDOr(id, prefix string) string {
+	if id == "" {
+		return newAnswerID(prefix)
+	}
+	return id
+}
+
+// answerFinish is the answer's finish reason, "stop" when the provider gave none.
+func answerFinish(f string) string {
+	if f == "" {
+		return finishStop
+	}
+	return f
+}
+
+// appendPart adds p to the last message when it has role, else a new turn.
+// Consecutive tool results are one user turn (SPEC §7.6), and a tool call
+// joins the assistant turn before it.
+func appendPart(msgs []message, role string, p part) []message {
+	if n := len(msgs); n > 0 && msgs[n-1].Role == role && (role != "user" || allToolResults(msgs[n-1].Parts)) {
+		msgs[n-1].Parts = append(msgs[n-1].Parts, p)
+		return msgs
+	}
+	return append(msgs, message{Role: role, Parts: []part{p}})
+}
+
+func allToolResults(ps []part) bool {
+	for _, p := range ps {
+		if p.Type != partToolResult {
+			return false
+		}
+	}
+	return len(ps) > 0
+}
+
+// addSystem adds instruction text: to the leading System while no turn has
+// come yet, else as a system turn where it stands.
+func (req *chatRequest) addSystem(text string) {
+	if len(req.Messages) == 0 {
+		req.System = joinText(req.System, text)
+		return
+	}
+	req.Messages = append(req.Messages, message{Role: "system", Parts: []part{{Type: partText, Text: text}}})
+}
+
+// joinText appends one more piece of text, "\n\n" between pieces.
+func joinText(sys, more string) string {
+	switch {
+	case more == "":
+		return sys
+	case sys == "":
+		return more
+	}
+	return sys + "\n\n" + more
+}
+
+// linkCalls marks tool calls to custom tools and the results of custom
+// calls, whichever format they came from.
+func (req *chatRequest) linkCalls() {
+	custom := map[string]bool{}
+	for i := range req.Messages {
+		for j := range req.Messages[i].Parts {
+			p := &req.Messages[i].Parts[j]
+			switch p.Type {
+			case partToolCall:
+				if t := req.findTool(p.ToolName); t != nil && t.Kind == toolCustom {
+					p.Custom = true
+				}
+				custom[p.ToolCallID] = p.Custom
+			case partToolResult:
+				p.Custom = p.Custom || custom[p.ToolCallID]
+			}
+		}
+	}
+}
+
+// textOf joins the text parts of ps.
+func textOf(ps []part) string {
+	var b strings.Builder
+	for _, p := range ps {
+		if p.Type == partText {
+			b.WriteString(p.Text)
+		}
+	}
+	return b.String()
+}
+
+// dataURL splits a base64 data URL into media type and data.
+func dataURL(u string) (media, data string, ok bool) {
+	rest, ok := strings.CutPrefix(u, "data:")
+	if !ok {
+		return "", "", false
+	}
+	meta, data, ok := strings.Cut(rest, ",")
+	media, isBase64 := strings.CutSuffix(meta, ";base64")
+	return media, data, ok && isBase64 && media != "" && data != ""
+}
+
+// emptySchema stands in for a tool without parameters where the protocol
+// requires a schema.
+var emptySchema = json.RawMessage(`{"type":"object","properties":{}}`)
+
+// customInputSchema is the one-string-member function a custom tool becomes
+// toward messages (SPEC §7.6).
+var customInputSchema = json.RawMessage(`{"type":"object","properties":{"input":{"type":"string"}},"required":["input"]}`)
+
+// toolArguments is a tool call's arguments as a JSON object for protocols
+// that embed them (anthropic tool_use input). Empty means no arguments;
+// anything that is not a JSON object is refused, never approximated.
+func toolArguments(args string) (json.RawMessage, error) {
+	if strings.TrimSpace(args) == "" {
+		return json.RawMessage(`{}`), nil
+	}
+	var buf bytes.Buffer
+	if err := json.Compact(&buf, []byte(args)); err != nil || buf.Bytes()[0] != '{' {
+		return nil, refuse("invalid_request", "a tool call's arguments are not a JSON object")
+	}
+	return buf.Bytes(), nil
+}
+
+// argumentsText is a tool call's arguments as JSON text; empty becomes "{}".
+func argumentsText(args string) string {
+	if strings.TrimSpace(args) == "" {
+		return "{}"
+	}
+	return args
+}
+
+// Reasoning effort and thinking budget (SPEC §7.6): effort names map to a
+// thinking budget toward messages, and a budget maps back to the nearest
+// effort at or above it.
+var effortBudgets = []struct {
+	effort string
+	budget int
+}{{"minimal", 1024}, {"low", 2048}, {"medium", 8192}, {"high", 24576}, {"xhigh", 32768}}
+
+func effortOfBudget(b int) string {
+	for _, e := range effortBudgets {
+		if b <= e.budget {
+			return e.effort
+		}
+	}
+	return "xhigh"
+}
+
+func budgetOfEffort(effort string) int {
+	for _, e := range effortBudgets {
+		if e.effort == effort {
+			return e.budget
+		}
+	}
+	return 0 // "none" and unknown names: no thinking
+}
+
+// callerTool is how a caller format names a provider's tool call: its
+// group, its name inside the group and whether it is custom. A custom
+// call made as a function (toward messages) gets its string input back.
+func (req chatRequest) callerTool(tc toolCall) (namespace, name, args string, custom bool) {
+	t := req.findTool(tc.Name)
+	if t == nil {
+		return "", tc.Name, tc.Arguments, tc.Custom
+	}
+	args = tc.Arguments
+	if t.Kind == toolCustom && !tc.Custom {
+		var in struct {
+			Input string `json:"input"`
+		}
+		json.Unmarshal([]byte(args), &in)
+		args = in.Input
+	}
+	return t.Namespace, t.memberName(), args, t.Kind == toolCustom
+}
+
+// ---- streams ----
+
+// callerStream writes a streamed answer in the caller's dialect (SPEC §7.5).
+// dispatch calls start once the provider committed, event for every neutral
+// event, then exactly one of finish (the provider sent its terminal signal)
+// or fail (anything else after commit). Every SSE event is flushed as soon as
+// it is written. The first write error sticks: later calls return it.
+type callerStream interface {
+	start() error               // chat: role delta chunk; messages: message_start; responses: response.created
+	event(ev streamEvent) error // translate one neutral event and write it
+	finish() error              // the dialect's terminal sequence
+	fail(e *apiError) error     // the dialect's in-band error; never a terminal success event
+	keepAlive() error           // the SSE comment ": keep-alive", after 15 s without an event
+}
+
+// errCallerStreamDone is returned by a callerStream used after finish or fail.
+var errCallerStreamDone = errors.New("caller stream already ended")
+
+// newCallerStream returns the stream writer for dialect over w; flush is
+// called after every SSE event (nil: nothing to flush). model is the name
+// reported to the caller (SPEC §7.6); req's tools name the calls. An
+// unknown dialect is a programming error and panics.
+func newCallerStream(dialect string, req chatRequest, w io.Writer, flush func(), model string) callerStream {
+	if flush == nil {
+		flush = func() {}
+	}
+	f := formatOf(dialect)
+	if f == nil {
+		panic("brama: unknown dialect " + dialect)
+	}
+	return f.callerStream(callerSSE{w: w, flush: flush}, req, model)
+}
+
+// callerSSE writes whole SSE frames, one Write and one flush each, and
+// remembers the first write error.
+type callerSSE struct {
+	w     io.Writer
+	flush func()
+	err   error
+	done  bool // finish or fail ran
+	tail  callerStreamTail
+}
+
+// frame writes one event: "event: <name>\n" when name is set, then
+// "data: <json>\n\n".
+func (s *callerSSE) frame(name string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	var f strings.Builder
+	if name != "" {
+		f.WriteString("event: " + name + "\n")
+	}
+	f.WriteString("data: ")
+	f.Write(b)
+	f.WriteString("\n\n")
+	return s.write(f.String())
+}
+
+func (s *callerSSE) write(frame string) error {
+	if s.err != nil {
+		return s.err
+	}
+	if _, err := io.WriteString(s.w, frame); err != nil {
+		s.err = err
+		return err
+	}
+	s.flush()
+	return nil
+}
+
+func (s *callerSSE) keepAlive() error { return s.write(": keep-alive\n\n") }
+
+// end marks the stream ended; it refuses a second ending.
+func (s *callerSSE) end() error {
+	if s.done {
+		return errCallerStreamDone
+	}
+	s.done = true
+	return s.err
+}
+
+// callerStreamTail keeps the finish reason and usage, which arrive as
+// events in either order, usage maybe never.
+type callerStreamTail struct {
+	finish string
+	usage  usage
+}
+
+// record keeps finish and usage events; it reports whether ev was one.
+func (t *callerStreamTail) record(ev streamEvent) bool {
+	switch ev.Kind {
+	case eventFinish:
+		t.finish = ev.Finish
+	case eventUsage:
+		t.usage = ev.Usage
+		t.usage.Reported = true
+	default:
+		return false
+	}
+	return true
+}
+
+func unknownStreamEvent(ev streamEvent) error {
+	return fmt.Errorf("unknown stream event kind %q", ev.Kind)
+}
+
+// callerCall is what a caller stream keeps of one tool call: how the
+// caller names it, and for a custom call made as a function (toward
+// messages) its arguments, held back until the call ends so the caller
+// gets the string input.
+type callerCall struct {
+	namespace, name string
+	custom, wrapped bool
+	args            strings.Builder
+}
+
+// newCallerCall resolves a started call against the caller's tools.
+func newCallerCall(req chatRequest, tc toolCall) *callerCall {
+	ns, name, _, custom := req.callerTool(tc)
+	return &callerCall{namespace: ns, name: name, custom: custom, wrapped: custom && !tc.Custom}
+}
+
+// delta is the piece of arguments to write now: all of it for an ordinary
+// call, nothing for a wrapped one (see unwrap).
+func (c *callerCall) delta(s string) string {
+	c.args.WriteString(s)
+	if c.wrapped {
+		return ""
+	}
+	return s
+}
+
+// unwrap is a wrapped call's whole string input, once its arguments ended.
+func (c *callerCall) unwrap() string {
+	var in struct {
+		Input string `json:"input"`
+	}
+	json.Unmarshal([]byte(c.args.String()), &in)
+	return in.Input
+}
