@@ -295,6 +295,9 @@ func (req *chatRequest) addOpenAITool(t openAITool, what string) error {
 		nt := tool{Name: t.Name, Description: t.Description, Parameters: params}
 		if t.Type == "custom" {
 			nt = tool{Kind: toolCustom, Name: t.Name, Description: t.Description, Format: t.Format}
+			if t.Format != nil {
+				nt.FormatPath = what + ".format"
+			}
 		}
 		req.Tools = append(req.Tools, nt)
 	case "namespace":

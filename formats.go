@@ -123,6 +123,7 @@ type tool struct {
 	Description string
 	Parameters  json.RawMessage // function: JSON Schema object; nil when none given
 	Format      json.RawMessage // custom: the grammar or text format, nil when none given
+	FormatPath  string          // the caller's path of Format, named when messages drops it
 }
 
 // memberName is the tool's name inside its group.
@@ -314,9 +315,9 @@ func (req chatRequest) droppedFor(p providerInfo) []string {
 		for _, m := range req.Shared {
 			d = append(d, m.Name)
 		}
-		for i, t := range req.Tools {
+		for _, t := range req.Tools {
 			if t.Kind == toolCustom && t.Format != nil {
-				lacks(fmt.Sprintf("tools[%d].format", i))
+				d = append(d, t.FormatPath)
 			}
 		}
 	case p.protocol == protoOpenAIResponses && len(req.Stop) > 0:

@@ -94,7 +94,7 @@ type requestInfo struct {
 	outputTokens   int
 	streamed       bool
 	dropped        []string // caller members a translation dropped (SPEC §7.6)
-	body           []byte // the raw request body, read once by the auth wrapper
+	body           []byte   // the raw request body, read once by the auth wrapper
 }
 
 // countAttempt records one more provider call for this request.
