@@ -328,13 +328,16 @@ func TestParseRequestDispatch(t *testing.T) {
 
 // fuzzDialectParse is the shared body of the three parser fuzz targets: no panic,
 // every error an invalid_request *apiError, and an accepted request has a
-// model and at least one message whose parts are all of a known kind.
-func fuzzDialectParse(f *testing.F, parse func([]byte) (chatRequest, error), seeds ...string) {
+// model and at least one message whose parts are all of a known kind. It
+// also checks the round trip caller body → neutral → caller body → neutral
+// gives the same neutral request.
+func fuzzDialectParse(f *testing.F, dialect string, seeds ...string) {
 	for _, s := range seeds {
 		f.Add([]byte(s))
 	}
+	wf := formatOf(dialect)
 	f.Fuzz(func(t *testing.T, body []byte) {
-		req, err := parse(body)
+		req, err := wf.parse(body)
 		if err != nil {
 			var ae *apiError
 			if !errors.As(err, &ae) || ae.Code != "invalid_request" {
@@ -346,12 +349,12 @@ func fuzzDialectParse(f *testing.F, parse func([]byte) (chatRequest, error), see
 			t.Fatalf("accepted a request without model or messages: %+v", req)
 		}
 		for _, m := range req.Messages {
-			if (m.Role != "user" && m.Role != "assistant") || len(m.Parts) == 0 {
+			if (m.Role != "user" && m.Role != "assistant" && m.Role != "system") || len(m.Parts) == 0 {
 				t.Fatalf("accepted a bad message %+v", m)
 			}
 			for _, p := range m.Parts {
 				switch p.Type {
-				case partText, partImage, partToolCall, partToolResult:
+				case partText, partImage, partDocument, partToolCall, partToolResult:
 				default:
 					t.Fatalf("accepted a part of kind %q", p.Type)
 				}
@@ -363,26 +366,67 @@ func fuzzDialectParse(f *testing.F, parse func([]byte) (chatRequest, error), see
 		if req.MaxTokens < 0 {
 			t.Fatalf("accepted max tokens %d", req.MaxTokens)
 		}
+		enc, err := wf.encode(req, req.Model, upstreamOptions{stream: req.Stream})
+		if err != nil {
+			return // not every accepted request can be sent (JSON mode toward messages, arguments that are not an object)
+		}
+		again, err := wf.parse(must(json.Marshal(enc)))
+		if err != nil {
+			t.Fatalf("the re-encoded request is refused: %v", err)
+		}
+		if diff := cmp.Diff(roundTripNeutral(req), roundTripNeutral(again)); diff != "" {
+			t.Fatalf("round trip changed the request (-first +second):\n%s", diff)
+		}
 	})
 }
 
+// roundTripNeutral leaves out of a neutral request what a caller body
+// carries by design no further than one hop: what was dropped and where
+// it stood, the billing target (never forwarded), empty text (providers
+// refuse it), empty arguments (sent as {}) and a reasoning effort between
+// budget steps.
+func roundTripNeutral(req chatRequest) chatRequest {
+	req.Dropped, req.Paths, req.BillingTarget, req.Effort = nil, nil, nil, ""
+	var msgs []message
+	for _, m := range req.Messages {
+		var parts []part
+		for _, p := range m.Parts {
+			if p.Type == partText && p.Text == "" {
+				continue
+			}
+			if p.Type == partToolCall && !p.Custom {
+				p.Arguments = argumentsText(p.Arguments)
+			}
+			parts = append(parts, p)
+		}
+		if len(parts) > 0 {
+			msgs = append(msgs, message{m.Role, parts})
+		}
+	}
+	req.Messages = msgs
+	return req
+}
+
 func FuzzParseChatCompletions(f *testing.F) {
-	fuzzDialectParse(f, parseChatCompletions,
+	fuzzDialectParse(f, dialectChat,
 		`{"model":"m","messages":[{"role":"user","content":"hi"}]}`,
 		`{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"https://x/y.png"}}]},{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c","content":"r"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}],"tool_choice":{"type":"function","function":{"name":"f"}},"max_tokens":5,"billingTarget":{"subscriptionId":"s"}}`,
-		`{"model":1}`, `[]`, `{"model":"m","messages":[]}`)
+		`{"model":1}`, `[]`, `{"model":"m","messages":[]}`,
+		`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"q"},{"type":"file","file":{"file_data":"data:application/pdf;base64,JVBE","filename":"a.pdf"}}]},{"role":"system","content":"later"},{"role":"assistant","tool_calls":[{"id":"c","type":"custom","custom":{"name":"p","input":"x"}}]},{"role":"tool","tool_call_id":"c","content":"ok"}],"tools":[{"type":"custom","custom":{"name":"p","format":{"type":"text"}}}],"stop":"END","top_p":0.5,"reasoning_effort":"low","parallel_tool_calls":false,"store":false,"response_format":{"type":"json_schema","json_schema":{"name":"o","schema":{"type":"object"}}}}`)
 }
 
 func FuzzParseMessages(f *testing.F) {
-	fuzzDialectParse(f, parseMessages,
+	fuzzDialectParse(f, dialectMessages,
 		`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`,
 		`{"model":"m","system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","media_type":"image/png","data":"AA=="}}]},{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"f","input":{"a":1}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"text","text":"r"}],"is_error":true}]}],"tools":[{"name":"f","input_schema":{"type":"object"}}],"tool_choice":{"type":"tool","name":"f"},"billingTarget":{"subscriptionId":"s"}}`,
-		`{"model":"m","messages":[{"role":"system","content":"x"}]}`, `null`)
+		`{"model":"m","messages":[{"role":"system","content":"x"}]}`, `null`,
+		`{"model":"m","max_tokens":9000,"thinking":{"type":"enabled","budget_tokens":2048},"stop_sequences":["E"],"output_config":{"format":{"type":"json_schema","schema":{"type":"object"}}},"tool_choice":{"type":"auto","disable_parallel_tool_use":true},"tools":[{"name":"f","input_schema":{"type":"object"}}],"messages":[{"role":"user","content":[{"type":"text","text":"q","cache_control":{"type":"ephemeral"}},{"type":"document","source":{"type":"text","media_type":"text/plain","data":"doc"},"title":"d"}]},{"role":"system","content":"later"},{"role":"assistant","content":[{"type":"thinking","thinking":"t"},{"type":"text","text":"a"}]}]}`)
 }
 
 func FuzzParseResponses(f *testing.F) {
-	fuzzDialectParse(f, parseResponses,
+	fuzzDialectParse(f, dialectResponses,
 		`{"model":"m","input":"hi"}`,
 		`{"model":"m","instructions":"s","input":[{"role":"developer","content":"d"},{"role":"user","content":[{"type":"input_text","text":"a"},{"type":"input_image","image_url":"data:image/png;base64,AA=="}]},{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"r"}],"tools":[{"type":"function","name":"f","parameters":{"type":"object"}}],"tool_choice":{"type":"function","name":"f"},"max_output_tokens":9,"billingTarget":{"subscriptionId":"s"}}`,
-		`{"model":"m","input":[]}`, `{"model":"m","input":[{"type":"item_reference","id":"x"}]}`)
+		`{"model":"m","input":[]}`, `{"model":"m","input":[{"type":"item_reference","id":"x"}]}`,
+		`{"model":"m","input":[{"role":"user","content":"q"},{"role":"developer","content":"later"},{"type":"function_call","call_id":"c","namespace":"ns","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"r"},{"type":"custom_tool_call","call_id":"p","name":"patch","input":"x"},{"type":"custom_tool_call_output","call_id":"p","output":"ok"},{"type":"web_search_call","id":"w"}],"tools":[{"type":"custom","name":"patch"},{"type":"namespace","name":"ns","tools":[{"type":"function","name":"f","parameters":{"type":"object"}}]},{"type":"web_search"}],"tool_choice":{"type":"function","namespace":"ns","name":"f"},"reasoning":{"effort":"high"},"text":{"format":{"type":"json_schema","name":"o","schema":{"type":"object"}}},"store":false}`)
 }
