@@ -632,129 +632,78 @@ func renderChat(req chatRequest, a chatAnswer) any {
 	return out
 }
 
-// chatCallerStream writes chat.completion.chunk frames.
+// chatCallerStream writes chat.completion.chunk frames. Chat has no
+// block framing: a tool call's deltas carry its call index.
 type chatCallerStream struct {
-	sse        callerSSE
-	req        chatRequest
+	sse        *callerSSE
 	id         string
 	created    int64
 	model      string
-	started    bool
 	finishSent bool
-	calls      []*callerCall
 }
 
-func newChatCallerStream(sse callerSSE, req chatRequest, model string) callerStream {
-	return &chatCallerStream{sse: sse, req: req, id: newAnswerID("chatcmpl-"), created: time.Now().Unix(), model: model}
+func newChatCallerStream(sse *callerSSE, _ chatRequest, model string) blockWriter {
+	return &chatCallerStream{sse: sse, id: newAnswerID("chatcmpl-"), created: time.Now().Unix(), model: model}
 }
 
-// chunk writes one chunk with a single choice.
-func (s *chatCallerStream) chunk(d chatMessage, finish *string) error {
-	return s.sse.frame("", chatCompletion{ID: s.id, Object: "chat.completion.chunk", Created: s.created, Model: s.model,
-		Choices: []chatChoice{{Delta: &d, FinishReason: finish}}})
+// chunk writes one chunk with a single choice, or with usage and none.
+func (s *chatCallerStream) chunk(d *chatMessage, finish *string, u *chatUsage) error {
+	c := chatCompletion{ID: s.id, Object: "chat.completion.chunk", Created: s.created, Model: s.model, Choices: []chatChoice{}, Usage: u}
+	if d != nil {
+		c.Choices = []chatChoice{{Delta: d, FinishReason: finish}}
+	}
+	return s.sse.frame("", c)
 }
 
-// start writes the role delta chunk. Every method starts the stream when
-// it has not started, so a stream is well-formed however dispatch drives it.
-func (s *chatCallerStream) start() error {
-	if s.started {
+// begin writes the role delta chunk.
+func (s *chatCallerStream) begin() error {
+	return s.chunk(&chatMessage{Role: "assistant", Content: jsonText("")}, nil, nil)
+}
+
+func (s *chatCallerStream) open(_ int, b *streamBlock) error {
+	if b.text {
 		return nil
 	}
-	s.started = true
-	return s.chunk(chatMessage{Role: "assistant", Content: jsonText("")}, nil)
+	tc := chatCall(answerIDOr(b.id, "call_"), b.name, "", b.custom)
+	tc.Index = &b.index
+	if empty := ""; tc.Function != nil {
+		tc.Function.Arguments = &empty
+	}
+	return s.chunk(&chatMessage{ToolCalls: []chatToolCall{tc}}, nil, nil)
 }
 
-// callDelta is a tool-call delta chunk's one call.
-func (s *chatCallerStream) callDelta(i int, args string) chatMessage {
-	tc := chatToolCall{Index: &i}
-	if s.calls[i].custom {
-		tc.Custom = &chatCustom{Input: &args}
-	} else {
-		tc.Function = &chatFunction{Arguments: &args}
+func (s *chatCallerStream) delta(_ int, b *streamBlock, d string) error {
+	if b.text {
+		return s.chunk(&chatMessage{Content: jsonText(d)}, nil, nil)
 	}
-	return chatMessage{ToolCalls: []chatToolCall{tc}}
+	tc := chatToolCall{Index: &b.index, Function: &chatFunction{Arguments: &d}}
+	if b.custom {
+		tc = chatToolCall{Index: &b.index, Custom: &chatCustom{Input: &d}}
+	}
+	return s.chunk(&chatMessage{ToolCalls: []chatToolCall{tc}}, nil, nil)
 }
 
-// event writes a content or tool-call delta chunk. The finish chunk goes
-// out as soon as the finish event arrives; usage waits for finish().
-func (s *chatCallerStream) event(ev streamEvent) error {
-	if s.sse.done {
-		return errCallerStreamDone
-	}
-	if err := s.start(); err != nil {
-		return err
-	}
-	if s.sse.tail.record(ev) {
-		if ev.Kind == eventFinish {
-			return s.sendFinish()
-		}
-		return nil
-	}
-	switch ev.Kind {
-	case eventText:
-		if ev.Text == "" {
-			return nil
-		}
-		return s.chunk(chatMessage{Content: jsonText(ev.Text)}, nil)
-	case eventToolCallStart:
-		for len(s.calls) <= ev.Index {
-			s.calls = append(s.calls, nil)
-		}
-		c := newCallerCall(s.req, ev.ToolCall)
-		s.calls[ev.Index] = c
-		idx := ev.Index
-		tc := chatCall(answerIDOr(ev.ToolCall.ID, "call_"), c.name, "", c.custom)
-		tc.Index = &idx
-		if empty := ""; tc.Function != nil {
-			tc.Function.Arguments = &empty
-		}
-		return s.chunk(chatMessage{ToolCalls: []chatToolCall{tc}}, nil)
-	case eventToolCallArgs:
-		if ev.Index >= len(s.calls) || s.calls[ev.Index] == nil {
-			return fmt.Errorf("arguments for tool call %d before its start", ev.Index)
-		}
-		if d := s.calls[ev.Index].delta(ev.Text); d != "" {
-			return s.chunk(s.callDelta(ev.Index, d), nil)
-		}
-		return nil
-	}
-	return unknownStreamEvent(ev)
-}
+func (s *chatCallerStream) close(int, *streamBlock, string) error { return nil }
 
-// sendFinish writes held-back custom inputs, then the chunk carrying
-// finish_reason, once.
-func (s *chatCallerStream) sendFinish() error {
+// finishNow writes the chunk carrying finish_reason, once: as soon as the
+// finish event arrives, or at the end.
+func (s *chatCallerStream) finishNow(t callerStreamTail) error {
 	if s.finishSent {
 		return nil
 	}
 	s.finishSent = true
-	for i, c := range s.calls {
-		if c != nil && c.wrapped {
-			if err := s.chunk(s.callDelta(i, c.unwrap()), nil); err != nil {
-				return err
-			}
-		}
-	}
-	f := answerFinish(s.sse.tail.finish)
-	return s.chunk(chatMessage{}, &f)
+	f := answerFinish(t.finish)
+	return s.chunk(&chatMessage{}, &f, nil)
 }
 
-// finish writes the finish chunk if the finish event did not, the usage
+// end writes the finish chunk if the finish event did not, the usage
 // chunk (choices: []) when usage was reported, then [DONE].
-func (s *chatCallerStream) finish() error {
-	if err := s.sse.end(); err != nil {
+func (s *chatCallerStream) end(t callerStreamTail) error {
+	if err := s.finishNow(t); err != nil {
 		return err
 	}
-	if err := s.start(); err != nil {
-		return err
-	}
-	if err := s.sendFinish(); err != nil {
-		return err
-	}
-	if u := s.sse.tail.usage; u.Reported {
-		err := s.sse.frame("", chatCompletion{ID: s.id, Object: "chat.completion.chunk", Created: s.created, Model: s.model,
-			Choices: []chatChoice{}, Usage: chatUsageOf(u)})
-		if err != nil {
+	if t.usage.Reported {
+		if err := s.chunk(nil, nil, chatUsageOf(t.usage)); err != nil {
 			return err
 		}
 	}
@@ -762,14 +711,7 @@ func (s *chatCallerStream) finish() error {
 }
 
 // fail writes the envelope of SPEC §8.1 as a final data frame.
-func (s *chatCallerStream) fail(e *apiError) error {
-	if err := s.sse.end(); err != nil {
-		return err
-	}
-	return s.sse.frame("", e.body())
-}
-
-func (s *chatCallerStream) keepAlive() error { return s.sse.keepAlive() }
+func (s *chatCallerStream) fail(e *apiError) error { return s.sse.frame("", e.body()) }
 
 // chatUpstreamStream translates Chat Completions chunks. A chunk with a
 // finish_reason is the terminal signal, but the usage chunk follows it, so

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"reflect"
 	"slices"
 	"strings"
@@ -246,7 +245,7 @@ type wireFormat struct {
 	encode            func(req chatRequest, model string, o upstreamOptions) (any, error)
 	decode            func(body []byte) (chatAnswer, error)
 	render            func(req chatRequest, a chatAnswer) any
-	callerStream      func(sse callerSSE, req chatRequest, model string) callerStream
+	callerStream      func(sse *callerSSE, req chatRequest, model string) blockWriter
 	upstreamStream    func() streamTranslator
 }
 
@@ -747,147 +746,4 @@ func (req chatRequest) callerTool(tc toolCall) (namespace, name, args string, cu
 		args = in.Input
 	}
 	return t.Namespace, t.memberName(), args, t.Kind == toolCustom
-}
-
-// ---- streams ----
-
-// callerStream writes a streamed answer in the caller's dialect (SPEC §7.5).
-// dispatch calls start once the provider committed, event for every neutral
-// event, then exactly one of finish (the provider sent its terminal signal)
-// or fail (anything else after commit). Every SSE event is flushed as soon as
-// it is written. The first write error sticks: later calls return it.
-type callerStream interface {
-	start() error               // chat: role delta chunk; messages: message_start; responses: response.created
-	event(ev streamEvent) error // translate one neutral event and write it
-	finish() error              // the dialect's terminal sequence
-	fail(e *apiError) error     // the dialect's in-band error; never a terminal success event
-	keepAlive() error           // the SSE comment ": keep-alive", after 15 s without an event
-}
-
-// errCallerStreamDone is returned by a callerStream used after finish or fail.
-var errCallerStreamDone = errors.New("caller stream already ended")
-
-// newCallerStream returns the stream writer for dialect over w; flush is
-// called after every SSE event (nil: nothing to flush). model is the name
-// reported to the caller (SPEC §7.6); req's tools name the calls. An
-// unknown dialect is a programming error and panics.
-func newCallerStream(dialect string, req chatRequest, w io.Writer, flush func(), model string) callerStream {
-	if flush == nil {
-		flush = func() {}
-	}
-	f := formatOf(dialect)
-	if f == nil {
-		panic("brama: unknown dialect " + dialect)
-	}
-	return f.callerStream(callerSSE{w: w, flush: flush}, req, model)
-}
-
-// callerSSE writes whole SSE frames, one Write and one flush each, and
-// remembers the first write error.
-type callerSSE struct {
-	w     io.Writer
-	flush func()
-	err   error
-	done  bool // finish or fail ran
-	tail  callerStreamTail
-}
-
-// frame writes one event: "event: <name>\n" when name is set, then
-// "data: <json>\n\n".
-func (s *callerSSE) frame(name string, v any) error {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-	var f strings.Builder
-	if name != "" {
-		f.WriteString("event: " + name + "\n")
-	}
-	f.WriteString("data: ")
-	f.Write(b)
-	f.WriteString("\n\n")
-	return s.write(f.String())
-}
-
-func (s *callerSSE) write(frame string) error {
-	if s.err != nil {
-		return s.err
-	}
-	if _, err := io.WriteString(s.w, frame); err != nil {
-		s.err = err
-		return err
-	}
-	s.flush()
-	return nil
-}
-
-func (s *callerSSE) keepAlive() error { return s.write(": keep-alive\n\n") }
-
-// end marks the stream ended; it refuses a second ending.
-func (s *callerSSE) end() error {
-	if s.done {
-		return errCallerStreamDone
-	}
-	s.done = true
-	return s.err
-}
-
-// callerStreamTail keeps the finish reason and usage, which arrive as
-// events in either order, usage maybe never.
-type callerStreamTail struct {
-	finish string
-	usage  usage
-}
-
-// record keeps finish and usage events; it reports whether ev was one.
-func (t *callerStreamTail) record(ev streamEvent) bool {
-	switch ev.Kind {
-	case eventFinish:
-		t.finish = ev.Finish
-	case eventUsage:
-		t.usage = ev.Usage
-		t.usage.Reported = true
-	default:
-		return false
-	}
-	return true
-}
-
-func unknownStreamEvent(ev streamEvent) error {
-	return fmt.Errorf("unknown stream event kind %q", ev.Kind)
-}
-
-// callerCall is what a caller stream keeps of one tool call: how the
-// caller names it, and for a custom call made as a function (toward
-// messages) its arguments, held back until the call ends so the caller
-// gets the string input.
-type callerCall struct {
-	namespace, name string
-	custom, wrapped bool
-	args            strings.Builder
-}
-
-// newCallerCall resolves a started call against the caller's tools.
-func newCallerCall(req chatRequest, tc toolCall) *callerCall {
-	ns, name, _, custom := req.callerTool(tc)
-	return &callerCall{namespace: ns, name: name, custom: custom, wrapped: custom && !tc.Custom}
-}
-
-// delta is the piece of arguments to write now: all of it for an ordinary
-// call, nothing for a wrapped one (see unwrap).
-func (c *callerCall) delta(s string) string {
-	c.args.WriteString(s)
-	if c.wrapped {
-		return ""
-	}
-	return s
-}
-
-// unwrap is a wrapped call's whole string input, once its arguments ended.
-func (c *callerCall) unwrap() string {
-	var in struct {
-		Input string `json:"input"`
-	}
-	json.Unmarshal([]byte(c.args.String()), &in)
-	return in.Input
 }

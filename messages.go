@@ -574,115 +574,52 @@ func renderMessages(req chatRequest, a chatAnswer) any {
 		StopReason: messagesStopReason(answerFinish(a.Finish)), Usage: &messagesUsage{InputTokens: a.Usage.InputTokens, OutputTokens: a.Usage.OutputTokens}}
 }
 
-// messagesCallerStream writes Anthropic's message events. Content blocks
-// are written one at a time, as Anthropic does: a block is stopped when the
-// next one starts. Arguments arriving for a tool call whose block already
-// stopped (a provider interleaving calls) are still written to that
-// block's index, where SDKs accumulate them.
+// messagesCallerStream writes Anthropic's message events, one content
+// block at a time.
 type messagesCallerStream struct {
-	sse       callerSSE
-	id        string
-	model     string
-	started   bool
-	blocks    int         // content blocks started so far
-	open      int         // index of the open block, -1 when none
-	openText  bool        // the open block is a text block
-	toolBlock map[int]int // neutral tool call index → block index
+	sse   *callerSSE
+	id    string
+	model string
 }
 
-func newMessagesCallerStream(sse callerSSE, _ chatRequest, model string) callerStream {
-	return &messagesCallerStream{sse: sse, id: newAnswerID("msg_"), model: model, open: -1, toolBlock: map[int]int{}}
+func newMessagesCallerStream(sse *callerSSE, _ chatRequest, model string) blockWriter {
+	return &messagesCallerStream{sse: sse, id: newAnswerID("msg_"), model: model}
 }
 
 func (s *messagesCallerStream) emit(ev messagesEvent) error { return s.sse.frame(ev.Type, ev) }
 
-// start writes message_start. Input tokens are not known yet (providers
+// begin writes message_start. Input tokens are not known yet (providers
 // report usage at the end), so they go out as 0 here and for real in
 // message_delta, whose usage Anthropic's SDKs take over.
-func (s *messagesCallerStream) start() error {
-	if s.started {
-		return nil
-	}
-	s.started = true
+func (s *messagesCallerStream) begin() error {
 	return s.emit(messagesEvent{Type: "message_start", Message: &messagesAnswer{ID: s.id, Type: "message", Role: "assistant",
 		Model: s.model, Content: []messagesBlock{}, Usage: &messagesUsage{}}})
 }
 
-// openBlock stops the open block and starts block cb.
-func (s *messagesCallerStream) openBlock(cb messagesBlock) (int, error) {
-	if err := s.closeBlock(); err != nil {
-		return 0, err
+func (s *messagesCallerStream) open(i int, b *streamBlock) error {
+	cb := messagesBlock{Type: "text", Text: ptrTo("")}
+	if !b.text {
+		cb = messagesBlock{Type: "tool_use", ID: answerIDOr(b.id, "toolu_"), Name: b.name, Input: json.RawMessage(`{}`)}
 	}
-	i := s.blocks
-	s.blocks++
-	s.open, s.openText = i, cb.Type == "text"
-	return i, s.emit(messagesEvent{Type: "content_block_start", Index: &i, ContentBlock: &cb})
+	return s.emit(messagesEvent{Type: "content_block_start", Index: &i, ContentBlock: &cb})
 }
 
-func (s *messagesCallerStream) closeBlock() error {
-	if s.open < 0 {
-		return nil
+func (s *messagesCallerStream) delta(i int, b *streamBlock, d string) error {
+	delta := &messagesDelta{Type: "text_delta", Text: &d}
+	if !b.text {
+		delta = &messagesDelta{Type: "input_json_delta", PartialJSON: &d}
 	}
-	i := s.open
-	s.open = -1
+	return s.emit(messagesEvent{Type: "content_block_delta", Index: &i, Delta: delta})
+}
+
+func (s *messagesCallerStream) close(i int, _ *streamBlock, _ string) error {
 	return s.emit(messagesEvent{Type: "content_block_stop", Index: &i})
 }
 
-// event writes text and input_json deltas, opening a content block when
-// the kind of content changes; finish and usage wait for finish().
-func (s *messagesCallerStream) event(ev streamEvent) error {
-	if s.sse.done {
-		return errCallerStreamDone
-	}
-	if err := s.start(); err != nil {
-		return err
-	}
-	if s.sse.tail.record(ev) {
-		return nil
-	}
-	switch ev.Kind {
-	case eventText:
-		if ev.Text == "" {
-			return nil
-		}
-		i := s.open
-		if i < 0 || !s.openText {
-			var err error
-			if i, err = s.openBlock(messagesBlock{Type: "text", Text: ptrTo("")}); err != nil {
-				return err
-			}
-		}
-		return s.emit(messagesEvent{Type: "content_block_delta", Index: &i, Delta: &messagesDelta{Type: "text_delta", Text: &ev.Text}})
-	case eventToolCallStart:
-		i, err := s.openBlock(messagesBlock{Type: "tool_use", ID: answerIDOr(ev.ToolCall.ID, "toolu_"), Name: ev.ToolCall.Name, Input: json.RawMessage(`{}`)})
-		s.toolBlock[ev.Index] = i
-		return err
-	case eventToolCallArgs:
-		i, ok := s.toolBlock[ev.Index]
-		if !ok {
-			return fmt.Errorf("arguments for tool call %d before its start", ev.Index)
-		}
-		if ev.Text == "" {
-			return nil
-		}
-		return s.emit(messagesEvent{Type: "content_block_delta", Index: &i, Delta: &messagesDelta{Type: "input_json_delta", PartialJSON: &ev.Text}})
-	}
-	return unknownStreamEvent(ev)
-}
+func (s *messagesCallerStream) finishNow(callerStreamTail) error { return nil }
 
-// finish stops the open block, then writes message_delta with the stop
-// reason and usage, then message_stop.
-func (s *messagesCallerStream) finish() error {
-	if err := s.sse.end(); err != nil {
-		return err
-	}
-	if err := s.start(); err != nil {
-		return err
-	}
-	if err := s.closeBlock(); err != nil {
-		return err
-	}
-	t := s.sse.tail
+// end writes message_delta with the stop reason and usage, then message_stop.
+func (s *messagesCallerStream) end(t callerStreamTail) error {
 	err := s.emit(messagesEvent{Type: "message_delta",
 		Delta: &messagesDelta{StopReason: *messagesStopReason(answerFinish(t.finish)), StopSequence: json.RawMessage("null")},
 		Usage: &messagesUsage{InputTokens: t.usage.InputTokens, OutputTokens: t.usage.OutputTokens}})
@@ -694,9 +631,6 @@ func (s *messagesCallerStream) finish() error {
 
 // fail writes Anthropic's error event carrying the envelope's members.
 func (s *messagesCallerStream) fail(e *apiError) error {
-	if err := s.sse.end(); err != nil {
-		return err
-	}
 	b := e.body().Error
 	return s.emit(messagesEvent{Type: "error", Error: must(json.Marshal(struct {
 		Type      string `json:"type"`
@@ -706,8 +640,6 @@ func (s *messagesCallerStream) fail(e *apiError) error {
 		Attempts  *int   `json:"attempts,omitempty"`
 	}{b.Type, b.Message, b.Code, b.Retryable, b.Attempts}))})
 }
-
-func (s *messagesCallerStream) keepAlive() error { return s.sse.keepAlive() }
 
 // messagesUpstreamStream translates Messages events; message_stop is terminal.
 type messagesUpstreamStream struct {

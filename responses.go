@@ -590,26 +590,19 @@ func renderResponses(req chatRequest, a chatAnswer) any {
 	return r
 }
 
-// responsesCallerStream writes OpenAI Responses events. Output items are
-// written one at a time, as OpenAI does: text goes to a message item, each
-// tool call to a call item, and an item is done when the next one starts.
-// Arguments arriving for a call whose item is already done (a provider
-// interleaving calls) still go out as deltas for its output_index and join
-// the final response, which is the one SDKs keep.
+// responsesCallerStream writes OpenAI Responses events, one output item
+// at a time: text goes to a message item, each tool call to a call item.
+// The output list is kept whole for response.completed, which is the one
+// SDKs keep.
 type responsesCallerStream struct {
-	sse      callerSSE
-	req      chatRequest
-	seq      int // sequence_number of the next event
-	started  bool
-	resp     responsesObject // output grows as items start; status at the end
-	calls    []*callerCall   // per output item: its call, nil for a message
-	bufs     []*strings.Builder
-	open     int         // output index of the open item, -1 when none
-	toolItem map[int]int // neutral tool call index → output index
+	sse  *callerSSE
+	req  chatRequest
+	seq  int // sequence_number of the next event
+	resp responsesObject
 }
 
-func newResponsesCallerStream(sse callerSSE, req chatRequest, model string) callerStream {
-	return &responsesCallerStream{sse: sse, req: req, open: -1, toolItem: map[int]int{}, resp: newResponsesObject(model)}
+func newResponsesCallerStream(sse *callerSSE, req chatRequest, model string) blockWriter {
+	return &responsesCallerStream{sse: sse, req: req, resp: newResponsesObject(model)}
 }
 
 func (s *responsesCallerStream) emit(ev responsesEvent) error {
@@ -618,172 +611,102 @@ func (s *responsesCallerStream) emit(ev responsesEvent) error {
 	return s.sse.frame(ev.Type, ev)
 }
 
-// start writes response.created with status in_progress.
-func (s *responsesCallerStream) start() error {
-	if s.started {
-		return nil
-	}
-	s.started = true
+// begin writes response.created with status in_progress.
+func (s *responsesCallerStream) begin() error {
 	r := s.resp
 	r.Status = "in_progress"
 	return s.emit(responsesEvent{Type: "response.created", Response: &r})
 }
 
-// openItem finishes the open item and adds item as the next output.
-func (s *responsesCallerStream) openItem(item *responsesItem, c *callerCall) (int, error) {
-	if err := s.closeItem(); err != nil {
-		return 0, err
+func (s *responsesCallerStream) open(i int, b *streamBlock) error {
+	it := &responsesItem{Type: "message", ID: newAnswerID("msg_"), Status: "in_progress", Role: "assistant", Content: json.RawMessage("[]")}
+	if !b.text {
+		c := responsesCall(s.req, newAnswerID("fc_"), answerIDOr(b.id, "call_"), "", "", b.custom)
+		c.Namespace, c.Name, c.Status = b.namespace, b.name, "in_progress"
+		if !b.custom {
+			c.Arguments = ptrTo("")
+		}
+		it = &c
 	}
-	i := len(s.resp.Output)
-	s.resp.Output = append(s.resp.Output, item)
-	s.bufs = append(s.bufs, &strings.Builder{})
-	s.calls = append(s.calls, c)
-	s.open = i
-	added := *item
-	return i, s.emit(responsesEvent{Type: "response.output_item.added", OutputIndex: &i, Item: &added})
+	s.resp.Output = append(s.resp.Output, it)
+	added := *it
+	if err := s.emit(responsesEvent{Type: "response.output_item.added", OutputIndex: &i, Item: &added}); err != nil || !b.text {
+		return err
+	}
+	zero, p := 0, outputText("")
+	return s.emit(responsesEvent{Type: "response.content_part.added", ItemID: it.ID, OutputIndex: &i, ContentIndex: &zero, Part: &p})
 }
 
-// closeItem writes the done events of the open item and fills it in for
-// the final response.
-func (s *responsesCallerStream) closeItem() error {
-	i := s.open
-	if i < 0 {
-		return nil
+// delta writes the next piece of text or input; a call item already done
+// (a provider interleaving calls) gets its final input updated.
+func (s *responsesCallerStream) delta(i int, b *streamBlock, d string) error {
+	it, zero := s.resp.Output[i], 0
+	kind := map[string]string{"message": "response.output_text.delta", "function_call": "response.function_call_arguments.delta",
+		"custom_tool_call": "response.custom_tool_call_input.delta"}[it.Type]
+	if it.Status == "completed" {
+		s.fill(it, b.buf.String())
 	}
-	s.open = -1
-	zero := 0
-	it := s.resp.Output[i]
-	full := s.bufs[i].String()
+	ev := responsesEvent{Type: kind, ItemID: it.ID, OutputIndex: &i, Delta: &d}
+	if b.text {
+		ev.ContentIndex = &zero
+	}
+	return s.emit(ev)
+}
+
+// fill sets an item's whole text or input.
+func (s *responsesCallerStream) fill(it *responsesItem, full string) {
+	switch it.Type {
+	case "message":
+		it.Content = must(json.Marshal([]responsesPart{outputText(full)}))
+	case "custom_tool_call":
+		it.Input = &full
+	default:
+		it.Arguments = &full
+	}
+}
+
+// close writes the done events of an item and fills it in.
+func (s *responsesCallerStream) close(i int, _ *streamBlock, full string) error {
+	it, zero := s.resp.Output[i], 0
 	it.Status = "completed"
+	s.fill(it, full)
+	var err error
 	switch it.Type {
 	case "message":
 		p := outputText(full)
-		it.Content = must(json.Marshal([]responsesPart{p}))
-		if err := s.emit(responsesEvent{Type: "response.output_text.done", ItemID: it.ID, OutputIndex: &i, ContentIndex: &zero, Text: &full}); err != nil {
-			return err
-		}
-		if err := s.emit(responsesEvent{Type: "response.content_part.done", ItemID: it.ID, OutputIndex: &i, ContentIndex: &zero, Part: &p}); err != nil {
-			return err
+		err = s.emit(responsesEvent{Type: "response.output_text.done", ItemID: it.ID, OutputIndex: &i, ContentIndex: &zero, Text: &full})
+		if err == nil {
+			err = s.emit(responsesEvent{Type: "response.content_part.done", ItemID: it.ID, OutputIndex: &i, ContentIndex: &zero, Part: &p})
 		}
 	case "custom_tool_call":
-		if c := s.calls[i]; c.wrapped {
-			full = c.unwrap()
-			if err := s.emit(responsesEvent{Type: "response.custom_tool_call_input.delta", ItemID: it.ID, OutputIndex: &i, Delta: &full}); err != nil {
-				return err
-			}
-		}
-		it.Input = &full
-		if err := s.emit(responsesEvent{Type: "response.custom_tool_call_input.done", ItemID: it.ID, OutputIndex: &i, Input: &full}); err != nil {
-			return err
-		}
-	case "function_call":
-		it.Arguments = &full
-		if err := s.emit(responsesEvent{Type: "response.function_call_arguments.done", ItemID: it.ID, OutputIndex: &i, Arguments: &full}); err != nil {
-			return err
-		}
+		err = s.emit(responsesEvent{Type: "response.custom_tool_call_input.done", ItemID: it.ID, OutputIndex: &i, Input: &full})
+	default:
+		err = s.emit(responsesEvent{Type: "response.function_call_arguments.done", ItemID: it.ID, OutputIndex: &i, Arguments: &full})
+	}
+	if err != nil {
+		return err
 	}
 	return s.emit(responsesEvent{Type: "response.output_item.done", OutputIndex: &i, Item: it})
 }
 
-// event writes output_text and call input deltas, adding an output item
-// when the kind of content changes; finish and usage wait for finish().
-func (s *responsesCallerStream) event(ev streamEvent) error {
-	if s.sse.done {
-		return errCallerStreamDone
-	}
-	if err := s.start(); err != nil {
-		return err
-	}
-	if s.sse.tail.record(ev) {
-		return nil
-	}
-	zero := 0
-	switch ev.Kind {
-	case eventText:
-		if ev.Text == "" {
-			return nil
-		}
-		i := s.open
-		if i < 0 || s.calls[i] != nil {
-			msg := &responsesItem{Type: "message", ID: newAnswerID("msg_"), Status: "in_progress", Role: "assistant", Content: json.RawMessage("[]")}
-			var err error
-			if i, err = s.openItem(msg, nil); err != nil {
-				return err
-			}
-			p := outputText("")
-			if err := s.emit(responsesEvent{Type: "response.content_part.added", ItemID: msg.ID, OutputIndex: &i, ContentIndex: &zero, Part: &p}); err != nil {
-				return err
-			}
-		}
-		s.bufs[i].WriteString(ev.Text)
-		return s.emit(responsesEvent{Type: "response.output_text.delta", ItemID: s.resp.Output[i].ID, OutputIndex: &i, ContentIndex: &zero, Delta: &ev.Text})
-	case eventToolCallStart:
-		c := newCallerCall(s.req, ev.ToolCall)
-		it := responsesCall(s.req, newAnswerID("fc_"), answerIDOr(ev.ToolCall.ID, "call_"), ev.ToolCall.Name, "", c.custom)
-		it.Status, it.Arguments = "in_progress", nil
-		if !c.custom {
-			it.Arguments = ptrTo("")
-		}
-		i, err := s.openItem(&it, c)
-		s.toolItem[ev.Index] = i
-		return err
-	case eventToolCallArgs:
-		i, ok := s.toolItem[ev.Index]
-		if !ok {
-			return fmt.Errorf("arguments for tool call %d before its start", ev.Index)
-		}
-		d := s.calls[i].delta(ev.Text)
-		if d == "" {
-			return nil
-		}
-		s.bufs[i].WriteString(d)
-		it := s.resp.Output[i]
-		kind := "response.function_call_arguments.delta"
-		if it.Type == "custom_tool_call" {
-			kind = "response.custom_tool_call_input.delta"
-		}
-		if i != s.open { // done already: keep the final response whole
-			full := s.bufs[i].String()
-			it.Arguments, it.Input = &full, nil
-			if it.Type == "custom_tool_call" {
-				it.Arguments, it.Input = nil, &full
-			}
-		}
-		return s.emit(responsesEvent{Type: kind, ItemID: it.ID, OutputIndex: &i, Delta: &d})
-	}
-	return unknownStreamEvent(ev)
-}
+func (s *responsesCallerStream) finishNow(callerStreamTail) error { return nil }
 
-// finish finishes the open item, then writes response.completed carrying
-// the whole response, its status (incomplete for a length stop) and usage.
-// The terminal event is response.completed even for an incomplete answer,
-// as SPEC §7.5 lists it: SDK stream helpers wait for that event.
-func (s *responsesCallerStream) finish() error {
-	if err := s.sse.end(); err != nil {
-		return err
-	}
-	if err := s.start(); err != nil {
-		return err
-	}
-	if err := s.closeItem(); err != nil {
-		return err
-	}
-	responsesFinal(&s.resp, s.sse.tail.finish, s.sse.tail.usage)
+// end writes response.completed carrying the whole response, its status
+// (incomplete for a length stop) and usage. The terminal event is
+// response.completed even for an incomplete answer, as SPEC §7.5 lists it:
+// SDK stream helpers wait for that event.
+func (s *responsesCallerStream) end(t callerStreamTail) error {
+	responsesFinal(&s.resp, t.finish, t.usage)
 	return s.emit(responsesEvent{Type: "response.completed", Response: &s.resp})
 }
 
 // fail writes response.failed with response.error {code, message}.
 func (s *responsesCallerStream) fail(e *apiError) error {
-	if err := s.sse.end(); err != nil {
-		return err
-	}
 	b := e.body().Error
 	r := s.resp
 	r.Status, r.Error = "failed", &responsesError{Code: b.Code, Message: b.Message}
 	return s.emit(responsesEvent{Type: "response.failed", Response: &r})
 }
-
-func (s *responsesCallerStream) keepAlive() error { return s.sse.keepAlive() }
 
 // responsesStreamItem is what the stream showed of one output item so far.
 type responsesStreamItem struct {

@@ -3,14 +3,17 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"strings"
 )
 
-// The provider side of streams (SPEC §7.5): the SSE reader, and the
-// plumbing every format's stream translator (chat.go, messages.go,
-// responses.go) shares.
+// Streams (SPEC §7.5), what the three formats (chat.go, messages.go,
+// responses.go) share: the provider side's SSE reader and the loop around
+// each format's stream translator; the caller side's SSE writer and the
+// block driver around each format's block writer.
 
 // sseEvent is one dispatched server-sent event: its event name ("" when the
 // stream named none) and its data lines joined with "\n".
@@ -289,4 +292,262 @@ func malformedAnswer(protocol string, cause error) *apiError {
 		e = e.because(cause)
 	}
 	return e
+}
+
+// callerStream writes a streamed answer in the caller's dialect (SPEC §7.5).
+// dispatch calls start once the provider committed, event for every neutral
+// event, then exactly one of finish (the provider sent its terminal signal)
+// or fail (anything else after commit). Every SSE event is flushed as soon as
+// it is written. The first write error sticks: later calls return it.
+type callerStream interface {
+	start() error               // chat: role delta chunk; messages: message_start; responses: response.created
+	event(ev streamEvent) error // translate one neutral event and write it
+	finish() error              // the dialect's terminal sequence
+	fail(e *apiError) error     // the dialect's in-band error; never a terminal success event
+	keepAlive() error           // the SSE comment ": keep-alive", after 15 s without an event
+}
+
+// errCallerStreamDone is returned by a callerStream used after finish or fail.
+var errCallerStreamDone = errors.New("caller stream already ended")
+
+// newCallerStream returns the stream writer for dialect over w; flush is
+// called after every SSE event (nil: nothing to flush). model is the name
+// reported to the caller (SPEC §7.6); req's tools name the calls. An
+// unknown dialect is a programming error and panics.
+func newCallerStream(dialect string, req chatRequest, w io.Writer, flush func(), model string) callerStream {
+	if flush == nil {
+		flush = func() {}
+	}
+	f := formatOf(dialect)
+	if f == nil {
+		panic("brama: unknown dialect " + dialect)
+	}
+	s := &blockStream{sse: &callerSSE{w: w, flush: flush}, req: req, open: -1, toolBlock: map[int]int{}}
+	s.w = f.callerStream(s.sse, req, model)
+	return s
+}
+
+// blockWriter is one dialect's framing of a streamed answer as blocks
+// (content blocks, output items): blockStream decides when a block opens,
+// grows and closes, the writer says it in its dialect. Blocks are numbered
+// in order; a tool call's block also knows its call index.
+type blockWriter interface {
+	begin() error
+	open(i int, b *streamBlock) error
+	delta(i int, b *streamBlock, s string) error
+	close(i int, b *streamBlock, full string) error
+	finishNow(t callerStreamTail) error // the finish event arrived (chat writes its finish chunk)
+	end(t callerStreamTail) error       // the terminal sequence
+	fail(e *apiError) error
+}
+
+// streamBlock is one block of a streamed answer: text, or a tool call named
+// as the caller declared it. A custom call made as a function (toward
+// messages) is wrapped: its arguments are held back until the block closes
+// so the caller gets the string input.
+type streamBlock struct {
+	text                bool
+	index               int // the call's index among calls
+	id, namespace, name string
+	custom, wrapped     bool
+	buf                 strings.Builder
+}
+
+// blockStream drives a blockWriter from neutral events. One block is open
+// at a time, as Anthropic and OpenAI Responses stream; arguments for a call
+// whose block already closed (a provider interleaving calls) still go to
+// that block's index, where SDKs accumulate them.
+type blockStream struct {
+	sse       *callerSSE
+	w         blockWriter
+	req       chatRequest
+	started   bool
+	open      int // index of the open block, -1 when none
+	blocks    []*streamBlock
+	toolBlock map[int]int // neutral tool call index → block index
+}
+
+func (s *blockStream) start() error {
+	if s.started {
+		return nil
+	}
+	s.started = true
+	return s.w.begin()
+}
+
+func (s *blockStream) event(ev streamEvent) error {
+	if s.sse.done {
+		return errCallerStreamDone
+	}
+	if err := s.start(); err != nil {
+		return err
+	}
+	if s.sse.tail.record(ev) {
+		if ev.Kind != eventFinish {
+			return nil
+		}
+		if err := s.closeOpen(); err != nil {
+			return err
+		}
+		return s.w.finishNow(s.sse.tail)
+	}
+	switch ev.Kind {
+	case eventText:
+		if ev.Text == "" {
+			return nil
+		}
+		if s.open < 0 || !s.blocks[s.open].text {
+			if _, err := s.openBlock(&streamBlock{text: true}); err != nil {
+				return err
+			}
+		}
+		b := s.blocks[s.open]
+		b.buf.WriteString(ev.Text)
+		return s.w.delta(s.open, b, ev.Text)
+	case eventToolCallStart:
+		ns, name, _, custom := s.req.callerTool(ev.ToolCall)
+		b := &streamBlock{index: ev.Index, id: ev.ToolCall.ID, namespace: ns, name: name, custom: custom, wrapped: custom && !ev.ToolCall.Custom}
+		i, err := s.openBlock(b)
+		s.toolBlock[ev.Index] = i
+		return err
+	case eventToolCallArgs:
+		i, ok := s.toolBlock[ev.Index]
+		if !ok {
+			return fmt.Errorf("arguments for tool call %d before its start", ev.Index)
+		}
+		b := s.blocks[i]
+		b.buf.WriteString(ev.Text)
+		if ev.Text == "" || b.wrapped {
+			return nil
+		}
+		return s.w.delta(i, b, ev.Text)
+	}
+	return fmt.Errorf("unknown stream event kind %q", ev.Kind)
+}
+
+// openBlock closes the open block and opens b.
+func (s *blockStream) openBlock(b *streamBlock) (int, error) {
+	if err := s.closeOpen(); err != nil {
+		return 0, err
+	}
+	s.open = len(s.blocks)
+	s.blocks = append(s.blocks, b)
+	return s.open, s.w.open(s.open, b)
+}
+
+// closeOpen closes the open block; a wrapped call's input goes out first.
+func (s *blockStream) closeOpen() error {
+	i := s.open
+	if i < 0 {
+		return nil
+	}
+	s.open = -1
+	b := s.blocks[i]
+	full := b.buf.String()
+	if b.wrapped {
+		var in struct {
+			Input string `json:"input"`
+		}
+		json.Unmarshal([]byte(full), &in)
+		full = in.Input
+		b.buf.Reset()
+		b.buf.WriteString(full)
+		if err := s.w.delta(i, b, full); err != nil {
+			return err
+		}
+	}
+	return s.w.close(i, b, full)
+}
+
+func (s *blockStream) finish() error {
+	if err := s.sse.end(); err != nil {
+		return err
+	}
+	if err := s.start(); err != nil {
+		return err
+	}
+	if err := s.closeOpen(); err != nil {
+		return err
+	}
+	return s.w.end(s.sse.tail)
+}
+
+func (s *blockStream) fail(e *apiError) error {
+	if err := s.sse.end(); err != nil {
+		return err
+	}
+	return s.w.fail(e)
+}
+
+func (s *blockStream) keepAlive() error { return s.sse.keepAlive() }
+
+// callerSSE writes whole SSE frames, one Write and one flush each, and
+// remembers the first write error.
+type callerSSE struct {
+	w     io.Writer
+	flush func()
+	err   error
+	done  bool // finish or fail ran
+	tail  callerStreamTail
+}
+
+// frame writes one event: "event: <name>\n" when name is set, then
+// "data: <json>\n\n".
+func (s *callerSSE) frame(name string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	var f strings.Builder
+	if name != "" {
+		f.WriteString("event: " + name + "\n")
+	}
+	f.WriteString("data: ")
+	f.Write(b)
+	f.WriteString("\n\n")
+	return s.write(f.String())
+}
+
+func (s *callerSSE) write(frame string) error {
+	if s.err != nil {
+		return s.err
+	}
+	if _, err := io.WriteString(s.w, frame); err != nil {
+		s.err = err
+		return err
+	}
+	s.flush()
+	return nil
+}
+
+func (s *callerSSE) keepAlive() error { return s.write(": keep-alive\n\n") }
+
+// end marks the stream ended; it refuses a second ending.
+func (s *callerSSE) end() error {
+	if s.done {
+		return errCallerStreamDone
+	}
+	s.done = true
+	return s.err
+}
+
+// callerStreamTail keeps the finish reason and usage, which arrive as
+// events in either order, usage maybe never.
+type callerStreamTail struct {
+	finish string
+	usage  usage
+}
+
+// record keeps finish and usage events; it reports whether ev was one.
+func (t *callerStreamTail) record(ev streamEvent) bool {
+	switch ev.Kind {
+	case eventFinish:
+		t.finish = ev.Finish
+	case eventUsage:
+		t.usage = ev.Usage
+		t.usage.Reported = true
+	default:
+		return false
+	}
+	return true
 }

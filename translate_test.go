@@ -141,7 +141,7 @@ func TestTranslationAcrossFormats(t *testing.T) {
 				"messages[0].content[0].text": `"fix it"`,
 				"messages[1].content[0].name": `"mcp__srv__lookup"`, "messages[1].content[0].input.q": `"y"`,
 				"messages[2].content[0].content": `"found"`,
-				"messages[3].content[0].name": `"apply_patch"`, "messages[3].content[0].input.input": `"*** Begin Patch"`,
+				"messages[3].content[0].name":    `"apply_patch"`, "messages[3].content[0].input.input": `"*** Begin Patch"`,
 				"tools[0].name": `"apply_patch"`, "tools[0].input_schema.properties.input.type": `"string"`,
 				"tools[1].name": `"mcp__srv__lookup"`, "tools[2].name": `"exec_command"`,
 				"tool_choice.type": `"auto"`, "tool_choice.disable_parallel_tool_use": `true`,
