@@ -29,6 +29,7 @@ type (
 		Stream              bool            `json:"stream,omitempty"`
 		StreamOptions       json.RawMessage `json:"stream_options,omitempty"`
 		BillingTarget       json.RawMessage `json:"billingTarget,omitempty"`
+		openAIShared
 	}
 	chatMessage struct {
 		Role       string          `json:"role,omitempty"`
@@ -101,7 +102,7 @@ type (
 	}
 )
 
-const chatKnown = "model messages tools tool_choice parallel_tool_calls max_tokens max_completion_tokens temperature top_p stop response_format reasoning_effort stream stream_options billingTarget store metadata service_tier prompt_cache_key safety_identifier user"
+const chatKnown = "model messages tools tool_choice parallel_tool_calls max_tokens max_completion_tokens temperature top_p stop response_format reasoning_effort stream stream_options billingTarget " + openAISharedNames
 
 // parseChatCompletions parses an OpenAI Chat Completions request body.
 func parseChatCompletions(body []byte) (chatRequest, error) {
@@ -114,7 +115,7 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 		return chatRequest{}, err
 	}
 	dropUnknown(&req.Dropped, body, "", chatKnown)
-	req.keepShared(body)
+	req.Shared = b.openAIShared
 	if b.MaxCompletionTokens != nil { // the newer name wins when both are sent
 		if req.MaxTokens, err = checkCallerMaxTokens("max_completion_tokens", b.MaxCompletionTokens); err != nil {
 			return chatRequest{}, err
@@ -145,7 +146,7 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 		return chatRequest{}, err
 	}
 	if len(req.Stop) > 0 {
-		req.at(pathStop, "stop")
+		req.StopPath = "stop"
 	}
 	if f := b.ResponseFormat; f != nil {
 		if f.JSONSchema != nil {
@@ -507,11 +508,8 @@ func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
 			}{outputName(f), f.Description, f.Schema, f.Strict}
 		}
 	}
-	b, err := json.Marshal(out)
-	if err != nil {
-		return nil, err
-	}
-	return sharedJSON(b, req.Shared)
+	out.openAIShared = req.Shared
+	return out, nil
 }
 
 // outputName is a schema's name, which the OpenAI formats require.

@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/google/go-cmp/cmp/cmpopts"
 )
 
 func dialectFloatPtr(f float64) *float64 { return &f }
@@ -98,7 +97,7 @@ func TestParseChatCompletions(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if diff := cmp.Diff(tc.want, got, cmpopts.IgnoreFields(chatRequest{}, "Paths")); diff != "" {
+			if diff := cmp.Diff(tc.want, got); diff != "" {
 				t.Errorf("request mismatch (-want +got):\n%s", diff)
 			}
 		})

@@ -42,31 +42,37 @@ type chatRequest struct {
 	Stop              []string
 	Output            *outputFormat // structured output; nil: free text
 	Effort            string        // reasoning effort (low, medium, high, …); "" the provider's default
-	Shared            []sharedMember
+	StopPath          string        // the caller's member for Stop: responses has none
+	Shared            openAIShared
 	Stream            bool
 	BillingTarget     *billingTarget // removed before forwarding (SPEC §7.2)
 	Dropped           []string       // caller member paths with no counterpart in any other format
-	Paths             map[string]string
 }
 
-// Neutral members whose caller path is kept in chatRequest.Paths because
-// one target format has no counterpart for them (see droppedFor).
-const (
-	pathStop        = "stop"
-	pathTemperature = "temperature"
-	pathTopP        = "top_p"
-)
-
-// sharedMember is a member Chat Completions and Responses both have under
-// the same name and shape (store, metadata, …): carried between them
-// as it was sent, dropped and named toward messages.
-type sharedMember struct {
-	Name  string
-	Value json.RawMessage
+// openAIShared holds the members Chat Completions and Responses share
+// under one name and shape: carried between them as sent, dropped and
+// named toward messages.
+type openAIShared struct {
+	Store            json.RawMessage `json:"store,omitempty"`
+	Metadata         json.RawMessage `json:"metadata,omitempty"`
+	ServiceTier      json.RawMessage `json:"service_tier,omitempty"`
+	PromptCacheKey   json.RawMessage `json:"prompt_cache_key,omitempty"`
+	SafetyIdentifier json.RawMessage `json:"safety_identifier,omitempty"`
+	User             json.RawMessage `json:"user,omitempty"`
 }
 
-// sharedMemberNames lists the members sharedMember carries.
-var sharedMemberNames = []string{"store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier", "user"}
+// names lists the members that are set.
+func (o openAIShared) names() []string {
+	var n []string
+	for i, v := range []json.RawMessage{o.Store, o.Metadata, o.ServiceTier, o.PromptCacheKey, o.SafetyIdentifier, o.User} {
+		if !rawIsNull(v) {
+			n = append(n, strings.Fields(openAISharedNames)[i])
+		}
+	}
+	return n
+}
+
+const openAISharedNames = "store metadata service_tier prompt_cache_key safety_identifier user"
 
 // message is one turn: "user", "assistant", or "system" for an instruction
 // that stands later in the conversation than the leading System text.
@@ -304,30 +310,23 @@ func decodeUpstreamAnswer(protocol string, body []byte) (chatAnswer, error) {
 // counterpart in any other format, and those p's format or p itself lacks.
 func (req chatRequest) droppedFor(p providerInfo) []string {
 	d := slices.Clone(req.Dropped)
-	lacks := func(key string) {
-		if path := req.Paths[key]; path != "" {
-			d = append(d, path)
-		}
-	}
 	switch {
 	case p.protocol == protoAnthropic:
-		for _, m := range req.Shared {
-			d = append(d, m.Name)
-		}
+		d = append(d, req.Shared.names()...)
 		for _, t := range req.Tools {
 			if t.Kind == toolCustom && t.Format != nil {
 				d = append(d, t.FormatPath)
 			}
 		}
 	case p.protocol == protoOpenAIResponses && len(req.Stop) > 0:
-		lacks(pathStop)
+		d = append(d, req.StopPath)
 	}
-	if p.id == "codex" {
+	if p.id == "codex" { // its backend refuses these (SPEC §6.2)
 		if req.Temperature != nil {
-			lacks(pathTemperature)
+			d = append(d, "temperature")
 		}
 		if req.TopP != nil {
-			lacks(pathTopP)
+			d = append(d, "top_p")
 		}
 	}
 	return d
@@ -370,20 +369,20 @@ func decodeCallerJSON(data []byte, v any, what string) error {
 
 // callerJSONKind names the JSON shape a Go type decodes from, for refusals.
 func callerJSONKind(t reflect.Type) string {
-	switch t.Kind() {
-	case reflect.String:
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch k := t.Kind(); {
+	case k == reflect.String:
 		return "a string"
-	case reflect.Bool:
+	case k == reflect.Bool:
 		return "a boolean"
-	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
-		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+	case k >= reflect.Int && k <= reflect.Uint64:
 		return "an integer"
-	case reflect.Float32, reflect.Float64:
+	case k == reflect.Float32 || k == reflect.Float64:
 		return "a number"
-	case reflect.Slice, reflect.Array:
+	case k == reflect.Slice || k == reflect.Array:
 		return "an array"
-	case reflect.Pointer:
-		return callerJSONKind(t.Elem())
 	}
 	return "an object"
 }
@@ -440,12 +439,6 @@ func newCallerRequest(model string, temperature, topP *float64, stream bool, lim
 		return chatRequest{}, refuseInvalid("model is required and must be a non-empty string")
 	}
 	req := chatRequest{Model: model, Temperature: temperature, TopP: topP, Stream: stream}
-	if temperature != nil {
-		req.at(pathTemperature, "temperature")
-	}
-	if topP != nil {
-		req.at(pathTopP, "top_p")
-	}
 	var err error
 	if req.MaxTokens, err = checkCallerMaxTokens(limitName, limit); err != nil {
 		return chatRequest{}, err
@@ -454,44 +447,6 @@ func newCallerRequest(model string, temperature, topP *float64, stream bool, lim
 		return chatRequest{}, err
 	}
 	return req, nil
-}
-
-// at records the caller path of a neutral member some target lacks.
-func (req *chatRequest) at(key, path string) {
-	if req.Paths == nil {
-		req.Paths = map[string]string{}
-	}
-	req.Paths[key] = path
-}
-
-// keepShared records the members chat and responses share, from the
-// body's top-level object.
-func (req *chatRequest) keepShared(body []byte) {
-	var m map[string]json.RawMessage
-	json.Unmarshal(body, &m) // already decoded once
-	for _, name := range sharedMemberNames {
-		if v, ok := m[name]; ok && !rawIsNull(v) {
-			req.Shared = append(req.Shared, sharedMember{name, v})
-		}
-	}
-}
-
-// sharedJSON merges the shared members into an encoded body.
-func sharedJSON(body []byte, shared []sharedMember) (any, error) {
-	if len(shared) == 0 {
-		return json.RawMessage(body), nil
-	}
-	var b bytes.Buffer
-	b.Write(body[:len(body)-1])
-	for _, m := range shared {
-		name, _ := json.Marshal(m.Name)
-		b.WriteByte(',')
-		b.Write(name)
-		b.WriteByte(':')
-		b.Write(m.Value)
-	}
-	b.WriteByte('}')
-	return json.RawMessage(b.Bytes()), nil
 }
 
 // callerContent reads message content that is either a string (one text

@@ -386,7 +386,7 @@ func fuzzDialectParse(f *testing.F, dialect string, seeds ...string) {
 // refuse it), empty arguments (sent as {}) and a reasoning effort between
 // budget steps.
 func roundTripNeutral(req chatRequest) chatRequest {
-	req.Dropped, req.Paths, req.BillingTarget, req.Effort = nil, nil, nil, ""
+	req.Dropped, req.BillingTarget, req.Effort = nil, nil, ""
 	var msgs []message
 	for _, m := range req.Messages {
 		var parts []part

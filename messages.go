@@ -183,7 +183,7 @@ func parseMessages(body []byte) (chatRequest, error) {
 	}
 	req.Stop = b.StopSequences
 	if len(req.Stop) > 0 {
-		req.at(pathStop, "stop_sequences")
+		req.StopPath = "stop_sequences"
 	}
 	if t := b.Thinking; t != nil && t.Type == "enabled" {
 		req.Effort = effortOfBudget(t.BudgetTokens)

@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/google/go-cmp/cmp/cmpopts"
 )
 
 func TestParseMessages(t *testing.T) {
@@ -21,7 +20,7 @@ func TestParseMessages(t *testing.T) {
 				"metadata":{"user_id":"u"},"stop_sequences":["x"],"thinking":{"type":"enabled","budget_tokens":100},
 				"messages":[{"role":"user","content":"hi"}]}`,
 			want: chatRequest{Model: "anthropic/claude-sonnet-4-5", System: "be brief", MaxTokens: 1024, Temperature: dialectFloatPtr(0.2), Stream: true,
-				Stop: []string{"x"}, Effort: "minimal", Messages: []message{dialectUserText("hi")}, Dropped: []string{"metadata"}},
+				Stop: []string{"x"}, StopPath: "stop_sequences", Effort: "minimal", Messages: []message{dialectUserText("hi")}, Dropped: []string{"metadata"}},
 		},
 		{
 			name: "system blocks join, max_tokens may be absent",
@@ -87,7 +86,7 @@ func TestParseMessages(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if diff := cmp.Diff(tc.want, got, cmpopts.IgnoreFields(chatRequest{}, "Paths")); diff != "" {
+			if diff := cmp.Diff(tc.want, got); diff != "" {
 				t.Errorf("request mismatch (-want +got):\n%s", diff)
 			}
 		})

@@ -27,6 +27,7 @@ type (
 		Text              *responsesTextOpts  `json:"text,omitempty"`
 		Stream            bool                `json:"stream,omitempty"`
 		BillingTarget     json.RawMessage     `json:"billingTarget,omitempty"`
+		openAIShared
 	}
 	responsesReasoning struct {
 		Effort string `json:"effort,omitempty"`
@@ -112,7 +113,7 @@ type (
 	}
 )
 
-const responsesKnown = "model instructions input tools tool_choice parallel_tool_calls max_output_tokens temperature top_p reasoning text stream billingTarget store metadata service_tier prompt_cache_key safety_identifier user"
+const responsesKnown = "model instructions input tools tool_choice parallel_tool_calls max_output_tokens temperature top_p reasoning text stream billingTarget " + openAISharedNames
 
 // parseResponses parses an OpenAI Responses request body. Message items
 // are turns of their own, a tool call joins the assistant turn before it,
@@ -134,7 +135,7 @@ func parseResponses(body []byte) (chatRequest, error) {
 	dropUnknown(&req.Dropped, body, "", responsesKnown)
 	dropUnknown(&req.Dropped, raw.Reasoning, "reasoning", "effort")
 	dropUnknown(&req.Dropped, raw.Text, "text", "format")
-	req.keepShared(body)
+	req.Shared = b.openAIShared
 	if b.Instructions != nil {
 		req.System = *b.Instructions
 	}
@@ -317,9 +318,9 @@ func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, err
 	if req.System != "" || o.codex {
 		out.Instructions = ptrTo(req.System)
 	}
-	shared := req.Shared
+	out.openAIShared = req.Shared
 	if o.codex {
-		shared = append([]sharedMember{{"store", json.RawMessage("false")}}, withoutShared(shared, "store")...)
+		out.Store = json.RawMessage("false")
 		if req.System == "" {
 			out.Instructions = ptrTo(codexDefaultInstructions)
 		}
@@ -425,21 +426,7 @@ func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, err
 			out.Text.Format.Schema, out.Text.Format.Strict = f.Schema, f.Strict
 		}
 	}
-	b, err := json.Marshal(out)
-	if err != nil {
-		return nil, err
-	}
-	return sharedJSON(b, shared)
-}
-
-func withoutShared(ms []sharedMember, name string) []sharedMember {
-	var out []sharedMember
-	for _, m := range ms {
-		if m.Name != name {
-			out = append(out, m)
-		}
-	}
-	return out
+	return out, nil
 }
 
 // responsesCall is one tool call item: a function_call, named in its group

@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/google/go-cmp/cmp/cmpopts"
 )
 
 func TestParseResponses(t *testing.T) {
@@ -20,7 +19,7 @@ func TestParseResponses(t *testing.T) {
 			body: `{"model":"openai-responses/o3","instructions":"be brief","input":"hi","max_output_tokens":50,"temperature":1,"stream":true,
 				"store":false,"reasoning":{"effort":"low"},"previous_response_id":null}`,
 			want: chatRequest{Model: "openai-responses/o3", System: "be brief", MaxTokens: 50, Temperature: dialectFloatPtr(1), Stream: true,
-				Effort: "low", Shared: []sharedMember{{"store", json.RawMessage("false")}}, Dropped: []string{"previous_response_id"},
+				Effort: "low", Shared: openAIShared{Store: json.RawMessage("false")}, Dropped: []string{"previous_response_id"},
 				Messages: []message{dialectUserText("hi")}},
 		},
 		{
@@ -79,7 +78,7 @@ func TestParseResponses(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if diff := cmp.Diff(tc.want, got, cmpopts.IgnoreFields(chatRequest{}, "Paths")); diff != "" {
+			if diff := cmp.Diff(tc.want, got); diff != "" {
 				t.Errorf("request mismatch (-want +got):\n%s", diff)
 			}
 		})
