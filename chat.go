@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 )
 
@@ -71,13 +70,8 @@ type (
 	}
 	chatTool   = chatToolCall // a tool definition: type and function or custom
 	chatFormat struct {
-		Type       string `json:"type"`
-		JSONSchema *struct {
-			Name        string          `json:"name,omitempty"`
-			Description string          `json:"description,omitempty"`
-			Schema      json.RawMessage `json:"schema,omitempty"`
-			Strict      *bool           `json:"strict,omitempty"`
-		} `json:"json_schema,omitempty"`
+		Type       string        `json:"type"`
+		JSONSchema *outputFormat `json:"json_schema,omitempty"`
 	}
 	chatCompletion struct { // the answer, and each chunk of a stream
 		ID      string          `json:"id,omitempty"`
@@ -149,10 +143,12 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 		req.StopPath = "stop"
 	}
 	if f := b.ResponseFormat; f != nil {
+		o := outputFormat{}
 		if f.JSONSchema != nil {
-			req.Output = &outputFormat{Name: f.JSONSchema.Name, Description: f.JSONSchema.Description, Schema: f.JSONSchema.Schema, Strict: f.JSONSchema.Strict}
+			o = *f.JSONSchema
 		}
-		if req.Output, err = checkOutput(f.Type, req.Output, "response_format"); err != nil {
+		o.Type = f.Type
+		if req.Output, err = checkOutput(&o, "response_format"); err != nil {
 			return chatRequest{}, err
 		}
 	}
@@ -261,14 +257,6 @@ func (req *chatRequest) chatParts(raw json.RawMessage, what string) ([]part, err
 	return parts, nil
 }
 
-// openAITool is one tool as both OpenAI formats declare it, nested (chat)
-// or flat (responses); toolsOf is a responses namespace's members.
-type openAITool struct {
-	Type, Name, Description string
-	Parameters, Format      json.RawMessage
-	Tools                   []openAITool
-}
-
 func chatToolDef(t chatTool) openAITool {
 	switch {
 	case t.Type == "function" && t.Function != nil:
@@ -279,150 +267,6 @@ func chatToolDef(t chatTool) openAITool {
 		return openAITool{Type: t.Type}
 	}
 	return openAITool{Type: "hosted"}
-}
-
-// addOpenAITool adds a function, custom or namespace tool; any other (a
-// hosted tool: web_search, tool_search, …) is dropped and named.
-func (req *chatRequest) addOpenAITool(t openAITool, what string) error {
-	switch t.Type {
-	case "function", "custom":
-		if t.Name == "" {
-			return refuseInvalid("%s needs a name", what)
-		}
-		params, err := parseCallerSchema(t.Parameters, what+".parameters")
-		if err != nil {
-			return err
-		}
-		nt := tool{Name: t.Name, Description: t.Description, Parameters: params}
-		if t.Type == "custom" {
-			nt = tool{Kind: toolCustom, Name: t.Name, Description: t.Description, Format: t.Format}
-			if t.Format != nil {
-				nt.FormatPath = what + ".format"
-			}
-		}
-		req.Tools = append(req.Tools, nt)
-	case "namespace":
-		if t.Name == "" {
-			return refuseInvalid("%s needs a name", what)
-		}
-		if t.Description != "" {
-			req.Dropped = append(req.Dropped, what+".description")
-		}
-		for i, m := range t.Tools {
-			n := len(req.Tools)
-			if err := req.addOpenAITool(m, fmt.Sprintf("%s.tools[%d]", what, i)); err != nil {
-				return err
-			}
-			for j := n; j < len(req.Tools); j++ {
-				req.Tools[j].Namespace, req.Tools[j].Name = t.Name, t.Name+"__"+req.Tools[j].Name
-			}
-		}
-	default:
-		req.Dropped = append(req.Dropped, what)
-	}
-	return nil
-}
-
-// parseOpenAIToolChoice reads tool_choice as both OpenAI formats send it: a
-// mode string, or an object naming one tool, nested under "function" or
-// "custom" in chat and flat in responses. Other objects (allowed_tools, a
-// hosted tool) are dropped and named.
-func parseOpenAIToolChoice(req *chatRequest, raw json.RawMessage, nested bool) (*toolChoice, error) {
-	switch rawShape(raw) {
-	case 0, 'n':
-		if !rawIsNull(raw) {
-			return nil, refuseInvalid("tool_choice is malformed")
-		}
-		return nil, nil
-	case '"':
-		var s string
-		if err := decodeCallerJSON(raw, &s, "tool_choice"); err != nil {
-			return nil, err
-		}
-		switch s {
-		case toolChoiceAuto, toolChoiceNone, toolChoiceRequired:
-			return &toolChoice{Mode: s}, nil
-		}
-		return nil, refuseInvalid("tool_choice must be \"auto\", \"none\", \"required\" or a tool")
-	case '{':
-		var tc struct {
-			Type      string `json:"type"`
-			Name      string `json:"name"`
-			Namespace string `json:"namespace"`
-			Function  struct {
-				Name string `json:"name"`
-			} `json:"function"`
-			Custom struct {
-				Name string `json:"name"`
-			} `json:"custom"`
-		}
-		if err := decodeCallerJSON(raw, &tc, "tool_choice"); err != nil {
-			return nil, err
-		}
-		if tc.Type != "function" && tc.Type != "custom" {
-			req.Dropped = append(req.Dropped, "tool_choice")
-			return nil, nil
-		}
-		name := tc.Name
-		if nested {
-			name = tc.Function.Name + tc.Custom.Name
-		}
-		if name == "" {
-			return nil, refuseInvalid("tool_choice must name a tool: {\"type\":\"function\",…}")
-		}
-		if tc.Namespace != "" {
-			name = tc.Namespace + "__" + name
-		}
-		return &toolChoice{Mode: toolChoiceTool, Name: name}, nil
-	}
-	return nil, refuseInvalid("tool_choice must be a string or an object")
-}
-
-// parseStop reads stop sequences: a string or an array of strings.
-func parseStop(raw json.RawMessage, what string) ([]string, error) {
-	switch rawShape(raw) {
-	case 0, 'n':
-		return nil, nil
-	case '"':
-		var s string
-		err := decodeCallerJSON(raw, &s, what)
-		return []string{s}, err
-	}
-	var ss []string
-	return ss, decodeCallerJSON(raw, &ss, what)
-}
-
-// checkOutput finishes a structured-output member of the given type.
-func checkOutput(typ string, o *outputFormat, what string) (*outputFormat, error) {
-	switch typ {
-	case "", "text":
-		return nil, nil
-	case "json_object":
-		return &outputFormat{JSONMode: true}, nil
-	case "json_schema":
-		if o == nil || rawShape(o.Schema) != '{' {
-			return nil, refuseInvalid("%s needs a JSON Schema object", what)
-		}
-		return o, nil
-	}
-	return nil, refuseInvalid("%s.type %s is not text, json_object or json_schema", what, quoteCallerToken(typ))
-}
-
-// callerTextOf reads content that may only be text: a string, or an array of
-// {"type":textType,"text":…} parts, joined with sep.
-func callerTextOf(raw json.RawMessage, what, textType, sep string) (string, error) {
-	text, parts, err := callerContent[chatPart](raw, what, textType+" parts")
-	if err != nil || text != nil {
-		return textOf(text), err
-	}
-	texts := make([]string, 0, len(parts))
-	for i, p := range parts {
-		if p.Type != textType || p.Text == nil {
-			return "", refuseInvalid("%s[%d] must be a %s part with text", what, i, textType)
-		}
-		texts = append(texts, *p.Text)
-	}
-	return strings.Join(texts, sep), nil
 }
 
 // encodeChat builds a Chat Completions body. Tool results leave their
@@ -497,27 +341,26 @@ func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
 		out.Stop, _ = json.Marshal(req.Stop)
 	}
 	if f := req.Output; f != nil {
-		out.ResponseFormat = &chatFormat{Type: "json_object"}
-		if !f.JSONMode {
-			out.ResponseFormat.Type = "json_schema"
-			out.ResponseFormat.JSONSchema = &struct {
-				Name        string          `json:"name,omitempty"`
-				Description string          `json:"description,omitempty"`
-				Schema      json.RawMessage `json:"schema,omitempty"`
-				Strict      *bool           `json:"strict,omitempty"`
-			}{outputName(f), f.Description, f.Schema, f.Strict}
+		out.ResponseFormat = &chatFormat{Type: f.Type}
+		if s := schemaOutput(f); s != nil {
+			s.Type, out.ResponseFormat.JSONSchema = "", s
 		}
 	}
 	out.openAIShared = req.Shared
 	return out, nil
 }
 
-// outputName is a schema's name, which the OpenAI formats require.
-func outputName(f *outputFormat) string {
-	if f.Name == "" {
-		return "output"
+// schemaOutput is a copy of a json_schema output with the name the
+// OpenAI formats require, or nil for JSON mode.
+func schemaOutput(f *outputFormat) *outputFormat {
+	if f.Type != "json_schema" {
+		return nil
 	}
-	return f.Name
+	s := *f
+	if s.Name == "" {
+		s.Name = "output"
+	}
+	return &s
 }
 
 // jsonText is s as a JSON string.

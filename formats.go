@@ -4,9 +4,7 @@ import (
 	"bytes"
 	"crypto/rand"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"reflect"
 	"slices"
 	"strings"
 )
@@ -158,14 +156,16 @@ type toolChoice struct {
 	Name string // with toolChoiceTool
 }
 
-// outputFormat is structured output: a JSON Schema, or with JSONMode any
-// JSON object (which messages cannot express).
+// outputFormat is structured output as the OpenAI formats write it
+// (chat's response_format.json_schema, responses' text.format, messages'
+// output_config.format): Type json_schema with a Schema, or json_object
+// for any JSON, which messages cannot express.
 type outputFormat struct {
-	Name        string
-	Description string
-	Schema      json.RawMessage
-	Strict      *bool
-	JSONMode    bool
+	Type        string          `json:"type,omitempty"`
+	Name        string          `json:"name,omitempty"`
+	Description string          `json:"description,omitempty"`
+	Schema      json.RawMessage `json:"schema,omitempty"`
+	Strict      *bool           `json:"strict,omitempty"`
 }
 
 // billingTarget names the one subscription that must pay (SPEC §7.2).
@@ -332,200 +332,6 @@ func (req chatRequest) droppedFor(p providerInfo) []string {
 	return d
 }
 
-// ---- parsing helpers ----
-
-// refuseInvalid is refuse("invalid_request", …), the one code a parse error has.
-func refuseInvalid(format string, args ...any) *apiError {
-	return refuse("invalid_request", format, args...)
-}
-
-// decodeCallerJSON unmarshals data into v and turns encoding/json's errors into
-// invalid_request refusals that name the member at fault and quote nothing
-// of the body. what prefixes the member path ("" for the request body).
-func decodeCallerJSON(data []byte, v any, what string) error {
-	err := json.Unmarshal(data, v)
-	if err == nil {
-		return nil
-	}
-	var se *json.SyntaxError
-	var te *json.UnmarshalTypeError
-	switch {
-	case errors.As(err, &se):
-		return refuseInvalid("malformed JSON at byte %d", se.Offset).because(err)
-	case errors.As(err, &te):
-		field := te.Field
-		if what != "" && field != "" {
-			field = what + "." + field
-		} else if field == "" {
-			field = what
-		}
-		if field == "" {
-			return refuseInvalid("the request body must be a JSON object").because(err)
-		}
-		return refuseInvalid("%s: expected %s, got %s", field, callerJSONKind(te.Type), truncateUTF8(te.Value, 32)).because(err)
-	}
-	return refuseInvalid("malformed JSON").because(err)
-}
-
-// callerJSONKind names the JSON shape a Go type decodes from, for refusals.
-func callerJSONKind(t reflect.Type) string {
-	for t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
-	switch k := t.Kind(); {
-	case k == reflect.String:
-		return "a string"
-	case k == reflect.Bool:
-		return "a boolean"
-	case k >= reflect.Int && k <= reflect.Uint64:
-		return "an integer"
-	case k == reflect.Float32 || k == reflect.Float64:
-		return "a number"
-	case k == reflect.Slice || k == reflect.Array:
-		return "an array"
-	}
-	return "an object"
-}
-
-// rawIsNull reports whether a member was absent or JSON null.
-func rawIsNull(raw json.RawMessage) bool {
-	raw = bytes.TrimSpace(raw)
-	return len(raw) == 0 || string(raw) == "null"
-}
-
-// rawShape is the first byte of a JSON value: '"', '[', '{', or another
-// byte for numbers, booleans and null.
-func rawShape(raw json.RawMessage) byte {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 {
-		return 0
-	}
-	return raw[0]
-}
-
-// dropUnknown names, in d, every member of the JSON object raw that is not
-// in known (space-separated), under path ("" for the body). A value that is
-// not an object names nothing: the typed decode refuses it.
-func dropUnknown(d *[]string, raw json.RawMessage, path, known string) {
-	var m map[string]json.RawMessage
-	if json.Unmarshal(raw, &m) != nil {
-		return
-	}
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		if !slices.Contains(strings.Fields(known), k) {
-			keys = append(keys, k)
-		}
-	}
-	slices.Sort(keys)
-	for _, k := range keys {
-		*d = append(*d, joinPath(path, k))
-	}
-}
-
-// joinPath is path.member, or member at the top.
-func joinPath(path, member string) string {
-	if path == "" {
-		return member
-	}
-	return path + "." + member
-}
-
-// newCallerRequest checks the members every dialect shares and starts the
-// neutral request from them; limitName is the dialect's name for the output
-// limit.
-func newCallerRequest(model string, temperature, topP *float64, stream bool, limitName string, limit *int, bt json.RawMessage) (chatRequest, error) {
-	if model == "" {
-		return chatRequest{}, refuseInvalid("model is required and must be a non-empty string")
-	}
-	req := chatRequest{Model: model, Temperature: temperature, TopP: topP, Stream: stream}
-	var err error
-	if req.MaxTokens, err = checkCallerMaxTokens(limitName, limit); err != nil {
-		return chatRequest{}, err
-	}
-	if req.BillingTarget, err = parseCallerBillingTarget(bt); err != nil {
-		return chatRequest{}, err
-	}
-	return req, nil
-}
-
-// callerContent reads message content that is either a string (one text
-// part) or an array of parts of type T; kind names the array's elements in
-// the refusal.
-func callerContent[T any](raw json.RawMessage, what, kind string) (text []part, items []T, err error) {
-	switch rawShape(raw) {
-	case '"':
-		var s string
-		err := decodeCallerJSON(raw, &s, what)
-		return []part{{Type: partText, Text: s}}, nil, err
-	case '[':
-		err := decodeCallerJSON(raw, &items, what)
-		return nil, items, err
-	}
-	return nil, nil, refuseInvalid("%s must be a string or an array of %s", what, kind)
-}
-
-// checkCallerMaxTokens refuses a caller's limit below 1 (SPEC §8.2 "bad limits").
-func checkCallerMaxTokens(name string, v *int) (int, error) {
-	if v == nil {
-		return 0, nil
-	}
-	if *v < 1 {
-		return 0, refuseInvalid("%s must be at least 1", name)
-	}
-	return *v, nil
-}
-
-// parseCallerBillingTarget reads the top-level billingTarget member shared by all
-// three dialects (SPEC §7.2). It is never forwarded.
-func parseCallerBillingTarget(raw json.RawMessage) (*billingTarget, error) {
-	if rawIsNull(raw) {
-		return nil, nil
-	}
-	if rawShape(raw) != '{' {
-		return nil, refuseInvalid("billingTarget must be an object")
-	}
-	var bt billingTarget
-	if err := decodeCallerJSON(raw, &bt, "billingTarget"); err != nil {
-		return nil, err
-	}
-	if bt.SubscriptionID == "" {
-		return nil, refuseInvalid("billingTarget.subscriptionId is required")
-	}
-	return &bt, nil
-}
-
-// parseCallerSchema reads a JSON Schema member: absent or null is nil, an
-// object is kept (compacted), anything else is refused.
-func parseCallerSchema(raw json.RawMessage, what string) (json.RawMessage, error) {
-	if rawIsNull(raw) {
-		return nil, nil
-	}
-	if rawShape(raw) != '{' {
-		return nil, refuseInvalid("%s must be a JSON Schema object", what)
-	}
-	var b bytes.Buffer
-	if err := json.Compact(&b, raw); err != nil {
-		return nil, refuseInvalid("%s is malformed", what).because(err)
-	}
-	return json.RawMessage(b.Bytes()), nil
-}
-
-// checkCallerURL accepts the two references every provider protocol can
-// carry for an image or a document: an https URL or a data URL.
-func checkCallerURL(url, what string) error {
-	if strings.HasPrefix(url, "https://") || strings.HasPrefix(url, "data:") {
-		return nil
-	}
-	return refuseInvalid("%s must be an https URL or a data URL", what)
-}
-
-// quoteCallerToken quotes a caller-chosen token (a role, a part type) for a refusal,
-// bounded so a refusal never echoes a long string back.
-func quoteCallerToken(s string) string {
-	return fmt.Sprintf("%q", truncateUTF8(s, 64))
-}
-
 // newAnswerID returns prefix followed by 26 random characters.
 func newAnswerID(prefix string) string { return prefix + rand.Text() }
 
@@ -543,67 +349,6 @@ func answerFinish(f string) string {
 		return finishStop
 	}
 	return f
-}
-
-// appendPart adds p to the last message when it has role, else a new turn.
-// Consecutive tool results are one user turn (SPEC §7.6), and a tool call
-// joins the assistant turn before it.
-func appendPart(msgs []message, role string, p part) []message {
-	if n := len(msgs); n > 0 && msgs[n-1].Role == role && (role != "user" || allToolResults(msgs[n-1].Parts)) {
-		msgs[n-1].Parts = append(msgs[n-1].Parts, p)
-		return msgs
-	}
-	return append(msgs, message{Role: role, Parts: []part{p}})
-}
-
-func allToolResults(ps []part) bool {
-	for _, p := range ps {
-		if p.Type != partToolResult {
-			return false
-		}
-	}
-	return len(ps) > 0
-}
-
-// addSystem adds instruction text: to the leading System while no turn has
-// come yet, else as a system turn where it stands.
-func (req *chatRequest) addSystem(text string) {
-	if len(req.Messages) == 0 {
-		req.System = joinText(req.System, text)
-		return
-	}
-	req.Messages = append(req.Messages, message{Role: "system", Parts: []part{{Type: partText, Text: text}}})
-}
-
-// joinText appends one more piece of text, "\n\n" between pieces.
-func joinText(sys, more string) string {
-	switch {
-	case more == "":
-		return sys
-	case sys == "":
-		return more
-	}
-	return sys + "\n\n" + more
-}
-
-// linkCalls marks tool calls to custom tools and the results of custom
-// calls, whichever format they came from.
-func (req *chatRequest) linkCalls() {
-	custom := map[string]bool{}
-	for i := range req.Messages {
-		for j := range req.Messages[i].Parts {
-			p := &req.Messages[i].Parts[j]
-			switch p.Type {
-			case partToolCall:
-				if t := req.findTool(p.ToolName); t != nil && t.Kind == toolCustom {
-					p.Custom = true
-				}
-				custom[p.ToolCallID] = p.Custom
-			case partToolResult:
-				p.Custom = p.Custom || custom[p.ToolCallID]
-			}
-		}
-	}
 }
 
 // textOf joins the text parts of ps.

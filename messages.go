@@ -26,7 +26,7 @@ type (
 		StopSequences []string            `json:"stop_sequences,omitempty"`
 		Thinking      *messagesThinking   `json:"thinking,omitempty"`
 		OutputConfig  *messagesOutput     `json:"output_config,omitempty"`
-		OutputFormat  *messagesFormat     `json:"output_format,omitempty"` // the beta name, read from callers
+		OutputFormat  *outputFormat       `json:"output_format,omitempty"` // the beta name, read from callers
 		Stream        bool                `json:"stream,omitempty"`
 		BillingTarget json.RawMessage     `json:"billingTarget,omitempty"`
 	}
@@ -68,12 +68,8 @@ type (
 		BudgetTokens int    `json:"budget_tokens,omitempty"`
 	}
 	messagesOutput struct {
-		Format *messagesFormat `json:"format,omitempty"`
-		Effort string          `json:"effort,omitempty"`
-	}
-	messagesFormat struct {
-		Type   string          `json:"type"`
-		Schema json.RawMessage `json:"schema,omitempty"`
+		Format *outputFormat `json:"format,omitempty"`
+		Effort string        `json:"effort,omitempty"`
 	}
 	messagesAnswer struct { // the answer, and message_start's message
 		ID           string          `json:"id"`
@@ -196,7 +192,7 @@ func parseMessages(body []byte) (chatRequest, error) {
 		f = o.Format
 	}
 	if f != nil {
-		if req.Output, err = checkOutput(f.Type, &outputFormat{Schema: f.Schema}, "output_config.format"); err != nil {
+		if req.Output, err = checkOutput(&outputFormat{Type: f.Type, Schema: f.Schema}, "output_config.format"); err != nil {
 			return chatRequest{}, err
 		}
 	}
@@ -455,10 +451,10 @@ func encodeMessages(req chatRequest, model string, o upstreamOptions) (any, erro
 		}
 	}
 	if f := req.Output; f != nil {
-		if f.JSONMode {
+		if f.Type != "json_schema" {
 			return nil, refuse("invalid_request", "structured output without a JSON Schema (JSON mode) cannot be expressed to an anthropic-messages provider; send a JSON Schema")
 		}
-		out.OutputConfig = &messagesOutput{Format: &messagesFormat{Type: "json_schema", Schema: f.Schema}}
+		out.OutputConfig = &messagesOutput{Format: &outputFormat{Type: f.Type, Schema: f.Schema}}
 	}
 	return out, nil
 }

@@ -33,13 +33,7 @@ type (
 		Effort string `json:"effort,omitempty"`
 	}
 	responsesTextOpts struct {
-		Format *struct {
-			Type        string          `json:"type"`
-			Name        string          `json:"name,omitempty"`
-			Description string          `json:"description,omitempty"`
-			Schema      json.RawMessage `json:"schema,omitempty"`
-			Strict      *bool           `json:"strict,omitempty"`
-		} `json:"format,omitempty"`
+		Format *outputFormat `json:"format,omitempty"`
 	}
 	responsesTool struct {
 		Type        string          `json:"type"`
@@ -182,9 +176,7 @@ func parseResponses(body []byte) (chatRequest, error) {
 		req.Effort = b.Reasoning.Effort
 	}
 	if b.Text != nil && b.Text.Format != nil {
-		f := b.Text.Format
-		req.Output = &outputFormat{Name: f.Name, Description: f.Description, Schema: f.Schema, Strict: f.Strict}
-		if req.Output, err = checkOutput(f.Type, req.Output, "text.format"); err != nil {
+		if req.Output, err = checkOutput(b.Text.Format, "text.format"); err != nil {
 			return chatRequest{}, err
 		}
 	}
@@ -413,17 +405,9 @@ func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, err
 		}
 	}
 	if f := req.Output; f != nil {
-		out.Text = &responsesTextOpts{}
-		out.Text.Format = &struct {
-			Type        string          `json:"type"`
-			Name        string          `json:"name,omitempty"`
-			Description string          `json:"description,omitempty"`
-			Schema      json.RawMessage `json:"schema,omitempty"`
-			Strict      *bool           `json:"strict,omitempty"`
-		}{"json_object", "", "", nil, nil}
-		if !f.JSONMode {
-			out.Text.Format.Type, out.Text.Format.Name, out.Text.Format.Description = "json_schema", outputName(f), f.Description
-			out.Text.Format.Schema, out.Text.Format.Strict = f.Schema, f.Strict
+		out.Text = &responsesTextOpts{Format: schemaOutput(f)}
+		if out.Text.Format == nil {
+			out.Text.Format = &outputFormat{Type: f.Type}
 		}
 	}
 	return out, nil
