@@ -190,7 +190,7 @@ func newRequestID() string {
 
 // fail writes err in the envelope and records its outcome for the log line.
 func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
-	ae := writeAPIError(w, err)
+	ae := writeAPIError(w, r, err)
 	ri := infoFrom(r.Context())
 	ri.outcome, ri.retryable = ae.Code, ae.body().Error.Retryable
 	if ae.Attempts != nil {

@@ -325,7 +325,7 @@ func TestTaskSelector(t *testing.T) {
 	if !slices.Equal(seen, want) {
 		t.Errorf("candidate order = %v, want %v (score, then newest)", seen, want)
 	}
-	if e := envelopeOf(t, body); status != 502 || e["code"] != "provider_failure" || e["attempts"] != float64(3) || hdr.Get("Brama-Attempts") != "3" {
+	if e := envelopeOf(t, body); status != 404 || e["code"] != "provider_rejected" || e["attempts"] != float64(3) || hdr.Get("Brama-Attempts") != "3" {
 		t.Errorf("every candidate refused 404: %d %s", status, body)
 	}
 }
