@@ -50,7 +50,7 @@ func (s *server) handleChat(dialect string) http.HandlerFunc {
 			s.answers.signedAnswer(w, r, req, r.Header.Get("Idempotency-Key"), route)
 			return
 		}
-		route(w, r)
+		s.replayGuarded(w, r, route) // SPEC §8.1's replay guard (replay.go)
 	}
 }
 

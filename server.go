@@ -45,6 +45,7 @@ type server struct {
 	pins       pins // the subscription that last served each agent and provider
 	maint      *maintainer
 	answers    *answerStore // signed answers (SPEC §12)
+	replay     *replayGuard // SPEC §8.1; nil: off
 }
 
 // routes is the only place URL patterns appear.
