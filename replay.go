@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -129,6 +130,9 @@ func withoutStreamMembers(body []byte) ([]byte, bool) {
 		out.Write(v)
 	}
 	if t, err := dec.Token(); err != nil || t != json.Delim('}') {
+		return nil, false
+	}
+	if _, err := dec.Token(); err != io.EOF { // one object and nothing after it
 		return nil, false
 	}
 	out.WriteByte('}')
