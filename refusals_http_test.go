@@ -70,7 +70,6 @@ func TestShouldRetryEveryCode(t *testing.T) {
 	testingOnlyNow = clock.now
 	defer func() { testingOnlyNow = nil }()
 	env := stateEnv(t)
-	env["BRAMA_REPLAY_GUARD_SECS"] = "0" // every row below is its own first request
 	openai := refusingProvider(t)
 	env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = openai.URL
 	kimi := newKeyedFake(t, map[string]string{"k401": "401", "k429": "429"})
