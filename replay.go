@@ -85,58 +85,56 @@ func newReplayGuard(getenv func(string) string, log *slog.Logger, now func() tim
 // conversation asks the same request. ok is false for a body that is not a
 // JSON object (it was refused before dispatch anyway).
 func replayKeyOf(clientID, agentID string, body []byte) (replayKey, bool) {
-	canon, ok := withoutStreamMembers(body)
-	if !ok {
-		return replayKey{}, false
-	}
 	h := sha256.New()
 	fmt.Fprintf(h, "%d:%s%d:%s", len(clientID), clientID, len(agentID), agentID)
-	h.Write(canon)
+	if !withoutStreamMembers(body, h) {
+		return replayKey{}, false
+	}
 	var k replayKey
 	h.Sum(k[:0])
 	return k, true
 }
 
-// withoutStreamMembers is body's top-level object with its members in
-// order, each value's bytes as sent, without stream and stream_options.
-func withoutStreamMembers(body []byte) ([]byte, bool) {
+// withoutStreamMembers writes body's top-level object to out with its
+// members in order, each value's bytes as sent, without stream and
+// stream_options. It reports false for anything but one JSON object.
+func withoutStreamMembers(body []byte, out io.Writer) bool {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
-		return nil, false
+		return false
 	}
-	var out bytes.Buffer
-	out.WriteByte('{')
+	io.WriteString(out, "{")
 	first := true
 	for dec.More() {
 		t, err := dec.Token()
 		name, isName := t.(string)
 		if err != nil || !isName {
-			return nil, false
+			return false
 		}
 		var v json.RawMessage
 		if err := dec.Decode(&v); err != nil {
-			return nil, false
+			return false
 		}
 		if name == "stream" || name == "stream_options" {
 			continue
 		}
 		if !first {
-			out.WriteByte(',')
+			io.WriteString(out, ",")
 		}
 		first = false
 		n, _ := json.Marshal(name)
 		out.Write(n)
-		out.WriteByte(':')
+		io.WriteString(out, ":")
 		out.Write(v)
 	}
 	if t, err := dec.Token(); err != nil || t != json.Delim('}') {
-		return nil, false
+		return false
 	}
 	if _, err := dec.Token(); err != io.EOF { // one object and nothing after it
-		return nil, false
+		return false
 	}
-	out.WriteByte('}')
-	return out.Bytes(), true
+	io.WriteString(out, "}")
+	return true
 }
 
 // forget drops every entry whose time has passed. mu must be held.
