@@ -350,25 +350,6 @@ func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
 	return out, nil
 }
 
-// schemaOutput is a copy of a json_schema output with the name the
-// OpenAI formats require, or nil for JSON mode.
-func schemaOutput(f *outputFormat) *outputFormat {
-	if f.Type != "json_schema" {
-		return nil
-	}
-	s := *f
-	if s.Name == "" {
-		s.Name = "output"
-	}
-	return &s
-}
-
-// jsonText is s as a JSON string.
-func jsonText(s string) json.RawMessage {
-	b, _ := json.Marshal(s)
-	return b
-}
-
 // chatCall is one tool call in chat's shape.
 func chatCall(id, name, args string, custom bool) chatToolCall {
 	if custom {

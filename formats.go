@@ -129,6 +129,14 @@ type tool struct {
 	FormatPath  string          // the caller's path of Format, named when messages drops it
 }
 
+// toolKind is the OpenAI type of the tool named name: function or custom.
+func (req *chatRequest) toolKind(name string) string {
+	if t := req.findTool(name); t != nil && t.Kind == toolCustom {
+		return toolCustom
+	}
+	return "function"
+}
+
 // memberName is the tool's name inside its group.
 func (t tool) memberName() string { return strings.TrimPrefix(t.Name, t.Namespace+"__") }
 
@@ -447,3 +455,36 @@ func (req chatRequest) callerTool(tc toolCall) (namespace, name, args string, cu
 	}
 	return t.Namespace, t.memberName(), args, t.Kind == toolCustom
 }
+
+// jsonText is s as a JSON string.
+func jsonText(s string) json.RawMessage {
+	b, _ := json.Marshal(s)
+	return b
+}
+
+// schemaOutput is a copy of a json_schema output with the name the
+// OpenAI formats require, or nil for JSON mode.
+func schemaOutput(f *outputFormat) *outputFormat {
+	if f.Type != "json_schema" {
+		return nil
+	}
+	s := *f
+	if s.Name == "" {
+		s.Name = "output"
+	}
+	return &s
+}
+
+func ptrTo[T any](v T) *T { return &v }
+
+// must is v for marshalling that cannot fail (plain values).
+func must(v []byte, err error) json.RawMessage {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
+// structuredOutputsBeta is the anthropic-beta value a request with a JSON
+// Schema output format carries (SPEC §7.6).
+const structuredOutputsBeta = "structured-outputs-2025-11-13"

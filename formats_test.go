@@ -384,7 +384,7 @@ func fuzzDialectParse(f *testing.F, dialect string, seeds ...string) {
 // carries by design no further than one hop: what was dropped and where
 // it stood, the billing target (never forwarded), empty text (providers
 // refuse it), empty arguments (sent as {}) and a reasoning effort between
-// budget steps.
+// budget steps; a tool group goes flattened.
 func roundTripNeutral(req chatRequest) chatRequest {
 	req.Dropped, req.BillingTarget, req.Effort = nil, nil, ""
 	var msgs []message
@@ -404,6 +404,9 @@ func roundTripNeutral(req chatRequest) chatRequest {
 		}
 	}
 	req.Messages = msgs
+	for i := range req.Tools {
+		req.Tools[i].Namespace = "" // flattened toward every provider
+	}
 	return req
 }
 

@@ -105,10 +105,6 @@ type (
 	}
 )
 
-// structuredOutputsBeta is the anthropic-beta value a request with a JSON
-// Schema output format carries (SPEC §7.6).
-const structuredOutputsBeta = "structured-outputs-2025-11-13"
-
 const messagesKnown = "model max_tokens system messages tools tool_choice temperature top_p stop_sequences thinking output_config output_format stream billingTarget"
 
 // parseMessages parses an Anthropic Messages request body.
@@ -457,16 +453,6 @@ func encodeMessages(req chatRequest, model string, o upstreamOptions) (any, erro
 		out.OutputConfig = &messagesOutput{Format: &outputFormat{Type: f.Type, Schema: f.Schema}}
 	}
 	return out, nil
-}
-
-func ptrTo[T any](v T) *T { return &v }
-
-// must is v for marshalling that cannot fail (plain values).
-func must(v []byte, err error) json.RawMessage {
-	if err != nil {
-		panic(err)
-	}
-	return v
 }
 
 // input counts every input token: Anthropic reports cached ones apart, the

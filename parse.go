@@ -423,3 +423,17 @@ func callerTextOf(raw json.RawMessage, what, textType, sep string) (string, erro
 	}
 	return strings.Join(texts, sep), nil
 }
+
+// resultText is a tool result's text; its other parts have no counterpart
+// in every format and are dropped and named.
+func (req *chatRequest) resultText(parts []part, what string) string {
+	var texts []string
+	for i, p := range parts {
+		if p.Type != partText {
+			req.Dropped = append(req.Dropped, fmt.Sprintf("%s[%d]", what, i))
+			continue
+		}
+		texts = append(texts, p.Text)
+	}
+	return strings.Join(texts, "\n")
+}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"time"
 )
@@ -14,26 +15,24 @@ import (
 // Responses wire shapes, for the caller's body and the provider's.
 type (
 	responsesRequestBody struct {
-		Model             string              `json:"model"`
-		Instructions      *string             `json:"instructions,omitempty"`
-		Input             json.RawMessage     `json:"input"`
-		Tools             []responsesTool     `json:"tools,omitempty"`
-		ToolChoice        json.RawMessage     `json:"tool_choice,omitempty"`
-		ParallelToolCalls *bool               `json:"parallel_tool_calls,omitempty"`
-		MaxOutputTokens   *int                `json:"max_output_tokens,omitempty"`
-		Temperature       *float64            `json:"temperature,omitempty"`
-		TopP              *float64            `json:"top_p,omitempty"`
-		Reasoning         *responsesReasoning `json:"reasoning,omitempty"`
-		Text              *responsesTextOpts  `json:"text,omitempty"`
-		Stream            bool                `json:"stream,omitempty"`
-		BillingTarget     json.RawMessage     `json:"billingTarget,omitempty"`
+		Model             string          `json:"model"`
+		Instructions      *string         `json:"instructions,omitempty"`
+		Input             json.RawMessage `json:"input"`
+		Tools             []responsesTool `json:"tools,omitempty"`
+		ToolChoice        json.RawMessage `json:"tool_choice,omitempty"`
+		ParallelToolCalls *bool           `json:"parallel_tool_calls,omitempty"`
+		MaxOutputTokens   *int            `json:"max_output_tokens,omitempty"`
+		Temperature       *float64        `json:"temperature,omitempty"`
+		TopP              *float64        `json:"top_p,omitempty"`
+		Reasoning         *struct {
+			Effort string `json:"effort,omitempty"`
+		} `json:"reasoning,omitempty"`
+		Text *struct {
+			Format *outputFormat `json:"format,omitempty"`
+		} `json:"text,omitempty"`
+		Stream        bool            `json:"stream,omitempty"`
+		BillingTarget json.RawMessage `json:"billingTarget,omitempty"`
 		openAIShared
-	}
-	responsesReasoning struct {
-		Effort string `json:"effort,omitempty"`
-	}
-	responsesTextOpts struct {
-		Format *outputFormat `json:"format,omitempty"`
 	}
 	responsesTool struct {
 		Type        string          `json:"type"`
@@ -129,35 +128,32 @@ func parseResponses(body []byte) (chatRequest, error) {
 	dropUnknown(&req.Dropped, body, "", responsesKnown)
 	dropUnknown(&req.Dropped, raw.Reasoning, "reasoning", "effort")
 	dropUnknown(&req.Dropped, raw.Text, "text", "format")
-	req.Shared = b.openAIShared
+	req.Shared, req.ParallelToolCalls = b.openAIShared, b.ParallelToolCalls
 	if b.Instructions != nil {
 		req.System = *b.Instructions
 	}
+	var items []responsesItem
 	switch rawShape(b.Input) {
 	case '"':
 		var s string
-		if err := decodeCallerJSON(b.Input, &s, "input"); err != nil {
-			return chatRequest{}, err
-		}
-		if s == "" {
+		if err := decodeCallerJSON(b.Input, &s, "input"); err != nil || s == "" {
 			return chatRequest{}, refuseInvalid("input must not be empty")
 		}
-		req.Messages = []message{{Role: "user", Parts: []part{{Type: partText, Text: s}}}}
+		items = []responsesItem{{Role: "user", Content: b.Input}}
 	case '[':
-		var items []responsesItem
 		if err := decodeCallerJSON(b.Input, &items, "input"); err != nil {
 			return chatRequest{}, err
 		}
-		for i, it := range items {
-			if err := req.addResponsesItem(it, fmt.Sprintf("input[%d]", i)); err != nil {
-				return chatRequest{}, err
-			}
-		}
-		if len(req.Messages) == 0 {
-			return chatRequest{}, refuseInvalid("input must hold at least one user, assistant or tool item")
-		}
 	default:
 		return chatRequest{}, refuseInvalid("input is required: a string or an array of items")
+	}
+	for i, it := range items {
+		if err := req.addResponsesItem(it, fmt.Sprintf("input[%d]", i)); err != nil {
+			return chatRequest{}, err
+		}
+	}
+	if len(req.Messages) == 0 {
+		return chatRequest{}, refuseInvalid("input must hold at least one user, assistant or tool item")
 	}
 	for i, t := range b.Tools {
 		what := fmt.Sprintf("tools[%d]", i)
@@ -171,7 +167,6 @@ func parseResponses(body []byte) (chatRequest, error) {
 	if req.ToolChoice, err = parseOpenAIToolChoice(&req, b.ToolChoice, false); err != nil {
 		return chatRequest{}, err
 	}
-	req.ParallelToolCalls = b.ParallelToolCalls
 	if b.Reasoning != nil {
 		req.Effort = b.Reasoning.Effort
 	}
@@ -202,62 +197,38 @@ func (req *chatRequest) addResponsesItem(it responsesItem, what string) error {
 		switch it.Role {
 		case "system", "developer":
 			text, err := callerTextOf(it.Content, what+".content", "input_text", "\n\n")
-			if err != nil {
-				return err
-			}
 			req.addSystem(text)
-			return nil
+			return err
 		case "user", "assistant":
 			parts, err := req.responsesParts(it.Content, what+".content")
-			if err != nil {
-				return err
-			}
-			if len(parts) == 0 {
-				return refuseInvalid("%s.content must hold at least one text, image or file part", what)
+			if err == nil && len(parts) == 0 {
+				err = refuseInvalid("%s.content must hold at least one text, image or file part", what)
 			}
 			req.Messages = append(req.Messages, message{Role: it.Role, Parts: parts})
-			return nil
+			return err
 		}
 		return refuseInvalid("%s.role %s is not one of user, assistant, system, developer", what, quoteCallerToken(it.Role))
 	case "function_call", "custom_tool_call":
+		tc, _ := it.call()
 		if it.CallID == "" || it.Name == "" {
 			return refuseInvalid("%s needs a call_id and a name", what)
 		}
-		p := part{Type: partToolCall, ToolCallID: it.CallID, ToolName: it.Name, Custom: it.Type == "custom_tool_call"}
-		if it.Namespace != "" {
-			p.ToolName = it.Namespace + "__" + it.Name
+		if !tc.Custom && (it.Arguments == nil || *it.Arguments == "") {
+			tc.Arguments = "" // absent arguments stay absent
 		}
-		if it.Arguments != nil {
-			p.Arguments = *it.Arguments
-		}
-		if it.Input != nil {
-			p.Arguments = *it.Input
-		}
-		req.Messages = appendPart(req.Messages, "assistant", p)
+		req.Messages = appendPart(req.Messages, "assistant", part{Type: partToolCall, ToolCallID: tc.ID, ToolName: tc.Name, Arguments: tc.Arguments, Custom: tc.Custom})
 		return nil
 	case "function_call_output", "custom_tool_call_output":
 		if it.CallID == "" {
 			return refuseInvalid("%s.call_id is required", what)
 		}
-		var text string
-		if rawShape(it.Output) != '"' && rawShape(it.Output) != '[' {
+		if s := rawShape(it.Output); s != '"' && s != '[' {
 			return refuseInvalid("%s.output must be a string or an array of parts", what)
 		}
 		parts, err := req.responsesParts(it.Output, what+".output")
-		if err != nil {
-			return err
-		}
-		var texts []string
-		for i, p := range parts {
-			if p.Type != partText {
-				req.Dropped = append(req.Dropped, fmt.Sprintf("%s.output[%d]", what, i))
-				continue
-			}
-			texts = append(texts, p.Text)
-		}
-		text = strings.Join(texts, "\n")
-		req.Messages = appendPart(req.Messages, "user", part{Type: partToolResult, ToolCallID: it.CallID, Text: text, Custom: it.Type == "custom_tool_call_output"})
-		return nil
+		req.Messages = appendPart(req.Messages, "user", part{Type: partToolResult, ToolCallID: it.CallID,
+			Text: req.resultText(parts, what+".output"), Custom: it.Type == "custom_tool_call_output"})
+		return err
 	case "item_reference":
 		return refuseInvalid("%s: item references are not supported; send the items themselves", what)
 	}
@@ -276,41 +247,41 @@ func (req *chatRequest) responsesParts(raw json.RawMessage, what string) ([]part
 	var parts []part
 	for i, rp := range rps {
 		pw := fmt.Sprintf("%s[%d]", what, i)
+		p, url := part{}, ""
 		switch {
 		case rp.Type == "input_text" || rp.Type == "output_text":
 			if rp.Text == nil {
 				return nil, refuseInvalid("%s.text is required", pw)
 			}
-			parts = append(parts, part{Type: partText, Text: *rp.Text})
+			p = part{Type: partText, Text: *rp.Text}
 		case rp.Type == "input_image" && rp.ImageURL != nil:
-			if err := checkCallerURL(*rp.ImageURL, pw+".image_url"); err != nil {
-				return nil, err
-			}
-			parts = append(parts, part{Type: partImage, ImageURL: *rp.ImageURL})
+			url, pw = *rp.ImageURL, pw+".image_url"
+			p = part{Type: partImage, ImageURL: url}
 		case rp.Type == "input_file" && rp.FileData+rp.FileURL != "":
-			url := rp.FileData + rp.FileURL
-			if err := checkCallerURL(url, pw); err != nil {
-				return nil, err
-			}
-			parts = append(parts, part{Type: partDocument, FileURL: url, Filename: rp.Filename})
+			url = rp.FileData + rp.FileURL
+			p = part{Type: partDocument, FileURL: url, Filename: rp.Filename}
 		default:
 			req.Dropped = append(req.Dropped, pw)
+			continue
 		}
+		if err := checkCallerURL(url, pw); url != "" && err != nil {
+			return nil, err
+		}
+		parts = append(parts, p)
 	}
 	return parts, nil
 }
 
 // encodeResponses builds a Responses body. A message's parts keep their
 // order: text, images and files gather into message items, tool calls and
-// tool results become items of their own; namespaced tools regroup. codex
-// gets SPEC §6.2's body: default instructions, store false, and never
-// max_output_tokens, temperature or top_p, which its backend refuses.
+// tool results become items of their own. codex gets SPEC §6.2's body:
+// default instructions, store false, and never max_output_tokens,
+// temperature or top_p, which its backend refuses.
 func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, error) {
-	out := responsesRequestBody{Model: model, Stream: o.stream, ParallelToolCalls: req.ParallelToolCalls}
+	out := responsesRequestBody{Model: model, Stream: o.stream, ParallelToolCalls: req.ParallelToolCalls, openAIShared: req.Shared}
 	if req.System != "" || o.codex {
 		out.Instructions = ptrTo(req.System)
 	}
-	out.openAIShared = req.Shared
 	if o.codex {
 		out.Store = json.RawMessage("false")
 		if req.System == "" {
@@ -323,9 +294,11 @@ func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, err
 		out.Temperature, out.TopP = req.Temperature, req.TopP
 	}
 	if req.Effort != "" {
-		out.Reasoning = &responsesReasoning{Effort: req.Effort}
+		out.Reasoning = &struct {
+			Effort string `json:"effort,omitempty"`
+		}{req.Effort}
 	}
-	var items []responsesItem
+	items := []responsesItem{}
 	for _, m := range req.Messages {
 		var content []responsesPart
 		flush := func() {
@@ -334,15 +307,11 @@ func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, err
 				content = nil
 			}
 		}
-		textType := "input_text"
-		if m.Role == "assistant" {
-			textType = "output_text"
-		}
 		for _, p := range m.Parts {
 			switch p.Type {
 			case partText:
 				if p.Text != "" {
-					content = append(content, responsesPart{Type: textType, Text: ptrTo(p.Text)})
+					content = append(content, responsesPart{Type: map[bool]string{false: "input_text", true: "output_text"}[m.Role == "assistant"], Text: ptrTo(p.Text)})
 				}
 			case partImage:
 				content = append(content, responsesPart{Type: "input_image", ImageURL: ptrTo(p.ImageURL)})
@@ -357,58 +326,32 @@ func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, err
 				items = append(items, responsesCall(req, "", p.ToolCallID, p.ToolName, p.Arguments, p.Custom))
 			case partToolResult:
 				flush()
-				kind := "function_call_output"
-				if p.Custom {
-					kind = "custom_tool_call_output"
-				}
+				kind := map[bool]string{false: "function_call_output", true: "custom_tool_call_output"}[p.Custom]
 				items = append(items, responsesItem{Type: kind, CallID: p.ToolCallID, Output: jsonText(p.Text)})
 			}
 		}
 		flush()
 	}
 	out.Input = must(json.Marshal(items))
-	if len(items) == 0 {
-		out.Input = json.RawMessage("[]")
-	}
-	for _, t := range req.Tools {
+	for _, t := range req.Tools { // a namespaced tool goes flattened: no provider sees a group
 		rt := responsesTool{Type: "function", Name: t.Name, Description: t.Description, Parameters: t.Parameters, Strict: ptrTo(false)}
 		if t.Kind == toolCustom {
 			rt = responsesTool{Type: "custom", Name: t.Name, Description: t.Description, Format: t.Format}
 		} else if len(rt.Parameters) == 0 {
 			rt.Parameters = emptySchema
 		}
-		if t.Namespace == "" {
-			out.Tools = append(out.Tools, rt)
-			continue
-		}
-		rt.Name = t.memberName()
-		if n := len(out.Tools); n > 0 && out.Tools[n-1].Type == "namespace" && out.Tools[n-1].Name == t.Namespace {
-			out.Tools[n-1].Tools = append(out.Tools[n-1].Tools, rt)
-		} else {
-			out.Tools = append(out.Tools, responsesTool{Type: "namespace", Name: t.Namespace, Tools: []responsesTool{rt}})
-		}
+		out.Tools = append(out.Tools, rt)
 	}
 	if c := req.ToolChoice; c != nil {
 		out.ToolChoice = jsonText(c.Mode)
 		if c.Mode == toolChoiceTool {
-			choice := map[string]string{"type": "function", "name": c.Name}
-			if t := req.findTool(c.Name); t != nil {
-				choice["name"] = t.memberName()
-				if t.Namespace != "" {
-					choice["namespace"] = t.Namespace
-				}
-				if t.Kind == toolCustom {
-					choice["type"] = "custom"
-				}
-			}
-			out.ToolChoice = must(json.Marshal(choice))
+			out.ToolChoice = must(json.Marshal(map[string]string{"type": req.toolKind(c.Name), "name": c.Name}))
 		}
 	}
 	if f := req.Output; f != nil {
-		out.Text = &responsesTextOpts{Format: schemaOutput(f)}
-		if out.Text.Format == nil {
-			out.Text.Format = &outputFormat{Type: f.Type}
-		}
+		out.Text = &struct {
+			Format *outputFormat `json:"format,omitempty"`
+		}{schemaOutput(f)}
 	}
 	return out, nil
 }
@@ -440,38 +383,30 @@ func (it *responsesItem) text() string {
 	return b.String()
 }
 
-// call is a tool call item as a neutral call; ok is false for other items.
+// call is a tool call item as a neutral call, its name flattened; ok is
+// false for other items.
 func (it *responsesItem) call() (toolCall, bool) {
-	name := it.Name
+	tc := toolCall{ID: it.CallID, Name: it.Name, Custom: it.Type == "custom_tool_call"}
 	if it.Namespace != "" {
-		name = it.Namespace + "__" + it.Name
+		tc.Name = it.Namespace + "__" + it.Name
 	}
-	switch it.Type {
-	case "function_call":
-		args := ""
-		if it.Arguments != nil {
-			args = *it.Arguments
-		}
-		return toolCall{ID: it.CallID, Name: name, Arguments: argumentsText(args)}, true
-	case "custom_tool_call":
-		in := ""
-		if it.Input != nil {
-			in = *it.Input
-		}
-		return toolCall{ID: it.CallID, Name: name, Arguments: in, Custom: true}, true
+	in := it.Arguments
+	if tc.Custom {
+		in = it.Input
 	}
-	return toolCall{}, false
+	if in != nil {
+		tc.Arguments = *in
+	}
+	if !tc.Custom {
+		tc.Arguments = argumentsText(tc.Arguments)
+	}
+	return tc, tc.Custom || it.Type == "function_call"
 }
 
 // finish is the neutral finish of a response that made tool calls or not.
 func (r *responsesObject) finish(toolCalls bool) string {
-	if d := r.IncompleteDetails; d != nil {
-		switch d.Reason {
-		case "max_output_tokens":
-			return finishLength
-		case "content_filter":
-			return finishContentFilter
-		}
+	if d := r.IncompleteDetails; d != nil && (d.Reason == "max_output_tokens" || d.Reason == "content_filter") {
+		return map[string]string{"max_output_tokens": finishLength, "content_filter": finishContentFilter}[d.Reason]
 	}
 	if toolCalls {
 		return finishToolCalls
@@ -486,8 +421,9 @@ func (r *responsesObject) usage() usage {
 	return usage{InputTokens: r.Usage.InputTokens, OutputTokens: r.Usage.OutputTokens, Reported: true}
 }
 
-// decodeResponses reads a complete Responses answer: text from message
-// items and tool calls from call items, in output order.
+// decodeResponses reads a complete Responses answer as the stream's final
+// response: text from message items and tool calls from call items, in
+// output order.
 func decodeResponses(body []byte) (chatAnswer, error) {
 	var r responsesObject
 	if err := json.Unmarshal(body, &r); err != nil {
@@ -496,26 +432,9 @@ func decodeResponses(body []byte) (chatAnswer, error) {
 	if r.Status != "completed" && r.Status != "incomplete" {
 		return chatAnswer{}, malformedAnswer(protoOpenAIResponses, nil)
 	}
-	var a chatAnswer
-	var text strings.Builder
-	for _, it := range r.Output {
-		if it == nil {
-			continue
-		}
-		if it.Type == "message" {
-			text.WriteString(it.text())
-		}
-		if tc, ok := it.call(); ok {
-			if it.Name == "" {
-				return chatAnswer{}, malformedAnswer(protoOpenAIResponses, nil)
-			}
-			a.ToolCalls = append(a.ToolCalls, tc)
-		}
-	}
-	a.Text = text.String()
-	a.Finish = r.finish(len(a.ToolCalls) > 0)
-	a.Usage = r.usage()
-	return a, nil
+	return answerOf(func(emit func(streamEvent) error) error {
+		return newResponsesUpstreamStream().(*responsesUpstreamStream).completed(&r, emit)
+	})
 }
 
 func outputText(text string) responsesPart {
@@ -527,38 +446,20 @@ func outputText(text string) responsesPart {
 // the reason, as OpenAI reports it; usage is null when unreported.
 func responsesFinal(r *responsesObject, finish string, u usage) {
 	r.Status = "completed"
-	switch finish {
-	case finishLength:
-		r.Status, r.IncompleteDetails = "incomplete", &responsesIncomplete{"max_output_tokens"}
-	case finishContentFilter:
-		r.Status, r.IncompleteDetails = "incomplete", &responsesIncomplete{"content_filter"}
+	if reason := map[string]string{finishLength: "max_output_tokens", finishContentFilter: "content_filter"}[finish]; reason != "" {
+		r.Status, r.IncompleteDetails = "incomplete", &responsesIncomplete{reason}
 	}
 	if u.Reported {
 		r.Usage = &responsesUsage{u.InputTokens, u.OutputTokens, u.InputTokens + u.OutputTokens}
 	}
 }
 
-func newResponsesObject(model string) responsesObject {
-	return responsesObject{ID: newAnswerID("resp_"), Object: "response", CreatedAt: time.Now().Unix(), Model: model, Output: []*responsesItem{}}
-}
-
-// renderResponses is the Responses "response" object for a: one message
-// item with the text (when there is text), then one item per tool call,
-// named as the caller declared the tool.
+// renderResponses is the Responses "response" object for a: the final
+// response of the stream that would have carried it.
 func renderResponses(req chatRequest, a chatAnswer) any {
-	r := newResponsesObject(a.Model)
-	if a.Text != "" {
-		r.Output = append(r.Output, &responsesItem{Type: "message", ID: newAnswerID("msg_"), Status: "completed",
-			Role: "assistant", Content: must(json.Marshal([]responsesPart{outputText(a.Text)}))})
-	}
-	for _, tc := range a.ToolCalls {
-		_, _, args, custom := req.callerTool(tc)
-		it := responsesCall(req, newAnswerID("fc_"), answerIDOr(tc.ID, "call_"), tc.Name, args, custom)
-		it.Status = "completed"
-		r.Output = append(r.Output, &it)
-	}
-	responsesFinal(&r, a.Finish, a.Usage)
-	return r
+	w := newResponsesCallerStream(&callerSSE{w: io.Discard, flush: func() {}}, req, a.Model).(*responsesCallerStream)
+	replayAnswer(w.sse, w, req, a)
+	return w.resp
 }
 
 // responsesCallerStream writes OpenAI Responses events, one output item
@@ -573,7 +474,8 @@ type responsesCallerStream struct {
 }
 
 func newResponsesCallerStream(sse *callerSSE, req chatRequest, model string) blockWriter {
-	return &responsesCallerStream{sse: sse, req: req, resp: newResponsesObject(model)}
+	resp := responsesObject{ID: newAnswerID("resp_"), Object: "response", CreatedAt: time.Now().Unix(), Model: model, Output: []*responsesItem{}}
+	return &responsesCallerStream{sse: sse, req: req, resp: resp}
 }
 
 func (s *responsesCallerStream) emit(ev responsesEvent) error {
@@ -608,16 +510,18 @@ func (s *responsesCallerStream) open(i int, b *streamBlock) error {
 	return s.emit(responsesEvent{Type: "response.content_part.added", ItemID: it.ID, OutputIndex: &i, ContentIndex: &zero, Part: &p})
 }
 
+// responsesDeltas names each item type's delta event.
+var responsesDeltas = map[string]string{"message": "response.output_text.delta", "function_call": "response.function_call_arguments.delta",
+	"custom_tool_call": "response.custom_tool_call_input.delta"}
+
 // delta writes the next piece of text or input; a call item already done
 // (a provider interleaving calls) gets its final input updated.
 func (s *responsesCallerStream) delta(i int, b *streamBlock, d string) error {
 	it, zero := s.resp.Output[i], 0
-	kind := map[string]string{"message": "response.output_text.delta", "function_call": "response.function_call_arguments.delta",
-		"custom_tool_call": "response.custom_tool_call_input.delta"}[it.Type]
 	if it.Status == "completed" {
 		s.fill(it, b.buf.String())
 	}
-	ev := responsesEvent{Type: kind, ItemID: it.ID, OutputIndex: &i, Delta: &d}
+	ev := responsesEvent{Type: responsesDeltas[it.Type], ItemID: it.ID, OutputIndex: &i, Delta: &d}
 	if b.text {
 		ev.ContentIndex = &zero
 	}
@@ -641,20 +545,18 @@ func (s *responsesCallerStream) close(i int, _ *streamBlock, full string) error 
 	it, zero := s.resp.Output[i], 0
 	it.Status = "completed"
 	s.fill(it, full)
-	var err error
+	done := responsesEvent{Type: "response.function_call_arguments.done", ItemID: it.ID, OutputIndex: &i, Arguments: &full}
 	switch it.Type {
 	case "message":
 		p := outputText(full)
-		err = s.emit(responsesEvent{Type: "response.output_text.done", ItemID: it.ID, OutputIndex: &i, ContentIndex: &zero, Text: &full})
-		if err == nil {
-			err = s.emit(responsesEvent{Type: "response.content_part.done", ItemID: it.ID, OutputIndex: &i, ContentIndex: &zero, Part: &p})
+		if err := s.emit(responsesEvent{Type: "response.output_text.done", ItemID: it.ID, OutputIndex: &i, ContentIndex: &zero, Text: &full}); err != nil {
+			return err
 		}
+		done = responsesEvent{Type: "response.content_part.done", ItemID: it.ID, OutputIndex: &i, ContentIndex: &zero, Part: &p}
 	case "custom_tool_call":
-		err = s.emit(responsesEvent{Type: "response.custom_tool_call_input.done", ItemID: it.ID, OutputIndex: &i, Input: &full})
-	default:
-		err = s.emit(responsesEvent{Type: "response.function_call_arguments.done", ItemID: it.ID, OutputIndex: &i, Arguments: &full})
+		done = responsesEvent{Type: "response.custom_tool_call_input.done", ItemID: it.ID, OutputIndex: &i, Input: &full}
 	}
-	if err != nil {
+	if err := s.emit(done); err != nil {
 		return err
 	}
 	return s.emit(responsesEvent{Type: "response.output_item.done", OutputIndex: &i, Item: it})
@@ -721,55 +623,53 @@ func (r *responsesUpstreamStream) handle(ev sseEvent, emit func(streamEvent) err
 		}
 		return false, inBandError(code)
 	case "response.failed":
-		var f struct {
-			Response struct {
-				Error json.RawMessage `json:"error"`
-			} `json:"response"`
+		code := ""
+		if e.Response != nil && e.Response.Error != nil {
+			code = e.Response.Error.Code
 		}
-		json.Unmarshal([]byte(ev.Data), &f) // already parsed once as JSON
-		o, _ := errorObject(f.Response.Error)
-		return false, inBandError(o.code)
-	case "response.output_item.added":
+		return false, inBandError(code)
+	case "response.output_item.added", "response.output_item.done":
 		if e.Item == nil {
 			return false, malformedEvent(protoOpenAIResponses, errors.New("output item event without item"))
 		}
-		return false, r.start(idx, e.Item, emit)
-	case "response.output_text.delta":
-		it := r.item(idx)
-		if e.Delta != nil && *e.Delta != "" {
-			it.streamed = true
-			return false, emit(streamEvent{Kind: eventText, Text: *e.Delta})
-		}
-	case "response.function_call_arguments.delta", "response.custom_tool_call_input.delta":
-		it, ok := r.items[idx]
-		if !ok || it.tool < 0 {
-			return false, malformedEvent(protoOpenAIResponses, errors.New("arguments outside a call item"))
-		}
-		if e.Delta != nil && *e.Delta != "" {
-			it.streamed = true
-			return false, emit(streamEvent{Kind: eventToolCallArgs, Index: it.tool, Text: *e.Delta})
-		}
-	case "response.output_item.done":
-		if e.Item == nil {
-			return false, malformedEvent(protoOpenAIResponses, errors.New("output item event without item"))
+		if e.Type == "response.output_item.added" {
+			return false, r.start(idx, e.Item, emit)
 		}
 		return false, r.done(idx, e.Item, emit)
+	case "response.output_text.delta", "response.function_call_arguments.delta", "response.custom_tool_call_input.delta":
+		it := r.item(idx)
+		ev := streamEvent{Kind: eventText}
+		if e.Type != "response.output_text.delta" {
+			if it.tool < 0 {
+				return false, malformedEvent(protoOpenAIResponses, errors.New("arguments outside a call item"))
+			}
+			ev.Kind, ev.Index = eventToolCallArgs, it.tool
+		}
+		if e.Delta == nil || *e.Delta == "" {
+			return false, nil
+		}
+		it.streamed, ev.Text = true, *e.Delta
+		return false, emit(ev)
 	case "response.completed", "response.incomplete":
 		if e.Response == nil {
 			return false, malformedEvent(protoOpenAIResponses, errors.New(e.Type+" without response"))
 		}
-		// Items the stream never showed (a minimal stream) come from the
-		// final response, in output order.
-		for i, it := range e.Response.Output {
-			if _, seen := r.items[i]; !seen && it != nil {
-				if err := r.done(i, it, emit); err != nil {
-					return false, err
-				}
-			}
-		}
-		return true, emitTail(emit, e.Response.finish(r.tools > 0), e.Response.usage())
+		return true, r.completed(e.Response, emit)
 	}
 	return false, nil
+}
+
+// completed emits the items of the final response the stream never showed
+// (a minimal stream, or a buffered answer), in output order, then the tail.
+func (r *responsesUpstreamStream) completed(resp *responsesObject, emit func(streamEvent) error) error {
+	for i, it := range resp.Output {
+		if _, seen := r.items[i]; !seen && it != nil {
+			if err := r.done(i, it, emit); err != nil {
+				return err
+			}
+		}
+	}
+	return emitTail(emit, resp.finish(r.tools > 0), resp.usage())
 }
 
 // item is the stream state of output index i, a message until shown otherwise.
@@ -808,10 +708,7 @@ func (r *responsesUpstreamStream) done(i int, item *responsesItem, emit func(str
 		return nil
 	}
 	it.streamed = true
-	if tc, ok := item.call(); ok {
-		if tc.Arguments == "" {
-			return nil
-		}
+	if tc, ok := item.call(); ok && tc.Arguments != "" {
 		return emit(streamEvent{Kind: eventToolCallArgs, Index: it.tool, Text: tc.Arguments})
 	}
 	if t := item.text(); item.Type == "message" && t != "" {

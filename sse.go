@@ -190,12 +190,17 @@ func readUpstreamStream(protocol string, body io.Reader, emit func(streamEvent) 
 // assembleStream builds one answer from a whole stream: a buffered caller
 // of a provider that only streams (codex, SPEC §6.2).
 func assembleStream(protocol string, body io.Reader) (chatAnswer, error) {
+	return answerOf(func(emit func(streamEvent) error) error { return readUpstreamStream(protocol, body, emit) })
+}
+
+// answerOf builds one answer from the neutral events run emits.
+func answerOf(run func(emit func(streamEvent) error) error) (chatAnswer, error) {
 	var (
 		a    chatAnswer
 		text strings.Builder
 		args []strings.Builder
 	)
-	err := readUpstreamStream(protocol, body, func(ev streamEvent) error {
+	err := run(func(ev streamEvent) error {
 		switch ev.Kind {
 		case eventText:
 			text.WriteString(ev.Text)
@@ -204,8 +209,7 @@ func assembleStream(protocol string, body io.Reader) (chatAnswer, error) {
 				a.ToolCalls = append(a.ToolCalls, toolCall{})
 				args = append(args, strings.Builder{})
 			}
-			a.ToolCalls[ev.Index].ID = ev.ToolCall.ID
-			a.ToolCalls[ev.Index].Name = ev.ToolCall.Name
+			a.ToolCalls[ev.Index] = ev.ToolCall
 		case eventToolCallArgs:
 			if ev.Index >= len(args) {
 				return refuse("provider_failure", "the provider stream sent arguments for a tool call it never started")
@@ -226,6 +230,24 @@ func assembleStream(protocol string, body io.Reader) (chatAnswer, error) {
 		a.ToolCalls[i].Arguments = args[i].String()
 	}
 	return a, nil
+}
+
+// replayAnswer writes a whole answer through a block writer, as the
+// stream that would have carried it.
+func replayAnswer(sse *callerSSE, w blockWriter, req chatRequest, a chatAnswer) {
+	s := &blockStream{sse: sse, w: w, req: req, open: -1, toolBlock: map[int]int{}}
+	if a.Text != "" {
+		s.event(streamEvent{Kind: eventText, Text: a.Text})
+	}
+	for i, tc := range a.ToolCalls {
+		s.event(streamEvent{Kind: eventToolCallStart, Index: i, ToolCall: tc})
+		s.event(streamEvent{Kind: eventToolCallArgs, Index: i, Text: tc.Arguments})
+	}
+	s.event(streamEvent{Kind: eventFinish, Finish: a.Finish})
+	if a.Usage.Reported {
+		s.event(streamEvent{Kind: eventUsage, Usage: a.Usage})
+	}
+	s.finish()
 }
 
 // upstreamStreamError is the cause of a provider_incomplete raised by an
