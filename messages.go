@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 )
 
@@ -132,16 +133,15 @@ func parseMessages(body []byte) (chatRequest, error) {
 				return chatRequest{}, err
 			}
 			req.addSystem(text)
-			continue
 		case "user", "assistant":
+			parts, err := req.messagesParts(m.Role, m.Content, what+".content")
+			if err != nil {
+				return chatRequest{}, err
+			}
+			req.Messages = append(req.Messages, message{Role: m.Role, Parts: parts})
 		default:
 			return chatRequest{}, refuseInvalid("%s.role %s is not user, assistant or system", what, quoteCallerToken(m.Role))
 		}
-		parts, err := req.messagesParts(m.Role, m.Content, what+".content")
-		if err != nil {
-			return chatRequest{}, err
-		}
-		req.Messages = append(req.Messages, message{Role: m.Role, Parts: parts})
 	}
 	if len(req.Messages) == 0 {
 		return chatRequest{}, refuseInvalid("messages must hold at least one user or assistant turn")
@@ -154,38 +154,43 @@ func parseMessages(body []byte) (chatRequest, error) {
 			req.Dropped = append(req.Dropped, what)
 			continue
 		}
-		if t.Name == "" {
-			return chatRequest{}, refuseInvalid("%s.name is required", what)
-		}
 		dropUnknown(&req.Dropped, raw.Tools[i], what, "type name description input_schema")
 		schema, err := parseCallerSchema(t.InputSchema, what+".input_schema")
+		if err == nil && t.Name == "" {
+			err = refuseInvalid("%s.name is required", what)
+		}
 		if err != nil {
 			return chatRequest{}, err
 		}
 		req.Tools = append(req.Tools, tool{Name: t.Name, Description: t.Description, Parameters: schema})
 	}
 	if tc := b.ToolChoice; tc != nil {
-		if req.ToolChoice, err = parseMessagesToolChoice(tc); err != nil {
-			return chatRequest{}, err
+		mode := messagesChoices[tc.Type]
+		switch {
+		case mode == "":
+			return chatRequest{}, refuseInvalid("tool_choice.type must be auto, any, tool or none")
+		case mode == toolChoiceTool && tc.Name == "":
+			return chatRequest{}, refuseInvalid("tool_choice.name is required with type \"tool\"")
 		}
+		req.ToolChoice = &toolChoice{Mode: mode, Name: tc.Name}
 		if p := tc.DisableParallelToolUse; p != nil {
-			parallel := !*p
-			req.ParallelToolCalls = &parallel
+			req.ParallelToolCalls = ptrTo(!*p)
 		}
 	}
-	req.Stop = b.StopSequences
-	if len(req.Stop) > 0 {
+	if req.Stop = b.StopSequences; len(req.Stop) > 0 {
 		req.StopPath = "stop_sequences"
 	}
 	if t := b.Thinking; t != nil && t.Type == "enabled" {
 		req.Effort = effortOfBudget(t.BudgetTokens)
 	}
-	if o := b.OutputConfig; o != nil && o.Effort != "" {
-		req.Effort = o.Effort
-	}
 	f := b.OutputFormat
-	if o := b.OutputConfig; o != nil && o.Format != nil {
-		f = o.Format
+	if o := b.OutputConfig; o != nil {
+		if o.Effort != "" {
+			req.Effort = o.Effort
+		}
+		if o.Format != nil {
+			f = o.Format
+		}
 	}
 	if f != nil {
 		if req.Output, err = checkOutput(&outputFormat{Type: f.Type, Schema: f.Schema}, "output_config.format"); err != nil {
@@ -196,15 +201,16 @@ func parseMessages(body []byte) (chatRequest, error) {
 	return req, nil
 }
 
+// messagesChoices maps tool_choice types to neutral modes.
+var messagesChoices = map[string]string{"auto": toolChoiceAuto, "none": toolChoiceNone, "any": toolChoiceRequired, "tool": toolChoiceTool}
+
 // messagesText reads content that may only be text (a system prompt): a
 // string or text blocks, whose cache_control is dropped and named.
 func (req *chatRequest) messagesText(raw json.RawMessage, what string) (string, error) {
-	if rawShape(raw) == '[' {
-		var blocks []json.RawMessage
-		json.Unmarshal(raw, &blocks)
-		for i, bl := range blocks {
-			dropUnknown(&req.Dropped, bl, fmt.Sprintf("%s[%d]", what, i), "type text")
-		}
+	var blocks []json.RawMessage
+	json.Unmarshal(raw, &blocks)
+	for i, bl := range blocks {
+		dropUnknown(&req.Dropped, bl, fmt.Sprintf("%s[%d]", what, i), "type text")
 	}
 	return callerTextOf(raw, what, "text", "\n\n")
 }
@@ -224,14 +230,13 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 	var parts []part
 	for i, bl := range blocks {
 		bw := fmt.Sprintf("%s[%d]", what, i)
-		p := part{Type: bl.Type}
+		var p part
 		known := "type"
 		switch {
+		case bl.Type == "text" && bl.Text != nil:
+			p, known = part{Type: partText, Text: *bl.Text}, "type text"
 		case bl.Type == "text":
-			if bl.Text == nil {
-				return nil, refuseInvalid("%s.text is required", bw)
-			}
-			p.Text, known = *bl.Text, "type text"
+			return nil, refuseInvalid("%s.text is required", bw)
 		case bl.Type == "image" || bl.Type == "document":
 			url, err := messagesSourceURL(bl.Source, bw+".source")
 			if err != nil {
@@ -241,41 +246,37 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 				req.Dropped = append(req.Dropped, bw)
 				continue
 			}
-			p.ImageURL, known = url, "type source"
+			p, known = part{Type: partImage, ImageURL: url}, "type source"
 			if bl.Type == "document" {
-				p = part{Type: partDocument, FileURL: url, Filename: bl.Title}
-				known = "type source title"
+				p, known = part{Type: partDocument, FileURL: url, Filename: bl.Title}, "type source title"
 			}
 		case bl.Type == "tool_use" && role == "assistant":
-			if bl.ID == "" || bl.Name == "" {
-				return nil, refuseInvalid("%s needs an id and a name", bw)
+			args, err := "{}", error(nil)
+			if !rawIsNull(bl.Input) {
+				var in json.RawMessage
+				in, err = parseCallerSchema(bl.Input, bw+".input") // the same rule: a JSON object, compacted
+				args = string(in)
 			}
-			args, err := messagesToolInput(bl.Input, bw+".input")
+			if err == nil && (bl.ID == "" || bl.Name == "") {
+				err = refuseInvalid("%s needs an id and a name", bw)
+			}
 			if err != nil {
 				return nil, err
 			}
-			p = part{Type: partToolCall, ToolCallID: bl.ID, ToolName: bl.Name, Arguments: args}
-			known = "type id name input"
+			p, known = part{Type: partToolCall, ToolCallID: bl.ID, ToolName: bl.Name, Arguments: args}, "type id name input"
 		case bl.Type == "tool_result" && role == "user":
 			if bl.ToolUseID == "" {
 				return nil, refuseInvalid("%s.tool_use_id is required", bw)
 			}
+			p = part{Type: partToolResult, ToolCallID: bl.ToolUseID, IsError: bl.IsError}
 			if !rawIsNull(bl.Content) {
 				inner, err := req.messagesParts("result", bl.Content, bw+".content")
 				if err != nil {
 					return nil, err
 				}
-				var texts []string
-				for k, ip := range inner {
-					if ip.Type != partText {
-						req.Dropped = append(req.Dropped, fmt.Sprintf("%s.content[%d]", bw, k))
-						continue
-					}
-					texts = append(texts, ip.Text)
-				}
-				p.Text = strings.Join(texts, "\n")
+				p.Text = req.resultText(inner, bw+".content")
 			}
-			p.ToolCallID, p.IsError, known = bl.ToolUseID, bl.IsError, "type tool_use_id content is_error"
+			known = "type tool_use_id content is_error"
 		case bl.Type == "tool_use" || bl.Type == "tool_result":
 			return nil, refuseInvalid("%s.type %s is not allowed in a %s turn", bw, quoteCallerToken(bl.Type), role)
 		default:
@@ -295,52 +296,19 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 // URL: base64 data and plain text become a data URL, a url source stays as
 // it is. A file reference has no counterpart elsewhere: "" and no error.
 func messagesSourceURL(src *messagesSource, what string) (string, error) {
-	if src == nil {
+	switch {
+	case src == nil:
 		return "", refuseInvalid("%s must be an object", what)
-	}
-	switch src.Type {
-	case "base64":
-		if src.MediaType == "" || src.Data == "" {
-			return "", refuseInvalid("%s needs media_type and data", what)
-		}
+	case src.Type == "base64" && src.MediaType != "" && src.Data != "":
 		return "data:" + src.MediaType + ";base64," + src.Data, nil
-	case "text":
+	case src.Type == "text":
 		return "data:text/plain;base64," + base64.StdEncoding.EncodeToString([]byte(src.Data)), nil
-	case "url":
+	case src.Type == "url":
 		return src.URL, checkCallerURL(src.URL, what+".url")
-	case "file":
+	case src.Type == "file":
 		return "", nil
 	}
-	return "", refuseInvalid("%s.type must be base64, text, url or file", what)
-}
-
-// messagesToolInput is a tool_use block's input object as JSON text; an
-// absent input is the empty object.
-func messagesToolInput(raw json.RawMessage, what string) (string, error) {
-	if rawIsNull(raw) {
-		return "{}", nil
-	}
-	schema, err := parseCallerSchema(raw, what) // the same rule: a JSON object, compacted
-	if err != nil {
-		return "", refuseInvalid("%s must be a JSON object", what)
-	}
-	return string(schema), nil
-}
-
-// parseMessagesToolChoice reads Anthropic's tool_choice {type, name}.
-func parseMessagesToolChoice(tc *messagesToolChoice) (*toolChoice, error) {
-	switch tc.Type {
-	case "auto", "none":
-		return &toolChoice{Mode: tc.Type}, nil
-	case "any":
-		return &toolChoice{Mode: toolChoiceRequired}, nil
-	case "tool":
-		if tc.Name == "" {
-			return nil, refuseInvalid("tool_choice.name is required with type \"tool\"")
-		}
-		return &toolChoice{Mode: toolChoiceTool, Name: tc.Name}, nil
-	}
-	return nil, refuseInvalid("tool_choice.type must be auto, any, tool or none")
+	return "", refuseInvalid("%s must be base64 data with a media_type, text, a url or a file", what)
 }
 
 // messagesSourceOf turns a neutral image or document URL into a source: a
@@ -354,10 +322,8 @@ func messagesSourceOf(u string) (*messagesSource, error) {
 	if !ok {
 		return nil, refuse("invalid_request", "an image or file data URL must be base64 with a media type")
 	}
-	if media == "text/plain" {
-		if text, err := base64.StdEncoding.DecodeString(data); err == nil {
-			return &messagesSource{Type: "text", MediaType: media, Data: string(text)}, nil
-		}
+	if text, err := base64.StdEncoding.DecodeString(data); media == "text/plain" && err == nil {
+		return &messagesSource{Type: "text", MediaType: media, Data: string(text)}, nil
 	}
 	return &messagesSource{Type: "base64", MediaType: media, Data: data}, nil
 }
@@ -378,7 +344,7 @@ func encodeMessages(req chatRequest, model string, o upstreamOptions) (any, erro
 		if req.System != "" {
 			sys = append(sys, messagesBlock{Type: "text", Text: &req.System})
 		}
-		out.System, _ = json.Marshal(sys)
+		out.System = must(json.Marshal(sys))
 	case req.System != "":
 		out.System = jsonText(req.System)
 	}
@@ -426,15 +392,15 @@ func encodeMessages(req chatRequest, model string, o upstreamOptions) (any, erro
 		}
 		out.Tools = append(out.Tools, messagesTool{Name: t.Name, Description: t.Description, InputSchema: schema})
 	}
-	if c := req.ToolChoice; c != nil || req.ParallelToolCalls != nil && !*req.ParallelToolCalls && len(req.Tools) > 0 {
+	serial := req.ParallelToolCalls != nil && !*req.ParallelToolCalls && len(req.Tools) > 0
+	if c := req.ToolChoice; c != nil || serial {
 		out.ToolChoice = &messagesToolChoice{Type: "auto"}
-		if c != nil {
-			out.ToolChoice.Type, out.ToolChoice.Name = map[string]string{toolChoiceRequired: "any", toolChoiceTool: "tool"}[c.Mode]+"", c.Name
-			if out.ToolChoice.Type == "" {
-				out.ToolChoice.Type = c.Mode
+		for typ, mode := range messagesChoices {
+			if c != nil && c.Mode == mode {
+				out.ToolChoice = &messagesToolChoice{Type: typ, Name: c.Name}
 			}
 		}
-		if p := req.ParallelToolCalls; p != nil && !*p && out.ToolChoice.Type != "none" {
+		if serial && out.ToolChoice.Type != "none" {
 			out.ToolChoice.DisableParallelToolUse = ptrTo(true)
 		}
 	}
@@ -461,65 +427,56 @@ func (u messagesUsage) input() int {
 	return u.InputTokens + u.CacheCreationInputTokens + u.CacheReadInputTokens
 }
 
-// messagesFinish maps a stop_reason to the neutral finish.
-func messagesFinish(r string) string {
-	switch r {
-	case "max_tokens", "model_context_window_exceeded":
-		return finishLength
-	case "tool_use":
-		return finishToolCalls
-	case "refusal":
-		return finishContentFilter
+// messagesStops pairs stop reasons and neutral finishes, read both ways:
+// the first row of a finish is the stop reason Brama writes, and any stop
+// reason not listed (end_turn, stop_sequence, pause_turn) is a stop.
+var messagesStops = [][2]string{{"max_tokens", finishLength}, {"tool_use", finishToolCalls}, {"refusal", finishContentFilter},
+	{"model_context_window_exceeded", finishLength}, {"end_turn", finishStop}}
+
+func messagesFinish(reason string) string {
+	for _, r := range messagesStops {
+		if r[0] == reason {
+			return r[1]
+		}
 	}
-	return finishStop // end_turn, stop_sequence, pause_turn, or none
+	return finishStop
 }
 
-// messagesStopReason maps the neutral finish to a stop_reason.
 func messagesStopReason(finish string) *string {
-	r := map[string]string{finishLength: "max_tokens", finishToolCalls: "tool_use", finishContentFilter: "refusal"}[finish]
-	if r == "" {
-		r = "end_turn"
+	for _, r := range messagesStops {
+		if r[1] == finish {
+			return &r[0]
+		}
 	}
-	return &r
+	return ptrTo("end_turn")
 }
 
 // decodeMessages reads a complete Messages answer.
 func decodeMessages(body []byte) (chatAnswer, error) {
 	var r messagesAnswer
-	if err := json.Unmarshal(body, &r); err != nil {
+	if err := json.Unmarshal(body, &r); err != nil || r.Type != "message" {
 		return chatAnswer{}, malformedAnswer(protoAnthropic, err)
 	}
-	if r.Type != "message" {
-		return chatAnswer{}, malformedAnswer(protoAnthropic, nil)
-	}
-	var a chatAnswer
-	var text strings.Builder
+	a := chatAnswer{Finish: finishStop}
 	for _, b := range r.Content {
-		switch b.Type {
-		case "text":
-			if b.Text != nil {
-				text.WriteString(*b.Text)
-			}
-		case "tool_use":
-			args := "{}"
-			if !rawIsNull(b.Input) {
-				var buf bytes.Buffer
-				if err := json.Compact(&buf, b.Input); err != nil {
-					return chatAnswer{}, malformedAnswer(protoAnthropic, err)
-				}
-				args = buf.String()
+		switch {
+		case b.Type == "text" && b.Text != nil:
+			a.Text += *b.Text
+		case b.Type == "tool_use":
+			var args bytes.Buffer
+			if rawIsNull(b.Input) {
+				args.WriteString("{}")
+			} else if err := json.Compact(&args, b.Input); err != nil {
+				return chatAnswer{}, malformedAnswer(protoAnthropic, err)
 			}
 			if b.Name == "" {
 				return chatAnswer{}, malformedAnswer(protoAnthropic, nil)
 			}
-			a.ToolCalls = append(a.ToolCalls, toolCall{ID: b.ID, Name: b.Name, Arguments: args})
+			a.ToolCalls = append(a.ToolCalls, toolCall{ID: b.ID, Name: b.Name, Arguments: args.String()})
 		}
 	}
-	a.Text = text.String()
 	if r.StopReason != nil {
 		a.Finish = messagesFinish(*r.StopReason)
-	} else {
-		a.Finish = finishStop
 	}
 	if u := r.Usage; u != nil {
 		a.Usage = usage{InputTokens: u.input(), OutputTokens: u.OutputTokens, Reported: true}
@@ -527,45 +484,25 @@ func decodeMessages(body []byte) (chatAnswer, error) {
 	return a, nil
 }
 
-// messagesToolUseInput is a tool call's arguments as the JSON object
-// Anthropic's tool_use.input must be. Arguments that are not a JSON object
-// (a provider that streamed broken JSON, or none at all) become {}: the
-// block must still be well-formed for SDKs.
-func messagesToolUseInput(args string) json.RawMessage {
-	var obj map[string]json.RawMessage
-	if json.Unmarshal([]byte(args), &obj) != nil || obj == nil {
-		return json.RawMessage(`{}`)
-	}
-	var b bytes.Buffer
-	json.Compact(&b, []byte(args)) // valid JSON: Compact cannot fail
-	return json.RawMessage(b.Bytes())
-}
-
-// renderMessages is the Anthropic message object for a. Usage is always
-// present (zeros when unreported) because Anthropic's SDKs type it as
-// required.
+// renderMessages is the Anthropic message object for a: the message the
+// stream that would have carried it builds. Usage is always present (zeros
+// when unreported) because Anthropic's SDKs type it as required.
 func renderMessages(req chatRequest, a chatAnswer) any {
-	content := []messagesBlock{}
-	if a.Text != "" {
-		content = append(content, messagesBlock{Type: "text", Text: &a.Text})
-	}
-	for _, tc := range a.ToolCalls {
-		content = append(content, messagesBlock{Type: "tool_use", ID: answerIDOr(tc.ID, "toolu_"), Name: tc.Name, Input: messagesToolUseInput(tc.Arguments)})
-	}
-	return messagesAnswer{ID: newAnswerID("msg_"), Type: "message", Role: "assistant", Model: a.Model, Content: content,
-		StopReason: messagesStopReason(answerFinish(a.Finish)), Usage: &messagesUsage{InputTokens: a.Usage.InputTokens, OutputTokens: a.Usage.OutputTokens}}
+	w := newMessagesCallerStream(&callerSSE{w: io.Discard, flush: func() {}}, req, a.Model).(*messagesCallerStream)
+	replayAnswer(w.sse, w, req, a)
+	return w.msg
 }
 
 // messagesCallerStream writes Anthropic's message events, one content
-// block at a time.
+// block at a time, and keeps the whole message.
 type messagesCallerStream struct {
-	sse   *callerSSE
-	id    string
-	model string
+	sse *callerSSE
+	msg messagesAnswer
 }
 
 func newMessagesCallerStream(sse *callerSSE, _ chatRequest, model string) blockWriter {
-	return &messagesCallerStream{sse: sse, id: newAnswerID("msg_"), model: model}
+	return &messagesCallerStream{sse: sse, msg: messagesAnswer{ID: newAnswerID("msg_"), Type: "message", Role: "assistant",
+		Model: model, Content: []messagesBlock{}, Usage: &messagesUsage{}}}
 }
 
 func (s *messagesCallerStream) emit(ev messagesEvent) error { return s.sse.frame(ev.Type, ev) }
@@ -574,8 +511,8 @@ func (s *messagesCallerStream) emit(ev messagesEvent) error { return s.sse.frame
 // report usage at the end), so they go out as 0 here and for real in
 // message_delta, whose usage Anthropic's SDKs take over.
 func (s *messagesCallerStream) begin() error {
-	return s.emit(messagesEvent{Type: "message_start", Message: &messagesAnswer{ID: s.id, Type: "message", Role: "assistant",
-		Model: s.model, Content: []messagesBlock{}, Usage: &messagesUsage{}}})
+	m := s.msg
+	return s.emit(messagesEvent{Type: "message_start", Message: &m})
 }
 
 func (s *messagesCallerStream) open(i int, b *streamBlock) error {
@@ -583,13 +520,20 @@ func (s *messagesCallerStream) open(i int, b *streamBlock) error {
 	if !b.text {
 		cb = messagesBlock{Type: "tool_use", ID: answerIDOr(b.id, "toolu_"), Name: b.name, Input: json.RawMessage(`{}`)}
 	}
+	s.msg.Content = append(s.msg.Content, cb)
 	return s.emit(messagesEvent{Type: "content_block_start", Index: &i, ContentBlock: &cb})
 }
 
+// delta writes a text or input_json delta; the kept block follows.
 func (s *messagesCallerStream) delta(i int, b *streamBlock, d string) error {
 	delta := &messagesDelta{Type: "text_delta", Text: &d}
 	if !b.text {
 		delta = &messagesDelta{Type: "input_json_delta", PartialJSON: &d}
+	}
+	if cb := &s.msg.Content[i]; b.text {
+		cb.Text = ptrTo(b.buf.String())
+	} else if in, err := toolArguments(b.buf.String()); err == nil {
+		cb.Input = in // arguments that are not a JSON object stay {}: the block must be well-formed for SDKs
 	}
 	return s.emit(messagesEvent{Type: "content_block_delta", Index: &i, Delta: delta})
 }
@@ -602,9 +546,9 @@ func (s *messagesCallerStream) finishNow(callerStreamTail) error { return nil }
 
 // end writes message_delta with the stop reason and usage, then message_stop.
 func (s *messagesCallerStream) end(t callerStreamTail) error {
-	err := s.emit(messagesEvent{Type: "message_delta",
-		Delta: &messagesDelta{StopReason: *messagesStopReason(answerFinish(t.finish)), StopSequence: json.RawMessage("null")},
-		Usage: &messagesUsage{InputTokens: t.usage.InputTokens, OutputTokens: t.usage.OutputTokens}})
+	s.msg.StopReason = messagesStopReason(answerFinish(t.finish))
+	s.msg.Usage = &messagesUsage{InputTokens: t.usage.InputTokens, OutputTokens: t.usage.OutputTokens}
+	err := s.emit(messagesEvent{Type: "message_delta", Delta: &messagesDelta{StopReason: *s.msg.StopReason, StopSequence: json.RawMessage("null")}, Usage: s.msg.Usage})
 	if err != nil {
 		return err
 	}
@@ -628,7 +572,6 @@ type messagesUpstreamStream struct {
 	finish   string
 	usage    usage
 	blocks   map[int]int  // content block index → neutral tool index, tool_use blocks only
-	tools    int          // tool calls started
 	argsSeen map[int]bool // neutral tool index → some non-empty arguments were emitted
 }
 
@@ -641,67 +584,54 @@ func (a *messagesUpstreamStream) handle(ev sseEvent, emit func(streamEvent) erro
 	if err := json.Unmarshal([]byte(ev.Data), &e); err != nil {
 		return false, malformedEvent(protoAnthropic, err)
 	}
-	index := 0
-	if e.Index != nil {
-		index = *e.Index
-	}
 	if ev.Event == "error" || e.Type == "error" {
 		f, _ := errorObject(e.Error)
 		return false, inBandError(f.typ)
 	}
+	index := 0
+	if e.Index != nil {
+		index = *e.Index
+	}
+	ni, isTool := a.blocks[index]
+	missing := func(what string) (bool, error) {
+		return false, malformedEvent(protoAnthropic, errors.New(e.Type+" without "+what))
+	}
 	switch e.Type {
+	case "":
+		return missing("a type")
 	case "message_start":
 		if e.Message == nil {
-			return false, malformedEvent(protoAnthropic, errors.New("message_start without message"))
+			return missing("message")
 		}
 		if u := e.Message.Usage; u != nil {
 			a.usage = usage{InputTokens: u.input(), OutputTokens: u.OutputTokens, Reported: true}
 		}
 	case "content_block_start":
-		b := e.ContentBlock
-		if b == nil {
-			return false, malformedEvent(protoAnthropic, errors.New("content_block_start without content_block"))
-		}
-		switch b.Type {
-		case "text":
-			if b.Text != nil && *b.Text != "" {
-				return false, emit(streamEvent{Kind: eventText, Text: *b.Text})
-			}
-		case "tool_use":
-			if b.Name == "" {
-				return false, malformedEvent(protoAnthropic, errors.New("tool_use without a name"))
-			}
-			if _, dup := a.blocks[index]; dup {
-				return false, malformedEvent(protoAnthropic, errors.New("content block index started twice"))
-			}
-			ni := a.tools
-			a.tools++
-			a.blocks[index] = ni
-			return false, emit(streamEvent{Kind: eventToolCallStart, Index: ni, ToolCall: toolCall{ID: b.ID, Name: b.Name}})
+		switch b := e.ContentBlock; {
+		case b == nil:
+			return missing("content_block")
+		case b.Type == "text" && b.Text != nil && *b.Text != "":
+			return false, emit(streamEvent{Kind: eventText, Text: *b.Text})
+		case b.Type == "tool_use" && (b.Name == "" || isTool):
+			return missing("a fresh index and a name")
+		case b.Type == "tool_use":
+			a.blocks[index] = len(a.blocks)
+			return false, emit(streamEvent{Kind: eventToolCallStart, Index: a.blocks[index], ToolCall: toolCall{ID: b.ID, Name: b.Name}})
 		}
 	case "content_block_delta":
-		d := e.Delta
-		if d == nil {
-			return false, malformedEvent(protoAnthropic, errors.New("content_block_delta without delta"))
-		}
-		switch d.Type {
-		case "text_delta":
-			if d.Text != nil && *d.Text != "" {
-				return false, emit(streamEvent{Kind: eventText, Text: *d.Text})
-			}
-		case "input_json_delta":
-			ni, ok := a.blocks[index]
-			if !ok {
-				return false, malformedEvent(protoAnthropic, errors.New("input_json_delta outside a tool_use block"))
-			}
-			if d.PartialJSON != nil && *d.PartialJSON != "" {
-				a.argsSeen[ni] = true
-				return false, emit(streamEvent{Kind: eventToolCallArgs, Index: ni, Text: *d.PartialJSON})
-			}
+		switch d := e.Delta; {
+		case d == nil:
+			return missing("delta")
+		case d.Type == "text_delta" && d.Text != nil && *d.Text != "":
+			return false, emit(streamEvent{Kind: eventText, Text: *d.Text})
+		case d.Type == "input_json_delta" && !isTool:
+			return missing("a tool_use block")
+		case d.Type == "input_json_delta" && d.PartialJSON != nil && *d.PartialJSON != "":
+			a.argsSeen[ni] = true
+			return false, emit(streamEvent{Kind: eventToolCallArgs, Index: ni, Text: *d.PartialJSON})
 		}
 	case "content_block_stop":
-		// A tool without parameters streams no arguments; callers expect "{}".
-		if ni, ok := a.blocks[index]; ok && !a.argsSeen[ni] {
+		if isTool && !a.argsSeen[ni] { // a tool without parameters streams no arguments; callers expect "{}"
 			a.argsSeen[ni] = true
 			return false, emit(streamEvent{Kind: eventToolCallArgs, Index: ni, Text: "{}"})
 		}
@@ -710,20 +640,13 @@ func (a *messagesUpstreamStream) handle(ev sseEvent, emit func(streamEvent) erro
 			a.finish = messagesFinish(e.Delta.StopReason)
 		}
 		if u := e.Usage; u != nil {
-			a.usage.Reported = true
-			// Newer message_delta events repeat the cumulative input counts.
-			if u.InputTokens > 0 {
+			a.usage.Reported, a.usage.OutputTokens = true, u.OutputTokens
+			if u.InputTokens > 0 { // newer message_delta events repeat the cumulative input counts
 				a.usage.InputTokens = u.input()
 			}
-			a.usage.OutputTokens = u.OutputTokens
 		}
 	case "message_stop":
-		if a.finish == "" {
-			a.finish = finishStop
-		}
-		return true, emitTail(emit, a.finish, a.usage)
-	case "":
-		return false, malformedEvent(protoAnthropic, errors.New("event without a type"))
+		return true, emitTail(emit, answerFinish(a.finish), a.usage)
 	}
 	// ping and event types added later carry nothing Brama translates.
 	return false, nil
