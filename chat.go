@@ -257,6 +257,7 @@ func (req *chatRequest) chatParts(raw json.RawMessage, what string) ([]part, err
 	return parts, nil
 }
 
+// chatToolDef is a chat tool in the flat shape Responses declares it.
 func chatToolDef(t chatTool) openAITool {
 	switch {
 	case t.Type == "function" && t.Function != nil:

@@ -557,14 +557,7 @@ func (s *messagesCallerStream) end(t callerStreamTail) error {
 
 // fail writes Anthropic's error event carrying the envelope's members.
 func (s *messagesCallerStream) fail(e *apiError) error {
-	b := e.body().Error
-	return s.emit(messagesEvent{Type: "error", Error: must(json.Marshal(struct {
-		Type      string `json:"type"`
-		Message   string `json:"message"`
-		Code      string `json:"code"`
-		Retryable bool   `json:"retryable"`
-		Attempts  *int   `json:"attempts,omitempty"`
-	}{b.Type, b.Message, b.Code, b.Retryable, b.Attempts}))})
+	return s.emit(messagesEvent{Type: "error", Error: must(json.Marshal(e.body().Error))})
 }
 
 // messagesUpstreamStream translates Messages events; message_stop is terminal.

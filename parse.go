@@ -271,16 +271,22 @@ func (req *chatRequest) linkCalls() {
 	}
 }
 
-// openAITool is one tool as both OpenAI formats declare it, nested (chat)
-// or flat (responses); toolsOf is a responses namespace's members.
+// openAITool is one tool as both OpenAI formats declare it, in Responses'
+// flat shape (chat's nested one is flattened into it): the Responses wire
+// shape, and what addOpenAITool reads.
 type openAITool struct {
-	Type, Name, Description string
-	Parameters, Format      json.RawMessage
-	Tools                   []openAITool
+	Type        string          `json:"type"`
+	Name        string          `json:"name,omitempty"`
+	Description string          `json:"description,omitempty"`
+	Parameters  json.RawMessage `json:"parameters,omitempty"`
+	Strict      *bool           `json:"strict,omitempty"`
+	Format      json.RawMessage `json:"format,omitempty"`
+	Tools       []openAITool    `json:"tools,omitempty"` // a namespace's members
 }
 
-// addOpenAITool adds a function, custom or namespace tool; any other (a
-// hosted tool: web_search, tool_search, …) is dropped and named.
+// addOpenAITool adds a function, custom or namespace tool, in the flat
+// shape Responses declares it (chat's nested one is flattened first); any
+// other (a hosted tool: web_search, tool_search, …) is dropped and named.
 func (req *chatRequest) addOpenAITool(t openAITool, what string) error {
 	switch t.Type {
 	case "function", "custom":

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,7 +19,7 @@ type (
 		Model             string          `json:"model"`
 		Instructions      *string         `json:"instructions,omitempty"`
 		Input             json.RawMessage `json:"input"`
-		Tools             []responsesTool `json:"tools,omitempty"`
+		Tools             []openAITool    `json:"tools,omitempty"`
 		ToolChoice        json.RawMessage `json:"tool_choice,omitempty"`
 		ParallelToolCalls *bool           `json:"parallel_tool_calls,omitempty"`
 		MaxOutputTokens   *int            `json:"max_output_tokens,omitempty"`
@@ -33,15 +34,6 @@ type (
 		Stream        bool            `json:"stream,omitempty"`
 		BillingTarget json.RawMessage `json:"billingTarget,omitempty"`
 		openAIShared
-	}
-	responsesTool struct {
-		Type        string          `json:"type"`
-		Name        string          `json:"name,omitempty"`
-		Description string          `json:"description,omitempty"`
-		Parameters  json.RawMessage `json:"parameters,omitempty"`
-		Strict      *bool           `json:"strict,omitempty"`
-		Format      json.RawMessage `json:"format,omitempty"`
-		Tools       []responsesTool `json:"tools,omitempty"` // a namespace's members
 	}
 	responsesItem struct { // an input item, and an output item of the answer
 		Type      string          `json:"type"`
@@ -135,8 +127,7 @@ func parseResponses(body []byte) (chatRequest, error) {
 	var items []responsesItem
 	switch rawShape(b.Input) {
 	case '"':
-		var s string
-		if err := decodeCallerJSON(b.Input, &s, "input"); err != nil || s == "" {
+		if string(b.Input) == `""` {
 			return chatRequest{}, refuseInvalid("input must not be empty")
 		}
 		items = []responsesItem{{Role: "user", Content: b.Input}}
@@ -160,7 +151,7 @@ func parseResponses(body []byte) (chatRequest, error) {
 		if t.Type == "function" || t.Type == "custom" {
 			dropUnknown(&req.Dropped, raw.Tools[i], what, "type name description parameters strict format")
 		}
-		if err := req.addOpenAITool(responsesToolDef(t), what); err != nil {
+		if err := req.addOpenAITool(t, what); err != nil {
 			return chatRequest{}, err
 		}
 	}
@@ -179,18 +170,9 @@ func parseResponses(body []byte) (chatRequest, error) {
 	return req, nil
 }
 
-func responsesToolDef(t responsesTool) openAITool {
-	o := openAITool{Type: t.Type, Name: t.Name, Description: t.Description, Parameters: t.Parameters, Format: t.Format}
-	for _, m := range t.Tools {
-		o.Tools = append(o.Tools, responsesToolDef(m))
-	}
-	return o
-}
-
 // addResponsesItem adds one input item to req. Items with no counterpart
-// elsewhere (reasoning, hosted tool calls and their outputs) are dropped
-// and named; an item_reference is refused because Brama keeps no
-// responses to resolve it.
+// elsewhere (reasoning, hosted tool calls) are dropped and named; an
+// item_reference is refused: Brama keeps no responses to resolve it.
 func (req *chatRequest) addResponsesItem(it responsesItem, what string) error {
 	switch it.Type {
 	case "", "message":
@@ -236,9 +218,8 @@ func (req *chatRequest) addResponsesItem(it responsesItem, what string) error {
 	return nil
 }
 
-// responsesParts reads a message item's content: a string or an array of
-// input_text / output_text / input_image / input_file parts. Parts with
-// no counterpart (a refusal, a file id) are dropped and named.
+// responsesParts reads content: a string or text, image and file parts;
+// others (a refusal, a file id) are dropped and named.
 func (req *chatRequest) responsesParts(raw json.RawMessage, what string) ([]part, error) {
 	text, rps, err := callerContent[responsesPart](raw, what, "content parts")
 	if err != nil || text != nil {
@@ -272,26 +253,22 @@ func (req *chatRequest) responsesParts(raw json.RawMessage, what string) ([]part
 	return parts, nil
 }
 
-// encodeResponses builds a Responses body. A message's parts keep their
-// order: text, images and files gather into message items, tool calls and
-// tool results become items of their own. codex gets SPEC §6.2's body:
-// default instructions, store false, and never max_output_tokens,
-// temperature or top_p, which its backend refuses.
+// encodeResponses builds a Responses body, parts in order: text, images and
+// files gather into message items, tool calls and results are items of
+// their own. codex gets SPEC §6.2's body: default instructions, store
+// false, never max_output_tokens, temperature or top_p.
 func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, error) {
-	out := responsesRequestBody{Model: model, Stream: o.stream, ParallelToolCalls: req.ParallelToolCalls, openAIShared: req.Shared}
-	if req.System != "" || o.codex {
-		out.Instructions = ptrTo(req.System)
+	out := responsesRequestBody{Model: model, Stream: o.stream, ParallelToolCalls: req.ParallelToolCalls, openAIShared: req.Shared,
+		Temperature: req.Temperature, TopP: req.TopP}
+	if req.System != "" {
+		out.Instructions = &req.System
+	}
+	if req.MaxTokens > 0 {
+		out.MaxOutputTokens = &req.MaxTokens
 	}
 	if o.codex {
-		out.Store = json.RawMessage("false")
-		if req.System == "" {
-			out.Instructions = ptrTo(codexDefaultInstructions)
-		}
-	} else {
-		if req.MaxTokens > 0 {
-			out.MaxOutputTokens = &req.MaxTokens
-		}
-		out.Temperature, out.TopP = req.Temperature, req.TopP
+		out.Store, out.Instructions = json.RawMessage("false"), ptrTo(cmp.Or(req.System, codexDefaultInstructions))
+		out.MaxOutputTokens, out.Temperature, out.TopP = nil, nil, nil
 	}
 	if req.Effort != "" {
 		out.Reasoning = &struct {
@@ -334,19 +311,18 @@ func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, err
 	}
 	out.Input = must(json.Marshal(items))
 	for _, t := range req.Tools { // a namespaced tool goes flattened: no provider sees a group
-		rt := responsesTool{Type: "function", Name: t.Name, Description: t.Description, Parameters: t.Parameters, Strict: ptrTo(false)}
+		rt := openAITool{Type: "function", Name: t.Name, Description: t.Description, Parameters: t.Parameters, Strict: ptrTo(false)}
 		if t.Kind == toolCustom {
-			rt = responsesTool{Type: "custom", Name: t.Name, Description: t.Description, Format: t.Format}
+			rt = openAITool{Type: "custom", Name: t.Name, Description: t.Description, Format: t.Format}
 		} else if len(rt.Parameters) == 0 {
 			rt.Parameters = emptySchema
 		}
 		out.Tools = append(out.Tools, rt)
 	}
-	if c := req.ToolChoice; c != nil {
+	if c := req.ToolChoice; c != nil && c.Mode == toolChoiceTool {
+		out.ToolChoice = must(json.Marshal(map[string]string{"type": req.toolKind(c.Name), "name": c.Name}))
+	} else if c != nil {
 		out.ToolChoice = jsonText(c.Mode)
-		if c.Mode == toolChoiceTool {
-			out.ToolChoice = must(json.Marshal(map[string]string{"type": req.toolKind(c.Name), "name": c.Name}))
-		}
 	}
 	if f := req.Output; f != nil {
 		out.Text = &struct {
@@ -363,11 +339,17 @@ func responsesCall(req chatRequest, id, callID, name, args string, custom bool) 
 	if t := req.findTool(name); t != nil {
 		ns, member = t.Namespace, t.memberName()
 	}
-	if custom {
-		return responsesItem{Type: "custom_tool_call", ID: id, CallID: callID, Name: member, Input: &args}
+	if !custom {
+		args = argumentsText(args)
 	}
-	args = argumentsText(args)
-	return responsesItem{Type: "function_call", ID: id, CallID: callID, Namespace: ns, Name: member, Arguments: &args}
+	return *callItem(id, callID, ns, member, args, custom)
+}
+
+func callItem(id, callID, ns, name, args string, custom bool) *responsesItem {
+	if custom {
+		return &responsesItem{Type: "custom_tool_call", ID: id, CallID: callID, Name: name, Input: &args}
+	}
+	return &responsesItem{Type: "function_call", ID: id, CallID: callID, Namespace: ns, Name: name, Arguments: &args}
 }
 
 // text is a message item's output text.
@@ -403,27 +385,12 @@ func (it *responsesItem) call() (toolCall, bool) {
 	return tc, tc.Custom || it.Type == "function_call"
 }
 
-// finish is the neutral finish of a response that made tool calls or not.
-func (r *responsesObject) finish(toolCalls bool) string {
-	if d := r.IncompleteDetails; d != nil && (d.Reason == "max_output_tokens" || d.Reason == "content_filter") {
-		return map[string]string{"max_output_tokens": finishLength, "content_filter": finishContentFilter}[d.Reason]
-	}
-	if toolCalls {
-		return finishToolCalls
-	}
-	return finishStop
-}
+// responsesIncompletes pairs the neutral finishes of an incomplete
+// response with its incomplete_details.reason, read both ways.
+var responsesIncompletes = map[string]string{finishLength: "max_output_tokens", finishContentFilter: "content_filter"}
 
-func (r *responsesObject) usage() usage {
-	if r.Usage == nil {
-		return usage{}
-	}
-	return usage{InputTokens: r.Usage.InputTokens, OutputTokens: r.Usage.OutputTokens, Reported: true}
-}
-
-// decodeResponses reads a complete Responses answer as the stream's final
-// response: text from message items and tool calls from call items, in
-// output order.
+// decodeResponses reads a complete Responses answer as a stream's final
+// response.
 func decodeResponses(body []byte) (chatAnswer, error) {
 	var r responsesObject
 	if err := json.Unmarshal(body, &r); err != nil {
@@ -441,12 +408,12 @@ func outputText(text string) responsesPart {
 	return responsesPart{Type: "output_text", Text: &text, Annotations: json.RawMessage("[]")}
 }
 
-// responsesFinal fills in the terminal status of a response object: an
-// answer cut by the token limit (or a content filter) is "incomplete" with
-// the reason, as OpenAI reports it; usage is null when unreported.
+// responsesFinal fills in the terminal status: an answer cut by a limit
+// (or a content filter) is "incomplete" with the reason, as OpenAI reports
+// it; usage is null when unreported.
 func responsesFinal(r *responsesObject, finish string, u usage) {
 	r.Status = "completed"
-	if reason := map[string]string{finishLength: "max_output_tokens", finishContentFilter: "content_filter"}[finish]; reason != "" {
+	if reason := responsesIncompletes[finish]; reason != "" {
 		r.Status, r.IncompleteDetails = "incomplete", &responsesIncomplete{reason}
 	}
 	if u.Reported {
@@ -462,10 +429,8 @@ func renderResponses(req chatRequest, a chatAnswer) any {
 	return w.resp
 }
 
-// responsesCallerStream writes OpenAI Responses events, one output item
-// at a time: text goes to a message item, each tool call to a call item.
-// The output list is kept whole for response.completed, which is the one
-// SDKs keep.
+// responsesCallerStream writes Responses events, one output item at a
+// time, and keeps the whole response for response.completed.
 type responsesCallerStream struct {
 	sse  *callerSSE
 	req  chatRequest
@@ -494,12 +459,8 @@ func (s *responsesCallerStream) begin() error {
 func (s *responsesCallerStream) open(i int, b *streamBlock) error {
 	it := &responsesItem{Type: "message", ID: newAnswerID("msg_"), Status: "in_progress", Role: "assistant", Content: json.RawMessage("[]")}
 	if !b.text {
-		c := responsesCall(s.req, newAnswerID("fc_"), answerIDOr(b.id, "call_"), "", "", b.custom)
-		c.Namespace, c.Name, c.Status = b.namespace, b.name, "in_progress"
-		if !b.custom {
-			c.Arguments = ptrTo("")
-		}
-		it = &c
+		it = callItem(newAnswerID("fc_"), answerIDOr(b.id, "call_"), b.namespace, b.name, "", b.custom)
+		it.Status = "in_progress"
 	}
 	s.resp.Output = append(s.resp.Output, it)
 	added := *it
@@ -510,9 +471,10 @@ func (s *responsesCallerStream) open(i int, b *streamBlock) error {
 	return s.emit(responsesEvent{Type: "response.content_part.added", ItemID: it.ID, OutputIndex: &i, ContentIndex: &zero, Part: &p})
 }
 
-// responsesDeltas names each item type's delta event.
-var responsesDeltas = map[string]string{"message": "response.output_text.delta", "function_call": "response.function_call_arguments.delta",
-	"custom_tool_call": "response.custom_tool_call_input.delta"}
+// responsesEvents names each item type's delta and done events.
+var responsesEvents = map[string][2]string{"message": {"response.output_text.delta", "response.output_text.done"},
+	"function_call":    {"response.function_call_arguments.delta", "response.function_call_arguments.done"},
+	"custom_tool_call": {"response.custom_tool_call_input.delta", "response.custom_tool_call_input.done"}}
 
 // delta writes the next piece of text or input; a call item already done
 // (a provider interleaving calls) gets its final input updated.
@@ -521,7 +483,7 @@ func (s *responsesCallerStream) delta(i int, b *streamBlock, d string) error {
 	if it.Status == "completed" {
 		s.fill(it, b.buf.String())
 	}
-	ev := responsesEvent{Type: responsesDeltas[it.Type], ItemID: it.ID, OutputIndex: &i, Delta: &d}
+	ev := responsesEvent{Type: responsesEvents[it.Type][0], ItemID: it.ID, OutputIndex: &i, Delta: &d}
 	if b.text {
 		ev.ContentIndex = &zero
 	}
@@ -542,32 +504,27 @@ func (s *responsesCallerStream) fill(it *responsesItem, full string) {
 
 // close writes the done events of an item and fills it in.
 func (s *responsesCallerStream) close(i int, _ *streamBlock, full string) error {
-	it, zero := s.resp.Output[i], 0
+	it, zero, p := s.resp.Output[i], 0, outputText(full)
 	it.Status = "completed"
 	s.fill(it, full)
-	done := responsesEvent{Type: "response.function_call_arguments.done", ItemID: it.ID, OutputIndex: &i, Arguments: &full}
-	switch it.Type {
-	case "message":
-		p := outputText(full)
-		if err := s.emit(responsesEvent{Type: "response.output_text.done", ItemID: it.ID, OutputIndex: &i, ContentIndex: &zero, Text: &full}); err != nil {
+	done := []responsesEvent{{Type: responsesEvents[it.Type][1], ItemID: it.ID, OutputIndex: &i, Arguments: it.Arguments, Input: it.Input},
+		{Type: "response.output_item.done", OutputIndex: &i, Item: it}}
+	if it.Type == "message" {
+		done = append([]responsesEvent{{Type: done[0].Type, ItemID: it.ID, OutputIndex: &i, ContentIndex: &zero, Text: &full},
+			{Type: "response.content_part.done", ItemID: it.ID, OutputIndex: &i, ContentIndex: &zero, Part: &p}}, done[1])
+	}
+	for _, ev := range done {
+		if err := s.emit(ev); err != nil {
 			return err
 		}
-		done = responsesEvent{Type: "response.content_part.done", ItemID: it.ID, OutputIndex: &i, ContentIndex: &zero, Part: &p}
-	case "custom_tool_call":
-		done = responsesEvent{Type: "response.custom_tool_call_input.done", ItemID: it.ID, OutputIndex: &i, Input: &full}
 	}
-	if err := s.emit(done); err != nil {
-		return err
-	}
-	return s.emit(responsesEvent{Type: "response.output_item.done", OutputIndex: &i, Item: it})
+	return nil
 }
 
 func (s *responsesCallerStream) finishNow(callerStreamTail) error { return nil }
 
-// end writes response.completed carrying the whole response, its status
-// (incomplete for a length stop) and usage. The terminal event is
-// response.completed even for an incomplete answer, as SPEC §7.5 lists it:
-// SDK stream helpers wait for that event.
+// end writes response.completed with the whole response, even for an
+// incomplete one (SPEC §7.5): SDK stream helpers wait for that event.
 func (s *responsesCallerStream) end(t callerStreamTail) error {
 	responsesFinal(&s.resp, t.finish, t.usage)
 	return s.emit(responsesEvent{Type: "response.completed", Response: &s.resp})
@@ -584,7 +541,6 @@ func (s *responsesCallerStream) fail(e *apiError) error {
 // responsesStreamItem is what the stream showed of one output item so far.
 type responsesStreamItem struct {
 	tool     int  // neutral tool index, -1 for a message
-	started  bool // tool_call_start emitted
 	streamed bool // text or argument deltas emitted
 }
 
@@ -615,29 +571,26 @@ func (r *responsesUpstreamStream) handle(ev sseEvent, emit func(streamEvent) err
 		return false, malformedEvent(protoOpenAIResponses, errors.New("event without a type"))
 	case "error":
 		code, _ := jsonScalar(e.Code)
-		if f, ok := errorObject(e.Error); ok && code == "" {
-			code = f.code
-			if code == "" {
-				code = f.typ
-			}
+		if f, _ := errorObject(e.Error); code == "" {
+			code = cmp.Or(f.code, f.typ)
 		}
 		return false, inBandError(code)
 	case "response.failed":
-		code := ""
-		if e.Response != nil && e.Response.Error != nil {
-			code = e.Response.Error.Code
+		if e.Response == nil || e.Response.Error == nil {
+			return false, inBandError("")
 		}
-		return false, inBandError(code)
+		return false, inBandError(e.Response.Error.Code)
 	case "response.output_item.added", "response.output_item.done":
 		if e.Item == nil {
 			return false, malformedEvent(protoOpenAIResponses, errors.New("output item event without item"))
 		}
 		if e.Type == "response.output_item.added" {
-			return false, r.start(idx, e.Item, emit)
+			_, err := r.item(idx, e.Item, emit)
+			return false, err
 		}
 		return false, r.done(idx, e.Item, emit)
 	case "response.output_text.delta", "response.function_call_arguments.delta", "response.custom_tool_call_input.delta":
-		it := r.item(idx)
+		it, _ := r.item(idx, &responsesItem{}, emit)
 		ev := streamEvent{Kind: eventText}
 		if e.Type != "response.output_text.delta" {
 			if it.tool < 0 {
@@ -669,43 +622,44 @@ func (r *responsesUpstreamStream) completed(resp *responsesObject, emit func(str
 			}
 		}
 	}
-	return emitTail(emit, resp.finish(r.tools > 0), resp.usage())
+	finish, u := finishStop, usage{}
+	if r.tools > 0 {
+		finish = finishToolCalls
+	}
+	for f, reason := range responsesIncompletes {
+		if d := resp.IncompleteDetails; d != nil && d.Reason == reason {
+			finish = f
+		}
+	}
+	if resp.Usage != nil {
+		u = usage{InputTokens: resp.Usage.InputTokens, OutputTokens: resp.Usage.OutputTokens, Reported: true}
+	}
+	return emitTail(emit, finish, u)
 }
 
-// item is the stream state of output index i, a message until shown otherwise.
-func (r *responsesUpstreamStream) item(i int) *responsesStreamItem {
+// item is the stream state of output index i: a neutral tool call from
+// its first sight as a call item, else a message.
+func (r *responsesUpstreamStream) item(i int, item *responsesItem, emit func(streamEvent) error) (*responsesStreamItem, error) {
 	it, ok := r.items[i]
 	if !ok {
 		it = &responsesStreamItem{tool: -1}
 		r.items[i] = it
 	}
-	return it
-}
-
-// start records an output item; a call item starts a neutral tool call.
-func (r *responsesUpstreamStream) start(i int, item *responsesItem, emit func(streamEvent) error) error {
-	it := r.item(i)
-	tc, isCall := item.call()
-	if !isCall || it.started {
-		return nil
+	if tc, isCall := item.call(); isCall && it.tool < 0 {
+		if item.Name == "" {
+			return nil, malformedEvent(protoOpenAIResponses, errors.New("call item without a name"))
+		}
+		it.tool, r.tools, tc.Arguments = r.tools, r.tools+1, ""
+		return it, emit(streamEvent{Kind: eventToolCallStart, Index: it.tool, ToolCall: tc})
 	}
-	if item.Name == "" {
-		return malformedEvent(protoOpenAIResponses, errors.New("call item without a name"))
-	}
-	it.tool, it.started = r.tools, true
-	r.tools++
-	tc.Arguments = ""
-	return emit(streamEvent{Kind: eventToolCallStart, Index: it.tool, ToolCall: tc})
+	return it, nil
 }
 
 // done completes an output item, emitting whatever its deltas did not.
 func (r *responsesUpstreamStream) done(i int, item *responsesItem, emit func(streamEvent) error) error {
-	if err := r.start(i, item, emit); err != nil {
+	it, err := r.item(i, item, emit)
+	if err != nil || it.streamed {
 		return err
-	}
-	it := r.items[i]
-	if it.streamed {
-		return nil
 	}
 	it.streamed = true
 	if tc, ok := item.call(); ok && tc.Arguments != "" {
