@@ -100,9 +100,8 @@ type (
 
 const responsesKnown = "model instructions input tools tool_choice parallel_tool_calls max_output_tokens temperature top_p reasoning text stream billingTarget " + openAISharedNames
 
-// parseResponses parses an OpenAI Responses request body. Message items
-// are turns of their own, a tool call joins the assistant turn before it,
-// and consecutive tool outputs are one user turn of tool results.
+// parseResponses parses a Responses body: a tool call joins the assistant
+// turn before it, consecutive tool outputs are one user turn.
 func parseResponses(body []byte) (chatRequest, error) {
 	var b responsesRequestBody
 	if err := decodeCallerJSON(body, &b, ""); err != nil {
@@ -253,10 +252,10 @@ func (req *chatRequest) responsesParts(raw json.RawMessage, what string) ([]part
 	return parts, nil
 }
 
-// encodeResponses builds a Responses body, parts in order: text, images and
-// files gather into message items, tool calls and results are items of
-// their own. codex gets SPEC §6.2's body: default instructions, store
-// false, never max_output_tokens, temperature or top_p.
+// encodeResponses builds a Responses body: text, images and files gather
+// into message items, tool calls and results are items of their own. codex
+// gets SPEC §6.2's body: default instructions, store false, no limit,
+// temperature or top_p.
 func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, error) {
 	out := responsesRequestBody{Model: model, Stream: o.stream, ParallelToolCalls: req.ParallelToolCalls, openAIShared: req.Shared,
 		Temperature: req.Temperature, TopP: req.TopP}
@@ -300,7 +299,7 @@ func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, err
 				content = append(content, fp)
 			case partToolCall:
 				flush()
-				items = append(items, responsesCall(req, "", p.ToolCallID, p.ToolName, p.Arguments, p.Custom))
+				items = append(items, *responsesCall(req, "", p.ToolCallID, p.ToolName, p.Arguments, p.Custom))
 			case partToolResult:
 				flush()
 				kind := map[bool]string{false: "function_call_output", true: "custom_tool_call_output"}[p.Custom]
@@ -332,41 +331,20 @@ func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, err
 	return out, nil
 }
 
-// responsesCall is one tool call item: a function_call, named in its group
-// when it has one, or a custom_tool_call.
-func responsesCall(req chatRequest, id, callID, name, args string, custom bool) responsesItem {
+// responsesCall is a function_call (in its group) or custom_tool_call item.
+func responsesCall(req chatRequest, id, callID, name, args string, custom bool) *responsesItem {
 	ns, member := "", name
 	if t := req.findTool(name); t != nil {
 		ns, member = t.Namespace, t.memberName()
 	}
-	if !custom {
-		args = argumentsText(args)
-	}
-	return *callItem(id, callID, ns, member, args, custom)
-}
-
-func callItem(id, callID, ns, name, args string, custom bool) *responsesItem {
 	if custom {
-		return &responsesItem{Type: "custom_tool_call", ID: id, CallID: callID, Name: name, Input: &args}
+		return &responsesItem{Type: "custom_tool_call", ID: id, CallID: callID, Name: member, Input: &args}
 	}
-	return &responsesItem{Type: "function_call", ID: id, CallID: callID, Namespace: ns, Name: name, Arguments: &args}
+	args = argumentsText(args)
+	return &responsesItem{Type: "function_call", ID: id, CallID: callID, Namespace: ns, Name: member, Arguments: &args}
 }
 
-// text is a message item's output text.
-func (it *responsesItem) text() string {
-	var parts []responsesPart
-	json.Unmarshal(it.Content, &parts)
-	var b strings.Builder
-	for _, c := range parts {
-		if c.Type == "output_text" && c.Text != nil {
-			b.WriteString(*c.Text)
-		}
-	}
-	return b.String()
-}
-
-// call is a tool call item as a neutral call, its name flattened; ok is
-// false for other items.
+// call is a call item as a neutral call, its name flattened.
 func (it *responsesItem) call() (toolCall, bool) {
 	tc := toolCall{ID: it.CallID, Name: it.Name, Custom: it.Type == "custom_tool_call"}
 	if it.Namespace != "" {
@@ -385,12 +363,10 @@ func (it *responsesItem) call() (toolCall, bool) {
 	return tc, tc.Custom || it.Type == "function_call"
 }
 
-// responsesIncompletes pairs the neutral finishes of an incomplete
-// response with its incomplete_details.reason, read both ways.
+// responsesIncompletes maps finishes to incomplete_details.reason, both ways.
 var responsesIncompletes = map[string]string{finishLength: "max_output_tokens", finishContentFilter: "content_filter"}
 
-// decodeResponses reads a complete Responses answer as a stream's final
-// response.
+// decodeResponses reads a complete Responses answer as a stream's end.
 func decodeResponses(body []byte) (chatAnswer, error) {
 	var r responsesObject
 	if err := json.Unmarshal(body, &r); err != nil {
@@ -421,8 +397,7 @@ func responsesFinal(r *responsesObject, finish string, u usage) {
 	}
 }
 
-// renderResponses is the Responses "response" object for a: the final
-// response of the stream that would have carried it.
+// renderResponses is the final response of the stream that would carry a.
 func renderResponses(req chatRequest, a chatAnswer) any {
 	w := newResponsesCallerStream(&callerSSE{w: io.Discard, flush: func() {}}, req, a.Model).(*responsesCallerStream)
 	replayAnswer(w.sse, w, req, a)
@@ -449,7 +424,6 @@ func (s *responsesCallerStream) emit(ev responsesEvent) error {
 	return s.sse.frame(ev.Type, ev)
 }
 
-// begin writes response.created with status in_progress.
 func (s *responsesCallerStream) begin() error {
 	r := s.resp
 	r.Status = "in_progress"
@@ -459,8 +433,11 @@ func (s *responsesCallerStream) begin() error {
 func (s *responsesCallerStream) open(i int, b *streamBlock) error {
 	it := &responsesItem{Type: "message", ID: newAnswerID("msg_"), Status: "in_progress", Role: "assistant", Content: json.RawMessage("[]")}
 	if !b.text {
-		it = callItem(newAnswerID("fc_"), answerIDOr(b.id, "call_"), b.namespace, b.name, "", b.custom)
+		it = responsesCall(s.req, newAnswerID("fc_"), answerIDOr(b.id, "call_"), b.flat, "", b.custom)
 		it.Status = "in_progress"
+		if !b.custom {
+			it.Arguments = ptrTo("")
+		}
 	}
 	s.resp.Output = append(s.resp.Output, it)
 	added := *it
@@ -476,8 +453,8 @@ var responsesEvents = map[string][2]string{"message": {"response.output_text.del
 	"function_call":    {"response.function_call_arguments.delta", "response.function_call_arguments.done"},
 	"custom_tool_call": {"response.custom_tool_call_input.delta", "response.custom_tool_call_input.done"}}
 
-// delta writes the next piece of text or input; a call item already done
-// (a provider interleaving calls) gets its final input updated.
+// delta writes the next piece; an item already done (a provider
+// interleaving calls) gets its final input updated.
 func (s *responsesCallerStream) delta(i int, b *streamBlock, d string) error {
 	it, zero := s.resp.Output[i], 0
 	if it.Status == "completed" {
@@ -490,7 +467,6 @@ func (s *responsesCallerStream) delta(i int, b *streamBlock, d string) error {
 	return s.emit(ev)
 }
 
-// fill sets an item's whole text or input.
 func (s *responsesCallerStream) fill(it *responsesItem, full string) {
 	switch it.Type {
 	case "message":
@@ -538,16 +514,13 @@ func (s *responsesCallerStream) fail(e *apiError) error {
 	return s.emit(responsesEvent{Type: "response.failed", Response: &r})
 }
 
-// responsesStreamItem is what the stream showed of one output item so far.
 type responsesStreamItem struct {
 	tool     int  // neutral tool index, -1 for a message
-	streamed bool // text or argument deltas emitted
+	streamed bool // text or argument deltas emitted: done emits the rest
 }
 
-// responsesUpstreamStream translates Responses events; response.completed
-// is terminal (and response.incomplete, the same answer cut by a limit).
-// Items are keyed by output_index so a buffered caller gets them in that
-// order; an item whose deltas never came is emitted whole at its done.
+// responsesUpstreamStream translates Responses events, items keyed by
+// output_index; response.completed (or .incomplete) is terminal.
 type responsesUpstreamStream struct {
 	items map[int]*responsesStreamItem
 	tools int
@@ -612,8 +585,8 @@ func (r *responsesUpstreamStream) handle(ev sseEvent, emit func(streamEvent) err
 	return false, nil
 }
 
-// completed emits the items of the final response the stream never showed
-// (a minimal stream, or a buffered answer), in output order, then the tail.
+// completed emits the final response's items the stream never showed (a
+// minimal stream, a buffered answer), then the tail.
 func (r *responsesUpstreamStream) completed(resp *responsesObject, emit func(streamEvent) error) error {
 	for i, it := range resp.Output {
 		if _, seen := r.items[i]; !seen && it != nil {
@@ -637,8 +610,7 @@ func (r *responsesUpstreamStream) completed(resp *responsesObject, emit func(str
 	return emitTail(emit, finish, u)
 }
 
-// item is the stream state of output index i: a neutral tool call from
-// its first sight as a call item, else a message.
+// item is the state of output index i: a tool call once seen as one.
 func (r *responsesUpstreamStream) item(i int, item *responsesItem, emit func(streamEvent) error) (*responsesStreamItem, error) {
 	it, ok := r.items[i]
 	if !ok {
@@ -665,8 +637,9 @@ func (r *responsesUpstreamStream) done(i int, item *responsesItem, emit func(str
 	if tc, ok := item.call(); ok && tc.Arguments != "" {
 		return emit(streamEvent{Kind: eventToolCallArgs, Index: it.tool, Text: tc.Arguments})
 	}
-	if t := item.text(); item.Type == "message" && t != "" {
-		return emit(streamEvent{Kind: eventText, Text: t})
+	var scratch chatRequest // a message item's text
+	if parts, _ := scratch.responsesParts(item.Content, ""); item.Type == "message" && textOf(parts) != "" {
+		return emit(streamEvent{Kind: eventText, Text: textOf(parts)})
 	}
 	return nil
 }

@@ -376,6 +376,7 @@ type streamBlock struct {
 	text                bool
 	index               int // the call's index among calls
 	id, namespace, name string
+	flat                string // the name providers saw
 	custom, wrapped     bool
 	buf                 strings.Builder
 }
@@ -433,7 +434,7 @@ func (s *blockStream) event(ev streamEvent) error {
 		return s.w.delta(s.open, b, ev.Text)
 	case eventToolCallStart:
 		ns, name, _, custom := s.req.callerTool(ev.ToolCall)
-		b := &streamBlock{index: ev.Index, id: ev.ToolCall.ID, namespace: ns, name: name, custom: custom, wrapped: custom && !ev.ToolCall.Custom}
+		b := &streamBlock{index: ev.Index, id: ev.ToolCall.ID, namespace: ns, name: name, flat: ev.ToolCall.Name, custom: custom, wrapped: custom && !ev.ToolCall.Custom}
 		i, err := s.openBlock(b)
 		s.toolBlock[ev.Index] = i
 		return err
