@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -257,5 +258,88 @@ func TestTranslationRefusesInexpressibleOutput(t *testing.T) {
 	}
 	if n := f.calls.Load(); n != 0 {
 		t.Errorf("provider saw %d calls, want 0", n)
+	}
+}
+
+// messagesToolStream is an Anthropic stream calling a namespaced tool and
+// a custom one, the custom input split across deltas.
+const messagesToolStream = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"m\",\"content\":[],\"usage\":{\"input_tokens\":3,\"output_tokens\":1}}}\n\n" +
+	"event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"tool_use\",\"id\":\"toolu_1\",\"name\":\"mcp__srv__lookup\",\"input\":{}}}\n\n" +
+	"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"{\\\"q\\\":\\\"x\\\"}\"}}\n\n" +
+	"event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n" +
+	"event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":1,\"content_block\":{\"type\":\"tool_use\",\"id\":\"toolu_2\",\"name\":\"apply_patch\",\"input\":{}}}\n\n" +
+	"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":1,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"{\\\"input\\\":\\\"*** Begin\"}}\n\n" +
+	"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":1,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\" Patch\\\"}\"}}\n\n" +
+	"event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":1}\n\n" +
+	"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"tool_use\"},\"usage\":{\"output_tokens\":9}}\n\n" +
+	"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"
+
+// TestTranslationStreamsCallsInTheCallersForm checks a streamed answer
+// names a namespaced call in its group and gives a custom call its string
+// input (held back while the provider streams it as a JSON member), in the
+// Responses events and in the chat chunks.
+func TestTranslationStreamsCallsInTheCallersForm(t *testing.T) {
+	env := stateEnv(t)
+	f := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, messagesToolStream)
+	})
+	d := startDaemon(t, env, providerEnv(env, map[string]*fakeProvider{"anthropic": f}), "-local-credentials-stdin")
+
+	body := strings.Replace(codexLikeBody, `"stream":false`, `"stream":true`, 1)
+	status, _, out := d.call("POST", "/v1/responses", d.token, body)
+	if status != 200 {
+		t.Fatalf("status %d: %s", status, out)
+	}
+	var completed []byte
+	var customDeltas []string
+	for _, fr := range splitTestSSE(t, string(out)) {
+		switch fr.Event {
+		case "response.completed":
+			completed = []byte(fr.Data)
+		case "response.custom_tool_call_input.delta":
+			customDeltas = append(customDeltas, jsonAt(t, []byte(fr.Data), "delta"))
+		case "response.function_call_arguments.delta":
+			if got := jsonAt(t, []byte(fr.Data), "delta"); strings.Contains(got, "input") {
+				t.Errorf("a custom call's JSON wrapper reached the caller: %s", got)
+			}
+		}
+	}
+	if want := []string{`"*** Begin Patch"`}; !slices.Equal(customDeltas, want) {
+		t.Errorf("custom input deltas = %v, want %v", customDeltas, want)
+	}
+	for path, want := range map[string]string{
+		"response.output[0].type": `"function_call"`, "response.output[0].namespace": `"mcp__srv"`, "response.output[0].name": `"lookup"`,
+		"response.output[0].arguments": `"{\"q\":\"x\"}"`, "response.output[1].type": `"custom_tool_call"`, "response.output[1].name": `"apply_patch"`,
+		"response.output[1].input": `"*** Begin Patch"`, "response.status": `"completed"`,
+	} {
+		if got := jsonAt(t, completed, path); got != want {
+			t.Errorf("completed %s = %s, want %s", path, got, want)
+		}
+	}
+
+	chat := `{"model":"anthropic/claude-test","max_tokens":100,"stream":true,"messages":[{"role":"user","content":"patch"}],
+		"tools":[{"type":"custom","custom":{"name":"apply_patch"}},{"type":"function","function":{"name":"mcp__srv__lookup"}}]}`
+	status, _, out = d.call("POST", "/v1/chat/completions", d.token, chat)
+	if status != 200 {
+		t.Fatalf("chat status %d: %s", status, out)
+	}
+	var input, kinds []string
+	for _, fr := range splitTestSSE(t, string(out)) {
+		if fr.Data == "[DONE]" {
+			continue
+		}
+		if k := jsonAt(t, []byte(fr.Data), "choices[0].delta.tool_calls[0].type"); k != "" {
+			kinds = append(kinds, k)
+		}
+		if in := jsonAt(t, []byte(fr.Data), "choices[0].delta.tool_calls[0].custom.input"); in != "" && in != `""` {
+			input = append(input, in)
+		}
+	}
+	if want := []string{`"function"`, `"custom"`}; !slices.Equal(kinds, want) {
+		t.Errorf("chat call kinds = %v, want %v", kinds, want)
+	}
+	if want := []string{`"*** Begin Patch"`}; !slices.Equal(input, want) {
+		t.Errorf("chat custom input = %v, want %v", input, want)
 	}
 }
