@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -367,7 +368,7 @@ func fuzzDialectParse(f *testing.F, dialect string, seeds ...string) {
 			t.Fatalf("accepted max tokens %d", req.MaxTokens)
 		}
 		enc, err := wf.encode(req, req.Model, upstreamOptions{stream: req.Stream})
-		if err != nil {
+		if err != nil || len(roundTripNeutral(req).Messages) == 0 || roundTripNeutral(req).Messages[0].Role == "system" { // nothing a provider takes
 			return // not every accepted request can be sent (JSON mode toward messages, arguments that are not an object)
 		}
 		again, err := wf.parse(must(json.Marshal(enc)))
@@ -384,9 +385,15 @@ func fuzzDialectParse(f *testing.F, dialect string, seeds ...string) {
 // carries by design no further than one hop: what was dropped and where
 // it stood, the billing target (never forwarded), empty text (providers
 // refuse it), empty arguments (sent as {}) and a reasoning effort between
-// budget steps; a tool group goes flattened.
+// budget steps; a tool group goes flattened, a schema gets a name, and
+// JSON is compared as encoding/json writes it.
 func roundTripNeutral(req chatRequest) chatRequest {
 	req.Dropped, req.BillingTarget, req.Effort = nil, nil, ""
+	if req.Output != nil {
+		if s := schemaOutput(req.Output); s != nil {
+			req.Output = s // the schema's name the OpenAI formats require
+		}
+	}
 	var msgs []message
 	for _, m := range req.Messages {
 		var parts []part
@@ -395,19 +402,47 @@ func roundTripNeutral(req chatRequest) chatRequest {
 				continue
 			}
 			if p.Type == partToolCall && !p.Custom {
-				p.Arguments = argumentsText(p.Arguments)
+				if p.Arguments = argumentsText(p.Arguments); json.Valid([]byte(p.Arguments)) {
+					p.Arguments = string(canonicalJSON(json.RawMessage(p.Arguments)))
+				}
 			}
 			parts = append(parts, p)
 		}
-		if len(parts) > 0 {
+		if m.Role == "user" { // tool results go first in a user turn
+			slices.SortStableFunc(parts, func(a, b part) int { return boolRank(b.Type == partToolResult) - boolRank(a.Type == partToolResult) })
+		}
+		switch {
+		case len(parts) == 0:
+		case m.Role == "system" && len(msgs) == 0: // a system turn with no turn before it leads
+			req.System = joinText(req.System, textOf(parts))
+		default:
 			msgs = append(msgs, message{m.Role, parts})
 		}
 	}
 	req.Messages = msgs
-	for i := range req.Tools {
+	if len(req.Tools) == 0 {
+		req.ParallelToolCalls = nil // says nothing without tools; messages cannot send it then
+	}
+	req.Tools = slices.Clone(req.Tools)
+	for i, tl := range req.Tools {
 		req.Tools[i].Namespace = "" // flattened toward every provider
+		if tl.Kind == toolFunction && tl.Parameters == nil {
+			req.Tools[i].Parameters = emptySchema // the schema a protocol that requires one gets
+		}
+		req.Tools[i].Parameters, req.Tools[i].Format = canonicalJSON(req.Tools[i].Parameters), canonicalJSON(tl.Format)
+	}
+	if req.Output != nil {
+		req.Output.Schema = canonicalJSON(req.Output.Schema)
 	}
 	return req
+}
+
+// canonicalJSON is raw as encoding/json writes it (compact, HTML-escaped).
+func canonicalJSON(raw json.RawMessage) json.RawMessage {
+	if raw == nil {
+		return nil
+	}
+	return must(json.Marshal(raw))
 }
 
 func FuzzParseChatCompletions(f *testing.F) {
@@ -432,4 +467,11 @@ func FuzzParseResponses(f *testing.F) {
 		`{"model":"m","instructions":"s","input":[{"role":"developer","content":"d"},{"role":"user","content":[{"type":"input_text","text":"a"},{"type":"input_image","image_url":"data:image/png;base64,AA=="}]},{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"r"}],"tools":[{"type":"function","name":"f","parameters":{"type":"object"}}],"tool_choice":{"type":"function","name":"f"},"max_output_tokens":9,"billingTarget":{"subscriptionId":"s"}}`,
 		`{"model":"m","input":[]}`, `{"model":"m","input":[{"type":"item_reference","id":"x"}]}`,
 		`{"model":"m","input":[{"role":"user","content":"q"},{"role":"developer","content":"later"},{"type":"function_call","call_id":"c","namespace":"ns","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"r"},{"type":"custom_tool_call","call_id":"p","name":"patch","input":"x"},{"type":"custom_tool_call_output","call_id":"p","output":"ok"},{"type":"web_search_call","id":"w"}],"tools":[{"type":"custom","name":"patch"},{"type":"namespace","name":"ns","tools":[{"type":"function","name":"f","parameters":{"type":"object"}}]},{"type":"web_search"}],"tool_choice":{"type":"function","namespace":"ns","name":"f"},"reasoning":{"effort":"high"},"text":{"format":{"type":"json_schema","name":"o","schema":{"type":"object"}}},"store":false}`)
+}
+
+func boolRank(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

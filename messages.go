@@ -380,7 +380,9 @@ func encodeMessages(req chatRequest, model string, o upstreamOptions) (any, erro
 				results = append(results, messagesBlock{Type: "tool_result", ToolUseID: p.ToolCallID, Content: jsonText(p.Text), IsError: p.IsError})
 			}
 		}
-		out.Messages = append(out.Messages, messagesTurn{Role: m.Role, Content: must(json.Marshal(append(results, rest...)))})
+		if len(results)+len(rest) > 0 { // only empty text: the API refuses an empty turn
+			out.Messages = append(out.Messages, messagesTurn{Role: m.Role, Content: must(json.Marshal(append(results, rest...)))})
+		}
 	}
 	for _, t := range req.Tools {
 		schema := t.Parameters

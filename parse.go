@@ -97,7 +97,8 @@ func dropUnknown(d *[]string, raw json.RawMessage, path, known string) {
 	}
 	keys := make([]string, 0, len(m))
 	for k := range m {
-		if !slices.Contains(strings.Fields(known), k) {
+		// encoding/json matches member names without regard to case.
+		if !slices.ContainsFunc(strings.Fields(known), func(n string) bool { return strings.EqualFold(n, k) }) {
 			keys = append(keys, k)
 		}
 	}
