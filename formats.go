@@ -10,21 +10,17 @@ import (
 )
 
 // Translation across wire formats (SPEC §7.5, §7.6). Three formats, each in
-// its own file holding both directions, caller side and provider side:
-// chat.go (OpenAI Chat Completions), messages.go (Anthropic Messages) and
-// responses.go (OpenAI Responses). Each wire shape is declared once and
-// serves the caller's body, the provider's body, the answer and the stream.
-// This file holds the neutral request and answer between them, the one
-// table of the three formats and what they share.
+// its own file holding both directions, caller side and provider side,
+// buffered and streamed: chat.go (OpenAI Chat Completions), messages.go
+// (Anthropic Messages) and responses.go (OpenAI Responses). Each wire shape
+// is declared once and serves the caller's body, the provider's body, the
+// answer and the stream. This file holds the neutral request and answer
+// between them, the one table of the three formats and what they share;
+// parse.go the rules for reading a caller's body, sse.go the streams.
 //
 // Translation carries every member that has a counterpart in the target
-// format. A member with none is dropped and named (chatRequest.Dropped,
-// in the caller's own member paths); structured output the target cannot
-// express is refused before any call. Parsing is lenient: an unknown member
-// is dropped and named, and only a member Brama must read and cannot (a
-// non-string model, an unknown role) is refused as invalid_request.
-// Refusals name the member (messages[2].content[0]) but never quote the
-// caller's text.
+// format; a member with none is dropped and named (droppedFor), and
+// structured output the target cannot express is refused before any call.
 
 // chatRequest is one chat request in no particular format.
 type chatRequest struct {
