@@ -54,6 +54,7 @@ type apiError struct {
 	Attempts  *int   // nil: refused before dispatch, so no "attempts" key
 	Details   *aliasDetails
 	Retryable *bool // nil: from the code table; set only for SPEC §12's in-progress 409
+	status    int   // 0: from the code table; set only by withStatus
 	Err       error // cause: logged, never sent
 }
 
@@ -75,8 +76,20 @@ func refuse(code, format string, args ...any) *apiError {
 func (e *apiError) Error() string { return e.Code + ": " + e.Message }
 func (e *apiError) Unwrap() error { return e.Err }
 
-// Status is the HTTP status the code fixes.
-func (e *apiError) Status() int { return codes[e.Code].status }
+// Status is the HTTP status the code fixes, unless withStatus chose one.
+func (e *apiError) Status() int {
+	if e.status != 0 {
+		return e.status
+	}
+	return codes[e.Code].status
+}
+
+// withStatus answers e with status, for a code SPEC §8.2 lists under more
+// than one (invalid_request: 413 for a body over BRAMA_MAX_REQUEST_BYTES).
+func (e *apiError) withStatus(status int) *apiError {
+	e.status = status
+	return e
+}
 
 // withAttempts returns e marked as a refusal made after dispatch began.
 func (e *apiError) withAttempts(n int) *apiError {

@@ -252,7 +252,10 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 		log: log, getenv: e.getenv, st: d.st, now: now,
 		clients: d.clients, vault: d.vault, journal: d.journal, reg: d.reg, guard: guard,
 	}
-	s.agents = &agentVerifier{secret: s.vault.agentSecret, now: s.now, seen: map[string]time.Time{}}
+	s.agents = newAgentVerifier(s.vault.agentSecret, s.now)
+	if s.maxBody, err = maxRequestBytes(e.getenv("BRAMA_MAX_REQUEST_BYTES")); err != nil {
+		return err
+	}
 	s.client = newProviderClient()
 	s.catalog = newCatalog(d.st, e.getenv, s.client, log, s.now)
 	s.perf = newPerfRegistry(d.st, log, s.now)
@@ -278,8 +281,15 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 	if err != nil {
 		return err
 	}
+	// Every request context descends from base, so requests still running
+	// when the shutdown grace ends are cancelled with errServerShutdown.
+	base, stopRequests := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer stopRequests(nil)
 	srv := &http.Server{
-		Handler: s,
+		Handler:     s,
+		BaseContext: func(net.Listener) context.Context { return base },
+		// OPTIONS * reaches ServeHTTP too, for its envelope and log line.
+		DisableGeneralOptionsHandler: true,
 		// Only how long a client takes to send headers is bounded; reads and
 		// writes have no deadline, so a long generation is never cut (SPEC §7.4).
 		ReadHeaderTimeout: 30 * time.Second,
@@ -307,13 +317,26 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 	case err = <-serveErr:
 		return err
 	}
-	shutCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 20*time.Second)
+	grace := shutdownGrace
+	if testingOnlyShutdownGrace != 0 {
+		grace = testingOnlyShutdownGrace
+	}
+	shutCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), grace)
 	defer cancel()
 	if err := srv.Shutdown(shutCtx); err != nil {
+		stopRequests(errServerShutdown) // their log lines say server_shutdown
 		srv.Close()
 	}
+	s.inflight.wait()
 	return nil
 }
+
+// shutdownGrace is how long in-flight requests may run after SIGTERM.
+const shutdownGrace = 20 * time.Second
+
+// testingOnlyShutdownGrace shortens shutdownGrace in tests (zero in
+// production).
+var testingOnlyShutdownGrace time.Duration
 
 // readLocalCredentials reads `{"provider":"api key",…}` from stdin.
 func readLocalCredentials(r io.Reader) (map[string]string, error) {

@@ -1,0 +1,267 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// The probes of issue 10 (what an attacker found), kept as end-to-end
+// checks over real HTTP.
+
+// bodyRoutes is every route that reads a body, with a path that reaches it.
+var bodyRoutes = []struct{ method, path string }{
+	{"POST", "/v1/chat/completions"},
+	{"POST", "/v1/messages"},
+	{"POST", "/v1/responses"},
+	{"POST", "/v1/embeddings"},
+	{"PUT", "/v1/admin/routes"},
+	{"DELETE", "/v1/admin/routes"},
+	{"POST", "/v1/admin/checks"},
+	{"POST", "/v1/subscriptions/a1"},
+	{"DELETE", "/v1/subscriptions/a1/sub_0123456789abcdef"},
+	{"POST", "/v1/admin/subscriptions/a1"},
+	{"DELETE", "/v1/admin/subscriptions/a1/sub_0123456789abcdef"},
+	{"POST", "/v1/admin/subscriptions/a1/sub_0123456789abcdef/reinstate"},
+	{"POST", "/v1/admin/maintain"},
+	{"PUT", "/v1/admin/subscriptions/a1/sub_0123456789abcdef/credential"},
+	{"POST", "/v1/admin/subscriptions/a1/sub_0123456789abcdef/probe"},
+	{"POST", "/v1/admin/subscriptions/refresh"},
+}
+
+func TestDeepBodyEveryRoute(t *testing.T) {
+	env := stateEnv(t)
+	addAgent(t, env, "a1")
+	d := startDaemon(t, env, `{"openai":"k"}`, "-local-credentials-stdin")
+	tok := addClient(t, env, "ops", "-admin", "-agent", "a1")
+	deep := strings.Repeat("[", 3_000_000)
+	for _, rt := range bodyRoutes {
+		t.Run(rt.method+" "+rt.path, func(t *testing.T) {
+			status, _, body := d.call(rt.method, rt.path, tok, deep)
+			if status != 400 {
+				t.Fatalf("status %d, want 400: %.300s", status, body)
+			}
+			e := envelopeOf(t, body)
+			if e["code"] != "invalid_request" || !strings.Contains(fmt.Sprint(e["message"]), "1000 levels") {
+				t.Errorf("refusal %v, want invalid_request naming the 1000-level limit", e)
+			}
+			if status, _, _ := d.call("GET", "/health", "", ""); status != 200 {
+				t.Fatalf("/health answered %d after the deep body", status)
+			}
+		})
+	}
+	// 1,000 levels are still read (and then judged by the route itself).
+	ok := strings.Repeat("[", 1000) + strings.Repeat("]", 1000)
+	status, _, body := d.call("PUT", "/v1/admin/routes", tok, ok)
+	if status != 400 || strings.Contains(string(body), "1000 levels") {
+		t.Errorf("1000-deep body: %d %s, want the route's own 400", status, body)
+	}
+}
+
+// rawConn opens a TCP connection to the daemon and sends head verbatim.
+func rawConn(t *testing.T, d *daemon, head string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", strings.TrimPrefix(d.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if _, err := io.WriteString(c, head); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func TestSlowUnauthenticatedBodiesAreRefusedAndClosed(t *testing.T) {
+	d := startDaemon(t, stateEnv(t), "")
+	const conns = 500
+	bound := time.Now().Add(30 * time.Second) // the test's bound; a pass takes well under a second
+	head := "POST /v1/chat/completions HTTP/1.1\r\nHost: brama\r\nAuthorization: Bearer nope\r\n" +
+		"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"a\":\r\n"
+	errs := make(chan error, conns)
+	var wg sync.WaitGroup
+	for i := range conns {
+		c := rawConn(t, d, head) // the body never ends: no last chunk is sent
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.SetReadDeadline(bound)
+			br := bufio.NewReader(c)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				errs <- fmt.Errorf("conn %d: no answer: %v", i, err)
+				return
+			}
+			b, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != 401 || !resp.Close || !strings.Contains(string(b), `"unauthenticated"`) {
+				errs <- fmt.Errorf("conn %d: %d close=%v %s, want 401 unauthenticated with Connection: close", i, resp.StatusCode, resp.Close, b)
+				return
+			}
+			if _, err := br.ReadByte(); err == nil {
+				errs <- fmt.Errorf("conn %d: the server kept the connection open after its refusal", i)
+			} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+				errs <- fmt.Errorf("conn %d: not closed within the bound", i)
+			}
+		}()
+	}
+	if status, _, _ := d.call("GET", "/health", "", ""); status != 200 {
+		t.Errorf("/health answered %d while %d slow bodies were held", status, conns)
+	}
+	wg.Wait()
+	close(errs)
+	n := 0
+	for err := range errs {
+		if n++; n <= 5 {
+			t.Error(err)
+		}
+	}
+	if n > 5 {
+		t.Errorf("… and %d more connections failed", n-5)
+	}
+	if status, _, _ := d.call("GET", "/health", "", ""); status != 200 {
+		t.Errorf("/health answered %d after the slow bodies", status)
+	}
+}
+
+func TestTokenHeaders(t *testing.T) {
+	env := stateEnv(t)
+	d := startDaemon(t, env, "")
+	tok := addClient(t, env, "app")
+	tests := []struct {
+		name string
+		hdr  []string
+		want int
+	}{
+		{"bearer", []string{"Authorization", "Bearer " + tok}, 200},
+		{"x-api-key", []string{"x-api-key", tok}, 200},
+		{"x-api-key of another case", []string{"X-API-KEY", tok}, 200},
+		{"x-api-key twice", []string{"x-api-key", tok, "x-api-key", tok}, 401},
+		{"both headers", []string{"Authorization", "Bearer " + tok, "x-api-key", tok}, 401},
+		{"unknown x-api-key", []string{"x-api-key", "brama_nope"}, 401},
+		{"empty x-api-key", []string{"x-api-key", ""}, 401},
+		{"x-api-key with a scheme", []string{"x-api-key", "Bearer " + tok}, 401},
+		{"bearer twice", []string{"Authorization", "Bearer " + tok, "Authorization", "Bearer " + tok}, 401},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			status, _, body := d.call("GET", "/v1/aliases", "", "", tc.hdr...)
+			if status != tc.want {
+				t.Fatalf("status %d, want %d: %s", status, tc.want, body)
+			}
+			if tc.want == 401 {
+				if e := envelopeOf(t, body); e["code"] != "unauthenticated" || e["message"] != "unauthorized" {
+					t.Errorf("refusal %v, want unauthenticated \"unauthorized\"", e)
+				}
+			}
+		})
+	}
+}
+
+func TestMaxRequestBytes(t *testing.T) {
+	big := strings.Repeat("x", 4000) // the provider's answer is larger than the caller's limit
+	fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"id":"c1","object":"chat.completion","model":"gpt-test","choices":[{"index":0,"message":{"role":"assistant","content":%q},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`, big)
+	})
+	env := stateEnv(t)
+	env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = fake.URL
+	env["BRAMA_MAX_REQUEST_BYTES"] = "1024"
+	d := startDaemon(t, env, `{"openai":"k"}`, "-local-credentials-stdin")
+	const head, tail = `{"model":"openai/gpt-test","messages":[{"role":"user","content":"`, `"}]}`
+	pad := func(n int) string { // a chat body of exactly n bytes
+		return head + strings.Repeat("u", n-len(head)-len(tail)) + tail
+	}
+	tests := []struct {
+		name    string
+		body    string
+		chunked bool
+		want    int
+	}{
+		{"at the limit", pad(1024), false, 200},
+		{"one byte over", pad(1025), false, 413},
+		{"chunked over", pad(5000), true, 413},
+		{"chunked within", pad(900), true, 200},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			before := fake.calls.Load()
+			var rd io.Reader = strings.NewReader(tc.body)
+			if tc.chunked {
+				rd = io.MultiReader(rd) // no length known: sent chunked
+			}
+			req, _ := http.NewRequest("POST", d.url+"/v1/chat/completions", rd)
+			req.Header.Set("Authorization", "Bearer "+d.token)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tc.want {
+				t.Fatalf("status %d, want %d: %.300s", resp.StatusCode, tc.want, b)
+			}
+			calls := fake.calls.Load() - before
+			if tc.want == 413 {
+				if e := envelopeOf(t, b); e["code"] != "invalid_request" || !strings.Contains(fmt.Sprint(e["message"]), "BRAMA_MAX_REQUEST_BYTES") {
+					t.Errorf("refusal %v, want invalid_request naming BRAMA_MAX_REQUEST_BYTES", e)
+				}
+				if calls != 0 {
+					t.Errorf("%d provider calls for an oversized body, want 0", calls)
+				}
+			} else if !strings.Contains(string(b), big) {
+				t.Errorf("the provider's %d-byte answer was not relayed whole", len(big))
+			}
+		})
+	}
+	_, errOut, code := runCLI(t, map[string]string{"BRAMA_STATE_DIR": t.TempDir(), "BRAMA_MAX_REQUEST_BYTES": "lots"}, "", "serve", "-addr", "127.0.0.1:0")
+	if code != 1 || !strings.Contains(errOut, "BRAMA_MAX_REQUEST_BYTES") {
+		t.Errorf("serve with BRAMA_MAX_REQUEST_BYTES=lots: exit %d %s, want 1 naming it", code, errOut)
+	}
+}
+
+func TestPerfEntriesOnlyForServedRoutes(t *testing.T) {
+	var down atomic.Bool
+	fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		if down.Load() {
+			w.WriteHeader(503)
+			return
+		}
+		var req struct{ Model string }
+		json.Unmarshal(body, &req)
+		w.Header().Set("Content-Type", "application/json")
+		if req.Model != "gpt-test" {
+			w.WriteHeader(404)
+			io.WriteString(w, `{"error":{"message":"The model does not exist","type":"invalid_request_error","code":"model_not_found"}}`)
+			return
+		}
+		io.WriteString(w, protocolFixtures[0].buffered)
+	})
+	env := stateEnv(t)
+	env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = fake.URL
+	d := startDaemon(t, env, `{"openai":"k"}`, "-local-credentials-stdin")
+	for i := range 50 {
+		if status, _, body := d.call("POST", "/v1/chat/completions", d.token, chatBody(dialectChat, fmt.Sprintf("openai/u%d-invented", i), false, "")); status < 400 {
+			t.Fatalf("invented model answered %d: %s", status, body)
+		}
+	}
+	for _, ok := range []bool{true, false} {
+		down.Store(!ok) // one success creates the entry; a failure then counts on it
+		d.call("POST", "/v1/chat/completions", d.token, chatBody(dialectChat, "openai/gpt-test", false, ""))
+	}
+	_, _, metrics := d.call("GET", "/metrics", d.token, "")
+	if strings.Contains(string(metrics), "invented") {
+		t.Errorf("/metrics holds entries for routes that never served:\n%s", metrics)
+	}
+	want := `brama_route_requests_total{route="openai/gpt-test"} 2` + "\n"
+	if !strings.Contains(string(metrics), want) || !strings.Contains(string(metrics), `brama_route_failures_total{route="openai/gpt-test"} 1`) {
+		t.Errorf("/metrics lacks the served route's two requests and one failure:\n%s", metrics)
+	}
+}
