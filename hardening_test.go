@@ -265,3 +265,94 @@ func TestPerfEntriesOnlyForServedRoutes(t *testing.T) {
 		t.Errorf("/metrics lacks the served route's two requests and one failure:\n%s", metrics)
 	}
 }
+
+func TestPathAgentIDs(t *testing.T) {
+	env := stateEnv(t)
+	d := startDaemon(t, env, "")
+	for _, rt := range []struct{ method, path string }{
+		{"GET", "/v1/admin/subscriptions/%2e%2e"},
+		{"GET", "/v1/admin/subscriptions/%2E"},
+		{"GET", "/v1/subscriptions/%2e%2e"},
+		{"GET", "/v1/admin/subscriptions/A1"},
+		{"POST", "/v1/admin/subscriptions/a%2fb"},
+		{"DELETE", "/v1/admin/subscriptions/a_1/sub_0123456789abcdef"},
+		{"POST", "/v1/admin/subscriptions/" + strings.Repeat("a", 65) + "/sub_0123456789abcdef/reinstate"},
+		{"PUT", "/v1/admin/subscriptions/%20/sub_0123456789abcdef/credential"},
+		{"POST", "/v1/admin/subscriptions/%2e%2e/sub_0123456789abcdef/probe"},
+		{"DELETE", "/v1/subscriptions/%2e%2e/sub_0123456789abcdef"},
+	} {
+		t.Run(rt.method+" "+rt.path, func(t *testing.T) {
+			status, _, body := d.call(rt.method, rt.path, d.token, "{}")
+			if status != 400 {
+				t.Fatalf("status %d, want 400: %s", status, body)
+			}
+			if e := envelopeOf(t, body); e["code"] != "invalid_request" || !strings.Contains(fmt.Sprint(e["message"]), "agent id") {
+				t.Errorf("refusal %v, want invalid_request naming the agent id", e)
+			}
+		})
+	}
+	if status, _, body := d.call("GET", "/v1/admin/subscriptions/a1", d.token, ""); status != 200 {
+		t.Errorf("a valid agent id: %d %s", status, body)
+	}
+}
+
+// requestLine finds the one request log line whose field key is value.
+func requestLine(t *testing.T, logs, key, value string) map[string]any {
+	t.Helper()
+	for _, l := range strings.Split(logs, "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(l), &m) == nil && m["msg"] == "request" && m[key] == value {
+			return m
+		}
+	}
+	t.Fatalf("no request log line with %s=%q in:\n%s", key, value, logs)
+	return nil
+}
+
+func TestOptionsStar(t *testing.T) {
+	d := startDaemon(t, stateEnv(t), "")
+	c := rawConn(t, d, "OPTIONS * HTTP/1.1\r\nHost: brama\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 404 || envelopeOf(t, b)["code"] != "not_found" {
+		t.Errorf("OPTIONS *: %d %s, want 404 not_found in the envelope", resp.StatusCode, b)
+	}
+	id := resp.Header.Get("X-Request-Id")
+	if id == "" {
+		t.Fatal("OPTIONS * has no X-Request-Id")
+	}
+	c.Close()
+	d.stop() // the log line is written before serve returns
+	if l := requestLine(t, d.stderr.String(), "request_id", id); l["method"] != "OPTIONS" || l["outcome"] != "not_found" {
+		t.Errorf("log line %v, want method OPTIONS and outcome not_found", l)
+	}
+}
+
+func TestStreamEndedByShutdownIsNotClientCancelled(t *testing.T) {
+	testingOnlyShutdownGrace = 50 * time.Millisecond
+	t.Cleanup(func() { testingOnlyShutdownGrace = 0 })
+	frames := strings.SplitAfter(fixture(t, "openai-chat.sse"), "\n\n")
+	fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, frames[0]+frames[1])
+		w.(http.Flusher).Flush()
+		<-r.Context().Done() // a long generation: it ends only when Brama hangs up
+	})
+	env := stateEnv(t)
+	env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = fake.URL
+	d := startDaemon(t, env, `{"openai":"k"}`, "-local-credentials-stdin")
+	resp := d.openStream("/v1/chat/completions", d.token, chatBody(dialectChat, "openai/gpt-test", true, ""))
+	defer resp.Body.Close()
+	id := resp.Header.Get("X-Request-Id")
+	if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil {
+		t.Fatalf("no first event: %v", err)
+	}
+	d.stop() // SIGTERM: the grace ends with the stream still open
+	l := requestLine(t, d.stderr.String(), "request_id", id)
+	if l["outcome"] != "server_shutdown" {
+		t.Errorf("a stream ended by shutdown logged outcome %v, want server_shutdown", l["outcome"])
+	}
+}
