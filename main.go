@@ -243,6 +243,12 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 	}
 	if lock != nil {
 		defer lock.Close()
+		n, err := removeStaleTemps(d.st.dir)
+		if err != nil {
+			log.Warn("state_temp_files_unremoved", "removed", n, "cause", err.Error())
+		} else if n > 0 {
+			log.Info("state_temp_files_removed", "count", n)
+		}
 	}
 	guard, err := newTransportGuard(e.getenv("BRAMA_TRUSTED_PROXY_IPS"))
 	if err != nil {
@@ -263,6 +269,11 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 	s.ledger = newLedger(d.st, log, s.now)
 	defer s.ledger.flush()
 	s.inv = newInventory(d.st, s.vault, s.journal, s.ledger, e.getenv, log, s.now)
+	if ids, err := s.inv.removeOrphans(); err != nil {
+		log.Warn("vault_orphans_unremoved", "cause", err.Error())
+	} else if len(ids) > 0 {
+		log.Info("vault_orphans_removed", "count", len(ids), "subscription_ids", strings.Join(ids, ","))
+	}
 	s.oauth = newOAuth(e.getenv, s.client, s.vault, s.ledger, log, s.now)
 	defer s.oauth.shutdown()
 	s.maint = newMaintainer(s.inv, s.ledger, s.oauth, s.journal, s.client, e.getenv, log, s.now)

@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -298,6 +299,58 @@ func lockServe(s state) (*os.File, error) {
 		return nil, fmt.Errorf("another brama serve holds %s", name)
 	}
 	return f, nil
+}
+
+// staleTempName matches the temporary names placeFile creates:
+// os.CreateTemp's "." + base + ".tmp" + random digits.
+var staleTempName = regexp.MustCompile(`^\..+\.tmp[0-9]+$`)
+
+// removeStaleTemps removes the temporary files of placeFile that a crash
+// left in the state directory dir and its answers/<client>/ directories,
+// and returns how many it removed. A crash between CreateTemp and rename
+// leaves one, possibly a whole copy of the vault, so old secrets would
+// otherwise outlive their rotation. The caller holds serve.lock, so no
+// other serve writes here; a temporary file beside a <file>.lock that a CLI
+// may hold is removed under that lock, so a CLI's write in progress is never
+// cut short.
+func removeStaleTemps(dir string) (int, error) {
+	dirs := []string{dir}
+	answers := filepath.Join(dir, "answers")
+	if subs, err := os.ReadDir(answers); err == nil {
+		for _, e := range subs {
+			if e.IsDir() {
+				dirs = append(dirs, filepath.Join(answers, e.Name()))
+			}
+		}
+	}
+	n := 0
+	for _, d := range dirs {
+		entries, err := os.ReadDir(d)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return n, err
+		}
+		for _, e := range entries {
+			if !e.Type().IsRegular() || !staleTempName.MatchString(e.Name()) {
+				continue
+			}
+			temp := filepath.Join(d, e.Name())
+			target := filepath.Join(d, e.Name()[1:strings.LastIndex(e.Name(), ".tmp")])
+			remove := func() error { return os.Remove(temp) }
+			if _, err := os.Lstat(target + ".lock"); err == nil {
+				err = withFileLock(target, remove)
+			} else {
+				err = remove()
+			}
+			if err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return n, err
+			}
+			n++
+		}
+	}
+	return n, nil
 }
 
 // decodeStrict decodes one JSON document into v for the strict state files
