@@ -84,7 +84,7 @@ func BenchmarkReadyzJournal300k(b *testing.B) {
 		b.Fatal(err)
 	}
 	d := startDaemon(b, env, `{"openai":"k"}`, "-local-credentials-stdin")
-	for b.Loop() {
+	probe := func() {
 		resp, err := http.Get(d.url + "/readyz")
 		if err != nil {
 			b.Fatal(err)
@@ -94,6 +94,10 @@ func BenchmarkReadyzJournal300k(b *testing.B) {
 		if resp.StatusCode != 200 {
 			b.Fatalf("status %d", resp.StatusCode)
 		}
+	}
+	probe() // the first probe after start reads the journal once, whatever the code
+	for b.Loop() {
+		probe()
 	}
 	b.ReportMetric(float64(buf.Len())/(1<<20), "journal-MiB")
 }

@@ -176,3 +176,38 @@ func TestReadyzJournalWarningsAreBounded(t *testing.T) {
 		t.Errorf("after the journal was replaced: %q, want only its line 1", w)
 	}
 }
+
+// TestReadmeCLITable keeps README's CLI table whole: each row has its
+// three cells (command, what, example) and names a command once.
+func TestReadmeCLITable(t *testing.T) {
+	b, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(b), "\n## CLI\n")
+	if !ok {
+		t.Fatal("README has no CLI section")
+	}
+	rest, _, _ = strings.Cut(rest, "\n## ")
+	seen := map[string]bool{}
+	rows := 0
+	for _, line := range strings.Split(rest, "\n") {
+		if !strings.HasPrefix(line, "| `brama ") {
+			continue
+		}
+		rows++
+		cells := strings.Split(strings.ReplaceAll(line, `\|`, ""), "|")
+		if len(cells) != 5 { // "" + three cells + ""
+			t.Errorf("CLI row with %d cells, want 3: %.120s", len(cells)-2, line)
+			continue
+		}
+		cmd := strings.TrimSpace(cells[1])
+		if seen[cmd] {
+			t.Errorf("CLI table names %s twice", cmd)
+		}
+		seen[cmd] = true
+	}
+	if rows < 10 {
+		t.Errorf("CLI table has %d rows; it was not found whole", rows)
+	}
+}
