@@ -7,6 +7,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,24 +19,24 @@ import (
 // The probes of issue 10 (what an attacker found), kept as end-to-end
 // checks over real HTTP.
 
-// bodyRoutes is every route that reads a body, with a path that reaches it.
-var bodyRoutes = []struct{ method, path string }{
-	{"POST", "/v1/chat/completions"},
-	{"POST", "/v1/messages"},
-	{"POST", "/v1/responses"},
-	{"POST", "/v1/embeddings"},
-	{"PUT", "/v1/admin/routes"},
-	{"DELETE", "/v1/admin/routes"},
-	{"POST", "/v1/admin/checks"},
-	{"POST", "/v1/subscriptions/a1"},
-	{"DELETE", "/v1/subscriptions/a1/sub_0123456789abcdef"},
-	{"POST", "/v1/admin/subscriptions/a1"},
-	{"DELETE", "/v1/admin/subscriptions/a1/sub_0123456789abcdef"},
-	{"POST", "/v1/admin/subscriptions/a1/sub_0123456789abcdef/reinstate"},
-	{"POST", "/v1/admin/maintain"},
-	{"PUT", "/v1/admin/subscriptions/a1/sub_0123456789abcdef/credential"},
-	{"POST", "/v1/admin/subscriptions/a1/sub_0123456789abcdef/probe"},
-	{"POST", "/v1/admin/subscriptions/refresh"},
+// bodyRoutes lists every route whose method carries a body, read from
+// routes() itself (the only place URL patterns appear), with the wildcards
+// filled in, so a route added later is covered too.
+func bodyRoutes(t *testing.T) []struct{ method, path string } {
+	t.Helper()
+	src, err := os.ReadFile("server.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fill := strings.NewReplacer("{agent_id}", "a1", "{subscription_id}", "sub_0123456789abcdef", "{key}", "k1", "{id}", "m1")
+	var out []struct{ method, path string }
+	for _, m := range regexp.MustCompile(`s\.mux\.Handle(?:Func)?\("(POST|PUT|PATCH|DELETE) ([^"]+)"`).FindAllStringSubmatch(string(src), -1) {
+		out = append(out, struct{ method, path string }{m[1], fill.Replace(m[2])})
+	}
+	if len(out) < 10 {
+		t.Fatalf("found only %d body routes in routes()", len(out))
+	}
+	return out
 }
 
 func TestDeepBodyEveryRoute(t *testing.T) {
@@ -43,7 +45,7 @@ func TestDeepBodyEveryRoute(t *testing.T) {
 	d := startDaemon(t, env, `{"openai":"k"}`, "-local-credentials-stdin")
 	tok := addClient(t, env, "ops", "-admin", "-agent", "a1")
 	deep := strings.Repeat("[", 3_000_000)
-	for _, rt := range bodyRoutes {
+	for _, rt := range bodyRoutes(t) {
 		t.Run(rt.method+" "+rt.path, func(t *testing.T) {
 			status, _, body := d.call(rt.method, rt.path, tok, deep)
 			if status != 400 {
