@@ -151,22 +151,32 @@ func infoFrom(ctx context.Context) *requestInfo {
 }
 
 // statusWriter remembers the status for the log line and keeps Flush
-// reachable through Unwrap (http.ResponseController).
+// reachable through Unwrap (http.ResponseController). An answer written
+// before the request's body was read closes the connection and stops
+// reading it (SPEC §7.4), so a slow body cannot hold the connection: a
+// refusal from the headers, or a route that never reads a body.
 type statusWriter struct {
 	http.ResponseWriter
 	status int
+	unread func() bool // the request has a body not read (nil: none)
 }
 
 func (w *statusWriter) WriteHeader(code int) {
 	if w.status == 0 {
 		w.status = code
+		if w.unread != nil && w.unread() {
+			w.Header().Set("Connection", "close")
+			// Without a read deadline net/http would still read up to 256 KiB
+			// of the body after the answer, at the sender's pace.
+			http.NewResponseController(w.ResponseWriter).SetReadDeadline(time.Now())
+		}
 	}
 	w.ResponseWriter.WriteHeader(code)
 }
 
 func (w *statusWriter) Write(b []byte) (int, error) {
 	if w.status == 0 {
-		w.status = http.StatusOK
+		w.WriteHeader(http.StatusOK)
 	}
 	return w.ResponseWriter.Write(b)
 }
@@ -187,6 +197,9 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ri := &requestInfo{id: newRequestID()}
 	w.Header().Set("X-Request-Id", ri.id)
 	sw := &statusWriter{ResponseWriter: w}
+	if r.Body != nil && r.Body != http.NoBody {
+		sw.unread = func() bool { return !ri.bodyRead }
+	}
 	r = r.WithContext(context.WithValue(r.Context(), infoKey{}, ri))
 	defer func() {
 		if ri.outcome == "" {
@@ -240,16 +253,8 @@ func newRequestID() string {
 }
 
 // fail writes err in the envelope and records its outcome for the log line.
-// A refusal made before the request's body was read closes the connection
-// and stops reading it (SPEC §7.4), so a slow body cannot hold it open.
 func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	ri := infoFrom(r.Context())
-	if !ri.bodyRead && r.Body != nil && r.Body != http.NoBody {
-		w.Header().Set("Connection", "close")
-		// Without a read deadline net/http would still read up to 256 KiB of
-		// the body after the answer, at the sender's pace.
-		http.NewResponseController(w).SetReadDeadline(time.Now())
-	}
 	ae := writeAPIError(w, r, err)
 	ri.outcome, ri.retryable = ae.Code, ae.body().Error.Retryable
 	if ae.Attempts != nil {
