@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -210,4 +211,30 @@ func TestReadmeCLITable(t *testing.T) {
 	if rows < 10 {
 		t.Errorf("CLI table has %d rows; it was not found whole", rows)
 	}
+}
+
+func FuzzPresentedToken(f *testing.F) {
+	f.Add("Bearer brama_abc", "", uint8(1), uint8(0))
+	f.Add("", "brama_abc", uint8(0), uint8(1))
+	f.Add("Bearer a, Bearer b", "brama_abc", uint8(1), uint8(1))
+	f.Add("bearer  x ", " y ", uint8(2), uint8(0))
+	f.Fuzz(func(t *testing.T, auth, key string, nAuth, nKey uint8) {
+		h := http.Header{}
+		for range nAuth % 3 {
+			h.Add("Authorization", auth)
+		}
+		for range nKey % 3 {
+			h.Add("X-Api-Key", key)
+		}
+		tok := presentedToken(h)
+		if tok == "" {
+			return
+		}
+		if nAuth%3+nKey%3 != 1 {
+			t.Fatalf("token %q accepted from %d Authorization and %d x-api-key headers", tok, nAuth%3, nKey%3)
+		}
+		if strings.ContainsAny(tok, " \t,") || !strings.Contains(auth+key, tok) {
+			t.Fatalf("token %q is not one clean token of the header sent", tok)
+		}
+	})
 }

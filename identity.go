@@ -183,21 +183,24 @@ func updateClients(path string, fn func(d *clientsDoc) error) error {
 // an empty token gives "", which no client matches.
 func presentedToken(h http.Header) string {
 	auth, key := h.Values("Authorization"), h.Values("X-Api-Key")
+	var tok string
 	switch {
 	case len(auth)+len(key) != 1:
 		return ""
 	case len(key) == 1:
-		tok := strings.TrimSpace(key[0])
-		if strings.ContainsAny(tok, " ,") {
+		tok = key[0]
+	default:
+		scheme, rest, ok := strings.Cut(auth[0], " ")
+		if !ok || !strings.EqualFold(scheme, "Bearer") {
 			return ""
 		}
-		return tok
+		tok = rest
 	}
-	scheme, tok, ok := strings.Cut(auth[0], " ")
-	if !ok || !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(tok) == "" || strings.Contains(tok, ",") {
+	tok = strings.TrimSpace(tok)
+	if strings.ContainsAny(tok, " \t,") { // one token, never a list
 		return ""
 	}
-	return strings.TrimSpace(tok)
+	return tok
 }
 
 // signatureWindow is how far an agent timestamp may be from now (SPEC §3.2);
