@@ -232,6 +232,10 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 	if testingOnlyNow != nil {
 		now = testingOnlyNow
 	}
+	maxBody, err := maxRequestBytes(e.getenv("BRAMA_MAX_REQUEST_BYTES"))
+	if err != nil {
+		return err
+	}
 	d := openDeps(e.getenv, log, now)
 	lock, err := lockServe(d.st)
 	if err != nil {
@@ -255,9 +259,7 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 		clients: d.clients, vault: d.vault, journal: d.journal, reg: d.reg, guard: guard,
 	}
 	s.agents = newAgentVerifier(s.vault.agentSecret, s.now)
-	if s.maxBody, err = maxRequestBytes(e.getenv("BRAMA_MAX_REQUEST_BYTES")); err != nil {
-		return err
-	}
+	s.maxBody = maxBody
 	s.client = newProviderClient()
 	s.catalog = newCatalog(d.st, e.getenv, s.client, log, s.now)
 	s.perf = newPerfRegistry(d.st, log, s.now)
