@@ -4,8 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
+	"net/http"
 	"regexp"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -13,8 +17,8 @@ import (
 // The ledger (SPEC §10.3) remembers, per subscription, what traffic and
 // usage reports said about its plan windows, the block a 429 or quota
 // refusal left, its credential state, measured use, and the last usage read
-// and probe. Dispatch orders and skips subscriptions by it, the maintenance
-// scheduler sets its one timer from it, and listings show it (§10.4).
+// and probe. Dispatch orders and skips subscriptions by it, maintenance arms
+// its one timer at its next due moment, and listings show it (§10.4).
 
 const ledgerFile = "ledger.json"
 
@@ -87,8 +91,17 @@ type ledgerDoc struct {
 // ledgerIDPattern is the shape of a subscription id (SPEC §2.2).
 var ledgerIDPattern = regexp.MustCompile(`^sub_[0-9a-f]{16}$`)
 
-// ledgerStopper is what a write-behind timer must offer: *time.Timer fits.
+// ledgerStopper is what a timer at a ledger moment must offer (the
+// write-behind here, maintenance's due timer): *time.Timer fits.
 type ledgerStopper interface{ Stop() bool }
+
+// afterFunc is time.AfterFunc, or testingOnly when a test set it.
+func afterFunc(testingOnly func(time.Duration, func()) ledgerStopper, d time.Duration, f func()) ledgerStopper {
+	if testingOnly != nil {
+		return testingOnly(d, f)
+	}
+	return time.AfterFunc(d, f)
+}
 
 // ledger is the in-memory ledger and its file. Mutations apply in memory at
 // once; the file follows, at once for credential, block and probe changes
@@ -122,11 +135,8 @@ type ledger struct {
 // (ledger_unreadable, without its bytes) and never overwritten, so an
 // operator can still inspect or repair it.
 func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
-	if log == nil {
+	if log == nil { // tests outside the cluster still pass nil (subscriptions_test.go)
 		log = slog.New(slog.DiscardHandler)
-	}
-	if now == nil {
-		now = time.Now
 	}
 	l := &ledger{log: log, now: now, entries: map[string]*ledgerEntry{}, changed: make(chan struct{}, 1)}
 	name, err := st.path("ledger", ledgerFile)
@@ -191,17 +201,8 @@ func parseLedger(role string, b []byte) (map[string]ledgerEntry, error) {
 // served empty and the file never overwritten (/readyz lists it).
 func (l *ledger) loadErr() error { return l.unreadable }
 
-// copyLedgerEntry deep-copies e so callers never share memory with the ledger.
-func copyLedgerEntry(e *ledgerEntry) ledgerEntry {
-	c := *e
-	if e.Windows != nil {
-		c.Windows = append([]planWindow{}, e.Windows...)
-	}
-	return c
-}
-
-// entry returns a copy of id's record; a missing one reads as an active
-// credential with no windows.
+// entry returns a copy of id's record, sharing no memory with the ledger; a
+// missing one reads as an active credential with no windows.
 func (l *ledger) entry(id string) (ledgerEntry, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -209,7 +210,9 @@ func (l *ledger) entry(id string) (ledgerEntry, bool) {
 	if !ok {
 		return ledgerEntry{Credential: ledgerCredential{State: credActive}}, false
 	}
-	return copyLedgerEntry(e), true
+	c := *e
+	c.Windows = slices.Clone(e.Windows)
+	return c, true
 }
 
 // credentialState is "active" unless a state was recorded.
@@ -237,14 +240,9 @@ func (l *ledger) recordWindows(id, provider string, ws []planWindow) {
 		}
 		for _, w := range ws {
 			w.UsedFraction = planFraction(w.UsedFraction)
-			replaced := false
-			for i := range e.Windows {
-				if e.Windows[i].ID == w.ID {
-					e.Windows[i], replaced = w, true
-					break
-				}
-			}
-			if !replaced {
+			if i := slices.IndexFunc(e.Windows, func(old planWindow) bool { return old.ID == w.ID }); i >= 0 {
+				e.Windows[i] = w
+			} else {
 				e.Windows = append(e.Windows, w)
 			}
 		}
@@ -407,11 +405,7 @@ func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEn
 	case l.timer == nil:
 		l.timerGen++
 		gen := l.timerGen
-		after := l.testingOnlyAfterFunc
-		if after == nil {
-			after = func(d time.Duration, f func()) ledgerStopper { return time.AfterFunc(d, f) }
-		}
-		l.timer = after(ledgerWriteEvery-now.Sub(l.lastWrite), func() { l.writeBehind(gen) })
+		l.timer = afterFunc(l.testingOnlyAfterFunc, ledgerWriteEvery-now.Sub(l.lastWrite), func() { l.writeBehind(gen) })
 	}
 	l.mu.Unlock()
 
@@ -540,4 +534,123 @@ func (l *ledger) row(item overlayItem, retired bool, now time.Time) subscription
 		}
 	}
 	return r
+}
+
+// Plan windows are the provider's own account of how much of a
+// subscription's plan is spent (SPEC §6.3, §11.2); the ledger keeps the
+// latest reading of each and dispatch orders subscriptions by them.
+
+// Where a plan window's reading came from.
+const (
+	windowSourceTraffic = "traffic"      // a subscription answer's headers (SPEC §6.3)
+	windowSourceReport  = "usage_report" // a usage report read (SPEC §11.2)
+)
+
+// planWindow is one plan window's latest reading.
+type planWindow struct {
+	ID           string  `json:"id"` // anthropic:5h, anthropic:7d, codex:primary, codex:secondary, kimi:usage, kimi:limit-<i>
+	Label        string  `json:"label"`
+	UsedFraction float64 `json:"used_fraction"` // clamped to [0,1]
+	ResetsAtMs   int64   `json:"resets_at_ms"`  // 0 unknown
+	RecordedAtMs int64   `json:"recorded_at_ms"`
+	Source       string  `json:"source"` // windowSourceTraffic or windowSourceReport
+}
+
+// newWindow is one reading taken now, its fraction clamped.
+func newWindow(id, label string, fraction float64, resetMs int64, now time.Time, source string) planWindow {
+	return planWindow{ID: id, Label: label, UsedFraction: planFraction(fraction), ResetsAtMs: resetMs,
+		RecordedAtMs: now.UnixMilli(), Source: source}
+}
+
+// planFraction keeps a fraction in [0,1]; NaN reads as 0.
+func planFraction(f float64) float64 {
+	switch {
+	case !(f >= 0): // also NaN
+		return 0
+	case f > 1:
+		return 1
+	}
+	return f
+}
+
+// planMaxResetSeconds bounds a reset instant or delay (about year 5138), so
+// converting it to milliseconds cannot overflow.
+const planMaxResetSeconds = 1e11
+
+// anthropicWindow is a claude-code window that traffic headers (by header
+// key) and the usage report (by member) both state, under one id so either
+// reading replaces the other.
+type anthropicWindow struct{ header, member, id, label string }
+
+var anthropicWindows = []anthropicWindow{
+	{"5h", "five_hour", "anthropic:5h", "5 hours"},
+	{"7d", "seven_day", "anthropic:7d", "7 days"},
+}
+
+// parsePlanWindows reads the plan windows a subscription answer's headers
+// state (SPEC §6.3): claude-code's unified 5h/7d utilization (a fraction)
+// and reset (unix seconds), codex's primary/secondary used percent, window
+// minutes and reset delay. A value that does not parse is skipped, never
+// guessed. Other providers state none.
+func parsePlanWindows(provider string, h http.Header, now time.Time) []planWindow {
+	var ws []planWindow
+	num := func(key string) (float64, bool) { return parseNumber(h.Get(key)) }
+	switch provider {
+	case "claude-code":
+		for _, k := range anthropicWindows {
+			util, ok := num("anthropic-ratelimit-unified-" + k.header + "-utilization")
+			if !ok {
+				continue
+			}
+			w := newWindow(k.id, k.label, util, 0, now, windowSourceTraffic)
+			if reset, ok := num("anthropic-ratelimit-unified-" + k.header + "-reset"); ok && reset > 0 && reset < planMaxResetSeconds {
+				w.ResetsAtMs = int64(reset * 1000)
+			}
+			ws = append(ws, w)
+		}
+	case "codex":
+		for _, which := range []string{"primary", "secondary"} {
+			prefix := "x-codex-" + which + "-"
+			pct, ok := num(prefix + "used-percent")
+			if !ok {
+				continue
+			}
+			mins, _ := num(prefix + "window-minutes")
+			w := newWindow("codex:"+which, windowLabel(mins, which+" window"), pct/100, 0, now, windowSourceTraffic)
+			if after, ok := num(prefix + "reset-after-seconds"); ok && after >= 0 && after < planMaxResetSeconds {
+				w.ResetsAtMs = now.UnixMilli() + int64(after*1000)
+			}
+			ws = append(ws, w)
+		}
+	}
+	return ws
+}
+
+// parseNumber reads s (spaces trimmed) as a finite number.
+func parseNumber(s string) (float64, bool) {
+	f, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
+	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
+		return 0, false
+	}
+	return f, true
+}
+
+// windowLabel names a window of mins minutes in whole days, hours or
+// minutes ("5 hours"), or is fallback when mins is not a whole number of
+// minutes in range.
+func windowLabel(mins float64, fallback string) string {
+	if !(mins >= 1) || mins >= planMaxResetSeconds || mins != math.Trunc(mins) {
+		return fallback
+	}
+	n, unit := int64(mins), "minute"
+	switch {
+	case n%(24*60) == 0:
+		n, unit = n/(24*60), "day"
+	case n%60 == 0:
+		n, unit = n/60, "hour"
+	}
+	if n == 1 {
+		return "1 " + unit
+	}
+	return strconv.FormatInt(n, 10) + " " + unit + "s"
 }

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"crypto/rand"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -21,9 +23,10 @@ import (
 	"time"
 )
 
-// This file holds OAuth grants (SPEC §11.1): refreshing them at the
-// providers' token endpoints, once per subscription at a time. The PKCE
-// sign-in that obtains a grant in the first place is in oauthsignin.go.
+// OAuth grants (SPEC §11.1): refreshing them at the providers' token
+// endpoints, one flight per subscription at a time; classifying the token
+// endpoint's answer (a partial answer is never a refusal); and the PKCE
+// sign-in exchange that obtains a grant in the first place.
 
 // oauthProvider is one row of SPEC §11.1's tables: where a provider's grants
 // are refreshed and, for providers with a sign-in, where it starts.
@@ -117,17 +120,9 @@ type refreshCall struct {
 	err    error
 }
 
-// newOAuth builds the OAuth client. client should be newProviderClient().
+// newOAuth builds the OAuth client; client is newProviderClient(). The
+// sign-in exchange needs neither v nor l.
 func newOAuth(getenv func(string) string, client *http.Client, v *vault, l *ledger, log *slog.Logger, now func() time.Time) *oauthClient {
-	if client == nil {
-		client = newProviderClient()
-	}
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	if now == nil {
-		now = time.Now
-	}
 	return &oauthClient{getenv: getenv, client: client, vault: v, ledger: l, log: log, now: now,
 		inflight: map[string]*refreshCall{}}
 }
@@ -219,7 +214,7 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 	}
 	doc, err := o.vault.load()
 	if err != nil {
-		o.log.Warn("credential_refresh_failed", "subscription_id", id, "provider", provider, "error", err.Error())
+		o.failed(id, provider, err)
 		return oauthGrant{}, fmt.Errorf("refresh %s: vault: %w", id, err)
 	}
 	cred, ok := doc.Subscriptions[id]
@@ -233,49 +228,39 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 	}
 	endpoint, err := o.tokenURL(p)
 	if err != nil {
-		o.log.Warn("credential_refresh_failed", "subscription_id", id, "provider", provider, "error", err.Error())
-		return oauthGrant{}, err
+		return oauthGrant{}, o.failed(id, provider, err)
 	}
-	if old.RefreshToken == "" {
-		// Nothing can refresh this grant; only a sign-in or a new grant helps.
-		re := &refreshError{Definitive: true, Endpoint: endpointName(endpoint),
-			Sentence: errNoRefreshToken.Error(), Err: errNoRefreshToken}
-		return oauthGrant{}, o.refused(id, provider, re)
+	if old.RefreshToken == "" { // only a sign-in or a new grant helps
+		return oauthGrant{}, o.refused(id, provider, &refreshError{Definitive: true, Endpoint: endpointName(endpoint),
+			Sentence: errNoRefreshToken.Error(), Err: errNoRefreshToken})
 	}
-	fields := [][2]string{{"grant_type", "refresh_token"}, {"refresh_token", old.RefreshToken}, {"client_id", p.clientID}}
+	fields := map[string]string{"grant_type": "refresh_token", "refresh_token": old.RefreshToken, "client_id": p.clientID}
 	ans, re := o.tokenCall(ctx, p, endpoint, fields, old.RefreshToken, old.AccessToken)
-	if re != nil && re.Definitive {
+	switch {
+	case re != nil && re.Definitive:
 		// A refusal is a result too: if a sign-in replaced the grant while
 		// the call was on the wire, the refusal is about a grant nobody uses.
 		if cur, err := o.vault.load(); err == nil {
 			if c := cur.Subscriptions[id].OAuth; c == nil || c.RefreshToken != old.RefreshToken {
-				o.log.Info("credential_refresh_superseded", "subscription_id", id, "provider", provider)
-				return oauthGrant{}, fmt.Errorf("refresh %s: %w", id, errRefreshSuperseded)
+				return oauthGrant{}, o.superseded(id, provider)
 			}
 		}
 		return oauthGrant{}, o.refused(id, provider, re)
-	}
-	if re != nil {
-		o.log.Warn("credential_refresh_failed", "subscription_id", id, "provider", provider, "error", re.Error())
-		return oauthGrant{}, re
+	case re != nil:
+		return oauthGrant{}, o.failed(id, provider, re)
 	}
 
 	now := o.now()
 	g := old
 	g.AccessToken = ans.AccessToken
-	if ans.RefreshToken != "" {
-		g.RefreshToken = ans.RefreshToken
-	}
-	if ans.IDToken != "" {
-		g.IDToken = ans.IDToken
-	}
+	g.RefreshToken = cmp.Or(ans.RefreshToken, g.RefreshToken)
+	g.IDToken = cmp.Or(ans.IDToken, g.IDToken)
 	g.ExpiresAtMs = answerExpiry(ans, now)
 	if p.id == "codex" && g.AccountID == "" {
 		g.AccountID = codexAccountID(g.IDToken)
 	}
 	err = o.vault.update(func(d *vaultDoc) error {
-		cur, ok := d.Subscriptions[id]
-		if !ok || cur.OAuth == nil || cur.OAuth.RefreshToken != old.RefreshToken {
+		if cur := d.Subscriptions[id].OAuth; cur == nil || cur.RefreshToken != old.RefreshToken {
 			return errRefreshSuperseded
 		}
 		d.Subscriptions[id] = vaultCredential{OAuth: &g}
@@ -283,14 +268,12 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 	})
 	switch {
 	case errors.Is(err, errRefreshSuperseded):
-		o.log.Info("credential_refresh_superseded", "subscription_id", id, "provider", provider)
-		return oauthGrant{}, fmt.Errorf("refresh %s: %w", id, err)
+		return oauthGrant{}, o.superseded(id, provider)
 	case err != nil:
 		// The provider may already have retired the refresh token the vault
 		// still holds, so the stored grant cannot be trusted to work again.
-		re := &refreshError{Definitive: true, Endpoint: endpointName(endpoint), Status: ans.status, Received: ans.received,
-			Sentence: "the refreshed grant could not be stored in the vault", Err: err}
-		return oauthGrant{}, o.refused(id, provider, re)
+		return oauthGrant{}, o.refused(id, provider, &refreshError{Definitive: true, Endpoint: endpointName(endpoint),
+			Status: ans.status, Received: ans.received, Sentence: "the refreshed grant could not be stored in the vault", Err: err})
 	}
 	o.ledger.setCredential(id, provider, credActive, "")
 	o.ledger.setGrantTimes(id, provider, g.ExpiresAtMs, now.UnixMilli())
@@ -304,6 +287,18 @@ func (o *oauthClient) refused(id, provider string, re *refreshError) error {
 	o.log.Warn("credential_refresh_refused", "subscription_id", id, "provider", provider,
 		"endpoint", re.Endpoint, "status", re.Status, "cause", re.Sentence)
 	return re
+}
+
+// failed logs a transport failure, which leaves the credential state alone.
+func (o *oauthClient) failed(id, provider string, err error) error {
+	o.log.Warn("credential_refresh_failed", "subscription_id", id, "provider", provider, "error", err.Error())
+	return err
+}
+
+// superseded logs a result discarded because the vault's grant changed.
+func (o *oauthClient) superseded(id, provider string) error {
+	o.log.Info("credential_refresh_superseded", "subscription_id", id, "provider", provider)
+	return fmt.Errorf("refresh %s: %w", id, errRefreshSuperseded)
 }
 
 // refreshError is a failed token call. Definitive means the provider
@@ -320,28 +315,53 @@ type refreshError struct {
 }
 
 func (e *refreshError) Error() string {
-	status := "no status"
-	if e.Status != 0 {
-		status = "HTTP " + strconv.Itoa(e.Status)
-	}
-	msg := fmt.Sprintf("OAuth token request to %s failed (%s, %d bytes received)", e.Endpoint, status, e.Received)
+	msg := fmt.Sprintf("OAuth token request to %s failed (%s, %d bytes received)", e.Endpoint, statusText(e.Status), e.Received)
 	if e.Err == errTokenRefused {
-		msg = fmt.Sprintf("OAuth token endpoint %s refused the grant (%s, %d bytes received)", e.Endpoint, status, e.Received)
+		msg = fmt.Sprintf("OAuth token endpoint %s refused the grant (%s, %d bytes received)", e.Endpoint, statusText(e.Status), e.Received)
 	}
 	if e.Sentence != "" {
 		msg += ": " + e.Sentence
 	}
-	var ue *url.Error
-	switch {
-	case e.Err == nil || e.Err == errTokenRefused || e.Err == errNoRefreshToken:
+	if e.Err == errTokenRefused || e.Err == errNoRefreshToken {
 		return msg // the sentence says it all
-	case errors.As(e.Err, &ue):
-		return msg + ": " + ue.Err.Error() // "Post <url>:" would repeat the endpoint
 	}
-	return msg + ": " + e.Err.Error()
+	return withCause(msg, e.Err)
 }
 
 func (e *refreshError) Unwrap() error { return e.Err }
+
+// statusText is "HTTP n", or "no status" when no answer came.
+func statusText(status int) string {
+	if status == 0 {
+		return "no status"
+	}
+	return "HTTP " + strconv.Itoa(status)
+}
+
+// withCause appends err's text to msg, which already names the endpoint, so
+// a *url.Error's "Post <url>:" is dropped.
+func withCause(msg string, err error) string {
+	var ue *url.Error
+	switch {
+	case err == nil:
+		return msg
+	case errors.As(err, &ue):
+		return msg + ": " + ue.Err.Error()
+	}
+	return msg + ": " + err.Error()
+}
+
+// callEndpoint sends req and reads the answer whole, with no time limit of
+// Brama's own (ctx is the only cancel). status is 0 when no answer came.
+func callEndpoint(client *http.Client, req *http.Request) (status int, body []byte, err error) {
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	body, err = io.ReadAll(resp.Body)
+	return resp.StatusCode, body, err
+}
 
 // endpointName is raw without user info, query or fragment, for messages.
 func endpointName(raw string) string {
@@ -359,24 +379,20 @@ var definitiveErrors = map[string]bool{
 }
 
 // tokenCall POSTs fields to endpoint in p's body format, reads the answer
-// whole and classifies it. secrets are redacted from any quoted sentence.
-// It returns a usable answer, or a *refreshError.
-func (o *oauthClient) tokenCall(ctx context.Context, p oauthProvider, endpoint string, fields [][2]string, secrets ...string) (tokenAnswer, *refreshError) {
+// whole and classifies it; secrets are redacted from any quoted sentence.
+// Only a complete answer is classified: even a partial 401 or 403 is no
+// evidence the grant was disowned (seed, "Cancellation and retry"), so a
+// body that ended early is a transport failure.
+func (o *oauthClient) tokenCall(ctx context.Context, p oauthProvider, endpoint string, fields map[string]string, secrets ...string) (tokenAnswer, *refreshError) {
 	name := endpointName(endpoint)
-	var body []byte
+	body, _ := json.Marshal(fields) // a map of strings always encodes
 	ctype := "application/json"
 	if p.form {
 		vals := url.Values{}
-		for _, f := range fields {
-			vals.Set(f[0], f[1])
+		for k, v := range fields {
+			vals.Set(k, v)
 		}
 		body, ctype = []byte(vals.Encode()), "application/x-www-form-urlencoded"
-	} else {
-		m := map[string]string{}
-		for _, f := range fields {
-			m[f[0]] = f[1]
-		}
-		body, _ = json.Marshal(m) // a map of strings always encodes
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, bytes.NewReader(body))
 	if err != nil {
@@ -384,18 +400,11 @@ func (o *oauthClient) tokenCall(ctx context.Context, p oauthProvider, endpoint s
 	}
 	req.Header.Set("Content-Type", ctype)
 	req.Header.Set("Accept", "application/json")
-	resp, err := o.client.Do(req)
+	status, b, err := callEndpoint(o.client, req)
 	if err != nil {
-		return tokenAnswer{}, &refreshError{Endpoint: name, Err: err}
+		return tokenAnswer{}, &refreshError{Endpoint: name, Status: status, Received: len(b), Err: err}
 	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		// Even a partial 401 or 403 is no evidence the grant was disowned:
-		// only a complete answer is classified (seed, "Cancellation and retry").
-		return tokenAnswer{}, &refreshError{Endpoint: name, Status: resp.StatusCode, Received: len(b), Err: err}
-	}
-	return classifyTokenAnswer(name, resp.StatusCode, b, secrets...)
+	return classifyTokenAnswer(name, status, b, secrets...)
 }
 
 // classifyTokenAnswer sorts a complete token endpoint answer: a 2xx with an
@@ -583,4 +592,103 @@ func codexAccountID(idToken string) string {
 		return ""
 	}
 	return auth.AccountID
+}
+
+// The sign-in exchange (SPEC §11.1): the PKCE authorization-code flow
+// `brama subscription sign-in` runs on the operator's machine before it
+// hands the grant to the daemon. The provider rows (authorize URL,
+// redirect, scope) live in oauthProviders beside their token endpoints.
+
+// randomToken is 32 random bytes, base64url without padding (43 characters).
+func randomToken() string {
+	b := make([]byte, 32)
+	rand.Read(b) // never fails (crypto/rand, Go 1.24)
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+// newPKCE returns a fresh PKCE verifier and its S256 challenge (RFC 7636
+// §4.1–4.2).
+func newPKCE() (verifier, challenge string) {
+	verifier = randomToken()
+	sum := sha256.Sum256([]byte(verifier))
+	return verifier, base64.RawURLEncoding.EncodeToString(sum[:])
+}
+
+// signInState is the OAuth state of one sign-in (RFC 6749 §10.12), so a
+// code pasted from another sign-in is refused.
+func signInState() string { return randomToken() }
+
+// signInProvider is provider's row when it has a sign-in.
+func signInProvider(provider string) (oauthProvider, error) {
+	p, err := lookupOAuth(provider)
+	if err == nil && p.authorizeURL == "" {
+		err = fmt.Errorf("provider %q: %w", provider, errNoSignIn)
+	}
+	return p, err
+}
+
+// authorizeURL is where the user signs in to provider, with the PKCE
+// challenge and the state the pasted answer must carry.
+func authorizeURL(provider, state, challenge string) (string, error) {
+	p, err := signInProvider(provider)
+	if err != nil {
+		return "", err
+	}
+	q := url.Values{}
+	for _, kv := range p.extra {
+		q.Set(kv[0], kv[1])
+	}
+	q.Set("response_type", "code")
+	q.Set("client_id", p.clientID)
+	q.Set("redirect_uri", p.redirectURI)
+	q.Set("scope", p.scope)
+	q.Set("code_challenge", challenge)
+	q.Set("code_challenge_method", "S256")
+	q.Set("state", state)
+	return p.authorizeURL + "?" + q.Encode(), nil
+}
+
+// exchangeCode trades an authorization code for a grant (RFC 6749 §4.1.3
+// with PKCE). code is what the user pasted: claude-code's page shows
+// "code#state"; codex's is the redirect URL (or the bare code). A pasted
+// state must equal state. Nothing is stored here: the CLI hands the grant,
+// completed by fillGrant, to the daemon.
+func (o *oauthClient) exchangeCode(ctx context.Context, provider, code, verifier, state string) (oauthGrant, error) {
+	p, err := signInProvider(provider)
+	if err != nil {
+		return oauthGrant{}, err
+	}
+	code, pasted := splitPastedCode(code)
+	switch {
+	case pasted != "" && pasted != state:
+		return oauthGrant{}, errStateMismatch
+	case code == "":
+		return oauthGrant{}, fmt.Errorf("%w: no authorization code in what was pasted", errTokenMalformed)
+	}
+	endpoint, err := o.tokenURL(p)
+	if err != nil {
+		return oauthGrant{}, err
+	}
+	fields := map[string]string{"grant_type": "authorization_code", "code": code, "redirect_uri": p.redirectURI,
+		"client_id": p.clientID, "code_verifier": verifier}
+	if p.id == "claude-code" {
+		fields["state"] = state // its token endpoint asks for the state back
+	}
+	ans, re := o.tokenCall(ctx, p, endpoint, fields, code, verifier)
+	if re != nil {
+		return oauthGrant{}, re
+	}
+	return fillGrant(p.id, oauthGrant{AccessToken: ans.AccessToken, RefreshToken: ans.RefreshToken, IDToken: ans.IDToken,
+		ExpiresAtMs: answerExpiry(ans, o.now())}), nil
+}
+
+// splitPastedCode takes what a user pasted after signing in: a redirect URL
+// with code and state parameters, "code#state", or a bare code.
+func splitPastedCode(s string) (code, state string) {
+	s = strings.TrimSpace(s)
+	if u, err := url.Parse(s); err == nil && u.Scheme != "" && u.Host != "" {
+		return u.Query().Get("code"), u.Query().Get("state")
+	}
+	code, state, _ = strings.Cut(s, "#")
+	return code, state
 }

@@ -62,7 +62,7 @@ func newOAuthFixture(t *testing.T, provider, tokenURL string) *oauthFixture {
 	f := &oauthFixture{dir: dir, vaultPath: filepath.Join(dir, "vault.json"), logs: logs}
 	f.v = newVault(f.vaultPath, nil)
 	f.l = newLedger(state{dir: dir}, log, now)
-	f.o = newOAuth(testEnv(env), nil, f.v, f.l, log, now)
+	f.o = newOAuth(testEnv(env), newProviderClient(), f.v, f.l, log, now)
 	t.Cleanup(f.o.wait) // no refresh outlives its test
 	return f
 }
@@ -592,7 +592,7 @@ func TestTokenURLOverride(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			env := map[string]string{"BRAMA_OAUTH_" + strings.ToUpper(strings.ReplaceAll(tc.provider, "-", "_")) + "_TOKEN_URL": tc.value}
-			o := newOAuth(testEnv(env), nil, nil, nil, nil, nil)
+			o := &oauthClient{getenv: testEnv(env)}
 			p, err := lookupOAuth(tc.provider)
 			if err != nil {
 				t.Fatal(err)
