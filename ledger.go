@@ -4,12 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
-	"net/http"
 	"regexp"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 )
@@ -534,123 +530,4 @@ func (l *ledger) row(item overlayItem, retired bool, now time.Time) subscription
 		}
 	}
 	return r
-}
-
-// Plan windows are the provider's own account of how much of a
-// subscription's plan is spent (SPEC §6.3, §11.2); the ledger keeps the
-// latest reading of each and dispatch orders subscriptions by them.
-
-// Where a plan window's reading came from.
-const (
-	windowSourceTraffic = "traffic"      // a subscription answer's headers (SPEC §6.3)
-	windowSourceReport  = "usage_report" // a usage report read (SPEC §11.2)
-)
-
-// planWindow is one plan window's latest reading.
-type planWindow struct {
-	ID           string  `json:"id"` // anthropic:5h, anthropic:7d, codex:primary, codex:secondary, kimi:usage, kimi:limit-<i>
-	Label        string  `json:"label"`
-	UsedFraction float64 `json:"used_fraction"` // clamped to [0,1]
-	ResetsAtMs   int64   `json:"resets_at_ms"`  // 0 unknown
-	RecordedAtMs int64   `json:"recorded_at_ms"`
-	Source       string  `json:"source"` // windowSourceTraffic or windowSourceReport
-}
-
-// newWindow is one reading taken now, its fraction clamped.
-func newWindow(id, label string, fraction float64, resetMs int64, now time.Time, source string) planWindow {
-	return planWindow{ID: id, Label: label, UsedFraction: planFraction(fraction), ResetsAtMs: resetMs,
-		RecordedAtMs: now.UnixMilli(), Source: source}
-}
-
-// planFraction keeps a fraction in [0,1]; NaN reads as 0.
-func planFraction(f float64) float64 {
-	switch {
-	case !(f >= 0): // also NaN
-		return 0
-	case f > 1:
-		return 1
-	}
-	return f
-}
-
-// planMaxResetSeconds bounds a reset instant or delay (about year 5138), so
-// converting it to milliseconds cannot overflow.
-const planMaxResetSeconds = 1e11
-
-// anthropicWindow is a claude-code window that traffic headers (by header
-// key) and the usage report (by member) both state, under one id so either
-// reading replaces the other.
-type anthropicWindow struct{ header, member, id, label string }
-
-var anthropicWindows = []anthropicWindow{
-	{"5h", "five_hour", "anthropic:5h", "5 hours"},
-	{"7d", "seven_day", "anthropic:7d", "7 days"},
-}
-
-// parsePlanWindows reads the plan windows a subscription answer's headers
-// state (SPEC §6.3): claude-code's unified 5h/7d utilization (a fraction)
-// and reset (unix seconds), codex's primary/secondary used percent, window
-// minutes and reset delay. A value that does not parse is skipped, never
-// guessed. Other providers state none.
-func parsePlanWindows(provider string, h http.Header, now time.Time) []planWindow {
-	var ws []planWindow
-	num := func(key string) (float64, bool) { return parseNumber(h.Get(key)) }
-	switch provider {
-	case "claude-code":
-		for _, k := range anthropicWindows {
-			util, ok := num("anthropic-ratelimit-unified-" + k.header + "-utilization")
-			if !ok {
-				continue
-			}
-			w := newWindow(k.id, k.label, util, 0, now, windowSourceTraffic)
-			if reset, ok := num("anthropic-ratelimit-unified-" + k.header + "-reset"); ok && reset > 0 && reset < planMaxResetSeconds {
-				w.ResetsAtMs = int64(reset * 1000)
-			}
-			ws = append(ws, w)
-		}
-	case "codex":
-		for _, which := range []string{"primary", "secondary"} {
-			prefix := "x-codex-" + which + "-"
-			pct, ok := num(prefix + "used-percent")
-			if !ok {
-				continue
-			}
-			mins, _ := num(prefix + "window-minutes")
-			w := newWindow("codex:"+which, windowLabel(mins, which+" window"), pct/100, 0, now, windowSourceTraffic)
-			if after, ok := num(prefix + "reset-after-seconds"); ok && after >= 0 && after < planMaxResetSeconds {
-				w.ResetsAtMs = now.UnixMilli() + int64(after*1000)
-			}
-			ws = append(ws, w)
-		}
-	}
-	return ws
-}
-
-// parseNumber reads s (spaces trimmed) as a finite number.
-func parseNumber(s string) (float64, bool) {
-	f, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
-	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
-		return 0, false
-	}
-	return f, true
-}
-
-// windowLabel names a window of mins minutes in whole days, hours or
-// minutes ("5 hours"), or is fallback when mins is not a whole number of
-// minutes in range.
-func windowLabel(mins float64, fallback string) string {
-	if !(mins >= 1) || mins >= planMaxResetSeconds || mins != math.Trunc(mins) {
-		return fallback
-	}
-	n, unit := int64(mins), "minute"
-	switch {
-	case n%(24*60) == 0:
-		n, unit = n/(24*60), "day"
-	case n%60 == 0:
-		n, unit = n/60, "hour"
-	}
-	if n == 1 {
-		return "1 " + unit
-	}
-	return strconv.FormatInt(n, 10) + " " + unit + "s"
 }

@@ -3,13 +3,10 @@ package main
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"net/http"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,21 +14,17 @@ import (
 	"time"
 )
 
-// Maintenance (SPEC §11.2): the usage report pass reads the providers' own
-// account of each subscription's plan windows, then the credential refresh
-// pass refreshes the grants that fell due. Neither spends plan quota: no
-// completion is ever made on a schedule (the probe, §11.3, is an operator's
-// request only). A pass starts only at start, at a moment the ledger states
-// (one timer), once after a refusal for want of a signed-in subscription, or
-// when an operator asks; never on a period of Brama's own. The shape is
-// gitmirror's: loop around a testable loopOnce.
+// Maintenance (SPEC §11.2): a pass reads the providers' usage reports, then
+// refreshes the grants that fell due; neither spends plan quota (the probe,
+// §11.3, is an operator's request only). A pass starts only at start, at a
+// moment the ledger states (one timer), once after a refusal for want of a
+// signed-in subscription, or when an operator asks: never on a period of
+// Brama's own. loop runs a testable loopOnce, as gitmirror does.
 
-// errMaintenanceStopped refuses a pass asked for while no loop runs.
 var errMaintenanceStopped = errors.New("the maintenance scheduler is not running")
 
-// maintainer owns the maintenance passes of one serving process. Passes run
-// one at a time on loop's goroutine; a pass asked for while one runs becomes
-// exactly one more pass after it.
+// maintainer owns one daemon's passes. They run one at a time on loop's
+// goroutine; passes asked for while one runs become exactly one more.
 type maintainer struct {
 	inv    *inventory
 	l      *ledger
@@ -43,39 +36,30 @@ type maintainer struct {
 	clock  func() time.Time
 	kick   chan struct{} // buffered 1: wakes loop after pending or the timer changed
 
-	// testingOnlyAfterFunc replaces time.AfterFunc for the due timer and
-	// testingOnlyPassDone sees every finished pass (both nil in production).
+	// Test hooks (nil in production): the due timer's AfterFunc, and every finished pass.
 	testingOnlyAfterFunc func(d time.Duration, f func()) ledgerStopper
 	testingOnlyPassDone  func(reason string, started time.Time, rep passReport)
 
-	mu        sync.Mutex    // guards the fields below
-	looping   bool          // loop runs, so passNow can be answered
-	pending   string        // reason of the pass asked for and not yet started; "" none
-	waiting   *passTicket   // what passNow callers wait for: the next pass to start
-	running   bool          // a pass is running
-	changes   uint64        // inventory and credential changes seen (changed)
-	startedAt uint64        // changes when the last pass started
-	passes    int64         // passes started
-	dropped   int64         // requests dropped by the SPEC §11.2 rule
-	last      passRecord    // the last finished pass
-	timer     ledgerStopper // the armed due timer; nil when none or it fired
-	timerAt   time.Time     // the moment it is armed for; zero none
-	timerGen  uint64        // identifies the armed timer, so a stale one does nothing
+	mu        sync.Mutex     // guards the fields below
+	looping   bool           // loop runs, so passNow can be answered
+	pending   string         // reason of the pass asked for and not yet started; "" none
+	waiting   *passTicket    // what passNow callers wait for: the next pass to start
+	running   bool           // a pass is running
+	changes   uint64         // inventory and credential changes seen (changed)
+	startedAt uint64         // changes when the last pass started
+	passes    int64          // passes started
+	dropped   int64          // requests dropped by the SPEC §11.2 rule
+	last      map[string]any // /stats' last_pass; nil before the first ends
+	timer     ledgerStopper  // the armed due timer; nil when none or it fired
+	timerAt   time.Time      // the moment it is armed for; zero none
+	timerGen  uint64         // identifies the armed timer, so a stale one does nothing
 }
 
-// passTicket is one pass's answer for those waiting on it; rep and err are
-// set before done is closed and never after.
+// passTicket is one pass's answer for its waiters, set before done closes.
 type passTicket struct {
 	done chan struct{}
 	rep  passReport
 	err  error
-}
-
-// passRecord is what /stats says about the last finished pass.
-type passRecord struct {
-	reason            string
-	started, finished time.Time
-	ok                bool
 }
 
 // passReport is the body of POST /v1/admin/maintain (SPEC §11.2).
@@ -88,8 +72,8 @@ type passReport struct {
 	err error // the pass could not list the subscriptions at all; never sent
 }
 
-// usageSummary counts the subscriptions whose provider publishes a report
-// for their credential (read or not this pass) and the successful reads.
+// usageSummary counts subscriptions with a report their credential can read
+// (due this pass or not) and the successful reads.
 type usageSummary struct {
 	Subscriptions int            `json:"subscriptions"`
 	Read          int            `json:"read"`
@@ -103,10 +87,8 @@ type usageFailure struct {
 	Error          string `json:"error"`
 }
 
-// credentialSummary counts non-retired OAuth subscriptions with an active
-// credential at the start of the pass, refreshes that produced a grant, and
-// every attempt that did not (refusal or transport failure alike; the
-// credential_refresh_* log line says which).
+// credentialSummary counts active OAuth subscriptions, refreshes that gave a
+// grant, and attempts that did not (the credential_refresh_* line says why).
 type credentialSummary struct {
 	Subscriptions int `json:"subscriptions"`
 	Refreshed     int `json:"refreshed"`
@@ -119,9 +101,8 @@ func newMaintainer(inv *inventory, l *ledger, o *oauthClient, j *journal, client
 		kick: make(chan struct{}, 1)}
 }
 
-// run starts loop with the start pass pending (the listener is up). The
-// goroutine is counted in wg and exits when ctx is done, after the pass in
-// progress (whose provider calls end with ctx).
+// run starts loop, counted in wg, with the start pass pending (the listener
+// is up). loop exits when ctx ends, after the pass in progress.
 func (m *maintainer) run(ctx context.Context, wg *sync.WaitGroup) {
 	m.mu.Lock()
 	m.looping = true
@@ -151,10 +132,9 @@ func (m *maintainer) loop(ctx context.Context) {
 	}
 }
 
-// loopOnce runs the pending pass and reports true, or else arms the one due
-// timer at the ledger's next due moment (SPEC §11.2) and reports false. The
-// timer is kept while that moment is unchanged; an armed moment that has
-// come before its timer fired is due now, never skipped for a later one.
+// loopOnce runs the pending pass (true), or else arms the one timer at the
+// ledger's next due moment (false), keeping it while that moment stands. An
+// armed moment that came before its timer fired is due now, not skipped.
 func (m *maintainer) loopOnce(ctx context.Context) bool {
 	now := m.clock()
 	due, ok := m.l.nextDue(now)
@@ -181,7 +161,8 @@ func (m *maintainer) loopOnce(ctx context.Context) bool {
 	rep := m.passOnce(ctx)
 	m.mu.Lock()
 	m.running = false
-	m.last = passRecord{reason: reason, started: started, finished: m.clock(), ok: rep.OK}
+	m.last = map[string]any{"reason": reason, "ok": rep.OK, "started_at": started.UTC().Format(time.RFC3339Nano),
+		"finished_at": m.clock().UTC().Format(time.RFC3339Nano)}
 	m.mu.Unlock()
 	if m.testingOnlyPassDone != nil {
 		m.testingOnlyPassDone(reason, started, rep)
@@ -215,8 +196,8 @@ func (m *maintainer) armLocked(due time.Time, ok bool, now time.Time) {
 	})
 }
 
-// disarmLocked stops the due timer; one firing late finds its generation
-// gone. m.mu is held.
+// disarmLocked stops the due timer (one firing late finds its generation
+// gone). m.mu is held.
 func (m *maintainer) disarmLocked() {
 	if m.timer != nil {
 		m.timer.Stop()
@@ -237,10 +218,7 @@ func (m *maintainer) wake() {
 func (m *maintainer) stop() {
 	m.mu.Lock()
 	m.looping = false
-	if m.timer != nil {
-		m.timer.Stop()
-	}
-	m.timerGen++
+	m.disarmLocked()
 	t := m.waiting
 	m.waiting, m.pending = nil, ""
 	m.mu.Unlock()
@@ -251,9 +229,8 @@ func (m *maintainer) stop() {
 }
 
 // request asks for one pass after a refusal for want of a signed-in
-// subscription (SPEC §11.2). It is dropped when a pass has started since
-// the last inventory or credential change, so a burst of such refusals
-// causes at most one pass until something changes. Nil-safe.
+// subscription, dropped when a pass has started since the last change
+// (SPEC §11.2): a burst of refusals causes one pass. Nil-safe.
 func (m *maintainer) request(reason string) {
 	if m == nil {
 		return
@@ -274,9 +251,8 @@ func (m *maintainer) request(reason string) {
 	m.wake()
 }
 
-// changed records a change to the inventory or a credential (donation,
-// sign-in, reinstate, credential replacement): the next request counts
-// again. It starts no pass. Nil-safe.
+// changed records an inventory or credential change (donation, sign-in,
+// reinstate, replacement), so the next request counts again. Nil-safe.
 func (m *maintainer) changed() {
 	if m == nil {
 		return
@@ -286,10 +262,9 @@ func (m *maintainer) changed() {
 	m.mu.Unlock()
 }
 
-// passNow runs one pass for POST /v1/admin/maintain. The answer comes from
-// a pass that starts after the call (a running pass may predate the change
-// the operator wants seen), shared by calls arriving together. It returns
-// ctx's error when the caller stops waiting (the pass still runs).
+// passNow answers POST /v1/admin/maintain from a pass that starts after the
+// call (a running one may predate the change the operator wants seen),
+// shared by calls arriving together; ctx's end stops only the waiting.
 func (m *maintainer) passNow(ctx context.Context) (passReport, error) {
 	t, err := m.ask("maintain")
 	if err != nil {
@@ -330,14 +305,8 @@ func (m *maintainer) state() map[string]any {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	st := map[string]any{"passes": m.passes, "running": m.running, "pending": m.pending != "",
-		"requests_dropped": m.dropped, "next_due_at": rfc3339OrNil(m.timerAt), "last_pass": nil}
-	if !m.last.started.IsZero() {
-		st["last_pass"] = map[string]any{"reason": m.last.reason, "ok": m.last.ok,
-			"started_at":  m.last.started.UTC().Format(time.RFC3339Nano),
-			"finished_at": m.last.finished.UTC().Format(time.RFC3339Nano)}
-	}
-	return st
+	return map[string]any{"passes": m.passes, "running": m.running, "pending": m.pending != "",
+		"requests_dropped": m.dropped, "next_due_at": rfc3339OrNil(m.timerAt), "last_pass": m.last}
 }
 
 // rfc3339OrNil is t in RFC 3339 UTC, or nil for the zero time.
@@ -349,9 +318,8 @@ func rfc3339OrNil(t time.Time) *string {
 	return &s
 }
 
-// handleMaintain serves POST /v1/admin/maintain (an empty body or {}) with
-// one pass now. A pass that could not list the subscriptions is refused 503
-// naming the cause rather than reported as a pass over nothing.
+// handleMaintain serves POST /v1/admin/maintain (body empty or {}): one pass
+// now; one that could not list the subscriptions is refused 503 with why.
 func (s *server) handleMaintain(m *maintainer) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		var none struct{}
@@ -397,11 +365,9 @@ const (
 	attemptSuperseded                     // a sign-in replaced the grant meanwhile; nothing failed
 )
 
-// passOnce runs one pass now. Each subscription gets at most one usage read
-// and one refresh attempt, nothing is retried (a failure waits for a later
-// pass), and different subscriptions run side by side while the pass waits
-// for all, so passes never overlap. Brama sets these calls no time limit
-// (SPEC §7.4): a provider that never answers holds the pass until ctx ends.
+// passOnce runs one pass: per subscription at most one usage read and one
+// refresh attempt, none retried; subscriptions side by side, the pass
+// waiting for all. No time limit of Brama's own (SPEC §7.4): ctx ends it.
 func (m *maintainer) passOnce(ctx context.Context) passReport {
 	start := m.clock()
 	rep := passReport{Usage: usageSummary{Failed: []usageFailure{}}}
@@ -411,8 +377,12 @@ func (m *maintainer) passOnce(ctx context.Context) passReport {
 		m.usagePass(ctx, subs, refreshes, &rep)
 		m.refreshPass(ctx, subs, refreshes, &rep)
 		for _, r := range refreshes {
-			rep.Credentials.Refreshed += b2i(r == attemptRefreshed)
-			rep.Credentials.Refused += b2i(r == attemptFailed)
+			switch r {
+			case attemptRefreshed:
+				rep.Credentials.Refreshed++
+			case attemptFailed:
+				rep.Credentials.Refused++
+			}
 		}
 		rep.OK = len(rep.Usage.Failed) == 0 && rep.Credentials.Refused == 0
 	}
@@ -429,16 +399,7 @@ func (m *maintainer) passOnce(ctx context.Context) passReport {
 	return rep
 }
 
-// b2i is 1 for true.
-func b2i(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
-}
-
-// live lists the non-retired subscriptions with their credentials and
-// ledger entries.
+// live lists the non-retired subscriptions, credentials and ledger entries.
 func (m *maintainer) live() ([]passSub, error) {
 	items, err := m.inv.items()
 	if err != nil {
@@ -460,8 +421,7 @@ func (m *maintainer) live() ([]passSub, error) {
 	return subs, nil
 }
 
-// usagePass reads the report of every due subscription with an active
-// credential once, side by side, and records each outcome in the ledger.
+// usagePass reads each due report once, side by side, into the ledger.
 func (m *maintainer) usagePass(ctx context.Context, subs []passSub, refreshes []grantAttempt, rep *passReport) {
 	now := m.clock()
 	errs := make([]error, len(subs))
@@ -501,11 +461,10 @@ func usageDue(e ledgerEntry, now time.Time) bool {
 		slices.ContainsFunc(e.Windows, func(w planWindow) bool { return w.ResetsAtMs == 0 || w.ResetsAtMs <= now.UnixMilli() })
 }
 
-// readOnce reads s's usage report and records the outcome: windows and an
-// ok read, or a failed read that keeps the earlier windows. A grant expired
-// by the request path's rule is refreshed first, as any call would (s's one
-// refresh attempt of the pass); if that fails nothing is read. Nothing is
-// recorded when ctx ended (the daemon is stopping; the provider said nothing).
+// readOnce reads s's report and records windows and an ok read, or a failed
+// read keeping the earlier windows; nothing when ctx ended (the provider
+// said nothing). A grant expired by the request path's rule is refreshed
+// first, as for any call: s's one attempt of the pass.
 func (m *maintainer) readOnce(ctx context.Context, s passSub, refreshed *grantAttempt) (bool, error) {
 	id, provider := s.it.ID, s.it.Provider
 	cred, err := s.cred, s.credErr
@@ -553,9 +512,8 @@ func attemptOf(err error) grantAttempt {
 	return attemptFailed
 }
 
-// refreshDue applies SPEC §11.2's refresh rule to grant g last refreshed at
-// refreshedAtMs: expired (now ≥ expires_at_ms, not the request path's minute
-// early), or expiry unknown and never refreshed by Brama.
+// refreshDue is SPEC §11.2's rule: expired (now ≥ expires_at_ms, not the
+// request path's minute early), or expiry unknown and never refreshed.
 func refreshDue(g oauthGrant, refreshedAtMs int64, now time.Time) bool {
 	if g.ExpiresAtMs == 0 {
 		return refreshedAtMs == 0
@@ -563,9 +521,8 @@ func refreshDue(g oauthGrant, refreshedAtMs int64, now time.Time) bool {
 	return now.UnixMilli() >= g.ExpiresAtMs
 }
 
-// refreshPass makes one refresh attempt for each OAuth subscription whose
-// credential is active and whose grant is due, unless the usage pass spent
-// its attempt. needs_reauthorization credentials wait for a sign-in.
+// refreshPass makes one attempt per active OAuth subscription whose grant
+// is due, unless its read spent it; needs_reauthorization waits for sign-in.
 func (m *maintainer) refreshPass(ctx context.Context, subs []passSub, refreshes []grantAttempt, rep *passReport) {
 	now := m.clock()
 	var wg sync.WaitGroup
@@ -594,10 +551,9 @@ func (m *maintainer) refreshPass(ctx context.Context, subs []passSub, refreshes 
 	wg.Wait()
 }
 
-// usageReports is every provider that publishes a usage report (SPEC
-// §11.2): where it is read below the provider's base URL (codex's lives
-// elsewhere) and how its body reads. claude-code's and codex's answer only
-// the OAuth sign-in; Kimi Code's answers its chat route's bearer, a key too.
+// usageReports lists the providers with a usage report (SPEC §11.2): its
+// path below the base URL (codex's lives elsewhere), its reader, and
+// whether an API key reads it (only Kimi Code's; the others take OAuth only).
 var usageReports = map[string]struct {
 	path   string
 	parse  func([]byte, time.Time) ([]planWindow, error)
@@ -608,8 +564,7 @@ var usageReports = map[string]struct {
 	"kimi":        {path: "/usages", parse: parseKimiUsage, apiKey: true},
 }
 
-// codexUsageURL is codex's usage report; BRAMA_PROVIDER_CODEX_USAGE_URL
-// overrides it on its own, apart from the codex base URL.
+// codexUsageURL is overridden by BRAMA_PROVIDER_CODEX_USAGE_URL alone.
 const codexUsageURL = "https://chatgpt.com/backend-api/wham/usage"
 
 // usageReportable says whether provider publishes a report cred can read.
@@ -639,10 +594,8 @@ func (m *maintainer) usageEndpoint(provider string) (string, func([]byte, time.T
 	return base + r.path, r.parse, nil
 }
 
-// fetchUsage makes one GET of provider's usage report with cred, sending the
-// chat route's headers (SPEC §11.2), reads it whole and parses it. ctx is
-// the only cancel. Every failure is a *usageReadError (or names a
-// configuration problem), quoting neither the body nor a credential.
+// fetchUsage GETs provider's report with the chat route's headers (SPEC
+// §11.2), reads it whole and parses it; ctx is the only cancel.
 func (m *maintainer) fetchUsage(ctx context.Context, provider string, cred vaultCredential) ([]planWindow, error) {
 	endpoint, parse, err := m.usageEndpoint(provider)
 	if err != nil {
@@ -684,8 +637,8 @@ func (m *maintainer) fetchUsage(ctx context.Context, provider string, cred vault
 	return nil, re
 }
 
-// usageReadError is a failed usage report read: the endpoint, the HTTP
-// status (or "no status") and the bytes received, never the body.
+// usageReadError is a failed read, naming the endpoint, status and bytes
+// received, never the body or a credential.
 type usageReadError struct {
 	Endpoint string // scheme, host and path
 	Status   int    // 0: no HTTP status was received
@@ -698,249 +651,3 @@ func (e *usageReadError) Error() string {
 }
 
 func (e *usageReadError) Unwrap() error { return e.Err }
-
-// The usage report readers turn one report body into plan windows (source
-// usage_report) that the ledger keeps beside those read from traffic. The
-// shapes are the providers' own and undocumented, so each reads, through the
-// one lenient reader below, what it recognizes, skips what it does not, and
-// never guesses a number. Fractions are clamped to [0,1]; instants are RFC
-// 3339, epoch seconds or epoch milliseconds (≥ 1e12 ⇒ ms).
-
-// errUsageReport classifies every refusal of a report body: not a JSON
-// object, or naming no plan window.
-var errUsageReport = errors.New("the usage report is not usable")
-
-// usageMaxResetMs bounds a reset instant (planMaxResetSeconds), so
-// arithmetic on it cannot overflow and a nonsense value is not kept.
-const usageMaxResetMs = planMaxResetSeconds * 1000
-
-// report is one JSON object of a provider report, read leniently.
-type report map[string]json.RawMessage
-
-// readReport decodes body as a JSON object; anything else is errUsageReport,
-// described without quoting it (a report can hold account details).
-func readReport(body []byte) (report, error) {
-	var r report
-	if err := json.Unmarshal(body, &r); err != nil {
-		return nil, fmt.Errorf("%w: the body is not a JSON object (%s)", errUsageReport, jsonErrorKind(err))
-	}
-	if r == nil {
-		return nil, fmt.Errorf("%w: the body is not a JSON object (null)", errUsageReport)
-	}
-	return r, nil
-}
-
-// asReport is raw as an object, or nil when it is absent, null or not one.
-func asReport(raw json.RawMessage) report {
-	var r report
-	if json.Unmarshal(raw, &r) != nil {
-		return nil
-	}
-	return r
-}
-
-// obj is the object under key, or nil.
-func (r report) obj(key string) report { return asReport(r[key]) }
-
-// num is the first of keys holding a number (a JSON number, or a string
-// holding one: Kimi sends counters as strings).
-func (r report) num(keys ...string) (float64, bool) {
-	for _, k := range keys {
-		if f, ok := usageNumber(r[k]); ok {
-			return f, true
-		}
-	}
-	return 0, false
-}
-
-// instant is the first of keys holding a readable instant, in epoch ms; 0 none.
-func (r report) instant(keys ...string) int64 {
-	for _, k := range keys {
-		if ms, ok := usageInstant(r[k]); ok {
-			return ms
-		}
-	}
-	return 0
-}
-
-// usageNumber reads raw as a finite number, or a string holding one.
-func usageNumber(raw json.RawMessage) (float64, bool) {
-	if s, ok := jsonString(raw); ok {
-		return parseNumber(s)
-	}
-	return parseNumber(string(raw))
-}
-
-// usageInstant reads raw as an instant in epoch milliseconds: an RFC 3339
-// string, or epoch seconds or milliseconds as a number or numeric string. A
-// moment at or before the epoch or past usageMaxResetMs is unknown (false).
-func usageInstant(raw json.RawMessage) (int64, bool) {
-	if s, ok := jsonString(raw); ok {
-		if t, err := time.Parse(time.RFC3339Nano, strings.TrimSpace(s)); err == nil {
-			return usageMs(float64(t.UnixMilli()))
-		}
-	}
-	f, ok := usageNumber(raw)
-	if !ok {
-		return 0, false
-	}
-	if f < 1e12 { // SPEC §11.2: ≥ 1e12 ⇒ ms (1e12 s would be year 33658)
-		f *= 1000
-	}
-	return usageMs(f)
-}
-
-// usageMs keeps epoch milliseconds after the epoch and within usageMaxResetMs.
-func usageMs(f float64) (int64, bool) {
-	if !(f > 0 && f <= usageMaxResetMs) {
-		return 0, false
-	}
-	return int64(f), true
-}
-
-// usageNoWindows is the refusal of a report that parsed but named no window.
-func usageNoWindows(what string) error {
-	return fmt.Errorf("%w: it names no plan window (%s)", errUsageReport, what)
-}
-
-// claudeWindowKey is the shape of a claude-code report member Brama keeps
-// as a window, so odd keys never become ids.
-var claudeWindowKey = regexp.MustCompile(`^[a-z0-9_]{1,64}$`)
-
-// parseClaudeCodeUsage reads GET {base}/api/oauth/usage: members such as
-// five_hour or seven_day_opus holding {"utilization": percent, "resets_at":
-// instant|null}. Only an object with both keys and a numeric utilization is
-// a window, so a null member, a disabled model window and extra_usage
-// (credits, no resets_at) are skipped. Members traffic headers also state
-// keep their ids (anthropicWindows) and come first; the rest follow by name
-// as anthropic:<name>.
-func parseClaudeCodeUsage(body []byte, now time.Time) ([]planWindow, error) {
-	r, err := readReport(body)
-	if err != nil {
-		return nil, err
-	}
-	rank := func(k string) int {
-		i := slices.IndexFunc(anthropicWindows, func(w anthropicWindow) bool { return w.member == k })
-		return cmp.Or(i+1, len(anthropicWindows)+1)
-	}
-	keys := slices.Sorted(maps.Keys(r))
-	slices.SortStableFunc(keys, func(a, b string) int { return rank(a) - rank(b) })
-	var ws []planWindow
-	for _, k := range keys {
-		m := r.obj(k)
-		_, hasReset := m["resets_at"]
-		util, ok := m.num("utilization")
-		if !claudeWindowKey.MatchString(k) || !ok || !hasReset {
-			continue
-		}
-		id, label := "anthropic:"+k, strings.ReplaceAll(k, "_", " ")
-		if i := rank(k) - 1; i < len(anthropicWindows) {
-			id, label = anthropicWindows[i].id, anthropicWindows[i].label
-		}
-		ws = append(ws, newWindow(id, label, util/100, m.instant("resets_at"), now, windowSourceReport))
-	}
-	if len(ws) == 0 {
-		return nil, usageNoWindows("no member with utilization and resets_at")
-	}
-	return ws, nil
-}
-
-// parseCodexUsage reads the codex report (GET …/backend-api/wham/usage):
-// rate_limit.primary_window and secondary_window, each {"used_percent",
-// "limit_window_seconds", "reset_at" | "reset_after_seconds"}, become
-// codex:primary and codex:secondary, the ids traffic headers use. reset_at
-// (an instant) wins over reset_after_seconds (from now).
-func parseCodexUsage(body []byte, now time.Time) ([]planWindow, error) {
-	r, err := readReport(body)
-	if err != nil {
-		return nil, err
-	}
-	rl := r.obj("rate_limit")
-	if rl == nil {
-		return nil, usageNoWindows("no rate_limit object")
-	}
-	var ws []planWindow
-	for _, which := range []string{"primary", "secondary"} {
-		m := rl.obj(which + "_window")
-		pct, ok := m.num("used_percent")
-		if !ok {
-			continue
-		}
-		label := which + " window"
-		if secs, ok := m.num("limit_window_seconds"); ok && secs < planMaxResetSeconds {
-			label = windowLabel(secs/60, label)
-		}
-		reset := m.instant("reset_at")
-		if after, ok := m.num("reset_after_seconds"); reset == 0 && ok && after >= 0 && after < planMaxResetSeconds {
-			reset, _ = usageMs(float64(now.UnixMilli()) + after*1000)
-		}
-		ws = append(ws, newWindow("codex:"+which, label, pct/100, reset, now, windowSourceReport))
-	}
-	if len(ws) == 0 {
-		return nil, usageNoWindows("rate_limit has no primary_window or secondary_window with used_percent")
-	}
-	return ws, nil
-}
-
-// kimiTimeUnits is minutes per window.timeUnit of a Kimi limit.
-var kimiTimeUnits = map[string]float64{
-	"TIME_UNIT_SECOND": 1.0 / 60, "TIME_UNIT_MINUTE": 1, "TIME_UNIT_HOUR": 60, "TIME_UNIT_DAY": 24 * 60,
-}
-
-// parseKimiUsage reads GET {base}/usages. The usage object (limit > 0 with
-// used, or remaining; reset_time or resetTime) becomes kimi:usage; each
-// limits[i] becomes kimi:limit-<i>, its counters and reset at its top level
-// or under detail (detail wins), labelled by window.duration and timeUnit.
-func parseKimiUsage(body []byte, now time.Time) ([]planWindow, error) {
-	r, err := readReport(body)
-	if err != nil {
-		return nil, err
-	}
-	var ws []planWindow
-	if u := r.obj("usage"); u != nil {
-		if f, ok := kimiFraction(u); ok {
-			ws = append(ws, newWindow("kimi:usage", "plan usage", f, u.instant("reset_time", "resetTime"), now, windowSourceReport))
-		}
-	}
-	var limits []json.RawMessage
-	if json.Unmarshal(r["limits"], &limits) != nil {
-		limits = nil // not an array: no limits
-	}
-	for i, raw := range limits {
-		top := asReport(raw)
-		counters := top
-		if d := top.obj("detail"); d != nil {
-			counters = d
-		}
-		f, ok := kimiFraction(counters)
-		if !ok {
-			continue
-		}
-		w := top.obj("window")
-		d, _ := w.num("duration")
-		unit, _ := jsonString(w["timeUnit"])
-		label := windowLabel(d*kimiTimeUnits[unit], "limit "+strconv.Itoa(i))
-		reset := cmp.Or(counters.instant("resetTime", "reset_time"), top.instant("resetTime", "reset_time"))
-		ws = append(ws, newWindow("kimi:limit-"+strconv.Itoa(i), label, f, reset, now, windowSourceReport))
-	}
-	if len(ws) == 0 {
-		return nil, usageNoWindows("no usage or limits entry with a limit above 0")
-	}
-	return ws, nil
-}
-
-// kimiFraction is used/limit of a Kimi counter object: limit > 0, and used,
-// or else limit − remaining.
-func kimiFraction(m report) (float64, bool) {
-	limit, ok := m.num("limit")
-	if !ok || limit <= 0 {
-		return 0, false
-	}
-	if used, ok := m.num("used"); ok {
-		return used / limit, true
-	}
-	if rem, ok := m.num("remaining"); ok {
-		return (limit - rem) / limit, true
-	}
-	return 0, false
-}

@@ -693,7 +693,7 @@ func FuzzTokenAnswer(f *testing.F) {
 				t.Fatalf("refusal without an error code: %v", err)
 			}
 			for _, status := range []int{200, 400, 401, 503} {
-				_, re := classifyTokenAnswer("https://e/t", status, data, "secret-refresh-token")
+				_, re := classifyTokenAnswer("https://e/t", status, data, nil, "secret-refresh-token")
 				if re == nil || (re.Definitive && re.Sentence == "") || strings.Contains(re.Error(), "secret-refresh-token") {
 					t.Fatalf("classify of a refused answer with status %d = %+v", status, re)
 				}
