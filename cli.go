@@ -371,7 +371,7 @@ func (e cliEnv) subscriptionSignIn(args []string) error {
 	if *id != "" && *label != "" {
 		return &usageError{"-label names a new subscription; with -id the subscription keeps its label; usage: brama " + usage}
 	}
-	if p, err := lookupOAuth(*provider); err != nil || p.authorizeURL == "" {
+	if _, err := signInProvider(*provider); err != nil {
 		return &usageError{fmt.Sprintf("-provider %q has no sign-in (claude-code or codex); donate its grant or replace it with PUT …/credential", *provider)}
 	}
 	in := bufio.NewReader(e.stdin)

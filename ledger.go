@@ -18,16 +18,12 @@ import (
 
 const ledgerFile = "ledger.json"
 
-// ledgerWriteEvery is SPEC §10.3's "rewritten at most once per second" for
-// coalesced changes.
-const ledgerWriteEvery = time.Second
+const (
+	ledgerWriteEvery = time.Second        // SPEC §10.3: coalesced changes are written at most once per second
+	ledgerMaxBlock   = 7 * 24 * time.Hour // SPEC §7.2.4: a reset stated months away parks no subscription for months
+)
 
-// ledgerMaxBlock caps a recorded block (SPEC §7.2 step 4): a provider stating a
-// reset months away must not park a subscription for months.
-const ledgerMaxBlock = 7 * 24 * time.Hour
-
-// Credential states (SPEC §10.3). credDisabled is computed for retired rows
-// and never stored.
+// Credential states (SPEC §10.3); credDisabled is shown for retired rows, never stored.
 const (
 	credActive      = "active"
 	credNeedsReauth = "needs_reauthorization"
@@ -59,8 +55,7 @@ type ledgerMeasured struct {
 	LastUsedMs   int64 `json:"last_used_ms"`
 }
 
-// ledgerCheck is the outcome of the last usage read or probe; at_ms 0 is
-// never.
+// ledgerCheck is the last usage read's or probe's outcome; at_ms 0 is never.
 type ledgerCheck struct {
 	AtMs   int64  `json:"at_ms"`
 	OK     bool   `json:"ok"`
@@ -111,8 +106,7 @@ type ledger struct {
 	unreadable error  // why ledger.json could not be read; set once in newLedger, never changes
 	changed    chan struct{}
 
-	// testingOnlyAfterFunc replaces time.AfterFunc for the write-behind
-	// (nil in production), so tests fire it by hand instead of sleeping.
+	// testingOnlyAfterFunc replaces time.AfterFunc for the write-behind (nil in production).
 	testingOnlyAfterFunc func(d time.Duration, f func()) ledgerStopper
 
 	mu        sync.Mutex // guards entries, seq, lastWrite, timer, timerGen, warned
@@ -126,10 +120,9 @@ type ledger struct {
 	file snapshotFile // ledger.json, written in snapshot order
 }
 
-// newLedger loads ledger.json. An absent file is an empty ledger; one that
-// fails the §2.2 guards or the strict parse is served empty, logged once
-// (ledger_unreadable, without its bytes) and never overwritten, so an
-// operator can still inspect or repair it.
+// newLedger loads ledger.json; absent, it is empty. One failing the §2.2
+// guards or the strict parse is served empty, logged once without its bytes
+// and never overwritten, so an operator can still repair it.
 func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
 	if log == nil { // tests outside the cluster still pass nil (subscriptions_test.go)
 		log = slog.New(slog.DiscardHandler)
@@ -160,10 +153,9 @@ func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
 	return l
 }
 
-// parseLedger strictly parses ledger.json's bytes (SPEC §2.2): unknown
-// members, duplicate keys, another schema version, a malformed subscription
-// id or a credential state that is never stored are refused, naming role
-// and the member. Empty bytes are an empty ledger.
+// parseLedger strictly parses ledger.json (SPEC §2.2), refusing unknown
+// members, duplicate keys, another schema, a malformed id or a state never
+// stored, naming role and the member. Empty bytes are an empty ledger.
 func parseLedger(role string, b []byte) (map[string]ledgerEntry, error) {
 	subs := map[string]ledgerEntry{}
 	if len(b) == 0 {
@@ -193,8 +185,7 @@ func parseLedger(role string, b []byte) (map[string]ledgerEntry, error) {
 	return subs, nil
 }
 
-// loadErr is non-nil when ledger.json was unreadable: the ledger is then
-// served empty and the file never overwritten (/readyz lists it).
+// loadErr is why ledger.json was unreadable (/readyz lists it), or nil.
 func (l *ledger) loadErr() error { return l.unreadable }
 
 // entry returns a copy of id's record, sharing no memory with the ledger; a
