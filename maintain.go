@@ -551,28 +551,6 @@ func (m *maintainer) refreshPass(ctx context.Context, subs []passSub, refreshes 
 	wg.Wait()
 }
 
-// usageReports lists the providers with a usage report (SPEC §11.2): its
-// path below the base URL (codex's lives elsewhere), its reader, and
-// whether an API key reads it (only Kimi Code's; the others take OAuth only).
-var usageReports = map[string]struct {
-	path   string
-	parse  func([]byte, time.Time) ([]planWindow, error)
-	apiKey bool
-}{
-	"claude-code": {path: "/api/oauth/usage", parse: parseClaudeCodeUsage},
-	"codex":       {parse: parseCodexUsage},
-	"kimi":        {path: "/usages", parse: parseKimiUsage, apiKey: true},
-}
-
-// codexUsageURL is overridden by BRAMA_PROVIDER_CODEX_USAGE_URL alone.
-const codexUsageURL = "https://chatgpt.com/backend-api/wham/usage"
-
-// usageReportable says whether provider publishes a report cred can read.
-func usageReportable(provider string, cred vaultCredential) bool {
-	r, ok := usageReports[provider]
-	return ok && (cred.OAuth != nil || (r.apiKey && cred.APIKey != ""))
-}
-
 // usageEndpoint is where provider's report is read and how its body parses.
 func (m *maintainer) usageEndpoint(provider string) (string, func([]byte, time.Time) ([]planWindow, error), error) {
 	r, ok := usageReports[provider]

@@ -134,6 +134,28 @@ func windowLabel(mins float64, fallback string) string {
 	return strconv.FormatInt(n, 10) + " " + unit + "s"
 }
 
+// usageReports lists the providers with a usage report (SPEC §11.2): its
+// path below the base URL (codex's lives elsewhere), its reader, and
+// whether an API key reads it (only Kimi Code's; the others take OAuth only).
+var usageReports = map[string]struct {
+	path   string
+	parse  func([]byte, time.Time) ([]planWindow, error)
+	apiKey bool
+}{
+	"claude-code": {path: "/api/oauth/usage", parse: parseClaudeCodeUsage},
+	"codex":       {parse: parseCodexUsage},
+	"kimi":        {path: "/usages", parse: parseKimiUsage, apiKey: true},
+}
+
+// codexUsageURL is overridden by BRAMA_PROVIDER_CODEX_USAGE_URL alone.
+const codexUsageURL = "https://chatgpt.com/backend-api/wham/usage"
+
+// usageReportable says whether provider publishes a report cred can read.
+func usageReportable(provider string, cred vaultCredential) bool {
+	r, ok := usageReports[provider]
+	return ok && (cred.OAuth != nil || (r.apiKey && cred.APIKey != ""))
+}
+
 // The three usage report readers turn a body into plan windows (source
 // usage_report). The shapes are the providers' own and undocumented, so
 // each reads, through the one lenient reader `report`, what it recognizes,
