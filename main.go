@@ -253,6 +253,7 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 	s.catalog = newCatalog(d.st, e.getenv, s.client, log, s.now)
 	s.perf = newPerfRegistry(d.st, log, s.now)
 	s.answers = newAnswerStore(d.st, log, s.now)
+	s.replay = newReplayGuard(e.getenv, log, s.now)
 	s.ledger = newLedger(d.st, log, s.now)
 	defer s.ledger.flush()
 	s.inv = newInventory(d.st, s.vault, s.journal, s.ledger, e.getenv, log, s.now)

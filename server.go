@@ -45,6 +45,7 @@ type server struct {
 	pins       pins // the subscription that last served each agent and provider
 	maint      *maintainer
 	answers    *answerStore // signed answers (SPEC §12)
+	replay     *replayGuard // SPEC §8.1; nil: off
 }
 
 // routes is the only place URL patterns appear.
@@ -188,7 +189,7 @@ func newRequestID() string {
 
 // fail writes err in the envelope and records its outcome for the log line.
 func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
-	ae := writeAPIError(w, err)
+	ae := writeAPIError(w, r, err)
 	ri := infoFrom(r.Context())
 	ri.outcome, ri.retryable = ae.Code, ae.body().Error.Retryable
 	if ae.Attempts != nil {
