@@ -14,9 +14,10 @@ import (
 	"time"
 )
 
-// The CLI commands that read or edit state in-process (SPEC §2.3 allows a
-// CLI to edit the registry, the clients file and the vault's direct and
-// agents sections while serve runs, each under its file lock).
+// CLI commands: those that read or edit state in-process (SPEC §2.3 allows
+// a CLI to edit the registry, the clients file and the vault's direct and
+// agents sections while serve runs, each under its file lock), and those
+// that ask the daemon (maintain, subscription sign-in).
 
 // deps opens the state for a CLI command; its logs go to stderr.
 func (e cliEnv) deps() deps {

@@ -148,7 +148,7 @@ func TestLedgerRoundTrip(t *testing.T) {
 	}
 	wantB := ledgerEntry{Provider: "codex", Credential: ledgerCredential{State: credNeedsReauth, Cause: "invalid_grant", RecordedAtMs: ms + 1000}}
 
-	l2 := newLedger(state{dir: dir}, nil, clock.now)
+	l2 := newLedger(state{dir: dir}, slog.New(slog.DiscardHandler), clock.now)
 	if err := l2.loadErr(); err != nil {
 		t.Fatalf("loadErr = %v", err)
 	}

@@ -393,9 +393,13 @@ func (m *maintainer) passOnce(ctx context.Context) passReport {
 		m.log.Warn("maintenance_pass_failed", "cause", redact(err.Error()))
 		return rep
 	}
+	next := ""
+	if rep.NextDueAt != nil {
+		next = *rep.NextDueAt
+	}
 	m.log.Info("maintenance_pass_done", "ok", rep.OK, "usage_read", rep.Usage.Read, "usage_failed", len(rep.Usage.Failed),
 		"refreshed", rep.Credentials.Refreshed, "refused", rep.Credentials.Refused,
-		"next_due_at", *cmp.Or(rep.NextDueAt, new(string)), "dur_ms", m.clock().Sub(start).Milliseconds())
+		"next_due_at", next, "dur_ms", m.clock().Sub(start).Milliseconds())
 	return rep
 }
 
