@@ -15,9 +15,11 @@ import (
 	"time"
 )
 
-// Plan windows are the provider's own account of how much of a
-// subscription's plan is spent (SPEC §6.3, §11.2); the ledger keeps the
-// latest reading of each and dispatch orders subscriptions by them.
+// Plan windows are a provider's own account of how much of a subscription's
+// plan is spent, read here from its two sources: the headers of every
+// subscription answer (SPEC §6.3) and the usage reports a maintenance pass
+// fetches (SPEC §11.2), under one id per window so either replaces the
+// other. The ledger keeps the latest reading; dispatch orders by them.
 
 // Where a plan window's reading came from.
 const (
