@@ -121,7 +121,7 @@ func (m *maintainer) loop(ctx context.Context) {
 	changed := m.l.subscribe()
 	defer m.stop()
 	for ctx.Err() == nil {
-		if m.loopOnce(ctx) {
+		if m.loopOnce(ctx, m.clock()) {
 			continue // a pass asked for meanwhile runs next
 		}
 		select {
@@ -132,11 +132,10 @@ func (m *maintainer) loop(ctx context.Context) {
 	}
 }
 
-// loopOnce runs the pending pass (true), or else arms the one timer at the
-// ledger's next due moment (false), keeping it while that moment stands. An
-// armed moment that came before its timer fired is due now, not skipped.
-func (m *maintainer) loopOnce(ctx context.Context) bool {
-	now := m.clock()
+// loopOnce, at now, runs the pending pass (true), or else arms the one timer
+// at the ledger's next due moment (false), keeping it while that moment
+// stands. An armed moment that came before its timer fired is due now.
+func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
 	due, ok := m.l.nextDue(now)
 	m.mu.Lock()
 	if m.pending == "" && m.timer != nil && !m.timerAt.After(now) {
@@ -156,7 +155,7 @@ func (m *maintainer) loopOnce(ctx context.Context) bool {
 	m.passes++
 	m.mu.Unlock()
 
-	started := m.clock()
+	started := now
 	m.log.Info("maintenance_pass_started", "reason", reason)
 	rep := m.passOnce(ctx)
 	m.mu.Lock()

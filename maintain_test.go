@@ -547,31 +547,31 @@ func TestMaintainLoopOnce(t *testing.T) {
 	}
 
 	fx.m.request("asked")
-	if !fx.m.loopOnce(ctx) {
+	if !fx.m.loopOnce(ctx, fx.clock.now()) {
 		t.Fatal("loopOnce with a pass pending ran none")
 	}
 	if ev := fx.nextPass(t); ev.reason != "asked" || ev.rep.Usage.Read != 1 {
 		t.Fatalf("first pass = %+v", ev)
 	}
-	if fx.m.loopOnce(ctx) {
+	if fx.m.loopOnce(ctx, fx.clock.now()) {
 		t.Fatal("loopOnce ran a pass with none pending")
 	}
 	if at := fx.timers.nextArmed(t); !at.Equal(T) {
 		t.Fatalf("timer armed for %s, want the grant's expiry %s", at, T)
 	}
-	if fx.m.loopOnce(ctx) {
+	if fx.m.loopOnce(ctx, fx.clock.now()) {
 		t.Fatal("loopOnce ran a pass before the moment")
 	}
 	noTimer("moment unchanged")
 
 	fx.clock.advance(T.Sub(maintT0)) // the moment comes; its timer has not fired
-	if !fx.m.loopOnce(ctx) {
+	if !fx.m.loopOnce(ctx, fx.clock.now()) {
 		t.Fatal("loopOnce skipped a moment the clock passed before its timer fired")
 	}
 	if ev := fx.nextPass(t); ev.reason != "due" || !ev.started.Equal(T) || ev.rep.Credentials.Refreshed != 1 {
 		t.Fatalf("pass at T = %+v", ev)
 	}
-	if fx.m.loopOnce(ctx) {
+	if fx.m.loopOnce(ctx, fx.clock.now()) {
 		t.Fatal("loopOnce ran a second pass at T")
 	}
 	next := fx.timers.nextArmed(t)
@@ -579,7 +579,7 @@ func TestMaintainLoopOnce(t *testing.T) {
 		t.Errorf("timer re-armed for %s, want the window's reset", next)
 	}
 	fx.timers.fire(t, T) // the disarmed timer firing late
-	if fx.m.loopOnce(ctx) {
+	if fx.m.loopOnce(ctx, fx.clock.now()) {
 		t.Error("a stale timer started a pass")
 	}
 	noTimer("after the stale timer")
