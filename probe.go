@@ -67,10 +67,7 @@ func (s *server) probe(r *http.Request, agent, id, model string) (probeOutcome, 
 	if until := s.ledger.blockedUntil(id); !until.IsZero() {
 		return probeOutcome{}, refuse("state_conflict", "subscription %s is blocked until %s; a probe is not sent inside a recorded block", id, until.UTC().Format(time.RFC3339))
 	}
-	model = strings.TrimPrefix(strings.TrimSpace(model), it.Provider+"/")
-	if model == "" {
-		model = probeModels[it.Provider]
-	}
+	model = cmp.Or(strings.TrimPrefix(strings.TrimSpace(model), it.Provider+"/"), probeModels[it.Provider])
 	if model == "" {
 		return probeOutcome{}, refuse("state_conflict", "name a model for this probe: provider %q has no built-in probe model", it.Provider)
 	}
@@ -83,21 +80,15 @@ func (s *server) probe(r *http.Request, agent, id, model string) (probeOutcome, 
 	if err != nil {
 		return probeOutcome{}, refuse("dependency_unavailable", "provider %q has an unusable base URL: %v", p.id, err)
 	}
-	req := pingRequest(res.Route, p)
-
-	var (
-		ok     bool
-		detail string
-	)
 	wk := &walk{agent: agent}
 	cred, err := s.subscriptionCredential(r, it, wk, "")
+	ok, detail := false, "no call was made: "+strings.Join(wk.reasons, "; ")
 	switch {
 	case errors.Is(err, errSkipSubscription):
-		ok, detail = false, "no call was made: "+strings.Join(wk.reasons, "; ")
 	case err != nil:
 		return probeOutcome{}, err
 	default:
-		ok, detail = s.probeCall(r.Context(), req, call{res: res, baseURL: baseURL, cred: cred}, it)
+		ok, detail = s.probeCall(r.Context(), pingRequest(res.Route, p), call{res: res, baseURL: baseURL, cred: cred}, it)
 	}
 	s.ledger.recordProbe(id, p.id, ok, detail)
 	if ok && s.ledger.credentialState(id) != credActive {
