@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"errors"
+	"io"
 	"strings"
 	"testing"
 
@@ -104,6 +105,12 @@ func FuzzTokenAnswer(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
+		// A body that ended early is never a refusal, whatever it held (SPEC §11.1).
+		for _, status := range []int{200, 401, 403} {
+			if _, re := classifyTokenAnswer("https://e/t", status, data, io.ErrUnexpectedEOF); re == nil || re.Definitive || !errors.Is(re, io.ErrUnexpectedEOF) {
+				t.Fatalf("a partial %d answer classified as %+v", status, re)
+			}
+		}
 		jwtExpMs(string(data)) // must not panic on anything
 		codexAccountID(string(data))
 		ans, err := parseTokenAnswer(data)
