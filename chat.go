@@ -136,6 +136,9 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 		return chatRequest{}, err
 	}
 	req.ParallelToolCalls, req.Effort = b.ParallelToolCalls, b.ReasoningEffort
+	if req.Effort != "" {
+		req.EffortPath = "reasoning_effort"
+	}
 	if req.Stop, err = parseStop(b.Stop, "stop"); err != nil {
 		return chatRequest{}, err
 	}

@@ -36,6 +36,7 @@ type chatRequest struct {
 	Stop              []string
 	Output            *outputFormat // structured output; nil: free text
 	Effort            string        // reasoning effort (low, medium, high, …); "" the provider's default
+	EffortPath        string        // the caller's member for Effort
 	StopPath          string        // the caller's member for Stop: responses has none
 	Shared            openAIShared
 	Stream            bool
@@ -317,6 +318,15 @@ func (req chatRequest) droppedFor(p providerInfo) []string {
 	switch {
 	case p.protocol == protoAnthropic:
 		d = append(d, req.Shared.names()...)
+		if req.Effort != "" && req.thinkingBudget() == 0 {
+			d = append(d, req.EffortPath)
+		}
+		if req.thinkingBudget() > 0 && req.Temperature != nil {
+			d = append(d, "temperature")
+		}
+		if req.thinkingBudget() > 0 && req.TopP != nil {
+			d = append(d, "top_p")
+		}
 		for _, t := range req.Tools {
 			if t.Kind == toolCustom && t.Format != nil {
 				d = append(d, t.FormatPath)
@@ -422,6 +432,29 @@ func effortOfBudget(b int) string {
 		}
 	}
 	return "xhigh"
+}
+
+// thinkingBudget is the thinking budget a request to messages asks for, 0
+// for none: below max_tokens and at least the API's least (1024), and none
+// on a turn that continues a tool loop, where Anthropic wants the earlier
+// answer's thinking blocks back, which no other format carries.
+func (req chatRequest) thinkingBudget() int {
+	budget := budgetOfEffort(req.Effort)
+	if req.MaxTokens > 0 && budget >= req.MaxTokens {
+		budget = req.MaxTokens - 1
+	}
+	for i := len(req.Messages) - 1; i >= 0; i-- {
+		if m := req.Messages[i]; m.Role == "assistant" {
+			if slices.ContainsFunc(m.Parts, func(p part) bool { return p.Type == partToolCall }) {
+				return 0
+			}
+			break
+		}
+	}
+	if budget < 1024 {
+		return 0
+	}
+	return budget
 }
 
 func budgetOfEffort(effort string) int {

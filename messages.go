@@ -181,12 +181,12 @@ func parseMessages(body []byte) (chatRequest, error) {
 		req.StopPath = "stop_sequences"
 	}
 	if t := b.Thinking; t != nil && t.Type == "enabled" {
-		req.Effort = effortOfBudget(t.BudgetTokens)
+		req.Effort, req.EffortPath = effortOfBudget(t.BudgetTokens), "thinking"
 	}
 	f := b.OutputFormat
 	if o := b.OutputConfig; o != nil {
 		if o.Effort != "" {
-			req.Effort = o.Effort
+			req.Effort, req.EffortPath = o.Effort, "output_config.effort"
 		}
 		if o.Format != nil {
 			f = o.Format
@@ -406,13 +406,8 @@ func encodeMessages(req chatRequest, model string, o upstreamOptions) (any, erro
 			out.ToolChoice.DisableParallelToolUse = ptrTo(true)
 		}
 	}
-	if budget := budgetOfEffort(req.Effort); budget > 0 {
-		if req.MaxTokens > 0 && budget >= req.MaxTokens {
-			budget = req.MaxTokens - 1
-		}
-		if budget >= 1024 { // the API's least budget
-			out.Thinking = &messagesThinking{Type: "enabled", BudgetTokens: budget}
-		}
+	if budget := req.thinkingBudget(); budget > 0 { // the API refuses temperature and top_p beside thinking
+		out.Thinking, out.Temperature, out.TopP = &messagesThinking{Type: "enabled", BudgetTokens: budget}, nil, nil
 	}
 	if f := req.Output; f != nil {
 		if f.Type != "json_schema" {

@@ -20,7 +20,7 @@ func TestParseMessages(t *testing.T) {
 				"metadata":{"user_id":"u"},"stop_sequences":["x"],"thinking":{"type":"enabled","budget_tokens":100},
 				"messages":[{"role":"user","content":"hi"}]}`,
 			want: chatRequest{Model: "anthropic/claude-sonnet-4-5", System: "be brief", MaxTokens: 1024, Temperature: dialectFloatPtr(0.2), Stream: true,
-				Stop: []string{"x"}, StopPath: "stop_sequences", Effort: "minimal", Messages: []message{dialectUserText("hi")}, Dropped: []string{"metadata"}},
+				Stop: []string{"x"}, StopPath: "stop_sequences", Effort: "minimal", EffortPath: "thinking", Messages: []message{dialectUserText("hi")}, Dropped: []string{"metadata"}},
 		},
 		{
 			name: "system blocks join, max_tokens may be absent",

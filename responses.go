@@ -157,8 +157,8 @@ func parseResponses(body []byte) (chatRequest, error) {
 	if req.ToolChoice, err = parseOpenAIToolChoice(&req, b.ToolChoice, false); err != nil {
 		return chatRequest{}, err
 	}
-	if b.Reasoning != nil {
-		req.Effort = b.Reasoning.Effort
+	if b.Reasoning != nil && b.Reasoning.Effort != "" {
+		req.Effort, req.EffortPath = b.Reasoning.Effort, "reasoning.effort"
 	}
 	if b.Text != nil && b.Text.Format != nil {
 		if req.Output, err = checkOutput(b.Text.Format, "text.format"); err != nil {

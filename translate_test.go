@@ -138,7 +138,7 @@ func TestTranslationAcrossFormats(t *testing.T) {
 		{
 			name: "Codex-like responses to anthropic", path: "/v1/responses", body: codexLikeBody, provider: "anthropic",
 			wantUpstream: map[string]string{
-				"system": `"You are Codex.\n\nsandbox rules"`, "max_tokens": `32000`, "thinking.budget_tokens": `24576`,
+				"system": `"You are Codex.\n\nsandbox rules"`, "max_tokens": `32000`, "thinking": ``,
 				"messages[0].content[0].text": `"fix it"`,
 				"messages[1].content[0].name": `"mcp__srv__lookup"`, "messages[1].content[0].input.q": `"y"`,
 				"messages[2].content[0].content": `"found"`,
@@ -147,11 +147,19 @@ func TestTranslationAcrossFormats(t *testing.T) {
 				"tools[1].name": `"mcp__srv__lookup"`, "tools[2].name": `"exec_command"`,
 				"tool_choice.type": `"auto"`, "tool_choice.disable_parallel_tool_use": `true`,
 			},
-			wantDropped: "include, reasoning.summary, input[2], tools[1].description, tools[2], tools[3], store, prompt_cache_key, tools[0].format",
+			// A turn continuing a tool loop asks for no thinking: Anthropic
+			// wants the earlier thinking blocks back, which responses lacks.
+			wantDropped: "include, reasoning.summary, input[2], tools[1].description, tools[2], tools[3], store, prompt_cache_key, reasoning.effort, tools[0].format",
 			wantAnswer: map[string]string{
 				"output[1].type": `"function_call"`, "output[1].namespace": `"mcp__srv"`, "output[1].name": `"lookup"`, "output[1].arguments": `"{\"q\":\"x\"}"`,
 				"output[2].type": `"custom_tool_call"`, "output[2].name": `"apply_patch"`, "output[2].input": `"*** Begin Patch"`,
 			},
+		},
+		{
+			name: "reasoning effort to a thinking budget, which takes temperature's place", path: "/v1/responses", provider: "anthropic",
+			body:         `{"model":"anthropic/claude-test","max_output_tokens":32000,"input":"think","reasoning":{"effort":"high"},"temperature":0.3}`,
+			wantUpstream: map[string]string{"thinking.type": `"enabled"`, "thinking.budget_tokens": `24576`, "temperature": ``},
+			wantDropped:  "temperature",
 		},
 		{
 			name: "a hosted tool toward chat is named", path: "/v1/responses", provider: "openai",
