@@ -11,9 +11,7 @@ import (
 )
 
 // OpenAI Responses (caller POST /v1/responses, provider {base}/responses):
-// both directions, buffered and streamed.
-
-// Responses wire shapes, for the caller's body and the provider's.
+// both directions, buffered and streamed. The wire shapes serve both.
 type (
 	responsesRequestBody struct {
 		Model             string          `json:"model"`
@@ -47,6 +45,7 @@ type (
 		Arguments *string         `json:"arguments,omitempty"` // function_call
 		Input     *string         `json:"input,omitempty"`     // custom_tool_call
 		Output    json.RawMessage `json:"output,omitempty"`    // string or parts
+		Tools     []openAITool    `json:"tools,omitempty"`     // additional_tools (the Codex CLI's tools)
 	}
 	responsesPart struct {
 		Type        string          `json:"type"`
@@ -111,10 +110,7 @@ func parseResponses(body []byte) (chatRequest, error) {
 	if err != nil {
 		return chatRequest{}, err
 	}
-	var raw struct {
-		Reasoning, Text json.RawMessage
-		Tools           []json.RawMessage
-	}
+	var raw struct{ Reasoning, Text, Tools json.RawMessage }
 	json.Unmarshal(body, &raw)
 	dropUnknown(&req.Dropped, body, "", responsesKnown)
 	dropUnknown(&req.Dropped, raw.Reasoning, "reasoning", "effort")
@@ -145,10 +141,12 @@ func parseResponses(body []byte) (chatRequest, error) {
 	if len(req.Messages) == 0 {
 		return chatRequest{}, refuseInvalid("input must hold at least one user, assistant or tool item")
 	}
+	var rawTools []json.RawMessage
+	json.Unmarshal(raw.Tools, &rawTools)
 	for i, t := range b.Tools {
 		what := fmt.Sprintf("tools[%d]", i)
 		if t.Type == "function" || t.Type == "custom" {
-			dropUnknown(&req.Dropped, raw.Tools[i], what, "type name description parameters strict format")
+			dropUnknown(&req.Dropped, rawTools[i], what, "type name description parameters strict format")
 		}
 		if err := req.addOpenAITool(t, what); err != nil {
 			return chatRequest{}, err
@@ -210,6 +208,13 @@ func (req *chatRequest) addResponsesItem(it responsesItem, what string) error {
 		req.Messages = appendPart(req.Messages, "user", part{Type: partToolResult, ToolCallID: it.CallID,
 			Text: req.resultText(parts, what+".output"), Custom: it.Type == "custom_tool_call_output"})
 		return err
+	case "additional_tools": // tools declared in the input, as the Codex CLI sends them
+		for i, t := range it.Tools {
+			if err := req.addOpenAITool(t, fmt.Sprintf("%s.tools[%d]", what, i)); err != nil {
+				return err
+			}
+		}
+		return nil
 	case "item_reference":
 		return refuseInvalid("%s: item references are not supported; send the items themselves", what)
 	}
@@ -338,7 +343,7 @@ func responsesCall(req chatRequest, id, callID, name, args string, custom bool) 
 		ns, member = t.Namespace, t.memberName()
 	}
 	if custom {
-		return &responsesItem{Type: "custom_tool_call", ID: id, CallID: callID, Name: member, Input: &args}
+		return &responsesItem{Type: "custom_tool_call", ID: id, CallID: callID, Namespace: ns, Name: member, Input: &args}
 	}
 	args = argumentsText(args)
 	return &responsesItem{Type: "function_call", ID: id, CallID: callID, Namespace: ns, Name: member, Arguments: &args}

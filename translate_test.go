@@ -351,3 +351,51 @@ func TestTranslationStreamsCallsInTheCallersForm(t *testing.T) {
 		t.Errorf("chat custom input = %v, want %v", input, want)
 	}
 }
+
+// codexCLIBody is what the Codex CLI 0.171 sends (examples/clients): its
+// tools in an additional_tools input item, exec a custom tool of the
+// functions namespace, a tool turn whose output is an array of parts.
+const codexCLIBody = `{"model":"anthropic/claude-test","max_output_tokens":9000,"stream":false,"store":false,"parallel_tool_calls":false,"tool_choice":"auto",
+	"reasoning":{"effort":"low","context":"all_turns"},"text":{"verbosity":"low"},"client_metadata":{"a":"b"},
+	"input":[{"type":"additional_tools","role":"developer","id":"at_1","tools":[
+			{"type":"namespace","name":"functions","tools":[{"type":"custom","name":"exec","description":"Run JavaScript","format":{"type":"text"}},
+				{"type":"function","name":"wait","parameters":{"type":"object","properties":{}}}]}]},
+		{"type":"message","role":"developer","content":[{"type":"input_text","text":"You are Codex."}]},
+		{"type":"message","role":"user","content":[{"type":"input_text","text":"cat note.txt"}]},
+		{"type":"custom_tool_call","id":"ct_1","status":"completed","namespace":"functions","name":"exec","call_id":"call_1","input":"text(1)"},
+		{"type":"custom_tool_call_output","call_id":"call_1","output":[{"type":"input_text","text":"hello"}]}]}`
+
+// TestTranslationCodexCLIToMessages checks the Codex CLI's own request
+// reaches a messages provider with its tools and comes back in its form.
+func TestTranslationCodexCLIToMessages(t *testing.T) {
+	env := stateEnv(t)
+	f := newTranslationFake(t, func(string) string {
+		return `{"id":"m","type":"message","role":"assistant","model":"m","content":[{"type":"tool_use","id":"toolu_9","name":"functions__exec","input":{"input":"text(2)"}}],"stop_reason":"tool_use","usage":{"input_tokens":1,"output_tokens":1}}`
+	})
+	d := startDaemon(t, env, providerEnv(env, map[string]*fakeProvider{"anthropic": f.fakeProvider}), "-local-credentials-stdin")
+	status, hdr, body := d.call("POST", "/v1/responses", d.token, codexCLIBody)
+	if status != 200 {
+		t.Fatalf("status %d: %s", status, body)
+	}
+	up := f.body()
+	for path, want := range map[string]string{
+		"tools[0].name": `"functions__exec"`, "tools[0].input_schema.properties.input.type": `"string"`, "tools[1].name": `"functions__wait"`,
+		"system": `"You are Codex."`, "messages[1].content[0].name": `"functions__exec"`, "messages[1].content[0].input.input": `"text(1)"`,
+		"messages[2].content[0].content": `"hello"`, "tool_choice.disable_parallel_tool_use": `true`,
+	} {
+		if got := jsonAt(t, up, path); got != want {
+			t.Errorf("upstream %s = %s, want %s", path, got, want)
+		}
+	}
+	for path, want := range map[string]string{
+		"output[0].type": `"custom_tool_call"`, "output[0].namespace": `"functions"`, "output[0].name": `"exec"`, "output[0].input": `"text(2)"`,
+		"output[0].call_id": `"toolu_9"`,
+	} {
+		if got := jsonAt(t, body, path); got != want {
+			t.Errorf("answer %s = %s, want %s", path, got, want)
+		}
+	}
+	if got, want := hdr.Get("Brama-Dropped"), "client_metadata, reasoning.context, text.verbosity, store, reasoning.effort, input[0].tools[0].tools[0].format"; got != want {
+		t.Errorf("Brama-Dropped = %q, want %q", got, want)
+	}
+}
