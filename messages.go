@@ -207,9 +207,7 @@ var messagesChoices = map[string]string{"auto": toolChoiceAuto, "none": toolChoi
 // messagesText reads content that may only be text (a system prompt): a
 // string or text blocks, whose cache_control is dropped and named.
 func (req *chatRequest) messagesText(raw json.RawMessage, what string) (string, error) {
-	var blocks []json.RawMessage
-	json.Unmarshal(raw, &blocks)
-	for i, bl := range blocks {
+	for i, bl := range rawItems(raw) {
 		dropUnknown(&req.Dropped, bl, fmt.Sprintf("%s[%d]", what, i), "type text")
 	}
 	return callerTextOf(raw, what, "text", "\n\n")
@@ -225,8 +223,7 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 	if err != nil || text != nil {
 		return text, err
 	}
-	var rawBlocks []json.RawMessage
-	json.Unmarshal(raw, &rawBlocks)
+	rawBlocks := rawItems(raw)
 	var parts []part
 	for i, bl := range blocks {
 		bw := fmt.Sprintf("%s[%d]", what, i)

@@ -108,6 +108,13 @@ func dropUnknown(d *[]string, raw json.RawMessage, path, known string) {
 	}
 }
 
+// rawItems is a JSON array's elements, none for anything else.
+func rawItems(raw json.RawMessage) []json.RawMessage {
+	var items []json.RawMessage
+	json.Unmarshal(raw, &items)
+	return items
+}
+
 // joinPath is path.member, or member at the top.
 func joinPath(path, member string) string {
 	if path == "" {

@@ -141,8 +141,7 @@ func parseResponses(body []byte) (chatRequest, error) {
 	if len(req.Messages) == 0 {
 		return chatRequest{}, refuseInvalid("input must hold at least one user, assistant or tool item")
 	}
-	var rawTools []json.RawMessage
-	json.Unmarshal(raw.Tools, &rawTools)
+	rawTools := rawItems(raw.Tools)
 	for i, t := range b.Tools {
 		what := fmt.Sprintf("tools[%d]", i)
 		if t.Type == "function" || t.Type == "custom" {
@@ -257,10 +256,9 @@ func (req *chatRequest) responsesParts(raw json.RawMessage, what string) ([]part
 	return parts, nil
 }
 
-// encodeResponses builds a Responses body: text, images and files gather
-// into message items, tool calls and results are items of their own. codex
-// gets SPEC §6.2's body: default instructions, store false, no limit,
-// temperature or top_p.
+// encodeResponses builds a Responses body: text, images and files gather in
+// message items, tool calls and results are items. codex gets SPEC §6.2's
+// body: default instructions, store false, no limit, temperature or top_p.
 func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, error) {
 	out := responsesRequestBody{Model: model, Stream: o.stream, ParallelToolCalls: req.ParallelToolCalls, openAIShared: req.Shared,
 		Temperature: req.Temperature, TopP: req.TopP}
