@@ -1,0 +1,208 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"strconv"
+)
+
+// Passthrough edits a caller's JSON body in place (SPEC §7.6): a few
+// top-level members are replaced, removed or added, and every other byte
+// stays as the caller sent it, in order. This file finds the members of an
+// object by their byte spans and splices new bytes between them; it never
+// re-encodes a value it does not change.
+
+// maxJSONDepth is the deepest nesting a caller body may have (SPEC §8.2).
+const maxJSONDepth = 1000
+
+// jsonMember is one member of a JSON object: its decoded key and byte
+// offsets into the object. sep is where the member's segment starts (just
+// after the previous value, or just after '{'), so the separator and
+// whitespace before the key belong to it; val and end bound its value.
+type jsonMember struct {
+	key           string
+	sep, val, end int
+}
+
+// rawObject is one JSON object split into members.
+type rawObject struct {
+	src     []byte
+	members []jsonMember
+}
+
+// parseRawObject splits src, which must be one JSON object, into its
+// members. Malformed JSON, a body that is not an object, or nesting deeper
+// than maxJSONDepth is refused as invalid_request.
+func parseRawObject(src []byte) (rawObject, error) {
+	if !json.Valid(src) {
+		var v any
+		return rawObject{}, decodeCallerJSON(src, &v, "")
+	}
+	i := skipJSONSpace(src, 0)
+	if src[i] != '{' {
+		return rawObject{}, refuse("invalid_request", "the request body must be a JSON object")
+	}
+	o := rawObject{src: src}
+	i++
+	for {
+		sep := i
+		i = skipJSONSpace(src, i)
+		if src[i] == '}' {
+			return o, nil
+		}
+		if src[i] == ',' {
+			i = skipJSONSpace(src, i+1)
+		}
+		keyEnd := skipJSONString(src, i)
+		key := string(src[i+1 : keyEnd-1])
+		if bytes.IndexByte(src[i:keyEnd], '\\') >= 0 {
+			json.Unmarshal(src[i:keyEnd], &key) // valid JSON: cannot fail
+		}
+		i = skipJSONSpace(src, keyEnd)
+		val := skipJSONSpace(src, i+1) // past ':'
+		end, err := skipJSONValue(src, val)
+		if err != nil {
+			return rawObject{}, err
+		}
+		o.members = append(o.members, jsonMember{key: key, sep: sep, val: val, end: end})
+		i = end
+	}
+}
+
+// value is the raw value of the last member named key (encoding/json's
+// rule for a repeated key), nil when absent.
+func (o rawObject) value(key string) json.RawMessage {
+	var v json.RawMessage
+	for _, m := range o.members {
+		if m.key == key {
+			v = o.src[m.val:m.end]
+		}
+	}
+	return v
+}
+
+// has reports whether a member named key is present (even as null).
+func (o rawObject) has(key string) bool { return o.value(key) != nil }
+
+// memberEdit replaces every member named key with value, or adds it at
+// the end of the object when absent; a nil value removes the member.
+type memberEdit struct {
+	key   string
+	value []byte
+}
+
+// edit returns the object with edits applied and every other byte kept.
+func (o rawObject) edit(edits ...memberEdit) []byte {
+	if len(edits) == 0 {
+		return o.src
+	}
+	out := make([]byte, 0, len(o.src)+64)
+	last := skipJSONSpace(o.src, 0) + 1 // just past '{'
+	out = append(out, o.src[:last]...)
+	done := make([]bool, len(edits))
+	wrote := false
+	for _, m := range o.members {
+		seg := o.src[m.sep:m.end]
+		k := editFor(edits, m.key)
+		if k >= 0 && edits[k].value == nil {
+			continue
+		}
+		if !wrote { // the first member written carries no separator
+			if j := skipJSONSpace(seg, 0); j < len(seg) && seg[j] == ',' {
+				seg = seg[j+1:]
+			}
+		}
+		if k >= 0 {
+			done[k] = true
+			head := len(seg) - (m.end - m.val)
+			out = append(out, seg[:head]...)
+			out = append(out, edits[k].value...)
+		} else {
+			out = append(out, seg...)
+		}
+		wrote = true
+	}
+	for k, e := range edits {
+		if done[k] || e.value == nil || editFor(edits[:k], e.key) >= 0 {
+			continue
+		}
+		if wrote {
+			out = append(out, ',')
+		}
+		out = strconv.AppendQuote(out, e.key) // Brama's own keys are plain ASCII
+		out = append(out, ':')
+		out = append(out, e.value...)
+		wrote = true
+	}
+	tail := len(o.src)
+	if n := len(o.members); n > 0 {
+		tail = o.members[n-1].end
+	} else {
+		tail = last
+	}
+	return append(out, o.src[tail:]...)
+}
+
+// editFor is the index of the edit for key, or -1.
+func editFor(edits []memberEdit, key string) int {
+	for i, e := range edits {
+		if e.key == key {
+			return i
+		}
+	}
+	return -1
+}
+
+// skipJSONSpace returns the index of the first non-space byte at or after i.
+func skipJSONSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// skipJSONString returns the index just past the string that opens at i.
+func skipJSONString(b []byte, i int) int {
+	for i++; i < len(b); i++ {
+		switch b[i] {
+		case '\\':
+			i++
+		case '"':
+			return i + 1
+		}
+	}
+	return len(b)
+}
+
+// skipJSONValue returns the index just past the (valid) value at i,
+// refusing nesting deeper than maxJSONDepth counted from the body's top.
+func skipJSONValue(b []byte, i int) (int, error) {
+	switch b[i] {
+	case '"':
+		return skipJSONString(b, i), nil
+	case '{', '[':
+		depth := 1 // the object being split is level 1
+		for ; i < len(b); i++ {
+			switch b[i] {
+			case '"':
+				i = skipJSONString(b, i) - 1
+			case '{', '[':
+				if depth++; depth > maxJSONDepth {
+					return 0, refuse("invalid_request", "the request body nests deeper than %d levels", maxJSONDepth)
+				}
+			case '}', ']':
+				if depth--; depth == 1 {
+					return i + 1, nil
+				}
+			}
+		}
+		return len(b), nil
+	}
+	for ; i < len(b); i++ {
+		switch b[i] {
+		case ',', '}', ']', ' ', '\t', '\n', '\r':
+			return i, nil
+		}
+	}
+	return i, nil
+}

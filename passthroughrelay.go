@@ -1,0 +1,396 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"cmp"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"slices"
+	"strconv"
+)
+
+// The passthrough answer (SPEC §7.6): the provider's own bytes. A buffered
+// body is relayed as received and read only for usage (§13); a stream's
+// events are relayed as received, each flushed at once, and read only for
+// what §7.5 needs (commit, terminal signal, in-band error) and usage.
+
+// passthroughUsageBody is the one member of a buffered answer Brama reads.
+type passthroughUsageBody struct {
+	Usage *passthroughUsage `json:"usage"`
+}
+
+// passthroughUsage holds the usage members of all three formats: chat's
+// prompt/completion tokens, messages' input/output and cache tokens,
+// responses' input/output tokens.
+type passthroughUsage struct {
+	PromptTokens             int `json:"prompt_tokens"`
+	CompletionTokens         int `json:"completion_tokens"`
+	InputTokens              int `json:"input_tokens"`
+	OutputTokens             int `json:"output_tokens"`
+	CacheCreationInputTokens int `json:"cache_creation_input_tokens"`
+	CacheReadInputTokens     int `json:"cache_read_input_tokens"`
+}
+
+// count is the usage in Brama's terms; Anthropic reports cached input
+// apart, and Brama's count includes it, as OpenAI's does.
+func (u *passthroughUsage) count(protocol string) usage {
+	if u == nil {
+		return usage{}
+	}
+	if protocol == protoOpenAIChat {
+		return usage{InputTokens: u.PromptTokens, OutputTokens: u.CompletionTokens, Reported: true}
+	}
+	return usage{InputTokens: u.InputTokens + u.CacheCreationInputTokens + u.CacheReadInputTokens, OutputTokens: u.OutputTokens, Reported: true}
+}
+
+// bufferedUsage reads the usage of a buffered answer; a body that is not a
+// JSON object is no answer of the format (provider_failure).
+func bufferedUsage(protocol string, body []byte) (usage, error) {
+	var b passthroughUsageBody
+	if err := json.Unmarshal(body, &b); err != nil || rawShape(body) != '{' {
+		return usage{}, malformedAnswer(protocol, err)
+	}
+	return b.Usage.count(protocol), nil
+}
+
+// rawSSEReader splits a provider's event stream into blocks kept as
+// received: every line of an event up to and including the blank line that
+// ends it. Lines end at "\n" ("\r\n" too). Like sseReader it has no length
+// limit and never times out (SPEC §7.4).
+type rawSSEReader struct {
+	r       *bufio.Reader
+	started bool // the byte-order mark check is done
+}
+
+func newRawSSEReader(r io.Reader) *rawSSEReader {
+	return &rawSSEReader{r: bufio.NewReaderSize(r, 16<<10)}
+}
+
+// next returns the next block's bytes and what it carries: its event name
+// and its data lines joined with "\n". A block of comments only has empty
+// data. The last block is returned, terminated, when the body ends after a
+// complete line; then io.EOF. A body cut mid-line is io.ErrUnexpectedEOF.
+func (s *rawSSEReader) next() ([]byte, sseEvent, error) {
+	var (
+		raw  []byte
+		ev   sseEvent
+		data [][]byte
+	)
+	for {
+		line, err := s.line()
+		if len(line) > 0 && line[len(line)-1] == '\n' {
+			content := bytes.TrimRight(line, "\r\n")
+			if len(content) == 0 {
+				if len(raw) == 0 {
+					continue // blank lines between blocks carry nothing
+				}
+				raw = append(raw, line...)
+				return raw, sseEvent{Event: ev.Event, Data: string(bytes.Join(data, []byte("\n")))}, nil
+			}
+			raw = append(raw, line...)
+			field, value, found := bytes.Cut(content, []byte(":"))
+			if found {
+				value = bytes.TrimPrefix(value, []byte(" "))
+			}
+			switch {
+			case len(field) == 0: // a comment
+			case string(field) == "event":
+				ev.Event = string(value)
+			case string(field) == "data":
+				data = append(data, value)
+			}
+		} else if len(line) > 0 {
+			return nil, sseEvent{}, io.ErrUnexpectedEOF // cut mid-line
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) && len(raw) > 0 {
+				raw = append(raw, '\n') // the provider never ended the block; end it for the caller
+				return raw, sseEvent{Event: ev.Event, Data: string(bytes.Join(data, []byte("\n")))}, nil
+			}
+			return nil, sseEvent{}, err
+		}
+	}
+}
+
+// line reads one physical line with its terminator; the first drops a
+// byte-order mark.
+func (s *rawSSEReader) line() ([]byte, error) {
+	var line []byte
+	for {
+		chunk, err := s.r.ReadSlice('\n')
+		line = append(line, chunk...)
+		if !errors.Is(err, bufio.ErrBufferFull) {
+			if !s.started && len(line) > 0 {
+				line = bytes.TrimPrefix(line, []byte("\ufeff"))
+				s.started = true
+			}
+			return line, err
+		}
+	}
+}
+
+// passthroughWatch reads a relayed stream's events as far as SPEC §7.5 and
+// §13 need. It knows the three formats' terminal signals and in-band
+// errors, and collects a responses stream's output items for a buffered
+// caller of codex.
+type passthroughWatch struct {
+	protocol   string
+	dropUsage  bool // chat: Brama asked for usage itself, so the usage chunk is not relayed
+	usage      usage
+	finished   bool            // the provider sent its terminal signal (chat: a finish_reason)
+	sawDone    bool            // chat: data: [DONE] arrived
+	items      map[int][]byte  // responses: output_item.done items by output_index
+	completed  json.RawMessage // responses: the final response object
+	collecting bool            // keep items and the final response (a buffered codex caller)
+}
+
+// passthroughEvent holds the members of all three formats' events that
+// Brama reads.
+type passthroughEvent struct {
+	Type    string `json:"type"`
+	Choices []struct {
+		FinishReason *string `json:"finish_reason"`
+	} `json:"choices"`
+	Usage   *passthroughUsage `json:"usage"`
+	Message *struct {
+		Usage *passthroughUsage `json:"usage"`
+	} `json:"message"`
+	Response *struct {
+		Usage *passthroughUsage `json:"usage"`
+		Error json.RawMessage   `json:"error"`
+	} `json:"response"`
+	OutputIndex int             `json:"output_index"`
+	Item        json.RawMessage `json:"item"`
+	Code        json.RawMessage `json:"code"`
+	Error       json.RawMessage `json:"error"`
+}
+
+// watch reads one event. relay says whether the caller gets it; end says
+// the stream is complete and nothing more is read. A refusal is the
+// stream's failure: an in-band error is provider_incomplete, a malformed
+// event provider_failure.
+func (pw *passthroughWatch) watch(ev sseEvent) (relay, end bool, err error) {
+	if ev.Data == "" && ev.Event == "" {
+		return true, false, nil // comments only: the provider's keep-alive
+	}
+	if pw.protocol == protoOpenAIChat && ev.Data == "[DONE]" {
+		if !pw.finished {
+			return false, false, refuse("provider_incomplete", "the provider stream ended before its terminal signal")
+		}
+		pw.sawDone = true
+		return true, true, nil
+	}
+	var e passthroughEvent
+	if err := json.Unmarshal([]byte(ev.Data), &e); err != nil || rawShape(json.RawMessage(ev.Data)) != '{' {
+		return false, false, malformedEvent(pw.protocol, err)
+	}
+	if e.Type == "" {
+		e.Type = ev.Event
+	}
+	switch pw.protocol {
+	case protoOpenAIChat:
+		if ev.Event == "error" || !rawIsNull(e.Error) {
+			f, _ := errorObject(e.Error)
+			return false, false, inBandError(cmp.Or(f.code, f.typ))
+		}
+		if e.Usage != nil {
+			pw.usage = e.Usage.count(pw.protocol)
+		}
+		for _, c := range e.Choices {
+			if c.FinishReason != nil && *c.FinishReason != "" {
+				pw.finished = true
+			}
+		}
+		return !(pw.dropUsage && e.Usage != nil && len(e.Choices) == 0), false, nil
+	case protoAnthropic:
+		switch e.Type {
+		case "error":
+			f, _ := errorObject(e.Error)
+			return false, false, inBandError(cmp.Or(f.typ, f.code))
+		case "message_start":
+			if e.Message != nil && e.Message.Usage != nil {
+				pw.usage = e.Message.Usage.count(pw.protocol)
+			}
+		case "message_delta":
+			if u := e.Usage; u != nil {
+				if n := u.count(pw.protocol); n.InputTokens > 0 { // newer streams repeat the input count
+					pw.usage.InputTokens = n.InputTokens
+				}
+				pw.usage.OutputTokens, pw.usage.Reported = u.OutputTokens, true
+			}
+		case "message_stop":
+			pw.finished = true
+			return true, true, nil
+		}
+		return true, false, nil
+	}
+	switch e.Type { // openai-responses
+	case "":
+		return false, false, malformedEvent(pw.protocol, errors.New("event without a type"))
+	case "error":
+		code, _ := jsonScalar(e.Code)
+		if f, ok := errorObject(e.Error); ok && code == "" {
+			code = cmp.Or(f.code, f.typ)
+		}
+		return false, false, inBandError(code)
+	case "response.failed":
+		var f errorFields
+		if e.Response != nil {
+			f, _ = errorObject(e.Response.Error)
+		}
+		return false, false, inBandError(f.code)
+	case "response.output_item.done":
+		if pw.collecting {
+			if pw.items == nil {
+				pw.items = map[int][]byte{}
+			}
+			pw.items[e.OutputIndex] = e.Item
+		}
+	case "response.completed", "response.incomplete":
+		if e.Response == nil {
+			return false, false, malformedEvent(pw.protocol, errors.New(e.Type+" without response"))
+		}
+		pw.usage = e.Response.Usage.count(pw.protocol)
+		pw.finished = true
+		if pw.collecting {
+			var whole struct {
+				Response json.RawMessage `json:"response"`
+			}
+			json.Unmarshal([]byte(ev.Data), &whole)
+			pw.completed = whole.Response
+		}
+		return true, true, nil
+	}
+	return true, false, nil
+}
+
+// streamCut is the failure of a stream whose body ended or broke before
+// its terminal signal: after commit the provider may have generated and
+// billed, so it is provider_incomplete (SPEC §7.5, §8.2).
+func streamCut(err error) *apiError {
+	if errors.Is(err, io.EOF) {
+		return refuse("provider_incomplete", "the provider stream ended before its terminal signal")
+	}
+	if ae := classifyTransport(err); ae.Code == "client_cancelled" {
+		return ae
+	}
+	return refuse("provider_incomplete", "the provider stream failed before its terminal signal: %s",
+		cleanQuoted(err.Error(), "", 300)).because(err)
+}
+
+// readWatched reads a whole stream through the watch without relaying it:
+// a buffered caller of a provider that only streams (codex).
+func readWatched(pw *passthroughWatch, body io.Reader) error {
+	rd := newRawSSEReader(body)
+	for {
+		_, ev, err := rd.next()
+		if err != nil {
+			if pw.finished {
+				return nil
+			}
+			return streamCut(err)
+		}
+		if _, end, err := pw.watch(ev); err != nil || end {
+			return err
+		}
+	}
+}
+
+// assembledResponse is a buffered responses answer built from a codex
+// stream (SPEC §6.2): the final response object, as the provider sent it,
+// with its output replaced by the output_item.done items in output_index
+// order when the stream showed any.
+func assembledResponse(pw *passthroughWatch) ([]byte, error) {
+	o, err := parseRawObject(pw.completed)
+	if err != nil {
+		return nil, malformedAnswer(protoOpenAIResponses, err)
+	}
+	if len(pw.items) == 0 {
+		return pw.completed, nil
+	}
+	idx := make([]int, 0, len(pw.items))
+	for i := range pw.items {
+		idx = append(idx, i)
+	}
+	slices.Sort(idx)
+	out := []byte("[")
+	for n, i := range idx {
+		if n > 0 {
+			out = append(out, ',')
+		}
+		out = append(out, pw.items[i]...)
+	}
+	return o.edit(memberEdit{"output", append(out, ']')}), nil
+}
+
+// relayBuffered answers a buffered passthrough call: the provider's body
+// as received (a codex stream assembled), its usage read.
+func (s *server) relayBuffered(w http.ResponseWriter, cr *callerRequest, c call, resp *http.Response, attempts int) (usage, *apiError) {
+	p := c.res.Provider
+	var (
+		body []byte
+		u    usage
+		err  error
+	)
+	if upstreamStreams(p, cr.head) {
+		pw := &passthroughWatch{protocol: p.protocol, collecting: true}
+		if err = readWatched(pw, resp.Body); err == nil {
+			body, err = assembledResponse(pw)
+		}
+		u = pw.usage
+	} else if body, err = io.ReadAll(resp.Body); err != nil {
+		err = refuse("provider_incomplete", "provider %q answer was cut after %d bytes", p.id, len(body)).because(err)
+	} else {
+		u, err = bufferedUsage(p.protocol, body)
+	}
+	if err != nil {
+		return u, asAPIError(err).withAttempts(attempts)
+	}
+	h := w.Header()
+	h.Set("Content-Type", cmp.Or(resp.Header.Get("Content-Type"), "application/json"))
+	if upstreamStreams(p, cr.head) {
+		h.Set("Content-Type", "application/json")
+	}
+	h.Set("Brama-Attempts", strconv.Itoa(attempts))
+	w.WriteHeader(http.StatusOK)
+	w.Write(body)
+	return u, nil
+}
+
+// relayPassthroughStream relays a committed provider stream event by event
+// as received (SPEC §7.6). A chat stream that completed without
+// data: [DONE] gets it; a failure writes the dialect's in-band error and is
+// returned so the caller aborts the response (SPEC §7.5).
+func (s *server) relayPassthroughStream(w http.ResponseWriter, r *http.Request, cr *callerRequest, c call, resp *http.Response, attempts int) (usage, *apiError) {
+	p := c.res.Provider
+	sa := s.openStreamAnswer(w, cr.dialect, c.res.Model, attempts)
+	defer sa.close()
+	pw := &passthroughWatch{protocol: p.protocol, dropUsage: cr.addsUsage(p)}
+	rd := newRawSSEReader(resp.Body)
+	var err error
+	for {
+		raw, ev, rerr := rd.next()
+		if rerr != nil {
+			if !pw.finished {
+				err = streamCut(rerr)
+			} else if p.protocol == protoOpenAIChat && !pw.sawDone {
+				err = sa.write([]byte("data: [DONE]\n\n"))
+			}
+			break
+		}
+		relay, end, werr := pw.watch(ev)
+		if werr == nil && relay {
+			werr = sa.write(raw)
+		}
+		if err = werr; err != nil || end {
+			break
+		}
+	}
+	if err == nil {
+		return pw.usage, nil
+	}
+	return pw.usage, s.failStream(r, sa, c, err, attempts)
+}
