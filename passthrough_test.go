@@ -395,3 +395,97 @@ func TestPassthroughCodexBody(t *testing.T) {
 		t.Errorf("no system text: %d %s, provider got %s", s, b, prov.last(t).body)
 	}
 }
+
+// A passthrough stream is relayed event by event until the provider's
+// terminal signal; anything else after commit writes the dialect's in-band
+// error (never the provider's own error event, never a clean end) and
+// aborts the response (SPEC §7.5, §7.6).
+func TestPassthroughStreamEnds(t *testing.T) {
+	const (
+		chatChunk  = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hel\"},\"finish_reason\":null}],\"usage\":null}\n\n"
+		chatFinish = "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}],\"usage\":null}\n\n"
+		chatUsage  = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2}}\n\n"
+		msgStart   = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":4,\"output_tokens\":1}}}\n\n"
+		msgDelta   = "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hel\"}}\n\n"
+		msgError   = "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n"
+		rsCreated  = "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"r\"}}\n\n"
+	)
+	tests := []struct {
+		name, dialect, model, stream, extra string
+		cut                                 bool   // the provider closes the connection after stream
+		want                                string // the caller's bytes, exactly
+		wantAbort                           bool
+		wantCode                            string // the in-band error's code when aborted
+	}{
+		{name: "chat without [DONE] gets it", dialect: dialectChat, model: "openai/gpt-test", stream: chatChunk + chatFinish + chatUsage,
+			want: chatChunk + chatFinish + "data: [DONE]\n\n"},
+		{name: "chat usage the caller asked for is relayed", dialect: dialectChat, model: "openai/gpt-test", extra: `,"stream_options":{"include_usage":true}`,
+			stream: chatChunk + chatFinish + chatUsage + "data: [DONE]\n\n", want: chatChunk + chatFinish + chatUsage + "data: [DONE]\n\n"},
+		{name: "chat finish then a cut is complete", dialect: dialectChat, model: "openai/gpt-test", stream: chatChunk + chatFinish, cut: true,
+			want: chatChunk + chatFinish + "data: [DONE]\n\n"},
+		{name: "chat cut before finish", dialect: dialectChat, model: "openai/gpt-test", stream: chatChunk, cut: true,
+			want: chatChunk, wantAbort: true, wantCode: "provider_incomplete"},
+		{name: "chat [DONE] before finish", dialect: dialectChat, model: "openai/gpt-test", stream: chatChunk + "data: [DONE]\n\n",
+			want: chatChunk, wantAbort: true, wantCode: "provider_incomplete"},
+		{name: "messages in-band error", dialect: dialectMessages, model: "anthropic/claude-test", stream: msgStart + msgDelta + msgError,
+			want: msgStart + msgDelta, wantAbort: true, wantCode: "provider_incomplete"},
+		{name: "messages ends before message_stop", dialect: dialectMessages, model: "anthropic/claude-test", stream: msgStart + msgDelta,
+			want: msgStart + msgDelta, wantAbort: true, wantCode: "provider_incomplete"},
+		{name: "responses malformed event", dialect: dialectResponses, model: "openai-responses/gpt-resp", stream: rsCreated + "data: {not json\n\n",
+			want: rsCreated, wantAbort: true, wantCode: "provider_failure"},
+	}
+	env := stateEnv(t)
+	var mu sync.Mutex
+	current := map[string]int{} // model → test index
+	prov := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		var req struct {
+			Model string `json:"model"`
+		}
+		json.Unmarshal(body, &req)
+		mu.Lock()
+		tt := tests[current[req.Model]]
+		mu.Unlock()
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, tt.stream)
+		w.(http.Flusher).Flush()
+		if tt.cut {
+			if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+				conn.Close()
+			}
+		}
+	})
+	for _, p := range []string{"OPENAI", "ANTHROPIC", "OPENAI_RESPONSES"} {
+		env["BRAMA_PROVIDER_"+p+"_BASE_URL"] = prov.URL
+	}
+	d := startDaemon(t, env, `{"openai":"k1","anthropic":"k2","openai-responses":"k3"}`, "-local-credentials-stdin")
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, upstream, _ := strings.Cut(tt.model, "/")
+			mu.Lock()
+			current[upstream] = i
+			mu.Unlock()
+			resp := d.openStream(dialectPaths[tt.dialect], d.token, chatBody(tt.dialect, tt.model, true, tt.extra))
+			defer resp.Body.Close()
+			got, readErr := io.ReadAll(resp.Body)
+			if resp.StatusCode != 200 || resp.Header.Get("Brama-Route") != tt.model {
+				t.Fatalf("status %d, Brama-Route %q: %s", resp.StatusCode, resp.Header.Get("Brama-Route"), got)
+			}
+			if !tt.wantAbort {
+				if readErr != nil || string(got) != tt.want {
+					t.Errorf("caller got %q (read error %v), want exactly %q", got, readErr, tt.want)
+				}
+				return
+			}
+			if readErr == nil {
+				t.Errorf("the caller's stream ended cleanly; it must be aborted")
+			}
+			rest, ok := strings.CutPrefix(string(got), tt.want)
+			if !ok {
+				t.Fatalf("caller got %q, want the relayed %q first", got, tt.want)
+			}
+			if !strings.Contains(rest, `"code":"`+tt.wantCode+`"`) || strings.Contains(rest, `"message":"Overloaded"`) || strings.Contains(rest, "[DONE]") {
+				t.Errorf("after the relayed events: %q; want only Brama's in-band %s", rest, tt.wantCode)
+			}
+		})
+	}
+}
