@@ -363,13 +363,14 @@ func (s *server) settle(r *http.Request, c call, start time.Time, u usage, failu
 // keep-alive timer, and the dialect's stream writer for keep-alives and
 // the in-band error (SPEC §7.5).
 type streamAnswer struct {
-	mu    sync.Mutex // guards cs, w and ended
-	w     io.Writer
-	flush func()
-	cs    callerStream
-	ended bool
-	every time.Duration
-	timer *time.Timer
+	mu        sync.Mutex // guards cs, w, unflushed and ended
+	w         io.Writer
+	flush     func()
+	cs        callerStream
+	unflushed bool // write wrote bytes not yet flushed
+	ended     bool
+	every     time.Duration
+	timer     *time.Timer
 }
 
 // openStreamAnswer sends the caller its 200 and starts the keep-alive
@@ -408,15 +409,25 @@ func (sa *streamAnswer) do(f func() error) error {
 	return f()
 }
 
-// write relays one event's bytes as received and flushes them.
+// write relays one event's bytes as received. They are flushed by
+// flushWritten, which the relay calls before it may wait on the provider,
+// so no event waits in Brama for a later one (SPEC §7.5).
 func (sa *streamAnswer) write(b []byte) error {
 	return sa.do(func() error {
-		if _, err := sa.w.Write(b); err != nil {
-			return err
-		}
-		sa.flush()
-		return nil
+		_, err := sa.w.Write(b)
+		sa.unflushed = true
+		return err
 	})
+}
+
+// flushWritten flushes what write left unflushed.
+func (sa *streamAnswer) flushWritten() {
+	sa.mu.Lock()
+	defer sa.mu.Unlock()
+	if sa.unflushed && !sa.ended {
+		sa.flush()
+		sa.unflushed = false
+	}
 }
 
 // close stops the timer: nothing more is written.

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"slices"
 	"strconv"
 )
 
@@ -20,8 +21,17 @@ const maxJSONDepth = 1000
 // after the previous value, or just after '{'), so the separator and
 // whitespace before the key belong to it; val and end bound its value.
 type jsonMember struct {
-	key           string
+	key           string // set only when the key has escapes; else src[keyAt+1:keyEnd-1]
+	keyAt, keyEnd int
 	sep, val, end int
+}
+
+// is reports whether the member's key is key.
+func (o rawObject) is(m jsonMember, key string) bool {
+	if m.key != "" {
+		return m.key == key
+	}
+	return string(o.src[m.keyAt+1:m.keyEnd-1]) == key
 }
 
 // rawObject is one JSON object split into members.
@@ -34,15 +44,27 @@ type rawObject struct {
 // members. Malformed JSON, a body that is not an object, or nesting deeper
 // than maxJSONDepth is refused as invalid_request.
 func parseRawObject(src []byte) (rawObject, error) {
+	return parseRawObjectInto(src, nil)
+}
+
+// parseRawObjectInto is parseRawObject keeping the members in scratch's
+// storage, for a hot loop that parses one object after another.
+func parseRawObjectInto(src []byte, scratch []jsonMember) (rawObject, error) {
 	if !json.Valid(src) {
 		var v any
 		return rawObject{}, decodeCallerJSON(src, &v, "")
 	}
+	return splitRawObject(src, scratch)
+}
+
+// splitRawObject is parseRawObjectInto for bytes already known to be
+// valid JSON, such as a member of a parsed object.
+func splitRawObject(src []byte, scratch []jsonMember) (rawObject, error) {
 	i := skipJSONSpace(src, 0)
-	if src[i] != '{' {
+	if i >= len(src) || src[i] != '{' {
 		return rawObject{}, refuse("invalid_request", "the request body must be a JSON object")
 	}
-	o := rawObject{src: src}
+	o := rawObject{src: src, members: scratch[:0]}
 	i++
 	for {
 		sep := i
@@ -53,10 +75,10 @@ func parseRawObject(src []byte) (rawObject, error) {
 		if src[i] == ',' {
 			i = skipJSONSpace(src, i+1)
 		}
-		keyEnd := skipJSONString(src, i)
-		key := string(src[i+1 : keyEnd-1])
-		if bytes.IndexByte(src[i:keyEnd], '\\') >= 0 {
-			json.Unmarshal(src[i:keyEnd], &key) // valid JSON: cannot fail
+		keyAt, keyEnd := i, skipJSONString(src, i)
+		var key string
+		if bytes.IndexByte(src[keyAt:keyEnd], '\\') >= 0 {
+			json.Unmarshal(src[keyAt:keyEnd], &key) // valid JSON: cannot fail
 		}
 		i = skipJSONSpace(src, keyEnd)
 		val := skipJSONSpace(src, i+1) // past ':'
@@ -64,7 +86,10 @@ func parseRawObject(src []byte) (rawObject, error) {
 		if err != nil {
 			return rawObject{}, err
 		}
-		o.members = append(o.members, jsonMember{key: key, sep: sep, val: val, end: end})
+		if o.members == nil {
+			o.members = make([]jsonMember, 0, 8)
+		}
+		o.members = append(o.members, jsonMember{key: key, keyAt: keyAt, keyEnd: keyEnd, sep: sep, val: val, end: end})
 		i = end
 	}
 }
@@ -74,7 +99,7 @@ func parseRawObject(src []byte) (rawObject, error) {
 func (o rawObject) value(key string) json.RawMessage {
 	var v json.RawMessage
 	for _, m := range o.members {
-		if m.key == key {
+		if o.is(m, key) {
 			v = o.src[m.val:m.end]
 		}
 	}
@@ -103,7 +128,7 @@ func (o rawObject) edit(edits ...memberEdit) []byte {
 	wrote := false
 	for _, m := range o.members {
 		seg := o.src[m.sep:m.end]
-		k := editFor(edits, m.key)
+		k := o.editFor(edits, m)
 		if k >= 0 && edits[k].value == nil {
 			continue
 		}
@@ -123,7 +148,7 @@ func (o rawObject) edit(edits ...memberEdit) []byte {
 		wrote = true
 	}
 	for k, e := range edits {
-		if done[k] || e.value == nil || editFor(edits[:k], e.key) >= 0 {
+		if done[k] || e.value == nil || slices.ContainsFunc(edits[:k], func(p memberEdit) bool { return p.key == e.key }) {
 			continue
 		}
 		if wrote {
@@ -143,10 +168,47 @@ func (o rawObject) edit(edits ...memberEdit) []byte {
 	return append(out, o.src[tail:]...)
 }
 
-// editFor is the index of the edit for key, or -1.
-func editFor(edits []memberEdit, key string) int {
+// rawText is the text of a JSON string value without escapes, as bytes of
+// the source (no copy), or decoded when it has escapes; nil when raw is
+// not a string. Compare it as string(t) == "…" to avoid allocating.
+func rawText(raw []byte) []byte {
+	if len(raw) < 2 || raw[0] != '"' {
+		return nil
+	}
+	if bytes.IndexByte(raw, '\\') < 0 {
+		return raw[1 : len(raw)-1]
+	}
+	var s string
+	json.Unmarshal(raw, &s)
+	return []byte(s)
+}
+
+// rawArray splits a (valid) JSON array into its elements' bytes; anything
+// else has none.
+func rawArray(b []byte) [][]byte {
+	i := skipJSONSpace(b, 0)
+	if i >= len(b) || b[i] != '[' {
+		return nil
+	}
+	var out [][]byte
+	for i = skipJSONSpace(b, i+1); i < len(b) && b[i] != ']'; i = skipJSONSpace(b, i) {
+		if b[i] == ',' {
+			i = skipJSONSpace(b, i+1)
+		}
+		end, err := skipJSONValue(b, i)
+		if err != nil {
+			return out
+		}
+		out = append(out, b[i:end])
+		i = end
+	}
+	return out
+}
+
+// editFor is the index of the edit for m's key, or -1.
+func (o rawObject) editFor(edits []memberEdit, m jsonMember) int {
 	for i, e := range edits {
-		if e.key == key {
+		if o.is(m, e.key) {
 			return i
 		}
 	}

@@ -34,7 +34,7 @@ var dialectProtocol = map[string]string{
 // formats needs it.
 type callerRequest struct {
 	dialect string
-	body    rawObject  // the caller's body, split into top-level members
+	body    rawObject   // the caller's body, split into top-level members
 	header  http.Header // the caller's request headers
 	query   string      // the caller's raw query string
 	// head holds Model, Stream, BillingTarget and MaxTokens, the output
@@ -162,7 +162,7 @@ func buildPassthroughRequest(ctx context.Context, c call, cr *callerRequest) (*h
 	case cr.addsUsage(p):
 		opts := []byte(`{"include_usage":true}`)
 		if so := cr.body.value("stream_options"); rawShape(so) == '{' {
-			o, _ := parseRawObject(so) // part of a valid body
+			o, _ := splitRawObject(so, nil) // part of a valid body
 			opts = o.edit(memberEdit{"include_usage", []byte("true")})
 		}
 		edits = append(edits, memberEdit{"stream_options", opts})
@@ -225,7 +225,7 @@ func (cr *callerRequest) addsUsage(p providerInfo) bool {
 	if rawShape(so) != '{' {
 		return true
 	}
-	o, _ := parseRawObject(so)
+	o, _ := splitRawObject(so, nil)
 	return string(o.value("include_usage")) != "true"
 }
 

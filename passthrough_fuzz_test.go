@@ -14,11 +14,11 @@ import (
 func readAllRaw(in []byte) (blocks [][]byte, evs []sseEvent, err error) {
 	rd := newRawSSEReader(bytes.NewReader(in))
 	for {
-		raw, ev, err := rd.next()
+		raw, event, data, err := rd.next()
 		if err != nil {
 			return blocks, evs, err
 		}
-		blocks, evs = append(blocks, raw), append(evs, ev)
+		blocks, evs = append(blocks, bytes.Clone(raw)), append(evs, sseEvent{event, string(data)})
 	}
 }
 
@@ -51,7 +51,7 @@ func FuzzPassthroughStream(f *testing.F) {
 		for _, proto := range []string{protoOpenAIChat, protoAnthropic, protoOpenAIResponses} {
 			pw := &passthroughWatch{protocol: proto, dropUsage: true, collecting: true}
 			for _, ev := range evs {
-				_, end, err := pw.watch(ev)
+				_, end, err := pw.watch(ev.Event, []byte(ev.Data))
 				var ae *apiError
 				if err != nil && (!errors.As(err, &ae) || (ae.Code != "provider_incomplete" && ae.Code != "provider_failure")) {
 					t.Fatalf("%s: unclassified refusal %v", proto, err)

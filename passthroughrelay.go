@@ -61,36 +61,35 @@ func bufferedUsage(protocol string, body []byte) (usage, error) {
 // ends it. Lines end at "\n" ("\r\n" too). Like sseReader it has no length
 // limit and never times out (SPEC §7.4).
 type rawSSEReader struct {
-	r       *bufio.Reader
-	started bool // the byte-order mark check is done
+	r         *bufio.Reader
+	started   bool   // the byte-order mark check is done
+	raw, data []byte // the last block and its data, reused by next
 }
 
 func newRawSSEReader(r io.Reader) *rawSSEReader {
 	return &rawSSEReader{r: bufio.NewReaderSize(r, 16<<10)}
 }
 
-// next returns the next block's bytes and what it carries: its event name
-// and its data lines joined with "\n". A block of comments only has empty
-// data. The last block is returned, terminated, when the body ends after a
-// complete line; then io.EOF. A body cut mid-line is io.ErrUnexpectedEOF.
-func (s *rawSSEReader) next() ([]byte, sseEvent, error) {
-	var (
-		raw  []byte
-		ev   sseEvent
-		data [][]byte
-	)
+// next returns the next block's bytes, its event name and its data lines
+// joined with "\n"; the slices are valid until the next call. A block of
+// comments only has no name and no data. The last block is returned,
+// terminated, when the body ends after a complete line; then io.EOF. A
+// body cut mid-line is io.ErrUnexpectedEOF.
+func (s *rawSSEReader) next() (raw []byte, event string, data []byte, err error) {
+	s.raw, s.data = s.raw[:0], s.data[:0]
+	hasData := false
 	for {
 		line, err := s.line()
-		if len(line) > 0 && line[len(line)-1] == '\n' {
+		if n := len(line); n > 0 && line[n-1] == '\n' {
 			content := bytes.TrimRight(line, "\r\n")
 			if len(content) == 0 {
-				if len(raw) == 0 {
+				if len(s.raw) == 0 {
 					continue // blank lines between blocks carry nothing
 				}
-				raw = append(raw, line...)
-				return raw, sseEvent{Event: ev.Event, Data: string(bytes.Join(data, []byte("\n")))}, nil
+				s.raw = append(s.raw, line...)
+				return s.raw, event, s.data, nil
 			}
-			raw = append(raw, line...)
+			s.raw = append(s.raw, line...)
 			field, value, found := bytes.Cut(content, []byte(":"))
 			if found {
 				value = bytes.TrimPrefix(value, []byte(" "))
@@ -98,38 +97,50 @@ func (s *rawSSEReader) next() ([]byte, sseEvent, error) {
 			switch {
 			case len(field) == 0: // a comment
 			case string(field) == "event":
-				ev.Event = string(value)
+				event = string(value)
 			case string(field) == "data":
-				data = append(data, value)
+				if hasData {
+					s.data = append(s.data, '\n')
+				}
+				s.data, hasData = append(s.data, value...), true
 			}
-		} else if len(line) > 0 {
-			return nil, sseEvent{}, io.ErrUnexpectedEOF // cut mid-line
+		} else if n > 0 {
+			return nil, "", nil, io.ErrUnexpectedEOF // cut mid-line
 		}
 		if err != nil {
-			if errors.Is(err, io.EOF) && len(raw) > 0 {
-				raw = append(raw, '\n') // the provider never ended the block; end it for the caller
-				return raw, sseEvent{Event: ev.Event, Data: string(bytes.Join(data, []byte("\n")))}, nil
+			if errors.Is(err, io.EOF) && len(s.raw) > 0 {
+				s.raw = append(s.raw, '\n') // the provider never ended the block; end it for the caller
+				return s.raw, event, s.data, nil
 			}
-			return nil, sseEvent{}, err
+			return nil, "", nil, err
 		}
 	}
 }
 
+// ready reports whether a whole next block is already buffered, so
+// reading it cannot wait on the provider.
+func (s *rawSSEReader) ready() bool {
+	b, _ := s.r.Peek(s.r.Buffered())
+	return bytes.Contains(b, []byte("\n\n")) || bytes.Contains(b, []byte("\n\r\n"))
+}
+
 // line reads one physical line with its terminator; the first drops a
-// byte-order mark.
+// byte-order mark. The slice is valid until the next read.
 func (s *rawSSEReader) line() ([]byte, error) {
-	var line []byte
-	for {
-		chunk, err := s.r.ReadSlice('\n')
-		line = append(line, chunk...)
-		if !errors.Is(err, bufio.ErrBufferFull) {
-			if !s.started && len(line) > 0 {
-				line = bytes.TrimPrefix(line, []byte("\ufeff"))
-				s.started = true
-			}
-			return line, err
+	line, err := s.r.ReadSlice('\n')
+	if errors.Is(err, bufio.ErrBufferFull) {
+		line = bytes.Clone(line)
+		for errors.Is(err, bufio.ErrBufferFull) {
+			var chunk []byte
+			chunk, err = s.r.ReadSlice('\n')
+			line = append(line, chunk...)
 		}
 	}
+	if !s.started && len(line) > 0 {
+		line = bytes.TrimPrefix(line, []byte("\ufeff"))
+		s.started = true
+	}
+	return line, err
 }
 
 // passthroughWatch reads a relayed stream's events as far as SPEC §7.5 and
@@ -140,131 +151,160 @@ type passthroughWatch struct {
 	protocol   string
 	dropUsage  bool // chat: Brama asked for usage itself, so the usage chunk is not relayed
 	usage      usage
-	finished   bool            // the provider sent its terminal signal (chat: a finish_reason)
-	sawDone    bool            // chat: data: [DONE] arrived
-	items      map[int][]byte  // responses: output_item.done items by output_index
-	completed  json.RawMessage // responses: the final response object
-	collecting bool            // keep items and the final response (a buffered codex caller)
-}
-
-// passthroughEvent holds the members of all three formats' events that
-// Brama reads.
-type passthroughEvent struct {
-	Type    string `json:"type"`
-	Choices []struct {
-		FinishReason *string `json:"finish_reason"`
-	} `json:"choices"`
-	Usage   *passthroughUsage `json:"usage"`
-	Message *struct {
-		Usage *passthroughUsage `json:"usage"`
-	} `json:"message"`
-	Response *struct {
-		Usage *passthroughUsage `json:"usage"`
-		Error json.RawMessage   `json:"error"`
-	} `json:"response"`
-	OutputIndex int             `json:"output_index"`
-	Item        json.RawMessage `json:"item"`
-	Code        json.RawMessage `json:"code"`
-	Error       json.RawMessage `json:"error"`
+	finished   bool              // the provider sent its terminal signal (chat: a finish_reason)
+	sawDone    bool              // chat: data: [DONE] arrived
+	items      map[int][]byte    // responses: output_item.done items by output_index
+	completed  json.RawMessage   // responses: the final response object
+	collecting bool              // keep items and the final response (a buffered codex caller)
+	scratch    [2][16]jsonMember // member storage for an event and one of its members
 }
 
 // watch reads one event. relay says whether the caller gets it; end says
 // the stream is complete and nothing more is read. A refusal is the
 // stream's failure: an in-band error is provider_incomplete, a malformed
-// event provider_failure.
-func (pw *passthroughWatch) watch(ev sseEvent) (relay, end bool, err error) {
-	if ev.Data == "" && ev.Event == "" {
+// event provider_failure. Only the members named here are decoded; the
+// rest of an event is checked to be JSON and skipped.
+func (pw *passthroughWatch) watch(event string, data []byte) (relay, end bool, err error) {
+	if len(data) == 0 && event == "" {
 		return true, false, nil // comments only: the provider's keep-alive
 	}
-	if pw.protocol == protoOpenAIChat && ev.Data == "[DONE]" {
+	if pw.protocol == protoOpenAIChat && string(data) == "[DONE]" {
 		if !pw.finished {
 			return false, false, refuse("provider_incomplete", "the provider stream ended before its terminal signal")
 		}
 		pw.sawDone = true
 		return true, true, nil
 	}
-	var e passthroughEvent
-	if err := json.Unmarshal([]byte(ev.Data), &e); err != nil || rawShape(json.RawMessage(ev.Data)) != '{' {
+	e, err := parseRawObjectInto(data, pw.scratch[0][:])
+	if err != nil {
 		return false, false, malformedEvent(pw.protocol, err)
 	}
-	if e.Type == "" {
-		e.Type = ev.Event
+	typ := string(rawText(e.value("type"))) // a switch on it below allocates nothing
+	if typ == "" {
+		typ = event
 	}
 	switch pw.protocol {
 	case protoOpenAIChat:
-		if ev.Event == "error" || !rawIsNull(e.Error) {
-			f, _ := errorObject(e.Error)
-			return false, false, inBandError(cmp.Or(f.code, f.typ))
-		}
-		if e.Usage != nil {
-			pw.usage = e.Usage.count(pw.protocol)
-		}
-		for _, c := range e.Choices {
-			if c.FinishReason != nil && *c.FinishReason != "" {
+		return pw.chatEvent(event, e)
+	case protoAnthropic:
+		return pw.messagesEvent(typ, e)
+	}
+	return pw.responsesEvent(typ, e)
+}
+
+// chatEvent: a chunk with finish_reason is the terminal signal; usage
+// comes in its own chunk (choices: []) after it.
+func (pw *passthroughWatch) chatEvent(event string, e rawObject) (relay, end bool, err error) {
+	if event == "error" || !rawIsNull(e.value("error")) {
+		f, _ := errorObject(e.value("error"))
+		return false, false, inBandError(cmp.Or(f.code, f.typ))
+	}
+	u, err := usageOf(pw.protocol, e.value("usage"))
+	if err != nil {
+		return false, false, err
+	}
+	if u.Reported {
+		pw.usage = u
+	}
+	choices := rawArray(e.value("choices"))
+	for _, c := range choices {
+		if co, err := splitRawObject(c, pw.scratch[1][:]); err == nil {
+			if len(rawText(co.value("finish_reason"))) > 0 {
 				pw.finished = true
 			}
 		}
-		return !(pw.dropUsage && e.Usage != nil && len(e.Choices) == 0), false, nil
-	case protoAnthropic:
-		switch e.Type {
-		case "error":
-			f, _ := errorObject(e.Error)
-			return false, false, inBandError(cmp.Or(f.typ, f.code))
-		case "message_start":
-			if e.Message != nil && e.Message.Usage != nil {
-				pw.usage = e.Message.Usage.count(pw.protocol)
-			}
-		case "message_delta":
-			if u := e.Usage; u != nil {
-				if n := u.count(pw.protocol); n.InputTokens > 0 { // newer streams repeat the input count
-					pw.usage.InputTokens = n.InputTokens
-				}
-				pw.usage.OutputTokens, pw.usage.Reported = u.OutputTokens, true
-			}
-		case "message_stop":
-			pw.finished = true
-			return true, true, nil
-		}
-		return true, false, nil
 	}
-	switch e.Type { // openai-responses
+	return !(pw.dropUsage && u.Reported && len(choices) == 0), false, nil
+}
+
+// messagesEvent: message_stop is the terminal signal; usage comes in
+// message_start and message_delta.
+func (pw *passthroughWatch) messagesEvent(typ string, e rawObject) (relay, end bool, err error) {
+	switch typ {
+	case "error":
+		f, _ := errorObject(e.value("error"))
+		return false, false, inBandError(cmp.Or(f.typ, f.code))
+	case "message_start":
+		if m, err := splitRawObject(e.value("message"), pw.scratch[1][:]); err == nil {
+			if pw.usage, err = usageOf(pw.protocol, m.value("usage")); err != nil {
+				return false, false, err
+			}
+		}
+	case "message_delta":
+		u, err := usageOf(pw.protocol, e.value("usage"))
+		if err != nil {
+			return false, false, err
+		}
+		if u.Reported {
+			if u.InputTokens > 0 { // newer streams repeat the input count
+				pw.usage.InputTokens = u.InputTokens
+			}
+			pw.usage.OutputTokens, pw.usage.Reported = u.OutputTokens, true
+		}
+	case "message_stop":
+		pw.finished = true
+		return true, true, nil
+	}
+	return true, false, nil
+}
+
+// responsesEvent: response.completed (or .incomplete) is the terminal
+// signal and carries usage; a buffered codex caller's output items are
+// kept as they come.
+func (pw *passthroughWatch) responsesEvent(typ string, e rawObject) (relay, end bool, err error) {
+	switch typ {
 	case "":
 		return false, false, malformedEvent(pw.protocol, errors.New("event without a type"))
 	case "error":
-		code, _ := jsonScalar(e.Code)
-		if f, ok := errorObject(e.Error); ok && code == "" {
+		code, _ := jsonScalar(e.value("code"))
+		if f, ok := errorObject(e.value("error")); ok && code == "" {
 			code = cmp.Or(f.code, f.typ)
 		}
 		return false, false, inBandError(code)
 	case "response.failed":
 		var f errorFields
-		if e.Response != nil {
-			f, _ = errorObject(e.Response.Error)
+		if r, err := splitRawObject(e.value("response"), pw.scratch[1][:]); err == nil {
+			f, _ = errorObject(r.value("error"))
 		}
 		return false, false, inBandError(f.code)
 	case "response.output_item.done":
 		if pw.collecting {
+			var i int
+			if json.Unmarshal(e.value("output_index"), &i) != nil || rawShape(e.value("item")) != '{' {
+				return false, false, malformedEvent(pw.protocol, errors.New("output item without index or item"))
+			}
 			if pw.items == nil {
 				pw.items = map[int][]byte{}
 			}
-			pw.items[e.OutputIndex] = e.Item
+			pw.items[i] = bytes.Clone(e.value("item")) // the reader reuses its buffer
 		}
 	case "response.completed", "response.incomplete":
-		if e.Response == nil {
-			return false, false, malformedEvent(pw.protocol, errors.New(e.Type+" without response"))
+		r, err := splitRawObject(e.value("response"), pw.scratch[1][:])
+		if err != nil {
+			return false, false, malformedEvent(pw.protocol, errors.New(typ+" without response"))
 		}
-		pw.usage = e.Response.Usage.count(pw.protocol)
+		if pw.usage, err = usageOf(pw.protocol, r.value("usage")); err != nil {
+			return false, false, err
+		}
 		pw.finished = true
 		if pw.collecting {
-			var whole struct {
-				Response json.RawMessage `json:"response"`
-			}
-			json.Unmarshal([]byte(ev.Data), &whole)
-			pw.completed = whole.Response
+			pw.completed = bytes.Clone(e.value("response"))
 		}
 		return true, true, nil
 	}
 	return true, false, nil
+}
+
+// usageOf reads a usage member; absent or null is unreported.
+func usageOf(protocol string, raw json.RawMessage) (usage, error) {
+	if rawIsNull(raw) {
+		return usage{}, nil
+	}
+	var u passthroughUsage
+	if err := json.Unmarshal(raw, &u); err != nil {
+		return usage{}, malformedEvent(protocol, err)
+	}
+	return u.count(protocol), nil
 }
 
 // streamCut is the failure of a stream whose body ended or broke before
@@ -286,14 +326,14 @@ func streamCut(err error) *apiError {
 func readWatched(pw *passthroughWatch, body io.Reader) error {
 	rd := newRawSSEReader(body)
 	for {
-		_, ev, err := rd.next()
+		_, event, data, err := rd.next()
 		if err != nil {
 			if pw.finished {
 				return nil
 			}
 			return streamCut(err)
 		}
-		if _, end, err := pw.watch(ev); err != nil || end {
+		if _, end, err := pw.watch(event, data); err != nil || end {
 			return err
 		}
 	}
@@ -372,7 +412,7 @@ func (s *server) relayPassthroughStream(w http.ResponseWriter, r *http.Request, 
 	rd := newRawSSEReader(resp.Body)
 	var err error
 	for {
-		raw, ev, rerr := rd.next()
+		raw, event, data, rerr := rd.next()
 		if rerr != nil {
 			if !pw.finished {
 				err = streamCut(rerr)
@@ -381,12 +421,15 @@ func (s *server) relayPassthroughStream(w http.ResponseWriter, r *http.Request, 
 			}
 			break
 		}
-		relay, end, werr := pw.watch(ev)
+		relay, end, werr := pw.watch(event, data)
 		if werr == nil && relay {
 			werr = sa.write(raw)
 		}
 		if err = werr; err != nil || end {
 			break
+		}
+		if !rd.ready() { // the next read may wait on the provider: the caller has all it has
+			sa.flushWritten()
 		}
 	}
 	if err == nil {
