@@ -54,7 +54,7 @@ func (s *server) handleChat(dialect string) http.HandlerFunc {
 			s.answers.signedAnswer(w, r, req.head, r.Header.Get("Idempotency-Key"), route)
 			return
 		}
-		route(w, r)
+		s.replayGuarded(w, r, route) // SPEC §8.1's replay guard (replay.go)
 	}
 }
 
@@ -119,12 +119,6 @@ func (s *server) plan(ri *requestInfo, req *chatRequest) (call, error) {
 				return call{}, refuse("invalid_request", "billingTarget names one subscription; use it with a provider/model route, not %q", req.Model)
 			}
 			if err := s.checkBillingTarget(bt, res.Provider.id, ri.agentID); err != nil {
-				return call{}, err
-			}
-		}
-		switch res.Mode {
-		case modeTask: // no passing checks is a refusal before dispatch (SPEC §7.3)
-			if _, err := s.taskCandidates(ri.agentID, res.Task); err != nil {
 				return call{}, err
 			}
 		}
@@ -332,7 +326,7 @@ func (s *server) deliver(w http.ResponseWriter, r *http.Request, model string, r
 		}
 	}
 	if err != nil {
-		return u, asAPIError(err).withAttempts(attempts), false
+		return u, asAPIError(err).redactedFor(c.presented()).withAttempts(attempts), false
 	}
 	a.Model = model
 	out, err := renderAnswer(req.dialect, a)
@@ -441,7 +435,7 @@ func (sa *streamAnswer) close() {
 // failStream writes the dialect's in-band error for a stream that failed
 // after commit and returns it; the caller aborts the response.
 func (s *server) failStream(r *http.Request, sa *streamAnswer, c call, err error, attempts int) *apiError {
-	ae := asAPIError(err).withAttempts(attempts)
+	ae := asAPIError(err).redactedFor(c.presented()).withAttempts(attempts)
 	if r.Context().Err() != nil {
 		ae = refuse("client_cancelled", "the caller hung up during the stream").because(err).withAttempts(attempts)
 	}

@@ -387,7 +387,7 @@ func (s *server) relayBuffered(w http.ResponseWriter, cr *callerRequest, c call,
 		u, err = bufferedUsage(p.protocol, body)
 	}
 	if err != nil {
-		return u, asAPIError(err).withAttempts(attempts)
+		return u, asAPIError(err).redactedFor(c.presented()).withAttempts(attempts)
 	}
 	h := w.Header()
 	h.Set("Content-Type", cmp.Or(resp.Header.Get("Content-Type"), "application/json"))
