@@ -435,6 +435,7 @@ func TestPassthroughStreamEnds(t *testing.T) {
 			want: rsCreated, wantAbort: true, wantCode: "provider_failure"},
 	}
 	env := stateEnv(t)
+	env["BRAMA_REPLAY_GUARD_SECS"] = "0" // the cases repeat one body on purpose
 	var mu sync.Mutex
 	current := map[string]int{} // model → test index
 	prov := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
