@@ -490,3 +490,34 @@ func TestPassthroughStreamEnds(t *testing.T) {
 		})
 	}
 }
+
+// A selector parses for translation at plan time when any candidate needs
+// it: a body only passthrough can carry is refused before any call when a
+// candidate crosses formats, and passes through when none does.
+func TestSelectorParsesForTranslationAtPlanTime(t *testing.T) {
+	env := stateEnv(t)
+	fake := newKeyedFake(t, map[string]string{"groq-1": "200"})
+	anth := newRecordingProvider(t, protocolFixtures[1].buffered, "")
+	env["BRAMA_PROVIDER_GROQ_BASE_URL"] = fake.URL
+	env["BRAMA_PROVIDER_CLAUDE_CODE_BASE_URL"] = anth.URL
+	d := startDaemon(t, env, "")
+	for _, put := range []string{`{"alias":"g1","route":"groq/gq-a"}`, `{"alias":"c1","route":"claude-code/claude-test"}`} {
+		if s, _, b := d.call("PUT", "/v1/admin/routes", d.token, put); s != 200 {
+			t.Fatalf("PUT %s: %d %s", put, s, b)
+		}
+	}
+	across, _ := agentWithSubs(t, d, "a1", "groq", "groq-1")
+	same, _ := agentWithSubs(t, d, "a2", "claude-code", "cc-1")
+	body := `{"model":"any","max_tokens":10,"messages":"only passthrough carries this"}`
+	status, _, b := d.call("POST", "/v1/messages", across, body)
+	if status != 400 || envelopeOf(t, b)["code"] != "invalid_request" || fake.total() != 0 {
+		t.Errorf("a candidate across formats: %d %s after %d calls; want 400 before any call", status, b, fake.total())
+	}
+	status, h, b := d.call("POST", "/v1/messages", same, body)
+	if status != 200 || anth.count() != 1 || h.Get("Brama-Route") != "claude-code/claude-test" {
+		t.Errorf("every candidate in the caller's format: %d %s, route %q, %d calls; want passthrough", status, b, h.Get("Brama-Route"), anth.count())
+	}
+	if got := anth.last(t).body; !strings.Contains(string(got), `"messages":"only passthrough carries this"`) || anth.last(t).header.Get("x-api-key") != "cc-1" {
+		t.Errorf("the provider got %s", got)
+	}
+}
