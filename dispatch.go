@@ -407,20 +407,25 @@ func (sa *streamAnswer) do(f func() error) error {
 // flushWritten, which the relay calls before it may wait on the provider,
 // so no event waits in Brama for a later one (SPEC §7.5).
 func (sa *streamAnswer) write(b []byte) error {
-	return sa.do(func() error {
-		_, err := sa.w.Write(b)
-		sa.unflushed = true
-		return err
-	})
+	sa.mu.Lock()
+	defer sa.mu.Unlock()
+	if sa.ended {
+		return nil
+	}
+	sa.unflushed = true
+	_, err := sa.w.Write(b)
+	return err
 }
 
-// flushWritten flushes what write left unflushed.
+// flushWritten flushes what write left unflushed and restarts the silence
+// timer: the caller has just received an event.
 func (sa *streamAnswer) flushWritten() {
 	sa.mu.Lock()
 	defer sa.mu.Unlock()
 	if sa.unflushed && !sa.ended {
 		sa.flush()
 		sa.unflushed = false
+		sa.timer.Reset(sa.every)
 	}
 }
 
