@@ -521,3 +521,26 @@ func TestSelectorParsesForTranslationAtPlanTime(t *testing.T) {
 		t.Errorf("the provider got %s", got)
 	}
 }
+
+// setProviderHeaders without caller headers is exactly what a translated
+// call sends, for every provider and credential kind, so both paths can
+// share it.
+func TestProviderHeadersMatchTranslation(t *testing.T) {
+	creds := []upstreamCredential{{APIKey: "sk-key"}, {AccessToken: "oauth-token", AccountID: "acct"}, {}}
+	for _, p := range providerTable {
+		for _, cred := range creds {
+			for _, stream := range []bool{false, true} {
+				req := chatRequest{Model: "m", Stream: stream, MaxTokens: 10, Messages: []message{{Role: "user", Parts: []part{{Type: partText, Text: "hi"}}}}}
+				hr, err := buildUpstreamRequest(t.Context(), p, "http://127.0.0.1:9", cred, req, "m")
+				if err != nil {
+					t.Fatalf("%s: %v", p.id, err)
+				}
+				got := http.Header{}
+				setProviderHeaders(got, p, cred, nil, upstreamStreams(p, req))
+				if fmt.Sprint(got) != fmt.Sprint(hr.Header) {
+					t.Errorf("%s %+v stream=%v:\n got %v\nwant %v", p.id, cred, stream, got, hr.Header)
+				}
+			}
+		}
+	}
+}
