@@ -544,3 +544,64 @@ func TestProviderHeadersMatchTranslation(t *testing.T) {
 		}
 	}
 }
+
+// The passthrough body edits, one rule per row: everything not named by a
+// rule stays as the caller sent it.
+func TestPassthroughBodyEdits(t *testing.T) {
+	openai, _ := lookupProvider("openai")
+	codex, _ := lookupProvider("codex")
+	claude, _ := lookupProvider("claude-code")
+	oauth := upstreamCredential{AccessToken: "tok"}
+	tests := []struct {
+		name, dialect string
+		p             providerInfo
+		cred          upstreamCredential
+		limit         int // the output limit planned for the call
+		body, want    string
+	}{
+		{"chat stream without stream_options", dialectChat, openai, upstreamCredential{}, 0,
+			`{"model":"x","stream":true}`, `{"model":"m","stream":true,"stream_options":{"include_usage":true}}`},
+		{"chat stream_options false: set in place, others kept", dialectChat, openai, upstreamCredential{}, 0,
+			`{"model":"x","stream":true,"stream_options":{"include_usage":false,"continuous_usage_stats":true}}`,
+			`{"model":"m","stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true}}`},
+		{"chat stream_options true: unchanged", dialectChat, openai, upstreamCredential{}, 0,
+			`{"stream_options":{"include_usage":true},"model":"x","stream":true}`, `{"stream_options":{"include_usage":true},"model":"m","stream":true}`},
+		{"chat buffered: no stream_options", dialectChat, openai, upstreamCredential{}, 0,
+			`{"model":"x"}`, `{"model":"m"}`},
+		{"billingTarget removed wherever it stands", dialectChat, openai, upstreamCredential{}, 0,
+			`{"billingTarget":{"subscriptionId":"s"},"model":"x", "n":1}`, `{"model":"m", "n":1}`},
+		{"catalogue limit added for openai", dialectChat, openai, upstreamCredential{}, 99,
+			`{"model":"x"}`, `{"model":"m","max_completion_tokens":99}`},
+		{"claude-code string system equal to the identity: unchanged", dialectMessages, claude, oauth, 0,
+			`{"model":"x","system":"You are Claude Code, Anthropic's official CLI for Claude."}`,
+			`{"model":"m","system":"You are Claude Code, Anthropic's official CLI for Claude."}`},
+		{"claude-code with an API key: no identity", dialectMessages, claude, upstreamCredential{APIKey: "k"}, 0,
+			`{"model":"x","system":"s"}`, `{"model":"m","system":"s"}`},
+		{"codex: developer parts become instructions, tools items skipped", dialectResponses, codex, oauth, 0,
+			`{"model":"x","input":[{"type":"additional_tools","role":"developer","tools":[]},{"role":"developer","content":[{"type":"input_text","text":"A"},{"type":"input_text","text":"B"}]}]}`,
+			`{"model":"m","input":[{"type":"additional_tools","role":"developer","tools":[]},{"role":"developer","content":[{"type":"input_text","text":"A"},{"type":"input_text","text":"B"}]}],"stream":true,"store":false,"instructions":"A\n\nB"}`},
+		{"codex: the caller's instructions kept, its limit removed", dialectResponses, codex, oauth, 0,
+			`{"model":"x","instructions":"mine","max_output_tokens":5,"stream":false,"store":true}`,
+			`{"model":"m","instructions":"mine","stream":true,"store":false}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := httptest.NewRequest("POST", "/", nil)
+			cr, err := readCallerRequest(tt.dialect, r, []byte(tt.body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tt.limit > 0 {
+				cr = cr.withLimit(tt.limit)
+			}
+			hr, err := buildPassthroughRequest(t.Context(), call{res: resolution{Provider: tt.p, Model: "m"}, baseURL: "http://127.0.0.1:9", cred: tt.cred}, cr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, _ := io.ReadAll(hr.Body)
+			if string(got) != tt.want {
+				t.Errorf("\n got %s\nwant %s", got, tt.want)
+			}
+		})
+	}
+}
