@@ -78,7 +78,7 @@ func splitRawObject(src []byte, scratch []jsonMember) (rawObject, error) {
 		keyAt, keyEnd := i, skipJSONString(src, i)
 		var key string
 		if bytes.IndexByte(src[keyAt:keyEnd], '\\') >= 0 {
-			json.Unmarshal(src[keyAt:keyEnd], &key) // valid JSON: cannot fail
+			key = unescapedKey(src[keyAt:keyEnd])
 		}
 		i = skipJSONSpace(src, keyEnd)
 		val := skipJSONSpace(src, i+1) // past ':'
@@ -92,6 +92,14 @@ func splitRawObject(src []byte, scratch []jsonMember) (rawObject, error) {
 		o.members = append(o.members, jsonMember{key: key, keyAt: keyAt, keyEnd: keyEnd, sep: sep, val: val, end: end})
 		i = end
 	}
+}
+
+// unescapedKey decodes a key that has escapes (kept apart so the common
+// key without escapes costs no allocation).
+func unescapedKey(quoted []byte) string {
+	var key string
+	json.Unmarshal(quoted, &key) // valid JSON: cannot fail
+	return key
 }
 
 // value is the raw value of the last member named key (encoding/json's
@@ -183,14 +191,14 @@ func rawText(raw []byte) []byte {
 	return []byte(s)
 }
 
-// rawArray splits a (valid) JSON array into its elements' bytes; anything
-// else has none.
-func rawArray(b []byte) [][]byte {
+// rawArray splits a (valid) JSON array into its elements' bytes, kept in
+// scratch's storage; anything else has none.
+func rawArray(b []byte, scratch [][]byte) [][]byte {
 	i := skipJSONSpace(b, 0)
 	if i >= len(b) || b[i] != '[' {
 		return nil
 	}
-	var out [][]byte
+	out := scratch[:0]
 	for i = skipJSONSpace(b, i+1); i < len(b) && b[i] != ']'; i = skipJSONSpace(b, i) {
 		if b[i] == ',' {
 			i = skipJSONSpace(b, i+1)

@@ -157,6 +157,7 @@ type passthroughWatch struct {
 	completed  json.RawMessage   // responses: the final response object
 	collecting bool              // keep items and the final response (a buffered codex caller)
 	scratch    [2][16]jsonMember // member storage for an event and one of its members
+	elems      [4][]byte         // element storage for an event's choices
 }
 
 // watch reads one event. relay says whether the caller gets it; end says
@@ -206,7 +207,7 @@ func (pw *passthroughWatch) chatEvent(event string, e rawObject) (relay, end boo
 	if u.Reported {
 		pw.usage = u
 	}
-	choices := rawArray(e.value("choices"))
+	choices := rawArray(e.value("choices"), pw.elems[:])
 	for _, c := range choices {
 		if co, err := splitRawObject(c, pw.scratch[1][:]); err == nil {
 			if len(rawText(co.value("finish_reason"))) > 0 {
