@@ -121,6 +121,7 @@ func (s *rawSSEReader) next() (raw []byte, event string, data []byte, err error)
 // reading it cannot wait on the provider.
 func (s *rawSSEReader) ready() bool {
 	b, _ := s.r.Peek(s.r.Buffered())
+	b = bytes.TrimLeft(b, "\r\n") // blank lines before a block are skipped, not an end
 	return bytes.Contains(b, []byte("\n\n")) || bytes.Contains(b, []byte("\n\r\n"))
 }
 
@@ -390,11 +391,12 @@ func (s *server) relayBuffered(w http.ResponseWriter, cr *callerRequest, c call,
 	if err != nil {
 		return u, asAPIError(err).redactedFor(c.presented()).withAttempts(attempts)
 	}
-	h := w.Header()
-	h.Set("Content-Type", cmp.Or(resp.Header.Get("Content-Type"), "application/json"))
-	if upstreamStreams(p, cr.head) {
-		h.Set("Content-Type", "application/json")
+	ct := "application/json" // an assembled answer is Brama's JSON
+	if !upstreamStreams(p, cr.head) {
+		ct = cmp.Or(resp.Header.Get("Content-Type"), ct)
 	}
+	h := w.Header()
+	h.Set("Content-Type", ct)
 	h.Set("Brama-Attempts", strconv.Itoa(attempts))
 	w.WriteHeader(http.StatusOK)
 	w.Write(body)
