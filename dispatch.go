@@ -218,7 +218,13 @@ func (s *server) dispatch(w http.ResponseWriter, r *http.Request, req *callerReq
 // written, the abort: after commit the body is never cleanly terminated
 // (SPEC §7.5). This is the one place a response is aborted.
 func (s *server) conclude(w http.ResponseWriter, r *http.Request, c call, start time.Time, u usage, ae *apiError, streamed bool) {
-	s.settle(r, c, start, u, ae)
+	if streamed {
+		// failStream decided whether the caller had hung up before it saw
+		// the in-band error; hanging up after it is what a caller does.
+		s.record(r, c, start, u, ae)
+	} else {
+		s.settle(r, c, start, u, ae)
+	}
 	switch {
 	case ae == nil:
 	case streamed:
@@ -339,16 +345,22 @@ func (s *server) deliver(w http.ResponseWriter, r *http.Request, model string, r
 }
 
 // settle records one request's spend and outcome once, however it ended:
-// the perf registry and the log line's tokens and outcome.
+// the perf registry and the log line's tokens and outcome. A failure
+// while the caller has hung up is client_cancelled.
 func (s *server) settle(r *http.Request, c call, start time.Time, u usage, failure *apiError) {
+	s.record(r, c, start, u, failure)
+	if failure != nil && r.Context().Err() != nil {
+		infoFrom(r.Context()).outcome = "client_cancelled"
+	}
+}
+
+// record is settle with the failure's own code as the outcome.
+func (s *server) record(r *http.Request, c call, start time.Time, u usage, failure *apiError) {
 	ri := infoFrom(r.Context())
 	ri.inputTokens, ri.outputTokens = u.InputTokens, u.OutputTokens
 	s.perf.record(c.res.Route, failure == nil, s.now().Sub(start), u.OutputTokens)
 	if failure != nil {
 		ri.outcome, ri.retryable = failure.Code, failure.body().Error.Retryable
-		if r.Context().Err() != nil {
-			ri.outcome = "client_cancelled"
-		}
 	}
 }
 
@@ -444,9 +456,28 @@ func (s *server) failStream(r *http.Request, sa *streamAnswer, c call, err error
 	if r.Context().Err() != nil {
 		ae = refuse("client_cancelled", "the caller hung up during the stream").because(err).withAttempts(attempts)
 	}
+	s.rememberRefusal(r, ae)
 	sa.do(func() error { return sa.cs.fail(ae) })
 	s.log.Warn("stream_failed_after_commit", "request_id", infoFrom(r.Context()).id, "code", ae.Code, "cause", redact(fmt.Sprint(ae.Err), c.presented()))
 	return ae
+}
+
+// rememberRefusal lets the replay guard remember a stream's failure
+// before the caller reads it in-band (SPEC §8.1): a caller that falls back
+// at once to a buffered call of the same conversation, or hangs up first,
+// must still meet it. replayGuarded remembers it again when the handler
+// ends, under the same rules.
+func (s *server) rememberRefusal(r *http.Request, ae *apiError) {
+	g, ri := s.replay, infoFrom(r.Context())
+	if g == nil || g.window <= 0 {
+		return
+	}
+	ri.outcome, ri.retryable = ae.Code, ae.body().Error.Retryable
+	if e, ok := (&replayRecorder{}).refusal(ri, r); ok {
+		if k, ok := replayKeyOf(ri.client.ID, ri.agentID, ri.body); ok {
+			g.remember(ri.client.ID, k, e)
+		}
+	}
 }
 
 // relayStream translates a committed provider stream to the caller's

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -603,5 +604,39 @@ func TestPassthroughBodyEdits(t *testing.T) {
 				t.Errorf("\n got %s\nwant %s", got, tt.want)
 			}
 		})
+	}
+}
+
+// A caller that hangs up as soon as it reads a stream's in-band error (as
+// Claude Code does before falling back to a buffered call of the same
+// conversation) still had a refusal: the fallback is refused by the replay
+// guard without a second provider call (SPEC §8.1).
+func TestStreamFailureThenHangUpIsRemembered(t *testing.T) {
+	fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":4}}}\n\n")
+		w.(http.Flusher).Flush()
+		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			conn.Close()
+		}
+	})
+	env := stateEnv(t)
+	env["BRAMA_PROVIDER_ANTHROPIC_BASE_URL"] = fake.URL
+	d := startDaemon(t, env, `{"anthropic":"k"}`, "-local-credentials-stdin")
+	resp := d.openStream("/v1/messages", d.token, chatBody(dialectMessages, "anthropic/claude-test", true, ""))
+	br := bufio.NewReader(resp.Body)
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatalf("the stream ended without an in-band error: %v", err)
+		}
+		if strings.HasPrefix(line, "event: error") {
+			break
+		}
+	}
+	resp.Body.Close() // hang up at once, before Brama is done with the request
+	status, h, b := d.call("POST", "/v1/messages", d.token, chatBody(dialectMessages, "anthropic/claude-test", false, ""))
+	if status != 502 || h.Get("Brama-Replay-Refused") != "true" || fake.calls.Load() != 1 {
+		t.Errorf("the buffered fallback: %d %s after %d provider calls; want the replayed 502 and one call", status, b, fake.calls.Load())
 	}
 }
