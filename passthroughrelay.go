@@ -179,7 +179,7 @@ func (pw *passthroughWatch) watch(event string, data []byte) (relay, end bool, e
 	}
 	e, err := parseRawObjectInto(data, pw.scratch[0][:])
 	if err != nil {
-		return false, false, malformedEvent(pw.protocol, err)
+		return false, false, malformedEvent(pw.protocol, errEventNotObject)
 	}
 	typ := string(rawText(e.value("type"))) // a switch on it below allocates nothing
 	if typ == "" {
@@ -296,6 +296,10 @@ func (pw *passthroughWatch) responsesEvent(typ string, e rawObject) (relay, end 
 	}
 	return true, false, nil
 }
+
+// errEventNotObject is the cause of a malformed event whose data is not
+// one JSON object.
+var errEventNotObject = errors.New("the event data is not one JSON object")
 
 // usageOf reads a usage member; absent or null is unreported.
 func usageOf(protocol string, raw json.RawMessage) (usage, error) {
