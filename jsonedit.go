@@ -13,9 +13,6 @@ import (
 // object by their byte spans and splices new bytes between them; it never
 // re-encodes a value it does not change.
 
-// maxJSONDepth is the deepest nesting a caller body may have (SPEC §8.2).
-const maxJSONDepth = 1000
-
 // jsonMember is one member of a JSON object: its decoded key and byte
 // offsets into the object. sep is where the member's segment starts (just
 // after the previous value, or just after '{'), so the separator and
@@ -41,8 +38,9 @@ type rawObject struct {
 }
 
 // parseRawObject splits src, which must be one JSON object, into its
-// members. Malformed JSON, a body that is not an object, or nesting deeper
-// than maxJSONDepth is refused as invalid_request.
+// members. Malformed JSON or a body that is not an object is refused as
+// invalid_request; a caller body deeper than SPEC §8.2 allows was refused
+// before any handler (state.go's depth scan).
 func parseRawObject(src []byte) (rawObject, error) {
 	return parseRawObjectInto(src, nil)
 }
@@ -82,10 +80,7 @@ func splitRawObject(src []byte, scratch []jsonMember) (rawObject, error) {
 		}
 		i = skipJSONSpace(src, keyEnd)
 		val := skipJSONSpace(src, i+1) // past ':'
-		end, err := skipJSONValue(src, val)
-		if err != nil {
-			return rawObject{}, err
-		}
+		end := skipJSONValue(src, val)
 		if o.members == nil {
 			o.members = make([]jsonMember, 0, 8)
 		}
@@ -203,10 +198,7 @@ func rawArray(b []byte, scratch [][]byte) [][]byte {
 		if b[i] == ',' {
 			i = skipJSONSpace(b, i+1)
 		}
-		end, err := skipJSONValue(b, i)
-		if err != nil {
-			return out
-		}
+		end := skipJSONValue(b, i)
 		out = append(out, b[i:end])
 		i = end
 	}
@@ -244,35 +236,33 @@ func skipJSONString(b []byte, i int) int {
 	return len(b)
 }
 
-// skipJSONValue returns the index just past the (valid) value at i,
-// refusing nesting deeper than maxJSONDepth counted from the body's top.
-func skipJSONValue(b []byte, i int) (int, error) {
+// skipJSONValue returns the index just past the (valid) value at i. It
+// counts brackets without recursion, so no depth can exhaust a stack.
+func skipJSONValue(b []byte, i int) int {
 	switch b[i] {
 	case '"':
-		return skipJSONString(b, i), nil
+		return skipJSONString(b, i)
 	case '{', '[':
-		depth := 1 // the object being split is level 1
+		depth := 0
 		for ; i < len(b); i++ {
 			switch b[i] {
 			case '"':
 				i = skipJSONString(b, i) - 1
 			case '{', '[':
-				if depth++; depth > maxJSONDepth {
-					return 0, refuse("invalid_request", "the request body nests deeper than %d levels", maxJSONDepth)
-				}
+				depth++
 			case '}', ']':
-				if depth--; depth == 1 {
-					return i + 1, nil
+				if depth--; depth == 0 {
+					return i + 1
 				}
 			}
 		}
-		return len(b), nil
+		return len(b)
 	}
 	for ; i < len(b); i++ {
 		switch b[i] {
 		case ',', '}', ']', ' ', '\t', '\n', '\r':
-			return i, nil
+			return i
 		}
 	}
-	return i, nil
+	return i
 }

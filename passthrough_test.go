@@ -285,7 +285,8 @@ func TestPassthroughClaudeCodeOAuth(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			body := `{"model":"claude-code/claude-test","max_tokens":50,` + tt.system + `"billingTarget":{"subscriptionId":"` + id + `"},"messages":[{"role":"user","content":"hi"}],"thinking":{"type":"enabled","budget_tokens":1024}}`
-			status, h, b := d.call("POST", "/v1/messages?beta=true", tok, body, "anthropic-beta", "fine-grained-tool-streaming-2025-05-14", "x-api-key", "caller-must-not-pass")
+			// The caller authenticates as Anthropic's clients do (x-api-key): Brama's token must not reach the provider.
+			status, h, b := d.call("POST", "/v1/messages?beta=true", "", body, "anthropic-beta", "fine-grained-tool-streaming-2025-05-14", "x-api-key", tok)
 			if status != 200 || string(b) != protocolFixtures[1].buffered || h.Get("Brama-Route") != "claude-code/claude-test" {
 				t.Fatalf("status %d route %q: %s", status, h.Get("Brama-Route"), b)
 			}
@@ -299,7 +300,7 @@ func TestPassthroughClaudeCodeOAuth(t *testing.T) {
 			if string(c.body) != want {
 				t.Errorf("provider body\n got %s\nwant %s", c.body, want)
 			}
-			if c.header.Get("Authorization") != "Bearer "+access || c.header.Get("x-api-key") != "" {
+			if c.header.Get("Authorization") != "Bearer "+access || c.header.Get("x-api-key") != "" || strings.Contains(fmt.Sprint(c.header), tok) {
 				t.Errorf("credential headers: Authorization %q x-api-key %q", c.header.Get("Authorization"), c.header.Get("x-api-key"))
 			}
 			if got := c.header.Get("anthropic-beta"); got != "fine-grained-tool-streaming-2025-05-14,oauth-2025-04-20" {
