@@ -224,7 +224,7 @@ func buildUpstreamRequest(ctx context.Context, p providerInfo, baseURL string, c
 			h.Add("anthropic-beta", structuredOutputsBeta)
 		}
 		if betas := h.Values("anthropic-beta"); len(betas) > 1 {
-			h.Set("anthropic-beta", strings.Join(betas, ","))
+			h.Set("anthropic-beta", mergeTokens(betas))
 		}
 	case p.id == "codex":
 		if t := cred.bearer(); t != "" {
