@@ -127,10 +127,10 @@ func registryMembers(b []byte) (map[string]json.RawMessage, error) {
 	switch {
 	case err == nil && m != nil:
 		return m, nil
-	case err == nil || errors.As(err, &te):
-		return nil, invalidf("registry must be one JSON object")
 	case utf8.Valid(b) && !json.Valid(b):
 		return nil, invalidf("registry is not valid JSON: %v", json.Unmarshal(b, new(any)))
+	case err == nil || errors.As(err, &te):
+		return nil, invalidf("registry must be one JSON object")
 	}
 	return nil, invalidf("%s", clipName(err.Error()))
 }
@@ -140,7 +140,7 @@ func registryMembers(b []byte) (map[string]json.RawMessage, error) {
 // adapter or alias at fault.
 func validateRegistry(m map[string]json.RawMessage) (*routesDoc, error) {
 	if k := unknownMember(m, "schema_version", "deployments", "routes"); k != "" {
-		return nil, invalidf("registry field %q is not part of schema 1; run brama routes migrate", k)
+		return nil, invalidf("registry field %s is not part of schema 1; run brama routes migrate", k)
 	}
 	doc := emptyRoutesDoc()
 	var deps []json.RawMessage
@@ -158,10 +158,6 @@ func validateRegistry(m map[string]json.RawMessage) (*routesDoc, error) {
 		if err != nil {
 			return nil, err
 		}
-		label := fmt.Sprintf("registry deployment %q", clipName(d.Name))
-		if slices.ContainsFunc(doc.Deployments, func(o deployment) bool { return o.Name == d.Name }) {
-			return nil, invalidf("%s is declared twice; deployment names must be unique", label)
-		}
 		doc.Deployments = append(doc.Deployments, d)
 	}
 	for _, alias := range slices.Sorted(maps.Keys(routes)) {
@@ -171,6 +167,12 @@ func validateRegistry(m map[string]json.RawMessage) (*routesDoc, error) {
 		}
 		doc.Routes[alias] = dest
 	}
+	// The shape is read; now the guards that look across the document.
+	for i, d := range doc.Deployments {
+		if err := checkDeployment(d, doc.Deployments[:i]); err != nil {
+			return nil, err
+		}
+	}
 	for _, alias := range slices.Sorted(maps.Keys(doc.Routes)) {
 		if err := checkRoute(doc, alias, doc.Routes[alias]); err != nil {
 			return nil, err
@@ -179,8 +181,7 @@ func validateRegistry(m map[string]json.RawMessage) (*routesDoc, error) {
 	return doc, nil
 }
 
-// parseDeployment reads and checks deployments[i], refusing unknown members
-// by name.
+// parseDeployment reads deployments[i], refusing unknown members by name.
 func parseDeployment(i int, raw json.RawMessage) (d deployment, err error) {
 	m, ok := jsonObject(raw)
 	if !ok {
@@ -194,11 +195,11 @@ func parseDeployment(i int, raw json.RawMessage) (d deployment, err error) {
 	var adapters []json.RawMessage
 	switch {
 	case unknownMember(m, "name", "endpoint", "model", "adapters") != "":
-		return d, invalidf("%s has unknown member %q", label, unknownMember(m, "name", "endpoint", "model", "adapters"))
+		return d, invalidf("%s has unknown member %s", label, unknownMember(m, "name", "endpoint", "model", "adapters"))
 	case !epOK:
 		return d, invalidf("%s needs an \"endpoint\" object {\"host\",\"port\"}", label)
 	case unknownMember(ep, "host", "port") != "":
-		return d, invalidf("%s endpoint has unknown member %q", label, unknownMember(ep, "host", "port"))
+		return d, invalidf("%s endpoint has unknown member %s", label, unknownMember(ep, "host", "port"))
 	case !jsonValue(ep["host"], &d.Endpoint.Host):
 		return d, invalidf("%s endpoint needs a string \"host\"", label)
 	case !jsonValue(ep["port"], &d.Endpoint.Port):
@@ -207,14 +208,6 @@ func parseDeployment(i int, raw json.RawMessage) (d deployment, err error) {
 		return d, invalidf("%s member \"model\" must be a non-empty string (leave it out to use the name)", label)
 	case m["adapters"] != nil && !jsonValue(m["adapters"], &adapters):
 		return d, invalidf("%s member \"adapters\" must be an array of {\"name\"}", label)
-	case !namePattern.MatchString(d.Name):
-		return d, invalidf("%s: a deployment name must match [a-z0-9._-]{1,128}", label)
-	}
-	if err := checkEndpoint(d.Endpoint); err != nil {
-		return d, invalidf("%s: %v", label, err)
-	}
-	if err := checkModelName(d.Model); d.Model != "" && err != nil {
-		return d, invalidf("%s: model %v", label, err)
 	}
 	for j, item := range adapters {
 		var a adapter
@@ -223,19 +216,40 @@ func parseDeployment(i int, raw json.RawMessage) (d deployment, err error) {
 			return d, invalidf("%s adapter #%d must be an object with a string \"name\"", label, j+1)
 		}
 		if k := unknownMember(am, "name"); k != "" {
-			return d, invalidf("%s adapter %q has unknown member %q", label, clipName(a.Name), k)
-		}
-		if !namePattern.MatchString(a.Name) {
-			return d, invalidf("%s adapter %q: an adapter name must match [a-z0-9._-]{1,128}", label, clipName(a.Name))
+			return d, invalidf("%s adapter %q has unknown member %s", label, clipName(a.Name), k)
 		}
 		d.Adapters = append(d.Adapters, a)
 	}
 	return d, nil
 }
 
+// checkDeployment applies §4.1's guards to deployment d, declared after
+// those in before.
+func checkDeployment(d deployment, before []deployment) error {
+	label := fmt.Sprintf("registry deployment %q", clipName(d.Name))
+	switch {
+	case !namePattern.MatchString(d.Name):
+		return invalidf("%s: a deployment name must match [a-z0-9._-]{1,128}", label)
+	case slices.ContainsFunc(before, func(o deployment) bool { return o.Name == d.Name }):
+		return invalidf("%s is declared twice; deployment names must be unique", label)
+	}
+	if err := checkEndpoint(d.Endpoint); err != nil {
+		return invalidf("%s: %v", label, err)
+	}
+	if err := checkModelName(d.Model); d.Model != "" && err != nil {
+		return invalidf("%s: model %v", label, err)
+	}
+	for _, a := range d.Adapters {
+		if !namePattern.MatchString(a.Name) {
+			return invalidf("%s adapter %q: an adapter name must match [a-z0-9._-]{1,128}", label, clipName(a.Name))
+		}
+	}
+	return nil
+}
+
 // jsonObject decodes a member of a document decodeStrict has read as an
-// object, jsonValue as a present non-null v, and unknownMember names
-// (clipped) m's first member, sorted, not in known.
+// object, jsonValue as a present non-null v, and unknownMember quotes
+// (clipped) m's first member, sorted, not in known; "" when there is none.
 func jsonObject(raw json.RawMessage) (m map[string]json.RawMessage, ok bool) {
 	return m, json.Unmarshal(raw, &m) == nil && m != nil
 }
@@ -247,7 +261,7 @@ func jsonValue(raw json.RawMessage, v any) bool {
 func unknownMember(m map[string]json.RawMessage, known ...string) string {
 	for _, k := range slices.Sorted(maps.Keys(m)) {
 		if !slices.Contains(known, k) {
-			return clipName(k)
+			return strconv.Quote(clipName(k))
 		}
 	}
 	return ""
