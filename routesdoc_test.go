@@ -75,6 +75,7 @@ func TestParseRegistry(t *testing.T) {
 		{name: "top level null", in: `null`, wantErr: "must be one JSON object"},
 		{name: "not JSON", in: `{"routes":`, wantErr: "not valid JSON"},
 		{name: "two top-level numbers", in: `00`, wantErr: "not valid JSON"},
+		{name: "nested deeper than the limit", in: `{"fallbacks":` + strings.Repeat("[", maxJSONDepth+1) + strings.Repeat("]", maxJSONDepth+1) + `}`, wantErr: "nests deeper"},
 		{name: "trailing value", in: `{} {}`, wantErr: "not valid JSON"},
 		{name: "invalid UTF-8", in: "{\"routes\":{\"a\":\"openai/\xff\"}}", wantErr: "not valid UTF-8"},
 		{name: "larger than 1 MiB", in: `{"routes":{}}` + strings.Repeat(" ", maxRegistryBytes), wantErr: "limit is 1 MiB"},
