@@ -314,68 +314,74 @@ const (
 // could double cost or tool effects. An answered outcome returns the
 // refusal to write (nil: the answer is written).
 func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate, wk *walk) (routeOutcome, *apiError) {
-	b := budgets[j.kind]
-	if cand.key != nil {
-		return routeAnswered, e.callOnce(ctx, j, cand, call{res: cand.res, baseURL: cand.baseURL, cred: *cand.key}, nil, wk)
-	}
-	p := cand.res.Provider
-	baseURL, err := providerBaseURL(p, e.getenv)
-	if err != nil {
-		return routeAnswered, refuse("dependency_unavailable", "provider %q has an unusable base URL: %v", p.id, err).withAttempts(wk.attempts)
-	}
-	calls := 0
-	queue := slices.Clone(cand.pool)
-	for len(queue) > 0 && calls < b.calls {
-		sub := queue[0]
-		queue = queue[1:]
-		if until := e.ledger.blockedUntil(sub.ID); b.rotate && !until.IsZero() {
-			wk.blocked = true
-			wk.noteBlock(until)
-			wk.note(sub.ID, "blocked until "+until.UTC().Format(time.RFC3339))
-			continue
+	b, p := budgets[j.kind], cand.res.Provider
+	baseURL, queue := cand.baseURL, []overlayItem{{}} // a direct route: one call on its key
+	if cand.key == nil {
+		var err error
+		if baseURL, err = providerBaseURL(p, e.getenv); err != nil {
+			return routeAnswered, refuse("dependency_unavailable", "provider %q has an unusable base URL: %v", p.id, err).withAttempts(wk.attempts)
 		}
-		cred, err := e.subscriptionCredential(ctx, sub, wk, "")
-		if err != nil {
-			if errors.Is(err, errSkipSubscription) {
+		queue = slices.Clone(cand.pool)
+	}
+	for calls := 0; len(queue) > 0 && calls < b.calls; {
+		sub := &queue[0]
+		queue = queue[1:]
+		c := call{res: cand.res, baseURL: baseURL}
+		if cand.key != nil {
+			c.cred, sub = *cand.key, nil
+		} else {
+			if until := e.ledger.blockedUntil(sub.ID); b.rotate && !until.IsZero() {
+				wk.blocked = true
+				wk.noteBlock(until)
+				wk.note(sub.ID, "blocked until "+until.UTC().Format(time.RFC3339))
 				continue
 			}
-			return routeAnswered, asAPIError(err).withAttempts(wk.attempts)
-		}
-		c := call{res: cand.res, baseURL: baseURL, cred: cred}
-		if !b.rotate {
-			return routeAnswered, e.callOnce(ctx, j, cand, c, &sub, wk)
+			var err error
+			if c.cred, err = e.subscriptionCredential(ctx, *sub, wk, ""); errors.Is(err, errSkipSubscription) {
+				continue
+			} else if err != nil {
+				return routeAnswered, asAPIError(err).withAttempts(wk.attempts)
+			}
 		}
 		start := e.now()
 		a := j.request(ctx, cand, c)
 		if !a.sent { // the request could not be encoded: nothing was called
-			return routeAnswered, withAttemptsIfAny(a.err, wk.attempts)
+			if wk.attempts > 0 {
+				a.err = a.err.withAttempts(wk.attempts)
+			}
+			return routeAnswered, a.err
 		}
 		calls++
 		wk.attempts++
 		if a.resp != nil {
-			return routeAnswered, e.commit(ctx, j, cand, c, &sub, a.resp, wk.attempts, start)
+			return routeAnswered, e.commit(ctx, j, cand, c, sub, a.resp, wk.attempts, start)
 		}
-		e.ledger.recordUse(sub.ID, p.id, false, 0, 0)
-		if a.err != nil { // transport failure or cut body: potentially billable
-			ae := a.err.withAttempts(wk.attempts)
+		if sub != nil && b.rotate {
+			e.ledger.recordUse(sub.ID, p.id, false, 0, 0)
+		}
+		ref := a.refusal
+		if !b.rotate || a.err != nil { // no rotation, or a transport failure or cut body: potentially billable
+			if j.refused != nil {
+				j.refused(c, a)
+			}
+			ae := a.failure().withAttempts(wk.attempts)
 			e.settle(j, cand, start, usage{}, ae)
 			return routeAnswered, ae
 		}
-		ref := a.refusal
 		switch ref.class {
 		case refusalAuth:
 			wk.auth = true
-			if cred.AccessToken != "" && !wk.refreshed[sub.ID] {
+			if c.cred.AccessToken != "" && !wk.refreshed[sub.ID] {
 				// An OAuth grant not yet refreshed in this request: refresh it,
 				// and let the next attempt, if one remains, be this same
 				// subscription. A failed refresh already recorded what it
 				// proved, so the state is not touched here.
-				_, err := e.subscriptionCredential(ctx, sub, wk, cred.AccessToken)
+				_, err := e.subscriptionCredential(ctx, *sub, wk, c.cred.AccessToken)
 				switch {
 				case err == nil:
 					wk.note(sub.ID, "refused the access token; refreshed")
 					if calls < b.calls {
-						queue = append([]overlayItem{sub}, queue...)
+						queue = append([]overlayItem{*sub}, queue...)
 					}
 				case !errors.Is(err, errSkipSubscription):
 					return routeAnswered, asAPIError(err).withAttempts(wk.attempts)
@@ -385,7 +391,7 @@ func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate, 
 			e.ledger.setCredential(sub.ID, p.id, credNeedsReauth, ref.sentence)
 			wk.note(sub.ID, "authentication refused: "+ref.sentence)
 		case refusalRate, refusalQuota:
-			e.blockFor(sub, p.id, ref, wk)
+			e.blockFor(*sub, p.id, ref, wk)
 		case refusalModel:
 			if j.kind == kindSelector {
 				wk.model = true
@@ -404,34 +410,6 @@ func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate, 
 		return routeBudgetSpent, nil
 	}
 	return routeRefused, nil
-}
-
-// callOnce is a candidate's one call when its kind does not rotate: any
-// refusal is answered as it is.
-func (e *engine) callOnce(ctx context.Context, j *job, cand *candidate, c call, sub *overlayItem, wk *walk) *apiError {
-	start := e.now()
-	a := j.request(ctx, cand, c)
-	if !a.sent { // the request could not be encoded: refused before any call
-		return withAttemptsIfAny(a.err, wk.attempts)
-	}
-	wk.attempts++
-	if a.resp != nil {
-		return e.commit(ctx, j, cand, c, sub, a.resp, wk.attempts, start)
-	}
-	if j.refused != nil {
-		j.refused(c, a)
-	}
-	ae := a.failure().withAttempts(wk.attempts)
-	e.settle(j, cand, start, usage{}, ae)
-	return ae
-}
-
-// withAttemptsIfAny marks ae with the calls made, when any was.
-func withAttemptsIfAny(ae *apiError, n int) *apiError {
-	if n > 0 {
-		return ae.withAttempts(n)
-	}
-	return ae
 }
 
 // commit answers from a committed call. After commit nothing is retried
