@@ -42,37 +42,41 @@ type clientsDoc struct {
 // idPattern is the rule for client and agent ids.
 var idPattern = regexp.MustCompile(`^[a-z0-9-]{1,64}$`)
 
-// parseClients strictly parses clients.json and applies SPEC §3.1's rules,
-// naming the one that failed.
+// parseClients strictly parses clients.json (decodeStrict, then validate).
 func parseClients(b []byte) (*clientsDoc, error) {
 	doc := &clientsDoc{}
 	if err := decodeStrict("clients file", b, doc); err != nil {
 		return nil, err
 	}
+	return doc, nil
+}
+
+// validate applies SPEC §3.1's rules, naming the one that failed.
+func (doc *clientsDoc) validate() error {
 	ids, digests := map[string]bool{}, map[string]bool{}
 	for i, c := range doc.Clients {
 		switch {
 		case !idPattern.MatchString(c.ID):
-			return nil, fmt.Errorf("clients file: client %d: id %q must match [a-z0-9-]{1,64}", i, c.ID)
+			return fmt.Errorf("clients file: client %d: id %q must match [a-z0-9-]{1,64}", i, c.ID)
 		case ids[c.ID]:
-			return nil, fmt.Errorf("clients file: duplicate client id %q", c.ID)
+			return fmt.Errorf("clients file: duplicate client id %q", c.ID)
 		case len(c.TokenSHA256) != 64 || strings.ToLower(c.TokenSHA256) != c.TokenSHA256 || !isHex(c.TokenSHA256):
-			return nil, fmt.Errorf("clients file: client %q: token_sha256 must be 64 lower-case hex characters", c.ID)
+			return fmt.Errorf("clients file: client %q: token_sha256 must be 64 lower-case hex characters", c.ID)
 		case digests[c.TokenSHA256]:
-			return nil, fmt.Errorf("clients file: client %q: duplicate token digest", c.ID)
+			return fmt.Errorf("clients file: client %q: duplicate token digest", c.ID)
 		case c.Role != roleAdmin && c.Role != roleCaller:
-			return nil, fmt.Errorf("clients file: client %q: role must be admin or caller", c.ID)
+			return fmt.Errorf("clients file: client %q: role must be admin or caller", c.ID)
 		case c.AgentID != "" && !idPattern.MatchString(c.AgentID):
-			return nil, fmt.Errorf("clients file: client %q: agent_id must match [a-z0-9-]{1,64}", c.ID)
+			return fmt.Errorf("clients file: client %q: agent_id must match [a-z0-9-]{1,64}", c.ID)
 		}
 		for _, m := range c.AllowedModels {
 			if strings.TrimSpace(m) == "" || strings.Contains(m, "*") {
-				return nil, fmt.Errorf("clients file: client %q: allowed_models entries must be exact names (no empty or wildcard entry)", c.ID)
+				return fmt.Errorf("clients file: client %q: allowed_models entries must be exact names (no empty or wildcard entry)", c.ID)
 			}
 		}
 		ids[c.ID], digests[c.TokenSHA256] = true, true
 	}
-	return doc, nil
+	return nil
 }
 
 func isHex(s string) bool {

@@ -7,13 +7,11 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
 	"sync"
 	"syscall"
-	"time"
 )
 
 // journalTimeFormat is the "at" of every record (SPEC §9): RFC 3339 in UTC
@@ -67,10 +65,9 @@ func (r journalRecord) MarshalJSON() ([]byte, error) {
 // process may append (one O_APPEND write per line), so the journal holds no
 // open file between calls and always reads what is on disk now.
 type journal struct {
+	sys
 	name    string        // the journal file; "" when there is no state directory
 	noState *noStateError // why name is "", else nil
-	log     *slog.Logger
-	now     func() time.Time
 
 	// testingOnlySync replaces f.Sync inside append (nil in production) so
 	// tests can reach the broken path.
@@ -93,14 +90,8 @@ type journal struct {
 // newJournal places the journal in st. It never fails: without a state
 // directory every operation refuses with the *noStateError instead (SPEC
 // §2.1), so serving can go on.
-func newJournal(st state, log *slog.Logger, now func() time.Time) *journal {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	if now == nil {
-		now = time.Now
-	}
-	j := &journal{log: log, now: now}
+func newJournal(st state, sy sys) *journal {
+	j := &journal{sys: sy}
 	name, err := st.path("journal", "journal.jsonl")
 	if err != nil {
 		var ns *noStateError

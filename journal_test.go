@@ -45,7 +45,7 @@ func newTestJournal(t *testing.T) (*journal, *journalLogs) {
 	t.Helper()
 	logs := &journalLogs{t: t}
 	st := state{dir: filepath.Join(t.TempDir(), "state")}
-	return newJournal(st, slog.New(slog.NewJSONHandler(logs, nil)), journalTestNow), logs
+	return newJournal(st, sys{log: slog.New(slog.NewJSONHandler(logs, nil)), now: journalTestNow}), logs
 }
 
 func journalPtr[T any](v T) *T { return &v }
@@ -153,7 +153,7 @@ func TestJournalConcurrentAppends(t *testing.T) {
 	// mutex, only O_APPEND and the file lock.
 	js := []*journal{j}
 	for range 3 {
-		js = append(js, newJournal(state{dir: filepath.Dir(j.name)}, nil, journalTestNow))
+		js = append(js, newJournal(state{dir: filepath.Dir(j.name)}, testSys(t, journalTestNow)))
 	}
 	var wg sync.WaitGroup
 	errs := make(chan error, 32)
@@ -284,7 +284,7 @@ func TestJournalUnreadableMiddleLine(t *testing.T) {
 
 func TestJournalNoStateDirectory(t *testing.T) {
 	cause := errors.New("$HOME is not defined")
-	j := newJournal(state{cause: cause}, nil, journalTestNow)
+	j := newJournal(state{cause: cause}, testSys(t, journalTestNow))
 	ops := []struct {
 		name string
 		op   func() error

@@ -67,7 +67,7 @@ func (e cliEnv) onboard(ctx context.Context, args []string) error {
 	}
 	log := newLogger(e.stderr, e.getenv("BRAMA_LOG_LEVEL"))
 	now := time.Now
-	d := openDeps(e.getenv, log, now)
+	d := openDeps(e.getenv, sys{log: log, now: now})
 
 	// 1. The state directory: progress can be read and written there.
 	path, err := d.st.path(onboardRole, onboardFile)
@@ -191,21 +191,26 @@ func parseOnboarding(b []byte) (*onboardProgress, error) {
 	if err := decodeStrict(onboardFile, b, prog); err != nil {
 		return nil, fmt.Errorf("%w: %w", errOnboardingInvalid, err)
 	}
+	return prog, nil
+}
+
+// validate refuses another schema, unknown steps and unreadable times.
+func (prog *onboardProgress) validate() error {
 	if prog.SchemaVersion != 1 {
-		return nil, fmt.Errorf("%w: schema_version %d is not 1", errOnboardingInvalid, prog.SchemaVersion)
+		return fmt.Errorf("schema_version %d is not 1", prog.SchemaVersion)
 	}
 	if prog.Steps == nil {
 		prog.Steps = map[string]onboardStep{}
 	}
 	for name, st := range prog.Steps {
 		if !onboardSteps[name] {
-			return nil, fmt.Errorf("%w: unknown step %q", errOnboardingInvalid, truncateUTF8(name, 64))
+			return fmt.Errorf("unknown step %q", truncateUTF8(name, 64))
 		}
 		if _, err := time.Parse(time.RFC3339Nano, st.DoneAt); err != nil {
-			return nil, fmt.Errorf("%w: step %s: done_at is not an RFC 3339 time", errOnboardingInvalid, name)
+			return fmt.Errorf("step %s: done_at is not an RFC 3339 time", name)
 		}
 	}
-	return prog, nil
+	return nil
 }
 
 // anyDirectPayer reports whether something could serve without an agent:

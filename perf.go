@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"math"
 	"regexp"
 	"slices"
@@ -42,9 +41,8 @@ type perfDocument struct {
 // only inside record (when due) and flush (at shutdown), so an idle daemon
 // writes nothing.
 type perfRegistry struct {
-	st  state
-	log *slog.Logger
-	now func() time.Time
+	sys
+	st state
 
 	mu        sync.Mutex // guards routes, lastFlush, seq, unplaced
 	routes    map[string]perfEntry
@@ -58,14 +56,8 @@ type perfRegistry struct {
 // newPerfRegistry starts from perf.json when it exists. A file that fails
 // the §2.2 guards or does not parse is logged and the registry starts empty
 // (the next flush replaces it): telemetry never stops serving.
-func newPerfRegistry(st state, log *slog.Logger, now func() time.Time) *perfRegistry {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	if now == nil {
-		now = time.Now
-	}
-	p := &perfRegistry{st: st, log: log, now: now, routes: map[string]perfEntry{}}
+func newPerfRegistry(st state, sy sys) *perfRegistry {
+	p := &perfRegistry{sys: sy, st: st, routes: map[string]perfEntry{}}
 	name, err := st.path("perf telemetry", perfFile)
 	if err != nil {
 		return p // perf_stats_unplaced is logged at the first record
@@ -82,7 +74,7 @@ func newPerfRegistry(st state, log *slog.Logger, now func() time.Time) *perfRegi
 		err = fmt.Errorf("perf telemetry: schema_version %d, want 1", doc.SchemaVersion)
 	}
 	if err != nil {
-		log.Warn("perf_stats_unreadable", "cause", err.Error())
+		sy.log.Warn("perf_stats_unreadable", "cause", err.Error())
 		return p
 	}
 	for route, e := range doc.Routes {

@@ -1,38 +1,191 @@
 package main
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
-	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 )
 
 // The subscription inventory (SPEC §10.1): the donated-subscription overlay
 // says which subscriptions exist and who owns them, the vault holds their
 // credentials under the same ids, and the journal alone says which are
-// retired. The serving process is the only writer of the overlay and of the
-// vault's subscriptions section (SPEC §2.3); every CLI goes through the
-// admin API.
+// retired. Only the serving process writes the overlay and the vault's
+// subscriptions section (SPEC §2.3). api.go is its HTTP face, cli.go its CLI.
 
-// inventory is the subscription inventory of one serving process. It reads
-// the overlay whenever the file's identity changes and writes it (and the
-// vault's subscriptions section) under wmu, since this process is the only
-// writer (SPEC §2.3).
+// overlayItem is one donated subscription: metadata only, never a secret and
+// never a status (retirement lives in the journal).
+type overlayItem struct {
+	ID        string `json:"id"`
+	Provider  string `json:"provider"`
+	AgentID   string `json:"agent_id"`
+	Label     string `json:"label"`
+	CreatedAt string `json:"created_at"`
+}
+
+// overlayDoc is donated-subscriptions.json (SPEC §2.2), schema 1.
+type overlayDoc struct {
+	SchemaVersion int           `json:"schema_version"`
+	Items         []overlayItem `json:"items"`
+}
+
+// The overlay's file name and how refusals name it; the bounds of a label
+// and of a retire or reinstate reason (listings and the journal carry them).
+const (
+	overlayFile    = "donated-subscriptions.json"
+	overlayRole    = "donated-subscription overlay"
+	maxLabelBytes  = 128
+	maxReasonBytes = 512
+)
+
+// errOverlayInvalid wraps every refusal of parseOverlay: a bad file, not an I/O failure.
+var errOverlayInvalid = errors.New("donated-subscription overlay is invalid")
+
+// parseOverlay strictly parses the overlay (decodeStrict, then validate).
+// An empty file is an empty overlay.
+func parseOverlay(b []byte) (*overlayDoc, error) {
+	doc := &overlayDoc{SchemaVersion: 1, Items: []overlayItem{}}
+	if len(b) == 0 {
+		return doc, nil
+	}
+	if err := decodeStrict(overlayFile, b, doc); err != nil {
+		return nil, fmt.Errorf("%w: %w", errOverlayInvalid, err)
+	}
+	return doc, nil
+}
+
+// validate refuses any overlay a writer would never have produced: another
+// schema, a bad item (id, provider, agent id, label or time) or a repeated id.
+func (doc *overlayDoc) validate() error {
+	if doc.SchemaVersion != 1 {
+		return fmt.Errorf("schema_version %d is not 1", doc.SchemaVersion)
+	}
+	if doc.Items == nil {
+		doc.Items = []overlayItem{}
+	}
+	seen := map[string]bool{}
+	for i, it := range doc.Items {
+		err := checkOverlayItem(it)
+		if err == nil && seen[it.ID] {
+			err = fmt.Errorf("id %q appears twice", it.ID)
+		}
+		if err != nil {
+			return fmt.Errorf("items[%d]: %w", i, err)
+		}
+		seen[it.ID] = true
+	}
+	return nil
+}
+
+// checkOverlayItem applies the rules a donation enforces to one stored item.
+func checkOverlayItem(it overlayItem) error {
+	if !isSubscriptionID(it.ID) {
+		return fmt.Errorf("id %q is not sub_ followed by 16 lower-case hex digits", it.ID)
+	}
+	if p, ok := lookupProvider(it.Provider); !ok || p.cred == credNone {
+		return fmt.Errorf("provider %q takes no subscription", it.Provider)
+	}
+	if !idPattern.MatchString(it.AgentID) {
+		return fmt.Errorf("agent_id %q must match [a-z0-9-]{1,64}", it.AgentID)
+	}
+	if err := checkLabel(it.Label); err != nil {
+		return err
+	}
+	if _, err := time.Parse(time.RFC3339Nano, it.CreatedAt); err != nil {
+		return fmt.Errorf("created_at %q is not an RFC 3339 time", it.CreatedAt)
+	}
+	return nil
+}
+
+// isSubscriptionID reports whether id is sub_ + 16 lower-case hex digits.
+func isSubscriptionID(id string) bool {
+	rest, ok := strings.CutPrefix(id, "sub_")
+	return ok && len(rest) == 16 && strings.Trim(rest, "0123456789abcdef") == ""
+}
+
+// newSubscriptionID is sub_ + 16 random hex digits (collisions are refused, not expected).
+func newSubscriptionID() string {
+	b := make([]byte, 8)
+	rand.Read(b)
+	return "sub_" + hex.EncodeToString(b)
+}
+
+// checkLabel allows printable text of at most 128 bytes: no control characters reach a terminal.
+func checkLabel(label string) error {
+	if len(label) > maxLabelBytes {
+		return fmt.Errorf("label is %d bytes; the limit is %d", len(label), maxLabelBytes)
+	}
+	if !printable(label) {
+		return errors.New("label must be printable UTF-8 text")
+	}
+	return nil
+}
+
+// printable: valid UTF-8 of printable runes (space included, tabs and newlines not).
+func printable(s string) bool {
+	return utf8.ValidString(s) && strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }) < 0
+}
+
+// checkReason bounds a retire or reinstate reason before it is journaled.
+func checkReason(reason string) error {
+	switch {
+	case strings.TrimSpace(reason) == "":
+		return refuse("invalid_request", "a reason is required")
+	case len(reason) > maxReasonBytes:
+		return refuse("invalid_request", "the reason is %d bytes; the limit is %d", len(reason), maxReasonBytes)
+	case !printable(reason):
+		return refuse("invalid_request", "the reason must be printable UTF-8 text on one line")
+	}
+	return nil
+}
+
+// checkCredential applies SPEC §6.1 and §10.1 to a donated or replacing
+// credential: a known provider other than local-openai, exactly one of an
+// API key or an OAuth grant, and a grant only for claude-code, codex and
+// kimi. Its refusals never quote the secret.
+func checkCredential(provider string, cred vaultCredential) error {
+	p, ok := lookupProvider(provider)
+	switch {
+	case !ok:
+		return refuse("invalid_request", "unknown provider %q", provider)
+	case p.cred == credNone:
+		return refuse("invalid_request", "provider %q takes no subscription: its deployments need no credential", provider)
+	case (cred.APIKey != "") == (cred.OAuth != nil):
+		return refuse("invalid_request", "give exactly one of api_key or oauth")
+	case cred.APIKey != "":
+		if k := cred.APIKey; strings.TrimSpace(k) != k || !printable(k) || len(k) > 8192 {
+			return refuse("invalid_request", "api_key must be one line of printable text (at most 8192 bytes) without surrounding spaces")
+		}
+	case p.cred != credSubscription:
+		return refuse("invalid_request", "provider %q takes an api_key, not an oauth grant (oauth is for claude-code, codex and kimi)", provider)
+	case cred.OAuth.AccessToken == "" || cred.OAuth.RefreshToken == "":
+		return refuse("invalid_request", "oauth needs access_token and refresh_token")
+	case cred.OAuth.ExpiresAtMs < 0:
+		return refuse("invalid_request", "oauth expires_at_ms must not be negative")
+	}
+	return nil
+}
+
+// inventory is one serving process's subscription inventory: it re-reads the
+// overlay when the file's identity changes and, as the only writer (SPEC
+// §2.3), writes it and the vault's subscriptions section under wmu.
 type inventory struct {
+	sys
 	path    string // the overlay file
 	pathErr error  // why there is no overlay (no state directory), else nil
 	vault   *vault
 	j       *journal
 	l       *ledger
-	log     *slog.Logger
-	now     func() time.Time
 	ttl     time.Duration // listing cache lifetime; 0 disables the cache
 
-	wmu sync.Mutex // serializes donate, retire, reinstate and replaceCredential
+	wmu sync.Mutex // serializes donate, retire, reinstate, replaceCredential and removeOrphans
 
 	mu    sync.Mutex // guards doc, id, cache, gen
 	doc   *overlayDoc
@@ -49,18 +202,12 @@ type listing struct {
 
 // newInventory places the overlay in st and reads the listing cache's TTL
 // from BRAMA_SUBSCRIPTION_CACHE_TTL_SECS (SPEC §10.2). Nothing is read yet.
-func newInventory(st state, v *vault, j *journal, l *ledger, getenv func(string) string, log *slog.Logger, now func() time.Time) *inventory {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	if now == nil {
-		now = time.Now
-	}
-	inv := &inventory{vault: v, j: j, l: l, log: log, now: now, cache: map[string]listing{}}
+func newInventory(st state, v *vault, j *journal, l *ledger, getenv func(string) string, sy sys) *inventory {
+	inv := &inventory{sys: sy, vault: v, j: j, l: l, cache: map[string]listing{}}
 	inv.path, inv.pathErr = st.path(overlayRole, overlayFile)
 	ttl, err := subscriptionCacheTTL(getenv("BRAMA_SUBSCRIPTION_CACHE_TTL_SECS"))
 	if err != nil {
-		log.Warn("subscription_cache_ttl_invalid", "cause", err.Error(), "using_secs", 60)
+		sy.log.Warn("subscription_cache_ttl_invalid", "cause", err.Error(), "using_secs", 60)
 	}
 	inv.ttl = ttl
 	return inv
@@ -70,8 +217,7 @@ func newInventory(st state, v *vault, j *journal, l *ledger, getenv func(string)
 // 60 s, 0 turns the cache off; anything else unreadable is 60 s and an error.
 func subscriptionCacheTTL(v string) (time.Duration, error) {
 	const def = 60 * time.Second
-	v = strings.TrimSpace(v)
-	if v == "" {
+	if v = strings.TrimSpace(v); v == "" {
 		return def, nil
 	}
 	n, err := strconv.ParseInt(v, 10, 32)
@@ -81,56 +227,46 @@ func subscriptionCacheTTL(v string) (time.Duration, error) {
 	return time.Duration(n) * time.Second, nil
 }
 
-// load returns the current overlay, re-reading only when the file changed.
-// An absent file is an empty overlay. Errors are classified for the client:
-// 503 dependency_unavailable naming the cause.
-func (inv *inventory) load() (*overlayDoc, error) {
+// items returns every overlay item (retired ones too), in overlay order,
+// re-reading the overlay only when the file changed; an absent file is an
+// empty overlay. The caller owns the slice. Errors are 503
+// dependency_unavailable naming the overlay and the rule.
+func (inv *inventory) items() ([]overlayItem, error) {
 	if inv.pathErr != nil {
 		return nil, asAPIError(inv.pathErr)
 	}
 	inv.mu.Lock()
 	defer inv.mu.Unlock()
 	id, err := guardFile(overlayRole, inv.path)
-	if errors.Is(err, errFileAbsent) {
+	switch {
+	case errors.Is(err, errFileAbsent):
 		inv.doc, inv.id = &overlayDoc{SchemaVersion: 1, Items: []overlayItem{}}, fileIdentity{}
-		return inv.doc, nil
+	case err == nil && inv.doc != nil && id == inv.id:
+	default:
+		var b []byte
+		if err == nil {
+			b, id, err = readGuarded(overlayRole, inv.path)
+		}
+		var doc *overlayDoc
+		if err == nil {
+			doc, err = parseOverlay(b)
+		}
+		if err != nil {
+			inv.doc = nil
+			return nil, refuse("dependency_unavailable", "%v", err).because(err) // err names the overlay and the rule
+		}
+		inv.doc, inv.id = doc, id
 	}
-	if err == nil && inv.doc != nil && id == inv.id {
-		return inv.doc, nil
-	}
-	var b []byte
-	if err == nil {
-		b, id, err = readGuarded(overlayRole, inv.path)
-	}
-	var doc *overlayDoc
-	if err == nil {
-		doc, err = parseOverlay(b)
-	}
-	if err != nil {
-		inv.doc = nil
-		return nil, refuse("dependency_unavailable", "%v", err).because(err) // err names the overlay and the rule
-	}
-	inv.doc, inv.id = doc, id
-	return doc, nil
-}
-
-// items returns every overlay item (retired ones too), in overlay order.
-// The caller owns the slice.
-func (inv *inventory) items() ([]overlayItem, error) {
-	doc, err := inv.load()
-	if err != nil {
-		return nil, err
-	}
-	return slices.Clone(doc.Items), nil
+	return slices.Clone(inv.doc.Items), nil
 }
 
 // retiredSet folds the journal (SPEC §9), classified for the client.
 func (inv *inventory) retiredSet() (map[string]bool, error) {
 	r, err := inv.j.retired()
 	if err != nil {
-		return nil, refuse("dependency_unavailable", "the journal cannot be read: %v", err).because(err)
+		err = refuse("dependency_unavailable", "the journal cannot be read: %v", err).because(err)
 	}
-	return r, nil
+	return r, err
 }
 
 // pool is the non-retired items of agent for provider, in overlay order:
@@ -176,28 +312,22 @@ func (inv *inventory) get(agent, id string) (overlayItem, bool, error) {
 // isRetired reports whether the journal's last word on id is retire.
 func (inv *inventory) isRetired(id string) (bool, error) {
 	r, err := inv.retiredSet()
-	if err != nil {
-		return false, err
-	}
-	return r[id], nil
+	return r[id], err
 }
 
 // owned is get as a refusal: 404 not_found when agent has no such id.
 func (inv *inventory) owned(agent, id string) (overlayItem, error) {
 	it, ok, err := inv.get(agent, id)
-	if err != nil {
-		return overlayItem{}, err
+	if err == nil && !ok {
+		err = refuse("not_found", "agent %q has no subscription %q", agent, id)
 	}
-	if !ok {
-		return overlayItem{}, refuse("not_found", "agent %q has no subscription %q", agent, id)
-	}
-	return it, nil
+	return it, err
 }
 
 // donate stores a new subscription of provider for agent (SPEC §10.1). The
 // vault is written first and the overlay second, so a failure in between
-// leaves no overlay entry: the vault entry is then unused (orphans reports
-// it) rather than a listed subscription without a credential.
+// leaves no overlay entry; the vault entry is then taken back (or, when
+// that fails too, removed by removeOrphans at the next start).
 func (inv *inventory) donate(agent, provider, label string, cred vaultCredential) (overlayItem, error) {
 	if !idPattern.MatchString(agent) {
 		return overlayItem{}, refuse("invalid_request", "agent id %q must match [a-z0-9-]{1,64}", agent)
@@ -218,13 +348,13 @@ func (inv *inventory) donate(agent, provider, label string, cred vaultCredential
 	}
 	inv.wmu.Lock()
 	defer inv.wmu.Unlock()
-	doc, err := inv.load()
+	items, err := inv.items()
 	if err != nil {
 		return overlayItem{}, err
 	}
 	it := overlayItem{ID: newSubscriptionID(), Provider: provider, AgentID: agent, Label: label,
 		CreatedAt: inv.now().UTC().Format(journalTimeFormat)}
-	if slices.ContainsFunc(doc.Items, func(x overlayItem) bool { return x.ID == it.ID }) {
+	if slices.ContainsFunc(items, func(x overlayItem) bool { return x.ID == it.ID }) {
 		return overlayItem{}, refuse("internal_error", "subscription id %s is taken; donate again", it.ID)
 	}
 	err = inv.vault.update(func(d *vaultDoc) error {
@@ -237,15 +367,11 @@ func (inv *inventory) donate(agent, provider, label string, cred vaultCredential
 	if err != nil {
 		return overlayItem{}, refuse("internal_error", "subscription not donated: the vault was not written: %v", err).because(err)
 	}
-	next := &overlayDoc{SchemaVersion: 1, Items: append(slices.Clone(doc.Items), it)}
-	if err := inv.writeOverlay(next); err != nil {
+	if err := inv.writeOverlay(&overlayDoc{SchemaVersion: 1, Items: append(items, it)}); err != nil {
 		// The secret is stored but no subscription names it: take it back, so
 		// the vault never keeps a secret without a subscription.
 		note := "its credential was removed from the vault"
-		if verr := inv.vault.update(func(d *vaultDoc) error {
-			delete(d.Subscriptions, it.ID)
-			return nil
-		}); verr != nil {
+		if verr := inv.vault.update(func(d *vaultDoc) error { delete(d.Subscriptions, it.ID); return nil }); verr != nil {
 			note = "its credential stays in the vault until serve next starts: " + verr.Error()
 		}
 		inv.log.Error("subscription_overlay_write_failed", "subscription_id", it.ID, "agent_id", agent, "cause", err.Error(), "note", note)
@@ -258,8 +384,7 @@ func (inv *inventory) donate(agent, provider, label string, cred vaultCredential
 	return it, nil
 }
 
-// vaultUsable refuses before a vault write that could not succeed: no vault
-// at all (SPEC §2.1) or one that cannot be read.
+// vaultUsable refuses before a vault write that could not succeed.
 func (inv *inventory) vaultUsable() error {
 	if _, err := inv.vault.load(); err != nil {
 		return vaultRefusal(err)
@@ -268,11 +393,9 @@ func (inv *inventory) vaultUsable() error {
 }
 
 // vaultRefusal classifies a vault load failure before a vault write: 503
-// dependency_unavailable naming the cause (no state directory, or the file
-// failing its guards or parse).
+// dependency_unavailable naming the cause (no state directory, guards, parse).
 func vaultRefusal(err error) *apiError {
-	var ns *noStateError
-	if errors.As(err, &ns) {
+	if errors.As(err, new(*noStateError)) {
 		return asAPIError(err)
 	}
 	return refuse("dependency_unavailable", "the vault is unreadable: %v", err).because(err)
@@ -282,11 +405,10 @@ func vaultRefusal(err error) *apiError {
 // every listing. Callers hold wmu.
 func (inv *inventory) writeOverlay(doc *overlayDoc) error {
 	b, err := marshalState(doc)
-	if err != nil {
-		return err
+	if err == nil {
+		err = writeFileAtomic(inv.path, b)
+		inv.invalidate(err == nil)
 	}
-	err = writeFileAtomic(inv.path, b)
-	inv.invalidate(err == nil)
 	return err
 }
 
@@ -302,20 +424,18 @@ func (inv *inventory) invalidate(overlayChanged bool) {
 	inv.gen++
 }
 
-// retire journals the retirement of agent's subscription id (SPEC §9). It
-// asks the journal first, so nothing is claimed that cannot be recorded; a
-// subscription already retired is answered as done without a second line.
+// retire and reinstate journal agent's subscription id out of and back
+// into service (SPEC §9); the reason is required.
 func (inv *inventory) retire(agent, id, reason string) error {
 	return inv.journalStatus("retire", agent, id, reason)
 }
-
-// reinstate journals the end of a retirement; the reason is required.
 func (inv *inventory) reinstate(agent, id, reason string) error {
 	return inv.journalStatus("reinstate", agent, id, reason)
 }
 
 // journalStatus appends kind ("retire" or "reinstate") for id unless the
-// journal's fold already says so.
+// journal's fold already says so (then it is done, without a second line).
+// It asks the journal first, so nothing is claimed that cannot be recorded.
 func (inv *inventory) journalStatus(kind, agent, id, reason string) error {
 	if err := checkReason(reason); err != nil {
 		return err
@@ -328,12 +448,8 @@ func (inv *inventory) journalStatus(kind, agent, id, reason string) error {
 	if _, err := inv.owned(agent, id); err != nil {
 		return err
 	}
-	retired, err := inv.isRetired(id)
-	if err != nil {
+	if retired, err := inv.isRetired(id); err != nil || retired == (kind == "retire") {
 		return err
-	}
-	if retired == (kind == "retire") {
-		return nil
 	}
 	defer inv.invalidate(false)
 	if err := inv.j.append(journalRecord{Kind: kind, SubscriptionID: id, Reason: reason}); err != nil {
@@ -361,11 +477,7 @@ func (inv *inventory) replaceCredential(agent, id string, cred vaultCredential) 
 	}
 	cred = filledCredential(it.Provider, cred)
 	defer inv.invalidate(false)
-	err = inv.vault.update(func(d *vaultDoc) error {
-		d.Subscriptions[id] = cred
-		return nil
-	})
-	if err != nil {
+	if err := inv.vault.update(func(d *vaultDoc) error { d.Subscriptions[id] = cred; return nil }); err != nil {
 		return refuse("internal_error", "credential not replaced: the vault was not written: %v", err).because(err)
 	}
 	inv.l.setCredential(id, it.Provider, credActive, "")
@@ -440,8 +552,7 @@ func (inv *inventory) list(agent string) ([]subscriptionRow, error) {
 }
 
 // orphans lists vault subscription ids with no overlay item, sorted: left
-// by a donation that failed between its two writes (SPEC §10.1), for
-// /readyz.
+// by a donation that failed between its two writes (SPEC §10.1).
 func (inv *inventory) orphans() ([]string, error) {
 	items, err := inv.items()
 	if err != nil {
@@ -461,11 +572,10 @@ func (inv *inventory) orphans() ([]string, error) {
 	return out, nil
 }
 
-// removeOrphans deletes the vault's subscription credentials that no overlay
-// item names: left by a donation that crashed between its two writes. serve
-// calls it at start, so the vault holds no secret without a subscription
-// (SPEC §10.1 only asks /readyz to report them; issue 10 asks that they go).
-// Nothing is removed unless the overlay and the vault both read cleanly.
+// removeOrphans deletes the orphans from the vault. serve calls it at start,
+// so the vault holds no secret without a subscription (SPEC §10.1 only asks
+// /readyz to report them; issue 10 asks that they go). Nothing is removed
+// unless the overlay and the vault both read cleanly.
 func (inv *inventory) removeOrphans() ([]string, error) {
 	if inv.pathErr != nil || inv.vault.pathErr != nil {
 		return nil, nil
@@ -483,9 +593,9 @@ func (inv *inventory) removeOrphans() ([]string, error) {
 		return nil
 	})
 	if err != nil {
-		return nil, err
+		orphans = nil
 	}
-	return orphans, nil
+	return orphans, err
 }
 
 // readiness is the inventory's part of /readyz (SPEC §13): an unreadable
