@@ -445,10 +445,8 @@ func (s *server) readiness() readiness {
 	if err := s.ledger.loadErr(); err != nil {
 		rd.Reasons = append(rd.Reasons, "ledger unusable (served empty, never overwritten): "+err.Error())
 	}
-	if jpath, err := s.st.path("journal", "journal.jsonl"); err == nil {
-		if _, err := guardFile("journal", jpath); err != nil && !errors.Is(err, errFileAbsent) {
-			rd.Reasons = append(rd.Reasons, "journal unusable: "+err.Error())
-		}
+	if _, err := s.journal.size(); err != nil && !errors.As(err, new(*noStateError)) {
+		rd.Reasons = append(rd.Reasons, "journal unusable: "+err.Error())
 	}
 	if ok, cause := s.catalog.available(); !ok {
 		rd.Warnings = append(rd.Warnings, cause)

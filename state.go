@@ -138,6 +138,21 @@ func checkFileInfo(role, name string, fi fs.FileInfo) (fileIdentity, error) {
 // name swapped between the check and the read cannot slip through. An
 // absent file is errFileAbsent.
 func readGuarded(role, name string) ([]byte, fileIdentity, error) {
+	f, id, err := openGuarded(role, name)
+	if err != nil {
+		return nil, id, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(f)
+	if err != nil {
+		return nil, id, fmt.Errorf("%s: %w", role, err)
+	}
+	return b, id, nil
+}
+
+// openGuarded opens name for reading under the guards (readGuarded's first
+// half); the caller closes the file.
+func openGuarded(role, name string) (*os.File, fileIdentity, error) {
 	f, err := os.OpenFile(name, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0) // O_NONBLOCK: a FIFO planted here must not hang the reader
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
@@ -147,20 +162,18 @@ func readGuarded(role, name string) ([]byte, fileIdentity, error) {
 	case err != nil:
 		return nil, fileIdentity{}, fmt.Errorf("%s: %w", role, err)
 	}
-	defer f.Close()
 	fi, err := f.Stat()
-	if err != nil {
-		return nil, fileIdentity{}, fmt.Errorf("%s: %w", role, err)
+	var id fileIdentity
+	if err == nil {
+		id, err = checkFileInfo(role, name, fi)
+	} else {
+		err = fmt.Errorf("%s: %w", role, err)
 	}
-	id, err := checkFileInfo(role, name, fi)
 	if err != nil {
+		f.Close()
 		return nil, id, err
 	}
-	b, err := io.ReadAll(f)
-	if err != nil {
-		return nil, id, fmt.Errorf("%s: %w", role, err)
-	}
-	return b, id, nil
+	return f, id, nil
 }
 
 // testingOnlyRename replaces os.Rename inside writeFileAtomic (nil in
