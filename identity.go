@@ -100,45 +100,21 @@ func tokenDigest(token string) string {
 // clientStore holds the clients file, re-read when its identity changes
 // (SPEC §2.3), or the one process-only client when there is no file.
 type clientStore struct {
-	path    string
-	pathErr error
+	stateFile[*clientsDoc]
+	memory *clientsDoc // process-only clients (no state directory); set before serving
+}
 
-	mu     sync.Mutex // guards doc, id, err, memory
-	doc    *clientsDoc
-	id     fileIdentity
-	err    error
-	memory *clientsDoc // process-only clients (no state directory)
+// newClientStore opens the clients file at path; pathErr says why there is none.
+func newClientStore(path string, pathErr error) *clientStore {
+	return &clientStore{stateFile: stateFile[*clientsDoc]{role: "clients file", path: path, pathErr: pathErr, parse: parseClients, absentErr: true}}
 }
 
 // load returns the current clients, re-reading on change.
 func (c *clientStore) load() (*clientsDoc, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.memory != nil {
 		return c.memory, nil
 	}
-	if c.pathErr != nil {
-		return nil, c.pathErr
-	}
-	id, err := guardFile("clients file", c.path)
-	if err != nil {
-		return nil, err
-	}
-	if c.doc != nil && id == c.id {
-		return c.doc, c.err
-	}
-	doc, err := readClients(c.path)
-	c.doc, c.id, c.err = doc, id, err
-	return doc, err
-}
-
-// readClients reads and validates the clients file.
-func readClients(path string) (*clientsDoc, error) {
-	b, _, err := readGuarded("clients file", path)
-	if err != nil {
-		return nil, err
-	}
-	return parseClients(b)
+	return c.stateFile.load()
 }
 
 // authenticate finds the client presenting token, comparing its digest with
@@ -162,7 +138,7 @@ func (c *clientStore) authenticate(token string) (client, bool) {
 // updateClients changes the clients file under its lock (SPEC §2.3).
 func updateClients(path string, fn func(d *clientsDoc) error) error {
 	read := func() (*clientsDoc, error) {
-		doc, err := readClients(path)
+		doc, err := newClientStore(path, nil).fresh()
 		if errors.Is(err, errFileAbsent) {
 			return &clientsDoc{Clients: []client{}}, nil
 		}

@@ -466,21 +466,10 @@ func parseJournalLine(line []byte) (journalRecord, string) {
 		}
 		*f.dst = *s
 	}
-	fields := []journalField{
-		{"subscription_id", &r.SubscriptionID},
-		{"reason", &r.Reason},
-		{"provider", &r.Provider},
-		{"result", &r.Result},
-		{"attempted", &r.Attempted},
-		{"detail", &r.Detail},
-		{"agent_id", &r.AgentID},
-		{"task", &r.Task},
-		{"model", &r.Model},
-		{"status", &r.Status},
-		{"score", &r.Score},
-		{"alias", &r.Alias},
-		{"by", &r.By},
-	}
+	fields := []journalField{{"subscription_id", &r.SubscriptionID}, {"reason", &r.Reason},
+		{"provider", &r.Provider}, {"result", &r.Result}, {"attempted", &r.Attempted}, {"detail", &r.Detail},
+		{"agent_id", &r.AgentID}, {"task", &r.Task}, {"model", &r.Model}, {"status", &r.Status},
+		{"score", &r.Score}, {"alias", &r.Alias}, {"by", &r.By}}
 	if r.Kind == "route_change" {
 		fields = append(fields, journalField{"from", &r.From}, journalField{"to", &r.To})
 	}

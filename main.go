@@ -201,7 +201,7 @@ func openDeps(getenv func(string) string, sy sys) deps {
 	st := resolveState(getenv)
 	d := deps{st: st}
 	cpath, cerr := st.fileOrState(getenv, "BRAMA_CLIENTS_FILE", "clients file", "clients.json")
-	d.clients = &clientStore{path: cpath, pathErr: cerr}
+	d.clients = newClientStore(cpath, cerr)
 	vpath, verr := st.fileOrState(getenv, "BRAMA_VAULT_FILE", "vault", "vault.json")
 	d.vault = newVault(vpath, verr)
 	d.journal = newJournal(st, sy)

@@ -54,19 +54,9 @@ func resolveState(getenv func(string) string) state {
 	}
 	home := strings.TrimSpace(getenv("HOME"))
 	if home == "" {
-		// os.UserHomeDir reads $HOME on Unix; asking it gives the standard cause text.
-		_, err := homeDirFrom(getenv)
-		return state{cause: err}
+		return state{cause: errors.New("$HOME is not defined")} // os.UserHomeDir's words on Unix
 	}
 	return state{dir: filepath.Join(home, ".brama")}
-}
-
-// homeDirFrom mirrors os.UserHomeDir on Unix over an injected environment.
-func homeDirFrom(getenv func(string) string) (string, error) {
-	if h := getenv("HOME"); h != "" {
-		return h, nil
-	}
-	return "", errors.New("$HOME is not defined")
 }
 
 // path names file inside the state directory for consumer what, or refuses.
@@ -174,6 +164,73 @@ func openGuarded(role, name string) (*os.File, fileIdentity, error) {
 		return nil, id, err
 	}
 	return f, id, nil
+}
+
+// stateFile is one strict state file, read again only when its identity
+// changes (SPEC §2.3), so another process's replacement applies at the next
+// load. An absent file is parse(nil), or errFileAbsent when absentErr.
+type stateFile[T any] struct {
+	role, path string
+	pathErr    error // why there is no file (no state directory), else nil
+	parse      func([]byte) (T, error)
+	absentErr  bool
+
+	mu   sync.Mutex // guards read, doc, id
+	read bool       // doc and id hold the last good read
+	doc  T
+	id   fileIdentity
+}
+
+// load returns the current document, reading the file only when it changed.
+func (f *stateFile[T]) load() (T, error) {
+	var zero T
+	if f.pathErr != nil {
+		return zero, f.pathErr
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	id, err := guardFile(f.role, f.path)
+	switch {
+	case err == nil && f.read && id == f.id:
+		return f.doc, nil
+	case errors.Is(err, errFileAbsent) && !f.absentErr:
+		f.read = false
+		return f.parse(nil)
+	case err != nil:
+		f.read = false
+		return zero, err
+	}
+	f.read = false
+	b, id, err := readGuarded(f.role, f.path)
+	if err != nil {
+		return zero, err
+	}
+	doc, err := f.parse(b)
+	if err != nil {
+		return zero, err
+	}
+	f.read, f.doc, f.id = true, doc, id
+	return doc, nil
+}
+
+// fresh reads the file now, past the cache: the read of a read-modify-rename.
+func (f *stateFile[T]) fresh() (T, error) {
+	b, _, err := readGuarded(f.role, f.path)
+	if errors.Is(err, errFileAbsent) && !f.absentErr {
+		b, err = nil, nil
+	}
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	return f.parse(b)
+}
+
+// forget drops the cached document, so the next load reads the file.
+func (f *stateFile[T]) forget() {
+	f.mu.Lock()
+	f.read = false
+	f.mu.Unlock()
 }
 
 // testingOnlyRename replaces os.Rename inside writeFileAtomic (nil in
@@ -542,64 +599,18 @@ type oauthGrant struct {
 
 // vault reads and writes vault.json. It re-reads the file whenever its
 // identity changes, so a CLI's change applies to a running daemon.
-type vault struct {
-	path    string
-	pathErr error // set when there is no vault (SPEC §2.1)
+type vault struct{ stateFile[*vaultDoc] }
 
-	mu  sync.Mutex // guards doc, id, err
-	doc *vaultDoc
-	id  fileIdentity
-	err error
-}
-
-// newVault opens the vault at path; pathErr says why there is none.
+// newVault opens the vault at path; pathErr says why there is none (SPEC §2.1).
 func newVault(path string, pathErr error) *vault {
-	return &vault{path: path, pathErr: pathErr}
-}
-
-// load returns the current vault, re-reading only when the file changed.
-// An absent file is an empty vault.
-func (v *vault) load() (*vaultDoc, error) {
-	if v.pathErr != nil {
-		return nil, v.pathErr
-	}
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	id, err := guardFile("vault", v.path)
-	if errors.Is(err, errFileAbsent) {
-		v.doc, v.id, v.err = emptyVault(), fileIdentity{}, nil
-		return v.doc, nil
-	}
-	if err != nil {
-		v.doc, v.err = nil, err
-		return nil, err
-	}
-	if v.doc != nil && id == v.id {
-		return v.doc, v.err
-	}
-	doc, _, err := readVault(v.path)
-	v.doc, v.id, v.err = doc, id, err
-	return doc, err
-}
-
-// readVault reads and strictly parses the vault file.
-func readVault(path string) (*vaultDoc, fileIdentity, error) {
-	b, id, err := readGuarded("vault", path)
-	if errors.Is(err, errFileAbsent) {
-		return emptyVault(), id, nil
-	}
-	if err != nil {
-		return nil, id, err
-	}
-	doc, err := parseVault(b)
-	return doc, id, err
+	return &vault{stateFile[*vaultDoc]{role: "vault", path: path, pathErr: pathErr, parse: parseVault}}
 }
 
 // parseVault strictly parses vault bytes; an empty file is an empty vault.
 func parseVault(b []byte) (*vaultDoc, error) {
-	doc := emptyVault()
+	doc := &vaultDoc{SchemaVersion: 1}
 	if len(b) == 0 {
-		return doc, nil
+		return doc, doc.validate()
 	}
 	if err := decodeStrict("vault", b, doc); err != nil {
 		return nil, err
@@ -607,23 +618,12 @@ func parseVault(b []byte) (*vaultDoc, error) {
 	return doc, nil
 }
 
-// validate refuses another schema and makes every section non-nil.
+// validate refuses another schema and makes every section non-nil, so
+// writers can assign into it.
 func (d *vaultDoc) validate() error {
 	if d.SchemaVersion != 1 {
 		return fmt.Errorf("vault: schema_version %d is not 1", d.SchemaVersion)
 	}
-	d.fill()
-	return nil
-}
-
-func emptyVault() *vaultDoc {
-	d := &vaultDoc{SchemaVersion: 1}
-	d.fill()
-	return d
-}
-
-// fill makes every section non-nil so writers can assign into it.
-func (d *vaultDoc) fill() {
 	if d.Direct == nil {
 		d.Direct = map[string]vaultKey{}
 	}
@@ -633,6 +633,7 @@ func (d *vaultDoc) fill() {
 	if d.Subscriptions == nil {
 		d.Subscriptions = map[string]vaultCredential{}
 	}
+	return nil
 }
 
 // update changes the vault under its file lock: re-read, apply fn, replace
@@ -641,11 +642,7 @@ func (v *vault) update(fn func(d *vaultDoc) error) error {
 	if v.pathErr != nil {
 		return v.pathErr
 	}
-	read := func() (*vaultDoc, error) {
-		doc, _, err := readVault(v.path)
-		return doc, err
-	}
-	return editLocked(v.path, read, fn)
+	return editLocked(v.path, v.fresh, fn)
 }
 
 // directKey returns the vault's API key for provider, or "".

@@ -23,3 +23,9 @@ func (w testLogWriter) Write(p []byte) (int, error) {
 	w.t.Logf("%s", p)
 	return len(p), nil
 }
+
+// readVault reads the vault file at path as serve would, past any cache.
+func readVault(path string) (*vaultDoc, fileIdentity, error) {
+	doc, err := newVault(path, nil).fresh()
+	return doc, fileIdentity{}, err
+}

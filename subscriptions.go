@@ -178,8 +178,7 @@ func checkCredential(provider string, cred vaultCredential) error {
 // §2.3), writes it and the vault's subscriptions section under wmu.
 type inventory struct {
 	sys
-	path    string // the overlay file
-	pathErr error  // why there is no overlay (no state directory), else nil
+	overlay stateFile[*overlayDoc]
 	vault   *vault
 	j       *journal
 	l       *ledger
@@ -187,9 +186,7 @@ type inventory struct {
 
 	wmu sync.Mutex // serializes donate, retire, reinstate, replaceCredential and removeOrphans
 
-	mu    sync.Mutex // guards doc, id, cache, gen
-	doc   *overlayDoc
-	id    fileIdentity
+	mu    sync.Mutex         // guards cache, gen
 	cache map[string]listing // by agent id
 	gen   uint64             // bumped by every invalidation, so a listing computed across one is not kept
 }
@@ -204,7 +201,8 @@ type listing struct {
 // from BRAMA_SUBSCRIPTION_CACHE_TTL_SECS (SPEC §10.2). Nothing is read yet.
 func newInventory(st state, v *vault, j *journal, l *ledger, getenv func(string) string, sy sys) *inventory {
 	inv := &inventory{sys: sy, vault: v, j: j, l: l, cache: map[string]listing{}}
-	inv.path, inv.pathErr = st.path(overlayRole, overlayFile)
+	inv.overlay = stateFile[*overlayDoc]{role: overlayRole, parse: parseOverlay}
+	inv.overlay.path, inv.overlay.pathErr = st.path(overlayRole, overlayFile)
 	ttl, err := subscriptionCacheTTL(getenv("BRAMA_SUBSCRIPTION_CACHE_TTL_SECS"))
 	if err != nil {
 		sy.log.Warn("subscription_cache_ttl_invalid", "cause", err.Error(), "using_secs", 60)
@@ -227,37 +225,19 @@ func subscriptionCacheTTL(v string) (time.Duration, error) {
 	return time.Duration(n) * time.Second, nil
 }
 
-// items returns every overlay item (retired ones too), in overlay order,
-// re-reading the overlay only when the file changed; an absent file is an
-// empty overlay. The caller owns the slice. Errors are 503
-// dependency_unavailable naming the overlay and the rule.
+// items returns every overlay item (retired ones too), in overlay order;
+// the caller owns the slice. Errors are 503 dependency_unavailable naming
+// the overlay and the rule (or the missing state directory).
 func (inv *inventory) items() ([]overlayItem, error) {
-	if inv.pathErr != nil {
-		return nil, asAPIError(inv.pathErr)
-	}
-	inv.mu.Lock()
-	defer inv.mu.Unlock()
-	id, err := guardFile(overlayRole, inv.path)
+	doc, err := inv.overlay.load()
+	var ns *noStateError
 	switch {
-	case errors.Is(err, errFileAbsent):
-		inv.doc, inv.id = &overlayDoc{SchemaVersion: 1, Items: []overlayItem{}}, fileIdentity{}
-	case err == nil && inv.doc != nil && id == inv.id:
-	default:
-		var b []byte
-		if err == nil {
-			b, id, err = readGuarded(overlayRole, inv.path)
-		}
-		var doc *overlayDoc
-		if err == nil {
-			doc, err = parseOverlay(b)
-		}
-		if err != nil {
-			inv.doc = nil
-			return nil, refuse("dependency_unavailable", "%v", err).because(err) // err names the overlay and the rule
-		}
-		inv.doc, inv.id = doc, id
+	case errors.As(err, &ns):
+		return nil, asAPIError(err)
+	case err != nil:
+		return nil, refuse("dependency_unavailable", "%v", err).because(err)
 	}
-	return slices.Clone(inv.doc.Items), nil
+	return slices.Clone(doc.Items), nil
 }
 
 // retiredSet folds the journal (SPEC §9), classified for the client.
@@ -340,8 +320,8 @@ func (inv *inventory) donate(agent, provider, label string, cred vaultCredential
 	}
 	cred = filledCredential(provider, cred)
 	// Both files must be placeable before either is touched.
-	if inv.pathErr != nil {
-		return overlayItem{}, asAPIError(inv.pathErr)
+	if inv.overlay.pathErr != nil {
+		return overlayItem{}, asAPIError(inv.overlay.pathErr)
 	}
 	if err := inv.vaultUsable(); err != nil {
 		return overlayItem{}, err
@@ -406,7 +386,7 @@ func vaultRefusal(err error) *apiError {
 func (inv *inventory) writeOverlay(doc *overlayDoc) error {
 	b, err := marshalState(doc)
 	if err == nil {
-		err = writeFileAtomic(inv.path, b)
+		err = writeFileAtomic(inv.overlay.path, b)
 		inv.invalidate(err == nil)
 	}
 	return err
@@ -415,11 +395,11 @@ func (inv *inventory) writeOverlay(doc *overlayDoc) error {
 // invalidate drops every cached listing (SPEC §10.2: every local mutation
 // invalidates at once) and, when overlayChanged, the parsed overlay.
 func (inv *inventory) invalidate(overlayChanged bool) {
+	if overlayChanged {
+		inv.overlay.forget()
+	}
 	inv.mu.Lock()
 	defer inv.mu.Unlock()
-	if overlayChanged {
-		inv.doc = nil
-	}
 	clear(inv.cache)
 	inv.gen++
 }
@@ -577,7 +557,7 @@ func (inv *inventory) orphans() ([]string, error) {
 // /readyz to report them; issue 10 asks that they go). Nothing is removed
 // unless the overlay and the vault both read cleanly.
 func (inv *inventory) removeOrphans() ([]string, error) {
-	if inv.pathErr != nil || inv.vault.pathErr != nil {
+	if inv.overlay.pathErr != nil || inv.vault.pathErr != nil {
 		return nil, nil
 	}
 	inv.wmu.Lock()
@@ -606,7 +586,7 @@ func (inv *inventory) removeOrphans() ([]string, error) {
 func (inv *inventory) readiness() (reasons, warnings []string, payer bool) {
 	items, err := inv.items()
 	if err != nil {
-		if inv.pathErr == nil {
+		if inv.overlay.pathErr == nil {
 			reasons = append(reasons, asAPIError(err).Message) // names the overlay and the rule
 		}
 		return reasons, nil, false
