@@ -675,6 +675,19 @@ func jsonProblem(err error) string {
 
 // ---- end of `brama subscription …`
 
+// onboardCmd is `brama onboard [-model ROUTE] [-allow-provider-cost]`
+// (SPEC §14): exit 0 when the journey is complete or stopped on purpose
+// before the billable step, 1 on a refusal.
+func (e cliEnv) onboardCmd(args []string) error {
+	fs := e.newFlags("onboard")
+	model := fs.String("model", "", "the `route` of the one real call: a direct route, a deployment, or an alias to one")
+	allowCost := fs.Bool("allow-provider-cost", false, "make the one real (billable) model call")
+	if _, err := parseFlags(fs, args, 0, "onboard [-model ROUTE] [-allow-provider-cost]"); err != nil {
+		return err
+	}
+	return onboard(e.ctx, e.getenv, e.sys(), *model, *allowCost, func(line string) { fmt.Fprintln(e.stdout, line) })
+}
+
 // credentialsSet stores a direct API key read from stdin's first line; it
 // never takes the key as a flag (flags show up in ps).
 func (e cliEnv) credentialsSet(args []string) error {

@@ -1,10 +1,10 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"regexp"
 	"slices"
@@ -14,10 +14,11 @@ import (
 	"time"
 )
 
-// perfFlushEvery is SPEC §2.2's "at most every 30 s" for perf.json.
-const perfFlushEvery = 30 * time.Second
-
-const perfFile = "perf.json"
+// perf.json, rewritten at most every 30 s (SPEC §2.2).
+const (
+	perfFile       = "perf.json"
+	perfFlushEvery = 30 * time.Second
+)
 
 // perfEntry is one route's counters in the perf registry (SPEC §13).
 type perfEntry struct {
@@ -62,25 +63,26 @@ func newPerfRegistry(st state, sy sys) *perfRegistry {
 	if err != nil {
 		return p // perf_stats_unplaced is logged at the first record
 	}
-	b, _, err := readGuarded("perf telemetry", name)
-	if errors.Is(err, errFileAbsent) {
-		return p
-	}
-	var doc perfDocument
-	if err == nil {
-		err = json.Unmarshal(b, &doc)
-	}
-	if err == nil && doc.SchemaVersion != 1 {
-		err = fmt.Errorf("perf telemetry: schema_version %d, want 1", doc.SchemaVersion)
-	}
-	if err != nil {
+	f := stateFile[*perfDocument]{role: "perf telemetry", path: name, absentErr: true, parse: func(b []byte) (*perfDocument, error) {
+		doc := &perfDocument{}
+		return doc, decodeStrict("perf telemetry", b, doc)
+	}}
+	doc, err := f.fresh()
+	if err != nil && !errors.Is(err, errFileAbsent) {
 		sy.log.Warn("perf_stats_unreadable", "cause", err.Error())
-		return p
 	}
-	for route, e := range doc.Routes {
-		p.routes[route] = e
+	if err == nil {
+		maps.Copy(p.routes, doc.Routes)
 	}
 	return p
+}
+
+// validate refuses another schema.
+func (d *perfDocument) validate() error {
+	if d.SchemaVersion != 1 {
+		return fmt.Errorf("perf telemetry: schema_version %d, want 1", d.SchemaVersion)
+	}
+	return nil
 }
 
 // record adds one request for route. A route gets its entry when it first
@@ -136,11 +138,7 @@ func (p *perfRegistry) record(route string, ok bool, latency time.Duration, outp
 func (p *perfRegistry) takeLocked(now time.Time) (uint64, perfDocument) {
 	p.lastFlush = now
 	p.seq++
-	routes := make(map[string]perfEntry, len(p.routes))
-	for k, v := range p.routes {
-		routes[k] = v
-	}
-	return p.seq, perfDocument{SchemaVersion: 1, FlushedAt: now.UTC(), Routes: routes}
+	return p.seq, perfDocument{SchemaVersion: 1, FlushedAt: now.UTC(), Routes: maps.Clone(p.routes)}
 }
 
 // write puts doc in perf.json unless a newer snapshot is already there, so
@@ -173,11 +171,7 @@ func (p *perfRegistry) flush() error {
 func (p *perfRegistry) snapshot() map[string]perfEntry {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	out := make(map[string]perfEntry, len(p.routes))
-	for k, v := range p.routes {
-		out[k] = v
-	}
-	return out
+	return maps.Clone(p.routes)
 }
 
 // perfFamily is one per-route metric family of /metrics.

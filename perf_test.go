@@ -121,6 +121,7 @@ func TestPerfLoad(t *testing.T) {
 		{name: "good", body: `{"schema_version":1,"routes":{"r":{"count":7}}}`, mode: 0o600, wantCount: 7},
 		{name: "not JSON", body: `{"schema`, mode: 0o600, wantLog: true},
 		{name: "wrong schema", body: `{"schema_version":2,"routes":{"r":{"count":7}}}`, mode: 0o600, wantLog: true},
+		{name: "unknown member (decodeStrict)", body: `{"schema_version":1,"routes":{"r":{"count":7,"extra":1}}}`, mode: 0o600, wantLog: true},
 		{name: "group readable", body: `{"schema_version":1,"routes":{"r":{"count":7}}}`, mode: 0o640, wantLog: true},
 	}
 	for _, tt := range tests {
