@@ -18,9 +18,8 @@ import (
 	"unicode/utf8"
 )
 
-// sys is what the parts of Brama take from the process around them: the
-// logger and the clock. serve and each command build one; tests pass their
-// own test clock and logger. No constructor fills in a default.
+// sys is what Brama's parts take from the process: the logger and the
+// clock. serve and each command build one; no constructor has a default.
 type sys struct {
 	log *slog.Logger
 	now func() time.Time
@@ -76,8 +75,7 @@ func (s state) fileOrState(getenv func(string) string, env, what, file string) (
 	return s.path(what, file)
 }
 
-// errFileAbsent marks a state file that does not exist yet (callers treat it
-// as empty).
+// errFileAbsent marks a state file that does not exist yet.
 var errFileAbsent = errors.New("file does not exist")
 
 // fileIdentity is what tells a changed file from an unchanged one without
@@ -123,10 +121,7 @@ func checkFileInfo(role, name string, fi fs.FileInfo) (fileIdentity, error) {
 	return fileIdentity{dev: uint64(st.Dev), ino: st.Ino, size: fi.Size(), mtime: fi.ModTime()}, nil
 }
 
-// readGuarded reads name under the guards. The file is opened without
-// following a symlink and the guards are applied to the open file, so a
-// name swapped between the check and the read cannot slip through. An
-// absent file is errFileAbsent.
+// readGuarded reads name under the guards (an absent file is errFileAbsent).
 func readGuarded(role, name string) ([]byte, fileIdentity, error) {
 	f, id, err := openGuarded(role, name)
 	if err != nil {
@@ -140,8 +135,9 @@ func readGuarded(role, name string) ([]byte, fileIdentity, error) {
 	return b, id, nil
 }
 
-// openGuarded opens name for reading under the guards (readGuarded's first
-// half); the caller closes the file.
+// openGuarded opens name without following a symlink and applies the guards
+// to the open file, so a name swapped between check and read cannot slip
+// through; the caller closes the file.
 func openGuarded(role, name string) (*os.File, fileIdentity, error) {
 	f, err := os.OpenFile(name, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0) // O_NONBLOCK: a FIFO planted here must not hang the reader
 	switch {
@@ -183,47 +179,38 @@ type stateFile[T any] struct {
 
 // load returns the current document, reading the file only when it changed.
 func (f *stateFile[T]) load() (T, error) {
-	var zero T
 	if f.pathErr != nil {
+		var zero T
 		return zero, f.pathErr
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	id, err := guardFile(f.role, f.path)
-	switch {
-	case err == nil && f.read && id == f.id:
+	if id, err := guardFile(f.role, f.path); err == nil && f.read && id == f.id {
 		return f.doc, nil
-	case errors.Is(err, errFileAbsent) && !f.absentErr:
-		f.read = false
-		return f.parse(nil)
-	case err != nil:
-		f.read = false
-		return zero, err
 	}
-	f.read = false
-	b, id, err := readGuarded(f.role, f.path)
-	if err != nil {
-		return zero, err
-	}
-	doc, err := f.parse(b)
-	if err != nil {
-		return zero, err
-	}
-	f.read, f.doc, f.id = true, doc, id
-	return doc, nil
+	doc, id, err := f.readNow()
+	f.read, f.doc, f.id = err == nil && id != fileIdentity{}, doc, id // an absent file is not kept
+	return doc, err
 }
 
 // fresh reads the file now, past the cache: the read of a read-modify-rename.
 func (f *stateFile[T]) fresh() (T, error) {
-	b, _, err := readGuarded(f.role, f.path)
+	doc, _, err := f.readNow()
+	return doc, err
+}
+
+// readNow reads and parses the file under the guards.
+func (f *stateFile[T]) readNow() (T, fileIdentity, error) {
+	b, id, err := readGuarded(f.role, f.path)
 	if errors.Is(err, errFileAbsent) && !f.absentErr {
 		b, err = nil, nil
 	}
 	if err != nil {
 		var zero T
-		return zero, err
+		return zero, id, err
 	}
-	return f.parse(b)
+	doc, err := f.parse(b)
+	return doc, id, err
 }
 
 // forget drops the cached document, so the next load reads the file.
@@ -233,8 +220,7 @@ func (f *stateFile[T]) forget() {
 	f.mu.Unlock()
 }
 
-// testingOnlyRename replaces os.Rename inside writeFileAtomic (nil in
-// production) so tests can make the rename fail.
+// testingOnlyRename replaces os.Rename in writeFileAtomic (nil in production).
 var testingOnlyRename func(oldpath, newpath string) error
 
 // writeFileAtomic is the owner-only atomic replacement every whole-file
@@ -249,8 +235,7 @@ func writeFileAtomic(name string, data []byte) error {
 }
 
 // publishFile creates name with data only if no file has that name yet
-// (os.Link fails with fs.ErrExist when it is taken): the exclusive
-// publication of a signed answer's reservation (SPEC §12).
+// (os.Link fails with fs.ErrExist): a signed answer's reservation (SPEC §12).
 func publishFile(name string, data []byte) error {
 	return placeFile(name, data, os.Link)
 }
@@ -301,24 +286,34 @@ func syncDir(dir string) error {
 // withFileLock runs fn while holding an exclusive flock on name+".lock"
 // (SPEC §2.3). The lock file is created 0600 once and holds nothing.
 func withFileLock(name string, fn func() error) error {
-	if err := os.MkdirAll(filepath.Dir(name), 0o700); err != nil {
-		return err
-	}
-	lf, err := os.OpenFile(name+".lock", os.O_RDWR|os.O_CREATE, 0o600)
+	lf, err := flockFile(name+".lock", 0)
 	if err != nil {
-		return err
-	}
-	defer lf.Close()
-	if err := syscall.Flock(int(lf.Fd()), syscall.LOCK_EX); err != nil {
 		return fmt.Errorf("lock %s: %w", filepath.Base(name)+".lock", err)
 	}
-	defer syscall.Flock(int(lf.Fd()), syscall.LOCK_UN)
+	defer lf.Close() // closing the file releases the lock
 	return fn()
 }
 
-// snapshotFile writes numbered snapshots of one file in order: a snapshot
-// older than the one already on disk is dropped, so two flushes racing each
-// other never let old bytes replace new ones (the ledger, perf telemetry).
+// flockFile opens the lock file name (creating it and its directory, 0600
+// and 0700) and takes an exclusive flock on it; nb is 0 or LOCK_NB.
+func flockFile(name string, nb int) (*os.File, error) {
+	if err := os.MkdirAll(filepath.Dir(name), 0o700); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|nb); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// snapshotFile writes numbered snapshots of one file in order, dropping one
+// older than what is on disk, so racing flushes never put old bytes over
+// new (the ledger, perf telemetry).
 type snapshotFile struct {
 	mu      sync.Mutex // guards written; serializes the file's writes
 	written uint64     // seq of the newest snapshot on disk
@@ -359,39 +354,29 @@ func editLocked[T any](name string, read func() (T, error), change func(T) error
 	})
 }
 
-// lockServe takes the one-serve-per-state-directory lock (SPEC §2.3). The
-// returned file keeps the lock until closed.
+// lockServe takes the one-serve-per-state-directory lock (SPEC §2.3),
+// held until the returned file is closed.
 func lockServe(s state) (*os.File, error) {
 	if s.dir == "" {
 		return nil, nil
 	}
-	if err := os.MkdirAll(s.dir, 0o700); err != nil {
-		return nil, err
-	}
 	name := filepath.Join(s.dir, "serve.lock")
-	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		f.Close()
+	f, err := flockFile(name, syscall.LOCK_NB)
+	if errors.Is(err, syscall.EWOULDBLOCK) {
 		return nil, fmt.Errorf("another brama serve holds %s", name)
 	}
-	return f, nil
+	return f, err
 }
 
 // staleTempName matches the temporary names placeFile creates:
 // os.CreateTemp's "." + base + ".tmp" + random digits.
 var staleTempName = regexp.MustCompile(`^\..+\.tmp[0-9]+$`)
 
-// removeStaleTemps removes the temporary files of placeFile that a crash
-// left in the state directory dir and its answers/<client>/ directories,
-// and returns how many it removed. A crash between CreateTemp and rename
-// leaves one, possibly a whole copy of the vault, so old secrets would
-// otherwise outlive their rotation. The caller holds serve.lock, so no
-// other serve writes here; a temporary file beside a <file>.lock that a CLI
-// may hold is removed under that lock, so a CLI's write in progress is never
-// cut short.
+// removeStaleTemps removes (and counts) the temporary files of placeFile a
+// crash left in dir and its answers/<client>/ directories: one may be a
+// whole copy of the vault, whose old secrets would outlive their rotation.
+// The caller holds serve.lock; a temporary file beside a <file>.lock is
+// removed under that lock, so a CLI's write in progress is never cut short.
 func removeStaleTemps(dir string) (int, error) {
 	dirs := []string{dir}
 	answers := filepath.Join(dir, "answers")
@@ -597,8 +582,8 @@ type oauthGrant struct {
 	AccountID    string `json:"account_id,omitempty"`
 }
 
-// vault reads and writes vault.json. It re-reads the file whenever its
-// identity changes, so a CLI's change applies to a running daemon.
+// vault reads (re-reading on change, so a CLI's change applies to a
+// running daemon) and writes vault.json.
 type vault struct{ stateFile[*vaultDoc] }
 
 // newVault opens the vault at path; pathErr says why there is none (SPEC §2.1).
