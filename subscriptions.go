@@ -249,6 +249,16 @@ func (inv *inventory) retiredSet() (map[string]bool, error) {
 	return r, err
 }
 
+// view is every overlay item and the retired set, read together.
+func (inv *inventory) view() ([]overlayItem, map[string]bool, error) {
+	items, err := inv.items()
+	if err != nil {
+		return nil, nil, err
+	}
+	retired, err := inv.retiredSet()
+	return items, retired, err
+}
+
 // pool is the non-retired items of agent for provider, in overlay order:
 // the candidates of SPEC §7.2. Retirement comes from the journal on every
 // call, never from the listing cache (SPEC §2.3).
@@ -264,11 +274,7 @@ func (inv *inventory) agentItems(agent string) ([]overlayItem, error) {
 
 // live filters the overlay to non-retired items that keep says to keep.
 func (inv *inventory) live(keep func(overlayItem) bool) ([]overlayItem, error) {
-	items, err := inv.items()
-	if err != nil {
-		return nil, err
-	}
-	retired, err := inv.retiredSet()
+	items, retired, err := inv.view()
 	if err != nil {
 		return nil, err
 	}
@@ -509,11 +515,7 @@ func (inv *inventory) list(agent string) ([]subscriptionRow, error) {
 	if age := now.Sub(c.at); hit && age >= 0 && age < inv.ttl {
 		return slices.Clone(c.rows), nil
 	}
-	items, err := inv.items()
-	if err != nil {
-		return nil, err
-	}
-	retired, err := inv.retiredSet()
+	items, retired, err := inv.view()
 	if err != nil {
 		return nil, err
 	}
