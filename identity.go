@@ -148,12 +148,7 @@ func updateClients(path string, fn func(d *clientsDoc) error) error {
 		if err := fn(d); err != nil {
 			return err
 		}
-		b, err := marshalState(d) // the result must still be a valid clients file
-		if err != nil {
-			return err
-		}
-		_, err = parseClients(b)
-		return err
+		return d.validate() // the result must still be a valid clients file
 	})
 }
 
@@ -264,15 +259,6 @@ func (a *agentVerifier) confirm(r *http.Request, c agentClaim, body []byte) (str
 		return "", fmt.Errorf("%w: replayed signature", errAgentSignature)
 	}
 	return c.agent, nil
-}
-
-// verify is claim then confirm, for a body already read.
-func (a *agentVerifier) verify(r *http.Request, body []byte) (string, error) {
-	c, err := a.claim(r)
-	if err != nil {
-		return "", err
-	}
-	return a.confirm(r, c, body)
 }
 
 // signatureMemory remembers accepted signatures for replayMemory: a map for
