@@ -327,13 +327,14 @@ func (e cliEnv) subscriptionAdd(args []string) error {
 			return errors.New("no API key on stdin (the line after the bearer token, or the first line when BRAMA_TOKEN is set); use -oauth-file for a grant")
 		}
 	}
-	return e.subscriptionDonate(g, *agent, body)
+	return e.subscriptionDonate(g, *agent, "", body)
 }
 
-// subscriptionDonate posts body for agent and reports the new id: a sentence on stderr
-// and the id alone on stdout, for scripts.
-func (e cliEnv) subscriptionDonate(g *subGateway, agent string, body donation) error {
-	b, err := g.call("POST", subscriptionPath(agent), body)
+// subscriptionDonate posts body for agent (query "?via=sign-in" marks a
+// sign-in's donation) and reports the new id: a sentence on stderr and the
+// id alone on stdout, for scripts.
+func (e cliEnv) subscriptionDonate(g *subGateway, agent, query string, body donation) error {
+	b, err := g.call("POST", subscriptionPath(agent)+query, body)
 	if err != nil {
 		return err
 	}
@@ -343,7 +344,11 @@ func (e cliEnv) subscriptionDonate(g *subGateway, agent string, body donation) e
 	if err := json.Unmarshal(b, &ans); err != nil || ans.Subscription.ID == "" {
 		return fmt.Errorf("the gateway's answer names no subscription: %s", truncateUTF8(string(b), 200))
 	}
-	fmt.Fprintf(e.stderr, "brama: donated %s subscription %s to agent %s\n", ans.Subscription.Provider, ans.Subscription.ID, agent)
+	how := "donated"
+	if query != "" {
+		how = "signed in; donated"
+	}
+	fmt.Fprintf(e.stderr, "brama: %s %s subscription %s to agent %s\n", how, ans.Subscription.Provider, ans.Subscription.ID, agent)
 	fmt.Fprintln(e.stdout, ans.Subscription.ID)
 	return nil
 }
@@ -502,7 +507,7 @@ func (e cliEnv) subscriptionImport(args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := e.subscriptionDonate(g, *agent, donation{Provider: *provider, Label: *label, OAuth: &grant}); err != nil {
+	if err := e.subscriptionDonate(g, *agent, "", donation{Provider: *provider, Label: *label, OAuth: &grant}); err != nil {
 		return err
 	}
 	fmt.Fprintf(e.stderr, "brama: "+importHandover, tool, tool, tool)
@@ -709,8 +714,8 @@ func (e cliEnv) subscriptionSignIn(args []string) error {
 	if _, err := parseFlags(fs, args, 0, usage); err != nil {
 		return err
 	}
-	if err := errors.Join(requireFlag("provider", *provider, usage), requireFlag("agent", *agent, usage)); err != nil {
-		return &usageError{err.Error()}
+	if err := requireFlags(usage, "provider", *provider, "agent", *agent); err != nil {
+		return err
 	}
 	if *id != "" && *label != "" {
 		return &usageError{"-label names a new subscription; with -id the subscription keeps its label; usage: brama " + usage}
@@ -753,19 +758,7 @@ func (e cliEnv) subscriptionSignIn(args []string) error {
 		fmt.Fprintln(e.stdout, *id)
 		return nil
 	}
-	b, err := g.call("POST", subscriptionPath(*agent)+"?via="+signInVia, donation{Provider: *provider, Label: *label, OAuth: &grant})
-	if err != nil {
-		return err
-	}
-	var ans struct {
-		Subscription donatedSubscription `json:"subscription"`
-	}
-	if err := json.Unmarshal(b, &ans); err != nil || ans.Subscription.ID == "" {
-		return fmt.Errorf("the gateway's answer names no subscription: %s", truncateUTF8(string(b), 200))
-	}
-	fmt.Fprintf(e.stderr, "brama: signed in; donated %s subscription %s to agent %s\n", *provider, ans.Subscription.ID, *agent)
-	fmt.Fprintln(e.stdout, ans.Subscription.ID)
-	return nil
+	return e.subscriptionDonate(g, *agent, "?via="+signInVia, donation{Provider: *provider, Label: *label, OAuth: &grant})
 }
 
 // checkSignInTarget lists agent's subscriptions: it proves the gateway is
