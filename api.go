@@ -1,26 +1,12 @@
 package main
 
-import (
-	"bufio"
-	"bytes"
-	"context"
-	"encoding/json"
-	"errors"
-	"flag"
-	"fmt"
-	"io"
-	"net/http"
-	"net/url"
-	"strings"
-)
+import "net/http"
 
-// api.go is both sides of the admin API that server.go has no room for
-// (it stays under 650 lines): the handlers of the subscription inventory
-// (SPEC §10.1), which routes() lists and which each decode, call one
-// inventory method and encode; and subGateway, the client every CLI that
-// calls the daemon uses (SPEC §2.3, §16.1). The agent routes serve the
-// agent the request acts for (a valid signature or a bearer bound to it);
-// the admin twins serve any agent.
+// api.go holds the HTTP handlers server.go has no room for (it stays under
+// 650 lines): the subscription inventory's (SPEC §10.1), which routes()
+// lists and which each decode, call one inventory method and encode. The
+// agent routes serve the agent the request acts for (a valid signature or
+// a bearer bound to it); the admin twins serve any agent.
 
 // donation is the strict body (and the CLI's request) of POST …/subscriptions/{agent_id}.
 type donation struct {
@@ -144,96 +130,4 @@ func (s *server) handleSubscriptionReinstate(w http.ResponseWriter, r *http.Requ
 	}
 	s.maint.changed()
 	writeJSON(w, http.StatusOK, map[string]bool{"ok": true})
-}
-
-// subGateway is one command's connection to the daemon's admin API.
-type subGateway struct {
-	ctx   context.Context // the CLI's: ends on SIGINT/SIGTERM
-	base  string          // e.g. http://127.0.0.1:8080, no trailing slash
-	token string
-	hc    *http.Client
-}
-
-// gatewayFlag declares -gateway on fs.
-func gatewayFlag(fs *flag.FlagSet) *string {
-	return fs.String("gateway", "http://127.0.0.1:8080", "the brama serve `URL` to call")
-}
-
-// subscriptionGateway checks the gateway URL and takes the bearer from
-// BRAMA_TOKEN, else the first line of in; in is left at the next line.
-func (e cliEnv) subscriptionGateway(raw string, in *bufio.Reader) (*subGateway, error) {
-	u, err := url.Parse(strings.TrimSpace(raw))
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" {
-		return nil, &usageError{fmt.Sprintf("-gateway %q is not an http:// or https:// URL", raw)}
-	}
-	tok := strings.TrimSpace(e.getenv("BRAMA_TOKEN"))
-	if tok == "" {
-		line, _ := in.ReadString('\n')
-		tok = strings.TrimSpace(line)
-	}
-	if tok == "" {
-		return nil, errors.New("no bearer token: set BRAMA_TOKEN or give the token as stdin's first line")
-	}
-	// No time limit of Brama's own (a maintenance pass may wait on token
-	// endpoints); SIGINT or SIGTERM cancels the call through e.ctx.
-	return &subGateway{ctx: e.ctx, base: strings.TrimRight(u.String(), "/"), token: tok, hc: &http.Client{}}, nil
-}
-
-// gatewayError is a refusal from the daemon: its envelope's code and message.
-type gatewayError struct {
-	Status  int
-	Code    string
-	Message string
-}
-
-func (e *gatewayError) Error() string {
-	return fmt.Sprintf("the gateway refused (%d %s): %s", e.Status, e.Code, e.Message)
-}
-
-// call sends one admin request with body (nil for none) and returns the raw
-// success body; a non-2xx answer is a *gatewayError.
-func (g *subGateway) call(method, path string, body any) ([]byte, error) {
-	var rd io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			return nil, err
-		}
-		rd = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(g.ctx, method, g.base+path, rd)
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Authorization", "Bearer "+g.token)
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := g.hc.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("cannot reach the gateway at %s: %w", g.base, errors.Unwrap(err))
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, fmt.Errorf("reading the gateway's answer: %w", err)
-	}
-	if resp.StatusCode/100 == 2 {
-		return b, nil
-	}
-	var env envelope
-	if json.Unmarshal(b, &env) != nil || env.Error.Code == "" {
-		return nil, &gatewayError{Status: resp.StatusCode, Code: "unknown", Message: "the answer is not a Brama error envelope"}
-	}
-	return nil, &gatewayError{Status: resp.StatusCode, Code: env.Error.Code, Message: env.Error.Message}
-}
-
-// subscriptionPath is the admin path for agent, and for a subscription id
-// when given, each segment escaped.
-func subscriptionPath(agent string, rest ...string) string {
-	p := "/v1/admin/subscriptions/" + url.PathEscape(agent)
-	for _, r := range rest {
-		p += "/" + url.PathEscape(r)
-	}
-	return p
 }
