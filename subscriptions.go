@@ -18,10 +18,10 @@ import (
 // says which subscriptions exist and who owns them, the vault holds their
 // credentials under the same ids, and the journal alone says which are
 // retired. Only the serving process writes the overlay and the vault's
-// subscriptions section (SPEC §2.3). api.go is its HTTP face, cli.go its CLI.
+// subscriptions section (SPEC §2.3). api.go holds its handlers,
+// cli_gateway.go its commands.
 
-// overlayItem is one donated subscription: metadata only, never a secret and
-// never a status (retirement lives in the journal).
+// overlayItem is one donated subscription: metadata only, no secret, no status.
 type overlayItem struct {
 	ID        string `json:"id"`
 	Provider  string `json:"provider"`
@@ -48,8 +48,7 @@ const (
 // errOverlayInvalid wraps every refusal of parseOverlay: a bad file, not an I/O failure.
 var errOverlayInvalid = errors.New("donated-subscription overlay is invalid")
 
-// parseOverlay strictly parses the overlay (decodeStrict, then validate).
-// An empty file is an empty overlay.
+// parseOverlay strictly parses the overlay; an empty file is an empty overlay.
 func parseOverlay(b []byte) (*overlayDoc, error) {
 	doc := &overlayDoc{SchemaVersion: 1, Items: []overlayItem{}}
 	if len(b) == 0 {
@@ -61,8 +60,7 @@ func parseOverlay(b []byte) (*overlayDoc, error) {
 	return doc, nil
 }
 
-// validate refuses any overlay a writer would never have produced: another
-// schema, a bad item (id, provider, agent id, label or time) or a repeated id.
+// validate refuses what no writer produces: another schema, a bad item or a repeated id.
 func (doc *overlayDoc) validate() error {
 	if doc.SchemaVersion != 1 {
 		return fmt.Errorf("schema_version %d is not 1", doc.SchemaVersion)
@@ -147,9 +145,8 @@ func checkReason(reason string) error {
 }
 
 // checkCredential applies SPEC §6.1 and §10.1 to a donated or replacing
-// credential: a known provider other than local-openai, exactly one of an
-// API key or an OAuth grant, and a grant only for claude-code, codex and
-// kimi. Its refusals never quote the secret.
+// credential: a provider that takes one, exactly one of an API key or a
+// grant, a grant only for claude-code, codex and kimi; never quoting it.
 func checkCredential(provider string, cred vaultCredential) error {
 	p, ok := lookupProvider(provider)
 	switch {
@@ -198,7 +195,7 @@ type listing struct {
 }
 
 // newInventory places the overlay in st and reads the listing cache's TTL
-// from BRAMA_SUBSCRIPTION_CACHE_TTL_SECS (SPEC §10.2). Nothing is read yet.
+// (SPEC §10.2). Nothing is read yet.
 func newInventory(st state, v *vault, j *journal, l *ledger, getenv func(string) string, sy sys) *inventory {
 	inv := &inventory{sys: sy, vault: v, j: j, l: l, cache: map[string]listing{}}
 	inv.overlay = stateFile[*overlayDoc]{role: overlayRole, parse: parseOverlay}
@@ -259,15 +256,13 @@ func (inv *inventory) view() ([]overlayItem, map[string]bool, error) {
 	return items, retired, err
 }
 
-// pool is the non-retired items of agent for provider, in overlay order:
-// the candidates of SPEC §7.2. Retirement comes from the journal on every
-// call, never from the listing cache (SPEC §2.3).
+// pool is agent's non-retired items of provider in overlay order (SPEC
+// §7.2), retirement read from the journal, never the listing cache (§2.3).
 func (inv *inventory) pool(agent, provider string) ([]overlayItem, error) {
 	return inv.live(func(it overlayItem) bool { return it.AgentID == agent && it.Provider == provider })
 }
 
-// agentItems is the non-retired items of agent, all providers, in overlay
-// order (selectors and best, SPEC §7.3).
+// agentItems is agent's non-retired items, all providers (SPEC §7.3).
 func (inv *inventory) agentItems(agent string) ([]overlayItem, error) {
 	return inv.live(func(it overlayItem) bool { return it.AgentID == agent })
 }
@@ -281,8 +276,8 @@ func (inv *inventory) live(keep func(overlayItem) bool) ([]overlayItem, error) {
 	return slices.DeleteFunc(items, func(it overlayItem) bool { return retired[it.ID] || !keep(it) }), nil
 }
 
-// get finds id among agent's items, retired or not. Another agent's id is
-// reported as absent: an agent learns nothing about others' subscriptions.
+// get finds id among agent's items, retired or not; another agent's id is
+// absent, so an agent learns nothing of others' subscriptions.
 func (inv *inventory) get(agent, id string) (overlayItem, bool, error) {
 	items, err := inv.items()
 	if err != nil {
@@ -310,10 +305,9 @@ func (inv *inventory) owned(agent, id string) (overlayItem, error) {
 	return it, err
 }
 
-// donate stores a new subscription of provider for agent (SPEC §10.1). The
-// vault is written first and the overlay second, so a failure in between
-// leaves no overlay entry; the vault entry is then taken back (or, when
-// that fails too, removed by removeOrphans at the next start).
+// donate stores a new subscription of provider for agent (SPEC §10.1):
+// vault first, overlay second, so a failure between leaves no overlay entry
+// (and the vault entry is taken back, or removed by removeOrphans at start).
 func (inv *inventory) donate(agent, provider, label string, cred vaultCredential) (overlayItem, error) {
 	if !idPattern.MatchString(agent) {
 		return overlayItem{}, refuse("invalid_request", "agent id %q must match [a-z0-9-]{1,64}", agent)
@@ -329,8 +323,8 @@ func (inv *inventory) donate(agent, provider, label string, cred vaultCredential
 	if inv.overlay.pathErr != nil {
 		return overlayItem{}, asAPIError(inv.overlay.pathErr)
 	}
-	if err := inv.vaultUsable(); err != nil {
-		return overlayItem{}, err
+	if _, err := inv.vault.load(); err != nil {
+		return overlayItem{}, vaultRefusal(err) // a vault write could not succeed
 	}
 	inv.wmu.Lock()
 	defer inv.wmu.Unlock()
@@ -370,14 +364,6 @@ func (inv *inventory) donate(agent, provider, label string, cred vaultCredential
 	return it, nil
 }
 
-// vaultUsable refuses before a vault write that could not succeed.
-func (inv *inventory) vaultUsable() error {
-	if _, err := inv.vault.load(); err != nil {
-		return vaultRefusal(err)
-	}
-	return nil
-}
-
 // vaultRefusal classifies a vault load failure before a vault write: 503
 // dependency_unavailable naming the cause (no state directory, guards, parse).
 func vaultRefusal(err error) *apiError {
@@ -387,8 +373,7 @@ func vaultRefusal(err error) *apiError {
 	return refuse("dependency_unavailable", "the vault is unreadable: %v", err).because(err)
 }
 
-// writeOverlay replaces the overlay with doc and forgets the cached copy and
-// every listing. Callers hold wmu.
+// writeOverlay replaces the overlay with doc and invalidates. Callers hold wmu.
 func (inv *inventory) writeOverlay(doc *overlayDoc) error {
 	b, err := marshalState(doc)
 	if err == nil {
@@ -420,8 +405,8 @@ func (inv *inventory) reinstate(agent, id, reason string) error {
 }
 
 // journalStatus appends kind ("retire" or "reinstate") for id unless the
-// journal's fold already says so (then it is done, without a second line).
-// It asks the journal first, so nothing is claimed that cannot be recorded.
+// fold already says so; it asks the journal first, so nothing is claimed
+// that cannot be recorded.
 func (inv *inventory) journalStatus(kind, agent, id, reason string) error {
 	if err := checkReason(reason); err != nil {
 		return err
@@ -446,11 +431,11 @@ func (inv *inventory) journalStatus(kind, agent, id, reason string) error {
 }
 
 // replaceCredential swaps the vault credential of agent's subscription id
-// (PUT …/credential, sign-in) and marks the ledger credential active with the
-// grant's expiry. The caller journals subscription_sign_in.
+// (PUT …/credential, sign-in) and marks the ledger credential active; the
+// caller journals subscription_sign_in.
 func (inv *inventory) replaceCredential(agent, id string, cred vaultCredential) error {
-	if err := inv.vaultUsable(); err != nil {
-		return err
+	if _, err := inv.vault.load(); err != nil {
+		return vaultRefusal(err)
 	}
 	inv.wmu.Lock()
 	defer inv.wmu.Unlock()
@@ -504,8 +489,7 @@ func (inv *inventory) credential(id string) (vaultCredential, error) {
 }
 
 // list is agent's rows (SPEC §10.4), retired ones included, in overlay
-// order. Rows are cached per agent for the TTL on the injected clock;
-// eligibility never reads this cache (it calls pool).
+// order, cached per agent for the TTL (eligibility calls pool instead).
 func (inv *inventory) list(agent string) ([]subscriptionRow, error) {
 	now := inv.now()
 	inv.mu.Lock()
@@ -522,7 +506,7 @@ func (inv *inventory) list(agent string) ([]subscriptionRow, error) {
 	rows := []subscriptionRow{}
 	for _, it := range items {
 		if it.AgentID == agent {
-			rows = append(rows, inv.l.row(it, retired[it.ID], now))
+			rows = append(rows, inv.row(it, retired[it.ID], now))
 		}
 	}
 	inv.mu.Lock()
@@ -533,8 +517,56 @@ func (inv *inventory) list(agent string) ([]subscriptionRow, error) {
 	return slices.Clone(rows), nil
 }
 
-// orphans lists vault subscription ids with no overlay item, sorted: left
-// by a donation that failed between its two writes (SPEC §10.1).
+// subscriptionRow is one subscription in a listing (SPEC §10.4).
+type subscriptionRow struct {
+	ID         string            `json:"id"`
+	Provider   string            `json:"provider"`
+	Label      string            `json:"label"`
+	Status     string            `json:"status"` // "active" or "retired"
+	Windows    []planWindow      `json:"windows"`
+	Block      *ledgerBlock      `json:"block"`
+	Credential *ledgerCredential `json:"credential"`
+	Measured   ledgerMeasured    `json:"measured"`
+	UsageRead  *ledgerCheck      `json:"usage_read"`
+	Probe      *ledgerCheck      `json:"probe"`
+	Stale      bool              `json:"stale"`
+}
+
+// row builds item's row from its ledger record: block null unless in force,
+// usage_read and probe null until they happened, a retired row's credential
+// disabled; stale when a window's reading predates its reset or the last
+// usage read failed.
+func (inv *inventory) row(item overlayItem, retired bool, now time.Time) subscriptionRow {
+	e, _ := inv.l.entry(item.ID)
+	ms := now.UnixMilli()
+	r := subscriptionRow{ID: item.ID, Provider: item.Provider, Label: item.Label, Status: "active",
+		Windows: e.Windows, Measured: e.Measured, Credential: &e.Credential}
+	if r.Windows == nil {
+		r.Windows = []planWindow{}
+	}
+	if retired {
+		r.Status = "retired"
+		r.Credential.State = credDisabled
+	}
+	if e.Block.UntilMs > ms {
+		r.Block = &e.Block
+	}
+	if e.UsageRead.AtMs != 0 {
+		r.UsageRead = &e.UsageRead
+		r.Stale = !e.UsageRead.OK
+	}
+	if e.Probe.AtMs != 0 {
+		r.Probe = &e.Probe
+	}
+	for _, w := range e.Windows {
+		if w.ResetsAtMs != 0 && w.ResetsAtMs <= ms {
+			r.Stale = true
+		}
+	}
+	return r
+}
+
+// orphans lists, sorted, the vault's subscription ids no overlay item names.
 func (inv *inventory) orphans() ([]string, error) {
 	items, err := inv.items()
 	if err != nil {
@@ -554,10 +586,9 @@ func (inv *inventory) orphans() ([]string, error) {
 	return out, nil
 }
 
-// removeOrphans deletes the orphans from the vault. serve calls it at start,
-// so the vault holds no secret without a subscription (SPEC §10.1 only asks
-// /readyz to report them; issue 10 asks that they go). Nothing is removed
-// unless the overlay and the vault both read cleanly.
+// removeOrphans deletes the orphans from the vault at serve's start, so no
+// secret outlives its subscription (issue 10); nothing is removed unless
+// the overlay and the vault both read cleanly.
 func (inv *inventory) removeOrphans() ([]string, error) {
 	if inv.overlay.pathErr != nil || inv.vault.pathErr != nil {
 		return nil, nil
@@ -581,10 +612,8 @@ func (inv *inventory) removeOrphans() ([]string, error) {
 }
 
 // readiness is the inventory's part of /readyz (SPEC §13): an unreadable
-// overlay is a reason; orphan vault entries and credentials needing
-// reauthorization are warnings; payer says a non-retired subscription has an
-// active credential. Without a state directory it says nothing (the
-// server already warns about that).
+// overlay is a reason; orphans and credentials needing reauthorization are
+// warnings; payer says a non-retired subscription's credential is active.
 func (inv *inventory) readiness() (reasons, warnings []string, payer bool) {
 	items, err := inv.items()
 	if err != nil {
