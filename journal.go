@@ -431,7 +431,10 @@ func readJournalLines(data []byte) (recs []journalRecord, bad []journalBadLine, 
 // and "at" and every known field has its type. Keys match exactly (not
 // encoding/json's case-insensitive match), and from/to are read only on
 // route_change, where alone they mean something, so a record re-encodes to
-// what was read.
+// what was read. It is the one lenient reader of a state file, not
+// decodeStrict, on purpose: SPEC §9 has readers skip unknown kinds and
+// fields, and keep reading past a bad line, named by a reason that never
+// quotes it.
 func parseJournalLine(line []byte) (journalRecord, string) {
 	var r journalRecord
 	lead := bytes.TrimLeft(line, " \t\r") // JSON's whitespace, not Unicode's
