@@ -153,6 +153,8 @@ func requireFlags(usage string, nameValues ...string) error {
 	return nil
 }
 
+// subscriptionAdd is `brama subscription add`: an API key from stdin (after
+// the bearer) or an OAuth grant from -oauth-file, donated to -agent.
 func (e cliEnv) subscriptionAdd(args []string) error {
 	const usage = "subscription add -provider P -agent A [-label L] [-oauth-file F] [-gateway URL]  (bearer unless BRAMA_TOKEN, then the API key, on stdin)"
 	fs := e.newFlags("subscription add")
@@ -214,6 +216,8 @@ func (e cliEnv) subscriptionDonate(g *subGateway, agent, query string, body dona
 	return nil
 }
 
+// subscriptionList is `brama subscription list`: aligned rows, or the
+// listing's JSON body with -json.
 func (e cliEnv) subscriptionList(args []string) error {
 	const usage = "subscription list -agent A [-json] [-gateway URL]"
 	fs := e.newFlags("subscription list")
@@ -338,6 +342,8 @@ const importHandover = "%s and Brama now share one grant: after Brama's first re
 // importTool names the tool whose credential file import reads.
 var importTool = map[string]string{"claude-code": "Claude Code", "codex": "the Codex CLI"}
 
+// subscriptionImport is `brama subscription import`: the grant another tool
+// keeps, donated to -agent, and the handover sentence.
 func (e cliEnv) subscriptionImport(args []string) error {
 	const usage = "subscription import -provider claude-code|codex -from FILE -agent A [-label L] [-gateway URL]"
 	fs := e.newFlags("subscription import")
