@@ -202,12 +202,7 @@ var promMetricName = regexp.MustCompile(`^[a-zA-Z_:][a-zA-Z0-9_:]*$`)
 // already uses, is skipped.
 func writeMetrics(w io.Writer, perf map[string]perfEntry, extra map[string]float64) {
 	var b strings.Builder
-	routes := make([]string, 0, len(perf))
-	for r := range perf {
-		routes = append(routes, r)
-	}
-	slices.Sort(routes)
-	if len(routes) > 0 {
+	if routes := slices.Sorted(maps.Keys(perf)); len(routes) > 0 {
 		for _, f := range perfFamilies {
 			fmt.Fprintf(&b, "# HELP %s %s\n# TYPE %s %s\n", f.name, f.help, f.name, f.typ)
 			for _, r := range routes {
