@@ -34,6 +34,14 @@ client_failed() {
 	esac
 }
 
+# client_says CLIENT: the client's last words, on one line.
+client_says() {
+	case $1 in
+	openai | anthropic | ai) sdk_field '.error.message // .result' | head -c 300 ;;
+	*) echo "$(brief "$WORK/$1.out" | tail -c 150) $(brief "$WORK/$1.err" | tail -c 250)" ;;
+	esac
+}
+
 # refuse CLIENT MODE: count the provider calls one request makes.
 refuse() {
 	local client=$1 mode=$2 m n start secs
@@ -46,7 +54,7 @@ refuse() {
 	local note="$n provider calls in ${secs}s"
 	[ "$RC" = 124 ] && note="$note (still retrying; stopped)"
 	if [ "$n" = 0 ]; then
-		echo "the request never reached the provider"
+		echo "the request never reached the provider: $(client_says "$client")"
 		return 1
 	fi
 	client_failed "$client" || { echo "the client reported success after a provider $mode"; return 1; }
@@ -72,6 +80,7 @@ retries_off() {
 	script "$(jq -nc --arg m "$m" '{fail:"500", match:$m}')"
 	one_request "$client" "$m" "$@"
 	n=$(count_marked "$m")
+	[ "$n" != 0 ] || { echo "the request never reached the provider: $(client_says "$client")"; return 1; }
 	client_failed "$client" || { echo "the client reported success after a provider 500"; return 1; }
 	[ "$n" = 1 ] || { echo "$n provider calls with $*, want 1"; return 1; }
 	echo "1 provider call with $*"

@@ -115,6 +115,7 @@ const cases = {
           { role: "system", content: "A system message in mid-conversation." },
         ],
         thinking: { type: "enabled", budget_tokens: 1024 },
+        output_config: { format: { type: "json_schema", schema } },
         metadata: { user_id: "clients-check" },
         future_member: { keep: ["me", 1] },
         ...(stream ? { stream: true } : {}),

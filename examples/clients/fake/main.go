@@ -126,7 +126,7 @@ func (f *fake) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	case "/_calls":
 		f.mu.Lock()
-		b, _ := json.Marshal(f.calls)
+		b, _ := json.Marshal(append([]call{}, f.calls...)) // [] when none
 		f.mu.Unlock()
 		w.Header().Set("Content-Type", "application/json")
 		w.Write(b)
