@@ -204,17 +204,24 @@ CODEX_JS='const r = await tools.exec_command({cmd: "cat note.txt"});
 text(typeof r === "string" ? r : JSON.stringify(r));'
 codex_tool_turn() {
 	set_alias "$CODEX_MODEL" "$1" || return 1
+	local tool=exec args=$CODEX_JS
 	if [ "$2" = anthropic ]; then
-		script "$(jq -nc --arg js "$CODEX_JS" '{tool:"functions__exec", args:({input:$js}|tojson)}')"
-	else
-		script "$(jq -nc --arg js "$CODEX_JS" '{tool:"exec", args:$js}')"
+		tool=functions__exec args=$(jq -nc --arg js "$CODEX_JS" '{input:$js}')
 	fi
+	script "$(jq -nc --arg t "$tool" --arg a "$args" '{tool:$t, args:$a}')"
 	codex -- "Run cat note.txt and tell me the secret word." || { cli_failed codex $?; return 1; }
-	grep -q "exec_command\|cat note.txt" "$WORK/codex.err" "$WORK/codex.out" || { echo "no exec_command ran: $(brief "$WORK/codex.err")"; return 1; }
-	grep -q "$SECRET" "$WORK/codex.out" || { echo "no tool result in the answer: $(brief "$WORK/codex.out") $(brief "$WORK/codex.err")"; return 1; }
 	local roles
 	roles=$(calls | jq -r '[.[] | .role + ":" + .answer] | join(",")')
-	[[ $roles == *"$2:tool"*"$2:text"* ]] || { echo "the fake saw $roles, want a $2 tool call then a $2 text"; return 1; }
+	[[ $roles == *"$2:tool"*"$2:text"* ]] ||
+		{ echo "the fake saw $roles, want a $2 call to $tool then a $2 text; it was offered: $(offered_tools)"; return 1; }
+	grep -q "exec_command\|cat note.txt" "$WORK/codex.err" "$WORK/codex.out" || { echo "no exec_command ran: $(brief "$WORK/codex.err")"; return 1; }
+	grep -q "$SECRET" "$WORK/codex.out" || { echo "no tool result in the answer: $(brief "$WORK/codex.out") $(brief "$WORK/codex.err")"; return 1; }
+}
+# offered_tools: the tool names the fake's first call offered (nested
+# groups as group/name), to say why no tool was called.
+offered_tools() {
+	calls | jq -r '.[0].body | fromjson | [(.tools // []), ([(.input // [])[] | objects | select(.type == "additional_tools") | .tools[]])] | flatten |
+		map(if .type == "namespace" then .name + "/{" + ([.tools[].name] | join(",")) + "}" else (.name // .function.name // .type) end) | join(" ")' 2>/dev/null | head -c 300
 }
 check_codex_responses() { codex_tool_turn "openai-responses/$CODEX_MODEL" openai; }
 check_codex_subscription() { codex_tool_turn "codex/$CODEX_MODEL" codex; }

@@ -42,16 +42,19 @@ client_says() {
 	esac
 }
 
+# served: how many caller requests Brama has logged so far.
+served() { grep -c '"msg":"request".*"path":"/v1/\(messages\|chat/completions\|responses\)"' "$WORK/brama.err"; }
+
 # refuse CLIENT MODE: count the provider calls one request makes.
 refuse() {
-	local client=$1 mode=$2 m n start secs
+	local client=$1 mode=$2 m n start secs before
 	m=$(marker "$client-$mode")
 	script "$(jq -nc --arg f "$mode" --arg m "$m" '{fail:$f, match:$m}')"
-	start=$(date +%s)
+	start=$(date +%s) before=$(served)
 	one_request "$client" "$m"
 	secs=$(($(date +%s) - start))
 	n=$(count_marked "$m")
-	local note="$n provider calls in ${secs}s"
+	local note="$n provider calls, $(($(served) - before)) requests to Brama, ${secs}s"
 	[ "$RC" = 124 ] && note="$note (still retrying; stopped)"
 	if [ "$n" = 0 ]; then
 		echo "the request never reached the provider: $(client_says "$client")"
