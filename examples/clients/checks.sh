@@ -183,6 +183,12 @@ claude_tool_turn() {
 	local roles
 	roles=$(calls | jq -r '[.[] | .role + ":" + .answer] | join(",")')
 	[[ $roles == *"$2:tool"*"$2:text"* ]] || { echo "the fake saw $roles, want a $2 tool call then a $2 text"; return 1; }
+	[ "$2" = openai ] && return 0
+	# Passthrough: Claude Code's own members and betas reach the provider.
+	local first
+	first=$(calls | jq -c '.[0] | {beta: .headers["anthropic-beta"], body: (.body | fromjson | {m1: .messages[1].role, thinking, output_config, context_management})}')
+	jq -e '(.beta | contains("claude-code-20250219")) and .body.m1 == "system" and .body.thinking != null and .body.output_config != null and .body.context_management != null' <<<"$first" >/dev/null ||
+		{ echo "Claude Code's request did not pass through: $first"; return 1; }
 }
 check_claude_anthropic() { claude_tool_turn "anthropic/$CLAUDE_MODEL" anthropic; }
 check_claude_subscription() { claude_tool_turn "claude-code/$CLAUDE_MODEL" claude-code; }
@@ -214,6 +220,13 @@ codex_tool_turn() {
 	roles=$(calls | jq -r '[.[] | .role + ":" + .answer] | join(",")')
 	[[ $roles == *"$2:tool"*"$2:text"* ]] ||
 		{ echo "the fake saw $roles, want a $2 call to $tool then a $2 text; it was offered: $(offered_tools)"; return 1; }
+	if [ "$2" != anthropic ]; then
+		# Passthrough: the Codex CLI's own members reach the provider.
+		local first
+		first=$(calls | jq -c '.[0].body | fromjson | {t0: .input[0].type, include, pck: (.prompt_cache_key != null), cm: (.client_metadata != null), reasoning}')
+		jq -e '.t0 == "additional_tools" and .include != null and .pck and .cm and .reasoning != null' <<<"$first" >/dev/null ||
+			{ echo "the Codex CLI's request did not pass through: $first"; return 1; }
+	fi
 	grep -q "exec_command\|cat note.txt" "$WORK/codex.err" "$WORK/codex.out" || { echo "no exec_command ran: $(brief "$WORK/codex.err")"; return 1; }
 	grep -q "$SECRET" "$WORK/codex.out" || { echo "no tool result in the answer: $(brief "$WORK/codex.out") $(brief "$WORK/codex.err")"; return 1; }
 }
