@@ -125,13 +125,17 @@ claude() {
 }
 
 # codex [CONFIG-LINES] -- PROMPT: `codex exec PROMPT` whose config.toml is
-# only a model provider block pointing at Brama (plus CONFIG-LINES inside it).
+# only a model provider block pointing at Brama (plus CONFIG-LINES inside it),
+# with update checks and analytics off.
 codex() {
 	local extra=()
 	while [ "$1" != -- ]; do extra+=("$1"); shift; done
 	shift
 	{
 		echo 'model_provider = "brama"'
+		echo 'check_for_update_on_startup = false # no update check, no analytics:'
+		echo '[analytics]                        # nothing here shapes a model request'
+		echo 'enabled = false'
 		echo
 		echo '[model_providers.brama]'
 		echo 'name = "Brama"'
