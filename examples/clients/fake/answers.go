@@ -148,27 +148,44 @@ func outputSchema(format string, body map[string]any) (any, bool) {
 	return nil, false
 }
 
-// forcedTool names the tool a tool_choice forces, or "".
+// forcedTool names the tool a tool_choice forces, or "": a named tool, or
+// "any tool" (messages any, chat and responses required) when only one is
+// offered (how the Vercel AI SDK asks Anthropic models for JSON).
 func forcedTool(format string, body map[string]any) string {
 	tc, _ := body["tool_choice"].(map[string]any)
+	var name string
 	switch format {
 	case "messages":
-		if tc["type"] == "tool" {
-			s, _ := tc["name"].(string)
-			return s
+		switch tc["type"] {
+		case "tool":
+			name, _ = tc["name"].(string)
+		case "any":
+			name = onlyTool(body)
 		}
-	case "chat":
+	case "chat", "responses":
 		if fn, ok := tc["function"].(map[string]any); ok {
-			s, _ := fn["name"].(string)
-			return s
-		}
-	case "responses":
-		if tc["type"] == "function" {
-			s, _ := tc["name"].(string)
-			return s
+			name, _ = fn["name"].(string)
+		} else if tc["type"] == "function" {
+			name, _ = tc["name"].(string)
+		} else if body["tool_choice"] == "required" {
+			name = onlyTool(body)
 		}
 	}
-	return ""
+	return name
+}
+
+// onlyTool names the one tool offered, or "".
+func onlyTool(body map[string]any) string {
+	tools, _ := body["tools"].([]any)
+	if len(tools) != 1 {
+		return ""
+	}
+	t, _ := tools[0].(map[string]any)
+	if fn, ok := t["function"].(map[string]any); ok {
+		t = fn
+	}
+	name, _ := t["name"].(string)
+	return name
 }
 
 // offeredTool finds the definition of the named tool among the request's
