@@ -18,6 +18,7 @@ for c in openai anthropic ai claude codex; do
 	for m in 400 cut malformed 500; do CHECKS+=("refuse-$c-$m"); done
 done
 for c in openai anthropic ai claude codex; do CHECKS+=("retries-off-$c"); done
+CHECKS+=(no-secrets-kept)
 
 # Model names the clients send by default (see /work/notes/clients-findings.md);
 # the registry declares each as an alias whose destination a check sets.
@@ -243,3 +244,17 @@ offered_tools() {
 check_codex_responses() { codex_tool_turn "openai-responses/$CODEX_MODEL" openai; }
 check_codex_subscription() { codex_tool_turn "codex/$CODEX_MODEL" codex; }
 check_codex_anthropic() { codex_tool_turn anthropic/claude-fake anthropic; }
+
+# --- After everything ---------------------------------------------------
+
+# no-secrets-kept: after the checks before it, Brama's log and state hold
+# no credential, bearer, prompt or provider body (the vault aside).
+check_no_secrets_kept() {
+	local s hits=()
+	for s in fake-anthropic-key fake-openai-key fake-cc-access fake-cc-refresh fake-codex-access "$APP" "$SECRET" "tell me the secret word"; do
+		if grep -rlqF --exclude=vault.json -e "$s" "$WORK/brama.err" "$WORK/brama.out" "$BRAMA_STATE_DIR"; then
+			hits+=("${s:0:12}…")
+		fi
+	done
+	[ ${#hits[@]} -eq 0 ] || { echo "found in Brama's log or state: ${hits[*]}"; return 1; }
+}
