@@ -48,6 +48,8 @@ passthrough() {
 	local hdr
 	hdr=$(sdk_field '.calls[-1].respHeaders["brama-route"] // "absent"')
 	[ "$hdr" = "$route" ] || { echo "Brama-Route is $hdr, want $route"; return 1; }
+	hdr=$(sdk_field '.calls[-1].respHeaders["brama-attempts"] // "absent"')
+	[ "$hdr" = 1 ] || { echo "Brama-Attempts is $hdr, want 1"; return 1; }
 	is_greeting_json "$(sdk_field .result)" || return 1
 }
 
