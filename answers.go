@@ -508,11 +508,8 @@ func (a *answerStore) settleAnswer(r *http.Request, t *answerTicket, c *answerCa
 		return c, ""
 	}
 	if cut != nil {
-		body, _ := json.Marshal(cut.body())
-		c = &answerCapture{header: http.Header{}, status: cut.Status()}
-		c.header.Set("Content-Type", "application/json")
-		c.header.Set("Brama-Attempts", strconv.Itoa(calls))
-		c.body.Write(append(body, '\n'))
+		c = &answerCapture{header: http.Header{}}
+		writeAPIError(c, r, cut)
 		attempts = &calls
 		ri.outcome, ri.retryable = cut.Code, false
 	}
@@ -566,10 +563,11 @@ func (a *answerStore) replayAnswer(w http.ResponseWriter, r *http.Request, rec *
 			Retryable bool   `json:"retryable"`
 		} `json:"error"`
 	}
+	h := w.Header()
 	if json.Unmarshal(body, &env) == nil && env.Error.Code != "" {
 		ri.outcome, ri.retryable = env.Error.Code, env.Error.Retryable
+		h.Set("X-Should-Retry", strconv.FormatBool(env.Error.Retryable)) // SPEC §8.1
 	}
-	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("Brama-Answer-Signature", *rec.Signature)
 	h.Set("Brama-Answer-Replayed", "true")
@@ -596,7 +594,7 @@ func (a *answerStore) handleGet(w http.ResponseWriter, r *http.Request) {
 // fail answers err as server.fail does: the envelope, and the outcome for
 // the request's log line.
 func (a *answerStore) fail(w http.ResponseWriter, r *http.Request, err error) {
-	ae := writeAPIError(w, err)
+	ae := writeAPIError(w, r, err)
 	ri := infoFrom(r.Context())
 	ri.outcome, ri.retryable = ae.Code, ae.body().Error.Retryable
 	if ae.Err != nil {

@@ -50,7 +50,7 @@ func (s *server) handleChat(dialect string) http.HandlerFunc {
 			s.answers.signedAnswer(w, r, req, r.Header.Get("Idempotency-Key"), route)
 			return
 		}
-		route(w, r)
+		s.replayGuarded(w, r, route) // SPEC §8.1's replay guard (replay.go)
 	}
 }
 
@@ -90,10 +90,6 @@ func (s *server) plan(ri *requestInfo, req *chatRequest) (call, error) {
 		switch res.Mode {
 		case modeSubscription:
 			if err := s.applyMaxTokens(req, res); err != nil {
-				return call{}, err
-			}
-		case modeTask: // no passing checks is a refusal before dispatch (SPEC §7.3)
-			if _, err := s.taskCandidates(ri.agentID, res.Task); err != nil {
 				return call{}, err
 			}
 		}
@@ -264,7 +260,7 @@ func (s *server) deliver(w http.ResponseWriter, r *http.Request, dialect, model 
 		}
 	}
 	if err != nil {
-		return u, asAPIError(err).withAttempts(attempts), false
+		return u, asAPIError(err).redactedFor(c.presented()).withAttempts(attempts), false
 	}
 	a.Model = model
 	out, err := renderAnswer(dialect, a)
@@ -351,7 +347,7 @@ func (s *server) relayStream(w http.ResponseWriter, r *http.Request, dialect, mo
 	if err == nil {
 		return u, nil
 	}
-	ae := asAPIError(err).withAttempts(attempts)
+	ae := asAPIError(err).redactedFor(c.presented()).withAttempts(attempts)
 	if r.Context().Err() != nil {
 		ae = refuse("client_cancelled", "the caller hung up during the stream").because(err).withAttempts(attempts)
 	}

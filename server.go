@@ -45,6 +45,7 @@ type server struct {
 	pins       pins // the subscription that last served each agent and provider
 	maint      *maintainer
 	answers    *answerStore // signed answers (SPEC §12)
+	replay     *replayGuard // SPEC §8.1; nil: off
 }
 
 // routes is the only place URL patterns appear.
@@ -64,7 +65,6 @@ func (s *server) routes() {
 	s.mux.Handle("GET /v1/admin/routes", s.admin(s.handleRoutesGet))
 	s.mux.Handle("PUT /v1/admin/routes", s.admin(s.handleRoutesPut))
 	s.mux.Handle("DELETE /v1/admin/routes", s.admin(s.handleRoutesDelete))
-	s.mux.Handle("POST /v1/admin/checks", s.admin(s.handleChecks))
 	s.mux.Handle("GET /v1/subscriptions/{agent_id}", s.caller(s.subscriptionOwner(s.handleSubscriptionList)))
 	s.mux.Handle("POST /v1/subscriptions/{agent_id}", s.caller(s.subscriptionOwner(s.handleSubscriptionDonate)))
 	s.mux.Handle("DELETE /v1/subscriptions/{agent_id}/{subscription_id}", s.caller(s.subscriptionOwner(s.handleSubscriptionRetire)))
@@ -75,7 +75,6 @@ func (s *server) routes() {
 	s.mux.Handle("POST /v1/admin/maintain", s.admin(s.handleMaintain(s.maint)))
 	s.mux.Handle("PUT /v1/admin/subscriptions/{agent_id}/{subscription_id}/credential", s.admin(s.subscriptionAgentAgrees(s.handleSubscriptionCredential)))
 	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/probe", s.admin(s.subscriptionAgentAgrees(s.handleSubscriptionProbe)))
-	s.mux.Handle("POST /v1/admin/subscriptions/refresh", s.admin(s.handleOperatorRefresh))
 }
 
 // requestInfo is what the per-request log line reports (SPEC §13); handlers
@@ -190,7 +189,7 @@ func newRequestID() string {
 
 // fail writes err in the envelope and records its outcome for the log line.
 func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
-	ae := writeAPIError(w, err)
+	ae := writeAPIError(w, r, err)
 	ri := infoFrom(r.Context())
 	ri.outcome, ri.retryable = ae.Code, ae.body().Error.Retryable
 	if ae.Attempts != nil {

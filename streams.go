@@ -123,19 +123,24 @@ var streamErrorCodes = map[string]string{
 	"billing_error":       refusalQuota,
 }
 
+// inBandMessage is the message of an in-band error, quoting its code.
+const inBandMessage = "the provider stream failed with error %q"
+
 // inBandError is the refusal for a provider's in-band error event: after
 // commit the caller cannot know what was billed, so it is
-// provider_incomplete whatever the event says (SPEC §6.2, §7.5).
+// provider_incomplete whatever the event says (SPEC §6.2, §7.5). The class
+// is read from the provider's own code before anything is redacted; the
+// dispatcher redacts the presented credential (apiError.redactedFor).
 func inBandError(code string) *apiError {
-	code = cleanQuoted(code, "", 64)
-	if code == "" {
-		code = "unspecified"
-	}
 	class := streamErrorCodes[code]
 	if quotaCodes[code] {
 		class = refusalQuota
 	}
-	return refuse("provider_incomplete", "the provider stream failed with error %q", code).
+	code = cleanQuoted(code, "", 64)
+	if code == "" {
+		code = "unspecified"
+	}
+	return refuse("provider_incomplete", inBandMessage, code).
 		because(&upstreamStreamError{Code: code, Class: class})
 }
 

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -63,7 +62,8 @@ type walk struct {
 	attempts         int      // calls made by this request
 	reasons          []string // "<subscription id or route>: <reason>"
 	rate, quota      bool     // a call was refused 429 / for quota
-	auth, model      bool     // a call was refused 401/403 / 400, 404, 422 (selectors)
+	auth, model      bool     // a call was refused 401/403 / 400, 404, 413, 422 (selectors)
+	rejectedStatus   int      // the HTTP status of the last model refusal (SPEC §7.2.5 e)
 	blocked          bool     // a subscription was skipped as blocked
 	refreshTransport *apiError
 	earliestBlockEnd time.Time
@@ -98,30 +98,24 @@ func (wk *walk) exhausted(now time.Time) *apiError {
 		ae = refuse("provider_quota_exhausted", "the provider says the quota is spent: %s", list)
 	case wk.auth:
 		ae = refuse("subscription_reauthorization_required", "the provider refused the credentials; sign in again: %s", list)
+	case wk.model && wk.rejectedStatus != 0:
+		// Only a selector walk gets here: every call was a refusal of the
+		// request itself, so the caller gets the last one's status.
+		ae = refuse("provider_rejected", "every candidate refused the request: %s", list)
+		ae.ProviderStatus = wk.rejectedStatus
 	default:
 		ae = refuse("provider_failure", "every candidate was refused: %s", list)
+	}
+	if ae.Status() == http.StatusTooManyRequests && !wk.earliestBlockEnd.IsZero() {
+		// Both 429s: the wait until the earliest block ends (SPEC §7.2.5).
+		ae.RetryAfter = max(wk.earliestBlockEnd.Sub(now), time.Second)
 	}
 	return ae.withAttempts(wk.attempts)
 }
 
-// retryAfter is the seconds until the earliest block ends, for the 429s.
-func (wk *walk) retryAfter(now time.Time) string {
-	if wk.earliestBlockEnd.IsZero() {
-		return ""
-	}
-	secs := int(wk.earliestBlockEnd.Sub(now).Seconds() + 0.999)
-	return strconv.Itoa(max(secs, 1))
-}
-
-// answerExhausted writes a walk's exhausted refusal, with Retry-After on
-// the 429s.
+// answerExhausted writes a walk's exhausted refusal.
 func (s *server) answerExhausted(w http.ResponseWriter, r *http.Request, wk *walk) {
 	ae := wk.exhausted(s.now())
-	if ae.Status() == http.StatusTooManyRequests {
-		if ra := wk.retryAfter(s.now()); ra != "" {
-			w.Header().Set("Retry-After", ra)
-		}
-	}
 	if ae.Code == "subscription_reauthorization_required" {
 		s.requestMaintenance("subscription_reauthorization_required")
 	}
@@ -292,6 +286,7 @@ func (s *server) walkRoute(w http.ResponseWriter, r *http.Request, dialect strin
 		case refusalModel:
 			if inSelector {
 				wk.model = true
+				wk.rejectedStatus = ref.err.Status()
 				wk.note(res.Route, "refused the request: "+ref.sentence)
 				return routeModelRefused
 			}
@@ -438,7 +433,7 @@ func (s *server) checkBillingTarget(bt *billingTarget, provider, agent string) e
 	return nil
 }
 
-// walkSelector serves any, any-vision-capable, task:<name> and best (SPEC
+// walkSelector serves any, any-vision-capable and best (SPEC
 // §7.3): every candidate in order, each an explicit subscription route.
 func (s *server) walkSelector(w http.ResponseWriter, r *http.Request, dialect string, req chatRequest, res resolution, agent string) {
 	cands, err := s.candidates(res, agent)
