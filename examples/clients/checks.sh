@@ -50,6 +50,7 @@ setup() {
 
 	printf '{"anthropic":"fake-anthropic-key","openai":"fake-openai-key","openai-responses":"fake-openai-key"}' >"$WORK/creds"
 	"$WORK/brama" serve -addr 127.0.0.1:0 -local-credentials-stdin <"$WORK/creds" >"$WORK/brama.out" 2>"$WORK/brama.err" &
+	BRAMA_PID=$!
 	PIDS+=($!)
 	wait_line "$WORK/brama.out" '^listening on ' || { SETUP_WHY="brama serve did not start: $(tail -2 "$WORK/brama.err")"; return 1; }
 	BRAMA_URL=$(sed -n 's/^listening on //p' "$WORK/brama.out")
