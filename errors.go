@@ -64,6 +64,7 @@ type apiError struct {
 	// (SPEC §8.1): the provider's own, or a block's end. 0: unknown.
 	RetryAfter time.Duration
 	Err        error // cause: logged, never sent
+	status     int   // 0: from the code table; set only by withStatus
 }
 
 // aliasDetails is the "details" member of alias refusals (SPEC §5.2).
@@ -85,12 +86,22 @@ func (e *apiError) Error() string { return e.Code + ": " + e.Message }
 func (e *apiError) Unwrap() error { return e.Err }
 
 // Status is the HTTP status the code fixes; provider_rejected keeps the
-// provider's own 4xx.
+// provider's own 4xx, and withStatus may choose another of the code's.
 func (e *apiError) Status() int {
 	if e.Code == "provider_rejected" && e.ProviderStatus != 0 {
 		return e.ProviderStatus
 	}
+	if e.status != 0 {
+		return e.status
+	}
 	return codes[e.Code].status
+}
+
+// withStatus answers e with status, for a code SPEC §8.2 lists under more
+// than one (invalid_request: 413 for a body over BRAMA_MAX_REQUEST_BYTES).
+func (e *apiError) withStatus(status int) *apiError {
+	e.status = status
+	return e
 }
 
 // retryable is the envelope's retryable member.

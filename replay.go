@@ -41,9 +41,10 @@ type replayGuard struct {
 	window time.Duration
 	now    func() time.Time
 
-	mu      sync.Mutex // guards refused, queue
-	refused map[replayKey]replayEntry
-	queue   []replayQueued
+	mu       sync.Mutex // guards refused, queue, byClient
+	refused  map[replayKey]replayEntry
+	queue    []replayQueued
+	byClient map[string]int // entries held per client id: none, no digest to take
 }
 
 // replayKey is sha256 over the client, the agent and the request body
@@ -60,8 +61,9 @@ type replayEntry struct {
 }
 
 type replayQueued struct {
-	key   replayKey
-	until time.Time
+	key    replayKey
+	client string
+	until  time.Time
 }
 
 // newReplayGuard reads BRAMA_REPLAY_GUARD_SECS: unset is 60 s, 0 turns the
@@ -76,65 +78,47 @@ func newReplayGuard(getenv func(string) string, log *slog.Logger, now func() tim
 			window = time.Duration(n) * time.Second
 		}
 	}
-	return &replayGuard{window: window, now: now, refused: map[replayKey]replayEntry{}}
+	return &replayGuard{window: window, now: now, refused: map[replayKey]replayEntry{}, byClient: map[string]int{}}
 }
 
 // replayKeyOf digests who asks and what: the client, the agent and the body
-// with its top-level stream and stream_options left out, so a client that
-// falls back from a failed stream to a buffered call of the same
-// conversation asks the same request. ok is false for a body that is not a
+// in canonical form with its top-level stream and stream_options left out,
+// so a client that falls back from a failed stream to a buffered call of the
+// same conversation asks the same request, and so does one that re-sends it
+// with its object members in another order (the Codex CLI writes its
+// client_metadata from a hash map). ok is false for a body that is not one
 // JSON object (it was refused before dispatch anyway).
 func replayKeyOf(clientID, agentID string, body []byte) (replayKey, bool) {
-	h := sha256.New()
-	fmt.Fprintf(h, "%d:%s%d:%s", len(clientID), clientID, len(agentID), agentID)
-	if !withoutStreamMembers(body, h) {
+	canonical, ok := canonicalRequest(body)
+	if !ok {
 		return replayKey{}, false
 	}
+	h := sha256.New()
+	fmt.Fprintf(h, "%d:%s%d:%s", len(clientID), clientID, len(agentID), agentID)
+	h.Write(canonical)
 	var k replayKey
 	h.Sum(k[:0])
 	return k, true
 }
 
-// withoutStreamMembers writes body's top-level object to out with its
-// members in order, each value's bytes as sent, without stream and
-// stream_options. It reports false for anything but one JSON object.
-func withoutStreamMembers(body []byte, out io.Writer) bool {
+// canonicalRequest is body's one JSON object without its top-level stream
+// and stream_options, written as encoding/json writes a map: members sorted
+// by name at every level, no white space, numbers as sent. It reports false
+// for anything but one JSON object.
+func canonicalRequest(body []byte) ([]byte, bool) {
 	dec := json.NewDecoder(bytes.NewReader(body))
-	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
-		return false
-	}
-	io.WriteString(out, "{")
-	first := true
-	for dec.More() {
-		t, err := dec.Token()
-		name, isName := t.(string)
-		if err != nil || !isName {
-			return false
-		}
-		var v json.RawMessage
-		if err := dec.Decode(&v); err != nil {
-			return false
-		}
-		if name == "stream" || name == "stream_options" {
-			continue
-		}
-		if !first {
-			io.WriteString(out, ",")
-		}
-		first = false
-		n, _ := json.Marshal(name)
-		out.Write(n)
-		io.WriteString(out, ":")
-		out.Write(v)
-	}
-	if t, err := dec.Token(); err != nil || t != json.Delim('}') {
-		return false
+	dec.UseNumber()
+	var v map[string]any
+	if err := dec.Decode(&v); err != nil || v == nil {
+		return nil, false
 	}
 	if _, err := dec.Token(); err != io.EOF { // one object and nothing after it
-		return false
+		return nil, false
 	}
-	io.WriteString(out, "}")
-	return true
+	delete(v, "stream")
+	delete(v, "stream_options")
+	out, err := json.Marshal(v)
+	return out, err == nil
 }
 
 // forget drops every entry whose time has passed. mu must be held.
@@ -142,6 +126,9 @@ func (g *replayGuard) forget(now time.Time) {
 	for len(g.queue) > 0 && !now.Before(g.queue[0].until) {
 		q := g.queue[0]
 		g.queue = g.queue[1:]
+		if g.byClient[q.client]--; g.byClient[q.client] <= 0 {
+			delete(g.byClient, q.client)
+		}
 		if e, ok := g.refused[q.key]; ok && e.until.Equal(q.until) {
 			delete(g.refused, q.key)
 		}
@@ -161,15 +148,26 @@ func (g *replayGuard) lookup(k replayKey) (replayEntry, bool) {
 	return e, ok && now.Before(e.until)
 }
 
-// remember keeps e for k until the window ends.
-func (g *replayGuard) remember(k replayKey, e replayEntry) {
+// holds reports whether any refusal of client is remembered now; when none
+// is, a request needs no digest before it runs.
+func (g *replayGuard) holds(client string) bool {
+	now := g.now()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.forget(now)
+	return g.byClient[client] > 0
+}
+
+// remember keeps e for client's request k until the window ends.
+func (g *replayGuard) remember(client string, k replayKey, e replayEntry) {
 	now := g.now()
 	e.at, e.until = now, now.Add(g.window)
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.forget(now)
 	g.refused[k] = e
-	g.queue = append(g.queue, replayQueued{k, e.until})
+	g.queue = append(g.queue, replayQueued{k, client, e.until})
+	g.byClient[client]++
 }
 
 // size is the number of refusals remembered now.
@@ -207,20 +205,21 @@ func (s *server) replayGuarded(w http.ResponseWriter, r *http.Request, route htt
 		route(w, r)
 		return
 	}
-	k, ok := replayKeyOf(ri.client.ID, ri.agentID, ri.body)
-	if !ok {
-		route(w, r)
-		return
-	}
-	if e, ok := g.lookup(k); ok {
-		w.Header().Set("Brama-Replay-Refused", "true")
-		s.fail(w, r, e.refusal())
-		return
+	if g.holds(ri.client.ID) { // the digest is taken only when it can match
+		if k, ok := replayKeyOf(ri.client.ID, ri.agentID, ri.body); ok {
+			if e, ok := g.lookup(k); ok {
+				w.Header().Set("Brama-Replay-Refused", "true")
+				s.fail(w, r, e.refusal())
+				return
+			}
+		}
 	}
 	rec := &replayRecorder{ResponseWriter: w}
 	defer func() {
 		if e, ok := rec.refusal(ri, r); ok {
-			g.remember(k, e)
+			if k, ok := replayKeyOf(ri.client.ID, ri.agentID, ri.body); ok {
+				g.remember(ri.client.ID, k, e)
+			}
 		}
 	}()
 	route(rec, r)

@@ -167,13 +167,13 @@ func TestReplayGuardForgets(t *testing.T) {
 		return k
 	}
 	for i := range 10_000 {
-		g.remember(key(i), replayEntry{status: 400, code: "provider_rejected"})
+		g.remember("c", key(i), replayEntry{status: 400, code: "provider_rejected"})
 	}
 	if n := g.size(); n != 10_000 {
 		t.Fatalf("size = %d, want 10000", n)
 	}
 	clock.advance(30 * time.Second)
-	g.remember(key(0), replayEntry{status: 400, code: "provider_rejected"}) // refused again (two were in flight)
+	g.remember("c", key(0), replayEntry{status: 400, code: "provider_rejected"}) // refused again (two were in flight)
 	clock.advance(30 * time.Second)
 	if _, ok := g.lookup(key(1)); ok {
 		t.Error("an entry outlived its window")
@@ -184,9 +184,12 @@ func TestReplayGuardForgets(t *testing.T) {
 	if n, q := g.size(), len(g.queue); n != 1 || q != 1 {
 		t.Errorf("after the window: %d entries, %d queued; want 1, 1", n, q)
 	}
+	if !g.holds("c") || g.holds("other") {
+		t.Errorf("holds: c %v (want true), other %v (want false)", g.holds("c"), g.holds("other"))
+	}
 	clock.advance(30 * time.Second)
-	if n := g.size(); n != 0 || g.queue != nil {
-		t.Errorf("after every window: %d entries, queue %v", n, g.queue)
+	if n := g.size(); n != 0 || g.queue != nil || g.holds("c") || len(g.byClient) != 0 {
+		t.Errorf("after every window: %d entries, queue %v, per client %v", n, g.queue, g.byClient)
 	}
 }
 
@@ -201,48 +204,52 @@ func TestNewReplayGuardWindow(t *testing.T) {
 	}
 }
 
-func TestWithoutStreamMembers(t *testing.T) {
+func TestCanonicalRequest(t *testing.T) {
 	tests := []struct {
 		in, want string // want "": refused
 	}{
-		{`{"model":"m","stream":true,"messages":[1]}`, `{"model":"m","messages":[1]}`},
-		{`{"model":"m","messages":[1]}`, `{"model":"m","messages":[1]}`},
-		{` { "model" : "m" , "stream_options" : {"include_usage":true}, "stream":false, "x": { "stream" : 1 } } `, `{"model":"m","x":{ "stream" : 1 }}`},
+		{`{"model":"m","stream":true,"messages":[1]}`, `{"messages":[1],"model":"m"}`},
+		{`{"messages":[1],"model":"m"}`, `{"messages":[1],"model":"m"}`},
+		{` { "model" : "m" , "stream_options" : {"include_usage":true}, "stream":false, "x": { "stream" : 1, "a": 2.50 } } `, `{"model":"m","x":{"a":2.50,"stream":1}}`},
 		{`{"stream":true}`, `{}`},
-		{`{"a":"\u00e9"}`, `{"a":"\u00e9"}`},
+		{`{"a":"\u00e9"}`, `{"a":"é"}`},
 		{`[1]`, ""},
 		{`{"a":1`, ""},
 		{`{"a":1}{`, ""},
 		{`"s"`, ""},
+		{`null`, ""},
 	}
 	for _, tt := range tests {
-		var got bytes.Buffer
-		ok := withoutStreamMembers([]byte(tt.in), &got)
-		if (tt.want == "") == ok || (ok && got.String() != tt.want) {
-			t.Errorf("withoutStreamMembers(%s) = %s, %v; want %q", tt.in, got.String(), ok, tt.want)
+		got, ok := canonicalRequest([]byte(tt.in))
+		if (tt.want == "") == ok || (ok && string(got) != tt.want) {
+			t.Errorf("canonicalRequest(%s) = %s, %v; want %q", tt.in, got, ok, tt.want)
 		}
 	}
 	a, _ := replayKeyOf("c", "", []byte(`{"model":"m","stream":true,"stream_options":{"include_usage":true}}`))
 	b, _ := replayKeyOf("c", "", []byte(`{"model":"m"}`))
 	c, _ := replayKeyOf("c2", "", []byte(`{"model":"m"}`))
 	e, _ := replayKeyOf("c", "a1", []byte(`{"model":"m"}`))
-	if a != b || b == c || b == e {
-		t.Errorf("keys: streamed = buffered %v, other client differs %v, other agent differs %v", a == b, b != c, b != e)
+	// The Codex CLI re-sends a failed request with client_metadata's
+	// members in another order: the same request.
+	o1, _ := replayKeyOf("c", "", []byte(`{"model":"m","client_metadata":{"turn_id":"t","session_id":"s"}}`))
+	o2, _ := replayKeyOf("c", "", []byte(`{"client_metadata":{"session_id":"s","turn_id":"t"},"model":"m"}`))
+	if a != b || b == c || b == e || o1 != o2 {
+		t.Errorf("keys: streamed = buffered %v, other client differs %v, other agent differs %v, reordered members equal %v", a == b, b != c, b != e, o1 == o2)
 	}
 }
 
-// FuzzWithoutStreamMembers: never panics; what it accepts is a JSON object
-// without top-level stream members, and applying it again changes nothing.
-func FuzzWithoutStreamMembers(f *testing.F) {
-	for _, s := range []string{`{"model":"m","stream":true}`, `{"a":{"stream":1},"stream_options":{}}`, `[]`, `{"a":1`, `{}`} {
+// FuzzCanonicalRequest: never panics; what it accepts becomes a JSON object
+// without top-level stream members, and canonicalizing again changes
+// nothing.
+func FuzzCanonicalRequest(f *testing.F) {
+	for _, s := range []string{`{"model":"m","stream":true}`, `{"a":{"stream":1},"stream_options":{}}`, `[]`, `{"a":1`, `{}`, `{"b":1,"a":[{"d":1,"c":2}]}`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		var buf bytes.Buffer
-		if !withoutStreamMembers(body, &buf) {
+		out, ok := canonicalRequest(body)
+		if !ok {
 			return
 		}
-		out := buf.Bytes()
 		var m map[string]json.RawMessage
 		if err := json.Unmarshal(out, &m); err != nil {
 			t.Fatalf("accepted %q but produced %q: %v", body, out, err)
@@ -253,9 +260,9 @@ func FuzzWithoutStreamMembers(f *testing.F) {
 		if _, s := m["stream_options"]; s {
 			t.Fatalf("stream_options survived in %q", out)
 		}
-		var again bytes.Buffer
-		if !withoutStreamMembers(out, &again) || !bytes.Equal(again.Bytes(), out) {
-			t.Fatalf("not idempotent: %q → %q", out, again.Bytes())
+		again, ok := canonicalRequest(out)
+		if !ok || !bytes.Equal(again, out) {
+			t.Fatalf("not idempotent: %q → %q", out, again)
 		}
 	})
 }
@@ -272,7 +279,7 @@ func BenchmarkReplayGuardMemory(b *testing.B) {
 		for i := range 10_000 {
 			k, _ := replayKeyOf("client", "", []byte(fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"question %d"}]}`, i)))
 			msg := truncateUTF8(fmt.Sprintf("provider \"openai\" answered 400 (context_length_exceeded): request %d %s", i, strings.Repeat("x", maxReplayMessage)), maxReplayMessage)
-			g.remember(k, replayEntry{status: 400, code: "provider_rejected", message: msg})
+			g.remember("client", k, replayEntry{status: 400, code: "provider_rejected", message: msg})
 		}
 		runtime.GC()
 		runtime.ReadMemStats(&after)
