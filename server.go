@@ -92,6 +92,7 @@ func (s *server) routes() {
 	s.mux.HandleFunc("GET /readyz", s.handleReady)
 	s.mux.Handle("POST /v1/chat/completions", s.caller(s.handleChat(dialectChat)))
 	s.mux.Handle("POST /v1/messages", s.caller(s.handleChat(dialectMessages)))
+	s.mux.Handle("POST /v1/messages/count_tokens", s.caller(s.handleCountTokens))
 	s.mux.Handle("POST /v1/responses", s.caller(s.handleChat(dialectResponses)))
 	s.mux.Handle("POST /v1/embeddings", s.caller(s.handleEmbeddings))
 	s.mux.Handle("GET /v1/models", s.caller(s.handleModels))
