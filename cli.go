@@ -450,3 +450,48 @@ func (g *subGateway) checkSignInTarget(agent, id, provider string) error {
 	}
 	return nil
 }
+
+// answersCmd runs `brama answers verify|prune` (SPEC §12 items 6 and 7).
+func (e cliEnv) answersCmd(args []string) error {
+	return e.sub("answers", args, map[string]func([]string) error{"verify": e.answersVerify, "prune": e.answersPrune})
+}
+
+// answersVerify prints ok when a kept answer file (or, with -signature, a
+// file of raw body bytes) carries a good signature; a mismatch exits 1.
+func (e cliEnv) answersVerify(args []string) error {
+	fs := e.newFlags("answers verify")
+	sig := fs.String("signature", "", "check `v1=HEX` (a Brama-Answer-Signature) over FILE's raw bytes instead of reading FILE as a kept answer")
+	pos, err := parseFlags(fs, args, 1, "answers verify [-signature v1=HEX] FILE")
+	if err != nil {
+		return err
+	}
+	if *sig != "" && !isAnswerSignature(strings.ToLower(*sig)) {
+		return &usageError{"-signature must be v1= followed by 64 hex digits"}
+	}
+	if err := verifyAnswerFile(resolveState(e.getenv), pos[0], strings.ToLower(*sig)); err != nil {
+		return err
+	}
+	fmt.Fprintln(e.stdout, "ok")
+	return nil
+}
+
+// answersPrune removes complete kept answers older than -older-than.
+func (e cliEnv) answersPrune(args []string) error {
+	fs := e.newFlags("answers prune")
+	olderThan := fs.Duration("older-than", -1, "remove complete answers kept longer ago than this `duration` (e.g. 720h)")
+	if _, err := parseFlags(fs, args, 0, "answers prune -older-than DURATION"); err != nil {
+		return err
+	}
+	if *olderThan < 0 {
+		return &usageError{"usage: brama answers prune -older-than DURATION (a duration of zero or more)"}
+	}
+	dir, err := resolveState(e.getenv).path("signed answers", "answers")
+	if err != nil {
+		return err
+	}
+	removed, err := pruneAnswers(dir, time.Now().Add(-*olderThan), func(name string, err error) {
+		fmt.Fprintf(e.stderr, "brama: skipped %s: %v\n", name, err)
+	})
+	fmt.Fprintf(e.stdout, "removed %d complete answers older than %s\n", removed, *olderThan)
+	return err
+}

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -314,8 +315,14 @@ func (s *server) deliver(w http.ResponseWriter, r *http.Request, model string, r
 	case !req.translates(p):
 		u, failure = s.relayBuffered(w, req, c, resp, attempts)
 		return u, failure, false
-	case req.head.Stream:
-		u, failure = s.relayStream(w, r, req.dialect, model, c, resp, attempts)
+	}
+	tr := req.translated()
+	if dropped := tr.droppedFor(p); len(dropped) > 0 { // SPEC §7.6: nothing is dropped silently
+		w.Header().Set("Brama-Dropped", strings.Join(dropped, ", "))
+		infoFrom(r.Context()).dropped = dropped
+	}
+	if req.head.Stream {
+		u, failure = s.relayStream(w, r, req.dialect, model, tr, c, resp, attempts)
 		return u, failure, true
 	}
 	var a chatAnswer
@@ -335,7 +342,7 @@ func (s *server) deliver(w http.ResponseWriter, r *http.Request, model string, r
 		return u, asAPIError(err).redactedFor(c.presented()).withAttempts(attempts), false
 	}
 	a.Model = model
-	out, err := renderAnswer(req.dialect, a)
+	out, err := renderAnswer(req.dialect, tr, a)
 	if err != nil {
 		return a.Usage, refuse("internal_error", "the answer could not be encoded").because(err).withAttempts(attempts), false
 	}
@@ -381,8 +388,8 @@ type streamAnswer struct {
 
 // openStreamAnswer sends the caller its 200 and starts the keep-alive
 // timer: an SSE comment after every 15 s without an event. model is the
-// name the dialect's own events report.
-func (s *server) openStreamAnswer(w http.ResponseWriter, dialect, model string, attempts int) *streamAnswer {
+// name the dialect's own events report; req's tools name translated calls.
+func (s *server) openStreamAnswer(w http.ResponseWriter, dialect string, req chatRequest, model string, attempts int) *streamAnswer {
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
@@ -391,7 +398,7 @@ func (s *server) openStreamAnswer(w http.ResponseWriter, dialect, model string, 
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
 	flush := func() { rc.Flush() }
-	sa := &streamAnswer{w: w, flush: flush, cs: newCallerStream(dialect, w, flush, model), every: cmp.Or(s.keepAlive, keepAliveEvery)}
+	sa := &streamAnswer{w: w, flush: flush, cs: newCallerStream(dialect, req, w, flush, model), every: cmp.Or(s.keepAlive, keepAliveEvery)}
 	sa.timer = time.AfterFunc(sa.every, func() {
 		sa.mu.Lock()
 		defer sa.mu.Unlock()
@@ -484,8 +491,8 @@ func (s *server) rememberRefusal(r *http.Request, ae *apiError) {
 // dialect, flushing every event. After commit nothing is retried: a failure
 // writes the dialect's in-band error and is returned so the caller aborts
 // the response (SPEC §7.5).
-func (s *server) relayStream(w http.ResponseWriter, r *http.Request, dialect, model string, c call, resp *http.Response, attempts int) (usage, *apiError) {
-	sa := s.openStreamAnswer(w, dialect, model, attempts)
+func (s *server) relayStream(w http.ResponseWriter, r *http.Request, dialect, model string, req chatRequest, c call, resp *http.Response, attempts int) (usage, *apiError) {
+	sa := s.openStreamAnswer(w, dialect, req, model, attempts)
 	defer sa.close()
 	var u usage
 	err := sa.do(sa.cs.start)

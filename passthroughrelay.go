@@ -413,7 +413,7 @@ func (s *server) relayBuffered(w http.ResponseWriter, cr *callerRequest, c call,
 // returned so the caller aborts the response (SPEC §7.5).
 func (s *server) relayPassthroughStream(w http.ResponseWriter, r *http.Request, cr *callerRequest, c call, resp *http.Response, attempts int) (usage, *apiError) {
 	p := c.res.Provider
-	sa := s.openStreamAnswer(w, cr.dialect, c.res.Model, attempts)
+	sa := s.openStreamAnswer(w, cr.dialect, chatRequest{}, c.res.Model, attempts)
 	defer sa.close()
 	pw := &passthroughWatch{protocol: p.protocol, dropUsage: cr.addsUsage(p)}
 	rd := newRawSSEReader(resp.Body)

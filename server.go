@@ -130,8 +130,9 @@ type requestInfo struct {
 	inputTokens    int
 	outputTokens   int
 	streamed       bool
-	body           []byte // the raw request body, read once by the auth wrapper
-	bodyRead       bool   // body holds the whole request body
+	dropped        []string // caller members a translation dropped (SPEC §7.6)
+	body           []byte   // the raw request body, read once by the auth wrapper
+	bodyRead       bool     // body holds the whole request body
 }
 
 // countAttempt records one more provider call for this request.
@@ -284,6 +285,7 @@ func (s *server) logRequest(r *http.Request, ri *requestInfo, status int, d time
 		slog.Int64("latency_ms", d.Milliseconds()),
 		slog.Int("input_tokens", ri.inputTokens),
 		slog.Int("output_tokens", ri.outputTokens),
+		slog.String("dropped", strings.Join(ri.dropped, ", ")),
 		slog.Bool("streamed", ri.streamed),
 	}
 	if ri.attempts != nil {

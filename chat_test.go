@@ -26,10 +26,11 @@ func TestParseChatCompletions(t *testing.T) {
 			want: chatRequest{Model: "openai/gpt-4o", Messages: []message{dialectUserText("hi")}},
 		},
 		{
-			name: "system and developer join, limits, unknown members dropped",
+			name: "system and developer stand where they are, limits, unknown members dropped and named",
 			body: `{"model":"m","messages":[{"role":"system","content":"a"},{"role":"user","content":"q"},{"role":"developer","content":[{"type":"text","text":"b"}]}],
 				"max_tokens":100,"temperature":0.5,"stream":true,"stream_options":{"include_usage":true},"n":3,"seed":{"x":[1]}}`,
-			want: chatRequest{Model: "m", System: "a\n\nb", Messages: []message{dialectUserText("q")}, MaxTokens: 100, Temperature: dialectFloatPtr(0.5), Stream: true},
+			want: chatRequest{Model: "m", System: "a", Messages: []message{dialectUserText("q"), {Role: "system", Parts: []part{{Type: partText, Text: "b"}}}},
+				MaxTokens: 100, Temperature: dialectFloatPtr(0.5), Stream: true, Dropped: []string{"n", "seed"}},
 		},
 		{
 			name: "images",
@@ -84,9 +85,10 @@ func TestParseChatCompletions(t *testing.T) {
 				BillingTarget: &billingTarget{ProviderID: "claude-code", AccountID: "acct", SubscriptionID: "sub_1"}},
 		},
 		{
-			name: "assistant refusal part dropped, null members absent",
+			name: "assistant refusal part dropped and named, null members absent",
 			body: `{"model":"m","messages":[{"role":"assistant","content":[{"type":"text","text":"a"},{"type":"refusal","refusal":"no"}]},{"role":"user","content":"q"}],"tool_choice":null,"billingTarget":null,"max_tokens":null}`,
-			want: chatRequest{Model: "m", Messages: []message{{Role: "assistant", Parts: []part{{Type: partText, Text: "a"}}}, dialectUserText("q")}},
+			want: chatRequest{Model: "m", Messages: []message{{Role: "assistant", Parts: []part{{Type: partText, Text: "a"}}}, dialectUserText("q")},
+				Dropped: []string{"messages[0].content[1]"}},
 		},
 	}
 	for _, tc := range tests {
@@ -173,7 +175,7 @@ func TestRenderChatAnswer(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			b, err := renderAnswer(dialectChat, tc.answer)
+			b, err := renderAnswer(dialectChat, chatRequest{}, tc.answer)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -227,7 +229,7 @@ type testChatChunk struct {
 		}
 		FinishReason *string `json:"finish_reason"`
 	}
-	Usage *callerChatUsage
+	Usage *chatUsage
 }
 
 // assembleChatStream rebuilds the answer from chunks as the OpenAI SDKs
@@ -305,11 +307,11 @@ func decodeChatAnswer(t *testing.T, body []byte) chatAnswer {
 		Choices []struct {
 			Message struct {
 				Content   *string
-				ToolCalls []callerChatToolCall `json:"tool_calls"`
+				ToolCalls []chatToolCall `json:"tool_calls"`
 			}
 			FinishReason string `json:"finish_reason"`
 		}
-		Usage *callerChatUsage
+		Usage *chatUsage
 	}
 	mustUnmarshalDialect(t, string(body), &c)
 	a := chatAnswer{Model: c.Model, Finish: c.Choices[0].FinishReason}
@@ -317,7 +319,7 @@ func decodeChatAnswer(t *testing.T, body []byte) chatAnswer {
 		a.Text = *p
 	}
 	for _, tc := range c.Choices[0].Message.ToolCalls {
-		a.ToolCalls = append(a.ToolCalls, toolCall{ID: tc.ID, Name: tc.Function.Name, Arguments: tc.Function.Arguments})
+		a.ToolCalls = append(a.ToolCalls, toolCall{ID: tc.ID, Name: tc.Function.Name, Arguments: *tc.Function.Arguments})
 	}
 	if c.Usage != nil {
 		a.Usage = usage{InputTokens: c.Usage.PromptTokens, OutputTokens: c.Usage.CompletionTokens, Reported: true}

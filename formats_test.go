@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -119,7 +120,7 @@ func runCallerStream(t *testing.T, dialect string, events []streamEvent) (string
 	t.Helper()
 	var buf bytes.Buffer
 	flushes := 0
-	s := newCallerStream(dialect, &buf, func() { flushes++ }, "m")
+	s := newCallerStream(dialect, chatRequest{}, &buf, func() { flushes++ }, "m")
 	if err := s.start(); err != nil {
 		t.Fatal(err)
 	}
@@ -162,7 +163,7 @@ func TestStreamsReassemble(t *testing.T) {
 				if diff := cmp.Diff(want, d.stream(t, frames)); diff != "" {
 					t.Errorf("streamed answer mismatch (-want +got):\n%s", diff)
 				}
-				b, err := renderAnswer(d.dialect, tc.want)
+				b, err := renderAnswer(d.dialect, chatRequest{}, tc.want)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -221,7 +222,7 @@ func TestStreamFail(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var buf bytes.Buffer
 			flushes := 0
-			s := newCallerStream(tc.dialect, &buf, func() { flushes++ }, "m")
+			s := newCallerStream(tc.dialect, chatRequest{}, &buf, func() { flushes++ }, "m")
 			s.start()
 			s.event(streamEvent{Kind: eventText, Text: "partial"})
 			s.event(streamEvent{Kind: eventToolCallStart, ToolCall: toolCall{ID: "c", Name: "f"}})
@@ -263,7 +264,7 @@ func TestStreamKeepAliveAndErrors(t *testing.T) {
 		t.Run(d, func(t *testing.T) {
 			var buf bytes.Buffer
 			flushes := 0
-			s := newCallerStream(d, &buf, func() { flushes++ }, "m")
+			s := newCallerStream(d, chatRequest{}, &buf, func() { flushes++ }, "m")
 			if err := s.keepAlive(); err != nil || buf.String() != ": keep-alive\n\n" || flushes != 1 {
 				t.Errorf("keepAlive wrote %q, %d flushes, err %v", buf.String(), flushes, err)
 			}
@@ -277,7 +278,7 @@ func TestStreamKeepAliveAndErrors(t *testing.T) {
 			}
 
 			w := &dialectBrokenWriter{}
-			s = newCallerStream(d, w, nil, "m")
+			s = newCallerStream(d, chatRequest{}, w, nil, "m")
 			if err := s.start(); !errors.Is(err, errDialectBrokenPipe) {
 				t.Fatalf("start on a broken writer = %v", err)
 			}
@@ -321,20 +322,23 @@ func TestParseRequestDispatch(t *testing.T) {
 	if _, err := parseRequest("soap", []byte(`{}`)); err == nil {
 		t.Error("unknown dialect accepted")
 	}
-	if _, err := renderAnswer("soap", chatAnswer{}); err == nil {
+	if _, err := renderAnswer("soap", chatRequest{}, chatAnswer{}); err == nil {
 		t.Error("renderAnswer accepted an unknown dialect")
 	}
 }
 
 // fuzzDialectParse is the shared body of the three parser fuzz targets: no panic,
 // every error an invalid_request *apiError, and an accepted request has a
-// model and at least one message whose parts are all of a known kind.
-func fuzzDialectParse(f *testing.F, parse func([]byte) (chatRequest, error), seeds ...string) {
+// model and at least one message whose parts are all of a known kind. It
+// also checks the round trip caller body → neutral → caller body → neutral
+// gives the same neutral request.
+func fuzzDialectParse(f *testing.F, dialect string, seeds ...string) {
 	for _, s := range seeds {
 		f.Add([]byte(s))
 	}
+	wf := formatOf(dialect)
 	f.Fuzz(func(t *testing.T, body []byte) {
-		req, err := parse(body)
+		req, err := wf.parse(body)
 		if err != nil {
 			var ae *apiError
 			if !errors.As(err, &ae) || ae.Code != "invalid_request" {
@@ -346,12 +350,12 @@ func fuzzDialectParse(f *testing.F, parse func([]byte) (chatRequest, error), see
 			t.Fatalf("accepted a request without model or messages: %+v", req)
 		}
 		for _, m := range req.Messages {
-			if (m.Role != "user" && m.Role != "assistant") || len(m.Parts) == 0 {
+			if (m.Role != "user" && m.Role != "assistant" && m.Role != "system") || len(m.Parts) == 0 {
 				t.Fatalf("accepted a bad message %+v", m)
 			}
 			for _, p := range m.Parts {
 				switch p.Type {
-				case partText, partImage, partToolCall, partToolResult:
+				case partText, partImage, partDocument, partToolCall, partToolResult:
 				default:
 					t.Fatalf("accepted a part of kind %q", p.Type)
 				}
@@ -363,26 +367,112 @@ func fuzzDialectParse(f *testing.F, parse func([]byte) (chatRequest, error), see
 		if req.MaxTokens < 0 {
 			t.Fatalf("accepted max tokens %d", req.MaxTokens)
 		}
+		enc, err := wf.encode(req, req.Model, upstreamOptions{stream: req.Stream})
+		if err != nil || len(roundTripNeutral(req).Messages) == 0 || roundTripNeutral(req).Messages[0].Role == "system" { // nothing a provider takes
+			return // not every accepted request can be sent (JSON mode toward messages, arguments that are not an object)
+		}
+		again, err := wf.parse(must(json.Marshal(enc)))
+		if err != nil {
+			t.Fatalf("the re-encoded request is refused: %v", err)
+		}
+		if diff := cmp.Diff(roundTripNeutral(req), roundTripNeutral(again)); diff != "" {
+			t.Fatalf("round trip changed the request (-first +second):\n%s", diff)
+		}
 	})
 }
 
+// roundTripNeutral leaves out of a neutral request what a caller body
+// carries by design no further than one hop: what was dropped and where
+// it stood, the billing target (never forwarded), empty text (providers
+// refuse it), empty arguments (sent as {}) and a reasoning effort between
+// budget steps; a tool group goes flattened, a schema gets a name, and
+// JSON is compared as encoding/json writes it.
+func roundTripNeutral(req chatRequest) chatRequest {
+	req.Dropped, req.BillingTarget, req.Effort = nil, nil, ""
+	if req.Output != nil {
+		if s := schemaOutput(req.Output); s != nil {
+			req.Output = s // the schema's name the OpenAI formats require
+		}
+	}
+	var msgs []message
+	for _, m := range req.Messages {
+		var parts []part
+		for _, p := range m.Parts {
+			if p.Type == partText && p.Text == "" {
+				continue
+			}
+			if p.Type == partToolCall && !p.Custom {
+				if p.Arguments = argumentsText(p.Arguments); json.Valid([]byte(p.Arguments)) {
+					p.Arguments = string(canonicalJSON(json.RawMessage(p.Arguments)))
+				}
+			}
+			parts = append(parts, p)
+		}
+		if m.Role == "user" { // tool results go first in a user turn
+			slices.SortStableFunc(parts, func(a, b part) int { return boolRank(b.Type == partToolResult) - boolRank(a.Type == partToolResult) })
+		}
+		switch {
+		case len(parts) == 0:
+		case m.Role == "system" && len(msgs) == 0: // a system turn with no turn before it leads
+			req.System = joinText(req.System, textOf(parts))
+		default:
+			msgs = append(msgs, message{m.Role, parts})
+		}
+	}
+	req.Messages = msgs
+	if len(req.Tools) == 0 {
+		req.ParallelToolCalls = nil // says nothing without tools; messages cannot send it then
+	}
+	req.Tools = slices.Clone(req.Tools)
+	for i, tl := range req.Tools {
+		req.Tools[i].Namespace = "" // flattened toward every provider
+		if tl.Kind == toolFunction && tl.Parameters == nil {
+			req.Tools[i].Parameters = emptySchema // the schema a protocol that requires one gets
+		}
+		req.Tools[i].Parameters, req.Tools[i].Format = canonicalJSON(req.Tools[i].Parameters), canonicalJSON(tl.Format)
+	}
+	if req.Output != nil {
+		req.Output.Schema = canonicalJSON(req.Output.Schema)
+	}
+	return req
+}
+
+// canonicalJSON is raw as encoding/json writes it (compact, HTML-escaped).
+func canonicalJSON(raw json.RawMessage) json.RawMessage {
+	if raw == nil {
+		return nil
+	}
+	return must(json.Marshal(raw))
+}
+
 func FuzzParseChatCompletions(f *testing.F) {
-	fuzzDialectParse(f, parseChatCompletions,
+	fuzzDialectParse(f, dialectChat,
 		`{"model":"m","messages":[{"role":"user","content":"hi"}]}`,
 		`{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"https://x/y.png"}}]},{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c","content":"r"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}],"tool_choice":{"type":"function","function":{"name":"f"}},"max_tokens":5,"billingTarget":{"subscriptionId":"s"}}`,
-		`{"model":1}`, `[]`, `{"model":"m","messages":[]}`)
+		`{"model":1}`, `[]`, `{"model":"m","messages":[]}`,
+		`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"q"},{"type":"file","file":{"file_data":"data:application/pdf;base64,JVBE","filename":"a.pdf"}}]},{"role":"system","content":"later"},{"role":"assistant","tool_calls":[{"id":"c","type":"custom","custom":{"name":"p","input":"x"}}]},{"role":"tool","tool_call_id":"c","content":"ok"}],"tools":[{"type":"custom","custom":{"name":"p","format":{"type":"text"}}}],"stop":"END","top_p":0.5,"reasoning_effort":"low","parallel_tool_calls":false,"store":false,"response_format":{"type":"json_schema","json_schema":{"name":"o","schema":{"type":"object"}}}}`)
 }
 
 func FuzzParseMessages(f *testing.F) {
-	fuzzDialectParse(f, parseMessages,
+	fuzzDialectParse(f, dialectMessages,
 		`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`,
 		`{"model":"m","system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","media_type":"image/png","data":"AA=="}}]},{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"f","input":{"a":1}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"text","text":"r"}],"is_error":true}]}],"tools":[{"name":"f","input_schema":{"type":"object"}}],"tool_choice":{"type":"tool","name":"f"},"billingTarget":{"subscriptionId":"s"}}`,
-		`{"model":"m","messages":[{"role":"system","content":"x"}]}`, `null`)
+		`{"model":"m","messages":[{"role":"system","content":"x"}]}`, `null`,
+		`{"model":"m","max_tokens":9000,"thinking":{"type":"enabled","budget_tokens":2048},"stop_sequences":["E"],"output_config":{"format":{"type":"json_schema","schema":{"type":"object"}}},"tool_choice":{"type":"auto","disable_parallel_tool_use":true},"tools":[{"name":"f","input_schema":{"type":"object"}}],"messages":[{"role":"user","content":[{"type":"text","text":"q","cache_control":{"type":"ephemeral"}},{"type":"document","source":{"type":"text","media_type":"text/plain","data":"doc"},"title":"d"}]},{"role":"system","content":"later"},{"role":"assistant","content":[{"type":"thinking","thinking":"t"},{"type":"text","text":"a"}]}]}`)
 }
 
 func FuzzParseResponses(f *testing.F) {
-	fuzzDialectParse(f, parseResponses,
+	fuzzDialectParse(f, dialectResponses,
 		`{"model":"m","input":"hi"}`,
 		`{"model":"m","instructions":"s","input":[{"role":"developer","content":"d"},{"role":"user","content":[{"type":"input_text","text":"a"},{"type":"input_image","image_url":"data:image/png;base64,AA=="}]},{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"r"}],"tools":[{"type":"function","name":"f","parameters":{"type":"object"}}],"tool_choice":{"type":"function","name":"f"},"max_output_tokens":9,"billingTarget":{"subscriptionId":"s"}}`,
-		`{"model":"m","input":[]}`, `{"model":"m","input":[{"type":"item_reference","id":"x"}]}`)
+		`{"model":"m","input":[]}`, `{"model":"m","input":[{"type":"item_reference","id":"x"}]}`,
+		`{"model":"m","input":[{"type":"additional_tools","role":"developer","tools":[{"type":"namespace","name":"functions","tools":[{"type":"custom","name":"exec"}]}]},{"role":"user","content":"q"},{"type":"custom_tool_call","call_id":"c","namespace":"functions","name":"exec","input":"x"},{"type":"custom_tool_call_output","call_id":"c","output":[{"type":"input_text","text":"ok"}]}]}`,
+		`{"model":"m","input":[{"role":"user","content":"q"},{"role":"developer","content":"later"},{"type":"function_call","call_id":"c","namespace":"ns","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"r"},{"type":"custom_tool_call","call_id":"p","name":"patch","input":"x"},{"type":"custom_tool_call_output","call_id":"p","output":"ok"},{"type":"web_search_call","id":"w"}],"tools":[{"type":"custom","name":"patch"},{"type":"namespace","name":"ns","tools":[{"type":"function","name":"f","parameters":{"type":"object"}}]},{"type":"web_search"}],"tool_choice":{"type":"function","namespace":"ns","name":"f"},"reasoning":{"effort":"high"},"text":{"format":{"type":"json_schema","name":"o","schema":{"type":"object"}}},"store":false}`)
+}
+
+func boolRank(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -19,19 +19,20 @@ func TestParseResponses(t *testing.T) {
 			body: `{"model":"openai-responses/o3","instructions":"be brief","input":"hi","max_output_tokens":50,"temperature":1,"stream":true,
 				"store":false,"reasoning":{"effort":"low"},"previous_response_id":null}`,
 			want: chatRequest{Model: "openai-responses/o3", System: "be brief", MaxTokens: 50, Temperature: dialectFloatPtr(1), Stream: true,
+				Effort: "low", EffortPath: "reasoning.effort", Shared: openAIShared{Store: json.RawMessage("false")}, Dropped: []string{"previous_response_id"},
 				Messages: []message{dialectUserText("hi")}},
 		},
 		{
-			name: "system and developer items join instructions; images",
+			name: "system items before the first turn join instructions, later ones stand where they are; images",
 			body: `{"model":"m","instructions":"a","input":[{"role":"system","content":"b"},
 				{"type":"message","role":"user","content":[{"type":"input_text","text":"look"},{"type":"input_image","image_url":"https://example.com/c.png","detail":"auto"},
 					{"type":"input_image","image_url":"data:image/webp;base64,UklGR"}]},
 				{"role":"developer","content":[{"type":"input_text","text":"c"}]}]}`,
-			want: chatRequest{Model: "m", System: "a\n\nb\n\nc", Messages: []message{{Role: "user", Parts: []part{
+			want: chatRequest{Model: "m", System: "a\n\nb", Messages: []message{{Role: "user", Parts: []part{
 				{Type: partText, Text: "look"},
 				{Type: partImage, ImageURL: "https://example.com/c.png"},
 				{Type: partImage, ImageURL: "data:image/webp;base64,UklGR"},
-			}}}},
+			}}, {Role: "system", Parts: []part{{Type: partText, Text: "c"}}}}},
 		},
 		{
 			name: "function calls join the assistant turn, outputs join one user turn, reasoning dropped",
@@ -60,7 +61,8 @@ func TestParseResponses(t *testing.T) {
 						{Type: partToolResult, ToolCallID: "call_2", Text: "noon"},
 					}},
 					{Role: "assistant", Parts: []part{{Type: partToolCall, ToolCallID: "call_3", ToolName: "again"}}},
-				}},
+				},
+				Dropped: []string{"input[1]", "input[2].content[1]"}},
 		},
 		{
 			name: "named tool_choice and billingTarget",
@@ -109,10 +111,8 @@ func TestParseResponsesRefuses(t *testing.T) {
 		{"function_call_output number", `{"model":"m","input":[{"type":"function_call_output","call_id":"c","output":1}]}`},
 		{"max_output_tokens 0", `{"model":"m","input":"x","max_output_tokens":0}`},
 		{"instructions array", `{"model":"m","input":"x","instructions":["a"]}`},
-		{"built-in tool", `{"model":"m","input":"x","tools":[{"type":"web_search"}]}`},
 		{"tool without name", `{"model":"m","input":"x","tools":[{"type":"function"}]}`},
 		{"nested tool_choice shape", `{"model":"m","input":"x","tool_choice":{"type":"function","function":{"name":"f"}}}`},
-		{"tool_choice allowed_tools", `{"model":"m","input":"x","tool_choice":{"type":"allowed_tools","mode":"auto","tools":[]}}`},
 		{"billingTarget without subscription", `{"model":"m","input":"x","billingTarget":{"accountId":"a"}}`},
 	}
 	for _, tc := range tests {
@@ -133,13 +133,13 @@ type testResponsesObject struct {
 	Object            string
 	Status            string
 	Model             string
-	IncompleteDetails *callerResponsesIncomplete `json:"incomplete_details"`
+	IncompleteDetails *responsesIncomplete `json:"incomplete_details"`
 	Output            []struct {
 		Type, ID, Status, Role, Name, Arguments string
 		CallID                                  string `json:"call_id"`
-		Content                                 []callerResponsesText
+		Content                                 []responsesPart
 	}
-	Usage *callerResponsesUsage
+	Usage *responsesUsage
 }
 
 // answerFromTestResponse turns a response object back into an answer. The
@@ -155,7 +155,7 @@ func answerFromTestResponse(t *testing.T, r testResponsesObject) chatAnswer {
 		switch it.Type {
 		case "message":
 			for _, c := range it.Content {
-				a.Text += c.Text
+				a.Text += *c.Text
 			}
 		case "function_call":
 			a.ToolCalls = append(a.ToolCalls, toolCall{ID: it.CallID, Name: it.Name, Arguments: it.Arguments})
@@ -295,7 +295,7 @@ func assembleResponsesStream(t *testing.T, frames []testSSEFrame) chatAnswer {
 }
 
 func TestRenderResponsesAnswer(t *testing.T) {
-	b, err := renderAnswer(dialectResponses, chatAnswer{Model: "alias", Text: "partial", Finish: finishLength,
+	b, err := renderAnswer(dialectResponses, chatRequest{}, chatAnswer{Model: "alias", Text: "partial", Finish: finishLength,
 		ToolCalls: []toolCall{{ID: "call_1", Name: "f", Arguments: `{"a":1}`}}, Usage: usage{4, 5, true}})
 	if err != nil {
 		t.Fatal(err)
@@ -321,7 +321,7 @@ func TestRenderResponsesAnswer(t *testing.T) {
 	if !strings.HasPrefix(fc["id"].(string), "fc_") || !cmp.Equal(wantFC, fc) {
 		t.Errorf("function_call item = %v", fc)
 	}
-	b, _ = renderAnswer(dialectResponses, chatAnswer{Model: "alias", Text: "done"})
+	b, _ = renderAnswer(dialectResponses, chatRequest{}, chatAnswer{Model: "alias", Text: "done"})
 	mustUnmarshalDialect(t, string(b), &got)
 	if got["status"] != "completed" || got["incomplete_details"] != nil || got["usage"] != nil || got["error"] != nil {
 		t.Errorf("completed response without usage = %s", b)

@@ -20,13 +20,13 @@ func TestParseMessages(t *testing.T) {
 				"metadata":{"user_id":"u"},"stop_sequences":["x"],"thinking":{"type":"enabled","budget_tokens":100},
 				"messages":[{"role":"user","content":"hi"}]}`,
 			want: chatRequest{Model: "anthropic/claude-sonnet-4-5", System: "be brief", MaxTokens: 1024, Temperature: dialectFloatPtr(0.2), Stream: true,
-				Messages: []message{dialectUserText("hi")}},
+				Stop: []string{"x"}, StopPath: "stop_sequences", Effort: "minimal", EffortPath: "thinking", Messages: []message{dialectUserText("hi")}, Dropped: []string{"metadata"}},
 		},
 		{
 			name: "system blocks join, max_tokens may be absent",
 			body: `{"model":"m","system":[{"type":"text","text":"a","cache_control":{"type":"ephemeral"}},{"type":"text","text":"b"}],
 				"messages":[{"role":"user","content":[{"type":"text","text":"q"}]}]}`,
-			want: chatRequest{Model: "m", System: "a\n\nb", Messages: []message{dialectUserText("q")}},
+			want: chatRequest{Model: "m", System: "a\n\nb", Messages: []message{dialectUserText("q")}, Dropped: []string{"system[0].cache_control"}},
 		},
 		{
 			name: "images",
@@ -65,12 +65,13 @@ func TestParseMessages(t *testing.T) {
 						{Type: partToolResult, ToolCallID: "toolu_2", Text: "rain\ncold", IsError: true},
 						{Type: partText, Text: "and?"},
 					}},
-				}},
+				},
+				Dropped: []string{"messages[1].content[0]"}},
 		},
 		{
 			name: "tool_choice kinds",
 			body: `{"model":"m","messages":[{"role":"user","content":"q"}],"tool_choice":{"type":"tool","name":"f","disable_parallel_tool_use":true}}`,
-			want: chatRequest{Model: "m", Messages: []message{dialectUserText("q")}, ToolChoice: &toolChoice{Mode: toolChoiceTool, Name: "f"}},
+			want: chatRequest{Model: "m", Messages: []message{dialectUserText("q")}, ToolChoice: &toolChoice{Mode: toolChoiceTool, Name: "f"}, ParallelToolCalls: ptrTo(false)},
 		},
 		{
 			name: "tool_choice none and billingTarget",
@@ -106,7 +107,6 @@ func TestParseMessagesRefuses(t *testing.T) {
 		{"content null", `{"model":"m","messages":[{"role":"user","content":null}]}`},
 		{"content empty", `{"model":"m","messages":[{"role":"user","content":[]}]}`},
 		{"only thinking", `{"model":"m","messages":[{"role":"assistant","content":[{"type":"thinking","thinking":"x"}]}]}`},
-		{"document block", `{"model":"m","messages":[{"role":"user","content":[{"type":"document","source":{"type":"text","data":"` + dialectPromptText + `"}}]}]}`},
 		{"text block without text", `{"model":"m","messages":[{"role":"user","content":[{"type":"text"}]}]}`},
 		{"image without source", `{"model":"m","messages":[{"role":"user","content":[{"type":"image"}]}]}`},
 		{"image base64 without data", `{"model":"m","messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","media_type":"image/png"}}]}]}`},
@@ -120,7 +120,6 @@ func TestParseMessagesRefuses(t *testing.T) {
 		{"tool_result image content", `{"model":"m","messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"image"}]}]}]}`},
 		{"max_tokens 0", `{"model":"m","max_tokens":0,"messages":[` + u + `]}`},
 		{"max_tokens string", `{"model":"m","max_tokens":"9","messages":[` + u + `]}`},
-		{"server tool", `{"model":"m","messages":[` + u + `],"tools":[{"type":"web_search_20250305","name":"web_search"}]}`},
 		{"tool without name", `{"model":"m","messages":[` + u + `],"tools":[{"input_schema":{"type":"object"}}]}`},
 		{"tool schema string", `{"model":"m","messages":[` + u + `],"tools":[{"name":"f","input_schema":"object"}]}`},
 		{"tool_choice string", `{"model":"m","messages":[` + u + `],"tool_choice":"auto"}`},
@@ -144,36 +143,36 @@ func TestRenderMessagesAnswer(t *testing.T) {
 		name       string
 		answer     chatAnswer
 		wantStop   string
-		wantBlocks []callerMessagesOutBlock
+		wantBlocks []messagesBlock
 	}{
 		{"text", chatAnswer{Model: "alias", Text: "hi", Finish: finishStop}, "end_turn",
-			[]callerMessagesOutBlock{{Type: "text", Text: dialectStrPtr("hi")}}},
+			[]messagesBlock{{Type: "text", Text: dialectStrPtr("hi")}}},
 		{"length", chatAnswer{Model: "alias", Text: "cut", Finish: finishLength}, "max_tokens",
-			[]callerMessagesOutBlock{{Type: "text", Text: dialectStrPtr("cut")}}},
+			[]messagesBlock{{Type: "text", Text: dialectStrPtr("cut")}}},
 		{"tool calls, broken arguments become {}", chatAnswer{Model: "alias", Text: "x", Finish: finishToolCalls, ToolCalls: []toolCall{
 			{ID: "toolu_1", Name: "f", Arguments: `{ "a": [1, 2] }`},
 			{ID: "toolu_2", Name: "g", Arguments: `{"a":`},
 			{ID: "toolu_3", Name: "h", Arguments: `[1]`},
-		}}, "tool_use", []callerMessagesOutBlock{
+		}}, "tool_use", []messagesBlock{
 			{Type: "text", Text: dialectStrPtr("x")},
 			{Type: "tool_use", ID: "toolu_1", Name: "f", Input: json.RawMessage(`{"a":[1,2]}`)},
 			{Type: "tool_use", ID: "toolu_2", Name: "g", Input: json.RawMessage(`{}`)},
 			{Type: "tool_use", ID: "toolu_3", Name: "h", Input: json.RawMessage(`{}`)},
 		}},
-		{"content filter, empty", chatAnswer{Model: "alias", Finish: finishContentFilter}, "refusal", []callerMessagesOutBlock{}},
+		{"content filter, empty", chatAnswer{Model: "alias", Finish: finishContentFilter}, "refusal", []messagesBlock{}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			b, err := renderAnswer(dialectMessages, tc.answer)
+			b, err := renderAnswer(dialectMessages, chatRequest{}, tc.answer)
 			if err != nil {
 				t.Fatal(err)
 			}
 			var got struct {
 				ID, Type, Role, Model string
-				Content               []callerMessagesOutBlock
+				Content               []messagesBlock
 				StopReason            string  `json:"stop_reason"`
 				StopSequence          *string `json:"stop_sequence"`
-				Usage                 *callerMessagesUsage
+				Usage                 *messagesUsage
 			}
 			mustUnmarshalDialect(t, string(b), &got)
 			if !strings.HasPrefix(got.ID, "msg_") || got.Type != "message" || got.Role != "assistant" || got.Model != "alias" ||
@@ -187,11 +186,11 @@ func TestRenderMessagesAnswer(t *testing.T) {
 	}
 }
 
-// finishFromTestStopReason inverts callerStopReason for the tests.
+// finishFromTestStopReason inverts messagesStopReason for the tests.
 func finishFromTestStopReason(t *testing.T, r string) string {
 	t.Helper()
 	for _, f := range []string{finishStop, finishLength, finishToolCalls, finishContentFilter} {
-		if callerStopReason(f) == r {
+		if *messagesStopReason(f) == r {
 			return f
 		}
 	}
@@ -204,14 +203,14 @@ type testMessagesEvent struct {
 	Type         string
 	Index        int
 	Message      struct{ Model string }
-	ContentBlock callerMessagesOutBlock `json:"content_block"`
+	ContentBlock messagesBlock `json:"content_block"`
 	Delta        struct {
 		Type        string
 		Text        string
 		PartialJSON string `json:"partial_json"`
 		StopReason  string `json:"stop_reason"`
 	}
-	Usage callerMessagesUsage
+	Usage messagesUsage
 }
 
 // assembleMessagesStream rebuilds the answer as Anthropic's SDKs do and
@@ -220,7 +219,7 @@ type testMessagesEvent struct {
 func assembleMessagesStream(t *testing.T, frames []testSSEFrame) chatAnswer {
 	t.Helper()
 	var a chatAnswer
-	var blocks []callerMessagesOutBlock
+	var blocks []messagesBlock
 	args := map[int]string{}
 	open := -1
 	for i, f := range frames {
@@ -273,9 +272,9 @@ func decodeMessagesAnswer(t *testing.T, body []byte) chatAnswer {
 	t.Helper()
 	var m struct {
 		Model      string
-		Content    []callerMessagesOutBlock
+		Content    []messagesBlock
 		StopReason string `json:"stop_reason"`
-		Usage      callerMessagesUsage
+		Usage      messagesUsage
 	}
 	mustUnmarshalDialect(t, string(body), &m)
 	a := chatAnswer{Model: m.Model, Finish: finishFromTestStopReason(t, m.StopReason),
