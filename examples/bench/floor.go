@@ -1,0 +1,52 @@
+package main
+
+import (
+	"crypto/subtle"
+	"fmt"
+	"log"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+)
+
+// serveFloor runs the floor Brama's gateway CPU is measured against: a bare
+// httputil.ReverseProxy in front of upstream that checks the caller's bearer
+// token ($BENCH_FLOOR_TOKEN), sends the provider key ($BENCH_UPSTREAM_KEY)
+// instead, keeps a pool of connections to upstream and flushes every write
+// at once, as Brama flushes every stream event. It does no more: no parse, no
+// route, no journal. It prints "listening on http://ADDR" and serves until
+// killed.
+func serveFloor(addr, upstream string) {
+	target, err := url.Parse(upstream)
+	if err != nil || target.Host == "" {
+		log.Fatalf("bench: -upstream %q is not a URL", upstream)
+	}
+	want := []byte("Bearer " + os.Getenv("BENCH_FLOOR_TOKEN"))
+	if len(want) == len("Bearer ") {
+		log.Fatal("bench: set BENCH_FLOOR_TOKEN to the token the floor accepts")
+	}
+	key := os.Getenv("BENCH_UPSTREAM_KEY")
+	proxy := &httputil.ReverseProxy{
+		Rewrite: func(r *httputil.ProxyRequest) {
+			r.SetURL(target)
+			r.Out.Header.Set("Authorization", "Bearer "+key)
+		},
+		Transport:     &http.Transport{MaxIdleConns: 512, MaxIdleConnsPerHost: 512},
+		FlushInterval: -1,
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("listening on http://%s\n", ln.Addr())
+	log.Fatal(http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got := []byte(r.Header.Get("Authorization"))
+		if subtle.ConstantTimeCompare(got, want) != 1 {
+			http.Error(w, `{"error":{"type":"authentication_error","message":"bad bearer token"}}`, http.StatusUnauthorized)
+			return
+		}
+		proxy.ServeHTTP(w, r)
+	})))
+}
