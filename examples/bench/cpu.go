@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -132,22 +133,32 @@ func (run cpuRun) sample(l leg) (int, error) {
 }
 
 // cpuTicks reads the user+system CPU of every thread of process pid so far,
-// in clock ticks (fields 14 and 15 of /proc/<pid>/stat).
+// in clock ticks.
 func cpuTicks(pid int) (int64, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return 0, err
 	}
-	// The command name (field 2) may hold spaces; the fields after it start
-	// with field 3.
-	fields := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
-	if len(fields) < 13 {
-		return 0, fmt.Errorf("/proc/%d/stat has %d fields after the name", pid, len(fields))
+	return parseStat(b)
+}
+
+// parseStat reads fields 14 and 15 (utime, stime) of a /proc/<pid>/stat
+// line and returns their sum.
+func parseStat(b []byte) (int64, error) {
+	// The command name (field 2, in parentheses) may hold spaces and
+	// parentheses; the fields after its last ')' start with field 3.
+	name := bytes.LastIndexByte(b, ')')
+	if name < 0 {
+		return 0, errors.New("a stat line without a command name")
+	}
+	fields := strings.Fields(string(b[name+1:]))
+	if len(fields) < 15-2 {
+		return 0, fmt.Errorf("a stat line of %d fields after the command name", len(fields))
 	}
 	utime, err1 := strconv.ParseInt(fields[14-3], 10, 64)
 	stime, err2 := strconv.ParseInt(fields[15-3], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("/proc/%d/stat: utime %q stime %q", pid, fields[11], fields[12])
+	if err1 != nil || err2 != nil || utime < 0 || stime < 0 {
+		return 0, fmt.Errorf("a stat line with utime %q and stime %q", fields[14-3], fields[15-3])
 	}
 	return utime + stime, nil
 }

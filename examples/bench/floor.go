@@ -2,6 +2,7 @@ package main
 
 import (
 	"crypto/subtle"
+	"errors"
 	"fmt"
 	"log"
 	"net"
@@ -11,23 +12,35 @@ import (
 	"os"
 )
 
-// serveFloor runs the floor Brama's gateway CPU is measured against: a bare
-// httputil.ReverseProxy in front of upstream that checks the caller's bearer
-// token ($BENCH_FLOOR_TOKEN), sends the provider key ($BENCH_UPSTREAM_KEY)
-// instead, keeps a pool of connections to upstream and flushes every write
-// at once, as Brama flushes every stream event. It does no more: no parse, no
-// route, no journal. It prints "listening on http://ADDR" and serves until
-// killed.
+// serveFloor serves the floor on addr: it prints "listening on http://ADDR"
+// and serves until killed.
 func serveFloor(addr, upstream string) {
+	h, err := newFloor(upstream, os.Getenv("BENCH_FLOOR_TOKEN"), os.Getenv("BENCH_UPSTREAM_KEY"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("listening on http://%s\n", ln.Addr())
+	log.Fatal(http.Serve(ln, h))
+}
+
+// newFloor is the floor Brama's gateway CPU is measured against: a bare
+// httputil.ReverseProxy in front of upstream that checks the caller's bearer
+// token, sends the provider key instead, keeps a pool of connections to
+// upstream and flushes every write at once, as Brama flushes every stream
+// event. It does no more: no parse, no route, no journal.
+func newFloor(upstream, token, key string) (http.Handler, error) {
 	target, err := url.Parse(upstream)
 	if err != nil || target.Host == "" {
-		log.Fatalf("bench: -upstream %q is not a URL", upstream)
+		return nil, fmt.Errorf("bench: -upstream %q is not a URL", upstream)
 	}
-	want := []byte("Bearer " + os.Getenv("BENCH_FLOOR_TOKEN"))
-	if len(want) == len("Bearer ") {
-		log.Fatal("bench: set BENCH_FLOOR_TOKEN to the token the floor accepts")
+	if token == "" {
+		return nil, errors.New("bench: set BENCH_FLOOR_TOKEN to the token the floor accepts")
 	}
-	key := os.Getenv("BENCH_UPSTREAM_KEY")
+	want := []byte("Bearer " + token)
 	proxy := &httputil.ReverseProxy{
 		Rewrite: func(r *httputil.ProxyRequest) {
 			r.SetURL(target)
@@ -36,17 +49,12 @@ func serveFloor(addr, upstream string) {
 		Transport:     &http.Transport{MaxIdleConns: 512, MaxIdleConnsPerHost: 512},
 		FlushInterval: -1,
 	}
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		log.Fatal(err)
-	}
-	fmt.Printf("listening on http://%s\n", ln.Addr())
-	log.Fatal(http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		got := []byte(r.Header.Get("Authorization"))
 		if subtle.ConstantTimeCompare(got, want) != 1 {
 			http.Error(w, `{"error":{"type":"authentication_error","message":"bad bearer token"}}`, http.StatusUnauthorized)
 			return
 		}
 		proxy.ServeHTTP(w, r)
-	})))
+	}), nil
 }
