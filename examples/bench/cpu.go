@@ -73,9 +73,9 @@ func (run cpuRun) compare(floor, brama target, maxBuffered, maxStream float64) b
 	perRequest := make([][]float64, len(legs)) // µs of gateway CPU, one a round
 	for r := range run.rounds {
 		for i, l := range legs {
-			us, errors, err := run.measure(l)
-			if err != nil || errors > 0 {
-				fmt.Printf("FAIL: round %d, %s%s: %d errors %v\n", r+1, l.to.base, l.path, errors, err)
+			us, failed, err := run.measure(l)
+			if err != nil || failed > 0 {
+				fmt.Printf("FAIL: round %d, %s%s: %d requests failed %v\n", r+1, l.to.base, l.path, failed, err)
 				ok = false
 			}
 			perRequest[i] = append(perRequest[i], us)
@@ -106,7 +106,7 @@ func (run cpuRun) compare(floor, brama target, maxBuffered, maxStream float64) b
 }
 
 // measure sends one leg's load and returns the target's CPU per request.
-func (run cpuRun) measure(l leg) (us float64, errors int, err error) {
+func (run cpuRun) measure(l leg) (us float64, failed int, err error) {
 	before, err := cpuTicks(l.to.pid)
 	if err != nil {
 		return 0, 0, err
