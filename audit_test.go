@@ -203,16 +203,16 @@ func TestSignedAnswerNeverKeepsAPreDispatchRefusal(t *testing.T) {
 	env["BRAMA_PROVIDER_KIMI_BASE_URL"] = fake.URL
 	d := startDaemon(t, env, "")
 	tok, _ := agentWithSubs(t, d, "a1", "kimi", "kimi-1")
-	body := chatBody(dialectChat, "task:summarize", false, "")
+	body := chatBody(dialectChat, "summarize", false, "")
 	status, hdr, b := d.call("POST", "/v1/chat/completions", tok, body, "Idempotency-Key", "k1")
-	if status != 400 || hdr.Get("Brama-Answer-Signature") != "" {
-		t.Fatalf("task without checks, with a key: %d %s (signature %q); want 400, not kept", status, b, hdr.Get("Brama-Answer-Signature"))
+	if status != 404 || hdr.Get("Brama-Answer-Signature") != "" {
+		t.Fatalf("an undeclared alias, with a key: %d %s (signature %q); want 404, not kept", status, b, hdr.Get("Brama-Answer-Signature"))
 	}
-	if s, _, b := d.call("POST", "/v1/admin/checks", d.token, `{"agent_id":"a1","task":"summarize","model":"kimi/k2","status":"pass"}`); s != 201 {
-		t.Fatalf("check: %d %s", s, b)
+	if s, _, b := d.call("PUT", "/v1/admin/routes", d.token, `{"alias":"summarize","route":"kimi/k2"}`); s != 200 {
+		t.Fatalf("declare the alias: %d %s", s, b)
 	}
 	status, hdr, b = d.call("POST", "/v1/chat/completions", tok, body, "Idempotency-Key", "k1")
 	if status != 200 || hdr.Get("Brama-Answer-Replayed") != "" || fake.total() != 1 {
-		t.Errorf("the same key after the check was recorded: %d %s replayed=%q calls=%d; want a fresh dispatch", status, b, hdr.Get("Brama-Answer-Replayed"), fake.total())
+		t.Errorf("the same key after the alias was declared: %d %s replayed=%q calls=%d; want a fresh dispatch", status, b, hdr.Get("Brama-Answer-Replayed"), fake.total())
 	}
 }

@@ -92,10 +92,6 @@ func (s *server) plan(ri *requestInfo, req *chatRequest) (call, error) {
 			if err := s.applyMaxTokens(req, res); err != nil {
 				return call{}, err
 			}
-		case modeTask: // no passing checks is a refusal before dispatch (SPEC §7.3)
-			if _, err := s.taskCandidates(ri.agentID, res.Task); err != nil {
-				return call{}, err
-			}
 		}
 		return call{res: res}, nil
 	}

@@ -321,22 +321,6 @@ func (j *journal) logBad(id fileIdentity, first int, bad []journalBadLine) {
 	}
 }
 
-// checks returns every "check" record in file order: the task-quality
-// evidence task selectors read (SPEC §7.3).
-func (j *journal) checks() ([]journalRecord, error) {
-	recs, err := j.read()
-	if err != nil {
-		return nil, err
-	}
-	var out []journalRecord
-	for _, r := range recs {
-		if r.Kind == "check" {
-			out = append(out, r)
-		}
-	}
-	return out, nil
-}
-
 // retired folds retire and reinstate (SPEC §9: the later one in file order
 // decides, per subscription) into the set of retired subscription ids.
 // Eligibility asks on every request (SPEC §2.3), so the fold is kept and

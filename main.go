@@ -22,9 +22,7 @@
 //	        | retire -agent A [-reason R] ID | reinstate -agent A -reason R ID
 //	        | import -provider claude-code|codex -from FILE -agent A [-label L]
 //	        | sign-in -provider claude-code|codex -agent A [-id ID | -label L]
-//	        | refresh -reason R PROVIDER
 //	        (each takes -gateway URL; bearer from BRAMA_TOKEN, else stdin's first line)
-//	brama tasks record -agent A -model ROUTE -status pass|fail [-score F] TASK
 //	brama onboard [-model ROUTE] [-allow-provider-cost]
 //	brama journal check
 //	brama maintain [-gateway URL] [-json]
@@ -94,7 +92,7 @@ func exitCode(err error, stderr io.Writer) int {
 // after every goroutine it started has exited.
 func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return &usageError{"usage: brama serve|version|routes|clients|agents|credentials|subscription|tasks|onboard|journal|maintain|answers ... (-h on each)"}
+		return &usageError{"usage: brama serve|version|routes|clients|agents|credentials|subscription|onboard|journal|maintain|answers ... (-h on each)"}
 	}
 	env := cliEnv{ctx: ctx, getenv: getenv, stdin: stdin, stdout: stdout, stderr: stderr}
 	cmd, rest := args[0], args[1:]
@@ -116,8 +114,6 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		return env.sub("credentials", rest, map[string]func([]string) error{"set": env.credentialsSet})
 	case "subscription":
 		return env.subscriptionCmd(rest)
-	case "tasks":
-		return env.sub("tasks", rest, map[string]func([]string) error{"record": env.tasksRecord})
 	case "onboard":
 		return env.onboardCmd(rest)
 	case "journal":
@@ -127,7 +123,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	case "answers":
 		return env.answersCmd(rest)
 	case "-h", "-help", "--help", "help":
-		fmt.Fprintln(stdout, "usage: brama serve|version|routes|clients|agents|credentials|subscription|tasks|onboard|journal|maintain|answers ... (-h on each)")
+		fmt.Fprintln(stdout, "usage: brama serve|version|routes|clients|agents|credentials|subscription|onboard|journal|maintain|answers ... (-h on each)")
 		return nil
 	}
 	return &usageError{fmt.Sprintf("unknown command %q", cmd)}

@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"regexp"
 	"strings"
 )
 
@@ -85,21 +84,16 @@ func (r *registry) aliases(hasDirect func(provider string) bool) (aliasTable, er
 const (
 	modeAny          = "any"
 	modeAnyVision    = "any-vision-capable"
-	modeTask         = "task"
 	modeBest         = "best"
 	modeSubscription = "subscription"
 	modeAlias        = "alias"
 	modeDirect       = "direct"
 )
 
-// taskPattern is §9's task name.
-var taskPattern = regexp.MustCompile(`^[a-z0-9._-]{1,64}$`)
-
 // resolution is what a request's model names (SPEC §5.1) and the path it
 // takes (SPEC §5.3).
 type resolution struct {
 	Mode     string
-	Task     string       // modeTask
 	Alias    string       // set when reached through an alias
 	Route    string       // canonical "provider/model"; "" for selectors and best
 	Provider providerInfo // zero for selectors and best
@@ -122,12 +116,6 @@ func resolveModel(name string, doc *routesDoc, docErr error, hasDirect func(stri
 		return resolution{Mode: modeAny}, nil
 	case strings.EqualFold(name, modeAnyVision):
 		return resolution{Mode: modeAnyVision}, nil
-	case strings.HasPrefix(name, "task:"):
-		task := strings.TrimPrefix(name, "task:")
-		if !taskPattern.MatchString(task) {
-			return resolution{}, refuse("invalid_request", "model %q: a task name must match [a-z0-9._-]{1,64}", truncateUTF8(name, 200))
-		}
-		return resolution{Mode: modeTask, Task: task}, nil
 	case name == modeBest:
 		return resolution{Mode: modeBest}, nil
 	}

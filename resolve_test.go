@@ -120,12 +120,6 @@ func TestResolveModel(t *testing.T) {
 		{name: "any", model: "any", want: resolution{Mode: modeAny}},
 		{name: "any any case", model: "ANY", want: resolution{Mode: modeAny}},
 		{name: "any-vision-capable any case", model: "Any-Vision-Capable", want: resolution{Mode: modeAnyVision}},
-		{name: "task", model: "task:summarize.v2", want: resolution{Mode: modeTask, Task: "summarize.v2"}},
-		{name: "task wins over billingTarget", model: "task:x", billing: true, want: resolution{Mode: modeTask, Task: "x"}},
-		{name: "task upper case", model: "task:Summarize", code: "invalid_request"},
-		{name: "task empty", model: "task:", code: "invalid_request"},
-		{name: "task too long", model: "task:" + strings.Repeat("a", 65), code: "invalid_request"},
-		{name: "task with slash", model: "task:a/b", code: "invalid_request"},
 		// rule 2: best.
 		{name: "best", model: "best", want: resolution{Mode: modeBest}},
 		// rule 3: aliases.
@@ -167,6 +161,10 @@ func TestResolveModel(t *testing.T) {
 		{name: "unknown provider", model: "nosuch/model", code: "alias_unknown", details: &aliasDetails{Alias: "nosuch/model", State: "no_route"}},
 		{name: "bare vendor model name", model: "gpt-4o", code: "alias_unknown", details: &aliasDetails{Alias: "gpt-4o", State: "no_route"}},
 		{name: "selector-like case", model: "BEST", code: "alias_unknown", details: &aliasDetails{Alias: "BEST", State: "no_route"}},
+		{name: "retired task selector", model: "task:x", code: "alias_unknown", details: &aliasDetails{Alias: "task:x", State: "no_route"}},
+		{name: "retired task selector with billingTarget", model: "task:x", billing: true, code: "alias_unknown",
+			details: &aliasDetails{Alias: "task:x", State: "no_route"}},
+		{name: "retired task selector with slash", model: "task:a/b", code: "alias_unknown", details: &aliasDetails{Alias: "task:a/b", State: "no_route"}},
 		{name: "empty model", model: "", code: "invalid_request"},
 		// An invalid registry: aliases cannot be told apart from unknown names.
 		{name: "invalid registry: alias", model: "chat", docErr: invalid, code: "alias_unserviceable",
@@ -176,7 +174,8 @@ func TestResolveModel(t *testing.T) {
 		{name: "invalid registry: local-openai needs deployments", model: "local-openai/qwen-local", docErr: invalid, code: "alias_unserviceable",
 			details: &aliasDetails{Alias: "local-openai/qwen-local", State: "routes_file_invalid"}},
 		{name: "invalid registry: selector", model: "any", docErr: invalid, want: resolution{Mode: modeAny}},
-		{name: "invalid registry: task", model: "task:x", docErr: invalid, want: resolution{Mode: modeTask, Task: "x"}},
+		{name: "invalid registry: retired task selector", model: "task:x", docErr: invalid, code: "alias_unserviceable",
+			details: &aliasDetails{Alias: "task:x", State: "routes_file_invalid"}},
 		{name: "invalid registry: best", model: "best", docErr: invalid, want: resolution{Mode: modeBest}},
 		{name: "invalid registry: canonical", model: "openai/gpt-4o", docErr: invalid, want: resolution{Mode: modeDirect, Route: "openai/gpt-4o",
 			Provider: regProvider(t, "openai"), Model: "gpt-4o"}},

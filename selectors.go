@@ -15,8 +15,6 @@ func (s *server) candidates(res resolution, agent string) ([]resolution, error) 
 		doc = nil // an invalid registry offers no alias candidates
 	}
 	switch res.Mode {
-	case modeTask:
-		return s.taskCandidates(agent, res.Task)
 	case modeBest:
 		var out []resolution
 		if doc != nil {
@@ -125,57 +123,6 @@ func (s *server) candidateModels(provider string, doc *routesDoc) []string {
 func (s *server) takesImages(provider, model string) bool {
 	info, ok, _ := s.catalog.lookup(provider, model)
 	return ok && slices.Contains(info.Input, "image")
-}
-
-// taskCandidates: for this agent and task, each model's latest check record
-// in journal order, keeping passes; by score, then newest, then route.
-func (s *server) taskCandidates(agent, task string) ([]resolution, error) {
-	recs, err := s.journal.checks()
-	if err != nil {
-		return nil, err
-	}
-	latest := map[string]journalRecord{}
-	for _, rec := range recs {
-		if rec.AgentID == agent && rec.Task == task {
-			latest[rec.Model] = rec
-		}
-	}
-	var passing []journalRecord
-	for _, rec := range latest {
-		if rec.Status == "pass" {
-			passing = append(passing, rec)
-		}
-	}
-	slices.SortFunc(passing, func(a, b journalRecord) int {
-		if c := cmp.Compare(score(b), score(a)); c != 0 {
-			return c
-		}
-		if c := strings.Compare(b.At, a.At); c != 0 {
-			return c
-		}
-		return strings.Compare(a.Model, b.Model)
-	})
-	var out []resolution
-	for _, rec := range passing {
-		if c, ok := canonicalCandidate(rec.Model); ok {
-			c.Mode = modeTask
-			out = append(out, c)
-		}
-	}
-	if len(out) == 0 {
-		return nil, refuse("invalid_request", "no passing quality checks recorded for task %q", task)
-	}
-	return out, nil
-}
-
-func score(r journalRecord) float64 {
-	if r.Score != nil {
-		return *r.Score
-	}
-	if r.Status == "pass" {
-		return 1
-	}
-	return 0
 }
 
 func dedupe(s []string) []string {

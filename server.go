@@ -64,7 +64,6 @@ func (s *server) routes() {
 	s.mux.Handle("GET /v1/admin/routes", s.admin(s.handleRoutesGet))
 	s.mux.Handle("PUT /v1/admin/routes", s.admin(s.handleRoutesPut))
 	s.mux.Handle("DELETE /v1/admin/routes", s.admin(s.handleRoutesDelete))
-	s.mux.Handle("POST /v1/admin/checks", s.admin(s.handleChecks))
 	s.mux.Handle("GET /v1/subscriptions/{agent_id}", s.caller(s.subscriptionOwner(s.handleSubscriptionList)))
 	s.mux.Handle("POST /v1/subscriptions/{agent_id}", s.caller(s.subscriptionOwner(s.handleSubscriptionDonate)))
 	s.mux.Handle("DELETE /v1/subscriptions/{agent_id}/{subscription_id}", s.caller(s.subscriptionOwner(s.handleSubscriptionRetire)))
@@ -75,7 +74,6 @@ func (s *server) routes() {
 	s.mux.Handle("POST /v1/admin/maintain", s.admin(s.handleMaintain(s.maint)))
 	s.mux.Handle("PUT /v1/admin/subscriptions/{agent_id}/{subscription_id}/credential", s.admin(s.subscriptionAgentAgrees(s.handleSubscriptionCredential)))
 	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/probe", s.admin(s.subscriptionAgentAgrees(s.handleSubscriptionProbe)))
-	s.mux.Handle("POST /v1/admin/subscriptions/refresh", s.admin(s.handleOperatorRefresh))
 }
 
 // requestInfo is what the per-request log line reports (SPEC §13); handlers

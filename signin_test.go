@@ -317,7 +317,6 @@ func TestOperatorRoutesWithoutStateDir(t *testing.T) {
 	tests := []struct{ name, method, path, body string }{
 		{"credential", "PUT", "/v1/admin/subscriptions/a1/sub_0123456789abcdef/credential", `{"api_key":"sk-nostate-0123456789"}`},
 		{"probe", "POST", "/v1/admin/subscriptions/a1/sub_0123456789abcdef/probe", ""},
-		{"refresh", "POST", "/v1/admin/subscriptions/refresh", `{"provider":"claude-code","reason":"rotate"}`},
 		{"sign-in donation", "POST", "/v1/admin/subscriptions/a1?via=sign-in", `{"provider":"kimi","api_key":"sk-nostate-0123456789"}`},
 	}
 	for _, tc := range tests {
@@ -329,8 +328,8 @@ func TestOperatorRoutesWithoutStateDir(t *testing.T) {
 			}
 		})
 	}
-	out, errOut, code := runCLI(t, map[string]string{"BRAMA_TOKEN": d.token}, "", "subscription", "refresh", "claude-code", "-reason", "x", "-gateway", d.url)
+	out, errOut, code := runCLI(t, map[string]string{"BRAMA_TOKEN": d.token}, "", "subscription", "list", "-agent", "a1", "-gateway", d.url)
 	if code != 1 || !strings.Contains(errOut, "$HOME is not defined") {
-		t.Errorf("refresh CLI without a state dir: exit %d, %q %q", code, out, errOut)
+		t.Errorf("subscription CLI without a state dir: exit %d, %q %q", code, out, errOut)
 	}
 }

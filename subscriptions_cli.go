@@ -27,7 +27,7 @@ func (e cliEnv) subscriptionCmd(args []string) error {
 	return e.sub("subscription", args, map[string]func([]string) error{
 		"add": e.subscriptionAdd, "list": e.subscriptionList, "retire": e.subscriptionRetire,
 		"reinstate": e.subscriptionReinstate, "import": e.subscriptionImport,
-		"sign-in": e.subscriptionSignIn, "refresh": e.subscriptionRefresh,
+		"sign-in": e.subscriptionSignIn,
 	})
 }
 

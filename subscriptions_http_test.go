@@ -624,7 +624,7 @@ func TestSubscriptionCLI(t *testing.T) {
 		{"reinstate without reason", withToken, "", []string{"subscription", "reinstate", "-agent", "a1", id1}, 2, "-reason"},
 		{"list without agent", withToken, "", []string{"subscription", "list"}, 2, "-agent"},
 		{"retire without id", withToken, "", []string{"subscription", "retire", "-agent", "a1"}, 2, "usage"},
-		{"unknown subcommand", withToken, "", []string{"subscription", "frobnicate"}, 2, "add|import|list|refresh|reinstate|retire|sign-in"},
+		{"unknown subcommand", withToken, "", []string{"subscription", "frobnicate"}, 2, "add|import|list|reinstate|retire|sign-in"},
 		{"import of kimi", withToken, "", []string{"subscription", "import", "-provider", "kimi", "-from", claudeFile, "-agent", "a1"}, 2, "claude-code or codex"},
 		{"no token", env, "", []string{"subscription", "list", "-agent", "a1"}, 1, "BRAMA_TOKEN"},
 		{"wrong token", env, "brama_wrong\n", []string{"subscription", "list", "-agent", "a1"}, 1, "401 unauthenticated"},

@@ -438,7 +438,7 @@ func (s *server) checkBillingTarget(bt *billingTarget, provider, agent string) e
 	return nil
 }
 
-// walkSelector serves any, any-vision-capable, task:<name> and best (SPEC
+// walkSelector serves any, any-vision-capable and best (SPEC
 // §7.3): every candidate in order, each an explicit subscription route.
 func (s *server) walkSelector(w http.ResponseWriter, r *http.Request, dialect string, req chatRequest, res resolution, agent string) {
 	cands, err := s.candidates(res, agent)

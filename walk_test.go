@@ -284,52 +284,6 @@ func TestAnySkipsRefusedProvider(t *testing.T) {
 	}
 }
 
-func TestTaskSelector(t *testing.T) {
-	clock := &testClock{t: time.Now()}
-	testingOnlyNow = clock.now
-	defer func() { testingOnlyNow = nil }()
-	env := stateEnv(t)
-	fake := newKeyedFake(t, map[string]string{"kimi-1": "404", "groq-1": "404"})
-	env["BRAMA_PROVIDER_KIMI_BASE_URL"] = fake.URL
-	env["BRAMA_PROVIDER_GROQ_BASE_URL"] = fake.URL
-	d := startDaemon(t, env, "")
-	tok, _ := agentWithSubs(t, d, "a1", "kimi", "kimi-1")
-	donate(t, d, "a1", "groq", "groq-1")
-
-	status, _, body := d.call("POST", "/v1/chat/completions", tok, chatBody(dialectChat, "task:x", false, ""))
-	if e := envelopeOf(t, body); status != 400 || e["code"] != "invalid_request" || e["attempts"] != nil || fake.total() != 0 {
-		t.Fatalf("task without checks: %d %s, %d calls; want 400 before any call", status, body, fake.total())
-	}
-	for _, c := range []string{
-		`{"agent_id":"a1","task":"x","model":"kimi/low","status":"pass","score":0.5}`,
-		`{"agent_id":"a1","task":"x","model":"kimi/old-high","status":"pass","score":0.9}`,
-		`{"agent_id":"a1","task":"x","model":"groq/new-high","status":"pass","score":0.9}`,
-		`{"agent_id":"a1","task":"x","model":"kimi/failed","status":"fail"}`,
-		`{"agent_id":"a1","task":"x","model":"kimi/later-failed","status":"pass"}`,
-		`{"agent_id":"a1","task":"x","model":"kimi/later-failed","status":"fail"}`,
-		`{"agent_id":"a1","task":"y","model":"kimi/other-task","status":"pass"}`,
-	} {
-		if s, _, b := d.call("POST", "/v1/admin/checks", d.token, c); s != 201 {
-			t.Fatalf("POST /v1/admin/checks %s: %d %s", c, s, b)
-		}
-		clock.advance(time.Second) // each record gets its own `at`
-	}
-	if s, _, b := d.call("POST", "/v1/admin/checks", d.token, `{"agent_id":"ghost","task":"x","model":"kimi/a","status":"pass"}`); s != 400 {
-		t.Errorf("check for an unknown agent: %d %s", s, b)
-	}
-	status, hdr, body := d.call("POST", "/v1/chat/completions", tok, chatBody(dialectChat, "task:x", false, ""))
-	fake.mu.Lock()
-	seen := slices.Clone(fake.seen)
-	fake.mu.Unlock()
-	want := []string{"groq-1 new-high", "kimi-1 old-high", "kimi-1 low"}
-	if !slices.Equal(seen, want) {
-		t.Errorf("candidate order = %v, want %v (score, then newest)", seen, want)
-	}
-	if e := envelopeOf(t, body); status != 502 || e["code"] != "provider_failure" || e["attempts"] != float64(3) || hdr.Get("Brama-Attempts") != "3" {
-		t.Errorf("every candidate refused 404: %d %s", status, body)
-	}
-}
-
 func TestBillingTargetAndRetired(t *testing.T) {
 	env := stateEnv(t)
 	fake := newKeyedFake(t, map[string]string{"a-kimi": "200", "a-kimi-2": "200", "b-kimi": "200", "a-groq": "200"})
@@ -400,7 +354,7 @@ func TestBillingTargetAndRetired(t *testing.T) {
 func TestSubscriptionRouteNeedsAgent(t *testing.T) {
 	env := stateEnv(t)
 	d := startDaemon(t, env, "")
-	for _, model := range []string{"kimi/k2", "any", "best", "task:x"} {
+	for _, model := range []string{"kimi/k2", "any", "best"} {
 		status, _, body := d.call("POST", "/v1/chat/completions", d.token, chatBody(dialectChat, model, false, ""))
 		e := envelopeOf(t, body)
 		if status != 401 || !strings.Contains(fmt.Sprint(e["message"]), "sign the request") || e["attempts"] != nil {

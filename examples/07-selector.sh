@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Selectors: `any` walks the agent's subscription models (alias destinations,
-# then the catalogue's newest), and `task:<name>` follows recorded checks.
+# then the catalogue's newest). `task:<name>` is retired: an undeclared alias.
 . "$(dirname "$0")/lib.sh"
 start_stub
 export BRAMA_PROVIDER_KIMI_BASE_URL="$STUB_URL/v1"
@@ -14,7 +14,4 @@ chat() { curl -s -H "Authorization: Bearer $app" -d "{\"model\":\"$1\",\"message
 out=$(chat any)
 expect "any answers from the candidate route" "$(echo "$out" | jq -r .model)" "kimi/stub-model"
 out=$(chat task:review)
-expect "no checks yet" "$(echo "$out" | jq -r '.error.code + " " + (.error | has("attempts") | tostring)')" "invalid_request false"
-"$BRAMA" tasks record -agent a1 -model kimi/stub-model -status pass -score 0.8 review
-out=$(chat task:review)
-expect "task answers" "$(echo "$out" | jq -r .model)" "kimi/stub-model"
+expect "task: is no selector" "$(echo "$out" | jq -r '.error.code + " " + (.error | has("attempts") | tostring)')" "alias_unknown false"

@@ -26,9 +26,6 @@ echo "ok: refused code: $(tail -1 "$WORK/bad.err")"
 app=$("$BRAMA" clients add app-a1 -agent a1 2>/dev/null)
 out=$(curl -s -H "Authorization: Bearer $app" -d '{"model":"claude-code/claude-haiku-4-5","max_tokens":50,"messages":[{"role":"user","content":"hi"}]}' "$BRAMA_URL/v1/messages")
 expect "answered" "$(echo "$out" | jq -r '.content[0].text')" "Hello from the stub provider."
-# An operator refresh forces one refresh of every active claude-code grant, journaled.
-"$BRAMA" subscription refresh -gateway "$BRAMA_URL" claude-code -reason "example rotation"
-expect "refresh journaled" "$(grep -c '"kind":"subscription_refresh"' "$BRAMA_STATE_DIR/journal.jsonl")" "1"
 # Tokens live only in the vault.
 if grep -rlq 'stub-access-\|stub-refresh-' --exclude=vault.json "$BRAMA_STATE_DIR" "$WORK/brama.err"; then
 	echo "FAIL: a token left the vault" >&2

@@ -1,0 +1,79 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestCheck builds a small repository and shows the check passing on it,
+// then failing for each kind of gap it exists to catch.
+func TestCheck(t *testing.T) {
+	const errorsGo = "package main\n\nvar codes = map[string]int{\n\t\"invalid_request\": 400,\n\t\"not_found\": 404,\n}\n"
+	const testGo = "package main\n\nimport \"testing\"\n\nfunc TestRefusals(t *testing.T) {}\n"
+	complete := "| outcome | example | test | run |\n|---|---|---|---|\n" +
+		"| `invalid_request` | `examples/12-refusals.sh` | `TestRefusals` | `go test -run TestRefusals .` |\n" +
+		"| `not_found` | — | `clients:openai-sdk-404` | `examples/clients/run openai-sdk-404` |\n"
+	for _, rule := range seedRules {
+		complete += "| " + rule + " | — | `TestRefusals` | |\n"
+	}
+	tests := []struct {
+		name     string
+		edit     func(md, errs string) (string, string)
+		wantFind string
+	}{
+		{"complete", func(m, e string) (string, string) { return m, e }, ""},
+		{"code without a row", func(m, e string) (string, string) {
+			return m, strings.Replace(e, "}\n", "\t\"state_conflict\": 409,\n}\n", 1)
+		}, "error code state_conflict has no row"},
+		{"row naming a missing test", func(m, e string) (string, string) {
+			return strings.Replace(m, "`TestRefusals` | `go", "`TestGone` | `go", 1), e
+		}, "test TestGone does not exist"},
+		{"row naming a missing example", func(m, e string) (string, string) {
+			return strings.Replace(m, "examples/12-refusals.sh", "examples/99-gone.sh", 1), e
+		}, "example examples/99-gone.sh does not exist"},
+		{"row naming a missing client check", func(m, e string) (string, string) {
+			return strings.Replace(m, "openai-sdk-404`", "openai-sdk-999`", 1), e
+		}, "examples/clients check openai-sdk-999 does not exist"},
+		{"seed rule without a row", func(m, e string) (string, string) {
+			return strings.Replace(m, "| replay guard |", "| something else |", 1), e
+		}, `seed rule "replay guard" has no row`},
+		{"row naming no test", func(m, e string) (string, string) {
+			return strings.Replace(m, "`clients:openai-sdk-404`", "by hand", 1), e
+		}, "the row names no test that proves it"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			md, errs := tt.edit(complete, errorsGo)
+			write(t, dir, "errors.go", errs)
+			write(t, dir, "refusals_test.go", testGo)
+			write(t, dir, "TESTING.md", md)
+			write(t, dir, "examples/12-refusals.sh", "#!/bin/sh\n")
+			write(t, dir, "examples/clients/checks.mjs", "check('openai-sdk-404', async () => {})\n")
+			findings, err := check(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := strings.Join(findings, "\n")
+			if tt.wantFind == "" && got != "" {
+				t.Fatalf("findings on a complete repository:\n%s", got)
+			}
+			if tt.wantFind != "" && !strings.Contains(got, tt.wantFind) {
+				t.Fatalf("findings %q do not contain %q", got, tt.wantFind)
+			}
+		})
+	}
+}
+
+func write(t *testing.T, dir, name, content string) {
+	t.Helper()
+	path := filepath.Join(dir, name)
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}

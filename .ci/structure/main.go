@@ -1,0 +1,226 @@
+// Command structure checks the shape of Brama's package (issue 11):
+//
+//   - no two of the core files use each other's package-level names in
+//     both directions (a file uses only files below it);
+//   - the abort after a committed stream is written once;
+//   - non-test Go stays within its line budget, no file over its limit;
+//   - every function README's "Reading the code" table names exists.
+//
+// It parses and type-checks the package with go/parser and go/types, and
+// prints one line per finding; it exits 1 when there is any. Run it from
+// the repository root: go run ./.ci/structure
+package main
+
+import (
+	"bufio"
+	"flag"
+	"fmt"
+	"go/ast"
+	"go/importer"
+	"go/parser"
+	"go/token"
+	"go/types"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+)
+
+// core are the files whose mutual use is checked, by base name.
+var core = []string{
+	"server", "dispatch", "chat", "messages", "responses", "providers",
+	"registry", "subscriptions", "ledger", "oauth", "maintain", "journal",
+	"state", "errors",
+}
+
+func main() {
+	dir := flag.String("dir", ".", "the package directory")
+	maxTotal := flag.Int("max-total", 8000, "most non-test Go lines in the package")
+	maxFile := flag.Int("max-file", 650, "most lines in one non-test Go file")
+	readme := flag.String("readme", "README.md", "the README holding the rules table")
+	flag.Parse()
+	findings, err := check(*dir, *readme, *maxTotal, *maxFile)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "structure:", err)
+		os.Exit(2)
+	}
+	for _, f := range findings {
+		fmt.Println(f)
+	}
+	if len(findings) > 0 {
+		os.Exit(1)
+	}
+}
+
+func check(dir, readme string, maxTotal, maxFile int) ([]string, error) {
+	fset := token.NewFileSet()
+	names, err := filepath.Glob(filepath.Join(dir, "*.go"))
+	if err != nil {
+		return nil, err
+	}
+	var files []*ast.File
+	var findings []string
+	total := 0
+	for _, name := range names {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, 0)
+		if err != nil {
+			return nil, err
+		}
+		files = append(files, f)
+		lines := fset.File(f.Pos()).LineCount()
+		total += lines
+		if lines > maxFile {
+			findings = append(findings, fmt.Sprintf("%s: %d lines (more than %d)", filepath.Base(name), lines, maxFile))
+		}
+	}
+	if total > maxTotal {
+		findings = append(findings, fmt.Sprintf("package: %d non-test lines (more than %d)", total, maxTotal))
+	}
+
+	info := &types.Info{Uses: map[*ast.Ident]types.Object{}, Defs: map[*ast.Ident]types.Object{}}
+	conf := types.Config{Importer: importer.ForCompiler(fset, "source", nil)}
+	pkg, err := conf.Check("main", fset, files, info)
+	if err != nil {
+		return nil, err
+	}
+
+	// uses[a][b]: file a uses a package-level name (or a field or method of
+	// a package-level type) declared in file b.
+	uses := map[string]map[string]string{}
+	for id, obj := range info.Uses {
+		if obj.Pkg() != pkg || !obj.Pos().IsValid() {
+			continue
+		}
+		if obj.Parent() != nil && obj.Parent() != pkg.Scope() {
+			continue // a local variable, parameter or label
+		}
+		from := base(fset, id.Pos())
+		to := base(fset, obj.Pos())
+		if from == to {
+			continue
+		}
+		if uses[from] == nil {
+			uses[from] = map[string]string{}
+		}
+		if _, seen := uses[from][to]; !seen {
+			uses[from][to] = obj.Name()
+		}
+	}
+	for i, a := range core {
+		for _, b := range core[i+1:] {
+			ab, okA := uses[a][b]
+			ba, okB := uses[b][a]
+			if okA && okB {
+				findings = append(findings, fmt.Sprintf("%s.go and %s.go use each other (%s.go uses %s; %s.go uses %s)", a, b, a, ab, b, ba))
+			}
+		}
+	}
+
+	aborts := 0
+	for _, f := range files {
+		ast.Inspect(f, func(n ast.Node) bool {
+			call, ok := n.(*ast.CallExpr)
+			if !ok || len(call.Args) != 1 {
+				return true
+			}
+			if fn, ok := call.Fun.(*ast.Ident); !ok || fn.Name != "panic" {
+				return true
+			}
+			if sel, ok := call.Args[0].(*ast.SelectorExpr); ok && sel.Sel.Name == "ErrAbortHandler" {
+				aborts++
+			}
+			return true
+		})
+	}
+	if aborts != 1 {
+		findings = append(findings, fmt.Sprintf("panic(http.ErrAbortHandler) written %d times (want 1)", aborts))
+	}
+
+	missing, err := readmeFunctions(filepath.Join(dir, readme), pkg)
+	if err != nil {
+		return nil, err
+	}
+	findings = append(findings, missing...)
+	return findings, nil
+}
+
+func base(fset *token.FileSet, pos token.Pos) string {
+	return strings.TrimSuffix(filepath.Base(fset.Position(pos).Filename), ".go")
+}
+
+// funcRef is a function a README row names: `name`, `Type.method` or
+// `(*Type).method`, in the table's last column.
+var funcRef = regexp.MustCompile("`(?:\\(\\*?)?([A-Za-z_][A-Za-z0-9_]*)(?:\\))?(?:\\.([A-Za-z_][A-Za-z0-9_]*))?`")
+
+// readmeFunctions checks the table under README's "Reading the code"
+// heading: the table must exist, and each function its rows name in the
+// last column must exist in pkg.
+func readmeFunctions(path string, pkg *types.Package) ([]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var findings []string
+	in, rows := false, 0
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "#") {
+			in = strings.Contains(strings.ToLower(line), "reading the code")
+			continue
+		}
+		if !in || !strings.HasPrefix(line, "|") || strings.HasPrefix(line, "|---") || strings.HasPrefix(line, "| ---") {
+			continue
+		}
+		cells := strings.Split(strings.Trim(line, "| "), "|")
+		last := cells[len(cells)-1]
+		refs := funcRef.FindAllStringSubmatch(last, -1)
+		if len(refs) == 0 {
+			continue // the header, or a row naming no function
+		}
+		rows++
+		for _, m := range refs {
+			if !exists(pkg, m[1], m[2]) {
+				name := m[1]
+				if m[2] != "" {
+					name += "." + m[2]
+				}
+				findings = append(findings, fmt.Sprintf("README names %s, which the package does not declare", name))
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	if rows == 0 {
+		findings = append(findings, "README has no \"Reading the code\" table of rules and functions")
+	}
+	sort.Strings(findings)
+	return slices.Compact(findings), nil
+}
+
+// exists reports whether pkg declares the function name, or the method
+// method of the type name.
+func exists(pkg *types.Package, name, method string) bool {
+	obj := pkg.Scope().Lookup(name)
+	if obj == nil {
+		return false
+	}
+	if method == "" {
+		_, ok := obj.(*types.Func)
+		return ok
+	}
+	tn, ok := obj.(*types.TypeName)
+	if !ok {
+		return false
+	}
+	m, _, _ := types.LookupFieldOrMethod(types.NewPointer(tn.Type()), true, pkg, method)
+	_, ok = m.(*types.Func)
+	return ok
+}
