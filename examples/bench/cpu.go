@@ -13,8 +13,8 @@ import (
 
 // A target is a process that serves the load: the floor or Brama.
 type target struct {
-	base, token string
-	pid         int
+	name, base, token string
+	pid               int
 }
 
 // A leg is one kind of request sent to one target in every round.
@@ -65,7 +65,7 @@ func (run cpuRun) compare(floor, brama target, maxBuffered, maxStream float64) b
 	for i, l := range legs {
 		var err error
 		if events[i], err = run.sample(l); err != nil {
-			fmt.Printf("FAIL: %s%s: %v\n", l.to.base, l.path, err)
+			fmt.Printf("FAIL: %s %s: %v\n", l.to.name, l.path, err)
 			return false
 		}
 		phase(run.client, l.to.base+l.path, l.to.token, l.body, run.c, run.c) // warm the pools
@@ -73,9 +73,12 @@ func (run cpuRun) compare(floor, brama target, maxBuffered, maxStream float64) b
 	perRequest := make([][]float64, len(legs)) // µs of gateway CPU, one a round
 	for r := range run.rounds {
 		for i, l := range legs {
-			us, failed, err := run.measure(l)
-			if err != nil || failed > 0 {
-				fmt.Printf("FAIL: round %d, %s%s: %d requests failed %v\n", r+1, l.to.base, l.path, failed, err)
+			us, res, err := run.measure(l)
+			if err == nil && res.errors > 0 {
+				err = fmt.Errorf("%d requests failed, the first: %v", res.errors, res.firstErr)
+			}
+			if err != nil {
+				fmt.Printf("FAIL: round %d, %s %s: %v\n", r+1, l.to.name, l.path, err)
 				ok = false
 			}
 			perRequest[i] = append(perRequest[i], us)
@@ -106,14 +109,14 @@ func (run cpuRun) compare(floor, brama target, maxBuffered, maxStream float64) b
 }
 
 // measure sends one leg's load and returns the target's CPU per request.
-func (run cpuRun) measure(l leg) (us float64, failed int, err error) {
+func (run cpuRun) measure(l leg) (us float64, res result, err error) {
 	before, err := cpuTicks(l.to.pid)
 	if err != nil {
-		return 0, 0, err
+		return 0, res, err
 	}
-	res := phase(run.client, l.to.base+l.path, l.to.token, l.body, run.n, run.c)
+	res = phase(run.client, l.to.base+l.path, l.to.token, l.body, run.n, run.c)
 	after, err := cpuTicks(l.to.pid)
-	return float64(after-before) / run.clk * 1e6 / float64(run.n), res.errors, err
+	return float64(after-before) / run.clk * 1e6 / float64(run.n), res, err
 }
 
 // sample sends one request of the leg and counts the SSE events of its

@@ -60,13 +60,13 @@ func main() {
 	fmt.Printf("throughput ratio %.2f; Brama adds p50 %v, p99 %v\n", ratio, g.p50-d.p50, g.p99-d.p99)
 	ok := true
 	if d.errors+g.errors > 0 || ratio < *minRatio {
-		fmt.Printf("FAIL: ratio below %.2f or errors\n", *minRatio)
+		fmt.Printf("FAIL: ratio below %.2f or errors (direct: %v; gateway: %v)\n", *minRatio, d.firstErr, g.firstErr)
 		ok = false
 	}
 	if *floor != "" && *rounds > 0 {
 		run := cpuRun{client: client, rounds: *rounds, n: *cpuN, c: *cpuC, clk: *clk}
-		f := target{base: *floor, token: os.Getenv("BENCH_FLOOR_TOKEN"), pid: *floorPid}
-		b := target{base: *gateway, token: token, pid: *gatewayPid}
+		f := target{name: "floor", base: *floor, token: os.Getenv("BENCH_FLOOR_TOKEN"), pid: *floorPid}
+		b := target{name: "Brama", base: *gateway, token: token, pid: *gatewayPid}
 		ok = run.compare(f, b, *maxBuffered, *maxStream) && ok
 	}
 	if !ok {
@@ -78,12 +78,14 @@ type result struct {
 	rps      float64
 	p50, p99 time.Duration
 	errors   int
+	firstErr error // the first failed request's, for the report
 }
 
 // phase sends n requests with c in flight and measures them.
 func phase(client *http.Client, url, token, body string, n, c int) result {
 	lat := make([]time.Duration, n)
-	var mu sync.Mutex // guards errors
+	var mu sync.Mutex // guards errors and firstErr
+	var firstErr error
 	errors := 0
 	next := make(chan int)
 	var wg sync.WaitGroup
@@ -97,6 +99,9 @@ func phase(client *http.Client, url, token, body string, n, c int) result {
 				if err := call(client, url, token, body, io.Discard); err != nil {
 					mu.Lock()
 					errors++
+					if firstErr == nil {
+						firstErr = err
+					}
 					mu.Unlock()
 				}
 				lat[i] = time.Since(t0)
@@ -110,11 +115,11 @@ func phase(client *http.Client, url, token, body string, n, c int) result {
 	wg.Wait()
 	elapsed := time.Since(start)
 	slices.Sort(lat)
-	return result{rps: float64(n) / elapsed.Seconds(), p50: lat[n/2], p99: lat[n*99/100], errors: errors}
+	return result{rps: float64(n) / elapsed.Seconds(), p50: lat[n/2], p99: lat[n*99/100], errors: errors, firstErr: firstErr}
 }
 
 // call sends one request and copies the answer to w; an answer other than
-// 200 is an error.
+// 200 is an error with the head of its body.
 func call(client *http.Client, url, token, body string, w io.Writer) error {
 	req, err := http.NewRequest("POST", url, strings.NewReader(body))
 	if err != nil {
@@ -129,11 +134,10 @@ func call(client *http.Client, url, token, body string, w io.Writer) error {
 		return err
 	}
 	defer resp.Body.Close()
-	if _, err := io.Copy(w, resp.Body); err != nil {
-		return err
-	}
 	if resp.StatusCode != 200 {
-		return fmt.Errorf("status %d", resp.StatusCode)
+		head, _ := io.ReadAll(io.LimitReader(resp.Body, 300))
+		return fmt.Errorf("status %d: %s", resp.StatusCode, head)
 	}
-	return nil
+	_, err = io.Copy(w, resp.Body)
+	return err
 }
