@@ -55,6 +55,10 @@ func newFloor(upstream, token, key string) (http.Handler, error) {
 			http.Error(w, `{"error":{"type":"authentication_error","message":"bad bearer token"}}`, http.StatusUnauthorized)
 			return
 		}
+		// The transport may still read the request body after the answer's
+		// headers are written; without full duplex the server has closed it
+		// by then and the stream is cut (golang/go#40747).
+		http.NewResponseController(w).EnableFullDuplex()
 		proxy.ServeHTTP(w, r)
 	}), nil
 }
