@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -12,10 +11,9 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
-	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -23,28 +21,21 @@ import (
 // Signed answers (SPEC §12): a caller that sends an Idempotency-Key gets one
 // provider spend per (client, key). The first request reserves the key by
 // publishing an in-progress record with os.Link, dispatches, then completes
-// the record with the answer's status and body and an HMAC over the body;
-// every later request with that key is answered from the record.
+// the record with the answer and an HMAC over its body; every later request
+// with that key is answered from the record. The HTTP face is answers_http.go.
 
-// answerTimeFormat is RFC 3339 UTC with milliseconds, like every state time.
-const answerTimeFormat = "2006-01-02T15:04:05.000Z"
-
-// Record states (SPEC §12 item 4).
 const (
-	answerInProgress = "in_progress"
+	answerTimeFormat = "2006-01-02T15:04:05.000Z" // RFC 3339 UTC with milliseconds, like every state time
+	answerInProgress = "in_progress"              // record states (SPEC §12 item 4)
 	answerComplete   = "complete"
+	// abandonedMessage is the kept refusal of SPEC §12 item 2.
+	abandonedMessage = "this answer's process stopped before it was kept; a provider call may have been made"
 )
 
-// abandonedMessage is the kept refusal for an answer whose process stopped
-// before it was kept (SPEC §12 item 2).
-const abandonedMessage = "this answer's process stopped before it was kept; a provider call may have been made"
-
-// errAnswerCorrupt marks a kept-answer file that does not have SPEC §12's
-// shape. Every decode error wraps it.
-var errAnswerCorrupt = errors.New("not a kept answer")
-
-// errSignatureMismatch is `brama answers verify`'s refusal.
-var errSignatureMismatch = errors.New("signature mismatch")
+var (
+	errAnswerCorrupt     = errors.New("not a kept answer")  // wraps every decode error: not SPEC §12's shape
+	errSignatureMismatch = errors.New("signature mismatch") // `brama answers verify`'s refusal
+)
 
 // answerRecord is one kept-answer file, members in SPEC §12's order. While
 // in progress the members that only completion knows are null.
@@ -68,10 +59,11 @@ type answerRecord struct {
 // members agree with its state. Every error wraps errAnswerCorrupt.
 func decodeAnswerRecord(b []byte) (*answerRecord, error) {
 	var rec answerRecord
-	if err := decodeStrict("kept answer", b, &rec); err != nil {
-		return nil, fmt.Errorf("%w: %w", errAnswerCorrupt, err)
+	err := decodeStrict("kept answer", b, &rec)
+	if err == nil {
+		err = rec.check()
 	}
-	if err := rec.check(); err != nil {
+	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errAnswerCorrupt, err)
 	}
 	return &rec, nil
@@ -94,28 +86,24 @@ func (rec *answerRecord) check() error {
 		return errors.New("started_at is not RFC 3339 UTC with milliseconds")
 	case rec.Attempts != nil && *rec.Attempts < 0:
 		return errors.New("attempts is negative")
-	}
-	switch rec.State {
-	case answerInProgress:
+	case rec.State == answerInProgress:
 		if rec.CompletedAt != nil || rec.Status != nil || rec.BodyBase64 != nil || rec.Attempts != nil || rec.Signature != nil {
 			return errors.New("an answer in progress has completion members")
 		}
-	case answerComplete:
-		switch {
-		case rec.CompletedAt == nil || !isAnswerTime(*rec.CompletedAt):
-			return errors.New("completed_at is not RFC 3339 UTC with milliseconds")
-		case rec.Status == nil || *rec.Status < 100 || *rec.Status > 999:
-			return errors.New("status is not an HTTP status")
-		case rec.BodyBase64 == nil:
-			return errors.New("body_base64 is missing")
-		case rec.Signature == nil || !isAnswerSignature(*rec.Signature):
-			return errors.New("signature is not v1=<64 hex>")
-		}
-		if _, err := base64.StdEncoding.Strict().DecodeString(*rec.BodyBase64); err != nil {
-			return errors.New("body_base64 is not standard base64")
-		}
-	default:
+		return nil
+	case rec.State != answerComplete:
 		return fmt.Errorf("state %q is neither %s nor %s", rec.State, answerInProgress, answerComplete)
+	case rec.CompletedAt == nil || !isAnswerTime(*rec.CompletedAt):
+		return errors.New("completed_at is not RFC 3339 UTC with milliseconds")
+	case rec.Status == nil || *rec.Status < 100 || *rec.Status > 999:
+		return errors.New("status is not an HTTP status")
+	case rec.BodyBase64 == nil:
+		return errors.New("body_base64 is missing")
+	case rec.Signature == nil || !isAnswerSignature(*rec.Signature):
+		return errors.New("signature is not v1=<64 hex>")
+	}
+	if _, err := base64.StdEncoding.Strict().DecodeString(*rec.BodyBase64); err != nil {
+		return errors.New("body_base64 is not standard base64")
 	}
 	return nil
 }
@@ -127,15 +115,8 @@ func (rec *answerRecord) body() []byte {
 }
 
 func isHexDigest(s string) bool {
-	if len(s) != 64 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
-			return false
-		}
-	}
-	return true
+	_, err := hex.DecodeString(s)
+	return len(s) == 64 && err == nil && strings.ToLower(s) == s
 }
 
 func isAnswerTime(s string) bool {
@@ -143,9 +124,7 @@ func isAnswerTime(s string) bool {
 	return err == nil && t.Format(answerTimeFormat) == s
 }
 
-func isAnswerSignature(s string) bool {
-	return len(s) == 3+64 && s[:3] == "v1=" && isHexDigest(s[3:])
-}
+func isAnswerSignature(s string) bool { return strings.HasPrefix(s, "v1=") && isHexDigest(s[3:]) }
 
 func hexSHA256(b []byte) string {
 	d := sha256.Sum256(b)
@@ -197,32 +176,27 @@ func newAnswerStore(st state, log *slog.Logger, now func() time.Time) *answerSto
 
 // answerUnplaced is SPEC §2.1's refusal when an answer cannot be kept.
 func answerUnplaced(cause error) *apiError {
-	var ns *noStateError
-	if errors.As(cause, &ns) {
+	if ns := (*noStateError)(nil); errors.As(cause, &ns) {
 		cause = ns.cause
 	}
 	return refuse("internal_error", "this request's one signed answer has no place to be kept: %v", cause).because(cause)
 }
 
 // signingKey reads $STATE/answer-key, creating it once when absent: 32
-// random bytes written whole to an O_EXCL 0600 temporary file, fsynced and
-// published with os.Link, so two creators never both win.
+// random bytes published with os.Link (publishFile), so two creators never
+// both win.
 func (a *answerStore) signingKey() ([]byte, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.key != nil {
 		return a.key, nil
 	}
-	name, err := a.st.path("answer key", "answer-key")
-	if err != nil {
-		return nil, err
-	}
-	key, err := readAnswerKey(name)
+	key, name, err := readAnswerKey(a.st)
 	if errors.Is(err, errFileAbsent) {
 		fresh := make([]byte, 32)
 		rand.Read(fresh)
 		if err = publishFile(name, fresh); err == nil || errors.Is(err, fs.ErrExist) {
-			key, err = readAnswerKey(name)
+			key, _, err = readAnswerKey(a.st)
 		}
 	}
 	if err != nil {
@@ -232,16 +206,15 @@ func (a *answerStore) signingKey() ([]byte, error) {
 	return key, nil
 }
 
-// readAnswerKey reads and guards the answer key file.
-func readAnswerKey(name string) ([]byte, error) {
-	b, _, err := readGuarded("answer key", name)
-	if err != nil {
-		return nil, err
+// readAnswerKey reads and guards $STATE/answer-key, and names it.
+func readAnswerKey(st state) (key []byte, name string, err error) {
+	if name, err = st.path("answer key", "answer-key"); err == nil {
+		key, _, err = readGuarded("answer key", name)
 	}
-	if len(b) != 32 {
-		return nil, fmt.Errorf("answer key %s holds %d bytes, want 32", name, len(b))
+	if err == nil && len(key) != 32 {
+		err = fmt.Errorf("answer key %s holds %d bytes, want 32", name, len(key))
 	}
-	return b, nil
+	return key, name, err
 }
 
 // answerTicket is a reservation this process holds for one key.
@@ -291,10 +264,9 @@ func (a *answerStore) reserve(client, key string, body []byte, route string) (*a
 			return nil, nil, answerUnplaced(err)
 		}
 		rec, err := a.taken(path, t.rec.RequestSHA256)
-		if errors.Is(err, errFileAbsent) {
-			continue
+		if !errors.Is(err, errFileAbsent) {
+			return nil, rec, err
 		}
-		return nil, rec, err
 	}
 	return nil, nil, answerBusy()
 }
@@ -313,10 +285,9 @@ func answerBusy() *apiError {
 // missing record is errFileAbsent.
 func (a *answerStore) taken(path, requestSHA string) (*answerRecord, error) {
 	rec, err := a.read(path)
-	if err != nil {
-		return nil, err
-	}
 	switch {
+	case err != nil:
+		return nil, err
 	case requestSHA != "" && rec.RequestSHA256 != requestSHA:
 		return nil, refuse("state_conflict", "this Idempotency-Key was used with another request body")
 	case rec.State == answerInProgress && rec.BootID != a.bootID:
@@ -356,8 +327,7 @@ func (a *answerStore) read(path string) (*answerRecord, error) {
 func (a *answerStore) abandon(path string, rec *answerRecord) (*answerRecord, error) {
 	ae := refuse("internal_error", abandonedMessage)
 	body, _ := json.Marshal(ae.body())
-	t := &answerTicket{path: path, rec: *rec}
-	kept, err := a.complete(t, ae.Status(), append(body, '\n'), nil, rec.Route)
+	kept, err := a.complete(&answerTicket{path: path, rec: *rec}, ae.Status(), append(body, '\n'), nil, rec.Route)
 	if err != nil {
 		return nil, refuse("internal_error", "the abandoned answer for this Idempotency-Key could not be kept").because(err)
 	}
@@ -413,193 +383,68 @@ func (a *answerStore) lookup(client, key string) (*answerRecord, error) {
 	return rec, err
 }
 
-// answerCapture holds a buffered dispatch's response until it is kept. Only
-// buffered requests reach it, so nothing needs flushing.
-type answerCapture struct {
-	header http.Header
-	status int
-	body   bytes.Buffer
-}
-
-func (c *answerCapture) Header() http.Header { return c.header }
-
-func (c *answerCapture) WriteHeader(code int) {
-	if c.status == 0 {
-		c.status = code
-	}
-}
-
-func (c *answerCapture) Write(b []byte) (int, error) {
-	c.WriteHeader(http.StatusOK)
-	return c.body.Write(b)
-}
-
-// signedAnswer answers a chat request that carries an Idempotency-Key
-// (SPEC §12). handleChat calls it once plan() has passed every check, so
-// reserving is the last step before dispatch runs the provider calls;
-// dispatch writes a buffered answer or one refusal to the writer it is given.
-func (a *answerStore) signedAnswer(w http.ResponseWriter, r *http.Request, req chatRequest, key string, dispatch func(w http.ResponseWriter, r *http.Request)) {
-	ri := infoFrom(r.Context())
-	err := checkIdempotencyKey(key)
-	switch {
-	case len(r.Header.Values("Idempotency-Key")) > 1:
-		err = refuse("invalid_request", "send one Idempotency-Key header")
-	case err == nil && req.Stream:
-		err = refuse("invalid_request", "Idempotency-Key keeps one buffered answer; it cannot be used with stream: true")
-	}
+// verifyAnswerFile is `brama answers verify` (SPEC §12 item 6): sig, or a
+// kept answer's own signature, over file's raw (or decoded) body with
+// $STATE/answer-key. A mismatch is errSignatureMismatch.
+func verifyAnswerFile(st state, file, sig string) error {
+	key, _, err := readAnswerKey(st)
 	if err != nil {
-		a.fail(w, r, err)
-		return
+		return err
 	}
-	t, kept, err := a.reserve(ri.client.ID, key, ri.body, ri.route)
-	switch {
-	case err != nil:
-		a.fail(w, r, err)
-		return
-	case kept != nil:
-		a.replayAnswer(w, r, kept)
-		return
+	body, err := os.ReadFile(file)
+	if err != nil {
+		return err
 	}
-	c := &answerCapture{header: http.Header{}}
-	func() {
-		defer func() {
-			if p := recover(); p != nil {
-				a.settleAnswer(r, t, c, true) // keep or release; the connection is lost anyway
-				panic(p)
-			}
-		}()
-		dispatch(c, r)
-	}()
-	c, sig := a.settleAnswer(r, t, c, false)
-	copyCaptured(w, c, sig)
-}
-
-// settleAnswer keeps or releases the reservation after dispatch (SPEC §12
-// item 3, §7.4) and returns what the caller gets, with its signature when
-// kept. A success is kept. A caller that hung up (or a dispatch that
-// panicked) after a provider call started is kept as 499 client_cancelled
-// (500 internal_error), so the key never spends twice; before any call the
-// key is released. A retryable refusal is released so a retry dispatches
-// again; any other refusal is kept.
-func (a *answerStore) settleAnswer(r *http.Request, t *answerTicket, c *answerCapture, panicked bool) (*answerCapture, string) {
-	ri := infoFrom(r.Context())
-	calls := 0
-	if ri.attempts != nil {
-		calls = *ri.attempts
-	}
-	attempts := ri.attempts
-	if n, err := strconv.Atoi(c.header.Get("Brama-Attempts")); err == nil {
-		attempts = &n
-	}
-	var cut *apiError
-	switch {
-	case c.status >= 200 && c.status <= 299 && !panicked:
-	case panicked && calls > 0:
-		cut = refuse("internal_error", "the answer failed inside Brama after a provider call started").withAttempts(calls)
-	case r.Context().Err() != nil && calls > 0:
-		cut = refuse("client_cancelled", "the caller hung up after a provider call started").withAttempts(calls)
-	case panicked, r.Context().Err() != nil, envelopeRetryable(c.body.Bytes()),
-		// A refusal without an attempts count was made before any dispatch
-		// (SPEC §8.1): it belongs before the reservation and is never kept.
-		calls == 0 && c.header.Get("Brama-Attempts") == "":
-		if err := a.release(t); err != nil {
-			a.log.Error("answer_release_failed", "request_id", ri.id, "err", err)
+	if sig == "" {
+		rec, err := decodeAnswerRecord(body)
+		if err != nil {
+			return fmt.Errorf("%s: %w", file, err)
 		}
-		return c, ""
+		if rec.State != answerComplete {
+			return fmt.Errorf("%s: the answer is still in progress; there is no signature to check", file)
+		}
+		body, sig = rec.body(), *rec.Signature
 	}
-	if cut != nil {
-		body, _ := json.Marshal(cut.body())
-		c = &answerCapture{header: http.Header{}, status: cut.Status()}
-		c.header.Set("Content-Type", "application/json")
-		c.header.Set("Brama-Attempts", strconv.Itoa(calls))
-		c.body.Write(append(body, '\n'))
-		attempts = &calls
-		ri.outcome, ri.retryable = cut.Code, false
+	if !verifyAnswer(key, body, sig) {
+		return errSignatureMismatch
 	}
-	rec, err := a.complete(t, c.status, c.body.Bytes(), attempts, ri.route)
-	if err != nil {
-		// The answer exists and was paid for: give it unsigned rather than
-		// lose it. The record stays in progress, so the key never spends
-		// twice; after a restart it reads as abandoned.
-		a.log.Error("answer_unkept", "request_id", ri.id, "err", err)
-		return c, ""
-	}
-	return c, *rec.Signature
+	return nil
 }
 
-// copyCaptured writes a captured response to w, signed when sig is set.
-func copyCaptured(w http.ResponseWriter, c *answerCapture, sig string) {
-	for k, v := range c.header {
-		w.Header()[k] = v
-	}
-	if sig != "" {
-		w.Header().Set("Brama-Answer-Signature", sig)
-	}
-	if c.status == 0 {
-		c.status = http.StatusOK
-	}
-	w.WriteHeader(c.status)
-	w.Write(c.body.Bytes())
-}
-
-// envelopeRetryable reports whether body is an error envelope that says
-// retryable (SPEC §8.1).
-func envelopeRetryable(body []byte) bool {
-	var env struct {
-		Error struct {
-			Retryable bool `json:"retryable"`
-		} `json:"error"`
-	}
-	return json.Unmarshal(body, &env) == nil && env.Error.Retryable
-}
-
-// replayAnswer answers from a complete record: the kept status and body
-// bytes, the signature, Brama-Answer-Replayed and no provider call.
-func (a *answerStore) replayAnswer(w http.ResponseWriter, r *http.Request, rec *answerRecord) {
-	ri := infoFrom(r.Context())
-	zero := 0
-	ri.attempts = &zero
-	body := rec.body()
-	var env struct {
-		Error struct {
-			Code      string `json:"code"`
-			Retryable bool   `json:"retryable"`
-		} `json:"error"`
-	}
-	if json.Unmarshal(body, &env) == nil && env.Error.Code != "" {
-		ri.outcome, ri.retryable = env.Error.Code, env.Error.Retryable
-	}
-	h := w.Header()
-	h.Set("Content-Type", "application/json")
-	h.Set("Brama-Answer-Signature", *rec.Signature)
-	h.Set("Brama-Answer-Replayed", "true")
-	h.Set("Brama-Attempts", "0")
-	w.WriteHeader(*rec.Status)
-	w.Write(body)
-}
-
-// handleGet serves GET /v1/answers/{key} for the calling client.
-func (a *answerStore) handleGet(w http.ResponseWriter, r *http.Request) {
-	key := r.PathValue("key")
-	if err := checkIdempotencyKey(key); err != nil {
-		a.fail(w, r, err)
-		return
-	}
-	rec, err := a.lookup(infoFrom(r.Context()).client.ID, key)
-	if err != nil {
-		a.fail(w, r, err)
-		return
-	}
-	a.replayAnswer(w, r, rec)
-}
-
-// fail answers err as server.fail does: the envelope, and the outcome for
-// the request's log line.
-func (a *answerStore) fail(w http.ResponseWriter, r *http.Request, err error) {
-	ae := writeAPIError(w, err)
-	ri := infoFrom(r.Context())
-	ri.outcome, ri.retryable = ae.Code, ae.body().Error.Retryable
-	if ae.Err != nil {
-		a.log.LogAttrs(r.Context(), slog.LevelWarn, "request_refused", slog.String("request_id", ri.id), slog.String("code", ae.Code), slog.String("cause", redact(ae.Err.Error())))
-	}
+// pruneAnswers removes every complete record under dir completed before
+// cutoff (SPEC §12 item 7), never one in progress, and reports unreadable
+// ones to skip. A complete record never changes again, so serve may run.
+func pruneAnswers(dir string, cutoff time.Time, skip func(name string, err error)) (int, error) {
+	removed := 0
+	err := filepath.WalkDir(dir, func(name string, d fs.DirEntry, err error) error {
+		switch {
+		case errors.Is(err, fs.ErrNotExist) && name == dir:
+			return filepath.SkipDir
+		case err != nil:
+			return err
+		case d.IsDir() || !strings.HasSuffix(name, ".json") || strings.HasPrefix(d.Name(), "."):
+			return nil // temporary files are not records
+		}
+		b, _, err := readGuarded("kept answer", name)
+		var rec *answerRecord
+		if err == nil {
+			rec, err = decodeAnswerRecord(b)
+		}
+		if err != nil {
+			skip(name, err)
+			return nil
+		}
+		if rec.State != answerComplete {
+			return nil
+		}
+		if done, _ := time.Parse(answerTimeFormat, *rec.CompletedAt); !done.Before(cutoff) {
+			return nil
+		}
+		if err := os.Remove(name); err != nil {
+			return err
+		}
+		removed++
+		return syncDir(filepath.Dir(name))
+	})
+	return removed, err
 }

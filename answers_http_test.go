@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -275,7 +276,7 @@ func TestSignedAnswerRefusals(t *testing.T) {
 		wantCalls int64 // after the same request twice
 	}{
 		{name: "retryable refusal is not kept", status: 500, wantCode: "dependency_unavailable", kept: false, wantCalls: 2},
-		{name: "non-retryable refusal is kept", status: 400, wantCode: "provider_failure", kept: true, wantCalls: 1},
+		{name: "non-retryable refusal is kept", status: 400, wantCode: "provider_rejected", kept: true, wantCalls: 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d, fake, env := startAnswers(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
@@ -298,6 +299,12 @@ func TestSignedAnswerRefusals(t *testing.T) {
 			}
 			if replayed := second.hdr.Get("Brama-Answer-Replayed") == "true"; replayed != tc.kept {
 				t.Errorf("replayed = %v, want %v", replayed, tc.kept)
+			}
+			// A replayed kept refusal says x-should-retry like the first answer (SPEC §8.1).
+			for _, res := range []answerResult{first, second} {
+				if got := res.hdr.Get("X-Should-Retry"); got != fmt.Sprint(!tc.kept) {
+					t.Errorf("x-should-retry = %q, want %v", got, !tc.kept)
+				}
 			}
 			if n := fake.calls.Load(); n != tc.wantCalls {
 				t.Errorf("provider calls = %d, want %d", n, tc.wantCalls)

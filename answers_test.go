@@ -47,7 +47,7 @@ func TestSignedAnswerHangUp(t *testing.T) {
 				}
 				cancel() // the caller hangs up while the call is in flight
 				ae := refuse("provider_incomplete", "cut").withAttempts(tc.calls)
-				writeAPIError(w, ae)
+				writeAPIError(w, r, ae)
 			})
 			path, _ := a.recordPath("local", "k")
 			raw, err := os.ReadFile(path)

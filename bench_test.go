@@ -1,8 +1,12 @@
 package main
 
 import (
+	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"strings"
 	"testing"
 )
@@ -66,5 +70,95 @@ func BenchmarkGatewayStreamed(b *testing.B) {
 	body := chatBody(dialectChat, "openai/gpt-test", true, "")
 	for b.Loop() {
 		benchPost(b, d.url+"/v1/chat/completions", d.token, body)
+	}
+}
+
+// The passthrough fast path against its floor: a bare httputil.ReverseProxy
+// with a bearer check and a connection pool, on the same stub in the same
+// run. Compare BenchmarkFloor* with BenchmarkPassthrough*: buffered, and a
+// 20-event chat stream. Run: go test -run '^$' -bench 'Floor|Passthrough' -benchmem
+
+// stream20 is a chat stream of 20 events: 18 content chunks, the finish
+// chunk and [DONE].
+func stream20() string {
+	var b strings.Builder
+	for i := range 18 {
+		fmt.Fprintf(&b, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"model\":\"gpt-test\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"word%d \"},\"finish_reason\":null}]}\n\n", i)
+	}
+	b.WriteString("data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"model\":\"gpt-test\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n")
+	b.WriteString("data: [DONE]\n\n")
+	return b.String()
+}
+
+// passthroughBench starts the stub, Brama in front of it and the floor
+// proxy in front of it, and returns the two entry URLs and Brama's token.
+func passthroughBench(b *testing.B) (brama, floor, token string) {
+	stream := stream20()
+	stub := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if strings.Contains(string(body), `"stream":true`) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			io.WriteString(w, stream)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, protocolFixtures[0].buffered)
+	}))
+	b.Cleanup(stub.Close)
+	env := stateEnv(b)
+	env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = stub.URL
+	env["BRAMA_LOG_LEVEL"] = "error"
+	d := startDaemon(b, env, `{"openai":"k"}`, "-local-credentials-stdin")
+
+	target, _ := url.Parse(stub.URL)
+	rp := httputil.NewSingleHostReverseProxy(target)
+	rp.Transport = newProviderClient().Transport
+	rp.FlushInterval = -1
+	rp.Director = func(r *http.Request) {
+		r.URL.Scheme, r.URL.Host, r.Host = target.Scheme, target.Host, target.Host
+		r.URL.Path = "/chat/completions"
+		r.Header.Set("Authorization", "Bearer k")
+	}
+	fp := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer "+d.token {
+			http.Error(w, "unauthorized", 401)
+			return
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	b.Cleanup(fp.Close)
+	return d.url + "/v1/chat/completions", fp.URL + "/v1/chat/completions", d.token
+}
+
+const (
+	benchPassthroughBuffered = `{"model":"openai/gpt-test","messages":[{"role":"user","content":"hi"}],"max_tokens":100,"stream":false}`
+	benchPassthroughStream   = `{"model":"openai/gpt-test","messages":[{"role":"user","content":"hi"}],"max_tokens":100,"stream":true}`
+)
+
+func BenchmarkFloorBuffered(b *testing.B) {
+	_, floor, token := passthroughBench(b)
+	for b.Loop() {
+		benchPost(b, floor, token, benchPassthroughBuffered)
+	}
+}
+
+func BenchmarkPassthroughBuffered(b *testing.B) {
+	brama, _, token := passthroughBench(b)
+	for b.Loop() {
+		benchPost(b, brama, token, benchPassthroughBuffered)
+	}
+}
+
+func BenchmarkFloorStream20(b *testing.B) {
+	_, floor, token := passthroughBench(b)
+	for b.Loop() {
+		benchPost(b, floor, token, benchPassthroughStream)
+	}
+}
+
+func BenchmarkPassthroughStream20(b *testing.B) {
+	brama, _, token := passthroughBench(b)
+	for b.Loop() {
+		benchPost(b, brama, token, benchPassthroughStream)
 	}
 }

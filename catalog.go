@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -8,6 +9,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"math"
 	"net/http"
 	"os"
@@ -18,17 +20,21 @@ import (
 	"time"
 )
 
-// Defaults of SPEC §16 for the model catalogue (§6.4).
+// The model catalogue (SPEC §6.4): model metadata from a file read on
+// demand, or from a URL read in the background and kept in the model
+// metadata cache, held in memory for a TTL. It is advisory: it never makes
+// a route available, and no request waits for a network read.
+
+// Defaults of SPEC §16 for the model catalogue.
 const (
 	defaultCatalogURL = "https://models.dev/api.json"
 	defaultCatalogTTL = 900 * time.Second
 	catalogCacheFile  = "model-metadata.json"
 )
 
-// modelInfo is what Brama keeps of one catalogue model (SPEC §6.4). The
-// catalogue is advisory: nothing here ever makes a route available.
-// Input and Output are shared with the catalogue's memory copy, which is
-// replaced whole and never changed in place; callers must not modify them.
+// modelInfo is what Brama keeps of one catalogue model. Input and Output
+// are shared with the catalogue's memory copy, which is replaced whole and
+// never changed in place; callers must not modify them.
 type modelInfo struct {
 	ID           string
 	ReleaseDate  string   // "YYYY-MM-DD" (or "YYYY-MM"); "" when unknown
@@ -37,6 +43,9 @@ type modelInfo struct {
 	Input        []string // modalities.input; nil when unknown
 	Output       []string // modalities.output; nil when unknown
 }
+
+// catalogData is a catalogue in memory: vendor → model id → info.
+type catalogData = map[string]map[string]modelInfo
 
 // catalogVendor maps a Brama provider id to the catalogue's vendor key
 // (SPEC §7.3). local-openai serves whatever the deployment runs, so it has
@@ -49,21 +58,19 @@ func catalogVendor(provider string) string {
 		return "openai"
 	case "kimi":
 		return "moonshotai"
-	case "local-openai", "":
+	case "local-openai":
 		return ""
 	}
 	return provider
 }
 
-// catalog is the model metadata of SPEC §6.4: a file read on demand, or a
-// URL read in the background, kept in memory for a TTL and (for a URL) in
-// $STATE/model-metadata.json. Requests never wait for a network read.
+// catalog is the model metadata of SPEC §6.4 and its sources.
 type catalog struct {
 	path   string // BRAMA_MODEL_CATALOG_PATH; wins over url
 	url    string // live source; "" when path is set or live reads are off
 	ttl    time.Duration
 	st     state
-	client *http.Client
+	client *http.Client // the provider client: no timeout of Brama's own (SPEC §7.4)
 	log    *slog.Logger
 	now    func() time.Time
 
@@ -71,33 +78,22 @@ type catalog struct {
 	// (memory and cache updated). Nil in production.
 	testingOnlyReadDone func()
 
-	mu         sync.Mutex                      // guards the fields below
-	data       map[string]map[string]modelInfo // vendor → model id → info; nil when absent
-	loadedAt   time.Time                       // fetch time of data; zero means "age unknown"
-	lastTry    time.Time                       // when the last read (good or bad) settled
-	lastErr    error                           // the last failed read, nil after a good one
-	reads      int                             // source reads attempted, for tests and logs
-	kick       chan struct{}                   // wakes the background reader; nil until start
-	refreshing bool                            // a background read is queued or running (single flight)
-	cacheTried bool                            // the cache file was consulted once already
-	cacheErr   error                           // why the cache could not supply data
-	unplaced   bool                            // model_metadata_cache_unplaced was logged
+	mu         sync.Mutex    // guards the fields below
+	data       catalogData   // nil when absent
+	loadedAt   time.Time     // fetch time of data; zero means "age unknown"
+	lastTry    time.Time     // when the last read (good or bad) settled
+	lastErr    error         // the last failed read, nil after a good one
+	reads      int           // source reads attempted, for tests and logs
+	kick       chan struct{} // wakes the background reader; nil until start
+	refreshing bool          // a background read is queued or running (single flight)
+	cacheTried bool          // the cache file was consulted once already
+	cacheErr   error         // why the cache could not supply data
+	unplaced   bool          // model_metadata_cache_unplaced was logged
 }
 
-// newCatalog configures the catalogue from the environment (SPEC §16).
-// client is the provider HTTP client: it has no timeout and none is added
-// (SPEC §7.4). No read happens here: a file is read by the first lookup, a
-// URL by start.
+// newCatalog configures the catalogue from the environment (SPEC §16). No
+// read happens here: a file is read by the first lookup, a URL by start.
 func newCatalog(st state, getenv func(string) string, client *http.Client, log *slog.Logger, now func() time.Time) *catalog {
-	if client == nil {
-		client = &http.Client{}
-	}
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	if now == nil {
-		now = time.Now
-	}
 	c := &catalog{st: st, client: client, log: log, now: now, ttl: defaultCatalogTTL}
 	if v := strings.TrimSpace(getenv("BRAMA_MODEL_CATALOG_TTL_SECS")); v != "" {
 		n, err := strconv.Atoi(v)
@@ -107,81 +103,59 @@ func newCatalog(st state, getenv func(string) string, client *http.Client, log *
 			c.ttl = time.Duration(n) * time.Second
 		}
 	}
-	c.path = strings.TrimSpace(getenv("BRAMA_MODEL_CATALOG_PATH"))
-	if c.path == "" {
-		c.url = strings.TrimSpace(getenv("BRAMA_MODEL_CATALOG_URL"))
-		switch {
-		case c.url == "":
-			c.url = defaultCatalogURL
-		case strings.EqualFold(c.url, "off"):
+	if c.path = strings.TrimSpace(getenv("BRAMA_MODEL_CATALOG_PATH")); c.path == "" {
+		c.url = cmp.Or(strings.TrimSpace(getenv("BRAMA_MODEL_CATALOG_URL")), defaultCatalogURL)
+		if strings.EqualFold(c.url, "off") {
 			c.url = ""
 		}
 	}
 	return c
 }
 
-// start runs the background reader for a URL source: one read now, then one
-// whenever a lookup finds memory older than the TTL. It exits when ctx is
-// done; wg lets run wait for it. The read's only cancel is ctx: Brama adds
-// no deadline of its own (SPEC §7.4).
+// start runs the background reader of a URL source until ctx is done; wg
+// lets run wait for it. Its only cancel is ctx (SPEC §7.4).
 func (c *catalog) start(ctx context.Context, wg *sync.WaitGroup) {
-	if c.url == "" {
-		return
-	}
 	c.mu.Lock()
-	if c.kick != nil {
-		c.mu.Unlock()
-		return // already started
+	defer c.mu.Unlock()
+	if c.url == "" || c.kick != nil {
+		return // nothing to read, or already started
 	}
-	kick := make(chan struct{}, 1)
-	c.kick = kick
-	c.refreshing = true
-	c.mu.Unlock()
+	c.kick, c.refreshing = make(chan struct{}, 1), true
 	wg.Add(1)
-	go func() {
+	go func(kick <-chan struct{}) {
 		defer wg.Done()
 		c.loop(ctx, kick)
-	}()
+	}(c.kick)
 }
 
-// loop reads once, then waits for a kick or the end of ctx.
+// loop reads once, then once per kick (a lookup that found memory older
+// than the TTL), until ctx is done.
 func (c *catalog) loop(ctx context.Context, kick <-chan struct{}) {
-	for {
-		if ctx.Err() != nil {
-			return
-		}
+	for ctx.Err() == nil {
 		c.readOnce(ctx)
 		select {
 		case <-ctx.Done():
-			return
 		case <-kick:
 		}
 	}
 }
 
-// readOnce fetches the URL, publishes the result to memory and, when good,
-// to the cache file. A failure keeps whatever memory held.
+// readOnce fetches the URL and publishes the result to memory and, when
+// good, to the cache file. A failure keeps whatever memory held.
 func (c *catalog) readOnce(ctx context.Context) {
 	data, err := c.fetch(ctx)
-	if err != nil && ctx.Err() != nil {
-		c.mu.Lock()
-		c.refreshing = false
-		c.mu.Unlock()
-		return // shutting down: not a catalogue failure
-	}
 	now := c.now()
+	cancelled := err != nil && ctx.Err() != nil // shutting down: not a catalogue failure
 	c.mu.Lock()
-	c.reads++
-	c.lastTry = now
 	c.refreshing = false
-	c.lastErr = err
-	if err == nil {
-		c.data, c.loadedAt = data, now
+	if !cancelled {
+		c.settleLocked("url", data, err, now)
 	}
 	c.mu.Unlock()
-	if err != nil {
-		c.log.Warn("model_catalog_read_failed", "source", "url", "cause", err.Error())
-	} else {
+	if cancelled {
+		return
+	}
+	if err == nil {
 		c.log.Info("model_catalog_read", "source", "url", "vendors", len(data))
 		c.writeCache(data, now)
 	}
@@ -192,7 +166,7 @@ func (c *catalog) readOnce(ctx context.Context) {
 
 // fetch is one whole read of the catalogue URL. The error never quotes the
 // response body.
-func (c *catalog) fetch(ctx context.Context) (map[string]map[string]modelInfo, error) {
+func (c *catalog) fetch(ctx context.Context) (catalogData, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.url, nil)
 	if err != nil {
 		return nil, fmt.Errorf("catalogue URL: %w", err)
@@ -214,16 +188,16 @@ func (c *catalog) fetch(ctx context.Context) (map[string]map[string]modelInfo, e
 	return parseCatalog(b)
 }
 
-// catalogCache is the shape of $STATE/model-metadata.json: the last good
-// catalogue (re-encoded with only the fields Brama keeps) and its fetch time.
+// catalogCache is $STATE/model-metadata.json: the last good catalogue,
+// re-encoded with only the fields Brama keeps, and its fetch time.
 type catalogCache struct {
 	FetchedAt time.Time       `json:"fetched_at"`
 	Body      json.RawMessage `json:"body"`
 }
 
 // writeCache keeps data in the model metadata cache. Without a state
-// directory it logs the refusal once and the catalogue lives in memory only.
-func (c *catalog) writeCache(data map[string]map[string]modelInfo, fetchedAt time.Time) {
+// directory the catalogue lives in memory only.
+func (c *catalog) writeCache(data catalogData, fetchedAt time.Time) {
 	c.mu.Lock()
 	name, err := c.cachePathLocked()
 	c.mu.Unlock()
@@ -241,7 +215,6 @@ func (c *catalog) writeCache(data map[string]map[string]modelInfo, fetchedAt tim
 
 // cachePathLocked names the cache file, logging
 // model_metadata_cache_unplaced the first time there is no state directory.
-// c.mu is held.
 func (c *catalog) cachePathLocked() (string, error) {
 	name, err := c.st.path("model metadata cache", catalogCacheFile)
 	if err != nil && !c.unplaced {
@@ -251,8 +224,8 @@ func (c *catalog) cachePathLocked() (string, error) {
 	return name, err
 }
 
-// loadCacheLocked fills memory from the cache file, once. c.mu is held; the
-// file is local, so no request waits on the network.
+// loadCacheLocked fills memory from the cache file, once. The file is
+// local, so no request waits on the network.
 func (c *catalog) loadCacheLocked(now time.Time) {
 	c.cacheTried = true
 	name, err := c.cachePathLocked()
@@ -269,7 +242,7 @@ func (c *catalog) loadCacheLocked(now time.Time) {
 	if err == nil {
 		err = json.Unmarshal(b, &cc)
 	}
-	var data map[string]map[string]modelInfo
+	var data catalogData
 	if err == nil {
 		data, err = parseCatalog(cc.Body)
 	}
@@ -285,57 +258,52 @@ func (c *catalog) loadCacheLocked(now time.Time) {
 }
 
 // readFileLocked reads the catalogue file (SPEC §6.4: on demand). A failed
-// re-read keeps the older memory copy. c.mu is held.
+// re-read keeps the older memory copy.
 func (c *catalog) readFileLocked(now time.Time) {
-	c.reads++
-	c.lastTry = now
 	b, err := os.ReadFile(c.path)
-	var data map[string]map[string]modelInfo
+	var data catalogData
 	if err == nil {
 		data, err = parseCatalog(b)
 	} else {
-		// The path is outside the state directory; /readyz must not show it.
-		var pe *fs.PathError
-		if errors.As(err, &pe) {
-			err = pe.Err
+		if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
+			err = pe.Err // the path is outside the state directory; /readyz must not show it
 		}
 		err = fmt.Errorf("BRAMA_MODEL_CATALOG_PATH: %w", err)
 	}
-	c.lastErr = err
+	c.settleLocked("file", data, err, now)
+}
+
+// settleLocked records a read of source that ended at now: a good one
+// replaces memory, a failed one keeps it and waits one TTL.
+func (c *catalog) settleLocked(source string, data catalogData, err error, now time.Time) {
+	c.reads++
+	c.lastTry, c.lastErr = now, err
 	if err != nil {
-		c.log.Warn("model_catalog_read_failed", "source", "file", "cause", err.Error())
+		c.log.Warn("model_catalog_read_failed", "source", source, "cause", err.Error())
 		return
 	}
 	c.data, c.loadedAt = data, now
 }
 
-// staleLocked reports whether memory is absent or older than the TTL, and
-// mayTryLocked whether a read may start (a failure waits one TTL).
-func (c *catalog) staleLocked(now time.Time) bool {
-	return c.data == nil || c.loadedAt.IsZero() || now.Sub(c.loadedAt) >= c.ttl
-}
-
-func (c *catalog) mayTryLocked(now time.Time) bool {
-	return c.lastTry.IsZero() || now.Sub(c.lastTry) >= c.ttl
-}
-
 // current is the catalogue a request may use right now, or nil with the
-// cause. It reads a file source on demand; for a URL source it never waits:
-// memory, else the cache file, else unknown, and a stale memory copy kicks
-// one background read.
-func (c *catalog) current() (map[string]map[string]modelInfo, string) {
+// cause. A file source is read on demand; a URL source never waits: memory,
+// else the cache file, else unknown, and memory absent or older than the
+// TTL kicks one background read. A failed read waits one TTL.
+func (c *catalog) current() (catalogData, string) {
 	now := c.now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	stale := func() bool { return c.data == nil || c.loadedAt.IsZero() || now.Sub(c.loadedAt) >= c.ttl }
+	mayTry := c.lastTry.IsZero() || now.Sub(c.lastTry) >= c.ttl
 	if c.path != "" {
-		if c.data == nil || (c.staleLocked(now) && c.mayTryLocked(now)) {
+		if c.data == nil || stale() && mayTry {
 			c.readFileLocked(now)
 		}
 	} else {
 		if c.data == nil && !c.cacheTried {
 			c.loadCacheLocked(now)
 		}
-		if c.kick != nil && !c.refreshing && c.staleLocked(now) && c.mayTryLocked(now) {
+		if c.kick != nil && !c.refreshing && stale() && mayTry {
 			c.refreshing = true
 			select {
 			case c.kick <- struct{}{}:
@@ -349,19 +317,17 @@ func (c *catalog) current() (map[string]map[string]modelInfo, string) {
 	return c.data, ""
 }
 
-// unavailableLocked says why memory is empty. c.mu is held.
+// unavailableLocked says why memory is empty.
 func (c *catalog) unavailableLocked() string {
 	switch {
 	case c.lastErr != nil:
 		return c.lastErr.Error()
 	case c.path != "":
 		return "the catalogue file has not been read"
+	case c.url == "" && c.cacheErr != nil:
+		return "live reads are off (BRAMA_MODEL_CATALOG_URL=off) and " + c.cacheErr.Error()
 	case c.url == "":
-		why := "there is no cached copy"
-		if c.cacheErr != nil {
-			why = c.cacheErr.Error()
-		}
-		return "live reads are off (BRAMA_MODEL_CATALOG_URL=off) and " + why
+		return "live reads are off (BRAMA_MODEL_CATALOG_URL=off) and there is no cached copy"
 	case c.kick == nil:
 		return "no catalogue read has been started"
 	}
@@ -379,8 +345,7 @@ func (c *catalog) lookup(provider, model string) (info modelInfo, ok bool, cause
 	if data == nil {
 		return modelInfo{}, false, cause
 	}
-	info, ok = data[vendor][model]
-	if !ok {
+	if info, ok = data[vendor][model]; !ok {
 		return modelInfo{}, false, fmt.Sprintf("the catalogue has no entry for %s/%s", vendor, model)
 	}
 	return info, true, ""
@@ -390,13 +355,10 @@ func (c *catalog) lookup(provider, model string) (info modelInfo, ok bool, cause
 // 0 with the cause. The caller decides whether to omit the field or refuse.
 func (c *catalog) outputLimit(provider, model string) (int, string) {
 	info, ok, cause := c.lookup(provider, model)
-	if !ok {
-		return 0, cause
+	if ok && info.OutputLimit <= 0 {
+		cause = fmt.Sprintf("the catalogue has no output limit for %s/%s", catalogVendor(provider), model)
 	}
-	if info.OutputLimit <= 0 {
-		return 0, fmt.Sprintf("the catalogue has no output limit for %s/%s", catalogVendor(provider), model)
-	}
-	return info.OutputLimit, ""
+	return info.OutputLimit, cause
 }
 
 // models lists the models of provider's vendor, newest release first, then
@@ -407,17 +369,9 @@ func (c *catalog) models(provider string) []modelInfo {
 		return nil
 	}
 	data, _ := c.current()
-	var out []modelInfo
-	for _, m := range data[vendor] {
-		out = append(out, m)
-	}
-	slices.SortFunc(out, func(a, b modelInfo) int {
-		if a.ReleaseDate != b.ReleaseDate {
-			return strings.Compare(b.ReleaseDate, a.ReleaseDate)
-		}
-		return strings.Compare(a.ID, b.ID)
+	return slices.SortedFunc(maps.Values(data[vendor]), func(a, b modelInfo) int {
+		return cmp.Or(strings.Compare(b.ReleaseDate, a.ReleaseDate), strings.Compare(a.ID, b.ID))
 	})
-	return out
 }
 
 // available is the /readyz view: false with a sentence when no catalogue
@@ -437,15 +391,12 @@ var errCatalogShape = errors.New("the model catalogue is not a JSON object of pr
 // wrong type, a model that is not an object) is left out rather than
 // failing the whole catalogue, because the upstream document grows.
 // The map key, not the inner "id", is a model's id.
-func parseCatalog(b []byte) (map[string]map[string]modelInfo, error) {
+func parseCatalog(b []byte) (catalogData, error) {
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(b, &top); err != nil || top == nil {
-		if err == nil {
-			err = errors.New("null")
-		}
-		return nil, fmt.Errorf("%w: %v", errCatalogShape, err)
+		return nil, fmt.Errorf("%w: %v", errCatalogShape, cmp.Or(err, errors.New("null")))
 	}
-	out := make(map[string]map[string]modelInfo, len(top))
+	out := make(catalogData, len(top))
 	for vendor, raw := range top {
 		var p map[string]json.RawMessage
 		if err := json.Unmarshal(raw, &p); err != nil || p == nil {
@@ -534,44 +485,30 @@ func catalogStrings(raw json.RawMessage) []string {
 // marshalCatalog encodes data back into the api.json shape with only the
 // fields Brama keeps; parseCatalog reads it back to the same value. It is
 // what the model metadata cache holds.
-func marshalCatalog(data map[string]map[string]modelInfo) []byte {
-	type limitWire struct {
-		Context int `json:"context,omitempty"`
-		Output  int `json:"output,omitempty"`
-	}
-	type modalitiesWire struct {
-		Input  []string `json:"input,omitempty"`
-		Output []string `json:"output,omitempty"`
-	}
+func marshalCatalog(data catalogData) []byte {
 	type modelWire struct {
-		ID          string          `json:"id"`
-		ReleaseDate string          `json:"release_date,omitempty"`
-		Limit       *limitWire      `json:"limit,omitempty"`
-		Modalities  *modalitiesWire `json:"modalities,omitempty"`
+		ID          string `json:"id"`
+		ReleaseDate string `json:"release_date,omitempty"`
+		Limit       struct {
+			Context int `json:"context,omitempty"`
+			Output  int `json:"output,omitempty"`
+		} `json:"limit"`
+		Modalities struct {
+			Input  []string `json:"input,omitempty"`
+			Output []string `json:"output,omitempty"`
+		} `json:"modalities"`
 	}
-	type vendorWire struct {
-		ID     string               `json:"id"`
-		Models map[string]modelWire `json:"models"`
-	}
-	out := make(map[string]vendorWire, len(data))
+	out := make(map[string]map[string]map[string]modelWire, len(data)) // vendor → "models" → id → model
 	for vendor, models := range data {
-		vw := vendorWire{ID: vendor, Models: make(map[string]modelWire, len(models))}
+		wm := make(map[string]modelWire, len(models))
 		for id, m := range models {
-			mw := modelWire{ID: id, ReleaseDate: m.ReleaseDate}
-			if m.ContextLimit > 0 || m.OutputLimit > 0 {
-				mw.Limit = &limitWire{Context: m.ContextLimit, Output: m.OutputLimit}
-			}
-			if len(m.Input) > 0 || len(m.Output) > 0 {
-				mw.Modalities = &modalitiesWire{Input: m.Input, Output: m.Output}
-			}
-			vw.Models[id] = mw
+			w := modelWire{ID: id, ReleaseDate: m.ReleaseDate}
+			w.Limit.Context, w.Limit.Output = m.ContextLimit, m.OutputLimit
+			w.Modalities.Input, w.Modalities.Output = m.Input, m.Output
+			wm[id] = w
 		}
-		out[vendor] = vw
+		out[vendor] = map[string]map[string]modelWire{"models": wm}
 	}
-	b, err := json.Marshal(out)
-	if err != nil {
-		// Only maps, strings, ints and slices of strings: Marshal cannot fail.
-		panic("brama: marshal catalogue: " + err.Error())
-	}
+	b, _ := json.Marshal(out) // only maps, strings, ints and string slices: it cannot fail
 	return b
 }

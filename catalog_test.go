@@ -71,6 +71,9 @@ func catalogFixture(t *testing.T) []byte {
 	return b
 }
 
+// quietLog is a logger for tests that do not look at the log.
+func quietLog() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
 func catalogEnv(m map[string]string) func(string) string {
 	return func(k string) string { return m[k] }
 }
@@ -261,7 +264,7 @@ func TestNewCatalogEnv(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c := newCatalog(state{dir: t.TempDir()}, catalogEnv(tt.env), nil, nil, nil)
+			c := newCatalog(state{dir: t.TempDir()}, catalogEnv(tt.env), http.DefaultClient, quietLog(), time.Now)
 			if c.path != tt.wantPath || c.url != tt.wantURL || c.ttl != tt.wantTTL {
 				t.Errorf("got path %q url %q ttl %v, want %q %q %v", c.path, c.url, c.ttl, tt.wantPath, tt.wantURL, tt.wantTTL)
 			}
@@ -281,7 +284,7 @@ func TestCatalogFileSource(t *testing.T) {
 	}
 	writeModel(100)
 	clock := newCatalogClock()
-	c := newCatalog(state{dir: t.TempDir()}, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_PATH": file}), nil, nil, clock.now)
+	c := newCatalog(state{dir: t.TempDir()}, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_PATH": file}), http.DefaultClient, quietLog(), clock.now)
 
 	steps := []struct {
 		name      string
@@ -325,7 +328,7 @@ func TestCatalogFileSource(t *testing.T) {
 
 func TestCatalogFileSourceMissing(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "secret-place", "api.json")
-	c := newCatalog(state{dir: t.TempDir()}, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_PATH": file}), nil, nil, newCatalogClock().now)
+	c := newCatalog(state{dir: t.TempDir()}, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_PATH": file}), http.DefaultClient, quietLog(), newCatalogClock().now)
 	_, ok, cause := c.lookup("anthropic", "m")
 	if ok || !strings.HasPrefix(cause, "the model catalogue is unavailable: ") || !strings.Contains(cause, "no such file") {
 		t.Errorf("lookup = %v, %q; want unavailable naming the missing file", ok, cause)
@@ -338,7 +341,7 @@ func TestCatalogFileSourceMissing(t *testing.T) {
 
 func TestCatalogURLStartReadsOnce(t *testing.T) {
 	cs := newCatalogServer(t, catalogFixture(t), nil, nil)
-	c := newCatalog(state{dir: t.TempDir()}, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_URL": cs.srv.URL}), cs.srv.Client(), nil, newCatalogClock().now)
+	c := newCatalog(state{dir: t.TempDir()}, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_URL": cs.srv.URL}), cs.srv.Client(), quietLog(), newCatalogClock().now)
 	done, stop := startCatalog(t, c)
 	<-done
 	for range 10 {
@@ -354,7 +357,7 @@ func TestCatalogURLStartReadsOnce(t *testing.T) {
 
 func TestCatalogURLLookupDoesNotWait(t *testing.T) {
 	cs := newCatalogServer(t, catalogFixture(t), nil, func(int64) bool { return true })
-	c := newCatalog(state{dir: t.TempDir()}, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_URL": cs.srv.URL}), cs.srv.Client(), nil, newCatalogClock().now)
+	c := newCatalog(state{dir: t.TempDir()}, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_URL": cs.srv.URL}), cs.srv.Client(), quietLog(), newCatalogClock().now)
 	done, _ := startCatalog(t, c)
 	<-cs.arrived // the read is in flight and held by the server
 	_, ok, cause := c.lookup("anthropic", "claude-sonnet-4-5")
@@ -374,7 +377,7 @@ func TestCatalogURLLookupDoesNotWait(t *testing.T) {
 func TestCatalogURLStaleSingleFlight(t *testing.T) {
 	cs := newCatalogServer(t, catalogFixture(t), nil, func(n int64) bool { return n >= 2 })
 	clock := newCatalogClock()
-	c := newCatalog(state{dir: t.TempDir()}, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_URL": cs.srv.URL}), cs.srv.Client(), nil, clock.now)
+	c := newCatalog(state{dir: t.TempDir()}, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_URL": cs.srv.URL}), cs.srv.Client(), quietLog(), clock.now)
 	done, stop := startCatalog(t, c)
 	<-done
 	<-cs.arrived
@@ -466,7 +469,7 @@ func TestCatalogCache(t *testing.T) {
 	stateDir := t.TempDir()
 	st := state{dir: stateDir}
 	cs := newCatalogServer(t, catalogFixture(t), nil, nil)
-	c := newCatalog(st, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_URL": cs.srv.URL}), cs.srv.Client(), nil, newCatalogClock().now)
+	c := newCatalog(st, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_URL": cs.srv.URL}), cs.srv.Client(), quietLog(), newCatalogClock().now)
 	done, stop := startCatalog(t, c)
 	<-done
 	stop()
@@ -496,7 +499,7 @@ func TestCatalogCache(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			fresh := newCatalog(st, catalogEnv(tt.env), failing.srv.Client(), nil, newCatalogClock().now)
+			fresh := newCatalog(st, catalogEnv(tt.env), failing.srv.Client(), quietLog(), newCatalogClock().now)
 			if tt.start {
 				done, _ := startCatalog(t, fresh)
 				<-done
@@ -507,7 +510,7 @@ func TestCatalogCache(t *testing.T) {
 		})
 	}
 
-	empty := newCatalog(state{dir: t.TempDir()}, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_URL": "off"}), nil, nil, nil)
+	empty := newCatalog(state{dir: t.TempDir()}, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_URL": "off"}), http.DefaultClient, quietLog(), time.Now)
 	if ok, why := empty.available(); ok || why != "the model catalogue is unavailable: live reads are off (BRAMA_MODEL_CATALOG_URL=off) and there is no cached copy" {
 		t.Errorf("off without a cache: available = %v, %q", ok, why)
 	}
@@ -520,7 +523,7 @@ func TestCatalogCacheGuarded(t *testing.T) {
 	if err := os.WriteFile(name, []byte(body), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	c := newCatalog(state{dir: dir}, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_URL": "off"}), nil, nil, nil)
+	c := newCatalog(state{dir: dir}, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_URL": "off"}), http.DefaultClient, quietLog(), time.Now)
 	if ok, why := c.available(); ok || !strings.Contains(why, "chmod 600") {
 		t.Errorf("group-readable cache: available = %v, %q; want refused naming the rule", ok, why)
 	}
@@ -551,7 +554,7 @@ func TestCatalogNoStateDir(t *testing.T) {
 }
 
 func TestCatalogStartNeverCalled(t *testing.T) {
-	c := newCatalog(state{dir: t.TempDir()}, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_URL": "http://127.0.0.1:1/"}), nil, nil, nil)
+	c := newCatalog(state{dir: t.TempDir()}, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_URL": "http://127.0.0.1:1/"}), http.DefaultClient, quietLog(), time.Now)
 	_, ok, cause := c.lookup("anthropic", "m")
 	if ok || cause != "the model catalogue is unavailable: no catalogue read has been started" {
 		t.Errorf("lookup = %v, %q", ok, cause)
@@ -566,7 +569,7 @@ func TestCatalogOutputLimit(t *testing.T) {
 	if err := os.WriteFile(file, catalogFixture(t), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	c := newCatalog(state{dir: t.TempDir()}, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_PATH": file}), nil, nil, nil)
+	c := newCatalog(state{dir: t.TempDir()}, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_PATH": file}), http.DefaultClient, quietLog(), time.Now)
 	tests := []struct {
 		name, provider, model string
 		want                  int
@@ -595,7 +598,7 @@ func TestCatalogModels(t *testing.T) {
 	if err := os.WriteFile(file, catalogFixture(t), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	c := newCatalog(state{dir: t.TempDir()}, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_PATH": file}), nil, nil, nil)
+	c := newCatalog(state{dir: t.TempDir()}, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_PATH": file}), http.DefaultClient, quietLog(), time.Now)
 	tests := []struct {
 		name, provider string
 		want           []string

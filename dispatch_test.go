@@ -203,6 +203,19 @@ func TestDialectProtocolMatrix(t *testing.T) {
 					if hdr.Get("Brama-Attempts") != "1" {
 						t.Errorf("Brama-Attempts = %q, want 1", hdr.Get("Brama-Attempts"))
 					}
+					if hdr.Get("Brama-Route") != fx.model {
+						t.Errorf("Brama-Route = %q, want %q", hdr.Get("Brama-Route"), fx.model)
+					}
+					if dialectProtocol[dialect] == fx.protocol { // passthrough: the provider's own answer
+						want := fx.buffered
+						if stream {
+							want = withoutUsageChunk(fixture(t, fx.stream)) // Brama asked for usage itself
+						}
+						if string(body) != want {
+							t.Errorf("passthrough answer differs from the provider's:\n got %q\nwant %q", body, want)
+						}
+						return
+					}
 					got := compactArgs(decodeCallerAnswer(t, dialect, stream, body))
 					want := compactArgs(fx.want)
 					want.Model = fx.model
@@ -227,6 +240,18 @@ func TestDialectProtocolMatrix(t *testing.T) {
 		assertNoSecret(t, fx.key, logs, env["BRAMA_STATE_DIR"])
 	}
 	assertOwnerOnly(t, env["BRAMA_STATE_DIR"])
+}
+
+// withoutUsageChunk drops a chat stream's usage chunk (choices: []), which
+// Brama does not relay when it asked for usage itself (SPEC §7.6).
+func withoutUsageChunk(stream string) string {
+	var keep []string
+	for _, block := range strings.SplitAfter(stream, "\n\n") {
+		if !strings.Contains(block, `"choices":[]`) {
+			keep = append(keep, block)
+		}
+	}
+	return strings.Join(keep, "")
 }
 
 func TestAliasRefusalsAndOneAttempt(t *testing.T) {

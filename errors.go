@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"net/http"
 	"regexp"
+	"strconv"
 	"strings"
+	"time"
 )
 
 // codeInfo is what a stable error code fixes: the HTTP status, the type and
@@ -32,6 +34,7 @@ var codes = map[string]codeInfo{
 	"subscription_unavailable":              {429, "capacity_error", true},
 	"client_cancelled":                      {499, "request_error", false},
 	"internal_error":                        {500, "internal_error", false},
+	"provider_rejected":                     {400, "request_error", false}, // or the provider's 404, 413, 422
 	"provider_failure":                      {502, "provider_error", false},
 	"provider_incomplete":                   {502, "provider_error", false},
 	"provider_quota_exhausted":              {502, "provider_error", false},
@@ -54,7 +57,14 @@ type apiError struct {
 	Attempts  *int   // nil: refused before dispatch, so no "attempts" key
 	Details   *aliasDetails
 	Retryable *bool // nil: from the code table; set only for SPEC §12's in-progress 409
-	Err       error // cause: logged, never sent
+	// ProviderStatus is provider_rejected's HTTP status: the provider's own
+	// 400, 404, 413 or 422 (SPEC §8.2). 0 everywhere else.
+	ProviderStatus int
+	// RetryAfter is a retryable refusal's known wait, sent as Retry-After
+	// (SPEC §8.1): the provider's own, or a block's end. 0: unknown.
+	RetryAfter time.Duration
+	Err        error // cause: logged, never sent
+	status     int   // 0: from the code table; set only by withStatus
 }
 
 // aliasDetails is the "details" member of alias refusals (SPEC §5.2).
@@ -75,8 +85,32 @@ func refuse(code, format string, args ...any) *apiError {
 func (e *apiError) Error() string { return e.Code + ": " + e.Message }
 func (e *apiError) Unwrap() error { return e.Err }
 
-// Status is the HTTP status the code fixes.
-func (e *apiError) Status() int { return codes[e.Code].status }
+// Status is the HTTP status the code fixes; provider_rejected keeps the
+// provider's own 4xx, and withStatus may choose another of the code's.
+func (e *apiError) Status() int {
+	if e.Code == "provider_rejected" && e.ProviderStatus != 0 {
+		return e.ProviderStatus
+	}
+	if e.status != 0 {
+		return e.status
+	}
+	return codes[e.Code].status
+}
+
+// withStatus answers e with status, for a code SPEC §8.2 lists under more
+// than one (invalid_request: 413 for a body over BRAMA_MAX_REQUEST_BYTES).
+func (e *apiError) withStatus(status int) *apiError {
+	e.status = status
+	return e
+}
+
+// retryable is the envelope's retryable member.
+func (e *apiError) retryable() bool {
+	if e.Retryable != nil {
+		return *e.Retryable
+	}
+	return codes[e.Code].retryable
+}
 
 // withAttempts returns e marked as a refusal made after dispatch began.
 func (e *apiError) withAttempts(n int) *apiError {
@@ -106,16 +140,11 @@ type envelopeBody struct {
 
 // body is the envelope a client receives for e.
 func (e *apiError) body() envelope {
-	info := codes[e.Code]
-	retryable := info.retryable
-	if e.Retryable != nil {
-		retryable = *e.Retryable
-	}
 	return envelope{Error: envelopeBody{
 		Message:   truncateUTF8(e.Message, maxMessageBytes),
-		Type:      info.typ,
+		Type:      codes[e.Code].typ,
 		Code:      e.Code,
-		Retryable: retryable,
+		Retryable: e.retryable(),
 		Attempts:  e.Attempts,
 		Details:   e.Details,
 	}}
@@ -147,15 +176,45 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Write(append(b, '\n'))
 }
 
-// writeAPIError writes err in the envelope; Brama-Attempts follows the
-// attempts key (SPEC §7.4).
-func writeAPIError(w http.ResponseWriter, err error) *apiError {
+// messagesEnvelope is the envelope on the messages dialect: Anthropic's
+// clients expect a top-level "type":"error" beside "error" (SPEC §8.1).
+type messagesEnvelope struct {
+	Type  string       `json:"type"`
+	Error envelopeBody `json:"error"`
+}
+
+// messagesPath reports whether path is one of the messages dialect's
+// (/v1/messages, /v1/messages/count_tokens).
+func messagesPath(path string) bool {
+	return path == "/v1/messages" || strings.HasPrefix(path, "/v1/messages/")
+}
+
+// writeAPIError writes err in the envelope for request r. Every error
+// response says x-should-retry, equal to retryable; a retryable one whose
+// wait is known says Retry-After in whole seconds (SPEC §8.1);
+// Brama-Attempts follows the attempts key (SPEC §7.4).
+func writeAPIError(w http.ResponseWriter, r *http.Request, err error) *apiError {
 	ae := asAPIError(err)
+	h := w.Header()
 	if ae.Attempts != nil {
-		w.Header().Set("Brama-Attempts", fmt.Sprint(*ae.Attempts))
+		h.Set("Brama-Attempts", fmt.Sprint(*ae.Attempts))
+	}
+	h.Set("X-Should-Retry", strconv.FormatBool(ae.retryable()))
+	if ae.retryable() && ae.RetryAfter > 0 {
+		h.Set("Retry-After", retryAfterSeconds(ae.RetryAfter))
+	}
+	if r != nil && messagesPath(r.URL.Path) {
+		writeJSON(w, ae.Status(), messagesEnvelope{Type: "error", Error: ae.body().Error})
+		return ae
 	}
 	writeJSON(w, ae.Status(), ae.body())
 	return ae
+}
+
+// retryAfterSeconds is a wait as Retry-After's delay-seconds, rounded up
+// so a caller never comes back early (RFC 9110 §10.2.3).
+func retryAfterSeconds(d time.Duration) string {
+	return strconv.FormatInt(int64(max((d+time.Second-1)/time.Second, 1)), 10)
 }
 
 // truncateUTF8 cuts s to at most n bytes without splitting a rune.

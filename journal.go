@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -78,13 +79,15 @@ type journal struct {
 	mu     sync.Mutex // guards broken; held across one append so this process's appends queue
 	broken error      // the fsync failure that made the journal unusable; never cleared
 
-	readMu     sync.Mutex      // guards fold*, logged*
-	foldFile   fileIdentity    // dev and ino of the file folded so far
-	foldOff    int64           // bytes of foldFile folded: always just after a '\n'
-	foldLines  int             // complete lines in those bytes, for line numbers
-	foldRetire map[string]bool // subscription ids whose last retire/reinstate is retire
-	loggedFile fileIdentity    // dev and ino of the file whose bad lines were logged
-	loggedLine int             // highest bad line of loggedFile logged so far
+	readMu     sync.Mutex       // guards fold*, logged*
+	foldFile   fileIdentity     // dev and ino of the file folded so far
+	foldOff    int64            // bytes of foldFile folded: always just after a '\n'
+	foldLines  int              // complete lines in those bytes, for line numbers
+	foldRetire map[string]bool  // subscription ids whose last retire/reinstate is retire
+	foldBad    []journalBadLine // the first maxReportedBadLines unreadable lines folded
+	foldBadN   int              // unreadable lines folded in all
+	loggedFile fileIdentity     // dev and ino of the file whose bad lines were logged
+	loggedLine int              // highest bad line of loggedFile logged so far
 }
 
 // newJournal places the journal in st. It never fails: without a state
@@ -343,12 +346,33 @@ func (j *journal) retired() (map[string]bool, error) {
 	return out, nil
 }
 
+// maxReportedBadLines is how many unreadable lines /readyz names one by
+// one; the rest it counts.
+const maxReportedBadLines = 100
+
+// badLines returns the journal's unreadable complete lines (the first
+// maxReportedBadLines of them) and how many there are in all, for /readyz.
+// Like retired it folds only what was appended since the last call, so a
+// readiness probe never rereads the whole journal (issue 10: 16 concurrent
+// probes at 300 k lines took 4.9 s and 5.3 GB).
+func (j *journal) badLines() ([]journalBadLine, int, error) {
+	if j.noState != nil {
+		return nil, 0, j.noState
+	}
+	j.readMu.Lock()
+	defer j.readMu.Unlock()
+	if err := j.foldTail(); err != nil {
+		return nil, 0, err
+	}
+	return slices.Clone(j.foldBad), j.foldBadN, nil
+}
+
 // foldTail brings the retirement fold up to the journal's last complete
 // line. Callers hold readMu.
 func (j *journal) foldTail() error {
 	_, err := guardFile("journal", j.name)
 	if errors.Is(err, errFileAbsent) {
-		j.foldFile, j.foldOff, j.foldLines, j.foldRetire = fileIdentity{}, 0, 0, nil
+		j.foldFile, j.foldOff, j.foldLines, j.foldRetire, j.foldBad, j.foldBadN = fileIdentity{}, 0, 0, nil, nil, 0
 		return nil
 	}
 	if err != nil {
@@ -369,7 +393,7 @@ func (j *journal) foldTail() error {
 	}
 	id := fileIdentity{dev: uint64(st.Dev), ino: st.Ino}
 	if id != j.foldFile || fi.Size() < j.foldOff || j.foldRetire == nil {
-		j.foldFile, j.foldOff, j.foldLines, j.foldRetire = id, 0, 0, map[string]bool{}
+		j.foldFile, j.foldOff, j.foldLines, j.foldRetire, j.foldBad, j.foldBadN = id, 0, 0, map[string]bool{}, nil, 0
 	}
 	if fi.Size() == j.foldOff {
 		return nil
@@ -385,6 +409,11 @@ func (j *journal) foldTail() error {
 	tail = tail[:end+1]
 	recs, bad, _ := readJournalLines(tail)
 	j.logBad(id, j.foldLines, bad)
+	for _, b := range bad {
+		if j.foldBadN++; len(j.foldBad) < maxReportedBadLines {
+			j.foldBad = append(j.foldBad, journalBadLine{Line: j.foldLines + b.Line, Reason: b.Reason})
+		}
+	}
 	for _, r := range recs {
 		switch {
 		case r.SubscriptionID == "":

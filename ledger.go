@@ -13,21 +13,17 @@ import (
 // The ledger (SPEC §10.3) remembers, per subscription, what traffic and
 // usage reports said about its plan windows, the block a 429 or quota
 // refusal left, its credential state, measured use, and the last usage read
-// and probe. Dispatch orders and skips subscriptions by it, the maintenance
-// scheduler sets its one timer from it, and listings show it (§10.4).
+// and probe. Dispatch orders and skips subscriptions by it, maintenance arms
+// its one timer at its next due moment, and listings show it (§10.4).
 
 const ledgerFile = "ledger.json"
 
-// ledgerWriteEvery is SPEC §10.3's "rewritten at most once per second" for
-// coalesced changes.
-const ledgerWriteEvery = time.Second
+const (
+	ledgerWriteEvery = time.Second        // SPEC §10.3: coalesced changes are written at most once per second
+	ledgerMaxBlock   = 7 * 24 * time.Hour // SPEC §7.2.4: a reset stated months away parks no subscription for months
+)
 
-// ledgerMaxBlock caps a recorded block (SPEC §7.2 step 4): a provider stating a
-// reset months away must not park a subscription for months.
-const ledgerMaxBlock = 7 * 24 * time.Hour
-
-// Credential states (SPEC §10.3). credDisabled is computed for retired rows
-// and never stored.
+// Credential states (SPEC §10.3); credDisabled is shown for retired rows, never stored.
 const (
 	credActive      = "active"
 	credNeedsReauth = "needs_reauthorization"
@@ -59,8 +55,7 @@ type ledgerMeasured struct {
 	LastUsedMs   int64 `json:"last_used_ms"`
 }
 
-// ledgerCheck is the outcome of the last usage read or probe; at_ms 0 is
-// never.
+// ledgerCheck is the last usage read's or probe's outcome; at_ms 0 is never.
 type ledgerCheck struct {
 	AtMs   int64  `json:"at_ms"`
 	OK     bool   `json:"ok"`
@@ -87,8 +82,17 @@ type ledgerDoc struct {
 // ledgerIDPattern is the shape of a subscription id (SPEC §2.2).
 var ledgerIDPattern = regexp.MustCompile(`^sub_[0-9a-f]{16}$`)
 
-// ledgerStopper is what a write-behind timer must offer: *time.Timer fits.
+// ledgerStopper is what a timer at a ledger moment must offer (the
+// write-behind here, maintenance's due timer): *time.Timer fits.
 type ledgerStopper interface{ Stop() bool }
+
+// afterFunc is time.AfterFunc, or testingOnly when a test set it.
+func afterFunc(testingOnly func(time.Duration, func()) ledgerStopper, d time.Duration, f func()) ledgerStopper {
+	if testingOnly != nil {
+		return testingOnly(d, f)
+	}
+	return time.AfterFunc(d, f)
+}
 
 // ledger is the in-memory ledger and its file. Mutations apply in memory at
 // once; the file follows, at once for credential, block and probe changes
@@ -102,8 +106,7 @@ type ledger struct {
 	unreadable error  // why ledger.json could not be read; set once in newLedger, never changes
 	changed    chan struct{}
 
-	// testingOnlyAfterFunc replaces time.AfterFunc for the write-behind
-	// (nil in production), so tests fire it by hand instead of sleeping.
+	// testingOnlyAfterFunc replaces time.AfterFunc for the write-behind (nil in production).
 	testingOnlyAfterFunc func(d time.Duration, f func()) ledgerStopper
 
 	mu        sync.Mutex // guards entries, seq, lastWrite, timer, timerGen, warned
@@ -117,16 +120,12 @@ type ledger struct {
 	file snapshotFile // ledger.json, written in snapshot order
 }
 
-// newLedger loads ledger.json. An absent file is an empty ledger; one that
-// fails the §2.2 guards or the strict parse is served empty, logged once
-// (ledger_unreadable, without its bytes) and never overwritten, so an
-// operator can still inspect or repair it.
+// newLedger loads ledger.json; absent, it is empty. One failing the §2.2
+// guards or the strict parse is served empty, logged once without its bytes
+// and never overwritten, so an operator can still repair it.
 func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
-	if log == nil {
+	if log == nil { // tests outside the cluster still pass nil (subscriptions_test.go)
 		log = slog.New(slog.DiscardHandler)
-	}
-	if now == nil {
-		now = time.Now
 	}
 	l := &ledger{log: log, now: now, entries: map[string]*ledgerEntry{}, changed: make(chan struct{}, 1)}
 	name, err := st.path("ledger", ledgerFile)
@@ -154,10 +153,9 @@ func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
 	return l
 }
 
-// parseLedger strictly parses ledger.json's bytes (SPEC §2.2): unknown
-// members, duplicate keys, another schema version, a malformed subscription
-// id or a credential state that is never stored are refused, naming role
-// and the member. Empty bytes are an empty ledger.
+// parseLedger strictly parses ledger.json (SPEC §2.2), refusing unknown
+// members, duplicate keys, another schema, a malformed id or a state never
+// stored, naming role and the member. Empty bytes are an empty ledger.
 func parseLedger(role string, b []byte) (map[string]ledgerEntry, error) {
 	subs := map[string]ledgerEntry{}
 	if len(b) == 0 {
@@ -187,21 +185,11 @@ func parseLedger(role string, b []byte) (map[string]ledgerEntry, error) {
 	return subs, nil
 }
 
-// loadErr is non-nil when ledger.json was unreadable: the ledger is then
-// served empty and the file never overwritten (/readyz lists it).
+// loadErr is why ledger.json was unreadable (/readyz lists it), or nil.
 func (l *ledger) loadErr() error { return l.unreadable }
 
-// copyLedgerEntry deep-copies e so callers never share memory with the ledger.
-func copyLedgerEntry(e *ledgerEntry) ledgerEntry {
-	c := *e
-	if e.Windows != nil {
-		c.Windows = append([]planWindow{}, e.Windows...)
-	}
-	return c
-}
-
-// entry returns a copy of id's record; a missing one reads as an active
-// credential with no windows.
+// entry returns a copy of id's record, sharing no memory with the ledger; a
+// missing one reads as an active credential with no windows.
 func (l *ledger) entry(id string) (ledgerEntry, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -209,7 +197,9 @@ func (l *ledger) entry(id string) (ledgerEntry, bool) {
 	if !ok {
 		return ledgerEntry{Credential: ledgerCredential{State: credActive}}, false
 	}
-	return copyLedgerEntry(e), true
+	c := *e
+	c.Windows = slices.Clone(e.Windows)
+	return c, true
 }
 
 // credentialState is "active" unless a state was recorded.
@@ -237,14 +227,9 @@ func (l *ledger) recordWindows(id, provider string, ws []planWindow) {
 		}
 		for _, w := range ws {
 			w.UsedFraction = planFraction(w.UsedFraction)
-			replaced := false
-			for i := range e.Windows {
-				if e.Windows[i].ID == w.ID {
-					e.Windows[i], replaced = w, true
-					break
-				}
-			}
-			if !replaced {
+			if i := slices.IndexFunc(e.Windows, func(old planWindow) bool { return old.ID == w.ID }); i >= 0 {
+				e.Windows[i] = w
+			} else {
 				e.Windows = append(e.Windows, w)
 			}
 		}
@@ -407,11 +392,7 @@ func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEn
 	case l.timer == nil:
 		l.timerGen++
 		gen := l.timerGen
-		after := l.testingOnlyAfterFunc
-		if after == nil {
-			after = func(d time.Duration, f func()) ledgerStopper { return time.AfterFunc(d, f) }
-		}
-		l.timer = after(ledgerWriteEvery-now.Sub(l.lastWrite), func() { l.writeBehind(gen) })
+		l.timer = afterFunc(l.testingOnlyAfterFunc, ledgerWriteEvery-now.Sub(l.lastWrite), func() { l.writeBehind(gen) })
 	}
 	l.mu.Unlock()
 

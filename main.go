@@ -232,6 +232,10 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 	if testingOnlyNow != nil {
 		now = testingOnlyNow
 	}
+	maxBody, err := maxRequestBytes(e.getenv("BRAMA_MAX_REQUEST_BYTES"))
+	if err != nil {
+		return err
+	}
 	d := openDeps(e.getenv, log, now)
 	lock, err := lockServe(d.st)
 	if err != nil {
@@ -239,6 +243,12 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 	}
 	if lock != nil {
 		defer lock.Close()
+		n, err := removeStaleTemps(d.st.dir)
+		if err != nil {
+			log.Warn("state_temp_files_unremoved", "removed", n, "cause", err.Error())
+		} else if n > 0 {
+			log.Info("state_temp_files_removed", "count", n)
+		}
 	}
 	guard, err := newTransportGuard(e.getenv("BRAMA_TRUSTED_PROXY_IPS"))
 	if err != nil {
@@ -248,14 +258,21 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 		log: log, getenv: e.getenv, st: d.st, now: now,
 		clients: d.clients, vault: d.vault, journal: d.journal, reg: d.reg, guard: guard,
 	}
-	s.agents = &agentVerifier{secret: s.vault.agentSecret, now: s.now, seen: map[string]time.Time{}}
+	s.agents = newAgentVerifier(s.vault.agentSecret, s.now)
+	s.maxBody = maxBody
 	s.client = newProviderClient()
 	s.catalog = newCatalog(d.st, e.getenv, s.client, log, s.now)
 	s.perf = newPerfRegistry(d.st, log, s.now)
 	s.answers = newAnswerStore(d.st, log, s.now)
+	s.replay = newReplayGuard(e.getenv, log, s.now)
 	s.ledger = newLedger(d.st, log, s.now)
 	defer s.ledger.flush()
 	s.inv = newInventory(d.st, s.vault, s.journal, s.ledger, e.getenv, log, s.now)
+	if ids, err := s.inv.removeOrphans(); err != nil {
+		log.Warn("vault_orphans_unremoved", "cause", err.Error())
+	} else if len(ids) > 0 {
+		log.Info("vault_orphans_removed", "count", len(ids), "subscription_ids", strings.Join(ids, ","))
+	}
 	s.oauth = newOAuth(e.getenv, s.client, s.vault, s.ledger, log, s.now)
 	defer s.oauth.shutdown()
 	s.maint = newMaintainer(s.inv, s.ledger, s.oauth, s.journal, s.client, e.getenv, log, s.now)
@@ -274,8 +291,15 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 	if err != nil {
 		return err
 	}
+	// Every request context descends from base, so requests still running
+	// when the shutdown grace ends are cancelled with errServerShutdown.
+	base, stopRequests := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer stopRequests(nil)
 	srv := &http.Server{
-		Handler: s,
+		Handler:     s,
+		BaseContext: func(net.Listener) context.Context { return base },
+		// OPTIONS * reaches ServeHTTP too, for its envelope and log line.
+		DisableGeneralOptionsHandler: true,
 		// Only how long a client takes to send headers is bounded; reads and
 		// writes have no deadline, so a long generation is never cut (SPEC §7.4).
 		ReadHeaderTimeout: 30 * time.Second,
@@ -303,13 +327,26 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 	case err = <-serveErr:
 		return err
 	}
-	shutCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 20*time.Second)
+	grace := shutdownGrace
+	if testingOnlyShutdownGrace != 0 {
+		grace = testingOnlyShutdownGrace
+	}
+	shutCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), grace)
 	defer cancel()
 	if err := srv.Shutdown(shutCtx); err != nil {
+		stopRequests(errServerShutdown) // their log lines say server_shutdown
 		srv.Close()
 	}
+	s.inflight.wait()
 	return nil
 }
+
+// shutdownGrace is how long in-flight requests may run after SIGTERM.
+const shutdownGrace = 20 * time.Second
+
+// testingOnlyShutdownGrace shortens shutdownGrace in tests (zero in
+// production).
+var testingOnlyShutdownGrace time.Duration
 
 // readLocalCredentials reads `{"provider":"api key",…}` from stdin.
 func readLocalCredentials(r io.Reader) (map[string]string, error) {

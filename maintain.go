@@ -1,35 +1,30 @@
 package main
 
 import (
-	"bufio"
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 )
 
-// Maintenance passes (SPEC §11.2): the usage report pass reads the
-// providers' own account of each subscription's plan windows, then the
-// credential refresh pass refreshes the grants that fell due. Neither
-// spends plan quota: no completion is ever made on a schedule (the probe,
+// Maintenance (SPEC §11.2): a pass reads the providers' usage reports, then
+// refreshes the grants that fell due; neither spends plan quota (the probe,
 // §11.3, is an operator's request only). A pass starts only at start, at a
-// moment the ledger says something falls due (one timer), once after a
-// refusal for want of a signed-in subscription, or when an operator asks;
-// never on a period of Brama's own.
+// moment the ledger states (one timer), once after a refusal for want of a
+// signed-in subscription, or when an operator asks: never on a period of
+// Brama's own. loop runs a testable loopOnce, as gitmirror does.
 
-// errMaintenanceStopped refuses a pass asked for while no scheduler runs
-// (before run, or after its context ended).
 var errMaintenanceStopped = errors.New("the maintenance scheduler is not running")
 
-// maintainer owns the maintenance passes of one serving process and their
-// scheduler. Passes run one at a time on the scheduler's goroutine; a pass
-// asked for while one runs becomes exactly one more pass after it.
+// maintainer owns one daemon's passes. They run one at a time on loop's
+// goroutine; passes asked for while one runs become exactly one more.
 type maintainer struct {
 	inv    *inventory
 	l      *ledger
@@ -39,58 +34,35 @@ type maintainer struct {
 	getenv func(string) string
 	log    *slog.Logger
 	clock  func() time.Time
+	kick   chan struct{} // buffered 1: wakes loop after pending or the timer changed
 
-	kick chan struct{} // buffered 1: wakes the scheduler after pending or the timer changed
-
-	// testingOnlyAfterFunc replaces time.AfterFunc for the due timer (nil in
-	// production), so tests fire it by hand after moving their clock.
+	// Test hooks (nil in production): the due timer's AfterFunc, and every finished pass.
 	testingOnlyAfterFunc func(d time.Duration, f func()) ledgerStopper
-	// testingOnlyPassDone runs on the scheduler after each pass (nil in
-	// production), so tests see every pass, its reason and its start.
-	testingOnlyPassDone func(reason string, started time.Time, rep passReport)
+	testingOnlyPassDone  func(reason string, started time.Time, rep passReport)
 
-	mu         sync.Mutex  // guards the fields below
-	loop       loopState   // whether the scheduler runs
-	pending    string      // reason of the pass asked for and not yet started; "" none
-	waiting    *passTicket // what passNow callers wait for: the next pass to start; nil none
-	running    bool        // a pass is running
-	changes    uint64      // inventory and credential changes seen (changed)
-	startedAt  uint64      // changes when the last pass started
-	anyStarted bool        // a pass has started
-	passes     int64       // passes started
-	dropped    int64       // requests dropped by the SPEC §11.2 rule
-	last       passRecord  // the last finished pass
-	timerAt    time.Time   // the moment the due timer is armed for; zero none
-	timerGen   uint64      // identifies the armed timer, so a stale one does nothing
-	timerFired bool        // the armed timer has fired
+	mu        sync.Mutex     // guards the fields below
+	looping   bool           // loop runs, so passNow can be answered
+	pending   string         // reason of the pass asked for and not yet started; "" none
+	waiting   *passTicket    // what passNow callers wait for: the next pass to start
+	running   bool           // a pass is running
+	changes   uint64         // inventory and credential changes seen (changed)
+	startedAt uint64         // changes when the last pass started
+	passes    int64          // passes started
+	dropped   int64          // requests dropped by the SPEC §11.2 rule
+	last      map[string]any // /stats' last_pass; nil before the first ends
+	timer     ledgerStopper  // the armed due timer; nil when none or it fired
+	timerAt   time.Time      // the moment it is armed for; zero none
+	timerGen  uint64         // identifies the armed timer, so a stale one does nothing
 }
 
-// loopState is where the scheduler is in its life.
-type loopState int
-
-const (
-	loopNotStarted loopState = iota
-	loopRunning
-	loopStopped
-)
-
-// passTicket is one pass's answer for those waiting on it; rep and err are
-// set before done is closed and never after.
+// passTicket is one pass's answer for its waiters, set before done closes.
 type passTicket struct {
 	done chan struct{}
 	rep  passReport
 	err  error
 }
 
-// passRecord is what /stats says about the last finished pass.
-type passRecord struct {
-	reason            string
-	started, finished time.Time
-	ok                bool
-}
-
-// passReport is one pass's outcome: the body of POST /v1/admin/maintain
-// (SPEC §11.2).
+// passReport is the body of POST /v1/admin/maintain (SPEC §11.2).
 type passReport struct {
 	OK          bool              `json:"ok"`
 	Usage       usageSummary      `json:"usage"`
@@ -100,9 +72,8 @@ type passReport struct {
 	err error // the pass could not list the subscriptions at all; never sent
 }
 
-// usageSummary is the usage report pass's part of a passReport.
-// Subscriptions counts those whose provider publishes a report for their
-// credential (read or not this pass); Read counts successful reads.
+// usageSummary counts subscriptions with a report their credential can read
+// (due this pass or not) and the successful reads.
 type usageSummary struct {
 	Subscriptions int            `json:"subscriptions"`
 	Read          int            `json:"read"`
@@ -116,11 +87,8 @@ type usageFailure struct {
 	Error          string `json:"error"`
 }
 
-// credentialSummary is the refresh side of a passReport. Subscriptions
-// counts non-retired OAuth subscriptions with an active credential at the
-// start of the pass; Refreshed the refreshes that produced a grant; Refused
-// every refresh attempt that did not (a definitive refusal or a transport
-// failure alike; the credential_refresh_* log line says which).
+// credentialSummary counts active OAuth subscriptions, refreshes that gave a
+// grant, and attempts that did not (the credential_refresh_* line says why).
 type credentialSummary struct {
 	Subscriptions int `json:"subscriptions"`
 	Refreshed     int `json:"refreshed"`
@@ -129,53 +97,33 @@ type credentialSummary struct {
 
 // newMaintainer builds the maintainer; nothing runs until run.
 func newMaintainer(inv *inventory, l *ledger, o *oauthClient, j *journal, client *http.Client, getenv func(string) string, log *slog.Logger, now func() time.Time) *maintainer {
-	if client == nil {
-		client = newProviderClient()
-	}
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	if now == nil {
-		now = time.Now
-	}
 	return &maintainer{inv: inv, l: l, o: o, j: j, client: client, getenv: getenv, log: log, clock: now,
 		kick: make(chan struct{}, 1)}
 }
 
-// run starts the scheduler: one pass at once (the listener is up), then a
-// pass when the due timer fires or one is asked for. It returns at once;
-// the goroutine it starts is counted in wg and exits when ctx is done,
-// after the pass in progress (whose provider calls end with ctx).
+// run starts loop, counted in wg, with the start pass pending (the listener
+// is up). loop exits when ctx ends, after the pass in progress.
 func (m *maintainer) run(ctx context.Context, wg *sync.WaitGroup) {
 	m.mu.Lock()
-	m.loop = loopRunning
+	m.looping = true
 	m.pending = cmp.Or(m.pending, "start")
 	m.mu.Unlock()
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		m.schedule(ctx)
+		m.loop(ctx)
 	}()
 }
 
-// schedule is the scheduler's loop: run the pending pass if any, else arm
-// the one timer at the ledger's next due moment and wait for ctx, a kick or
-// a ledger change (which may move that moment).
-func (m *maintainer) schedule(ctx context.Context) {
+// loop runs loopOnce until ctx ends, waiting between turns for a kick or a
+// ledger change (which may move the next due moment).
+func (m *maintainer) loop(ctx context.Context) {
 	changed := m.l.subscribe()
-	var timer ledgerStopper
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-		m.stop()
-	}()
+	defer m.stop()
 	for ctx.Err() == nil {
-		if reason, ticket, ok := m.take(); ok {
-			m.pass(ctx, reason, ticket)
+		if m.loopOnce(ctx, m.clock()) {
 			continue // a pass asked for meanwhile runs next
 		}
-		timer = m.arm(timer)
 		select {
 		case <-ctx.Done():
 		case <-m.kick:
@@ -184,29 +132,36 @@ func (m *maintainer) schedule(ctx context.Context) {
 	}
 }
 
-// take starts the pending pass's bookkeeping: it clears pending, hands over
-// the waiters' ticket and records the start for the request rule.
-func (m *maintainer) take() (string, *passTicket, bool) {
+// loopOnce, at now, runs the pending pass (true), or else arms the one timer
+// at the ledger's next due moment (false), keeping it while that moment
+// stands. An armed moment that came before its timer fired is due now.
+func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
+	due, ok := m.l.nextDue(now)
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	if m.pending == "" && m.timer != nil && !m.timerAt.After(now) {
+		m.disarmLocked()
+		m.pending = "due"
+	}
 	if m.pending == "" {
-		return "", nil, false
+		if m.timer == nil || !ok || !due.Equal(m.timerAt) {
+			m.armLocked(due, ok, now)
+		}
+		m.mu.Unlock()
+		return false
 	}
 	reason, t := m.pending, m.waiting
 	m.pending, m.waiting = "", nil
-	m.running, m.anyStarted, m.startedAt = true, true, m.changes
+	m.running, m.startedAt = true, m.changes
 	m.passes++
-	return reason, t, true
-}
+	m.mu.Unlock()
 
-// pass runs one pass, answers its waiters and logs it.
-func (m *maintainer) pass(ctx context.Context, reason string, t *passTicket) {
-	started := m.clock()
+	started := now
 	m.log.Info("maintenance_pass_started", "reason", reason)
 	rep := m.passOnce(ctx)
 	m.mu.Lock()
 	m.running = false
-	m.last = passRecord{reason: reason, started: started, finished: m.clock(), ok: rep.OK}
+	m.last = map[string]any{"reason": reason, "ok": rep.OK, "started_at": started.UTC().Format(time.RFC3339Nano),
+		"finished_at": m.clock().UTC().Format(time.RFC3339Nano)}
 	m.mu.Unlock()
 	if m.testingOnlyPassDone != nil {
 		m.testingOnlyPassDone(reason, started, rep)
@@ -215,51 +170,22 @@ func (m *maintainer) pass(ctx context.Context, reason string, t *passTicket) {
 		t.rep, t.err = rep, rep.err
 		close(t.done)
 	}
+	return true
 }
 
-// arm sets the one due timer to the ledger's next due moment (SPEC §11.2),
-// keeping timer when that moment is unchanged and it has not fired. It
-// returns the timer now armed (nil when nothing is due). It arms nothing
-// while a pass is pending (the loop runs it first, then arms), and an armed
-// moment that has come before its timer fired is due now: it becomes the
-// pending pass rather than being skipped for a later moment.
-func (m *maintainer) arm(timer ledgerStopper) ledgerStopper {
-	now := m.clock()
-	due, ok := m.l.nextDue(now)
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	switch {
-	case m.pending != "":
-		return timer
-	case timer != nil && !m.timerFired && !m.timerAt.After(now):
-		timer.Stop()
-		m.timerGen++
-		m.timerAt = time.Time{}
-		m.pending = "due"
-		m.wake()
-		return nil
-	case timer != nil && ok && due.Equal(m.timerAt) && !m.timerFired:
-		return timer
-	}
-	if timer != nil {
-		timer.Stop()
-	}
-	m.timerGen++
-	m.timerAt, m.timerFired = time.Time{}, false
+// armLocked replaces the due timer with one for due (none when !ok). m.mu is held.
+func (m *maintainer) armLocked(due time.Time, ok bool, now time.Time) {
+	m.disarmLocked()
 	if !ok {
-		return nil
-	}
-	after := m.testingOnlyAfterFunc
-	if after == nil {
-		after = func(d time.Duration, f func()) ledgerStopper { return time.AfterFunc(d, f) }
+		return
 	}
 	gen := m.timerGen
 	m.timerAt = due
-	return after(due.Sub(now), func() {
+	m.timer = afterFunc(m.testingOnlyAfterFunc, due.Sub(now), func() {
 		m.mu.Lock()
 		current := gen == m.timerGen
 		if current {
-			m.timerFired = true
+			m.timer = nil // fired: the next turn arms afresh
 			m.pending = cmp.Or(m.pending, "due")
 		}
 		m.mu.Unlock()
@@ -269,7 +195,17 @@ func (m *maintainer) arm(timer ledgerStopper) ledgerStopper {
 	})
 }
 
-// wake nudges the scheduler without ever blocking.
+// disarmLocked stops the due timer (one firing late finds its generation
+// gone). m.mu is held.
+func (m *maintainer) disarmLocked() {
+	if m.timer != nil {
+		m.timer.Stop()
+	}
+	m.timer, m.timerAt = nil, time.Time{}
+	m.timerGen++
+}
+
+// wake nudges loop without ever blocking.
 func (m *maintainer) wake() {
 	select {
 	case m.kick <- struct{}{}:
@@ -277,10 +213,11 @@ func (m *maintainer) wake() {
 	}
 }
 
-// stop marks the scheduler gone and answers anyone still waiting.
+// stop marks the loop gone, stops its timer and answers anyone waiting.
 func (m *maintainer) stop() {
 	m.mu.Lock()
-	m.loop = loopStopped
+	m.looping = false
+	m.disarmLocked()
 	t := m.waiting
 	m.waiting, m.pending = nil, ""
 	m.mu.Unlock()
@@ -291,15 +228,14 @@ func (m *maintainer) stop() {
 }
 
 // request asks for one pass after a refusal for want of a signed-in
-// subscription (SPEC §11.2). It is dropped when a pass has started since
-// the last inventory or credential change (changed), so a burst of such
-// refusals causes at most one pass until something changes. Nil-safe.
+// subscription, dropped when a pass has started since the last change
+// (SPEC §11.2): a burst of refusals causes one pass. Nil-safe.
 func (m *maintainer) request(reason string) {
 	if m == nil {
 		return
 	}
 	m.mu.Lock()
-	drop := m.anyStarted && m.startedAt == m.changes
+	drop := m.passes > 0 && m.startedAt == m.changes
 	if drop {
 		m.dropped++
 	} else {
@@ -314,9 +250,8 @@ func (m *maintainer) request(reason string) {
 	m.wake()
 }
 
-// changed records a change to the inventory or a credential (donation,
-// sign-in, reinstate, credential replacement): the next request is honoured
-// again. It starts no pass. Nil-safe.
+// changed records an inventory or credential change (donation, sign-in,
+// reinstate, replacement), so the next request counts again. Nil-safe.
 func (m *maintainer) changed() {
 	if m == nil {
 		return
@@ -326,13 +261,9 @@ func (m *maintainer) changed() {
 	m.mu.Unlock()
 }
 
-// passNow runs one pass for POST /v1/admin/maintain and returns its report.
-// The answer always comes from a pass that starts after the call: when a
-// pass is already running (it may have started before the change the
-// operator wants seen) the call joins the one more pass coalesced after it,
-// and calls arriving together share one pass. It returns ctx's error when
-// the caller stops waiting (the pass still runs) and errMaintenanceStopped
-// when no scheduler runs.
+// passNow answers POST /v1/admin/maintain from a pass that starts after the
+// call (a running one may predate the change the operator wants seen),
+// shared by calls arriving together; ctx's end stops only the waiting.
 func (m *maintainer) passNow(ctx context.Context) (passReport, error) {
 	t, err := m.ask("maintain")
 	if err != nil {
@@ -346,14 +277,13 @@ func (m *maintainer) passNow(ctx context.Context) (passReport, error) {
 	}
 }
 
-// ask asks for the next pass to start and returns the ticket it will
-// answer (shared by everyone who asks before it starts).
+// ask asks for the next pass and returns the ticket it will answer.
 func (m *maintainer) ask(reason string) (*passTicket, error) {
 	if m == nil {
 		return nil, errMaintenanceStopped
 	}
 	m.mu.Lock()
-	if m.loop != loopRunning {
+	if !m.looping {
 		m.mu.Unlock()
 		return nil, errMaintenanceStopped
 	}
@@ -374,23 +304,8 @@ func (m *maintainer) state() map[string]any {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	st := map[string]any{
-		"passes":           m.passes,
-		"running":          m.running,
-		"pending":          m.pending != "",
-		"requests_dropped": m.dropped,
-		"next_due_at":      rfc3339OrNil(m.timerAt),
-		"last_pass":        nil,
-	}
-	if !m.last.started.IsZero() {
-		st["last_pass"] = map[string]any{
-			"reason":      m.last.reason,
-			"started_at":  m.last.started.UTC().Format(time.RFC3339Nano),
-			"finished_at": m.last.finished.UTC().Format(time.RFC3339Nano),
-			"ok":          m.last.ok,
-		}
-	}
-	return st
+	return map[string]any{"passes": m.passes, "running": m.running, "pending": m.pending != "",
+		"requests_dropped": m.dropped, "next_due_at": rfc3339OrNil(m.timerAt), "last_pass": m.last}
 }
 
 // rfc3339OrNil is t in RFC 3339 UTC, or nil for the zero time.
@@ -402,83 +317,318 @@ func rfc3339OrNil(t time.Time) *string {
 	return &s
 }
 
-// handleMaintain serves POST /v1/admin/maintain with m: one pass now
-// (passNow), answered with its report (SPEC §11.2). The body may be empty
-// or {}. A pass that could not list the subscriptions is answered with its
-// refusal (503 naming the cause) rather than a report of nothing.
+// handleMaintain serves POST /v1/admin/maintain (body empty or {}): one pass
+// now; one that could not list the subscriptions is refused 503 with why.
 func (s *server) handleMaintain(m *maintainer) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if len(strings.TrimSpace(string(infoFrom(r.Context()).body))) > 0 {
-			var none struct{}
-			if err := decodeBody(r, &none); err != nil {
-				s.fail(w, r, err)
-				return
-			}
+		var none struct{}
+		if err := decodeOptionalBody(r, &none); err != nil {
+			s.fail(w, r, err)
+			return
 		}
 		rep, err := m.passNow(r.Context())
 		switch {
 		case errors.Is(err, errMaintenanceStopped):
 			s.fail(w, r, refuse("dependency_unavailable", "no pass can run: %v", err).because(err))
-			return
 		case err != nil:
 			s.fail(w, r, asAPIError(err))
-			return
+		default:
+			writeJSON(w, http.StatusOK, rep)
 		}
-		writeJSON(w, http.StatusOK, rep)
 	}
 }
 
-// maintainCmd is `brama maintain [-gateway URL] [-json]`: it asks the daemon
-// for one pass (SPEC §11.2, §16.1), prints a summary (or the body with
-// -json), and exits 0 only when the pass was ok.
-func (e cliEnv) maintainCmd(args []string) error {
-	const usage = "maintain [-gateway URL] [-json]  (bearer from BRAMA_TOKEN, else stdin's first line)"
-	fs := e.newFlags("maintain")
-	gw := gatewayFlag(fs)
-	asJSON := fs.Bool("json", false, "print the body of POST /v1/admin/maintain")
-	if _, err := parseFlags(fs, args, 0, usage); err != nil {
-		return err
+// decodeOptionalBody is decodeBody for a route whose body may be empty.
+func decodeOptionalBody(r *http.Request, v any) error {
+	if len(strings.TrimSpace(string(infoFrom(r.Context()).body))) == 0 {
+		return nil
 	}
-	g, err := e.subscriptionGateway(*gw, bufio.NewReader(e.stdin))
-	if err != nil {
-		return err
-	}
-	b, err := g.call("POST", "/v1/admin/maintain", nil)
-	if err != nil {
-		return err
-	}
-	var rep passReport
-	if err := json.Unmarshal(b, &rep); err != nil {
-		return fmt.Errorf("the gateway's answer is not a maintenance report (%s)", jsonErrorKind(err))
-	}
-	if *asJSON {
-		e.stdout.Write(b)
-	} else {
-		e.printPassReport(rep)
-	}
-	if !rep.OK {
-		return errRefused
-	}
-	return nil
+	return decodeBody(r, v)
 }
 
-// printPassReport prints a pass's report as a few lines of text.
-func (e cliEnv) printPassReport(rep passReport) {
-	verdict := "ok"
-	if !rep.OK {
-		verdict = "not ok"
+// passSub is one non-retired subscription as a pass found it.
+type passSub struct {
+	it      overlayItem
+	cred    vaultCredential
+	credErr error // the vault holds no usable credential for it
+	entry   ledgerEntry
+}
+
+// grantAttempt is how a subscription's one refresh attempt of a pass went.
+type grantAttempt int
+
+const (
+	attemptNone       grantAttempt = iota // no attempt this pass
+	attemptRefreshed                      // a new grant was stored
+	attemptFailed                         // refused, or a transport failure
+	attemptSuperseded                     // a sign-in replaced the grant meanwhile; nothing failed
+)
+
+// passOnce runs one pass: per subscription at most one usage read and one
+// refresh attempt, none retried; subscriptions side by side, the pass
+// waiting for all. No time limit of Brama's own (SPEC §7.4): ctx ends it.
+func (m *maintainer) passOnce(ctx context.Context) passReport {
+	start := m.clock()
+	rep := passReport{Usage: usageSummary{Failed: []usageFailure{}}}
+	subs, err := m.live()
+	if err == nil {
+		refreshes := make([]grantAttempt, len(subs))
+		m.usagePass(ctx, subs, refreshes, &rep)
+		m.refreshPass(ctx, subs, refreshes, &rep)
+		for _, r := range refreshes {
+			switch r {
+			case attemptRefreshed:
+				rep.Credentials.Refreshed++
+			case attemptFailed:
+				rep.Credentials.Refused++
+			}
+		}
+		rep.OK = len(rep.Usage.Failed) == 0 && rep.Credentials.Refused == 0
 	}
-	fmt.Fprintf(e.stdout, "maintenance pass: %s\n", verdict)
-	fmt.Fprintf(e.stdout, "usage reports: %d subscription(s), %d read, %d failed\n",
-		rep.Usage.Subscriptions, rep.Usage.Read, len(rep.Usage.Failed))
-	for _, f := range rep.Usage.Failed {
-		fmt.Fprintf(e.stdout, "  failed %s (%s): %s\n", f.SubscriptionID, f.Provider, f.Error)
+	due, _ := m.l.nextDue(m.clock())
+	rep.NextDueAt = rfc3339OrNil(due)
+	if err != nil {
+		rep.err = err
+		m.log.Warn("maintenance_pass_failed", "cause", redact(err.Error()))
+		return rep
 	}
-	fmt.Fprintf(e.stdout, "credentials: %d subscription(s), %d refreshed, %d refused or failed\n",
-		rep.Credentials.Subscriptions, rep.Credentials.Refreshed, rep.Credentials.Refused)
-	next := "nothing due"
+	next := ""
 	if rep.NextDueAt != nil {
 		next = *rep.NextDueAt
 	}
-	fmt.Fprintf(e.stdout, "next due: %s\n", next)
+	m.log.Info("maintenance_pass_done", "ok", rep.OK, "usage_read", rep.Usage.Read, "usage_failed", len(rep.Usage.Failed),
+		"refreshed", rep.Credentials.Refreshed, "refused", rep.Credentials.Refused,
+		"next_due_at", next, "dur_ms", m.clock().Sub(start).Milliseconds())
+	return rep
 }
+
+// live lists the non-retired subscriptions, credentials and ledger entries.
+func (m *maintainer) live() ([]passSub, error) {
+	items, err := m.inv.items()
+	if err != nil {
+		return nil, err
+	}
+	retired, err := m.j.retired()
+	if err != nil {
+		return nil, refuse("dependency_unavailable", "the journal cannot be read: %v", err).because(err)
+	}
+	var subs []passSub
+	for _, it := range items {
+		if !retired[it.ID] {
+			s := passSub{it: it}
+			s.cred, s.credErr = m.inv.credential(it.ID)
+			s.entry, _ = m.l.entry(it.ID)
+			subs = append(subs, s)
+		}
+	}
+	return subs, nil
+}
+
+// usagePass reads each due report once, side by side, into the ledger.
+func (m *maintainer) usagePass(ctx context.Context, subs []passSub, refreshes []grantAttempt, rep *passReport) {
+	now := m.clock()
+	errs := make([]error, len(subs))
+	read := make([]bool, len(subs))
+	var wg sync.WaitGroup
+	for i, s := range subs {
+		_, published := usageReports[s.it.Provider]
+		if s.entry.Credential.State != credActive || !published || (s.credErr == nil && !usageReportable(s.it.Provider, s.cred)) {
+			continue
+		}
+		rep.Usage.Subscriptions++
+		if !usageDue(s.entry, now) {
+			continue
+		}
+		wg.Add(1)
+		go func() { // exits when this one read (and a refresh before it) ends; ctx ends both
+			defer wg.Done()
+			read[i], errs[i] = m.readOnce(ctx, s, &refreshes[i])
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		switch {
+		case !read[i]:
+		case err == nil:
+			rep.Usage.Read++
+		default:
+			rep.Usage.Failed = append(rep.Usage.Failed, usageFailure{SubscriptionID: subs[i].it.ID, Provider: subs[i].it.Provider, Error: err.Error()})
+		}
+	}
+}
+
+// usageDue applies SPEC §11.2's "read once when": no reading yet, a failed
+// last read, a window whose reset has passed, or a reading naming no reset.
+func usageDue(e ledgerEntry, now time.Time) bool {
+	return e.UsageRead.AtMs == 0 || !e.UsageRead.OK || len(e.Windows) == 0 ||
+		slices.ContainsFunc(e.Windows, func(w planWindow) bool { return w.ResetsAtMs == 0 || w.ResetsAtMs <= now.UnixMilli() })
+}
+
+// readOnce reads s's report and records windows and an ok read, or a failed
+// read keeping the earlier windows; nothing when ctx ended (the provider
+// said nothing). A grant expired by the request path's rule is refreshed
+// first, as for any call: s's one attempt of the pass.
+func (m *maintainer) readOnce(ctx context.Context, s passSub, refreshed *grantAttempt) (bool, error) {
+	id, provider := s.it.ID, s.it.Provider
+	cred, err := s.cred, s.credErr
+	if err == nil && cred.OAuth != nil && expiredForRequest(*cred.OAuth, m.clock()) {
+		var g oauthGrant
+		g, err = m.o.refresh(ctx, id, provider, "")
+		*refreshed = attemptOf(err)
+		if err != nil {
+			err = fmt.Errorf("not read: the expired grant could not be refreshed: %w", err)
+		} else {
+			cred.OAuth = &g
+		}
+	}
+	var ws []planWindow
+	if err == nil {
+		ws, err = m.fetchUsage(ctx, provider, cred)
+	}
+	switch {
+	case ctx.Err() != nil:
+		return false, nil
+	case err != nil:
+		secrets := []string{cred.APIKey}
+		if g := cred.OAuth; g != nil {
+			secrets = append(secrets, g.AccessToken, g.RefreshToken, g.IDToken)
+		}
+		msg := ledgerSentence(redact(err.Error(), secrets...))
+		m.l.recordUsageRead(id, provider, false, msg)
+		m.log.Warn("usage_read_failed", "subscription_id", id, "provider", provider, "error", msg)
+		return true, errors.New(msg)
+	}
+	m.l.recordWindows(id, provider, ws)
+	m.l.recordUsageRead(id, provider, true, strconv.Itoa(len(ws))+" window(s) read")
+	m.log.Info("usage_read_ok", "subscription_id", id, "provider", provider, "windows", len(ws))
+	return true, nil
+}
+
+// attemptOf classifies a refresh's result for the report.
+func attemptOf(err error) grantAttempt {
+	switch {
+	case err == nil:
+		return attemptRefreshed
+	case errors.Is(err, errRefreshSuperseded):
+		return attemptSuperseded
+	}
+	return attemptFailed
+}
+
+// refreshDue is SPEC §11.2's rule: expired (now ≥ expires_at_ms, not the
+// request path's minute early), or expiry unknown and never refreshed.
+func refreshDue(g oauthGrant, refreshedAtMs int64, now time.Time) bool {
+	if g.ExpiresAtMs == 0 {
+		return refreshedAtMs == 0
+	}
+	return now.UnixMilli() >= g.ExpiresAtMs
+}
+
+// refreshPass makes one attempt per active OAuth subscription whose grant
+// is due, unless its read spent it; needs_reauthorization waits for sign-in.
+func (m *maintainer) refreshPass(ctx context.Context, subs []passSub, refreshes []grantAttempt, rep *passReport) {
+	now := m.clock()
+	var wg sync.WaitGroup
+	for i, s := range subs {
+		if _, err := lookupOAuth(s.it.Provider); err != nil || s.credErr != nil || s.cred.OAuth == nil || s.entry.Credential.State != credActive {
+			continue
+		}
+		rep.Credentials.Subscriptions++
+		e, _ := m.l.entry(s.it.ID)
+		if refreshes[i] != attemptNone || e.Credential.State != credActive {
+			continue
+		}
+		cur, err := m.inv.credential(s.it.ID) // the usage pass or a request may have refreshed it
+		if err != nil || cur.OAuth == nil || !refreshDue(*cur.OAuth, e.Credential.RefreshedAtMs, now) {
+			continue
+		}
+		wg.Add(1)
+		go func() { // exits when this one refresh ends (oauth.refresh returns at ctx's end)
+			defer wg.Done()
+			_, err := m.o.refresh(ctx, s.it.ID, s.it.Provider, "")
+			if ctx.Err() == nil {
+				refreshes[i] = attemptOf(err)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// usageEndpoint is where provider's report is read and how its body parses.
+func (m *maintainer) usageEndpoint(provider string) (string, func([]byte, time.Time) ([]planWindow, error), error) {
+	r, ok := usageReports[provider]
+	info, known := lookupProvider(provider)
+	switch {
+	case !ok || !known:
+		return "", nil, fmt.Errorf("provider %q publishes no usage report", provider)
+	case provider == "codex":
+		raw := cmp.Or(strings.TrimSpace(m.getenv("BRAMA_PROVIDER_CODEX_USAGE_URL")), codexUsageURL)
+		if err := checkBaseURL(raw); err != nil {
+			return "", nil, fmt.Errorf("BRAMA_PROVIDER_CODEX_USAGE_URL: %w: %v", errBaseURL, err)
+		}
+		return raw, r.parse, nil
+	}
+	base, err := providerBaseURL(info, m.getenv)
+	if err != nil {
+		return "", nil, err
+	}
+	return base + r.path, r.parse, nil
+}
+
+// fetchUsage GETs provider's report with the chat route's headers (SPEC
+// §11.2), reads it whole and parses it; ctx is the only cancel.
+func (m *maintainer) fetchUsage(ctx context.Context, provider string, cred vaultCredential) ([]planWindow, error) {
+	endpoint, parse, err := m.usageEndpoint(provider)
+	if err != nil {
+		return nil, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, endpoint, nil)
+	if err != nil {
+		return nil, &usageReadError{Endpoint: endpointName(endpoint), Err: err}
+	}
+	token := cred.APIKey
+	if cred.OAuth != nil {
+		token = cred.OAuth.AccessToken
+	}
+	h := req.Header
+	h.Set("Authorization", "Bearer "+token)
+	h.Set("Accept", "application/json")
+	switch provider {
+	case "claude-code":
+		h.Set("anthropic-version", "2023-06-01")
+		h.Set("anthropic-beta", "oauth-2025-04-20")
+	case "codex":
+		if cred.OAuth != nil && cred.OAuth.AccountID != "" {
+			h.Set("chatgpt-account-id", cred.OAuth.AccountID)
+		}
+		h.Set("OpenAI-Beta", "responses=experimental")
+		h.Set("originator", "codex_cli_rs")
+	}
+	status, body, err := callEndpoint(m.client, req)
+	re := &usageReadError{Endpoint: endpointName(endpoint), Status: status, Received: len(body), Err: err}
+	switch {
+	case err != nil && status != 0:
+		re.Err = fmt.Errorf("the body ended early: %w", err)
+	case err == nil && status/100 == 2:
+		var ws []planWindow
+		if ws, re.Err = parse(body, m.clock()); re.Err == nil {
+			return ws, nil
+		}
+	}
+	return nil, re
+}
+
+// usageReadError is a failed read, naming the endpoint, status and bytes
+// received, never the body or a credential.
+type usageReadError struct {
+	Endpoint string // scheme, host and path
+	Status   int    // 0: no HTTP status was received
+	Received int    // body bytes received
+	Err      error  // the cause; nil for a plain non-2xx answer
+}
+
+func (e *usageReadError) Error() string {
+	return withCause(fmt.Sprintf("usage report GET %s: %s, %d bytes received", e.Endpoint, statusText(e.Status), e.Received), e.Err)
+}
+
+func (e *usageReadError) Unwrap() error { return e.Err }

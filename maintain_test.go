@@ -527,3 +527,63 @@ func TestMaintainNoCompletionOnAnySchedule(t *testing.T) {
 	assertNoSecret(t, "plantedKimiKey", fx.logs.String())
 	assertNoSecret(t, "plantedRefreshCX", fx.logs.String())
 }
+
+// TestMaintainLoopOnce drives loopOnce by hand, without the loop: a pending
+// pass runs, then the one timer is armed at the ledger's next due moment
+// and kept while that moment stands, and a moment the clock passed before
+// its timer fired is a pass now, not skipped; its stale timer does nothing.
+func TestMaintainLoopOnce(t *testing.T) {
+	fx := newMaintFixture(t)
+	T := maintT0.Add(time.Hour)
+	fx.donate(t, "claude-code", grant("CC", T))
+	ctx := context.Background()
+	noTimer := func(step string) {
+		t.Helper()
+		select {
+		case at := <-fx.timers.armed:
+			t.Errorf("%s: a timer was armed for %s", step, at)
+		default:
+		}
+	}
+
+	fx.m.request("asked")
+	if !fx.m.loopOnce(ctx, fx.clock.now()) {
+		t.Fatal("loopOnce with a pass pending ran none")
+	}
+	if ev := fx.nextPass(t); ev.reason != "asked" || ev.rep.Usage.Read != 1 {
+		t.Fatalf("first pass = %+v", ev)
+	}
+	if fx.m.loopOnce(ctx, fx.clock.now()) {
+		t.Fatal("loopOnce ran a pass with none pending")
+	}
+	if at := fx.timers.nextArmed(t); !at.Equal(T) {
+		t.Fatalf("timer armed for %s, want the grant's expiry %s", at, T)
+	}
+	if fx.m.loopOnce(ctx, fx.clock.now()) {
+		t.Fatal("loopOnce ran a pass before the moment")
+	}
+	noTimer("moment unchanged")
+
+	fx.clock.advance(T.Sub(maintT0)) // the moment comes; its timer has not fired
+	if !fx.m.loopOnce(ctx, fx.clock.now()) {
+		t.Fatal("loopOnce skipped a moment the clock passed before its timer fired")
+	}
+	if ev := fx.nextPass(t); ev.reason != "due" || !ev.started.Equal(T) || ev.rep.Credentials.Refreshed != 1 {
+		t.Fatalf("pass at T = %+v", ev)
+	}
+	if fx.m.loopOnce(ctx, fx.clock.now()) {
+		t.Fatal("loopOnce ran a second pass at T")
+	}
+	next := fx.timers.nextArmed(t)
+	if !next.Equal(maintT0.Add(5 * time.Hour)) {
+		t.Errorf("timer re-armed for %s, want the window's reset", next)
+	}
+	fx.timers.fire(t, T) // the disarmed timer firing late
+	if fx.m.loopOnce(ctx, fx.clock.now()) {
+		t.Error("a stale timer started a pass")
+	}
+	noTimer("after the stale timer")
+	if st := fx.m.state(); st["passes"] != int64(2) || *(st["next_due_at"].(*string)) != next.Format(time.RFC3339) {
+		t.Errorf("state = %v", st)
+	}
+}

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"crypto/rand"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -21,12 +23,11 @@ import (
 	"time"
 )
 
-// This file holds OAuth grants (SPEC §11.1): refreshing them at the
-// providers' token endpoints, once per subscription at a time. The PKCE
-// sign-in that obtains a grant in the first place is in oauthsignin.go.
+// OAuth grants (SPEC §11.1): refreshed at the providers' token endpoints in
+// one flight per subscription, the answer classified (a partial answer is
+// never a refusal), and obtained by the PKCE sign-in exchange.
 
-// oauthProvider is one row of SPEC §11.1's tables: where a provider's grants
-// are refreshed and, for providers with a sign-in, where it starts.
+// oauthProvider is one row of SPEC §11.1's token and sign-in tables.
 type oauthProvider struct {
 	id       string
 	tokenURL string // built in; BRAMA_OAUTH_<ID>_TOKEN_URL overrides
@@ -39,7 +40,6 @@ type oauthProvider struct {
 	extra        [][2]string // further authorize parameters
 }
 
-// oauthProviders lists every provider whose subscriptions hold OAuth grants.
 var oauthProviders = []oauthProvider{
 	{
 		id: "claude-code", tokenURL: "https://console.anthropic.com/v1/oauth/token",
@@ -63,8 +63,7 @@ var oauthProviders = []oauthProvider{
 	},
 }
 
-// Errors of this file. Every failure of a token call is a *refreshError;
-// these are what it (or another error) wraps.
+// What a *refreshError or another failure of this file wraps.
 var (
 	errNoOAuth           = errors.New("provider has no OAuth grants")
 	errNoSignIn          = errors.New("provider has no sign-in; donate its grant or replace it with PUT …/credential")
@@ -74,21 +73,20 @@ var (
 	errNoRefreshToken    = errors.New("the stored grant has no refresh token")
 	errRefreshSuperseded = errors.New("the vault's grant changed during the refresh; its result was discarded")
 	errStateMismatch     = errors.New("the pasted code belongs to another sign-in (state differs)")
+	errShuttingDown      = errors.New("brama is shutting down")
 )
 
 // lookupOAuth finds provider's OAuth row.
 func lookupOAuth(provider string) (oauthProvider, error) {
-	for _, p := range oauthProviders {
-		if p.id == provider {
-			return p, nil
-		}
+	if i := slices.IndexFunc(oauthProviders, func(p oauthProvider) bool { return p.id == provider }); i >= 0 {
+		return oauthProviders[i], nil
 	}
 	return oauthProvider{}, fmt.Errorf("provider %q: %w", provider, errNoOAuth)
 }
 
-// oauthClient refreshes and exchanges grants. It shares one refresh per
-// subscription among all who ask at once (STYLE B8), so a burst of 401s
-// spends one refresh token, not fifty.
+// oauthClient refreshes and exchanges grants, sharing one refresh per
+// subscription among all who ask at once (STYLE B8): a burst of 401s spends
+// one refresh token, not fifty.
 type oauthClient struct {
 	getenv func(string) string
 	client *http.Client // the provider client: no redirects, no proxy, no timeout
@@ -102,14 +100,10 @@ type oauthClient struct {
 	closed   bool           // shutdown began: no new flight starts
 	wg       sync.WaitGroup // counts refreshes running detached from their callers
 
-	// testingOnlyJoined runs after a caller has found or started the flight
-	// for id and before it waits (nil in production), so tests can hold the
-	// token endpoint until every caller has joined.
-	testingOnlyJoined func(id string)
+	testingOnlyJoined func(id string) // runs once a caller joined id's flight (nil in production)
 }
 
-// refreshCall is one refresh in flight; grant and err are set before done
-// is closed and never after.
+// refreshCall is one flight; grant and err are set before done closes.
 type refreshCall struct {
 	done   chan struct{}
 	cancel context.CancelFunc // ends the flight at shutdown only
@@ -117,48 +111,30 @@ type refreshCall struct {
 	err    error
 }
 
-// newOAuth builds the OAuth client. client should be newProviderClient().
+// newOAuth builds the OAuth client; client is newProviderClient(). The
+// sign-in exchange needs neither v nor l.
 func newOAuth(getenv func(string) string, client *http.Client, v *vault, l *ledger, log *slog.Logger, now func() time.Time) *oauthClient {
-	if client == nil {
-		client = newProviderClient()
-	}
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	if now == nil {
-		now = time.Now
-	}
 	return &oauthClient{getenv: getenv, client: client, vault: v, ledger: l, log: log, now: now,
 		inflight: map[string]*refreshCall{}}
 }
 
-// tokenURL is the token endpoint for p: BRAMA_OAUTH_<ID>_TOKEN_URL when set,
-// else the built-in one, under the provider base URL rule (checkBaseURL):
-// https, or http only to loopback, so a typo cannot send a refresh token in
-// clear text across a network.
+// tokenURL is p's token endpoint, BRAMA_OAUTH_<ID>_TOKEN_URL overriding,
+// under checkBaseURL's rule (https, or http to loopback only), so a typo
+// cannot send a refresh token in clear text across a network.
 func (o *oauthClient) tokenURL(p oauthProvider) (string, error) {
 	env := "BRAMA_OAUTH_" + strings.ToUpper(strings.ReplaceAll(p.id, "-", "_")) + "_TOKEN_URL"
-	raw := strings.TrimSpace(o.getenv(env))
-	if raw == "" {
-		raw = p.tokenURL
-	}
+	raw := cmp.Or(strings.TrimSpace(o.getenv(env)), p.tokenURL)
 	if err := checkBaseURL(raw); err != nil {
 		return "", fmt.Errorf("%s: %w: %v", env, errTokenURL, err)
 	}
 	return raw, nil
 }
 
-// wait blocks until no refresh runs detached from its callers (tests). A
-// token endpoint that never answers keeps it waiting: Brama sets no time
-// limit of its own (SPEC §11.1).
+// wait blocks until no flight runs (tests); there is no time limit (SPEC §11.1).
 func (o *oauthClient) wait() { o.wg.Wait() }
 
-// errShuttingDown refuses a refresh asked for after shutdown began.
-var errShuttingDown = errors.New("brama is shutting down")
-
-// shutdown cancels every flight and waits for them: the daemon's own stop
-// is the one end a refresh has besides its answer. A cancelled flight is a
-// transport failure, so no credential state changes.
+// shutdown cancels every flight, the one end a refresh has besides its
+// answer, and waits; a cancelled flight is a transport failure.
 func (o *oauthClient) shutdown() {
 	o.mu.Lock()
 	o.closed = true
@@ -169,12 +145,10 @@ func (o *oauthClient) shutdown() {
 	o.wg.Wait()
 }
 
-// refresh refreshes subscription id's grant (SPEC §11.1) and returns the
-// grant to use. Concurrent calls for one id share one flight and its result.
-// The flight runs under context.WithoutCancel, so a caller hanging up
-// returns ctx's error without failing the others. refusedAccessToken, when
-// not empty, is the access token a provider just refused: if the vault
-// already holds another one, that one is returned and no token call is made.
+// refresh returns subscription id's refreshed grant; concurrent calls share
+// one flight, run under context.WithoutCancel so a caller hanging up fails
+// no other. When refusedAccessToken (just refused by a provider) is no
+// longer the vault's, the vault's grant is returned without a token call.
 func (o *oauthClient) refresh(ctx context.Context, id, provider, refusedAccessToken string) (oauthGrant, error) {
 	o.mu.Lock()
 	if o.closed {
@@ -209,9 +183,8 @@ func (o *oauthClient) refresh(ctx context.Context, id, provider, refusedAccessTo
 	}
 }
 
-// refreshOnce is one flight: it starts from the vault's current grant, calls
-// the token endpoint, and commits the answer only if the vault still holds
-// the refresh token it started from.
+// refreshOnce is one flight from the vault's current grant, committed only
+// while the vault still holds the refresh token it started from.
 func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused string) (oauthGrant, error) {
 	p, err := lookupOAuth(provider)
 	if err != nil {
@@ -219,7 +192,7 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 	}
 	doc, err := o.vault.load()
 	if err != nil {
-		o.log.Warn("credential_refresh_failed", "subscription_id", id, "provider", provider, "error", err.Error())
+		o.failed(id, provider, err)
 		return oauthGrant{}, fmt.Errorf("refresh %s: vault: %w", id, err)
 	}
 	cred, ok := doc.Subscriptions[id]
@@ -233,49 +206,39 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 	}
 	endpoint, err := o.tokenURL(p)
 	if err != nil {
-		o.log.Warn("credential_refresh_failed", "subscription_id", id, "provider", provider, "error", err.Error())
-		return oauthGrant{}, err
+		return oauthGrant{}, o.failed(id, provider, err)
 	}
-	if old.RefreshToken == "" {
-		// Nothing can refresh this grant; only a sign-in or a new grant helps.
-		re := &refreshError{Definitive: true, Endpoint: endpointName(endpoint),
-			Sentence: errNoRefreshToken.Error(), Err: errNoRefreshToken}
-		return oauthGrant{}, o.refused(id, provider, re)
+	if old.RefreshToken == "" { // only a sign-in or a new grant helps
+		return oauthGrant{}, o.refused(id, provider, &refreshError{Definitive: true, Endpoint: endpointName(endpoint),
+			Sentence: errNoRefreshToken.Error(), Err: errNoRefreshToken})
 	}
-	fields := [][2]string{{"grant_type", "refresh_token"}, {"refresh_token", old.RefreshToken}, {"client_id", p.clientID}}
+	fields := map[string]string{"grant_type": "refresh_token", "refresh_token": old.RefreshToken, "client_id": p.clientID}
 	ans, re := o.tokenCall(ctx, p, endpoint, fields, old.RefreshToken, old.AccessToken)
-	if re != nil && re.Definitive {
+	switch {
+	case re != nil && re.Definitive:
 		// A refusal is a result too: if a sign-in replaced the grant while
 		// the call was on the wire, the refusal is about a grant nobody uses.
 		if cur, err := o.vault.load(); err == nil {
 			if c := cur.Subscriptions[id].OAuth; c == nil || c.RefreshToken != old.RefreshToken {
-				o.log.Info("credential_refresh_superseded", "subscription_id", id, "provider", provider)
-				return oauthGrant{}, fmt.Errorf("refresh %s: %w", id, errRefreshSuperseded)
+				return oauthGrant{}, o.superseded(id, provider)
 			}
 		}
 		return oauthGrant{}, o.refused(id, provider, re)
-	}
-	if re != nil {
-		o.log.Warn("credential_refresh_failed", "subscription_id", id, "provider", provider, "error", re.Error())
-		return oauthGrant{}, re
+	case re != nil:
+		return oauthGrant{}, o.failed(id, provider, re)
 	}
 
 	now := o.now()
 	g := old
 	g.AccessToken = ans.AccessToken
-	if ans.RefreshToken != "" {
-		g.RefreshToken = ans.RefreshToken
-	}
-	if ans.IDToken != "" {
-		g.IDToken = ans.IDToken
-	}
+	g.RefreshToken = cmp.Or(ans.RefreshToken, g.RefreshToken)
+	g.IDToken = cmp.Or(ans.IDToken, g.IDToken)
 	g.ExpiresAtMs = answerExpiry(ans, now)
 	if p.id == "codex" && g.AccountID == "" {
 		g.AccountID = codexAccountID(g.IDToken)
 	}
 	err = o.vault.update(func(d *vaultDoc) error {
-		cur, ok := d.Subscriptions[id]
-		if !ok || cur.OAuth == nil || cur.OAuth.RefreshToken != old.RefreshToken {
+		if cur := d.Subscriptions[id].OAuth; cur == nil || cur.RefreshToken != old.RefreshToken {
 			return errRefreshSuperseded
 		}
 		d.Subscriptions[id] = vaultCredential{OAuth: &g}
@@ -283,14 +246,12 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 	})
 	switch {
 	case errors.Is(err, errRefreshSuperseded):
-		o.log.Info("credential_refresh_superseded", "subscription_id", id, "provider", provider)
-		return oauthGrant{}, fmt.Errorf("refresh %s: %w", id, err)
+		return oauthGrant{}, o.superseded(id, provider)
 	case err != nil:
 		// The provider may already have retired the refresh token the vault
 		// still holds, so the stored grant cannot be trusted to work again.
-		re := &refreshError{Definitive: true, Endpoint: endpointName(endpoint), Status: ans.status, Received: ans.received,
-			Sentence: "the refreshed grant could not be stored in the vault", Err: err}
-		return oauthGrant{}, o.refused(id, provider, re)
+		return oauthGrant{}, o.refused(id, provider, &refreshError{Definitive: true, Endpoint: endpointName(endpoint),
+			Status: ans.status, Received: ans.received, Sentence: "the refreshed grant could not be stored in the vault", Err: err})
 	}
 	o.ledger.setCredential(id, provider, credActive, "")
 	o.ledger.setGrantTimes(id, provider, g.ExpiresAtMs, now.UnixMilli())
@@ -298,7 +259,8 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 	return g, nil
 }
 
-// refused records a definitive failure: the credential needs a sign-in.
+// refused, failed and superseded log how a flight ended; refused also
+// records that the credential needs a sign-in.
 func (o *oauthClient) refused(id, provider string, re *refreshError) error {
 	o.ledger.setCredential(id, provider, credNeedsReauth, re.Sentence)
 	o.log.Warn("credential_refresh_refused", "subscription_id", id, "provider", provider,
@@ -306,10 +268,19 @@ func (o *oauthClient) refused(id, provider string, re *refreshError) error {
 	return re
 }
 
-// refreshError is a failed token call. Definitive means the provider
-// disowned the grant (a complete invalid_grant-class refusal or a complete
-// 401/403) or the refreshed grant could not be kept; anything else is a
-// transport failure that leaves the recorded credential state alone.
+func (o *oauthClient) failed(id, provider string, err error) error {
+	o.log.Warn("credential_refresh_failed", "subscription_id", id, "provider", provider, "error", err.Error())
+	return err
+}
+
+func (o *oauthClient) superseded(id, provider string) error {
+	o.log.Info("credential_refresh_superseded", "subscription_id", id, "provider", provider)
+	return fmt.Errorf("refresh %s: %w", id, errRefreshSuperseded)
+}
+
+// refreshError is a failed token call. Definitive: the provider disowned the
+// grant, or the refreshed one could not be kept; else a transport failure,
+// which leaves the recorded credential state alone.
 type refreshError struct {
 	Definitive bool
 	Endpoint   string // scheme, host and path; never a query
@@ -320,28 +291,53 @@ type refreshError struct {
 }
 
 func (e *refreshError) Error() string {
-	status := "no status"
-	if e.Status != 0 {
-		status = "HTTP " + strconv.Itoa(e.Status)
-	}
-	msg := fmt.Sprintf("OAuth token request to %s failed (%s, %d bytes received)", e.Endpoint, status, e.Received)
+	msg := fmt.Sprintf("OAuth token request to %s failed (%s, %d bytes received)", e.Endpoint, statusText(e.Status), e.Received)
 	if e.Err == errTokenRefused {
-		msg = fmt.Sprintf("OAuth token endpoint %s refused the grant (%s, %d bytes received)", e.Endpoint, status, e.Received)
+		msg = fmt.Sprintf("OAuth token endpoint %s refused the grant (%s, %d bytes received)", e.Endpoint, statusText(e.Status), e.Received)
 	}
 	if e.Sentence != "" {
 		msg += ": " + e.Sentence
 	}
-	var ue *url.Error
-	switch {
-	case e.Err == nil || e.Err == errTokenRefused || e.Err == errNoRefreshToken:
+	if e.Err == errTokenRefused || e.Err == errNoRefreshToken {
 		return msg // the sentence says it all
-	case errors.As(e.Err, &ue):
-		return msg + ": " + ue.Err.Error() // "Post <url>:" would repeat the endpoint
 	}
-	return msg + ": " + e.Err.Error()
+	return withCause(msg, e.Err)
 }
 
 func (e *refreshError) Unwrap() error { return e.Err }
+
+// statusText is "HTTP n", or "no status" when no answer came.
+func statusText(status int) string {
+	if status == 0 {
+		return "no status"
+	}
+	return "HTTP " + strconv.Itoa(status)
+}
+
+// withCause appends err's text to msg, which already names the endpoint, so
+// a *url.Error's "Post <url>:" is dropped.
+func withCause(msg string, err error) string {
+	var ue *url.Error
+	switch {
+	case err == nil:
+		return msg
+	case errors.As(err, &ue):
+		return msg + ": " + ue.Err.Error()
+	}
+	return msg + ": " + err.Error()
+}
+
+// callEndpoint sends req and reads the answer whole, with no time limit of
+// Brama's own (ctx is the only cancel). status is 0 when no answer came.
+func callEndpoint(client *http.Client, req *http.Request) (status int, body []byte, err error) {
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	body, err = io.ReadAll(resp.Body)
+	return resp.StatusCode, body, err
+}
 
 // endpointName is raw without user info, query or fragment, for messages.
 func endpointName(raw string) string {
@@ -352,31 +348,24 @@ func endpointName(raw string) string {
 	return (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}).String()
 }
 
-// definitiveErrors are the OAuth error codes (RFC 6749 §5.2, RFC 6750 §3.1)
-// that say the grant or client is no good, not that the server is unwell.
+// definitiveErrors say the grant or client is no good (RFC 6749 §5.2, RFC
+// 6750 §3.1), not that the server is unwell.
 var definitiveErrors = map[string]bool{
 	"invalid_grant": true, "invalid_token": true, "invalid_client": true, "unauthorized_client": true,
 }
 
-// tokenCall POSTs fields to endpoint in p's body format, reads the answer
-// whole and classifies it. secrets are redacted from any quoted sentence.
-// It returns a usable answer, or a *refreshError.
-func (o *oauthClient) tokenCall(ctx context.Context, p oauthProvider, endpoint string, fields [][2]string, secrets ...string) (tokenAnswer, *refreshError) {
+// tokenCall POSTs fields in p's body format and classifies the answer,
+// redacting secrets from any quoted sentence.
+func (o *oauthClient) tokenCall(ctx context.Context, p oauthProvider, endpoint string, fields map[string]string, secrets ...string) (tokenAnswer, *refreshError) {
 	name := endpointName(endpoint)
-	var body []byte
+	body, _ := json.Marshal(fields) // a map of strings always encodes
 	ctype := "application/json"
 	if p.form {
 		vals := url.Values{}
-		for _, f := range fields {
-			vals.Set(f[0], f[1])
+		for k, v := range fields {
+			vals.Set(k, v)
 		}
 		body, ctype = []byte(vals.Encode()), "application/x-www-form-urlencoded"
-	} else {
-		m := map[string]string{}
-		for _, f := range fields {
-			m[f[0]] = f[1]
-		}
-		body, _ = json.Marshal(m) // a map of strings always encodes
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, bytes.NewReader(body))
 	if err != nil {
@@ -384,25 +373,20 @@ func (o *oauthClient) tokenCall(ctx context.Context, p oauthProvider, endpoint s
 	}
 	req.Header.Set("Content-Type", ctype)
 	req.Header.Set("Accept", "application/json")
-	resp, err := o.client.Do(req)
-	if err != nil {
-		return tokenAnswer{}, &refreshError{Endpoint: name, Err: err}
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		// Even a partial 401 or 403 is no evidence the grant was disowned:
-		// only a complete answer is classified (seed, "Cancellation and retry").
-		return tokenAnswer{}, &refreshError{Endpoint: name, Status: resp.StatusCode, Received: len(b), Err: err}
-	}
-	return classifyTokenAnswer(name, resp.StatusCode, b, secrets...)
+	status, b, err := callEndpoint(o.client, req)
+	return classifyTokenAnswer(name, status, b, err, secrets...)
 }
 
-// classifyTokenAnswer sorts a complete token endpoint answer: a 2xx with an
-// access token is used; an invalid_grant-class error or a 401/403 is
-// definitive; everything else (5xx, 429, other errors, non-JSON) is a
-// transport failure.
-func classifyTokenAnswer(endpoint string, status int, body []byte, secrets ...string) (tokenAnswer, *refreshError) {
+// classifyTokenAnswer sorts a token endpoint's answer (SPEC §11.1): a 2xx
+// with an access token is used; a complete invalid_grant-class refusal or
+// 401/403 is definitive; all else is a transport failure: no answer, 5xx,
+// 429, non-JSON, and a body that ended early (readErr), even a partial 401
+// or 403, which is no evidence the grant was disowned (seed, "Cancellation
+// and retry").
+func classifyTokenAnswer(endpoint string, status int, body []byte, readErr error, secrets ...string) (tokenAnswer, *refreshError) {
+	if readErr != nil {
+		return tokenAnswer{}, &refreshError{Endpoint: endpoint, Status: status, Received: len(body), Err: readErr}
+	}
 	secrets = slices.DeleteFunc(slices.Clone(secrets), func(s string) bool {
 		return len(s) < 8 // no real token is this short; replacing it would garble the sentence
 	})
@@ -428,9 +412,8 @@ func classifyTokenAnswer(endpoint string, status int, body []byte, secrets ...st
 	return ans, re
 }
 
-// oauthErrorCode is the shape of an error code worth quoting in a transport
-// failure (RFC 6749 §5.2 codes are short ASCII words); anything else could
-// be prose carrying a secret and is not quoted.
+// oauthErrorCode is a code worth quoting in a transport failure (RFC 6749
+// §5.2's short words); anything else could be prose carrying a secret.
 var oauthErrorCode = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,64}$`)
 
 // tokenAnswer is what Brama reads from a token endpoint's JSON answer.
@@ -445,15 +428,12 @@ type tokenAnswer struct {
 	status, received int // set by classifyTokenAnswer
 }
 
-// maxExpiresIn bounds expires_in (about 100 years); more is unusable, not an
-// overflow.
+// maxExpiresIn bounds expires_in (100 years): more is unusable, not an overflow.
 const maxExpiresIn = 100 * 365 * 24 * 3600
 
-// parseTokenAnswer reads a token endpoint answer leniently (providers add
-// members freely). It accepts an object with a non-empty access_token and
-// no error. Otherwise it returns what it read with an error wrapping
-// errTokenRefused (an "error" member: RFC 6749 §5.2, or an Anthropic-style
-// {"error":{"type","message"}}) or errTokenMalformed.
+// parseTokenAnswer reads a token answer leniently, accepting an object with
+// an access_token and no error; otherwise what it read, with errTokenRefused
+// (an RFC 6749 §5.2 or Anthropic-style "error") or errTokenMalformed.
 func parseTokenAnswer(body []byte) (tokenAnswer, error) {
 	var raw struct {
 		AccessToken  json.RawMessage `json:"access_token"`
@@ -497,16 +477,6 @@ func parseTokenAnswer(body []byte) (tokenAnswer, error) {
 	return ans, nil
 }
 
-// jsonErrorKind names what was wrong with a JSON document without quoting
-// any of it (a syntax error's text could carry a fragment of a token).
-func jsonErrorKind(err error) string {
-	var se *json.SyntaxError
-	if errors.As(err, &se) {
-		return "syntax error at byte " + strconv.FormatInt(se.Offset, 10)
-	}
-	return "unexpected shape"
-}
-
 // answerExpiry is a refreshed grant's expiry (SPEC §11.1): expires_in when
 // given, else the new access token's JWT exp, else unknown (0).
 func answerExpiry(ans tokenAnswer, now time.Time) int64 {
@@ -516,16 +486,14 @@ func answerExpiry(ans tokenAnswer, now time.Time) int64 {
 	return jwtExpMs(ans.AccessToken)
 }
 
-// expiredForRequest reports whether the request path must refresh g first:
-// now ≥ expires_at_ms − 60 s. An unknown expiry (0) is never expired here
-// (SPEC §11.1); the pass timer uses expires_at_ms itself.
+// expiredForRequest is the request path's rule: now ≥ expires_at_ms − 60 s;
+// an unknown expiry (0) never is (SPEC §11.1).
 func expiredForRequest(g oauthGrant, now time.Time) bool {
 	return g.ExpiresAtMs != 0 && now.UnixMilli() >= g.ExpiresAtMs-60_000
 }
 
-// fillGrant completes a grant handed to Brama (donation, import, sign-in):
-// an absent expires_at_ms comes from the access token's JWT exp, and for
-// codex an absent account_id from the id_token (SPEC §6.2).
+// fillGrant completes a grant handed to Brama: expiry from the access
+// token's JWT exp, codex's account_id from the id_token (SPEC §6.2).
 func fillGrant(provider string, g oauthGrant) oauthGrant {
 	if g.ExpiresAtMs == 0 {
 		g.ExpiresAtMs = jwtExpMs(g.AccessToken)
@@ -536,9 +504,8 @@ func fillGrant(provider string, g oauthGrant) oauthGrant {
 	return g
 }
 
-// jwtPayload decodes a JWT's payload (base64url JSON, RFC 7519 §3). The
-// signature is not checked: Brama only reads what the provider told it
-// about its own token, and the provider checks the token on use.
+// jwtPayload decodes a JWT's payload (RFC 7519 §3), unchecked: Brama reads
+// what the provider said of its own token, which it checks on use.
 func jwtPayload(token string) (map[string]json.RawMessage, bool) {
 	parts := strings.Split(token, ".")
 	if len(parts) != 3 {
@@ -555,8 +522,7 @@ func jwtPayload(token string) (map[string]json.RawMessage, bool) {
 	return m, true
 }
 
-// jwtExpMs is token's exp claim in milliseconds, or 0 when token is not a
-// JWT or names no usable exp.
+// jwtExpMs is token's exp claim in ms, or 0.
 func jwtExpMs(token string) int64 {
 	m, ok := jwtPayload(token)
 	if !ok {
@@ -569,8 +535,8 @@ func jwtExpMs(token string) int64 {
 	return int64(exp) * 1000
 }
 
-// codexAccountID is the ChatGPT account id inside a codex id_token: the
-// claim https://api.openai.com/auth → chatgpt_account_id (SPEC §6.2).
+// codexAccountID is an id_token's https://api.openai.com/auth →
+// chatgpt_account_id claim (SPEC §6.2).
 func codexAccountID(idToken string) string {
 	m, ok := jwtPayload(idToken)
 	if !ok {
@@ -583,4 +549,96 @@ func codexAccountID(idToken string) string {
 		return ""
 	}
 	return auth.AccountID
+}
+
+// The sign-in exchange (SPEC §11.1): the PKCE authorization-code flow that
+// `brama subscription sign-in` runs on the operator's machine.
+
+// randomToken is 32 random bytes, base64url (43 characters).
+func randomToken() string {
+	b := make([]byte, 32)
+	rand.Read(b) // never fails (crypto/rand, Go 1.24)
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+// newPKCE is a fresh verifier and its S256 challenge (RFC 7636 §4.1–4.2).
+func newPKCE() (verifier, challenge string) {
+	verifier = randomToken()
+	sum := sha256.Sum256([]byte(verifier))
+	return verifier, base64.RawURLEncoding.EncodeToString(sum[:])
+}
+
+// signInState is one sign-in's state (RFC 6749 §10.12): another's code is refused.
+func signInState() string { return randomToken() }
+
+// signInProvider is provider's row when it has a sign-in.
+func signInProvider(provider string) (oauthProvider, error) {
+	p, err := lookupOAuth(provider)
+	if err == nil && p.authorizeURL == "" {
+		err = fmt.Errorf("provider %q: %w", provider, errNoSignIn)
+	}
+	return p, err
+}
+
+// authorizeURL is where the user signs in, with the challenge and state.
+func authorizeURL(provider, state, challenge string) (string, error) {
+	p, err := signInProvider(provider)
+	if err != nil {
+		return "", err
+	}
+	q := url.Values{}
+	for _, kv := range p.extra {
+		q.Set(kv[0], kv[1])
+	}
+	q.Set("response_type", "code")
+	q.Set("client_id", p.clientID)
+	q.Set("redirect_uri", p.redirectURI)
+	q.Set("scope", p.scope)
+	q.Set("code_challenge", challenge)
+	q.Set("code_challenge_method", "S256")
+	q.Set("state", state)
+	return p.authorizeURL + "?" + q.Encode(), nil
+}
+
+// exchangeCode trades what the user pasted (see splitPastedCode) for a
+// grant (RFC 6749 §4.1.3 with PKCE); a pasted state must equal state.
+// Nothing is stored: the CLI hands the grant to the daemon.
+func (o *oauthClient) exchangeCode(ctx context.Context, provider, code, verifier, state string) (oauthGrant, error) {
+	p, err := signInProvider(provider)
+	if err != nil {
+		return oauthGrant{}, err
+	}
+	code, pasted := splitPastedCode(code)
+	switch {
+	case pasted != "" && pasted != state:
+		return oauthGrant{}, errStateMismatch
+	case code == "":
+		return oauthGrant{}, fmt.Errorf("%w: no authorization code in what was pasted", errTokenMalformed)
+	}
+	endpoint, err := o.tokenURL(p)
+	if err != nil {
+		return oauthGrant{}, err
+	}
+	fields := map[string]string{"grant_type": "authorization_code", "code": code, "redirect_uri": p.redirectURI,
+		"client_id": p.clientID, "code_verifier": verifier}
+	if p.id == "claude-code" {
+		fields["state"] = state // its token endpoint asks for the state back
+	}
+	ans, re := o.tokenCall(ctx, p, endpoint, fields, code, verifier)
+	if re != nil {
+		return oauthGrant{}, re
+	}
+	return fillGrant(p.id, oauthGrant{AccessToken: ans.AccessToken, RefreshToken: ans.RefreshToken, IDToken: ans.IDToken,
+		ExpiresAtMs: answerExpiry(ans, o.now())}), nil
+}
+
+// splitPastedCode reads a redirect URL (codex), "code#state" (claude-code's
+// page) or a bare code.
+func splitPastedCode(s string) (code, state string) {
+	s = strings.TrimSpace(s)
+	if u, err := url.Parse(s); err == nil && u.Scheme != "" && u.Host != "" {
+		return u.Query().Get("code"), u.Query().Get("state")
+	}
+	code, state, _ = strings.Cut(s, "#")
+	return code, state
 }

@@ -91,8 +91,11 @@ func newPerfRegistry(st state, log *slog.Logger, now func() time.Time) *perfRegi
 	return p
 }
 
-// record adds one served request for route. Tokens per second is updated
-// only by a success that produced output in a measurable time.
+// record adds one request for route. A route gets its entry when it first
+// serves (a success): a failure counts only on a route that has served, so
+// invented names that never reach a model leave nothing behind (SPEC §13;
+// issue 10: 20,000 unknown names made /metrics 54 MB). Tokens per second is
+// updated only by a success that produced output in a measurable time.
 func (p *perfRegistry) record(route string, ok bool, latency time.Duration, outputTokens int) {
 	ms := latency.Milliseconds()
 	if ms < 0 {
@@ -100,21 +103,21 @@ func (p *perfRegistry) record(route string, ok bool, latency time.Duration, outp
 	}
 	now := p.now()
 	p.mu.Lock()
-	e := p.routes[route]
-	e.Count++
-	if !ok {
-		e.Failures++
-	}
-	e.TotalLatencyMs += ms
-	e.LastLatencyMs = ms
-	if outputTokens > 0 {
-		e.OutputTokens += int64(outputTokens)
-		if ok && latency > 0 {
-			e.LastTokensPerS = float64(outputTokens) / latency.Seconds()
+	if e, served := p.routes[route]; served || ok {
+		e.Count++
+		if !ok {
+			e.Failures++
 		}
+		e.TotalLatencyMs += ms
+		e.LastLatencyMs = ms
+		if outputTokens > 0 {
+			e.OutputTokens += int64(outputTokens)
+			if ok && latency > 0 {
+				e.LastTokensPerS = float64(outputTokens) / latency.Seconds()
+			}
+		}
+		p.routes[route] = e
 	}
-	p.routes[route] = e
-
 	name, err := p.st.path("perf telemetry", perfFile)
 	if err != nil {
 		first := !p.unplaced

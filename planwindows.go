@@ -1,24 +1,33 @@
 package main
 
 import (
+	"cmp"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
 	"math"
 	"net/http"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 )
 
-// Plan windows are the provider's own account of how much of a
-// subscription's plan is spent (SPEC §6.3, §11.2). The ledger keeps the
-// latest reading of each; dispatch orders subscriptions by them.
+// Plan windows are a provider's own account of how much of a subscription's
+// plan is spent, read here from its two sources: the headers of every
+// subscription answer (SPEC §6.3) and the usage reports a maintenance pass
+// fetches (SPEC §11.2), under one id per window so either replaces the
+// other. The ledger keeps the latest reading; dispatch orders by them.
 
-// planWindow is one plan window's latest reading.
 // Where a plan window's reading came from.
 const (
 	windowSourceTraffic = "traffic"      // a subscription answer's headers (SPEC §6.3)
 	windowSourceReport  = "usage_report" // a usage report read (SPEC §11.2)
 )
 
+// planWindow is one plan window's latest reading.
 type planWindow struct {
 	ID           string  `json:"id"` // anthropic:5h, anthropic:7d, codex:primary, codex:secondary, kimi:usage, kimi:limit-<i>
 	Label        string  `json:"label"`
@@ -26,6 +35,12 @@ type planWindow struct {
 	ResetsAtMs   int64   `json:"resets_at_ms"`  // 0 unknown
 	RecordedAtMs int64   `json:"recorded_at_ms"`
 	Source       string  `json:"source"` // windowSourceTraffic or windowSourceReport
+}
+
+// newWindow is one reading taken now, its fraction clamped.
+func newWindow(id, label string, fraction float64, resetMs int64, now time.Time, source string) planWindow {
+	return planWindow{ID: id, Label: label, UsedFraction: planFraction(fraction), ResetsAtMs: resetMs,
+		RecordedAtMs: now.UnixMilli(), Source: source}
 }
 
 // planFraction keeps a fraction in [0,1]; NaN reads as 0.
@@ -39,31 +54,37 @@ func planFraction(f float64) float64 {
 	return f
 }
 
-// planMaxResetSeconds bounds a reset instant or delay read from a header
-// (about year 5138), so converting it to milliseconds cannot overflow.
+// planMaxResetSeconds bounds a reset instant or delay (about year 5138), so
+// converting it to milliseconds cannot overflow.
 const planMaxResetSeconds = 1e11
+
+// anthropicWindow is a claude-code window that traffic headers (by header
+// key) and the usage report (by member) both state, under one id so either
+// reading replaces the other.
+type anthropicWindow struct{ header, member, id, label string }
+
+var anthropicWindows = []anthropicWindow{
+	{"5h", "five_hour", "anthropic:5h", "5 hours"},
+	{"7d", "seven_day", "anthropic:7d", "7 days"},
+}
 
 // parsePlanWindows reads the plan windows a subscription answer's headers
 // state (SPEC §6.3): claude-code's unified 5h/7d utilization (a fraction)
 // and reset (unix seconds), codex's primary/secondary used percent, window
-// length and reset delay. A value that does not parse is skipped, never
-// guessed; fractions are clamped to [0,1] and negative resets ignored.
-// Other providers state none.
+// minutes and reset delay. A value that does not parse is skipped, never
+// guessed. Other providers state none.
 func parsePlanWindows(provider string, h http.Header, now time.Time) []planWindow {
-	nowMs := now.UnixMilli()
 	var ws []planWindow
+	num := func(key string) (float64, bool) { return parseNumber(h.Get(key)) }
 	switch provider {
 	case "claude-code":
-		for _, k := range []struct{ key, id, label string }{
-			{"5h", "anthropic:5h", "5 hours"},
-			{"7d", "anthropic:7d", "7 days"},
-		} {
-			util, ok := planHeaderNumber(h, "anthropic-ratelimit-unified-"+k.key+"-utilization")
+		for _, k := range anthropicWindows {
+			util, ok := num("anthropic-ratelimit-unified-" + k.header + "-utilization")
 			if !ok {
 				continue
 			}
-			w := planWindow{ID: k.id, Label: k.label, UsedFraction: planFraction(util), RecordedAtMs: nowMs, Source: windowSourceTraffic}
-			if reset, ok := planHeaderNumber(h, "anthropic-ratelimit-unified-"+k.key+"-reset"); ok && reset > 0 && reset < planMaxResetSeconds {
+			w := newWindow(k.id, k.label, util, 0, now, windowSourceTraffic)
+			if reset, ok := num("anthropic-ratelimit-unified-" + k.header + "-reset"); ok && reset > 0 && reset < planMaxResetSeconds {
 				w.ResetsAtMs = int64(reset * 1000)
 			}
 			ws = append(ws, w)
@@ -71,16 +92,14 @@ func parsePlanWindows(provider string, h http.Header, now time.Time) []planWindo
 	case "codex":
 		for _, which := range []string{"primary", "secondary"} {
 			prefix := "x-codex-" + which + "-"
-			pct, ok := planHeaderNumber(h, prefix+"used-percent")
+			pct, ok := num(prefix + "used-percent")
 			if !ok {
 				continue
 			}
-			w := planWindow{ID: "codex:" + which, Label: which + " window", UsedFraction: planFraction(pct / 100), RecordedAtMs: nowMs, Source: windowSourceTraffic}
-			if mins, ok := planHeaderNumber(h, prefix+"window-minutes"); ok && mins >= 1 && mins < planMaxResetSeconds && mins == math.Trunc(mins) {
-				w.Label = planWindowLabel(int64(mins))
-			}
-			if after, ok := planHeaderNumber(h, prefix+"reset-after-seconds"); ok && after >= 0 && after < planMaxResetSeconds {
-				w.ResetsAtMs = nowMs + int64(after*1000)
+			mins, _ := num(prefix + "window-minutes")
+			w := newWindow("codex:"+which, windowLabel(mins, which+" window"), pct/100, 0, now, windowSourceTraffic)
+			if after, ok := num(prefix + "reset-after-seconds"); ok && after >= 0 && after < planMaxResetSeconds {
+				w.ResetsAtMs = now.UnixMilli() + int64(after*1000)
 			}
 			ws = append(ws, w)
 		}
@@ -88,30 +107,295 @@ func parsePlanWindows(provider string, h http.Header, now time.Time) []planWindo
 	return ws
 }
 
-// planHeaderNumber parses header key as a finite number.
-func planHeaderNumber(h http.Header, key string) (float64, bool) {
-	v := strings.TrimSpace(h.Get(key))
-	if v == "" {
-		return 0, false
-	}
-	f, err := strconv.ParseFloat(v, 64)
+// parseNumber reads s (spaces trimmed) as a finite number.
+func parseNumber(s string) (float64, bool) {
+	f, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
 	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
 		return 0, false
 	}
 	return f, true
 }
 
-// planWindowLabel names a window length in whole days, hours or minutes.
-func planWindowLabel(mins int64) string {
-	n, unit := mins, "minute"
+// windowLabel names a window of mins minutes in whole days, hours or
+// minutes ("5 hours"), or is fallback when mins is not a whole number of
+// minutes in range.
+func windowLabel(mins float64, fallback string) string {
+	if !(mins >= 1) || mins >= planMaxResetSeconds || mins != math.Trunc(mins) {
+		return fallback
+	}
+	n, unit := int64(mins), "minute"
 	switch {
-	case mins%(24*60) == 0:
-		n, unit = mins/(24*60), "day"
-	case mins%60 == 0:
-		n, unit = mins/60, "hour"
+	case n%(24*60) == 0:
+		n, unit = n/(24*60), "day"
+	case n%60 == 0:
+		n, unit = n/60, "hour"
 	}
 	if n == 1 {
 		return "1 " + unit
 	}
 	return strconv.FormatInt(n, 10) + " " + unit + "s"
+}
+
+// usageReports lists the providers with a usage report (SPEC §11.2): its
+// path below the base URL (codex's lives elsewhere), its reader, and
+// whether an API key reads it (only Kimi Code's; the others take OAuth only).
+var usageReports = map[string]struct {
+	path   string
+	parse  func([]byte, time.Time) ([]planWindow, error)
+	apiKey bool
+}{
+	"claude-code": {path: "/api/oauth/usage", parse: parseClaudeCodeUsage},
+	"codex":       {parse: parseCodexUsage},
+	"kimi":        {path: "/usages", parse: parseKimiUsage, apiKey: true},
+}
+
+// codexUsageURL is overridden by BRAMA_PROVIDER_CODEX_USAGE_URL alone.
+const codexUsageURL = "https://chatgpt.com/backend-api/wham/usage"
+
+// usageReportable says whether provider publishes a report cred can read.
+func usageReportable(provider string, cred vaultCredential) bool {
+	r, ok := usageReports[provider]
+	return ok && (cred.OAuth != nil || (r.apiKey && cred.APIKey != ""))
+}
+
+// The three usage report readers turn a body into plan windows (source
+// usage_report). The shapes are the providers' own and undocumented, so
+// each reads, through the one lenient reader `report`, what it recognizes,
+// skips the rest and never guesses a number.
+
+// errUsageReport classifies every refused body: no JSON object, or no window.
+var errUsageReport = errors.New("the usage report is not usable")
+
+// usageMaxResetMs bounds a reset instant, so arithmetic cannot overflow.
+const usageMaxResetMs = planMaxResetSeconds * 1000
+
+// report is one JSON object of a provider report, read leniently.
+type report map[string]json.RawMessage
+
+// readReport decodes a JSON object, describing anything else without
+// quoting it (a report can hold account details).
+func readReport(body []byte) (report, error) {
+	var r report
+	if err := json.Unmarshal(body, &r); err != nil {
+		return nil, fmt.Errorf("%w: the body is not a JSON object (%s)", errUsageReport, jsonErrorKind(err))
+	}
+	if r == nil {
+		return nil, fmt.Errorf("%w: the body is not a JSON object (null)", errUsageReport)
+	}
+	return r, nil
+}
+
+// jsonErrorKind says what was wrong with a JSON document without quoting it
+// (a syntax error's text could carry a fragment of a token).
+func jsonErrorKind(err error) string {
+	var se *json.SyntaxError
+	if errors.As(err, &se) {
+		return "syntax error at byte " + strconv.FormatInt(se.Offset, 10)
+	}
+	return "unexpected shape"
+}
+
+// asReport is raw as an object, or nil when it is absent, null or not one.
+func asReport(raw json.RawMessage) report {
+	var r report
+	if json.Unmarshal(raw, &r) != nil {
+		return nil
+	}
+	return r
+}
+
+// obj is the object under key, or nil.
+func (r report) obj(key string) report { return asReport(r[key]) }
+
+// num is the first of keys holding a number.
+func (r report) num(keys ...string) (float64, bool) {
+	for _, k := range keys {
+		if f, ok := usageNumber(r[k]); ok {
+			return f, true
+		}
+	}
+	return 0, false
+}
+
+// instant is the first of keys holding a readable instant, in epoch ms; 0 none.
+func (r report) instant(keys ...string) int64 {
+	for _, k := range keys {
+		if ms, ok := usageInstant(r[k]); ok {
+			return ms
+		}
+	}
+	return 0
+}
+
+// usageNumber reads a finite number, or a string holding one (Kimi's counters).
+func usageNumber(raw json.RawMessage) (float64, bool) {
+	if s, ok := jsonString(raw); ok {
+		return parseNumber(s)
+	}
+	return parseNumber(string(raw))
+}
+
+// usageInstant reads an instant as epoch ms: RFC 3339, or epoch seconds or
+// ms as a number or numeric string; one outside (0, usageMaxResetMs] is unknown.
+func usageInstant(raw json.RawMessage) (int64, bool) {
+	if s, ok := jsonString(raw); ok {
+		if t, err := time.Parse(time.RFC3339Nano, strings.TrimSpace(s)); err == nil {
+			return usageMs(float64(t.UnixMilli()))
+		}
+	}
+	f, ok := usageNumber(raw)
+	if !ok {
+		return 0, false
+	}
+	if f < 1e12 { // SPEC §11.2: ≥ 1e12 ⇒ ms (1e12 s would be year 33658)
+		f *= 1000
+	}
+	return usageMs(f)
+}
+
+// usageMs keeps epoch milliseconds after the epoch and within usageMaxResetMs.
+func usageMs(f float64) (int64, bool) {
+	if !(f > 0 && f <= usageMaxResetMs) {
+		return 0, false
+	}
+	return int64(f), true
+}
+
+// usageNoWindows is the refusal of a report that parsed but named no window.
+func usageNoWindows(what string) error {
+	return fmt.Errorf("%w: it names no plan window (%s)", errUsageReport, what)
+}
+
+// claudeWindowKey is the shape of a member kept as a window id.
+var claudeWindowKey = regexp.MustCompile(`^[a-z0-9_]{1,64}$`)
+
+// parseClaudeCodeUsage reads {base}/api/oauth/usage: members {"utilization":
+// percent, "resets_at": instant|null}; one lacking either (null, a disabled
+// model window, extra_usage's credits) is no window. anthropicWindows come
+// first under their traffic ids, then anthropic:<member> by name.
+func parseClaudeCodeUsage(body []byte, now time.Time) ([]planWindow, error) {
+	r, err := readReport(body)
+	if err != nil {
+		return nil, err
+	}
+	rank := func(k string) int {
+		i := slices.IndexFunc(anthropicWindows, func(w anthropicWindow) bool { return w.member == k })
+		return cmp.Or(i+1, len(anthropicWindows)+1)
+	}
+	keys := slices.Sorted(maps.Keys(r))
+	slices.SortStableFunc(keys, func(a, b string) int { return rank(a) - rank(b) })
+	var ws []planWindow
+	for _, k := range keys {
+		m := r.obj(k)
+		_, hasReset := m["resets_at"]
+		util, ok := m.num("utilization")
+		if !claudeWindowKey.MatchString(k) || !ok || !hasReset {
+			continue
+		}
+		id, label := "anthropic:"+k, strings.ReplaceAll(k, "_", " ")
+		if i := rank(k) - 1; i < len(anthropicWindows) {
+			id, label = anthropicWindows[i].id, anthropicWindows[i].label
+		}
+		ws = append(ws, newWindow(id, label, util/100, m.instant("resets_at"), now, windowSourceReport))
+	}
+	if len(ws) == 0 {
+		return nil, usageNoWindows("no member with utilization and resets_at")
+	}
+	return ws, nil
+}
+
+// parseCodexUsage reads rate_limit.primary_window and secondary_window
+// {"used_percent", "limit_window_seconds", "reset_at" (wins) |
+// "reset_after_seconds"} as codex:primary and codex:secondary.
+func parseCodexUsage(body []byte, now time.Time) ([]planWindow, error) {
+	r, err := readReport(body)
+	if err != nil {
+		return nil, err
+	}
+	rl := r.obj("rate_limit")
+	if rl == nil {
+		return nil, usageNoWindows("no rate_limit object")
+	}
+	var ws []planWindow
+	for _, which := range []string{"primary", "secondary"} {
+		m := rl.obj(which + "_window")
+		pct, ok := m.num("used_percent")
+		if !ok {
+			continue
+		}
+		label := which + " window"
+		if secs, ok := m.num("limit_window_seconds"); ok && secs < planMaxResetSeconds {
+			label = windowLabel(secs/60, label)
+		}
+		reset := m.instant("reset_at")
+		if after, ok := m.num("reset_after_seconds"); reset == 0 && ok && after >= 0 && after < planMaxResetSeconds {
+			reset, _ = usageMs(float64(now.UnixMilli()) + after*1000)
+		}
+		ws = append(ws, newWindow("codex:"+which, label, pct/100, reset, now, windowSourceReport))
+	}
+	if len(ws) == 0 {
+		return nil, usageNoWindows("rate_limit has no primary_window or secondary_window with used_percent")
+	}
+	return ws, nil
+}
+
+// kimiTimeUnits is minutes per window.timeUnit of a Kimi limit.
+var kimiTimeUnits = map[string]float64{
+	"TIME_UNIT_SECOND": 1.0 / 60, "TIME_UNIT_MINUTE": 1, "TIME_UNIT_HOUR": 60, "TIME_UNIT_DAY": 24 * 60,
+}
+
+// parseKimiUsage reads {base}/usages: the usage object becomes kimi:usage
+// and each limits[i] kimi:limit-<i>, counters at top level or under detail
+// (which wins), labelled by window.duration and timeUnit.
+func parseKimiUsage(body []byte, now time.Time) ([]planWindow, error) {
+	r, err := readReport(body)
+	if err != nil {
+		return nil, err
+	}
+	var ws []planWindow
+	if u := r.obj("usage"); u != nil {
+		if f, ok := kimiFraction(u); ok {
+			ws = append(ws, newWindow("kimi:usage", "plan usage", f, u.instant("reset_time", "resetTime"), now, windowSourceReport))
+		}
+	}
+	var limits []json.RawMessage
+	if json.Unmarshal(r["limits"], &limits) != nil {
+		limits = nil // not an array: no limits
+	}
+	for i, raw := range limits {
+		top := asReport(raw)
+		counters := top
+		if d := top.obj("detail"); d != nil {
+			counters = d
+		}
+		f, ok := kimiFraction(counters)
+		if !ok {
+			continue
+		}
+		w := top.obj("window")
+		d, _ := w.num("duration")
+		unit, _ := jsonString(w["timeUnit"])
+		label := windowLabel(d*kimiTimeUnits[unit], "limit "+strconv.Itoa(i))
+		reset := cmp.Or(counters.instant("resetTime", "reset_time"), top.instant("resetTime", "reset_time"))
+		ws = append(ws, newWindow("kimi:limit-"+strconv.Itoa(i), label, f, reset, now, windowSourceReport))
+	}
+	if len(ws) == 0 {
+		return nil, usageNoWindows("no usage or limits entry with a limit above 0")
+	}
+	return ws, nil
+}
+
+// kimiFraction is used/limit (limit > 0), or else 1 − remaining/limit.
+func kimiFraction(m report) (float64, bool) {
+	limit, ok := m.num("limit")
+	if !ok || limit <= 0 {
+		return 0, false
+	}
+	if used, ok := m.num("used"); ok {
+		return used / limit, true
+	}
+	if rem, ok := m.num("remaining"); ok {
+		return (limit - rem) / limit, true
+	}
+	return 0, false
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -14,14 +13,12 @@ import (
 )
 
 // The completion probe (SPEC §11.3): an operator asks one subscription for
-// one minimal answer, to learn whether it works now. It is built from the
-// dispatcher's own pieces (resolveModel, subscriptionCredential,
-// callProvider) so it shows exactly what a request would meet, but it makes
-// exactly one call on exactly that subscription: no retry, no rotation, no
-// refresh after a 401. Nothing runs it but an operator: no pass, no timer.
+// one minimal answer, through the dispatcher's own pieces (resolveModel,
+// subscriptionCredential, callProvider), so it meets what a request would:
+// one call on exactly that subscription, no retry, no rotation, no refresh
+// after a 401. Nothing runs it but an operator: no pass, no timer.
 
-// probeModels is SPEC §11.3's built-in probe model per provider; a provider
-// missing here needs {"model"} in the probe body.
+// probeModels is SPEC §11.3's built-in probe model per provider.
 var probeModels = map[string]string{
 	"claude-code": "claude-haiku-4-5",
 	"anthropic":   "claude-haiku-4-5",
@@ -30,33 +27,26 @@ var probeModels = map[string]string{
 	"deepseek":    "deepseek-chat",
 }
 
-// probeMaxTokens is the probe's output limit (SPEC §11.3); codex takes none
-// (SPEC §6.2).
+// probeMaxTokens is the probe's output limit; codex takes none (SPEC §6.2).
 const probeMaxTokens = 16
 
-// probeOutcome is the answer of POST …/probe: the probe just recorded and
-// the subscription's row after it.
+// probeOutcome answers POST …/probe: the probe recorded and the row after it.
 type probeOutcome struct {
 	OK           bool            `json:"ok"`
 	Probe        ledgerCheck     `json:"probe"`
 	Subscription subscriptionRow `json:"subscription"`
 }
 
-// handleSubscriptionProbe serves POST
-// /v1/admin/subscriptions/{agent_id}/{subscription_id}/probe with an
-// optional body {"model"}. A provider's refusal is still a 200: the probe
-// ran and its outcome is the answer (probe.ok false).
+// handleSubscriptionProbe serves POST …/{subscription_id}/probe, body
+// optional {"model"}. A provider's refusal is a 200 too: probe.ok false.
 func (s *server) handleSubscriptionProbe(w http.ResponseWriter, r *http.Request) {
 	var body struct {
 		Model string `json:"model"`
 	}
-	if len(bytes.TrimSpace(infoFrom(r.Context()).body)) > 0 {
-		if err := decodeBody(r, &body); err != nil {
-			s.fail(w, r, err)
-			return
-		}
+	out, err := probeOutcome{}, decodeOptionalBody(r, &body)
+	if err == nil {
+		out, err = s.probe(r, r.PathValue("agent_id"), r.PathValue("subscription_id"), body.Model)
 	}
-	out, err := s.probe(r, r.PathValue("agent_id"), r.PathValue("subscription_id"), body.Model)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -64,34 +54,20 @@ func (s *server) handleSubscriptionProbe(w http.ResponseWriter, r *http.Request)
 	writeJSON(w, http.StatusOK, out)
 }
 
-// probe runs one completion probe on agent's subscription id with model
-// ("" for the provider's built-in probe model). It refuses 404 for an id
-// agent does not own and 409 state_conflict for a retired or blocked
-// subscription or one without a probe model, before any call. r is the
-// operator's request: its context cancels the call, and a grant refresh
-// before the call rides on it as on the request path.
+// probe runs one completion probe on agent's subscription id with model (""
+// for the built-in one), refusing before any call 404 for an id agent does
+// not own and 409 for a retired or blocked one or one without a probe model.
+// r's context cancels the call and carries a refresh before it, as on the
+// request path.
 func (s *server) probe(r *http.Request, agent, id, model string) (probeOutcome, error) {
-	it, ok, err := s.inv.get(agent, id)
-	switch {
-	case err != nil:
+	it, err := s.liveSubscription(agent, id, "a retired subscription is never probed")
+	if err != nil {
 		return probeOutcome{}, err
-	case !ok:
-		return probeOutcome{}, refuse("not_found", "agent %q has no subscription %q", agent, id)
-	}
-	retired, err := s.inv.isRetired(id)
-	switch {
-	case err != nil:
-		return probeOutcome{}, err
-	case retired:
-		return probeOutcome{}, refuse("state_conflict", "subscription %s is retired; a retired subscription is never probed", id)
 	}
 	if until := s.ledger.blockedUntil(id); !until.IsZero() {
 		return probeOutcome{}, refuse("state_conflict", "subscription %s is blocked until %s; a probe is not sent inside a recorded block", id, until.UTC().Format(time.RFC3339))
 	}
-	model = strings.TrimPrefix(strings.TrimSpace(model), it.Provider+"/")
-	if model == "" {
-		model = probeModels[it.Provider]
-	}
+	model = cmp.Or(strings.TrimPrefix(strings.TrimSpace(model), it.Provider+"/"), probeModels[it.Provider])
 	if model == "" {
 		return probeOutcome{}, refuse("state_conflict", "name a model for this probe: provider %q has no built-in probe model", it.Provider)
 	}
@@ -104,18 +80,15 @@ func (s *server) probe(r *http.Request, agent, id, model string) (probeOutcome, 
 	if err != nil {
 		return probeOutcome{}, refuse("dependency_unavailable", "provider %q has an unusable base URL: %v", p.id, err)
 	}
-	req := pingRequest(res.Route, p)
-
-	var detail string
 	wk := &walk{agent: agent}
 	cred, err := s.subscriptionCredential(r, it, wk, "")
+	ok, detail := false, "no call was made: "+strings.Join(wk.reasons, "; ")
 	switch {
 	case errors.Is(err, errSkipSubscription):
-		ok, detail = false, "no call was made: "+strings.Join(wk.reasons, "; ")
 	case err != nil:
 		return probeOutcome{}, err
 	default:
-		ok, detail = s.probeCall(r.Context(), req, call{res: res, baseURL: baseURL, cred: cred}, it)
+		ok, detail = s.probeCall(r.Context(), pingRequest(res.Route, p), call{res: res, baseURL: baseURL, cred: cred}, it)
 	}
 	s.ledger.recordProbe(id, p.id, ok, detail)
 	if ok && s.ledger.credentialState(id) != credActive {
@@ -137,8 +110,8 @@ func (s *server) probe(r *http.Request, agent, id, model string) (probeOutcome, 
 	return out, nil
 }
 
-// pingRequest is the probe's (and onboarding's) one minimal completion:
-// "ping" with 16 output tokens, none for codex (SPEC §6.2, §11.3).
+// pingRequest is the probe's (and onboarding's) minimal completion: "ping",
+// 16 output tokens, none for codex (SPEC §6.2, §11.3).
 func pingRequest(route string, p providerInfo) chatRequest {
 	req := chatRequest{
 		Model:     route,
@@ -151,9 +124,9 @@ func pingRequest(route string, p providerInfo) chatRequest {
 	return req
 }
 
-// probeCall makes the probe's one call and says how it went in a sentence
-// fit for the ledger: never the completion, never a credential. A 401 or
-// 403 marks the credential needs_reauthorization and is not retried.
+// probeCall makes the one call and says how it went in a sentence fit for
+// the ledger (never the completion or a credential); a 401 or 403 marks the
+// credential needs_reauthorization, unretried.
 func (s *server) probeCall(ctx context.Context, req chatRequest, c call, it overlayItem) (bool, string) {
 	p := c.res.Provider
 	a := s.callProvider(ctx, req, c)
@@ -175,9 +148,8 @@ func (s *server) probeCall(ctx context.Context, req chatRequest, c call, it over
 	}
 }
 
-// readProviderAnswer reads a committed call's answer whole, as deliver does
-// for a buffered caller, and closes the body. Callers that only need to
-// know an answer arrived (probe, onboarding) use it; nothing is rendered.
+// readProviderAnswer reads and closes a committed answer, as deliver does for
+// a buffered caller, rendering nothing (for the probe and onboarding).
 func readProviderAnswer(p providerInfo, req chatRequest, resp *http.Response) (chatAnswer, error) {
 	defer resp.Body.Close()
 	if upstreamStreams(p, req) {

@@ -185,25 +185,12 @@ func upstreamStreams(p providerInfo, req chatRequest) bool {
 // invalid_request; nothing is sent.
 func buildUpstreamRequest(ctx context.Context, p providerInfo, baseURL string, cred upstreamCredential, req chatRequest, model string) (*http.Request, error) {
 	stream := upstreamStreams(p, req)
-	var (
-		body any
-		path string
-		err  error
-	)
 	oauth := cred.AccessToken != ""
-	switch p.protocol {
-	case protoOpenAIChat:
-		path = "/chat/completions"
-		body, err = encodeOpenAIChat(req, model, stream)
-	case protoAnthropic:
-		path = "/v1/messages"
-		body, err = encodeAnthropic(req, model, stream, p.id == "claude-code" && oauth)
-	case protoOpenAIResponses:
-		path = "/responses"
-		body, err = encodeResponses(req, model, stream, p.id == "codex")
-	default:
+	f := formatOf(p.protocol)
+	if f == nil {
 		return nil, refuse("internal_error", "internal error").because(fmt.Errorf("provider %q has unknown protocol %q", p.id, p.protocol))
 	}
+	body, err := f.encode(req, model, upstreamOptions{stream: stream, oauth: p.id == "claude-code" && oauth, codex: p.id == "codex"})
 	if err != nil {
 		return nil, err
 	}
@@ -211,7 +198,7 @@ func buildUpstreamRequest(ctx context.Context, p providerInfo, baseURL string, c
 	if err != nil {
 		return nil, refuse("invalid_request", "the request cannot be encoded for provider %q", p.id).because(err)
 	}
-	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, baseURL+path, bytes.NewReader(b))
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, baseURL+f.path, bytes.NewReader(b))
 	if err != nil {
 		return nil, refuse("internal_error", "internal error").because(err)
 	}
@@ -228,10 +215,16 @@ func buildUpstreamRequest(ctx context.Context, p providerInfo, baseURL string, c
 		if oauth {
 			h.Set("Authorization", "Bearer "+cred.AccessToken)
 			if p.id == "claude-code" {
-				h.Set("anthropic-beta", "oauth-2025-04-20")
+				h.Add("anthropic-beta", "oauth-2025-04-20")
 			}
 		} else if cred.APIKey != "" {
 			h.Set("x-api-key", cred.APIKey)
+		}
+		if req.Output != nil { // SPEC §7.6: the JSON Schema output format's beta
+			h.Add("anthropic-beta", structuredOutputsBeta)
+		}
+		if betas := h.Values("anthropic-beta"); len(betas) > 1 {
+			h.Set("anthropic-beta", mergeTokens(betas))
 		}
 	case p.id == "codex":
 		if t := cred.bearer(); t != "" {

@@ -107,10 +107,10 @@ func TestProviderCallRoundTrip(t *testing.T) {
 			`{"choices":[{"message":{"content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1}}`,
 			chatAnswer{Text: "hi", Finish: finishStop, Usage: usage{1, 1, true}}},
 		{"anthropic", true, "/v1/messages", upstreamCredential{APIKey: "k"}, "x-api-key", "anthropic-messages.sse",
-			chatAnswer{Text: "Hello", ToolCalls: []toolCall{{"toolu_01", "get_weather", `{"city": "Paris"}`}, {"toolu_02", "get_time", "{}"}},
+			chatAnswer{Text: "Hello", ToolCalls: []toolCall{{ID: "toolu_01", Name: "get_weather", Arguments: `{"city": "Paris"}`}, {ID: "toolu_02", Name: "get_time", Arguments: "{}"}},
 				Finish: finishToolCalls, Usage: usage{40, 42, true}}},
 		{"codex", false, "/responses", upstreamCredential{AccessToken: "tok", AccountID: "acct"}, "chatgpt-account-id", "codex.sse",
-			chatAnswer{Text: "Checking the weather.", ToolCalls: []toolCall{{"call_c", "get_weather", `{"city":"Oslo"}`}},
+			chatAnswer{Text: "Checking the weather.", ToolCalls: []toolCall{{ID: "call_c", Name: "get_weather", Arguments: `{"city":"Oslo"}`}},
 				Finish: finishToolCalls, Usage: usage{1200, 64, true}}},
 	}
 	for _, tt := range tests {

@@ -24,12 +24,17 @@ const (
 	refusalAuth  = "auth"  // 401/403: the credential was refused
 	refusalRate  = "rate"  // 429: try later
 	refusalQuota = "quota" // credit or quota spent, by the provider's type/code
-	refusalModel = "model" // 400/404/422: a request the provider would not run
+	refusalModel = "model" // 400/404/413/422: a request the provider would not run
 	refusalOther = "other" // everything else: answered at once, no rotation
 )
 
 // maxSentenceBytes bounds the provider sentence kept for ledger causes.
 const maxSentenceBytes = 200
+
+// maxQuotedBytes bounds the provider sentence quoted in an error message:
+// enough for a context-length refusal's numbers (SPEC §8.1's 2048 bytes
+// bound the whole message).
+const maxQuotedBytes = 1000
 
 // providerRefusal is a classified non-2xx provider answer (SPEC §8.2,
 // §7.2.4). It is decided from the status and the provider's error
@@ -37,6 +42,7 @@ const maxSentenceBytes = 200
 type providerRefusal struct {
 	err        *apiError     // the code the caller gets on a direct/alias route (no attempts set here)
 	class      string        // refusalAuth, refusalRate, refusalQuota, refusalModel or refusalOther
+	status     int           // the provider's HTTP status
 	retryAfter time.Duration // from retry-after or reset headers; 0 when none stated
 	sentence   string        // the provider's own error message, redacted, ≤200 bytes
 }
@@ -51,10 +57,29 @@ var quotaCodes = map[string]bool{
 	"billing_error":              true,
 }
 
+// rejectedStatus is the HTTP status of provider_rejected for a provider's
+// 4xx refusal of the request itself (SPEC §8.2): its own 400, 404, 413 or
+// 422, any other 4xx but 401/403/408/409/429 as 400; 0 when the status is
+// not such a refusal.
+func rejectedStatus(status int) int {
+	switch status {
+	case 400, 404, 413, 422:
+		return status
+	case 401, 403, 408, 409, 429:
+		return 0
+	}
+	if status > 400 && status < 500 {
+		return 400
+	}
+	return 0
+}
+
 // classifyRefusal classifies a non-2xx provider answer. The first argument
 // is a provider id (preferred: the message then names it) or a protocol.
 // presented is the credential the call presented; it is redacted from
-// everything quoted. now anchors an HTTP-date retry-after.
+// everything quoted, but only after the class was decided from the
+// provider's own fields: a short key must not change what a code says.
+// now anchors an HTTP-date retry-after.
 func classifyRefusal(protocol string, status int, header http.Header, body []byte, presented string, now time.Time) providerRefusal {
 	who, byStatus := "provider", false
 	if p, ok := lookupProvider(protocol); ok {
@@ -62,10 +87,8 @@ func classifyRefusal(protocol string, status int, header http.Header, body []byt
 		byStatus = p.id == "codex" // SPEC §6.2: codex errors are classified by status alone
 	}
 	typ, code, msg := providerErrorFields(body)
-	typ = cleanQuoted(typ, presented, 64)
-	code = cleanQuoted(code, presented, 64)
 	quota := !byStatus && (quotaCodes[typ] || quotaCodes[code])
-	r := providerRefusal{sentence: cleanQuoted(msg, presented, maxSentenceBytes)}
+	r := providerRefusal{status: status, sentence: cleanQuoted(msg, presented, maxSentenceBytes)}
 
 	switch {
 	case status == http.StatusUnauthorized || status == http.StatusForbidden:
@@ -74,7 +97,7 @@ func classifyRefusal(protocol string, status int, header http.Header, body []byt
 		r.class = refusalQuota
 	case status == http.StatusTooManyRequests:
 		r.class = refusalRate
-	case status == http.StatusBadRequest || status == http.StatusNotFound || status == http.StatusUnprocessableEntity:
+	case status == 400 || status == 404 || status == 413 || status == 422:
 		r.class = refusalModel
 	default:
 		r.class = refusalOther
@@ -85,29 +108,38 @@ func classifyRefusal(protocol string, status int, header http.Header, body []byt
 		ec = "provider_rate_limited"
 	case r.class == refusalQuota:
 		ec = "provider_quota_exhausted"
+	case rejectedStatus(status) != 0:
+		ec = "provider_rejected"
 	case status == http.StatusGatewayTimeout:
 		ec = "dependency_timeout"
 	case status >= 500:
 		ec = "dependency_unavailable"
-	default:
+	default: // a malformed answer, 408, 409, a direct route's 401/403
 		ec = "provider_failure"
 	}
+	wait := retryAfter(header, now)
 	if r.class == refusalRate || r.class == refusalQuota {
-		r.retryAfter = retryAfter(header, now)
+		r.retryAfter = wait
 	}
 
-	label := code
+	label := cleanQuoted(code, presented, 64)
 	if label == "" {
-		label = typ
+		label = cleanQuoted(typ, presented, 64)
 	}
 	m := fmt.Sprintf("%s answered %d", who, status)
 	if label != "" {
 		m += " (" + label + ")"
 	}
-	if r.sentence != "" {
-		m += ": " + r.sentence
+	if quoted := cleanQuoted(msg, presented, maxQuotedBytes); quoted != "" {
+		m += ": " + quoted
 	}
 	r.err = refuse(ec, "%s", m)
+	if ec == "provider_rejected" {
+		r.err.ProviderStatus = rejectedStatus(status)
+	}
+	if r.err.retryable() {
+		r.err.RetryAfter = wait // the provider's own wait, on any route (SPEC §8.1)
+	}
 	return r
 }
 
@@ -188,6 +220,19 @@ func cleanQuoted(s, presented string, max int) string {
 	s = strings.Join(strings.Fields(s), " ")
 	s = redact(s, presented)
 	return truncateUTF8(s, max)
+}
+
+// redactedFor replaces the credential a call presented in the provider
+// code an in-band stream error quotes: the stream readers that raise it do
+// not know the credential (SPEC §8.1). Other refusals quote nothing of the
+// provider's here and are returned as they are.
+func (e *apiError) redactedFor(presented string) *apiError {
+	var se *upstreamStreamError
+	if presented != "" && errors.As(e.Err, &se) {
+		se.Code = redact(se.Code, presented)
+		e.Message = fmt.Sprintf(inBandMessage, se.Code)
+	}
+	return e
 }
 
 // maxRetryAfter bounds a stated reset; a block never outlasts it (SPEC §7.2).

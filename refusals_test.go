@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -41,7 +43,7 @@ func TestClassifyRefusal(t *testing.T) {
 			refusalQuota, "provider_quota_exhausted", 0, "m", "provider answered 429 (insufficient_quota): m"},
 		{"openai 404 model", "openai", 404, nil,
 			`{"error":{"message":"The model 'gpt-9' does not exist","type":"invalid_request_error","code":"model_not_found"}}`,
-			refusalModel, "provider_failure", 0, "The model 'gpt-9' does not exist", "answered 404"},
+			refusalModel, "provider_rejected", 0, "The model 'gpt-9' does not exist", "answered 404"},
 		{"openai 500", "openai", 500, nil,
 			`{"error":{"message":"The server had an error","type":"server_error","code":null}}`,
 			refusalOther, "dependency_unavailable", 0, "The server had an error", "answered 500 (server_error)"},
@@ -56,10 +58,10 @@ func TestClassifyRefusal(t *testing.T) {
 			refusalQuota, "provider_quota_exhausted", 0, "low", ""},
 		{"anthropic 400 invalid", "anthropic", 400, nil,
 			`{"type":"error","error":{"type":"invalid_request_error","message":"max_tokens: field required"}}`,
-			refusalModel, "provider_failure", 0, "max_tokens: field required", ""},
+			refusalModel, "provider_rejected", 0, "max_tokens: field required", ""},
 		{"anthropic 413", "anthropic", 413, nil,
 			`{"type":"error","error":{"type":"request_too_large","message":"Request exceeds the maximum size"}}`,
-			refusalOther, "provider_failure", 0, "Request exceeds the maximum size", ""},
+			refusalModel, "provider_rejected", 0, "Request exceeds the maximum size", ""},
 		{"anthropic 429 reset headers", "anthropic", 429,
 			http.Header{"Anthropic-Ratelimit-Tokens-Remaining": {"0"}, "Anthropic-Ratelimit-Tokens-Reset": {"2025-06-01T12:01:30Z"},
 				"Anthropic-Ratelimit-Requests-Remaining": {"10"}, "Anthropic-Ratelimit-Requests-Reset": {"2025-06-01T13:00:00Z"}},
@@ -83,7 +85,7 @@ func TestClassifyRefusal(t *testing.T) {
 		{"codex 401 detail", "codex", 401, nil, `{"detail":"Could not validate credentials ` + key + `"}`,
 			refusalAuth, "provider_failure", 0, "Could not validate credentials [redacted]", ""},
 		{"codex 400 detail object", "codex", 400, nil, `{"detail":{"message":"Unsupported parameter: max_output_tokens"}}`,
-			refusalModel, "provider_failure", 0, "Unsupported parameter: max_output_tokens", ""},
+			refusalModel, "provider_rejected", 0, "Unsupported parameter: max_output_tokens", ""},
 		{"openrouter 402 numeric code", "openrouter", 402, nil, `{"error":{"code":402,"message":"Insufficient credits"}}`,
 			refusalQuota, "provider_quota_exhausted", 0, "Insufficient credits", "(402)"},
 		{"504 html", "openai", 504, nil, `<html><body>Gateway Timeout sk-abcdefghijkl</body></html>`,
@@ -93,9 +95,9 @@ func TestClassifyRefusal(t *testing.T) {
 		{"redirect", "openai", 302, nil, ``,
 			refusalOther, "provider_failure", 0, "", "answered 302"},
 		{"error as string", "mistral", 422, nil, `{"error":"bad input ` + key + `"}`,
-			refusalModel, "provider_failure", 0, "bad input [redacted]", ""},
+			refusalModel, "provider_rejected", 0, "bad input [redacted]", ""},
 		{"secret-shaped token redacted", "openai", 400, nil, `{"error":{"message":"bad key sk-proj-abcdef123456 given","type":"invalid_request_error"}}`,
-			refusalModel, "provider_failure", 0, "bad key [redacted] given", ""},
+			refusalModel, "provider_rejected", 0, "bad key [redacted] given", ""},
 		{"retry-after HTTP date", "openai", 429, http.Header{"Retry-After": {"Sun, 01 Jun 2025 12:05:00 GMT"}}, `{}`,
 			refusalRate, "provider_rate_limited", 5 * time.Minute, "", ""},
 	}
@@ -128,6 +130,63 @@ func TestClassifyRefusal(t *testing.T) {
 				t.Errorf("message %q quotes a secret or the raw body", r.err.Message)
 			}
 		})
+	}
+}
+
+// TestClassifyRefusalStatus: provider_rejected keeps the provider's 400,
+// 404, 413 and 422, answers another 4xx as 400, and leaves 401/403/408/409
+// to provider_failure (SPEC §8.2); only a retryable code carries the
+// provider's wait.
+func TestClassifyRefusalStatus(t *testing.T) {
+	body := []byte(`{"error":{"message":"nope","type":"invalid_request_error"}}`)
+	tests := []struct {
+		status     int
+		code       string
+		httpStatus int
+		retryAfter time.Duration // of the apiError (sent as Retry-After)
+	}{
+		{400, "provider_rejected", 400, 0},
+		{404, "provider_rejected", 404, 0},
+		{413, "provider_rejected", 413, 0},
+		{422, "provider_rejected", 422, 0},
+		{418, "provider_rejected", 400, 0},
+		{410, "provider_rejected", 400, 0},
+		{451, "provider_rejected", 400, 0},
+		{401, "provider_failure", 502, 0},
+		{403, "provider_failure", 502, 0},
+		{408, "provider_failure", 502, 0},
+		{409, "provider_failure", 502, 0},
+		{429, "provider_rate_limited", 429, 7 * time.Second},
+		{500, "dependency_unavailable", 503, 7 * time.Second},
+		{503, "dependency_unavailable", 503, 7 * time.Second},
+		{504, "dependency_timeout", 504, 7 * time.Second},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprint(tt.status), func(t *testing.T) {
+			r := classifyRefusal("openai", tt.status, http.Header{"Retry-After": {"7"}}, body, "", time.Now())
+			if r.err.Code != tt.code || r.err.Status() != tt.httpStatus || r.err.RetryAfter != tt.retryAfter {
+				t.Errorf("provider %d → %s %d retry-after %v, want %s %d %v", tt.status, r.err.Code, r.err.Status(), r.err.RetryAfter, tt.code, tt.httpStatus, tt.retryAfter)
+			}
+		})
+	}
+}
+
+// TestClassifyBeforeRedacting: a direct key "a" must not turn
+// insufficient_quota into a rate limit (issue 10 item 4); the quoted text
+// is redacted all the same.
+func TestClassifyBeforeRedacting(t *testing.T) {
+	body := []byte(`{"error":{"message":"You exceeded your current quota","type":"insufficient_quota","code":"insufficient_quota"}}`)
+	r := classifyRefusal("openai", 429, http.Header{}, body, "a", time.Now())
+	if r.class != refusalQuota || r.err.Code != "provider_quota_exhausted" {
+		t.Errorf("key %q: class %q code %q, want quota / provider_quota_exhausted", "a", r.class, r.err.Code)
+	}
+	if !strings.HasSuffix(r.err.Message, "current quot[redacted]") {
+		t.Errorf("the quoted sentence is not redacted: %q", r.err.Message)
+	}
+	e := inBandError("insufficient_quota").redactedFor("a")
+	var se *upstreamStreamError
+	if !errors.As(e, &se) || se.Class != refusalQuota || se.Code != "insufficient_quot[redacted]" || !strings.Contains(e.Message, `"insufficient_quot[redacted]"`) {
+		t.Errorf("in-band insufficient_quota with key %q: %v (%+v)", "a", e, se)
 	}
 }
 

@@ -4,15 +4,17 @@ import (
 	"cmp"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
-	"unicode/utf8"
 )
 
-// The route registry file (SPEC §4.2, §4.4): cached reads, the only
-// writers, and migration. The document and its guards are in routesdoc.go;
-// alias states and model resolution (SPEC §4.3, §5) are in resolve.go.
+// The route registry file (SPEC §4.2-§4.4) and what a request's model names
+// (SPEC §5): the cached read, the only writers, migration, alias states and
+// model resolution. The document and its guards are in routesdoc.go.
 
 // registryRole names the registry file in guard errors.
 const registryRole = "route registry"
@@ -24,29 +26,22 @@ func registryPath(st state, getenv func(string) string) (string, error) {
 	return st.fileOrState(getenv, "BRAMA_ROUTES_FILE", registryRole, "routes.json")
 }
 
-// readRegistryFile reads the registry file through the reader guards of
-// SPEC §2.2 without reading more than 1 MiB's worth of a file that claims
-// to be larger. An absent file is errFileAbsent.
+// readRegistryFile reads the registry under SPEC §2.2's guards, never a
+// file that claims more than 1 MiB. An absent file is errFileAbsent.
 func readRegistryFile(path string) ([]byte, fileIdentity, error) {
 	id, err := guardFile(registryRole, path)
+	if err == nil && id.size > maxRegistryBytes {
+		err = invalidf("registry is %d bytes; the limit is 1 MiB (%d bytes)", id.size, maxRegistryBytes)
+	}
 	if err != nil {
 		return nil, id, err
-	}
-	if id.size > maxRegistryBytes {
-		return nil, id, invalidf("registry is %d bytes; the limit is 1 MiB (%d bytes)", id.size, maxRegistryBytes)
 	}
 	return readGuarded(registryRole, path)
 }
 
-// sameFile says whether two identities name the same unchanged file.
-func sameFile(a, b fileIdentity) bool {
-	return a.dev == b.dev && a.ino == b.ino && a.size == b.size && a.mtime.Equal(b.mtime)
-}
-
 // registry is the route registry file as the daemon and the CLIs see it:
-// reads are cached by file identity (SPEC §4.2) and the only writers,
-// set, remove and migrateRegistry, replace it atomically under its lock
-// (SPEC §4.4).
+// reads are cached by file identity (SPEC §4.2) and the only writers, set,
+// remove and migrateRegistry, replace it atomically under its lock (§4.4).
 type registry struct {
 	path    string // "" when pathErr is set
 	pathErr error  // the *noStateError when no file can be named
@@ -64,21 +59,17 @@ type registry struct {
 	lastLogged string // the failure last logged as inference_routes_invalid
 }
 
-// newRegistry serves the registry at path. When path could not be named
-// (pathErr, a *noStateError) the registry is empty and writes refuse with
-// pathErr.
+// newRegistry serves the registry at path, or, when it could not be named
+// (pathErr, a *noStateError), the empty registry whose writes refuse.
 func newRegistry(path string, pathErr error, j *journal, log *slog.Logger) *registry {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
 	return &registry{path: path, pathErr: pathErr, j: j, log: log}
 }
 
 // current returns the registry document, parsing the file only when its
 // identity (device, inode, size, mtime) changed since the last parse. An
-// absent file is the empty registry. A file failing the guards or the
-// parse returns why, logged once per distinct failure. The document is
-// shared: callers must not modify it.
+// absent file is the empty registry; a file failing the guards or the parse
+// returns why, logged once per distinct failure. Callers share the
+// document and must not modify it.
 func (r *registry) current() (*routesDoc, error) {
 	if r.pathErr != nil {
 		return emptyRoutesDoc(), nil
@@ -86,42 +77,31 @@ func (r *registry) current() (*routesDoc, error) {
 	id, err := guardFile(registryRole, r.path) // one Lstat, outside the lock
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	switch {
-	case errors.Is(err, errFileAbsent):
-		r.cached, r.lastLogged = false, ""
-		return emptyRoutesDoc(), nil
-	case err != nil:
-		r.cached = false
-		return nil, r.invalid(err)
-	case r.cached && sameFile(id, r.id):
+	if err == nil && r.cached && id.dev == r.id.dev && id.ino == r.id.ino && id.size == r.id.size && id.mtime.Equal(r.id.mtime) {
 		return r.doc, r.err
 	}
-	b, id, err := readRegistryFile(r.path)
-	if errors.Is(err, errFileAbsent) { // removed since the guard
-		r.cached, r.lastLogged = false, ""
-		return emptyRoutesDoc(), nil
+	var b []byte
+	if err == nil {
+		b, id, err = readRegistryFile(r.path)
 	}
 	var doc *routesDoc
-	if err == nil {
+	if r.cached = err == nil; r.cached {
 		r.parses++
 		doc, err = parseRegistry(b)
+		r.id, r.doc, r.err = id, doc, err
 	}
-	r.cached, r.id, r.doc, r.err = true, id, doc, err
+	if errors.Is(err, errFileAbsent) {
+		doc, err = emptyRoutesDoc(), nil
+	}
 	if err != nil {
-		return nil, r.invalid(err)
+		if reason := err.Error(); reason != r.lastLogged {
+			r.log.Warn("inference_routes_invalid", "reason", reason)
+			r.lastLogged = reason
+		}
+		return nil, err
 	}
 	r.lastLogged = ""
 	return doc, nil
-}
-
-// invalid logs inference_routes_invalid unless this same failure was the
-// last one logged, and returns err. Callers hold mu.
-func (r *registry) invalid(err error) error {
-	if reason := err.Error(); reason != r.lastLogged {
-		r.log.Warn("inference_routes_invalid", "reason", reason)
-		r.lastLogged = reason
-	}
-	return err
 }
 
 // set points alias at destination (SPEC §4.4) and returns the committed
@@ -135,9 +115,10 @@ func (r *registry) set(alias, destination, by string) (*routesDoc, error) {
 		if err := checkRoute(doc, alias, dest); err != nil {
 			return journalRecord{}, refuse("invalid_request", "%v", err)
 		}
-		if st, reason := aliasState(doc, dest, nil); st == stateCapabilityAbsent && !needsDirectCredential(dest) {
-			// Unknown provider, or local-openai/<name> naming no deployment:
-			// a reader would accept it, but no writer creates it.
+		// With every direct credential assumed present, capability_absent
+		// is an unknown provider or local-openai/<name> naming no
+		// deployment: a reader accepts it, but no writer creates it.
+		if st, reason := aliasState(doc, dest, func(string) bool { return true }); st != stateServing {
 			return journalRecord{}, refuse("invalid_request", "registry route %q: %s", alias, reason)
 		}
 		rec := journalRecord{Kind: "route_change", Alias: alias, To: &dest, By: by}
@@ -147,15 +128,6 @@ func (r *registry) set(alias, destination, by string) (*routesDoc, error) {
 		doc.Routes[alias] = dest
 		return rec, nil
 	})
-}
-
-// needsDirectCredential says whether dest is a canonical route of a known
-// provider paid by a direct credential: the one kind of capability_absent
-// destination a writer may still declare (the key may come later).
-func needsDirectCredential(dest string) bool {
-	provider, _, ok := strings.Cut(dest, "/")
-	p, known := lookupProvider(provider)
-	return ok && known && p.cred == credDirect
 }
 
 // remove deletes alias (SPEC §4.4) and returns the committed document.
@@ -200,9 +172,6 @@ func (r *registry) write(change func(doc *routesDoc) (journalRecord, error)) (*r
 			return err
 		}
 		rec.By = cmp.Or(rec.By, "cli")
-		if r.j == nil {
-			return refuse("dependency_unavailable", "route registry not changed: there is no journal to record it")
-		}
 		if err := r.j.ready(); err != nil {
 			return refuse("dependency_unavailable", "route registry not changed: the journal cannot record it: %v", err).because(err)
 		}
@@ -223,19 +192,19 @@ func (r *registry) write(change func(doc *routesDoc) (journalRecord, error)) (*r
 		}
 		return nil
 	})
-	if err != nil {
-		var ae *apiError
-		if errors.As(err, &ae) {
-			return nil, ae
-		}
-		return nil, refuse("internal_error", "route registry lock: %v", err).because(err)
+	var ae *apiError
+	switch {
+	case err == nil:
+		return committed, nil
+	case errors.As(err, &ae):
+		return nil, ae
 	}
-	return committed, nil
+	return nil, refuse("internal_error", "route registry lock: %v", err).because(err)
 }
 
 // migrateRegistry is `brama routes migrate` (SPEC §4.4): it keeps
 // schema_version, deployments and routes of the file's JSON object, drops
-// every other top-level member (returned sorted), validates the result and
+// every other top-level member (returned sorted), validates the rest and
 // commits it in the canonical encoding, so a second run commits the same
 // bytes. A file failing the reader guards or validation is left untouched.
 // It journals nothing and contacts nothing: no alias changes.
@@ -245,31 +214,24 @@ func migrateRegistry(path string) (committed []byte, dropped []string, doc *rout
 	}
 	err = withFileLock(path, func() error {
 		b, _, err := readRegistryFile(path)
-		if err != nil {
-			return err
+		var members map[string]json.RawMessage
+		if err == nil {
+			members, err = registryMembers(b)
 		}
-		if !utf8.Valid(b) {
-			return invalidf("registry is not valid UTF-8")
+		if err == nil && members == nil {
+			err = invalidf("registry %s is empty; there is no document to migrate", path)
 		}
-		if len(trimJSONSpace(b)) == 0 {
-			return invalidf("registry %s is empty; there is no document to migrate", path)
-		}
-		members, err := jsonObject(b, "registry")
 		if err != nil {
 			return err
 		}
 		dropped = []string{}
-		for _, k := range sortedKeys(members) {
+		for _, k := range slices.Sorted(maps.Keys(members)) {
 			if k != "schema_version" && k != "deployments" && k != "routes" {
 				dropped = append(dropped, k)
 				delete(members, k)
 			}
 		}
-		kept, err := json.Marshal(members)
-		if err != nil {
-			return err
-		}
-		if doc, err = parseRegistry(kept); err != nil {
+		if doc, err = validateRegistry(members); err != nil {
 			return err
 		}
 		committed = encodeRegistry(doc)
@@ -279,4 +241,165 @@ func migrateRegistry(path string) (committed []byte, dropped []string, doc *rout
 		return nil, nil, nil, err
 	}
 	return committed, dropped, doc, nil
+}
+
+// Alias states (SPEC §4.3).
+const (
+	stateServing          = "serving"
+	stateNoRoute          = "no_route"
+	stateCapabilityAbsent = "capability_absent"
+	stateRoutesInvalid    = "routes_file_invalid"
+)
+
+// aliasRow is one line of GET /v1/aliases and `brama routes list`.
+type aliasRow struct {
+	Alias  string  `json:"alias"`
+	State  string  `json:"state"`
+	Route  *string `json:"route"`
+	Reason string  `json:"reason"` // one sentence
+}
+
+// aliasTable is the body of GET /v1/aliases (SPEC §4.3).
+type aliasTable struct {
+	Aliases       []aliasRow `json:"aliases"`
+	Unserviceable int        `json:"unserviceable"`
+}
+
+// aliasState is the SPEC §4.3 state of a declared alias whose destination
+// is dest, with a one-sentence reason. hasDirect reports whether a direct
+// credential exists for a provider (nil: none does).
+func aliasState(doc *routesDoc, dest string, hasDirect func(provider string) bool) (st, reason string) {
+	if dest == modeBest {
+		return stateServing, "Routes to best: the operator's preferred subscription route, then the agent's other subscription models."
+	}
+	provider, model, canonical := strings.Cut(dest, "/")
+	if !canonical {
+		provider, model = "local-openai", dest // a bare name is a deployment or adapter (SPEC §4.1)
+	}
+	p, ok := lookupProvider(provider)
+	switch {
+	case !ok:
+		return stateCapabilityAbsent, fmt.Sprintf("Provider %q is not one Brama knows.", provider)
+	case p.cred == credNone:
+		d, _, n := doc.lookupLocal(model)
+		if n != 1 {
+			return stateCapabilityAbsent, fmt.Sprintf("No single deployment or adapter named %q is declared.", model)
+		}
+		return stateServing, fmt.Sprintf("Served by local deployment %q at %s.", d.Name, d.baseURL())
+	case p.cred == credSubscription:
+		return stateServing, fmt.Sprintf("Paid by the calling agent's %s subscriptions.", p.id)
+	case hasDirect != nil && hasDirect(p.id):
+		return stateServing, fmt.Sprintf("Paid by the deployment's direct %s credential.", p.id)
+	}
+	return stateCapabilityAbsent, fmt.Sprintf("No direct %s credential is configured.", p.id)
+}
+
+// aliases lists every declared alias with its state, route and reason, and
+// counts those that cannot serve. A registry that cannot be read is an
+// error: the caller reports it rather than an empty table.
+func (r *registry) aliases(hasDirect func(provider string) bool) (aliasTable, error) {
+	doc, err := r.current()
+	if err != nil {
+		return aliasTable{Aliases: []aliasRow{}}, err
+	}
+	t := aliasTable{Aliases: make([]aliasRow, 0, len(doc.Routes))}
+	for _, alias := range slices.Sorted(maps.Keys(doc.Routes)) {
+		dest := doc.Routes[alias]
+		st, reason := aliasState(doc, dest, hasDirect)
+		t.Aliases = append(t.Aliases, aliasRow{Alias: alias, State: st, Route: &dest, Reason: reason})
+		if st != stateServing {
+			t.Unserviceable++
+		}
+	}
+	return t, nil
+}
+
+// resolution is what a request's model names (SPEC §5.1) and the path it
+// takes (SPEC §5.3).
+type resolution struct {
+	Mode     string
+	Alias    string       // set when reached through an alias
+	Route    string       // canonical "provider/model"; "" for selectors and best
+	Provider providerInfo // zero for selectors and best
+	Model    string       // upstream model name (local-openai: the deployment's model or the adapter's name)
+	BaseURL  string       // local-openai only: "http://host:port/v1"
+}
+
+// resolveModel applies SPEC §5.1 (first match) to name and picks the §5.3
+// routing mode. doc is the registry; docErr says it is invalid, and then
+// every name that could be an alias is refused with state
+// routes_file_invalid, while selectors, best and canonical routes of known
+// providers still resolve. A body with billingTarget (hasBillingTarget)
+// makes a route a subscription route. Refusals are made before dispatch
+// and so carry no attempts.
+func resolveModel(name string, doc *routesDoc, docErr error, hasDirect func(string) bool, hasBillingTarget bool) (resolution, error) {
+	switch {
+	case name == "":
+		return resolution{}, refuse("invalid_request", "model is required")
+	case strings.EqualFold(name, modeAny):
+		return resolution{Mode: modeAny}, nil
+	case strings.EqualFold(name, modeAnyVision):
+		return resolution{Mode: modeAnyVision}, nil
+	case name == modeBest:
+		return resolution{Mode: modeBest}, nil
+	}
+	if doc == nil {
+		doc = emptyRoutesDoc()
+	}
+	p, model, known := knownCanonical(name)
+	dest, declared := doc.Routes[name]
+	alias := ""
+	switch {
+	case docErr != nil && known && checkModelName(model) == nil && p.cred != credNone: // needs no registry
+	case docErr != nil:
+		e := refuse("alias_unserviceable", "model %q cannot be resolved: the route registry is invalid: %v", truncateUTF8(name, 200), docErr)
+		e.Details = &aliasDetails{Alias: name, State: stateRoutesInvalid}
+		return resolution{}, e.because(docErr)
+	case declared:
+		if st, reason := aliasState(doc, dest, hasDirect); st != stateServing {
+			e := refuse("alias_unserviceable", "alias %q cannot serve: %s", name, reason)
+			e.Details = &aliasDetails{Alias: name, State: st, Route: &dest}
+			return resolution{}, e
+		}
+		if dest == modeBest {
+			return resolution{Mode: modeBest, Alias: name}, nil
+		}
+		alias = name
+		if p, model, known = knownCanonical(dest); !known { // a serving bare name names one deployment or adapter
+			p, _ = lookupProvider("local-openai")
+			model = dest
+		}
+	case !known:
+		e := refuse("alias_unknown", "model %q is not a declared alias, a selector, best or a canonical route of a known provider", truncateUTF8(name, 200))
+		e.Details = &aliasDetails{Alias: name, State: stateNoRoute}
+		return resolution{}, e
+	case checkModelName(model) != nil:
+		return resolution{}, refuse("invalid_request", "model %q is not a canonical route: the model %v", truncateUTF8(name, 200), checkModelName(model))
+	}
+	res := resolution{Mode: modeDirect, Alias: alias, Route: p.id + "/" + model, Provider: p, Model: model}
+	switch {
+	case p.cred == credSubscription || hasBillingTarget:
+		res.Mode = modeSubscription
+	case alias != "":
+		res.Mode = modeAlias
+	}
+	if p.cred == credNone { // local-openai needs the deployment the model names, for its endpoint
+		d, upstream, n := doc.lookupLocal(model)
+		if n != 1 {
+			return resolution{}, refuse("invalid_request", "model %q names no single deployment or adapter in the route registry", truncateUTF8(res.Route, 200))
+		}
+		res.Model, res.BaseURL = upstream, d.baseURL()
+	}
+	return res, nil
+}
+
+// knownCanonical splits name at its first "/" when the part before it is a
+// provider Brama knows (SPEC §5.1 rule 4); the model part is not checked.
+func knownCanonical(name string) (providerInfo, string, bool) {
+	provider, model, ok := strings.Cut(name, "/")
+	if !ok || !providerPattern.MatchString(provider) {
+		return providerInfo{}, "", false
+	}
+	p, known := lookupProvider(provider)
+	return p, model, known
 }

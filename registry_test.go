@@ -164,7 +164,7 @@ func TestRegistryPath(t *testing.T) {
 
 func TestRegistryWithoutStateDir(t *testing.T) {
 	_, pathErr := registryPath(state{cause: errors.New("$HOME is not defined")}, func(string) string { return "" })
-	r := newRegistry("", pathErr, newJournal(state{cause: errors.New("$HOME is not defined")}, nil, nil), nil)
+	r := newRegistry("", pathErr, newJournal(state{cause: errors.New("$HOME is not defined")}, nil, nil), quietLog())
 	doc, err := r.current()
 	if err != nil || len(doc.Routes) != 0 {
 		t.Fatalf("current = %v, %v; want the empty registry", doc, err)

@@ -2,9 +2,11 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"regexp"
@@ -15,37 +17,41 @@ import (
 	"unicode/utf8"
 )
 
-// The route registry document (SPEC §4.1): its types, the one canonical
-// encoding and the strict parser with every guard. The registry file and
-// its writers are in registry.go; alias states and model resolution
-// (SPEC §4.3, §5) in resolve.go.
+// The route registry document (SPEC §4.1): its types, its one canonical
+// encoding, its strict reading and every guard. registry.go holds the file
+// that carries it. maxDestinationBytes bounds a destination and the model
+// part of a canonical route (§4.1, §5.1).
+const (
+	maxRegistryBytes    = 1 << 20
+	maxDestinationBytes = 512
+)
 
-// maxRegistryBytes is the largest registry document Brama reads or writes
-// (SPEC §4.1).
-const maxRegistryBytes = 1 << 20
-
-// deploymentEndpoint is where a local deployment serves its
-// OpenAI-compatible API.
-type deploymentEndpoint struct {
-	Host string `json:"host"`
-	Port int    `json:"port"`
-}
-
-// adapter is a named adapter (e.g. a LoRA) of a deployment; it is sent
-// upstream under its own name.
-type adapter struct {
-	Name string `json:"name"`
-}
+var (
+	aliasPattern    = regexp.MustCompile(`^[a-z0-9._/-]{1,128}$`)
+	namePattern     = regexp.MustCompile(`^[a-z0-9._-]{1,128}$`) // deployments and adapters
+	providerPattern = regexp.MustCompile(`^[a-z0-9._-]{1,64}$`)
+	cgnatPrefix     = netip.MustParsePrefix("100.64.0.0/10")
+)
 
 // deployment is a local OpenAI-compatible model server the registry
-// declares; a bare destination naming it (or one of its adapters) routes
-// to local-openai/<name>.
-type deployment struct {
-	Name     string             `json:"name"`
-	Endpoint deploymentEndpoint `json:"endpoint"`
-	Model    string             `json:"model,omitempty"`    // upstream model name; "" means Name
-	Adapters []adapter          `json:"adapters,omitempty"` // never empty-but-non-nil after parseRegistry
-}
+// declares at its endpoint; a bare destination naming it, or one of its
+// adapters (e.g. a LoRA, sent upstream under its own name), routes to
+// local-openai/<name>.
+type (
+	deployment struct {
+		Name     string             `json:"name"`
+		Endpoint deploymentEndpoint `json:"endpoint"`
+		Model    string             `json:"model,omitempty"`    // upstream model name; "" means Name
+		Adapters []adapter          `json:"adapters,omitempty"` // never empty-but-non-nil after parseRegistry
+	}
+	deploymentEndpoint struct {
+		Host string `json:"host"`
+		Port int    `json:"port"`
+	}
+	adapter struct {
+		Name string `json:"name"`
+	}
+)
 
 // routesDoc is one schema-1 registry document. parseRegistry always
 // returns non-nil Deployments and Routes, so documents compare equal
@@ -74,190 +80,191 @@ func encodeRegistry(d *routesDoc) []byte {
 	if out.Routes == nil {
 		out.Routes = map[string]string{}
 	}
-	b, err := json.MarshalIndent(out, "", "  ")
-	if err != nil {
-		panic("brama: encode registry: " + err.Error()) // strings and ints always marshal
-	}
-	return append(b, '\n')
+	b, _ := marshalState(out) // strings and ints always marshal
+	return b
 }
 
 // routesInvalidError says why a registry document is refused. Its text names
 // the alias, deployment or field at fault and is safe to show an operator.
-type routesInvalidError struct {
-	reason string
-}
+type routesInvalidError struct{ reason string }
 
 func (e *routesInvalidError) Error() string { return e.reason }
-
 func invalidf(format string, args ...any) error {
 	return &routesInvalidError{reason: fmt.Sprintf(format, args...)}
 }
 
-var (
-	aliasPattern    = regexp.MustCompile(`^[a-z0-9._/-]{1,128}$`)
-	namePattern     = regexp.MustCompile(`^[a-z0-9._-]{1,128}$`) // deployments and adapters
-	providerPattern = regexp.MustCompile(`^[a-z0-9._-]{1,64}$`)
-	cgnatPrefix     = netip.MustParsePrefix("100.64.0.0/10")
-)
-
-// maxDestinationBytes bounds a destination, and the model part of a
-// canonical route (SPEC §4.1, §5.1).
-const maxDestinationBytes = 512
-
-// parseRegistry reads a schema-1 registry document strictly and applies
-// every guard of SPEC §4.1. An empty or whitespace-only document is the
-// empty registry. Every error is a *routesInvalidError. Canonical
-// destinations whose provider Brama does not know are accepted here (the
-// alias is then capability_absent); only writers refuse them.
+// parseRegistry reads a schema-1 registry document and applies every guard
+// of SPEC §4.1. An empty or whitespace-only document is the empty registry.
+// Every error is a *routesInvalidError. Canonical destinations whose
+// provider Brama does not know are accepted here (the alias is then
+// capability_absent); only writers refuse them.
 func parseRegistry(b []byte) (*routesDoc, error) {
+	m, err := registryMembers(b)
+	switch {
+	case err != nil:
+		return nil, err
+	case m == nil:
+		return emptyRoutesDoc(), nil
+	}
+	return validateRegistry(m)
+}
+
+// registryMembers decodes b with the one strict decoder (no duplicate key at
+// any depth: two readers must never disagree about an alias) into its
+// object's members, nil for an empty document. They stay raw so keys match
+// exactly (encoding/json matches struct fields case-insensitively) and
+// validateRegistry can name what is wrong.
+func registryMembers(b []byte) (map[string]json.RawMessage, error) {
 	if len(b) > maxRegistryBytes {
 		return nil, invalidf("registry is %d bytes; the limit is 1 MiB (%d bytes)", len(b), maxRegistryBytes)
 	}
-	if !utf8.Valid(b) {
-		return nil, invalidf("registry is not valid UTF-8")
+	if len(bytes.Trim(b, " \t\r\n")) == 0 { // JSON's whitespace, not Unicode's
+		return nil, nil
 	}
-	if len(trimJSONSpace(b)) == 0 {
-		return emptyRoutesDoc(), nil
+	var m map[string]json.RawMessage
+	err := decodeStrict("registry", b, &m)
+	var te *json.UnmarshalTypeError
+	switch {
+	case err == nil && m != nil:
+		return m, nil
+	case utf8.Valid(b) && !json.Valid(b):
+		return nil, invalidf("registry is not valid JSON: %v", json.Unmarshal(b, new(any)))
+	case err == nil || errors.As(err, &te):
+		return nil, invalidf("registry must be one JSON object")
 	}
-	members, err := jsonObject(b, "registry")
-	if err != nil {
-		return nil, err
-	}
-	for _, k := range sortedKeys(members) {
-		if k != "schema_version" && k != "deployments" && k != "routes" {
-			return nil, invalidf("registry field %q is not part of schema 1; run brama routes migrate", clipName(k))
-		}
+	return nil, invalidf("%s", clipName(err.Error()))
+}
+
+// validateRegistry builds the document from the members of its JSON object
+// and applies every guard of SPEC §4.1, naming the field, deployment,
+// adapter or alias at fault.
+func validateRegistry(m map[string]json.RawMessage) (*routesDoc, error) {
+	if k := unknownMember(m, "schema_version", "deployments", "routes"); k != "" {
+		return nil, invalidf("registry field %s is not part of schema 1; run brama routes migrate", k)
 	}
 	doc := emptyRoutesDoc()
-	if raw, ok := members["schema_version"]; ok {
-		var v int
-		if isJSONNull(raw) || json.Unmarshal(raw, &v) != nil || v != 1 {
-			return nil, invalidf("registry field \"schema_version\" must be 1, not %s", truncateUTF8(string(raw), 32))
+	var deps []json.RawMessage
+	var routes map[string]json.RawMessage
+	switch {
+	case m["schema_version"] != nil && (!jsonValue(m["schema_version"], &doc.SchemaVersion) || doc.SchemaVersion != 1):
+		return nil, invalidf("registry field \"schema_version\" must be 1, not %s", truncateUTF8(string(m["schema_version"]), 32))
+	case m["deployments"] != nil && !jsonValue(m["deployments"], &deps):
+		return nil, invalidf("registry field \"deployments\" must be an array of deployments")
+	case m["routes"] != nil && !jsonValue(m["routes"], &routes):
+		return nil, invalidf("registry field \"routes\" must be an object mapping each alias to one destination")
+	}
+	for i, raw := range deps {
+		d, err := parseDeployment(i, raw)
+		if err != nil {
+			return nil, err
+		}
+		doc.Deployments = append(doc.Deployments, d)
+	}
+	for _, alias := range slices.Sorted(maps.Keys(routes)) {
+		var dest string
+		if !jsonValue(routes[alias], &dest) {
+			return nil, invalidf("registry route %q: the destination must be one string (there are no fallback lists)", clipName(alias))
+		}
+		doc.Routes[alias] = dest
+	}
+	// The shape is read; now the guards that look across the document.
+	for i, d := range doc.Deployments {
+		if err := checkDeployment(d, doc.Deployments[:i]); err != nil {
+			return nil, err
 		}
 	}
-	if raw, ok := members["deployments"]; ok {
-		var list []json.RawMessage
-		if isJSONNull(raw) || json.Unmarshal(raw, &list) != nil {
-			return nil, invalidf("registry field \"deployments\" must be an array of deployments")
+	for _, alias := range slices.Sorted(maps.Keys(doc.Routes)) {
+		if err := checkRoute(doc, alias, doc.Routes[alias]); err != nil {
+			return nil, err
 		}
-		for i, item := range list {
-			d, err := parseDeployment(i, item)
-			if err != nil {
-				return nil, err
-			}
-			doc.Deployments = append(doc.Deployments, d)
-		}
-	}
-	if raw, ok := members["routes"]; ok {
-		var routes map[string]json.RawMessage
-		if isJSONNull(raw) || json.Unmarshal(raw, &routes) != nil {
-			return nil, invalidf("registry field \"routes\" must be an object mapping each alias to one destination")
-		}
-		for alias, v := range routes {
-			var dest *string
-			if json.Unmarshal(v, &dest) != nil || dest == nil {
-				return nil, invalidf("registry route %q: the destination must be one string (there are no fallback lists)", clipName(alias))
-			}
-			doc.Routes[alias] = *dest
-		}
-	}
-	if err := checkDocument(doc); err != nil {
-		return nil, err
 	}
 	return doc, nil
 }
 
 // parseDeployment reads deployments[i], refusing unknown members by name.
-func parseDeployment(i int, raw json.RawMessage) (deployment, error) {
-	var d deployment
-	m, err := jsonMembers(raw)
-	if err != nil {
+func parseDeployment(i int, raw json.RawMessage) (d deployment, err error) {
+	m, ok := jsonObject(raw)
+	if !ok {
 		return d, invalidf("registry deployment #%d is not an object", i+1)
 	}
-	if json.Unmarshal(m["name"], &d.Name) != nil || isJSONNull(m["name"]) {
+	if !jsonValue(m["name"], &d.Name) {
 		return d, invalidf("registry deployment #%d has no string \"name\"", i+1)
 	}
 	label := fmt.Sprintf("registry deployment %q", clipName(d.Name))
-	for _, k := range sortedKeys(m) {
-		if k != "name" && k != "endpoint" && k != "model" && k != "adapters" {
-			return d, invalidf("%s has unknown member %q", label, clipName(k))
-		}
-	}
-	ep, err := jsonMembers(m["endpoint"])
-	if err != nil {
+	ep, epOK := jsonObject(m["endpoint"])
+	var adapters []json.RawMessage
+	switch {
+	case unknownMember(m, "name", "endpoint", "model", "adapters") != "":
+		return d, invalidf("%s has unknown member %s", label, unknownMember(m, "name", "endpoint", "model", "adapters"))
+	case !epOK:
 		return d, invalidf("%s needs an \"endpoint\" object {\"host\",\"port\"}", label)
-	}
-	for _, k := range sortedKeys(ep) {
-		if k != "host" && k != "port" {
-			return d, invalidf("%s endpoint has unknown member %q", label, clipName(k))
-		}
-	}
-	if isJSONNull(ep["host"]) || json.Unmarshal(ep["host"], &d.Endpoint.Host) != nil {
+	case unknownMember(ep, "host", "port") != "":
+		return d, invalidf("%s endpoint has unknown member %s", label, unknownMember(ep, "host", "port"))
+	case !jsonValue(ep["host"], &d.Endpoint.Host):
 		return d, invalidf("%s endpoint needs a string \"host\"", label)
-	}
-	if isJSONNull(ep["port"]) || json.Unmarshal(ep["port"], &d.Endpoint.Port) != nil {
+	case !jsonValue(ep["port"], &d.Endpoint.Port):
 		return d, invalidf("%s endpoint needs an integer \"port\"", label)
+	case m["model"] != nil && (!jsonValue(m["model"], &d.Model) || d.Model == ""):
+		return d, invalidf("%s member \"model\" must be a non-empty string (leave it out to use the name)", label)
+	case m["adapters"] != nil && !jsonValue(m["adapters"], &adapters):
+		return d, invalidf("%s member \"adapters\" must be an array of {\"name\"}", label)
 	}
-	if raw, ok := m["model"]; ok {
-		if isJSONNull(raw) || json.Unmarshal(raw, &d.Model) != nil || d.Model == "" {
-			return d, invalidf("%s member \"model\" must be a non-empty string (leave it out to use the name)", label)
+	for j, item := range adapters {
+		var a adapter
+		am, ok := jsonObject(item)
+		if !ok || !jsonValue(am["name"], &a.Name) {
+			return d, invalidf("%s adapter #%d must be an object with a string \"name\"", label, j+1)
 		}
-	}
-	if raw, ok := m["adapters"]; ok {
-		var list []json.RawMessage
-		if isJSONNull(raw) || json.Unmarshal(raw, &list) != nil {
-			return d, invalidf("%s member \"adapters\" must be an array of {\"name\"}", label)
+		if k := unknownMember(am, "name"); k != "" {
+			return d, invalidf("%s adapter %q has unknown member %s", label, clipName(a.Name), k)
 		}
-		for j, item := range list {
-			am, err := jsonMembers(item)
-			var a adapter
-			if err != nil || isJSONNull(am["name"]) || json.Unmarshal(am["name"], &a.Name) != nil {
-				return d, invalidf("%s adapter #%d must be an object with a string \"name\"", label, j+1)
-			}
-			for _, k := range sortedKeys(am) {
-				if k != "name" {
-					return d, invalidf("%s adapter %q has unknown member %q", label, clipName(a.Name), clipName(k))
-				}
-			}
-			d.Adapters = append(d.Adapters, a)
-		}
+		d.Adapters = append(d.Adapters, a)
 	}
 	return d, nil
 }
 
-// checkDocument applies the §4.1 guards that look across the document:
-// deployment names, endpoints, and every alias and its destination.
-func checkDocument(doc *routesDoc) error {
-	seen := map[string]bool{}
-	for _, d := range doc.Deployments {
-		label := fmt.Sprintf("registry deployment %q", clipName(d.Name))
-		if !namePattern.MatchString(d.Name) {
-			return invalidf("%s: a deployment name must match [a-z0-9._-]{1,128}", label)
-		}
-		if seen[d.Name] {
-			return invalidf("%s is declared twice; deployment names must be unique", label)
-		}
-		seen[d.Name] = true
-		if err := checkEndpoint(d.Endpoint); err != nil {
-			return invalidf("%s: %v", label, err)
-		}
-		if d.Model != "" {
-			if err := checkModelName(d.Model); err != nil {
-				return invalidf("%s: model %v", label, err)
-			}
-		}
-		for _, a := range d.Adapters {
-			if !namePattern.MatchString(a.Name) {
-				return invalidf("%s adapter %q: an adapter name must match [a-z0-9._-]{1,128}", label, clipName(a.Name))
-			}
-		}
+// checkDeployment applies §4.1's guards to deployment d, declared after
+// those in before.
+func checkDeployment(d deployment, before []deployment) error {
+	label := fmt.Sprintf("registry deployment %q", clipName(d.Name))
+	switch {
+	case !namePattern.MatchString(d.Name):
+		return invalidf("%s: a deployment name must match [a-z0-9._-]{1,128}", label)
+	case slices.ContainsFunc(before, func(o deployment) bool { return o.Name == d.Name }):
+		return invalidf("%s is declared twice; deployment names must be unique", label)
 	}
-	for _, alias := range sortedKeys(doc.Routes) {
-		if err := checkRoute(doc, alias, doc.Routes[alias]); err != nil {
-			return err
+	if err := checkEndpoint(d.Endpoint); err != nil {
+		return invalidf("%s: %v", label, err)
+	}
+	if err := checkModelName(d.Model); d.Model != "" && err != nil {
+		return invalidf("%s: model %v", label, err)
+	}
+	for _, a := range d.Adapters {
+		if !namePattern.MatchString(a.Name) {
+			return invalidf("%s adapter %q: an adapter name must match [a-z0-9._-]{1,128}", label, clipName(a.Name))
 		}
 	}
 	return nil
+}
+
+// jsonObject decodes a member of a document decodeStrict has read as an
+// object, jsonValue as a present non-null v, and unknownMember quotes
+// (clipped) m's first member, sorted, not in known; "" when there is none.
+func jsonObject(raw json.RawMessage) (m map[string]json.RawMessage, ok bool) {
+	return m, json.Unmarshal(raw, &m) == nil && m != nil
+}
+
+func jsonValue(raw json.RawMessage, v any) bool {
+	return string(raw) != "null" && json.Unmarshal(raw, v) == nil
+}
+
+func unknownMember(m map[string]json.RawMessage, known ...string) string {
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		if !slices.Contains(known, k) {
+			return strconv.Quote(clipName(k))
+		}
+	}
+	return ""
 }
 
 // checkEndpoint admits only an IPv4 loopback or 100.64.0.0/10 (CGNAT, as
@@ -324,11 +331,9 @@ func checkRoute(doc *routesDoc, alias, dest string) error {
 		return invalidf("%s: destination %q contains \"*\"; wildcards are not routes", label, dest)
 	case hasControl(dest):
 		return invalidf("%s: destination %q contains a control character", label, dest)
-	}
-	if dest == modeBest {
-		if alias == modeBest {
-			return invalidf("%s must name a canonical route (provider/model), not best", label)
-		}
+	case dest == modeBest && alias == modeBest:
+		return invalidf("%s must name a canonical route (provider/model), not best", label)
+	case dest == modeBest:
 		return nil
 	}
 	if provider, model, ok := strings.Cut(dest, "/"); ok {
@@ -348,13 +353,14 @@ func checkRoute(doc *routesDoc, alias, dest string) error {
 	if alias == modeBest {
 		return invalidf("%s must name a canonical route (provider/model), not deployment %q", label, dest)
 	}
-	if _, _, n := doc.lookupLocal(dest); n != 1 {
-		if n == 0 {
-			return invalidf("%s: destination %q names no deployment or adapter", label, dest)
-		}
+	switch _, _, n := doc.lookupLocal(dest); n {
+	case 0:
+		return invalidf("%s: destination %q names no deployment or adapter", label, dest)
+	case 1:
+		return nil
+	default:
 		return invalidf("%s: destination %q names %d deployments or adapters; a bare name must name exactly one", label, dest, n)
 	}
-	return nil
 }
 
 // lookupLocal finds the deployment or adapter a bare name (or the model of
@@ -363,10 +369,7 @@ func checkRoute(doc *routesDoc, alias, dest string) error {
 func (doc *routesDoc) lookupLocal(name string) (dep deployment, upstream string, n int) {
 	for _, d := range doc.Deployments {
 		if d.Name == name {
-			dep, upstream, n = d, d.Name, n+1
-			if d.Model != "" {
-				upstream = d.Model
-			}
+			dep, upstream, n = d, cmp.Or(d.Model, d.Name), n+1
 		}
 		for _, a := range d.Adapters {
 			if a.Name == name {
@@ -382,54 +385,6 @@ func (d deployment) baseURL() string {
 	return "http://" + net.JoinHostPort(d.Endpoint.Host, strconv.Itoa(d.Endpoint.Port)) + "/v1"
 }
 
-// jsonObject refuses invalid JSON and duplicate keys at any depth (the
-// shared checkDuplicateKeys: encoding/json would silently keep the last, so
-// two readers of one file could disagree about an alias), then returns the
-// members of the top-level object; what names the document in errors.
-func jsonObject(b []byte, what string) (map[string]json.RawMessage, error) {
-	// json.Valid first: its scanner refuses bad syntax, and nesting beyond
-	// its depth limit, in one linear pass before the token walk.
-	if !json.Valid(b) {
-		var v any
-		return nil, invalidf("%s is not valid JSON: %v", what, json.Unmarshal(b, &v))
-	}
-	if err := checkDuplicateKeys(json.NewDecoder(bytes.NewReader(b))); err != nil {
-		return nil, invalidf("%s has a %s", what, clipName(err.Error()))
-	}
-	m, err := jsonMembers(b)
-	if err != nil {
-		var se *json.SyntaxError
-		if errors.As(err, &se) {
-			return nil, invalidf("%s is not valid JSON: %v", what, err)
-		}
-		return nil, invalidf("%s must be one JSON object", what)
-	}
-	return m, nil
-}
-
-// jsonMembers decodes one JSON object into its raw members. Unlike decoding
-// into a struct, keys match exactly (encoding/json matches struct fields
-// case-insensitively, which would let "Name" pass as "name").
-func jsonMembers(raw json.RawMessage) (map[string]json.RawMessage, error) {
-	lead := trimJSONSpace(raw)
-	if len(lead) == 0 || lead[0] != '{' {
-		var v any
-		if err := json.Unmarshal(raw, &v); err != nil {
-			return nil, err
-		}
-		return nil, errors.New("not an object")
-	}
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &m); err != nil {
-		return nil, err
-	}
-	return m, nil
-}
-
-// trimJSONSpace drops JSON's four whitespace bytes (not Unicode's) at both
-// ends.
-func trimJSONSpace(b []byte) []byte { return bytes.Trim(b, " \t\r\n") }
-
 // clipName shortens a name from the file before it is quoted in an error:
 // the reason is logged and may reach a client, and a name has no business
 // being longer than its 128-byte pattern allows anyway.
@@ -440,13 +395,14 @@ func clipName(s string) string {
 	return truncateUTF8(s, 128) + "…"
 }
 
-func isJSONNull(raw json.RawMessage) bool { return string(trimJSONSpace(raw)) == "null" }
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
-}
+// Routing modes (SPEC §5.3): what a request's model resolved to decides who
+// pays and how many attempts it may make. No alias may take the selector
+// names, and best only as a canonical destination (§4.1).
+const (
+	modeAny          = "any"
+	modeAnyVision    = "any-vision-capable"
+	modeBest         = "best"
+	modeSubscription = "subscription"
+	modeAlias        = "alias"
+	modeDirect       = "direct"
+)

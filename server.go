@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -13,6 +14,7 @@ import (
 	"path"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -45,6 +47,42 @@ type server struct {
 	pins       pins // the subscription that last served each agent and provider
 	maint      *maintainer
 	answers    *answerStore // signed answers (SPEC §12)
+	replay     *replayGuard // SPEC §8.1; nil: off
+	maxBody    int64        // BRAMA_MAX_REQUEST_BYTES; 0: the default
+	inflight   requestGate  // requests being served, waited for at shutdown
+}
+
+// requestGate counts the requests being served, so serve can wait at
+// shutdown until each has written its log line. (A WaitGroup may not be
+// added to while it is waited on; a request can arrive just then.)
+type requestGate struct {
+	mu   sync.Mutex // guards n, idle
+	n    int
+	idle sync.Cond // broadcast when n reaches 0
+}
+
+func (g *requestGate) enter() {
+	g.mu.Lock()
+	g.n++
+	g.mu.Unlock()
+}
+
+func (g *requestGate) leave() {
+	g.mu.Lock()
+	if g.n--; g.n == 0 && g.idle.L != nil {
+		g.idle.Broadcast()
+	}
+	g.mu.Unlock()
+}
+
+// wait returns once no request is being served.
+func (g *requestGate) wait() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.idle.L = &g.mu
+	for g.n > 0 {
+		g.idle.Wait()
+	}
 }
 
 // routes is the only place URL patterns appear.
@@ -54,6 +92,7 @@ func (s *server) routes() {
 	s.mux.HandleFunc("GET /readyz", s.handleReady)
 	s.mux.Handle("POST /v1/chat/completions", s.caller(s.handleChat(dialectChat)))
 	s.mux.Handle("POST /v1/messages", s.caller(s.handleChat(dialectMessages)))
+	s.mux.Handle("POST /v1/messages/count_tokens", s.caller(s.handleCountTokens))
 	s.mux.Handle("POST /v1/responses", s.caller(s.handleChat(dialectResponses)))
 	s.mux.Handle("POST /v1/embeddings", s.caller(s.handleEmbeddings))
 	s.mux.Handle("GET /v1/models", s.caller(s.handleModels))
@@ -91,7 +130,9 @@ type requestInfo struct {
 	inputTokens    int
 	outputTokens   int
 	streamed       bool
-	body           []byte // the raw request body, read once by the auth wrapper
+	dropped        []string // caller members a translation dropped (SPEC §7.6)
+	body           []byte   // the raw request body, read once by the auth wrapper
+	bodyRead       bool     // body holds the whole request body
 }
 
 // countAttempt records one more provider call for this request.
@@ -112,35 +153,55 @@ func infoFrom(ctx context.Context) *requestInfo {
 }
 
 // statusWriter remembers the status for the log line and keeps Flush
-// reachable through Unwrap (http.ResponseController).
+// reachable through Unwrap (http.ResponseController). An answer written
+// before the request's body was read closes the connection and stops
+// reading it (SPEC §7.4), so a slow body cannot hold the connection: a
+// refusal from the headers, or a route that never reads a body.
 type statusWriter struct {
 	http.ResponseWriter
 	status int
+	unread func() bool // the request has a body not read (nil: none)
 }
 
 func (w *statusWriter) WriteHeader(code int) {
 	if w.status == 0 {
 		w.status = code
+		if w.unread != nil && w.unread() {
+			w.Header().Set("Connection", "close")
+			// Without a read deadline net/http would still read up to 256 KiB
+			// of the body after the answer, at the sender's pace.
+			http.NewResponseController(w.ResponseWriter).SetReadDeadline(time.Now())
+		}
 	}
 	w.ResponseWriter.WriteHeader(code)
 }
 
 func (w *statusWriter) Write(b []byte) (int, error) {
 	if w.status == 0 {
-		w.status = http.StatusOK
+		w.WriteHeader(http.StatusOK)
 	}
 	return w.ResponseWriter.Write(b)
 }
 
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
+// errServerShutdown is the cause of every request context the server ends
+// itself at shutdown, so the log line says server_shutdown and not
+// client_cancelled (a SIGTERM is not the caller hanging up).
+var errServerShutdown = errors.New("the server is shutting down")
+
 // ServeHTTP gives every response an X-Request-Id, applies the transport
 // guard, turns the mux's own 404/405 into envelopes and logs one line.
 func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.inflight.enter()
+	defer s.inflight.leave()
 	start := time.Now()
 	ri := &requestInfo{id: newRequestID()}
 	w.Header().Set("X-Request-Id", ri.id)
 	sw := &statusWriter{ResponseWriter: w}
+	if r.Body != nil && r.Body != http.NoBody {
+		sw.unread = func() bool { return !ri.bodyRead }
+	}
 	r = r.WithContext(context.WithValue(r.Context(), infoKey{}, ri))
 	defer func() {
 		if ri.outcome == "" {
@@ -149,11 +210,18 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if r.Context().Err() != nil && ri.attempts != nil && ri.outcome == "ok" {
 			ri.outcome = "client_cancelled"
 		}
+		if ri.outcome == "client_cancelled" && context.Cause(r.Context()) == errServerShutdown {
+			ri.outcome = "server_shutdown"
+		}
 		s.logRequest(r, ri, sw.status, time.Since(start))
 	}()
 	switch h, pattern := s.mux.Handler(r); {
 	case !s.guard.allows(r):
 		s.fail(sw, r, refuse("secure_transport_required", "this listener accepts plain HTTP only from loopback or a trusted proxy that received https"))
+	case r.RequestURI == "*":
+		// OPTIONS * (RFC 9110 §9.3.7) names the server, not a route; Brama
+		// serves no such request, and says so in the envelope.
+		s.fail(sw, r, refuse("not_found", "no route for %s *", r.Method))
 	case r.URL.EscapedPath() != path.Clean(r.URL.EscapedPath()):
 		// An unclean path (//, ., ..) would get the mux's own 307 with an
 		// HTML body; every non-success answer is an envelope (SPEC §8.1).
@@ -188,8 +256,8 @@ func newRequestID() string {
 
 // fail writes err in the envelope and records its outcome for the log line.
 func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
-	ae := writeAPIError(w, err)
 	ri := infoFrom(r.Context())
+	ae := writeAPIError(w, r, err)
 	ri.outcome, ri.retryable = ae.Code, ae.body().Error.Retryable
 	if ae.Attempts != nil {
 		ri.attempts = ae.Attempts
@@ -217,6 +285,7 @@ func (s *server) logRequest(r *http.Request, ri *requestInfo, status int, d time
 		slog.Int64("latency_ms", d.Milliseconds()),
 		slog.Int("input_tokens", ri.inputTokens),
 		slog.Int("output_tokens", ri.outputTokens),
+		slog.String("dropped", strings.Join(ri.dropped, ", ")),
 		slog.Bool("streamed", ri.streamed),
 	}
 	if ri.attempts != nil {
@@ -226,11 +295,22 @@ func (s *server) logRequest(r *http.Request, ri *requestInfo, status int, d time
 }
 
 // caller wraps h so it runs only for a request with exactly one known
-// bearer token and, when agent headers are present, a valid agent
-// signature that agrees with the bearer's agent.
+// token and, when agent headers are present, a valid agent signature that
+// agrees with the bearer's agent.
 func (s *server) caller(h http.HandlerFunc) http.Handler {
+	return s.authenticated("", h)
+}
+
+// admin is caller plus role admin (SPEC §3.1).
+func (s *server) admin(h http.HandlerFunc) http.Handler {
+	return s.authenticated(roleAdmin, h)
+}
+
+// authenticated runs h once authenticate accepts the request for role
+// ("" for any client).
+func (s *server) authenticated(role string, h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if err := s.authenticate(r); err != nil {
+		if err := s.authenticate(w, r, role); err != nil {
 			s.fail(w, r, err)
 			return
 		}
@@ -238,32 +318,29 @@ func (s *server) caller(h http.HandlerFunc) http.Handler {
 	})
 }
 
-// admin is caller plus role admin (SPEC §3.1).
-func (s *server) admin(h http.HandlerFunc) http.Handler {
-	return s.caller(func(w http.ResponseWriter, r *http.Request) {
-		if infoFrom(r.Context()).client.Role != roleAdmin {
-			s.fail(w, r, refuse("forbidden", "this route needs an admin client"))
-			return
-		}
-		h(w, r)
-	})
-}
-
 // authenticate applies SPEC §3.1 and §3.2 to r and records who called.
-func (s *server) authenticate(r *http.Request) error {
+// Everything the headers decide (token, role, the agent headers but the
+// signature) is checked before any body is read; the signature covers the
+// body, so it is checked after reading at most BRAMA_MAX_REQUEST_BYTES.
+func (s *server) authenticate(w http.ResponseWriter, r *http.Request, role string) error {
 	ri := infoFrom(r.Context())
-	cl, ok := s.clients.authenticate(bearerToken(r))
+	cl, ok := s.clients.authenticate(presentedToken(r.Header))
 	if !ok {
 		return refuse("unauthenticated", "unauthorized")
 	}
 	ri.client, ri.agentID = cl, cl.AgentID
-	body, err := io.ReadAll(r.Body)
-	if err != nil {
-		return refuse("invalid_request", "the request body could not be read").because(err)
+	if role != "" && cl.Role != role {
+		return refuse("forbidden", "this route needs an admin client")
 	}
-	r.Body = io.NopCloser(bytes.NewReader(body))
-	ri.body = body
-	agent, err := s.agents.verify(r, body)
+	claim, err := s.agents.claim(r)
+	if err != nil {
+		return refuse("unauthenticated", "unauthorized").because(err)
+	}
+	body, err := s.readBody(w, r)
+	if err != nil {
+		return err
+	}
+	agent, err := s.agents.confirm(r, claim, body)
 	if err != nil {
 		return refuse("unauthenticated", "unauthorized").because(err)
 	}
@@ -273,7 +350,52 @@ func (s *server) authenticate(r *http.Request) error {
 		}
 		ri.agentID = agent
 	}
+	if err := checkNesting(body); err != nil {
+		return refuse("invalid_request", "the request body %v", err)
+	}
 	return nil
+}
+
+// defaultMaxRequestBytes is BRAMA_MAX_REQUEST_BYTES unset: 64 MiB, above
+// every provider's own request limit (SPEC §7.4).
+const defaultMaxRequestBytes = 64 << 20
+
+// maxRequestBytes parses BRAMA_MAX_REQUEST_BYTES: unset is 64 MiB; anything
+// but a whole number ≥ 1 is an error.
+func maxRequestBytes(v string) (int64, error) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return defaultMaxRequestBytes, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 1 {
+		return 0, fmt.Errorf("BRAMA_MAX_REQUEST_BYTES=%q is not a whole number of bytes ≥ 1", v)
+	}
+	return n, nil
+}
+
+// readBody reads r's whole body, at most s.maxBody bytes (SPEC §7.4): a
+// larger one is 413 invalid_request, refused before any provider call.
+func (s *server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	limit := s.maxBody
+	if limit <= 0 {
+		limit = defaultMaxRequestBytes
+	}
+	tooLarge := refuse("invalid_request", "the request body is larger than BRAMA_MAX_REQUEST_BYTES (%d bytes)", limit).withStatus(http.StatusRequestEntityTooLarge)
+	if r.ContentLength > limit {
+		return nil, tooLarge
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	if errors.As(err, new(*http.MaxBytesError)) {
+		return nil, tooLarge
+	}
+	if err != nil {
+		return nil, refuse("invalid_request", "the request body could not be read").because(err)
+	}
+	ri := infoFrom(r.Context())
+	ri.body, ri.bodyRead = body, true
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	return body, nil
 }
 
 // hasDirect reports whether a direct credential exists for provider.
@@ -334,8 +456,13 @@ func (s *server) readiness() readiness {
 	if ok, cause := s.catalog.available(); !ok {
 		rd.Warnings = append(rd.Warnings, cause)
 	}
-	for _, b := range s.journalBadLines() {
-		rd.Warnings = append(rd.Warnings, "journal line "+strconv.Itoa(b.Line)+" is unreadable: "+b.Reason)
+	if bad, n, err := s.journal.badLines(); err == nil {
+		for _, b := range bad {
+			rd.Warnings = append(rd.Warnings, "journal line "+strconv.Itoa(b.Line)+" is unreadable: "+b.Reason)
+		}
+		if n > len(bad) {
+			rd.Warnings = append(rd.Warnings, fmt.Sprintf("the journal holds %d more unreadable lines (brama journal check lists them)", n-len(bad)))
+		}
 	}
 	payer := len(s.localCreds) > 0 || (doc != nil && len(doc.Deployments) > 0)
 	if s.localCreds == nil && vd != nil {
@@ -352,20 +479,6 @@ func (s *server) readiness() readiness {
 	}
 	rd.Ready = len(rd.Reasons) == 0
 	return rd
-}
-
-// journalBadLines lists the journal's unreadable lines for /readyz.
-func (s *server) journalBadLines() []journalBadLine {
-	path, err := s.st.path("journal", "journal.jsonl")
-	if err != nil {
-		return nil
-	}
-	data, _, err := readGuarded("journal", path)
-	if err != nil {
-		return nil
-	}
-	_, bad, _ := readJournalLines(data)
-	return bad
 }
 
 // hidePath keeps a file's location out of a /readyz sentence unless it lies

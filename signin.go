@@ -1,18 +1,10 @@
 package main
 
 import (
-	"bufio"
 	"context"
-	"crypto/rand"
-	"encoding/base64"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
-	"slices"
-	"strings"
-	"time"
 )
 
 // Sign-in (SPEC §11.1): `brama subscription sign-in` runs the provider's
@@ -44,9 +36,8 @@ func (s *server) handleSubscriptionCredential(w http.ResponseWriter, r *http.Req
 		s.fail(w, r, err)
 		return
 	}
-	agent, id := r.PathValue("agent_id"), r.PathValue("subscription_id")
-	ri := infoFrom(r.Context())
-	it, err := s.replaceSubscriptionCredential(agent, id, vaultCredential{OAuth: body.OAuth, APIKey: body.APIKey}, ri.client.ID)
+	it, err := s.replaceSubscriptionCredential(r.PathValue("agent_id"), r.PathValue("subscription_id"),
+		vaultCredential{OAuth: body.OAuth, APIKey: body.APIKey}, infoFrom(r.Context()).client.ID)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -64,19 +55,9 @@ func (s *server) replaceSubscriptionCredential(agent, id string, cred vaultCrede
 	if err := s.journal.ready(); err != nil {
 		return overlayItem{}, refuse("dependency_unavailable", "credential not replaced: the journal cannot record a sign-in: %v", err).because(err)
 	}
-	it, ok, err := s.inv.get(agent, id)
-	switch {
-	case err != nil:
+	it, err := s.liveSubscription(agent, id, "reinstate it before replacing its credential")
+	if err != nil {
 		return overlayItem{}, err
-	case !ok:
-		return overlayItem{}, refuse("not_found", "agent %q has no subscription %q", agent, id)
-	}
-	retired, err := s.inv.isRetired(id)
-	switch {
-	case err != nil:
-		return overlayItem{}, err
-	case retired:
-		return overlayItem{}, refuse("state_conflict", "subscription %s is retired; reinstate it before replacing its credential", id)
 	}
 	kind := "api key"
 	if cred.OAuth != nil {
@@ -93,6 +74,23 @@ func (s *server) replaceSubscriptionCredential(agent, id string, cred vaultCrede
 		return overlayItem{}, refuse("dependency_unavailable", "the credential of %s was replaced, but the journal refused the sign-in record: %v", id, err).because(err)
 	}
 	return it, nil
+}
+
+// liveSubscription is agent's subscription id, refused 404 when agent does
+// not own it and 409 state_conflict, with why, when it is retired.
+func (s *server) liveSubscription(agent, id, why string) (overlayItem, error) {
+	it, ok, err := s.inv.get(agent, id)
+	if err == nil && !ok {
+		err = refuse("not_found", "agent %q has no subscription %q", agent, id)
+	}
+	var retired bool
+	if err == nil {
+		retired, err = s.inv.isRetired(id)
+	}
+	if err == nil && retired {
+		err = refuse("state_conflict", "subscription %s is retired; %s", id, why)
+	}
+	return it, err
 }
 
 // journalSignIn appends one subscription_sign_in record and logs it.
@@ -160,114 +158,4 @@ func (s *server) signInDonation(r *http.Request) (overlayItem, error) {
 		return overlayItem{}, refuse("dependency_unavailable", "subscription %s was donated, but the journal refused the sign-in record: %v", it.ID, err).because(err)
 	}
 	return it, nil
-}
-
-// subscriptionSignIn is `brama subscription sign-in`. It prints the
-// authorize URL on stderr (stdout carries only the subscription id, for
-// scripts), reads the pasted code or redirect URL from stdin (the line
-// after the bearer when BRAMA_TOKEN is unset), exchanges it locally, then
-// hands the grant to the daemon: PUT …/credential with -id, else a new
-// donation. The verifier, the code and the tokens are never printed.
-func (e cliEnv) subscriptionSignIn(args []string) error {
-	const usage = "subscription sign-in -provider claude-code|codex -agent A [-id ID | -label L] [-gateway URL]  (bearer unless BRAMA_TOKEN, then the pasted code, on stdin)"
-	fs := e.newFlags("subscription sign-in")
-	gw := gatewayFlag(fs)
-	provider := fs.String("provider", "", "claude-code or codex")
-	agent := fs.String("agent", "", "the `agent` that owns (or receives) the subscription")
-	id := fs.String("id", "", "replace the credential of this subscription `id` instead of donating a new one")
-	label := fs.String("label", "", "a `label` for a new subscription")
-	if _, err := parseFlags(fs, args, 0, usage); err != nil {
-		return err
-	}
-	if err := errors.Join(requireFlag("provider", *provider, usage), requireFlag("agent", *agent, usage)); err != nil {
-		return &usageError{err.Error()}
-	}
-	if *id != "" && *label != "" {
-		return &usageError{"-label names a new subscription; with -id the subscription keeps its label; usage: brama " + usage}
-	}
-	if p, err := lookupOAuth(*provider); err != nil || p.authorizeURL == "" {
-		return &usageError{fmt.Sprintf("-provider %q has no sign-in (claude-code or codex); donate its grant or replace it with PUT …/credential", *provider)}
-	}
-	in := bufio.NewReader(e.stdin)
-	g, err := e.subscriptionGateway(*gw, in)
-	if err != nil {
-		return err
-	}
-	// Check the gateway, the bearer and -id before the person signs in: a
-	// code is good once and for minutes only.
-	if err := g.checkSignInTarget(*agent, *id, *provider); err != nil {
-		return err
-	}
-	verifier, challenge := newPKCE()
-	state := signInState()
-	authURL, err := authorizeURL(*provider, state, challenge)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(e.stderr, "brama: open this URL, sign in, then paste the code (or the whole redirect URL) as the next line:\n%s\n", authURL)
-	line, _ := in.ReadString('\n')
-	code := strings.TrimSpace(line)
-	if code == "" {
-		return errors.New("sign-in stopped: no authorization code on stdin")
-	}
-	o := newOAuth(e.getenv, newProviderClient(), nil, nil, slog.New(slog.DiscardHandler), time.Now)
-	grant, err := o.exchangeCode(e.ctx, *provider, code, verifier, state)
-	if err != nil {
-		return fmt.Errorf("sign-in failed, nothing was stored: %w", err)
-	}
-	if *id != "" {
-		if _, err := g.call("PUT", subscriptionPath(*agent, *id, "credential"), credentialBody{OAuth: &grant}); err != nil {
-			return err
-		}
-		fmt.Fprintf(e.stderr, "brama: signed in; subscription %s of agent %s has a new %s grant\n", *id, *agent, *provider)
-		fmt.Fprintln(e.stdout, *id)
-		return nil
-	}
-	b, err := g.call("POST", subscriptionPath(*agent)+"?via="+signInVia, donation{Provider: *provider, Label: *label, OAuth: &grant})
-	if err != nil {
-		return err
-	}
-	var ans struct {
-		Subscription donatedSubscription `json:"subscription"`
-	}
-	if err := json.Unmarshal(b, &ans); err != nil || ans.Subscription.ID == "" {
-		return fmt.Errorf("the gateway's answer names no subscription: %s", truncateUTF8(string(b), 200))
-	}
-	fmt.Fprintf(e.stderr, "brama: signed in; donated %s subscription %s to agent %s\n", *provider, ans.Subscription.ID, *agent)
-	fmt.Fprintln(e.stdout, ans.Subscription.ID)
-	return nil
-}
-
-// checkSignInTarget lists agent's subscriptions: it proves the gateway is
-// reachable and the bearer is an admin's, and with id that agent owns a
-// subscription id of provider that is not retired.
-func (g *subGateway) checkSignInTarget(agent, id, provider string) error {
-	b, err := g.call("GET", subscriptionPath(agent), nil)
-	if err != nil || id == "" {
-		return err
-	}
-	var body struct {
-		Subscriptions []subscriptionRow `json:"subscriptions"`
-	}
-	if err := json.Unmarshal(b, &body); err != nil {
-		return fmt.Errorf("the gateway's listing is not JSON: %w", err)
-	}
-	i := slices.IndexFunc(body.Subscriptions, func(r subscriptionRow) bool { return r.ID == id })
-	switch {
-	case i < 0:
-		return fmt.Errorf("agent %q has no subscription %q; nothing to sign in", agent, id)
-	case body.Subscriptions[i].Provider != provider:
-		return fmt.Errorf("subscription %s is a %s subscription, not %s", id, body.Subscriptions[i].Provider, provider)
-	case body.Subscriptions[i].Status == "retired":
-		return fmt.Errorf("subscription %s is retired; reinstate it before signing in", id)
-	}
-	return nil
-}
-
-// signInState is the OAuth state of one sign-in (RFC 6749 §10.12): 32
-// random bytes, base64url, so a code pasted from another sign-in is refused.
-func signInState() string {
-	b := make([]byte, 32)
-	rand.Read(b)
-	return base64.RawURLEncoding.EncodeToString(b)
 }

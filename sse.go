@@ -3,10 +3,17 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"strings"
 )
+
+// Streams (SPEC §7.5), what the three formats (chat.go, messages.go,
+// responses.go) share: the provider side's SSE reader and the loop around
+// each format's stream translator; the caller side's SSE writer and the
+// block driver around each format's block writer.
 
 // sseEvent is one dispatched server-sent event: its event name ("" when the
 // stream named none) and its data lines joined with "\n".
@@ -132,4 +139,443 @@ func (s *sseReader) readPhysical() error {
 		b = b[i+1:]
 	}
 	return err
+}
+
+// streamTranslator turns one protocol's events into neutral events. handle
+// returns true once the provider's own terminal signal arrived (and the
+// final finish and usage were emitted). ended is called when the body ends
+// or fails first: a translator that already saw its terminal signal emits
+// its tail and returns nil, every other returns false.
+type streamTranslator interface {
+	handle(ev sseEvent, emit func(streamEvent) error) (bool, error)
+	ended(emit func(streamEvent) error) (bool, error)
+}
+
+// readUpstreamStream reads the provider's SSE body and calls emit for each
+// neutral event in order (SPEC §7.5). It returns nil only when the
+// provider sent its own terminal signal. An end or connection failure
+// before that, or an in-band error event, is provider_incomplete; a
+// malformed event is provider_failure; emit's own error is returned as is.
+func readUpstreamStream(protocol string, body io.Reader, emit func(streamEvent) error) error {
+	f := formatOf(protocol)
+	if f == nil {
+		return refuse("provider_failure", "unknown provider protocol %q", protocol)
+	}
+	t := f.upstreamStream()
+	r := newSSEReader(body)
+	for {
+		ev, err := r.next()
+		if err != nil {
+			if done, terr := t.ended(emit); done || terr != nil {
+				return terr
+			}
+			if errors.Is(err, io.EOF) {
+				return refuse("provider_incomplete", "the provider stream ended before its terminal signal")
+			}
+			if ae := classifyTransport(err); ae.Code == "client_cancelled" {
+				return ae
+			}
+			// The request was sent long ago: whatever broke, the provider may
+			// have generated and billed (SPEC §8.2).
+			return refuse("provider_incomplete", "the provider stream failed before its terminal signal: %s",
+				cleanQuoted(err.Error(), "", 300)).because(err)
+		}
+		done, err := t.handle(ev, emit)
+		if err != nil || done {
+			return err
+		}
+	}
+}
+
+// assembleStream builds one answer from a whole stream: a buffered caller
+// of a provider that only streams (codex, SPEC §6.2).
+func assembleStream(protocol string, body io.Reader) (chatAnswer, error) {
+	return answerOf(func(emit func(streamEvent) error) error { return readUpstreamStream(protocol, body, emit) })
+}
+
+// answerOf builds one answer from the neutral events run emits.
+func answerOf(run func(emit func(streamEvent) error) error) (chatAnswer, error) {
+	var (
+		a    chatAnswer
+		text strings.Builder
+		args []strings.Builder
+	)
+	err := run(func(ev streamEvent) error {
+		switch ev.Kind {
+		case eventText:
+			text.WriteString(ev.Text)
+		case eventToolCallStart:
+			for len(a.ToolCalls) <= ev.Index {
+				a.ToolCalls = append(a.ToolCalls, toolCall{})
+				args = append(args, strings.Builder{})
+			}
+			a.ToolCalls[ev.Index] = ev.ToolCall
+		case eventToolCallArgs:
+			if ev.Index >= len(args) {
+				return refuse("provider_failure", "the provider stream sent arguments for a tool call it never started")
+			}
+			args[ev.Index].WriteString(ev.Text)
+		case eventFinish:
+			a.Finish = ev.Finish
+		case eventUsage:
+			a.Usage = ev.Usage
+		}
+		return nil
+	})
+	if err != nil {
+		return chatAnswer{}, err
+	}
+	a.Text = text.String()
+	for i := range a.ToolCalls {
+		a.ToolCalls[i].Arguments = args[i].String()
+	}
+	return a, nil
+}
+
+// replayAnswer writes a whole answer through a block writer, as the
+// stream that would have carried it.
+func replayAnswer(sse *callerSSE, w blockWriter, req chatRequest, a chatAnswer) {
+	s := &blockStream{sse: sse, w: w, req: req, open: -1, toolBlock: map[int]int{}}
+	if a.Text != "" {
+		s.event(streamEvent{Kind: eventText, Text: a.Text})
+	}
+	for i, tc := range a.ToolCalls {
+		s.event(streamEvent{Kind: eventToolCallStart, Index: i, ToolCall: tc})
+		s.event(streamEvent{Kind: eventToolCallArgs, Index: i, Text: tc.Arguments})
+	}
+	s.event(streamEvent{Kind: eventFinish, Finish: a.Finish})
+	if a.Usage.Reported {
+		s.event(streamEvent{Kind: eventUsage, Usage: a.Usage})
+	}
+	s.finish()
+}
+
+// upstreamStreamError is the cause of a provider_incomplete raised by an
+// in-band error event. Code is the event's error code or type (redacted);
+// Class is refusalRate or refusalQuota when that code says so, so the
+// dispatcher can still record a block on the subscription (SPEC §6.2).
+type upstreamStreamError struct {
+	Code  string
+	Class string
+}
+
+func (e *upstreamStreamError) Error() string { return "provider stream error " + e.Code }
+
+// streamErrorCodes classifies in-band error codes that say "rate" or "quota".
+var streamErrorCodes = map[string]string{
+	"rate_limit_exceeded": refusalRate,
+	"rate_limit_error":    refusalRate,
+	"usage_limit_reached": refusalRate,
+	"insufficient_quota":  refusalQuota,
+	"billing_error":       refusalQuota,
+}
+
+// inBandMessage is the message of an in-band error, quoting its code.
+const inBandMessage = "the provider stream failed with error %q"
+
+// inBandError is the refusal for a provider's in-band error event: after
+// commit the caller cannot know what was billed, so it is
+// provider_incomplete whatever the event says (SPEC §6.2, §7.5). The class
+// is read from the provider's own code before anything is redacted; the
+// dispatcher redacts the presented credential (apiError.redactedFor).
+func inBandError(code string) *apiError {
+	class := streamErrorCodes[code]
+	if quotaCodes[code] {
+		class = refusalQuota
+	}
+	code = cleanQuoted(code, "", 64)
+	if code == "" {
+		code = "unspecified"
+	}
+	return refuse("provider_incomplete", inBandMessage, code).
+		because(&upstreamStreamError{Code: code, Class: class})
+}
+
+// malformedEvent is the refusal for an event that is not the protocol's.
+func malformedEvent(protocol string, cause error) *apiError {
+	e := refuse("provider_failure", "the provider sent a malformed %s stream event", protocol)
+	if cause != nil {
+		e = e.because(cause)
+	}
+	return e
+}
+
+// emitTail emits the finish and, when reported, the usage.
+func emitTail(emit func(streamEvent) error, finish string, u usage) error {
+	if err := emit(streamEvent{Kind: eventFinish, Finish: finish}); err != nil {
+		return err
+	}
+	if u.Reported {
+		return emit(streamEvent{Kind: eventUsage, Usage: u})
+	}
+	return nil
+}
+
+// malformedAnswer is the refusal for a 2xx body that is not the protocol's
+// answer. The body itself is never quoted.
+func malformedAnswer(protocol string, cause error) *apiError {
+	e := refuse("provider_failure", "the provider answered with a malformed %s body", protocol)
+	if cause != nil {
+		e = e.because(cause)
+	}
+	return e
+}
+
+// callerStream writes a streamed answer in the caller's dialect (SPEC §7.5).
+// dispatch calls start once the provider committed, event for every neutral
+// event, then exactly one of finish (the provider sent its terminal signal)
+// or fail (anything else after commit). Every SSE event is flushed as soon as
+// it is written. The first write error sticks: later calls return it.
+type callerStream interface {
+	start() error               // chat: role delta chunk; messages: message_start; responses: response.created
+	event(ev streamEvent) error // translate one neutral event and write it
+	finish() error              // the dialect's terminal sequence
+	fail(e *apiError) error     // the dialect's in-band error; never a terminal success event
+	keepAlive() error           // the SSE comment ": keep-alive", after 15 s without an event
+}
+
+// errCallerStreamDone is returned by a callerStream used after finish or fail.
+var errCallerStreamDone = errors.New("caller stream already ended")
+
+// newCallerStream returns the stream writer for dialect over w; flush is
+// called after every SSE event (nil: nothing to flush). model is the name
+// reported to the caller (SPEC §7.6); req's tools name the calls. An
+// unknown dialect is a programming error and panics.
+func newCallerStream(dialect string, req chatRequest, w io.Writer, flush func(), model string) callerStream {
+	if flush == nil {
+		flush = func() {}
+	}
+	f := formatOf(dialect)
+	if f == nil {
+		panic("brama: unknown dialect " + dialect)
+	}
+	s := &blockStream{sse: &callerSSE{w: w, flush: flush}, req: req, open: -1, toolBlock: map[int]int{}}
+	s.w = f.callerStream(s.sse, req, model)
+	return s
+}
+
+// blockWriter is one dialect's framing of a streamed answer as blocks
+// (content blocks, output items): blockStream decides when a block opens,
+// grows and closes, the writer says it in its dialect. Blocks are numbered
+// in order; a tool call's block also knows its call index.
+type blockWriter interface {
+	begin() error
+	open(i int, b *streamBlock) error
+	delta(i int, b *streamBlock, s string) error
+	close(i int, b *streamBlock, full string) error
+	finishNow(t callerStreamTail) error // the finish event arrived (chat writes its finish chunk)
+	end(t callerStreamTail) error       // the terminal sequence
+	fail(e *apiError) error
+}
+
+// streamBlock is one block of a streamed answer: text, or a tool call named
+// as the caller declared it. A custom call made as a function (toward
+// messages) is wrapped: its arguments are held back until the block closes
+// so the caller gets the string input.
+type streamBlock struct {
+	text                bool
+	index               int // the call's index among calls
+	id, namespace, name string
+	flat                string // the name providers saw
+	custom, wrapped     bool
+	buf                 strings.Builder
+}
+
+// blockStream drives a blockWriter from neutral events. One block is open
+// at a time, as Anthropic and OpenAI Responses stream; arguments for a call
+// whose block already closed (a provider interleaving calls) still go to
+// that block's index, where SDKs accumulate them.
+type blockStream struct {
+	sse       *callerSSE
+	w         blockWriter
+	req       chatRequest
+	started   bool
+	open      int // index of the open block, -1 when none
+	blocks    []*streamBlock
+	toolBlock map[int]int // neutral tool call index → block index
+}
+
+func (s *blockStream) start() error {
+	if s.started {
+		return nil
+	}
+	s.started = true
+	return s.w.begin()
+}
+
+func (s *blockStream) event(ev streamEvent) error {
+	if s.sse.done {
+		return errCallerStreamDone
+	}
+	if err := s.start(); err != nil {
+		return err
+	}
+	if s.sse.tail.record(ev) {
+		if ev.Kind != eventFinish {
+			return nil
+		}
+		if err := s.closeOpen(); err != nil {
+			return err
+		}
+		return s.w.finishNow(s.sse.tail)
+	}
+	switch ev.Kind {
+	case eventText:
+		if ev.Text == "" {
+			return nil
+		}
+		if s.open < 0 || !s.blocks[s.open].text {
+			if _, err := s.openBlock(&streamBlock{text: true}); err != nil {
+				return err
+			}
+		}
+		b := s.blocks[s.open]
+		b.buf.WriteString(ev.Text)
+		return s.w.delta(s.open, b, ev.Text)
+	case eventToolCallStart:
+		ns, name, _, custom := s.req.callerTool(ev.ToolCall)
+		b := &streamBlock{index: ev.Index, id: ev.ToolCall.ID, namespace: ns, name: name, flat: ev.ToolCall.Name, custom: custom, wrapped: custom && !ev.ToolCall.Custom}
+		i, err := s.openBlock(b)
+		s.toolBlock[ev.Index] = i
+		return err
+	case eventToolCallArgs:
+		i, ok := s.toolBlock[ev.Index]
+		if !ok {
+			return fmt.Errorf("arguments for tool call %d before its start", ev.Index)
+		}
+		b := s.blocks[i]
+		b.buf.WriteString(ev.Text)
+		if ev.Text == "" || b.wrapped {
+			return nil
+		}
+		return s.w.delta(i, b, ev.Text)
+	}
+	return fmt.Errorf("unknown stream event kind %q", ev.Kind)
+}
+
+// openBlock closes the open block and opens b.
+func (s *blockStream) openBlock(b *streamBlock) (int, error) {
+	if err := s.closeOpen(); err != nil {
+		return 0, err
+	}
+	s.open = len(s.blocks)
+	s.blocks = append(s.blocks, b)
+	return s.open, s.w.open(s.open, b)
+}
+
+// closeOpen closes the open block; a wrapped call's input goes out first.
+func (s *blockStream) closeOpen() error {
+	i := s.open
+	if i < 0 {
+		return nil
+	}
+	s.open = -1
+	b := s.blocks[i]
+	full := b.buf.String()
+	if b.wrapped {
+		var in struct {
+			Input string `json:"input"`
+		}
+		json.Unmarshal([]byte(full), &in)
+		full = in.Input
+		b.buf.Reset()
+		b.buf.WriteString(full)
+		if err := s.w.delta(i, b, full); err != nil {
+			return err
+		}
+	}
+	return s.w.close(i, b, full)
+}
+
+func (s *blockStream) finish() error {
+	if err := s.sse.end(); err != nil {
+		return err
+	}
+	if err := s.start(); err != nil {
+		return err
+	}
+	if err := s.closeOpen(); err != nil {
+		return err
+	}
+	return s.w.end(s.sse.tail)
+}
+
+func (s *blockStream) fail(e *apiError) error {
+	if err := s.sse.end(); err != nil {
+		return err
+	}
+	return s.w.fail(e)
+}
+
+func (s *blockStream) keepAlive() error { return s.sse.keepAlive() }
+
+// callerSSE writes whole SSE frames, one Write and one flush each, and
+// remembers the first write error.
+type callerSSE struct {
+	w     io.Writer
+	flush func()
+	err   error
+	done  bool // finish or fail ran
+	tail  callerStreamTail
+}
+
+// frame writes one event: "event: <name>\n" when name is set, then
+// "data: <json>\n\n".
+func (s *callerSSE) frame(name string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	var f strings.Builder
+	if name != "" {
+		f.WriteString("event: " + name + "\n")
+	}
+	f.WriteString("data: ")
+	f.Write(b)
+	f.WriteString("\n\n")
+	return s.write(f.String())
+}
+
+func (s *callerSSE) write(frame string) error {
+	if s.err != nil {
+		return s.err
+	}
+	if _, err := io.WriteString(s.w, frame); err != nil {
+		s.err = err
+		return err
+	}
+	s.flush()
+	return nil
+}
+
+func (s *callerSSE) keepAlive() error { return s.write(": keep-alive\n\n") }
+
+// end marks the stream ended; it refuses a second ending.
+func (s *callerSSE) end() error {
+	if s.done {
+		return errCallerStreamDone
+	}
+	s.done = true
+	return s.err
+}
+
+// callerStreamTail keeps the finish reason and usage, which arrive as
+// events in either order, usage maybe never.
+type callerStreamTail struct {
+	finish string
+	usage  usage
+}
+
+// record keeps finish and usage events; it reports whether ev was one.
+func (t *callerStreamTail) record(ev streamEvent) bool {
+	switch ev.Kind {
+	case eventFinish:
+		t.finish = ev.Finish
+	case eventUsage:
+		t.usage = ev.Usage
+		t.usage.Reported = true
+	default:
+		return false
+	}
+	return true
 }

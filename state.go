@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -300,6 +301,58 @@ func lockServe(s state) (*os.File, error) {
 	return f, nil
 }
 
+// staleTempName matches the temporary names placeFile creates:
+// os.CreateTemp's "." + base + ".tmp" + random digits.
+var staleTempName = regexp.MustCompile(`^\..+\.tmp[0-9]+$`)
+
+// removeStaleTemps removes the temporary files of placeFile that a crash
+// left in the state directory dir and its answers/<client>/ directories,
+// and returns how many it removed. A crash between CreateTemp and rename
+// leaves one, possibly a whole copy of the vault, so old secrets would
+// otherwise outlive their rotation. The caller holds serve.lock, so no
+// other serve writes here; a temporary file beside a <file>.lock that a CLI
+// may hold is removed under that lock, so a CLI's write in progress is never
+// cut short.
+func removeStaleTemps(dir string) (int, error) {
+	dirs := []string{dir}
+	answers := filepath.Join(dir, "answers")
+	if subs, err := os.ReadDir(answers); err == nil {
+		for _, e := range subs {
+			if e.IsDir() {
+				dirs = append(dirs, filepath.Join(answers, e.Name()))
+			}
+		}
+	}
+	n := 0
+	for _, d := range dirs {
+		entries, err := os.ReadDir(d)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return n, err
+		}
+		for _, e := range entries {
+			if !e.Type().IsRegular() || !staleTempName.MatchString(e.Name()) {
+				continue
+			}
+			temp := filepath.Join(d, e.Name())
+			target := filepath.Join(d, e.Name()[1:strings.LastIndex(e.Name(), ".tmp")])
+			remove := func() error { return os.Remove(temp) }
+			if _, err := os.Lstat(target + ".lock"); err == nil {
+				err = withFileLock(target, remove)
+			} else {
+				err = remove()
+			}
+			if err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return n, err
+			}
+			n++
+		}
+	}
+	return n, nil
+}
+
 // decodeStrict decodes one JSON document into v for the strict state files
 // (SPEC §2.2): invalid UTF-8, duplicate object keys at any depth, unknown
 // members and trailing data are refused, naming role and member.
@@ -321,43 +374,94 @@ func decodeStrict(role string, b []byte, v any) error {
 	return nil
 }
 
-// checkDuplicateKeys walks one JSON value token by token and refuses an
-// object that names a key twice (encoding/json would keep the last).
-func checkDuplicateKeys(dec *json.Decoder) error {
-	tok, err := dec.Token()
-	if err != nil {
-		return err
-	}
-	delim, ok := tok.(json.Delim)
-	if !ok {
-		return nil
-	}
-	switch delim {
-	case '{':
-		seen := map[string]bool{}
-		for dec.More() {
-			kt, err := dec.Token()
-			if err != nil {
-				return err
+// maxJSONDepth is the deepest nesting of arrays and objects Brama reads in
+// any JSON body or state file (SPEC §8.2: deeper is 400 invalid_request).
+const maxJSONDepth = 1000
+
+// errTooDeep refuses JSON nested deeper than maxJSONDepth.
+var errTooDeep = fmt.Errorf("JSON nests deeper than %d levels", maxJSONDepth)
+
+// checkNesting refuses b when its arrays and objects nest deeper than
+// maxJSONDepth. It only counts brackets outside strings, without
+// allocating, so a hostile body costs one pass over its bytes before any
+// parser sees it (issue 10: a 3,000,000-deep body exhausted the stack).
+// Whether b is JSON at all is left to the parser that follows.
+func checkNesting(b []byte) error {
+	depth, inString, escaped := 0, false, false
+	for _, c := range b {
+		switch {
+		case escaped:
+			escaped = false
+		case inString:
+			switch c {
+			case '\\':
+				escaped = true
+			case '"':
+				inString = false
 			}
-			key, _ := kt.(string)
-			if seen[key] {
+		case c == '"':
+			inString = true
+		case c == '[' || c == '{':
+			if depth++; depth > maxJSONDepth {
+				return errTooDeep
+			}
+		case c == ']' || c == '}':
+			depth--
+		}
+	}
+	return nil
+}
+
+// checkDuplicateKeys walks one JSON value token by token and refuses an
+// object that names a key twice (encoding/json would keep the last). It
+// keeps its own stack, one frame per open array or object, and refuses
+// nesting deeper than maxJSONDepth, so no input can exhaust the goroutine
+// stack or grow the stack without bound.
+func checkDuplicateKeys(dec *json.Decoder) error {
+	type frame struct {
+		seen    map[string]bool // an object's keys so far; nil for an array
+		wantKey bool            // an object's next token is a key
+	}
+	var stack []frame
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return err
+		}
+		if d, ok := tok.(json.Delim); ok && (d == '}' || d == ']') {
+			stack = stack[:len(stack)-1] // the decoder checked it closes the top
+			if len(stack) == 0 {
+				return nil
+			}
+			continue
+		}
+		if n := len(stack); n > 0 && stack[n-1].wantKey {
+			key, _ := tok.(string)
+			if stack[n-1].seen[key] {
 				return fmt.Errorf("duplicate key %q", key)
 			}
-			seen[key] = true
-			if err := checkDuplicateKeys(dec); err != nil {
-				return err
-			}
+			stack[n-1].seen[key], stack[n-1].wantKey = true, false
+			continue
 		}
-	case '[':
-		for dec.More() {
-			if err := checkDuplicateKeys(dec); err != nil {
-				return err
-			}
+		if n := len(stack); n > 0 && stack[n-1].seen != nil {
+			stack[n-1].wantKey = true // after this value, a key or '}'
 		}
+		d, ok := tok.(json.Delim)
+		if !ok {
+			if len(stack) == 0 {
+				return nil // a scalar document
+			}
+			continue
+		}
+		if len(stack) == maxJSONDepth {
+			return errTooDeep
+		}
+		f := frame{}
+		if d == '{' {
+			f = frame{seen: map[string]bool{}, wantKey: true}
+		}
+		stack = append(stack, f)
 	}
-	_, err = dec.Token() // the closing delimiter
-	return err
 }
 
 // marshalState is the one encoding of Brama's JSON state files: two-space

@@ -239,8 +239,16 @@ func (inv *inventory) donate(agent, provider, label string, cred vaultCredential
 	}
 	next := &overlayDoc{SchemaVersion: 1, Items: append(slices.Clone(doc.Items), it)}
 	if err := inv.writeOverlay(next); err != nil {
-		inv.log.Error("subscription_overlay_write_failed", "subscription_id", it.ID, "agent_id", agent, "cause", err.Error(),
-			"note", "the vault entry is unused until removed")
+		// The secret is stored but no subscription names it: take it back, so
+		// the vault never keeps a secret without a subscription.
+		note := "its credential was removed from the vault"
+		if verr := inv.vault.update(func(d *vaultDoc) error {
+			delete(d.Subscriptions, it.ID)
+			return nil
+		}); verr != nil {
+			note = "its credential stays in the vault until serve next starts: " + verr.Error()
+		}
+		inv.log.Error("subscription_overlay_write_failed", "subscription_id", it.ID, "agent_id", agent, "cause", err.Error(), "note", note)
 		return overlayItem{}, refuse("internal_error", "subscription not donated: the overlay was not written: %v", err).because(err)
 	}
 	if cred.OAuth != nil {
@@ -451,6 +459,33 @@ func (inv *inventory) orphans() ([]string, error) {
 	}
 	slices.Sort(out)
 	return out, nil
+}
+
+// removeOrphans deletes the vault's subscription credentials that no overlay
+// item names: left by a donation that crashed between its two writes. serve
+// calls it at start, so the vault holds no secret without a subscription
+// (SPEC §10.1 only asks /readyz to report them; issue 10 asks that they go).
+// Nothing is removed unless the overlay and the vault both read cleanly.
+func (inv *inventory) removeOrphans() ([]string, error) {
+	if inv.pathErr != nil || inv.vault.pathErr != nil {
+		return nil, nil
+	}
+	inv.wmu.Lock()
+	defer inv.wmu.Unlock()
+	orphans, err := inv.orphans()
+	if err != nil || len(orphans) == 0 {
+		return nil, err
+	}
+	err = inv.vault.update(func(d *vaultDoc) error {
+		for _, id := range orphans {
+			delete(d.Subscriptions, id)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return orphans, nil
 }
 
 // readiness is the inventory's part of /readyz (SPEC §13): an unreadable

@@ -15,6 +15,8 @@ func (s *server) subscriptionOwner(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		agent, path := infoFrom(r.Context()).agentID, r.PathValue("agent_id")
 		switch {
+		case !idPattern.MatchString(path):
+			s.fail(w, r, badPathAgent(path))
 		case agent == "":
 			s.fail(w, r, refuse("unauthenticated", "this route acts for an agent: sign the request as agent %q (X-Agent-Id, X-Agent-Timestamp, X-Agent-Signature) or use a bearer bound to it", path))
 		case agent != path:
@@ -30,12 +32,22 @@ func (s *server) subscriptionOwner(h http.HandlerFunc) http.HandlerFunc {
 // (SPEC §3.2: bearer, signed and path agent agree where present).
 func (s *server) subscriptionAgentAgrees(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if agent, path := infoFrom(r.Context()).agentID, r.PathValue("agent_id"); agent != "" && agent != path {
+		agent, path := infoFrom(r.Context()).agentID, r.PathValue("agent_id")
+		switch {
+		case !idPattern.MatchString(path):
+			s.fail(w, r, badPathAgent(path))
+		case agent != "" && agent != path:
 			s.fail(w, r, refuse("forbidden", "this request acts for agent %q, not %q", agent, path))
-			return
+		default:
+			h(w, r)
 		}
-		h(w, r)
 	}
+}
+
+// badPathAgent refuses a path agent id outside the id rule (SPEC §3.2), so
+// `/v1/admin/subscriptions/%2e%2e` is a 400, not an empty listing.
+func badPathAgent(id string) *apiError {
+	return refuse("invalid_request", "agent id %q in the path must match [a-z0-9-]{1,64}", id)
 }
 
 // handleSubscriptionList serves GET …/subscriptions/{agent_id}.

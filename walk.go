@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -63,7 +62,8 @@ type walk struct {
 	attempts         int      // calls made by this request
 	reasons          []string // "<subscription id or route>: <reason>"
 	rate, quota      bool     // a call was refused 429 / for quota
-	auth, model      bool     // a call was refused 401/403 / 400, 404, 422 (selectors)
+	auth, model      bool     // a call was refused 401/403 / 400, 404, 413, 422 (selectors)
+	rejectedStatus   int      // the HTTP status of the last model refusal (SPEC §7.2.5 e)
 	blocked          bool     // a subscription was skipped as blocked
 	refreshTransport *apiError
 	earliestBlockEnd time.Time
@@ -98,30 +98,24 @@ func (wk *walk) exhausted(now time.Time) *apiError {
 		ae = refuse("provider_quota_exhausted", "the provider says the quota is spent: %s", list)
 	case wk.auth:
 		ae = refuse("subscription_reauthorization_required", "the provider refused the credentials; sign in again: %s", list)
+	case wk.model && wk.rejectedStatus != 0:
+		// Only a selector walk gets here: every call was a refusal of the
+		// request itself, so the caller gets the last one's status.
+		ae = refuse("provider_rejected", "every candidate refused the request: %s", list)
+		ae.ProviderStatus = wk.rejectedStatus
 	default:
 		ae = refuse("provider_failure", "every candidate was refused: %s", list)
+	}
+	if ae.Status() == http.StatusTooManyRequests && !wk.earliestBlockEnd.IsZero() {
+		// Both 429s: the wait until the earliest block ends (SPEC §7.2.5).
+		ae.RetryAfter = max(wk.earliestBlockEnd.Sub(now), time.Second)
 	}
 	return ae.withAttempts(wk.attempts)
 }
 
-// retryAfter is the seconds until the earliest block ends, for the 429s.
-func (wk *walk) retryAfter(now time.Time) string {
-	if wk.earliestBlockEnd.IsZero() {
-		return ""
-	}
-	secs := int(wk.earliestBlockEnd.Sub(now).Seconds() + 0.999)
-	return strconv.Itoa(max(secs, 1))
-}
-
-// answerExhausted writes a walk's exhausted refusal, with Retry-After on
-// the 429s.
+// answerExhausted writes a walk's exhausted refusal.
 func (s *server) answerExhausted(w http.ResponseWriter, r *http.Request, wk *walk) {
 	ae := wk.exhausted(s.now())
-	if ae.Status() == http.StatusTooManyRequests {
-		if ra := wk.retryAfter(s.now()); ra != "" {
-			w.Header().Set("Retry-After", ra)
-		}
-	}
 	if ae.Code == "subscription_reauthorization_required" {
 		s.requestMaintenance("subscription_reauthorization_required")
 	}
@@ -199,7 +193,7 @@ const (
 // walkRoute walks one subscription route with at most two calls (SPEC
 // §7.2.3–4). subs is the ordered eligible pool; answerModel is the name the
 // answer reports.
-func (s *server) walkRoute(w http.ResponseWriter, r *http.Request, dialect string, req chatRequest, res resolution, subs []overlayItem, answerModel string, wk *walk, inSelector bool) routeOutcome {
+func (s *server) walkRoute(w http.ResponseWriter, r *http.Request, req *callerRequest, res resolution, subs []overlayItem, answerModel string, wk *walk, inSelector bool) routeOutcome {
 	p := res.Provider
 	baseURL, err := providerBaseURL(p, s.getenv)
 	if err != nil {
@@ -227,7 +221,7 @@ func (s *server) walkRoute(w http.ResponseWriter, r *http.Request, dialect strin
 		}
 		c := call{res: res, baseURL: baseURL, cred: cred}
 		start := s.now()
-		a := s.callProvider(r.Context(), req, c)
+		a := s.callRoute(r.Context(), req, c)
 		if !a.sent { // the request could not be encoded: nothing was called
 			ae := a.err
 			if wk.attempts > 0 {
@@ -239,7 +233,7 @@ func (s *server) walkRoute(w http.ResponseWriter, r *http.Request, dialect strin
 		calls++
 		wk.attempts++
 		if a.resp != nil {
-			s.answerSubscription(w, r, dialect, req, c, sub, a.resp, answerModel, wk, start)
+			s.answerSubscription(w, r, req, c, sub, a.resp, answerModel, wk, start)
 			return routeAnswered
 		}
 		if a.err != nil { // transport failure or cut body: potentially billable
@@ -292,6 +286,7 @@ func (s *server) walkRoute(w http.ResponseWriter, r *http.Request, dialect strin
 		case refusalModel:
 			if inSelector {
 				wk.model = true
+				wk.rejectedStatus = ref.err.Status()
 				wk.note(res.Route, "refused the request: "+ref.sentence)
 				return routeModelRefused
 			}
@@ -350,7 +345,7 @@ func (s *server) subscriptionCredential(r *http.Request, sub overlayItem, wk *wa
 // answerSubscription delivers a committed subscription call and records it
 // in the ledger: plan windows from the answer's headers, spend, the pin,
 // and a block when a committed stream failed for rate or quota.
-func (s *server) answerSubscription(w http.ResponseWriter, r *http.Request, dialect string, req chatRequest, c call, sub overlayItem, resp *http.Response, answerModel string, wk *walk, start time.Time) {
+func (s *server) answerSubscription(w http.ResponseWriter, r *http.Request, req *callerRequest, c call, sub overlayItem, resp *http.Response, answerModel string, wk *walk, start time.Time) {
 	p := c.res.Provider.id
 	now := s.now()
 	ws := parsePlanWindows(p, resp.Header, now)
@@ -362,20 +357,13 @@ func (s *server) answerSubscription(w http.ResponseWriter, r *http.Request, dial
 		}
 	}
 	s.pins.set(wk.agent, p, sub.ID, until)
-	u, ae, streamed := s.deliver(w, r, dialect, answerModel, req, c, resp, wk.attempts)
+	u, ae, streamed := s.deliver(w, r, answerModel, req, c, resp, wk.attempts)
 	s.ledger.recordUse(sub.ID, p, ae == nil, u.InputTokens, u.OutputTokens)
 	var se *upstreamStreamError
 	if ae != nil && errors.As(ae, &se) && (se.Class == refusalRate || se.Class == refusalQuota) {
 		s.ledger.block(sub.ID, p, now.Add(defaultBlock), "the provider ended a committed answer with "+se.Code)
 	}
-	s.settle(r, c, start, u, ae)
-	switch {
-	case ae == nil:
-	case streamed:
-		panic(http.ErrAbortHandler)
-	default:
-		s.fail(w, r, ae)
-	}
+	s.conclude(w, r, c, start, u, ae, streamed)
 }
 
 // requestMaintenance asks for one maintenance pass after a refusal for want
@@ -385,14 +373,14 @@ func (s *server) requestMaintenance(reason string) {
 }
 
 // walkSubscriptionRoute serves an explicit subscription route (SPEC §7.2).
-func (s *server) walkSubscriptionRoute(w http.ResponseWriter, r *http.Request, dialect string, req chatRequest, res resolution, agent string) {
+func (s *server) walkSubscriptionRoute(w http.ResponseWriter, r *http.Request, req *callerRequest, res resolution, agent string) {
 	wk := &walk{agent: agent}
 	subs, anyPool, err := s.eligible(agent, res.Provider.id)
 	if err != nil {
 		s.fail(w, r, asAPIError(err))
 		return
 	}
-	if bt := req.BillingTarget; bt != nil {
+	if bt := req.head.BillingTarget; bt != nil {
 		subs = slices.DeleteFunc(subs, func(it overlayItem) bool { return it.ID != bt.SubscriptionID })
 	}
 	switch {
@@ -404,8 +392,8 @@ func (s *server) walkSubscriptionRoute(w http.ResponseWriter, r *http.Request, d
 		s.fail(w, r, refuse("subscription_reauthorization_required", "no %q subscription of agent %q has an active credential; sign in again", res.Provider.id, agent).withAttempts(0))
 		return
 	}
-	answerModel := req.Model
-	if s.walkRoute(w, r, dialect, req, res, s.order(agent, res.Provider.id, subs), answerModel, wk, false) != routeAnswered {
+	answerModel := req.head.Model
+	if s.walkRoute(w, r, req, res, s.order(agent, res.Provider.id, subs), answerModel, wk, false) != routeAnswered {
 		s.answerExhausted(w, r, wk)
 	}
 }
@@ -440,12 +428,7 @@ func (s *server) checkBillingTarget(bt *billingTarget, provider, agent string) e
 
 // walkSelector serves any, any-vision-capable and best (SPEC
 // §7.3): every candidate in order, each an explicit subscription route.
-func (s *server) walkSelector(w http.ResponseWriter, r *http.Request, dialect string, req chatRequest, res resolution, agent string) {
-	cands, err := s.candidates(res, agent)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
+func (s *server) walkSelector(w http.ResponseWriter, r *http.Request, req *callerRequest, cands []resolution, agent string) {
 	wk := &walk{agent: agent}
 	poolRefused := map[string]bool{}
 	hadEligible := false
@@ -465,14 +448,14 @@ func (s *server) walkSelector(w http.ResponseWriter, r *http.Request, dialect st
 			wk.note(cand.Route, fmt.Sprintf("no usable %q subscription", p))
 			continue
 		}
-		creq := req
-		if err := s.applyMaxTokens(&creq, cand); err != nil {
+		head := req.head
+		if err := s.applyMaxTokens(&head, cand); err != nil {
 			maxTokensSkip = err
 			wk.note(cand.Route, "skipped: "+asAPIError(err).Message)
 			continue
 		}
 		hadEligible = true
-		switch s.walkRoute(w, r, dialect, creq, cand, s.order(agent, p, subs), cand.Route, wk, true) {
+		switch s.walkRoute(w, r, req.withLimit(head.MaxTokens), cand, s.order(agent, p, subs), cand.Route, wk, true) {
 		case routeAnswered:
 			return
 		case routeRefused:

@@ -1,0 +1,638 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// OpenAI Chat Completions (caller POST /v1/chat/completions, provider
+// {base}/chat/completions): both directions, buffered and streamed.
+
+// Chat Completions wire shapes, for the caller's body and the provider's.
+type (
+	chatRequestBody struct {
+		Model               string          `json:"model"`
+		Messages            []chatMessage   `json:"messages"`
+		Tools               []chatTool      `json:"tools,omitempty"`
+		ToolChoice          json.RawMessage `json:"tool_choice,omitempty"`
+		ParallelToolCalls   *bool           `json:"parallel_tool_calls,omitempty"`
+		MaxTokens           *int            `json:"max_tokens,omitempty"`
+		MaxCompletionTokens *int            `json:"max_completion_tokens,omitempty"`
+		Temperature         *float64        `json:"temperature,omitempty"`
+		TopP                *float64        `json:"top_p,omitempty"`
+		Stop                json.RawMessage `json:"stop,omitempty"`
+		ResponseFormat      *chatFormat     `json:"response_format,omitempty"`
+		ReasoningEffort     string          `json:"reasoning_effort,omitempty"`
+		Stream              bool            `json:"stream,omitempty"`
+		StreamOptions       json.RawMessage `json:"stream_options,omitempty"`
+		BillingTarget       json.RawMessage `json:"billingTarget,omitempty"`
+		openAIShared
+	}
+	chatMessage struct {
+		Role       string          `json:"role,omitempty"`
+		Content    json.RawMessage `json:"content,omitempty"` // string, parts, or null beside tool calls
+		ToolCalls  []chatToolCall  `json:"tool_calls,omitempty"`
+		ToolCallID string          `json:"tool_call_id,omitempty"`
+	}
+	chatPart struct {
+		Type     string    `json:"type"`
+		Text     *string   `json:"text,omitempty"`
+		ImageURL *chatURL  `json:"image_url,omitempty"`
+		File     *chatFile `json:"file,omitempty"`
+	}
+	chatURL struct {
+		URL string `json:"url"`
+	}
+	chatFile struct {
+		FileData string `json:"file_data,omitempty"`
+		Filename string `json:"filename,omitempty"`
+	}
+	chatToolCall struct {
+		Index    *int          `json:"index,omitempty"` // stream deltas only
+		ID       string        `json:"id,omitempty"`
+		Type     string        `json:"type,omitempty"`
+		Function *chatFunction `json:"function,omitempty"`
+		Custom   *chatCustom   `json:"custom,omitempty"`
+	}
+	chatFunction struct {
+		Name        string          `json:"name,omitempty"`
+		Description string          `json:"description,omitempty"` // tools only
+		Parameters  json.RawMessage `json:"parameters,omitempty"`  // tools only
+		Arguments   *string         `json:"arguments,omitempty"`   // calls only
+	}
+	chatCustom struct {
+		Name        string          `json:"name,omitempty"`
+		Description string          `json:"description,omitempty"` // tools only
+		Format      json.RawMessage `json:"format,omitempty"`      // tools only
+		Input       *string         `json:"input,omitempty"`       // calls only
+	}
+	chatTool   = chatToolCall // a tool definition: type and function or custom
+	chatFormat struct {
+		Type       string        `json:"type"`
+		JSONSchema *outputFormat `json:"json_schema,omitempty"`
+	}
+	chatCompletion struct { // the answer, and each chunk of a stream
+		ID      string          `json:"id,omitempty"`
+		Object  string          `json:"object,omitempty"`
+		Created int64           `json:"created,omitempty"`
+		Model   string          `json:"model,omitempty"`
+		Choices []chatChoice    `json:"choices"`
+		Usage   *chatUsage      `json:"usage,omitempty"`
+		Error   json.RawMessage `json:"error,omitempty"`
+	}
+	chatChoice struct {
+		Index        int          `json:"index"`
+		Message      *chatMessage `json:"message,omitempty"`
+		Delta        *chatMessage `json:"delta,omitempty"`
+		Logprobs     *string      `json:"logprobs"`
+		FinishReason *string      `json:"finish_reason"`
+	}
+	chatUsage struct {
+		PromptTokens     int `json:"prompt_tokens"`
+		CompletionTokens int `json:"completion_tokens"`
+		TotalTokens      int `json:"total_tokens"`
+	}
+)
+
+const chatKnown = "model messages tools tool_choice parallel_tool_calls max_tokens max_completion_tokens temperature top_p stop response_format reasoning_effort stream stream_options billingTarget " + openAISharedNames
+
+// parseChatCompletions parses an OpenAI Chat Completions request body.
+func parseChatCompletions(body []byte) (chatRequest, error) {
+	var b chatRequestBody
+	if err := decodeCallerJSON(body, &b, ""); err != nil {
+		return chatRequest{}, err
+	}
+	req, err := newCallerRequest(b.Model, b.Temperature, b.TopP, b.Stream, "max_tokens", b.MaxTokens, b.BillingTarget)
+	if err != nil {
+		return chatRequest{}, err
+	}
+	dropUnknown(&req.Dropped, body, "", chatKnown)
+	req.Shared = b.openAIShared
+	if b.MaxCompletionTokens != nil { // the newer name wins when both are sent
+		if req.MaxTokens, err = checkCallerMaxTokens("max_completion_tokens", b.MaxCompletionTokens); err != nil {
+			return chatRequest{}, err
+		}
+	}
+	var raw struct{ Messages []json.RawMessage }
+	json.Unmarshal(body, &raw)
+	for i, m := range b.Messages {
+		what := fmt.Sprintf("messages[%d]", i)
+		dropUnknown(&req.Dropped, raw.Messages[i], what, "role content tool_calls tool_call_id")
+		if err := req.addChatMessage(m, what); err != nil {
+			return chatRequest{}, err
+		}
+	}
+	if len(req.Messages) == 0 {
+		return chatRequest{}, refuseInvalid("messages must hold at least one user, assistant or tool message")
+	}
+	for i, t := range b.Tools {
+		if err := req.addOpenAITool(chatToolDef(t), fmt.Sprintf("tools[%d]", i)); err != nil {
+			return chatRequest{}, err
+		}
+	}
+	if req.ToolChoice, err = parseOpenAIToolChoice(&req, b.ToolChoice, true); err != nil {
+		return chatRequest{}, err
+	}
+	req.ParallelToolCalls, req.Effort = b.ParallelToolCalls, b.ReasoningEffort
+	if req.Effort != "" {
+		req.EffortPath = "reasoning_effort"
+	}
+	if req.Stop, err = parseStop(b.Stop, "stop"); err != nil {
+		return chatRequest{}, err
+	}
+	if len(req.Stop) > 0 {
+		req.StopPath = "stop"
+	}
+	if f := b.ResponseFormat; f != nil {
+		o := outputFormat{}
+		if f.JSONSchema != nil {
+			o = *f.JSONSchema
+		}
+		o.Type = f.Type
+		if req.Output, err = checkOutput(&o, "response_format"); err != nil {
+			return chatRequest{}, err
+		}
+	}
+	req.linkCalls()
+	return req, nil
+}
+
+// addChatMessage adds one Chat Completions message to req.
+func (req *chatRequest) addChatMessage(m chatMessage, what string) error {
+	switch m.Role {
+	case "system", "developer":
+		text, err := callerTextOf(m.Content, what+".content", "text", "\n\n")
+		if err != nil {
+			return err
+		}
+		req.addSystem(text)
+	case "user":
+		parts, err := req.chatParts(m.Content, what+".content")
+		if err != nil {
+			return err
+		}
+		if len(parts) == 0 {
+			return refuseInvalid("%s.content must hold a text, image or file part", what)
+		}
+		req.Messages = append(req.Messages, message{Role: "user", Parts: parts})
+	case "assistant":
+		var parts []part
+		if !rawIsNull(m.Content) {
+			var err error
+			if parts, err = req.chatParts(m.Content, what+".content"); err != nil {
+				return err
+			}
+			if len(parts) == 1 && parts[0].Text == "" && len(m.ToolCalls) > 0 {
+				parts = nil // "" beside tool calls is no text
+			}
+		}
+		for i, tc := range m.ToolCalls {
+			tw := fmt.Sprintf("%s.tool_calls[%d]", what, i)
+			p := part{Type: partToolCall, ToolCallID: tc.ID}
+			switch {
+			case (tc.Type == "" || tc.Type == "function") && tc.Function != nil && tc.Function.Arguments != nil:
+				p.ToolName, p.Arguments = tc.Function.Name, *tc.Function.Arguments
+			case (tc.Type == "" || tc.Type == "function") && tc.Function != nil:
+				p.ToolName = tc.Function.Name
+			case tc.Type == "custom" && tc.Custom != nil && tc.Custom.Input != nil:
+				p.ToolName, p.Arguments, p.Custom = tc.Custom.Name, *tc.Custom.Input, true
+			default:
+				return refuseInvalid("%s must be a function or custom call", tw)
+			}
+			if p.ToolCallID == "" || p.ToolName == "" {
+				return refuseInvalid("%s needs an id and a name", tw)
+			}
+			parts = append(parts, p)
+		}
+		if len(parts) == 0 {
+			return refuseInvalid("%s needs content or tool_calls", what)
+		}
+		req.Messages = append(req.Messages, message{Role: "assistant", Parts: parts})
+	case "tool":
+		if m.ToolCallID == "" {
+			return refuseInvalid("%s.tool_call_id is required", what)
+		}
+		text, err := callerTextOf(m.Content, what+".content", "text", "\n")
+		if err != nil {
+			return err
+		}
+		req.Messages = appendPart(req.Messages, "user", part{Type: partToolResult, ToolCallID: m.ToolCallID, Text: text})
+	default:
+		return refuseInvalid("%s.role %s is not one of system, developer, user, assistant, tool", what, quoteCallerToken(m.Role))
+	}
+	return nil
+}
+
+// chatParts reads content: a string or an array of text, image_url and
+// file parts. Other parts (audio, an earlier refusal) are dropped and named.
+func (req *chatRequest) chatParts(raw json.RawMessage, what string) ([]part, error) {
+	text, cps, err := callerContent[chatPart](raw, what, "content parts")
+	if err != nil || text != nil {
+		return text, err
+	}
+	var parts []part
+	for i, cp := range cps {
+		pw := fmt.Sprintf("%s[%d]", what, i)
+		switch {
+		case cp.Type == "text" && cp.Text != nil:
+			parts = append(parts, part{Type: partText, Text: *cp.Text})
+		case cp.Type == "text":
+			return nil, refuseInvalid("%s.text is required", pw)
+		case cp.Type == "image_url":
+			if cp.ImageURL == nil {
+				return nil, refuseInvalid("%s.image_url must be an object with a url", pw)
+			}
+			if err := checkCallerURL(cp.ImageURL.URL, pw+".image_url.url"); err != nil {
+				return nil, err
+			}
+			parts = append(parts, part{Type: partImage, ImageURL: cp.ImageURL.URL})
+		case cp.Type == "file" && cp.File != nil && cp.File.FileData != "":
+			if err := checkCallerURL(cp.File.FileData, pw+".file.file_data"); err != nil {
+				return nil, err
+			}
+			parts = append(parts, part{Type: partDocument, FileURL: cp.File.FileData, Filename: cp.File.Filename})
+		default:
+			req.Dropped = append(req.Dropped, pw)
+		}
+	}
+	return parts, nil
+}
+
+// chatToolDef is a chat tool in the flat shape Responses declares it.
+func chatToolDef(t chatTool) openAITool {
+	switch {
+	case t.Type == "function" && t.Function != nil:
+		return openAITool{Type: t.Type, Name: t.Function.Name, Description: t.Function.Description, Parameters: t.Function.Parameters}
+	case t.Type == "custom" && t.Custom != nil:
+		return openAITool{Type: t.Type, Name: t.Custom.Name, Description: t.Custom.Description, Format: t.Custom.Format}
+	case t.Type == "function" || t.Type == "custom":
+		return openAITool{Type: t.Type}
+	}
+	return openAITool{Type: "hosted"}
+}
+
+// encodeChat builds a Chat Completions body. Tool results leave their
+// user message as role "tool" messages placed first, since they must follow
+// the assistant turn that called them.
+func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
+	out := chatRequestBody{Model: model, Temperature: req.Temperature, TopP: req.TopP, Stream: o.stream,
+		ParallelToolCalls: req.ParallelToolCalls, ReasoningEffort: req.Effort, Messages: []chatMessage{}}
+	if req.MaxTokens > 0 {
+		out.MaxTokens = &req.MaxTokens
+	}
+	if o.stream {
+		out.StreamOptions = json.RawMessage(`{"include_usage":true}`)
+	}
+	if req.System != "" {
+		out.Messages = append(out.Messages, chatMessage{Role: "system", Content: jsonText(req.System)})
+	}
+	for _, m := range req.Messages {
+		var (
+			parts []chatPart
+			calls []chatToolCall
+			plain = true // only text: content goes as one string
+		)
+		for _, p := range m.Parts {
+			switch p.Type {
+			case partText:
+				parts = append(parts, chatPart{Type: "text", Text: &p.Text})
+			case partImage:
+				plain = false
+				parts = append(parts, chatPart{Type: "image_url", ImageURL: &chatURL{p.ImageURL}})
+			case partDocument:
+				plain = false
+				parts = append(parts, chatPart{Type: "file", File: &chatFile{FileData: p.FileURL, Filename: p.Filename}})
+			case partToolCall:
+				calls = append(calls, chatCall(p.ToolCallID, p.ToolName, p.Arguments, p.Custom))
+			case partToolResult:
+				out.Messages = append(out.Messages, chatMessage{Role: "tool", ToolCallID: p.ToolCallID, Content: jsonText(p.Text)})
+			}
+		}
+		msg := chatMessage{Role: m.Role, ToolCalls: calls}
+		switch {
+		case len(parts) == 0 && len(calls) == 0:
+			continue // only tool results: already sent as role "tool"
+		case plain || m.Role != "user":
+			msg.Content = jsonText(textOf(m.Parts))
+			if len(parts) == 0 {
+				msg.Content = json.RawMessage("null")
+			}
+		default:
+			msg.Content, _ = json.Marshal(parts)
+		}
+		out.Messages = append(out.Messages, msg)
+	}
+	for _, t := range req.Tools {
+		if t.Kind == toolCustom {
+			out.Tools = append(out.Tools, chatTool{Type: "custom", Custom: &chatCustom{Name: t.Name, Description: t.Description, Format: t.Format}})
+		} else {
+			out.Tools = append(out.Tools, chatTool{Type: "function", Function: &chatFunction{Name: t.Name, Description: t.Description, Parameters: t.Parameters}})
+		}
+	}
+	if c := req.ToolChoice; c != nil {
+		out.ToolChoice = jsonText(c.Mode)
+		if c.Mode == toolChoiceTool {
+			kind := "function"
+			if t := req.findTool(c.Name); t != nil && t.Kind == toolCustom {
+				kind = "custom"
+			}
+			out.ToolChoice, _ = json.Marshal(map[string]any{"type": kind, kind: map[string]string{"name": c.Name}})
+		}
+	}
+	if len(req.Stop) > 0 {
+		out.Stop, _ = json.Marshal(req.Stop)
+	}
+	if f := req.Output; f != nil {
+		out.ResponseFormat = &chatFormat{Type: f.Type}
+		if s := schemaOutput(f); s != nil {
+			s.Type, out.ResponseFormat.JSONSchema = "", s
+		}
+	}
+	out.openAIShared = req.Shared
+	return out, nil
+}
+
+// chatCall is one tool call in chat's shape.
+func chatCall(id, name, args string, custom bool) chatToolCall {
+	if custom {
+		return chatToolCall{ID: id, Type: "custom", Custom: &chatCustom{Name: name, Input: &args}}
+	}
+	args = argumentsText(args)
+	return chatToolCall{ID: id, Type: "function", Function: &chatFunction{Name: name, Arguments: &args}}
+}
+
+// chatFinish maps a Chat Completions finish_reason to the neutral one.
+func chatFinish(r string) string {
+	switch r {
+	case finishLength, "model_length":
+		return finishLength
+	case finishToolCalls, "function_call":
+		return finishToolCalls
+	case finishContentFilter:
+		return finishContentFilter
+	}
+	return finishStop
+}
+
+func (u *chatUsage) neutral() usage {
+	if u == nil {
+		return usage{}
+	}
+	return usage{InputTokens: u.PromptTokens, OutputTokens: u.CompletionTokens, Reported: true}
+}
+
+func chatUsageOf(u usage) *chatUsage {
+	return &chatUsage{u.InputTokens, u.OutputTokens, u.InputTokens + u.OutputTokens}
+}
+
+// decodeChat reads a complete Chat Completions answer.
+func decodeChat(body []byte) (chatAnswer, error) {
+	var r chatCompletion
+	if err := json.Unmarshal(body, &r); err != nil {
+		return chatAnswer{}, malformedAnswer(protoOpenAIChat, err)
+	}
+	if len(r.Choices) == 0 || r.Choices[0].Message == nil || !rawIsNull(r.Error) {
+		return chatAnswer{}, malformedAnswer(protoOpenAIChat, nil)
+	}
+	c := r.Choices[0]
+	a := chatAnswer{Usage: r.Usage.neutral(), Finish: finishStop}
+	if !rawIsNull(c.Message.Content) {
+		var s string
+		if json.Unmarshal(c.Message.Content, &s) != nil {
+			var parts []chatPart // some compatible providers send text parts
+			if err := json.Unmarshal(c.Message.Content, &parts); err != nil {
+				return chatAnswer{}, malformedAnswer(protoOpenAIChat, err)
+			}
+			for _, p := range parts {
+				if p.Type == "text" && p.Text != nil {
+					s += *p.Text
+				}
+			}
+		}
+		a.Text = s
+	}
+	for _, tc := range c.Message.ToolCalls {
+		call := toolCall{ID: tc.ID}
+		switch {
+		case tc.Custom != nil && tc.Custom.Input != nil:
+			call.Name, call.Arguments, call.Custom = tc.Custom.Name, *tc.Custom.Input, true
+		case tc.Function != nil:
+			call.Name = tc.Function.Name
+			if tc.Function.Arguments != nil {
+				call.Arguments = *tc.Function.Arguments
+			}
+		}
+		if call.Name == "" {
+			return chatAnswer{}, malformedAnswer(protoOpenAIChat, nil)
+		}
+		a.ToolCalls = append(a.ToolCalls, call)
+	}
+	if c.FinishReason != nil && *c.FinishReason != "" {
+		a.Finish = chatFinish(*c.FinishReason)
+	} else if len(a.ToolCalls) > 0 {
+		a.Finish = finishToolCalls
+	}
+	return a, nil
+}
+
+// renderChat is the chat.completion object for a. content is null when
+// the answer is only tool calls, as OpenAI sends it; usage is left out when
+// the provider reported none rather than invented as zeros.
+func renderChat(req chatRequest, a chatAnswer) any {
+	m := chatMessage{Role: "assistant", Content: json.RawMessage("null")}
+	if a.Text != "" || len(a.ToolCalls) == 0 {
+		m.Content = jsonText(a.Text)
+	}
+	for _, tc := range a.ToolCalls {
+		_, name, args, custom := req.callerTool(tc)
+		m.ToolCalls = append(m.ToolCalls, chatCall(answerIDOr(tc.ID, "call_"), name, args, custom))
+	}
+	f := answerFinish(a.Finish)
+	out := chatCompletion{ID: newAnswerID("chatcmpl-"), Object: "chat.completion", Created: time.Now().Unix(), Model: a.Model,
+		Choices: []chatChoice{{Message: &m, FinishReason: &f}}}
+	if a.Usage.Reported {
+		out.Usage = chatUsageOf(a.Usage)
+	}
+	return out
+}
+
+// chatCallerStream writes chat.completion.chunk frames. Chat has no
+// block framing: a tool call's deltas carry its call index.
+type chatCallerStream struct {
+	sse        *callerSSE
+	id         string
+	created    int64
+	model      string
+	finishSent bool
+}
+
+func newChatCallerStream(sse *callerSSE, _ chatRequest, model string) blockWriter {
+	return &chatCallerStream{sse: sse, id: newAnswerID("chatcmpl-"), created: time.Now().Unix(), model: model}
+}
+
+// chunk writes one chunk with a single choice, or with usage and none.
+func (s *chatCallerStream) chunk(d *chatMessage, finish *string, u *chatUsage) error {
+	c := chatCompletion{ID: s.id, Object: "chat.completion.chunk", Created: s.created, Model: s.model, Choices: []chatChoice{}, Usage: u}
+	if d != nil {
+		c.Choices = []chatChoice{{Delta: d, FinishReason: finish}}
+	}
+	return s.sse.frame("", c)
+}
+
+// begin writes the role delta chunk.
+func (s *chatCallerStream) begin() error {
+	return s.chunk(&chatMessage{Role: "assistant", Content: jsonText("")}, nil, nil)
+}
+
+func (s *chatCallerStream) open(_ int, b *streamBlock) error {
+	if b.text {
+		return nil
+	}
+	tc := chatCall(answerIDOr(b.id, "call_"), b.name, "", b.custom)
+	tc.Index = &b.index
+	if empty := ""; tc.Function != nil {
+		tc.Function.Arguments = &empty
+	}
+	return s.chunk(&chatMessage{ToolCalls: []chatToolCall{tc}}, nil, nil)
+}
+
+func (s *chatCallerStream) delta(_ int, b *streamBlock, d string) error {
+	if b.text {
+		return s.chunk(&chatMessage{Content: jsonText(d)}, nil, nil)
+	}
+	tc := chatToolCall{Index: &b.index, Function: &chatFunction{Arguments: &d}}
+	if b.custom {
+		tc = chatToolCall{Index: &b.index, Custom: &chatCustom{Input: &d}}
+	}
+	return s.chunk(&chatMessage{ToolCalls: []chatToolCall{tc}}, nil, nil)
+}
+
+func (s *chatCallerStream) close(int, *streamBlock, string) error { return nil }
+
+// finishNow writes the chunk carrying finish_reason, once: as soon as the
+// finish event arrives, or at the end.
+func (s *chatCallerStream) finishNow(t callerStreamTail) error {
+	if s.finishSent {
+		return nil
+	}
+	s.finishSent = true
+	f := answerFinish(t.finish)
+	return s.chunk(&chatMessage{}, &f, nil)
+}
+
+// end writes the finish chunk if the finish event did not, the usage
+// chunk (choices: []) when usage was reported, then [DONE].
+func (s *chatCallerStream) end(t callerStreamTail) error {
+	if err := s.finishNow(t); err != nil {
+		return err
+	}
+	if t.usage.Reported {
+		if err := s.chunk(nil, nil, chatUsageOf(t.usage)); err != nil {
+			return err
+		}
+	}
+	return s.sse.write("data: [DONE]\n\n")
+}
+
+// fail writes the envelope of SPEC §8.1 as a final data frame.
+func (s *chatCallerStream) fail(e *apiError) error { return s.sse.frame("", e.body()) }
+
+// chatUpstreamStream translates Chat Completions chunks. A chunk with a
+// finish_reason is the terminal signal, but the usage chunk follows it, so
+// the tail is emitted at [DONE] or at the end of the body.
+type chatUpstreamStream struct {
+	finish string      // set once a chunk carried finish_reason
+	usage  usage       // the latest usage reported
+	tools  map[int]int // provider tool-call index → neutral index
+}
+
+func newChatUpstreamStream() streamTranslator { return &chatUpstreamStream{tools: map[int]int{}} }
+
+func (c *chatUpstreamStream) handle(ev sseEvent, emit func(streamEvent) error) (bool, error) {
+	if ev.Data == "[DONE]" {
+		return c.ended(emit)
+	}
+	var ch chatCompletion
+	if err := json.Unmarshal([]byte(ev.Data), &ch); err != nil {
+		return false, malformedEvent(protoOpenAIChat, err)
+	}
+	if ev.Event == "error" || !rawIsNull(ch.Error) {
+		e, _ := errorObject(ch.Error)
+		if e.code == "" {
+			e.code = e.typ
+		}
+		return false, inBandError(e.code)
+	}
+	if ch.Usage != nil {
+		c.usage = ch.Usage.neutral()
+	}
+	for _, choice := range ch.Choices {
+		if choice.Index != 0 || choice.Delta == nil {
+			if f := choice.FinishReason; choice.Index == 0 && f != nil && *f != "" {
+				c.finish = chatFinish(*f)
+			}
+			continue // Brama never asks for n > 1
+		}
+		d := choice.Delta
+		var t string
+		if json.Unmarshal(d.Content, &t) == nil && t != "" {
+			if err := emit(streamEvent{Kind: eventText, Text: t}); err != nil {
+				return false, err
+			}
+		}
+		for i, tc := range d.ToolCalls {
+			if err := c.toolDelta(i, tc, emit); err != nil {
+				return false, err
+			}
+		}
+		if f := choice.FinishReason; f != nil && *f != "" {
+			c.finish = chatFinish(*f)
+		}
+	}
+	return false, nil
+}
+
+// toolDelta emits the start of a new call and the arguments of any.
+func (c *chatUpstreamStream) toolDelta(i int, tc chatToolCall, emit func(streamEvent) error) error {
+	if tc.Index != nil {
+		i = *tc.Index
+	}
+	var name, args string
+	custom := tc.Custom != nil
+	switch {
+	case custom:
+		name = tc.Custom.Name
+		if tc.Custom.Input != nil {
+			args = *tc.Custom.Input
+		}
+	case tc.Function != nil:
+		name = tc.Function.Name
+		if tc.Function.Arguments != nil {
+			args = *tc.Function.Arguments
+		}
+	}
+	ni, ok := c.tools[i]
+	if !ok {
+		if name == "" {
+			return malformedEvent(protoOpenAIChat, errors.New("tool call without a name"))
+		}
+		ni = len(c.tools)
+		c.tools[i] = ni
+		if err := emit(streamEvent{Kind: eventToolCallStart, Index: ni, ToolCall: toolCall{ID: tc.ID, Name: name, Custom: custom}}); err != nil {
+			return err
+		}
+	}
+	if args == "" {
+		return nil
+	}
+	return emit(streamEvent{Kind: eventToolCallArgs, Index: ni, Text: args})
+}
+
+func (c *chatUpstreamStream) ended(emit func(streamEvent) error) (bool, error) {
+	if c.finish == "" {
+		return false, nil
+	}
+	return true, emitTail(emit, c.finish, c.usage)
+}

@@ -1,0 +1,343 @@
+package main
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func dialectFloatPtr(f float64) *float64 { return &f }
+
+func dialectUserText(s string) message {
+	return message{Role: "user", Parts: []part{{Type: partText, Text: s}}}
+}
+
+func TestParseChatCompletions(t *testing.T) {
+	tests := []struct {
+		name string
+		body string
+		want chatRequest
+	}{
+		{
+			name: "text",
+			body: `{"model":"openai/gpt-4o","messages":[{"role":"user","content":"hi"}]}`,
+			want: chatRequest{Model: "openai/gpt-4o", Messages: []message{dialectUserText("hi")}},
+		},
+		{
+			name: "system and developer stand where they are, limits, unknown members dropped and named",
+			body: `{"model":"m","messages":[{"role":"system","content":"a"},{"role":"user","content":"q"},{"role":"developer","content":[{"type":"text","text":"b"}]}],
+				"max_tokens":100,"temperature":0.5,"stream":true,"stream_options":{"include_usage":true},"n":3,"seed":{"x":[1]}}`,
+			want: chatRequest{Model: "m", System: "a", Messages: []message{dialectUserText("q"), {Role: "system", Parts: []part{{Type: partText, Text: "b"}}}},
+				MaxTokens: 100, Temperature: dialectFloatPtr(0.5), Stream: true, Dropped: []string{"n", "seed"}},
+		},
+		{
+			name: "images",
+			body: `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"what is this"},
+				{"type":"image_url","image_url":{"url":"https://example.com/a.png","detail":"high"}},
+				{"type":"image_url","image_url":{"url":"data:image/png;base64,iVBORw0KGgo="}}]}]}`,
+			want: chatRequest{Model: "m", Messages: []message{{Role: "user", Parts: []part{
+				{Type: partText, Text: "what is this"},
+				{Type: partImage, ImageURL: "https://example.com/a.png"},
+				{Type: partImage, ImageURL: "data:image/png;base64,iVBORw0KGgo="},
+			}}}},
+		},
+		{
+			name: "tools and tool_choice required",
+			body: `{"model":"m","messages":[{"role":"user","content":"q"}],"tool_choice":"required",
+				"tools":[{"type":"function","function":{"name":"get_weather","description":"Weather now","parameters":{ "type": "object", "properties": {} }}},
+				{"type":"function","function":{"name":"noargs"}}]}`,
+			want: chatRequest{Model: "m", Messages: []message{dialectUserText("q")}, ToolChoice: &toolChoice{Mode: toolChoiceRequired},
+				Tools: []tool{{Name: "get_weather", Description: "Weather now", Parameters: json.RawMessage(`{"type":"object","properties":{}}`)}, {Name: "noargs"}}},
+		},
+		{
+			name: "tool calls and tool results",
+			body: `{"model":"m","messages":[{"role":"user","content":"q"},
+				{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}},{"id":"c2","type":"function","function":{"name":"g","arguments":"{}"}}]},
+				{"role":"tool","tool_call_id":"c1","content":"one"},
+				{"role":"tool","tool_call_id":"c2","content":[{"type":"text","text":"tw"},{"type":"text","text":"o"}]},
+				{"role":"user","content":"thanks"},
+				{"role":"assistant","content":"sure","tool_calls":[{"id":"c3","function":{"name":"h","arguments":""}}]}]}`,
+			want: chatRequest{Model: "m", Messages: []message{
+				dialectUserText("q"),
+				{Role: "assistant", Parts: []part{
+					{Type: partToolCall, ToolCallID: "c1", ToolName: "f", Arguments: `{"a":1}`},
+					{Type: partToolCall, ToolCallID: "c2", ToolName: "g", Arguments: `{}`},
+				}},
+				{Role: "user", Parts: []part{
+					{Type: partToolResult, ToolCallID: "c1", Text: "one"},
+					{Type: partToolResult, ToolCallID: "c2", Text: "tw\no"},
+				}},
+				dialectUserText("thanks"),
+				{Role: "assistant", Parts: []part{{Type: partText, Text: "sure"}, {Type: partToolCall, ToolCallID: "c3", ToolName: "h"}}},
+			}},
+		},
+		{
+			name: "named tool_choice, max_completion_tokens wins",
+			body: `{"model":"m","messages":[{"role":"user","content":"q"}],"tool_choice":{"type":"function","function":{"name":"f"}},"max_tokens":5,"max_completion_tokens":9}`,
+			want: chatRequest{Model: "m", Messages: []message{dialectUserText("q")}, ToolChoice: &toolChoice{Mode: toolChoiceTool, Name: "f"}, MaxTokens: 9},
+		},
+		{
+			name: "billingTarget",
+			body: `{"model":"claude-code/claude-sonnet-4-5","messages":[{"role":"user","content":"q"}],"billingTarget":{"providerId":"claude-code","accountId":"acct","subscriptionId":"sub_1"}}`,
+			want: chatRequest{Model: "claude-code/claude-sonnet-4-5", Messages: []message{dialectUserText("q")},
+				BillingTarget: &billingTarget{ProviderID: "claude-code", AccountID: "acct", SubscriptionID: "sub_1"}},
+		},
+		{
+			name: "assistant refusal part dropped and named, null members absent",
+			body: `{"model":"m","messages":[{"role":"assistant","content":[{"type":"text","text":"a"},{"type":"refusal","refusal":"no"}]},{"role":"user","content":"q"}],"tool_choice":null,"billingTarget":null,"max_tokens":null}`,
+			want: chatRequest{Model: "m", Messages: []message{{Role: "assistant", Parts: []part{{Type: partText, Text: "a"}}}, dialectUserText("q")},
+				Dropped: []string{"messages[0].content[1]"}},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := parseChatCompletions([]byte(tc.body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("request mismatch (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// dialectPromptText appears in malformed bodies; no refusal may quote it.
+const dialectPromptText = "PROMPT-TEXT-never-echoed"
+
+func TestParseChatCompletionsRefuses(t *testing.T) {
+	const u = `{"role":"user","content":"` + dialectPromptText + `"}`
+	tests := []struct{ name, body string }{
+		{"not JSON", `{"model":`},
+		{"trailing garbage", `{"model":"m","messages":[` + u + `]} x`},
+		{"array body", `[` + u + `]`},
+		{"no model", `{"messages":[` + u + `]}`},
+		{"numeric model", `{"model":4,"messages":[` + u + `]}`},
+		{"empty model", `{"model":"","messages":[` + u + `]}`},
+		{"no messages", `{"model":"m"}`},
+		{"empty messages", `{"model":"m","messages":[]}`},
+		{"only system", `{"model":"m","messages":[{"role":"system","content":"` + dialectPromptText + `"}]}`},
+		{"messages not an array", `{"model":"m","messages":{"role":"user"}}`},
+		{"bad role", `{"model":"m","messages":[{"role":"function","content":"` + dialectPromptText + `"}]}`},
+		{"user content null", `{"model":"m","messages":[{"role":"user","content":null}]}`},
+		{"user content number", `{"model":"m","messages":[{"role":"user","content":5}]}`},
+		{"user content empty parts", `{"model":"m","messages":[{"role":"user","content":[]}]}`},
+		{"audio part", `{"model":"m","messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"` + dialectPromptText + `"}}]}]}`},
+		{"text part without text", `{"model":"m","messages":[{"role":"user","content":[{"type":"text"}]}]}`},
+		{"image_url string", `{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":"https://x/a.png"}]}]}`},
+		{"image_url http", `{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"http://x/` + dialectPromptText + `"}}]}]}`},
+		{"system content parts of images", `{"model":"m","messages":[{"role":"system","content":[{"type":"image_url"}]},` + u + `]}`},
+		{"assistant with nothing", `{"model":"m","messages":[{"role":"assistant","content":null},` + u + `]}`},
+		{"tool call without id", `{"model":"m","messages":[{"role":"assistant","tool_calls":[{"type":"function","function":{"name":"f"}}]},` + u + `]}`},
+		{"tool call of another type", `{"model":"m","messages":[{"role":"assistant","tool_calls":[{"id":"c","type":"custom","function":{"name":"f"}}]},` + u + `]}`},
+		{"tool call arguments object", `{"model":"m","messages":[{"role":"assistant","tool_calls":[{"id":"c","function":{"name":"f","arguments":{}}}]},` + u + `]}`},
+		{"tool without id", `{"model":"m","messages":[{"role":"tool","content":"r"}]}`},
+		{"max_tokens 0", `{"model":"m","messages":[` + u + `],"max_tokens":0}`},
+		{"max_tokens negative", `{"model":"m","messages":[` + u + `],"max_tokens":-3}`},
+		{"max_tokens fraction", `{"model":"m","messages":[` + u + `],"max_tokens":1.5}`},
+		{"max_completion_tokens 0", `{"model":"m","messages":[` + u + `],"max_completion_tokens":0}`},
+		{"temperature string", `{"model":"m","messages":[` + u + `],"temperature":"hot"}`},
+		{"stream string", `{"model":"m","messages":[` + u + `],"stream":"yes"}`},
+		{"tool of another type", `{"model":"m","messages":[` + u + `],"tools":[{"type":"custom","function":{"name":"f"}}]}`},
+		{"tool without name", `{"model":"m","messages":[` + u + `],"tools":[{"type":"function","function":{}}]}`},
+		{"tool parameters array", `{"model":"m","messages":[` + u + `],"tools":[{"type":"function","function":{"name":"f","parameters":[]}}]}`},
+		{"tool_choice unknown", `{"model":"m","messages":[` + u + `],"tool_choice":"sometimes"}`},
+		{"tool_choice without name", `{"model":"m","messages":[` + u + `],"tool_choice":{"type":"function"}}`},
+		{"tool_choice number", `{"model":"m","messages":[` + u + `],"tool_choice":1}`},
+		{"billingTarget without subscription", `{"model":"m","messages":[` + u + `],"billingTarget":{"providerId":"claude-code"}}`},
+		{"billingTarget string", `{"model":"m","messages":[` + u + `],"billingTarget":"sub_1"}`},
+		{"billingTarget numeric id", `{"model":"m","messages":[` + u + `],"billingTarget":{"subscriptionId":7}}`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := parseChatCompletions([]byte(tc.body))
+			wantInvalidRequest(t, err)
+			if strings.Contains(err.Error(), dialectPromptText) {
+				t.Errorf("refusal quotes the prompt: %v", err)
+			}
+		})
+	}
+}
+
+func TestRenderChatAnswer(t *testing.T) {
+	tests := []struct {
+		name        string
+		answer      chatAnswer
+		wantContent *string
+		wantFinish  string
+		wantUsage   bool
+	}{
+		{"text", chatAnswer{Model: "alias", Text: "hi", Finish: finishStop, Usage: usage{1, 2, true}}, dialectStrPtr("hi"), "stop", true},
+		{"tool calls only: content null", chatAnswer{Model: "alias", ToolCalls: []toolCall{{ID: "c", Name: "f", Arguments: "{}"}}, Finish: finishToolCalls}, nil, "tool_calls", false},
+		{"empty answer: content empty string, finish defaults to stop", chatAnswer{Model: "alias"}, dialectStrPtr(""), "stop", false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			b, err := renderAnswer(dialectChat, chatRequest{}, tc.answer)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got struct {
+				ID      string
+				Object  string
+				Created int64
+				Model   string
+				Choices []struct {
+					Message struct {
+						Role    string
+						Content *string
+					}
+					FinishReason string `json:"finish_reason"`
+				}
+				Usage *map[string]int
+			}
+			mustUnmarshalDialect(t, string(b), &got)
+			if !strings.HasPrefix(got.ID, "chatcmpl-") || got.Object != "chat.completion" || got.Created == 0 || got.Model != "alias" || len(got.Choices) != 1 {
+				t.Fatalf("envelope wrong: %s", b)
+			}
+			c := got.Choices[0]
+			if c.Message.Role != "assistant" || !cmp.Equal(tc.wantContent, c.Message.Content) || c.FinishReason != tc.wantFinish {
+				t.Errorf("choice = %s", b)
+			}
+			if (got.Usage != nil) != tc.wantUsage {
+				t.Errorf("usage present = %v, want %v: %s", got.Usage != nil, tc.wantUsage, b)
+			}
+			if tc.wantUsage && (*got.Usage)["total_tokens"] != 3 {
+				t.Errorf("usage = %v", *got.Usage)
+			}
+		})
+	}
+}
+
+func dialectStrPtr(s string) *string { return &s }
+
+// testChatChunk is the part of a chat.completion.chunk the tests read.
+type testChatChunk struct {
+	Object  string
+	Model   string
+	Choices []struct {
+		Delta struct {
+			Role      string
+			Content   *string
+			ToolCalls []struct {
+				Index    int
+				ID       string
+				Function struct{ Name, Arguments string }
+			} `json:"tool_calls"`
+		}
+		FinishReason *string `json:"finish_reason"`
+	}
+	Usage *chatUsage
+}
+
+// assembleChatStream rebuilds the answer from chunks as the OpenAI SDKs
+// do, checking the order SPEC §7.5 fixes: role delta first, finish chunk,
+// usage chunk with no choices, then [DONE] last.
+func assembleChatStream(t *testing.T, frames []testSSEFrame) chatAnswer {
+	t.Helper()
+	var a chatAnswer
+	var calls []toolCall
+	finished := false
+	for i, f := range frames {
+		if f.Event != "" {
+			t.Errorf("chat frame with an event name: %+v", f)
+		}
+		if f.Data == "[DONE]" {
+			if i != len(frames)-1 {
+				t.Errorf("[DONE] at %d of %d frames", i, len(frames))
+			}
+			continue
+		}
+		if i == len(frames)-1 {
+			t.Errorf("last frame is %q, want [DONE]", f.Data)
+		}
+		var c testChatChunk
+		mustUnmarshalDialect(t, f.Data, &c)
+		a.Model = c.Model
+		if c.Object != "chat.completion.chunk" {
+			t.Errorf("object = %q", c.Object)
+		}
+		if c.Usage != nil {
+			if len(c.Choices) != 0 || !finished {
+				t.Errorf("usage chunk with choices or before the finish chunk: %s", f.Data)
+			}
+			a.Usage = usage{InputTokens: c.Usage.PromptTokens, OutputTokens: c.Usage.CompletionTokens, Reported: true}
+			if c.Usage.TotalTokens != c.Usage.PromptTokens+c.Usage.CompletionTokens {
+				t.Errorf("total_tokens wrong: %s", f.Data)
+			}
+			continue
+		}
+		if len(c.Choices) != 1 {
+			t.Fatalf("chunk with %d choices: %s", len(c.Choices), f.Data)
+		}
+		ch := c.Choices[0]
+		if (i == 0) != (ch.Delta.Role == "assistant") {
+			t.Errorf("role delta at frame %d: %s", i, f.Data)
+		}
+		if finished {
+			t.Errorf("delta after the finish chunk: %s", f.Data)
+		}
+		if ch.Delta.Content != nil {
+			a.Text += *ch.Delta.Content
+		}
+		for _, tc := range ch.Delta.ToolCalls {
+			if tc.ID != "" {
+				if tc.Index != len(calls) {
+					t.Errorf("tool call index %d out of order", tc.Index)
+				}
+				calls = append(calls, toolCall{ID: tc.ID, Name: tc.Function.Name})
+			}
+			calls[tc.Index].Arguments += tc.Function.Arguments
+		}
+		if ch.FinishReason != nil {
+			a.Finish, finished = *ch.FinishReason, true
+		}
+	}
+	a.ToolCalls = calls
+	return a
+}
+
+// decodeChatAnswer reads a buffered chat.completion back into an answer.
+func decodeChatAnswer(t *testing.T, body []byte) chatAnswer {
+	t.Helper()
+	var c struct {
+		Model   string
+		Choices []struct {
+			Message struct {
+				Content   *string
+				ToolCalls []chatToolCall `json:"tool_calls"`
+			}
+			FinishReason string `json:"finish_reason"`
+		}
+		Usage *chatUsage
+	}
+	mustUnmarshalDialect(t, string(body), &c)
+	a := chatAnswer{Model: c.Model, Finish: c.Choices[0].FinishReason}
+	if p := c.Choices[0].Message.Content; p != nil {
+		a.Text = *p
+	}
+	for _, tc := range c.Choices[0].Message.ToolCalls {
+		a.ToolCalls = append(a.ToolCalls, toolCall{ID: tc.ID, Name: tc.Function.Name, Arguments: *tc.Function.Arguments})
+	}
+	if c.Usage != nil {
+		a.Usage = usage{InputTokens: c.Usage.PromptTokens, OutputTokens: c.Usage.CompletionTokens, Reported: true}
+	}
+	return a
+}
+
+// TestChatStreamFinishOnce checks the finish chunk is written when the
+// finish event arrives and not again at finish(), and that finish() alone
+// still writes one (defaulting to stop).
+func TestChatStreamFinishOnce(t *testing.T) {
+	for _, events := range [][]streamEvent{{{Kind: eventFinish, Finish: finishLength}}, nil} {
+		body, _ := runCallerStream(t, dialectChat, events)
+		if n := strings.Count(body, `"finish_reason":"`); n != 1 {
+			t.Errorf("%d finish chunks in %q", n, body)
+		}
+		if len(events) == 0 && !strings.Contains(body, `"finish_reason":"stop"`) {
+			t.Errorf("finish() without a finish event did not default to stop: %q", body)
+		}
+	}
+}

@@ -1,0 +1,519 @@
+package main
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// Translation across wire formats (SPEC §7.5, §7.6). Three formats, each in
+// its own file holding both directions, caller side and provider side,
+// buffered and streamed: chat.go (OpenAI Chat Completions), messages.go
+// (Anthropic Messages) and responses.go (OpenAI Responses). Each wire shape
+// is declared once and serves the caller's body, the provider's body, the
+// answer and the stream. This file holds the neutral request and answer
+// between them, the one table of the three formats and what they share;
+// parse.go the rules for reading a caller's body, sse.go the streams.
+//
+// Translation carries every member that has a counterpart in the target
+// format; a member with none is dropped and named (droppedFor), and
+// structured output the target cannot express is refused before any call.
+
+// chatRequest is one chat request in no particular format.
+type chatRequest struct {
+	Model             string // as the caller named it: alias, route, selector or best
+	System            string // the leading system and developer text, "" when none
+	Messages          []message
+	Tools             []tool
+	ToolChoice        *toolChoice // nil: the provider's default
+	ParallelToolCalls *bool
+	MaxTokens         int // 0: the caller gave none (SPEC §6.4 decides)
+	Temperature       *float64
+	TopP              *float64
+	Stop              []string
+	Output            *outputFormat // structured output; nil: free text
+	Effort            string        // reasoning effort (low, medium, high, …); "" the provider's default
+	EffortPath        string        // the caller's member for Effort
+	StopPath          string        // the caller's member for Stop: responses has none
+	Shared            openAIShared
+	Stream            bool
+	BillingTarget     *billingTarget // removed before forwarding (SPEC §7.2)
+	Dropped           []string       // caller member paths with no counterpart in any other format
+}
+
+// openAIShared holds the members Chat Completions and Responses share
+// under one name and shape: carried between them as sent, dropped and
+// named toward messages.
+type openAIShared struct {
+	Store            json.RawMessage `json:"store,omitempty"`
+	Metadata         json.RawMessage `json:"metadata,omitempty"`
+	ServiceTier      json.RawMessage `json:"service_tier,omitempty"`
+	PromptCacheKey   json.RawMessage `json:"prompt_cache_key,omitempty"`
+	SafetyIdentifier json.RawMessage `json:"safety_identifier,omitempty"`
+	User             json.RawMessage `json:"user,omitempty"`
+}
+
+// names lists the members that are set.
+func (o openAIShared) names() []string {
+	var n []string
+	for i, v := range []json.RawMessage{o.Store, o.Metadata, o.ServiceTier, o.PromptCacheKey, o.SafetyIdentifier, o.User} {
+		if !rawIsNull(v) {
+			n = append(n, strings.Fields(openAISharedNames)[i])
+		}
+	}
+	return n
+}
+
+const openAISharedNames = "store metadata service_tier prompt_cache_key safety_identifier user"
+
+// message is one turn: "user", "assistant", or "system" for an instruction
+// that stands later in the conversation than the leading System text.
+// Tool results travel as tool_result parts of a user message.
+type message struct {
+	Role  string
+	Parts []part
+}
+
+// part kinds.
+const (
+	partText       = "text"
+	partImage      = "image"
+	partDocument   = "document"
+	partToolCall   = "tool_call"
+	partToolResult = "tool_result"
+)
+
+// part is one piece of a message.
+type part struct {
+	Type string
+	// text: the text; tool_result: the result's text content.
+	Text string
+	// image: an https URL or a data URL ("data:image/png;base64,…").
+	ImageURL string
+	// document: an https URL or a data URL, and its file name when known.
+	FileURL  string
+	Filename string
+	// tool_call and tool_result: the call's id.
+	ToolCallID string
+	// tool_call: the (flattened) tool name and its JSON-encoded arguments,
+	// or for a custom tool its free-form input.
+	ToolName  string
+	Arguments string
+	// tool_call and tool_result: the call is to a custom tool.
+	Custom bool
+	// tool_result: the tool reported an error.
+	IsError bool
+}
+
+// Tool kinds.
+const (
+	toolFunction = ""       // JSON arguments under a schema
+	toolCustom   = "custom" // free-form input, no JSON schema
+)
+
+// tool is one tool the model may call. Name is what providers see: a tool
+// of a namespaced group is flattened to <namespace>__<name> (SPEC §7.6).
+type tool struct {
+	Kind        string
+	Name        string
+	Namespace   string // "" outside a group
+	Description string
+	Parameters  json.RawMessage // function: JSON Schema object; nil when none given
+	Format      json.RawMessage // custom: the grammar or text format, nil when none given
+	FormatPath  string          // the caller's path of Format, named when messages drops it
+}
+
+// toolKind is the OpenAI type of the tool named name: function or custom.
+func (req *chatRequest) toolKind(name string) string {
+	if t := req.findTool(name); t != nil && t.Kind == toolCustom {
+		return toolCustom
+	}
+	return "function"
+}
+
+// memberName is the tool's name inside its group.
+func (t tool) memberName() string { return strings.TrimPrefix(t.Name, t.Namespace+"__") }
+
+// findTool is the tool named name (flattened), or nil.
+func (req *chatRequest) findTool(name string) *tool {
+	for i := range req.Tools {
+		if req.Tools[i].Name == name {
+			return &req.Tools[i]
+		}
+	}
+	return nil
+}
+
+// toolChoice modes.
+const (
+	toolChoiceAuto     = "auto"
+	toolChoiceNone     = "none"
+	toolChoiceRequired = "required" // any tool
+	toolChoiceTool     = "tool"     // the named tool
+)
+
+// toolChoice says whether and which tool the model must call.
+type toolChoice struct {
+	Mode string
+	Name string // with toolChoiceTool
+}
+
+// outputFormat is structured output as the OpenAI formats write it
+// (chat's response_format.json_schema, responses' text.format, messages'
+// output_config.format): Type json_schema with a Schema, or json_object
+// for any JSON, which messages cannot express.
+type outputFormat struct {
+	Type        string          `json:"type,omitempty"`
+	Name        string          `json:"name,omitempty"`
+	Description string          `json:"description,omitempty"`
+	Schema      json.RawMessage `json:"schema,omitempty"`
+	Strict      *bool           `json:"strict,omitempty"`
+}
+
+// billingTarget names the one subscription that must pay (SPEC §7.2).
+type billingTarget struct {
+	ProviderID     string `json:"providerId,omitempty"`
+	AccountID      string `json:"accountId,omitempty"`
+	SubscriptionID string `json:"subscriptionId"`
+}
+
+// Finish reasons, in the neutral (OpenAI chat) vocabulary.
+const (
+	finishStop          = "stop"
+	finishLength        = "length"
+	finishToolCalls     = "tool_calls"
+	finishContentFilter = "content_filter"
+)
+
+// chatAnswer is one complete answer in no particular format.
+type chatAnswer struct {
+	Model     string // the name reported to the caller (SPEC §7.6)
+	Text      string
+	ToolCalls []toolCall
+	Finish    string
+	Usage     usage
+}
+
+// toolCall is one tool call the model made.
+type toolCall struct {
+	ID        string
+	Name      string // as the provider saw it (flattened)
+	Arguments string // JSON text, or a custom tool's free-form input
+	Custom    bool   // the provider called it as a custom tool
+}
+
+// usage counts tokens as the provider reported them.
+type usage struct {
+	InputTokens  int
+	OutputTokens int
+	Reported     bool // the provider sent usage at all
+}
+
+// Stream event kinds, from a provider protocol to a caller dialect.
+const (
+	eventText          = "text"            // Text: the next piece of output text
+	eventToolCallStart = "tool_call_start" // Index, ToolCall.ID, ToolCall.Name, ToolCall.Custom
+	eventToolCallArgs  = "tool_call_args"  // Index, Text: the next piece of arguments (or custom input)
+	eventFinish        = "finish"          // Finish: why generation stopped
+	eventUsage         = "usage"           // Usage
+)
+
+// streamEvent is one translated piece of a streamed answer. A provider stream
+// yields finish (and usage) only when it sent its own terminal signal
+// (SPEC §7.5); the caller's terminal event is written after that alone.
+type streamEvent struct {
+	Kind     string
+	Text     string
+	Index    int // tool call index, 0-based, in call order
+	ToolCall toolCall
+	Finish   string
+	Usage    usage
+}
+
+// Caller dialects, one per public chat endpoint.
+const (
+	dialectChat      = "chat"      // OpenAI Chat Completions, POST /v1/chat/completions
+	dialectMessages  = "messages"  // Anthropic Messages, POST /v1/messages
+	dialectResponses = "responses" // OpenAI Responses, POST /v1/responses
+)
+
+// upstreamOptions are the per-provider rules an encoder applies (SPEC §6.2).
+type upstreamOptions struct {
+	stream bool
+	oauth  bool // claude-code: the identity system block first
+	codex  bool // codex: SPEC §6.2's body rules
+}
+
+// wireFormat is one row of the format table: the caller dialect and the
+// provider protocol of one wire format and every translation function.
+type wireFormat struct {
+	dialect, protocol string
+	path              string // the provider endpoint below the base URL
+	parse             func(body []byte) (chatRequest, error)
+	encode            func(req chatRequest, model string, o upstreamOptions) (any, error)
+	decode            func(body []byte) (chatAnswer, error)
+	render            func(req chatRequest, a chatAnswer) any
+	callerStream      func(sse *callerSSE, req chatRequest, model string) blockWriter
+	upstreamStream    func() streamTranslator
+}
+
+// wireFormats is the one table of the three formats; it never changes.
+var wireFormats = []wireFormat{
+	{dialectChat, protoOpenAIChat, "/chat/completions", parseChatCompletions, encodeChat, decodeChat, renderChat, newChatCallerStream, newChatUpstreamStream},
+	{dialectMessages, protoAnthropic, "/v1/messages", parseMessages, encodeMessages, decodeMessages, renderMessages, newMessagesCallerStream, newMessagesUpstreamStream},
+	{dialectResponses, protoOpenAIResponses, "/responses", parseResponses, encodeResponses, decodeResponses, renderResponses, newResponsesCallerStream, newResponsesUpstreamStream},
+}
+
+// formatOf is the format whose dialect or protocol is name, or nil.
+func formatOf(name string) *wireFormat {
+	for i := range wireFormats {
+		if f := &wireFormats[i]; f.dialect == name || f.protocol == name {
+			return f
+		}
+	}
+	return nil
+}
+
+func errUnknownFormat(name string) *apiError {
+	return refuse("internal_error", "internal error").because(fmt.Errorf("unknown wire format %q", name))
+}
+
+// parseRequest parses body as the given dialect into the neutral request.
+// Every error is an *apiError with code invalid_request.
+func parseRequest(dialect string, body []byte) (chatRequest, error) {
+	f := formatOf(dialect)
+	if f == nil {
+		return chatRequest{}, errUnknownFormat(dialect)
+	}
+	return f.parse(body)
+}
+
+// renderAnswer encodes a buffered answer as the caller's dialect's success
+// body; req is the caller's request, whose tools name the calls.
+func renderAnswer(dialect string, req chatRequest, a chatAnswer) ([]byte, error) {
+	f := formatOf(dialect)
+	if f == nil {
+		return nil, errUnknownFormat(dialect)
+	}
+	return json.Marshal(f.render(req, a))
+}
+
+// decodeUpstreamAnswer decodes a complete 2xx non-stream body. Model is
+// left for the dispatcher, which reports what SPEC §7.6 says.
+func decodeUpstreamAnswer(protocol string, body []byte) (chatAnswer, error) {
+	f := formatOf(protocol)
+	if f == nil {
+		return chatAnswer{}, refuse("provider_failure", "unknown provider protocol %q", protocol)
+	}
+	return f.decode(body)
+}
+
+// droppedFor is every caller member the request to p loses: those with no
+// counterpart in any other format, and those p's format or p itself lacks.
+func (req chatRequest) droppedFor(p providerInfo) []string {
+	d := slices.Clone(req.Dropped)
+	switch {
+	case p.protocol == protoAnthropic:
+		d = append(d, req.Shared.names()...)
+		if req.Effort != "" && req.thinkingBudget() == 0 {
+			d = append(d, req.EffortPath)
+		}
+		if req.thinkingBudget() > 0 && req.Temperature != nil {
+			d = append(d, "temperature")
+		}
+		if req.thinkingBudget() > 0 && req.TopP != nil {
+			d = append(d, "top_p")
+		}
+		for _, t := range req.Tools {
+			if t.Kind == toolCustom && t.Format != nil {
+				d = append(d, t.FormatPath)
+			}
+		}
+	case p.protocol == protoOpenAIResponses && len(req.Stop) > 0:
+		d = append(d, req.StopPath)
+	}
+	if p.id == "codex" { // its backend refuses these (SPEC §6.2)
+		if req.Temperature != nil {
+			d = append(d, "temperature")
+		}
+		if req.TopP != nil {
+			d = append(d, "top_p")
+		}
+	}
+	return d
+}
+
+// newAnswerID returns prefix followed by 26 random characters.
+func newAnswerID(prefix string) string { return prefix + rand.Text() }
+
+// answerIDOr is id, or a fresh one with prefix when the provider sent none.
+func answerIDOr(id, prefix string) string {
+	if id == "" {
+		return newAnswerID(prefix)
+	}
+	return id
+}
+
+// answerFinish is the answer's finish reason, "stop" when the provider gave none.
+func answerFinish(f string) string {
+	if f == "" {
+		return finishStop
+	}
+	return f
+}
+
+// textOf joins the text parts of ps.
+func textOf(ps []part) string {
+	var b strings.Builder
+	for _, p := range ps {
+		if p.Type == partText {
+			b.WriteString(p.Text)
+		}
+	}
+	return b.String()
+}
+
+// dataURL splits a base64 data URL into media type and data.
+func dataURL(u string) (media, data string, ok bool) {
+	rest, ok := strings.CutPrefix(u, "data:")
+	if !ok {
+		return "", "", false
+	}
+	meta, data, ok := strings.Cut(rest, ",")
+	media, isBase64 := strings.CutSuffix(meta, ";base64")
+	return media, data, ok && isBase64 && media != "" && data != ""
+}
+
+// emptySchema stands in for a tool without parameters where the protocol
+// requires a schema.
+var emptySchema = json.RawMessage(`{"type":"object","properties":{}}`)
+
+// customInputSchema is the one-string-member function a custom tool becomes
+// toward messages (SPEC §7.6).
+var customInputSchema = json.RawMessage(`{"type":"object","properties":{"input":{"type":"string"}},"required":["input"]}`)
+
+// toolArguments is a tool call's arguments as a JSON object for protocols
+// that embed them (anthropic tool_use input). Empty means no arguments;
+// anything that is not a JSON object is refused, never approximated.
+func toolArguments(args string) (json.RawMessage, error) {
+	if strings.TrimSpace(args) == "" {
+		return json.RawMessage(`{}`), nil
+	}
+	var buf bytes.Buffer
+	if err := json.Compact(&buf, []byte(args)); err != nil || buf.Bytes()[0] != '{' {
+		return nil, refuse("invalid_request", "a tool call's arguments are not a JSON object")
+	}
+	return buf.Bytes(), nil
+}
+
+// argumentsText is a tool call's arguments as JSON text; empty becomes "{}".
+func argumentsText(args string) string {
+	if strings.TrimSpace(args) == "" {
+		return "{}"
+	}
+	return args
+}
+
+// Reasoning effort and thinking budget (SPEC §7.6): effort names map to a
+// thinking budget toward messages, and a budget maps back to the nearest
+// effort at or above it.
+var effortBudgets = []struct {
+	effort string
+	budget int
+}{{"minimal", 1024}, {"low", 2048}, {"medium", 8192}, {"high", 24576}, {"xhigh", 32768}}
+
+func effortOfBudget(b int) string {
+	for _, e := range effortBudgets {
+		if b <= e.budget {
+			return e.effort
+		}
+	}
+	return "xhigh"
+}
+
+// thinkingBudget is the thinking budget a request to messages asks for, 0
+// for none: below max_tokens and at least the API's least (1024), and none
+// on a turn that continues a tool loop, where Anthropic wants the earlier
+// answer's thinking blocks back, which no other format carries.
+func (req chatRequest) thinkingBudget() int {
+	budget := budgetOfEffort(req.Effort)
+	if req.MaxTokens > 0 && budget >= req.MaxTokens {
+		budget = req.MaxTokens - 1
+	}
+	for i := len(req.Messages) - 1; i >= 0; i-- {
+		if m := req.Messages[i]; m.Role == "assistant" {
+			if slices.ContainsFunc(m.Parts, func(p part) bool { return p.Type == partToolCall }) {
+				return 0
+			}
+			break
+		}
+	}
+	if budget < 1024 {
+		return 0
+	}
+	return budget
+}
+
+func budgetOfEffort(effort string) int {
+	for _, e := range effortBudgets {
+		if e.effort == effort {
+			return e.budget
+		}
+	}
+	return 0 // "none" and unknown names: no thinking
+}
+
+// callerTool is how a caller format names a provider's tool call: its
+// group, its name inside the group and whether it is custom. A custom
+// call made as a function (toward messages) gets its string input back.
+func (req chatRequest) callerTool(tc toolCall) (namespace, name, args string, custom bool) {
+	t := req.findTool(tc.Name)
+	if t == nil {
+		return "", tc.Name, tc.Arguments, tc.Custom
+	}
+	args = tc.Arguments
+	if t.Kind == toolCustom && !tc.Custom {
+		var in struct {
+			Input string `json:"input"`
+		}
+		json.Unmarshal([]byte(args), &in)
+		args = in.Input
+	}
+	return t.Namespace, t.memberName(), args, t.Kind == toolCustom
+}
+
+// jsonText is s as a JSON string.
+func jsonText(s string) json.RawMessage {
+	b, _ := json.Marshal(s)
+	return b
+}
+
+// schemaOutput is a copy of a json_schema output with the name the
+// OpenAI formats require, or nil for JSON mode.
+func schemaOutput(f *outputFormat) *outputFormat {
+	if f.Type != "json_schema" {
+		return nil
+	}
+	s := *f
+	if s.Name == "" {
+		s.Name = "output"
+	}
+	return &s
+}
+
+func ptrTo[T any](v T) *T { return &v }
+
+// must is v for marshalling that cannot fail (plain values).
+func must(v []byte, err error) json.RawMessage {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
+// structuredOutputsBeta is the anthropic-beta value a request with a JSON
+// Schema output format carries (SPEC §7.6).
+const structuredOutputsBeta = "structured-outputs-2025-11-13"

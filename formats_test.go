@@ -1,0 +1,478 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// testSSEFrame is one parsed server-sent event; comment frames have only
+// Comment set.
+type testSSEFrame struct {
+	Event   string
+	Data    string
+	Comment string
+}
+
+// splitTestSSE parses an SSE body into frames. It is strict about the shape
+// Brama writes: every frame ends with a blank line, lines are "event: ",
+// "data: " or ": " comments, and at most one data line per frame.
+func splitTestSSE(t *testing.T, body string) []testSSEFrame {
+	t.Helper()
+	if body != "" && !strings.HasSuffix(body, "\n\n") {
+		t.Fatalf("SSE body does not end with a blank line: %q", body)
+	}
+	var frames []testSSEFrame
+	for _, block := range strings.Split(strings.TrimSuffix(body, "\n\n"), "\n\n") {
+		if block == "" {
+			continue
+		}
+		var f testSSEFrame
+		for _, line := range strings.Split(block, "\n") {
+			switch {
+			case strings.HasPrefix(line, "event: "):
+				f.Event = strings.TrimPrefix(line, "event: ")
+			case strings.HasPrefix(line, "data: ") && f.Data == "":
+				f.Data = strings.TrimPrefix(line, "data: ")
+			case strings.HasPrefix(line, ": "):
+				f.Comment = strings.TrimPrefix(line, ": ")
+			default:
+				t.Fatalf("unexpected SSE line %q", line)
+			}
+		}
+		frames = append(frames, f)
+	}
+	return frames
+}
+
+// wantInvalidRequest fails t unless err is an *apiError with code invalid_request.
+func wantInvalidRequest(t *testing.T, err error) {
+	t.Helper()
+	var ae *apiError
+	if !errors.As(err, &ae) || ae.Code != "invalid_request" {
+		t.Fatalf("error = %v, want an invalid_request *apiError", err)
+	}
+}
+
+// dialectStreamCases are the neutral event sequences every dialect's stream must
+// carry through unchanged, with the answer they add up to.
+var dialectStreamCases = []struct {
+	name   string
+	events []streamEvent
+	want   chatAnswer
+}{
+	{
+		name: "text, two tool calls, usage before finish",
+		events: []streamEvent{
+			{Kind: eventText, Text: "Let me "},
+			{Kind: eventText, Text: "check."},
+			{Kind: eventToolCallStart, Index: 0, ToolCall: toolCall{ID: "call_1", Name: "get_weather"}},
+			{Kind: eventToolCallArgs, Index: 0, Text: `{"city":`},
+			{Kind: eventToolCallArgs, Index: 0, Text: `"Paris"}`},
+			{Kind: eventToolCallStart, Index: 1, ToolCall: toolCall{ID: "call_2", Name: "get_time"}},
+			{Kind: eventToolCallArgs, Index: 1, Text: `{}`},
+			{Kind: eventUsage, Usage: usage{InputTokens: 11, OutputTokens: 7, Reported: true}},
+			{Kind: eventFinish, Finish: finishToolCalls},
+		},
+		want: chatAnswer{Model: "m", Text: "Let me check.", Finish: finishToolCalls,
+			ToolCalls: []toolCall{{ID: "call_1", Name: "get_weather", Arguments: `{"city":"Paris"}`}, {ID: "call_2", Name: "get_time", Arguments: `{}`}},
+			Usage:     usage{InputTokens: 11, OutputTokens: 7, Reported: true}},
+	},
+	{
+		name: "text only, finish before usage",
+		events: []streamEvent{
+			{Kind: eventText, Text: "Hello"},
+			{Kind: eventText, Text: ", world"},
+			{Kind: eventFinish, Finish: finishStop},
+			{Kind: eventUsage, Usage: usage{InputTokens: 3, OutputTokens: 2, Reported: true}},
+		},
+		want: chatAnswer{Model: "m", Text: "Hello, world", Finish: finishStop, Usage: usage{InputTokens: 3, OutputTokens: 2, Reported: true}},
+	},
+	{
+		name: "cut by length, no usage",
+		events: []streamEvent{
+			{Kind: eventText, Text: "Once upon"},
+			{Kind: eventFinish, Finish: finishLength},
+		},
+		want: chatAnswer{Model: "m", Text: "Once upon", Finish: finishLength},
+	},
+	{
+		name: "tool call only",
+		events: []streamEvent{
+			{Kind: eventToolCallStart, Index: 0, ToolCall: toolCall{ID: "call_9", Name: "lookup"}},
+			{Kind: eventToolCallArgs, Index: 0, Text: `{"q":"x"}`},
+			{Kind: eventFinish, Finish: finishToolCalls},
+			{Kind: eventUsage, Usage: usage{InputTokens: 5, OutputTokens: 1, Reported: true}},
+		},
+		want: chatAnswer{Model: "m", Finish: finishToolCalls, ToolCalls: []toolCall{{ID: "call_9", Name: "lookup", Arguments: `{"q":"x"}`}},
+			Usage: usage{InputTokens: 5, OutputTokens: 1, Reported: true}},
+	},
+}
+
+// runCallerStream feeds events through a caller stream of dialect and returns
+// the body and how many times flush ran.
+func runCallerStream(t *testing.T, dialect string, events []streamEvent) (string, int) {
+	t.Helper()
+	var buf bytes.Buffer
+	flushes := 0
+	s := newCallerStream(dialect, chatRequest{}, &buf, func() { flushes++ }, "m")
+	if err := s.start(); err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range events {
+		if err := s.event(ev); err != nil {
+			t.Fatalf("event %+v: %v", ev, err)
+		}
+	}
+	if err := s.finish(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.String(), flushes
+}
+
+// TestStreamsReassemble checks that each dialect's stream, parsed back the
+// way an SDK would, carries the same text, tool calls, finish and usage as
+// the events, and the same as the dialect's buffered answer for them.
+func TestStreamsReassemble(t *testing.T) {
+	dialects := []struct {
+		dialect  string
+		stream   func(t *testing.T, frames []testSSEFrame) chatAnswer
+		buffered func(t *testing.T, body []byte) chatAnswer
+	}{
+		{dialectChat, assembleChatStream, decodeChatAnswer},
+		{dialectMessages, assembleMessagesStream, decodeMessagesAnswer},
+		{dialectResponses, assembleResponsesStream, decodeResponsesAnswer},
+	}
+	for _, d := range dialects {
+		for _, tc := range dialectStreamCases {
+			t.Run(d.dialect+"/"+tc.name, func(t *testing.T) {
+				body, flushes := runCallerStream(t, d.dialect, tc.events)
+				frames := splitTestSSE(t, body)
+				if flushes != len(frames) {
+					t.Errorf("flush ran %d times for %d events", flushes, len(frames))
+				}
+				want := tc.want
+				if d.dialect == dialectMessages && !want.Usage.Reported {
+					want.Usage = usage{Reported: true} // Anthropic always carries usage: zeros
+				}
+				if diff := cmp.Diff(want, d.stream(t, frames)); diff != "" {
+					t.Errorf("streamed answer mismatch (-want +got):\n%s", diff)
+				}
+				b, err := renderAnswer(d.dialect, chatRequest{}, tc.want)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if diff := cmp.Diff(want, d.buffered(t, b)); diff != "" {
+					t.Errorf("buffered answer mismatch (-want +got):\n%s", diff)
+				}
+			})
+		}
+	}
+}
+
+// TestStreamFail checks each dialect's in-band error (SPEC §7.5): the last
+// event carries the error, no terminal success event appears, and the
+// stream refuses to finish afterwards.
+func TestStreamFail(t *testing.T) {
+	tests := []struct {
+		name    string
+		dialect string
+		check   func(t *testing.T, last testSSEFrame)
+	}{
+		{"chat", dialectChat, func(t *testing.T, last testSSEFrame) {
+			var got envelope
+			mustUnmarshalDialect(t, last.Data, &got)
+			want := envelope{Error: envelopeBody{Message: "stream ended early", Type: "provider_error", Code: "provider_incomplete", Attempts: dialectIntPtr(2)}}
+			if last.Event != "" || !cmp.Equal(want, got) {
+				t.Errorf("in-band error = %q %+v, want %+v", last.Event, got, want)
+			}
+		}},
+		{"messages", dialectMessages, func(t *testing.T, last testSSEFrame) {
+			var got struct {
+				Type  string
+				Error map[string]any
+			}
+			mustUnmarshalDialect(t, last.Data, &got)
+			want := map[string]any{"type": "provider_error", "message": "stream ended early", "code": "provider_incomplete", "retryable": false, "attempts": 2.0}
+			if last.Event != "error" || got.Type != "error" || !cmp.Equal(want, got.Error) {
+				t.Errorf("in-band error = %q %+v, want event error with %v", last.Event, got, want)
+			}
+		}},
+		{"responses", dialectResponses, func(t *testing.T, last testSSEFrame) {
+			var got struct {
+				Type     string
+				Response struct {
+					Status string
+					Error  map[string]any
+				}
+			}
+			mustUnmarshalDialect(t, last.Data, &got)
+			want := map[string]any{"code": "provider_incomplete", "message": "stream ended early"}
+			if last.Event != "response.failed" || got.Type != "response.failed" || got.Response.Status != "failed" || !cmp.Equal(want, got.Response.Error) {
+				t.Errorf("in-band error = %q %+v, want response.failed with %v", last.Event, got, want)
+			}
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var buf bytes.Buffer
+			flushes := 0
+			s := newCallerStream(tc.dialect, chatRequest{}, &buf, func() { flushes++ }, "m")
+			s.start()
+			s.event(streamEvent{Kind: eventText, Text: "partial"})
+			s.event(streamEvent{Kind: eventToolCallStart, ToolCall: toolCall{ID: "c", Name: "f"}})
+			s.event(streamEvent{Kind: eventFinish, Finish: finishStop})
+			if err := s.fail(refuse("provider_incomplete", "stream ended early").withAttempts(2)); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.finish(); !errors.Is(err, errCallerStreamDone) {
+				t.Errorf("finish after fail = %v, want errStreamDone", err)
+			}
+			frames := splitTestSSE(t, buf.String())
+			if flushes != len(frames) {
+				t.Errorf("flush ran %d times for %d events", flushes, len(frames))
+			}
+			for _, f := range frames {
+				if f.Data == "[DONE]" || f.Event == "message_stop" || f.Event == "response.completed" || f.Event == "message_delta" {
+					t.Errorf("terminal success event after a failure: %+v", f)
+				}
+			}
+			tc.check(t, frames[len(frames)-1])
+		})
+	}
+}
+
+func dialectIntPtr(n int) *int { return &n }
+
+func mustUnmarshalDialect(t *testing.T, data string, v any) {
+	t.Helper()
+	if err := json.Unmarshal([]byte(data), v); err != nil {
+		t.Fatalf("unmarshal %q: %v", data, err)
+	}
+}
+
+// TestStreamKeepAliveAndErrors checks the keep-alive comment, that a write
+// error sticks, and that an unknown event or arguments before a tool call's
+// start are refused rather than written.
+func TestStreamKeepAliveAndErrors(t *testing.T) {
+	for _, d := range []string{dialectChat, dialectMessages, dialectResponses} {
+		t.Run(d, func(t *testing.T) {
+			var buf bytes.Buffer
+			flushes := 0
+			s := newCallerStream(d, chatRequest{}, &buf, func() { flushes++ }, "m")
+			if err := s.keepAlive(); err != nil || buf.String() != ": keep-alive\n\n" || flushes != 1 {
+				t.Errorf("keepAlive wrote %q, %d flushes, err %v", buf.String(), flushes, err)
+			}
+			if err := s.event(streamEvent{Kind: "bogus"}); err == nil {
+				t.Error("unknown event kind accepted")
+			}
+			if d != dialectChat {
+				if err := s.event(streamEvent{Kind: eventToolCallArgs, Index: 4, Text: "{}"}); err == nil {
+					t.Error("arguments before the tool call's start accepted")
+				}
+			}
+
+			w := &dialectBrokenWriter{}
+			s = newCallerStream(d, chatRequest{}, w, nil, "m")
+			if err := s.start(); !errors.Is(err, errDialectBrokenPipe) {
+				t.Fatalf("start on a broken writer = %v", err)
+			}
+			if err := s.event(streamEvent{Kind: eventText, Text: "x"}); !errors.Is(err, errDialectBrokenPipe) || w.writes != 1 {
+				t.Errorf("event after a write error = %v after %d writes, want the same error and no new write", err, w.writes)
+			}
+		})
+	}
+}
+
+var errDialectBrokenPipe = errors.New("broken pipe")
+
+type dialectBrokenWriter struct{ writes int }
+
+func (w *dialectBrokenWriter) Write(p []byte) (int, error) {
+	w.writes++
+	return 0, errDialectBrokenPipe
+}
+
+// TestParseRequestDispatch checks parseRequest routes each dialect to its
+// parser and refuses an unknown dialect.
+func TestParseRequestDispatch(t *testing.T) {
+	tests := []struct {
+		dialect string
+		body    string
+	}{
+		{dialectChat, `{"model":"m","messages":[{"role":"user","content":"hi"}]}`},
+		{dialectMessages, `{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`},
+		{dialectResponses, `{"model":"m","input":"hi"}`},
+	}
+	want := []message{{Role: "user", Parts: []part{{Type: partText, Text: "hi"}}}}
+	for _, tc := range tests {
+		req, err := parseRequest(tc.dialect, []byte(tc.body))
+		if err != nil {
+			t.Fatalf("%s: %v", tc.dialect, err)
+		}
+		if diff := cmp.Diff(want, req.Messages); diff != "" {
+			t.Errorf("%s messages (-want +got):\n%s", tc.dialect, diff)
+		}
+	}
+	if _, err := parseRequest("soap", []byte(`{}`)); err == nil {
+		t.Error("unknown dialect accepted")
+	}
+	if _, err := renderAnswer("soap", chatRequest{}, chatAnswer{}); err == nil {
+		t.Error("renderAnswer accepted an unknown dialect")
+	}
+}
+
+// fuzzDialectParse is the shared body of the three parser fuzz targets: no panic,
+// every error an invalid_request *apiError, and an accepted request has a
+// model and at least one message whose parts are all of a known kind. It
+// also checks the round trip caller body → neutral → caller body → neutral
+// gives the same neutral request.
+func fuzzDialectParse(f *testing.F, dialect string, seeds ...string) {
+	for _, s := range seeds {
+		f.Add([]byte(s))
+	}
+	wf := formatOf(dialect)
+	f.Fuzz(func(t *testing.T, body []byte) {
+		req, err := wf.parse(body)
+		if err != nil {
+			var ae *apiError
+			if !errors.As(err, &ae) || ae.Code != "invalid_request" {
+				t.Fatalf("unclassified error: %v", err)
+			}
+			return
+		}
+		if req.Model == "" || len(req.Messages) == 0 {
+			t.Fatalf("accepted a request without model or messages: %+v", req)
+		}
+		for _, m := range req.Messages {
+			if (m.Role != "user" && m.Role != "assistant" && m.Role != "system") || len(m.Parts) == 0 {
+				t.Fatalf("accepted a bad message %+v", m)
+			}
+			for _, p := range m.Parts {
+				switch p.Type {
+				case partText, partImage, partDocument, partToolCall, partToolResult:
+				default:
+					t.Fatalf("accepted a part of kind %q", p.Type)
+				}
+			}
+		}
+		if req.BillingTarget != nil && req.BillingTarget.SubscriptionID == "" {
+			t.Fatalf("accepted a billingTarget without subscriptionId")
+		}
+		if req.MaxTokens < 0 {
+			t.Fatalf("accepted max tokens %d", req.MaxTokens)
+		}
+		enc, err := wf.encode(req, req.Model, upstreamOptions{stream: req.Stream})
+		if err != nil || len(roundTripNeutral(req).Messages) == 0 || roundTripNeutral(req).Messages[0].Role == "system" { // nothing a provider takes
+			return // not every accepted request can be sent (JSON mode toward messages, arguments that are not an object)
+		}
+		again, err := wf.parse(must(json.Marshal(enc)))
+		if err != nil {
+			t.Fatalf("the re-encoded request is refused: %v", err)
+		}
+		if diff := cmp.Diff(roundTripNeutral(req), roundTripNeutral(again)); diff != "" {
+			t.Fatalf("round trip changed the request (-first +second):\n%s", diff)
+		}
+	})
+}
+
+// roundTripNeutral leaves out of a neutral request what a caller body
+// carries by design no further than one hop: what was dropped and where
+// it stood, the billing target (never forwarded), empty text (providers
+// refuse it), empty arguments (sent as {}) and a reasoning effort between
+// budget steps; a tool group goes flattened, a schema gets a name, and
+// JSON is compared as encoding/json writes it.
+func roundTripNeutral(req chatRequest) chatRequest {
+	req.Dropped, req.BillingTarget, req.Effort = nil, nil, ""
+	if req.Output != nil {
+		if s := schemaOutput(req.Output); s != nil {
+			req.Output = s // the schema's name the OpenAI formats require
+		}
+	}
+	var msgs []message
+	for _, m := range req.Messages {
+		var parts []part
+		for _, p := range m.Parts {
+			if p.Type == partText && p.Text == "" {
+				continue
+			}
+			if p.Type == partToolCall && !p.Custom {
+				if p.Arguments = argumentsText(p.Arguments); json.Valid([]byte(p.Arguments)) {
+					p.Arguments = string(canonicalJSON(json.RawMessage(p.Arguments)))
+				}
+			}
+			parts = append(parts, p)
+		}
+		if m.Role == "user" { // tool results go first in a user turn
+			slices.SortStableFunc(parts, func(a, b part) int { return boolRank(b.Type == partToolResult) - boolRank(a.Type == partToolResult) })
+		}
+		switch {
+		case len(parts) == 0:
+		case m.Role == "system" && len(msgs) == 0: // a system turn with no turn before it leads
+			req.System = joinText(req.System, textOf(parts))
+		default:
+			msgs = append(msgs, message{m.Role, parts})
+		}
+	}
+	req.Messages = msgs
+	if len(req.Tools) == 0 {
+		req.ParallelToolCalls = nil // says nothing without tools; messages cannot send it then
+	}
+	req.Tools = slices.Clone(req.Tools)
+	for i, tl := range req.Tools {
+		req.Tools[i].Namespace = "" // flattened toward every provider
+		if tl.Kind == toolFunction && tl.Parameters == nil {
+			req.Tools[i].Parameters = emptySchema // the schema a protocol that requires one gets
+		}
+		req.Tools[i].Parameters, req.Tools[i].Format = canonicalJSON(req.Tools[i].Parameters), canonicalJSON(tl.Format)
+	}
+	if req.Output != nil {
+		req.Output.Schema = canonicalJSON(req.Output.Schema)
+	}
+	return req
+}
+
+// canonicalJSON is raw as encoding/json writes it (compact, HTML-escaped).
+func canonicalJSON(raw json.RawMessage) json.RawMessage {
+	if raw == nil {
+		return nil
+	}
+	return must(json.Marshal(raw))
+}
+
+func FuzzParseChatCompletions(f *testing.F) {
+	fuzzDialectParse(f, dialectChat,
+		`{"model":"m","messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"https://x/y.png"}}]},{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c","content":"r"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}],"tool_choice":{"type":"function","function":{"name":"f"}},"max_tokens":5,"billingTarget":{"subscriptionId":"s"}}`,
+		`{"model":1}`, `[]`, `{"model":"m","messages":[]}`,
+		`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"q"},{"type":"file","file":{"file_data":"data:application/pdf;base64,JVBE","filename":"a.pdf"}}]},{"role":"system","content":"later"},{"role":"assistant","tool_calls":[{"id":"c","type":"custom","custom":{"name":"p","input":"x"}}]},{"role":"tool","tool_call_id":"c","content":"ok"}],"tools":[{"type":"custom","custom":{"name":"p","format":{"type":"text"}}}],"stop":"END","top_p":0.5,"reasoning_effort":"low","parallel_tool_calls":false,"store":false,"response_format":{"type":"json_schema","json_schema":{"name":"o","schema":{"type":"object"}}}}`)
+}
+
+func FuzzParseMessages(f *testing.F) {
+	fuzzDialectParse(f, dialectMessages,
+		`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"m","system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","media_type":"image/png","data":"AA=="}}]},{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"f","input":{"a":1}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"text","text":"r"}],"is_error":true}]}],"tools":[{"name":"f","input_schema":{"type":"object"}}],"tool_choice":{"type":"tool","name":"f"},"billingTarget":{"subscriptionId":"s"}}`,
+		`{"model":"m","messages":[{"role":"system","content":"x"}]}`, `null`,
+		`{"model":"m","max_tokens":9000,"thinking":{"type":"enabled","budget_tokens":2048},"stop_sequences":["E"],"output_config":{"format":{"type":"json_schema","schema":{"type":"object"}}},"tool_choice":{"type":"auto","disable_parallel_tool_use":true},"tools":[{"name":"f","input_schema":{"type":"object"}}],"messages":[{"role":"user","content":[{"type":"text","text":"q","cache_control":{"type":"ephemeral"}},{"type":"document","source":{"type":"text","media_type":"text/plain","data":"doc"},"title":"d"}]},{"role":"system","content":"later"},{"role":"assistant","content":[{"type":"thinking","thinking":"t"},{"type":"text","text":"a"}]}]}`)
+}
+
+func FuzzParseResponses(f *testing.F) {
+	fuzzDialectParse(f, dialectResponses,
+		`{"model":"m","input":"hi"}`,
+		`{"model":"m","instructions":"s","input":[{"role":"developer","content":"d"},{"role":"user","content":[{"type":"input_text","text":"a"},{"type":"input_image","image_url":"data:image/png;base64,AA=="}]},{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"r"}],"tools":[{"type":"function","name":"f","parameters":{"type":"object"}}],"tool_choice":{"type":"function","name":"f"},"max_output_tokens":9,"billingTarget":{"subscriptionId":"s"}}`,
+		`{"model":"m","input":[]}`, `{"model":"m","input":[{"type":"item_reference","id":"x"}]}`,
+		`{"model":"m","input":[{"type":"additional_tools","role":"developer","tools":[{"type":"namespace","name":"functions","tools":[{"type":"custom","name":"exec"}]}]},{"role":"user","content":"q"},{"type":"custom_tool_call","call_id":"c","namespace":"functions","name":"exec","input":"x"},{"type":"custom_tool_call_output","call_id":"c","output":[{"type":"input_text","text":"ok"}]}]}`,
+		`{"model":"m","input":[{"role":"user","content":"q"},{"role":"developer","content":"later"},{"type":"function_call","call_id":"c","namespace":"ns","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"r"},{"type":"custom_tool_call","call_id":"p","name":"patch","input":"x"},{"type":"custom_tool_call_output","call_id":"p","output":"ok"},{"type":"web_search_call","id":"w"}],"tools":[{"type":"custom","name":"patch"},{"type":"namespace","name":"ns","tools":[{"type":"function","name":"f","parameters":{"type":"object"}}]},{"type":"web_search"}],"tool_choice":{"type":"function","namespace":"ns","name":"f"},"reasoning":{"effort":"high"},"text":{"format":{"type":"json_schema","name":"o","schema":{"type":"object"}}},"store":false}`)
+}
+
+func boolRank(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,129 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The costs issue 10 measured, as benchmarks (never timed tests). README's
+// "Hardening" section records before/after figures. Run one at a time:
+//
+//	go test -run '^$' -bench 'DeepAdminBody' -benchmem
+//	go test -run '^$' -bench 'ReadyzJournal' -benchmem
+//	go test -run '^$' -bench 'SignedAfterReplayMemory' -benchmem
+
+// processPeakRSSMB is this process's peak resident set (VmHWM), in MiB.
+// It covers the whole test process, so run the benchmark alone.
+func processPeakRSSMB() float64 {
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "VmHWM:"); ok {
+			kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 64)
+			return kb / 1024
+		}
+	}
+	return 0
+}
+
+// BenchmarkDeepAdminBody sends a 1,000,000-deep JSON array as an admin body
+// (PUT /v1/admin/routes) over real HTTP and reports the process's peak RSS.
+func BenchmarkDeepAdminBody(b *testing.B) {
+	env := stateEnv(b)
+	env["BRAMA_LOG_LEVEL"] = "error"
+	d := startDaemon(b, env, "")
+	body := strings.Repeat("[", 1_000_000)
+	for b.Loop() {
+		req, _ := http.NewRequest("PUT", d.url+"/v1/admin/routes", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+d.token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 400 {
+			b.Fatalf("status %d, want 400", resp.StatusCode)
+		}
+	}
+	b.ReportMetric(processPeakRSSMB(), "peak-RSS-MiB")
+}
+
+// BenchmarkReadyzJournal300k probes GET /readyz with a 300,000-line journal.
+func BenchmarkReadyzJournal300k(b *testing.B) {
+	env := stateEnv(b)
+	env["BRAMA_LOG_LEVEL"] = "error"
+	dir := env["BRAMA_STATE_DIR"]
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		b.Fatal(err)
+	}
+	var buf bytes.Buffer
+	for i := range 300_000 {
+		kind := "retire"
+		if i%2 == 1 {
+			kind = "reinstate"
+		}
+		fmt.Fprintf(&buf, `{"kind":%q,"at":"2026-11-29T22:00:00.000Z","subscription_id":"sub_%016x","reason":"rotated by the operator during the quarterly key review"}`+"\n", kind, i/2)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "journal.jsonl"), buf.Bytes(), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	d := startDaemon(b, env, `{"openai":"k"}`, "-local-credentials-stdin")
+	probe := func() {
+		resp, err := http.Get(d.url + "/readyz")
+		if err != nil {
+			b.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			b.Fatalf("status %d", resp.StatusCode)
+		}
+	}
+	probe() // the first probe after start reads the journal once, whatever the code
+	for b.Loop() {
+		probe()
+	}
+	b.ReportMetric(float64(buf.Len())/(1<<20), "journal-MiB")
+}
+
+// BenchmarkSignedAfterReplayMemory verifies signed requests once the
+// replay memory already holds 40,000 accepted signatures.
+func BenchmarkSignedAfterReplayMemory(b *testing.B) {
+	clock := &testClock{t: time.Unix(1764446400, 0)}
+	const secret = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	a := newAgentVerifier(func(string) (string, bool) { return secret, true }, clock.now)
+	n := 0
+	verifyOne := func() {
+		n++
+		ts := fmt.Sprintf("1764446400.%09d", n)
+		r := httptest.NewRequest("GET", "/v1/aliases", nil)
+		r.Header.Set("X-Agent-Id", "a1")
+		r.Header.Set("X-Agent-Timestamp", ts)
+		r.Header.Set("X-Agent-Signature", hex.EncodeToString(agentSignature(secret, "a1", ts, "GET", "/v1/aliases", nil)))
+		if _, err := a.verify(r, nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for range 40_000 {
+		verifyOne()
+	}
+	for b.Loop() {
+		verifyOne()
+	}
+}

@@ -1,0 +1,242 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+)
+
+// Planted in stale temporary files and orphan vault entries: nothing may
+// keep them once serve has started.
+const plantedStaleSecret = "sk-planted-stale-vault-copy-0123456789"
+
+// plantCrashLeftovers writes what a crash leaves in dir: temporary files of
+// the atomic writer (one a whole vault copy) and a vault holding a
+// subscription secret the overlay never names. It returns the orphan's id.
+func plantCrashLeftovers(t *testing.T, dir string) string {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Join(dir, "answers", "local"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	const orphan = "sub_00000000000000aa"
+	vault := fmt.Sprintf(`{"schema_version":1,"direct":{},"agents":{"a1":{"signing_secret":"%064d"}},"subscriptions":{%q:{"api_key":%q}}}`, 0, orphan, plantedStaleSecret)
+	for name, data := range map[string]string{
+		"vault.json":                                 vault,
+		".vault.json.tmp123456789":                   vault,
+		".donated-subscriptions.json.tmp42":          `{"schema_version":1,"items":[]}`,
+		".ledger.json.tmp7":                          "{",
+		"answers/local/.0123abcd.json.tmp99":         "{}",
+		"vault.json.lock":                            "",
+		"notes.tmp1":                                 "not Brama's: kept",
+		".hidden-but-not-ours":                       "kept",
+		"answers/local/0123abcd.json.tmp99.finished": "kept",
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return orphan
+}
+
+// staleTemps lists the temporary files of the atomic writer under dir.
+func staleTemps(t *testing.T, dir string) []string {
+	t.Helper()
+	var out []string
+	filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
+		if err == nil && !fi.IsDir() && staleTempName.MatchString(fi.Name()) {
+			out = append(out, strings.TrimPrefix(p, dir+"/"))
+		}
+		return nil
+	})
+	return out
+}
+
+// vaultOrphans lists the vault's subscription ids the overlay does not name.
+func vaultOrphans(t *testing.T, dir string) []string {
+	t.Helper()
+	v, _, err := readVault(filepath.Join(dir, "vault.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ov overlayDoc
+	if b, err := os.ReadFile(filepath.Join(dir, overlayFile)); err == nil {
+		if err := json.Unmarshal(b, &ov); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var out []string
+	for id := range v.Subscriptions {
+		if !slices.ContainsFunc(ov.Items, func(it overlayItem) bool { return it.ID == id }) {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+func TestServeRemovesCrashLeftovers(t *testing.T) {
+	env := stateEnv(t)
+	dir := env["BRAMA_STATE_DIR"]
+	orphan := plantCrashLeftovers(t, dir)
+	d := startDaemon(t, env, "")
+	d.stop()
+	if left := staleTemps(t, dir); len(left) != 0 {
+		t.Errorf("stale temporary files left: %v", left)
+	}
+	for _, kept := range []string{"notes.tmp1", ".hidden-but-not-ours", "answers/local/0123abcd.json.tmp99.finished"} {
+		if _, err := os.Stat(filepath.Join(dir, kept)); err != nil {
+			t.Errorf("%s is not Brama's temporary file but was removed", kept)
+		}
+	}
+	if o := vaultOrphans(t, dir); len(o) != 0 {
+		t.Errorf("vault secrets without a subscription: %v", o)
+	}
+	logs := d.stderr.String()
+	if !strings.Contains(logs, `"msg":"state_temp_files_removed","count":4`) {
+		t.Errorf("no state_temp_files_removed line counting 4 in:\n%s", logs)
+	}
+	if !strings.Contains(logs, `"msg":"vault_orphans_removed","count":1,"subscription_ids":"`+orphan+`"`) {
+		t.Errorf("no vault_orphans_removed line naming %s in:\n%s", orphan, logs)
+	}
+	assertNoSecret(t, plantedStaleSecret, logs, dir)
+}
+
+func TestFailedDonationTakesItsSecretBack(t *testing.T) {
+	env := stateEnv(t)
+	dir := env["BRAMA_STATE_DIR"]
+	addAgent(t, env, "a1")
+	d := startDaemon(t, env, "")
+	testingOnlyRename = func(oldpath, newpath string) error {
+		if filepath.Base(newpath) == overlayFile {
+			return errors.New("injected overlay rename failure")
+		}
+		return os.Rename(oldpath, newpath)
+	}
+	defer func() { testingOnlyRename = nil }()
+	status, _, body := d.call("POST", "/v1/admin/subscriptions/a1", d.token, `{"provider":"kimi","api_key":"kimi-key-planted-0123"}`)
+	if status != 500 {
+		t.Fatalf("donation with a failing overlay write: %d %s, want 500", status, body)
+	}
+	if o := vaultOrphans(t, dir); len(o) != 0 {
+		t.Errorf("the failed donation left its secret in the vault: %v", o)
+	}
+}
+
+// TestKillNineDuringDonations runs the real binary through 20 kill -9
+// cycles while donations run concurrently; afterwards the state directory
+// holds no temporary file and the vault no secret without a subscription.
+func TestKillNineDuringDonations(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and kills the real binary")
+	}
+	bin := builtBinary(t)
+	dir := filepath.Join(t.TempDir(), "state")
+	plantCrashLeftovers(t, dir)
+	env := []string{"PATH=" + os.Getenv("PATH"), "BRAMA_STATE_DIR=" + dir, "BRAMA_MODEL_CATALOG_URL=off", "BRAMA_LOG_LEVEL=warn"}
+	var token string
+	start := func() (*exec.Cmd, string) {
+		cmd := exec.Command(bin, "serve", "-addr", "127.0.0.1:0")
+		cmd.Env = env
+		stdout, _ := cmd.StdoutPipe()
+		stderr, _ := cmd.StderrPipe()
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		errs := bufio.NewReader(stderr)
+		if token == "" {
+			line, _ := errs.ReadString('\n')
+			_, tok, ok := strings.Cut(line, "(shown once): ")
+			if !ok {
+				t.Fatalf("first start printed no token: %q", line)
+			}
+			token = strings.TrimSpace(tok)
+		}
+		go io.Copy(io.Discard, errs)
+		line, err := bufio.NewReader(stdout).ReadString('\n')
+		if err != nil {
+			cmd.Process.Kill()
+			t.Fatalf("serve did not start: %v", err)
+		}
+		return cmd, strings.TrimSpace(strings.TrimPrefix(line, "listening on "))
+	}
+	var donated atomic.Int64
+	donate := func(url string, n int) error {
+		body := fmt.Sprintf(`{"provider":"kimi","api_key":"kimi-key-%d-0123456789"}`, n)
+		req, _ := http.NewRequest("POST", url+"/v1/admin/subscriptions/a1", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusCreated {
+			donated.Add(1)
+		}
+		return nil
+	}
+	n := 0
+	for cycle := range 20 {
+		cmd, url := start()
+		// Eight donors; the kill lands once a few donations have answered,
+		// while the others are still writing.
+		answered := make(chan struct{}, 64)
+		var wg sync.WaitGroup
+		for w := range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 0; ; i++ {
+					if donate(url, cycle*10000+w*1000+i) != nil {
+						return // the daemon is gone
+					}
+					answered <- struct{}{}
+				}
+			}()
+		}
+		for range 3 + cycle%5 {
+			<-answered
+		}
+		cmd.Process.Signal(syscall.SIGKILL)
+		cmd.Wait()
+		go func() {
+			for range answered {
+			}
+		}()
+		wg.Wait()
+		close(answered)
+		n++
+	}
+	cmd, url := start()
+	if err := donate(url, -1); err != nil {
+		t.Fatalf("donation after the kills: %v", err)
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("serve after SIGTERM: %v", err)
+	}
+	if donated.Load() < int64(n) {
+		t.Fatalf("only %d donations succeeded in %d cycles: the kills did not land during donations", donated.Load(), n)
+	}
+	t.Logf("%d donations answered 201 across %d kill -9 cycles", donated.Load(), n)
+	if left := staleTemps(t, dir); len(left) != 0 {
+		t.Errorf("after %d kill -9 cycles, stale temporary files: %v", n, left)
+	}
+	if o := vaultOrphans(t, dir); len(o) != 0 {
+		t.Errorf("after %d kill -9 cycles, vault secrets without a subscription: %v", n, o)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "vault.json")); strings.Contains(string(b), plantedStaleSecret) {
+		t.Error("the orphan's secret survived in the vault")
+	}
+}

@@ -1,0 +1,371 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// The probes of issue 10 (what an attacker found), kept as end-to-end
+// checks over real HTTP.
+
+// bodyRoutes lists every route whose method carries a body, read from
+// routes() itself (the only place URL patterns appear), with the wildcards
+// filled in, so a route added later is covered too.
+func bodyRoutes(t *testing.T) []struct{ method, path string } {
+	t.Helper()
+	src, err := os.ReadFile("server.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fill := strings.NewReplacer("{agent_id}", "a1", "{subscription_id}", "sub_0123456789abcdef", "{key}", "k1", "{id}", "m1")
+	var out []struct{ method, path string }
+	for _, m := range regexp.MustCompile(`s\.mux\.Handle(?:Func)?\("(POST|PUT|PATCH|DELETE) ([^"]+)"`).FindAllStringSubmatch(string(src), -1) {
+		out = append(out, struct{ method, path string }{m[1], fill.Replace(m[2])})
+	}
+	if len(out) < 10 {
+		t.Fatalf("found only %d body routes in routes()", len(out))
+	}
+	return out
+}
+
+func TestDeepBodyEveryRoute(t *testing.T) {
+	env := stateEnv(t)
+	addAgent(t, env, "a1")
+	d := startDaemon(t, env, `{"openai":"k"}`, "-local-credentials-stdin")
+	tok := addClient(t, env, "ops", "-admin", "-agent", "a1")
+	deep := strings.Repeat("[", 3_000_000)
+	for _, rt := range bodyRoutes(t) {
+		t.Run(rt.method+" "+rt.path, func(t *testing.T) {
+			status, _, body := d.call(rt.method, rt.path, tok, deep)
+			if status != 400 {
+				t.Fatalf("status %d, want 400: %.300s", status, body)
+			}
+			e := envelopeOf(t, body)
+			if e["code"] != "invalid_request" || !strings.Contains(fmt.Sprint(e["message"]), "1000 levels") {
+				t.Errorf("refusal %v, want invalid_request naming the 1000-level limit", e)
+			}
+			if status, _, _ := d.call("GET", "/health", "", ""); status != 200 {
+				t.Fatalf("/health answered %d after the deep body", status)
+			}
+		})
+	}
+	// 1,000 levels are still read (and then judged by the route itself).
+	ok := strings.Repeat("[", 1000) + strings.Repeat("]", 1000)
+	status, _, body := d.call("PUT", "/v1/admin/routes", tok, ok)
+	if status != 400 || strings.Contains(string(body), "1000 levels") {
+		t.Errorf("1000-deep body: %d %s, want the route's own 400", status, body)
+	}
+}
+
+// rawConn opens a TCP connection to the daemon and sends head verbatim.
+func rawConn(t *testing.T, d *daemon, head string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", strings.TrimPrefix(d.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if _, err := io.WriteString(c, head); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func TestSlowUnauthenticatedBodiesAreRefusedAndClosed(t *testing.T) {
+	d := startDaemon(t, stateEnv(t), "")
+	bound := time.Now().Add(30 * time.Second) // the test's bound; a pass takes well under a second
+	// Each request's chunked body never ends: no last chunk is sent. Besides
+	// the refusals, routes that never read a body must not wait for it.
+	kinds := []struct {
+		head string
+		want int
+		n    int
+	}{
+		{"POST /v1/chat/completions HTTP/1.1\r\nAuthorization: Bearer nope\r\n", 401, 440},
+		{"PUT /v1/admin/routes HTTP/1.1\r\nx-api-key: nope\r\n", 401, 20},
+		{"GET /health HTTP/1.1\r\n", 200, 20},
+		{"POST /nowhere HTTP/1.1\r\n", 404, 20},
+	}
+	errs := make(chan error, 500)
+	var wg sync.WaitGroup
+	for _, k := range kinds {
+		for i := range k.n {
+			c := rawConn(t, d, k.head+"Host: brama\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"a\":\r\n")
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				c.SetReadDeadline(bound)
+				br := bufio.NewReader(c)
+				resp, err := http.ReadResponse(br, nil)
+				if err != nil {
+					errs <- fmt.Errorf("%.30s #%d: no answer: %v", k.head, i, err)
+					return
+				}
+				b, _ := io.ReadAll(resp.Body)
+				if resp.StatusCode != k.want || !resp.Close {
+					errs <- fmt.Errorf("%.30s #%d: %d close=%v %s, want %d with Connection: close", k.head, i, resp.StatusCode, resp.Close, b, k.want)
+					return
+				}
+				if _, err := br.ReadByte(); err == nil {
+					errs <- fmt.Errorf("%.30s #%d: the server kept the connection open after answering", k.head, i)
+				} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+					errs <- fmt.Errorf("%.30s #%d: not closed within the bound", k.head, i)
+				}
+			}()
+		}
+	}
+	if status, _, _ := d.call("GET", "/health", "", ""); status != 200 {
+		t.Errorf("/health answered %d while 500 slow bodies were held", status)
+	}
+	wg.Wait()
+	close(errs)
+	n := 0
+	for err := range errs {
+		if n++; n <= 5 {
+			t.Error(err)
+		}
+	}
+	if n > 5 {
+		t.Errorf("… and %d more connections failed", n-5)
+	}
+	if status, _, _ := d.call("GET", "/health", "", ""); status != 200 {
+		t.Errorf("/health answered %d after the slow bodies", status)
+	}
+}
+
+func TestTokenHeaders(t *testing.T) {
+	env := stateEnv(t)
+	d := startDaemon(t, env, "")
+	tok := addClient(t, env, "app")
+	tests := []struct {
+		name string
+		hdr  []string
+		want int
+	}{
+		{"bearer", []string{"Authorization", "Bearer " + tok}, 200},
+		{"x-api-key", []string{"x-api-key", tok}, 200},
+		{"x-api-key of another case", []string{"X-API-KEY", tok}, 200},
+		{"x-api-key twice", []string{"x-api-key", tok, "x-api-key", tok}, 401},
+		{"both headers", []string{"Authorization", "Bearer " + tok, "x-api-key", tok}, 401},
+		{"unknown x-api-key", []string{"x-api-key", "brama_nope"}, 401},
+		{"empty x-api-key", []string{"x-api-key", ""}, 401},
+		{"x-api-key with a scheme", []string{"x-api-key", "Bearer " + tok}, 401},
+		{"bearer twice", []string{"Authorization", "Bearer " + tok, "Authorization", "Bearer " + tok}, 401},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			status, _, body := d.call("GET", "/v1/aliases", "", "", tc.hdr...)
+			if status != tc.want {
+				t.Fatalf("status %d, want %d: %s", status, tc.want, body)
+			}
+			if tc.want == 401 {
+				if e := envelopeOf(t, body); e["code"] != "unauthenticated" || e["message"] != "unauthorized" {
+					t.Errorf("refusal %v, want unauthenticated \"unauthorized\"", e)
+				}
+			}
+		})
+	}
+}
+
+func TestMaxRequestBytes(t *testing.T) {
+	big := strings.Repeat("x", 4000) // the provider's answer is larger than the caller's limit
+	fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"id":"c1","object":"chat.completion","model":"gpt-test","choices":[{"index":0,"message":{"role":"assistant","content":%q},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`, big)
+	})
+	env := stateEnv(t)
+	env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = fake.URL
+	env["BRAMA_MAX_REQUEST_BYTES"] = "1024"
+	d := startDaemon(t, env, `{"openai":"k"}`, "-local-credentials-stdin")
+	const head, tail = `{"model":"openai/gpt-test","messages":[{"role":"user","content":"`, `"}]}`
+	pad := func(n int) string { // a chat body of exactly n bytes
+		return head + strings.Repeat("u", n-len(head)-len(tail)) + tail
+	}
+	tests := []struct {
+		name    string
+		body    string
+		chunked bool
+		want    int
+	}{
+		{"at the limit", pad(1024), false, 200},
+		{"one byte over", pad(1025), false, 413},
+		{"chunked over", pad(5000), true, 413},
+		{"chunked within", pad(900), true, 200},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			before := fake.calls.Load()
+			var rd io.Reader = strings.NewReader(tc.body)
+			if tc.chunked {
+				rd = io.MultiReader(rd) // no length known: sent chunked
+			}
+			req, _ := http.NewRequest("POST", d.url+"/v1/chat/completions", rd)
+			req.Header.Set("Authorization", "Bearer "+d.token)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tc.want {
+				t.Fatalf("status %d, want %d: %.300s", resp.StatusCode, tc.want, b)
+			}
+			calls := fake.calls.Load() - before
+			if tc.want == 413 {
+				if e := envelopeOf(t, b); e["code"] != "invalid_request" || !strings.Contains(fmt.Sprint(e["message"]), "BRAMA_MAX_REQUEST_BYTES") {
+					t.Errorf("refusal %v, want invalid_request naming BRAMA_MAX_REQUEST_BYTES", e)
+				}
+				if calls != 0 {
+					t.Errorf("%d provider calls for an oversized body, want 0", calls)
+				}
+			} else if !strings.Contains(string(b), big) {
+				t.Errorf("the provider's %d-byte answer was not relayed whole", len(big))
+			}
+		})
+	}
+	_, errOut, code := runCLI(t, map[string]string{"BRAMA_STATE_DIR": t.TempDir(), "BRAMA_MAX_REQUEST_BYTES": "lots"}, "", "serve", "-addr", "127.0.0.1:0")
+	if code != 1 || !strings.Contains(errOut, "BRAMA_MAX_REQUEST_BYTES") {
+		t.Errorf("serve with BRAMA_MAX_REQUEST_BYTES=lots: exit %d %s, want 1 naming it", code, errOut)
+	}
+}
+
+func TestPerfEntriesOnlyForServedRoutes(t *testing.T) {
+	var down atomic.Bool
+	fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		if down.Load() {
+			w.WriteHeader(503)
+			return
+		}
+		var req struct{ Model string }
+		json.Unmarshal(body, &req)
+		w.Header().Set("Content-Type", "application/json")
+		if req.Model != "gpt-test" {
+			w.WriteHeader(404)
+			io.WriteString(w, `{"error":{"message":"The model does not exist","type":"invalid_request_error","code":"model_not_found"}}`)
+			return
+		}
+		io.WriteString(w, protocolFixtures[0].buffered)
+	})
+	env := stateEnv(t)
+	env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = fake.URL
+	d := startDaemon(t, env, `{"openai":"k"}`, "-local-credentials-stdin")
+	for i := range 50 {
+		if status, _, body := d.call("POST", "/v1/chat/completions", d.token, chatBody(dialectChat, fmt.Sprintf("openai/u%d-invented", i), false, "")); status < 400 {
+			t.Fatalf("invented model answered %d: %s", status, body)
+		}
+	}
+	for _, ok := range []bool{true, false} {
+		down.Store(!ok) // one success creates the entry; a failure then counts on it
+		d.call("POST", "/v1/chat/completions", d.token, chatBody(dialectChat, "openai/gpt-test", false, ""))
+	}
+	_, _, metrics := d.call("GET", "/metrics", d.token, "")
+	if strings.Contains(string(metrics), "invented") {
+		t.Errorf("/metrics holds entries for routes that never served:\n%s", metrics)
+	}
+	want := `brama_route_requests_total{route="openai/gpt-test"} 2` + "\n"
+	if !strings.Contains(string(metrics), want) || !strings.Contains(string(metrics), `brama_route_failures_total{route="openai/gpt-test"} 1`) {
+		t.Errorf("/metrics lacks the served route's two requests and one failure:\n%s", metrics)
+	}
+}
+
+func TestPathAgentIDs(t *testing.T) {
+	env := stateEnv(t)
+	d := startDaemon(t, env, "")
+	for _, rt := range []struct{ method, path string }{
+		{"GET", "/v1/admin/subscriptions/%2e%2e"},
+		{"GET", "/v1/admin/subscriptions/%2E"},
+		{"GET", "/v1/subscriptions/%2e%2e"},
+		{"GET", "/v1/admin/subscriptions/A1"},
+		{"POST", "/v1/admin/subscriptions/a%2fb"},
+		{"DELETE", "/v1/admin/subscriptions/a_1/sub_0123456789abcdef"},
+		{"POST", "/v1/admin/subscriptions/" + strings.Repeat("a", 65) + "/sub_0123456789abcdef/reinstate"},
+		{"PUT", "/v1/admin/subscriptions/%20/sub_0123456789abcdef/credential"},
+		{"POST", "/v1/admin/subscriptions/%2e%2e/sub_0123456789abcdef/probe"},
+		{"DELETE", "/v1/subscriptions/%2e%2e/sub_0123456789abcdef"},
+	} {
+		t.Run(rt.method+" "+rt.path, func(t *testing.T) {
+			status, _, body := d.call(rt.method, rt.path, d.token, "{}")
+			if status != 400 {
+				t.Fatalf("status %d, want 400: %s", status, body)
+			}
+			if e := envelopeOf(t, body); e["code"] != "invalid_request" || !strings.Contains(fmt.Sprint(e["message"]), "agent id") {
+				t.Errorf("refusal %v, want invalid_request naming the agent id", e)
+			}
+		})
+	}
+	if status, _, body := d.call("GET", "/v1/admin/subscriptions/a1", d.token, ""); status != 200 {
+		t.Errorf("a valid agent id: %d %s", status, body)
+	}
+}
+
+// requestLine finds the one request log line whose field key is value.
+func requestLine(t *testing.T, logs, key, value string) map[string]any {
+	t.Helper()
+	for _, l := range strings.Split(logs, "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(l), &m) == nil && m["msg"] == "request" && m[key] == value {
+			return m
+		}
+	}
+	t.Fatalf("no request log line with %s=%q in:\n%s", key, value, logs)
+	return nil
+}
+
+func TestOptionsStar(t *testing.T) {
+	d := startDaemon(t, stateEnv(t), "")
+	c := rawConn(t, d, "OPTIONS * HTTP/1.1\r\nHost: brama\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 404 || envelopeOf(t, b)["code"] != "not_found" {
+		t.Errorf("OPTIONS *: %d %s, want 404 not_found in the envelope", resp.StatusCode, b)
+	}
+	id := resp.Header.Get("X-Request-Id")
+	if id == "" {
+		t.Fatal("OPTIONS * has no X-Request-Id")
+	}
+	c.Close()
+	d.stop() // the log line is written before serve returns
+	if l := requestLine(t, d.stderr.String(), "request_id", id); l["method"] != "OPTIONS" || l["outcome"] != "not_found" {
+		t.Errorf("log line %v, want method OPTIONS and outcome not_found", l)
+	}
+}
+
+func TestStreamEndedByShutdownIsNotClientCancelled(t *testing.T) {
+	testingOnlyShutdownGrace = 50 * time.Millisecond
+	t.Cleanup(func() { testingOnlyShutdownGrace = 0 })
+	frames := strings.SplitAfter(fixture(t, "openai-chat.sse"), "\n\n")
+	fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, frames[0]+frames[1])
+		w.(http.Flusher).Flush()
+		<-r.Context().Done() // a long generation: it ends only when Brama hangs up
+	})
+	env := stateEnv(t)
+	env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = fake.URL
+	d := startDaemon(t, env, `{"openai":"k"}`, "-local-credentials-stdin")
+	resp := d.openStream("/v1/chat/completions", d.token, chatBody(dialectChat, "openai/gpt-test", true, ""))
+	defer resp.Body.Close()
+	id := resp.Header.Get("X-Request-Id")
+	if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil {
+		t.Fatalf("no first event: %v", err)
+	}
+	d.stop() // SIGTERM: the grace ends with the stream still open
+	l := requestLine(t, d.stderr.String(), "request_id", id)
+	if l["outcome"] != "server_shutdown" {
+		t.Errorf("a stream ended by shutdown logged outcome %v, want server_shutdown", l["outcome"])
+	}
+}

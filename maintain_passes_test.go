@@ -1,0 +1,409 @@
+package main
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// seedReading records a reading for id as a usage pass would have, one
+// window per reset, under the ids provider's report names (so a new reading
+// replaces them all).
+func (fx *maintFixture) seedReading(id, provider string, ok bool, resets ...time.Time) {
+	ids := map[string][]string{
+		"claude-code": {"anthropic:5h", "anthropic:7d"},
+		"codex":       {"codex:primary", "codex:secondary"},
+		"kimi":        {"kimi:usage", "kimi:limit-0"},
+	}[provider]
+	var ws []planWindow
+	for i, r := range resets {
+		w := planWindow{ID: ids[i], Label: "seeded", UsedFraction: 0.5, RecordedAtMs: fx.clock.now().UnixMilli(), Source: "usage_report"}
+		if !r.IsZero() {
+			w.ResetsAtMs = r.UnixMilli()
+		}
+		ws = append(ws, w)
+	}
+	fx.l.recordWindows(id, provider, ws)
+	fx.l.recordUsageRead(id, provider, ok, "seeded")
+}
+
+// TestUsagePassReadsOnlyWhenDue proves SPEC §11.2's "read once when": a
+// fresh reading naming its reset is read zero times, a reading whose reset
+// passed (and each other due case) exactly once, a failed read is not
+// retried within the pass (only by the next one) and keeps earlier windows.
+func TestUsagePassReadsOnlyWhenDue(t *testing.T) {
+	fx := newMaintFixture(t)
+	now := fx.clock.now()
+	type sub struct {
+		name  string
+		setup func(id string)
+		key   string
+		reads int // within one pass
+	}
+	subs := []sub{
+		{name: "fresh reading naming its reset", reads: 0, setup: func(id string) { fx.seedReading(id, "kimi", true, now.Add(time.Hour)) }},
+		{name: "a window's reset passed", reads: 1, setup: func(id string) { fx.seedReading(id, "kimi", true, now.Add(time.Hour), now.Add(-time.Minute)) }},
+		{name: "reset exactly now", reads: 1, setup: func(id string) { fx.seedReading(id, "kimi", true, now) }},
+		{name: "reading naming no reset", reads: 1, setup: func(id string) { fx.seedReading(id, "kimi", true, time.Time{}) }},
+		{name: "failed last read", reads: 1, setup: func(id string) { fx.seedReading(id, "kimi", false, now.Add(time.Hour)) }},
+		{name: "no reading yet", reads: 1, setup: func(string) {}},
+		{name: "failing provider", reads: 1, setup: func(id string) { fx.seedReading(id, "kimi", true, now.Add(-time.Minute)) }},
+		{name: "retired", reads: 0, setup: func(id string) {
+			if err := fx.inv.retire("a1", id, "gone"); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{name: "needs reauthorization", reads: 0, setup: func(id string) { fx.l.setCredential(id, "kimi", credNeedsReauth, "refused") }},
+	}
+	ids := map[string]string{}
+	for i := range subs {
+		subs[i].key = "plantedKimiKey" + string(rune('A'+i))
+		id := fx.donate(t, "kimi", vaultCredential{APIKey: subs[i].key})
+		ids[subs[i].name] = id
+		subs[i].setup(id)
+	}
+	fx.donate(t, "openai", vaultCredential{APIKey: "plantedOpenAIKey"}) // publishes no report
+	failingKey := subs[6].key
+	fx.fake.handle(fakeKimiUsage, func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") == "Bearer "+failingKey {
+			http.Error(w, "overloaded "+failingKey, http.StatusServiceUnavailable)
+			return
+		}
+		fx.fake.defaultAnswer(w, r)
+	})
+
+	rep := fx.m.passOnce(context.Background())
+	for _, s := range subs {
+		if got := fx.fake.count(fakeKimiUsage, s.key); got != s.reads {
+			t.Errorf("%s: read %d times in one pass, want %d", s.name, got, s.reads)
+		}
+	}
+	wantFailed := []usageFailure{{SubscriptionID: ids["failing provider"], Provider: "kimi",
+		Error: "usage report GET " + fx.fake.URL + "/kimi/usages: HTTP 503, " + strconv.Itoa(len("overloaded ")+len(failingKey)+1) + " bytes received"}}
+	if diff := cmp.Diff(wantFailed, rep.Usage.Failed); diff != "" {
+		t.Errorf("failed reads (-want +got):\n%s", diff)
+	}
+	if rep.OK || rep.Usage.Subscriptions != 7 || rep.Usage.Read != 5 || rep.Credentials != (credentialSummary{}) {
+		t.Errorf("report = %+v; want not ok, 7 subscriptions, 5 read", rep)
+	}
+	e, _ := fx.l.entry(ids["failing provider"])
+	if e.UsageRead.OK || len(e.Windows) != 1 || e.Windows[0].Label != "seeded" || strings.Contains(e.UsageRead.Detail, failingKey) {
+		t.Errorf("failed read entry = %+v; want ok=false with the earlier window kept and no key", e)
+	}
+	e, _ = fx.l.entry(ids["a window's reset passed"])
+	if !e.UsageRead.OK || len(e.Windows) != 2 || e.Windows[0].Label == "seeded" || e.Windows[1].Label == "seeded" {
+		t.Errorf("read entry = %+v; want both seeded windows replaced by the report's", e)
+	}
+
+	// The next pass reads the failed one again (once) and nothing else.
+	rep = fx.m.passOnce(context.Background())
+	for _, s := range subs {
+		want := s.reads
+		if s.key == failingKey {
+			want = 2
+		}
+		if got := fx.fake.count(fakeKimiUsage, s.key); got != want {
+			t.Errorf("after the second pass %s was read %d times, want %d", s.name, got, want)
+		}
+	}
+	if rep.Usage.Read != 0 || len(rep.Usage.Failed) != 1 {
+		t.Errorf("second report = %+v", rep)
+	}
+	assertNoSecret(t, failingKey, fx.logs.String())
+}
+
+// TestRefreshPassDefinitiveRefusal proves SPEC §11.2's refresh rules: one
+// attempt per due grant per pass, no retry; invalid_grant marks the
+// credential needs_reauthorization and no later pass calls its token
+// endpoint (or reads its report) until a sign-in replaces the grant.
+func TestRefreshPassDefinitiveRefusal(t *testing.T) {
+	fx := newMaintFixture(t)
+	now := fx.clock.now()
+	cc := fx.donate(t, "claude-code", grant("CC", now.Add(-time.Minute)))
+	fx.seedReading(cc, "claude-code", true, now.Add(time.Hour)) // isolate the refresh pass
+	cx := fx.donate(t, "codex", grant("CX", time.Time{}))       // expiry unknown, never refreshed
+	fx.seedReading(cx, "codex", true, now.Add(time.Hour))
+	fresh := fx.donate(t, "kimi", grant("KO", now.Add(time.Hour))) // not due
+	fx.seedReading(fresh, "kimi", true, now.Add(time.Hour))
+	fx.fake.handle("/token/claude-code", func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, `{"error":"invalid_grant","error_description":"Refresh token revoked"}`, http.StatusBadRequest)
+	})
+
+	rep := fx.m.passOnce(context.Background())
+	if want := (credentialSummary{Subscriptions: 3, Refreshed: 1, Refused: 1}); rep.Credentials != want || rep.OK {
+		t.Errorf("first pass credentials = %+v ok=%v, want %+v and not ok", rep.Credentials, rep.OK, want)
+	}
+	if fx.l.credentialState(cc) != credNeedsReauth {
+		t.Fatalf("claude-code credential = %s, want needs_reauthorization", fx.l.credentialState(cc))
+	}
+	if n := fx.fake.count("/token/codex"); n != 1 {
+		t.Errorf("codex token calls = %d, want 1 (expiry unknown, never refreshed)", n)
+	}
+	if n := fx.fake.count("/token/kimi"); n != 0 {
+		t.Errorf("the fresh kimi grant was refreshed %d times", n)
+	}
+
+	for i := 0; i < 3; i++ {
+		fx.clock.advance(2 * time.Hour) // every reading's reset passes: the usage pass reads the active ones
+		rep = fx.m.passOnce(context.Background())
+		if rep.Credentials.Subscriptions != 2 {
+			t.Errorf("pass %d counted %d active OAuth subscriptions, want 2", i, rep.Credentials.Subscriptions)
+		}
+	}
+	if n := fx.fake.count("/token/claude-code"); n != 1 {
+		t.Errorf("the refused grant's token endpoint was called %d times, want 1", n)
+	}
+	if n := fx.fake.count(fakeClaudeUsage); n != 0 {
+		t.Errorf("the refused credential's report was read %d times", n)
+	}
+	if n := fx.fake.count("/token/codex"); n != 1 {
+		t.Errorf("codex token calls = %d, want still 1 (refreshed once, expiry now known)", n)
+	}
+
+	// A sign-in replaces the grant: the next pass refreshes it (it is
+	// expired) exactly once.
+	fx.fake.handle("/token/claude-code", nil)
+	signIn := grant("CC2", fx.clock.now().Add(-time.Second))
+	if err := fx.inv.replaceCredential("a1", cc, signIn); err != nil {
+		t.Fatal(err)
+	}
+	rep = fx.m.passOnce(context.Background())
+	if n := fx.fake.count("/token/claude-code"); n != 2 {
+		t.Errorf("after the sign-in the token endpoint was called %d times in total, want 2", n)
+	}
+	if fx.l.credentialState(cc) != credActive || rep.Credentials.Refreshed != 1 || !rep.OK {
+		t.Errorf("after the sign-in: state %s, report %+v", fx.l.credentialState(cc), rep)
+	}
+	if n := fx.fake.count(fakeClaudeUsage, signIn.OAuth.AccessToken); n != 0 {
+		t.Errorf("the expired signed-in token was sent to the usage report %d times; the refreshed one should be", n)
+	}
+	assertNoSecret(t, "plantedRefreshCC", fx.logs.String())
+}
+
+// TestRefreshPassTransportFailure proves a transport failure leaves the
+// credential active and is tried again by the next pass, once per pass.
+func TestRefreshPassTransportFailure(t *testing.T) {
+	fx := newMaintFixture(t)
+	now := fx.clock.now()
+	id := fx.donate(t, "kimi", grant("KO", now.Add(-time.Minute)))
+	fx.seedReading(id, "kimi", true, now.Add(24*time.Hour))
+	fx.fake.handle("/token/kimi", func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "upstream unwell", http.StatusBadGateway)
+	})
+	for pass := 1; pass <= 2; pass++ {
+		rep := fx.m.passOnce(context.Background())
+		if rep.OK || rep.Credentials != (credentialSummary{Subscriptions: 1, Refused: 1}) {
+			t.Errorf("pass %d: %+v", pass, rep)
+		}
+		if n := fx.fake.count("/token/kimi"); n != pass {
+			t.Errorf("after pass %d: %d token calls, want %d", pass, n, pass)
+		}
+		if st := fx.l.credentialState(id); st != credActive {
+			t.Errorf("after pass %d: credential %s, want active", pass, st)
+		}
+	}
+}
+
+// TestUsageReadRequests proves each read sends its provider's chat-route
+// headers to its report, stores usage_report windows, and that an expired
+// grant is refreshed before its read (the pass's one attempt for it).
+func TestUsageReadRequests(t *testing.T) {
+	fx := newMaintFixture(t)
+	now := fx.clock.now()
+	cc := fx.donate(t, "claude-code", grant("CC", now.Add(30*time.Second))) // expired for a request
+	cxGrant := grant("CX", now.Add(time.Hour))
+	cxGrant.OAuth.AccountID = "acct-123"
+	fx.donate(t, "codex", cxGrant)
+	fx.donate(t, "kimi", grant("KO", now.Add(time.Hour)))
+	fx.donate(t, "codex", vaultCredential{APIKey: "plantedCodexKey"}) // no report for an API key
+
+	rep := fx.m.passOnce(context.Background())
+	if !rep.OK || rep.Usage.Subscriptions != 3 || rep.Usage.Read != 3 || rep.Credentials.Refreshed != 1 {
+		t.Fatalf("report = %+v", rep)
+	}
+	cases := []struct {
+		name string
+		path string
+		want map[string]string // header → value ("" must be absent)
+	}{
+		{name: "claude-code", path: fakeClaudeUsage, want: map[string]string{
+			"Anthropic-Version": "2023-06-01", "Anthropic-Beta": "oauth-2025-04-20", "Chatgpt-Account-Id": "", "Originator": ""}},
+		{name: "codex", path: fakeCodexUsage, want: map[string]string{
+			"Authorization": "Bearer plantedAccessCX", "Chatgpt-Account-Id": "acct-123", "Openai-Beta": "responses=experimental",
+			"Originator": "codex_cli_rs", "Anthropic-Beta": ""}},
+		{name: "kimi", path: fakeKimiUsage, want: map[string]string{
+			"Authorization": "Bearer plantedAccessKO", "Anthropic-Beta": "", "Originator": ""}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := fx.fake.header(tc.path)
+			if h == nil {
+				t.Fatalf("%s was not read", tc.path)
+			}
+			for k, v := range tc.want {
+				if got := h.Get(k); got != v {
+					t.Errorf("%s = %q, want %q", k, got, v)
+				}
+			}
+		})
+	}
+	if fx.fake.count(fakeClaudeUsage, "plantedAccessCC") != 0 || fx.fake.count("/token/claude-code") != 1 {
+		t.Errorf("the expiring claude-code grant was not refreshed before its read")
+	}
+	if !strings.HasPrefix(fx.fake.header(fakeClaudeUsage).Get("Authorization"), "Bearer renewedAccess") {
+		t.Errorf("claude-code read with %q, want the renewed token", fx.fake.header(fakeClaudeUsage).Get("Authorization"))
+	}
+	if fx.fake.count(fakeCodexUsage, "plantedCodexKey") != 0 {
+		t.Error("a codex API key was sent to the ChatGPT usage report")
+	}
+	e, _ := fx.l.entry(cc)
+	var ids []string
+	for _, w := range e.Windows {
+		ids = append(ids, w.ID+"/"+w.Source)
+	}
+	if diff := cmp.Diff([]string{"anthropic:5h/usage_report", "anthropic:7d/usage_report"}, ids); diff != "" {
+		t.Errorf("claude-code windows (-want +got):\n%s", diff)
+	}
+}
+
+// TestUsageReadFailuresQuoteNothing proves a failed read's recorded and
+// logged sentence names the endpoint, status and size but never the body
+// or a token, whatever the provider sent back.
+func TestUsageReadFailuresQuoteNothing(t *testing.T) {
+	cases := []struct {
+		name   string
+		answer http.HandlerFunc
+		want   string
+	}{
+		{name: "refusal echoing the token", answer: func(w http.ResponseWriter, r *http.Request) {
+			http.Error(w, "bad token "+r.Header.Get("Authorization"), http.StatusForbidden)
+		}, want: "HTTP 403"},
+		{name: "html", answer: func(w http.ResponseWriter, r *http.Request) {
+			w.Write([]byte("<html>" + r.Header.Get("Authorization") + "</html>"))
+		}, want: "HTTP 200, 41 bytes received: the usage report is not usable: the body is not a JSON object (syntax error at byte 1)"},
+		{name: "no windows", answer: func(w http.ResponseWriter, r *http.Request) {
+			w.Write([]byte(`{"account":"` + r.Header.Get("Authorization") + `"}`))
+		}, want: "names no plan window"},
+		{name: "hang-up", answer: func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Length", "100")
+			w.WriteHeader(200)
+			w.Write([]byte(`{"five_hour":`))
+		}, want: "the body ended early"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			fx := newMaintFixture(t)
+			id := fx.donate(t, "claude-code", grant("CCsecret", fx.clock.now().Add(time.Hour)))
+			fx.fake.handle(fakeClaudeUsage, tc.answer)
+			rep := fx.m.passOnce(context.Background())
+			if len(rep.Usage.Failed) != 1 || !strings.Contains(rep.Usage.Failed[0].Error, tc.want) {
+				t.Fatalf("failed = %+v, want an error containing %q", rep.Usage.Failed, tc.want)
+			}
+			e, _ := fx.l.entry(id)
+			if e.UsageRead.OK || e.UsageRead.Detail != rep.Usage.Failed[0].Error {
+				t.Errorf("usage_read = %+v", e.UsageRead)
+			}
+			if strings.Contains(rep.Usage.Failed[0].Error, "plantedAccessCCsecret") {
+				t.Errorf("the error quotes the token: %s", rep.Usage.Failed[0].Error)
+			}
+			assertNoSecret(t, "plantedAccessCCsecret", fx.logs.String())
+		})
+	}
+}
+
+func TestUsageAndRefreshDue(t *testing.T) {
+	now := maintT0
+	ms := now.UnixMilli()
+	read := ledgerCheck{AtMs: ms - 1000, OK: true}
+	win := func(reset int64) []planWindow { return []planWindow{{ID: "x", ResetsAtMs: reset}} }
+	usage := []struct {
+		name string
+		e    ledgerEntry
+		want bool
+	}{
+		{name: "never read", e: ledgerEntry{Windows: win(ms + 1)}, want: true},
+		{name: "failed read", e: ledgerEntry{UsageRead: ledgerCheck{AtMs: 1}, Windows: win(ms + 1)}, want: true},
+		{name: "no windows", e: ledgerEntry{UsageRead: read}, want: true},
+		{name: "reset unknown", e: ledgerEntry{UsageRead: read, Windows: win(0)}, want: true},
+		{name: "reset passed", e: ledgerEntry{UsageRead: read, Windows: win(ms)}, want: true},
+		{name: "fresh", e: ledgerEntry{UsageRead: read, Windows: win(ms + 1)}, want: false},
+	}
+	for _, tc := range usage {
+		t.Run("usage "+tc.name, func(t *testing.T) {
+			if got := usageDue(tc.e, now); got != tc.want {
+				t.Errorf("usageDue = %v, want %v", got, tc.want)
+			}
+		})
+	}
+	refresh := []struct {
+		name        string
+		expires     int64
+		refreshedAt int64
+		want        bool
+	}{
+		{name: "expired", expires: ms, want: true},
+		{name: "expires within the request path's minute", expires: ms + 30_000, want: false},
+		{name: "valid", expires: ms + 3_600_000, want: false},
+		{name: "unknown, never refreshed", want: true},
+		{name: "unknown, refreshed before", refreshedAt: ms - 1, want: false},
+	}
+	for _, tc := range refresh {
+		t.Run("refresh "+tc.name, func(t *testing.T) {
+			if got := refreshDue(oauthGrant{ExpiresAtMs: tc.expires}, tc.refreshedAt, now); got != tc.want {
+				t.Errorf("refreshDue = %v, want %v", got, tc.want)
+			}
+		})
+	}
+	reportable := []struct {
+		provider string
+		cred     vaultCredential
+		want     bool
+	}{
+		{"claude-code", vaultCredential{OAuth: &oauthGrant{}}, true},
+		{"claude-code", vaultCredential{APIKey: "k"}, false},
+		{"codex", vaultCredential{OAuth: &oauthGrant{}}, true},
+		{"codex", vaultCredential{APIKey: "k"}, false},
+		{"kimi", vaultCredential{OAuth: &oauthGrant{}}, true},
+		{"kimi", vaultCredential{APIKey: "k"}, true},
+		{"openai", vaultCredential{APIKey: "k"}, false},
+		{"anthropic", vaultCredential{APIKey: "k"}, false},
+	}
+	for _, tc := range reportable {
+		if got := usageReportable(tc.provider, tc.cred); got != tc.want {
+			t.Errorf("usageReportable(%s, api key %v) = %v, want %v", tc.provider, tc.cred.APIKey != "", got, tc.want)
+		}
+	}
+}
+
+func TestUsageEndpoints(t *testing.T) {
+	cases := []struct {
+		name     string
+		provider string
+		env      map[string]string
+		want     string // "" means refused
+	}{
+		{name: "claude-code default", provider: "claude-code", want: "https://api.anthropic.com/api/oauth/usage"},
+		{name: "codex default", provider: "codex", want: "https://chatgpt.com/backend-api/wham/usage"},
+		{name: "kimi default", provider: "kimi", want: "https://api.kimi.com/coding/v1/usages"},
+		{name: "claude-code base override", provider: "claude-code", env: map[string]string{"BRAMA_PROVIDER_CLAUDE_CODE_BASE_URL": "http://127.0.0.1:9/"}, want: "http://127.0.0.1:9/api/oauth/usage"},
+		{name: "codex usage override", provider: "codex", env: map[string]string{"BRAMA_PROVIDER_CODEX_USAGE_URL": "https://proxy.example/wham"}, want: "https://proxy.example/wham"},
+		{name: "codex base does not move the report", provider: "codex", env: map[string]string{"BRAMA_PROVIDER_CODEX_BASE_URL": "http://127.0.0.1:9"}, want: "https://chatgpt.com/backend-api/wham/usage"},
+		{name: "codex usage over plain http", provider: "codex", env: map[string]string{"BRAMA_PROVIDER_CODEX_USAGE_URL": "http://example.com/wham"}},
+		{name: "kimi bad base", provider: "kimi", env: map[string]string{"BRAMA_PROVIDER_KIMI_BASE_URL": "ftp://x"}},
+		{name: "openai has none", provider: "openai"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			m := &maintainer{getenv: func(k string) string { return tc.env[k] }}
+			got, _, err := m.usageEndpoint(tc.provider)
+			if (err == nil) != (tc.want != "") || got != tc.want {
+				t.Errorf("usageEndpoint = %q, %v; want %q", got, err, tc.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,642 @@
+package main
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+)
+
+// Anthropic Messages (caller POST /v1/messages, provider {base}/v1/messages):
+// both directions, buffered and streamed.
+
+// Messages wire shapes, for the caller's body and the provider's.
+type (
+	messagesRequestBody struct {
+		Model         string              `json:"model"`
+		MaxTokens     *int                `json:"max_tokens,omitempty"`
+		System        json.RawMessage     `json:"system,omitempty"` // string, or text blocks
+		Messages      []messagesTurn      `json:"messages"`
+		Tools         []messagesTool      `json:"tools,omitempty"`
+		ToolChoice    *messagesToolChoice `json:"tool_choice,omitempty"`
+		Temperature   *float64            `json:"temperature,omitempty"`
+		TopP          *float64            `json:"top_p,omitempty"`
+		StopSequences []string            `json:"stop_sequences,omitempty"`
+		Thinking      *messagesThinking   `json:"thinking,omitempty"`
+		OutputConfig  *messagesOutput     `json:"output_config,omitempty"`
+		OutputFormat  *outputFormat       `json:"output_format,omitempty"` // the beta name, read from callers
+		Stream        bool                `json:"stream,omitempty"`
+		BillingTarget json.RawMessage     `json:"billingTarget,omitempty"`
+	}
+	messagesTurn struct {
+		Role    string          `json:"role"`
+		Content json.RawMessage `json:"content"`
+	}
+	messagesBlock struct {
+		Type      string          `json:"type"`
+		Text      *string         `json:"text,omitempty"`
+		Source    *messagesSource `json:"source,omitempty"`
+		Title     string          `json:"title,omitempty"`
+		ID        string          `json:"id,omitempty"`
+		Name      string          `json:"name,omitempty"`
+		Input     json.RawMessage `json:"input,omitempty"`
+		ToolUseID string          `json:"tool_use_id,omitempty"`
+		Content   json.RawMessage `json:"content,omitempty"`
+		IsError   bool            `json:"is_error,omitempty"`
+	}
+	messagesSource struct {
+		Type      string `json:"type"`
+		MediaType string `json:"media_type,omitempty"`
+		Data      string `json:"data,omitempty"`
+		URL       string `json:"url,omitempty"`
+	}
+	messagesTool struct {
+		Type        string          `json:"type,omitempty"`
+		Name        string          `json:"name"`
+		Description string          `json:"description,omitempty"`
+		InputSchema json.RawMessage `json:"input_schema,omitempty"`
+	}
+	messagesToolChoice struct {
+		Type                   string `json:"type"`
+		Name                   string `json:"name,omitempty"`
+		DisableParallelToolUse *bool  `json:"disable_parallel_tool_use,omitempty"`
+	}
+	messagesThinking struct {
+		Type         string `json:"type"`
+		BudgetTokens int    `json:"budget_tokens,omitempty"`
+	}
+	messagesOutput struct {
+		Format *outputFormat `json:"format,omitempty"`
+		Effort string        `json:"effort,omitempty"`
+	}
+	messagesAnswer struct { // the answer, and message_start's message
+		ID           string          `json:"id"`
+		Type         string          `json:"type"`
+		Role         string          `json:"role"`
+		Model        string          `json:"model"`
+		Content      []messagesBlock `json:"content"`
+		StopReason   *string         `json:"stop_reason"`
+		StopSequence *string         `json:"stop_sequence"`
+		Usage        *messagesUsage  `json:"usage"`
+	}
+	messagesUsage struct {
+		InputTokens              int `json:"input_tokens"`
+		OutputTokens             int `json:"output_tokens"`
+		CacheCreationInputTokens int `json:"cache_creation_input_tokens,omitempty"`
+		CacheReadInputTokens     int `json:"cache_read_input_tokens,omitempty"`
+	}
+	messagesEvent struct {
+		Type         string          `json:"type"`
+		Index        *int            `json:"index,omitempty"`
+		Message      *messagesAnswer `json:"message,omitempty"`
+		ContentBlock *messagesBlock  `json:"content_block,omitempty"`
+		Delta        *messagesDelta  `json:"delta,omitempty"`
+		Usage        *messagesUsage  `json:"usage,omitempty"`
+		Error        json.RawMessage `json:"error,omitempty"`
+	}
+	messagesDelta struct {
+		Type         string          `json:"type,omitempty"`
+		Text         *string         `json:"text,omitempty"`
+		PartialJSON  *string         `json:"partial_json,omitempty"`
+		StopReason   string          `json:"stop_reason,omitempty"`
+		StopSequence json.RawMessage `json:"stop_sequence,omitempty"`
+	}
+)
+
+const messagesKnown = "model max_tokens system messages tools tool_choice temperature top_p stop_sequences thinking output_config output_format stream billingTarget"
+
+// parseMessages parses an Anthropic Messages request body.
+func parseMessages(body []byte) (chatRequest, error) {
+	var b messagesRequestBody
+	if err := decodeCallerJSON(body, &b, ""); err != nil {
+		return chatRequest{}, err
+	}
+	req, err := newCallerRequest(b.Model, b.Temperature, b.TopP, b.Stream, "max_tokens", b.MaxTokens, b.BillingTarget)
+	if err != nil {
+		return chatRequest{}, err
+	}
+	dropUnknown(&req.Dropped, body, "", messagesKnown)
+	if !rawIsNull(b.System) {
+		if req.System, err = req.messagesText(b.System, "system"); err != nil {
+			return chatRequest{}, err
+		}
+	}
+	for i, m := range b.Messages {
+		what := fmt.Sprintf("messages[%d]", i)
+		switch m.Role {
+		case "system":
+			text, err := req.messagesText(m.Content, what+".content")
+			if err != nil {
+				return chatRequest{}, err
+			}
+			req.addSystem(text)
+		case "user", "assistant":
+			parts, err := req.messagesParts(m.Role, m.Content, what+".content")
+			if err != nil {
+				return chatRequest{}, err
+			}
+			req.Messages = append(req.Messages, message{Role: m.Role, Parts: parts})
+		default:
+			return chatRequest{}, refuseInvalid("%s.role %s is not user, assistant or system", what, quoteCallerToken(m.Role))
+		}
+	}
+	if len(req.Messages) == 0 {
+		return chatRequest{}, refuseInvalid("messages must hold at least one user or assistant turn")
+	}
+	var raw struct{ Tools []json.RawMessage }
+	json.Unmarshal(body, &raw)
+	for i, t := range b.Tools {
+		what := fmt.Sprintf("tools[%d]", i)
+		if t.Type != "" && t.Type != "custom" { // a server tool: web_search_…, bash_…, …
+			req.Dropped = append(req.Dropped, what)
+			continue
+		}
+		dropUnknown(&req.Dropped, raw.Tools[i], what, "type name description input_schema")
+		schema, err := parseCallerSchema(t.InputSchema, what+".input_schema")
+		if err == nil && t.Name == "" {
+			err = refuseInvalid("%s.name is required", what)
+		}
+		if err != nil {
+			return chatRequest{}, err
+		}
+		req.Tools = append(req.Tools, tool{Name: t.Name, Description: t.Description, Parameters: schema})
+	}
+	if tc := b.ToolChoice; tc != nil {
+		mode := messagesChoices[tc.Type]
+		switch {
+		case mode == "":
+			return chatRequest{}, refuseInvalid("tool_choice.type must be auto, any, tool or none")
+		case mode == toolChoiceTool && tc.Name == "":
+			return chatRequest{}, refuseInvalid("tool_choice.name is required with type \"tool\"")
+		}
+		req.ToolChoice = &toolChoice{Mode: mode, Name: tc.Name}
+		if p := tc.DisableParallelToolUse; p != nil {
+			req.ParallelToolCalls = ptrTo(!*p)
+		}
+	}
+	if req.Stop = b.StopSequences; len(req.Stop) > 0 {
+		req.StopPath = "stop_sequences"
+	}
+	if t := b.Thinking; t != nil && t.Type == "enabled" {
+		req.Effort, req.EffortPath = effortOfBudget(t.BudgetTokens), "thinking"
+	}
+	f := b.OutputFormat
+	if o := b.OutputConfig; o != nil {
+		if o.Effort != "" {
+			req.Effort, req.EffortPath = o.Effort, "output_config.effort"
+		}
+		if o.Format != nil {
+			f = o.Format
+		}
+	}
+	if f != nil {
+		if req.Output, err = checkOutput(&outputFormat{Type: f.Type, Schema: f.Schema}, "output_config.format"); err != nil {
+			return chatRequest{}, err
+		}
+	}
+	req.linkCalls()
+	return req, nil
+}
+
+// messagesChoices maps tool_choice types to neutral modes.
+var messagesChoices = map[string]string{"auto": toolChoiceAuto, "none": toolChoiceNone, "any": toolChoiceRequired, "tool": toolChoiceTool}
+
+// messagesText reads content that may only be text (a system prompt): a
+// string or text blocks, whose cache_control is dropped and named.
+func (req *chatRequest) messagesText(raw json.RawMessage, what string) (string, error) {
+	for i, bl := range rawItems(raw) {
+		dropUnknown(&req.Dropped, bl, fmt.Sprintf("%s[%d]", what, i), "type text")
+	}
+	return callerTextOf(raw, what, "text", "\n\n")
+}
+
+// messagesParts reads one turn's content: a string or an array of blocks.
+// tool_use belongs to assistant turns and tool_result to user turns;
+// blocks with no counterpart elsewhere (thinking, server tool results, a
+// file reference) and block members (cache_control, citations) are
+// dropped and named.
+func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what string) ([]part, error) {
+	text, blocks, err := callerContent[messagesBlock](raw, what, "content blocks")
+	if err != nil || text != nil {
+		return text, err
+	}
+	rawBlocks := rawItems(raw)
+	var parts []part
+	for i, bl := range blocks {
+		bw := fmt.Sprintf("%s[%d]", what, i)
+		var p part
+		known := "type"
+		switch {
+		case bl.Type == "text" && bl.Text != nil:
+			p, known = part{Type: partText, Text: *bl.Text}, "type text"
+		case bl.Type == "text":
+			return nil, refuseInvalid("%s.text is required", bw)
+		case bl.Type == "image" || bl.Type == "document":
+			url, err := messagesSourceURL(bl.Source, bw+".source")
+			if err != nil {
+				return nil, err
+			}
+			if url == "" {
+				req.Dropped = append(req.Dropped, bw)
+				continue
+			}
+			p, known = part{Type: partImage, ImageURL: url}, "type source"
+			if bl.Type == "document" {
+				p, known = part{Type: partDocument, FileURL: url, Filename: bl.Title}, "type source title"
+			}
+		case bl.Type == "tool_use" && role == "assistant":
+			args, err := "{}", error(nil)
+			if !rawIsNull(bl.Input) {
+				var in json.RawMessage
+				in, err = parseCallerSchema(bl.Input, bw+".input") // the same rule: a JSON object, compacted
+				args = string(in)
+			}
+			if err == nil && (bl.ID == "" || bl.Name == "") {
+				err = refuseInvalid("%s needs an id and a name", bw)
+			}
+			if err != nil {
+				return nil, err
+			}
+			p, known = part{Type: partToolCall, ToolCallID: bl.ID, ToolName: bl.Name, Arguments: args}, "type id name input"
+		case bl.Type == "tool_result" && role == "user":
+			if bl.ToolUseID == "" {
+				return nil, refuseInvalid("%s.tool_use_id is required", bw)
+			}
+			p = part{Type: partToolResult, ToolCallID: bl.ToolUseID, IsError: bl.IsError}
+			if !rawIsNull(bl.Content) {
+				inner, err := req.messagesParts("result", bl.Content, bw+".content")
+				if err != nil {
+					return nil, err
+				}
+				p.Text = req.resultText(inner, bw+".content")
+			}
+			known = "type tool_use_id content is_error"
+		case bl.Type == "tool_use" || bl.Type == "tool_result":
+			return nil, refuseInvalid("%s.type %s is not allowed in a %s turn", bw, quoteCallerToken(bl.Type), role)
+		default:
+			req.Dropped = append(req.Dropped, bw)
+			continue
+		}
+		dropUnknown(&req.Dropped, rawBlocks[i], bw, known)
+		parts = append(parts, p)
+	}
+	if len(parts) == 0 && role != "result" {
+		return nil, refuseInvalid("%s must hold at least one content block Brama can carry", what)
+	}
+	return parts, nil
+}
+
+// messagesSourceURL turns an image or document source into the neutral
+// URL: base64 data and plain text become a data URL, a url source stays as
+// it is. A file reference has no counterpart elsewhere: "" and no error.
+func messagesSourceURL(src *messagesSource, what string) (string, error) {
+	switch {
+	case src == nil:
+		return "", refuseInvalid("%s must be an object", what)
+	case src.Type == "base64" && src.MediaType != "" && src.Data != "":
+		return "data:" + src.MediaType + ";base64," + src.Data, nil
+	case src.Type == "text":
+		return "data:text/plain;base64," + base64.StdEncoding.EncodeToString([]byte(src.Data)), nil
+	case src.Type == "url":
+		return src.URL, checkCallerURL(src.URL, what+".url")
+	case src.Type == "file":
+		return "", nil
+	}
+	return "", refuseInvalid("%s must be base64 data with a media_type, text, a url or a file", what)
+}
+
+// messagesSourceOf turns a neutral image or document URL into a source: a
+// data URL becomes base64 data (plain text a text source), anything else a
+// url source.
+func messagesSourceOf(u string) (*messagesSource, error) {
+	if !strings.HasPrefix(u, "data:") {
+		return &messagesSource{Type: "url", URL: u}, nil
+	}
+	media, data, ok := dataURL(u)
+	if !ok {
+		return nil, refuse("invalid_request", "an image or file data URL must be base64 with a media type")
+	}
+	if text, err := base64.StdEncoding.DecodeString(data); media == "text/plain" && err == nil {
+		return &messagesSource{Type: "text", MediaType: media, Data: string(text)}, nil
+	}
+	return &messagesSource{Type: "base64", MediaType: media, Data: data}, nil
+}
+
+// encodeMessages builds a Messages body. Tool results go first in their
+// user message, as the API requires; empty text parts are dropped because
+// the API refuses empty text blocks. o.oauth selects claude-code's system
+// prompt, whose first block must be claudeCodeIdentity. A custom tool
+// becomes a function of one string member, input (SPEC §7.6).
+func encodeMessages(req chatRequest, model string, o upstreamOptions) (any, error) {
+	out := messagesRequestBody{Model: model, Temperature: req.Temperature, TopP: req.TopP, Stream: o.stream, StopSequences: req.Stop, Messages: []messagesTurn{}}
+	if req.MaxTokens > 0 {
+		out.MaxTokens = &req.MaxTokens
+	}
+	switch {
+	case o.oauth:
+		sys := []messagesBlock{{Type: "text", Text: ptrTo(claudeCodeIdentity)}}
+		if req.System != "" {
+			sys = append(sys, messagesBlock{Type: "text", Text: &req.System})
+		}
+		out.System = must(json.Marshal(sys))
+	case req.System != "":
+		out.System = jsonText(req.System)
+	}
+	for _, m := range req.Messages {
+		if m.Role == "system" {
+			out.Messages = append(out.Messages, messagesTurn{Role: "system", Content: jsonText(textOf(m.Parts))})
+			continue
+		}
+		var results, rest []messagesBlock
+		for _, p := range m.Parts {
+			switch p.Type {
+			case partText:
+				if p.Text != "" {
+					rest = append(rest, messagesBlock{Type: "text", Text: &p.Text})
+				}
+			case partImage, partDocument:
+				src, err := messagesSourceOf(p.ImageURL + p.FileURL)
+				if err != nil {
+					return nil, err
+				}
+				rest = append(rest, messagesBlock{Type: p.Type, Source: src, Title: p.Filename})
+			case partToolCall:
+				args := p.Arguments
+				if p.Custom {
+					args = string(must(json.Marshal(map[string]string{"input": args})))
+				}
+				in, err := toolArguments(args)
+				if err != nil {
+					return nil, err
+				}
+				rest = append(rest, messagesBlock{Type: "tool_use", ID: p.ToolCallID, Name: p.ToolName, Input: in})
+			case partToolResult:
+				results = append(results, messagesBlock{Type: "tool_result", ToolUseID: p.ToolCallID, Content: jsonText(p.Text), IsError: p.IsError})
+			}
+		}
+		if len(results)+len(rest) > 0 { // only empty text: the API refuses an empty turn
+			out.Messages = append(out.Messages, messagesTurn{Role: m.Role, Content: must(json.Marshal(append(results, rest...)))})
+		}
+	}
+	for _, t := range req.Tools {
+		schema := t.Parameters
+		switch {
+		case t.Kind == toolCustom:
+			schema = customInputSchema
+		case len(schema) == 0:
+			schema = emptySchema
+		}
+		out.Tools = append(out.Tools, messagesTool{Name: t.Name, Description: t.Description, InputSchema: schema})
+	}
+	serial := req.ParallelToolCalls != nil && !*req.ParallelToolCalls && len(req.Tools) > 0
+	if c := req.ToolChoice; c != nil || serial {
+		out.ToolChoice = &messagesToolChoice{Type: "auto"}
+		for typ, mode := range messagesChoices {
+			if c != nil && c.Mode == mode {
+				out.ToolChoice = &messagesToolChoice{Type: typ, Name: c.Name}
+			}
+		}
+		if serial && out.ToolChoice.Type != "none" {
+			out.ToolChoice.DisableParallelToolUse = ptrTo(true)
+		}
+	}
+	if budget := req.thinkingBudget(); budget > 0 { // the API refuses temperature and top_p beside thinking
+		out.Thinking, out.Temperature, out.TopP = &messagesThinking{Type: "enabled", BudgetTokens: budget}, nil, nil
+	}
+	if f := req.Output; f != nil {
+		if f.Type != "json_schema" {
+			return nil, refuse("invalid_request", "structured output without a JSON Schema (JSON mode) cannot be expressed to an anthropic-messages provider; send a JSON Schema")
+		}
+		out.OutputConfig = &messagesOutput{Format: &outputFormat{Type: f.Type, Schema: f.Schema}}
+	}
+	return out, nil
+}
+
+// input counts every input token: Anthropic reports cached ones apart, the
+// neutral count (like OpenAI's prompt_tokens) includes them.
+func (u messagesUsage) input() int {
+	return u.InputTokens + u.CacheCreationInputTokens + u.CacheReadInputTokens
+}
+
+// messagesStops pairs stop reasons and neutral finishes, read both ways:
+// the first row of a finish is the stop reason Brama writes, and any stop
+// reason not listed (end_turn, stop_sequence, pause_turn) is a stop.
+var messagesStops = [][2]string{{"max_tokens", finishLength}, {"tool_use", finishToolCalls}, {"refusal", finishContentFilter},
+	{"model_context_window_exceeded", finishLength}, {"end_turn", finishStop}}
+
+func messagesFinish(reason string) string {
+	for _, r := range messagesStops {
+		if r[0] == reason {
+			return r[1]
+		}
+	}
+	return finishStop
+}
+
+func messagesStopReason(finish string) *string {
+	for _, r := range messagesStops {
+		if r[1] == finish {
+			return &r[0]
+		}
+	}
+	return ptrTo("end_turn")
+}
+
+// decodeMessages reads a complete Messages answer.
+func decodeMessages(body []byte) (chatAnswer, error) {
+	var r messagesAnswer
+	if err := json.Unmarshal(body, &r); err != nil || r.Type != "message" {
+		return chatAnswer{}, malformedAnswer(protoAnthropic, err)
+	}
+	a := chatAnswer{Finish: finishStop}
+	for _, b := range r.Content {
+		switch {
+		case b.Type == "text" && b.Text != nil:
+			a.Text += *b.Text
+		case b.Type == "tool_use":
+			var args bytes.Buffer
+			if rawIsNull(b.Input) {
+				args.WriteString("{}")
+			} else if err := json.Compact(&args, b.Input); err != nil {
+				return chatAnswer{}, malformedAnswer(protoAnthropic, err)
+			}
+			if b.Name == "" {
+				return chatAnswer{}, malformedAnswer(protoAnthropic, nil)
+			}
+			a.ToolCalls = append(a.ToolCalls, toolCall{ID: b.ID, Name: b.Name, Arguments: args.String()})
+		}
+	}
+	if r.StopReason != nil {
+		a.Finish = messagesFinish(*r.StopReason)
+	}
+	if u := r.Usage; u != nil {
+		a.Usage = usage{InputTokens: u.input(), OutputTokens: u.OutputTokens, Reported: true}
+	}
+	return a, nil
+}
+
+// renderMessages is the Anthropic message object for a: the message the
+// stream that would have carried it builds. Usage is always present (zeros
+// when unreported) because Anthropic's SDKs type it as required.
+func renderMessages(req chatRequest, a chatAnswer) any {
+	w := newMessagesCallerStream(&callerSSE{w: io.Discard, flush: func() {}}, req, a.Model).(*messagesCallerStream)
+	replayAnswer(w.sse, w, req, a)
+	return w.msg
+}
+
+// messagesCallerStream writes Anthropic's message events, one content
+// block at a time, and keeps the whole message.
+type messagesCallerStream struct {
+	sse *callerSSE
+	msg messagesAnswer
+}
+
+func newMessagesCallerStream(sse *callerSSE, _ chatRequest, model string) blockWriter {
+	return &messagesCallerStream{sse: sse, msg: messagesAnswer{ID: newAnswerID("msg_"), Type: "message", Role: "assistant",
+		Model: model, Content: []messagesBlock{}, Usage: &messagesUsage{}}}
+}
+
+func (s *messagesCallerStream) emit(ev messagesEvent) error { return s.sse.frame(ev.Type, ev) }
+
+// begin writes message_start. Input tokens are not known yet (providers
+// report usage at the end), so they go out as 0 here and for real in
+// message_delta, whose usage Anthropic's SDKs take over.
+func (s *messagesCallerStream) begin() error {
+	m := s.msg
+	return s.emit(messagesEvent{Type: "message_start", Message: &m})
+}
+
+func (s *messagesCallerStream) open(i int, b *streamBlock) error {
+	cb := messagesBlock{Type: "text", Text: ptrTo("")}
+	if !b.text {
+		cb = messagesBlock{Type: "tool_use", ID: answerIDOr(b.id, "toolu_"), Name: b.name, Input: json.RawMessage(`{}`)}
+	}
+	s.msg.Content = append(s.msg.Content, cb)
+	return s.emit(messagesEvent{Type: "content_block_start", Index: &i, ContentBlock: &cb})
+}
+
+// delta writes a text or input_json delta; the kept block follows.
+func (s *messagesCallerStream) delta(i int, b *streamBlock, d string) error {
+	delta := &messagesDelta{Type: "text_delta", Text: &d}
+	if !b.text {
+		delta = &messagesDelta{Type: "input_json_delta", PartialJSON: &d}
+	}
+	if cb := &s.msg.Content[i]; b.text {
+		cb.Text = ptrTo(b.buf.String())
+	} else if in, err := toolArguments(b.buf.String()); err == nil {
+		cb.Input = in // arguments that are not a JSON object stay {}: the block must be well-formed for SDKs
+	}
+	return s.emit(messagesEvent{Type: "content_block_delta", Index: &i, Delta: delta})
+}
+
+func (s *messagesCallerStream) close(i int, _ *streamBlock, _ string) error {
+	return s.emit(messagesEvent{Type: "content_block_stop", Index: &i})
+}
+
+func (s *messagesCallerStream) finishNow(callerStreamTail) error { return nil }
+
+// end writes message_delta with the stop reason and usage, then message_stop.
+func (s *messagesCallerStream) end(t callerStreamTail) error {
+	s.msg.StopReason = messagesStopReason(answerFinish(t.finish))
+	s.msg.Usage = &messagesUsage{InputTokens: t.usage.InputTokens, OutputTokens: t.usage.OutputTokens}
+	err := s.emit(messagesEvent{Type: "message_delta", Delta: &messagesDelta{StopReason: *s.msg.StopReason, StopSequence: json.RawMessage("null")}, Usage: s.msg.Usage})
+	if err != nil {
+		return err
+	}
+	return s.emit(messagesEvent{Type: "message_stop"})
+}
+
+// fail writes Anthropic's error event carrying the envelope's members.
+func (s *messagesCallerStream) fail(e *apiError) error {
+	return s.emit(messagesEvent{Type: "error", Error: must(json.Marshal(e.body().Error))})
+}
+
+// messagesUpstreamStream translates Messages events; message_stop is terminal.
+type messagesUpstreamStream struct {
+	finish   string
+	usage    usage
+	blocks   map[int]int  // content block index → neutral tool index, tool_use blocks only
+	argsSeen map[int]bool // neutral tool index → some non-empty arguments were emitted
+}
+
+func newMessagesUpstreamStream() streamTranslator {
+	return &messagesUpstreamStream{blocks: map[int]int{}, argsSeen: map[int]bool{}}
+}
+
+func (a *messagesUpstreamStream) handle(ev sseEvent, emit func(streamEvent) error) (bool, error) {
+	var e messagesEvent
+	if err := json.Unmarshal([]byte(ev.Data), &e); err != nil {
+		return false, malformedEvent(protoAnthropic, err)
+	}
+	if ev.Event == "error" || e.Type == "error" {
+		f, _ := errorObject(e.Error)
+		return false, inBandError(f.typ)
+	}
+	index := 0
+	if e.Index != nil {
+		index = *e.Index
+	}
+	ni, isTool := a.blocks[index]
+	missing := func(what string) (bool, error) {
+		return false, malformedEvent(protoAnthropic, errors.New(e.Type+" without "+what))
+	}
+	switch e.Type {
+	case "":
+		return missing("a type")
+	case "message_start":
+		if e.Message == nil {
+			return missing("message")
+		}
+		if u := e.Message.Usage; u != nil {
+			a.usage = usage{InputTokens: u.input(), OutputTokens: u.OutputTokens, Reported: true}
+		}
+	case "content_block_start":
+		switch b := e.ContentBlock; {
+		case b == nil:
+			return missing("content_block")
+		case b.Type == "text" && b.Text != nil && *b.Text != "":
+			return false, emit(streamEvent{Kind: eventText, Text: *b.Text})
+		case b.Type == "tool_use" && (b.Name == "" || isTool):
+			return missing("a fresh index and a name")
+		case b.Type == "tool_use":
+			a.blocks[index] = len(a.blocks)
+			return false, emit(streamEvent{Kind: eventToolCallStart, Index: a.blocks[index], ToolCall: toolCall{ID: b.ID, Name: b.Name}})
+		}
+	case "content_block_delta":
+		switch d := e.Delta; {
+		case d == nil:
+			return missing("delta")
+		case d.Type == "text_delta" && d.Text != nil && *d.Text != "":
+			return false, emit(streamEvent{Kind: eventText, Text: *d.Text})
+		case d.Type == "input_json_delta" && !isTool:
+			return missing("a tool_use block")
+		case d.Type == "input_json_delta" && d.PartialJSON != nil && *d.PartialJSON != "":
+			a.argsSeen[ni] = true
+			return false, emit(streamEvent{Kind: eventToolCallArgs, Index: ni, Text: *d.PartialJSON})
+		}
+	case "content_block_stop":
+		if isTool && !a.argsSeen[ni] { // a tool without parameters streams no arguments; callers expect "{}"
+			a.argsSeen[ni] = true
+			return false, emit(streamEvent{Kind: eventToolCallArgs, Index: ni, Text: "{}"})
+		}
+	case "message_delta":
+		if e.Delta != nil && e.Delta.StopReason != "" {
+			a.finish = messagesFinish(e.Delta.StopReason)
+		}
+		if u := e.Usage; u != nil {
+			a.usage.Reported, a.usage.OutputTokens = true, u.OutputTokens
+			if u.InputTokens > 0 { // newer message_delta events repeat the cumulative input counts
+				a.usage.InputTokens = u.input()
+			}
+		}
+	case "message_stop":
+		return true, emitTail(emit, answerFinish(a.finish), a.usage)
+	}
+	// ping and event types added later carry nothing Brama translates.
+	return false, nil
+}
+
+func (a *messagesUpstreamStream) ended(func(streamEvent) error) (bool, error) { return false, nil }

@@ -1,0 +1,144 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestTokenURLOverride(t *testing.T) {
+	tests := []struct {
+		name, provider, value, want string
+		ok                          bool
+	}{
+		{"built in", "claude-code", "", "https://console.anthropic.com/v1/oauth/token", true},
+		{"built in codex", "codex", "", "https://auth.openai.com/oauth/token", true},
+		{"built in kimi", "kimi", "", "https://auth.kimi.com/api/oauth/token", true},
+		{"https override", "kimi", " https://proxy.example/token ", "https://proxy.example/token", true},
+		{"http loopback", "claude-code", "http://127.0.0.1:9/t", "http://127.0.0.1:9/t", true},
+		{"http remote refused", "codex", "http://auth.example/token", "", false},
+		{"query refused", "codex", "https://auth.example/token?x=1", "", false},
+		{"user info refused", "codex", "https://u:p@auth.example/token", "", false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			env := map[string]string{"BRAMA_OAUTH_" + strings.ToUpper(strings.ReplaceAll(tc.provider, "-", "_")) + "_TOKEN_URL": tc.value}
+			o := &oauthClient{getenv: testEnv(env)}
+			p, err := lookupOAuth(tc.provider)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := o.tokenURL(p)
+			if (err == nil) != tc.ok || got != tc.want {
+				t.Errorf("tokenURL = %q, %v; want %q, ok %v", got, err, tc.want, tc.ok)
+			}
+			if err != nil && !errors.Is(err, errTokenURL) {
+				t.Errorf("error %v does not wrap errTokenURL", err)
+			}
+		})
+	}
+}
+
+func TestExpiredForRequest(t *testing.T) {
+	ms := oauthNow.UnixMilli()
+	tests := []struct {
+		name    string
+		expires int64
+		want    bool
+	}{
+		{"unknown expiry", 0, false},
+		{"well ahead", ms + 61_000, false},
+		{"exactly 60 s ahead", ms + 60_000, true},
+		{"inside the minute", ms + 1, true},
+		{"past", ms - 1, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := expiredForRequest(oauthGrant{ExpiresAtMs: tc.expires}, oauthNow); got != tc.want {
+				t.Errorf("expiredForRequest = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestFillGrant(t *testing.T) {
+	exp := int64(1_900_000_000)
+	access := testJWT(map[string]any{"exp": exp})
+	idToken := testJWT(map[string]any{"https://api.openai.com/auth": map[string]any{"chatgpt_account_id": "acct-9"}})
+	tests := []struct {
+		name, provider string
+		in, want       oauthGrant
+	}{
+		{"codex fills both", "codex", oauthGrant{AccessToken: access, IDToken: idToken},
+			oauthGrant{AccessToken: access, IDToken: idToken, ExpiresAtMs: exp * 1000, AccountID: "acct-9"}},
+		{"codex keeps what is given", "codex", oauthGrant{AccessToken: access, IDToken: idToken, ExpiresAtMs: 5, AccountID: "a"},
+			oauthGrant{AccessToken: access, IDToken: idToken, ExpiresAtMs: 5, AccountID: "a"}},
+		{"claude-code takes no account id", "claude-code", oauthGrant{AccessToken: "opaque", IDToken: idToken},
+			oauthGrant{AccessToken: "opaque", IDToken: idToken}},
+		{"not a JWT", "codex", oauthGrant{AccessToken: "a.b.c", IDToken: "x"}, oauthGrant{AccessToken: "a.b.c", IDToken: "x"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if diff := cmp.Diff(tc.want, fillGrant(tc.provider, tc.in)); diff != "" {
+				t.Errorf("fillGrant (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func FuzzTokenAnswer(f *testing.F) {
+	for _, s := range []string{
+		`{"access_token":"a","refresh_token":"r","expires_in":3600,"id_token":"x.y.z"}`,
+		`{"access_token":"a","expires_in":"60"}`,
+		`{"error":"invalid_grant","error_description":"revoked"}`,
+		`{"type":"error","error":{"type":"permission_error","message":"no"}}`,
+		`{"access_token":""}`,
+		`<html>`,
+		`{"access_token":"a",`,
+		`{"expires_in":1e400,"access_token":"a"}`,
+		`eyJhbGciOiJub25lIn0.eyJleHAiOjE5MDAwMDAwMDB9.c2ln`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		// A body that ended early is never a refusal, whatever it held (SPEC §11.1).
+		for _, status := range []int{200, 401, 403} {
+			if _, re := classifyTokenAnswer("https://e/t", status, data, io.ErrUnexpectedEOF); re == nil || re.Definitive || !errors.Is(re, io.ErrUnexpectedEOF) {
+				t.Fatalf("a partial %d answer classified as %+v", status, re)
+			}
+		}
+		jwtExpMs(string(data)) // must not panic on anything
+		codexAccountID(string(data))
+		ans, err := parseTokenAnswer(data)
+		if err != nil {
+			if !errors.Is(err, errTokenMalformed) && !errors.Is(err, errTokenRefused) {
+				t.Fatalf("unclassified error: %v", err)
+			}
+			if errors.Is(err, errTokenRefused) && ans.Error == "" {
+				t.Fatalf("refusal without an error code: %v", err)
+			}
+			for _, status := range []int{200, 400, 401, 503} {
+				_, re := classifyTokenAnswer("https://e/t", status, data, nil, "secret-refresh-token")
+				if re == nil || (re.Definitive && re.Sentence == "") || strings.Contains(re.Error(), "secret-refresh-token") {
+					t.Fatalf("classify of a refused answer with status %d = %+v", status, re)
+				}
+			}
+			return
+		}
+		if ans.AccessToken == "" || ans.Error != "" || ans.ExpiresIn < 0 {
+			t.Fatalf("accepted %+v", ans)
+		}
+		b, err := json.Marshal(ans)
+		if err != nil {
+			t.Fatal(err)
+		}
+		again, err := parseTokenAnswer(b)
+		if err != nil || again != ans {
+			t.Fatalf("round trip: %+v, %v; want %+v", again, err, ans)
+		}
+	})
+}

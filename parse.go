@@ -1,0 +1,453 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+	"slices"
+	"strings"
+)
+
+// Reading a caller's body, the rules the three formats share (SPEC §7.6):
+// lenient with what it cannot use, strict with what it must read. A member
+// with no counterpart in another format is dropped and named in the
+// caller's own member paths (chatRequest.Dropped); a member Brama must
+// read and cannot (a non-string model, an unknown role) is refused as
+// invalid_request. Refusals name the member (messages[2].content[0]) but
+// never quote the caller's text.
+
+// refuseInvalid is refuse("invalid_request", …), the one code a parse error has.
+func refuseInvalid(format string, args ...any) *apiError {
+	return refuse("invalid_request", format, args...)
+}
+
+// decodeCallerJSON unmarshals data into v and turns encoding/json's errors into
+// invalid_request refusals that name the member at fault and quote nothing
+// of the body. what prefixes the member path ("" for the request body).
+func decodeCallerJSON(data []byte, v any, what string) error {
+	err := json.Unmarshal(data, v)
+	if err == nil {
+		return nil
+	}
+	var se *json.SyntaxError
+	var te *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &se):
+		return refuseInvalid("malformed JSON at byte %d", se.Offset).because(err)
+	case errors.As(err, &te):
+		field := te.Field
+		if what != "" && field != "" {
+			field = what + "." + field
+		} else if field == "" {
+			field = what
+		}
+		if field == "" {
+			return refuseInvalid("the request body must be a JSON object").because(err)
+		}
+		return refuseInvalid("%s: expected %s, got %s", field, callerJSONKind(te.Type), truncateUTF8(te.Value, 32)).because(err)
+	}
+	return refuseInvalid("malformed JSON").because(err)
+}
+
+// callerJSONKind names the JSON shape a Go type decodes from, for refusals.
+func callerJSONKind(t reflect.Type) string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch k := t.Kind(); {
+	case k == reflect.String:
+		return "a string"
+	case k == reflect.Bool:
+		return "a boolean"
+	case k >= reflect.Int && k <= reflect.Uint64:
+		return "an integer"
+	case k == reflect.Float32 || k == reflect.Float64:
+		return "a number"
+	case k == reflect.Slice || k == reflect.Array:
+		return "an array"
+	}
+	return "an object"
+}
+
+// rawIsNull reports whether a member was absent or JSON null.
+func rawIsNull(raw json.RawMessage) bool {
+	raw = bytes.TrimSpace(raw)
+	return len(raw) == 0 || string(raw) == "null"
+}
+
+// rawShape is the first byte of a JSON value: '"', '[', '{', or another
+// byte for numbers, booleans and null.
+func rawShape(raw json.RawMessage) byte {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 {
+		return 0
+	}
+	return raw[0]
+}
+
+// dropUnknown names, in d, every member of the JSON object raw that is not
+// in known (space-separated), under path ("" for the body). A value that is
+// not an object names nothing: the typed decode refuses it.
+func dropUnknown(d *[]string, raw json.RawMessage, path, known string) {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(raw, &m) != nil {
+		return
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		// encoding/json matches member names without regard to case.
+		if !slices.ContainsFunc(strings.Fields(known), func(n string) bool { return strings.EqualFold(n, k) }) {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		*d = append(*d, joinPath(path, k))
+	}
+}
+
+// rawItems is a JSON array's elements, none for anything else.
+func rawItems(raw json.RawMessage) []json.RawMessage {
+	var items []json.RawMessage
+	json.Unmarshal(raw, &items)
+	return items
+}
+
+// joinPath is path.member, or member at the top.
+func joinPath(path, member string) string {
+	if path == "" {
+		return member
+	}
+	return path + "." + member
+}
+
+// newCallerRequest checks the members every dialect shares and starts the
+// neutral request from them; limitName is the dialect's name for the output
+// limit.
+func newCallerRequest(model string, temperature, topP *float64, stream bool, limitName string, limit *int, bt json.RawMessage) (chatRequest, error) {
+	if model == "" {
+		return chatRequest{}, refuseInvalid("model is required and must be a non-empty string")
+	}
+	req := chatRequest{Model: model, Temperature: temperature, TopP: topP, Stream: stream}
+	var err error
+	if req.MaxTokens, err = checkCallerMaxTokens(limitName, limit); err != nil {
+		return chatRequest{}, err
+	}
+	if req.BillingTarget, err = parseCallerBillingTarget(bt); err != nil {
+		return chatRequest{}, err
+	}
+	return req, nil
+}
+
+// callerContent reads message content that is either a string (one text
+// part) or an array of parts of type T; kind names the array's elements in
+// the refusal.
+func callerContent[T any](raw json.RawMessage, what, kind string) (text []part, items []T, err error) {
+	switch rawShape(raw) {
+	case '"':
+		var s string
+		err := decodeCallerJSON(raw, &s, what)
+		return []part{{Type: partText, Text: s}}, nil, err
+	case '[':
+		err := decodeCallerJSON(raw, &items, what)
+		return nil, items, err
+	}
+	return nil, nil, refuseInvalid("%s must be a string or an array of %s", what, kind)
+}
+
+// checkCallerMaxTokens refuses a caller's limit below 1 (SPEC §8.2 "bad limits").
+func checkCallerMaxTokens(name string, v *int) (int, error) {
+	if v == nil {
+		return 0, nil
+	}
+	if *v < 1 {
+		return 0, refuseInvalid("%s must be at least 1", name)
+	}
+	return *v, nil
+}
+
+// parseCallerBillingTarget reads the top-level billingTarget member shared by all
+// three dialects (SPEC §7.2). It is never forwarded.
+func parseCallerBillingTarget(raw json.RawMessage) (*billingTarget, error) {
+	if rawIsNull(raw) {
+		return nil, nil
+	}
+	if rawShape(raw) != '{' {
+		return nil, refuseInvalid("billingTarget must be an object")
+	}
+	var bt billingTarget
+	if err := decodeCallerJSON(raw, &bt, "billingTarget"); err != nil {
+		return nil, err
+	}
+	if bt.SubscriptionID == "" {
+		return nil, refuseInvalid("billingTarget.subscriptionId is required")
+	}
+	return &bt, nil
+}
+
+// parseCallerSchema reads a JSON Schema member: absent or null is nil, an
+// object is kept (compacted), anything else is refused.
+func parseCallerSchema(raw json.RawMessage, what string) (json.RawMessage, error) {
+	if rawIsNull(raw) {
+		return nil, nil
+	}
+	if rawShape(raw) != '{' {
+		return nil, refuseInvalid("%s must be a JSON Schema object", what)
+	}
+	var b bytes.Buffer
+	if err := json.Compact(&b, raw); err != nil {
+		return nil, refuseInvalid("%s is malformed", what).because(err)
+	}
+	return json.RawMessage(b.Bytes()), nil
+}
+
+// checkCallerURL accepts the two references every provider protocol can
+// carry for an image or a document: an https URL or a data URL.
+func checkCallerURL(url, what string) error {
+	if strings.HasPrefix(url, "https://") || strings.HasPrefix(url, "data:") {
+		return nil
+	}
+	return refuseInvalid("%s must be an https URL or a data URL", what)
+}
+
+// quoteCallerToken quotes a caller-chosen token (a role, a part type) for a refusal,
+// bounded so a refusal never echoes a long string back.
+func quoteCallerToken(s string) string {
+	return fmt.Sprintf("%q", truncateUTF8(s, 64))
+}
+
+// appendPart adds p to the last message when it has role, else a new turn.
+// Consecutive tool results are one user turn (SPEC §7.6), and a tool call
+// joins the assistant turn before it.
+func appendPart(msgs []message, role string, p part) []message {
+	if n := len(msgs); n > 0 && msgs[n-1].Role == role && (role != "user" || allToolResults(msgs[n-1].Parts)) {
+		msgs[n-1].Parts = append(msgs[n-1].Parts, p)
+		return msgs
+	}
+	return append(msgs, message{Role: role, Parts: []part{p}})
+}
+
+func allToolResults(ps []part) bool {
+	for _, p := range ps {
+		if p.Type != partToolResult {
+			return false
+		}
+	}
+	return len(ps) > 0
+}
+
+// addSystem adds instruction text: to the leading System while no turn has
+// come yet, else as a system turn where it stands.
+func (req *chatRequest) addSystem(text string) {
+	if len(req.Messages) == 0 {
+		req.System = joinText(req.System, text)
+		return
+	}
+	req.Messages = append(req.Messages, message{Role: "system", Parts: []part{{Type: partText, Text: text}}})
+}
+
+// joinText appends one more piece of text, "\n\n" between pieces.
+func joinText(sys, more string) string {
+	switch {
+	case more == "":
+		return sys
+	case sys == "":
+		return more
+	}
+	return sys + "\n\n" + more
+}
+
+// linkCalls marks tool calls to custom tools and the results of custom
+// calls, whichever format they came from.
+func (req *chatRequest) linkCalls() {
+	custom := map[string]bool{}
+	for i := range req.Messages {
+		for j := range req.Messages[i].Parts {
+			p := &req.Messages[i].Parts[j]
+			switch p.Type {
+			case partToolCall:
+				if t := req.findTool(p.ToolName); t != nil && t.Kind == toolCustom {
+					p.Custom = true
+				}
+				custom[p.ToolCallID] = p.Custom
+			case partToolResult:
+				p.Custom = p.Custom || custom[p.ToolCallID]
+			}
+		}
+	}
+}
+
+// openAITool is one tool as both OpenAI formats declare it, in Responses'
+// flat shape (chat's nested one is flattened into it): the Responses wire
+// shape, and what addOpenAITool reads.
+type openAITool struct {
+	Type        string          `json:"type"`
+	Name        string          `json:"name,omitempty"`
+	Description string          `json:"description,omitempty"`
+	Parameters  json.RawMessage `json:"parameters,omitempty"`
+	Strict      *bool           `json:"strict,omitempty"`
+	Format      json.RawMessage `json:"format,omitempty"`
+	Tools       []openAITool    `json:"tools,omitempty"` // a namespace's members
+}
+
+// addOpenAITool adds a function, custom or namespace tool, in the flat
+// shape Responses declares it (chat's nested one is flattened first); any
+// other (a hosted tool: web_search, tool_search, …) is dropped and named.
+func (req *chatRequest) addOpenAITool(t openAITool, what string) error {
+	switch t.Type {
+	case "function", "custom":
+		if t.Name == "" {
+			return refuseInvalid("%s needs a name", what)
+		}
+		params, err := parseCallerSchema(t.Parameters, what+".parameters")
+		if err != nil {
+			return err
+		}
+		nt := tool{Name: t.Name, Description: t.Description, Parameters: params}
+		if t.Type == "custom" {
+			nt = tool{Kind: toolCustom, Name: t.Name, Description: t.Description, Format: t.Format}
+			if t.Format != nil {
+				nt.FormatPath = what + ".format"
+			}
+		}
+		req.Tools = append(req.Tools, nt)
+	case "namespace":
+		if t.Name == "" {
+			return refuseInvalid("%s needs a name", what)
+		}
+		if t.Description != "" {
+			req.Dropped = append(req.Dropped, what+".description")
+		}
+		for i, m := range t.Tools {
+			n := len(req.Tools)
+			if err := req.addOpenAITool(m, fmt.Sprintf("%s.tools[%d]", what, i)); err != nil {
+				return err
+			}
+			for j := n; j < len(req.Tools); j++ {
+				req.Tools[j].Namespace, req.Tools[j].Name = t.Name, t.Name+"__"+req.Tools[j].Name
+			}
+		}
+	default:
+		req.Dropped = append(req.Dropped, what)
+	}
+	return nil
+}
+
+// parseOpenAIToolChoice reads tool_choice as both OpenAI formats send it: a
+// mode string, or an object naming one tool, nested under "function" or
+// "custom" in chat and flat in responses. Other objects (allowed_tools, a
+// hosted tool) are dropped and named.
+func parseOpenAIToolChoice(req *chatRequest, raw json.RawMessage, nested bool) (*toolChoice, error) {
+	switch rawShape(raw) {
+	case 0, 'n':
+		if !rawIsNull(raw) {
+			return nil, refuseInvalid("tool_choice is malformed")
+		}
+		return nil, nil
+	case '"':
+		var s string
+		if err := decodeCallerJSON(raw, &s, "tool_choice"); err != nil {
+			return nil, err
+		}
+		switch s {
+		case toolChoiceAuto, toolChoiceNone, toolChoiceRequired:
+			return &toolChoice{Mode: s}, nil
+		}
+		return nil, refuseInvalid("tool_choice must be \"auto\", \"none\", \"required\" or a tool")
+	case '{':
+		var tc struct {
+			Type      string `json:"type"`
+			Name      string `json:"name"`
+			Namespace string `json:"namespace"`
+			Function  struct {
+				Name string `json:"name"`
+			} `json:"function"`
+			Custom struct {
+				Name string `json:"name"`
+			} `json:"custom"`
+		}
+		if err := decodeCallerJSON(raw, &tc, "tool_choice"); err != nil {
+			return nil, err
+		}
+		if tc.Type != "function" && tc.Type != "custom" {
+			req.Dropped = append(req.Dropped, "tool_choice")
+			return nil, nil
+		}
+		name := tc.Name
+		if nested {
+			name = tc.Function.Name + tc.Custom.Name
+		}
+		if name == "" {
+			return nil, refuseInvalid("tool_choice must name a tool: {\"type\":\"function\",…}")
+		}
+		if tc.Namespace != "" {
+			name = tc.Namespace + "__" + name
+		}
+		return &toolChoice{Mode: toolChoiceTool, Name: name}, nil
+	}
+	return nil, refuseInvalid("tool_choice must be a string or an object")
+}
+
+// parseStop reads stop sequences: a string or an array of strings.
+func parseStop(raw json.RawMessage, what string) ([]string, error) {
+	switch rawShape(raw) {
+	case 0, 'n':
+		return nil, nil
+	case '"':
+		var s string
+		err := decodeCallerJSON(raw, &s, what)
+		return []string{s}, err
+	}
+	var ss []string
+	return ss, decodeCallerJSON(raw, &ss, what)
+}
+
+// checkOutput reads a structured-output member: text is none, json_object
+// any JSON, json_schema needs its schema.
+func checkOutput(o *outputFormat, what string) (*outputFormat, error) {
+	switch o.Type {
+	case "", "text":
+		return nil, nil
+	case "json_object":
+		return &outputFormat{Type: o.Type}, nil
+	case "json_schema":
+		if rawShape(o.Schema) != '{' {
+			return nil, refuseInvalid("%s needs a JSON Schema object", what)
+		}
+		return o, nil
+	}
+	return nil, refuseInvalid("%s.type %s is not text, json_object or json_schema", what, quoteCallerToken(o.Type))
+}
+
+// callerTextOf reads content that may only be text: a string, or an array of
+// {"type":textType,"text":…} parts, joined with sep.
+func callerTextOf(raw json.RawMessage, what, textType, sep string) (string, error) {
+	text, parts, err := callerContent[chatPart](raw, what, textType+" parts")
+	if err != nil || text != nil {
+		return textOf(text), err
+	}
+	texts := make([]string, 0, len(parts))
+	for i, p := range parts {
+		if p.Type != textType || p.Text == nil {
+			return "", refuseInvalid("%s[%d] must be a %s part with text", what, i, textType)
+		}
+		texts = append(texts, *p.Text)
+	}
+	return strings.Join(texts, sep), nil
+}
+
+// resultText is a tool result's text; its other parts have no counterpart
+// in every format and are dropped and named.
+func (req *chatRequest) resultText(parts []part, what string) string {
+	var texts []string
+	for i, p := range parts {
+		if p.Type != partText {
+			req.Dropped = append(req.Dropped, fmt.Sprintf("%s[%d]", what, i))
+			continue
+		}
+		texts = append(texts, p.Text)
+	}
+	return strings.Join(texts, "\n")
+}

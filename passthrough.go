@@ -1,0 +1,381 @@
+package main
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// Native first (SPEC §7.6): when the caller's dialect is the provider's
+// protocol, the request goes to the provider as the caller wrote it, but
+// for the few members Brama acts on, and the answer comes back as the
+// provider wrote it. Only a call across formats parses the whole body into
+// the neutral request (dialects.go) and translates.
+//
+// This file reads a caller request's head (the members Brama acts on) and
+// builds the passthrough provider request; passthroughrelay.go relays the
+// answer.
+
+// dialectProtocol is the provider protocol that speaks each caller
+// dialect's wire format.
+var dialectProtocol = map[string]string{
+	dialectChat:      protoOpenAIChat,
+	dialectMessages:  protoAnthropic,
+	dialectResponses: protoOpenAIResponses,
+}
+
+// callerRequest is one caller chat request as dispatch carries it: the raw
+// body, the head Brama acts on, and the neutral request once a call across
+// formats needs it.
+type callerRequest struct {
+	dialect string
+	body    rawObject   // the caller's body, split into top-level members
+	header  http.Header // the caller's request headers
+	query   string      // the caller's raw query string
+	// head holds Model, Stream, BillingTarget and MaxTokens, the output
+	// limit a call sends (SPEC §6.4: the caller's, else the catalogue's,
+	// else 0); nothing else of it is set.
+	head        chatRequest
+	callerLimit bool         // the caller named an output limit
+	neutral     *chatRequest // the whole body parsed for translation; nil until a call needs it
+}
+
+// outputLimitNames are each dialect's names for the output limit.
+var outputLimitNames = map[string][]string{
+	dialectChat:      {"max_completion_tokens", "max_tokens"},
+	dialectMessages:  {"max_tokens"},
+	dialectResponses: {"max_output_tokens"},
+}
+
+// readCallerRequest reads the head of a caller's body leniently: only
+// model, stream, the output limit and billingTarget are looked at, so a
+// member Brama does not know is never a refusal on the passthrough path.
+func readCallerRequest(dialect string, r *http.Request, body []byte) (*callerRequest, error) {
+	o, err := parseRawObject(body)
+	if err != nil {
+		return nil, err
+	}
+	cr := &callerRequest{dialect: dialect, body: o, header: r.Header, query: r.URL.RawQuery}
+	if err := json.Unmarshal(o.value("model"), &cr.head.Model); err != nil || cr.head.Model == "" {
+		return nil, refuse("invalid_request", "model is required and must be a non-empty string")
+	}
+	if v := o.value("stream"); !rawIsNull(v) && json.Unmarshal(v, &cr.head.Stream) != nil {
+		return nil, refuse("invalid_request", "stream must be a boolean")
+	}
+	for _, name := range outputLimitNames[dialect] {
+		v := o.value(name)
+		if rawIsNull(v) {
+			continue
+		}
+		var n int
+		if json.Unmarshal(v, &n) != nil || n < 1 {
+			return nil, refuse("invalid_request", "%s must be an integer of at least 1", name)
+		}
+		if !cr.callerLimit {
+			cr.head.MaxTokens, cr.callerLimit = n, true
+		}
+	}
+	if cr.head.BillingTarget, err = readBillingTarget(o.value("billingTarget")); err != nil {
+		return nil, err
+	}
+	return cr, nil
+}
+
+// readBillingTarget reads the billingTarget member (SPEC §7.2): absent or
+// null is none; it is never forwarded.
+func readBillingTarget(raw json.RawMessage) (*billingTarget, error) {
+	if rawIsNull(raw) {
+		return nil, nil
+	}
+	var bt billingTarget
+	if rawShape(raw) != '{' || json.Unmarshal(raw, &bt) != nil {
+		return nil, refuse("invalid_request", "billingTarget must be an object with string members")
+	}
+	if bt.SubscriptionID == "" {
+		return nil, refuse("invalid_request", "billingTarget.subscriptionId is required")
+	}
+	return &bt, nil
+}
+
+// translates reports whether a call to p needs translation: the caller's
+// format is not p's protocol.
+func (cr *callerRequest) translates(p providerInfo) bool {
+	return dialectProtocol[cr.dialect] != p.protocol
+}
+
+// parseForTranslation parses the whole body into the neutral request, once.
+// A refusal here is a 400 before any call.
+func (cr *callerRequest) parseForTranslation() error {
+	if cr.neutral != nil {
+		return nil
+	}
+	req, err := parseRequest(cr.dialect, cr.body.src)
+	if err != nil {
+		return err
+	}
+	cr.neutral = &req
+	return nil
+}
+
+// withLimit is cr for one call whose output limit is limit (SPEC §6.4).
+func (cr *callerRequest) withLimit(limit int) *callerRequest {
+	c := *cr
+	c.head.MaxTokens = limit
+	return &c
+}
+
+// translated is the neutral request one call across formats sends.
+func (cr *callerRequest) translated() chatRequest {
+	req := *cr.neutral
+	req.Model, req.Stream, req.MaxTokens, req.BillingTarget = cr.head.Model, cr.head.Stream, cr.head.MaxTokens, nil
+	return req
+}
+
+// passthroughPaths are the provider paths of a passthrough chat call, per
+// protocol (SPEC §6.2).
+var passthroughPaths = map[string]string{
+	protoOpenAIChat:      "/chat/completions",
+	protoAnthropic:       "/v1/messages",
+	protoOpenAIResponses: "/responses",
+}
+
+// buildPassthroughRequest is the provider request of a same-format call
+// (SPEC §7.6): the caller's body with model replaced, billingTarget
+// removed, the output limit added where §6.4 says so and §6.2's rules for
+// the provider applied; every other member is kept byte for byte.
+func buildPassthroughRequest(ctx context.Context, c call, cr *callerRequest) (*http.Request, error) {
+	p := c.res.Provider
+	stream := upstreamStreams(p, cr.head)
+	edits, err := cr.baseEdits(p, c.cred, c.res.Model)
+	if err != nil {
+		return nil, err
+	}
+	if cr.head.MaxTokens > 0 && !cr.callerLimit && p.id != "codex" {
+		edits = append(edits, memberEdit{outputLimitMember(p), strconv.AppendInt(nil, int64(cr.head.MaxTokens), 10)})
+	}
+	switch {
+	case cr.addsUsage(p):
+		opts := []byte(`{"include_usage":true}`)
+		if so := cr.body.value("stream_options"); rawShape(so) == '{' {
+			o, _ := splitRawObject(so, nil) // part of a valid body
+			opts = o.edit(memberEdit{"include_usage", []byte("true")})
+		}
+		edits = append(edits, memberEdit{"stream_options", opts})
+	case p.id == "codex": // SPEC §6.2: always streamed, never stored, never an output limit
+		edits = append(edits, memberEdit{"stream", []byte("true")}, memberEdit{"store", []byte("false")},
+			memberEdit{"max_output_tokens", nil})
+		if ins := codexInstructions(cr.body); ins != nil {
+			edits = append(edits, memberEdit{"instructions", ins})
+		}
+	}
+	path := passthroughPaths[p.protocol]
+	if p.protocol == protoAnthropic && cr.query != "" {
+		path += "?" + cr.query // Anthropic's clients send ?beta=true; the API takes it (README)
+	}
+	return newPassthroughRequest(ctx, c, cr, path, cr.body.edit(edits...), stream)
+}
+
+// baseEdits are the edits every passthrough body gets, count_tokens too:
+// the route's model, no billingTarget, and claude-code's system prefix on
+// OAuth traffic (SPEC §6.2).
+func (cr *callerRequest) baseEdits(p providerInfo, cred upstreamCredential, model string) ([]memberEdit, error) {
+	m, _ := json.Marshal(model)
+	edits := []memberEdit{{"model", m}, {"billingTarget", nil}}
+	if p.id == "claude-code" && cred.AccessToken != "" {
+		sys, err := claudeCodeSystem(cr.body.value("system"))
+		if err != nil {
+			return nil, err
+		}
+		if sys != nil {
+			edits = append(edits, memberEdit{"system", sys})
+		}
+	}
+	return edits, nil
+}
+
+// outputLimitMember is the member a passthrough body gets when Brama adds
+// the output limit: OpenAI's own API wants max_completion_tokens (its
+// reasoning models refuse max_tokens), the compatible providers know
+// max_tokens.
+func outputLimitMember(p providerInfo) string {
+	switch {
+	case p.protocol == protoAnthropic:
+		return "max_tokens"
+	case p.protocol == protoOpenAIResponses:
+		return "max_output_tokens"
+	case p.id == "openai":
+		return "max_completion_tokens"
+	}
+	return "max_tokens"
+}
+
+// addsUsage reports whether Brama asks a chat stream for usage itself
+// (SPEC §6.2): the caller sent no stream_options.include_usage, or false.
+// The usage chunk is then Brama's and is not relayed (SPEC §7.6).
+func (cr *callerRequest) addsUsage(p providerInfo) bool {
+	if p.protocol != protoOpenAIChat || !upstreamStreams(p, cr.head) {
+		return false
+	}
+	so := cr.body.value("stream_options")
+	if rawShape(so) != '{' {
+		return true
+	}
+	o, _ := splitRawObject(so, nil)
+	return string(o.value("include_usage")) != "true"
+}
+
+// claudeCodeSystem is the system member OAuth traffic to Anthropic needs:
+// the Claude Code identity as the first block, the caller's system after
+// it (a string becomes a text block; blocks keep their members, such as
+// cache_control). nil means the caller's system already starts with it.
+func claudeCodeSystem(raw json.RawMessage) ([]byte, error) {
+	ident, _ := json.Marshal(map[string]string{"type": "text", "text": claudeCodeIdentity})
+	switch rawShape(raw) {
+	case 0, 'n':
+		return append(append([]byte("["), ident...), ']'), nil
+	case '"':
+		var s string
+		json.Unmarshal(raw, &s)
+		switch s {
+		case claudeCodeIdentity:
+			return nil, nil
+		case "":
+			return append(append([]byte("["), ident...), ']'), nil
+		}
+		rest, _ := json.Marshal(map[string]string{"type": "text", "text": s})
+		return append(append(append(append([]byte("["), ident...), ','), rest...), ']'), nil
+	case '[':
+		var blocks []struct {
+			Type string `json:"type"`
+			Text string `json:"text"`
+		}
+		if json.Unmarshal(raw, &blocks) != nil {
+			break
+		}
+		if len(blocks) > 0 && blocks[0].Type == "text" && blocks[0].Text == claudeCodeIdentity {
+			return nil, nil
+		}
+		out := append([]byte("["), ident...)
+		if len(blocks) > 0 {
+			inner := bytes.TrimSpace(raw)
+			out = append(append(out, ','), inner[1:]...)
+			return out, nil
+		}
+		return append(out, ']'), nil
+	}
+	return nil, refuse("invalid_request", "system must be a string or an array of content blocks")
+}
+
+// codexInstructions is the instructions member a codex body gets (SPEC
+// §6.2): nil when the caller's own is a non-empty string, else the text of
+// its system and developer input items, else the default.
+func codexInstructions(o rawObject) []byte {
+	var own string
+	if json.Unmarshal(o.value("instructions"), &own) == nil && strings.TrimSpace(own) != "" {
+		return nil
+	}
+	var items []struct {
+		Role    string          `json:"role"`
+		Content json.RawMessage `json:"content"`
+	}
+	var texts []string
+	if rawShape(o.value("input")) == '[' && json.Unmarshal(o.value("input"), &items) == nil {
+		for _, it := range items {
+			if it.Role != "system" && it.Role != "developer" {
+				continue
+			}
+			var s string
+			if json.Unmarshal(it.Content, &s) == nil {
+				texts = append(texts, s)
+				continue
+			}
+			var parts []struct {
+				Text string `json:"text"`
+			}
+			json.Unmarshal(it.Content, &parts)
+			for _, p := range parts {
+				texts = append(texts, p.Text)
+			}
+		}
+	}
+	ins := strings.TrimSpace(strings.Join(texts, "\n\n"))
+	if ins == "" {
+		ins = codexDefaultInstructions
+	}
+	b, _ := json.Marshal(ins)
+	return b
+}
+
+// newPassthroughRequest builds the HTTP request of a passthrough call with
+// the provider's credential headers and the caller's format headers.
+func newPassthroughRequest(ctx context.Context, c call, cr *callerRequest, path string, body []byte, stream bool) (*http.Request, error) {
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, c.baseURL+path, bytes.NewReader(body))
+	if err != nil {
+		return nil, refuse("internal_error", "internal error").because(err)
+	}
+	setProviderHeaders(hr.Header, c.res.Provider, c.cred, cr.header, stream)
+	return hr, nil
+}
+
+// setProviderHeaders sets what a call to p carries (SPEC §6.2, §7.6):
+// content type and accept, the credential, and the format's version and
+// beta headers, the caller's (nil on translation) merged with what p
+// requires. No other caller header is ever copied.
+func setProviderHeaders(h http.Header, p providerInfo, cred upstreamCredential, caller http.Header, stream bool) {
+	h.Set("Content-Type", "application/json")
+	if stream {
+		h.Set("Accept", "text/event-stream")
+	} else {
+		h.Set("Accept", "application/json")
+	}
+	oauth := cred.AccessToken != ""
+	var need []string
+	switch p.protocol {
+	case protoAnthropic:
+		h.Set("anthropic-version", cmp.Or(caller.Get("anthropic-version"), "2023-06-01"))
+		if oauth && p.id == "claude-code" {
+			need = append(need, "oauth-2025-04-20")
+		}
+		if beta := mergeTokens(caller.Values("anthropic-beta"), need...); beta != "" {
+			h.Set("anthropic-beta", beta)
+		}
+		if oauth {
+			h.Set("Authorization", "Bearer "+cred.AccessToken)
+		} else if cred.APIKey != "" {
+			h.Set("x-api-key", cred.APIKey)
+		}
+		return
+	}
+	if p.id == "codex" {
+		need = append(need, "responses=experimental")
+		if cred.AccountID != "" {
+			h.Set("chatgpt-account-id", cred.AccountID)
+		}
+		h.Set("originator", "codex_cli_rs")
+	}
+	if beta := mergeTokens(caller.Values("openai-beta"), need...); beta != "" {
+		h.Set("OpenAI-Beta", beta)
+	}
+	if t := cred.bearer(); t != "" {
+		h.Set("Authorization", "Bearer "+t)
+	}
+}
+
+// mergeTokens joins comma-separated header values and the required tokens,
+// in order, each once.
+func mergeTokens(values []string, required ...string) string {
+	var out []string
+	for _, v := range append(values, required...) {
+		for _, t := range strings.Split(v, ",") {
+			if t = strings.TrimSpace(t); t != "" && !slices.Contains(out, t) {
+				out = append(out, t)
+			}
+		}
+	}
+	return strings.Join(out, ",")
+}

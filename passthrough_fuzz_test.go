@@ -1,0 +1,113 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// readAllRaw reads every block of a passthrough stream.
+func readAllRaw(in []byte) (blocks [][]byte, evs []sseEvent, err error) {
+	rd := newRawSSEReader(bytes.NewReader(in))
+	for {
+		raw, event, data, err := rd.next()
+		if err != nil {
+			return blocks, evs, err
+		}
+		blocks, evs = append(blocks, bytes.Clone(raw)), append(evs, sseEvent{event, string(data)})
+	}
+}
+
+// FuzzPassthroughStream checks the passthrough stream parser: blocks are
+// whole (each ends with a line terminator), relaying them frames the same
+// events again, and the watch of every format classifies every event
+// without panicking: a refusal is provider_incomplete or provider_failure.
+func FuzzPassthroughStream(f *testing.F) {
+	f.Add([]byte("data: {\"choices\":[{\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n"))
+	f.Add([]byte("event: message_stop\r\ndata: {\"type\":\"message_stop\"}\r\n\r\n"))
+	f.Add([]byte(": keep-alive\n\nevent: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\"}}\n"))
+	f.Add([]byte("\ufeffdata: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":1}}}\n\ndata: cut"))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		blocks, evs, err := readAllRaw(in)
+		if err != io.EOF && err != io.ErrUnexpectedEOF {
+			t.Fatalf("unclassified error: %v", err)
+		}
+		for _, b := range blocks {
+			if !bytes.HasSuffix(b, []byte("\n")) {
+				t.Fatalf("block %q does not end a line", b)
+			}
+		}
+		_, again, err := readAllRaw(bytes.Join(blocks, nil))
+		if err != io.EOF {
+			t.Fatalf("re-read of the relayed blocks: %v", err)
+		}
+		if diff := cmp.Diff(evs, again); diff != "" {
+			t.Fatalf("relayed blocks frame other events (-first +second):\n%s", diff)
+		}
+		for _, proto := range []string{protoOpenAIChat, protoAnthropic, protoOpenAIResponses} {
+			pw := &passthroughWatch{protocol: proto, dropUsage: true, collecting: true}
+			for _, ev := range evs {
+				_, end, err := pw.watch(ev.Event, []byte(ev.Data))
+				var ae *apiError
+				if err != nil && (!errors.As(err, &ae) || (ae.Code != "provider_incomplete" && ae.Code != "provider_failure")) {
+					t.Fatalf("%s: unclassified refusal %v", proto, err)
+				}
+				if err != nil || end {
+					break
+				}
+			}
+			if pw.completed != nil {
+				assembledResponse(pw) // must not panic whatever the items are
+			}
+		}
+	})
+}
+
+// FuzzPassthroughBody checks the body editor: with no edit the body is
+// unchanged; with edits it is valid JSON holding the edited members and
+// every other member's value exactly as before.
+func FuzzPassthroughBody(f *testing.F) {
+	f.Add([]byte(`{"model":"a/b","billingTarget":{"subscriptionId":"s"},"x":[1,{"y":"\"}"}]}`))
+	f.Add([]byte(" {\n \"b\\u0069llingTarget\" : null , \"model\":1}\n"))
+	f.Add([]byte(`{}`))
+	f.Add([]byte(`{"model":"m","model":"n","stream_options":{"include_usage":false}}`))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		o, err := parseRawObject(in)
+		if err != nil {
+			var ae *apiError
+			if !errors.As(err, &ae) || ae.Code != "invalid_request" {
+				t.Fatalf("unclassified refusal %v", err)
+			}
+			return
+		}
+		if !bytes.Equal(o.edit(), in) {
+			t.Fatalf("an empty edit changed the body")
+		}
+		out := o.edit(memberEdit{"model", []byte(`"upstream"`)}, memberEdit{"billingTarget", nil}, memberEdit{"max_tokens", []byte("7")})
+		var before, after map[string]json.RawMessage
+		if json.Unmarshal(in, &before) != nil {
+			t.Fatalf("parseRawObject accepted %q that is no object", in)
+		}
+		if err := json.Unmarshal(out, &after); err != nil {
+			t.Fatalf("edited body is not an object: %v\n%s", err, out)
+		}
+		if string(after["model"]) != `"upstream"` || after["billingTarget"] != nil {
+			t.Fatalf("edits not applied: %s", out)
+		}
+		if _, had := before["max_tokens"]; !had && string(after["max_tokens"]) != "7" {
+			t.Fatalf("added member missing: %s", out)
+		}
+		for k, v := range before {
+			if k == "model" || k == "billingTarget" || k == "max_tokens" {
+				continue
+			}
+			if !bytes.Equal(after[k], v) {
+				t.Fatalf("member %q changed: %s → %s", k, v, after[k])
+			}
+		}
+	})
+}

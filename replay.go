@@ -1,0 +1,289 @@
+package main
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// The replay guard (SPEC §8.1). Clients such as the Codex CLI and the
+// official SDKs re-send a refused request whatever its body says; when the
+// refusal came after a provider call, each re-send may be billed again. So
+// for BRAMA_REPLAY_GUARD_SECS after such a refusal, the same request from
+// the same client is answered that refusal again, without a provider call.
+// Memory only: one entry per refused request, forgotten when its time
+// passes. Requests with an Idempotency-Key are governed by SPEC §12 instead
+// and never reach the guard.
+
+// defaultReplayGuard is the window when BRAMA_REPLAY_GUARD_SECS is unset.
+const defaultReplayGuard = 60 * time.Second
+
+// maxReplayMessage bounds the original refusal's message kept per entry:
+// enough to say why, small enough that 10,000 entries stay a few MB.
+const maxReplayMessage = 256
+
+// errReplayRefused is the logged cause of a replay guard refusal.
+var errReplayRefused = errors.New("replay guard: the same request was refused after a provider call")
+
+// replayGuard remembers the refusals that came after a provider call. The
+// queue holds every remembered key in the order it expires (each entry
+// lives the same window), so forgetting is a walk from its front.
+type replayGuard struct {
+	window time.Duration
+	now    func() time.Time
+
+	mu       sync.Mutex // guards refused, queue, byClient
+	refused  map[replayKey]replayEntry
+	queue    []replayQueued
+	byClient map[string]int // entries held per client id: none, no digest to take
+}
+
+// replayKey is sha256 over the client, the agent and the request body
+// without stream and stream_options.
+type replayKey [sha256.Size]byte
+
+// replayEntry is one remembered refusal.
+type replayEntry struct {
+	status  int    // the HTTP status it had (a stream's: its code's)
+	code    string // its code
+	message string // its message, cut to maxReplayMessage ("" for a stream)
+	at      time.Time
+	until   time.Time
+}
+
+type replayQueued struct {
+	key    replayKey
+	client string
+	until  time.Time
+}
+
+// newReplayGuard reads BRAMA_REPLAY_GUARD_SECS: unset is 60 s, 0 turns the
+// guard off; anything unreadable is logged and 60 s.
+func newReplayGuard(getenv func(string) string, log *slog.Logger, now func() time.Time) *replayGuard {
+	window := defaultReplayGuard
+	if v := strings.TrimSpace(getenv("BRAMA_REPLAY_GUARD_SECS")); v != "" {
+		n, err := strconv.ParseInt(v, 10, 32)
+		if err != nil || n < 0 {
+			log.Warn("replay_guard_secs_invalid", "value", v, "using_secs", int(defaultReplayGuard/time.Second))
+		} else {
+			window = time.Duration(n) * time.Second
+		}
+	}
+	return &replayGuard{window: window, now: now, refused: map[replayKey]replayEntry{}, byClient: map[string]int{}}
+}
+
+// replayKeyOf digests who asks and what: the client, the agent and the body
+// in canonical form with its top-level stream and stream_options left out,
+// so a client that falls back from a failed stream to a buffered call of the
+// same conversation asks the same request, and so does one that re-sends it
+// with its object members in another order (the Codex CLI writes its
+// client_metadata from a hash map). ok is false for a body that is not one
+// JSON object (it was refused before dispatch anyway).
+func replayKeyOf(clientID, agentID string, body []byte) (replayKey, bool) {
+	canonical, ok := canonicalRequest(body)
+	if !ok {
+		return replayKey{}, false
+	}
+	h := sha256.New()
+	fmt.Fprintf(h, "%d:%s%d:%s", len(clientID), clientID, len(agentID), agentID)
+	h.Write(canonical)
+	var k replayKey
+	h.Sum(k[:0])
+	return k, true
+}
+
+// canonicalRequest is body's one JSON object without its top-level stream
+// and stream_options, written as encoding/json writes a map: members sorted
+// by name at every level, no white space, numbers as sent. It reports false
+// for anything but one JSON object.
+func canonicalRequest(body []byte) ([]byte, bool) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	var v map[string]any
+	if err := dec.Decode(&v); err != nil || v == nil {
+		return nil, false
+	}
+	if _, err := dec.Token(); err != io.EOF { // one object and nothing after it
+		return nil, false
+	}
+	delete(v, "stream")
+	delete(v, "stream_options")
+	out, err := json.Marshal(v)
+	return out, err == nil
+}
+
+// forget drops every entry whose time has passed. mu must be held.
+func (g *replayGuard) forget(now time.Time) {
+	for len(g.queue) > 0 && !now.Before(g.queue[0].until) {
+		q := g.queue[0]
+		g.queue = g.queue[1:]
+		if g.byClient[q.client]--; g.byClient[q.client] <= 0 {
+			delete(g.byClient, q.client)
+		}
+		if e, ok := g.refused[q.key]; ok && e.until.Equal(q.until) {
+			delete(g.refused, q.key)
+		}
+	}
+	if len(g.queue) == 0 {
+		g.queue = nil // let the backing array go
+	}
+}
+
+// lookup returns the refusal remembered for k, if its time has not passed.
+func (g *replayGuard) lookup(k replayKey) (replayEntry, bool) {
+	now := g.now()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.forget(now)
+	e, ok := g.refused[k]
+	return e, ok && now.Before(e.until)
+}
+
+// holds reports whether any refusal of client is remembered now; when none
+// is, a request needs no digest before it runs.
+func (g *replayGuard) holds(client string) bool {
+	now := g.now()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.forget(now)
+	return g.byClient[client] > 0
+}
+
+// remember keeps e for client's request k until the window ends.
+func (g *replayGuard) remember(client string, k replayKey, e replayEntry) {
+	now := g.now()
+	e.at, e.until = now, now.Add(g.window)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.forget(now)
+	g.refused[k] = e
+	g.queue = append(g.queue, replayQueued{k, client, e.until})
+	g.byClient[client]++
+}
+
+// size is the number of refusals remembered now.
+func (g *replayGuard) size() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.forget(g.now())
+	return len(g.refused)
+}
+
+// refusal is the answer to a request that repeats e: the same status and
+// code, not retryable, no provider call.
+func (e replayEntry) refusal() *apiError {
+	why := e.code
+	if e.message != "" {
+		why += ": " + e.message
+	}
+	ae := refuse(e.code, "this request repeats one refused at %s after a provider call (%s); the same request is refused without a provider call until %s (BRAMA_REPLAY_GUARD_SECS)",
+		e.at.UTC().Format(time.RFC3339), why, e.until.UTC().Format(time.RFC3339))
+	if e.code == "provider_rejected" {
+		ae.ProviderStatus = e.status
+	}
+	no := false
+	ae.Retryable = &no
+	return ae.because(errReplayRefused).withAttempts(0)
+}
+
+// replayGuarded runs route unless r repeats a remembered refusal, and
+// remembers route's refusal when it came after a provider call and is not
+// retryable, also when a failed stream aborts the response (a panic).
+func (s *server) replayGuarded(w http.ResponseWriter, r *http.Request, route http.HandlerFunc) {
+	g := s.replay
+	ri := infoFrom(r.Context())
+	if g == nil || g.window <= 0 {
+		route(w, r)
+		return
+	}
+	if g.holds(ri.client.ID) { // the digest is taken only when it can match
+		if k, ok := replayKeyOf(ri.client.ID, ri.agentID, ri.body); ok {
+			if e, ok := g.lookup(k); ok {
+				w.Header().Set("Brama-Replay-Refused", "true")
+				s.fail(w, r, e.refusal())
+				return
+			}
+		}
+	}
+	rec := &replayRecorder{ResponseWriter: w}
+	defer func() {
+		if e, ok := rec.refusal(ri, r); ok {
+			if k, ok := replayKeyOf(ri.client.ID, ri.agentID, ri.body); ok {
+				g.remember(ri.client.ID, k, e)
+			}
+		}
+	}()
+	route(rec, r)
+}
+
+// replayRecorder passes a response through and keeps its status and the
+// start of an error body, for the guard to remember.
+type replayRecorder struct {
+	http.ResponseWriter
+	status int
+	body   bytes.Buffer // an error body's first bytes
+}
+
+// maxRecordedError bounds the error body kept: an envelope is smaller.
+const maxRecordedError = 4096
+
+func (w *replayRecorder) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *replayRecorder) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	if w.status >= 400 && w.body.Len() < maxRecordedError {
+		w.body.Write(b[:min(len(b), maxRecordedError-w.body.Len())])
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *replayRecorder) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// refusal is what the guard remembers of this request: only a refusal
+// after at least one provider call with retryable false. A stream that
+// failed after commit counts, with its in-band code and that code's status.
+// Two are left out: a caller who hung up saw no refusal to retry, and
+// subscription_reauthorization_required came after calls that were all
+// refused at authentication (nothing was generated), whose remedy, signing
+// in again, must let the same request through at once.
+func (w *replayRecorder) refusal(ri *requestInfo, r *http.Request) (replayEntry, bool) {
+	switch {
+	case ri.attempts == nil || *ri.attempts == 0, ri.outcome == "", ri.outcome == "ok",
+		ri.outcome == "client_cancelled", ri.outcome == "subscription_reauthorization_required",
+		ri.retryable, r.Context().Err() != nil:
+		return replayEntry{}, false
+	}
+	info, known := codes[ri.outcome]
+	if !known {
+		return replayEntry{}, false
+	}
+	e := replayEntry{status: info.status, code: ri.outcome}
+	if w.status >= 400 {
+		e.status = w.status
+		var env struct {
+			Error struct {
+				Message string `json:"message"`
+			} `json:"error"`
+		}
+		if json.Unmarshal(w.body.Bytes(), &env) == nil {
+			e.message = truncateUTF8(env.Error.Message, maxReplayMessage)
+		}
+	}
+	return e, true
+}

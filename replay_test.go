@@ -1,0 +1,290 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestReplayGuard: within BRAMA_REPLAY_GUARD_SECS (default 60) the same
+// request from the same client after a non-retryable refusal that followed
+// a provider call is answered that refusal again without a call; a
+// different body, another client, an Idempotency-Key request, a retryable
+// refusal and the end of the window are not guarded (SPEC §8.1).
+func TestReplayGuard(t *testing.T) {
+	clock := &testClock{t: time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)}
+	testingOnlyNow = clock.now
+	defer func() { testingOnlyNow = nil }()
+	env := stateEnv(t) // BRAMA_REPLAY_GUARD_SECS unset: 60 s
+	fake := refusingProvider(t)
+	env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = fake.URL
+	d := startDaemon(t, env, `{"openai":"`+plantedOpenAIKey+`"}`, "-local-credentials-stdin")
+	other := addClient(t, env, "other")
+	until := clock.now().Add(60 * time.Second).Format(time.RFC3339)
+
+	// calls runs f and returns how many provider calls it made.
+	calls := func(f func()) int64 {
+		before := fake.calls.Load()
+		f()
+		return fake.calls.Load() - before
+	}
+	tests := []struct {
+		name    string
+		dialect string
+		model   string
+		stream  bool // the first request streams; its replay is asked buffered and streamed
+		status  int
+		code    string
+	}{
+		{name: "cut stream", dialect: dialectChat, model: "openai/gpt-cutstream", stream: true, status: 502, code: "provider_incomplete"},
+		{name: "provider 400", dialect: dialectChat, model: "openai/gpt-400", status: 400, code: "provider_rejected"},
+		{name: "provider 404, messages", dialect: dialectMessages, model: "openai/gpt-404", status: 404, code: "provider_rejected"},
+		{name: "malformed answer", dialect: dialectResponses, model: "openai/gpt-bad", status: 502, code: "provider_failure"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			path := dialectPaths[tc.dialect]
+			if n := calls(func() {
+				if tc.stream {
+					resp := d.openStream(path, d.token, chatBody(tc.dialect, tc.model, true, ""))
+					b, _ := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					if resp.StatusCode != 200 || !strings.Contains(string(b), tc.code) {
+						t.Fatalf("first stream: %d %q", resp.StatusCode, b)
+					}
+					return
+				}
+				status, _, b := d.call("POST", path, d.token, chatBody(tc.dialect, tc.model, false, ""))
+				if e := envelopeOf(t, b); status != tc.status || e["code"] != tc.code || e["attempts"] != 1.0 {
+					t.Fatalf("first: %d %s", status, b)
+				}
+			}); n != 1 {
+				t.Fatalf("first request made %d provider calls", n)
+			}
+
+			replays := []bool{false}
+			if tc.stream {
+				replays = []bool{false, true} // Claude Code falls back to a buffered call of the same body
+			}
+			for _, stream := range replays {
+				var (
+					status int
+					hdr    map[string][]string
+					body   []byte
+				)
+				if n := calls(func() {
+					status, hdr, body = d.call("POST", path, d.token, chatBody(tc.dialect, tc.model, stream, ""))
+				}); n != 0 {
+					t.Errorf("replay (stream %v) made %d provider calls, want 0", stream, n)
+				}
+				e := envelopeOf(t, body)
+				if status != tc.status || e["code"] != tc.code || e["retryable"] != false || e["attempts"] != 0.0 {
+					t.Errorf("replay (stream %v): %d %s, want %d %s, retryable false, attempts 0", stream, status, body, tc.status, tc.code)
+				}
+				h := func(k string) string { return strings.Join(hdr[k], ",") }
+				if h("Brama-Replay-Refused") != "true" || h("Brama-Attempts") != "0" || h("X-Should-Retry") != "false" || h("Content-Type") != "application/json" {
+					t.Errorf("replay (stream %v) headers: %v", stream, hdr)
+				}
+				if msg, _ := e["message"].(string); !strings.Contains(msg, "repeats one refused") || !strings.Contains(msg, until) {
+					t.Errorf("the replay message does not say it repeats a refusal until %s: %q", until, msg)
+				}
+			}
+
+			for _, other := range []struct {
+				name        string
+				token, body string
+				hdr         []string
+			}{
+				{"a different body", d.token, chatBody(tc.dialect, tc.model, false, `,"temperature":0.3`), nil},
+				{"another client", other, chatBody(tc.dialect, tc.model, false, ""), nil},
+				{"an Idempotency-Key", d.token, chatBody(tc.dialect, tc.model, false, ""), []string{"Idempotency-Key", "k-" + tc.name}},
+			} {
+				var hdr map[string][]string
+				if n := calls(func() { _, hdr, _ = d.call("POST", path, other.token, other.body, other.hdr...) }); n != 1 || len(hdr["Brama-Replay-Refused"]) != 0 {
+					t.Errorf("%s: %d provider calls, replay header %v; want 1 call, not guarded", other.name, n, hdr["Brama-Replay-Refused"])
+				}
+			}
+		})
+	}
+
+	t.Run("retryable refusals", func(t *testing.T) {
+		for _, model := range []string{"openai/gpt-500", "openai/gpt-429"} {
+			body := chatBody(dialectChat, model, false, "")
+			if n := calls(func() {
+				d.call("POST", "/v1/chat/completions", d.token, body)
+				d.call("POST", "/v1/chat/completions", d.token, body)
+			}); n != 2 {
+				t.Errorf("%s twice: %d provider calls, want 2 (a retryable refusal is not guarded)", model, n)
+			}
+		}
+	})
+
+	t.Run("after the window", func(t *testing.T) {
+		clock.advance(60 * time.Second)
+		for _, tc := range tests {
+			var hdr map[string][]string
+			if n := calls(func() {
+				_, hdr, _ = d.call("POST", dialectPaths[tc.dialect], d.token, chatBody(tc.dialect, tc.model, false, ""))
+			}); n != 1 || len(hdr["Brama-Replay-Refused"]) != 0 {
+				t.Errorf("%s after 60 s: %d provider calls, replay header %v; want 1 call", tc.name, n, hdr["Brama-Replay-Refused"])
+			}
+		}
+	})
+	assertNoSecret(t, plantedOpenAIKey, d.stderr.String(), env["BRAMA_STATE_DIR"])
+}
+
+// TestReplayGuardOff: BRAMA_REPLAY_GUARD_SECS=0 turns the guard off.
+func TestReplayGuardOff(t *testing.T) {
+	env := stateEnv(t)
+	env["BRAMA_REPLAY_GUARD_SECS"] = "0"
+	fake := refusingProvider(t)
+	env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = fake.URL
+	d := startDaemon(t, env, `{"openai":"k"}`, "-local-credentials-stdin")
+	body := chatBody(dialectChat, "openai/gpt-400", false, "")
+	for range 2 {
+		if status, hdr, b := d.call("POST", "/v1/chat/completions", d.token, body); status != 400 || len(hdr["Brama-Replay-Refused"]) != 0 {
+			t.Errorf("%d %s %v", status, b, hdr)
+		}
+	}
+	if n := fake.calls.Load(); n != 2 {
+		t.Errorf("provider calls = %d, want 2 with the guard off", n)
+	}
+}
+
+// TestReplayGuardForgets: the guard keeps one entry per refusal in the
+// window and forgets each when its time passes; a key refused again later
+// outlives its first queue entry.
+func TestReplayGuardForgets(t *testing.T) {
+	clock := &testClock{t: time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)}
+	g := newReplayGuard(testEnv(nil), nil, clock.now)
+	key := func(i int) replayKey {
+		k, _ := replayKeyOf("c", "", []byte(fmt.Sprintf(`{"n":%d}`, i)))
+		return k
+	}
+	for i := range 10_000 {
+		g.remember("c", key(i), replayEntry{status: 400, code: "provider_rejected"})
+	}
+	if n := g.size(); n != 10_000 {
+		t.Fatalf("size = %d, want 10000", n)
+	}
+	clock.advance(30 * time.Second)
+	g.remember("c", key(0), replayEntry{status: 400, code: "provider_rejected"}) // refused again (two were in flight)
+	clock.advance(30 * time.Second)
+	if _, ok := g.lookup(key(1)); ok {
+		t.Error("an entry outlived its window")
+	}
+	if _, ok := g.lookup(key(0)); !ok {
+		t.Error("the later refusal of key 0 was forgotten with its first entry")
+	}
+	if n, q := g.size(), len(g.queue); n != 1 || q != 1 {
+		t.Errorf("after the window: %d entries, %d queued; want 1, 1", n, q)
+	}
+	if !g.holds("c") || g.holds("other") {
+		t.Errorf("holds: c %v (want true), other %v (want false)", g.holds("c"), g.holds("other"))
+	}
+	clock.advance(30 * time.Second)
+	if n := g.size(); n != 0 || g.queue != nil || g.holds("c") || len(g.byClient) != 0 {
+		t.Errorf("after every window: %d entries, queue %v, per client %v", n, g.queue, g.byClient)
+	}
+}
+
+// TestNewReplayGuardWindow: unset is 60 s, 0 is off, junk is logged and 60 s.
+func TestNewReplayGuardWindow(t *testing.T) {
+	for v, want := range map[string]time.Duration{"": 60 * time.Second, "0": 0, "5": 5 * time.Second, "-1": 60 * time.Second, "x": 60 * time.Second} {
+		var logs syncBuffer
+		g := newReplayGuard(testEnv(map[string]string{"BRAMA_REPLAY_GUARD_SECS": v}), newLogger(&logs, ""), time.Now)
+		if g.window != want || (strings.Contains(logs.String(), "replay_guard_secs_invalid") != (v == "-1" || v == "x")) {
+			t.Errorf("BRAMA_REPLAY_GUARD_SECS=%q: window %v, logs %q", v, g.window, logs.String())
+		}
+	}
+}
+
+func TestCanonicalRequest(t *testing.T) {
+	tests := []struct {
+		in, want string // want "": refused
+	}{
+		{`{"model":"m","stream":true,"messages":[1]}`, `{"messages":[1],"model":"m"}`},
+		{`{"messages":[1],"model":"m"}`, `{"messages":[1],"model":"m"}`},
+		{` { "model" : "m" , "stream_options" : {"include_usage":true}, "stream":false, "x": { "stream" : 1, "a": 2.50 } } `, `{"model":"m","x":{"a":2.50,"stream":1}}`},
+		{`{"stream":true}`, `{}`},
+		{`{"a":"\u00e9"}`, `{"a":"é"}`},
+		{`[1]`, ""},
+		{`{"a":1`, ""},
+		{`{"a":1}{`, ""},
+		{`"s"`, ""},
+		{`null`, ""},
+	}
+	for _, tt := range tests {
+		got, ok := canonicalRequest([]byte(tt.in))
+		if (tt.want == "") == ok || (ok && string(got) != tt.want) {
+			t.Errorf("canonicalRequest(%s) = %s, %v; want %q", tt.in, got, ok, tt.want)
+		}
+	}
+	a, _ := replayKeyOf("c", "", []byte(`{"model":"m","stream":true,"stream_options":{"include_usage":true}}`))
+	b, _ := replayKeyOf("c", "", []byte(`{"model":"m"}`))
+	c, _ := replayKeyOf("c2", "", []byte(`{"model":"m"}`))
+	e, _ := replayKeyOf("c", "a1", []byte(`{"model":"m"}`))
+	// The Codex CLI re-sends a failed request with client_metadata's
+	// members in another order: the same request.
+	o1, _ := replayKeyOf("c", "", []byte(`{"model":"m","client_metadata":{"turn_id":"t","session_id":"s"}}`))
+	o2, _ := replayKeyOf("c", "", []byte(`{"client_metadata":{"session_id":"s","turn_id":"t"},"model":"m"}`))
+	if a != b || b == c || b == e || o1 != o2 {
+		t.Errorf("keys: streamed = buffered %v, other client differs %v, other agent differs %v, reordered members equal %v", a == b, b != c, b != e, o1 == o2)
+	}
+}
+
+// FuzzCanonicalRequest: never panics; what it accepts becomes a JSON object
+// without top-level stream members, and canonicalizing again changes
+// nothing.
+func FuzzCanonicalRequest(f *testing.F) {
+	for _, s := range []string{`{"model":"m","stream":true}`, `{"a":{"stream":1},"stream_options":{}}`, `[]`, `{"a":1`, `{}`, `{"b":1,"a":[{"d":1,"c":2}]}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		out, ok := canonicalRequest(body)
+		if !ok {
+			return
+		}
+		var m map[string]json.RawMessage
+		if err := json.Unmarshal(out, &m); err != nil {
+			t.Fatalf("accepted %q but produced %q: %v", body, out, err)
+		}
+		if _, s := m["stream"]; s {
+			t.Fatalf("stream survived in %q", out)
+		}
+		if _, s := m["stream_options"]; s {
+			t.Fatalf("stream_options survived in %q", out)
+		}
+		again, ok := canonicalRequest(out)
+		if !ok || !bytes.Equal(again, out) {
+			t.Fatalf("not idempotent: %q → %q", out, again)
+		}
+	})
+}
+
+// BenchmarkReplayGuardMemory reports the heap held by 10,000 distinct
+// refused bodies inside one window (SPEC §8.1: bounded by what was refused).
+func BenchmarkReplayGuardMemory(b *testing.B) {
+	clock := &testClock{t: time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)}
+	for range b.N {
+		runtime.GC()
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		g := newReplayGuard(testEnv(nil), nil, clock.now)
+		for i := range 10_000 {
+			k, _ := replayKeyOf("client", "", []byte(fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"question %d"}]}`, i)))
+			msg := truncateUTF8(fmt.Sprintf("provider \"openai\" answered 400 (context_length_exceeded): request %d %s", i, strings.Repeat("x", maxReplayMessage)), maxReplayMessage)
+			g.remember("client", k, replayEntry{status: 400, code: "provider_rejected", message: msg})
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		b.ReportMetric(float64(int64(after.HeapAlloc)-int64(before.HeapAlloc))/10_000, "B/entry")
+		b.ReportMetric(float64(int64(after.HeapAlloc)-int64(before.HeapAlloc))/(1<<20), "MiB/10k")
+		runtime.KeepAlive(g)
+	}
+}

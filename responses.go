@@ -1,0 +1,650 @@
+package main
+
+import (
+	"cmp"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+)
+
+// OpenAI Responses (caller POST /v1/responses, provider {base}/responses):
+// both directions, buffered and streamed. The wire shapes serve both.
+type (
+	responsesRequestBody struct {
+		Model             string          `json:"model"`
+		Instructions      *string         `json:"instructions,omitempty"`
+		Input             json.RawMessage `json:"input"`
+		Tools             []openAITool    `json:"tools,omitempty"`
+		ToolChoice        json.RawMessage `json:"tool_choice,omitempty"`
+		ParallelToolCalls *bool           `json:"parallel_tool_calls,omitempty"`
+		MaxOutputTokens   *int            `json:"max_output_tokens,omitempty"`
+		Temperature       *float64        `json:"temperature,omitempty"`
+		TopP              *float64        `json:"top_p,omitempty"`
+		Reasoning         *struct {
+			Effort string `json:"effort,omitempty"`
+		} `json:"reasoning,omitempty"`
+		Text *struct {
+			Format *outputFormat `json:"format,omitempty"`
+		} `json:"text,omitempty"`
+		Stream        bool            `json:"stream,omitempty"`
+		BillingTarget json.RawMessage `json:"billingTarget,omitempty"`
+		openAIShared
+	}
+	responsesItem struct { // an input item, and an output item of the answer
+		Type      string          `json:"type"`
+		ID        string          `json:"id,omitempty"`
+		Status    string          `json:"status,omitempty"`
+		Role      string          `json:"role,omitempty"`
+		Content   json.RawMessage `json:"content,omitempty"` // string or []responsesPart
+		CallID    string          `json:"call_id,omitempty"`
+		Namespace string          `json:"namespace,omitempty"`
+		Name      string          `json:"name,omitempty"`
+		Arguments *string         `json:"arguments,omitempty"` // function_call
+		Input     *string         `json:"input,omitempty"`     // custom_tool_call
+		Output    json.RawMessage `json:"output,omitempty"`    // string or parts
+		Tools     []openAITool    `json:"tools,omitempty"`     // additional_tools (the Codex CLI's tools)
+	}
+	responsesPart struct {
+		Type        string          `json:"type"`
+		Text        *string         `json:"text,omitempty"`
+		ImageURL    *string         `json:"image_url,omitempty"`
+		FileData    string          `json:"file_data,omitempty"`
+		FileURL     string          `json:"file_url,omitempty"`
+		Filename    string          `json:"filename,omitempty"`
+		Annotations json.RawMessage `json:"annotations,omitempty"`
+	}
+	responsesObject struct {
+		ID                string               `json:"id"`
+		Object            string               `json:"object"`
+		CreatedAt         int64                `json:"created_at"`
+		Status            string               `json:"status"`
+		Error             *responsesError      `json:"error"`
+		IncompleteDetails *responsesIncomplete `json:"incomplete_details"`
+		Model             string               `json:"model"`
+		Output            []*responsesItem     `json:"output"`
+		Usage             *responsesUsage      `json:"usage"`
+	}
+	responsesError struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	}
+	responsesIncomplete struct {
+		Reason string `json:"reason"`
+	}
+	responsesUsage struct {
+		InputTokens  int `json:"input_tokens"`
+		OutputTokens int `json:"output_tokens"`
+		TotalTokens  int `json:"total_tokens"`
+	}
+	responsesEvent struct {
+		Type           string           `json:"type"`
+		SequenceNumber int              `json:"sequence_number"`
+		Response       *responsesObject `json:"response,omitempty"`
+		OutputIndex    *int             `json:"output_index,omitempty"`
+		ItemID         string           `json:"item_id,omitempty"`
+		ContentIndex   *int             `json:"content_index,omitempty"`
+		Item           *responsesItem   `json:"item,omitempty"`
+		Part           *responsesPart   `json:"part,omitempty"`
+		Delta          *string          `json:"delta,omitempty"`
+		Text           *string          `json:"text,omitempty"`
+		Arguments      *string          `json:"arguments,omitempty"`
+		Input          *string          `json:"input,omitempty"`
+		Code           json.RawMessage  `json:"code,omitempty"`
+		Error          json.RawMessage  `json:"error,omitempty"`
+	}
+)
+
+const responsesKnown = "model instructions input tools tool_choice parallel_tool_calls max_output_tokens temperature top_p reasoning text stream billingTarget " + openAISharedNames
+
+// parseResponses parses a Responses body: a tool call joins the assistant
+// turn before it, consecutive tool outputs are one user turn.
+func parseResponses(body []byte) (chatRequest, error) {
+	var b responsesRequestBody
+	if err := decodeCallerJSON(body, &b, ""); err != nil {
+		return chatRequest{}, err
+	}
+	req, err := newCallerRequest(b.Model, b.Temperature, b.TopP, b.Stream, "max_output_tokens", b.MaxOutputTokens, b.BillingTarget)
+	if err != nil {
+		return chatRequest{}, err
+	}
+	var raw struct{ Reasoning, Text, Tools json.RawMessage }
+	json.Unmarshal(body, &raw)
+	dropUnknown(&req.Dropped, body, "", responsesKnown)
+	dropUnknown(&req.Dropped, raw.Reasoning, "reasoning", "effort")
+	dropUnknown(&req.Dropped, raw.Text, "text", "format")
+	req.Shared, req.ParallelToolCalls = b.openAIShared, b.ParallelToolCalls
+	if b.Instructions != nil {
+		req.System = *b.Instructions
+	}
+	var items []responsesItem
+	switch rawShape(b.Input) {
+	case '"':
+		if string(b.Input) == `""` {
+			return chatRequest{}, refuseInvalid("input must not be empty")
+		}
+		items = []responsesItem{{Role: "user", Content: b.Input}}
+	case '[':
+		if err := decodeCallerJSON(b.Input, &items, "input"); err != nil {
+			return chatRequest{}, err
+		}
+	default:
+		return chatRequest{}, refuseInvalid("input is required: a string or an array of items")
+	}
+	for i, it := range items {
+		if err := req.addResponsesItem(it, fmt.Sprintf("input[%d]", i)); err != nil {
+			return chatRequest{}, err
+		}
+	}
+	if len(req.Messages) == 0 {
+		return chatRequest{}, refuseInvalid("input must hold at least one user, assistant or tool item")
+	}
+	rawTools := rawItems(raw.Tools)
+	for i, t := range b.Tools {
+		what := fmt.Sprintf("tools[%d]", i)
+		if t.Type == "function" || t.Type == "custom" {
+			dropUnknown(&req.Dropped, rawTools[i], what, "type name description parameters strict format")
+		}
+		if err := req.addOpenAITool(t, what); err != nil {
+			return chatRequest{}, err
+		}
+	}
+	if req.ToolChoice, err = parseOpenAIToolChoice(&req, b.ToolChoice, false); err != nil {
+		return chatRequest{}, err
+	}
+	if b.Reasoning != nil && b.Reasoning.Effort != "" {
+		req.Effort, req.EffortPath = b.Reasoning.Effort, "reasoning.effort"
+	}
+	if b.Text != nil && b.Text.Format != nil {
+		if req.Output, err = checkOutput(b.Text.Format, "text.format"); err != nil {
+			return chatRequest{}, err
+		}
+	}
+	req.linkCalls()
+	return req, nil
+}
+
+// addResponsesItem adds one input item to req. Items with no counterpart
+// elsewhere (reasoning, hosted tool calls) are dropped and named; an
+// item_reference is refused: Brama keeps no responses to resolve it.
+func (req *chatRequest) addResponsesItem(it responsesItem, what string) error {
+	switch it.Type {
+	case "", "message":
+		switch it.Role {
+		case "system", "developer":
+			text, err := callerTextOf(it.Content, what+".content", "input_text", "\n\n")
+			req.addSystem(text)
+			return err
+		case "user", "assistant":
+			parts, err := req.responsesParts(it.Content, what+".content")
+			if err == nil && len(parts) == 0 {
+				err = refuseInvalid("%s.content must hold at least one text, image or file part", what)
+			}
+			req.Messages = append(req.Messages, message{Role: it.Role, Parts: parts})
+			return err
+		}
+		return refuseInvalid("%s.role %s is not one of user, assistant, system, developer", what, quoteCallerToken(it.Role))
+	case "function_call", "custom_tool_call":
+		tc, _ := it.call()
+		if it.CallID == "" || it.Name == "" {
+			return refuseInvalid("%s needs a call_id and a name", what)
+		}
+		if !tc.Custom && (it.Arguments == nil || *it.Arguments == "") {
+			tc.Arguments = "" // absent arguments stay absent
+		}
+		req.Messages = appendPart(req.Messages, "assistant", part{Type: partToolCall, ToolCallID: tc.ID, ToolName: tc.Name, Arguments: tc.Arguments, Custom: tc.Custom})
+		return nil
+	case "function_call_output", "custom_tool_call_output":
+		if it.CallID == "" {
+			return refuseInvalid("%s.call_id is required", what)
+		}
+		if s := rawShape(it.Output); s != '"' && s != '[' {
+			return refuseInvalid("%s.output must be a string or an array of parts", what)
+		}
+		parts, err := req.responsesParts(it.Output, what+".output")
+		req.Messages = appendPart(req.Messages, "user", part{Type: partToolResult, ToolCallID: it.CallID,
+			Text: req.resultText(parts, what+".output"), Custom: it.Type == "custom_tool_call_output"})
+		return err
+	case "additional_tools": // tools declared in the input, as the Codex CLI sends them
+		for i, t := range it.Tools {
+			if err := req.addOpenAITool(t, fmt.Sprintf("%s.tools[%d]", what, i)); err != nil {
+				return err
+			}
+		}
+		return nil
+	case "item_reference":
+		return refuseInvalid("%s: item references are not supported; send the items themselves", what)
+	}
+	req.Dropped = append(req.Dropped, what)
+	return nil
+}
+
+// responsesParts reads content: a string or text, image and file parts;
+// others (a refusal, a file id) are dropped and named.
+func (req *chatRequest) responsesParts(raw json.RawMessage, what string) ([]part, error) {
+	text, rps, err := callerContent[responsesPart](raw, what, "content parts")
+	if err != nil || text != nil {
+		return text, err
+	}
+	var parts []part
+	for i, rp := range rps {
+		pw := fmt.Sprintf("%s[%d]", what, i)
+		p, url := part{}, ""
+		switch {
+		case rp.Type == "input_text" || rp.Type == "output_text":
+			if rp.Text == nil {
+				return nil, refuseInvalid("%s.text is required", pw)
+			}
+			p = part{Type: partText, Text: *rp.Text}
+		case rp.Type == "input_image" && rp.ImageURL != nil:
+			url, pw = *rp.ImageURL, pw+".image_url"
+			p = part{Type: partImage, ImageURL: url}
+		case rp.Type == "input_file" && rp.FileData+rp.FileURL != "":
+			url = rp.FileData + rp.FileURL
+			p = part{Type: partDocument, FileURL: url, Filename: rp.Filename}
+		default:
+			req.Dropped = append(req.Dropped, pw)
+			continue
+		}
+		if err := checkCallerURL(url, pw); url != "" && err != nil {
+			return nil, err
+		}
+		parts = append(parts, p)
+	}
+	return parts, nil
+}
+
+// encodeResponses builds a Responses body: text, images and files gather in
+// message items, tool calls and results are items. codex gets SPEC §6.2's
+// body: default instructions, store false, no limit, temperature or top_p.
+func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, error) {
+	out := responsesRequestBody{Model: model, Stream: o.stream, ParallelToolCalls: req.ParallelToolCalls, openAIShared: req.Shared,
+		Temperature: req.Temperature, TopP: req.TopP}
+	if req.System != "" {
+		out.Instructions = &req.System
+	}
+	if req.MaxTokens > 0 {
+		out.MaxOutputTokens = &req.MaxTokens
+	}
+	if o.codex {
+		out.Store, out.Instructions = json.RawMessage("false"), ptrTo(cmp.Or(req.System, codexDefaultInstructions))
+		out.MaxOutputTokens, out.Temperature, out.TopP = nil, nil, nil
+	}
+	if req.Effort != "" {
+		out.Reasoning = &struct {
+			Effort string `json:"effort,omitempty"`
+		}{req.Effort}
+	}
+	items := []responsesItem{}
+	for _, m := range req.Messages {
+		var content []responsesPart
+		flush := func() {
+			if len(content) > 0 {
+				items = append(items, responsesItem{Type: "message", Role: m.Role, Content: must(json.Marshal(content))})
+				content = nil
+			}
+		}
+		for _, p := range m.Parts {
+			switch p.Type {
+			case partText:
+				if p.Text != "" {
+					content = append(content, responsesPart{Type: map[bool]string{false: "input_text", true: "output_text"}[m.Role == "assistant"], Text: ptrTo(p.Text)})
+				}
+			case partImage:
+				content = append(content, responsesPart{Type: "input_image", ImageURL: ptrTo(p.ImageURL)})
+			case partDocument:
+				fp := responsesPart{Type: "input_file", FileURL: p.FileURL, Filename: p.Filename}
+				if strings.HasPrefix(p.FileURL, "data:") {
+					fp.FileURL, fp.FileData = "", p.FileURL
+				}
+				content = append(content, fp)
+			case partToolCall:
+				flush()
+				items = append(items, *responsesCall(req, "", p.ToolCallID, p.ToolName, p.Arguments, p.Custom))
+			case partToolResult:
+				flush()
+				kind := map[bool]string{false: "function_call_output", true: "custom_tool_call_output"}[p.Custom]
+				items = append(items, responsesItem{Type: kind, CallID: p.ToolCallID, Output: jsonText(p.Text)})
+			}
+		}
+		flush()
+	}
+	out.Input = must(json.Marshal(items))
+	for _, t := range req.Tools { // a namespaced tool goes flattened: no provider sees a group
+		rt := openAITool{Type: "function", Name: t.Name, Description: t.Description, Parameters: t.Parameters, Strict: ptrTo(false)}
+		if t.Kind == toolCustom {
+			rt = openAITool{Type: "custom", Name: t.Name, Description: t.Description, Format: t.Format}
+		} else if len(rt.Parameters) == 0 {
+			rt.Parameters = emptySchema
+		}
+		out.Tools = append(out.Tools, rt)
+	}
+	if c := req.ToolChoice; c != nil && c.Mode == toolChoiceTool {
+		out.ToolChoice = must(json.Marshal(map[string]string{"type": req.toolKind(c.Name), "name": c.Name}))
+	} else if c != nil {
+		out.ToolChoice = jsonText(c.Mode)
+	}
+	if f := req.Output; f != nil {
+		out.Text = &struct {
+			Format *outputFormat `json:"format,omitempty"`
+		}{schemaOutput(f)}
+	}
+	return out, nil
+}
+
+// responsesCall is a function_call (in its group) or custom_tool_call item.
+func responsesCall(req chatRequest, id, callID, name, args string, custom bool) *responsesItem {
+	ns, member := "", name
+	if t := req.findTool(name); t != nil {
+		ns, member = t.Namespace, t.memberName()
+	}
+	if custom {
+		return &responsesItem{Type: "custom_tool_call", ID: id, CallID: callID, Namespace: ns, Name: member, Input: &args}
+	}
+	args = argumentsText(args)
+	return &responsesItem{Type: "function_call", ID: id, CallID: callID, Namespace: ns, Name: member, Arguments: &args}
+}
+
+// call is a call item as a neutral call, its name flattened.
+func (it *responsesItem) call() (toolCall, bool) {
+	tc := toolCall{ID: it.CallID, Name: it.Name, Custom: it.Type == "custom_tool_call"}
+	if it.Namespace != "" {
+		tc.Name = it.Namespace + "__" + it.Name
+	}
+	in := it.Arguments
+	if tc.Custom {
+		in = it.Input
+	}
+	if in != nil {
+		tc.Arguments = *in
+	}
+	if !tc.Custom {
+		tc.Arguments = argumentsText(tc.Arguments)
+	}
+	return tc, tc.Custom || it.Type == "function_call"
+}
+
+// responsesIncompletes maps finishes to incomplete_details.reason, both ways.
+var responsesIncompletes = map[string]string{finishLength: "max_output_tokens", finishContentFilter: "content_filter"}
+
+// decodeResponses reads a complete Responses answer as a stream's end.
+func decodeResponses(body []byte) (chatAnswer, error) {
+	var r responsesObject
+	if err := json.Unmarshal(body, &r); err != nil {
+		return chatAnswer{}, malformedAnswer(protoOpenAIResponses, err)
+	}
+	if r.Status != "completed" && r.Status != "incomplete" {
+		return chatAnswer{}, malformedAnswer(protoOpenAIResponses, nil)
+	}
+	return answerOf(func(emit func(streamEvent) error) error {
+		return newResponsesUpstreamStream().(*responsesUpstreamStream).completed(&r, emit)
+	})
+}
+
+func outputText(text string) responsesPart {
+	return responsesPart{Type: "output_text", Text: &text, Annotations: json.RawMessage("[]")}
+}
+
+// responsesFinal fills in the terminal status: an answer cut by a limit
+// (or a content filter) is "incomplete" with the reason, as OpenAI reports
+// it; usage is null when unreported.
+func responsesFinal(r *responsesObject, finish string, u usage) {
+	r.Status = "completed"
+	if reason := responsesIncompletes[finish]; reason != "" {
+		r.Status, r.IncompleteDetails = "incomplete", &responsesIncomplete{reason}
+	}
+	if u.Reported {
+		r.Usage = &responsesUsage{u.InputTokens, u.OutputTokens, u.InputTokens + u.OutputTokens}
+	}
+}
+
+// renderResponses is the final response of the stream that would carry a.
+func renderResponses(req chatRequest, a chatAnswer) any {
+	w := newResponsesCallerStream(&callerSSE{w: io.Discard, flush: func() {}}, req, a.Model).(*responsesCallerStream)
+	replayAnswer(w.sse, w, req, a)
+	return w.resp
+}
+
+// responsesCallerStream writes Responses events, one output item at a
+// time, and keeps the whole response for response.completed.
+type responsesCallerStream struct {
+	sse  *callerSSE
+	req  chatRequest
+	seq  int // sequence_number of the next event
+	resp responsesObject
+}
+
+func newResponsesCallerStream(sse *callerSSE, req chatRequest, model string) blockWriter {
+	resp := responsesObject{ID: newAnswerID("resp_"), Object: "response", CreatedAt: time.Now().Unix(), Model: model, Output: []*responsesItem{}}
+	return &responsesCallerStream{sse: sse, req: req, resp: resp}
+}
+
+func (s *responsesCallerStream) emit(ev responsesEvent) error {
+	ev.SequenceNumber = s.seq
+	s.seq++
+	return s.sse.frame(ev.Type, ev)
+}
+
+func (s *responsesCallerStream) begin() error {
+	r := s.resp
+	r.Status = "in_progress"
+	return s.emit(responsesEvent{Type: "response.created", Response: &r})
+}
+
+func (s *responsesCallerStream) open(i int, b *streamBlock) error {
+	it := &responsesItem{Type: "message", ID: newAnswerID("msg_"), Status: "in_progress", Role: "assistant", Content: json.RawMessage("[]")}
+	if !b.text {
+		it = responsesCall(s.req, newAnswerID("fc_"), answerIDOr(b.id, "call_"), b.flat, "", b.custom)
+		it.Status = "in_progress"
+		if !b.custom {
+			it.Arguments = ptrTo("")
+		}
+	}
+	s.resp.Output = append(s.resp.Output, it)
+	added := *it
+	if err := s.emit(responsesEvent{Type: "response.output_item.added", OutputIndex: &i, Item: &added}); err != nil || !b.text {
+		return err
+	}
+	zero, p := 0, outputText("")
+	return s.emit(responsesEvent{Type: "response.content_part.added", ItemID: it.ID, OutputIndex: &i, ContentIndex: &zero, Part: &p})
+}
+
+// responsesEvents names each item type's delta and done events.
+var responsesEvents = map[string][2]string{"message": {"response.output_text.delta", "response.output_text.done"},
+	"function_call":    {"response.function_call_arguments.delta", "response.function_call_arguments.done"},
+	"custom_tool_call": {"response.custom_tool_call_input.delta", "response.custom_tool_call_input.done"}}
+
+// delta writes the next piece; an item already done (a provider
+// interleaving calls) gets its final input updated.
+func (s *responsesCallerStream) delta(i int, b *streamBlock, d string) error {
+	it, zero := s.resp.Output[i], 0
+	if it.Status == "completed" {
+		s.fill(it, b.buf.String())
+	}
+	ev := responsesEvent{Type: responsesEvents[it.Type][0], ItemID: it.ID, OutputIndex: &i, Delta: &d}
+	if b.text {
+		ev.ContentIndex = &zero
+	}
+	return s.emit(ev)
+}
+
+func (s *responsesCallerStream) fill(it *responsesItem, full string) {
+	switch it.Type {
+	case "message":
+		it.Content = must(json.Marshal([]responsesPart{outputText(full)}))
+	case "custom_tool_call":
+		it.Input = &full
+	default:
+		it.Arguments = &full
+	}
+}
+
+// close writes the done events of an item and fills it in.
+func (s *responsesCallerStream) close(i int, _ *streamBlock, full string) error {
+	it, zero, p := s.resp.Output[i], 0, outputText(full)
+	it.Status = "completed"
+	s.fill(it, full)
+	done := []responsesEvent{{Type: responsesEvents[it.Type][1], ItemID: it.ID, OutputIndex: &i, Arguments: it.Arguments, Input: it.Input},
+		{Type: "response.output_item.done", OutputIndex: &i, Item: it}}
+	if it.Type == "message" {
+		done = append([]responsesEvent{{Type: done[0].Type, ItemID: it.ID, OutputIndex: &i, ContentIndex: &zero, Text: &full},
+			{Type: "response.content_part.done", ItemID: it.ID, OutputIndex: &i, ContentIndex: &zero, Part: &p}}, done[1])
+	}
+	for _, ev := range done {
+		if err := s.emit(ev); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *responsesCallerStream) finishNow(callerStreamTail) error { return nil }
+
+// end writes response.completed with the whole response, even for an
+// incomplete one (SPEC §7.5): SDK stream helpers wait for that event.
+func (s *responsesCallerStream) end(t callerStreamTail) error {
+	responsesFinal(&s.resp, t.finish, t.usage)
+	return s.emit(responsesEvent{Type: "response.completed", Response: &s.resp})
+}
+
+// fail writes response.failed with response.error {code, message}.
+func (s *responsesCallerStream) fail(e *apiError) error {
+	b := e.body().Error
+	r := s.resp
+	r.Status, r.Error = "failed", &responsesError{Code: b.Code, Message: b.Message}
+	return s.emit(responsesEvent{Type: "response.failed", Response: &r})
+}
+
+type responsesStreamItem struct {
+	tool     int  // neutral tool index, -1 for a message
+	streamed bool // text or argument deltas emitted: done emits the rest
+}
+
+// responsesUpstreamStream translates Responses events, items keyed by
+// output_index; response.completed (or .incomplete) is terminal.
+type responsesUpstreamStream struct {
+	items map[int]*responsesStreamItem
+	tools int
+}
+
+func newResponsesUpstreamStream() streamTranslator {
+	return &responsesUpstreamStream{items: map[int]*responsesStreamItem{}}
+}
+
+func (r *responsesUpstreamStream) handle(ev sseEvent, emit func(streamEvent) error) (bool, error) {
+	var e responsesEvent
+	if err := json.Unmarshal([]byte(ev.Data), &e); err != nil {
+		return false, malformedEvent(protoOpenAIResponses, err)
+	}
+	idx := 0
+	if e.OutputIndex != nil {
+		idx = *e.OutputIndex
+	}
+	switch e.Type {
+	case "":
+		return false, malformedEvent(protoOpenAIResponses, errors.New("event without a type"))
+	case "error":
+		code, _ := jsonScalar(e.Code)
+		if f, _ := errorObject(e.Error); code == "" {
+			code = cmp.Or(f.code, f.typ)
+		}
+		return false, inBandError(code)
+	case "response.failed":
+		if e.Response == nil || e.Response.Error == nil {
+			return false, inBandError("")
+		}
+		return false, inBandError(e.Response.Error.Code)
+	case "response.output_item.added", "response.output_item.done":
+		if e.Item == nil {
+			return false, malformedEvent(protoOpenAIResponses, errors.New("output item event without item"))
+		}
+		if e.Type == "response.output_item.added" {
+			_, err := r.item(idx, e.Item, emit)
+			return false, err
+		}
+		return false, r.done(idx, e.Item, emit)
+	case "response.output_text.delta", "response.function_call_arguments.delta", "response.custom_tool_call_input.delta":
+		it, _ := r.item(idx, &responsesItem{}, emit)
+		ev := streamEvent{Kind: eventText}
+		if e.Type != "response.output_text.delta" {
+			if it.tool < 0 {
+				return false, malformedEvent(protoOpenAIResponses, errors.New("arguments outside a call item"))
+			}
+			ev.Kind, ev.Index = eventToolCallArgs, it.tool
+		}
+		if e.Delta == nil || *e.Delta == "" {
+			return false, nil
+		}
+		it.streamed, ev.Text = true, *e.Delta
+		return false, emit(ev)
+	case "response.completed", "response.incomplete":
+		if e.Response == nil {
+			return false, malformedEvent(protoOpenAIResponses, errors.New(e.Type+" without response"))
+		}
+		return true, r.completed(e.Response, emit)
+	}
+	return false, nil
+}
+
+// completed emits the final response's items the stream never showed (a
+// minimal stream, a buffered answer), then the tail.
+func (r *responsesUpstreamStream) completed(resp *responsesObject, emit func(streamEvent) error) error {
+	for i, it := range resp.Output {
+		if _, seen := r.items[i]; !seen && it != nil {
+			if err := r.done(i, it, emit); err != nil {
+				return err
+			}
+		}
+	}
+	finish, u := finishStop, usage{}
+	if r.tools > 0 {
+		finish = finishToolCalls
+	}
+	for f, reason := range responsesIncompletes {
+		if d := resp.IncompleteDetails; d != nil && d.Reason == reason {
+			finish = f
+		}
+	}
+	if resp.Usage != nil {
+		u = usage{InputTokens: resp.Usage.InputTokens, OutputTokens: resp.Usage.OutputTokens, Reported: true}
+	}
+	return emitTail(emit, finish, u)
+}
+
+// item is the state of output index i: a tool call once seen as one.
+func (r *responsesUpstreamStream) item(i int, item *responsesItem, emit func(streamEvent) error) (*responsesStreamItem, error) {
+	it, ok := r.items[i]
+	if !ok {
+		it = &responsesStreamItem{tool: -1}
+		r.items[i] = it
+	}
+	if tc, isCall := item.call(); isCall && it.tool < 0 {
+		if item.Name == "" {
+			return nil, malformedEvent(protoOpenAIResponses, errors.New("call item without a name"))
+		}
+		it.tool, r.tools, tc.Arguments = r.tools, r.tools+1, ""
+		return it, emit(streamEvent{Kind: eventToolCallStart, Index: it.tool, ToolCall: tc})
+	}
+	return it, nil
+}
+
+// done completes an output item, emitting whatever its deltas did not.
+func (r *responsesUpstreamStream) done(i int, item *responsesItem, emit func(streamEvent) error) error {
+	it, err := r.item(i, item, emit)
+	if err != nil || it.streamed {
+		return err
+	}
+	it.streamed = true
+	if tc, ok := item.call(); ok && tc.Arguments != "" {
+		return emit(streamEvent{Kind: eventToolCallArgs, Index: it.tool, Text: tc.Arguments})
+	}
+	var scratch chatRequest // a message item's text
+	if parts, _ := scratch.responsesParts(item.Content, ""); item.Type == "message" && textOf(parts) != "" {
+		return emit(streamEvent{Kind: eventText, Text: textOf(parts)})
+	}
+	return nil
+}
+
+func (r *responsesUpstreamStream) ended(func(streamEvent) error) (bool, error) { return false, nil }

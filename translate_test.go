@@ -1,0 +1,401 @@
+package main
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// translationFake is a fake provider of one protocol that keeps the last
+// request's headers and body and answers with answer (buffered).
+type translationFake struct {
+	*fakeProvider
+	mu     sync.Mutex // guards header
+	header http.Header
+}
+
+func newTranslationFake(t *testing.T, answer func(path string) string) *translationFake {
+	f := &translationFake{}
+	f.fakeProvider = newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		f.mu.Lock()
+		f.header = r.Header.Clone()
+		f.mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, answer(r.URL.Path))
+	})
+	return f
+}
+
+// jsonAt reads the member at path ("a.b[0].c") of a JSON document, as
+// compact JSON text; "" when absent.
+func jsonAt(t *testing.T, doc []byte, path string) string {
+	t.Helper()
+	var v any
+	if err := json.Unmarshal(doc, &v); err != nil {
+		t.Fatalf("not JSON: %v", err)
+	}
+	for _, step := range regexp.MustCompile(`[^.\[\]]+|\[\d+\]`).FindAllString(path, -1) {
+		if strings.HasPrefix(step, "[") {
+			i, _ := strconv.Atoi(strings.Trim(step, "[]"))
+			a, ok := v.([]any)
+			if !ok || i >= len(a) {
+				return ""
+			}
+			v = a[i]
+			continue
+		}
+		m, ok := v.(map[string]any)
+		if !ok {
+			return ""
+		}
+		if v, ok = m[step]; !ok {
+			return ""
+		}
+	}
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
+// Answers of each protocol that call the Codex-like request's tools.
+const (
+	messagesToolAnswer = `{"id":"msg_1","type":"message","role":"assistant","model":"m","content":[{"type":"text","text":"{\"ok\":true}"},` +
+		`{"type":"tool_use","id":"toolu_1","name":"mcp__srv__lookup","input":{"q":"x"}},{"type":"tool_use","id":"toolu_2","name":"apply_patch","input":{"input":"*** Begin Patch"}}],` +
+		`"stop_reason":"tool_use","usage":{"input_tokens":3,"output_tokens":4}}`
+	chatToolAnswer = `{"id":"c","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"{\"ok\":true}","tool_calls":[` +
+		`{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{}"}}]},"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":1,"completion_tokens":2}}`
+	responsesToolAnswer = `{"id":"r","object":"response","status":"completed","model":"m","output":[{"type":"message","id":"m1","status":"completed","role":"assistant",` +
+		`"content":[{"type":"output_text","text":"{\"ok\":true}","annotations":[]}]},{"type":"function_call","id":"fc","call_id":"call_1","name":"Read","arguments":"{\"file_path\":\"a\"}"}],` +
+		`"usage":{"input_tokens":1,"output_tokens":2}}`
+)
+
+// Caller bodies modelled on what real clients send.
+const (
+	claudeCodeLikeBody = `{"model":"openai-responses/gpt-test","max_tokens":32000,"stream":false,
+		"system":[{"type":"text","text":"You are Claude Code.","cache_control":{"type":"ephemeral"}}],
+		"metadata":{"user_id":"u"},"thinking":{"type":"enabled","budget_tokens":4096},
+		"tools":[{"name":"Read","description":"Read a file","input_schema":{"type":"object","properties":{"file_path":{"type":"string"}}},"cache_control":{"type":"ephemeral"}}],
+		"messages":[{"role":"user","content":[{"type":"text","text":"read a","cache_control":{"type":"ephemeral"}}]},
+			{"role":"system","content":"Reminder: be careful."},
+			{"role":"assistant","content":[{"type":"thinking","thinking":"t","signature":"s"},{"type":"tool_use","id":"toolu_0","name":"Read","input":{"file_path":"a"}}]},
+			{"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_0","content":"hello"}]}]}`
+	codexLikeBody = `{"model":"anthropic/claude-test","instructions":"You are Codex.","max_output_tokens":32000,"stream":false,"store":false,
+		"include":["reasoning.encrypted_content"],"prompt_cache_key":"k","reasoning":{"effort":"high","summary":"auto"},"parallel_tool_calls":false,
+		"tools":[{"type":"custom","name":"apply_patch","description":"Patch files","format":{"type":"grammar","syntax":"lark","definition":"start: x"}},
+			{"type":"namespace","name":"mcp__srv","description":"A server","tools":[{"type":"function","name":"lookup","description":"Look up","strict":false,"parameters":{"type":"object","properties":{"q":{"type":"string"}}}}]},
+			{"type":"web_search","external_web_access":false},
+			{"type":"tool_search","execution":"client","description":"Find tools","parameters":{"type":"object"}},
+			{"type":"function","name":"exec_command","parameters":{"type":"object","properties":{"cmd":{"type":"string"}}}}],
+		"input":[{"type":"message","role":"developer","content":[{"type":"input_text","text":"sandbox rules"}]},
+			{"type":"message","role":"user","content":[{"type":"input_text","text":"fix it"}]},
+			{"type":"reasoning","id":"rs_1","summary":[],"encrypted_content":"opaque"},
+			{"type":"function_call","call_id":"call_0","namespace":"mcp__srv","name":"lookup","arguments":"{\"q\":\"y\"}"},
+			{"type":"function_call_output","call_id":"call_0","output":"found"},
+			{"type":"custom_tool_call","call_id":"call_p","name":"apply_patch","input":"*** Begin Patch"},
+			{"type":"custom_tool_call_output","call_id":"call_p","output":"done"}]}`
+)
+
+// TestTranslationAcrossFormats drives real clients' requests through Brama
+// to a provider of another format and checks what the provider received,
+// what Brama-Dropped names, and what the caller got back.
+func TestTranslationAcrossFormats(t *testing.T) {
+	env := stateEnv(t)
+	fakes := map[string]*translationFake{
+		"openai":           newTranslationFake(t, func(string) string { return chatToolAnswer }),
+		"anthropic":        newTranslationFake(t, func(string) string { return messagesToolAnswer }),
+		"openai-responses": newTranslationFake(t, func(string) string { return responsesToolAnswer }),
+	}
+	plain := map[string]*fakeProvider{}
+	for id, f := range fakes {
+		plain[id] = f.fakeProvider
+	}
+	d := startDaemon(t, env, providerEnv(env, plain), "-local-credentials-stdin")
+
+	tests := []struct {
+		name, path, body, provider string
+		wantUpstream               map[string]string // member path → compact JSON
+		wantDropped                string
+		wantAnswer                 map[string]string // in the caller's answer
+		wantBeta                   string
+	}{
+		{
+			name: "Claude-Code-like messages to openai-responses", path: "/v1/messages", body: claudeCodeLikeBody, provider: "openai-responses",
+			wantUpstream: map[string]string{
+				"instructions": `"You are Claude Code."`, "max_output_tokens": `32000`, "reasoning.effort": `"medium"`,
+				"input[0].content[0].text": `"read a"`, "input[1].role": `"system"`, "input[1].content[0].text": `"Reminder: be careful."`,
+				"input[2].type": `"function_call"`, "input[2].name": `"Read"`, "input[2].arguments": `"{\"file_path\":\"a\"}"`,
+				"input[3].type": `"function_call_output"`, "input[3].output": `"hello"`,
+				"tools[0].name": `"Read"`, "tools[0].parameters.properties.file_path.type": `"string"`,
+			},
+			wantDropped: "metadata, system[0].cache_control, messages[0].content[0].cache_control, messages[2].content[0], tools[0].cache_control",
+			wantAnswer:  map[string]string{"content[1].type": `"tool_use"`, "content[1].name": `"Read"`, "content[1].input.file_path": `"a"`, "stop_reason": `"tool_use"`},
+		},
+		{
+			name: "Codex-like responses to anthropic", path: "/v1/responses", body: codexLikeBody, provider: "anthropic",
+			wantUpstream: map[string]string{
+				"system": `"You are Codex.\n\nsandbox rules"`, "max_tokens": `32000`, "thinking": ``,
+				"messages[0].content[0].text": `"fix it"`,
+				"messages[1].content[0].name": `"mcp__srv__lookup"`, "messages[1].content[0].input.q": `"y"`,
+				"messages[2].content[0].content": `"found"`,
+				"messages[3].content[0].name":    `"apply_patch"`, "messages[3].content[0].input.input": `"*** Begin Patch"`,
+				"tools[0].name": `"apply_patch"`, "tools[0].input_schema.properties.input.type": `"string"`,
+				"tools[1].name": `"mcp__srv__lookup"`, "tools[2].name": `"exec_command"`,
+				"tool_choice.type": `"auto"`, "tool_choice.disable_parallel_tool_use": `true`,
+			},
+			// A turn continuing a tool loop asks for no thinking: Anthropic
+			// wants the earlier thinking blocks back, which responses lacks.
+			wantDropped: "include, reasoning.summary, input[2], tools[1].description, tools[2], tools[3], store, prompt_cache_key, reasoning.effort, tools[0].format",
+			wantAnswer: map[string]string{
+				"output[1].type": `"function_call"`, "output[1].namespace": `"mcp__srv"`, "output[1].name": `"lookup"`, "output[1].arguments": `"{\"q\":\"x\"}"`,
+				"output[2].type": `"custom_tool_call"`, "output[2].name": `"apply_patch"`, "output[2].input": `"*** Begin Patch"`,
+			},
+		},
+		{
+			name: "reasoning effort to a thinking budget, which takes temperature's place", path: "/v1/responses", provider: "anthropic",
+			body:         `{"model":"anthropic/claude-test","max_output_tokens":32000,"input":"think","reasoning":{"effort":"high"},"temperature":0.3}`,
+			wantUpstream: map[string]string{"thinking.type": `"enabled"`, "thinking.budget_tokens": `24576`, "temperature": ``},
+			wantDropped:  "temperature",
+		},
+		{
+			name: "a hosted tool toward chat is named", path: "/v1/responses", provider: "openai",
+			body:         `{"model":"openai/gpt-test","input":"hi","tools":[{"type":"web_search"},{"type":"custom","name":"apply_patch"}],"tool_choice":{"type":"custom","name":"apply_patch"},"logit_bias":{"1":2}}`,
+			wantUpstream: map[string]string{"tools[0].type": `"custom"`, "tools[0].custom.name": `"apply_patch"`, "tool_choice.custom.name": `"apply_patch"`},
+			wantDropped:  "logit_bias, tools[0]",
+		},
+		{
+			name: "chat stop and custom tool toward responses", path: "/v1/chat/completions", provider: "openai-responses",
+			body: `{"model":"openai-responses/gpt-test","messages":[{"role":"user","content":[{"type":"text","text":"q"},{"type":"file","file":{"file_data":"data:application/pdf;base64,JVBE","filename":"a.pdf"}}]}],
+				"stop":["END"],"top_p":0.5,"seed":7,"reasoning_effort":"low","tools":[{"type":"custom","custom":{"name":"apply_patch","format":{"type":"text"}}}]}`,
+			wantUpstream: map[string]string{"top_p": `0.5`, "reasoning.effort": `"low"`, "tools[0].type": `"custom"`, "tools[0].format.type": `"text"`,
+				"input[0].content[1].type": `"input_file"`, "input[0].content[1].file_data": `"data:application/pdf;base64,JVBE"`, "input[0].content[1].filename": `"a.pdf"`},
+			wantDropped: "seed, stop",
+		},
+		{
+			name: "structured output: chat to messages", path: "/v1/chat/completions", provider: "anthropic",
+			body:         `{"model":"anthropic/claude-test","max_tokens":100,"messages":[{"role":"user","content":"q"}],"response_format":{"type":"json_schema","json_schema":{"name":"o","schema":{"type":"object","properties":{"ok":{"type":"boolean"}}},"strict":true}}}`,
+			wantUpstream: map[string]string{"output_config.format.type": `"json_schema"`, "output_config.format.schema.properties.ok.type": `"boolean"`},
+			wantBeta:     structuredOutputsBeta,
+			wantAnswer:   map[string]string{"choices[0].message.content": `"{\"ok\":true}"`},
+		},
+		{
+			name: "structured output: chat to responses", path: "/v1/chat/completions", provider: "openai-responses",
+			body:         `{"model":"openai-responses/gpt-test","messages":[{"role":"user","content":"q"}],"response_format":{"type":"json_schema","json_schema":{"name":"o","schema":{"type":"object"},"strict":true}}}`,
+			wantUpstream: map[string]string{"text.format.type": `"json_schema"`, "text.format.name": `"o"`, "text.format.schema": `{"type":"object"}`, "text.format.strict": `true`},
+		},
+		{
+			name: "structured output: messages to chat", path: "/v1/messages", provider: "openai",
+			body:         `{"model":"openai/gpt-test","max_tokens":100,"messages":[{"role":"user","content":"q"}],"output_config":{"format":{"type":"json_schema","schema":{"type":"object"}}}}`,
+			wantUpstream: map[string]string{"response_format.type": `"json_schema"`, "response_format.json_schema.schema": `{"type":"object"}`, "response_format.json_schema.name": `"output"`},
+			wantAnswer:   map[string]string{"content[0].text": `"{\"ok\":true}"`},
+		},
+		{
+			name: "structured output: messages (beta name) to responses", path: "/v1/messages", provider: "openai-responses",
+			body:         `{"model":"openai-responses/gpt-test","max_tokens":100,"messages":[{"role":"user","content":"q"}],"output_format":{"type":"json_schema","schema":{"type":"object"}}}`,
+			wantUpstream: map[string]string{"text.format.type": `"json_schema"`, "text.format.schema": `{"type":"object"}`},
+		},
+		{
+			name: "structured output: responses to chat", path: "/v1/responses", provider: "openai",
+			body:         `{"model":"openai/gpt-test","input":"q","text":{"format":{"type":"json_schema","name":"o","schema":{"type":"object"}}}}`,
+			wantUpstream: map[string]string{"response_format.json_schema.name": `"o"`, "response_format.json_schema.schema": `{"type":"object"}`},
+			wantAnswer:   map[string]string{"output[0].content[0].text": `"{\"ok\":true}"`},
+		},
+		{
+			name: "structured output: responses to messages", path: "/v1/responses", provider: "anthropic",
+			body:         `{"model":"anthropic/claude-test","max_output_tokens":100,"input":"q","text":{"format":{"type":"json_schema","name":"o","schema":{"type":"object"}}}}`,
+			wantUpstream: map[string]string{"output_config.format.schema": `{"type":"object"}`},
+			wantBeta:     structuredOutputsBeta,
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := fakes[tc.provider]
+			before := f.calls.Load()
+			status, hdr, body := d.call("POST", tc.path, d.token, tc.body)
+			if status != 200 {
+				t.Fatalf("status %d: %s", status, body)
+			}
+			if n := f.calls.Load() - before; n != 1 {
+				t.Fatalf("provider saw %d calls, want 1", n)
+			}
+			up := f.body()
+			for path, want := range tc.wantUpstream {
+				if got := jsonAt(t, up, path); got != want {
+					t.Errorf("upstream %s = %s, want %s", path, got, want)
+				}
+			}
+			if got := hdr.Get("Brama-Dropped"); got != tc.wantDropped {
+				t.Errorf("Brama-Dropped = %q, want %q", got, tc.wantDropped)
+			}
+			for path, want := range tc.wantAnswer {
+				if got := jsonAt(t, body, path); got != want {
+					t.Errorf("answer %s = %s, want %s", path, got, want)
+				}
+			}
+			f.mu.Lock()
+			beta := f.header.Get("anthropic-beta")
+			f.mu.Unlock()
+			if tc.wantBeta != "" && !strings.Contains(beta, tc.wantBeta) {
+				t.Errorf("anthropic-beta = %q, want it to hold %q", beta, tc.wantBeta)
+			}
+		})
+	}
+	if !strings.Contains(d.stderr.String(), `dropped="metadata, system[0].cache_control`) && !strings.Contains(d.stderr.String(), `"dropped":"metadata, system[0].cache_control`) {
+		t.Errorf("the log line does not name what was dropped")
+	}
+}
+
+// TestTranslationRefusesInexpressibleOutput checks JSON mode toward
+// messages is refused 400 before any call (SPEC §7.6).
+func TestTranslationRefusesInexpressibleOutput(t *testing.T) {
+	env := stateEnv(t)
+	f := newTranslationFake(t, func(string) string { return messagesToolAnswer })
+	d := startDaemon(t, env, providerEnv(env, map[string]*fakeProvider{"anthropic": f.fakeProvider}), "-local-credentials-stdin")
+	for _, tc := range []struct{ path, body string }{
+		{"/v1/chat/completions", `{"model":"anthropic/claude-test","max_tokens":9,"messages":[{"role":"user","content":"q"}],"response_format":{"type":"json_object"}}`},
+		{"/v1/responses", `{"model":"anthropic/claude-test","max_output_tokens":9,"input":"q","text":{"format":{"type":"json_object"}}}`},
+	} {
+		status, _, body := d.call("POST", tc.path, d.token, tc.body)
+		if env := envelopeOf(t, body); status != 400 || env["code"] != "invalid_request" {
+			t.Errorf("%s: status %d %v, want 400 invalid_request", tc.path, status, env)
+		}
+	}
+	if n := f.calls.Load(); n != 0 {
+		t.Errorf("provider saw %d calls, want 0", n)
+	}
+}
+
+// messagesToolStream is an Anthropic stream calling a namespaced tool and
+// a custom one, the custom input split across deltas.
+const messagesToolStream = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"m\",\"content\":[],\"usage\":{\"input_tokens\":3,\"output_tokens\":1}}}\n\n" +
+	"event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"tool_use\",\"id\":\"toolu_1\",\"name\":\"mcp__srv__lookup\",\"input\":{}}}\n\n" +
+	"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"{\\\"q\\\":\\\"x\\\"}\"}}\n\n" +
+	"event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n" +
+	"event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":1,\"content_block\":{\"type\":\"tool_use\",\"id\":\"toolu_2\",\"name\":\"apply_patch\",\"input\":{}}}\n\n" +
+	"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":1,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"{\\\"input\\\":\\\"*** Begin\"}}\n\n" +
+	"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":1,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\" Patch\\\"}\"}}\n\n" +
+	"event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":1}\n\n" +
+	"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"tool_use\"},\"usage\":{\"output_tokens\":9}}\n\n" +
+	"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"
+
+// TestTranslationStreamsCallsInTheCallersForm checks a streamed answer
+// names a namespaced call in its group and gives a custom call its string
+// input (held back while the provider streams it as a JSON member), in the
+// Responses events and in the chat chunks.
+func TestTranslationStreamsCallsInTheCallersForm(t *testing.T) {
+	env := stateEnv(t)
+	f := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, messagesToolStream)
+	})
+	d := startDaemon(t, env, providerEnv(env, map[string]*fakeProvider{"anthropic": f}), "-local-credentials-stdin")
+
+	body := strings.Replace(codexLikeBody, `"stream":false`, `"stream":true`, 1)
+	status, _, out := d.call("POST", "/v1/responses", d.token, body)
+	if status != 200 {
+		t.Fatalf("status %d: %s", status, out)
+	}
+	var completed []byte
+	var customDeltas []string
+	for _, fr := range splitTestSSE(t, string(out)) {
+		switch fr.Event {
+		case "response.completed":
+			completed = []byte(fr.Data)
+		case "response.custom_tool_call_input.delta":
+			customDeltas = append(customDeltas, jsonAt(t, []byte(fr.Data), "delta"))
+		case "response.function_call_arguments.delta":
+			if got := jsonAt(t, []byte(fr.Data), "delta"); strings.Contains(got, "input") {
+				t.Errorf("a custom call's JSON wrapper reached the caller: %s", got)
+			}
+		}
+	}
+	if want := []string{`"*** Begin Patch"`}; !slices.Equal(customDeltas, want) {
+		t.Errorf("custom input deltas = %v, want %v", customDeltas, want)
+	}
+	for path, want := range map[string]string{
+		"response.output[0].type": `"function_call"`, "response.output[0].namespace": `"mcp__srv"`, "response.output[0].name": `"lookup"`,
+		"response.output[0].arguments": `"{\"q\":\"x\"}"`, "response.output[1].type": `"custom_tool_call"`, "response.output[1].name": `"apply_patch"`,
+		"response.output[1].input": `"*** Begin Patch"`, "response.status": `"completed"`,
+	} {
+		if got := jsonAt(t, completed, path); got != want {
+			t.Errorf("completed %s = %s, want %s", path, got, want)
+		}
+	}
+
+	chat := `{"model":"anthropic/claude-test","max_tokens":100,"stream":true,"messages":[{"role":"user","content":"patch"}],
+		"tools":[{"type":"custom","custom":{"name":"apply_patch"}},{"type":"function","function":{"name":"mcp__srv__lookup"}}]}`
+	status, _, out = d.call("POST", "/v1/chat/completions", d.token, chat)
+	if status != 200 {
+		t.Fatalf("chat status %d: %s", status, out)
+	}
+	var input, kinds []string
+	for _, fr := range splitTestSSE(t, string(out)) {
+		if fr.Data == "[DONE]" {
+			continue
+		}
+		if k := jsonAt(t, []byte(fr.Data), "choices[0].delta.tool_calls[0].type"); k != "" {
+			kinds = append(kinds, k)
+		}
+		if in := jsonAt(t, []byte(fr.Data), "choices[0].delta.tool_calls[0].custom.input"); in != "" && in != `""` {
+			input = append(input, in)
+		}
+	}
+	if want := []string{`"function"`, `"custom"`}; !slices.Equal(kinds, want) {
+		t.Errorf("chat call kinds = %v, want %v", kinds, want)
+	}
+	if want := []string{`"*** Begin Patch"`}; !slices.Equal(input, want) {
+		t.Errorf("chat custom input = %v, want %v", input, want)
+	}
+}
+
+// codexCLIBody is what the Codex CLI 0.171 sends (examples/clients): its
+// tools in an additional_tools input item, exec a custom tool of the
+// functions namespace, a tool turn whose output is an array of parts.
+const codexCLIBody = `{"model":"anthropic/claude-test","max_output_tokens":9000,"stream":false,"store":false,"parallel_tool_calls":false,"tool_choice":"auto",
+	"reasoning":{"effort":"low","context":"all_turns"},"text":{"verbosity":"low"},"client_metadata":{"a":"b"},
+	"input":[{"type":"additional_tools","role":"developer","id":"at_1","tools":[
+			{"type":"namespace","name":"functions","tools":[{"type":"custom","name":"exec","description":"Run JavaScript","format":{"type":"text"}},
+				{"type":"function","name":"wait","parameters":{"type":"object","properties":{}}}]}]},
+		{"type":"message","role":"developer","content":[{"type":"input_text","text":"You are Codex."}]},
+		{"type":"message","role":"user","content":[{"type":"input_text","text":"cat note.txt"}]},
+		{"type":"custom_tool_call","id":"ct_1","status":"completed","namespace":"functions","name":"exec","call_id":"call_1","input":"text(1)"},
+		{"type":"custom_tool_call_output","call_id":"call_1","output":[{"type":"input_text","text":"hello"}]}]}`
+
+// TestTranslationCodexCLIToMessages checks the Codex CLI's own request
+// reaches a messages provider with its tools and comes back in its form.
+func TestTranslationCodexCLIToMessages(t *testing.T) {
+	env := stateEnv(t)
+	f := newTranslationFake(t, func(string) string {
+		return `{"id":"m","type":"message","role":"assistant","model":"m","content":[{"type":"tool_use","id":"toolu_9","name":"functions__exec","input":{"input":"text(2)"}}],"stop_reason":"tool_use","usage":{"input_tokens":1,"output_tokens":1}}`
+	})
+	d := startDaemon(t, env, providerEnv(env, map[string]*fakeProvider{"anthropic": f.fakeProvider}), "-local-credentials-stdin")
+	status, hdr, body := d.call("POST", "/v1/responses", d.token, codexCLIBody)
+	if status != 200 {
+		t.Fatalf("status %d: %s", status, body)
+	}
+	up := f.body()
+	for path, want := range map[string]string{
+		"tools[0].name": `"functions__exec"`, "tools[0].input_schema.properties.input.type": `"string"`, "tools[1].name": `"functions__wait"`,
+		"system": `"You are Codex."`, "messages[1].content[0].name": `"functions__exec"`, "messages[1].content[0].input.input": `"text(1)"`,
+		"messages[2].content[0].content": `"hello"`, "tool_choice.disable_parallel_tool_use": `true`,
+	} {
+		if got := jsonAt(t, up, path); got != want {
+			t.Errorf("upstream %s = %s, want %s", path, got, want)
+		}
+	}
+	for path, want := range map[string]string{
+		"output[0].type": `"custom_tool_call"`, "output[0].namespace": `"functions"`, "output[0].name": `"exec"`, "output[0].input": `"text(2)"`,
+		"output[0].call_id": `"toolu_9"`,
+	} {
+		if got := jsonAt(t, body, path); got != want {
+			t.Errorf("answer %s = %s, want %s", path, got, want)
+		}
+	}
+	if got, want := hdr.Get("Brama-Dropped"), "client_metadata, reasoning.context, text.verbosity, store, reasoning.effort, input[0].tools[0].tools[0].format"; got != want {
+		t.Errorf("Brama-Dropped = %q, want %q", got, want)
+	}
+}
