@@ -1,10 +1,15 @@
 package main
 
-import "net/http"
+import (
+	"errors"
+	"net/http"
+	"strings"
+)
 
 // api.go holds the HTTP handlers server.go has no room for (it stays under
-// 650 lines): the subscription inventory's (SPEC §10.1), which routes()
-// lists and which each decode, call one inventory method and encode. The
+// 650 lines): the subscription inventory's (SPEC §10.1) and maintenance's
+// (SPEC §11.2), which routes() lists and which each decode, call one plain
+// method and encode. The
 // agent routes serve the agent the request acts for (a valid signature or
 // a bearer bound to it); the admin twins serve any agent.
 
@@ -130,4 +135,33 @@ func (s *server) handleSubscriptionReinstate(w http.ResponseWriter, r *http.Requ
 	}
 	s.maint.changed()
 	writeJSON(w, http.StatusOK, map[string]bool{"ok": true})
+}
+
+// handleMaintain serves POST /v1/admin/maintain (body empty or {}): one pass
+// now; one that could not list the subscriptions is refused 503 with why.
+func (s *server) handleMaintain(m *maintainer) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var none struct{}
+		if err := decodeOptionalBody(r, &none); err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		rep, err := m.passNow(r.Context())
+		switch {
+		case errors.Is(err, errMaintenanceStopped):
+			s.fail(w, r, refuse("dependency_unavailable", "no pass can run: %v", err).because(err))
+		case err != nil:
+			s.fail(w, r, asAPIError(err))
+		default:
+			writeJSON(w, http.StatusOK, rep)
+		}
+	}
+}
+
+// decodeOptionalBody is decodeBody for a route whose body may be empty.
+func decodeOptionalBody(r *http.Request, v any) error {
+	if len(strings.TrimSpace(string(infoFrom(r.Context()).body))) == 0 {
+		return nil
+	}
+	return decodeBody(r, v)
 }
