@@ -123,7 +123,7 @@ func (e *engine) probe(ctx context.Context, it overlayItem, model string) (probe
 	e.log.LogAttrs(ctx, level, msg, slog.String("request_id", e.t.requestID),
 		slog.String("subscription_id", id), slog.String("agent_id", agent), slog.String("provider", p.id),
 		slog.String("route", res.Route), slog.String("detail", ledgerSentence(detail)))
-	row := e.ledger.row(it, false, e.now())
+	row := e.inv.row(it, false, e.now())
 	o := probeOutcome{OK: true, Subscription: row}
 	if row.Probe != nil {
 		o.Probe = *row.Probe
