@@ -112,16 +112,6 @@ func (wk *walk) exhausted(now time.Time) *apiError {
 	return ae.withAttempts(wk.attempts)
 }
 
-// exhaustedRefusal is a walk's exhausted refusal; one for want of a
-// signed-in subscription asks for a maintenance pass (SPEC §11.2).
-func (e *engine) exhaustedRefusal(wk *walk) *apiError {
-	ae := wk.exhausted(e.now())
-	if ae.Code == "subscription_reauthorization_required" {
-		e.maint.request("subscription_reauthorization_required")
-	}
-	return ae
-}
-
 // eligible returns the agent's non-retired subscriptions of provider whose
 // credential is active, and whether it has any non-retired one at all.
 // Retirement comes from the journal, never the listing cache (SPEC §2.3).
@@ -286,16 +276,12 @@ func (e *engine) walkSubscription(ctx context.Context, j *job, req *callerReques
 	agent := e.agent
 	subs, err := e.subscriptionPool(agent, res, req.head.BillingTarget)
 	if err != nil {
-		ae := asAPIError(err)
-		if ae.Code == "subscription_reauthorization_required" {
-			e.maint.request(ae.Code)
-		}
-		return ae
+		return asAPIError(err)
 	}
 	wk := &walk{agent: agent}
 	out, ae := e.attemptCandidate(ctx, j, &candidate{res: res, pool: subs, req: req, model: req.head.Model}, wk)
 	if out != routeAnswered {
-		return e.exhaustedRefusal(wk)
+		return wk.exhausted(e.now())
 	}
 	return ae
 }

@@ -27,7 +27,7 @@ func (e *engine) candidates(res resolution, agent string) ([]resolution, error) 
 			}
 		}
 		more, err := e.anyCandidates(agent, doc, false)
-		return dedupeRoutes(append(out, more...)), err
+		return dedupeBy(append(out, more...), func(r resolution) string { return r.Route }), err
 	default:
 		return e.anyCandidates(agent, doc, res.Mode == modeAnyVision)
 	}
@@ -117,7 +117,7 @@ func (e *engine) candidateModels(provider string, doc *routesDoc) []string {
 			n++
 		}
 	}
-	return dedupe(out)
+	return dedupeBy(out, func(m string) string { return m })
 }
 
 // takesImages reports whether the catalogue lists image input for a model;
@@ -127,21 +127,14 @@ func (e *engine) takesImages(provider, model string) bool {
 	return ok && slices.Contains(info.Input, "image")
 }
 
-func dedupe(s []string) []string {
-	var out []string
-	for _, v := range s {
-		if !slices.Contains(out, v) {
-			out = append(out, v)
-		}
-	}
-	return out
-}
-
-func dedupeRoutes(rs []resolution) []resolution {
-	var out []resolution
-	for _, r := range rs {
-		if !slices.ContainsFunc(out, func(o resolution) bool { return o.Route == r.Route }) {
-			out = append(out, r)
+// dedupeBy keeps the first of each key, in order.
+func dedupeBy[T any, K comparable](xs []T, key func(T) K) []T {
+	var out []T
+	seen := map[K]bool{}
+	for _, x := range xs {
+		if k := key(x); !seen[k] {
+			seen[k] = true
+			out = append(out, x)
 		}
 	}
 	return out
@@ -187,11 +180,10 @@ func (e *engine) walkSelector(ctx context.Context, j *job, req *callerRequest, c
 	}
 	switch {
 	case hadEligible:
-		return e.exhaustedRefusal(wk)
+		return wk.exhausted(e.now())
 	case maxTokensSkip != nil: // every usable candidate needs a max_tokens nobody knows (SPEC §6.4)
 		return asAPIError(maxTokensSkip)
 	case e.allNeedSignIn(agent):
-		e.maint.request("subscription_reauthorization_required")
 		return refuse("subscription_reauthorization_required", "agent %q has subscriptions but none has an active credential; sign in again", agent).withAttempts(0)
 	}
 	return refuse("credential_unauthorized", "no subscription model can serve agent %q", agent).withAttempts(0)
