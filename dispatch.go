@@ -505,22 +505,30 @@ func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, model strin
 	defer resp.Body.Close()
 	w.Header().Set("Brama-Route", c.res.Route)
 	p := c.res.Provider
-	switch {
-	case !req.translates(p) && req.head.Stream:
-		u, failure = e.relayPassthroughStream(ctx, w, req, c, resp, attempts)
+	tr := chatRequest{}
+	if req.translates(p) {
+		tr = req.translated()
+		if dropped := tr.droppedFor(p); len(dropped) > 0 { // SPEC §7.6: nothing is dropped silently
+			w.Header().Set("Brama-Dropped", strings.Join(dropped, ", "))
+			e.t.dropped = dropped
+		}
+	}
+	if req.head.Stream { // after commit nothing is retried: a failure is written in-band (SPEC §7.5)
+		streamModel, relay := model, relayStream
+		if !req.translates(p) {
+			streamModel, relay = c.res.Model, relayPassthroughStream
+		}
+		sa := e.openStreamAnswer(w, req.dialect, tr, streamModel, attempts)
+		defer sa.close()
+		var err error
+		if u, err = relay(sa, req, tr, c, resp); err != nil {
+			failure = e.failStream(ctx, sa, c, err, attempts)
+		}
 		return u, failure, true
-	case !req.translates(p):
+	}
+	if !req.translates(p) {
 		u, failure = relayBuffered(w, req, c, resp, attempts)
 		return u, failure, false
-	}
-	tr := req.translated()
-	if dropped := tr.droppedFor(p); len(dropped) > 0 { // SPEC §7.6: nothing is dropped silently
-		w.Header().Set("Brama-Dropped", strings.Join(dropped, ", "))
-		e.t.dropped = dropped
-	}
-	if req.head.Stream {
-		u, failure = e.relayStream(ctx, w, req.dialect, model, tr, c, resp, attempts)
-		return u, failure, true
 	}
 	a, err := readProviderAnswer(p, tr, resp)
 	if err != nil {

@@ -409,12 +409,9 @@ func relayBuffered(w http.ResponseWriter, cr *callerRequest, c call, resp *http.
 
 // relayPassthroughStream relays a committed provider stream event by event
 // as received (SPEC §7.6). A chat stream that completed without
-// data: [DONE] gets it; a failure writes the dialect's in-band error and is
-// returned so the caller aborts the response (SPEC §7.5).
-func (e *engine) relayPassthroughStream(ctx context.Context, w http.ResponseWriter, cr *callerRequest, c call, resp *http.Response, attempts int) (usage, *apiError) {
+// data: [DONE] gets it.
+func relayPassthroughStream(sa *streamAnswer, cr *callerRequest, _ chatRequest, c call, resp *http.Response) (usage, error) {
 	p := c.res.Provider
-	sa := e.openStreamAnswer(w, cr.dialect, chatRequest{}, c.res.Model, attempts)
-	defer sa.close()
 	pw := &passthroughWatch{protocol: p.protocol, dropUsage: cr.addsUsage(p)}
 	rd := newRawSSEReader(resp.Body)
 	var err error
@@ -439,10 +436,7 @@ func (e *engine) relayPassthroughStream(ctx context.Context, w http.ResponseWrit
 			sa.flushWritten()
 		}
 	}
-	if err == nil {
-		return pw.usage, nil
-	}
-	return pw.usage, e.failStream(ctx, sa, c, err, attempts)
+	return pw.usage, err
 }
 
 // keepAliveEvery is how long a stream may be silent before Brama writes an
@@ -550,12 +544,8 @@ func (e *engine) failStream(ctx context.Context, sa *streamAnswer, c call, err e
 }
 
 // relayStream translates a committed provider stream to the caller's
-// dialect, flushing every event. After commit nothing is retried: a failure
-// writes the dialect's in-band error and is returned so the caller aborts
-// the response (SPEC §7.5).
-func (e *engine) relayStream(ctx context.Context, w http.ResponseWriter, dialect, model string, req chatRequest, c call, resp *http.Response, attempts int) (usage, *apiError) {
-	sa := e.openStreamAnswer(w, dialect, req, model, attempts)
-	defer sa.close()
+// dialect, flushing every event.
+func relayStream(sa *streamAnswer, _ *callerRequest, req chatRequest, c call, resp *http.Response) (usage, error) {
 	var u usage
 	err := sa.do(sa.cs.start)
 	if err == nil {
@@ -569,8 +559,5 @@ func (e *engine) relayStream(ctx context.Context, w http.ResponseWriter, dialect
 	if err == nil {
 		err = sa.do(sa.cs.finish)
 	}
-	if err == nil {
-		return u, nil
-	}
-	return u, e.failStream(ctx, sa, c, err, attempts)
+	return u, err
 }
