@@ -34,7 +34,7 @@ func (e *engine) countTokens(ctx context.Context, w http.ResponseWriter, req *ca
 		cand.key, cand.pool = nil, subs[:1]
 	}
 	j := &job{kind: kindCountTokens, request: e.countTokensRequest, commit: countTokensCommit(w)}
-	wk := &walk{agent: e.agent}
+	wk := &walk{}
 	if out, ae := e.attemptCandidate(ctx, j, cand, wk); out == routeRefused { // the grant could not be refreshed
 		return wk.exhausted(e.now())
 	} else if ae != nil {

@@ -57,7 +57,6 @@ func (p *pins) set(agent, provider, id string, until time.Time) {
 // walk is one request's account of its subscription calls and skips, from
 // which an exhausted walk's one refusal is chosen (SPEC §7.2.5).
 type walk struct {
-	agent            string
 	attempts         int      // calls made by this request
 	reasons          []string // "<subscription id or route>: <reason>"
 	rate, quota      bool     // a call was refused 429 / for quota
@@ -278,7 +277,7 @@ func (e *engine) walkSubscription(ctx context.Context, j *job, req *callerReques
 	if err != nil {
 		return asAPIError(err)
 	}
-	wk := &walk{agent: agent}
+	wk := &walk{}
 	out, ae := e.attemptCandidate(ctx, j, &candidate{res: res, pool: subs, req: req, model: req.head.Model}, wk)
 	if out != routeAnswered {
 		return wk.exhausted(e.now())

@@ -99,7 +99,7 @@ func (e *engine) probe(ctx context.Context, it overlayItem, model string) (probe
 			}
 		},
 	}
-	wk := &walk{agent: agent}
+	wk := &walk{}
 	out, ae := e.attemptCandidate(ctx, j, &candidate{res: res, pool: []overlayItem{it}}, wk)
 	switch {
 	case detail != "":

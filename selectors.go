@@ -145,7 +145,7 @@ func dedupeBy[T any, K comparable](xs []T, key func(T) K) []T {
 // own output limit, skipping a provider whose whole pool already refused.
 func (e *engine) walkSelector(ctx context.Context, j *job, req *callerRequest, cands []resolution) *apiError {
 	agent := e.agent
-	wk := &walk{agent: agent}
+	wk := &walk{}
 	poolRefused := map[string]bool{}
 	hadEligible := false
 	var maxTokensSkip error // set when a candidate was skipped for want of max_tokens
