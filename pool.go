@@ -133,29 +133,38 @@ func (e *engine) order(agent, provider string, subs []overlayItem) []overlayItem
 	now := e.now()
 	pinned := e.pins.get(agent, provider, now)
 	type ranked struct {
-		it      overlayItem
-		blocked bool
-		full    float64
-		pinned  bool
+		it     overlayItem
+		free   freedom
+		pinned bool
 	}
 	rs := make([]ranked, len(subs))
 	for i, it := range subs {
-		rs[i] = ranked{it, !e.ledger.blockedUntil(it.ID).IsZero(), e.ledger.fullness(it.ID, now), it.ID == pinned}
+		rs[i] = ranked{it, e.freedomOf(it.ID, now), it.ID == pinned}
 	}
 	slices.SortStableFunc(rs, func(a, b ranked) int {
-		if a.blocked != b.blocked {
-			return boolOrder(a.blocked, b.blocked)
-		}
-		if c := cmp.Compare(a.full, b.full); c != 0 {
-			return c
-		}
-		return boolOrder(b.pinned, a.pinned)
+		return cmp.Or(a.free.compare(b.free), boolOrder(b.pinned, a.pinned))
 	})
 	out := make([]overlayItem, len(rs))
 	for i, r := range rs {
 		out[i] = r.it
 	}
 	return out
+}
+
+// freedom is how free a subscription is for ordering (SPEC §7.2.2): one
+// inside a recorded block goes last; then lower fullness first.
+type freedom struct {
+	blocked bool
+	full    float64
+}
+
+func (e *engine) freedomOf(id string, now time.Time) freedom {
+	return freedom{!e.ledger.blockedUntil(id).IsZero(), e.ledger.fullness(id, now)}
+}
+
+// compare sorts the freer first.
+func (a freedom) compare(b freedom) int {
+	return cmp.Or(boolOrder(a.blocked, b.blocked), cmp.Compare(a.full, b.full))
 }
 
 // boolOrder sorts false before true.

@@ -52,9 +52,8 @@ func (e *engine) anyCandidates(agent string, doc *routesDoc, vision bool) ([]res
 		return nil, err
 	}
 	type prov struct {
-		id      string
-		blocked bool
-		full    float64
+		id   string
+		free freedom // its freest eligible subscription's
 	}
 	var provs []prov
 	now := e.now()
@@ -70,16 +69,10 @@ func (e *engine) anyCandidates(agent string, doc *routesDoc, vision bool) ([]res
 			continue
 		}
 		best := e.order(agent, it.Provider, subs)[0]
-		provs = append(provs, prov{it.Provider, !e.ledger.blockedUntil(best.ID).IsZero(), e.ledger.fullness(best.ID, now)})
+		provs = append(provs, prov{it.Provider, e.freedomOf(best.ID, now)})
 	}
 	slices.SortFunc(provs, func(a, b prov) int {
-		if a.blocked != b.blocked {
-			return boolOrder(a.blocked, b.blocked)
-		}
-		if c := cmp.Compare(a.full, b.full); c != 0 {
-			return c
-		}
-		return strings.Compare(a.id, b.id)
+		return cmp.Or(a.free.compare(b.free), strings.Compare(a.id, b.id))
 	})
 	var out []resolution
 	for _, p := range provs {
