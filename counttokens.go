@@ -33,11 +33,26 @@ func (e *engine) countTokens(ctx context.Context, w http.ResponseWriter, req *ca
 		}
 		cand.key, cand.pool = nil, subs[:1]
 	}
-	j := &job{kind: kindCountTokens, request: e.countTokensRequest, commit: countTokensCommit(w)}
+	j := &job{kind: kindCountTokens, request: e.countTokensRequest,
+		commit: func(_ context.Context, _ *candidate, c call, _ *overlayItem, resp *http.Response, attempts int) (usage, *apiError, bool) {
+			defer resp.Body.Close()
+			var ans struct {
+				InputTokens *int `json:"input_tokens"`
+			}
+			if err := json.NewDecoder(resp.Body).Decode(&ans); err != nil || ans.InputTokens == nil {
+				return usage{}, malformedAnswer(protoAnthropic, err).withAttempts(attempts), false
+			}
+			w.Header().Set("Brama-Route", c.res.Route)
+			w.Header().Set("Brama-Attempts", strconv.Itoa(attempts))
+			writeJSON(w, http.StatusOK, countTokensAnswer{*ans.InputTokens})
+			return usage{}, nil, false
+		}}
 	wk := &walk{}
-	if out, ae := e.attemptCandidate(ctx, j, cand, wk); out == routeRefused { // the grant could not be refreshed
+	out, ae := e.attemptCandidate(ctx, j, cand, wk)
+	if out == routeRefused { // the grant could not be refreshed
 		return wk.exhausted(e.now())
-	} else if ae != nil {
+	}
+	if ae != nil {
 		return ae
 	}
 	return nil
@@ -59,23 +74,6 @@ func (e *engine) countTokensRequest(ctx context.Context, cand *candidate, c call
 		return attempt{err: asAPIError(err)}
 	}
 	return e.send(httpReq, c)
-}
-
-// countTokensCommit relays a committed count.
-func countTokensCommit(w http.ResponseWriter) func(context.Context, *candidate, call, *overlayItem, *http.Response, int) (usage, *apiError, bool) {
-	return func(_ context.Context, _ *candidate, c call, _ *overlayItem, resp *http.Response, attempts int) (usage, *apiError, bool) {
-		defer resp.Body.Close()
-		var ans struct {
-			InputTokens *int `json:"input_tokens"`
-		}
-		if err := json.NewDecoder(resp.Body).Decode(&ans); err != nil || ans.InputTokens == nil {
-			return usage{}, malformedAnswer(protoAnthropic, err).withAttempts(attempts), false
-		}
-		w.Header().Set("Brama-Route", c.res.Route)
-		w.Header().Set("Brama-Attempts", strconv.Itoa(attempts))
-		writeJSON(w, http.StatusOK, countTokensAnswer{*ans.InputTokens})
-		return usage{}, nil, false
-	}
 }
 
 // countTokensAnswer is the body of every count_tokens answer.
