@@ -10,11 +10,11 @@ import (
 
 // serveEmbeddings makes the one call of POST /v1/embeddings (SPEC §15): a
 // direct or alias route to an openai-chat provider, the caller's body with
-// the route's model, the provider's JSON written as is.
-func (e *engine) serveEmbeddings(ctx context.Context, w http.ResponseWriter, body map[string]json.RawMessage, c call) error {
+// the route's model for the caller's model, the provider's JSON written as is.
+func (e *engine) serveEmbeddings(ctx context.Context, w http.ResponseWriter, model string, body map[string]json.RawMessage, c call) error {
 	switch {
 	case c.res.Mode != modeDirect && c.res.Mode != modeAlias:
-		return refuse("invalid_request", "embeddings take a direct or alias route; %q is paid by a subscription", c.res.Route)
+		return refuse("invalid_request", "embeddings take a direct or alias route; %q is paid by a subscription", model)
 	case c.res.Provider.protocol != protoOpenAIChat:
 		return refuse("invalid_request", "embeddings need an openai-chat provider; %q speaks %s", c.res.Provider.id, c.res.Provider.protocol)
 	}

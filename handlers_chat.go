@@ -114,7 +114,7 @@ func (s *server) handleEmbeddings(w http.ResponseWriter, r *http.Request) {
 	c, err := e.plan(ri.client, ri.agentID, &req)
 	ri.routingMode, ri.route = c.res.Mode, c.res.Route
 	if err == nil {
-		err = e.serveEmbeddings(r.Context(), w, body, c)
+		err = e.serveEmbeddings(r.Context(), w, req.Model, body, c)
 	}
 	if err != nil {
 		s.fail(w, r, err)

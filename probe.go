@@ -81,7 +81,11 @@ func (e *engine) probe(ctx context.Context, it overlayItem, model string) (probe
 	j := &job{
 		kind: kindProbe,
 		request: func(ctx context.Context, _ *candidate, c call) attempt {
-			return e.callProvider(ctx, req, c)
+			a := e.callProvider(ctx, req, c)
+			if !a.sent { // the ping could not be encoded: a failed probe, as before any call
+				detail = a.err.Message
+			}
+			return a
 		},
 		commit: func(_ context.Context, _ *candidate, c call, _ *overlayItem, resp *http.Response, _ int) (usage, *apiError, bool) {
 			e.ledger.recordWindows(it.ID, p.id, parsePlanWindows(p.id, resp.Header, e.now()))
