@@ -18,9 +18,10 @@ import (
 // one candidate with one key; a subscription route one candidate with the
 // agent's pool; a selector its candidates in order; the probe the named
 // subscription; embeddings and count_tokens a direct or first-of-pool
-// candidate. Every call goes through send; a committed call ends in
-// conclude; a refusal after dispatch reaches the replay guard through
-// refused.
+// candidate. attemptCandidate is the one loop; every call goes through send;
+// a committed call ends in commit (the abort after a committed stream's
+// failure); settle records spend once; a refusal after dispatch reaches the
+// replay guard through refused.
 
 // routeKind is what the budget table is keyed by.
 type routeKind int
