@@ -157,9 +157,9 @@ func base(fset *token.FileSet, pos token.Pos) string {
 // `(*Type).method`, in the table's last column.
 var funcRef = regexp.MustCompile("`(?:\\(\\*?)?([A-Za-z_][A-Za-z0-9_]*)(?:\\))?(?:\\.([A-Za-z_][A-Za-z0-9_]*))?`")
 
-// readmeFunctions checks the table under README's "Reading the code"
-// heading: the table must exist, and each function its rows name in the
-// last column must exist in pkg.
+// readmeFunctions checks the rules table under README's "Reading the code"
+// heading (the table whose last column is "where"): it must exist, each row
+// must name a function, and each function it names must exist in pkg.
 func readmeFunctions(path string, pkg *types.Package) ([]string, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -167,7 +167,7 @@ func readmeFunctions(path string, pkg *types.Package) ([]string, error) {
 	}
 	defer f.Close()
 	var findings []string
-	in, rows := false, 0
+	in, rules, header, rows := false, false, true, 0
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		line := sc.Text()
@@ -175,14 +175,23 @@ func readmeFunctions(path string, pkg *types.Package) ([]string, error) {
 			in = strings.Contains(strings.ToLower(line), "reading the code")
 			continue
 		}
-		if !in || !strings.HasPrefix(line, "|") || strings.HasPrefix(line, "|---") || strings.HasPrefix(line, "| ---") {
+		if !in || !strings.HasPrefix(line, "|") {
+			header = true // the next table starts with its header
 			continue
 		}
 		cells := strings.Split(strings.Trim(line, "| "), "|")
-		last := cells[len(cells)-1]
+		last := strings.TrimSpace(cells[len(cells)-1])
+		if header { // the rules table is the one whose last column is "where"
+			header, rules = false, strings.EqualFold(last, "where")
+			continue
+		}
+		if !rules || strings.Trim(line, "|-: ") == "" {
+			continue
+		}
 		refs := funcRef.FindAllStringSubmatch(last, -1)
 		if len(refs) == 0 {
-			continue // the header, or a row naming no function
+			findings = append(findings, fmt.Sprintf("README's rules table names no function for %q", strings.TrimSpace(cells[0])))
+			continue
 		}
 		rows++
 		for _, m := range refs {
@@ -205,16 +214,15 @@ func readmeFunctions(path string, pkg *types.Package) ([]string, error) {
 	return slices.Compact(findings), nil
 }
 
-// exists reports whether pkg declares the function name, or the method
-// method of the type name.
+// exists reports whether pkg declares name (a function, or a table such as
+// budgets), or the method method of the type name.
 func exists(pkg *types.Package, name, method string) bool {
 	obj := pkg.Scope().Lookup(name)
 	if obj == nil {
 		return false
 	}
 	if method == "" {
-		_, ok := obj.(*types.Func)
-		return ok
+		return true // a function, or the table (a var) that holds the rule
 	}
 	tn, ok := obj.(*types.TypeName)
 	if !ok {
