@@ -7,21 +7,25 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 )
 
-// CLI commands: those that read or edit state in-process (SPEC §2.3 allows
-// a CLI to edit the registry, the clients file and the vault's direct and
-// agents sections while serve runs, each under its file lock), and those
-// that ask the daemon (maintain, subscription sign-in).
+// CLI commands that read or edit state in-process (SPEC §2.3 allows a CLI
+// to edit the registry, the clients file and the vault's direct and agents
+// sections while serve runs, each under its file lock). The commands that
+// ask the daemon (subscription …, maintain) are in cli_gateway.go.
 
-// deps opens the state for a CLI command; its logs go to stderr.
+// sys is a command's logger (to stderr, at BRAMA_LOG_LEVEL) and clock.
+func (e cliEnv) sys() sys {
+	return sys{log: newLogger(e.stderr, e.getenv("BRAMA_LOG_LEVEL")), now: time.Now}
+}
+
+// deps opens the state for a CLI command.
 func (e cliEnv) deps() deps {
-	return openDeps(e.getenv, newLogger(e.stderr, e.getenv("BRAMA_LOG_LEVEL")), time.Now)
+	return openDeps(e.getenv, e.sys())
 }
 
 // hasDirectFromVault is the CLI's view of direct credentials.
@@ -250,6 +254,19 @@ func (e cliEnv) agentsRm(args []string) error {
 	return nil
 }
 
+// onboardCmd is `brama onboard [-model ROUTE] [-allow-provider-cost]`
+// (SPEC §14): exit 0 when the journey is complete or stopped on purpose
+// before the billable step, 1 on a refusal.
+func (e cliEnv) onboardCmd(args []string) error {
+	fs := e.newFlags("onboard")
+	model := fs.String("model", "", "the `route` of the one real call: a direct route, a deployment, or an alias to one")
+	allowCost := fs.Bool("allow-provider-cost", false, "make the one real (billable) model call")
+	if _, err := parseFlags(fs, args, 0, "onboard [-model ROUTE] [-allow-provider-cost]"); err != nil {
+		return err
+	}
+	return onboard(e.ctx, e.getenv, e.sys(), *model, *allowCost, func(line string) { fmt.Fprintln(e.stdout, line) })
+}
+
 // credentialsSet stores a direct API key read from stdin's first line; it
 // never takes the key as a flag (flags show up in ps).
 func (e cliEnv) credentialsSet(args []string) error {
@@ -283,170 +300,13 @@ func (e cliEnv) journalCheck(args []string) error {
 	if _, err := parseFlags(fs, args, 0, "journal check"); err != nil {
 		return err
 	}
-	j := newJournal(resolveState(e.getenv), slog.New(slog.DiscardHandler), time.Now)
+	j := newJournal(resolveState(e.getenv), e.sys())
 	ok, err := checkJournal(j, e.stdout)
 	if err != nil {
 		return err
 	}
 	if !ok {
 		return errRefused
-	}
-	return nil
-}
-
-// maintainCmd is `brama maintain [-gateway URL] [-json]`: it asks the daemon
-// for one pass (SPEC §11.2, §16.1), prints a summary (or the body with
-// -json), and exits 0 only when the pass was ok.
-func (e cliEnv) maintainCmd(args []string) error {
-	const usage = "maintain [-gateway URL] [-json]  (bearer from BRAMA_TOKEN, else stdin's first line)"
-	fs := e.newFlags("maintain")
-	gw := gatewayFlag(fs)
-	asJSON := fs.Bool("json", false, "print the body of POST /v1/admin/maintain")
-	if _, err := parseFlags(fs, args, 0, usage); err != nil {
-		return err
-	}
-	g, err := e.subscriptionGateway(*gw, bufio.NewReader(e.stdin))
-	if err != nil {
-		return err
-	}
-	b, err := g.call("POST", "/v1/admin/maintain", nil)
-	if err != nil {
-		return err
-	}
-	var rep passReport
-	if err := json.Unmarshal(b, &rep); err != nil {
-		return fmt.Errorf("the gateway's answer is not a maintenance report (%s)", jsonErrorKind(err))
-	}
-	if *asJSON {
-		e.stdout.Write(b)
-	} else {
-		e.printPassReport(rep)
-	}
-	if !rep.OK {
-		return errRefused
-	}
-	return nil
-}
-
-// printPassReport prints a pass's report as a few lines of text.
-func (e cliEnv) printPassReport(rep passReport) {
-	verdict := "ok"
-	if !rep.OK {
-		verdict = "not ok"
-	}
-	fmt.Fprintf(e.stdout, "maintenance pass: %s\n", verdict)
-	fmt.Fprintf(e.stdout, "usage reports: %d subscription(s), %d read, %d failed\n",
-		rep.Usage.Subscriptions, rep.Usage.Read, len(rep.Usage.Failed))
-	for _, f := range rep.Usage.Failed {
-		fmt.Fprintf(e.stdout, "  failed %s (%s): %s\n", f.SubscriptionID, f.Provider, f.Error)
-	}
-	fmt.Fprintf(e.stdout, "credentials: %d subscription(s), %d refreshed, %d refused or failed\n",
-		rep.Credentials.Subscriptions, rep.Credentials.Refreshed, rep.Credentials.Refused)
-	next := "nothing due"
-	if rep.NextDueAt != nil {
-		next = *rep.NextDueAt
-	}
-	fmt.Fprintf(e.stdout, "next due: %s\n", next)
-}
-
-// subscriptionSignIn is `brama subscription sign-in`. It prints the
-// authorize URL on stderr (stdout carries only the subscription id, for
-// scripts), reads the pasted code or redirect URL from stdin (the line
-// after the bearer when BRAMA_TOKEN is unset), exchanges it locally, then
-// hands the grant to the daemon: PUT …/credential with -id, else a new
-// donation. The verifier, the code and the tokens are never printed.
-func (e cliEnv) subscriptionSignIn(args []string) error {
-	const usage = "subscription sign-in -provider claude-code|codex -agent A [-id ID | -label L] [-gateway URL]  (bearer unless BRAMA_TOKEN, then the pasted code, on stdin)"
-	fs := e.newFlags("subscription sign-in")
-	gw := gatewayFlag(fs)
-	provider := fs.String("provider", "", "claude-code or codex")
-	agent := fs.String("agent", "", "the `agent` that owns (or receives) the subscription")
-	id := fs.String("id", "", "replace the credential of this subscription `id` instead of donating a new one")
-	label := fs.String("label", "", "a `label` for a new subscription")
-	if _, err := parseFlags(fs, args, 0, usage); err != nil {
-		return err
-	}
-	if err := errors.Join(requireFlag("provider", *provider, usage), requireFlag("agent", *agent, usage)); err != nil {
-		return &usageError{err.Error()}
-	}
-	if *id != "" && *label != "" {
-		return &usageError{"-label names a new subscription; with -id the subscription keeps its label; usage: brama " + usage}
-	}
-	if _, err := signInProvider(*provider); err != nil {
-		return &usageError{fmt.Sprintf("-provider %q has no sign-in (claude-code or codex); donate its grant or replace it with PUT …/credential", *provider)}
-	}
-	in := bufio.NewReader(e.stdin)
-	g, err := e.subscriptionGateway(*gw, in)
-	if err != nil {
-		return err
-	}
-	// Check the gateway, the bearer and -id before the person signs in: a
-	// code is good once and for minutes only.
-	if err := g.checkSignInTarget(*agent, *id, *provider); err != nil {
-		return err
-	}
-	verifier, challenge := newPKCE()
-	state := signInState()
-	authURL, err := authorizeURL(*provider, state, challenge)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(e.stderr, "brama: open this URL, sign in, then paste the code (or the whole redirect URL) as the next line:\n%s\n", authURL)
-	line, _ := in.ReadString('\n')
-	code := strings.TrimSpace(line)
-	if code == "" {
-		return errors.New("sign-in stopped: no authorization code on stdin")
-	}
-	o := newOAuth(e.getenv, newProviderClient(), nil, nil, slog.New(slog.DiscardHandler), time.Now)
-	grant, err := o.exchangeCode(e.ctx, *provider, code, verifier, state)
-	if err != nil {
-		return fmt.Errorf("sign-in failed, nothing was stored: %w", err)
-	}
-	if *id != "" {
-		if _, err := g.call("PUT", subscriptionPath(*agent, *id, "credential"), credentialBody{OAuth: &grant}); err != nil {
-			return err
-		}
-		fmt.Fprintf(e.stderr, "brama: signed in; subscription %s of agent %s has a new %s grant\n", *id, *agent, *provider)
-		fmt.Fprintln(e.stdout, *id)
-		return nil
-	}
-	b, err := g.call("POST", subscriptionPath(*agent)+"?via="+signInVia, donation{Provider: *provider, Label: *label, OAuth: &grant})
-	if err != nil {
-		return err
-	}
-	var ans struct {
-		Subscription donatedSubscription `json:"subscription"`
-	}
-	if err := json.Unmarshal(b, &ans); err != nil || ans.Subscription.ID == "" {
-		return fmt.Errorf("the gateway's answer names no subscription: %s", truncateUTF8(string(b), 200))
-	}
-	fmt.Fprintf(e.stderr, "brama: signed in; donated %s subscription %s to agent %s\n", *provider, ans.Subscription.ID, *agent)
-	fmt.Fprintln(e.stdout, ans.Subscription.ID)
-	return nil
-}
-
-// checkSignInTarget lists agent's subscriptions: it proves the gateway is
-// reachable and the bearer is an admin's, and with id that agent owns a
-// subscription id of provider that is not retired.
-func (g *subGateway) checkSignInTarget(agent, id, provider string) error {
-	b, err := g.call("GET", subscriptionPath(agent), nil)
-	if err != nil || id == "" {
-		return err
-	}
-	var body struct {
-		Subscriptions []subscriptionRow `json:"subscriptions"`
-	}
-	if err := json.Unmarshal(b, &body); err != nil {
-		return fmt.Errorf("the gateway's listing is not JSON: %w", err)
-	}
-	i := slices.IndexFunc(body.Subscriptions, func(r subscriptionRow) bool { return r.ID == id })
-	switch {
-	case i < 0:
-		return fmt.Errorf("agent %q has no subscription %q; nothing to sign in", agent, id)
-	case body.Subscriptions[i].Provider != provider:
-		return fmt.Errorf("subscription %s is a %s subscription, not %s", id, body.Subscriptions[i].Provider, provider)
-	case body.Subscriptions[i].Status == "retired":
-		return fmt.Errorf("subscription %s is retired; reinstate it before signing in", id)
 	}
 	return nil
 }

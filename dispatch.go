@@ -481,9 +481,7 @@ func (s *server) rememberRefusal(r *http.Request, ae *apiError) {
 	}
 	ri.outcome, ri.retryable = ae.Code, ae.body().Error.Retryable
 	if e, ok := (&replayRecorder{}).refusal(ri, r); ok {
-		if k, ok := replayKeyOf(ri.client.ID, ri.agentID, ri.body); ok {
-			g.remember(ri.client.ID, k, e)
-		}
+		g.rememberRequest(ri.client.ID, ri.agentID, ri.body, e)
 	}
 }
 

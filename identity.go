@@ -42,37 +42,41 @@ type clientsDoc struct {
 // idPattern is the rule for client and agent ids.
 var idPattern = regexp.MustCompile(`^[a-z0-9-]{1,64}$`)
 
-// parseClients strictly parses clients.json and applies SPEC §3.1's rules,
-// naming the one that failed.
+// parseClients strictly parses clients.json (decodeStrict, then validate).
 func parseClients(b []byte) (*clientsDoc, error) {
 	doc := &clientsDoc{}
 	if err := decodeStrict("clients file", b, doc); err != nil {
 		return nil, err
 	}
+	return doc, nil
+}
+
+// validate applies SPEC §3.1's rules, naming the one that failed.
+func (doc *clientsDoc) validate() error {
 	ids, digests := map[string]bool{}, map[string]bool{}
 	for i, c := range doc.Clients {
 		switch {
 		case !idPattern.MatchString(c.ID):
-			return nil, fmt.Errorf("clients file: client %d: id %q must match [a-z0-9-]{1,64}", i, c.ID)
+			return fmt.Errorf("clients file: client %d: id %q must match [a-z0-9-]{1,64}", i, c.ID)
 		case ids[c.ID]:
-			return nil, fmt.Errorf("clients file: duplicate client id %q", c.ID)
+			return fmt.Errorf("clients file: duplicate client id %q", c.ID)
 		case len(c.TokenSHA256) != 64 || strings.ToLower(c.TokenSHA256) != c.TokenSHA256 || !isHex(c.TokenSHA256):
-			return nil, fmt.Errorf("clients file: client %q: token_sha256 must be 64 lower-case hex characters", c.ID)
+			return fmt.Errorf("clients file: client %q: token_sha256 must be 64 lower-case hex characters", c.ID)
 		case digests[c.TokenSHA256]:
-			return nil, fmt.Errorf("clients file: client %q: duplicate token digest", c.ID)
+			return fmt.Errorf("clients file: client %q: duplicate token digest", c.ID)
 		case c.Role != roleAdmin && c.Role != roleCaller:
-			return nil, fmt.Errorf("clients file: client %q: role must be admin or caller", c.ID)
+			return fmt.Errorf("clients file: client %q: role must be admin or caller", c.ID)
 		case c.AgentID != "" && !idPattern.MatchString(c.AgentID):
-			return nil, fmt.Errorf("clients file: client %q: agent_id must match [a-z0-9-]{1,64}", c.ID)
+			return fmt.Errorf("clients file: client %q: agent_id must match [a-z0-9-]{1,64}", c.ID)
 		}
 		for _, m := range c.AllowedModels {
 			if strings.TrimSpace(m) == "" || strings.Contains(m, "*") {
-				return nil, fmt.Errorf("clients file: client %q: allowed_models entries must be exact names (no empty or wildcard entry)", c.ID)
+				return fmt.Errorf("clients file: client %q: allowed_models entries must be exact names (no empty or wildcard entry)", c.ID)
 			}
 		}
 		ids[c.ID], digests[c.TokenSHA256] = true, true
 	}
-	return doc, nil
+	return nil
 }
 
 func isHex(s string) bool {
@@ -96,45 +100,21 @@ func tokenDigest(token string) string {
 // clientStore holds the clients file, re-read when its identity changes
 // (SPEC §2.3), or the one process-only client when there is no file.
 type clientStore struct {
-	path    string
-	pathErr error
+	stateFile[*clientsDoc]
+	memory *clientsDoc // process-only clients (no state directory); set before serving
+}
 
-	mu     sync.Mutex // guards doc, id, err, memory
-	doc    *clientsDoc
-	id     fileIdentity
-	err    error
-	memory *clientsDoc // process-only clients (no state directory)
+// newClientStore opens the clients file at path; pathErr says why there is none.
+func newClientStore(path string, pathErr error) *clientStore {
+	return &clientStore{stateFile: stateFile[*clientsDoc]{role: "clients file", path: path, pathErr: pathErr, parse: parseClients, absentErr: true}}
 }
 
 // load returns the current clients, re-reading on change.
 func (c *clientStore) load() (*clientsDoc, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.memory != nil {
 		return c.memory, nil
 	}
-	if c.pathErr != nil {
-		return nil, c.pathErr
-	}
-	id, err := guardFile("clients file", c.path)
-	if err != nil {
-		return nil, err
-	}
-	if c.doc != nil && id == c.id {
-		return c.doc, c.err
-	}
-	doc, err := readClients(c.path)
-	c.doc, c.id, c.err = doc, id, err
-	return doc, err
-}
-
-// readClients reads and validates the clients file.
-func readClients(path string) (*clientsDoc, error) {
-	b, _, err := readGuarded("clients file", path)
-	if err != nil {
-		return nil, err
-	}
-	return parseClients(b)
+	return c.stateFile.load()
 }
 
 // authenticate finds the client presenting token, comparing its digest with
@@ -158,7 +138,7 @@ func (c *clientStore) authenticate(token string) (client, bool) {
 // updateClients changes the clients file under its lock (SPEC §2.3).
 func updateClients(path string, fn func(d *clientsDoc) error) error {
 	read := func() (*clientsDoc, error) {
-		doc, err := readClients(path)
+		doc, err := newClientStore(path, nil).fresh()
 		if errors.Is(err, errFileAbsent) {
 			return &clientsDoc{Clients: []client{}}, nil
 		}
@@ -168,12 +148,7 @@ func updateClients(path string, fn func(d *clientsDoc) error) error {
 		if err := fn(d); err != nil {
 			return err
 		}
-		b, err := marshalState(d) // the result must still be a valid clients file
-		if err != nil {
-			return err
-		}
-		_, err = parseClients(b)
-		return err
+		return d.validate() // the result must still be a valid clients file
 	})
 }
 
@@ -284,15 +259,6 @@ func (a *agentVerifier) confirm(r *http.Request, c agentClaim, body []byte) (str
 		return "", fmt.Errorf("%w: replayed signature", errAgentSignature)
 	}
 	return c.agent, nil
-}
-
-// verify is claim then confirm, for a body already read.
-func (a *agentVerifier) verify(r *http.Request, body []byte) (string, error) {
-	c, err := a.claim(r)
-	if err != nil {
-		return "", err
-	}
-	return a.confirm(r, c, body)
 }
 
 // signatureMemory remembers accepted signatures for replayMemory: a map for

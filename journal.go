@@ -7,13 +7,12 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
 	"sync"
 	"syscall"
-	"time"
 )
 
 // journalTimeFormat is the "at" of every record (SPEC §9): RFC 3339 in UTC
@@ -43,8 +42,7 @@ type journalRecord struct {
 	By             string   `json:"by,omitempty"`
 }
 
-// journalRecordJSON has journalRecord's fields and tags without its
-// MarshalJSON, so MarshalJSON can hand it to encoding/json.
+// journalRecordJSON is journalRecord without its MarshalJSON.
 type journalRecordJSON journalRecord
 
 // MarshalJSON emits from and to (null when nil) for route_change records
@@ -67,10 +65,9 @@ func (r journalRecord) MarshalJSON() ([]byte, error) {
 // process may append (one O_APPEND write per line), so the journal holds no
 // open file between calls and always reads what is on disk now.
 type journal struct {
+	sys
 	name    string        // the journal file; "" when there is no state directory
 	noState *noStateError // why name is "", else nil
-	log     *slog.Logger
-	now     func() time.Time
 
 	// testingOnlySync replaces f.Sync inside append (nil in production) so
 	// tests can reach the broken path.
@@ -79,44 +76,37 @@ type journal struct {
 	mu     sync.Mutex // guards broken; held across one append so this process's appends queue
 	broken error      // the fsync failure that made the journal unusable; never cleared
 
-	readMu     sync.Mutex       // guards fold*, logged*
-	foldFile   fileIdentity     // dev and ino of the file folded so far
-	foldOff    int64            // bytes of foldFile folded: always just after a '\n'
-	foldLines  int              // complete lines in those bytes, for line numbers
-	foldRetire map[string]bool  // subscription ids whose last retire/reinstate is retire
-	foldBad    []journalBadLine // the first maxReportedBadLines unreadable lines folded
-	foldBadN   int              // unreadable lines folded in all
-	loggedFile fileIdentity     // dev and ino of the file whose bad lines were logged
-	loggedLine int              // highest bad line of loggedFile logged so far
+	readMu     sync.Mutex   // guards fold, logged*
+	fold       journalFold  // what the journal's complete lines say so far
+	loggedFile fileIdentity // dev and ino of the file whose bad lines were logged
+	loggedLine int          // highest bad line of loggedFile logged so far: lines are only appended
+}
+
+// journalFold is the journal read up to a line end: retirement (SPEC §9)
+// and the unreadable lines, for /readyz.
+type journalFold struct {
+	file   fileIdentity     // dev and ino of the file folded
+	off    int64            // bytes of file folded: always just after a '\n'
+	lines  int              // complete lines in those bytes, for line numbers
+	retire map[string]bool  // subscription ids whose last retire/reinstate is retire
+	bad    []journalBadLine // the first maxReportedBadLines unreadable lines
+	badN   int              // unreadable lines in all
 }
 
 // newJournal places the journal in st. It never fails: without a state
 // directory every operation refuses with the *noStateError instead (SPEC
 // §2.1), so serving can go on.
-func newJournal(st state, log *slog.Logger, now func() time.Time) *journal {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	if now == nil {
-		now = time.Now
-	}
-	j := &journal{log: log, now: now}
-	name, err := st.path("journal", "journal.jsonl")
-	if err != nil {
-		var ns *noStateError
-		if !errors.As(err, &ns) {
-			ns = &noStateError{what: "journal", cause: err}
-		}
-		j.noState = ns
-		return j
-	}
-	j.name = name
+func newJournal(st state, sy sys) *journal {
+	j := &journal{sys: sy}
+	var err error
+	j.name, err = st.path("journal", "journal.jsonl")
+	errors.As(err, &j.noState) // path's only error
 	return j
 }
 
 // errJournalUnusable wraps the fsync failure after which this process
-// appends nothing more: once fsync has failed the page cache may hold bytes
-// that never reach the disk, and a retried fsync can report success anyway.
+// appends nothing more: the page cache may hold bytes that never reach the
+// disk, and a retried fsync can report success anyway.
 var errJournalUnusable = errors.New("journal unusable after a failed fsync")
 
 // ready reports whether an append could be made now, so operations that
@@ -293,37 +283,6 @@ func (j *journal) readAll() ([]byte, fileIdentity, error) {
 	return data, id, err
 }
 
-// read returns every readable record in file order. Unreadable non-final
-// lines are logged (once per line per file) and skipped, never taken as
-// history; a torn final line is ignored (SPEC §9).
-func (j *journal) read() ([]journalRecord, error) {
-	data, id, err := j.readAll()
-	if err != nil {
-		return nil, err
-	}
-	recs, bad, _ := readJournalLines(data)
-	j.readMu.Lock()
-	j.logBad(id, 0, bad)
-	j.readMu.Unlock()
-	return recs, nil
-}
-
-// logBad logs journal_line_unreadable for each bad line of file id not
-// logged before; first is the line number of the first line parsed. Lines
-// are only ever appended, so the highest line logged is enough to remember.
-// It never logs the line itself: a line may hold data. Callers hold readMu.
-func (j *journal) logBad(id fileIdentity, first int, bad []journalBadLine) {
-	if id.dev != j.loggedFile.dev || id.ino != j.loggedFile.ino {
-		j.loggedFile, j.loggedLine = fileIdentity{dev: id.dev, ino: id.ino}, 0
-	}
-	for _, b := range bad {
-		if n := first + b.Line; n > j.loggedLine {
-			j.log.Warn("journal_line_unreadable", "line", n, "reason", b.Reason)
-			j.loggedLine = n
-		}
-	}
-}
-
 // retired folds retire and reinstate (SPEC §9: the later one in file order
 // decides, per subscription) into the set of retired subscription ids.
 // Eligibility asks on every request (SPEC §2.3), so the fold is kept and
@@ -339,11 +298,7 @@ func (j *journal) retired() (map[string]bool, error) {
 	if err := j.foldTail(); err != nil {
 		return nil, err
 	}
-	out := make(map[string]bool, len(j.foldRetire))
-	for id := range j.foldRetire {
-		out[id] = true
-	}
-	return out, nil
+	return maps.Clone(j.fold.retire), nil
 }
 
 // maxReportedBadLines is how many unreadable lines /readyz names one by
@@ -364,42 +319,35 @@ func (j *journal) badLines() ([]journalBadLine, int, error) {
 	if err := j.foldTail(); err != nil {
 		return nil, 0, err
 	}
-	return slices.Clone(j.foldBad), j.foldBadN, nil
+	return slices.Clone(j.fold.bad), j.fold.badN, nil
 }
 
-// foldTail brings the retirement fold up to the journal's last complete
-// line. Callers hold readMu.
+// foldTail brings the fold up to the journal's last complete line, and
+// logs journal_line_unreadable once for each bad line (never the line
+// itself: it may hold data). Callers hold readMu.
 func (j *journal) foldTail() error {
-	_, err := guardFile("journal", j.name)
+	f, full, err := openGuarded("journal", j.name)
 	if errors.Is(err, errFileAbsent) {
-		j.foldFile, j.foldOff, j.foldLines, j.foldRetire, j.foldBad, j.foldBadN = fileIdentity{}, 0, 0, nil, nil, 0
+		j.fold = journalFold{retire: map[string]bool{}}
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	f, err := os.OpenFile(j.name, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
-	if err != nil {
-		return fmt.Errorf("journal: %w", err)
-	}
 	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return fmt.Errorf("journal: %w", err)
+	id := fileIdentity{dev: full.dev, ino: full.ino}
+	if id != j.fold.file || full.size < j.fold.off || j.fold.retire == nil {
+		j.fold = journalFold{file: id, retire: map[string]bool{}}
 	}
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	if !ok {
-		return errors.New("journal: no file identity")
+	if id != j.loggedFile {
+		j.loggedFile, j.loggedLine = id, 0
 	}
-	id := fileIdentity{dev: uint64(st.Dev), ino: st.Ino}
-	if id != j.foldFile || fi.Size() < j.foldOff || j.foldRetire == nil {
-		j.foldFile, j.foldOff, j.foldLines, j.foldRetire, j.foldBad, j.foldBadN = id, 0, 0, map[string]bool{}, nil, 0
-	}
-	if fi.Size() == j.foldOff {
+	fo := &j.fold
+	if full.size == fo.off {
 		return nil
 	}
-	tail := make([]byte, fi.Size()-j.foldOff)
-	if _, err := f.ReadAt(tail, j.foldOff); err != nil {
+	tail := make([]byte, full.size-fo.off)
+	if _, err := f.ReadAt(tail, fo.off); err != nil {
 		return fmt.Errorf("journal: %w", err)
 	}
 	end := bytes.LastIndexByte(tail, '\n')
@@ -408,23 +356,27 @@ func (j *journal) foldTail() error {
 	}
 	tail = tail[:end+1]
 	recs, bad, _ := readJournalLines(tail)
-	j.logBad(id, j.foldLines, bad)
 	for _, b := range bad {
-		if j.foldBadN++; len(j.foldBad) < maxReportedBadLines {
-			j.foldBad = append(j.foldBad, journalBadLine{Line: j.foldLines + b.Line, Reason: b.Reason})
+		b.Line += fo.lines
+		if b.Line > j.loggedLine {
+			j.log.Warn("journal_line_unreadable", "line", b.Line, "reason", b.Reason)
+			j.loggedLine = b.Line
+		}
+		if fo.badN++; len(fo.bad) < maxReportedBadLines {
+			fo.bad = append(fo.bad, b)
 		}
 	}
 	for _, r := range recs {
 		switch {
 		case r.SubscriptionID == "":
 		case r.Kind == "retire":
-			j.foldRetire[r.SubscriptionID] = true
+			fo.retire[r.SubscriptionID] = true
 		case r.Kind == "reinstate":
-			delete(j.foldRetire, r.SubscriptionID)
+			delete(fo.retire, r.SubscriptionID)
 		}
 	}
-	j.foldOff += int64(len(tail))
-	j.foldLines += bytes.Count(tail, []byte{'\n'})
+	fo.off += int64(len(tail))
+	fo.lines += bytes.Count(tail, []byte{'\n'})
 	return nil
 }
 
@@ -479,7 +431,10 @@ func readJournalLines(data []byte) (recs []journalRecord, bad []journalBadLine, 
 // and "at" and every known field has its type. Keys match exactly (not
 // encoding/json's case-insensitive match), and from/to are read only on
 // route_change, where alone they mean something, so a record re-encodes to
-// what was read.
+// what was read. It is the one lenient reader of a state file, not
+// decodeStrict, on purpose: SPEC §9 has readers skip unknown kinds and
+// fields, and keep reading past a bad line, named by a reason that never
+// quotes it.
 func parseJournalLine(line []byte) (journalRecord, string) {
 	var r journalRecord
 	lead := bytes.TrimLeft(line, " \t\r") // JSON's whitespace, not Unicode's
@@ -514,21 +469,10 @@ func parseJournalLine(line []byte) (journalRecord, string) {
 		}
 		*f.dst = *s
 	}
-	fields := []journalField{
-		{"subscription_id", &r.SubscriptionID},
-		{"reason", &r.Reason},
-		{"provider", &r.Provider},
-		{"result", &r.Result},
-		{"attempted", &r.Attempted},
-		{"detail", &r.Detail},
-		{"agent_id", &r.AgentID},
-		{"task", &r.Task},
-		{"model", &r.Model},
-		{"status", &r.Status},
-		{"score", &r.Score},
-		{"alias", &r.Alias},
-		{"by", &r.By},
-	}
+	fields := []journalField{{"subscription_id", &r.SubscriptionID}, {"reason", &r.Reason},
+		{"provider", &r.Provider}, {"result", &r.Result}, {"attempted", &r.Attempted}, {"detail", &r.Detail},
+		{"agent_id", &r.AgentID}, {"task", &r.Task}, {"model", &r.Model}, {"status", &r.Status},
+		{"score", &r.Score}, {"alias", &r.Alias}, {"by", &r.By}}
 	if r.Kind == "route_change" {
 		fields = append(fields, journalField{"from", &r.From}, journalField{"to", &r.To})
 	}

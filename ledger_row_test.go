@@ -55,7 +55,7 @@ func TestLedgerRow(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			l, _, _, _ := newTestLedger(state{dir: t.TempDir()})
 			c.set(l)
-			b, err := json.Marshal(l.row(item, c.retired, ledgerT0))
+			b, err := json.Marshal((&inventory{l: l}).row(item, c.retired, ledgerT0))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -525,7 +525,7 @@ func TestLedgerConcurrent(t *testing.T) {
 				if j%10 == 0 {
 					l.block(ledgerIDB, "codex", ledgerT0.Add(time.Minute), "429")
 				}
-				l.row(overlayItem{ID: ledgerIDA}, false, ledgerT0)
+				(&inventory{l: l}).row(overlayItem{ID: ledgerIDA}, false, ledgerT0)
 				l.fullness(ledgerIDB, ledgerT0)
 				l.nextDue(ledgerT0)
 				if timers.count() > 0 && j%7 == 0 {

@@ -197,16 +197,16 @@ type deps struct {
 
 // openDeps resolves every state file path (SPEC §2.1, §2.2). Nothing is
 // read yet; a missing state directory shows up as each consumer's refusal.
-func openDeps(getenv func(string) string, log *slog.Logger, now func() time.Time) deps {
+func openDeps(getenv func(string) string, sy sys) deps {
 	st := resolveState(getenv)
 	d := deps{st: st}
 	cpath, cerr := st.fileOrState(getenv, "BRAMA_CLIENTS_FILE", "clients file", "clients.json")
-	d.clients = &clientStore{path: cpath, pathErr: cerr}
+	d.clients = newClientStore(cpath, cerr)
 	vpath, verr := st.fileOrState(getenv, "BRAMA_VAULT_FILE", "vault", "vault.json")
 	d.vault = newVault(vpath, verr)
-	d.journal = newJournal(st, log, now)
+	d.journal = newJournal(st, sy)
 	rpath, rerr := registryPath(st, getenv)
-	d.reg = newRegistry(rpath, rerr, d.journal, log)
+	d.reg = newRegistry(rpath, rerr, d.journal, sy.log)
 	return d
 }
 
@@ -236,7 +236,8 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 	if err != nil {
 		return err
 	}
-	d := openDeps(e.getenv, log, now)
+	sy := sys{log: log, now: now}
+	d := openDeps(e.getenv, sy)
 	lock, err := lockServe(d.st)
 	if err != nil {
 		return err
@@ -262,12 +263,12 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 	s.maxBody = maxBody
 	s.client = newProviderClient()
 	s.catalog = newCatalog(d.st, e.getenv, s.client, log, s.now)
-	s.perf = newPerfRegistry(d.st, log, s.now)
+	s.perf = newPerfRegistry(d.st, sy)
 	s.answers = newAnswerStore(d.st, log, s.now)
 	s.replay = newReplayGuard(e.getenv, log, s.now)
 	s.ledger = newLedger(d.st, log, s.now)
 	defer s.ledger.flush()
-	s.inv = newInventory(d.st, s.vault, s.journal, s.ledger, e.getenv, log, s.now)
+	s.inv = newInventory(d.st, s.vault, s.journal, s.ledger, e.getenv, sy)
 	if ids, err := s.inv.removeOrphans(); err != nil {
 		log.Warn("vault_orphans_unremoved", "cause", err.Error())
 	} else if len(ids) > 0 {

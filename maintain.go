@@ -317,35 +317,6 @@ func rfc3339OrNil(t time.Time) *string {
 	return &s
 }
 
-// handleMaintain serves POST /v1/admin/maintain (body empty or {}): one pass
-// now; one that could not list the subscriptions is refused 503 with why.
-func (s *server) handleMaintain(m *maintainer) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		var none struct{}
-		if err := decodeOptionalBody(r, &none); err != nil {
-			s.fail(w, r, err)
-			return
-		}
-		rep, err := m.passNow(r.Context())
-		switch {
-		case errors.Is(err, errMaintenanceStopped):
-			s.fail(w, r, refuse("dependency_unavailable", "no pass can run: %v", err).because(err))
-		case err != nil:
-			s.fail(w, r, asAPIError(err))
-		default:
-			writeJSON(w, http.StatusOK, rep)
-		}
-	}
-}
-
-// decodeOptionalBody is decodeBody for a route whose body may be empty.
-func decodeOptionalBody(r *http.Request, v any) error {
-	if len(strings.TrimSpace(string(infoFrom(r.Context()).body))) == 0 {
-		return nil
-	}
-	return decodeBody(r, v)
-}
-
 // passSub is one non-retired subscription as a pass found it.
 type passSub struct {
 	it      overlayItem

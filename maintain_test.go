@@ -234,10 +234,10 @@ func newMaintFixture(t *testing.T) *maintFixture {
 	st := resolveState(getenv)
 	vpath, verr := st.fileOrState(getenv, "BRAMA_VAULT_FILE", "vault", "vault.json")
 	v := newVault(vpath, verr)
-	fx.j = newJournal(st, log, clock.now)
+	fx.j = newJournal(st, sys{log: log, now: clock.now})
 	fx.l = newLedger(st, log, clock.now)
 	t.Cleanup(func() { fx.l.flush() }) // stop the write-behind before the directory goes
-	fx.inv = newInventory(st, v, fx.j, fx.l, getenv, log, clock.now)
+	fx.inv = newInventory(st, v, fx.j, fx.l, getenv, sys{log: log, now: clock.now})
 	client := newProviderClient()
 	fx.o = newOAuth(getenv, client, v, fx.l, log, clock.now)
 	t.Cleanup(fx.o.wait)

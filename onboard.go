@@ -5,9 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"os/signal"
-	"syscall"
 	"time"
 )
 
@@ -45,29 +42,14 @@ type onboardStep struct {
 	Model  string `json:"model,omitempty"` // route and answer: the model named
 }
 
-// onboardCmd is `brama onboard [-model ROUTE] [-allow-provider-cost]`. It
-// exits 0 when the journey is complete or stopped on purpose before the
-// billable step, 1 on a refusal (a step that cannot be done now prints
-// the command that does it). cliEnv carries no context, and main's
-// signal.NotifyContext swallows SIGINT, so the one provider call (which has
-// no time limit, SPEC §7.4) listens for the signals itself.
-func (e cliEnv) onboardCmd(args []string) error {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	return e.onboard(ctx, args)
-}
-
-// onboard is onboardCmd under ctx.
-func (e cliEnv) onboard(ctx context.Context, args []string) error {
-	fs := e.newFlags("onboard")
-	model := fs.String("model", "", "the `route` of the one real call: a direct route, a deployment, or an alias to one")
-	allowCost := fs.Bool("allow-provider-cost", false, "make the one real (billable) model call")
-	if _, err := parseFlags(fs, args, 0, "onboard [-model ROUTE] [-allow-provider-cost]"); err != nil {
-		return err
-	}
-	log := newLogger(e.stderr, e.getenv("BRAMA_LOG_LEVEL"))
-	now := time.Now
-	d := openDeps(e.getenv, log, now)
+// onboard walks the journey for `brama onboard` (cli.go parses its flags):
+// model is the route of the one real call, allowCost allows it, and say
+// prints one line ("done <step>", "next: <command>"). It returns nil when
+// the journey is complete or stopped on purpose before the billable step,
+// errRefused after a "next:" that says what to do. The one provider call
+// has no time limit (SPEC §7.4); ctx (SIGINT, SIGTERM) cancels it.
+func onboard(ctx context.Context, getenv func(string) string, sy sys, model string, allowCost bool, say func(string)) error {
+	d := openDeps(getenv, sy)
 
 	// 1. The state directory: progress can be read and written there.
 	path, err := d.st.path(onboardRole, onboardFile)
@@ -80,7 +62,7 @@ func (e cliEnv) onboard(ctx context.Context, args []string) error {
 	}
 	mark := func(step, model string) error {
 		if _, done := prog.Steps[step]; !done {
-			prog.Steps[step] = onboardStep{DoneAt: now().UTC().Format(journalTimeFormat), Model: model}
+			prog.Steps[step] = onboardStep{DoneAt: sy.now().UTC().Format(journalTimeFormat), Model: model}
 		}
 		b, err := marshalState(prog)
 		if err == nil {
@@ -89,7 +71,7 @@ func (e cliEnv) onboard(ctx context.Context, args []string) error {
 		if err != nil {
 			return fmt.Errorf("the state directory is not usable: %s cannot be written: %w", onboardRole, err)
 		}
-		fmt.Fprintf(e.stdout, "done %s\n", step)
+		say("done " + step)
 		return nil
 	}
 	if err := mark(stepStateDir, ""); err != nil {
@@ -100,7 +82,7 @@ func (e cliEnv) onboard(ctx context.Context, args []string) error {
 	doc, err := d.clients.load()
 	switch {
 	case errors.Is(err, errFileAbsent) || (err == nil && len(doc.Clients) == 0):
-		fmt.Fprintln(e.stdout, "next: brama clients add <id> -admin")
+		say("next: brama clients add <id> -admin")
 		return errRefused
 	case err != nil:
 		return fmt.Errorf("the clients file is unusable: %w", err)
@@ -110,21 +92,21 @@ func (e cliEnv) onboard(ctx context.Context, args []string) error {
 	}
 
 	// 3. A route or credential can serve.
-	s := &server{log: log, getenv: e.getenv, st: d.st, now: now, clients: d.clients, vault: d.vault, journal: d.journal, reg: d.reg}
+	s := &server{log: sy.log, getenv: getenv, st: d.st, now: sy.now, clients: d.clients, vault: d.vault, journal: d.journal, reg: d.reg}
 	s.client = newProviderClient()
-	s.catalog = newCatalog(d.st, e.getenv, s.client, log, now)
+	s.catalog = newCatalog(d.st, getenv, s.client, sy.log, sy.now)
 	var c call
 	var req chatRequest
-	if *model == "" {
+	if model == "" {
 		if !s.anyDirectPayer() {
-			fmt.Fprintln(e.stdout, "next: brama credentials set <provider>")
+			say("next: brama credentials set <provider>")
 			return errRefused
 		}
 	} else {
 		var next string
-		if c, req, next, err = s.onboardPlan(*model); err != nil {
+		if c, req, next, err = s.onboardPlan(model); err != nil {
 			if next != "" {
-				fmt.Fprintf(e.stdout, "next: %s\n", next)
+				say("next: " + next)
 			}
 			return err
 		}
@@ -134,16 +116,12 @@ func (e cliEnv) onboard(ctx context.Context, args []string) error {
 	}
 
 	// 4. One real model answer: billable, so only when asked for.
-	if *model == "" || !*allowCost {
-		if _, done := prog.Steps[stepAnswer]; done && *model == "" {
-			fmt.Fprintf(e.stdout, "done %s\n", stepAnswer) // done on an earlier run
+	if model == "" || !allowCost {
+		if _, done := prog.Steps[stepAnswer]; done && model == "" {
+			say("done " + stepAnswer) // done on an earlier run
 			return nil
 		}
-		route := "<route>"
-		if *model != "" {
-			route = *model
-		}
-		fmt.Fprintf(e.stdout, "next: brama onboard -model %s -allow-provider-cost\n", route)
+		say("next: brama onboard -model " + cmp.Or(model, "<route>") + " -allow-provider-cost")
 		return nil
 	}
 	a := s.callProvider(ctx, req, c)
@@ -160,16 +138,13 @@ func (e cliEnv) onboard(ctx context.Context, args []string) error {
 // absent file is no progress. A file that fails its guards or does not
 // parse is refused, never overwritten.
 func loadOnboarding(path string) (*onboardProgress, error) {
-	b, _, err := readGuarded(onboardRole, path)
+	f := stateFile[*onboardProgress]{role: onboardRole, path: path, parse: parseOnboarding}
+	prog, err := f.fresh()
 	switch {
-	case errors.Is(err, errFileAbsent):
-		return parseOnboarding(nil)
+	case errors.Is(err, errOnboardingInvalid):
+		return nil, fmt.Errorf("the state directory is not usable: %w (remove the file to start the journey again)", err)
 	case err != nil:
 		return nil, fmt.Errorf("the state directory is not usable: %w", err)
-	}
-	prog, err := parseOnboarding(b)
-	if err != nil {
-		return nil, fmt.Errorf("the state directory is not usable: %w (remove the file to start the journey again)", err)
 	}
 	return prog, nil
 }
@@ -191,39 +166,26 @@ func parseOnboarding(b []byte) (*onboardProgress, error) {
 	if err := decodeStrict(onboardFile, b, prog); err != nil {
 		return nil, fmt.Errorf("%w: %w", errOnboardingInvalid, err)
 	}
+	return prog, nil
+}
+
+// validate refuses another schema, unknown steps and unreadable times.
+func (prog *onboardProgress) validate() error {
 	if prog.SchemaVersion != 1 {
-		return nil, fmt.Errorf("%w: schema_version %d is not 1", errOnboardingInvalid, prog.SchemaVersion)
+		return fmt.Errorf("schema_version %d is not 1", prog.SchemaVersion)
 	}
 	if prog.Steps == nil {
 		prog.Steps = map[string]onboardStep{}
 	}
 	for name, st := range prog.Steps {
 		if !onboardSteps[name] {
-			return nil, fmt.Errorf("%w: unknown step %q", errOnboardingInvalid, truncateUTF8(name, 64))
+			return fmt.Errorf("unknown step %q", truncateUTF8(name, 64))
 		}
 		if _, err := time.Parse(time.RFC3339Nano, st.DoneAt); err != nil {
-			return nil, fmt.Errorf("%w: step %s: done_at is not an RFC 3339 time", errOnboardingInvalid, name)
+			return fmt.Errorf("step %s: done_at is not an RFC 3339 time", name)
 		}
 	}
-	return prog, nil
-}
-
-// anyDirectPayer reports whether something could serve without an agent:
-// a direct credential in the vault or a declared deployment.
-func (s *server) anyDirectPayer() bool {
-	if doc, err := s.reg.current(); err == nil && len(doc.Deployments) > 0 {
-		return true
-	}
-	vd, err := s.vault.load()
-	if err != nil {
-		return false
-	}
-	for _, k := range vd.Direct {
-		if k.APIKey != "" {
-			return true
-		}
-	}
-	return false
+	return nil
 }
 
 // onboardPlan plans the one call for model exactly as the daemon would

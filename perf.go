@@ -1,11 +1,10 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
+	"maps"
 	"math"
 	"regexp"
 	"slices"
@@ -15,10 +14,11 @@ import (
 	"time"
 )
 
-// perfFlushEvery is SPEC §2.2's "at most every 30 s" for perf.json.
-const perfFlushEvery = 30 * time.Second
-
-const perfFile = "perf.json"
+// perf.json, rewritten at most every 30 s (SPEC §2.2).
+const (
+	perfFile       = "perf.json"
+	perfFlushEvery = 30 * time.Second
+)
 
 // perfEntry is one route's counters in the perf registry (SPEC §13).
 type perfEntry struct {
@@ -42,9 +42,8 @@ type perfDocument struct {
 // only inside record (when due) and flush (at shutdown), so an idle daemon
 // writes nothing.
 type perfRegistry struct {
-	st  state
-	log *slog.Logger
-	now func() time.Time
+	sys
+	st state
 
 	mu        sync.Mutex // guards routes, lastFlush, seq, unplaced
 	routes    map[string]perfEntry
@@ -58,37 +57,32 @@ type perfRegistry struct {
 // newPerfRegistry starts from perf.json when it exists. A file that fails
 // the §2.2 guards or does not parse is logged and the registry starts empty
 // (the next flush replaces it): telemetry never stops serving.
-func newPerfRegistry(st state, log *slog.Logger, now func() time.Time) *perfRegistry {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	if now == nil {
-		now = time.Now
-	}
-	p := &perfRegistry{st: st, log: log, now: now, routes: map[string]perfEntry{}}
+func newPerfRegistry(st state, sy sys) *perfRegistry {
+	p := &perfRegistry{sys: sy, st: st, routes: map[string]perfEntry{}}
 	name, err := st.path("perf telemetry", perfFile)
 	if err != nil {
 		return p // perf_stats_unplaced is logged at the first record
 	}
-	b, _, err := readGuarded("perf telemetry", name)
-	if errors.Is(err, errFileAbsent) {
-		return p
+	f := stateFile[*perfDocument]{role: "perf telemetry", path: name, absentErr: true, parse: func(b []byte) (*perfDocument, error) {
+		doc := &perfDocument{}
+		return doc, decodeStrict("perf telemetry", b, doc)
+	}}
+	doc, err := f.fresh()
+	if err != nil && !errors.Is(err, errFileAbsent) {
+		sy.log.Warn("perf_stats_unreadable", "cause", err.Error())
 	}
-	var doc perfDocument
 	if err == nil {
-		err = json.Unmarshal(b, &doc)
-	}
-	if err == nil && doc.SchemaVersion != 1 {
-		err = fmt.Errorf("perf telemetry: schema_version %d, want 1", doc.SchemaVersion)
-	}
-	if err != nil {
-		log.Warn("perf_stats_unreadable", "cause", err.Error())
-		return p
-	}
-	for route, e := range doc.Routes {
-		p.routes[route] = e
+		maps.Copy(p.routes, doc.Routes)
 	}
 	return p
+}
+
+// validate refuses another schema.
+func (d *perfDocument) validate() error {
+	if d.SchemaVersion != 1 {
+		return fmt.Errorf("perf telemetry: schema_version %d, want 1", d.SchemaVersion)
+	}
+	return nil
 }
 
 // record adds one request for route. A route gets its entry when it first
@@ -144,11 +138,7 @@ func (p *perfRegistry) record(route string, ok bool, latency time.Duration, outp
 func (p *perfRegistry) takeLocked(now time.Time) (uint64, perfDocument) {
 	p.lastFlush = now
 	p.seq++
-	routes := make(map[string]perfEntry, len(p.routes))
-	for k, v := range p.routes {
-		routes[k] = v
-	}
-	return p.seq, perfDocument{SchemaVersion: 1, FlushedAt: now.UTC(), Routes: routes}
+	return p.seq, perfDocument{SchemaVersion: 1, FlushedAt: now.UTC(), Routes: maps.Clone(p.routes)}
 }
 
 // write puts doc in perf.json unless a newer snapshot is already there, so
@@ -181,11 +171,7 @@ func (p *perfRegistry) flush() error {
 func (p *perfRegistry) snapshot() map[string]perfEntry {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	out := make(map[string]perfEntry, len(p.routes))
-	for k, v := range p.routes {
-		out[k] = v
-	}
-	return out
+	return maps.Clone(p.routes)
 }
 
 // perfFamily is one per-route metric family of /metrics.
@@ -216,12 +202,7 @@ var promMetricName = regexp.MustCompile(`^[a-zA-Z_:][a-zA-Z0-9_:]*$`)
 // already uses, is skipped.
 func writeMetrics(w io.Writer, perf map[string]perfEntry, extra map[string]float64) {
 	var b strings.Builder
-	routes := make([]string, 0, len(perf))
-	for r := range perf {
-		routes = append(routes, r)
-	}
-	slices.Sort(routes)
-	if len(routes) > 0 {
+	if routes := slices.Sorted(maps.Keys(perf)); len(routes) > 0 {
 		for _, f := range perfFamilies {
 			fmt.Fprintf(&b, "# HELP %s %s\n# TYPE %s %s\n", f.name, f.help, f.name, f.typ)
 			for _, r := range routes {

@@ -35,7 +35,7 @@ func readPerfFile(t *testing.T, dir string) (perfDocument, bool) {
 
 func TestPerfRecord(t *testing.T) {
 	clock := newCatalogClock()
-	p := newPerfRegistry(state{cause: errors.New("no home")}, nil, clock.now)
+	p := newPerfRegistry(state{cause: errors.New("no home")}, testSys(t, clock.now))
 	p.record("anthropic/claude-sonnet-4-5", true, 2*time.Second, 100)
 	p.record("anthropic/claude-sonnet-4-5", false, 500*time.Millisecond, 0)
 	p.record("openai/gpt-5", true, 250*time.Millisecond, 50)
@@ -58,7 +58,7 @@ func TestPerfFlushEvery30s(t *testing.T) {
 	dir := t.TempDir()
 	clock := newCatalogClock()
 	t0 := clock.now()
-	p := newPerfRegistry(state{dir: dir}, nil, clock.now)
+	p := newPerfRegistry(state{dir: dir}, testSys(t, clock.now))
 	if _, ok := readPerfFile(t, dir); ok {
 		t.Fatal("perf.json written before any record")
 	}
@@ -104,7 +104,7 @@ func TestPerfFlushEvery30s(t *testing.T) {
 	}
 
 	// A new registry starts from the file.
-	again := newPerfRegistry(state{dir: dir}, nil, clock.now)
+	again := newPerfRegistry(state{dir: dir}, testSys(t, clock.now))
 	if diff := cmp.Diff(p.snapshot(), again.snapshot()); diff != "" {
 		t.Errorf("reloaded registry differs (-before +after):\n%s", diff)
 	}
@@ -121,6 +121,7 @@ func TestPerfLoad(t *testing.T) {
 		{name: "good", body: `{"schema_version":1,"routes":{"r":{"count":7}}}`, mode: 0o600, wantCount: 7},
 		{name: "not JSON", body: `{"schema`, mode: 0o600, wantLog: true},
 		{name: "wrong schema", body: `{"schema_version":2,"routes":{"r":{"count":7}}}`, mode: 0o600, wantLog: true},
+		{name: "unknown member (decodeStrict)", body: `{"schema_version":1,"routes":{"r":{"count":7,"extra":1}}}`, mode: 0o600, wantLog: true},
 		{name: "group readable", body: `{"schema_version":1,"routes":{"r":{"count":7}}}`, mode: 0o640, wantLog: true},
 	}
 	for _, tt := range tests {
@@ -134,7 +135,7 @@ func TestPerfLoad(t *testing.T) {
 				t.Fatal(err)
 			}
 			var logs catalogLogs
-			p := newPerfRegistry(state{dir: dir}, logs.logger(), nil)
+			p := newPerfRegistry(state{dir: dir}, sys{log: logs.logger(), now: time.Now})
 			if got := p.snapshot()["r"].Count; got != tt.wantCount {
 				t.Errorf("count %d, want %d", got, tt.wantCount)
 			}
@@ -147,7 +148,7 @@ func TestPerfLoad(t *testing.T) {
 
 func TestPerfNoStateDir(t *testing.T) {
 	var logs catalogLogs
-	p := newPerfRegistry(state{cause: errors.New("$HOME is not defined")}, logs.logger(), newCatalogClock().now)
+	p := newPerfRegistry(state{cause: errors.New("$HOME is not defined")}, sys{log: logs.logger(), now: newCatalogClock().now})
 	for range 3 {
 		p.record("openai/gpt-5", true, time.Second, 3)
 	}

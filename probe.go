@@ -102,7 +102,7 @@ func (s *server) probe(r *http.Request, agent, id, model string) (probeOutcome, 
 	s.log.LogAttrs(r.Context(), level, msg, slog.String("request_id", infoFrom(r.Context()).id),
 		slog.String("subscription_id", id), slog.String("agent_id", agent), slog.String("provider", p.id),
 		slog.String("route", res.Route), slog.String("detail", ledgerSentence(detail)))
-	row := s.ledger.row(it, false, s.now())
+	row := s.inv.row(it, false, s.now())
 	out := probeOutcome{OK: true, Subscription: row}
 	if row.Probe != nil {
 		out.Probe = *row.Probe

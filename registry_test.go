@@ -72,7 +72,7 @@ func newRegFixture(t *testing.T) *regFixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	j := newJournal(st, log, func() time.Time { return time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC) })
+	j := newJournal(st, sys{log: log, now: func() time.Time { return time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC) }})
 	return &regFixture{path: path, j: j, logs: logs, reg: newRegistry(path, nil, j, log)}
 }
 
@@ -164,7 +164,7 @@ func TestRegistryPath(t *testing.T) {
 
 func TestRegistryWithoutStateDir(t *testing.T) {
 	_, pathErr := registryPath(state{cause: errors.New("$HOME is not defined")}, func(string) string { return "" })
-	r := newRegistry("", pathErr, newJournal(state{cause: errors.New("$HOME is not defined")}, nil, nil), quietLog())
+	r := newRegistry("", pathErr, newJournal(state{cause: errors.New("$HOME is not defined")}, testSys(t, nil)), quietLog())
 	doc, err := r.current()
 	if err != nil || len(doc.Routes) != 0 {
 		t.Fatalf("current = %v, %v; want the empty registry", doc, err)
@@ -440,7 +440,7 @@ func TestRegistryJournalNotReady(t *testing.T) {
 	regWrite(t, f.path, before)
 	// The registry file is named explicitly, but there is no state
 	// directory, so there is no journal (SPEC §2.1).
-	f.reg.j = newJournal(state{cause: errors.New("$HOME is not defined")}, nil, nil)
+	f.reg.j = newJournal(state{cause: errors.New("$HOME is not defined")}, testSys(t, nil))
 	_, err := f.reg.set("chat", "openai/gpt-4o", "cli")
 	wantAPIError(t, err, "dependency_unavailable", "$HOME is not defined")
 	_, err = f.reg.remove("chat", "cli")

@@ -86,26 +86,49 @@ func newReplayGuard(getenv func(string) string, log *slog.Logger, now func() tim
 // so a client that falls back from a failed stream to a buffered call of the
 // same conversation asks the same request, and so does one that re-sends it
 // with its object members in another order (the Codex CLI writes its
-// client_metadata from a hash map). ok is false for a body that is not one
-// JSON object (it was refused before dispatch anyway).
-func replayKeyOf(clientID, agentID string, body []byte) (replayKey, bool) {
-	canonical, ok := canonicalRequest(body)
+// client_metadata from a hash map). The loose key also leaves out the
+// output limit: Claude Code's buffered fallback after a failed stream asks
+// for fewer output tokens (128000 streamed, 64000 buffered). ok is false for
+// a body that is not one JSON object (it was refused before dispatch
+// anyway).
+func replayKeyOf(clientID, agentID string, body []byte, loose bool) (replayKey, bool) {
+	leftOut := streamMembers
+	if loose {
+		leftOut = looseMembers
+	}
+	canonical, ok := canonicalRequest(body, leftOut)
 	if !ok {
 		return replayKey{}, false
 	}
 	h := sha256.New()
-	fmt.Fprintf(h, "%d:%s%d:%s", len(clientID), clientID, len(agentID), agentID)
+	fmt.Fprintf(h, "%d:%s%d:%s%t:", len(clientID), clientID, len(agentID), agentID, loose)
 	h.Write(canonical)
 	var k replayKey
 	h.Sum(k[:0])
 	return k, true
 }
 
-// canonicalRequest is body's one JSON object without its top-level stream
-// and stream_options, written as encoding/json writes a map: members sorted
-// by name at every level, no white space, numbers as sent. It reports false
-// for anything but one JSON object.
-func canonicalRequest(body []byte) ([]byte, bool) {
+// The top-level members a digest leaves out: the stream's, and for the
+// loose key also every format's output limit.
+var (
+	streamMembers = []string{"stream", "stream_options"}
+	looseMembers  = []string{"stream", "stream_options", "max_tokens", "max_completion_tokens", "max_output_tokens"}
+)
+
+// mayHaveGenerated is the codes whose refusal came after the provider may
+// have generated: the loose key remembers them, so a fallback that only
+// lowers the output limit is the same request. A refusal of the request
+// itself (provider_rejected) is not: a caller that fixes its output limit
+// asks a new request.
+func mayHaveGenerated(code string) bool {
+	return code == "provider_incomplete" || code == "provider_failure"
+}
+
+// canonicalRequest is body's one JSON object without the top-level members
+// leftOut, written as encoding/json writes a map: members sorted by name at
+// every level, no white space, numbers as sent. It reports false for
+// anything but one JSON object.
+func canonicalRequest(body []byte, leftOut []string) ([]byte, bool) {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.UseNumber()
 	var v map[string]any
@@ -115,10 +138,38 @@ func canonicalRequest(body []byte) ([]byte, bool) {
 	if _, err := dec.Token(); err != io.EOF { // one object and nothing after it
 		return nil, false
 	}
-	delete(v, "stream")
-	delete(v, "stream_options")
+	for _, m := range leftOut {
+		delete(v, m)
+	}
 	out, err := json.Marshal(v)
 	return out, err == nil
+}
+
+// rememberRequest keeps e for the request body of client and agent: under
+// its key, and under its loose key too when the provider may have
+// generated.
+func (g *replayGuard) rememberRequest(client, agent string, body []byte, e replayEntry) {
+	for _, loose := range []bool{false, true} {
+		if loose && !mayHaveGenerated(e.code) {
+			break
+		}
+		if k, ok := replayKeyOf(client, agent, body, loose); ok {
+			g.remember(client, k, e)
+		}
+	}
+}
+
+// lookupRequest is the refusal remembered for the request body of client
+// and agent, under its key or its loose key.
+func (g *replayGuard) lookupRequest(client, agent string, body []byte) (replayEntry, bool) {
+	for _, loose := range []bool{false, true} {
+		if k, ok := replayKeyOf(client, agent, body, loose); ok {
+			if e, ok := g.lookup(k); ok && (!loose || mayHaveGenerated(e.code)) {
+				return e, true
+			}
+		}
+	}
+	return replayEntry{}, false
 }
 
 // forget drops every entry whose time has passed. mu must be held.
@@ -206,20 +257,16 @@ func (s *server) replayGuarded(w http.ResponseWriter, r *http.Request, route htt
 		return
 	}
 	if g.holds(ri.client.ID) { // the digest is taken only when it can match
-		if k, ok := replayKeyOf(ri.client.ID, ri.agentID, ri.body); ok {
-			if e, ok := g.lookup(k); ok {
-				w.Header().Set("Brama-Replay-Refused", "true")
-				s.fail(w, r, e.refusal())
-				return
-			}
+		if e, ok := g.lookupRequest(ri.client.ID, ri.agentID, ri.body); ok {
+			w.Header().Set("Brama-Replay-Refused", "true")
+			s.fail(w, r, e.refusal())
+			return
 		}
 	}
 	rec := &replayRecorder{ResponseWriter: w}
 	defer func() {
 		if e, ok := rec.refusal(ri, r); ok {
-			if k, ok := replayKeyOf(ri.client.ID, ri.agentID, ri.body); ok {
-				g.remember(ri.client.ID, k, e)
-			}
+			g.rememberRequest(ri.client.ID, ri.agentID, ri.body, e)
 		}
 	}()
 	route(rec, r)

@@ -40,11 +40,12 @@ func TestReplayGuard(t *testing.T) {
 		stream  bool // the first request streams; its replay is asked buffered and streamed
 		status  int
 		code    string
+		loose   bool // the provider may have generated: a lowered output limit is the same request
 	}{
-		{name: "cut stream", dialect: dialectChat, model: "openai/gpt-cutstream", stream: true, status: 502, code: "provider_incomplete"},
+		{name: "cut stream", dialect: dialectChat, model: "openai/gpt-cutstream", stream: true, status: 502, code: "provider_incomplete", loose: true},
 		{name: "provider 400", dialect: dialectChat, model: "openai/gpt-400", status: 400, code: "provider_rejected"},
 		{name: "provider 404, messages", dialect: dialectMessages, model: "openai/gpt-404", status: 404, code: "provider_rejected"},
-		{name: "malformed answer", dialect: dialectResponses, model: "openai/gpt-bad", status: 502, code: "provider_failure"},
+		{name: "malformed answer", dialect: dialectResponses, model: "openai/gpt-bad", status: 502, code: "provider_failure", loose: true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -93,6 +94,17 @@ func TestReplayGuard(t *testing.T) {
 				if msg, _ := e["message"].(string); !strings.Contains(msg, "repeats one refused") || !strings.Contains(msg, until) {
 					t.Errorf("the replay message does not say it repeats a refusal until %s: %q", until, msg)
 				}
+			}
+
+			// Claude Code's buffered fallback after a failed stream asks for
+			// fewer output tokens: the same request when the provider may
+			// have generated, a new one when it refused the request itself.
+			lowered := strings.Replace(chatBody(tc.dialect, tc.model, false, ""), ":100,", ":64,", 1)
+			var lhdr map[string][]string
+			n := calls(func() { _, lhdr, _ = d.call("POST", path, d.token, lowered) })
+			guarded := len(lhdr["Brama-Replay-Refused"]) != 0
+			if want := tc.loose; guarded != want || (n == 0) != want {
+				t.Errorf("a lowered output limit after %s: %d provider calls, guarded %v; want guarded %v", tc.code, n, guarded, want)
 			}
 
 			for _, other := range []struct {
@@ -163,7 +175,7 @@ func TestReplayGuardForgets(t *testing.T) {
 	clock := &testClock{t: time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)}
 	g := newReplayGuard(testEnv(nil), nil, clock.now)
 	key := func(i int) replayKey {
-		k, _ := replayKeyOf("c", "", []byte(fmt.Sprintf(`{"n":%d}`, i)))
+		k, _ := replayKeyOf("c", "", []byte(fmt.Sprintf(`{"n":%d}`, i)), false)
 		return k
 	}
 	for i := range 10_000 {
@@ -220,19 +232,19 @@ func TestCanonicalRequest(t *testing.T) {
 		{`null`, ""},
 	}
 	for _, tt := range tests {
-		got, ok := canonicalRequest([]byte(tt.in))
+		got, ok := canonicalRequest([]byte(tt.in), streamMembers)
 		if (tt.want == "") == ok || (ok && string(got) != tt.want) {
 			t.Errorf("canonicalRequest(%s) = %s, %v; want %q", tt.in, got, ok, tt.want)
 		}
 	}
-	a, _ := replayKeyOf("c", "", []byte(`{"model":"m","stream":true,"stream_options":{"include_usage":true}}`))
-	b, _ := replayKeyOf("c", "", []byte(`{"model":"m"}`))
-	c, _ := replayKeyOf("c2", "", []byte(`{"model":"m"}`))
-	e, _ := replayKeyOf("c", "a1", []byte(`{"model":"m"}`))
+	a, _ := replayKeyOf("c", "", []byte(`{"model":"m","stream":true,"stream_options":{"include_usage":true}}`), false)
+	b, _ := replayKeyOf("c", "", []byte(`{"model":"m"}`), false)
+	c, _ := replayKeyOf("c2", "", []byte(`{"model":"m"}`), false)
+	e, _ := replayKeyOf("c", "a1", []byte(`{"model":"m"}`), false)
 	// The Codex CLI re-sends a failed request with client_metadata's
 	// members in another order: the same request.
-	o1, _ := replayKeyOf("c", "", []byte(`{"model":"m","client_metadata":{"turn_id":"t","session_id":"s"}}`))
-	o2, _ := replayKeyOf("c", "", []byte(`{"client_metadata":{"session_id":"s","turn_id":"t"},"model":"m"}`))
+	o1, _ := replayKeyOf("c", "", []byte(`{"model":"m","client_metadata":{"turn_id":"t","session_id":"s"}}`), false)
+	o2, _ := replayKeyOf("c", "", []byte(`{"client_metadata":{"session_id":"s","turn_id":"t"},"model":"m"}`), false)
 	if a != b || b == c || b == e || o1 != o2 {
 		t.Errorf("keys: streamed = buffered %v, other client differs %v, other agent differs %v, reordered members equal %v", a == b, b != c, b != e, o1 == o2)
 	}
@@ -246,7 +258,7 @@ func FuzzCanonicalRequest(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		out, ok := canonicalRequest(body)
+		out, ok := canonicalRequest(body, streamMembers)
 		if !ok {
 			return
 		}
@@ -260,7 +272,7 @@ func FuzzCanonicalRequest(f *testing.F) {
 		if _, s := m["stream_options"]; s {
 			t.Fatalf("stream_options survived in %q", out)
 		}
-		again, ok := canonicalRequest(out)
+		again, ok := canonicalRequest(out, streamMembers)
 		if !ok || !bytes.Equal(again, out) {
 			t.Fatalf("not idempotent: %q → %q", out, again)
 		}
@@ -277,7 +289,7 @@ func BenchmarkReplayGuardMemory(b *testing.B) {
 		runtime.ReadMemStats(&before)
 		g := newReplayGuard(testEnv(nil), nil, clock.now)
 		for i := range 10_000 {
-			k, _ := replayKeyOf("client", "", []byte(fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"question %d"}]}`, i)))
+			k, _ := replayKeyOf("client", "", []byte(fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"question %d"}]}`, i)), false)
 			msg := truncateUTF8(fmt.Sprintf("provider \"openai\" answered 400 (context_length_exceeded): request %d %s", i, strings.Repeat("x", maxReplayMessage)), maxReplayMessage)
 			g.remember("client", k, replayEntry{status: 400, code: "provider_rejected", message: msg})
 		}

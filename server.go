@@ -398,6 +398,25 @@ func (s *server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error
 	return body, nil
 }
 
+// anyDirectPayer reports whether something could serve without an agent
+// (SPEC §13, §14): a direct credential (from stdin, else the vault) or a
+// declared deployment.
+func (s *server) anyDirectPayer() bool {
+	if doc, err := s.reg.current(); len(s.localCreds) > 0 || (err == nil && len(doc.Deployments) > 0) {
+		return true
+	}
+	vd, err := s.vault.load()
+	if s.localCreds != nil || err != nil {
+		return false
+	}
+	for _, k := range vd.Direct {
+		if k.APIKey != "" {
+			return true
+		}
+	}
+	return false
+}
+
 // hasDirect reports whether a direct credential exists for provider.
 func (s *server) hasDirect(provider string) bool {
 	if s.localCreds != nil {
@@ -434,12 +453,10 @@ func (s *server) readiness() readiness {
 	if s.st.dir == "" {
 		rd.Warnings = append(rd.Warnings, "no state directory: "+s.st.cause.Error())
 	}
-	doc, err := s.reg.current()
-	if err != nil && !errors.As(err, new(*noStateError)) {
+	if _, err := s.reg.current(); err != nil && !errors.As(err, new(*noStateError)) {
 		rd.Reasons = append(rd.Reasons, "route registry unusable: "+s.hidePath(err.Error(), s.reg.path))
 	}
-	vd, verr := s.vault.load()
-	if verr != nil && !errors.As(verr, new(*noStateError)) {
+	if _, verr := s.vault.load(); verr != nil && !errors.As(verr, new(*noStateError)) {
 		rd.Reasons = append(rd.Reasons, "vault unusable: "+s.hidePath(verr.Error(), s.vault.path))
 	}
 	if _, cerr := s.clients.load(); cerr != nil && !errors.Is(cerr, errFileAbsent) {
@@ -448,10 +465,8 @@ func (s *server) readiness() readiness {
 	if err := s.ledger.loadErr(); err != nil {
 		rd.Reasons = append(rd.Reasons, "ledger unusable (served empty, never overwritten): "+err.Error())
 	}
-	if jpath, err := s.st.path("journal", "journal.jsonl"); err == nil {
-		if _, err := guardFile("journal", jpath); err != nil && !errors.Is(err, errFileAbsent) {
-			rd.Reasons = append(rd.Reasons, "journal unusable: "+err.Error())
-		}
+	if _, err := s.journal.size(); err != nil && !errors.As(err, new(*noStateError)) {
+		rd.Reasons = append(rd.Reasons, "journal unusable: "+err.Error())
 	}
 	if ok, cause := s.catalog.available(); !ok {
 		rd.Warnings = append(rd.Warnings, cause)
@@ -464,12 +479,7 @@ func (s *server) readiness() readiness {
 			rd.Warnings = append(rd.Warnings, fmt.Sprintf("the journal holds %d more unreadable lines (brama journal check lists them)", n-len(bad)))
 		}
 	}
-	payer := len(s.localCreds) > 0 || (doc != nil && len(doc.Deployments) > 0)
-	if s.localCreds == nil && vd != nil {
-		for _, k := range vd.Direct {
-			payer = payer || k.APIKey != ""
-		}
-	}
+	payer := s.anyDirectPayer()
 	invReasons, invWarnings, subPayer := s.inv.readiness()
 	rd.Reasons = append(rd.Reasons, invReasons...)
 	rd.Warnings = append(rd.Warnings, invWarnings...)

@@ -42,7 +42,7 @@ func (s *server) handleSubscriptionCredential(w http.ResponseWriter, r *http.Req
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"ok": true, "subscription": s.ledger.row(it, false, s.now())})
+	writeJSON(w, http.StatusOK, map[string]any{"ok": true, "subscription": s.inv.row(it, false, s.now())})
 }
 
 // replaceSubscriptionCredential replaces the credential of agent's

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -16,6 +17,13 @@ import (
 	"time"
 	"unicode/utf8"
 )
+
+// sys is what Brama's parts take from the process: the logger and the
+// clock. serve and each command build one; no constructor has a default.
+type sys struct {
+	log *slog.Logger
+	now func() time.Time
+}
 
 // state is where Brama keeps its files (SPEC §2.1). When no directory
 // resolves, dir is empty and cause says why; every reader and writer then
@@ -45,19 +53,9 @@ func resolveState(getenv func(string) string) state {
 	}
 	home := strings.TrimSpace(getenv("HOME"))
 	if home == "" {
-		// os.UserHomeDir reads $HOME on Unix; asking it gives the standard cause text.
-		_, err := homeDirFrom(getenv)
-		return state{cause: err}
+		return state{cause: errors.New("$HOME is not defined")} // os.UserHomeDir's words on Unix
 	}
 	return state{dir: filepath.Join(home, ".brama")}
-}
-
-// homeDirFrom mirrors os.UserHomeDir on Unix over an injected environment.
-func homeDirFrom(getenv func(string) string) (string, error) {
-	if h := getenv("HOME"); h != "" {
-		return h, nil
-	}
-	return "", errors.New("$HOME is not defined")
 }
 
 // path names file inside the state directory for consumer what, or refuses.
@@ -77,8 +75,7 @@ func (s state) fileOrState(getenv func(string) string, env, what, file string) (
 	return s.path(what, file)
 }
 
-// errFileAbsent marks a state file that does not exist yet (callers treat it
-// as empty).
+// errFileAbsent marks a state file that does not exist yet.
 var errFileAbsent = errors.New("file does not exist")
 
 // fileIdentity is what tells a changed file from an unchanged one without
@@ -124,11 +121,24 @@ func checkFileInfo(role, name string, fi fs.FileInfo) (fileIdentity, error) {
 	return fileIdentity{dev: uint64(st.Dev), ino: st.Ino, size: fi.Size(), mtime: fi.ModTime()}, nil
 }
 
-// readGuarded reads name under the guards. The file is opened without
-// following a symlink and the guards are applied to the open file, so a
-// name swapped between the check and the read cannot slip through. An
-// absent file is errFileAbsent.
+// readGuarded reads name under the guards (an absent file is errFileAbsent).
 func readGuarded(role, name string) ([]byte, fileIdentity, error) {
+	f, id, err := openGuarded(role, name)
+	if err != nil {
+		return nil, id, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(f)
+	if err != nil {
+		return nil, id, fmt.Errorf("%s: %w", role, err)
+	}
+	return b, id, nil
+}
+
+// openGuarded opens name without following a symlink and applies the guards
+// to the open file, so a name swapped between check and read cannot slip
+// through; the caller closes the file.
+func openGuarded(role, name string) (*os.File, fileIdentity, error) {
 	f, err := os.OpenFile(name, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0) // O_NONBLOCK: a FIFO planted here must not hang the reader
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
@@ -138,24 +148,79 @@ func readGuarded(role, name string) ([]byte, fileIdentity, error) {
 	case err != nil:
 		return nil, fileIdentity{}, fmt.Errorf("%s: %w", role, err)
 	}
-	defer f.Close()
 	fi, err := f.Stat()
-	if err != nil {
-		return nil, fileIdentity{}, fmt.Errorf("%s: %w", role, err)
+	var id fileIdentity
+	if err == nil {
+		id, err = checkFileInfo(role, name, fi)
+	} else {
+		err = fmt.Errorf("%s: %w", role, err)
 	}
-	id, err := checkFileInfo(role, name, fi)
 	if err != nil {
+		f.Close()
 		return nil, id, err
 	}
-	b, err := io.ReadAll(f)
-	if err != nil {
-		return nil, id, fmt.Errorf("%s: %w", role, err)
-	}
-	return b, id, nil
+	return f, id, nil
 }
 
-// testingOnlyRename replaces os.Rename inside writeFileAtomic (nil in
-// production) so tests can make the rename fail.
+// stateFile is one strict state file, read again only when its identity
+// changes (SPEC §2.3), so another process's replacement applies at the next
+// load. An absent file is parse(nil), or errFileAbsent when absentErr.
+type stateFile[T any] struct {
+	role, path string
+	pathErr    error // why there is no file (no state directory), else nil
+	parse      func([]byte) (T, error)
+	absentErr  bool
+
+	mu   sync.Mutex // guards read, doc, id
+	read bool       // doc and id hold the last good read
+	doc  T
+	id   fileIdentity
+}
+
+// load returns the current document, reading the file only when it changed.
+func (f *stateFile[T]) load() (T, error) {
+	if f.pathErr != nil {
+		var zero T
+		return zero, f.pathErr
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if id, err := guardFile(f.role, f.path); err == nil && f.read && id == f.id {
+		return f.doc, nil
+	}
+	doc, id, err := f.readNow()
+	f.read, f.doc, f.id = err == nil && id != fileIdentity{}, doc, id // an absent file is not kept
+	return doc, err
+}
+
+// fresh reads the file now, past the cache: the read of a read-modify-rename.
+func (f *stateFile[T]) fresh() (T, error) {
+	doc, _, err := f.readNow()
+	return doc, err
+}
+
+// readNow reads and parses the file under the guards.
+func (f *stateFile[T]) readNow() (T, fileIdentity, error) {
+	b, id, err := readGuarded(f.role, f.path)
+	if errors.Is(err, errFileAbsent) && !f.absentErr {
+		b, err = nil, nil
+	}
+	if err != nil {
+		var zero T
+		return zero, id, err
+	}
+	doc, err := f.parse(b)
+	return doc, id, err
+}
+
+// forget drops the cached document, so the next load reads the file.
+func (f *stateFile[T]) forget() {
+	f.mu.Lock()
+	f.read = false
+	f.mu.Unlock()
+}
+
+// testingOnlyRename replaces os.Rename in writeFileAtomic (nil in production).
 var testingOnlyRename func(oldpath, newpath string) error
 
 // writeFileAtomic is the owner-only atomic replacement every whole-file
@@ -170,8 +235,7 @@ func writeFileAtomic(name string, data []byte) error {
 }
 
 // publishFile creates name with data only if no file has that name yet
-// (os.Link fails with fs.ErrExist when it is taken): the exclusive
-// publication of a signed answer's reservation (SPEC §12).
+// (os.Link fails with fs.ErrExist): a signed answer's reservation (SPEC §12).
 func publishFile(name string, data []byte) error {
 	return placeFile(name, data, os.Link)
 }
@@ -222,24 +286,34 @@ func syncDir(dir string) error {
 // withFileLock runs fn while holding an exclusive flock on name+".lock"
 // (SPEC §2.3). The lock file is created 0600 once and holds nothing.
 func withFileLock(name string, fn func() error) error {
-	if err := os.MkdirAll(filepath.Dir(name), 0o700); err != nil {
-		return err
-	}
-	lf, err := os.OpenFile(name+".lock", os.O_RDWR|os.O_CREATE, 0o600)
+	lf, err := flockFile(name+".lock", 0)
 	if err != nil {
-		return err
-	}
-	defer lf.Close()
-	if err := syscall.Flock(int(lf.Fd()), syscall.LOCK_EX); err != nil {
 		return fmt.Errorf("lock %s: %w", filepath.Base(name)+".lock", err)
 	}
-	defer syscall.Flock(int(lf.Fd()), syscall.LOCK_UN)
+	defer lf.Close() // closing the file releases the lock
 	return fn()
 }
 
-// snapshotFile writes numbered snapshots of one file in order: a snapshot
-// older than the one already on disk is dropped, so two flushes racing each
-// other never let old bytes replace new ones (the ledger, perf telemetry).
+// flockFile opens the lock file name (creating it and its directory, 0600
+// and 0700) and takes an exclusive flock on it; nb is 0 or LOCK_NB.
+func flockFile(name string, nb int) (*os.File, error) {
+	if err := os.MkdirAll(filepath.Dir(name), 0o700); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|nb); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// snapshotFile writes numbered snapshots of one file in order, dropping one
+// older than what is on disk, so racing flushes never put old bytes over
+// new (the ledger, perf telemetry).
 type snapshotFile struct {
 	mu      sync.Mutex // guards written; serializes the file's writes
 	written uint64     // seq of the newest snapshot on disk
@@ -280,39 +354,29 @@ func editLocked[T any](name string, read func() (T, error), change func(T) error
 	})
 }
 
-// lockServe takes the one-serve-per-state-directory lock (SPEC §2.3). The
-// returned file keeps the lock until closed.
+// lockServe takes the one-serve-per-state-directory lock (SPEC §2.3),
+// held until the returned file is closed.
 func lockServe(s state) (*os.File, error) {
 	if s.dir == "" {
 		return nil, nil
 	}
-	if err := os.MkdirAll(s.dir, 0o700); err != nil {
-		return nil, err
-	}
 	name := filepath.Join(s.dir, "serve.lock")
-	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		f.Close()
+	f, err := flockFile(name, syscall.LOCK_NB)
+	if errors.Is(err, syscall.EWOULDBLOCK) {
 		return nil, fmt.Errorf("another brama serve holds %s", name)
 	}
-	return f, nil
+	return f, err
 }
 
 // staleTempName matches the temporary names placeFile creates:
 // os.CreateTemp's "." + base + ".tmp" + random digits.
 var staleTempName = regexp.MustCompile(`^\..+\.tmp[0-9]+$`)
 
-// removeStaleTemps removes the temporary files of placeFile that a crash
-// left in the state directory dir and its answers/<client>/ directories,
-// and returns how many it removed. A crash between CreateTemp and rename
-// leaves one, possibly a whole copy of the vault, so old secrets would
-// otherwise outlive their rotation. The caller holds serve.lock, so no
-// other serve writes here; a temporary file beside a <file>.lock that a CLI
-// may hold is removed under that lock, so a CLI's write in progress is never
-// cut short.
+// removeStaleTemps removes (and counts) the temporary files of placeFile a
+// crash left in dir and its answers/<client>/ directories: one may be a
+// whole copy of the vault, whose old secrets would outlive their rotation.
+// The caller holds serve.lock; a temporary file beside a <file>.lock is
+// removed under that lock, so a CLI's write in progress is never cut short.
 func removeStaleTemps(dir string) (int, error) {
 	dirs := []string{dir}
 	answers := filepath.Join(dir, "answers")
@@ -353,9 +417,11 @@ func removeStaleTemps(dir string) (int, error) {
 	return n, nil
 }
 
-// decodeStrict decodes one JSON document into v for the strict state files
-// (SPEC §2.2): invalid UTF-8, duplicate object keys at any depth, unknown
-// members and trailing data are refused, naming role and member.
+// decodeStrict is the one strict decoder, for every state file and admin
+// body (SPEC §2.2): invalid UTF-8, duplicate object keys at any depth,
+// unknown members and trailing data are refused, naming role and member.
+// When v is a validator its rules are applied after decoding; their error
+// is returned as is.
 func decodeStrict(role string, b []byte, v any) error {
 	if !utf8.Valid(b) {
 		return fmt.Errorf("%s is not valid UTF-8", role)
@@ -371,8 +437,15 @@ func decodeStrict(role string, b []byte, v any) error {
 	if _, err := dec.Token(); err != io.EOF {
 		return fmt.Errorf("%s: data after the JSON document", role)
 	}
+	if d, ok := v.(validator); ok {
+		return d.validate()
+	}
 	return nil
 }
+
+// validator is a document with rules beyond its shape (schema version, id
+// patterns, uniqueness); validate may also fill in empty sections.
+type validator interface{ validate() error }
 
 // maxJSONDepth is the deepest nesting of arrays and objects Brama reads in
 // any JSON body or state file (SPEC §8.2: deeper is 400 invalid_request).
@@ -472,4 +545,106 @@ func marshalState(v any) ([]byte, error) {
 		return nil, err
 	}
 	return append(b, '\n'), nil
+}
+
+// vaultDoc is vault.json (SPEC §2.2), the only file that holds secrets.
+type vaultDoc struct {
+	SchemaVersion int                        `json:"schema_version"`
+	Direct        map[string]vaultKey        `json:"direct"`
+	Agents        map[string]vaultAgent      `json:"agents"`
+	Subscriptions map[string]vaultCredential `json:"subscriptions"`
+}
+
+// vaultKey is a direct API key for one provider.
+type vaultKey struct {
+	APIKey string `json:"api_key"`
+}
+
+// vaultAgent holds one agent's HMAC signing secret (64 hex characters; the
+// key is the string's bytes, SPEC §3.2).
+type vaultAgent struct {
+	SigningSecret string `json:"signing_secret"`
+}
+
+// vaultCredential is one subscription's credential: an API key or an OAuth
+// grant, never both.
+type vaultCredential struct {
+	APIKey string      `json:"api_key,omitempty"`
+	OAuth  *oauthGrant `json:"oauth,omitempty"`
+}
+
+// oauthGrant is a stored OAuth grant (SPEC §11.1).
+type oauthGrant struct {
+	AccessToken  string `json:"access_token"`
+	RefreshToken string `json:"refresh_token"`
+	ExpiresAtMs  int64  `json:"expires_at_ms"`
+	IDToken      string `json:"id_token,omitempty"`
+	AccountID    string `json:"account_id,omitempty"`
+}
+
+// vault reads (re-reading on change, so a CLI's change applies to a
+// running daemon) and writes vault.json.
+type vault struct{ stateFile[*vaultDoc] }
+
+// newVault opens the vault at path; pathErr says why there is none (SPEC §2.1).
+func newVault(path string, pathErr error) *vault {
+	return &vault{stateFile[*vaultDoc]{role: "vault", path: path, pathErr: pathErr, parse: parseVault}}
+}
+
+// parseVault strictly parses vault bytes; an empty file is an empty vault.
+func parseVault(b []byte) (*vaultDoc, error) {
+	doc := &vaultDoc{SchemaVersion: 1}
+	if len(b) == 0 {
+		return doc, doc.validate()
+	}
+	if err := decodeStrict("vault", b, doc); err != nil {
+		return nil, err
+	}
+	return doc, nil
+}
+
+// validate refuses another schema and makes every section non-nil, so
+// writers can assign into it.
+func (d *vaultDoc) validate() error {
+	if d.SchemaVersion != 1 {
+		return fmt.Errorf("vault: schema_version %d is not 1", d.SchemaVersion)
+	}
+	if d.Direct == nil {
+		d.Direct = map[string]vaultKey{}
+	}
+	if d.Agents == nil {
+		d.Agents = map[string]vaultAgent{}
+	}
+	if d.Subscriptions == nil {
+		d.Subscriptions = map[string]vaultCredential{}
+	}
+	return nil
+}
+
+// update changes the vault under its file lock: re-read, apply fn, replace
+// atomically (SPEC §2.3). fn's error leaves the file untouched.
+func (v *vault) update(fn func(d *vaultDoc) error) error {
+	if v.pathErr != nil {
+		return v.pathErr
+	}
+	return editLocked(v.path, v.fresh, fn)
+}
+
+// directKey returns the vault's API key for provider, or "".
+func (v *vault) directKey(provider string) string {
+	doc, err := v.load()
+	if err != nil {
+		return ""
+	}
+	return doc.Direct[provider].APIKey
+}
+
+// agentSecret returns agent's signing secret, or false.
+func (v *vault) agentSecret(agent string) (string, bool) {
+	doc, err := v.load()
+	if err != nil {
+		return "", false
+	}
+	a, ok := doc.Agents[agent]
+	return a.SigningSecret, ok && a.SigningSecret != ""
 }

@@ -1,42 +1,189 @@
 package main
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
-	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 )
 
 // The subscription inventory (SPEC §10.1): the donated-subscription overlay
 // says which subscriptions exist and who owns them, the vault holds their
 // credentials under the same ids, and the journal alone says which are
-// retired. The serving process is the only writer of the overlay and of the
-// vault's subscriptions section (SPEC §2.3); every CLI goes through the
-// admin API.
+// retired. Only the serving process writes the overlay and the vault's
+// subscriptions section (SPEC §2.3). api.go holds its handlers,
+// cli_gateway.go its commands.
 
-// inventory is the subscription inventory of one serving process. It reads
-// the overlay whenever the file's identity changes and writes it (and the
-// vault's subscriptions section) under wmu, since this process is the only
-// writer (SPEC §2.3).
+// overlayItem is one donated subscription: metadata only, no secret, no status.
+type overlayItem struct {
+	ID        string `json:"id"`
+	Provider  string `json:"provider"`
+	AgentID   string `json:"agent_id"`
+	Label     string `json:"label"`
+	CreatedAt string `json:"created_at"`
+}
+
+// overlayDoc is donated-subscriptions.json (SPEC §2.2), schema 1.
+type overlayDoc struct {
+	SchemaVersion int           `json:"schema_version"`
+	Items         []overlayItem `json:"items"`
+}
+
+// The overlay's file name and how refusals name it; the bounds of a label
+// and of a retire or reinstate reason (listings and the journal carry them).
+const (
+	overlayFile    = "donated-subscriptions.json"
+	overlayRole    = "donated-subscription overlay"
+	maxLabelBytes  = 128
+	maxReasonBytes = 512
+)
+
+// errOverlayInvalid wraps every refusal of parseOverlay: a bad file, not an I/O failure.
+var errOverlayInvalid = errors.New("donated-subscription overlay is invalid")
+
+// parseOverlay strictly parses the overlay; an empty file is an empty overlay.
+func parseOverlay(b []byte) (*overlayDoc, error) {
+	doc := &overlayDoc{SchemaVersion: 1, Items: []overlayItem{}}
+	if len(b) == 0 {
+		return doc, nil
+	}
+	if err := decodeStrict(overlayFile, b, doc); err != nil {
+		return nil, fmt.Errorf("%w: %w", errOverlayInvalid, err)
+	}
+	return doc, nil
+}
+
+// validate refuses what no writer produces: another schema, a bad item or a repeated id.
+func (doc *overlayDoc) validate() error {
+	if doc.SchemaVersion != 1 {
+		return fmt.Errorf("schema_version %d is not 1", doc.SchemaVersion)
+	}
+	if doc.Items == nil {
+		doc.Items = []overlayItem{}
+	}
+	seen := map[string]bool{}
+	for i, it := range doc.Items {
+		err := checkOverlayItem(it)
+		if err == nil && seen[it.ID] {
+			err = fmt.Errorf("id %q appears twice", it.ID)
+		}
+		if err != nil {
+			return fmt.Errorf("items[%d]: %w", i, err)
+		}
+		seen[it.ID] = true
+	}
+	return nil
+}
+
+// checkOverlayItem applies the rules a donation enforces to one stored item.
+func checkOverlayItem(it overlayItem) error {
+	if !isSubscriptionID(it.ID) {
+		return fmt.Errorf("id %q is not sub_ followed by 16 lower-case hex digits", it.ID)
+	}
+	if p, ok := lookupProvider(it.Provider); !ok || p.cred == credNone {
+		return fmt.Errorf("provider %q takes no subscription", it.Provider)
+	}
+	if !idPattern.MatchString(it.AgentID) {
+		return fmt.Errorf("agent_id %q must match [a-z0-9-]{1,64}", it.AgentID)
+	}
+	if err := checkLabel(it.Label); err != nil {
+		return err
+	}
+	if _, err := time.Parse(time.RFC3339Nano, it.CreatedAt); err != nil {
+		return fmt.Errorf("created_at %q is not an RFC 3339 time", it.CreatedAt)
+	}
+	return nil
+}
+
+// isSubscriptionID reports whether id is sub_ + 16 lower-case hex digits.
+func isSubscriptionID(id string) bool {
+	rest, ok := strings.CutPrefix(id, "sub_")
+	return ok && len(rest) == 16 && strings.Trim(rest, "0123456789abcdef") == ""
+}
+
+// newSubscriptionID is sub_ + 16 random hex digits (collisions are refused, not expected).
+func newSubscriptionID() string {
+	b := make([]byte, 8)
+	rand.Read(b)
+	return "sub_" + hex.EncodeToString(b)
+}
+
+// checkLabel allows printable text of at most 128 bytes: no control characters reach a terminal.
+func checkLabel(label string) error {
+	if len(label) > maxLabelBytes {
+		return fmt.Errorf("label is %d bytes; the limit is %d", len(label), maxLabelBytes)
+	}
+	if !printable(label) {
+		return errors.New("label must be printable UTF-8 text")
+	}
+	return nil
+}
+
+// printable: valid UTF-8 of printable runes (space included, tabs and newlines not).
+func printable(s string) bool {
+	return utf8.ValidString(s) && strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }) < 0
+}
+
+// checkReason bounds a retire or reinstate reason before it is journaled.
+func checkReason(reason string) error {
+	switch {
+	case strings.TrimSpace(reason) == "":
+		return refuse("invalid_request", "a reason is required")
+	case len(reason) > maxReasonBytes:
+		return refuse("invalid_request", "the reason is %d bytes; the limit is %d", len(reason), maxReasonBytes)
+	case !printable(reason):
+		return refuse("invalid_request", "the reason must be printable UTF-8 text on one line")
+	}
+	return nil
+}
+
+// checkCredential applies SPEC §6.1 and §10.1 to a donated or replacing
+// credential: a provider that takes one, exactly one of an API key or a
+// grant, a grant only for claude-code, codex and kimi; never quoting it.
+func checkCredential(provider string, cred vaultCredential) error {
+	p, ok := lookupProvider(provider)
+	switch {
+	case !ok:
+		return refuse("invalid_request", "unknown provider %q", provider)
+	case p.cred == credNone:
+		return refuse("invalid_request", "provider %q takes no subscription: its deployments need no credential", provider)
+	case (cred.APIKey != "") == (cred.OAuth != nil):
+		return refuse("invalid_request", "give exactly one of api_key or oauth")
+	case cred.APIKey != "":
+		if k := cred.APIKey; strings.TrimSpace(k) != k || !printable(k) || len(k) > 8192 {
+			return refuse("invalid_request", "api_key must be one line of printable text (at most 8192 bytes) without surrounding spaces")
+		}
+	case p.cred != credSubscription:
+		return refuse("invalid_request", "provider %q takes an api_key, not an oauth grant (oauth is for claude-code, codex and kimi)", provider)
+	case cred.OAuth.AccessToken == "" || cred.OAuth.RefreshToken == "":
+		return refuse("invalid_request", "oauth needs access_token and refresh_token")
+	case cred.OAuth.ExpiresAtMs < 0:
+		return refuse("invalid_request", "oauth expires_at_ms must not be negative")
+	}
+	return nil
+}
+
+// inventory is one serving process's subscription inventory: it re-reads the
+// overlay when the file's identity changes and, as the only writer (SPEC
+// §2.3), writes it and the vault's subscriptions section under wmu.
 type inventory struct {
-	path    string // the overlay file
-	pathErr error  // why there is no overlay (no state directory), else nil
+	sys
+	overlay stateFile[*overlayDoc]
 	vault   *vault
 	j       *journal
 	l       *ledger
-	log     *slog.Logger
-	now     func() time.Time
 	ttl     time.Duration // listing cache lifetime; 0 disables the cache
 
-	wmu sync.Mutex // serializes donate, retire, reinstate and replaceCredential
+	wmu sync.Mutex // serializes donate, retire, reinstate, replaceCredential and removeOrphans
 
-	mu    sync.Mutex // guards doc, id, cache, gen
-	doc   *overlayDoc
-	id    fileIdentity
+	mu    sync.Mutex         // guards cache, gen
 	cache map[string]listing // by agent id
 	gen   uint64             // bumped by every invalidation, so a listing computed across one is not kept
 }
@@ -48,19 +195,14 @@ type listing struct {
 }
 
 // newInventory places the overlay in st and reads the listing cache's TTL
-// from BRAMA_SUBSCRIPTION_CACHE_TTL_SECS (SPEC §10.2). Nothing is read yet.
-func newInventory(st state, v *vault, j *journal, l *ledger, getenv func(string) string, log *slog.Logger, now func() time.Time) *inventory {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	if now == nil {
-		now = time.Now
-	}
-	inv := &inventory{vault: v, j: j, l: l, log: log, now: now, cache: map[string]listing{}}
-	inv.path, inv.pathErr = st.path(overlayRole, overlayFile)
+// (SPEC §10.2). Nothing is read yet.
+func newInventory(st state, v *vault, j *journal, l *ledger, getenv func(string) string, sy sys) *inventory {
+	inv := &inventory{sys: sy, vault: v, j: j, l: l, cache: map[string]listing{}}
+	inv.overlay = stateFile[*overlayDoc]{role: overlayRole, parse: parseOverlay}
+	inv.overlay.path, inv.overlay.pathErr = st.path(overlayRole, overlayFile)
 	ttl, err := subscriptionCacheTTL(getenv("BRAMA_SUBSCRIPTION_CACHE_TTL_SECS"))
 	if err != nil {
-		log.Warn("subscription_cache_ttl_invalid", "cause", err.Error(), "using_secs", 60)
+		sy.log.Warn("subscription_cache_ttl_invalid", "cause", err.Error(), "using_secs", 60)
 	}
 	inv.ttl = ttl
 	return inv
@@ -70,8 +212,7 @@ func newInventory(st state, v *vault, j *journal, l *ledger, getenv func(string)
 // 60 s, 0 turns the cache off; anything else unreadable is 60 s and an error.
 func subscriptionCacheTTL(v string) (time.Duration, error) {
 	const def = 60 * time.Second
-	v = strings.TrimSpace(v)
-	if v == "" {
+	if v = strings.TrimSpace(v); v == "" {
 		return def, nil
 	}
 	n, err := strconv.ParseInt(v, 10, 32)
@@ -81,45 +222,17 @@ func subscriptionCacheTTL(v string) (time.Duration, error) {
 	return time.Duration(n) * time.Second, nil
 }
 
-// load returns the current overlay, re-reading only when the file changed.
-// An absent file is an empty overlay. Errors are classified for the client:
-// 503 dependency_unavailable naming the cause.
-func (inv *inventory) load() (*overlayDoc, error) {
-	if inv.pathErr != nil {
-		return nil, asAPIError(inv.pathErr)
-	}
-	inv.mu.Lock()
-	defer inv.mu.Unlock()
-	id, err := guardFile(overlayRole, inv.path)
-	if errors.Is(err, errFileAbsent) {
-		inv.doc, inv.id = &overlayDoc{SchemaVersion: 1, Items: []overlayItem{}}, fileIdentity{}
-		return inv.doc, nil
-	}
-	if err == nil && inv.doc != nil && id == inv.id {
-		return inv.doc, nil
-	}
-	var b []byte
-	if err == nil {
-		b, id, err = readGuarded(overlayRole, inv.path)
-	}
-	var doc *overlayDoc
-	if err == nil {
-		doc, err = parseOverlay(b)
-	}
-	if err != nil {
-		inv.doc = nil
-		return nil, refuse("dependency_unavailable", "%v", err).because(err) // err names the overlay and the rule
-	}
-	inv.doc, inv.id = doc, id
-	return doc, nil
-}
-
-// items returns every overlay item (retired ones too), in overlay order.
-// The caller owns the slice.
+// items returns every overlay item (retired ones too), in overlay order;
+// the caller owns the slice. Errors are 503 dependency_unavailable naming
+// the overlay and the rule (or the missing state directory).
 func (inv *inventory) items() ([]overlayItem, error) {
-	doc, err := inv.load()
-	if err != nil {
-		return nil, err
+	doc, err := inv.overlay.load()
+	var ns *noStateError
+	switch {
+	case errors.As(err, &ns):
+		return nil, asAPIError(err)
+	case err != nil:
+		return nil, refuse("dependency_unavailable", "%v", err).because(err)
 	}
 	return slices.Clone(doc.Items), nil
 }
@@ -128,39 +241,43 @@ func (inv *inventory) items() ([]overlayItem, error) {
 func (inv *inventory) retiredSet() (map[string]bool, error) {
 	r, err := inv.j.retired()
 	if err != nil {
-		return nil, refuse("dependency_unavailable", "the journal cannot be read: %v", err).because(err)
+		err = refuse("dependency_unavailable", "the journal cannot be read: %v", err).because(err)
 	}
-	return r, nil
+	return r, err
 }
 
-// pool is the non-retired items of agent for provider, in overlay order:
-// the candidates of SPEC §7.2. Retirement comes from the journal on every
-// call, never from the listing cache (SPEC §2.3).
+// view is every overlay item and the retired set, read together.
+func (inv *inventory) view() ([]overlayItem, map[string]bool, error) {
+	items, err := inv.items()
+	if err != nil {
+		return nil, nil, err
+	}
+	retired, err := inv.retiredSet()
+	return items, retired, err
+}
+
+// pool is agent's non-retired items of provider in overlay order (SPEC
+// §7.2), retirement read from the journal, never the listing cache (§2.3).
 func (inv *inventory) pool(agent, provider string) ([]overlayItem, error) {
 	return inv.live(func(it overlayItem) bool { return it.AgentID == agent && it.Provider == provider })
 }
 
-// agentItems is the non-retired items of agent, all providers, in overlay
-// order (selectors and best, SPEC §7.3).
+// agentItems is agent's non-retired items, all providers (SPEC §7.3).
 func (inv *inventory) agentItems(agent string) ([]overlayItem, error) {
 	return inv.live(func(it overlayItem) bool { return it.AgentID == agent })
 }
 
 // live filters the overlay to non-retired items that keep says to keep.
 func (inv *inventory) live(keep func(overlayItem) bool) ([]overlayItem, error) {
-	items, err := inv.items()
-	if err != nil {
-		return nil, err
-	}
-	retired, err := inv.retiredSet()
+	items, retired, err := inv.view()
 	if err != nil {
 		return nil, err
 	}
 	return slices.DeleteFunc(items, func(it overlayItem) bool { return retired[it.ID] || !keep(it) }), nil
 }
 
-// get finds id among agent's items, retired or not. Another agent's id is
-// reported as absent: an agent learns nothing about others' subscriptions.
+// get finds id among agent's items, retired or not; another agent's id is
+// absent, so an agent learns nothing of others' subscriptions.
 func (inv *inventory) get(agent, id string) (overlayItem, bool, error) {
 	items, err := inv.items()
 	if err != nil {
@@ -176,28 +293,21 @@ func (inv *inventory) get(agent, id string) (overlayItem, bool, error) {
 // isRetired reports whether the journal's last word on id is retire.
 func (inv *inventory) isRetired(id string) (bool, error) {
 	r, err := inv.retiredSet()
-	if err != nil {
-		return false, err
-	}
-	return r[id], nil
+	return r[id], err
 }
 
 // owned is get as a refusal: 404 not_found when agent has no such id.
 func (inv *inventory) owned(agent, id string) (overlayItem, error) {
 	it, ok, err := inv.get(agent, id)
-	if err != nil {
-		return overlayItem{}, err
+	if err == nil && !ok {
+		err = refuse("not_found", "agent %q has no subscription %q", agent, id)
 	}
-	if !ok {
-		return overlayItem{}, refuse("not_found", "agent %q has no subscription %q", agent, id)
-	}
-	return it, nil
+	return it, err
 }
 
-// donate stores a new subscription of provider for agent (SPEC §10.1). The
-// vault is written first and the overlay second, so a failure in between
-// leaves no overlay entry: the vault entry is then unused (orphans reports
-// it) rather than a listed subscription without a credential.
+// donate stores a new subscription of provider for agent (SPEC §10.1):
+// vault first, overlay second, so a failure between leaves no overlay entry
+// (and the vault entry is taken back, or removed by removeOrphans at start).
 func (inv *inventory) donate(agent, provider, label string, cred vaultCredential) (overlayItem, error) {
 	if !idPattern.MatchString(agent) {
 		return overlayItem{}, refuse("invalid_request", "agent id %q must match [a-z0-9-]{1,64}", agent)
@@ -210,21 +320,21 @@ func (inv *inventory) donate(agent, provider, label string, cred vaultCredential
 	}
 	cred = filledCredential(provider, cred)
 	// Both files must be placeable before either is touched.
-	if inv.pathErr != nil {
-		return overlayItem{}, asAPIError(inv.pathErr)
+	if inv.overlay.pathErr != nil {
+		return overlayItem{}, asAPIError(inv.overlay.pathErr)
 	}
-	if err := inv.vaultUsable(); err != nil {
-		return overlayItem{}, err
+	if _, err := inv.vault.load(); err != nil {
+		return overlayItem{}, vaultRefusal(err) // a vault write could not succeed
 	}
 	inv.wmu.Lock()
 	defer inv.wmu.Unlock()
-	doc, err := inv.load()
+	items, err := inv.items()
 	if err != nil {
 		return overlayItem{}, err
 	}
 	it := overlayItem{ID: newSubscriptionID(), Provider: provider, AgentID: agent, Label: label,
 		CreatedAt: inv.now().UTC().Format(journalTimeFormat)}
-	if slices.ContainsFunc(doc.Items, func(x overlayItem) bool { return x.ID == it.ID }) {
+	if slices.ContainsFunc(items, func(x overlayItem) bool { return x.ID == it.ID }) {
 		return overlayItem{}, refuse("internal_error", "subscription id %s is taken; donate again", it.ID)
 	}
 	err = inv.vault.update(func(d *vaultDoc) error {
@@ -237,15 +347,11 @@ func (inv *inventory) donate(agent, provider, label string, cred vaultCredential
 	if err != nil {
 		return overlayItem{}, refuse("internal_error", "subscription not donated: the vault was not written: %v", err).because(err)
 	}
-	next := &overlayDoc{SchemaVersion: 1, Items: append(slices.Clone(doc.Items), it)}
-	if err := inv.writeOverlay(next); err != nil {
+	if err := inv.writeOverlay(&overlayDoc{SchemaVersion: 1, Items: append(items, it)}); err != nil {
 		// The secret is stored but no subscription names it: take it back, so
 		// the vault never keeps a secret without a subscription.
 		note := "its credential was removed from the vault"
-		if verr := inv.vault.update(func(d *vaultDoc) error {
-			delete(d.Subscriptions, it.ID)
-			return nil
-		}); verr != nil {
+		if verr := inv.vault.update(func(d *vaultDoc) error { delete(d.Subscriptions, it.ID); return nil }); verr != nil {
 			note = "its credential stays in the vault until serve next starts: " + verr.Error()
 		}
 		inv.log.Error("subscription_overlay_write_failed", "subscription_id", it.ID, "agent_id", agent, "cause", err.Error(), "note", note)
@@ -258,64 +364,49 @@ func (inv *inventory) donate(agent, provider, label string, cred vaultCredential
 	return it, nil
 }
 
-// vaultUsable refuses before a vault write that could not succeed: no vault
-// at all (SPEC §2.1) or one that cannot be read.
-func (inv *inventory) vaultUsable() error {
-	if _, err := inv.vault.load(); err != nil {
-		return vaultRefusal(err)
-	}
-	return nil
-}
-
 // vaultRefusal classifies a vault load failure before a vault write: 503
-// dependency_unavailable naming the cause (no state directory, or the file
-// failing its guards or parse).
+// dependency_unavailable naming the cause (no state directory, guards, parse).
 func vaultRefusal(err error) *apiError {
-	var ns *noStateError
-	if errors.As(err, &ns) {
+	if errors.As(err, new(*noStateError)) {
 		return asAPIError(err)
 	}
 	return refuse("dependency_unavailable", "the vault is unreadable: %v", err).because(err)
 }
 
-// writeOverlay replaces the overlay with doc and forgets the cached copy and
-// every listing. Callers hold wmu.
+// writeOverlay replaces the overlay with doc and invalidates. Callers hold wmu.
 func (inv *inventory) writeOverlay(doc *overlayDoc) error {
 	b, err := marshalState(doc)
-	if err != nil {
-		return err
+	if err == nil {
+		err = writeFileAtomic(inv.overlay.path, b)
+		inv.invalidate(err == nil)
 	}
-	err = writeFileAtomic(inv.path, b)
-	inv.invalidate(err == nil)
 	return err
 }
 
 // invalidate drops every cached listing (SPEC §10.2: every local mutation
 // invalidates at once) and, when overlayChanged, the parsed overlay.
 func (inv *inventory) invalidate(overlayChanged bool) {
+	if overlayChanged {
+		inv.overlay.forget()
+	}
 	inv.mu.Lock()
 	defer inv.mu.Unlock()
-	if overlayChanged {
-		inv.doc = nil
-	}
 	clear(inv.cache)
 	inv.gen++
 }
 
-// retire journals the retirement of agent's subscription id (SPEC §9). It
-// asks the journal first, so nothing is claimed that cannot be recorded; a
-// subscription already retired is answered as done without a second line.
+// retire and reinstate journal agent's subscription id out of and back
+// into service (SPEC §9); the reason is required.
 func (inv *inventory) retire(agent, id, reason string) error {
 	return inv.journalStatus("retire", agent, id, reason)
 }
-
-// reinstate journals the end of a retirement; the reason is required.
 func (inv *inventory) reinstate(agent, id, reason string) error {
 	return inv.journalStatus("reinstate", agent, id, reason)
 }
 
 // journalStatus appends kind ("retire" or "reinstate") for id unless the
-// journal's fold already says so.
+// fold already says so; it asks the journal first, so nothing is claimed
+// that cannot be recorded.
 func (inv *inventory) journalStatus(kind, agent, id, reason string) error {
 	if err := checkReason(reason); err != nil {
 		return err
@@ -328,12 +419,8 @@ func (inv *inventory) journalStatus(kind, agent, id, reason string) error {
 	if _, err := inv.owned(agent, id); err != nil {
 		return err
 	}
-	retired, err := inv.isRetired(id)
-	if err != nil {
+	if retired, err := inv.isRetired(id); err != nil || retired == (kind == "retire") {
 		return err
-	}
-	if retired == (kind == "retire") {
-		return nil
 	}
 	defer inv.invalidate(false)
 	if err := inv.j.append(journalRecord{Kind: kind, SubscriptionID: id, Reason: reason}); err != nil {
@@ -344,11 +431,11 @@ func (inv *inventory) journalStatus(kind, agent, id, reason string) error {
 }
 
 // replaceCredential swaps the vault credential of agent's subscription id
-// (PUT …/credential, sign-in) and marks the ledger credential active with the
-// grant's expiry. The caller journals subscription_sign_in.
+// (PUT …/credential, sign-in) and marks the ledger credential active; the
+// caller journals subscription_sign_in.
 func (inv *inventory) replaceCredential(agent, id string, cred vaultCredential) error {
-	if err := inv.vaultUsable(); err != nil {
-		return err
+	if _, err := inv.vault.load(); err != nil {
+		return vaultRefusal(err)
 	}
 	inv.wmu.Lock()
 	defer inv.wmu.Unlock()
@@ -361,11 +448,7 @@ func (inv *inventory) replaceCredential(agent, id string, cred vaultCredential) 
 	}
 	cred = filledCredential(it.Provider, cred)
 	defer inv.invalidate(false)
-	err = inv.vault.update(func(d *vaultDoc) error {
-		d.Subscriptions[id] = cred
-		return nil
-	})
-	if err != nil {
+	if err := inv.vault.update(func(d *vaultDoc) error { d.Subscriptions[id] = cred; return nil }); err != nil {
 		return refuse("internal_error", "credential not replaced: the vault was not written: %v", err).because(err)
 	}
 	inv.l.setCredential(id, it.Provider, credActive, "")
@@ -406,8 +489,7 @@ func (inv *inventory) credential(id string) (vaultCredential, error) {
 }
 
 // list is agent's rows (SPEC §10.4), retired ones included, in overlay
-// order. Rows are cached per agent for the TTL on the injected clock;
-// eligibility never reads this cache (it calls pool).
+// order, cached per agent for the TTL (eligibility calls pool instead).
 func (inv *inventory) list(agent string) ([]subscriptionRow, error) {
 	now := inv.now()
 	inv.mu.Lock()
@@ -417,18 +499,14 @@ func (inv *inventory) list(agent string) ([]subscriptionRow, error) {
 	if age := now.Sub(c.at); hit && age >= 0 && age < inv.ttl {
 		return slices.Clone(c.rows), nil
 	}
-	items, err := inv.items()
-	if err != nil {
-		return nil, err
-	}
-	retired, err := inv.retiredSet()
+	items, retired, err := inv.view()
 	if err != nil {
 		return nil, err
 	}
 	rows := []subscriptionRow{}
 	for _, it := range items {
 		if it.AgentID == agent {
-			rows = append(rows, inv.l.row(it, retired[it.ID], now))
+			rows = append(rows, inv.row(it, retired[it.ID], now))
 		}
 	}
 	inv.mu.Lock()
@@ -439,9 +517,56 @@ func (inv *inventory) list(agent string) ([]subscriptionRow, error) {
 	return slices.Clone(rows), nil
 }
 
-// orphans lists vault subscription ids with no overlay item, sorted: left
-// by a donation that failed between its two writes (SPEC §10.1), for
-// /readyz.
+// subscriptionRow is one subscription in a listing (SPEC §10.4).
+type subscriptionRow struct {
+	ID         string            `json:"id"`
+	Provider   string            `json:"provider"`
+	Label      string            `json:"label"`
+	Status     string            `json:"status"` // "active" or "retired"
+	Windows    []planWindow      `json:"windows"`
+	Block      *ledgerBlock      `json:"block"`
+	Credential *ledgerCredential `json:"credential"`
+	Measured   ledgerMeasured    `json:"measured"`
+	UsageRead  *ledgerCheck      `json:"usage_read"`
+	Probe      *ledgerCheck      `json:"probe"`
+	Stale      bool              `json:"stale"`
+}
+
+// row builds item's row from its ledger record: block null unless in force,
+// usage_read and probe null until they happened, a retired row's credential
+// disabled; stale when a window's reading predates its reset or the last
+// usage read failed.
+func (inv *inventory) row(item overlayItem, retired bool, now time.Time) subscriptionRow {
+	e, _ := inv.l.entry(item.ID)
+	ms := now.UnixMilli()
+	r := subscriptionRow{ID: item.ID, Provider: item.Provider, Label: item.Label, Status: "active",
+		Windows: e.Windows, Measured: e.Measured, Credential: &e.Credential}
+	if r.Windows == nil {
+		r.Windows = []planWindow{}
+	}
+	if retired {
+		r.Status = "retired"
+		r.Credential.State = credDisabled
+	}
+	if e.Block.UntilMs > ms {
+		r.Block = &e.Block
+	}
+	if e.UsageRead.AtMs != 0 {
+		r.UsageRead = &e.UsageRead
+		r.Stale = !e.UsageRead.OK
+	}
+	if e.Probe.AtMs != 0 {
+		r.Probe = &e.Probe
+	}
+	for _, w := range e.Windows {
+		if w.ResetsAtMs != 0 && w.ResetsAtMs <= ms {
+			r.Stale = true
+		}
+	}
+	return r
+}
+
+// orphans lists, sorted, the vault's subscription ids no overlay item names.
 func (inv *inventory) orphans() ([]string, error) {
 	items, err := inv.items()
 	if err != nil {
@@ -461,13 +586,11 @@ func (inv *inventory) orphans() ([]string, error) {
 	return out, nil
 }
 
-// removeOrphans deletes the vault's subscription credentials that no overlay
-// item names: left by a donation that crashed between its two writes. serve
-// calls it at start, so the vault holds no secret without a subscription
-// (SPEC §10.1 only asks /readyz to report them; issue 10 asks that they go).
-// Nothing is removed unless the overlay and the vault both read cleanly.
+// removeOrphans deletes the orphans from the vault at serve's start, so no
+// secret outlives its subscription (issue 10); nothing is removed unless
+// the overlay and the vault both read cleanly.
 func (inv *inventory) removeOrphans() ([]string, error) {
-	if inv.pathErr != nil || inv.vault.pathErr != nil {
+	if inv.overlay.pathErr != nil || inv.vault.pathErr != nil {
 		return nil, nil
 	}
 	inv.wmu.Lock()
@@ -483,20 +606,18 @@ func (inv *inventory) removeOrphans() ([]string, error) {
 		return nil
 	})
 	if err != nil {
-		return nil, err
+		orphans = nil
 	}
-	return orphans, nil
+	return orphans, err
 }
 
 // readiness is the inventory's part of /readyz (SPEC §13): an unreadable
-// overlay is a reason; orphan vault entries and credentials needing
-// reauthorization are warnings; payer says a non-retired subscription has an
-// active credential. Without a state directory it says nothing (the
-// server already warns about that).
+// overlay is a reason; orphans and credentials needing reauthorization are
+// warnings; payer says a non-retired subscription's credential is active.
 func (inv *inventory) readiness() (reasons, warnings []string, payer bool) {
 	items, err := inv.items()
 	if err != nil {
-		if inv.pathErr == nil {
+		if inv.overlay.pathErr == nil {
 			reasons = append(reasons, asAPIError(err).Message) // names the overlay and the rule
 		}
 		return reasons, nil, false

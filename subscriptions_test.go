@@ -15,8 +15,8 @@ func newTestInventory(t *testing.T, env map[string]string, clock *testClock) (*i
 	t.Helper()
 	st := resolveState(testEnv(env))
 	vpath, verr := st.fileOrState(testEnv(env), "BRAMA_VAULT_FILE", "vault", "vault.json")
-	j := newJournal(st, nil, clock.now)
-	return newInventory(st, newVault(vpath, verr), j, newLedger(st, nil, clock.now), testEnv(env), nil, clock.now), j
+	j := newJournal(st, testSys(t, clock.now))
+	return newInventory(st, newVault(vpath, verr), j, newLedger(st, nil, clock.now), testEnv(env), testSys(t, clock.now)), j
 }
 
 func TestParseOverlay(t *testing.T) {
@@ -178,7 +178,7 @@ func TestInventoryListingCache(t *testing.T) {
 		t.Fatalf("first listing = %q", got)
 	}
 	// Another process retires it: only the journal changes.
-	other := newJournal(resolveState(testEnv(env)), nil, clock.now)
+	other := newJournal(resolveState(testEnv(env)), testSys(t, clock.now))
 	if err := other.append(journalRecord{Kind: "retire", SubscriptionID: a.ID, Reason: "elsewhere"}); err != nil {
 		t.Fatal(err)
 	}
@@ -253,7 +253,7 @@ func TestInventoryTTLZeroDisablesCache(t *testing.T) {
 		t.Fatal(err)
 	}
 	inv.list("a1")
-	other := newJournal(resolveState(testEnv(env)), nil, clock.now)
+	other := newJournal(resolveState(testEnv(env)), testSys(t, clock.now))
 	other.append(journalRecord{Kind: "retire", SubscriptionID: it.ID, Reason: "x"})
 	if rows, _ := inv.list("a1"); len(rows) != 1 || rows[0].Status != "retired" {
 		t.Errorf("with TTL 0 the listing is %+v, want it read afresh (retired)", rows)

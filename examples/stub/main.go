@@ -28,7 +28,15 @@ import (
 func main() {
 	addr := flag.String("addr", "127.0.0.1:0", "`address` to listen on")
 	flag.DurationVar(&latency, "latency", 0, "how long the stub thinks before answering (a provider's own time)")
+	deltas := flag.Int("deltas", 0, "text deltas in a streamed answer (default one per word of the reply)")
 	flag.Parse()
+	if *deltas > 0 {
+		once := words
+		words = make([]string, *deltas)
+		for i := range words {
+			words[i] = once[i%len(once)]
+		}
+	}
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
 		log.Fatal(err)
@@ -81,6 +89,10 @@ func readRequest(w http.ResponseWriter, r *http.Request) (request, bool) {
 
 const reply = "Hello from the stub provider."
 
+// words are the text deltas of a streamed answer; -deltas sets how many
+// before serving starts.
+var words = strings.SplitAfter(reply, " ")
+
 func sse(w http.ResponseWriter, event string, v any) {
 	b, _ := json.Marshal(v)
 	if event != "" {
@@ -104,7 +116,7 @@ func chat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("Content-Type", "text/event-stream")
-	for i, word := range strings.SplitAfter(reply, " ") {
+	for i, word := range words {
 		delta := map[string]any{"content": word}
 		if i == 0 {
 			delta["role"] = "assistant"
@@ -132,7 +144,7 @@ func messages(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/event-stream")
 	sse(w, "message_start", map[string]any{"type": "message_start", "message": map[string]any{"id": "msg_stub", "type": "message", "role": "assistant", "model": req.Model, "content": []any{}, "usage": map[string]any{"input_tokens": 5, "output_tokens": 0}}})
 	sse(w, "content_block_start", map[string]any{"type": "content_block_start", "index": 0, "content_block": map[string]any{"type": "text", "text": ""}})
-	for _, word := range strings.SplitAfter(reply, " ") {
+	for _, word := range words {
 		sse(w, "content_block_delta", map[string]any{"type": "content_block_delta", "index": 0, "delta": map[string]any{"type": "text_delta", "text": word}})
 	}
 	sse(w, "content_block_stop", map[string]any{"type": "content_block_stop", "index": 0})
@@ -156,7 +168,7 @@ func responses(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/event-stream")
 	sse(w, "response.created", map[string]any{"type": "response.created", "response": map[string]any{"id": "resp_stub", "status": "in_progress", "output": []any{}}})
 	sse(w, "response.output_item.added", map[string]any{"type": "response.output_item.added", "output_index": 0, "item": map[string]any{"type": "message", "id": "msg_stub", "role": "assistant", "content": []any{}}})
-	for _, word := range strings.SplitAfter(reply, " ") {
+	for _, word := range words {
 		sse(w, "response.output_text.delta", map[string]any{"type": "response.output_text.delta", "output_index": 0, "content_index": 0, "item_id": "msg_stub", "delta": word})
 	}
 	sse(w, "response.output_item.done", map[string]any{"type": "response.output_item.done", "output_index": 0, "item": item})

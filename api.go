@@ -1,53 +1,65 @@
 package main
 
 import (
+	"errors"
 	"net/http"
+	"strings"
 )
 
-// The subscription routes of SPEC §10.1. The agent routes serve the agent
-// the request acts for (a valid signature or a bearer bound to it); the
-// admin twins serve any agent. Each handler decodes, calls one inventory
-// method and encodes.
+// api.go holds the HTTP handlers server.go has no room for (it stays under
+// 650 lines): the subscription inventory's (SPEC §10.1) and maintenance's
+// (SPEC §11.2), which routes() lists and which each decode, call one plain
+// method and encode. The
+// agent routes serve the agent the request acts for (a valid signature or
+// a bearer bound to it); the admin twins serve any agent.
 
-// subscriptionOwner runs h only when the request acts for the path's agent:
-// a signed agent or a bearer bound to one (SPEC §3.1, §3.2).
-func (s *server) subscriptionOwner(h http.HandlerFunc) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		agent, path := infoFrom(r.Context()).agentID, r.PathValue("agent_id")
-		switch {
-		case !idPattern.MatchString(path):
-			s.fail(w, r, badPathAgent(path))
-		case agent == "":
-			s.fail(w, r, refuse("unauthenticated", "this route acts for an agent: sign the request as agent %q (X-Agent-Id, X-Agent-Timestamp, X-Agent-Signature) or use a bearer bound to it", path))
-		case agent != path:
-			s.fail(w, r, refuse("forbidden", "this request acts for agent %q, not %q", agent, path))
-		default:
-			h(w, r)
-		}
-	}
+// donation is the strict body (and the CLI's request) of POST …/subscriptions/{agent_id}.
+type donation struct {
+	Provider string      `json:"provider"`
+	Label    string      `json:"label"`
+	APIKey   string      `json:"api_key"`
+	OAuth    *oauthGrant `json:"oauth"`
 }
 
-// subscriptionAgentAgrees is the admin twins' check: an admin may act for
-// any agent, but a bearer-bound or signed agent must still be the path's
-// (SPEC §3.2: bearer, signed and path agent agree where present).
+// donatedSubscription is the 201 answer: metadata only, never the secret.
+type donatedSubscription struct {
+	ID       string `json:"id"`
+	Provider string `json:"provider"`
+	AgentID  string `json:"agent_id"`
+	Label    string `json:"label"`
+	Status   string `json:"status"`
+}
+
+// subscriptionOwner guards the agent routes: the request must act for the
+// path's agent, as a signed agent or a bearer bound to it (SPEC §3.1, §3.2).
+func (s *server) subscriptionOwner(h http.HandlerFunc) http.HandlerFunc {
+	return s.subscriptionAgent(false, h)
+}
+
+// subscriptionAgentAgrees guards the admin twins: an admin may act for any
+// agent, but a bearer-bound or signed agent must still be the path's (SPEC
+// §3.2: bearer, signed and path agent agree where present).
 func (s *server) subscriptionAgentAgrees(h http.HandlerFunc) http.HandlerFunc {
+	return s.subscriptionAgent(true, h)
+}
+
+// subscriptionAgent runs h once the path's agent id obeys the id rule (so
+// `/v1/admin/subscriptions/%2e%2e` is a 400, not an empty listing) and the
+// request may act for it; admin says whether no agent at all will do.
+func (s *server) subscriptionAgent(admin bool, h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		agent, path := infoFrom(r.Context()).agentID, r.PathValue("agent_id")
 		switch {
 		case !idPattern.MatchString(path):
-			s.fail(w, r, badPathAgent(path))
+			s.fail(w, r, refuse("invalid_request", "agent id %q in the path must match [a-z0-9-]{1,64}", path))
+		case agent == "" && !admin:
+			s.fail(w, r, refuse("unauthenticated", "this route acts for an agent: sign the request as agent %q (X-Agent-Id, X-Agent-Timestamp, X-Agent-Signature) or use a bearer bound to it", path))
 		case agent != "" && agent != path:
 			s.fail(w, r, refuse("forbidden", "this request acts for agent %q, not %q", agent, path))
 		default:
 			h(w, r)
 		}
 	}
-}
-
-// badPathAgent refuses a path agent id outside the id rule (SPEC §3.2), so
-// `/v1/admin/subscriptions/%2e%2e` is a 400, not an empty listing.
-func badPathAgent(id string) *apiError {
-	return refuse("invalid_request", "agent id %q in the path must match [a-z0-9-]{1,64}", id)
 }
 
 // handleSubscriptionList serves GET …/subscriptions/{agent_id}.
@@ -123,4 +135,33 @@ func (s *server) handleSubscriptionReinstate(w http.ResponseWriter, r *http.Requ
 	}
 	s.maint.changed()
 	writeJSON(w, http.StatusOK, map[string]bool{"ok": true})
+}
+
+// handleMaintain serves POST /v1/admin/maintain (body empty or {}): one pass
+// now; one that could not list the subscriptions is refused 503 with why.
+func (s *server) handleMaintain(m *maintainer) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var none struct{}
+		if err := decodeOptionalBody(r, &none); err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		rep, err := m.passNow(r.Context())
+		switch {
+		case errors.Is(err, errMaintenanceStopped):
+			s.fail(w, r, refuse("dependency_unavailable", "no pass can run: %v", err).because(err))
+		case err != nil:
+			s.fail(w, r, asAPIError(err))
+		default:
+			writeJSON(w, http.StatusOK, rep)
+		}
+	}
+}
+
+// decodeOptionalBody is decodeBody for a route whose body may be empty.
+func decodeOptionalBody(r *http.Request, v any) error {
+	if len(strings.TrimSpace(string(infoFrom(r.Context()).body))) == 0 {
+		return nil
+	}
+	return decodeBody(r, v)
 }

@@ -1,0 +1,494 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync/atomic"
+)
+
+// answer is what the fake decided to say, before it is put in a format.
+type answer struct {
+	kind   string // text, tool, json
+	text   string
+	tool   string // for kind tool
+	args   string // JSON object text, or the free-form input of a custom tool
+	custom bool   // the offered tool is a custom (free-form) tool
+}
+
+const greeting = "Hello from the fake provider."
+
+var callSeq atomic.Int64
+
+// decide picks the answer: quote a tool result, honour a schema, call a
+// forced or the scripted tool, else greet.
+func decide(format string, body map[string]any, sc script) answer {
+	if res, ok := lastToolResult(format, body); ok {
+		return answer{kind: "text", text: "The tool returned: " + clip(res, 400)}
+	}
+	if schema, ok := outputSchema(format, body); ok {
+		b, _ := json.Marshal(fromSchema(schema, 0))
+		return answer{kind: "json", text: string(b)}
+	}
+	if name := forcedTool(format, body); name != "" {
+		t := offeredTool(body, name)
+		b, _ := json.Marshal(fromSchema(toolSchema(t), 0))
+		return answer{kind: "tool", tool: name, args: string(b)}
+	}
+	if sc.Tool != "" {
+		if t := offeredTool(body, sc.Tool); t != nil {
+			custom := t["type"] == "custom"
+			return answer{kind: "tool", tool: sc.Tool, args: sc.Args, custom: custom}
+		}
+	}
+	return answer{kind: "text", text: greeting}
+}
+
+func clip(s string, n int) string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
+}
+
+// lastToolResult finds a tool result that ends the conversation.
+func lastToolResult(format string, body map[string]any) (string, bool) {
+	switch format {
+	case "messages":
+		msgs, _ := body["messages"].([]any)
+		if len(msgs) == 0 {
+			return "", false
+		}
+		m, _ := msgs[len(msgs)-1].(map[string]any)
+		parts, _ := m["content"].([]any)
+		for _, p := range parts {
+			if b, _ := p.(map[string]any); b["type"] == "tool_result" {
+				return flatten(b["content"]), true
+			}
+		}
+	case "chat":
+		msgs, _ := body["messages"].([]any)
+		if len(msgs) == 0 {
+			return "", false
+		}
+		if m, _ := msgs[len(msgs)-1].(map[string]any); m["role"] == "tool" {
+			return flatten(m["content"]), true
+		}
+	case "responses":
+		items, _ := body["input"].([]any)
+		for i := len(items) - 1; i >= 0; i-- {
+			it, _ := items[i].(map[string]any)
+			switch it["type"] {
+			case "function_call_output", "custom_tool_call_output":
+				return flatten(it["output"]), true
+			case "function_call", "custom_tool_call", "reasoning":
+				continue
+			}
+			if it["role"] == "user" || it["type"] == "message" {
+				return "", false
+			}
+		}
+	}
+	return "", false
+}
+
+// flatten gives the text of a string or of a list of parts.
+func flatten(v any) string {
+	switch x := v.(type) {
+	case string:
+		return x
+	case []any:
+		var sb strings.Builder
+		for _, p := range x {
+			if m, ok := p.(map[string]any); ok {
+				if t, ok := m["text"].(string); ok {
+					sb.WriteString(t)
+					continue
+				}
+			}
+			sb.WriteString(flatten(p))
+		}
+		return sb.String()
+	case nil:
+		return ""
+	}
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
+// outputSchema finds the JSON schema the caller asked the answer to follow.
+func outputSchema(format string, body map[string]any) (any, bool) {
+	var f map[string]any
+	switch format {
+	case "chat":
+		f, _ = body["response_format"].(map[string]any)
+		if js, ok := f["json_schema"].(map[string]any); ok {
+			return js["schema"], true
+		}
+	case "responses":
+		t, _ := body["text"].(map[string]any)
+		f, _ = t["format"].(map[string]any)
+		if f["type"] == "json_schema" {
+			return f["schema"], true
+		}
+	case "messages":
+		f, _ = body["output_format"].(map[string]any)
+		if f == nil {
+			oc, _ := body["output_config"].(map[string]any)
+			f, _ = oc["format"].(map[string]any)
+		}
+		if f["type"] == "json_schema" {
+			return f["schema"], true
+		}
+	}
+	if f["type"] == "json_object" {
+		return map[string]any{"type": "object", "properties": map[string]any{"answer": map[string]any{"type": "string"}}}, true
+	}
+	return nil, false
+}
+
+// forcedTool names the tool a tool_choice forces, or "": a named tool, or
+// "any tool" (messages any, chat and responses required) when only one is
+// offered (how the Vercel AI SDK asks Anthropic models for JSON).
+func forcedTool(format string, body map[string]any) string {
+	tc, _ := body["tool_choice"].(map[string]any)
+	var name string
+	switch format {
+	case "messages":
+		switch tc["type"] {
+		case "tool":
+			name, _ = tc["name"].(string)
+		case "any":
+			name = onlyTool(body)
+		}
+	case "chat", "responses":
+		if fn, ok := tc["function"].(map[string]any); ok {
+			name, _ = fn["name"].(string)
+		} else if tc["type"] == "function" {
+			name, _ = tc["name"].(string)
+		} else if body["tool_choice"] == "required" {
+			name = onlyTool(body)
+		}
+	}
+	return name
+}
+
+// onlyTool names the one tool offered, or "".
+func onlyTool(body map[string]any) string {
+	tools, _ := body["tools"].([]any)
+	if len(tools) != 1 {
+		return ""
+	}
+	t, _ := tools[0].(map[string]any)
+	if fn, ok := t["function"].(map[string]any); ok {
+		t = fn
+	}
+	name, _ := t["name"].(string)
+	return name
+}
+
+// offeredTool finds the definition of the named tool among the request's
+// tools, including the Codex CLI's "additional_tools" input items.
+func offeredTool(body map[string]any, name string) map[string]any {
+	if t := findTool(body["tools"], name); t != nil {
+		return t
+	}
+	items, _ := body["input"].([]any)
+	for _, it := range items {
+		if m, _ := it.(map[string]any); m["type"] == "additional_tools" {
+			if t := findTool(m["tools"], name); t != nil {
+				return t
+			}
+		}
+	}
+	return nil
+}
+
+// findTool finds the tool definition of that name anywhere in tools
+// (nested groups too).
+func findTool(v any, name string) map[string]any {
+	switch x := v.(type) {
+	case []any:
+		for _, e := range x {
+			if t := findTool(e, name); t != nil {
+				return t
+			}
+		}
+	case map[string]any:
+		if x["name"] == name && x["type"] != "namespace" {
+			return x
+		}
+		if fn, ok := x["function"].(map[string]any); ok && fn["name"] == name {
+			return fn
+		}
+		for _, k := range []string{"tools", "custom"} {
+			if t := findTool(x[k], name); t != nil {
+				return t
+			}
+		}
+	}
+	return nil
+}
+
+func toolSchema(t map[string]any) any {
+	for _, k := range []string{"input_schema", "parameters"} {
+		if s, ok := t[k]; ok {
+			return s
+		}
+	}
+	return map[string]any{"type": "object"}
+}
+
+// fromSchema makes a value that satisfies a (simple) JSON schema.
+func fromSchema(s any, depth int) any {
+	m, _ := s.(map[string]any)
+	if depth > 8 || m == nil {
+		return "fake"
+	}
+	if c, ok := m["const"]; ok {
+		return c
+	}
+	if e, ok := m["enum"].([]any); ok && len(e) > 0 {
+		return e[0]
+	}
+	for _, k := range []string{"anyOf", "oneOf", "allOf"} {
+		if alts, ok := m[k].([]any); ok && len(alts) > 0 {
+			return fromSchema(alts[0], depth+1)
+		}
+	}
+	typ := m["type"]
+	if list, ok := typ.([]any); ok && len(list) > 0 {
+		typ = list[0]
+	}
+	switch typ {
+	case "object":
+		out := map[string]any{}
+		props, _ := m["properties"].(map[string]any)
+		for k, p := range props {
+			out[k] = fromSchema(p, depth+1)
+		}
+		return out
+	case "array":
+		return []any{fromSchema(m["items"], depth+1)}
+	case "integer", "number":
+		return 1
+	case "boolean":
+		return true
+	case "null":
+		return nil
+	}
+	return "fake"
+}
+
+// event is one SSE event: name ("" for chat's data-only frames) and data.
+type event struct {
+	name string
+	data any
+}
+
+func writeEvent(w http.ResponseWriter, e event) {
+	if e.name != "" {
+		fmt.Fprintf(w, "event: %s\n", e.name)
+	}
+	if s, ok := e.data.(string); ok {
+		fmt.Fprintf(w, "data: %s\n\n", s)
+	} else {
+		b, _ := json.Marshal(e.data)
+		fmt.Fprintf(w, "data: %s\n\n", b)
+	}
+	w.(http.Flusher).Flush()
+}
+
+// render writes the answer buffered or as SSE.
+func render(w http.ResponseWriter, format, model string, a answer, stream bool) {
+	if !stream {
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(whole(format, model, a))
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	for _, e := range events(format, model, a) {
+		writeEvent(w, e)
+	}
+}
+
+func ids() (string, string) {
+	n := callSeq.Add(1)
+	return fmt.Sprintf("fake%d", n), fmt.Sprintf("call_fake%d", n)
+}
+
+// whole is the buffered answer body.
+func whole(format, model string, a answer) map[string]any {
+	id, callID := ids()
+	switch format {
+	case "messages":
+		block := map[string]any{"type": "text", "text": a.text}
+		stop := "end_turn"
+		if a.kind == "tool" {
+			block, stop = map[string]any{"type": "tool_use", "id": "toolu_" + id, "name": a.tool, "input": json.RawMessage(a.args)}, "tool_use"
+		}
+		return map[string]any{"id": "msg_" + id, "type": "message", "role": "assistant", "model": model,
+			"content": []any{block}, "stop_reason": stop, "stop_sequence": nil,
+			"usage": map[string]any{"input_tokens": 10, "output_tokens": 5}}
+	case "chat":
+		msg := map[string]any{"role": "assistant", "content": a.text}
+		finish := "stop"
+		if a.kind == "tool" {
+			msg["content"], finish = nil, "tool_calls"
+			msg["tool_calls"] = []any{chatToolCall(a, callID, true)}
+		}
+		return map[string]any{"id": "chatcmpl-" + id, "object": "chat.completion", "created": 1764547200, "model": model,
+			"choices": []any{map[string]any{"index": 0, "message": msg, "finish_reason": finish}},
+			"usage":   map[string]any{"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}
+	}
+	return responseObject(id, model, "completed", []any{responsesItem(a, id, callID, true)})
+}
+
+func chatToolCall(a answer, callID string, full bool) map[string]any {
+	args := a.args
+	if !full {
+		args = ""
+	}
+	if a.custom {
+		return map[string]any{"id": callID, "type": "custom", "custom": map[string]any{"name": a.tool, "input": args}}
+	}
+	return map[string]any{"id": callID, "type": "function", "function": map[string]any{"name": a.tool, "arguments": args}}
+}
+
+func responsesItem(a answer, id, callID string, done bool) map[string]any {
+	status := "completed"
+	if !done {
+		status = "in_progress"
+	}
+	if a.kind == "tool" {
+		args := a.args
+		if !done {
+			args = ""
+		}
+		if a.custom {
+			return map[string]any{"type": "custom_tool_call", "id": "ctc_" + id, "call_id": callID, "name": a.tool, "input": args, "status": status}
+		}
+		return map[string]any{"type": "function_call", "id": "fc_" + id, "call_id": callID, "name": a.tool, "arguments": args, "status": status}
+	}
+	content := []any{map[string]any{"type": "output_text", "text": a.text, "annotations": []any{}}}
+	if !done {
+		content = []any{}
+	}
+	return map[string]any{"type": "message", "id": "msg_" + id, "role": "assistant", "status": status, "content": content}
+}
+
+func responseObject(id, model, status string, output []any) map[string]any {
+	r := map[string]any{"id": "resp_" + id, "object": "response", "created_at": 1764547200, "status": status,
+		"model": model, "output": output, "parallel_tool_calls": true, "tool_choice": "auto", "tools": []any{}}
+	if status == "completed" {
+		r["usage"] = map[string]any{"input_tokens": 10, "input_tokens_details": map[string]any{"cached_tokens": 0},
+			"output_tokens": 5, "output_tokens_details": map[string]any{"reasoning_tokens": 0}, "total_tokens": 15}
+	}
+	return r
+}
+
+// halves splits a text in two so every stream has more than one delta.
+func halves(s string) []string {
+	n := len(s) / 2
+	for n > 0 && n < len(s) && (s[n]&0xC0) == 0x80 {
+		n++
+	}
+	return []string{s[:n], s[n:]}
+}
+
+// events is the answer as a stream in the format's own framing.
+func events(format, model string, a answer) []event {
+	id, callID := ids()
+	var evs []event
+	switch format {
+	case "messages":
+		ev := func(typ string, data map[string]any) {
+			data["type"] = typ
+			evs = append(evs, event{typ, data})
+		}
+		ev("message_start", map[string]any{"message": map[string]any{"id": "msg_" + id, "type": "message", "role": "assistant", "model": model,
+			"content": []any{}, "stop_reason": nil, "stop_sequence": nil, "usage": map[string]any{"input_tokens": 10, "output_tokens": 1}}})
+		stop := "end_turn"
+		if a.kind == "tool" {
+			stop = "tool_use"
+			ev("content_block_start", map[string]any{"index": 0, "content_block": map[string]any{"type": "tool_use", "id": "toolu_" + id, "name": a.tool, "input": map[string]any{}}})
+			for _, h := range halves(a.args) {
+				ev("content_block_delta", map[string]any{"index": 0, "delta": map[string]any{"type": "input_json_delta", "partial_json": h}})
+			}
+		} else {
+			ev("content_block_start", map[string]any{"index": 0, "content_block": map[string]any{"type": "text", "text": ""}})
+			for _, h := range halves(a.text) {
+				ev("content_block_delta", map[string]any{"index": 0, "delta": map[string]any{"type": "text_delta", "text": h}})
+			}
+		}
+		ev("content_block_stop", map[string]any{"index": 0})
+		ev("message_delta", map[string]any{"delta": map[string]any{"stop_reason": stop, "stop_sequence": nil}, "usage": map[string]any{"output_tokens": 5}})
+		ev("message_stop", map[string]any{})
+	case "chat":
+		chunk := func(delta map[string]any, finish any) {
+			evs = append(evs, event{"", map[string]any{"id": "chatcmpl-" + id, "object": "chat.completion.chunk", "created": 1764547200, "model": model,
+				"choices": []any{map[string]any{"index": 0, "delta": delta, "finish_reason": finish}}}})
+		}
+		chunk(map[string]any{"role": "assistant", "content": ""}, nil)
+		finish := "stop"
+		if a.kind == "tool" {
+			finish = "tool_calls"
+			tc := chatToolCall(a, callID, false)
+			tc["index"] = 0
+			chunk(map[string]any{"tool_calls": []any{tc}}, nil)
+			for _, h := range halves(a.args) {
+				part := map[string]any{"arguments": h}
+				key := "function"
+				if a.custom {
+					part, key = map[string]any{"input": h}, "custom"
+				}
+				chunk(map[string]any{"tool_calls": []any{map[string]any{"index": 0, key: part}}}, nil)
+			}
+		} else {
+			for _, h := range halves(a.text) {
+				chunk(map[string]any{"content": h}, nil)
+			}
+		}
+		chunk(map[string]any{}, finish)
+		evs = append(evs, event{"", map[string]any{"id": "chatcmpl-" + id, "object": "chat.completion.chunk", "created": 1764547200, "model": model,
+			"choices": []any{}, "usage": map[string]any{"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}})
+		evs = append(evs, event{"", "[DONE]"})
+	default:
+		seq := 0
+		ev := func(typ string, data map[string]any) {
+			data["type"], data["sequence_number"] = typ, seq
+			seq++
+			evs = append(evs, event{typ, data})
+		}
+		ev("response.created", map[string]any{"response": responseObject(id, model, "in_progress", []any{})})
+		ev("response.in_progress", map[string]any{"response": responseObject(id, model, "in_progress", []any{})})
+		item := responsesItem(a, id, callID, true)
+		itemID := item["id"]
+		ev("response.output_item.added", map[string]any{"output_index": 0, "item": responsesItem(a, id, callID, false)})
+		switch {
+		case a.kind == "tool" && a.custom:
+			for _, h := range halves(a.args) {
+				ev("response.custom_tool_call_input.delta", map[string]any{"item_id": itemID, "output_index": 0, "delta": h})
+			}
+			ev("response.custom_tool_call_input.done", map[string]any{"item_id": itemID, "output_index": 0, "input": a.args})
+		case a.kind == "tool":
+			for _, h := range halves(a.args) {
+				ev("response.function_call_arguments.delta", map[string]any{"item_id": itemID, "output_index": 0, "delta": h})
+			}
+			ev("response.function_call_arguments.done", map[string]any{"item_id": itemID, "output_index": 0, "arguments": a.args})
+		default:
+			part := map[string]any{"type": "output_text", "text": "", "annotations": []any{}}
+			ev("response.content_part.added", map[string]any{"item_id": itemID, "output_index": 0, "content_index": 0, "part": part})
+			for _, h := range halves(a.text) {
+				ev("response.output_text.delta", map[string]any{"item_id": itemID, "output_index": 0, "content_index": 0, "delta": h, "logprobs": []any{}})
+			}
+			ev("response.output_text.done", map[string]any{"item_id": itemID, "output_index": 0, "content_index": 0, "text": a.text, "logprobs": []any{}})
+			ev("response.content_part.done", map[string]any{"item_id": itemID, "output_index": 0, "content_index": 0,
+				"part": map[string]any{"type": "output_text", "text": a.text, "annotations": []any{}}})
+		}
+		ev("response.output_item.done", map[string]any{"output_index": 0, "item": item})
+		ev("response.completed", map[string]any{"response": responseObject(id, model, "completed", []any{item})})
+	}
+	return evs
+}

@@ -1,0 +1,95 @@
+# Sourced by examples/clients/run: the refusal checks (issue 9). The fake
+# fails every call whose body carries this check's marker; the count of
+# such calls is the provider spend of one logical request. Each client runs
+# with its default settings (retries-off-*: with its own retries turned
+# off) and is stopped after REFUSAL_TIMEOUT seconds (default 30).
+
+# one_request CLIENT MARKER [SETTING...]: one logical request; sets RC.
+one_request() {
+	local client=$1 m=$2
+	shift 2
+	CLI_TIMEOUT=${REFUSAL_TIMEOUT:-30}
+	case $client in
+	openai) sdk refuse-openai to-chat MARKER="$m" "$@" ;;
+	anthropic) sdk refuse-anthropic to-messages MARKER="$m" "$@" ;;
+	ai) sdk refuse-ai to-responses MARKER="$m" "$@" ;;
+	claude)
+		set_alias "$CLAUDE_MODEL" "anthropic/$CLAUDE_MODEL" >/dev/null
+		claude "$@" -- "Say hi. $m"
+		;;
+	codex)
+		set_alias "$CODEX_MODEL" "openai-responses/$CODEX_MODEL" >/dev/null
+		codex "$@" -- "Say hi. $m"
+		;;
+	esac
+	RC=$?
+	unset CLI_TIMEOUT
+}
+
+# client_failed CLIENT: the client reported the refusal (did not succeed).
+client_failed() {
+	case $1 in
+	openai | anthropic | ai) [ "$(sdk_field .error)" != null ] ;;
+	*) [ "$RC" != 0 ] ;;
+	esac
+}
+
+# client_says CLIENT: the client's last words, on one line.
+client_says() {
+	case $1 in
+	openai | anthropic | ai) sdk_field '.error.message // .result' | head -c 300 ;;
+	*) echo "$(brief "$WORK/$1.out" | tail -c 150) $(brief "$WORK/$1.err" | tail -c 250)" ;;
+	esac
+}
+
+# served: how many caller requests Brama has logged so far.
+served() { grep -c '"msg":"request".*"path":"/v1/\(messages\|chat/completions\|responses\)"' "$WORK/brama.err"; }
+
+# refuse CLIENT MODE: count the provider calls one request makes.
+refuse() {
+	local client=$1 mode=$2 m n start secs before
+	m=$(marker "$client-$mode")
+	script "$(jq -nc --arg f "$mode" --arg m "$m" '{fail:$f, match:$m}')"
+	start=$(date +%s) before=$(served)
+	one_request "$client" "$m"
+	secs=$(($(date +%s) - start))
+	n=$(count_marked "$m")
+	local note="$n provider calls, $(($(served) - before)) requests to Brama, ${secs}s"
+	[ "$RC" = 124 ] && note="$note (still retrying; stopped)"
+	if [ "$n" = 0 ]; then
+		echo "the request never reached the provider: $(client_says "$client")"
+		return 1
+	fi
+	client_failed "$client" || { echo "the client reported success after a provider $mode"; return 1; }
+	if [ "$mode" = 500 ]; then
+		echo "$note"
+		return 0
+	fi
+	[ "$n" = 1 ] || { echo "$note, want 1"; return 1; }
+	echo "$note"
+}
+for c in openai anthropic ai claude codex; do
+	for m in 400 cut malformed 500; do
+		eval "check_refuse_${c}_$m() { refuse $c $m; }"
+	done
+done
+
+# retries_off CLIENT SETTING...: a provider 500 with the client's own
+# retries turned off makes exactly one call.
+retries_off() {
+	local client=$1 m n
+	shift
+	m=$(marker "$client-off")
+	script "$(jq -nc --arg m "$m" '{fail:"500", match:$m}')"
+	one_request "$client" "$m" "$@"
+	n=$(count_marked "$m")
+	[ "$n" != 0 ] || { echo "the request never reached the provider: $(client_says "$client")"; return 1; }
+	client_failed "$client" || { echo "the client reported success after a provider 500"; return 1; }
+	[ "$n" = 1 ] || { echo "$n provider calls with $*, want 1"; return 1; }
+	echo "1 provider call with $*"
+}
+check_retries_off_openai() { retries_off openai MAX_RETRIES=0; }
+check_retries_off_anthropic() { retries_off anthropic MAX_RETRIES=0; }
+check_retries_off_ai() { retries_off ai MAX_RETRIES=0; }
+check_retries_off_claude() { retries_off claude CLAUDE_CODE_MAX_RETRIES=0; }
+check_retries_off_codex() { retries_off codex 'request_max_retries = 0' 'stream_max_retries = 0'; }
