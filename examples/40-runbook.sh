@@ -10,7 +10,7 @@ S=$BRAMA_STATE_DIR
 start_brama
 export BRAMA_TOKEN=$TOKEN
 serve_again() { start_brama; TOKEN=$BRAMA_TOKEN; } # the admin token is printed at first start only
-stop_brama() { kill "${PIDS[-1]}" && wait "${PIDS[-1]}" 2>/dev/null || true; }
+stop_brama() { SERVE_PID=${PIDS[-1]}; kill -TERM "$SERVE_PID" && wait "$SERVE_PID" 2>/dev/null || true; }
 ready() { curl -s "$BRAMA_URL/readyz"; }
 chat() { curl -s -D "$WORK/h" -H "Authorization: Bearer ${2-$TOKEN}" -d "{\"model\":\"$1\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}" "$BRAMA_URL/v1/chat/completions"; }
 header() { tr -d '\r' <"$WORK/h" | awk -v k="$1" 'tolower($1) == tolower(k) ":" { print $2 }'; }
@@ -86,19 +86,19 @@ printf '%s\n' 'not a record' >>"$S/journal.jsonl"
 "$BRAMA" routes set other openai/gpt-4o-mini
 printf '%s' '{"kind":"route_change","at":"2026-' >>"$S/journal.jsonl"
 "$BRAMA" journal check && { echo "FAIL: journal check passed an unreadable line" >&2; exit 1; }
-n=$({ "$BRAMA" journal check || true; } | sed -n 's/^line \([0-9]*\): .*/\1/p' | head -1)
+N=$({ "$BRAMA" journal check || true; } | sed -n 's/^line \([0-9]*\): .*/\1/p' | head -1)
 { "$BRAMA" journal check || true; } | grep -q 'final line torn (ignored)' && echo "ok: torn final line reported, ignored"
 stop_brama
-(umask 077 && sed -n "${n}p" "$S/journal.jsonl" >>"$S/journal.removed")
-sed -i "${n}d" "$S/journal.jsonl"
+(umask 077 && sed -n "${N}p" "$S/journal.jsonl" >>"$S/journal.removed")
+sed -i "${N}d" "$S/journal.jsonl"
 "$BRAMA" journal check && echo "ok: journal check passes (the torn final line stays ignored)"
 serve_again
 "$BRAMA" routes set third openai/gpt-4o-mini # the next append starts a fresh line
 if "$BRAMA" journal check; then echo "FAIL: the torn fragment must be reported once it is no longer final" >&2; exit 1; fi
 stop_brama
-n=$({ "$BRAMA" journal check || true; } | sed -n 's/^line \([0-9]*\): .*/\1/p' | head -1)
-(umask 077 && sed -n "${n}p" "$S/journal.jsonl" >>"$S/journal.removed")
-sed -i "${n}d" "$S/journal.jsonl"
+N=$({ "$BRAMA" journal check || true; } | sed -n 's/^line \([0-9]*\): .*/\1/p' | head -1)
+(umask 077 && sed -n "${N}p" "$S/journal.jsonl" >>"$S/journal.removed")
+sed -i "${N}d" "$S/journal.jsonl"
 "$BRAMA" journal check
 expect "journal mode kept" "$(stat -c %a "$S/journal.jsonl")" "600"
 
