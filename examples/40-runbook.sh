@@ -47,6 +47,7 @@ id=$(printf '%s\n' "sk-kimi-example-old" | "$BRAMA" subscription add -gateway "$
 out=$(chat kimi/fail-401 "$agent_app")
 expect "reauthorization required" "$(echo "$out" | jq -r .error.code)" "subscription_reauthorization_required"
 "$BRAMA" subscription list -gateway "$BRAMA_URL" -agent a1
+expect "/readyz warns" "$(ready | jq -r '.warnings | join(" ")' | grep -c 'need reauthorization')" "1"
 expect "credential refused" "$("$BRAMA" subscription list -gateway "$BRAMA_URL" -agent a1 -json | jq -r '.subscriptions[0].credential.state')" "needs_reauthorization"
 # An API-key subscription: put a new key on it.
 curl -s -X PUT -H "Authorization: Bearer $TOKEN" -d '{"api_key":"sk-kimi-example-new"}' "$BRAMA_URL/v1/admin/subscriptions/a1/$id/credential"; echo
@@ -86,6 +87,8 @@ printf '%s\n' 'not a record' >>"$S/journal.jsonl"
 "$BRAMA" routes set other openai/gpt-4o-mini
 printf '%s' '{"kind":"route_change","at":"2026-' >>"$S/journal.jsonl"
 "$BRAMA" journal check && { echo "FAIL: journal check passed an unreadable line" >&2; exit 1; }
+ready | jq -r '.warnings | join(" ")'
+expect "/readyz warns of the line" "$(ready | jq -r '.warnings | join(" ")' | grep -c 'journal')" "1"
 N=$({ "$BRAMA" journal check || true; } | sed -n 's/^line \([0-9]*\): .*/\1/p' | head -1)
 { "$BRAMA" journal check || true; } | grep -q 'final line torn (ignored)' && echo "ok: torn final line reported, ignored"
 stop_brama
