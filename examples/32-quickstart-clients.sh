@@ -32,7 +32,7 @@ TOML
 export ANTHROPIC_BASE_URL=$BRAMA_URL ANTHROPIC_AUTH_TOKEN=$BRAMA_TOKEN
 if command -v claude >/dev/null && command -v codex >/dev/null && [ -n "${QUICKSTART_REAL_CLIENTS:-}" ]; then
 	ANTHROPIC_MODEL=chat ANTHROPIC_DEFAULT_HAIKU_MODEL=chat claude -p "Say hi"
-	CODEX_HOME=$WORK/codex-home codex exec "Say hi"
+	CODEX_HOME=$WORK/codex-home codex exec --skip-git-repo-check "Say hi"
 	exit 0
 fi
 # What Claude Code sends: Messages, streamed, ?beta=true, its betas, the
