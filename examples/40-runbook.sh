@@ -73,6 +73,8 @@ expect "answered by the new subscription" "$(chat kimi/stub-model "$agent_app" |
 printf '%s' '{"schema_version":1,"deployments":[],"routes":{"chat":"openai/gpt-4o-mini"},"fallbacks":{}}' >"$S/routes.json"
 expect "not ready" "$(ready | jq -r '.reasons | join(" ")' | grep -c 'routes')" "1"
 expect "alias state" "$(chat chat "$app" | jq -r .error.details.state)" "routes_file_invalid"
+expect "canonical routes keep serving" "$(chat openai/gpt-4o-mini "$app" | jq -r '.choices[0].message.content')" "Hello from the stub provider."
+expect "registry writes refused" "$(curl -s -X PUT -H "Authorization: Bearer $TOKEN" -d '{"alias":"x","route":"openai/gpt-4o-mini"}' "$BRAMA_URL/v1/admin/routes" | jq -r .error.code)" "state_conflict"
 grep -q '"msg":"inference_routes_invalid"' "$WORK/brama.err" && echo "ok: inference_routes_invalid logged"
 if "$BRAMA" routes list >"$WORK/list" 2>&1; then echo "FAIL: routes list passed an invalid registry" >&2; exit 1; fi
 cat "$WORK/list"
