@@ -1,83 +1,196 @@
 package main
 
 import (
-	"bytes"
-	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
+	"sync/atomic"
 	"time"
 )
 
-// keepAliveEvery is how long a stream may be silent before Brama writes an
-// SSE comment (SPEC §7.5). It writes; it never cuts.
-const keepAliveEvery = 15 * time.Second
+// The attempt engine (SPEC §7): every route is a list of candidates, each
+// with an ordered credential pool and a budget of calls. A direct route is
+// one candidate with one key; a subscription route one candidate with the
+// agent's pool; a selector its candidates in order; the probe the named
+// subscription; embeddings and count_tokens a direct or first-of-pool
+// candidate. attemptCandidate is the one loop; every call goes through send;
+// a committed call ends in commit (the abort after a committed stream's
+// failure); settle records spend once; a refusal after dispatch reaches the
+// replay guard through refused.
 
-// handleChat serves POST /v1/chat/completions, /v1/messages and
-// /v1/responses for one caller dialect: read the head, resolve, pay, call.
-// The whole body is parsed only when a call crosses formats (SPEC §7.6);
-// for a route whose protocol is known now, a refusal of that parse is a
-// 400 before any call.
-func (s *server) handleChat(dialect string) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		ri := infoFrom(r.Context())
-		req, err := readCallerRequest(dialect, r, ri.body)
-		if err != nil {
-			s.fail(w, r, err)
-			return
+// routeKind is what the budget table is keyed by.
+type routeKind int
+
+const (
+	kindDirect       routeKind = iota // a direct or alias route (SPEC §7.1)
+	kindSubscription                  // an explicit subscription route (§7.2)
+	kindSelector                      // one candidate of any, any-vision-capable or best (§7.3)
+	kindProbe                         // the completion probe (§11.3)
+	kindEmbeddings                    // POST /v1/embeddings (§15)
+	kindCountTokens                   // POST /v1/messages/count_tokens (§15)
+)
+
+// budget is what one candidate of a route kind may spend.
+type budget struct {
+	calls  int  // the attempt limit on one candidate
+	rotate bool // a refusal proving nothing was generated moves the walk on (§7.2.4); else every refusal is answered at once
+	spends bool // the call's spend is recorded (perf registry, the log line's tokens)
+}
+
+// budgets is the one table of attempt limits: one call on a direct route,
+// at most two on a subscription route and on each selector candidate, one
+// for the probe, embeddings and count_tokens (SPEC §7.1–§7.3, §11.3, §15).
+var budgets = map[routeKind]budget{
+	kindDirect:       {calls: 1, spends: true},
+	kindSubscription: {calls: 2, rotate: true, spends: true},
+	kindSelector:     {calls: 2, rotate: true, spends: true},
+	kindProbe:        {calls: 1},
+	kindEmbeddings:   {calls: 1, spends: true},
+	kindCountTokens:  {calls: 1},
+}
+
+// engine is one request's attempt engine: what it needs of the daemon, and
+// the request's own account (tally), which the HTTP handler copies to its
+// log line. It knows nothing of the server.
+type engine struct {
+	log        *slog.Logger
+	now        func() time.Time
+	getenv     func(string) string
+	client     *http.Client  // provider calls: no timeout
+	calls      *atomic.Int64 // provider calls since start, for /stats
+	keepAlive  time.Duration // 0: keepAliveEvery
+	reg        *registry
+	hasDirect  func(provider string) bool
+	localCreds map[string]string // -local-credentials-stdin; non-nil: the only direct keys
+	vault      *vault
+	catalog    *catalog
+	perf       *perfRegistry
+	ledger     *ledger
+	inv        *inventory
+	oauth      *oauthClient
+	pins       *pins
+	maint      *maintainer
+	agent      string // the paying agent of this request ("" for a direct route)
+	t          tally
+}
+
+// tally is one request's account: the log line's members the engine
+// learns, and the replay guard to tell of a refusal after dispatch.
+type tally struct {
+	requestID     string
+	attempts      int // provider calls made
+	outcome       string
+	retryable     bool
+	input, output int
+	dropped       []string
+	// remember tells the replay guard of a refusal after dispatch (SPEC
+	// §8.1), before the caller can read it; nil when no guard applies.
+	remember func(ae *apiError, attempts int, hungUp, streamed bool)
+}
+
+// candidate is one route the engine may call, with its credential pool:
+// the one key of a direct route, else the ordered subscriptions (for a
+// selector read only when its turn comes, as earlier candidates change it).
+type candidate struct {
+	res     resolution
+	baseURL string              // a direct route's; a pool's is the provider's
+	key     *upstreamCredential // a direct route's one credential
+	pool    []overlayItem
+	req     *callerRequest // a chat call's request (a selector's with its limit)
+	model   string         // the name a chat answer reports
+}
+
+// job is how a request's calls are made and a committed one is answered.
+type job struct {
+	kind    routeKind
+	request func(ctx context.Context, cand *candidate, c call) attempt
+	// commit answers from a committed call; sub is the paying subscription
+	// (nil on a direct route). streamed says a failure was written in-band.
+	commit  func(ctx context.Context, cand *candidate, c call, sub *overlayItem, resp *http.Response, attempts int) (u usage, failure *apiError, streamed bool)
+	refused func(c call, a attempt) // optional: what a refused call records (the probe)
+}
+
+// call is one planned provider call: where, with what, as which model.
+type call struct {
+	res     resolution
+	baseURL string
+	cred    upstreamCredential
+}
+
+// presented is the secret a call shows the provider, for redaction.
+func (c call) presented() string {
+	if c.cred.APIKey != "" {
+		return c.cred.APIKey
+	}
+	return c.cred.AccessToken
+}
+
+// plan resolves a request's head and applies every check made before
+// dispatch but §6.4's output limit: allowlist, model name, who pays and
+// billingTarget. A direct or alias route also gets its credential here (a
+// missing one is a refusal at dispatch, attempts 0).
+func (e *engine) plan(cl client, agent string, req *chatRequest) (call, error) {
+	if err := checkAllowed(cl, req.Model); err != nil {
+		return call{}, err
+	}
+	doc, docErr := e.reg.current()
+	res, err := resolveModel(req.Model, doc, docErr, e.hasDirect, req.BillingTarget != nil)
+	if err != nil {
+		return call{}, err
+	}
+	if res.Mode != modeDirect && res.Mode != modeAlias {
+		if agent == "" {
+			return call{res: res}, refuse("unauthenticated", "this route is paid by an agent's subscription; sign the request or use a bearer bound to an agent")
 		}
-		ri.requestedModel, ri.streamed = req.head.Model, req.head.Stream
-		c, cands, err := s.planChat(ri, req)
-		if err != nil {
-			s.fail(w, r, err)
-			return
-		}
-		route := func(w http.ResponseWriter, r *http.Request) {
-			switch c.res.Mode {
-			case modeDirect, modeAlias:
-				s.dispatch(w, r, req, c)
-			case modeSubscription:
-				s.walkSubscriptionRoute(w, r, req, c.res, ri.agentID)
-			default:
-				s.walkSelector(w, r, req, cands, ri.agentID)
+		if bt := req.BillingTarget; bt != nil {
+			if res.Mode != modeSubscription {
+				return call{res: res}, refuse("invalid_request", "billingTarget names one subscription; use it with a provider/model route, not %q", req.Model)
+			}
+			if err := e.checkBillingTarget(bt, res.Provider.id, agent); err != nil {
+				return call{res: res}, err
 			}
 		}
-		// SPEC §12: a signed answer reserves its key only now, after every
-		// check plan made. An empty header value is refused, not ignored.
-		if _, asked := r.Header["Idempotency-Key"]; asked {
-			s.answers.signedAnswer(w, r, req.head, r.Header.Get("Idempotency-Key"), route)
-			return
-		}
-		s.replayGuarded(w, r, route) // SPEC §8.1's replay guard (replay.go)
+		return call{res: res}, nil
 	}
+	c := call{res: res, baseURL: res.BaseURL}
+	p := res.Provider
+	if p.cred == credDirect {
+		key, err := e.directCredential(p.id)
+		if err != nil {
+			return call{res: res}, err
+		}
+		c.cred.APIKey = key
+		if c.baseURL, err = providerBaseURL(p, e.getenv); err != nil {
+			return call{res: res}, refuse("dependency_unavailable", "provider %q has an unusable base URL: %v", p.id, err).withAttempts(0)
+		}
+	}
+	return c, nil
 }
 
 // planChat is plan for a chat request, plus what only a chat call needs
 // before dispatch: the output limit of a known route (SPEC §6.4), the
 // candidates of a selector, and the translation parse when any call will
 // cross formats.
-func (s *server) planChat(ri *requestInfo, req *callerRequest) (call, []resolution, error) {
-	c, err := s.plan(ri, &req.head)
+func (e *engine) planChat(cl client, req *callerRequest) (call, []resolution, error) {
+	c, err := e.plan(cl, e.agent, &req.head)
 	if err != nil {
-		return call{}, nil, err
+		return c, nil, err
 	}
 	targets := []resolution{c.res}
 	var cands []resolution
 	switch c.res.Mode {
 	case modeDirect, modeAlias, modeSubscription:
-		if err := s.applyMaxTokens(&req.head, c.res); err != nil {
-			return call{}, nil, err
+		if err := e.applyMaxTokens(&req.head, c.res); err != nil {
+			return c, nil, err
 		}
 	default:
-		if cands, err = s.candidates(c.res, ri.agentID); err != nil {
-			return call{}, nil, err
+		if cands, err = e.candidates(c.res, e.agent); err != nil {
+			return c, nil, err
 		}
 		targets = cands
 	}
@@ -89,67 +202,15 @@ func (s *server) planChat(ri *requestInfo, req *callerRequest) (call, []resoluti
 	return c, cands, nil
 }
 
-// call is one planned provider call: where, with what, as which model.
-type call struct {
-	res     resolution
-	baseURL string
-	cred    upstreamCredential
-}
-
-// plan resolves a request's head and applies every check made before
-// dispatch but §6.4's output limit (planChat's): allowlist, model name,
-// who pays and billingTarget.
-// A direct or alias route also gets its credential here (a missing one is
-// a refusal at dispatch, attempts 0). It knows nothing about HTTP.
-func (s *server) plan(ri *requestInfo, req *chatRequest) (call, error) {
-	if err := checkAllowed(ri.client, req.Model); err != nil {
-		return call{}, err
-	}
-	doc, docErr := s.reg.current()
-	res, err := resolveModel(req.Model, doc, docErr, s.hasDirect, req.BillingTarget != nil)
-	if err != nil {
-		return call{}, err
-	}
-	ri.routingMode, ri.route = res.Mode, res.Route
-	if res.Mode != modeDirect && res.Mode != modeAlias {
-		if ri.agentID == "" {
-			return call{}, refuse("unauthenticated", "this route is paid by an agent's subscription; sign the request or use a bearer bound to an agent")
-		}
-		if bt := req.BillingTarget; bt != nil {
-			if res.Mode != modeSubscription {
-				return call{}, refuse("invalid_request", "billingTarget names one subscription; use it with a provider/model route, not %q", req.Model)
-			}
-			if err := s.checkBillingTarget(bt, res.Provider.id, ri.agentID); err != nil {
-				return call{}, err
-			}
-		}
-		return call{res: res}, nil
-	}
-	c := call{res: res, baseURL: res.BaseURL}
-	p := res.Provider
-	if p.cred == credDirect {
-		key, err := s.directCredential(p.id)
-		if err != nil {
-			return call{}, err
-		}
-		c.cred.APIKey = key
-		if c.baseURL, err = providerBaseURL(p, s.getenv); err != nil {
-			return call{}, refuse("dependency_unavailable", "provider %q has an unusable base URL: %v", p.id, err).withAttempts(0)
-		}
-	}
-	return c, nil
-}
-
 // applyMaxTokens is SPEC §6.4's rule: the caller's max_tokens, else the
 // model's own output limit, else omitted, except that anthropic-messages
 // requires one and is refused before any call. Codex never gets one (§6.2).
-// Brama adds no ceiling of its own.
-func (s *server) applyMaxTokens(req *chatRequest, res resolution) error {
+func (e *engine) applyMaxTokens(req *chatRequest, res resolution) error {
 	p := res.Provider
 	if req.MaxTokens != 0 || p.id == "codex" {
 		return nil
 	}
-	limit, cause := s.catalog.outputLimit(p.id, res.Model)
+	limit, cause := e.catalog.outputLimit(p.id, res.Model)
 	switch {
 	case limit > 0:
 		req.MaxTokens = limit
@@ -168,14 +229,14 @@ func checkAllowed(c client, model string) error {
 }
 
 // directCredential is the deployment's API key for provider (SPEC §7.1).
-func (s *server) directCredential(provider string) (string, error) {
-	if s.localCreds != nil {
-		if k := s.localCreds[provider]; k != "" {
+func (e *engine) directCredential(provider string) (string, error) {
+	if e.localCreds != nil {
+		if k := e.localCreds[provider]; k != "" {
 			return k, nil
 		}
 		return "", refuse("credential_unauthorized", "no direct credential for provider %q", provider).withAttempts(0)
 	}
-	doc, err := s.vault.load()
+	doc, err := e.vault.load()
 	if err != nil && !errors.As(err, new(*noStateError)) {
 		return "", refuse("credential_unauthorized", "the vault is unreadable; no credential can be produced").because(err).withAttempts(0)
 	}
@@ -183,56 +244,6 @@ func (s *server) directCredential(provider string) (string, error) {
 		return "", refuse("credential_unauthorized", "no direct credential for provider %q", provider).withAttempts(0)
 	}
 	return doc.Direct[provider].APIKey, nil
-}
-
-// presented is the secret a call shows the provider, for redaction.
-func (c call) presented() string {
-	if c.cred.APIKey != "" {
-		return c.cred.APIKey
-	}
-	return c.cred.AccessToken
-}
-
-// dispatch makes the one provider call of a direct or alias route (SPEC
-// §7.1) and answers the caller: the provider's answer (passthrough), a
-// translated one, or exactly one classified refusal.
-func (s *server) dispatch(w http.ResponseWriter, r *http.Request, req *callerRequest, c call) {
-	start := s.now()
-	a := s.callRoute(r.Context(), req, c)
-	if !a.sent { // the request could not be encoded: refused before any call
-		s.fail(w, r, a.err)
-		return
-	}
-	if ae := a.failure(); ae != nil {
-		s.settle(r, c, start, usage{}, ae.withAttempts(1))
-		s.fail(w, r, ae)
-		return
-	}
-	// SPEC §7.6: an alias or a direct route answers as requested.
-	u, ae, streamed := s.deliver(w, r, req.head.Model, req, c, a.resp, 1)
-	s.conclude(w, r, c, start, u, ae, streamed)
-}
-
-// conclude records a committed call's spend once (settle) and ends the
-// response: nothing more after a success, the refusal after a buffered
-// failure, and after a stream failure, whose in-band error is already
-// written, the abort: after commit the body is never cleanly terminated
-// (SPEC §7.5). This is the one place a response is aborted.
-func (s *server) conclude(w http.ResponseWriter, r *http.Request, c call, start time.Time, u usage, ae *apiError, streamed bool) {
-	if streamed {
-		// failStream decided whether the caller had hung up before it saw
-		// the in-band error; hanging up after it is what a caller does.
-		s.record(r, c, start, u, ae)
-	} else {
-		s.settle(r, c, start, u, ae)
-	}
-	switch {
-	case ae == nil:
-	case streamed:
-		panic(http.ErrAbortHandler)
-	default:
-		s.fail(w, r, ae)
-	}
 }
 
 // attempt is one provider call's outcome before anything reaches the caller.
@@ -254,36 +265,13 @@ func (a attempt) failure() *apiError {
 	return nil
 }
 
-// callRoute makes one call of a caller's request: passthrough when the
-// caller's format is the provider's protocol, else translation (SPEC §7.6).
-func (s *server) callRoute(ctx context.Context, req *callerRequest, c call) attempt {
-	if req.translates(c.res.Provider) {
-		return s.callProvider(ctx, req.translated(), c)
-	}
-	httpReq, err := buildPassthroughRequest(ctx, c, req)
-	if err != nil {
-		return attempt{err: asAPIError(err)}
-	}
-	return s.send(httpReq, c)
-}
-
-// callProvider makes exactly one translated provider call (one attempt)
-// of a neutral request.
-func (s *server) callProvider(ctx context.Context, req chatRequest, c call) attempt {
-	httpReq, err := buildUpstreamRequest(ctx, c.res.Provider, c.baseURL, c.cred, req, c.res.Model)
-	if err != nil {
-		return attempt{err: asAPIError(err)}
-	}
-	return s.send(httpReq, c)
-}
-
-// send makes one provider call (one attempt). It reads a refusal whole; a
-// 2xx body is left for deliver.
-func (s *server) send(httpReq *http.Request, c call) attempt {
+// send makes one provider call: the one place an attempt is counted. It
+// reads a refusal whole; a 2xx body is left for the job's commit.
+func (e *engine) send(httpReq *http.Request, c call) attempt {
 	p := c.res.Provider
-	infoFrom(httpReq.Context()).countAttempt()
-	s.attempts.Add(1)
-	resp, err := s.client.Do(httpReq)
+	e.t.attempts++
+	e.calls.Add(1)
+	resp, err := e.client.Do(httpReq)
 	if err != nil {
 		return attempt{sent: true, err: classifyTransport(err)}
 	}
@@ -295,49 +283,255 @@ func (s *server) send(httpReq *http.Request, c call) attempt {
 	if err != nil {
 		return attempt{sent: true, err: refuse("provider_incomplete", "provider %q answered %d and its body was cut after %d bytes", p.id, resp.StatusCode, len(body)).because(err)}
 	}
-	ref := classifyRefusal(p.id, resp.StatusCode, resp.Header, body, c.presented(), s.now())
+	ref := classifyRefusal(p.id, resp.StatusCode, resp.Header, body, c.presented(), e.now())
 	return attempt{sent: true, refusal: &ref}
+}
+
+// callProvider makes exactly one translated provider call of a neutral
+// request.
+func (e *engine) callProvider(ctx context.Context, req chatRequest, c call) attempt {
+	httpReq, err := buildUpstreamRequest(ctx, c.res.Provider, c.baseURL, c.cred, req, c.res.Model)
+	if err != nil {
+		return attempt{err: asAPIError(err)}
+	}
+	return e.send(httpReq, c)
+}
+
+// routeOutcome says how one candidate's calls ended.
+type routeOutcome int
+
+const (
+	routeAnswered     routeOutcome = iota // the caller has its answer (success or the returned refusal)
+	routeRefused                          // every credential of the pool refused or was skipped
+	routeBudgetSpent                      // the budget is spent, some credential untried
+	routeModelRefused                     // (selectors) the provider would not run the request: 400, 404, 422
+)
+
+// attemptCandidate makes one candidate's calls within its kind's budget
+// (SPEC §7.1–§7.3): the one key of a direct route, else its pool in order,
+// skipping a blocked subscription and refreshing an expired grant first. A
+// rotating kind moves on after a refusal that proves nothing was
+// generated; anything else is answered at once, because a second call
+// could double cost or tool effects. An answered outcome returns the
+// refusal to write (nil: the answer is written).
+func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate, wk *walk) (routeOutcome, *apiError) {
+	b, p := budgets[j.kind], cand.res.Provider
+	baseURL, queue := cand.baseURL, []overlayItem{{}} // a direct route: one call on its key
+	if cand.key == nil {
+		var err error
+		if baseURL, err = providerBaseURL(p, e.getenv); err != nil {
+			return routeAnswered, refuse("dependency_unavailable", "provider %q has an unusable base URL: %v", p.id, err).withAttempts(wk.attempts)
+		}
+		queue = slices.Clone(cand.pool)
+	}
+	for calls := 0; len(queue) > 0 && calls < b.calls; {
+		sub := &queue[0]
+		queue = queue[1:]
+		c := call{res: cand.res, baseURL: baseURL}
+		if cand.key != nil {
+			c.cred, sub = *cand.key, nil
+		} else {
+			if until := e.ledger.blockedUntil(sub.ID); b.rotate && !until.IsZero() {
+				wk.blocked = true
+				wk.noteBlock(until)
+				wk.note(sub.ID, "blocked until "+until.UTC().Format(time.RFC3339))
+				continue
+			}
+			var err error
+			if c.cred, err = e.subscriptionCredential(ctx, *sub, wk, ""); errors.Is(err, errSkipSubscription) {
+				continue
+			} else if err != nil {
+				return routeAnswered, asAPIError(err).withAttempts(wk.attempts)
+			}
+		}
+		start := e.now()
+		a := j.request(ctx, cand, c)
+		if !a.sent { // the request could not be encoded: nothing was called
+			if wk.attempts > 0 {
+				a.err = a.err.withAttempts(wk.attempts)
+			}
+			return routeAnswered, a.err
+		}
+		calls++
+		wk.attempts++
+		if a.resp != nil {
+			return routeAnswered, e.commit(ctx, j, cand, c, sub, a.resp, wk.attempts, start)
+		}
+		if sub != nil && b.rotate {
+			e.ledger.recordUse(sub.ID, p.id, false, 0, 0)
+		}
+		ref := a.refusal
+		if !b.rotate || a.err != nil { // no rotation, or a transport failure or cut body: potentially billable
+			if j.refused != nil {
+				j.refused(c, a)
+			}
+			ae := a.failure().withAttempts(wk.attempts)
+			e.settle(j, cand, start, usage{}, ae)
+			return routeAnswered, ae
+		}
+		switch ref.class {
+		case refusalAuth:
+			wk.auth = true
+			if c.cred.AccessToken != "" && !wk.refreshed[sub.ID] {
+				// An OAuth grant not yet refreshed in this request: refresh it,
+				// and let the next attempt, if one remains, be this same
+				// subscription. A failed refresh already recorded what it
+				// proved, so the state is not touched here.
+				_, err := e.subscriptionCredential(ctx, *sub, wk, c.cred.AccessToken)
+				switch {
+				case err == nil:
+					wk.note(sub.ID, "refused the access token; refreshed")
+					if calls < b.calls {
+						queue = append([]overlayItem{*sub}, queue...)
+					}
+				case !errors.Is(err, errSkipSubscription):
+					return routeAnswered, asAPIError(err).withAttempts(wk.attempts)
+				}
+				continue
+			}
+			e.ledger.setCredential(sub.ID, p.id, credNeedsReauth, ref.sentence)
+			wk.note(sub.ID, "authentication refused: "+ref.sentence)
+		case refusalRate, refusalQuota:
+			e.blockFor(*sub, p.id, ref, wk)
+		case refusalModel:
+			if j.kind == kindSelector {
+				wk.model = true
+				wk.rejectedStatus = ref.err.Status()
+				wk.note(cand.res.Route, "refused the request: "+ref.sentence)
+				return routeModelRefused, nil
+			}
+			fallthrough
+		default:
+			ae := ref.err.withAttempts(wk.attempts)
+			e.settle(j, cand, start, usage{}, ae)
+			return routeAnswered, ae
+		}
+	}
+	if len(queue) > 0 {
+		return routeBudgetSpent, nil
+	}
+	return routeRefused, nil
+}
+
+// commit answers from a committed call. After commit nothing is retried
+// (SPEC §7.5): the spend is recorded once, a buffered failure is returned
+// for the caller, and a stream failure, whose in-band error is already
+// written, aborts the response: the body is never cleanly terminated. This
+// is the one place a response is aborted.
+func (e *engine) commit(ctx context.Context, j *job, cand *candidate, c call, sub *overlayItem, resp *http.Response, attempts int, start time.Time) *apiError {
+	u, ae, streamed := j.commit(ctx, cand, c, sub, resp, attempts)
+	e.settle(j, cand, start, u, ae)
+	if ae != nil && streamed {
+		panic(http.ErrAbortHandler)
+	}
+	return ae
+}
+
+// settle records one request's spend and outcome once, however it ended:
+// the perf registry and the log line's tokens and outcome.
+func (e *engine) settle(j *job, cand *candidate, start time.Time, u usage, failure *apiError) {
+	if !budgets[j.kind].spends {
+		return
+	}
+	e.t.input, e.t.output = u.InputTokens, u.OutputTokens
+	e.perf.record(cand.res.Route, failure == nil, e.now().Sub(start), u.OutputTokens)
+	if failure != nil {
+		e.t.outcome, e.t.retryable = failure.Code, failure.body().Error.Retryable
+	}
+}
+
+// refused tells the replay guard of a refusal after dispatch, before the
+// caller can read it: hungUp says the caller left first, streamed that it
+// meets it in-band (SPEC §8.1).
+func (e *engine) refused(ae *apiError, hungUp, streamed bool) {
+	if e.t.remember != nil && ae != nil {
+		e.t.remember(ae, e.t.attempts, hungUp, streamed)
+	}
+}
+
+// serveChat answers one chat request on its planned route, writing the
+// answer to w: nil after success, else the refusal, unwritten. cands are a
+// selector's candidates.
+func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *callerRequest, c call, cands []resolution) *apiError {
+	j := e.chatJob(w)
+	var ae *apiError
+	switch c.res.Mode {
+	case modeDirect, modeAlias:
+		j.kind = kindDirect
+		_, ae = e.attemptCandidate(ctx, j, &candidate{res: c.res, baseURL: c.baseURL, key: &c.cred, req: req, model: req.head.Model}, &walk{})
+	case modeSubscription:
+		j.kind = kindSubscription
+		ae = e.walkSubscription(ctx, j, req, c.res)
+	default:
+		j.kind = kindSelector
+		ae = e.walkSelector(ctx, j, req, cands)
+	}
+	if ae != nil && ae.Code == "subscription_reauthorization_required" {
+		e.maint.request(ae.Code) // SPEC §11.2: a pass for want of a signed-in subscription
+	}
+	e.refused(ae, ctx.Err() != nil, false)
+	return ae
+}
+
+// chatJob is how a chat request's calls are made and answered on w:
+// passthrough when the caller's format is the provider's protocol, else
+// translation (SPEC §7.6); a paying subscription's ledger is kept.
+func (e *engine) chatJob(w http.ResponseWriter) *job {
+	return &job{
+		request: func(ctx context.Context, cand *candidate, c call) attempt {
+			req := cand.req
+			if req.translates(c.res.Provider) {
+				return e.callProvider(ctx, req.translated(), c)
+			}
+			httpReq, err := buildPassthroughRequest(ctx, c, req)
+			if err != nil {
+				return attempt{err: asAPIError(err)}
+			}
+			return e.send(httpReq, c)
+		},
+		commit: func(ctx context.Context, cand *candidate, c call, sub *overlayItem, resp *http.Response, attempts int) (usage, *apiError, bool) {
+			if sub == nil {
+				return e.deliver(ctx, w, cand.model, cand.req, c, resp, attempts)
+			}
+			return e.answerSubscription(ctx, w, cand, c, *sub, resp, attempts)
+		},
+	}
 }
 
 // deliver answers the caller from a committed call, buffered or streamed:
 // the provider's own answer on passthrough, else translated naming model.
-// attempts is the calls made so far. A buffered failure is returned
-// unwritten; a stream failure has already been written in-band (streamed
-// is true) and the caller must abort the response.
-func (s *server) deliver(w http.ResponseWriter, r *http.Request, model string, req *callerRequest, c call, resp *http.Response, attempts int) (u usage, failure *apiError, streamed bool) {
+// A buffered failure is returned unwritten; a stream failure has already
+// been written in-band (streamed is true) and the response must abort.
+func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, model string, req *callerRequest, c call, resp *http.Response, attempts int) (u usage, failure *apiError, streamed bool) {
 	defer resp.Body.Close()
 	w.Header().Set("Brama-Route", c.res.Route)
 	p := c.res.Provider
-	switch {
-	case !req.translates(p) && req.head.Stream:
-		u, failure = s.relayPassthroughStream(w, r, req, c, resp, attempts)
-		return u, failure, true
-	case !req.translates(p):
-		u, failure = s.relayBuffered(w, req, c, resp, attempts)
-		return u, failure, false
-	}
-	tr := req.translated()
-	if dropped := tr.droppedFor(p); len(dropped) > 0 { // SPEC §7.6: nothing is dropped silently
-		w.Header().Set("Brama-Dropped", strings.Join(dropped, ", "))
-		infoFrom(r.Context()).dropped = dropped
-	}
-	if req.head.Stream {
-		u, failure = s.relayStream(w, r, req.dialect, model, tr, c, resp, attempts)
-		return u, failure, true
-	}
-	var a chatAnswer
-	var err error
-	if upstreamStreams(p, req.head) {
-		a, err = assembleStream(p.protocol, resp.Body)
-	} else {
-		var body []byte
-		body, err = io.ReadAll(resp.Body)
-		if err != nil {
-			err = refuse("provider_incomplete", "provider %q answer was cut after %d bytes", p.id, len(body)).because(err)
-		} else {
-			a, err = decodeUpstreamAnswer(p.protocol, body)
+	tr := chatRequest{}
+	if req.translates(p) {
+		tr = req.translated()
+		if dropped := tr.droppedFor(p); len(dropped) > 0 { // SPEC §7.6: nothing is dropped silently
+			w.Header().Set("Brama-Dropped", strings.Join(dropped, ", "))
+			e.t.dropped = dropped
 		}
 	}
+	if req.head.Stream { // after commit nothing is retried: a failure is written in-band (SPEC §7.5)
+		streamModel, relay := model, relayStream
+		if !req.translates(p) {
+			streamModel, relay = c.res.Model, relayPassthroughStream
+		}
+		sa := e.openStreamAnswer(w, req.dialect, tr, streamModel, attempts)
+		defer sa.close()
+		var err error
+		if u, err = relay(sa, req, tr, c, resp); err != nil {
+			failure = e.failStream(ctx, sa, c, err, attempts)
+		}
+		return u, failure, true
+	}
+	if !req.translates(p) {
+		u, failure = relayBuffered(w, req, c, resp, attempts)
+		return u, failure, false
+	}
+	a, err := readProviderAnswer(p, tr, resp)
 	if err != nil {
 		return u, asAPIError(err).redactedFor(c.presented()).withAttempts(attempts), false
 	}
@@ -346,234 +540,29 @@ func (s *server) deliver(w http.ResponseWriter, r *http.Request, model string, r
 	if err != nil {
 		return a.Usage, refuse("internal_error", "the answer could not be encoded").because(err).withAttempts(attempts), false
 	}
-	w.Header().Set("Brama-Attempts", strconv.Itoa(attempts))
-	writeRaw(w, http.StatusOK, out)
+	writeAnswer(w, "application/json", attempts, out)
 	return a.Usage, nil, false
 }
 
-// settle records one request's spend and outcome once, however it ended:
-// the perf registry and the log line's tokens and outcome. A failure
-// while the caller has hung up is client_cancelled.
-func (s *server) settle(r *http.Request, c call, start time.Time, u usage, failure *apiError) {
-	s.record(r, c, start, u, failure)
-	if failure != nil && r.Context().Err() != nil {
-		infoFrom(r.Context()).outcome = "client_cancelled"
-	}
-}
-
-// record is settle with the failure's own code as the outcome.
-func (s *server) record(r *http.Request, c call, start time.Time, u usage, failure *apiError) {
-	ri := infoFrom(r.Context())
-	ri.inputTokens, ri.outputTokens = u.InputTokens, u.OutputTokens
-	s.perf.record(c.res.Route, failure == nil, s.now().Sub(start), u.OutputTokens)
-	if failure != nil {
-		ri.outcome, ri.retryable = failure.Code, failure.body().Error.Retryable
-	}
-}
-
-// streamAnswer is the caller side of a committed stream, translated or
-// passed through: the SSE headers, one lock shared by the relay and the
-// keep-alive timer, and the dialect's stream writer for keep-alives and
-// the in-band error (SPEC §7.5).
-type streamAnswer struct {
-	mu        sync.Mutex // guards cs, w, unflushed and ended
-	w         io.Writer
-	flush     func()
-	cs        callerStream
-	unflushed bool // write wrote bytes not yet flushed
-	ended     bool
-	every     time.Duration
-	timer     *time.Timer
-}
-
-// openStreamAnswer sends the caller its 200 and starts the keep-alive
-// timer: an SSE comment after every 15 s without an event. model is the
-// name the dialect's own events report; req's tools name translated calls.
-func (s *server) openStreamAnswer(w http.ResponseWriter, dialect string, req chatRequest, model string, attempts int) *streamAnswer {
+// writeAnswer writes a buffered 200 answer with its attempts.
+func writeAnswer(w http.ResponseWriter, contentType string, attempts int, body []byte) {
 	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache")
-	h.Set("X-Accel-Buffering", "no")
+	h.Set("Content-Type", contentType)
 	h.Set("Brama-Attempts", strconv.Itoa(attempts))
 	w.WriteHeader(http.StatusOK)
-	rc := http.NewResponseController(w)
-	flush := func() { rc.Flush() }
-	sa := &streamAnswer{w: w, flush: flush, cs: newCallerStream(dialect, req, w, flush, model), every: cmp.Or(s.keepAlive, keepAliveEvery)}
-	sa.timer = time.AfterFunc(sa.every, func() {
-		sa.mu.Lock()
-		defer sa.mu.Unlock()
-		if !sa.ended {
-			sa.timer.Reset(sa.every)
-			sa.cs.keepAlive()
-		}
-	})
-	return sa
+	w.Write(body)
 }
 
-// do runs f under the lock and restarts the silence timer; nothing runs
-// once the stream is closed.
-func (sa *streamAnswer) do(f func() error) error {
-	sa.mu.Lock()
-	defer sa.mu.Unlock()
-	if sa.ended {
-		return nil
+// readProviderAnswer reads and closes a committed buffered answer,
+// rendering nothing (deliver, the probe and onboarding).
+func readProviderAnswer(p providerInfo, req chatRequest, resp *http.Response) (chatAnswer, error) {
+	defer resp.Body.Close()
+	if upstreamStreams(p, req) {
+		return assembleStream(p.protocol, resp.Body)
 	}
-	sa.timer.Reset(sa.every)
-	return f()
-}
-
-// write relays one event's bytes as received. They are flushed by
-// flushWritten, which the relay calls before it may wait on the provider,
-// so no event waits in Brama for a later one (SPEC §7.5).
-func (sa *streamAnswer) write(b []byte) error {
-	sa.mu.Lock()
-	defer sa.mu.Unlock()
-	if sa.ended {
-		return nil
-	}
-	sa.unflushed = true
-	_, err := sa.w.Write(b)
-	return err
-}
-
-// flushWritten flushes what write left unflushed and restarts the silence
-// timer: the caller has just received an event.
-func (sa *streamAnswer) flushWritten() {
-	sa.mu.Lock()
-	defer sa.mu.Unlock()
-	if sa.unflushed && !sa.ended {
-		sa.flush()
-		sa.unflushed = false
-		sa.timer.Reset(sa.every)
-	}
-}
-
-// close stops the timer: nothing more is written.
-func (sa *streamAnswer) close() {
-	sa.mu.Lock()
-	defer sa.mu.Unlock()
-	sa.ended = true
-	sa.timer.Stop()
-}
-
-// failStream writes the dialect's in-band error for a stream that failed
-// after commit and returns it; the caller aborts the response.
-func (s *server) failStream(r *http.Request, sa *streamAnswer, c call, err error, attempts int) *apiError {
-	ae := asAPIError(err).redactedFor(c.presented()).withAttempts(attempts)
-	if r.Context().Err() != nil {
-		ae = refuse("client_cancelled", "the caller hung up during the stream").because(err).withAttempts(attempts)
-	}
-	s.rememberRefusal(r, ae)
-	sa.do(func() error { return sa.cs.fail(ae) })
-	s.log.Warn("stream_failed_after_commit", "request_id", infoFrom(r.Context()).id, "code", ae.Code, "cause", redact(fmt.Sprint(ae.Err), c.presented()))
-	return ae
-}
-
-// rememberRefusal lets the replay guard remember a stream's failure
-// before the caller reads it in-band (SPEC §8.1): a caller that falls back
-// at once to a buffered call of the same conversation, or hangs up first,
-// must still meet it. replayGuarded remembers it again when the handler
-// ends, under the same rules.
-func (s *server) rememberRefusal(r *http.Request, ae *apiError) {
-	g, ri := s.replay, infoFrom(r.Context())
-	if g == nil || g.window <= 0 {
-		return
-	}
-	ri.outcome, ri.retryable = ae.Code, ae.body().Error.Retryable
-	if e, ok := (&replayRecorder{}).refusal(ri, r); ok {
-		g.rememberRequest(ri.client.ID, ri.agentID, ri.body, e)
-	}
-}
-
-// relayStream translates a committed provider stream to the caller's
-// dialect, flushing every event. After commit nothing is retried: a failure
-// writes the dialect's in-band error and is returned so the caller aborts
-// the response (SPEC §7.5).
-func (s *server) relayStream(w http.ResponseWriter, r *http.Request, dialect, model string, req chatRequest, c call, resp *http.Response, attempts int) (usage, *apiError) {
-	sa := s.openStreamAnswer(w, dialect, req, model, attempts)
-	defer sa.close()
-	var u usage
-	err := sa.do(sa.cs.start)
-	if err == nil {
-		err = readUpstreamStream(c.res.Provider.protocol, resp.Body, func(ev streamEvent) error {
-			if ev.Kind == eventUsage {
-				u = ev.Usage
-			}
-			return sa.do(func() error { return sa.cs.event(ev) })
-		})
-	}
-	if err == nil {
-		err = sa.do(sa.cs.finish)
-	}
-	if err == nil {
-		return u, nil
-	}
-	return u, s.failStream(r, sa, c, err, attempts)
-}
-
-// handleEmbeddings serves POST /v1/embeddings: a direct or alias route to an
-// openai-chat provider, one call, the provider's JSON returned as is.
-func (s *server) handleEmbeddings(w http.ResponseWriter, r *http.Request) {
-	ri := infoFrom(r.Context())
-	var body map[string]json.RawMessage
-	if err := json.Unmarshal(ri.body, &body); err != nil || body == nil {
-		s.fail(w, r, refuse("invalid_request", "the body must be a JSON object"))
-		return
-	}
-	var req chatRequest
-	if err := json.Unmarshal(body["model"], &req.Model); err != nil || req.Model == "" {
-		s.fail(w, r, refuse("invalid_request", "model must be a non-empty string"))
-		return
-	}
-	ri.requestedModel = req.Model
-	c, err := s.plan(ri, &req)
-	if err == nil && c.res.Mode != modeDirect && c.res.Mode != modeAlias {
-		err = refuse("invalid_request", "embeddings take a direct or alias route; %q is paid by a subscription", req.Model)
-	}
-	if err == nil && c.res.Provider.protocol != protoOpenAIChat {
-		err = refuse("invalid_request", "embeddings need an openai-chat provider; %q speaks %s", c.res.Provider.id, c.res.Provider.protocol)
-	}
+	body, err := io.ReadAll(resp.Body)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return chatAnswer{}, refuse("provider_incomplete", "provider %q answer was cut after %d bytes", p.id, len(body)).because(err)
 	}
-	body["model"], _ = json.Marshal(c.res.Model)
-	out, _ := json.Marshal(body)
-	upReq, err := http.NewRequestWithContext(r.Context(), "POST", c.baseURL+"/embeddings", bytes.NewReader(out))
-	if err != nil {
-		s.fail(w, r, refuse("internal_error", "the provider request could not be built").because(err))
-		return
-	}
-	upReq.Header.Set("Content-Type", "application/json")
-	if c.cred.APIKey != "" {
-		upReq.Header.Set("Authorization", "Bearer "+c.cred.APIKey)
-	}
-	start := s.now()
-	ri.countAttempt()
-	s.attempts.Add(1)
-	var failure *apiError
-	resp, err := s.client.Do(upReq)
-	var b []byte
-	if err == nil {
-		defer resp.Body.Close()
-		b, err = io.ReadAll(resp.Body)
-		switch {
-		case err != nil:
-			failure = refuse("provider_incomplete", "provider %q answer was cut after %d bytes", c.res.Provider.id, len(b)).because(err)
-		case resp.StatusCode < 200 || resp.StatusCode > 299:
-			failure = classifyRefusal(c.res.Provider.id, resp.StatusCode, resp.Header, b, c.presented(), s.now()).err
-		}
-	} else {
-		failure = classifyTransport(err)
-	}
-	if failure != nil {
-		failure.withAttempts(1)
-	}
-	s.settle(r, c, start, usage{}, failure)
-	if failure != nil {
-		s.fail(w, r, failure)
-		return
-	}
-	w.Header().Set("Brama-Attempts", "1")
-	writeRaw(w, http.StatusOK, b)
+	return decodeUpstreamAnswer(p.protocol, body)
 }

@@ -18,7 +18,7 @@ import (
 // the neutral request (dialects.go) and translates.
 //
 // This file reads a caller request's head (the members Brama acts on) and
-// builds the passthrough provider request; passthroughrelay.go relays the
+// builds the passthrough provider request; relay.go relays the
 // answer.
 
 // dialectProtocol is the provider protocol that speaks each caller

@@ -246,91 +246,48 @@ func (e replayEntry) refusal() *apiError {
 	return ae.because(errReplayRefused).withAttempts(0)
 }
 
-// replayGuarded runs route unless r repeats a remembered refusal, and
-// remembers route's refusal when it came after a provider call and is not
-// retryable, also when a failed stream aborts the response (a panic).
-func (s *server) replayGuarded(w http.ResponseWriter, r *http.Request, route http.HandlerFunc) {
+// replayRefused answers r with the refusal it repeats, if it repeats one
+// the guard remembers, and reports whether it did.
+func (s *server) replayRefused(w http.ResponseWriter, r *http.Request) bool {
+	g, ri := s.replay, infoFrom(r.Context())
+	if g == nil || g.window <= 0 || !g.holds(ri.client.ID) { // the digest is taken only when it can match
+		return false
+	}
+	e, ok := g.lookupRequest(ri.client.ID, ri.agentID, ri.body)
+	if ok {
+		w.Header().Set("Brama-Replay-Refused", "true")
+		s.fail(w, r, e.refusal())
+	}
+	return ok
+}
+
+// replayRememberer is how the engine tells the guard of ri's refusal after
+// dispatch (tally.remember); nil when the guard is off.
+func (s *server) replayRememberer(ri *requestInfo) func(ae *apiError, attempts int, hungUp, streamed bool) {
 	g := s.replay
-	ri := infoFrom(r.Context())
 	if g == nil || g.window <= 0 {
-		route(w, r)
-		return
+		return nil
 	}
-	if g.holds(ri.client.ID) { // the digest is taken only when it can match
-		if e, ok := g.lookupRequest(ri.client.ID, ri.agentID, ri.body); ok {
-			w.Header().Set("Brama-Replay-Refused", "true")
-			s.fail(w, r, e.refusal())
-			return
-		}
-	}
-	rec := &replayRecorder{ResponseWriter: w}
-	defer func() {
-		if e, ok := rec.refusal(ri, r); ok {
+	return func(ae *apiError, attempts int, hungUp, streamed bool) {
+		if e, ok := replayEntryOf(ae, attempts, hungUp, streamed); ok {
 			g.rememberRequest(ri.client.ID, ri.agentID, ri.body, e)
 		}
-	}()
-	route(rec, r)
-}
-
-// replayRecorder passes a response through and keeps its status and the
-// start of an error body, for the guard to remember.
-type replayRecorder struct {
-	http.ResponseWriter
-	status int
-	body   bytes.Buffer // an error body's first bytes
-}
-
-// maxRecordedError bounds the error body kept: an envelope is smaller.
-const maxRecordedError = 4096
-
-func (w *replayRecorder) WriteHeader(code int) {
-	if w.status == 0 {
-		w.status = code
 	}
-	w.ResponseWriter.WriteHeader(code)
 }
 
-func (w *replayRecorder) Write(b []byte) (int, error) {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
-	if w.status >= 400 && w.body.Len() < maxRecordedError {
-		w.body.Write(b[:min(len(b), maxRecordedError-w.body.Len())])
-	}
-	return w.ResponseWriter.Write(b)
-}
-
-func (w *replayRecorder) Unwrap() http.ResponseWriter { return w.ResponseWriter }
-
-// refusal is what the guard remembers of this request: only a refusal
-// after at least one provider call with retryable false. A stream that
-// failed after commit counts, with its in-band code and that code's status.
-// Two are left out: a caller who hung up saw no refusal to retry, and
+// replayEntryOf is what the guard remembers of a refusal: only one after at
+// least one provider call with retryable false. A stream that failed after
+// commit counts, with its in-band code and that code's status. Two are left
+// out: a caller who hung up before the refusal saw none to retry, and
 // subscription_reauthorization_required came after calls that were all
 // refused at authentication (nothing was generated), whose remedy, signing
 // in again, must let the same request through at once.
-func (w *replayRecorder) refusal(ri *requestInfo, r *http.Request) (replayEntry, bool) {
-	switch {
-	case ri.attempts == nil || *ri.attempts == 0, ri.outcome == "", ri.outcome == "ok",
-		ri.outcome == "client_cancelled", ri.outcome == "subscription_reauthorization_required",
-		ri.retryable, r.Context().Err() != nil:
+func replayEntryOf(ae *apiError, attempts int, hungUp, streamed bool) (replayEntry, bool) {
+	if attempts == 0 || hungUp || ae.Code == "client_cancelled" || ae.Code == "subscription_reauthorization_required" || ae.retryable() {
 		return replayEntry{}, false
 	}
-	info, known := codes[ri.outcome]
-	if !known {
-		return replayEntry{}, false
+	if streamed { // the caller met it in-band, under a 200
+		return replayEntry{status: codes[ae.Code].status, code: ae.Code}, true
 	}
-	e := replayEntry{status: info.status, code: ri.outcome}
-	if w.status >= 400 {
-		e.status = w.status
-		var env struct {
-			Error struct {
-				Message string `json:"message"`
-			} `json:"error"`
-		}
-		if json.Unmarshal(w.body.Bytes(), &env) == nil {
-			e.message = truncateUTF8(env.Error.Message, maxReplayMessage)
-		}
-	}
-	return e, true
+	return replayEntry{status: ae.Status(), code: ae.Code, message: truncateUTF8(ae.Message, maxReplayMessage)}, true
 }

@@ -2,6 +2,8 @@ package main
 
 import (
 	"cmp"
+	"context"
+	"fmt"
 	"maps"
 	"slices"
 	"strings"
@@ -9,8 +11,8 @@ import (
 
 // candidates lists the routes a selector or best walks, in order (SPEC
 // §7.3). Each is a canonical route of a subscription-capable provider.
-func (s *server) candidates(res resolution, agent string) ([]resolution, error) {
-	doc, err := s.reg.current()
+func (e *engine) candidates(res resolution, agent string) ([]resolution, error) {
+	doc, err := e.reg.current()
 	if err != nil {
 		doc = nil // an invalid registry offers no alias candidates
 	}
@@ -24,10 +26,10 @@ func (s *server) candidates(res resolution, agent string) ([]resolution, error) 
 				}
 			}
 		}
-		more, err := s.anyCandidates(agent, doc, false)
-		return dedupeRoutes(append(out, more...)), err
+		more, err := e.anyCandidates(agent, doc, false)
+		return dedupeBy(append(out, more...), func(r resolution) string { return r.Route }), err
 	default:
-		return s.anyCandidates(agent, doc, res.Mode == modeAnyVision)
+		return e.anyCandidates(agent, doc, res.Mode == modeAnyVision)
 	}
 }
 
@@ -44,45 +46,38 @@ func canonicalCandidate(route string) (resolution, bool) {
 // anyCandidates: the providers in which the agent has an eligible
 // subscription, freest first (ties by provider id), each with its candidate
 // models; vision keeps only models the catalogue says take images.
-func (s *server) anyCandidates(agent string, doc *routesDoc, vision bool) ([]resolution, error) {
-	items, err := s.inv.agentItems(agent)
+func (e *engine) anyCandidates(agent string, doc *routesDoc, vision bool) ([]resolution, error) {
+	items, err := e.inv.agentItems(agent)
 	if err != nil {
 		return nil, err
 	}
 	type prov struct {
-		id      string
-		blocked bool
-		full    float64
+		id   string
+		free freedom // its freest eligible subscription's
 	}
 	var provs []prov
-	now := s.now()
+	now := e.now()
 	for _, it := range items {
 		if slices.ContainsFunc(provs, func(p prov) bool { return p.id == it.Provider }) {
 			continue
 		}
-		subs, _, err := s.eligible(agent, it.Provider)
+		subs, _, err := e.eligible(agent, it.Provider)
 		if err != nil {
 			return nil, err
 		}
 		if len(subs) == 0 {
 			continue
 		}
-		best := s.order(agent, it.Provider, subs)[0]
-		provs = append(provs, prov{it.Provider, !s.ledger.blockedUntil(best.ID).IsZero(), s.ledger.fullness(best.ID, now)})
+		best := e.order(agent, it.Provider, subs)[0]
+		provs = append(provs, prov{it.Provider, e.freedomOf(best.ID, now)})
 	}
 	slices.SortFunc(provs, func(a, b prov) int {
-		if a.blocked != b.blocked {
-			return boolOrder(a.blocked, b.blocked)
-		}
-		if c := cmp.Compare(a.full, b.full); c != 0 {
-			return c
-		}
-		return strings.Compare(a.id, b.id)
+		return cmp.Or(a.free.compare(b.free), strings.Compare(a.id, b.id))
 	})
 	var out []resolution
 	for _, p := range provs {
-		for _, m := range s.candidateModels(p.id, doc) {
-			if vision && !s.takesImages(p.id, m) {
+		for _, m := range e.candidateModels(p.id, doc) {
+			if vision && !e.takesImages(p.id, m) {
 				continue
 			}
 			if c, ok := canonicalCandidate(p.id + "/" + m); ok {
@@ -96,7 +91,7 @@ func (s *server) anyCandidates(agent string, doc *routesDoc, vision bool) ([]res
 // candidateModels of provider P: the model part of every declared alias
 // whose destination is a P/… route (alias-name order), then the three
 // newest text models of the vendor P serves, per the catalogue.
-func (s *server) candidateModels(provider string, doc *routesDoc) []string {
+func (e *engine) candidateModels(provider string, doc *routesDoc) []string {
 	var out []string
 	if doc != nil {
 		for _, alias := range slices.Sorted(maps.Keys(doc.Routes)) {
@@ -106,7 +101,7 @@ func (s *server) candidateModels(provider string, doc *routesDoc) []string {
 		}
 	}
 	n := 0
-	for _, m := range s.catalog.models(provider) {
+	for _, m := range e.catalog.models(provider) {
 		if n == 3 {
 			break
 		}
@@ -115,32 +110,74 @@ func (s *server) candidateModels(provider string, doc *routesDoc) []string {
 			n++
 		}
 	}
-	return dedupe(out)
+	return dedupeBy(out, func(m string) string { return m })
 }
 
 // takesImages reports whether the catalogue lists image input for a model;
 // a model the catalogue does not know is left out.
-func (s *server) takesImages(provider, model string) bool {
-	info, ok, _ := s.catalog.lookup(provider, model)
+func (e *engine) takesImages(provider, model string) bool {
+	info, ok, _ := e.catalog.lookup(provider, model)
 	return ok && slices.Contains(info.Input, "image")
 }
 
-func dedupe(s []string) []string {
-	var out []string
-	for _, v := range s {
-		if !slices.Contains(out, v) {
-			out = append(out, v)
+// dedupeBy keeps the first of each key, in order.
+func dedupeBy[T any, K comparable](xs []T, key func(T) K) []T {
+	var out []T
+	seen := map[K]bool{}
+	for _, x := range xs {
+		if k := key(x); !seen[k] {
+			seen[k] = true
+			out = append(out, x)
 		}
 	}
 	return out
 }
 
-func dedupeRoutes(rs []resolution) []resolution {
-	var out []resolution
-	for _, r := range rs {
-		if !slices.ContainsFunc(out, func(o resolution) bool { return o.Route == r.Route }) {
-			out = append(out, r)
+// walkSelector serves any, any-vision-capable and best (SPEC §7.3):
+// every candidate in order, each an explicit subscription route with its
+// own output limit, skipping a provider whose whole pool already refused.
+func (e *engine) walkSelector(ctx context.Context, j *job, req *callerRequest, cands []resolution) *apiError {
+	agent := e.agent
+	wk := &walk{}
+	poolRefused := map[string]bool{}
+	hadEligible := false
+	var maxTokensSkip error // set when a candidate was skipped for want of max_tokens
+	for _, cand := range cands {
+		p := cand.Provider.id
+		if poolRefused[p] {
+			wk.note(cand.Route, "skipped: every "+p+" subscription already refused")
+			continue
+		}
+		subs, _, err := e.eligible(agent, p)
+		if err != nil {
+			return asAPIError(err).withAttempts(wk.attempts)
+		}
+		if len(subs) == 0 {
+			wk.note(cand.Route, fmt.Sprintf("no usable %q subscription", p))
+			continue
+		}
+		head := req.head
+		if err := e.applyMaxTokens(&head, cand); err != nil {
+			maxTokensSkip = err
+			wk.note(cand.Route, "skipped: "+asAPIError(err).Message)
+			continue
+		}
+		hadEligible = true
+		c := &candidate{res: cand, pool: e.order(agent, p, subs), req: req.withLimit(head.MaxTokens), model: cand.Route}
+		switch out, ae := e.attemptCandidate(ctx, j, c, wk); out {
+		case routeAnswered:
+			return ae
+		case routeRefused:
+			poolRefused[p] = true
 		}
 	}
-	return out
+	switch {
+	case hadEligible:
+		return wk.exhausted(e.now())
+	case maxTokensSkip != nil: // every usable candidate needs a max_tokens nobody knows (SPEC §6.4)
+		return asAPIError(maxTokensSkip)
+	case e.allNeedSignIn(agent):
+		return refuse("subscription_reauthorization_required", "agent %q has subscriptions but none has an active credential; sign in again", agent).withAttempts(0)
+	}
+	return refuse("credential_unauthorized", "no subscription model can serve agent %q", agent).withAttempts(0)
 }

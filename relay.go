@@ -4,12 +4,16 @@ import (
 	"bufio"
 	"bytes"
 	"cmp"
+	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"slices"
 	"strconv"
+	"sync"
+	"time"
 )
 
 // The passthrough answer (SPEC §7.6): the provider's own bytes. A buffered
@@ -374,7 +378,7 @@ func assembledResponse(pw *passthroughWatch) ([]byte, error) {
 
 // relayBuffered answers a buffered passthrough call: the provider's body
 // as received (a codex stream assembled), its usage read.
-func (s *server) relayBuffered(w http.ResponseWriter, cr *callerRequest, c call, resp *http.Response, attempts int) (usage, *apiError) {
+func relayBuffered(w http.ResponseWriter, cr *callerRequest, c call, resp *http.Response, attempts int) (usage, *apiError) {
 	p := c.res.Provider
 	var (
 		body []byte
@@ -399,22 +403,15 @@ func (s *server) relayBuffered(w http.ResponseWriter, cr *callerRequest, c call,
 	if !upstreamStreams(p, cr.head) {
 		ct = cmp.Or(resp.Header.Get("Content-Type"), ct)
 	}
-	h := w.Header()
-	h.Set("Content-Type", ct)
-	h.Set("Brama-Attempts", strconv.Itoa(attempts))
-	w.WriteHeader(http.StatusOK)
-	w.Write(body)
+	writeAnswer(w, ct, attempts, body)
 	return u, nil
 }
 
 // relayPassthroughStream relays a committed provider stream event by event
 // as received (SPEC §7.6). A chat stream that completed without
-// data: [DONE] gets it; a failure writes the dialect's in-band error and is
-// returned so the caller aborts the response (SPEC §7.5).
-func (s *server) relayPassthroughStream(w http.ResponseWriter, r *http.Request, cr *callerRequest, c call, resp *http.Response, attempts int) (usage, *apiError) {
+// data: [DONE] gets it.
+func relayPassthroughStream(sa *streamAnswer, cr *callerRequest, _ chatRequest, c call, resp *http.Response) (usage, error) {
 	p := c.res.Provider
-	sa := s.openStreamAnswer(w, cr.dialect, chatRequest{}, c.res.Model, attempts)
-	defer sa.close()
 	pw := &passthroughWatch{protocol: p.protocol, dropUsage: cr.addsUsage(p)}
 	rd := newRawSSEReader(resp.Body)
 	var err error
@@ -439,8 +436,128 @@ func (s *server) relayPassthroughStream(w http.ResponseWriter, r *http.Request, 
 			sa.flushWritten()
 		}
 	}
-	if err == nil {
-		return pw.usage, nil
+	return pw.usage, err
+}
+
+// keepAliveEvery is how long a stream may be silent before Brama writes an
+// SSE comment (SPEC §7.5). It writes; it never cuts.
+const keepAliveEvery = 15 * time.Second
+
+// streamAnswer is the caller side of a committed stream, translated or
+// passed through: the SSE headers, one lock shared by the relay and the
+// keep-alive timer, and the dialect's stream writer for keep-alives and
+// the in-band error (SPEC §7.5).
+type streamAnswer struct {
+	mu        sync.Mutex // guards cs, w, unflushed and ended
+	w         io.Writer
+	flush     func()
+	cs        callerStream
+	unflushed bool // write wrote bytes not yet flushed
+	ended     bool
+	every     time.Duration
+	timer     *time.Timer
+}
+
+// openStreamAnswer sends the caller its 200 and starts the keep-alive
+// timer: an SSE comment after every 15 s without an event. model is the
+// name the dialect's own events report; req's tools name translated calls.
+func (e *engine) openStreamAnswer(w http.ResponseWriter, dialect string, req chatRequest, model string, attempts int) *streamAnswer {
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	h.Set("Brama-Attempts", strconv.Itoa(attempts))
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	flush := func() { rc.Flush() }
+	sa := &streamAnswer{w: w, flush: flush, cs: newCallerStream(dialect, req, w, flush, model), every: cmp.Or(e.keepAlive, keepAliveEvery)}
+	sa.timer = time.AfterFunc(sa.every, func() {
+		sa.mu.Lock()
+		defer sa.mu.Unlock()
+		if !sa.ended {
+			sa.timer.Reset(sa.every)
+			sa.cs.keepAlive()
+		}
+	})
+	return sa
+}
+
+// do runs f under the lock and restarts the silence timer; nothing runs
+// once the stream is closed.
+func (sa *streamAnswer) do(f func() error) error {
+	sa.mu.Lock()
+	defer sa.mu.Unlock()
+	if sa.ended {
+		return nil
 	}
-	return pw.usage, s.failStream(r, sa, c, err, attempts)
+	sa.timer.Reset(sa.every)
+	return f()
+}
+
+// write relays one event's bytes as received. They are flushed by
+// flushWritten, which the relay calls before it may wait on the provider,
+// so no event waits in Brama for a later one (SPEC §7.5).
+func (sa *streamAnswer) write(b []byte) error {
+	sa.mu.Lock()
+	defer sa.mu.Unlock()
+	if sa.ended {
+		return nil
+	}
+	sa.unflushed = true
+	_, err := sa.w.Write(b)
+	return err
+}
+
+// flushWritten flushes what write left unflushed and restarts the silence
+// timer: the caller has just received an event.
+func (sa *streamAnswer) flushWritten() {
+	sa.mu.Lock()
+	defer sa.mu.Unlock()
+	if sa.unflushed && !sa.ended {
+		sa.flush()
+		sa.unflushed = false
+		sa.timer.Reset(sa.every)
+	}
+}
+
+// close stops the timer: nothing more is written.
+func (sa *streamAnswer) close() {
+	sa.mu.Lock()
+	defer sa.mu.Unlock()
+	sa.ended = true
+	sa.timer.Stop()
+}
+
+// failStream writes the dialect's in-band error for a stream that failed
+// after commit and returns it; the caller aborts the response.
+func (e *engine) failStream(ctx context.Context, sa *streamAnswer, c call, err error, attempts int) *apiError {
+	ae := asAPIError(err).redactedFor(c.presented()).withAttempts(attempts)
+	if ctx.Err() != nil {
+		ae = refuse("client_cancelled", "the caller hung up during the stream").because(err).withAttempts(attempts)
+	}
+	// The replay guard meets the failure before the caller reads it in-band:
+	// a caller that falls back at once, or hangs up after it, is remembered.
+	e.refused(ae, false, true)
+	sa.do(func() error { return sa.cs.fail(ae) })
+	e.log.Warn("stream_failed_after_commit", "request_id", e.t.requestID, "code", ae.Code, "cause", redact(fmt.Sprint(ae.Err), c.presented()))
+	return ae
+}
+
+// relayStream translates a committed provider stream to the caller's
+// dialect, flushing every event.
+func relayStream(sa *streamAnswer, _ *callerRequest, req chatRequest, c call, resp *http.Response) (usage, error) {
+	var u usage
+	err := sa.do(sa.cs.start)
+	if err == nil {
+		err = readUpstreamStream(c.res.Provider.protocol, resp.Body, func(ev streamEvent) error {
+			if ev.Kind == eventUsage {
+				u = ev.Usage
+			}
+			return sa.do(func() error { return sa.cs.event(ev) })
+		})
+	}
+	if err == nil {
+		err = sa.do(sa.cs.finish)
+	}
+	return u, err
 }

@@ -1,0 +1,50 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+)
+
+// serveEmbeddings makes the one call of POST /v1/embeddings (SPEC §15): a
+// direct or alias route to an openai-chat provider, the caller's body with
+// the route's model for the caller's model, the provider's JSON written as is.
+func (e *engine) serveEmbeddings(ctx context.Context, w http.ResponseWriter, model string, body map[string]json.RawMessage, c call) error {
+	switch {
+	case c.res.Mode != modeDirect && c.res.Mode != modeAlias:
+		return refuse("invalid_request", "embeddings take a direct or alias route; %q is paid by a subscription", model)
+	case c.res.Provider.protocol != protoOpenAIChat:
+		return refuse("invalid_request", "embeddings need an openai-chat provider; %q speaks %s", c.res.Provider.id, c.res.Provider.protocol)
+	}
+	body["model"], _ = json.Marshal(c.res.Model)
+	out, _ := json.Marshal(body)
+	j := &job{
+		kind: kindEmbeddings,
+		request: func(ctx context.Context, _ *candidate, c call) attempt {
+			req, err := http.NewRequestWithContext(ctx, "POST", c.baseURL+"/embeddings", bytes.NewReader(out))
+			if err != nil {
+				return attempt{err: refuse("internal_error", "the provider request could not be built").because(err)}
+			}
+			req.Header.Set("Content-Type", "application/json")
+			if c.cred.APIKey != "" {
+				req.Header.Set("Authorization", "Bearer "+c.cred.APIKey)
+			}
+			return e.send(req, c)
+		},
+		commit: func(_ context.Context, _ *candidate, c call, _ *overlayItem, resp *http.Response, attempts int) (usage, *apiError, bool) {
+			defer resp.Body.Close()
+			b, err := io.ReadAll(resp.Body)
+			if err != nil {
+				return usage{}, refuse("provider_incomplete", "provider %q answer was cut after %d bytes", c.res.Provider.id, len(b)).because(err).withAttempts(attempts), false
+			}
+			writeAnswer(w, "application/json", attempts, b)
+			return usage{}, nil, false
+		},
+	}
+	if _, ae := e.attemptCandidate(ctx, j, &candidate{res: c.res, baseURL: c.baseURL, key: &c.cred}, &walk{}); ae != nil {
+		return ae
+	}
+	return nil
+}
