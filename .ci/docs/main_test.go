@@ -51,7 +51,7 @@ func TestCheck(t *testing.T) {
 			write(t, dir, "refusals_test.go", testGo)
 			write(t, dir, "TESTING.md", md)
 			write(t, dir, "examples/12-refusals.sh", "#!/bin/sh\n")
-			write(t, dir, "examples/clients/checks.mjs", "check('openai-sdk-404', async () => {})\n")
+			write(t, dir, "examples/clients/run", "[ \"$1\" = -list ] && printf '%s\\n' openai-sdk-404 refuse-openai-400\n")
 			findings, err := check(dir)
 			if err != nil {
 				t.Fatal(err)
