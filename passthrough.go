@@ -2,11 +2,9 @@ package main
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"encoding/json"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 )
@@ -320,62 +318,4 @@ func newPassthroughRequest(ctx context.Context, c call, cr *callerRequest, path 
 	}
 	setProviderHeaders(hr.Header, c.res.Provider, c.cred, cr.header, stream)
 	return hr, nil
-}
-
-// setProviderHeaders sets what a call to p carries (SPEC §6.2, §7.6):
-// content type and accept, the credential, and the format's version and
-// beta headers, the caller's (nil on translation) merged with what p
-// requires. No other caller header is ever copied.
-func setProviderHeaders(h http.Header, p providerInfo, cred upstreamCredential, caller http.Header, stream bool) {
-	h.Set("Content-Type", "application/json")
-	if stream {
-		h.Set("Accept", "text/event-stream")
-	} else {
-		h.Set("Accept", "application/json")
-	}
-	oauth := cred.AccessToken != ""
-	var need []string
-	switch p.protocol {
-	case protoAnthropic:
-		h.Set("anthropic-version", cmp.Or(caller.Get("anthropic-version"), "2023-06-01"))
-		if oauth && p.id == "claude-code" {
-			need = append(need, "oauth-2025-04-20")
-		}
-		if beta := mergeTokens(caller.Values("anthropic-beta"), need...); beta != "" {
-			h.Set("anthropic-beta", beta)
-		}
-		if oauth {
-			h.Set("Authorization", "Bearer "+cred.AccessToken)
-		} else if cred.APIKey != "" {
-			h.Set("x-api-key", cred.APIKey)
-		}
-		return
-	}
-	if p.id == "codex" {
-		need = append(need, "responses=experimental")
-		if cred.AccountID != "" {
-			h.Set("chatgpt-account-id", cred.AccountID)
-		}
-		h.Set("originator", "codex_cli_rs")
-	}
-	if beta := mergeTokens(caller.Values("openai-beta"), need...); beta != "" {
-		h.Set("OpenAI-Beta", beta)
-	}
-	if t := cred.bearer(); t != "" {
-		h.Set("Authorization", "Bearer "+t)
-	}
-}
-
-// mergeTokens joins comma-separated header values and the required tokens,
-// in order, each once.
-func mergeTokens(values []string, required ...string) string {
-	var out []string
-	for _, v := range append(values, required...) {
-		for _, t := range strings.Split(v, ",") {
-			if t = strings.TrimSpace(t); t != "" && !slices.Contains(out, t) {
-				out = append(out, t)
-			}
-		}
-	}
-	return strings.Join(out, ",")
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 )
@@ -202,43 +204,69 @@ func buildUpstreamRequest(ctx context.Context, p providerInfo, baseURL string, c
 	if err != nil {
 		return nil, refuse("internal_error", "internal error").because(err)
 	}
-	h := hr.Header
+	var options http.Header                                // the format's own options a translation needs
+	if req.Output != nil && p.protocol == protoAnthropic { // SPEC §7.6: the JSON Schema output format's beta
+		options = http.Header{"Anthropic-Beta": {structuredOutputsBeta}}
+	}
+	setProviderHeaders(hr.Header, p, cred, options, stream)
+	return hr, nil
+}
+
+// setProviderHeaders sets what a call to p carries (SPEC §6.2, §7.6):
+// content type and accept, the credential, and the format's version and
+// beta headers, the caller's (on translation: only what the translation
+// itself needs) merged with what p requires. No other caller header is
+// ever copied.
+func setProviderHeaders(h http.Header, p providerInfo, cred upstreamCredential, caller http.Header, stream bool) {
 	h.Set("Content-Type", "application/json")
 	if stream {
 		h.Set("Accept", "text/event-stream")
 	} else {
 		h.Set("Accept", "application/json")
 	}
-	switch {
-	case p.protocol == protoAnthropic:
-		h.Set("anthropic-version", "2023-06-01")
+	oauth := cred.AccessToken != ""
+	var need []string
+	switch p.protocol {
+	case protoAnthropic:
+		h.Set("anthropic-version", cmp.Or(caller.Get("anthropic-version"), "2023-06-01"))
+		if oauth && p.id == "claude-code" {
+			need = append(need, "oauth-2025-04-20")
+		}
+		if beta := mergeTokens(caller.Values("anthropic-beta"), need...); beta != "" {
+			h.Set("anthropic-beta", beta)
+		}
 		if oauth {
 			h.Set("Authorization", "Bearer "+cred.AccessToken)
-			if p.id == "claude-code" {
-				h.Add("anthropic-beta", "oauth-2025-04-20")
-			}
 		} else if cred.APIKey != "" {
 			h.Set("x-api-key", cred.APIKey)
 		}
-		if req.Output != nil { // SPEC §7.6: the JSON Schema output format's beta
-			h.Add("anthropic-beta", structuredOutputsBeta)
-		}
-		if betas := h.Values("anthropic-beta"); len(betas) > 1 {
-			h.Set("anthropic-beta", mergeTokens(betas))
-		}
-	case p.id == "codex":
-		if t := cred.bearer(); t != "" {
-			h.Set("Authorization", "Bearer "+t)
-		}
+		return
+	}
+	if p.id == "codex" {
+		need = append(need, "responses=experimental")
 		if cred.AccountID != "" {
 			h.Set("chatgpt-account-id", cred.AccountID)
 		}
-		h.Set("OpenAI-Beta", "responses=experimental")
 		h.Set("originator", "codex_cli_rs")
-	default:
-		if t := cred.bearer(); t != "" {
-			h.Set("Authorization", "Bearer "+t)
+	}
+	if beta := mergeTokens(caller.Values("openai-beta"), need...); beta != "" {
+		h.Set("OpenAI-Beta", beta)
+	}
+	if t := cred.bearer(); t != "" {
+		h.Set("Authorization", "Bearer "+t)
+	}
+}
+
+// mergeTokens joins comma-separated header values and the required tokens,
+// in order, each once.
+func mergeTokens(values []string, required ...string) string {
+	var out []string
+	for _, v := range append(values, required...) {
+		for _, t := range strings.Split(v, ",") {
+			if t = strings.TrimSpace(t); t != "" && !slices.Contains(out, t) {
+				out = append(out, t)
+			}
 		}
 	}
-	return hr, nil
+	return strings.Join(out, ",")
 }
