@@ -327,6 +327,8 @@ func streamCut(err error) *apiError {
 	if ae := classifyTransport(err); ae.Code == "client_cancelled" {
 		return ae
 	}
+	// The request was sent long ago: whatever broke, the provider may have
+	// generated and billed (SPEC §8.2).
 	return refuse("provider_incomplete", "the provider stream failed before its terminal signal: %s",
 		cleanQuoted(err.Error(), "", 300)).because(err)
 }

@@ -169,16 +169,7 @@ func readUpstreamStream(protocol string, body io.Reader, emit func(streamEvent) 
 			if done, terr := t.ended(emit); done || terr != nil {
 				return terr
 			}
-			if errors.Is(err, io.EOF) {
-				return refuse("provider_incomplete", "the provider stream ended before its terminal signal")
-			}
-			if ae := classifyTransport(err); ae.Code == "client_cancelled" {
-				return ae
-			}
-			// The request was sent long ago: whatever broke, the provider may
-			// have generated and billed (SPEC §8.2).
-			return refuse("provider_incomplete", "the provider stream failed before its terminal signal: %s",
-				cleanQuoted(err.Error(), "", 300)).because(err)
+			return streamCut(err)
 		}
 		done, err := t.handle(ev, emit)
 		if err != nil || done {
