@@ -10,8 +10,9 @@ import (
 
 // api.go holds the HTTP handlers server.go has no room for (it stays under
 // 650 lines): the chat, embeddings and count_tokens handlers in front of the
-// attempt engine (SPEC §7, §15), the subscription inventory's (SPEC §10.1)
-// and maintenance's (SPEC §11.2). routes() in server.go lists them; each
+// attempt engine (SPEC §7, §15), the subscription inventory's with its
+// credential replacement, sign-in donation and probe (SPEC §10.1, §11.1,
+// §11.3) and maintenance's (SPEC §11.2). routes() in server.go lists them; each
 // decodes, calls one plain method and encodes. The
 // agent routes serve the agent the request acts for (a valid signature or
 // a bearer bound to it); the admin twins serve any agent.
@@ -303,4 +304,104 @@ func (s *server) handleCountTokens(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		s.fail(w, r, err)
 	}
+}
+
+// credentialBody is the strict body of PUT …/credential: exactly one of
+// an OAuth grant or an API key (checkCredential enforces "exactly").
+type credentialBody struct {
+	OAuth  *oauthGrant `json:"oauth"`
+	APIKey string      `json:"api_key"`
+}
+
+// handleSubscriptionCredential serves PUT
+// /v1/admin/subscriptions/{agent_id}/{subscription_id}/credential. The
+// answer carries the row, never the secret.
+func (s *server) handleSubscriptionCredential(w http.ResponseWriter, r *http.Request) {
+	var body credentialBody
+	if err := decodeBody(r, &body); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	it, err := s.replaceSubscriptionCredential(r.PathValue("agent_id"), r.PathValue("subscription_id"),
+		vaultCredential{OAuth: body.OAuth, APIKey: body.APIKey}, infoFrom(r.Context()).client.ID)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"ok": true, "subscription": s.inv.row(it, false, s.now())})
+}
+
+// handleAdminDonation serves POST /v1/admin/subscriptions/{agent_id}: an
+// ordinary donation, or with ?via=sign-in a donation made by `brama
+// subscription sign-in`, which is journaled as a sign-in too (SPEC §11.1).
+func (s *server) handleAdminDonation(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Query().Get("via") != signInVia {
+		s.handleAdminSubscriptionDonate(w, r)
+		return
+	}
+	it, err := s.signInDonation(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, map[string]donatedSubscription{
+		"subscription": {ID: it.ID, Provider: it.Provider, AgentID: it.AgentID, Label: it.Label, Status: "active"},
+	})
+}
+
+// signInDonation donates the grant a sign-in obtained as a new
+// subscription and journals subscription_sign_in. Like every operation
+// that must journal, it refuses before changing anything when the journal
+// could not record it.
+func (s *server) signInDonation(r *http.Request) (overlayItem, error) {
+	agent := r.PathValue("agent_id")
+	if err := s.journal.ready(); err != nil {
+		return overlayItem{}, refuse("dependency_unavailable", "subscription not donated: the journal cannot record a sign-in: %v", err).because(err)
+	}
+	var body donation
+	if err := decodeBody(r, &body); err != nil {
+		return overlayItem{}, err
+	}
+	doc, err := s.vault.load()
+	if err != nil {
+		return overlayItem{}, vaultRefusal(err)
+	}
+	if _, ok := doc.Agents[agent]; !ok {
+		return overlayItem{}, refuse("not_found", "no agent %q in the vault (brama agents add %s)", agent, agent)
+	}
+	it, err := s.inv.donate(agent, body.Provider, body.Label, vaultCredential{APIKey: body.APIKey, OAuth: body.OAuth})
+	if err != nil {
+		return overlayItem{}, err
+	}
+	s.maint.changed()
+	by := infoFrom(r.Context()).client.ID
+	if err := s.journalSignIn(it, "signed_in", "new subscription donated by sign-in from client "+by); err != nil {
+		return overlayItem{}, refuse("dependency_unavailable", "subscription %s was donated, but the journal refused the sign-in record: %v", it.ID, err).because(err)
+	}
+	return it, nil
+}
+
+// handleSubscriptionProbe serves POST …/{subscription_id}/probe, body
+// optional {"model"}. A provider's refusal is a 200 too: probe.ok false.
+func (s *server) handleSubscriptionProbe(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Model string `json:"model"`
+	}
+	out, err := probeOutcome{}, decodeOptionalBody(r, &body)
+	if err == nil {
+		var it overlayItem
+		it, err = s.liveSubscription(r.PathValue("agent_id"), r.PathValue("subscription_id"), "a retired subscription is never probed")
+		if err == nil {
+			ri := infoFrom(r.Context())
+			e := s.engine(ri)
+			defer ri.account(&e.t)
+			e.agent = r.PathValue("agent_id")
+			out, err = e.probe(r.Context(), it, body.Model)
+		}
+	}
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, out)
 }

@@ -34,31 +34,6 @@ type probeOutcome struct {
 	Subscription subscriptionRow `json:"subscription"`
 }
 
-// handleSubscriptionProbe serves POST …/{subscription_id}/probe, body
-// optional {"model"}. A provider's refusal is a 200 too: probe.ok false.
-func (s *server) handleSubscriptionProbe(w http.ResponseWriter, r *http.Request) {
-	var body struct {
-		Model string `json:"model"`
-	}
-	out, err := probeOutcome{}, decodeOptionalBody(r, &body)
-	if err == nil {
-		var it overlayItem
-		it, err = s.liveSubscription(r.PathValue("agent_id"), r.PathValue("subscription_id"), "a retired subscription is never probed")
-		if err == nil {
-			ri := infoFrom(r.Context())
-			e := s.engine(ri)
-			defer ri.account(&e.t)
-			e.agent = r.PathValue("agent_id")
-			out, err = e.probe(r.Context(), it, body.Model)
-		}
-	}
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, out)
-}
-
 // probe runs one completion probe on the live subscription it with model
 // ("" for the built-in one), refusing before any call 409 for a blocked one
 // or one without a probe model. ctx cancels the call and a refresh before it.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net/http"
 )
 
 // Sign-in (SPEC §11.1): `brama subscription sign-in` runs the provider's
@@ -19,31 +18,6 @@ import (
 // /v1/admin/subscriptions/{agent_id}, so the daemon journals it as a
 // sign-in; the body is the ordinary donation.
 const signInVia = "sign-in"
-
-// credentialBody is the strict body of PUT …/credential: exactly one of
-// an OAuth grant or an API key (checkCredential enforces "exactly").
-type credentialBody struct {
-	OAuth  *oauthGrant `json:"oauth"`
-	APIKey string      `json:"api_key"`
-}
-
-// handleSubscriptionCredential serves PUT
-// /v1/admin/subscriptions/{agent_id}/{subscription_id}/credential. The
-// answer carries the row, never the secret.
-func (s *server) handleSubscriptionCredential(w http.ResponseWriter, r *http.Request) {
-	var body credentialBody
-	if err := decodeBody(r, &body); err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	it, err := s.replaceSubscriptionCredential(r.PathValue("agent_id"), r.PathValue("subscription_id"),
-		vaultCredential{OAuth: body.OAuth, APIKey: body.APIKey}, infoFrom(r.Context()).client.ID)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"ok": true, "subscription": s.inv.row(it, false, s.now())})
-}
 
 // replaceSubscriptionCredential replaces the credential of agent's
 // subscription id and journals subscription_sign_in. It refuses before
@@ -108,54 +82,4 @@ func (s *server) journalSignIn(it overlayItem, result, detail string) error {
 	}
 	s.log.LogAttrs(context.Background(), level, "subscription_sign_in", attrs...)
 	return err
-}
-
-// handleAdminDonation serves POST /v1/admin/subscriptions/{agent_id}: an
-// ordinary donation, or with ?via=sign-in a donation made by `brama
-// subscription sign-in`, which is journaled as a sign-in too (SPEC §11.1).
-func (s *server) handleAdminDonation(w http.ResponseWriter, r *http.Request) {
-	if r.URL.Query().Get("via") != signInVia {
-		s.handleAdminSubscriptionDonate(w, r)
-		return
-	}
-	it, err := s.signInDonation(r)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusCreated, map[string]donatedSubscription{
-		"subscription": {ID: it.ID, Provider: it.Provider, AgentID: it.AgentID, Label: it.Label, Status: "active"},
-	})
-}
-
-// signInDonation donates the grant a sign-in obtained as a new
-// subscription and journals subscription_sign_in. Like every operation
-// that must journal, it refuses before changing anything when the journal
-// could not record it.
-func (s *server) signInDonation(r *http.Request) (overlayItem, error) {
-	agent := r.PathValue("agent_id")
-	if err := s.journal.ready(); err != nil {
-		return overlayItem{}, refuse("dependency_unavailable", "subscription not donated: the journal cannot record a sign-in: %v", err).because(err)
-	}
-	var body donation
-	if err := decodeBody(r, &body); err != nil {
-		return overlayItem{}, err
-	}
-	doc, err := s.vault.load()
-	if err != nil {
-		return overlayItem{}, vaultRefusal(err)
-	}
-	if _, ok := doc.Agents[agent]; !ok {
-		return overlayItem{}, refuse("not_found", "no agent %q in the vault (brama agents add %s)", agent, agent)
-	}
-	it, err := s.inv.donate(agent, body.Provider, body.Label, vaultCredential{APIKey: body.APIKey, OAuth: body.OAuth})
-	if err != nil {
-		return overlayItem{}, err
-	}
-	s.maint.changed()
-	by := infoFrom(r.Context()).client.ID
-	if err := s.journalSignIn(it, "signed_in", "new subscription donated by sign-in from client "+by); err != nil {
-		return overlayItem{}, refuse("dependency_unavailable", "subscription %s was donated, but the journal refused the sign-in record: %v", it.ID, err).because(err)
-	}
-	return it, nil
 }
