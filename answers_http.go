@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"log/slog"
 	"net/http"
 	"strconv"
 )
@@ -192,13 +191,7 @@ func (a *answerStore) handleGet(w http.ResponseWriter, r *http.Request) {
 	a.replayAnswer(w, r, rec)
 }
 
-// fail answers err as server.fail does: the envelope, and the outcome for
-// the request's log line.
+// fail answers err as server.fail does.
 func (a *answerStore) fail(w http.ResponseWriter, r *http.Request, err error) {
-	ae := writeAPIError(w, r, err)
-	ri := infoFrom(r.Context())
-	ri.outcome, ri.retryable = ae.Code, ae.body().Error.Retryable
-	if ae.Err != nil {
-		a.log.LogAttrs(r.Context(), slog.LevelWarn, "request_refused", slog.String("request_id", ri.id), slog.String("code", ae.Code), slog.String("cause", redact(ae.Err.Error())))
-	}
+	failRequest(a.log, w, r, err)
 }

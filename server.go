@@ -256,6 +256,12 @@ func newRequestID() string {
 
 // fail writes err in the envelope and records its outcome for the log line.
 func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	failRequest(s.log, w, r, err)
+}
+
+// failRequest writes err in the envelope, records its outcome and attempts
+// for the request's log line, and logs its cause (redacted) when it has one.
+func failRequest(log *slog.Logger, w http.ResponseWriter, r *http.Request, err error) {
 	ri := infoFrom(r.Context())
 	ae := writeAPIError(w, r, err)
 	ri.outcome, ri.retryable = ae.Code, ae.body().Error.Retryable
@@ -263,7 +269,7 @@ func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 		ri.attempts = ae.Attempts
 	}
 	if ae.Err != nil {
-		s.log.LogAttrs(r.Context(), slog.LevelWarn, "request_refused", slog.String("request_id", ri.id), slog.String("code", ae.Code), slog.String("cause", redact(ae.Err.Error())))
+		log.LogAttrs(r.Context(), slog.LevelWarn, "request_refused", slog.String("request_id", ri.id), slog.String("code", ae.Code), slog.String("cause", redact(ae.Err.Error())))
 	}
 }
 
