@@ -235,27 +235,26 @@ func (req *chatRequest) chatParts(raw json.RawMessage, what string) ([]part, err
 	var parts []part
 	for i, cp := range cps {
 		pw := fmt.Sprintf("%s[%d]", what, i)
+		var p part
 		switch {
 		case cp.Type == "text" && cp.Text != nil:
-			parts = append(parts, part{Type: partText, Text: *cp.Text})
+			p = part{Type: partText, Text: *cp.Text}
 		case cp.Type == "text":
 			return nil, refuseInvalid("%s.text is required", pw)
+		case cp.Type == "image_url" && cp.ImageURL == nil:
+			return nil, refuseInvalid("%s.image_url must be an object with a url", pw)
 		case cp.Type == "image_url":
-			if cp.ImageURL == nil {
-				return nil, refuseInvalid("%s.image_url must be an object with a url", pw)
-			}
-			if err := checkCallerURL(cp.ImageURL.URL, pw+".image_url.url"); err != nil {
-				return nil, err
-			}
-			parts = append(parts, part{Type: partImage, ImageURL: cp.ImageURL.URL})
+			p, pw = part{Type: partImage, ImageURL: cp.ImageURL.URL}, pw+".image_url.url"
 		case cp.Type == "file" && cp.File != nil && cp.File.FileData != "":
-			if err := checkCallerURL(cp.File.FileData, pw+".file.file_data"); err != nil {
-				return nil, err
-			}
-			parts = append(parts, part{Type: partDocument, FileURL: cp.File.FileData, Filename: cp.File.Filename})
+			p, pw = part{Type: partDocument, FileURL: cp.File.FileData, Filename: cp.File.Filename}, pw+".file.file_data"
 		default:
 			req.Dropped = append(req.Dropped, pw)
+			continue
 		}
+		if err := checkCallerURL(p.ImageURL+p.FileURL, pw); p.Type != partText && err != nil {
+			return nil, err
+		}
+		parts = append(parts, p)
 	}
 	return parts, nil
 }

@@ -37,11 +37,9 @@ func decodeCallerJSON(data []byte, v any, what string) error {
 	case errors.As(err, &se):
 		return refuseInvalid("malformed JSON at byte %d", se.Offset).because(err)
 	case errors.As(err, &te):
-		field := te.Field
-		if what != "" && field != "" {
-			field = what + "." + field
-		} else if field == "" {
-			field = what
+		field := what
+		if te.Field != "" {
+			field = joinPath(what, te.Field)
 		}
 		if field == "" {
 			return refuseInvalid("the request body must be a JSON object").because(err)
