@@ -164,19 +164,15 @@ func (req *chatRequest) addChatMessage(m chatMessage, what string) error {
 	switch m.Role {
 	case "system", "developer":
 		text, err := callerTextOf(m.Content, what+".content", "text", "\n\n")
-		if err != nil {
-			return err
-		}
-		req.addSystem(text)
+		req.addSystem(text) // on an error the whole request is refused
+		return err
 	case "user":
 		parts, err := req.chatParts(m.Content, what+".content")
-		if err != nil {
-			return err
-		}
-		if len(parts) == 0 {
-			return refuseInvalid("%s.content must hold a text, image or file part", what)
+		if err == nil && len(parts) == 0 {
+			err = refuseInvalid("%s.content must hold a text, image or file part", what)
 		}
 		req.Messages = append(req.Messages, message{Role: "user", Parts: parts})
+		return err
 	case "assistant":
 		var parts []part
 		if !rawIsNull(m.Content) {
@@ -215,10 +211,8 @@ func (req *chatRequest) addChatMessage(m chatMessage, what string) error {
 			return refuseInvalid("%s.tool_call_id is required", what)
 		}
 		text, err := callerTextOf(m.Content, what+".content", "text", "\n")
-		if err != nil {
-			return err
-		}
 		req.Messages = appendPart(req.Messages, "user", part{Type: partToolResult, ToolCallID: m.ToolCallID, Text: text})
+		return err
 	default:
 		return refuseInvalid("%s.role %s is not one of system, developer, user, assistant, tool", what, quoteCallerToken(m.Role))
 	}
