@@ -562,22 +562,20 @@ func (c *chatUpstreamStream) handle(ev sseEvent, emit func(streamEvent) error) (
 		c.usage = ch.Usage.neutral()
 	}
 	for _, choice := range ch.Choices {
-		if choice.Index != 0 || choice.Delta == nil {
-			if f := choice.FinishReason; choice.Index == 0 && f != nil && *f != "" {
-				c.finish = chatFinish(*f)
-			}
+		if choice.Index != 0 {
 			continue // Brama never asks for n > 1
 		}
-		d := choice.Delta
-		var t string
-		if json.Unmarshal(d.Content, &t) == nil && t != "" {
-			if err := emit(streamEvent{Kind: eventText, Text: t}); err != nil {
-				return false, err
+		if d := choice.Delta; d != nil {
+			var t string
+			if json.Unmarshal(d.Content, &t) == nil && t != "" {
+				if err := emit(streamEvent{Kind: eventText, Text: t}); err != nil {
+					return false, err
+				}
 			}
-		}
-		for i, tc := range d.ToolCalls {
-			if err := c.toolDelta(i, tc, emit); err != nil {
-				return false, err
+			for i, tc := range d.ToolCalls {
+				if err := c.toolDelta(i, tc, emit); err != nil {
+					return false, err
+				}
 			}
 		}
 		if f := choice.FinishReason; f != nil && *f != "" {
