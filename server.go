@@ -97,7 +97,7 @@ func (s *server) routes() {
 	s.mux.Handle("POST /v1/embeddings", s.caller(s.handleEmbeddings))
 	s.mux.Handle("GET /v1/models", s.caller(s.handleModels))
 	s.mux.Handle("GET /v1/aliases", s.caller(s.handleAliases))
-	s.mux.Handle("GET /v1/answers/{key}", s.caller(s.answers.handleGet))
+	s.mux.Handle("GET /v1/answers/{key}", s.caller(s.handleGetAnswer))
 	s.mux.Handle("GET /stats", s.caller(s.handleStats))
 	s.mux.Handle("GET /metrics", s.caller(s.handleMetrics))
 	s.mux.Handle("GET /v1/admin/routes", s.admin(s.handleRoutesGet))
