@@ -481,7 +481,7 @@ func decodeMessages(body []byte) (chatAnswer, error) {
 // stream that would have carried it builds. Usage is always present (zeros
 // when unreported) because Anthropic's SDKs type it as required.
 func renderMessages(req chatRequest, a chatAnswer) any {
-	return replayAnswer(req, a, newMessagesCallerStream).(*messagesCallerStream).msg
+	return wholeAnswerThrough(req, a, newMessagesCallerStream).(*messagesCallerStream).msg
 }
 
 // messagesCallerStream writes Anthropic's message events, one content

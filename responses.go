@@ -401,7 +401,7 @@ func responsesFinal(r *responsesObject, finish string, u usage) {
 
 // renderResponses is the final response of the stream that would carry a.
 func renderResponses(req chatRequest, a chatAnswer) any {
-	return replayAnswer(req, a, newResponsesCallerStream).(*responsesCallerStream).resp
+	return wholeAnswerThrough(req, a, newResponsesCallerStream).(*responsesCallerStream).resp
 }
 
 // responsesCallerStream writes Responses events, one output item at a

@@ -223,10 +223,10 @@ func answerOf(run func(emit func(streamEvent) error) error) (chatAnswer, error) 
 	return a, nil
 }
 
-// replayAnswer writes a whole answer, as the stream that would have carried
+// wholeAnswerThrough writes a whole answer, as the stream that would have carried
 // it, through the block writer newWriter makes, and returns that writer,
 // which keeps the whole answer; the frames are discarded.
-func replayAnswer(req chatRequest, a chatAnswer, newWriter func(*callerSSE, chatRequest, string) blockWriter) blockWriter {
+func wholeAnswerThrough(req chatRequest, a chatAnswer, newWriter func(*callerSSE, chatRequest, string) blockWriter) blockWriter {
 	s := newBlockStream(&callerSSE{w: io.Discard, flush: func() {}}, req, a.Model, newWriter)
 	if a.Text != "" {
 		s.event(streamEvent{Kind: eventText, Text: a.Text})
