@@ -359,9 +359,7 @@ func parseKimiUsage(body []byte, now time.Time) ([]planWindow, error) {
 		}
 	}
 	var limits []json.RawMessage
-	if json.Unmarshal(r["limits"], &limits) != nil {
-		limits = nil // not an array: no limits
-	}
+	json.Unmarshal(r["limits"], &limits) // not an array: no limits
 	for i, raw := range limits {
 		top := asReport(raw)
 		counters := top

@@ -212,9 +212,8 @@ func subscriptionCacheTTL(v string) (time.Duration, error) {
 // the overlay and the rule (or the missing state directory).
 func (inv *inventory) items() ([]overlayItem, error) {
 	doc, err := inv.overlay.load()
-	var ns *noStateError
 	switch {
-	case errors.As(err, &ns):
+	case errors.As(err, new(*noStateError)):
 		return nil, asAPIError(err)
 	case err != nil:
 		return nil, refuse("dependency_unavailable", "%v", err).because(err)
