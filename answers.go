@@ -22,7 +22,7 @@ import (
 // provider spend per (client, key). The first request reserves the key by
 // publishing an in-progress record with os.Link, dispatches, then completes
 // the record with the answer and an HMAC over its body; every later request
-// with that key is answered from the record. The HTTP face is answers_http.go.
+// with that key is answered from the record. The HTTP face is in api.go.
 
 const (
 	answerTimeFormat = "2006-01-02T15:04:05.000Z" // RFC 3339 UTC with milliseconds, like every state time

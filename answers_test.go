@@ -36,12 +36,13 @@ func TestSignedAnswerHangUp(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a := newAnswerStore(state{dir: t.TempDir()}, slog.New(slog.DiscardHandler), time.Now)
+			s := &server{log: slog.New(slog.DiscardHandler), answers: a}
 			body := answerBody("x")
 			ri := &requestInfo{client: client{ID: "local"}, body: []byte(body), route: "openai/gpt-test"}
 			ctx, cancel := context.WithCancel(context.WithValue(context.Background(), infoKey{}, ri))
 			r := httptest.NewRequest("POST", "/v1/chat/completions", strings.NewReader(body)).WithContext(ctx)
 			w := httptest.NewRecorder()
-			a.signedAnswer(w, r, chatRequest{}, "k", func(w http.ResponseWriter, r *http.Request) {
+			s.signedAnswer(w, r, chatRequest{}, "k", func(w http.ResponseWriter, r *http.Request) {
 				for range tc.calls {
 					ri.countAttempt()
 				}

@@ -547,7 +547,9 @@ func (m *maintainer) usageEndpoint(provider string) (string, func([]byte, time.T
 }
 
 // fetchUsage GETs provider's report with the chat route's headers (SPEC
-// §11.2), reads it whole and parses it; ctx is the only cancel.
+// §11.2), reads it whole and parses it; ctx is the only cancel. It writes
+// them itself: setProviderHeaders is for a call with a JSON body and would
+// add a Content-Type this bodiless GET does not send.
 func (m *maintainer) fetchUsage(ctx context.Context, provider string, cred vaultCredential) ([]planWindow, error) {
 	endpoint, parse, err := m.usageEndpoint(provider)
 	if err != nil {

@@ -231,13 +231,16 @@ func TestUsageReadRequests(t *testing.T) {
 		path string
 		want map[string]string // header → value ("" must be absent)
 	}{
+		// A usage read is a GET without a body: no Content-Type, which is
+		// why fetchUsage writes its headers itself and does not call
+		// setProviderHeaders (which always sets it for a call's JSON body).
 		{name: "claude-code", path: fakeClaudeUsage, want: map[string]string{
-			"Anthropic-Version": "2023-06-01", "Anthropic-Beta": "oauth-2025-04-20", "Chatgpt-Account-Id": "", "Originator": ""}},
+			"Anthropic-Version": "2023-06-01", "Anthropic-Beta": "oauth-2025-04-20", "Chatgpt-Account-Id": "", "Originator": "", "Content-Type": ""}},
 		{name: "codex", path: fakeCodexUsage, want: map[string]string{
 			"Authorization": "Bearer plantedAccessCX", "Chatgpt-Account-Id": "acct-123", "Openai-Beta": "responses=experimental",
-			"Originator": "codex_cli_rs", "Anthropic-Beta": ""}},
+			"Originator": "codex_cli_rs", "Anthropic-Beta": "", "Content-Type": ""}},
 		{name: "kimi", path: fakeKimiUsage, want: map[string]string{
-			"Authorization": "Bearer plantedAccessKO", "Anthropic-Beta": "", "Originator": ""}},
+			"Authorization": "Bearer plantedAccessKO", "Anthropic-Beta": "", "Originator": "", "Content-Type": ""}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -97,7 +97,7 @@ func (s *server) routes() {
 	s.mux.Handle("POST /v1/embeddings", s.caller(s.handleEmbeddings))
 	s.mux.Handle("GET /v1/models", s.caller(s.handleModels))
 	s.mux.Handle("GET /v1/aliases", s.caller(s.handleAliases))
-	s.mux.Handle("GET /v1/answers/{key}", s.caller(s.answers.handleGet))
+	s.mux.Handle("GET /v1/answers/{key}", s.caller(s.handleGetAnswer))
 	s.mux.Handle("GET /stats", s.caller(s.handleStats))
 	s.mux.Handle("GET /metrics", s.caller(s.handleMetrics))
 	s.mux.Handle("GET /v1/admin/routes", s.admin(s.handleRoutesGet))
@@ -256,12 +256,6 @@ func newRequestID() string {
 
 // fail writes err in the envelope and records its outcome for the log line.
 func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
-	failRequest(s.log, w, r, err)
-}
-
-// failRequest writes err in the envelope, records its outcome and attempts
-// for the request's log line, and logs its cause (redacted) when it has one.
-func failRequest(log *slog.Logger, w http.ResponseWriter, r *http.Request, err error) {
 	ri := infoFrom(r.Context())
 	ae := writeAPIError(w, r, err)
 	ri.outcome, ri.retryable = ae.Code, ae.body().Error.Retryable
@@ -269,7 +263,7 @@ func failRequest(log *slog.Logger, w http.ResponseWriter, r *http.Request, err e
 		ri.attempts = ae.Attempts
 	}
 	if ae.Err != nil {
-		log.LogAttrs(r.Context(), slog.LevelWarn, "request_refused", slog.String("request_id", ri.id), slog.String("code", ae.Code), slog.String("cause", redact(ae.Err.Error())))
+		s.log.LogAttrs(r.Context(), slog.LevelWarn, "request_refused", slog.String("request_id", ri.id), slog.String("code", ae.Code), slog.String("cause", redact(ae.Err.Error())))
 	}
 }
 
