@@ -44,7 +44,8 @@ type modelInfo struct {
 	Output       []string // modalities.output; nil when unknown
 }
 
-type catalogData = map[string]map[string]modelInfo // vendor → model id → info
+// catalogData is a catalogue in memory: vendor → model id → info.
+type catalogData = map[string]map[string]modelInfo
 
 // catalogVendor maps a Brama provider id to the catalogue's vendor key
 // (SPEC §7.3). local-openai serves whatever the deployment runs, so it has
@@ -63,6 +64,7 @@ func catalogVendor(provider string) string {
 	return provider
 }
 
+// catalog is the model metadata of SPEC §6.4 and its sources.
 type catalog struct {
 	path   string // BRAMA_MODEL_CATALOG_PATH; wins over url
 	url    string // live source; "" when path is set or live reads are off

@@ -76,7 +76,6 @@ var (
 	errShuttingDown      = errors.New("brama is shutting down")
 )
 
-// lookupOAuth finds provider's OAuth row.
 func lookupOAuth(provider string) (oauthProvider, error) {
 	if i := slices.IndexFunc(oauthProviders, func(p oauthProvider) bool { return p.id == provider }); i >= 0 {
 		return oauthProviders[i], nil
@@ -306,7 +305,6 @@ func (e *refreshError) Error() string {
 
 func (e *refreshError) Unwrap() error { return e.Err }
 
-// statusText is "HTTP n", or "no status" when no answer came.
 func statusText(status int) string {
 	if status == 0 {
 		return "no status"

@@ -107,7 +107,6 @@ func parsePlanWindows(provider string, h http.Header, now time.Time) []planWindo
 	return ws
 }
 
-// parseNumber reads s (spaces trimmed) as a finite number.
 func parseNumber(s string) (float64, bool) {
 	f, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
 	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
@@ -204,7 +203,6 @@ func asReport(raw json.RawMessage) report {
 	return r
 }
 
-// obj is the object under key, or nil.
 func (r report) obj(key string) report { return asReport(r[key]) }
 
 // num is the first of keys holding a number.

@@ -94,7 +94,6 @@ func (doc *overlayDoc) validate() error {
 	return nil
 }
 
-// isSubscriptionID reports whether id is sub_ + 16 lower-case hex digits.
 func isSubscriptionID(id string) bool {
 	rest, ok := strings.CutPrefix(id, "sub_")
 	return ok && len(rest) == 16 && strings.Trim(rest, "0123456789abcdef") == ""
@@ -230,7 +229,6 @@ func (inv *inventory) retiredSet() (map[string]bool, error) {
 	return r, err
 }
 
-// view is every overlay item and the retired set, read together.
 func (inv *inventory) view() ([]overlayItem, map[string]bool, error) {
 	items, err := inv.items()
 	if err != nil {
@@ -251,7 +249,6 @@ func (inv *inventory) agentItems(agent string) ([]overlayItem, error) {
 	return inv.live(func(it overlayItem) bool { return it.AgentID == agent })
 }
 
-// live filters the overlay to non-retired items that keep says to keep.
 func (inv *inventory) live(keep func(overlayItem) bool) ([]overlayItem, error) {
 	items, retired, err := inv.view()
 	if err != nil {
