@@ -164,19 +164,15 @@ func (req *chatRequest) addChatMessage(m chatMessage, what string) error {
 	switch m.Role {
 	case "system", "developer":
 		text, err := callerTextOf(m.Content, what+".content", "text", "\n\n")
-		if err != nil {
-			return err
-		}
-		req.addSystem(text)
+		req.addSystem(text) // on an error the whole request is refused
+		return err
 	case "user":
 		parts, err := req.chatParts(m.Content, what+".content")
-		if err != nil {
-			return err
-		}
-		if len(parts) == 0 {
-			return refuseInvalid("%s.content must hold a text, image or file part", what)
+		if err == nil && len(parts) == 0 {
+			err = refuseInvalid("%s.content must hold a text, image or file part", what)
 		}
 		req.Messages = append(req.Messages, message{Role: "user", Parts: parts})
+		return err
 	case "assistant":
 		var parts []part
 		if !rawIsNull(m.Content) {
@@ -215,10 +211,8 @@ func (req *chatRequest) addChatMessage(m chatMessage, what string) error {
 			return refuseInvalid("%s.tool_call_id is required", what)
 		}
 		text, err := callerTextOf(m.Content, what+".content", "text", "\n")
-		if err != nil {
-			return err
-		}
 		req.Messages = appendPart(req.Messages, "user", part{Type: partToolResult, ToolCallID: m.ToolCallID, Text: text})
+		return err
 	default:
 		return refuseInvalid("%s.role %s is not one of system, developer, user, assistant, tool", what, quoteCallerToken(m.Role))
 	}
@@ -235,27 +229,26 @@ func (req *chatRequest) chatParts(raw json.RawMessage, what string) ([]part, err
 	var parts []part
 	for i, cp := range cps {
 		pw := fmt.Sprintf("%s[%d]", what, i)
+		var p part
 		switch {
 		case cp.Type == "text" && cp.Text != nil:
-			parts = append(parts, part{Type: partText, Text: *cp.Text})
+			p = part{Type: partText, Text: *cp.Text}
 		case cp.Type == "text":
 			return nil, refuseInvalid("%s.text is required", pw)
+		case cp.Type == "image_url" && cp.ImageURL == nil:
+			return nil, refuseInvalid("%s.image_url must be an object with a url", pw)
 		case cp.Type == "image_url":
-			if cp.ImageURL == nil {
-				return nil, refuseInvalid("%s.image_url must be an object with a url", pw)
-			}
-			if err := checkCallerURL(cp.ImageURL.URL, pw+".image_url.url"); err != nil {
-				return nil, err
-			}
-			parts = append(parts, part{Type: partImage, ImageURL: cp.ImageURL.URL})
+			p, pw = part{Type: partImage, ImageURL: cp.ImageURL.URL}, pw+".image_url.url"
 		case cp.Type == "file" && cp.File != nil && cp.File.FileData != "":
-			if err := checkCallerURL(cp.File.FileData, pw+".file.file_data"); err != nil {
-				return nil, err
-			}
-			parts = append(parts, part{Type: partDocument, FileURL: cp.File.FileData, Filename: cp.File.Filename})
+			p, pw = part{Type: partDocument, FileURL: cp.File.FileData, Filename: cp.File.Filename}, pw+".file.file_data"
 		default:
 			req.Dropped = append(req.Dropped, pw)
+			continue
 		}
+		if err := checkCallerURL(p.ImageURL+p.FileURL, pw); p.Type != partText && err != nil {
+			return nil, err
+		}
+		parts = append(parts, p)
 	}
 	return parts, nil
 }
@@ -569,22 +562,20 @@ func (c *chatUpstreamStream) handle(ev sseEvent, emit func(streamEvent) error) (
 		c.usage = ch.Usage.neutral()
 	}
 	for _, choice := range ch.Choices {
-		if choice.Index != 0 || choice.Delta == nil {
-			if f := choice.FinishReason; choice.Index == 0 && f != nil && *f != "" {
-				c.finish = chatFinish(*f)
-			}
+		if choice.Index != 0 {
 			continue // Brama never asks for n > 1
 		}
-		d := choice.Delta
-		var t string
-		if json.Unmarshal(d.Content, &t) == nil && t != "" {
-			if err := emit(streamEvent{Kind: eventText, Text: t}); err != nil {
-				return false, err
+		if d := choice.Delta; d != nil {
+			var t string
+			if json.Unmarshal(d.Content, &t) == nil && t != "" {
+				if err := emit(streamEvent{Kind: eventText, Text: t}); err != nil {
+					return false, err
+				}
 			}
-		}
-		for i, tc := range d.ToolCalls {
-			if err := c.toolDelta(i, tc, emit); err != nil {
-				return false, err
+			for i, tc := range d.ToolCalls {
+				if err := c.toolDelta(i, tc, emit); err != nil {
+					return false, err
+				}
 			}
 		}
 		if f := choice.FinishReason; f != nil && *f != "" {

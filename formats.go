@@ -88,24 +88,16 @@ const (
 
 // part is one piece of a message.
 type part struct {
-	Type string
-	// text: the text; tool_result: the result's text content.
-	Text string
-	// image: an https URL or a data URL ("data:image/png;base64,…").
-	ImageURL string
-	// document: an https URL or a data URL, and its file name when known.
-	FileURL  string
-	Filename string
-	// tool_call and tool_result: the call's id.
-	ToolCallID string
-	// tool_call: the (flattened) tool name and its JSON-encoded arguments,
-	// or for a custom tool its free-form input.
-	ToolName  string
-	Arguments string
-	// tool_call and tool_result: the call is to a custom tool.
-	Custom bool
-	// tool_result: the tool reported an error.
-	IsError bool
+	Type       string
+	Text       string // text; tool_result: its text content
+	ImageURL   string // image: an https URL or a data URL ("data:image/png;base64,…")
+	FileURL    string // document: an https URL or a data URL
+	Filename   string // document: its file name when known
+	ToolCallID string // tool_call and tool_result: the call's id
+	ToolName   string // tool_call: the (flattened) tool name
+	Arguments  string // tool_call: JSON-encoded arguments, or a custom tool's free-form input
+	Custom     bool   // tool_call and tool_result: the call is to a custom tool
+	IsError    bool   // tool_result: the tool reported an error
 }
 
 // Tool kinds.
@@ -314,6 +306,13 @@ func decodeUpstreamAnswer(protocol string, body []byte) (chatAnswer, error) {
 // droppedFor is every caller member the request to p loses: those with no
 // counterpart in any other format, and those p's format or p itself lacks.
 func (req chatRequest) droppedFor(p providerInfo) []string {
+	var sampling []string // the sampling members sent
+	if req.Temperature != nil {
+		sampling = append(sampling, "temperature")
+	}
+	if req.TopP != nil {
+		sampling = append(sampling, "top_p")
+	}
 	d := slices.Clone(req.Dropped)
 	switch {
 	case p.protocol == protoAnthropic:
@@ -321,11 +320,8 @@ func (req chatRequest) droppedFor(p providerInfo) []string {
 		if req.Effort != "" && req.thinkingBudget() == 0 {
 			d = append(d, req.EffortPath)
 		}
-		if req.thinkingBudget() > 0 && req.Temperature != nil {
-			d = append(d, "temperature")
-		}
-		if req.thinkingBudget() > 0 && req.TopP != nil {
-			d = append(d, "top_p")
+		if req.thinkingBudget() > 0 {
+			d = append(d, sampling...)
 		}
 		for _, t := range req.Tools {
 			if t.Kind == toolCustom && t.Format != nil {
@@ -336,12 +332,7 @@ func (req chatRequest) droppedFor(p providerInfo) []string {
 		d = append(d, req.StopPath)
 	}
 	if p.id == "codex" { // its backend refuses these (SPEC §6.2)
-		if req.Temperature != nil {
-			d = append(d, "temperature")
-		}
-		if req.TopP != nil {
-			d = append(d, "top_p")
-		}
+		d = append(d, sampling...)
 	}
 	return d
 }
@@ -476,13 +467,19 @@ func (req chatRequest) callerTool(tc toolCall) (namespace, name, args string, cu
 	}
 	args = tc.Arguments
 	if t.Kind == toolCustom && !tc.Custom {
-		var in struct {
-			Input string `json:"input"`
-		}
-		json.Unmarshal([]byte(args), &in)
-		args = in.Input
+		args = customInput(args)
 	}
 	return t.Namespace, t.memberName(), args, t.Kind == toolCustom
+}
+
+// customInput is the string input of a custom call made as a function
+// (toward messages): the arguments' "input" member.
+func customInput(args string) string {
+	var in struct {
+		Input string `json:"input"`
+	}
+	json.Unmarshal([]byte(args), &in)
+	return in.Input
 }
 
 // jsonText is s as a JSON string.

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"strings"
 )
 
@@ -482,9 +481,7 @@ func decodeMessages(body []byte) (chatAnswer, error) {
 // stream that would have carried it builds. Usage is always present (zeros
 // when unreported) because Anthropic's SDKs type it as required.
 func renderMessages(req chatRequest, a chatAnswer) any {
-	w := newMessagesCallerStream(&callerSSE{w: io.Discard, flush: func() {}}, req, a.Model).(*messagesCallerStream)
-	replayAnswer(w.sse, w, req, a)
-	return w.msg
+	return replayAnswer(req, a, newMessagesCallerStream).(*messagesCallerStream).msg
 }
 
 // messagesCallerStream writes Anthropic's message events, one content

@@ -37,11 +37,9 @@ func decodeCallerJSON(data []byte, v any, what string) error {
 	case errors.As(err, &se):
 		return refuseInvalid("malformed JSON at byte %d", se.Offset).because(err)
 	case errors.As(err, &te):
-		field := te.Field
-		if what != "" && field != "" {
-			field = what + "." + field
-		} else if field == "" {
-			field = what
+		field := what
+		if te.Field != "" {
+			field = joinPath(what, te.Field)
 		}
 		if field == "" {
 			return refuseInvalid("the request body must be a JSON object").because(err)
@@ -222,20 +220,13 @@ func quoteCallerToken(s string) string {
 // Consecutive tool results are one user turn (SPEC §7.6), and a tool call
 // joins the assistant turn before it.
 func appendPart(msgs []message, role string, p part) []message {
-	if n := len(msgs); n > 0 && msgs[n-1].Role == role && (role != "user" || allToolResults(msgs[n-1].Parts)) {
+	n := len(msgs)
+	if n > 0 && msgs[n-1].Role == role && (role != "user" || len(msgs[n-1].Parts) > 0 &&
+		!slices.ContainsFunc(msgs[n-1].Parts, func(q part) bool { return q.Type != partToolResult })) {
 		msgs[n-1].Parts = append(msgs[n-1].Parts, p)
 		return msgs
 	}
 	return append(msgs, message{Role: role, Parts: []part{p}})
-}
-
-func allToolResults(ps []part) bool {
-	for _, p := range ps {
-		if p.Type != partToolResult {
-			return false
-		}
-	}
-	return len(ps) > 0
 }
 
 // addSystem adds instruction text: to the leading System while no turn has

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"strings"
 	"time"
 )
@@ -402,9 +401,7 @@ func responsesFinal(r *responsesObject, finish string, u usage) {
 
 // renderResponses is the final response of the stream that would carry a.
 func renderResponses(req chatRequest, a chatAnswer) any {
-	w := newResponsesCallerStream(&callerSSE{w: io.Discard, flush: func() {}}, req, a.Model).(*responsesCallerStream)
-	replayAnswer(w.sse, w, req, a)
-	return w.resp
+	return replayAnswer(req, a, newResponsesCallerStream).(*responsesCallerStream).resp
 }
 
 // responsesCallerStream writes Responses events, one output item at a

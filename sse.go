@@ -223,10 +223,11 @@ func answerOf(run func(emit func(streamEvent) error) error) (chatAnswer, error) 
 	return a, nil
 }
 
-// replayAnswer writes a whole answer through a block writer, as the
-// stream that would have carried it.
-func replayAnswer(sse *callerSSE, w blockWriter, req chatRequest, a chatAnswer) {
-	s := &blockStream{sse: sse, w: w, req: req, open: -1, toolBlock: map[int]int{}}
+// replayAnswer writes a whole answer, as the stream that would have carried
+// it, through the block writer newWriter makes, and returns that writer,
+// which keeps the whole answer; the frames are discarded.
+func replayAnswer(req chatRequest, a chatAnswer, newWriter func(*callerSSE, chatRequest, string) blockWriter) blockWriter {
+	s := newBlockStream(&callerSSE{w: io.Discard, flush: func() {}}, req, a.Model, newWriter)
 	if a.Text != "" {
 		s.event(streamEvent{Kind: eventText, Text: a.Text})
 	}
@@ -239,6 +240,7 @@ func replayAnswer(sse *callerSSE, w blockWriter, req chatRequest, a chatAnswer) 
 		s.event(streamEvent{Kind: eventUsage, Usage: a.Usage})
 	}
 	s.finish()
+	return s.w
 }
 
 // upstreamStreamError is the cause of a provider_incomplete raised by an
@@ -284,11 +286,7 @@ func inBandError(code string) *apiError {
 
 // malformedEvent is the refusal for an event that is not the protocol's.
 func malformedEvent(protocol string, cause error) *apiError {
-	e := refuse("provider_failure", "the provider sent a malformed %s stream event", protocol)
-	if cause != nil {
-		e = e.because(cause)
-	}
-	return e
+	return refuse("provider_failure", "the provider sent a malformed %s stream event", protocol).because(cause)
 }
 
 // emitTail emits the finish and, when reported, the usage.
@@ -305,11 +303,7 @@ func emitTail(emit func(streamEvent) error, finish string, u usage) error {
 // malformedAnswer is the refusal for a 2xx body that is not the protocol's
 // answer. The body itself is never quoted.
 func malformedAnswer(protocol string, cause error) *apiError {
-	e := refuse("provider_failure", "the provider answered with a malformed %s body", protocol)
-	if cause != nil {
-		e = e.because(cause)
-	}
-	return e
+	return refuse("provider_failure", "the provider answered with a malformed %s body", protocol).because(cause)
 }
 
 // callerStream writes a streamed answer in the caller's dialect (SPEC §7.5).
@@ -340,9 +334,11 @@ func newCallerStream(dialect string, req chatRequest, w io.Writer, flush func(),
 	if f == nil {
 		panic("brama: unknown dialect " + dialect)
 	}
-	s := &blockStream{sse: &callerSSE{w: w, flush: flush}, req: req, open: -1, toolBlock: map[int]int{}}
-	s.w = f.callerStream(s.sse, req, model)
-	return s
+	return newBlockStream(&callerSSE{w: w, flush: flush}, req, model, f.callerStream)
+}
+
+func newBlockStream(sse *callerSSE, req chatRequest, model string, newWriter func(*callerSSE, chatRequest, string) blockWriter) *blockStream {
+	return &blockStream{sse: sse, w: newWriter(sse, req, model), req: req, open: -1, toolBlock: map[int]int{}}
 }
 
 // blockWriter is one dialect's framing of a streamed answer as blocks
@@ -464,11 +460,7 @@ func (s *blockStream) closeOpen() error {
 	b := s.blocks[i]
 	full := b.buf.String()
 	if b.wrapped {
-		var in struct {
-			Input string `json:"input"`
-		}
-		json.Unmarshal([]byte(full), &in)
-		full = in.Input
+		full = customInput(full)
 		b.buf.Reset()
 		b.buf.WriteString(full)
 		if err := s.w.delta(i, b, full); err != nil {
