@@ -25,8 +25,8 @@ import (
 // metadata cache, held in memory for a TTL. It is advisory: it never makes
 // a route available, and no request waits for a network read.
 
-// Defaults of SPEC §16 for the model catalogue.
-const (
+const ( // SPEC §16
+
 	defaultCatalogURL = "https://models.dev/api.json"
 	defaultCatalogTTL = 900 * time.Second
 	catalogCacheFile  = "model-metadata.json"
@@ -122,22 +122,16 @@ func (c *catalog) start(ctx context.Context, wg *sync.WaitGroup) {
 	}
 	c.kick, c.refreshing = make(chan struct{}, 1), true
 	wg.Add(1)
-	go func(kick <-chan struct{}) {
+	go func(kick <-chan struct{}) { // reads once, then once per kick from a stale lookup
 		defer wg.Done()
-		c.loop(ctx, kick)
-	}(c.kick)
-}
-
-// loop reads once, then once per kick (a lookup that found memory older
-// than the TTL), until ctx is done.
-func (c *catalog) loop(ctx context.Context, kick <-chan struct{}) {
-	for ctx.Err() == nil {
-		c.readOnce(ctx)
-		select {
-		case <-ctx.Done():
-		case <-kick:
+		for ctx.Err() == nil {
+			c.readOnce(ctx)
+			select {
+			case <-ctx.Done():
+			case <-kick:
+			}
 		}
-	}
+	}(c.kick)
 }
 
 // readOnce fetches the URL and publishes the result to memory and, when
@@ -145,16 +139,14 @@ func (c *catalog) loop(ctx context.Context, kick <-chan struct{}) {
 func (c *catalog) readOnce(ctx context.Context) {
 	data, err := c.fetch(ctx)
 	now := c.now()
-	cancelled := err != nil && ctx.Err() != nil // shutting down: not a catalogue failure
 	c.mu.Lock()
 	c.refreshing = false
-	if !cancelled {
-		c.settleLocked("url", data, err, now)
-	}
-	c.mu.Unlock()
-	if cancelled {
+	if err != nil && ctx.Err() != nil { // shutting down: not a catalogue failure
+		c.mu.Unlock()
 		return
 	}
+	c.settleLocked("url", data, err, now)
+	c.mu.Unlock()
 	if err == nil {
 		c.log.Info("model_catalog_read", "source", "url", "vendors", len(data))
 		c.writeCache(data, now)
@@ -257,22 +249,6 @@ func (c *catalog) loadCacheLocked(now time.Time) {
 	}
 }
 
-// readFileLocked reads the catalogue file (SPEC §6.4: on demand). A failed
-// re-read keeps the older memory copy.
-func (c *catalog) readFileLocked(now time.Time) {
-	b, err := os.ReadFile(c.path)
-	var data catalogData
-	if err == nil {
-		data, err = parseCatalog(b)
-	} else {
-		if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
-			err = pe.Err // the path is outside the state directory; /readyz must not show it
-		}
-		err = fmt.Errorf("BRAMA_MODEL_CATALOG_PATH: %w", err)
-	}
-	c.settleLocked("file", data, err, now)
-}
-
 // settleLocked records a read of source that ended at now: a good one
 // replaces memory, a failed one keeps it and waits one TTL.
 func (c *catalog) settleLocked(source string, data catalogData, err error, now time.Time) {
@@ -296,8 +272,18 @@ func (c *catalog) current() (catalogData, string) {
 	stale := func() bool { return c.data == nil || c.loadedAt.IsZero() || now.Sub(c.loadedAt) >= c.ttl }
 	mayTry := c.lastTry.IsZero() || now.Sub(c.lastTry) >= c.ttl
 	if c.path != "" {
-		if c.data == nil || stale() && mayTry {
-			c.readFileLocked(now)
+		if c.data == nil || stale() && mayTry { // on demand (SPEC §6.4); a failed re-read keeps memory
+			b, err := os.ReadFile(c.path)
+			var data catalogData
+			if err == nil {
+				data, err = parseCatalog(b)
+			} else {
+				if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
+					err = pe.Err // the path is outside the state directory; /readyz must not show it
+				}
+				err = fmt.Errorf("BRAMA_MODEL_CATALOG_PATH: %w", err)
+			}
+			c.settleLocked("file", data, err, now)
 		}
 	} else {
 		if c.data == nil && !c.cacheTried {
@@ -311,27 +297,21 @@ func (c *catalog) current() (catalogData, string) {
 			}
 		}
 	}
-	if c.data == nil {
-		return nil, "the model catalogue is unavailable: " + c.unavailableLocked()
-	}
-	return c.data, ""
-}
-
-// unavailableLocked says why memory is empty.
-func (c *catalog) unavailableLocked() string {
+	const unavailable = "the model catalogue is unavailable: "
 	switch {
+	case c.data != nil:
+		return c.data, ""
 	case c.lastErr != nil:
-		return c.lastErr.Error()
+		return nil, unavailable + c.lastErr.Error()
 	case c.path != "":
-		return "the catalogue file has not been read"
-	case c.url == "" && c.cacheErr != nil:
-		return "live reads are off (BRAMA_MODEL_CATALOG_URL=off) and " + c.cacheErr.Error()
+		return nil, unavailable + "the catalogue file has not been read"
 	case c.url == "":
-		return "live reads are off (BRAMA_MODEL_CATALOG_URL=off) and there is no cached copy"
+		return nil, unavailable + "live reads are off (BRAMA_MODEL_CATALOG_URL=off) and " +
+			cmp.Or(c.cacheErr, errors.New("there is no cached copy")).Error()
 	case c.kick == nil:
-		return "no catalogue read has been started"
+		return nil, unavailable + "no catalogue read has been started"
 	}
-	return "the first catalogue read has not finished"
+	return nil, unavailable + "the first catalogue read has not finished"
 }
 
 // lookup is the catalogue's entry for model of provider's vendor. ok=false
@@ -431,8 +411,13 @@ func parseCatalogModel(id string, raw json.RawMessage) (modelInfo, bool) {
 	}
 	info := modelInfo{ID: id}
 	var date string
-	if json.Unmarshal(m.ReleaseDate, &date) == nil && catalogDate(date) {
-		info.ReleaseDate = date
+	if json.Unmarshal(m.ReleaseDate, &date) == nil {
+		// "YYYY-MM-DD" or the "YYYY-MM" some entries carry; both sort as strings.
+		_, day := time.Parse("2006-01-02", date)
+		_, month := time.Parse("2006-01", date)
+		if day == nil || month == nil {
+			info.ReleaseDate = date
+		}
 	}
 	var limit struct{ Context, Output json.RawMessage }
 	if json.Unmarshal(m.Limit, &limit) == nil {
@@ -445,16 +430,6 @@ func parseCatalogModel(id string, raw json.RawMessage) (modelInfo, bool) {
 		info.Output = catalogStrings(mod.Output)
 	}
 	return info, true
-}
-
-// catalogDate accepts "YYYY-MM-DD" and the "YYYY-MM" some entries carry;
-// both sort correctly as strings.
-func catalogDate(s string) bool {
-	if _, err := time.Parse("2006-01-02", s); err == nil {
-		return true
-	}
-	_, err := time.Parse("2006-01", s)
-	return err == nil
 }
 
 // catalogCount is a positive whole token count, else 0 (unknown).

@@ -76,7 +76,6 @@ var (
 	errShuttingDown      = errors.New("brama is shutting down")
 )
 
-// lookupOAuth finds provider's OAuth row.
 func lookupOAuth(provider string) (oauthProvider, error) {
 	if i := slices.IndexFunc(oauthProviders, func(p oauthProvider) bool { return p.id == provider }); i >= 0 {
 		return oauthProviders[i], nil
@@ -306,7 +305,6 @@ func (e *refreshError) Error() string {
 
 func (e *refreshError) Unwrap() error { return e.Err }
 
-// statusText is "HTTP n", or "no status" when no answer came.
 func statusText(status int) string {
 	if status == 0 {
 		return "no status"
@@ -505,29 +503,22 @@ func fillGrant(provider string, g oauthGrant) oauthGrant {
 }
 
 // jwtPayload decodes a JWT's payload (RFC 7519 §3), unchecked: Brama reads
-// what the provider said of its own token, which it checks on use.
-func jwtPayload(token string) (map[string]json.RawMessage, bool) {
-	parts := strings.Split(token, ".")
-	if len(parts) != 3 {
-		return nil, false
-	}
-	b, err := base64.RawURLEncoding.DecodeString(strings.TrimRight(parts[1], "="))
-	if err != nil {
-		return nil, false
-	}
+// what the provider said of its own token, which it checks on use. It is
+// nil when token is no JWT, so every claim reads as absent.
+func jwtPayload(token string) map[string]json.RawMessage {
 	var m map[string]json.RawMessage
-	if json.Unmarshal(b, &m) != nil {
-		return nil, false
+	if parts := strings.Split(token, "."); len(parts) == 3 {
+		b, err := base64.RawURLEncoding.DecodeString(strings.TrimRight(parts[1], "="))
+		if err != nil || json.Unmarshal(b, &m) != nil {
+			return nil
+		}
 	}
-	return m, true
+	return m
 }
 
 // jwtExpMs is token's exp claim in ms, or 0.
 func jwtExpMs(token string) int64 {
-	m, ok := jwtPayload(token)
-	if !ok {
-		return 0
-	}
+	m := jwtPayload(token)
 	var exp float64
 	if json.Unmarshal(m["exp"], &exp) != nil || exp < 1 || exp > math.MaxInt64/1000/2 {
 		return 0
@@ -538,16 +529,10 @@ func jwtExpMs(token string) int64 {
 // codexAccountID is an id_token's https://api.openai.com/auth →
 // chatgpt_account_id claim (SPEC §6.2).
 func codexAccountID(idToken string) string {
-	m, ok := jwtPayload(idToken)
-	if !ok {
-		return ""
-	}
 	var auth struct {
 		AccountID string `json:"chatgpt_account_id"`
 	}
-	if json.Unmarshal(m["https://api.openai.com/auth"], &auth) != nil {
-		return ""
-	}
+	json.Unmarshal(jwtPayload(idToken)["https://api.openai.com/auth"], &auth) // unreadable: no account
 	return auth.AccountID
 }
 
@@ -600,7 +585,7 @@ func authorizeURL(provider, state, challenge string) (string, error) {
 	return p.authorizeURL + "?" + q.Encode(), nil
 }
 
-// exchangeCode trades what the user pasted (see splitPastedCode) for a
+// exchangeCode trades what the user pasted for a
 // grant (RFC 6749 §4.1.3 with PKCE); a pasted state must equal state.
 // Nothing is stored: the CLI hands the grant to the daemon.
 func (o *oauthClient) exchangeCode(ctx context.Context, provider, code, verifier, state string) (oauthGrant, error) {
@@ -608,7 +593,13 @@ func (o *oauthClient) exchangeCode(ctx context.Context, provider, code, verifier
 	if err != nil {
 		return oauthGrant{}, err
 	}
-	code, pasted := splitPastedCode(code)
+	// What was pasted: a redirect URL (codex), "code#state" (claude-code's page) or a bare code.
+	var pasted string
+	if u, err := url.Parse(strings.TrimSpace(code)); err == nil && u.Scheme != "" && u.Host != "" {
+		code, pasted = u.Query().Get("code"), u.Query().Get("state")
+	} else {
+		code, pasted, _ = strings.Cut(strings.TrimSpace(code), "#")
+	}
 	switch {
 	case pasted != "" && pasted != state:
 		return oauthGrant{}, errStateMismatch
@@ -630,15 +621,4 @@ func (o *oauthClient) exchangeCode(ctx context.Context, provider, code, verifier
 	}
 	return fillGrant(p.id, oauthGrant{AccessToken: ans.AccessToken, RefreshToken: ans.RefreshToken, IDToken: ans.IDToken,
 		ExpiresAtMs: answerExpiry(ans, o.now())}), nil
-}
-
-// splitPastedCode reads a redirect URL (codex), "code#state" (claude-code's
-// page) or a bare code.
-func splitPastedCode(s string) (code, state string) {
-	s = strings.TrimSpace(s)
-	if u, err := url.Parse(s); err == nil && u.Scheme != "" && u.Host != "" {
-		return u.Query().Get("code"), u.Query().Get("state")
-	}
-	code, state, _ = strings.Cut(s, "#")
-	return code, state
 }

@@ -107,7 +107,6 @@ func parsePlanWindows(provider string, h http.Header, now time.Time) []planWindo
 	return ws
 }
 
-// parseNumber reads s (spaces trimmed) as a finite number.
 func parseNumber(s string) (float64, bool) {
 	f, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
 	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
@@ -204,7 +203,6 @@ func asReport(raw json.RawMessage) report {
 	return r
 }
 
-// obj is the object under key, or nil.
 func (r report) obj(key string) report { return asReport(r[key]) }
 
 // num is the first of keys holding a number.
@@ -359,9 +357,7 @@ func parseKimiUsage(body []byte, now time.Time) ([]planWindow, error) {
 		}
 	}
 	var limits []json.RawMessage
-	if json.Unmarshal(r["limits"], &limits) != nil {
-		limits = nil // not an array: no limits
-	}
+	json.Unmarshal(r["limits"], &limits) // not an array: no limits
 	for i, raw := range limits {
 		top := asReport(raw)
 		counters := top

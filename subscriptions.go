@@ -69,9 +69,21 @@ func (doc *overlayDoc) validate() error {
 		doc.Items = []overlayItem{}
 	}
 	seen := map[string]bool{}
-	for i, it := range doc.Items {
-		err := checkOverlayItem(it)
-		if err == nil && seen[it.ID] {
+	for i, it := range doc.Items { // the rules a donation enforces
+		p, known := lookupProvider(it.Provider)
+		_, timeErr := time.Parse(time.RFC3339Nano, it.CreatedAt)
+		err := checkLabel(it.Label)
+		switch {
+		case !isSubscriptionID(it.ID):
+			err = fmt.Errorf("id %q is not sub_ followed by 16 lower-case hex digits", it.ID)
+		case !known || p.cred == credNone:
+			err = fmt.Errorf("provider %q takes no subscription", it.Provider)
+		case !idPattern.MatchString(it.AgentID):
+			err = fmt.Errorf("agent_id %q must match [a-z0-9-]{1,64}", it.AgentID)
+		case err != nil:
+		case timeErr != nil:
+			err = fmt.Errorf("created_at %q is not an RFC 3339 time", it.CreatedAt)
+		case seen[it.ID]:
 			err = fmt.Errorf("id %q appears twice", it.ID)
 		}
 		if err != nil {
@@ -82,37 +94,9 @@ func (doc *overlayDoc) validate() error {
 	return nil
 }
 
-// checkOverlayItem applies the rules a donation enforces to one stored item.
-func checkOverlayItem(it overlayItem) error {
-	if !isSubscriptionID(it.ID) {
-		return fmt.Errorf("id %q is not sub_ followed by 16 lower-case hex digits", it.ID)
-	}
-	if p, ok := lookupProvider(it.Provider); !ok || p.cred == credNone {
-		return fmt.Errorf("provider %q takes no subscription", it.Provider)
-	}
-	if !idPattern.MatchString(it.AgentID) {
-		return fmt.Errorf("agent_id %q must match [a-z0-9-]{1,64}", it.AgentID)
-	}
-	if err := checkLabel(it.Label); err != nil {
-		return err
-	}
-	if _, err := time.Parse(time.RFC3339Nano, it.CreatedAt); err != nil {
-		return fmt.Errorf("created_at %q is not an RFC 3339 time", it.CreatedAt)
-	}
-	return nil
-}
-
-// isSubscriptionID reports whether id is sub_ + 16 lower-case hex digits.
 func isSubscriptionID(id string) bool {
 	rest, ok := strings.CutPrefix(id, "sub_")
 	return ok && len(rest) == 16 && strings.Trim(rest, "0123456789abcdef") == ""
-}
-
-// newSubscriptionID is sub_ + 16 random hex digits (collisions are refused, not expected).
-func newSubscriptionID() string {
-	b := make([]byte, 8)
-	rand.Read(b)
-	return "sub_" + hex.EncodeToString(b)
 }
 
 // checkLabel allows printable text of at most 128 bytes: no control characters reach a terminal.
@@ -227,9 +211,8 @@ func subscriptionCacheTTL(v string) (time.Duration, error) {
 // the overlay and the rule (or the missing state directory).
 func (inv *inventory) items() ([]overlayItem, error) {
 	doc, err := inv.overlay.load()
-	var ns *noStateError
 	switch {
-	case errors.As(err, &ns):
+	case errors.As(err, new(*noStateError)):
 		return nil, asAPIError(err)
 	case err != nil:
 		return nil, refuse("dependency_unavailable", "%v", err).because(err)
@@ -246,7 +229,6 @@ func (inv *inventory) retiredSet() (map[string]bool, error) {
 	return r, err
 }
 
-// view is every overlay item and the retired set, read together.
 func (inv *inventory) view() ([]overlayItem, map[string]bool, error) {
 	items, err := inv.items()
 	if err != nil {
@@ -267,7 +249,6 @@ func (inv *inventory) agentItems(agent string) ([]overlayItem, error) {
 	return inv.live(func(it overlayItem) bool { return it.AgentID == agent })
 }
 
-// live filters the overlay to non-retired items that keep says to keep.
 func (inv *inventory) live(keep func(overlayItem) bool) ([]overlayItem, error) {
 	items, retired, err := inv.view()
 	if err != nil {
@@ -332,7 +313,9 @@ func (inv *inventory) donate(agent, provider, label string, cred vaultCredential
 	if err != nil {
 		return overlayItem{}, err
 	}
-	it := overlayItem{ID: newSubscriptionID(), Provider: provider, AgentID: agent, Label: label,
+	rnd := make([]byte, 8)
+	rand.Read(rnd)
+	it := overlayItem{ID: "sub_" + hex.EncodeToString(rnd), Provider: provider, AgentID: agent, Label: label,
 		CreatedAt: inv.now().UTC().Format(journalTimeFormat)}
 	if slices.ContainsFunc(items, func(x overlayItem) bool { return x.ID == it.ID }) {
 		return overlayItem{}, refuse("internal_error", "subscription id %s is taken; donate again", it.ID)
@@ -347,7 +330,12 @@ func (inv *inventory) donate(agent, provider, label string, cred vaultCredential
 	if err != nil {
 		return overlayItem{}, refuse("internal_error", "subscription not donated: the vault was not written: %v", err).because(err)
 	}
-	if err := inv.writeOverlay(&overlayDoc{SchemaVersion: 1, Items: append(items, it)}); err != nil {
+	b, err := marshalState(&overlayDoc{SchemaVersion: 1, Items: append(items, it)})
+	if err == nil {
+		err = writeFileAtomic(inv.overlay.path, b)
+		inv.invalidate(err == nil)
+	}
+	if err != nil {
 		// The secret is stored but no subscription names it: take it back, so
 		// the vault never keeps a secret without a subscription.
 		note := "its credential was removed from the vault"
@@ -371,16 +359,6 @@ func vaultRefusal(err error) *apiError {
 		return asAPIError(err)
 	}
 	return refuse("dependency_unavailable", "the vault is unreadable: %v", err).because(err)
-}
-
-// writeOverlay replaces the overlay with doc and invalidates. Callers hold wmu.
-func (inv *inventory) writeOverlay(doc *overlayDoc) error {
-	b, err := marshalState(doc)
-	if err == nil {
-		err = writeFileAtomic(inv.overlay.path, b)
-		inv.invalidate(err == nil)
-	}
-	return err
 }
 
 // invalidate drops every cached listing (SPEC §10.2: every local mutation
