@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -97,20 +96,7 @@ func TestErrorReferenceBodies(t *testing.T) {
 	})
 	env["BRAMA_PROVIDER_GROQ_BASE_URL"] = hanging.URL
 
-	old := newAnswerStore(resolveState(testEnv(env)), slog.New(slog.DiscardHandler), time.Now)
-	if _, _, err := old.reserve("local", "abandoned", []byte(answerBody("x")), "openai/gpt-test"); err != nil {
-		t.Fatal(err)
-	}
-	d := startDaemon(t, env, `{"openai":"`+plantedOpenAIKey+`","groq":"gsk-reference"}`, "-local-credentials-stdin")
-	if s, _, b := d.call("PUT", "/v1/admin/routes", d.token, `{"alias":"nokey","route":"anthropic/claude-x"}`); s != 200 {
-		t.Fatalf("PUT alias: %d %s", s, b)
-	}
-	app := addClient(t, env, "app")
-	reauth, _ := agentWithSubs(t, d, "a1", "kimi", "k401")
-	blocked, _ := agentWithSubs(t, d, "a2", "kimi", "k429")
-	if r := postAnswer(d, "taken", answerBody("a")); r.status != 200 {
-		t.Fatalf("first signed answer: %d %s", r.status, r.body)
-	}
+	d, app, reauth, blocked := refusalScene(t, env, `{"openai":"`+plantedOpenAIKey+`","groq":"gsk-reference"}`)
 	chat := func(model string) string {
 		return `{"model":"` + model + `","messages":[{"role":"user","content":"hi"}]}`
 	}

@@ -75,21 +75,7 @@ func TestShouldRetryEveryCode(t *testing.T) {
 	kimi := newKeyedFake(t, map[string]string{"k401": "401", "k429": "429"})
 	env["BRAMA_PROVIDER_KIMI_BASE_URL"] = kimi.URL
 
-	// A signed answer abandoned by a stopped process (SPEC §12): 500.
-	old := newAnswerStore(resolveState(testEnv(env)), slog.New(slog.DiscardHandler), time.Now)
-	if _, _, err := old.reserve("local", "abandoned", []byte(answerBody("x")), "openai/gpt-test"); err != nil {
-		t.Fatal(err)
-	}
-	d := startDaemon(t, env, `{"openai":"`+plantedOpenAIKey+`"}`, "-local-credentials-stdin")
-	if s, _, b := d.call("PUT", "/v1/admin/routes", d.token, `{"alias":"nokey","route":"anthropic/claude-x"}`); s != 200 {
-		t.Fatalf("PUT alias: %d %s", s, b)
-	}
-	app := addClient(t, env, "app")
-	reauth, _ := agentWithSubs(t, d, "a1", "kimi", "k401")
-	blocked, _ := agentWithSubs(t, d, "a2", "kimi", "k429")
-	if r := postAnswer(d, "taken", answerBody("a")); r.status != 200 {
-		t.Fatalf("first signed answer: %d %s", r.status, r.body)
-	}
+	d, app, reauth, blocked := refusalScene(t, env, `{"openai":"`+plantedOpenAIKey+`"}`)
 	if s, _, b := d.call("POST", "/v1/chat/completions", blocked, chatBody(dialectChat, "kimi/k2", false, "")); s != 429 {
 		t.Fatalf("blocking a2's subscription: %d %s", s, b)
 	}
@@ -362,4 +348,28 @@ func TestInBandErrorRedactsPresentedKey(t *testing.T) {
 	for _, key := range creds {
 		assertNoSecret(t, key, logs, env["BRAMA_STATE_DIR"])
 	}
+}
+
+// refusalScene starts a daemon with direct keys creds (JSON) on env in which
+// every refusal of SPEC §8.2 can be asked for: a signed answer abandoned by
+// a stopped process (key "abandoned"), a signed answer kept (key "taken"),
+// an alias whose provider has no key ("nokey"), a caller client (app), and
+// agents whose kimi subscription answers 401 (reauth) and 429 (blocked).
+func refusalScene(t *testing.T, env map[string]string, creds string) (d *daemon, app, reauth, blocked string) {
+	t.Helper()
+	old := newAnswerStore(resolveState(testEnv(env)), slog.New(slog.DiscardHandler), time.Now)
+	if _, _, err := old.reserve("local", "abandoned", []byte(answerBody("x")), "openai/gpt-test"); err != nil {
+		t.Fatal(err)
+	}
+	d = startDaemon(t, env, creds, "-local-credentials-stdin")
+	if s, _, b := d.call("PUT", "/v1/admin/routes", d.token, `{"alias":"nokey","route":"anthropic/claude-x"}`); s != 200 {
+		t.Fatalf("PUT alias: %d %s", s, b)
+	}
+	app = addClient(t, env, "app")
+	reauth, _ = agentWithSubs(t, d, "a1", "kimi", "k401")
+	blocked, _ = agentWithSubs(t, d, "a2", "kimi", "k429")
+	if r := postAnswer(d, "taken", answerBody("a")); r.status != 200 {
+		t.Fatalf("first signed answer: %d %s", r.status, r.body)
+	}
+	return d, app, reauth, blocked
 }
