@@ -1,0 +1,66 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestCheck builds a small package that passes, then breaks it once for
+// each rule the check exists for and shows the finding.
+func TestCheck(t *testing.T) {
+	files := map[string]string{
+		"server.go":   "package main\n\nimport \"net/http\"\n\ntype server struct{ e engine }\n\nfunc (s *server) handle(w http.ResponseWriter, r *http.Request) { s.e.run() }\n\nfunc main() {}\n",
+		"dispatch.go": "package main\n\nimport \"net/http\"\n\ntype engine struct{}\n\nfunc (e engine) run() { panic(http.ErrAbortHandler) }\n",
+		"README.md":   "# x\n\n## Reading the code\n\n| rule | where |\n|---|---|\n| the abort | `(*engine).run`, `engine.run` |\n",
+	}
+	tests := []struct {
+		name     string
+		edit     func(map[string]string)
+		wantFind string
+	}{
+		{"passes", func(map[string]string) {}, ""},
+		{"two files use each other", func(f map[string]string) {
+			f["dispatch.go"] += "\nfunc (e engine) back(s *server) {}\n"
+		}, "server.go and dispatch.go use each other"},
+		{"the abort written twice", func(f map[string]string) {
+			f["dispatch.go"] += "\nfunc (e engine) again() { panic(http.ErrAbortHandler) }\n"
+		}, "written 2 times"},
+		{"a file over its limit", func(f map[string]string) {
+			f["dispatch.go"] += strings.Repeat("\n", 40)
+		}, "dispatch.go: "},
+		{"README names a missing function", func(f map[string]string) {
+			f["README.md"] = strings.Replace(f["README.md"], "`engine.run`", "`engine.gone`", 1)
+		}, "README names engine.gone"},
+		{"README without the rules table", func(f map[string]string) {
+			f["README.md"] = "# x\n"
+		}, `no "Reading the code" table`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := map[string]string{}
+			for k, v := range files {
+				f[k] = v
+			}
+			tt.edit(f)
+			dir := t.TempDir()
+			for name, content := range f {
+				if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			findings, err := check(dir, "README.md", 100, 30)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := strings.Join(findings, "\n")
+			if tt.wantFind == "" && got != "" {
+				t.Fatalf("findings on a clean package:\n%s", got)
+			}
+			if tt.wantFind != "" && !strings.Contains(got, tt.wantFind) {
+				t.Fatalf("findings %q do not contain %q", got, tt.wantFind)
+			}
+		})
+	}
+}
