@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // codeInfo is what a stable error code fixes: the HTTP status, the type and
@@ -124,11 +125,14 @@ func (e *apiError) because(err error) *apiError {
 	return e
 }
 
-// envelope is the wire shape of SPEC §8.1, members in the documented order.
+// envelope is the wire shape of SPEC §8.1, members in the documented order;
+// Type is "error" on the messages dialect, whose clients expect it.
 type envelope struct {
+	Type  string       `json:"type,omitempty"`
 	Error envelopeBody `json:"error"`
 }
 
+// envelopeBody is the "error" member of an envelope.
 type envelopeBody struct {
 	Message   string        `json:"message"`
 	Type      string        `json:"type"`
@@ -176,19 +180,6 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Write(append(b, '\n'))
 }
 
-// messagesEnvelope is the envelope on the messages dialect: Anthropic's
-// clients expect a top-level "type":"error" beside "error" (SPEC §8.1).
-type messagesEnvelope struct {
-	Type  string       `json:"type"`
-	Error envelopeBody `json:"error"`
-}
-
-// messagesPath reports whether path is one of the messages dialect's
-// (/v1/messages, /v1/messages/count_tokens).
-func messagesPath(path string) bool {
-	return path == "/v1/messages" || strings.HasPrefix(path, "/v1/messages/")
-}
-
 // writeAPIError writes err in the envelope for request r. Every error
 // response says x-should-retry, equal to retryable; a retryable one whose
 // wait is known says Retry-After in whole seconds (SPEC §8.1);
@@ -197,17 +188,17 @@ func writeAPIError(w http.ResponseWriter, r *http.Request, err error) *apiError 
 	ae := asAPIError(err)
 	h := w.Header()
 	if ae.Attempts != nil {
-		h.Set("Brama-Attempts", fmt.Sprint(*ae.Attempts))
+		h.Set("Brama-Attempts", strconv.Itoa(*ae.Attempts))
 	}
 	h.Set("X-Should-Retry", strconv.FormatBool(ae.retryable()))
 	if ae.retryable() && ae.RetryAfter > 0 {
 		h.Set("Retry-After", retryAfterSeconds(ae.RetryAfter))
 	}
-	if r != nil && messagesPath(r.URL.Path) {
-		writeJSON(w, ae.Status(), messagesEnvelope{Type: "error", Error: ae.body().Error})
-		return ae
+	env := ae.body()
+	if r != nil && (r.URL.Path == "/v1/messages" || strings.HasPrefix(r.URL.Path, "/v1/messages/")) {
+		env.Type = "error"
 	}
-	writeJSON(w, ae.Status(), ae.body())
+	writeJSON(w, ae.Status(), env)
 	return ae
 }
 
@@ -222,13 +213,11 @@ func truncateUTF8(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
-	for n > 0 && !isRuneStart(s[n]) {
+	for n > 0 && !utf8.RuneStart(s[n]) {
 		n--
 	}
 	return s[:n]
 }
-
-func isRuneStart(b byte) bool { return b&0xC0 != 0x80 }
 
 // secretShaped matches API-key-shaped tokens (sk-…, sk-ant-…, brama_…) that
 // must never be quoted back (SPEC §8.1).

@@ -88,34 +88,25 @@ func classifyRefusal(protocol string, status int, header http.Header, body []byt
 	}
 	typ, code, msg := providerErrorFields(body)
 	quota := !byStatus && (quotaCodes[typ] || quotaCodes[code])
-	r := providerRefusal{status: status, sentence: cleanQuoted(msg, presented, maxSentenceBytes)}
-
+	r := providerRefusal{class: refusalOther, status: status, sentence: cleanQuoted(msg, presented, maxSentenceBytes)}
+	ec := "provider_failure" // a malformed answer, 408, 409, a direct route's 401/403
 	switch {
-	case status == http.StatusUnauthorized || status == http.StatusForbidden:
-		r.class = refusalAuth
-	case status >= 400 && status < 500 && (status == http.StatusPaymentRequired || quota):
-		r.class = refusalQuota
-	case status == http.StatusTooManyRequests:
-		r.class = refusalRate
-	case status == 400 || status == 404 || status == 413 || status == 422:
-		r.class = refusalModel
-	default:
-		r.class = refusalOther
-	}
-	var ec string
-	switch {
-	case r.class == refusalRate:
-		ec = "provider_rate_limited"
-	case r.class == refusalQuota:
-		ec = "provider_quota_exhausted"
 	case rejectedStatus(status) != 0:
 		ec = "provider_rejected"
 	case status == http.StatusGatewayTimeout:
 		ec = "dependency_timeout"
 	case status >= 500:
 		ec = "dependency_unavailable"
-	default: // a malformed answer, 408, 409, a direct route's 401/403
-		ec = "provider_failure"
+	}
+	switch {
+	case status == http.StatusUnauthorized || status == http.StatusForbidden:
+		r.class = refusalAuth
+	case status >= 400 && status < 500 && (status == http.StatusPaymentRequired || quota):
+		r.class, ec = refusalQuota, "provider_quota_exhausted"
+	case status == http.StatusTooManyRequests:
+		r.class, ec = refusalRate, "provider_rate_limited"
+	case status == 400 || status == 404 || status == 413 || status == 422:
+		r.class = refusalModel
 	}
 	wait := retryAfter(header, now)
 	if r.class == refusalRate || r.class == refusalQuota {
@@ -159,12 +150,11 @@ func providerErrorFields(body []byte) (typ, code, msg string) {
 	if e, ok := errorObject(b.Error); ok {
 		return e.typ, e.code, e.msg
 	}
-	if s, ok := jsonString(b.Error); ok {
-		return "", "", s
-	}
 	// codex: {"detail": "text"} or {"detail": {"message": …}}; status decides.
-	if s, ok := jsonString(b.Detail); ok {
-		return "", "", s
+	for _, raw := range []json.RawMessage{b.Error, b.Detail} {
+		if s, ok := jsonString(raw); ok {
+			return "", "", s
+		}
 	}
 	if e, ok := errorObject(b.Detail); ok {
 		return "", "", e.msg
@@ -256,14 +246,11 @@ func retryAfter(h http.Header, now time.Time) time.Duration {
 		}
 	}
 	var d time.Duration
-	longer := func(x time.Duration) {
-		d = max(d, x)
-	}
 	// OpenAI: x-ratelimit-{remaining,reset}-{requests,tokens}, reset as "6m0s".
 	for _, k := range []string{"requests", "tokens"} {
 		if strings.TrimSpace(h.Get("X-Ratelimit-Remaining-"+k)) == "0" {
 			if x, err := time.ParseDuration(strings.TrimSpace(h.Get("X-Ratelimit-Reset-" + k))); err == nil {
-				longer(clampWait(x.Seconds()))
+				d = max(d, clampWait(x.Seconds()))
 			}
 		}
 	}
@@ -271,7 +258,7 @@ func retryAfter(h http.Header, now time.Time) time.Duration {
 	for _, k := range []string{"requests", "tokens", "input-tokens", "output-tokens"} {
 		if strings.TrimSpace(h.Get("Anthropic-Ratelimit-"+k+"-Remaining")) == "0" {
 			if t, err := time.Parse(time.RFC3339, strings.TrimSpace(h.Get("Anthropic-Ratelimit-"+k+"-Reset"))); err == nil {
-				longer(clampWait(t.Sub(now).Seconds()))
+				d = max(d, clampWait(t.Sub(now).Seconds()))
 			}
 		}
 	}
@@ -281,7 +268,7 @@ func retryAfter(h http.Header, now time.Time) time.Duration {
 		u, _ := strconv.ParseFloat(strings.TrimSpace(h.Get(p+"Utilization")), 64)
 		if strings.TrimSpace(h.Get(p+"Status")) == "rejected" || u >= 1 {
 			if s, err := strconv.ParseInt(strings.TrimSpace(h.Get(p+"Reset")), 10, 64); err == nil {
-				longer(clampWait(float64(s - now.Unix())))
+				d = max(d, clampWait(float64(s-now.Unix())))
 			}
 		}
 	}
@@ -290,7 +277,7 @@ func retryAfter(h http.Header, now time.Time) time.Duration {
 		p := "X-Codex-" + k + "-"
 		if u, err := strconv.ParseFloat(strings.TrimSpace(h.Get(p+"Used-Percent")), 64); err == nil && u >= 100 {
 			if s, err := strconv.ParseFloat(strings.TrimSpace(h.Get(p+"Reset-After-Seconds")), 64); err == nil {
-				longer(clampWait(s))
+				d = max(d, clampWait(s))
 			}
 		}
 	}
@@ -325,24 +312,17 @@ func classifyTransport(err error) *apiError {
 	if errors.Is(err, context.Canceled) {
 		return refuse("client_cancelled", "the caller went away during the provider call").because(err)
 	}
-	var (
-		op   *net.OpError
-		dns  *net.DNSError
-		cert *tls.CertificateVerificationError
-		rec  tls.RecordHeaderError
-		alrt tls.AlertError
-		ua   x509.UnknownAuthorityError
-		hn   x509.HostnameError
-		ci   x509.CertificateInvalidError
-	)
+	var op *net.OpError
+	var dns *net.DNSError
 	dial := errors.As(err, &op) && op.Op == "dial"
 	switch {
 	case dial && op.Timeout(), errors.As(err, &dns) && dns.IsTimeout:
 		return refuse("dependency_timeout", "connecting to the provider timed out: %s", text).because(err)
 	case dial, errors.As(err, &dns):
 		return refuse("dependency_unavailable", "could not connect to the provider, nothing was sent: %s", text).because(err)
-	case errors.As(err, &cert), errors.As(err, &rec), errors.As(err, &alrt),
-		errors.As(err, &ua), errors.As(err, &hn), errors.As(err, &ci):
+	case errors.As(err, new(*tls.CertificateVerificationError)), errors.As(err, new(tls.RecordHeaderError)),
+		errors.As(err, new(tls.AlertError)), errors.As(err, new(x509.UnknownAuthorityError)),
+		errors.As(err, new(x509.HostnameError)), errors.As(err, new(x509.CertificateInvalidError)):
 		return refuse("dependency_unavailable", "TLS handshake with the provider failed, nothing was sent: %s", text).because(err)
 	}
 	return refuse("provider_incomplete", "the provider connection failed after the request was sent: %s", text).because(err)
