@@ -103,16 +103,16 @@ func (s *server) routes() {
 	s.mux.Handle("GET /v1/admin/routes", s.admin(s.handleRoutesGet))
 	s.mux.Handle("PUT /v1/admin/routes", s.admin(s.handleRoutesPut))
 	s.mux.Handle("DELETE /v1/admin/routes", s.admin(s.handleRoutesDelete))
-	s.mux.Handle("GET /v1/subscriptions/{agent_id}", s.caller(s.subscriptionOwner(s.handleSubscriptionList)))
-	s.mux.Handle("POST /v1/subscriptions/{agent_id}", s.caller(s.subscriptionOwner(s.handleSubscriptionDonate)))
-	s.mux.Handle("DELETE /v1/subscriptions/{agent_id}/{subscription_id}", s.caller(s.subscriptionOwner(s.handleSubscriptionRetire)))
-	s.mux.Handle("GET /v1/admin/subscriptions/{agent_id}", s.admin(s.subscriptionAgentAgrees(s.handleSubscriptionList)))
-	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}", s.admin(s.subscriptionAgentAgrees(s.handleAdminDonation)))
-	s.mux.Handle("DELETE /v1/admin/subscriptions/{agent_id}/{subscription_id}", s.admin(s.subscriptionAgentAgrees(s.handleSubscriptionRetire)))
-	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/reinstate", s.admin(s.subscriptionAgentAgrees(s.handleSubscriptionReinstate)))
-	s.mux.Handle("POST /v1/admin/maintain", s.admin(s.handleMaintain(s.maint)))
-	s.mux.Handle("PUT /v1/admin/subscriptions/{agent_id}/{subscription_id}/credential", s.admin(s.subscriptionAgentAgrees(s.handleSubscriptionCredential)))
-	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/probe", s.admin(s.subscriptionAgentAgrees(s.handleSubscriptionProbe)))
+	s.mux.Handle("GET /v1/subscriptions/{agent_id}", s.caller(s.subscriptionAgent(false, s.reply(200, s.listSubscriptions))))
+	s.mux.Handle("POST /v1/subscriptions/{agent_id}", s.caller(s.subscriptionAgent(false, s.reply(201, s.donateSubscription))))
+	s.mux.Handle("DELETE /v1/subscriptions/{agent_id}/{subscription_id}", s.caller(s.subscriptionAgent(false, s.reply(200, s.retireSubscription))))
+	s.mux.Handle("GET /v1/admin/subscriptions/{agent_id}", s.admin(s.subscriptionAgent(true, s.reply(200, s.listSubscriptions))))
+	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}", s.admin(s.subscriptionAgent(true, s.reply(201, s.adminDonation))))
+	s.mux.Handle("DELETE /v1/admin/subscriptions/{agent_id}/{subscription_id}", s.admin(s.subscriptionAgent(true, s.reply(200, s.retireSubscription))))
+	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/reinstate", s.admin(s.subscriptionAgent(true, s.reply(200, s.reinstateSubscription))))
+	s.mux.Handle("POST /v1/admin/maintain", s.admin(s.reply(200, s.maintainNow)))
+	s.mux.Handle("PUT /v1/admin/subscriptions/{agent_id}/{subscription_id}/credential", s.admin(s.subscriptionAgent(true, s.reply(200, s.replaceCredential))))
+	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/probe", s.admin(s.subscriptionAgent(true, s.handleSubscriptionProbe)))
 }
 
 // requestInfo is what the per-request log line reports (SPEC §13); handlers
@@ -294,17 +294,11 @@ func (s *server) logRequest(r *http.Request, ri *requestInfo, status int, d time
 	s.log.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
 }
 
-// caller wraps h so it runs only for a request with exactly one known
-// token and, when agent headers are present, a valid agent signature that
-// agrees with the bearer's agent.
-func (s *server) caller(h http.HandlerFunc) http.Handler {
-	return s.authenticated("", h)
-}
+// caller wraps h so it runs only once authenticate accepts the request.
+func (s *server) caller(h http.HandlerFunc) http.Handler { return s.authenticated("", h) }
 
 // admin is caller plus role admin (SPEC §3.1).
-func (s *server) admin(h http.HandlerFunc) http.Handler {
-	return s.authenticated(roleAdmin, h)
-}
+func (s *server) admin(h http.HandlerFunc) http.Handler { return s.authenticated(roleAdmin, h) }
 
 // authenticated runs h once authenticate accepts the request for role
 // ("" for any client).
@@ -483,8 +477,7 @@ func (s *server) readiness() readiness {
 	invReasons, invWarnings, subPayer := s.inv.readiness()
 	rd.Reasons = append(rd.Reasons, invReasons...)
 	rd.Warnings = append(rd.Warnings, invWarnings...)
-	payer = payer || subPayer
-	if !payer {
+	if !payer && !subPayer {
 		rd.Reasons = append(rd.Reasons, "no payer: no direct credential, declared deployment or active subscription")
 	}
 	rd.Ready = len(rd.Reasons) == 0
@@ -523,11 +516,11 @@ func (s *server) handleRoutesPut(w http.ResponseWriter, r *http.Request) {
 		Alias string `json:"alias"`
 		Route string `json:"route"`
 	}
-	if err := decodeBody(r, &body); err != nil {
-		s.fail(w, r, err)
-		return
+	var doc *routesDoc
+	err := decodeBody(r, &body, false)
+	if err == nil {
+		doc, err = s.reg.set(body.Alias, body.Route, infoFrom(r.Context()).client.ID)
 	}
-	doc, err := s.reg.set(body.Alias, body.Route, infoFrom(r.Context()).client.ID)
 	s.answerRoutes(w, r, doc, err)
 }
 
@@ -535,11 +528,11 @@ func (s *server) handleRoutesDelete(w http.ResponseWriter, r *http.Request) {
 	var body struct {
 		Alias string `json:"alias"`
 	}
-	if err := decodeBody(r, &body); err != nil {
-		s.fail(w, r, err)
-		return
+	var doc *routesDoc
+	err := decodeBody(r, &body, false)
+	if err == nil {
+		doc, err = s.reg.remove(body.Alias, infoFrom(r.Context()).client.ID)
 	}
-	doc, err := s.reg.remove(body.Alias, infoFrom(r.Context()).client.ID)
 	s.answerRoutes(w, r, doc, err)
 }
 
@@ -549,17 +542,16 @@ func (s *server) answerRoutes(w http.ResponseWriter, r *http.Request, doc *route
 		s.fail(w, r, err)
 		return
 	}
-	var buf bytes.Buffer
-	buf.WriteString(`{"ok":true,"routes":`)
-	buf.Write(bytes.TrimSpace(encodeRegistry(doc)))
-	buf.WriteString("}\n")
-	writeRaw(w, http.StatusOK, buf.Bytes())
+	writeRaw(w, http.StatusOK, fmt.Appendf(nil, "{\"ok\":true,\"routes\":%s}\n", bytes.TrimSpace(encodeRegistry(doc))))
 }
 
-// decodeBody strictly decodes an admin body: malformed JSON or an unknown
-// member is 400 invalid_request naming it.
-func decodeBody(r *http.Request, v any) error {
+// decodeBody strictly decodes an admin body (optional: an empty one too):
+// malformed JSON or an unknown member is 400 invalid_request naming it.
+func decodeBody(r *http.Request, v any, optional bool) error {
 	body := infoFrom(r.Context()).body
+	if optional && len(bytes.TrimSpace(body)) == 0 {
+		return nil
+	}
 	if err := decodeStrict("request body", body, v); err != nil {
 		return refuse("invalid_request", "%s", err.Error())
 	}
