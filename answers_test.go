@@ -93,11 +93,10 @@ func TestAnswersPrune(t *testing.T) {
 	oldDone := keep("old-complete", longAgo, true)
 	oldBusy := keep("old-in-progress", longAgo, false)
 	recent := keep("recent-complete", time.Now, true)
-	// cliEnv.answersCmd directly: what run's "answers" case calls.
 	answers := func(args ...string) (string, string, int) {
 		var out, errb bytes.Buffer
-		e := cliEnv{getenv: testEnv(env), stdin: strings.NewReader(""), stdout: &out, stderr: &errb}
-		code := exitCode(e.answersCmd(args), &errb)
+		err := run(context.Background(), append([]string{"answers"}, args...), testEnv(env), strings.NewReader(""), &out, &errb)
+		code := exitCode(err, &errb)
 		return out.String(), errb.String(), code
 	}
 	out, errOut, code := answers("prune", "-older-than", "24h")

@@ -311,11 +311,6 @@ func (e cliEnv) journalCheck(args []string) error {
 	return nil
 }
 
-// answersCmd runs `brama answers verify|prune` (SPEC §12 items 6 and 7).
-func (e cliEnv) answersCmd(args []string) error {
-	return e.sub("answers", args, map[string]func([]string) error{"verify": e.answersVerify, "prune": e.answersPrune})
-}
-
 // answersVerify prints ok when a kept answer file (or, with -signature, a
 // file of raw body bytes) carries a good signature; a mismatch exits 1.
 func (e cliEnv) answersVerify(args []string) error {

@@ -124,15 +124,6 @@ func subscriptionPath(agent string, rest ...string) string {
 // writer of the overlay and the vault's subscriptions section. Each takes
 // -gateway and the bearer from BRAMA_TOKEN, else stdin's first line.
 
-// subscriptionCmd dispatches `brama subscription SUBCOMMAND`.
-func (e cliEnv) subscriptionCmd(args []string) error {
-	return e.sub("subscription", args, map[string]func([]string) error{
-		"add": e.subscriptionAdd, "list": e.subscriptionList, "retire": e.subscriptionRetire,
-		"reinstate": e.subscriptionReinstate, "import": e.subscriptionImport,
-		"sign-in": e.subscriptionSignIn,
-	})
-}
-
 // requireFlag refuses a command line that left a required flag empty.
 func requireFlag(name, v, usage string) error {
 	if strings.TrimSpace(v) == "" {
@@ -281,15 +272,6 @@ func (e cliEnv) printSubscriptions(rows []subscriptionRow) {
 	}
 	tw.Flush()
 	fmt.Fprintf(e.stdout, "%d subscription(s), %d retired\n", len(rows), retired)
-}
-
-// subscriptionRetire and subscriptionReinstate journal a subscription out of
-// or back into service through the daemon; reinstate needs a reason.
-func (e cliEnv) subscriptionRetire(args []string) error {
-	return e.subscriptionStatus("retire", args)
-}
-func (e cliEnv) subscriptionReinstate(args []string) error {
-	return e.subscriptionStatus("reinstate", args)
 }
 
 // subscriptionStatus is `brama subscription retire|reinstate … ID`: DELETE

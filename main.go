@@ -34,6 +34,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -73,60 +74,62 @@ var errRefused = errors.New("refused")
 
 // exitCode prints err and maps it to SPEC §16.1's exit codes.
 func exitCode(err error, stderr io.Writer) int {
-	var ue *usageError
 	switch {
 	case err == nil, errors.Is(err, flag.ErrHelp):
 		return 0
 	case errors.Is(err, errRefused):
 		return 1
-	case errors.As(err, &ue):
-		fmt.Fprintf(stderr, "brama: %v\n", err)
-		return 2
-	default:
-		fmt.Fprintf(stderr, "brama: %v\n", err)
-		return 1
 	}
+	fmt.Fprintf(stderr, "brama: %v\n", err)
+	if errors.As(err, new(*usageError)) {
+		return 2
+	}
+	return 1
 }
+
+// runUsage is run's usage line.
+const runUsage = "usage: brama serve|version|routes|clients|agents|credentials|subscription|onboard|journal|maintain|answers ... (-h on each)"
 
 // run is the whole program: it dispatches one subcommand and returns only
 // after every goroutine it started has exited.
 func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return &usageError{"usage: brama serve|version|routes|clients|agents|credentials|subscription|onboard|journal|maintain|answers ... (-h on each)"}
+		return &usageError{runUsage}
 	}
-	env := cliEnv{ctx: ctx, getenv: getenv, stdin: stdin, stdout: stdout, stderr: stderr}
+	e := cliEnv{ctx: ctx, getenv: getenv, stdin: stdin, stdout: stdout, stderr: stderr}
 	cmd, rest := args[0], args[1:]
+	subs := map[string]map[string]func([]string) error{
+		"routes":      {"list": e.routesList, "set": e.routesSet, "rm": e.routesRm, "migrate": e.routesMigrate},
+		"clients":     {"add": e.clientsAdd, "rm": e.clientsRm},
+		"agents":      {"add": e.agentsAdd, "rm": e.agentsRm},
+		"credentials": {"set": e.credentialsSet},
+		"journal":     {"check": e.journalCheck},
+		"answers":     {"verify": e.answersVerify, "prune": e.answersPrune},
+		"subscription": {
+			"add": e.subscriptionAdd, "list": e.subscriptionList, "import": e.subscriptionImport,
+			"retire":    func(args []string) error { return e.subscriptionStatus("retire", args) },
+			"reinstate": func(args []string) error { return e.subscriptionStatus("reinstate", args) },
+			"sign-in":   e.subscriptionSignIn,
+		},
+	}
 	switch cmd {
 	case "serve":
-		return serve(ctx, rest, env)
+		return serve(ctx, rest, e)
 	case "version":
 		fmt.Fprintf(stdout, "brama %s\n", version)
 		return nil
-	case "routes":
-		return env.sub("routes", rest, map[string]func([]string) error{
-			"list": env.routesList, "set": env.routesSet, "rm": env.routesRm, "migrate": env.routesMigrate,
-		})
-	case "clients":
-		return env.sub("clients", rest, map[string]func([]string) error{"add": env.clientsAdd, "rm": env.clientsRm})
-	case "agents":
-		return env.sub("agents", rest, map[string]func([]string) error{"add": env.agentsAdd, "rm": env.agentsRm})
-	case "credentials":
-		return env.sub("credentials", rest, map[string]func([]string) error{"set": env.credentialsSet})
-	case "subscription":
-		return env.subscriptionCmd(rest)
 	case "onboard":
-		return env.onboardCmd(rest)
-	case "journal":
-		return env.sub("journal", rest, map[string]func([]string) error{"check": env.journalCheck})
+		return e.onboardCmd(rest)
 	case "maintain":
-		return env.maintainCmd(rest)
-	case "answers":
-		return env.answersCmd(rest)
+		return e.maintainCmd(rest)
 	case "-h", "-help", "--help", "help":
-		fmt.Fprintln(stdout, "usage: brama serve|version|routes|clients|agents|credentials|subscription|onboard|journal|maintain|answers ... (-h on each)")
+		fmt.Fprintln(stdout, runUsage)
 		return nil
 	}
-	return &usageError{fmt.Sprintf("unknown command %q", cmd)}
+	if subs[cmd] == nil {
+		return &usageError{fmt.Sprintf("unknown command %q", cmd)}
+	}
+	return e.sub(cmd, rest, subs[cmd])
 }
 
 // cliEnv is what every command reads and writes besides its arguments.
@@ -328,11 +331,7 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 	case err = <-serveErr:
 		return err
 	}
-	grace := shutdownGrace
-	if testingOnlyShutdownGrace != 0 {
-		grace = testingOnlyShutdownGrace
-	}
-	shutCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), grace)
+	shutCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cmp.Or(testingOnlyShutdownGrace, shutdownGrace))
 	defer cancel()
 	if err := srv.Shutdown(shutCtx); err != nil {
 		stopRequests(errServerShutdown) // their log lines say server_shutdown
