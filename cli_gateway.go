@@ -20,12 +20,10 @@ import (
 	"time"
 )
 
-// cli_gateway.go is the half of the CLI that calls the daemon (SPEC §2.3,
-// §16.1): subGateway, the admin API client, and the commands that use it,
-// `brama subscription …` and `brama maintain`. Each takes -gateway URL and
-// the bearer from BRAMA_TOKEN, else stdin's first line. cli.go holds the
-// commands that work on the state directory in-process; the two are one
-// CLI split only to keep each file under 650 lines.
+// The CLI commands that call the daemon (SPEC §2.3, §16.1): `brama
+// subscription …` (the serving process is the only writer of the overlay
+// and the vault's subscriptions) and `brama maintain`. Each takes -gateway
+// URL and the bearer from BRAMA_TOKEN, else stdin's first line.
 
 // subGateway is one command's connection to the daemon's admin API.
 type subGateway struct {
@@ -35,9 +33,24 @@ type subGateway struct {
 	hc    *http.Client
 }
 
-// gatewayFlag declares -gateway on fs.
-func gatewayFlag(fs *flag.FlagSet) *string {
-	return fs.String("gateway", "http://127.0.0.1:8080", "the brama serve `URL` to call")
+// gatewayFlags declares -gateway on fs, parses args and refuses a line
+// that left a required flag empty, naming every one.
+func gatewayFlags(fs *flag.FlagSet, args []string, positionals int, usage string, required ...string) ([]string, string, error) {
+	gw := fs.String("gateway", "http://127.0.0.1:8080", "the brama serve `URL` to call")
+	pos, err := parseFlags(fs, args, positionals, usage)
+	if err != nil {
+		return nil, "", err
+	}
+	var errs []error
+	for _, name := range required {
+		if strings.TrimSpace(fs.Lookup(name).Value.String()) == "" {
+			errs = append(errs, fmt.Errorf("-%s is required; usage: brama %s", name, usage))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, "", &usageError{err.Error()}
+	}
+	return pos, *gw, nil
 }
 
 // subscriptionGateway checks the gateway URL and takes the bearer from
@@ -119,49 +132,21 @@ func subscriptionPath(agent string, rest ...string) string {
 	return p
 }
 
-// ---- `brama subscription …` (SPEC §2.3, §10.1, §16.1): every command is an
-// HTTP client of the admin API, since the serving process is the only
-// writer of the overlay and the vault's subscriptions section. Each takes
-// -gateway and the bearer from BRAMA_TOKEN, else stdin's first line.
-
-// requireFlag refuses a command line that left a required flag empty.
-func requireFlag(name, v, usage string) error {
-	if strings.TrimSpace(v) == "" {
-		return &usageError{fmt.Sprintf("-%s is required; usage: brama %s", name, usage)}
-	}
-	return nil
-}
-
-// requireFlags is requireFlag over name, value pairs, every miss reported.
-func requireFlags(usage string, nameValues ...string) error {
-	var errs []error
-	for i := 0; i+1 < len(nameValues); i += 2 {
-		errs = append(errs, requireFlag(nameValues[i], nameValues[i+1], usage))
-	}
-	if err := errors.Join(errs...); err != nil {
-		return &usageError{err.Error()}
-	}
-	return nil
-}
-
 // subscriptionAdd is `brama subscription add`: an API key from stdin (after
 // the bearer) or an OAuth grant from -oauth-file, donated to -agent.
 func (e cliEnv) subscriptionAdd(args []string) error {
 	const usage = "subscription add -provider P -agent A [-label L] [-oauth-file F] [-gateway URL]  (bearer unless BRAMA_TOKEN, then the API key, on stdin)"
 	fs := e.newFlags("subscription add")
-	gw := gatewayFlag(fs)
 	provider := fs.String("provider", "", "the `provider` of the subscription (claude-code, codex, kimi, openai, …)")
 	agent := fs.String("agent", "", "the `agent` that receives it")
 	label := fs.String("label", "", "an optional `label` (printable, at most 128 bytes)")
 	oauthFile := fs.String("oauth-file", "", "read an OAuth grant {\"access_token\",\"refresh_token\",\"expires_at_ms\",…} from `file` instead of an API key on stdin")
-	if _, err := parseFlags(fs, args, 0, usage); err != nil {
-		return err
-	}
-	if err := requireFlags(usage, "provider", *provider, "agent", *agent); err != nil {
+	_, gw, err := gatewayFlags(fs, args, 0, usage, "provider", "agent")
+	if err != nil {
 		return err
 	}
 	in := bufio.NewReader(e.stdin)
-	g, err := e.subscriptionGateway(*gw, in)
+	g, err := e.subscriptionGateway(gw, in)
 	if err != nil {
 		return err
 	}
@@ -212,35 +197,38 @@ func (e cliEnv) subscriptionDonate(g *subGateway, agent, query string, body dona
 func (e cliEnv) subscriptionList(args []string) error {
 	const usage = "subscription list -agent A [-json] [-gateway URL]"
 	fs := e.newFlags("subscription list")
-	gw := gatewayFlag(fs)
 	agent := fs.String("agent", "", "the `agent` whose subscriptions to list")
 	asJSON := fs.Bool("json", false, "print the body of GET /v1/subscriptions/{agent_id}")
-	if _, err := parseFlags(fs, args, 0, usage); err != nil {
+	_, gw, err := gatewayFlags(fs, args, 0, usage, "agent")
+	if err != nil {
 		return err
 	}
-	if err := requireFlag("agent", *agent, usage); err != nil {
-		return err
-	}
-	g, err := e.subscriptionGateway(*gw, bufio.NewReader(e.stdin))
+	g, err := e.subscriptionGateway(gw, bufio.NewReader(e.stdin))
 	if err != nil {
 		return err
 	}
 	b, err := g.call("GET", subscriptionPath(*agent), nil)
+	if err != nil || *asJSON {
+		e.stdout.Write(b)
+		return err
+	}
+	rows, err := parseListing(b)
 	if err != nil {
 		return err
 	}
-	if *asJSON {
-		e.stdout.Write(b)
-		return nil
-	}
+	e.printSubscriptions(rows)
+	return nil
+}
+
+// parseListing reads the rows of GET …/subscriptions/{agent_id}.
+func parseListing(b []byte) ([]subscriptionRow, error) {
 	var body struct {
 		Subscriptions []subscriptionRow `json:"subscriptions"`
 	}
 	if err := json.Unmarshal(b, &body); err != nil {
-		return fmt.Errorf("the gateway's listing is not JSON: %w", err)
+		return nil, fmt.Errorf("the gateway's listing is not JSON: %w", err)
 	}
-	e.printSubscriptions(body.Subscriptions)
-	return nil
+	return body.Subscriptions, nil
 }
 
 // printSubscriptions prints one aligned row per subscription (SPEC §16.1)
@@ -278,27 +266,19 @@ func (e cliEnv) printSubscriptions(rows []subscriptionRow) {
 // …/{id}[?reason=R], or POST …/{id}/reinstate {"reason":R}.
 func (e cliEnv) subscriptionStatus(kind string, args []string) error {
 	usage := "subscription retire -agent A [-reason R] [-gateway URL] ID"
-	why := "why (journaled; default \"retired by <client id>\")"
+	why, required := "why (journaled; default \"retired by <client id>\")", []string{"agent"}
 	if kind == "reinstate" {
-		usage, why = "subscription reinstate -agent A -reason R [-gateway URL] ID", "why (required; journaled)"
+		usage = "subscription reinstate -agent A -reason R [-gateway URL] ID"
+		why, required = "why (required; journaled)", []string{"agent", "reason"}
 	}
 	fs := e.newFlags("subscription " + kind)
-	gw := gatewayFlag(fs)
 	agent := fs.String("agent", "", "the `agent` that owns the subscription")
 	reason := fs.String("reason", "", why)
-	pos, err := parseFlags(fs, args, 1, usage)
+	pos, gw, err := gatewayFlags(fs, args, 1, usage, required...)
 	if err != nil {
 		return err
 	}
-	if kind == "reinstate" {
-		err = requireFlags(usage, "agent", *agent, "reason", *reason)
-	} else {
-		err = requireFlag("agent", *agent, usage)
-	}
-	if err != nil {
-		return err
-	}
-	g, err := e.subscriptionGateway(*gw, bufio.NewReader(e.stdin))
+	g, err := e.subscriptionGateway(gw, bufio.NewReader(e.stdin))
 	if err != nil {
 		return err
 	}
@@ -329,15 +309,12 @@ var importTool = map[string]string{"claude-code": "Claude Code", "codex": "the C
 func (e cliEnv) subscriptionImport(args []string) error {
 	const usage = "subscription import -provider claude-code|codex -from FILE -agent A [-label L] [-gateway URL]"
 	fs := e.newFlags("subscription import")
-	gw := gatewayFlag(fs)
 	provider := fs.String("provider", "", "claude-code or codex")
 	from := fs.String("from", "", "the tool's credential `file` (~/.claude/.credentials.json, ~/.codex/auth.json)")
 	agent := fs.String("agent", "", "the `agent` that receives the grant")
 	label := fs.String("label", "", "an optional `label`")
-	if _, err := parseFlags(fs, args, 0, usage); err != nil {
-		return err
-	}
-	if err := requireFlags(usage, "provider", *provider, "from", *from, "agent", *agent); err != nil {
+	_, gw, err := gatewayFlags(fs, args, 0, usage, "provider", "from", "agent")
+	if err != nil {
 		return err
 	}
 	tool, ok := importTool[*provider]
@@ -352,7 +329,7 @@ func (e cliEnv) subscriptionImport(args []string) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", *from, err)
 	}
-	g, err := e.subscriptionGateway(*gw, bufio.NewReader(e.stdin))
+	g, err := e.subscriptionGateway(gw, bufio.NewReader(e.stdin))
 	if err != nil {
 		return err
 	}
@@ -432,20 +409,18 @@ func jsonProblem(err error) string {
 	return "not JSON"
 }
 
-// ---- end of `brama subscription …`
-
 // maintainCmd is `brama maintain [-gateway URL] [-json]`: it asks the daemon
 // for one pass (SPEC §11.2, §16.1), prints a summary (or the body with
 // -json), and exits 0 only when the pass was ok.
 func (e cliEnv) maintainCmd(args []string) error {
 	const usage = "maintain [-gateway URL] [-json]  (bearer from BRAMA_TOKEN, else stdin's first line)"
 	fs := e.newFlags("maintain")
-	gw := gatewayFlag(fs)
 	asJSON := fs.Bool("json", false, "print the body of POST /v1/admin/maintain")
-	if _, err := parseFlags(fs, args, 0, usage); err != nil {
+	_, gw, err := gatewayFlags(fs, args, 0, usage)
+	if err != nil {
 		return err
 	}
-	g, err := e.subscriptionGateway(*gw, bufio.NewReader(e.stdin))
+	g, err := e.subscriptionGateway(gw, bufio.NewReader(e.stdin))
 	if err != nil {
 		return err
 	}
@@ -498,15 +473,12 @@ func (e cliEnv) printPassReport(rep passReport) {
 func (e cliEnv) subscriptionSignIn(args []string) error {
 	const usage = "subscription sign-in -provider claude-code|codex -agent A [-id ID | -label L] [-gateway URL]  (bearer unless BRAMA_TOKEN, then the pasted code, on stdin)"
 	fs := e.newFlags("subscription sign-in")
-	gw := gatewayFlag(fs)
 	provider := fs.String("provider", "", "claude-code or codex")
 	agent := fs.String("agent", "", "the `agent` that owns (or receives) the subscription")
 	id := fs.String("id", "", "replace the credential of this subscription `id` instead of donating a new one")
 	label := fs.String("label", "", "a `label` for a new subscription")
-	if _, err := parseFlags(fs, args, 0, usage); err != nil {
-		return err
-	}
-	if err := requireFlags(usage, "provider", *provider, "agent", *agent); err != nil {
+	_, gw, err := gatewayFlags(fs, args, 0, usage, "provider", "agent")
+	if err != nil {
 		return err
 	}
 	if *id != "" && *label != "" {
@@ -516,7 +488,7 @@ func (e cliEnv) subscriptionSignIn(args []string) error {
 		return &usageError{fmt.Sprintf("-provider %q has no sign-in (claude-code or codex); donate its grant or replace it with PUT …/credential", *provider)}
 	}
 	in := bufio.NewReader(e.stdin)
-	g, err := e.subscriptionGateway(*gw, in)
+	g, err := e.subscriptionGateway(gw, in)
 	if err != nil {
 		return err
 	}
@@ -561,19 +533,17 @@ func (g *subGateway) checkSignInTarget(agent, id, provider string) error {
 	if err != nil || id == "" {
 		return err
 	}
-	var body struct {
-		Subscriptions []subscriptionRow `json:"subscriptions"`
+	rows, err := parseListing(b)
+	if err != nil {
+		return err
 	}
-	if err := json.Unmarshal(b, &body); err != nil {
-		return fmt.Errorf("the gateway's listing is not JSON: %w", err)
-	}
-	i := slices.IndexFunc(body.Subscriptions, func(r subscriptionRow) bool { return r.ID == id })
+	i := slices.IndexFunc(rows, func(r subscriptionRow) bool { return r.ID == id })
 	switch {
 	case i < 0:
 		return fmt.Errorf("agent %q has no subscription %q; nothing to sign in", agent, id)
-	case body.Subscriptions[i].Provider != provider:
-		return fmt.Errorf("subscription %s is a %s subscription, not %s", id, body.Subscriptions[i].Provider, provider)
-	case body.Subscriptions[i].Status == "retired":
+	case rows[i].Provider != provider:
+		return fmt.Errorf("subscription %s is a %s subscription, not %s", id, rows[i].Provider, provider)
+	case rows[i].Status == "retired":
 		return fmt.Errorf("subscription %s is retired; reinstate it before signing in", id)
 	}
 	return nil
