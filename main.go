@@ -230,16 +230,15 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 	if _, err := parseFlags(fs, args, 0, "serve [-addr ADDR] [-local-credentials-stdin]"); err != nil {
 		return err
 	}
-	log := newLogger(e.stderr, e.getenv("BRAMA_LOG_LEVEL"))
-	now := time.Now
+	sy := e.sys()
 	if testingOnlyNow != nil {
-		now = testingOnlyNow
+		sy.now = testingOnlyNow
 	}
+	log, now := sy.log, sy.now
 	maxBody, err := maxRequestBytes(e.getenv("BRAMA_MAX_REQUEST_BYTES"))
 	if err != nil {
 		return err
 	}
-	sy := sys{log: log, now: now}
 	d := openDeps(e.getenv, sy)
 	lock, err := lockServe(d.st)
 	if err != nil {
@@ -258,18 +257,17 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 	if err != nil {
 		return err
 	}
+	client := newProviderClient()
 	s := &server{
-		log: log, getenv: e.getenv, st: d.st, now: now,
-		clients: d.clients, vault: d.vault, journal: d.journal, reg: d.reg, guard: guard,
+		log: log, getenv: e.getenv, st: d.st, now: now, clients: d.clients, vault: d.vault, journal: d.journal,
+		reg: d.reg, guard: guard, maxBody: maxBody, client: client, keepAlive: testingOnlyKeepAlive,
+		agents:  newAgentVerifier(d.vault.agentSecret, now),
+		catalog: newCatalog(d.st, e.getenv, client, log, now),
+		perf:    newPerfRegistry(d.st, sy),
+		answers: newAnswerStore(d.st, log, now),
+		replay:  newReplayGuard(e.getenv, log, now),
+		ledger:  newLedger(d.st, log, now),
 	}
-	s.agents = newAgentVerifier(s.vault.agentSecret, s.now)
-	s.maxBody = maxBody
-	s.client = newProviderClient()
-	s.catalog = newCatalog(d.st, e.getenv, s.client, log, s.now)
-	s.perf = newPerfRegistry(d.st, sy)
-	s.answers = newAnswerStore(d.st, log, s.now)
-	s.replay = newReplayGuard(e.getenv, log, s.now)
-	s.ledger = newLedger(d.st, log, s.now)
 	defer s.ledger.flush()
 	s.inv = newInventory(d.st, s.vault, s.journal, s.ledger, e.getenv, sy)
 	if ids, err := s.inv.removeOrphans(); err != nil {
@@ -277,10 +275,9 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 	} else if len(ids) > 0 {
 		log.Info("vault_orphans_removed", "count", len(ids), "subscription_ids", strings.Join(ids, ","))
 	}
-	s.oauth = newOAuth(e.getenv, s.client, s.vault, s.ledger, log, s.now)
+	s.oauth = newOAuth(e.getenv, client, s.vault, s.ledger, log, now)
 	defer s.oauth.shutdown()
-	s.maint = newMaintainer(s.inv, s.ledger, s.oauth, s.journal, s.client, e.getenv, log, s.now)
-	s.keepAlive = testingOnlyKeepAlive
+	s.maint = newMaintainer(s.inv, s.ledger, s.oauth, s.journal, client, e.getenv, log, now)
 	if *localCreds {
 		if s.localCreds, err = readLocalCredentials(e.stdin); err != nil {
 			return err
@@ -370,31 +367,25 @@ func readLocalCredentials(r io.Reader) (map[string]string, error) {
 // exists and prints its token once (SPEC §3.1); without a state directory
 // the client lives in this process only (SPEC §2.1).
 func ensureFirstClient(c *clientStore, stderr io.Writer) error {
+	tok := newToken()
+	local := client{ID: "local", TokenSHA256: tokenDigest(tok), Role: roleAdmin}
 	if c.pathErr != nil {
-		tok := newToken()
-		c.memory = &clientsDoc{Clients: []client{{ID: "local", TokenSHA256: tokenDigest(tok), Role: roleAdmin}}}
+		c.memory = &clientsDoc{Clients: []client{local}}
 		fmt.Fprintf(stderr, "brama: created admin client \"local\" for this process only (not kept: %v); bearer token (shown once): %s\n", c.pathErr, tok)
 		return nil
 	}
-	_, err := c.load()
-	if !errors.Is(err, errFileAbsent) {
+	if _, err := c.load(); !errors.Is(err, errFileAbsent) {
 		return err // nil, or a clients file that must be repaired before serving
 	}
-	tok := newToken()
 	created := false
-	err = updateClients(c.path, func(d *clientsDoc) error {
-		if len(d.Clients) > 0 {
-			return nil
+	err := updateClients(c.path, func(d *clientsDoc) error {
+		if created = len(d.Clients) == 0; created {
+			d.Clients = append(d.Clients, local)
 		}
-		d.Clients = append(d.Clients, client{ID: "local", TokenSHA256: tokenDigest(tok), Role: roleAdmin})
-		created = true
 		return nil
 	})
-	if err != nil {
-		return err
-	}
-	if created {
+	if err == nil && created {
 		fmt.Fprintf(stderr, "brama: created admin client \"local\"; bearer token (shown once): %s\n", tok)
 	}
-	return nil
+	return err
 }
