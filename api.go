@@ -10,10 +10,8 @@ import (
 	"strconv"
 )
 
-// api.go holds the handlers routes() lists beyond server.go's own: chat,
-// embeddings and count_tokens in front of the attempt engine (SPEC §7,
-// §15); the subscription routes (SPEC §10.1, §11.1–§11.3); signed answers
-// (SPEC §12). Each decodes, calls one plain method and encodes.
+// The handlers in front of the attempt engine (SPEC §7, §15), of the
+// subscription routes (SPEC §10.1, §11) and of signed answers (SPEC §12).
 
 // donation is the strict body (and the CLI's request) of POST …/subscriptions/{agent_id}.
 type donation struct {
@@ -42,8 +40,8 @@ type credentialBody struct {
 // okBody is the answer of a subscription write that returns nothing else.
 var okBody = map[string]bool{"ok": true}
 
-// reply makes f a handler: f decodes and calls one plain method; its value
-// is written with status, its error in the envelope.
+// reply makes f a handler: its value is written with status, its error in
+// the envelope.
 func (s *server) reply(status int, f func(*http.Request) (any, error)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		v, err := f(r)
@@ -55,10 +53,8 @@ func (s *server) reply(status int, f func(*http.Request) (any, error)) http.Hand
 	}
 }
 
-// subscriptionAgent runs h once the path's agent id obeys the id rule (so
-// `/v1/admin/subscriptions/%2e%2e` is a 400, not an empty listing) and the
-// request may act for it (SPEC §3.1, §3.2): as a signed agent or a bearer
-// bound to it; admin lets a request with no agent act for any.
+// subscriptionAgent runs h once the path's agent id is valid (so `%2e%2e`
+// is a 400) and the request may act for it (SPEC §3.2); admin: any agent.
 func (s *server) subscriptionAgent(admin bool, h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		agent, path := infoFrom(r.Context()).agentID, r.PathValue("agent_id")
@@ -106,11 +102,8 @@ func donated(it overlayItem, err error) (any, error) {
 	}, err
 }
 
-// adminDonation serves POST /v1/admin/subscriptions/{agent_id}: a donation
-// to an agent the vault knows, or with ?via=sign-in one made by `brama
-// subscription sign-in`, journaled as a sign-in too (SPEC §11.1). Like
-// every operation that must journal, a sign-in refuses before changing
-// anything when the journal could not record it.
+// adminDonation serves POST /v1/admin/subscriptions/{agent_id}, for an
+// agent the vault knows; ?via=sign-in is journaled as a sign-in (SPEC §11.1).
 func (s *server) adminDonation(r *http.Request) (any, error) {
 	agent, signIn := r.PathValue("agent_id"), r.URL.Query().Get("via") == signInVia
 	if signIn {
@@ -210,8 +203,7 @@ func (s *server) handleSubscriptionProbe(w http.ResponseWriter, r *http.Request)
 	writeJSON(w, http.StatusOK, out)
 }
 
-// engine is the attempt engine (dispatch.go) for one request: the server's
-// dependencies and the request's own account, whose id it logs.
+// engine is the attempt engine (dispatch.go) for one request.
 func (s *server) engine(ri *requestInfo) *engine {
 	return &engine{
 		log: s.log, now: s.now, getenv: s.getenv, client: s.client, calls: &s.attempts,
@@ -222,8 +214,8 @@ func (s *server) engine(ri *requestInfo) *engine {
 	}
 }
 
-// account copies what the engine learned into the request's log line. It
-// runs deferred, so a stream aborted after commit is accounted too.
+// account copies what the engine learned into the log line; deferred, so
+// a stream aborted after commit is accounted too.
 func (ri *requestInfo) account(t *tally) {
 	if t.attempts > 0 {
 		n := t.attempts
@@ -240,11 +232,8 @@ func (ri *requestInfo) account(t *tally) {
 	}
 }
 
-// handleChat serves POST /v1/chat/completions, /v1/messages and
-// /v1/responses for one caller dialect: read the head, resolve, pay, call.
-// The whole body is parsed only when a call crosses formats (SPEC §7.6);
-// for a route whose protocol is known now, a refusal of that parse is a
-// 400 before any call.
+// handleChat serves the three chat routes for one caller dialect: read the
+// head, resolve, pay, call; the whole body is parsed only to translate (SPEC §7.6).
 func (s *server) handleChat(dialect string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		ri := infoFrom(r.Context())
@@ -321,8 +310,8 @@ func (s *server) handleCountTokens(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
-// serveModel plans req's model and runs serve, the one engine call of a
-// route outside chat (embeddings, count_tokens), accounted on the log line.
+// serveModel plans req's model and runs serve: the engine call of a route
+// outside chat (embeddings, count_tokens).
 func (s *server) serveModel(w http.ResponseWriter, r *http.Request, req *chatRequest, serve func(*engine, call) error) {
 	ri := infoFrom(r.Context())
 	ri.requestedModel = req.Model
@@ -338,8 +327,7 @@ func (s *server) serveModel(w http.ResponseWriter, r *http.Request, req *chatReq
 	}
 }
 
-// answerCapture holds a buffered dispatch's response until it is kept. Only
-// buffered requests reach it, so nothing needs flushing.
+// answerCapture holds a buffered dispatch's response until it is kept.
 type answerCapture struct {
 	header http.Header
 	status int
@@ -359,10 +347,8 @@ func (c *answerCapture) Write(b []byte) (int, error) {
 	return c.body.Write(b)
 }
 
-// signedAnswer answers a chat request that carries an Idempotency-Key
-// (SPEC §12). handleChat calls it once plan() has passed every check, so
-// reserving is the last step before dispatch runs the provider calls;
-// dispatch writes a buffered answer or one refusal to the writer it is given.
+// signedAnswer answers a chat request carrying an Idempotency-Key (SPEC
+// §12): reserving is the last step before dispatch runs the provider calls.
 func (s *server) signedAnswer(w http.ResponseWriter, r *http.Request, req chatRequest, key string, dispatch func(w http.ResponseWriter, r *http.Request)) {
 	ri := infoFrom(r.Context())
 	err := checkIdempotencyKey(key)
@@ -407,12 +393,9 @@ func (s *server) signedAnswer(w http.ResponseWriter, r *http.Request, req chatRe
 }
 
 // settleAnswer keeps or releases the reservation after dispatch (SPEC §12
-// item 3, §7.4) and returns what the caller gets, with its signature when
-// kept. A success is kept. A caller that hung up (or a dispatch that
-// panicked) after a provider call started is kept as 499 client_cancelled
-// (500 internal_error), so the key never spends twice; before any call the
-// key is released. A retryable refusal is released so a retry dispatches
-// again; any other refusal is kept.
+// item 3) and returns what the caller gets, signed when kept. After a
+// provider call started, a hang-up or panic is kept (499, 500) so the key
+// never spends twice; a retryable refusal is released.
 func (s *server) settleAnswer(r *http.Request, t *answerTicket, c *answerCapture, panicked bool) (*answerCapture, string) {
 	ri := infoFrom(r.Context())
 	calls := 0
@@ -472,8 +455,7 @@ func envelopeCode(body []byte) (code string, retryable bool) {
 	return env.Error.Code, env.Error.Retryable
 }
 
-// replayAnswer answers from a complete record: the kept status and body
-// bytes, the signature, Brama-Answer-Replayed and no provider call.
+// replayAnswer answers from a complete record, with no provider call.
 func (s *server) replayAnswer(w http.ResponseWriter, r *http.Request, rec *answerRecord) {
 	ri := infoFrom(r.Context())
 	zero := 0

@@ -19,8 +19,7 @@ import (
 	"time"
 )
 
-// server is the HTTP face of Brama. Handlers decode, call one plain method,
-// and encode; everything they share hangs off this struct.
+// server is the HTTP face of Brama: what the handlers share.
 type server struct {
 	log     *slog.Logger
 	getenv  func(string) string
@@ -52,9 +51,8 @@ type server struct {
 	inflight   requestGate  // requests being served, waited for at shutdown
 }
 
-// requestGate counts the requests being served, so serve can wait at
-// shutdown until each has written its log line. (A WaitGroup may not be
-// added to while it is waited on; a request can arrive just then.)
+// requestGate counts the requests being served, so serve can wait for their
+// log lines at shutdown (a WaitGroup may not be added to while waited on).
 type requestGate struct {
 	mu   sync.Mutex // guards n, idle
 	n    int
@@ -90,33 +88,32 @@ func (s *server) routes() {
 	s.mux = http.NewServeMux()
 	s.mux.HandleFunc("GET /health", s.handleHealth)
 	s.mux.HandleFunc("GET /readyz", s.handleReady)
-	s.mux.Handle("POST /v1/chat/completions", s.caller(s.handleChat(dialectChat)))
-	s.mux.Handle("POST /v1/messages", s.caller(s.handleChat(dialectMessages)))
-	s.mux.Handle("POST /v1/messages/count_tokens", s.caller(s.handleCountTokens))
-	s.mux.Handle("POST /v1/responses", s.caller(s.handleChat(dialectResponses)))
-	s.mux.Handle("POST /v1/embeddings", s.caller(s.handleEmbeddings))
-	s.mux.Handle("GET /v1/models", s.caller(s.handleModels))
-	s.mux.Handle("GET /v1/aliases", s.caller(s.handleAliases))
-	s.mux.Handle("GET /v1/answers/{key}", s.caller(s.handleGetAnswer))
-	s.mux.Handle("GET /stats", s.caller(s.handleStats))
-	s.mux.Handle("GET /metrics", s.caller(s.handleMetrics))
-	s.mux.Handle("GET /v1/admin/routes", s.admin(s.handleRoutesGet))
-	s.mux.Handle("PUT /v1/admin/routes", s.admin(s.handleRoutesPut))
-	s.mux.Handle("DELETE /v1/admin/routes", s.admin(s.handleRoutesDelete))
-	s.mux.Handle("GET /v1/subscriptions/{agent_id}", s.caller(s.subscriptionAgent(false, s.reply(200, s.listSubscriptions))))
-	s.mux.Handle("POST /v1/subscriptions/{agent_id}", s.caller(s.subscriptionAgent(false, s.reply(201, s.donateSubscription))))
-	s.mux.Handle("DELETE /v1/subscriptions/{agent_id}/{subscription_id}", s.caller(s.subscriptionAgent(false, s.reply(200, s.retireSubscription))))
-	s.mux.Handle("GET /v1/admin/subscriptions/{agent_id}", s.admin(s.subscriptionAgent(true, s.reply(200, s.listSubscriptions))))
-	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}", s.admin(s.subscriptionAgent(true, s.reply(201, s.adminDonation))))
-	s.mux.Handle("DELETE /v1/admin/subscriptions/{agent_id}/{subscription_id}", s.admin(s.subscriptionAgent(true, s.reply(200, s.retireSubscription))))
-	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/reinstate", s.admin(s.subscriptionAgent(true, s.reply(200, s.reinstateSubscription))))
-	s.mux.Handle("POST /v1/admin/maintain", s.admin(s.reply(200, s.maintainNow)))
-	s.mux.Handle("PUT /v1/admin/subscriptions/{agent_id}/{subscription_id}/credential", s.admin(s.subscriptionAgent(true, s.reply(200, s.replaceCredential))))
-	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/probe", s.admin(s.subscriptionAgent(true, s.handleSubscriptionProbe)))
+	s.mux.Handle("POST /v1/chat/completions", s.caller("", s.handleChat(dialectChat)))
+	s.mux.Handle("POST /v1/messages", s.caller("", s.handleChat(dialectMessages)))
+	s.mux.Handle("POST /v1/messages/count_tokens", s.caller("", s.handleCountTokens))
+	s.mux.Handle("POST /v1/responses", s.caller("", s.handleChat(dialectResponses)))
+	s.mux.Handle("POST /v1/embeddings", s.caller("", s.handleEmbeddings))
+	s.mux.Handle("GET /v1/models", s.caller("", s.handleModels))
+	s.mux.Handle("GET /v1/aliases", s.caller("", s.handleAliases))
+	s.mux.Handle("GET /v1/answers/{key}", s.caller("", s.handleGetAnswer))
+	s.mux.Handle("GET /stats", s.caller("", s.handleStats))
+	s.mux.Handle("GET /metrics", s.caller("", s.handleMetrics))
+	s.mux.Handle("GET /v1/admin/routes", s.caller(roleAdmin, s.handleRoutesGet))
+	s.mux.Handle("PUT /v1/admin/routes", s.caller(roleAdmin, s.handleRoutesPut))
+	s.mux.Handle("DELETE /v1/admin/routes", s.caller(roleAdmin, s.handleRoutesDelete))
+	s.mux.Handle("GET /v1/subscriptions/{agent_id}", s.caller("", s.subscriptionAgent(false, s.reply(200, s.listSubscriptions))))
+	s.mux.Handle("POST /v1/subscriptions/{agent_id}", s.caller("", s.subscriptionAgent(false, s.reply(201, s.donateSubscription))))
+	s.mux.Handle("DELETE /v1/subscriptions/{agent_id}/{subscription_id}", s.caller("", s.subscriptionAgent(false, s.reply(200, s.retireSubscription))))
+	s.mux.Handle("GET /v1/admin/subscriptions/{agent_id}", s.caller(roleAdmin, s.subscriptionAgent(true, s.reply(200, s.listSubscriptions))))
+	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}", s.caller(roleAdmin, s.subscriptionAgent(true, s.reply(201, s.adminDonation))))
+	s.mux.Handle("DELETE /v1/admin/subscriptions/{agent_id}/{subscription_id}", s.caller(roleAdmin, s.subscriptionAgent(true, s.reply(200, s.retireSubscription))))
+	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/reinstate", s.caller(roleAdmin, s.subscriptionAgent(true, s.reply(200, s.reinstateSubscription))))
+	s.mux.Handle("POST /v1/admin/maintain", s.caller(roleAdmin, s.reply(200, s.maintainNow)))
+	s.mux.Handle("PUT /v1/admin/subscriptions/{agent_id}/{subscription_id}/credential", s.caller(roleAdmin, s.subscriptionAgent(true, s.reply(200, s.replaceCredential))))
+	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/probe", s.caller(roleAdmin, s.subscriptionAgent(true, s.handleSubscriptionProbe)))
 }
 
-// requestInfo is what the per-request log line reports (SPEC §13); handlers
-// fill it in as they learn things.
+// requestInfo is what the per-request log line reports (SPEC §13).
 type requestInfo struct {
 	id             string
 	client         client
@@ -152,11 +149,9 @@ func infoFrom(ctx context.Context) *requestInfo {
 	return &requestInfo{}
 }
 
-// statusWriter remembers the status for the log line and keeps Flush
-// reachable through Unwrap (http.ResponseController). An answer written
-// before the request's body was read closes the connection and stops
-// reading it (SPEC §7.4), so a slow body cannot hold the connection: a
-// refusal from the headers, or a route that never reads a body.
+// statusWriter remembers the status for the log line (Unwrap keeps Flush
+// reachable). An answer written before the body was read closes the
+// connection (SPEC §7.4), so a slow body cannot hold it.
 type statusWriter struct {
 	http.ResponseWriter
 	status int
@@ -185,9 +180,8 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// errServerShutdown is the cause of every request context the server ends
-// itself at shutdown, so the log line says server_shutdown and not
-// client_cancelled (a SIGTERM is not the caller hanging up).
+// errServerShutdown cancels the requests still running when the shutdown
+// grace ends, so their log lines say server_shutdown, not client_cancelled.
 var errServerShutdown = errors.New("the server is shutting down")
 
 // ServeHTTP gives every response an X-Request-Id, applies the transport
@@ -233,8 +227,8 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// notRouted asks the mux's own fallback handler what it would answer (404,
-// or 405 with Allow) and says it in the envelope instead.
+// notRouted says in the envelope what the mux would answer (404, or 405
+// with Allow).
 func (s *server) notRouted(w http.ResponseWriter, r *http.Request, h http.Handler) {
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, r)
@@ -267,8 +261,8 @@ func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	}
 }
 
-// logRequest writes the one line per request of SPEC §13. It never holds a
-// prompt, a completion or a credential.
+// logRequest writes SPEC §13's one line per request: never a prompt, a
+// completion or a credential.
 func (s *server) logRequest(r *http.Request, ri *requestInfo, status int, d time.Duration) {
 	attrs := []slog.Attr{
 		slog.String("request_id", ri.id),
@@ -294,15 +288,9 @@ func (s *server) logRequest(r *http.Request, ri *requestInfo, status int, d time
 	s.log.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
 }
 
-// caller wraps h so it runs only once authenticate accepts the request.
-func (s *server) caller(h http.HandlerFunc) http.Handler { return s.authenticated("", h) }
-
-// admin is caller plus role admin (SPEC §3.1).
-func (s *server) admin(h http.HandlerFunc) http.Handler { return s.authenticated(roleAdmin, h) }
-
-// authenticated runs h once authenticate accepts the request for role
-// ("" for any client).
-func (s *server) authenticated(role string, h http.HandlerFunc) http.Handler {
+// caller wraps h so it runs only once authenticate accepts the request for
+// role ("": any client; roleAdmin for /v1/admin/*, SPEC §3.1).
+func (s *server) caller(role string, h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if err := s.authenticate(w, r, role); err != nil {
 			s.fail(w, r, err)
@@ -312,10 +300,8 @@ func (s *server) authenticated(role string, h http.HandlerFunc) http.Handler {
 	})
 }
 
-// authenticate applies SPEC §3.1 and §3.2 to r and records who called.
-// Everything the headers decide (token, role, the agent headers but the
-// signature) is checked before any body is read; the signature covers the
-// body, so it is checked after reading at most BRAMA_MAX_REQUEST_BYTES.
+// authenticate applies SPEC §3.1 and §3.2 to r and records who called:
+// the headers before any body is read, the signature (over the body) after.
 func (s *server) authenticate(w http.ResponseWriter, r *http.Request, role string) error {
 	ri := infoFrom(r.Context())
 	cl, ok := s.clients.authenticate(presentedToken(r.Header))
@@ -350,12 +336,10 @@ func (s *server) authenticate(w http.ResponseWriter, r *http.Request, role strin
 	return nil
 }
 
-// defaultMaxRequestBytes is BRAMA_MAX_REQUEST_BYTES unset: 64 MiB, above
-// every provider's own request limit (SPEC §7.4).
+// defaultMaxRequestBytes is BRAMA_MAX_REQUEST_BYTES unset (SPEC §7.4).
 const defaultMaxRequestBytes = 64 << 20
 
-// maxRequestBytes parses BRAMA_MAX_REQUEST_BYTES: unset is 64 MiB; anything
-// but a whole number ≥ 1 is an error.
+// maxRequestBytes parses BRAMA_MAX_REQUEST_BYTES: a whole number ≥ 1.
 func maxRequestBytes(v string) (int64, error) {
 	v = strings.TrimSpace(v)
 	if v == "" {
@@ -368,8 +352,7 @@ func maxRequestBytes(v string) (int64, error) {
 	return n, nil
 }
 
-// readBody reads r's whole body, at most s.maxBody bytes (SPEC §7.4): a
-// larger one is 413 invalid_request, refused before any provider call.
+// readBody reads r's whole body, at most s.maxBody bytes (SPEC §7.4).
 func (s *server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 	limit := s.maxBody
 	if limit <= 0 {
@@ -393,8 +376,7 @@ func (s *server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error
 }
 
 // anyDirectPayer reports whether something could serve without an agent
-// (SPEC §13, §14): a direct credential (from stdin, else the vault) or a
-// declared deployment.
+// (SPEC §13, §14): a direct credential or a declared deployment.
 func (s *server) anyDirectPayer() bool {
 	if doc, err := s.reg.current(); len(s.localCreds) > 0 || (err == nil && len(doc.Deployments) > 0) {
 		return true
@@ -439,9 +421,8 @@ func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, status, rd)
 }
 
-// readiness applies SPEC §13: ready when a payer exists and every state file
-// that exists opens, passes the guards and parses. Sentences name files by
-// role, never by a path outside the state directory.
+// readiness applies SPEC §13. Sentences name files by role, never by a
+// path outside the state directory.
 func (s *server) readiness() readiness {
 	rd := readiness{Reasons: []string{}, Warnings: []string{}}
 	if s.st.dir == "" {
@@ -565,8 +546,8 @@ func writeRaw(w http.ResponseWriter, status int, b []byte) {
 	w.Write(b)
 }
 
-// handleModels serves GET /v1/models: declared aliases with their state,
-// then catalogue models of providers that can serve, in OpenAI's list shape.
+// handleModels serves GET /v1/models in OpenAI's list shape: the aliases,
+// then the catalogue models of providers that can serve.
 func (s *server) handleModels(w http.ResponseWriter, r *http.Request) {
 	type model struct {
 		ID      string `json:"id"`
