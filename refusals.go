@@ -32,13 +32,11 @@ const (
 const maxSentenceBytes = 200
 
 // maxQuotedBytes bounds the provider sentence quoted in an error message:
-// enough for a context-length refusal's numbers (SPEC §8.1's 2048 bytes
-// bound the whole message).
+// enough for a context-length refusal's numbers.
 const maxQuotedBytes = 1000
 
 // providerRefusal is a classified non-2xx provider answer (SPEC §8.2,
-// §7.2.4). It is decided from the status and the provider's error
-// type/code fields, never by searching message text.
+// §7.2.4): from the status and the error's type/code, never its text.
 type providerRefusal struct {
 	err        *apiError     // the code the caller gets on a direct/alias route (no attempts set here)
 	class      string        // refusalAuth, refusalRate, refusalQuota, refusalModel or refusalOther
@@ -57,10 +55,8 @@ var quotaCodes = map[string]bool{
 	"billing_error":              true,
 }
 
-// rejectedStatus is the HTTP status of provider_rejected for a provider's
-// 4xx refusal of the request itself (SPEC §8.2): its own 400, 404, 413 or
-// 422, any other 4xx but 401/403/408/409/429 as 400; 0 when the status is
-// not such a refusal.
+// rejectedStatus is provider_rejected's status for a provider's 4xx
+// refusal of the request itself (SPEC §8.2); 0 when status is not one.
 func rejectedStatus(status int) int {
 	switch status {
 	case 400, 404, 413, 422:
@@ -74,12 +70,9 @@ func rejectedStatus(status int) int {
 	return 0
 }
 
-// classifyRefusal classifies a non-2xx provider answer. The first argument
-// is a provider id (preferred: the message then names it) or a protocol.
-// presented is the credential the call presented; it is redacted from
-// everything quoted, but only after the class was decided from the
-// provider's own fields: a short key must not change what a code says.
-// now anchors an HTTP-date retry-after.
+// classifyRefusal classifies a non-2xx answer of a provider (an id, else a
+// protocol). presented is redacted from what is quoted, only after the
+// class was decided: a short key must not change what a code says.
 func classifyRefusal(protocol string, status int, header http.Header, body []byte, presented string, now time.Time) providerRefusal {
 	who, byStatus := "provider", false
 	if p, ok := lookupProvider(protocol); ok {
@@ -135,10 +128,8 @@ func classifyRefusal(protocol string, status int, header http.Header, body []byt
 }
 
 // providerErrorFields pulls type, code and message out of the error bodies
-// providers send: OpenAI {"error":{"type","code","message"}}, Anthropic
-// {"type":"error","error":{"type","message"}}, codex {"detail":…}, and
-// {"error":"text"}. A body that is none of these yields nothing: a raw body
-// is never quoted.
+// providers send ({"error":{…}}, {"error":"text"}, codex's {"detail":…});
+// any other body yields nothing: a raw body is never quoted.
 func providerErrorFields(body []byte) (typ, code, msg string) {
 	var b struct {
 		Error  json.RawMessage `json:"error"`
@@ -212,10 +203,8 @@ func cleanQuoted(s, presented string, max int) string {
 	return truncateUTF8(s, max)
 }
 
-// redactedFor replaces the credential a call presented in the provider
-// code an in-band stream error quotes: the stream readers that raise it do
-// not know the credential (SPEC §8.1). Other refusals quote nothing of the
-// provider's here and are returned as they are.
+// redactedFor redacts the presented credential from the provider code an
+// in-band stream error quotes: its stream reader does not know it (SPEC §8.1).
 func (e *apiError) redactedFor(presented string) *apiError {
 	var se *upstreamStreamError
 	if presented != "" && errors.As(e.Err, &se) {
@@ -296,12 +285,9 @@ func clampWait(s float64) time.Duration {
 	return time.Duration(s * float64(time.Second))
 }
 
-// classifyTransport maps a failed provider call (from client.Do or a body
-// read) to its code (SPEC §8.2): nothing sent (dial refused, DNS, TLS
-// handshake) → dependency_unavailable; connecting timed out →
-// dependency_timeout; anything after the request may have been sent →
-// provider_incomplete, because the provider may have generated and billed.
-// A cancelled request context is the caller hanging up. The cause is kept.
+// classifyTransport maps a failed provider call to its code (SPEC §8.2):
+// once the request may have been sent it is provider_incomplete, because
+// the provider may have generated and billed.
 func classifyTransport(err error) *apiError {
 	cause := err
 	var ue *url.Error
