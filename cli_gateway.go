@@ -89,10 +89,7 @@ func (e *gatewayError) Error() string {
 func (g *subGateway) call(method, path string, body any) ([]byte, error) {
 	var rd io.Reader
 	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			return nil, err
-		}
+		b, _ := json.Marshal(body) // a donation, credentialBody or map of strings cannot fail
 		rd = bytes.NewReader(b)
 	}
 	req, err := http.NewRequestWithContext(g.ctx, method, g.base+path, rd)

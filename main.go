@@ -162,18 +162,15 @@ func (e cliEnv) newFlags(name string) *flag.FlagSet {
 func parseFlags(fs *flag.FlagSet, args []string, positionals int, usage string) ([]string, error) {
 	var pos []string
 	for {
-		if err := fs.Parse(args); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return nil, err
-			}
+		if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
+			return nil, err
+		} else if err != nil {
 			return nil, &usageError{err.Error()}
 		}
-		args = fs.Args()
-		if len(args) == 0 {
+		if fs.NArg() == 0 {
 			break
 		}
-		pos = append(pos, args[0])
-		args = args[1:]
+		pos, args = append(pos, fs.Arg(0)), fs.Args()[1:]
 	}
 	if len(pos) != positionals {
 		return nil, &usageError{"usage: brama " + usage}
@@ -202,15 +199,11 @@ type deps struct {
 // read yet; a missing state directory shows up as each consumer's refusal.
 func openDeps(getenv func(string) string, sy sys) deps {
 	st := resolveState(getenv)
-	d := deps{st: st}
 	cpath, cerr := st.fileOrState(getenv, "BRAMA_CLIENTS_FILE", "clients file", "clients.json")
-	d.clients = newClientStore(cpath, cerr)
 	vpath, verr := st.fileOrState(getenv, "BRAMA_VAULT_FILE", "vault", "vault.json")
-	d.vault = newVault(vpath, verr)
-	d.journal = newJournal(st, sy)
 	rpath, rerr := registryPath(st, getenv)
-	d.reg = newRegistry(rpath, rerr, d.journal, sy.log)
-	return d
+	j := newJournal(st, sy)
+	return deps{st, newClientStore(cpath, cerr), newVault(vpath, verr), j, newRegistry(rpath, rerr, j, sy.log)}
 }
 
 // newLogger makes the JSON slog logger at BRAMA_LOG_LEVEL.

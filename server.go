@@ -132,14 +132,6 @@ type requestInfo struct {
 	bodyRead       bool     // body holds the whole request body
 }
 
-// countAttempt records one more provider call for this request.
-func (ri *requestInfo) countAttempt() {
-	if ri.attempts == nil {
-		ri.attempts = new(int)
-	}
-	*ri.attempts++
-}
-
 type infoKey struct{}
 
 func infoFrom(ctx context.Context) *requestInfo {
