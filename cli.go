@@ -13,10 +13,8 @@ import (
 	"time"
 )
 
-// CLI commands that read or edit state in-process (SPEC §2.3 allows a CLI
-// to edit the registry, the clients file and the vault's direct and agents
-// sections while serve runs, each under its file lock). The commands that
-// ask the daemon (subscription …, maintain) are in cli_gateway.go.
+// The CLI commands that edit state in-process, each file under its lock
+// (SPEC §2.3); cli_gateway.go holds those that ask the daemon.
 
 // sys is a command's logger (to stderr, at BRAMA_LOG_LEVEL) and clock.
 func (e cliEnv) sys() sys {
@@ -231,9 +229,8 @@ func (e cliEnv) agentsRm(args []string) error {
 	return e.said(err, "removed agent %s\n", pos[0])
 }
 
-// onboardCmd is `brama onboard [-model ROUTE] [-allow-provider-cost]`
-// (SPEC §14): exit 0 when the journey is complete or stopped on purpose
-// before the billable step, 1 on a refusal.
+// onboardCmd is `brama onboard` (SPEC §14): exit 0 when the journey is
+// complete or stopped on purpose before the billable step.
 func (e cliEnv) onboardCmd(args []string) error {
 	fs := e.newFlags("onboard")
 	model := fs.String("model", "", "the `route` of the one real call: a direct route, a deployment, or an alias to one")

@@ -167,8 +167,7 @@ func (e cliEnv) subscriptionAdd(args []string) error {
 }
 
 // subscriptionDonate posts body for agent (query "?via=sign-in" marks a
-// sign-in's donation) and reports the new id: a sentence on stderr and the
-// id alone on stdout, for scripts.
+// sign-in's) and prints the new id alone on stdout, for scripts.
 func (e cliEnv) subscriptionDonate(g *subGateway, agent, query string, body donation) error {
 	b, err := g.call("POST", subscriptionPath(agent)+query, body)
 	if err != nil {
@@ -229,8 +228,7 @@ func parseListing(b []byte) ([]subscriptionRow, error) {
 }
 
 // printSubscriptions prints one aligned row per subscription (SPEC §16.1)
-// and a count. USED is the fullest window's share; CREDENTIAL the ledger's
-// state (disabled for a retired one).
+// and a count; USED is the fullest window's share.
 func (e cliEnv) printSubscriptions(rows []subscriptionRow) {
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tPROVIDER\tSTATUS\tCREDENTIAL\tUSED\tLABEL")
@@ -286,16 +284,11 @@ func (e cliEnv) subscriptionStatus(kind string, args []string) error {
 	} else {
 		_, err = g.call("DELETE", path, nil)
 	}
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(e.stdout, "%sd %s\n", kind, pos[0])
-	return nil
+	return e.said(err, "%sd %s\n", kind, pos[0])
 }
 
-// importHandover is what `subscription import` prints (and README repeats):
-// the source tool and Brama now share one grant, and OAuth refresh rotates
-// the refresh token, so whichever refreshes second is locked out.
+// importHandover is what `subscription import` prints (README repeats it):
+// a refresh rotates the shared grant, locking out whichever refreshes second.
 const importHandover = "%s and Brama now share one grant: after Brama's first refresh, %s will need to sign in again; and if %s refreshes first, Brama's copy stops working until `brama subscription sign-in` replaces it.\n"
 
 // importTool names the tool whose credential file import reads.
@@ -341,11 +334,8 @@ func (e cliEnv) subscriptionImport(args []string) error {
 var errImportFile = errors.New("not a usable credential file")
 
 // parseImportFile reads the grant from the file claude-code or codex keeps
-// (SPEC §10.1): claudeAiOauth.{accessToken,refreshToken,expiresAt} or
-// tokens.{access_token,refresh_token,id_token,account_id}. The files hold
-// other members of their tools' own, so unknown members are ignored.
-// fillGrant supplies what the file lacks from the tokens' JWT claims (SPEC
-// §6.2). Errors wrap errImportFile and never quote a token.
+// (SPEC §10.1), ignoring their tools' other members; fillGrant adds what the
+// JWT claims say (SPEC §6.2). Errors wrap errImportFile, never quote a token.
 func parseImportFile(provider string, b []byte) (oauthGrant, error) {
 	var g oauthGrant
 	var err error
@@ -406,9 +396,8 @@ func jsonProblem(err error) string {
 	return "not JSON"
 }
 
-// maintainCmd is `brama maintain [-gateway URL] [-json]`: it asks the daemon
-// for one pass (SPEC §11.2, §16.1), prints a summary (or the body with
-// -json), and exits 0 only when the pass was ok.
+// maintainCmd is `brama maintain`: one pass by the daemon (SPEC §11.2),
+// its summary printed; it exits 0 only when the pass was ok.
 func (e cliEnv) maintainCmd(args []string) error {
 	const usage = "maintain [-gateway URL] [-json]  (bearer from BRAMA_TOKEN, else stdin's first line)"
 	fs := e.newFlags("maintain")
@@ -461,12 +450,9 @@ func (e cliEnv) printPassReport(rep passReport) {
 	fmt.Fprintf(e.stdout, "next due: %s\n", next)
 }
 
-// subscriptionSignIn is `brama subscription sign-in`. It prints the
-// authorize URL on stderr (stdout carries only the subscription id, for
-// scripts), reads the pasted code or redirect URL from stdin (the line
-// after the bearer when BRAMA_TOKEN is unset), exchanges it locally, then
-// hands the grant to the daemon: PUT …/credential with -id, else a new
-// donation. The verifier, the code and the tokens are never printed.
+// subscriptionSignIn is `brama subscription sign-in`: the authorize URL on
+// stderr, the pasted code from stdin, exchanged here, then the grant handed
+// to the daemon; the verifier, the code and the tokens are never printed.
 func (e cliEnv) subscriptionSignIn(args []string) error {
 	const usage = "subscription sign-in -provider claude-code|codex -agent A [-id ID | -label L] [-gateway URL]  (bearer unless BRAMA_TOKEN, then the pasted code, on stdin)"
 	fs := e.newFlags("subscription sign-in")
@@ -522,9 +508,8 @@ func (e cliEnv) subscriptionSignIn(args []string) error {
 	return e.subscriptionDonate(g, *agent, "?via="+signInVia, donation{Provider: *provider, Label: *label, OAuth: &grant})
 }
 
-// checkSignInTarget lists agent's subscriptions: it proves the gateway is
-// reachable and the bearer is an admin's, and with id that agent owns a
-// subscription id of provider that is not retired.
+// checkSignInTarget proves the gateway and an admin bearer work, and that
+// agent owns id (when set), a live subscription of provider.
 func (g *subGateway) checkSignInTarget(agent, id, provider string) error {
 	b, err := g.call("GET", subscriptionPath(agent), nil)
 	if err != nil || id == "" {

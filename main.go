@@ -68,8 +68,7 @@ type usageError struct{ msg string }
 
 func (e *usageError) Error() string { return e.msg }
 
-// errRefused marks a refusal already explained on stdout or stderr (exit 1,
-// nothing more printed).
+// errRefused marks a refusal already explained (exit 1, nothing printed).
 var errRefused = errors.New("refused")
 
 // exitCode prints err and maps it to SPEC §16.1's exit codes.
@@ -178,12 +177,10 @@ func parseFlags(fs *flag.FlagSet, args []string, positionals int, usage string) 
 	return pos, nil
 }
 
-// testingOnlyNow replaces the serving process's clock in tests (nil in
-// production: time.Now).
+// testingOnlyNow replaces the serving process's clock in tests.
 var testingOnlyNow func() time.Time
 
-// testingOnlyKeepAlive shortens the stream keep-alive interval in tests
-// (zero in production: keepAliveEvery).
+// testingOnlyKeepAlive shortens the stream keep-alive interval in tests.
 var testingOnlyKeepAlive time.Duration
 
 // deps are the state-backed parts every command and the server share.
@@ -195,8 +192,8 @@ type deps struct {
 	reg     *registry
 }
 
-// openDeps resolves every state file path (SPEC §2.1, §2.2). Nothing is
-// read yet; a missing state directory shows up as each consumer's refusal.
+// openDeps resolves every state file path (SPEC §2.1, §2.2); nothing is
+// read yet.
 func openDeps(getenv func(string) string, sy sys) deps {
 	st := resolveState(getenv)
 	cpath, cerr := st.fileOrState(getenv, "BRAMA_CLIENTS_FILE", "clients file", "clients.json")
@@ -334,8 +331,7 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 // shutdownGrace is how long in-flight requests may run after SIGTERM.
 const shutdownGrace = 20 * time.Second
 
-// testingOnlyShutdownGrace shortens shutdownGrace in tests (zero in
-// production).
+// testingOnlyShutdownGrace shortens shutdownGrace in tests.
 var testingOnlyShutdownGrace time.Duration
 
 // readLocalCredentials reads `{"provider":"api key",…}` from stdin.
