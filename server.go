@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -190,10 +191,8 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	r = r.WithContext(context.WithValue(r.Context(), infoKey{}, ri))
 	defer func() {
-		if ri.outcome == "" {
-			ri.outcome = "ok"
-		}
-		if r.Context().Err() != nil && ri.attempts != nil && ri.outcome == "ok" {
+		ri.outcome = cmp.Or(ri.outcome, "ok")
+		if ri.outcome == "ok" && ri.attempts != nil && r.Context().Err() != nil {
 			ri.outcome = "client_cancelled"
 		}
 		if ri.outcome == "client_cancelled" && context.Cause(r.Context()) == errServerShutdown {
@@ -573,25 +572,16 @@ type stats struct {
 	Maintenance   map[string]any       `json:"maintenance"`
 }
 
-func (s *server) stats() stats {
-	size, _ := s.journal.size()
-	return stats{
-		Routes:        s.perf.snapshot(),
-		AttemptsTotal: s.attempts.Load(),
-		JournalBytes:  size,
-		Maintenance:   s.maint.state(),
-	}
-}
-
 func (s *server) handleStats(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, s.stats())
+	size, _ := s.journal.size()
+	writeJSON(w, http.StatusOK, stats{s.perf.snapshot(), s.attempts.Load(), size, s.maint.state()})
 }
 
 func (s *server) handleMetrics(w http.ResponseWriter, r *http.Request) {
-	st := s.stats()
+	size, _ := s.journal.size()
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-	writeMetrics(w, st.Routes, map[string]float64{
-		"brama_attempts_total": float64(st.AttemptsTotal),
-		"brama_journal_bytes":  float64(st.JournalBytes),
+	writeMetrics(w, s.perf.snapshot(), map[string]float64{
+		"brama_attempts_total": float64(s.attempts.Load()),
+		"brama_journal_bytes":  float64(size),
 	})
 }
