@@ -73,19 +73,8 @@ func (e cliEnv) subscriptionGateway(raw string, in *bufio.Reader) (*subGateway, 
 	return &subGateway{ctx: e.ctx, base: strings.TrimRight(u.String(), "/"), token: tok, hc: &http.Client{}}, nil
 }
 
-// gatewayError is a refusal from the daemon: its envelope's code and message.
-type gatewayError struct {
-	Status  int
-	Code    string
-	Message string
-}
-
-func (e *gatewayError) Error() string {
-	return fmt.Sprintf("the gateway refused (%d %s): %s", e.Status, e.Code, e.Message)
-}
-
 // call sends one admin request with body (nil for none) and returns the raw
-// success body; a non-2xx answer is a *gatewayError.
+// success body; a non-2xx answer is an error quoting the envelope.
 func (g *subGateway) call(method, path string, body any) ([]byte, error) {
 	var rd io.Reader
 	if body != nil {
@@ -114,9 +103,9 @@ func (g *subGateway) call(method, path string, body any) ([]byte, error) {
 	}
 	var env envelope
 	if json.Unmarshal(b, &env) != nil || env.Error.Code == "" {
-		return nil, &gatewayError{Status: resp.StatusCode, Code: "unknown", Message: "the answer is not a Brama error envelope"}
+		env.Error.Code, env.Error.Message = "unknown", "the answer is not a Brama error envelope"
 	}
-	return nil, &gatewayError{Status: resp.StatusCode, Code: env.Error.Code, Message: env.Error.Message}
+	return nil, fmt.Errorf("the gateway refused (%d %s): %s", resp.StatusCode, env.Error.Code, env.Error.Message)
 }
 
 // subscriptionPath is the admin path for agent, and for a subscription id

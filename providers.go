@@ -77,10 +77,7 @@ func providerBaseURL(p providerInfo, getenv func(string) string) (string, error)
 		return "", fmt.Errorf("provider %q: %w: its endpoint comes from the registry deployment", p.id, errBaseURL)
 	}
 	env := "BRAMA_PROVIDER_" + strings.ToUpper(strings.ReplaceAll(p.id, "-", "_")) + "_BASE_URL"
-	raw := strings.TrimSpace(getenv(env))
-	if raw == "" {
-		raw = p.baseURL
-	}
+	raw := cmp.Or(strings.TrimSpace(getenv(env)), p.baseURL)
 	if err := checkBaseURL(raw); err != nil {
 		return "", fmt.Errorf("%s: %w: %v", env, errBaseURL, err)
 	}
@@ -135,8 +132,7 @@ func newProviderClient() *http.Client {
 	t.TLSHandshakeTimeout = 0
 	t.ExpectContinueTimeout = 0
 	t.MaxIdleConns = 256
-	t.MaxIdleConnsPerHost = 64
-	t.IdleConnTimeout = 90 * time.Second
+	t.MaxIdleConnsPerHost = 64 // IdleConnTimeout stays the default 90 s
 	return &http.Client{
 		Transport: t,
 		CheckRedirect: func(*http.Request, []*http.Request) error {
