@@ -324,7 +324,8 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 		stopRequests(errServerShutdown) // their log lines say server_shutdown
 		srv.Close()
 	}
-	s.inflight.wait()
+	s.inflight.Lock() // every request still being served has written its log line
+	s.inflight.Unlock()
 	return nil
 }
 

@@ -49,39 +49,9 @@ type server struct {
 	answers    *answerStore // signed answers (SPEC §12)
 	replay     *replayGuard // SPEC §8.1; nil: off
 	maxBody    int64        // BRAMA_MAX_REQUEST_BYTES; 0: the default
-	inflight   requestGate  // requests being served, waited for at shutdown
-}
-
-// requestGate counts the requests being served, so serve can wait for their
-// log lines at shutdown (a WaitGroup may not be added to while waited on).
-type requestGate struct {
-	mu   sync.Mutex // guards n, idle
-	n    int
-	idle sync.Cond // broadcast when n reaches 0
-}
-
-func (g *requestGate) enter() {
-	g.mu.Lock()
-	g.n++
-	g.mu.Unlock()
-}
-
-func (g *requestGate) leave() {
-	g.mu.Lock()
-	if g.n--; g.n == 0 && g.idle.L != nil {
-		g.idle.Broadcast()
-	}
-	g.mu.Unlock()
-}
-
-// wait returns once no request is being served.
-func (g *requestGate) wait() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.idle.L = &g.mu
-	for g.n > 0 {
-		g.idle.Wait()
-	}
+	// inflight is read-held by every request being served, so serve can wait
+	// for their log lines at shutdown (a WaitGroup may not grow while waited on).
+	inflight sync.RWMutex
 }
 
 // routes is the only place URL patterns appear.
@@ -180,8 +150,8 @@ var errServerShutdown = errors.New("the server is shutting down")
 // ServeHTTP gives every response an X-Request-Id, applies the transport
 // guard, turns the mux's own 404/405 into envelopes and logs one line.
 func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	s.inflight.enter()
-	defer s.inflight.leave()
+	s.inflight.RLock()
+	defer s.inflight.RUnlock()
 	start := time.Now()
 	ri := &requestInfo{id: newRequestID()}
 	w.Header().Set("X-Request-Id", ri.id)
