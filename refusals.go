@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -106,12 +107,8 @@ func classifyRefusal(protocol string, status int, header http.Header, body []byt
 		r.retryAfter = wait
 	}
 
-	label := cleanQuoted(code, presented, 64)
-	if label == "" {
-		label = cleanQuoted(typ, presented, 64)
-	}
 	m := fmt.Sprintf("%s answered %d", who, status)
-	if label != "" {
+	if label := cmp.Or(cleanQuoted(code, presented, 64), cleanQuoted(typ, presented, 64)); label != "" {
 		m += " (" + label + ")"
 	}
 	if quoted := cleanQuoted(msg, presented, maxQuotedBytes); quoted != "" {
@@ -221,12 +218,11 @@ const maxRetryAfter = 7 * 24 * time.Hour
 // (seconds or an HTTP date), else the latest reset among the limits its
 // headers show as exhausted. 0 when nothing is stated.
 func retryAfter(h http.Header, now time.Time) time.Duration {
-	if v := strings.TrimSpace(h.Get("Retry-After-Ms")); v != "" {
-		if ms, err := strconv.ParseFloat(v, 64); err == nil && ms > 0 && !math.IsInf(ms, 0) {
-			return clampWait(ms / 1000)
-		}
+	hv := func(k string) string { return strings.TrimSpace(h.Get(k)) }
+	if ms, err := strconv.ParseFloat(hv("Retry-After-Ms"), 64); err == nil && ms > 0 && !math.IsInf(ms, 0) {
+		return clampWait(ms / 1000)
 	}
-	if v := strings.TrimSpace(h.Get("Retry-After")); v != "" {
+	if v := hv("Retry-After"); v != "" {
 		if s, err := strconv.ParseFloat(v, 64); err == nil && !math.IsNaN(s) {
 			return clampWait(s)
 		}
@@ -237,37 +233,31 @@ func retryAfter(h http.Header, now time.Time) time.Duration {
 	var d time.Duration
 	// OpenAI: x-ratelimit-{remaining,reset}-{requests,tokens}, reset as "6m0s".
 	for _, k := range []string{"requests", "tokens"} {
-		if strings.TrimSpace(h.Get("X-Ratelimit-Remaining-"+k)) == "0" {
-			if x, err := time.ParseDuration(strings.TrimSpace(h.Get("X-Ratelimit-Reset-" + k))); err == nil {
-				d = max(d, clampWait(x.Seconds()))
-			}
+		if x, err := time.ParseDuration(hv("X-Ratelimit-Reset-" + k)); err == nil && hv("X-Ratelimit-Remaining-"+k) == "0" {
+			d = max(d, clampWait(x.Seconds()))
 		}
 	}
 	// Anthropic: anthropic-ratelimit-<limit>-{remaining,reset}, reset RFC 3339.
 	for _, k := range []string{"requests", "tokens", "input-tokens", "output-tokens"} {
-		if strings.TrimSpace(h.Get("Anthropic-Ratelimit-"+k+"-Remaining")) == "0" {
-			if t, err := time.Parse(time.RFC3339, strings.TrimSpace(h.Get("Anthropic-Ratelimit-"+k+"-Reset"))); err == nil {
-				d = max(d, clampWait(t.Sub(now).Seconds()))
-			}
+		p := "Anthropic-Ratelimit-" + k
+		if t, err := time.Parse(time.RFC3339, hv(p+"-Reset")); err == nil && hv(p+"-Remaining") == "0" {
+			d = max(d, clampWait(t.Sub(now).Seconds()))
 		}
 	}
 	// claude-code plan windows (SPEC §6.3): reset in unix seconds.
 	for _, k := range []string{"", "5h-", "7d-"} {
 		p := "Anthropic-Ratelimit-Unified-" + k
-		u, _ := strconv.ParseFloat(strings.TrimSpace(h.Get(p+"Utilization")), 64)
-		if strings.TrimSpace(h.Get(p+"Status")) == "rejected" || u >= 1 {
-			if s, err := strconv.ParseInt(strings.TrimSpace(h.Get(p+"Reset")), 10, 64); err == nil {
-				d = max(d, clampWait(float64(s-now.Unix())))
-			}
+		u, _ := strconv.ParseFloat(hv(p+"Utilization"), 64)
+		if s, err := strconv.ParseInt(hv(p+"Reset"), 10, 64); err == nil && (hv(p+"Status") == "rejected" || u >= 1) {
+			d = max(d, clampWait(float64(s-now.Unix())))
 		}
 	}
 	// codex plan windows (SPEC §6.3).
 	for _, k := range []string{"Primary", "Secondary"} {
 		p := "X-Codex-" + k + "-"
-		if u, err := strconv.ParseFloat(strings.TrimSpace(h.Get(p+"Used-Percent")), 64); err == nil && u >= 100 {
-			if s, err := strconv.ParseFloat(strings.TrimSpace(h.Get(p+"Reset-After-Seconds")), 64); err == nil {
-				d = max(d, clampWait(s))
-			}
+		u, uerr := strconv.ParseFloat(hv(p+"Used-Percent"), 64)
+		if s, err := strconv.ParseFloat(hv(p+"Reset-After-Seconds"), 64); err == nil && uerr == nil && u >= 100 {
+			d = max(d, clampWait(s))
 		}
 	}
 	return d
