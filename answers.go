@@ -18,15 +18,13 @@ import (
 	"time"
 )
 
-// Signed answers (SPEC §12): a caller that sends an Idempotency-Key gets one
-// provider spend per (client, key). The first request reserves the key by
-// publishing an in-progress record with os.Link, dispatches, then completes
-// the record with the answer and an HMAC over its body; every later request
-// with that key is answered from the record. The HTTP face is in api.go.
+// Signed answers (SPEC §12): one provider spend per (client, Idempotency-Key).
+// The first request publishes an in-progress record (os.Link), dispatches and
+// completes it with the answer and its HMAC; later ones replay it. The HTTP
+// face is in api.go.
 
 const (
-	answerTimeFormat = "2006-01-02T15:04:05.000Z" // RFC 3339 UTC with milliseconds, like every state time
-	answerInProgress = "in_progress"              // record states (SPEC §12 item 4)
+	answerInProgress = "in_progress" // record states (SPEC §12 item 4)
 	answerComplete   = "complete"
 	// abandonedMessage is the kept refusal of SPEC §12 item 2.
 	abandonedMessage = "this answer's process stopped before it was kept; a provider call may have been made"
@@ -114,22 +112,12 @@ func (rec *answerRecord) body() []byte {
 	return b
 }
 
-func isHexDigest(s string) bool {
-	_, err := hex.DecodeString(s)
-	return len(s) == 64 && err == nil && strings.ToLower(s) == s
-}
-
 func isAnswerTime(s string) bool {
-	t, err := time.Parse(answerTimeFormat, s)
-	return err == nil && t.Format(answerTimeFormat) == s
+	t, err := time.Parse(journalTimeFormat, s)
+	return err == nil && t.Format(journalTimeFormat) == s
 }
 
 func isAnswerSignature(s string) bool { return strings.HasPrefix(s, "v1=") && isHexDigest(s[3:]) }
-
-func hexSHA256(b []byte) string {
-	d := sha256.Sum256(b)
-	return hex.EncodeToString(d[:])
-}
 
 // signAnswer is SPEC §12's signature: v1=<hex HMAC-SHA256(answer key, body)>.
 func signAnswer(key, body []byte) string {
@@ -145,11 +133,7 @@ func verifyAnswer(key, body []byte, sig string) bool {
 
 // checkIdempotencyKey applies SPEC §12: 1..255 printable ASCII characters.
 func checkIdempotencyKey(key string) error {
-	ok := len(key) >= 1 && len(key) <= 255
-	for i := 0; ok && i < len(key); i++ {
-		ok = key[i] >= 0x20 && key[i] <= 0x7e
-	}
-	if !ok {
+	if len(key) < 1 || len(key) > 255 || strings.ContainsFunc(key, func(r rune) bool { return r < 0x20 || r > 0x7e }) {
 		return refuse("invalid_request", "Idempotency-Key must be 1 to 255 printable ASCII characters")
 	}
 	return nil
@@ -247,7 +231,7 @@ func (a *answerStore) reserve(client, key string, body []byte, route string) (*a
 	t := &answerTicket{path: path, rec: answerRecord{
 		SchemaVersion: 1, State: answerInProgress, BootID: a.bootID, Client: client,
 		KeySHA256: hexSHA256([]byte(key)), RequestSHA256: hexSHA256(body),
-		StartedAt: a.now().UTC().Format(answerTimeFormat), Route: route,
+		StartedAt: a.now().UTC().Format(journalTimeFormat), Route: route,
 	}}
 	data, err := marshalState(&t.rec)
 	if err != nil {
@@ -298,16 +282,21 @@ func (a *answerStore) taken(path, requestSHA string) (*answerRecord, error) {
 	return rec, nil
 }
 
-// read reads, guards and decodes the record at path and checks a complete
-// record's signature. A missing record is errFileAbsent.
-func (a *answerStore) read(path string) (*answerRecord, error) {
-	b, _, err := readGuarded("kept answer", path)
-	if errors.Is(err, errFileAbsent) {
+// readAnswerFile reads, guards and decodes the record at name.
+func readAnswerFile(name string) (*answerRecord, error) {
+	b, _, err := readGuarded("kept answer", name)
+	if err != nil {
 		return nil, err
 	}
-	var rec *answerRecord
-	if err == nil {
-		rec, err = decodeAnswerRecord(b)
+	return decodeAnswerRecord(b)
+}
+
+// read reads the record at path and checks a complete record's signature.
+// A missing record is errFileAbsent.
+func (a *answerStore) read(path string) (*answerRecord, error) {
+	rec, err := readAnswerFile(path)
+	if errors.Is(err, errFileAbsent) {
+		return nil, err
 	}
 	if err == nil && rec.State == answerComplete {
 		var key []byte
@@ -343,7 +332,7 @@ func (a *answerStore) complete(t *answerTicket, status int, body []byte, attempt
 		return nil, err
 	}
 	rec := t.rec
-	done := a.now().UTC().Format(answerTimeFormat)
+	done := a.now().UTC().Format(journalTimeFormat)
 	b64 := base64.StdEncoding.EncodeToString(body)
 	sig := signAnswer(key, body)
 	rec.State, rec.CompletedAt, rec.Status, rec.BodyBase64, rec.Attempts, rec.Signature = answerComplete, &done, &status, &b64, attempts, &sig
@@ -425,11 +414,7 @@ func pruneAnswers(dir string, cutoff time.Time, skip func(name string, err error
 		case d.IsDir() || !strings.HasSuffix(name, ".json") || strings.HasPrefix(d.Name(), "."):
 			return nil // temporary files are not records
 		}
-		b, _, err := readGuarded("kept answer", name)
-		var rec *answerRecord
-		if err == nil {
-			rec, err = decodeAnswerRecord(b)
-		}
+		rec, err := readAnswerFile(name)
 		if err != nil {
 			skip(name, err)
 			return nil
@@ -437,7 +422,7 @@ func pruneAnswers(dir string, cutoff time.Time, skip func(name string, err error
 		if rec.State != answerComplete {
 			return nil
 		}
-		if done, _ := time.Parse(answerTimeFormat, *rec.CompletedAt); !done.Before(cutoff) {
+		if done, _ := time.Parse(journalTimeFormat, *rec.CompletedAt); !done.Before(cutoff) {
 			return nil
 		}
 		if err := os.Remove(name); err != nil {

@@ -60,7 +60,7 @@ func (doc *clientsDoc) validate() error {
 			return fmt.Errorf("clients file: client %d: id %q must match [a-z0-9-]{1,64}", i, c.ID)
 		case ids[c.ID]:
 			return fmt.Errorf("clients file: duplicate client id %q", c.ID)
-		case len(c.TokenSHA256) != 64 || strings.ToLower(c.TokenSHA256) != c.TokenSHA256 || !isHex(c.TokenSHA256):
+		case !isHexDigest(c.TokenSHA256):
 			return fmt.Errorf("clients file: client %q: token_sha256 must be 64 lower-case hex characters", c.ID)
 		case digests[c.TokenSHA256]:
 			return fmt.Errorf("clients file: client %q: duplicate token digest", c.ID)
@@ -79,11 +79,6 @@ func (doc *clientsDoc) validate() error {
 	return nil
 }
 
-func isHex(s string) bool {
-	_, err := hex.DecodeString(s)
-	return err == nil
-}
-
 // newToken makes a bearer token: "brama_" and 43 base64url characters.
 func newToken() string {
 	b := make([]byte, 32)
@@ -92,9 +87,21 @@ func newToken() string {
 }
 
 // tokenDigest is the stored form of a token.
-func tokenDigest(token string) string {
-	sum := sha256.Sum256([]byte(token))
-	return hex.EncodeToString(sum[:])
+func tokenDigest(token string) string { return hexSHA256([]byte(token)) }
+
+// hexSHA256 is b's SHA-256 in lower-case hex.
+func hexSHA256(b []byte) string {
+	d := sha256.Sum256(b)
+	return hex.EncodeToString(d[:])
+}
+
+// isHexDigest reports whether s is a SHA-256 in lower-case hex.
+func isHexDigest(s string) bool { return len(s) == 64 && isLowerHex(s) }
+
+// isLowerHex reports whether s is bytes in lower-case hex.
+func isLowerHex(s string) bool {
+	_, err := hex.DecodeString(s)
+	return err == nil && strings.ToLower(s) == s
 }
 
 // clientStore holds the clients file, re-read when its identity changes
@@ -209,40 +216,36 @@ type agentClaim struct {
 	now                    time.Time
 }
 
-// claim checks the agent headers of r without its body: presence, the agent
-// id, the timestamp window, a known agent, the signature's form and whether
-// it was already accepted. A request without agent headers gives a zero
-// claim and no error.
+// claim checks r's agent headers before its body is read: presence, the
+// agent id, the timestamp window, a known agent, the signature's form, and
+// no replay. A request without agent headers gives a zero claim.
 func (a *agentVerifier) claim(r *http.Request) (agentClaim, error) {
 	c := agentClaim{agent: r.Header.Get("X-Agent-Id"), ts: r.Header.Get("X-Agent-Timestamp"), sig: r.Header.Get("X-Agent-Signature")}
 	if c.agent == "" && c.ts == "" && c.sig == "" {
 		return c, nil
 	}
-	if c.agent == "" || c.ts == "" || c.sig == "" {
-		return c, fmt.Errorf("%w: missing header", errAgentSignature)
-	}
-	if !idPattern.MatchString(c.agent) {
-		return c, fmt.Errorf("%w: bad agent id", errAgentSignature)
-	}
-	at, err := parseAgentTimestamp(c.ts)
-	if err != nil {
-		return c, fmt.Errorf("%w: %v", errAgentSignature, err)
-	}
 	c.now = a.now()
-	if d := c.now.Sub(at); d > signatureWindow || d < -signatureWindow {
-		return c, fmt.Errorf("%w: timestamp outside the ±300 s window", errAgentSignature)
+	known := func() (ok bool) { c.secret, ok = a.secret(c.agent); return ok }
+	var why string
+	switch {
+	case c.agent == "" || c.ts == "" || c.sig == "":
+		why = "missing header"
+	case !idPattern.MatchString(c.agent):
+		why = "bad agent id"
+	case !agentTimestamp.MatchString(c.ts):
+		why = "malformed timestamp"
+	case c.now.Sub(agentTime(c.ts)).Abs() > signatureWindow:
+		why = "timestamp outside the ±300 s window"
+	case !known():
+		why = "unknown agent"
+	case !isLowerHex(c.sig):
+		why = "signature is not lower-case hex"
+	case a.seen.holds(c.sig, c.now):
+		why = "replayed signature"
+	default:
+		return c, nil
 	}
-	var ok bool
-	if c.secret, ok = a.secret(c.agent); !ok {
-		return c, fmt.Errorf("%w: unknown agent", errAgentSignature)
-	}
-	if _, err := hex.DecodeString(c.sig); err != nil || strings.ToLower(c.sig) != c.sig {
-		return c, fmt.Errorf("%w: signature is not lower-case hex", errAgentSignature)
-	}
-	if a.seen.holds(c.sig, c.now) {
-		return c, fmt.Errorf("%w: replayed signature", errAgentSignature)
-	}
-	return c, nil
+	return c, fmt.Errorf("%w: %s", errAgentSignature, why)
 }
 
 // confirm checks c's signature over r and body and remembers it, returning
@@ -263,19 +266,13 @@ func (a *agentVerifier) confirm(r *http.Request, c agentClaim, body []byte) (str
 
 // signatureMemory remembers accepted signatures for replayMemory: a map for
 // the lookup and a queue in acceptance order for forgetting, so a signed
-// request costs the same whether 10 or 40,000 signatures are remembered
-// (issue 10: a whole scan under the lock made throughput fall sevenfold).
+// request costs the same at 10 or 40,000 signatures (issue 10: a whole scan
+// under the lock made throughput fall sevenfold).
 type signatureMemory struct {
 	mu    sync.Mutex           // guards until, queue, head
 	until map[string]time.Time // signature hex → when it may be forgotten
-	queue []rememberedSig      // in acceptance order; queue[head:] is live
+	queue []string             // signatures in acceptance order; queue[head:] is live
 	head  int
-}
-
-// rememberedSig is one queue entry: which signature, forgettable when.
-type rememberedSig struct {
-	sig   string
-	until time.Time
 }
 
 // holds reports whether sig is remembered at now.
@@ -287,52 +284,40 @@ func (m *signatureMemory) holds(sig string, now time.Time) bool {
 }
 
 // remember records sig as accepted at now, unless it already is (a replay:
-// false). Expired signatures at the queue's front are forgotten first.
+// false), after forgetting the expired signatures at the queue's front.
 func (m *signatureMemory) remember(sig string, now time.Time) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for m.head < len(m.queue) && now.After(m.queue[m.head].until) {
-		e := m.queue[m.head]
-		if m.until[e.sig] == e.until { // not re-remembered since
-			delete(m.until, e.sig)
-		}
-		m.queue[m.head] = rememberedSig{}
-		m.head++
+	for ; m.head < len(m.queue) && now.After(m.until[m.queue[m.head]]); m.head++ {
+		delete(m.until, m.queue[m.head])
+		m.queue[m.head] = ""
 	}
 	if m.head > len(m.queue)/2 {
-		m.queue = append(m.queue[:0], m.queue[m.head:]...)
-		m.head = 0
+		m.queue, m.head = append(m.queue[:0], m.queue[m.head:]...), 0
 	}
 	if until, ok := m.until[sig]; ok && !now.After(until) {
 		return false
 	}
-	until := now.Add(replayMemory)
-	m.until[sig] = until
-	m.queue = append(m.queue, rememberedSig{sig: sig, until: until})
+	m.until[sig] = now.Add(replayMemory)
+	m.queue = append(m.queue, sig)
 	return true
 }
 
 // agentSignature is HMAC-SHA256 over `<agent>:<ts>:<METHOD>:<path>:<hex sha256(body)>`.
 func agentSignature(secret, agent, ts, method, path string, body []byte) []byte {
-	sum := sha256.Sum256(body)
 	m := hmac.New(sha256.New, []byte(secret))
-	fmt.Fprintf(m, "%s:%s:%s:%s:%s", agent, ts, strings.ToUpper(method), path, hex.EncodeToString(sum[:]))
+	fmt.Fprintf(m, "%s:%s:%s:%s:%s", agent, ts, strings.ToUpper(method), path, hexSHA256(body))
 	return m.Sum(nil)
 }
 
 // agentTimestamp is unix seconds with an optional 1–9 digit fraction.
 var agentTimestamp = regexp.MustCompile(`^[0-9]{1,12}(\.[0-9]{1,9})?$`)
 
-func parseAgentTimestamp(ts string) (time.Time, error) {
-	if !agentTimestamp.MatchString(ts) {
-		return time.Time{}, errors.New("malformed timestamp")
-	}
-	f, err := strconv.ParseFloat(ts, 64)
-	if err != nil || math.IsInf(f, 0) {
-		return time.Time{}, errors.New("malformed timestamp")
-	}
+// agentTime is a timestamp agentTimestamp matched, as a time.
+func agentTime(ts string) time.Time {
+	f, _ := strconv.ParseFloat(ts, 64) // the pattern admits only finite decimals
 	sec, frac := math.Modf(f)
-	return time.Unix(int64(sec), int64(frac*1e9)), nil
+	return time.Unix(int64(sec), int64(frac*1e9))
 }
 
 // transportGuard decides whether a peer may speak plain HTTP (SPEC §3.3):
@@ -356,21 +341,16 @@ func newTransportGuard(list string) (transportGuard, error) {
 
 // allows reports whether r came over an acceptable transport.
 func (g transportGuard) allows(r *http.Request) bool {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
+	host, _, _ := net.SplitHostPort(r.RemoteAddr)
+	ip := net.ParseIP(host) // nil when RemoteAddr is not host:port
+	switch {
+	case ip == nil:
 		return false
-	}
-	ip := net.ParseIP(host)
-	if ip == nil {
-		return false
-	}
-	if ip.IsLoopback() {
+	case ip.IsLoopback():
 		return true
-	}
-	if !g.trusted[ip.String()] {
+	case !g.trusted[ip.String()]:
 		return false
-	}
-	if strings.EqualFold(strings.TrimSpace(r.Header.Get("X-Forwarded-Proto")), "https") {
+	case strings.EqualFold(strings.TrimSpace(r.Header.Get("X-Forwarded-Proto")), "https"):
 		return true
 	}
 	for _, el := range strings.Split(r.Header.Get("Forwarded"), ";") {
