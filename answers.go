@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -53,22 +54,18 @@ type answerRecord struct {
 	Signature     *string `json:"signature"`
 }
 
-// decodeAnswerRecord strictly parses a kept-answer file and checks that its
-// members agree with its state. Every error wraps errAnswerCorrupt.
+// decodeAnswerRecord strictly parses a kept-answer file; every error wraps
+// errAnswerCorrupt.
 func decodeAnswerRecord(b []byte) (*answerRecord, error) {
-	var rec answerRecord
-	err := decodeStrict("kept answer", b, &rec)
-	if err == nil {
-		err = rec.check()
-	}
-	if err != nil {
+	rec := &answerRecord{}
+	if err := decodeStrict("kept answer", b, rec); err != nil {
 		return nil, fmt.Errorf("%w: %w", errAnswerCorrupt, err)
 	}
-	return &rec, nil
+	return rec, nil
 }
 
-// check applies the shape rules decodeStrict cannot express.
-func (rec *answerRecord) check() error {
+// validate checks that the record's members agree with its state.
+func (rec *answerRecord) validate() error {
 	switch {
 	case rec.SchemaVersion != 1:
 		return fmt.Errorf("schema_version %d, want 1", rec.SchemaVersion)
@@ -106,7 +103,7 @@ func (rec *answerRecord) check() error {
 	return nil
 }
 
-// body is a complete record's exact body bytes (check has vouched for them).
+// body is a complete record's exact body bytes (validate vouched for them).
 func (rec *answerRecord) body() []byte {
 	b, _ := base64.StdEncoding.DecodeString(*rec.BodyBase64)
 	return b
@@ -139,8 +136,8 @@ func checkIdempotencyKey(key string) error {
 	return nil
 }
 
-// answerStore keeps the signed answers of one state directory. The serving
-// process is their only writer besides `brama answers prune` (SPEC §2.3).
+// answerStore keeps the signed answers of one state directory; only serve and
+// `brama answers prune` write them (SPEC §2.3).
 type answerStore struct {
 	st     state
 	log    *slog.Logger
@@ -166,9 +163,8 @@ func answerUnplaced(cause error) *apiError {
 	return refuse("internal_error", "this request's one signed answer has no place to be kept: %v", cause).because(cause)
 }
 
-// signingKey reads $STATE/answer-key, creating it once when absent: 32
-// random bytes published with os.Link (publishFile), so two creators never
-// both win.
+// signingKey reads $STATE/answer-key, creating it once with publishFile,
+// so of two creators one wins.
 func (a *answerStore) signingKey() ([]byte, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -215,11 +211,9 @@ func (a *answerStore) recordPath(client, key string) (string, error) {
 	return a.st.path("signed answers", filepath.Join("answers", client, hexSHA256([]byte(key))+".json"))
 }
 
-// reserve is the last step before the first provider call (SPEC §12 item
-// 1). It returns a ticket when this request now owns the key, or the
-// complete record to replay when the key was taken, or the refusal of
-// item 2. A missing state directory or an unusable answer key refuses with
-// SPEC §2.1's sentence before anything is written.
+// reserve, the last step before the first provider call (SPEC §12 item 1),
+// returns this request's ticket for the key, or the record to replay, or item
+// 2's refusal; without a place for answers, SPEC §2.1's refusal.
 func (a *answerStore) reserve(client, key string, body []byte, route string) (*answerTicket, *answerRecord, error) {
 	path, err := a.recordPath(client, key)
 	if err == nil {
@@ -264,9 +258,8 @@ func answerBusy() *apiError {
 	return ae
 }
 
-// taken applies SPEC §12 item 2 to the record at path, first match. An
-// empty requestSHA skips the body comparison (GET /v1/answers/{key}). A
-// missing record is errFileAbsent.
+// taken applies SPEC §12 item 2 to the record at path; an empty requestSHA
+// skips the body comparison. A missing record is errFileAbsent.
 func (a *answerStore) taken(path, requestSHA string) (*answerRecord, error) {
 	rec, err := a.read(path)
 	switch {
@@ -310,9 +303,8 @@ func (a *answerStore) read(path string) (*answerRecord, error) {
 	return rec, nil
 }
 
-// abandon completes a stopped process's in-progress record as the kept
-// refusal of SPEC §12 item 2: 500 internal_error with no attempts key,
-// because how many calls it made is unknown.
+// abandon keeps a stopped process's in-progress record as SPEC §12 item 2's
+// refusal, with no attempts key: how many calls it made is unknown.
 func (a *answerStore) abandon(path string, rec *answerRecord) (*answerRecord, error) {
 	ae := refuse("internal_error", abandonedMessage)
 	body, _ := json.Marshal(ae.body())
@@ -324,8 +316,7 @@ func (a *answerStore) abandon(path string, rec *answerRecord) (*answerRecord, er
 	return kept, nil
 }
 
-// complete keeps an answer (SPEC §12 item 3) by owner-only atomic
-// replacement of the reservation.
+// complete keeps an answer (SPEC §12 item 3) in place of the reservation.
 func (a *answerStore) complete(t *answerTicket, status int, body []byte, attempts *int, route string) (*answerRecord, error) {
 	key, err := a.signingKey()
 	if err != nil {
@@ -336,9 +327,7 @@ func (a *answerStore) complete(t *answerTicket, status int, body []byte, attempt
 	b64 := base64.StdEncoding.EncodeToString(body)
 	sig := signAnswer(key, body)
 	rec.State, rec.CompletedAt, rec.Status, rec.BodyBase64, rec.Attempts, rec.Signature = answerComplete, &done, &status, &b64, attempts, &sig
-	if route != "" {
-		rec.Route = route
-	}
+	rec.Route = cmp.Or(route, rec.Route)
 	data, err := marshalState(&rec)
 	if err == nil {
 		err = writeFileAtomic(t.path, data)
@@ -349,8 +338,7 @@ func (a *answerStore) complete(t *answerTicket, status int, body []byte, attempt
 	return &rec, nil
 }
 
-// release removes a reservation so the key is free again (a retryable
-// refusal, or a caller that hung up before any provider call).
+// release removes a reservation so the key is free again.
 func (a *answerStore) release(t *answerTicket) error {
 	if err := os.Remove(t.path); err != nil {
 		return err
@@ -358,8 +346,7 @@ func (a *answerStore) release(t *answerTicket) error {
 	return syncDir(filepath.Dir(t.path))
 }
 
-// lookup serves GET /v1/answers/{key}: like a replay, without a body to
-// compare. An unknown key is 404 not_found.
+// lookup serves GET /v1/answers/{key}: a replay without a body to compare.
 func (a *answerStore) lookup(client, key string) (*answerRecord, error) {
 	path, err := a.recordPath(client, key)
 	if err != nil {
@@ -372,9 +359,8 @@ func (a *answerStore) lookup(client, key string) (*answerRecord, error) {
 	return rec, err
 }
 
-// verifyAnswerFile is `brama answers verify` (SPEC §12 item 6): sig, or a
-// kept answer's own signature, over file's raw (or decoded) body with
-// $STATE/answer-key. A mismatch is errSignatureMismatch.
+// verifyAnswerFile is `brama answers verify` (SPEC §12 item 6): sig over
+// file, or a kept answer's own signature over its body.
 func verifyAnswerFile(st state, file, sig string) error {
 	key, _, err := readAnswerKey(st)
 	if err != nil {
@@ -400,9 +386,8 @@ func verifyAnswerFile(st state, file, sig string) error {
 	return nil
 }
 
-// pruneAnswers removes every complete record under dir completed before
-// cutoff (SPEC §12 item 7), never one in progress, and reports unreadable
-// ones to skip. A complete record never changes again, so serve may run.
+// pruneAnswers removes the complete records under dir completed before
+// cutoff (SPEC §12 item 7); serve may run, as they never change again.
 func pruneAnswers(dir string, cutoff time.Time, skip func(name string, err error)) (int, error) {
 	removed := 0
 	err := filepath.WalkDir(dir, func(name string, d fs.DirEntry, err error) error {

@@ -104,8 +104,8 @@ func isLowerHex(s string) bool {
 	return err == nil && strings.ToLower(s) == s
 }
 
-// clientStore holds the clients file, re-read when its identity changes
-// (SPEC §2.3), or the one process-only client when there is no file.
+// clientStore is the clients file, re-read on change (SPEC §2.3), or the
+// process-only client when there is no state directory.
 type clientStore struct {
 	stateFile[*clientsDoc]
 	memory *clientsDoc // process-only clients (no state directory); set before serving
@@ -124,8 +124,7 @@ func (c *clientStore) load() (*clientsDoc, error) {
 	return c.stateFile.load()
 }
 
-// authenticate finds the client presenting token, comparing its digest with
-// every stored digest in constant time.
+// authenticate finds token's client, comparing every digest in constant time.
 func (c *clientStore) authenticate(token string) (client, bool) {
 	doc, err := c.load()
 	if err != nil || token == "" {
@@ -159,10 +158,8 @@ func updateClients(path string, fn func(d *clientsDoc) error) error {
 	})
 }
 
-// presentedToken extracts the one token of r (SPEC §3.1): either one
-// `Authorization: Bearer <token>` or one `x-api-key: <token>`, as Anthropic
-// clients send it. Either header repeated, both headers, another scheme or
-// an empty token gives "", which no client matches.
+// presentedToken is the one `Authorization: Bearer` or `x-api-key` token
+// (SPEC §3.1); anything else is "", which no client matches.
 func presentedToken(h http.Header) string {
 	auth, key := h.Values("Authorization"), h.Values("X-Api-Key")
 	var tok string
@@ -185,15 +182,15 @@ func presentedToken(h http.Header) string {
 	return tok
 }
 
-// signatureWindow is how far an agent timestamp may be from now (SPEC §3.2);
+// signatureWindow bounds an agent timestamp's distance from now (SPEC §3.2);
 // replayMemory is how long an accepted signature is remembered.
 const (
 	signatureWindow = 300 * time.Second
 	replayMemory    = 600 * time.Second
 )
 
-// agentVerifier checks HMAC agent signatures and refuses replays. The
-// memory of accepted signatures lives only in this process.
+// agentVerifier checks HMAC agent signatures and refuses replays, from a
+// memory kept only in this process.
 type agentVerifier struct {
 	secret func(agent string) (string, bool)
 	now    func() time.Time
@@ -205,20 +202,18 @@ func newAgentVerifier(secret func(agent string) (string, bool), now func() time.
 	return &agentVerifier{secret: secret, now: now, seen: signatureMemory{until: map[string]time.Time{}}}
 }
 
-// errAgentSignature is every agent-signature refusal; the client learns
-// only "unauthorized".
+// errAgentSignature is every agent-signature refusal; the client learns only 401.
 var errAgentSignature = errors.New("agent signature refused")
 
-// agentClaim is what a request's agent headers say, checked before its body
-// is read: everything but the signature itself, which covers the body.
+// agentClaim is what a request's agent headers say, checked before the body
+// its signature covers is read.
 type agentClaim struct {
 	agent, ts, sig, secret string
 	now                    time.Time
 }
 
-// claim checks r's agent headers before its body is read: presence, the
-// agent id, the timestamp window, a known agent, the signature's form, and
-// no replay. A request without agent headers gives a zero claim.
+// claim checks r's agent headers before its body is read (SPEC §3.2); no
+// agent headers give a zero claim.
 func (a *agentVerifier) claim(r *http.Request) (agentClaim, error) {
 	c := agentClaim{agent: r.Header.Get("X-Agent-Id"), ts: r.Header.Get("X-Agent-Timestamp"), sig: r.Header.Get("X-Agent-Signature")}
 	if c.agent == "" && c.ts == "" && c.sig == "" {
@@ -248,8 +243,8 @@ func (a *agentVerifier) claim(r *http.Request) (agentClaim, error) {
 	return c, fmt.Errorf("%w: %s", errAgentSignature, why)
 }
 
-// confirm checks c's signature over r and body and remembers it, returning
-// the agent id ("" for a zero claim). A signature is accepted once.
+// confirm checks c's signature over r and body and accepts it once, returning
+// the agent id ("" for a zero claim).
 func (a *agentVerifier) confirm(r *http.Request, c agentClaim, body []byte) (string, error) {
 	if c.agent == "" {
 		return "", nil
@@ -264,10 +259,8 @@ func (a *agentVerifier) confirm(r *http.Request, c agentClaim, body []byte) (str
 	return c.agent, nil
 }
 
-// signatureMemory remembers accepted signatures for replayMemory: a map for
-// the lookup and a queue in acceptance order for forgetting, so a signed
-// request costs the same at 10 or 40,000 signatures (issue 10: a whole scan
-// under the lock made throughput fall sevenfold).
+// signatureMemory remembers accepted signatures for replayMemory, a map and a
+// queue to forget in order (issue 10: a whole scan cut throughput sevenfold).
 type signatureMemory struct {
 	mu    sync.Mutex           // guards until, queue, head
 	until map[string]time.Time // signature hex → when it may be forgotten
@@ -283,8 +276,8 @@ func (m *signatureMemory) holds(sig string, now time.Time) bool {
 	return ok && !now.After(until)
 }
 
-// remember records sig as accepted at now, unless it already is (a replay:
-// false), after forgetting the expired signatures at the queue's front.
+// remember forgets expired signatures, then records sig unless it is held (a
+// replay: false).
 func (m *signatureMemory) remember(sig string, now time.Time) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -321,8 +314,7 @@ func agentTime(ts string) time.Time {
 }
 
 // transportGuard decides whether a peer may speak plain HTTP (SPEC §3.3):
-// loopback peers always; trusted proxies only when they say the client used
-// https. Forwarded headers from anyone else are ignored.
+// loopback always, a trusted proxy that says the client used https.
 type transportGuard struct {
 	trusted map[string]bool // canonical IP strings from BRAMA_TRUSTED_PROXY_IPS
 }

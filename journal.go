@@ -17,8 +17,8 @@ import (
 	"syscall"
 )
 
-// journalTimeFormat is the "at" of every record (SPEC §9), and every other
-// state time: RFC 3339 UTC with milliseconds, so times sort as text.
+// journalTimeFormat is every state time (SPEC §9 "at"): RFC 3339 UTC with
+// milliseconds, so times sort as text.
 const journalTimeFormat = "2006-01-02T15:04:05.000Z"
 
 // journalRecord is one journal line (SPEC §9). A field never changes
@@ -61,8 +61,8 @@ func (r journalRecord) MarshalJSON() ([]byte, error) {
 	}{journalRecordJSON: journalRecordJSON(r)})
 }
 
-// journal is SPEC §9's append-only record at $STATE/journal.jsonl. Any
-// process may append, so it keeps no file open and reads what is on disk.
+// journal is SPEC §9's append-only $STATE/journal.jsonl. Any process may
+// append, so it keeps no file open.
 type journal struct {
 	sys
 	name    string        // the journal file; "" when there is no state directory
@@ -79,8 +79,7 @@ type journal struct {
 	loggedLine int          // highest bad line of loggedFile logged so far: lines are only appended
 }
 
-// journalFold is the journal read up to a line end: retirement (SPEC §9)
-// and the unreadable lines, for /readyz.
+// journalFold is the journal read up to a line end: retirement and bad lines.
 type journalFold struct {
 	file   fileIdentity     // dev and ino of the file folded
 	off    int64            // bytes of file folded: always just after a '\n'
@@ -90,8 +89,8 @@ type journalFold struct {
 	badN   int              // unreadable lines in all
 }
 
-// newJournal places the journal in st. Without a state directory every
-// operation refuses with the *noStateError instead (SPEC §2.1).
+// newJournal places the journal in st; without a state directory every
+// operation refuses with the *noStateError (SPEC §2.1).
 func newJournal(st state, sy sys) *journal {
 	j := &journal{sys: sy}
 	var err error
@@ -101,8 +100,7 @@ func newJournal(st state, sy sys) *journal {
 }
 
 // errJournalUnusable wraps the fsync failure after which this process
-// appends nothing more: the page cache may hold bytes that never reach the
-// disk, and a retried fsync can report success anyway.
+// appends nothing: a retried fsync can report success for lost bytes.
 var errJournalUnusable = errors.New("journal unusable after a failed fsync")
 
 // unusable says why no append can be made at all. Callers hold mu.
@@ -116,8 +114,8 @@ func (j *journal) unusable() error {
 	return nil
 }
 
-// ready reports, changing nothing, whether an append could be made now, so
-// operations that must journal refuse before changing anything (SPEC §2.1, §4.4).
+// ready reports, changing nothing, whether an append could be made now
+// (SPEC §2.1, §4.4).
 func (j *journal) ready() error {
 	j.mu.Lock()
 	err := j.unusable()
@@ -135,15 +133,14 @@ func (j *journal) ready() error {
 	return err
 }
 
-// open opens the guarded journal O_APPEND, creating it 0600 only when
-// create; O_NOFOLLOW closes the gap between guardFile's Lstat and the open.
+// open opens the guarded journal O_APPEND, creating it 0600 only when create.
 func (j *journal) open(create bool) (f *os.File, created bool, err error) {
 	_, err = guardFile("journal", j.name)
 	created = errors.Is(err, errFileAbsent)
 	if err != nil && !(create && created) {
 		return nil, false, err
 	}
-	flag := os.O_RDWR | os.O_APPEND | syscall.O_NOFOLLOW
+	flag := os.O_RDWR | os.O_APPEND | syscall.O_NOFOLLOW // O_NOFOLLOW: no symlink since the Lstat
 	if create {
 		flag |= os.O_CREATE
 	}
@@ -153,8 +150,8 @@ func (j *journal) open(create bool) (f *os.File, created bool, err error) {
 	return f, created, nil
 }
 
-// journalDirWritable says whether a file could be created in dir: its
-// nearest existing ancestor is a directory this process may write and search.
+// journalDirWritable says whether a file could be created in dir: its nearest
+// existing ancestor is a directory this process may write and search.
 func journalDirWritable(dir string) error {
 	for d := dir; ; d = filepath.Dir(d) {
 		fi, err := os.Stat(d)
@@ -175,10 +172,8 @@ func journalDirWritable(dir string) error {
 	}
 }
 
-// append adds rec as one line, nil only once it is on disk (SPEC §9, STYLE
-// B7); an empty At is now. The syscall order: open O_APPEND (0600 in a 0700
-// directory), flock, one write, unlock, fsync, and fsync the directory
-// when this append created the file.
+// append adds rec as one line, nil only once on disk (SPEC §9, STYLE B7): open
+// O_APPEND, flock, one write, unlock, fsync, and fsync the directory of a new file.
 func (j *journal) append(rec journalRecord) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
@@ -223,9 +218,8 @@ func (j *journal) append(rec journalRecord) error {
 	return nil
 }
 
-// writeJournalLine writes line and its '\n' in one write under a flock on
-// f, so concurrent appenders (other processes too) never both prefix a torn
-// tail with '\n' and so leave an empty line.
+// writeJournalLine writes line and '\n' in one write, flocked so that two
+// appenders never both prefix a torn tail with '\n' (an empty line).
 func writeJournalLine(f *os.File, line []byte) error {
 	fd := int(f.Fd())
 	if err := syscall.Flock(fd, syscall.LOCK_EX); err != nil {
@@ -250,8 +244,7 @@ func writeJournalLine(f *os.File, line []byte) error {
 	return nil
 }
 
-// size is the journal's size in bytes for /stats (SPEC §13); an absent
-// journal is empty.
+// size is the journal's size in bytes for /stats (SPEC §13).
 func (j *journal) size() (int64, error) {
 	if j.noState != nil {
 		return 0, j.noState
@@ -263,8 +256,7 @@ func (j *journal) size() (int64, error) {
 	return id.size, err
 }
 
-// readAll returns the journal's bytes and identity; an absent journal is
-// empty.
+// readAll returns the journal's bytes and identity; absent is empty.
 func (j *journal) readAll() ([]byte, fileIdentity, error) {
 	if j.noState != nil {
 		return nil, fileIdentity{}, j.noState
@@ -283,21 +275,17 @@ func (j *journal) retired() (retired map[string]bool, err error) {
 	return retired, err
 }
 
-// maxReportedBadLines is how many unreadable lines /readyz names one by
-// one; the rest it counts.
+// maxReportedBadLines is how many unreadable lines /readyz names; the rest it counts.
 const maxReportedBadLines = 100
 
-// badLines returns the first maxReportedBadLines unreadable complete lines
-// and how many there are in all, for /readyz.
+// badLines returns the first unreadable lines and their number, for /readyz.
 func (j *journal) badLines() (bad []journalBadLine, n int, err error) {
 	err = j.folded(func(fo *journalFold) { bad, n = slices.Clone(fo.bad), fo.badN })
 	return bad, n, err
 }
 
-// folded brings the fold up to date and lets read copy from it. Eligibility
-// asks on every request (SPEC §2.3) and /readyz on every probe, so only the
-// lines appended since the last call are read (issue 10: 16 probes rereading
-// 300 k lines took 4.9 s and 5.3 GB).
+// folded brings the fold up to date and lets read copy from it. Requests and
+// probes ask often, so it reads only new lines (issue 10: rereading took 5 GB).
 func (j *journal) folded(read func(*journalFold)) error {
 	if j.noState != nil {
 		return j.noState
@@ -311,10 +299,8 @@ func (j *journal) folded(read func(*journalFold)) error {
 	return nil
 }
 
-// foldTail folds the complete lines appended since the last call; a torn
-// final line waits until it completes, and a file that shrank or was
-// replaced is folded again. It logs journal_line_unreadable once per bad
-// line (never the line: it may hold data). Callers hold readMu.
+// foldTail folds the complete lines appended since the last call (a shrunk or
+// replaced file from the start), logging each bad line once. Callers hold readMu.
 func (j *journal) foldTail() error {
 	f, full, err := openGuarded("journal", j.name)
 	if errors.Is(err, errFileAbsent) {
@@ -363,9 +349,8 @@ func (j *journal) foldTail() error {
 	return nil
 }
 
-// checkJournal is `brama journal check` (SPEC §16.1): "line N: <reason>"
-// per unreadable line, "final line torn (ignored)" for a torn final line.
-// ok is false when a non-final line is unreadable; err when none could be read.
+// checkJournal is `brama journal check` (SPEC §16.1); ok is false when a
+// non-final line is unreadable.
 func checkJournal(j *journal, stdout io.Writer) (ok bool, err error) {
 	data, _, err := j.readAll()
 	if err != nil {
@@ -381,8 +366,8 @@ func checkJournal(j *journal, stdout io.Writer) (ok bool, err error) {
 	return len(bad) == 0, nil
 }
 
-// journalBadLine is one unreadable non-final line: its 1-based number and a
-// short reason that never quotes the line (it may hold data).
+// journalBadLine is one unreadable line: its number and a reason that never
+// quotes it (it may hold data).
 type journalBadLine struct {
 	Line   int
 	Reason string
@@ -406,12 +391,9 @@ func readJournalLines(data []byte) (recs []journalRecord, bad []journalBadLine, 
 	return recs, bad, false
 }
 
-// parseJournalLine reads one line, or says in a few words why not: a JSON
-// object with non-empty string kind and at, each known field of its type.
-// Keys match exactly (not encoding/json's case folding) and from/to count
-// only on route_change, so a record re-encodes to what was read. It is
-// lenient, not decodeStrict, on purpose: SPEC §9 readers skip unknown kinds
-// and fields.
+// parseJournalLine reads one line or says why not (SPEC §9). Keys match
+// exactly and from/to only on route_change, so a record re-encodes to what was
+// read; unknown kinds and fields are skipped, so it is not decodeStrict.
 func parseJournalLine(line []byte) (journalRecord, string) {
 	var r journalRecord
 	lead := bytes.TrimLeft(line, " \t\r") // JSON's whitespace, not Unicode's

@@ -18,8 +18,8 @@ import (
 	"unicode/utf8"
 )
 
-// sys is what Brama's parts take from the process: the logger and the
-// clock. serve and each command build one; no constructor has a default.
+// sys is the logger and clock Brama's parts take from the process; no
+// constructor has a default.
 type sys struct {
 	log *slog.Logger
 	now func() time.Time
@@ -32,8 +32,7 @@ type state struct {
 	cause error
 }
 
-// noStateError is every state reader's and writer's refusal when no state
-// directory resolved, naming the cause from resolving home.
+// noStateError is the refusal when no state directory resolved (SPEC §2.1).
 type noStateError struct {
 	what  string // the consumer, e.g. "journal"
 	cause error
@@ -44,8 +43,7 @@ func (e *noStateError) Error() string {
 }
 func (e *noStateError) Unwrap() error { return e.cause }
 
-// resolveState picks BRAMA_STATE_DIR, else <home>/.brama; never the working
-// or a temporary directory.
+// resolveState picks BRAMA_STATE_DIR, else <home>/.brama, and nothing else.
 func resolveState(getenv func(string) string) state {
 	if d := strings.TrimSpace(getenv("BRAMA_STATE_DIR")); d != "" {
 		return state{dir: d}
@@ -76,16 +74,14 @@ func (s state) fileOrState(getenv func(string) string, env, what, file string) (
 // errFileAbsent marks a state file that does not exist yet.
 var errFileAbsent = errors.New("file does not exist")
 
-// fileIdentity tells a changed file from an unchanged one without reading
-// it (SPEC §4.2, §2.3).
+// fileIdentity tells a changed file from an unchanged one (SPEC §2.3, §4.2).
 type fileIdentity struct {
 	dev, ino uint64
 	size     int64
 	mtime    time.Time
 }
 
-// fileError names role's trouble with name: absent (errFileAbsent), a
-// symlink, or the OS error.
+// fileError names role's trouble with name: absent, a symlink, or err.
 func fileError(role, name string, err error) error {
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
@@ -99,15 +95,15 @@ func fileError(role, name string, err error) error {
 // guardFile applies SPEC §2.2's reader guards to name without opening it.
 func guardFile(role, name string) (fileIdentity, error) {
 	fi, err := os.Lstat(name)
+	return checkFileInfo(role, name, fi, err)
+}
+
+// checkFileInfo is the guards on what Lstat or Fstat returned: refuse a
+// symlink, a non-regular file, another uid's file, or one group or other may use.
+func checkFileInfo(role, name string, fi fs.FileInfo, err error) (fileIdentity, error) {
 	if err != nil {
 		return fileIdentity{}, fileError(role, name, err)
 	}
-	return checkFileInfo(role, name, fi)
-}
-
-// checkFileInfo is the guards on what Lstat or Fstat saw: refuse a symlink,
-// a non-regular file, another uid's file, or one group or other may use.
-func checkFileInfo(role, name string, fi fs.FileInfo) (fileIdentity, error) {
 	st, _ := fi.Sys().(*syscall.Stat_t)
 	var why string
 	switch {
@@ -141,20 +137,15 @@ func readGuarded(role, name string) ([]byte, fileIdentity, error) {
 	return b, id, nil
 }
 
-// openGuarded opens name without following a symlink and guards the open
-// file, so a name swapped between check and read cannot slip through.
+// openGuarded opens name (no symlink) and guards the open file, so a name
+// swapped between check and read cannot slip through.
 func openGuarded(role, name string) (*os.File, fileIdentity, error) {
 	f, err := os.OpenFile(name, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0) // O_NONBLOCK: a planted FIFO must not hang the reader
 	if err != nil {
 		return nil, fileIdentity{}, fileError(role, name, err)
 	}
 	fi, err := f.Stat()
-	id := fileIdentity{}
-	if err == nil {
-		id, err = checkFileInfo(role, name, fi)
-	} else {
-		err = fileError(role, name, err)
-	}
+	id, err := checkFileInfo(role, name, fi, err)
 	if err != nil {
 		f.Close()
 		return nil, id, err
@@ -163,8 +154,7 @@ func openGuarded(role, name string) (*os.File, fileIdentity, error) {
 }
 
 // stateFile is one strict state file, re-read only when its identity
-// changes (SPEC §2.3). An absent file is parse(nil), or errFileAbsent when
-// absentErr.
+// changes (SPEC §2.3); an absent file is parse(nil), or errFileAbsent.
 type stateFile[T any] struct {
 	role, path string
 	pathErr    error // why there is no file (no state directory), else nil
@@ -226,11 +216,10 @@ var testingOnlyRename func(oldpath, newpath string) error
 // writeFileAtomic is the owner-only atomic replacement of every whole-file
 // writer (SPEC §2.2): readers see old or new bytes, durable on nil.
 func writeFileAtomic(name string, data []byte) error {
-	rename := os.Rename
 	if testingOnlyRename != nil {
-		rename = testingOnlyRename
+		return placeFile(name, data, testingOnlyRename)
 	}
-	return placeFile(name, data, rename)
+	return placeFile(name, data, os.Rename)
 }
 
 // publishFile creates name with data only if no file has that name yet
@@ -239,9 +228,9 @@ func publishFile(name string, data []byte) error {
 	return placeFile(name, data, os.Link)
 }
 
-// placeFile writes data to a sibling temporary file (O_EXCL, 0600), fsyncs
-// it, puts it at name with place (rename or link) and fsyncs the directory.
-// On any failure the target is untouched.
+// placeFile writes data to a sibling temporary file, fsyncs it, puts it at
+// name with place (rename or link) and fsyncs the directory; a failure leaves
+// the target untouched.
 func placeFile(name string, data []byte, place func(oldpath, newpath string) error) error {
 	dir := filepath.Dir(name)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -290,8 +279,7 @@ func withFileLock(name string, fn func() error) error {
 	return fn()
 }
 
-// flockFile opens (creating 0600, in a 0700 directory) and flocks the lock
-// file name; nb is 0 or LOCK_NB.
+// flockFile opens, creating 0600, and flocks the lock file name; nb is 0 or LOCK_NB.
 func flockFile(name string, nb int) (*os.File, error) {
 	if err := os.MkdirAll(filepath.Dir(name), 0o700); err != nil {
 		return nil, err
@@ -307,8 +295,8 @@ func flockFile(name string, nb int) (*os.File, error) {
 	return f, nil
 }
 
-// snapshotFile writes numbered snapshots of one file, dropping one older
-// than what is on disk, so racing flushes never put old bytes over new.
+// snapshotFile writes numbered snapshots of a file, dropping one older than
+// the file's, so racing flushes never put old bytes over new.
 type snapshotFile struct {
 	mu      sync.Mutex // guards written; serializes the file's writes
 	written uint64     // seq of the newest snapshot on disk
@@ -328,8 +316,8 @@ func (f *snapshotFile) write(name string, seq uint64, data []byte) error {
 	return nil
 }
 
-// editLocked is the read-modify-rename of a file a CLI and the daemon may
-// both edit (SPEC §2.3), under its flock; change's error leaves it untouched.
+// editLocked is the flocked read-modify-rename of a file both a CLI and the
+// daemon edit (SPEC §2.3).
 func editLocked[T any](name string, read func() (T, error), change func(T) error) error {
 	return withFileLock(name, func() error {
 		doc, err := read()
@@ -347,8 +335,7 @@ func editLocked[T any](name string, read func() (T, error), change func(T) error
 	})
 }
 
-// lockServe takes the one-serve-per-state-directory lock (SPEC §2.3),
-// held until the returned file is closed.
+// lockServe takes the one-serve-per-state-directory lock (SPEC §2.3).
 func lockServe(s state) (*os.File, error) {
 	if s.dir == "" {
 		return nil, nil
@@ -364,10 +351,9 @@ func lockServe(s state) (*os.File, error) {
 // staleTempName matches placeFile's temporary names: "." + base + ".tmp" + digits.
 var staleTempName = regexp.MustCompile(`^\..+\.tmp[0-9]+$`)
 
-// removeStaleTemps removes (and counts) the temporary files a crash left in
-// dir and answers/*/: one may copy the vault, whose old secrets would outlive
-// their rotation. The caller holds serve.lock; a temporary file beside a
-// <file>.lock goes under that lock, so a CLI's write is never cut short.
+// removeStaleTemps removes and counts the temporary files a crash left in
+// dir and answers/*/ (one may copy the vault's old secrets). The caller holds
+// serve.lock; beside a <file>.lock, that lock too, not to cut a CLI's write.
 func removeStaleTemps(dir string) (int, error) {
 	dirs := []string{dir}
 	subs, _ := os.ReadDir(filepath.Join(dir, "answers"))
@@ -403,9 +389,9 @@ func removeStaleTemps(dir string) (int, error) {
 	return n, nil
 }
 
-// decodeStrict is the one strict decoder of every state file and admin body
-// (SPEC §2.2): it refuses invalid UTF-8, duplicate keys at any depth,
-// unknown members and trailing data, then applies v's validate, if any.
+// decodeStrict is the one strict decoder of state files and admin bodies
+// (SPEC §2.2), then v's validate: no bad UTF-8, duplicate or unknown key, or
+// trailing data.
 func decodeStrict(role string, b []byte, v any) error {
 	if !utf8.Valid(b) {
 		return fmt.Errorf("%s is not valid UTF-8", role)
@@ -428,20 +414,18 @@ func decodeStrict(role string, b []byte, v any) error {
 	return nil
 }
 
-// validator is a document with rules beyond its shape (schema version, id
-// patterns, uniqueness); validate may also fill in empty sections.
+// validator is a document with rules beyond its shape; validate may also
+// fill in empty sections.
 type validator interface{ validate() error }
 
-// maxJSONDepth is the deepest nesting of arrays and objects Brama reads in
-// any JSON body or state file (SPEC §8.2: deeper is 400 invalid_request).
+// maxJSONDepth is the deepest JSON nesting Brama reads (SPEC §8.2).
 const maxJSONDepth = 1000
 
 // errTooDeep refuses JSON nested deeper than maxJSONDepth.
 var errTooDeep = fmt.Errorf("JSON nests deeper than %d levels", maxJSONDepth)
 
-// checkNesting refuses b when it nests deeper than maxJSONDepth, counting
-// brackets outside strings in one pass without allocating, before any parser
-// sees it (issue 10: a 3,000,000-deep body exhausted the stack).
+// checkNesting refuses b nested deeper than maxJSONDepth in one pass without
+// allocating, before any parser runs (issue 10: 3,000,000 deep took the stack).
 func checkNesting(b []byte) error {
 	depth, inString, escaped := 0, false, false
 	for _, c := range b {
@@ -463,9 +447,8 @@ func checkNesting(b []byte) error {
 	return nil
 }
 
-// checkDuplicateKeys walks one JSON value token by token and refuses an
-// object naming a key twice (encoding/json would keep the last). Its own
-// stack, bounded by maxJSONDepth, means no input can exhaust the goroutine's.
+// checkDuplicateKeys refuses an object naming a key twice (encoding/json
+// keeps the last), on its own stack bounded by maxJSONDepth.
 func checkDuplicateKeys(dec *json.Decoder) error {
 	var stack []map[string]bool // an open object's keys so far; nil for an array
 	wantKey := false            // the next token is a key of the top object
@@ -503,8 +486,8 @@ func checkDuplicateKeys(dec *json.Decoder) error {
 	}
 }
 
-// marshalState is the one encoding of Brama's JSON state files: two-space
-// indentation and a final newline, so files diff and read well.
+// marshalState is the one encoding of Brama's JSON state files: indented,
+// with a final newline, so they diff and read well.
 func marshalState(v any) ([]byte, error) {
 	b, err := json.MarshalIndent(v, "", "  ")
 	return append(b, '\n'), err
@@ -523,14 +506,12 @@ type vaultKey struct {
 	APIKey string `json:"api_key"`
 }
 
-// vaultAgent holds one agent's HMAC signing secret (64 hex characters; the
-// key is the string's bytes, SPEC §3.2).
+// vaultAgent holds one agent's HMAC signing secret (SPEC §3.2).
 type vaultAgent struct {
 	SigningSecret string `json:"signing_secret"`
 }
 
-// vaultCredential is one subscription's credential: an API key or an OAuth
-// grant, never both.
+// vaultCredential is one subscription's API key or OAuth grant, never both.
 type vaultCredential struct {
 	APIKey string      `json:"api_key,omitempty"`
 	OAuth  *oauthGrant `json:"oauth,omitempty"`
@@ -545,8 +526,7 @@ type oauthGrant struct {
 	AccountID    string `json:"account_id,omitempty"`
 }
 
-// vault reads vault.json, re-reading on change so a CLI's edit reaches a
-// running daemon, and edits it under its lock.
+// vault is vault.json, re-read on change so a CLI's edit reaches the daemon.
 type vault struct{ stateFile[*vaultDoc] }
 
 // newVault opens the vault at path; pathErr says why there is none (SPEC §2.1).
@@ -566,8 +546,7 @@ func parseVault(b []byte) (*vaultDoc, error) {
 	return doc, nil
 }
 
-// validate refuses another schema and makes every section non-nil, so
-// writers can assign into it.
+// validate refuses another schema and makes every section non-nil.
 func (d *vaultDoc) validate() error {
 	if d.SchemaVersion != 1 {
 		return fmt.Errorf("vault: schema_version %d is not 1", d.SchemaVersion)
@@ -584,8 +563,7 @@ func (d *vaultDoc) validate() error {
 	return nil
 }
 
-// update edits the vault under its file lock (SPEC §2.3); fn's error leaves
-// the file untouched.
+// update edits the vault under its file lock (SPEC §2.3).
 func (v *vault) update(fn func(d *vaultDoc) error) error {
 	if v.pathErr != nil {
 		return v.pathErr
