@@ -208,7 +208,7 @@ func (j *journal) append(rec journalRecord) error {
 	}
 	if err := sync(); err != nil {
 		j.broken = err // never retry fsync; the page cache may be lying
-		return fmt.Errorf("%w: %w", errJournalUnusable, err)
+		return j.unusable()
 	}
 	if created {
 		if err := syncDir(dir); err != nil {
