@@ -132,13 +132,12 @@ func (c *clientStore) authenticate(token string) (client, bool) {
 	}
 	want := []byte(tokenDigest(token))
 	var found client
-	ok := false
 	for _, cl := range doc.Clients {
 		if subtle.ConstantTimeCompare(want, []byte(cl.TokenSHA256)) == 1 {
-			found, ok = cl, true
+			found = cl
 		}
 	}
-	return found, ok
+	return found, found.ID != "" // every client has an id
 }
 
 // updateClients changes the clients file under its lock (SPEC §2.3).
