@@ -262,11 +262,8 @@ func syncDir(dir string) error {
 	if err != nil {
 		return err
 	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
-		err = cerr
-	}
-	return err
+	defer d.Close() // read-only: closing it can lose nothing
+	return d.Sync()
 }
 
 // withFileLock runs fn holding an exclusive flock on name+".lock" (SPEC §2.3).
@@ -309,11 +306,11 @@ func (f *snapshotFile) write(name string, seq uint64, data []byte) error {
 	if seq <= f.written {
 		return nil
 	}
-	if err := writeFileAtomic(name, data); err != nil {
-		return err
+	err := writeFileAtomic(name, data)
+	if err == nil {
+		f.written = seq
 	}
-	f.written = seq
-	return nil
+	return err
 }
 
 // editLocked is the flocked read-modify-rename of a file both a CLI and the
