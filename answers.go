@@ -81,10 +81,9 @@ func (rec *answerRecord) validate() error {
 		return errors.New("started_at is not RFC 3339 UTC with milliseconds")
 	case rec.Attempts != nil && *rec.Attempts < 0:
 		return errors.New("attempts is negative")
+	case rec.State == answerInProgress && (rec.CompletedAt != nil || rec.Status != nil || rec.BodyBase64 != nil || rec.Attempts != nil || rec.Signature != nil):
+		return errors.New("an answer in progress has completion members")
 	case rec.State == answerInProgress:
-		if rec.CompletedAt != nil || rec.Status != nil || rec.BodyBase64 != nil || rec.Attempts != nil || rec.Signature != nil {
-			return errors.New("an answer in progress has completion members")
-		}
 		return nil
 	case rec.State != answerComplete:
 		return fmt.Errorf("state %q is neither %s nor %s", rec.State, answerInProgress, answerComplete)

@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -68,11 +69,8 @@ func (doc *clientsDoc) validate() error {
 			return fmt.Errorf("clients file: client %q: role must be admin or caller", c.ID)
 		case c.AgentID != "" && !idPattern.MatchString(c.AgentID):
 			return fmt.Errorf("clients file: client %q: agent_id must match [a-z0-9-]{1,64}", c.ID)
-		}
-		for _, m := range c.AllowedModels {
-			if strings.TrimSpace(m) == "" || strings.Contains(m, "*") {
-				return fmt.Errorf("clients file: client %q: allowed_models entries must be exact names (no empty or wildcard entry)", c.ID)
-			}
+		case slices.ContainsFunc(c.AllowedModels, func(m string) bool { return strings.TrimSpace(m) == "" || strings.Contains(m, "*") }):
+			return fmt.Errorf("clients file: client %q: allowed_models entries must be exact names (no empty or wildcard entry)", c.ID)
 		}
 		ids[c.ID], digests[c.TokenSHA256] = true, true
 	}

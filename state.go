@@ -104,15 +104,13 @@ func checkFileInfo(role, name string, fi fs.FileInfo, err error) (fileIdentity, 
 	if err != nil {
 		return fileIdentity{}, fileError(role, name, err)
 	}
-	st, _ := fi.Sys().(*syscall.Stat_t)
+	st := fi.Sys().(*syscall.Stat_t) // always, for Lstat and Fstat on Unix (Brama needs flock)
 	var why string
 	switch {
 	case fi.Mode()&fs.ModeSymlink != 0:
 		return fileIdentity{}, fileError(role, name, syscall.ELOOP)
 	case !fi.Mode().IsRegular():
 		why = " is not a regular file"
-	case st == nil:
-		why = ": no owner information"
 	case int(st.Uid) != os.Geteuid():
 		why = fmt.Sprintf(" is owned by uid %d, not this process's uid %d", st.Uid, os.Geteuid())
 	case fi.Mode().Perm()&0o077 != 0:
