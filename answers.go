@@ -226,10 +226,7 @@ func (a *answerStore) reserve(client, key string, body []byte, route string) (*a
 		KeySHA256: hexSHA256([]byte(key)), RequestSHA256: hexSHA256(body),
 		StartedAt: a.now().UTC().Format(journalTimeFormat), Route: route,
 	}}
-	data, err := marshalState(&t.rec)
-	if err != nil {
-		return nil, nil, answerUnplaced(err)
-	}
+	data, _ := marshalState(&t.rec) // strings and ints always encode
 	// A record removed between our failed link and our read (a released
 	// retryable refusal, or a prune) frees the key: try again, a few times.
 	for range 3 {
@@ -327,11 +324,8 @@ func (a *answerStore) complete(t *answerTicket, status int, body []byte, attempt
 	sig := signAnswer(key, body)
 	rec.State, rec.CompletedAt, rec.Status, rec.BodyBase64, rec.Attempts, rec.Signature = answerComplete, &done, &status, &b64, attempts, &sig
 	rec.Route = cmp.Or(route, rec.Route)
-	data, err := marshalState(&rec)
-	if err == nil {
-		err = writeFileAtomic(t.path, data)
-	}
-	if err != nil {
+	data, _ := marshalState(&rec) // strings and ints always encode
+	if err := writeFileAtomic(t.path, data); err != nil {
 		return nil, err
 	}
 	return &rec, nil
