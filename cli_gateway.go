@@ -233,9 +233,9 @@ func (e cliEnv) printSubscriptions(rows []subscriptionRow) {
 				top = max(top, w.UsedFraction)
 			}
 			used = fmt.Sprintf("%.0f%%", top*100)
-		}
-		if used != "-" && r.Stale {
-			used += " (stale)"
+			if r.Stale {
+				used += " (stale)"
+			}
 		}
 		if r.Status == "retired" {
 			retired++

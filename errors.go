@@ -191,8 +191,8 @@ func writeAPIError(w http.ResponseWriter, r *http.Request, err error) *apiError 
 		h.Set("Brama-Attempts", strconv.Itoa(*ae.Attempts))
 	}
 	h.Set("X-Should-Retry", strconv.FormatBool(ae.retryable()))
-	if ae.retryable() && ae.RetryAfter > 0 {
-		h.Set("Retry-After", retryAfterSeconds(ae.RetryAfter))
+	if ae.retryable() && ae.RetryAfter > 0 { // rounded up: never back early (RFC 9110 §10.2.3)
+		h.Set("Retry-After", strconv.FormatInt(int64((ae.RetryAfter+time.Second-1)/time.Second), 10))
 	}
 	env := ae.body()
 	if r != nil && (r.URL.Path == "/v1/messages" || strings.HasPrefix(r.URL.Path, "/v1/messages/")) {
@@ -200,12 +200,6 @@ func writeAPIError(w http.ResponseWriter, r *http.Request, err error) *apiError 
 	}
 	writeJSON(w, ae.Status(), env)
 	return ae
-}
-
-// retryAfterSeconds is a wait as Retry-After's delay-seconds, rounded up
-// so a caller never comes back early (RFC 9110 §10.2.3).
-func retryAfterSeconds(d time.Duration) string {
-	return strconv.FormatInt(int64(max((d+time.Second-1)/time.Second, 1)), 10)
 }
 
 // truncateUTF8 cuts s to at most n bytes without splitting a rune.
