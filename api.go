@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"maps"
 	"net/http"
 	"strconv"
 )
@@ -383,9 +384,7 @@ func (s *server) signedAnswer(w http.ResponseWriter, r *http.Request, req chatRe
 		dispatch(c, r)
 	}()
 	c, sig := s.settleAnswer(r, t, c, false)
-	for k, v := range c.header {
-		w.Header()[k] = v
-	}
+	maps.Copy(w.Header(), c.header)
 	if sig != "" {
 		w.Header().Set("Brama-Answer-Signature", sig)
 	}

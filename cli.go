@@ -132,18 +132,15 @@ func (e cliEnv) routesMigrate(args []string) error {
 	return nil
 }
 
-// multiFlag collects a repeatable string flag.
-type multiFlag []string
-
-func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
-func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
-
 func (e cliEnv) clientsAdd(args []string) error {
 	fs := e.newFlags("clients add")
 	admin := fs.Bool("admin", false, "give the client the admin role (reaches /v1/admin/*)")
 	agent := fs.String("agent", "", "bind the client's bearer to `agent`")
-	var allow multiFlag
-	fs.Var(&allow, "allow", "allow only this model `name` (repeatable; exact names)")
+	var allow []string
+	fs.Func("allow", "allow only this model `name` (repeatable; exact names)", func(v string) error {
+		allow = append(allow, v)
+		return nil
+	})
 	pos, err := parseFlags(fs, args, 1, "clients add ID [-admin] [-agent A] [-allow NAME]...")
 	if err != nil {
 		return err
