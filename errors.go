@@ -53,19 +53,15 @@ const maxMessageBytes = 2048
 // retryable follow from Code; Attempts is set exactly when the request
 // reached dispatch; Details only on alias refusals.
 type apiError struct {
-	Code      string
-	Message   string // client-safe: no secrets, no prompts, no raw provider bodies
-	Attempts  *int   // nil: refused before dispatch, so no "attempts" key
-	Details   *aliasDetails
-	Retryable *bool // nil: from the code table; set only for SPEC §12's in-progress 409
-	// ProviderStatus is provider_rejected's HTTP status: the provider's own
-	// 400, 404, 413 or 422 (SPEC §8.2). 0 everywhere else.
-	ProviderStatus int
-	// RetryAfter is a retryable refusal's known wait, sent as Retry-After
-	// (SPEC §8.1): the provider's own, or a block's end. 0: unknown.
-	RetryAfter time.Duration
-	Err        error // cause: logged, never sent
-	status     int   // 0: from the code table; set only by withStatus
+	Code           string
+	Message        string // client-safe: no secrets, no prompts, no raw provider bodies
+	Attempts       *int   // nil: refused before dispatch, so no "attempts" key
+	Details        *aliasDetails
+	Retryable      *bool         // nil: from the code table; set only for SPEC §12's in-progress 409
+	ProviderStatus int           // provider_rejected's: the provider's own 4xx (SPEC §8.2); else 0
+	RetryAfter     time.Duration // a retryable refusal's known wait, sent as Retry-After (SPEC §8.1)
+	Err            error         // cause: logged, never sent
+	status         int           // 0: from the code table; set only by withStatus
 }
 
 // aliasDetails is the "details" member of alias refusals (SPEC §5.2).
@@ -155,8 +151,7 @@ func (e *apiError) body() envelope {
 }
 
 // asAPIError classifies any error: an apiError as itself, a missing state
-// directory or an unusable journal as dependency_unavailable naming the
-// cause, everything else as internal_error with a message that leaks nothing.
+// directory as dependency_unavailable, anything else as internal_error.
 func asAPIError(err error) *apiError {
 	var ae *apiError
 	if errors.As(err, &ae) {
@@ -180,10 +175,8 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Write(append(b, '\n'))
 }
 
-// writeAPIError writes err in the envelope for request r. Every error
-// response says x-should-retry, equal to retryable; a retryable one whose
-// wait is known says Retry-After in whole seconds (SPEC §8.1);
-// Brama-Attempts follows the attempts key (SPEC §7.4).
+// writeAPIError writes err in the envelope for r, with x-should-retry and
+// Retry-After (SPEC §8.1) and Brama-Attempts (SPEC §7.4).
 func writeAPIError(w http.ResponseWriter, r *http.Request, err error) *apiError {
 	ae := asAPIError(err)
 	h := w.Header()
