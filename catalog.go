@@ -20,46 +20,52 @@ import (
 	"time"
 )
 
-// The model catalogue (SPEC §6.4): model metadata from a file read on
-// demand, or from a URL read in the background and kept in the model
-// metadata cache, held in memory for a TTL. It is advisory: it never makes
-// a route available, and no request waits for a network read.
+// The model catalogue (SPEC §6.4): metadata from a file read on demand, or a
+// URL read in the background and kept in the model metadata cache, held in
+// memory for a TTL. Advisory: it never makes a route available, and no
+// request waits for a network read.
 
 const ( // SPEC §16
-
 	defaultCatalogURL = "https://models.dev/api.json"
 	defaultCatalogTTL = 900 * time.Second
 	catalogCacheFile  = "model-metadata.json"
 )
 
-// modelInfo is what Brama keeps of one catalogue model. Input and Output
-// are shared with the catalogue's memory copy, which is replaced whole and
-// never changed in place; callers must not modify them.
+// modelInfo is what Brama keeps of one catalogue model, in the api.json
+// shape the model metadata cache holds. Slices are shared with the memory
+// copy (replaced whole): callers must not modify them.
 type modelInfo struct {
-	ID           string
-	ReleaseDate  string   // "YYYY-MM-DD" (or "YYYY-MM"); "" when unknown
-	OutputLimit  int      // limit.output; 0 when unknown
-	ContextLimit int      // limit.context; 0 when unknown
-	Input        []string // modalities.input; nil when unknown
-	Output       []string // modalities.output; nil when unknown
+	ID          string            `json:"id"`
+	ReleaseDate string            `json:"release_date,omitempty"` // "YYYY-MM-DD" (or "YYYY-MM"); "" when unknown
+	Limit       catalogLimit      `json:"limit"`
+	Modalities  catalogModalities `json:"modalities"`
+}
+
+// catalogLimit is a model's token limits; 0 when unknown.
+type catalogLimit struct {
+	Context int `json:"context,omitempty"`
+	Output  int `json:"output,omitempty"`
+}
+
+// catalogModalities is what a model takes and gives; nil when unknown.
+type catalogModalities struct {
+	Input  []string `json:"input,omitempty"`
+	Output []string `json:"output,omitempty"`
 }
 
 // catalogData is a catalogue in memory: vendor → model id → info.
 type catalogData = map[string]map[string]modelInfo
 
-// catalogVendor maps a Brama provider id to the catalogue's vendor key
-// (SPEC §7.3). local-openai serves whatever the deployment runs, so it has
-// no vendor and the catalogue knows nothing about it.
+// catalogVendors maps a provider id to the catalogue's vendor key where they
+// differ (SPEC §7.3); local-openai serves whatever a deployment runs: none.
+var catalogVendors = map[string]string{
+	"claude-code": "anthropic", "codex": "openai", "openai-responses": "openai",
+	"kimi": "moonshotai", "local-openai": "",
+}
+
 func catalogVendor(provider string) string {
-	switch provider {
-	case "claude-code":
-		return "anthropic"
-	case "codex", "openai-responses":
-		return "openai"
-	case "kimi":
-		return "moonshotai"
-	case "local-openai":
-		return ""
+	if v, ok := catalogVendors[provider]; ok {
+		return v
 	}
 	return provider
 }
@@ -91,8 +97,8 @@ type catalog struct {
 	unplaced   bool          // model_metadata_cache_unplaced was logged
 }
 
-// newCatalog configures the catalogue from the environment (SPEC §16). No
-// read happens here: a file is read by the first lookup, a URL by start.
+// newCatalog configures the catalogue from the environment (SPEC §16); a
+// file is read by the first lookup, a URL by start.
 func newCatalog(st state, getenv func(string) string, client *http.Client, log *slog.Logger, now func() time.Time) *catalog {
 	c := &catalog{st: st, client: client, log: log, now: now, ttl: defaultCatalogTTL}
 	if v := strings.TrimSpace(getenv("BRAMA_MODEL_CATALOG_TTL_SECS")); v != "" {
@@ -112,8 +118,8 @@ func newCatalog(st state, getenv func(string) string, client *http.Client, log *
 	return c
 }
 
-// start runs the background reader of a URL source until ctx is done; wg
-// lets run wait for it. Its only cancel is ctx (SPEC §7.4).
+// start runs the background reader of a URL source until ctx (its only
+// cancel, SPEC §7.4) is done; wg lets run wait for it.
 func (c *catalog) start(ctx context.Context, wg *sync.WaitGroup) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -134,8 +140,8 @@ func (c *catalog) start(ctx context.Context, wg *sync.WaitGroup) {
 	}(c.kick)
 }
 
-// readOnce fetches the URL and publishes the result to memory and, when
-// good, to the cache file. A failure keeps whatever memory held.
+// readOnce fetches the URL into memory and, when good, the cache file; a
+// failure keeps whatever memory held.
 func (c *catalog) readOnce(ctx context.Context) {
 	data, err := c.fetch(ctx)
 	now := c.now()
@@ -156,8 +162,7 @@ func (c *catalog) readOnce(ctx context.Context) {
 	}
 }
 
-// fetch is one whole read of the catalogue URL. The error never quotes the
-// response body.
+// fetch is one whole read of the catalogue URL; errors never quote the body.
 func (c *catalog) fetch(ctx context.Context) (catalogData, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.url, nil)
 	if err != nil {
@@ -187,8 +192,8 @@ type catalogCache struct {
 	Body      json.RawMessage `json:"body"`
 }
 
-// writeCache keeps data in the model metadata cache. Without a state
-// directory the catalogue lives in memory only.
+// writeCache keeps data in the model metadata cache (none without a state
+// directory).
 func (c *catalog) writeCache(data catalogData, fetchedAt time.Time) {
 	c.mu.Lock()
 	name, err := c.cachePathLocked()
@@ -205,8 +210,8 @@ func (c *catalog) writeCache(data catalogData, fetchedAt time.Time) {
 	}
 }
 
-// cachePathLocked names the cache file, logging
-// model_metadata_cache_unplaced the first time there is no state directory.
+// cachePathLocked names the cache file, logging model_metadata_cache_unplaced
+// the first time there is no state directory.
 func (c *catalog) cachePathLocked() (string, error) {
 	name, err := c.st.path("model metadata cache", catalogCacheFile)
 	if err != nil && !c.unplaced {
@@ -216,8 +221,7 @@ func (c *catalog) cachePathLocked() (string, error) {
 	return name, err
 }
 
-// loadCacheLocked fills memory from the cache file, once. The file is
-// local, so no request waits on the network.
+// loadCacheLocked fills memory from the local cache file, once.
 func (c *catalog) loadCacheLocked(now time.Time) {
 	c.cacheTried = true
 	name, err := c.cachePathLocked()
@@ -261,10 +265,9 @@ func (c *catalog) settleLocked(source string, data catalogData, err error, now t
 	c.data, c.loadedAt = data, now
 }
 
-// current is the catalogue a request may use right now, or nil with the
-// cause. A file source is read on demand; a URL source never waits: memory,
-// else the cache file, else unknown, and memory absent or older than the
-// TTL kicks one background read. A failed read waits one TTL.
+// current is the catalogue usable now, or nil with the cause. A file is
+// read on demand; a URL never waits: memory, else the cache file, and memory
+// absent or past the TTL kicks one background read. A failure waits a TTL.
 func (c *catalog) current() (catalogData, string) {
 	now := c.now()
 	c.mu.Lock()
@@ -314,8 +317,7 @@ func (c *catalog) current() (catalogData, string) {
 	return nil, unavailable + "the first catalogue read has not finished"
 }
 
-// lookup is the catalogue's entry for model of provider's vendor. ok=false
-// comes with a short cause for messages and logs.
+// lookup is the entry for model of provider's vendor, or a short cause.
 func (c *catalog) lookup(provider, model string) (info modelInfo, ok bool, cause string) {
 	vendor := catalogVendor(provider)
 	if vendor == "" {
@@ -331,14 +333,14 @@ func (c *catalog) lookup(provider, model string) (info modelInfo, ok bool, cause
 	return info, true, ""
 }
 
-// outputLimit is §6.4's max_tokens lookup: the model's own output limit, or
-// 0 with the cause. The caller decides whether to omit the field or refuse.
+// outputLimit is §6.4's max_tokens lookup: the model's output limit, or 0
+// with the cause.
 func (c *catalog) outputLimit(provider, model string) (int, string) {
 	info, ok, cause := c.lookup(provider, model)
-	if ok && info.OutputLimit <= 0 {
+	if ok && info.Limit.Output <= 0 {
 		cause = fmt.Sprintf("the catalogue has no output limit for %s/%s", catalogVendor(provider), model)
 	}
-	return info.OutputLimit, cause
+	return info.Limit.Output, cause
 }
 
 // models lists the models of provider's vendor, newest release first, then
@@ -354,23 +356,14 @@ func (c *catalog) models(provider string) []modelInfo {
 	})
 }
 
-// available is the /readyz view: false with a sentence when no catalogue
-// can be used right now.
-func (c *catalog) available() (bool, string) {
-	data, cause := c.current()
-	return data != nil, cause
-}
-
 // errCatalogShape marks a catalogue whose top level is not a JSON object of
 // vendor objects; parseCatalog wraps it in every error it returns.
 var errCatalogShape = errors.New("the model catalogue is not a JSON object of provider objects")
 
-// parseCatalog reads the models.dev api.json shape: vendor → {"models":
-// {id → model}}. It is strict only about that skeleton's top level; below
-// it, anything Brama does not understand (unknown members, a member of the
-// wrong type, a model that is not an object) is left out rather than
-// failing the whole catalogue, because the upstream document grows.
-// The map key, not the inner "id", is a model's id.
+// parseCatalog reads the models.dev api.json shape, vendor → {"models": {id
+// → model}}, strict only about its top level: below it, whatever Brama does
+// not understand is left out, because the upstream document grows. The map
+// key, not the inner "id", is a model's id.
 func parseCatalog(b []byte) (catalogData, error) {
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(b, &top); err != nil || top == nil {
@@ -402,55 +395,43 @@ func parseCatalog(b []byte) (catalogData, error) {
 // ok=false when it is not an object or has no id.
 func parseCatalogModel(id string, raw json.RawMessage) (modelInfo, bool) {
 	var m struct {
-		ReleaseDate json.RawMessage `json:"release_date"`
+		ReleaseDate any             `json:"release_date"`
 		Limit       json.RawMessage `json:"limit"`
 		Modalities  json.RawMessage `json:"modalities"`
 	}
 	if id == "" || json.Unmarshal(raw, &m) != nil || string(raw) == "null" {
 		return modelInfo{}, false
 	}
-	info := modelInfo{ID: id}
-	var date string
-	if json.Unmarshal(m.ReleaseDate, &date) == nil {
-		// "YYYY-MM-DD" or the "YYYY-MM" some entries carry; both sort as strings.
-		_, day := time.Parse("2006-01-02", date)
-		_, month := time.Parse("2006-01", date)
-		if day == nil || month == nil {
-			info.ReleaseDate = date
-		}
+	var limit struct{ Context, Output any }
+	var mod struct{ Input, Output []any }
+	json.Unmarshal(m.Limit, &limit)    // not an object: no limits
+	json.Unmarshal(m.Modalities, &mod) // a member of the wrong type stays nil
+	date, _ := m.ReleaseDate.(string)
+	_, day := time.Parse("2006-01-02", date)
+	_, month := time.Parse("2006-01", date) // some entries carry only the month; both sort as strings
+	if day != nil && month != nil {
+		date = ""
 	}
-	var limit struct{ Context, Output json.RawMessage }
-	if json.Unmarshal(m.Limit, &limit) == nil {
-		info.ContextLimit = catalogCount(limit.Context)
-		info.OutputLimit = catalogCount(limit.Output)
-	}
-	var mod struct{ Input, Output json.RawMessage }
-	if json.Unmarshal(m.Modalities, &mod) == nil {
-		info.Input = catalogStrings(mod.Input)
-		info.Output = catalogStrings(mod.Output)
-	}
-	return info, true
+	return modelInfo{
+		ID: id, ReleaseDate: date,
+		Limit:      catalogLimit{catalogCount(limit.Context), catalogCount(limit.Output)},
+		Modalities: catalogModalities{catalogStrings(mod.Input), catalogStrings(mod.Output)},
+	}, true
 }
 
 // catalogCount is a positive whole token count, else 0 (unknown).
-func catalogCount(raw json.RawMessage) int {
-	var f float64
-	if json.Unmarshal(raw, &f) != nil || f <= 0 || f > math.MaxInt32 || f != math.Trunc(f) {
+func catalogCount(v any) int {
+	f, _ := v.(float64)
+	if f <= 0 || f > math.MaxInt32 || f != math.Trunc(f) {
 		return 0
 	}
 	return int(f)
 }
 
-// catalogStrings keeps the string elements of a JSON array; nil when none.
-func catalogStrings(raw json.RawMessage) []string {
-	var items []json.RawMessage
-	if json.Unmarshal(raw, &items) != nil {
-		return nil
-	}
-	var out []string
+// catalogStrings keeps the strings of a JSON array; nil when none.
+func catalogStrings(items []any) (out []string) {
 	for _, it := range items {
-		var s string
-		if json.Unmarshal(it, &s) == nil {
+		if s, ok := it.(string); ok {
 			out = append(out, s)
 		}
 	}
@@ -458,31 +439,11 @@ func catalogStrings(raw json.RawMessage) []string {
 }
 
 // marshalCatalog encodes data back into the api.json shape with only the
-// fields Brama keeps; parseCatalog reads it back to the same value. It is
-// what the model metadata cache holds.
+// fields Brama keeps, for the model metadata cache; parseCatalog reads it back.
 func marshalCatalog(data catalogData) []byte {
-	type modelWire struct {
-		ID          string `json:"id"`
-		ReleaseDate string `json:"release_date,omitempty"`
-		Limit       struct {
-			Context int `json:"context,omitempty"`
-			Output  int `json:"output,omitempty"`
-		} `json:"limit"`
-		Modalities struct {
-			Input  []string `json:"input,omitempty"`
-			Output []string `json:"output,omitempty"`
-		} `json:"modalities"`
-	}
-	out := make(map[string]map[string]map[string]modelWire, len(data)) // vendor → "models" → id → model
+	out := make(map[string]map[string]map[string]modelInfo, len(data)) // vendor → "models" → id → model
 	for vendor, models := range data {
-		wm := make(map[string]modelWire, len(models))
-		for id, m := range models {
-			w := modelWire{ID: id, ReleaseDate: m.ReleaseDate}
-			w.Limit.Context, w.Limit.Output = m.ContextLimit, m.OutputLimit
-			w.Modalities.Input, w.Modalities.Output = m.Input, m.Output
-			wm[id] = w
-		}
-		out[vendor] = map[string]map[string]modelWire{"models": wm}
+		out[vendor] = map[string]map[string]modelInfo{"models": models}
 	}
 	b, _ := json.Marshal(out) // only maps, strings, ints and string slices: it cannot fail
 	return b

@@ -468,7 +468,7 @@ func (s *server) readiness() readiness {
 	if _, err := s.journal.size(); err != nil && !errors.As(err, new(*noStateError)) {
 		rd.Reasons = append(rd.Reasons, "journal unusable: "+err.Error())
 	}
-	if ok, cause := s.catalog.available(); !ok {
+	if data, cause := s.catalog.current(); data == nil {
 		rd.Warnings = append(rd.Warnings, cause)
 	}
 	if bad, n, err := s.journal.badLines(); err == nil {
