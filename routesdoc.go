@@ -107,13 +107,11 @@ func invalidf(format string, args ...any) error {
 // (the alias is capability_absent); only writers refuse them.
 func parseRegistry(b []byte) (*routesDoc, error) {
 	m, err := registryMembers(b)
-	switch {
-	case err != nil:
+	if err != nil {
 		return nil, err
-	case m == nil:
-		return emptyRoutesDoc(), nil
 	}
-	return validateRegistry(m)
+	return validateRegistry(m) // nil members: the empty registry
+
 }
 
 // registryMembers decodes b with decodeStrict (no duplicate key: two readers
@@ -140,8 +138,8 @@ func registryMembers(b []byte) (map[string]json.RawMessage, error) {
 	return nil, invalidf("%s", clipName(err.Error()))
 }
 
-// validateRegistry builds the document from its members: first the shape of
-// every member, then the guards that look across the document (SPEC §4.1).
+// validateRegistry builds the document from its members under every guard
+// of SPEC §4.1: deployments in order, then routes by alias.
 func validateRegistry(m map[string]json.RawMessage) (*routesDoc, error) {
 	if k := unknownMember(m, "schema_version", "deployments", "routes"); k != "" {
 		return nil, invalidf("registry field %s is not part of schema 1; run brama routes migrate", k)
@@ -158,36 +156,30 @@ func validateRegistry(m map[string]json.RawMessage) (*routesDoc, error) {
 		return nil, invalidf("registry field \"routes\" must be an object mapping each alias to one destination")
 	}
 	for i, raw := range deps {
-		d, err := parseDeployment(i, raw)
+		d, err := parseDeployment(i, raw, doc.Deployments)
 		if err != nil {
 			return nil, err
 		}
 		doc.Deployments = append(doc.Deployments, d)
 	}
-	aliases := slices.Sorted(maps.Keys(routes))
-	for _, alias := range aliases {
+	for _, alias := range slices.Sorted(maps.Keys(routes)) {
 		var dest string
 		if !jsonValue(routes[alias], &dest) {
 			return nil, invalidf("registry route %q: the destination must be one string (there are no fallback lists)", clipName(alias))
 		}
+		if err := checkRoute(doc, alias, dest); err != nil {
+			return nil, err
+		}
 		doc.Routes[alias] = dest
-	}
-	for i, d := range doc.Deployments {
-		if err := checkDeployment(d, doc.Deployments[:i]); err != nil {
-			return nil, err
-		}
-	}
-	for _, alias := range aliases {
-		if err := checkRoute(doc, alias, doc.Routes[alias]); err != nil {
-			return nil, err
-		}
 	}
 	return doc, nil
 }
 
-// parseDeployment reads the shape of deployments[i], refusing unknown
-// members by name.
-func parseDeployment(i int, raw json.RawMessage) (d deployment, err error) {
+// parseDeployment reads deployments[i], declared after before, refusing
+// unknown members by name. Its endpoint must be an IPv4 loopback or
+// 100.64.0.0/10 (tailnet) literal: a registry edit must never point
+// unauthenticated local-openai calls at the open internet.
+func parseDeployment(i int, raw json.RawMessage, before []deployment) (d deployment, err error) {
 	m, ok := jsonObject(raw)
 	if !ok {
 		return d, invalidf("registry deployment #%d is not an object", i+1)
@@ -223,7 +215,23 @@ func parseDeployment(i int, raw json.RawMessage) (d deployment, err error) {
 		if k := unknownMember(am, "name"); k != "" {
 			return d, invalidf("%s adapter %q has unknown member %s", label, clipName(a.Name), k)
 		}
+		if !namePattern.MatchString(a.Name) {
+			return d, invalidf("%s adapter %q: an adapter name must match [a-z0-9._-]{1,128}", label, clipName(a.Name))
+		}
 		d.Adapters = append(d.Adapters, a)
+	}
+	addr, err := netip.ParseAddr(d.Endpoint.Host)
+	switch modelErr := checkModelName(d.Model); {
+	case !namePattern.MatchString(d.Name):
+		return d, invalidf("%s: a deployment name must match [a-z0-9._-]{1,128}", label)
+	case slices.ContainsFunc(before, func(o deployment) bool { return o.Name == d.Name }):
+		return d, invalidf("%s is declared twice; deployment names must be unique", label)
+	case err != nil || !addr.Is4() || !(addr.IsLoopback() || cgnatPrefix.Contains(addr)):
+		return d, invalidf("%s: endpoint host %q is not an IPv4 loopback or 100.64.0.0/10 literal", label, clipName(d.Endpoint.Host))
+	case d.Endpoint.Port < 1 || d.Endpoint.Port > 65535:
+		return d, invalidf("%s: endpoint port %d is not a port (1-65535)", label, d.Endpoint.Port)
+	case d.Model != "" && modelErr != nil:
+		return d, invalidf("%s: model %v", label, modelErr)
 	}
 	return d, nil
 }
@@ -246,34 +254,6 @@ func unknownMember(m map[string]json.RawMessage, known ...string) string {
 		}
 	}
 	return ""
-}
-
-// checkDeployment applies §4.1's guards to d, declared after before. The
-// endpoint must be an IPv4 loopback or 100.64.0.0/10 (tailnet) literal: a
-// registry edit must never point unauthenticated local-openai calls at the
-// open internet.
-func checkDeployment(d deployment, before []deployment) error {
-	label := fmt.Sprintf("registry deployment %q", clipName(d.Name))
-	addr, err := netip.ParseAddr(d.Endpoint.Host)
-	switch {
-	case !namePattern.MatchString(d.Name):
-		return invalidf("%s: a deployment name must match [a-z0-9._-]{1,128}", label)
-	case slices.ContainsFunc(before, func(o deployment) bool { return o.Name == d.Name }):
-		return invalidf("%s is declared twice; deployment names must be unique", label)
-	case err != nil || !addr.Is4() || !(addr.IsLoopback() || cgnatPrefix.Contains(addr)):
-		return invalidf("%s: endpoint host %q is not an IPv4 loopback or 100.64.0.0/10 literal", label, clipName(d.Endpoint.Host))
-	case d.Endpoint.Port < 1 || d.Endpoint.Port > 65535:
-		return invalidf("%s: endpoint port %d is not a port (1-65535)", label, d.Endpoint.Port)
-	}
-	if err := checkModelName(d.Model); d.Model != "" && err != nil {
-		return invalidf("%s: model %v", label, err)
-	}
-	for _, a := range d.Adapters {
-		if !namePattern.MatchString(a.Name) {
-			return invalidf("%s adapter %q: an adapter name must match [a-z0-9._-]{1,128}", label, clipName(a.Name))
-		}
-	}
-	return nil
 }
 
 // checkModelName is §5.1's rule for the model of a canonical route, also
@@ -310,6 +290,9 @@ func checkRoute(doc *routesDoc, alias, dest string) error {
 		return err
 	}
 	label := fmt.Sprintf("registry route %q", clipName(alias))
+	provider, model, canonical := strings.Cut(dest, "/")
+	modelErr := checkModelName(model)
+	_, _, n := doc.lookupLocal(dest)
 	switch {
 	case dest == "":
 		return invalidf("%s: the destination is empty", label)
@@ -327,30 +310,22 @@ func checkRoute(doc *routesDoc, alias, dest string) error {
 		return invalidf("%s must name a canonical route (provider/model), not best", label)
 	case dest == modeBest:
 		return nil
-	}
-	if provider, model, ok := strings.Cut(dest, "/"); ok {
-		if !providerPattern.MatchString(provider) {
-			return invalidf("%s: destination %q is not a canonical route: the provider must match [a-z0-9._-]{1,64}", label, dest)
-		}
-		if err := checkModelName(model); err != nil {
-			return invalidf("%s: destination %q is not a canonical route: the model %v", label, dest, err)
-		}
-		if alias == modeBest && provider == "local-openai" { // best is paid by subscriptions; a deployment has none
-			return invalidf("%s must name a canonical route of a subscription-capable provider, not deployment %q", label, dest)
-		}
+	case canonical && !providerPattern.MatchString(provider):
+		return invalidf("%s: destination %q is not a canonical route: the provider must match [a-z0-9._-]{1,64}", label, dest)
+	case canonical && modelErr != nil:
+		return invalidf("%s: destination %q is not a canonical route: the model %v", label, dest, modelErr)
+	case canonical && alias == modeBest && provider == "local-openai": // best is paid by subscriptions; a deployment has none
+		return invalidf("%s must name a canonical route of a subscription-capable provider, not deployment %q", label, dest)
+	case canonical:
 		return nil
-	}
-	if alias == modeBest {
+	case alias == modeBest:
 		return invalidf("%s must name a canonical route (provider/model), not deployment %q", label, dest)
-	}
-	switch _, _, n := doc.lookupLocal(dest); n {
-	case 0:
+	case n == 0:
 		return invalidf("%s: destination %q names no deployment or adapter", label, dest)
-	case 1:
-		return nil
-	default:
+	case n > 1:
 		return invalidf("%s: destination %q names %d deployments or adapters; a bare name must name exactly one", label, dest, n)
 	}
+	return nil
 }
 
 // lookupLocal finds the deployment or adapter a bare name (or the model of
