@@ -49,9 +49,13 @@ func onboard(ctx context.Context, getenv func(string) string, sy sys, model stri
 	if err != nil {
 		return err
 	}
-	prog, err := loadOnboarding(path)
+	f := stateFile[*onboardProgress]{role: onboardRole, path: path, parse: parseOnboarding}
+	prog, err := f.fresh() // a file failing the guards is refused, never overwritten
+	if errors.Is(err, errOnboardingInvalid) {
+		err = fmt.Errorf("%w (remove the file to start the journey again)", err)
+	}
 	if err != nil {
-		return err
+		return fmt.Errorf("the state directory is not usable: %w", err)
 	}
 	mark := func(step, model string) error {
 		if _, done := prog.Steps[step]; !done {
@@ -125,20 +129,6 @@ func onboard(ctx context.Context, getenv func(string) string, sy sys, model stri
 		return fmt.Errorf("no model answer: %s", asAPIError(err).Message)
 	}
 	return mark(stepAnswer, c.res.Route)
-}
-
-// loadOnboarding reads the progress file under the guards; absent is no
-// progress, and a file failing them is refused, never overwritten.
-func loadOnboarding(path string) (*onboardProgress, error) {
-	f := stateFile[*onboardProgress]{role: onboardRole, path: path, parse: parseOnboarding}
-	prog, err := f.fresh()
-	if errors.Is(err, errOnboardingInvalid) {
-		err = fmt.Errorf("%w (remove the file to start the journey again)", err)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("the state directory is not usable: %w", err)
-	}
-	return prog, nil
 }
 
 // errOnboardingInvalid wraps every refusal of parseOnboarding.

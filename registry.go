@@ -12,9 +12,8 @@ import (
 	"sync"
 )
 
-// The route registry file (SPEC §4.2-§4.4) and what a request's model names
-// (SPEC §5): the cached read, the only writers, migration, alias states and
-// model resolution. The document and its guards are in routesdoc.go.
+// The route registry file (SPEC §4.2-§4.4: cached read, writers, migrate,
+// alias states) and what a request's model names (§5). routesdoc.go: the document.
 
 // registryPath is BRAMA_ROUTES_FILE, else $STATE/routes.json; with neither,
 // the *noStateError: the registry is empty and every write refuses (SPEC §2.1).
@@ -35,9 +34,8 @@ func readRegistryFile(path string) ([]byte, fileIdentity, error) {
 	return readGuarded(registryRole, path)
 }
 
-// registry is the route registry file: reads cached by file identity (SPEC
-// §4.2); the only writers (set, remove, migrateRegistry) replace it
-// atomically under its lock (§4.4).
+// registry is the route registry file, read cached by file identity (SPEC
+// §4.2); set, remove and migrateRegistry replace it under its lock (§4.4).
 type registry struct {
 	path    string // "" when pathErr is set
 	pathErr error  // the *noStateError when no file can be named
@@ -59,9 +57,8 @@ func newRegistry(path string, pathErr error, j *journal, log *slog.Logger) *regi
 	return &registry{path: path, pathErr: pathErr, j: j, log: log}
 }
 
-// current returns the shared document, parsing the file only when its
-// identity changed. An absent file is the empty registry; a failure is
-// returned and logged once per distinct reason.
+// current returns the shared document, parsing only a changed file; absent
+// is the empty registry, and each distinct failure is logged once.
 func (r *registry) current() (*routesDoc, error) {
 	if r.pathErr != nil {
 		return emptyRoutesDoc(), nil
@@ -189,10 +186,9 @@ func (r *registry) write(change func(doc *routesDoc) (journalRecord, error)) (*r
 	return nil, refuse("internal_error", "route registry lock: %v", err).because(err)
 }
 
-// migrateRegistry is `brama routes migrate` (SPEC §4.4): it drops every
-// top-level member but schema 1's (returned sorted), validates the rest and
-// commits the canonical encoding. An invalid file is left untouched; it
-// journals nothing.
+// migrateRegistry is `brama routes migrate` (SPEC §4.4): it drops the
+// top-level members schema 1 lacks (returned sorted) and commits the rest,
+// validated and canonical; an invalid file is left untouched.
 func migrateRegistry(path string) (committed []byte, dropped []string, doc *routesDoc, err error) {
 	if _, err := guardFile(registryRole, path); err != nil {
 		return nil, nil, nil, err // before the lock: an absent file gets no lock file either
@@ -242,9 +238,8 @@ type aliasTable struct {
 	Unserviceable int        `json:"unserviceable"`
 }
 
-// aliasState is the SPEC §4.3 state of an alias routed to dest, with a
-// one-sentence reason; hasDirect says whether a provider has a direct
-// credential (nil: none has).
+// aliasState is the SPEC §4.3 state of an alias routed to dest and its
+// reason; hasDirect says whether a provider has a direct credential.
 func aliasState(doc *routesDoc, dest string, hasDirect func(provider string) bool) (st, reason string) {
 	if dest == modeBest {
 		return stateServing, "Routes to best: the operator's preferred subscription route, then the agent's other subscription models."
@@ -301,11 +296,9 @@ type resolution struct {
 	BaseURL  string       // local-openai only: "http://host:port/v1"
 }
 
-// resolveModel applies SPEC §5.1 (first match) and picks the §5.3 mode. With
-// docErr set, any name that could be an alias is refused as
-// routes_file_invalid; selectors, best and known canonical routes still
-// resolve. hasBillingTarget makes a route a subscription route. Refusals
-// come before dispatch, so carry no attempts.
+// resolveModel applies SPEC §5.1 and picks the §5.3 mode. With docErr, a
+// name that could be an alias is routes_file_invalid (selectors, best and
+// known canonical routes still resolve). Refusals carry no attempts.
 func resolveModel(name string, doc *routesDoc, docErr error, hasDirect func(string) bool, hasBillingTarget bool) (resolution, error) {
 	switch {
 	case name == "":

@@ -102,9 +102,8 @@ func invalidf(format string, args ...any) error {
 	return &routesInvalidError{reason: fmt.Sprintf(format, args...)}
 }
 
-// parseRegistry reads a schema-1 document under every guard of SPEC §4.1;
-// empty means the empty registry. Destinations of unknown providers pass
-// (the alias is capability_absent); only writers refuse them.
+// parseRegistry reads a document under every guard of SPEC §4.1. Unknown
+// providers pass (capability_absent); only writers refuse them.
 func parseRegistry(b []byte) (*routesDoc, error) {
 	m, err := registryMembers(b)
 	if err != nil {
@@ -236,9 +235,8 @@ func parseDeployment(i int, raw json.RawMessage, before []deployment) (d deploym
 	return d, nil
 }
 
-// jsonObject decodes a member of a document decodeStrict has read as an
-// object, jsonValue as a present non-null v, and unknownMember quotes
-// (clipped) m's first member, sorted, not in known; "" when there is none.
+// jsonObject decodes a member decodeStrict has read as an object, jsonValue
+// as a present non-null v; unknownMember quotes m's first member not in known.
 func jsonObject(raw json.RawMessage) (m map[string]json.RawMessage, ok bool) {
 	return m, json.Unmarshal(raw, &m) == nil && m != nil
 }
@@ -328,9 +326,8 @@ func checkRoute(doc *routesDoc, alias, dest string) error {
 	return nil
 }
 
-// lookupLocal finds the deployment or adapter a bare name (or the model of
-// local-openai/<name>) means, its upstream model name, and how many
-// deployments and adapters carry that name.
+// lookupLocal finds the deployment or adapter a bare name means, its
+// upstream model name, and how many deployments and adapters carry the name.
 func (doc *routesDoc) lookupLocal(name string) (dep deployment, upstream string, n int) {
 	for _, d := range doc.Deployments {
 		if d.Name == name {
