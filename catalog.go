@@ -72,13 +72,14 @@ func catalogVendor(provider string) string {
 
 // catalog is the model metadata of SPEC §6.4 and its sources.
 type catalog struct {
-	path   string // BRAMA_MODEL_CATALOG_PATH; wins over url
-	url    string // live source; "" when path is set or live reads are off
-	ttl    time.Duration
-	st     state
-	client *http.Client // the provider client: no timeout of Brama's own (SPEC §7.4)
-	log    *slog.Logger
-	now    func() time.Time
+	path      string // BRAMA_MODEL_CATALOG_PATH; wins over url
+	url       string // live source; "" when path is set or live reads are off
+	ttl       time.Duration
+	st        state
+	cachePath string       // the model metadata cache; "" without a state directory or for a file source
+	client    *http.Client // the provider client: no timeout of Brama's own (SPEC §7.4)
+	log       *slog.Logger
+	now       func() time.Time
 
 	// testingOnlyReadDone runs after each background read has settled
 	// (memory and cache updated). Nil in production.
@@ -92,13 +93,12 @@ type catalog struct {
 	reads      int           // source reads attempted, for tests and logs
 	kick       chan struct{} // wakes the background reader; nil until start
 	refreshing bool          // a background read is queued or running (single flight)
-	cacheTried bool          // the cache file was consulted once already
 	cacheErr   error         // why the cache could not supply data
-	unplaced   bool          // model_metadata_cache_unplaced was logged
 }
 
-// newCatalog configures the catalogue from the environment (SPEC §16); a
-// file is read by the first lookup, a URL by start.
+// newCatalog configures the catalogue from the environment (SPEC §16) and,
+// for a URL, fills memory from the local cache; a file is read by the first
+// lookup, a URL by start.
 func newCatalog(st state, getenv func(string) string, client *http.Client, log *slog.Logger, now func() time.Time) *catalog {
 	c := &catalog{st: st, client: client, log: log, now: now, ttl: defaultCatalogTTL}
 	if v := strings.TrimSpace(getenv("BRAMA_MODEL_CATALOG_TTL_SECS")); v != "" {
@@ -114,6 +114,7 @@ func newCatalog(st state, getenv func(string) string, client *http.Client, log *
 		if strings.EqualFold(c.url, "off") {
 			c.url = ""
 		}
+		c.loadCache()
 	}
 	return c
 }
@@ -192,43 +193,29 @@ type catalogCache struct {
 	Body      json.RawMessage `json:"body"`
 }
 
-// writeCache keeps data in the model metadata cache (none without a state
-// directory).
+// writeCache keeps data in the model metadata cache, if it has a place.
 func (c *catalog) writeCache(data catalogData, fetchedAt time.Time) {
-	c.mu.Lock()
-	name, err := c.cachePathLocked()
-	c.mu.Unlock()
-	if err != nil {
+	if c.cachePath == "" {
 		return
 	}
 	b, err := marshalState(catalogCache{FetchedAt: fetchedAt.UTC(), Body: marshalCatalog(data)})
 	if err == nil {
-		err = writeFileAtomic(name, b)
+		err = writeFileAtomic(c.cachePath, b)
 	}
 	if err != nil {
 		c.log.Warn("model_metadata_cache_write_failed", "cause", err.Error())
 	}
 }
 
-// cachePathLocked names the cache file, logging model_metadata_cache_unplaced
-// the first time there is no state directory.
-func (c *catalog) cachePathLocked() (string, error) {
+// loadCache places the model metadata cache and fills memory from it.
+func (c *catalog) loadCache() {
 	name, err := c.st.path("model metadata cache", catalogCacheFile)
-	if err != nil && !c.unplaced {
-		c.unplaced = true
-		c.log.Warn("model_metadata_cache_unplaced", "cause", err.Error())
-	}
-	return name, err
-}
-
-// loadCacheLocked fills memory from the local cache file, once.
-func (c *catalog) loadCacheLocked(now time.Time) {
-	c.cacheTried = true
-	name, err := c.cachePathLocked()
 	if err != nil {
 		c.cacheErr = err
+		c.log.Warn("model_metadata_cache_unplaced", "cause", err.Error())
 		return
 	}
+	c.cachePath = name
 	b, _, err := readGuarded("model metadata cache", name)
 	if errors.Is(err, errFileAbsent) {
 		c.cacheErr = errors.New("there is no cached copy")
@@ -248,7 +235,7 @@ func (c *catalog) loadCacheLocked(now time.Time) {
 		return
 	}
 	c.data, c.loadedAt = data, cc.FetchedAt
-	if cc.FetchedAt.After(now) {
+	if cc.FetchedAt.After(c.now()) {
 		c.loadedAt = time.Time{} // a fetch time from the future has no usable age
 	}
 }
@@ -274,30 +261,24 @@ func (c *catalog) current() (catalogData, string) {
 	defer c.mu.Unlock()
 	stale := func() bool { return c.data == nil || c.loadedAt.IsZero() || now.Sub(c.loadedAt) >= c.ttl }
 	mayTry := c.lastTry.IsZero() || now.Sub(c.lastTry) >= c.ttl
-	if c.path != "" {
-		if c.data == nil || stale() && mayTry { // on demand (SPEC §6.4); a failed re-read keeps memory
-			b, err := os.ReadFile(c.path)
-			var data catalogData
-			if err == nil {
-				data, err = parseCatalog(b)
-			} else {
-				if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
-					err = pe.Err // the path is outside the state directory; /readyz must not show it
-				}
-				err = fmt.Errorf("BRAMA_MODEL_CATALOG_PATH: %w", err)
+	switch {
+	case c.path != "" && (c.data == nil || stale() && mayTry): // on demand (SPEC §6.4); a failed re-read keeps memory
+		b, err := os.ReadFile(c.path)
+		var data catalogData
+		if err == nil {
+			data, err = parseCatalog(b)
+		} else {
+			if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
+				err = pe.Err // the path is outside the state directory; /readyz must not show it
 			}
-			c.settleLocked("file", data, err, now)
+			err = fmt.Errorf("BRAMA_MODEL_CATALOG_PATH: %w", err)
 		}
-	} else {
-		if c.data == nil && !c.cacheTried {
-			c.loadCacheLocked(now)
-		}
-		if c.kick != nil && !c.refreshing && stale() && mayTry {
-			c.refreshing = true
-			select {
-			case c.kick <- struct{}{}:
-			default:
-			}
+		c.settleLocked("file", data, err, now)
+	case c.path == "" && c.kick != nil && !c.refreshing && stale() && mayTry:
+		c.refreshing = true
+		select {
+		case c.kick <- struct{}{}:
+		default:
 		}
 	}
 	const unavailable = "the model catalogue is unavailable: "
