@@ -20,10 +20,9 @@ import (
 	"time"
 )
 
-// The model catalogue (SPEC §6.4): metadata from a file read on demand, or a
-// URL read in the background and kept in the model metadata cache, held in
-// memory for a TTL. Advisory: it never makes a route available, and no
-// request waits for a network read.
+// The model catalogue (SPEC §6.4): a file read on demand, or a URL read in
+// the background and kept in the model metadata cache, held for a TTL.
+// Advisory: it makes no route available and no request waits on the network.
 
 const ( // SPEC §16
 	defaultCatalogURL = "https://models.dev/api.json"
@@ -31,9 +30,8 @@ const ( // SPEC §16
 	catalogCacheFile  = "model-metadata.json"
 )
 
-// modelInfo is what Brama keeps of one catalogue model, in the api.json
-// shape the model metadata cache holds. Slices are shared with the memory
-// copy (replaced whole): callers must not modify them.
+// modelInfo is what Brama keeps of a catalogue model, in api.json's shape.
+// Slices are shared with memory (replaced whole): callers must not modify them.
 type modelInfo struct {
 	ID          string            `json:"id"`
 	ReleaseDate string            `json:"release_date,omitempty"` // "YYYY-MM-DD" (or "YYYY-MM"); "" when unknown
@@ -81,9 +79,7 @@ type catalog struct {
 	log       *slog.Logger
 	now       func() time.Time
 
-	// testingOnlyReadDone runs after each background read has settled
-	// (memory and cache updated). Nil in production.
-	testingOnlyReadDone func()
+	testingOnlyReadDone func() // runs after each background read settled; nil in production
 
 	mu         sync.Mutex    // guards the fields below
 	data       catalogData   // nil when absent
@@ -175,12 +171,11 @@ func (c *catalog) fetch(ctx context.Context) (catalogData, error) {
 		return nil, fmt.Errorf("catalogue read: %w", err)
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		io.Copy(io.Discard, resp.Body) // let the connection be reused
+	b, err := io.ReadAll(resp.Body) // whole, even after an error status, so the connection is reused
+	switch {
+	case resp.StatusCode/100 != 2:
 		return nil, fmt.Errorf("catalogue read: HTTP status %d", resp.StatusCode)
-	}
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
+	case err != nil:
 		return nil, fmt.Errorf("catalogue read: %w", err)
 	}
 	return parseCatalog(b)
@@ -252,9 +247,9 @@ func (c *catalog) settleLocked(source string, data catalogData, err error, now t
 	c.data, c.loadedAt = data, now
 }
 
-// current is the catalogue usable now, or nil with the cause. A file is
-// read on demand; a URL never waits: memory, else the cache file, and memory
-// absent or past the TTL kicks one background read. A failure waits a TTL.
+// current is the catalogue usable now, or nil with the cause. A file is read
+// on demand; for a URL, memory absent or past the TTL kicks one background
+// read. A failed read waits a TTL.
 func (c *catalog) current() (catalogData, string) {
 	now := c.now()
 	c.mu.Lock()
@@ -341,10 +336,9 @@ func (c *catalog) models(provider string) []modelInfo {
 // vendor objects; parseCatalog wraps it in every error it returns.
 var errCatalogShape = errors.New("the model catalogue is not a JSON object of provider objects")
 
-// parseCatalog reads the models.dev api.json shape, vendor → {"models": {id
-// → model}}, strict only about its top level: below it, whatever Brama does
-// not understand is left out, because the upstream document grows. The map
-// key, not the inner "id", is a model's id.
+// parseCatalog reads models.dev's api.json, vendor → {"models": {id →
+// model}}, strict only at the top: below, what Brama does not understand is
+// left out, since the document grows. The key, not "id", is a model's id.
 func parseCatalog(b []byte) (catalogData, error) {
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(b, &top); err != nil || top == nil {

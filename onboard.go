@@ -37,10 +37,9 @@ type onboardStep struct {
 	Model  string `json:"model,omitempty"` // route and answer: the model named
 }
 
-// onboard walks the journey: model is the route of the one real (billable)
-// call, made only with allowCost, and say prints "done <step>" or "next:
-// <command>". It returns nil when complete or stopped before the billable
-// step, errRefused after a "next:". Only ctx cancels the call (SPEC §7.4).
+// onboard walks the journey: model is the route of the one billable call,
+// made only with allowCost; say prints "done <step>" or "next: <command>",
+// and a "next:" returns errRefused. Only ctx cancels the call (SPEC §7.4).
 func onboard(ctx context.Context, getenv func(string) string, sy sys, model string, allowCost bool, say func(string)) error {
 	d := openDeps(getenv, sy)
 
@@ -165,10 +164,9 @@ func (prog *onboardProgress) validate() error {
 	return nil
 }
 
-// onboardPlan plans the call for model as the daemon would, a bare
-// deployment name as local-openai/<name>. Subscription routes and selectors
-// are refused: their ledger is the daemon's (SPEC §2.3, §14). next is the
-// command that would fix a missing direct credential.
+// onboardPlan plans the call for model as the daemon would (a bare
+// deployment name as local-openai/<name>), refusing subscription routes and
+// selectors: their ledger is the daemon's (SPEC §2.3, §14).
 func (s *server) onboardPlan(model string) (c call, req chatRequest, next string, err error) {
 	if doc, err := s.reg.current(); err == nil {
 		if _, isAlias := doc.Routes[model]; !isAlias {

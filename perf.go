@@ -38,9 +38,8 @@ type perfDocument struct {
 	Routes        map[string]perfEntry `json:"routes"`
 }
 
-// perfRegistry keeps one entry per route ever served and writes them to
-// perf.json from record (at most every 30 s) and flush: no timer, so an idle
-// daemon writes nothing.
+// perfRegistry keeps one entry per route ever served, written to perf.json
+// by record (at most every 30 s) and flush: no timer, so idle writes nothing.
 type perfRegistry struct {
 	sys
 	st state
@@ -54,9 +53,8 @@ type perfRegistry struct {
 	file snapshotFile // perf.json, written in snapshot order
 }
 
-// newPerfRegistry starts from perf.json when it exists. A file failing the
-// §2.2 guards or the parse is logged and replaced by the next flush:
-// telemetry never stops serving.
+// newPerfRegistry starts from perf.json. A file failing the guards or the
+// parse is logged and replaced at the next flush: telemetry never stops serving.
 func newPerfRegistry(st state, sy sys) *perfRegistry {
 	p := &perfRegistry{sys: sy, st: st, routes: map[string]perfEntry{}}
 	name, err := st.path(perfRole, perfFile)
@@ -119,9 +117,9 @@ func (p *perfRegistry) record(route string, ok bool, latency time.Duration, outp
 // numbers were only ever in memory.
 func (p *perfRegistry) flush() error { return p.write(p.now(), true) }
 
-// write snapshots the registry into perf.json when 30 s passed since the
-// last flush (even a failed one), or at once with force. Snapshots are
-// numbered, so two writes racing outside p.mu never leave older numbers.
+// write snapshots the registry into perf.json 30 s after the last flush
+// (even a failed one), or now with force; numbered, so racing writes never
+// leave older numbers.
 func (p *perfRegistry) write(now time.Time, force bool) error {
 	name, err := p.st.path(perfRole, perfFile)
 	p.mu.Lock()
@@ -178,10 +176,9 @@ var perfFamilies = []perfFamily{
 // promMetricName is the Prometheus metric name grammar.
 var promMetricName = regexp.MustCompile(`^[a-zA-Z_:][a-zA-Z0-9_:]*$`)
 
-// writeMetrics renders the perf registry and the extras in the Prometheus
-// text format 0.0.4, deterministically: route families in order, routes
-// sorted, then extras by name (_total: counter, else gauge), skipping a name
-// outside the grammar or taken by a route family.
+// writeMetrics renders the perf registry, then the extras by name (_total: a
+// counter), in the Prometheus text format 0.0.4, skipping a name outside the
+// grammar or taken by a route family.
 func writeMetrics(w io.Writer, perf map[string]perfEntry, extra map[string]float64) {
 	var b strings.Builder
 	if routes := slices.Sorted(maps.Keys(perf)); len(routes) > 0 {
