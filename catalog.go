@@ -370,7 +370,7 @@ func parseCatalog(b []byte) (catalogData, error) {
 // ok=false when it is not an object or has no id.
 func parseCatalogModel(id string, raw json.RawMessage) (modelInfo, bool) {
 	var m struct {
-		ReleaseDate any             `json:"release_date"`
+		ReleaseDate json.RawMessage `json:"release_date"`
 		Limit       json.RawMessage `json:"limit"`
 		Modalities  json.RawMessage `json:"modalities"`
 	}
@@ -378,10 +378,11 @@ func parseCatalogModel(id string, raw json.RawMessage) (modelInfo, bool) {
 		return modelInfo{}, false
 	}
 	var limit struct{ Context, Output any }
-	var mod struct{ Input, Output []any }
+	var mod struct{ Input, Output any }
+	var date string
 	json.Unmarshal(m.Limit, &limit)    // not an object: no limits
-	json.Unmarshal(m.Modalities, &mod) // a member of the wrong type stays nil
-	date, _ := m.ReleaseDate.(string)
+	json.Unmarshal(m.Modalities, &mod) // members of the wrong type are left out below
+	json.Unmarshal(m.ReleaseDate, &date)
 	_, day := time.Parse("2006-01-02", date)
 	_, month := time.Parse("2006-01", date) // some entries carry only the month; both sort as strings
 	if day != nil && month != nil {
@@ -404,7 +405,8 @@ func catalogCount(v any) int {
 }
 
 // catalogStrings keeps the strings of a JSON array; nil when none.
-func catalogStrings(items []any) (out []string) {
+func catalogStrings(v any) (out []string) {
+	items, _ := v.([]any)
 	for _, it := range items {
 		if s, ok := it.(string); ok {
 			out = append(out, s)

@@ -125,13 +125,12 @@ func registryMembers(b []byte) (map[string]json.RawMessage, error) {
 	}
 	var m map[string]json.RawMessage
 	err := decodeStrict("registry", b, &m)
-	var te *json.UnmarshalTypeError
 	switch {
 	case err == nil && m != nil:
 		return m, nil
 	case utf8.Valid(b) && !json.Valid(b):
 		return nil, invalidf("registry is not valid JSON: %v", json.Unmarshal(b, new(any)))
-	case err == nil || errors.As(err, &te):
+	case err == nil || errors.As(err, new(*json.UnmarshalTypeError)):
 		return nil, invalidf("registry must be one JSON object")
 	}
 	return nil, invalidf("%s", clipName(err.Error()))
