@@ -73,7 +73,6 @@ type catalog struct {
 	path      string // BRAMA_MODEL_CATALOG_PATH; wins over url
 	url       string // live source; "" when path is set or live reads are off
 	ttl       time.Duration
-	st        state
 	cachePath string       // the model metadata cache; "" without a state directory or for a file source
 	client    *http.Client // the provider client: no timeout of Brama's own (SPEC §7.4)
 	log       *slog.Logger
@@ -96,7 +95,7 @@ type catalog struct {
 // for a URL, fills memory from the local cache; a file is read by the first
 // lookup, a URL by start.
 func newCatalog(st state, getenv func(string) string, client *http.Client, log *slog.Logger, now func() time.Time) *catalog {
-	c := &catalog{st: st, client: client, log: log, now: now, ttl: defaultCatalogTTL}
+	c := &catalog{client: client, log: log, now: now, ttl: defaultCatalogTTL}
 	if v := strings.TrimSpace(getenv("BRAMA_MODEL_CATALOG_TTL_SECS")); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n <= 0 || n > math.MaxInt32 {
@@ -110,7 +109,7 @@ func newCatalog(st state, getenv func(string) string, client *http.Client, log *
 		if strings.EqualFold(c.url, "off") {
 			c.url = ""
 		}
-		c.loadCache()
+		c.loadCache(st)
 	}
 	return c
 }
@@ -203,8 +202,8 @@ func (c *catalog) writeCache(data catalogData, fetchedAt time.Time) {
 }
 
 // loadCache places the model metadata cache and fills memory from it.
-func (c *catalog) loadCache() {
-	name, err := c.st.path("model metadata cache", catalogCacheFile)
+func (c *catalog) loadCache(st state) {
+	name, err := st.path("model metadata cache", catalogCacheFile)
 	if err != nil {
 		c.cacheErr = err
 		c.log.Warn("model_metadata_cache_unplaced", "cause", err.Error())
