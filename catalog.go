@@ -256,7 +256,7 @@ func (c *catalog) current() (catalogData, string) {
 	stale := func() bool { return c.data == nil || c.loadedAt.IsZero() || now.Sub(c.loadedAt) >= c.ttl }
 	mayTry := c.lastTry.IsZero() || now.Sub(c.lastTry) >= c.ttl
 	switch {
-	case c.path != "" && (c.data == nil || stale() && mayTry): // on demand (SPEC §6.4); a failed re-read keeps memory
+	case c.path != "" && (c.data == nil || stale() && mayTry): // on demand (SPEC §6.4)
 		b, err := os.ReadFile(c.path)
 		var data catalogData
 		if err == nil {

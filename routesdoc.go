@@ -188,7 +188,8 @@ func parseDeployment(i int, raw json.RawMessage, before []deployment) (d deploym
 	label := fmt.Sprintf("registry deployment %q", clipName(d.Name))
 	ep, epOK := jsonObject(m["endpoint"])
 	var adapters []json.RawMessage
-	switch k, epk := unknownMember(m, "name", "endpoint", "model", "adapters"), unknownMember(ep, "host", "port"); {
+	k, epk := unknownMember(m, "name", "endpoint", "model", "adapters"), unknownMember(ep, "host", "port")
+	switch {
 	case k != "":
 		return d, invalidf("%s has unknown member %s", label, k)
 	case !epOK:
@@ -225,7 +226,8 @@ func parseDeployment(i int, raw json.RawMessage, before []deployment) (d deploym
 	case slices.ContainsFunc(before, func(o deployment) bool { return o.Name == d.Name }):
 		return d, invalidf("%s is declared twice; deployment names must be unique", label)
 	case err != nil || !addr.Is4() || !(addr.IsLoopback() || cgnatPrefix.Contains(addr)):
-		return d, invalidf("%s: endpoint host %q is not an IPv4 loopback or 100.64.0.0/10 literal", label, clipName(d.Endpoint.Host))
+		return d, invalidf("%s: endpoint host %q is not an IPv4 loopback or 100.64.0.0/10 literal",
+			label, clipName(d.Endpoint.Host))
 	case d.Endpoint.Port < 1 || d.Endpoint.Port > 65535:
 		return d, invalidf("%s: endpoint port %d is not a port (1-65535)", label, d.Endpoint.Port)
 	case d.Model != "" && modelErr != nil:
@@ -311,7 +313,7 @@ func checkRoute(doc *routesDoc, alias, dest string) error {
 		return invalidf("%s: destination %q is not a canonical route: the provider must match [a-z0-9._-]{1,64}", label, dest)
 	case canonical && modelErr != nil:
 		return invalidf("%s: destination %q is not a canonical route: the model %v", label, dest, modelErr)
-	case canonical && alias == modeBest && provider == "local-openai": // best is paid by subscriptions; a deployment has none
+	case canonical && alias == modeBest && provider == "local-openai": // best is paid by subscriptions
 		return invalidf("%s must name a canonical route of a subscription-capable provider, not deployment %q", label, dest)
 	case canonical:
 		return nil
