@@ -313,7 +313,9 @@ func resolveModel(name string, doc *routesDoc, docErr error, hasDirect func(stri
 	if doc == nil {
 		doc = emptyRoutesDoc()
 	}
-	p, model, known := knownCanonical(name)
+	provider, model, slash := strings.Cut(name, "/") // §5.1 rule 4: a known provider before the first "/"
+	p, known := lookupProvider(provider)
+	known = known && slash
 	modelErr := checkModelName(model)
 	dest, declared := doc.Routes[name]
 	alias := ""
@@ -333,10 +335,10 @@ func resolveModel(name string, doc *routesDoc, docErr error, hasDirect func(stri
 			return resolution{Mode: modeBest, Alias: name}, nil
 		}
 		alias = name
-		if p, model, known = knownCanonical(dest); !known { // a serving bare name names one deployment or adapter
-			p, _ = lookupProvider("local-openai")
-			model = dest
+		if provider, model, slash = strings.Cut(dest, "/"); !slash { // a serving bare name names one deployment or adapter
+			provider, model = "local-openai", dest
 		}
+		p, _ = lookupProvider(provider)
 	case !known:
 		e := refuse("alias_unknown", "model %q is not a declared alias, a selector, best or a canonical route of a known provider", truncateUTF8(name, 200))
 		e.Details = &aliasDetails{Alias: name, State: stateNoRoute}
@@ -359,15 +361,4 @@ func resolveModel(name string, doc *routesDoc, docErr error, hasDirect func(stri
 		res.Model, res.BaseURL = upstream, d.baseURL()
 	}
 	return res, nil
-}
-
-// knownCanonical splits name at its first "/" when the part before it is a
-// provider Brama knows (SPEC §5.1 rule 4); the model part is not checked.
-func knownCanonical(name string) (providerInfo, string, bool) {
-	provider, model, ok := strings.Cut(name, "/")
-	if !ok || !providerPattern.MatchString(provider) {
-		return providerInfo{}, "", false
-	}
-	p, known := lookupProvider(provider)
-	return p, model, known
 }
