@@ -208,13 +208,12 @@ func parseDeployment(i int, raw json.RawMessage, before []deployment) (d deploym
 	for j, item := range adapters {
 		var a adapter
 		am, ok := jsonObject(item)
-		if !ok || !jsonValue(am["name"], &a.Name) {
+		switch {
+		case !ok || !jsonValue(am["name"], &a.Name):
 			return d, invalidf("%s adapter #%d must be an object with a string \"name\"", label, j+1)
-		}
-		if k := unknownMember(am, "name"); k != "" {
-			return d, invalidf("%s adapter %q has unknown member %s", label, clipName(a.Name), k)
-		}
-		if !namePattern.MatchString(a.Name) {
+		case unknownMember(am, "name") != "":
+			return d, invalidf("%s adapter %q has unknown member %s", label, clipName(a.Name), unknownMember(am, "name"))
+		case !namePattern.MatchString(a.Name):
 			return d, invalidf("%s adapter %q: an adapter name must match [a-z0-9._-]{1,128}", label, clipName(a.Name))
 		}
 		d.Adapters = append(d.Adapters, a)
