@@ -95,11 +95,10 @@ func encodeRegistry(d *routesDoc) []byte {
 
 // routesInvalidError says why a registry document is refused, naming the
 // alias, deployment or field at fault; safe to show an operator.
-type routesInvalidError struct{ reason string }
+type routesInvalidError struct{ error }
 
-func (e *routesInvalidError) Error() string { return e.reason }
 func invalidf(format string, args ...any) error {
-	return &routesInvalidError{reason: fmt.Sprintf(format, args...)}
+	return &routesInvalidError{fmt.Errorf(format, args...)}
 }
 
 // parseRegistry reads a document under every guard of SPEC §4.1. Unknown
