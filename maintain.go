@@ -14,12 +14,11 @@ import (
 	"time"
 )
 
-// Maintenance (SPEC §11.2): a pass reads the providers' usage reports, then
-// refreshes the grants that fell due; neither spends plan quota (the probe,
-// §11.3, is an operator's request only). A pass starts only at start, at a
-// moment the ledger states (one timer), once after a refusal for want of a
-// signed-in subscription, or when an operator asks: never on a period of
-// Brama's own. loop runs a testable loopOnce, as gitmirror does.
+// Maintenance (SPEC §11.2): a pass reads the usage reports, then refreshes
+// the grants that fell due; neither spends plan quota. A pass starts only at
+// start, at a moment the ledger states (one timer), once after a refusal for
+// want of a signed-in subscription, or when an operator asks: never on a
+// period of Brama's own. loop runs a testable loopOnce, as gitmirror does.
 
 var errMaintenanceStopped = errors.New("the maintenance scheduler is not running")
 
@@ -72,8 +71,8 @@ type passReport struct {
 	err error // the pass could not list the subscriptions at all; never sent
 }
 
-// usageSummary counts subscriptions with a report their credential can read
-// (due this pass or not) and the successful reads.
+// usageSummary counts subscriptions with a report their credential can
+// read (due this pass or not) and the successful reads.
 type usageSummary struct {
 	Subscriptions int            `json:"subscriptions"`
 	Read          int            `json:"read"`
@@ -87,8 +86,8 @@ type usageFailure struct {
 	Error          string `json:"error"`
 }
 
-// credentialSummary counts active OAuth subscriptions, refreshes that gave a
-// grant, and attempts that did not (the credential_refresh_* line says why).
+// credentialSummary counts active OAuth subscriptions, refreshes that gave
+// a grant, and attempts that did not (the credential_refresh_* line says why).
 type credentialSummary struct {
 	Subscriptions int `json:"subscriptions"`
 	Refreshed     int `json:"refreshed"`
@@ -155,16 +154,15 @@ func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
 	m.passes++
 	m.mu.Unlock()
 
-	started := now
 	m.log.Info("maintenance_pass_started", "reason", reason)
 	rep := m.passOnce(ctx)
 	m.mu.Lock()
 	m.running = false
-	m.last = map[string]any{"reason": reason, "ok": rep.OK, "started_at": started.UTC().Format(time.RFC3339Nano),
+	m.last = map[string]any{"reason": reason, "ok": rep.OK, "started_at": now.UTC().Format(time.RFC3339Nano),
 		"finished_at": m.clock().UTC().Format(time.RFC3339Nano)}
 	m.mu.Unlock()
 	if m.testingOnlyPassDone != nil {
-		m.testingOnlyPassDone(reason, started, rep)
+		m.testingOnlyPassDone(reason, now, rep)
 	}
 	if t != nil {
 		t.rep, t.err = rep, rep.err
@@ -173,7 +171,8 @@ func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
 	return true
 }
 
-// armLocked replaces the due timer with one for due (none when !ok). m.mu is held.
+// armLocked replaces the due timer with one for due (none when !ok); a
+// timer firing after it was replaced finds its generation gone. m.mu is held.
 func (m *maintainer) armLocked(due time.Time, ok bool, now time.Time) {
 	m.disarmLocked()
 	if !ok {
@@ -195,8 +194,7 @@ func (m *maintainer) armLocked(due time.Time, ok bool, now time.Time) {
 	})
 }
 
-// disarmLocked stops the due timer (one firing late finds its generation
-// gone). m.mu is held.
+// disarmLocked stops the due timer. m.mu is held.
 func (m *maintainer) disarmLocked() {
 	if m.timer != nil {
 		m.timer.Stop()
@@ -253,12 +251,11 @@ func (m *maintainer) request(reason string) {
 // changed records an inventory or credential change (donation, sign-in,
 // reinstate, replacement), so the next request counts again. Nil-safe.
 func (m *maintainer) changed() {
-	if m == nil {
-		return
+	if m != nil {
+		m.mu.Lock()
+		m.changes++
+		m.mu.Unlock()
 	}
-	m.mu.Lock()
-	m.changes++
-	m.mu.Unlock()
 }
 
 // passNow answers POST /v1/admin/maintain from a pass that starts after the
@@ -283,18 +280,16 @@ func (m *maintainer) ask(reason string) (*passTicket, error) {
 		return nil, errMaintenanceStopped
 	}
 	m.mu.Lock()
+	defer m.wake()
+	defer m.mu.Unlock()
 	if !m.looping {
-		m.mu.Unlock()
 		return nil, errMaintenanceStopped
 	}
 	if m.waiting == nil {
 		m.waiting = &passTicket{done: make(chan struct{})}
 	}
-	t := m.waiting
 	m.pending = cmp.Or(m.pending, reason)
-	m.mu.Unlock()
-	m.wake()
-	return t, nil
+	return m.waiting, nil
 }
 
 // state is /stats' maintenance member. Nil-safe.
@@ -317,23 +312,16 @@ func rfc3339OrNil(t time.Time) *string {
 	return &s
 }
 
-// passSub is one non-retired subscription as a pass found it.
+// passSub is one non-retired subscription as a pass found it, and how its
+// one refresh attempt of the pass went (tried, err).
 type passSub struct {
 	it      overlayItem
 	cred    vaultCredential
 	credErr error // the vault holds no usable credential for it
 	entry   ledgerEntry
+	tried   bool
+	err     error
 }
-
-// grantAttempt is how a subscription's one refresh attempt of a pass went.
-type grantAttempt int
-
-const (
-	attemptNone       grantAttempt = iota // no attempt this pass
-	attemptRefreshed                      // a new grant was stored
-	attemptFailed                         // refused, or a transport failure
-	attemptSuperseded                     // a sign-in replaced the grant meanwhile; nothing failed
-)
 
 // passOnce runs one pass: per subscription at most one usage read and one
 // refresh attempt, none retried; subscriptions side by side, the pass
@@ -343,14 +331,14 @@ func (m *maintainer) passOnce(ctx context.Context) passReport {
 	rep := passReport{Usage: usageSummary{Failed: []usageFailure{}}}
 	subs, err := m.live()
 	if err == nil {
-		refreshes := make([]grantAttempt, len(subs))
-		m.usagePass(ctx, subs, refreshes, &rep)
-		m.refreshPass(ctx, subs, refreshes, &rep)
-		for _, r := range refreshes {
-			switch r {
-			case attemptRefreshed:
+		m.usagePass(ctx, subs, &rep)
+		m.refreshPass(ctx, subs, &rep)
+		for _, s := range subs {
+			switch {
+			case !s.tried || errors.Is(s.err, errRefreshSuperseded): // a sign-in replaced the grant: nothing failed
+			case s.err == nil:
 				rep.Credentials.Refreshed++
-			case attemptFailed:
+			default:
 				rep.Credentials.Refused++
 			}
 		}
@@ -374,19 +362,15 @@ func (m *maintainer) passOnce(ctx context.Context) passReport {
 }
 
 // live lists the non-retired subscriptions, credentials and ledger entries.
-func (m *maintainer) live() ([]passSub, error) {
-	items, err := m.inv.items()
+func (m *maintainer) live() ([]*passSub, error) {
+	items, retired, err := m.inv.view()
 	if err != nil {
 		return nil, err
 	}
-	retired, err := m.j.retired()
-	if err != nil {
-		return nil, refuse("dependency_unavailable", "the journal cannot be read: %v", err).because(err)
-	}
-	var subs []passSub
+	var subs []*passSub
 	for _, it := range items {
 		if !retired[it.ID] {
-			s := passSub{it: it}
+			s := &passSub{it: it}
 			s.cred, s.credErr = m.inv.credential(it.ID)
 			s.entry, _ = m.l.entry(it.ID)
 			subs = append(subs, s)
@@ -396,7 +380,7 @@ func (m *maintainer) live() ([]passSub, error) {
 }
 
 // usagePass reads each due report once, side by side, into the ledger.
-func (m *maintainer) usagePass(ctx context.Context, subs []passSub, refreshes []grantAttempt, rep *passReport) {
+func (m *maintainer) usagePass(ctx context.Context, subs []*passSub, rep *passReport) {
 	now := m.clock()
 	errs := make([]error, len(subs))
 	read := make([]bool, len(subs))
@@ -407,14 +391,13 @@ func (m *maintainer) usagePass(ctx context.Context, subs []passSub, refreshes []
 			continue
 		}
 		rep.Usage.Subscriptions++
-		if !usageDue(s.entry, now) {
-			continue
+		if usageDue(s.entry, now) {
+			wg.Add(1)
+			go func() { // exits when this one read (and a refresh before it) ends; ctx ends both
+				defer wg.Done()
+				read[i], errs[i] = m.readOnce(ctx, s)
+			}()
 		}
-		wg.Add(1)
-		go func() { // exits when this one read (and a refresh before it) ends; ctx ends both
-			defer wg.Done()
-			read[i], errs[i] = m.readOnce(ctx, s, &refreshes[i])
-		}()
 	}
 	wg.Wait()
 	for i, err := range errs {
@@ -439,13 +422,13 @@ func usageDue(e ledgerEntry, now time.Time) bool {
 // read keeping the earlier windows; nothing when ctx ended (the provider
 // said nothing). A grant expired by the request path's rule is refreshed
 // first, as for any call: s's one attempt of the pass.
-func (m *maintainer) readOnce(ctx context.Context, s passSub, refreshed *grantAttempt) (bool, error) {
+func (m *maintainer) readOnce(ctx context.Context, s *passSub) (bool, error) {
 	id, provider := s.it.ID, s.it.Provider
 	cred, err := s.cred, s.credErr
 	if err == nil && cred.OAuth != nil && expiredForRequest(*cred.OAuth, m.clock()) {
 		var g oauthGrant
 		g, err = m.o.refresh(ctx, id, provider, "")
-		*refreshed = attemptOf(err)
+		s.tried, s.err = true, err
 		if err != nil {
 			err = fmt.Errorf("not read: the expired grant could not be refreshed: %w", err)
 		} else {
@@ -475,17 +458,6 @@ func (m *maintainer) readOnce(ctx context.Context, s passSub, refreshed *grantAt
 	return true, nil
 }
 
-// attemptOf classifies a refresh's result for the report.
-func attemptOf(err error) grantAttempt {
-	switch {
-	case err == nil:
-		return attemptRefreshed
-	case errors.Is(err, errRefreshSuperseded):
-		return attemptSuperseded
-	}
-	return attemptFailed
-}
-
 // refreshDue is SPEC §11.2's rule: expired (now ≥ expires_at_ms, not the
 // request path's minute early), or expiry unknown and never refreshed.
 func refreshDue(g oauthGrant, refreshedAtMs int64, now time.Time) bool {
@@ -497,16 +469,16 @@ func refreshDue(g oauthGrant, refreshedAtMs int64, now time.Time) bool {
 
 // refreshPass makes one attempt per active OAuth subscription whose grant
 // is due, unless its read spent it; needs_reauthorization waits for sign-in.
-func (m *maintainer) refreshPass(ctx context.Context, subs []passSub, refreshes []grantAttempt, rep *passReport) {
+func (m *maintainer) refreshPass(ctx context.Context, subs []*passSub, rep *passReport) {
 	now := m.clock()
 	var wg sync.WaitGroup
-	for i, s := range subs {
+	for _, s := range subs {
 		if _, err := lookupOAuth(s.it.Provider); err != nil || s.credErr != nil || s.cred.OAuth == nil || s.entry.Credential.State != credActive {
 			continue
 		}
 		rep.Credentials.Subscriptions++
 		e, _ := m.l.entry(s.it.ID)
-		if refreshes[i] != attemptNone || e.Credential.State != credActive {
+		if s.tried || e.Credential.State != credActive {
 			continue
 		}
 		cur, err := m.inv.credential(s.it.ID) // the usage pass or a request may have refreshed it
@@ -518,7 +490,7 @@ func (m *maintainer) refreshPass(ctx context.Context, subs []passSub, refreshes 
 			defer wg.Done()
 			_, err := m.o.refresh(ctx, s.it.ID, s.it.Provider, "")
 			if ctx.Err() == nil {
-				refreshes[i] = attemptOf(err)
+				s.tried, s.err = true, err
 			}
 		}()
 	}
@@ -547,23 +519,23 @@ func (m *maintainer) usageEndpoint(provider string) (string, func([]byte, time.T
 }
 
 // fetchUsage GETs provider's report with the chat route's headers (SPEC
-// §11.2), reads it whole and parses it; ctx is the only cancel. It writes
-// them itself: setProviderHeaders is for a call with a JSON body and would
-// add a Content-Type this bodiless GET does not send.
+// §11.2), reads it whole and parses it; ctx is the only cancel. It sets
+// them itself: setProviderHeaders would add a Content-Type to this GET.
 func (m *maintainer) fetchUsage(ctx context.Context, provider string, cred vaultCredential) ([]planWindow, error) {
 	endpoint, parse, err := m.usageEndpoint(provider)
 	if err != nil {
 		return nil, err
 	}
+	re := &usageReadError{Endpoint: endpointName(endpoint)}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, endpoint, nil)
 	if err != nil {
-		return nil, &usageReadError{Endpoint: endpointName(endpoint), Err: err}
+		re.Err = err
+		return nil, re
 	}
-	token := cred.APIKey
+	h, token := req.Header, cred.APIKey
 	if cred.OAuth != nil {
 		token = cred.OAuth.AccessToken
 	}
-	h := req.Header
 	h.Set("Authorization", "Bearer "+token)
 	h.Set("Accept", "application/json")
 	switch provider {
@@ -578,7 +550,7 @@ func (m *maintainer) fetchUsage(ctx context.Context, provider string, cred vault
 		h.Set("originator", "codex_cli_rs")
 	}
 	status, body, err := callEndpoint(m.client, req)
-	re := &usageReadError{Endpoint: endpointName(endpoint), Status: status, Received: len(body), Err: err}
+	re.Status, re.Received, re.Err = status, len(body), err
 	switch {
 	case err != nil && status != 0:
 		re.Err = fmt.Errorf("the body ended early: %w", err)
