@@ -63,7 +63,7 @@ func newOAuthFixture(t *testing.T, provider, tokenURL string) *oauthFixture {
 	f.v = newVault(f.vaultPath, nil)
 	f.l = newLedger(state{dir: dir}, log, now)
 	f.o = newOAuth(testEnv(env), newProviderClient(), f.v, f.l, log, now)
-	t.Cleanup(f.o.wait) // no refresh outlives its test
+	t.Cleanup(f.o.wg.Wait) // no refresh outlives its test
 	return f
 }
 
@@ -508,7 +508,7 @@ func TestRefreshWaiterHangsUp(t *testing.T) {
 		t.Errorf("hung-up caller got %v, want context.Canceled", err)
 	}
 	close(release)
-	f.o.wait()
+	f.o.wg.Wait()
 	if got := f.stored(t, oauthSubID).AccessToken; got != "at-new" {
 		t.Errorf("vault access token = %q: the refresh did not finish for the others", got)
 	}

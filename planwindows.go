@@ -205,6 +205,11 @@ func asReport(raw json.RawMessage) report {
 
 func (r report) obj(key string) report { return asReport(r[key]) }
 
+func (r report) str(key string) string {
+	s, _ := jsonString(r[key])
+	return s
+}
+
 // num is the first of keys holding a number.
 func (r report) num(keys ...string) (float64, bool) {
 	for _, k := range keys {
@@ -370,8 +375,7 @@ func parseKimiUsage(body []byte, now time.Time) ([]planWindow, error) {
 		}
 		w := top.obj("window")
 		d, _ := w.num("duration")
-		unit, _ := jsonString(w["timeUnit"])
-		label := windowLabel(d*kimiTimeUnits[unit], "limit "+strconv.Itoa(i))
+		label := windowLabel(d*kimiTimeUnits[w.str("timeUnit")], "limit "+strconv.Itoa(i))
 		reset := cmp.Or(counters.instant("resetTime", "reset_time"), top.instant("resetTime", "reset_time"))
 		ws = append(ws, newWindow("kimi:limit-"+strconv.Itoa(i), label, f, reset, now, windowSourceReport))
 	}
