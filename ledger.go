@@ -4,17 +4,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"regexp"
 	"slices"
 	"sync"
 	"time"
 )
 
-// The ledger (SPEC §10.3) remembers, per subscription, what traffic and
-// usage reports said about its plan windows, the block a 429 or quota
-// refusal left, its credential state, measured use, and the last usage read
-// and probe. Dispatch orders and skips subscriptions by it, maintenance arms
-// its one timer at its next due moment, and listings show it (§10.4).
+// The ledger (SPEC §10.3) remembers per subscription its plan windows, the
+// block a 429 or quota refusal left, its credential state, measured use and
+// the last usage read and probe. Dispatch orders and skips subscriptions by
+// it, maintenance arms its one timer at its next due moment, listings show it.
 
 const ledgerFile = "ledger.json"
 
@@ -79,9 +77,6 @@ type ledgerDoc struct {
 	Subscriptions map[string]ledgerEntry `json:"subscriptions"`
 }
 
-// ledgerIDPattern is the shape of a subscription id (SPEC §2.2).
-var ledgerIDPattern = regexp.MustCompile(`^sub_[0-9a-f]{16}$`)
-
 // ledgerStopper is what a timer at a ledger moment must offer (the
 // write-behind here, maintenance's due timer): *time.Timer fits.
 type ledgerStopper interface{ Stop() bool }
@@ -95,16 +90,15 @@ func afterFunc(testingOnly func(time.Duration, func()) ledgerStopper, d time.Dur
 }
 
 // ledger is the in-memory ledger and its file. Mutations apply in memory at
-// once; the file follows, at once for credential, block and probe changes
-// and at most once per second for the rest (a write-behind armed by the
-// change itself, never a periodic job).
+// once; the file follows at once for credential, block and probe changes,
+// else at most once per second (a write-behind armed by the change itself).
 type ledger struct {
 	log        *slog.Logger
 	now        func() time.Time
-	name       string // ledger.json; "" when there is no state directory
-	unplaced   error  // why there is no file (set when name is ""); never changes
-	unreadable error  // why ledger.json could not be read; set once in newLedger, never changes
-	changed    chan struct{}
+	name       string        // ledger.json; "" when there is no state directory
+	unplaced   error         // why there is no file (set when name is ""); never changes
+	unreadable error         // why ledger.json could not be read; set once in newLedger, never changes
+	changed    chan struct{} // signalled (buffered 1, never blocking) after every change: maintenance re-arms
 
 	// testingOnlyAfterFunc replaces time.AfterFunc for the write-behind (nil in production).
 	testingOnlyAfterFunc func(d time.Duration, f func()) ledgerStopper
@@ -124,9 +118,6 @@ type ledger struct {
 // guards or the strict parse is served empty, logged once without its bytes
 // and never overwritten, so an operator can still repair it.
 func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
-	if log == nil { // tests outside the cluster still pass nil (subscriptions_test.go)
-		log = slog.New(slog.DiscardHandler)
-	}
 	l := &ledger{log: log, now: now, entries: map[string]*ledgerEntry{}, changed: make(chan struct{}, 1)}
 	name, err := st.path("ledger", ledgerFile)
 	if err != nil {
@@ -153,9 +144,9 @@ func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
 	return l
 }
 
-// parseLedger strictly parses ledger.json (SPEC §2.2), refusing unknown
-// members, duplicate keys, another schema, a malformed id or a state never
-// stored, naming role and the member. Empty bytes are an empty ledger.
+// parseLedger strictly parses ledger.json (SPEC §2.2), naming role and the
+// member refused (another schema, a bad id, a state never stored); empty
+// bytes are an empty ledger.
 func parseLedger(role string, b []byte) (map[string]ledgerEntry, error) {
 	subs := map[string]ledgerEntry{}
 	if len(b) == 0 {
@@ -169,7 +160,7 @@ func parseLedger(role string, b []byte) (map[string]ledgerEntry, error) {
 		return nil, fmt.Errorf("%s: schema_version %d is not 1", role, doc.SchemaVersion)
 	}
 	for id, e := range doc.Subscriptions {
-		if !ledgerIDPattern.MatchString(id) {
+		if !isSubscriptionID(id) {
 			return nil, fmt.Errorf("%s: subscriptions member %q is not sub_<16 hex>", role, id)
 		}
 		if s := e.Credential.State; s != credActive && s != credNeedsReauth {
@@ -184,9 +175,6 @@ func parseLedger(role string, b []byte) (map[string]ledgerEntry, error) {
 	}
 	return subs, nil
 }
-
-// loadErr is why ledger.json was unreadable (/readyz lists it), or nil.
-func (l *ledger) loadErr() error { return l.unreadable }
 
 // entry returns a copy of id's record, sharing no memory with the ledger; a
 // missing one reads as an active credential with no windows.
@@ -208,14 +196,13 @@ func (l *ledger) credentialState(id string) string {
 	return e.Credential.State
 }
 
-// ledgerSentence is how a cause, reason or detail is kept: secrets
-// redacted, then at most 200 bytes (SPEC §10.3).
+// ledgerSentence is how a cause, reason or detail is kept (SPEC §10.3):
+// secrets redacted, then at most 200 bytes.
 func ledgerSentence(s string) string {
 	return truncateUTF8(redact(s), maxSentenceBytes)
 }
 
-// recordWindows replaces the windows with the same ids and appends new ones
-// (coalesced write).
+// recordWindows replaces the windows with the same ids and appends new ones (coalesced write).
 func (l *ledger) recordWindows(id, provider string, ws []planWindow) {
 	l.mutate(id, provider, false, func(e *ledgerEntry, _ time.Time) {
 		// A usage report is a whole reading: a window it no longer names is
@@ -236,8 +223,7 @@ func (l *ledger) recordWindows(id, provider string, ws []planWindow) {
 	})
 }
 
-// block records a block until until, capped at 7 days from now (immediate
-// write). The caller picks the moment (15 min when the provider stated none).
+// block records a block until until, capped at 7 days from now (immediate write).
 func (l *ledger) block(id, provider string, until time.Time, reason string) {
 	l.mutate(id, provider, true, func(e *ledgerEntry, now time.Time) {
 		if limit := now.Add(ledgerMaxBlock); until.After(limit) {
@@ -259,8 +245,8 @@ func (l *ledger) blockedUntil(id string) time.Time {
 }
 
 // setCredential records the credential state and its cause (immediate
-// write). A state other than active or needs_reauthorization is a caller's
-// bug: it is logged and ignored so the file stays parseable.
+// write); another state than the two stored is a caller's bug, logged and
+// ignored so the file stays parseable.
 func (l *ledger) setCredential(id, provider, state, cause string) {
 	if state != credActive && state != credNeedsReauth {
 		l.log.Error("ledger_bad_state", "subscription_id", id, "state", state)
@@ -273,8 +259,7 @@ func (l *ledger) setCredential(id, provider, state, cause string) {
 	})
 }
 
-// setGrantTimes records the grant's expiry and last refresh, both as given
-// (0 unknown / never) (immediate write).
+// setGrantTimes records the grant's expiry and last refresh, 0 unknown or never (immediate write).
 func (l *ledger) setGrantTimes(id, provider string, expiresAtMs, refreshedAtMs int64) {
 	l.mutate(id, provider, true, func(e *ledgerEntry, _ time.Time) {
 		e.Credential.ExpiresAtMs = expiresAtMs
@@ -295,8 +280,7 @@ func (l *ledger) recordUse(id, provider string, ok bool, in, out int) {
 	})
 }
 
-// recordUsageRead records a usage report read's outcome (coalesced write);
-// a refused read keeps the earlier windows.
+// recordUsageRead records a usage read's outcome (coalesced write); a refused one keeps the windows.
 func (l *ledger) recordUsageRead(id, provider string, ok bool, detail string) {
 	l.mutate(id, provider, false, func(e *ledgerEntry, now time.Time) {
 		e.UsageRead = ledgerCheck{AtMs: now.UnixMilli(), OK: ok, Detail: ledgerSentence(detail)}
@@ -327,9 +311,8 @@ func (l *ledger) fullness(id string, now time.Time) float64 {
 	return full
 }
 
-// nextDue is the earliest moment strictly after now at which something the
-// ledger states falls due (SPEC §11.2): a grant's expiry, a window's reset,
-// a block's end. ok is false when nothing is due.
+// nextDue is the earliest moment after now that the ledger states something
+// falls due (SPEC §11.2): a grant's expiry, a window's reset, a block's end.
 func (l *ledger) nextDue(now time.Time) (time.Time, bool) {
 	ms := now.UnixMilli()
 	var best int64
@@ -356,14 +339,9 @@ func (l *ledger) nextDue(now time.Time) (time.Time, bool) {
 	return time.UnixMilli(best), true
 }
 
-// subscribe returns the channel signalled (buffered 1, never blocking the
-// ledger) after every change, for the maintenance scheduler's timer.
-func (l *ledger) subscribe() <-chan struct{} { return l.changed }
-
-// mutate applies fn to id's record (created as an active credential when
-// missing), then starts the file write: immediate ones now, coalesced ones
-// now when the last write is at least a second old, else through one
-// write-behind armed for the remainder.
+// mutate applies fn to id's record (created active when missing), then
+// writes the file: immediate changes now, coalesced ones now when the last
+// write is a second old, else by one write-behind armed for the remainder.
 func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEntry, now time.Time)) {
 	now := l.now()
 	l.mu.Lock()
@@ -392,7 +370,9 @@ func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEn
 	case l.timer == nil:
 		l.timerGen++
 		gen := l.timerGen
-		l.timer = afterFunc(l.testingOnlyAfterFunc, ledgerWriteEvery-now.Sub(l.lastWrite), func() { l.writeBehind(gen) })
+		l.timer = afterFunc(l.testingOnlyAfterFunc, ledgerWriteEvery-now.Sub(l.lastWrite), func() {
+			l.writeIf(func() bool { return gen == l.timerGen && l.timer != nil }) // else stopped or superseded while firing
+		})
 	}
 	l.mu.Unlock()
 
@@ -408,23 +388,9 @@ func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEn
 	}
 }
 
-// writeBehind is the armed timer's write of the changes coalesced since the
-// last one.
-func (l *ledger) writeBehind(gen uint64) {
-	l.mu.Lock()
-	if gen != l.timerGen || l.timer == nil {
-		l.mu.Unlock() // stopped or superseded while firing
-		return
-	}
-	seq, data := l.takeLocked(l.now())
-	l.mu.Unlock()
-	l.write(seq, data)
-}
-
-// takeLocked encodes the ledger for the file, stops any armed write-behind
-// (this snapshot holds its changes) and marks the write time. Ids not of
-// the sub_<16 hex> shape stay in memory only, so the file always parses.
-// l.mu is held.
+// takeLocked encodes the ledger, stops any write-behind (this snapshot holds
+// its changes) and marks the write time; ids not of the sub_<16 hex> shape
+// stay in memory only, so the file always parses. l.mu is held.
 func (l *ledger) takeLocked(now time.Time) (uint64, []byte) {
 	if l.timer != nil {
 		l.timer.Stop()
@@ -433,7 +399,7 @@ func (l *ledger) takeLocked(now time.Time) (uint64, []byte) {
 	l.lastWrite = now
 	doc := ledgerDoc{SchemaVersion: 1, Subscriptions: make(map[string]ledgerEntry, len(l.entries))}
 	for id, e := range l.entries {
-		if ledgerIDPattern.MatchString(id) {
+		if isSubscriptionID(id) {
 			doc.Subscriptions[id] = *e
 		}
 	}
@@ -441,9 +407,8 @@ func (l *ledger) takeLocked(now time.Time) (uint64, []byte) {
 	return l.seq, b
 }
 
-// write replaces ledger.json with data unless a newer snapshot is already
-// there, so writes racing outside l.mu never leave older state on disk. A
-// failure is logged; the next change or flush writes again.
+// write replaces ledger.json with data unless a newer snapshot is there, so
+// writes racing outside l.mu never leave older state; failures are logged.
 func (l *ledger) write(seq uint64, data []byte) error {
 	if data == nil {
 		return nil
@@ -457,11 +422,15 @@ func (l *ledger) write(seq uint64, data []byte) error {
 }
 
 // flush writes pending changes now and stops the write-behind (at
-// shutdown). Without a state directory, or with an unreadable file, there
-// is nothing to write.
+// shutdown); without a file, or with an unreadable one, there is nothing to write.
 func (l *ledger) flush() error {
+	return l.writeIf(func() bool { return l.name != "" && l.unreadable == nil })
+}
+
+// writeIf writes a snapshot when ok, asked under l.mu, holds.
+func (l *ledger) writeIf(ok func() bool) error {
 	l.mu.Lock()
-	if l.name == "" || l.unreadable != nil {
+	if !ok() {
 		l.mu.Unlock()
 		return nil
 	}

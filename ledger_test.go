@@ -149,7 +149,7 @@ func TestLedgerRoundTrip(t *testing.T) {
 	wantB := ledgerEntry{Provider: "codex", Credential: ledgerCredential{State: credNeedsReauth, Cause: "invalid_grant", RecordedAtMs: ms + 1000}}
 
 	l2 := newLedger(state{dir: dir}, slog.New(slog.DiscardHandler), clock.now)
-	if err := l2.loadErr(); err != nil {
+	if err := l2.unreadable; err != nil {
 		t.Fatalf("loadErr = %v", err)
 	}
 	for _, c := range []struct {
@@ -227,7 +227,7 @@ func TestLedgerUnreadableIsNeverOverwritten(t *testing.T) {
 				t.Fatal(err)
 			}
 			l, clock, timers, logs := newTestLedger(state{dir: dir})
-			err := l.loadErr()
+			err := l.unreadable
 			if err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("loadErr = %v, want one containing %q", err, c.want)
 			}
@@ -326,7 +326,7 @@ func TestLedgerUnplaced(t *testing.T) {
 	if err := l.flush(); err != nil {
 		t.Errorf("flush = %v", err)
 	}
-	if err := l.loadErr(); err != nil {
+	if err := l.unreadable; err != nil {
 		t.Errorf("loadErr = %v; no state directory is not an unreadable file", err)
 	}
 	if timers.count() != 0 {
@@ -491,7 +491,7 @@ func TestLedgerSetCredentialRefusesOtherStates(t *testing.T) {
 
 func TestLedgerSubscribe(t *testing.T) {
 	l, _, _, _ := newTestLedger(state{dir: t.TempDir()})
-	ch := l.subscribe()
+	ch := l.changed
 	select {
 	case <-ch:
 		t.Fatal("signalled before any change")

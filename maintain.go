@@ -117,7 +117,7 @@ func (m *maintainer) run(ctx context.Context, wg *sync.WaitGroup) {
 // loop runs loopOnce until ctx ends, waiting between turns for a kick or a
 // ledger change (which may move the next due moment).
 func (m *maintainer) loop(ctx context.Context) {
-	changed := m.l.subscribe()
+	changed := m.l.changed
 	defer m.stop()
 	for ctx.Err() == nil {
 		if m.loopOnce(ctx, m.clock()) {

@@ -29,7 +29,7 @@ func (s *server) replaceSubscriptionCredential(agent, id string, cred vaultCrede
 	if err := s.journal.ready(); err != nil {
 		return overlayItem{}, refuse("dependency_unavailable", "credential not replaced: the journal cannot record a sign-in: %v", err).because(err)
 	}
-	it, err := s.liveSubscription(agent, id, "reinstate it before replacing its credential")
+	it, err := s.inv.owned(agent, id, "reinstate it before replacing its credential")
 	if err != nil {
 		return overlayItem{}, err
 	}
@@ -48,23 +48,6 @@ func (s *server) replaceSubscriptionCredential(agent, id string, cred vaultCrede
 		return overlayItem{}, refuse("dependency_unavailable", "the credential of %s was replaced, but the journal refused the sign-in record: %v", id, err).because(err)
 	}
 	return it, nil
-}
-
-// liveSubscription is agent's subscription id, refused 404 when agent does
-// not own it and 409 state_conflict, with why, when it is retired.
-func (s *server) liveSubscription(agent, id, why string) (overlayItem, error) {
-	it, ok, err := s.inv.get(agent, id)
-	if err == nil && !ok {
-		err = refuse("not_found", "agent %q has no subscription %q", agent, id)
-	}
-	var retired bool
-	if err == nil {
-		retired, err = s.inv.isRetired(id)
-	}
-	if err == nil && retired {
-		err = refuse("state_conflict", "subscription %s is retired; %s", id, why)
-	}
-	return it, err
 }
 
 // journalSignIn appends one subscription_sign_in record and logs it.

@@ -18,8 +18,7 @@ import (
 // says which subscriptions exist and who owns them, the vault holds their
 // credentials under the same ids, and the journal alone says which are
 // retired. Only the serving process writes the overlay and the vault's
-// subscriptions section (SPEC §2.3). api.go holds its handlers,
-// cli_gateway.go its commands.
+// subscriptions section (SPEC §2.3).
 
 // overlayItem is one donated subscription: metadata only, no secret, no status.
 type overlayItem struct {
@@ -37,7 +36,7 @@ type overlayDoc struct {
 }
 
 // The overlay's file name and how refusals name it; the bounds of a label
-// and of a retire or reinstate reason (listings and the journal carry them).
+// and of a retire or reinstate reason.
 const (
 	overlayFile    = "donated-subscriptions.json"
 	overlayRole    = "donated-subscription overlay"
@@ -94,6 +93,7 @@ func (doc *overlayDoc) validate() error {
 	return nil
 }
 
+// isSubscriptionID: sub_ and 16 lower-case hex digits (SPEC §2.2).
 func isSubscriptionID(id string) bool {
 	rest, ok := strings.CutPrefix(id, "sub_")
 	return ok && len(rest) == 16 && strings.Trim(rest, "0123456789abcdef") == ""
@@ -129,8 +129,8 @@ func checkReason(reason string) error {
 }
 
 // checkCredential applies SPEC §6.1 and §10.1 to a donated or replacing
-// credential: a provider that takes one, exactly one of an API key or a
-// grant, a grant only for claude-code, codex and kimi; never quoting it.
+// credential, never quoting it: exactly one of an API key or a grant, a
+// grant only for claude-code, codex and kimi.
 func checkCredential(provider string, cred vaultCredential) error {
 	p, ok := lookupProvider(provider)
 	switch {
@@ -206,9 +206,8 @@ func subscriptionCacheTTL(v string) (time.Duration, error) {
 	return time.Duration(n) * time.Second, nil
 }
 
-// items returns every overlay item (retired ones too), in overlay order;
-// the caller owns the slice. Errors are 503 dependency_unavailable naming
-// the overlay and the rule (or the missing state directory).
+// items returns every overlay item (retired ones too), in overlay order, as
+// the caller's slice; errors are 503s naming the overlay and the rule.
 func (inv *inventory) items() ([]overlayItem, error) {
 	doc, err := inv.overlay.load()
 	switch {
@@ -220,22 +219,17 @@ func (inv *inventory) items() ([]overlayItem, error) {
 	return slices.Clone(doc.Items), nil
 }
 
-// retiredSet folds the journal (SPEC §9), classified for the client.
-func (inv *inventory) retiredSet() (map[string]bool, error) {
-	r, err := inv.j.retired()
-	if err != nil {
-		err = refuse("dependency_unavailable", "the journal cannot be read: %v", err).because(err)
-	}
-	return r, err
-}
-
+// view is every overlay item and the journal's retired set (SPEC §9).
 func (inv *inventory) view() ([]overlayItem, map[string]bool, error) {
 	items, err := inv.items()
 	if err != nil {
 		return nil, nil, err
 	}
-	retired, err := inv.retiredSet()
-	return items, retired, err
+	retired, err := inv.j.retired()
+	if err != nil {
+		return nil, nil, refuse("dependency_unavailable", "the journal cannot be read: %v", err).because(err)
+	}
+	return items, retired, nil
 }
 
 // pool is agent's non-retired items of provider in overlay order (SPEC
@@ -257,38 +251,37 @@ func (inv *inventory) live(keep func(overlayItem) bool) ([]overlayItem, error) {
 	return slices.DeleteFunc(items, func(it overlayItem) bool { return retired[it.ID] || !keep(it) }), nil
 }
 
-// get finds id among agent's items, retired or not; another agent's id is
-// absent, so an agent learns nothing of others' subscriptions.
-func (inv *inventory) get(agent, id string) (overlayItem, bool, error) {
+// owned is agent's subscription id, 404 not_found when agent has none (so
+// an agent learns nothing of others'); when ifRetired says why, a retired
+// one is 409 state_conflict.
+func (inv *inventory) owned(agent, id, ifRetired string) (overlayItem, error) {
 	items, err := inv.items()
 	if err != nil {
-		return overlayItem{}, false, err
+		return overlayItem{}, err
 	}
 	i := slices.IndexFunc(items, func(it overlayItem) bool { return it.ID == id && it.AgentID == agent })
 	if i < 0 {
-		return overlayItem{}, false, nil
+		return overlayItem{}, refuse("not_found", "agent %q has no subscription %q", agent, id)
 	}
-	return items[i], true, nil
+	if ifRetired == "" {
+		return items[i], nil
+	}
+	retired, err := inv.isRetired(id)
+	if err == nil && retired {
+		err = refuse("state_conflict", "subscription %s is retired; %s", id, ifRetired)
+	}
+	return items[i], err
 }
 
 // isRetired reports whether the journal's last word on id is retire.
 func (inv *inventory) isRetired(id string) (bool, error) {
-	r, err := inv.retiredSet()
-	return r[id], err
+	_, retired, err := inv.view()
+	return retired[id], err
 }
 
-// owned is get as a refusal: 404 not_found when agent has no such id.
-func (inv *inventory) owned(agent, id string) (overlayItem, error) {
-	it, ok, err := inv.get(agent, id)
-	if err == nil && !ok {
-		err = refuse("not_found", "agent %q has no subscription %q", agent, id)
-	}
-	return it, err
-}
-
-// donate stores a new subscription of provider for agent (SPEC §10.1):
-// vault first, overlay second, so a failure between leaves no overlay entry
-// (and the vault entry is taken back, or removed by removeOrphans at start).
+// donate stores a new subscription (SPEC §10.1): vault first, overlay
+// second, so a failure between leaves no overlay entry (and the vault entry
+// is taken back, or removed by removeOrphans at start).
 func (inv *inventory) donate(agent, provider, label string, cred vaultCredential) (overlayItem, error) {
 	if !idPattern.MatchString(agent) {
 		return overlayItem{}, refuse("invalid_request", "agent id %q must match [a-z0-9-]{1,64}", agent)
@@ -352,8 +345,7 @@ func (inv *inventory) donate(agent, provider, label string, cred vaultCredential
 	return it, nil
 }
 
-// vaultRefusal classifies a vault load failure before a vault write: 503
-// dependency_unavailable naming the cause (no state directory, guards, parse).
+// vaultRefusal is a vault load failure before a vault write: 503 naming the cause.
 func vaultRefusal(err error) *apiError {
 	if errors.As(err, new(*noStateError)) {
 		return asAPIError(err)
@@ -383,8 +375,8 @@ func (inv *inventory) reinstate(agent, id, reason string) error {
 }
 
 // journalStatus appends kind ("retire" or "reinstate") for id unless the
-// fold already says so; it asks the journal first, so nothing is claimed
-// that cannot be recorded.
+// fold already says so, asking the journal first: nothing is claimed that
+// cannot be recorded.
 func (inv *inventory) journalStatus(kind, agent, id, reason string) error {
 	if err := checkReason(reason); err != nil {
 		return err
@@ -394,7 +386,7 @@ func (inv *inventory) journalStatus(kind, agent, id, reason string) error {
 	}
 	inv.wmu.Lock()
 	defer inv.wmu.Unlock()
-	if _, err := inv.owned(agent, id); err != nil {
+	if _, err := inv.owned(agent, id, ""); err != nil {
 		return err
 	}
 	if retired, err := inv.isRetired(id); err != nil || retired == (kind == "retire") {
@@ -417,7 +409,7 @@ func (inv *inventory) replaceCredential(agent, id string, cred vaultCredential) 
 	}
 	inv.wmu.Lock()
 	defer inv.wmu.Unlock()
-	it, err := inv.owned(agent, id)
+	it, err := inv.owned(agent, id, "")
 	if err != nil {
 		return err
 	}
@@ -438,8 +430,7 @@ func (inv *inventory) replaceCredential(agent, id string, cred vaultCredential) 
 	return nil
 }
 
-// filledCredential completes a grant handed to Brama (fillGrant: expiry and
-// codex account from the tokens' claims) on a copy; an API key is as given.
+// filledCredential is cred with its grant (a copy) completed by fillGrant.
 func filledCredential(provider string, cred vaultCredential) vaultCredential {
 	if cred.OAuth != nil {
 		g := fillGrant(provider, *cred.OAuth)
@@ -510,10 +501,10 @@ type subscriptionRow struct {
 	Stale      bool              `json:"stale"`
 }
 
-// row builds item's row from its ledger record: block null unless in force,
-// usage_read and probe null until they happened, a retired row's credential
-// disabled; stale when a window's reading predates its reset or the last
-// usage read failed.
+// row builds item's row from its ledger record (SPEC §10.4): block null
+// unless in force, usage_read and probe null until they happened, a retired
+// row's credential disabled; stale when a window's reset has passed or the
+// last usage read failed.
 func (inv *inventory) row(item overlayItem, retired bool, now time.Time) subscriptionRow {
 	e, _ := inv.l.entry(item.ID)
 	ms := now.UnixMilli()
