@@ -16,10 +16,9 @@ import (
 )
 
 // Plan windows are a provider's own account of how much of a subscription's
-// plan is spent, read here from its two sources: the headers of every
-// subscription answer (SPEC §6.3) and the usage reports a maintenance pass
-// fetches (SPEC §11.2), under one id per window so either replaces the
-// other. The ledger keeps the latest reading; dispatch orders by them.
+// plan is spent, read from the headers of every subscription answer (SPEC
+// §6.3) and from the usage reports a maintenance pass fetches (SPEC §11.2),
+// under one id per window so either replaces the other.
 
 // Where a plan window's reading came from.
 const (
@@ -37,7 +36,6 @@ type planWindow struct {
 	Source       string  `json:"source"` // windowSourceTraffic or windowSourceReport
 }
 
-// newWindow is one reading taken now, its fraction clamped.
 func newWindow(id, label string, fraction float64, resetMs int64, now time.Time, source string) planWindow {
 	return planWindow{ID: id, Label: label, UsedFraction: planFraction(fraction), ResetsAtMs: resetMs,
 		RecordedAtMs: now.UnixMilli(), Source: source}
@@ -59,8 +57,7 @@ func planFraction(f float64) float64 {
 const planMaxResetSeconds = 1e11
 
 // anthropicWindow is a claude-code window that traffic headers (by header
-// key) and the usage report (by member) both state, under one id so either
-// reading replaces the other.
+// key) and the usage report (by member) both state, under one id.
 type anthropicWindow struct{ header, member, id, label string }
 
 var anthropicWindows = []anthropicWindow{
@@ -116,8 +113,7 @@ func parseNumber(s string) (float64, bool) {
 }
 
 // windowLabel names a window of mins minutes in whole days, hours or
-// minutes ("5 hours"), or is fallback when mins is not a whole number of
-// minutes in range.
+// minutes ("5 hours"), or is fallback when mins is no whole number in range.
 func windowLabel(mins float64, fallback string) string {
 	if !(mins >= 1) || mins >= planMaxResetSeconds || mins != math.Trunc(mins) {
 		return fallback
@@ -157,12 +153,9 @@ func usageReportable(provider string, cred vaultCredential) bool {
 	return ok && (cred.OAuth != nil || (r.apiKey && cred.APIKey != ""))
 }
 
-// The three usage report readers turn a body into plan windows (source
-// usage_report). The shapes are the providers' own and undocumented, so
-// each reads, through the one lenient reader `report`, what it recognizes,
-// skips the rest and never guesses a number.
-
-// errUsageReport classifies every refused body: no JSON object, or no window.
+// The usage report readers read the providers' own, undocumented shapes
+// through the one lenient reader `report`: what they recognize, never a
+// guessed number. errUsageReport classifies every refused body.
 var errUsageReport = errors.New("the usage report is not usable")
 
 // usageMaxResetMs bounds a reset instant, so arithmetic cannot overflow.
@@ -210,50 +203,35 @@ func (r report) str(key string) string {
 	return s
 }
 
-// num is the first of keys holding a number.
+// num is the first of keys holding a finite number, or a string holding one (Kimi's counters).
 func (r report) num(keys ...string) (float64, bool) {
 	for _, k := range keys {
-		if f, ok := usageNumber(r[k]); ok {
+		s, ok := jsonString(r[k])
+		if !ok {
+			s = string(r[k])
+		}
+		if f, ok := parseNumber(s); ok {
 			return f, true
 		}
 	}
 	return 0, false
 }
 
-// instant is the first of keys holding a readable instant, in epoch ms; 0 none.
+// instant is the first of keys holding an instant, in epoch ms (0 none): RFC
+// 3339, or epoch seconds or ms as a number or numeric string (SPEC §11.2).
 func (r report) instant(keys ...string) int64 {
 	for _, k := range keys {
-		if ms, ok := usageInstant(r[k]); ok {
+		f, ok := r.num(k)
+		if t, err := time.Parse(time.RFC3339Nano, strings.TrimSpace(r.str(k))); err == nil {
+			f, ok = float64(t.UnixMilli()), true
+		} else if f < 1e12 { // ≥ 1e12 ⇒ ms (1e12 s would be year 33658)
+			f *= 1000
+		}
+		if ms, inRange := usageMs(f); ok && inRange {
 			return ms
 		}
 	}
 	return 0
-}
-
-// usageNumber reads a finite number, or a string holding one (Kimi's counters).
-func usageNumber(raw json.RawMessage) (float64, bool) {
-	if s, ok := jsonString(raw); ok {
-		return parseNumber(s)
-	}
-	return parseNumber(string(raw))
-}
-
-// usageInstant reads an instant as epoch ms: RFC 3339, or epoch seconds or
-// ms as a number or numeric string; one outside (0, usageMaxResetMs] is unknown.
-func usageInstant(raw json.RawMessage) (int64, bool) {
-	if s, ok := jsonString(raw); ok {
-		if t, err := time.Parse(time.RFC3339Nano, strings.TrimSpace(s)); err == nil {
-			return usageMs(float64(t.UnixMilli()))
-		}
-	}
-	f, ok := usageNumber(raw)
-	if !ok {
-		return 0, false
-	}
-	if f < 1e12 { // SPEC §11.2: ≥ 1e12 ⇒ ms (1e12 s would be year 33658)
-		f *= 1000
-	}
-	return usageMs(f)
 }
 
 // usageMs keeps epoch milliseconds after the epoch and within usageMaxResetMs.
