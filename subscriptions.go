@@ -129,29 +129,33 @@ func checkReason(reason string) error {
 }
 
 // checkCredential applies SPEC §6.1 and §10.1 to a donated or replacing
-// credential, never quoting it: exactly one of an API key or a grant, a
-// grant only for claude-code, codex and kimi.
-func checkCredential(provider string, cred vaultCredential) error {
+// credential, never quoting it (exactly one of an API key or a grant, a
+// grant only for claude-code, codex and kimi), and completes its grant.
+func checkCredential(provider string, cred vaultCredential) (vaultCredential, error) {
 	p, ok := lookupProvider(provider)
+	var err error
 	switch {
 	case !ok:
-		return refuse("invalid_request", "unknown provider %q", provider)
+		err = refuse("invalid_request", "unknown provider %q", provider)
 	case p.cred == credNone:
-		return refuse("invalid_request", "provider %q takes no subscription: its deployments need no credential", provider)
+		err = refuse("invalid_request", "provider %q takes no subscription: its deployments need no credential", provider)
 	case (cred.APIKey != "") == (cred.OAuth != nil):
-		return refuse("invalid_request", "give exactly one of api_key or oauth")
+		err = refuse("invalid_request", "give exactly one of api_key or oauth")
 	case cred.APIKey != "":
 		if k := cred.APIKey; strings.TrimSpace(k) != k || !printable(k) || len(k) > 8192 {
-			return refuse("invalid_request", "api_key must be one line of printable text (at most 8192 bytes) without surrounding spaces")
+			err = refuse("invalid_request", "api_key must be one line of printable text (at most 8192 bytes) without surrounding spaces")
 		}
 	case p.cred != credSubscription:
-		return refuse("invalid_request", "provider %q takes an api_key, not an oauth grant (oauth is for claude-code, codex and kimi)", provider)
+		err = refuse("invalid_request", "provider %q takes an api_key, not an oauth grant (oauth is for claude-code, codex and kimi)", provider)
 	case cred.OAuth.AccessToken == "" || cred.OAuth.RefreshToken == "":
-		return refuse("invalid_request", "oauth needs access_token and refresh_token")
+		err = refuse("invalid_request", "oauth needs access_token and refresh_token")
 	case cred.OAuth.ExpiresAtMs < 0:
-		return refuse("invalid_request", "oauth expires_at_ms must not be negative")
+		err = refuse("invalid_request", "oauth expires_at_ms must not be negative")
+	default:
+		g := fillGrant(provider, *cred.OAuth) // on a copy: the caller's stays as given
+		cred.OAuth = &g
 	}
-	return nil
+	return cred, err
 }
 
 // inventory is one serving process's subscription inventory: it re-reads the
@@ -289,10 +293,10 @@ func (inv *inventory) donate(agent, provider, label string, cred vaultCredential
 	if err := checkLabel(label); err != nil {
 		return overlayItem{}, refuse("invalid_request", "%v", err)
 	}
-	if err := checkCredential(provider, cred); err != nil {
+	cred, err := checkCredential(provider, cred)
+	if err != nil {
 		return overlayItem{}, err
 	}
-	cred = filledCredential(provider, cred)
 	// Both files must be placeable before either is touched.
 	if inv.overlay.pathErr != nil {
 		return overlayItem{}, asAPIError(inv.overlay.pathErr)
@@ -413,10 +417,9 @@ func (inv *inventory) replaceCredential(agent, id string, cred vaultCredential) 
 	if err != nil {
 		return err
 	}
-	if err := checkCredential(it.Provider, cred); err != nil {
+	if cred, err = checkCredential(it.Provider, cred); err != nil {
 		return err
 	}
-	cred = filledCredential(it.Provider, cred)
 	defer inv.invalidate(false)
 	if err := inv.vault.update(func(d *vaultDoc) error { d.Subscriptions[id] = cred; return nil }); err != nil {
 		return refuse("internal_error", "credential not replaced: the vault was not written: %v", err).because(err)
@@ -428,15 +431,6 @@ func (inv *inventory) replaceCredential(agent, id string, cred vaultCredential) 
 	}
 	inv.l.setGrantTimes(id, it.Provider, exp, 0)
 	return nil
-}
-
-// filledCredential is cred with its grant (a copy) completed by fillGrant.
-func filledCredential(provider string, cred vaultCredential) vaultCredential {
-	if cred.OAuth != nil {
-		g := fillGrant(provider, *cred.OAuth)
-		cred.OAuth = &g
-	}
-	return cred
 }
 
 // credential is id's credential from the vault. An unreadable vault or a
