@@ -77,8 +77,7 @@ type ledgerDoc struct {
 	Subscriptions map[string]ledgerEntry `json:"subscriptions"`
 }
 
-// ledgerStopper is what a timer at a ledger moment must offer (the
-// write-behind here, maintenance's due timer): *time.Timer fits.
+// ledgerStopper is a timer at a ledger moment (the write-behind, maintenance's due timer).
 type ledgerStopper interface{ Stop() bool }
 
 // afterFunc is time.AfterFunc, or testingOnly when a test set it.
@@ -115,8 +114,8 @@ type ledger struct {
 }
 
 // newLedger loads ledger.json; absent, it is empty. One failing the §2.2
-// guards or the strict parse is served empty, logged once without its bytes
-// and never overwritten, so an operator can still repair it.
+// guards or the parse is served empty, logged without its bytes and never
+// overwritten, so an operator can still repair it.
 func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
 	l := &ledger{log: log, now: now, entries: map[string]*ledgerEntry{}, changed: make(chan struct{}, 1)}
 	name, err := st.path("ledger", ledgerFile)
@@ -235,10 +234,7 @@ func (l *ledger) block(id, provider string, until time.Time, reason string) {
 
 // blockedUntil is the end of id's block, or zero when it is not blocked now.
 func (l *ledger) blockedUntil(id string) time.Time {
-	now := l.now().UnixMilli()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if e, ok := l.entries[id]; ok && e.Block.UntilMs > now {
+	if e, _ := l.entry(id); e.Block.UntilMs > l.now().UnixMilli() {
 		return time.UnixMilli(e.Block.UntilMs)
 	}
 	return time.Time{}
@@ -297,15 +293,11 @@ func (l *ledger) recordProbe(id, provider string, ok bool, detail string) {
 // fullness is the highest used_fraction among id's windows whose reset has
 // not passed (SPEC §7.2 step 2); 0 with no such window.
 func (l *ledger) fullness(id string, now time.Time) float64 {
-	ms := now.UnixMilli()
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	e, _ := l.entry(id)
 	full := 0.0
-	if e, ok := l.entries[id]; ok {
-		for _, w := range e.Windows {
-			if (w.ResetsAtMs == 0 || w.ResetsAtMs > ms) && w.UsedFraction > full {
-				full = w.UsedFraction
-			}
+	for _, w := range e.Windows {
+		if (w.ResetsAtMs == 0 || w.ResetsAtMs > now.UnixMilli()) && w.UsedFraction > full {
+			full = w.UsedFraction
 		}
 	}
 	return full

@@ -63,20 +63,16 @@ type passTicket struct {
 
 // passReport is the body of POST /v1/admin/maintain (SPEC §11.2).
 type passReport struct {
-	OK          bool              `json:"ok"`
-	Usage       usageSummary      `json:"usage"`
+	OK    bool `json:"ok"`
+	Usage struct {
+		Subscriptions int            `json:"subscriptions"` // with a report their credential reads, due or not
+		Read          int            `json:"read"`
+		Failed        []usageFailure `json:"failed"`
+	} `json:"usage"`
 	Credentials credentialSummary `json:"credentials"`
 	NextDueAt   *string           `json:"next_due_at"` // RFC 3339, or null when nothing is due
 
 	err error // the pass could not list the subscriptions at all; never sent
-}
-
-// usageSummary counts subscriptions with a report their credential can
-// read (due this pass or not) and the successful reads.
-type usageSummary struct {
-	Subscriptions int            `json:"subscriptions"`
-	Read          int            `json:"read"`
-	Failed        []usageFailure `json:"failed"`
 }
 
 // usageFailure is one failed read, its error redacted.
@@ -328,7 +324,8 @@ type passSub struct {
 // waiting for all. No time limit of Brama's own (SPEC §7.4): ctx ends it.
 func (m *maintainer) passOnce(ctx context.Context) passReport {
 	start := m.clock()
-	rep := passReport{Usage: usageSummary{Failed: []usageFailure{}}}
+	var rep passReport
+	rep.Usage.Failed = []usageFailure{}
 	subs, err := m.live()
 	if err == nil {
 		m.usagePass(ctx, subs, &rep)
@@ -538,16 +535,11 @@ func (m *maintainer) fetchUsage(ctx context.Context, provider string, cred vault
 	}
 	h.Set("Authorization", "Bearer "+token)
 	h.Set("Accept", "application/json")
-	switch provider {
-	case "claude-code":
-		h.Set("anthropic-version", "2023-06-01")
-		h.Set("anthropic-beta", "oauth-2025-04-20")
-	case "codex":
-		if cred.OAuth != nil && cred.OAuth.AccountID != "" {
-			h.Set("chatgpt-account-id", cred.OAuth.AccountID)
-		}
-		h.Set("OpenAI-Beta", "responses=experimental")
-		h.Set("originator", "codex_cli_rs")
+	for _, kv := range usageReports[provider].headers {
+		h.Set(kv[0], kv[1])
+	}
+	if g := cred.OAuth; provider == "codex" && g != nil && g.AccountID != "" {
+		h.Set("chatgpt-account-id", g.AccountID)
 	}
 	status, body, err := callEndpoint(m.client, req)
 	re.Status, re.Received, re.Err = status, len(body), err

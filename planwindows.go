@@ -132,16 +132,19 @@ func windowLabel(mins float64, fallback string) string {
 }
 
 // usageReports lists the providers with a usage report (SPEC §11.2): its
-// path below the base URL (codex's lives elsewhere), its reader, and
-// whether an API key reads it (only Kimi Code's; the others take OAuth only).
+// path below the base URL (codex's lives elsewhere), its reader, whether an
+// API key reads it (only Kimi Code's), and the chat route's headers it is
+// sent besides Authorization (and codex's chatgpt-account-id).
 var usageReports = map[string]struct {
-	path   string
-	parse  func([]byte, time.Time) ([]planWindow, error)
-	apiKey bool
+	path    string
+	parse   func([]byte, time.Time) ([]planWindow, error)
+	apiKey  bool
+	headers [][2]string
 }{
-	"claude-code": {path: "/api/oauth/usage", parse: parseClaudeCodeUsage},
-	"codex":       {parse: parseCodexUsage},
-	"kimi":        {path: "/usages", parse: parseKimiUsage, apiKey: true},
+	"claude-code": {path: "/api/oauth/usage", parse: parseClaudeCodeUsage,
+		headers: [][2]string{{"anthropic-version", "2023-06-01"}, {"anthropic-beta", "oauth-2025-04-20"}}},
+	"codex": {parse: parseCodexUsage, headers: [][2]string{{"OpenAI-Beta", "responses=experimental"}, {"originator", "codex_cli_rs"}}},
+	"kimi":  {path: "/usages", parse: parseKimiUsage, apiKey: true},
 }
 
 // codexUsageURL is overridden by BRAMA_PROVIDER_CODEX_USAGE_URL alone.

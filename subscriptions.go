@@ -15,10 +15,9 @@ import (
 )
 
 // The subscription inventory (SPEC §10.1): the donated-subscription overlay
-// says which subscriptions exist and who owns them, the vault holds their
-// credentials under the same ids, and the journal alone says which are
-// retired. Only the serving process writes the overlay and the vault's
-// subscriptions section (SPEC §2.3).
+// says which subscriptions exist and whose they are, the vault holds their
+// credentials, the journal alone says which are retired. Only the serving
+// process writes the overlay and the vault's subscriptions (SPEC §2.3).
 
 // overlayItem is one donated subscription: metadata only, no secret, no status.
 type overlayItem struct {
@@ -158,9 +157,8 @@ func checkCredential(provider string, cred vaultCredential) (vaultCredential, er
 	return cred, err
 }
 
-// inventory is one serving process's subscription inventory: it re-reads the
-// overlay when the file's identity changes and, as the only writer (SPEC
-// §2.3), writes it and the vault's subscriptions section under wmu.
+// inventory is the serving process's subscription inventory, the only
+// writer of the overlay and the vault's subscriptions (SPEC §2.3), under wmu.
 type inventory struct {
 	sys
 	overlay stateFile[*overlayDoc]
@@ -182,8 +180,7 @@ type listing struct {
 	at   time.Time
 }
 
-// newInventory places the overlay in st and reads the listing cache's TTL
-// (SPEC §10.2). Nothing is read yet.
+// newInventory places the overlay in st and reads the listing cache's TTL (SPEC §10.2).
 func newInventory(st state, v *vault, j *journal, l *ledger, getenv func(string) string, sy sys) *inventory {
 	inv := &inventory{sys: sy, vault: v, j: j, l: l, cache: map[string]listing{}}
 	inv.overlay = stateFile[*overlayDoc]{role: overlayRole, parse: parseOverlay}
@@ -196,8 +193,8 @@ func newInventory(st state, v *vault, j *journal, l *ledger, getenv func(string)
 	return inv
 }
 
-// subscriptionCacheTTL parses BRAMA_SUBSCRIPTION_CACHE_TTL_SECS: unset is
-// 60 s, 0 turns the cache off; anything else unreadable is 60 s and an error.
+// subscriptionCacheTTL parses BRAMA_SUBSCRIPTION_CACHE_TTL_SECS: unset or
+// unreadable (with an error) is 60 s, 0 turns the cache off.
 func subscriptionCacheTTL(v string) (time.Duration, error) {
 	const def = 60 * time.Second
 	if v = strings.TrimSpace(v); v == "" {
@@ -405,8 +402,7 @@ func (inv *inventory) journalStatus(kind, agent, id, reason string) error {
 }
 
 // replaceCredential swaps the vault credential of agent's subscription id
-// (PUT …/credential, sign-in) and marks the ledger credential active; the
-// caller journals subscription_sign_in.
+// and marks the ledger credential active; the caller journals the sign-in.
 func (inv *inventory) replaceCredential(agent, id string, cred vaultCredential) error {
 	if _, err := inv.vault.load(); err != nil {
 		return vaultRefusal(err)
@@ -433,8 +429,8 @@ func (inv *inventory) replaceCredential(agent, id string, cred vaultCredential) 
 	return nil
 }
 
-// credential is id's credential from the vault. An unreadable vault or a
-// missing entry is 503 credential_unauthorized (SPEC §2.2).
+// credential is id's credential from the vault, a copy; an unreadable vault
+// or a missing entry is 503 credential_unauthorized (SPEC §2.2).
 func (inv *inventory) credential(id string) (vaultCredential, error) {
 	doc, err := inv.vault.load()
 	if err != nil {
@@ -445,7 +441,7 @@ func (inv *inventory) credential(id string) (vaultCredential, error) {
 		return vaultCredential{}, refuse("credential_unauthorized", "the vault holds no credential for subscription %q", id)
 	}
 	if c.OAuth != nil {
-		g := *c.OAuth // the caller may patch its copy; the vault's stays as read
+		g := *c.OAuth
 		c.OAuth = &g
 	}
 	return c, nil
@@ -503,10 +499,7 @@ func (inv *inventory) row(item overlayItem, retired bool, now time.Time) subscri
 	e, _ := inv.l.entry(item.ID)
 	ms := now.UnixMilli()
 	r := subscriptionRow{ID: item.ID, Provider: item.Provider, Label: item.Label, Status: "active",
-		Windows: e.Windows, Measured: e.Measured, Credential: &e.Credential}
-	if r.Windows == nil {
-		r.Windows = []planWindow{}
-	}
+		Windows: append([]planWindow{}, e.Windows...), Measured: e.Measured, Credential: &e.Credential}
 	if retired {
 		r.Status = "retired"
 		r.Credential.State = credDisabled
@@ -516,16 +509,12 @@ func (inv *inventory) row(item overlayItem, retired bool, now time.Time) subscri
 	}
 	if e.UsageRead.AtMs != 0 {
 		r.UsageRead = &e.UsageRead
-		r.Stale = !e.UsageRead.OK
 	}
 	if e.Probe.AtMs != 0 {
 		r.Probe = &e.Probe
 	}
-	for _, w := range e.Windows {
-		if w.ResetsAtMs != 0 && w.ResetsAtMs <= ms {
-			r.Stale = true
-		}
-	}
+	r.Stale = (r.UsageRead != nil && !e.UsageRead.OK) ||
+		slices.ContainsFunc(e.Windows, func(w planWindow) bool { return w.ResetsAtMs != 0 && w.ResetsAtMs <= ms })
 	return r
 }
 
@@ -550,8 +539,7 @@ func (inv *inventory) orphans() ([]string, error) {
 }
 
 // removeOrphans deletes the orphans from the vault at serve's start, so no
-// secret outlives its subscription (issue 10); nothing is removed unless
-// the overlay and the vault both read cleanly.
+// secret outlives its subscription; only when the overlay and vault both read.
 func (inv *inventory) removeOrphans() ([]string, error) {
 	if inv.overlay.pathErr != nil || inv.vault.pathErr != nil {
 		return nil, nil
