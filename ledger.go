@@ -144,8 +144,7 @@ func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
 }
 
 // parseLedger strictly parses ledger.json (SPEC §2.2), naming role and the
-// member refused (another schema, a bad id, a state never stored); empty
-// bytes are an empty ledger.
+// member refused; empty bytes are an empty ledger.
 func parseLedger(role string, b []byte) (map[string]ledgerEntry, error) {
 	subs := map[string]ledgerEntry{}
 	if len(b) == 0 {
@@ -175,8 +174,7 @@ func parseLedger(role string, b []byte) (map[string]ledgerEntry, error) {
 	return subs, nil
 }
 
-// entry returns a copy of id's record, sharing no memory with the ledger; a
-// missing one reads as an active credential with no windows.
+// entry is a copy of id's record; a missing one reads as an active credential.
 func (l *ledger) entry(id string) (ledgerEntry, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -195,8 +193,7 @@ func (l *ledger) credentialState(id string) string {
 	return e.Credential.State
 }
 
-// ledgerSentence is how a cause, reason or detail is kept (SPEC §10.3):
-// secrets redacted, then at most 200 bytes.
+// ledgerSentence is how a cause, reason or detail is kept (SPEC §10.3).
 func ledgerSentence(s string) string {
 	return truncateUTF8(redact(s), maxSentenceBytes)
 }
@@ -290,8 +287,7 @@ func (l *ledger) recordProbe(id, provider string, ok bool, detail string) {
 	})
 }
 
-// fullness is the highest used_fraction among id's windows whose reset has
-// not passed (SPEC §7.2 step 2); 0 with no such window.
+// fullness is the highest used_fraction of id's windows not yet reset (SPEC §7.2 step 2).
 func (l *ledger) fullness(id string, now time.Time) float64 {
 	e, _ := l.entry(id)
 	full := 0.0
@@ -363,7 +359,8 @@ func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEn
 		l.timerGen++
 		gen := l.timerGen
 		l.timer = afterFunc(l.testingOnlyAfterFunc, ledgerWriteEvery-now.Sub(l.lastWrite), func() {
-			l.writeIf(func() bool { return gen == l.timerGen && l.timer != nil }) // else stopped or superseded while firing
+			// Not when stopped or superseded while firing.
+			l.writeIf(func() bool { return gen == l.timerGen && l.timer != nil })
 		})
 	}
 	l.mu.Unlock()
@@ -413,8 +410,7 @@ func (l *ledger) write(seq uint64, data []byte) error {
 	return nil
 }
 
-// flush writes pending changes now and stops the write-behind (at
-// shutdown); without a file, or with an unreadable one, there is nothing to write.
+// flush writes pending changes now (at shutdown), unless there is no file to write.
 func (l *ledger) flush() error {
 	return l.writeIf(func() bool { return l.name != "" && l.unreadable == nil })
 }

@@ -15,9 +15,7 @@ import (
 )
 
 // Maintenance (SPEC §11.2): a pass reads the usage reports, then refreshes
-// the grants that fell due; neither spends plan quota. A pass starts only at
-// start, at a moment the ledger states (one timer), once after a refusal for
-// want of a signed-in subscription, or when an operator asks: never on a
+// the grants that fell due, starting only when SPEC §11.2 says, never on a
 // period of Brama's own. loop runs a testable loopOnce, as gitmirror does.
 
 var errMaintenanceStopped = errors.New("the maintenance scheduler is not running")
@@ -96,8 +94,7 @@ func newMaintainer(inv *inventory, l *ledger, o *oauthClient, j *journal, client
 		kick: make(chan struct{}, 1)}
 }
 
-// run starts loop, counted in wg, with the start pass pending (the listener
-// is up). loop exits when ctx ends, after the pass in progress.
+// run starts loop, counted in wg, with the start pass pending (the listener is up).
 func (m *maintainer) run(ctx context.Context, wg *sync.WaitGroup) {
 	m.mu.Lock()
 	m.looping = true
@@ -110,8 +107,7 @@ func (m *maintainer) run(ctx context.Context, wg *sync.WaitGroup) {
 	}()
 }
 
-// loop runs loopOnce until ctx ends, waiting between turns for a kick or a
-// ledger change (which may move the next due moment).
+// loop runs loopOnce until ctx ends, waiting between turns for a kick or a ledger change.
 func (m *maintainer) loop(ctx context.Context) {
 	changed := m.l.changed
 	defer m.stop()
@@ -255,8 +251,7 @@ func (m *maintainer) changed() {
 }
 
 // passNow answers POST /v1/admin/maintain from a pass that starts after the
-// call (a running one may predate the change the operator wants seen),
-// shared by calls arriving together; ctx's end stops only the waiting.
+// call (a running one may predate the change the operator wants seen).
 func (m *maintainer) passNow(ctx context.Context) (passReport, error) {
 	t, err := m.ask("maintain")
 	if err != nil {
@@ -320,8 +315,7 @@ type passSub struct {
 }
 
 // passOnce runs one pass: per subscription at most one usage read and one
-// refresh attempt, none retried; subscriptions side by side, the pass
-// waiting for all. No time limit of Brama's own (SPEC §7.4): ctx ends it.
+// refresh attempt, none retried, side by side; ctx alone ends it (SPEC §7.4).
 func (m *maintainer) passOnce(ctx context.Context) passReport {
 	start := m.clock()
 	var rep passReport
@@ -415,10 +409,9 @@ func usageDue(e ledgerEntry, now time.Time) bool {
 		slices.ContainsFunc(e.Windows, func(w planWindow) bool { return w.ResetsAtMs == 0 || w.ResetsAtMs <= now.UnixMilli() })
 }
 
-// readOnce reads s's report and records windows and an ok read, or a failed
-// read keeping the earlier windows; nothing when ctx ended (the provider
-// said nothing). A grant expired by the request path's rule is refreshed
-// first, as for any call: s's one attempt of the pass.
+// readOnce reads s's report into the ledger, nothing when ctx ended (the
+// provider said nothing); a grant expired by the request path's rule is
+// refreshed first, as for any call: s's one attempt of the pass.
 func (m *maintainer) readOnce(ctx context.Context, s *passSub) (bool, error) {
 	id, provider := s.it.ID, s.it.Provider
 	cred, err := s.cred, s.credErr
@@ -515,9 +508,8 @@ func (m *maintainer) usageEndpoint(provider string) (string, func([]byte, time.T
 	return base + r.path, r.parse, nil
 }
 
-// fetchUsage GETs provider's report with the chat route's headers (SPEC
-// §11.2), reads it whole and parses it; ctx is the only cancel. It sets
-// them itself: setProviderHeaders would add a Content-Type to this GET.
+// fetchUsage GETs and parses provider's report; it sets the headers itself,
+// as setProviderHeaders would add a Content-Type to this GET.
 func (m *maintainer) fetchUsage(ctx context.Context, provider string, cred vaultCredential) ([]planWindow, error) {
 	endpoint, parse, err := m.usageEndpoint(provider)
 	if err != nil {
@@ -555,8 +547,7 @@ func (m *maintainer) fetchUsage(ctx context.Context, provider string, cred vault
 	return nil, re
 }
 
-// usageReadError is a failed read, naming the endpoint, status and bytes
-// received, never the body or a credential.
+// usageReadError is a failed read: endpoint, status, bytes received, never the body.
 type usageReadError struct {
 	Endpoint string // scheme, host and path
 	Status   int    // 0: no HTTP status was received

@@ -84,8 +84,7 @@ func lookupOAuth(provider string) (oauthProvider, error) {
 }
 
 // oauthClient refreshes and exchanges grants, one refresh per subscription
-// shared by all who ask at once (STYLE B8): a burst of 401s spends one
-// refresh token, not fifty.
+// shared by all who ask at once (STYLE B8): a burst of 401s spends one token.
 type oauthClient struct {
 	getenv func(string) string
 	client *http.Client // the provider client: no redirects, no proxy, no timeout
@@ -110,8 +109,7 @@ type refreshCall struct {
 	err    error
 }
 
-// newOAuth builds the OAuth client; client is newProviderClient(). The
-// sign-in exchange needs neither v nor l.
+// newOAuth builds the OAuth client; the sign-in exchange needs neither v nor l.
 func newOAuth(getenv func(string) string, client *http.Client, v *vault, l *ledger, log *slog.Logger, now func() time.Time) *oauthClient {
 	return &oauthClient{getenv: getenv, client: client, vault: v, ledger: l, log: log, now: now,
 		inflight: map[string]*refreshCall{}}
@@ -129,8 +127,7 @@ func (o *oauthClient) tokenURL(p oauthProvider) (string, error) {
 }
 
 // shutdown cancels every flight, the one end a refresh has besides its
-// answer (SPEC §11.1: no time limit), and waits; a cancelled flight is a
-// transport failure.
+// answer (SPEC §11.1: no time limit), and waits.
 func (o *oauthClient) shutdown() {
 	o.mu.Lock()
 	o.closed = true
@@ -315,8 +312,7 @@ func withCause(msg string, err error) string {
 	return msg + ": " + err.Error()
 }
 
-// callEndpoint sends req and reads the answer whole; ctx is the only
-// cancel. status is 0 when no answer came.
+// callEndpoint sends req and reads the answer whole; status is 0 when none came.
 func callEndpoint(client *http.Client, req *http.Request) (status int, body []byte, err error) {
 	resp, err := client.Do(req)
 	if err != nil {
@@ -341,8 +337,7 @@ var definitiveErrors = map[string]bool{
 	"invalid_grant": true, "invalid_token": true, "invalid_client": true, "unauthorized_client": true,
 }
 
-// tokenCall POSTs fields in p's body format and classifies the answer,
-// redacting secrets from any quoted sentence.
+// tokenCall POSTs fields in p's body format and classifies the answer.
 func (o *oauthClient) tokenCall(ctx context.Context, p oauthProvider, endpoint string, fields map[string]string, secrets ...string) (tokenAnswer, *refreshError) {
 	name := endpointName(endpoint)
 	body, _ := json.Marshal(fields) // a map of strings always encodes
@@ -458,8 +453,7 @@ func answerGrant(provider string, g oauthGrant, ans tokenAnswer, now time.Time) 
 	return fillGrant(provider, g)
 }
 
-// expiredForRequest is the request path's rule: now ≥ expires_at_ms − 60 s;
-// an unknown expiry (0) never is (SPEC §11.1).
+// expiredForRequest is SPEC §11.1's request-path rule: now ≥ expires_at_ms − 60 s, never when unknown.
 func expiredForRequest(g oauthGrant, now time.Time) bool {
 	return g.ExpiresAtMs != 0 && now.UnixMilli() >= g.ExpiresAtMs-60_000
 }

@@ -15,9 +15,8 @@ import (
 	"time"
 )
 
-// Plan windows are a provider's own account of how much of a subscription's
-// plan is spent, read from the headers of every subscription answer (SPEC
-// §6.3) and from the usage reports a maintenance pass fetches (SPEC §11.2),
+// Plan windows are a provider's account of how much of a plan is spent, from
+// subscription answers' headers (SPEC §6.3) and usage reports (SPEC §11.2),
 // under one id per window so either replaces the other.
 
 // Where a plan window's reading came from.
@@ -52,8 +51,7 @@ func planFraction(f float64) float64 {
 	return f
 }
 
-// planMaxResetSeconds bounds a reset instant or delay (about year 5138), so
-// converting it to milliseconds cannot overflow.
+// planMaxResetSeconds bounds a reset instant or delay (about year 5138), so ms cannot overflow.
 const planMaxResetSeconds = 1e11
 
 // anthropicWindow is a claude-code window that traffic headers (by header
@@ -65,11 +63,9 @@ var anthropicWindows = []anthropicWindow{
 	{"7d", "seven_day", "anthropic:7d", "7 days"},
 }
 
-// parsePlanWindows reads the plan windows a subscription answer's headers
-// state (SPEC §6.3): claude-code's unified 5h/7d utilization (a fraction)
-// and reset (unix seconds), codex's primary/secondary used percent, window
-// minutes and reset delay. A value that does not parse is skipped, never
-// guessed. Other providers state none.
+// parsePlanWindows reads the plan windows an answer's headers state (SPEC
+// §6.3) for claude-code and codex; a value that does not parse is skipped,
+// never guessed.
 func parsePlanWindows(provider string, h http.Header, now time.Time) []planWindow {
 	var ws []planWindow
 	num := func(key string) (float64, bool) { return parseNumber(h.Get(key)) }
@@ -143,8 +139,9 @@ var usageReports = map[string]struct {
 }{
 	"claude-code": {path: "/api/oauth/usage", parse: parseClaudeCodeUsage,
 		headers: [][2]string{{"anthropic-version", "2023-06-01"}, {"anthropic-beta", "oauth-2025-04-20"}}},
-	"codex": {parse: parseCodexUsage, headers: [][2]string{{"OpenAI-Beta", "responses=experimental"}, {"originator", "codex_cli_rs"}}},
-	"kimi":  {path: "/usages", parse: parseKimiUsage, apiKey: true},
+	"codex": {parse: parseCodexUsage,
+		headers: [][2]string{{"OpenAI-Beta", "responses=experimental"}, {"originator", "codex_cli_rs"}}},
+	"kimi": {path: "/usages", parse: parseKimiUsage, apiKey: true},
 }
 
 // codexUsageURL is overridden by BRAMA_PROVIDER_CODEX_USAGE_URL alone.
@@ -167,8 +164,7 @@ const usageMaxResetMs = planMaxResetSeconds * 1000
 // report is one JSON object of a provider report, read leniently.
 type report map[string]json.RawMessage
 
-// readReport decodes a JSON object, describing anything else without
-// quoting it (a report can hold account details).
+// readReport decodes a JSON object, describing anything else without quoting it.
 func readReport(body []byte) (report, error) {
 	var r report
 	if err := json.Unmarshal(body, &r); err != nil {
@@ -180,8 +176,7 @@ func readReport(body []byte) (report, error) {
 	return r, nil
 }
 
-// jsonErrorKind says what was wrong with a JSON document without quoting it
-// (a syntax error's text could carry a fragment of a token).
+// jsonErrorKind says what was wrong with a JSON document without quoting a fragment of it.
 func jsonErrorKind(err error) string {
 	var se *json.SyntaxError
 	if errors.As(err, &se) {
@@ -288,9 +283,8 @@ func parseClaudeCodeUsage(body []byte, now time.Time) ([]planWindow, error) {
 	return ws, nil
 }
 
-// parseCodexUsage reads rate_limit.primary_window and secondary_window
-// {"used_percent", "limit_window_seconds", "reset_at" (wins) |
-// "reset_after_seconds"} as codex:primary and codex:secondary.
+// parseCodexUsage reads rate_limit's primary_window and secondary_window
+// (SPEC §11.2; reset_at wins over reset_after_seconds).
 func parseCodexUsage(body []byte, now time.Time) ([]planWindow, error) {
 	r, err := readReport(body)
 	if err != nil {
@@ -328,9 +322,8 @@ var kimiTimeUnits = map[string]float64{
 	"TIME_UNIT_SECOND": 1.0 / 60, "TIME_UNIT_MINUTE": 1, "TIME_UNIT_HOUR": 60, "TIME_UNIT_DAY": 24 * 60,
 }
 
-// parseKimiUsage reads {base}/usages: the usage object becomes kimi:usage
-// and each limits[i] kimi:limit-<i>, counters at top level or under detail
-// (which wins), labelled by window.duration and timeUnit.
+// parseKimiUsage reads {base}/usages as SPEC §11.2 says (detail's counters
+// win over the top level's).
 func parseKimiUsage(body []byte, now time.Time) ([]planWindow, error) {
 	r, err := readReport(body)
 	if err != nil {

@@ -49,7 +49,8 @@ func (s *server) journalSignIn(it overlayItem, result, detail string) error {
 	detail = ledgerSentence(detail)
 	err := s.journal.append(journalRecord{Kind: "subscription_sign_in", SubscriptionID: it.ID, Provider: it.Provider, Result: result, Detail: detail})
 	level := slog.LevelInfo
-	args := []any{"subscription_id", it.ID, "agent_id", it.AgentID, "provider", it.Provider, "result", result, "detail", detail}
+	args := []any{"subscription_id", it.ID, "agent_id", it.AgentID, "provider", it.Provider,
+		"result", result, "detail", detail}
 	if result != "signed_in" || err != nil {
 		level = slog.LevelWarn
 	}
