@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 )
@@ -75,6 +76,12 @@ type ledgerEntry struct {
 type ledgerDoc struct {
 	SchemaVersion int                    `json:"schema_version"`
 	Subscriptions map[string]ledgerEntry `json:"subscriptions"`
+}
+
+// isSubscriptionID: sub_ and 16 lower-case hex digits (SPEC §2.2).
+func isSubscriptionID(id string) bool {
+	rest, ok := strings.CutPrefix(id, "sub_")
+	return ok && len(rest) == 16 && strings.Trim(rest, "0123456789abcdef") == ""
 }
 
 // ledgerStopper is a timer at a ledger moment (the write-behind, maintenance's due timer).

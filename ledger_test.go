@@ -150,7 +150,7 @@ func TestLedgerRoundTrip(t *testing.T) {
 
 	l2 := newLedger(state{dir: dir}, slog.New(slog.DiscardHandler), clock.now)
 	if err := l2.unreadable; err != nil {
-		t.Fatalf("loadErr = %v", err)
+		t.Fatalf("unreadable = %v", err)
 	}
 	for _, c := range []struct {
 		name string
@@ -200,7 +200,7 @@ func TestLedgerUnreadableIsNeverOverwritten(t *testing.T) {
 		name    string
 		content string
 		mode    os.FileMode
-		want    string // in loadErr's text
+		want    string // in unreadable's text
 	}{
 		{name: "unknown top-level member", content: `{"schema_version":1,"subscriptions":{},"extra":"PLANTED-BYTES"}`, want: `unknown field "extra"`},
 		{name: "unknown entry member", content: strings.Replace(valid, `"provider":"codex"`, `"provider":"codex","colour":"PLANTED-BYTES"`, 1), want: `unknown field "colour"`},
@@ -229,7 +229,7 @@ func TestLedgerUnreadableIsNeverOverwritten(t *testing.T) {
 			l, clock, timers, logs := newTestLedger(state{dir: dir})
 			err := l.unreadable
 			if err == nil || !strings.Contains(err.Error(), c.want) {
-				t.Fatalf("loadErr = %v, want one containing %q", err, c.want)
+				t.Fatalf("unreadable = %v, want one containing %q", err, c.want)
 			}
 			if _, ok := l.entry(ledgerIDA); ok {
 				t.Error("an unreadable ledger is not served empty")
@@ -327,7 +327,7 @@ func TestLedgerUnplaced(t *testing.T) {
 		t.Errorf("flush = %v", err)
 	}
 	if err := l.unreadable; err != nil {
-		t.Errorf("loadErr = %v; no state directory is not an unreadable file", err)
+		t.Errorf("unreadable = %v; no state directory is not an unreadable file", err)
 	}
 	if timers.count() != 0 {
 		t.Error("a write-behind was armed without a state directory")

@@ -92,12 +92,6 @@ func (doc *overlayDoc) validate() error {
 	return nil
 }
 
-// isSubscriptionID: sub_ and 16 lower-case hex digits (SPEC §2.2).
-func isSubscriptionID(id string) bool {
-	rest, ok := strings.CutPrefix(id, "sub_")
-	return ok && len(rest) == 16 && strings.Trim(rest, "0123456789abcdef") == ""
-}
-
 // checkLabel allows printable text of at most 128 bytes: no control characters reach a terminal.
 func checkLabel(label string) error {
 	if len(label) > maxLabelBytes {
