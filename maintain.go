@@ -515,7 +515,7 @@ func (m *maintainer) fetchUsage(ctx context.Context, provider string, cred vault
 	if err != nil {
 		return nil, err
 	}
-	re := &usageReadError{Endpoint: endpointName(endpoint)}
+	re := &endpointError{Op: "usage report GET", Endpoint: endpointName(endpoint)}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, endpoint, nil)
 	if err != nil {
 		re.Err = err
@@ -546,17 +546,3 @@ func (m *maintainer) fetchUsage(ctx context.Context, provider string, cred vault
 	}
 	return nil, re
 }
-
-// usageReadError is a failed read: endpoint, status, bytes received, never the body.
-type usageReadError struct {
-	Endpoint string // scheme, host and path
-	Status   int    // 0: no HTTP status was received
-	Received int    // body bytes received
-	Err      error  // the cause; nil for a plain non-2xx answer
-}
-
-func (e *usageReadError) Error() string {
-	return withCause(fmt.Sprintf("usage report GET %s: %s, %d bytes received", e.Endpoint, statusText(e.Status), e.Received), e.Err)
-}
-
-func (e *usageReadError) Unwrap() error { return e.Err }

@@ -63,7 +63,7 @@ var oauthProviders = []oauthProvider{
 	},
 }
 
-// What a *refreshError or another failure of this file wraps.
+// What a *endpointError or another failure of this file wraps.
 var (
 	errNoOAuth           = errors.New("provider has no OAuth grants")
 	errNoSignIn          = errors.New("provider has no sign-in; donate its grant or replace it with PUT …/credential")
@@ -207,7 +207,7 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 		return c != nil && c.RefreshToken == old.RefreshToken
 	}
 	if old.RefreshToken == "" { // only a sign-in or a new grant helps
-		return oauthGrant{}, o.refused(id, provider, &refreshError{Definitive: true, Endpoint: endpointName(endpoint),
+		return oauthGrant{}, o.refused(id, provider, &endpointError{Definitive: true, Endpoint: endpointName(endpoint),
 			Sentence: errNoRefreshToken.Error(), Err: errNoRefreshToken})
 	}
 	fields := map[string]string{"grant_type": "refresh_token", "refresh_token": old.RefreshToken, "client_id": p.clientID}
@@ -238,7 +238,7 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 	case err != nil:
 		// The provider may already have retired the refresh token the vault
 		// still holds, so the stored grant cannot be trusted to work again.
-		return oauthGrant{}, o.refused(id, provider, &refreshError{Definitive: true, Endpoint: endpointName(endpoint),
+		return oauthGrant{}, o.refused(id, provider, &endpointError{Definitive: true, Endpoint: endpointName(endpoint),
 			Status: ans.status, Received: ans.received, Sentence: "the refreshed grant could not be stored in the vault", Err: err})
 	}
 	o.ledger.setCredential(id, provider, credActive, "")
@@ -249,7 +249,7 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 
 // refused, failed and superseded log how a flight ended; refused also
 // records that the credential needs a sign-in.
-func (o *oauthClient) refused(id, provider string, re *refreshError) error {
+func (o *oauthClient) refused(id, provider string, re *endpointError) error {
 	o.ledger.setCredential(id, provider, credNeedsReauth, re.Sentence)
 	o.log.Warn("credential_refresh_refused", "subscription_id", id, "provider", provider,
 		"endpoint", re.Endpoint, "status", re.Status, "cause", re.Sentence)
@@ -266,21 +266,30 @@ func (o *oauthClient) superseded(id, provider string) error {
 	return fmt.Errorf("refresh %s: %w", id, errRefreshSuperseded)
 }
 
-// refreshError is a failed token call: Definitive when the provider disowned
+// endpointError is a failed token call or usage read (Op names it), never
+// quoting a body. A token call's is Definitive when the provider disowned
 // the grant or the refreshed one could not be kept, else a transport failure.
-type refreshError struct {
+type endpointError struct {
+	Op         string // "usage report GET"; "" for a token call
 	Definitive bool
 	Endpoint   string // scheme, host and path; never a query
 	Status     int    // 0: no HTTP status was received
 	Received   int    // body bytes received
 	Sentence   string // the provider's sentence, redacted, ≤200 bytes (definitive only)
-	Err        error
+	Err        error  // the cause; nil for a plain non-2xx usage answer
 }
 
-func (e *refreshError) Error() string {
-	msg := fmt.Sprintf("OAuth token request to %s failed (%s, %d bytes received)", e.Endpoint, statusText(e.Status), e.Received)
+func (e *endpointError) Error() string {
+	got := fmt.Sprintf("HTTP %d, %d bytes received", e.Status, e.Received)
+	if e.Status == 0 {
+		got = fmt.Sprintf("no status, %d bytes received", e.Received)
+	}
+	if e.Op != "" {
+		return withCause(e.Op+" "+e.Endpoint+": "+got, e.Err)
+	}
+	msg := fmt.Sprintf("OAuth token request to %s failed (%s)", e.Endpoint, got)
 	if e.Err == errTokenRefused {
-		msg = fmt.Sprintf("OAuth token endpoint %s refused the grant (%s, %d bytes received)", e.Endpoint, statusText(e.Status), e.Received)
+		msg = fmt.Sprintf("OAuth token endpoint %s refused the grant (%s)", e.Endpoint, got)
 	}
 	if e.Sentence != "" {
 		msg += ": " + e.Sentence
@@ -291,14 +300,7 @@ func (e *refreshError) Error() string {
 	return withCause(msg, e.Err)
 }
 
-func (e *refreshError) Unwrap() error { return e.Err }
-
-func statusText(status int) string {
-	if status == 0 {
-		return "no status"
-	}
-	return "HTTP " + strconv.Itoa(status)
-}
+func (e *endpointError) Unwrap() error { return e.Err }
 
 // withCause appends err's text to msg, dropping a *url.Error's "Post <url>:" (msg names it).
 func withCause(msg string, err error) string {
@@ -338,7 +340,7 @@ var definitiveErrors = map[string]bool{
 }
 
 // tokenCall POSTs fields in p's body format and classifies the answer.
-func (o *oauthClient) tokenCall(ctx context.Context, p oauthProvider, endpoint string, fields map[string]string, secrets ...string) (tokenAnswer, *refreshError) {
+func (o *oauthClient) tokenCall(ctx context.Context, p oauthProvider, endpoint string, fields map[string]string, secrets ...string) (tokenAnswer, *endpointError) {
 	name := endpointName(endpoint)
 	body, _ := json.Marshal(fields) // a map of strings always encodes
 	ctype := "application/json"
@@ -351,7 +353,7 @@ func (o *oauthClient) tokenCall(ctx context.Context, p oauthProvider, endpoint s
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, bytes.NewReader(body))
 	if err != nil {
-		return tokenAnswer{}, &refreshError{Endpoint: name, Err: err}
+		return tokenAnswer{}, &endpointError{Endpoint: name, Err: err}
 	}
 	req.Header.Set("Content-Type", ctype)
 	req.Header.Set("Accept", "application/json")
@@ -363,9 +365,9 @@ func (o *oauthClient) tokenCall(ctx context.Context, p oauthProvider, endpoint s
 // access token is used; a complete invalid_grant-class refusal or 401/403 is
 // definitive; all else is a transport failure, even a 401 whose body ended
 // early (readErr): no evidence the grant was disowned (seed, "Cancellation and retry").
-func classifyTokenAnswer(endpoint string, status int, body []byte, readErr error, secrets ...string) (tokenAnswer, *refreshError) {
+func classifyTokenAnswer(endpoint string, status int, body []byte, readErr error, secrets ...string) (tokenAnswer, *endpointError) {
 	if readErr != nil {
-		return tokenAnswer{}, &refreshError{Endpoint: endpoint, Status: status, Received: len(body), Err: readErr}
+		return tokenAnswer{}, &endpointError{Endpoint: endpoint, Status: status, Received: len(body), Err: readErr}
 	}
 	secrets = slices.DeleteFunc(slices.Clone(secrets), func(s string) bool {
 		return len(s) < 8 // no real token is this short; replacing it would garble the sentence
@@ -375,7 +377,7 @@ func classifyTokenAnswer(endpoint string, status int, body []byte, readErr error
 	if err == nil && status >= 200 && status < 300 {
 		return ans, nil
 	}
-	re := &refreshError{Endpoint: endpoint, Status: status, Received: len(body), Err: err}
+	re := &endpointError{Endpoint: endpoint, Status: status, Received: len(body), Err: err}
 	switch {
 	case err == nil:
 		re.Err = fmt.Errorf("%w: an access token with HTTP %d", errTokenMalformed, status)
@@ -532,17 +534,11 @@ func authorizeURL(provider, state, challenge string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	q := url.Values{}
+	q := url.Values{"response_type": {"code"}, "client_id": {p.clientID}, "redirect_uri": {p.redirectURI},
+		"scope": {p.scope}, "code_challenge": {challenge}, "code_challenge_method": {"S256"}, "state": {state}}
 	for _, kv := range p.extra {
-		q.Set(kv[0], kv[1])
+		q.Set(kv[0], kv[1]) // none names a parameter above
 	}
-	q.Set("response_type", "code")
-	q.Set("client_id", p.clientID)
-	q.Set("redirect_uri", p.redirectURI)
-	q.Set("scope", p.scope)
-	q.Set("code_challenge", challenge)
-	q.Set("code_challenge_method", "S256")
-	q.Set("state", state)
 	return p.authorizeURL + "?" + q.Encode(), nil
 }
 
