@@ -153,9 +153,8 @@ func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
 // parseLedger strictly parses ledger.json (SPEC §2.2), naming role and the
 // member refused; empty bytes are an empty ledger.
 func parseLedger(role string, b []byte) (map[string]ledgerEntry, error) {
-	subs := map[string]ledgerEntry{}
 	if len(b) == 0 {
-		return subs, nil
+		return map[string]ledgerEntry{}, nil
 	}
 	var doc ledgerDoc
 	if err := decodeStrict(role, b, &doc); err != nil {
@@ -176,9 +175,8 @@ func parseLedger(role string, b []byte) (map[string]ledgerEntry, error) {
 				return nil, fmt.Errorf("%s: subscriptions.%s.windows[%d].used_fraction %v is outside [0,1]", role, id, i, w.UsedFraction)
 			}
 		}
-		subs[id] = e
 	}
-	return subs, nil
+	return doc.Subscriptions, nil
 }
 
 // entry is a copy of id's record; a missing one reads as an active credential.

@@ -304,14 +304,16 @@ func rfc3339OrNil(t time.Time) *string {
 }
 
 // passSub is one non-retired subscription as a pass found it, and how its
-// one refresh attempt of the pass went (tried, err).
+// usage read and refresh attempt of the pass went.
 type passSub struct {
 	it      overlayItem
 	cred    vaultCredential
 	credErr error // the vault holds no usable credential for it
 	entry   ledgerEntry
-	tried   bool
-	err     error
+	read    bool  // its report was read this pass (or the refresh before failed)
+	readErr error // why that read failed
+	tried   bool  // a refresh was attempted this pass
+	err     error // how it ended
 }
 
 // passOnce runs one pass: per subscription at most one usage read and one
@@ -325,6 +327,13 @@ func (m *maintainer) passOnce(ctx context.Context) passReport {
 		m.usagePass(ctx, subs, &rep)
 		m.refreshPass(ctx, subs, &rep)
 		for _, s := range subs {
+			switch {
+			case !s.read:
+			case s.readErr == nil:
+				rep.Usage.Read++
+			default:
+				rep.Usage.Failed = append(rep.Usage.Failed, usageFailure{SubscriptionID: s.it.ID, Provider: s.it.Provider, Error: s.readErr.Error()})
+			}
 			switch {
 			case !s.tried || errors.Is(s.err, errRefreshSuperseded): // a sign-in replaced the grant: nothing failed
 			case s.err == nil:
@@ -373,10 +382,8 @@ func (m *maintainer) live() ([]*passSub, error) {
 // usagePass reads each due report once, side by side, into the ledger.
 func (m *maintainer) usagePass(ctx context.Context, subs []*passSub, rep *passReport) {
 	now := m.clock()
-	errs := make([]error, len(subs))
-	read := make([]bool, len(subs))
 	var wg sync.WaitGroup
-	for i, s := range subs {
+	for _, s := range subs {
 		_, published := usageReports[s.it.Provider]
 		if s.entry.Credential.State != credActive || !published || (s.credErr == nil && !usageReportable(s.it.Provider, s.cred)) {
 			continue
@@ -386,20 +393,11 @@ func (m *maintainer) usagePass(ctx context.Context, subs []*passSub, rep *passRe
 			wg.Add(1)
 			go func() { // exits when this one read (and a refresh before it) ends; ctx ends both
 				defer wg.Done()
-				read[i], errs[i] = m.readOnce(ctx, s)
+				m.readOnce(ctx, s)
 			}()
 		}
 	}
 	wg.Wait()
-	for i, err := range errs {
-		switch {
-		case !read[i]:
-		case err == nil:
-			rep.Usage.Read++
-		default:
-			rep.Usage.Failed = append(rep.Usage.Failed, usageFailure{SubscriptionID: subs[i].it.ID, Provider: subs[i].it.Provider, Error: err.Error()})
-		}
-	}
 }
 
 // usageDue applies SPEC §11.2's "read once when": no reading yet, a failed
@@ -412,7 +410,7 @@ func usageDue(e ledgerEntry, now time.Time) bool {
 // readOnce reads s's report into the ledger, nothing when ctx ended (the
 // provider said nothing); a grant expired by the request path's rule is
 // refreshed first, as for any call: s's one attempt of the pass.
-func (m *maintainer) readOnce(ctx context.Context, s *passSub) (bool, error) {
+func (m *maintainer) readOnce(ctx context.Context, s *passSub) {
 	id, provider := s.it.ID, s.it.Provider
 	cred, err := s.cred, s.credErr
 	if err == nil && cred.OAuth != nil && expiredForRequest(*cred.OAuth, m.clock()) {
@@ -431,7 +429,6 @@ func (m *maintainer) readOnce(ctx context.Context, s *passSub) (bool, error) {
 	}
 	switch {
 	case ctx.Err() != nil:
-		return false, nil
 	case err != nil:
 		secrets := []string{cred.APIKey}
 		if g := cred.OAuth; g != nil {
@@ -440,12 +437,13 @@ func (m *maintainer) readOnce(ctx context.Context, s *passSub) (bool, error) {
 		msg := ledgerSentence(redact(err.Error(), secrets...))
 		m.l.recordUsageRead(id, provider, false, msg)
 		m.log.Warn("usage_read_failed", "subscription_id", id, "provider", provider, "error", msg)
-		return true, errors.New(msg)
+		s.read, s.readErr = true, errors.New(msg)
+	default:
+		m.l.recordWindows(id, provider, ws)
+		m.l.recordUsageRead(id, provider, true, strconv.Itoa(len(ws))+" window(s) read")
+		m.log.Info("usage_read_ok", "subscription_id", id, "provider", provider, "windows", len(ws))
+		s.read = true
 	}
-	m.l.recordWindows(id, provider, ws)
-	m.l.recordUsageRead(id, provider, true, strconv.Itoa(len(ws))+" window(s) read")
-	m.log.Info("usage_read_ok", "subscription_id", id, "provider", provider, "windows", len(ws))
-	return true, nil
 }
 
 // refreshDue is SPEC §11.2's rule: expired (now ≥ expires_at_ms, not the

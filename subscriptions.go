@@ -305,12 +305,10 @@ func (inv *inventory) donate(agent, provider, label string, cred vaultCredential
 	rand.Read(rnd)
 	it := overlayItem{ID: "sub_" + hex.EncodeToString(rnd), Provider: provider, AgentID: agent, Label: label,
 		CreatedAt: inv.now().UTC().Format(journalTimeFormat)}
-	if slices.ContainsFunc(items, func(x overlayItem) bool { return x.ID == it.ID }) {
-		return overlayItem{}, refuse("internal_error", "subscription id %s is taken; donate again", it.ID)
-	}
 	err = inv.vault.update(func(d *vaultDoc) error {
-		if _, taken := d.Subscriptions[it.ID]; taken {
-			return fmt.Errorf("subscription id %s is taken in the vault; donate again", it.ID)
+		_, taken := d.Subscriptions[it.ID]
+		if taken || slices.ContainsFunc(items, func(x overlayItem) bool { return x.ID == it.ID }) {
+			return fmt.Errorf("subscription id %s is taken; donate again", it.ID)
 		}
 		d.Subscriptions[it.ID] = cred
 		return nil
