@@ -109,12 +109,11 @@ type ledger struct {
 	// testingOnlyAfterFunc replaces time.AfterFunc for the write-behind (nil in production).
 	testingOnlyAfterFunc func(d time.Duration, f func()) ledgerStopper
 
-	mu        sync.Mutex // guards entries, seq, lastWrite, timer, timerGen, warned
+	mu        sync.Mutex // guards entries, seq, lastWrite, timer, warned
 	entries   map[string]*ledgerEntry
 	seq       uint64        // mutations applied so far
 	lastWrite time.Time     // injected-clock moment of the last snapshot taken for the file
 	timer     ledgerStopper // the armed write-behind, nil when none
-	timerGen  uint64        // identifies the armed write-behind
 	warned    bool          // ledger_unplaced was logged
 
 	file snapshotFile // ledger.json, written in snapshot order
@@ -361,12 +360,11 @@ func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEn
 	case immediate || l.lastWrite.IsZero() || now.Sub(l.lastWrite) >= ledgerWriteEvery:
 		seq, data = l.takeLocked(now)
 	case l.timer == nil:
-		l.timerGen++
-		gen := l.timerGen
-		l.timer = afterFunc(l.testingOnlyAfterFunc, ledgerWriteEvery-now.Sub(l.lastWrite), func() {
-			// Not when stopped or superseded while firing.
-			l.writeIf(func() bool { return gen == l.timerGen && l.timer != nil })
+		var t ledgerStopper
+		t = afterFunc(l.testingOnlyAfterFunc, ledgerWriteEvery-now.Sub(l.lastWrite), func() {
+			l.writeIf(func() bool { return l.timer == t }) // not when stopped or superseded while firing
 		})
+		l.timer = t
 	}
 	l.mu.Unlock()
 

@@ -49,7 +49,6 @@ type maintainer struct {
 	last      map[string]any // /stats' last_pass; nil before the first ends
 	timer     ledgerStopper  // the armed due timer; nil when none or it fired
 	timerAt   time.Time      // the moment it is armed for; zero none
-	timerGen  uint64         // identifies the armed timer, so a stale one does nothing
 }
 
 // passTicket is one pass's answer for its waiters, set before done closes.
@@ -164,17 +163,16 @@ func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
 }
 
 // armLocked replaces the due timer with one for due (none when !ok); a
-// timer firing after it was replaced finds its generation gone. m.mu is held.
+// timer firing after it was replaced or stopped does nothing. m.mu is held.
 func (m *maintainer) armLocked(due time.Time, ok bool, now time.Time) {
 	m.disarmLocked()
 	if !ok {
 		return
 	}
-	gen := m.timerGen
-	m.timerAt = due
-	m.timer = afterFunc(m.testingOnlyAfterFunc, due.Sub(now), func() {
+	var t ledgerStopper
+	t = afterFunc(m.testingOnlyAfterFunc, due.Sub(now), func() {
 		m.mu.Lock()
-		current := gen == m.timerGen
+		current := m.timer == t
 		if current {
 			m.timer = nil // fired: the next turn arms afresh
 			m.pending = cmp.Or(m.pending, "due")
@@ -184,6 +182,7 @@ func (m *maintainer) armLocked(due time.Time, ok bool, now time.Time) {
 			m.wake()
 		}
 	})
+	m.timer, m.timerAt = t, due
 }
 
 // disarmLocked stops the due timer. m.mu is held.
@@ -192,7 +191,6 @@ func (m *maintainer) disarmLocked() {
 		m.timer.Stop()
 	}
 	m.timer, m.timerAt = nil, time.Time{}
-	m.timerGen++
 }
 
 // wake nudges loop without ever blocking.
