@@ -223,17 +223,13 @@ func (m *maintainer) request(reason string) {
 		return
 	}
 	m.mu.Lock()
-	drop := m.passes > 0 && m.startedAt == m.changes
-	if drop {
+	defer m.mu.Unlock()
+	if m.passes > 0 && m.startedAt == m.changes {
 		m.dropped++
-	} else {
-		m.pending = cmp.Or(m.pending, reason)
-	}
-	m.mu.Unlock()
-	if drop {
 		m.log.Debug("maintenance_request_dropped", "reason", reason)
 		return
 	}
+	m.pending = cmp.Or(m.pending, reason)
 	m.log.Info("maintenance_requested", "reason", reason)
 	m.wake()
 }
