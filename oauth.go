@@ -63,7 +63,7 @@ var oauthProviders = []oauthProvider{
 	},
 }
 
-// What a *endpointError or another failure of this file wraps.
+// What an *endpointError or another failure of this file wraps.
 var (
 	errNoOAuth           = errors.New("provider has no OAuth grants")
 	errNoSignIn          = errors.New("provider has no sign-in; donate its grant or replace it with PUT …/credential")
