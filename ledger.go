@@ -347,14 +347,14 @@ func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEn
 	}
 	fn(e, now)
 	l.seq++
-	var (
-		data    []byte
-		seq     uint64
-		warnNow bool
-	)
+	var data []byte
+	var seq uint64
 	switch {
 	case l.name == "":
-		warnNow, l.warned = !l.warned, true
+		if !l.warned {
+			l.warned = true
+			l.log.Warn("ledger_unplaced", "cause", l.unplaced.Error())
+		}
 	case l.unreadable != nil:
 		// Never overwrite a file an operator may still recover.
 	case immediate || l.lastWrite.IsZero() || now.Sub(l.lastWrite) >= ledgerWriteEvery:
@@ -367,13 +367,7 @@ func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEn
 		l.timer = t
 	}
 	l.mu.Unlock()
-
-	if warnNow {
-		l.log.Warn("ledger_unplaced", "cause", l.unplaced.Error())
-	}
-	if data != nil {
-		l.write(seq, data)
-	}
+	l.write(seq, data) // nothing when data is nil
 	select {
 	case l.changed <- struct{}{}:
 	default:
