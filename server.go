@@ -462,7 +462,7 @@ func (s *server) readiness() readiness {
 	if _, cerr := s.clients.load(); cerr != nil && !errors.Is(cerr, errFileAbsent) {
 		rd.Reasons = append(rd.Reasons, "clients file unusable: "+s.hidePath(cerr.Error(), s.clients.path))
 	}
-	if err := s.ledger.loadErr(); err != nil {
+	if err := s.ledger.unreadable; err != nil {
 		rd.Reasons = append(rd.Reasons, "ledger unusable (served empty, never overwritten): "+err.Error())
 	}
 	if _, err := s.journal.size(); err != nil && !errors.As(err, new(*noStateError)) {
