@@ -189,7 +189,7 @@ func (s *server) handleSubscriptionProbe(w http.ResponseWriter, r *http.Request)
 	agent, out, err := r.PathValue("agent_id"), probeOutcome{}, decodeBody(r, &body, true)
 	if err == nil {
 		var it overlayItem
-		it, err = s.liveSubscription(agent, r.PathValue("subscription_id"), "a retired subscription is never probed")
+		it, err = s.inv.owned(agent, r.PathValue("subscription_id"), "a retired subscription is never probed")
 		if err == nil {
 			ri := infoFrom(r.Context())
 			e := s.engine(ri)
