@@ -486,15 +486,13 @@ func (e cliEnv) subscriptionSignIn(args []string) error {
 	if err != nil {
 		return fmt.Errorf("sign-in failed, nothing was stored: %w", err)
 	}
-	if *id != "" {
-		if _, err := g.call("PUT", subscriptionPath(*agent, *id, "credential"), credentialBody{OAuth: &grant}); err != nil {
-			return err
-		}
-		fmt.Fprintf(e.stderr, "brama: signed in; subscription %s of agent %s has a new %s grant\n", *id, *agent, *provider)
-		fmt.Fprintln(e.stdout, *id)
-		return nil
+	if *id == "" {
+		return e.subscriptionDonate(g, *agent, "?via="+signInVia, donation{Provider: *provider, Label: *label, OAuth: &grant})
 	}
-	return e.subscriptionDonate(g, *agent, "?via="+signInVia, donation{Provider: *provider, Label: *label, OAuth: &grant})
+	if _, err = g.call("PUT", subscriptionPath(*agent, *id, "credential"), credentialBody{OAuth: &grant}); err == nil {
+		fmt.Fprintf(e.stderr, "brama: signed in; subscription %s of agent %s has a new %s grant\n", *id, *agent, *provider)
+	}
+	return e.said(err, "%s\n", *id)
 }
 
 // checkSignInTarget proves the gateway and an admin bearer work, and that
