@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 )
 
 // The route registry file (SPEC §4.2-§4.4: cached read, writers, migrate,
@@ -21,40 +22,38 @@ func registryPath(st state, getenv func(string) string) (string, error) {
 	return st.fileOrState(getenv, "BRAMA_ROUTES_FILE", registryRole, "routes.json")
 }
 
-// readRegistryFile reads the registry under SPEC §2.2's guards, never a file
-// claiming more than 1 MiB. An absent file is errFileAbsent.
-func readRegistryFile(path string) ([]byte, fileIdentity, error) {
-	id, err := guardFile(registryRole, path)
-	if err == nil && id.size > maxRegistryBytes {
-		err = invalidf("registry is %d bytes; the limit is 1 MiB (%d bytes)", id.size, maxRegistryBytes)
+// registryTooBig refuses a file claiming more than 1 MiB before it is read.
+func registryTooBig(size int64) error {
+	if size > maxRegistryBytes {
+		return invalidf("registry is %d bytes; the limit is 1 MiB (%d bytes)", size, maxRegistryBytes)
 	}
-	if err != nil {
-		return nil, id, err
-	}
-	return readGuarded(registryRole, path)
+	return nil
 }
 
 // registry is the route registry file, read cached by file identity (SPEC
 // §4.2); set, remove and migrateRegistry replace it under its lock (§4.4).
 type registry struct {
-	path    string // "" when pathErr is set
-	pathErr error  // the *noStateError when no file can be named
+	stateFile[*routesDoc] // path "" when pathErr is set; keeps a parse failure
+
 	j       *journal
 	log     *slog.Logger
-
 	writeMu sync.Mutex // serializes set and remove within this process
 
-	mu         sync.Mutex // guards the fields below
-	cached     bool       // id, doc and err hold the last parse of the file
-	id         fileIdentity
-	doc        *routesDoc
-	err        error
-	parses     int    // files parsed so far; lets tests prove an unchanged file costs none
-	lastLogged string // the failure last logged as inference_routes_invalid
+	logMu      sync.Mutex   // held by current, guards lastLogged
+	lastLogged string       // the failure last logged as inference_routes_invalid
+	parses     atomic.Int32 // files parsed so far; lets tests prove an unchanged file costs none
 }
 
 func newRegistry(path string, pathErr error, j *journal, log *slog.Logger) *registry {
-	return &registry{path: path, pathErr: pathErr, j: j, log: log}
+	r := &registry{j: j, log: log}
+	r.stateFile = stateFile[*routesDoc]{role: registryRole, path: path, pathErr: pathErr, keepErr: true, tooBig: registryTooBig,
+		parse: func(b []byte) (*routesDoc, error) {
+			if b != nil { // nil: the file is absent
+				r.parses.Add(1)
+			}
+			return parseRegistry(b)
+		}}
+	return r
 }
 
 // current returns the shared document, parsing only a changed file; absent
@@ -63,25 +62,9 @@ func (r *registry) current() (*routesDoc, error) {
 	if r.pathErr != nil {
 		return emptyRoutesDoc(), nil
 	}
-	id, err := guardFile(registryRole, r.path) // one Lstat, outside the lock
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if err == nil && r.cached && id == r.id {
-		return r.doc, r.err
-	}
-	var b []byte
-	if err == nil {
-		b, id, err = readRegistryFile(r.path)
-	}
-	var doc *routesDoc
-	if r.cached = err == nil; r.cached {
-		r.parses++
-		doc, err = parseRegistry(b)
-		r.id, r.doc, r.err = id, doc, err
-	}
-	if errors.Is(err, errFileAbsent) {
-		doc, err = emptyRoutesDoc(), nil
-	}
+	r.logMu.Lock()
+	defer r.logMu.Unlock()
+	doc, err := r.load()
 	if err != nil {
 		if reason := err.Error(); reason != r.lastLogged {
 			r.log.Warn("inference_routes_invalid", "reason", reason)
@@ -137,19 +120,15 @@ func (r *registry) remove(alias, by string) (*routesDoc, error) {
 // can take the record, re-validates, renames and journals. A journal failure
 // after the rename cannot undo it: journal_append_failed is logged.
 func (r *registry) write(change func(doc *routesDoc) (journalRecord, error)) (*routesDoc, error) {
-	if r.pathErr != nil {
-		return nil, refuse("dependency_unavailable", "the route registry cannot be written: %v", r.pathErr).because(r.pathErr)
+	if err := r.pathErr; err != nil {
+		return nil, refuse("dependency_unavailable", "the route registry cannot be written: %v", err).because(err)
 	}
 	r.writeMu.Lock()
 	defer r.writeMu.Unlock()
 	var committed *routesDoc
 	err := withFileLock(r.path, func() error {
-		doc := emptyRoutesDoc()
-		b, _, err := readRegistryFile(r.path)
-		if err == nil {
-			doc, err = parseRegistry(b)
-		}
-		if err != nil && !errors.Is(err, errFileAbsent) {
+		doc, err := r.fresh()
+		if err != nil {
 			return refuse("state_conflict", "the route registry on disk is invalid (repair it or run brama routes migrate): %v", err).because(err)
 		}
 		rec, err := change(doc) // doc was parsed just now; nobody else holds it
@@ -194,11 +173,8 @@ func migrateRegistry(path string) (committed []byte, dropped []string, doc *rout
 		return nil, nil, nil, err // before the lock: an absent file gets no lock file either
 	}
 	err = withFileLock(path, func() error {
-		b, _, err := readRegistryFile(path)
-		var members map[string]json.RawMessage
-		if err == nil {
-			members, err = registryMembers(b)
-		}
+		f := stateFile[map[string]json.RawMessage]{role: registryRole, path: path, parse: registryMembers, absentErr: true, tooBig: registryTooBig}
+		members, err := f.fresh()
 		if err == nil && members == nil {
 			err = invalidf("registry %s is empty; there is no document to migrate", path)
 		}
