@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -211,10 +212,6 @@ func (c *catalog) loadCache(st state) {
 	}
 	c.cachePath = name
 	b, _, err := readGuarded("model metadata cache", name)
-	if errors.Is(err, errFileAbsent) {
-		c.cacheErr = errors.New("there is no cached copy")
-		return
-	}
 	var cc catalogCache
 	if err == nil {
 		err = json.Unmarshal(b, &cc)
@@ -223,14 +220,16 @@ func (c *catalog) loadCache(st state) {
 	if err == nil {
 		data, err = parseCatalog(cc.Body)
 	}
-	if err != nil {
+	switch {
+	case errors.Is(err, errFileAbsent):
+		c.cacheErr = errors.New("there is no cached copy")
+	case err != nil:
 		c.cacheErr = fmt.Errorf("the cached copy is unreadable: %w", err)
 		c.log.Warn("model_metadata_cache_unreadable", "cause", err.Error())
-		return
-	}
-	c.data, c.loadedAt = data, cc.FetchedAt
-	if cc.FetchedAt.After(c.now()) {
-		c.loadedAt = time.Time{} // a fetch time from the future has no usable age
+	case cc.FetchedAt.After(c.now()):
+		c.data = data // a fetch time from the future has no usable age
+	default:
+		c.data, c.loadedAt = data, cc.FetchedAt
 	}
 }
 
@@ -284,8 +283,7 @@ func (c *catalog) current() (catalogData, string) {
 	case c.path != "":
 		return nil, unavailable + "the catalogue file has not been read"
 	case c.url == "":
-		return nil, unavailable + "live reads are off (BRAMA_MODEL_CATALOG_URL=off) and " +
-			cmp.Or(c.cacheErr, errors.New("there is no cached copy")).Error()
+		return nil, unavailable + "live reads are off (BRAMA_MODEL_CATALOG_URL=off) and " + c.cacheErr.Error()
 	case c.kick == nil:
 		return nil, unavailable + "no catalogue read has been started"
 	}
@@ -369,28 +367,23 @@ func parseCatalog(b []byte) (catalogData, error) {
 // ok=false when it is not an object or has no id.
 func parseCatalogModel(id string, raw json.RawMessage) (modelInfo, bool) {
 	var m struct {
-		ReleaseDate json.RawMessage `json:"release_date"`
-		Limit       json.RawMessage `json:"limit"`
-		Modalities  json.RawMessage `json:"modalities"`
+		ReleaseDate string `json:"release_date"`
+		Limit       struct{ Context, Output any }
+		Modalities  struct{ Input, Output any }
 	}
-	if id == "" || json.Unmarshal(raw, &m) != nil || string(raw) == "null" {
+	if id == "" || !bytes.HasPrefix(raw, []byte("{")) { // a RawMessage starts at its value
 		return modelInfo{}, false
 	}
-	var limit struct{ Context, Output any }
-	var mod struct{ Input, Output any }
-	var date string
-	json.Unmarshal(m.Limit, &limit)    // not an object: no limits
-	json.Unmarshal(m.Modalities, &mod) // members of the wrong type are left out below
-	json.Unmarshal(m.ReleaseDate, &date)
-	_, day := time.Parse("2006-01-02", date)
-	_, month := time.Parse("2006-01", date) // some entries carry only the month; both sort as strings
+	json.Unmarshal(raw, &m) // a member of the wrong type is left out, the rest still read
+	_, day := time.Parse("2006-01-02", m.ReleaseDate)
+	_, month := time.Parse("2006-01", m.ReleaseDate) // some entries carry only the month; both sort as strings
 	if day != nil && month != nil {
-		date = ""
+		m.ReleaseDate = ""
 	}
 	return modelInfo{
-		ID: id, ReleaseDate: date,
-		Limit:      catalogLimit{catalogCount(limit.Context), catalogCount(limit.Output)},
-		Modalities: catalogModalities{catalogStrings(mod.Input), catalogStrings(mod.Output)},
+		ID: id, ReleaseDate: m.ReleaseDate,
+		Limit:      catalogLimit{catalogCount(m.Limit.Context), catalogCount(m.Limit.Output)},
+		Modalities: catalogModalities{catalogStrings(m.Modalities.Input), catalogStrings(m.Modalities.Output)},
 	}, true
 }
 

@@ -155,14 +155,13 @@ func (r *registry) write(change func(doc *routesDoc) (journalRecord, error)) (*r
 		}
 		return nil
 	})
-	var ae *apiError
-	switch {
-	case err == nil:
+	if err == nil {
 		return committed, nil
-	case errors.As(err, &ae):
-		return nil, ae
 	}
-	return nil, refuse("internal_error", "route registry lock: %v", err).because(err)
+	if !errors.As(err, new(*apiError)) { // fn's refusals come back as they are
+		err = refuse("internal_error", "route registry lock: %v", err).because(err)
+	}
+	return nil, err
 }
 
 // migrateRegistry is `brama routes migrate` (SPEC §4.4): it drops the

@@ -109,7 +109,6 @@ func parseRegistry(b []byte) (*routesDoc, error) {
 		return nil, err
 	}
 	return validateRegistry(m) // nil members: the empty registry
-
 }
 
 // registryMembers decodes b with decodeStrict (no duplicate key: two readers
