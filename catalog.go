@@ -269,10 +269,7 @@ func (c *catalog) current() (catalogData, string) {
 		c.settleLocked("file", data, err, now)
 	case c.path == "" && c.kick != nil && !c.refreshing && stale() && mayTry:
 		c.refreshing = true
-		select {
-		case c.kick <- struct{}{}:
-		default:
-		}
+		c.kick <- struct{}{} // never blocks: refreshing admits one kick at a time to its one slot
 	}
 	const unavailable = "the model catalogue is unavailable: "
 	switch {
@@ -280,8 +277,6 @@ func (c *catalog) current() (catalogData, string) {
 		return c.data, ""
 	case c.lastErr != nil:
 		return nil, unavailable + c.lastErr.Error()
-	case c.path != "":
-		return nil, unavailable + "the catalogue file has not been read"
 	case c.url == "":
 		return nil, unavailable + "live reads are off (BRAMA_MODEL_CATALOG_URL=off) and " + c.cacheErr.Error()
 	case c.kick == nil:

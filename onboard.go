@@ -50,9 +50,6 @@ func onboard(ctx context.Context, getenv func(string) string, sy sys, model stri
 	}
 	f := stateFile[*onboardProgress]{role: onboardRole, path: path, parse: parseOnboarding}
 	prog, err := f.fresh() // a file failing the guards is refused, never overwritten
-	if errors.Is(err, errOnboardingInvalid) {
-		err = fmt.Errorf("%w (remove the file to start the journey again)", err)
-	}
 	if err != nil {
 		return fmt.Errorf("the state directory is not usable: %w", err)
 	}
@@ -140,7 +137,7 @@ func parseOnboarding(b []byte) (*onboardProgress, error) {
 		return prog, nil
 	}
 	if err := decodeStrict(onboardFile, b, prog); err != nil {
-		return nil, fmt.Errorf("%w: %w", errOnboardingInvalid, err)
+		return nil, fmt.Errorf("%w: %w (remove the file to start the journey again)", errOnboardingInvalid, err)
 	}
 	return prog, nil
 }
