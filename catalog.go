@@ -21,9 +21,8 @@ import (
 	"time"
 )
 
-// The model catalogue (SPEC §6.4): a file read on demand, or a URL read in
-// the background and kept in the model metadata cache, held for a TTL.
-// Advisory: it makes no route available and no request waits on the network.
+// The model catalogue (SPEC §6.4): a file read on demand, or a URL read in the background
+// into the model metadata cache. Advisory: no route needs it, no request waits on it.
 
 const ( // SPEC §16
 	defaultCatalogURL = "https://models.dev/api.json"
@@ -92,9 +91,8 @@ type catalog struct {
 	cacheErr   error         // why the cache could not supply data
 }
 
-// newCatalog configures the catalogue from the environment (SPEC §16) and,
-// for a URL, fills memory from the local cache; a file is read by the first
-// lookup, a URL by start.
+// newCatalog configures the catalogue (SPEC §16) and, for a URL, fills memory from the
+// cache; a file is read by the first lookup, a URL by start.
 func newCatalog(st state, getenv func(string) string, client *http.Client, log *slog.Logger, now func() time.Time) *catalog {
 	c := &catalog{client: client, log: log, now: now, ttl: defaultCatalogTTL}
 	if v := strings.TrimSpace(getenv("BRAMA_MODEL_CATALOG_TTL_SECS")); v != "" {
@@ -245,9 +243,8 @@ func (c *catalog) settleLocked(source string, data catalogData, err error, now t
 	c.data, c.loadedAt = data, now
 }
 
-// current is the catalogue usable now, or nil with the cause. A file is read
-// on demand; for a URL, memory absent or past the TTL kicks one background
-// read. A failed read waits a TTL.
+// current is the catalogue usable now, or nil with the cause. A file is read on demand; a URL's
+// memory absent or past the TTL kicks one background read. A failed read waits a TTL.
 func (c *catalog) current() (catalogData, string) {
 	now := c.now()
 	c.mu.Lock()
@@ -328,9 +325,8 @@ func (c *catalog) models(provider string) []modelInfo {
 // vendor objects; parseCatalog wraps it in every error it returns.
 var errCatalogShape = errors.New("the model catalogue is not a JSON object of provider objects")
 
-// parseCatalog reads models.dev's api.json, vendor → {"models": {id →
-// model}}, strict only at the top: below, what Brama does not understand is
-// left out, since the document grows. The key, not "id", is a model's id.
+// parseCatalog reads api.json, vendor → {"models": {id → model}}, strict only at the top: the
+// document grows, so what Brama does not understand is left out. The key is a model's id.
 func parseCatalog(b []byte) (catalogData, error) {
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(b, &top); err != nil || top == nil {

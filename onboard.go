@@ -9,9 +9,8 @@ import (
 	"time"
 )
 
-// `brama onboard` (SPEC §14) walks the first-use journey in this process, no
-// daemon and no bearer: state directory → a client → a route → one real
-// answer, made through the dispatcher's own plan and callProvider.
+// `brama onboard` (SPEC §14) walks the first-use journey in-process, no daemon or bearer:
+// state directory → a client → a route → one real answer, through plan and callProvider.
 
 // Onboarding steps in journey order, as printed ("done <step>") and kept in
 // onboarding.json, the progress file (SPEC §2.2).
@@ -37,9 +36,8 @@ type onboardStep struct {
 	Model  string `json:"model,omitempty"` // route and answer: the model named
 }
 
-// onboard walks the journey: model is the route of the one billable call,
-// made only with allowCost; say prints "done <step>" or "next: <command>",
-// and a "next:" returns errRefused. Only ctx cancels the call (SPEC §7.4).
+// onboard walks the journey; model is the route of the one billable call, made only with
+// allowCost. A "next: <command>" returns errRefused; only ctx cancels the call (SPEC §7.4).
 func onboard(ctx context.Context, getenv func(string) string, sy sys, model string, allowCost bool, say func(string)) error {
 	d := openDeps(getenv, sy)
 
@@ -161,9 +159,8 @@ func (prog *onboardProgress) validate() error {
 	return nil
 }
 
-// onboardPlan plans the call for model as the daemon would (a bare
-// deployment name as local-openai/<name>), refusing subscription routes and
-// selectors: their ledger is the daemon's (SPEC §2.3, §14).
+// onboardPlan plans model's call as the daemon would (a bare deployment as local-openai/<name>),
+// refusing subscription routes and selectors: their ledger is the daemon's (SPEC §2.3, §14).
 func (s *server) onboardPlan(model string) (c call, req chatRequest, next string, err error) {
 	if doc, err := s.reg.current(); err == nil {
 		if _, isAlias := doc.Routes[model]; !isAlias {

@@ -83,11 +83,8 @@ func (d *perfDocument) validate() error {
 	return nil
 }
 
-// record adds one request for route. A route gets its entry when it first
-// serves: a failure counts only on a route that has served, so invented names
-// leave nothing behind (SPEC §13; issue 10: 20,000 unknown names made
-// /metrics 54 MB). Tokens per second needs a success with output and a
-// measurable time.
+// record adds one request for route. A failure counts only on a route that has served, so
+// invented names leave nothing (SPEC §13; issue 10: 20,000 of them made /metrics 54 MB).
 func (p *perfRegistry) record(route string, ok bool, latency time.Duration, outputTokens int) {
 	ms := max(latency.Milliseconds(), 0)
 	now := p.now()
@@ -117,9 +114,8 @@ func (p *perfRegistry) record(route string, ok bool, latency time.Duration, outp
 // numbers were only ever in memory.
 func (p *perfRegistry) flush() error { return p.write(p.now(), true) }
 
-// write snapshots the registry into perf.json 30 s after the last flush
-// (even a failed one), or now with force; numbered, so racing writes never
-// leave older numbers.
+// write snapshots the registry into perf.json 30 s after the last flush (even a failed
+// one), or now with force; numbered, so racing writes never leave older numbers.
 func (p *perfRegistry) write(now time.Time, force bool) error {
 	name, err := p.st.path(perfRole, perfFile)
 	p.mu.Lock()
@@ -176,9 +172,8 @@ var perfFamilies = []perfFamily{
 // promMetricName is the Prometheus metric name grammar.
 var promMetricName = regexp.MustCompile(`^[a-zA-Z_:][a-zA-Z0-9_:]*$`)
 
-// writeMetrics renders the perf registry, then the extras by name (_total: a
-// counter), in the Prometheus text format 0.0.4, skipping a name outside the
-// grammar or taken by a route family.
+// writeMetrics renders the perf registry, then the extras (_total: a counter) in Prometheus
+// text format 0.0.4, skipping a name outside the grammar or taken by a route family.
 func writeMetrics(w io.Writer, perf map[string]perfEntry, extra map[string]float64) {
 	var b strings.Builder
 	if routes := slices.Sorted(maps.Keys(perf)); len(routes) > 0 {

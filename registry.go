@@ -46,8 +46,8 @@ type registry struct {
 
 func newRegistry(path string, pathErr error, j *journal, log *slog.Logger) *registry {
 	r := &registry{j: j, log: log}
-	r.stateFile = stateFile[*routesDoc]{role: registryRole, path: path, pathErr: pathErr, keepErr: true, tooBig: registryTooBig,
-		parse: func(b []byte) (*routesDoc, error) {
+	r.stateFile = stateFile[*routesDoc]{role: registryRole, path: path, pathErr: pathErr,
+		keepErr: true, tooBig: registryTooBig, parse: func(b []byte) (*routesDoc, error) {
 			if b != nil { // nil: the file is absent
 				r.parses.Add(1)
 			}
@@ -86,9 +86,8 @@ func (r *registry) set(alias, destination, by string) (*routesDoc, error) {
 		if err := checkRoute(doc, alias, dest); err != nil {
 			return journalRecord{}, refuse("invalid_request", "%v", err)
 		}
-		// With every direct credential assumed present, capability_absent is
-		// an unknown provider or a missing deployment: readers accept it,
-		// writers never create it.
+		// Every credential assumed, capability_absent is an unknown provider or a
+		// missing deployment: readers accept it, writers never create it.
 		if st, reason := aliasState(doc, dest, func(string) bool { return true }); st != stateServing {
 			return journalRecord{}, refuse("invalid_request", "registry route %q: %s", alias, reason)
 		}
@@ -115,10 +114,8 @@ func (r *registry) remove(alias, by string) (*routesDoc, error) {
 	})
 }
 
-// write is the one read-modify-rename of SPEC §4.4: under the process mutex
-// and the flock it re-reads the file, lets change edit it, checks the journal
-// can take the record, re-validates, renames and journals. A journal failure
-// after the rename cannot undo it: journal_append_failed is logged.
+// write is SPEC §4.4's one read-modify-rename under the mutex and flock; a journal
+// failure after the rename cannot undo it, so journal_append_failed is logged.
 func (r *registry) write(change func(doc *routesDoc) (journalRecord, error)) (*routesDoc, error) {
 	if err := r.pathErr; err != nil {
 		return nil, refuse("dependency_unavailable", "the route registry cannot be written: %v", err).because(err)
@@ -164,15 +161,15 @@ func (r *registry) write(change func(doc *routesDoc) (journalRecord, error)) (*r
 	return nil, err
 }
 
-// migrateRegistry is `brama routes migrate` (SPEC §4.4): it drops the
-// top-level members schema 1 lacks (returned sorted) and commits the rest,
-// validated and canonical; an invalid file is left untouched.
+// migrateRegistry is `brama routes migrate` (SPEC §4.4): it drops the members schema 1
+// lacks (returned sorted), commits the rest canonical; an invalid file is left untouched.
 func migrateRegistry(path string) (committed []byte, dropped []string, doc *routesDoc, err error) {
 	if _, err := guardFile(registryRole, path); err != nil {
 		return nil, nil, nil, err // before the lock: an absent file gets no lock file either
 	}
 	err = withFileLock(path, func() error {
-		f := stateFile[map[string]json.RawMessage]{role: registryRole, path: path, parse: registryMembers, absentErr: true, tooBig: registryTooBig}
+		f := stateFile[map[string]json.RawMessage]{role: registryRole, path: path, absentErr: true,
+			parse: registryMembers, tooBig: registryTooBig}
 		members, err := f.fresh()
 		if err == nil && members == nil {
 			err = invalidf("registry %s is empty; there is no document to migrate", path)
@@ -271,9 +268,8 @@ type resolution struct {
 	BaseURL  string       // local-openai only: "http://host:port/v1"
 }
 
-// resolveModel applies SPEC §5.1 and picks the §5.3 mode. With docErr, a
-// name that could be an alias is routes_file_invalid (selectors, best and
-// known canonical routes still resolve). Refusals carry no attempts.
+// resolveModel applies SPEC §5.1 and picks the §5.3 mode. With docErr, a name that could
+// be an alias is routes_file_invalid (selectors, best, known canonical routes resolve).
 func resolveModel(name string, doc *routesDoc, docErr error, hasDirect func(string) bool, hasBillingTarget bool) (resolution, error) {
 	switch {
 	case name == "":
