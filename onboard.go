@@ -86,21 +86,12 @@ func onboard(ctx context.Context, getenv func(string) string, sy sys, model stri
 	s := &server{log: sy.log, getenv: getenv, st: d.st, now: sy.now, clients: d.clients, vault: d.vault, journal: d.journal, reg: d.reg}
 	s.client = newProviderClient()
 	s.catalog = newCatalog(d.st, getenv, s.client, sy.log, sy.now)
-	var c call
-	var req chatRequest
-	if model == "" {
-		if !s.anyDirectPayer() {
-			say("next: brama credentials set <provider>")
-			return errRefused
-		}
-	} else {
-		var next string
-		if c, req, next, err = s.onboardPlan(model); err != nil {
-			if next != "" {
-				say("next: " + next)
-			}
-			return err
-		}
+	c, req, next, err := s.onboardPlan(model)
+	if next != "" {
+		say("next: " + next)
+	}
+	if err != nil {
+		return err
 	}
 	if err := mark(stepRoute, c.res.Route); err != nil {
 		return err
@@ -161,7 +152,14 @@ func (prog *onboardProgress) validate() error {
 
 // onboardPlan plans model's call as the daemon would (a bare deployment as local-openai/<name>),
 // refusing subscription routes and selectors: their ledger is the daemon's (SPEC §2.3, §14).
+// With no model it only asks that some direct credential or deployment can pay.
 func (s *server) onboardPlan(model string) (c call, req chatRequest, next string, err error) {
+	switch {
+	case model == "" && !s.anyDirectPayer():
+		return c, req, "brama credentials set <provider>", errRefused
+	case model == "":
+		return c, req, "", nil
+	}
 	if doc, err := s.reg.current(); err == nil {
 		if _, isAlias := doc.Routes[model]; !isAlias {
 			if _, _, n := doc.lookupLocal(model); n == 1 {
