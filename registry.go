@@ -82,41 +82,15 @@ func (r *registry) set(alias, destination, by string) (*routesDoc, error) {
 	if err := checkAlias(alias); err != nil {
 		return nil, refuse("invalid_request", "%v", err)
 	}
-	return r.write(func(doc *routesDoc) (journalRecord, error) {
-		if err := checkRoute(doc, alias, dest); err != nil {
-			return journalRecord{}, refuse("invalid_request", "%v", err)
-		}
-		// Every credential assumed, capability_absent is an unknown provider or a
-		// missing deployment: readers accept it, writers never create it.
-		if st, reason := aliasState(doc, dest, func(string) bool { return true }); st != stateServing {
-			return journalRecord{}, refuse("invalid_request", "registry route %q: %s", alias, reason)
-		}
-		rec := journalRecord{Kind: "route_change", Alias: alias, To: &dest, By: by}
-		if old, ok := doc.Routes[alias]; ok {
-			rec.From = &old
-		}
-		doc.Routes[alias] = dest
-		return rec, nil
-	})
+	return r.write(alias, &dest, by)
 }
 
 // remove deletes alias (SPEC §4.4) and returns the committed document.
-func (r *registry) remove(alias, by string) (*routesDoc, error) {
-	return r.write(func(doc *routesDoc) (journalRecord, error) {
-		old, ok := doc.Routes[alias]
-		if !ok {
-			e := refuse("alias_unknown", "alias %q is not declared in the route registry", alias)
-			e.Details = &aliasDetails{Alias: alias, State: stateNoRoute}
-			return journalRecord{}, e
-		}
-		delete(doc.Routes, alias)
-		return journalRecord{Kind: "route_change", Alias: alias, From: &old, By: by}, nil
-	})
-}
+func (r *registry) remove(alias, by string) (*routesDoc, error) { return r.write(alias, nil, by) }
 
-// write is SPEC §4.4's one read-modify-rename under the mutex and flock; a journal
-// failure after the rename cannot undo it, so journal_append_failed is logged.
-func (r *registry) write(change func(doc *routesDoc) (journalRecord, error)) (*routesDoc, error) {
+// write is SPEC §4.4's one read-modify-rename under the mutex and flock, pointing alias at
+// *to or, nil, removing it; a journal failure after the rename is logged: it cannot undo it.
+func (r *registry) write(alias string, to *string, by string) (*routesDoc, error) {
 	if err := r.pathErr; err != nil {
 		return nil, refuse("dependency_unavailable", "the route registry cannot be written: %v", err).because(err)
 	}
@@ -128,11 +102,28 @@ func (r *registry) write(change func(doc *routesDoc) (journalRecord, error)) (*r
 		if err != nil {
 			return refuse("state_conflict", "the route registry on disk is invalid (repair it or run brama routes migrate): %v", err).because(err)
 		}
-		rec, err := change(doc) // doc was parsed just now; nobody else holds it
-		if err != nil {
-			return err
+		rec := journalRecord{Kind: "route_change", Alias: alias, To: to, By: cmp.Or(by, "cli")}
+		if old, ok := doc.Routes[alias]; ok {
+			rec.From = &old
 		}
-		rec.By = cmp.Or(rec.By, "cli")
+		switch { // doc was parsed just now; nobody else holds it
+		case to == nil && rec.From == nil:
+			e := refuse("alias_unknown", "alias %q is not declared in the route registry", alias)
+			e.Details = &aliasDetails{Alias: alias, State: stateNoRoute}
+			return e
+		case to == nil:
+			delete(doc.Routes, alias)
+		default:
+			if err := checkRoute(doc, alias, *to); err != nil {
+				return refuse("invalid_request", "%v", err)
+			}
+			// Every credential assumed, capability_absent is an unknown provider or a
+			// missing deployment: readers accept it, writers never create it.
+			if st, reason := aliasState(doc, *to, func(string) bool { return true }); st != stateServing {
+				return refuse("invalid_request", "registry route %q: %s", alias, reason)
+			}
+			doc.Routes[alias] = *to
+		}
 		if err := r.j.ready(); err != nil {
 			return refuse("dependency_unavailable", "route registry not changed: the journal cannot record it: %v", err).because(err)
 		}
