@@ -454,14 +454,14 @@ func renderChat(req chatRequest, a chatAnswer) any {
 // chatCallerStream writes chat.completion.chunk frames. Chat has no
 // block framing: a tool call's deltas carry its call index.
 type chatCallerStream struct {
-	sse        *callerSSE
+	sse        *callerStream
 	id         string
 	created    int64
 	model      string
 	finishSent bool
 }
 
-func newChatCallerStream(sse *callerSSE, _ chatRequest, model string) blockWriter {
+func newChatCallerStream(sse *callerStream, _ chatRequest, model string) blockWriter {
 	return &chatCallerStream{sse: sse, id: newAnswerID("chatcmpl-"), created: time.Now().Unix(), model: model}
 }
 

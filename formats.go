@@ -248,7 +248,7 @@ type wireFormat struct {
 	encode            func(req chatRequest, model string, o upstreamOptions) (any, error)
 	decode            func(body []byte) (chatAnswer, error)
 	render            func(req chatRequest, a chatAnswer) any
-	callerStream      func(sse *callerSSE, req chatRequest, model string) blockWriter
+	callerStream      func(sse *callerStream, req chatRequest, model string) blockWriter
 	upstreamStream    func() streamTranslator
 }
 

@@ -487,11 +487,11 @@ func renderMessages(req chatRequest, a chatAnswer) any {
 // messagesCallerStream writes Anthropic's message events, one content
 // block at a time, and keeps the whole message.
 type messagesCallerStream struct {
-	sse *callerSSE
+	sse *callerStream
 	msg messagesAnswer
 }
 
-func newMessagesCallerStream(sse *callerSSE, _ chatRequest, model string) blockWriter {
+func newMessagesCallerStream(sse *callerStream, _ chatRequest, model string) blockWriter {
 	return &messagesCallerStream{sse: sse, msg: messagesAnswer{ID: newAnswerID("msg_"), Type: "message", Role: "assistant",
 		Model: model, Content: []messagesBlock{}, Usage: &messagesUsage{}}}
 }

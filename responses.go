@@ -407,13 +407,13 @@ func renderResponses(req chatRequest, a chatAnswer) any {
 // responsesCallerStream writes Responses events, one output item at a
 // time, and keeps the whole response for response.completed.
 type responsesCallerStream struct {
-	sse  *callerSSE
+	sse  *callerStream
 	req  chatRequest
 	seq  int // sequence_number of the next event
 	resp responsesObject
 }
 
-func newResponsesCallerStream(sse *callerSSE, req chatRequest, model string) blockWriter {
+func newResponsesCallerStream(sse *callerStream, req chatRequest, model string) blockWriter {
 	resp := responsesObject{ID: newAnswerID("resp_"), Object: "response", CreatedAt: time.Now().Unix(), Model: model, Output: []*responsesItem{}}
 	return &responsesCallerStream{sse: sse, req: req, resp: resp}
 }
