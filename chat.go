@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -109,7 +110,7 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 		return chatRequest{}, err
 	}
 	dropUnknown(&req.Dropped, body, "", chatKnown)
-	req.Shared = b.openAIShared
+	req.Shared, req.ParallelToolCalls = b.openAIShared, b.ParallelToolCalls
 	if b.MaxCompletionTokens != nil { // the newer name wins when both are sent
 		if req.MaxTokens, err = checkCallerMaxTokens("max_completion_tokens", b.MaxCompletionTokens); err != nil {
 			return chatRequest{}, err
@@ -135,15 +136,11 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 	if req.ToolChoice, err = parseOpenAIToolChoice(&req, b.ToolChoice, true); err != nil {
 		return chatRequest{}, err
 	}
-	req.ParallelToolCalls, req.Effort = b.ParallelToolCalls, b.ReasoningEffort
-	if req.Effort != "" {
+	if req.Effort = b.ReasoningEffort; req.Effort != "" {
 		req.EffortPath = "reasoning_effort"
 	}
-	if req.Stop, err = parseStop(b.Stop, "stop"); err != nil {
+	if err = req.setChatStop(b.Stop); err != nil {
 		return chatRequest{}, err
-	}
-	if len(req.Stop) > 0 {
-		req.StopPath = "stop"
 	}
 	if f := b.ResponseFormat; f != nil {
 		o := outputFormat{}
@@ -157,6 +154,23 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 	}
 	req.linkCalls()
 	return req, nil
+}
+
+// setChatStop reads stop sequences: a string or an array of strings.
+func (req *chatRequest) setChatStop(raw json.RawMessage) (err error) {
+	switch rawShape(raw) {
+	case 0, 'n':
+		return nil
+	case '"':
+		req.Stop = []string{""}
+		err = decodeCallerJSON(raw, &req.Stop[0], "stop")
+	default:
+		err = decodeCallerJSON(raw, &req.Stop, "stop")
+	}
+	if len(req.Stop) > 0 {
+		req.StopPath = "stop"
+	}
+	return err
 }
 
 // addChatMessage adds one Chat Completions message to req.
@@ -185,22 +199,19 @@ func (req *chatRequest) addChatMessage(m chatMessage, what string) error {
 			}
 		}
 		for i, tc := range m.ToolCalls {
-			tw := fmt.Sprintf("%s.tool_calls[%d]", what, i)
-			p := part{Type: partToolCall, ToolCallID: tc.ID}
+			if tc.Type == "custom" {
+				tc.Function = nil
+			} else {
+				tc.Custom = nil
+			}
+			c, ok := tc.call()
 			switch {
-			case (tc.Type == "" || tc.Type == "function") && tc.Function != nil && tc.Function.Arguments != nil:
-				p.ToolName, p.Arguments = tc.Function.Name, *tc.Function.Arguments
-			case (tc.Type == "" || tc.Type == "function") && tc.Function != nil:
-				p.ToolName = tc.Function.Name
-			case tc.Type == "custom" && tc.Custom != nil && tc.Custom.Input != nil:
-				p.ToolName, p.Arguments, p.Custom = tc.Custom.Name, *tc.Custom.Input, true
-			default:
-				return refuseInvalid("%s must be a function or custom call", tw)
+			case !ok || tc.Type != "" && tc.Type != "function" && tc.Type != "custom":
+				return refuseInvalid("%s.tool_calls[%d] must be a function or custom call", what, i)
+			case c.ID == "" || c.Name == "":
+				return refuseInvalid("%s.tool_calls[%d] needs an id and a name", what, i)
 			}
-			if p.ToolCallID == "" || p.ToolName == "" {
-				return refuseInvalid("%s needs an id and a name", tw)
-			}
-			parts = append(parts, p)
+			parts = append(parts, part{Type: partToolCall, ToolCallID: c.ID, ToolName: c.Name, Arguments: c.Arguments, Custom: c.Custom})
 		}
 		if len(parts) == 0 {
 			return refuseInvalid("%s needs content or tool_calls", what)
@@ -266,12 +277,12 @@ func chatToolDef(t chatTool) openAITool {
 	return openAITool{Type: "hosted"}
 }
 
-// encodeChat builds a Chat Completions body. Tool results leave their
-// user message as role "tool" messages placed first, since they must follow
-// the assistant turn that called them.
+// encodeChat builds a Chat Completions body. Tool results leave their user
+// message as role "tool" messages placed first: they must follow the
+// assistant turn that called them.
 func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
 	out := chatRequestBody{Model: model, Temperature: req.Temperature, TopP: req.TopP, Stream: o.stream,
-		ParallelToolCalls: req.ParallelToolCalls, ReasoningEffort: req.Effort, Messages: []chatMessage{}}
+		ParallelToolCalls: req.ParallelToolCalls, ReasoningEffort: req.Effort, Messages: []chatMessage{}, openAIShared: req.Shared}
 	if req.MaxTokens > 0 {
 		out.MaxTokens = &req.MaxTokens
 	}
@@ -292,28 +303,23 @@ func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
 			case partText:
 				parts = append(parts, chatPart{Type: "text", Text: &p.Text})
 			case partImage:
-				plain = false
-				parts = append(parts, chatPart{Type: "image_url", ImageURL: &chatURL{p.ImageURL}})
+				plain, parts = false, append(parts, chatPart{Type: "image_url", ImageURL: &chatURL{p.ImageURL}})
 			case partDocument:
-				plain = false
-				parts = append(parts, chatPart{Type: "file", File: &chatFile{FileData: p.FileURL, Filename: p.Filename}})
+				plain, parts = false, append(parts, chatPart{Type: "file", File: &chatFile{FileData: p.FileURL, Filename: p.Filename}})
 			case partToolCall:
 				calls = append(calls, chatCall(p.ToolCallID, p.ToolName, p.Arguments, p.Custom))
 			case partToolResult:
 				out.Messages = append(out.Messages, chatMessage{Role: "tool", ToolCallID: p.ToolCallID, Content: jsonText(p.Text)})
 			}
 		}
-		msg := chatMessage{Role: m.Role, ToolCalls: calls}
+		msg := chatMessage{Role: m.Role, ToolCalls: calls, Content: json.RawMessage("null")}
 		switch {
 		case len(parts) == 0 && len(calls) == 0:
 			continue // only tool results: already sent as role "tool"
-		case plain || m.Role != "user":
-			msg.Content = jsonText(textOf(m.Parts))
-			if len(parts) == 0 {
-				msg.Content = json.RawMessage("null")
-			}
-		default:
+		case !plain && m.Role == "user":
 			msg.Content, _ = json.Marshal(parts)
+		case len(parts) > 0:
+			msg.Content = jsonText(textOf(m.Parts))
 		}
 		out.Messages = append(out.Messages, msg)
 	}
@@ -324,18 +330,14 @@ func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
 			out.Tools = append(out.Tools, chatTool{Type: "function", Function: &chatFunction{Name: t.Name, Description: t.Description, Parameters: t.Parameters}})
 		}
 	}
-	if c := req.ToolChoice; c != nil {
+	if c := req.ToolChoice; c != nil && c.Mode == toolChoiceTool {
+		kind := req.toolKind(c.Name)
+		out.ToolChoice = must(json.Marshal(map[string]any{"type": kind, kind: map[string]string{"name": c.Name}}))
+	} else if c != nil {
 		out.ToolChoice = jsonText(c.Mode)
-		if c.Mode == toolChoiceTool {
-			kind := "function"
-			if t := req.findTool(c.Name); t != nil && t.Kind == toolCustom {
-				kind = "custom"
-			}
-			out.ToolChoice, _ = json.Marshal(map[string]any{"type": kind, kind: map[string]string{"name": c.Name}})
-		}
 	}
 	if len(req.Stop) > 0 {
-		out.Stop, _ = json.Marshal(req.Stop)
+		out.Stop = must(json.Marshal(req.Stop))
 	}
 	if f := req.Output; f != nil {
 		out.ResponseFormat = &chatFormat{Type: f.Type}
@@ -343,7 +345,6 @@ func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
 			s.Type, out.ResponseFormat.JSONSchema = "", s
 		}
 	}
-	out.openAIShared = req.Shared
 	return out, nil
 }
 
@@ -354,6 +355,25 @@ func chatCall(id, name, args string, custom bool) chatToolCall {
 	}
 	args = argumentsText(args)
 	return chatToolCall{ID: id, Type: "function", Function: &chatFunction{Name: name, Arguments: &args}}
+}
+
+// call is tc as a neutral call: a custom call when it carries custom, else
+// a function call; ok is false when it carries neither.
+func (tc chatToolCall) call() (c toolCall, ok bool) {
+	c = toolCall{ID: tc.ID, Custom: tc.Custom != nil}
+	in := (*string)(nil)
+	switch {
+	case c.Custom:
+		c.Name, in = tc.Custom.Name, tc.Custom.Input
+	case tc.Function != nil:
+		c.Name, in = tc.Function.Name, tc.Function.Arguments
+	default:
+		return c, false
+	}
+	if in != nil {
+		c.Arguments = *in
+	}
+	return c, !c.Custom || in != nil
 }
 
 // chatFinish maps a Chat Completions finish_reason to the neutral one.
@@ -380,7 +400,8 @@ func chatUsageOf(u usage) *chatUsage {
 	return &chatUsage{u.InputTokens, u.OutputTokens, u.InputTokens + u.OutputTokens}
 }
 
-// decodeChat reads a complete Chat Completions answer.
+// decodeChat reads a complete Chat Completions answer; some compatible
+// providers send its content as text parts.
 func decodeChat(body []byte) (chatAnswer, error) {
 	var r chatCompletion
 	if err := json.Unmarshal(body, &r); err != nil {
@@ -391,32 +412,22 @@ func decodeChat(body []byte) (chatAnswer, error) {
 	}
 	c := r.Choices[0]
 	a := chatAnswer{Usage: r.Usage.neutral(), Finish: finishStop}
-	if !rawIsNull(c.Message.Content) {
-		var s string
-		if json.Unmarshal(c.Message.Content, &s) != nil {
-			var parts []chatPart // some compatible providers send text parts
-			if err := json.Unmarshal(c.Message.Content, &parts); err != nil {
-				return chatAnswer{}, malformedAnswer(protoOpenAIChat, err)
-			}
-			for _, p := range parts {
-				if p.Type == "text" && p.Text != nil {
-					s += *p.Text
-				}
+	if !rawIsNull(c.Message.Content) && json.Unmarshal(c.Message.Content, &a.Text) != nil {
+		var parts []chatPart
+		if err := json.Unmarshal(c.Message.Content, &parts); err != nil {
+			return chatAnswer{}, malformedAnswer(protoOpenAIChat, err)
+		}
+		for _, p := range parts {
+			if p.Type == "text" && p.Text != nil {
+				a.Text += *p.Text
 			}
 		}
-		a.Text = s
 	}
 	for _, tc := range c.Message.ToolCalls {
-		call := toolCall{ID: tc.ID}
-		switch {
-		case tc.Custom != nil && tc.Custom.Input != nil:
-			call.Name, call.Arguments, call.Custom = tc.Custom.Name, *tc.Custom.Input, true
-		case tc.Function != nil:
-			call.Name = tc.Function.Name
-			if tc.Function.Arguments != nil {
-				call.Arguments = *tc.Function.Arguments
-			}
+		if tc.Custom != nil && tc.Custom.Input == nil {
+			tc.Custom = nil // then read as a function call
 		}
+		call, _ := tc.call()
 		if call.Name == "" {
 			return chatAnswer{}, malformedAnswer(protoOpenAIChat, nil)
 		}
@@ -430,8 +441,8 @@ func decodeChat(body []byte) (chatAnswer, error) {
 	return a, nil
 }
 
-// renderChat is the chat.completion object for a. content is null when
-// the answer is only tool calls, as OpenAI sends it; usage is left out when
+// renderChat is the chat.completion object for a: content null when the
+// answer is only tool calls, as OpenAI sends it, and usage left out when
 // the provider reported none rather than invented as zeros.
 func renderChat(req chatRequest, a chatAnswer) any {
 	m := chatMessage{Role: "assistant", Content: json.RawMessage("null")}
@@ -451,8 +462,8 @@ func renderChat(req chatRequest, a chatAnswer) any {
 	return out
 }
 
-// chatCallerStream writes chat.completion.chunk frames. Chat has no
-// block framing: a tool call's deltas carry its call index.
+// chatCallerStream writes chat.completion.chunk frames. Chat has no block
+// framing: a tool call's deltas carry its call index.
 type chatCallerStream struct {
 	sse        *callerStream
 	id         string
@@ -474,7 +485,6 @@ func (s *chatCallerStream) chunk(d *chatMessage, finish *string, u *chatUsage) e
 	return s.sse.frame("", c)
 }
 
-// begin writes the role delta chunk.
 func (s *chatCallerStream) begin() error {
 	return s.chunk(&chatMessage{Role: "assistant", Content: jsonText("")}, nil, nil)
 }
@@ -484,9 +494,8 @@ func (s *chatCallerStream) open(_ int, b *streamBlock) error {
 		return nil
 	}
 	tc := chatCall(answerIDOr(b.id, "call_"), b.name, "", b.custom)
-	tc.Index = &b.index
-	if empty := ""; tc.Function != nil {
-		tc.Function.Arguments = &empty
+	if tc.Index = &b.index; tc.Function != nil {
+		tc.Function.Arguments = ptrTo("")
 	}
 	return s.chunk(&chatMessage{ToolCalls: []chatToolCall{tc}}, nil, nil)
 }
@@ -504,19 +513,18 @@ func (s *chatCallerStream) delta(_ int, b *streamBlock, d string) error {
 
 func (s *chatCallerStream) close(int, *streamBlock, string) error { return nil }
 
-// finishNow writes the chunk carrying finish_reason, once: as soon as the
-// finish event arrives, or at the end.
+// finishNow writes the chunk carrying finish_reason, once: when the finish
+// event arrives, or at the end.
 func (s *chatCallerStream) finishNow(t callerStreamTail) error {
 	if s.finishSent {
 		return nil
 	}
 	s.finishSent = true
-	f := answerFinish(t.finish)
-	return s.chunk(&chatMessage{}, &f, nil)
+	return s.chunk(&chatMessage{}, ptrTo(answerFinish(t.finish)), nil)
 }
 
-// end writes the finish chunk if the finish event did not, the usage
-// chunk (choices: []) when usage was reported, then [DONE].
+// end writes the finish chunk if not yet sent, the usage chunk (choices:
+// []) when usage was reported, then [DONE].
 func (s *chatCallerStream) end(t callerStreamTail) error {
 	if err := s.finishNow(t); err != nil {
 		return err
@@ -553,10 +561,7 @@ func (c *chatUpstreamStream) handle(ev sseEvent, emit func(streamEvent) error) (
 	}
 	if ev.Event == "error" || !rawIsNull(ch.Error) {
 		e, _ := errorObject(ch.Error)
-		if e.code == "" {
-			e.code = e.typ
-		}
-		return false, inBandError(e.code)
+		return false, inBandError(cmp.Or(e.code, e.typ))
 	}
 	if ch.Usage != nil {
 		c.usage = ch.Usage.neutral()
@@ -585,40 +590,26 @@ func (c *chatUpstreamStream) handle(ev sseEvent, emit func(streamEvent) error) (
 	return false, nil
 }
 
-// toolDelta emits the start of a new call and the arguments of any.
+// toolDelta emits the start of a call new at its index, then any arguments.
 func (c *chatUpstreamStream) toolDelta(i int, tc chatToolCall, emit func(streamEvent) error) error {
 	if tc.Index != nil {
 		i = *tc.Index
 	}
-	var name, args string
-	custom := tc.Custom != nil
-	switch {
-	case custom:
-		name = tc.Custom.Name
-		if tc.Custom.Input != nil {
-			args = *tc.Custom.Input
-		}
-	case tc.Function != nil:
-		name = tc.Function.Name
-		if tc.Function.Arguments != nil {
-			args = *tc.Function.Arguments
-		}
-	}
+	call, _ := tc.call()
 	ni, ok := c.tools[i]
 	if !ok {
-		if name == "" {
+		if call.Name == "" {
 			return malformedEvent(protoOpenAIChat, errors.New("tool call without a name"))
 		}
-		ni = len(c.tools)
-		c.tools[i] = ni
-		if err := emit(streamEvent{Kind: eventToolCallStart, Index: ni, ToolCall: toolCall{ID: tc.ID, Name: name, Custom: custom}}); err != nil {
+		ni, c.tools[i] = len(c.tools), len(c.tools)
+		if err := emit(streamEvent{Kind: eventToolCallStart, Index: ni, ToolCall: toolCall{ID: call.ID, Name: call.Name, Custom: call.Custom}}); err != nil {
 			return err
 		}
 	}
-	if args == "" {
+	if call.Arguments == "" {
 		return nil
 	}
-	return emit(streamEvent{Kind: eventToolCallArgs, Index: ni, Text: args})
+	return emit(streamEvent{Kind: eventToolCallArgs, Index: ni, Text: call.Arguments})
 }
 
 func (c *chatUpstreamStream) ended(emit func(streamEvent) error) (bool, error) {

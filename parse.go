@@ -381,20 +381,6 @@ func parseOpenAIToolChoice(req *chatRequest, raw json.RawMessage, nested bool) (
 	return nil, refuseInvalid("tool_choice must be a string or an object")
 }
 
-// parseStop reads stop sequences: a string or an array of strings.
-func parseStop(raw json.RawMessage, what string) ([]string, error) {
-	switch rawShape(raw) {
-	case 0, 'n':
-		return nil, nil
-	case '"':
-		var s string
-		err := decodeCallerJSON(raw, &s, what)
-		return []string{s}, err
-	}
-	var ss []string
-	return ss, decodeCallerJSON(raw, &ss, what)
-}
-
 // checkOutput reads a structured-output member: text is none, json_object
 // any JSON, json_schema needs its schema.
 func checkOutput(o *outputFormat, what string) (*outputFormat, error) {
