@@ -4,23 +4,18 @@ import (
 	"bytes"
 	"crypto/rand"
 	"encoding/json"
-	"fmt"
 	"slices"
 	"strings"
 )
 
-// Translation across wire formats (SPEC §7.5, §7.6). Three formats, each in
-// its own file holding both directions, caller side and provider side,
-// buffered and streamed: chat.go (OpenAI Chat Completions), messages.go
-// (Anthropic Messages) and responses.go (OpenAI Responses). Each wire shape
-// is declared once and serves the caller's body, the provider's body, the
-// answer and the stream. This file holds the neutral request and answer
-// between them, the one table of the three formats and what they share;
-// parse.go the rules for reading a caller's body, sse.go the streams.
-//
-// Translation carries every member that has a counterpart in the target
-// format; a member with none is dropped and named (droppedFor), and
-// structured output the target cannot express is refused before any call.
+// Translation across wire formats (SPEC §7.5, §7.6). Each format's file
+// (chat.go, messages.go, responses.go) holds both directions, caller side
+// and provider side, buffered and streamed, each wire shape declared once.
+// This file holds the neutral request and answer between them and the one
+// table of the formats; parse.go the rules for reading a caller's body,
+// sse.go the streams. A member with no counterpart in the target format is
+// dropped and named (droppedFor); structured output the target cannot
+// express is refused before any call.
 
 // chatRequest is one chat request in no particular format.
 type chatRequest struct {
@@ -44,9 +39,8 @@ type chatRequest struct {
 	Dropped           []string       // caller member paths with no counterpart in any other format
 }
 
-// openAIShared holds the members Chat Completions and Responses share
-// under one name and shape: carried between them as sent, dropped and
-// named toward messages.
+// openAIShared holds the members Chat Completions and Responses share under
+// one name and shape: carried between them as sent, dropped toward messages.
 type openAIShared struct {
 	Store            json.RawMessage `json:"store,omitempty"`
 	Metadata         json.RawMessage `json:"metadata,omitempty"`
@@ -55,6 +49,8 @@ type openAIShared struct {
 	SafetyIdentifier json.RawMessage `json:"safety_identifier,omitempty"`
 	User             json.RawMessage `json:"user,omitempty"`
 }
+
+const openAISharedNames = "store metadata service_tier prompt_cache_key safety_identifier user"
 
 // names lists the members that are set.
 func (o openAIShared) names() []string {
@@ -67,11 +63,9 @@ func (o openAIShared) names() []string {
 	return n
 }
 
-const openAISharedNames = "store metadata service_tier prompt_cache_key safety_identifier user"
-
 // message is one turn: "user", "assistant", or "system" for an instruction
-// that stands later in the conversation than the leading System text.
-// Tool results travel as tool_result parts of a user message.
+// later in the conversation than the leading System text. Tool results
+// travel as tool_result parts of a user message.
 type message struct {
 	Role  string
 	Parts []part
@@ -118,25 +112,23 @@ type tool struct {
 	FormatPath  string          // the caller's path of Format, named when messages drops it
 }
 
+// memberName is the tool's name inside its group.
+func (t tool) memberName() string { return strings.TrimPrefix(t.Name, t.Namespace+"__") }
+
+// findTool is the tool named name (flattened), or nil.
+func (req *chatRequest) findTool(name string) *tool {
+	if i := slices.IndexFunc(req.Tools, func(t tool) bool { return t.Name == name }); i >= 0 {
+		return &req.Tools[i]
+	}
+	return nil
+}
+
 // toolKind is the OpenAI type of the tool named name: function or custom.
 func (req *chatRequest) toolKind(name string) string {
 	if t := req.findTool(name); t != nil && t.Kind == toolCustom {
 		return toolCustom
 	}
 	return "function"
-}
-
-// memberName is the tool's name inside its group.
-func (t tool) memberName() string { return strings.TrimPrefix(t.Name, t.Namespace+"__") }
-
-// findTool is the tool named name (flattened), or nil.
-func (req *chatRequest) findTool(name string) *tool {
-	for i := range req.Tools {
-		if req.Tools[i].Name == name {
-			return &req.Tools[i]
-		}
-	}
-	return nil
 }
 
 // toolChoice modes.
@@ -153,10 +145,10 @@ type toolChoice struct {
 	Name string // with toolChoiceTool
 }
 
-// outputFormat is structured output as the OpenAI formats write it
-// (chat's response_format.json_schema, responses' text.format, messages'
-// output_config.format): Type json_schema with a Schema, or json_object
-// for any JSON, which messages cannot express.
+// outputFormat is structured output as the OpenAI formats write it (chat's
+// response_format.json_schema, responses' text.format, messages'
+// output_config.format): json_schema with a Schema, or json_object for any
+// JSON, which messages cannot express.
 type outputFormat struct {
 	Type        string          `json:"type,omitempty"`
 	Name        string          `json:"name,omitempty"`
@@ -213,8 +205,8 @@ const (
 	eventUsage         = "usage"           // Usage
 )
 
-// streamEvent is one translated piece of a streamed answer. A provider stream
-// yields finish (and usage) only when it sent its own terminal signal
+// streamEvent is one translated piece of a streamed answer. A provider
+// stream yields finish (and usage) only after its own terminal signal
 // (SPEC §7.5); the caller's terminal event is written after that alone.
 type streamEvent struct {
 	Kind     string
@@ -240,7 +232,7 @@ type upstreamOptions struct {
 }
 
 // wireFormat is one row of the format table: the caller dialect and the
-// provider protocol of one wire format and every translation function.
+// provider protocol of one wire format and its translation functions.
 type wireFormat struct {
 	dialect, protocol string
 	path              string // the provider endpoint below the base URL
@@ -261,46 +253,38 @@ var wireFormats = []wireFormat{
 
 // formatOf is the format whose dialect or protocol is name, or nil.
 func formatOf(name string) *wireFormat {
-	for i := range wireFormats {
-		if f := &wireFormats[i]; f.dialect == name || f.protocol == name {
-			return f
-		}
+	if i := slices.IndexFunc(wireFormats, func(f wireFormat) bool { return f.dialect == name || f.protocol == name }); i >= 0 {
+		return &wireFormats[i]
 	}
 	return nil
 }
 
-func errUnknownFormat(name string) *apiError {
-	return refuse("internal_error", "internal error").because(fmt.Errorf("unknown wire format %q", name))
+// throughFormat runs do with the format named name; code is the refusal's
+// code when there is none.
+func throughFormat[T any](name, code string, do func(f *wireFormat) (T, error)) (T, error) {
+	if f := formatOf(name); f != nil {
+		return do(f)
+	}
+	var zero T
+	return zero, refuse(code, "unknown wire format %q", name)
 }
 
 // parseRequest parses body as the given dialect into the neutral request.
 // Every error is an *apiError with code invalid_request.
 func parseRequest(dialect string, body []byte) (chatRequest, error) {
-	f := formatOf(dialect)
-	if f == nil {
-		return chatRequest{}, errUnknownFormat(dialect)
-	}
-	return f.parse(body)
+	return throughFormat(dialect, "internal_error", func(f *wireFormat) (chatRequest, error) { return f.parse(body) })
 }
 
 // renderAnswer encodes a buffered answer as the caller's dialect's success
 // body; req is the caller's request, whose tools name the calls.
 func renderAnswer(dialect string, req chatRequest, a chatAnswer) ([]byte, error) {
-	f := formatOf(dialect)
-	if f == nil {
-		return nil, errUnknownFormat(dialect)
-	}
-	return json.Marshal(f.render(req, a))
+	return throughFormat(dialect, "internal_error", func(f *wireFormat) ([]byte, error) { return json.Marshal(f.render(req, a)) })
 }
 
 // decodeUpstreamAnswer decodes a complete 2xx non-stream body. Model is
 // left for the dispatcher, which reports what SPEC §7.6 says.
 func decodeUpstreamAnswer(protocol string, body []byte) (chatAnswer, error) {
-	f := formatOf(protocol)
-	if f == nil {
-		return chatAnswer{}, refuse("provider_failure", "unknown provider protocol %q", protocol)
-	}
-	return f.decode(body)
+	return throughFormat(protocol, "provider_failure", func(f *wireFormat) (chatAnswer, error) { return f.decode(body) })
 }
 
 // droppedFor is every caller member the request to p loses: those with no
@@ -386,7 +370,7 @@ var emptySchema = json.RawMessage(`{"type":"object","properties":{}}`)
 // toward messages (SPEC §7.6).
 var customInputSchema = json.RawMessage(`{"type":"object","properties":{"input":{"type":"string"}},"required":["input"]}`)
 
-// toolArguments is a tool call's arguments as a JSON object for protocols
+// toolArguments is a tool call's arguments as a JSON object, for protocols
 // that embed them (anthropic tool_use input). Empty means no arguments;
 // anything that is not a JSON object is refused, never approximated.
 func toolArguments(args string) (json.RawMessage, error) {
@@ -408,9 +392,8 @@ func argumentsText(args string) string {
 	return args
 }
 
-// Reasoning effort and thinking budget (SPEC §7.6): effort names map to a
-// thinking budget toward messages, and a budget maps back to the nearest
-// effort at or above it.
+// effortBudgets maps reasoning effort names to a thinking budget toward
+// messages; a budget maps back to the nearest effort at or above it (SPEC §7.6).
 var effortBudgets = []struct {
 	effort string
 	budget int
@@ -425,17 +408,26 @@ func effortOfBudget(b int) string {
 	return "xhigh"
 }
 
+func budgetOfEffort(effort string) int {
+	for _, e := range effortBudgets {
+		if e.effort == effort {
+			return e.budget
+		}
+	}
+	return 0 // "none" and unknown names: no thinking
+}
+
 // thinkingBudget is the thinking budget a request to messages asks for, 0
-// for none: below max_tokens and at least the API's least (1024), and none
-// on a turn that continues a tool loop, where Anthropic wants the earlier
+// for none: below max_tokens, at least the API's least (1024), and none on
+// a turn that continues a tool loop, where Anthropic wants the earlier
 // answer's thinking blocks back, which no other format carries.
 func (req chatRequest) thinkingBudget() int {
 	budget := budgetOfEffort(req.Effort)
 	if req.MaxTokens > 0 && budget >= req.MaxTokens {
 		budget = req.MaxTokens - 1
 	}
-	for i := len(req.Messages) - 1; i >= 0; i-- {
-		if m := req.Messages[i]; m.Role == "assistant" {
+	for _, m := range slices.Backward(req.Messages) {
+		if m.Role == "assistant" {
 			if slices.ContainsFunc(m.Parts, func(p part) bool { return p.Type == partToolCall }) {
 				return 0
 			}
@@ -448,25 +440,15 @@ func (req chatRequest) thinkingBudget() int {
 	return budget
 }
 
-func budgetOfEffort(effort string) int {
-	for _, e := range effortBudgets {
-		if e.effort == effort {
-			return e.budget
-		}
-	}
-	return 0 // "none" and unknown names: no thinking
-}
-
 // callerTool is how a caller format names a provider's tool call: its
-// group, its name inside the group and whether it is custom. A custom
+// group, its name inside the group, and whether it is custom. A custom
 // call made as a function (toward messages) gets its string input back.
 func (req chatRequest) callerTool(tc toolCall) (namespace, name, args string, custom bool) {
 	t := req.findTool(tc.Name)
 	if t == nil {
 		return "", tc.Name, tc.Arguments, tc.Custom
 	}
-	args = tc.Arguments
-	if t.Kind == toolCustom && !tc.Custom {
+	if args = tc.Arguments; t.Kind == toolCustom && !tc.Custom {
 		args = customInput(args)
 	}
 	return t.Namespace, t.memberName(), args, t.Kind == toolCustom
@@ -483,13 +465,10 @@ func customInput(args string) string {
 }
 
 // jsonText is s as a JSON string.
-func jsonText(s string) json.RawMessage {
-	b, _ := json.Marshal(s)
-	return b
-}
+func jsonText(s string) json.RawMessage { return must(json.Marshal(s)) }
 
-// schemaOutput is a copy of a json_schema output with the name the
-// OpenAI formats require, or nil for JSON mode.
+// schemaOutput is a copy of a json_schema output with the name the OpenAI
+// formats require, or nil for JSON mode.
 func schemaOutput(f *outputFormat) *outputFormat {
 	if f.Type != "json_schema" {
 		return nil
