@@ -376,18 +376,12 @@ func (tc chatToolCall) call() (c toolCall, ok bool) {
 	return c, !c.Custom || in != nil
 }
 
-// chatFinish maps a Chat Completions finish_reason to the neutral one.
-func chatFinish(r string) string {
-	switch r {
-	case finishLength, "model_length":
-		return finishLength
-	case finishToolCalls, "function_call":
-		return finishToolCalls
-	case finishContentFilter:
-		return finishContentFilter
-	}
-	return finishStop
-}
+// chatFinishes maps Chat Completions finish reasons to neutral ones; any
+// other is a stop.
+var chatFinishes = map[string]string{finishLength: finishLength, "model_length": finishLength,
+	finishToolCalls: finishToolCalls, "function_call": finishToolCalls, finishContentFilter: finishContentFilter}
+
+func chatFinish(r string) string { return cmp.Or(chatFinishes[r], finishStop) }
 
 func (u *chatUsage) neutral() usage {
 	if u == nil {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -420,29 +421,18 @@ func (u messagesUsage) input() int {
 	return u.InputTokens + u.CacheCreationInputTokens + u.CacheReadInputTokens
 }
 
-// messagesStops pairs stop reasons and neutral finishes, read both ways:
-// the first row of a finish is the stop reason Brama writes, and any stop
-// reason not listed (end_turn, stop_sequence, pause_turn) is a stop.
-var messagesStops = [][2]string{{"max_tokens", finishLength}, {"tool_use", finishToolCalls}, {"refusal", finishContentFilter},
-	{"model_context_window_exceeded", finishLength}, {"end_turn", finishStop}}
+// messagesFinishes maps stop reasons to neutral finishes; any other
+// (end_turn, stop_sequence, pause_turn) is a stop. messagesStopReasons is
+// the stop reason Brama writes for a finish, end_turn for any other.
+var (
+	messagesFinishes = map[string]string{"max_tokens": finishLength, "tool_use": finishToolCalls,
+		"refusal": finishContentFilter, "model_context_window_exceeded": finishLength}
+	messagesStopReasons = map[string]string{finishLength: "max_tokens", finishToolCalls: "tool_use", finishContentFilter: "refusal"}
+)
 
-func messagesFinish(reason string) string {
-	for _, r := range messagesStops {
-		if r[0] == reason {
-			return r[1]
-		}
-	}
-	return finishStop
-}
+func messagesFinish(reason string) string { return cmp.Or(messagesFinishes[reason], finishStop) }
 
-func messagesStopReason(finish string) *string {
-	for _, r := range messagesStops {
-		if r[1] == finish {
-			return &r[0]
-		}
-	}
-	return ptrTo("end_turn")
-}
+func messagesStopReason(f string) *string { return ptrTo(cmp.Or(messagesStopReasons[f], "end_turn")) }
 
 // decodeMessages reads a complete Messages answer.
 func decodeMessages(body []byte) (chatAnswer, error) {

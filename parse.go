@@ -133,7 +133,7 @@ func newCallerRequest(model string, temperature, topP *float64, stream bool, lim
 	if req.MaxTokens, err = checkCallerMaxTokens(limitName, limit); err != nil {
 		return chatRequest{}, err
 	}
-	if req.BillingTarget, err = parseCallerBillingTarget(bt); err != nil {
+	if req.BillingTarget, err = readBillingTarget(bt); err != nil {
 		return chatRequest{}, err
 	}
 	return req, nil
@@ -164,25 +164,6 @@ func checkCallerMaxTokens(name string, v *int) (int, error) {
 		return 0, refuseInvalid("%s must be at least 1", name)
 	}
 	return *v, nil
-}
-
-// parseCallerBillingTarget reads the top-level billingTarget member shared by all
-// three dialects (SPEC §7.2). It is never forwarded.
-func parseCallerBillingTarget(raw json.RawMessage) (*billingTarget, error) {
-	if rawIsNull(raw) {
-		return nil, nil
-	}
-	if rawShape(raw) != '{' {
-		return nil, refuseInvalid("billingTarget must be an object")
-	}
-	var bt billingTarget
-	if err := decodeCallerJSON(raw, &bt, "billingTarget"); err != nil {
-		return nil, err
-	}
-	if bt.SubscriptionID == "" {
-		return nil, refuseInvalid("billingTarget.subscriptionId is required")
-	}
-	return &bt, nil
 }
 
 // parseCallerSchema reads a JSON Schema member: absent or null is nil, an
