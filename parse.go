@@ -5,27 +5,25 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
 	"slices"
 	"strings"
 )
 
 // Reading a caller's body, the rules the three formats share (SPEC §7.6):
-// lenient with what it cannot use, strict with what it must read. A member
-// with no counterpart in another format is dropped and named in the
-// caller's own member paths (chatRequest.Dropped); a member Brama must
-// read and cannot (a non-string model, an unknown role) is refused as
-// invalid_request. Refusals name the member (messages[2].content[0]) but
-// never quote the caller's text.
+// a member with no counterpart elsewhere is dropped and named in the
+// caller's member paths (chatRequest.Dropped); one Brama must read and
+// cannot is refused as invalid_request, naming the member, never quoting
+// the caller's text.
 
 // refuseInvalid is refuse("invalid_request", …), the one code a parse error has.
 func refuseInvalid(format string, args ...any) *apiError {
 	return refuse("invalid_request", format, args...)
 }
 
-// decodeCallerJSON unmarshals data into v and turns encoding/json's errors into
-// invalid_request refusals that name the member at fault and quote nothing
-// of the body. what prefixes the member path ("" for the request body).
+// decodeCallerJSON unmarshals data into v; an error is an invalid_request
+// naming the member at fault under what ("" for the body), quoting nothing.
 func decodeCallerJSON(data []byte, v any, what string) error {
 	err := json.Unmarshal(data, v)
 	if err == nil {
@@ -85,24 +83,16 @@ func rawShape(raw json.RawMessage) byte {
 	return raw[0]
 }
 
-// dropUnknown names, in d, every member of the JSON object raw that is not
-// in known (space-separated), under path ("" for the body). A value that is
-// not an object names nothing: the typed decode refuses it.
+// dropUnknown names, in d under path, every member of the JSON object raw
+// not in known (space-separated); a non-object names nothing.
 func dropUnknown(d *[]string, raw json.RawMessage, path, known string) {
 	var m map[string]json.RawMessage
-	if json.Unmarshal(raw, &m) != nil {
-		return
-	}
-	keys := make([]string, 0, len(m))
-	for k := range m {
+	json.Unmarshal(raw, &m)
+	for _, k := range slices.Sorted(maps.Keys(m)) {
 		// encoding/json matches member names without regard to case.
 		if !slices.ContainsFunc(strings.Fields(known), func(n string) bool { return strings.EqualFold(n, k) }) {
-			keys = append(keys, k)
+			*d = append(*d, joinPath(path, k))
 		}
-	}
-	slices.Sort(keys)
-	for _, k := range keys {
-		*d = append(*d, joinPath(path, k))
 	}
 }
 
@@ -122,8 +112,7 @@ func joinPath(path, member string) string {
 }
 
 // newCallerRequest checks the members every dialect shares and starts the
-// neutral request from them; limitName is the dialect's name for the output
-// limit.
+// neutral request; limitName is the dialect's name for the output limit.
 func newCallerRequest(model string, temperature, topP *float64, stream bool, limitName string, limit *int, bt json.RawMessage) (chatRequest, error) {
 	if model == "" {
 		return chatRequest{}, refuseInvalid("model is required and must be a non-empty string")
@@ -139,9 +128,8 @@ func newCallerRequest(model string, temperature, topP *float64, stream bool, lim
 	return req, nil
 }
 
-// callerContent reads message content that is either a string (one text
-// part) or an array of parts of type T; kind names the array's elements in
-// the refusal.
+// callerContent reads content that is a string (one text part) or an array
+// of parts of type T; kind names the elements in the refusal.
 func callerContent[T any](raw json.RawMessage, what, kind string) (text []part, items []T, err error) {
 	switch rawShape(raw) {
 	case '"':
@@ -167,7 +155,8 @@ func checkCallerMaxTokens(name string, v *int) (int, error) {
 }
 
 // parseCallerSchema reads a JSON Schema member: absent or null is nil, an
-// object is kept (compacted), anything else is refused.
+// object is kept compacted (raw is valid JSON: it came out of the decoded
+// body), anything else is refused.
 func parseCallerSchema(raw json.RawMessage, what string) (json.RawMessage, error) {
 	if rawIsNull(raw) {
 		return nil, nil
@@ -176,10 +165,8 @@ func parseCallerSchema(raw json.RawMessage, what string) (json.RawMessage, error
 		return nil, refuseInvalid("%s must be a JSON Schema object", what)
 	}
 	var b bytes.Buffer
-	if err := json.Compact(&b, raw); err != nil {
-		return nil, refuseInvalid("%s is malformed", what).because(err)
-	}
-	return json.RawMessage(b.Bytes()), nil
+	json.Compact(&b, raw)
+	return b.Bytes(), nil
 }
 
 // checkCallerURL accepts the two references every provider protocol can
@@ -197,9 +184,9 @@ func quoteCallerToken(s string) string {
 	return fmt.Sprintf("%q", truncateUTF8(s, 64))
 }
 
-// appendPart adds p to the last message when it has role, else a new turn.
-// Consecutive tool results are one user turn (SPEC §7.6), and a tool call
-// joins the assistant turn before it.
+// appendPart adds p to the last message when it has role, else a new turn:
+// consecutive tool results are one user turn (SPEC §7.6), a tool call joins
+// the assistant turn before it.
 func appendPart(msgs []message, role string, p part) []message {
 	n := len(msgs)
 	if n > 0 && msgs[n-1].Role == role && (role != "user" || len(msgs[n-1].Parts) > 0 &&
@@ -240,9 +227,7 @@ func (req *chatRequest) linkCalls() {
 			p := &req.Messages[i].Parts[j]
 			switch p.Type {
 			case partToolCall:
-				if t := req.findTool(p.ToolName); t != nil && t.Kind == toolCustom {
-					p.Custom = true
-				}
+				p.Custom = p.Custom || req.toolKind(p.ToolName) == toolCustom
 				custom[p.ToolCallID] = p.Custom
 			case partToolResult:
 				p.Custom = p.Custom || custom[p.ToolCallID]
@@ -251,9 +236,8 @@ func (req *chatRequest) linkCalls() {
 	}
 }
 
-// openAITool is one tool as both OpenAI formats declare it, in Responses'
-// flat shape (chat's nested one is flattened into it): the Responses wire
-// shape, and what addOpenAITool reads.
+// openAITool is one tool in Responses' flat shape (chat's nested one is
+// flattened into it): the Responses wire shape, and what addOpenAITool reads.
 type openAITool struct {
 	Type        string          `json:"type"`
 	Name        string          `json:"name,omitempty"`
@@ -264,9 +248,8 @@ type openAITool struct {
 	Tools       []openAITool    `json:"tools,omitempty"` // a namespace's members
 }
 
-// addOpenAITool adds a function, custom or namespace tool, in the flat
-// shape Responses declares it (chat's nested one is flattened first); any
-// other (a hosted tool: web_search, tool_search, …) is dropped and named.
+// addOpenAITool adds a function, custom or namespace tool; any other (a
+// hosted tool: web_search, tool_search, …) is dropped and named.
 func (req *chatRequest) addOpenAITool(t openAITool, what string) error {
 	switch t.Type {
 	case "function", "custom":
@@ -307,16 +290,12 @@ func (req *chatRequest) addOpenAITool(t openAITool, what string) error {
 	return nil
 }
 
-// parseOpenAIToolChoice reads tool_choice as both OpenAI formats send it: a
-// mode string, or an object naming one tool, nested under "function" or
-// "custom" in chat and flat in responses. Other objects (allowed_tools, a
-// hosted tool) are dropped and named.
+// parseOpenAIToolChoice reads tool_choice: a mode, or an object naming one
+// tool (nested under "function" or "custom" in chat, flat in responses);
+// other objects (allowed_tools, a hosted tool) are dropped and named.
 func parseOpenAIToolChoice(req *chatRequest, raw json.RawMessage, nested bool) (*toolChoice, error) {
 	switch rawShape(raw) {
-	case 0, 'n':
-		if !rawIsNull(raw) {
-			return nil, refuseInvalid("tool_choice is malformed")
-		}
+	case 0, 'n': // absent, or null: raw came out of the decoded body, so it is valid JSON
 		return nil, nil
 	case '"':
 		var s string
