@@ -211,7 +211,8 @@ func (req *chatRequest) addChatMessage(m chatMessage, what string) error {
 			case c.ID == "" || c.Name == "":
 				return refuseInvalid("%s.tool_calls[%d] needs an id and a name", what, i)
 			}
-			parts = append(parts, part{Type: partToolCall, ToolCallID: c.ID, ToolName: c.Name, Arguments: c.Arguments, Custom: c.Custom})
+			parts = append(parts, part{Type: partToolCall, ToolCallID: c.ID, ToolName: c.Name,
+				Arguments: c.Arguments, Custom: c.Custom})
 		}
 		if len(parts) == 0 {
 			return refuseInvalid("%s needs content or tool_calls", what)
@@ -277,12 +278,12 @@ func chatToolDef(t chatTool) openAITool {
 	return openAITool{Type: "hosted"}
 }
 
-// encodeChat builds a Chat Completions body. Tool results leave their user
-// message as role "tool" messages placed first: they must follow the
-// assistant turn that called them.
+// encodeChat builds a Chat Completions body; tool results become role "tool"
+// messages placed first, right after the assistant turn that called them.
 func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
 	out := chatRequestBody{Model: model, Temperature: req.Temperature, TopP: req.TopP, Stream: o.stream,
-		ParallelToolCalls: req.ParallelToolCalls, ReasoningEffort: req.Effort, Messages: []chatMessage{}, openAIShared: req.Shared}
+		ParallelToolCalls: req.ParallelToolCalls, ReasoningEffort: req.Effort, Messages: []chatMessage{}}
+	out.openAIShared = req.Shared
 	if req.MaxTokens > 0 {
 		out.MaxTokens = &req.MaxTokens
 	}
@@ -305,7 +306,8 @@ func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
 			case partImage:
 				plain, parts = false, append(parts, chatPart{Type: "image_url", ImageURL: &chatURL{p.ImageURL}})
 			case partDocument:
-				plain, parts = false, append(parts, chatPart{Type: "file", File: &chatFile{FileData: p.FileURL, Filename: p.Filename}})
+				f := &chatFile{FileData: p.FileURL, Filename: p.Filename}
+				plain, parts = false, append(parts, chatPart{Type: "file", File: f})
 			case partToolCall:
 				calls = append(calls, chatCall(p.ToolCallID, p.ToolName, p.Arguments, p.Custom))
 			case partToolResult:
@@ -435,9 +437,8 @@ func decodeChat(body []byte) (chatAnswer, error) {
 	return a, nil
 }
 
-// renderChat is the chat.completion object for a: content null when the
-// answer is only tool calls, as OpenAI sends it, and usage left out when
-// the provider reported none rather than invented as zeros.
+// renderChat is the chat.completion for a: content null beside only tool
+// calls, as OpenAI sends it; usage left out, not zeros, when unreported.
 func renderChat(req chatRequest, a chatAnswer) any {
 	m := chatMessage{Role: "assistant", Content: json.RawMessage("null")}
 	if a.Text != "" || len(a.ToolCalls) == 0 {
@@ -534,9 +535,8 @@ func (s *chatCallerStream) end(t callerStreamTail) error {
 // fail writes the envelope of SPEC §8.1 as a final data frame.
 func (s *chatCallerStream) fail(e *apiError) error { return s.sse.frame("", e.body()) }
 
-// chatUpstreamStream translates Chat Completions chunks. A chunk with a
-// finish_reason is the terminal signal, but the usage chunk follows it, so
-// the tail is emitted at [DONE] or at the end of the body.
+// chatUpstreamStream translates chunks. finish_reason is the terminal signal
+// but usage follows it, so the tail goes out at [DONE] or the body's end.
 type chatUpstreamStream struct {
 	finish string      // set once a chunk carried finish_reason
 	usage  usage       // the latest usage reported
@@ -596,7 +596,8 @@ func (c *chatUpstreamStream) toolDelta(i int, tc chatToolCall, emit func(streamE
 			return malformedEvent(protoOpenAIChat, errors.New("tool call without a name"))
 		}
 		ni, c.tools[i] = len(c.tools), len(c.tools)
-		if err := emit(streamEvent{Kind: eventToolCallStart, Index: ni, ToolCall: toolCall{ID: call.ID, Name: call.Name, Custom: call.Custom}}); err != nil {
+		start := toolCall{ID: call.ID, Name: call.Name, Custom: call.Custom}
+		if err := emit(streamEvent{Kind: eventToolCallStart, Index: ni, ToolCall: start}); err != nil {
 			return err
 		}
 	}

@@ -8,14 +8,10 @@ import (
 	"strings"
 )
 
-// Translation across wire formats (SPEC §7.5, §7.6). Each format's file
-// (chat.go, messages.go, responses.go) holds both directions, caller side
-// and provider side, buffered and streamed, each wire shape declared once.
-// This file holds the neutral request and answer between them and the one
-// table of the formats; parse.go the rules for reading a caller's body,
-// sse.go the streams. A member with no counterpart in the target format is
-// dropped and named (droppedFor); structured output the target cannot
-// express is refused before any call.
+// Translation across wire formats (SPEC §7.5, §7.6). chat.go, messages.go and
+// responses.go each hold one format, both directions, buffered and streamed;
+// this file the neutral request and answer and the table of the formats,
+// parse.go the rules for reading a caller's body, sse.go the streams.
 
 // chatRequest is one chat request in no particular format.
 type chatRequest struct {
@@ -145,10 +141,8 @@ type toolChoice struct {
 	Name string // with toolChoiceTool
 }
 
-// outputFormat is structured output as the OpenAI formats write it (chat's
-// response_format.json_schema, responses' text.format, messages'
-// output_config.format): json_schema with a Schema, or json_object for any
-// JSON, which messages cannot express.
+// outputFormat is structured output as the formats write it: json_schema with
+// a Schema, or json_object for any JSON, which messages cannot express.
 type outputFormat struct {
 	Type        string          `json:"type,omitempty"`
 	Name        string          `json:"name,omitempty"`
@@ -205,9 +199,8 @@ const (
 	eventUsage         = "usage"           // Usage
 )
 
-// streamEvent is one translated piece of a streamed answer. A provider
-// stream yields finish (and usage) only after its own terminal signal
-// (SPEC §7.5); the caller's terminal event is written after that alone.
+// streamEvent is one translated piece of a streamed answer; finish and usage
+// come only after the provider's own terminal signal (SPEC §7.5).
 type streamEvent struct {
 	Kind     string
 	Text     string
@@ -253,38 +246,42 @@ var wireFormats = []wireFormat{
 
 // formatOf is the format whose dialect or protocol is name, or nil.
 func formatOf(name string) *wireFormat {
-	if i := slices.IndexFunc(wireFormats, func(f wireFormat) bool { return f.dialect == name || f.protocol == name }); i >= 0 {
-		return &wireFormats[i]
+	for i, f := range wireFormats {
+		if f.dialect == name || f.protocol == name {
+			return &wireFormats[i]
+		}
 	}
 	return nil
-}
-
-// throughFormat runs do with the format named name; code is the refusal's
-// code when there is none.
-func throughFormat[T any](name, code string, do func(f *wireFormat) (T, error)) (T, error) {
-	if f := formatOf(name); f != nil {
-		return do(f)
-	}
-	var zero T
-	return zero, refuse(code, "unknown wire format %q", name)
 }
 
 // parseRequest parses body as the given dialect into the neutral request.
 // Every error is an *apiError with code invalid_request.
 func parseRequest(dialect string, body []byte) (chatRequest, error) {
-	return throughFormat(dialect, "internal_error", func(f *wireFormat) (chatRequest, error) { return f.parse(body) })
+	f := formatOf(dialect)
+	if f == nil {
+		return chatRequest{}, refuse("internal_error", "unknown dialect %q", dialect)
+	}
+	return f.parse(body)
 }
 
 // renderAnswer encodes a buffered answer as the caller's dialect's success
 // body; req is the caller's request, whose tools name the calls.
 func renderAnswer(dialect string, req chatRequest, a chatAnswer) ([]byte, error) {
-	return throughFormat(dialect, "internal_error", func(f *wireFormat) ([]byte, error) { return json.Marshal(f.render(req, a)) })
+	f := formatOf(dialect)
+	if f == nil {
+		return nil, refuse("internal_error", "unknown dialect %q", dialect)
+	}
+	return json.Marshal(f.render(req, a))
 }
 
 // decodeUpstreamAnswer decodes a complete 2xx non-stream body. Model is
 // left for the dispatcher, which reports what SPEC §7.6 says.
 func decodeUpstreamAnswer(protocol string, body []byte) (chatAnswer, error) {
-	return throughFormat(protocol, "provider_failure", func(f *wireFormat) (chatAnswer, error) { return f.decode(body) })
+	f := formatOf(protocol)
+	if f == nil {
+		return chatAnswer{}, refuse("provider_failure", "unknown provider protocol %q", protocol)
+	}
+	return f.decode(body)
 }
 
 // droppedFor is every caller member the request to p loses: those with no
@@ -417,10 +414,9 @@ func budgetOfEffort(effort string) int {
 	return 0 // "none" and unknown names: no thinking
 }
 
-// thinkingBudget is the thinking budget a request to messages asks for, 0
-// for none: below max_tokens, at least the API's least (1024), and none on
-// a turn that continues a tool loop, where Anthropic wants the earlier
-// answer's thinking blocks back, which no other format carries.
+// thinkingBudget is the budget a request to messages asks for: below
+// max_tokens, at least 1024, and 0 (none) on a turn continuing a tool loop,
+// where Anthropic wants earlier thinking blocks back, which no format carries.
 func (req chatRequest) thinkingBudget() int {
 	budget := budgetOfEffort(req.Effort)
 	if req.MaxTokens > 0 && budget >= req.MaxTokens {

@@ -213,11 +213,9 @@ func (req *chatRequest) messagesText(raw json.RawMessage, what string) (string, 
 	return callerTextOf(raw, what, "text", "\n\n")
 }
 
-// messagesParts reads one turn's content: a string or an array of blocks.
-// tool_use belongs to assistant turns and tool_result to user turns;
-// blocks with no counterpart elsewhere (thinking, server tool results, a
-// file reference) and block members (cache_control, citations) are
-// dropped and named.
+// messagesParts reads one turn's content: a string or blocks (tool_use in
+// assistant turns, tool_result in user turns). Other blocks (thinking, a file
+// reference) and block members (cache_control, citations) are dropped and named.
 func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what string) ([]part, error) {
 	text, blocks, err := callerContent[messagesBlock](raw, what, "content blocks")
 	if err != nil || text != nil {
@@ -289,9 +287,8 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 	return parts, nil
 }
 
-// messagesSourceURL turns an image or document source into the neutral
-// URL: base64 data and plain text become a data URL, a url source stays as
-// it is. A file reference has no counterpart elsewhere: "" and no error.
+// messagesSourceURL is a source as the neutral URL: base64 data and text a
+// data URL, a url source itself; a file reference (no counterpart) is "".
 func messagesSourceURL(src *messagesSource, what string) (string, error) {
 	switch {
 	case src == nil:
@@ -308,9 +305,8 @@ func messagesSourceURL(src *messagesSource, what string) (string, error) {
 	return "", refuseInvalid("%s must be base64 data with a media_type, text, a url or a file", what)
 }
 
-// messagesSourceOf turns a neutral image or document URL into a source: a
-// data URL becomes base64 data (plain text a text source), anything else a
-// url source.
+// messagesSourceOf is a neutral URL as a source: a data URL base64 data (or
+// text for text/plain), anything else a url source.
 func messagesSourceOf(u string) (*messagesSource, error) {
 	if !strings.HasPrefix(u, "data:") {
 		return &messagesSource{Type: "url", URL: u}, nil
@@ -325,11 +321,10 @@ func messagesSourceOf(u string) (*messagesSource, error) {
 	return &messagesSource{Type: "base64", MediaType: media, Data: data}, nil
 }
 
-// encodeMessages builds a Messages body. Tool results go first in their
-// user message, as the API requires; empty text parts are dropped because
-// the API refuses empty text blocks. o.oauth selects claude-code's system
-// prompt, whose first block must be claudeCodeIdentity. A custom tool
-// becomes a function of one string member, input (SPEC §7.6).
+// encodeMessages builds a Messages body: tool results first in their turn and
+// no empty text blocks, as the API requires; claude-code's system prompt
+// (o.oauth) leads with claudeCodeIdentity; a custom tool is a function of one
+// string member, input (SPEC §7.6).
 func encodeMessages(req chatRequest, model string, o upstreamOptions) (any, error) {
 	out := messagesRequestBody{Model: model, Temperature: req.Temperature, TopP: req.TopP, Stream: o.stream, StopSequences: req.Stop, Messages: []messagesTurn{}}
 	if req.MaxTokens > 0 {
@@ -421,13 +416,13 @@ func (u messagesUsage) input() int {
 	return u.InputTokens + u.CacheCreationInputTokens + u.CacheReadInputTokens
 }
 
-// messagesFinishes maps stop reasons to neutral finishes; any other
-// (end_turn, stop_sequence, pause_turn) is a stop. messagesStopReasons is
-// the stop reason Brama writes for a finish, end_turn for any other.
+// messagesFinishes maps stop reasons to finishes, any other (end_turn,
+// stop_sequence, pause_turn) a stop; messagesStopReasons maps back, else end_turn.
 var (
 	messagesFinishes = map[string]string{"max_tokens": finishLength, "tool_use": finishToolCalls,
 		"refusal": finishContentFilter, "model_context_window_exceeded": finishLength}
-	messagesStopReasons = map[string]string{finishLength: "max_tokens", finishToolCalls: "tool_use", finishContentFilter: "refusal"}
+	messagesStopReasons = map[string]string{finishLength: "max_tokens", finishToolCalls: "tool_use",
+		finishContentFilter: "refusal"}
 )
 
 func messagesFinish(reason string) string { return cmp.Or(messagesFinishes[reason], finishStop) }
@@ -467,9 +462,8 @@ func decodeMessages(body []byte) (chatAnswer, error) {
 	return a, nil
 }
 
-// renderMessages is the Anthropic message object for a: the message the
-// stream that would have carried it builds. Usage is always present (zeros
-// when unreported) because Anthropic's SDKs type it as required.
+// renderMessages is the message the stream that would carry a builds; usage
+// is always present (zeros when unreported): Anthropic's SDKs require it.
 func renderMessages(req chatRequest, a chatAnswer) any {
 	return wholeAnswerThrough(req, a, newMessagesCallerStream).(*messagesCallerStream).msg
 }
@@ -488,9 +482,8 @@ func newMessagesCallerStream(sse *callerStream, _ chatRequest, model string) blo
 
 func (s *messagesCallerStream) emit(ev messagesEvent) error { return s.sse.frame(ev.Type, ev) }
 
-// begin writes message_start. Input tokens are not known yet (providers
-// report usage at the end), so they go out as 0 here and for real in
-// message_delta, whose usage Anthropic's SDKs take over.
+// begin writes message_start. Input tokens go out as 0 (providers report
+// usage at the end) and for real in message_delta, which the SDKs take over.
 func (s *messagesCallerStream) begin() error {
 	m := s.msg
 	return s.emit(messagesEvent{Type: "message_start", Message: &m})

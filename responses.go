@@ -165,9 +165,8 @@ func parseResponses(body []byte) (chatRequest, error) {
 	return req, nil
 }
 
-// addResponsesItem adds one input item to req. Items with no counterpart
-// elsewhere (reasoning, hosted tool calls) are dropped and named; an
-// item_reference is refused: Brama keeps no responses to resolve it.
+// addResponsesItem adds one input item. Reasoning and hosted tool calls are
+// dropped and named; item_reference is refused: Brama keeps no responses.
 func (req *chatRequest) addResponsesItem(it responsesItem, what string) error {
 	switch it.Type {
 	case "", "message":
@@ -255,9 +254,8 @@ func (req *chatRequest) responsesParts(raw json.RawMessage, what string) ([]part
 	return parts, nil
 }
 
-// encodeResponses builds a Responses body: text, images and files gather in
-// message items, tool calls and results are items. codex gets SPEC §6.2's
-// body: default instructions, store false, no limit, temperature or top_p.
+// encodeResponses builds a Responses body: text, images and files in message
+// items, tool calls and results items of their own; codex gets SPEC §6.2's body.
 func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, error) {
 	out := responsesRequestBody{Model: model, Stream: o.stream, ParallelToolCalls: req.ParallelToolCalls, openAIShared: req.Shared,
 		Temperature: req.Temperature, TopP: req.TopP}
@@ -386,9 +384,8 @@ func outputText(text string) responsesPart {
 	return responsesPart{Type: "output_text", Text: &text, Annotations: json.RawMessage("[]")}
 }
 
-// responsesFinal fills in the terminal status: an answer cut by a limit
-// (or a content filter) is "incomplete" with the reason, as OpenAI reports
-// it; usage is null when unreported.
+// responsesFinal fills in the terminal status: "incomplete" with the reason
+// for a limit or a content filter, as OpenAI reports it; usage null when unreported.
 func responsesFinal(r *responsesObject, finish string, u usage) {
 	r.Status = "completed"
 	if reason := responsesIncompletes[finish]; reason != "" {

@@ -12,10 +12,8 @@ import (
 	"strings"
 )
 
-// Streams (SPEC §7.5), what the three formats (chat.go, messages.go,
-// responses.go) share: the provider side's SSE reader and the loop around
-// each format's stream translator; the caller side's SSE writer and the
-// block driver around each format's block writer.
+// Streams (SPEC §7.5), what the three formats share: the provider side's SSE
+// reader and translator loop, the caller side's SSE writer and block driver.
 
 // sseEvent is one dispatched server-sent event: its event name ("" when the
 // stream named none) and its data lines joined with "\n".
@@ -53,9 +51,8 @@ func splitSSELine(data []byte, atEOF bool) (int, []byte, error) {
 	return i + 1, data[:i], nil
 }
 
-// next returns the next event, io.EOF when the body ended cleanly and any
-// other read error as it came. An event whose last line was terminated is
-// dispatched at the end even without the blank line after it.
+// next returns the next event, io.EOF at a clean end, other read errors as
+// they came; a last event whose lines ended needs no blank line after it.
 func (s *sseReader) next() (sseEvent, error) {
 	var (
 		ev      sseEvent
@@ -97,11 +94,10 @@ type streamTranslator interface {
 	ended(emit func(streamEvent) error) (bool, error)
 }
 
-// readUpstreamStream reads the provider's SSE body and emits each neutral
-// event in order (SPEC §7.5). It returns nil only after the provider's own
-// terminal signal: an earlier end, a cut or an in-band error event is
-// provider_incomplete, a malformed event provider_failure, and emit's own
-// error is returned as is.
+// readUpstreamStream emits the provider stream's neutral events in order and
+// returns nil only after its terminal signal (SPEC §7.5): an earlier end, a
+// cut or an in-band error is provider_incomplete, a malformed event
+// provider_failure, emit's own error returned as is.
 func readUpstreamStream(protocol string, body io.Reader, emit func(streamEvent) error) error {
 	f := formatOf(protocol)
 	if f == nil {
@@ -166,10 +162,9 @@ func answerOf(run func(emit func(streamEvent) error) error) (chatAnswer, error) 
 	return a, nil
 }
 
-// upstreamStreamError is the cause of a provider_incomplete raised by an
-// in-band error event: Code is the event's code or type (redacted), Class
-// refusalRate or refusalQuota when the code says so, so the dispatcher can
-// still record a block on the subscription (SPEC §6.2).
+// upstreamStreamError is the cause of an in-band error's provider_incomplete:
+// Code the event's code (redacted), Class refusalRate or refusalQuota when it
+// says so, for the dispatcher to record a block (SPEC §6.2).
 type upstreamStreamError struct {
 	Code  string
 	Class string
@@ -189,10 +184,9 @@ var streamErrorCodes = map[string]string{
 // inBandMessage is the message of an in-band error, quoting its code.
 const inBandMessage = "the provider stream failed with error %q"
 
-// inBandError is the refusal for a provider's in-band error event: after
-// commit the caller cannot know what was billed, so it is always
-// provider_incomplete (SPEC §6.2, §7.5). The class is read before the code
-// is cleaned; the dispatcher redacts the credential (apiError.redactedFor).
+// inBandError is the refusal for an in-band error event: always
+// provider_incomplete, the caller cannot know what was billed (SPEC §6.2,
+// §7.5); the dispatcher redacts the credential (apiError.redactedFor).
 func inBandError(code string) *apiError {
 	class := streamErrorCodes[code]
 	if quotaCodes[code] {
@@ -226,11 +220,10 @@ func emitTail(emit func(streamEvent) error, finish string, u usage) error {
 var errCallerStreamDone = errors.New("caller stream already ended")
 
 // callerStream writes a streamed answer in the caller's dialect (SPEC §7.5):
-// start once the provider committed, event for each neutral event, then
-// finish (the provider's terminal signal) or fail. It decides when a block
-// (content block, output item) opens, grows and closes, one at a time as
-// Anthropic and Responses stream; the dialect's blockWriter frames it.
-// Every frame is one Write and one flush; the first write error sticks.
+// start after commit, event per neutral event, then finish or fail. It opens,
+// grows and closes blocks one at a time, as Anthropic and Responses stream,
+// the dialect's blockWriter framing them; one Write and flush per frame, the
+// first write error sticks.
 type callerStream struct {
 	w         io.Writer
 	flush     func()
@@ -257,9 +250,8 @@ type blockWriter interface {
 	fail(e *apiError) error
 }
 
-// streamBlock is one block: text, or a tool call named as the caller
-// declared it. A custom call made as a function (toward messages) is
-// wrapped: its input is held back until the block closes.
+// streamBlock is one block: text, or a tool call named as the caller declared
+// it; a custom call made as a function is wrapped, its input held to the close.
 type streamBlock struct {
 	text                bool
 	index               int // the call's index among calls
@@ -276,9 +268,8 @@ type callerStreamTail struct {
 	usage  usage
 }
 
-// newCallerStream is the stream writer for dialect over w; flush runs after
-// every frame (nil: nothing to flush). model is the name reported to the
-// caller (SPEC §7.6); req's tools name the calls. An unknown dialect panics.
+// newCallerStream is the stream writer for dialect over w, flushing after
+// every frame (flush may be nil); model is the name reported (SPEC §7.6).
 func newCallerStream(dialect string, req chatRequest, w io.Writer, flush func(), model string) *callerStream {
 	f := formatOf(dialect)
 	if f == nil {
@@ -290,16 +281,17 @@ func newCallerStream(dialect string, req chatRequest, w io.Writer, flush func(),
 	return newBlockStream(w, flush, req, model, f.callerStream)
 }
 
-func newBlockStream(w io.Writer, flush func(), req chatRequest, model string, newWriter func(*callerStream, chatRequest, string) blockWriter) *callerStream {
+func newBlockStream(w io.Writer, flush func(), req chatRequest, model string,
+	newWriter func(*callerStream, chatRequest, string) blockWriter) *callerStream {
 	s := &callerStream{w: w, flush: flush, req: req, open: -1, toolBlock: map[int]int{}}
 	s.bw = newWriter(s, req, model)
 	return s
 }
 
-// wholeAnswerThrough writes a whole answer through the block writer
-// newWriter makes, as the stream that would carry it, and returns that
-// writer, which keeps the whole answer; the frames are discarded.
-func wholeAnswerThrough(req chatRequest, a chatAnswer, newWriter func(*callerStream, chatRequest, string) blockWriter) blockWriter {
+// wholeAnswerThrough writes a whole answer, frames discarded, through the
+// block writer newWriter makes, which keeps the whole answer, and returns it.
+func wholeAnswerThrough(req chatRequest, a chatAnswer,
+	newWriter func(*callerStream, chatRequest, string) blockWriter) blockWriter {
 	s := newBlockStream(io.Discard, func() {}, req, a.Model, newWriter)
 	if a.Text != "" {
 		s.event(streamEvent{Kind: eventText, Text: a.Text})
@@ -324,9 +316,8 @@ func (s *callerStream) start() error {
 	return s.bw.begin()
 }
 
-// event translates one neutral event and writes it. Arguments for a call
-// whose block already closed (a provider interleaving calls) still go to
-// that block's index, where SDKs accumulate them.
+// event writes one neutral event. Arguments for a call whose block closed (a
+// provider interleaving calls) still go to its index, where SDKs gather them.
 func (s *callerStream) event(ev streamEvent) error {
 	if s.done {
 		return errCallerStreamDone
