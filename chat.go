@@ -445,7 +445,7 @@ func renderChat(req chatRequest, a chatAnswer) any {
 		m.Content = jsonText(a.Text)
 	}
 	for _, tc := range a.ToolCalls {
-		_, name, args, custom := req.callerTool(tc)
+		name, args, custom := req.callerTool(tc)
 		m.ToolCalls = append(m.ToolCalls, chatCall(answerIDOr(tc.ID, "call_"), name, args, custom))
 	}
 	f := answerFinish(a.Finish)
@@ -510,22 +510,22 @@ func (s *chatCallerStream) close(int, *streamBlock, string) error { return nil }
 
 // finishNow writes the chunk carrying finish_reason, once: when the finish
 // event arrives, or at the end.
-func (s *chatCallerStream) finishNow(t callerStreamTail) error {
+func (s *chatCallerStream) finishNow(finish string) error {
 	if s.finishSent {
 		return nil
 	}
 	s.finishSent = true
-	return s.chunk(&chatMessage{}, ptrTo(answerFinish(t.finish)), nil)
+	return s.chunk(&chatMessage{}, ptrTo(answerFinish(finish)), nil)
 }
 
 // end writes the finish chunk if not yet sent, the usage chunk (choices:
 // []) when usage was reported, then [DONE].
-func (s *chatCallerStream) end(t callerStreamTail) error {
-	if err := s.finishNow(t); err != nil {
+func (s *chatCallerStream) end(finish string, u usage) error {
+	if err := s.finishNow(finish); err != nil {
 		return err
 	}
-	if t.usage.Reported {
-		if err := s.chunk(nil, nil, chatUsageOf(t.usage)); err != nil {
+	if u.Reported {
+		if err := s.chunk(nil, nil, chatUsageOf(u)); err != nil {
 			return err
 		}
 	}

@@ -436,18 +436,18 @@ func (req chatRequest) thinkingBudget() int {
 	return budget
 }
 
-// callerTool is how a caller format names a provider's tool call: its
-// group, its name inside the group, and whether it is custom. A custom
+// callerTool is how a caller format names a provider's tool call: its name
+// inside its group, and whether it is custom. A custom
 // call made as a function (toward messages) gets its string input back.
-func (req chatRequest) callerTool(tc toolCall) (namespace, name, args string, custom bool) {
+func (req chatRequest) callerTool(tc toolCall) (name, args string, custom bool) {
 	t := req.findTool(tc.Name)
 	if t == nil {
-		return "", tc.Name, tc.Arguments, tc.Custom
+		return tc.Name, tc.Arguments, tc.Custom
 	}
 	if args = tc.Arguments; t.Kind == toolCustom && !tc.Custom {
 		args = customInput(args)
 	}
-	return t.Namespace, t.memberName(), args, t.Kind == toolCustom
+	return t.memberName(), args, t.Kind == toolCustom
 }
 
 // customInput is the string input of a custom call made as a function

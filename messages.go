@@ -516,12 +516,12 @@ func (s *messagesCallerStream) close(i int, _ *streamBlock, _ string) error {
 	return s.emit(messagesEvent{Type: "content_block_stop", Index: &i})
 }
 
-func (s *messagesCallerStream) finishNow(callerStreamTail) error { return nil }
+func (s *messagesCallerStream) finishNow(string) error { return nil }
 
 // end writes message_delta with the stop reason and usage, then message_stop.
-func (s *messagesCallerStream) end(t callerStreamTail) error {
-	s.msg.StopReason = messagesStopReason(answerFinish(t.finish))
-	s.msg.Usage = &messagesUsage{InputTokens: t.usage.InputTokens, OutputTokens: t.usage.OutputTokens}
+func (s *messagesCallerStream) end(finish string, u usage) error {
+	s.msg.StopReason = messagesStopReason(answerFinish(finish))
+	s.msg.Usage = &messagesUsage{InputTokens: u.InputTokens, OutputTokens: u.OutputTokens}
 	err := s.emit(messagesEvent{Type: "message_delta", Delta: &messagesDelta{StopReason: *s.msg.StopReason, StopSequence: json.RawMessage("null")}, Usage: s.msg.Usage})
 	if err != nil {
 		return err

@@ -494,12 +494,12 @@ func (s *responsesCallerStream) close(i int, _ *streamBlock, full string) error 
 	return nil
 }
 
-func (s *responsesCallerStream) finishNow(callerStreamTail) error { return nil }
+func (s *responsesCallerStream) finishNow(string) error { return nil }
 
 // end writes response.completed with the whole response, even for an
 // incomplete one (SPEC §7.5): SDK stream helpers wait for that event.
-func (s *responsesCallerStream) end(t callerStreamTail) error {
-	responsesFinal(&s.resp, t.finish, t.usage)
+func (s *responsesCallerStream) end(finish string, u usage) error {
+	responsesFinal(&s.resp, finish, u)
 	return s.emit(responsesEvent{Type: "response.completed", Response: &s.resp})
 }
 

@@ -225,17 +225,18 @@ var errCallerStreamDone = errors.New("caller stream already ended")
 // the dialect's blockWriter framing them; one Write and flush per frame, the
 // first write error sticks.
 type callerStream struct {
-	w         io.Writer
-	flush     func()
-	err       error
-	bw        blockWriter
-	req       chatRequest
-	started   bool
-	done      bool // finish or fail ran
-	tail      callerStreamTail
-	open      int // index of the open block, -1 when none
-	blocks    []*streamBlock
-	toolBlock map[int]int // neutral tool call index → block index
+	w            io.Writer
+	flush        func()
+	err          error
+	bw           blockWriter
+	req          chatRequest
+	started      bool
+	done         bool   // finish or fail ran
+	finishReason string // the tail: finish and usage arrive in either order, usage maybe never
+	usage        usage
+	open         int // index of the open block, -1 when none
+	blocks       []*streamBlock
+	toolBlock    map[int]int // neutral tool call index → block index
 }
 
 // blockWriter is one dialect's framing of a streamed answer's blocks, in
@@ -245,27 +246,20 @@ type blockWriter interface {
 	open(i int, b *streamBlock) error
 	delta(i int, b *streamBlock, s string) error
 	close(i int, b *streamBlock, full string) error
-	finishNow(t callerStreamTail) error // the finish event arrived (chat writes its finish chunk)
-	end(t callerStreamTail) error       // the terminal sequence
+	finishNow(finish string) error    // the finish event arrived (chat writes its finish chunk)
+	end(finish string, u usage) error // the terminal sequence
 	fail(e *apiError) error
 }
 
 // streamBlock is one block: text, or a tool call named as the caller declared
 // it; a custom call made as a function is wrapped, its input held to the close.
 type streamBlock struct {
-	text                bool
-	index               int // the call's index among calls
-	id, namespace, name string
-	flat                string // the name providers saw
-	custom, wrapped     bool
-	buf                 strings.Builder
-}
-
-// callerStreamTail keeps the finish reason and usage, which arrive in
-// either order, usage maybe never.
-type callerStreamTail struct {
-	finish string
-	usage  usage
+	text            bool
+	index           int // the call's index among calls
+	id, name        string
+	flat            string // the name providers saw
+	custom, wrapped bool
+	buf             strings.Builder
 }
 
 // newCallerStream is the stream writer for dialect over w, flushing after
@@ -327,14 +321,14 @@ func (s *callerStream) event(ev streamEvent) error {
 	}
 	switch ev.Kind {
 	case eventFinish:
-		s.tail.finish = ev.Finish
+		s.finishReason = ev.Finish
 		if err := s.closeOpen(); err != nil {
 			return err
 		}
-		return s.bw.finishNow(s.tail)
+		return s.bw.finishNow(s.finishReason)
 	case eventUsage:
-		s.tail.usage = ev.Usage
-		s.tail.usage.Reported = true
+		s.usage = ev.Usage
+		s.usage.Reported = true
 		return nil
 	case eventText:
 		if ev.Text == "" {
@@ -349,8 +343,8 @@ func (s *callerStream) event(ev streamEvent) error {
 		b.buf.WriteString(ev.Text)
 		return s.bw.delta(s.open, b, ev.Text)
 	case eventToolCallStart:
-		ns, name, _, custom := s.req.callerTool(ev.ToolCall)
-		i, err := s.openBlock(&streamBlock{index: ev.Index, id: ev.ToolCall.ID, namespace: ns, name: name,
+		name, _, custom := s.req.callerTool(ev.ToolCall)
+		i, err := s.openBlock(&streamBlock{index: ev.Index, id: ev.ToolCall.ID, name: name,
 			flat: ev.ToolCall.Name, custom: custom, wrapped: custom && !ev.ToolCall.Custom})
 		s.toolBlock[ev.Index] = i
 		return err
@@ -409,7 +403,7 @@ func (s *callerStream) finish() error {
 	if err := s.closeOpen(); err != nil {
 		return err
 	}
-	return s.bw.end(s.tail)
+	return s.bw.end(s.finishReason, s.usage)
 }
 
 // fail writes the dialect's in-band error, never a terminal success event.
