@@ -489,7 +489,8 @@ func (s *chatCallerStream) open(_ int, b *streamBlock) error {
 		return nil
 	}
 	tc := chatCall(answerIDOr(b.id, "call_"), b.name, "", b.custom)
-	if tc.Index = &b.index; tc.Function != nil {
+	tc.Index = &b.index
+	if tc.Function != nil {
 		tc.Function.Arguments = ptrTo("")
 	}
 	return s.chunk(&chatMessage{ToolCalls: []chatToolCall{tc}}, nil, nil)

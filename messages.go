@@ -188,9 +188,7 @@ func parseMessages(body []byte) (chatRequest, error) {
 		if o.Effort != "" {
 			req.Effort, req.EffortPath = o.Effort, "output_config.effort"
 		}
-		if o.Format != nil {
-			f = o.Format
-		}
+		f = cmp.Or(o.Format, f)
 	}
 	if f != nil {
 		if req.Output, err = checkOutput(&outputFormat{Type: f.Type, Schema: f.Schema}, "output_config.format"); err != nil {
