@@ -231,38 +231,25 @@ func (req *chatRequest) addChatMessage(m chatMessage, what string) error {
 	return nil
 }
 
-// chatParts reads content: a string or an array of text, image_url and
-// file parts. Other parts (audio, an earlier refusal) are dropped and named.
+// chatParts reads content: a string or text, image_url and file parts;
+// others (audio, an earlier refusal) are dropped and named.
 func (req *chatRequest) chatParts(raw json.RawMessage, what string) ([]part, error) {
-	text, cps, err := callerContent[chatPart](raw, what, "content parts")
-	if err != nil || text != nil {
-		return text, err
-	}
-	var parts []part
-	for i, cp := range cps {
-		pw := fmt.Sprintf("%s[%d]", what, i)
-		var p part
+	return openAIParts(req, raw, what, func(cp chatPart, pw string) (part, string, error) {
 		switch {
 		case cp.Type == "text" && cp.Text != nil:
-			p = part{Type: partText, Text: *cp.Text}
+			return part{Type: partText, Text: *cp.Text}, "", nil
 		case cp.Type == "text":
-			return nil, refuseInvalid("%s.text is required", pw)
+			return part{}, "", refuseInvalid("%s.text is required", pw)
 		case cp.Type == "image_url" && cp.ImageURL == nil:
-			return nil, refuseInvalid("%s.image_url must be an object with a url", pw)
+			return part{}, "", refuseInvalid("%s.image_url must be an object with a url", pw)
 		case cp.Type == "image_url":
-			p, pw = part{Type: partImage, ImageURL: cp.ImageURL.URL}, pw+".image_url.url"
+			return part{Type: partImage, ImageURL: cp.ImageURL.URL}, pw + ".image_url.url", nil
 		case cp.Type == "file" && cp.File != nil && cp.File.FileData != "":
-			p, pw = part{Type: partDocument, FileURL: cp.File.FileData, Filename: cp.File.Filename}, pw+".file.file_data"
-		default:
-			req.Dropped = append(req.Dropped, pw)
-			continue
+			f := cp.File
+			return part{Type: partDocument, FileURL: f.FileData, Filename: f.Filename}, pw + ".file.file_data", nil
 		}
-		if err := checkCallerURL(p.ImageURL+p.FileURL, pw); p.Type != partText && err != nil {
-			return nil, err
-		}
-		parts = append(parts, p)
-	}
-	return parts, nil
+		return part{}, "", nil
+	})
 }
 
 // chatToolDef is a chat tool in the flat shape Responses declares it.

@@ -143,6 +143,34 @@ func callerContent[T any](raw json.RawMessage, what, kind string) (text []part, 
 	return nil, nil, refuseInvalid("%s must be a string or an array of %s", what, kind)
 }
 
+// openAIParts reads content as both OpenAI formats send it: a string, or
+// parts of type T that read turns into neutral parts, with the path of the
+// URL it checks; a part read leaves untyped is dropped and named.
+func openAIParts[T any](req *chatRequest, raw json.RawMessage, what string,
+	read func(T, string) (part, string, error)) ([]part, error) {
+	text, items, err := callerContent[T](raw, what, "content parts")
+	if err != nil || text != nil {
+		return text, err
+	}
+	var parts []part
+	for i, it := range items {
+		pw := fmt.Sprintf("%s[%d]", what, i)
+		p, urlPath, err := read(it, pw)
+		if err == nil && p.Type != partText && p.Type != "" {
+			err = checkCallerURL(p.ImageURL+p.FileURL, urlPath)
+		}
+		switch {
+		case err != nil:
+			return nil, err
+		case p.Type == "":
+			req.Dropped = append(req.Dropped, pw)
+		default:
+			parts = append(parts, p)
+		}
+	}
+	return parts, nil
+}
+
 // checkCallerMaxTokens refuses a caller's limit below 1 (SPEC §8.2 "bad limits").
 func checkCallerMaxTokens(name string, v *int) (int, error) {
 	if v == nil {

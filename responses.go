@@ -222,36 +222,19 @@ func (req *chatRequest) addResponsesItem(it responsesItem, what string) error {
 // responsesParts reads content: a string or text, image and file parts;
 // others (a refusal, a file id) are dropped and named.
 func (req *chatRequest) responsesParts(raw json.RawMessage, what string) ([]part, error) {
-	text, rps, err := callerContent[responsesPart](raw, what, "content parts")
-	if err != nil || text != nil {
-		return text, err
-	}
-	var parts []part
-	for i, rp := range rps {
-		pw := fmt.Sprintf("%s[%d]", what, i)
-		p, url := part{}, ""
+	return openAIParts(req, raw, what, func(rp responsesPart, pw string) (part, string, error) {
 		switch {
+		case (rp.Type == "input_text" || rp.Type == "output_text") && rp.Text == nil:
+			return part{}, "", refuseInvalid("%s.text is required", pw)
 		case rp.Type == "input_text" || rp.Type == "output_text":
-			if rp.Text == nil {
-				return nil, refuseInvalid("%s.text is required", pw)
-			}
-			p = part{Type: partText, Text: *rp.Text}
+			return part{Type: partText, Text: *rp.Text}, "", nil
 		case rp.Type == "input_image" && rp.ImageURL != nil:
-			url, pw = *rp.ImageURL, pw+".image_url"
-			p = part{Type: partImage, ImageURL: url}
+			return part{Type: partImage, ImageURL: *rp.ImageURL}, pw + ".image_url", nil
 		case rp.Type == "input_file" && rp.FileData+rp.FileURL != "":
-			url = rp.FileData + rp.FileURL
-			p = part{Type: partDocument, FileURL: url, Filename: rp.Filename}
-		default:
-			req.Dropped = append(req.Dropped, pw)
-			continue
+			return part{Type: partDocument, FileURL: rp.FileData + rp.FileURL, Filename: rp.Filename}, pw, nil
 		}
-		if err := checkCallerURL(url, pw); url != "" && err != nil {
-			return nil, err
-		}
-		parts = append(parts, p)
-	}
-	return parts, nil
+		return part{}, "", nil
+	})
 }
 
 // encodeResponses builds a Responses body: text, images and files in message
