@@ -337,7 +337,6 @@ func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
 	return out, nil
 }
 
-// chatCall is one tool call in chat's shape.
 func chatCall(id, name, args string, custom bool) chatToolCall {
 	if custom {
 		return chatToolCall{ID: id, Type: "custom", Custom: &chatCustom{Name: name, Input: &args}}

@@ -48,7 +48,6 @@ type openAIShared struct {
 
 const openAISharedNames = "store metadata service_tier prompt_cache_key safety_identifier user"
 
-// names lists the members that are set.
 func (o openAIShared) names() []string {
 	var n []string
 	for i, v := range []json.RawMessage{o.Store, o.Metadata, o.ServiceTier, o.PromptCacheKey, o.SafetyIdentifier, o.User} {
@@ -108,10 +107,8 @@ type tool struct {
 	FormatPath  string          // the caller's path of Format, named when messages drops it
 }
 
-// memberName is the tool's name inside its group.
 func (t tool) memberName() string { return strings.TrimPrefix(t.Name, t.Namespace+"__") }
 
-// findTool is the tool named name (flattened), or nil.
 func (req *chatRequest) findTool(name string) *tool {
 	if i := slices.IndexFunc(req.Tools, func(t tool) bool { return t.Name == name }); i >= 0 {
 		return &req.Tools[i]
@@ -244,7 +241,6 @@ var wireFormats = []wireFormat{
 	{dialectResponses, protoOpenAIResponses, "/responses", parseResponses, encodeResponses, decodeResponses, renderResponses, newResponsesCallerStream, newResponsesUpstreamStream},
 }
 
-// formatOf is the format whose dialect or protocol is name, or nil.
 func formatOf(name string) *wireFormat {
 	for i, f := range wireFormats {
 		if f.dialect == name || f.protocol == name {
@@ -318,10 +314,8 @@ func (req chatRequest) droppedFor(p providerInfo) []string {
 	return d
 }
 
-// newAnswerID returns prefix followed by 26 random characters.
 func newAnswerID(prefix string) string { return prefix + rand.Text() }
 
-// answerIDOr is id, or a fresh one with prefix when the provider sent none.
 func answerIDOr(id, prefix string) string {
 	if id == "" {
 		return newAnswerID(prefix)
@@ -329,7 +323,6 @@ func answerIDOr(id, prefix string) string {
 	return id
 }
 
-// answerFinish is the answer's finish reason, "stop" when the provider gave none.
 func answerFinish(f string) string {
 	if f == "" {
 		return finishStop
@@ -337,7 +330,6 @@ func answerFinish(f string) string {
 	return f
 }
 
-// textOf joins the text parts of ps.
 func textOf(ps []part) string {
 	var b strings.Builder
 	for _, p := range ps {
@@ -460,7 +452,6 @@ func customInput(args string) string {
 	return in.Input
 }
 
-// jsonText is s as a JSON string.
 func jsonText(s string) json.RawMessage { return must(json.Marshal(s)) }
 
 // schemaOutput is a copy of a json_schema output with the name the OpenAI

@@ -17,7 +17,6 @@ import (
 // cannot is refused as invalid_request, naming the member, never quoting
 // the caller's text.
 
-// refuseInvalid is refuse("invalid_request", …), the one code a parse error has.
 func refuseInvalid(format string, args ...any) *apiError {
 	return refuse("invalid_request", format, args...)
 }
@@ -67,7 +66,6 @@ func callerJSONKind(t reflect.Type) string {
 	return "an object"
 }
 
-// rawIsNull reports whether a member was absent or JSON null.
 func rawIsNull(raw json.RawMessage) bool {
 	raw = bytes.TrimSpace(raw)
 	return len(raw) == 0 || string(raw) == "null"
@@ -96,14 +94,12 @@ func dropUnknown(d *[]string, raw json.RawMessage, path, known string) {
 	}
 }
 
-// rawItems is a JSON array's elements, none for anything else.
 func rawItems(raw json.RawMessage) []json.RawMessage {
 	var items []json.RawMessage
 	json.Unmarshal(raw, &items)
 	return items
 }
 
-// joinPath is path.member, or member at the top.
 func joinPath(path, member string) string {
 	if path == "" {
 		return member

@@ -197,7 +197,6 @@ func inBandError(code string) *apiError {
 		because(&upstreamStreamError{Code: code, Class: class})
 }
 
-// malformedEvent is the refusal for an event that is not the protocol's.
 func malformedEvent(protocol string, cause error) *apiError {
 	return refuse("provider_failure", "the provider sent a malformed %s stream event", protocol).because(cause)
 }
@@ -208,7 +207,6 @@ func malformedAnswer(protocol string, cause error) *apiError {
 	return refuse("provider_failure", "the provider answered with a malformed %s body", protocol).because(cause)
 }
 
-// emitTail emits the finish and, when reported, the usage.
 func emitTail(emit func(streamEvent) error, finish string, u usage) error {
 	if err := emit(streamEvent{Kind: eventFinish, Finish: finish}); err != nil || !u.Reported {
 		return err
@@ -363,7 +361,6 @@ func (s *callerStream) event(ev streamEvent) error {
 	return fmt.Errorf("unknown stream event kind %q", ev.Kind)
 }
 
-// openBlock closes the open block and opens b.
 func (s *callerStream) openBlock(b *streamBlock) (int, error) {
 	if err := s.closeOpen(); err != nil {
 		return 0, err
@@ -414,7 +411,6 @@ func (s *callerStream) fail(e *apiError) error {
 	return s.bw.fail(e)
 }
 
-// end marks the stream ended; it refuses a second ending.
 func (s *callerStream) end() error {
 	if s.done {
 		return errCallerStreamDone
