@@ -14,21 +14,17 @@ import (
 // Chat Completions wire shapes, for the caller's body and the provider's.
 type (
 	chatRequestBody struct {
-		Model               string          `json:"model"`
+		callerHead
 		Messages            []chatMessage   `json:"messages"`
 		Tools               []chatTool      `json:"tools,omitempty"`
 		ToolChoice          json.RawMessage `json:"tool_choice,omitempty"`
 		ParallelToolCalls   *bool           `json:"parallel_tool_calls,omitempty"`
 		MaxTokens           *int            `json:"max_tokens,omitempty"`
 		MaxCompletionTokens *int            `json:"max_completion_tokens,omitempty"`
-		Temperature         *float64        `json:"temperature,omitempty"`
-		TopP                *float64        `json:"top_p,omitempty"`
 		Stop                json.RawMessage `json:"stop,omitempty"`
 		ResponseFormat      *chatFormat     `json:"response_format,omitempty"`
 		ReasoningEffort     string          `json:"reasoning_effort,omitempty"`
-		Stream              bool            `json:"stream,omitempty"`
 		StreamOptions       json.RawMessage `json:"stream_options,omitempty"`
-		BillingTarget       json.RawMessage `json:"billingTarget,omitempty"`
 		openAIShared
 	}
 	chatMessage struct {
@@ -105,7 +101,7 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 	if err := decodeCallerJSON(body, &b, ""); err != nil {
 		return chatRequest{}, err
 	}
-	req, err := newCallerRequest(b.Model, b.Temperature, b.TopP, b.Stream, "max_tokens", b.MaxTokens, b.BillingTarget)
+	req, err := newCallerRequest(b.callerHead, "max_tokens", b.MaxTokens)
 	if err != nil {
 		return chatRequest{}, err
 	}
@@ -268,7 +264,7 @@ func chatToolDef(t chatTool) openAITool {
 // encodeChat builds a Chat Completions body; tool results become role "tool"
 // messages placed first, right after the assistant turn that called them.
 func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
-	out := chatRequestBody{Model: model, Temperature: req.Temperature, TopP: req.TopP, Stream: o.stream,
+	out := chatRequestBody{callerHead: req.head(model, o),
 		ParallelToolCalls: req.ParallelToolCalls, ReasoningEffort: req.Effort, Messages: []chatMessage{}}
 	out.openAIShared = req.Shared
 	if req.MaxTokens > 0 {

@@ -16,20 +16,16 @@ import (
 // Messages wire shapes, for the caller's body and the provider's.
 type (
 	messagesRequestBody struct {
-		Model         string              `json:"model"`
+		callerHead
 		MaxTokens     *int                `json:"max_tokens,omitempty"`
 		System        json.RawMessage     `json:"system,omitempty"` // string, or text blocks
 		Messages      []messagesTurn      `json:"messages"`
 		Tools         []messagesTool      `json:"tools,omitempty"`
 		ToolChoice    *messagesToolChoice `json:"tool_choice,omitempty"`
-		Temperature   *float64            `json:"temperature,omitempty"`
-		TopP          *float64            `json:"top_p,omitempty"`
 		StopSequences []string            `json:"stop_sequences,omitempty"`
 		Thinking      *messagesThinking   `json:"thinking,omitempty"`
 		OutputConfig  *messagesOutput     `json:"output_config,omitempty"`
 		OutputFormat  *outputFormat       `json:"output_format,omitempty"` // the beta name, read from callers
-		Stream        bool                `json:"stream,omitempty"`
-		BillingTarget json.RawMessage     `json:"billingTarget,omitempty"`
 	}
 	messagesTurn struct {
 		Role    string          `json:"role"`
@@ -114,7 +110,7 @@ func parseMessages(body []byte) (chatRequest, error) {
 	if err := decodeCallerJSON(body, &b, ""); err != nil {
 		return chatRequest{}, err
 	}
-	req, err := newCallerRequest(b.Model, b.Temperature, b.TopP, b.Stream, "max_tokens", b.MaxTokens, b.BillingTarget)
+	req, err := newCallerRequest(b.callerHead, "max_tokens", b.MaxTokens)
 	if err != nil {
 		return chatRequest{}, err
 	}
@@ -324,7 +320,7 @@ func messagesSourceOf(u string) (*messagesSource, error) {
 // (o.oauth) leads with claudeCodeIdentity; a custom tool is a function of one
 // string member, input (SPEC §7.6).
 func encodeMessages(req chatRequest, model string, o upstreamOptions) (any, error) {
-	out := messagesRequestBody{Model: model, Temperature: req.Temperature, TopP: req.TopP, Stream: o.stream, StopSequences: req.Stop, Messages: []messagesTurn{}}
+	out := messagesRequestBody{callerHead: req.head(model, o), StopSequences: req.Stop, Messages: []messagesTurn{}}
 	if req.MaxTokens > 0 {
 		out.MaxTokens = &req.MaxTokens
 	}

@@ -107,18 +107,32 @@ func joinPath(path, member string) string {
 	return path + "." + member
 }
 
+// callerHead holds the members every format's request body shares.
+type callerHead struct {
+	Model         string          `json:"model"`
+	Temperature   *float64        `json:"temperature,omitempty"`
+	TopP          *float64        `json:"top_p,omitempty"`
+	Stream        bool            `json:"stream,omitempty"`
+	BillingTarget json.RawMessage `json:"billingTarget,omitempty"`
+}
+
+// head is the shared members of a provider body for model.
+func (req chatRequest) head(model string, o upstreamOptions) callerHead {
+	return callerHead{Model: model, Temperature: req.Temperature, TopP: req.TopP, Stream: o.stream}
+}
+
 // newCallerRequest checks the members every dialect shares and starts the
 // neutral request; limitName is the dialect's name for the output limit.
-func newCallerRequest(model string, temperature, topP *float64, stream bool, limitName string, limit *int, bt json.RawMessage) (chatRequest, error) {
-	if model == "" {
+func newCallerRequest(h callerHead, limitName string, limit *int) (chatRequest, error) {
+	if h.Model == "" {
 		return chatRequest{}, refuseInvalid("model is required and must be a non-empty string")
 	}
-	req := chatRequest{Model: model, Temperature: temperature, TopP: topP, Stream: stream}
+	req := chatRequest{Model: h.Model, Temperature: h.Temperature, TopP: h.TopP, Stream: h.Stream}
 	var err error
 	if req.MaxTokens, err = checkCallerMaxTokens(limitName, limit); err != nil {
 		return chatRequest{}, err
 	}
-	if req.BillingTarget, err = readBillingTarget(bt); err != nil {
+	if req.BillingTarget, err = readBillingTarget(h.BillingTarget); err != nil {
 		return chatRequest{}, err
 	}
 	return req, nil

@@ -13,23 +13,19 @@ import (
 // both directions, buffered and streamed. The wire shapes serve both.
 type (
 	responsesRequestBody struct {
-		Model             string          `json:"model"`
+		callerHead
 		Instructions      *string         `json:"instructions,omitempty"`
 		Input             json.RawMessage `json:"input"`
 		Tools             []openAITool    `json:"tools,omitempty"`
 		ToolChoice        json.RawMessage `json:"tool_choice,omitempty"`
 		ParallelToolCalls *bool           `json:"parallel_tool_calls,omitempty"`
 		MaxOutputTokens   *int            `json:"max_output_tokens,omitempty"`
-		Temperature       *float64        `json:"temperature,omitempty"`
-		TopP              *float64        `json:"top_p,omitempty"`
 		Reasoning         *struct {
 			Effort string `json:"effort,omitempty"`
 		} `json:"reasoning,omitempty"`
 		Text *struct {
 			Format *outputFormat `json:"format,omitempty"`
 		} `json:"text,omitempty"`
-		Stream        bool            `json:"stream,omitempty"`
-		BillingTarget json.RawMessage `json:"billingTarget,omitempty"`
 		openAIShared
 	}
 	responsesItem struct { // an input item, and an output item of the answer
@@ -105,7 +101,7 @@ func parseResponses(body []byte) (chatRequest, error) {
 	if err := decodeCallerJSON(body, &b, ""); err != nil {
 		return chatRequest{}, err
 	}
-	req, err := newCallerRequest(b.Model, b.Temperature, b.TopP, b.Stream, "max_output_tokens", b.MaxOutputTokens, b.BillingTarget)
+	req, err := newCallerRequest(b.callerHead, "max_output_tokens", b.MaxOutputTokens)
 	if err != nil {
 		return chatRequest{}, err
 	}
@@ -240,8 +236,7 @@ func (req *chatRequest) responsesParts(raw json.RawMessage, what string) ([]part
 // encodeResponses builds a Responses body: text, images and files in message
 // items, tool calls and results items of their own; codex gets SPEC §6.2's body.
 func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, error) {
-	out := responsesRequestBody{Model: model, Stream: o.stream, ParallelToolCalls: req.ParallelToolCalls, openAIShared: req.Shared,
-		Temperature: req.Temperature, TopP: req.TopP}
+	out := responsesRequestBody{callerHead: req.head(model, o), ParallelToolCalls: req.ParallelToolCalls, openAIShared: req.Shared}
 	if req.System != "" {
 		out.Instructions = &req.System
 	}
