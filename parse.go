@@ -34,10 +34,7 @@ func decodeCallerJSON(data []byte, v any, what string) error {
 	case errors.As(err, &se):
 		return refuseInvalid("malformed JSON at byte %d", se.Offset).because(err)
 	case errors.As(err, &te):
-		field := what
-		if te.Field != "" {
-			field = joinPath(what, te.Field)
-		}
+		field := strings.TrimSuffix(joinPath(what, te.Field), ".")
 		if field == "" {
 			return refuseInvalid("the request body must be a JSON object").because(err)
 		}
@@ -100,12 +97,7 @@ func rawItems(raw json.RawMessage) []json.RawMessage {
 	return items
 }
 
-func joinPath(path, member string) string {
-	if path == "" {
-		return member
-	}
-	return path + "." + member
-}
+func joinPath(path, member string) string { return strings.TrimPrefix(path+"."+member, ".") }
 
 // callerHead holds the members every format's request body shares.
 type callerHead struct {
