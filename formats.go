@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/rand"
 	"encoding/json"
 	"slices"
@@ -316,19 +317,9 @@ func (req chatRequest) droppedFor(p providerInfo) []string {
 
 func newAnswerID(prefix string) string { return prefix + rand.Text() }
 
-func answerIDOr(id, prefix string) string {
-	if id == "" {
-		return newAnswerID(prefix)
-	}
-	return id
-}
+func answerIDOr(id, prefix string) string { return cmp.Or(id, newAnswerID(prefix)) }
 
-func answerFinish(f string) string {
-	if f == "" {
-		return finishStop
-	}
-	return f
-}
+func answerFinish(f string) string { return cmp.Or(f, finishStop) }
 
 func textOf(ps []part) string {
 	var b strings.Builder
