@@ -210,9 +210,7 @@ func checkCallerURL(url, what string) error {
 
 // quoteCallerToken quotes a caller-chosen token (a role, a part type) for a refusal,
 // bounded so a refusal never echoes a long string back.
-func quoteCallerToken(s string) string {
-	return fmt.Sprintf("%q", truncateUTF8(s, 64))
-}
+func quoteCallerToken(s string) string { return fmt.Sprintf("%q", truncateUTF8(s, 64)) }
 
 // appendPart adds p to the last message when it has role, else a new turn:
 // consecutive tool results are one user turn (SPEC §7.6), a tool call joins
