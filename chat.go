@@ -139,10 +139,7 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 		return chatRequest{}, err
 	}
 	if f := b.ResponseFormat; f != nil {
-		o := outputFormat{}
-		if f.JSONSchema != nil {
-			o = *f.JSONSchema
-		}
+		o := valueOr(f.JSONSchema, outputFormat{})
 		o.Type = f.Type
 		if req.Output, err = checkOutput(&o, "response_format"); err != nil {
 			return chatRequest{}, err
@@ -354,9 +351,7 @@ func (tc chatToolCall) call() (c toolCall, ok bool) {
 	default:
 		return c, false
 	}
-	if in != nil {
-		c.Arguments = *in
-	}
+	c.Arguments = valueOr(in, "")
 	return c, !c.Custom || in != nil
 }
 
@@ -569,9 +564,7 @@ func (c *chatUpstreamStream) handle(ev sseEvent, emit func(streamEvent) error) (
 
 // toolDelta emits the start of a call new at its index, then any arguments.
 func (c *chatUpstreamStream) toolDelta(i int, tc chatToolCall, emit func(streamEvent) error) error {
-	if tc.Index != nil {
-		i = *tc.Index
-	}
+	i = valueOr(tc.Index, i)
 	call, _ := tc.call()
 	ni, ok := c.tools[i]
 	if !ok {

@@ -460,6 +460,14 @@ func schemaOutput(f *outputFormat) *outputFormat {
 
 func ptrTo[T any](v T) *T { return &v }
 
+// valueOr is *p, or or when p is nil.
+func valueOr[T any](p *T, or T) T {
+	if p == nil {
+		return or
+	}
+	return *p
+}
+
 // must is v for marshalling that cannot fail (plain values).
 func must(v []byte, err error) json.RawMessage {
 	if err != nil {

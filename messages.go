@@ -549,10 +549,7 @@ func (a *messagesUpstreamStream) handle(ev sseEvent, emit func(streamEvent) erro
 		f, _ := errorObject(e.Error)
 		return false, inBandError(f.typ)
 	}
-	index := 0
-	if e.Index != nil {
-		index = *e.Index
-	}
+	index := valueOr(e.Index, 0)
 	ni, isTool := a.blocks[index]
 	missing := func(what string) (bool, error) {
 		return false, malformedEvent(protoAnthropic, errors.New(e.Type+" without "+what))

@@ -111,9 +111,7 @@ func parseResponses(body []byte) (chatRequest, error) {
 	dropUnknown(&req.Dropped, raw.Reasoning, "reasoning", "effort")
 	dropUnknown(&req.Dropped, raw.Text, "text", "format")
 	req.Shared, req.ParallelToolCalls = b.openAIShared, b.ParallelToolCalls
-	if b.Instructions != nil {
-		req.System = *b.Instructions
-	}
+	req.System = valueOr(b.Instructions, "")
 	var items []responsesItem
 	switch rawShape(b.Input) {
 	case '"':
@@ -332,9 +330,7 @@ func (it *responsesItem) call() (toolCall, bool) {
 	if tc.Custom {
 		in = it.Input
 	}
-	if in != nil {
-		tc.Arguments = *in
-	}
+	tc.Arguments = valueOr(in, "")
 	if !tc.Custom {
 		tc.Arguments = argumentsText(tc.Arguments)
 	}
@@ -510,10 +506,7 @@ func (r *responsesUpstreamStream) handle(ev sseEvent, emit func(streamEvent) err
 	if err := json.Unmarshal([]byte(ev.Data), &e); err != nil {
 		return false, malformedEvent(protoOpenAIResponses, err)
 	}
-	idx := 0
-	if e.OutputIndex != nil {
-		idx = *e.OutputIndex
-	}
+	idx := valueOr(e.OutputIndex, 0)
 	switch e.Type {
 	case "":
 		return false, malformedEvent(protoOpenAIResponses, errors.New("event without a type"))
