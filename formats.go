@@ -452,9 +452,7 @@ func schemaOutput(f *outputFormat) *outputFormat {
 		return nil
 	}
 	s := *f
-	if s.Name == "" {
-		s.Name = "output"
-	}
+	s.Name = cmp.Or(s.Name, "output")
 	return &s
 }
 

@@ -279,11 +279,11 @@ type openAITool struct {
 // addOpenAITool adds a function, custom or namespace tool; any other (a
 // hosted tool: web_search, tool_search, …) is dropped and named.
 func (req *chatRequest) addOpenAITool(t openAITool, what string) error {
+	if t.Name == "" && slices.Contains([]string{"function", "custom", "namespace"}, t.Type) {
+		return refuseInvalid("%s needs a name", what)
+	}
 	switch t.Type {
 	case "function", "custom":
-		if t.Name == "" {
-			return refuseInvalid("%s needs a name", what)
-		}
 		params, err := parseCallerSchema(t.Parameters, what+".parameters")
 		if err != nil {
 			return err
@@ -297,9 +297,6 @@ func (req *chatRequest) addOpenAITool(t openAITool, what string) error {
 		}
 		req.Tools = append(req.Tools, nt)
 	case "namespace":
-		if t.Name == "" {
-			return refuseInvalid("%s needs a name", what)
-		}
 		if t.Description != "" {
 			req.Dropped = append(req.Dropped, what+".description")
 		}
