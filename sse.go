@@ -55,9 +55,8 @@ func splitSSELine(data []byte, atEOF bool) (int, []byte, error) {
 // they came; a last event whose lines ended needs no blank line after it.
 func (s *sseReader) next() (sseEvent, error) {
 	var (
-		ev      sseEvent
-		data    []string
-		hasData bool
+		ev   sseEvent
+		data []string // the data lines: an event without any dispatches nothing
 	)
 	for s.sc.Scan() {
 		line := s.sc.Text()
@@ -66,7 +65,7 @@ func (s *sseReader) next() (sseEvent, error) {
 			value = strings.TrimPrefix(value, " ")
 		}
 		switch {
-		case line == "" && hasData:
+		case line == "" && data != nil:
 			ev.Data = strings.Join(data, "\n")
 			return ev, nil
 		case line == "": // a block without data dispatches nothing and resets the name
@@ -74,11 +73,11 @@ func (s *sseReader) next() (sseEvent, error) {
 		case field == "event":
 			ev.Event = value
 		case field == "data":
-			data, hasData = append(data, value), true
+			data = append(data, value)
 		} // comments (": keep-alive"), "id", "retry" and unknown fields carry nothing Brama uses
 	}
 	err := cmp.Or(s.sc.Err(), io.EOF)
-	if hasData && err == io.EOF {
+	if data != nil && err == io.EOF {
 		ev.Data = strings.Join(data, "\n")
 		return ev, nil
 	}
