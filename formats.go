@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"crypto/rand"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strings"
 )
@@ -251,12 +252,16 @@ func formatOf(name string) *wireFormat {
 	return nil
 }
 
+func errUnknownFormat(name string) *apiError {
+	return refuse("internal_error", "internal error").because(fmt.Errorf("unknown wire format %q", name))
+}
+
 // parseRequest parses body as the given dialect into the neutral request.
 // Every error is an *apiError with code invalid_request.
 func parseRequest(dialect string, body []byte) (chatRequest, error) {
 	f := formatOf(dialect)
 	if f == nil {
-		return chatRequest{}, refuse("internal_error", "unknown dialect %q", dialect)
+		return chatRequest{}, errUnknownFormat(dialect)
 	}
 	return f.parse(body)
 }
@@ -266,7 +271,7 @@ func parseRequest(dialect string, body []byte) (chatRequest, error) {
 func renderAnswer(dialect string, req chatRequest, a chatAnswer) ([]byte, error) {
 	f := formatOf(dialect)
 	if f == nil {
-		return nil, refuse("internal_error", "unknown dialect %q", dialect)
+		return nil, errUnknownFormat(dialect)
 	}
 	return json.Marshal(f.render(req, a))
 }
