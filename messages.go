@@ -434,15 +434,13 @@ func decodeMessages(body []byte) (chatAnswer, error) {
 		switch {
 		case b.Type == "text" && b.Text != nil:
 			a.Text += *b.Text
+		case b.Type == "tool_use" && b.Name == "":
+			return chatAnswer{}, malformedAnswer(protoAnthropic, nil)
 		case b.Type == "tool_use":
-			var args bytes.Buffer
-			if rawIsNull(b.Input) {
-				args.WriteString("{}")
-			} else if err := json.Compact(&args, b.Input); err != nil {
-				return chatAnswer{}, malformedAnswer(protoAnthropic, err)
-			}
-			if b.Name == "" {
-				return chatAnswer{}, malformedAnswer(protoAnthropic, nil)
+			args := bytes.NewBufferString("{}")
+			if !rawIsNull(b.Input) {
+				args.Reset()
+				json.Compact(args, b.Input) // cannot fail: Input came out of the decoded body
 			}
 			a.ToolCalls = append(a.ToolCalls, toolCall{ID: b.ID, Name: b.Name, Arguments: args.String()})
 		}
