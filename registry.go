@@ -22,14 +22,6 @@ func registryPath(st state, getenv func(string) string) (string, error) {
 	return st.fileOrState(getenv, "BRAMA_ROUTES_FILE", registryRole, "routes.json")
 }
 
-// registryTooBig refuses a file claiming more than 1 MiB before it is read.
-func registryTooBig(size int64) error {
-	if size > maxRegistryBytes {
-		return invalidf("registry is %d bytes; the limit is 1 MiB (%d bytes)", size, maxRegistryBytes)
-	}
-	return nil
-}
-
 // registry is the route registry file, read cached by file identity (SPEC
 // §4.2); set, remove and migrateRegistry replace it under its lock (§4.4).
 type registry struct {

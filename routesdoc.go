@@ -110,11 +110,19 @@ func parseRegistry(b []byte) (*routesDoc, error) {
 	return validateRegistry(m) // nil members: the empty registry
 }
 
+// registryTooBig is SPEC §4.1's 1 MiB bound, checked on a file's size before it is read.
+func registryTooBig(size int64) error {
+	if size > maxRegistryBytes {
+		return invalidf("registry is %d bytes; the limit is 1 MiB (%d bytes)", size, maxRegistryBytes)
+	}
+	return nil
+}
+
 // registryMembers decodes b strictly (two readers must never disagree about an alias) into
 // raw members, nil when empty: raw, as encoding/json folds case and errors must name the fault.
 func registryMembers(b []byte) (map[string]json.RawMessage, error) {
-	if len(b) > maxRegistryBytes {
-		return nil, invalidf("registry is %d bytes; the limit is 1 MiB (%d bytes)", len(b), maxRegistryBytes)
+	if err := registryTooBig(int64(len(b))); err != nil {
+		return nil, err
 	}
 	if len(bytes.Trim(b, " \t\r\n")) == 0 { // JSON's whitespace, not Unicode's
 		return nil, nil
