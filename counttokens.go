@@ -69,7 +69,7 @@ func (e *engine) countTokensRequest(ctx context.Context, cand *candidate, c call
 	if req.query != "" {
 		path += "?" + req.query
 	}
-	httpReq, err := newPassthroughRequest(ctx, c, req, path, req.body.edit(edits...), false)
+	httpReq, err := newPassthroughRequest(ctx, c, req.header, path, req.body.edit(edits...), false)
 	if err != nil {
 		return attempt{err: asAPIError(err)}
 	}

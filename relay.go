@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -20,11 +21,6 @@ import (
 // body is relayed as received and read only for usage (§13); a stream's
 // events are relayed as received, each flushed at once, and read only for
 // what §7.5 needs (commit, terminal signal, in-band error) and usage.
-
-// passthroughUsageBody is the one member of a buffered answer Brama reads.
-type passthroughUsageBody struct {
-	Usage *passthroughUsage `json:"usage"`
-}
 
 // passthroughUsage holds the usage members of all three formats: chat's
 // prompt/completion tokens, messages' input/output and cache tokens,
@@ -53,11 +49,25 @@ func (u *passthroughUsage) count(protocol string) usage {
 // bufferedUsage reads the usage of a buffered answer; a body that is not a
 // JSON object is no answer of the format (provider_failure).
 func bufferedUsage(protocol string, body []byte) (usage, error) {
-	var b passthroughUsageBody
+	var b struct {
+		Usage *passthroughUsage `json:"usage"`
+	}
 	if err := json.Unmarshal(body, &b); err != nil || rawShape(body) != '{' {
 		return usage{}, malformedAnswer(protocol, err)
 	}
 	return b.Usage.count(protocol), nil
+}
+
+// usageOf reads a stream event's usage member; absent or null is unreported.
+func usageOf(protocol string, raw json.RawMessage) (usage, error) {
+	if rawIsNull(raw) {
+		return usage{}, nil
+	}
+	var u passthroughUsage
+	if err := json.Unmarshal(raw, &u); err != nil {
+		return usage{}, malformedEvent(protocol, err)
+	}
+	return u.count(protocol), nil
 }
 
 // rawSSEReader splits a provider's event stream into blocks kept as
@@ -86,23 +96,21 @@ func (s *rawSSEReader) next() (raw []byte, event string, data []byte, err error)
 		line, err := s.line()
 		if n := len(line); n > 0 && line[n-1] == '\n' {
 			content := bytes.TrimRight(line, "\r\n")
-			if len(content) == 0 {
-				if len(s.raw) == 0 {
-					continue // blank lines between blocks carry nothing
-				}
-				s.raw = append(s.raw, line...)
-				return s.raw, event, s.data, nil
+			if len(content) == 0 && len(s.raw) == 0 {
+				continue // blank lines between blocks carry nothing
 			}
 			s.raw = append(s.raw, line...)
+			if len(content) == 0 {
+				return s.raw, event, s.data, nil
+			}
 			field, value, found := bytes.Cut(content, []byte(":"))
 			if found {
 				value = bytes.TrimPrefix(value, []byte(" "))
 			}
-			switch {
-			case len(field) == 0: // a comment
-			case string(field) == "event":
+			switch string(field) {
+			case "event":
 				event = string(value)
-			case string(field) == "data":
+			case "data":
 				if hasData {
 					s.data = append(s.data, '\n')
 				}
@@ -149,9 +157,8 @@ func (s *rawSSEReader) line() ([]byte, error) {
 }
 
 // passthroughWatch reads a relayed stream's events as far as SPEC §7.5 and
-// §13 need. It knows the three formats' terminal signals and in-band
-// errors, and collects a responses stream's output items for a buffered
-// caller of codex.
+// §13 need: each format's terminal signal, in-band error and usage, and a
+// responses stream's output items for a buffered caller of codex.
 type passthroughWatch struct {
 	protocol   string
 	dropUsage  bool // chat: Brama asked for usage itself, so the usage chunk is not relayed
@@ -165,11 +172,14 @@ type passthroughWatch struct {
 	elems      [4][]byte         // element storage for an event's choices
 }
 
+// errEventNotObject is the cause of a malformed event whose data is not
+// one JSON object.
+var errEventNotObject = errors.New("the event data is not one JSON object")
+
 // watch reads one event. relay says whether the caller gets it; end says
-// the stream is complete and nothing more is read. A refusal is the
-// stream's failure: an in-band error is provider_incomplete, a malformed
-// event provider_failure. Only the members named here are decoded; the
-// rest of an event is checked to be JSON and skipped.
+// the stream is complete. A refusal is the stream's failure: an in-band
+// error is provider_incomplete, a malformed event provider_failure. Only
+// the members named here are decoded; the rest is only checked to be JSON.
 func (pw *passthroughWatch) watch(event string, data []byte) (relay, end bool, err error) {
 	if len(data) == 0 && event == "" {
 		return true, false, nil // comments only: the provider's keep-alive
@@ -181,21 +191,21 @@ func (pw *passthroughWatch) watch(event string, data []byte) (relay, end bool, e
 		pw.sawDone = true
 		return true, true, nil
 	}
-	e, err := parseRawObjectInto(data, pw.scratch[0][:])
+	if !json.Valid(data) {
+		return false, false, malformedEvent(pw.protocol, errEventNotObject)
+	}
+	e, err := splitRawObject(data, pw.scratch[0][:])
 	if err != nil {
 		return false, false, malformedEvent(pw.protocol, errEventNotObject)
 	}
 	typ := string(rawText(e.value("type"))) // a switch on it below allocates nothing
-	if typ == "" {
-		typ = event
-	}
 	switch pw.protocol {
 	case protoOpenAIChat:
 		return pw.chatEvent(event, e)
 	case protoAnthropic:
-		return pw.messagesEvent(typ, e)
+		return pw.messagesEvent(cmp.Or(typ, event), e)
 	}
-	return pw.responsesEvent(typ, e)
+	return pw.responsesEvent(cmp.Or(typ, event), e)
 }
 
 // chatEvent: a chunk with finish_reason is the terminal signal; usage
@@ -214,10 +224,8 @@ func (pw *passthroughWatch) chatEvent(event string, e rawObject) (relay, end boo
 	}
 	choices := rawArray(e.value("choices"), pw.elems[:])
 	for _, c := range choices {
-		if co, err := splitRawObject(c, pw.scratch[1][:]); err == nil {
-			if len(rawText(co.value("finish_reason"))) > 0 {
-				pw.finished = true
-			}
+		if co, err := splitRawObject(c, pw.scratch[1][:]); err == nil && len(rawText(co.value("finish_reason"))) > 0 {
+			pw.finished = true
 		}
 	}
 	return !(pw.dropUsage && u.Reported && len(choices) == 0), false, nil
@@ -232,21 +240,18 @@ func (pw *passthroughWatch) messagesEvent(typ string, e rawObject) (relay, end b
 		return false, false, inBandError(cmp.Or(f.typ, f.code))
 	case "message_start":
 		if m, err := splitRawObject(e.value("message"), pw.scratch[1][:]); err == nil {
-			if pw.usage, err = usageOf(pw.protocol, m.value("usage")); err != nil {
-				return false, false, err
-			}
+			pw.usage, err = usageOf(pw.protocol, m.value("usage"))
+			return err == nil, false, err
 		}
 	case "message_delta":
 		u, err := usageOf(pw.protocol, e.value("usage"))
-		if err != nil {
-			return false, false, err
+		if u.InputTokens > 0 { // newer streams repeat the input count
+			pw.usage.InputTokens = u.InputTokens
 		}
 		if u.Reported {
-			if u.InputTokens > 0 { // newer streams repeat the input count
-				pw.usage.InputTokens = u.InputTokens
-			}
 			pw.usage.OutputTokens, pw.usage.Reported = u.OutputTokens, true
 		}
+		return err == nil, false, err
 	case "message_stop":
 		pw.finished = true
 		return true, true, nil
@@ -274,16 +279,17 @@ func (pw *passthroughWatch) responsesEvent(typ string, e rawObject) (relay, end 
 		}
 		return false, false, inBandError(f.code)
 	case "response.output_item.done":
-		if pw.collecting {
-			var i int
-			if json.Unmarshal(e.value("output_index"), &i) != nil || rawShape(e.value("item")) != '{' {
-				return false, false, malformedEvent(pw.protocol, errors.New("output item without index or item"))
-			}
-			if pw.items == nil {
-				pw.items = map[int][]byte{}
-			}
-			pw.items[i] = bytes.Clone(e.value("item")) // the reader reuses its buffer
+		if !pw.collecting {
+			break
 		}
+		var i int
+		if json.Unmarshal(e.value("output_index"), &i) != nil || rawShape(e.value("item")) != '{' {
+			return false, false, malformedEvent(pw.protocol, errors.New("output item without index or item"))
+		}
+		if pw.items == nil {
+			pw.items = map[int][]byte{}
+		}
+		pw.items[i] = bytes.Clone(e.value("item")) // the reader reuses its buffer
 	case "response.completed", "response.incomplete":
 		r, err := splitRawObject(e.value("response"), pw.scratch[1][:])
 		if err != nil {
@@ -301,22 +307,6 @@ func (pw *passthroughWatch) responsesEvent(typ string, e rawObject) (relay, end 
 	return true, false, nil
 }
 
-// errEventNotObject is the cause of a malformed event whose data is not
-// one JSON object.
-var errEventNotObject = errors.New("the event data is not one JSON object")
-
-// usageOf reads a usage member; absent or null is unreported.
-func usageOf(protocol string, raw json.RawMessage) (usage, error) {
-	if rawIsNull(raw) {
-		return usage{}, nil
-	}
-	var u passthroughUsage
-	if err := json.Unmarshal(raw, &u); err != nil {
-		return usage{}, malformedEvent(protocol, err)
-	}
-	return u.count(protocol), nil
-}
-
 // streamCut is the failure of a stream whose body ended or broke before
 // its terminal signal: after commit the provider may have generated and
 // billed, so it is provider_incomplete (SPEC §7.5, §8.2).
@@ -327,14 +317,42 @@ func streamCut(err error) *apiError {
 	if ae := classifyTransport(err); ae.Code == "client_cancelled" {
 		return ae
 	}
-	// The request was sent long ago: whatever broke, the provider may have
-	// generated and billed (SPEC §8.2).
 	return refuse("provider_incomplete", "the provider stream failed before its terminal signal: %s",
 		cleanQuoted(err.Error(), "", 300)).because(err)
 }
 
-// readWatched reads a whole stream through the watch without relaying it:
-// a buffered caller of a provider that only streams (codex).
+// relayBuffered answers a buffered passthrough call: the provider's body
+// as received, its usage read; a codex stream (SPEC §6.2) is read whole
+// and assembled into its final response object, output replaced by the
+// output_item.done items in output_index order when it showed any.
+func relayBuffered(w http.ResponseWriter, cr *callerRequest, c call, resp *http.Response, attempts int) (usage, *apiError) {
+	p := c.res.Provider
+	var (
+		body []byte
+		u    usage
+		err  error
+	)
+	ct := cmp.Or(resp.Header.Get("Content-Type"), "application/json")
+	if upstreamStreams(p, cr.head) {
+		pw := &passthroughWatch{protocol: p.protocol, collecting: true}
+		err = readWatched(pw, resp.Body)
+		if err == nil {
+			body, err = assembledResponse(pw)
+		}
+		u, ct = pw.usage, "application/json" // an assembled answer is Brama's JSON
+	} else if body, err = io.ReadAll(resp.Body); err != nil {
+		err = refuse("provider_incomplete", "provider %q answer was cut after %d bytes", p.id, len(body)).because(err)
+	} else {
+		u, err = bufferedUsage(p.protocol, body)
+	}
+	if err != nil {
+		return u, asAPIError(err).redactedFor(c.cred.bearer()).withAttempts(attempts)
+	}
+	writeAnswer(w, ct, attempts, body)
+	return u, nil
+}
+
+// readWatched reads a whole stream through the watch without relaying it.
 func readWatched(pw *passthroughWatch, body io.Reader) error {
 	rd := newRawSSEReader(body)
 	for {
@@ -351,10 +369,8 @@ func readWatched(pw *passthroughWatch, body io.Reader) error {
 	}
 }
 
-// assembledResponse is a buffered responses answer built from a codex
-// stream (SPEC §6.2): the final response object, as the provider sent it,
-// with its output replaced by the output_item.done items in output_index
-// order when the stream showed any.
+// assembledResponse is the buffered responses answer of a watched codex
+// stream: the final response object, its output the items seen.
 func assembledResponse(pw *passthroughWatch) ([]byte, error) {
 	o, err := parseRawObject(pw.completed)
 	if err != nil {
@@ -363,50 +379,11 @@ func assembledResponse(pw *passthroughWatch) ([]byte, error) {
 	if len(pw.items) == 0 {
 		return pw.completed, nil
 	}
-	idx := make([]int, 0, len(pw.items))
-	for i := range pw.items {
-		idx = append(idx, i)
+	var items [][]byte
+	for _, i := range slices.Sorted(maps.Keys(pw.items)) {
+		items = append(items, pw.items[i])
 	}
-	slices.Sort(idx)
-	out := []byte("[")
-	for n, i := range idx {
-		if n > 0 {
-			out = append(out, ',')
-		}
-		out = append(out, pw.items[i]...)
-	}
-	return o.edit(memberEdit{"output", append(out, ']')}), nil
-}
-
-// relayBuffered answers a buffered passthrough call: the provider's body
-// as received (a codex stream assembled), its usage read.
-func relayBuffered(w http.ResponseWriter, cr *callerRequest, c call, resp *http.Response, attempts int) (usage, *apiError) {
-	p := c.res.Provider
-	var (
-		body []byte
-		u    usage
-		err  error
-	)
-	if upstreamStreams(p, cr.head) {
-		pw := &passthroughWatch{protocol: p.protocol, collecting: true}
-		if err = readWatched(pw, resp.Body); err == nil {
-			body, err = assembledResponse(pw)
-		}
-		u = pw.usage
-	} else if body, err = io.ReadAll(resp.Body); err != nil {
-		err = refuse("provider_incomplete", "provider %q answer was cut after %d bytes", p.id, len(body)).because(err)
-	} else {
-		u, err = bufferedUsage(p.protocol, body)
-	}
-	if err != nil {
-		return u, asAPIError(err).redactedFor(c.presented()).withAttempts(attempts)
-	}
-	ct := "application/json" // an assembled answer is Brama's JSON
-	if !upstreamStreams(p, cr.head) {
-		ct = cmp.Or(resp.Header.Get("Content-Type"), ct)
-	}
-	writeAnswer(w, ct, attempts, body)
-	return u, nil
+	return o.edit(memberEdit{"output", append(append([]byte("["), bytes.Join(items, []byte(","))...), ']')}), nil
 }
 
 // relayPassthroughStream relays a committed provider stream event by event
@@ -416,29 +393,28 @@ func relayPassthroughStream(sa *streamAnswer, cr *callerRequest, _ chatRequest, 
 	p := c.res.Provider
 	pw := &passthroughWatch{protocol: p.protocol, dropUsage: cr.addsUsage(p)}
 	rd := newRawSSEReader(resp.Body)
-	var err error
 	for {
-		raw, event, data, rerr := rd.next()
-		if rerr != nil {
+		raw, event, data, err := rd.next()
+		if err != nil {
 			if !pw.finished {
-				err = streamCut(rerr)
-			} else if p.protocol == protoOpenAIChat && !pw.sawDone {
-				err = sa.write([]byte("data: [DONE]\n\n"))
+				return pw.usage, streamCut(err)
 			}
-			break
+			if p.protocol == protoOpenAIChat && !pw.sawDone {
+				return pw.usage, sa.write([]byte("data: [DONE]\n\n"))
+			}
+			return pw.usage, nil
 		}
-		relay, end, werr := pw.watch(event, data)
-		if werr == nil && relay {
-			werr = sa.write(raw)
+		relay, end, err := pw.watch(event, data)
+		if err == nil && relay {
+			err = sa.write(raw)
 		}
-		if err = werr; err != nil || end {
-			break
+		if err != nil || end {
+			return pw.usage, err
 		}
 		if !rd.ready() { // the next read may wait on the provider: the caller has all it has
 			sa.flushWritten()
 		}
 	}
-	return pw.usage, err
 }
 
 // keepAliveEvery is how long a stream may be silent before Brama writes an
@@ -473,14 +449,7 @@ func (e *engine) openStreamAnswer(w http.ResponseWriter, dialect string, req cha
 	rc := http.NewResponseController(w)
 	flush := func() { rc.Flush() }
 	sa := &streamAnswer{w: w, flush: flush, cs: newCallerStream(dialect, req, w, flush, model), every: cmp.Or(e.keepAlive, keepAliveEvery)}
-	sa.timer = time.AfterFunc(sa.every, func() {
-		sa.mu.Lock()
-		defer sa.mu.Unlock()
-		if !sa.ended {
-			sa.timer.Reset(sa.every)
-			sa.cs.keepAlive()
-		}
-	})
+	sa.timer = time.AfterFunc(sa.every, func() { sa.do(sa.cs.keepAlive) })
 	return sa
 }
 
@@ -496,30 +465,26 @@ func (sa *streamAnswer) do(f func() error) error {
 	return f()
 }
 
-// write relays one event's bytes as received. They are flushed by
-// flushWritten, which the relay calls before it may wait on the provider,
-// so no event waits in Brama for a later one (SPEC §7.5).
+// write relays one event's bytes as received, flushed by flushWritten,
+// which the relay calls before it may wait on the provider, so no event
+// waits in Brama for a later one (SPEC §7.5).
 func (sa *streamAnswer) write(b []byte) error {
-	sa.mu.Lock()
-	defer sa.mu.Unlock()
-	if sa.ended {
-		return nil
-	}
-	sa.unflushed = true
-	_, err := sa.w.Write(b)
-	return err
+	return sa.do(func() error {
+		sa.unflushed = true
+		_, err := sa.w.Write(b)
+		return err
+	})
 }
 
-// flushWritten flushes what write left unflushed and restarts the silence
-// timer: the caller has just received an event.
+// flushWritten flushes what write left unflushed.
 func (sa *streamAnswer) flushWritten() {
-	sa.mu.Lock()
-	defer sa.mu.Unlock()
-	if sa.unflushed && !sa.ended {
-		sa.flush()
-		sa.unflushed = false
-		sa.timer.Reset(sa.every)
-	}
+	sa.do(func() error {
+		if sa.unflushed {
+			sa.flush()
+			sa.unflushed = false
+		}
+		return nil
+	})
 }
 
 // close stops the timer: nothing more is written.
@@ -533,7 +498,7 @@ func (sa *streamAnswer) close() {
 // failStream writes the dialect's in-band error for a stream that failed
 // after commit and returns it; the caller aborts the response.
 func (e *engine) failStream(ctx context.Context, sa *streamAnswer, c call, err error, attempts int) *apiError {
-	ae := asAPIError(err).redactedFor(c.presented()).withAttempts(attempts)
+	ae := asAPIError(err).redactedFor(c.cred.bearer()).withAttempts(attempts)
 	if ctx.Err() != nil {
 		ae = refuse("client_cancelled", "the caller hung up during the stream").because(err).withAttempts(attempts)
 	}
@@ -541,7 +506,7 @@ func (e *engine) failStream(ctx context.Context, sa *streamAnswer, c call, err e
 	// a caller that falls back at once, or hangs up after it, is remembered.
 	e.refused(ae, false, true)
 	sa.do(func() error { return sa.cs.fail(ae) })
-	e.log.Warn("stream_failed_after_commit", "request_id", e.t.requestID, "code", ae.Code, "cause", redact(fmt.Sprint(ae.Err), c.presented()))
+	e.log.Warn("stream_failed_after_commit", "request_id", e.t.requestID, "code", ae.Code, "cause", redact(fmt.Sprint(ae.Err), c.cred.bearer()))
 	return ae
 }
 
