@@ -22,7 +22,7 @@ func (e *engine) countTokens(ctx context.Context, w http.ResponseWriter, req *ca
 			w.Header().Set("Brama-Route", c.res.Route)
 		}
 		w.Header().Set("Brama-Estimate", "true")
-		writeJSON(w, http.StatusOK, countTokensAnswer{estimateInputTokens(req.body)})
+		writeJSON(w, http.StatusOK, countTokensAnswer{ptrTo(estimateInputTokens(req.body))})
 		return nil
 	}
 	cand := &candidate{res: c.res, baseURL: c.baseURL, key: &c.cred, req: req}
@@ -33,52 +33,38 @@ func (e *engine) countTokens(ctx context.Context, w http.ResponseWriter, req *ca
 		}
 		cand.key, cand.pool = nil, subs[:1]
 	}
-	j := &job{kind: kindCountTokens, request: e.countTokensRequest,
+	j := &job{kind: kindCountTokens,
+		build: func(ctx context.Context, _ *candidate, c call) (*http.Request, error) {
+			edits, err := req.baseEdits(c.res.Provider, c.cred, c.res.Model)
+			if err != nil {
+				return nil, err
+			}
+			path := "/v1/messages/count_tokens"
+			if req.query != "" {
+				path += "?" + req.query
+			}
+			return newPassthroughRequest(ctx, c, req.header, path, req.body.edit(edits...), false)
+		},
 		commit: func(_ context.Context, _ *candidate, c call, _ *overlayItem, resp *http.Response, attempts int) (usage, *apiError, bool) {
 			defer resp.Body.Close()
-			var ans struct {
-				InputTokens *int `json:"input_tokens"`
-			}
+			var ans countTokensAnswer
 			if err := json.NewDecoder(resp.Body).Decode(&ans); err != nil || ans.InputTokens == nil {
 				return usage{}, malformedAnswer(protoAnthropic, err).withAttempts(attempts), false
 			}
 			w.Header().Set("Brama-Route", c.res.Route)
 			w.Header().Set("Brama-Attempts", strconv.Itoa(attempts))
-			writeJSON(w, http.StatusOK, countTokensAnswer{*ans.InputTokens})
+			writeJSON(w, http.StatusOK, ans)
 			return usage{}, nil, false
 		}}
-	wk := &walk{}
-	out, ae := e.attemptCandidate(ctx, j, cand, wk)
-	if out == routeRefused { // the grant could not be refreshed
-		return wk.exhausted(e.now())
-	}
-	if ae != nil {
+	if ae := e.attemptOne(ctx, j, cand); ae != nil {
 		return ae
 	}
 	return nil
 }
 
-// countTokensRequest is the one call to the provider's count_tokens.
-func (e *engine) countTokensRequest(ctx context.Context, cand *candidate, c call) attempt {
-	req := cand.req
-	edits, err := req.baseEdits(c.res.Provider, c.cred, c.res.Model)
-	if err != nil {
-		return attempt{err: asAPIError(err)}
-	}
-	path := "/v1/messages/count_tokens"
-	if req.query != "" {
-		path += "?" + req.query
-	}
-	httpReq, err := newPassthroughRequest(ctx, c, req.header, path, req.body.edit(edits...), false)
-	if err != nil {
-		return attempt{err: asAPIError(err)}
-	}
-	return e.send(httpReq, c)
-}
-
 // countTokensAnswer is the body of every count_tokens answer.
 type countTokensAnswer struct {
-	InputTokens int `json:"input_tokens"`
+	InputTokens *int `json:"input_tokens"`
 }
 
 // estimateInputTokens is SPEC §15's local estimate: the UTF-8 bytes of

@@ -14,14 +14,9 @@ import (
 )
 
 // The attempt engine (SPEC §7): every route is a list of candidates, each
-// with an ordered credential pool and a budget of calls. A direct route is
-// one candidate with one key; a subscription route one candidate with the
-// agent's pool; a selector its candidates in order; the probe the named
-// subscription; embeddings and count_tokens a direct or first-of-pool
-// candidate. attemptCandidate is the one loop; every call goes through send;
-// a committed call ends in commit (the abort after a committed stream's
-// failure); settle records spend once; a refusal after dispatch reaches the
-// replay guard through refused.
+// with an ordered credential pool and a budget of calls (budgets).
+// attemptCandidate is the one loop, send the one call, commit the one
+// abort after commit, settle the one spend record.
 
 // routeKind is what the budget table is keyed by.
 type routeKind int
@@ -105,10 +100,10 @@ type candidate struct {
 	model   string         // the name a chat answer reports
 }
 
-// job is how a request's calls are made and a committed one is answered.
+// job is how a request's calls are built and a committed one is answered.
 type job struct {
-	kind    routeKind
-	request func(ctx context.Context, cand *candidate, c call) attempt
+	kind  routeKind
+	build func(ctx context.Context, cand *candidate, c call) (*http.Request, error)
 	// commit answers from a committed call; sub is the paying subscription
 	// (nil on a direct route). streamed says a failure was written in-band.
 	commit  func(ctx context.Context, cand *candidate, c call, sub *overlayItem, resp *http.Response, attempts int) (u usage, failure *apiError, streamed bool)
@@ -120,14 +115,6 @@ type call struct {
 	res     resolution
 	baseURL string
 	cred    upstreamCredential
-}
-
-// presented is the secret a call shows the provider, for redaction.
-func (c call) presented() string {
-	if c.cred.APIKey != "" {
-		return c.cred.APIKey
-	}
-	return c.cred.AccessToken
 }
 
 // plan resolves a request's head and applies every check made before
@@ -173,33 +160,24 @@ func (e *engine) plan(cl client, agent string, req *chatRequest) (call, error) {
 }
 
 // planChat is plan for a chat request, plus what only a chat call needs
-// before dispatch: the output limit of a known route (SPEC §6.4), the
-// candidates of a selector, and the translation parse when any call will
-// cross formats.
-func (e *engine) planChat(cl client, req *callerRequest) (call, []resolution, error) {
-	c, err := e.plan(cl, e.agent, &req.head)
-	if err != nil {
+// before dispatch: the output limit of a known route (SPEC §6.4), a
+// selector's candidates, and the translation parse when a call will cross
+// formats. cands is the one route but for a selector.
+func (e *engine) planChat(cl client, req *callerRequest) (c call, cands []resolution, err error) {
+	if c, err = e.plan(cl, e.agent, &req.head); err != nil {
 		return c, nil, err
 	}
-	targets := []resolution{c.res}
-	var cands []resolution
+	cands = []resolution{c.res}
 	switch c.res.Mode {
 	case modeDirect, modeAlias, modeSubscription:
-		if err := e.applyMaxTokens(&req.head, c.res); err != nil {
-			return c, nil, err
-		}
+		err = e.applyMaxTokens(&req.head, c.res)
 	default:
-		if cands, err = e.candidates(c.res, e.agent); err != nil {
-			return c, nil, err
-		}
-		targets = cands
+		cands, err = e.candidates(c.res, e.agent)
 	}
-	for _, t := range targets {
-		if req.translates(t.Provider) {
-			return c, cands, req.parseForTranslation()
-		}
+	if err == nil && slices.ContainsFunc(cands, func(t resolution) bool { return req.translates(t.Provider) }) {
+		err = req.parseForTranslation()
 	}
-	return c, cands, nil
+	return c, cands, err
 }
 
 // applyMaxTokens is SPEC §6.4's rule: the caller's max_tokens, else the
@@ -248,21 +226,17 @@ func (e *engine) directCredential(provider string) (string, error) {
 
 // attempt is one provider call's outcome before anything reaches the caller.
 type attempt struct {
-	sent    bool             // the request left Brama (one attempt); false when it could not be encoded
 	resp    *http.Response   // 2xx: the call committed; the body is unread
 	refusal *providerRefusal // a complete non-2xx answer, classified
-	err     *apiError        // no answer: a transport failure or a cut refusal body
+	err     *apiError        // no answer: a transport failure, a cut refusal body, or (onboarding) no request
 }
 
 // failure is the refusal a caller gets for a call that did not commit.
 func (a attempt) failure() *apiError {
-	switch {
-	case a.err != nil:
-		return a.err
-	case a.refusal != nil:
+	if a.refusal != nil {
 		return a.refusal.err
 	}
-	return nil
+	return a.err
 }
 
 // send makes one provider call: the one place an attempt is counted. It
@@ -273,22 +247,22 @@ func (e *engine) send(httpReq *http.Request, c call) attempt {
 	e.calls.Add(1)
 	resp, err := e.client.Do(httpReq)
 	if err != nil {
-		return attempt{sent: true, err: classifyTransport(err)}
+		return attempt{err: classifyTransport(err)}
 	}
 	if resp.StatusCode >= 200 && resp.StatusCode <= 299 {
-		return attempt{sent: true, resp: resp}
+		return attempt{resp: resp}
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return attempt{sent: true, err: refuse("provider_incomplete", "provider %q answered %d and its body was cut after %d bytes", p.id, resp.StatusCode, len(body)).because(err)}
+		return attempt{err: refuse("provider_incomplete", "provider %q answered %d and its body was cut after %d bytes", p.id, resp.StatusCode, len(body)).because(err)}
 	}
-	ref := classifyRefusal(p.id, resp.StatusCode, resp.Header, body, c.presented(), e.now())
-	return attempt{sent: true, refusal: &ref}
+	ref := classifyRefusal(p.id, resp.StatusCode, resp.Header, body, c.cred.bearer(), e.now())
+	return attempt{refusal: &ref}
 }
 
 // callProvider makes exactly one translated provider call of a neutral
-// request.
+// request (onboarding).
 func (e *engine) callProvider(ctx context.Context, req chatRequest, c call) attempt {
 	httpReq, err := buildUpstreamRequest(ctx, c.res.Provider, c.baseURL, c.cred, req, c.res.Model)
 	if err != nil {
@@ -345,13 +319,15 @@ func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate, 
 			}
 		}
 		start := e.now()
-		a := j.request(ctx, cand, c)
-		if !a.sent { // the request could not be encoded: nothing was called
+		httpReq, err := j.build(ctx, cand, c)
+		if err != nil { // the request could not be built: nothing was called
+			ae := asAPIError(err)
 			if wk.attempts > 0 {
-				a.err = a.err.withAttempts(wk.attempts)
+				ae = ae.withAttempts(wk.attempts)
 			}
-			return routeAnswered, a.err
+			return routeAnswered, ae
 		}
+		a := e.send(httpReq, c)
 		calls++
 		wk.attempts++
 		if a.resp != nil {
@@ -361,51 +337,44 @@ func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate, 
 			e.ledger.recordUse(sub.ID, p.id, false, 0, 0)
 		}
 		ref := a.refusal
-		if !b.rotate || a.err != nil { // no rotation, or a transport failure or cut body: potentially billable
-			if j.refused != nil {
-				j.refused(c, a)
-			}
-			ae := a.failure().withAttempts(wk.attempts)
-			e.settle(j, cand, start, usage{}, ae)
-			return routeAnswered, ae
-		}
-		switch ref.class {
-		case refusalAuth:
+		switch {
+		case !b.rotate || a.err != nil: // a transport failure or cut body is potentially billable
+		case ref.class == refusalAuth:
 			wk.auth = true
-			if c.cred.AccessToken != "" && !wk.refreshed[sub.ID] {
-				// An OAuth grant not yet refreshed in this request: refresh it,
-				// and let the next attempt, if one remains, be this same
-				// subscription. A failed refresh already recorded what it
-				// proved, so the state is not touched here.
-				_, err := e.subscriptionCredential(ctx, *sub, wk, c.cred.AccessToken)
-				switch {
-				case err == nil:
-					wk.note(sub.ID, "refused the access token; refreshed")
-					if calls < b.calls {
-						queue = append([]overlayItem{*sub}, queue...)
-					}
-				case !errors.Is(err, errSkipSubscription):
-					return routeAnswered, asAPIError(err).withAttempts(wk.attempts)
-				}
+			if c.cred.AccessToken == "" || wk.refreshed[sub.ID] {
+				e.ledger.setCredential(sub.ID, p.id, credNeedsReauth, ref.sentence)
+				wk.note(sub.ID, "authentication refused: "+ref.sentence)
 				continue
 			}
-			e.ledger.setCredential(sub.ID, p.id, credNeedsReauth, ref.sentence)
-			wk.note(sub.ID, "authentication refused: "+ref.sentence)
-		case refusalRate, refusalQuota:
-			e.blockFor(*sub, p.id, ref, wk)
-		case refusalModel:
-			if j.kind == kindSelector {
-				wk.model = true
-				wk.rejectedStatus = ref.err.Status()
-				wk.note(cand.res.Route, "refused the request: "+ref.sentence)
-				return routeModelRefused, nil
+			// An OAuth grant not yet refreshed in this request: refresh it, and
+			// let the next attempt, if one remains, be this same subscription.
+			// A failed refresh already recorded what it proved.
+			_, err := e.subscriptionCredential(ctx, *sub, wk, c.cred.AccessToken)
+			if err != nil && !errors.Is(err, errSkipSubscription) {
+				return routeAnswered, asAPIError(err).withAttempts(wk.attempts)
 			}
-			fallthrough
-		default:
-			ae := ref.err.withAttempts(wk.attempts)
-			e.settle(j, cand, start, usage{}, ae)
-			return routeAnswered, ae
+			if err == nil {
+				wk.note(sub.ID, "refused the access token; refreshed")
+				if calls < b.calls {
+					queue = append([]overlayItem{*sub}, queue...)
+				}
+			}
+			continue
+		case ref.class == refusalRate || ref.class == refusalQuota:
+			e.blockFor(*sub, p.id, ref, wk)
+			continue
+		case ref.class == refusalModel && j.kind == kindSelector:
+			wk.model = true
+			wk.rejectedStatus = ref.err.Status()
+			wk.note(cand.res.Route, "refused the request: "+ref.sentence)
+			return routeModelRefused, nil
 		}
+		if j.refused != nil {
+			j.refused(c, a)
+		}
+		ae := a.failure().withAttempts(wk.attempts)
+		e.settle(j, cand, start, usage{}, ae)
+		return routeAnswered, ae
 	}
 	if len(queue) > 0 {
 		return routeBudgetSpent, nil
@@ -449,19 +418,34 @@ func (e *engine) refused(ae *apiError, hungUp, streamed bool) {
 	}
 }
 
+// attemptOne serves a route of one candidate: its answer, or the walk's
+// one refusal when its pool found no success (SPEC §7.2.5).
+func (e *engine) attemptOne(ctx context.Context, j *job, cand *candidate) *apiError {
+	wk := &walk{}
+	if out, ae := e.attemptCandidate(ctx, j, cand, wk); out == routeAnswered {
+		return ae
+	}
+	return wk.exhausted(e.now())
+}
+
 // serveChat answers one chat request on its planned route, writing the
-// answer to w: nil after success, else the refusal, unwritten. cands are a
-// selector's candidates.
+// answer to w: nil after success, else the refusal, unwritten. cands are
+// planChat's.
 func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *callerRequest, c call, cands []resolution) *apiError {
 	j := e.chatJob(w)
 	var ae *apiError
 	switch c.res.Mode {
 	case modeDirect, modeAlias:
 		j.kind = kindDirect
-		_, ae = e.attemptCandidate(ctx, j, &candidate{res: c.res, baseURL: c.baseURL, key: &c.cred, req: req, model: req.head.Model}, &walk{})
+		ae = e.attemptOne(ctx, j, &candidate{res: c.res, baseURL: c.baseURL, key: &c.cred, req: req, model: req.head.Model})
 	case modeSubscription:
 		j.kind = kindSubscription
-		ae = e.walkSubscription(ctx, j, req, c.res)
+		subs, err := e.subscriptionPool(e.agent, c.res, req.head.BillingTarget)
+		if err != nil {
+			ae = asAPIError(err)
+			break
+		}
+		ae = e.attemptOne(ctx, j, &candidate{res: c.res, pool: subs, req: req, model: req.head.Model})
 	default:
 		j.kind = kindSelector
 		ae = e.walkSelector(ctx, j, req, cands)
@@ -478,16 +462,11 @@ func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *call
 // translation (SPEC §7.6); a paying subscription's ledger is kept.
 func (e *engine) chatJob(w http.ResponseWriter) *job {
 	return &job{
-		request: func(ctx context.Context, cand *candidate, c call) attempt {
-			req := cand.req
-			if req.translates(c.res.Provider) {
-				return e.callProvider(ctx, req.translated(), c)
+		build: func(ctx context.Context, cand *candidate, c call) (*http.Request, error) {
+			if cand.req.translates(c.res.Provider) {
+				return buildUpstreamRequest(ctx, c.res.Provider, c.baseURL, c.cred, cand.req.translated(), c.res.Model)
 			}
-			httpReq, err := buildPassthroughRequest(ctx, c, req)
-			if err != nil {
-				return attempt{err: asAPIError(err)}
-			}
-			return e.send(httpReq, c)
+			return buildPassthroughRequest(ctx, c, cand.req)
 		},
 		commit: func(ctx context.Context, cand *candidate, c call, sub *overlayItem, resp *http.Response, attempts int) (usage, *apiError, bool) {
 			if sub == nil {
@@ -506,17 +485,18 @@ func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, model strin
 	defer resp.Body.Close()
 	w.Header().Set("Brama-Route", c.res.Route)
 	p := c.res.Provider
-	tr := chatRequest{}
-	if req.translates(p) {
+	pass, tr := !req.translates(p), chatRequest{}
+	if !pass {
 		tr = req.translated()
 		if dropped := tr.droppedFor(p); len(dropped) > 0 { // SPEC §7.6: nothing is dropped silently
 			w.Header().Set("Brama-Dropped", strings.Join(dropped, ", "))
 			e.t.dropped = dropped
 		}
 	}
-	if req.head.Stream { // after commit nothing is retried: a failure is written in-band (SPEC §7.5)
+	switch {
+	case req.head.Stream: // after commit nothing is retried: a failure is written in-band (SPEC §7.5)
 		streamModel, relay := model, relayStream
-		if !req.translates(p) {
+		if pass {
 			streamModel, relay = c.res.Model, relayPassthroughStream
 		}
 		sa := e.openStreamAnswer(w, req.dialect, tr, streamModel, attempts)
@@ -526,14 +506,13 @@ func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, model strin
 			failure = e.failStream(ctx, sa, c, err, attempts)
 		}
 		return u, failure, true
-	}
-	if !req.translates(p) {
+	case pass:
 		u, failure = relayBuffered(w, req, c, resp, attempts)
 		return u, failure, false
 	}
 	a, err := readProviderAnswer(p, tr, resp)
 	if err != nil {
-		return u, asAPIError(err).redactedFor(c.presented()).withAttempts(attempts), false
+		return u, asAPIError(err).redactedFor(c.cred.bearer()).withAttempts(attempts), false
 	}
 	a.Model = model
 	out, err := renderAnswer(req.dialect, tr, a)

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -22,16 +21,8 @@ func (e *engine) serveEmbeddings(ctx context.Context, w http.ResponseWriter, mod
 	out, _ := json.Marshal(body)
 	j := &job{
 		kind: kindEmbeddings,
-		request: func(ctx context.Context, _ *candidate, c call) attempt {
-			req, err := http.NewRequestWithContext(ctx, "POST", c.baseURL+"/embeddings", bytes.NewReader(out))
-			if err != nil {
-				return attempt{err: refuse("internal_error", "the provider request could not be built").because(err)}
-			}
-			req.Header.Set("Content-Type", "application/json")
-			if c.cred.APIKey != "" {
-				req.Header.Set("Authorization", "Bearer "+c.cred.APIKey)
-			}
-			return e.send(req, c)
+		build: func(ctx context.Context, _ *candidate, c call) (*http.Request, error) {
+			return newPassthroughRequest(ctx, c, nil, "/embeddings", out, false)
 		},
 		commit: func(_ context.Context, _ *candidate, c call, _ *overlayItem, resp *http.Response, attempts int) (usage, *apiError, bool) {
 			defer resp.Body.Close()
@@ -43,7 +34,7 @@ func (e *engine) serveEmbeddings(ctx context.Context, w http.ResponseWriter, mod
 			return usage{}, nil, false
 		},
 	}
-	if _, ae := e.attemptCandidate(ctx, j, &candidate{res: c.res, baseURL: c.baseURL, key: &c.cred}, &walk{}); ae != nil {
+	if ae := e.attemptOne(ctx, j, &candidate{res: c.res, baseURL: c.baseURL, key: &c.cred}); ae != nil {
 		return ae
 	}
 	return nil

@@ -279,21 +279,6 @@ func (e *engine) subscriptionPool(agent string, res resolution, bt *billingTarge
 	return e.order(agent, res.Provider.id, subs), nil
 }
 
-// walkSubscription serves an explicit subscription route (SPEC §7.2).
-func (e *engine) walkSubscription(ctx context.Context, j *job, req *callerRequest, res resolution) *apiError {
-	agent := e.agent
-	subs, err := e.subscriptionPool(agent, res, req.head.BillingTarget)
-	if err != nil {
-		return asAPIError(err)
-	}
-	wk := &walk{}
-	out, ae := e.attemptCandidate(ctx, j, &candidate{res: res, pool: subs, req: req, model: req.head.Model}, wk)
-	if out != routeAnswered {
-		return wk.exhausted(e.now())
-	}
-	return ae
-}
-
 // allNeedSignIn reports whether the agent has non-retired subscriptions and
 // none of them has an active credential (SPEC §7.3's no-candidate case).
 func (e *engine) allNeedSignIn(agent string) bool {

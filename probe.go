@@ -55,12 +55,12 @@ func (e *engine) probe(ctx context.Context, it overlayItem, model string) (probe
 	ok, detail := false, ""
 	j := &job{
 		kind: kindProbe,
-		request: func(ctx context.Context, _ *candidate, c call) attempt {
-			a := e.callProvider(ctx, req, c)
-			if !a.sent { // the ping could not be encoded: a failed probe, as before any call
-				detail = a.err.Message
+		build: func(ctx context.Context, _ *candidate, c call) (*http.Request, error) {
+			hr, err := buildUpstreamRequest(ctx, p, c.baseURL, c.cred, req, c.res.Model)
+			if err != nil { // the ping could not be encoded: a failed probe, as before any call
+				detail = asAPIError(err).Message
 			}
-			return a
+			return hr, err
 		},
 		commit: func(_ context.Context, _ *candidate, c call, _ *overlayItem, resp *http.Response, _ int) (usage, *apiError, bool) {
 			e.ledger.recordWindows(it.ID, p.id, parsePlanWindows(p.id, resp.Header, e.now()))
