@@ -50,8 +50,7 @@ var budgets = map[routeKind]budget{
 }
 
 // engine is one request's attempt engine: what it needs of the daemon, and
-// the request's own account (tally), which the HTTP handler copies to its
-// log line. It knows nothing of the server.
+// the request's account (tally) for the log line. It knows no server.
 type engine struct {
 	log        *slog.Logger
 	now        func() time.Time
@@ -74,8 +73,7 @@ type engine struct {
 	t          tally
 }
 
-// tally is one request's account: the log line's members the engine
-// learns, and the replay guard to tell of a refusal after dispatch.
+// tally is one request's account: what the log line learns from the engine.
 type tally struct {
 	requestID     string
 	attempts      int // provider calls made
@@ -83,14 +81,11 @@ type tally struct {
 	retryable     bool
 	input, output int
 	dropped       []string
-	// remember tells the replay guard of a refusal after dispatch (SPEC
-	// §8.1), before the caller can read it; nil when no guard applies.
-	remember func(ae *apiError, attempts int, hungUp, streamed bool)
+	remember      func(ae *apiError, attempts int, hungUp, streamed bool) // the replay guard's (SPEC §8.1); nil: none
 }
 
-// candidate is one route the engine may call, with its credential pool:
-// the one key of a direct route, else the ordered subscriptions (for a
-// selector read only when its turn comes, as earlier candidates change it).
+// candidate is one route the engine may call with its credentials: a
+// direct route's one key, else the ordered subscriptions.
 type candidate struct {
 	res     resolution
 	baseURL string              // a direct route's; a pool's is the provider's
@@ -104,8 +99,8 @@ type candidate struct {
 type job struct {
 	kind  routeKind
 	build func(ctx context.Context, cand *candidate, c call) (*http.Request, error)
-	// commit answers from a committed call; sub is the paying subscription
-	// (nil on a direct route). streamed says a failure was written in-band.
+	// commit answers from a committed call paid by sub (nil: a direct key);
+	// streamed says a failure was written in-band.
 	commit  func(ctx context.Context, cand *candidate, c call, sub *overlayItem, resp *http.Response, attempts int) (u usage, failure *apiError, streamed bool)
 	refused func(c call, a attempt) // optional: what a refused call records (the probe)
 }
@@ -118,51 +113,43 @@ type call struct {
 }
 
 // plan resolves a request's head and applies every check made before
-// dispatch but §6.4's output limit: allowlist, model name, who pays and
-// billingTarget. A direct or alias route also gets its credential here (a
-// missing one is a refusal at dispatch, attempts 0).
+// dispatch but §6.4's output limit: allowlist, model name, who pays,
+// billingTarget, and a direct route's credential (missing: attempts 0).
 func (e *engine) plan(cl client, agent string, req *chatRequest) (call, error) {
-	if err := checkAllowed(cl, req.Model); err != nil {
-		return call{}, err
+	if cl.AllowedModels != nil && !slices.Contains(cl.AllowedModels, req.Model) { // SPEC §3.1
+		return call{}, refuse("forbidden", "this client may not use model %q", req.Model)
 	}
 	doc, docErr := e.reg.current()
 	res, err := resolveModel(req.Model, doc, docErr, e.hasDirect, req.BillingTarget != nil)
 	if err != nil {
 		return call{}, err
 	}
-	if res.Mode != modeDirect && res.Mode != modeAlias {
-		if agent == "" {
-			return call{res: res}, refuse("unauthenticated", "this route is paid by an agent's subscription; sign the request or use a bearer bound to an agent")
+	c, p, bt := call{res: res}, res.Provider, req.BillingTarget
+	switch {
+	case res.Mode == modeDirect || res.Mode == modeAlias:
+		c.baseURL = res.BaseURL
+		if p.cred != credDirect {
+			break
 		}
-		if bt := req.BillingTarget; bt != nil {
-			if res.Mode != modeSubscription {
-				return call{res: res}, refuse("invalid_request", "billingTarget names one subscription; use it with a provider/model route, not %q", req.Model)
-			}
-			if err := e.checkBillingTarget(bt, res.Provider.id, agent); err != nil {
-				return call{res: res}, err
-			}
-		}
-		return call{res: res}, nil
-	}
-	c := call{res: res, baseURL: res.BaseURL}
-	p := res.Provider
-	if p.cred == credDirect {
-		key, err := e.directCredential(p.id)
-		if err != nil {
+		if c.cred.APIKey, err = e.directCredential(p.id); err != nil {
 			return call{res: res}, err
 		}
-		c.cred.APIKey = key
 		if c.baseURL, err = providerBaseURL(p, e.getenv); err != nil {
 			return call{res: res}, refuse("dependency_unavailable", "provider %q has an unusable base URL: %v", p.id, err).withAttempts(0)
 		}
+	case agent == "":
+		err = refuse("unauthenticated", "this route is paid by an agent's subscription; sign the request or use a bearer bound to an agent")
+	case bt != nil && res.Mode != modeSubscription:
+		err = refuse("invalid_request", "billingTarget names one subscription; use it with a provider/model route, not %q", req.Model)
+	case bt != nil:
+		err = e.checkBillingTarget(bt, p.id, agent)
 	}
-	return c, nil
+	return c, err
 }
 
-// planChat is plan for a chat request, plus what only a chat call needs
-// before dispatch: the output limit of a known route (SPEC §6.4), a
-// selector's candidates, and the translation parse when a call will cross
-// formats. cands is the one route but for a selector.
+// planChat is plan plus what a chat call needs before dispatch: the output
+// limit (SPEC §6.4), the candidates (a selector's, else the route), and
+// the translation parse when a call will cross formats.
 func (e *engine) planChat(cl client, req *callerRequest) (c call, cands []resolution, err error) {
 	if c, err = e.plan(cl, e.agent, &req.head); err != nil {
 		return c, nil, err
@@ -180,9 +167,8 @@ func (e *engine) planChat(cl client, req *callerRequest) (c call, cands []resolu
 	return c, cands, err
 }
 
-// applyMaxTokens is SPEC §6.4's rule: the caller's max_tokens, else the
-// model's own output limit, else omitted, except that anthropic-messages
-// requires one and is refused before any call. Codex never gets one (§6.2).
+// applyMaxTokens is SPEC §6.4's rule: the caller's limit, else the model's,
+// else none but on anthropic-messages (refused); codex never gets one.
 func (e *engine) applyMaxTokens(req *chatRequest, res resolution) error {
 	p := res.Provider
 	if req.MaxTokens != 0 || p.id == "codex" {
@@ -198,30 +184,22 @@ func (e *engine) applyMaxTokens(req *chatRequest, res resolution) error {
 	return nil
 }
 
-// checkAllowed applies a client's allowed_models (SPEC §3.1).
-func checkAllowed(c client, model string) error {
-	if c.AllowedModels != nil && !slices.Contains(c.AllowedModels, model) {
-		return refuse("forbidden", "this client may not use model %q", model)
-	}
-	return nil
-}
-
 // directCredential is the deployment's API key for provider (SPEC §7.1).
 func (e *engine) directCredential(provider string) (string, error) {
-	if e.localCreds != nil {
-		if k := e.localCreds[provider]; k != "" {
-			return k, nil
+	key := e.localCreds[provider]
+	if e.localCreds == nil {
+		doc, err := e.vault.load()
+		if err != nil && !errors.As(err, new(*noStateError)) {
+			return "", refuse("credential_unauthorized", "the vault is unreadable; no credential can be produced").because(err).withAttempts(0)
 		}
+		if doc != nil {
+			key = doc.Direct[provider].APIKey
+		}
+	}
+	if key == "" {
 		return "", refuse("credential_unauthorized", "no direct credential for provider %q", provider).withAttempts(0)
 	}
-	doc, err := e.vault.load()
-	if err != nil && !errors.As(err, new(*noStateError)) {
-		return "", refuse("credential_unauthorized", "the vault is unreadable; no credential can be produced").because(err).withAttempts(0)
-	}
-	if doc == nil || doc.Direct[provider].APIKey == "" {
-		return "", refuse("credential_unauthorized", "no direct credential for provider %q", provider).withAttempts(0)
-	}
-	return doc.Direct[provider].APIKey, nil
+	return key, nil
 }
 
 // attempt is one provider call's outcome before anything reaches the caller.
@@ -239,8 +217,8 @@ func (a attempt) failure() *apiError {
 	return a.err
 }
 
-// send makes one provider call: the one place an attempt is counted. It
-// reads a refusal whole; a 2xx body is left for the job's commit.
+// send makes one provider call, the one place an attempt is counted; a
+// refusal is read whole, a 2xx body left for the commit.
 func (e *engine) send(httpReq *http.Request, c call) attempt {
 	p := c.res.Provider
 	e.t.attempts++
@@ -261,8 +239,7 @@ func (e *engine) send(httpReq *http.Request, c call) attempt {
 	return attempt{refusal: &ref}
 }
 
-// callProvider makes exactly one translated provider call of a neutral
-// request (onboarding).
+// callProvider makes one translated call of a neutral request (onboarding).
 func (e *engine) callProvider(ctx context.Context, req chatRequest, c call) attempt {
 	httpReq, err := buildUpstreamRequest(ctx, c.res.Provider, c.baseURL, c.cred, req, c.res.Model)
 	if err != nil {
@@ -281,13 +258,12 @@ const (
 	routeModelRefused                     // (selectors) the provider would not run the request: 400, 404, 422
 )
 
-// attemptCandidate makes one candidate's calls within its kind's budget
-// (SPEC §7.1–§7.3): the one key of a direct route, else its pool in order,
-// skipping a blocked subscription and refreshing an expired grant first. A
-// rotating kind moves on after a refusal that proves nothing was
-// generated; anything else is answered at once, because a second call
-// could double cost or tool effects. An answered outcome returns the
-// refusal to write (nil: the answer is written).
+// attemptCandidate makes one candidate's calls within its budget (SPEC
+// §7.1–§7.3): the direct key, else the pool in order, skipping blocked
+// subscriptions and refreshing expired grants. A rotating kind moves on
+// only after a refusal proving nothing was generated: a second call could
+// double cost or tool effects. routeAnswered comes with the refusal to
+// write (nil: the answer is written).
 func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate, wk *walk) (routeOutcome, *apiError) {
 	b, p := budgets[j.kind], cand.res.Provider
 	baseURL, queue := cand.baseURL, []overlayItem{{}} // a direct route: one call on its key
@@ -346,9 +322,8 @@ func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate, 
 				wk.note(sub.ID, "authentication refused: "+ref.sentence)
 				continue
 			}
-			// An OAuth grant not yet refreshed in this request: refresh it, and
-			// let the next attempt, if one remains, be this same subscription.
-			// A failed refresh already recorded what it proved.
+			// A grant not yet refreshed here: refresh it and, if a call remains,
+			// retry this subscription. A failed refresh recorded what it proved.
 			_, err := e.subscriptionCredential(ctx, *sub, wk, c.cred.AccessToken)
 			if err != nil && !errors.Is(err, errSkipSubscription) {
 				return routeAnswered, asAPIError(err).withAttempts(wk.attempts)
@@ -382,11 +357,9 @@ func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate, 
 	return routeRefused, nil
 }
 
-// commit answers from a committed call. After commit nothing is retried
-// (SPEC §7.5): the spend is recorded once, a buffered failure is returned
-// for the caller, and a stream failure, whose in-band error is already
-// written, aborts the response: the body is never cleanly terminated. This
-// is the one place a response is aborted.
+// commit answers from a committed call; nothing is retried after it (SPEC
+// §7.5). A stream failure, its in-band error written, aborts the response
+// so the body never ends cleanly: the one abort.
 func (e *engine) commit(ctx context.Context, j *job, cand *candidate, c call, sub *overlayItem, resp *http.Response, attempts int, start time.Time) *apiError {
 	u, ae, streamed := j.commit(ctx, cand, c, sub, resp, attempts)
 	e.settle(j, cand, start, u, ae)
@@ -396,8 +369,7 @@ func (e *engine) commit(ctx context.Context, j *job, cand *candidate, c call, su
 	return ae
 }
 
-// settle records one request's spend and outcome once, however it ended:
-// the perf registry and the log line's tokens and outcome.
+// settle records a request's spend and outcome once, however it ended.
 func (e *engine) settle(j *job, cand *candidate, start time.Time, u usage, failure *apiError) {
 	if !budgets[j.kind].spends {
 		return
@@ -409,9 +381,8 @@ func (e *engine) settle(j *job, cand *candidate, start time.Time, u usage, failu
 	}
 }
 
-// refused tells the replay guard of a refusal after dispatch, before the
-// caller can read it: hungUp says the caller left first, streamed that it
-// meets it in-band (SPEC §8.1).
+// refused tells the replay guard of a refusal after dispatch before the
+// caller can read it (SPEC §8.1).
 func (e *engine) refused(ae *apiError, hungUp, streamed bool) {
 	if e.t.remember != nil && ae != nil {
 		e.t.remember(ae, e.t.attempts, hungUp, streamed)
@@ -428,9 +399,8 @@ func (e *engine) attemptOne(ctx context.Context, j *job, cand *candidate) *apiEr
 	return wk.exhausted(e.now())
 }
 
-// serveChat answers one chat request on its planned route, writing the
-// answer to w: nil after success, else the refusal, unwritten. cands are
-// planChat's.
+// serveChat answers a planned chat request on w, or returns the refusal
+// unwritten.
 func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *callerRequest, c call, cands []resolution) *apiError {
 	j := e.chatJob(w)
 	var ae *apiError
@@ -457,9 +427,8 @@ func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *call
 	return ae
 }
 
-// chatJob is how a chat request's calls are made and answered on w:
-// passthrough when the caller's format is the provider's protocol, else
-// translation (SPEC §7.6); a paying subscription's ledger is kept.
+// chatJob makes a chat request's calls, passthrough or translated (SPEC
+// §7.6), and answers on w, keeping a paying subscription's ledger.
 func (e *engine) chatJob(w http.ResponseWriter) *job {
 	return &job{
 		build: func(ctx context.Context, cand *candidate, c call) (*http.Request, error) {
@@ -477,10 +446,9 @@ func (e *engine) chatJob(w http.ResponseWriter) *job {
 	}
 }
 
-// deliver answers the caller from a committed call, buffered or streamed:
-// the provider's own answer on passthrough, else translated naming model.
-// A buffered failure is returned unwritten; a stream failure has already
-// been written in-band (streamed is true) and the response must abort.
+// deliver answers from a committed call: passthrough, or translated naming
+// model. A buffered failure is returned unwritten; a stream's is written
+// in-band (streamed) and the response must abort.
 func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, model string, req *callerRequest, c call, resp *http.Response, attempts int) (u usage, failure *apiError, streamed bool) {
 	defer resp.Body.Close()
 	w.Header().Set("Brama-Route", c.res.Route)
@@ -532,8 +500,7 @@ func writeAnswer(w http.ResponseWriter, contentType string, attempts int, body [
 	w.Write(body)
 }
 
-// readProviderAnswer reads and closes a committed buffered answer,
-// rendering nothing (deliver, the probe and onboarding).
+// readProviderAnswer reads and closes a committed buffered answer.
 func readProviderAnswer(p providerInfo, req chatRequest, resp *http.Response) (chatAnswer, error) {
 	defer resp.Body.Close()
 	if upstreamStreams(p, req) {
