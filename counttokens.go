@@ -7,15 +7,9 @@ import (
 	"strconv"
 )
 
-// POST /v1/messages/count_tokens (SPEC §15): a route whose provider speaks
-// anthropic-messages forwards the body to the provider's own count (it
-// spends no quota; one attempt, no rotation); any other route gets a local
-// estimate and no call. The answer is never kept as a signed answer.
-
-// countTokens answers a planned count_tokens request: the provider's own
-// count on an anthropic-messages route, one call on the direct key or the
-// first of the ordered pool, its grant refreshed when expired (a token call
-// is no attempt); a local estimate and no call on any other route.
+// countTokens answers POST /v1/messages/count_tokens (SPEC §15): on an
+// anthropic-messages route the provider's own count, one call on the direct
+// key or the first of the pool (no quota spent); elsewhere a local estimate.
 func (e *engine) countTokens(ctx context.Context, w http.ResponseWriter, req *callerRequest, c call) error {
 	if c.res.Provider.protocol != protoAnthropic { // also selectors and best: no one route to ask
 		if c.res.Route != "" {
@@ -46,7 +40,6 @@ func (e *engine) countTokens(ctx context.Context, w http.ResponseWriter, req *ca
 			return newPassthroughRequest(ctx, c, req.header, path, req.body.edit(edits...), false)
 		},
 		commit: func(_ context.Context, _ *candidate, c call, _ *overlayItem, resp *http.Response, attempts int) (usage, *apiError, bool) {
-			defer resp.Body.Close()
 			var ans countTokensAnswer
 			if err := json.NewDecoder(resp.Body).Decode(&ans); err != nil || ans.InputTokens == nil {
 				return usage{}, malformedAnswer(protoAnthropic, err).withAttempts(attempts), false
@@ -77,8 +70,8 @@ func estimateInputTokens(o rawObject) int {
 		Input   json.RawMessage `json:"input"`
 		Content json.RawMessage `json:"content"`
 	}
-	var textOf func(raw json.RawMessage) int // a string, or blocks
-	textOf = func(raw json.RawMessage) int {
+	var textOf func(raw json.RawMessage) int
+	textOf = func(raw json.RawMessage) int { // a string, or blocks
 		var s string
 		if json.Unmarshal(raw, &s) == nil {
 			return len(s)
@@ -99,9 +92,7 @@ func estimateInputTokens(o rawObject) int {
 		return n
 	}
 	n := textOf(o.value("system"))
-	var msgs []struct {
-		Content json.RawMessage `json:"content"`
-	}
+	var msgs []block // only their content counts
 	json.Unmarshal(o.value("messages"), &msgs)
 	for _, m := range msgs {
 		n += textOf(m.Content)

@@ -357,10 +357,11 @@ func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate, 
 	return routeRefused, nil
 }
 
-// commit answers from a committed call; nothing is retried after it (SPEC
-// §7.5). A stream failure, its in-band error written, aborts the response
+// commit answers from a committed call and closes its body; nothing is
+// retried after it (SPEC §7.5). A stream failure, its in-band error written, aborts the response
 // so the body never ends cleanly: the one abort.
 func (e *engine) commit(ctx context.Context, j *job, cand *candidate, c call, sub *overlayItem, resp *http.Response, attempts int, start time.Time) *apiError {
+	defer resp.Body.Close()
 	u, ae, streamed := j.commit(ctx, cand, c, sub, resp, attempts)
 	e.settle(j, cand, start, u, ae)
 	if ae != nil && streamed {
@@ -450,7 +451,6 @@ func (e *engine) chatJob(w http.ResponseWriter) *job {
 // model. A buffered failure is returned unwritten; a stream's is written
 // in-band (streamed) and the response must abort.
 func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, model string, req *callerRequest, c call, resp *http.Response, attempts int) (u usage, failure *apiError, streamed bool) {
-	defer resp.Body.Close()
 	w.Header().Set("Brama-Route", c.res.Route)
 	p := c.res.Provider
 	pass, tr := !req.translates(p), chatRequest{}

@@ -7,9 +7,8 @@ import (
 	"net/http"
 )
 
-// serveEmbeddings makes the one call of POST /v1/embeddings (SPEC §15): a
-// direct or alias route to an openai-chat provider, the caller's body with
-// the route's model for the caller's model, the provider's JSON written as is.
+// serveEmbeddings makes the one call of POST /v1/embeddings (SPEC §15) on a
+// direct route to an openai-chat provider; its JSON is written as is.
 func (e *engine) serveEmbeddings(ctx context.Context, w http.ResponseWriter, model string, body map[string]json.RawMessage, c call) error {
 	switch {
 	case c.res.Mode != modeDirect && c.res.Mode != modeAlias:
@@ -25,7 +24,6 @@ func (e *engine) serveEmbeddings(ctx context.Context, w http.ResponseWriter, mod
 			return newPassthroughRequest(ctx, c, nil, "/embeddings", out, false)
 		},
 		commit: func(_ context.Context, _ *candidate, c call, _ *overlayItem, resp *http.Response, attempts int) (usage, *apiError, bool) {
-			defer resp.Body.Close()
 			b, err := io.ReadAll(resp.Body)
 			if err != nil {
 				return usage{}, refuse("provider_incomplete", "provider %q answer was cut after %d bytes", c.res.Provider.id, len(b)).because(err).withAttempts(attempts), false
