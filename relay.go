@@ -17,14 +17,11 @@ import (
 	"time"
 )
 
-// The passthrough answer (SPEC §7.6): the provider's own bytes. A buffered
-// body is relayed as received and read only for usage (§13); a stream's
-// events are relayed as received, each flushed at once, and read only for
-// what §7.5 needs (commit, terminal signal, in-band error) and usage.
+// The passthrough answer (SPEC §7.6): the provider's own bytes, relayed as
+// received (a stream's events each flushed at once) and read only for
+// usage (§13) and what §7.5 needs: terminal signal and in-band error.
 
-// passthroughUsage holds the usage members of all three formats: chat's
-// prompt/completion tokens, messages' input/output and cache tokens,
-// responses' input/output tokens.
+// passthroughUsage holds the usage members of all three formats.
 type passthroughUsage struct {
 	PromptTokens             int `json:"prompt_tokens"`
 	CompletionTokens         int `json:"completion_tokens"`
@@ -34,8 +31,8 @@ type passthroughUsage struct {
 	CacheReadInputTokens     int `json:"cache_read_input_tokens"`
 }
 
-// count is the usage in Brama's terms; Anthropic reports cached input
-// apart, and Brama's count includes it, as OpenAI's does.
+// count is the usage in Brama's terms; Anthropic's cached input counts, as
+// OpenAI's does.
 func (u *passthroughUsage) count(protocol string) usage {
 	if u == nil {
 		return usage{}
@@ -70,10 +67,9 @@ func usageOf(protocol string, raw json.RawMessage) (usage, error) {
 	return u.count(protocol), nil
 }
 
-// rawSSEReader splits a provider's event stream into blocks kept as
-// received: every line of an event up to and including the blank line that
-// ends it. Lines end at "\n" ("\r\n" too). Like sseReader it has no length
-// limit and never times out (SPEC §7.4).
+// rawSSEReader splits a provider's event stream into blocks as received:
+// an event's lines up to and including the blank line ending it; lines end
+// at "\n". Like sseReader, no length limit and no timeout (SPEC §7.4).
 type rawSSEReader struct {
 	r         *bufio.Reader
 	started   bool   // the byte-order mark check is done
@@ -84,11 +80,10 @@ func newRawSSEReader(r io.Reader) *rawSSEReader {
 	return &rawSSEReader{r: bufio.NewReaderSize(r, 16<<10)}
 }
 
-// next returns the next block's bytes, its event name and its data lines
-// joined with "\n"; the slices are valid until the next call. A block of
-// comments only has no name and no data. The last block is returned,
-// terminated, when the body ends after a complete line; then io.EOF. A
-// body cut mid-line is io.ErrUnexpectedEOF.
+// next returns the next block, its event name and its data lines joined
+// with "\n", valid until the next call. A body ending after a complete line
+// returns its last block terminated, then io.EOF; one cut mid-line,
+// io.ErrUnexpectedEOF.
 func (s *rawSSEReader) next() (raw []byte, event string, data []byte, err error) {
 	s.raw, s.data = s.raw[:0], s.data[:0]
 	hasData := false
@@ -129,16 +124,15 @@ func (s *rawSSEReader) next() (raw []byte, event string, data []byte, err error)
 	}
 }
 
-// ready reports whether a whole next block is already buffered, so
-// reading it cannot wait on the provider.
+// ready reports whether a whole next block is buffered (no wait to read it).
 func (s *rawSSEReader) ready() bool {
 	b, _ := s.r.Peek(s.r.Buffered())
 	b = bytes.TrimLeft(b, "\r\n") // blank lines before a block are skipped, not an end
 	return bytes.Contains(b, []byte("\n\n")) || bytes.Contains(b, []byte("\n\r\n"))
 }
 
-// line reads one physical line with its terminator; the first drops a
-// byte-order mark. The slice is valid until the next read.
+// line reads one line with its terminator, the first without a byte-order
+// mark, valid until the next read.
 func (s *rawSSEReader) line() ([]byte, error) {
 	line, err := s.r.ReadSlice('\n')
 	if errors.Is(err, bufio.ErrBufferFull) {
@@ -157,8 +151,7 @@ func (s *rawSSEReader) line() ([]byte, error) {
 }
 
 // passthroughWatch reads a relayed stream's events as far as SPEC §7.5 and
-// §13 need: each format's terminal signal, in-band error and usage, and a
-// responses stream's output items for a buffered caller of codex.
+// §13 need, and a codex stream's output items for a buffered caller.
 type passthroughWatch struct {
 	protocol   string
 	dropUsage  bool // chat: Brama asked for usage itself, so the usage chunk is not relayed
@@ -172,14 +165,11 @@ type passthroughWatch struct {
 	elems      [4][]byte         // element storage for an event's choices
 }
 
-// errEventNotObject is the cause of a malformed event whose data is not
-// one JSON object.
 var errEventNotObject = errors.New("the event data is not one JSON object")
 
-// watch reads one event. relay says whether the caller gets it; end says
-// the stream is complete. A refusal is the stream's failure: an in-band
-// error is provider_incomplete, a malformed event provider_failure. Only
-// the members named here are decoded; the rest is only checked to be JSON.
+// watch reads one event: relay it or not, end of stream, or the stream's
+// failure (in-band error: provider_incomplete; malformed: provider_failure).
+// Only the members named here are decoded; the rest is only checked valid.
 func (pw *passthroughWatch) watch(event string, data []byte) (relay, end bool, err error) {
 	if len(data) == 0 && event == "" {
 		return true, false, nil // comments only: the provider's keep-alive
@@ -208,8 +198,7 @@ func (pw *passthroughWatch) watch(event string, data []byte) (relay, end bool, e
 	return pw.responsesEvent(cmp.Or(typ, event), e)
 }
 
-// chatEvent: a chunk with finish_reason is the terminal signal; usage
-// comes in its own chunk (choices: []) after it.
+// chatEvent: finish_reason is the terminal signal; usage follows alone.
 func (pw *passthroughWatch) chatEvent(event string, e rawObject) (relay, end bool, err error) {
 	if event == "error" || !rawIsNull(e.value("error")) {
 		f, _ := errorObject(e.value("error"))
@@ -231,8 +220,7 @@ func (pw *passthroughWatch) chatEvent(event string, e rawObject) (relay, end boo
 	return !(pw.dropUsage && u.Reported && len(choices) == 0), false, nil
 }
 
-// messagesEvent: message_stop is the terminal signal; usage comes in
-// message_start and message_delta.
+// messagesEvent: message_stop ends; usage comes in message_start and _delta.
 func (pw *passthroughWatch) messagesEvent(typ string, e rawObject) (relay, end bool, err error) {
 	switch typ {
 	case "error":
@@ -259,9 +247,7 @@ func (pw *passthroughWatch) messagesEvent(typ string, e rawObject) (relay, end b
 	return true, false, nil
 }
 
-// responsesEvent: response.completed (or .incomplete) is the terminal
-// signal and carries usage; a buffered codex caller's output items are
-// kept as they come.
+// responsesEvent: response.completed (or .incomplete) ends, with usage.
 func (pw *passthroughWatch) responsesEvent(typ string, e rawObject) (relay, end bool, err error) {
 	switch typ {
 	case "":
@@ -307,9 +293,8 @@ func (pw *passthroughWatch) responsesEvent(typ string, e rawObject) (relay, end 
 	return true, false, nil
 }
 
-// streamCut is the failure of a stream whose body ended or broke before
-// its terminal signal: after commit the provider may have generated and
-// billed, so it is provider_incomplete (SPEC §7.5, §8.2).
+// streamCut is the failure of a stream cut before its terminal signal: the
+// provider may have generated and billed (SPEC §7.5, §8.2).
 func streamCut(err error) *apiError {
 	if errors.Is(err, io.EOF) {
 		return refuse("provider_incomplete", "the provider stream ended before its terminal signal")
@@ -321,10 +306,8 @@ func streamCut(err error) *apiError {
 		cleanQuoted(err.Error(), "", 300)).because(err)
 }
 
-// relayBuffered answers a buffered passthrough call: the provider's body
-// as received, its usage read; a codex stream (SPEC §6.2) is read whole
-// and assembled into its final response object, output replaced by the
-// output_item.done items in output_index order when it showed any.
+// relayBuffered answers a buffered passthrough call with the provider's
+// body; a codex stream (SPEC §6.2) is read whole and assembled.
 func relayBuffered(w http.ResponseWriter, cr *callerRequest, c call, resp *http.Response, attempts int) (usage, *apiError) {
 	p := c.res.Provider
 	var (
@@ -369,8 +352,8 @@ func readWatched(pw *passthroughWatch, body io.Reader) error {
 	}
 }
 
-// assembledResponse is the buffered responses answer of a watched codex
-// stream: the final response object, its output the items seen.
+// assembledResponse is a watched codex stream's final response object, its
+// output the output_item.done items in output_index order when any.
 func assembledResponse(pw *passthroughWatch) ([]byte, error) {
 	o, err := parseRawObject(pw.completed)
 	if err != nil {
@@ -386,9 +369,8 @@ func assembledResponse(pw *passthroughWatch) ([]byte, error) {
 	return o.edit(memberEdit{"output", append(append([]byte("["), bytes.Join(items, []byte(","))...), ']')}), nil
 }
 
-// relayPassthroughStream relays a committed provider stream event by event
-// as received (SPEC §7.6). A chat stream that completed without
-// data: [DONE] gets it.
+// relayPassthroughStream relays a committed stream event by event as
+// received (SPEC §7.6); a chat stream completed without [DONE] gets it.
 func relayPassthroughStream(sa *streamAnswer, cr *callerRequest, _ chatRequest, c call, resp *http.Response) (usage, error) {
 	p := c.res.Provider
 	pw := &passthroughWatch{protocol: p.protocol, dropUsage: cr.addsUsage(p)}
@@ -421,10 +403,8 @@ func relayPassthroughStream(sa *streamAnswer, cr *callerRequest, _ chatRequest, 
 // SSE comment (SPEC §7.5). It writes; it never cuts.
 const keepAliveEvery = 15 * time.Second
 
-// streamAnswer is the caller side of a committed stream, translated or
-// passed through: the SSE headers, one lock shared by the relay and the
-// keep-alive timer, and the dialect's stream writer for keep-alives and
-// the in-band error (SPEC §7.5).
+// streamAnswer is the caller side of a committed stream: one lock for the
+// relay and the keep-alive timer, and the dialect's writer (SPEC §7.5).
 type streamAnswer struct {
 	mu        sync.Mutex // guards cs, w, unflushed and ended
 	w         io.Writer
@@ -436,9 +416,8 @@ type streamAnswer struct {
 	timer     *time.Timer
 }
 
-// openStreamAnswer sends the caller its 200 and starts the keep-alive
-// timer: an SSE comment after every 15 s without an event. model is the
-// name the dialect's own events report; req's tools name translated calls.
+// openStreamAnswer sends the 200 and starts the keep-alive timer; model is
+// what the dialect's events report, req's tools name translated calls.
 func (e *engine) openStreamAnswer(w http.ResponseWriter, dialect string, req chatRequest, model string, attempts int) *streamAnswer {
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
@@ -465,9 +444,8 @@ func (sa *streamAnswer) do(f func() error) error {
 	return f()
 }
 
-// write relays one event's bytes as received, flushed by flushWritten,
-// which the relay calls before it may wait on the provider, so no event
-// waits in Brama for a later one (SPEC §7.5).
+// write relays one event; flushWritten flushes before the relay may wait
+// on the provider, so no event waits for a later one (SPEC §7.5).
 func (sa *streamAnswer) write(b []byte) error {
 	return sa.do(func() error {
 		sa.unflushed = true
@@ -495,23 +473,20 @@ func (sa *streamAnswer) close() {
 	sa.timer.Stop()
 }
 
-// failStream writes the dialect's in-band error for a stream that failed
-// after commit and returns it; the caller aborts the response.
+// failStream writes and returns the in-band error of a committed stream.
 func (e *engine) failStream(ctx context.Context, sa *streamAnswer, c call, err error, attempts int) *apiError {
 	ae := asAPIError(err).redactedFor(c.cred.bearer()).withAttempts(attempts)
 	if ctx.Err() != nil {
 		ae = refuse("client_cancelled", "the caller hung up during the stream").because(err).withAttempts(attempts)
 	}
-	// The replay guard meets the failure before the caller reads it in-band:
-	// a caller that falls back at once, or hangs up after it, is remembered.
-	e.refused(ae, false, true)
+	e.refused(ae, false, true) // before the caller can read it and fall back
+
 	sa.do(func() error { return sa.cs.fail(ae) })
 	e.log.Warn("stream_failed_after_commit", "request_id", e.t.requestID, "code", ae.Code, "cause", redact(fmt.Sprint(ae.Err), c.cred.bearer()))
 	return ae
 }
 
-// relayStream translates a committed provider stream to the caller's
-// dialect, flushing every event.
+// relayStream translates a committed stream to the caller's dialect.
 func relayStream(sa *streamAnswer, _ *callerRequest, req chatRequest, c call, resp *http.Response) (usage, error) {
 	var u usage
 	err := sa.do(sa.cs.start)
