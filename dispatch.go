@@ -358,8 +358,8 @@ func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate, 
 }
 
 // commit answers from a committed call and closes its body; nothing is
-// retried after it (SPEC §7.5). A stream failure, its in-band error written, aborts the response
-// so the body never ends cleanly: the one abort.
+// retried after it (SPEC §7.5). A stream failure, its in-band error
+// written, aborts the response so the body never ends cleanly: the one abort.
 func (e *engine) commit(ctx context.Context, j *job, cand *candidate, c call, sub *overlayItem, resp *http.Response, attempts int, start time.Time) *apiError {
 	defer resp.Body.Close()
 	u, ae, streamed := j.commit(ctx, cand, c, sub, resp, attempts)

@@ -157,17 +157,15 @@ func (cr *callerRequest) baseEdits(p providerInfo, cred upstreamCredential, mode
 	return edits, nil
 }
 
-// outputLimitMember is the member Brama adds for the output limit: OpenAI's
-// own API wants max_completion_tokens (its reasoning models refuse
-// max_tokens); the compatible providers know max_tokens.
+// outputLimitMember is the member Brama adds for the output limit: the
+// format's plain name, but OpenAI's own API wants max_completion_tokens
+// (its reasoning models refuse max_tokens).
 func outputLimitMember(p providerInfo) string {
-	switch {
-	case p.protocol == protoOpenAIResponses:
-		return "max_output_tokens"
-	case p.id == "openai":
-		return "max_completion_tokens"
+	names := outputLimitNames[formatOf(p.protocol).dialect]
+	if p.id == "openai" {
+		return names[0]
 	}
-	return "max_tokens"
+	return names[len(names)-1]
 }
 
 // addsUsage reports whether Brama asks a chat stream for usage itself
