@@ -403,7 +403,20 @@ func (e *engine) attemptOne(ctx context.Context, j *job, cand *candidate) *apiEr
 // serveChat answers a planned chat request on w, or returns the refusal
 // unwritten.
 func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *callerRequest, c call, cands []resolution) *apiError {
-	j := e.chatJob(w)
+	j := &job{ // passthrough or translated (SPEC §7.6), a paying subscription's ledger kept
+		build: func(ctx context.Context, cand *candidate, c call) (*http.Request, error) {
+			if cand.req.translates(c.res.Provider) {
+				return buildUpstreamRequest(ctx, c.res.Provider, c.baseURL, c.cred, cand.req.translated(), c.res.Model)
+			}
+			return buildPassthroughRequest(ctx, c, cand.req)
+		},
+		commit: func(ctx context.Context, cand *candidate, c call, sub *overlayItem, resp *http.Response, attempts int) (usage, *apiError, bool) {
+			if sub == nil {
+				return e.deliver(ctx, w, cand.model, cand.req, c, resp, attempts)
+			}
+			return e.answerSubscription(ctx, w, cand, c, *sub, resp, attempts)
+		},
+	}
 	var ae *apiError
 	switch c.res.Mode {
 	case modeDirect, modeAlias:
@@ -426,25 +439,6 @@ func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *call
 	}
 	e.refused(ae, ctx.Err() != nil, false)
 	return ae
-}
-
-// chatJob makes a chat request's calls, passthrough or translated (SPEC
-// §7.6), and answers on w, keeping a paying subscription's ledger.
-func (e *engine) chatJob(w http.ResponseWriter) *job {
-	return &job{
-		build: func(ctx context.Context, cand *candidate, c call) (*http.Request, error) {
-			if cand.req.translates(c.res.Provider) {
-				return buildUpstreamRequest(ctx, c.res.Provider, c.baseURL, c.cred, cand.req.translated(), c.res.Model)
-			}
-			return buildPassthroughRequest(ctx, c, cand.req)
-		},
-		commit: func(ctx context.Context, cand *candidate, c call, sub *overlayItem, resp *http.Response, attempts int) (usage, *apiError, bool) {
-			if sub == nil {
-				return e.deliver(ctx, w, cand.model, cand.req, c, resp, attempts)
-			}
-			return e.answerSubscription(ctx, w, cand, c, *sub, resp, attempts)
-		},
-	}
 }
 
 // deliver answers from a committed call: passthrough, or translated naming

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"net/http"
@@ -120,41 +119,27 @@ func (e *engine) eligible(agent, provider string) (active []overlayItem, any boo
 // pinned one first among equals; ties keep overlay order (SPEC §7.2.2).
 func (e *engine) order(agent, provider string, subs []overlayItem) []overlayItem {
 	now := e.now()
-	pinned, free := e.pins.get(agent, provider, now), map[string]freedom{}
+	pinned, free := e.pins.get(agent, provider, now), map[string][]float64{}
 	for _, it := range subs {
-		free[it.ID] = e.freedomOf(it.ID, now)
+		free[it.ID] = append(e.freedomOf(it.ID, now), b2f(it.ID != pinned))
 	}
 	out := slices.Clone(subs)
-	slices.SortStableFunc(out, func(a, b overlayItem) int {
-		return cmp.Or(free[a.ID].compare(free[b.ID]), boolOrder(b.ID == pinned, a.ID == pinned))
-	})
+	slices.SortStableFunc(out, func(a, b overlayItem) int { return slices.Compare(free[a.ID], free[b.ID]) })
 	return out
 }
 
-// freedom orders subscriptions (SPEC §7.2.2): blocked last, then by fullness.
-type freedom struct {
-	blocked bool
-	full    float64
+// freedomOf is how free a subscription is, compared in order (SPEC
+// §7.2.2): blocked ones last, then the less full first.
+func (e *engine) freedomOf(id string, now time.Time) []float64 {
+	return []float64{b2f(!e.ledger.blockedUntil(id).IsZero()), e.ledger.fullness(id, now)}
 }
 
-func (e *engine) freedomOf(id string, now time.Time) freedom {
-	return freedom{!e.ledger.blockedUntil(id).IsZero(), e.ledger.fullness(id, now)}
-}
-
-// compare sorts the freer first.
-func (a freedom) compare(b freedom) int {
-	return cmp.Or(boolOrder(a.blocked, b.blocked), cmp.Compare(a.full, b.full))
-}
-
-// boolOrder sorts false before true.
-func boolOrder(a, b bool) int {
-	switch {
-	case a == b:
-		return 0
-	case a:
+// b2f is 1 for true, so that false sorts first.
+func b2f(b bool) float64 {
+	if b {
 		return 1
 	}
-	return -1
+	return 0
 }
 
 // errSkipSubscription: a grant could not be refreshed; the walk noted why.

@@ -72,12 +72,15 @@ func usageOf(protocol string, raw json.RawMessage) (usage, error) {
 // at "\n". Like sseReader, no length limit and no timeout (SPEC §7.4).
 type rawSSEReader struct {
 	r         *bufio.Reader
-	started   bool   // the byte-order mark check is done
 	raw, data []byte // the last block and its data, reused by next
 }
 
 func newRawSSEReader(r io.Reader) *rawSSEReader {
-	return &rawSSEReader{r: bufio.NewReaderSize(r, 16<<10)}
+	br := bufio.NewReaderSize(r, 16<<10)
+	if b, _ := br.Peek(3); string(b) == "\ufeff" { // a byte-order mark is no part of the first line
+		br.Discard(3)
+	}
+	return &rawSSEReader{r: br}
 }
 
 // next returns the next block, its event name and its data lines joined
@@ -98,10 +101,8 @@ func (s *rawSSEReader) next() (raw []byte, event string, data []byte, err error)
 			if len(content) == 0 {
 				return s.raw, event, s.data, nil
 			}
-			field, value, found := bytes.Cut(content, []byte(":"))
-			if found {
-				value = bytes.TrimPrefix(value, []byte(" "))
-			}
+			field, value, _ := bytes.Cut(content, []byte(":"))
+			value = bytes.TrimPrefix(value, []byte(" "))
 			switch string(field) {
 			case "event":
 				event = string(value)
@@ -131,8 +132,7 @@ func (s *rawSSEReader) ready() bool {
 	return bytes.Contains(b, []byte("\n\n")) || bytes.Contains(b, []byte("\n\r\n"))
 }
 
-// line reads one line with its terminator, the first without a byte-order
-// mark, valid until the next read.
+// line reads one line with its terminator, valid until the next read.
 func (s *rawSSEReader) line() ([]byte, error) {
 	line, err := s.r.ReadSlice('\n')
 	if errors.Is(err, bufio.ErrBufferFull) {
@@ -142,10 +142,6 @@ func (s *rawSSEReader) line() ([]byte, error) {
 			chunk, err = s.r.ReadSlice('\n')
 			line = append(line, chunk...)
 		}
-	}
-	if !s.started && len(line) > 0 {
-		line = bytes.TrimPrefix(line, []byte("\ufeff"))
-		s.started = true
 	}
 	return line, err
 }

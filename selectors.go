@@ -45,7 +45,7 @@ func (e *engine) anyCandidates(agent string, doc *routesDoc, vision bool) ([]res
 		return nil, err
 	}
 	var provs []string
-	free, now := map[string]freedom{}, e.now() // a provider's freest eligible subscription's
+	free, now := map[string][]float64{}, e.now() // a provider's freest eligible subscription's
 	for _, it := range items {
 		if _, seen := free[it.Provider]; seen {
 			continue
@@ -59,7 +59,7 @@ func (e *engine) anyCandidates(agent string, doc *routesDoc, vision bool) ([]res
 			provs = append(provs, it.Provider)
 		}
 	}
-	slices.SortFunc(provs, func(a, b string) int { return cmp.Or(free[a].compare(free[b]), strings.Compare(a, b)) })
+	slices.SortFunc(provs, func(a, b string) int { return cmp.Or(slices.Compare(free[a], free[b]), strings.Compare(a, b)) })
 	var out []resolution
 	for _, p := range provs {
 		for _, m := range e.candidateModels(p, doc) {
