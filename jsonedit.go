@@ -89,38 +89,31 @@ func (o rawObject) edit(edits ...memberEdit) []byte {
 		return o.src
 	}
 	open := skipJSONSpace(o.src, 0) + 1 // just past '{'
-	out := append(make([]byte, 0, len(o.src)+64), o.src[:open]...)
-	done := make([]bool, len(edits))
-	wrote := false
+	out, tail := append(make([]byte, 0, len(o.src)+64), o.src[:open]...), open
 	for _, m := range o.members {
 		seg := o.src[m.sep:m.end]
+		tail = m.end
 		k := slices.IndexFunc(edits, func(e memberEdit) bool { return string(m.key) == e.key })
 		if k >= 0 && edits[k].value == nil {
 			continue
 		}
-		if j := skipJSONSpace(seg, 0); !wrote && j < len(seg) && seg[j] == ',' {
+		if j := skipJSONSpace(seg, 0); len(out) == open && j < len(seg) && seg[j] == ',' {
 			seg = seg[j+1:] // the first member written carries no separator
 		}
 		if k >= 0 {
-			done[k] = true
 			out = append(out, seg[:len(seg)-(m.end-m.val)]...)
 			seg = edits[k].value
 		}
-		out, wrote = append(out, seg...), true
+		out = append(out, seg...)
 	}
 	for k, e := range edits {
-		if done[k] || e.value == nil || slices.ContainsFunc(edits[:k], func(p memberEdit) bool { return p.key == e.key }) {
+		if e.value == nil || o.value(e.key) != nil || slices.ContainsFunc(edits[:k], func(p memberEdit) bool { return p.key == e.key }) {
 			continue
 		}
-		if wrote {
+		if len(out) > open {
 			out = append(out, ',')
 		}
 		out = append(append(strconv.AppendQuote(out, e.key), ':'), e.value...) // Brama's own keys are plain ASCII
-		wrote = true
-	}
-	tail := open
-	if n := len(o.members); n > 0 {
-		tail = o.members[n-1].end
 	}
 	return append(out, o.src[tail:]...)
 }

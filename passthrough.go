@@ -193,22 +193,18 @@ func claudeCodeSystem(raw json.RawMessage) ([]byte, error) {
 		return b
 	}
 	blocks := [][]byte{text(claudeCodeIdentity)}
-	switch rawShape(raw) {
-	case 0, 'n':
-	case '"':
-		var s string
-		json.Unmarshal(raw, &s)
+	var s string
+	var own []struct{ Type, Text string }
+	switch {
+	case rawIsNull(raw):
+	case json.Unmarshal(raw, &s) == nil:
 		if s == claudeCodeIdentity {
 			return nil, nil
 		}
 		if s != "" {
 			blocks = append(blocks, text(s))
 		}
-	case '[':
-		var own []struct{ Type, Text string }
-		if json.Unmarshal(raw, &own) != nil {
-			return nil, refuse("invalid_request", "system must be a string or an array of content blocks")
-		}
+	case json.Unmarshal(raw, &own) == nil:
 		if len(own) > 0 && own[0].Type == "text" && own[0].Text == claudeCodeIdentity {
 			return nil, nil
 		}
