@@ -22,12 +22,10 @@ import (
 // refusal again without a call. Memory only; a request with an
 // Idempotency-Key is SPEC §12's and never reaches the guard.
 
-// defaultReplayGuard is the window when BRAMA_REPLAY_GUARD_SECS is unset.
-const defaultReplayGuard = 60 * time.Second
-
-// maxReplayMessage bounds the message kept per entry: enough to say why,
-// small enough that 10,000 entries stay a few MB.
-const maxReplayMessage = 256
+const (
+	defaultReplayGuard = 60 * time.Second // the window when BRAMA_REPLAY_GUARD_SECS is unset
+	maxReplayMessage   = 256              // message bytes kept per entry: 10,000 entries stay a few MB
+)
 
 // errReplayRefused is the logged cause of a replay guard refusal.
 var errReplayRefused = errors.New("replay guard: the same request was refused after a provider call")
