@@ -314,8 +314,7 @@ func relayBuffered(w http.ResponseWriter, cr *callerRequest, c call, resp *http.
 	ct := cmp.Or(resp.Header.Get("Content-Type"), "application/json")
 	if upstreamStreams(p, cr.head) {
 		pw := &passthroughWatch{protocol: p.protocol, collecting: true}
-		err = readWatched(pw, resp.Body)
-		if err == nil {
+		if err = relayWatched(pw, resp.Body, nil); err == nil {
 			body, err = assembledResponse(pw)
 		}
 		u, ct = pw.usage, "application/json" // an assembled answer is Brama's JSON
@@ -329,23 +328,6 @@ func relayBuffered(w http.ResponseWriter, cr *callerRequest, c call, resp *http.
 	}
 	writeAnswer(w, ct, attempts, body)
 	return u, nil
-}
-
-// readWatched reads a whole stream through the watch without relaying it.
-func readWatched(pw *passthroughWatch, body io.Reader) error {
-	rd := newRawSSEReader(body)
-	for {
-		_, event, data, err := rd.next()
-		if err != nil {
-			if pw.finished {
-				return nil
-			}
-			return streamCut(err)
-		}
-		if _, end, err := pw.watch(event, data); err != nil || end {
-			return err
-		}
-	}
 }
 
 // assembledResponse is a watched codex stream's final response object, its
@@ -366,30 +348,37 @@ func assembledResponse(pw *passthroughWatch) ([]byte, error) {
 }
 
 // relayPassthroughStream relays a committed stream event by event as
-// received (SPEC §7.6); a chat stream completed without [DONE] gets it.
+// received (SPEC §7.6).
 func relayPassthroughStream(sa *streamAnswer, cr *callerRequest, _ chatRequest, c call, resp *http.Response) (usage, error) {
-	p := c.res.Provider
-	pw := &passthroughWatch{protocol: p.protocol, dropUsage: cr.addsUsage(p)}
-	rd := newRawSSEReader(resp.Body)
+	pw := &passthroughWatch{protocol: c.res.Provider.protocol, dropUsage: cr.addsUsage(c.res.Provider)}
+	err := relayWatched(pw, resp.Body, sa)
+	return pw.usage, err
+}
+
+// relayWatched reads a committed stream through pw, relaying each event to
+// sa as received (nil: a buffered caller); a chat stream completed without
+// [DONE] gets it.
+func relayWatched(pw *passthroughWatch, body io.Reader, sa *streamAnswer) error {
+	rd := newRawSSEReader(body)
 	for {
 		raw, event, data, err := rd.next()
 		if err != nil {
 			if !pw.finished {
-				return pw.usage, streamCut(err)
+				return streamCut(err)
 			}
-			if p.protocol == protoOpenAIChat && !pw.sawDone {
-				return pw.usage, sa.write([]byte("data: [DONE]\n\n"))
+			if sa != nil && pw.protocol == protoOpenAIChat && !pw.sawDone {
+				return sa.write([]byte("data: [DONE]\n\n"))
 			}
-			return pw.usage, nil
+			return nil
 		}
 		relay, end, err := pw.watch(event, data)
-		if err == nil && relay {
+		if err == nil && relay && sa != nil {
 			err = sa.write(raw)
 		}
 		if err != nil || end {
-			return pw.usage, err
+			return err
 		}
-		if !rd.ready() { // the next read may wait on the provider: the caller has all it has
+		if sa != nil && !rd.ready() { // the next read may wait on the provider: the caller has all it has
 			sa.flushWritten()
 		}
 	}
