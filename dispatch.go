@@ -148,20 +148,21 @@ func (e *engine) plan(cl client, agent string, req *chatRequest) (call, error) {
 }
 
 // planChat is plan plus what a chat call needs before dispatch: the output
-// limit (SPEC §6.4), the candidates (a selector's, else the route), and
-// the translation parse when a call will cross formats.
+// limit (SPEC §6.4), a selector's candidates, and the translation parse
+// when a call will cross formats.
 func (e *engine) planChat(cl client, req *callerRequest) (c call, cands []resolution, err error) {
 	if c, err = e.plan(cl, e.agent, &req.head); err != nil {
 		return c, nil, err
 	}
-	cands = []resolution{c.res}
+	targets := []resolution{c.res}
 	switch c.res.Mode {
 	case modeDirect, modeAlias, modeSubscription:
 		err = e.applyMaxTokens(&req.head, c.res)
 	default:
 		cands, err = e.candidates(c.res, e.agent)
+		targets = cands
 	}
-	if err == nil && slices.ContainsFunc(cands, func(t resolution) bool { return req.translates(t.Provider) }) {
+	if err == nil && slices.ContainsFunc(targets, func(t resolution) bool { return req.translates(t.Provider) }) {
 		err = req.parseForTranslation()
 	}
 	return c, cands, err

@@ -35,7 +35,7 @@ func parseRawObject(src []byte) (rawObject, error) {
 		var v any
 		return rawObject{}, decodeCallerJSON(src, &v, "")
 	}
-	return splitRawObject(src, nil)
+	return splitRawObject(src, make([]jsonMember, 0, 8))
 }
 
 // splitRawObject is parseRawObject for bytes known to be valid JSON, with

@@ -72,15 +72,12 @@ func usageOf(protocol string, raw json.RawMessage) (usage, error) {
 // at "\n". Like sseReader, no length limit and no timeout (SPEC §7.4).
 type rawSSEReader struct {
 	r         *bufio.Reader
+	started   bool   // the byte-order mark check is done
 	raw, data []byte // the last block and its data, reused by next
 }
 
 func newRawSSEReader(r io.Reader) *rawSSEReader {
-	br := bufio.NewReaderSize(r, 16<<10)
-	if b, _ := br.Peek(3); string(b) == "\ufeff" { // a byte-order mark is no part of the first line
-		br.Discard(3)
-	}
-	return &rawSSEReader{r: br}
+	return &rawSSEReader{r: bufio.NewReaderSize(r, 16<<10)}
 }
 
 // next returns the next block, its event name and its data lines joined
@@ -132,7 +129,8 @@ func (s *rawSSEReader) ready() bool {
 	return bytes.Contains(b, []byte("\n\n")) || bytes.Contains(b, []byte("\n\r\n"))
 }
 
-// line reads one line with its terminator, valid until the next read.
+// line reads one line with its terminator, the first without a byte-order
+// mark, valid until the next read.
 func (s *rawSSEReader) line() ([]byte, error) {
 	line, err := s.r.ReadSlice('\n')
 	if errors.Is(err, bufio.ErrBufferFull) {
@@ -142,6 +140,10 @@ func (s *rawSSEReader) line() ([]byte, error) {
 			chunk, err = s.r.ReadSlice('\n')
 			line = append(line, chunk...)
 		}
+	}
+	if !s.started && len(line) > 0 {
+		line = bytes.TrimPrefix(line, []byte("\ufeff"))
+		s.started = true
 	}
 	return line, err
 }
@@ -430,24 +432,27 @@ func (sa *streamAnswer) do(f func() error) error {
 }
 
 // write relays one event; flushWritten flushes before the relay may wait
-// on the provider, so no event waits for a later one (SPEC §7.5).
+// on the provider, so no event waits for a later one (SPEC §7.5). The
+// silence timer restarts only at a flush: a reset per event costs CPU.
 func (sa *streamAnswer) write(b []byte) error {
-	return sa.do(func() error {
-		sa.unflushed = true
-		_, err := sa.w.Write(b)
-		return err
-	})
+	sa.mu.Lock()
+	defer sa.mu.Unlock()
+	if sa.ended {
+		return nil
+	}
+	sa.unflushed = true
+	_, err := sa.w.Write(b)
+	return err
 }
 
-// flushWritten flushes what write left unflushed.
 func (sa *streamAnswer) flushWritten() {
-	sa.do(func() error {
-		if sa.unflushed {
-			sa.flush()
-			sa.unflushed = false
-		}
-		return nil
-	})
+	sa.mu.Lock()
+	defer sa.mu.Unlock()
+	if sa.unflushed && !sa.ended {
+		sa.flush()
+		sa.unflushed = false
+		sa.timer.Reset(sa.every)
+	}
 }
 
 // close stops the timer: nothing more is written.
