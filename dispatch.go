@@ -261,10 +261,9 @@ const (
 
 // attemptCandidate makes one candidate's calls within its budget (SPEC
 // §7.1–§7.3): the direct key, else the pool in order, skipping blocked
-// subscriptions and refreshing expired grants. A rotating kind moves on
-// only after a refusal proving nothing was generated: a second call could
-// double cost or tool effects. routeAnswered comes with the refusal to
-// write (nil: the answer is written).
+// subscriptions and refreshing expired grants. A rotating kind moves on only
+// after a refusal proving nothing was generated (a second call could double
+// cost or tool effects); routeAnswered comes with the refusal to write.
 func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate, wk *walk) (routeOutcome, *apiError) {
 	b, p := budgets[j.kind], cand.res.Provider
 	baseURL, queue := cand.baseURL, []overlayItem{{}} // a direct route: one call on its key

@@ -12,10 +12,9 @@ import (
 // stays as sent, in order. Members are found by their byte spans and new
 // bytes spliced between them; a value left unchanged is never re-encoded.
 
-// jsonMember is one member of a JSON object: its key (rawText of the
-// quoted key) and offsets into the object. sep is where its segment starts
-// (just after the previous value, or '{'), so the separator before the key
-// belongs to it; val and end bound its value.
+// jsonMember is one member of a JSON object: its key (rawText) and offsets.
+// Its segment starts at sep, just after the previous value or '{', so the
+// separator before the key belongs to it; val and end bound its value.
 type jsonMember struct {
 	key           []byte
 	sep, val, end int

@@ -24,9 +24,8 @@ type callerRequest struct {
 	body    rawObject   // the caller's body, split into top-level members
 	header  http.Header // the caller's request headers
 	query   string      // the caller's raw query string
-	// head holds Model, Stream, BillingTarget and MaxTokens, the output
-	// limit a call sends (SPEC §6.4: the caller's, else the catalogue's,
-	// else 0); nothing else of it is set.
+	// head holds only Model, Stream, BillingTarget and MaxTokens, the output
+	// limit a call sends (SPEC §6.4).
 	head        chatRequest
 	callerLimit bool         // the caller named an output limit
 	neutral     *chatRequest // the whole body parsed for translation; nil until a call needs it
@@ -104,10 +103,9 @@ func (cr *callerRequest) translated() chatRequest {
 	return req
 }
 
-// buildPassthroughRequest is the provider request of a same-format call
-// (SPEC §7.6): the caller's body with model replaced, billingTarget
-// removed, the output limit added where §6.4 says so and §6.2's rules for
-// the provider applied; every other member is kept byte for byte.
+// buildPassthroughRequest is a same-format call's request (SPEC §7.6): the
+// caller's body with model, billingTarget, the output limit (§6.4) and the
+// provider's rules (§6.2) edited, every other member kept byte for byte.
 func buildPassthroughRequest(ctx context.Context, c call, cr *callerRequest) (*http.Request, error) {
 	p := c.res.Provider
 	edits, err := cr.baseEdits(p, c.cred, c.res.Model)
@@ -184,9 +182,8 @@ func (cr *callerRequest) addsUsage(p providerInfo) bool {
 }
 
 // claudeCodeSystem is the system member OAuth traffic to Anthropic needs:
-// the Claude Code identity as the first block, the caller's system after
-// it (a string becomes a text block; blocks keep their bytes, such as
-// cache_control). nil means the caller's system already starts with it.
+// the Claude Code identity first, then the caller's (blocks keep their
+// bytes, such as cache_control); nil when it already starts so.
 func claudeCodeSystem(raw json.RawMessage) ([]byte, error) {
 	text := func(s string) []byte {
 		b, _ := json.Marshal(map[string]string{"type": "text", "text": s})

@@ -86,9 +86,7 @@ func (wk *walk) exhausted(now time.Time) *apiError {
 		ae = refuse("provider_quota_exhausted", "the provider says the quota is spent: %s", list)
 	case wk.auth:
 		ae = refuse("subscription_reauthorization_required", "the provider refused the credentials; sign in again: %s", list)
-	case wk.model && wk.rejectedStatus != 0:
-		// Only a selector walk gets here: every call was a refusal of the
-		// request itself, so the caller gets the last one's status.
+	case wk.model && wk.rejectedStatus != 0: // a selector's calls all refused the request: the last status
 		ae = refuse("provider_rejected", "every candidate refused the request: %s", list)
 		ae.ProviderStatus = wk.rejectedStatus
 	default:

@@ -81,9 +81,8 @@ func newRawSSEReader(r io.Reader) *rawSSEReader {
 }
 
 // next returns the next block, its event name and its data lines joined
-// with "\n", valid until the next call. A body ending after a complete line
-// returns its last block terminated, then io.EOF; one cut mid-line,
-// io.ErrUnexpectedEOF.
+// with "\n", valid until the next call; after the last block io.EOF, or
+// io.ErrUnexpectedEOF for a body cut mid-line.
 func (s *rawSSEReader) next() (raw []byte, event string, data []byte, err error) {
 	s.raw, s.data = s.raw[:0], s.data[:0]
 	hasData := false

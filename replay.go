@@ -261,12 +261,10 @@ func (s *server) replayRememberer(ri *requestInfo) func(ae *apiError, attempts i
 	}
 }
 
-// replayEntryOf is what the guard remembers of a refusal: one after a
-// provider call, retryable false; a stream failed after commit counts with
-// its in-band code. Left out: a caller who hung up first saw nothing to
-// retry, and subscription_reauthorization_required followed calls refused
-// at authentication (nothing generated) whose remedy, signing in again,
-// must let the same request through at once.
+// replayEntryOf is what the guard remembers of a refusal after a provider
+// call with retryable false (a failed stream's: its in-band code), but not
+// for a caller who hung up first, nor subscription_reauthorization_required
+// (nothing generated; signing in again must let the request through).
 func replayEntryOf(ae *apiError, attempts int, hungUp, streamed bool) (replayEntry, bool) {
 	if attempts == 0 || hungUp || ae.Code == "client_cancelled" || ae.Code == "subscription_reauthorization_required" || ae.retryable() {
 		return replayEntry{}, false
