@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -18,15 +19,13 @@ import (
 	"time"
 )
 
-// Signed answers (SPEC §12): a caller that sends an Idempotency-Key gets one
-// provider spend per (client, key). The first request reserves the key by
-// publishing an in-progress record with os.Link, dispatches, then completes
-// the record with the answer and an HMAC over its body; every later request
-// with that key is answered from the record. The HTTP face is in api.go.
+// Signed answers (SPEC §12): one provider spend per (client, Idempotency-Key).
+// The first request publishes an in-progress record (os.Link), dispatches and
+// completes it with the answer and its HMAC; later ones replay it. The HTTP
+// face is in api.go.
 
 const (
-	answerTimeFormat = "2006-01-02T15:04:05.000Z" // RFC 3339 UTC with milliseconds, like every state time
-	answerInProgress = "in_progress"              // record states (SPEC §12 item 4)
+	answerInProgress = "in_progress" // record states (SPEC §12 item 4)
 	answerComplete   = "complete"
 	// abandonedMessage is the kept refusal of SPEC §12 item 2.
 	abandonedMessage = "this answer's process stopped before it was kept; a provider call may have been made"
@@ -55,22 +54,18 @@ type answerRecord struct {
 	Signature     *string `json:"signature"`
 }
 
-// decodeAnswerRecord strictly parses a kept-answer file and checks that its
-// members agree with its state. Every error wraps errAnswerCorrupt.
+// decodeAnswerRecord strictly parses a kept-answer file; every error wraps
+// errAnswerCorrupt.
 func decodeAnswerRecord(b []byte) (*answerRecord, error) {
-	var rec answerRecord
-	err := decodeStrict("kept answer", b, &rec)
-	if err == nil {
-		err = rec.check()
-	}
-	if err != nil {
+	rec := &answerRecord{}
+	if err := decodeStrict("kept answer", b, rec); err != nil {
 		return nil, fmt.Errorf("%w: %w", errAnswerCorrupt, err)
 	}
-	return &rec, nil
+	return rec, nil
 }
 
-// check applies the shape rules decodeStrict cannot express.
-func (rec *answerRecord) check() error {
+// validate checks that the record's members agree with its state.
+func (rec *answerRecord) validate() error {
 	switch {
 	case rec.SchemaVersion != 1:
 		return fmt.Errorf("schema_version %d, want 1", rec.SchemaVersion)
@@ -86,10 +81,9 @@ func (rec *answerRecord) check() error {
 		return errors.New("started_at is not RFC 3339 UTC with milliseconds")
 	case rec.Attempts != nil && *rec.Attempts < 0:
 		return errors.New("attempts is negative")
+	case rec.State == answerInProgress && (rec.CompletedAt != nil || rec.Status != nil || rec.BodyBase64 != nil || rec.Attempts != nil || rec.Signature != nil):
+		return errors.New("an answer in progress has completion members")
 	case rec.State == answerInProgress:
-		if rec.CompletedAt != nil || rec.Status != nil || rec.BodyBase64 != nil || rec.Attempts != nil || rec.Signature != nil {
-			return errors.New("an answer in progress has completion members")
-		}
 		return nil
 	case rec.State != answerComplete:
 		return fmt.Errorf("state %q is neither %s nor %s", rec.State, answerInProgress, answerComplete)
@@ -108,28 +102,18 @@ func (rec *answerRecord) check() error {
 	return nil
 }
 
-// body is a complete record's exact body bytes (check has vouched for them).
+// body is a complete record's exact body bytes (validate vouched for them).
 func (rec *answerRecord) body() []byte {
 	b, _ := base64.StdEncoding.DecodeString(*rec.BodyBase64)
 	return b
 }
 
-func isHexDigest(s string) bool {
-	_, err := hex.DecodeString(s)
-	return len(s) == 64 && err == nil && strings.ToLower(s) == s
-}
-
 func isAnswerTime(s string) bool {
-	t, err := time.Parse(answerTimeFormat, s)
-	return err == nil && t.Format(answerTimeFormat) == s
+	t, err := time.Parse(journalTimeFormat, s)
+	return err == nil && t.Format(journalTimeFormat) == s
 }
 
 func isAnswerSignature(s string) bool { return strings.HasPrefix(s, "v1=") && isHexDigest(s[3:]) }
-
-func hexSHA256(b []byte) string {
-	d := sha256.Sum256(b)
-	return hex.EncodeToString(d[:])
-}
 
 // signAnswer is SPEC §12's signature: v1=<hex HMAC-SHA256(answer key, body)>.
 func signAnswer(key, body []byte) string {
@@ -145,18 +129,14 @@ func verifyAnswer(key, body []byte, sig string) bool {
 
 // checkIdempotencyKey applies SPEC §12: 1..255 printable ASCII characters.
 func checkIdempotencyKey(key string) error {
-	ok := len(key) >= 1 && len(key) <= 255
-	for i := 0; ok && i < len(key); i++ {
-		ok = key[i] >= 0x20 && key[i] <= 0x7e
-	}
-	if !ok {
+	if len(key) < 1 || len(key) > 255 || strings.ContainsFunc(key, func(r rune) bool { return r < 0x20 || r > 0x7e }) {
 		return refuse("invalid_request", "Idempotency-Key must be 1 to 255 printable ASCII characters")
 	}
 	return nil
 }
 
-// answerStore keeps the signed answers of one state directory. The serving
-// process is their only writer besides `brama answers prune` (SPEC §2.3).
+// answerStore keeps the signed answers of one state directory; only serve and
+// `brama answers prune` write them (SPEC §2.3).
 type answerStore struct {
 	st     state
 	log    *slog.Logger
@@ -182,9 +162,8 @@ func answerUnplaced(cause error) *apiError {
 	return refuse("internal_error", "this request's one signed answer has no place to be kept: %v", cause).because(cause)
 }
 
-// signingKey reads $STATE/answer-key, creating it once when absent: 32
-// random bytes published with os.Link (publishFile), so two creators never
-// both win.
+// signingKey reads $STATE/answer-key, creating it once with publishFile,
+// so of two creators one wins.
 func (a *answerStore) signingKey() ([]byte, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -231,11 +210,9 @@ func (a *answerStore) recordPath(client, key string) (string, error) {
 	return a.st.path("signed answers", filepath.Join("answers", client, hexSHA256([]byte(key))+".json"))
 }
 
-// reserve is the last step before the first provider call (SPEC §12 item
-// 1). It returns a ticket when this request now owns the key, or the
-// complete record to replay when the key was taken, or the refusal of
-// item 2. A missing state directory or an unusable answer key refuses with
-// SPEC §2.1's sentence before anything is written.
+// reserve, the last step before the first provider call (SPEC §12 item 1),
+// returns this request's ticket for the key, or the record to replay, or item
+// 2's refusal; without a place for answers, SPEC §2.1's refusal.
 func (a *answerStore) reserve(client, key string, body []byte, route string) (*answerTicket, *answerRecord, error) {
 	path, err := a.recordPath(client, key)
 	if err == nil {
@@ -247,12 +224,9 @@ func (a *answerStore) reserve(client, key string, body []byte, route string) (*a
 	t := &answerTicket{path: path, rec: answerRecord{
 		SchemaVersion: 1, State: answerInProgress, BootID: a.bootID, Client: client,
 		KeySHA256: hexSHA256([]byte(key)), RequestSHA256: hexSHA256(body),
-		StartedAt: a.now().UTC().Format(answerTimeFormat), Route: route,
+		StartedAt: a.now().UTC().Format(journalTimeFormat), Route: route,
 	}}
-	data, err := marshalState(&t.rec)
-	if err != nil {
-		return nil, nil, answerUnplaced(err)
-	}
+	data, _ := marshalState(&t.rec) // strings and ints always encode
 	// A record removed between our failed link and our read (a released
 	// retryable refusal, or a prune) frees the key: try again, a few times.
 	for range 3 {
@@ -280,9 +254,8 @@ func answerBusy() *apiError {
 	return ae
 }
 
-// taken applies SPEC §12 item 2 to the record at path, first match. An
-// empty requestSHA skips the body comparison (GET /v1/answers/{key}). A
-// missing record is errFileAbsent.
+// taken applies SPEC §12 item 2 to the record at path; an empty requestSHA
+// skips the body comparison. A missing record is errFileAbsent.
 func (a *answerStore) taken(path, requestSHA string) (*answerRecord, error) {
 	rec, err := a.read(path)
 	switch {
@@ -298,16 +271,21 @@ func (a *answerStore) taken(path, requestSHA string) (*answerRecord, error) {
 	return rec, nil
 }
 
-// read reads, guards and decodes the record at path and checks a complete
-// record's signature. A missing record is errFileAbsent.
-func (a *answerStore) read(path string) (*answerRecord, error) {
-	b, _, err := readGuarded("kept answer", path)
-	if errors.Is(err, errFileAbsent) {
+// readAnswerFile reads, guards and decodes the record at name.
+func readAnswerFile(name string) (*answerRecord, error) {
+	b, _, err := readGuarded("kept answer", name)
+	if err != nil {
 		return nil, err
 	}
-	var rec *answerRecord
-	if err == nil {
-		rec, err = decodeAnswerRecord(b)
+	return decodeAnswerRecord(b)
+}
+
+// read reads the record at path and checks a complete record's signature.
+// A missing record is errFileAbsent.
+func (a *answerStore) read(path string) (*answerRecord, error) {
+	rec, err := readAnswerFile(path)
+	if errors.Is(err, errFileAbsent) {
+		return nil, err
 	}
 	if err == nil && rec.State == answerComplete {
 		var key []byte
@@ -321,9 +299,8 @@ func (a *answerStore) read(path string) (*answerRecord, error) {
 	return rec, nil
 }
 
-// abandon completes a stopped process's in-progress record as the kept
-// refusal of SPEC §12 item 2: 500 internal_error with no attempts key,
-// because how many calls it made is unknown.
+// abandon keeps a stopped process's in-progress record as SPEC §12 item 2's
+// refusal, with no attempts key: how many calls it made is unknown.
 func (a *answerStore) abandon(path string, rec *answerRecord) (*answerRecord, error) {
 	ae := refuse("internal_error", abandonedMessage)
 	body, _ := json.Marshal(ae.body())
@@ -335,33 +312,26 @@ func (a *answerStore) abandon(path string, rec *answerRecord) (*answerRecord, er
 	return kept, nil
 }
 
-// complete keeps an answer (SPEC §12 item 3) by owner-only atomic
-// replacement of the reservation.
+// complete keeps an answer (SPEC §12 item 3) in place of the reservation.
 func (a *answerStore) complete(t *answerTicket, status int, body []byte, attempts *int, route string) (*answerRecord, error) {
 	key, err := a.signingKey()
 	if err != nil {
 		return nil, err
 	}
 	rec := t.rec
-	done := a.now().UTC().Format(answerTimeFormat)
+	done := a.now().UTC().Format(journalTimeFormat)
 	b64 := base64.StdEncoding.EncodeToString(body)
 	sig := signAnswer(key, body)
 	rec.State, rec.CompletedAt, rec.Status, rec.BodyBase64, rec.Attempts, rec.Signature = answerComplete, &done, &status, &b64, attempts, &sig
-	if route != "" {
-		rec.Route = route
-	}
-	data, err := marshalState(&rec)
-	if err == nil {
-		err = writeFileAtomic(t.path, data)
-	}
-	if err != nil {
+	rec.Route = cmp.Or(route, rec.Route)
+	data, _ := marshalState(&rec) // strings and ints always encode
+	if err := writeFileAtomic(t.path, data); err != nil {
 		return nil, err
 	}
 	return &rec, nil
 }
 
-// release removes a reservation so the key is free again (a retryable
-// refusal, or a caller that hung up before any provider call).
+// release removes a reservation so the key is free again.
 func (a *answerStore) release(t *answerTicket) error {
 	if err := os.Remove(t.path); err != nil {
 		return err
@@ -369,8 +339,7 @@ func (a *answerStore) release(t *answerTicket) error {
 	return syncDir(filepath.Dir(t.path))
 }
 
-// lookup serves GET /v1/answers/{key}: like a replay, without a body to
-// compare. An unknown key is 404 not_found.
+// lookup serves GET /v1/answers/{key}: a replay without a body to compare.
 func (a *answerStore) lookup(client, key string) (*answerRecord, error) {
 	path, err := a.recordPath(client, key)
 	if err != nil {
@@ -383,9 +352,8 @@ func (a *answerStore) lookup(client, key string) (*answerRecord, error) {
 	return rec, err
 }
 
-// verifyAnswerFile is `brama answers verify` (SPEC §12 item 6): sig, or a
-// kept answer's own signature, over file's raw (or decoded) body with
-// $STATE/answer-key. A mismatch is errSignatureMismatch.
+// verifyAnswerFile is `brama answers verify` (SPEC §12 item 6): sig over
+// file, or a kept answer's own signature over its body.
 func verifyAnswerFile(st state, file, sig string) error {
 	key, _, err := readAnswerKey(st)
 	if err != nil {
@@ -411,9 +379,8 @@ func verifyAnswerFile(st state, file, sig string) error {
 	return nil
 }
 
-// pruneAnswers removes every complete record under dir completed before
-// cutoff (SPEC §12 item 7), never one in progress, and reports unreadable
-// ones to skip. A complete record never changes again, so serve may run.
+// pruneAnswers removes the complete records under dir completed before
+// cutoff (SPEC §12 item 7); serve may run, as they never change again.
 func pruneAnswers(dir string, cutoff time.Time, skip func(name string, err error)) (int, error) {
 	removed := 0
 	err := filepath.WalkDir(dir, func(name string, d fs.DirEntry, err error) error {
@@ -425,11 +392,7 @@ func pruneAnswers(dir string, cutoff time.Time, skip func(name string, err error
 		case d.IsDir() || !strings.HasSuffix(name, ".json") || strings.HasPrefix(d.Name(), "."):
 			return nil // temporary files are not records
 		}
-		b, _, err := readGuarded("kept answer", name)
-		var rec *answerRecord
-		if err == nil {
-			rec, err = decodeAnswerRecord(b)
-		}
+		rec, err := readAnswerFile(name)
 		if err != nil {
 			skip(name, err)
 			return nil
@@ -437,7 +400,7 @@ func pruneAnswers(dir string, cutoff time.Time, skip func(name string, err error
 		if rec.State != answerComplete {
 			return nil
 		}
-		if done, _ := time.Parse(answerTimeFormat, *rec.CompletedAt); !done.Before(cutoff) {
+		if done, _ := time.Parse(journalTimeFormat, *rec.CompletedAt); !done.Before(cutoff) {
 			return nil
 		}
 		if err := os.Remove(name); err != nil {

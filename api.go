@@ -393,7 +393,7 @@ func (s *server) handleSubscriptionProbe(w http.ResponseWriter, r *http.Request)
 	out, err := probeOutcome{}, decodeOptionalBody(r, &body)
 	if err == nil {
 		var it overlayItem
-		it, err = s.liveSubscription(r.PathValue("agent_id"), r.PathValue("subscription_id"), "a retired subscription is never probed")
+		it, err = s.inv.owned(r.PathValue("agent_id"), r.PathValue("subscription_id"), "a retired subscription is never probed")
 		if err == nil {
 			ri := infoFrom(r.Context())
 			e := s.engine(ri)

@@ -544,7 +544,7 @@ func (e cliEnv) subscriptionSignIn(args []string) error {
 		return err
 	}
 	verifier, challenge := newPKCE()
-	state := signInState()
+	state := randomToken()
 	authURL, err := authorizeURL(*provider, state, challenge)
 	if err != nil {
 		return err

@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -60,7 +61,7 @@ func (doc *clientsDoc) validate() error {
 			return fmt.Errorf("clients file: client %d: id %q must match [a-z0-9-]{1,64}", i, c.ID)
 		case ids[c.ID]:
 			return fmt.Errorf("clients file: duplicate client id %q", c.ID)
-		case len(c.TokenSHA256) != 64 || strings.ToLower(c.TokenSHA256) != c.TokenSHA256 || !isHex(c.TokenSHA256):
+		case !isHexDigest(c.TokenSHA256):
 			return fmt.Errorf("clients file: client %q: token_sha256 must be 64 lower-case hex characters", c.ID)
 		case digests[c.TokenSHA256]:
 			return fmt.Errorf("clients file: client %q: duplicate token digest", c.ID)
@@ -68,20 +69,12 @@ func (doc *clientsDoc) validate() error {
 			return fmt.Errorf("clients file: client %q: role must be admin or caller", c.ID)
 		case c.AgentID != "" && !idPattern.MatchString(c.AgentID):
 			return fmt.Errorf("clients file: client %q: agent_id must match [a-z0-9-]{1,64}", c.ID)
-		}
-		for _, m := range c.AllowedModels {
-			if strings.TrimSpace(m) == "" || strings.Contains(m, "*") {
-				return fmt.Errorf("clients file: client %q: allowed_models entries must be exact names (no empty or wildcard entry)", c.ID)
-			}
+		case slices.ContainsFunc(c.AllowedModels, func(m string) bool { return strings.TrimSpace(m) == "" || strings.Contains(m, "*") }):
+			return fmt.Errorf("clients file: client %q: allowed_models entries must be exact names (no empty or wildcard entry)", c.ID)
 		}
 		ids[c.ID], digests[c.TokenSHA256] = true, true
 	}
 	return nil
-}
-
-func isHex(s string) bool {
-	_, err := hex.DecodeString(s)
-	return err == nil
 }
 
 // newToken makes a bearer token: "brama_" and 43 base64url characters.
@@ -92,13 +85,25 @@ func newToken() string {
 }
 
 // tokenDigest is the stored form of a token.
-func tokenDigest(token string) string {
-	sum := sha256.Sum256([]byte(token))
-	return hex.EncodeToString(sum[:])
+func tokenDigest(token string) string { return hexSHA256([]byte(token)) }
+
+// hexSHA256 is b's SHA-256 in lower-case hex.
+func hexSHA256(b []byte) string {
+	d := sha256.Sum256(b)
+	return hex.EncodeToString(d[:])
 }
 
-// clientStore holds the clients file, re-read when its identity changes
-// (SPEC §2.3), or the one process-only client when there is no file.
+// isHexDigest reports whether s is a SHA-256 in lower-case hex.
+func isHexDigest(s string) bool { return len(s) == 64 && isLowerHex(s) }
+
+// isLowerHex reports whether s is bytes in lower-case hex.
+func isLowerHex(s string) bool {
+	_, err := hex.DecodeString(s)
+	return err == nil && strings.ToLower(s) == s
+}
+
+// clientStore is the clients file, re-read on change (SPEC §2.3), or the
+// process-only client when there is no state directory.
 type clientStore struct {
 	stateFile[*clientsDoc]
 	memory *clientsDoc // process-only clients (no state directory); set before serving
@@ -117,8 +122,7 @@ func (c *clientStore) load() (*clientsDoc, error) {
 	return c.stateFile.load()
 }
 
-// authenticate finds the client presenting token, comparing its digest with
-// every stored digest in constant time.
+// authenticate finds token's client, comparing every digest in constant time.
 func (c *clientStore) authenticate(token string) (client, bool) {
 	doc, err := c.load()
 	if err != nil || token == "" {
@@ -126,13 +130,12 @@ func (c *clientStore) authenticate(token string) (client, bool) {
 	}
 	want := []byte(tokenDigest(token))
 	var found client
-	ok := false
 	for _, cl := range doc.Clients {
 		if subtle.ConstantTimeCompare(want, []byte(cl.TokenSHA256)) == 1 {
-			found, ok = cl, true
+			found = cl
 		}
 	}
-	return found, ok
+	return found, found.ID != "" // every client has an id
 }
 
 // updateClients changes the clients file under its lock (SPEC §2.3).
@@ -152,10 +155,8 @@ func updateClients(path string, fn func(d *clientsDoc) error) error {
 	})
 }
 
-// presentedToken extracts the one token of r (SPEC §3.1): either one
-// `Authorization: Bearer <token>` or one `x-api-key: <token>`, as Anthropic
-// clients send it. Either header repeated, both headers, another scheme or
-// an empty token gives "", which no client matches.
+// presentedToken is the one `Authorization: Bearer` or `x-api-key` token
+// (SPEC §3.1); anything else is "", which no client matches.
 func presentedToken(h http.Header) string {
 	auth, key := h.Values("Authorization"), h.Values("X-Api-Key")
 	var tok string
@@ -178,15 +179,15 @@ func presentedToken(h http.Header) string {
 	return tok
 }
 
-// signatureWindow is how far an agent timestamp may be from now (SPEC §3.2);
+// signatureWindow bounds an agent timestamp's distance from now (SPEC §3.2);
 // replayMemory is how long an accepted signature is remembered.
 const (
 	signatureWindow = 300 * time.Second
 	replayMemory    = 600 * time.Second
 )
 
-// agentVerifier checks HMAC agent signatures and refuses replays. The
-// memory of accepted signatures lives only in this process.
+// agentVerifier checks HMAC agent signatures and refuses replays, from a
+// memory kept only in this process.
 type agentVerifier struct {
 	secret func(agent string) (string, bool)
 	now    func() time.Time
@@ -198,55 +199,49 @@ func newAgentVerifier(secret func(agent string) (string, bool), now func() time.
 	return &agentVerifier{secret: secret, now: now, seen: signatureMemory{until: map[string]time.Time{}}}
 }
 
-// errAgentSignature is every agent-signature refusal; the client learns
-// only "unauthorized".
+// errAgentSignature is every agent-signature refusal; the client learns only 401.
 var errAgentSignature = errors.New("agent signature refused")
 
-// agentClaim is what a request's agent headers say, checked before its body
-// is read: everything but the signature itself, which covers the body.
+// agentClaim is what a request's agent headers say, checked before the body
+// its signature covers is read.
 type agentClaim struct {
 	agent, ts, sig, secret string
 	now                    time.Time
 }
 
-// claim checks the agent headers of r without its body: presence, the agent
-// id, the timestamp window, a known agent, the signature's form and whether
-// it was already accepted. A request without agent headers gives a zero
-// claim and no error.
+// claim checks r's agent headers before its body is read (SPEC §3.2); no
+// agent headers give a zero claim.
 func (a *agentVerifier) claim(r *http.Request) (agentClaim, error) {
 	c := agentClaim{agent: r.Header.Get("X-Agent-Id"), ts: r.Header.Get("X-Agent-Timestamp"), sig: r.Header.Get("X-Agent-Signature")}
 	if c.agent == "" && c.ts == "" && c.sig == "" {
 		return c, nil
 	}
-	if c.agent == "" || c.ts == "" || c.sig == "" {
-		return c, fmt.Errorf("%w: missing header", errAgentSignature)
-	}
-	if !idPattern.MatchString(c.agent) {
-		return c, fmt.Errorf("%w: bad agent id", errAgentSignature)
-	}
-	at, err := parseAgentTimestamp(c.ts)
-	if err != nil {
-		return c, fmt.Errorf("%w: %v", errAgentSignature, err)
-	}
 	c.now = a.now()
-	if d := c.now.Sub(at); d > signatureWindow || d < -signatureWindow {
-		return c, fmt.Errorf("%w: timestamp outside the ±300 s window", errAgentSignature)
+	known := func() (ok bool) { c.secret, ok = a.secret(c.agent); return ok }
+	var why string
+	switch {
+	case c.agent == "" || c.ts == "" || c.sig == "":
+		why = "missing header"
+	case !idPattern.MatchString(c.agent):
+		why = "bad agent id"
+	case !agentTimestamp.MatchString(c.ts):
+		why = "malformed timestamp"
+	case c.now.Sub(agentTime(c.ts)).Abs() > signatureWindow:
+		why = "timestamp outside the ±300 s window"
+	case !known():
+		why = "unknown agent"
+	case !isLowerHex(c.sig):
+		why = "signature is not lower-case hex"
+	case a.seen.holds(c.sig, c.now):
+		why = "replayed signature"
+	default:
+		return c, nil
 	}
-	var ok bool
-	if c.secret, ok = a.secret(c.agent); !ok {
-		return c, fmt.Errorf("%w: unknown agent", errAgentSignature)
-	}
-	if _, err := hex.DecodeString(c.sig); err != nil || strings.ToLower(c.sig) != c.sig {
-		return c, fmt.Errorf("%w: signature is not lower-case hex", errAgentSignature)
-	}
-	if a.seen.holds(c.sig, c.now) {
-		return c, fmt.Errorf("%w: replayed signature", errAgentSignature)
-	}
-	return c, nil
+	return c, fmt.Errorf("%w: %s", errAgentSignature, why)
 }
 
-// confirm checks c's signature over r and body and remembers it, returning
-// the agent id ("" for a zero claim). A signature is accepted once.
+// confirm checks c's signature over r and body and accepts it once, returning
+// the agent id ("" for a zero claim).
 func (a *agentVerifier) confirm(r *http.Request, c agentClaim, body []byte) (string, error) {
 	if c.agent == "" {
 		return "", nil
@@ -261,21 +256,13 @@ func (a *agentVerifier) confirm(r *http.Request, c agentClaim, body []byte) (str
 	return c.agent, nil
 }
 
-// signatureMemory remembers accepted signatures for replayMemory: a map for
-// the lookup and a queue in acceptance order for forgetting, so a signed
-// request costs the same whether 10 or 40,000 signatures are remembered
-// (issue 10: a whole scan under the lock made throughput fall sevenfold).
+// signatureMemory remembers accepted signatures for replayMemory, a map and a
+// queue to forget in order (issue 10: a whole scan cut throughput sevenfold).
 type signatureMemory struct {
 	mu    sync.Mutex           // guards until, queue, head
 	until map[string]time.Time // signature hex → when it may be forgotten
-	queue []rememberedSig      // in acceptance order; queue[head:] is live
+	queue []string             // signatures in acceptance order; queue[head:] is live
 	head  int
-}
-
-// rememberedSig is one queue entry: which signature, forgettable when.
-type rememberedSig struct {
-	sig   string
-	until time.Time
 }
 
 // holds reports whether sig is remembered at now.
@@ -286,58 +273,45 @@ func (m *signatureMemory) holds(sig string, now time.Time) bool {
 	return ok && !now.After(until)
 }
 
-// remember records sig as accepted at now, unless it already is (a replay:
-// false). Expired signatures at the queue's front are forgotten first.
+// remember forgets expired signatures, then records sig unless it is held (a
+// replay: false).
 func (m *signatureMemory) remember(sig string, now time.Time) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for m.head < len(m.queue) && now.After(m.queue[m.head].until) {
-		e := m.queue[m.head]
-		if m.until[e.sig] == e.until { // not re-remembered since
-			delete(m.until, e.sig)
-		}
-		m.queue[m.head] = rememberedSig{}
-		m.head++
+	for ; m.head < len(m.queue) && now.After(m.until[m.queue[m.head]]); m.head++ {
+		delete(m.until, m.queue[m.head])
+		m.queue[m.head] = ""
 	}
 	if m.head > len(m.queue)/2 {
-		m.queue = append(m.queue[:0], m.queue[m.head:]...)
-		m.head = 0
+		m.queue, m.head = append(m.queue[:0], m.queue[m.head:]...), 0
 	}
 	if until, ok := m.until[sig]; ok && !now.After(until) {
 		return false
 	}
-	until := now.Add(replayMemory)
-	m.until[sig] = until
-	m.queue = append(m.queue, rememberedSig{sig: sig, until: until})
+	m.until[sig] = now.Add(replayMemory)
+	m.queue = append(m.queue, sig)
 	return true
 }
 
 // agentSignature is HMAC-SHA256 over `<agent>:<ts>:<METHOD>:<path>:<hex sha256(body)>`.
 func agentSignature(secret, agent, ts, method, path string, body []byte) []byte {
-	sum := sha256.Sum256(body)
 	m := hmac.New(sha256.New, []byte(secret))
-	fmt.Fprintf(m, "%s:%s:%s:%s:%s", agent, ts, strings.ToUpper(method), path, hex.EncodeToString(sum[:]))
+	fmt.Fprintf(m, "%s:%s:%s:%s:%s", agent, ts, strings.ToUpper(method), path, hexSHA256(body))
 	return m.Sum(nil)
 }
 
 // agentTimestamp is unix seconds with an optional 1–9 digit fraction.
 var agentTimestamp = regexp.MustCompile(`^[0-9]{1,12}(\.[0-9]{1,9})?$`)
 
-func parseAgentTimestamp(ts string) (time.Time, error) {
-	if !agentTimestamp.MatchString(ts) {
-		return time.Time{}, errors.New("malformed timestamp")
-	}
-	f, err := strconv.ParseFloat(ts, 64)
-	if err != nil || math.IsInf(f, 0) {
-		return time.Time{}, errors.New("malformed timestamp")
-	}
+// agentTime is a timestamp agentTimestamp matched, as a time.
+func agentTime(ts string) time.Time {
+	f, _ := strconv.ParseFloat(ts, 64) // the pattern admits only finite decimals
 	sec, frac := math.Modf(f)
-	return time.Unix(int64(sec), int64(frac*1e9)), nil
+	return time.Unix(int64(sec), int64(frac*1e9))
 }
 
 // transportGuard decides whether a peer may speak plain HTTP (SPEC §3.3):
-// loopback peers always; trusted proxies only when they say the client used
-// https. Forwarded headers from anyone else are ignored.
+// loopback always, a trusted proxy that says the client used https.
 type transportGuard struct {
 	trusted map[string]bool // canonical IP strings from BRAMA_TRUSTED_PROXY_IPS
 }
@@ -356,21 +330,16 @@ func newTransportGuard(list string) (transportGuard, error) {
 
 // allows reports whether r came over an acceptable transport.
 func (g transportGuard) allows(r *http.Request) bool {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
+	host, _, _ := net.SplitHostPort(r.RemoteAddr)
+	ip := net.ParseIP(host) // nil when RemoteAddr is not host:port
+	switch {
+	case ip == nil:
 		return false
-	}
-	ip := net.ParseIP(host)
-	if ip == nil {
-		return false
-	}
-	if ip.IsLoopback() {
+	case ip.IsLoopback():
 		return true
-	}
-	if !g.trusted[ip.String()] {
+	case !g.trusted[ip.String()]:
 		return false
-	}
-	if strings.EqualFold(strings.TrimSpace(r.Header.Get("X-Forwarded-Proto")), "https") {
+	case strings.EqualFold(strings.TrimSpace(r.Header.Get("X-Forwarded-Proto")), "https"):
 		return true
 	}
 	for _, el := range strings.Split(r.Header.Get("Forwarded"), ";") {

@@ -10,21 +10,22 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 )
 
-// journalTimeFormat is the "at" of every record (SPEC §9): RFC 3339 in UTC
-// with milliseconds, so records sort and compare as text.
+// journalTimeFormat is every state time (SPEC §9 "at"): RFC 3339 UTC with
+// milliseconds, so times sort as text.
 const journalTimeFormat = "2006-01-02T15:04:05.000Z"
 
-// journalRecord is one journal line (SPEC §9). Unknown kinds and fields are
-// skipped by readers; a field never changes meaning once written, so new
-// kinds and fields are only ever added here.
+// journalRecord is one journal line (SPEC §9). A field never changes
+// meaning once written, so kinds and fields are only ever added here.
 type journalRecord struct {
 	Kind           string   `json:"kind"`
-	At             string   `json:"at"` // RFC 3339 UTC with milliseconds: 2006-01-02T15:04:05.000Z
+	At             string   `json:"at"` // journalTimeFormat
 	SubscriptionID string   `json:"subscription_id,omitempty"`
 	Reason         string   `json:"reason,omitempty"`
 	Provider       string   `json:"provider,omitempty"`
@@ -45,14 +46,13 @@ type journalRecord struct {
 // journalRecordJSON is journalRecord without its MarshalJSON.
 type journalRecordJSON journalRecord
 
-// MarshalJSON emits from and to (null when nil) for route_change records
-// only: there their presence says "created" or "deleted" (SPEC §9), and on
-// any other kind they mean nothing and are left out.
+// MarshalJSON writes from and to (null when nil) on route_change only, where
+// their presence says "created" or "deleted" (SPEC §9).
 func (r journalRecord) MarshalJSON() ([]byte, error) {
 	if r.Kind == "route_change" {
 		return json.Marshal(journalRecordJSON(r))
 	}
-	// The outer from/to sit shallower than the embedded ones, so they win
+	// The outer from/to are shallower than the embedded ones, so they win
 	// (encoding/json's dominant-field rule) and omitempty drops them.
 	return json.Marshal(struct {
 		journalRecordJSON
@@ -61,17 +61,14 @@ func (r journalRecord) MarshalJSON() ([]byte, error) {
 	}{journalRecordJSON: journalRecordJSON(r)})
 }
 
-// journal is the append-only record of SPEC §9 at $STATE/journal.jsonl. Any
-// process may append (one O_APPEND write per line), so the journal holds no
-// open file between calls and always reads what is on disk now.
+// journal is SPEC §9's append-only $STATE/journal.jsonl. Any process may
+// append, so it keeps no file open.
 type journal struct {
 	sys
 	name    string        // the journal file; "" when there is no state directory
 	noState *noStateError // why name is "", else nil
 
-	// testingOnlySync replaces f.Sync inside append (nil in production) so
-	// tests can reach the broken path.
-	testingOnlySync func(f *os.File) error
+	testingOnlySync func(f *os.File) error // replaces f.Sync in append (nil in production)
 
 	mu     sync.Mutex // guards broken; held across one append so this process's appends queue
 	broken error      // the fsync failure that made the journal unusable; never cleared
@@ -82,8 +79,7 @@ type journal struct {
 	loggedLine int          // highest bad line of loggedFile logged so far: lines are only appended
 }
 
-// journalFold is the journal read up to a line end: retirement (SPEC §9)
-// and the unreadable lines, for /readyz.
+// journalFold is the journal read up to a line end: retirement and bad lines.
 type journalFold struct {
 	file   fileIdentity     // dev and ino of the file folded
 	off    int64            // bytes of file folded: always just after a '\n'
@@ -93,9 +89,8 @@ type journalFold struct {
 	badN   int              // unreadable lines in all
 }
 
-// newJournal places the journal in st. It never fails: without a state
-// directory every operation refuses with the *noStateError instead (SPEC
-// §2.1), so serving can go on.
+// newJournal places the journal in st; without a state directory every
+// operation refuses with the *noStateError (SPEC §2.1).
 func newJournal(st state, sy sys) *journal {
 	j := &journal{sys: sy}
 	var err error
@@ -105,40 +100,58 @@ func newJournal(st state, sy sys) *journal {
 }
 
 // errJournalUnusable wraps the fsync failure after which this process
-// appends nothing more: the page cache may hold bytes that never reach the
-// disk, and a retried fsync can report success anyway.
+// appends nothing: a retried fsync can report success for lost bytes.
 var errJournalUnusable = errors.New("journal unusable after a failed fsync")
 
-// ready reports whether an append could be made now, so operations that
-// must journal can refuse before changing anything (SPEC §2.1, §4.4). It
-// changes nothing on disk.
-func (j *journal) ready() error {
+// unusable says why no append can be made at all. Callers hold mu.
+func (j *journal) unusable() error {
 	if j.noState != nil {
 		return j.noState
 	}
+	if j.broken != nil {
+		return fmt.Errorf("%w: %w", errJournalUnusable, j.broken)
+	}
+	return nil
+}
+
+// ready reports, changing nothing, whether an append could be made now
+// (SPEC §2.1, §4.4).
+func (j *journal) ready() error {
 	j.mu.Lock()
-	broken := j.broken
+	err := j.unusable()
 	j.mu.Unlock()
-	if broken != nil {
-		return fmt.Errorf("%w: %w", errJournalUnusable, broken)
-	}
-	_, err := guardFile("journal", j.name)
-	if errors.Is(err, errFileAbsent) {
-		return journalDirWritable(filepath.Dir(j.name))
-	}
 	if err != nil {
 		return err
 	}
-	f, err := os.OpenFile(j.name, os.O_RDWR|os.O_APPEND|syscall.O_NOFOLLOW, 0)
-	if err != nil {
-		return fmt.Errorf("journal: %w", err)
+	f, _, err := j.open(false)
+	if errors.Is(err, errFileAbsent) {
+		return journalDirWritable(filepath.Dir(j.name))
 	}
-	return f.Close()
+	if err == nil {
+		err = f.Close()
+	}
+	return err
 }
 
-// journalDirWritable says whether a file could be created in dir: the nearest
-// existing ancestor must be a directory this process may write and search
-// (MkdirAll creates the rest).
+// open opens the guarded journal O_APPEND, creating it 0600 only when create.
+func (j *journal) open(create bool) (f *os.File, created bool, err error) {
+	_, err = guardFile("journal", j.name)
+	created = errors.Is(err, errFileAbsent)
+	if err != nil && !(create && created) {
+		return nil, false, err
+	}
+	flag := os.O_RDWR | os.O_APPEND | syscall.O_NOFOLLOW // O_NOFOLLOW: no symlink since the Lstat
+	if create {
+		flag |= os.O_CREATE
+	}
+	if f, err = os.OpenFile(j.name, flag, 0o600); err != nil {
+		return nil, false, fmt.Errorf("journal: %w", err)
+	}
+	return f, created, nil
+}
+
+// journalDirWritable says whether a file could be created in dir: its nearest
+// existing ancestor is a directory this process may write and search.
 func journalDirWritable(dir string) error {
 	for d := dir; ; d = filepath.Dir(d) {
 		fi, err := os.Stat(d)
@@ -159,16 +172,13 @@ func journalDirWritable(dir string) error {
 	}
 }
 
-// append adds rec as one line and returns nil only once the line is on disk
-// (SPEC §9, STYLE B7). At is set from now when empty. The syscall order:
-// open O_APPEND (creating 0600 in a 0700 directory), flock so no two
-// appenders both see a torn tail, read the last byte, one write of the line
-// (prefixed with '\n' when the file ends in a torn line, so this record
-// starts on a fresh one), unlock, fsync, and fsync the directory when this
-// append created the file.
+// append adds rec as one line, nil only once on disk (SPEC §9, STYLE B7): open
+// O_APPEND, flock, one write, unlock, fsync, and fsync the directory of a new file.
 func (j *journal) append(rec journalRecord) error {
-	if j.noState != nil {
-		return j.noState
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if err := j.unusable(); err != nil {
+		return err
 	}
 	if rec.Kind == "" {
 		return errors.New("journal record has no kind")
@@ -180,24 +190,13 @@ func (j *journal) append(rec journalRecord) error {
 	if err != nil {
 		return fmt.Errorf("journal %s record: %w", rec.Kind, err)
 	}
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	if j.broken != nil {
-		return fmt.Errorf("%w: %w", errJournalUnusable, j.broken)
-	}
 	dir := filepath.Dir(j.name)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("journal: %w", err)
 	}
-	_, err = guardFile("journal", j.name)
-	created := errors.Is(err, errFileAbsent)
-	if err != nil && !created {
-		return err
-	}
-	// O_NOFOLLOW closes the gap between guardFile's Lstat and this open.
-	f, err := os.OpenFile(j.name, os.O_RDWR|os.O_APPEND|os.O_CREATE|syscall.O_NOFOLLOW, 0o600)
+	f, created, err := j.open(true)
 	if err != nil {
-		return fmt.Errorf("journal: %w", err)
+		return err
 	}
 	defer f.Close()
 	if err := writeJournalLine(f, line); err != nil {
@@ -209,7 +208,7 @@ func (j *journal) append(rec journalRecord) error {
 	}
 	if err := sync(); err != nil {
 		j.broken = err // never retry fsync; the page cache may be lying
-		return fmt.Errorf("%w: %w", errJournalUnusable, err)
+		return j.unusable()
 	}
 	if created {
 		if err := syncDir(dir); err != nil {
@@ -219,43 +218,33 @@ func (j *journal) append(rec journalRecord) error {
 	return nil
 }
 
-// writeJournalLine writes line and its '\n' to the O_APPEND file f in one write,
-// under an exclusive flock on f so that concurrent appenders (other
-// processes included) never both prefix a torn tail with '\n' and so leave
-// an empty line.
+// writeJournalLine writes line and '\n' in one write, flocked so that two
+// appenders never both prefix a torn tail with '\n' (an empty line).
 func writeJournalLine(f *os.File, line []byte) error {
 	fd := int(f.Fd())
 	if err := syscall.Flock(fd, syscall.LOCK_EX); err != nil {
 		return fmt.Errorf("journal: lock: %w", err)
 	}
 	defer syscall.Flock(fd, syscall.LOCK_UN)
+	last := []byte{'\n'}
 	fi, err := f.Stat()
-	if err != nil {
-		return fmt.Errorf("journal: %w", err)
-	}
-	buf := make([]byte, 0, len(line)+2)
-	if fi.Size() > 0 {
-		last := make([]byte, 1)
-		if _, err := f.ReadAt(last, fi.Size()-1); err != nil {
-			return fmt.Errorf("journal: read last byte: %w", err)
-		}
-		if last[0] != '\n' {
-			buf = append(buf, '\n') // SPEC §9: the torn line stays; this record starts fresh
-		}
-	}
-	buf = append(append(buf, line...), '\n')
-	n, err := f.Write(buf)
-	if err == nil && n != len(buf) {
-		err = io.ErrShortWrite
+	if err == nil && fi.Size() > 0 {
+		_, err = f.ReadAt(last, fi.Size()-1)
 	}
 	if err != nil {
+		return fmt.Errorf("journal: read last byte: %w", err)
+	}
+	buf := slices.Concat([]byte{'\n'}, line, []byte{'\n'})
+	if last[0] == '\n' {
+		buf = buf[1:] // else SPEC §9: the torn line stays; this record starts fresh
+	}
+	if _, err := f.Write(buf); err != nil { // a short write is an error
 		return fmt.Errorf("journal: write: %w", err)
 	}
 	return nil
 }
 
-// size is the journal's size in bytes for /stats (SPEC §13); an absent
-// journal is empty.
+// size is the journal's size in bytes for /stats (SPEC §13).
 func (j *journal) size() (int64, error) {
 	if j.noState != nil {
 		return 0, j.noState
@@ -264,14 +253,10 @@ func (j *journal) size() (int64, error) {
 	if errors.Is(err, errFileAbsent) {
 		return 0, nil
 	}
-	if err != nil {
-		return 0, err
-	}
-	return id.size, nil
+	return id.size, err
 }
 
-// readAll returns the journal's bytes and identity; an absent journal is
-// empty.
+// readAll returns the journal's bytes and identity; absent is empty.
 func (j *journal) readAll() ([]byte, fileIdentity, error) {
 	if j.noState != nil {
 		return nil, fileIdentity{}, j.noState
@@ -283,48 +268,39 @@ func (j *journal) readAll() ([]byte, fileIdentity, error) {
 	return data, id, err
 }
 
-// retired folds retire and reinstate (SPEC §9: the later one in file order
-// decides, per subscription) into the set of retired subscription ids.
-// Eligibility asks on every request (SPEC §2.3), so the fold is kept and
-// each call reads only the complete lines appended since the last; a torn
-// final line waits until it completes. A file that shrank or was replaced
-// is folded again from the start. The caller owns the returned map.
-func (j *journal) retired() (map[string]bool, error) {
-	if j.noState != nil {
-		return nil, j.noState
-	}
-	j.readMu.Lock()
-	defer j.readMu.Unlock()
-	if err := j.foldTail(); err != nil {
-		return nil, err
-	}
-	return maps.Clone(j.fold.retire), nil
+// retired is the set of retired subscription ids: per subscription, the
+// later of retire and reinstate in file order decides (SPEC §9).
+func (j *journal) retired() (retired map[string]bool, err error) {
+	err = j.folded(func(fo *journalFold) { retired = maps.Clone(fo.retire) })
+	return retired, err
 }
 
-// maxReportedBadLines is how many unreadable lines /readyz names one by
-// one; the rest it counts.
+// maxReportedBadLines is how many unreadable lines /readyz names; the rest it counts.
 const maxReportedBadLines = 100
 
-// badLines returns the journal's unreadable complete lines (the first
-// maxReportedBadLines of them) and how many there are in all, for /readyz.
-// Like retired it folds only what was appended since the last call, so a
-// readiness probe never rereads the whole journal (issue 10: 16 concurrent
-// probes at 300 k lines took 4.9 s and 5.3 GB).
-func (j *journal) badLines() ([]journalBadLine, int, error) {
+// badLines returns the first unreadable lines and their number, for /readyz.
+func (j *journal) badLines() (bad []journalBadLine, n int, err error) {
+	err = j.folded(func(fo *journalFold) { bad, n = slices.Clone(fo.bad), fo.badN })
+	return bad, n, err
+}
+
+// folded brings the fold up to date and lets read copy from it. Requests and
+// probes ask often, so it reads only new lines (issue 10: rereading took 5 GB).
+func (j *journal) folded(read func(*journalFold)) error {
 	if j.noState != nil {
-		return nil, 0, j.noState
+		return j.noState
 	}
 	j.readMu.Lock()
 	defer j.readMu.Unlock()
 	if err := j.foldTail(); err != nil {
-		return nil, 0, err
+		return err
 	}
-	return slices.Clone(j.fold.bad), j.fold.badN, nil
+	read(&j.fold)
+	return nil
 }
 
-// foldTail brings the fold up to the journal's last complete line, and
-// logs journal_line_unreadable once for each bad line (never the line
-// itself: it may hold data). Callers hold readMu.
+// foldTail folds the complete lines appended since the last call (a shrunk or
+// replaced file from the start), logging each bad line once. Callers hold readMu.
 func (j *journal) foldTail() error {
 	f, full, err := openGuarded("journal", j.name)
 	if errors.Is(err, errFileAbsent) {
@@ -343,18 +319,11 @@ func (j *journal) foldTail() error {
 		j.loggedFile, j.loggedLine = id, 0
 	}
 	fo := &j.fold
-	if full.size == fo.off {
-		return nil
-	}
 	tail := make([]byte, full.size-fo.off)
 	if _, err := f.ReadAt(tail, fo.off); err != nil {
 		return fmt.Errorf("journal: %w", err)
 	}
-	end := bytes.LastIndexByte(tail, '\n')
-	if end < 0 {
-		return nil // only a torn (or still arriving) line so far
-	}
-	tail = tail[:end+1]
+	tail = tail[:bytes.LastIndexByte(tail, '\n')+1] // only complete lines
 	recs, bad, _ := readJournalLines(tail)
 	for _, b := range bad {
 		b.Line += fo.lines
@@ -380,10 +349,8 @@ func (j *journal) foldTail() error {
 	return nil
 }
 
-// checkJournal is `brama journal check` (SPEC §16.1): it prints
-// "line N: <reason>" for each unreadable line and "final line torn
-// (ignored)" for a torn final line. ok is false when any non-final line is
-// unreadable; err says the journal could not be read at all.
+// checkJournal is `brama journal check` (SPEC §16.1); ok is false when a
+// non-final line is unreadable.
 func checkJournal(j *journal, stdout io.Writer) (ok bool, err error) {
 	data, _, err := j.readAll()
 	if err != nil {
@@ -399,42 +366,34 @@ func checkJournal(j *journal, stdout io.Writer) (ok bool, err error) {
 	return len(bad) == 0, nil
 }
 
-// journalBadLine is one unreadable non-final line: its 1-based number and a
-// short reason that never quotes the line (it may hold data).
+// journalBadLine is one unreadable line: its number and a reason that never
+// quotes it (it may hold data).
 type journalBadLine struct {
 	Line   int
 	Reason string
 }
 
-// readJournalLines parses journal bytes (SPEC §9). Each line ending in '\n'
-// is a record or a bad line; a final line without '\n' is a torn write and
-// is ignored, whatever it holds. It is pure so it can be fuzzed.
+// readJournalLines parses journal bytes (SPEC §9): each line ending in '\n'
+// is a record or a bad line; a final line without one is torn and ignored.
 func readJournalLines(data []byte) (recs []journalRecord, bad []journalBadLine, torn bool) {
 	for n := 1; len(data) > 0; n++ {
-		i := bytes.IndexByte(data, '\n')
-		if i < 0 {
+		line, rest, ok := bytes.Cut(data, []byte{'\n'})
+		if !ok {
 			return recs, bad, true
 		}
-		rec, reason := parseJournalLine(data[:i])
-		data = data[i+1:]
-		if reason != "" {
+		data = rest
+		if rec, reason := parseJournalLine(line); reason != "" {
 			bad = append(bad, journalBadLine{Line: n, Reason: reason})
-			continue
+		} else {
+			recs = append(recs, rec)
 		}
-		recs = append(recs, rec)
 	}
 	return recs, bad, false
 }
 
-// parseJournalLine reads one line, or says in a few words why it cannot:
-// a line is readable when it is a JSON object with non-empty string "kind"
-// and "at" and every known field has its type. Keys match exactly (not
-// encoding/json's case-insensitive match), and from/to are read only on
-// route_change, where alone they mean something, so a record re-encodes to
-// what was read. It is the one lenient reader of a state file, not
-// decodeStrict, on purpose: SPEC §9 has readers skip unknown kinds and
-// fields, and keep reading past a bad line, named by a reason that never
-// quotes it.
+// parseJournalLine reads one line or says why not (SPEC §9). Keys match
+// exactly and from/to only on route_change, so a record re-encodes to what was
+// read; unknown kinds and fields are skipped, so it is not decodeStrict.
 func parseJournalLine(line []byte) (journalRecord, string) {
 	var r journalRecord
 	lead := bytes.TrimLeft(line, " \t\r") // JSON's whitespace, not Unicode's
@@ -449,47 +408,29 @@ func parseJournalLine(line []byte) (journalRecord, string) {
 		return r, "not a JSON object"
 	}
 	var m map[string]json.RawMessage
-	if err := json.Unmarshal(line, &m); err != nil {
-		return r, "not a JSON object"
-	}
-	for _, f := range []struct {
-		name string
-		dst  *string
-	}{{"kind", &r.Kind}, {"at", &r.At}} {
-		raw, ok := m[f.name]
-		if !ok {
-			return r, "missing " + f.name
-		}
+	json.Unmarshal(line, &m) // a valid object
+	for _, name := range []string{"kind", "at"} {
 		var s *string
-		if err := json.Unmarshal(raw, &s); err != nil || s == nil {
-			return r, f.name + " is not a string"
+		raw, ok := m[name]
+		switch {
+		case !ok:
+			return r, "missing " + name
+		case json.Unmarshal(raw, &s) != nil || s == nil:
+			return r, name + " is not a string"
+		case *s == "":
+			return r, name + " is empty"
 		}
-		if *s == "" {
-			return r, f.name + " is empty"
-		}
-		*f.dst = *s
 	}
-	fields := []journalField{{"subscription_id", &r.SubscriptionID}, {"reason", &r.Reason},
-		{"provider", &r.Provider}, {"result", &r.Result}, {"attempted", &r.Attempted}, {"detail", &r.Detail},
-		{"agent_id", &r.AgentID}, {"task", &r.Task}, {"model", &r.Model}, {"status", &r.Status},
-		{"score", &r.Score}, {"alias", &r.Alias}, {"by", &r.By}}
-	if r.Kind == "route_change" {
-		fields = append(fields, journalField{"from", &r.From}, journalField{"to", &r.To})
-	}
-	for _, f := range fields {
-		raw, ok := m[f.name]
-		if !ok {
+	v := reflect.ValueOf(&r).Elem() // Kind comes first, so it is known at from and to
+	for i := range v.NumField() {
+		name, _, _ := strings.Cut(v.Type().Field(i).Tag.Get("json"), ",")
+		raw, ok := m[name]
+		if !ok || (name == "from" || name == "to") && r.Kind != "route_change" {
 			continue
 		}
-		if err := json.Unmarshal(raw, f.dst); err != nil {
-			return journalRecord{}, "field " + f.name + " has the wrong type"
+		if json.Unmarshal(raw, v.Field(i).Addr().Interface()) != nil {
+			return journalRecord{}, "field " + name + " has the wrong type"
 		}
 	}
 	return r, ""
-}
-
-// journalField is one optional member of a record and where it decodes to.
-type journalField struct {
-	name string
-	dst  any
 }

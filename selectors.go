@@ -88,7 +88,7 @@ func (e *engine) candidateModels(provider string, doc *routesDoc) []string {
 		if n == 3 {
 			break
 		}
-		if slices.Contains(m.Output, "text") {
+		if slices.Contains(m.Modalities.Output, "text") {
 			out = append(out, m.ID)
 			n++
 		}
@@ -99,7 +99,7 @@ func (e *engine) candidateModels(provider string, doc *routesDoc) []string {
 // takesImages: the catalogue lists image input for the model.
 func (e *engine) takesImages(provider, model string) bool {
 	info, ok, _ := e.catalog.lookup(provider, model)
-	return ok && slices.Contains(info.Input, "image")
+	return ok && slices.Contains(info.Modalities.Input, "image")
 }
 
 // dedupeBy keeps the first of each key, in order.

@@ -462,13 +462,13 @@ func (s *server) readiness() readiness {
 	if _, cerr := s.clients.load(); cerr != nil && !errors.Is(cerr, errFileAbsent) {
 		rd.Reasons = append(rd.Reasons, "clients file unusable: "+s.hidePath(cerr.Error(), s.clients.path))
 	}
-	if err := s.ledger.loadErr(); err != nil {
+	if err := s.ledger.unreadable; err != nil {
 		rd.Reasons = append(rd.Reasons, "ledger unusable (served empty, never overwritten): "+err.Error())
 	}
 	if _, err := s.journal.size(); err != nil && !errors.As(err, new(*noStateError)) {
 		rd.Reasons = append(rd.Reasons, "journal unusable: "+err.Error())
 	}
-	if ok, cause := s.catalog.available(); !ok {
+	if data, cause := s.catalog.current(); data == nil {
 		rd.Warnings = append(rd.Warnings, cause)
 	}
 	if bad, n, err := s.journal.badLines(); err == nil {

@@ -18,23 +18,21 @@ import (
 	"unicode/utf8"
 )
 
-// sys is what Brama's parts take from the process: the logger and the
-// clock. serve and each command build one; no constructor has a default.
+// sys is the logger and clock Brama's parts take from the process; no
+// constructor has a default.
 type sys struct {
 	log *slog.Logger
 	now func() time.Time
 }
 
-// state is where Brama keeps its files (SPEC §2.1). When no directory
-// resolves, dir is empty and cause says why; every reader and writer then
-// refuses with a *noStateError instead of the process stopping.
+// state is where Brama keeps its files (SPEC §2.1). With no directory, dir
+// is empty and every reader and writer refuses with cause (a *noStateError).
 type state struct {
 	dir   string
 	cause error
 }
 
-// noStateError is the refusal of every state reader and writer when no state
-// directory resolved. Its text names the cause from resolving home.
+// noStateError is the refusal when no state directory resolved (SPEC §2.1).
 type noStateError struct {
 	what  string // the consumer, e.g. "journal"
 	cause error
@@ -45,8 +43,7 @@ func (e *noStateError) Error() string {
 }
 func (e *noStateError) Unwrap() error { return e.cause }
 
-// resolveState picks BRAMA_STATE_DIR (trimmed), else <home>/.brama. It never
-// falls back to the working directory or a temporary directory.
+// resolveState picks BRAMA_STATE_DIR, else <home>/.brama, and nothing else.
 func resolveState(getenv func(string) string) state {
 	if d := strings.TrimSpace(getenv("BRAMA_STATE_DIR")); d != "" {
 		return state{dir: d}
@@ -66,8 +63,7 @@ func (s state) path(what, file string) (string, error) {
 	return filepath.Join(s.dir, file), nil
 }
 
-// fileOrState is the override named by env when set, else file in the
-// state directory.
+// fileOrState is the override named by env when set, else s.path(what, file).
 func (s state) fileOrState(getenv func(string) string, env, what, file string) (string, error) {
 	if p := strings.TrimSpace(getenv(env)); p != "" {
 		return p, nil
@@ -78,47 +74,51 @@ func (s state) fileOrState(getenv func(string) string, env, what, file string) (
 // errFileAbsent marks a state file that does not exist yet.
 var errFileAbsent = errors.New("file does not exist")
 
-// fileIdentity is what tells a changed file from an unchanged one without
-// reading it (SPEC §4.2, §2.3).
+// fileIdentity tells a changed file from an unchanged one (SPEC §2.3, §4.2).
 type fileIdentity struct {
 	dev, ino uint64
 	size     int64
 	mtime    time.Time
 }
 
-// guardFile applies the reader guards of SPEC §2.2 to name and returns its
-// identity: refuse a symlink, a non-regular file, a file owned by another
-// uid, or one readable or writable by group or other, naming the rule.
-func guardFile(role, name string) (fileIdentity, error) {
-	fi, err := os.Lstat(name)
-	if errors.Is(err, fs.ErrNotExist) {
-		return fileIdentity{}, fmt.Errorf("%s %s: %w", role, name, errFileAbsent)
+// fileError names role's trouble with name: absent, a symlink, or err.
+func fileError(role, name string, err error) error {
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("%s %s: %w", role, name, errFileAbsent)
+	case errors.Is(err, syscall.ELOOP):
+		return fmt.Errorf("%s %s is a symlink; refusing to follow it", role, name)
 	}
-	if err != nil {
-		return fileIdentity{}, fmt.Errorf("%s: %w", role, err)
-	}
-	return checkFileInfo(role, name, fi)
+	return fmt.Errorf("%s: %w", role, err)
 }
 
-// checkFileInfo is the guards themselves, on what Lstat or Fstat saw.
-func checkFileInfo(role, name string, fi fs.FileInfo) (fileIdentity, error) {
-	if fi.Mode()&fs.ModeSymlink != 0 {
-		return fileIdentity{}, fmt.Errorf("%s %s is a symlink; refusing to follow it", role, name)
+// guardFile applies SPEC §2.2's reader guards to name without opening it.
+func guardFile(role, name string) (fileIdentity, error) {
+	fi, err := os.Lstat(name)
+	return checkFileInfo(role, name, fi, err)
+}
+
+// checkFileInfo is the guards on what Lstat or Fstat returned: refuse a
+// symlink, a non-regular file, another uid's file, or one group or other may use.
+func checkFileInfo(role, name string, fi fs.FileInfo, err error) (fileIdentity, error) {
+	if err != nil {
+		return fileIdentity{}, fileError(role, name, err)
 	}
-	if !fi.Mode().IsRegular() {
-		return fileIdentity{}, fmt.Errorf("%s %s is not a regular file", role, name)
+	st := fi.Sys().(*syscall.Stat_t) // always, for Lstat and Fstat on Unix (Brama needs flock)
+	var why string
+	switch {
+	case fi.Mode()&fs.ModeSymlink != 0:
+		return fileIdentity{}, fileError(role, name, syscall.ELOOP)
+	case !fi.Mode().IsRegular():
+		why = " is not a regular file"
+	case int(st.Uid) != os.Geteuid():
+		why = fmt.Sprintf(" is owned by uid %d, not this process's uid %d", st.Uid, os.Geteuid())
+	case fi.Mode().Perm()&0o077 != 0:
+		why = fmt.Sprintf(" has mode %#o; it must not be readable or writable by group or other (chmod 600)", fi.Mode().Perm())
+	default:
+		return fileIdentity{dev: uint64(st.Dev), ino: st.Ino, size: fi.Size(), mtime: fi.ModTime()}, nil
 	}
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	if !ok {
-		return fileIdentity{}, fmt.Errorf("%s %s: no owner information", role, name)
-	}
-	if int(st.Uid) != os.Geteuid() {
-		return fileIdentity{}, fmt.Errorf("%s %s is owned by uid %d, not this process's uid %d", role, name, st.Uid, os.Geteuid())
-	}
-	if fi.Mode().Perm()&0o077 != 0 {
-		return fileIdentity{}, fmt.Errorf("%s %s has mode %#o; it must not be readable or writable by group or other (chmod 600)", role, name, fi.Mode().Perm())
-	}
-	return fileIdentity{dev: uint64(st.Dev), ino: st.Ino, size: fi.Size(), mtime: fi.ModTime()}, nil
+	return fileIdentity{}, fmt.Errorf("%s %s%s", role, name, why)
 }
 
 // readGuarded reads name under the guards (an absent file is errFileAbsent).
@@ -135,26 +135,15 @@ func readGuarded(role, name string) ([]byte, fileIdentity, error) {
 	return b, id, nil
 }
 
-// openGuarded opens name without following a symlink and applies the guards
-// to the open file, so a name swapped between check and read cannot slip
-// through; the caller closes the file.
+// openGuarded opens name (no symlink) and guards the open file, so a name
+// swapped between check and read cannot slip through.
 func openGuarded(role, name string) (*os.File, fileIdentity, error) {
-	f, err := os.OpenFile(name, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0) // O_NONBLOCK: a FIFO planted here must not hang the reader
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-		return nil, fileIdentity{}, fmt.Errorf("%s %s: %w", role, name, errFileAbsent)
-	case errors.Is(err, syscall.ELOOP):
-		return nil, fileIdentity{}, fmt.Errorf("%s %s is a symlink; refusing to follow it", role, name)
-	case err != nil:
-		return nil, fileIdentity{}, fmt.Errorf("%s: %w", role, err)
+	f, err := os.OpenFile(name, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0) // O_NONBLOCK: a planted FIFO must not hang the reader
+	if err != nil {
+		return nil, fileIdentity{}, fileError(role, name, err)
 	}
 	fi, err := f.Stat()
-	var id fileIdentity
-	if err == nil {
-		id, err = checkFileInfo(role, name, fi)
-	} else {
-		err = fmt.Errorf("%s: %w", role, err)
-	}
+	id, err := checkFileInfo(role, name, fi, err)
 	if err != nil {
 		f.Close()
 		return nil, id, err
@@ -162,9 +151,8 @@ func openGuarded(role, name string) (*os.File, fileIdentity, error) {
 	return f, id, nil
 }
 
-// stateFile is one strict state file, read again only when its identity
-// changes (SPEC §2.3), so another process's replacement applies at the next
-// load. An absent file is parse(nil), or errFileAbsent when absentErr.
+// stateFile is one strict state file, re-read only when its identity
+// changes (SPEC §2.3); an absent file is parse(nil), or errFileAbsent.
 type stateFile[T any] struct {
 	role, path string
 	pathErr    error // why there is no file (no state directory), else nil
@@ -223,15 +211,13 @@ func (f *stateFile[T]) forget() {
 // testingOnlyRename replaces os.Rename in writeFileAtomic (nil in production).
 var testingOnlyRename func(oldpath, newpath string) error
 
-// writeFileAtomic is the owner-only atomic replacement every whole-file
-// writer uses (SPEC §2.2): readers see the old bytes or the new, never a mix,
-// and the new bytes are durable when it returns nil.
+// writeFileAtomic is the owner-only atomic replacement of every whole-file
+// writer (SPEC §2.2): readers see old or new bytes, durable on nil.
 func writeFileAtomic(name string, data []byte) error {
-	rename := os.Rename
 	if testingOnlyRename != nil {
-		rename = testingOnlyRename
+		return placeFile(name, data, testingOnlyRename)
 	}
-	return placeFile(name, data, rename)
+	return placeFile(name, data, os.Rename)
 }
 
 // publishFile creates name with data only if no file has that name yet
@@ -240,17 +226,15 @@ func publishFile(name string, data []byte) error {
 	return placeFile(name, data, os.Link)
 }
 
-// placeFile writes data whole to a sibling temporary file (O_EXCL, 0600),
-// fsyncs it, puts it at name with place (rename or link), removes the
-// temporary name, and fsyncs the directory so the new name survives a
-// crash. On any failure the target is untouched.
+// placeFile writes data to a sibling temporary file, fsyncs it, puts it at
+// name with place (rename or link) and fsyncs the directory; a failure leaves
+// the target untouched.
 func placeFile(name string, data []byte, place func(oldpath, newpath string) error) error {
 	dir := filepath.Dir(name)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	// os.CreateTemp opens with O_RDWR|O_CREATE|O_EXCL and mode 0600.
-	f, err := os.CreateTemp(dir, "."+filepath.Base(name)+".tmp*")
+	f, err := os.CreateTemp(dir, "."+filepath.Base(name)+".tmp*") // O_RDWR|O_CREATE|O_EXCL, 0600
 	if err != nil {
 		return err
 	}
@@ -276,15 +260,11 @@ func syncDir(dir string) error {
 	if err != nil {
 		return err
 	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
-		err = cerr
-	}
-	return err
+	defer d.Close() // read-only: closing it can lose nothing
+	return d.Sync()
 }
 
-// withFileLock runs fn while holding an exclusive flock on name+".lock"
-// (SPEC §2.3). The lock file is created 0600 once and holds nothing.
+// withFileLock runs fn holding an exclusive flock on name+".lock" (SPEC §2.3).
 func withFileLock(name string, fn func() error) error {
 	lf, err := flockFile(name+".lock", 0)
 	if err != nil {
@@ -294,8 +274,7 @@ func withFileLock(name string, fn func() error) error {
 	return fn()
 }
 
-// flockFile opens the lock file name (creating it and its directory, 0600
-// and 0700) and takes an exclusive flock on it; nb is 0 or LOCK_NB.
+// flockFile opens, creating 0600, and flocks the lock file name; nb is 0 or LOCK_NB.
 func flockFile(name string, nb int) (*os.File, error) {
 	if err := os.MkdirAll(filepath.Dir(name), 0o700); err != nil {
 		return nil, err
@@ -311,9 +290,8 @@ func flockFile(name string, nb int) (*os.File, error) {
 	return f, nil
 }
 
-// snapshotFile writes numbered snapshots of one file in order, dropping one
-// older than what is on disk, so racing flushes never put old bytes over
-// new (the ledger, perf telemetry).
+// snapshotFile writes numbered snapshots of a file, dropping one older than
+// the file's, so racing flushes never put old bytes over new.
 type snapshotFile struct {
 	mu      sync.Mutex // guards written; serializes the file's writes
 	written uint64     // seq of the newest snapshot on disk
@@ -326,27 +304,25 @@ func (f *snapshotFile) write(name string, seq uint64, data []byte) error {
 	if seq <= f.written {
 		return nil
 	}
-	if err := writeFileAtomic(name, data); err != nil {
-		return err
+	err := writeFileAtomic(name, data)
+	if err == nil {
+		f.written = seq
 	}
-	f.written = seq
-	return nil
+	return err
 }
 
-// editLocked is the read-modify-rename of every file a CLI and the daemon
-// may both edit (SPEC §2.3): under the file's flock it re-reads the current
-// document, lets change edit it, and replaces the file atomically with its
-// encoding. change's error leaves the file untouched.
+// editLocked is the flocked read-modify-rename of a file both a CLI and the
+// daemon edit (SPEC §2.3).
 func editLocked[T any](name string, read func() (T, error), change func(T) error) error {
 	return withFileLock(name, func() error {
 		doc, err := read()
-		if err != nil {
-			return err
+		if err == nil {
+			err = change(doc)
 		}
-		if err := change(doc); err != nil {
-			return err
+		var b []byte
+		if err == nil {
+			b, err = marshalState(doc)
 		}
-		b, err := marshalState(doc)
 		if err != nil {
 			return err
 		}
@@ -354,8 +330,7 @@ func editLocked[T any](name string, read func() (T, error), change func(T) error
 	})
 }
 
-// lockServe takes the one-serve-per-state-directory lock (SPEC §2.3),
-// held until the returned file is closed.
+// lockServe takes the one-serve-per-state-directory lock (SPEC §2.3).
 func lockServe(s state) (*os.File, error) {
 	if s.dir == "" {
 		return nil, nil
@@ -368,32 +343,24 @@ func lockServe(s state) (*os.File, error) {
 	return f, err
 }
 
-// staleTempName matches the temporary names placeFile creates:
-// os.CreateTemp's "." + base + ".tmp" + random digits.
+// staleTempName matches placeFile's temporary names: "." + base + ".tmp" + digits.
 var staleTempName = regexp.MustCompile(`^\..+\.tmp[0-9]+$`)
 
-// removeStaleTemps removes (and counts) the temporary files of placeFile a
-// crash left in dir and its answers/<client>/ directories: one may be a
-// whole copy of the vault, whose old secrets would outlive their rotation.
-// The caller holds serve.lock; a temporary file beside a <file>.lock is
-// removed under that lock, so a CLI's write in progress is never cut short.
+// removeStaleTemps removes and counts the temporary files a crash left in
+// dir and answers/*/ (one may copy the vault's old secrets). The caller holds
+// serve.lock; beside a <file>.lock, that lock too, not to cut a CLI's write.
 func removeStaleTemps(dir string) (int, error) {
 	dirs := []string{dir}
-	answers := filepath.Join(dir, "answers")
-	if subs, err := os.ReadDir(answers); err == nil {
-		for _, e := range subs {
-			if e.IsDir() {
-				dirs = append(dirs, filepath.Join(answers, e.Name()))
-			}
+	subs, _ := os.ReadDir(filepath.Join(dir, "answers"))
+	for _, e := range subs {
+		if e.IsDir() {
+			dirs = append(dirs, filepath.Join(dir, "answers", e.Name()))
 		}
 	}
 	n := 0
 	for _, d := range dirs {
 		entries, err := os.ReadDir(d)
-		if errors.Is(err, fs.ErrNotExist) {
-			continue
-		}
-		if err != nil {
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return n, err
 		}
 		for _, e := range entries {
@@ -403,7 +370,7 @@ func removeStaleTemps(dir string) (int, error) {
 			temp := filepath.Join(d, e.Name())
 			target := filepath.Join(d, e.Name()[1:strings.LastIndex(e.Name(), ".tmp")])
 			remove := func() error { return os.Remove(temp) }
-			if _, err := os.Lstat(target + ".lock"); err == nil {
+			if _, err = os.Lstat(target + ".lock"); err == nil {
 				err = withFileLock(target, remove)
 			} else {
 				err = remove()
@@ -417,21 +384,20 @@ func removeStaleTemps(dir string) (int, error) {
 	return n, nil
 }
 
-// decodeStrict is the one strict decoder, for every state file and admin
-// body (SPEC §2.2): invalid UTF-8, duplicate object keys at any depth,
-// unknown members and trailing data are refused, naming role and member.
-// When v is a validator its rules are applied after decoding; their error
-// is returned as is.
+// decodeStrict is the one strict decoder of state files and admin bodies
+// (SPEC §2.2), then v's validate: no bad UTF-8, duplicate or unknown key, or
+// trailing data.
 func decodeStrict(role string, b []byte, v any) error {
 	if !utf8.Valid(b) {
 		return fmt.Errorf("%s is not valid UTF-8", role)
 	}
-	if err := checkDuplicateKeys(json.NewDecoder(bytes.NewReader(b))); err != nil {
-		return fmt.Errorf("%s: %w", role, err)
-	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
+	err := checkDuplicateKeys(json.NewDecoder(bytes.NewReader(b)))
+	if err == nil {
+		err = dec.Decode(v)
+	}
+	if err != nil {
 		return fmt.Errorf("%s: %w", role, err)
 	}
 	if _, err := dec.Token(); err != io.EOF {
@@ -443,22 +409,18 @@ func decodeStrict(role string, b []byte, v any) error {
 	return nil
 }
 
-// validator is a document with rules beyond its shape (schema version, id
-// patterns, uniqueness); validate may also fill in empty sections.
+// validator is a document with rules beyond its shape; validate may also
+// fill in empty sections.
 type validator interface{ validate() error }
 
-// maxJSONDepth is the deepest nesting of arrays and objects Brama reads in
-// any JSON body or state file (SPEC §8.2: deeper is 400 invalid_request).
+// maxJSONDepth is the deepest JSON nesting Brama reads (SPEC §8.2).
 const maxJSONDepth = 1000
 
 // errTooDeep refuses JSON nested deeper than maxJSONDepth.
 var errTooDeep = fmt.Errorf("JSON nests deeper than %d levels", maxJSONDepth)
 
-// checkNesting refuses b when its arrays and objects nest deeper than
-// maxJSONDepth. It only counts brackets outside strings, without
-// allocating, so a hostile body costs one pass over its bytes before any
-// parser sees it (issue 10: a 3,000,000-deep body exhausted the stack).
-// Whether b is JSON at all is left to the parser that follows.
+// checkNesting refuses b nested deeper than maxJSONDepth in one pass without
+// allocating, before any parser runs (issue 10: 3,000,000 deep took the stack).
 func checkNesting(b []byte) error {
 	depth, inString, escaped := 0, false, false
 	for _, c := range b {
@@ -466,12 +428,7 @@ func checkNesting(b []byte) error {
 		case escaped:
 			escaped = false
 		case inString:
-			switch c {
-			case '\\':
-				escaped = true
-			case '"':
-				inString = false
-			}
+			escaped, inString = c == '\\', c != '"'
 		case c == '"':
 			inString = true
 		case c == '[' || c == '{':
@@ -485,66 +442,50 @@ func checkNesting(b []byte) error {
 	return nil
 }
 
-// checkDuplicateKeys walks one JSON value token by token and refuses an
-// object that names a key twice (encoding/json would keep the last). It
-// keeps its own stack, one frame per open array or object, and refuses
-// nesting deeper than maxJSONDepth, so no input can exhaust the goroutine
-// stack or grow the stack without bound.
+// checkDuplicateKeys refuses an object naming a key twice (encoding/json
+// keeps the last), on its own stack bounded by maxJSONDepth.
 func checkDuplicateKeys(dec *json.Decoder) error {
-	type frame struct {
-		seen    map[string]bool // an object's keys so far; nil for an array
-		wantKey bool            // an object's next token is a key
-	}
-	var stack []frame
+	var stack []map[string]bool // an open object's keys so far; nil for an array
+	wantKey := false            // the next token is a key of the top object
 	for {
 		tok, err := dec.Token()
 		if err != nil {
 			return err
 		}
-		if d, ok := tok.(json.Delim); ok && (d == '}' || d == ']') {
+		switch tok {
+		case json.Delim('{'), json.Delim('['):
+			if len(stack) == maxJSONDepth {
+				return errTooDeep
+			}
+			var keys map[string]bool
+			if tok == json.Delim('{') {
+				keys = map[string]bool{}
+			}
+			stack, wantKey = append(stack, keys), keys != nil
+			continue
+		case json.Delim('}'), json.Delim(']'):
 			stack = stack[:len(stack)-1] // the decoder checked it closes the top
-			if len(stack) == 0 {
-				return nil
+		default:
+			if key, _ := tok.(string); wantKey {
+				if stack[len(stack)-1][key] {
+					return fmt.Errorf("duplicate key %q", key)
+				}
+				stack[len(stack)-1][key], wantKey = true, false
+				continue
 			}
-			continue
 		}
-		if n := len(stack); n > 0 && stack[n-1].wantKey {
-			key, _ := tok.(string)
-			if stack[n-1].seen[key] {
-				return fmt.Errorf("duplicate key %q", key)
-			}
-			stack[n-1].seen[key], stack[n-1].wantKey = true, false
-			continue
+		if len(stack) == 0 {
+			return nil // the document's one value is complete
 		}
-		if n := len(stack); n > 0 && stack[n-1].seen != nil {
-			stack[n-1].wantKey = true // after this value, a key or '}'
-		}
-		d, ok := tok.(json.Delim)
-		if !ok {
-			if len(stack) == 0 {
-				return nil // a scalar document
-			}
-			continue
-		}
-		if len(stack) == maxJSONDepth {
-			return errTooDeep
-		}
-		f := frame{}
-		if d == '{' {
-			f = frame{seen: map[string]bool{}, wantKey: true}
-		}
-		stack = append(stack, f)
+		wantKey = stack[len(stack)-1] != nil // after a member's value, a key or '}'
 	}
 }
 
-// marshalState is the one encoding of Brama's JSON state files: two-space
-// indentation and a final newline, so files diff and read well.
+// marshalState is the one encoding of Brama's JSON state files: indented,
+// with a final newline, so they diff and read well.
 func marshalState(v any) ([]byte, error) {
 	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return nil, err
-	}
-	return append(b, '\n'), nil
+	return append(b, '\n'), err
 }
 
 // vaultDoc is vault.json (SPEC §2.2), the only file that holds secrets.
@@ -560,14 +501,12 @@ type vaultKey struct {
 	APIKey string `json:"api_key"`
 }
 
-// vaultAgent holds one agent's HMAC signing secret (64 hex characters; the
-// key is the string's bytes, SPEC §3.2).
+// vaultAgent holds one agent's HMAC signing secret (SPEC §3.2).
 type vaultAgent struct {
 	SigningSecret string `json:"signing_secret"`
 }
 
-// vaultCredential is one subscription's credential: an API key or an OAuth
-// grant, never both.
+// vaultCredential is one subscription's API key or OAuth grant, never both.
 type vaultCredential struct {
 	APIKey string      `json:"api_key,omitempty"`
 	OAuth  *oauthGrant `json:"oauth,omitempty"`
@@ -582,8 +521,7 @@ type oauthGrant struct {
 	AccountID    string `json:"account_id,omitempty"`
 }
 
-// vault reads (re-reading on change, so a CLI's change applies to a
-// running daemon) and writes vault.json.
+// vault is vault.json, re-read on change so a CLI's edit reaches the daemon.
 type vault struct{ stateFile[*vaultDoc] }
 
 // newVault opens the vault at path; pathErr says why there is none (SPEC §2.1).
@@ -603,8 +541,7 @@ func parseVault(b []byte) (*vaultDoc, error) {
 	return doc, nil
 }
 
-// validate refuses another schema and makes every section non-nil, so
-// writers can assign into it.
+// validate refuses another schema and makes every section non-nil.
 func (d *vaultDoc) validate() error {
 	if d.SchemaVersion != 1 {
 		return fmt.Errorf("vault: schema_version %d is not 1", d.SchemaVersion)
@@ -621,8 +558,7 @@ func (d *vaultDoc) validate() error {
 	return nil
 }
 
-// update changes the vault under its file lock: re-read, apply fn, replace
-// atomically (SPEC §2.3). fn's error leaves the file untouched.
+// update edits the vault under its file lock (SPEC §2.3).
 func (v *vault) update(fn func(d *vaultDoc) error) error {
 	if v.pathErr != nil {
 		return v.pathErr
