@@ -150,16 +150,15 @@ func (s *rawSSEReader) line() ([]byte, error) {
 // passthroughWatch reads a relayed stream's events as far as SPEC §7.5 and
 // §13 need, and a codex stream's output items for a buffered caller.
 type passthroughWatch struct {
-	protocol   string
-	dropUsage  bool // chat: Brama asked for usage itself, so the usage chunk is not relayed
-	usage      usage
-	finished   bool              // the provider sent its terminal signal (chat: a finish_reason)
-	sawDone    bool              // chat: data: [DONE] arrived
-	items      map[int][]byte    // responses: output_item.done items by output_index
-	completed  json.RawMessage   // responses: the final response object
-	collecting bool              // keep items and the final response (a buffered codex caller)
-	scratch    [2][16]jsonMember // member storage for an event and one of its members
-	elems      [4][]byte         // element storage for an event's choices
+	protocol  string
+	dropUsage bool // chat: Brama asked for usage itself, so the usage chunk is not relayed
+	usage     usage
+	finished  bool              // the provider sent its terminal signal (chat: a finish_reason)
+	sawDone   bool              // chat: data: [DONE] arrived
+	items     map[int][]byte    // non-nil for a buffered codex caller: output_item.done items by output_index
+	completed json.RawMessage   // with items: the final response object
+	scratch   [2][16]jsonMember // member storage for an event and one of its members
+	elems     [4][]byte         // element storage for an event's choices
 }
 
 var errEventNotObject = errors.New("the event data is not one JSON object")
@@ -262,15 +261,12 @@ func (pw *passthroughWatch) responsesEvent(typ string, e rawObject) (relay, end 
 		}
 		return false, false, inBandError(f.code)
 	case "response.output_item.done":
-		if !pw.collecting {
+		if pw.items == nil {
 			break
 		}
 		var i int
 		if json.Unmarshal(e.value("output_index"), &i) != nil || rawShape(e.value("item")) != '{' {
 			return false, false, malformedEvent(pw.protocol, errors.New("output item without index or item"))
-		}
-		if pw.items == nil {
-			pw.items = map[int][]byte{}
 		}
 		pw.items[i] = bytes.Clone(e.value("item")) // the reader reuses its buffer
 	case "response.completed", "response.incomplete":
@@ -282,7 +278,7 @@ func (pw *passthroughWatch) responsesEvent(typ string, e rawObject) (relay, end 
 			return false, false, err
 		}
 		pw.finished = true
-		if pw.collecting {
+		if pw.items != nil {
 			pw.completed = bytes.Clone(e.value("response"))
 		}
 		return true, true, nil
@@ -314,9 +310,9 @@ func relayBuffered(w http.ResponseWriter, cr *callerRequest, c call, resp *http.
 	)
 	ct := cmp.Or(resp.Header.Get("Content-Type"), "application/json")
 	if upstreamStreams(p, cr.head) {
-		pw := &passthroughWatch{protocol: p.protocol, collecting: true}
+		pw := &passthroughWatch{protocol: p.protocol, items: map[int][]byte{}}
 		if err = relayWatched(pw, resp.Body, nil); err == nil {
-			body, err = assembledResponse(pw)
+			body = assembledResponse(pw)
 		}
 		u, ct = pw.usage, "application/json" // an assembled answer is Brama's JSON
 	} else if body, err = io.ReadAll(resp.Body); err != nil {
@@ -331,21 +327,19 @@ func relayBuffered(w http.ResponseWriter, cr *callerRequest, c call, resp *http.
 	return u, nil
 }
 
-// assembledResponse is a watched codex stream's final response object, its
-// output the output_item.done items in output_index order when any.
-func assembledResponse(pw *passthroughWatch) ([]byte, error) {
-	o, err := parseRawObject(pw.completed)
-	if err != nil {
-		return nil, malformedAnswer(protoOpenAIResponses, err)
-	}
+// assembledResponse is a watched codex stream's final response object (the
+// watch split it already), its output the output_item.done items in
+// output_index order when any.
+func assembledResponse(pw *passthroughWatch) []byte {
 	if len(pw.items) == 0 {
-		return pw.completed, nil
+		return pw.completed
 	}
 	var items [][]byte
 	for _, i := range slices.Sorted(maps.Keys(pw.items)) {
 		items = append(items, pw.items[i])
 	}
-	return o.edit(memberEdit{"output", append(append([]byte("["), bytes.Join(items, []byte(","))...), ']')}), nil
+	o, _ := splitRawObject(pw.completed, nil)
+	return o.edit(memberEdit{"output", append(append([]byte("["), bytes.Join(items, []byte(","))...), ']')})
 }
 
 // relayPassthroughStream relays a committed stream event by event as
