@@ -85,10 +85,7 @@ func (e *engine) candidateModels(provider string, doc *routesDoc) []string {
 	}
 	n := 0
 	for _, m := range e.catalog.models(provider) {
-		if n == 3 {
-			break
-		}
-		if slices.Contains(m.Modalities.Output, "text") {
+		if n < 3 && slices.Contains(m.Modalities.Output, "text") {
 			out = append(out, m.ID)
 			n++
 		}
