@@ -172,7 +172,7 @@ func (pw *passthroughWatch) watch(event string, data []byte) (relay, end bool, e
 	}
 	if pw.protocol == protoOpenAIChat && string(data) == "[DONE]" {
 		if !pw.finished {
-			return false, false, refuse("provider_incomplete", "the provider stream ended before its terminal signal")
+			return false, false, streamCut(io.EOF)
 		}
 		pw.sawDone = true
 		return true, true, nil
