@@ -95,9 +95,7 @@ func replayKeyOf(clientID, agentID string, body []byte, loose bool) (replayKey, 
 	h := sha256.New()
 	fmt.Fprintf(h, "%d:%s%d:%s%t:", len(clientID), clientID, len(agentID), agentID, loose)
 	h.Write(canonical)
-	var k replayKey
-	h.Sum(k[:0])
-	return k, true
+	return replayKey(h.Sum(nil)), true
 }
 
 // The top-level members a digest leaves out: the stream's, and for the
