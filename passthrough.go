@@ -64,10 +64,26 @@ func readCallerRequest(dialect string, r *http.Request, body []byte) (*callerReq
 			}
 		}
 	}
-	if cr.head.BillingTarget, err = parseCallerBillingTarget(o.value("billingTarget")); err != nil {
+	if cr.head.BillingTarget, err = readBillingTarget(o.value("billingTarget")); err != nil {
 		return nil, err
 	}
 	return cr, nil
+}
+
+// readBillingTarget reads the billingTarget member (SPEC §7.2): absent or
+// null is none; it is never forwarded.
+func readBillingTarget(raw json.RawMessage) (*billingTarget, error) {
+	if rawIsNull(raw) {
+		return nil, nil
+	}
+	var bt billingTarget
+	if rawShape(raw) != '{' || json.Unmarshal(raw, &bt) != nil {
+		return nil, refuse("invalid_request", "billingTarget must be an object with string members")
+	}
+	if bt.SubscriptionID == "" {
+		return nil, refuse("invalid_request", "billingTarget.subscriptionId is required")
+	}
+	return &bt, nil
 }
 
 // translates reports whether a call to p crosses formats: the caller's
