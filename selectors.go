@@ -116,7 +116,6 @@ func dedupeBy[T any, K comparable](xs []T, key func(T) K) []T {
 // candidate in order as a subscription route with its own output limit,
 // skipping a provider whose whole pool already refused.
 func (e *engine) walkSelector(ctx context.Context, j *job, req *callerRequest, cands []resolution) *apiError {
-	agent := e.agent
 	wk := &walk{}
 	poolRefused := map[string]bool{}
 	hadEligible := false
@@ -127,7 +126,7 @@ func (e *engine) walkSelector(ctx context.Context, j *job, req *callerRequest, c
 			wk.note(cand.Route, "skipped: every "+p+" subscription already refused")
 			continue
 		}
-		subs, _, err := e.eligible(agent, p)
+		subs, _, err := e.eligible(e.agent, p)
 		if err != nil {
 			return asAPIError(err).withAttempts(wk.attempts)
 		}
@@ -142,7 +141,7 @@ func (e *engine) walkSelector(ctx context.Context, j *job, req *callerRequest, c
 			continue
 		}
 		hadEligible = true
-		c := &candidate{res: cand, pool: e.order(agent, p, subs), req: req.withLimit(head.MaxTokens), model: cand.Route}
+		c := &candidate{res: cand, pool: e.order(e.agent, p, subs), req: req.withLimit(head.MaxTokens), model: cand.Route}
 		switch out, ae := e.attemptCandidate(ctx, j, c, wk); out {
 		case routeAnswered:
 			return ae
@@ -155,8 +154,8 @@ func (e *engine) walkSelector(ctx context.Context, j *job, req *callerRequest, c
 		return wk.exhausted(e.now())
 	case maxTokensSkip != nil: // every usable candidate needs a max_tokens nobody knows (SPEC §6.4)
 		return asAPIError(maxTokensSkip)
-	case e.allNeedSignIn(agent):
-		return refuse("subscription_reauthorization_required", "agent %q has subscriptions but none has an active credential; sign in again", agent).withAttempts(0)
+	case e.allNeedSignIn(e.agent):
+		return refuse("subscription_reauthorization_required", "agent %q has subscriptions but none has an active credential; sign in again", e.agent).withAttempts(0)
 	}
-	return refuse("credential_unauthorized", "no subscription model can serve agent %q", agent).withAttempts(0)
+	return refuse("credential_unauthorized", "no subscription model can serve agent %q", e.agent).withAttempts(0)
 }
