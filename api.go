@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"cmp"
-	"context"
 	"encoding/json"
 	"errors"
 	"maps"
@@ -275,11 +274,6 @@ func (s *server) handleChat(dialect string) http.HandlerFunc {
 // plan is the engine's plan for callers outside a chat request (onboarding).
 func (s *server) plan(ri *requestInfo, req *chatRequest) (call, error) {
 	return s.engine(ri).plan(ri.client, ri.agentID, req)
-}
-
-// callProvider makes one translated call outside a chat request (onboarding).
-func (s *server) callProvider(ctx context.Context, req chatRequest, c call) attempt {
-	return s.engine(&requestInfo{}).callProvider(ctx, req, c)
 }
 
 // handleEmbeddings serves POST /v1/embeddings: a direct or alias route to an

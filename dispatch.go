@@ -101,8 +101,7 @@ type job struct {
 	build func(ctx context.Context, cand *candidate, c call) (*http.Request, error)
 	// commit answers from a committed call paid by sub (nil: a direct key);
 	// streamed says a failure was written in-band.
-	commit  func(ctx context.Context, cand *candidate, c call, sub *overlayItem, resp *http.Response, attempts int) (u usage, failure *apiError, streamed bool)
-	refused func(c call, a attempt) // optional: what a refused call records (the probe)
+	commit func(ctx context.Context, cand *candidate, c call, sub *overlayItem, resp *http.Response, attempts int) (u usage, failure *apiError, streamed bool)
 }
 
 // call is one planned provider call: where, with what, as which model.
@@ -207,15 +206,7 @@ func (e *engine) directCredential(provider string) (string, error) {
 type attempt struct {
 	resp    *http.Response   // 2xx: the call committed; the body is unread
 	refusal *providerRefusal // a complete non-2xx answer, classified
-	err     *apiError        // no answer: a transport failure, a cut refusal body, or (onboarding) no request
-}
-
-// failure is the refusal a caller gets for a call that did not commit.
-func (a attempt) failure() *apiError {
-	if a.refusal != nil {
-		return a.refusal.err
-	}
-	return a.err
+	err     *apiError        // the refusal's, or no answer: a transport failure or a cut refusal body
 }
 
 // send makes one provider call, the one place an attempt is counted; a
@@ -237,26 +228,16 @@ func (e *engine) send(httpReq *http.Request, c call) attempt {
 		return attempt{err: refuse("provider_incomplete", "provider %q answered %d and its body was cut after %d bytes", p.id, resp.StatusCode, len(body)).because(err)}
 	}
 	ref := classifyRefusal(p.id, resp.StatusCode, resp.Header, body, c.cred.bearer(), e.now())
-	return attempt{refusal: &ref}
-}
-
-// callProvider makes one translated call of a neutral request (onboarding).
-func (e *engine) callProvider(ctx context.Context, req chatRequest, c call) attempt {
-	httpReq, err := buildUpstreamRequest(ctx, c.res.Provider, c.baseURL, c.cred, req, c.res.Model)
-	if err != nil {
-		return attempt{err: asAPIError(err)}
-	}
-	return e.send(httpReq, c)
+	return attempt{refusal: &ref, err: ref.err}
 }
 
 // routeOutcome says how one candidate's calls ended.
 type routeOutcome int
 
 const (
-	routeAnswered     routeOutcome = iota // the caller has its answer (success or the returned refusal)
-	routeRefused                          // every credential of the pool refused or was skipped
-	routeBudgetSpent                      // the budget is spent, some credential untried
-	routeModelRefused                     // (selectors) the provider would not run the request: 400, 404, 422
+	routeAnswered routeOutcome = iota // the caller has its answer (success or the returned refusal)
+	routeRefused                      // every credential of the pool refused or was skipped
+	routeNext                         // the budget is spent with a credential untried, or (selectors) the provider would not run the request
 )
 
 // attemptCandidate makes one candidate's calls within its budget (SPEC
@@ -313,8 +294,9 @@ func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate, 
 			e.ledger.recordUse(sub.ID, p.id, false, 0, 0)
 		}
 		ref := a.refusal
+		wk.last = ref
 		switch {
-		case !b.rotate || a.err != nil: // a transport failure or cut body is potentially billable
+		case !b.rotate || ref == nil: // a transport failure or cut body is potentially billable
 		case ref.class == refusalAuth:
 			wk.auth = true
 			if c.cred.AccessToken == "" || wk.refreshed[sub.ID] {
@@ -339,20 +321,16 @@ func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate, 
 			e.blockFor(*sub, p.id, ref, wk)
 			continue
 		case ref.class == refusalModel && j.kind == kindSelector:
-			wk.model = true
 			wk.rejectedStatus = ref.err.Status()
 			wk.note(cand.res.Route, "refused the request: "+ref.sentence)
-			return routeModelRefused, nil
+			return routeNext, nil
 		}
-		if j.refused != nil {
-			j.refused(c, a)
-		}
-		ae := a.failure().withAttempts(wk.attempts)
+		ae := a.err.withAttempts(wk.attempts)
 		e.settle(j, cand, start, usage{}, ae)
 		return routeAnswered, ae
 	}
 	if len(queue) > 0 {
-		return routeBudgetSpent, nil
+		return routeNext, nil
 	}
 	return routeRefused, nil
 }

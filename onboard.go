@@ -5,12 +5,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"slices"
 	"time"
 )
 
 // `brama onboard` (SPEC §14) walks the first-use journey in-process, no daemon or bearer:
-// state directory → a client → a route → one real answer, through plan and callProvider.
+// state directory → a client → a route → one real answer, through plan and the engine.
 
 // Onboarding steps in journey order, as printed ("done <step>") and kept in
 // onboarding.json, the progress file (SPEC §2.2).
@@ -106,12 +107,19 @@ func onboard(ctx context.Context, getenv func(string) string, sy sys, model stri
 		say("next: brama onboard -model " + cmp.Or(model, "<route>") + " -allow-provider-cost")
 		return nil
 	}
-	a := s.callProvider(ctx, req, c)
-	if ae := a.failure(); ae != nil {
+	j := &job{kind: kindProbe, // one ping, as the probe's (SPEC §11.3)
+		build: func(ctx context.Context, _ *candidate, c call) (*http.Request, error) {
+			return buildUpstreamRequest(ctx, c.res.Provider, c.baseURL, c.cred, req, c.res.Model)
+		},
+		commit: func(_ context.Context, _ *candidate, c call, _ *overlayItem, resp *http.Response, _ int) (usage, *apiError, bool) {
+			a, err := readProviderAnswer(c.res.Provider, req, resp)
+			if err != nil {
+				return usage{}, asAPIError(err), false
+			}
+			return a.Usage, nil, false
+		}}
+	if ae := s.engine(&requestInfo{}).attemptOne(ctx, j, &candidate{res: c.res, baseURL: c.baseURL, key: &c.cred}); ae != nil {
 		return fmt.Errorf("no model answer: %s", ae.Message)
-	}
-	if _, err := readProviderAnswer(c.res.Provider, req, a.resp); err != nil {
-		return fmt.Errorf("no model answer: %s", asAPIError(err).Message)
 	}
 	return mark(stepAnswer, c.res.Route)
 }

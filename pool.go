@@ -50,12 +50,13 @@ type walk struct {
 	attempts         int      // calls made by this request
 	reasons          []string // "<subscription id or route>: <reason>"
 	rate, quota      bool     // a call was refused 429 / for quota
-	auth, model      bool     // a call was refused 401/403 / 400, 404, 413, 422 (selectors)
-	rejectedStatus   int      // the HTTP status of the last model refusal (SPEC §7.2.5 e)
+	auth             bool     // a call was refused 401/403
+	rejectedStatus   int      // (selectors) the HTTP status of the last 400, 404, 413, 422 refusal (SPEC §7.2.5 e)
 	blocked          bool     // a subscription was skipped as blocked
 	refreshTransport *apiError
 	earliestBlockEnd time.Time
-	refreshed        map[string]bool // grants refreshed in this request
+	refreshed        map[string]bool  // grants refreshed in this request
+	last             *providerRefusal // the last call's refusal (the probe records a 401 or 403)
 }
 
 func (wk *walk) note(who, reason string) {
@@ -86,7 +87,7 @@ func (wk *walk) exhausted(now time.Time) *apiError {
 		ae = refuse("provider_quota_exhausted", "the provider says the quota is spent: %s", list)
 	case wk.auth:
 		ae = refuse("subscription_reauthorization_required", "the provider refused the credentials; sign in again: %s", list)
-	case wk.model && wk.rejectedStatus != 0: // a selector's calls all refused the request: the last status
+	case wk.rejectedStatus != 0: // a selector's calls all refused the request: the last status
 		ae = refuse("provider_rejected", "every candidate refused the request: %s", list)
 		ae.ProviderStatus = wk.rejectedStatus
 	default:

@@ -70,14 +70,12 @@ func (e *engine) probe(ctx context.Context, it overlayItem, model string) (probe
 			ok, detail = true, fmt.Sprintf("%s answered (%d output tokens)", c.res.Route, ans.Usage.OutputTokens)
 			return ans.Usage, nil, false
 		},
-		refused: func(c call, a attempt) { // a 401 or 403 is recorded, not retried
-			if a.refusal != nil && a.refusal.class == refusalAuth {
-				e.ledger.setCredential(it.ID, p.id, credNeedsReauth, cmp.Or(a.refusal.sentence, a.refusal.err.Message))
-			}
-		},
 	}
 	wk := &walk{}
 	out, ae := e.attemptCandidate(ctx, j, &candidate{res: res, pool: []overlayItem{it}}, wk)
+	if r := wk.last; r != nil && r.class == refusalAuth { // a 401 or 403 is recorded, not retried
+		e.ledger.setCredential(it.ID, p.id, credNeedsReauth, cmp.Or(r.sentence, r.err.Message))
+	}
 	switch {
 	case detail != "":
 	case out == routeRefused: // the grant could not be refreshed

@@ -21,26 +21,22 @@ import (
 // received (a stream's events each flushed at once) and read only for
 // usage (§13) and what §7.5 needs: terminal signal and in-band error.
 
-// passthroughUsage holds the usage members of all three formats.
+// passthroughUsage holds the usage members of all three formats (the
+// responses format's are messages' without the cache counts).
 type passthroughUsage struct {
-	PromptTokens             int `json:"prompt_tokens"`
-	CompletionTokens         int `json:"completion_tokens"`
-	InputTokens              int `json:"input_tokens"`
-	OutputTokens             int `json:"output_tokens"`
-	CacheCreationInputTokens int `json:"cache_creation_input_tokens"`
-	CacheReadInputTokens     int `json:"cache_read_input_tokens"`
+	chatUsage
+	messagesUsage
 }
 
-// count is the usage in Brama's terms; Anthropic's cached input counts, as
-// OpenAI's does.
+// count is the usage in Brama's terms.
 func (u *passthroughUsage) count(protocol string) usage {
-	if u == nil {
+	switch {
+	case u == nil:
 		return usage{}
+	case protocol == protoOpenAIChat:
+		return u.chatUsage.neutral()
 	}
-	if protocol == protoOpenAIChat {
-		return usage{InputTokens: u.PromptTokens, OutputTokens: u.CompletionTokens, Reported: true}
-	}
-	return usage{InputTokens: u.InputTokens + u.CacheCreationInputTokens + u.CacheReadInputTokens, OutputTokens: u.OutputTokens, Reported: true}
+	return usage{InputTokens: u.input(), OutputTokens: u.OutputTokens, Reported: true}
 }
 
 // bufferedUsage reads the usage of a buffered answer; a body that is not a
