@@ -29,15 +29,7 @@ func (e *engine) countTokens(ctx context.Context, w http.ResponseWriter, req *ca
 	}
 	j := &job{kind: kindCountTokens,
 		build: func(ctx context.Context, _ *candidate, c call) (*http.Request, error) {
-			edits, err := req.baseEdits(c.res.Provider, c.cred, c.res.Model)
-			if err != nil {
-				return nil, err
-			}
-			path := "/v1/messages/count_tokens"
-			if req.query != "" {
-				path += "?" + req.query
-			}
-			return newPassthroughRequest(ctx, c, req.header, path, req.body.edit(edits...), false)
+			return req.passthrough(ctx, c, "/v1/messages/count_tokens", false)
 		},
 		commit: func(_ context.Context, _ *candidate, c call, _ *overlayItem, resp *http.Response, attempts int) (usage, *apiError, bool) {
 			var ans countTokensAnswer

@@ -41,25 +41,38 @@ func parseRawObject(src []byte) (rawObject, error) {
 // the members kept in scratch's storage (a hot loop parses one event after
 // another).
 func splitRawObject(src []byte, scratch []jsonMember) (rawObject, error) {
+	o, ok := splitRaw(src, '{', scratch)
+	if !ok {
+		return o, refuse("invalid_request", "the request body must be a JSON object")
+	}
+	return o, nil
+}
+
+// splitRaw splits the valid JSON object or array (open '{' or '[') at the
+// start of src into its members; an array's have no key.
+func splitRaw(src []byte, open byte, scratch []jsonMember) (rawObject, bool) {
 	i := skipJSONSpace(src, 0)
-	if i >= len(src) || src[i] != '{' {
-		return rawObject{}, refuse("invalid_request", "the request body must be a JSON object")
+	if i >= len(src) || src[i] != open {
+		return rawObject{}, false
 	}
 	o := rawObject{src: src, members: scratch[:0]}
 	for i++; ; {
 		sep := i
 		i = skipJSONSpace(src, i)
-		if src[i] == '}' {
-			return o, nil
+		if src[i] == '}' || src[i] == ']' {
+			return o, true
 		}
 		if src[i] == ',' {
 			i = skipJSONSpace(src, i+1)
 		}
-		keyEnd := skipJSONString(src, i)
-		val := skipJSONSpace(src, skipJSONSpace(src, keyEnd)+1) // past ':'
-		end := skipJSONValue(src, val)
-		o.members = append(o.members, jsonMember{key: rawText(src[i:keyEnd]), sep: sep, val: val, end: end})
-		i = end
+		m := jsonMember{sep: sep, val: i}
+		if open == '{' {
+			keyEnd := skipJSONString(src, i)
+			m.key, m.val = rawText(src[i:keyEnd]), skipJSONSpace(src, skipJSONSpace(src, keyEnd)+1) // past ':'
+		}
+		m.end = skipJSONValue(src, m.val)
+		o.members = append(o.members, m)
+		i = m.end
 	}
 }
 
@@ -130,25 +143,6 @@ func rawText(raw []byte) []byte {
 	var s string
 	json.Unmarshal(raw, &s)
 	return []byte(s)
-}
-
-// rawArray splits a (valid) JSON array into its elements' bytes, kept in
-// scratch's storage; anything else has none.
-func rawArray(b []byte, scratch [][]byte) [][]byte {
-	i := skipJSONSpace(b, 0)
-	if i >= len(b) || b[i] != '[' {
-		return nil
-	}
-	out := scratch[:0]
-	for i = skipJSONSpace(b, i+1); i < len(b) && b[i] != ']'; i = skipJSONSpace(b, i) {
-		if b[i] == ',' {
-			i = skipJSONSpace(b, i+1)
-		}
-		end := skipJSONValue(b, i)
-		out = append(out, b[i:end])
-		i = end
-	}
-	return out
 }
 
 // skipJSONSpace returns the index of the first non-space byte at or after i.

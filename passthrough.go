@@ -124,10 +124,7 @@ func (cr *callerRequest) translated() chatRequest {
 // provider's rules (§6.2) edited, every other member kept byte for byte.
 func buildPassthroughRequest(ctx context.Context, c call, cr *callerRequest) (*http.Request, error) {
 	p := c.res.Provider
-	edits, err := cr.baseEdits(p, c.cred, c.res.Model)
-	if err != nil {
-		return nil, err
-	}
+	var edits []memberEdit
 	if cr.head.MaxTokens > 0 && !cr.callerLimit && p.id != "codex" {
 		edits = append(edits, memberEdit{outputLimitMember(p), strconv.AppendInt(nil, int64(cr.head.MaxTokens), 10)})
 	}
@@ -146,29 +143,29 @@ func buildPassthroughRequest(ctx context.Context, c call, cr *callerRequest) (*h
 			edits = append(edits, memberEdit{"instructions", ins})
 		}
 	}
-	path := formatOf(p.protocol).path
-	if p.protocol == protoAnthropic && cr.query != "" {
-		path += "?" + cr.query // Anthropic's clients send ?beta=true; the API takes it (README)
-	}
-	return newPassthroughRequest(ctx, c, cr.header, path, cr.body.edit(edits...), upstreamStreams(p, cr.head))
+	return cr.passthrough(ctx, c, formatOf(p.protocol).path, upstreamStreams(p, cr.head), edits...)
 }
 
-// baseEdits are the edits every passthrough body gets, count_tokens too:
-// the route's model, no billingTarget, and claude-code's system prefix on
-// OAuth traffic (SPEC §6.2).
-func (cr *callerRequest) baseEdits(p providerInfo, cred upstreamCredential, model string) ([]memberEdit, error) {
-	m, _ := json.Marshal(model)
-	edits := []memberEdit{{"model", m}, {"billingTarget", nil}}
-	if p.id == "claude-code" && cred.AccessToken != "" {
+// passthrough is a same-format call's request to path, count_tokens too:
+// the caller's body with the route's model, no billingTarget, claude-code's
+// system prefix on OAuth traffic (SPEC §6.2), then edits.
+func (cr *callerRequest) passthrough(ctx context.Context, c call, path string, stream bool, edits ...memberEdit) (*http.Request, error) {
+	m, _ := json.Marshal(c.res.Model)
+	base := []memberEdit{{"model", m}, {"billingTarget", nil}}
+	p := c.res.Provider
+	if p.id == "claude-code" && c.cred.AccessToken != "" {
 		sys, err := claudeCodeSystem(cr.body.value("system"))
 		if err != nil {
 			return nil, err
 		}
 		if sys != nil {
-			edits = append(edits, memberEdit{"system", sys})
+			base = append(base, memberEdit{"system", sys})
 		}
 	}
-	return edits, nil
+	if p.protocol == protoAnthropic && cr.query != "" {
+		path += "?" + cr.query // Anthropic's clients send ?beta=true; the API takes it (README)
+	}
+	return newPassthroughRequest(ctx, c, cr.header, path, cr.body.edit(append(base, edits...)...), stream)
 }
 
 // outputLimitMember is the member Brama adds for the output limit: the

@@ -153,8 +153,7 @@ type passthroughWatch struct {
 	sawDone   bool              // chat: data: [DONE] arrived
 	items     map[int][]byte    // non-nil for a buffered codex caller: output_item.done items by output_index
 	completed json.RawMessage   // with items: the final response object
-	scratch   [2][16]jsonMember // member storage for an event and one of its members
-	elems     [4][]byte         // element storage for an event's choices
+	scratch   [3][16]jsonMember // member storage for an event, one of its members, and its choices
 }
 
 var errEventNotObject = errors.New("the event data is not one JSON object")
@@ -203,13 +202,13 @@ func (pw *passthroughWatch) chatEvent(event string, e rawObject) (relay, end boo
 	if u.Reported {
 		pw.usage = u
 	}
-	choices := rawArray(e.value("choices"), pw.elems[:])
-	for _, c := range choices {
-		if co, err := splitRawObject(c, pw.scratch[1][:]); err == nil && len(rawText(co.value("finish_reason"))) > 0 {
+	choices, _ := splitRaw(e.value("choices"), '[', pw.scratch[2][:])
+	for _, c := range choices.members {
+		if co, err := splitRawObject(choices.src[c.val:c.end], pw.scratch[1][:]); err == nil && len(rawText(co.value("finish_reason"))) > 0 {
 			pw.finished = true
 		}
 	}
-	return !(pw.dropUsage && u.Reported && len(choices) == 0), false, nil
+	return !(pw.dropUsage && u.Reported && len(choices.members) == 0), false, nil
 }
 
 // messagesEvent: message_stop ends; usage comes in message_start and _delta.

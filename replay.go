@@ -157,8 +157,10 @@ func (g *replayGuard) lookupRequest(client, agent string, body []byte) (replayEn
 	return replayEntry{}, false
 }
 
-// forget drops every entry whose time has passed. mu must be held.
-func (g *replayGuard) forget(now time.Time) {
+// lock takes mu and forgets every entry whose time has passed.
+func (g *replayGuard) lock() time.Time {
+	now := g.now()
+	g.mu.Lock()
 	for len(g.queue) > 0 && !now.Before(g.queue[0].until) {
 		q := g.queue[0]
 		g.queue = g.queue[1:]
@@ -172,14 +174,13 @@ func (g *replayGuard) forget(now time.Time) {
 	if len(g.queue) == 0 {
 		g.queue = nil // let the backing array go
 	}
+	return now
 }
 
 // lookup returns the refusal remembered for k, if its time has not passed.
 func (g *replayGuard) lookup(k replayKey) (replayEntry, bool) {
-	now := g.now()
-	g.mu.Lock()
+	now := g.lock()
 	defer g.mu.Unlock()
-	g.forget(now)
 	e, ok := g.refused[k]
 	return e, ok && now.Before(e.until)
 }
@@ -187,20 +188,16 @@ func (g *replayGuard) lookup(k replayKey) (replayEntry, bool) {
 // holds reports whether any refusal of client is remembered now; when none
 // is, a request needs no digest.
 func (g *replayGuard) holds(client string) bool {
-	now := g.now()
-	g.mu.Lock()
+	g.lock()
 	defer g.mu.Unlock()
-	g.forget(now)
 	return g.byClient[client] > 0
 }
 
 // remember keeps e for client's request k until the window ends.
 func (g *replayGuard) remember(client string, k replayKey, e replayEntry) {
-	now := g.now()
-	e.at, e.until = now, now.Add(g.window)
-	g.mu.Lock()
+	now := g.lock()
 	defer g.mu.Unlock()
-	g.forget(now)
+	e.at, e.until = now, now.Add(g.window)
 	g.refused[k] = e
 	g.queue = append(g.queue, replayQueued{k, client, e.until})
 	g.byClient[client]++
@@ -208,9 +205,8 @@ func (g *replayGuard) remember(client string, k replayKey, e replayEntry) {
 
 // size is the number of refusals remembered now.
 func (g *replayGuard) size() int {
-	g.mu.Lock()
+	g.lock()
 	defer g.mu.Unlock()
-	g.forget(g.now())
 	return len(g.refused)
 }
 
