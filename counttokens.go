@@ -19,14 +19,6 @@ func (e *engine) countTokens(ctx context.Context, w http.ResponseWriter, req *ca
 		writeJSON(w, http.StatusOK, countTokensAnswer{ptrTo(estimateInputTokens(req.body))})
 		return nil
 	}
-	cand := &candidate{res: c.res, baseURL: c.baseURL, key: &c.cred, req: req}
-	if c.res.Mode == modeSubscription {
-		subs, err := e.subscriptionPool(e.agent, c.res, req.head.BillingTarget)
-		if err != nil {
-			return err
-		}
-		cand.key, cand.pool = nil, subs[:1]
-	}
 	j := &job{kind: kindCountTokens,
 		build: func(ctx context.Context, _ *candidate, c call) (*http.Request, error) {
 			return req.passthrough(ctx, c, "/v1/messages/count_tokens", false)
@@ -41,7 +33,7 @@ func (e *engine) countTokens(ctx context.Context, w http.ResponseWriter, req *ca
 			writeJSON(w, http.StatusOK, ans)
 			return usage{}, nil, false
 		}}
-	if ae := e.attemptOne(ctx, j, cand); ae != nil {
+	if ae := e.attemptRoute(ctx, j, c, req); ae != nil {
 		return ae
 	}
 	return nil

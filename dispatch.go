@@ -254,6 +254,9 @@ func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate, 
 			return routeAnswered, refuse("dependency_unavailable", "provider %q has an unusable base URL: %v", p.id, err).withAttempts(wk.attempts)
 		}
 		queue = slices.Clone(cand.pool)
+		if !b.rotate { // one credential: the pool's first (count_tokens, the probe)
+			queue = queue[:min(len(queue), 1)]
+		}
 	}
 	for calls := 0; len(queue) > 0 && calls < b.calls; {
 		sub := &queue[0]
@@ -368,9 +371,21 @@ func (e *engine) refused(ae *apiError, hungUp, streamed bool) {
 	}
 }
 
-// attemptOne serves a route of one candidate: its answer, or the walk's
-// one refusal when its pool found no success (SPEC §7.2.5).
-func (e *engine) attemptOne(ctx context.Context, j *job, cand *candidate) *apiError {
+// attemptRoute serves a direct or subscription route, one candidate: its
+// answer, or the walk's one refusal when its pool found no success (SPEC
+// §7.2.5). req is a chat call's or count_tokens' (nil: a direct route's).
+func (e *engine) attemptRoute(ctx context.Context, j *job, c call, req *callerRequest) *apiError {
+	cand := &candidate{res: c.res, baseURL: c.baseURL, key: &c.cred, req: req}
+	if req != nil {
+		cand.model = req.head.Model
+	}
+	if c.res.Mode == modeSubscription {
+		subs, err := e.subscriptionPool(e.agent, c.res, req.head.BillingTarget)
+		if err != nil {
+			return asAPIError(err)
+		}
+		cand.key, cand.pool = nil, subs
+	}
 	wk := &walk{}
 	if out, ae := e.attemptCandidate(ctx, j, cand, wk); out == routeAnswered {
 		return ae
@@ -399,15 +414,10 @@ func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *call
 	switch c.res.Mode {
 	case modeDirect, modeAlias:
 		j.kind = kindDirect
-		ae = e.attemptOne(ctx, j, &candidate{res: c.res, baseURL: c.baseURL, key: &c.cred, req: req, model: req.head.Model})
+		ae = e.attemptRoute(ctx, j, c, req)
 	case modeSubscription:
 		j.kind = kindSubscription
-		subs, err := e.subscriptionPool(e.agent, c.res, req.head.BillingTarget)
-		if err != nil {
-			ae = asAPIError(err)
-			break
-		}
-		ae = e.attemptOne(ctx, j, &candidate{res: c.res, pool: subs, req: req, model: req.head.Model})
+		ae = e.attemptRoute(ctx, j, c, req)
 	default:
 		j.kind = kindSelector
 		ae = e.walkSelector(ctx, j, req, cands)

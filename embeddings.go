@@ -32,7 +32,7 @@ func (e *engine) serveEmbeddings(ctx context.Context, w http.ResponseWriter, mod
 			return usage{}, nil, false
 		},
 	}
-	if ae := e.attemptOne(ctx, j, &candidate{res: c.res, baseURL: c.baseURL, key: &c.cred}); ae != nil {
+	if ae := e.attemptRoute(ctx, j, c, nil); ae != nil {
 		return ae
 	}
 	return nil

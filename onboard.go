@@ -118,7 +118,7 @@ func onboard(ctx context.Context, getenv func(string) string, sy sys, model stri
 			}
 			return a.Usage, nil, false
 		}}
-	if ae := s.engine(&requestInfo{}).attemptOne(ctx, j, &candidate{res: c.res, baseURL: c.baseURL, key: &c.cred}); ae != nil {
+	if ae := s.engine(&requestInfo{}).attemptRoute(ctx, j, c, nil); ae != nil {
 		return fmt.Errorf("no model answer: %s", ae.Message)
 	}
 	return mark(stepAnswer, c.res.Route)
