@@ -71,6 +71,7 @@ type engine struct {
 	maint      *maintainer
 	agent      string // the paying agent of this request ("" for a direct route)
 	t          tally
+	wk         walk // the request's one walk over candidates and credentials
 }
 
 // tally is one request's account: what the log line learns from the engine.
@@ -202,33 +203,27 @@ func (e *engine) directCredential(provider string) (string, error) {
 	return key, nil
 }
 
-// attempt is one provider call's outcome before anything reaches the caller.
-type attempt struct {
-	resp    *http.Response   // 2xx: the call committed; the body is unread
-	refusal *providerRefusal // a complete non-2xx answer, classified
-	err     *apiError        // the refusal's, or no answer: a transport failure or a cut refusal body
-}
-
-// send makes one provider call, the one place an attempt is counted; a
-// refusal is read whole, a 2xx body left for the commit.
-func (e *engine) send(httpReq *http.Request, c call) attempt {
+// send makes one provider call, the one place an attempt is counted: a 2xx
+// (the body unread, for the commit), else the failure and, for a complete
+// non-2xx answer, its classified refusal.
+func (e *engine) send(httpReq *http.Request, c call) (*http.Response, *providerRefusal, *apiError) {
 	p := c.res.Provider
 	e.t.attempts++
 	e.calls.Add(1)
 	resp, err := e.client.Do(httpReq)
 	if err != nil {
-		return attempt{err: classifyTransport(err)}
+		return nil, nil, classifyTransport(err)
 	}
 	if resp.StatusCode >= 200 && resp.StatusCode <= 299 {
-		return attempt{resp: resp}
+		return resp, nil, nil
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return attempt{err: refuse("provider_incomplete", "provider %q answered %d and its body was cut after %d bytes", p.id, resp.StatusCode, len(body)).because(err)}
+		return nil, nil, refuse("provider_incomplete", "provider %q answered %d and its body was cut after %d bytes", p.id, resp.StatusCode, len(body)).because(err)
 	}
 	ref := classifyRefusal(p.id, resp.StatusCode, resp.Header, body, c.cred.bearer(), e.now())
-	return attempt{refusal: &ref, err: ref.err}
+	return nil, &ref, ref.err
 }
 
 // routeOutcome says how one candidate's calls ended.
@@ -245,13 +240,13 @@ const (
 // subscriptions and refreshing expired grants. A rotating kind moves on only
 // after a refusal proving nothing was generated (a second call could double
 // cost or tool effects); routeAnswered comes with the refusal to write.
-func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate, wk *walk) (routeOutcome, *apiError) {
-	b, p := budgets[j.kind], cand.res.Provider
+func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate) (routeOutcome, *apiError) {
+	b, p, wk := budgets[j.kind], cand.res.Provider, &e.wk
 	baseURL, queue := cand.baseURL, []overlayItem{{}} // a direct route: one call on its key
 	if cand.key == nil {
 		var err error
 		if baseURL, err = providerBaseURL(p, e.getenv); err != nil {
-			return routeAnswered, refuse("dependency_unavailable", "provider %q has an unusable base URL: %v", p.id, err).withAttempts(wk.attempts)
+			return routeAnswered, refuse("dependency_unavailable", "provider %q has an unusable base URL: %v", p.id, err).withAttempts(e.t.attempts)
 		}
 		queue = slices.Clone(cand.pool)
 		if !b.rotate { // one credential: the pool's first (count_tokens, the probe)
@@ -272,31 +267,29 @@ func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate, 
 				continue
 			}
 			var err error
-			if c.cred, err = e.subscriptionCredential(ctx, *sub, wk, ""); errors.Is(err, errSkipSubscription) {
+			if c.cred, err = e.subscriptionCredential(ctx, *sub, ""); errors.Is(err, errSkipSubscription) {
 				continue
 			} else if err != nil {
-				return routeAnswered, asAPIError(err).withAttempts(wk.attempts)
+				return routeAnswered, asAPIError(err).withAttempts(e.t.attempts)
 			}
 		}
 		start := e.now()
 		httpReq, err := j.build(ctx, cand, c)
 		if err != nil { // the request could not be built: nothing was called
 			ae := asAPIError(err)
-			if wk.attempts > 0 {
-				ae = ae.withAttempts(wk.attempts)
+			if e.t.attempts > 0 {
+				ae = ae.withAttempts(e.t.attempts)
 			}
 			return routeAnswered, ae
 		}
-		a := e.send(httpReq, c)
+		resp, ref, failure := e.send(httpReq, c)
 		calls++
-		wk.attempts++
-		if a.resp != nil {
-			return routeAnswered, e.commit(ctx, j, cand, c, sub, a.resp, wk.attempts, start)
+		if resp != nil {
+			return routeAnswered, e.commit(ctx, j, cand, c, sub, resp, e.t.attempts, start)
 		}
 		if sub != nil && b.rotate {
 			e.ledger.recordUse(sub.ID, p.id, false, 0, 0)
 		}
-		ref := a.refusal
 		wk.last = ref
 		switch {
 		case !b.rotate || ref == nil: // a transport failure or cut body is potentially billable
@@ -309,9 +302,9 @@ func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate, 
 			}
 			// A grant not yet refreshed here: refresh it and, if a call remains,
 			// retry this subscription. A failed refresh recorded what it proved.
-			_, err := e.subscriptionCredential(ctx, *sub, wk, c.cred.AccessToken)
+			_, err := e.subscriptionCredential(ctx, *sub, c.cred.AccessToken)
 			if err != nil && !errors.Is(err, errSkipSubscription) {
-				return routeAnswered, asAPIError(err).withAttempts(wk.attempts)
+				return routeAnswered, asAPIError(err).withAttempts(e.t.attempts)
 			}
 			if err == nil {
 				wk.note(sub.ID, "refused the access token; refreshed")
@@ -321,14 +314,14 @@ func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate, 
 			}
 			continue
 		case ref.class == refusalRate || ref.class == refusalQuota:
-			e.blockFor(*sub, p.id, ref, wk)
+			e.blockFor(*sub, p.id, ref)
 			continue
 		case ref.class == refusalModel && j.kind == kindSelector:
 			wk.rejectedStatus = ref.err.Status()
 			wk.note(cand.res.Route, "refused the request: "+ref.sentence)
 			return routeNext, nil
 		}
-		ae := a.err.withAttempts(wk.attempts)
+		ae := failure.withAttempts(e.t.attempts)
 		e.settle(j, cand, start, usage{}, ae)
 		return routeAnswered, ae
 	}
@@ -386,11 +379,10 @@ func (e *engine) attemptRoute(ctx context.Context, j *job, c call, req *callerRe
 		}
 		cand.key, cand.pool = nil, subs
 	}
-	wk := &walk{}
-	if out, ae := e.attemptCandidate(ctx, j, cand, wk); out == routeAnswered {
+	if out, ae := e.attemptCandidate(ctx, j, cand); out == routeAnswered {
 		return ae
 	}
-	return wk.exhausted(e.now())
+	return e.exhausted()
 }
 
 // serveChat answers a planned chat request on w, or returns the refusal

@@ -47,7 +47,6 @@ func (p *pins) set(agent, provider, id string, until time.Time) {
 // walk is a request's account of its calls and skips, from which an
 // exhausted walk's one refusal is chosen (SPEC §7.2.5).
 type walk struct {
-	attempts         int      // calls made by this request
 	reasons          []string // "<subscription id or route>: <reason>"
 	rate, quota      bool     // a call was refused 429 / for quota
 	auth             bool     // a call was refused 401/403
@@ -71,15 +70,16 @@ func (wk *walk) noteBlock(until time.Time) {
 
 // exhausted is the one refusal of a walk that found no success (SPEC
 // §7.2.5, first match).
-func (wk *walk) exhausted(now time.Time) *apiError {
+func (e *engine) exhausted() *apiError {
+	wk, n := &e.wk, e.t.attempts
 	list := strings.Join(wk.reasons, "; ")
 	var ae *apiError
 	switch {
-	case wk.attempts == 0 && wk.refreshTransport != nil:
+	case n == 0 && wk.refreshTransport != nil:
 		ae = refuse("dependency_unavailable", "%s", wk.refreshTransport.Message).because(wk.refreshTransport.Err)
-	case wk.attempts == 0 && wk.blocked:
+	case n == 0 && wk.blocked:
 		ae = refuse("subscription_unavailable", "every eligible subscription is blocked: %s", list)
-	case wk.attempts == 0:
+	case n == 0:
 		ae = refuse("subscription_reauthorization_required", "no subscription could be refreshed; sign in again: %s", list)
 	case wk.rate:
 		ae = refuse("provider_rate_limited", "the provider refused for rate: %s", list)
@@ -94,9 +94,9 @@ func (wk *walk) exhausted(now time.Time) *apiError {
 		ae = refuse("provider_failure", "every candidate was refused: %s", list)
 	}
 	if ae.Status() == http.StatusTooManyRequests && !wk.earliestBlockEnd.IsZero() { // SPEC §7.2.5
-		ae.RetryAfter = max(wk.earliestBlockEnd.Sub(now), time.Second)
+		ae.RetryAfter = max(wk.earliestBlockEnd.Sub(e.now()), time.Second)
 	}
-	return ae.withAttempts(wk.attempts)
+	return ae.withAttempts(n)
 }
 
 // eligible is the agent's non-retired subscriptions of provider with an
@@ -146,7 +146,8 @@ var errSkipSubscription = errors.New("subscription skipped")
 
 // subscriptionCredential is what a call on sub presents, an expired grant
 // or a just refusedToken refreshed first (SPEC §7.2.3, §11.1).
-func (e *engine) subscriptionCredential(ctx context.Context, sub overlayItem, wk *walk, refusedToken string) (upstreamCredential, error) {
+func (e *engine) subscriptionCredential(ctx context.Context, sub overlayItem, refusedToken string) (upstreamCredential, error) {
+	wk := &e.wk
 	vc, err := e.inv.credential(sub.ID)
 	if err != nil {
 		return upstreamCredential{}, refuse("credential_unauthorized", "the vault is unreadable; no credential can be produced").because(err)
@@ -202,7 +203,8 @@ func (e *engine) answerSubscription(ctx context.Context, w http.ResponseWriter, 
 
 // blockFor blocks sub after a rate or quota refusal until the stated reset
 // (none: 15 min; at most 7 days).
-func (e *engine) blockFor(sub overlayItem, provider string, ref *providerRefusal, wk *walk) {
+func (e *engine) blockFor(sub overlayItem, provider string, ref *providerRefusal) {
+	wk := &e.wk
 	d := ref.retryAfter
 	if d <= 0 {
 		d = defaultBlock

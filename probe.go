@@ -71,16 +71,15 @@ func (e *engine) probe(ctx context.Context, it overlayItem, model string) (probe
 			return ans.Usage, nil, false
 		},
 	}
-	wk := &walk{}
-	out, ae := e.attemptCandidate(ctx, j, &candidate{res: res, pool: []overlayItem{it}}, wk)
-	if r := wk.last; r != nil && r.class == refusalAuth { // a 401 or 403 is recorded, not retried
+	out, ae := e.attemptCandidate(ctx, j, &candidate{res: res, pool: []overlayItem{it}})
+	if r := e.wk.last; r != nil && r.class == refusalAuth { // a 401 or 403 is recorded, not retried
 		e.ledger.setCredential(it.ID, p.id, credNeedsReauth, cmp.Or(r.sentence, r.err.Message))
 	}
 	switch {
 	case detail != "":
 	case out == routeRefused: // the grant could not be refreshed
-		detail = "no call was made: " + strings.Join(wk.reasons, "; ")
-	case wk.attempts > 0: // the provider refused, or no answer came
+		detail = "no call was made: " + strings.Join(e.wk.reasons, "; ")
+	case e.t.attempts > 0: // the provider refused, or no answer came
 		detail = ae.Message
 	default: // refused before any call, as a probe's own refusal
 		ae.Attempts = nil

@@ -116,7 +116,7 @@ func dedupeBy[T any, K comparable](xs []T, key func(T) K) []T {
 // candidate in order as a subscription route with its own output limit,
 // skipping a provider whose whole pool already refused.
 func (e *engine) walkSelector(ctx context.Context, j *job, req *callerRequest, cands []resolution) *apiError {
-	wk := &walk{}
+	wk := &e.wk
 	poolRefused := map[string]bool{}
 	hadEligible := false
 	var maxTokensSkip error // set when a candidate was skipped for want of max_tokens
@@ -128,7 +128,7 @@ func (e *engine) walkSelector(ctx context.Context, j *job, req *callerRequest, c
 		}
 		subs, _, err := e.eligible(e.agent, p)
 		if err != nil {
-			return asAPIError(err).withAttempts(wk.attempts)
+			return asAPIError(err).withAttempts(e.t.attempts)
 		}
 		if len(subs) == 0 {
 			wk.note(cand.Route, fmt.Sprintf("no usable %q subscription", p))
@@ -142,7 +142,7 @@ func (e *engine) walkSelector(ctx context.Context, j *job, req *callerRequest, c
 		}
 		hadEligible = true
 		c := &candidate{res: cand, pool: e.order(e.agent, p, subs), req: req.withLimit(head.MaxTokens), model: cand.Route}
-		switch out, ae := e.attemptCandidate(ctx, j, c, wk); out {
+		switch out, ae := e.attemptCandidate(ctx, j, c); out {
 		case routeAnswered:
 			return ae
 		case routeRefused:
@@ -151,7 +151,7 @@ func (e *engine) walkSelector(ctx context.Context, j *job, req *callerRequest, c
 	}
 	switch {
 	case hadEligible:
-		return wk.exhausted(e.now())
+		return e.exhausted()
 	case maxTokensSkip != nil: // every usable candidate needs a max_tokens nobody knows (SPEC §6.4)
 		return asAPIError(maxTokensSkip)
 	case e.allNeedSignIn(e.agent):
