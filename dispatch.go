@@ -13,10 +13,8 @@ import (
 	"time"
 )
 
-// The attempt engine (SPEC §7): every route is a list of candidates, each
-// with an ordered credential pool and a budget of calls (budgets).
-// attemptCandidate is the one loop, send the one call, commit the one
-// abort after commit, settle the one spend record.
+// The attempt engine (SPEC §7): attemptCandidate is the one loop, send the
+// one call, commit the one abort after commit, settle the one spend record.
 
 // routeKind is what the budget table is keyed by.
 type routeKind int
@@ -37,9 +35,7 @@ type budget struct {
 	spends bool // the call's spend is recorded (perf registry, the log line's tokens)
 }
 
-// budgets is the one table of attempt limits: one call on a direct route,
-// at most two on a subscription route and on each selector candidate, one
-// for the probe, embeddings and count_tokens (SPEC §7.1–§7.3, §11.3, §15).
+// budgets is the one table of attempt limits (SPEC §7.1–§7.3, §11.3, §15).
 var budgets = map[routeKind]budget{
 	kindDirect:       {calls: 1, spends: true},
 	kindSubscription: {calls: 2, rotate: true, spends: true},
@@ -85,8 +81,7 @@ type tally struct {
 	remember      func(ae *apiError, attempts int, hungUp, streamed bool) // the replay guard's (SPEC §8.1); nil: none
 }
 
-// candidate is one route the engine may call with its credentials: a
-// direct route's one key, else the ordered subscriptions.
+// candidate is one route with its credentials: a direct key or a pool.
 type candidate struct {
 	res     resolution
 	baseURL string              // a direct route's; a pool's is the provider's
@@ -112,9 +107,8 @@ type call struct {
 	cred    upstreamCredential
 }
 
-// plan resolves a request's head and applies every check made before
-// dispatch but §6.4's output limit: allowlist, model name, who pays,
-// billingTarget, and a direct route's credential (missing: attempts 0).
+// plan resolves a request's head and makes every check before dispatch but
+// §6.4's output limit: allowlist, model, who pays, billingTarget, direct key.
 func (e *engine) plan(cl client, agent string, req *chatRequest) (call, error) {
 	if cl.AllowedModels != nil && !slices.Contains(cl.AllowedModels, req.Model) { // SPEC §3.1
 		return call{}, refuse("forbidden", "this client may not use model %q", req.Model)
@@ -147,9 +141,8 @@ func (e *engine) plan(cl client, agent string, req *chatRequest) (call, error) {
 	return c, err
 }
 
-// planChat is plan plus what a chat call needs before dispatch: the output
-// limit (SPEC §6.4), a selector's candidates, and the translation parse
-// when a call will cross formats.
+// planChat is plan plus a chat call's output limit (SPEC §6.4), a
+// selector's candidates, and the translation parse if a call crosses formats.
 func (e *engine) planChat(cl client, req *callerRequest) (c call, cands []resolution, err error) {
 	if c, err = e.plan(cl, e.agent, &req.head); err != nil {
 		return c, nil, err
@@ -204,8 +197,7 @@ func (e *engine) directCredential(provider string) (string, error) {
 }
 
 // send makes one provider call, the one place an attempt is counted: a 2xx
-// (the body unread, for the commit), else the failure and, for a complete
-// non-2xx answer, its classified refusal.
+// with its body unread, else the failure (and a whole non-2xx's refusal).
 func (e *engine) send(httpReq *http.Request, c call) (*http.Response, *providerRefusal, *apiError) {
 	p := c.res.Provider
 	e.t.attempts++
@@ -236,10 +228,8 @@ const (
 )
 
 // attemptCandidate makes one candidate's calls within its budget (SPEC
-// §7.1–§7.3): the direct key, else the pool in order, skipping blocked
-// subscriptions and refreshing expired grants. A rotating kind moves on only
-// after a refusal proving nothing was generated (a second call could double
-// cost or tool effects); routeAnswered comes with the refusal to write.
+// §7.1–§7.3). A rotating kind moves on only after a refusal proving nothing
+// was generated: a second call could double cost or tool effects.
 func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate) (routeOutcome, *apiError) {
 	b, p, wk := budgets[j.kind], cand.res.Provider, &e.wk
 	baseURL, queue := cand.baseURL, []overlayItem{{}} // a direct route: one call on its key
@@ -300,8 +290,7 @@ func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate) 
 				wk.note(sub.ID, "authentication refused: "+ref.sentence)
 				continue
 			}
-			// A grant not yet refreshed here: refresh it and, if a call remains,
-			// retry this subscription. A failed refresh recorded what it proved.
+			// Refresh a grant not yet refreshed here, retry if a call remains.
 			_, err := e.subscriptionCredential(ctx, *sub, c.cred.AccessToken)
 			if err != nil && !errors.Is(err, errSkipSubscription) {
 				return routeAnswered, asAPIError(err).withAttempts(e.t.attempts)
@@ -331,9 +320,8 @@ func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate) 
 	return routeRefused, nil
 }
 
-// commit answers from a committed call and closes its body; nothing is
-// retried after it (SPEC §7.5). A stream failure, its in-band error
-// written, aborts the response so the body never ends cleanly: the one abort.
+// commit answers from a committed call, never retried (SPEC §7.5); a failed
+// stream, its in-band error written, aborts the response: the one abort.
 func (e *engine) commit(ctx context.Context, j *job, cand *candidate, c call, sub *overlayItem, resp *http.Response, attempts int, start time.Time) *apiError {
 	defer resp.Body.Close()
 	u, ae, streamed := j.commit(ctx, cand, c, sub, resp, attempts)
@@ -356,17 +344,15 @@ func (e *engine) settle(j *job, cand *candidate, start time.Time, u usage, failu
 	}
 }
 
-// refused tells the replay guard of a refusal after dispatch before the
-// caller can read it (SPEC §8.1).
+// refused tells the replay guard of a refusal before the caller reads it.
 func (e *engine) refused(ae *apiError, hungUp, streamed bool) {
 	if e.t.remember != nil && ae != nil {
 		e.t.remember(ae, e.t.attempts, hungUp, streamed)
 	}
 }
 
-// attemptRoute serves a direct or subscription route, one candidate: its
-// answer, or the walk's one refusal when its pool found no success (SPEC
-// §7.2.5). req is a chat call's or count_tokens' (nil: a direct route's).
+// attemptRoute serves a direct or subscription route (req nil: a direct
+// one's): its answer, or the walk's one refusal (SPEC §7.2.5).
 func (e *engine) attemptRoute(ctx context.Context, j *job, c call, req *callerRequest) *apiError {
 	cand := &candidate{res: c.res, baseURL: c.baseURL, key: &c.cred, req: req}
 	if req != nil {
@@ -385,8 +371,7 @@ func (e *engine) attemptRoute(ctx context.Context, j *job, c call, req *callerRe
 	return e.exhausted()
 }
 
-// serveChat answers a planned chat request on w, or returns the refusal
-// unwritten.
+// serveChat answers a planned chat request on w, or returns the refusal.
 func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *callerRequest, c call, cands []resolution) *apiError {
 	j := &job{ // passthrough or translated (SPEC §7.6), a paying subscription's ledger kept
 		build: func(ctx context.Context, cand *candidate, c call) (*http.Request, error) {
@@ -421,9 +406,8 @@ func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *call
 	return ae
 }
 
-// deliver answers from a committed call: passthrough, or translated naming
-// model. A buffered failure is returned unwritten; a stream's is written
-// in-band (streamed) and the response must abort.
+// deliver answers from a committed call, passthrough or translated naming
+// model; a stream's failure is written in-band (streamed), a buffered one not.
 func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, model string, req *callerRequest, c call, resp *http.Response, attempts int) (u usage, failure *apiError, streamed bool) {
 	w.Header().Set("Brama-Route", c.res.Route)
 	p := c.res.Provider
