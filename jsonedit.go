@@ -7,14 +7,11 @@ import (
 	"strconv"
 )
 
-// Passthrough edits a caller's JSON body in place (SPEC §7.6): a few
-// top-level members are replaced, removed or added, and every other byte
-// stays as sent, in order. Members are found by their byte spans and new
-// bytes spliced between them; a value left unchanged is never re-encoded.
+// Passthrough edits a few top-level members of a caller's JSON body (SPEC
+// §7.6) by their byte spans; every other byte stays as sent, never re-encoded.
 
-// jsonMember is one member of a JSON object: its key (rawText) and offsets.
-// Its segment starts at sep, just after the previous value or '{', so the
-// separator before the key belongs to it; val and end bound its value.
+// jsonMember is one member's key (rawText) and offsets: its segment, from sep
+// just after the previous value or '{', holds the comma; val:end is its value.
 type jsonMember struct {
 	key           []byte
 	sep, val, end int
@@ -26,9 +23,8 @@ type rawObject struct {
 	members []jsonMember
 }
 
-// parseRawObject splits src, which must be one JSON object, into its
-// members; anything else is invalid_request. A caller body deeper than
-// SPEC §8.2 allows was refused before any handler (state.go's depth scan).
+// parseRawObject splits src, one JSON object, into its members (too deep a
+// body was refused before any handler: state.go's depth scan).
 func parseRawObject(src []byte) (rawObject, error) {
 	if !json.Valid(src) {
 		var v any
@@ -37,9 +33,8 @@ func parseRawObject(src []byte) (rawObject, error) {
 	return splitRawObject(src, make([]jsonMember, 0, 8))
 }
 
-// splitRawObject is parseRawObject for bytes known to be valid JSON, with
-// the members kept in scratch's storage (a hot loop parses one event after
-// another).
+// splitRawObject is parseRawObject for valid JSON, the members in scratch's
+// storage (a hot loop splits one event after another).
 func splitRawObject(src []byte, scratch []jsonMember) (rawObject, error) {
 	o, ok := splitRaw(src, '{', scratch)
 	if !ok {
@@ -130,9 +125,8 @@ func (o rawObject) edit(edits ...memberEdit) []byte {
 	return append(out, o.src[tail:]...)
 }
 
-// rawText is the text of a JSON string value: bytes of the source when it
-// has no escapes (compare as string(t) == "…", no allocation), else
-// decoded; nil when raw is not a string.
+// rawText is a JSON string's text, the source's bytes when it has no escapes
+// (string(t) == "…" allocates nothing); nil for anything but a string.
 func rawText(raw []byte) []byte {
 	if len(raw) < 2 || raw[0] != '"' {
 		return nil

@@ -10,15 +10,11 @@ import (
 	"strings"
 )
 
-// Native first (SPEC §7.6): when the caller's dialect is the provider's
-// protocol, the request goes out as the caller wrote it but for the few
-// members Brama acts on, and the answer comes back as the provider wrote it
-// (relay.go). Only a call across formats parses the whole body and
-// translates (formats.go).
+// Native first (SPEC §7.6): a same-format call sends the caller's body but
+// for the few members Brama acts on; only a call across formats parses it.
 
-// callerRequest is one caller chat request as dispatch carries it: the raw
-// body, the head Brama acts on, and the neutral request once a call across
-// formats needs it.
+// callerRequest is a caller's chat request: the raw body, the head Brama
+// acts on, the neutral request once a call across formats needs it.
 type callerRequest struct {
 	dialect string
 	body    rawObject   // the caller's body, split into top-level members
@@ -38,9 +34,8 @@ var outputLimitNames = map[string][]string{
 	dialectResponses: {"max_output_tokens"},
 }
 
-// readCallerRequest reads the head of a caller's body leniently: only
-// model, stream, the output limit and billingTarget are looked at, so a
-// member Brama does not know is never a refusal on the passthrough path.
+// readCallerRequest reads the head of a caller's body: a member Brama does
+// not know is never a refusal on the passthrough path.
 func readCallerRequest(dialect string, r *http.Request, body []byte) (*callerRequest, error) {
 	o, err := parseRawObject(body)
 	if err != nil {
@@ -86,14 +81,12 @@ func readBillingTarget(raw json.RawMessage) (*billingTarget, error) {
 	return &bt, nil
 }
 
-// translates reports whether a call to p crosses formats: the caller's
-// dialect is not p's protocol.
+// translates reports whether a call to p crosses formats.
 func (cr *callerRequest) translates(p providerInfo) bool {
 	return formatOf(cr.dialect).protocol != p.protocol
 }
 
 // parseForTranslation parses the whole body into the neutral request, once.
-// A refusal here is a 400 before any call.
 func (cr *callerRequest) parseForTranslation() error {
 	if cr.neutral != nil {
 		return nil
@@ -120,13 +113,17 @@ func (cr *callerRequest) translated() chatRequest {
 }
 
 // buildPassthroughRequest is a same-format call's request (SPEC §7.6): the
-// caller's body with model, billingTarget, the output limit (§6.4) and the
-// provider's rules (§6.2) edited, every other member kept byte for byte.
+// output limit (§6.4) and the provider's rules (§6.2) edited, all else kept.
 func buildPassthroughRequest(ctx context.Context, c call, cr *callerRequest) (*http.Request, error) {
 	p := c.res.Provider
 	var edits []memberEdit
 	if cr.head.MaxTokens > 0 && !cr.callerLimit && p.id != "codex" {
-		edits = append(edits, memberEdit{outputLimitMember(p), strconv.AppendInt(nil, int64(cr.head.MaxTokens), 10)})
+		names := outputLimitNames[formatOf(p.protocol).dialect]
+		name := names[len(names)-1]
+		if p.id == "openai" { // its reasoning models refuse max_tokens
+			name = names[0]
+		}
+		edits = append(edits, memberEdit{name, strconv.AppendInt(nil, int64(cr.head.MaxTokens), 10)})
 	}
 	switch {
 	case cr.addsUsage(p):
@@ -146,9 +143,8 @@ func buildPassthroughRequest(ctx context.Context, c call, cr *callerRequest) (*h
 	return cr.passthrough(ctx, c, formatOf(p.protocol).path, upstreamStreams(p, cr.head), edits...)
 }
 
-// passthrough is a same-format call's request to path, count_tokens too:
-// the caller's body with the route's model, no billingTarget, claude-code's
-// system prefix on OAuth traffic (SPEC §6.2), then edits.
+// passthrough is a same-format request to path, count_tokens too: the
+// route's model, no billingTarget, claude-code's system (SPEC §6.2), edits.
 func (cr *callerRequest) passthrough(ctx context.Context, c call, path string, stream bool, edits ...memberEdit) (*http.Request, error) {
 	m, _ := json.Marshal(c.res.Model)
 	base := []memberEdit{{"model", m}, {"billingTarget", nil}}
@@ -168,20 +164,8 @@ func (cr *callerRequest) passthrough(ctx context.Context, c call, path string, s
 	return newPassthroughRequest(ctx, c, cr.header, path, cr.body.edit(append(base, edits...)...), stream)
 }
 
-// outputLimitMember is the member Brama adds for the output limit: the
-// format's plain name, but OpenAI's own API wants max_completion_tokens
-// (its reasoning models refuse max_tokens).
-func outputLimitMember(p providerInfo) string {
-	names := outputLimitNames[formatOf(p.protocol).dialect]
-	if p.id == "openai" {
-		return names[0]
-	}
-	return names[len(names)-1]
-}
-
-// addsUsage reports whether Brama asks a chat stream for usage itself
-// (SPEC §6.2): the caller sent no stream_options.include_usage, or false.
-// The usage chunk is then Brama's and is not relayed (SPEC §7.6).
+// addsUsage reports whether Brama asks a chat stream for usage itself, the
+// caller not (SPEC §6.2); that usage chunk is not relayed (§7.6).
 func (cr *callerRequest) addsUsage(p providerInfo) bool {
 	if p.protocol != protoOpenAIChat || !upstreamStreams(p, cr.head) {
 		return false
@@ -194,9 +178,8 @@ func (cr *callerRequest) addsUsage(p providerInfo) bool {
 	return string(o.value("include_usage")) != "true"
 }
 
-// claudeCodeSystem is the system member OAuth traffic to Anthropic needs:
-// the Claude Code identity first, then the caller's (blocks keep their
-// bytes, such as cache_control); nil when it already starts so.
+// claudeCodeSystem is OAuth traffic's system: the Claude Code identity, then
+// the caller's blocks byte for byte (cache_control); nil if already so.
 func claudeCodeSystem(raw json.RawMessage) ([]byte, error) {
 	text := func(s string) []byte {
 		b, _ := json.Marshal(map[string]string{"type": "text", "text": s})
@@ -228,9 +211,8 @@ func claudeCodeSystem(raw json.RawMessage) ([]byte, error) {
 	return append(append([]byte("["), bytes.Join(blocks, []byte(","))...), ']'), nil
 }
 
-// codexInstructions is the instructions member a codex body gets (SPEC
-// §6.2): nil when the caller's own is a non-empty string, else the text of
-// its system and developer input items, else the default.
+// codexInstructions is a codex body's instructions (SPEC §6.2): nil to keep
+// the caller's, else its system and developer items' text, else the default.
 func codexInstructions(o rawObject) []byte {
 	var own string
 	if json.Unmarshal(o.value("instructions"), &own) == nil && strings.TrimSpace(own) != "" {
@@ -263,8 +245,7 @@ func codexInstructions(o rawObject) []byte {
 	return b
 }
 
-// newPassthroughRequest builds the HTTP request of a call that sends body
-// as is, with p's credential and format headers (SPEC §6.2).
+// newPassthroughRequest is a call sending body as is, with p's headers.
 func newPassthroughRequest(ctx context.Context, c call, caller http.Header, path string, body []byte, stream bool) (*http.Request, error) {
 	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, c.baseURL+path, bytes.NewReader(body))
 	if err != nil {

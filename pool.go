@@ -10,10 +10,8 @@ import (
 	"time"
 )
 
-// The credential pool (SPEC §7.2, §7.3): an agent's eligible subscriptions
-// of a provider, their order and pin, the grant refreshed before a call,
-// the ledger of each call, and the one refusal of a walk without success.
-// The limits and the loop are dispatch.go's.
+// The credential pool (SPEC §7.2, §7.3): order, pin, refresh, blocks, the
+// ledger of each call, and a walk's one refusal; the loop is dispatch.go's.
 
 // Block lengths (SPEC §7.2.4).
 const (
@@ -68,8 +66,7 @@ func (wk *walk) noteBlock(until time.Time) {
 	}
 }
 
-// exhausted is the one refusal of a walk that found no success (SPEC
-// §7.2.5, first match).
+// exhausted is the one refusal of a walk without success (SPEC §7.2.5).
 func (e *engine) exhausted() *apiError {
 	wk, n := &e.wk, e.t.attempts
 	list := strings.Join(wk.reasons, "; ")
@@ -127,8 +124,7 @@ func (e *engine) order(agent, provider string, subs []overlayItem) []overlayItem
 	return out
 }
 
-// freedomOf is how free a subscription is, compared in order (SPEC
-// §7.2.2): blocked ones last, then the less full first.
+// freedomOf is how free a subscription is, compared in order (SPEC §7.2.2).
 func (e *engine) freedomOf(id string, now time.Time) []float64 {
 	return []float64{b2f(!e.ledger.blockedUntil(id).IsZero()), e.ledger.fullness(id, now)}
 }

@@ -17,9 +17,8 @@ import (
 	"time"
 )
 
-// The passthrough answer (SPEC §7.6): the provider's own bytes, relayed as
-// received (a stream's events each flushed at once) and read only for
-// usage (§13) and what §7.5 needs: terminal signal and in-band error.
+// The passthrough answer (SPEC §7.6): the provider's own bytes as received,
+// read only for usage (§13), terminal signal and in-band error (§7.5).
 
 // passthroughUsage holds the usage members of all three formats (the
 // responses format's are messages' without the cache counts).
@@ -63,9 +62,8 @@ func usageOf(protocol string, raw json.RawMessage) (usage, error) {
 	return u.count(protocol), nil
 }
 
-// rawSSEReader splits a provider's event stream into blocks as received:
-// an event's lines up to and including the blank line ending it; lines end
-// at "\n". Like sseReader, no length limit and no timeout (SPEC §7.4).
+// rawSSEReader splits a provider's event stream into blocks (an event's
+// lines and the blank line ending it) as received; no limits (SPEC §7.4).
 type rawSSEReader struct {
 	r         *bufio.Reader
 	started   bool   // the byte-order mark check is done
@@ -76,9 +74,8 @@ func newRawSSEReader(r io.Reader) *rawSSEReader {
 	return &rawSSEReader{r: bufio.NewReaderSize(r, 16<<10)}
 }
 
-// next returns the next block, its event name and its data lines joined
-// with "\n", valid until the next call; after the last block io.EOF, or
-// io.ErrUnexpectedEOF for a body cut mid-line.
+// next returns the next block, its event name and its data lines, valid
+// until the next call; io.EOF after the last, io.ErrUnexpectedEOF mid-line.
 func (s *rawSSEReader) next() (raw []byte, event string, data []byte, err error) {
 	s.raw, s.data = s.raw[:0], s.data[:0]
 	hasData := false
@@ -124,8 +121,7 @@ func (s *rawSSEReader) ready() bool {
 	return bytes.Contains(b, []byte("\n\n")) || bytes.Contains(b, []byte("\n\r\n"))
 }
 
-// line reads one line with its terminator, the first without a byte-order
-// mark, valid until the next read.
+// line reads one line with its terminator (the first without a BOM).
 func (s *rawSSEReader) line() ([]byte, error) {
 	line, err := s.r.ReadSlice('\n')
 	if errors.Is(err, bufio.ErrBufferFull) {
@@ -158,9 +154,8 @@ type passthroughWatch struct {
 
 var errEventNotObject = errors.New("the event data is not one JSON object")
 
-// watch reads one event: relay it or not, end of stream, or the stream's
-// failure (in-band error: provider_incomplete; malformed: provider_failure).
-// Only the members named here are decoded; the rest is only checked valid.
+// watch reads one event: relay it or not, end of stream, or the failure;
+// only the members named here are decoded, the rest only checked valid.
 func (pw *passthroughWatch) watch(event string, data []byte) (relay, end bool, err error) {
 	if len(data) == 0 && event == "" {
 		return true, false, nil // comments only: the provider's keep-alive
@@ -322,9 +317,8 @@ func relayBuffered(w http.ResponseWriter, cr *callerRequest, c call, resp *http.
 	return u, nil
 }
 
-// assembledResponse is a watched codex stream's final response object (the
-// watch split it already), its output the output_item.done items in
-// output_index order when any.
+// assembledResponse is a watched codex stream's final response, its output
+// the output_item.done items in output_index order when any.
 func assembledResponse(pw *passthroughWatch) []byte {
 	if len(pw.items) == 0 {
 		return pw.completed
@@ -346,8 +340,7 @@ func relayPassthroughStream(sa *streamAnswer, cr *callerRequest, _ chatRequest, 
 }
 
 // relayWatched reads a committed stream through pw, relaying each event to
-// sa as received (nil: a buffered caller); a chat stream completed without
-// [DONE] gets it.
+// sa (nil: a buffered caller); a chat stream ended without [DONE] gets it.
 func relayWatched(pw *passthroughWatch, body io.Reader, sa *streamAnswer) error {
 	rd := newRawSSEReader(body)
 	for {
@@ -407,8 +400,7 @@ func (e *engine) openStreamAnswer(w http.ResponseWriter, dialect string, req cha
 	return sa
 }
 
-// do runs f under the lock and restarts the silence timer; nothing runs
-// once the stream is closed.
+// do runs f under the lock, unless closed, and restarts the silence timer.
 func (sa *streamAnswer) do(f func() error) error {
 	sa.mu.Lock()
 	defer sa.mu.Unlock()
@@ -419,9 +411,8 @@ func (sa *streamAnswer) do(f func() error) error {
 	return f()
 }
 
-// write relays one event; flushWritten flushes before the relay may wait
-// on the provider, so no event waits for a later one (SPEC §7.5). The
-// silence timer restarts only at a flush: a reset per event costs CPU.
+// write relays one event, flushWritten flushes before the relay may wait
+// (SPEC §7.5) and restarts the timer: a reset per event costs CPU.
 func (sa *streamAnswer) write(b []byte) error {
 	sa.mu.Lock()
 	defer sa.mu.Unlock()

@@ -9,8 +9,7 @@ import (
 	"strings"
 )
 
-// candidates lists the routes a selector or best walks, in order (SPEC
-// §7.3): canonical routes of subscription-capable providers.
+// candidates lists the routes a selector or best walks, in order (SPEC §7.3).
 func (e *engine) candidates(res resolution, agent string) ([]resolution, error) {
 	doc, err := e.reg.current()
 	if err != nil {
@@ -36,9 +35,8 @@ func canonicalCandidate(route string) (resolution, bool) {
 	return resolution{Mode: modeSubscription, Route: route, Provider: p, Model: model}, true
 }
 
-// anyCandidates: the providers in which the agent has an eligible
-// subscription, freest first (ties by id), each with its candidate models;
-// vision keeps only models the catalogue says take images.
+// anyCandidates: the models of each provider where the agent has an eligible
+// subscription, freest first (ties by id); vision: those taking images.
 func (e *engine) anyCandidates(agent string, doc *routesDoc, vision bool) ([]resolution, error) {
 	items, err := e.inv.agentItems(agent)
 	if err != nil {
@@ -71,9 +69,8 @@ func (e *engine) anyCandidates(agent string, doc *routesDoc, vision bool) ([]res
 	return out, nil
 }
 
-// candidateModels of provider P: the model part of every declared alias
-// whose destination is a P/… route (alias-name order), then the three
-// newest text models of the vendor P serves, per the catalogue.
+// candidateModels of provider P: every alias's P/… destination (alias-name
+// order), then the catalogue's three newest text models of P's vendor.
 func (e *engine) candidateModels(provider string, doc *routesDoc) []string {
 	var out []string
 	if doc != nil {
@@ -112,9 +109,8 @@ func dedupeBy[T any, K comparable](xs []T, key func(T) K) []T {
 	return out
 }
 
-// walkSelector serves any, any-vision-capable and best (SPEC §7.3): each
-// candidate in order as a subscription route with its own output limit,
-// skipping a provider whose whole pool already refused.
+// walkSelector serves any, any-vision-capable and best (SPEC §7.3), each
+// candidate with its own output limit, skipping a provider whose pool refused.
 func (e *engine) walkSelector(ctx context.Context, j *job, req *callerRequest, cands []resolution) *apiError {
 	wk := &e.wk
 	poolRefused := map[string]bool{}
