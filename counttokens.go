@@ -7,9 +7,8 @@ import (
 	"strconv"
 )
 
-// countTokens answers POST /v1/messages/count_tokens (SPEC §15): on an
-// anthropic-messages route the provider's own count, one call on the direct
-// key or the first of the pool (no quota spent); elsewhere a local estimate.
+// countTokens answers POST /v1/messages/count_tokens (SPEC §15): the
+// anthropic-messages provider's own count (one call), else a local estimate.
 func (e *engine) countTokens(ctx context.Context, w http.ResponseWriter, req *callerRequest, c call) error {
 	if c.res.Provider.protocol != protoAnthropic { // also selectors and best: no one route to ask
 		if c.res.Route != "" {
@@ -44,9 +43,7 @@ type countTokensAnswer struct {
 	InputTokens *int `json:"input_tokens"`
 }
 
-// estimateInputTokens is SPEC §15's local estimate: the UTF-8 bytes of
-// system, every text part, every tool_use input and tool_result content,
-// and the tools definitions as sent, divided by 4, rounded up.
+// estimateInputTokens is SPEC §15's local estimate.
 func estimateInputTokens(o rawObject) int {
 	type block struct {
 		Type    string          `json:"type"`

@@ -10,9 +10,8 @@ import (
 	"time"
 )
 
-// The completion probe (SPEC §11.3): an operator asks one subscription for
-// one minimal answer through the engine (kindProbe), meeting what a request
-// would: no retry, no rotation, no refresh after a 401; never on a timer.
+// The completion probe (SPEC §11.3): one minimal answer from one
+// subscription through the engine, as a request would meet it; never timed.
 
 // probeModels is SPEC §11.3's built-in probe model per provider.
 var probeModels = map[string]string{
@@ -104,8 +103,7 @@ func (e *engine) probe(ctx context.Context, it overlayItem, model string) (probe
 	return o, nil
 }
 
-// pingRequest is the probe's (and onboarding's) minimal completion: "ping",
-// 16 output tokens, none for codex (SPEC §6.2, §11.3).
+// pingRequest is the probe's and onboarding's completion (SPEC §6.2, §11.3).
 func pingRequest(route string, p providerInfo) chatRequest {
 	req := chatRequest{Model: route, Messages: []message{{Role: "user", Parts: []part{{Type: partText, Text: "ping"}}}}}
 	if p.id != "codex" {

@@ -15,12 +15,9 @@ import (
 	"time"
 )
 
-// The replay guard (SPEC §8.1): clients such as the Codex CLI and the
-// official SDKs re-send a refused request whatever its body says, and after
-// a provider call each re-send may be billed again. So for
-// BRAMA_REPLAY_GUARD_SECS the same request from the same client gets that
-// refusal again without a call. Memory only; a request with an
-// Idempotency-Key is SPEC §12's and never reaches the guard.
+// The replay guard (SPEC §8.1): the Codex CLI and the official SDKs re-send
+// a refused request, each re-send after a provider call maybe billed again.
+// Memory only; an Idempotency-Key request never reaches it (SPEC §12).
 
 const (
 	defaultReplayGuard = 60 * time.Second // the window when BRAMA_REPLAY_GUARD_SECS is unset
@@ -30,9 +27,8 @@ const (
 // errReplayRefused is the logged cause of a replay guard refusal.
 var errReplayRefused = errors.New("replay guard: the same request was refused after a provider call")
 
-// replayGuard remembers the refusals that came after a provider call. Every
-// entry lives the same window, so queue is in expiry order and forgetting
-// walks its front.
+// replayGuard remembers refusals after a provider call; every entry lives
+// the same window, so queue is in expiry order and forgetting walks its front.
 type replayGuard struct {
 	window time.Duration
 	now    func() time.Time
@@ -43,8 +39,7 @@ type replayGuard struct {
 	byClient map[string]int // queued entries per client id: none, no digest to take
 }
 
-// replayKey is sha256 over the client, the agent and the request body
-// without stream and stream_options.
+// replayKey is replayKeyOf's sha256.
 type replayKey [sha256.Size]byte
 
 // replayEntry is one remembered refusal.
@@ -76,13 +71,11 @@ func newReplayGuard(getenv func(string) string, log *slog.Logger, now func() tim
 	return &replayGuard{window: window, now: now, refused: map[replayKey]replayEntry{}, byClient: map[string]int{}}
 }
 
-// replayKeyOf digests the client, the agent and the body in canonical form
-// (members sorted: the Codex CLI writes client_metadata from a hash map)
-// without stream and stream_options, so a fallback from a failed stream to
-// a buffered call asks the same request. The loose key also leaves out the
-// output limit: Claude Code's buffered fallback asks for fewer tokens
-// (128000 streamed, 64000 buffered). ok is false for anything but one
-// JSON object (refused before dispatch anyway).
+// replayKeyOf digests client, agent and the canonical body (the Codex CLI
+// writes client_metadata from a hash map) without the stream members, so a
+// buffered fallback from a failed stream asks the same request; the loose
+// key leaves out the output limit too: Claude Code's fallback asks 64000 of
+// 128000. ok is false for anything but one JSON object.
 func replayKeyOf(clientID, agentID string, body []byte, loose bool) (replayKey, bool) {
 	leftOut := streamMembers
 	if loose {
@@ -98,23 +91,20 @@ func replayKeyOf(clientID, agentID string, body []byte, loose bool) (replayKey, 
 	return replayKey(h.Sum(nil)), true
 }
 
-// The top-level members a digest leaves out: the stream's, and for the
-// loose key also every format's output limit.
+// The top-level members a digest leaves out.
 var (
 	streamMembers = []string{"stream", "stream_options"}
 	looseMembers  = []string{"stream", "stream_options", "max_tokens", "max_completion_tokens", "max_output_tokens"}
 )
 
-// mayHaveGenerated is the codes of a refusal after the provider may have
-// generated, which the loose key remembers; a caller that fixes its output
+// mayHaveGenerated: the loose key's codes; a caller that fixes its output
 // limit after provider_rejected asks a new request.
 func mayHaveGenerated(code string) bool {
 	return code == "provider_incomplete" || code == "provider_failure"
 }
 
-// canonicalRequest is body's one JSON object without the top-level members
-// leftOut, as encoding/json writes a map: members sorted at every level, no
-// white space, numbers as sent; false for anything but one JSON object.
+// canonicalRequest is body's one JSON object without leftOut, as
+// encoding/json writes a map (sorted, no space, numbers as sent).
 func canonicalRequest(body []byte, leftOut []string) ([]byte, bool) {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.UseNumber()
@@ -132,8 +122,7 @@ func canonicalRequest(body []byte, leftOut []string) ([]byte, bool) {
 	return out, err == nil
 }
 
-// rememberRequest keeps e for the request body of client and agent under
-// its key, and its loose key too when the provider may have generated.
+// rememberRequest keeps e under the request's key, and its loose key too.
 func (g *replayGuard) rememberRequest(client, agent string, body []byte, e replayEntry) {
 	for _, loose := range []bool{false, true} {
 		if loose && !mayHaveGenerated(e.code) {
@@ -185,8 +174,7 @@ func (g *replayGuard) lookup(k replayKey) (replayEntry, bool) {
 	return e, ok && now.Before(e.until)
 }
 
-// holds reports whether any refusal of client is remembered now; when none
-// is, a request needs no digest.
+// holds reports whether any refusal of client is remembered: else no digest.
 func (g *replayGuard) holds(client string) bool {
 	g.lock()
 	defer g.mu.Unlock()
@@ -210,8 +198,7 @@ func (g *replayGuard) size() int {
 	return len(g.refused)
 }
 
-// refusal is the answer to a request that repeats e: the same status and
-// code, not retryable, no provider call.
+// refusal answers a request repeating e: its status and code, not retryable.
 func (e replayEntry) refusal() *apiError {
 	why := e.code
 	if e.message != "" {
@@ -241,8 +228,7 @@ func (s *server) replayRefused(w http.ResponseWriter, r *http.Request) bool {
 	return ok
 }
 
-// replayRememberer is how the engine tells the guard of ri's refusal after
-// dispatch (tally.remember); nil when the guard is off.
+// replayRememberer is tally.remember for ri; nil when the guard is off.
 func (s *server) replayRememberer(ri *requestInfo) func(ae *apiError, attempts int, hungUp, streamed bool) {
 	g := s.replay
 	if g == nil || g.window <= 0 {
@@ -255,10 +241,8 @@ func (s *server) replayRememberer(ri *requestInfo) func(ae *apiError, attempts i
 	}
 }
 
-// replayEntryOf is what the guard remembers of a refusal after a provider
-// call with retryable false (a failed stream's: its in-band code), but not
-// for a caller who hung up first, nor subscription_reauthorization_required
-// (nothing generated; signing in again must let the request through).
+// replayEntryOf is what is remembered of a non-retryable refusal after a
+// call; not subscription_reauthorization_required: signing in must pass.
 func replayEntryOf(ae *apiError, attempts int, hungUp, streamed bool) (replayEntry, bool) {
 	if attempts == 0 || hungUp || ae.Code == "client_cancelled" || ae.Code == "subscription_reauthorization_required" || ae.retryable() {
 		return replayEntry{}, false
