@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -63,7 +64,7 @@ type engine struct {
 	ledger     *ledger
 	inv        *inventory
 	oauth      *oauthClient
-	pins       *pins
+	pins       *sync.Map // agent "\x00" provider → pin
 	maint      *maintainer
 	agent      string // the paying agent of this request ("" for a direct route)
 	t          tally

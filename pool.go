@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 )
 
@@ -20,26 +19,11 @@ const (
 	maxPin       = 24 * time.Hour
 )
 
-// pins remembers, per agent and provider, the subscription that last served
-// it, until its earliest window reset (at most 24 h). Memory only.
-type pins struct {
-	m sync.Map // agent "\x00" provider → pin
-}
-
+// pin is the subscription that last served an agent's provider, until its
+// earliest window reset (at most 24 h); the engine's pins, memory only.
 type pin struct {
 	id    string
 	until time.Time
-}
-
-func (p *pins) get(agent, provider string, now time.Time) string {
-	if pn, ok := p.m.Load(agent + "\x00" + provider); ok && now.Before(pn.(pin).until) {
-		return pn.(pin).id
-	}
-	return ""
-}
-
-func (p *pins) set(agent, provider, id string, until time.Time) {
-	p.m.Store(agent+"\x00"+provider, pin{id: id, until: until})
 }
 
 // walk is a request's account of its calls and skips, from which an
@@ -114,8 +98,10 @@ func (e *engine) eligible(agent, provider string) (active []overlayItem, any boo
 // order sorts eligible subscriptions: blocked last, then freest first, the
 // pinned one first among equals; ties keep overlay order (SPEC §7.2.2).
 func (e *engine) order(agent, provider string, subs []overlayItem) []overlayItem {
-	now := e.now()
-	pinned, free := e.pins.get(agent, provider, now), map[string][]float64{}
+	now, pinned, free := e.now(), "", map[string][]float64{}
+	if pn, ok := e.pins.Load(agent + "\x00" + provider); ok && now.Before(pn.(pin).until) {
+		pinned = pn.(pin).id
+	}
 	for _, it := range subs {
 		free[it.ID] = append(e.freedomOf(it.ID, now), b2f(it.ID != pinned))
 	}
@@ -187,7 +173,7 @@ func (e *engine) answerSubscription(ctx context.Context, w http.ResponseWriter, 
 			until = at
 		}
 	}
-	e.pins.set(e.agent, p, sub.ID, until)
+	e.pins.Store(e.agent+"\x00"+p, pin{sub.ID, until})
 	u, ae, streamed := e.deliver(ctx, w, cand.model, cand.req, c, resp, attempts)
 	e.ledger.recordUse(sub.ID, p, ae == nil, u.InputTokens, u.OutputTokens)
 	var se *upstreamStreamError

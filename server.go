@@ -44,7 +44,7 @@ type server struct {
 	ledger     *ledger
 	inv        *inventory
 	oauth      *oauthClient
-	pins       pins // the subscription that last served each agent and provider
+	pins       sync.Map // agent "\x00" provider → the subscription that last served it (pin)
 	maint      *maintainer
 	answers    *answerStore // signed answers (SPEC §12)
 	replay     *replayGuard // SPEC §8.1; nil: off
