@@ -20,22 +20,27 @@ import (
 // The passthrough answer (SPEC §7.6): the provider's own bytes as received,
 // read only for usage (§13), terminal signal and in-band error (§7.5).
 
-// passthroughUsage holds the usage members of all three formats (the
-// responses format's are messages' without the cache counts).
+// passthroughUsage holds the usage members of all three formats (flat: the
+// wire types embedded cost an allocation per event).
 type passthroughUsage struct {
-	chatUsage
-	messagesUsage
+	PromptTokens             int `json:"prompt_tokens"`
+	CompletionTokens         int `json:"completion_tokens"`
+	InputTokens              int `json:"input_tokens"`
+	OutputTokens             int `json:"output_tokens"`
+	CacheCreationInputTokens int `json:"cache_creation_input_tokens"`
+	CacheReadInputTokens     int `json:"cache_read_input_tokens"`
 }
 
-// count is the usage in Brama's terms.
+// count is the usage in Brama's terms; Anthropic's cached input counts, as
+// OpenAI's does.
 func (u *passthroughUsage) count(protocol string) usage {
-	switch {
-	case u == nil:
+	if u == nil {
 		return usage{}
-	case protocol == protoOpenAIChat:
-		return u.chatUsage.neutral()
 	}
-	return usage{InputTokens: u.input(), OutputTokens: u.OutputTokens, Reported: true}
+	if protocol == protoOpenAIChat {
+		return usage{InputTokens: u.PromptTokens, OutputTokens: u.CompletionTokens, Reported: true}
+	}
+	return usage{InputTokens: u.InputTokens + u.CacheCreationInputTokens + u.CacheReadInputTokens, OutputTokens: u.OutputTokens, Reported: true}
 }
 
 // bufferedUsage reads the usage of a buffered answer; a body that is not a
@@ -149,7 +154,8 @@ type passthroughWatch struct {
 	sawDone   bool              // chat: data: [DONE] arrived
 	items     map[int][]byte    // non-nil for a buffered codex caller: output_item.done items by output_index
 	completed json.RawMessage   // with items: the final response object
-	scratch   [3][16]jsonMember // member storage for an event, one of its members, and its choices
+	scratch   [2][16]jsonMember // member storage for an event and one of its members
+	elems     [2]jsonMember     // element storage for an event's choices
 }
 
 var errEventNotObject = errors.New("the event data is not one JSON object")
@@ -197,7 +203,7 @@ func (pw *passthroughWatch) chatEvent(event string, e rawObject) (relay, end boo
 	if u.Reported {
 		pw.usage = u
 	}
-	choices, _ := splitRaw(e.value("choices"), '[', pw.scratch[2][:])
+	choices, _ := splitRaw(e.value("choices"), '[', pw.elems[:])
 	for _, c := range choices.members {
 		if co, err := splitRawObject(choices.src[c.val:c.end], pw.scratch[1][:]); err == nil && len(rawText(co.value("finish_reason"))) > 0 {
 			pw.finished = true
@@ -350,19 +356,19 @@ func relayWatched(pw *passthroughWatch, body io.Reader, sa *streamAnswer) error 
 				return streamCut(err)
 			}
 			if sa != nil && pw.protocol == protoOpenAIChat && !pw.sawDone {
-				return sa.write([]byte("data: [DONE]\n\n"))
+				return sa.relay([]byte("data: [DONE]\n\n"), false)
 			}
 			return nil
 		}
 		relay, end, err := pw.watch(event, data)
-		if err == nil && relay && sa != nil {
-			err = sa.write(raw)
+		if !relay {
+			raw = nil
+		}
+		if err == nil && sa != nil { // flush if the next read may wait on the provider
+			err = sa.relay(raw, !end && !rd.ready())
 		}
 		if err != nil || end {
 			return err
-		}
-		if sa != nil && !rd.ready() { // the next read may wait on the provider: the caller has all it has
-			sa.flushWritten()
 		}
 	}
 }
@@ -378,7 +384,7 @@ type streamAnswer struct {
 	w         io.Writer
 	flush     func()
 	cs        *callerStream
-	unflushed bool // write wrote bytes not yet flushed
+	unflushed bool // relay wrote bytes not yet flushed
 	ended     bool
 	every     time.Duration
 	timer     *time.Timer
@@ -411,27 +417,23 @@ func (sa *streamAnswer) do(f func() error) error {
 	return f()
 }
 
-// write relays one event, flushWritten flushes before the relay may wait
-// (SPEC §7.5) and restarts the timer: a reset per event costs CPU.
-func (sa *streamAnswer) write(b []byte) error {
+// relay writes one event (nil: none) and, when the relay may wait next,
+// flushes what was written (SPEC §7.5) and restarts the silence timer; not
+// per event: a timer reset per event costs CPU.
+func (sa *streamAnswer) relay(b []byte, flush bool) error {
 	sa.mu.Lock()
 	defer sa.mu.Unlock()
 	if sa.ended {
 		return nil
 	}
-	sa.unflushed = true
 	_, err := sa.w.Write(b)
-	return err
-}
-
-func (sa *streamAnswer) flushWritten() {
-	sa.mu.Lock()
-	defer sa.mu.Unlock()
-	if sa.unflushed && !sa.ended {
+	sa.unflushed = sa.unflushed || len(b) > 0
+	if flush && sa.unflushed {
 		sa.flush()
 		sa.unflushed = false
 		sa.timer.Reset(sa.every)
 	}
+	return err
 }
 
 // close stops the timer: nothing more is written.
