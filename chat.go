@@ -98,14 +98,10 @@ const chatKnown = "model messages tools tool_choice parallel_tool_calls max_toke
 // parseChatCompletions parses an OpenAI Chat Completions request body.
 func parseChatCompletions(body []byte) (chatRequest, error) {
 	var b chatRequestBody
-	if err := decodeCallerJSON(body, &b, ""); err != nil {
-		return chatRequest{}, err
-	}
-	req, err := newCallerRequest(b.callerHead, "max_tokens", b.MaxTokens)
+	req, err := newCallerRequest(body, &b, &b.callerHead, chatKnown, "max_tokens", &b.MaxTokens)
 	if err != nil {
 		return chatRequest{}, err
 	}
-	dropUnknown(&req.Dropped, body, "", chatKnown)
 	req.Shared, req.ParallelToolCalls = b.openAIShared, b.ParallelToolCalls
 	if b.MaxCompletionTokens != nil { // the newer name wins when both are sent
 		if req.MaxTokens, err = checkCallerMaxTokens("max_completion_tokens", b.MaxCompletionTokens); err != nil {

@@ -107,14 +107,10 @@ const messagesKnown = "model max_tokens system messages tools tool_choice temper
 // parseMessages parses an Anthropic Messages request body.
 func parseMessages(body []byte) (chatRequest, error) {
 	var b messagesRequestBody
-	if err := decodeCallerJSON(body, &b, ""); err != nil {
-		return chatRequest{}, err
-	}
-	req, err := newCallerRequest(b.callerHead, "max_tokens", b.MaxTokens)
+	req, err := newCallerRequest(body, &b, &b.callerHead, messagesKnown, "max_tokens", &b.MaxTokens)
 	if err != nil {
 		return chatRequest{}, err
 	}
-	dropUnknown(&req.Dropped, body, "", messagesKnown)
 	if !rawIsNull(b.System) {
 		if req.System, err = req.messagesText(b.System, "system"); err != nil {
 			return chatRequest{}, err

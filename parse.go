@@ -113,20 +113,24 @@ func (req chatRequest) head(model string, o upstreamOptions) callerHead {
 	return callerHead{Model: model, Temperature: req.Temperature, TopP: req.TopP, Stream: o.stream}
 }
 
-// newCallerRequest checks the members every dialect shares and starts the
-// neutral request; limitName is the dialect's name for the output limit.
-func newCallerRequest(h callerHead, limitName string, limit *int) (chatRequest, error) {
+// newCallerRequest decodes body into b, a format's wire shape embedding h,
+// checks the members every format shares and names the unknown top-level ones.
+func newCallerRequest(body []byte, b any, h *callerHead, known, limitName string, limit **int) (chatRequest, error) {
+	if err := decodeCallerJSON(body, b, ""); err != nil {
+		return chatRequest{}, err
+	}
 	if h.Model == "" {
 		return chatRequest{}, refuseInvalid("model is required and must be a non-empty string")
 	}
 	req := chatRequest{Model: h.Model, Temperature: h.Temperature, TopP: h.TopP, Stream: h.Stream}
 	var err error
-	if req.MaxTokens, err = checkCallerMaxTokens(limitName, limit); err != nil {
+	if req.MaxTokens, err = checkCallerMaxTokens(limitName, *limit); err != nil {
 		return chatRequest{}, err
 	}
 	if req.BillingTarget, err = readBillingTarget(h.BillingTarget); err != nil {
 		return chatRequest{}, err
 	}
+	dropUnknown(&req.Dropped, body, "", known)
 	return req, nil
 }
 

@@ -98,16 +98,12 @@ const responsesKnown = "model instructions input tools tool_choice parallel_tool
 // turn before it, consecutive tool outputs are one user turn.
 func parseResponses(body []byte) (chatRequest, error) {
 	var b responsesRequestBody
-	if err := decodeCallerJSON(body, &b, ""); err != nil {
-		return chatRequest{}, err
-	}
-	req, err := newCallerRequest(b.callerHead, "max_output_tokens", b.MaxOutputTokens)
+	req, err := newCallerRequest(body, &b, &b.callerHead, responsesKnown, "max_output_tokens", &b.MaxOutputTokens)
 	if err != nil {
 		return chatRequest{}, err
 	}
 	var raw struct{ Reasoning, Text, Tools json.RawMessage }
 	json.Unmarshal(body, &raw)
-	dropUnknown(&req.Dropped, body, "", responsesKnown)
 	dropUnknown(&req.Dropped, raw.Reasoning, "reasoning", "effort")
 	dropUnknown(&req.Dropped, raw.Text, "text", "format")
 	req.Shared, req.ParallelToolCalls = b.openAIShared, b.ParallelToolCalls
