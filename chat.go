@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -120,26 +121,22 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 	if len(req.Messages) == 0 {
 		return chatRequest{}, refuseInvalid("messages must hold at least one user, assistant or tool message")
 	}
-	for i, t := range b.Tools {
-		if err := req.addOpenAITool(chatToolDef(t), fmt.Sprintf("tools[%d]", i)); err != nil {
-			return chatRequest{}, err
-		}
-	}
-	if req.ToolChoice, err = parseOpenAIToolChoice(&req, b.ToolChoice, true); err != nil {
-		return chatRequest{}, err
-	}
 	if req.Effort = b.ReasoningEffort; req.Effort != "" {
 		req.EffortPath = "reasoning_effort"
 	}
-	if err = req.setChatStop(b.Stop); err != nil {
-		return chatRequest{}, err
-	}
+	var output *outputFormat
 	if f := b.ResponseFormat; f != nil {
-		o := valueOr(f.JSONSchema, outputFormat{})
-		o.Type = f.Type
-		if req.Output, err = checkOutput(&o, "response_format"); err != nil {
-			return chatRequest{}, err
-		}
+		output = ptrTo(valueOr(f.JSONSchema, outputFormat{}))
+		output.Type = f.Type
+	}
+	err = cmp.Or( // each step reads its own members; the first refusal wins
+		eachItem(b.Tools, "tools", req.addChatTool),
+		req.setOpenAIToolChoice(b.ToolChoice, true),
+		req.setChatStop(b.Stop),
+		req.setOutput(output, "response_format"),
+	)
+	if err != nil {
+		return chatRequest{}, err
 	}
 	req.linkCalls()
 	return req, nil
@@ -147,13 +144,10 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 
 // setChatStop reads stop sequences: a string or an array of strings.
 func (req *chatRequest) setChatStop(raw json.RawMessage) (err error) {
-	switch rawShape(raw) {
-	case 0, 'n':
-		return nil
-	case '"':
-		req.Stop = []string{""}
-		err = decodeCallerJSON(raw, &req.Stop[0], "stop")
-	default:
+	if rawShape(raw) == '"' {
+		raw = slices.Concat([]byte("["), raw, []byte("]"))
+	}
+	if !rawIsNull(raw) {
 		err = decodeCallerJSON(raw, &req.Stop, "stop")
 	}
 	if len(req.Stop) > 0 {
@@ -241,17 +235,18 @@ func (req *chatRequest) chatParts(raw json.RawMessage, what string) ([]part, err
 	})
 }
 
-// chatToolDef is a chat tool in the flat shape Responses declares it.
-func chatToolDef(t chatTool) openAITool {
+// addChatTool adds a chat tool, read in the flat shape Responses declares it.
+func (req *chatRequest) addChatTool(t chatTool, what string) error {
+	flat := openAITool{Type: "hosted"}
 	switch {
 	case t.Type == "function" && t.Function != nil:
-		return openAITool{Type: t.Type, Name: t.Function.Name, Description: t.Function.Description, Parameters: t.Function.Parameters}
+		flat = openAITool{Type: t.Type, Name: t.Function.Name, Description: t.Function.Description, Parameters: t.Function.Parameters}
 	case t.Type == "custom" && t.Custom != nil:
-		return openAITool{Type: t.Type, Name: t.Custom.Name, Description: t.Custom.Description, Format: t.Custom.Format}
+		flat = openAITool{Type: t.Type, Name: t.Custom.Name, Description: t.Custom.Description, Format: t.Custom.Format}
 	case t.Type == "function" || t.Type == "custom":
-		return openAITool{Type: t.Type}
+		flat = openAITool{Type: t.Type}
 	}
-	return openAITool{Type: "hosted"}
+	return req.addOpenAITool(flat, what)
 }
 
 // encodeChat builds a Chat Completions body; tool results become role "tool"

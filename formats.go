@@ -259,31 +259,28 @@ func errUnknownFormat(name string) *apiError {
 // parseRequest parses body as the given dialect into the neutral request.
 // Every error is an *apiError with code invalid_request.
 func parseRequest(dialect string, body []byte) (chatRequest, error) {
-	f := formatOf(dialect)
-	if f == nil {
-		return chatRequest{}, errUnknownFormat(dialect)
+	if f := formatOf(dialect); f != nil {
+		return f.parse(body)
 	}
-	return f.parse(body)
+	return chatRequest{}, errUnknownFormat(dialect)
 }
 
 // renderAnswer encodes a buffered answer as the caller's dialect's success
 // body; req is the caller's request, whose tools name the calls.
 func renderAnswer(dialect string, req chatRequest, a chatAnswer) ([]byte, error) {
-	f := formatOf(dialect)
-	if f == nil {
-		return nil, errUnknownFormat(dialect)
+	if f := formatOf(dialect); f != nil {
+		return json.Marshal(f.render(req, a))
 	}
-	return json.Marshal(f.render(req, a))
+	return nil, errUnknownFormat(dialect)
 }
 
 // decodeUpstreamAnswer decodes a complete 2xx non-stream body. Model is
 // left for the dispatcher, which reports what SPEC §7.6 says.
 func decodeUpstreamAnswer(protocol string, body []byte) (chatAnswer, error) {
-	f := formatOf(protocol)
-	if f == nil {
-		return chatAnswer{}, refuse("provider_failure", "unknown provider protocol %q", protocol)
+	if f := formatOf(protocol); f != nil {
+		return f.decode(body)
 	}
-	return f.decode(body)
+	return chatAnswer{}, refuse("provider_failure", "unknown provider protocol %q", protocol)
 }
 
 // droppedFor is every caller member the request to p loses: those with no
@@ -441,9 +438,7 @@ func (req chatRequest) callerTool(tc toolCall) (name, args string, custom bool) 
 // customInput is the string input of a custom call made as a function
 // (toward messages): the arguments' "input" member.
 func customInput(args string) string {
-	var in struct {
-		Input string `json:"input"`
-	}
+	var in struct{ Input string }
 	json.Unmarshal([]byte(args), &in)
 	return in.Input
 }

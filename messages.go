@@ -118,21 +118,20 @@ func parseMessages(body []byte) (chatRequest, error) {
 	}
 	for i, m := range b.Messages {
 		what := fmt.Sprintf("messages[%d]", i)
+		var text string
+		var parts []part
 		switch m.Role {
 		case "system":
-			text, err := req.messagesText(m.Content, what+".content")
-			if err != nil {
-				return chatRequest{}, err
-			}
-			req.addSystem(text)
+			text, err = req.messagesText(m.Content, what+".content")
+			req.addSystem(text) // on an error the whole request is refused
 		case "user", "assistant":
-			parts, err := req.messagesParts(m.Role, m.Content, what+".content")
-			if err != nil {
-				return chatRequest{}, err
-			}
+			parts, err = req.messagesParts(m.Role, m.Content, what+".content")
 			req.Messages = append(req.Messages, message{Role: m.Role, Parts: parts})
 		default:
-			return chatRequest{}, refuseInvalid("%s.role %s is not user, assistant or system", what, quoteCallerToken(m.Role))
+			err = refuseInvalid("%s.role %s is not user, assistant or system", what, quoteCallerToken(m.Role))
+		}
+		if err != nil {
+			return chatRequest{}, err
 		}
 	}
 	if len(req.Messages) == 0 {
@@ -183,9 +182,10 @@ func parseMessages(body []byte) (chatRequest, error) {
 		f = cmp.Or(o.Format, f)
 	}
 	if f != nil {
-		if req.Output, err = checkOutput(&outputFormat{Type: f.Type, Schema: f.Schema}, "output_config.format"); err != nil {
-			return chatRequest{}, err
-		}
+		f = &outputFormat{Type: f.Type, Schema: f.Schema}
+	}
+	if err := req.setOutput(f, "output_config.format"); err != nil {
+		return chatRequest{}, err
 	}
 	req.linkCalls()
 	return req, nil

@@ -304,87 +304,92 @@ func (req *chatRequest) addOpenAITool(t openAITool, what string) error {
 		if t.Description != "" {
 			req.Dropped = append(req.Dropped, what+".description")
 		}
-		for i, m := range t.Tools {
-			n := len(req.Tools)
-			if err := req.addOpenAITool(m, fmt.Sprintf("%s.tools[%d]", what, i)); err != nil {
-				return err
-			}
-			for j := n; j < len(req.Tools); j++ {
-				req.Tools[j].Namespace, req.Tools[j].Name = t.Name, t.Name+"__"+req.Tools[j].Name
-			}
+		n := len(req.Tools)
+		err := eachItem(t.Tools, what+".tools", req.addOpenAITool)
+		for j := n; j < len(req.Tools); j++ {
+			req.Tools[j].Namespace, req.Tools[j].Name = t.Name, t.Name+"__"+req.Tools[j].Name
 		}
+		return err
 	default:
 		req.Dropped = append(req.Dropped, what)
 	}
 	return nil
 }
 
-// parseOpenAIToolChoice reads tool_choice: a mode, or an object naming one
+// setOpenAIToolChoice reads tool_choice: a mode, or an object naming one
 // tool (nested under "function" or "custom" in chat, flat in responses);
 // other objects (allowed_tools, a hosted tool) are dropped and named.
-func parseOpenAIToolChoice(req *chatRequest, raw json.RawMessage, nested bool) (*toolChoice, error) {
+func (req *chatRequest) setOpenAIToolChoice(raw json.RawMessage, nested bool) error {
+	type named struct {
+		Name string `json:"name"`
+	}
+	var tc struct {
+		Type      string `json:"type"`
+		Name      string `json:"name"`
+		Namespace string `json:"namespace"`
+		Function  named  `json:"function"`
+		Custom    named  `json:"custom"`
+	}
 	switch rawShape(raw) {
 	case 0, 'n': // absent, or null: raw came out of the decoded body, so it is valid JSON
-		return nil, nil
+		return nil
 	case '"':
-		var s string
-		if err := decodeCallerJSON(raw, &s, "tool_choice"); err != nil {
-			return nil, err
+		json.Unmarshal(raw, &tc.Type) // a JSON string: it cannot fail
+		if !slices.Contains([]string{toolChoiceAuto, toolChoiceNone, toolChoiceRequired}, tc.Type) {
+			return refuseInvalid("tool_choice must be \"auto\", \"none\", \"required\" or a tool")
 		}
-		switch s {
-		case toolChoiceAuto, toolChoiceNone, toolChoiceRequired:
-			return &toolChoice{Mode: s}, nil
-		}
-		return nil, refuseInvalid("tool_choice must be \"auto\", \"none\", \"required\" or a tool")
+		req.ToolChoice = &toolChoice{Mode: tc.Type}
+		return nil
 	case '{':
-		var tc struct {
-			Type      string `json:"type"`
-			Name      string `json:"name"`
-			Namespace string `json:"namespace"`
-			Function  struct {
-				Name string `json:"name"`
-			} `json:"function"`
-			Custom struct {
-				Name string `json:"name"`
-			} `json:"custom"`
-		}
 		if err := decodeCallerJSON(raw, &tc, "tool_choice"); err != nil {
-			return nil, err
+			return err
 		}
-		if tc.Type != "function" && tc.Type != "custom" {
-			req.Dropped = append(req.Dropped, "tool_choice")
-			return nil, nil
-		}
-		name := tc.Name
-		if nested {
-			name = tc.Function.Name + tc.Custom.Name
-		}
-		if name == "" {
-			return nil, refuseInvalid("tool_choice must name a tool: {\"type\":\"function\",…}")
-		}
-		if tc.Namespace != "" {
-			name = tc.Namespace + "__" + name
-		}
-		return &toolChoice{Mode: toolChoiceTool, Name: name}, nil
+	default:
+		return refuseInvalid("tool_choice must be a string or an object")
 	}
-	return nil, refuseInvalid("tool_choice must be a string or an object")
+	if tc.Type != "function" && tc.Type != "custom" {
+		req.Dropped = append(req.Dropped, "tool_choice")
+		return nil
+	}
+	if nested {
+		tc.Name = tc.Function.Name + tc.Custom.Name
+	}
+	if tc.Name == "" {
+		return refuseInvalid("tool_choice must name a tool: {\"type\":\"function\",…}")
+	}
+	if tc.Namespace != "" {
+		tc.Name = tc.Namespace + "__" + tc.Name
+	}
+	req.ToolChoice = &toolChoice{Mode: toolChoiceTool, Name: tc.Name}
+	return nil
 }
 
-// checkOutput reads a structured-output member: text is none, json_object
+// setOutput reads a structured-output member: text is none, json_object
 // any JSON, json_schema needs its schema.
-func checkOutput(o *outputFormat, what string) (*outputFormat, error) {
-	switch o.Type {
-	case "", "text":
-		return nil, nil
-	case "json_object":
-		return &outputFormat{Type: o.Type}, nil
-	case "json_schema":
-		if rawShape(o.Schema) != '{' {
-			return nil, refuseInvalid("%s needs a JSON Schema object", what)
-		}
-		return o, nil
+func (req *chatRequest) setOutput(o *outputFormat, what string) error {
+	switch {
+	case o == nil || o.Type == "" || o.Type == "text":
+	case o.Type == "json_object":
+		req.Output = &outputFormat{Type: o.Type}
+	case o.Type != "json_schema":
+		return refuseInvalid("%s.type %s is not text, json_object or json_schema", what, quoteCallerToken(o.Type))
+	case rawShape(o.Schema) != '{':
+		return refuseInvalid("%s needs a JSON Schema object", what)
+	default:
+		req.Output = o
 	}
-	return nil, refuseInvalid("%s.type %s is not text, json_object or json_schema", what, quoteCallerToken(o.Type))
+	return nil
+}
+
+// eachItem runs add on every element of a caller's array, with its path
+// under what; the first refusal stops it.
+func eachItem[T any](items []T, what string, add func(T, string) error) error {
+	for i, it := range items {
+		if err := add(it, fmt.Sprintf("%s[%d]", what, i)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // callerTextOf reads content that may only be text: a string, or an array of

@@ -14,19 +14,21 @@ import (
 type (
 	responsesRequestBody struct {
 		callerHead
-		Instructions      *string         `json:"instructions,omitempty"`
-		Input             json.RawMessage `json:"input"`
-		Tools             []openAITool    `json:"tools,omitempty"`
-		ToolChoice        json.RawMessage `json:"tool_choice,omitempty"`
-		ParallelToolCalls *bool           `json:"parallel_tool_calls,omitempty"`
-		MaxOutputTokens   *int            `json:"max_output_tokens,omitempty"`
-		Reasoning         *struct {
-			Effort string `json:"effort,omitempty"`
-		} `json:"reasoning,omitempty"`
-		Text *struct {
-			Format *outputFormat `json:"format,omitempty"`
-		} `json:"text,omitempty"`
+		Instructions      *string             `json:"instructions,omitempty"`
+		Input             json.RawMessage     `json:"input"`
+		Tools             []openAITool        `json:"tools,omitempty"`
+		ToolChoice        json.RawMessage     `json:"tool_choice,omitempty"`
+		ParallelToolCalls *bool               `json:"parallel_tool_calls,omitempty"`
+		MaxOutputTokens   *int                `json:"max_output_tokens,omitempty"`
+		Reasoning         *responsesReasoning `json:"reasoning,omitempty"`
+		Text              *responsesText      `json:"text,omitempty"`
 		openAIShared
+	}
+	responsesReasoning struct {
+		Effort string `json:"effort,omitempty"`
+	}
+	responsesText struct {
+		Format *outputFormat `json:"format,omitempty"`
 	}
 	responsesItem struct { // an input item, and an output item of the answer
 		Type      string          `json:"type"`
@@ -122,10 +124,8 @@ func parseResponses(body []byte) (chatRequest, error) {
 	default:
 		return chatRequest{}, refuseInvalid("input is required: a string or an array of items")
 	}
-	for i, it := range items {
-		if err := req.addResponsesItem(it, fmt.Sprintf("input[%d]", i)); err != nil {
-			return chatRequest{}, err
-		}
+	if err := eachItem(items, "input", req.addResponsesItem); err != nil {
+		return chatRequest{}, err
 	}
 	if len(req.Messages) == 0 {
 		return chatRequest{}, refuseInvalid("input must hold at least one user, assistant or tool item")
@@ -140,16 +140,12 @@ func parseResponses(body []byte) (chatRequest, error) {
 			return chatRequest{}, err
 		}
 	}
-	if req.ToolChoice, err = parseOpenAIToolChoice(&req, b.ToolChoice, false); err != nil {
-		return chatRequest{}, err
-	}
 	if b.Reasoning != nil && b.Reasoning.Effort != "" {
 		req.Effort, req.EffortPath = b.Reasoning.Effort, "reasoning.effort"
 	}
-	if b.Text != nil && b.Text.Format != nil {
-		if req.Output, err = checkOutput(b.Text.Format, "text.format"); err != nil {
-			return chatRequest{}, err
-		}
+	err = cmp.Or(req.setOpenAIToolChoice(b.ToolChoice, false), req.setOutput(valueOr(b.Text, responsesText{}).Format, "text.format"))
+	if err != nil {
+		return chatRequest{}, err
 	}
 	req.linkCalls()
 	return req, nil
@@ -196,12 +192,7 @@ func (req *chatRequest) addResponsesItem(it responsesItem, what string) error {
 			Text: req.resultText(parts, what+".output"), Custom: it.Type == "custom_tool_call_output"})
 		return err
 	case "additional_tools": // tools declared in the input, as the Codex CLI sends them
-		for i, t := range it.Tools {
-			if err := req.addOpenAITool(t, fmt.Sprintf("%s.tools[%d]", what, i)); err != nil {
-				return err
-			}
-		}
-		return nil
+		return eachItem(it.Tools, what+".tools", req.addOpenAITool)
 	case "item_reference":
 		return refuseInvalid("%s: item references are not supported; send the items themselves", what)
 	}
@@ -242,9 +233,7 @@ func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, err
 		out.MaxOutputTokens, out.Temperature, out.TopP = nil, nil, nil
 	}
 	if req.Effort != "" {
-		out.Reasoning = &struct {
-			Effort string `json:"effort,omitempty"`
-		}{req.Effort}
+		out.Reasoning = &responsesReasoning{req.Effort}
 	}
 	items := []responsesItem{}
 	for _, m := range req.Messages {
@@ -296,9 +285,7 @@ func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, err
 		out.ToolChoice = jsonText(c.Mode)
 	}
 	if f := req.Output; f != nil {
-		out.Text = &struct {
-			Format *outputFormat `json:"format,omitempty"`
-		}{schemaOutput(f)}
+		out.Text = &responsesText{schemaOutput(f)}
 	}
 	return out, nil
 }
