@@ -10,10 +10,8 @@ import (
 	"strings"
 )
 
-// Translation across wire formats (SPEC §7.5, §7.6). chat.go, messages.go and
-// responses.go each hold one format, both directions, buffered and streamed;
-// this file the neutral request and answer and the table of the formats,
-// parse.go the rules for reading a caller's body, sse.go the streams.
+// Translation across wire formats (SPEC §7.5, §7.6): the neutral request and
+// answer and the table of the formats, each in its own file (chat.go, …).
 
 // chatRequest is one chat request in no particular format.
 type chatRequest struct {
@@ -333,17 +331,6 @@ func textOf(ps []part) string {
 	return b.String()
 }
 
-// dataURL splits a base64 data URL into media type and data.
-func dataURL(u string) (media, data string, ok bool) {
-	rest, ok := strings.CutPrefix(u, "data:")
-	if !ok {
-		return "", "", false
-	}
-	meta, data, ok := strings.Cut(rest, ",")
-	media, isBase64 := strings.CutSuffix(meta, ";base64")
-	return media, data, ok && isBase64 && media != "" && data != ""
-}
-
 // emptySchema stands in for a tool without parameters where the protocol
 // requires a schema.
 var emptySchema = json.RawMessage(`{"type":"object","properties":{}}`)
@@ -376,10 +363,12 @@ func argumentsText(args string) string {
 
 // effortBudgets maps reasoning effort names to a thinking budget toward
 // messages; a budget maps back to the nearest effort at or above it (SPEC §7.6).
-var effortBudgets = []struct {
+var effortBudgets = []effortBudget{{"minimal", 1024}, {"low", 2048}, {"medium", 8192}, {"high", 24576}, {"xhigh", 32768}}
+
+type effortBudget struct {
 	effort string
 	budget int
-}{{"minimal", 1024}, {"low", 2048}, {"medium", 8192}, {"high", 24576}, {"xhigh", 32768}}
+}
 
 func effortOfBudget(b int) string {
 	for _, e := range effortBudgets {
@@ -390,20 +379,14 @@ func effortOfBudget(b int) string {
 	return "xhigh"
 }
 
-func budgetOfEffort(effort string) int {
-	for _, e := range effortBudgets {
-		if e.effort == effort {
-			return e.budget
-		}
-	}
-	return 0 // "none" and unknown names: no thinking
-}
-
 // thinkingBudget is the budget a request to messages asks for: below
 // max_tokens, at least 1024, and 0 (none) on a turn continuing a tool loop,
 // where Anthropic wants earlier thinking blocks back, which no format carries.
 func (req chatRequest) thinkingBudget() int {
-	budget := budgetOfEffort(req.Effort)
+	budget := 0 // "none" and unknown names: no thinking
+	if i := slices.IndexFunc(effortBudgets, func(e effortBudget) bool { return e.effort == req.Effort }); i >= 0 {
+		budget = effortBudgets[i].budget
+	}
 	if req.MaxTokens > 0 && budget >= req.MaxTokens {
 		budget = req.MaxTokens - 1
 	}

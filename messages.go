@@ -116,23 +116,8 @@ func parseMessages(body []byte) (chatRequest, error) {
 			return chatRequest{}, err
 		}
 	}
-	for i, m := range b.Messages {
-		what := fmt.Sprintf("messages[%d]", i)
-		var text string
-		var parts []part
-		switch m.Role {
-		case "system":
-			text, err = req.messagesText(m.Content, what+".content")
-			req.addSystem(text) // on an error the whole request is refused
-		case "user", "assistant":
-			parts, err = req.messagesParts(m.Role, m.Content, what+".content")
-			req.Messages = append(req.Messages, message{Role: m.Role, Parts: parts})
-		default:
-			err = refuseInvalid("%s.role %s is not user, assistant or system", what, quoteCallerToken(m.Role))
-		}
-		if err != nil {
-			return chatRequest{}, err
-		}
+	if err := eachItem(b.Messages, "messages", req.addMessagesTurn); err != nil {
+		return chatRequest{}, err
 	}
 	if len(req.Messages) == 0 {
 		return chatRequest{}, refuseInvalid("messages must hold at least one user or assistant turn")
@@ -189,6 +174,21 @@ func parseMessages(body []byte) (chatRequest, error) {
 	}
 	req.linkCalls()
 	return req, nil
+}
+
+// addMessagesTurn adds one Messages turn to req.
+func (req *chatRequest) addMessagesTurn(m messagesTurn, what string) error {
+	switch m.Role {
+	case "system":
+		text, err := req.messagesText(m.Content, what+".content")
+		req.addSystem(text) // on an error the whole request is refused
+		return err
+	case "user", "assistant":
+		parts, err := req.messagesParts(m.Role, m.Content, what+".content")
+		req.Messages = append(req.Messages, message{Role: m.Role, Parts: parts})
+		return err
+	}
+	return refuseInvalid("%s.role %s is not user, assistant or system", what, quoteCallerToken(m.Role))
 }
 
 // messagesChoices maps tool_choice types to neutral modes.
@@ -298,11 +298,13 @@ func messagesSourceURL(src *messagesSource, what string) (string, error) {
 // messagesSourceOf is a neutral URL as a source: a data URL base64 data (or
 // text for text/plain), anything else a url source.
 func messagesSourceOf(u string) (*messagesSource, error) {
-	if !strings.HasPrefix(u, "data:") {
+	rest, isData := strings.CutPrefix(u, "data:")
+	if !isData {
 		return &messagesSource{Type: "url", URL: u}, nil
 	}
-	media, data, ok := dataURL(u)
-	if !ok {
+	meta, data, ok := strings.Cut(rest, ",")
+	media, isBase64 := strings.CutSuffix(meta, ";base64")
+	if !ok || !isBase64 || media == "" || data == "" {
 		return nil, refuse("invalid_request", "an image or file data URL must be base64 with a media type")
 	}
 	if text, err := base64.StdEncoding.DecodeString(data); media == "text/plain" && err == nil {

@@ -341,18 +341,6 @@ func outputText(text string) responsesPart {
 	return responsesPart{Type: "output_text", Text: &text, Annotations: json.RawMessage("[]")}
 }
 
-// responsesFinal fills in the terminal status: "incomplete" with the reason
-// for a limit or a content filter, as OpenAI reports it; usage null when unreported.
-func responsesFinal(r *responsesObject, finish string, u usage) {
-	r.Status = "completed"
-	if reason := responsesIncompletes[finish]; reason != "" {
-		r.Status, r.IncompleteDetails = "incomplete", &responsesIncomplete{reason}
-	}
-	if u.Reported {
-		r.Usage = &responsesUsage{u.InputTokens, u.OutputTokens, u.InputTokens + u.OutputTokens}
-	}
-}
-
 // renderResponses is the final response of the stream that would carry a.
 func renderResponses(req chatRequest, a chatAnswer) any {
 	return wholeAnswerThrough(req, a, newResponsesCallerStream).(*responsesCallerStream).resp
@@ -454,9 +442,17 @@ func (s *responsesCallerStream) close(i int, _ *streamBlock, full string) error 
 func (s *responsesCallerStream) finishNow(string) error { return nil }
 
 // end writes response.completed with the whole response, even for an
-// incomplete one (SPEC §7.5): SDK stream helpers wait for that event.
+// incomplete one (SPEC §7.5): SDK stream helpers wait for that event. The
+// status is "incomplete" with the reason for a limit or a content filter, as
+// OpenAI reports it; usage null when unreported.
 func (s *responsesCallerStream) end(finish string, u usage) error {
-	responsesFinal(&s.resp, finish, u)
+	s.resp.Status = "completed"
+	if reason := responsesIncompletes[finish]; reason != "" {
+		s.resp.Status, s.resp.IncompleteDetails = "incomplete", &responsesIncomplete{reason}
+	}
+	if u.Reported {
+		s.resp.Usage = &responsesUsage{u.InputTokens, u.OutputTokens, u.InputTokens + u.OutputTokens}
+	}
 	return s.emit(responsesEvent{Type: "response.completed", Response: &s.resp})
 }
 
