@@ -59,8 +59,7 @@ func (o openAIShared) names() []string {
 }
 
 // message is one turn: "user", "assistant", or "system" for an instruction
-// later in the conversation than the leading System text. Tool results
-// travel as tool_result parts of a user message.
+// after the leading System text; tool results are parts of a user message.
 type message struct {
 	Role  string
 	Parts []part
@@ -339,9 +338,8 @@ var emptySchema = json.RawMessage(`{"type":"object","properties":{}}`)
 // toward messages (SPEC §7.6).
 var customInputSchema = json.RawMessage(`{"type":"object","properties":{"input":{"type":"string"}},"required":["input"]}`)
 
-// toolArguments is a tool call's arguments as a JSON object, for protocols
-// that embed them (anthropic tool_use input). Empty means no arguments;
-// anything that is not a JSON object is refused, never approximated.
+// toolArguments is a call's arguments as the JSON object anthropic embeds:
+// empty is {}, anything but an object is refused, never approximated.
 func toolArguments(args string) (json.RawMessage, error) {
 	if strings.TrimSpace(args) == "" {
 		return json.RawMessage(`{}`), nil
@@ -379,9 +377,8 @@ func effortOfBudget(b int) string {
 	return "xhigh"
 }
 
-// thinkingBudget is the budget a request to messages asks for: below
-// max_tokens, at least 1024, and 0 (none) on a turn continuing a tool loop,
-// where Anthropic wants earlier thinking blocks back, which no format carries.
+// thinkingBudget is the budget toward messages: below max_tokens, at least 1024, and
+// 0 in a tool loop, where Anthropic wants back thinking blocks no format carries.
 func (req chatRequest) thinkingBudget() int {
 	budget := 0 // "none" and unknown names: no thinking
 	if i := slices.IndexFunc(effortBudgets, func(e effortBudget) bool { return e.effort == req.Effort }); i >= 0 {
@@ -404,9 +401,8 @@ func (req chatRequest) thinkingBudget() int {
 	return budget
 }
 
-// callerTool is how a caller format names a provider's tool call: its name
-// inside its group, and whether it is custom. A custom
-// call made as a function (toward messages) gets its string input back.
+// callerTool is a provider's call as the caller declared it: its name in its
+// group, whether custom; a custom call made as a function gets its input back.
 func (req chatRequest) callerTool(tc toolCall) (name, args string, custom bool) {
 	t := req.findTool(tc.Name)
 	if t == nil {

@@ -203,9 +203,8 @@ func (req *chatRequest) messagesText(raw json.RawMessage, what string) (string, 
 	return callerTextOf(raw, what, "text", "\n\n")
 }
 
-// messagesParts reads one turn's content: a string or blocks (tool_use in
-// assistant turns, tool_result in user turns). Other blocks (thinking, a file
-// reference) and block members (cache_control, citations) are dropped and named.
+// messagesParts reads a turn's content: a string or blocks; other blocks (thinking,
+// a file) and members (cache_control, citations) are dropped and named.
 func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what string) ([]part, error) {
 	text, blocks, err := callerContent[messagesBlock](raw, what, "content blocks")
 	if err != nil || text != nil {
@@ -313,10 +312,8 @@ func messagesSourceOf(u string) (*messagesSource, error) {
 	return &messagesSource{Type: "base64", MediaType: media, Data: data}, nil
 }
 
-// encodeMessages builds a Messages body: tool results first in their turn and
-// no empty text blocks, as the API requires; claude-code's system prompt
-// (o.oauth) leads with claudeCodeIdentity; a custom tool is a function of one
-// string member, input (SPEC §7.6).
+// encodeMessages builds a Messages body: tool results first, no empty text (the
+// API requires both), claude-code's identity first, custom tools as functions (SPEC §7.6).
 func encodeMessages(req chatRequest, model string, o upstreamOptions) (any, error) {
 	out := messagesRequestBody{callerHead: req.head(model, o), StopSequences: req.Stop, Messages: []messagesTurn{}}
 	if req.MaxTokens > 0 {

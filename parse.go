@@ -11,11 +11,8 @@ import (
 	"strings"
 )
 
-// Reading a caller's body, the rules the three formats share (SPEC §7.6):
-// a member with no counterpart elsewhere is dropped and named in the
-// caller's member paths (chatRequest.Dropped); one Brama must read and
-// cannot is refused as invalid_request, naming the member, never quoting
-// the caller's text.
+// Reading a caller's body (SPEC §7.6): a member with no counterpart elsewhere is
+// dropped and named (chatRequest.Dropped); a bad one refused, never quoted.
 
 func refuseInvalid(format string, args ...any) *apiError {
 	return refuse("invalid_request", format, args...)
@@ -149,9 +146,8 @@ func callerContent[T any](raw json.RawMessage, what, kind string) (text []part, 
 	return nil, nil, refuseInvalid("%s must be a string or an array of %s", what, kind)
 }
 
-// openAIParts reads content as both OpenAI formats send it: a string, or
-// parts of type T that read turns into neutral parts, with the path of the
-// URL it checks; a part read leaves untyped is dropped and named.
+// openAIParts reads OpenAI content: a string, or parts read turns into neutral
+// ones with the path of the URL to check; a part it leaves untyped is dropped.
 func openAIParts[T any](req *chatRequest, raw json.RawMessage, what string,
 	read func(T, string) (part, string, error)) ([]part, error) {
 	text, items, err := callerContent[T](raw, what, "content parts")
@@ -188,9 +184,8 @@ func checkCallerMaxTokens(name string, v *int) (int, error) {
 	return *v, nil
 }
 
-// parseCallerSchema reads a JSON Schema member: absent or null is nil, an
-// object is kept compacted (raw is valid JSON: it came out of the decoded
-// body), anything else is refused.
+// parseCallerSchema reads a JSON Schema member: null is nil, an object is kept
+// compacted (valid JSON: it came out of the decoded body), the rest refused.
 func parseCallerSchema(raw json.RawMessage, what string) (json.RawMessage, error) {
 	if rawIsNull(raw) {
 		return nil, nil
@@ -216,9 +211,8 @@ func checkCallerURL(url, what string) error {
 // bounded so a refusal never echoes a long string back.
 func quoteCallerToken(s string) string { return fmt.Sprintf("%q", truncateUTF8(s, 64)) }
 
-// appendPart adds p to the last message when it has role, else a new turn:
-// consecutive tool results are one user turn (SPEC §7.6), a tool call joins
-// the assistant turn before it.
+// appendPart adds p to the last message when it has role, else a new turn: tool
+// results in a row are one user turn (SPEC §7.6), a call joins its assistant turn.
 func appendPart(msgs []message, role string, p part) []message {
 	n := len(msgs)
 	if n > 0 && msgs[n-1].Role == role && (role != "user" || len(msgs[n-1].Parts) > 0 &&
@@ -316,9 +310,8 @@ func (req *chatRequest) addOpenAITool(t openAITool, what string) error {
 	return nil
 }
 
-// setOpenAIToolChoice reads tool_choice: a mode, or an object naming one
-// tool (nested under "function" or "custom" in chat, flat in responses);
-// other objects (allowed_tools, a hosted tool) are dropped and named.
+// setOpenAIToolChoice reads tool_choice: a mode or one tool (nested in chat, flat
+// in responses); other objects (allowed_tools, a hosted tool) are dropped.
 func (req *chatRequest) setOpenAIToolChoice(raw json.RawMessage, nested bool) error {
 	type named struct {
 		Name string `json:"name"`

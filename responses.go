@@ -441,10 +441,8 @@ func (s *responsesCallerStream) close(i int, _ *streamBlock, full string) error 
 
 func (s *responsesCallerStream) finishNow(string) error { return nil }
 
-// end writes response.completed with the whole response, even for an
-// incomplete one (SPEC §7.5): SDK stream helpers wait for that event. The
-// status is "incomplete" with the reason for a limit or a content filter, as
-// OpenAI reports it; usage null when unreported.
+// end writes response.completed, "incomplete" with a reason as OpenAI reports
+// it (SPEC §7.5): SDK stream helpers wait for that event; usage null when unreported.
 func (s *responsesCallerStream) end(finish string, u usage) error {
 	s.resp.Status = "completed"
 	if reason := responsesIncompletes[finish]; reason != "" {
