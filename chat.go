@@ -252,9 +252,8 @@ func (req *chatRequest) addChatTool(t chatTool, what string) error {
 // encodeChat builds a Chat Completions body; tool results become role "tool"
 // messages placed first, right after the assistant turn that called them.
 func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
-	out := chatRequestBody{callerHead: req.head(model, o),
-		ParallelToolCalls: req.ParallelToolCalls, ReasoningEffort: req.Effort, Messages: []chatMessage{}}
-	out.openAIShared = req.Shared
+	out := chatRequestBody{callerHead: req.head(model, o), ParallelToolCalls: req.ParallelToolCalls,
+		ReasoningEffort: req.Effort, Messages: []chatMessage{}, openAIShared: req.Shared}
 	if req.MaxTokens > 0 {
 		out.MaxTokens = &req.MaxTokens
 	}

@@ -424,7 +424,7 @@ func decodeMessages(body []byte) (chatAnswer, error) {
 	if err := json.Unmarshal(body, &r); err != nil || r.Type != "message" {
 		return chatAnswer{}, malformedAnswer(protoAnthropic, err)
 	}
-	a := chatAnswer{Finish: finishStop}
+	a := chatAnswer{Finish: messagesFinish(valueOr(r.StopReason, ""))}
 	for _, b := range r.Content {
 		switch {
 		case b.Type == "text" && b.Text != nil:
@@ -439,9 +439,6 @@ func decodeMessages(body []byte) (chatAnswer, error) {
 			}
 			a.ToolCalls = append(a.ToolCalls, toolCall{ID: b.ID, Name: b.Name, Arguments: args.String()})
 		}
-	}
-	if r.StopReason != nil {
-		a.Finish = messagesFinish(*r.StopReason)
 	}
 	if u := r.Usage; u != nil {
 		a.Usage = usage{InputTokens: u.input(), OutputTokens: u.OutputTokens, Reported: true}

@@ -143,7 +143,10 @@ func parseResponses(body []byte) (chatRequest, error) {
 	if b.Reasoning != nil && b.Reasoning.Effort != "" {
 		req.Effort, req.EffortPath = b.Reasoning.Effort, "reasoning.effort"
 	}
-	err = cmp.Or(req.setOpenAIToolChoice(b.ToolChoice, false), req.setOutput(valueOr(b.Text, responsesText{}).Format, "text.format"))
+	err = cmp.Or( // each step reads its own members; the first refusal wins
+		req.setOpenAIToolChoice(b.ToolChoice, false),
+		req.setOutput(valueOr(b.Text, responsesText{}).Format, "text.format"),
+	)
 	if err != nil {
 		return chatRequest{}, err
 	}
