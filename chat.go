@@ -217,7 +217,7 @@ func (req *chatRequest) addChatMessage(m chatMessage, what string) error {
 // chatParts reads content: a string or text, image_url and file parts;
 // others (audio, an earlier refusal) are dropped and named.
 func (req *chatRequest) chatParts(raw json.RawMessage, what string) ([]part, error) {
-	return openAIParts(req, raw, what, func(cp chatPart, pw string) (part, string, error) {
+	read := func(cp chatPart, _ json.RawMessage, pw string) (part, string, error) {
 		switch {
 		case cp.Type == "text" && cp.Text != nil:
 			return part{Type: partText, Text: *cp.Text}, "", nil
@@ -232,7 +232,8 @@ func (req *chatRequest) chatParts(raw json.RawMessage, what string) ([]part, err
 			return part{Type: partDocument, FileURL: f.FileData, Filename: f.Filename}, pw + ".file.file_data", nil
 		}
 		return part{}, "", nil
-	})
+	}
+	return callerParts(req, raw, what, "content parts", read)
 }
 
 // addChatTool adds a chat tool, read in the flat shape Responses declares it.

@@ -206,29 +206,18 @@ func (req *chatRequest) messagesText(raw json.RawMessage, what string) (string, 
 // messagesParts reads a turn's content: a string or blocks; other blocks (thinking,
 // a file) and members (cache_control, citations) are dropped and named.
 func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what string) ([]part, error) {
-	text, blocks, err := callerContent[messagesBlock](raw, what, "content blocks")
-	if err != nil || text != nil {
-		return text, err
-	}
-	rawBlocks := rawItems(raw)
-	var parts []part
-	for i, bl := range blocks {
-		bw := fmt.Sprintf("%s[%d]", what, i)
+	read := func(bl messagesBlock, rb json.RawMessage, bw string) (part, string, error) {
 		var p part
 		known := "type"
 		switch {
 		case bl.Type == "text" && bl.Text != nil:
 			p, known = part{Type: partText, Text: *bl.Text}, "type text"
 		case bl.Type == "text":
-			return nil, refuseInvalid("%s.text is required", bw)
+			return p, "", refuseInvalid("%s.text is required", bw)
 		case bl.Type == "image" || bl.Type == "document":
 			url, err := messagesSourceURL(bl.Source, bw+".source")
-			if err != nil {
-				return nil, err
-			}
-			if url == "" {
-				req.Dropped = append(req.Dropped, bw)
-				continue
+			if err != nil || url == "" { // a file reference: dropped
+				return p, "", err
 			}
 			p, known = part{Type: partImage, ImageURL: url}, "type source"
 			if bl.Type == "document" {
@@ -245,35 +234,35 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 				err = refuseInvalid("%s needs an id and a name", bw)
 			}
 			if err != nil {
-				return nil, err
+				return p, "", err
 			}
 			p, known = part{Type: partToolCall, ToolCallID: bl.ID, ToolName: bl.Name, Arguments: args}, "type id name input"
 		case bl.Type == "tool_result" && role == "user":
 			if bl.ToolUseID == "" {
-				return nil, refuseInvalid("%s.tool_use_id is required", bw)
+				return p, "", refuseInvalid("%s.tool_use_id is required", bw)
 			}
 			p = part{Type: partToolResult, ToolCallID: bl.ToolUseID, IsError: bl.IsError}
 			if !rawIsNull(bl.Content) {
 				inner, err := req.messagesParts("result", bl.Content, bw+".content")
 				if err != nil {
-					return nil, err
+					return p, "", err
 				}
 				p.Text = req.resultText(inner, bw+".content")
 			}
 			known = "type tool_use_id content is_error"
 		case bl.Type == "tool_use" || bl.Type == "tool_result":
-			return nil, refuseInvalid("%s.type %s is not allowed in a %s turn", bw, quoteCallerToken(bl.Type), role)
-		default:
-			req.Dropped = append(req.Dropped, bw)
-			continue
+			return p, "", refuseInvalid("%s.type %s is not allowed in a %s turn", bw, quoteCallerToken(bl.Type), role)
+		default: // thinking, …: dropped
+			return p, "", nil
 		}
-		dropUnknown(&req.Dropped, rawBlocks[i], bw, known)
-		parts = append(parts, p)
+		dropUnknown(&req.Dropped, rb, bw, known)
+		return p, bw + ".source", nil // its URL was checked already
 	}
-	if len(parts) == 0 && role != "result" {
+	parts, err := callerParts(req, raw, what, "content blocks", read)
+	if err == nil && len(parts) == 0 && role != "result" {
 		return nil, refuseInvalid("%s must hold at least one content block Brama can carry", what)
 	}
-	return parts, nil
+	return parts, err
 }
 
 // messagesSourceURL is a source as the neutral URL: base64 data and text a

@@ -60,13 +60,11 @@ func callerJSONKind(t reflect.Type) string {
 	return "an object"
 }
 
-func rawIsNull(raw json.RawMessage) bool {
-	raw = bytes.TrimSpace(raw)
-	return len(raw) == 0 || string(raw) == "null"
-}
+// rawIsNull reports an absent or null value (raw is valid JSON: only null starts with n).
+func rawIsNull(raw json.RawMessage) bool { return rawShape(raw) == 0 || rawShape(raw) == 'n' }
 
 // rawShape is the first byte of a JSON value: '"', '[', '{', or another
-// byte for numbers, booleans and null.
+// byte for numbers, booleans and null; 0 when absent.
 func rawShape(raw json.RawMessage) byte {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 {
@@ -146,19 +144,21 @@ func callerContent[T any](raw json.RawMessage, what, kind string) (text []part, 
 	return nil, nil, refuseInvalid("%s must be a string or an array of %s", what, kind)
 }
 
-// openAIParts reads OpenAI content: a string, or parts read turns into neutral
-// ones with the path of the URL to check; a part it leaves untyped is dropped.
-func openAIParts[T any](req *chatRequest, raw json.RawMessage, what string,
-	read func(T, string) (part, string, error)) ([]part, error) {
-	text, items, err := callerContent[T](raw, what, "content parts")
+// callerParts reads content in every format: a string, or parts (kind) that read
+// turns into neutral ones, given each one's raw JSON and path, with the path of
+// the URL to check; a part it leaves untyped is dropped and named.
+func callerParts[T any](req *chatRequest, raw json.RawMessage, what, kind string,
+	read func(T, json.RawMessage, string) (part, string, error)) ([]part, error) {
+	text, items, err := callerContent[T](raw, what, kind)
 	if err != nil || text != nil {
 		return text, err
 	}
 	var parts []part
+	raws := rawItems(raw)
 	for i, it := range items {
 		pw := fmt.Sprintf("%s[%d]", what, i)
-		p, urlPath, err := read(it, pw)
-		if err == nil && p.Type != partText && p.Type != "" {
+		p, urlPath, err := read(it, raws[i], pw)
+		if err == nil && (p.Type == partImage || p.Type == partDocument) {
 			err = checkCallerURL(p.ImageURL+p.FileURL, urlPath)
 		}
 		switch {

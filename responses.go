@@ -206,7 +206,7 @@ func (req *chatRequest) addResponsesItem(it responsesItem, what string) error {
 // responsesParts reads content: a string or text, image and file parts;
 // others (a refusal, a file id) are dropped and named.
 func (req *chatRequest) responsesParts(raw json.RawMessage, what string) ([]part, error) {
-	return openAIParts(req, raw, what, func(rp responsesPart, pw string) (part, string, error) {
+	read := func(rp responsesPart, _ json.RawMessage, pw string) (part, string, error) {
 		switch {
 		case (rp.Type == "input_text" || rp.Type == "output_text") && rp.Text == nil:
 			return part{}, "", refuseInvalid("%s.text is required", pw)
@@ -218,7 +218,8 @@ func (req *chatRequest) responsesParts(raw json.RawMessage, what string) ([]part
 			return part{Type: partDocument, FileURL: rp.FileData + rp.FileURL, Filename: rp.Filename}, pw, nil
 		}
 		return part{}, "", nil
-	})
+	}
+	return callerParts(req, raw, what, "content parts", read)
 }
 
 // encodeResponses builds a Responses body: text, images and files in message
