@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"slices"
 	"time"
 )
@@ -109,14 +108,10 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 			return chatRequest{}, err
 		}
 	}
-	var raw struct{ Messages []json.RawMessage }
+	var raw struct{ Messages json.RawMessage }
 	json.Unmarshal(body, &raw)
-	for i, m := range b.Messages {
-		what := fmt.Sprintf("messages[%d]", i)
-		dropUnknown(&req.Dropped, raw.Messages[i], what, "role content tool_calls tool_call_id")
-		if err := req.addChatMessage(m, what); err != nil {
-			return chatRequest{}, err
-		}
+	if err := eachItem(b.Messages, raw.Messages, "messages", req.addChatMessage); err != nil {
+		return chatRequest{}, err
 	}
 	if len(req.Messages) == 0 {
 		return chatRequest{}, refuseInvalid("messages must hold at least one user, assistant or tool message")
@@ -130,7 +125,7 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 		output.Type = f.Type
 	}
 	err = cmp.Or( // each step reads its own members; the first refusal wins
-		eachItem(b.Tools, "tools", req.addChatTool),
+		eachItem(b.Tools, nil, "tools", req.addChatTool),
 		req.setOpenAIToolChoice(b.ToolChoice, true),
 		req.setChatStop(b.Stop),
 		req.setOutput(output, "response_format"),
@@ -156,8 +151,9 @@ func (req *chatRequest) setChatStop(raw json.RawMessage) (err error) {
 	return err
 }
 
-// addChatMessage adds one Chat Completions message to req.
-func (req *chatRequest) addChatMessage(m chatMessage, what string) error {
+// addChatMessage adds one Chat Completions message to req, naming raw's unknown members.
+func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what string) error {
+	dropUnknown(&req.Dropped, raw, what, "role content tool_calls tool_call_id")
 	switch m.Role {
 	case "system", "developer":
 		text, err := callerTextOf(m.Content, what+".content", "text", "\n\n")
@@ -237,7 +233,7 @@ func (req *chatRequest) chatParts(raw json.RawMessage, what string) ([]part, err
 }
 
 // addChatTool adds a chat tool, read in the flat shape Responses declares it.
-func (req *chatRequest) addChatTool(t chatTool, what string) error {
+func (req *chatRequest) addChatTool(t chatTool, _ json.RawMessage, what string) error {
 	flat := openAITool{Type: "hosted"}
 	switch {
 	case t.Type == "function" && t.Function != nil:
@@ -247,7 +243,7 @@ func (req *chatRequest) addChatTool(t chatTool, what string) error {
 	case t.Type == "function" || t.Type == "custom":
 		flat = openAITool{Type: t.Type}
 	}
-	return req.addOpenAITool(flat, what)
+	return req.addOpenAITool(flat, nil, what)
 }
 
 // encodeChat builds a Chat Completions body; tool results become role "tool"

@@ -116,29 +116,16 @@ func parseMessages(body []byte) (chatRequest, error) {
 			return chatRequest{}, err
 		}
 	}
-	if err := eachItem(b.Messages, "messages", req.addMessagesTurn); err != nil {
+	if err := eachItem(b.Messages, nil, "messages", req.addMessagesTurn); err != nil {
 		return chatRequest{}, err
 	}
 	if len(req.Messages) == 0 {
 		return chatRequest{}, refuseInvalid("messages must hold at least one user or assistant turn")
 	}
-	var raw struct{ Tools []json.RawMessage }
+	var raw struct{ Tools json.RawMessage }
 	json.Unmarshal(body, &raw)
-	for i, t := range b.Tools {
-		what := fmt.Sprintf("tools[%d]", i)
-		if t.Type != "" && t.Type != "custom" { // a server tool: web_search_…, bash_…, …
-			req.Dropped = append(req.Dropped, what)
-			continue
-		}
-		dropUnknown(&req.Dropped, raw.Tools[i], what, "type name description input_schema")
-		schema, err := parseCallerSchema(t.InputSchema, what+".input_schema")
-		if err == nil && t.Name == "" {
-			err = refuseInvalid("%s.name is required", what)
-		}
-		if err != nil {
-			return chatRequest{}, err
-		}
-		req.Tools = append(req.Tools, tool{Name: t.Name, Description: t.Description, Parameters: schema})
+	if err := eachItem(b.Tools, raw.Tools, "tools", req.addMessagesTool); err != nil {
+		return chatRequest{}, err
 	}
 	if tc := b.ToolChoice; tc != nil {
 		mode := messagesChoices[tc.Type]
@@ -177,7 +164,7 @@ func parseMessages(body []byte) (chatRequest, error) {
 }
 
 // addMessagesTurn adds one Messages turn to req.
-func (req *chatRequest) addMessagesTurn(m messagesTurn, what string) error {
+func (req *chatRequest) addMessagesTurn(m messagesTurn, _ json.RawMessage, what string) error {
 	switch m.Role {
 	case "system":
 		text, err := req.messagesText(m.Content, what+".content")
@@ -189,6 +176,22 @@ func (req *chatRequest) addMessagesTurn(m messagesTurn, what string) error {
 		return err
 	}
 	return refuseInvalid("%s.role %s is not user, assistant or system", what, quoteCallerToken(m.Role))
+}
+
+// addMessagesTool adds a client tool, naming raw's unknown members; a server tool
+// (web_search_…, bash_…, …) is dropped and named.
+func (req *chatRequest) addMessagesTool(t messagesTool, raw json.RawMessage, what string) error {
+	if t.Type != "" && t.Type != "custom" {
+		req.Dropped = append(req.Dropped, what)
+		return nil
+	}
+	dropUnknown(&req.Dropped, raw, what, "type name description input_schema")
+	schema, err := parseCallerSchema(t.InputSchema, what+".input_schema")
+	if err == nil && t.Name == "" {
+		err = refuseInvalid("%s.name is required", what)
+	}
+	req.Tools = append(req.Tools, tool{Name: t.Name, Description: t.Description, Parameters: schema})
+	return err // on an error the whole request is refused
 }
 
 // messagesChoices maps tool_choice types to neutral modes.

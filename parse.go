@@ -274,14 +274,15 @@ type openAITool struct {
 	Tools       []openAITool    `json:"tools,omitempty"` // a namespace's members
 }
 
-// addOpenAITool adds a function, custom or namespace tool; any other (a
-// hosted tool: web_search, tool_search, …) is dropped and named.
-func (req *chatRequest) addOpenAITool(t openAITool, what string) error {
+// addOpenAITool adds a function, custom or namespace tool, naming the unknown members
+// of raw (nil: none); any other (a hosted tool: web_search, …) is dropped and named.
+func (req *chatRequest) addOpenAITool(t openAITool, raw json.RawMessage, what string) error {
 	if t.Name == "" && slices.Contains([]string{"function", "custom", "namespace"}, t.Type) {
 		return refuseInvalid("%s needs a name", what)
 	}
 	switch t.Type {
 	case "function", "custom":
+		dropUnknown(&req.Dropped, raw, what, "type name description parameters strict format")
 		params, err := parseCallerSchema(t.Parameters, what+".parameters")
 		if err != nil {
 			return err
@@ -299,7 +300,7 @@ func (req *chatRequest) addOpenAITool(t openAITool, what string) error {
 			req.Dropped = append(req.Dropped, what+".description")
 		}
 		n := len(req.Tools)
-		err := eachItem(t.Tools, what+".tools", req.addOpenAITool)
+		err := eachItem(t.Tools, nil, what+".tools", req.addOpenAITool)
 		for j := n; j < len(req.Tools); j++ {
 			req.Tools[j].Namespace, req.Tools[j].Name = t.Name, t.Name+"__"+req.Tools[j].Name
 		}
@@ -374,11 +375,13 @@ func (req *chatRequest) setOutput(o *outputFormat, what string) error {
 	return nil
 }
 
-// eachItem runs add on every element of a caller's array, with its path
-// under what; the first refusal stops it.
-func eachItem[T any](items []T, what string, add func(T, string) error) error {
+// eachItem runs add on every element of a caller's array, with its raw JSON from
+// list (the array, nil when the caller needs none) and its path; the first refusal stops it.
+func eachItem[T any](items []T, list json.RawMessage, what string,
+	add func(T, json.RawMessage, string) error) error {
+	raws := append(rawItems(list), make([]json.RawMessage, len(items))...) // nil past the list
 	for i, it := range items {
-		if err := add(it, fmt.Sprintf("%s[%d]", what, i)); err != nil {
+		if err := add(it, raws[i], fmt.Sprintf("%s[%d]", what, i)); err != nil {
 			return err
 		}
 	}

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"strings"
 	"time"
 )
@@ -124,26 +123,17 @@ func parseResponses(body []byte) (chatRequest, error) {
 	default:
 		return chatRequest{}, refuseInvalid("input is required: a string or an array of items")
 	}
-	if err := eachItem(items, "input", req.addResponsesItem); err != nil {
+	if err := eachItem(items, nil, "input", req.addResponsesItem); err != nil {
 		return chatRequest{}, err
 	}
 	if len(req.Messages) == 0 {
 		return chatRequest{}, refuseInvalid("input must hold at least one user, assistant or tool item")
 	}
-	rawTools := rawItems(raw.Tools)
-	for i, t := range b.Tools {
-		what := fmt.Sprintf("tools[%d]", i)
-		if t.Type == "function" || t.Type == "custom" {
-			dropUnknown(&req.Dropped, rawTools[i], what, "type name description parameters strict format")
-		}
-		if err := req.addOpenAITool(t, what); err != nil {
-			return chatRequest{}, err
-		}
-	}
 	if b.Reasoning != nil && b.Reasoning.Effort != "" {
 		req.Effort, req.EffortPath = b.Reasoning.Effort, "reasoning.effort"
 	}
 	err = cmp.Or( // each step reads its own members; the first refusal wins
+		eachItem(b.Tools, raw.Tools, "tools", req.addOpenAITool),
 		req.setOpenAIToolChoice(b.ToolChoice, false),
 		req.setOutput(valueOr(b.Text, responsesText{}).Format, "text.format"),
 	)
@@ -156,7 +146,7 @@ func parseResponses(body []byte) (chatRequest, error) {
 
 // addResponsesItem adds one input item. Reasoning and hosted tool calls are
 // dropped and named; item_reference is refused: Brama keeps no responses.
-func (req *chatRequest) addResponsesItem(it responsesItem, what string) error {
+func (req *chatRequest) addResponsesItem(it responsesItem, _ json.RawMessage, what string) error {
 	switch it.Type {
 	case "", "message":
 		switch it.Role {
@@ -195,7 +185,7 @@ func (req *chatRequest) addResponsesItem(it responsesItem, what string) error {
 			Text: req.resultText(parts, what+".output"), Custom: it.Type == "custom_tool_call_output"})
 		return err
 	case "additional_tools": // tools declared in the input, as the Codex CLI sends them
-		return eachItem(it.Tools, what+".tools", req.addOpenAITool)
+		return eachItem(it.Tools, nil, what+".tools", req.addOpenAITool)
 	case "item_reference":
 		return refuseInvalid("%s: item references are not supported; send the items themselves", what)
 	}
