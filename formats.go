@@ -361,7 +361,8 @@ func argumentsText(args string) string {
 
 // effortBudgets maps reasoning effort names to a thinking budget toward
 // messages; a budget maps back to the nearest effort at or above it (SPEC §7.6).
-var effortBudgets = []effortBudget{{"minimal", 1024}, {"low", 2048}, {"medium", 8192}, {"high", 24576}, {"xhigh", 32768}}
+var effortBudgets = []effortBudget{{"minimal", 1024}, {"low", 2048}, {"medium", 8192},
+	{"high", 24576}, {"xhigh", 32768}}
 
 type effortBudget struct {
 	effort string

@@ -110,7 +110,8 @@ func (req chatRequest) head(model string, o upstreamOptions) callerHead {
 
 // newCallerRequest decodes body into b, a format's wire shape embedding h,
 // checks the members every format shares and names the unknown top-level ones.
-func newCallerRequest(body []byte, b any, h *callerHead, known, limitName string, limit **int) (chatRequest, error) {
+func newCallerRequest(body []byte, b any, h *callerHead, known, limitName string,
+	limit **int) (chatRequest, error) {
 	if err := decodeCallerJSON(body, b, ""); err != nil {
 		return chatRequest{}, err
 	}
