@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -40,24 +41,17 @@ func decodeCallerJSON(data []byte, v any, what string) error {
 	return refuseInvalid("malformed JSON").because(err)
 }
 
-// callerJSONKind names the JSON shape a Go type decodes from, for refusals.
+// callerJSONKinds names the JSON shape of each Go kind the caller shapes use
+// (int, float64, slices: no other numbers or arrays), for refusals.
+var callerJSONKinds = map[reflect.Kind]string{reflect.String: "a string", reflect.Bool: "a boolean",
+	reflect.Int: "an integer", reflect.Float64: "a number", reflect.Slice: "an array"}
+
+// callerJSONKind names the JSON shape a Go type decodes from; a struct is an object.
 func callerJSONKind(t reflect.Type) string {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
-	switch k := t.Kind(); {
-	case k == reflect.String:
-		return "a string"
-	case k == reflect.Bool:
-		return "a boolean"
-	case k >= reflect.Int && k <= reflect.Uint64:
-		return "an integer"
-	case k == reflect.Float32 || k == reflect.Float64:
-		return "a number"
-	case k == reflect.Slice || k == reflect.Array:
-		return "an array"
-	}
-	return "an object"
+	return cmp.Or(callerJSONKinds[t.Kind()], "an object")
 }
 
 // rawIsNull reports an absent or null value (raw is valid JSON: only null starts with n).
