@@ -12,8 +12,8 @@ import (
 	"strings"
 )
 
-// Reading a caller's body (SPEC §7.6): a member with no counterpart elsewhere is
-// dropped and named (chatRequest.Dropped); a bad one refused, never quoted.
+// Reading a caller's body (SPEC §7.6): a member with no counterpart elsewhere is dropped
+// and named (chatRequest.Dropped), one unreadable refused as invalid_request, never quoted.
 
 func refuseInvalid(format string, args ...any) *apiError {
 	return refuse("invalid_request", format, args...)
