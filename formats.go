@@ -364,6 +364,7 @@ func argumentsText(args string) string {
 var effortBudgets = []effortBudget{{"minimal", 1024}, {"low", 2048}, {"medium", 8192},
 	{"high", 24576}, {"xhigh", 32768}}
 
+// effortBudget is one reasoning effort and its thinking budget.
 type effortBudget struct {
 	effort string
 	budget int
