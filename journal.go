@@ -123,7 +123,7 @@ func (j *journal) ready() error {
 	if err != nil {
 		return err
 	}
-	f, _, err := j.open(false)
+	f, _, err := j.open(0)
 	if errors.Is(err, errFileAbsent) {
 		return journalDirWritable(filepath.Dir(j.name))
 	}
@@ -133,21 +133,18 @@ func (j *journal) ready() error {
 	return err
 }
 
-// open opens the guarded journal O_APPEND, creating it 0600 only when create.
-func (j *journal) open(create bool) (f *os.File, created bool, err error) {
-	_, err = guardFile("journal", j.name)
-	created = errors.Is(err, errFileAbsent)
-	if err != nil && !(create && created) {
-		return nil, false, err
+// open opens the guarded journal O_APPEND; create (0 or os.O_CREATE) makes
+// a missing one 0600, and then id is zero.
+func (j *journal) open(create int) (f *os.File, id fileIdentity, err error) {
+	id, err = guardFile("journal", j.name)
+	if err != nil && !(create != 0 && errors.Is(err, errFileAbsent)) {
+		return nil, id, err
 	}
-	flag := os.O_RDWR | os.O_APPEND | syscall.O_NOFOLLOW // O_NOFOLLOW: no symlink since the Lstat
-	if create {
-		flag |= os.O_CREATE
+	f, err = os.OpenFile(j.name, os.O_RDWR|os.O_APPEND|syscall.O_NOFOLLOW|create, 0o600) // O_NOFOLLOW: no symlink since the Lstat
+	if err != nil {
+		return nil, id, fmt.Errorf("journal: %w", err)
 	}
-	if f, err = os.OpenFile(j.name, flag, 0o600); err != nil {
-		return nil, false, fmt.Errorf("journal: %w", err)
-	}
-	return f, created, nil
+	return f, id, nil
 }
 
 // journalDirWritable says whether a file could be created in dir: its nearest
@@ -194,7 +191,7 @@ func (j *journal) append(rec journalRecord) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("journal: %w", err)
 	}
-	f, created, err := j.open(true)
+	f, id, err := j.open(os.O_CREATE)
 	if err != nil {
 		return err
 	}
@@ -210,7 +207,7 @@ func (j *journal) append(rec journalRecord) error {
 		j.broken = err // never retry fsync; the page cache may be lying
 		return j.unusable()
 	}
-	if created {
+	if id == (fileIdentity{}) { // this append created the file
 		if err := syncDir(dir); err != nil {
 			return fmt.Errorf("journal: make the new file durable: %w", err)
 		}

@@ -159,10 +159,9 @@ type stateFile[T any] struct {
 	parse      func([]byte) (T, error)
 	absentErr  bool
 
-	mu   sync.Mutex // guards read, doc, id
-	read bool       // doc and id hold the last good read
-	doc  T
-	id   fileIdentity
+	mu  sync.Mutex // guards doc, id
+	doc T
+	id  fileIdentity // of the file doc was read from; zero: nothing kept
 }
 
 // load returns the current document, reading the file only when it changed.
@@ -173,11 +172,14 @@ func (f *stateFile[T]) load() (T, error) {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if id, err := guardFile(f.role, f.path); err == nil && f.read && id == f.id {
+	if id, err := guardFile(f.role, f.path); err == nil && id == f.id {
 		return f.doc, nil
 	}
 	doc, id, err := f.readNow()
-	f.read, f.doc, f.id = err == nil && id != fileIdentity{}, doc, id // an absent file is not kept
+	if err != nil {
+		id = fileIdentity{} // an absent or bad file is not kept
+	}
+	f.doc, f.id = doc, id
 	return doc, err
 }
 
@@ -191,7 +193,7 @@ func (f *stateFile[T]) fresh() (T, error) {
 func (f *stateFile[T]) readNow() (T, fileIdentity, error) {
 	b, id, err := readGuarded(f.role, f.path)
 	if errors.Is(err, errFileAbsent) && !f.absentErr {
-		b, err = nil, nil
+		b, err = nil, nil // a present file is never nil, if empty
 	}
 	if err != nil {
 		var zero T
@@ -204,8 +206,33 @@ func (f *stateFile[T]) readNow() (T, fileIdentity, error) {
 // forget drops the cached document, so the next load reads the file.
 func (f *stateFile[T]) forget() {
 	f.mu.Lock()
-	f.read = false
+	f.id = fileIdentity{}
 	f.mu.Unlock()
+}
+
+// update is the flocked read-modify-rename of a file both a CLI and the
+// daemon edit (SPEC §2.3); the changed document must still validate.
+func (f *stateFile[T]) update(change func(T) error) error {
+	if f.pathErr != nil {
+		return f.pathErr
+	}
+	return withFileLock(f.path, func() error {
+		doc, err := f.fresh()
+		if err == nil {
+			err = change(doc)
+		}
+		if v, ok := any(doc).(validator); ok && err == nil {
+			err = v.validate()
+		}
+		var b []byte
+		if err == nil {
+			b, err = marshalState(doc)
+		}
+		if err != nil {
+			return err
+		}
+		return writeFileAtomic(f.path, b)
+	})
 }
 
 // testingOnlyRename replaces os.Rename in writeFileAtomic (nil in production).
@@ -309,25 +336,6 @@ func (f *snapshotFile) write(name string, seq uint64, data []byte) error {
 		f.written = seq
 	}
 	return err
-}
-
-// editLocked is the flocked read-modify-rename of a file both a CLI and the
-// daemon edit (SPEC §2.3).
-func editLocked[T any](name string, read func() (T, error), change func(T) error) error {
-	return withFileLock(name, func() error {
-		doc, err := read()
-		if err == nil {
-			err = change(doc)
-		}
-		var b []byte
-		if err == nil {
-			b, err = marshalState(doc)
-		}
-		if err != nil {
-			return err
-		}
-		return writeFileAtomic(name, b)
-	})
 }
 
 // lockServe takes the one-serve-per-state-directory lock (SPEC §2.3).
@@ -443,42 +451,37 @@ func checkNesting(b []byte) error {
 }
 
 // checkDuplicateKeys refuses an object naming a key twice (encoding/json
-// keeps the last), on its own stack bounded by maxJSONDepth.
+// keeps the last), recursing at most maxJSONDepth deep.
 func checkDuplicateKeys(dec *json.Decoder) error {
-	var stack []map[string]bool // an open object's keys so far; nil for an array
-	wantKey := false            // the next token is a key of the top object
-	for {
-		tok, err := dec.Token()
-		if err != nil {
+	var value func(depth int) error // reads one value nested in depth containers
+	value = func(depth int) error {
+		open, err := dec.Token()
+		if err != nil || open != json.Delim('{') && open != json.Delim('[') {
 			return err
 		}
-		switch tok {
-		case json.Delim('{'), json.Delim('['):
-			if len(stack) == maxJSONDepth {
-				return errTooDeep
-			}
-			var keys map[string]bool
-			if tok == json.Delim('{') {
-				keys = map[string]bool{}
-			}
-			stack, wantKey = append(stack, keys), keys != nil
-			continue
-		case json.Delim('}'), json.Delim(']'):
-			stack = stack[:len(stack)-1] // the decoder checked it closes the top
-		default:
-			if key, _ := tok.(string); wantKey {
-				if stack[len(stack)-1][key] {
+		if depth == maxJSONDepth {
+			return errTooDeep
+		}
+		keys := map[string]bool{}
+		for dec.More() {
+			if open == json.Delim('{') {
+				key, err := dec.Token() // the decoder allows only a string here
+				if err != nil {
+					return err
+				}
+				if keys[key.(string)] {
 					return fmt.Errorf("duplicate key %q", key)
 				}
-				stack[len(stack)-1][key], wantKey = true, false
-				continue
+				keys[key.(string)] = true
+			}
+			if err := value(depth + 1); err != nil {
+				return err
 			}
 		}
-		if len(stack) == 0 {
-			return nil // the document's one value is complete
-		}
-		wantKey = stack[len(stack)-1] != nil // after a member's value, a key or '}'
+		_, err = dec.Token() // the closing delimiter
+		return err
 	}
+	return value(0)
 }
 
 // marshalState is the one encoding of Brama's JSON state files: indented,
@@ -556,14 +559,6 @@ func (d *vaultDoc) validate() error {
 		d.Subscriptions = map[string]vaultCredential{}
 	}
 	return nil
-}
-
-// update edits the vault under its file lock (SPEC §2.3).
-func (v *vault) update(fn func(d *vaultDoc) error) error {
-	if v.pathErr != nil {
-		return v.pathErr
-	}
-	return editLocked(v.path, v.fresh, fn)
 }
 
 // directKey returns the vault's API key for provider, or "".
