@@ -254,13 +254,23 @@ func answerBusy() *apiError {
 	return ae
 }
 
-// taken applies SPEC §12 item 2 to the record at path; an empty requestSHA
-// skips the body comparison. A missing record is errFileAbsent.
+// taken applies SPEC §12 item 2 to the record at path, checking a complete
+// record's signature; an empty requestSHA skips the body comparison. A
+// missing record is errFileAbsent.
 func (a *answerStore) taken(path, requestSHA string) (*answerRecord, error) {
-	rec, err := a.read(path)
+	rec, err := readAnswerFile(path)
+	if errors.Is(err, errFileAbsent) {
+		return nil, err
+	}
+	if err == nil && rec.State == answerComplete {
+		var key []byte
+		if key, err = a.signingKey(); err == nil && !verifyAnswer(key, rec.body(), *rec.Signature) {
+			err = errSignatureMismatch
+		}
+	}
 	switch {
 	case err != nil:
-		return nil, err
+		return nil, refuse("internal_error", "the kept answer for this Idempotency-Key is unreadable").because(err)
 	case requestSHA != "" && rec.RequestSHA256 != requestSHA:
 		return nil, refuse("state_conflict", "this Idempotency-Key was used with another request body")
 	case rec.State == answerInProgress && rec.BootID != a.bootID:
@@ -273,30 +283,8 @@ func (a *answerStore) taken(path, requestSHA string) (*answerRecord, error) {
 
 // readAnswerFile reads, guards and decodes the record at name.
 func readAnswerFile(name string) (*answerRecord, error) {
-	b, _, err := readGuarded("kept answer", name)
-	if err != nil {
-		return nil, err
-	}
-	return decodeAnswerRecord(b)
-}
-
-// read reads the record at path and checks a complete record's signature.
-// A missing record is errFileAbsent.
-func (a *answerStore) read(path string) (*answerRecord, error) {
-	rec, err := readAnswerFile(path)
-	if errors.Is(err, errFileAbsent) {
-		return nil, err
-	}
-	if err == nil && rec.State == answerComplete {
-		var key []byte
-		if key, err = a.signingKey(); err == nil && !verifyAnswer(key, rec.body(), *rec.Signature) {
-			err = errSignatureMismatch
-		}
-	}
-	if err != nil {
-		return nil, refuse("internal_error", "the kept answer for this Idempotency-Key is unreadable").because(err)
-	}
-	return rec, nil
+	f := stateFile[*answerRecord]{role: "kept answer", path: name, parse: decodeAnswerRecord, absentErr: true}
+	return f.fresh()
 }
 
 // abandon keeps a stopped process's in-progress record as SPEC §12 item 2's
