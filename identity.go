@@ -152,13 +152,11 @@ func updateClients(path string, fn func(d *clientsDoc) error) error {
 // (SPEC §3.1); anything else is "", which no client matches.
 func presentedToken(h http.Header) string {
 	auth, key := h.Values("Authorization"), h.Values("X-Api-Key")
-	var tok string
-	switch {
-	case len(auth)+len(key) != 1:
+	if len(auth)+len(key) != 1 {
 		return ""
-	case len(key) == 1:
-		tok = key[0]
-	default:
+	}
+	tok := strings.Join(key, "") // the one x-api-key, or ""
+	if len(auth) == 1 {
 		scheme, rest, ok := strings.Cut(auth[0], " ")
 		if !ok || !strings.EqualFold(scheme, "Bearer") {
 			return ""

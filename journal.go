@@ -68,7 +68,7 @@ type journal struct {
 	name    string        // the journal file; "" when there is no state directory
 	noState *noStateError // why name is "", else nil
 
-	testingOnlySync func(f *os.File) error // replaces f.Sync in append (nil in production)
+	testingOnlySync func(f *os.File) error // replaces f.Sync's result in append (nil in production)
 
 	mu     sync.Mutex // guards broken; held across one append so this process's appends queue
 	broken error      // the fsync failure that made the journal unusable; never cleared
@@ -199,11 +199,11 @@ func (j *journal) append(rec journalRecord) error {
 	if err := writeJournalLine(f, line); err != nil {
 		return err
 	}
-	sync := f.Sync
+	err = f.Sync()
 	if j.testingOnlySync != nil {
-		sync = func() error { return j.testingOnlySync(f) }
+		err = j.testingOnlySync(f)
 	}
-	if err := sync(); err != nil {
+	if err != nil {
 		j.broken = err // never retry fsync; the page cache may be lying
 		return j.unusable()
 	}
@@ -281,30 +281,23 @@ func (j *journal) badLines() (bad []journalBadLine, n int, err error) {
 	return bad, n, err
 }
 
-// folded brings the fold up to date and lets read copy from it. Requests and
-// probes ask often, so it reads only new lines (issue 10: rereading took 5 GB).
+// folded folds the complete lines appended since the last call (a shrunk or
+// replaced file from the start), logging each bad line once, and lets read
+// copy from the fold. Requests and probes ask often, so it reads only new
+// lines (issue 10: rereading took 5 GB).
 func (j *journal) folded(read func(*journalFold)) error {
 	if j.noState != nil {
 		return j.noState
 	}
 	j.readMu.Lock()
 	defer j.readMu.Unlock()
-	if err := j.foldTail(); err != nil {
-		return err
-	}
-	read(&j.fold)
-	return nil
-}
-
-// foldTail folds the complete lines appended since the last call (a shrunk or
-// replaced file from the start), logging each bad line once. Callers hold readMu.
-func (j *journal) foldTail() error {
 	f, full, err := openGuarded("journal", j.name)
-	if errors.Is(err, errFileAbsent) {
+	switch {
+	case errors.Is(err, errFileAbsent):
 		j.fold = journalFold{retire: map[string]bool{}}
+		read(&j.fold)
 		return nil
-	}
-	if err != nil {
+	case err != nil:
 		return err
 	}
 	defer f.Close()
@@ -343,6 +336,7 @@ func (j *journal) foldTail() error {
 	}
 	fo.off += int64(len(tail))
 	fo.lines += bytes.Count(tail, []byte{'\n'})
+	read(fo)
 	return nil
 }
 

@@ -352,7 +352,7 @@ func lockServe(s state) (*os.File, error) {
 }
 
 // staleTempName matches placeFile's temporary names: "." + base + ".tmp" + digits.
-var staleTempName = regexp.MustCompile(`^\..+\.tmp[0-9]+$`)
+var staleTempName = regexp.MustCompile(`^\.(.+)\.tmp[0-9]+$`)
 
 // removeStaleTemps removes and counts the temporary files a crash left in
 // dir and answers/*/ (one may copy the vault's old secrets). The caller holds
@@ -372,11 +372,11 @@ func removeStaleTemps(dir string) (int, error) {
 			return n, err
 		}
 		for _, e := range entries {
-			if !e.Type().IsRegular() || !staleTempName.MatchString(e.Name()) {
+			base := staleTempName.FindStringSubmatch(e.Name())
+			if !e.Type().IsRegular() || base == nil {
 				continue
 			}
-			temp := filepath.Join(d, e.Name())
-			target := filepath.Join(d, e.Name()[1:strings.LastIndex(e.Name(), ".tmp")])
+			temp, target := filepath.Join(d, e.Name()), filepath.Join(d, base[1])
 			remove := func() error { return os.Remove(temp) }
 			if _, err = os.Lstat(target + ".lock"); err == nil {
 				err = withFileLock(target, remove)
