@@ -400,26 +400,24 @@ func parseJournalLine(line []byte) (journalRecord, string) {
 	}
 	var m map[string]json.RawMessage
 	json.Unmarshal(line, &m) // a valid object
-	for _, name := range []string{"kind", "at"} {
-		var s *string
-		raw, ok := m[name]
-		switch {
-		case !ok:
-			return r, "missing " + name
-		case json.Unmarshal(raw, &s) != nil || s == nil:
-			return r, name + " is not a string"
-		case *s == "":
-			return r, name + " is empty"
-		}
-	}
 	v := reflect.ValueOf(&r).Elem() // Kind comes first, so it is known at from and to
 	for i := range v.NumField() {
 		name, _, _ := strings.Cut(v.Type().Field(i).Tag.Get("json"), ",")
 		raw, ok := m[name]
+		required := name == "kind" || name == "at" // non-empty strings
 		if !ok || (name == "from" || name == "to") && r.Kind != "route_change" {
+			if required {
+				return journalRecord{}, "missing " + name
+			}
 			continue
 		}
-		if json.Unmarshal(raw, v.Field(i).Addr().Interface()) != nil {
+		err := json.Unmarshal(raw, v.Field(i).Addr().Interface())
+		switch {
+		case required && (err != nil || string(raw) == "null"): // raw holds no blanks
+			return journalRecord{}, name + " is not a string"
+		case required && v.Field(i).String() == "":
+			return journalRecord{}, name + " is empty"
+		case err != nil:
 			return journalRecord{}, "field " + name + " has the wrong type"
 		}
 	}
