@@ -399,7 +399,7 @@ func parseJournalLine(line []byte) (journalRecord, string) {
 		return r, "not a JSON object"
 	}
 	var m map[string]json.RawMessage
-	json.Unmarshal(line, &m) // a valid object
+	json.Unmarshal(line, &m)        // a valid object
 	v := reflect.ValueOf(&r).Elem() // Kind comes first, so it is known at from and to
 	for i := range v.NumField() {
 		name, _, _ := strings.Cut(v.Type().Field(i).Tag.Get("json"), ",")
