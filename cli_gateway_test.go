@@ -86,7 +86,7 @@ func FuzzParseImportFile(f *testing.F) {
 		if g.AccessToken == "" || g.RefreshToken == "" || g.ExpiresAtMs < 0 {
 			t.Fatalf("accepted an unusable grant: %+v", g)
 		}
-		if err := checkCredential(provider, vaultCredential{OAuth: &g}); err != nil {
+		if _, err := checkCredential(provider, vaultCredential{OAuth: &g}); err != nil {
 			t.Fatalf("accepted grant fails the donation check: %v", err)
 		}
 	})

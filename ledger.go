@@ -4,17 +4,16 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"regexp"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 )
 
-// The ledger (SPEC §10.3) remembers, per subscription, what traffic and
-// usage reports said about its plan windows, the block a 429 or quota
-// refusal left, its credential state, measured use, and the last usage read
-// and probe. Dispatch orders and skips subscriptions by it, maintenance arms
-// its one timer at its next due moment, and listings show it (§10.4).
+// The ledger (SPEC §10.3) remembers per subscription its plan windows, the
+// block a 429 or quota refusal left, its credential state, measured use and
+// the last usage read and probe. Dispatch orders and skips subscriptions by
+// it, maintenance arms its one timer at its next due moment, listings show it.
 
 const ledgerFile = "ledger.json"
 
@@ -79,11 +78,13 @@ type ledgerDoc struct {
 	Subscriptions map[string]ledgerEntry `json:"subscriptions"`
 }
 
-// ledgerIDPattern is the shape of a subscription id (SPEC §2.2).
-var ledgerIDPattern = regexp.MustCompile(`^sub_[0-9a-f]{16}$`)
+// isSubscriptionID: sub_ and 16 lower-case hex digits (SPEC §2.2).
+func isSubscriptionID(id string) bool {
+	rest, ok := strings.CutPrefix(id, "sub_")
+	return ok && len(rest) == 16 && strings.Trim(rest, "0123456789abcdef") == ""
+}
 
-// ledgerStopper is what a timer at a ledger moment must offer (the
-// write-behind here, maintenance's due timer): *time.Timer fits.
+// ledgerStopper is a timer at a ledger moment (the write-behind, maintenance's due timer).
 type ledgerStopper interface{ Stop() bool }
 
 // afterFunc is time.AfterFunc, or testingOnly when a test set it.
@@ -95,38 +96,33 @@ func afterFunc(testingOnly func(time.Duration, func()) ledgerStopper, d time.Dur
 }
 
 // ledger is the in-memory ledger and its file. Mutations apply in memory at
-// once; the file follows, at once for credential, block and probe changes
-// and at most once per second for the rest (a write-behind armed by the
-// change itself, never a periodic job).
+// once; the file follows at once for credential, block and probe changes,
+// else at most once per second (a write-behind armed by the change itself).
 type ledger struct {
 	log        *slog.Logger
 	now        func() time.Time
-	name       string // ledger.json; "" when there is no state directory
-	unplaced   error  // why there is no file (set when name is ""); never changes
-	unreadable error  // why ledger.json could not be read; set once in newLedger, never changes
-	changed    chan struct{}
+	name       string        // ledger.json; "" when there is no state directory
+	unplaced   error         // why there is no file (set when name is ""); never changes
+	unreadable error         // why ledger.json could not be read; set once in newLedger, never changes
+	changed    chan struct{} // signalled (buffered 1, never blocking) after every change: maintenance re-arms
 
 	// testingOnlyAfterFunc replaces time.AfterFunc for the write-behind (nil in production).
 	testingOnlyAfterFunc func(d time.Duration, f func()) ledgerStopper
 
-	mu        sync.Mutex // guards entries, seq, lastWrite, timer, timerGen, warned
+	mu        sync.Mutex // guards entries, seq, lastWrite, timer, warned
 	entries   map[string]*ledgerEntry
 	seq       uint64        // mutations applied so far
 	lastWrite time.Time     // injected-clock moment of the last snapshot taken for the file
 	timer     ledgerStopper // the armed write-behind, nil when none
-	timerGen  uint64        // identifies the armed write-behind
 	warned    bool          // ledger_unplaced was logged
 
 	file snapshotFile // ledger.json, written in snapshot order
 }
 
 // newLedger loads ledger.json; absent, it is empty. One failing the §2.2
-// guards or the strict parse is served empty, logged once without its bytes
-// and never overwritten, so an operator can still repair it.
+// guards or the parse is served empty, logged without its bytes and never
+// overwritten, so an operator can still repair it.
 func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
-	if log == nil { // tests outside the cluster still pass nil (subscriptions_test.go)
-		log = slog.New(slog.DiscardHandler)
-	}
 	l := &ledger{log: log, now: now, entries: map[string]*ledgerEntry{}, changed: make(chan struct{}, 1)}
 	name, err := st.path("ledger", ledgerFile)
 	if err != nil {
@@ -153,13 +149,11 @@ func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
 	return l
 }
 
-// parseLedger strictly parses ledger.json (SPEC §2.2), refusing unknown
-// members, duplicate keys, another schema, a malformed id or a state never
-// stored, naming role and the member. Empty bytes are an empty ledger.
+// parseLedger strictly parses ledger.json (SPEC §2.2), naming role and the
+// member refused; empty bytes are an empty ledger.
 func parseLedger(role string, b []byte) (map[string]ledgerEntry, error) {
-	subs := map[string]ledgerEntry{}
 	if len(b) == 0 {
-		return subs, nil
+		return map[string]ledgerEntry{}, nil
 	}
 	var doc ledgerDoc
 	if err := decodeStrict(role, b, &doc); err != nil {
@@ -169,7 +163,7 @@ func parseLedger(role string, b []byte) (map[string]ledgerEntry, error) {
 		return nil, fmt.Errorf("%s: schema_version %d is not 1", role, doc.SchemaVersion)
 	}
 	for id, e := range doc.Subscriptions {
-		if !ledgerIDPattern.MatchString(id) {
+		if !isSubscriptionID(id) {
 			return nil, fmt.Errorf("%s: subscriptions member %q is not sub_<16 hex>", role, id)
 		}
 		if s := e.Credential.State; s != credActive && s != credNeedsReauth {
@@ -180,16 +174,11 @@ func parseLedger(role string, b []byte) (map[string]ledgerEntry, error) {
 				return nil, fmt.Errorf("%s: subscriptions.%s.windows[%d].used_fraction %v is outside [0,1]", role, id, i, w.UsedFraction)
 			}
 		}
-		subs[id] = e
 	}
-	return subs, nil
+	return doc.Subscriptions, nil
 }
 
-// loadErr is why ledger.json was unreadable (/readyz lists it), or nil.
-func (l *ledger) loadErr() error { return l.unreadable }
-
-// entry returns a copy of id's record, sharing no memory with the ledger; a
-// missing one reads as an active credential with no windows.
+// entry is a copy of id's record; a missing one reads as an active credential.
 func (l *ledger) entry(id string) (ledgerEntry, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -208,14 +197,12 @@ func (l *ledger) credentialState(id string) string {
 	return e.Credential.State
 }
 
-// ledgerSentence is how a cause, reason or detail is kept: secrets
-// redacted, then at most 200 bytes (SPEC §10.3).
+// ledgerSentence is how a cause, reason or detail is kept (SPEC §10.3).
 func ledgerSentence(s string) string {
 	return truncateUTF8(redact(s), maxSentenceBytes)
 }
 
-// recordWindows replaces the windows with the same ids and appends new ones
-// (coalesced write).
+// recordWindows replaces the windows with the same ids and appends new ones (coalesced write).
 func (l *ledger) recordWindows(id, provider string, ws []planWindow) {
 	l.mutate(id, provider, false, func(e *ledgerEntry, _ time.Time) {
 		// A usage report is a whole reading: a window it no longer names is
@@ -236,8 +223,7 @@ func (l *ledger) recordWindows(id, provider string, ws []planWindow) {
 	})
 }
 
-// block records a block until until, capped at 7 days from now (immediate
-// write). The caller picks the moment (15 min when the provider stated none).
+// block records a block until until, capped at 7 days from now (immediate write).
 func (l *ledger) block(id, provider string, until time.Time, reason string) {
 	l.mutate(id, provider, true, func(e *ledgerEntry, now time.Time) {
 		if limit := now.Add(ledgerMaxBlock); until.After(limit) {
@@ -249,18 +235,15 @@ func (l *ledger) block(id, provider string, until time.Time, reason string) {
 
 // blockedUntil is the end of id's block, or zero when it is not blocked now.
 func (l *ledger) blockedUntil(id string) time.Time {
-	now := l.now().UnixMilli()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if e, ok := l.entries[id]; ok && e.Block.UntilMs > now {
+	if e, _ := l.entry(id); e.Block.UntilMs > l.now().UnixMilli() {
 		return time.UnixMilli(e.Block.UntilMs)
 	}
 	return time.Time{}
 }
 
 // setCredential records the credential state and its cause (immediate
-// write). A state other than active or needs_reauthorization is a caller's
-// bug: it is logged and ignored so the file stays parseable.
+// write); another state than the two stored is a caller's bug, logged and
+// ignored so the file stays parseable.
 func (l *ledger) setCredential(id, provider, state, cause string) {
 	if state != credActive && state != credNeedsReauth {
 		l.log.Error("ledger_bad_state", "subscription_id", id, "state", state)
@@ -273,8 +256,7 @@ func (l *ledger) setCredential(id, provider, state, cause string) {
 	})
 }
 
-// setGrantTimes records the grant's expiry and last refresh, both as given
-// (0 unknown / never) (immediate write).
+// setGrantTimes records the grant's expiry and last refresh, 0 unknown or never (immediate write).
 func (l *ledger) setGrantTimes(id, provider string, expiresAtMs, refreshedAtMs int64) {
 	l.mutate(id, provider, true, func(e *ledgerEntry, _ time.Time) {
 		e.Credential.ExpiresAtMs = expiresAtMs
@@ -295,8 +277,7 @@ func (l *ledger) recordUse(id, provider string, ok bool, in, out int) {
 	})
 }
 
-// recordUsageRead records a usage report read's outcome (coalesced write);
-// a refused read keeps the earlier windows.
+// recordUsageRead records a usage read's outcome (coalesced write); a refused one keeps the windows.
 func (l *ledger) recordUsageRead(id, provider string, ok bool, detail string) {
 	l.mutate(id, provider, false, func(e *ledgerEntry, now time.Time) {
 		e.UsageRead = ledgerCheck{AtMs: now.UnixMilli(), OK: ok, Detail: ledgerSentence(detail)}
@@ -310,26 +291,20 @@ func (l *ledger) recordProbe(id, provider string, ok bool, detail string) {
 	})
 }
 
-// fullness is the highest used_fraction among id's windows whose reset has
-// not passed (SPEC §7.2 step 2); 0 with no such window.
+// fullness is the highest used_fraction of id's windows not yet reset (SPEC §7.2 step 2).
 func (l *ledger) fullness(id string, now time.Time) float64 {
-	ms := now.UnixMilli()
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	e, _ := l.entry(id)
 	full := 0.0
-	if e, ok := l.entries[id]; ok {
-		for _, w := range e.Windows {
-			if (w.ResetsAtMs == 0 || w.ResetsAtMs > ms) && w.UsedFraction > full {
-				full = w.UsedFraction
-			}
+	for _, w := range e.Windows {
+		if (w.ResetsAtMs == 0 || w.ResetsAtMs > now.UnixMilli()) && w.UsedFraction > full {
+			full = w.UsedFraction
 		}
 	}
 	return full
 }
 
-// nextDue is the earliest moment strictly after now at which something the
-// ledger states falls due (SPEC §11.2): a grant's expiry, a window's reset,
-// a block's end. ok is false when nothing is due.
+// nextDue is the earliest moment after now that the ledger states something
+// falls due (SPEC §11.2): a grant's expiry, a window's reset, a block's end.
 func (l *ledger) nextDue(now time.Time) (time.Time, bool) {
 	ms := now.UnixMilli()
 	var best int64
@@ -356,14 +331,9 @@ func (l *ledger) nextDue(now time.Time) (time.Time, bool) {
 	return time.UnixMilli(best), true
 }
 
-// subscribe returns the channel signalled (buffered 1, never blocking the
-// ledger) after every change, for the maintenance scheduler's timer.
-func (l *ledger) subscribe() <-chan struct{} { return l.changed }
-
-// mutate applies fn to id's record (created as an active credential when
-// missing), then starts the file write: immediate ones now, coalesced ones
-// now when the last write is at least a second old, else through one
-// write-behind armed for the remainder.
+// mutate applies fn to id's record (created active when missing), then
+// writes the file: immediate changes now, coalesced ones now when the last
+// write is a second old, else by one write-behind armed for the remainder.
 func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEntry, now time.Time)) {
 	now := l.now()
 	l.mu.Lock()
@@ -377,54 +347,36 @@ func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEn
 	}
 	fn(e, now)
 	l.seq++
-	var (
-		data    []byte
-		seq     uint64
-		warnNow bool
-	)
+	var data []byte
+	var seq uint64
 	switch {
 	case l.name == "":
-		warnNow, l.warned = !l.warned, true
+		if !l.warned {
+			l.warned = true
+			l.log.Warn("ledger_unplaced", "cause", l.unplaced.Error())
+		}
 	case l.unreadable != nil:
 		// Never overwrite a file an operator may still recover.
 	case immediate || l.lastWrite.IsZero() || now.Sub(l.lastWrite) >= ledgerWriteEvery:
 		seq, data = l.takeLocked(now)
 	case l.timer == nil:
-		l.timerGen++
-		gen := l.timerGen
-		l.timer = afterFunc(l.testingOnlyAfterFunc, ledgerWriteEvery-now.Sub(l.lastWrite), func() { l.writeBehind(gen) })
+		var t ledgerStopper
+		t = afterFunc(l.testingOnlyAfterFunc, ledgerWriteEvery-now.Sub(l.lastWrite), func() {
+			l.writeIf(func() bool { return l.timer == t }) // not when stopped or superseded while firing
+		})
+		l.timer = t
 	}
 	l.mu.Unlock()
-
-	if warnNow {
-		l.log.Warn("ledger_unplaced", "cause", l.unplaced.Error())
-	}
-	if data != nil {
-		l.write(seq, data)
-	}
+	l.write(seq, data) // nothing when data is nil
 	select {
 	case l.changed <- struct{}{}:
 	default:
 	}
 }
 
-// writeBehind is the armed timer's write of the changes coalesced since the
-// last one.
-func (l *ledger) writeBehind(gen uint64) {
-	l.mu.Lock()
-	if gen != l.timerGen || l.timer == nil {
-		l.mu.Unlock() // stopped or superseded while firing
-		return
-	}
-	seq, data := l.takeLocked(l.now())
-	l.mu.Unlock()
-	l.write(seq, data)
-}
-
-// takeLocked encodes the ledger for the file, stops any armed write-behind
-// (this snapshot holds its changes) and marks the write time. Ids not of
-// the sub_<16 hex> shape stay in memory only, so the file always parses.
-// l.mu is held.
+// takeLocked encodes the ledger, stops any write-behind (this snapshot holds
+// its changes) and marks the write time; ids not of the sub_<16 hex> shape
+// stay in memory only, so the file always parses. l.mu is held.
 func (l *ledger) takeLocked(now time.Time) (uint64, []byte) {
 	if l.timer != nil {
 		l.timer.Stop()
@@ -433,7 +385,7 @@ func (l *ledger) takeLocked(now time.Time) (uint64, []byte) {
 	l.lastWrite = now
 	doc := ledgerDoc{SchemaVersion: 1, Subscriptions: make(map[string]ledgerEntry, len(l.entries))}
 	for id, e := range l.entries {
-		if ledgerIDPattern.MatchString(id) {
+		if isSubscriptionID(id) {
 			doc.Subscriptions[id] = *e
 		}
 	}
@@ -441,9 +393,8 @@ func (l *ledger) takeLocked(now time.Time) (uint64, []byte) {
 	return l.seq, b
 }
 
-// write replaces ledger.json with data unless a newer snapshot is already
-// there, so writes racing outside l.mu never leave older state on disk. A
-// failure is logged; the next change or flush writes again.
+// write replaces ledger.json with data unless a newer snapshot is there, so
+// writes racing outside l.mu never leave older state; failures are logged.
 func (l *ledger) write(seq uint64, data []byte) error {
 	if data == nil {
 		return nil
@@ -456,12 +407,15 @@ func (l *ledger) write(seq uint64, data []byte) error {
 	return nil
 }
 
-// flush writes pending changes now and stops the write-behind (at
-// shutdown). Without a state directory, or with an unreadable file, there
-// is nothing to write.
+// flush writes pending changes now (at shutdown), unless there is no file to write.
 func (l *ledger) flush() error {
+	return l.writeIf(func() bool { return l.name != "" && l.unreadable == nil })
+}
+
+// writeIf writes a snapshot when ok, asked under l.mu, holds.
+func (l *ledger) writeIf(ok func() bool) error {
 	l.mu.Lock()
-	if l.name == "" || l.unreadable != nil {
+	if !ok() {
 		l.mu.Unlock()
 		return nil
 	}

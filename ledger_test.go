@@ -149,8 +149,8 @@ func TestLedgerRoundTrip(t *testing.T) {
 	wantB := ledgerEntry{Provider: "codex", Credential: ledgerCredential{State: credNeedsReauth, Cause: "invalid_grant", RecordedAtMs: ms + 1000}}
 
 	l2 := newLedger(state{dir: dir}, slog.New(slog.DiscardHandler), clock.now)
-	if err := l2.loadErr(); err != nil {
-		t.Fatalf("loadErr = %v", err)
+	if err := l2.unreadable; err != nil {
+		t.Fatalf("unreadable = %v", err)
 	}
 	for _, c := range []struct {
 		name string
@@ -200,7 +200,7 @@ func TestLedgerUnreadableIsNeverOverwritten(t *testing.T) {
 		name    string
 		content string
 		mode    os.FileMode
-		want    string // in loadErr's text
+		want    string // in unreadable's text
 	}{
 		{name: "unknown top-level member", content: `{"schema_version":1,"subscriptions":{},"extra":"PLANTED-BYTES"}`, want: `unknown field "extra"`},
 		{name: "unknown entry member", content: strings.Replace(valid, `"provider":"codex"`, `"provider":"codex","colour":"PLANTED-BYTES"`, 1), want: `unknown field "colour"`},
@@ -227,9 +227,9 @@ func TestLedgerUnreadableIsNeverOverwritten(t *testing.T) {
 				t.Fatal(err)
 			}
 			l, clock, timers, logs := newTestLedger(state{dir: dir})
-			err := l.loadErr()
+			err := l.unreadable
 			if err == nil || !strings.Contains(err.Error(), c.want) {
-				t.Fatalf("loadErr = %v, want one containing %q", err, c.want)
+				t.Fatalf("unreadable = %v, want one containing %q", err, c.want)
 			}
 			if _, ok := l.entry(ledgerIDA); ok {
 				t.Error("an unreadable ledger is not served empty")
@@ -326,8 +326,8 @@ func TestLedgerUnplaced(t *testing.T) {
 	if err := l.flush(); err != nil {
 		t.Errorf("flush = %v", err)
 	}
-	if err := l.loadErr(); err != nil {
-		t.Errorf("loadErr = %v; no state directory is not an unreadable file", err)
+	if err := l.unreadable; err != nil {
+		t.Errorf("unreadable = %v; no state directory is not an unreadable file", err)
 	}
 	if timers.count() != 0 {
 		t.Error("a write-behind was armed without a state directory")
@@ -491,7 +491,7 @@ func TestLedgerSetCredentialRefusesOtherStates(t *testing.T) {
 
 func TestLedgerSubscribe(t *testing.T) {
 	l, _, _, _ := newTestLedger(state{dir: t.TempDir()})
-	ch := l.subscribe()
+	ch := l.changed
 	select {
 	case <-ch:
 		t.Fatal("signalled before any change")

@@ -14,12 +14,9 @@ import (
 	"time"
 )
 
-// Maintenance (SPEC §11.2): a pass reads the providers' usage reports, then
-// refreshes the grants that fell due; neither spends plan quota (the probe,
-// §11.3, is an operator's request only). A pass starts only at start, at a
-// moment the ledger states (one timer), once after a refusal for want of a
-// signed-in subscription, or when an operator asks: never on a period of
-// Brama's own. loop runs a testable loopOnce, as gitmirror does.
+// Maintenance (SPEC §11.2): a pass reads the usage reports, then refreshes
+// the grants that fell due, starting only when SPEC §11.2 says, never on a
+// period of Brama's own. loop runs a testable loopOnce, as gitmirror does.
 
 var errMaintenanceStopped = errors.New("the maintenance scheduler is not running")
 
@@ -52,7 +49,6 @@ type maintainer struct {
 	last      map[string]any // /stats' last_pass; nil before the first ends
 	timer     ledgerStopper  // the armed due timer; nil when none or it fired
 	timerAt   time.Time      // the moment it is armed for; zero none
-	timerGen  uint64         // identifies the armed timer, so a stale one does nothing
 }
 
 // passTicket is one pass's answer for its waiters, set before done closes.
@@ -64,20 +60,16 @@ type passTicket struct {
 
 // passReport is the body of POST /v1/admin/maintain (SPEC §11.2).
 type passReport struct {
-	OK          bool              `json:"ok"`
-	Usage       usageSummary      `json:"usage"`
+	OK    bool `json:"ok"`
+	Usage struct {
+		Subscriptions int            `json:"subscriptions"` // with a report their credential reads, due or not
+		Read          int            `json:"read"`
+		Failed        []usageFailure `json:"failed"`
+	} `json:"usage"`
 	Credentials credentialSummary `json:"credentials"`
 	NextDueAt   *string           `json:"next_due_at"` // RFC 3339, or null when nothing is due
 
 	err error // the pass could not list the subscriptions at all; never sent
-}
-
-// usageSummary counts subscriptions with a report their credential can read
-// (due this pass or not) and the successful reads.
-type usageSummary struct {
-	Subscriptions int            `json:"subscriptions"`
-	Read          int            `json:"read"`
-	Failed        []usageFailure `json:"failed"`
 }
 
 // usageFailure is one failed read, its error redacted.
@@ -87,8 +79,8 @@ type usageFailure struct {
 	Error          string `json:"error"`
 }
 
-// credentialSummary counts active OAuth subscriptions, refreshes that gave a
-// grant, and attempts that did not (the credential_refresh_* line says why).
+// credentialSummary counts active OAuth subscriptions, refreshes that gave
+// a grant, and attempts that did not (the credential_refresh_* line says why).
 type credentialSummary struct {
 	Subscriptions int `json:"subscriptions"`
 	Refreshed     int `json:"refreshed"`
@@ -101,8 +93,7 @@ func newMaintainer(inv *inventory, l *ledger, o *oauthClient, j *journal, client
 		kick: make(chan struct{}, 1)}
 }
 
-// run starts loop, counted in wg, with the start pass pending (the listener
-// is up). loop exits when ctx ends, after the pass in progress.
+// run starts loop, counted in wg, with the start pass pending (the listener is up).
 func (m *maintainer) run(ctx context.Context, wg *sync.WaitGroup) {
 	m.mu.Lock()
 	m.looping = true
@@ -115,10 +106,9 @@ func (m *maintainer) run(ctx context.Context, wg *sync.WaitGroup) {
 	}()
 }
 
-// loop runs loopOnce until ctx ends, waiting between turns for a kick or a
-// ledger change (which may move the next due moment).
+// loop runs loopOnce until ctx ends, waiting between turns for a kick or a ledger change.
 func (m *maintainer) loop(ctx context.Context) {
-	changed := m.l.subscribe()
+	changed := m.l.changed
 	defer m.stop()
 	for ctx.Err() == nil {
 		if m.loopOnce(ctx, m.clock()) {
@@ -155,16 +145,15 @@ func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
 	m.passes++
 	m.mu.Unlock()
 
-	started := now
 	m.log.Info("maintenance_pass_started", "reason", reason)
 	rep := m.passOnce(ctx)
 	m.mu.Lock()
 	m.running = false
-	m.last = map[string]any{"reason": reason, "ok": rep.OK, "started_at": started.UTC().Format(time.RFC3339Nano),
+	m.last = map[string]any{"reason": reason, "ok": rep.OK, "started_at": now.UTC().Format(time.RFC3339Nano),
 		"finished_at": m.clock().UTC().Format(time.RFC3339Nano)}
 	m.mu.Unlock()
 	if m.testingOnlyPassDone != nil {
-		m.testingOnlyPassDone(reason, started, rep)
+		m.testingOnlyPassDone(reason, now, rep)
 	}
 	if t != nil {
 		t.rep, t.err = rep, rep.err
@@ -173,17 +162,17 @@ func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
 	return true
 }
 
-// armLocked replaces the due timer with one for due (none when !ok). m.mu is held.
+// armLocked replaces the due timer with one for due (none when !ok); a
+// timer firing after it was replaced or stopped does nothing. m.mu is held.
 func (m *maintainer) armLocked(due time.Time, ok bool, now time.Time) {
 	m.disarmLocked()
 	if !ok {
 		return
 	}
-	gen := m.timerGen
-	m.timerAt = due
-	m.timer = afterFunc(m.testingOnlyAfterFunc, due.Sub(now), func() {
+	var t ledgerStopper
+	t = afterFunc(m.testingOnlyAfterFunc, due.Sub(now), func() {
 		m.mu.Lock()
-		current := gen == m.timerGen
+		current := m.timer == t
 		if current {
 			m.timer = nil // fired: the next turn arms afresh
 			m.pending = cmp.Or(m.pending, "due")
@@ -193,16 +182,15 @@ func (m *maintainer) armLocked(due time.Time, ok bool, now time.Time) {
 			m.wake()
 		}
 	})
+	m.timer, m.timerAt = t, due
 }
 
-// disarmLocked stops the due timer (one firing late finds its generation
-// gone). m.mu is held.
+// disarmLocked stops the due timer. m.mu is held.
 func (m *maintainer) disarmLocked() {
 	if m.timer != nil {
 		m.timer.Stop()
 	}
 	m.timer, m.timerAt = nil, time.Time{}
-	m.timerGen++
 }
 
 // wake nudges loop without ever blocking.
@@ -235,17 +223,13 @@ func (m *maintainer) request(reason string) {
 		return
 	}
 	m.mu.Lock()
-	drop := m.passes > 0 && m.startedAt == m.changes
-	if drop {
+	defer m.mu.Unlock()
+	if m.passes > 0 && m.startedAt == m.changes {
 		m.dropped++
-	} else {
-		m.pending = cmp.Or(m.pending, reason)
-	}
-	m.mu.Unlock()
-	if drop {
 		m.log.Debug("maintenance_request_dropped", "reason", reason)
 		return
 	}
+	m.pending = cmp.Or(m.pending, reason)
 	m.log.Info("maintenance_requested", "reason", reason)
 	m.wake()
 }
@@ -253,17 +237,15 @@ func (m *maintainer) request(reason string) {
 // changed records an inventory or credential change (donation, sign-in,
 // reinstate, replacement), so the next request counts again. Nil-safe.
 func (m *maintainer) changed() {
-	if m == nil {
-		return
+	if m != nil {
+		m.mu.Lock()
+		m.changes++
+		m.mu.Unlock()
 	}
-	m.mu.Lock()
-	m.changes++
-	m.mu.Unlock()
 }
 
 // passNow answers POST /v1/admin/maintain from a pass that starts after the
-// call (a running one may predate the change the operator wants seen),
-// shared by calls arriving together; ctx's end stops only the waiting.
+// call (a running one may predate the change the operator wants seen).
 func (m *maintainer) passNow(ctx context.Context) (passReport, error) {
 	t, err := m.ask("maintain")
 	if err != nil {
@@ -283,18 +265,16 @@ func (m *maintainer) ask(reason string) (*passTicket, error) {
 		return nil, errMaintenanceStopped
 	}
 	m.mu.Lock()
+	defer m.wake()
+	defer m.mu.Unlock()
 	if !m.looping {
-		m.mu.Unlock()
 		return nil, errMaintenanceStopped
 	}
 	if m.waiting == nil {
 		m.waiting = &passTicket{done: make(chan struct{})}
 	}
-	t := m.waiting
 	m.pending = cmp.Or(m.pending, reason)
-	m.mu.Unlock()
-	m.wake()
-	return t, nil
+	return m.waiting, nil
 }
 
 // state is /stats' maintenance member. Nil-safe.
@@ -317,40 +297,42 @@ func rfc3339OrNil(t time.Time) *string {
 	return &s
 }
 
-// passSub is one non-retired subscription as a pass found it.
+// passSub is one non-retired subscription as a pass found it, and how its
+// usage read and refresh attempt of the pass went.
 type passSub struct {
 	it      overlayItem
 	cred    vaultCredential
 	credErr error // the vault holds no usable credential for it
 	entry   ledgerEntry
+	read    bool  // its report was read this pass (or the refresh before failed)
+	readErr error // why that read failed
+	tried   bool  // a refresh was attempted this pass
+	err     error // how it ended
 }
 
-// grantAttempt is how a subscription's one refresh attempt of a pass went.
-type grantAttempt int
-
-const (
-	attemptNone       grantAttempt = iota // no attempt this pass
-	attemptRefreshed                      // a new grant was stored
-	attemptFailed                         // refused, or a transport failure
-	attemptSuperseded                     // a sign-in replaced the grant meanwhile; nothing failed
-)
-
 // passOnce runs one pass: per subscription at most one usage read and one
-// refresh attempt, none retried; subscriptions side by side, the pass
-// waiting for all. No time limit of Brama's own (SPEC §7.4): ctx ends it.
+// refresh attempt, none retried, side by side; ctx alone ends it (SPEC §7.4).
 func (m *maintainer) passOnce(ctx context.Context) passReport {
 	start := m.clock()
-	rep := passReport{Usage: usageSummary{Failed: []usageFailure{}}}
+	var rep passReport
+	rep.Usage.Failed = []usageFailure{}
 	subs, err := m.live()
 	if err == nil {
-		refreshes := make([]grantAttempt, len(subs))
-		m.usagePass(ctx, subs, refreshes, &rep)
-		m.refreshPass(ctx, subs, refreshes, &rep)
-		for _, r := range refreshes {
-			switch r {
-			case attemptRefreshed:
+		m.usagePass(ctx, subs, &rep)
+		m.refreshPass(ctx, subs, &rep)
+		for _, s := range subs {
+			switch {
+			case !s.read:
+			case s.readErr == nil:
+				rep.Usage.Read++
+			default:
+				rep.Usage.Failed = append(rep.Usage.Failed, usageFailure{SubscriptionID: s.it.ID, Provider: s.it.Provider, Error: s.readErr.Error()})
+			}
+			switch {
+			case !s.tried || errors.Is(s.err, errRefreshSuperseded): // a sign-in replaced the grant: nothing failed
+			case s.err == nil:
 				rep.Credentials.Refreshed++
-			case attemptFailed:
+			default:
 				rep.Credentials.Refused++
 			}
 		}
@@ -374,19 +356,15 @@ func (m *maintainer) passOnce(ctx context.Context) passReport {
 }
 
 // live lists the non-retired subscriptions, credentials and ledger entries.
-func (m *maintainer) live() ([]passSub, error) {
-	items, err := m.inv.items()
+func (m *maintainer) live() ([]*passSub, error) {
+	items, retired, err := m.inv.view()
 	if err != nil {
 		return nil, err
 	}
-	retired, err := m.j.retired()
-	if err != nil {
-		return nil, refuse("dependency_unavailable", "the journal cannot be read: %v", err).because(err)
-	}
-	var subs []passSub
+	var subs []*passSub
 	for _, it := range items {
 		if !retired[it.ID] {
-			s := passSub{it: it}
+			s := &passSub{it: it}
 			s.cred, s.credErr = m.inv.credential(it.ID)
 			s.entry, _ = m.l.entry(it.ID)
 			subs = append(subs, s)
@@ -396,36 +374,24 @@ func (m *maintainer) live() ([]passSub, error) {
 }
 
 // usagePass reads each due report once, side by side, into the ledger.
-func (m *maintainer) usagePass(ctx context.Context, subs []passSub, refreshes []grantAttempt, rep *passReport) {
+func (m *maintainer) usagePass(ctx context.Context, subs []*passSub, rep *passReport) {
 	now := m.clock()
-	errs := make([]error, len(subs))
-	read := make([]bool, len(subs))
 	var wg sync.WaitGroup
-	for i, s := range subs {
+	for _, s := range subs {
 		_, published := usageReports[s.it.Provider]
 		if s.entry.Credential.State != credActive || !published || (s.credErr == nil && !usageReportable(s.it.Provider, s.cred)) {
 			continue
 		}
 		rep.Usage.Subscriptions++
-		if !usageDue(s.entry, now) {
-			continue
+		if usageDue(s.entry, now) {
+			wg.Add(1)
+			go func() { // exits when this one read (and a refresh before it) ends; ctx ends both
+				defer wg.Done()
+				m.readOnce(ctx, s)
+			}()
 		}
-		wg.Add(1)
-		go func() { // exits when this one read (and a refresh before it) ends; ctx ends both
-			defer wg.Done()
-			read[i], errs[i] = m.readOnce(ctx, s, &refreshes[i])
-		}()
 	}
 	wg.Wait()
-	for i, err := range errs {
-		switch {
-		case !read[i]:
-		case err == nil:
-			rep.Usage.Read++
-		default:
-			rep.Usage.Failed = append(rep.Usage.Failed, usageFailure{SubscriptionID: subs[i].it.ID, Provider: subs[i].it.Provider, Error: err.Error()})
-		}
-	}
 }
 
 // usageDue applies SPEC §11.2's "read once when": no reading yet, a failed
@@ -435,17 +401,16 @@ func usageDue(e ledgerEntry, now time.Time) bool {
 		slices.ContainsFunc(e.Windows, func(w planWindow) bool { return w.ResetsAtMs == 0 || w.ResetsAtMs <= now.UnixMilli() })
 }
 
-// readOnce reads s's report and records windows and an ok read, or a failed
-// read keeping the earlier windows; nothing when ctx ended (the provider
-// said nothing). A grant expired by the request path's rule is refreshed
-// first, as for any call: s's one attempt of the pass.
-func (m *maintainer) readOnce(ctx context.Context, s passSub, refreshed *grantAttempt) (bool, error) {
+// readOnce reads s's report into the ledger, nothing when ctx ended (the
+// provider said nothing); a grant expired by the request path's rule is
+// refreshed first, as for any call: s's one attempt of the pass.
+func (m *maintainer) readOnce(ctx context.Context, s *passSub) {
 	id, provider := s.it.ID, s.it.Provider
 	cred, err := s.cred, s.credErr
 	if err == nil && cred.OAuth != nil && expiredForRequest(*cred.OAuth, m.clock()) {
 		var g oauthGrant
 		g, err = m.o.refresh(ctx, id, provider, "")
-		*refreshed = attemptOf(err)
+		s.tried, s.err = true, err
 		if err != nil {
 			err = fmt.Errorf("not read: the expired grant could not be refreshed: %w", err)
 		} else {
@@ -458,7 +423,6 @@ func (m *maintainer) readOnce(ctx context.Context, s passSub, refreshed *grantAt
 	}
 	switch {
 	case ctx.Err() != nil:
-		return false, nil
 	case err != nil:
 		secrets := []string{cred.APIKey}
 		if g := cred.OAuth; g != nil {
@@ -467,23 +431,13 @@ func (m *maintainer) readOnce(ctx context.Context, s passSub, refreshed *grantAt
 		msg := ledgerSentence(redact(err.Error(), secrets...))
 		m.l.recordUsageRead(id, provider, false, msg)
 		m.log.Warn("usage_read_failed", "subscription_id", id, "provider", provider, "error", msg)
-		return true, errors.New(msg)
+		s.read, s.readErr = true, errors.New(msg)
+	default:
+		m.l.recordWindows(id, provider, ws)
+		m.l.recordUsageRead(id, provider, true, strconv.Itoa(len(ws))+" window(s) read")
+		m.log.Info("usage_read_ok", "subscription_id", id, "provider", provider, "windows", len(ws))
+		s.read = true
 	}
-	m.l.recordWindows(id, provider, ws)
-	m.l.recordUsageRead(id, provider, true, strconv.Itoa(len(ws))+" window(s) read")
-	m.log.Info("usage_read_ok", "subscription_id", id, "provider", provider, "windows", len(ws))
-	return true, nil
-}
-
-// attemptOf classifies a refresh's result for the report.
-func attemptOf(err error) grantAttempt {
-	switch {
-	case err == nil:
-		return attemptRefreshed
-	case errors.Is(err, errRefreshSuperseded):
-		return attemptSuperseded
-	}
-	return attemptFailed
 }
 
 // refreshDue is SPEC §11.2's rule: expired (now ≥ expires_at_ms, not the
@@ -497,16 +451,16 @@ func refreshDue(g oauthGrant, refreshedAtMs int64, now time.Time) bool {
 
 // refreshPass makes one attempt per active OAuth subscription whose grant
 // is due, unless its read spent it; needs_reauthorization waits for sign-in.
-func (m *maintainer) refreshPass(ctx context.Context, subs []passSub, refreshes []grantAttempt, rep *passReport) {
+func (m *maintainer) refreshPass(ctx context.Context, subs []*passSub, rep *passReport) {
 	now := m.clock()
 	var wg sync.WaitGroup
-	for i, s := range subs {
+	for _, s := range subs {
 		if _, err := lookupOAuth(s.it.Provider); err != nil || s.credErr != nil || s.cred.OAuth == nil || s.entry.Credential.State != credActive {
 			continue
 		}
 		rep.Credentials.Subscriptions++
 		e, _ := m.l.entry(s.it.ID)
-		if refreshes[i] != attemptNone || e.Credential.State != credActive {
+		if s.tried || e.Credential.State != credActive {
 			continue
 		}
 		cur, err := m.inv.credential(s.it.ID) // the usage pass or a request may have refreshed it
@@ -518,7 +472,7 @@ func (m *maintainer) refreshPass(ctx context.Context, subs []passSub, refreshes 
 			defer wg.Done()
 			_, err := m.o.refresh(ctx, s.it.ID, s.it.Provider, "")
 			if ctx.Err() == nil {
-				refreshes[i] = attemptOf(err)
+				s.tried, s.err = true, err
 			}
 		}()
 	}
@@ -546,39 +500,33 @@ func (m *maintainer) usageEndpoint(provider string) (string, func([]byte, time.T
 	return base + r.path, r.parse, nil
 }
 
-// fetchUsage GETs provider's report with the chat route's headers (SPEC
-// §11.2), reads it whole and parses it; ctx is the only cancel. It writes
-// them itself: setProviderHeaders is for a call with a JSON body and would
-// add a Content-Type this bodiless GET does not send.
+// fetchUsage GETs and parses provider's report; it sets the headers itself,
+// as setProviderHeaders would add a Content-Type to this GET.
 func (m *maintainer) fetchUsage(ctx context.Context, provider string, cred vaultCredential) ([]planWindow, error) {
 	endpoint, parse, err := m.usageEndpoint(provider)
 	if err != nil {
 		return nil, err
 	}
+	re := &endpointError{Op: "usage report GET", Endpoint: endpointName(endpoint)}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, endpoint, nil)
 	if err != nil {
-		return nil, &usageReadError{Endpoint: endpointName(endpoint), Err: err}
+		re.Err = err
+		return nil, re
 	}
-	token := cred.APIKey
+	h, token := req.Header, cred.APIKey
 	if cred.OAuth != nil {
 		token = cred.OAuth.AccessToken
 	}
-	h := req.Header
 	h.Set("Authorization", "Bearer "+token)
 	h.Set("Accept", "application/json")
-	switch provider {
-	case "claude-code":
-		h.Set("anthropic-version", "2023-06-01")
-		h.Set("anthropic-beta", "oauth-2025-04-20")
-	case "codex":
-		if cred.OAuth != nil && cred.OAuth.AccountID != "" {
-			h.Set("chatgpt-account-id", cred.OAuth.AccountID)
-		}
-		h.Set("OpenAI-Beta", "responses=experimental")
-		h.Set("originator", "codex_cli_rs")
+	for _, kv := range usageReports[provider].headers {
+		h.Set(kv[0], kv[1])
+	}
+	if g := cred.OAuth; provider == "codex" && g != nil && g.AccountID != "" {
+		h.Set("chatgpt-account-id", g.AccountID)
 	}
 	status, body, err := callEndpoint(m.client, req)
-	re := &usageReadError{Endpoint: endpointName(endpoint), Status: status, Received: len(body), Err: err}
+	re.Status, re.Received, re.Err = status, len(body), err
 	switch {
 	case err != nil && status != 0:
 		re.Err = fmt.Errorf("the body ended early: %w", err)
@@ -590,18 +538,3 @@ func (m *maintainer) fetchUsage(ctx context.Context, provider string, cred vault
 	}
 	return nil, re
 }
-
-// usageReadError is a failed read, naming the endpoint, status and bytes
-// received, never the body or a credential.
-type usageReadError struct {
-	Endpoint string // scheme, host and path
-	Status   int    // 0: no HTTP status was received
-	Received int    // body bytes received
-	Err      error  // the cause; nil for a plain non-2xx answer
-}
-
-func (e *usageReadError) Error() string {
-	return withCause(fmt.Sprintf("usage report GET %s: %s, %d bytes received", e.Endpoint, statusText(e.Status), e.Received), e.Err)
-}
-
-func (e *usageReadError) Unwrap() error { return e.Err }

@@ -240,7 +240,7 @@ func newMaintFixture(t *testing.T) *maintFixture {
 	fx.inv = newInventory(st, v, fx.j, fx.l, getenv, sys{log: log, now: clock.now})
 	client := newProviderClient()
 	fx.o = newOAuth(getenv, client, v, fx.l, log, clock.now)
-	t.Cleanup(fx.o.wait)
+	t.Cleanup(fx.o.wg.Wait)
 	fx.m = newMaintainer(fx.inv, fx.l, fx.o, fx.j, client, getenv, log, clock.now)
 	fx.timers = &fakeTimers{clock: clock, armed: make(chan time.Time, 64)}
 	fx.m.testingOnlyAfterFunc = fx.timers.after

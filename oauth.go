@@ -23,9 +23,9 @@ import (
 	"time"
 )
 
-// OAuth grants (SPEC §11.1): refreshed at the providers' token endpoints in
-// one flight per subscription, the answer classified (a partial answer is
-// never a refusal), and obtained by the PKCE sign-in exchange.
+// OAuth grants (SPEC §11.1): refreshed in one flight per subscription, the
+// token answer classified (a partial answer is never a refusal), and
+// obtained by the PKCE sign-in exchange.
 
 // oauthProvider is one row of SPEC §11.1's token and sign-in tables.
 type oauthProvider struct {
@@ -63,7 +63,7 @@ var oauthProviders = []oauthProvider{
 	},
 }
 
-// What a *refreshError or another failure of this file wraps.
+// What an *endpointError or another failure of this file wraps.
 var (
 	errNoOAuth           = errors.New("provider has no OAuth grants")
 	errNoSignIn          = errors.New("provider has no sign-in; donate its grant or replace it with PUT …/credential")
@@ -83,9 +83,8 @@ func lookupOAuth(provider string) (oauthProvider, error) {
 	return oauthProvider{}, fmt.Errorf("provider %q: %w", provider, errNoOAuth)
 }
 
-// oauthClient refreshes and exchanges grants, sharing one refresh per
-// subscription among all who ask at once (STYLE B8): a burst of 401s spends
-// one refresh token, not fifty.
+// oauthClient refreshes and exchanges grants, one refresh per subscription
+// shared by all who ask at once (STYLE B8): a burst of 401s spends one token.
 type oauthClient struct {
 	getenv func(string) string
 	client *http.Client // the provider client: no redirects, no proxy, no timeout
@@ -110,16 +109,14 @@ type refreshCall struct {
 	err    error
 }
 
-// newOAuth builds the OAuth client; client is newProviderClient(). The
-// sign-in exchange needs neither v nor l.
+// newOAuth builds the OAuth client; the sign-in exchange needs neither v nor l.
 func newOAuth(getenv func(string) string, client *http.Client, v *vault, l *ledger, log *slog.Logger, now func() time.Time) *oauthClient {
 	return &oauthClient{getenv: getenv, client: client, vault: v, ledger: l, log: log, now: now,
 		inflight: map[string]*refreshCall{}}
 }
 
-// tokenURL is p's token endpoint, BRAMA_OAUTH_<ID>_TOKEN_URL overriding,
-// under checkBaseURL's rule (https, or http to loopback only), so a typo
-// cannot send a refresh token in clear text across a network.
+// tokenURL is p's token endpoint under checkBaseURL's rule, so a typo in
+// BRAMA_OAUTH_<ID>_TOKEN_URL cannot send a refresh token in clear text.
 func (o *oauthClient) tokenURL(p oauthProvider) (string, error) {
 	env := "BRAMA_OAUTH_" + strings.ToUpper(strings.ReplaceAll(p.id, "-", "_")) + "_TOKEN_URL"
 	raw := cmp.Or(strings.TrimSpace(o.getenv(env)), p.tokenURL)
@@ -129,11 +126,8 @@ func (o *oauthClient) tokenURL(p oauthProvider) (string, error) {
 	return raw, nil
 }
 
-// wait blocks until no flight runs (tests); there is no time limit (SPEC §11.1).
-func (o *oauthClient) wait() { o.wg.Wait() }
-
 // shutdown cancels every flight, the one end a refresh has besides its
-// answer, and waits; a cancelled flight is a transport failure.
+// answer (SPEC §11.1: no time limit), and waits.
 func (o *oauthClient) shutdown() {
 	o.mu.Lock()
 	o.closed = true
@@ -207,8 +201,13 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 	if err != nil {
 		return oauthGrant{}, o.failed(id, provider, err)
 	}
+	// holds: the vault still has the grant this flight started from.
+	holds := func(d *vaultDoc) bool {
+		c := d.Subscriptions[id].OAuth
+		return c != nil && c.RefreshToken == old.RefreshToken
+	}
 	if old.RefreshToken == "" { // only a sign-in or a new grant helps
-		return oauthGrant{}, o.refused(id, provider, &refreshError{Definitive: true, Endpoint: endpointName(endpoint),
+		return oauthGrant{}, o.refused(id, provider, &endpointError{Definitive: true, Endpoint: endpointName(endpoint),
 			Sentence: errNoRefreshToken.Error(), Err: errNoRefreshToken})
 	}
 	fields := map[string]string{"grant_type": "refresh_token", "refresh_token": old.RefreshToken, "client_id": p.clientID}
@@ -217,27 +216,17 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 	case re != nil && re.Definitive:
 		// A refusal is a result too: if a sign-in replaced the grant while
 		// the call was on the wire, the refusal is about a grant nobody uses.
-		if cur, err := o.vault.load(); err == nil {
-			if c := cur.Subscriptions[id].OAuth; c == nil || c.RefreshToken != old.RefreshToken {
-				return oauthGrant{}, o.superseded(id, provider)
-			}
+		if cur, err := o.vault.load(); err == nil && !holds(cur) {
+			return oauthGrant{}, o.superseded(id, provider)
 		}
 		return oauthGrant{}, o.refused(id, provider, re)
 	case re != nil:
 		return oauthGrant{}, o.failed(id, provider, re)
 	}
-
 	now := o.now()
-	g := old
-	g.AccessToken = ans.AccessToken
-	g.RefreshToken = cmp.Or(ans.RefreshToken, g.RefreshToken)
-	g.IDToken = cmp.Or(ans.IDToken, g.IDToken)
-	g.ExpiresAtMs = answerExpiry(ans, now)
-	if p.id == "codex" && g.AccountID == "" {
-		g.AccountID = codexAccountID(g.IDToken)
-	}
+	g := answerGrant(p.id, old, ans, now)
 	err = o.vault.update(func(d *vaultDoc) error {
-		if cur := d.Subscriptions[id].OAuth; cur == nil || cur.RefreshToken != old.RefreshToken {
+		if !holds(d) {
 			return errRefreshSuperseded
 		}
 		d.Subscriptions[id] = vaultCredential{OAuth: &g}
@@ -249,7 +238,7 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 	case err != nil:
 		// The provider may already have retired the refresh token the vault
 		// still holds, so the stored grant cannot be trusted to work again.
-		return oauthGrant{}, o.refused(id, provider, &refreshError{Definitive: true, Endpoint: endpointName(endpoint),
+		return oauthGrant{}, o.refused(id, provider, &endpointError{Definitive: true, Endpoint: endpointName(endpoint),
 			Status: ans.status, Received: ans.received, Sentence: "the refreshed grant could not be stored in the vault", Err: err})
 	}
 	o.ledger.setCredential(id, provider, credActive, "")
@@ -260,7 +249,7 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 
 // refused, failed and superseded log how a flight ended; refused also
 // records that the credential needs a sign-in.
-func (o *oauthClient) refused(id, provider string, re *refreshError) error {
+func (o *oauthClient) refused(id, provider string, re *endpointError) error {
 	o.ledger.setCredential(id, provider, credNeedsReauth, re.Sentence)
 	o.log.Warn("credential_refresh_refused", "subscription_id", id, "provider", provider,
 		"endpoint", re.Endpoint, "status", re.Status, "cause", re.Sentence)
@@ -277,22 +266,30 @@ func (o *oauthClient) superseded(id, provider string) error {
 	return fmt.Errorf("refresh %s: %w", id, errRefreshSuperseded)
 }
 
-// refreshError is a failed token call. Definitive: the provider disowned the
-// grant, or the refreshed one could not be kept; else a transport failure,
-// which leaves the recorded credential state alone.
-type refreshError struct {
+// endpointError is a failed token call or usage read (Op names it), never
+// quoting a body. A token call's is Definitive when the provider disowned
+// the grant or the refreshed one could not be kept, else a transport failure.
+type endpointError struct {
+	Op         string // "usage report GET"; "" for a token call
 	Definitive bool
 	Endpoint   string // scheme, host and path; never a query
 	Status     int    // 0: no HTTP status was received
 	Received   int    // body bytes received
 	Sentence   string // the provider's sentence, redacted, ≤200 bytes (definitive only)
-	Err        error
+	Err        error  // the cause; nil for a plain non-2xx usage answer
 }
 
-func (e *refreshError) Error() string {
-	msg := fmt.Sprintf("OAuth token request to %s failed (%s, %d bytes received)", e.Endpoint, statusText(e.Status), e.Received)
+func (e *endpointError) Error() string {
+	got := fmt.Sprintf("HTTP %d, %d bytes received", e.Status, e.Received)
+	if e.Status == 0 {
+		got = fmt.Sprintf("no status, %d bytes received", e.Received)
+	}
+	if e.Op != "" {
+		return withCause(e.Op+" "+e.Endpoint+": "+got, e.Err)
+	}
+	msg := fmt.Sprintf("OAuth token request to %s failed (%s)", e.Endpoint, got)
 	if e.Err == errTokenRefused {
-		msg = fmt.Sprintf("OAuth token endpoint %s refused the grant (%s, %d bytes received)", e.Endpoint, statusText(e.Status), e.Received)
+		msg = fmt.Sprintf("OAuth token endpoint %s refused the grant (%s)", e.Endpoint, got)
 	}
 	if e.Sentence != "" {
 		msg += ": " + e.Sentence
@@ -303,17 +300,9 @@ func (e *refreshError) Error() string {
 	return withCause(msg, e.Err)
 }
 
-func (e *refreshError) Unwrap() error { return e.Err }
+func (e *endpointError) Unwrap() error { return e.Err }
 
-func statusText(status int) string {
-	if status == 0 {
-		return "no status"
-	}
-	return "HTTP " + strconv.Itoa(status)
-}
-
-// withCause appends err's text to msg, which already names the endpoint, so
-// a *url.Error's "Post <url>:" is dropped.
+// withCause appends err's text to msg, dropping a *url.Error's "Post <url>:" (msg names it).
 func withCause(msg string, err error) string {
 	var ue *url.Error
 	switch {
@@ -325,8 +314,7 @@ func withCause(msg string, err error) string {
 	return msg + ": " + err.Error()
 }
 
-// callEndpoint sends req and reads the answer whole, with no time limit of
-// Brama's own (ctx is the only cancel). status is 0 when no answer came.
+// callEndpoint sends req and reads the answer whole; status is 0 when none came.
 func callEndpoint(client *http.Client, req *http.Request) (status int, body []byte, err error) {
 	resp, err := client.Do(req)
 	if err != nil {
@@ -346,15 +334,13 @@ func endpointName(raw string) string {
 	return (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}).String()
 }
 
-// definitiveErrors say the grant or client is no good (RFC 6749 §5.2, RFC
-// 6750 §3.1), not that the server is unwell.
+// definitiveErrors say the grant or client is no good (RFC 6749 §5.2, RFC 6750 §3.1).
 var definitiveErrors = map[string]bool{
 	"invalid_grant": true, "invalid_token": true, "invalid_client": true, "unauthorized_client": true,
 }
 
-// tokenCall POSTs fields in p's body format and classifies the answer,
-// redacting secrets from any quoted sentence.
-func (o *oauthClient) tokenCall(ctx context.Context, p oauthProvider, endpoint string, fields map[string]string, secrets ...string) (tokenAnswer, *refreshError) {
+// tokenCall POSTs fields in p's body format and classifies the answer.
+func (o *oauthClient) tokenCall(ctx context.Context, p oauthProvider, endpoint string, fields map[string]string, secrets ...string) (tokenAnswer, *endpointError) {
 	name := endpointName(endpoint)
 	body, _ := json.Marshal(fields) // a map of strings always encodes
 	ctype := "application/json"
@@ -367,7 +353,7 @@ func (o *oauthClient) tokenCall(ctx context.Context, p oauthProvider, endpoint s
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, bytes.NewReader(body))
 	if err != nil {
-		return tokenAnswer{}, &refreshError{Endpoint: name, Err: err}
+		return tokenAnswer{}, &endpointError{Endpoint: name, Err: err}
 	}
 	req.Header.Set("Content-Type", ctype)
 	req.Header.Set("Accept", "application/json")
@@ -375,15 +361,13 @@ func (o *oauthClient) tokenCall(ctx context.Context, p oauthProvider, endpoint s
 	return classifyTokenAnswer(name, status, b, err, secrets...)
 }
 
-// classifyTokenAnswer sorts a token endpoint's answer (SPEC §11.1): a 2xx
-// with an access token is used; a complete invalid_grant-class refusal or
-// 401/403 is definitive; all else is a transport failure: no answer, 5xx,
-// 429, non-JSON, and a body that ended early (readErr), even a partial 401
-// or 403, which is no evidence the grant was disowned (seed, "Cancellation
-// and retry").
-func classifyTokenAnswer(endpoint string, status int, body []byte, readErr error, secrets ...string) (tokenAnswer, *refreshError) {
+// classifyTokenAnswer sorts a token answer (SPEC §11.1): a 2xx with an
+// access token is used; a complete invalid_grant-class refusal or 401/403 is
+// definitive; all else is a transport failure, even a 401 whose body ended
+// early (readErr): no evidence the grant was disowned (seed, "Cancellation and retry").
+func classifyTokenAnswer(endpoint string, status int, body []byte, readErr error, secrets ...string) (tokenAnswer, *endpointError) {
 	if readErr != nil {
-		return tokenAnswer{}, &refreshError{Endpoint: endpoint, Status: status, Received: len(body), Err: readErr}
+		return tokenAnswer{}, &endpointError{Endpoint: endpoint, Status: status, Received: len(body), Err: readErr}
 	}
 	secrets = slices.DeleteFunc(slices.Clone(secrets), func(s string) bool {
 		return len(s) < 8 // no real token is this short; replacing it would garble the sentence
@@ -393,7 +377,7 @@ func classifyTokenAnswer(endpoint string, status int, body []byte, readErr error
 	if err == nil && status >= 200 && status < 300 {
 		return ans, nil
 	}
-	re := &refreshError{Endpoint: endpoint, Status: status, Received: len(body), Err: err}
+	re := &endpointError{Endpoint: endpoint, Status: status, Received: len(body), Err: err}
 	switch {
 	case err == nil:
 		re.Err = fmt.Errorf("%w: an access token with HTTP %d", errTokenMalformed, status)
@@ -410,8 +394,7 @@ func classifyTokenAnswer(endpoint string, status int, body []byte, readErr error
 	return ans, re
 }
 
-// oauthErrorCode is a code worth quoting in a transport failure (RFC 6749
-// §5.2's short words); anything else could be prose carrying a secret.
+// oauthErrorCode is a code worth quoting (RFC 6749 §5.2's short words); prose could carry a secret.
 var oauthErrorCode = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,64}$`)
 
 // tokenAnswer is what Brama reads from a token endpoint's JSON answer.
@@ -429,42 +412,27 @@ type tokenAnswer struct {
 // maxExpiresIn bounds expires_in (100 years): more is unusable, not an overflow.
 const maxExpiresIn = 100 * 365 * 24 * 3600
 
-// parseTokenAnswer reads a token answer leniently, accepting an object with
-// an access_token and no error; otherwise what it read, with errTokenRefused
-// (an RFC 6749 §5.2 or Anthropic-style "error") or errTokenMalformed.
+// parseTokenAnswer reads a token answer leniently: an object with an
+// access_token and no error, else errTokenRefused (RFC 6749 §5.2 or
+// Anthropic-style "error") or errTokenMalformed, with what it read.
 func parseTokenAnswer(body []byte) (tokenAnswer, error) {
-	var raw struct {
-		AccessToken  json.RawMessage `json:"access_token"`
-		RefreshToken json.RawMessage `json:"refresh_token"`
-		IDToken      json.RawMessage `json:"id_token"`
-		ExpiresIn    json.RawMessage `json:"expires_in"`
-		Error        json.RawMessage `json:"error"`
-		Description  json.RawMessage `json:"error_description"`
-	}
 	b := bytes.TrimSpace(body)
 	if len(b) == 0 || b[0] != '{' {
 		return tokenAnswer{}, fmt.Errorf("%w: not a JSON object", errTokenMalformed)
 	}
-	if err := json.Unmarshal(b, &raw); err != nil {
+	var r report
+	if err := json.Unmarshal(b, &r); err != nil {
 		return tokenAnswer{}, fmt.Errorf("%w: not JSON (%s)", errTokenMalformed, jsonErrorKind(err))
 	}
-	var ans tokenAnswer
-	ans.AccessToken, _ = jsonString(raw.AccessToken)
-	ans.RefreshToken, _ = jsonString(raw.RefreshToken)
-	ans.IDToken, _ = jsonString(raw.IDToken)
-	if n, ok := jsonScalar(raw.ExpiresIn); ok {
+	ans := tokenAnswer{AccessToken: r.str("access_token"), RefreshToken: r.str("refresh_token"),
+		IDToken: r.str("id_token"), Error: r.str("error"), Description: r.str("error_description")}
+	if n, ok := jsonScalar(r["expires_in"]); ok {
 		if f, err := strconv.ParseFloat(n, 64); err == nil && f >= 1 && f <= maxExpiresIn {
 			ans.ExpiresIn = int64(f)
 		}
 	}
-	ans.Description, _ = jsonString(raw.Description)
-	if s, ok := jsonString(raw.Error); ok {
-		ans.Error = s
-	} else if e, ok := errorObject(raw.Error); ok {
-		ans.Error = cmp.Or(e.typ, e.code, "error")
-		if ans.Description == "" {
-			ans.Description = e.msg
-		}
+	if e, ok := errorObject(r["error"]); ok {
+		ans.Error, ans.Description = cmp.Or(e.typ, e.code, "error"), cmp.Or(ans.Description, e.msg)
 	}
 	switch {
 	case ans.Error != "":
@@ -475,23 +443,25 @@ func parseTokenAnswer(body []byte) (tokenAnswer, error) {
 	return ans, nil
 }
 
-// answerExpiry is a refreshed grant's expiry (SPEC §11.1): expires_in when
-// given, else the new access token's JWT exp, else unknown (0).
-func answerExpiry(ans tokenAnswer, now time.Time) int64 {
+// answerGrant is g renewed by a token answer (SPEC §11.1): a refresh or id
+// token not sent again is kept; the expiry is expires_in, else the JWT's exp.
+func answerGrant(provider string, g oauthGrant, ans tokenAnswer, now time.Time) oauthGrant {
+	g.AccessToken, g.ExpiresAtMs = ans.AccessToken, 0
+	g.RefreshToken = cmp.Or(ans.RefreshToken, g.RefreshToken)
+	g.IDToken = cmp.Or(ans.IDToken, g.IDToken)
 	if ans.ExpiresIn > 0 {
-		return now.UnixMilli() + ans.ExpiresIn*1000
+		g.ExpiresAtMs = now.UnixMilli() + ans.ExpiresIn*1000
 	}
-	return jwtExpMs(ans.AccessToken)
+	return fillGrant(provider, g)
 }
 
-// expiredForRequest is the request path's rule: now ≥ expires_at_ms − 60 s;
-// an unknown expiry (0) never is (SPEC §11.1).
+// expiredForRequest is SPEC §11.1's request-path rule: now ≥ expires_at_ms − 60 s, never when unknown.
 func expiredForRequest(g oauthGrant, now time.Time) bool {
 	return g.ExpiresAtMs != 0 && now.UnixMilli() >= g.ExpiresAtMs-60_000
 }
 
-// fillGrant completes a grant handed to Brama: expiry from the access
-// token's JWT exp, codex's account_id from the id_token (SPEC §6.2).
+// fillGrant completes a grant: expiry from the access token's JWT exp,
+// codex's account_id from the id_token (SPEC §6.2).
 func fillGrant(provider string, g oauthGrant) oauthGrant {
 	if g.ExpiresAtMs == 0 {
 		g.ExpiresAtMs = jwtExpMs(g.AccessToken)
@@ -502,9 +472,8 @@ func fillGrant(provider string, g oauthGrant) oauthGrant {
 	return g
 }
 
-// jwtPayload decodes a JWT's payload (RFC 7519 §3), unchecked: Brama reads
-// what the provider said of its own token, which it checks on use. It is
-// nil when token is no JWT, so every claim reads as absent.
+// jwtPayload decodes a JWT's payload (RFC 7519 §3) unchecked (the provider
+// checks its own token on use); nil when token is no JWT.
 func jwtPayload(token string) map[string]json.RawMessage {
 	var m map[string]json.RawMessage
 	if parts := strings.Split(token, "."); len(parts) == 3 {
@@ -526,8 +495,7 @@ func jwtExpMs(token string) int64 {
 	return int64(exp) * 1000
 }
 
-// codexAccountID is an id_token's https://api.openai.com/auth →
-// chatgpt_account_id claim (SPEC §6.2).
+// codexAccountID is an id_token's https://api.openai.com/auth → chatgpt_account_id (SPEC §6.2).
 func codexAccountID(idToken string) string {
 	var auth struct {
 		AccountID string `json:"chatgpt_account_id"`
@@ -536,10 +504,8 @@ func codexAccountID(idToken string) string {
 	return auth.AccountID
 }
 
-// The sign-in exchange (SPEC §11.1): the PKCE authorization-code flow that
-// `brama subscription sign-in` runs on the operator's machine.
-
-// randomToken is 32 random bytes, base64url (43 characters).
+// randomToken is 32 random bytes, base64url (43 characters): a PKCE
+// verifier, or a sign-in's state (RFC 6749 §10.12: another's code is refused).
 func randomToken() string {
 	b := make([]byte, 32)
 	rand.Read(b) // never fails (crypto/rand, Go 1.24)
@@ -552,9 +518,6 @@ func newPKCE() (verifier, challenge string) {
 	sum := sha256.Sum256([]byte(verifier))
 	return verifier, base64.RawURLEncoding.EncodeToString(sum[:])
 }
-
-// signInState is one sign-in's state (RFC 6749 §10.12): another's code is refused.
-func signInState() string { return randomToken() }
 
 // signInProvider is provider's row when it has a sign-in.
 func signInProvider(provider string) (oauthProvider, error) {
@@ -571,23 +534,16 @@ func authorizeURL(provider, state, challenge string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	q := url.Values{}
+	q := url.Values{"response_type": {"code"}, "client_id": {p.clientID}, "redirect_uri": {p.redirectURI},
+		"scope": {p.scope}, "code_challenge": {challenge}, "code_challenge_method": {"S256"}, "state": {state}}
 	for _, kv := range p.extra {
-		q.Set(kv[0], kv[1])
+		q.Set(kv[0], kv[1]) // none names a parameter above
 	}
-	q.Set("response_type", "code")
-	q.Set("client_id", p.clientID)
-	q.Set("redirect_uri", p.redirectURI)
-	q.Set("scope", p.scope)
-	q.Set("code_challenge", challenge)
-	q.Set("code_challenge_method", "S256")
-	q.Set("state", state)
 	return p.authorizeURL + "?" + q.Encode(), nil
 }
 
-// exchangeCode trades what the user pasted for a
-// grant (RFC 6749 §4.1.3 with PKCE); a pasted state must equal state.
-// Nothing is stored: the CLI hands the grant to the daemon.
+// exchangeCode is the sign-in's exchange (SPEC §11.1, RFC 6749 §4.1.3 with
+// PKCE): what the user pasted for a grant, which the CLI hands to the daemon.
 func (o *oauthClient) exchangeCode(ctx context.Context, provider, code, verifier, state string) (oauthGrant, error) {
 	p, err := signInProvider(provider)
 	if err != nil {
@@ -619,6 +575,5 @@ func (o *oauthClient) exchangeCode(ctx context.Context, provider, code, verifier
 	if re != nil {
 		return oauthGrant{}, re
 	}
-	return fillGrant(p.id, oauthGrant{AccessToken: ans.AccessToken, RefreshToken: ans.RefreshToken, IDToken: ans.IDToken,
-		ExpiresAtMs: answerExpiry(ans, o.now())}), nil
+	return answerGrant(p.id, oauthGrant{}, ans, o.now()), nil
 }

@@ -63,7 +63,7 @@ func newOAuthFixture(t *testing.T, provider, tokenURL string) *oauthFixture {
 	f.v = newVault(f.vaultPath, nil)
 	f.l = newLedger(state{dir: dir}, log, now)
 	f.o = newOAuth(testEnv(env), newProviderClient(), f.v, f.l, log, now)
-	t.Cleanup(f.o.wait) // no refresh outlives its test
+	t.Cleanup(f.o.wg.Wait) // no refresh outlives its test
 	return f
 }
 
@@ -301,9 +301,9 @@ func TestRefreshFailures(t *testing.T) {
 			before, _ := f.l.entry(oauthSubID)
 
 			_, err := f.o.refresh(context.Background(), oauthSubID, "claude-code", "")
-			var re *refreshError
+			var re *endpointError
 			if !errors.As(err, &re) {
-				t.Fatalf("refresh error = %v (%T), want *refreshError", err, err)
+				t.Fatalf("refresh error = %v (%T), want *endpointError", err, err)
 			}
 			if re.Definitive != tc.definitive {
 				t.Errorf("Definitive = %v, want %v (%v)", re.Definitive, tc.definitive, err)
@@ -448,7 +448,7 @@ func TestRefreshWithoutRefreshToken(t *testing.T) {
 	f := newOAuthFixture(t, "kimi", srv.URL)
 	f.seed(t, oauthSubID, oauthGrant{AccessToken: "at"})
 	_, err := f.o.refresh(context.Background(), oauthSubID, "kimi", "")
-	var re *refreshError
+	var re *endpointError
 	if !errors.As(err, &re) || !re.Definitive || !errors.Is(err, errNoRefreshToken) {
 		t.Errorf("refresh error = %v, want a definitive errNoRefreshToken", err)
 	}
@@ -475,9 +475,9 @@ func TestRefreshVaultWriteFails(t *testing.T) {
 	}
 	t.Cleanup(func() { testingOnlyRename = nil })
 	_, err := f.o.refresh(context.Background(), oauthSubID, "claude-code", "")
-	var re *refreshError
+	var re *endpointError
 	if !errors.As(err, &re) || !re.Definitive || !strings.Contains(err.Error(), "injected rename failure") {
-		t.Fatalf("refresh error = %v, want a definitive refreshError naming the write failure", err)
+		t.Fatalf("refresh error = %v, want a definitive endpointError naming the write failure", err)
 	}
 	if got := f.stored(t, oauthSubID); got != old {
 		t.Errorf("vault = %+v, want the old grant", got)
@@ -508,7 +508,7 @@ func TestRefreshWaiterHangsUp(t *testing.T) {
 		t.Errorf("hung-up caller got %v, want context.Canceled", err)
 	}
 	close(release)
-	f.o.wait()
+	f.o.wg.Wait()
 	if got := f.stored(t, oauthSubID).AccessToken; got != "at-new" {
 		t.Errorf("vault access token = %q: the refresh did not finish for the others", got)
 	}

@@ -15,11 +15,9 @@ import (
 	"time"
 )
 
-// Plan windows are a provider's own account of how much of a subscription's
-// plan is spent, read here from its two sources: the headers of every
-// subscription answer (SPEC §6.3) and the usage reports a maintenance pass
-// fetches (SPEC §11.2), under one id per window so either replaces the
-// other. The ledger keeps the latest reading; dispatch orders by them.
+// Plan windows are a provider's account of how much of a plan is spent, from
+// subscription answers' headers (SPEC §6.3) and usage reports (SPEC §11.2),
+// under one id per window so either replaces the other.
 
 // Where a plan window's reading came from.
 const (
@@ -37,7 +35,6 @@ type planWindow struct {
 	Source       string  `json:"source"` // windowSourceTraffic or windowSourceReport
 }
 
-// newWindow is one reading taken now, its fraction clamped.
 func newWindow(id, label string, fraction float64, resetMs int64, now time.Time, source string) planWindow {
 	return planWindow{ID: id, Label: label, UsedFraction: planFraction(fraction), ResetsAtMs: resetMs,
 		RecordedAtMs: now.UnixMilli(), Source: source}
@@ -54,13 +51,11 @@ func planFraction(f float64) float64 {
 	return f
 }
 
-// planMaxResetSeconds bounds a reset instant or delay (about year 5138), so
-// converting it to milliseconds cannot overflow.
+// planMaxResetSeconds bounds a reset instant or delay (about year 5138), so ms cannot overflow.
 const planMaxResetSeconds = 1e11
 
 // anthropicWindow is a claude-code window that traffic headers (by header
-// key) and the usage report (by member) both state, under one id so either
-// reading replaces the other.
+// key) and the usage report (by member) both state, under one id.
 type anthropicWindow struct{ header, member, id, label string }
 
 var anthropicWindows = []anthropicWindow{
@@ -68,11 +63,9 @@ var anthropicWindows = []anthropicWindow{
 	{"7d", "seven_day", "anthropic:7d", "7 days"},
 }
 
-// parsePlanWindows reads the plan windows a subscription answer's headers
-// state (SPEC §6.3): claude-code's unified 5h/7d utilization (a fraction)
-// and reset (unix seconds), codex's primary/secondary used percent, window
-// minutes and reset delay. A value that does not parse is skipped, never
-// guessed. Other providers state none.
+// parsePlanWindows reads the plan windows an answer's headers state (SPEC
+// §6.3) for claude-code and codex; a value that does not parse is skipped,
+// never guessed.
 func parsePlanWindows(provider string, h http.Header, now time.Time) []planWindow {
 	var ws []planWindow
 	num := func(key string) (float64, bool) { return parseNumber(h.Get(key)) }
@@ -116,8 +109,7 @@ func parseNumber(s string) (float64, bool) {
 }
 
 // windowLabel names a window of mins minutes in whole days, hours or
-// minutes ("5 hours"), or is fallback when mins is not a whole number of
-// minutes in range.
+// minutes ("5 hours"), or is fallback when mins is no whole number in range.
 func windowLabel(mins float64, fallback string) string {
 	if !(mins >= 1) || mins >= planMaxResetSeconds || mins != math.Trunc(mins) {
 		return fallback
@@ -136,16 +128,20 @@ func windowLabel(mins float64, fallback string) string {
 }
 
 // usageReports lists the providers with a usage report (SPEC §11.2): its
-// path below the base URL (codex's lives elsewhere), its reader, and
-// whether an API key reads it (only Kimi Code's; the others take OAuth only).
+// path below the base URL (codex's lives elsewhere), its reader, whether an
+// API key reads it (only Kimi Code's), and the chat route's headers it is
+// sent besides Authorization (and codex's chatgpt-account-id).
 var usageReports = map[string]struct {
-	path   string
-	parse  func([]byte, time.Time) ([]planWindow, error)
-	apiKey bool
+	path    string
+	parse   func([]byte, time.Time) ([]planWindow, error)
+	apiKey  bool
+	headers [][2]string
 }{
-	"claude-code": {path: "/api/oauth/usage", parse: parseClaudeCodeUsage},
-	"codex":       {parse: parseCodexUsage},
-	"kimi":        {path: "/usages", parse: parseKimiUsage, apiKey: true},
+	"claude-code": {path: "/api/oauth/usage", parse: parseClaudeCodeUsage,
+		headers: [][2]string{{"anthropic-version", "2023-06-01"}, {"anthropic-beta", "oauth-2025-04-20"}}},
+	"codex": {parse: parseCodexUsage,
+		headers: [][2]string{{"OpenAI-Beta", "responses=experimental"}, {"originator", "codex_cli_rs"}}},
+	"kimi": {path: "/usages", parse: parseKimiUsage, apiKey: true},
 }
 
 // codexUsageURL is overridden by BRAMA_PROVIDER_CODEX_USAGE_URL alone.
@@ -157,12 +153,9 @@ func usageReportable(provider string, cred vaultCredential) bool {
 	return ok && (cred.OAuth != nil || (r.apiKey && cred.APIKey != ""))
 }
 
-// The three usage report readers turn a body into plan windows (source
-// usage_report). The shapes are the providers' own and undocumented, so
-// each reads, through the one lenient reader `report`, what it recognizes,
-// skips the rest and never guesses a number.
-
-// errUsageReport classifies every refused body: no JSON object, or no window.
+// The usage report readers read the providers' own, undocumented shapes
+// through the one lenient reader `report`: what they recognize, never a
+// guessed number. errUsageReport classifies every refused body.
 var errUsageReport = errors.New("the usage report is not usable")
 
 // usageMaxResetMs bounds a reset instant, so arithmetic cannot overflow.
@@ -171,8 +164,7 @@ const usageMaxResetMs = planMaxResetSeconds * 1000
 // report is one JSON object of a provider report, read leniently.
 type report map[string]json.RawMessage
 
-// readReport decodes a JSON object, describing anything else without
-// quoting it (a report can hold account details).
+// readReport decodes a JSON object, describing anything else without quoting it.
 func readReport(body []byte) (report, error) {
 	var r report
 	if err := json.Unmarshal(body, &r); err != nil {
@@ -184,8 +176,7 @@ func readReport(body []byte) (report, error) {
 	return r, nil
 }
 
-// jsonErrorKind says what was wrong with a JSON document without quoting it
-// (a syntax error's text could carry a fragment of a token).
+// jsonErrorKind says what was wrong with a JSON document without quoting a fragment of it.
 func jsonErrorKind(err error) string {
 	var se *json.SyntaxError
 	if errors.As(err, &se) {
@@ -205,50 +196,40 @@ func asReport(raw json.RawMessage) report {
 
 func (r report) obj(key string) report { return asReport(r[key]) }
 
-// num is the first of keys holding a number.
+func (r report) str(key string) string {
+	s, _ := jsonString(r[key])
+	return s
+}
+
+// num is the first of keys holding a finite number, or a string holding one (Kimi's counters).
 func (r report) num(keys ...string) (float64, bool) {
 	for _, k := range keys {
-		if f, ok := usageNumber(r[k]); ok {
+		s, ok := jsonString(r[k])
+		if !ok {
+			s = string(r[k])
+		}
+		if f, ok := parseNumber(s); ok {
 			return f, true
 		}
 	}
 	return 0, false
 }
 
-// instant is the first of keys holding a readable instant, in epoch ms; 0 none.
+// instant is the first of keys holding an instant, in epoch ms (0 none): RFC
+// 3339, or epoch seconds or ms as a number or numeric string (SPEC §11.2).
 func (r report) instant(keys ...string) int64 {
 	for _, k := range keys {
-		if ms, ok := usageInstant(r[k]); ok {
+		f, ok := r.num(k)
+		if t, err := time.Parse(time.RFC3339Nano, strings.TrimSpace(r.str(k))); err == nil {
+			f, ok = float64(t.UnixMilli()), true
+		} else if f < 1e12 { // ≥ 1e12 ⇒ ms (1e12 s would be year 33658)
+			f *= 1000
+		}
+		if ms, inRange := usageMs(f); ok && inRange {
 			return ms
 		}
 	}
 	return 0
-}
-
-// usageNumber reads a finite number, or a string holding one (Kimi's counters).
-func usageNumber(raw json.RawMessage) (float64, bool) {
-	if s, ok := jsonString(raw); ok {
-		return parseNumber(s)
-	}
-	return parseNumber(string(raw))
-}
-
-// usageInstant reads an instant as epoch ms: RFC 3339, or epoch seconds or
-// ms as a number or numeric string; one outside (0, usageMaxResetMs] is unknown.
-func usageInstant(raw json.RawMessage) (int64, bool) {
-	if s, ok := jsonString(raw); ok {
-		if t, err := time.Parse(time.RFC3339Nano, strings.TrimSpace(s)); err == nil {
-			return usageMs(float64(t.UnixMilli()))
-		}
-	}
-	f, ok := usageNumber(raw)
-	if !ok {
-		return 0, false
-	}
-	if f < 1e12 { // SPEC §11.2: ≥ 1e12 ⇒ ms (1e12 s would be year 33658)
-		f *= 1000
-	}
-	return usageMs(f)
 }
 
 // usageMs keeps epoch milliseconds after the epoch and within usageMaxResetMs.
@@ -302,9 +283,8 @@ func parseClaudeCodeUsage(body []byte, now time.Time) ([]planWindow, error) {
 	return ws, nil
 }
 
-// parseCodexUsage reads rate_limit.primary_window and secondary_window
-// {"used_percent", "limit_window_seconds", "reset_at" (wins) |
-// "reset_after_seconds"} as codex:primary and codex:secondary.
+// parseCodexUsage reads rate_limit's primary_window and secondary_window
+// (SPEC §11.2; reset_at wins over reset_after_seconds).
 func parseCodexUsage(body []byte, now time.Time) ([]planWindow, error) {
 	r, err := readReport(body)
 	if err != nil {
@@ -342,9 +322,8 @@ var kimiTimeUnits = map[string]float64{
 	"TIME_UNIT_SECOND": 1.0 / 60, "TIME_UNIT_MINUTE": 1, "TIME_UNIT_HOUR": 60, "TIME_UNIT_DAY": 24 * 60,
 }
 
-// parseKimiUsage reads {base}/usages: the usage object becomes kimi:usage
-// and each limits[i] kimi:limit-<i>, counters at top level or under detail
-// (which wins), labelled by window.duration and timeUnit.
+// parseKimiUsage reads {base}/usages as SPEC §11.2 says (detail's counters
+// win over the top level's).
 func parseKimiUsage(body []byte, now time.Time) ([]planWindow, error) {
 	r, err := readReport(body)
 	if err != nil {
@@ -370,8 +349,7 @@ func parseKimiUsage(body []byte, now time.Time) ([]planWindow, error) {
 		}
 		w := top.obj("window")
 		d, _ := w.num("duration")
-		unit, _ := jsonString(w["timeUnit"])
-		label := windowLabel(d*kimiTimeUnits[unit], "limit "+strconv.Itoa(i))
+		label := windowLabel(d*kimiTimeUnits[w.str("timeUnit")], "limit "+strconv.Itoa(i))
 		reset := cmp.Or(counters.instant("resetTime", "reset_time"), top.instant("resetTime", "reset_time"))
 		ws = append(ws, newWindow("kimi:limit-"+strconv.Itoa(i), label, f, reset, now, windowSourceReport))
 	}

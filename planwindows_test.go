@@ -267,9 +267,8 @@ func TestUsageInstant(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			got, ok := usageInstant(json.RawMessage(tc.raw))
-			if ok != (tc.want != 0) || got != tc.want {
-				t.Errorf("usageInstant(%s) = %d, %v; want %d", tc.raw, got, ok, tc.want)
+			if got := (report{"t": json.RawMessage(tc.raw)}).instant("t"); got != tc.want {
+				t.Errorf("instant(%s) = %d; want %d", tc.raw, got, tc.want)
 			}
 		})
 	}

@@ -201,7 +201,7 @@ func (e *engine) subscriptionCredential(ctx context.Context, sub overlayItem, wk
 		wk.refreshed[sub.ID] = true
 		ng, err := e.oauth.refresh(ctx, sub.ID, sub.Provider, refusedToken)
 		if err != nil {
-			var re *refreshError
+			var re *endpointError
 			if errors.As(err, &re) && !re.Definitive {
 				if wk.refreshTransport == nil {
 					wk.refreshTransport = refuse("dependency_unavailable", "%s", redact(re.Error())).because(err)

@@ -6,30 +6,24 @@ import (
 	"log/slog"
 )
 
-// Sign-in (SPEC §11.1): `brama subscription sign-in` runs the provider's
-// PKCE authorization-code flow on the operator's machine and hands the
-// grant to the daemon, which alone writes the vault's subscriptions
-// section (SPEC §2.3). PUT …/credential is the same replacement for
-// automation. Either way the journal says so (subscription_sign_in) and the
-// ledger credential becomes active: sign-in is how a credential that
-// needs reauthorization comes back.
+// Sign-in (SPEC §11.1): `brama subscription sign-in` runs the PKCE flow on
+// the operator's machine and hands the grant to the daemon, which alone
+// writes the vault (SPEC §2.3); PUT …/credential is the same replacement.
+// Either way the journal says so and the ledger credential becomes active.
 
 // signInVia is the query a sign-in's donation carries on POST
-// /v1/admin/subscriptions/{agent_id}, so the daemon journals it as a
-// sign-in; the body is the ordinary donation.
+// /v1/admin/subscriptions/{agent_id}, so the daemon journals it as a sign-in.
 const signInVia = "sign-in"
 
 // replaceSubscriptionCredential replaces the credential of agent's
-// subscription id and journals subscription_sign_in. It refuses before
-// changing anything when the journal could not record it (503), the id is
-// not agent's (404) or the subscription is retired (409 state_conflict: a
-// retired subscription is never refreshed or signed in; reinstate it
-// first). A vault write that fails is journaled as a failed sign-in.
+// subscription id and journals subscription_sign_in, refusing first when
+// the journal could not record it (503), the id is not agent's (404) or it
+// is retired (409); a vault write that fails is journaled as failed.
 func (s *server) replaceSubscriptionCredential(agent, id string, cred vaultCredential, by string) (overlayItem, error) {
 	if err := s.journal.ready(); err != nil {
 		return overlayItem{}, refuse("dependency_unavailable", "credential not replaced: the journal cannot record a sign-in: %v", err).because(err)
 	}
-	it, err := s.liveSubscription(agent, id, "reinstate it before replacing its credential")
+	it, err := s.inv.owned(agent, id, "reinstate it before replacing its credential")
 	if err != nil {
 		return overlayItem{}, err
 	}
@@ -50,36 +44,19 @@ func (s *server) replaceSubscriptionCredential(agent, id string, cred vaultCrede
 	return it, nil
 }
 
-// liveSubscription is agent's subscription id, refused 404 when agent does
-// not own it and 409 state_conflict, with why, when it is retired.
-func (s *server) liveSubscription(agent, id, why string) (overlayItem, error) {
-	it, ok, err := s.inv.get(agent, id)
-	if err == nil && !ok {
-		err = refuse("not_found", "agent %q has no subscription %q", agent, id)
-	}
-	var retired bool
-	if err == nil {
-		retired, err = s.inv.isRetired(id)
-	}
-	if err == nil && retired {
-		err = refuse("state_conflict", "subscription %s is retired; %s", id, why)
-	}
-	return it, err
-}
-
 // journalSignIn appends one subscription_sign_in record and logs it.
 func (s *server) journalSignIn(it overlayItem, result, detail string) error {
 	detail = ledgerSentence(detail)
 	err := s.journal.append(journalRecord{Kind: "subscription_sign_in", SubscriptionID: it.ID, Provider: it.Provider, Result: result, Detail: detail})
 	level := slog.LevelInfo
+	args := []any{"subscription_id", it.ID, "agent_id", it.AgentID, "provider", it.Provider,
+		"result", result, "detail", detail}
 	if result != "signed_in" || err != nil {
 		level = slog.LevelWarn
 	}
-	attrs := []slog.Attr{slog.String("subscription_id", it.ID), slog.String("agent_id", it.AgentID),
-		slog.String("provider", it.Provider), slog.String("result", result), slog.String("detail", detail)}
 	if err != nil {
-		attrs = append(attrs, slog.String("journal_error", err.Error()))
+		args = append(args, "journal_error", err.Error())
 	}
-	s.log.LogAttrs(context.Background(), level, "subscription_sign_in", attrs...)
+	s.log.Log(context.Background(), level, "subscription_sign_in", args...)
 	return err
 }

@@ -15,11 +15,9 @@ import (
 )
 
 // The subscription inventory (SPEC §10.1): the donated-subscription overlay
-// says which subscriptions exist and who owns them, the vault holds their
-// credentials under the same ids, and the journal alone says which are
-// retired. Only the serving process writes the overlay and the vault's
-// subscriptions section (SPEC §2.3). api.go holds its handlers,
-// cli_gateway.go its commands.
+// says which subscriptions exist and whose they are, the vault holds their
+// credentials, the journal alone says which are retired. Only the serving
+// process writes the overlay and the vault's subscriptions (SPEC §2.3).
 
 // overlayItem is one donated subscription: metadata only, no secret, no status.
 type overlayItem struct {
@@ -37,7 +35,7 @@ type overlayDoc struct {
 }
 
 // The overlay's file name and how refusals name it; the bounds of a label
-// and of a retire or reinstate reason (listings and the journal carry them).
+// and of a retire or reinstate reason.
 const (
 	overlayFile    = "donated-subscriptions.json"
 	overlayRole    = "donated-subscription overlay"
@@ -94,11 +92,6 @@ func (doc *overlayDoc) validate() error {
 	return nil
 }
 
-func isSubscriptionID(id string) bool {
-	rest, ok := strings.CutPrefix(id, "sub_")
-	return ok && len(rest) == 16 && strings.Trim(rest, "0123456789abcdef") == ""
-}
-
 // checkLabel allows printable text of at most 128 bytes: no control characters reach a terminal.
 func checkLabel(label string) error {
 	if len(label) > maxLabelBytes {
@@ -129,34 +122,37 @@ func checkReason(reason string) error {
 }
 
 // checkCredential applies SPEC §6.1 and §10.1 to a donated or replacing
-// credential: a provider that takes one, exactly one of an API key or a
-// grant, a grant only for claude-code, codex and kimi; never quoting it.
-func checkCredential(provider string, cred vaultCredential) error {
+// credential, never quoting it (exactly one of an API key or a grant, a
+// grant only for claude-code, codex and kimi), and completes its grant.
+func checkCredential(provider string, cred vaultCredential) (vaultCredential, error) {
 	p, ok := lookupProvider(provider)
+	var err error
 	switch {
 	case !ok:
-		return refuse("invalid_request", "unknown provider %q", provider)
+		err = refuse("invalid_request", "unknown provider %q", provider)
 	case p.cred == credNone:
-		return refuse("invalid_request", "provider %q takes no subscription: its deployments need no credential", provider)
+		err = refuse("invalid_request", "provider %q takes no subscription: its deployments need no credential", provider)
 	case (cred.APIKey != "") == (cred.OAuth != nil):
-		return refuse("invalid_request", "give exactly one of api_key or oauth")
+		err = refuse("invalid_request", "give exactly one of api_key or oauth")
 	case cred.APIKey != "":
 		if k := cred.APIKey; strings.TrimSpace(k) != k || !printable(k) || len(k) > 8192 {
-			return refuse("invalid_request", "api_key must be one line of printable text (at most 8192 bytes) without surrounding spaces")
+			err = refuse("invalid_request", "api_key must be one line of printable text (at most 8192 bytes) without surrounding spaces")
 		}
 	case p.cred != credSubscription:
-		return refuse("invalid_request", "provider %q takes an api_key, not an oauth grant (oauth is for claude-code, codex and kimi)", provider)
+		err = refuse("invalid_request", "provider %q takes an api_key, not an oauth grant (oauth is for claude-code, codex and kimi)", provider)
 	case cred.OAuth.AccessToken == "" || cred.OAuth.RefreshToken == "":
-		return refuse("invalid_request", "oauth needs access_token and refresh_token")
+		err = refuse("invalid_request", "oauth needs access_token and refresh_token")
 	case cred.OAuth.ExpiresAtMs < 0:
-		return refuse("invalid_request", "oauth expires_at_ms must not be negative")
+		err = refuse("invalid_request", "oauth expires_at_ms must not be negative")
+	default:
+		g := fillGrant(provider, *cred.OAuth) // on a copy: the caller's stays as given
+		cred.OAuth = &g
 	}
-	return nil
+	return cred, err
 }
 
-// inventory is one serving process's subscription inventory: it re-reads the
-// overlay when the file's identity changes and, as the only writer (SPEC
-// §2.3), writes it and the vault's subscriptions section under wmu.
+// inventory is the serving process's subscription inventory, the only
+// writer of the overlay and the vault's subscriptions (SPEC §2.3), under wmu.
 type inventory struct {
 	sys
 	overlay stateFile[*overlayDoc]
@@ -178,8 +174,7 @@ type listing struct {
 	at   time.Time
 }
 
-// newInventory places the overlay in st and reads the listing cache's TTL
-// (SPEC §10.2). Nothing is read yet.
+// newInventory places the overlay in st and reads the listing cache's TTL (SPEC §10.2).
 func newInventory(st state, v *vault, j *journal, l *ledger, getenv func(string) string, sy sys) *inventory {
 	inv := &inventory{sys: sy, vault: v, j: j, l: l, cache: map[string]listing{}}
 	inv.overlay = stateFile[*overlayDoc]{role: overlayRole, parse: parseOverlay}
@@ -192,8 +187,8 @@ func newInventory(st state, v *vault, j *journal, l *ledger, getenv func(string)
 	return inv
 }
 
-// subscriptionCacheTTL parses BRAMA_SUBSCRIPTION_CACHE_TTL_SECS: unset is
-// 60 s, 0 turns the cache off; anything else unreadable is 60 s and an error.
+// subscriptionCacheTTL parses BRAMA_SUBSCRIPTION_CACHE_TTL_SECS: unset or
+// unreadable (with an error) is 60 s, 0 turns the cache off.
 func subscriptionCacheTTL(v string) (time.Duration, error) {
 	const def = 60 * time.Second
 	if v = strings.TrimSpace(v); v == "" {
@@ -206,9 +201,8 @@ func subscriptionCacheTTL(v string) (time.Duration, error) {
 	return time.Duration(n) * time.Second, nil
 }
 
-// items returns every overlay item (retired ones too), in overlay order;
-// the caller owns the slice. Errors are 503 dependency_unavailable naming
-// the overlay and the rule (or the missing state directory).
+// items returns every overlay item (retired ones too), in overlay order, as
+// the caller's slice; errors are 503s naming the overlay and the rule.
 func (inv *inventory) items() ([]overlayItem, error) {
 	doc, err := inv.overlay.load()
 	switch {
@@ -220,22 +214,17 @@ func (inv *inventory) items() ([]overlayItem, error) {
 	return slices.Clone(doc.Items), nil
 }
 
-// retiredSet folds the journal (SPEC §9), classified for the client.
-func (inv *inventory) retiredSet() (map[string]bool, error) {
-	r, err := inv.j.retired()
-	if err != nil {
-		err = refuse("dependency_unavailable", "the journal cannot be read: %v", err).because(err)
-	}
-	return r, err
-}
-
+// view is every overlay item and the journal's retired set (SPEC §9).
 func (inv *inventory) view() ([]overlayItem, map[string]bool, error) {
 	items, err := inv.items()
 	if err != nil {
 		return nil, nil, err
 	}
-	retired, err := inv.retiredSet()
-	return items, retired, err
+	retired, err := inv.j.retired()
+	if err != nil {
+		return nil, nil, refuse("dependency_unavailable", "the journal cannot be read: %v", err).because(err)
+	}
+	return items, retired, nil
 }
 
 // pool is agent's non-retired items of provider in overlay order (SPEC
@@ -257,38 +246,37 @@ func (inv *inventory) live(keep func(overlayItem) bool) ([]overlayItem, error) {
 	return slices.DeleteFunc(items, func(it overlayItem) bool { return retired[it.ID] || !keep(it) }), nil
 }
 
-// get finds id among agent's items, retired or not; another agent's id is
-// absent, so an agent learns nothing of others' subscriptions.
-func (inv *inventory) get(agent, id string) (overlayItem, bool, error) {
+// owned is agent's subscription id, 404 not_found when agent has none (so
+// an agent learns nothing of others'); when ifRetired says why, a retired
+// one is 409 state_conflict.
+func (inv *inventory) owned(agent, id, ifRetired string) (overlayItem, error) {
 	items, err := inv.items()
 	if err != nil {
-		return overlayItem{}, false, err
+		return overlayItem{}, err
 	}
 	i := slices.IndexFunc(items, func(it overlayItem) bool { return it.ID == id && it.AgentID == agent })
 	if i < 0 {
-		return overlayItem{}, false, nil
+		return overlayItem{}, refuse("not_found", "agent %q has no subscription %q", agent, id)
 	}
-	return items[i], true, nil
+	if ifRetired == "" {
+		return items[i], nil
+	}
+	retired, err := inv.isRetired(id)
+	if err == nil && retired {
+		err = refuse("state_conflict", "subscription %s is retired; %s", id, ifRetired)
+	}
+	return items[i], err
 }
 
 // isRetired reports whether the journal's last word on id is retire.
 func (inv *inventory) isRetired(id string) (bool, error) {
-	r, err := inv.retiredSet()
-	return r[id], err
+	_, retired, err := inv.view()
+	return retired[id], err
 }
 
-// owned is get as a refusal: 404 not_found when agent has no such id.
-func (inv *inventory) owned(agent, id string) (overlayItem, error) {
-	it, ok, err := inv.get(agent, id)
-	if err == nil && !ok {
-		err = refuse("not_found", "agent %q has no subscription %q", agent, id)
-	}
-	return it, err
-}
-
-// donate stores a new subscription of provider for agent (SPEC §10.1):
-// vault first, overlay second, so a failure between leaves no overlay entry
-// (and the vault entry is taken back, or removed by removeOrphans at start).
+// donate stores a new subscription (SPEC §10.1): vault first, overlay
+// second, so a failure between leaves no overlay entry (and the vault entry
+// is taken back, or removed by removeOrphans at start).
 func (inv *inventory) donate(agent, provider, label string, cred vaultCredential) (overlayItem, error) {
 	if !idPattern.MatchString(agent) {
 		return overlayItem{}, refuse("invalid_request", "agent id %q must match [a-z0-9-]{1,64}", agent)
@@ -296,10 +284,10 @@ func (inv *inventory) donate(agent, provider, label string, cred vaultCredential
 	if err := checkLabel(label); err != nil {
 		return overlayItem{}, refuse("invalid_request", "%v", err)
 	}
-	if err := checkCredential(provider, cred); err != nil {
+	cred, err := checkCredential(provider, cred)
+	if err != nil {
 		return overlayItem{}, err
 	}
-	cred = filledCredential(provider, cred)
 	// Both files must be placeable before either is touched.
 	if inv.overlay.pathErr != nil {
 		return overlayItem{}, asAPIError(inv.overlay.pathErr)
@@ -317,12 +305,10 @@ func (inv *inventory) donate(agent, provider, label string, cred vaultCredential
 	rand.Read(rnd)
 	it := overlayItem{ID: "sub_" + hex.EncodeToString(rnd), Provider: provider, AgentID: agent, Label: label,
 		CreatedAt: inv.now().UTC().Format(journalTimeFormat)}
-	if slices.ContainsFunc(items, func(x overlayItem) bool { return x.ID == it.ID }) {
-		return overlayItem{}, refuse("internal_error", "subscription id %s is taken; donate again", it.ID)
-	}
 	err = inv.vault.update(func(d *vaultDoc) error {
-		if _, taken := d.Subscriptions[it.ID]; taken {
-			return fmt.Errorf("subscription id %s is taken in the vault; donate again", it.ID)
+		_, taken := d.Subscriptions[it.ID]
+		if taken || slices.ContainsFunc(items, func(x overlayItem) bool { return x.ID == it.ID }) {
+			return fmt.Errorf("subscription id %s is taken; donate again", it.ID)
 		}
 		d.Subscriptions[it.ID] = cred
 		return nil
@@ -352,8 +338,7 @@ func (inv *inventory) donate(agent, provider, label string, cred vaultCredential
 	return it, nil
 }
 
-// vaultRefusal classifies a vault load failure before a vault write: 503
-// dependency_unavailable naming the cause (no state directory, guards, parse).
+// vaultRefusal is a vault load failure before a vault write: 503 naming the cause.
 func vaultRefusal(err error) *apiError {
 	if errors.As(err, new(*noStateError)) {
 		return asAPIError(err)
@@ -383,8 +368,8 @@ func (inv *inventory) reinstate(agent, id, reason string) error {
 }
 
 // journalStatus appends kind ("retire" or "reinstate") for id unless the
-// fold already says so; it asks the journal first, so nothing is claimed
-// that cannot be recorded.
+// fold already says so, asking the journal first: nothing is claimed that
+// cannot be recorded.
 func (inv *inventory) journalStatus(kind, agent, id, reason string) error {
 	if err := checkReason(reason); err != nil {
 		return err
@@ -394,7 +379,7 @@ func (inv *inventory) journalStatus(kind, agent, id, reason string) error {
 	}
 	inv.wmu.Lock()
 	defer inv.wmu.Unlock()
-	if _, err := inv.owned(agent, id); err != nil {
+	if _, err := inv.owned(agent, id, ""); err != nil {
 		return err
 	}
 	if retired, err := inv.isRetired(id); err != nil || retired == (kind == "retire") {
@@ -409,22 +394,20 @@ func (inv *inventory) journalStatus(kind, agent, id, reason string) error {
 }
 
 // replaceCredential swaps the vault credential of agent's subscription id
-// (PUT …/credential, sign-in) and marks the ledger credential active; the
-// caller journals subscription_sign_in.
+// and marks the ledger credential active; the caller journals the sign-in.
 func (inv *inventory) replaceCredential(agent, id string, cred vaultCredential) error {
 	if _, err := inv.vault.load(); err != nil {
 		return vaultRefusal(err)
 	}
 	inv.wmu.Lock()
 	defer inv.wmu.Unlock()
-	it, err := inv.owned(agent, id)
+	it, err := inv.owned(agent, id, "")
 	if err != nil {
 		return err
 	}
-	if err := checkCredential(it.Provider, cred); err != nil {
+	if cred, err = checkCredential(it.Provider, cred); err != nil {
 		return err
 	}
-	cred = filledCredential(it.Provider, cred)
 	defer inv.invalidate(false)
 	if err := inv.vault.update(func(d *vaultDoc) error { d.Subscriptions[id] = cred; return nil }); err != nil {
 		return refuse("internal_error", "credential not replaced: the vault was not written: %v", err).because(err)
@@ -438,18 +421,8 @@ func (inv *inventory) replaceCredential(agent, id string, cred vaultCredential) 
 	return nil
 }
 
-// filledCredential completes a grant handed to Brama (fillGrant: expiry and
-// codex account from the tokens' claims) on a copy; an API key is as given.
-func filledCredential(provider string, cred vaultCredential) vaultCredential {
-	if cred.OAuth != nil {
-		g := fillGrant(provider, *cred.OAuth)
-		cred.OAuth = &g
-	}
-	return cred
-}
-
-// credential is id's credential from the vault. An unreadable vault or a
-// missing entry is 503 credential_unauthorized (SPEC §2.2).
+// credential is id's credential from the vault, a copy; an unreadable vault
+// or a missing entry is 503 credential_unauthorized (SPEC §2.2).
 func (inv *inventory) credential(id string) (vaultCredential, error) {
 	doc, err := inv.vault.load()
 	if err != nil {
@@ -460,7 +433,7 @@ func (inv *inventory) credential(id string) (vaultCredential, error) {
 		return vaultCredential{}, refuse("credential_unauthorized", "the vault holds no credential for subscription %q", id)
 	}
 	if c.OAuth != nil {
-		g := *c.OAuth // the caller may patch its copy; the vault's stays as read
+		g := *c.OAuth
 		c.OAuth = &g
 	}
 	return c, nil
@@ -510,18 +483,15 @@ type subscriptionRow struct {
 	Stale      bool              `json:"stale"`
 }
 
-// row builds item's row from its ledger record: block null unless in force,
-// usage_read and probe null until they happened, a retired row's credential
-// disabled; stale when a window's reading predates its reset or the last
-// usage read failed.
+// row builds item's row from its ledger record (SPEC §10.4): block null
+// unless in force, usage_read and probe null until they happened, a retired
+// row's credential disabled; stale when a window's reset has passed or the
+// last usage read failed.
 func (inv *inventory) row(item overlayItem, retired bool, now time.Time) subscriptionRow {
 	e, _ := inv.l.entry(item.ID)
 	ms := now.UnixMilli()
 	r := subscriptionRow{ID: item.ID, Provider: item.Provider, Label: item.Label, Status: "active",
-		Windows: e.Windows, Measured: e.Measured, Credential: &e.Credential}
-	if r.Windows == nil {
-		r.Windows = []planWindow{}
-	}
+		Windows: append([]planWindow{}, e.Windows...), Measured: e.Measured, Credential: &e.Credential}
 	if retired {
 		r.Status = "retired"
 		r.Credential.State = credDisabled
@@ -531,16 +501,12 @@ func (inv *inventory) row(item overlayItem, retired bool, now time.Time) subscri
 	}
 	if e.UsageRead.AtMs != 0 {
 		r.UsageRead = &e.UsageRead
-		r.Stale = !e.UsageRead.OK
 	}
 	if e.Probe.AtMs != 0 {
 		r.Probe = &e.Probe
 	}
-	for _, w := range e.Windows {
-		if w.ResetsAtMs != 0 && w.ResetsAtMs <= ms {
-			r.Stale = true
-		}
-	}
+	r.Stale = (r.UsageRead != nil && !e.UsageRead.OK) ||
+		slices.ContainsFunc(e.Windows, func(w planWindow) bool { return w.ResetsAtMs != 0 && w.ResetsAtMs <= ms })
 	return r
 }
 
@@ -565,8 +531,7 @@ func (inv *inventory) orphans() ([]string, error) {
 }
 
 // removeOrphans deletes the orphans from the vault at serve's start, so no
-// secret outlives its subscription (issue 10); nothing is removed unless
-// the overlay and the vault both read cleanly.
+// secret outlives its subscription; only when the overlay and vault both read.
 func (inv *inventory) removeOrphans() ([]string, error) {
 	if inv.overlay.pathErr != nil || inv.vault.pathErr != nil {
 		return nil, nil

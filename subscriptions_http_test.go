@@ -414,7 +414,7 @@ func TestSubscriptionOverlayWriteFails(t *testing.T) {
 		t.Errorf("/readyz does not warn about the orphan %s: %s", orphan, b)
 	}
 	st := resolveState(testEnv(env))
-	inv := newInventory(st, v, newJournal(st, testSys(t, nil)), newLedger(st, nil, time.Now), testEnv(env), testSys(t, nil))
+	inv := newInventory(st, v, newJournal(st, testSys(t, nil)), newLedger(st, testSys(t, nil).log, time.Now), testEnv(env), testSys(t, nil))
 	if got, err := inv.orphans(); err != nil || len(got) != 1 || got[0] != orphan {
 		t.Errorf("orphans = %v, %v; want [%s]", got, err, orphan)
 	}

@@ -16,7 +16,7 @@ func newTestInventory(t *testing.T, env map[string]string, clock *testClock) (*i
 	st := resolveState(testEnv(env))
 	vpath, verr := st.fileOrState(testEnv(env), "BRAMA_VAULT_FILE", "vault", "vault.json")
 	j := newJournal(st, testSys(t, clock.now))
-	return newInventory(st, newVault(vpath, verr), j, newLedger(st, nil, clock.now), testEnv(env), testSys(t, clock.now)), j
+	return newInventory(st, newVault(vpath, verr), j, newLedger(st, testSys(t, nil).log, clock.now), testEnv(env), testSys(t, clock.now)), j
 }
 
 func TestParseOverlay(t *testing.T) {
@@ -300,11 +300,14 @@ func TestInventoryQueries(t *testing.T) {
 			t.Errorf("%s = %q, want %q", tc.name, tc.got, tc.want)
 		}
 	}
-	if _, ok, _ := inv.get("a1", k1); !ok {
-		t.Error("get misses a retired subscription of its owner")
+	if it, err := inv.owned("a1", k1, ""); err != nil || it.ID != k1 {
+		t.Errorf("owned misses a retired subscription of its owner: %v", err)
 	}
-	if _, ok, _ := inv.get("a1", b1); ok {
-		t.Error("get finds another agent's subscription")
+	if _, err := inv.owned("a1", k1, "reinstate it"); asAPIError(err).Code != "state_conflict" {
+		t.Errorf("owned of a retired subscription, refusing retired ones: %v", err)
+	}
+	if _, err := inv.owned("a1", b1, ""); asAPIError(err).Code != "not_found" {
+		t.Errorf("owned finds another agent's subscription: %v", err)
 	}
 	if r, _ := inv.isRetired(k1); !r {
 		t.Error("isRetired(k1) = false")
