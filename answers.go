@@ -138,9 +138,8 @@ func checkIdempotencyKey(key string) error {
 // answerStore keeps the signed answers of one state directory; only serve and
 // `brama answers prune` write them (SPEC §2.3).
 type answerStore struct {
+	sys
 	st     state
-	log    *slog.Logger
-	now    func() time.Time
 	bootID string // drawn once per process: tells our records from a stopped process's
 
 	mu  sync.Mutex // guards key
@@ -151,7 +150,7 @@ type answerStore struct {
 func newAnswerStore(st state, log *slog.Logger, now func() time.Time) *answerStore {
 	b := make([]byte, 16)
 	rand.Read(b)
-	return &answerStore{st: st, log: log, now: now, bootID: hex.EncodeToString(b)}
+	return &answerStore{sys: sys{log: log, now: now}, st: st, bootID: hex.EncodeToString(b)}
 }
 
 // answerUnplaced is SPEC §2.1's refusal when an answer cannot be kept.

@@ -253,16 +253,16 @@ func (j *journal) size() (int64, error) {
 	return id.size, err
 }
 
-// readAll returns the journal's bytes and identity; absent is empty.
-func (j *journal) readAll() ([]byte, fileIdentity, error) {
+// readAll returns the journal's bytes; absent is empty.
+func (j *journal) readAll() ([]byte, error) {
 	if j.noState != nil {
-		return nil, fileIdentity{}, j.noState
+		return nil, j.noState
 	}
-	data, id, err := readGuarded("journal", j.name)
+	data, _, err := readGuarded("journal", j.name)
 	if errors.Is(err, errFileAbsent) {
-		return nil, fileIdentity{}, nil
+		return nil, nil
 	}
-	return data, id, err
+	return data, err
 }
 
 // retired is the set of retired subscription ids: per subscription, the
@@ -343,7 +343,7 @@ func (j *journal) folded(read func(*journalFold)) error {
 // checkJournal is `brama journal check` (SPEC §16.1); ok is false when a
 // non-final line is unreadable.
 func checkJournal(j *journal, stdout io.Writer) (ok bool, err error) {
-	data, _, err := j.readAll()
+	data, err := j.readAll()
 	if err != nil {
 		return false, err
 	}

@@ -19,7 +19,7 @@ import (
 // read returns every readable record in file order. Serving never needs
 // them all (it folds), so this lives with the tests.
 func (j *journal) read() ([]journalRecord, error) {
-	data, _, err := j.readAll()
+	data, err := j.readAll()
 	recs, _, _ := readJournalLines(data)
 	return recs, err
 }

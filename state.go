@@ -576,6 +576,6 @@ func (v *vault) agentSecret(agent string) (string, bool) {
 	if err != nil {
 		return "", false
 	}
-	a, ok := doc.Agents[agent]
-	return a.SigningSecret, ok && a.SigningSecret != ""
+	secret := doc.Agents[agent].SigningSecret // "" for an unknown agent
+	return secret, secret != ""
 }
