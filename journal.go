@@ -73,10 +73,8 @@ type journal struct {
 	mu     sync.Mutex // guards broken; held across one append so this process's appends queue
 	broken error      // the fsync failure that made the journal unusable; never cleared
 
-	readMu     sync.Mutex   // guards fold, logged*
-	fold       journalFold  // what the journal's complete lines say so far
-	loggedFile fileIdentity // dev and ino of the file whose bad lines were logged
-	loggedLine int          // highest bad line of loggedFile logged so far: lines are only appended
+	readMu sync.Mutex  // guards fold
+	fold   journalFold // what the journal's complete lines say so far
 }
 
 // journalFold is the journal read up to a line end: retirement and bad lines.
@@ -281,8 +279,8 @@ func (j *journal) badLines() (bad []journalBadLine, n int, err error) {
 	return bad, n, err
 }
 
-// folded folds the complete lines appended since the last call (a shrunk or
-// replaced file from the start), logging each bad line once, and lets read
+// folded folds the lines completed since the last call (a shrunk or replaced
+// file from the start), logging each bad line as it folds it, and lets read
 // copy from the fold. Requests and probes ask often, so it reads only new
 // lines (issue 10: rereading took 5 GB).
 func (j *journal) folded(read func(*journalFold)) error {
@@ -305,9 +303,6 @@ func (j *journal) folded(read func(*journalFold)) error {
 	if id != j.fold.file || full.size < j.fold.off || j.fold.retire == nil {
 		j.fold = journalFold{file: id, retire: map[string]bool{}}
 	}
-	if id != j.loggedFile {
-		j.loggedFile, j.loggedLine = id, 0
-	}
 	fo := &j.fold
 	tail := make([]byte, full.size-fo.off)
 	if _, err := f.ReadAt(tail, fo.off); err != nil {
@@ -317,10 +312,7 @@ func (j *journal) folded(read func(*journalFold)) error {
 	recs, bad, _ := readJournalLines(tail)
 	for _, b := range bad {
 		b.Line += fo.lines
-		if b.Line > j.loggedLine {
-			j.log.Warn("journal_line_unreadable", "line", b.Line, "reason", b.Reason)
-			j.loggedLine = b.Line
-		}
+		j.log.Warn("journal_line_unreadable", "line", b.Line, "reason", b.Reason)
 		if fo.badN++; len(fo.bad) < maxReportedBadLines {
 			fo.bad = append(fo.bad, b)
 		}
