@@ -247,9 +247,8 @@ func (a *answerStore) reserve(client, key string, body []byte, route string) (*a
 // answerBusy is the 409 of a key whose answer is still being produced, the
 // one retryable state_conflict (SPEC §8.1).
 func answerBusy() *apiError {
-	yes := true
 	ae := refuse("state_conflict", "the answer for this Idempotency-Key is still being produced; retry later")
-	ae.Retryable = &yes
+	ae.Retryable = ptrTo(true)
 	return ae
 }
 

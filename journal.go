@@ -112,8 +112,7 @@ func (j *journal) unusable() error {
 	return nil
 }
 
-// ready reports, changing nothing, whether an append could be made now
-// (SPEC §2.1, §4.4).
+// ready reports, changing nothing, whether an append could be made now (SPEC §2.1, §4.4).
 func (j *journal) ready() error {
 	j.mu.Lock()
 	err := j.unusable()

@@ -417,8 +417,7 @@ func decodeStrict(role string, b []byte, v any) error {
 	return nil
 }
 
-// validator is a document with rules beyond its shape; validate may also
-// fill in empty sections.
+// validator is a document with rules beyond its shape; validate may fill in empty sections.
 type validator interface{ validate() error }
 
 // maxJSONDepth is the deepest JSON nesting Brama reads (SPEC §8.2).
