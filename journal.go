@@ -43,22 +43,20 @@ type journalRecord struct {
 	By             string   `json:"by,omitempty"`
 }
 
-// journalRecordJSON is journalRecord without its MarshalJSON.
-type journalRecordJSON journalRecord
-
 // MarshalJSON writes from and to (null when nil) on route_change only, where
 // their presence says "created" or "deleted" (SPEC §9).
 func (r journalRecord) MarshalJSON() ([]byte, error) {
+	type plain journalRecord // without this method
 	if r.Kind == "route_change" {
-		return json.Marshal(journalRecordJSON(r))
+		return json.Marshal(plain(r))
 	}
 	// The outer from/to are shallower than the embedded ones, so they win
 	// (encoding/json's dominant-field rule) and omitempty drops them.
 	return json.Marshal(struct {
-		journalRecordJSON
+		plain
 		From *string `json:"from,omitempty"`
 		To   *string `json:"to,omitempty"`
-	}{journalRecordJSON: journalRecordJSON(r)})
+	}{plain: plain(r)})
 }
 
 // journal is SPEC §9's append-only $STATE/journal.jsonl. Any process may
