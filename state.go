@@ -158,10 +158,13 @@ type stateFile[T any] struct {
 	pathErr    error // why there is no file (no state directory), else nil
 	parse      func([]byte) (T, error)
 	absentErr  bool
+	keepErr    bool                   // a parse failure is kept too: an unchanged bad file is not parsed again
+	tooBig     func(size int64) error // refuses a file by its size before it is read; nil: any size
 
-	mu  sync.Mutex // guards doc, id
+	mu  sync.Mutex // guards doc, err, id
 	doc T
-	id  fileIdentity // of the file doc was read from; zero: nothing kept
+	err error        // nil, or with keepErr the parse failure kept with doc
+	id  fileIdentity // of the file doc and err came from; zero: nothing kept
 }
 
 // load returns the current document, reading the file only when it changed.
@@ -173,13 +176,13 @@ func (f *stateFile[T]) load() (T, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if id, err := guardFile(f.role, f.path); err == nil && id == f.id {
-		return f.doc, nil
+		return f.doc, f.err
 	}
 	doc, id, err := f.readNow()
-	if err != nil {
+	if err != nil && !f.keepErr {
 		id = fileIdentity{} // an absent or bad file is not kept
 	}
-	f.doc, f.id = doc, id
+	f.doc, f.err, f.id = doc, err, id
 	return doc, err
 }
 
@@ -189,17 +192,25 @@ func (f *stateFile[T]) fresh() (T, error) {
 	return doc, err
 }
 
-// readNow reads and parses the file under the guards.
-func (f *stateFile[T]) readNow() (T, fileIdentity, error) {
-	b, id, err := readGuarded(f.role, f.path)
+// readNow reads and parses the file under the guards; the identity is zero
+// unless the bytes reached parse.
+func (f *stateFile[T]) readNow() (doc T, id fileIdentity, err error) {
+	var b []byte
+	if f.tooBig != nil {
+		if id, err = guardFile(f.role, f.path); err == nil {
+			err = f.tooBig(id.size)
+		}
+	}
+	if err == nil {
+		b, id, err = readGuarded(f.role, f.path)
+	}
 	if errors.Is(err, errFileAbsent) && !f.absentErr {
 		b, err = nil, nil // a present file is never nil, if empty
 	}
 	if err != nil {
-		var zero T
-		return zero, id, err
+		return doc, fileIdentity{}, err
 	}
-	doc, err := f.parse(b)
+	doc, err = f.parse(b)
 	return doc, id, err
 }
 
