@@ -316,28 +316,26 @@ func (m *maintainer) passOnce(ctx context.Context) passReport {
 	start := m.clock()
 	var rep passReport
 	rep.Usage.Failed = []usageFailure{}
-	subs, err := m.live()
-	if err == nil {
-		m.usagePass(ctx, subs, &rep)
-		m.refreshPass(ctx, subs, &rep)
-		for _, s := range subs {
-			switch {
-			case !s.read:
-			case s.readErr == nil:
-				rep.Usage.Read++
-			default:
-				rep.Usage.Failed = append(rep.Usage.Failed, usageFailure{SubscriptionID: s.it.ID, Provider: s.it.Provider, Error: s.readErr.Error()})
-			}
-			switch {
-			case !s.tried || errors.Is(s.err, errRefreshSuperseded): // a sign-in replaced the grant: nothing failed
-			case s.err == nil:
-				rep.Credentials.Refreshed++
-			default:
-				rep.Credentials.Refused++
-			}
+	subs, err := m.live() // none when err: the counts stay 0 and OK false
+	m.usagePass(ctx, subs, &rep)
+	m.refreshPass(ctx, subs, &rep)
+	for _, s := range subs {
+		switch {
+		case !s.read:
+		case s.readErr == nil:
+			rep.Usage.Read++
+		default:
+			rep.Usage.Failed = append(rep.Usage.Failed, usageFailure{SubscriptionID: s.it.ID, Provider: s.it.Provider, Error: s.readErr.Error()})
 		}
-		rep.OK = len(rep.Usage.Failed) == 0 && rep.Credentials.Refused == 0
+		switch {
+		case !s.tried || errors.Is(s.err, errRefreshSuperseded): // a sign-in replaced the grant: nothing failed
+		case s.err == nil:
+			rep.Credentials.Refreshed++
+		default:
+			rep.Credentials.Refused++
+		}
 	}
+	rep.OK = err == nil && len(rep.Usage.Failed) == 0 && rep.Credentials.Refused == 0
 	due, _ := m.l.nextDue(m.clock())
 	rep.NextDueAt = rfc3339OrNil(due)
 	if err != nil {
@@ -345,13 +343,9 @@ func (m *maintainer) passOnce(ctx context.Context) passReport {
 		m.log.Warn("maintenance_pass_failed", "cause", redact(err.Error()))
 		return rep
 	}
-	next := ""
-	if rep.NextDueAt != nil {
-		next = *rep.NextDueAt
-	}
 	m.log.Info("maintenance_pass_done", "ok", rep.OK, "usage_read", rep.Usage.Read, "usage_failed", len(rep.Usage.Failed),
 		"refreshed", rep.Credentials.Refreshed, "refused", rep.Credentials.Refused,
-		"next_due_at", next, "dur_ms", m.clock().Sub(start).Milliseconds())
+		"next_due_at", *cmp.Or(rep.NextDueAt, new(string)), "dur_ms", m.clock().Sub(start).Milliseconds())
 	return rep
 }
 
@@ -507,34 +501,25 @@ func (m *maintainer) fetchUsage(ctx context.Context, provider string, cred vault
 	if err != nil {
 		return nil, err
 	}
-	re := &endpointError{Op: "usage report GET", Endpoint: endpointName(endpoint)}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, endpoint, nil)
-	if err != nil {
-		re.Err = err
-		return nil, re
+	token, h := cred.APIKey, slices.Clone(usageReports[provider].headers)
+	if g := cred.OAuth; g != nil {
+		token = g.AccessToken
+		if provider == "codex" && g.AccountID != "" {
+			h = append(h, [2]string{"chatgpt-account-id", g.AccountID})
+		}
 	}
-	h, token := req.Header, cred.APIKey
-	if cred.OAuth != nil {
-		token = cred.OAuth.AccessToken
-	}
-	h.Set("Authorization", "Bearer "+token)
-	h.Set("Accept", "application/json")
-	for _, kv := range usageReports[provider].headers {
-		h.Set(kv[0], kv[1])
-	}
-	if g := cred.OAuth; provider == "codex" && g != nil && g.AccountID != "" {
-		h.Set("chatgpt-account-id", g.AccountID)
-	}
-	status, body, err := callEndpoint(m.client, req)
-	re.Status, re.Received, re.Err = status, len(body), err
+	h = append(h, [2]string{"Authorization", "Bearer " + token})
+	status, body, err := callEndpoint(ctx, m.client, http.MethodGet, endpoint, nil, h...)
+	re := &endpointError{Op: "usage report GET", Endpoint: endpointName(endpoint), Status: status, Received: len(body), Err: err}
 	switch {
 	case err != nil && status != 0:
 		re.Err = fmt.Errorf("the body ended early: %w", err)
 	case err == nil && status/100 == 2:
-		var ws []planWindow
-		if ws, re.Err = parse(body, m.clock()); re.Err == nil {
+		ws, err := parse(body, m.clock())
+		if err == nil {
 			return ws, nil
 		}
+		re.Err = err
 	}
 	return nil, re
 }

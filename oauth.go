@@ -314,15 +314,23 @@ func withCause(msg string, err error) string {
 	return msg + ": " + err.Error()
 }
 
-// callEndpoint sends req and reads the answer whole; status is 0 when none came.
-func callEndpoint(client *http.Client, req *http.Request) (status int, body []byte, err error) {
+// callEndpoint sends one request with headers and reads the answer whole; status is 0 when none came.
+func callEndpoint(ctx context.Context, client *http.Client, method, endpoint string, body []byte, headers ...[2]string) (status int, b []byte, err error) {
+	req, err := http.NewRequestWithContext(ctx, method, endpoint, bytes.NewReader(body))
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set("Accept", "application/json")
+	for _, kv := range headers {
+		req.Header.Set(kv[0], kv[1])
+	}
 	resp, err := client.Do(req)
 	if err != nil {
 		return 0, nil, err
 	}
 	defer resp.Body.Close()
-	body, err = io.ReadAll(resp.Body)
-	return resp.StatusCode, body, err
+	b, err = io.ReadAll(resp.Body)
+	return resp.StatusCode, b, err
 }
 
 // endpointName is raw without user info, query or fragment, for messages.
@@ -341,7 +349,6 @@ var definitiveErrors = map[string]bool{
 
 // tokenCall POSTs fields in p's body format and classifies the answer.
 func (o *oauthClient) tokenCall(ctx context.Context, p oauthProvider, endpoint string, fields map[string]string, secrets ...string) (tokenAnswer, *endpointError) {
-	name := endpointName(endpoint)
 	body, _ := json.Marshal(fields) // a map of strings always encodes
 	ctype := "application/json"
 	if p.form {
@@ -351,14 +358,8 @@ func (o *oauthClient) tokenCall(ctx context.Context, p oauthProvider, endpoint s
 		}
 		body, ctype = []byte(vals.Encode()), "application/x-www-form-urlencoded"
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, bytes.NewReader(body))
-	if err != nil {
-		return tokenAnswer{}, &endpointError{Endpoint: name, Err: err}
-	}
-	req.Header.Set("Content-Type", ctype)
-	req.Header.Set("Accept", "application/json")
-	status, b, err := callEndpoint(o.client, req)
-	return classifyTokenAnswer(name, status, b, err, secrets...)
+	status, b, err := callEndpoint(ctx, o.client, http.MethodPost, endpoint, body, [2]string{"Content-Type", ctype})
+	return classifyTokenAnswer(endpointName(endpoint), status, b, err, secrets...)
 }
 
 // classifyTokenAnswer sorts a token answer (SPEC §11.1): a 2xx with an
