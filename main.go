@@ -276,7 +276,7 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 	}
 	s.oauth = newOAuth(e.getenv, s.client, s.vault, s.ledger, log, s.now)
 	defer s.oauth.shutdown()
-	s.maint = newMaintainer(s.inv, s.ledger, s.oauth, s.journal, s.client, e.getenv, log, s.now)
+	s.maint = newMaintainer(s.inv, s.ledger, s.oauth, s.client, e.getenv, log, s.now)
 	s.keepAlive = testingOnlyKeepAlive
 	if *localCreds {
 		if s.localCreds, err = readLocalCredentials(e.stdin); err != nil {

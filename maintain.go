@@ -15,8 +15,7 @@ import (
 )
 
 // Maintenance (SPEC §11.2): a pass reads the usage reports, then refreshes
-// the grants that fell due, starting only when SPEC §11.2 says, never on a
-// period of Brama's own. loop runs a testable loopOnce, as gitmirror does.
+// the grants that fell due, never on a period of Brama's own.
 
 var errMaintenanceStopped = errors.New("the maintenance scheduler is not running")
 
@@ -26,12 +25,11 @@ type maintainer struct {
 	inv    *inventory
 	l      *ledger
 	o      *oauthClient
-	j      *journal
 	client *http.Client // the provider client: no timeout, no redirects, no proxy
 	getenv func(string) string
 	log    *slog.Logger
 	clock  func() time.Time
-	kick   chan struct{} // buffered 1: wakes loop after pending or the timer changed
+	kick   chan struct{} // the ledger's changed channel: wakes loop after pending, the timer or the ledger changed
 
 	// Test hooks (nil in production): the due timer's AfterFunc, and every finished pass.
 	testingOnlyAfterFunc func(d time.Duration, f func()) ledgerStopper
@@ -88,9 +86,8 @@ type credentialSummary struct {
 }
 
 // newMaintainer builds the maintainer; nothing runs until run.
-func newMaintainer(inv *inventory, l *ledger, o *oauthClient, j *journal, client *http.Client, getenv func(string) string, log *slog.Logger, now func() time.Time) *maintainer {
-	return &maintainer{inv: inv, l: l, o: o, j: j, client: client, getenv: getenv, log: log, clock: now,
-		kick: make(chan struct{}, 1)}
+func newMaintainer(inv *inventory, l *ledger, o *oauthClient, client *http.Client, getenv func(string) string, log *slog.Logger, now func() time.Time) *maintainer {
+	return &maintainer{inv: inv, l: l, o: o, client: client, getenv: getenv, log: log, clock: now, kick: l.changed}
 }
 
 // run starts loop, counted in wg, with the start pass pending (the listener is up).
@@ -106,9 +103,8 @@ func (m *maintainer) run(ctx context.Context, wg *sync.WaitGroup) {
 	}()
 }
 
-// loop runs loopOnce until ctx ends, waiting between turns for a kick or a ledger change.
+// loop runs loopOnce until ctx ends, waiting between turns for a kick.
 func (m *maintainer) loop(ctx context.Context) {
-	changed := m.l.changed
 	defer m.stop()
 	for ctx.Err() == nil {
 		if m.loopOnce(ctx, m.clock()) {
@@ -117,7 +113,6 @@ func (m *maintainer) loop(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 		case <-m.kick:
-		case <-changed:
 		}
 	}
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -14,10 +13,8 @@ import (
 	"unicode/utf8"
 )
 
-// The subscription inventory (SPEC §10.1): the donated-subscription overlay
-// says which subscriptions exist and whose they are, the vault holds their
-// credentials, the journal alone says which are retired. Only the serving
-// process writes the overlay and the vault's subscriptions (SPEC §2.3).
+// The subscription inventory (SPEC §10.1): the overlay says which exist and
+// whose, the vault holds their credentials, the journal which are retired.
 
 // overlayItem is one donated subscription: metadata only, no secret, no status.
 type overlayItem struct {
@@ -122,8 +119,7 @@ func checkReason(reason string) error {
 }
 
 // checkCredential applies SPEC §6.1 and §10.1 to a donated or replacing
-// credential, never quoting it (exactly one of an API key or a grant, a
-// grant only for claude-code, codex and kimi), and completes its grant.
+// credential, never quoting it, and completes its grant.
 func checkCredential(provider string, cred vaultCredential) (vaultCredential, error) {
 	p, ok := lookupProvider(provider)
 	var err error
@@ -288,22 +284,18 @@ func (inv *inventory) donate(agent, provider, label string, cred vaultCredential
 	if err != nil {
 		return overlayItem{}, err
 	}
-	// Both files must be placeable before either is touched.
-	if inv.overlay.pathErr != nil {
-		return overlayItem{}, asAPIError(inv.overlay.pathErr)
-	}
-	if _, err := inv.vault.load(); err != nil {
-		return overlayItem{}, vaultRefusal(err) // a vault write could not succeed
-	}
 	inv.wmu.Lock()
 	defer inv.wmu.Unlock()
-	items, err := inv.items()
+	items, err := inv.items() // both files must be readable before either is touched
 	if err != nil {
 		return overlayItem{}, err
 	}
+	if _, err := inv.vault.load(); err != nil {
+		return overlayItem{}, vaultRefusal(err)
+	}
 	rnd := make([]byte, 8)
 	rand.Read(rnd)
-	it := overlayItem{ID: "sub_" + hex.EncodeToString(rnd), Provider: provider, AgentID: agent, Label: label,
+	it := overlayItem{ID: fmt.Sprintf("sub_%x", rnd), Provider: provider, AgentID: agent, Label: label,
 		CreatedAt: inv.now().UTC().Format(journalTimeFormat)}
 	err = inv.vault.update(func(d *vaultDoc) error {
 		_, taken := d.Subscriptions[it.ID]
