@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -75,7 +76,7 @@ type ledgerEntry struct {
 // ledgerDoc is ledger.json (SPEC §2.2).
 type ledgerDoc struct {
 	SchemaVersion int                    `json:"schema_version"`
-	Subscriptions map[string]ledgerEntry `json:"subscriptions"`
+	Subscriptions map[string]*ledgerEntry `json:"subscriptions"`
 }
 
 // isSubscriptionID: sub_ and 16 lower-case hex digits (SPEC §2.2).
@@ -134,26 +135,21 @@ func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
 	if errors.Is(err, errFileAbsent) {
 		return l
 	}
-	var subs map[string]ledgerEntry
 	if err == nil {
-		subs, err = parseLedger("ledger "+name, b)
+		l.entries, err = parseLedger("ledger "+name, b)
 	}
 	if err != nil {
-		l.unreadable = err
+		l.entries, l.unreadable = map[string]*ledgerEntry{}, err
 		log.Error("ledger_unreadable", "file", name, "cause", err.Error())
-		return l
-	}
-	for id, e := range subs {
-		l.entries[id] = &e
 	}
 	return l
 }
 
 // parseLedger strictly parses ledger.json (SPEC §2.2), naming role and the
 // member refused; empty bytes are an empty ledger.
-func parseLedger(role string, b []byte) (map[string]ledgerEntry, error) {
+func parseLedger(role string, b []byte) (map[string]*ledgerEntry, error) {
 	if len(b) == 0 {
-		return map[string]ledgerEntry{}, nil
+		return map[string]*ledgerEntry{}, nil
 	}
 	var doc ledgerDoc
 	if err := decodeStrict(role, b, &doc); err != nil {
@@ -163,6 +159,9 @@ func parseLedger(role string, b []byte) (map[string]ledgerEntry, error) {
 		return nil, fmt.Errorf("%s: schema_version %d is not 1", role, doc.SchemaVersion)
 	}
 	for id, e := range doc.Subscriptions {
+		if e == nil { // null: refused below as a missing credential state
+			e = &ledgerEntry{}
+		}
 		if !isSubscriptionID(id) {
 			return nil, fmt.Errorf("%s: subscriptions member %q is not sub_<16 hex>", role, id)
 		}
@@ -383,12 +382,8 @@ func (l *ledger) takeLocked(now time.Time) (uint64, []byte) {
 		l.timer = nil
 	}
 	l.lastWrite = now
-	doc := ledgerDoc{SchemaVersion: 1, Subscriptions: make(map[string]ledgerEntry, len(l.entries))}
-	for id, e := range l.entries {
-		if isSubscriptionID(id) {
-			doc.Subscriptions[id] = *e
-		}
-	}
+	doc := ledgerDoc{SchemaVersion: 1, Subscriptions: maps.Clone(l.entries)}
+	maps.DeleteFunc(doc.Subscriptions, func(id string, _ *ledgerEntry) bool { return !isSubscriptionID(id) })
 	b, _ := marshalState(doc) // cannot fail: no floats outside [0,1], no channels (nil would skip the write)
 	return l.seq, b
 }

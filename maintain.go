@@ -49,11 +49,10 @@ type maintainer struct {
 	timerAt   time.Time      // the moment it is armed for; zero none
 }
 
-// passTicket is one pass's answer for its waiters, set before done closes.
+// passTicket is one pass's answer for its waiters (rep.err the refusal), set before done closes.
 type passTicket struct {
 	done chan struct{}
 	rep  passReport
-	err  error
 }
 
 // passReport is the body of POST /v1/admin/maintain (SPEC §11.2).
@@ -118,18 +117,17 @@ func (m *maintainer) loop(ctx context.Context) {
 }
 
 // loopOnce, at now, runs the pending pass (true), or else arms the one timer
-// at the ledger's next due moment (false), keeping it while that moment
-// stands. An armed moment that came before its timer fired is due now.
+// at the ledger's next due moment (false); a moment passed before its timer fired is due now.
 func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
-	due, ok := m.l.nextDue(now)
+	due, _ := m.l.nextDue(now) // zero when nothing is due
 	m.mu.Lock()
 	if m.pending == "" && m.timer != nil && !m.timerAt.After(now) {
 		m.disarmLocked()
 		m.pending = "due"
 	}
 	if m.pending == "" {
-		if m.timer == nil || !ok || !due.Equal(m.timerAt) {
-			m.armLocked(due, ok, now)
+		if m.timer == nil || !due.Equal(m.timerAt) {
+			m.armLocked(due, now)
 		}
 		m.mu.Unlock()
 		return false
@@ -151,17 +149,17 @@ func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
 		m.testingOnlyPassDone(reason, now, rep)
 	}
 	if t != nil {
-		t.rep, t.err = rep, rep.err
+		t.rep = rep
 		close(t.done)
 	}
 	return true
 }
 
-// armLocked replaces the due timer with one for due (none when !ok); a
+// armLocked replaces the due timer with one for due (none when zero); a
 // timer firing after it was replaced or stopped does nothing. m.mu is held.
-func (m *maintainer) armLocked(due time.Time, ok bool, now time.Time) {
+func (m *maintainer) armLocked(due, now time.Time) {
 	m.disarmLocked()
-	if !ok {
+	if due.IsZero() {
 		return
 	}
 	var t ledgerStopper
@@ -205,7 +203,7 @@ func (m *maintainer) stop() {
 	m.waiting, m.pending = nil, ""
 	m.mu.Unlock()
 	if t != nil {
-		t.err = errMaintenanceStopped
+		t.rep.err = errMaintenanceStopped
 		close(t.done)
 	}
 }
@@ -248,7 +246,7 @@ func (m *maintainer) passNow(ctx context.Context) (passReport, error) {
 	}
 	select {
 	case <-t.done:
-		return t.rep, t.err
+		return t.rep, t.rep.err
 	case <-ctx.Done():
 		return passReport{}, ctx.Err()
 	}

@@ -15,9 +15,8 @@ import (
 	"time"
 )
 
-// Plan windows are a provider's account of how much of a plan is spent, from
-// subscription answers' headers (SPEC §6.3) and usage reports (SPEC §11.2),
-// under one id per window so either replaces the other.
+// Plan windows say how much of a plan is spent, from answers' headers (SPEC
+// §6.3) and usage reports (SPEC §11.2), under one id so either replaces the other.
 
 // Where a plan window's reading came from.
 const (
@@ -64,8 +63,7 @@ var anthropicWindows = []anthropicWindow{
 }
 
 // parsePlanWindows reads the plan windows an answer's headers state (SPEC
-// §6.3) for claude-code and codex; a value that does not parse is skipped,
-// never guessed.
+// §6.3); a value that does not parse is skipped, never guessed.
 func parsePlanWindows(provider string, h http.Header, now time.Time) []planWindow {
 	var ws []planWindow
 	num := func(key string) (float64, bool) { return parseNumber(h.Get(key)) }
@@ -127,10 +125,8 @@ func windowLabel(mins float64, fallback string) string {
 	return strconv.FormatInt(n, 10) + " " + unit + "s"
 }
 
-// usageReports lists the providers with a usage report (SPEC §11.2): its
-// path below the base URL (codex's lives elsewhere), its reader, whether an
-// API key reads it (only Kimi Code's), and the chat route's headers it is
-// sent besides Authorization (and codex's chatgpt-account-id).
+// usageReports is SPEC §11.2's reports: the path below the base URL (codex's
+// lives elsewhere), the reader, whether an API key reads it, the chat route's headers.
 var usageReports = map[string]struct {
 	path    string
 	parse   func([]byte, time.Time) ([]planWindow, error)
@@ -153,9 +149,8 @@ func usageReportable(provider string, cred vaultCredential) bool {
 	return ok && (cred.OAuth != nil || (r.apiKey && cred.APIKey != ""))
 }
 
-// The usage report readers read the providers' own, undocumented shapes
-// through the one lenient reader `report`: what they recognize, never a
-// guessed number. errUsageReport classifies every refused body.
+// errUsageReport classifies every refused report body: the readers take what
+// they recognize of the providers' undocumented shapes, never a guessed number.
 var errUsageReport = errors.New("the usage report is not usable")
 
 // usageMaxResetMs bounds a reset instant, so arithmetic cannot overflow.
@@ -248,34 +243,29 @@ func usageNoWindows(what string) error {
 // claudeWindowKey is the shape of a member kept as a window id.
 var claudeWindowKey = regexp.MustCompile(`^[a-z0-9_]{1,64}$`)
 
-// parseClaudeCodeUsage reads {base}/api/oauth/usage: members {"utilization":
-// percent, "resets_at": instant|null}; one lacking either (null, a disabled
-// model window, extra_usage's credits) is no window. anthropicWindows come
-// first under their traffic ids, then anthropic:<member> by name.
+// parseClaudeCodeUsage reads {base}/api/oauth/usage: a member with
+// "utilization" percent and "resets_at" (instant or null) is a window; the
+// anthropicWindows come first under their traffic ids, then anthropic:<member> by name.
 func parseClaudeCodeUsage(body []byte, now time.Time) ([]planWindow, error) {
 	r, err := readReport(body)
 	if err != nil {
 		return nil, err
 	}
-	rank := func(k string) int {
-		i := slices.IndexFunc(anthropicWindows, func(w anthropicWindow) bool { return w.member == k })
-		return cmp.Or(i+1, len(anthropicWindows)+1)
-	}
-	keys := slices.Sorted(maps.Keys(r))
-	slices.SortStableFunc(keys, func(a, b string) int { return rank(a) - rank(b) })
 	var ws []planWindow
-	for _, k := range keys {
+	add := func(k, id, label string) {
 		m := r.obj(k)
 		_, hasReset := m["resets_at"]
-		util, ok := m.num("utilization")
-		if !claudeWindowKey.MatchString(k) || !ok || !hasReset {
-			continue
+		if util, ok := m.num("utilization"); ok && hasReset && claudeWindowKey.MatchString(k) {
+			ws = append(ws, newWindow(id, label, util/100, m.instant("resets_at"), now, windowSourceReport))
 		}
-		id, label := "anthropic:"+k, strings.ReplaceAll(k, "_", " ")
-		if i := rank(k) - 1; i < len(anthropicWindows) {
-			id, label = anthropicWindows[i].id, anthropicWindows[i].label
+	}
+	for _, w := range anthropicWindows {
+		add(w.member, w.id, w.label)
+	}
+	for _, k := range slices.Sorted(maps.Keys(r)) {
+		if !slices.ContainsFunc(anthropicWindows, func(w anthropicWindow) bool { return w.member == k }) {
+			add(k, "anthropic:"+k, strings.ReplaceAll(k, "_", " "))
 		}
-		ws = append(ws, newWindow(id, label, util/100, m.instant("resets_at"), now, windowSourceReport))
 	}
 	if len(ws) == 0 {
 		return nil, usageNoWindows("no member with utilization and resets_at")
