@@ -75,7 +75,7 @@ type ledgerEntry struct {
 
 // ledgerDoc is ledger.json (SPEC §2.2).
 type ledgerDoc struct {
-	SchemaVersion int                    `json:"schema_version"`
+	SchemaVersion int                     `json:"schema_version"`
 	Subscriptions map[string]*ledgerEntry `json:"subscriptions"`
 }
 
