@@ -11,10 +11,8 @@ import (
 	"time"
 )
 
-// The ledger (SPEC §10.3) remembers per subscription its plan windows, the
-// block a 429 or quota refusal left, its credential state, measured use and
-// the last usage read and probe. Dispatch orders and skips subscriptions by
-// it, maintenance arms its one timer at its next due moment, listings show it.
+// The ledger (SPEC §10.3): per subscription its plan windows, block, credential
+// state, measured use, last usage read and probe; dispatch orders by it.
 
 const ledgerFile = "ledger.json"
 
@@ -96,9 +94,8 @@ func afterFunc(testingOnly func(time.Duration, func()) ledgerStopper, d time.Dur
 	return time.AfterFunc(d, f)
 }
 
-// ledger is the in-memory ledger and its file. Mutations apply in memory at
-// once; the file follows at once for credential, block and probe changes,
-// else at most once per second (a write-behind armed by the change itself).
+// ledger is the in-memory ledger and its file, written at once for credential,
+// block and probe changes, else at most once per second (SPEC §10.3).
 type ledger struct {
 	log        *slog.Logger
 	now        func() time.Time
@@ -120,9 +117,8 @@ type ledger struct {
 	file snapshotFile // ledger.json, written in snapshot order
 }
 
-// newLedger loads ledger.json; absent, it is empty. One failing the §2.2
-// guards or the parse is served empty, logged without its bytes and never
-// overwritten, so an operator can still repair it.
+// newLedger loads ledger.json; an unreadable one is served empty, logged
+// without its bytes and never overwritten, so an operator can repair it.
 func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
 	l := &ledger{log: log, now: now, entries: map[string]*ledgerEntry{}, changed: make(chan struct{}, 1)}
 	name, err := st.path("ledger", ledgerFile)
@@ -240,9 +236,8 @@ func (l *ledger) blockedUntil(id string) time.Time {
 	return time.Time{}
 }
 
-// setCredential records the credential state and its cause (immediate
-// write); another state than the two stored is a caller's bug, logged and
-// ignored so the file stays parseable.
+// setCredential records the credential state and cause (immediate write); another
+// state is a caller's bug, logged and ignored so the file stays parseable.
 func (l *ledger) setCredential(id, provider, state, cause string) {
 	if state != credActive && state != credNeedsReauth {
 		l.log.Error("ledger_bad_state", "subscription_id", id, "state", state)
@@ -330,9 +325,8 @@ func (l *ledger) nextDue(now time.Time) (time.Time, bool) {
 	return time.UnixMilli(best), true
 }
 
-// mutate applies fn to id's record (created active when missing), then
-// writes the file: immediate changes now, coalesced ones now when the last
-// write is a second old, else by one write-behind armed for the remainder.
+// mutate applies fn to id's record (created active), then writes: now when
+// immediate or the last write is a second old, else by one write-behind.
 func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEntry, now time.Time)) {
 	now := l.now()
 	l.mu.Lock()
@@ -373,9 +367,8 @@ func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEn
 	}
 }
 
-// takeLocked encodes the ledger, stops any write-behind (this snapshot holds
-// its changes) and marks the write time; ids not of the sub_<16 hex> shape
-// stay in memory only, so the file always parses. l.mu is held.
+// takeLocked encodes the ledger and stops any write-behind (this snapshot holds
+// it); ids not sub_<16 hex> stay in memory, so the file always parses. l.mu is held.
 func (l *ledger) takeLocked(now time.Time) (uint64, []byte) {
 	if l.timer != nil {
 		l.timer.Stop()

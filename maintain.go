@@ -19,8 +19,8 @@ import (
 
 var errMaintenanceStopped = errors.New("the maintenance scheduler is not running")
 
-// maintainer owns one daemon's passes. They run one at a time on loop's
-// goroutine; passes asked for while one runs become exactly one more.
+// maintainer runs one daemon's passes one at a time on loop's goroutine;
+// passes asked for while one runs become exactly one more.
 type maintainer struct {
 	inv    *inventory
 	l      *ledger
@@ -208,9 +208,8 @@ func (m *maintainer) stop() {
 	}
 }
 
-// request asks for one pass after a refusal for want of a signed-in
-// subscription, dropped when a pass has started since the last change
-// (SPEC §11.2): a burst of refusals causes one pass. Nil-safe.
+// request asks for a pass after a refusal for want of a signed-in subscription,
+// dropped when one started since the last change (SPEC §11.2). Nil-safe.
 func (m *maintainer) request(reason string) {
 	if m == nil {
 		return
@@ -388,9 +387,8 @@ func usageDue(e ledgerEntry, now time.Time) bool {
 		slices.ContainsFunc(e.Windows, func(w planWindow) bool { return w.ResetsAtMs == 0 || w.ResetsAtMs <= now.UnixMilli() })
 }
 
-// readOnce reads s's report into the ledger, nothing when ctx ended (the
-// provider said nothing); a grant expired by the request path's rule is
-// refreshed first, as for any call: s's one attempt of the pass.
+// readOnce reads s's report into the ledger, nothing when ctx ended; a grant
+// expired by the request path's rule is first refreshed: s's one attempt.
 func (m *maintainer) readOnce(ctx context.Context, s *passSub) {
 	id, provider := s.it.ID, s.it.Provider
 	cred, err := s.cred, s.credErr

@@ -24,8 +24,7 @@ import (
 )
 
 // OAuth grants (SPEC §11.1): refreshed in one flight per subscription, the
-// token answer classified (a partial answer is never a refusal), and
-// obtained by the PKCE sign-in exchange.
+// token answer classified, and obtained by the PKCE sign-in exchange.
 
 // oauthProvider is one row of SPEC §11.1's token and sign-in tables.
 type oauthProvider struct {
@@ -138,10 +137,8 @@ func (o *oauthClient) shutdown() {
 	o.wg.Wait()
 }
 
-// refresh returns subscription id's refreshed grant; concurrent calls share
-// one flight, run under context.WithoutCancel so a caller hanging up fails
-// no other. When refusedAccessToken (just refused by a provider) is no
-// longer the vault's, the vault's grant is returned without a token call.
+// refresh returns id's refreshed grant (the vault's when refusedAccessToken is no longer it)
+// from one flight shared by concurrent calls, run under context.WithoutCancel (STYLE B8).
 func (o *oauthClient) refresh(ctx context.Context, id, provider, refusedAccessToken string) (oauthGrant, error) {
 	o.mu.Lock()
 	if o.closed {
@@ -266,9 +263,8 @@ func (o *oauthClient) superseded(id, provider string) error {
 	return fmt.Errorf("refresh %s: %w", id, errRefreshSuperseded)
 }
 
-// endpointError is a failed token call or usage read (Op names it), never
-// quoting a body. A token call's is Definitive when the provider disowned
-// the grant or the refreshed one could not be kept, else a transport failure.
+// endpointError is a failed token call or usage read (Op names it), never quoting
+// a body; Definitive: the grant was disowned or the refreshed one not kept.
 type endpointError struct {
 	Op         string // "usage report GET"; "" for a token call
 	Definitive bool
@@ -413,9 +409,8 @@ type tokenAnswer struct {
 // maxExpiresIn bounds expires_in (100 years): more is unusable, not an overflow.
 const maxExpiresIn = 100 * 365 * 24 * 3600
 
-// parseTokenAnswer reads a token answer leniently: an object with an
-// access_token and no error, else errTokenRefused (RFC 6749 §5.2 or
-// Anthropic-style "error") or errTokenMalformed, with what it read.
+// parseTokenAnswer reads a token answer leniently: an access_token and no error,
+// else errTokenRefused (RFC 6749 §5.2, or Anthropic's "error" object) or errTokenMalformed.
 func parseTokenAnswer(body []byte) (tokenAnswer, error) {
 	b := bytes.TrimSpace(body)
 	if len(b) == 0 || b[0] != '{' {

@@ -210,8 +210,7 @@ func (r report) num(keys ...string) (float64, bool) {
 	return 0, false
 }
 
-// instant is the first of keys holding an instant, in epoch ms (0 none): RFC
-// 3339, or epoch seconds or ms as a number or numeric string (SPEC §11.2).
+// instant is the first of keys holding an instant (SPEC §11.2), in epoch ms; 0 none.
 func (r report) instant(keys ...string) int64 {
 	for _, k := range keys {
 		f, ok := r.num(k)
@@ -273,8 +272,7 @@ func parseClaudeCodeUsage(body []byte, now time.Time) ([]planWindow, error) {
 	return ws, nil
 }
 
-// parseCodexUsage reads rate_limit's primary_window and secondary_window
-// (SPEC §11.2; reset_at wins over reset_after_seconds).
+// parseCodexUsage reads rate_limit's windows (SPEC §11.2); reset_at wins over reset_after_seconds.
 func parseCodexUsage(body []byte, now time.Time) ([]planWindow, error) {
 	r, err := readReport(body)
 	if err != nil {
@@ -312,8 +310,7 @@ var kimiTimeUnits = map[string]float64{
 	"TIME_UNIT_SECOND": 1.0 / 60, "TIME_UNIT_MINUTE": 1, "TIME_UNIT_HOUR": 60, "TIME_UNIT_DAY": 24 * 60,
 }
 
-// parseKimiUsage reads {base}/usages as SPEC §11.2 says (detail's counters
-// win over the top level's).
+// parseKimiUsage reads {base}/usages (SPEC §11.2); detail's counters win over the top level's.
 func parseKimiUsage(body []byte, now time.Time) ([]planWindow, error) {
 	r, err := readReport(body)
 	if err != nil {

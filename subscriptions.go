@@ -242,9 +242,8 @@ func (inv *inventory) live(keep func(overlayItem) bool) ([]overlayItem, error) {
 	return slices.DeleteFunc(items, func(it overlayItem) bool { return retired[it.ID] || !keep(it) }), nil
 }
 
-// owned is agent's subscription id, 404 not_found when agent has none (so
-// an agent learns nothing of others'); when ifRetired says why, a retired
-// one is 409 state_conflict.
+// owned is agent's subscription id, else 404 (an agent learns nothing of
+// others'); when ifRetired says why, a retired one is 409 state_conflict.
 func (inv *inventory) owned(agent, id, ifRetired string) (overlayItem, error) {
 	items, err := inv.items()
 	if err != nil {
@@ -270,9 +269,8 @@ func (inv *inventory) isRetired(id string) (bool, error) {
 	return retired[id], err
 }
 
-// donate stores a new subscription (SPEC §10.1): vault first, overlay
-// second, so a failure between leaves no overlay entry (and the vault entry
-// is taken back, or removed by removeOrphans at start).
+// donate stores a new subscription (SPEC §10.1): vault first, overlay second;
+// a failure between takes the vault entry back (or removeOrphans does at start).
 func (inv *inventory) donate(agent, provider, label string, cred vaultCredential) (overlayItem, error) {
 	if !idPattern.MatchString(agent) {
 		return overlayItem{}, refuse("invalid_request", "agent id %q must match [a-z0-9-]{1,64}", agent)
@@ -359,9 +357,8 @@ func (inv *inventory) reinstate(agent, id, reason string) error {
 	return inv.journalStatus("reinstate", agent, id, reason)
 }
 
-// journalStatus appends kind ("retire" or "reinstate") for id unless the
-// fold already says so, asking the journal first: nothing is claimed that
-// cannot be recorded.
+// journalStatus appends kind for id unless the fold already says so, asking
+// the journal first: nothing is claimed that cannot be recorded.
 func (inv *inventory) journalStatus(kind, agent, id, reason string) error {
 	if err := checkReason(reason); err != nil {
 		return err
@@ -476,9 +473,7 @@ type subscriptionRow struct {
 }
 
 // row builds item's row from its ledger record (SPEC §10.4): block null
-// unless in force, usage_read and probe null until they happened, a retired
-// row's credential disabled; stale when a window's reset has passed or the
-// last usage read failed.
+// unless in force, usage_read and probe null until they happened.
 func (inv *inventory) row(item overlayItem, retired bool, now time.Time) subscriptionRow {
 	e, _ := inv.l.entry(item.ID)
 	ms := now.UnixMilli()
@@ -546,9 +541,8 @@ func (inv *inventory) removeOrphans() ([]string, error) {
 	return orphans, err
 }
 
-// readiness is the inventory's part of /readyz (SPEC §13): an unreadable
-// overlay is a reason; orphans and credentials needing reauthorization are
-// warnings; payer says a non-retired subscription's credential is active.
+// readiness is the inventory's part of /readyz (SPEC §13): an unreadable overlay
+// is a reason, orphans and reauthorizations warnings; payer: some credential is active.
 func (inv *inventory) readiness() (reasons, warnings []string, payer bool) {
 	items, err := inv.items()
 	if err != nil {
