@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"crypto/rand"
 	"errors"
 	"fmt"
@@ -223,23 +224,21 @@ func (inv *inventory) view() ([]overlayItem, map[string]bool, error) {
 	return items, retired, nil
 }
 
-// pool is agent's non-retired items of provider in overlay order (SPEC
+// pool is agent's non-retired items of provider ("": all) in overlay order (SPEC
 // §7.2), retirement read from the journal, never the listing cache (§2.3).
 func (inv *inventory) pool(agent, provider string) ([]overlayItem, error) {
-	return inv.live(func(it overlayItem) bool { return it.AgentID == agent && it.Provider == provider })
-}
-
-// agentItems is agent's non-retired items, all providers (SPEC §7.3).
-func (inv *inventory) agentItems(agent string) ([]overlayItem, error) {
-	return inv.live(func(it overlayItem) bool { return it.AgentID == agent })
-}
-
-func (inv *inventory) live(keep func(overlayItem) bool) ([]overlayItem, error) {
 	items, retired, err := inv.view()
 	if err != nil {
 		return nil, err
 	}
-	return slices.DeleteFunc(items, func(it overlayItem) bool { return retired[it.ID] || !keep(it) }), nil
+	return slices.DeleteFunc(items, func(it overlayItem) bool {
+		return retired[it.ID] || it.AgentID != agent || (provider != "" && it.Provider != provider)
+	}), nil
+}
+
+// agentItems is agent's non-retired items, all providers (SPEC §7.3).
+func (inv *inventory) agentItems(agent string) ([]overlayItem, error) {
+	return inv.pool(agent, "")
 }
 
 // owned is agent's subscription id, else 404 (an agent learns nothing of
@@ -306,11 +305,9 @@ func (inv *inventory) donate(agent, provider, label string, cred vaultCredential
 	if err != nil {
 		return overlayItem{}, refuse("internal_error", "subscription not donated: the vault was not written: %v", err).because(err)
 	}
-	b, err := marshalState(&overlayDoc{SchemaVersion: 1, Items: append(items, it)})
-	if err == nil {
-		err = writeFileAtomic(inv.overlay.path, b)
-		inv.invalidate(err == nil)
-	}
+	b, _ := marshalState(&overlayDoc{SchemaVersion: 1, Items: append(items, it)}) // strings only: cannot fail
+	err = writeFileAtomic(inv.overlay.path, b)
+	inv.invalidate(err == nil)
 	if err != nil {
 		// The secret is stored but no subscription names it: take it back, so
 		// the vault never keeps a secret without a subscription.
@@ -402,11 +399,7 @@ func (inv *inventory) replaceCredential(agent, id string, cred vaultCredential) 
 		return refuse("internal_error", "credential not replaced: the vault was not written: %v", err).because(err)
 	}
 	inv.l.setCredential(id, it.Provider, credActive, "")
-	var exp int64
-	if cred.OAuth != nil {
-		exp = cred.OAuth.ExpiresAtMs
-	}
-	inv.l.setGrantTimes(id, it.Provider, exp, 0)
+	inv.l.setGrantTimes(id, it.Provider, cmp.Or(cred.OAuth, &oauthGrant{}).ExpiresAtMs, 0) // an API key: none
 	return nil
 }
 
