@@ -464,31 +464,31 @@ func (m *maintainer) refreshPass(ctx context.Context, subs []*passSub, rep *pass
 	wg.Wait()
 }
 
-// usageEndpoint is where provider's report is read and how its body parses.
-func (m *maintainer) usageEndpoint(provider string) (string, func([]byte, time.Time) ([]planWindow, error), error) {
+// usageEndpoint is where provider's report is read.
+func (m *maintainer) usageEndpoint(provider string) (string, error) {
 	r, ok := usageReports[provider]
 	info, known := lookupProvider(provider)
 	switch {
 	case !ok || !known:
-		return "", nil, fmt.Errorf("provider %q publishes no usage report", provider)
+		return "", fmt.Errorf("provider %q publishes no usage report", provider)
 	case provider == "codex":
 		raw := cmp.Or(strings.TrimSpace(m.getenv("BRAMA_PROVIDER_CODEX_USAGE_URL")), codexUsageURL)
 		if err := checkBaseURL(raw); err != nil {
-			return "", nil, fmt.Errorf("BRAMA_PROVIDER_CODEX_USAGE_URL: %w: %v", errBaseURL, err)
+			return "", fmt.Errorf("BRAMA_PROVIDER_CODEX_USAGE_URL: %w: %v", errBaseURL, err)
 		}
-		return raw, r.parse, nil
+		return raw, nil
 	}
 	base, err := providerBaseURL(info, m.getenv)
 	if err != nil {
-		return "", nil, err
+		return "", err
 	}
-	return base + r.path, r.parse, nil
+	return base + r.path, nil
 }
 
 // fetchUsage GETs and parses provider's report; it sets the headers itself,
 // as setProviderHeaders would add a Content-Type to this GET.
 func (m *maintainer) fetchUsage(ctx context.Context, provider string, cred vaultCredential) ([]planWindow, error) {
-	endpoint, parse, err := m.usageEndpoint(provider)
+	endpoint, err := m.usageEndpoint(provider)
 	if err != nil {
 		return nil, err
 	}
@@ -506,7 +506,7 @@ func (m *maintainer) fetchUsage(ctx context.Context, provider string, cred vault
 	case err != nil && status != 0:
 		re.Err = fmt.Errorf("the body ended early: %w", err)
 	case err == nil && status/100 == 2:
-		ws, err := parse(body, m.clock())
+		ws, err := parseUsage(provider, body, m.clock())
 		if err == nil {
 			return ws, nil
 		}

@@ -126,18 +126,20 @@ func windowLabel(mins float64, fallback string) string {
 }
 
 // usageReports is SPEC §11.2's reports: the path below the base URL (codex's
-// lives elsewhere), the reader, whether an API key reads it, the chat route's headers.
+// lives elsewhere), the reader and what a report naming no window lacks,
+// whether an API key reads it, the chat route's headers.
 var usageReports = map[string]struct {
 	path    string
-	parse   func([]byte, time.Time) ([]planWindow, error)
+	read    func(report, time.Time) []planWindow
+	none    string
 	apiKey  bool
 	headers [][2]string
 }{
-	"claude-code": {path: "/api/oauth/usage", parse: parseClaudeCodeUsage,
+	"claude-code": {path: "/api/oauth/usage", read: claudeCodeUsage, none: "no member with utilization and resets_at",
 		headers: [][2]string{{"anthropic-version", "2023-06-01"}, {"anthropic-beta", "oauth-2025-04-20"}}},
-	"codex": {parse: parseCodexUsage,
+	"codex": {read: codexUsage, none: "no rate_limit with a primary_window or secondary_window with used_percent",
 		headers: [][2]string{{"OpenAI-Beta", "responses=experimental"}, {"originator", "codex_cli_rs"}}},
-	"kimi": {path: "/usages", parse: parseKimiUsage, apiKey: true},
+	"kimi": {path: "/usages", read: kimiUsage, none: "no usage or limits entry with a limit above 0", apiKey: true},
 }
 
 // codexUsageURL is overridden by BRAMA_PROVIDER_CODEX_USAGE_URL alone.
@@ -159,8 +161,9 @@ const usageMaxResetMs = planMaxResetSeconds * 1000
 // report is one JSON object of a provider report, read leniently.
 type report map[string]json.RawMessage
 
-// readReport decodes a JSON object, describing anything else without quoting it.
-func readReport(body []byte) (report, error) {
+// parseUsage reads the report of provider (one in usageReports): a JSON object
+// naming a window, else errUsageReport saying why without quoting the body.
+func parseUsage(provider string, body []byte, now time.Time) ([]planWindow, error) {
 	var r report
 	if err := json.Unmarshal(body, &r); err != nil {
 		return nil, fmt.Errorf("%w: the body is not a JSON object (%s)", errUsageReport, jsonErrorKind(err))
@@ -168,7 +171,11 @@ func readReport(body []byte) (report, error) {
 	if r == nil {
 		return nil, fmt.Errorf("%w: the body is not a JSON object (null)", errUsageReport)
 	}
-	return r, nil
+	u := usageReports[provider]
+	if ws := u.read(r, now); len(ws) > 0 {
+		return ws, nil
+	}
+	return nil, fmt.Errorf("%w: it names no plan window (%s)", errUsageReport, u.none)
 }
 
 // jsonErrorKind says what was wrong with a JSON document without quoting a fragment of it.
@@ -234,22 +241,13 @@ func usageMs(f float64) (int64, bool) {
 	return int64(f), true
 }
 
-// usageNoWindows is the refusal of a report that parsed but named no window.
-func usageNoWindows(what string) error {
-	return fmt.Errorf("%w: it names no plan window (%s)", errUsageReport, what)
-}
-
 // claudeWindowKey is the shape of a member kept as a window id.
 var claudeWindowKey = regexp.MustCompile(`^[a-z0-9_]{1,64}$`)
 
-// parseClaudeCodeUsage reads {base}/api/oauth/usage: a member with
+// claudeCodeUsage reads {base}/api/oauth/usage: a member with
 // "utilization" percent and "resets_at" (instant or null) is a window; the
 // anthropicWindows come first under their traffic ids, then anthropic:<member> by name.
-func parseClaudeCodeUsage(body []byte, now time.Time) ([]planWindow, error) {
-	r, err := readReport(body)
-	if err != nil {
-		return nil, err
-	}
+func claudeCodeUsage(r report, now time.Time) []planWindow {
 	var ws []planWindow
 	add := func(k, id, label string) {
 		m := r.obj(k)
@@ -266,22 +264,12 @@ func parseClaudeCodeUsage(body []byte, now time.Time) ([]planWindow, error) {
 			add(k, "anthropic:"+k, strings.ReplaceAll(k, "_", " "))
 		}
 	}
-	if len(ws) == 0 {
-		return nil, usageNoWindows("no member with utilization and resets_at")
-	}
-	return ws, nil
+	return ws
 }
 
-// parseCodexUsage reads rate_limit's windows (SPEC §11.2); reset_at wins over reset_after_seconds.
-func parseCodexUsage(body []byte, now time.Time) ([]planWindow, error) {
-	r, err := readReport(body)
-	if err != nil {
-		return nil, err
-	}
+// codexUsage reads rate_limit's windows (SPEC §11.2); reset_at wins over reset_after_seconds.
+func codexUsage(r report, now time.Time) []planWindow {
 	rl := r.obj("rate_limit")
-	if rl == nil {
-		return nil, usageNoWindows("no rate_limit object")
-	}
 	var ws []planWindow
 	for _, which := range []string{"primary", "secondary"} {
 		m := rl.obj(which + "_window")
@@ -299,10 +287,7 @@ func parseCodexUsage(body []byte, now time.Time) ([]planWindow, error) {
 		}
 		ws = append(ws, newWindow("codex:"+which, label, pct/100, reset, now, windowSourceReport))
 	}
-	if len(ws) == 0 {
-		return nil, usageNoWindows("rate_limit has no primary_window or secondary_window with used_percent")
-	}
-	return ws, nil
+	return ws
 }
 
 // kimiTimeUnits is minutes per window.timeUnit of a Kimi limit.
@@ -310,12 +295,8 @@ var kimiTimeUnits = map[string]float64{
 	"TIME_UNIT_SECOND": 1.0 / 60, "TIME_UNIT_MINUTE": 1, "TIME_UNIT_HOUR": 60, "TIME_UNIT_DAY": 24 * 60,
 }
 
-// parseKimiUsage reads {base}/usages (SPEC §11.2); detail's counters win over the top level's.
-func parseKimiUsage(body []byte, now time.Time) ([]planWindow, error) {
-	r, err := readReport(body)
-	if err != nil {
-		return nil, err
-	}
+// kimiUsage reads {base}/usages (SPEC §11.2); detail's counters win over the top level's.
+func kimiUsage(r report, now time.Time) []planWindow {
 	var ws []planWindow
 	if u := r.obj("usage"); u != nil {
 		if f, ok := kimiFraction(u); ok {
@@ -340,10 +321,7 @@ func parseKimiUsage(body []byte, now time.Time) ([]planWindow, error) {
 		reset := cmp.Or(counters.instant("resetTime", "reset_time"), top.instant("resetTime", "reset_time"))
 		ws = append(ws, newWindow("kimi:limit-"+strconv.Itoa(i), label, f, reset, now, windowSourceReport))
 	}
-	if len(ws) == 0 {
-		return nil, usageNoWindows("no usage or limits entry with a limit above 0")
-	}
-	return ws, nil
+	return ws
 }
 
 // kimiFraction is used/limit (limit > 0), or else 1 − remaining/limit.
