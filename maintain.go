@@ -35,18 +35,17 @@ type maintainer struct {
 	testingOnlyAfterFunc func(d time.Duration, f func()) ledgerStopper
 	testingOnlyPassDone  func(reason string, started time.Time, rep passReport)
 
-	mu        sync.Mutex     // guards the fields below
-	looping   bool           // loop runs, so passNow can be answered
-	pending   string         // reason of the pass asked for and not yet started; "" none
-	waiting   *passTicket    // what passNow callers wait for: the next pass to start
-	running   bool           // a pass is running
-	changes   uint64         // inventory and credential changes seen (changed)
-	startedAt uint64         // changes when the last pass started
-	passes    int64          // passes started
-	dropped   int64          // requests dropped by the SPEC §11.2 rule
-	last      map[string]any // /stats' last_pass; nil before the first ends
-	timer     ledgerStopper  // the armed due timer; nil when none or it fired
-	timerAt   time.Time      // the moment it is armed for; zero none
+	mu      sync.Mutex     // guards the fields below
+	looping bool           // loop runs, so passNow can be answered
+	pending string         // reason of the pass asked for and not yet started; "" none
+	waiting *passTicket    // what passNow callers wait for: the next pass to start
+	running bool           // a pass is running
+	fresh   bool           // a pass started since the last inventory or credential change
+	passes  int64          // passes started
+	dropped int64          // requests dropped by the SPEC §11.2 rule
+	last    map[string]any // /stats' last_pass; nil before the first ends
+	timer   ledgerStopper  // the armed due timer; nil when none or it fired
+	timerAt time.Time      // the moment it is armed for; zero none
 }
 
 // passTicket is one pass's answer for its waiters (rep.err the refusal), set before done closes.
@@ -134,7 +133,7 @@ func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
 	}
 	reason, t := m.pending, m.waiting
 	m.pending, m.waiting = "", nil
-	m.running, m.startedAt = true, m.changes
+	m.running, m.fresh = true, true
 	m.passes++
 	m.mu.Unlock()
 
@@ -216,7 +215,7 @@ func (m *maintainer) request(reason string) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.passes > 0 && m.startedAt == m.changes {
+	if m.fresh {
 		m.dropped++
 		m.log.Debug("maintenance_request_dropped", "reason", reason)
 		return
@@ -231,7 +230,7 @@ func (m *maintainer) request(reason string) {
 func (m *maintainer) changed() {
 	if m != nil {
 		m.mu.Lock()
-		m.changes++
+		m.fresh = false
 		m.mu.Unlock()
 	}
 }
