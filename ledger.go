@@ -361,8 +361,13 @@ func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEn
 	}
 	l.mu.Unlock()
 	l.write(seq, data) // nothing when data is nil
+	nudge(l.changed)
+}
+
+// nudge signals ch (buffered 1) without ever blocking: maintenance's loop wakes.
+func nudge(ch chan struct{}) {
 	select {
-	case l.changed <- struct{}{}:
+	case ch <- struct{}{}:
 	default:
 	}
 }

@@ -171,7 +171,7 @@ func (m *maintainer) armLocked(due, now time.Time) {
 		}
 		m.mu.Unlock()
 		if current {
-			m.wake()
+			nudge(m.kick)
 		}
 	})
 	m.timer, m.timerAt = t, due
@@ -183,14 +183,6 @@ func (m *maintainer) disarmLocked() {
 		m.timer.Stop()
 	}
 	m.timer, m.timerAt = nil, time.Time{}
-}
-
-// wake nudges loop without ever blocking.
-func (m *maintainer) wake() {
-	select {
-	case m.kick <- struct{}{}:
-	default:
-	}
 }
 
 // stop marks the loop gone, stops its timer and answers anyone waiting.
@@ -222,7 +214,7 @@ func (m *maintainer) request(reason string) {
 	}
 	m.pending = cmp.Or(m.pending, reason)
 	m.log.Info("maintenance_requested", "reason", reason)
-	m.wake()
+	nudge(m.kick)
 }
 
 // changed records an inventory or credential change (donation, sign-in,
@@ -256,7 +248,7 @@ func (m *maintainer) ask(reason string) (*passTicket, error) {
 		return nil, errMaintenanceStopped
 	}
 	m.mu.Lock()
-	defer m.wake()
+	defer nudge(m.kick)
 	defer m.mu.Unlock()
 	if !m.looping {
 		return nil, errMaintenanceStopped
