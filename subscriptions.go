@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -160,9 +161,8 @@ type inventory struct {
 
 	wmu sync.Mutex // serializes donate, retire, reinstate, replaceCredential and removeOrphans
 
-	mu    sync.Mutex         // guards cache, gen
+	mu    sync.Mutex         // guards cache
 	cache map[string]listing // by agent id
-	gen   uint64             // bumped by every invalidation, so a listing computed across one is not kept
 }
 
 // listing is one agent's cached rows and when they were computed.
@@ -342,7 +342,6 @@ func (inv *inventory) invalidate(overlayChanged bool) {
 	inv.mu.Lock()
 	defer inv.mu.Unlock()
 	clear(inv.cache)
-	inv.gen++
 }
 
 // retire and reinstate journal agent's subscription id out of and back
@@ -425,11 +424,9 @@ func (inv *inventory) credential(id string) (vaultCredential, error) {
 // order, cached per agent for the TTL (eligibility calls pool instead).
 func (inv *inventory) list(agent string) ([]subscriptionRow, error) {
 	now := inv.now()
-	inv.mu.Lock()
-	c, hit := inv.cache[agent]
-	gen := inv.gen
-	inv.mu.Unlock()
-	if age := now.Sub(c.at); hit && age >= 0 && age < inv.ttl {
+	inv.mu.Lock() // held while computing: an invalidation waits, so no listing outlives one
+	defer inv.mu.Unlock()
+	if c, hit := inv.cache[agent]; hit && now.Sub(c.at) >= 0 && now.Sub(c.at) < inv.ttl {
 		return slices.Clone(c.rows), nil
 	}
 	items, retired, err := inv.view()
@@ -442,11 +439,9 @@ func (inv *inventory) list(agent string) ([]subscriptionRow, error) {
 			rows = append(rows, inv.row(it, retired[it.ID], now))
 		}
 	}
-	inv.mu.Lock()
-	if inv.gen == gen && inv.ttl > 0 {
+	if inv.ttl > 0 {
 		inv.cache[agent] = listing{rows: rows, at: now}
 	}
-	inv.mu.Unlock()
 	return slices.Clone(rows), nil
 }
 
@@ -500,14 +495,9 @@ func (inv *inventory) orphans() ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	var out []string
-	for id := range doc.Subscriptions {
-		if !slices.ContainsFunc(items, func(it overlayItem) bool { return it.ID == id }) {
-			out = append(out, id)
-		}
-	}
-	slices.Sort(out)
-	return out, nil
+	return slices.DeleteFunc(slices.Sorted(maps.Keys(doc.Subscriptions)), func(id string) bool {
+		return slices.ContainsFunc(items, func(it overlayItem) bool { return it.ID == id })
+	}), nil
 }
 
 // removeOrphans deletes the orphans from the vault at serve's start, so no
