@@ -19,16 +19,13 @@ func (s *server) replaceSubscriptionCredential(agent, id string, cred vaultCrede
 	if err := s.journal.ready(); err != nil {
 		return overlayItem{}, refuse("dependency_unavailable", "credential not replaced: the journal cannot record a sign-in: %v", err).because(err)
 	}
-	it, err := s.inv.owned(agent, id, "reinstate it before replacing its credential")
-	if err != nil {
-		return overlayItem{}, err
-	}
 	kind := "api key"
 	if cred.OAuth != nil {
 		kind = "oauth grant"
 	}
-	if err := s.inv.replaceCredential(agent, id, cred); err != nil {
-		if ae := asAPIError(err); ae.Status() >= 500 {
+	it, err := s.inv.replaceCredential(agent, id, cred)
+	if err != nil {
+		if ae := asAPIError(err); ae.Status() >= 500 && it.ID != "" {
 			s.journalSignIn(it, "failed", fmt.Sprintf("the %s from client %s was not stored: %s", kind, by, ae.Message))
 		}
 		return overlayItem{}, err

@@ -378,28 +378,29 @@ func (inv *inventory) journalStatus(kind, agent, id, reason string) error {
 	return nil
 }
 
-// replaceCredential swaps the vault credential of agent's subscription id
-// and marks the ledger credential active; the caller journals the sign-in.
-func (inv *inventory) replaceCredential(agent, id string, cred vaultCredential) error {
-	if _, err := inv.vault.load(); err != nil {
-		return vaultRefusal(err)
-	}
+// replaceCredential swaps the vault credential of agent's non-retired
+// subscription id and marks the ledger credential active; the caller
+// journals the sign-in, so the item comes back once it is known.
+func (inv *inventory) replaceCredential(agent, id string, cred vaultCredential) (overlayItem, error) {
 	inv.wmu.Lock()
 	defer inv.wmu.Unlock()
-	it, err := inv.owned(agent, id, "")
+	it, err := inv.owned(agent, id, "reinstate it before replacing its credential")
 	if err != nil {
-		return err
+		return overlayItem{}, err
+	}
+	if _, err := inv.vault.load(); err != nil {
+		return it, vaultRefusal(err)
 	}
 	if cred, err = checkCredential(it.Provider, cred); err != nil {
-		return err
+		return it, err
 	}
 	defer inv.invalidate(false)
 	if err := inv.vault.update(func(d *vaultDoc) error { d.Subscriptions[id] = cred; return nil }); err != nil {
-		return refuse("internal_error", "credential not replaced: the vault was not written: %v", err).because(err)
+		return it, refuse("internal_error", "credential not replaced: the vault was not written: %v", err).because(err)
 	}
 	inv.l.setCredential(id, it.Provider, credActive, "")
 	inv.l.setGrantTimes(id, it.Provider, cmp.Or(cred.OAuth, &oauthGrant{}).ExpiresAtMs, 0) // an API key: none
-	return nil
+	return it, nil
 }
 
 // credential is id's credential from the vault, a copy; an unreadable vault

@@ -204,11 +204,12 @@ func TestInventoryListingCache(t *testing.T) {
 			_, err := inv.donate("a1", "openai", "", vaultCredential{APIKey: "sk-cache-two-0123456789"})
 			return err
 		}, "active,active"},
-		{"retire", func() error { return inv.retire("a1", a.ID, "gone") }, "retired,active"},
-		{"replace credential", func() error {
+		{"replace credential", func() error { // before the retire: a retired one's is refused
 			inv.l.setCredential(a.ID, "kimi", credNeedsReauth, "refused")
-			return inv.replaceCredential("a1", a.ID, vaultCredential{APIKey: "sk-cache-new-0123456789"})
-		}, "retired,active"},
+			_, err := inv.replaceCredential("a1", a.ID, vaultCredential{APIKey: "sk-cache-new-0123456789"})
+			return err
+		}, "active,active"},
+		{"retire", func() error { return inv.retire("a1", a.ID, "gone") }, "retired,active"},
 	}
 	for _, st := range steps {
 		t.Run(st.name, func(t *testing.T) {
