@@ -70,29 +70,26 @@ func parsePlanWindows(provider string, h http.Header, now time.Time) []planWindo
 	switch provider {
 	case "claude-code":
 		for _, k := range anthropicWindows {
-			util, ok := num("anthropic-ratelimit-unified-" + k.header + "-utilization")
-			if !ok {
-				continue
+			key := "anthropic-ratelimit-unified-" + k.header
+			if util, ok := num(key + "-utilization"); ok {
+				reset, _ := num(key + "-reset") // epoch seconds
+				if !(reset > 0 && reset < planMaxResetSeconds) {
+					reset = 0
+				}
+				ws = append(ws, newWindow(k.id, k.label, util, int64(reset*1000), now, windowSourceTraffic))
 			}
-			w := newWindow(k.id, k.label, util, 0, now, windowSourceTraffic)
-			if reset, ok := num("anthropic-ratelimit-unified-" + k.header + "-reset"); ok && reset > 0 && reset < planMaxResetSeconds {
-				w.ResetsAtMs = int64(reset * 1000)
-			}
-			ws = append(ws, w)
 		}
 	case "codex":
 		for _, which := range []string{"primary", "secondary"} {
-			prefix := "x-codex-" + which + "-"
-			pct, ok := num(prefix + "used-percent")
-			if !ok {
-				continue
+			key := "x-codex-" + which + "-"
+			if pct, ok := num(key + "used-percent"); ok {
+				mins, _ := num(key + "window-minutes")
+				w := newWindow("codex:"+which, windowLabel(mins, which+" window"), pct/100, 0, now, windowSourceTraffic)
+				if after, ok := num(key + "reset-after-seconds"); ok && after >= 0 && after < planMaxResetSeconds {
+					w.ResetsAtMs = now.UnixMilli() + int64(after*1000)
+				}
+				ws = append(ws, w)
 			}
-			mins, _ := num(prefix + "window-minutes")
-			w := newWindow("codex:"+which, windowLabel(mins, which+" window"), pct/100, 0, now, windowSourceTraffic)
-			if after, ok := num(prefix + "reset-after-seconds"); ok && after >= 0 && after < planMaxResetSeconds {
-				w.ResetsAtMs = now.UnixMilli() + int64(after*1000)
-			}
-			ws = append(ws, w)
 		}
 	}
 	return ws
