@@ -295,10 +295,9 @@ var kimiTimeUnits = map[string]float64{
 // kimiUsage reads {base}/usages (SPEC §11.2); detail's counters win over the top level's.
 func kimiUsage(r report, now time.Time) []planWindow {
 	var ws []planWindow
-	if u := r.obj("usage"); u != nil {
-		if f, ok := kimiFraction(u); ok {
-			ws = append(ws, newWindow("kimi:usage", "plan usage", f, u.instant("reset_time", "resetTime"), now, windowSourceReport))
-		}
+	u := r.obj("usage") // nil when absent: it has no fraction
+	if f, ok := kimiFraction(u); ok {
+		ws = append(ws, newWindow("kimi:usage", "plan usage", f, u.instant("reset_time", "resetTime"), now, windowSourceReport))
 	}
 	var limits []json.RawMessage
 	json.Unmarshal(r["limits"], &limits) // not an array: no limits
