@@ -43,8 +43,8 @@ func TestSignedAnswerHangUp(t *testing.T) {
 			r := httptest.NewRequest("POST", "/v1/chat/completions", strings.NewReader(body)).WithContext(ctx)
 			w := httptest.NewRecorder()
 			s.signedAnswer(w, r, chatRequest{}, "k", func(w http.ResponseWriter, r *http.Request) {
-				for range tc.calls {
-					ri.countAttempt()
+				if tc.calls > 0 { // as the engine's account does
+					ri.account(&tally{attempts: tc.calls})
 				}
 				cancel() // the caller hangs up while the call is in flight
 				ae := refuse("provider_incomplete", "cut").withAttempts(tc.calls)
@@ -93,11 +93,10 @@ func TestAnswersPrune(t *testing.T) {
 	oldDone := keep("old-complete", longAgo, true)
 	oldBusy := keep("old-in-progress", longAgo, false)
 	recent := keep("recent-complete", time.Now, true)
-	// cliEnv.answersCmd directly: what run's "answers" case calls.
 	answers := func(args ...string) (string, string, int) {
 		var out, errb bytes.Buffer
-		e := cliEnv{getenv: testEnv(env), stdin: strings.NewReader(""), stdout: &out, stderr: &errb}
-		code := exitCode(e.answersCmd(args), &errb)
+		err := run(context.Background(), append([]string{"answers"}, args...), testEnv(env), strings.NewReader(""), &out, &errb)
+		code := exitCode(err, &errb)
 		return out.String(), errb.String(), code
 	}
 	out, errOut, code := answers("prune", "-older-than", "24h")

@@ -20,63 +20,65 @@ import (
 	"time"
 )
 
-// The model catalogue (SPEC §6.4): model metadata from a file read on
-// demand, or from a URL read in the background and kept in the model
-// metadata cache, held in memory for a TTL. It is advisory: it never makes
-// a route available, and no request waits for a network read.
+// The model catalogue (SPEC §6.4): a file read on demand, or a URL read in
+// the background and kept in the model metadata cache, held for a TTL.
+// Advisory: it makes no route available and no request waits on the network.
 
 const ( // SPEC §16
-
 	defaultCatalogURL = "https://models.dev/api.json"
 	defaultCatalogTTL = 900 * time.Second
 	catalogCacheFile  = "model-metadata.json"
 )
 
-// modelInfo is what Brama keeps of one catalogue model. Input and Output
-// are shared with the catalogue's memory copy, which is replaced whole and
-// never changed in place; callers must not modify them.
+// modelInfo is what Brama keeps of a catalogue model, in api.json's shape.
+// Slices are shared with memory (replaced whole): callers must not modify them.
 type modelInfo struct {
-	ID           string
-	ReleaseDate  string   // "YYYY-MM-DD" (or "YYYY-MM"); "" when unknown
-	OutputLimit  int      // limit.output; 0 when unknown
-	ContextLimit int      // limit.context; 0 when unknown
-	Input        []string // modalities.input; nil when unknown
-	Output       []string // modalities.output; nil when unknown
+	ID          string            `json:"id"`
+	ReleaseDate string            `json:"release_date,omitempty"` // "YYYY-MM-DD" (or "YYYY-MM"); "" when unknown
+	Limit       catalogLimit      `json:"limit"`
+	Modalities  catalogModalities `json:"modalities"`
+}
+
+// catalogLimit is a model's token limits; 0 when unknown.
+type catalogLimit struct {
+	Context int `json:"context,omitempty"`
+	Output  int `json:"output,omitempty"`
+}
+
+// catalogModalities is what a model takes and gives; nil when unknown.
+type catalogModalities struct {
+	Input  []string `json:"input,omitempty"`
+	Output []string `json:"output,omitempty"`
 }
 
 // catalogData is a catalogue in memory: vendor → model id → info.
 type catalogData = map[string]map[string]modelInfo
 
-// catalogVendor maps a Brama provider id to the catalogue's vendor key
-// (SPEC §7.3). local-openai serves whatever the deployment runs, so it has
-// no vendor and the catalogue knows nothing about it.
+// catalogVendors maps a provider id to the catalogue's vendor key where they
+// differ (SPEC §7.3); local-openai serves whatever a deployment runs: none.
+var catalogVendors = map[string]string{
+	"claude-code": "anthropic", "codex": "openai", "openai-responses": "openai",
+	"kimi": "moonshotai", "local-openai": "",
+}
+
 func catalogVendor(provider string) string {
-	switch provider {
-	case "claude-code":
-		return "anthropic"
-	case "codex", "openai-responses":
-		return "openai"
-	case "kimi":
-		return "moonshotai"
-	case "local-openai":
-		return ""
+	if v, ok := catalogVendors[provider]; ok {
+		return v
 	}
 	return provider
 }
 
 // catalog is the model metadata of SPEC §6.4 and its sources.
 type catalog struct {
-	path   string // BRAMA_MODEL_CATALOG_PATH; wins over url
-	url    string // live source; "" when path is set or live reads are off
-	ttl    time.Duration
-	st     state
-	client *http.Client // the provider client: no timeout of Brama's own (SPEC §7.4)
-	log    *slog.Logger
-	now    func() time.Time
+	path      string // BRAMA_MODEL_CATALOG_PATH; wins over url
+	url       string // live source; "" when path is set or live reads are off
+	ttl       time.Duration
+	cachePath string       // the model metadata cache; "" without a state directory or for a file source
+	client    *http.Client // the provider client: no timeout of Brama's own (SPEC §7.4)
+	log       *slog.Logger
+	now       func() time.Time
 
-	// testingOnlyReadDone runs after each background read has settled
-	// (memory and cache updated). Nil in production.
-	testingOnlyReadDone func()
+	testingOnlyReadDone func() // runs after each background read settled; nil in production
 
 	mu         sync.Mutex    // guards the fields below
 	data       catalogData   // nil when absent
@@ -86,15 +88,14 @@ type catalog struct {
 	reads      int           // source reads attempted, for tests and logs
 	kick       chan struct{} // wakes the background reader; nil until start
 	refreshing bool          // a background read is queued or running (single flight)
-	cacheTried bool          // the cache file was consulted once already
 	cacheErr   error         // why the cache could not supply data
-	unplaced   bool          // model_metadata_cache_unplaced was logged
 }
 
-// newCatalog configures the catalogue from the environment (SPEC §16). No
-// read happens here: a file is read by the first lookup, a URL by start.
+// newCatalog configures the catalogue from the environment (SPEC §16) and,
+// for a URL, fills memory from the local cache; a file is read by the first
+// lookup, a URL by start.
 func newCatalog(st state, getenv func(string) string, client *http.Client, log *slog.Logger, now func() time.Time) *catalog {
-	c := &catalog{st: st, client: client, log: log, now: now, ttl: defaultCatalogTTL}
+	c := &catalog{client: client, log: log, now: now, ttl: defaultCatalogTTL}
 	if v := strings.TrimSpace(getenv("BRAMA_MODEL_CATALOG_TTL_SECS")); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n <= 0 || n > math.MaxInt32 {
@@ -108,12 +109,13 @@ func newCatalog(st state, getenv func(string) string, client *http.Client, log *
 		if strings.EqualFold(c.url, "off") {
 			c.url = ""
 		}
+		c.loadCache(st)
 	}
 	return c
 }
 
-// start runs the background reader of a URL source until ctx is done; wg
-// lets run wait for it. Its only cancel is ctx (SPEC §7.4).
+// start runs the background reader of a URL source until ctx (its only
+// cancel, SPEC §7.4) is done; wg lets run wait for it.
 func (c *catalog) start(ctx context.Context, wg *sync.WaitGroup) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -134,8 +136,8 @@ func (c *catalog) start(ctx context.Context, wg *sync.WaitGroup) {
 	}(c.kick)
 }
 
-// readOnce fetches the URL and publishes the result to memory and, when
-// good, to the cache file. A failure keeps whatever memory held.
+// readOnce fetches the URL into memory and, when good, the cache file; a
+// failure keeps whatever memory held.
 func (c *catalog) readOnce(ctx context.Context) {
 	data, err := c.fetch(ctx)
 	now := c.now()
@@ -156,8 +158,7 @@ func (c *catalog) readOnce(ctx context.Context) {
 	}
 }
 
-// fetch is one whole read of the catalogue URL. The error never quotes the
-// response body.
+// fetch is one whole read of the catalogue URL; errors never quote the body.
 func (c *catalog) fetch(ctx context.Context) (catalogData, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.url, nil)
 	if err != nil {
@@ -169,12 +170,11 @@ func (c *catalog) fetch(ctx context.Context) (catalogData, error) {
 		return nil, fmt.Errorf("catalogue read: %w", err)
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		io.Copy(io.Discard, resp.Body) // let the connection be reused
+	b, err := io.ReadAll(resp.Body) // whole, even after an error status, so the connection is reused
+	switch {
+	case resp.StatusCode/100 != 2:
 		return nil, fmt.Errorf("catalogue read: HTTP status %d", resp.StatusCode)
-	}
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
+	case err != nil:
 		return nil, fmt.Errorf("catalogue read: %w", err)
 	}
 	return parseCatalog(b)
@@ -187,44 +187,29 @@ type catalogCache struct {
 	Body      json.RawMessage `json:"body"`
 }
 
-// writeCache keeps data in the model metadata cache. Without a state
-// directory the catalogue lives in memory only.
+// writeCache keeps data in the model metadata cache, if it has a place.
 func (c *catalog) writeCache(data catalogData, fetchedAt time.Time) {
-	c.mu.Lock()
-	name, err := c.cachePathLocked()
-	c.mu.Unlock()
-	if err != nil {
+	if c.cachePath == "" {
 		return
 	}
 	b, err := marshalState(catalogCache{FetchedAt: fetchedAt.UTC(), Body: marshalCatalog(data)})
 	if err == nil {
-		err = writeFileAtomic(name, b)
+		err = writeFileAtomic(c.cachePath, b)
 	}
 	if err != nil {
 		c.log.Warn("model_metadata_cache_write_failed", "cause", err.Error())
 	}
 }
 
-// cachePathLocked names the cache file, logging
-// model_metadata_cache_unplaced the first time there is no state directory.
-func (c *catalog) cachePathLocked() (string, error) {
-	name, err := c.st.path("model metadata cache", catalogCacheFile)
-	if err != nil && !c.unplaced {
-		c.unplaced = true
-		c.log.Warn("model_metadata_cache_unplaced", "cause", err.Error())
-	}
-	return name, err
-}
-
-// loadCacheLocked fills memory from the cache file, once. The file is
-// local, so no request waits on the network.
-func (c *catalog) loadCacheLocked(now time.Time) {
-	c.cacheTried = true
-	name, err := c.cachePathLocked()
+// loadCache places the model metadata cache and fills memory from it.
+func (c *catalog) loadCache(st state) {
+	name, err := st.path("model metadata cache", catalogCacheFile)
 	if err != nil {
 		c.cacheErr = err
+		c.log.Warn("model_metadata_cache_unplaced", "cause", err.Error())
 		return
 	}
+	c.cachePath = name
 	b, _, err := readGuarded("model metadata cache", name)
 	if errors.Is(err, errFileAbsent) {
 		c.cacheErr = errors.New("there is no cached copy")
@@ -244,7 +229,7 @@ func (c *catalog) loadCacheLocked(now time.Time) {
 		return
 	}
 	c.data, c.loadedAt = data, cc.FetchedAt
-	if cc.FetchedAt.After(now) {
+	if cc.FetchedAt.After(c.now()) {
 		c.loadedAt = time.Time{} // a fetch time from the future has no usable age
 	}
 }
@@ -261,40 +246,33 @@ func (c *catalog) settleLocked(source string, data catalogData, err error, now t
 	c.data, c.loadedAt = data, now
 }
 
-// current is the catalogue a request may use right now, or nil with the
-// cause. A file source is read on demand; a URL source never waits: memory,
-// else the cache file, else unknown, and memory absent or older than the
-// TTL kicks one background read. A failed read waits one TTL.
+// current is the catalogue usable now, or nil with the cause. A file is read
+// on demand; for a URL, memory absent or past the TTL kicks one background
+// read. A failed read waits a TTL.
 func (c *catalog) current() (catalogData, string) {
 	now := c.now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	stale := func() bool { return c.data == nil || c.loadedAt.IsZero() || now.Sub(c.loadedAt) >= c.ttl }
 	mayTry := c.lastTry.IsZero() || now.Sub(c.lastTry) >= c.ttl
-	if c.path != "" {
-		if c.data == nil || stale() && mayTry { // on demand (SPEC §6.4); a failed re-read keeps memory
-			b, err := os.ReadFile(c.path)
-			var data catalogData
-			if err == nil {
-				data, err = parseCatalog(b)
-			} else {
-				if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
-					err = pe.Err // the path is outside the state directory; /readyz must not show it
-				}
-				err = fmt.Errorf("BRAMA_MODEL_CATALOG_PATH: %w", err)
+	switch {
+	case c.path != "" && (c.data == nil || stale() && mayTry): // on demand (SPEC §6.4)
+		b, err := os.ReadFile(c.path)
+		var data catalogData
+		if err == nil {
+			data, err = parseCatalog(b)
+		} else {
+			if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
+				err = pe.Err // the path is outside the state directory; /readyz must not show it
 			}
-			c.settleLocked("file", data, err, now)
+			err = fmt.Errorf("BRAMA_MODEL_CATALOG_PATH: %w", err)
 		}
-	} else {
-		if c.data == nil && !c.cacheTried {
-			c.loadCacheLocked(now)
-		}
-		if c.kick != nil && !c.refreshing && stale() && mayTry {
-			c.refreshing = true
-			select {
-			case c.kick <- struct{}{}:
-			default:
-			}
+		c.settleLocked("file", data, err, now)
+	case c.path == "" && c.kick != nil && !c.refreshing && stale() && mayTry:
+		c.refreshing = true
+		select {
+		case c.kick <- struct{}{}:
+		default:
 		}
 	}
 	const unavailable = "the model catalogue is unavailable: "
@@ -314,8 +292,7 @@ func (c *catalog) current() (catalogData, string) {
 	return nil, unavailable + "the first catalogue read has not finished"
 }
 
-// lookup is the catalogue's entry for model of provider's vendor. ok=false
-// comes with a short cause for messages and logs.
+// lookup is the entry for model of provider's vendor, or a short cause.
 func (c *catalog) lookup(provider, model string) (info modelInfo, ok bool, cause string) {
 	vendor := catalogVendor(provider)
 	if vendor == "" {
@@ -331,14 +308,14 @@ func (c *catalog) lookup(provider, model string) (info modelInfo, ok bool, cause
 	return info, true, ""
 }
 
-// outputLimit is §6.4's max_tokens lookup: the model's own output limit, or
-// 0 with the cause. The caller decides whether to omit the field or refuse.
+// outputLimit is §6.4's max_tokens lookup: the model's output limit, or 0
+// with the cause.
 func (c *catalog) outputLimit(provider, model string) (int, string) {
 	info, ok, cause := c.lookup(provider, model)
-	if ok && info.OutputLimit <= 0 {
+	if ok && info.Limit.Output <= 0 {
 		cause = fmt.Sprintf("the catalogue has no output limit for %s/%s", catalogVendor(provider), model)
 	}
-	return info.OutputLimit, cause
+	return info.Limit.Output, cause
 }
 
 // models lists the models of provider's vendor, newest release first, then
@@ -354,23 +331,13 @@ func (c *catalog) models(provider string) []modelInfo {
 	})
 }
 
-// available is the /readyz view: false with a sentence when no catalogue
-// can be used right now.
-func (c *catalog) available() (bool, string) {
-	data, cause := c.current()
-	return data != nil, cause
-}
-
 // errCatalogShape marks a catalogue whose top level is not a JSON object of
 // vendor objects; parseCatalog wraps it in every error it returns.
 var errCatalogShape = errors.New("the model catalogue is not a JSON object of provider objects")
 
-// parseCatalog reads the models.dev api.json shape: vendor → {"models":
-// {id → model}}. It is strict only about that skeleton's top level; below
-// it, anything Brama does not understand (unknown members, a member of the
-// wrong type, a model that is not an object) is left out rather than
-// failing the whole catalogue, because the upstream document grows.
-// The map key, not the inner "id", is a model's id.
+// parseCatalog reads models.dev's api.json, vendor → {"models": {id →
+// model}}, strict only at the top: below, what Brama does not understand is
+// left out, since the document grows. The key, not "id", is a model's id.
 func parseCatalog(b []byte) (catalogData, error) {
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(b, &top); err != nil || top == nil {
@@ -409,48 +376,38 @@ func parseCatalogModel(id string, raw json.RawMessage) (modelInfo, bool) {
 	if id == "" || json.Unmarshal(raw, &m) != nil || string(raw) == "null" {
 		return modelInfo{}, false
 	}
-	info := modelInfo{ID: id}
+	var limit struct{ Context, Output any }
+	var mod struct{ Input, Output any }
 	var date string
-	if json.Unmarshal(m.ReleaseDate, &date) == nil {
-		// "YYYY-MM-DD" or the "YYYY-MM" some entries carry; both sort as strings.
-		_, day := time.Parse("2006-01-02", date)
-		_, month := time.Parse("2006-01", date)
-		if day == nil || month == nil {
-			info.ReleaseDate = date
-		}
+	json.Unmarshal(m.Limit, &limit)    // not an object: no limits
+	json.Unmarshal(m.Modalities, &mod) // members of the wrong type are left out below
+	json.Unmarshal(m.ReleaseDate, &date)
+	_, day := time.Parse("2006-01-02", date)
+	_, month := time.Parse("2006-01", date) // some entries carry only the month; both sort as strings
+	if day != nil && month != nil {
+		date = ""
 	}
-	var limit struct{ Context, Output json.RawMessage }
-	if json.Unmarshal(m.Limit, &limit) == nil {
-		info.ContextLimit = catalogCount(limit.Context)
-		info.OutputLimit = catalogCount(limit.Output)
-	}
-	var mod struct{ Input, Output json.RawMessage }
-	if json.Unmarshal(m.Modalities, &mod) == nil {
-		info.Input = catalogStrings(mod.Input)
-		info.Output = catalogStrings(mod.Output)
-	}
-	return info, true
+	return modelInfo{
+		ID: id, ReleaseDate: date,
+		Limit:      catalogLimit{catalogCount(limit.Context), catalogCount(limit.Output)},
+		Modalities: catalogModalities{catalogStrings(mod.Input), catalogStrings(mod.Output)},
+	}, true
 }
 
 // catalogCount is a positive whole token count, else 0 (unknown).
-func catalogCount(raw json.RawMessage) int {
-	var f float64
-	if json.Unmarshal(raw, &f) != nil || f <= 0 || f > math.MaxInt32 || f != math.Trunc(f) {
+func catalogCount(v any) int {
+	f, _ := v.(float64)
+	if f <= 0 || f > math.MaxInt32 || f != math.Trunc(f) {
 		return 0
 	}
 	return int(f)
 }
 
-// catalogStrings keeps the string elements of a JSON array; nil when none.
-func catalogStrings(raw json.RawMessage) []string {
-	var items []json.RawMessage
-	if json.Unmarshal(raw, &items) != nil {
-		return nil
-	}
-	var out []string
+// catalogStrings keeps the strings of a JSON array; nil when none.
+func catalogStrings(v any) (out []string) {
+	items, _ := v.([]any)
 	for _, it := range items {
-		var s string
-		if json.Unmarshal(it, &s) == nil {
+		if s, ok := it.(string); ok {
 			out = append(out, s)
 		}
 	}
@@ -458,31 +415,11 @@ func catalogStrings(raw json.RawMessage) []string {
 }
 
 // marshalCatalog encodes data back into the api.json shape with only the
-// fields Brama keeps; parseCatalog reads it back to the same value. It is
-// what the model metadata cache holds.
+// fields Brama keeps, for the model metadata cache; parseCatalog reads it back.
 func marshalCatalog(data catalogData) []byte {
-	type modelWire struct {
-		ID          string `json:"id"`
-		ReleaseDate string `json:"release_date,omitempty"`
-		Limit       struct {
-			Context int `json:"context,omitempty"`
-			Output  int `json:"output,omitempty"`
-		} `json:"limit"`
-		Modalities struct {
-			Input  []string `json:"input,omitempty"`
-			Output []string `json:"output,omitempty"`
-		} `json:"modalities"`
-	}
-	out := make(map[string]map[string]map[string]modelWire, len(data)) // vendor → "models" → id → model
+	out := make(map[string]map[string]map[string]modelInfo, len(data)) // vendor → "models" → id → model
 	for vendor, models := range data {
-		wm := make(map[string]modelWire, len(models))
-		for id, m := range models {
-			w := modelWire{ID: id, ReleaseDate: m.ReleaseDate}
-			w.Limit.Context, w.Limit.Output = m.ContextLimit, m.OutputLimit
-			w.Modalities.Input, w.Modalities.Output = m.Input, m.Output
-			wm[id] = w
-		}
-		out[vendor] = map[string]map[string]modelWire{"models": wm}
+		out[vendor] = map[string]map[string]modelInfo{"models": models}
 	}
 	b, _ := json.Marshal(out) // only maps, strings, ints and string slices: it cannot fail
 	return b

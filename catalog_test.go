@@ -195,17 +195,20 @@ func TestParseCatalog(t *testing.T) {
 		{
 			name: "all fields, unknown ones ignored",
 			in:   `{"a":{"id":"a","extra":{"x":1},"models":{"m":{"id":"other","cost":{"input":1},"release_date":"2025-01-02","limit":{"context":1000,"output":100,"input":5},"modalities":{"input":["text","image"],"output":["text"]}}}}}`,
-			want: map[string]map[string]modelInfo{"a": {"m": {ID: "m", ReleaseDate: "2025-01-02", ContextLimit: 1000, OutputLimit: 100, Input: []string{"text", "image"}, Output: []string{"text"}}}},
+			want: map[string]map[string]modelInfo{"a": {"m": {
+				ID: "m", ReleaseDate: "2025-01-02", Limit: catalogLimit{Context: 1000, Output: 100},
+				Modalities: catalogModalities{Input: []string{"text", "image"}, Output: []string{"text"}},
+			}}},
 		},
 		{
 			name: "wrong types are left out",
 			in:   `{"a":{"models":{"m":{"release_date":20250102,"limit":{"context":"big","output":1.5},"modalities":{"input":"text","output":["text",3]}},"n":"x","o":null}}}`,
-			want: map[string]map[string]modelInfo{"a": {"m": {ID: "m", Output: []string{"text"}}}},
+			want: map[string]map[string]modelInfo{"a": {"m": {ID: "m", Modalities: catalogModalities{Output: []string{"text"}}}}},
 		},
 		{
 			name: "bad dates and limits",
 			in:   `{"a":{"models":{"m":{"release_date":"soon","limit":{"context":-5,"output":1e300}},"n":{"release_date":"2025-06","limit":{"output":4096.0}}}}}`,
-			want: map[string]map[string]modelInfo{"a": {"m": {ID: "m"}, "n": {ID: "n", ReleaseDate: "2025-06", OutputLimit: 4096}}},
+			want: map[string]map[string]modelInfo{"a": {"m": {ID: "m"}, "n": {ID: "n", ReleaseDate: "2025-06", Limit: catalogLimit{Output: 4096}}}},
 		},
 	}
 	for _, tt := range tests {
@@ -232,8 +235,8 @@ func TestParseCatalogFixture(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := modelInfo{ID: "claude-sonnet-4-5", ReleaseDate: "2025-09-29", OutputLimit: 64000, ContextLimit: 200000,
-		Input: []string{"text", "image", "pdf"}, Output: []string{"text"}}
+	want := modelInfo{ID: "claude-sonnet-4-5", ReleaseDate: "2025-09-29", Limit: catalogLimit{Output: 64000, Context: 200000},
+		Modalities: catalogModalities{Input: []string{"text", "image", "pdf"}, Output: []string{"text"}}}
 	if diff := cmp.Diff(want, got["anthropic"]["claude-sonnet-4-5"]); diff != "" {
 		t.Errorf("claude-sonnet-4-5 mismatch (-want +got):\n%s", diff)
 	}
@@ -333,9 +336,9 @@ func TestCatalogFileSourceMissing(t *testing.T) {
 	if ok || !strings.HasPrefix(cause, "the model catalogue is unavailable: ") || !strings.Contains(cause, "no such file") {
 		t.Errorf("lookup = %v, %q; want unavailable naming the missing file", ok, cause)
 	}
-	avail, why := c.available()
-	if avail || strings.Contains(why, "secret-place") {
-		t.Errorf("available = %v, %q; want false without the path", avail, why)
+	data, why := c.current()
+	if data != nil || strings.Contains(why, "secret-place") {
+		t.Errorf("current = %v, %q; want nil without the path", data, why)
 	}
 }
 
@@ -364,8 +367,8 @@ func TestCatalogURLLookupDoesNotWait(t *testing.T) {
 	if ok || cause != "the model catalogue is unavailable: the first catalogue read has not finished" {
 		t.Errorf("lookup during the first read = %v, %q", ok, cause)
 	}
-	if avail, _ := c.available(); avail {
-		t.Error("available during the first read = true")
+	if data, _ := c.current(); data != nil {
+		t.Error("current during the first read is not nil")
 	}
 	close(cs.release)
 	<-done
@@ -511,8 +514,8 @@ func TestCatalogCache(t *testing.T) {
 	}
 
 	empty := newCatalog(state{dir: t.TempDir()}, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_URL": "off"}), http.DefaultClient, quietLog(), time.Now)
-	if ok, why := empty.available(); ok || why != "the model catalogue is unavailable: live reads are off (BRAMA_MODEL_CATALOG_URL=off) and there is no cached copy" {
-		t.Errorf("off without a cache: available = %v, %q", ok, why)
+	if data, why := empty.current(); data != nil || why != "the model catalogue is unavailable: live reads are off (BRAMA_MODEL_CATALOG_URL=off) and there is no cached copy" {
+		t.Errorf("off without a cache: current = %v, %q", data, why)
 	}
 }
 
@@ -524,8 +527,8 @@ func TestCatalogCacheGuarded(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := newCatalog(state{dir: dir}, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_URL": "off"}), http.DefaultClient, quietLog(), time.Now)
-	if ok, why := c.available(); ok || !strings.Contains(why, "chmod 600") {
-		t.Errorf("group-readable cache: available = %v, %q; want refused naming the rule", ok, why)
+	if data, why := c.current(); data != nil || !strings.Contains(why, "chmod 600") {
+		t.Errorf("group-readable cache: current = %v, %q; want refused naming the rule", data, why)
 	}
 }
 

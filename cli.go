@@ -13,24 +13,25 @@ import (
 	"time"
 )
 
-// CLI commands that read or edit state in-process (SPEC §2.3 allows a CLI
-// to edit the registry, the clients file and the vault's direct and agents
-// sections while serve runs, each under its file lock). The commands that
-// ask the daemon (subscription …, maintain) are in cli_gateway.go.
+// The CLI commands that edit state in-process, each file under its lock
+// (SPEC §2.3); cli_gateway.go holds those that ask the daemon.
 
 // sys is a command's logger (to stderr, at BRAMA_LOG_LEVEL) and clock.
 func (e cliEnv) sys() sys {
 	return sys{log: newLogger(e.stderr, e.getenv("BRAMA_LOG_LEVEL")), now: time.Now}
 }
 
+// said prints a command's success line, unless err.
+func (e cliEnv) said(err error, format string, args ...any) error {
+	if err == nil {
+		fmt.Fprintf(e.stdout, format, args...)
+	}
+	return err
+}
+
 // deps opens the state for a CLI command.
 func (e cliEnv) deps() deps {
 	return openDeps(e.getenv, e.sys())
-}
-
-// hasDirectFromVault is the CLI's view of direct credentials.
-func hasDirectFromVault(v *vault) func(string) bool {
-	return func(p string) bool { return v.directKey(p) != "" }
 }
 
 func (e cliEnv) routesList(args []string) error {
@@ -39,22 +40,21 @@ func (e cliEnv) routesList(args []string) error {
 	if _, err := parseFlags(fs, args, 0, "routes list [-json]"); err != nil {
 		return err
 	}
-	d := e.deps()
-	t, err := d.reg.aliases(hasDirectFromVault(d.vault))
+	return e.printAliases(e.deps(), *asJSON)
+}
+
+// printAliases prints the alias table (GET /v1/aliases): one aligned row
+// per alias and the unserviceable count, or with asJSON the body.
+func (e cliEnv) printAliases(d deps, asJSON bool) error {
+	t, err := d.reg.aliases(func(p string) bool { return d.vault.directKey(p) != "" })
 	if err != nil {
 		return err
 	}
-	if *asJSON {
+	if asJSON {
 		b, _ := json.Marshal(t)
 		fmt.Fprintf(e.stdout, "%s\n", b)
 		return nil
 	}
-	e.printAliases(t)
-	return nil
-}
-
-// printAliases prints one aligned row per alias and the unserviceable count.
-func (e cliEnv) printAliases(t aliasTable) {
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ALIAS\tSTATE\tROUTE\tREASON")
 	for _, a := range t.Aliases {
@@ -66,11 +66,11 @@ func (e cliEnv) printAliases(t aliasTable) {
 	}
 	tw.Flush()
 	fmt.Fprintf(e.stdout, "%d alias(es), %d cannot serve\n", len(t.Aliases), t.Unserviceable)
+	return nil
 }
 
 func (e cliEnv) routesSet(args []string) error {
-	fs := e.newFlags("routes set")
-	pos, err := parseFlags(fs, args, 2, "routes set ALIAS DESTINATION")
+	pos, err := parseFlags(e.newFlags("routes set"), args, 2, "routes set ALIAS DESTINATION")
 	if err != nil {
 		return err
 	}
@@ -79,12 +79,11 @@ func (e cliEnv) routesSet(args []string) error {
 		return err
 	}
 	fmt.Fprintf(e.stdout, "set %s -> %s\n", pos[0], pos[1])
-	return e.printAfterWrite(d)
+	return e.printAliases(d, false)
 }
 
 func (e cliEnv) routesRm(args []string) error {
-	fs := e.newFlags("routes rm")
-	pos, err := parseFlags(fs, args, 1, "routes rm ALIAS")
+	pos, err := parseFlags(e.newFlags("routes rm"), args, 1, "routes rm ALIAS")
 	if err != nil {
 		return err
 	}
@@ -93,16 +92,7 @@ func (e cliEnv) routesRm(args []string) error {
 		return err
 	}
 	fmt.Fprintf(e.stdout, "removed %s\n", pos[0])
-	return e.printAfterWrite(d)
-}
-
-func (e cliEnv) printAfterWrite(d deps) error {
-	t, err := d.reg.aliases(hasDirectFromVault(d.vault))
-	if err != nil {
-		return err
-	}
-	e.printAliases(t)
-	return nil
+	return e.printAliases(d, false)
 }
 
 func (e cliEnv) routesMigrate(args []string) error {
@@ -142,18 +132,15 @@ func (e cliEnv) routesMigrate(args []string) error {
 	return nil
 }
 
-// multiFlag collects a repeatable string flag.
-type multiFlag []string
-
-func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
-func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
-
 func (e cliEnv) clientsAdd(args []string) error {
 	fs := e.newFlags("clients add")
 	admin := fs.Bool("admin", false, "give the client the admin role (reaches /v1/admin/*)")
 	agent := fs.String("agent", "", "bind the client's bearer to `agent`")
-	var allow multiFlag
-	fs.Var(&allow, "allow", "allow only this model `name` (repeatable; exact names)")
+	var allow []string
+	fs.Func("allow", "allow only this model `name` (repeatable; exact names)", func(v string) error {
+		allow = append(allow, v)
+		return nil
+	})
 	pos, err := parseFlags(fs, args, 1, "clients add ID [-admin] [-agent A] [-allow NAME]...")
 	if err != nil {
 		return err
@@ -184,8 +171,7 @@ func (e cliEnv) clientsAdd(args []string) error {
 }
 
 func (e cliEnv) clientsRm(args []string) error {
-	fs := e.newFlags("clients rm")
-	pos, err := parseFlags(fs, args, 1, "clients rm ID")
+	pos, err := parseFlags(e.newFlags("clients rm"), args, 1, "clients rm ID")
 	if err != nil {
 		return err
 	}
@@ -201,16 +187,11 @@ func (e cliEnv) clientsRm(args []string) error {
 		}
 		return nil
 	})
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(e.stdout, "removed client %s\n", pos[0])
-	return nil
+	return e.said(err, "removed client %s\n", pos[0])
 }
 
 func (e cliEnv) agentsAdd(args []string) error {
-	fs := e.newFlags("agents add")
-	pos, err := parseFlags(fs, args, 1, "agents add ID")
+	pos, err := parseFlags(e.newFlags("agents add"), args, 1, "agents add ID")
 	if err != nil {
 		return err
 	}
@@ -227,16 +208,11 @@ func (e cliEnv) agentsAdd(args []string) error {
 		d.Agents[pos[0]] = vaultAgent{SigningSecret: secret}
 		return nil
 	})
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(e.stdout, "created agent %s; its signing secret (shown once) is the next line\n%s\n", pos[0], secret)
-	return nil
+	return e.said(err, "created agent %s; its signing secret (shown once) is the next line\n%s\n", pos[0], secret)
 }
 
 func (e cliEnv) agentsRm(args []string) error {
-	fs := e.newFlags("agents rm")
-	pos, err := parseFlags(fs, args, 1, "agents rm ID")
+	pos, err := parseFlags(e.newFlags("agents rm"), args, 1, "agents rm ID")
 	if err != nil {
 		return err
 	}
@@ -247,16 +223,11 @@ func (e cliEnv) agentsRm(args []string) error {
 		delete(d.Agents, pos[0])
 		return nil
 	})
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(e.stdout, "removed agent %s\n", pos[0])
-	return nil
+	return e.said(err, "removed agent %s\n", pos[0])
 }
 
-// onboardCmd is `brama onboard [-model ROUTE] [-allow-provider-cost]`
-// (SPEC §14): exit 0 when the journey is complete or stopped on purpose
-// before the billable step, 1 on a refusal.
+// onboardCmd is `brama onboard` (SPEC §14): exit 0 when the journey is
+// complete or stopped on purpose before the billable step.
 func (e cliEnv) onboardCmd(args []string) error {
 	fs := e.newFlags("onboard")
 	model := fs.String("model", "", "the `route` of the one real call: a direct route, a deployment, or an alias to one")
@@ -270,8 +241,7 @@ func (e cliEnv) onboardCmd(args []string) error {
 // credentialsSet stores a direct API key read from stdin's first line; it
 // never takes the key as a flag (flags show up in ps).
 func (e cliEnv) credentialsSet(args []string) error {
-	fs := e.newFlags("credentials set")
-	pos, err := parseFlags(fs, args, 1, "credentials set PROVIDER  (the API key on stdin)")
+	pos, err := parseFlags(e.newFlags("credentials set"), args, 1, "credentials set PROVIDER  (the API key on stdin)")
 	if err != nil {
 		return err
 	}
@@ -288,32 +258,19 @@ func (e cliEnv) credentialsSet(args []string) error {
 		d.Direct[p.id] = vaultKey{APIKey: key}
 		return nil
 	})
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(e.stdout, "stored the direct credential for %s in the vault\n", p.id)
-	return nil
+	return e.said(err, "stored the direct credential for %s in the vault\n", p.id)
 }
 
 func (e cliEnv) journalCheck(args []string) error {
-	fs := e.newFlags("journal check")
-	if _, err := parseFlags(fs, args, 0, "journal check"); err != nil {
+	if _, err := parseFlags(e.newFlags("journal check"), args, 0, "journal check"); err != nil {
 		return err
 	}
 	j := newJournal(resolveState(e.getenv), e.sys())
 	ok, err := checkJournal(j, e.stdout)
-	if err != nil {
-		return err
+	if err == nil && !ok {
+		err = errRefused
 	}
-	if !ok {
-		return errRefused
-	}
-	return nil
-}
-
-// answersCmd runs `brama answers verify|prune` (SPEC §12 items 6 and 7).
-func (e cliEnv) answersCmd(args []string) error {
-	return e.sub("answers", args, map[string]func([]string) error{"verify": e.answersVerify, "prune": e.answersPrune})
+	return err
 }
 
 // answersVerify prints ok when a kept answer file (or, with -signature, a
@@ -328,11 +285,7 @@ func (e cliEnv) answersVerify(args []string) error {
 	if *sig != "" && !isAnswerSignature(strings.ToLower(*sig)) {
 		return &usageError{"-signature must be v1= followed by 64 hex digits"}
 	}
-	if err := verifyAnswerFile(resolveState(e.getenv), pos[0], strings.ToLower(*sig)); err != nil {
-		return err
-	}
-	fmt.Fprintln(e.stdout, "ok")
-	return nil
+	return e.said(verifyAnswerFile(resolveState(e.getenv), pos[0], strings.ToLower(*sig)), "ok\n")
 }
 
 // answersPrune removes complete kept answers older than -older-than.

@@ -20,12 +20,10 @@ import (
 	"time"
 )
 
-// cli_gateway.go is the half of the CLI that calls the daemon (SPEC §2.3,
-// §16.1): subGateway, the admin API client, and the commands that use it,
-// `brama subscription …` and `brama maintain`. Each takes -gateway URL and
-// the bearer from BRAMA_TOKEN, else stdin's first line. cli.go holds the
-// commands that work on the state directory in-process; the two are one
-// CLI split only to keep each file under 650 lines.
+// The CLI commands that call the daemon (SPEC §2.3, §16.1): `brama
+// subscription …` (the serving process is the only writer of the overlay
+// and the vault's subscriptions) and `brama maintain`. Each takes -gateway
+// URL and the bearer from BRAMA_TOKEN, else stdin's first line.
 
 // subGateway is one command's connection to the daemon's admin API.
 type subGateway struct {
@@ -35,9 +33,24 @@ type subGateway struct {
 	hc    *http.Client
 }
 
-// gatewayFlag declares -gateway on fs.
-func gatewayFlag(fs *flag.FlagSet) *string {
-	return fs.String("gateway", "http://127.0.0.1:8080", "the brama serve `URL` to call")
+// gatewayFlags declares -gateway on fs, parses args and refuses a line
+// that left a required flag empty, naming every one.
+func gatewayFlags(fs *flag.FlagSet, args []string, positionals int, usage string, required ...string) ([]string, string, error) {
+	gw := fs.String("gateway", "http://127.0.0.1:8080", "the brama serve `URL` to call")
+	pos, err := parseFlags(fs, args, positionals, usage)
+	if err != nil {
+		return nil, "", err
+	}
+	var errs []error
+	for _, name := range required {
+		if strings.TrimSpace(fs.Lookup(name).Value.String()) == "" {
+			errs = append(errs, fmt.Errorf("-%s is required; usage: brama %s", name, usage))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, "", &usageError{err.Error()}
+	}
+	return pos, *gw, nil
 }
 
 // subscriptionGateway checks the gateway URL and takes the bearer from
@@ -60,26 +73,12 @@ func (e cliEnv) subscriptionGateway(raw string, in *bufio.Reader) (*subGateway, 
 	return &subGateway{ctx: e.ctx, base: strings.TrimRight(u.String(), "/"), token: tok, hc: &http.Client{}}, nil
 }
 
-// gatewayError is a refusal from the daemon: its envelope's code and message.
-type gatewayError struct {
-	Status  int
-	Code    string
-	Message string
-}
-
-func (e *gatewayError) Error() string {
-	return fmt.Sprintf("the gateway refused (%d %s): %s", e.Status, e.Code, e.Message)
-}
-
 // call sends one admin request with body (nil for none) and returns the raw
-// success body; a non-2xx answer is a *gatewayError.
+// success body; a non-2xx answer is an error quoting the envelope.
 func (g *subGateway) call(method, path string, body any) ([]byte, error) {
 	var rd io.Reader
 	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			return nil, err
-		}
+		b, _ := json.Marshal(body) // a donation, credentialBody or map of strings cannot fail
 		rd = bytes.NewReader(b)
 	}
 	req, err := http.NewRequestWithContext(g.ctx, method, g.base+path, rd)
@@ -104,9 +103,9 @@ func (g *subGateway) call(method, path string, body any) ([]byte, error) {
 	}
 	var env envelope
 	if json.Unmarshal(b, &env) != nil || env.Error.Code == "" {
-		return nil, &gatewayError{Status: resp.StatusCode, Code: "unknown", Message: "the answer is not a Brama error envelope"}
+		env.Error.Code, env.Error.Message = "unknown", "the answer is not a Brama error envelope"
 	}
-	return nil, &gatewayError{Status: resp.StatusCode, Code: env.Error.Code, Message: env.Error.Message}
+	return nil, fmt.Errorf("the gateway refused (%d %s): %s", resp.StatusCode, env.Error.Code, env.Error.Message)
 }
 
 // subscriptionPath is the admin path for agent, and for a subscription id
@@ -119,58 +118,21 @@ func subscriptionPath(agent string, rest ...string) string {
 	return p
 }
 
-// ---- `brama subscription …` (SPEC §2.3, §10.1, §16.1): every command is an
-// HTTP client of the admin API, since the serving process is the only
-// writer of the overlay and the vault's subscriptions section. Each takes
-// -gateway and the bearer from BRAMA_TOKEN, else stdin's first line.
-
-// subscriptionCmd dispatches `brama subscription SUBCOMMAND`.
-func (e cliEnv) subscriptionCmd(args []string) error {
-	return e.sub("subscription", args, map[string]func([]string) error{
-		"add": e.subscriptionAdd, "list": e.subscriptionList, "retire": e.subscriptionRetire,
-		"reinstate": e.subscriptionReinstate, "import": e.subscriptionImport,
-		"sign-in": e.subscriptionSignIn,
-	})
-}
-
-// requireFlag refuses a command line that left a required flag empty.
-func requireFlag(name, v, usage string) error {
-	if strings.TrimSpace(v) == "" {
-		return &usageError{fmt.Sprintf("-%s is required; usage: brama %s", name, usage)}
-	}
-	return nil
-}
-
-// requireFlags is requireFlag over name, value pairs, every miss reported.
-func requireFlags(usage string, nameValues ...string) error {
-	var errs []error
-	for i := 0; i+1 < len(nameValues); i += 2 {
-		errs = append(errs, requireFlag(nameValues[i], nameValues[i+1], usage))
-	}
-	if err := errors.Join(errs...); err != nil {
-		return &usageError{err.Error()}
-	}
-	return nil
-}
-
 // subscriptionAdd is `brama subscription add`: an API key from stdin (after
 // the bearer) or an OAuth grant from -oauth-file, donated to -agent.
 func (e cliEnv) subscriptionAdd(args []string) error {
 	const usage = "subscription add -provider P -agent A [-label L] [-oauth-file F] [-gateway URL]  (bearer unless BRAMA_TOKEN, then the API key, on stdin)"
 	fs := e.newFlags("subscription add")
-	gw := gatewayFlag(fs)
 	provider := fs.String("provider", "", "the `provider` of the subscription (claude-code, codex, kimi, openai, …)")
 	agent := fs.String("agent", "", "the `agent` that receives it")
 	label := fs.String("label", "", "an optional `label` (printable, at most 128 bytes)")
 	oauthFile := fs.String("oauth-file", "", "read an OAuth grant {\"access_token\",\"refresh_token\",\"expires_at_ms\",…} from `file` instead of an API key on stdin")
-	if _, err := parseFlags(fs, args, 0, usage); err != nil {
-		return err
-	}
-	if err := requireFlags(usage, "provider", *provider, "agent", *agent); err != nil {
+	_, gw, err := gatewayFlags(fs, args, 0, usage, "provider", "agent")
+	if err != nil {
 		return err
 	}
 	in := bufio.NewReader(e.stdin)
-	g, err := e.subscriptionGateway(*gw, in)
+	g, err := e.subscriptionGateway(gw, in)
 	if err != nil {
 		return err
 	}
@@ -194,8 +156,7 @@ func (e cliEnv) subscriptionAdd(args []string) error {
 }
 
 // subscriptionDonate posts body for agent (query "?via=sign-in" marks a
-// sign-in's donation) and reports the new id: a sentence on stderr and the
-// id alone on stdout, for scripts.
+// sign-in's) and prints the new id alone on stdout, for scripts.
 func (e cliEnv) subscriptionDonate(g *subGateway, agent, query string, body donation) error {
 	b, err := g.call("POST", subscriptionPath(agent)+query, body)
 	if err != nil {
@@ -221,40 +182,42 @@ func (e cliEnv) subscriptionDonate(g *subGateway, agent, query string, body dona
 func (e cliEnv) subscriptionList(args []string) error {
 	const usage = "subscription list -agent A [-json] [-gateway URL]"
 	fs := e.newFlags("subscription list")
-	gw := gatewayFlag(fs)
 	agent := fs.String("agent", "", "the `agent` whose subscriptions to list")
 	asJSON := fs.Bool("json", false, "print the body of GET /v1/subscriptions/{agent_id}")
-	if _, err := parseFlags(fs, args, 0, usage); err != nil {
+	_, gw, err := gatewayFlags(fs, args, 0, usage, "agent")
+	if err != nil {
 		return err
 	}
-	if err := requireFlag("agent", *agent, usage); err != nil {
-		return err
-	}
-	g, err := e.subscriptionGateway(*gw, bufio.NewReader(e.stdin))
+	g, err := e.subscriptionGateway(gw, bufio.NewReader(e.stdin))
 	if err != nil {
 		return err
 	}
 	b, err := g.call("GET", subscriptionPath(*agent), nil)
+	if err != nil || *asJSON {
+		e.stdout.Write(b)
+		return err
+	}
+	rows, err := parseListing(b)
 	if err != nil {
 		return err
 	}
-	if *asJSON {
-		e.stdout.Write(b)
-		return nil
-	}
+	e.printSubscriptions(rows)
+	return nil
+}
+
+// parseListing reads the rows of GET …/subscriptions/{agent_id}.
+func parseListing(b []byte) ([]subscriptionRow, error) {
 	var body struct {
 		Subscriptions []subscriptionRow `json:"subscriptions"`
 	}
 	if err := json.Unmarshal(b, &body); err != nil {
-		return fmt.Errorf("the gateway's listing is not JSON: %w", err)
+		return nil, fmt.Errorf("the gateway's listing is not JSON: %w", err)
 	}
-	e.printSubscriptions(body.Subscriptions)
-	return nil
+	return body.Subscriptions, nil
 }
 
 // printSubscriptions prints one aligned row per subscription (SPEC §16.1)
-// and a count. USED is the fullest window's share; CREDENTIAL the ledger's
-// state (disabled for a retired one).
+// and a count; USED is the fullest window's share.
 func (e cliEnv) printSubscriptions(rows []subscriptionRow) {
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tPROVIDER\tSTATUS\tCREDENTIAL\tUSED\tLABEL")
@@ -270,9 +233,9 @@ func (e cliEnv) printSubscriptions(rows []subscriptionRow) {
 				top = max(top, w.UsedFraction)
 			}
 			used = fmt.Sprintf("%.0f%%", top*100)
-		}
-		if used != "-" && r.Stale {
-			used += " (stale)"
+			if r.Stale {
+				used += " (stale)"
+			}
 		}
 		if r.Status == "retired" {
 			retired++
@@ -283,40 +246,23 @@ func (e cliEnv) printSubscriptions(rows []subscriptionRow) {
 	fmt.Fprintf(e.stdout, "%d subscription(s), %d retired\n", len(rows), retired)
 }
 
-// subscriptionRetire and subscriptionReinstate journal a subscription out of
-// or back into service through the daemon; reinstate needs a reason.
-func (e cliEnv) subscriptionRetire(args []string) error {
-	return e.subscriptionStatus("retire", args)
-}
-func (e cliEnv) subscriptionReinstate(args []string) error {
-	return e.subscriptionStatus("reinstate", args)
-}
-
 // subscriptionStatus is `brama subscription retire|reinstate … ID`: DELETE
 // …/{id}[?reason=R], or POST …/{id}/reinstate {"reason":R}.
 func (e cliEnv) subscriptionStatus(kind string, args []string) error {
 	usage := "subscription retire -agent A [-reason R] [-gateway URL] ID"
-	why := "why (journaled; default \"retired by <client id>\")"
+	why, required := "why (journaled; default \"retired by <client id>\")", []string{"agent"}
 	if kind == "reinstate" {
-		usage, why = "subscription reinstate -agent A -reason R [-gateway URL] ID", "why (required; journaled)"
+		usage = "subscription reinstate -agent A -reason R [-gateway URL] ID"
+		why, required = "why (required; journaled)", []string{"agent", "reason"}
 	}
 	fs := e.newFlags("subscription " + kind)
-	gw := gatewayFlag(fs)
 	agent := fs.String("agent", "", "the `agent` that owns the subscription")
 	reason := fs.String("reason", "", why)
-	pos, err := parseFlags(fs, args, 1, usage)
+	pos, gw, err := gatewayFlags(fs, args, 1, usage, required...)
 	if err != nil {
 		return err
 	}
-	if kind == "reinstate" {
-		err = requireFlags(usage, "agent", *agent, "reason", *reason)
-	} else {
-		err = requireFlag("agent", *agent, usage)
-	}
-	if err != nil {
-		return err
-	}
-	g, err := e.subscriptionGateway(*gw, bufio.NewReader(e.stdin))
+	g, err := e.subscriptionGateway(gw, bufio.NewReader(e.stdin))
 	if err != nil {
 		return err
 	}
@@ -327,16 +273,11 @@ func (e cliEnv) subscriptionStatus(kind string, args []string) error {
 	} else {
 		_, err = g.call("DELETE", path, nil)
 	}
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(e.stdout, "%sd %s\n", kind, pos[0])
-	return nil
+	return e.said(err, "%sd %s\n", kind, pos[0])
 }
 
-// importHandover is what `subscription import` prints (and README repeats):
-// the source tool and Brama now share one grant, and OAuth refresh rotates
-// the refresh token, so whichever refreshes second is locked out.
+// importHandover is what `subscription import` prints (README repeats it):
+// a refresh rotates the shared grant, locking out whichever refreshes second.
 const importHandover = "%s and Brama now share one grant: after Brama's first refresh, %s will need to sign in again; and if %s refreshes first, Brama's copy stops working until `brama subscription sign-in` replaces it.\n"
 
 // importTool names the tool whose credential file import reads.
@@ -347,15 +288,12 @@ var importTool = map[string]string{"claude-code": "Claude Code", "codex": "the C
 func (e cliEnv) subscriptionImport(args []string) error {
 	const usage = "subscription import -provider claude-code|codex -from FILE -agent A [-label L] [-gateway URL]"
 	fs := e.newFlags("subscription import")
-	gw := gatewayFlag(fs)
 	provider := fs.String("provider", "", "claude-code or codex")
 	from := fs.String("from", "", "the tool's credential `file` (~/.claude/.credentials.json, ~/.codex/auth.json)")
 	agent := fs.String("agent", "", "the `agent` that receives the grant")
 	label := fs.String("label", "", "an optional `label`")
-	if _, err := parseFlags(fs, args, 0, usage); err != nil {
-		return err
-	}
-	if err := requireFlags(usage, "provider", *provider, "from", *from, "agent", *agent); err != nil {
+	_, gw, err := gatewayFlags(fs, args, 0, usage, "provider", "from", "agent")
+	if err != nil {
 		return err
 	}
 	tool, ok := importTool[*provider]
@@ -370,7 +308,7 @@ func (e cliEnv) subscriptionImport(args []string) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", *from, err)
 	}
-	g, err := e.subscriptionGateway(*gw, bufio.NewReader(e.stdin))
+	g, err := e.subscriptionGateway(gw, bufio.NewReader(e.stdin))
 	if err != nil {
 		return err
 	}
@@ -385,11 +323,8 @@ func (e cliEnv) subscriptionImport(args []string) error {
 var errImportFile = errors.New("not a usable credential file")
 
 // parseImportFile reads the grant from the file claude-code or codex keeps
-// (SPEC §10.1): claudeAiOauth.{accessToken,refreshToken,expiresAt} or
-// tokens.{access_token,refresh_token,id_token,account_id}. The files hold
-// other members of their tools' own, so unknown members are ignored.
-// fillGrant supplies what the file lacks from the tokens' JWT claims (SPEC
-// §6.2). Errors wrap errImportFile and never quote a token.
+// (SPEC §10.1), ignoring their tools' other members; fillGrant adds what the
+// JWT claims say (SPEC §6.2). Errors wrap errImportFile, never quote a token.
 func parseImportFile(provider string, b []byte) (oauthGrant, error) {
 	var g oauthGrant
 	var err error
@@ -450,20 +385,17 @@ func jsonProblem(err error) string {
 	return "not JSON"
 }
 
-// ---- end of `brama subscription …`
-
-// maintainCmd is `brama maintain [-gateway URL] [-json]`: it asks the daemon
-// for one pass (SPEC §11.2, §16.1), prints a summary (or the body with
-// -json), and exits 0 only when the pass was ok.
+// maintainCmd is `brama maintain`: one pass by the daemon (SPEC §11.2),
+// its summary printed; it exits 0 only when the pass was ok.
 func (e cliEnv) maintainCmd(args []string) error {
 	const usage = "maintain [-gateway URL] [-json]  (bearer from BRAMA_TOKEN, else stdin's first line)"
 	fs := e.newFlags("maintain")
-	gw := gatewayFlag(fs)
 	asJSON := fs.Bool("json", false, "print the body of POST /v1/admin/maintain")
-	if _, err := parseFlags(fs, args, 0, usage); err != nil {
+	_, gw, err := gatewayFlags(fs, args, 0, usage)
+	if err != nil {
 		return err
 	}
-	g, err := e.subscriptionGateway(*gw, bufio.NewReader(e.stdin))
+	g, err := e.subscriptionGateway(gw, bufio.NewReader(e.stdin))
 	if err != nil {
 		return err
 	}
@@ -507,24 +439,18 @@ func (e cliEnv) printPassReport(rep passReport) {
 	fmt.Fprintf(e.stdout, "next due: %s\n", next)
 }
 
-// subscriptionSignIn is `brama subscription sign-in`. It prints the
-// authorize URL on stderr (stdout carries only the subscription id, for
-// scripts), reads the pasted code or redirect URL from stdin (the line
-// after the bearer when BRAMA_TOKEN is unset), exchanges it locally, then
-// hands the grant to the daemon: PUT …/credential with -id, else a new
-// donation. The verifier, the code and the tokens are never printed.
+// subscriptionSignIn is `brama subscription sign-in`: the authorize URL on
+// stderr, the pasted code from stdin, exchanged here, then the grant handed
+// to the daemon; the verifier, the code and the tokens are never printed.
 func (e cliEnv) subscriptionSignIn(args []string) error {
 	const usage = "subscription sign-in -provider claude-code|codex -agent A [-id ID | -label L] [-gateway URL]  (bearer unless BRAMA_TOKEN, then the pasted code, on stdin)"
 	fs := e.newFlags("subscription sign-in")
-	gw := gatewayFlag(fs)
 	provider := fs.String("provider", "", "claude-code or codex")
 	agent := fs.String("agent", "", "the `agent` that owns (or receives) the subscription")
 	id := fs.String("id", "", "replace the credential of this subscription `id` instead of donating a new one")
 	label := fs.String("label", "", "a `label` for a new subscription")
-	if _, err := parseFlags(fs, args, 0, usage); err != nil {
-		return err
-	}
-	if err := requireFlags(usage, "provider", *provider, "agent", *agent); err != nil {
+	_, gw, err := gatewayFlags(fs, args, 0, usage, "provider", "agent")
+	if err != nil {
 		return err
 	}
 	if *id != "" && *label != "" {
@@ -534,7 +460,7 @@ func (e cliEnv) subscriptionSignIn(args []string) error {
 		return &usageError{fmt.Sprintf("-provider %q has no sign-in (claude-code or codex); donate its grant or replace it with PUT …/credential", *provider)}
 	}
 	in := bufio.NewReader(e.stdin)
-	g, err := e.subscriptionGateway(*gw, in)
+	g, err := e.subscriptionGateway(gw, in)
 	if err != nil {
 		return err
 	}
@@ -560,38 +486,33 @@ func (e cliEnv) subscriptionSignIn(args []string) error {
 	if err != nil {
 		return fmt.Errorf("sign-in failed, nothing was stored: %w", err)
 	}
-	if *id != "" {
-		if _, err := g.call("PUT", subscriptionPath(*agent, *id, "credential"), credentialBody{OAuth: &grant}); err != nil {
-			return err
-		}
-		fmt.Fprintf(e.stderr, "brama: signed in; subscription %s of agent %s has a new %s grant\n", *id, *agent, *provider)
-		fmt.Fprintln(e.stdout, *id)
-		return nil
+	if *id == "" {
+		return e.subscriptionDonate(g, *agent, "?via="+signInVia, donation{Provider: *provider, Label: *label, OAuth: &grant})
 	}
-	return e.subscriptionDonate(g, *agent, "?via="+signInVia, donation{Provider: *provider, Label: *label, OAuth: &grant})
+	if _, err = g.call("PUT", subscriptionPath(*agent, *id, "credential"), credentialBody{OAuth: &grant}); err == nil {
+		fmt.Fprintf(e.stderr, "brama: signed in; subscription %s of agent %s has a new %s grant\n", *id, *agent, *provider)
+	}
+	return e.said(err, "%s\n", *id)
 }
 
-// checkSignInTarget lists agent's subscriptions: it proves the gateway is
-// reachable and the bearer is an admin's, and with id that agent owns a
-// subscription id of provider that is not retired.
+// checkSignInTarget proves the gateway and an admin bearer work, and that
+// agent owns id (when set), a live subscription of provider.
 func (g *subGateway) checkSignInTarget(agent, id, provider string) error {
 	b, err := g.call("GET", subscriptionPath(agent), nil)
 	if err != nil || id == "" {
 		return err
 	}
-	var body struct {
-		Subscriptions []subscriptionRow `json:"subscriptions"`
+	rows, err := parseListing(b)
+	if err != nil {
+		return err
 	}
-	if err := json.Unmarshal(b, &body); err != nil {
-		return fmt.Errorf("the gateway's listing is not JSON: %w", err)
-	}
-	i := slices.IndexFunc(body.Subscriptions, func(r subscriptionRow) bool { return r.ID == id })
+	i := slices.IndexFunc(rows, func(r subscriptionRow) bool { return r.ID == id })
 	switch {
 	case i < 0:
 		return fmt.Errorf("agent %q has no subscription %q; nothing to sign in", agent, id)
-	case body.Subscriptions[i].Provider != provider:
-		return fmt.Errorf("subscription %s is a %s subscription, not %s", id, body.Subscriptions[i].Provider, provider)
-	case body.Subscriptions[i].Status == "retired":
+	case rows[i].Provider != provider:
+		return fmt.Errorf("subscription %s is a %s subscription, not %s", id, rows[i].Provider, provider)
+	case rows[i].Status == "retired":
 		return fmt.Errorf("subscription %s is retired; reinstate it before signing in", id)
 	}
 	return nil

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // codeInfo is what a stable error code fixes: the HTTP status, the type and
@@ -52,19 +53,15 @@ const maxMessageBytes = 2048
 // retryable follow from Code; Attempts is set exactly when the request
 // reached dispatch; Details only on alias refusals.
 type apiError struct {
-	Code      string
-	Message   string // client-safe: no secrets, no prompts, no raw provider bodies
-	Attempts  *int   // nil: refused before dispatch, so no "attempts" key
-	Details   *aliasDetails
-	Retryable *bool // nil: from the code table; set only for SPEC §12's in-progress 409
-	// ProviderStatus is provider_rejected's HTTP status: the provider's own
-	// 400, 404, 413 or 422 (SPEC §8.2). 0 everywhere else.
-	ProviderStatus int
-	// RetryAfter is a retryable refusal's known wait, sent as Retry-After
-	// (SPEC §8.1): the provider's own, or a block's end. 0: unknown.
-	RetryAfter time.Duration
-	Err        error // cause: logged, never sent
-	status     int   // 0: from the code table; set only by withStatus
+	Code           string
+	Message        string // client-safe: no secrets, no prompts, no raw provider bodies
+	Attempts       *int   // nil: refused before dispatch, so no "attempts" key
+	Details        *aliasDetails
+	Retryable      *bool         // nil: from the code table; set only for SPEC §12's in-progress 409
+	ProviderStatus int           // provider_rejected's: the provider's own 4xx (SPEC §8.2); else 0
+	RetryAfter     time.Duration // a retryable refusal's known wait, sent as Retry-After (SPEC §8.1)
+	Err            error         // cause: logged, never sent
+	status         int           // 0: from the code table; set only by withStatus
 }
 
 // aliasDetails is the "details" member of alias refusals (SPEC §5.2).
@@ -124,11 +121,14 @@ func (e *apiError) because(err error) *apiError {
 	return e
 }
 
-// envelope is the wire shape of SPEC §8.1, members in the documented order.
+// envelope is the wire shape of SPEC §8.1, members in the documented order;
+// Type is "error" on the messages dialect, whose clients expect it.
 type envelope struct {
+	Type  string       `json:"type,omitempty"`
 	Error envelopeBody `json:"error"`
 }
 
+// envelopeBody is the "error" member of an envelope.
 type envelopeBody struct {
 	Message   string        `json:"message"`
 	Type      string        `json:"type"`
@@ -151,8 +151,7 @@ func (e *apiError) body() envelope {
 }
 
 // asAPIError classifies any error: an apiError as itself, a missing state
-// directory or an unusable journal as dependency_unavailable naming the
-// cause, everything else as internal_error with a message that leaks nothing.
+// directory as dependency_unavailable, anything else as internal_error.
 func asAPIError(err error) *apiError {
 	var ae *apiError
 	if errors.As(err, &ae) {
@@ -176,45 +175,24 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Write(append(b, '\n'))
 }
 
-// messagesEnvelope is the envelope on the messages dialect: Anthropic's
-// clients expect a top-level "type":"error" beside "error" (SPEC §8.1).
-type messagesEnvelope struct {
-	Type  string       `json:"type"`
-	Error envelopeBody `json:"error"`
-}
-
-// messagesPath reports whether path is one of the messages dialect's
-// (/v1/messages, /v1/messages/count_tokens).
-func messagesPath(path string) bool {
-	return path == "/v1/messages" || strings.HasPrefix(path, "/v1/messages/")
-}
-
-// writeAPIError writes err in the envelope for request r. Every error
-// response says x-should-retry, equal to retryable; a retryable one whose
-// wait is known says Retry-After in whole seconds (SPEC §8.1);
-// Brama-Attempts follows the attempts key (SPEC §7.4).
+// writeAPIError writes err in the envelope for r, with x-should-retry and
+// Retry-After (SPEC §8.1) and Brama-Attempts (SPEC §7.4).
 func writeAPIError(w http.ResponseWriter, r *http.Request, err error) *apiError {
 	ae := asAPIError(err)
 	h := w.Header()
 	if ae.Attempts != nil {
-		h.Set("Brama-Attempts", fmt.Sprint(*ae.Attempts))
+		h.Set("Brama-Attempts", strconv.Itoa(*ae.Attempts))
 	}
 	h.Set("X-Should-Retry", strconv.FormatBool(ae.retryable()))
-	if ae.retryable() && ae.RetryAfter > 0 {
-		h.Set("Retry-After", retryAfterSeconds(ae.RetryAfter))
+	if ae.retryable() && ae.RetryAfter > 0 { // rounded up: never back early (RFC 9110 §10.2.3)
+		h.Set("Retry-After", strconv.FormatInt(int64((ae.RetryAfter+time.Second-1)/time.Second), 10))
 	}
-	if r != nil && messagesPath(r.URL.Path) {
-		writeJSON(w, ae.Status(), messagesEnvelope{Type: "error", Error: ae.body().Error})
-		return ae
+	env := ae.body()
+	if r != nil && (r.URL.Path == "/v1/messages" || strings.HasPrefix(r.URL.Path, "/v1/messages/")) {
+		env.Type = "error"
 	}
-	writeJSON(w, ae.Status(), ae.body())
+	writeJSON(w, ae.Status(), env)
 	return ae
-}
-
-// retryAfterSeconds is a wait as Retry-After's delay-seconds, rounded up
-// so a caller never comes back early (RFC 9110 §10.2.3).
-func retryAfterSeconds(d time.Duration) string {
-	return strconv.FormatInt(int64(max((d+time.Second-1)/time.Second, 1)), 10)
 }
 
 // truncateUTF8 cuts s to at most n bytes without splitting a rune.
@@ -222,13 +200,11 @@ func truncateUTF8(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
-	for n > 0 && !isRuneStart(s[n]) {
+	for n > 0 && !utf8.RuneStart(s[n]) {
 		n--
 	}
 	return s[:n]
 }
-
-func isRuneStart(b byte) bool { return b&0xC0 != 0x80 }
 
 // secretShaped matches API-key-shaped tokens (sk-…, sk-ant-…, brama_…) that
 // must never be quoted back (SPEC §8.1).

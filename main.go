@@ -34,6 +34,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -67,66 +68,67 @@ type usageError struct{ msg string }
 
 func (e *usageError) Error() string { return e.msg }
 
-// errRefused marks a refusal already explained on stdout or stderr (exit 1,
-// nothing more printed).
+// errRefused marks a refusal already explained (exit 1, nothing printed).
 var errRefused = errors.New("refused")
 
 // exitCode prints err and maps it to SPEC §16.1's exit codes.
 func exitCode(err error, stderr io.Writer) int {
-	var ue *usageError
 	switch {
 	case err == nil, errors.Is(err, flag.ErrHelp):
 		return 0
 	case errors.Is(err, errRefused):
 		return 1
-	case errors.As(err, &ue):
-		fmt.Fprintf(stderr, "brama: %v\n", err)
-		return 2
-	default:
-		fmt.Fprintf(stderr, "brama: %v\n", err)
-		return 1
 	}
+	fmt.Fprintf(stderr, "brama: %v\n", err)
+	if errors.As(err, new(*usageError)) {
+		return 2
+	}
+	return 1
 }
+
+// runUsage is run's usage line.
+const runUsage = "usage: brama serve|version|routes|clients|agents|credentials|subscription|onboard|journal|maintain|answers ... (-h on each)"
 
 // run is the whole program: it dispatches one subcommand and returns only
 // after every goroutine it started has exited.
 func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return &usageError{"usage: brama serve|version|routes|clients|agents|credentials|subscription|onboard|journal|maintain|answers ... (-h on each)"}
+		return &usageError{runUsage}
 	}
-	env := cliEnv{ctx: ctx, getenv: getenv, stdin: stdin, stdout: stdout, stderr: stderr}
+	e := cliEnv{ctx: ctx, getenv: getenv, stdin: stdin, stdout: stdout, stderr: stderr}
 	cmd, rest := args[0], args[1:]
+	subs := map[string]map[string]func([]string) error{
+		"routes":      {"list": e.routesList, "set": e.routesSet, "rm": e.routesRm, "migrate": e.routesMigrate},
+		"clients":     {"add": e.clientsAdd, "rm": e.clientsRm},
+		"agents":      {"add": e.agentsAdd, "rm": e.agentsRm},
+		"credentials": {"set": e.credentialsSet},
+		"journal":     {"check": e.journalCheck},
+		"answers":     {"verify": e.answersVerify, "prune": e.answersPrune},
+		"subscription": {
+			"add": e.subscriptionAdd, "list": e.subscriptionList, "import": e.subscriptionImport,
+			"retire":    func(args []string) error { return e.subscriptionStatus("retire", args) },
+			"reinstate": func(args []string) error { return e.subscriptionStatus("reinstate", args) },
+			"sign-in":   e.subscriptionSignIn,
+		},
+	}
 	switch cmd {
 	case "serve":
-		return serve(ctx, rest, env)
+		return serve(ctx, rest, e)
 	case "version":
 		fmt.Fprintf(stdout, "brama %s\n", version)
 		return nil
-	case "routes":
-		return env.sub("routes", rest, map[string]func([]string) error{
-			"list": env.routesList, "set": env.routesSet, "rm": env.routesRm, "migrate": env.routesMigrate,
-		})
-	case "clients":
-		return env.sub("clients", rest, map[string]func([]string) error{"add": env.clientsAdd, "rm": env.clientsRm})
-	case "agents":
-		return env.sub("agents", rest, map[string]func([]string) error{"add": env.agentsAdd, "rm": env.agentsRm})
-	case "credentials":
-		return env.sub("credentials", rest, map[string]func([]string) error{"set": env.credentialsSet})
-	case "subscription":
-		return env.subscriptionCmd(rest)
 	case "onboard":
-		return env.onboardCmd(rest)
-	case "journal":
-		return env.sub("journal", rest, map[string]func([]string) error{"check": env.journalCheck})
+		return e.onboardCmd(rest)
 	case "maintain":
-		return env.maintainCmd(rest)
-	case "answers":
-		return env.answersCmd(rest)
+		return e.maintainCmd(rest)
 	case "-h", "-help", "--help", "help":
-		fmt.Fprintln(stdout, "usage: brama serve|version|routes|clients|agents|credentials|subscription|onboard|journal|maintain|answers ... (-h on each)")
+		fmt.Fprintln(stdout, runUsage)
 		return nil
 	}
-	return &usageError{fmt.Sprintf("unknown command %q", cmd)}
+	if subs[cmd] == nil {
+		return &usageError{fmt.Sprintf("unknown command %q", cmd)}
+	}
+	return e.sub(cmd, rest, subs[cmd])
 }
 
 // cliEnv is what every command reads and writes besides its arguments.
@@ -159,18 +161,15 @@ func (e cliEnv) newFlags(name string) *flag.FlagSet {
 func parseFlags(fs *flag.FlagSet, args []string, positionals int, usage string) ([]string, error) {
 	var pos []string
 	for {
-		if err := fs.Parse(args); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return nil, err
-			}
+		if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
+			return nil, err
+		} else if err != nil {
 			return nil, &usageError{err.Error()}
 		}
-		args = fs.Args()
-		if len(args) == 0 {
+		if fs.NArg() == 0 {
 			break
 		}
-		pos = append(pos, args[0])
-		args = args[1:]
+		pos, args = append(pos, fs.Arg(0)), fs.Args()[1:]
 	}
 	if len(pos) != positionals {
 		return nil, &usageError{"usage: brama " + usage}
@@ -178,12 +177,10 @@ func parseFlags(fs *flag.FlagSet, args []string, positionals int, usage string) 
 	return pos, nil
 }
 
-// testingOnlyNow replaces the serving process's clock in tests (nil in
-// production: time.Now).
+// testingOnlyNow replaces the serving process's clock in tests.
 var testingOnlyNow func() time.Time
 
-// testingOnlyKeepAlive shortens the stream keep-alive interval in tests
-// (zero in production: keepAliveEvery).
+// testingOnlyKeepAlive shortens the stream keep-alive interval in tests.
 var testingOnlyKeepAlive time.Duration
 
 // deps are the state-backed parts every command and the server share.
@@ -195,19 +192,15 @@ type deps struct {
 	reg     *registry
 }
 
-// openDeps resolves every state file path (SPEC §2.1, §2.2). Nothing is
-// read yet; a missing state directory shows up as each consumer's refusal.
+// openDeps resolves every state file path (SPEC §2.1, §2.2); nothing is
+// read yet.
 func openDeps(getenv func(string) string, sy sys) deps {
 	st := resolveState(getenv)
-	d := deps{st: st}
 	cpath, cerr := st.fileOrState(getenv, "BRAMA_CLIENTS_FILE", "clients file", "clients.json")
-	d.clients = newClientStore(cpath, cerr)
 	vpath, verr := st.fileOrState(getenv, "BRAMA_VAULT_FILE", "vault", "vault.json")
-	d.vault = newVault(vpath, verr)
-	d.journal = newJournal(st, sy)
 	rpath, rerr := registryPath(st, getenv)
-	d.reg = newRegistry(rpath, rerr, d.journal, sy.log)
-	return d
+	j := newJournal(st, sy)
+	return deps{st, newClientStore(cpath, cerr), newVault(vpath, verr), j, newRegistry(rpath, rerr, j, sy.log)}
 }
 
 // newLogger makes the JSON slog logger at BRAMA_LOG_LEVEL.
@@ -227,16 +220,15 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 	if _, err := parseFlags(fs, args, 0, "serve [-addr ADDR] [-local-credentials-stdin]"); err != nil {
 		return err
 	}
-	log := newLogger(e.stderr, e.getenv("BRAMA_LOG_LEVEL"))
-	now := time.Now
+	sy := e.sys()
 	if testingOnlyNow != nil {
-		now = testingOnlyNow
+		sy.now = testingOnlyNow
 	}
+	log, now := sy.log, sy.now
 	maxBody, err := maxRequestBytes(e.getenv("BRAMA_MAX_REQUEST_BYTES"))
 	if err != nil {
 		return err
 	}
-	sy := sys{log: log, now: now}
 	d := openDeps(e.getenv, sy)
 	lock, err := lockServe(d.st)
 	if err != nil {
@@ -255,18 +247,17 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 	if err != nil {
 		return err
 	}
+	client := newProviderClient()
 	s := &server{
-		log: log, getenv: e.getenv, st: d.st, now: now,
-		clients: d.clients, vault: d.vault, journal: d.journal, reg: d.reg, guard: guard,
+		log: log, getenv: e.getenv, st: d.st, now: now, clients: d.clients, vault: d.vault, journal: d.journal,
+		reg: d.reg, guard: guard, maxBody: maxBody, client: client, keepAlive: testingOnlyKeepAlive,
+		agents:  newAgentVerifier(d.vault.agentSecret, now),
+		catalog: newCatalog(d.st, e.getenv, client, log, now),
+		perf:    newPerfRegistry(d.st, sy),
+		answers: newAnswerStore(d.st, log, now),
+		replay:  newReplayGuard(e.getenv, log, now),
+		ledger:  newLedger(d.st, log, now),
 	}
-	s.agents = newAgentVerifier(s.vault.agentSecret, s.now)
-	s.maxBody = maxBody
-	s.client = newProviderClient()
-	s.catalog = newCatalog(d.st, e.getenv, s.client, log, s.now)
-	s.perf = newPerfRegistry(d.st, sy)
-	s.answers = newAnswerStore(d.st, log, s.now)
-	s.replay = newReplayGuard(e.getenv, log, s.now)
-	s.ledger = newLedger(d.st, log, s.now)
 	defer s.ledger.flush()
 	s.inv = newInventory(d.st, s.vault, s.journal, s.ledger, e.getenv, sy)
 	if ids, err := s.inv.removeOrphans(); err != nil {
@@ -274,10 +265,9 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 	} else if len(ids) > 0 {
 		log.Info("vault_orphans_removed", "count", len(ids), "subscription_ids", strings.Join(ids, ","))
 	}
-	s.oauth = newOAuth(e.getenv, s.client, s.vault, s.ledger, log, s.now)
+	s.oauth = newOAuth(e.getenv, client, s.vault, s.ledger, log, now)
 	defer s.oauth.shutdown()
-	s.maint = newMaintainer(s.inv, s.ledger, s.oauth, s.client, e.getenv, log, s.now)
-	s.keepAlive = testingOnlyKeepAlive
+	s.maint = newMaintainer(s.inv, s.ledger, s.oauth, client, e.getenv, log, now)
 	if *localCreds {
 		if s.localCreds, err = readLocalCredentials(e.stdin); err != nil {
 			return err
@@ -328,25 +318,21 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 	case err = <-serveErr:
 		return err
 	}
-	grace := shutdownGrace
-	if testingOnlyShutdownGrace != 0 {
-		grace = testingOnlyShutdownGrace
-	}
-	shutCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), grace)
+	shutCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cmp.Or(testingOnlyShutdownGrace, shutdownGrace))
 	defer cancel()
 	if err := srv.Shutdown(shutCtx); err != nil {
 		stopRequests(errServerShutdown) // their log lines say server_shutdown
 		srv.Close()
 	}
-	s.inflight.wait()
+	s.inflight.Lock() // every request still being served has written its log line
+	s.inflight.Unlock()
 	return nil
 }
 
 // shutdownGrace is how long in-flight requests may run after SIGTERM.
 const shutdownGrace = 20 * time.Second
 
-// testingOnlyShutdownGrace shortens shutdownGrace in tests (zero in
-// production).
+// testingOnlyShutdownGrace shortens shutdownGrace in tests.
 var testingOnlyShutdownGrace time.Duration
 
 // readLocalCredentials reads `{"provider":"api key",…}` from stdin.
@@ -371,31 +357,25 @@ func readLocalCredentials(r io.Reader) (map[string]string, error) {
 // exists and prints its token once (SPEC §3.1); without a state directory
 // the client lives in this process only (SPEC §2.1).
 func ensureFirstClient(c *clientStore, stderr io.Writer) error {
+	tok := newToken()
+	local := client{ID: "local", TokenSHA256: tokenDigest(tok), Role: roleAdmin}
 	if c.pathErr != nil {
-		tok := newToken()
-		c.memory = &clientsDoc{Clients: []client{{ID: "local", TokenSHA256: tokenDigest(tok), Role: roleAdmin}}}
+		c.memory = &clientsDoc{Clients: []client{local}}
 		fmt.Fprintf(stderr, "brama: created admin client \"local\" for this process only (not kept: %v); bearer token (shown once): %s\n", c.pathErr, tok)
 		return nil
 	}
-	_, err := c.load()
-	if !errors.Is(err, errFileAbsent) {
+	if _, err := c.load(); !errors.Is(err, errFileAbsent) {
 		return err // nil, or a clients file that must be repaired before serving
 	}
-	tok := newToken()
 	created := false
-	err = updateClients(c.path, func(d *clientsDoc) error {
-		if len(d.Clients) > 0 {
-			return nil
+	err := updateClients(c.path, func(d *clientsDoc) error {
+		if created = len(d.Clients) == 0; created {
+			d.Clients = append(d.Clients, local)
 		}
-		d.Clients = append(d.Clients, client{ID: "local", TokenSHA256: tokenDigest(tok), Role: roleAdmin})
-		created = true
 		return nil
 	})
-	if err != nil {
-		return err
-	}
-	if created {
+	if err == nil && created {
 		fmt.Fprintf(stderr, "brama: created admin client \"local\"; bearer token (shown once): %s\n", tok)
 	}
-	return nil
+	return err
 }

@@ -5,32 +5,27 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 )
 
-// `brama onboard` (SPEC §14) walks the first-use journey in this process:
-// state directory usable → a client exists → a route or credential can
-// serve → one real model answer received. It reads the state directly and
-// makes its one model call itself through the dispatcher's own pieces
-// (plan, callProvider), with no daemon and no bearer. The billable step
-// runs only when the operator names a model and allows the cost.
+// `brama onboard` (SPEC §14) walks the first-use journey in this process, no
+// daemon and no bearer: state directory → a client → a route → one real
+// answer, made through the dispatcher's own plan and callProvider.
 
-// Onboarding steps, in journey order, as printed ("done <step>") and kept.
+// Onboarding steps in journey order, as printed ("done <step>") and kept in
+// onboarding.json, the progress file (SPEC §2.2).
 const (
 	stepStateDir = "state-directory"
 	stepClient   = "client"
 	stepRoute    = "route"
 	stepAnswer   = "answer"
+	onboardFile  = "onboarding.json"
+	onboardRole  = "onboarding progress"
 )
 
-// onboardFile is the progress file in the state directory (SPEC §2.2).
-const (
-	onboardFile = "onboarding.json"
-	onboardRole = "onboarding progress"
-)
-
-// onboardProgress is onboarding.json: which steps were done and when (the
-// first time), and the route that answered.
+// onboardProgress is onboarding.json: the steps done, when first done, and
+// the route that answered.
 type onboardProgress struct {
 	SchemaVersion int                    `json:"schema_version"`
 	Steps         map[string]onboardStep `json:"steps"`
@@ -42,23 +37,24 @@ type onboardStep struct {
 	Model  string `json:"model,omitempty"` // route and answer: the model named
 }
 
-// onboard walks the journey for `brama onboard` (cli.go parses its flags):
-// model is the route of the one real call, allowCost allows it, and say
-// prints one line ("done <step>", "next: <command>"). It returns nil when
-// the journey is complete or stopped on purpose before the billable step,
-// errRefused after a "next:" that says what to do. The one provider call
-// has no time limit (SPEC §7.4); ctx (SIGINT, SIGTERM) cancels it.
+// onboard walks the journey: model is the route of the one billable call,
+// made only with allowCost; say prints "done <step>" or "next: <command>",
+// and a "next:" returns errRefused. Only ctx cancels the call (SPEC §7.4).
 func onboard(ctx context.Context, getenv func(string) string, sy sys, model string, allowCost bool, say func(string)) error {
 	d := openDeps(getenv, sy)
 
-	// 1. The state directory: progress can be read and written there.
+	// 1. Progress can be read and written in the state directory.
 	path, err := d.st.path(onboardRole, onboardFile)
 	if err != nil {
 		return err
 	}
-	prog, err := loadOnboarding(path)
+	f := stateFile[*onboardProgress]{role: onboardRole, path: path, parse: parseOnboarding}
+	prog, err := f.fresh() // a file failing the guards is refused, never overwritten
+	if errors.Is(err, errOnboardingInvalid) {
+		err = fmt.Errorf("%w (remove the file to start the journey again)", err)
+	}
 	if err != nil {
-		return err
+		return fmt.Errorf("the state directory is not usable: %w", err)
 	}
 	mark := func(step, model string) error {
 		if _, done := prog.Steps[step]; !done {
@@ -134,30 +130,10 @@ func onboard(ctx context.Context, getenv func(string) string, sy sys, model stri
 	return mark(stepAnswer, c.res.Route)
 }
 
-// loadOnboarding reads the progress file under the state file guards; an
-// absent file is no progress. A file that fails its guards or does not
-// parse is refused, never overwritten.
-func loadOnboarding(path string) (*onboardProgress, error) {
-	f := stateFile[*onboardProgress]{role: onboardRole, path: path, parse: parseOnboarding}
-	prog, err := f.fresh()
-	switch {
-	case errors.Is(err, errOnboardingInvalid):
-		return nil, fmt.Errorf("the state directory is not usable: %w (remove the file to start the journey again)", err)
-	case err != nil:
-		return nil, fmt.Errorf("the state directory is not usable: %w", err)
-	}
-	return prog, nil
-}
-
 // errOnboardingInvalid wraps every refusal of parseOnboarding.
 var errOnboardingInvalid = errors.New("onboarding progress is invalid")
 
-// onboardSteps are the step names a progress file may hold.
-var onboardSteps = map[string]bool{stepStateDir: true, stepClient: true, stepRoute: true, stepAnswer: true}
-
-// parseOnboarding strictly parses onboarding.json (unknown members,
-// duplicate keys, unknown steps and unreadable times are refused); empty
-// input is no progress.
+// parseOnboarding is decodeStrict on onboarding.json; empty is no progress.
 func parseOnboarding(b []byte) (*onboardProgress, error) {
 	prog := &onboardProgress{SchemaVersion: 1, Steps: map[string]onboardStep{}}
 	if len(b) == 0 {
@@ -178,7 +154,7 @@ func (prog *onboardProgress) validate() error {
 		prog.Steps = map[string]onboardStep{}
 	}
 	for name, st := range prog.Steps {
-		if !onboardSteps[name] {
+		if !slices.Contains([]string{stepStateDir, stepClient, stepRoute, stepAnswer}, name) {
 			return fmt.Errorf("unknown step %q", truncateUTF8(name, 64))
 		}
 		if _, err := time.Parse(time.RFC3339Nano, st.DoneAt); err != nil {
@@ -188,11 +164,9 @@ func (prog *onboardProgress) validate() error {
 	return nil
 }
 
-// onboardPlan plans the one call for model exactly as the daemon would
-// (plan: resolution, credential, base URL). A bare deployment name is
-// taken as local-openai/<name>. A subscription route or selector is
-// refused: its ledger belongs to the daemon (SPEC §2.3, §14). next is the
-// command that would fix a missing direct credential.
+// onboardPlan plans the call for model as the daemon would (a bare
+// deployment name as local-openai/<name>), refusing subscription routes and
+// selectors: their ledger is the daemon's (SPEC §2.3, §14).
 func (s *server) onboardPlan(model string) (c call, req chatRequest, next string, err error) {
 	if doc, err := s.reg.current(); err == nil {
 		if _, isAlias := doc.Routes[model]; !isAlias {
@@ -203,19 +177,15 @@ func (s *server) onboardPlan(model string) (c call, req chatRequest, next string
 	}
 	req = pingRequest(model, providerInfo{})
 	c, err = s.plan(&requestInfo{}, &req)
-	subscription := fmt.Errorf("-model %q is paid by an agent's subscription; onboarding calls a direct route, a deployment or an alias to one", model)
 	switch ae := asAPIError(err); {
-	case err == nil && c.res.Mode != modeDirect && c.res.Mode != modeAlias:
-		return call{}, req, "", subscription
-	case err == nil:
+	case err == nil && (c.res.Mode == modeDirect || c.res.Mode == modeAlias):
 		return c, req, "", nil
-	case ae.Code == "unauthenticated": // plan asks for an agent: a subscription route, selector or best
-		return call{}, req, "", subscription
+	case err == nil || ae.Code == "unauthenticated": // plan wants an agent: subscription, selector or best
+		return call{}, req, "", fmt.Errorf("-model %q is paid by an agent's subscription; onboarding calls a direct route, a deployment or an alias to one", model)
 	case ae.Code == "credential_unauthorized":
 		doc, docErr := s.reg.current()
 		res, _ := resolveModel(model, doc, docErr, s.hasDirect, false)
-		return call{}, req, "brama credentials set " + cmp.Or(res.Provider.id, "<provider>"), fmt.Errorf("-model %q cannot serve: %s", model, ae.Message)
-	default:
-		return call{}, req, "", fmt.Errorf("-model %q cannot serve: %s", model, ae.Message)
+		next = "brama credentials set " + cmp.Or(res.Provider.id, "<provider>")
 	}
+	return call{}, req, next, fmt.Errorf("-model %q cannot serve: %s", model, asAPIError(err).Message)
 }

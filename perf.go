@@ -17,6 +17,7 @@ import (
 // perf.json, rewritten at most every 30 s (SPEC §2.2).
 const (
 	perfFile       = "perf.json"
+	perfRole       = "perf telemetry"
 	perfFlushEvery = 30 * time.Second
 )
 
@@ -37,10 +38,8 @@ type perfDocument struct {
 	Routes        map[string]perfEntry `json:"routes"`
 }
 
-// perfRegistry keeps one entry per route ever served, in memory, and writes
-// them to perf.json at most every 30 s. There is no timer: a flush happens
-// only inside record (when due) and flush (at shutdown), so an idle daemon
-// writes nothing.
+// perfRegistry keeps one entry per route ever served, written to perf.json
+// by record (at most every 30 s) and flush: no timer, so idle writes nothing.
 type perfRegistry struct {
 	sys
 	st state
@@ -54,25 +53,24 @@ type perfRegistry struct {
 	file snapshotFile // perf.json, written in snapshot order
 }
 
-// newPerfRegistry starts from perf.json when it exists. A file that fails
-// the §2.2 guards or does not parse is logged and the registry starts empty
-// (the next flush replaces it): telemetry never stops serving.
+// newPerfRegistry starts from perf.json. A file failing the guards or the
+// parse is logged and replaced at the next flush: telemetry never stops serving.
 func newPerfRegistry(st state, sy sys) *perfRegistry {
 	p := &perfRegistry{sys: sy, st: st, routes: map[string]perfEntry{}}
-	name, err := st.path("perf telemetry", perfFile)
+	name, err := st.path(perfRole, perfFile)
 	if err != nil {
 		return p // perf_stats_unplaced is logged at the first record
 	}
-	f := stateFile[*perfDocument]{role: "perf telemetry", path: name, absentErr: true, parse: func(b []byte) (*perfDocument, error) {
-		doc := &perfDocument{}
-		return doc, decodeStrict("perf telemetry", b, doc)
-	}}
-	doc, err := f.fresh()
-	if err != nil && !errors.Is(err, errFileAbsent) {
-		sy.log.Warn("perf_stats_unreadable", "cause", err.Error())
-	}
+	b, _, err := readGuarded(perfRole, name)
+	doc := &perfDocument{}
 	if err == nil {
+		err = decodeStrict(perfRole, b, doc)
+	}
+	switch {
+	case err == nil:
 		maps.Copy(p.routes, doc.Routes)
+	case !errors.Is(err, errFileAbsent):
+		sy.log.Warn("perf_stats_unreadable", "cause", err.Error())
 	}
 	return p
 }
@@ -86,15 +84,12 @@ func (d *perfDocument) validate() error {
 }
 
 // record adds one request for route. A route gets its entry when it first
-// serves (a success): a failure counts only on a route that has served, so
-// invented names that never reach a model leave nothing behind (SPEC §13;
-// issue 10: 20,000 unknown names made /metrics 54 MB). Tokens per second is
-// updated only by a success that produced output in a measurable time.
+// serves: a failure counts only on a route that has served, so invented names
+// leave nothing behind (SPEC §13; issue 10: 20,000 unknown names made
+// /metrics 54 MB). Tokens per second needs a success with output and a
+// measurable time.
 func (p *perfRegistry) record(route string, ok bool, latency time.Duration, outputTokens int) {
-	ms := latency.Milliseconds()
-	if ms < 0 {
-		ms = 0
-	}
+	ms := max(latency.Milliseconds(), 0)
 	now := p.now()
 	p.mu.Lock()
 	if e, served := p.routes[route]; served || ok {
@@ -112,59 +107,47 @@ func (p *perfRegistry) record(route string, ok bool, latency time.Duration, outp
 		}
 		p.routes[route] = e
 	}
-	name, err := p.st.path("perf telemetry", perfFile)
-	if err != nil {
-		first := !p.unplaced
-		p.unplaced = true
-		p.mu.Unlock()
-		if first {
-			p.log.Warn("perf_stats_unplaced", "cause", err.Error())
-		}
-		return
-	}
-	if !p.lastFlush.IsZero() && now.Sub(p.lastFlush) < perfFlushEvery {
-		p.mu.Unlock()
-		return
-	}
-	seq, doc := p.takeLocked(now)
 	p.mu.Unlock()
-	if err := p.write(name, seq, doc); err != nil {
+	if err := p.write(now, false); err != nil {
 		p.log.Warn("perf_stats_flush_failed", "cause", err.Error())
 	}
 }
 
-// takeLocked snapshots the registry for writing and marks the flush done
-// (a failed write waits for the next 30 s too). p.mu is held.
-func (p *perfRegistry) takeLocked(now time.Time) (uint64, perfDocument) {
+// flush writes perf.json now (at shutdown); without a state directory the
+// numbers were only ever in memory.
+func (p *perfRegistry) flush() error { return p.write(p.now(), true) }
+
+// write snapshots the registry into perf.json 30 s after the last flush
+// (even a failed one), or now with force; numbered, so racing writes never
+// leave older numbers.
+func (p *perfRegistry) write(now time.Time, force bool) error {
+	name, err := p.st.path(perfRole, perfFile)
+	p.mu.Lock()
+	switch {
+	case err != nil:
+		first := !force && !p.unplaced
+		p.unplaced = p.unplaced || first
+		p.mu.Unlock()
+		if first {
+			p.log.Warn("perf_stats_unplaced", "cause", err.Error())
+		}
+		return nil
+	case !force && !p.lastFlush.IsZero() && now.Sub(p.lastFlush) < perfFlushEvery:
+		p.mu.Unlock()
+		return nil
+	}
 	p.lastFlush = now
 	p.seq++
-	return p.seq, perfDocument{SchemaVersion: 1, FlushedAt: now.UTC(), Routes: maps.Clone(p.routes)}
-}
-
-// write puts doc in perf.json unless a newer snapshot is already there, so
-// two flushes racing outside p.mu never leave older numbers on disk.
-func (p *perfRegistry) write(name string, seq uint64, doc perfDocument) error {
+	seq, doc := p.seq, perfDocument{SchemaVersion: 1, FlushedAt: now.UTC(), Routes: maps.Clone(p.routes)}
+	p.mu.Unlock()
 	b, err := marshalState(doc)
-	if err != nil {
-		return err
+	if err == nil {
+		err = p.file.write(name, seq, b)
 	}
-	if err := p.file.write(name, seq, b); err != nil {
+	if err != nil {
 		return fmt.Errorf("write perf telemetry: %w", err)
 	}
 	return nil
-}
-
-// flush writes perf.json now (at shutdown). Without a state directory it
-// does nothing: the numbers were only ever in memory.
-func (p *perfRegistry) flush() error {
-	name, err := p.st.path("perf telemetry", perfFile)
-	if err != nil {
-		return nil
-	}
-	p.mu.Lock()
-	seq, doc := p.takeLocked(p.now())
-	p.mu.Unlock()
-	return p.write(name, seq, doc)
 }
 
 // snapshot copies the registry for /stats and /metrics.
@@ -180,8 +163,7 @@ type perfFamily struct {
 	value           func(perfEntry) float64
 }
 
-// perfFamilies are the per-route metric families of /metrics, in output
-// order.
+// perfFamilies are the per-route metric families, in output order.
 var perfFamilies = []perfFamily{
 	{"brama_route_requests_total", "counter", "Requests served on the route.", func(e perfEntry) float64 { return float64(e.Count) }},
 	{"brama_route_failures_total", "counter", "Requests on the route that ended in a refusal.", func(e perfEntry) float64 { return float64(e.Failures) }},
@@ -194,12 +176,9 @@ var perfFamilies = []perfFamily{
 // promMetricName is the Prometheus metric name grammar.
 var promMetricName = regexp.MustCompile(`^[a-zA-Z_:][a-zA-Z0-9_:]*$`)
 
-// writeMetrics renders the perf registry and the extra values in the
-// Prometheus text exposition format (version 0.0.4), deterministically:
-// the route families in a fixed order with routes sorted, then the extras
-// sorted by name. An extra whose name ends in _total is a counter, any
-// other a gauge; a name outside the metric grammar, or one a route family
-// already uses, is skipped.
+// writeMetrics renders the perf registry, then the extras by name (_total: a
+// counter), in the Prometheus text format 0.0.4, skipping a name outside the
+// grammar or taken by a route family.
 func writeMetrics(w io.Writer, perf map[string]perfEntry, extra map[string]float64) {
 	var b strings.Builder
 	if routes := slices.Sorted(maps.Keys(perf)); len(routes) > 0 {
@@ -210,14 +189,10 @@ func writeMetrics(w io.Writer, perf map[string]perfEntry, extra map[string]float
 			}
 		}
 	}
-	names := make([]string, 0, len(extra))
-	for n := range extra {
-		if promMetricName.MatchString(n) && !slices.ContainsFunc(perfFamilies, func(f perfFamily) bool { return f.name == n }) {
-			names = append(names, n)
+	for _, n := range slices.Sorted(maps.Keys(extra)) {
+		if !promMetricName.MatchString(n) || slices.ContainsFunc(perfFamilies, func(f perfFamily) bool { return f.name == n }) {
+			continue
 		}
-	}
-	slices.Sort(names)
-	for _, n := range names {
 		typ := "gauge"
 		if strings.HasSuffix(n, "_total") {
 			typ = "counter"
@@ -227,26 +202,17 @@ func writeMetrics(w io.Writer, perf map[string]perfEntry, extra map[string]float
 	io.WriteString(w, b.String())
 }
 
-// escapeLabel escapes a label value as the exposition format requires:
-// backslash, double quote and line feed. Invalid UTF-8 becomes U+FFFD
-// because label values must be UTF-8.
+// escapeLabel escapes backslash, double quote and line feed in a label
+// value, and makes it valid UTF-8 as the exposition format requires.
 func escapeLabel(s string) string {
-	s = strings.ToValidUTF8(s, "\uFFFD")
-	return strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`).Replace(s)
+	return strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`).Replace(strings.ToValidUTF8(s, "\uFFFD"))
 }
 
-// formatMetric is a sample value as Prometheus parses it (NaN, +Inf, -Inf
-// included).
+// formatMetric is a sample value as Prometheus parses it; counters read as
+// integers, and FormatFloat already spells NaN, +Inf and -Inf that way.
 func formatMetric(v float64) string {
-	switch {
-	case math.IsNaN(v):
-		return "NaN"
-	case math.IsInf(v, 1):
-		return "+Inf"
-	case math.IsInf(v, -1):
-		return "-Inf"
-	case v == math.Trunc(v) && math.Abs(v) < 1e15:
-		return strconv.FormatFloat(v, 'f', -1, 64) // counters read as integers
+	if v == math.Trunc(v) && math.Abs(v) < 1e15 {
+		return strconv.FormatFloat(v, 'f', -1, 64)
 	}
 	return strconv.FormatFloat(v, 'g', -1, 64)
 }

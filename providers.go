@@ -70,20 +70,14 @@ func lookupProvider(id string) (providerInfo, bool) {
 // errBaseURL marks a base URL override Brama refuses to call (SPEC §6.1).
 var errBaseURL = errors.New("unusable provider base URL")
 
-// providerBaseURL is the base URL a call to p uses: the override
-// BRAMA_PROVIDER_<ID>_BASE_URL when set, else the built-in one. An override
-// must be https://, or http:// to a loopback host, so a typo cannot send a
-// credential in clear text across a network. local-openai has no base URL
-// here: its endpoint comes from the registry deployment.
+// providerBaseURL is BRAMA_PROVIDER_<ID>_BASE_URL, else p's built-in base
+// URL; checkBaseURL keeps a typo from sending a credential in clear text.
 func providerBaseURL(p providerInfo, getenv func(string) string) (string, error) {
 	if p.cred == credNone {
 		return "", fmt.Errorf("provider %q: %w: its endpoint comes from the registry deployment", p.id, errBaseURL)
 	}
 	env := "BRAMA_PROVIDER_" + strings.ToUpper(strings.ReplaceAll(p.id, "-", "_")) + "_BASE_URL"
-	raw := strings.TrimSpace(getenv(env))
-	if raw == "" {
-		raw = p.baseURL
-	}
+	raw := cmp.Or(strings.TrimSpace(getenv(env)), p.baseURL)
 	if err := checkBaseURL(raw); err != nil {
 		return "", fmt.Errorf("%s: %w: %v", env, errBaseURL, err)
 	}
@@ -128,22 +122,17 @@ func isLoopbackHost(host string) bool {
 	return err == nil && ip.Unmap().IsLoopback()
 }
 
-// newProviderClient is the one HTTP client for provider calls. It never
-// follows redirects (a redirect could carry a credential to another host)
-// and never uses an ambient proxy (SPEC §6.1). It sets no elapsed-time
-// cutoff of any kind, not even for dialing or the TLS handshake: the request
-// context is the only cancel (SPEC §7.4). Idle connections are kept so a
-// busy route does not pay a handshake per call.
+// newProviderClient is the one HTTP client for provider calls: no redirects
+// (one could carry a credential elsewhere), no ambient proxy (SPEC §6.1), no
+// elapsed-time cutoff, not even for dialing (SPEC §7.4).
 func newProviderClient() *http.Client {
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.Proxy = nil
 	t.DialContext = (&net.Dialer{KeepAlive: 30 * time.Second}).DialContext
 	t.TLSHandshakeTimeout = 0
-	t.ResponseHeaderTimeout = 0
 	t.ExpectContinueTimeout = 0
 	t.MaxIdleConns = 256
-	t.MaxIdleConnsPerHost = 64
-	t.IdleConnTimeout = 90 * time.Second
+	t.MaxIdleConnsPerHost = 64 // IdleConnTimeout stays the default 90 s
 	return &http.Client{
 		Transport: t,
 		CheckRedirect: func(*http.Request, []*http.Request) error {
@@ -181,10 +170,8 @@ func upstreamStreams(p providerInfo, req chatRequest) bool {
 	return req.Stream || p.id == "codex"
 }
 
-// buildUpstreamRequest builds the provider HTTP request for req, in p's
-// protocol and with p's wire details (SPEC §6.2). model is the upstream
-// model name. A part the protocol cannot carry is refused as
-// invalid_request; nothing is sent.
+// buildUpstreamRequest builds the request for req to p, in p's protocol
+// with p's wire details (SPEC §6.2); model is the upstream model name.
 func buildUpstreamRequest(ctx context.Context, p providerInfo, baseURL string, cred upstreamCredential, req chatRequest, model string) (*http.Request, error) {
 	stream := upstreamStreams(p, req)
 	oauth := cred.AccessToken != ""
@@ -212,48 +199,39 @@ func buildUpstreamRequest(ctx context.Context, p providerInfo, baseURL string, c
 	return hr, nil
 }
 
-// setProviderHeaders sets what a call to p carries (SPEC §6.2, §7.6):
-// content type and accept, the credential, and the format's version and
-// beta headers, the caller's (on translation: only what the translation
-// itself needs) merged with what p requires. No other caller header is
-// ever copied.
+// setProviderHeaders sets what a call to p carries (SPEC §6.2, §7.6): the
+// credential and the format's version and beta headers, the caller's merged
+// with p's; no other caller header is ever copied.
 func setProviderHeaders(h http.Header, p providerInfo, cred upstreamCredential, caller http.Header, stream bool) {
 	h.Set("Content-Type", "application/json")
+	h.Set("Accept", "application/json")
 	if stream {
 		h.Set("Accept", "text/event-stream")
-	} else {
-		h.Set("Accept", "application/json")
 	}
 	oauth := cred.AccessToken != ""
-	var need []string
-	switch p.protocol {
-	case protoAnthropic:
+	beta, need, bearer := "openai-beta", []string(nil), cred.bearer()
+	switch {
+	case p.protocol == protoAnthropic:
 		h.Set("anthropic-version", cmp.Or(caller.Get("anthropic-version"), "2023-06-01"))
+		beta, bearer = "anthropic-beta", cred.AccessToken
 		if oauth && p.id == "claude-code" {
-			need = append(need, "oauth-2025-04-20")
+			need = []string{"oauth-2025-04-20"}
 		}
-		if beta := mergeTokens(caller.Values("anthropic-beta"), need...); beta != "" {
-			h.Set("anthropic-beta", beta)
-		}
-		if oauth {
-			h.Set("Authorization", "Bearer "+cred.AccessToken)
-		} else if cred.APIKey != "" {
+		if !oauth && cred.APIKey != "" {
 			h.Set("x-api-key", cred.APIKey)
 		}
-		return
-	}
-	if p.id == "codex" {
-		need = append(need, "responses=experimental")
+	case p.id == "codex":
+		need = []string{"responses=experimental"}
 		if cred.AccountID != "" {
 			h.Set("chatgpt-account-id", cred.AccountID)
 		}
 		h.Set("originator", "codex_cli_rs")
 	}
-	if beta := mergeTokens(caller.Values("openai-beta"), need...); beta != "" {
-		h.Set("OpenAI-Beta", beta)
+	if v := mergeTokens(caller.Values(beta), need...); v != "" {
+		h.Set(beta, v)
 	}
-	if t := cred.bearer(); t != "" {
-		h.Set("Authorization", "Bearer "+t)
+	if bearer != "" {
+		h.Set("Authorization", "Bearer "+bearer)
 	}
 }
 

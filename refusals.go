@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -32,13 +33,11 @@ const (
 const maxSentenceBytes = 200
 
 // maxQuotedBytes bounds the provider sentence quoted in an error message:
-// enough for a context-length refusal's numbers (SPEC §8.1's 2048 bytes
-// bound the whole message).
+// enough for a context-length refusal's numbers.
 const maxQuotedBytes = 1000
 
 // providerRefusal is a classified non-2xx provider answer (SPEC §8.2,
-// §7.2.4). It is decided from the status and the provider's error
-// type/code fields, never by searching message text.
+// §7.2.4): from the status and the error's type/code, never its text.
 type providerRefusal struct {
 	err        *apiError     // the code the caller gets on a direct/alias route (no attempts set here)
 	class      string        // refusalAuth, refusalRate, refusalQuota, refusalModel or refusalOther
@@ -57,10 +56,8 @@ var quotaCodes = map[string]bool{
 	"billing_error":              true,
 }
 
-// rejectedStatus is the HTTP status of provider_rejected for a provider's
-// 4xx refusal of the request itself (SPEC §8.2): its own 400, 404, 413 or
-// 422, any other 4xx but 401/403/408/409/429 as 400; 0 when the status is
-// not such a refusal.
+// rejectedStatus is provider_rejected's status for a provider's 4xx
+// refusal of the request itself (SPEC §8.2); 0 when status is not one.
 func rejectedStatus(status int) int {
 	switch status {
 	case 400, 404, 413, 422:
@@ -74,12 +71,9 @@ func rejectedStatus(status int) int {
 	return 0
 }
 
-// classifyRefusal classifies a non-2xx provider answer. The first argument
-// is a provider id (preferred: the message then names it) or a protocol.
-// presented is the credential the call presented; it is redacted from
-// everything quoted, but only after the class was decided from the
-// provider's own fields: a short key must not change what a code says.
-// now anchors an HTTP-date retry-after.
+// classifyRefusal classifies a non-2xx answer of a provider (an id, else a
+// protocol). presented is redacted from what is quoted, only after the
+// class was decided: a short key must not change what a code says.
 func classifyRefusal(protocol string, status int, header http.Header, body []byte, presented string, now time.Time) providerRefusal {
 	who, byStatus := "provider", false
 	if p, ok := lookupProvider(protocol); ok {
@@ -88,46 +82,33 @@ func classifyRefusal(protocol string, status int, header http.Header, body []byt
 	}
 	typ, code, msg := providerErrorFields(body)
 	quota := !byStatus && (quotaCodes[typ] || quotaCodes[code])
-	r := providerRefusal{status: status, sentence: cleanQuoted(msg, presented, maxSentenceBytes)}
-
+	r := providerRefusal{class: refusalOther, status: status, sentence: cleanQuoted(msg, presented, maxSentenceBytes)}
+	ec := "provider_failure" // a malformed answer, 408, 409, a direct route's 401/403
 	switch {
-	case status == http.StatusUnauthorized || status == http.StatusForbidden:
-		r.class = refusalAuth
-	case status >= 400 && status < 500 && (status == http.StatusPaymentRequired || quota):
-		r.class = refusalQuota
-	case status == http.StatusTooManyRequests:
-		r.class = refusalRate
-	case status == 400 || status == 404 || status == 413 || status == 422:
-		r.class = refusalModel
-	default:
-		r.class = refusalOther
-	}
-	var ec string
-	switch {
-	case r.class == refusalRate:
-		ec = "provider_rate_limited"
-	case r.class == refusalQuota:
-		ec = "provider_quota_exhausted"
 	case rejectedStatus(status) != 0:
 		ec = "provider_rejected"
 	case status == http.StatusGatewayTimeout:
 		ec = "dependency_timeout"
 	case status >= 500:
 		ec = "dependency_unavailable"
-	default: // a malformed answer, 408, 409, a direct route's 401/403
-		ec = "provider_failure"
+	}
+	switch {
+	case status == http.StatusUnauthorized || status == http.StatusForbidden:
+		r.class = refusalAuth
+	case status >= 400 && status < 500 && (status == http.StatusPaymentRequired || quota):
+		r.class, ec = refusalQuota, "provider_quota_exhausted"
+	case status == http.StatusTooManyRequests:
+		r.class, ec = refusalRate, "provider_rate_limited"
+	case status == 400 || status == 404 || status == 413 || status == 422:
+		r.class = refusalModel
 	}
 	wait := retryAfter(header, now)
 	if r.class == refusalRate || r.class == refusalQuota {
 		r.retryAfter = wait
 	}
 
-	label := cleanQuoted(code, presented, 64)
-	if label == "" {
-		label = cleanQuoted(typ, presented, 64)
-	}
 	m := fmt.Sprintf("%s answered %d", who, status)
-	if label != "" {
+	if label := cmp.Or(cleanQuoted(code, presented, 64), cleanQuoted(typ, presented, 64)); label != "" {
 		m += " (" + label + ")"
 	}
 	if quoted := cleanQuoted(msg, presented, maxQuotedBytes); quoted != "" {
@@ -144,10 +125,8 @@ func classifyRefusal(protocol string, status int, header http.Header, body []byt
 }
 
 // providerErrorFields pulls type, code and message out of the error bodies
-// providers send: OpenAI {"error":{"type","code","message"}}, Anthropic
-// {"type":"error","error":{"type","message"}}, codex {"detail":…}, and
-// {"error":"text"}. A body that is none of these yields nothing: a raw body
-// is never quoted.
+// providers send ({"error":{…}}, {"error":"text"}, codex's {"detail":…});
+// any other body yields nothing: a raw body is never quoted.
 func providerErrorFields(body []byte) (typ, code, msg string) {
 	var b struct {
 		Error  json.RawMessage `json:"error"`
@@ -159,12 +138,11 @@ func providerErrorFields(body []byte) (typ, code, msg string) {
 	if e, ok := errorObject(b.Error); ok {
 		return e.typ, e.code, e.msg
 	}
-	if s, ok := jsonString(b.Error); ok {
-		return "", "", s
-	}
 	// codex: {"detail": "text"} or {"detail": {"message": …}}; status decides.
-	if s, ok := jsonString(b.Detail); ok {
-		return "", "", s
+	for _, raw := range []json.RawMessage{b.Error, b.Detail} {
+		if s, ok := jsonString(raw); ok {
+			return "", "", s
+		}
 	}
 	if e, ok := errorObject(b.Detail); ok {
 		return "", "", e.msg
@@ -222,10 +200,8 @@ func cleanQuoted(s, presented string, max int) string {
 	return truncateUTF8(s, max)
 }
 
-// redactedFor replaces the credential a call presented in the provider
-// code an in-band stream error quotes: the stream readers that raise it do
-// not know the credential (SPEC §8.1). Other refusals quote nothing of the
-// provider's here and are returned as they are.
+// redactedFor redacts the presented credential from the provider code an
+// in-band stream error quotes: its stream reader does not know it (SPEC §8.1).
 func (e *apiError) redactedFor(presented string) *apiError {
 	var se *upstreamStreamError
 	if presented != "" && errors.As(e.Err, &se) {
@@ -242,12 +218,11 @@ const maxRetryAfter = 7 * 24 * time.Hour
 // (seconds or an HTTP date), else the latest reset among the limits its
 // headers show as exhausted. 0 when nothing is stated.
 func retryAfter(h http.Header, now time.Time) time.Duration {
-	if v := strings.TrimSpace(h.Get("Retry-After-Ms")); v != "" {
-		if ms, err := strconv.ParseFloat(v, 64); err == nil && ms > 0 && !math.IsInf(ms, 0) {
-			return clampWait(ms / 1000)
-		}
+	hv := func(k string) string { return strings.TrimSpace(h.Get(k)) }
+	if ms, err := strconv.ParseFloat(hv("Retry-After-Ms"), 64); err == nil && ms > 0 && !math.IsInf(ms, 0) {
+		return clampWait(ms / 1000)
 	}
-	if v := strings.TrimSpace(h.Get("Retry-After")); v != "" {
+	if v := hv("Retry-After"); v != "" {
 		if s, err := strconv.ParseFloat(v, 64); err == nil && !math.IsNaN(s) {
 			return clampWait(s)
 		}
@@ -256,42 +231,33 @@ func retryAfter(h http.Header, now time.Time) time.Duration {
 		}
 	}
 	var d time.Duration
-	longer := func(x time.Duration) {
-		d = max(d, x)
-	}
 	// OpenAI: x-ratelimit-{remaining,reset}-{requests,tokens}, reset as "6m0s".
 	for _, k := range []string{"requests", "tokens"} {
-		if strings.TrimSpace(h.Get("X-Ratelimit-Remaining-"+k)) == "0" {
-			if x, err := time.ParseDuration(strings.TrimSpace(h.Get("X-Ratelimit-Reset-" + k))); err == nil {
-				longer(clampWait(x.Seconds()))
-			}
+		if x, err := time.ParseDuration(hv("X-Ratelimit-Reset-" + k)); err == nil && hv("X-Ratelimit-Remaining-"+k) == "0" {
+			d = max(d, clampWait(x.Seconds()))
 		}
 	}
 	// Anthropic: anthropic-ratelimit-<limit>-{remaining,reset}, reset RFC 3339.
 	for _, k := range []string{"requests", "tokens", "input-tokens", "output-tokens"} {
-		if strings.TrimSpace(h.Get("Anthropic-Ratelimit-"+k+"-Remaining")) == "0" {
-			if t, err := time.Parse(time.RFC3339, strings.TrimSpace(h.Get("Anthropic-Ratelimit-"+k+"-Reset"))); err == nil {
-				longer(clampWait(t.Sub(now).Seconds()))
-			}
+		p := "Anthropic-Ratelimit-" + k
+		if t, err := time.Parse(time.RFC3339, hv(p+"-Reset")); err == nil && hv(p+"-Remaining") == "0" {
+			d = max(d, clampWait(t.Sub(now).Seconds()))
 		}
 	}
 	// claude-code plan windows (SPEC §6.3): reset in unix seconds.
 	for _, k := range []string{"", "5h-", "7d-"} {
 		p := "Anthropic-Ratelimit-Unified-" + k
-		u, _ := strconv.ParseFloat(strings.TrimSpace(h.Get(p+"Utilization")), 64)
-		if strings.TrimSpace(h.Get(p+"Status")) == "rejected" || u >= 1 {
-			if s, err := strconv.ParseInt(strings.TrimSpace(h.Get(p+"Reset")), 10, 64); err == nil {
-				longer(clampWait(float64(s - now.Unix())))
-			}
+		u, _ := strconv.ParseFloat(hv(p+"Utilization"), 64)
+		if s, err := strconv.ParseInt(hv(p+"Reset"), 10, 64); err == nil && (hv(p+"Status") == "rejected" || u >= 1) {
+			d = max(d, clampWait(float64(s-now.Unix())))
 		}
 	}
 	// codex plan windows (SPEC §6.3).
 	for _, k := range []string{"Primary", "Secondary"} {
 		p := "X-Codex-" + k + "-"
-		if u, err := strconv.ParseFloat(strings.TrimSpace(h.Get(p+"Used-Percent")), 64); err == nil && u >= 100 {
-			if s, err := strconv.ParseFloat(strings.TrimSpace(h.Get(p+"Reset-After-Seconds")), 64); err == nil {
-				longer(clampWait(s))
-			}
+		u, uerr := strconv.ParseFloat(hv(p+"Used-Percent"), 64)
+		if s, err := strconv.ParseFloat(hv(p+"Reset-After-Seconds"), 64); err == nil && uerr == nil && u >= 100 {
+			d = max(d, clampWait(s))
 		}
 	}
 	return d
@@ -309,12 +275,9 @@ func clampWait(s float64) time.Duration {
 	return time.Duration(s * float64(time.Second))
 }
 
-// classifyTransport maps a failed provider call (from client.Do or a body
-// read) to its code (SPEC §8.2): nothing sent (dial refused, DNS, TLS
-// handshake) → dependency_unavailable; connecting timed out →
-// dependency_timeout; anything after the request may have been sent →
-// provider_incomplete, because the provider may have generated and billed.
-// A cancelled request context is the caller hanging up. The cause is kept.
+// classifyTransport maps a failed provider call to its code (SPEC §8.2):
+// once the request may have been sent it is provider_incomplete, because
+// the provider may have generated and billed.
 func classifyTransport(err error) *apiError {
 	cause := err
 	var ue *url.Error
@@ -325,24 +288,17 @@ func classifyTransport(err error) *apiError {
 	if errors.Is(err, context.Canceled) {
 		return refuse("client_cancelled", "the caller went away during the provider call").because(err)
 	}
-	var (
-		op   *net.OpError
-		dns  *net.DNSError
-		cert *tls.CertificateVerificationError
-		rec  tls.RecordHeaderError
-		alrt tls.AlertError
-		ua   x509.UnknownAuthorityError
-		hn   x509.HostnameError
-		ci   x509.CertificateInvalidError
-	)
+	var op *net.OpError
+	var dns *net.DNSError
 	dial := errors.As(err, &op) && op.Op == "dial"
 	switch {
 	case dial && op.Timeout(), errors.As(err, &dns) && dns.IsTimeout:
 		return refuse("dependency_timeout", "connecting to the provider timed out: %s", text).because(err)
 	case dial, errors.As(err, &dns):
 		return refuse("dependency_unavailable", "could not connect to the provider, nothing was sent: %s", text).because(err)
-	case errors.As(err, &cert), errors.As(err, &rec), errors.As(err, &alrt),
-		errors.As(err, &ua), errors.As(err, &hn), errors.As(err, &ci):
+	case errors.As(err, new(*tls.CertificateVerificationError)), errors.As(err, new(tls.RecordHeaderError)),
+		errors.As(err, new(tls.AlertError)), errors.As(err, new(x509.UnknownAuthorityError)),
+		errors.As(err, new(x509.HostnameError)), errors.As(err, new(x509.CertificateInvalidError)):
 		return refuse("dependency_unavailable", "TLS handshake with the provider failed, nothing was sent: %s", text).because(err)
 	}
 	return refuse("provider_incomplete", "the provider connection failed after the request was sent: %s", text).because(err)

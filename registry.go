@@ -12,22 +12,17 @@ import (
 	"sync"
 )
 
-// The route registry file (SPEC §4.2-§4.4) and what a request's model names
-// (SPEC §5): the cached read, the only writers, migration, alias states and
-// model resolution. The document and its guards are in routesdoc.go.
+// The route registry file (SPEC §4.2-§4.4: cached read, writers, migrate,
+// alias states) and what a request's model names (§5). routesdoc.go: the document.
 
-// registryRole names the registry file in guard errors.
-const registryRole = "route registry"
-
-// registryPath is BRAMA_ROUTES_FILE when set, else $STATE/routes.json. With
-// neither, the error is the *noStateError: the registry is then empty and
-// every write refuses with it (SPEC §2.1).
+// registryPath is BRAMA_ROUTES_FILE, else $STATE/routes.json; with neither,
+// the *noStateError: the registry is empty and every write refuses (SPEC §2.1).
 func registryPath(st state, getenv func(string) string) (string, error) {
 	return st.fileOrState(getenv, "BRAMA_ROUTES_FILE", registryRole, "routes.json")
 }
 
-// readRegistryFile reads the registry under SPEC §2.2's guards, never a
-// file that claims more than 1 MiB. An absent file is errFileAbsent.
+// readRegistryFile reads the registry under SPEC §2.2's guards, never a file
+// claiming more than 1 MiB. An absent file is errFileAbsent.
 func readRegistryFile(path string) ([]byte, fileIdentity, error) {
 	id, err := guardFile(registryRole, path)
 	if err == nil && id.size > maxRegistryBytes {
@@ -39,9 +34,8 @@ func readRegistryFile(path string) ([]byte, fileIdentity, error) {
 	return readGuarded(registryRole, path)
 }
 
-// registry is the route registry file as the daemon and the CLIs see it:
-// reads are cached by file identity (SPEC §4.2) and the only writers, set,
-// remove and migrateRegistry, replace it atomically under its lock (§4.4).
+// registry is the route registry file, read cached by file identity (SPEC
+// §4.2); set, remove and migrateRegistry replace it under its lock (§4.4).
 type registry struct {
 	path    string // "" when pathErr is set
 	pathErr error  // the *noStateError when no file can be named
@@ -59,17 +53,12 @@ type registry struct {
 	lastLogged string // the failure last logged as inference_routes_invalid
 }
 
-// newRegistry serves the registry at path, or, when it could not be named
-// (pathErr, a *noStateError), the empty registry whose writes refuse.
 func newRegistry(path string, pathErr error, j *journal, log *slog.Logger) *registry {
 	return &registry{path: path, pathErr: pathErr, j: j, log: log}
 }
 
-// current returns the registry document, parsing the file only when its
-// identity (device, inode, size, mtime) changed since the last parse. An
-// absent file is the empty registry; a file failing the guards or the parse
-// returns why, logged once per distinct failure. Callers share the
-// document and must not modify it.
+// current returns the shared document, parsing only a changed file; absent
+// is the empty registry, and each distinct failure is logged once.
 func (r *registry) current() (*routesDoc, error) {
 	if r.pathErr != nil {
 		return emptyRoutesDoc(), nil
@@ -77,7 +66,7 @@ func (r *registry) current() (*routesDoc, error) {
 	id, err := guardFile(registryRole, r.path) // one Lstat, outside the lock
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if err == nil && r.cached && id.dev == r.id.dev && id.ino == r.id.ino && id.size == r.id.size && id.mtime.Equal(r.id.mtime) {
+	if err == nil && r.cached && id == r.id {
 		return r.doc, r.err
 	}
 	var b []byte
@@ -104,8 +93,7 @@ func (r *registry) current() (*routesDoc, error) {
 	return doc, nil
 }
 
-// set points alias at destination (SPEC §4.4) and returns the committed
-// document. by is the client id, or "cli" (also what an empty by records).
+// set points alias at destination (SPEC §4.4); by is the client id or "cli".
 func (r *registry) set(alias, destination, by string) (*routesDoc, error) {
 	dest := strings.TrimSpace(destination)
 	if err := checkAlias(alias); err != nil {
@@ -115,9 +103,9 @@ func (r *registry) set(alias, destination, by string) (*routesDoc, error) {
 		if err := checkRoute(doc, alias, dest); err != nil {
 			return journalRecord{}, refuse("invalid_request", "%v", err)
 		}
-		// With every direct credential assumed present, capability_absent
-		// is an unknown provider or local-openai/<name> naming no
-		// deployment: a reader accepts it, but no writer creates it.
+		// With every direct credential assumed present, capability_absent is
+		// an unknown provider or a missing deployment: readers accept it,
+		// writers never create it.
 		if st, reason := aliasState(doc, dest, func(string) bool { return true }); st != stateServing {
 			return journalRecord{}, refuse("invalid_request", "registry route %q: %s", alias, reason)
 		}
@@ -144,13 +132,10 @@ func (r *registry) remove(alias, by string) (*routesDoc, error) {
 	})
 }
 
-// write is the one read-modify-rename of SPEC §4.4. Under the process mutex
-// and the file's flock it re-reads the file (a CLI may have changed it),
-// lets change edit that fresh document and name its journal record, checks
-// the journal can take the record before anything is staged, re-validates
-// the staged bytes, renames them into place and journals the change. A
-// journal failure after the rename cannot undo it: the change stands and
-// journal_append_failed is logged.
+// write is the one read-modify-rename of SPEC §4.4: under the process mutex
+// and the flock it re-reads the file, lets change edit it, checks the journal
+// can take the record, re-validates, renames and journals. A journal failure
+// after the rename cannot undo it: journal_append_failed is logged.
 func (r *registry) write(change func(doc *routesDoc) (journalRecord, error)) (*routesDoc, error) {
 	if r.pathErr != nil {
 		return nil, refuse("dependency_unavailable", "the route registry cannot be written: %v", r.pathErr).because(r.pathErr)
@@ -185,8 +170,7 @@ func (r *registry) write(change func(doc *routesDoc) (journalRecord, error)) (*r
 		if err := writeFileAtomic(r.path, staged); err != nil {
 			return refuse("internal_error", "route registry not changed: %v", err).because(err)
 		}
-		// Journaled under the flock, so records follow the order of renames
-		// even when a CLI and the daemon write at once.
+		// Journaled under the flock, so records follow the order of renames.
 		if err := r.j.append(rec); err != nil {
 			r.log.Error("journal_append_failed", "kind", rec.Kind, "alias", rec.Alias, "cause", err.Error())
 		}
@@ -202,12 +186,9 @@ func (r *registry) write(change func(doc *routesDoc) (journalRecord, error)) (*r
 	return nil, refuse("internal_error", "route registry lock: %v", err).because(err)
 }
 
-// migrateRegistry is `brama routes migrate` (SPEC §4.4): it keeps
-// schema_version, deployments and routes of the file's JSON object, drops
-// every other top-level member (returned sorted), validates the rest and
-// commits it in the canonical encoding, so a second run commits the same
-// bytes. A file failing the reader guards or validation is left untouched.
-// It journals nothing and contacts nothing: no alias changes.
+// migrateRegistry is `brama routes migrate` (SPEC §4.4): it drops the
+// top-level members schema 1 lacks (returned sorted) and commits the rest,
+// validated and canonical; an invalid file is left untouched.
 func migrateRegistry(path string) (committed []byte, dropped []string, doc *routesDoc, err error) {
 	if _, err := guardFile(registryRole, path); err != nil {
 		return nil, nil, nil, err // before the lock: an absent file gets no lock file either
@@ -243,14 +224,6 @@ func migrateRegistry(path string) (committed []byte, dropped []string, doc *rout
 	return committed, dropped, doc, nil
 }
 
-// Alias states (SPEC §4.3).
-const (
-	stateServing          = "serving"
-	stateNoRoute          = "no_route"
-	stateCapabilityAbsent = "capability_absent"
-	stateRoutesInvalid    = "routes_file_invalid"
-)
-
 // aliasRow is one line of GET /v1/aliases and `brama routes list`.
 type aliasRow struct {
 	Alias  string  `json:"alias"`
@@ -265,9 +238,8 @@ type aliasTable struct {
 	Unserviceable int        `json:"unserviceable"`
 }
 
-// aliasState is the SPEC §4.3 state of a declared alias whose destination
-// is dest, with a one-sentence reason. hasDirect reports whether a direct
-// credential exists for a provider (nil: none does).
+// aliasState is the SPEC §4.3 state of an alias routed to dest and its
+// reason; hasDirect says whether a provider has a direct credential.
 func aliasState(doc *routesDoc, dest string, hasDirect func(provider string) bool) (st, reason string) {
 	if dest == modeBest {
 		return stateServing, "Routes to best: the operator's preferred subscription route, then the agent's other subscription models."
@@ -294,9 +266,8 @@ func aliasState(doc *routesDoc, dest string, hasDirect func(provider string) boo
 	return stateCapabilityAbsent, fmt.Sprintf("No direct %s credential is configured.", p.id)
 }
 
-// aliases lists every declared alias with its state, route and reason, and
-// counts those that cannot serve. A registry that cannot be read is an
-// error: the caller reports it rather than an empty table.
+// aliases lists every declared alias with its state and counts those that
+// cannot serve; an unreadable registry is an error, not an empty table.
 func (r *registry) aliases(hasDirect func(provider string) bool) (aliasTable, error) {
 	doc, err := r.current()
 	if err != nil {
@@ -315,7 +286,7 @@ func (r *registry) aliases(hasDirect func(provider string) bool) (aliasTable, er
 }
 
 // resolution is what a request's model names (SPEC §5.1) and the path it
-// takes (SPEC §5.3).
+// takes (§5.3).
 type resolution struct {
 	Mode     string
 	Alias    string       // set when reached through an alias
@@ -325,13 +296,9 @@ type resolution struct {
 	BaseURL  string       // local-openai only: "http://host:port/v1"
 }
 
-// resolveModel applies SPEC §5.1 (first match) to name and picks the §5.3
-// routing mode. doc is the registry; docErr says it is invalid, and then
-// every name that could be an alias is refused with state
-// routes_file_invalid, while selectors, best and canonical routes of known
-// providers still resolve. A body with billingTarget (hasBillingTarget)
-// makes a route a subscription route. Refusals are made before dispatch
-// and so carry no attempts.
+// resolveModel applies SPEC §5.1 and picks the §5.3 mode. With docErr, a
+// name that could be an alias is routes_file_invalid (selectors, best and
+// known canonical routes still resolve). Refusals carry no attempts.
 func resolveModel(name string, doc *routesDoc, docErr error, hasDirect func(string) bool, hasBillingTarget bool) (resolution, error) {
 	switch {
 	case name == "":
@@ -346,11 +313,14 @@ func resolveModel(name string, doc *routesDoc, docErr error, hasDirect func(stri
 	if doc == nil {
 		doc = emptyRoutesDoc()
 	}
-	p, model, known := knownCanonical(name)
+	provider, model, slash := strings.Cut(name, "/") // §5.1 rule 4: a known provider before the first "/"
+	p, known := lookupProvider(provider)
+	known = known && slash
+	modelErr := checkModelName(model)
 	dest, declared := doc.Routes[name]
 	alias := ""
 	switch {
-	case docErr != nil && known && checkModelName(model) == nil && p.cred != credNone: // needs no registry
+	case docErr != nil && known && modelErr == nil && p.cred != credNone: // needs no registry
 	case docErr != nil:
 		e := refuse("alias_unserviceable", "model %q cannot be resolved: the route registry is invalid: %v", truncateUTF8(name, 200), docErr)
 		e.Details = &aliasDetails{Alias: name, State: stateRoutesInvalid}
@@ -365,16 +335,16 @@ func resolveModel(name string, doc *routesDoc, docErr error, hasDirect func(stri
 			return resolution{Mode: modeBest, Alias: name}, nil
 		}
 		alias = name
-		if p, model, known = knownCanonical(dest); !known { // a serving bare name names one deployment or adapter
-			p, _ = lookupProvider("local-openai")
-			model = dest
+		if provider, model, slash = strings.Cut(dest, "/"); !slash { // a serving bare name names one deployment or adapter
+			provider, model = "local-openai", dest
 		}
+		p, _ = lookupProvider(provider)
 	case !known:
 		e := refuse("alias_unknown", "model %q is not a declared alias, a selector, best or a canonical route of a known provider", truncateUTF8(name, 200))
 		e.Details = &aliasDetails{Alias: name, State: stateNoRoute}
 		return resolution{}, e
-	case checkModelName(model) != nil:
-		return resolution{}, refuse("invalid_request", "model %q is not a canonical route: the model %v", truncateUTF8(name, 200), checkModelName(model))
+	case modelErr != nil:
+		return resolution{}, refuse("invalid_request", "model %q is not a canonical route: the model %v", truncateUTF8(name, 200), modelErr)
 	}
 	res := resolution{Mode: modeDirect, Alias: alias, Route: p.id + "/" + model, Provider: p, Model: model}
 	switch {
@@ -391,15 +361,4 @@ func resolveModel(name string, doc *routesDoc, docErr error, hasDirect func(stri
 		res.Model, res.BaseURL = upstream, d.baseURL()
 	}
 	return res, nil
-}
-
-// knownCanonical splits name at its first "/" when the part before it is a
-// provider Brama knows (SPEC §5.1 rule 4); the model part is not checked.
-func knownCanonical(name string) (providerInfo, string, bool) {
-	provider, model, ok := strings.Cut(name, "/")
-	if !ok || !providerPattern.MatchString(provider) {
-		return providerInfo{}, "", false
-	}
-	p, known := lookupProvider(provider)
-	return p, model, known
 }

@@ -17,13 +17,13 @@ import (
 	"unicode/utf8"
 )
 
-// The route registry document (SPEC §4.1): its types, its one canonical
-// encoding, its strict reading and every guard. registry.go holds the file
-// that carries it. maxDestinationBytes bounds a destination and the model
-// part of a canonical route (§4.1, §5.1).
+// The route registry document (SPEC §4.1): its types, canonical encoding,
+// strict reading and every guard. registry.go holds the file that carries it.
+
 const (
+	registryRole        = "route registry" // names the file in guard errors
 	maxRegistryBytes    = 1 << 20
-	maxDestinationBytes = 512
+	maxDestinationBytes = 512 // a destination, and the model of a canonical route (§4.1, §5.1)
 )
 
 var (
@@ -33,10 +33,24 @@ var (
 	cgnatPrefix     = netip.MustParsePrefix("100.64.0.0/10")
 )
 
-// deployment is a local OpenAI-compatible model server the registry
-// declares at its endpoint; a bare destination naming it, or one of its
-// adapters (e.g. a LoRA, sent upstream under its own name), routes to
-// local-openai/<name>.
+// Routing modes (SPEC §5.3) and alias states (SPEC §4.3).
+const (
+	modeAny          = "any"
+	modeAnyVision    = "any-vision-capable"
+	modeBest         = "best"
+	modeSubscription = "subscription"
+	modeAlias        = "alias"
+	modeDirect       = "direct"
+
+	stateServing          = "serving"
+	stateNoRoute          = "no_route"
+	stateCapabilityAbsent = "capability_absent"
+	stateRoutesInvalid    = "routes_file_invalid"
+)
+
+// deployment is a local OpenAI-compatible server the registry declares; a
+// bare destination naming it or one of its adapters (e.g. a LoRA) routes to
+// local-openai/<name> (SPEC §4.1).
 type (
 	deployment struct {
 		Name     string             `json:"name"`
@@ -53,67 +67,54 @@ type (
 	}
 )
 
-// routesDoc is one schema-1 registry document. parseRegistry always
-// returns non-nil Deployments and Routes, so documents compare equal
-// whatever spelling of "empty" the file used. Callers share parsed
-// documents and must not modify them.
+// routesDoc is one schema-1 registry document. Parsed documents always have
+// non-nil Deployments and Routes, and are shared: callers must not modify them.
 type routesDoc struct {
 	SchemaVersion int               `json:"schema_version"`
 	Deployments   []deployment      `json:"deployments"`
 	Routes        map[string]string `json:"routes"`
 }
 
-// emptyRoutesDoc is the registry of an empty or absent file.
 func emptyRoutesDoc() *routesDoc {
 	return &routesDoc{SchemaVersion: 1, Deployments: []deployment{}, Routes: map[string]string{}}
 }
 
-// encodeRegistry is the one canonical encoding every writer commits: two
-// space indentation, routes sorted by alias (encoding/json sorts map keys),
-// [] and {} for empty members, and a trailing newline. Committing only this
-// form is what makes `brama routes migrate` idempotent byte for byte.
+// encodeRegistry is the one canonical encoding every writer commits (two
+// space indent, sorted routes, [] and {} when empty), so migrate is idempotent.
 func encodeRegistry(d *routesDoc) []byte {
-	out := routesDoc{SchemaVersion: 1, Deployments: d.Deployments, Routes: d.Routes}
-	if out.Deployments == nil {
-		out.Deployments = []deployment{}
+	out := emptyRoutesDoc()
+	if d.Deployments != nil {
+		out.Deployments = d.Deployments
 	}
-	if out.Routes == nil {
-		out.Routes = map[string]string{}
+	if d.Routes != nil {
+		out.Routes = d.Routes
 	}
 	b, _ := marshalState(out) // strings and ints always marshal
 	return b
 }
 
-// routesInvalidError says why a registry document is refused. Its text names
-// the alias, deployment or field at fault and is safe to show an operator.
-type routesInvalidError struct{ reason string }
+// routesInvalidError says why a registry document is refused, naming the
+// alias, deployment or field at fault; safe to show an operator.
+type routesInvalidError struct{ error }
 
-func (e *routesInvalidError) Error() string { return e.reason }
 func invalidf(format string, args ...any) error {
-	return &routesInvalidError{reason: fmt.Sprintf(format, args...)}
+	return &routesInvalidError{fmt.Errorf(format, args...)}
 }
 
-// parseRegistry reads a schema-1 registry document and applies every guard
-// of SPEC §4.1. An empty or whitespace-only document is the empty registry.
-// Every error is a *routesInvalidError. Canonical destinations whose
-// provider Brama does not know are accepted here (the alias is then
-// capability_absent); only writers refuse them.
+// parseRegistry reads a document under every guard of SPEC §4.1. Unknown
+// providers pass (capability_absent); only writers refuse them.
 func parseRegistry(b []byte) (*routesDoc, error) {
 	m, err := registryMembers(b)
-	switch {
-	case err != nil:
+	if err != nil {
 		return nil, err
-	case m == nil:
-		return emptyRoutesDoc(), nil
 	}
-	return validateRegistry(m)
+	return validateRegistry(m) // nil members: the empty registry
+
 }
 
-// registryMembers decodes b with the one strict decoder (no duplicate key at
-// any depth: two readers must never disagree about an alias) into its
-// object's members, nil for an empty document. They stay raw so keys match
-// exactly (encoding/json matches struct fields case-insensitively) and
-// validateRegistry can name what is wrong.
+// registryMembers decodes b with decodeStrict (no duplicate key: two readers
+// must never disagree about an alias) into raw members, nil when empty. Raw,
+// so keys match exactly (encoding/json folds case) and errors name the fault.
 func registryMembers(b []byte) (map[string]json.RawMessage, error) {
 	if len(b) > maxRegistryBytes {
 		return nil, invalidf("registry is %d bytes; the limit is 1 MiB (%d bytes)", len(b), maxRegistryBytes)
@@ -123,21 +124,19 @@ func registryMembers(b []byte) (map[string]json.RawMessage, error) {
 	}
 	var m map[string]json.RawMessage
 	err := decodeStrict("registry", b, &m)
-	var te *json.UnmarshalTypeError
 	switch {
 	case err == nil && m != nil:
 		return m, nil
 	case utf8.Valid(b) && !json.Valid(b):
 		return nil, invalidf("registry is not valid JSON: %v", json.Unmarshal(b, new(any)))
-	case err == nil || errors.As(err, &te):
+	case err == nil || errors.As(err, new(*json.UnmarshalTypeError)):
 		return nil, invalidf("registry must be one JSON object")
 	}
 	return nil, invalidf("%s", clipName(err.Error()))
 }
 
-// validateRegistry builds the document from the members of its JSON object
-// and applies every guard of SPEC §4.1, naming the field, deployment,
-// adapter or alias at fault.
+// validateRegistry builds the document from its members under every guard
+// of SPEC §4.1: deployments in order, then routes by alias.
 func validateRegistry(m map[string]json.RawMessage) (*routesDoc, error) {
 	if k := unknownMember(m, "schema_version", "deployments", "routes"); k != "" {
 		return nil, invalidf("registry field %s is not part of schema 1; run brama routes migrate", k)
@@ -154,7 +153,7 @@ func validateRegistry(m map[string]json.RawMessage) (*routesDoc, error) {
 		return nil, invalidf("registry field \"routes\" must be an object mapping each alias to one destination")
 	}
 	for i, raw := range deps {
-		d, err := parseDeployment(i, raw)
+		d, err := parseDeployment(i, raw, doc.Deployments)
 		if err != nil {
 			return nil, err
 		}
@@ -165,24 +164,19 @@ func validateRegistry(m map[string]json.RawMessage) (*routesDoc, error) {
 		if !jsonValue(routes[alias], &dest) {
 			return nil, invalidf("registry route %q: the destination must be one string (there are no fallback lists)", clipName(alias))
 		}
+		if err := checkRoute(doc, alias, dest); err != nil {
+			return nil, err
+		}
 		doc.Routes[alias] = dest
-	}
-	// The shape is read; now the guards that look across the document.
-	for i, d := range doc.Deployments {
-		if err := checkDeployment(d, doc.Deployments[:i]); err != nil {
-			return nil, err
-		}
-	}
-	for _, alias := range slices.Sorted(maps.Keys(doc.Routes)) {
-		if err := checkRoute(doc, alias, doc.Routes[alias]); err != nil {
-			return nil, err
-		}
 	}
 	return doc, nil
 }
 
-// parseDeployment reads deployments[i], refusing unknown members by name.
-func parseDeployment(i int, raw json.RawMessage) (d deployment, err error) {
+// parseDeployment reads deployments[i], declared after before, refusing
+// unknown members by name. Its endpoint must be an IPv4 loopback or
+// 100.64.0.0/10 (tailnet) literal: a registry edit must never point
+// unauthenticated local-openai calls at the open internet.
+func parseDeployment(i int, raw json.RawMessage, before []deployment) (d deployment, err error) {
 	m, ok := jsonObject(raw)
 	if !ok {
 		return d, invalidf("registry deployment #%d is not an object", i+1)
@@ -193,13 +187,14 @@ func parseDeployment(i int, raw json.RawMessage) (d deployment, err error) {
 	label := fmt.Sprintf("registry deployment %q", clipName(d.Name))
 	ep, epOK := jsonObject(m["endpoint"])
 	var adapters []json.RawMessage
+	k, epk := unknownMember(m, "name", "endpoint", "model", "adapters"), unknownMember(ep, "host", "port")
 	switch {
-	case unknownMember(m, "name", "endpoint", "model", "adapters") != "":
-		return d, invalidf("%s has unknown member %s", label, unknownMember(m, "name", "endpoint", "model", "adapters"))
+	case k != "":
+		return d, invalidf("%s has unknown member %s", label, k)
 	case !epOK:
 		return d, invalidf("%s needs an \"endpoint\" object {\"host\",\"port\"}", label)
-	case unknownMember(ep, "host", "port") != "":
-		return d, invalidf("%s endpoint has unknown member %s", label, unknownMember(ep, "host", "port"))
+	case epk != "":
+		return d, invalidf("%s endpoint has unknown member %s", label, epk)
 	case !jsonValue(ep["host"], &d.Endpoint.Host):
 		return d, invalidf("%s endpoint needs a string \"host\"", label)
 	case !jsonValue(ep["port"], &d.Endpoint.Port):
@@ -212,44 +207,35 @@ func parseDeployment(i int, raw json.RawMessage) (d deployment, err error) {
 	for j, item := range adapters {
 		var a adapter
 		am, ok := jsonObject(item)
-		if !ok || !jsonValue(am["name"], &a.Name) {
+		switch {
+		case !ok || !jsonValue(am["name"], &a.Name):
 			return d, invalidf("%s adapter #%d must be an object with a string \"name\"", label, j+1)
-		}
-		if k := unknownMember(am, "name"); k != "" {
-			return d, invalidf("%s adapter %q has unknown member %s", label, clipName(a.Name), k)
+		case unknownMember(am, "name") != "":
+			return d, invalidf("%s adapter %q has unknown member %s", label, clipName(a.Name), unknownMember(am, "name"))
+		case !namePattern.MatchString(a.Name):
+			return d, invalidf("%s adapter %q: an adapter name must match [a-z0-9._-]{1,128}", label, clipName(a.Name))
 		}
 		d.Adapters = append(d.Adapters, a)
+	}
+	addr, err := netip.ParseAddr(d.Endpoint.Host)
+	switch modelErr := checkModelName(d.Model); {
+	case !namePattern.MatchString(d.Name):
+		return d, invalidf("%s: a deployment name must match [a-z0-9._-]{1,128}", label)
+	case slices.ContainsFunc(before, func(o deployment) bool { return o.Name == d.Name }):
+		return d, invalidf("%s is declared twice; deployment names must be unique", label)
+	case err != nil || !addr.Is4() || !(addr.IsLoopback() || cgnatPrefix.Contains(addr)):
+		return d, invalidf("%s: endpoint host %q is not an IPv4 loopback or 100.64.0.0/10 literal",
+			label, clipName(d.Endpoint.Host))
+	case d.Endpoint.Port < 1 || d.Endpoint.Port > 65535:
+		return d, invalidf("%s: endpoint port %d is not a port (1-65535)", label, d.Endpoint.Port)
+	case d.Model != "" && modelErr != nil:
+		return d, invalidf("%s: model %v", label, modelErr)
 	}
 	return d, nil
 }
 
-// checkDeployment applies §4.1's guards to deployment d, declared after
-// those in before.
-func checkDeployment(d deployment, before []deployment) error {
-	label := fmt.Sprintf("registry deployment %q", clipName(d.Name))
-	switch {
-	case !namePattern.MatchString(d.Name):
-		return invalidf("%s: a deployment name must match [a-z0-9._-]{1,128}", label)
-	case slices.ContainsFunc(before, func(o deployment) bool { return o.Name == d.Name }):
-		return invalidf("%s is declared twice; deployment names must be unique", label)
-	}
-	if err := checkEndpoint(d.Endpoint); err != nil {
-		return invalidf("%s: %v", label, err)
-	}
-	if err := checkModelName(d.Model); d.Model != "" && err != nil {
-		return invalidf("%s: model %v", label, err)
-	}
-	for _, a := range d.Adapters {
-		if !namePattern.MatchString(a.Name) {
-			return invalidf("%s adapter %q: an adapter name must match [a-z0-9._-]{1,128}", label, clipName(a.Name))
-		}
-	}
-	return nil
-}
-
-// jsonObject decodes a member of a document decodeStrict has read as an
-// object, jsonValue as a present non-null v, and unknownMember quotes
-// (clipped) m's first member, sorted, not in known; "" when there is none.
+// jsonObject decodes a member decodeStrict has read as an object, jsonValue
+// as a present non-null v; unknownMember quotes m's first member not in known.
 func jsonObject(raw json.RawMessage) (m map[string]json.RawMessage, ok bool) {
 	return m, json.Unmarshal(raw, &m) == nil && m != nil
 }
@@ -267,23 +253,8 @@ func unknownMember(m map[string]json.RawMessage, known ...string) string {
 	return ""
 }
 
-// checkEndpoint admits only an IPv4 loopback or 100.64.0.0/10 (CGNAT, as
-// used by tailnets) literal and a real port: a registry edit must never
-// point Brama's unauthenticated local-openai calls at the open internet.
-func checkEndpoint(ep deploymentEndpoint) error {
-	addr, err := netip.ParseAddr(ep.Host)
-	if err != nil || !addr.Is4() || !(addr.IsLoopback() || cgnatPrefix.Contains(addr)) {
-		return fmt.Errorf("endpoint host %q is not an IPv4 loopback or 100.64.0.0/10 literal", clipName(ep.Host))
-	}
-	if ep.Port < 1 || ep.Port > 65535 {
-		return fmt.Errorf("endpoint port %d is not a port (1-65535)", ep.Port)
-	}
-	return nil
-}
-
-// checkModelName is §5.1's rule for the model part of a canonical route,
-// also applied to a deployment's upstream model: 1..512 bytes, no control
-// characters.
+// checkModelName is §5.1's rule for the model of a canonical route, also
+// applied to a deployment's upstream model.
 func checkModelName(m string) error {
 	switch {
 	case m == "":
@@ -298,8 +269,7 @@ func checkModelName(m string) error {
 
 func hasControl(s string) bool { return strings.IndexFunc(s, unicode.IsControl) >= 0 }
 
-// checkAlias is the alias guard of SPEC §4.1. The selector names are
-// refused so that an alias can never shadow them.
+// checkAlias is the alias guard of SPEC §4.1; no alias may shadow a selector.
 func checkAlias(alias string) error {
 	if !aliasPattern.MatchString(alias) {
 		return invalidf("registry alias %q must match [a-z0-9._/-]{1,128}", clipName(alias))
@@ -311,13 +281,15 @@ func checkAlias(alias string) error {
 }
 
 // checkRoute applies every §4.1 guard to one alias and its destination in
-// doc. It accepts a canonical destination of a provider Brama does not know;
-// writers check that separately.
+// doc; a canonical destination of an unknown provider passes.
 func checkRoute(doc *routesDoc, alias, dest string) error {
 	if err := checkAlias(alias); err != nil {
 		return err
 	}
 	label := fmt.Sprintf("registry route %q", clipName(alias))
+	provider, model, canonical := strings.Cut(dest, "/")
+	modelErr := checkModelName(model)
+	_, _, n := doc.lookupLocal(dest)
 	switch {
 	case dest == "":
 		return invalidf("%s: the destination is empty", label)
@@ -335,37 +307,26 @@ func checkRoute(doc *routesDoc, alias, dest string) error {
 		return invalidf("%s must name a canonical route (provider/model), not best", label)
 	case dest == modeBest:
 		return nil
-	}
-	if provider, model, ok := strings.Cut(dest, "/"); ok {
-		if !providerPattern.MatchString(provider) {
-			return invalidf("%s: destination %q is not a canonical route: the provider must match [a-z0-9._-]{1,64}", label, dest)
-		}
-		if err := checkModelName(model); err != nil {
-			return invalidf("%s: destination %q is not a canonical route: the model %v", label, dest, err)
-		}
-		if alias == modeBest && provider == "local-openai" {
-			// local-openai/<name> is a deployment's canonical spelling, and
-			// best is paid by subscriptions, which a deployment has none of.
-			return invalidf("%s must name a canonical route of a subscription-capable provider, not deployment %q", label, dest)
-		}
+	case canonical && !providerPattern.MatchString(provider):
+		return invalidf("%s: destination %q is not a canonical route: the provider must match [a-z0-9._-]{1,64}", label, dest)
+	case canonical && modelErr != nil:
+		return invalidf("%s: destination %q is not a canonical route: the model %v", label, dest, modelErr)
+	case canonical && alias == modeBest && provider == "local-openai": // best is paid by subscriptions
+		return invalidf("%s must name a canonical route of a subscription-capable provider, not deployment %q", label, dest)
+	case canonical:
 		return nil
-	}
-	if alias == modeBest {
+	case alias == modeBest:
 		return invalidf("%s must name a canonical route (provider/model), not deployment %q", label, dest)
-	}
-	switch _, _, n := doc.lookupLocal(dest); n {
-	case 0:
+	case n == 0:
 		return invalidf("%s: destination %q names no deployment or adapter", label, dest)
-	case 1:
-		return nil
-	default:
+	case n > 1:
 		return invalidf("%s: destination %q names %d deployments or adapters; a bare name must name exactly one", label, dest, n)
 	}
+	return nil
 }
 
-// lookupLocal finds the deployment or adapter a bare name (or the model of
-// local-openai/<name>) means, the upstream model name it is served under,
-// and how many deployments and adapters carry that name.
+// lookupLocal finds the deployment or adapter a bare name means, its
+// upstream model name, and how many deployments and adapters carry the name.
 func (doc *routesDoc) lookupLocal(name string) (dep deployment, upstream string, n int) {
 	for _, d := range doc.Deployments {
 		if d.Name == name {
@@ -385,24 +346,11 @@ func (d deployment) baseURL() string {
 	return "http://" + net.JoinHostPort(d.Endpoint.Host, strconv.Itoa(d.Endpoint.Port)) + "/v1"
 }
 
-// clipName shortens a name from the file before it is quoted in an error:
-// the reason is logged and may reach a client, and a name has no business
-// being longer than its 128-byte pattern allows anyway.
+// clipName shortens a name from the file before an error quotes it: the
+// reason is logged and may reach a client.
 func clipName(s string) string {
 	if len(s) <= 128 {
 		return s
 	}
 	return truncateUTF8(s, 128) + "…"
 }
-
-// Routing modes (SPEC §5.3): what a request's model resolved to decides who
-// pays and how many attempts it may make. No alias may take the selector
-// names, and best only as a canonical destination (§4.1).
-const (
-	modeAny          = "any"
-	modeAnyVision    = "any-vision-capable"
-	modeBest         = "best"
-	modeSubscription = "subscription"
-	modeAlias        = "alias"
-	modeDirect       = "direct"
-)

@@ -105,7 +105,7 @@ func (e *engine) candidateModels(provider string, doc *routesDoc) []string {
 		if n == 3 {
 			break
 		}
-		if slices.Contains(m.Output, "text") {
+		if slices.Contains(m.Modalities.Output, "text") {
 			out = append(out, m.ID)
 			n++
 		}
@@ -117,7 +117,7 @@ func (e *engine) candidateModels(provider string, doc *routesDoc) []string {
 // a model the catalogue does not know is left out.
 func (e *engine) takesImages(provider, model string) bool {
 	info, ok, _ := e.catalog.lookup(provider, model)
-	return ok && slices.Contains(info.Input, "image")
+	return ok && slices.Contains(info.Modalities.Input, "image")
 }
 
 // dedupeBy keeps the first of each key, in order.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -19,8 +20,7 @@ import (
 	"time"
 )
 
-// server is the HTTP face of Brama. Handlers decode, call one plain method,
-// and encode; everything they share hangs off this struct.
+// server is the HTTP face of Brama: what the handlers share.
 type server struct {
 	log     *slog.Logger
 	getenv  func(string) string
@@ -49,40 +49,9 @@ type server struct {
 	answers    *answerStore // signed answers (SPEC §12)
 	replay     *replayGuard // SPEC §8.1; nil: off
 	maxBody    int64        // BRAMA_MAX_REQUEST_BYTES; 0: the default
-	inflight   requestGate  // requests being served, waited for at shutdown
-}
-
-// requestGate counts the requests being served, so serve can wait at
-// shutdown until each has written its log line. (A WaitGroup may not be
-// added to while it is waited on; a request can arrive just then.)
-type requestGate struct {
-	mu   sync.Mutex // guards n, idle
-	n    int
-	idle sync.Cond // broadcast when n reaches 0
-}
-
-func (g *requestGate) enter() {
-	g.mu.Lock()
-	g.n++
-	g.mu.Unlock()
-}
-
-func (g *requestGate) leave() {
-	g.mu.Lock()
-	if g.n--; g.n == 0 && g.idle.L != nil {
-		g.idle.Broadcast()
-	}
-	g.mu.Unlock()
-}
-
-// wait returns once no request is being served.
-func (g *requestGate) wait() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.idle.L = &g.mu
-	for g.n > 0 {
-		g.idle.Wait()
-	}
+	// inflight is read-held by every request being served, so serve can wait
+	// for their log lines at shutdown (a WaitGroup may not grow while waited on).
+	inflight sync.RWMutex
 }
 
 // routes is the only place URL patterns appear.
@@ -90,33 +59,32 @@ func (s *server) routes() {
 	s.mux = http.NewServeMux()
 	s.mux.HandleFunc("GET /health", s.handleHealth)
 	s.mux.HandleFunc("GET /readyz", s.handleReady)
-	s.mux.Handle("POST /v1/chat/completions", s.caller(s.handleChat(dialectChat)))
-	s.mux.Handle("POST /v1/messages", s.caller(s.handleChat(dialectMessages)))
-	s.mux.Handle("POST /v1/messages/count_tokens", s.caller(s.handleCountTokens))
-	s.mux.Handle("POST /v1/responses", s.caller(s.handleChat(dialectResponses)))
-	s.mux.Handle("POST /v1/embeddings", s.caller(s.handleEmbeddings))
-	s.mux.Handle("GET /v1/models", s.caller(s.handleModels))
-	s.mux.Handle("GET /v1/aliases", s.caller(s.handleAliases))
-	s.mux.Handle("GET /v1/answers/{key}", s.caller(s.handleGetAnswer))
-	s.mux.Handle("GET /stats", s.caller(s.handleStats))
-	s.mux.Handle("GET /metrics", s.caller(s.handleMetrics))
-	s.mux.Handle("GET /v1/admin/routes", s.admin(s.handleRoutesGet))
-	s.mux.Handle("PUT /v1/admin/routes", s.admin(s.handleRoutesPut))
-	s.mux.Handle("DELETE /v1/admin/routes", s.admin(s.handleRoutesDelete))
-	s.mux.Handle("GET /v1/subscriptions/{agent_id}", s.caller(s.subscriptionOwner(s.handleSubscriptionList)))
-	s.mux.Handle("POST /v1/subscriptions/{agent_id}", s.caller(s.subscriptionOwner(s.handleSubscriptionDonate)))
-	s.mux.Handle("DELETE /v1/subscriptions/{agent_id}/{subscription_id}", s.caller(s.subscriptionOwner(s.handleSubscriptionRetire)))
-	s.mux.Handle("GET /v1/admin/subscriptions/{agent_id}", s.admin(s.subscriptionAgentAgrees(s.handleSubscriptionList)))
-	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}", s.admin(s.subscriptionAgentAgrees(s.handleAdminDonation)))
-	s.mux.Handle("DELETE /v1/admin/subscriptions/{agent_id}/{subscription_id}", s.admin(s.subscriptionAgentAgrees(s.handleSubscriptionRetire)))
-	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/reinstate", s.admin(s.subscriptionAgentAgrees(s.handleSubscriptionReinstate)))
-	s.mux.Handle("POST /v1/admin/maintain", s.admin(s.handleMaintain(s.maint)))
-	s.mux.Handle("PUT /v1/admin/subscriptions/{agent_id}/{subscription_id}/credential", s.admin(s.subscriptionAgentAgrees(s.handleSubscriptionCredential)))
-	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/probe", s.admin(s.subscriptionAgentAgrees(s.handleSubscriptionProbe)))
+	s.mux.Handle("POST /v1/chat/completions", s.caller("", s.handleChat(dialectChat)))
+	s.mux.Handle("POST /v1/messages", s.caller("", s.handleChat(dialectMessages)))
+	s.mux.Handle("POST /v1/messages/count_tokens", s.caller("", s.handleCountTokens))
+	s.mux.Handle("POST /v1/responses", s.caller("", s.handleChat(dialectResponses)))
+	s.mux.Handle("POST /v1/embeddings", s.caller("", s.handleEmbeddings))
+	s.mux.Handle("GET /v1/models", s.caller("", s.handleModels))
+	s.mux.Handle("GET /v1/aliases", s.caller("", s.handleAliases))
+	s.mux.Handle("GET /v1/answers/{key}", s.caller("", s.handleGetAnswer))
+	s.mux.Handle("GET /stats", s.caller("", s.handleStats))
+	s.mux.Handle("GET /metrics", s.caller("", s.handleMetrics))
+	s.mux.Handle("GET /v1/admin/routes", s.caller(roleAdmin, s.handleRoutesGet))
+	s.mux.Handle("PUT /v1/admin/routes", s.caller(roleAdmin, s.handleRoutesPut))
+	s.mux.Handle("DELETE /v1/admin/routes", s.caller(roleAdmin, s.handleRoutesDelete))
+	s.mux.Handle("GET /v1/subscriptions/{agent_id}", s.agentRoute("", s.reply(200, s.listSubscriptions)))
+	s.mux.Handle("POST /v1/subscriptions/{agent_id}", s.agentRoute("", s.reply(201, s.donateSubscription)))
+	s.mux.Handle("DELETE /v1/subscriptions/{agent_id}/{subscription_id}", s.agentRoute("", s.reply(200, s.retireSubscription)))
+	s.mux.Handle("GET /v1/admin/subscriptions/{agent_id}", s.agentRoute(roleAdmin, s.reply(200, s.listSubscriptions)))
+	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}", s.agentRoute(roleAdmin, s.reply(201, s.adminDonation)))
+	s.mux.Handle("DELETE /v1/admin/subscriptions/{agent_id}/{subscription_id}", s.agentRoute(roleAdmin, s.reply(200, s.retireSubscription)))
+	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/reinstate", s.agentRoute(roleAdmin, s.reply(200, s.reinstateSubscription)))
+	s.mux.Handle("POST /v1/admin/maintain", s.caller(roleAdmin, s.reply(200, s.maintainNow)))
+	s.mux.Handle("PUT /v1/admin/subscriptions/{agent_id}/{subscription_id}/credential", s.agentRoute(roleAdmin, s.reply(200, s.replaceCredential)))
+	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/probe", s.agentRoute(roleAdmin, s.handleSubscriptionProbe))
 }
 
-// requestInfo is what the per-request log line reports (SPEC §13); handlers
-// fill it in as they learn things.
+// requestInfo is what the per-request log line reports (SPEC §13).
 type requestInfo struct {
 	id             string
 	client         client
@@ -135,14 +103,6 @@ type requestInfo struct {
 	bodyRead       bool     // body holds the whole request body
 }
 
-// countAttempt records one more provider call for this request.
-func (ri *requestInfo) countAttempt() {
-	if ri.attempts == nil {
-		ri.attempts = new(int)
-	}
-	*ri.attempts++
-}
-
 type infoKey struct{}
 
 func infoFrom(ctx context.Context) *requestInfo {
@@ -152,11 +112,9 @@ func infoFrom(ctx context.Context) *requestInfo {
 	return &requestInfo{}
 }
 
-// statusWriter remembers the status for the log line and keeps Flush
-// reachable through Unwrap (http.ResponseController). An answer written
-// before the request's body was read closes the connection and stops
-// reading it (SPEC §7.4), so a slow body cannot hold the connection: a
-// refusal from the headers, or a route that never reads a body.
+// statusWriter remembers the status for the log line (Unwrap keeps Flush
+// reachable). An answer written before the body was read closes the
+// connection (SPEC §7.4), so a slow body cannot hold it.
 type statusWriter struct {
 	http.ResponseWriter
 	status int
@@ -185,16 +143,15 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// errServerShutdown is the cause of every request context the server ends
-// itself at shutdown, so the log line says server_shutdown and not
-// client_cancelled (a SIGTERM is not the caller hanging up).
+// errServerShutdown cancels the requests still running when the shutdown
+// grace ends, so their log lines say server_shutdown, not client_cancelled.
 var errServerShutdown = errors.New("the server is shutting down")
 
 // ServeHTTP gives every response an X-Request-Id, applies the transport
 // guard, turns the mux's own 404/405 into envelopes and logs one line.
 func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	s.inflight.enter()
-	defer s.inflight.leave()
+	s.inflight.RLock()
+	defer s.inflight.RUnlock()
 	start := time.Now()
 	ri := &requestInfo{id: newRequestID()}
 	w.Header().Set("X-Request-Id", ri.id)
@@ -204,10 +161,8 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	r = r.WithContext(context.WithValue(r.Context(), infoKey{}, ri))
 	defer func() {
-		if ri.outcome == "" {
-			ri.outcome = "ok"
-		}
-		if r.Context().Err() != nil && ri.attempts != nil && ri.outcome == "ok" {
+		ri.outcome = cmp.Or(ri.outcome, "ok")
+		if ri.outcome == "ok" && ri.attempts != nil && r.Context().Err() != nil {
 			ri.outcome = "client_cancelled"
 		}
 		if ri.outcome == "client_cancelled" && context.Cause(r.Context()) == errServerShutdown {
@@ -233,8 +188,8 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// notRouted asks the mux's own fallback handler what it would answer (404,
-// or 405 with Allow) and says it in the envelope instead.
+// notRouted says in the envelope what the mux would answer (404, or 405
+// with Allow).
 func (s *server) notRouted(w http.ResponseWriter, r *http.Request, h http.Handler) {
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, r)
@@ -267,8 +222,8 @@ func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	}
 }
 
-// logRequest writes the one line per request of SPEC §13. It never holds a
-// prompt, a completion or a credential.
+// logRequest writes SPEC §13's one line per request: never a prompt, a
+// completion or a credential.
 func (s *server) logRequest(r *http.Request, ri *requestInfo, status int, d time.Duration) {
 	attrs := []slog.Attr{
 		slog.String("request_id", ri.id),
@@ -294,21 +249,9 @@ func (s *server) logRequest(r *http.Request, ri *requestInfo, status int, d time
 	s.log.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
 }
 
-// caller wraps h so it runs only for a request with exactly one known
-// token and, when agent headers are present, a valid agent signature that
-// agrees with the bearer's agent.
-func (s *server) caller(h http.HandlerFunc) http.Handler {
-	return s.authenticated("", h)
-}
-
-// admin is caller plus role admin (SPEC §3.1).
-func (s *server) admin(h http.HandlerFunc) http.Handler {
-	return s.authenticated(roleAdmin, h)
-}
-
-// authenticated runs h once authenticate accepts the request for role
-// ("" for any client).
-func (s *server) authenticated(role string, h http.HandlerFunc) http.Handler {
+// caller wraps h so it runs only once authenticate accepts the request for
+// role ("": any client; roleAdmin for /v1/admin/*, SPEC §3.1).
+func (s *server) caller(role string, h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if err := s.authenticate(w, r, role); err != nil {
 			s.fail(w, r, err)
@@ -318,10 +261,8 @@ func (s *server) authenticated(role string, h http.HandlerFunc) http.Handler {
 	})
 }
 
-// authenticate applies SPEC §3.1 and §3.2 to r and records who called.
-// Everything the headers decide (token, role, the agent headers but the
-// signature) is checked before any body is read; the signature covers the
-// body, so it is checked after reading at most BRAMA_MAX_REQUEST_BYTES.
+// authenticate applies SPEC §3.1 and §3.2 to r and records who called:
+// the headers before any body is read, the signature (over the body) after.
 func (s *server) authenticate(w http.ResponseWriter, r *http.Request, role string) error {
 	ri := infoFrom(r.Context())
 	cl, ok := s.clients.authenticate(presentedToken(r.Header))
@@ -356,12 +297,10 @@ func (s *server) authenticate(w http.ResponseWriter, r *http.Request, role strin
 	return nil
 }
 
-// defaultMaxRequestBytes is BRAMA_MAX_REQUEST_BYTES unset: 64 MiB, above
-// every provider's own request limit (SPEC §7.4).
+// defaultMaxRequestBytes is BRAMA_MAX_REQUEST_BYTES unset (SPEC §7.4).
 const defaultMaxRequestBytes = 64 << 20
 
-// maxRequestBytes parses BRAMA_MAX_REQUEST_BYTES: unset is 64 MiB; anything
-// but a whole number ≥ 1 is an error.
+// maxRequestBytes parses BRAMA_MAX_REQUEST_BYTES: a whole number ≥ 1.
 func maxRequestBytes(v string) (int64, error) {
 	v = strings.TrimSpace(v)
 	if v == "" {
@@ -374,8 +313,7 @@ func maxRequestBytes(v string) (int64, error) {
 	return n, nil
 }
 
-// readBody reads r's whole body, at most s.maxBody bytes (SPEC §7.4): a
-// larger one is 413 invalid_request, refused before any provider call.
+// readBody reads r's whole body, at most s.maxBody bytes (SPEC §7.4).
 func (s *server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 	limit := s.maxBody
 	if limit <= 0 {
@@ -399,8 +337,7 @@ func (s *server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error
 }
 
 // anyDirectPayer reports whether something could serve without an agent
-// (SPEC §13, §14): a direct credential (from stdin, else the vault) or a
-// declared deployment.
+// (SPEC §13, §14): a direct credential or a declared deployment.
 func (s *server) anyDirectPayer() bool {
 	if doc, err := s.reg.current(); len(s.localCreds) > 0 || (err == nil && len(doc.Deployments) > 0) {
 		return true
@@ -445,9 +382,8 @@ func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, status, rd)
 }
 
-// readiness applies SPEC §13: ready when a payer exists and every state file
-// that exists opens, passes the guards and parses. Sentences name files by
-// role, never by a path outside the state directory.
+// readiness applies SPEC §13. Sentences name files by role, never by a
+// path outside the state directory.
 func (s *server) readiness() readiness {
 	rd := readiness{Reasons: []string{}, Warnings: []string{}}
 	if s.st.dir == "" {
@@ -468,7 +404,7 @@ func (s *server) readiness() readiness {
 	if _, err := s.journal.size(); err != nil && !errors.As(err, new(*noStateError)) {
 		rd.Reasons = append(rd.Reasons, "journal unusable: "+err.Error())
 	}
-	if ok, cause := s.catalog.available(); !ok {
+	if data, cause := s.catalog.current(); data == nil {
 		rd.Warnings = append(rd.Warnings, cause)
 	}
 	if bad, n, err := s.journal.badLines(); err == nil {
@@ -483,8 +419,7 @@ func (s *server) readiness() readiness {
 	invReasons, invWarnings, subPayer := s.inv.readiness()
 	rd.Reasons = append(rd.Reasons, invReasons...)
 	rd.Warnings = append(rd.Warnings, invWarnings...)
-	payer = payer || subPayer
-	if !payer {
+	if !payer && !subPayer {
 		rd.Reasons = append(rd.Reasons, "no payer: no direct credential, declared deployment or active subscription")
 	}
 	rd.Ready = len(rd.Reasons) == 0
@@ -523,11 +458,11 @@ func (s *server) handleRoutesPut(w http.ResponseWriter, r *http.Request) {
 		Alias string `json:"alias"`
 		Route string `json:"route"`
 	}
-	if err := decodeBody(r, &body); err != nil {
-		s.fail(w, r, err)
-		return
+	var doc *routesDoc
+	err := decodeBody(r, &body, false)
+	if err == nil {
+		doc, err = s.reg.set(body.Alias, body.Route, infoFrom(r.Context()).client.ID)
 	}
-	doc, err := s.reg.set(body.Alias, body.Route, infoFrom(r.Context()).client.ID)
 	s.answerRoutes(w, r, doc, err)
 }
 
@@ -535,11 +470,11 @@ func (s *server) handleRoutesDelete(w http.ResponseWriter, r *http.Request) {
 	var body struct {
 		Alias string `json:"alias"`
 	}
-	if err := decodeBody(r, &body); err != nil {
-		s.fail(w, r, err)
-		return
+	var doc *routesDoc
+	err := decodeBody(r, &body, false)
+	if err == nil {
+		doc, err = s.reg.remove(body.Alias, infoFrom(r.Context()).client.ID)
 	}
-	doc, err := s.reg.remove(body.Alias, infoFrom(r.Context()).client.ID)
 	s.answerRoutes(w, r, doc, err)
 }
 
@@ -549,17 +484,16 @@ func (s *server) answerRoutes(w http.ResponseWriter, r *http.Request, doc *route
 		s.fail(w, r, err)
 		return
 	}
-	var buf bytes.Buffer
-	buf.WriteString(`{"ok":true,"routes":`)
-	buf.Write(bytes.TrimSpace(encodeRegistry(doc)))
-	buf.WriteString("}\n")
-	writeRaw(w, http.StatusOK, buf.Bytes())
+	writeRaw(w, http.StatusOK, fmt.Appendf(nil, "{\"ok\":true,\"routes\":%s}\n", bytes.TrimSpace(encodeRegistry(doc))))
 }
 
-// decodeBody strictly decodes an admin body: malformed JSON or an unknown
-// member is 400 invalid_request naming it.
-func decodeBody(r *http.Request, v any) error {
+// decodeBody strictly decodes an admin body (optional: an empty one too):
+// malformed JSON or an unknown member is 400 invalid_request naming it.
+func decodeBody(r *http.Request, v any, optional bool) error {
 	body := infoFrom(r.Context()).body
+	if optional && len(bytes.TrimSpace(body)) == 0 {
+		return nil
+	}
 	if err := decodeStrict("request body", body, v); err != nil {
 		return refuse("invalid_request", "%s", err.Error())
 	}
@@ -573,8 +507,8 @@ func writeRaw(w http.ResponseWriter, status int, b []byte) {
 	w.Write(b)
 }
 
-// handleModels serves GET /v1/models: declared aliases with their state,
-// then catalogue models of providers that can serve, in OpenAI's list shape.
+// handleModels serves GET /v1/models in OpenAI's list shape: the aliases,
+// then the catalogue models of providers that can serve.
 func (s *server) handleModels(w http.ResponseWriter, r *http.Request) {
 	type model struct {
 		ID      string `json:"id"`
@@ -608,25 +542,16 @@ type stats struct {
 	Maintenance   map[string]any       `json:"maintenance"`
 }
 
-func (s *server) stats() stats {
-	size, _ := s.journal.size()
-	return stats{
-		Routes:        s.perf.snapshot(),
-		AttemptsTotal: s.attempts.Load(),
-		JournalBytes:  size,
-		Maintenance:   s.maint.state(),
-	}
-}
-
 func (s *server) handleStats(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, s.stats())
+	size, _ := s.journal.size()
+	writeJSON(w, http.StatusOK, stats{s.perf.snapshot(), s.attempts.Load(), size, s.maint.state()})
 }
 
 func (s *server) handleMetrics(w http.ResponseWriter, r *http.Request) {
-	st := s.stats()
+	size, _ := s.journal.size()
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-	writeMetrics(w, st.Routes, map[string]float64{
-		"brama_attempts_total": float64(st.AttemptsTotal),
-		"brama_journal_bytes":  float64(st.JournalBytes),
+	writeMetrics(w, s.perf.snapshot(), map[string]float64{
+		"brama_attempts_total": float64(s.attempts.Load()),
+		"brama_journal_bytes":  float64(size),
 	})
 }

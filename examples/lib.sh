@@ -51,6 +51,10 @@ start_brama() {
 	local flags=("$@")
 	printf '%s' "${LOCAL_CREDS:-}" >"$WORK/creds"
 	if [ -n "${LOCAL_CREDS:-}" ]; then flags+=(-local-credentials-stdin); fi
+	# Emptied here, not by the background job's own redirection: that runs
+	# after the fork, so a restart could read the previous serve's address.
+	: >"$WORK/brama.out"
+	: >"$WORK/brama.err"
 	"$BRAMA" serve -addr 127.0.0.1:0 "${flags[@]}" <"$WORK/creds" >"$WORK/brama.out" 2>"$WORK/brama.err" &
 	PIDS+=($!)
 	wait_for "$WORK/brama.out" '^listening on '
