@@ -244,28 +244,18 @@ func (inv *inventory) agentItems(agent string) ([]overlayItem, error) {
 // owned is agent's subscription id, else 404 (an agent learns nothing of
 // others'); when ifRetired says why, a retired one is 409 state_conflict.
 func (inv *inventory) owned(agent, id, ifRetired string) (overlayItem, error) {
-	items, err := inv.items()
+	items, retired, err := inv.view()
 	if err != nil {
 		return overlayItem{}, err
 	}
 	i := slices.IndexFunc(items, func(it overlayItem) bool { return it.ID == id && it.AgentID == agent })
-	if i < 0 {
+	switch {
+	case i < 0:
 		return overlayItem{}, refuse("not_found", "agent %q has no subscription %q", agent, id)
+	case ifRetired != "" && retired[id]:
+		return items[i], refuse("state_conflict", "subscription %s is retired; %s", id, ifRetired)
 	}
-	if ifRetired == "" {
-		return items[i], nil
-	}
-	retired, err := inv.isRetired(id)
-	if err == nil && retired {
-		err = refuse("state_conflict", "subscription %s is retired; %s", id, ifRetired)
-	}
-	return items[i], err
-}
-
-// isRetired reports whether the journal's last word on id is retire.
-func (inv *inventory) isRetired(id string) (bool, error) {
-	_, retired, err := inv.view()
-	return retired[id], err
+	return items[i], nil
 }
 
 // donate stores a new subscription (SPEC §10.1): vault first, overlay second;
@@ -367,7 +357,7 @@ func (inv *inventory) journalStatus(kind, agent, id, reason string) error {
 	if _, err := inv.owned(agent, id, ""); err != nil {
 		return err
 	}
-	if retired, err := inv.isRetired(id); err != nil || retired == (kind == "retire") {
+	if _, retired, err := inv.view(); err != nil || retired[id] == (kind == "retire") {
 		return err
 	}
 	defer inv.invalidate(false)

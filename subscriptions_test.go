@@ -310,8 +310,8 @@ func TestInventoryQueries(t *testing.T) {
 	if _, err := inv.owned("a1", b1, ""); asAPIError(err).Code != "not_found" {
 		t.Errorf("owned finds another agent's subscription: %v", err)
 	}
-	if r, _ := inv.isRetired(k1); !r {
-		t.Error("isRetired(k1) = false")
+	if _, retired, _ := inv.view(); !retired[k1] {
+		t.Error("view says k1 is not retired")
 	}
 	if _, err := inv.credential("sub_ffffffffffffffff"); asAPIError(err).Code != "credential_unauthorized" {
 		t.Errorf("credential of an unknown id: %v", err)
