@@ -29,7 +29,7 @@ type maintainer struct {
 	getenv func(string) string
 	log    *slog.Logger
 	clock  func() time.Time
-	kick   chan struct{} // the ledger's changed channel: wakes loop after pending, the timer or the ledger changed
+	kick   chan struct{} // the ledger's changed channel: wakes loop for pending, the timer or the ledger
 
 	// Test hooks (nil in production): the due timer's AfterFunc, and every finished pass.
 	testingOnlyAfterFunc func(d time.Duration, f func()) ledgerStopper
@@ -85,7 +85,8 @@ type credentialSummary struct {
 
 // newMaintainer builds the maintainer; nothing runs until run.
 func newMaintainer(inv *inventory, l *ledger, o *oauthClient, client *http.Client, getenv func(string) string, log *slog.Logger, now func() time.Time) *maintainer {
-	return &maintainer{inv: inv, l: l, o: o, client: client, getenv: getenv, log: log, clock: now, kick: l.changed}
+	return &maintainer{inv: inv, l: l, o: o, client: client, getenv: getenv, log: log, clock: now,
+		kick: l.changed}
 }
 
 // run starts loop, counted in wg, with the start pass pending (the listener is up).
@@ -492,7 +493,8 @@ func (m *maintainer) fetchUsage(ctx context.Context, provider string, cred vault
 	}
 	h = append(h, [2]string{"Authorization", "Bearer " + token})
 	status, body, err := callEndpoint(ctx, m.client, http.MethodGet, endpoint, nil, h...)
-	re := &endpointError{Op: "usage report GET", Endpoint: endpointName(endpoint), Status: status, Received: len(body), Err: err}
+	re := &endpointError{Op: "usage report GET", Endpoint: endpointName(endpoint), Status: status,
+		Received: len(body), Err: err}
 	switch {
 	case err != nil && status != 0:
 		re.Err = fmt.Errorf("the body ended early: %w", err)

@@ -311,7 +311,8 @@ func withCause(msg string, err error) string {
 }
 
 // callEndpoint sends one request with headers and reads the answer whole; status is 0 when none came.
-func callEndpoint(ctx context.Context, client *http.Client, method, endpoint string, body []byte, headers ...[2]string) (status int, b []byte, err error) {
+func callEndpoint(ctx context.Context, client *http.Client, method, endpoint string, body []byte,
+	headers ...[2]string) (status int, b []byte, err error) {
 	req, err := http.NewRequestWithContext(ctx, method, endpoint, bytes.NewReader(body))
 	if err != nil {
 		return 0, nil, err

@@ -122,9 +122,8 @@ func windowLabel(mins float64, fallback string) string {
 	return strconv.FormatInt(n, 10) + " " + unit + "s"
 }
 
-// usageReports is SPEC §11.2's reports: the path below the base URL (codex's
-// lives elsewhere), the reader and what a report naming no window lacks,
-// whether an API key reads it, the chat route's headers.
+// usageReports is SPEC §11.2's reports: the path below the base URL (codex's lives elsewhere), the
+// reader, what a report naming no window lacks, whether an API key reads it, the chat route's headers.
 var usageReports = map[string]struct {
 	path    string
 	read    func(report, time.Time) []planWindow
@@ -132,11 +131,14 @@ var usageReports = map[string]struct {
 	apiKey  bool
 	headers [][2]string
 }{
-	"claude-code": {path: "/api/oauth/usage", read: claudeCodeUsage, none: "no member with utilization and resets_at",
+	"claude-code": {path: "/api/oauth/usage", read: claudeCodeUsage,
+		none:    "no member with utilization and resets_at",
 		headers: [][2]string{{"anthropic-version", "2023-06-01"}, {"anthropic-beta", "oauth-2025-04-20"}}},
-	"codex": {read: codexUsage, none: "no rate_limit with a primary_window or secondary_window with used_percent",
+	"codex": {read: codexUsage,
+		none:    "no rate_limit with a primary_window or secondary_window with used_percent",
 		headers: [][2]string{{"OpenAI-Beta", "responses=experimental"}, {"originator", "codex_cli_rs"}}},
-	"kimi": {path: "/usages", read: kimiUsage, none: "no usage or limits entry with a limit above 0", apiKey: true},
+	"kimi": {path: "/usages", read: kimiUsage, apiKey: true,
+		none: "no usage or limits entry with a limit above 0"},
 }
 
 // codexUsageURL is overridden by BRAMA_PROVIDER_CODEX_USAGE_URL alone.
@@ -241,9 +243,8 @@ func usageMs(f float64) (int64, bool) {
 // claudeWindowKey is the shape of a member kept as a window id.
 var claudeWindowKey = regexp.MustCompile(`^[a-z0-9_]{1,64}$`)
 
-// claudeCodeUsage reads {base}/api/oauth/usage: a member with
-// "utilization" percent and "resets_at" (instant or null) is a window; the
-// anthropicWindows come first under their traffic ids, then anthropic:<member> by name.
+// claudeCodeUsage reads {base}/api/oauth/usage: a member with "utilization" percent and "resets_at"
+// is a window, anthropicWindows first under their traffic ids, then anthropic:<member> by name.
 func claudeCodeUsage(r report, now time.Time) []planWindow {
 	var ws []planWindow
 	add := func(k, id, label string) {

@@ -368,9 +368,8 @@ func (inv *inventory) journalStatus(kind, agent, id, reason string) error {
 	return nil
 }
 
-// replaceCredential swaps the vault credential of agent's non-retired
-// subscription id and marks the ledger credential active; the caller
-// journals the sign-in, so the item comes back once it is known.
+// replaceCredential swaps the vault credential of agent's non-retired subscription id and
+// marks the ledger credential active; the item comes back once known, for the sign-in journal.
 func (inv *inventory) replaceCredential(agent, id string, cred vaultCredential) (overlayItem, error) {
 	inv.wmu.Lock()
 	defer inv.wmu.Unlock()
