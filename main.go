@@ -267,7 +267,7 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 	}
 	s.oauth = newOAuth(e.getenv, client, s.vault, s.ledger, log, now)
 	defer s.oauth.shutdown()
-	s.maint = newMaintainer(s.inv, s.ledger, s.oauth, s.journal, client, e.getenv, log, now)
+	s.maint = newMaintainer(s.inv, s.ledger, s.oauth, client, e.getenv, log, now)
 	if *localCreds {
 		if s.localCreds, err = readLocalCredentials(e.stdin); err != nil {
 			return err
