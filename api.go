@@ -3,11 +3,11 @@ package main
 import (
 	"bytes"
 	"cmp"
-	"context"
 	"encoding/json"
 	"errors"
 	"maps"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 )
 
@@ -272,16 +272,6 @@ func (s *server) handleChat(dialect string) http.HandlerFunc {
 	}
 }
 
-// plan is the engine's plan for callers outside a chat request (onboarding).
-func (s *server) plan(ri *requestInfo, req *chatRequest) (call, error) {
-	return s.engine(ri).plan(ri.client, ri.agentID, req)
-}
-
-// callProvider makes one translated call outside a chat request (onboarding).
-func (s *server) callProvider(ctx context.Context, req chatRequest, c call) attempt {
-	return s.engine(&requestInfo{}).callProvider(ctx, req, c)
-}
-
 // handleEmbeddings serves POST /v1/embeddings: a direct or alias route to an
 // openai-chat provider, one call, the provider's JSON returned as is.
 func (s *server) handleEmbeddings(w http.ResponseWriter, r *http.Request) {
@@ -329,26 +319,6 @@ func (s *server) serveModel(w http.ResponseWriter, r *http.Request, req *chatReq
 	}
 }
 
-// answerCapture holds a buffered dispatch's response until it is kept.
-type answerCapture struct {
-	header http.Header
-	status int
-	body   bytes.Buffer
-}
-
-func (c *answerCapture) Header() http.Header { return c.header }
-
-func (c *answerCapture) WriteHeader(code int) {
-	if c.status == 0 {
-		c.status = code
-	}
-}
-
-func (c *answerCapture) Write(b []byte) (int, error) {
-	c.WriteHeader(http.StatusOK)
-	return c.body.Write(b)
-}
-
 // signedAnswer answers a chat request carrying an Idempotency-Key (SPEC
 // §12): reserving is the last step before dispatch runs the provider calls.
 func (s *server) signedAnswer(w http.ResponseWriter, r *http.Request, req chatRequest, key string, dispatch func(w http.ResponseWriter, r *http.Request)) {
@@ -373,7 +343,7 @@ func (s *server) signedAnswer(w http.ResponseWriter, r *http.Request, req chatRe
 		s.replayAnswer(w, r, kept)
 		return
 	}
-	c := &answerCapture{header: http.Header{}}
+	c := newCapture()
 	func() {
 		defer func() {
 			if p := recover(); p != nil {
@@ -384,32 +354,38 @@ func (s *server) signedAnswer(w http.ResponseWriter, r *http.Request, req chatRe
 		dispatch(c, r)
 	}()
 	c, sig := s.settleAnswer(r, t, c, false)
-	maps.Copy(w.Header(), c.header)
+	maps.Copy(w.Header(), c.HeaderMap)
 	if sig != "" {
 		w.Header().Set("Brama-Answer-Signature", sig)
 	}
-	w.WriteHeader(cmp.Or(c.status, http.StatusOK))
-	w.Write(c.body.Bytes())
+	w.WriteHeader(cmp.Or(c.Code, http.StatusOK))
+	w.Write(c.Body.Bytes())
+}
+
+// newCapture holds a buffered dispatch's response until it is kept; Code
+// stays 0 until something is written.
+func newCapture() *httptest.ResponseRecorder {
+	return &httptest.ResponseRecorder{HeaderMap: http.Header{}, Body: new(bytes.Buffer)}
 }
 
 // settleAnswer keeps or releases the reservation after dispatch (SPEC §12
 // item 3) and returns what the caller gets, signed when kept. After a
 // provider call started, a hang-up or panic is kept (499, 500) so the key
 // never spends twice; a retryable refusal is released.
-func (s *server) settleAnswer(r *http.Request, t *answerTicket, c *answerCapture, panicked bool) (*answerCapture, string) {
+func (s *server) settleAnswer(r *http.Request, t *answerTicket, c *httptest.ResponseRecorder, panicked bool) (*httptest.ResponseRecorder, string) {
 	ri := infoFrom(r.Context())
 	calls := 0
 	if ri.attempts != nil {
 		calls = *ri.attempts
 	}
 	attempts := ri.attempts
-	if n, err := strconv.Atoi(c.header.Get("Brama-Attempts")); err == nil {
+	if n, err := strconv.Atoi(c.HeaderMap.Get("Brama-Attempts")); err == nil {
 		attempts = &n
 	}
-	_, retryable := envelopeCode(c.body.Bytes())
+	_, retryable := envelopeCode(c.Body.Bytes())
 	var cut *apiError
 	switch {
-	case c.status >= 200 && c.status <= 299 && !panicked:
+	case c.Code >= 200 && c.Code <= 299 && !panicked:
 	case panicked && calls > 0:
 		cut = refuse("internal_error", "the answer failed inside Brama after a provider call started").withAttempts(calls)
 	case r.Context().Err() != nil && calls > 0:
@@ -417,19 +393,19 @@ func (s *server) settleAnswer(r *http.Request, t *answerTicket, c *answerCapture
 	case panicked, r.Context().Err() != nil, retryable,
 		// A refusal without an attempts count was made before any dispatch
 		// (SPEC §8.1): it belongs before the reservation and is never kept.
-		calls == 0 && c.header.Get("Brama-Attempts") == "":
+		calls == 0 && c.HeaderMap.Get("Brama-Attempts") == "":
 		if err := s.answers.release(t); err != nil {
 			s.answers.log.Error("answer_release_failed", "request_id", ri.id, "err", err)
 		}
 		return c, ""
 	}
 	if cut != nil {
-		c = &answerCapture{header: http.Header{}}
+		c = newCapture()
 		writeAPIError(c, r, cut)
 		attempts = &calls
 		ri.outcome, ri.retryable = cut.Code, false
 	}
-	rec, err := s.answers.complete(t, c.status, c.body.Bytes(), attempts, ri.route)
+	rec, err := s.answers.complete(t, c.Code, c.Body.Bytes(), attempts, ri.route)
 	if err != nil {
 		// The answer exists and was paid for: give it unsigned rather than
 		// lose it. The record stays in progress, so the key never spends

@@ -120,7 +120,7 @@ func onboard(ctx context.Context, getenv func(string) string, sy sys, model stri
 		say("next: brama onboard -model " + cmp.Or(model, "<route>") + " -allow-provider-cost")
 		return nil
 	}
-	a := s.callProvider(ctx, req, c)
+	a := s.engine(&requestInfo{}).callProvider(ctx, req, c)
 	if ae := a.failure(); ae != nil {
 		return fmt.Errorf("no model answer: %s", ae.Message)
 	}
@@ -176,7 +176,7 @@ func (s *server) onboardPlan(model string) (c call, req chatRequest, next string
 		}
 	}
 	req = pingRequest(model, providerInfo{})
-	c, err = s.plan(&requestInfo{}, &req)
+	c, err = s.engine(&requestInfo{}).plan(client{}, "", &req)
 	switch ae := asAPIError(err); {
 	case err == nil && (c.res.Mode == modeDirect || c.res.Mode == modeAlias):
 		return c, req, "", nil

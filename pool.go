@@ -99,8 +99,7 @@ func (wk *walk) exhausted(now time.Time) *apiError {
 	case wk.model && wk.rejectedStatus != 0:
 		// Only a selector walk gets here: every call was a refusal of the
 		// request itself, so the caller gets the last one's status.
-		ae = refuse("provider_rejected", "every candidate refused the request: %s", list)
-		ae.ProviderStatus = wk.rejectedStatus
+		ae = refuse("provider_rejected", "every candidate refused the request: %s", list).withStatus(wk.rejectedStatus)
 	default:
 		ae = refuse("provider_failure", "every candidate was refused: %s", list)
 	}

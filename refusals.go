@@ -114,10 +114,7 @@ func classifyRefusal(protocol string, status int, header http.Header, body []byt
 	if quoted := cleanQuoted(msg, presented, maxQuotedBytes); quoted != "" {
 		m += ": " + quoted
 	}
-	r.err = refuse(ec, "%s", m)
-	if ec == "provider_rejected" {
-		r.err.ProviderStatus = rejectedStatus(status)
-	}
+	r.err = refuse(ec, "%s", m).withStatus(rejectedStatus(status)) // 0 unless provider_rejected
 	if r.err.retryable() {
 		r.err.RetryAfter = wait // the provider's own wait, on any route (SPEC §8.1)
 	}
