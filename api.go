@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 )
 
 // The handlers in front of the attempt engine (SPEC §7, §15), of the
@@ -79,55 +80,44 @@ func (s *server) listSubscriptions(r *http.Request) (any, error) {
 	return map[string]any{"subscriptions": rows}, err
 }
 
-// donateSubscription serves POST /v1/subscriptions/{agent_id}.
+// donateSubscription serves POST …/subscriptions/{agent_id}; on the admin
+// route the agent must be in the vault, and ?via=sign-in is journaled as a
+// sign-in (SPEC §11.1).
 func (s *server) donateSubscription(r *http.Request) (any, error) {
-	return donated(s.donate(r))
-}
-
-// donate decodes a donation and adds it to the path's agent.
-func (s *server) donate(r *http.Request) (overlayItem, error) {
-	var body donation
-	if err := decodeBody(r, &body, false); err != nil {
-		return overlayItem{}, err
-	}
-	it, err := s.inv.donate(r.PathValue("agent_id"), body.Provider, body.Label, vaultCredential{APIKey: body.APIKey, OAuth: body.OAuth})
-	if err == nil {
-		s.maint.changed()
-	}
-	return it, err
-}
-
-// donated is the 201 answer to a donation.
-func donated(it overlayItem, err error) (any, error) {
-	return map[string]donatedSubscription{
-		"subscription": {ID: it.ID, Provider: it.Provider, AgentID: it.AgentID, Label: it.Label, Status: "active"},
-	}, err
-}
-
-// adminDonation serves POST /v1/admin/subscriptions/{agent_id}, for an
-// agent the vault knows; ?via=sign-in is journaled as a sign-in (SPEC §11.1).
-func (s *server) adminDonation(r *http.Request) (any, error) {
-	agent, signIn := r.PathValue("agent_id"), r.URL.Query().Get("via") == signInVia
+	agent, admin := r.PathValue("agent_id"), strings.HasPrefix(r.URL.Path, "/v1/admin/")
+	signIn := admin && r.URL.Query().Get("via") == signInVia
 	if signIn {
 		if err := s.journal.ready(); err != nil {
 			return nil, refuse("dependency_unavailable", "subscription not donated: the journal cannot record a sign-in: %v", err).because(err)
 		}
 	}
-	doc, err := s.vault.load()
-	if err != nil {
-		return nil, vaultRefusal(err)
-	}
-	if _, ok := doc.Agents[agent]; !ok {
-		return nil, refuse("not_found", "no agent %q in the vault (brama agents add %s)", agent, agent)
-	}
-	it, err := s.donate(r)
-	if err == nil && signIn {
-		by := infoFrom(r.Context()).client.ID
-		if jerr := s.journalSignIn(it, "signed_in", "new subscription donated by sign-in from client "+by); jerr != nil {
-			err = refuse("dependency_unavailable", "subscription %s was donated, but the journal refused the sign-in record: %v", it.ID, jerr).because(jerr)
+	if admin {
+		doc, err := s.vault.load()
+		if err != nil {
+			return nil, vaultRefusal(err)
+		}
+		if _, ok := doc.Agents[agent]; !ok {
+			return nil, refuse("not_found", "no agent %q in the vault (brama agents add %s)", agent, agent)
 		}
 	}
-	return donated(it, err)
+	var body donation
+	if err := decodeBody(r, &body, false); err != nil {
+		return nil, err
+	}
+	it, err := s.inv.donate(agent, body.Provider, body.Label, vaultCredential{APIKey: body.APIKey, OAuth: body.OAuth})
+	if err != nil {
+		return nil, err
+	}
+	s.maint.changed()
+	if signIn {
+		by := infoFrom(r.Context()).client.ID
+		if jerr := s.journalSignIn(it, "signed_in", "new subscription donated by sign-in from client "+by); jerr != nil {
+			return nil, refuse("dependency_unavailable", "subscription %s was donated, but the journal refused the sign-in record: %v", it.ID, jerr).because(jerr)
+		}
+	}
+	return map[string]donatedSubscription{
+		"subscription": {ID: it.ID, Provider: it.Provider, AgentID: it.AgentID, Label: it.Label, Status: "active"},
+	}, nil
 }
 
 // retireSubscription serves DELETE …/{subscription_id}[?reason=TEXT].
@@ -419,12 +409,7 @@ func (s *server) settleAnswer(r *http.Request, t *answerTicket, c *httptest.Resp
 // envelopeCode is the code and retryable flag of body when it is an error
 // envelope (SPEC §8.1); code is "" otherwise.
 func envelopeCode(body []byte) (code string, retryable bool) {
-	var env struct {
-		Error struct {
-			Code      string `json:"code"`
-			Retryable bool   `json:"retryable"`
-		} `json:"error"`
-	}
+	var env envelope
 	if json.Unmarshal(body, &env) != nil {
 		return "", false
 	}

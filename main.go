@@ -249,14 +249,14 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 	}
 	client := newProviderClient()
 	s := &server{
-		log: log, getenv: e.getenv, st: d.st, now: now, clients: d.clients, vault: d.vault, journal: d.journal,
-		reg: d.reg, guard: guard, maxBody: maxBody, client: client, keepAlive: testingOnlyKeepAlive,
-		agents:  newAgentVerifier(d.vault.agentSecret, now),
-		catalog: newCatalog(d.st, e.getenv, client, log, now),
-		perf:    newPerfRegistry(d.st, sy),
-		answers: newAnswerStore(d.st, log, now),
-		replay:  newReplayGuard(e.getenv, log, now),
-		ledger:  newLedger(d.st, log, now),
+		deps: d, log: log, getenv: e.getenv, now: now, guard: guard, maxBody: maxBody, client: client,
+		keepAlive: testingOnlyKeepAlive,
+		agents:    newAgentVerifier(d.vault.agentSecret, now),
+		catalog:   newCatalog(d.st, e.getenv, client, log, now),
+		perf:      newPerfRegistry(d.st, sy),
+		answers:   newAnswerStore(d.st, log, now),
+		replay:    newReplayGuard(e.getenv, log, now),
+		ledger:    newLedger(d.st, log, now),
 	}
 	defer s.ledger.flush()
 	s.inv = newInventory(d.st, s.vault, s.journal, s.ledger, e.getenv, sy)
@@ -273,7 +273,7 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 			return err
 		}
 	}
-	if err := ensureFirstClient(d.clients, e.stderr); err != nil {
+	if err := ensureFirstClient(s.clients, e.stderr); err != nil {
 		return err
 	}
 	s.routes()

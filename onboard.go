@@ -88,7 +88,7 @@ func onboard(ctx context.Context, getenv func(string) string, sy sys, model stri
 	}
 
 	// 3. A route or credential can serve.
-	s := &server{log: sy.log, getenv: getenv, st: d.st, now: sy.now, clients: d.clients, vault: d.vault, journal: d.journal, reg: d.reg}
+	s := &server{deps: d, log: sy.log, getenv: getenv, now: sy.now}
 	s.client = newProviderClient()
 	s.catalog = newCatalog(d.st, getenv, s.client, sy.log, sy.now)
 	var c call
