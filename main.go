@@ -125,10 +125,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		fmt.Fprintln(stdout, runUsage)
 		return nil
 	}
-	if subs[cmd] == nil {
+	sub := subs[cmd]
+	if sub == nil {
 		return &usageError{fmt.Sprintf("unknown command %q", cmd)}
 	}
-	return e.sub(cmd, rest, subs[cmd])
+	if len(rest) == 0 || sub[rest[0]] == nil {
+		names := strings.Join(slices.Sorted(maps.Keys(sub)), "|")
+		return &usageError{fmt.Sprintf("usage: brama %s %s ... (-h on each)", cmd, names)}
+	}
+	return sub[rest[0]](rest[1:])
 }
 
 // cliEnv is what every command reads and writes besides its arguments.
@@ -138,15 +143,6 @@ type cliEnv struct {
 	stdin  io.Reader
 	stdout io.Writer
 	stderr io.Writer
-}
-
-// sub runs one of a command's subcommands.
-func (e cliEnv) sub(cmd string, args []string, subs map[string]func([]string) error) error {
-	if len(args) == 0 || subs[args[0]] == nil {
-		names := strings.Join(slices.Sorted(maps.Keys(subs)), "|")
-		return &usageError{fmt.Sprintf("usage: brama %s %s ... (-h on each)", cmd, names)}
-	}
-	return subs[args[0]](args[1:])
 }
 
 // newFlags makes a flag set that prints to stderr and returns errors.

@@ -365,18 +365,9 @@ type readiness struct {
 	Warnings []string `json:"warnings"`
 }
 
-func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
-	rd := s.readiness()
-	status := http.StatusOK
-	if !rd.Ready {
-		status = http.StatusServiceUnavailable
-	}
-	writeJSON(w, status, rd)
-}
-
-// readiness applies SPEC §13. Sentences name files by role, never by a
+// handleReady applies SPEC §13. Sentences name files by role, never by a
 // path outside the state directory.
-func (s *server) readiness() readiness {
+func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 	rd := readiness{Reasons: []string{}, Warnings: []string{}}
 	if s.st.dir == "" {
 		rd.Warnings = append(rd.Warnings, "no state directory: "+s.st.cause.Error())
@@ -414,8 +405,11 @@ func (s *server) readiness() readiness {
 	if !payer && !subPayer {
 		rd.Reasons = append(rd.Reasons, "no payer: no direct credential, declared deployment or active subscription")
 	}
-	rd.Ready = len(rd.Reasons) == 0
-	return rd
+	status := http.StatusOK
+	if rd.Ready = len(rd.Reasons) == 0; !rd.Ready {
+		status = http.StatusServiceUnavailable
+	}
+	writeJSON(w, status, rd)
 }
 
 // hidePath keeps a file's location out of a /readyz sentence unless it lies
