@@ -125,10 +125,7 @@ func classifyRefusal(protocol string, status int, header http.Header, body []byt
 // providers send ({"error":{…}}, {"error":"text"}, codex's {"detail":…});
 // any other body yields nothing: a raw body is never quoted.
 func providerErrorFields(body []byte) (typ, code, msg string) {
-	var b struct {
-		Error  json.RawMessage `json:"error"`
-		Detail json.RawMessage `json:"detail"`
-	}
+	var b struct{ Error, Detail json.RawMessage } // matched as "error", "detail"
 	if json.Unmarshal(body, &b) != nil {
 		return "", "", ""
 	}
@@ -141,10 +138,8 @@ func providerErrorFields(body []byte) (typ, code, msg string) {
 			return "", "", s
 		}
 	}
-	if e, ok := errorObject(b.Detail); ok {
-		return "", "", e.msg
-	}
-	return "", "", ""
+	e, _ := errorObject(b.Detail) // zero unless an object
+	return "", "", e.msg
 }
 
 type errorFields struct{ typ, code, msg string }
