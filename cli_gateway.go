@@ -20,10 +20,8 @@ import (
 	"time"
 )
 
-// The CLI commands that call the daemon (SPEC §2.3, §16.1): `brama
-// subscription …` (the serving process is the only writer of the overlay
-// and the vault's subscriptions) and `brama maintain`. Each takes -gateway
-// URL and the bearer from BRAMA_TOKEN, else stdin's first line.
+// The CLI commands that call the daemon, the only writer of the overlay and
+// the vault's subscriptions (SPEC §2.3, §16.1): subscription … and maintain.
 
 // subGateway is one command's connection to the daemon's admin API.
 type subGateway struct {

@@ -91,8 +91,7 @@ func (e *apiError) Status() int {
 }
 
 // withStatus answers e with status (0: the table's), for a code SPEC §8.2
-// lists under more than one: invalid_request's 413 for a body over
-// BRAMA_MAX_REQUEST_BYTES, provider_rejected's the provider's own 4xx.
+// lists under more than one: invalid_request's 413, provider_rejected's 4xx.
 func (e *apiError) withStatus(status int) *apiError {
 	e.status = status
 	return e

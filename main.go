@@ -349,9 +349,8 @@ func readLocalCredentials(r io.Reader) (map[string]string, error) {
 	return creds, nil
 }
 
-// ensureFirstClient creates the admin client "local" when no clients file
-// exists and prints its token once (SPEC §3.1); without a state directory
-// the client lives in this process only (SPEC §2.1).
+// ensureFirstClient creates the admin client "local", its token printed
+// once, when no clients file exists (SPEC §3.1); in memory with no state (§2.1).
 func ensureFirstClient(c *clientStore, stderr io.Writer) error {
 	tok := newToken()
 	local := client{ID: "local", TokenSHA256: tokenDigest(tok), Role: roleAdmin}

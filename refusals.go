@@ -268,8 +268,7 @@ func clampWait(s float64) time.Duration {
 }
 
 // classifyTransport maps a failed provider call to its code (SPEC §8.2):
-// once the request may have been sent it is provider_incomplete, because
-// the provider may have generated and billed.
+// provider_incomplete once the request may have been sent (and billed).
 func classifyTransport(err error) *apiError {
 	cause := err
 	var ue *url.Error
