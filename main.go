@@ -98,11 +98,18 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	e := cliEnv{ctx: ctx, getenv: getenv, stdin: stdin, stdout: stdout, stderr: stderr}
 	cmd, rest := args[0], args[1:]
 	subs := map[string]map[string]func([]string) error{
-		"routes":      {"list": e.routesList, "set": e.routesSet, "rm": e.routesRm, "migrate": e.routesMigrate},
-		"clients":     {"add": e.clientsAdd, "rm": e.clientsRm},
-		"agents":      {"add": e.agentsAdd, "rm": e.agentsRm},
-		"credentials": {"set": e.credentialsSet},
-		"journal":     {"check": e.journalCheck},
+		"routes": {
+			"list": e.routesList, "migrate": e.routesMigrate,
+			"set": e.positional("routes set ALIAS DESTINATION", 2, e.routesSet),
+			"rm":  e.positional("routes rm ALIAS", 1, e.routesRm),
+		},
+		"clients": {"add": e.clientsAdd, "rm": e.positional("clients rm ID", 1, e.clientsRm)},
+		"agents": {
+			"add": e.positional("agents add ID", 1, e.agentsAdd),
+			"rm":  e.positional("agents rm ID", 1, e.agentsRm),
+		},
+		"credentials": {"set": e.positional("credentials set PROVIDER  (the API key on stdin)", 1, e.credentialsSet)},
+		"journal":     {"check": e.positional("journal check", 0, e.journalCheck)},
 		"answers":     {"verify": e.answersVerify, "prune": e.answersPrune},
 		"subscription": {
 			"add": e.subscriptionAdd, "list": e.subscriptionList, "import": e.subscriptionImport,
@@ -150,6 +157,18 @@ func (e cliEnv) newFlags(name string) *flag.FlagSet {
 	fs := flag.NewFlagSet("brama "+name, flag.ContinueOnError)
 	fs.SetOutput(e.stderr)
 	return fs
+}
+
+// positional makes run a subcommand with no flags and n positionals; usage
+// (after "brama ") starts with the subcommand's two words.
+func (e cliEnv) positional(usage string, n int, run func(pos []string) error) func([]string) error {
+	return func(args []string) error {
+		pos, err := parseFlags(e.newFlags(strings.Join(strings.Fields(usage)[:2], " ")), args, n, usage)
+		if err != nil {
+			return err
+		}
+		return run(pos)
+	}
 }
 
 // parseFlags parses args allowing flags and positionals in any order
