@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,21 +14,17 @@ import (
 // Chat Completions wire shapes, for the caller's body and the provider's.
 type (
 	chatRequestBody struct {
-		Model               string          `json:"model"`
+		callerHead
 		Messages            []chatMessage   `json:"messages"`
 		Tools               []chatTool      `json:"tools,omitempty"`
 		ToolChoice          json.RawMessage `json:"tool_choice,omitempty"`
 		ParallelToolCalls   *bool           `json:"parallel_tool_calls,omitempty"`
 		MaxTokens           *int            `json:"max_tokens,omitempty"`
 		MaxCompletionTokens *int            `json:"max_completion_tokens,omitempty"`
-		Temperature         *float64        `json:"temperature,omitempty"`
-		TopP                *float64        `json:"top_p,omitempty"`
 		Stop                json.RawMessage `json:"stop,omitempty"`
 		ResponseFormat      *chatFormat     `json:"response_format,omitempty"`
 		ReasoningEffort     string          `json:"reasoning_effort,omitempty"`
-		Stream              bool            `json:"stream,omitempty"`
 		StreamOptions       json.RawMessage `json:"stream_options,omitempty"`
-		BillingTarget       json.RawMessage `json:"billingTarget,omitempty"`
 		openAIShared
 	}
 	chatMessage struct {
@@ -104,12 +101,12 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 	if err := decodeCallerJSON(body, &b, ""); err != nil {
 		return chatRequest{}, err
 	}
-	req, err := newCallerRequest(b.Model, b.Temperature, b.TopP, b.Stream, "max_tokens", b.MaxTokens, b.BillingTarget)
+	req, err := newCallerRequest(b.callerHead, "max_tokens", b.MaxTokens)
 	if err != nil {
 		return chatRequest{}, err
 	}
 	dropUnknown(&req.Dropped, body, "", chatKnown)
-	req.Shared = b.openAIShared
+	req.Shared, req.ParallelToolCalls = b.openAIShared, b.ParallelToolCalls
 	if b.MaxCompletionTokens != nil { // the newer name wins when both are sent
 		if req.MaxTokens, err = checkCallerMaxTokens("max_completion_tokens", b.MaxCompletionTokens); err != nil {
 			return chatRequest{}, err
@@ -135,21 +132,14 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 	if req.ToolChoice, err = parseOpenAIToolChoice(&req, b.ToolChoice, true); err != nil {
 		return chatRequest{}, err
 	}
-	req.ParallelToolCalls, req.Effort = b.ParallelToolCalls, b.ReasoningEffort
-	if req.Effort != "" {
+	if req.Effort = b.ReasoningEffort; req.Effort != "" {
 		req.EffortPath = "reasoning_effort"
 	}
-	if req.Stop, err = parseStop(b.Stop, "stop"); err != nil {
+	if err = req.setChatStop(b.Stop); err != nil {
 		return chatRequest{}, err
 	}
-	if len(req.Stop) > 0 {
-		req.StopPath = "stop"
-	}
 	if f := b.ResponseFormat; f != nil {
-		o := outputFormat{}
-		if f.JSONSchema != nil {
-			o = *f.JSONSchema
-		}
+		o := valueOr(f.JSONSchema, outputFormat{})
 		o.Type = f.Type
 		if req.Output, err = checkOutput(&o, "response_format"); err != nil {
 			return chatRequest{}, err
@@ -157,6 +147,23 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 	}
 	req.linkCalls()
 	return req, nil
+}
+
+// setChatStop reads stop sequences: a string or an array of strings.
+func (req *chatRequest) setChatStop(raw json.RawMessage) (err error) {
+	switch rawShape(raw) {
+	case 0, 'n':
+		return nil
+	case '"':
+		req.Stop = []string{""}
+		err = decodeCallerJSON(raw, &req.Stop[0], "stop")
+	default:
+		err = decodeCallerJSON(raw, &req.Stop, "stop")
+	}
+	if len(req.Stop) > 0 {
+		req.StopPath = "stop"
+	}
+	return err
 }
 
 // addChatMessage adds one Chat Completions message to req.
@@ -185,22 +192,20 @@ func (req *chatRequest) addChatMessage(m chatMessage, what string) error {
 			}
 		}
 		for i, tc := range m.ToolCalls {
-			tw := fmt.Sprintf("%s.tool_calls[%d]", what, i)
-			p := part{Type: partToolCall, ToolCallID: tc.ID}
+			if tc.Type == "custom" {
+				tc.Function = nil
+			} else {
+				tc.Custom = nil
+			}
+			c, ok := tc.call()
 			switch {
-			case (tc.Type == "" || tc.Type == "function") && tc.Function != nil && tc.Function.Arguments != nil:
-				p.ToolName, p.Arguments = tc.Function.Name, *tc.Function.Arguments
-			case (tc.Type == "" || tc.Type == "function") && tc.Function != nil:
-				p.ToolName = tc.Function.Name
-			case tc.Type == "custom" && tc.Custom != nil && tc.Custom.Input != nil:
-				p.ToolName, p.Arguments, p.Custom = tc.Custom.Name, *tc.Custom.Input, true
-			default:
-				return refuseInvalid("%s must be a function or custom call", tw)
+			case !ok || tc.Type != "" && tc.Type != "function" && tc.Type != "custom":
+				return refuseInvalid("%s.tool_calls[%d] must be a function or custom call", what, i)
+			case c.ID == "" || c.Name == "":
+				return refuseInvalid("%s.tool_calls[%d] needs an id and a name", what, i)
 			}
-			if p.ToolCallID == "" || p.ToolName == "" {
-				return refuseInvalid("%s needs an id and a name", tw)
-			}
-			parts = append(parts, p)
+			parts = append(parts, part{Type: partToolCall, ToolCallID: c.ID, ToolName: c.Name,
+				Arguments: c.Arguments, Custom: c.Custom})
 		}
 		if len(parts) == 0 {
 			return refuseInvalid("%s needs content or tool_calls", what)
@@ -219,38 +224,25 @@ func (req *chatRequest) addChatMessage(m chatMessage, what string) error {
 	return nil
 }
 
-// chatParts reads content: a string or an array of text, image_url and
-// file parts. Other parts (audio, an earlier refusal) are dropped and named.
+// chatParts reads content: a string or text, image_url and file parts;
+// others (audio, an earlier refusal) are dropped and named.
 func (req *chatRequest) chatParts(raw json.RawMessage, what string) ([]part, error) {
-	text, cps, err := callerContent[chatPart](raw, what, "content parts")
-	if err != nil || text != nil {
-		return text, err
-	}
-	var parts []part
-	for i, cp := range cps {
-		pw := fmt.Sprintf("%s[%d]", what, i)
-		var p part
+	return openAIParts(req, raw, what, func(cp chatPart, pw string) (part, string, error) {
 		switch {
 		case cp.Type == "text" && cp.Text != nil:
-			p = part{Type: partText, Text: *cp.Text}
+			return part{Type: partText, Text: *cp.Text}, "", nil
 		case cp.Type == "text":
-			return nil, refuseInvalid("%s.text is required", pw)
+			return part{}, "", refuseInvalid("%s.text is required", pw)
 		case cp.Type == "image_url" && cp.ImageURL == nil:
-			return nil, refuseInvalid("%s.image_url must be an object with a url", pw)
+			return part{}, "", refuseInvalid("%s.image_url must be an object with a url", pw)
 		case cp.Type == "image_url":
-			p, pw = part{Type: partImage, ImageURL: cp.ImageURL.URL}, pw+".image_url.url"
+			return part{Type: partImage, ImageURL: cp.ImageURL.URL}, pw + ".image_url.url", nil
 		case cp.Type == "file" && cp.File != nil && cp.File.FileData != "":
-			p, pw = part{Type: partDocument, FileURL: cp.File.FileData, Filename: cp.File.Filename}, pw+".file.file_data"
-		default:
-			req.Dropped = append(req.Dropped, pw)
-			continue
+			f := cp.File
+			return part{Type: partDocument, FileURL: f.FileData, Filename: f.Filename}, pw + ".file.file_data", nil
 		}
-		if err := checkCallerURL(p.ImageURL+p.FileURL, pw); p.Type != partText && err != nil {
-			return nil, err
-		}
-		parts = append(parts, p)
-	}
-	return parts, nil
+		return part{}, "", nil
+	})
 }
 
 // chatToolDef is a chat tool in the flat shape Responses declares it.
@@ -266,12 +258,12 @@ func chatToolDef(t chatTool) openAITool {
 	return openAITool{Type: "hosted"}
 }
 
-// encodeChat builds a Chat Completions body. Tool results leave their
-// user message as role "tool" messages placed first, since they must follow
-// the assistant turn that called them.
+// encodeChat builds a Chat Completions body; tool results become role "tool"
+// messages placed first, right after the assistant turn that called them.
 func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
-	out := chatRequestBody{Model: model, Temperature: req.Temperature, TopP: req.TopP, Stream: o.stream,
+	out := chatRequestBody{callerHead: req.head(model, o),
 		ParallelToolCalls: req.ParallelToolCalls, ReasoningEffort: req.Effort, Messages: []chatMessage{}}
+	out.openAIShared = req.Shared
 	if req.MaxTokens > 0 {
 		out.MaxTokens = &req.MaxTokens
 	}
@@ -292,28 +284,24 @@ func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
 			case partText:
 				parts = append(parts, chatPart{Type: "text", Text: &p.Text})
 			case partImage:
-				plain = false
-				parts = append(parts, chatPart{Type: "image_url", ImageURL: &chatURL{p.ImageURL}})
+				plain, parts = false, append(parts, chatPart{Type: "image_url", ImageURL: &chatURL{p.ImageURL}})
 			case partDocument:
-				plain = false
-				parts = append(parts, chatPart{Type: "file", File: &chatFile{FileData: p.FileURL, Filename: p.Filename}})
+				f := &chatFile{FileData: p.FileURL, Filename: p.Filename}
+				plain, parts = false, append(parts, chatPart{Type: "file", File: f})
 			case partToolCall:
 				calls = append(calls, chatCall(p.ToolCallID, p.ToolName, p.Arguments, p.Custom))
 			case partToolResult:
 				out.Messages = append(out.Messages, chatMessage{Role: "tool", ToolCallID: p.ToolCallID, Content: jsonText(p.Text)})
 			}
 		}
-		msg := chatMessage{Role: m.Role, ToolCalls: calls}
+		msg := chatMessage{Role: m.Role, ToolCalls: calls, Content: json.RawMessage("null")}
 		switch {
 		case len(parts) == 0 && len(calls) == 0:
 			continue // only tool results: already sent as role "tool"
-		case plain || m.Role != "user":
-			msg.Content = jsonText(textOf(m.Parts))
-			if len(parts) == 0 {
-				msg.Content = json.RawMessage("null")
-			}
-		default:
+		case !plain && m.Role == "user":
 			msg.Content, _ = json.Marshal(parts)
+		case len(parts) > 0:
+			msg.Content = jsonText(textOf(m.Parts))
 		}
 		out.Messages = append(out.Messages, msg)
 	}
@@ -324,18 +312,14 @@ func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
 			out.Tools = append(out.Tools, chatTool{Type: "function", Function: &chatFunction{Name: t.Name, Description: t.Description, Parameters: t.Parameters}})
 		}
 	}
-	if c := req.ToolChoice; c != nil {
+	if c := req.ToolChoice; c != nil && c.Mode == toolChoiceTool {
+		kind := req.toolKind(c.Name)
+		out.ToolChoice = must(json.Marshal(map[string]any{"type": kind, kind: map[string]string{"name": c.Name}}))
+	} else if c != nil {
 		out.ToolChoice = jsonText(c.Mode)
-		if c.Mode == toolChoiceTool {
-			kind := "function"
-			if t := req.findTool(c.Name); t != nil && t.Kind == toolCustom {
-				kind = "custom"
-			}
-			out.ToolChoice, _ = json.Marshal(map[string]any{"type": kind, kind: map[string]string{"name": c.Name}})
-		}
 	}
 	if len(req.Stop) > 0 {
-		out.Stop, _ = json.Marshal(req.Stop)
+		out.Stop = must(json.Marshal(req.Stop))
 	}
 	if f := req.Output; f != nil {
 		out.ResponseFormat = &chatFormat{Type: f.Type}
@@ -343,11 +327,9 @@ func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
 			s.Type, out.ResponseFormat.JSONSchema = "", s
 		}
 	}
-	out.openAIShared = req.Shared
 	return out, nil
 }
 
-// chatCall is one tool call in chat's shape.
 func chatCall(id, name, args string, custom bool) chatToolCall {
 	if custom {
 		return chatToolCall{ID: id, Type: "custom", Custom: &chatCustom{Name: name, Input: &args}}
@@ -356,18 +338,29 @@ func chatCall(id, name, args string, custom bool) chatToolCall {
 	return chatToolCall{ID: id, Type: "function", Function: &chatFunction{Name: name, Arguments: &args}}
 }
 
-// chatFinish maps a Chat Completions finish_reason to the neutral one.
-func chatFinish(r string) string {
-	switch r {
-	case finishLength, "model_length":
-		return finishLength
-	case finishToolCalls, "function_call":
-		return finishToolCalls
-	case finishContentFilter:
-		return finishContentFilter
+// call is tc as a neutral call: a custom call when it carries custom, else
+// a function call; ok is false when it carries neither.
+func (tc chatToolCall) call() (c toolCall, ok bool) {
+	c = toolCall{ID: tc.ID, Custom: tc.Custom != nil}
+	in := (*string)(nil)
+	switch {
+	case c.Custom:
+		c.Name, in = tc.Custom.Name, tc.Custom.Input
+	case tc.Function != nil:
+		c.Name, in = tc.Function.Name, tc.Function.Arguments
+	default:
+		return c, false
 	}
-	return finishStop
+	c.Arguments = valueOr(in, "")
+	return c, !c.Custom || in != nil
 }
+
+// chatFinishes maps Chat Completions finish reasons to neutral ones; any
+// other is a stop.
+var chatFinishes = map[string]string{finishLength: finishLength, "model_length": finishLength,
+	finishToolCalls: finishToolCalls, "function_call": finishToolCalls, finishContentFilter: finishContentFilter}
+
+func chatFinish(r string) string { return cmp.Or(chatFinishes[r], finishStop) }
 
 func (u *chatUsage) neutral() usage {
 	if u == nil {
@@ -380,7 +373,8 @@ func chatUsageOf(u usage) *chatUsage {
 	return &chatUsage{u.InputTokens, u.OutputTokens, u.InputTokens + u.OutputTokens}
 }
 
-// decodeChat reads a complete Chat Completions answer.
+// decodeChat reads a complete Chat Completions answer; some compatible
+// providers send its content as text parts.
 func decodeChat(body []byte) (chatAnswer, error) {
 	var r chatCompletion
 	if err := json.Unmarshal(body, &r); err != nil {
@@ -391,32 +385,22 @@ func decodeChat(body []byte) (chatAnswer, error) {
 	}
 	c := r.Choices[0]
 	a := chatAnswer{Usage: r.Usage.neutral(), Finish: finishStop}
-	if !rawIsNull(c.Message.Content) {
-		var s string
-		if json.Unmarshal(c.Message.Content, &s) != nil {
-			var parts []chatPart // some compatible providers send text parts
-			if err := json.Unmarshal(c.Message.Content, &parts); err != nil {
-				return chatAnswer{}, malformedAnswer(protoOpenAIChat, err)
-			}
-			for _, p := range parts {
-				if p.Type == "text" && p.Text != nil {
-					s += *p.Text
-				}
+	if !rawIsNull(c.Message.Content) && json.Unmarshal(c.Message.Content, &a.Text) != nil {
+		var parts []chatPart
+		if err := json.Unmarshal(c.Message.Content, &parts); err != nil {
+			return chatAnswer{}, malformedAnswer(protoOpenAIChat, err)
+		}
+		for _, p := range parts {
+			if p.Type == "text" && p.Text != nil {
+				a.Text += *p.Text
 			}
 		}
-		a.Text = s
 	}
 	for _, tc := range c.Message.ToolCalls {
-		call := toolCall{ID: tc.ID}
-		switch {
-		case tc.Custom != nil && tc.Custom.Input != nil:
-			call.Name, call.Arguments, call.Custom = tc.Custom.Name, *tc.Custom.Input, true
-		case tc.Function != nil:
-			call.Name = tc.Function.Name
-			if tc.Function.Arguments != nil {
-				call.Arguments = *tc.Function.Arguments
-			}
+		if tc.Custom != nil && tc.Custom.Input == nil {
+			tc.Custom = nil // then read as a function call
 		}
+		call, _ := tc.call()
 		if call.Name == "" {
 			return chatAnswer{}, malformedAnswer(protoOpenAIChat, nil)
 		}
@@ -430,16 +414,15 @@ func decodeChat(body []byte) (chatAnswer, error) {
 	return a, nil
 }
 
-// renderChat is the chat.completion object for a. content is null when
-// the answer is only tool calls, as OpenAI sends it; usage is left out when
-// the provider reported none rather than invented as zeros.
+// renderChat is the chat.completion for a: content null beside only tool
+// calls, as OpenAI sends it; usage left out, not zeros, when unreported.
 func renderChat(req chatRequest, a chatAnswer) any {
 	m := chatMessage{Role: "assistant", Content: json.RawMessage("null")}
 	if a.Text != "" || len(a.ToolCalls) == 0 {
 		m.Content = jsonText(a.Text)
 	}
 	for _, tc := range a.ToolCalls {
-		_, name, args, custom := req.callerTool(tc)
+		name, args, custom := req.callerTool(tc)
 		m.ToolCalls = append(m.ToolCalls, chatCall(answerIDOr(tc.ID, "call_"), name, args, custom))
 	}
 	f := answerFinish(a.Finish)
@@ -451,17 +434,17 @@ func renderChat(req chatRequest, a chatAnswer) any {
 	return out
 }
 
-// chatCallerStream writes chat.completion.chunk frames. Chat has no
-// block framing: a tool call's deltas carry its call index.
+// chatCallerStream writes chat.completion.chunk frames. Chat has no block
+// framing: a tool call's deltas carry its call index.
 type chatCallerStream struct {
-	sse        *callerSSE
+	sse        *callerStream
 	id         string
 	created    int64
 	model      string
 	finishSent bool
 }
 
-func newChatCallerStream(sse *callerSSE, _ chatRequest, model string) blockWriter {
+func newChatCallerStream(sse *callerStream, _ chatRequest, model string) blockWriter {
 	return &chatCallerStream{sse: sse, id: newAnswerID("chatcmpl-"), created: time.Now().Unix(), model: model}
 }
 
@@ -474,7 +457,6 @@ func (s *chatCallerStream) chunk(d *chatMessage, finish *string, u *chatUsage) e
 	return s.sse.frame("", c)
 }
 
-// begin writes the role delta chunk.
 func (s *chatCallerStream) begin() error {
 	return s.chunk(&chatMessage{Role: "assistant", Content: jsonText("")}, nil, nil)
 }
@@ -485,8 +467,8 @@ func (s *chatCallerStream) open(_ int, b *streamBlock) error {
 	}
 	tc := chatCall(answerIDOr(b.id, "call_"), b.name, "", b.custom)
 	tc.Index = &b.index
-	if empty := ""; tc.Function != nil {
-		tc.Function.Arguments = &empty
+	if tc.Function != nil {
+		tc.Function.Arguments = ptrTo("")
 	}
 	return s.chunk(&chatMessage{ToolCalls: []chatToolCall{tc}}, nil, nil)
 }
@@ -504,25 +486,24 @@ func (s *chatCallerStream) delta(_ int, b *streamBlock, d string) error {
 
 func (s *chatCallerStream) close(int, *streamBlock, string) error { return nil }
 
-// finishNow writes the chunk carrying finish_reason, once: as soon as the
-// finish event arrives, or at the end.
-func (s *chatCallerStream) finishNow(t callerStreamTail) error {
+// finishNow writes the chunk carrying finish_reason, once: when the finish
+// event arrives, or at the end.
+func (s *chatCallerStream) finishNow(finish string) error {
 	if s.finishSent {
 		return nil
 	}
 	s.finishSent = true
-	f := answerFinish(t.finish)
-	return s.chunk(&chatMessage{}, &f, nil)
+	return s.chunk(&chatMessage{}, ptrTo(answerFinish(finish)), nil)
 }
 
-// end writes the finish chunk if the finish event did not, the usage
-// chunk (choices: []) when usage was reported, then [DONE].
-func (s *chatCallerStream) end(t callerStreamTail) error {
-	if err := s.finishNow(t); err != nil {
+// end writes the finish chunk if not yet sent, the usage chunk (choices:
+// []) when usage was reported, then [DONE].
+func (s *chatCallerStream) end(finish string, u usage) error {
+	if err := s.finishNow(finish); err != nil {
 		return err
 	}
-	if t.usage.Reported {
-		if err := s.chunk(nil, nil, chatUsageOf(t.usage)); err != nil {
+	if u.Reported {
+		if err := s.chunk(nil, nil, chatUsageOf(u)); err != nil {
 			return err
 		}
 	}
@@ -532,9 +513,8 @@ func (s *chatCallerStream) end(t callerStreamTail) error {
 // fail writes the envelope of SPEC §8.1 as a final data frame.
 func (s *chatCallerStream) fail(e *apiError) error { return s.sse.frame("", e.body()) }
 
-// chatUpstreamStream translates Chat Completions chunks. A chunk with a
-// finish_reason is the terminal signal, but the usage chunk follows it, so
-// the tail is emitted at [DONE] or at the end of the body.
+// chatUpstreamStream translates chunks. finish_reason is the terminal signal
+// but usage follows it, so the tail goes out at [DONE] or the body's end.
 type chatUpstreamStream struct {
 	finish string      // set once a chunk carried finish_reason
 	usage  usage       // the latest usage reported
@@ -553,10 +533,7 @@ func (c *chatUpstreamStream) handle(ev sseEvent, emit func(streamEvent) error) (
 	}
 	if ev.Event == "error" || !rawIsNull(ch.Error) {
 		e, _ := errorObject(ch.Error)
-		if e.code == "" {
-			e.code = e.typ
-		}
-		return false, inBandError(e.code)
+		return false, inBandError(cmp.Or(e.code, e.typ))
 	}
 	if ch.Usage != nil {
 		c.usage = ch.Usage.neutral()
@@ -585,40 +562,25 @@ func (c *chatUpstreamStream) handle(ev sseEvent, emit func(streamEvent) error) (
 	return false, nil
 }
 
-// toolDelta emits the start of a new call and the arguments of any.
+// toolDelta emits the start of a call new at its index, then any arguments.
 func (c *chatUpstreamStream) toolDelta(i int, tc chatToolCall, emit func(streamEvent) error) error {
-	if tc.Index != nil {
-		i = *tc.Index
-	}
-	var name, args string
-	custom := tc.Custom != nil
-	switch {
-	case custom:
-		name = tc.Custom.Name
-		if tc.Custom.Input != nil {
-			args = *tc.Custom.Input
-		}
-	case tc.Function != nil:
-		name = tc.Function.Name
-		if tc.Function.Arguments != nil {
-			args = *tc.Function.Arguments
-		}
-	}
+	i = valueOr(tc.Index, i)
+	call, _ := tc.call()
 	ni, ok := c.tools[i]
 	if !ok {
-		if name == "" {
+		if call.Name == "" {
 			return malformedEvent(protoOpenAIChat, errors.New("tool call without a name"))
 		}
-		ni = len(c.tools)
-		c.tools[i] = ni
-		if err := emit(streamEvent{Kind: eventToolCallStart, Index: ni, ToolCall: toolCall{ID: tc.ID, Name: name, Custom: custom}}); err != nil {
+		ni, c.tools[i] = len(c.tools), len(c.tools)
+		start := toolCall{ID: call.ID, Name: call.Name, Custom: call.Custom}
+		if err := emit(streamEvent{Kind: eventToolCallStart, Index: ni, ToolCall: start}); err != nil {
 			return err
 		}
 	}
-	if args == "" {
+	if call.Arguments == "" {
 		return nil
 	}
-	return emit(streamEvent{Kind: eventToolCallArgs, Index: ni, Text: args})
+	return emit(streamEvent{Kind: eventToolCallArgs, Index: ni, Text: call.Arguments})
 }
 
 func (c *chatUpstreamStream) ended(emit func(streamEvent) error) (bool, error) {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/rand"
 	"encoding/json"
 	"fmt"
@@ -9,18 +10,10 @@ import (
 	"strings"
 )
 
-// Translation across wire formats (SPEC §7.5, §7.6). Three formats, each in
-// its own file holding both directions, caller side and provider side,
-// buffered and streamed: chat.go (OpenAI Chat Completions), messages.go
-// (Anthropic Messages) and responses.go (OpenAI Responses). Each wire shape
-// is declared once and serves the caller's body, the provider's body, the
-// answer and the stream. This file holds the neutral request and answer
-// between them, the one table of the three formats and what they share;
+// Translation across wire formats (SPEC §7.5, §7.6). chat.go, messages.go and
+// responses.go each hold one format, both directions, buffered and streamed;
+// this file the neutral request and answer and the table of the formats,
 // parse.go the rules for reading a caller's body, sse.go the streams.
-//
-// Translation carries every member that has a counterpart in the target
-// format; a member with none is dropped and named (droppedFor), and
-// structured output the target cannot express is refused before any call.
 
 // chatRequest is one chat request in no particular format.
 type chatRequest struct {
@@ -44,9 +37,8 @@ type chatRequest struct {
 	Dropped           []string       // caller member paths with no counterpart in any other format
 }
 
-// openAIShared holds the members Chat Completions and Responses share
-// under one name and shape: carried between them as sent, dropped and
-// named toward messages.
+// openAIShared holds the members Chat Completions and Responses share under
+// one name and shape: carried between them as sent, dropped toward messages.
 type openAIShared struct {
 	Store            json.RawMessage `json:"store,omitempty"`
 	Metadata         json.RawMessage `json:"metadata,omitempty"`
@@ -56,7 +48,8 @@ type openAIShared struct {
 	User             json.RawMessage `json:"user,omitempty"`
 }
 
-// names lists the members that are set.
+const openAISharedNames = "store metadata service_tier prompt_cache_key safety_identifier user"
+
 func (o openAIShared) names() []string {
 	var n []string
 	for i, v := range []json.RawMessage{o.Store, o.Metadata, o.ServiceTier, o.PromptCacheKey, o.SafetyIdentifier, o.User} {
@@ -67,11 +60,9 @@ func (o openAIShared) names() []string {
 	return n
 }
 
-const openAISharedNames = "store metadata service_tier prompt_cache_key safety_identifier user"
-
 // message is one turn: "user", "assistant", or "system" for an instruction
-// that stands later in the conversation than the leading System text.
-// Tool results travel as tool_result parts of a user message.
+// later in the conversation than the leading System text. Tool results
+// travel as tool_result parts of a user message.
 type message struct {
 	Role  string
 	Parts []part
@@ -118,25 +109,21 @@ type tool struct {
 	FormatPath  string          // the caller's path of Format, named when messages drops it
 }
 
+func (t tool) memberName() string { return strings.TrimPrefix(t.Name, t.Namespace+"__") }
+
+func (req *chatRequest) findTool(name string) *tool {
+	if i := slices.IndexFunc(req.Tools, func(t tool) bool { return t.Name == name }); i >= 0 {
+		return &req.Tools[i]
+	}
+	return nil
+}
+
 // toolKind is the OpenAI type of the tool named name: function or custom.
 func (req *chatRequest) toolKind(name string) string {
 	if t := req.findTool(name); t != nil && t.Kind == toolCustom {
 		return toolCustom
 	}
 	return "function"
-}
-
-// memberName is the tool's name inside its group.
-func (t tool) memberName() string { return strings.TrimPrefix(t.Name, t.Namespace+"__") }
-
-// findTool is the tool named name (flattened), or nil.
-func (req *chatRequest) findTool(name string) *tool {
-	for i := range req.Tools {
-		if req.Tools[i].Name == name {
-			return &req.Tools[i]
-		}
-	}
-	return nil
 }
 
 // toolChoice modes.
@@ -153,10 +140,8 @@ type toolChoice struct {
 	Name string // with toolChoiceTool
 }
 
-// outputFormat is structured output as the OpenAI formats write it
-// (chat's response_format.json_schema, responses' text.format, messages'
-// output_config.format): Type json_schema with a Schema, or json_object
-// for any JSON, which messages cannot express.
+// outputFormat is structured output as the formats write it: json_schema with
+// a Schema, or json_object for any JSON, which messages cannot express.
 type outputFormat struct {
 	Type        string          `json:"type,omitempty"`
 	Name        string          `json:"name,omitempty"`
@@ -213,9 +198,8 @@ const (
 	eventUsage         = "usage"           // Usage
 )
 
-// streamEvent is one translated piece of a streamed answer. A provider stream
-// yields finish (and usage) only when it sent its own terminal signal
-// (SPEC §7.5); the caller's terminal event is written after that alone.
+// streamEvent is one translated piece of a streamed answer; finish and usage
+// come only after the provider's own terminal signal (SPEC §7.5).
 type streamEvent struct {
 	Kind     string
 	Text     string
@@ -240,7 +224,7 @@ type upstreamOptions struct {
 }
 
 // wireFormat is one row of the format table: the caller dialect and the
-// provider protocol of one wire format and every translation function.
+// provider protocol of one wire format and its translation functions.
 type wireFormat struct {
 	dialect, protocol string
 	path              string // the provider endpoint below the base URL
@@ -248,7 +232,7 @@ type wireFormat struct {
 	encode            func(req chatRequest, model string, o upstreamOptions) (any, error)
 	decode            func(body []byte) (chatAnswer, error)
 	render            func(req chatRequest, a chatAnswer) any
-	callerStream      func(sse *callerSSE, req chatRequest, model string) blockWriter
+	callerStream      func(sse *callerStream, req chatRequest, model string) blockWriter
 	upstreamStream    func() streamTranslator
 }
 
@@ -259,11 +243,10 @@ var wireFormats = []wireFormat{
 	{dialectResponses, protoOpenAIResponses, "/responses", parseResponses, encodeResponses, decodeResponses, renderResponses, newResponsesCallerStream, newResponsesUpstreamStream},
 }
 
-// formatOf is the format whose dialect or protocol is name, or nil.
 func formatOf(name string) *wireFormat {
-	for i := range wireFormats {
-		if f := &wireFormats[i]; f.dialect == name || f.protocol == name {
-			return f
+	for i, f := range wireFormats {
+		if f.dialect == name || f.protocol == name {
+			return &wireFormats[i]
 		}
 	}
 	return nil
@@ -337,26 +320,12 @@ func (req chatRequest) droppedFor(p providerInfo) []string {
 	return d
 }
 
-// newAnswerID returns prefix followed by 26 random characters.
 func newAnswerID(prefix string) string { return prefix + rand.Text() }
 
-// answerIDOr is id, or a fresh one with prefix when the provider sent none.
-func answerIDOr(id, prefix string) string {
-	if id == "" {
-		return newAnswerID(prefix)
-	}
-	return id
-}
+func answerIDOr(id, prefix string) string { return cmp.Or(id, newAnswerID(prefix)) }
 
-// answerFinish is the answer's finish reason, "stop" when the provider gave none.
-func answerFinish(f string) string {
-	if f == "" {
-		return finishStop
-	}
-	return f
-}
+func answerFinish(f string) string { return cmp.Or(f, finishStop) }
 
-// textOf joins the text parts of ps.
 func textOf(ps []part) string {
 	var b strings.Builder
 	for _, p := range ps {
@@ -386,7 +355,7 @@ var emptySchema = json.RawMessage(`{"type":"object","properties":{}}`)
 // toward messages (SPEC §7.6).
 var customInputSchema = json.RawMessage(`{"type":"object","properties":{"input":{"type":"string"}},"required":["input"]}`)
 
-// toolArguments is a tool call's arguments as a JSON object for protocols
+// toolArguments is a tool call's arguments as a JSON object, for protocols
 // that embed them (anthropic tool_use input). Empty means no arguments;
 // anything that is not a JSON object is refused, never approximated.
 func toolArguments(args string) (json.RawMessage, error) {
@@ -408,9 +377,8 @@ func argumentsText(args string) string {
 	return args
 }
 
-// Reasoning effort and thinking budget (SPEC §7.6): effort names map to a
-// thinking budget toward messages, and a budget maps back to the nearest
-// effort at or above it.
+// effortBudgets maps reasoning effort names to a thinking budget toward
+// messages; a budget maps back to the nearest effort at or above it (SPEC §7.6).
 var effortBudgets = []struct {
 	effort string
 	budget int
@@ -425,17 +393,25 @@ func effortOfBudget(b int) string {
 	return "xhigh"
 }
 
-// thinkingBudget is the thinking budget a request to messages asks for, 0
-// for none: below max_tokens and at least the API's least (1024), and none
-// on a turn that continues a tool loop, where Anthropic wants the earlier
-// answer's thinking blocks back, which no other format carries.
+func budgetOfEffort(effort string) int {
+	for _, e := range effortBudgets {
+		if e.effort == effort {
+			return e.budget
+		}
+	}
+	return 0 // "none" and unknown names: no thinking
+}
+
+// thinkingBudget is the budget a request to messages asks for: below
+// max_tokens, at least 1024, and 0 (none) on a turn continuing a tool loop,
+// where Anthropic wants earlier thinking blocks back, which no format carries.
 func (req chatRequest) thinkingBudget() int {
 	budget := budgetOfEffort(req.Effort)
 	if req.MaxTokens > 0 && budget >= req.MaxTokens {
 		budget = req.MaxTokens - 1
 	}
-	for i := len(req.Messages) - 1; i >= 0; i-- {
-		if m := req.Messages[i]; m.Role == "assistant" {
+	for _, m := range slices.Backward(req.Messages) {
+		if m.Role == "assistant" {
 			if slices.ContainsFunc(m.Parts, func(p part) bool { return p.Type == partToolCall }) {
 				return 0
 			}
@@ -448,28 +424,18 @@ func (req chatRequest) thinkingBudget() int {
 	return budget
 }
 
-func budgetOfEffort(effort string) int {
-	for _, e := range effortBudgets {
-		if e.effort == effort {
-			return e.budget
-		}
-	}
-	return 0 // "none" and unknown names: no thinking
-}
-
-// callerTool is how a caller format names a provider's tool call: its
-// group, its name inside the group and whether it is custom. A custom
+// callerTool is how a caller format names a provider's tool call: its name
+// inside its group, and whether it is custom. A custom
 // call made as a function (toward messages) gets its string input back.
-func (req chatRequest) callerTool(tc toolCall) (namespace, name, args string, custom bool) {
+func (req chatRequest) callerTool(tc toolCall) (name, args string, custom bool) {
 	t := req.findTool(tc.Name)
 	if t == nil {
-		return "", tc.Name, tc.Arguments, tc.Custom
+		return tc.Name, tc.Arguments, tc.Custom
 	}
-	args = tc.Arguments
-	if t.Kind == toolCustom && !tc.Custom {
+	if args = tc.Arguments; t.Kind == toolCustom && !tc.Custom {
 		args = customInput(args)
 	}
-	return t.Namespace, t.memberName(), args, t.Kind == toolCustom
+	return t.memberName(), args, t.Kind == toolCustom
 }
 
 // customInput is the string input of a custom call made as a function
@@ -482,26 +448,28 @@ func customInput(args string) string {
 	return in.Input
 }
 
-// jsonText is s as a JSON string.
-func jsonText(s string) json.RawMessage {
-	b, _ := json.Marshal(s)
-	return b
-}
+func jsonText(s string) json.RawMessage { return must(json.Marshal(s)) }
 
-// schemaOutput is a copy of a json_schema output with the name the
-// OpenAI formats require, or nil for JSON mode.
+// schemaOutput is a copy of a json_schema output with the name the OpenAI
+// formats require, or nil for JSON mode.
 func schemaOutput(f *outputFormat) *outputFormat {
 	if f.Type != "json_schema" {
 		return nil
 	}
 	s := *f
-	if s.Name == "" {
-		s.Name = "output"
-	}
+	s.Name = cmp.Or(s.Name, "output")
 	return &s
 }
 
 func ptrTo[T any](v T) *T { return &v }
+
+// valueOr is *p, or or when p is nil.
+func valueOr[T any](p *T, or T) T {
+	if p == nil {
+		return or
+	}
+	return *p
+}
 
 // must is v for marshalling that cannot fail (plain values).
 func must(v []byte, err error) json.RawMessage {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -15,20 +16,16 @@ import (
 // Messages wire shapes, for the caller's body and the provider's.
 type (
 	messagesRequestBody struct {
-		Model         string              `json:"model"`
+		callerHead
 		MaxTokens     *int                `json:"max_tokens,omitempty"`
 		System        json.RawMessage     `json:"system,omitempty"` // string, or text blocks
 		Messages      []messagesTurn      `json:"messages"`
 		Tools         []messagesTool      `json:"tools,omitempty"`
 		ToolChoice    *messagesToolChoice `json:"tool_choice,omitempty"`
-		Temperature   *float64            `json:"temperature,omitempty"`
-		TopP          *float64            `json:"top_p,omitempty"`
 		StopSequences []string            `json:"stop_sequences,omitempty"`
 		Thinking      *messagesThinking   `json:"thinking,omitempty"`
 		OutputConfig  *messagesOutput     `json:"output_config,omitempty"`
 		OutputFormat  *outputFormat       `json:"output_format,omitempty"` // the beta name, read from callers
-		Stream        bool                `json:"stream,omitempty"`
-		BillingTarget json.RawMessage     `json:"billingTarget,omitempty"`
 	}
 	messagesTurn struct {
 		Role    string          `json:"role"`
@@ -113,7 +110,7 @@ func parseMessages(body []byte) (chatRequest, error) {
 	if err := decodeCallerJSON(body, &b, ""); err != nil {
 		return chatRequest{}, err
 	}
-	req, err := newCallerRequest(b.Model, b.Temperature, b.TopP, b.Stream, "max_tokens", b.MaxTokens, b.BillingTarget)
+	req, err := newCallerRequest(b.callerHead, "max_tokens", b.MaxTokens)
 	if err != nil {
 		return chatRequest{}, err
 	}
@@ -187,9 +184,7 @@ func parseMessages(body []byte) (chatRequest, error) {
 		if o.Effort != "" {
 			req.Effort, req.EffortPath = o.Effort, "output_config.effort"
 		}
-		if o.Format != nil {
-			f = o.Format
-		}
+		f = cmp.Or(o.Format, f)
 	}
 	if f != nil {
 		if req.Output, err = checkOutput(&outputFormat{Type: f.Type, Schema: f.Schema}, "output_config.format"); err != nil {
@@ -212,11 +207,9 @@ func (req *chatRequest) messagesText(raw json.RawMessage, what string) (string, 
 	return callerTextOf(raw, what, "text", "\n\n")
 }
 
-// messagesParts reads one turn's content: a string or an array of blocks.
-// tool_use belongs to assistant turns and tool_result to user turns;
-// blocks with no counterpart elsewhere (thinking, server tool results, a
-// file reference) and block members (cache_control, citations) are
-// dropped and named.
+// messagesParts reads one turn's content: a string or blocks (tool_use in
+// assistant turns, tool_result in user turns). Other blocks (thinking, a file
+// reference) and block members (cache_control, citations) are dropped and named.
 func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what string) ([]part, error) {
 	text, blocks, err := callerContent[messagesBlock](raw, what, "content blocks")
 	if err != nil || text != nil {
@@ -288,9 +281,8 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 	return parts, nil
 }
 
-// messagesSourceURL turns an image or document source into the neutral
-// URL: base64 data and plain text become a data URL, a url source stays as
-// it is. A file reference has no counterpart elsewhere: "" and no error.
+// messagesSourceURL is a source as the neutral URL: base64 data and text a
+// data URL, a url source itself; a file reference (no counterpart) is "".
 func messagesSourceURL(src *messagesSource, what string) (string, error) {
 	switch {
 	case src == nil:
@@ -307,9 +299,8 @@ func messagesSourceURL(src *messagesSource, what string) (string, error) {
 	return "", refuseInvalid("%s must be base64 data with a media_type, text, a url or a file", what)
 }
 
-// messagesSourceOf turns a neutral image or document URL into a source: a
-// data URL becomes base64 data (plain text a text source), anything else a
-// url source.
+// messagesSourceOf is a neutral URL as a source: a data URL base64 data (or
+// text for text/plain), anything else a url source.
 func messagesSourceOf(u string) (*messagesSource, error) {
 	if !strings.HasPrefix(u, "data:") {
 		return &messagesSource{Type: "url", URL: u}, nil
@@ -324,13 +315,12 @@ func messagesSourceOf(u string) (*messagesSource, error) {
 	return &messagesSource{Type: "base64", MediaType: media, Data: data}, nil
 }
 
-// encodeMessages builds a Messages body. Tool results go first in their
-// user message, as the API requires; empty text parts are dropped because
-// the API refuses empty text blocks. o.oauth selects claude-code's system
-// prompt, whose first block must be claudeCodeIdentity. A custom tool
-// becomes a function of one string member, input (SPEC §7.6).
+// encodeMessages builds a Messages body: tool results first in their turn and
+// no empty text blocks, as the API requires; claude-code's system prompt
+// (o.oauth) leads with claudeCodeIdentity; a custom tool is a function of one
+// string member, input (SPEC §7.6).
 func encodeMessages(req chatRequest, model string, o upstreamOptions) (any, error) {
-	out := messagesRequestBody{Model: model, Temperature: req.Temperature, TopP: req.TopP, Stream: o.stream, StopSequences: req.Stop, Messages: []messagesTurn{}}
+	out := messagesRequestBody{callerHead: req.head(model, o), StopSequences: req.Stop, Messages: []messagesTurn{}}
 	if req.MaxTokens > 0 {
 		out.MaxTokens = &req.MaxTokens
 	}
@@ -420,29 +410,18 @@ func (u messagesUsage) input() int {
 	return u.InputTokens + u.CacheCreationInputTokens + u.CacheReadInputTokens
 }
 
-// messagesStops pairs stop reasons and neutral finishes, read both ways:
-// the first row of a finish is the stop reason Brama writes, and any stop
-// reason not listed (end_turn, stop_sequence, pause_turn) is a stop.
-var messagesStops = [][2]string{{"max_tokens", finishLength}, {"tool_use", finishToolCalls}, {"refusal", finishContentFilter},
-	{"model_context_window_exceeded", finishLength}, {"end_turn", finishStop}}
+// messagesFinishes maps stop reasons to finishes, any other (end_turn,
+// stop_sequence, pause_turn) a stop; messagesStopReasons maps back, else end_turn.
+var (
+	messagesFinishes = map[string]string{"max_tokens": finishLength, "tool_use": finishToolCalls,
+		"refusal": finishContentFilter, "model_context_window_exceeded": finishLength}
+	messagesStopReasons = map[string]string{finishLength: "max_tokens", finishToolCalls: "tool_use",
+		finishContentFilter: "refusal"}
+)
 
-func messagesFinish(reason string) string {
-	for _, r := range messagesStops {
-		if r[0] == reason {
-			return r[1]
-		}
-	}
-	return finishStop
-}
+func messagesFinish(reason string) string { return cmp.Or(messagesFinishes[reason], finishStop) }
 
-func messagesStopReason(finish string) *string {
-	for _, r := range messagesStops {
-		if r[1] == finish {
-			return &r[0]
-		}
-	}
-	return ptrTo("end_turn")
-}
+func messagesStopReason(f string) *string { return ptrTo(cmp.Or(messagesStopReasons[f], "end_turn")) }
 
 // decodeMessages reads a complete Messages answer.
 func decodeMessages(body []byte) (chatAnswer, error) {
@@ -455,15 +434,13 @@ func decodeMessages(body []byte) (chatAnswer, error) {
 		switch {
 		case b.Type == "text" && b.Text != nil:
 			a.Text += *b.Text
+		case b.Type == "tool_use" && b.Name == "":
+			return chatAnswer{}, malformedAnswer(protoAnthropic, nil)
 		case b.Type == "tool_use":
-			var args bytes.Buffer
-			if rawIsNull(b.Input) {
-				args.WriteString("{}")
-			} else if err := json.Compact(&args, b.Input); err != nil {
-				return chatAnswer{}, malformedAnswer(protoAnthropic, err)
-			}
-			if b.Name == "" {
-				return chatAnswer{}, malformedAnswer(protoAnthropic, nil)
+			args := bytes.NewBufferString("{}")
+			if !rawIsNull(b.Input) {
+				args.Reset()
+				json.Compact(args, b.Input) // cannot fail: Input came out of the decoded body
 			}
 			a.ToolCalls = append(a.ToolCalls, toolCall{ID: b.ID, Name: b.Name, Arguments: args.String()})
 		}
@@ -477,9 +454,8 @@ func decodeMessages(body []byte) (chatAnswer, error) {
 	return a, nil
 }
 
-// renderMessages is the Anthropic message object for a: the message the
-// stream that would have carried it builds. Usage is always present (zeros
-// when unreported) because Anthropic's SDKs type it as required.
+// renderMessages is the message the stream that would carry a builds; usage
+// is always present (zeros when unreported): Anthropic's SDKs require it.
 func renderMessages(req chatRequest, a chatAnswer) any {
 	return wholeAnswerThrough(req, a, newMessagesCallerStream).(*messagesCallerStream).msg
 }
@@ -487,20 +463,19 @@ func renderMessages(req chatRequest, a chatAnswer) any {
 // messagesCallerStream writes Anthropic's message events, one content
 // block at a time, and keeps the whole message.
 type messagesCallerStream struct {
-	sse *callerSSE
+	sse *callerStream
 	msg messagesAnswer
 }
 
-func newMessagesCallerStream(sse *callerSSE, _ chatRequest, model string) blockWriter {
+func newMessagesCallerStream(sse *callerStream, _ chatRequest, model string) blockWriter {
 	return &messagesCallerStream{sse: sse, msg: messagesAnswer{ID: newAnswerID("msg_"), Type: "message", Role: "assistant",
 		Model: model, Content: []messagesBlock{}, Usage: &messagesUsage{}}}
 }
 
 func (s *messagesCallerStream) emit(ev messagesEvent) error { return s.sse.frame(ev.Type, ev) }
 
-// begin writes message_start. Input tokens are not known yet (providers
-// report usage at the end), so they go out as 0 here and for real in
-// message_delta, whose usage Anthropic's SDKs take over.
+// begin writes message_start. Input tokens go out as 0 (providers report
+// usage at the end) and for real in message_delta, which the SDKs take over.
 func (s *messagesCallerStream) begin() error {
 	m := s.msg
 	return s.emit(messagesEvent{Type: "message_start", Message: &m})
@@ -533,12 +508,12 @@ func (s *messagesCallerStream) close(i int, _ *streamBlock, _ string) error {
 	return s.emit(messagesEvent{Type: "content_block_stop", Index: &i})
 }
 
-func (s *messagesCallerStream) finishNow(callerStreamTail) error { return nil }
+func (s *messagesCallerStream) finishNow(string) error { return nil }
 
 // end writes message_delta with the stop reason and usage, then message_stop.
-func (s *messagesCallerStream) end(t callerStreamTail) error {
-	s.msg.StopReason = messagesStopReason(answerFinish(t.finish))
-	s.msg.Usage = &messagesUsage{InputTokens: t.usage.InputTokens, OutputTokens: t.usage.OutputTokens}
+func (s *messagesCallerStream) end(finish string, u usage) error {
+	s.msg.StopReason = messagesStopReason(answerFinish(finish))
+	s.msg.Usage = &messagesUsage{InputTokens: u.InputTokens, OutputTokens: u.OutputTokens}
 	err := s.emit(messagesEvent{Type: "message_delta", Delta: &messagesDelta{StopReason: *s.msg.StopReason, StopSequence: json.RawMessage("null")}, Usage: s.msg.Usage})
 	if err != nil {
 		return err
@@ -572,10 +547,7 @@ func (a *messagesUpstreamStream) handle(ev sseEvent, emit func(streamEvent) erro
 		f, _ := errorObject(e.Error)
 		return false, inBandError(f.typ)
 	}
-	index := 0
-	if e.Index != nil {
-		index = *e.Index
-	}
+	index := valueOr(e.Index, 0)
 	ni, isTool := a.blocks[index]
 	missing := func(what string) (bool, error) {
 		return false, malformedEvent(protoAnthropic, errors.New(e.Type+" without "+what))

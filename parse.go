@@ -5,27 +5,24 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
 	"slices"
 	"strings"
 )
 
 // Reading a caller's body, the rules the three formats share (SPEC §7.6):
-// lenient with what it cannot use, strict with what it must read. A member
-// with no counterpart in another format is dropped and named in the
-// caller's own member paths (chatRequest.Dropped); a member Brama must
-// read and cannot (a non-string model, an unknown role) is refused as
-// invalid_request. Refusals name the member (messages[2].content[0]) but
-// never quote the caller's text.
+// a member with no counterpart elsewhere is dropped and named in the
+// caller's member paths (chatRequest.Dropped); one Brama must read and
+// cannot is refused as invalid_request, naming the member, never quoting
+// the caller's text.
 
-// refuseInvalid is refuse("invalid_request", …), the one code a parse error has.
 func refuseInvalid(format string, args ...any) *apiError {
 	return refuse("invalid_request", format, args...)
 }
 
-// decodeCallerJSON unmarshals data into v and turns encoding/json's errors into
-// invalid_request refusals that name the member at fault and quote nothing
-// of the body. what prefixes the member path ("" for the request body).
+// decodeCallerJSON unmarshals data into v; an error is an invalid_request
+// naming the member at fault under what ("" for the body), quoting nothing.
 func decodeCallerJSON(data []byte, v any, what string) error {
 	err := json.Unmarshal(data, v)
 	if err == nil {
@@ -37,10 +34,7 @@ func decodeCallerJSON(data []byte, v any, what string) error {
 	case errors.As(err, &se):
 		return refuseInvalid("malformed JSON at byte %d", se.Offset).because(err)
 	case errors.As(err, &te):
-		field := what
-		if te.Field != "" {
-			field = joinPath(what, te.Field)
-		}
+		field := strings.TrimSuffix(joinPath(what, te.Field), ".")
 		if field == "" {
 			return refuseInvalid("the request body must be a JSON object").because(err)
 		}
@@ -69,7 +63,6 @@ func callerJSONKind(t reflect.Type) string {
 	return "an object"
 }
 
-// rawIsNull reports whether a member was absent or JSON null.
 func rawIsNull(raw json.RawMessage) bool {
 	raw = bytes.TrimSpace(raw)
 	return len(raw) == 0 || string(raw) == "null"
@@ -85,63 +78,60 @@ func rawShape(raw json.RawMessage) byte {
 	return raw[0]
 }
 
-// dropUnknown names, in d, every member of the JSON object raw that is not
-// in known (space-separated), under path ("" for the body). A value that is
-// not an object names nothing: the typed decode refuses it.
+// dropUnknown names, in d under path, every member of the JSON object raw
+// not in known (space-separated); a non-object names nothing.
 func dropUnknown(d *[]string, raw json.RawMessage, path, known string) {
 	var m map[string]json.RawMessage
-	if json.Unmarshal(raw, &m) != nil {
-		return
-	}
-	keys := make([]string, 0, len(m))
-	for k := range m {
+	json.Unmarshal(raw, &m)
+	for _, k := range slices.Sorted(maps.Keys(m)) {
 		// encoding/json matches member names without regard to case.
 		if !slices.ContainsFunc(strings.Fields(known), func(n string) bool { return strings.EqualFold(n, k) }) {
-			keys = append(keys, k)
+			*d = append(*d, joinPath(path, k))
 		}
-	}
-	slices.Sort(keys)
-	for _, k := range keys {
-		*d = append(*d, joinPath(path, k))
 	}
 }
 
-// rawItems is a JSON array's elements, none for anything else.
 func rawItems(raw json.RawMessage) []json.RawMessage {
 	var items []json.RawMessage
 	json.Unmarshal(raw, &items)
 	return items
 }
 
-// joinPath is path.member, or member at the top.
-func joinPath(path, member string) string {
-	if path == "" {
-		return member
-	}
-	return path + "." + member
+func joinPath(path, member string) string { return strings.TrimPrefix(path+"."+member, ".") }
+
+// callerHead holds the members every format's request body shares.
+type callerHead struct {
+	Model         string          `json:"model"`
+	Temperature   *float64        `json:"temperature,omitempty"`
+	TopP          *float64        `json:"top_p,omitempty"`
+	Stream        bool            `json:"stream,omitempty"`
+	BillingTarget json.RawMessage `json:"billingTarget,omitempty"`
+}
+
+// head is the shared members of a provider body for model.
+func (req chatRequest) head(model string, o upstreamOptions) callerHead {
+	return callerHead{Model: model, Temperature: req.Temperature, TopP: req.TopP, Stream: o.stream}
 }
 
 // newCallerRequest checks the members every dialect shares and starts the
-// neutral request from them; limitName is the dialect's name for the output
-// limit.
-func newCallerRequest(model string, temperature, topP *float64, stream bool, limitName string, limit *int, bt json.RawMessage) (chatRequest, error) {
-	if model == "" {
+// neutral request; limitName is the dialect's name for the output limit.
+func newCallerRequest(h callerHead, limitName string, limit *int) (chatRequest, error) {
+	if h.Model == "" {
 		return chatRequest{}, refuseInvalid("model is required and must be a non-empty string")
 	}
-	req := chatRequest{Model: model, Temperature: temperature, TopP: topP, Stream: stream}
+	req := chatRequest{Model: h.Model, Temperature: h.Temperature, TopP: h.TopP, Stream: h.Stream}
 	var err error
 	if req.MaxTokens, err = checkCallerMaxTokens(limitName, limit); err != nil {
 		return chatRequest{}, err
 	}
-	if req.BillingTarget, err = parseCallerBillingTarget(bt); err != nil {
+	if req.BillingTarget, err = readBillingTarget(h.BillingTarget); err != nil {
 		return chatRequest{}, err
 	}
 	return req, nil
 }
 
-// callerContent reads message content that is either a string (one text
-// part) or an array of parts of type T; kind names the array's elements in
-// the refusal.
+// callerContent reads content that is a string (one text part) or an array
+// of parts of type T; kind names the elements in the refusal.
 func callerContent[T any](raw json.RawMessage, what, kind string) (text []part, items []T, err error) {
 	switch rawShape(raw) {
 	case '"':
@@ -155,6 +145,34 @@ func callerContent[T any](raw json.RawMessage, what, kind string) (text []part, 
 	return nil, nil, refuseInvalid("%s must be a string or an array of %s", what, kind)
 }
 
+// openAIParts reads content as both OpenAI formats send it: a string, or
+// parts of type T that read turns into neutral parts, with the path of the
+// URL it checks; a part read leaves untyped is dropped and named.
+func openAIParts[T any](req *chatRequest, raw json.RawMessage, what string,
+	read func(T, string) (part, string, error)) ([]part, error) {
+	text, items, err := callerContent[T](raw, what, "content parts")
+	if err != nil || text != nil {
+		return text, err
+	}
+	var parts []part
+	for i, it := range items {
+		pw := fmt.Sprintf("%s[%d]", what, i)
+		p, urlPath, err := read(it, pw)
+		if err == nil && p.Type != partText && p.Type != "" {
+			err = checkCallerURL(p.ImageURL+p.FileURL, urlPath)
+		}
+		switch {
+		case err != nil:
+			return nil, err
+		case p.Type == "":
+			req.Dropped = append(req.Dropped, pw)
+		default:
+			parts = append(parts, p)
+		}
+	}
+	return parts, nil
+}
+
 // checkCallerMaxTokens refuses a caller's limit below 1 (SPEC §8.2 "bad limits").
 func checkCallerMaxTokens(name string, v *int) (int, error) {
 	if v == nil {
@@ -166,27 +184,9 @@ func checkCallerMaxTokens(name string, v *int) (int, error) {
 	return *v, nil
 }
 
-// parseCallerBillingTarget reads the top-level billingTarget member shared by all
-// three dialects (SPEC §7.2). It is never forwarded.
-func parseCallerBillingTarget(raw json.RawMessage) (*billingTarget, error) {
-	if rawIsNull(raw) {
-		return nil, nil
-	}
-	if rawShape(raw) != '{' {
-		return nil, refuseInvalid("billingTarget must be an object")
-	}
-	var bt billingTarget
-	if err := decodeCallerJSON(raw, &bt, "billingTarget"); err != nil {
-		return nil, err
-	}
-	if bt.SubscriptionID == "" {
-		return nil, refuseInvalid("billingTarget.subscriptionId is required")
-	}
-	return &bt, nil
-}
-
 // parseCallerSchema reads a JSON Schema member: absent or null is nil, an
-// object is kept (compacted), anything else is refused.
+// object is kept compacted (raw is valid JSON: it came out of the decoded
+// body), anything else is refused.
 func parseCallerSchema(raw json.RawMessage, what string) (json.RawMessage, error) {
 	if rawIsNull(raw) {
 		return nil, nil
@@ -195,10 +195,8 @@ func parseCallerSchema(raw json.RawMessage, what string) (json.RawMessage, error
 		return nil, refuseInvalid("%s must be a JSON Schema object", what)
 	}
 	var b bytes.Buffer
-	if err := json.Compact(&b, raw); err != nil {
-		return nil, refuseInvalid("%s is malformed", what).because(err)
-	}
-	return json.RawMessage(b.Bytes()), nil
+	json.Compact(&b, raw)
+	return b.Bytes(), nil
 }
 
 // checkCallerURL accepts the two references every provider protocol can
@@ -212,13 +210,11 @@ func checkCallerURL(url, what string) error {
 
 // quoteCallerToken quotes a caller-chosen token (a role, a part type) for a refusal,
 // bounded so a refusal never echoes a long string back.
-func quoteCallerToken(s string) string {
-	return fmt.Sprintf("%q", truncateUTF8(s, 64))
-}
+func quoteCallerToken(s string) string { return fmt.Sprintf("%q", truncateUTF8(s, 64)) }
 
-// appendPart adds p to the last message when it has role, else a new turn.
-// Consecutive tool results are one user turn (SPEC §7.6), and a tool call
-// joins the assistant turn before it.
+// appendPart adds p to the last message when it has role, else a new turn:
+// consecutive tool results are one user turn (SPEC §7.6), a tool call joins
+// the assistant turn before it.
 func appendPart(msgs []message, role string, p part) []message {
 	n := len(msgs)
 	if n > 0 && msgs[n-1].Role == role && (role != "user" || len(msgs[n-1].Parts) > 0 &&
@@ -259,9 +255,7 @@ func (req *chatRequest) linkCalls() {
 			p := &req.Messages[i].Parts[j]
 			switch p.Type {
 			case partToolCall:
-				if t := req.findTool(p.ToolName); t != nil && t.Kind == toolCustom {
-					p.Custom = true
-				}
+				p.Custom = p.Custom || req.toolKind(p.ToolName) == toolCustom
 				custom[p.ToolCallID] = p.Custom
 			case partToolResult:
 				p.Custom = p.Custom || custom[p.ToolCallID]
@@ -270,9 +264,8 @@ func (req *chatRequest) linkCalls() {
 	}
 }
 
-// openAITool is one tool as both OpenAI formats declare it, in Responses'
-// flat shape (chat's nested one is flattened into it): the Responses wire
-// shape, and what addOpenAITool reads.
+// openAITool is one tool in Responses' flat shape (chat's nested one is
+// flattened into it): the Responses wire shape, and what addOpenAITool reads.
 type openAITool struct {
 	Type        string          `json:"type"`
 	Name        string          `json:"name,omitempty"`
@@ -283,15 +276,14 @@ type openAITool struct {
 	Tools       []openAITool    `json:"tools,omitempty"` // a namespace's members
 }
 
-// addOpenAITool adds a function, custom or namespace tool, in the flat
-// shape Responses declares it (chat's nested one is flattened first); any
-// other (a hosted tool: web_search, tool_search, …) is dropped and named.
+// addOpenAITool adds a function, custom or namespace tool; any other (a
+// hosted tool: web_search, tool_search, …) is dropped and named.
 func (req *chatRequest) addOpenAITool(t openAITool, what string) error {
+	if t.Name == "" && slices.Contains([]string{"function", "custom", "namespace"}, t.Type) {
+		return refuseInvalid("%s needs a name", what)
+	}
 	switch t.Type {
 	case "function", "custom":
-		if t.Name == "" {
-			return refuseInvalid("%s needs a name", what)
-		}
 		params, err := parseCallerSchema(t.Parameters, what+".parameters")
 		if err != nil {
 			return err
@@ -305,9 +297,6 @@ func (req *chatRequest) addOpenAITool(t openAITool, what string) error {
 		}
 		req.Tools = append(req.Tools, nt)
 	case "namespace":
-		if t.Name == "" {
-			return refuseInvalid("%s needs a name", what)
-		}
 		if t.Description != "" {
 			req.Dropped = append(req.Dropped, what+".description")
 		}
@@ -326,16 +315,12 @@ func (req *chatRequest) addOpenAITool(t openAITool, what string) error {
 	return nil
 }
 
-// parseOpenAIToolChoice reads tool_choice as both OpenAI formats send it: a
-// mode string, or an object naming one tool, nested under "function" or
-// "custom" in chat and flat in responses. Other objects (allowed_tools, a
-// hosted tool) are dropped and named.
+// parseOpenAIToolChoice reads tool_choice: a mode, or an object naming one
+// tool (nested under "function" or "custom" in chat, flat in responses);
+// other objects (allowed_tools, a hosted tool) are dropped and named.
 func parseOpenAIToolChoice(req *chatRequest, raw json.RawMessage, nested bool) (*toolChoice, error) {
 	switch rawShape(raw) {
-	case 0, 'n':
-		if !rawIsNull(raw) {
-			return nil, refuseInvalid("tool_choice is malformed")
-		}
+	case 0, 'n': // absent, or null: raw came out of the decoded body, so it is valid JSON
 		return nil, nil
 	case '"':
 		var s string
@@ -379,20 +364,6 @@ func parseOpenAIToolChoice(req *chatRequest, raw json.RawMessage, nested bool) (
 		return &toolChoice{Mode: toolChoiceTool, Name: name}, nil
 	}
 	return nil, refuseInvalid("tool_choice must be a string or an object")
-}
-
-// parseStop reads stop sequences: a string or an array of strings.
-func parseStop(raw json.RawMessage, what string) ([]string, error) {
-	switch rawShape(raw) {
-	case 0, 'n':
-		return nil, nil
-	case '"':
-		var s string
-		err := decodeCallerJSON(raw, &s, what)
-		return []string{s}, err
-	}
-	var ss []string
-	return ss, decodeCallerJSON(raw, &ss, what)
 }
 
 // checkOutput reads a structured-output member: text is none, json_object

@@ -453,7 +453,7 @@ type streamAnswer struct {
 	mu        sync.Mutex // guards cs, w, unflushed and ended
 	w         io.Writer
 	flush     func()
-	cs        callerStream
+	cs        *callerStream
 	unflushed bool // write wrote bytes not yet flushed
 	ended     bool
 	every     time.Duration

@@ -13,23 +13,19 @@ import (
 // both directions, buffered and streamed. The wire shapes serve both.
 type (
 	responsesRequestBody struct {
-		Model             string          `json:"model"`
+		callerHead
 		Instructions      *string         `json:"instructions,omitempty"`
 		Input             json.RawMessage `json:"input"`
 		Tools             []openAITool    `json:"tools,omitempty"`
 		ToolChoice        json.RawMessage `json:"tool_choice,omitempty"`
 		ParallelToolCalls *bool           `json:"parallel_tool_calls,omitempty"`
 		MaxOutputTokens   *int            `json:"max_output_tokens,omitempty"`
-		Temperature       *float64        `json:"temperature,omitempty"`
-		TopP              *float64        `json:"top_p,omitempty"`
 		Reasoning         *struct {
 			Effort string `json:"effort,omitempty"`
 		} `json:"reasoning,omitempty"`
 		Text *struct {
 			Format *outputFormat `json:"format,omitempty"`
 		} `json:"text,omitempty"`
-		Stream        bool            `json:"stream,omitempty"`
-		BillingTarget json.RawMessage `json:"billingTarget,omitempty"`
 		openAIShared
 	}
 	responsesItem struct { // an input item, and an output item of the answer
@@ -105,7 +101,7 @@ func parseResponses(body []byte) (chatRequest, error) {
 	if err := decodeCallerJSON(body, &b, ""); err != nil {
 		return chatRequest{}, err
 	}
-	req, err := newCallerRequest(b.Model, b.Temperature, b.TopP, b.Stream, "max_output_tokens", b.MaxOutputTokens, b.BillingTarget)
+	req, err := newCallerRequest(b.callerHead, "max_output_tokens", b.MaxOutputTokens)
 	if err != nil {
 		return chatRequest{}, err
 	}
@@ -115,9 +111,7 @@ func parseResponses(body []byte) (chatRequest, error) {
 	dropUnknown(&req.Dropped, raw.Reasoning, "reasoning", "effort")
 	dropUnknown(&req.Dropped, raw.Text, "text", "format")
 	req.Shared, req.ParallelToolCalls = b.openAIShared, b.ParallelToolCalls
-	if b.Instructions != nil {
-		req.System = *b.Instructions
-	}
+	req.System = valueOr(b.Instructions, "")
 	var items []responsesItem
 	switch rawShape(b.Input) {
 	case '"':
@@ -165,9 +159,8 @@ func parseResponses(body []byte) (chatRequest, error) {
 	return req, nil
 }
 
-// addResponsesItem adds one input item to req. Items with no counterpart
-// elsewhere (reasoning, hosted tool calls) are dropped and named; an
-// item_reference is refused: Brama keeps no responses to resolve it.
+// addResponsesItem adds one input item. Reasoning and hosted tool calls are
+// dropped and named; item_reference is refused: Brama keeps no responses.
 func (req *chatRequest) addResponsesItem(it responsesItem, what string) error {
 	switch it.Type {
 	case "", "message":
@@ -223,44 +216,25 @@ func (req *chatRequest) addResponsesItem(it responsesItem, what string) error {
 // responsesParts reads content: a string or text, image and file parts;
 // others (a refusal, a file id) are dropped and named.
 func (req *chatRequest) responsesParts(raw json.RawMessage, what string) ([]part, error) {
-	text, rps, err := callerContent[responsesPart](raw, what, "content parts")
-	if err != nil || text != nil {
-		return text, err
-	}
-	var parts []part
-	for i, rp := range rps {
-		pw := fmt.Sprintf("%s[%d]", what, i)
-		p, url := part{}, ""
+	return openAIParts(req, raw, what, func(rp responsesPart, pw string) (part, string, error) {
 		switch {
+		case (rp.Type == "input_text" || rp.Type == "output_text") && rp.Text == nil:
+			return part{}, "", refuseInvalid("%s.text is required", pw)
 		case rp.Type == "input_text" || rp.Type == "output_text":
-			if rp.Text == nil {
-				return nil, refuseInvalid("%s.text is required", pw)
-			}
-			p = part{Type: partText, Text: *rp.Text}
+			return part{Type: partText, Text: *rp.Text}, "", nil
 		case rp.Type == "input_image" && rp.ImageURL != nil:
-			url, pw = *rp.ImageURL, pw+".image_url"
-			p = part{Type: partImage, ImageURL: url}
+			return part{Type: partImage, ImageURL: *rp.ImageURL}, pw + ".image_url", nil
 		case rp.Type == "input_file" && rp.FileData+rp.FileURL != "":
-			url = rp.FileData + rp.FileURL
-			p = part{Type: partDocument, FileURL: url, Filename: rp.Filename}
-		default:
-			req.Dropped = append(req.Dropped, pw)
-			continue
+			return part{Type: partDocument, FileURL: rp.FileData + rp.FileURL, Filename: rp.Filename}, pw, nil
 		}
-		if err := checkCallerURL(url, pw); url != "" && err != nil {
-			return nil, err
-		}
-		parts = append(parts, p)
-	}
-	return parts, nil
+		return part{}, "", nil
+	})
 }
 
-// encodeResponses builds a Responses body: text, images and files gather in
-// message items, tool calls and results are items. codex gets SPEC §6.2's
-// body: default instructions, store false, no limit, temperature or top_p.
+// encodeResponses builds a Responses body: text, images and files in message
+// items, tool calls and results items of their own; codex gets SPEC §6.2's body.
 func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, error) {
-	out := responsesRequestBody{Model: model, Stream: o.stream, ParallelToolCalls: req.ParallelToolCalls, openAIShared: req.Shared,
-		Temperature: req.Temperature, TopP: req.TopP}
+	out := responsesRequestBody{callerHead: req.head(model, o), ParallelToolCalls: req.ParallelToolCalls, openAIShared: req.Shared}
 	if req.System != "" {
 		out.Instructions = &req.System
 	}
@@ -356,9 +330,7 @@ func (it *responsesItem) call() (toolCall, bool) {
 	if tc.Custom {
 		in = it.Input
 	}
-	if in != nil {
-		tc.Arguments = *in
-	}
+	tc.Arguments = valueOr(in, "")
 	if !tc.Custom {
 		tc.Arguments = argumentsText(tc.Arguments)
 	}
@@ -386,9 +358,8 @@ func outputText(text string) responsesPart {
 	return responsesPart{Type: "output_text", Text: &text, Annotations: json.RawMessage("[]")}
 }
 
-// responsesFinal fills in the terminal status: an answer cut by a limit
-// (or a content filter) is "incomplete" with the reason, as OpenAI reports
-// it; usage is null when unreported.
+// responsesFinal fills in the terminal status: "incomplete" with the reason
+// for a limit or a content filter, as OpenAI reports it; usage null when unreported.
 func responsesFinal(r *responsesObject, finish string, u usage) {
 	r.Status = "completed"
 	if reason := responsesIncompletes[finish]; reason != "" {
@@ -407,13 +378,13 @@ func renderResponses(req chatRequest, a chatAnswer) any {
 // responsesCallerStream writes Responses events, one output item at a
 // time, and keeps the whole response for response.completed.
 type responsesCallerStream struct {
-	sse  *callerSSE
+	sse  *callerStream
 	req  chatRequest
 	seq  int // sequence_number of the next event
 	resp responsesObject
 }
 
-func newResponsesCallerStream(sse *callerSSE, req chatRequest, model string) blockWriter {
+func newResponsesCallerStream(sse *callerStream, req chatRequest, model string) blockWriter {
 	resp := responsesObject{ID: newAnswerID("resp_"), Object: "response", CreatedAt: time.Now().Unix(), Model: model, Output: []*responsesItem{}}
 	return &responsesCallerStream{sse: sse, req: req, resp: resp}
 }
@@ -497,12 +468,12 @@ func (s *responsesCallerStream) close(i int, _ *streamBlock, full string) error 
 	return nil
 }
 
-func (s *responsesCallerStream) finishNow(callerStreamTail) error { return nil }
+func (s *responsesCallerStream) finishNow(string) error { return nil }
 
 // end writes response.completed with the whole response, even for an
 // incomplete one (SPEC §7.5): SDK stream helpers wait for that event.
-func (s *responsesCallerStream) end(t callerStreamTail) error {
-	responsesFinal(&s.resp, t.finish, t.usage)
+func (s *responsesCallerStream) end(finish string, u usage) error {
+	responsesFinal(&s.resp, finish, u)
 	return s.emit(responsesEvent{Type: "response.completed", Response: &s.resp})
 }
 
@@ -535,10 +506,7 @@ func (r *responsesUpstreamStream) handle(ev sseEvent, emit func(streamEvent) err
 	if err := json.Unmarshal([]byte(ev.Data), &e); err != nil {
 		return false, malformedEvent(protoOpenAIResponses, err)
 	}
-	idx := 0
-	if e.OutputIndex != nil {
-		idx = *e.OutputIndex
-	}
+	idx := valueOr(e.OutputIndex, 0)
 	switch e.Type {
 	case "":
 		return false, malformedEvent(protoOpenAIResponses, errors.New("event without a type"))

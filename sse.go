@@ -3,166 +3,106 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"strings"
 )
 
-// Streams (SPEC §7.5), what the three formats (chat.go, messages.go,
-// responses.go) share: the provider side's SSE reader and the loop around
-// each format's stream translator; the caller side's SSE writer and the
-// block driver around each format's block writer.
+// Streams (SPEC §7.5), what the three formats share: the provider side's SSE
+// reader and translator loop, the caller side's SSE writer and block driver.
 
 // sseEvent is one dispatched server-sent event: its event name ("" when the
 // stream named none) and its data lines joined with "\n".
 type sseEvent struct{ Event, Data string }
 
-// sseReader splits a provider's text/event-stream body into events following
-// the WHATWG event-stream grammar. It has no line-length limit of its own
-// (bufio.Scanner's 64 KiB cap would cut a large tool-call argument or an
-// image echo), and it never times out: SPEC §7.4.
-type sseReader struct {
-	r       *bufio.Reader
-	pending []string // lines split out of the last physical line, not yet consumed
-	line    []byte   // scratch for one physical line
-	started bool     // the byte-order mark check is done
-	ended   error    // the read error once the body ended
-}
+// sseReader splits a provider's text/event-stream body into events (the
+// WHATWG event-stream grammar). It has no line-length limit and never times
+// out (SPEC §7.4): a large tool-call argument or image echo is one line.
+type sseReader struct{ sc *bufio.Scanner }
 
-// newSSEReader reads events from r.
+// newSSEReader reads events from r, after its byte-order mark if any.
 func newSSEReader(r io.Reader) *sseReader {
-	return &sseReader{r: bufio.NewReaderSize(r, 16<<10)}
+	br := bufio.NewReader(r)
+	if b, _ := br.Peek(3); string(b) == "\ufeff" {
+		br.Discard(3)
+	}
+	sc := bufio.NewScanner(br)
+	sc.Buffer(make([]byte, 16<<10), math.MaxInt)
+	sc.Split(splitSSELine)
+	return &sseReader{sc: sc}
 }
 
-// next returns the next event. It returns io.EOF when the body ended
-// cleanly and any other read error as it came. An event whose last line
-// was terminated is dispatched at the end of the body even without the
-// blank line after it; a partial last line is discarded as cut.
+// splitSSELine splits at "\r\n", "\n" or "\r"; a final line without a
+// terminator is io.ErrUnexpectedEOF (the body was cut).
+func splitSSELine(data []byte, atEOF bool) (int, []byte, error) {
+	i := bytes.IndexAny(data, "\r\n")
+	switch {
+	case i < 0 && atEOF && len(data) > 0:
+		return 0, nil, io.ErrUnexpectedEOF
+	case i < 0, data[i] == '\r' && i+1 == len(data) && !atEOF: // a "\n" may follow
+		return 0, nil, nil
+	case data[i] == '\r' && i+1 < len(data) && data[i+1] == '\n':
+		return i + 2, data[:i], nil
+	}
+	return i + 1, data[:i], nil
+}
+
+// next returns the next event, io.EOF at a clean end, other read errors as
+// they came; a last event whose lines ended needs no blank line after it.
 func (s *sseReader) next() (sseEvent, error) {
 	var (
-		ev      sseEvent
-		data    strings.Builder
-		hasData bool
-		seen    bool // a field of this event was seen
+		ev   sseEvent
+		data []string // the data lines: an event without any dispatches nothing
 	)
-	for {
-		line, err := s.nextLine()
-		if err != nil {
-			if seen && hasData && errors.Is(err, io.EOF) {
-				ev.Data = data.String()
-				return ev, nil
-			}
-			return sseEvent{}, err
-		}
-		if line == "" {
-			if hasData {
-				ev.Data = data.String()
-				return ev, nil
-			}
-			// A block without data dispatches nothing and resets the name.
-			ev, seen = sseEvent{}, false
-			continue
-		}
-		if line[0] == ':' {
-			continue // comment, e.g. ": keep-alive"
-		}
+	for s.sc.Scan() {
+		line := s.sc.Text()
 		field, value, found := strings.Cut(line, ":")
 		if found {
 			value = strings.TrimPrefix(value, " ")
 		}
-		seen = true
-		switch field {
-		case "event":
+		switch {
+		case line == "" && data != nil:
+			ev.Data = strings.Join(data, "\n")
+			return ev, nil
+		case line == "": // a block without data dispatches nothing and resets the name
+			ev = sseEvent{}
+		case field == "event":
 			ev.Event = value
-		case "data":
-			if hasData {
-				data.WriteByte('\n')
-			}
-			data.WriteString(value)
-			hasData = true
-		}
-		// "id", "retry" and unknown fields carry nothing Brama uses.
+		case field == "data":
+			data = append(data, value)
+		} // comments (": keep-alive"), "id", "retry" and unknown fields carry nothing Brama uses
 	}
-}
-
-// nextLine returns the next line without its terminator (\r\n, \n or \r).
-// A final line without a terminator is reported as io.ErrUnexpectedEOF.
-func (s *sseReader) nextLine() (string, error) {
-	for len(s.pending) == 0 {
-		if s.ended != nil {
-			return "", s.ended
-		}
-		if err := s.readPhysical(); err != nil {
-			s.ended = err
-		}
+	err := cmp.Or(s.sc.Err(), io.EOF)
+	if data != nil && err == io.EOF {
+		ev.Data = strings.Join(data, "\n")
+		return ev, nil
 	}
-	l := s.pending[0]
-	s.pending = s.pending[1:]
-	return l, nil
-}
-
-// readPhysical reads up to the next '\n' (or the end of the body) and splits
-// it at lone '\r's into pending lines. It returns the read error when the
-// body ended; a trailing fragment without a terminator then makes the error
-// io.ErrUnexpectedEOF.
-func (s *sseReader) readPhysical() error {
-	s.line = s.line[:0]
-	var err error
-	for {
-		var chunk []byte
-		chunk, err = s.r.ReadSlice('\n')
-		s.line = append(s.line, chunk...)
-		if !errors.Is(err, bufio.ErrBufferFull) {
-			break
-		}
-	}
-	if !s.started && len(s.line) > 0 {
-		s.line = bytes.TrimPrefix(s.line, []byte("\ufeff"))
-		s.started = true
-	}
-	b := s.line
-	for len(b) > 0 {
-		i := bytes.IndexAny(b, "\r\n")
-		if i < 0 {
-			// Unterminated: the body ended mid-line.
-			if err == nil || errors.Is(err, io.EOF) {
-				err = io.ErrUnexpectedEOF
-			}
-			return err
-		}
-		s.pending = append(s.pending, string(b[:i]))
-		if b[i] == '\r' && i+1 < len(b) && b[i+1] == '\n' {
-			i++
-		}
-		b = b[i+1:]
-	}
-	return err
+	return sseEvent{}, err
 }
 
 // streamTranslator turns one protocol's events into neutral events. handle
-// returns true once the provider's own terminal signal arrived (and the
-// final finish and usage were emitted). ended is called when the body ends
-// or fails first: a translator that already saw its terminal signal emits
-// its tail and returns nil, every other returns false.
+// reports true once the provider's terminal signal arrived and the tail
+// (finish, usage) was emitted; ended runs when the body ends first and
+// reports true only for a translator whose terminal signal already came.
 type streamTranslator interface {
 	handle(ev sseEvent, emit func(streamEvent) error) (bool, error)
 	ended(emit func(streamEvent) error) (bool, error)
 }
 
-// readUpstreamStream reads the provider's SSE body and calls emit for each
-// neutral event in order (SPEC §7.5). It returns nil only when the
-// provider sent its own terminal signal. An end or connection failure
-// before that, or an in-band error event, is provider_incomplete; a
-// malformed event is provider_failure; emit's own error is returned as is.
+// readUpstreamStream emits the provider stream's neutral events in order and
+// returns nil only after its terminal signal (SPEC §7.5): an earlier end, a
+// cut or an in-band error is provider_incomplete, a malformed event
+// provider_failure, emit's own error returned as is.
 func readUpstreamStream(protocol string, body io.Reader, emit func(streamEvent) error) error {
 	f := formatOf(protocol)
 	if f == nil {
 		return refuse("provider_failure", "unknown provider protocol %q", protocol)
 	}
-	t := f.upstreamStream()
-	r := newSSEReader(body)
+	t, r := f.upstreamStream(), newSSEReader(body)
 	for {
 		ev, err := r.next()
 		if err != nil {
@@ -171,8 +111,7 @@ func readUpstreamStream(protocol string, body io.Reader, emit func(streamEvent) 
 			}
 			return streamCut(err)
 		}
-		done, err := t.handle(ev, emit)
-		if err != nil || done {
+		if done, err := t.handle(ev, emit); err != nil || done {
 			return err
 		}
 	}
@@ -197,8 +136,7 @@ func answerOf(run func(emit func(streamEvent) error) error) (chatAnswer, error) 
 			text.WriteString(ev.Text)
 		case eventToolCallStart:
 			for len(a.ToolCalls) <= ev.Index {
-				a.ToolCalls = append(a.ToolCalls, toolCall{})
-				args = append(args, strings.Builder{})
+				a.ToolCalls, args = append(a.ToolCalls, toolCall{}), append(args, strings.Builder{})
 			}
 			a.ToolCalls[ev.Index] = ev.ToolCall
 		case eventToolCallArgs:
@@ -223,30 +161,9 @@ func answerOf(run func(emit func(streamEvent) error) error) (chatAnswer, error) 
 	return a, nil
 }
 
-// wholeAnswerThrough writes a whole answer, as the stream that would have carried
-// it, through the block writer newWriter makes, and returns that writer,
-// which keeps the whole answer; the frames are discarded.
-func wholeAnswerThrough(req chatRequest, a chatAnswer, newWriter func(*callerSSE, chatRequest, string) blockWriter) blockWriter {
-	s := newBlockStream(&callerSSE{w: io.Discard, flush: func() {}}, req, a.Model, newWriter)
-	if a.Text != "" {
-		s.event(streamEvent{Kind: eventText, Text: a.Text})
-	}
-	for i, tc := range a.ToolCalls {
-		s.event(streamEvent{Kind: eventToolCallStart, Index: i, ToolCall: tc})
-		s.event(streamEvent{Kind: eventToolCallArgs, Index: i, Text: tc.Arguments})
-	}
-	s.event(streamEvent{Kind: eventFinish, Finish: a.Finish})
-	if a.Usage.Reported {
-		s.event(streamEvent{Kind: eventUsage, Usage: a.Usage})
-	}
-	s.finish()
-	return s.w
-}
-
-// upstreamStreamError is the cause of a provider_incomplete raised by an
-// in-band error event. Code is the event's error code or type (redacted);
-// Class is refusalRate or refusalQuota when that code says so, so the
-// dispatcher can still record a block on the subscription (SPEC §6.2).
+// upstreamStreamError is the cause of an in-band error's provider_incomplete:
+// Code the event's code (redacted), Class refusalRate or refusalQuota when it
+// says so, for the dispatcher to record a block (SPEC §6.2).
 type upstreamStreamError struct {
 	Code  string
 	Class string
@@ -266,147 +183,150 @@ var streamErrorCodes = map[string]string{
 // inBandMessage is the message of an in-band error, quoting its code.
 const inBandMessage = "the provider stream failed with error %q"
 
-// inBandError is the refusal for a provider's in-band error event: after
-// commit the caller cannot know what was billed, so it is
-// provider_incomplete whatever the event says (SPEC §6.2, §7.5). The class
-// is read from the provider's own code before anything is redacted; the
-// dispatcher redacts the presented credential (apiError.redactedFor).
+// inBandError is the refusal for an in-band error event: always
+// provider_incomplete, the caller cannot know what was billed (SPEC §6.2,
+// §7.5); the dispatcher redacts the credential (apiError.redactedFor).
 func inBandError(code string) *apiError {
 	class := streamErrorCodes[code]
 	if quotaCodes[code] {
 		class = refusalQuota
 	}
-	code = cleanQuoted(code, "", 64)
-	if code == "" {
-		code = "unspecified"
-	}
+	code = cmp.Or(cleanQuoted(code, "", 64), "unspecified")
 	return refuse("provider_incomplete", inBandMessage, code).
 		because(&upstreamStreamError{Code: code, Class: class})
 }
 
-// malformedEvent is the refusal for an event that is not the protocol's.
 func malformedEvent(protocol string, cause error) *apiError {
 	return refuse("provider_failure", "the provider sent a malformed %s stream event", protocol).because(cause)
 }
 
-// emitTail emits the finish and, when reported, the usage.
-func emitTail(emit func(streamEvent) error, finish string, u usage) error {
-	if err := emit(streamEvent{Kind: eventFinish, Finish: finish}); err != nil {
-		return err
-	}
-	if u.Reported {
-		return emit(streamEvent{Kind: eventUsage, Usage: u})
-	}
-	return nil
-}
-
 // malformedAnswer is the refusal for a 2xx body that is not the protocol's
-// answer. The body itself is never quoted.
+// answer; the body is never quoted.
 func malformedAnswer(protocol string, cause error) *apiError {
 	return refuse("provider_failure", "the provider answered with a malformed %s body", protocol).because(cause)
 }
 
-// callerStream writes a streamed answer in the caller's dialect (SPEC §7.5).
-// dispatch calls start once the provider committed, event for every neutral
-// event, then exactly one of finish (the provider sent its terminal signal)
-// or fail (anything else after commit). Every SSE event is flushed as soon as
-// it is written. The first write error sticks: later calls return it.
-type callerStream interface {
-	start() error               // chat: role delta chunk; messages: message_start; responses: response.created
-	event(ev streamEvent) error // translate one neutral event and write it
-	finish() error              // the dialect's terminal sequence
-	fail(e *apiError) error     // the dialect's in-band error; never a terminal success event
-	keepAlive() error           // the SSE comment ": keep-alive", after 15 s without an event
+func emitTail(emit func(streamEvent) error, finish string, u usage) error {
+	if err := emit(streamEvent{Kind: eventFinish, Finish: finish}); err != nil || !u.Reported {
+		return err
+	}
+	return emit(streamEvent{Kind: eventUsage, Usage: u})
 }
 
 // errCallerStreamDone is returned by a callerStream used after finish or fail.
 var errCallerStreamDone = errors.New("caller stream already ended")
 
-// newCallerStream returns the stream writer for dialect over w; flush is
-// called after every SSE event (nil: nothing to flush). model is the name
-// reported to the caller (SPEC §7.6); req's tools name the calls. An
-// unknown dialect is a programming error and panics.
-func newCallerStream(dialect string, req chatRequest, w io.Writer, flush func(), model string) callerStream {
-	if flush == nil {
-		flush = func() {}
-	}
-	f := formatOf(dialect)
-	if f == nil {
-		panic("brama: unknown dialect " + dialect)
-	}
-	return newBlockStream(&callerSSE{w: w, flush: flush}, req, model, f.callerStream)
+// callerStream writes a streamed answer in the caller's dialect (SPEC §7.5):
+// start after commit, event per neutral event, then finish or fail. It opens,
+// grows and closes blocks one at a time, as Anthropic and Responses stream,
+// the dialect's blockWriter framing them; one Write and flush per frame, the
+// first write error sticks.
+type callerStream struct {
+	w            io.Writer
+	flush        func()
+	err          error
+	bw           blockWriter
+	req          chatRequest
+	started      bool
+	done         bool   // finish or fail ran
+	finishReason string // the tail: finish and usage arrive in either order, usage maybe never
+	usage        usage
+	open         int // index of the open block, -1 when none
+	blocks       []*streamBlock
+	toolBlock    map[int]int // neutral tool call index → block index
 }
 
-func newBlockStream(sse *callerSSE, req chatRequest, model string, newWriter func(*callerSSE, chatRequest, string) blockWriter) *blockStream {
-	return &blockStream{sse: sse, w: newWriter(sse, req, model), req: req, open: -1, toolBlock: map[int]int{}}
-}
-
-// blockWriter is one dialect's framing of a streamed answer as blocks
-// (content blocks, output items): blockStream decides when a block opens,
-// grows and closes, the writer says it in its dialect. Blocks are numbered
-// in order; a tool call's block also knows its call index.
+// blockWriter is one dialect's framing of a streamed answer's blocks, in
+// order; a tool call's block also knows its call index.
 type blockWriter interface {
 	begin() error
 	open(i int, b *streamBlock) error
 	delta(i int, b *streamBlock, s string) error
 	close(i int, b *streamBlock, full string) error
-	finishNow(t callerStreamTail) error // the finish event arrived (chat writes its finish chunk)
-	end(t callerStreamTail) error       // the terminal sequence
+	finishNow(finish string) error    // the finish event arrived (chat writes its finish chunk)
+	end(finish string, u usage) error // the terminal sequence
 	fail(e *apiError) error
 }
 
-// streamBlock is one block of a streamed answer: text, or a tool call named
-// as the caller declared it. A custom call made as a function (toward
-// messages) is wrapped: its arguments are held back until the block closes
-// so the caller gets the string input.
+// streamBlock is one block: text, or a tool call named as the caller declared
+// it; a custom call made as a function is wrapped, its input held to the close.
 type streamBlock struct {
-	text                bool
-	index               int // the call's index among calls
-	id, namespace, name string
-	flat                string // the name providers saw
-	custom, wrapped     bool
-	buf                 strings.Builder
+	text            bool
+	index           int // the call's index among calls
+	id, name        string
+	flat            string // the name providers saw
+	custom, wrapped bool
+	buf             strings.Builder
 }
 
-// blockStream drives a blockWriter from neutral events. One block is open
-// at a time, as Anthropic and OpenAI Responses stream; arguments for a call
-// whose block already closed (a provider interleaving calls) still go to
-// that block's index, where SDKs accumulate them.
-type blockStream struct {
-	sse       *callerSSE
-	w         blockWriter
-	req       chatRequest
-	started   bool
-	open      int // index of the open block, -1 when none
-	blocks    []*streamBlock
-	toolBlock map[int]int // neutral tool call index → block index
+// newCallerStream is the stream writer for dialect over w, flushing after
+// every frame (flush may be nil); model is the name reported (SPEC §7.6).
+func newCallerStream(dialect string, req chatRequest, w io.Writer, flush func(), model string) *callerStream {
+	f := formatOf(dialect)
+	if f == nil {
+		panic("brama: unknown dialect " + dialect)
+	}
+	if flush == nil {
+		flush = func() {}
+	}
+	return newBlockStream(w, flush, req, model, f.callerStream)
 }
 
-func (s *blockStream) start() error {
+func newBlockStream(w io.Writer, flush func(), req chatRequest, model string,
+	newWriter func(*callerStream, chatRequest, string) blockWriter) *callerStream {
+	s := &callerStream{w: w, flush: flush, req: req, open: -1, toolBlock: map[int]int{}}
+	s.bw = newWriter(s, req, model)
+	return s
+}
+
+// wholeAnswerThrough writes a whole answer, frames discarded, through the
+// block writer newWriter makes, which keeps the whole answer, and returns it.
+func wholeAnswerThrough(req chatRequest, a chatAnswer,
+	newWriter func(*callerStream, chatRequest, string) blockWriter) blockWriter {
+	s := newBlockStream(io.Discard, func() {}, req, a.Model, newWriter)
+	if a.Text != "" {
+		s.event(streamEvent{Kind: eventText, Text: a.Text})
+	}
+	for i, tc := range a.ToolCalls {
+		s.event(streamEvent{Kind: eventToolCallStart, Index: i, ToolCall: tc})
+		s.event(streamEvent{Kind: eventToolCallArgs, Index: i, Text: tc.Arguments})
+	}
+	s.event(streamEvent{Kind: eventFinish, Finish: a.Finish})
+	if a.Usage.Reported {
+		s.event(streamEvent{Kind: eventUsage, Usage: a.Usage})
+	}
+	s.finish()
+	return s.bw
+}
+
+func (s *callerStream) start() error {
 	if s.started {
 		return nil
 	}
 	s.started = true
-	return s.w.begin()
+	return s.bw.begin()
 }
 
-func (s *blockStream) event(ev streamEvent) error {
-	if s.sse.done {
+// event writes one neutral event. Arguments for a call whose block closed (a
+// provider interleaving calls) still go to its index, where SDKs gather them.
+func (s *callerStream) event(ev streamEvent) error {
+	if s.done {
 		return errCallerStreamDone
 	}
 	if err := s.start(); err != nil {
 		return err
 	}
-	if s.sse.tail.record(ev) {
-		if ev.Kind != eventFinish {
-			return nil
-		}
+	switch ev.Kind {
+	case eventFinish:
+		s.finishReason = ev.Finish
 		if err := s.closeOpen(); err != nil {
 			return err
 		}
-		return s.w.finishNow(s.sse.tail)
-	}
-	switch ev.Kind {
+		return s.bw.finishNow(s.finishReason)
+	case eventUsage:
+		s.usage = ev.Usage
+		s.usage.Reported = true
+		return nil
 	case eventText:
 		if ev.Text == "" {
 			return nil
@@ -418,11 +338,11 @@ func (s *blockStream) event(ev streamEvent) error {
 		}
 		b := s.blocks[s.open]
 		b.buf.WriteString(ev.Text)
-		return s.w.delta(s.open, b, ev.Text)
+		return s.bw.delta(s.open, b, ev.Text)
 	case eventToolCallStart:
-		ns, name, _, custom := s.req.callerTool(ev.ToolCall)
-		b := &streamBlock{index: ev.Index, id: ev.ToolCall.ID, namespace: ns, name: name, flat: ev.ToolCall.Name, custom: custom, wrapped: custom && !ev.ToolCall.Custom}
-		i, err := s.openBlock(b)
+		name, _, custom := s.req.callerTool(ev.ToolCall)
+		i, err := s.openBlock(&streamBlock{index: ev.Index, id: ev.ToolCall.ID, name: name,
+			flat: ev.ToolCall.Name, custom: custom, wrapped: custom && !ev.ToolCall.Custom})
 		s.toolBlock[ev.Index] = i
 		return err
 	case eventToolCallArgs:
@@ -435,23 +355,21 @@ func (s *blockStream) event(ev streamEvent) error {
 		if ev.Text == "" || b.wrapped {
 			return nil
 		}
-		return s.w.delta(i, b, ev.Text)
+		return s.bw.delta(i, b, ev.Text)
 	}
 	return fmt.Errorf("unknown stream event kind %q", ev.Kind)
 }
 
-// openBlock closes the open block and opens b.
-func (s *blockStream) openBlock(b *streamBlock) (int, error) {
+func (s *callerStream) openBlock(b *streamBlock) (int, error) {
 	if err := s.closeOpen(); err != nil {
 		return 0, err
 	}
-	s.open = len(s.blocks)
-	s.blocks = append(s.blocks, b)
-	return s.open, s.w.open(s.open, b)
+	s.open, s.blocks = len(s.blocks), append(s.blocks, b)
+	return s.open, s.bw.open(s.open, b)
 }
 
 // closeOpen closes the open block; a wrapped call's input goes out first.
-func (s *blockStream) closeOpen() error {
+func (s *callerStream) closeOpen() error {
 	i := s.open
 	if i < 0 {
 		return nil
@@ -463,15 +381,16 @@ func (s *blockStream) closeOpen() error {
 		full = customInput(full)
 		b.buf.Reset()
 		b.buf.WriteString(full)
-		if err := s.w.delta(i, b, full); err != nil {
+		if err := s.bw.delta(i, b, full); err != nil {
 			return err
 		}
 	}
-	return s.w.close(i, b, full)
+	return s.bw.close(i, b, full)
 }
 
-func (s *blockStream) finish() error {
-	if err := s.sse.end(); err != nil {
+// finish writes the dialect's terminal sequence.
+func (s *callerStream) finish() error {
+	if err := s.end(); err != nil {
 		return err
 	}
 	if err := s.start(); err != nil {
@@ -480,46 +399,41 @@ func (s *blockStream) finish() error {
 	if err := s.closeOpen(); err != nil {
 		return err
 	}
-	return s.w.end(s.sse.tail)
+	return s.bw.end(s.finishReason, s.usage)
 }
 
-func (s *blockStream) fail(e *apiError) error {
-	if err := s.sse.end(); err != nil {
+// fail writes the dialect's in-band error, never a terminal success event.
+func (s *callerStream) fail(e *apiError) error {
+	if err := s.end(); err != nil {
 		return err
 	}
-	return s.w.fail(e)
+	return s.bw.fail(e)
 }
 
-func (s *blockStream) keepAlive() error { return s.sse.keepAlive() }
-
-// callerSSE writes whole SSE frames, one Write and one flush each, and
-// remembers the first write error.
-type callerSSE struct {
-	w     io.Writer
-	flush func()
-	err   error
-	done  bool // finish or fail ran
-	tail  callerStreamTail
+func (s *callerStream) end() error {
+	if s.done {
+		return errCallerStreamDone
+	}
+	s.done = true
+	return s.err
 }
 
-// frame writes one event: "event: <name>\n" when name is set, then
-// "data: <json>\n\n".
-func (s *callerSSE) frame(name string, v any) error {
+// keepAlive writes the SSE comment sent after 15 s without an event.
+func (s *callerStream) keepAlive() error { return s.write(": keep-alive\n\n") }
+
+// frame writes one event: "event: <name>\n" when name is set, then the data.
+func (s *callerStream) frame(name string, v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}
-	var f strings.Builder
 	if name != "" {
-		f.WriteString("event: " + name + "\n")
+		name = "event: " + name + "\n"
 	}
-	f.WriteString("data: ")
-	f.Write(b)
-	f.WriteString("\n\n")
-	return s.write(f.String())
+	return s.write(name + "data: " + string(b) + "\n\n")
 }
 
-func (s *callerSSE) write(frame string) error {
+func (s *callerStream) write(frame string) error {
 	if s.err != nil {
 		return s.err
 	}
@@ -529,36 +443,4 @@ func (s *callerSSE) write(frame string) error {
 	}
 	s.flush()
 	return nil
-}
-
-func (s *callerSSE) keepAlive() error { return s.write(": keep-alive\n\n") }
-
-// end marks the stream ended; it refuses a second ending.
-func (s *callerSSE) end() error {
-	if s.done {
-		return errCallerStreamDone
-	}
-	s.done = true
-	return s.err
-}
-
-// callerStreamTail keeps the finish reason and usage, which arrive as
-// events in either order, usage maybe never.
-type callerStreamTail struct {
-	finish string
-	usage  usage
-}
-
-// record keeps finish and usage events; it reports whether ev was one.
-func (t *callerStreamTail) record(ev streamEvent) bool {
-	switch ev.Kind {
-	case eventFinish:
-		t.finish = ev.Finish
-	case eventUsage:
-		t.usage = ev.Usage
-		t.usage.Reported = true
-	default:
-		return false
-	}
-	return true
 }
