@@ -12,17 +12,13 @@ import (
 	"unicode/utf8"
 )
 
-// codeInfo is what a stable error code fixes: the HTTP status, the type and
-// whether a caller may retry (SPEC §8.2). Nothing else chooses these.
-type codeInfo struct {
+// codes is the one table of SPEC §8.2: a code fixes the HTTP status, the
+// type and whether a caller may retry; nothing else chooses these.
+var codes = map[string]struct {
 	status    int
 	typ       string
 	retryable bool
-}
-
-// codes is the one table of SPEC §8.2. An apiError's status, type and
-// retryable all follow from its code.
-var codes = map[string]codeInfo{
+}{
 	"invalid_request":                       {400, "request_error", false},
 	"unauthenticated":                       {401, "authentication_error", false},
 	"forbidden":                             {403, "authorization_error", false},
