@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -20,9 +21,8 @@ import (
 	"time"
 )
 
-// The model catalogue (SPEC §6.4): a file read on demand, or a URL read in
-// the background and kept in the model metadata cache, held for a TTL.
-// Advisory: it makes no route available and no request waits on the network.
+// The model catalogue (SPEC §6.4): a file read on demand, or a URL read in the background
+// into the model metadata cache. Advisory: no route needs it, no request waits on it.
 
 const ( // SPEC §16
 	defaultCatalogURL = "https://models.dev/api.json"
@@ -91,9 +91,8 @@ type catalog struct {
 	cacheErr   error         // why the cache could not supply data
 }
 
-// newCatalog configures the catalogue from the environment (SPEC §16) and,
-// for a URL, fills memory from the local cache; a file is read by the first
-// lookup, a URL by start.
+// newCatalog configures the catalogue (SPEC §16) and, for a URL, fills memory from the
+// cache; a file is read by the first lookup, a URL by start.
 func newCatalog(st state, getenv func(string) string, client *http.Client, log *slog.Logger, now func() time.Time) *catalog {
 	c := &catalog{client: client, log: log, now: now, ttl: defaultCatalogTTL}
 	if v := strings.TrimSpace(getenv("BRAMA_MODEL_CATALOG_TTL_SECS")); v != "" {
@@ -211,10 +210,6 @@ func (c *catalog) loadCache(st state) {
 	}
 	c.cachePath = name
 	b, _, err := readGuarded("model metadata cache", name)
-	if errors.Is(err, errFileAbsent) {
-		c.cacheErr = errors.New("there is no cached copy")
-		return
-	}
 	var cc catalogCache
 	if err == nil {
 		err = json.Unmarshal(b, &cc)
@@ -223,14 +218,16 @@ func (c *catalog) loadCache(st state) {
 	if err == nil {
 		data, err = parseCatalog(cc.Body)
 	}
-	if err != nil {
+	switch {
+	case errors.Is(err, errFileAbsent):
+		c.cacheErr = errors.New("there is no cached copy")
+	case err != nil:
 		c.cacheErr = fmt.Errorf("the cached copy is unreadable: %w", err)
 		c.log.Warn("model_metadata_cache_unreadable", "cause", err.Error())
-		return
-	}
-	c.data, c.loadedAt = data, cc.FetchedAt
-	if cc.FetchedAt.After(c.now()) {
-		c.loadedAt = time.Time{} // a fetch time from the future has no usable age
+	case cc.FetchedAt.After(c.now()):
+		c.data = data // a fetch time from the future has no usable age
+	default:
+		c.data, c.loadedAt = data, cc.FetchedAt
 	}
 }
 
@@ -246,9 +243,8 @@ func (c *catalog) settleLocked(source string, data catalogData, err error, now t
 	c.data, c.loadedAt = data, now
 }
 
-// current is the catalogue usable now, or nil with the cause. A file is read
-// on demand; for a URL, memory absent or past the TTL kicks one background
-// read. A failed read waits a TTL.
+// current is the catalogue usable now, or nil with the cause. A file is read on demand; a URL's
+// memory absent or past the TTL kicks one background read. A failed read waits a TTL.
 func (c *catalog) current() (catalogData, string) {
 	now := c.now()
 	c.mu.Lock()
@@ -270,10 +266,7 @@ func (c *catalog) current() (catalogData, string) {
 		c.settleLocked("file", data, err, now)
 	case c.path == "" && c.kick != nil && !c.refreshing && stale() && mayTry:
 		c.refreshing = true
-		select {
-		case c.kick <- struct{}{}:
-		default:
-		}
+		c.kick <- struct{}{} // never blocks: refreshing admits one kick at a time to its one slot
 	}
 	const unavailable = "the model catalogue is unavailable: "
 	switch {
@@ -281,11 +274,8 @@ func (c *catalog) current() (catalogData, string) {
 		return c.data, ""
 	case c.lastErr != nil:
 		return nil, unavailable + c.lastErr.Error()
-	case c.path != "":
-		return nil, unavailable + "the catalogue file has not been read"
 	case c.url == "":
-		return nil, unavailable + "live reads are off (BRAMA_MODEL_CATALOG_URL=off) and " +
-			cmp.Or(c.cacheErr, errors.New("there is no cached copy")).Error()
+		return nil, unavailable + "live reads are off (BRAMA_MODEL_CATALOG_URL=off) and " + c.cacheErr.Error()
 	case c.kick == nil:
 		return nil, unavailable + "no catalogue read has been started"
 	}
@@ -335,9 +325,8 @@ func (c *catalog) models(provider string) []modelInfo {
 // vendor objects; parseCatalog wraps it in every error it returns.
 var errCatalogShape = errors.New("the model catalogue is not a JSON object of provider objects")
 
-// parseCatalog reads models.dev's api.json, vendor → {"models": {id →
-// model}}, strict only at the top: below, what Brama does not understand is
-// left out, since the document grows. The key, not "id", is a model's id.
+// parseCatalog reads api.json, vendor → {"models": {id → model}}, strict only at the top: the
+// document grows, so what Brama does not understand is left out. The key is a model's id.
 func parseCatalog(b []byte) (catalogData, error) {
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(b, &top); err != nil || top == nil {
@@ -369,28 +358,23 @@ func parseCatalog(b []byte) (catalogData, error) {
 // ok=false when it is not an object or has no id.
 func parseCatalogModel(id string, raw json.RawMessage) (modelInfo, bool) {
 	var m struct {
-		ReleaseDate json.RawMessage `json:"release_date"`
-		Limit       json.RawMessage `json:"limit"`
-		Modalities  json.RawMessage `json:"modalities"`
+		ReleaseDate string `json:"release_date"`
+		Limit       struct{ Context, Output any }
+		Modalities  struct{ Input, Output any }
 	}
-	if id == "" || json.Unmarshal(raw, &m) != nil || string(raw) == "null" {
+	if id == "" || !bytes.HasPrefix(raw, []byte("{")) { // a RawMessage starts at its value
 		return modelInfo{}, false
 	}
-	var limit struct{ Context, Output any }
-	var mod struct{ Input, Output any }
-	var date string
-	json.Unmarshal(m.Limit, &limit)    // not an object: no limits
-	json.Unmarshal(m.Modalities, &mod) // members of the wrong type are left out below
-	json.Unmarshal(m.ReleaseDate, &date)
-	_, day := time.Parse("2006-01-02", date)
-	_, month := time.Parse("2006-01", date) // some entries carry only the month; both sort as strings
+	json.Unmarshal(raw, &m) // a member of the wrong type is left out, the rest still read
+	_, day := time.Parse("2006-01-02", m.ReleaseDate)
+	_, month := time.Parse("2006-01", m.ReleaseDate) // some entries carry only the month; both sort as strings
 	if day != nil && month != nil {
-		date = ""
+		m.ReleaseDate = ""
 	}
 	return modelInfo{
-		ID: id, ReleaseDate: date,
-		Limit:      catalogLimit{catalogCount(limit.Context), catalogCount(limit.Output)},
-		Modalities: catalogModalities{catalogStrings(mod.Input), catalogStrings(mod.Output)},
+		ID: id, ReleaseDate: m.ReleaseDate,
+		Limit:      catalogLimit{catalogCount(m.Limit.Context), catalogCount(m.Limit.Output)},
+		Modalities: catalogModalities{catalogStrings(m.Modalities.Input), catalogStrings(m.Modalities.Output)},
 	}, true
 }
 

@@ -7,22 +7,16 @@ import (
 	"strconv"
 )
 
-// POST /v1/messages/count_tokens (SPEC §15): a route whose provider speaks
-// anthropic-messages forwards the body to the provider's own count (it
-// spends no quota; one attempt, no rotation); any other route gets a local
-// estimate and no call. The answer is never kept as a signed answer.
-
-// countTokens answers a planned count_tokens request: the provider's own
-// count on an anthropic-messages route, one call on the direct key or the
-// first of the ordered pool, its grant refreshed when expired (a token call
-// is no attempt); a local estimate and no call on any other route.
+// countTokens answers POST /v1/messages/count_tokens (SPEC §15): on an
+// anthropic-messages route the provider's own count, one call on the direct
+// key or the first of the pool (no quota spent); elsewhere a local estimate.
 func (e *engine) countTokens(ctx context.Context, w http.ResponseWriter, req *callerRequest, c call) error {
 	if c.res.Provider.protocol != protoAnthropic { // also selectors and best: no one route to ask
 		if c.res.Route != "" {
 			w.Header().Set("Brama-Route", c.res.Route)
 		}
 		w.Header().Set("Brama-Estimate", "true")
-		writeJSON(w, http.StatusOK, countTokensAnswer{estimateInputTokens(req.body)})
+		writeJSON(w, http.StatusOK, countTokensAnswer{ptrTo(estimateInputTokens(req.body))})
 		return nil
 	}
 	cand := &candidate{res: c.res, baseURL: c.baseURL, key: &c.cred, req: req}
@@ -33,52 +27,37 @@ func (e *engine) countTokens(ctx context.Context, w http.ResponseWriter, req *ca
 		}
 		cand.key, cand.pool = nil, subs[:1]
 	}
-	j := &job{kind: kindCountTokens, request: e.countTokensRequest,
-		commit: func(_ context.Context, _ *candidate, c call, _ *overlayItem, resp *http.Response, attempts int) (usage, *apiError, bool) {
-			defer resp.Body.Close()
-			var ans struct {
-				InputTokens *int `json:"input_tokens"`
+	j := &job{kind: kindCountTokens,
+		build: func(ctx context.Context, _ *candidate, c call) (*http.Request, error) {
+			edits, err := req.baseEdits(c.res.Provider, c.cred, c.res.Model)
+			if err != nil {
+				return nil, err
 			}
+			path := "/v1/messages/count_tokens"
+			if req.query != "" {
+				path += "?" + req.query
+			}
+			return newPassthroughRequest(ctx, c, req.header, path, req.body.edit(edits...), false)
+		},
+		commit: func(_ context.Context, _ *candidate, c call, _ *overlayItem, resp *http.Response, attempts int) (usage, *apiError, bool) {
+			var ans countTokensAnswer
 			if err := json.NewDecoder(resp.Body).Decode(&ans); err != nil || ans.InputTokens == nil {
 				return usage{}, malformedAnswer(protoAnthropic, err).withAttempts(attempts), false
 			}
 			w.Header().Set("Brama-Route", c.res.Route)
 			w.Header().Set("Brama-Attempts", strconv.Itoa(attempts))
-			writeJSON(w, http.StatusOK, countTokensAnswer{*ans.InputTokens})
+			writeJSON(w, http.StatusOK, ans)
 			return usage{}, nil, false
 		}}
-	wk := &walk{}
-	out, ae := e.attemptCandidate(ctx, j, cand, wk)
-	if out == routeRefused { // the grant could not be refreshed
-		return wk.exhausted(e.now())
-	}
-	if ae != nil {
+	if ae := e.attemptOne(ctx, j, cand); ae != nil {
 		return ae
 	}
 	return nil
 }
 
-// countTokensRequest is the one call to the provider's count_tokens.
-func (e *engine) countTokensRequest(ctx context.Context, cand *candidate, c call) attempt {
-	req := cand.req
-	edits, err := req.baseEdits(c.res.Provider, c.cred, c.res.Model)
-	if err != nil {
-		return attempt{err: asAPIError(err)}
-	}
-	path := "/v1/messages/count_tokens"
-	if req.query != "" {
-		path += "?" + req.query
-	}
-	httpReq, err := newPassthroughRequest(ctx, c, req, path, req.body.edit(edits...), false)
-	if err != nil {
-		return attempt{err: asAPIError(err)}
-	}
-	return e.send(httpReq, c)
-}
-
 // countTokensAnswer is the body of every count_tokens answer.
 type countTokensAnswer struct {
-	InputTokens int `json:"input_tokens"`
+	InputTokens *int `json:"input_tokens"`
 }
 
 // estimateInputTokens is SPEC §15's local estimate: the UTF-8 bytes of
@@ -91,8 +70,8 @@ func estimateInputTokens(o rawObject) int {
 		Input   json.RawMessage `json:"input"`
 		Content json.RawMessage `json:"content"`
 	}
-	var textOf func(raw json.RawMessage) int // a string, or blocks
-	textOf = func(raw json.RawMessage) int {
+	var textOf func(raw json.RawMessage) int
+	textOf = func(raw json.RawMessage) int { // a string, or blocks
 		var s string
 		if json.Unmarshal(raw, &s) == nil {
 			return len(s)
@@ -113,9 +92,7 @@ func estimateInputTokens(o rawObject) int {
 		return n
 	}
 	n := textOf(o.value("system"))
-	var msgs []struct {
-		Content json.RawMessage `json:"content"`
-	}
+	var msgs []block // only their content counts
 	json.Unmarshal(o.value("messages"), &msgs)
 	for _, m := range msgs {
 		n += textOf(m.Content)

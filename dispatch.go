@@ -14,14 +14,9 @@ import (
 )
 
 // The attempt engine (SPEC §7): every route is a list of candidates, each
-// with an ordered credential pool and a budget of calls. A direct route is
-// one candidate with one key; a subscription route one candidate with the
-// agent's pool; a selector its candidates in order; the probe the named
-// subscription; embeddings and count_tokens a direct or first-of-pool
-// candidate. attemptCandidate is the one loop; every call goes through send;
-// a committed call ends in commit (the abort after a committed stream's
-// failure); settle records spend once; a refusal after dispatch reaches the
-// replay guard through refused.
+// with an ordered credential pool and a budget of calls (budgets).
+// attemptCandidate is the one loop, send the one call, commit the one
+// abort after commit, settle the one spend record.
 
 // routeKind is what the budget table is keyed by.
 type routeKind int
@@ -55,8 +50,7 @@ var budgets = map[routeKind]budget{
 }
 
 // engine is one request's attempt engine: what it needs of the daemon, and
-// the request's own account (tally), which the HTTP handler copies to its
-// log line. It knows nothing of the server.
+// the request's account (tally) for the log line. It knows no server.
 type engine struct {
 	log        *slog.Logger
 	now        func() time.Time
@@ -79,8 +73,7 @@ type engine struct {
 	t          tally
 }
 
-// tally is one request's account: the log line's members the engine
-// learns, and the replay guard to tell of a refusal after dispatch.
+// tally is one request's account: what the log line learns from the engine.
 type tally struct {
 	requestID     string
 	attempts      int // provider calls made
@@ -88,14 +81,11 @@ type tally struct {
 	retryable     bool
 	input, output int
 	dropped       []string
-	// remember tells the replay guard of a refusal after dispatch (SPEC
-	// §8.1), before the caller can read it; nil when no guard applies.
-	remember func(ae *apiError, attempts int, hungUp, streamed bool)
+	remember      func(ae *apiError, attempts int, hungUp, streamed bool) // the replay guard's (SPEC §8.1); nil: none
 }
 
-// candidate is one route the engine may call, with its credential pool:
-// the one key of a direct route, else the ordered subscriptions (for a
-// selector read only when its turn comes, as earlier candidates change it).
+// candidate is one route the engine may call with its credentials: a
+// direct route's one key, else the ordered subscriptions.
 type candidate struct {
 	res     resolution
 	baseURL string              // a direct route's; a pool's is the provider's
@@ -105,12 +95,12 @@ type candidate struct {
 	model   string         // the name a chat answer reports
 }
 
-// job is how a request's calls are made and a committed one is answered.
+// job is how a request's calls are built and a committed one is answered.
 type job struct {
-	kind    routeKind
-	request func(ctx context.Context, cand *candidate, c call) attempt
-	// commit answers from a committed call; sub is the paying subscription
-	// (nil on a direct route). streamed says a failure was written in-band.
+	kind  routeKind
+	build func(ctx context.Context, cand *candidate, c call) (*http.Request, error)
+	// commit answers from a committed call paid by sub (nil: a direct key);
+	// streamed says a failure was written in-band.
 	commit  func(ctx context.Context, cand *candidate, c call, sub *overlayItem, resp *http.Response, attempts int) (u usage, failure *apiError, streamed bool)
 	refused func(c call, a attempt) // optional: what a refused call records (the probe)
 }
@@ -122,89 +112,64 @@ type call struct {
 	cred    upstreamCredential
 }
 
-// presented is the secret a call shows the provider, for redaction.
-func (c call) presented() string {
-	if c.cred.APIKey != "" {
-		return c.cred.APIKey
-	}
-	return c.cred.AccessToken
-}
-
 // plan resolves a request's head and applies every check made before
-// dispatch but §6.4's output limit: allowlist, model name, who pays and
-// billingTarget. A direct or alias route also gets its credential here (a
-// missing one is a refusal at dispatch, attempts 0).
+// dispatch but §6.4's output limit: allowlist, model name, who pays,
+// billingTarget, and a direct route's credential (missing: attempts 0).
 func (e *engine) plan(cl client, agent string, req *chatRequest) (call, error) {
-	if err := checkAllowed(cl, req.Model); err != nil {
-		return call{}, err
+	if cl.AllowedModels != nil && !slices.Contains(cl.AllowedModels, req.Model) { // SPEC §3.1
+		return call{}, refuse("forbidden", "this client may not use model %q", req.Model)
 	}
 	doc, docErr := e.reg.current()
 	res, err := resolveModel(req.Model, doc, docErr, e.hasDirect, req.BillingTarget != nil)
 	if err != nil {
 		return call{}, err
 	}
-	if res.Mode != modeDirect && res.Mode != modeAlias {
-		if agent == "" {
-			return call{res: res}, refuse("unauthenticated", "this route is paid by an agent's subscription; sign the request or use a bearer bound to an agent")
+	c, p, bt := call{res: res}, res.Provider, req.BillingTarget
+	switch {
+	case res.Mode == modeDirect || res.Mode == modeAlias:
+		c.baseURL = res.BaseURL
+		if p.cred != credDirect {
+			break
 		}
-		if bt := req.BillingTarget; bt != nil {
-			if res.Mode != modeSubscription {
-				return call{res: res}, refuse("invalid_request", "billingTarget names one subscription; use it with a provider/model route, not %q", req.Model)
-			}
-			if err := e.checkBillingTarget(bt, res.Provider.id, agent); err != nil {
-				return call{res: res}, err
-			}
-		}
-		return call{res: res}, nil
-	}
-	c := call{res: res, baseURL: res.BaseURL}
-	p := res.Provider
-	if p.cred == credDirect {
-		key, err := e.directCredential(p.id)
-		if err != nil {
+		if c.cred.APIKey, err = e.directCredential(p.id); err != nil {
 			return call{res: res}, err
 		}
-		c.cred.APIKey = key
 		if c.baseURL, err = providerBaseURL(p, e.getenv); err != nil {
 			return call{res: res}, refuse("dependency_unavailable", "provider %q has an unusable base URL: %v", p.id, err).withAttempts(0)
 		}
+	case agent == "":
+		err = refuse("unauthenticated", "this route is paid by an agent's subscription; sign the request or use a bearer bound to an agent")
+	case bt != nil && res.Mode != modeSubscription:
+		err = refuse("invalid_request", "billingTarget names one subscription; use it with a provider/model route, not %q", req.Model)
+	case bt != nil:
+		err = e.checkBillingTarget(bt, p.id, agent)
 	}
-	return c, nil
+	return c, err
 }
 
-// planChat is plan for a chat request, plus what only a chat call needs
-// before dispatch: the output limit of a known route (SPEC §6.4), the
-// candidates of a selector, and the translation parse when any call will
-// cross formats.
-func (e *engine) planChat(cl client, req *callerRequest) (call, []resolution, error) {
-	c, err := e.plan(cl, e.agent, &req.head)
-	if err != nil {
+// planChat is plan plus what a chat call needs before dispatch: the output
+// limit (SPEC §6.4), a selector's candidates, and the translation parse
+// when a call will cross formats.
+func (e *engine) planChat(cl client, req *callerRequest) (c call, cands []resolution, err error) {
+	if c, err = e.plan(cl, e.agent, &req.head); err != nil {
 		return c, nil, err
 	}
 	targets := []resolution{c.res}
-	var cands []resolution
 	switch c.res.Mode {
 	case modeDirect, modeAlias, modeSubscription:
-		if err := e.applyMaxTokens(&req.head, c.res); err != nil {
-			return c, nil, err
-		}
+		err = e.applyMaxTokens(&req.head, c.res)
 	default:
-		if cands, err = e.candidates(c.res, e.agent); err != nil {
-			return c, nil, err
-		}
+		cands, err = e.candidates(c.res, e.agent)
 		targets = cands
 	}
-	for _, t := range targets {
-		if req.translates(t.Provider) {
-			return c, cands, req.parseForTranslation()
-		}
+	if err == nil && slices.ContainsFunc(targets, func(t resolution) bool { return req.translates(t.Provider) }) {
+		err = req.parseForTranslation()
 	}
-	return c, cands, nil
+	return c, cands, err
 }
 
-// applyMaxTokens is SPEC §6.4's rule: the caller's max_tokens, else the
-// model's own output limit, else omitted, except that anthropic-messages
-// requires one and is refused before any call. Codex never gets one (§6.2).
+// applyMaxTokens is SPEC §6.4's rule: the caller's limit, else the model's,
+// else none but on anthropic-messages (refused); codex never gets one.
 func (e *engine) applyMaxTokens(req *chatRequest, res resolution) error {
 	p := res.Provider
 	if req.MaxTokens != 0 || p.id == "codex" {
@@ -220,75 +185,62 @@ func (e *engine) applyMaxTokens(req *chatRequest, res resolution) error {
 	return nil
 }
 
-// checkAllowed applies a client's allowed_models (SPEC §3.1).
-func checkAllowed(c client, model string) error {
-	if c.AllowedModels != nil && !slices.Contains(c.AllowedModels, model) {
-		return refuse("forbidden", "this client may not use model %q", model)
-	}
-	return nil
-}
-
 // directCredential is the deployment's API key for provider (SPEC §7.1).
 func (e *engine) directCredential(provider string) (string, error) {
-	if e.localCreds != nil {
-		if k := e.localCreds[provider]; k != "" {
-			return k, nil
+	key := e.localCreds[provider]
+	if e.localCreds == nil {
+		doc, err := e.vault.load()
+		if err != nil && !errors.As(err, new(*noStateError)) {
+			return "", refuse("credential_unauthorized", "the vault is unreadable; no credential can be produced").because(err).withAttempts(0)
 		}
+		if doc != nil {
+			key = doc.Direct[provider].APIKey
+		}
+	}
+	if key == "" {
 		return "", refuse("credential_unauthorized", "no direct credential for provider %q", provider).withAttempts(0)
 	}
-	doc, err := e.vault.load()
-	if err != nil && !errors.As(err, new(*noStateError)) {
-		return "", refuse("credential_unauthorized", "the vault is unreadable; no credential can be produced").because(err).withAttempts(0)
-	}
-	if doc == nil || doc.Direct[provider].APIKey == "" {
-		return "", refuse("credential_unauthorized", "no direct credential for provider %q", provider).withAttempts(0)
-	}
-	return doc.Direct[provider].APIKey, nil
+	return key, nil
 }
 
 // attempt is one provider call's outcome before anything reaches the caller.
 type attempt struct {
-	sent    bool             // the request left Brama (one attempt); false when it could not be encoded
 	resp    *http.Response   // 2xx: the call committed; the body is unread
 	refusal *providerRefusal // a complete non-2xx answer, classified
-	err     *apiError        // no answer: a transport failure or a cut refusal body
+	err     *apiError        // no answer: a transport failure, a cut refusal body, or (onboarding) no request
 }
 
 // failure is the refusal a caller gets for a call that did not commit.
 func (a attempt) failure() *apiError {
-	switch {
-	case a.err != nil:
-		return a.err
-	case a.refusal != nil:
+	if a.refusal != nil {
 		return a.refusal.err
 	}
-	return nil
+	return a.err
 }
 
-// send makes one provider call: the one place an attempt is counted. It
-// reads a refusal whole; a 2xx body is left for the job's commit.
+// send makes one provider call, the one place an attempt is counted; a
+// refusal is read whole, a 2xx body left for the commit.
 func (e *engine) send(httpReq *http.Request, c call) attempt {
 	p := c.res.Provider
 	e.t.attempts++
 	e.calls.Add(1)
 	resp, err := e.client.Do(httpReq)
 	if err != nil {
-		return attempt{sent: true, err: classifyTransport(err)}
+		return attempt{err: classifyTransport(err)}
 	}
 	if resp.StatusCode >= 200 && resp.StatusCode <= 299 {
-		return attempt{sent: true, resp: resp}
+		return attempt{resp: resp}
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return attempt{sent: true, err: refuse("provider_incomplete", "provider %q answered %d and its body was cut after %d bytes", p.id, resp.StatusCode, len(body)).because(err)}
+		return attempt{err: refuse("provider_incomplete", "provider %q answered %d and its body was cut after %d bytes", p.id, resp.StatusCode, len(body)).because(err)}
 	}
-	ref := classifyRefusal(p.id, resp.StatusCode, resp.Header, body, c.presented(), e.now())
-	return attempt{sent: true, refusal: &ref}
+	ref := classifyRefusal(p.id, resp.StatusCode, resp.Header, body, c.cred.bearer(), e.now())
+	return attempt{refusal: &ref}
 }
 
-// callProvider makes exactly one translated provider call of a neutral
-// request.
+// callProvider makes one translated call of a neutral request (onboarding).
 func (e *engine) callProvider(ctx context.Context, req chatRequest, c call) attempt {
 	httpReq, err := buildUpstreamRequest(ctx, c.res.Provider, c.baseURL, c.cred, req, c.res.Model)
 	if err != nil {
@@ -307,13 +259,11 @@ const (
 	routeModelRefused                     // (selectors) the provider would not run the request: 400, 404, 422
 )
 
-// attemptCandidate makes one candidate's calls within its kind's budget
-// (SPEC §7.1–§7.3): the one key of a direct route, else its pool in order,
-// skipping a blocked subscription and refreshing an expired grant first. A
-// rotating kind moves on after a refusal that proves nothing was
-// generated; anything else is answered at once, because a second call
-// could double cost or tool effects. An answered outcome returns the
-// refusal to write (nil: the answer is written).
+// attemptCandidate makes one candidate's calls within its budget (SPEC
+// §7.1–§7.3): the direct key, else the pool in order, skipping blocked
+// subscriptions and refreshing expired grants. A rotating kind moves on only
+// after a refusal proving nothing was generated (a second call could double
+// cost or tool effects); routeAnswered comes with the refusal to write.
 func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate, wk *walk) (routeOutcome, *apiError) {
 	b, p := budgets[j.kind], cand.res.Provider
 	baseURL, queue := cand.baseURL, []overlayItem{{}} // a direct route: one call on its key
@@ -345,13 +295,15 @@ func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate, 
 			}
 		}
 		start := e.now()
-		a := j.request(ctx, cand, c)
-		if !a.sent { // the request could not be encoded: nothing was called
+		httpReq, err := j.build(ctx, cand, c)
+		if err != nil { // the request could not be built: nothing was called
+			ae := asAPIError(err)
 			if wk.attempts > 0 {
-				a.err = a.err.withAttempts(wk.attempts)
+				ae = ae.withAttempts(wk.attempts)
 			}
-			return routeAnswered, a.err
+			return routeAnswered, ae
 		}
+		a := e.send(httpReq, c)
 		calls++
 		wk.attempts++
 		if a.resp != nil {
@@ -361,51 +313,43 @@ func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate, 
 			e.ledger.recordUse(sub.ID, p.id, false, 0, 0)
 		}
 		ref := a.refusal
-		if !b.rotate || a.err != nil { // no rotation, or a transport failure or cut body: potentially billable
-			if j.refused != nil {
-				j.refused(c, a)
-			}
-			ae := a.failure().withAttempts(wk.attempts)
-			e.settle(j, cand, start, usage{}, ae)
-			return routeAnswered, ae
-		}
-		switch ref.class {
-		case refusalAuth:
+		switch {
+		case !b.rotate || a.err != nil: // a transport failure or cut body is potentially billable
+		case ref.class == refusalAuth:
 			wk.auth = true
-			if c.cred.AccessToken != "" && !wk.refreshed[sub.ID] {
-				// An OAuth grant not yet refreshed in this request: refresh it,
-				// and let the next attempt, if one remains, be this same
-				// subscription. A failed refresh already recorded what it
-				// proved, so the state is not touched here.
-				_, err := e.subscriptionCredential(ctx, *sub, wk, c.cred.AccessToken)
-				switch {
-				case err == nil:
-					wk.note(sub.ID, "refused the access token; refreshed")
-					if calls < b.calls {
-						queue = append([]overlayItem{*sub}, queue...)
-					}
-				case !errors.Is(err, errSkipSubscription):
-					return routeAnswered, asAPIError(err).withAttempts(wk.attempts)
-				}
+			if c.cred.AccessToken == "" || wk.refreshed[sub.ID] {
+				e.ledger.setCredential(sub.ID, p.id, credNeedsReauth, ref.sentence)
+				wk.note(sub.ID, "authentication refused: "+ref.sentence)
 				continue
 			}
-			e.ledger.setCredential(sub.ID, p.id, credNeedsReauth, ref.sentence)
-			wk.note(sub.ID, "authentication refused: "+ref.sentence)
-		case refusalRate, refusalQuota:
-			e.blockFor(*sub, p.id, ref, wk)
-		case refusalModel:
-			if j.kind == kindSelector {
-				wk.model = true
-				wk.rejectedStatus = ref.err.Status()
-				wk.note(cand.res.Route, "refused the request: "+ref.sentence)
-				return routeModelRefused, nil
+			// A grant not yet refreshed here: refresh it and, if a call remains,
+			// retry this subscription. A failed refresh recorded what it proved.
+			_, err := e.subscriptionCredential(ctx, *sub, wk, c.cred.AccessToken)
+			if err != nil && !errors.Is(err, errSkipSubscription) {
+				return routeAnswered, asAPIError(err).withAttempts(wk.attempts)
 			}
-			fallthrough
-		default:
-			ae := ref.err.withAttempts(wk.attempts)
-			e.settle(j, cand, start, usage{}, ae)
-			return routeAnswered, ae
+			if err == nil {
+				wk.note(sub.ID, "refused the access token; refreshed")
+				if calls < b.calls {
+					queue = append([]overlayItem{*sub}, queue...)
+				}
+			}
+			continue
+		case ref.class == refusalRate || ref.class == refusalQuota:
+			e.blockFor(*sub, p.id, ref, wk)
+			continue
+		case ref.class == refusalModel && j.kind == kindSelector:
+			wk.model = true
+			wk.rejectedStatus = ref.err.Status()
+			wk.note(cand.res.Route, "refused the request: "+ref.sentence)
+			return routeModelRefused, nil
 		}
+		if j.refused != nil {
+			j.refused(c, a)
+		}
+		ae := a.failure().withAttempts(wk.attempts)
+		e.settle(j, cand, start, usage{}, ae)
+		return routeAnswered, ae
 	}
 	if len(queue) > 0 {
 		return routeBudgetSpent, nil
@@ -413,12 +357,11 @@ func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate, 
 	return routeRefused, nil
 }
 
-// commit answers from a committed call. After commit nothing is retried
-// (SPEC §7.5): the spend is recorded once, a buffered failure is returned
-// for the caller, and a stream failure, whose in-band error is already
-// written, aborts the response: the body is never cleanly terminated. This
-// is the one place a response is aborted.
+// commit answers from a committed call and closes its body; nothing is
+// retried after it (SPEC §7.5). A stream failure, its in-band error
+// written, aborts the response so the body never ends cleanly: the one abort.
 func (e *engine) commit(ctx context.Context, j *job, cand *candidate, c call, sub *overlayItem, resp *http.Response, attempts int, start time.Time) *apiError {
+	defer resp.Body.Close()
 	u, ae, streamed := j.commit(ctx, cand, c, sub, resp, attempts)
 	e.settle(j, cand, start, u, ae)
 	if ae != nil && streamed {
@@ -427,8 +370,7 @@ func (e *engine) commit(ctx context.Context, j *job, cand *candidate, c call, su
 	return ae
 }
 
-// settle records one request's spend and outcome once, however it ended:
-// the perf registry and the log line's tokens and outcome.
+// settle records a request's spend and outcome once, however it ended.
 func (e *engine) settle(j *job, cand *candidate, start time.Time, u usage, failure *apiError) {
 	if !budgets[j.kind].spends {
 		return
@@ -440,28 +382,54 @@ func (e *engine) settle(j *job, cand *candidate, start time.Time, u usage, failu
 	}
 }
 
-// refused tells the replay guard of a refusal after dispatch, before the
-// caller can read it: hungUp says the caller left first, streamed that it
-// meets it in-band (SPEC §8.1).
+// refused tells the replay guard of a refusal after dispatch before the
+// caller can read it (SPEC §8.1).
 func (e *engine) refused(ae *apiError, hungUp, streamed bool) {
 	if e.t.remember != nil && ae != nil {
 		e.t.remember(ae, e.t.attempts, hungUp, streamed)
 	}
 }
 
-// serveChat answers one chat request on its planned route, writing the
-// answer to w: nil after success, else the refusal, unwritten. cands are a
-// selector's candidates.
+// attemptOne serves a route of one candidate: its answer, or the walk's
+// one refusal when its pool found no success (SPEC §7.2.5).
+func (e *engine) attemptOne(ctx context.Context, j *job, cand *candidate) *apiError {
+	wk := &walk{}
+	if out, ae := e.attemptCandidate(ctx, j, cand, wk); out == routeAnswered {
+		return ae
+	}
+	return wk.exhausted(e.now())
+}
+
+// serveChat answers a planned chat request on w, or returns the refusal
+// unwritten.
 func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *callerRequest, c call, cands []resolution) *apiError {
-	j := e.chatJob(w)
+	j := &job{ // passthrough or translated (SPEC §7.6), a paying subscription's ledger kept
+		build: func(ctx context.Context, cand *candidate, c call) (*http.Request, error) {
+			if cand.req.translates(c.res.Provider) {
+				return buildUpstreamRequest(ctx, c.res.Provider, c.baseURL, c.cred, cand.req.translated(), c.res.Model)
+			}
+			return buildPassthroughRequest(ctx, c, cand.req)
+		},
+		commit: func(ctx context.Context, cand *candidate, c call, sub *overlayItem, resp *http.Response, attempts int) (usage, *apiError, bool) {
+			if sub == nil {
+				return e.deliver(ctx, w, cand.model, cand.req, c, resp, attempts)
+			}
+			return e.answerSubscription(ctx, w, cand, c, *sub, resp, attempts)
+		},
+	}
 	var ae *apiError
 	switch c.res.Mode {
 	case modeDirect, modeAlias:
 		j.kind = kindDirect
-		_, ae = e.attemptCandidate(ctx, j, &candidate{res: c.res, baseURL: c.baseURL, key: &c.cred, req: req, model: req.head.Model}, &walk{})
+		ae = e.attemptOne(ctx, j, &candidate{res: c.res, baseURL: c.baseURL, key: &c.cred, req: req, model: req.head.Model})
 	case modeSubscription:
 		j.kind = kindSubscription
-		ae = e.walkSubscription(ctx, j, req, c.res)
+		subs, err := e.subscriptionPool(e.agent, c.res, req.head.BillingTarget)
+		if err != nil {
+			ae = asAPIError(err)
+			break
+		}
+		ae = e.attemptOne(ctx, j, &candidate{res: c.res, pool: subs, req: req, model: req.head.Model})
 	default:
 		j.kind = kindSelector
 		ae = e.walkSelector(ctx, j, req, cands)
@@ -473,50 +441,24 @@ func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *call
 	return ae
 }
 
-// chatJob is how a chat request's calls are made and answered on w:
-// passthrough when the caller's format is the provider's protocol, else
-// translation (SPEC §7.6); a paying subscription's ledger is kept.
-func (e *engine) chatJob(w http.ResponseWriter) *job {
-	return &job{
-		request: func(ctx context.Context, cand *candidate, c call) attempt {
-			req := cand.req
-			if req.translates(c.res.Provider) {
-				return e.callProvider(ctx, req.translated(), c)
-			}
-			httpReq, err := buildPassthroughRequest(ctx, c, req)
-			if err != nil {
-				return attempt{err: asAPIError(err)}
-			}
-			return e.send(httpReq, c)
-		},
-		commit: func(ctx context.Context, cand *candidate, c call, sub *overlayItem, resp *http.Response, attempts int) (usage, *apiError, bool) {
-			if sub == nil {
-				return e.deliver(ctx, w, cand.model, cand.req, c, resp, attempts)
-			}
-			return e.answerSubscription(ctx, w, cand, c, *sub, resp, attempts)
-		},
-	}
-}
-
-// deliver answers the caller from a committed call, buffered or streamed:
-// the provider's own answer on passthrough, else translated naming model.
-// A buffered failure is returned unwritten; a stream failure has already
-// been written in-band (streamed is true) and the response must abort.
+// deliver answers from a committed call: passthrough, or translated naming
+// model. A buffered failure is returned unwritten; a stream's is written
+// in-band (streamed) and the response must abort.
 func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, model string, req *callerRequest, c call, resp *http.Response, attempts int) (u usage, failure *apiError, streamed bool) {
-	defer resp.Body.Close()
 	w.Header().Set("Brama-Route", c.res.Route)
 	p := c.res.Provider
-	tr := chatRequest{}
-	if req.translates(p) {
+	pass, tr := !req.translates(p), chatRequest{}
+	if !pass {
 		tr = req.translated()
 		if dropped := tr.droppedFor(p); len(dropped) > 0 { // SPEC §7.6: nothing is dropped silently
 			w.Header().Set("Brama-Dropped", strings.Join(dropped, ", "))
 			e.t.dropped = dropped
 		}
 	}
-	if req.head.Stream { // after commit nothing is retried: a failure is written in-band (SPEC §7.5)
+	switch {
+	case req.head.Stream: // after commit nothing is retried: a failure is written in-band (SPEC §7.5)
 		streamModel, relay := model, relayStream
-		if !req.translates(p) {
+		if pass {
 			streamModel, relay = c.res.Model, relayPassthroughStream
 		}
 		sa := e.openStreamAnswer(w, req.dialect, tr, streamModel, attempts)
@@ -526,14 +468,13 @@ func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, model strin
 			failure = e.failStream(ctx, sa, c, err, attempts)
 		}
 		return u, failure, true
-	}
-	if !req.translates(p) {
+	case pass:
 		u, failure = relayBuffered(w, req, c, resp, attempts)
 		return u, failure, false
 	}
 	a, err := readProviderAnswer(p, tr, resp)
 	if err != nil {
-		return u, asAPIError(err).redactedFor(c.presented()).withAttempts(attempts), false
+		return u, asAPIError(err).redactedFor(c.cred.bearer()).withAttempts(attempts), false
 	}
 	a.Model = model
 	out, err := renderAnswer(req.dialect, tr, a)
@@ -553,8 +494,7 @@ func writeAnswer(w http.ResponseWriter, contentType string, attempts int, body [
 	w.Write(body)
 }
 
-// readProviderAnswer reads and closes a committed buffered answer,
-// rendering nothing (deliver, the probe and onboarding).
+// readProviderAnswer reads and closes a committed buffered answer.
 func readProviderAnswer(p providerInfo, req chatRequest, resp *http.Response) (chatAnswer, error) {
 	defer resp.Body.Close()
 	if upstreamStreams(p, req) {

@@ -206,7 +206,7 @@ func TestDialectProtocolMatrix(t *testing.T) {
 					if hdr.Get("Brama-Route") != fx.model {
 						t.Errorf("Brama-Route = %q, want %q", hdr.Get("Brama-Route"), fx.model)
 					}
-					if dialectProtocol[dialect] == fx.protocol { // passthrough: the provider's own answer
+					if formatOf(dialect).protocol == fx.protocol { // passthrough: the provider's own answer
 						want := fx.buffered
 						if stream {
 							want = withoutUsageChunk(fixture(t, fx.stream)) // Brama asked for usage itself

@@ -1,16 +1,14 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"io"
 	"net/http"
 )
 
-// serveEmbeddings makes the one call of POST /v1/embeddings (SPEC §15): a
-// direct or alias route to an openai-chat provider, the caller's body with
-// the route's model for the caller's model, the provider's JSON written as is.
+// serveEmbeddings makes the one call of POST /v1/embeddings (SPEC §15) on a
+// direct route to an openai-chat provider; its JSON is written as is.
 func (e *engine) serveEmbeddings(ctx context.Context, w http.ResponseWriter, model string, body map[string]json.RawMessage, c call) error {
 	switch {
 	case c.res.Mode != modeDirect && c.res.Mode != modeAlias:
@@ -22,19 +20,10 @@ func (e *engine) serveEmbeddings(ctx context.Context, w http.ResponseWriter, mod
 	out, _ := json.Marshal(body)
 	j := &job{
 		kind: kindEmbeddings,
-		request: func(ctx context.Context, _ *candidate, c call) attempt {
-			req, err := http.NewRequestWithContext(ctx, "POST", c.baseURL+"/embeddings", bytes.NewReader(out))
-			if err != nil {
-				return attempt{err: refuse("internal_error", "the provider request could not be built").because(err)}
-			}
-			req.Header.Set("Content-Type", "application/json")
-			if c.cred.APIKey != "" {
-				req.Header.Set("Authorization", "Bearer "+c.cred.APIKey)
-			}
-			return e.send(req, c)
+		build: func(ctx context.Context, _ *candidate, c call) (*http.Request, error) {
+			return newPassthroughRequest(ctx, c, nil, "/embeddings", out, false)
 		},
 		commit: func(_ context.Context, _ *candidate, c call, _ *overlayItem, resp *http.Response, attempts int) (usage, *apiError, bool) {
-			defer resp.Body.Close()
 			b, err := io.ReadAll(resp.Body)
 			if err != nil {
 				return usage{}, refuse("provider_incomplete", "provider %q answer was cut after %d bytes", c.res.Provider.id, len(b)).because(err).withAttempts(attempts), false
@@ -43,7 +32,7 @@ func (e *engine) serveEmbeddings(ctx context.Context, w http.ResponseWriter, mod
 			return usage{}, nil, false
 		},
 	}
-	if _, ae := e.attemptCandidate(ctx, j, &candidate{res: c.res, baseURL: c.baseURL, key: &c.cred}, &walk{}); ae != nil {
+	if ae := e.attemptOne(ctx, j, &candidate{res: c.res, baseURL: c.baseURL, key: &c.cred}); ae != nil {
 		return ae
 	}
 	return nil

@@ -9,9 +9,8 @@ import (
 	"time"
 )
 
-// `brama onboard` (SPEC §14) walks the first-use journey in this process, no
-// daemon and no bearer: state directory → a client → a route → one real
-// answer, made through the dispatcher's own plan and callProvider.
+// `brama onboard` (SPEC §14) walks the first-use journey in-process, no daemon or bearer:
+// state directory → a client → a route → one real answer, through plan and callProvider.
 
 // Onboarding steps in journey order, as printed ("done <step>") and kept in
 // onboarding.json, the progress file (SPEC §2.2).
@@ -37,9 +36,8 @@ type onboardStep struct {
 	Model  string `json:"model,omitempty"` // route and answer: the model named
 }
 
-// onboard walks the journey: model is the route of the one billable call,
-// made only with allowCost; say prints "done <step>" or "next: <command>",
-// and a "next:" returns errRefused. Only ctx cancels the call (SPEC §7.4).
+// onboard walks the journey; model is the route of the one billable call, made only with
+// allowCost. A "next: <command>" returns errRefused; only ctx cancels the call (SPEC §7.4).
 func onboard(ctx context.Context, getenv func(string) string, sy sys, model string, allowCost bool, say func(string)) error {
 	d := openDeps(getenv, sy)
 
@@ -50,9 +48,6 @@ func onboard(ctx context.Context, getenv func(string) string, sy sys, model stri
 	}
 	f := stateFile[*onboardProgress]{role: onboardRole, path: path, parse: parseOnboarding}
 	prog, err := f.fresh() // a file failing the guards is refused, never overwritten
-	if errors.Is(err, errOnboardingInvalid) {
-		err = fmt.Errorf("%w (remove the file to start the journey again)", err)
-	}
 	if err != nil {
 		return fmt.Errorf("the state directory is not usable: %w", err)
 	}
@@ -91,21 +86,12 @@ func onboard(ctx context.Context, getenv func(string) string, sy sys, model stri
 	s := &server{deps: d, log: sy.log, getenv: getenv, now: sy.now}
 	s.client = newProviderClient()
 	s.catalog = newCatalog(d.st, getenv, s.client, sy.log, sy.now)
-	var c call
-	var req chatRequest
-	if model == "" {
-		if !s.anyDirectPayer() {
-			say("next: brama credentials set <provider>")
-			return errRefused
-		}
-	} else {
-		var next string
-		if c, req, next, err = s.onboardPlan(model); err != nil {
-			if next != "" {
-				say("next: " + next)
-			}
-			return err
-		}
+	c, req, next, err := s.onboardPlan(model)
+	if next != "" {
+		say("next: " + next)
+	}
+	if err != nil {
+		return err
 	}
 	if err := mark(stepRoute, c.res.Route); err != nil {
 		return err
@@ -140,7 +126,7 @@ func parseOnboarding(b []byte) (*onboardProgress, error) {
 		return prog, nil
 	}
 	if err := decodeStrict(onboardFile, b, prog); err != nil {
-		return nil, fmt.Errorf("%w: %w", errOnboardingInvalid, err)
+		return nil, fmt.Errorf("%w: %w (remove the file to start the journey again)", errOnboardingInvalid, err)
 	}
 	return prog, nil
 }
@@ -164,10 +150,16 @@ func (prog *onboardProgress) validate() error {
 	return nil
 }
 
-// onboardPlan plans the call for model as the daemon would (a bare
-// deployment name as local-openai/<name>), refusing subscription routes and
-// selectors: their ledger is the daemon's (SPEC §2.3, §14).
+// onboardPlan plans model's call as the daemon would (a bare deployment as local-openai/<name>),
+// refusing subscription routes and selectors: their ledger is the daemon's (SPEC §2.3, §14).
+// With no model it only asks that some direct credential or deployment can pay.
 func (s *server) onboardPlan(model string) (c call, req chatRequest, next string, err error) {
+	switch {
+	case model == "" && !s.anyDirectPayer():
+		return c, req, "brama credentials set <provider>", errRefused
+	case model == "":
+		return c, req, "", nil
+	}
 	if doc, err := s.reg.current(); err == nil {
 		if _, isAlias := doc.Routes[model]; !isAlias {
 			if _, _, n := doc.lookupLocal(model); n == 1 {

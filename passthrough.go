@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"net/http"
@@ -10,22 +11,10 @@ import (
 )
 
 // Native first (SPEC §7.6): when the caller's dialect is the provider's
-// protocol, the request goes to the provider as the caller wrote it, but
-// for the few members Brama acts on, and the answer comes back as the
-// provider wrote it. Only a call across formats parses the whole body into
-// the neutral request (dialects.go) and translates.
-//
-// This file reads a caller request's head (the members Brama acts on) and
-// builds the passthrough provider request; relay.go relays the
-// answer.
-
-// dialectProtocol is the provider protocol that speaks each caller
-// dialect's wire format.
-var dialectProtocol = map[string]string{
-	dialectChat:      protoOpenAIChat,
-	dialectMessages:  protoAnthropic,
-	dialectResponses: protoOpenAIResponses,
-}
+// protocol, the request goes out as the caller wrote it but for the few
+// members Brama acts on, and the answer comes back as the provider wrote it
+// (relay.go). Only a call across formats parses the whole body and
+// translates (formats.go).
 
 // callerRequest is one caller chat request as dispatch carries it: the raw
 // body, the head Brama acts on, and the neutral request once a call across
@@ -35,9 +24,8 @@ type callerRequest struct {
 	body    rawObject   // the caller's body, split into top-level members
 	header  http.Header // the caller's request headers
 	query   string      // the caller's raw query string
-	// head holds Model, Stream, BillingTarget and MaxTokens, the output
-	// limit a call sends (SPEC §6.4: the caller's, else the catalogue's,
-	// else 0); nothing else of it is set.
+	// head holds only Model, Stream, BillingTarget and MaxTokens, the output
+	// limit a call sends (SPEC §6.4).
 	head        chatRequest
 	callerLimit bool         // the caller named an output limit
 	neutral     *chatRequest // the whole body parsed for translation; nil until a call needs it
@@ -66,16 +54,14 @@ func readCallerRequest(dialect string, r *http.Request, body []byte) (*callerReq
 		return nil, refuse("invalid_request", "stream must be a boolean")
 	}
 	for _, name := range outputLimitNames[dialect] {
-		v := o.value(name)
-		if rawIsNull(v) {
-			continue
-		}
-		var n int
-		if json.Unmarshal(v, &n) != nil || n < 1 {
-			return nil, refuse("invalid_request", "%s must be an integer of at least 1", name)
-		}
-		if !cr.callerLimit {
-			cr.head.MaxTokens, cr.callerLimit = n, true
+		if v := o.value(name); !rawIsNull(v) {
+			var n int
+			if json.Unmarshal(v, &n) != nil || n < 1 {
+				return nil, refuse("invalid_request", "%s must be an integer of at least 1", name)
+			}
+			if !cr.callerLimit {
+				cr.head.MaxTokens, cr.callerLimit = n, true
+			}
 		}
 	}
 	if cr.head.BillingTarget, err = readBillingTarget(o.value("billingTarget")); err != nil {
@@ -100,10 +86,10 @@ func readBillingTarget(raw json.RawMessage) (*billingTarget, error) {
 	return &bt, nil
 }
 
-// translates reports whether a call to p needs translation: the caller's
-// format is not p's protocol.
+// translates reports whether a call to p crosses formats: the caller's
+// dialect is not p's protocol.
 func (cr *callerRequest) translates(p providerInfo) bool {
-	return dialectProtocol[cr.dialect] != p.protocol
+	return formatOf(cr.dialect).protocol != p.protocol
 }
 
 // parseForTranslation parses the whole body into the neutral request, once.
@@ -113,11 +99,10 @@ func (cr *callerRequest) parseForTranslation() error {
 		return nil
 	}
 	req, err := parseRequest(cr.dialect, cr.body.src)
-	if err != nil {
-		return err
+	if err == nil {
+		cr.neutral = &req
 	}
-	cr.neutral = &req
-	return nil
+	return err
 }
 
 // withLimit is cr for one call whose output limit is limit (SPEC §6.4).
@@ -134,21 +119,11 @@ func (cr *callerRequest) translated() chatRequest {
 	return req
 }
 
-// passthroughPaths are the provider paths of a passthrough chat call, per
-// protocol (SPEC §6.2).
-var passthroughPaths = map[string]string{
-	protoOpenAIChat:      "/chat/completions",
-	protoAnthropic:       "/v1/messages",
-	protoOpenAIResponses: "/responses",
-}
-
-// buildPassthroughRequest is the provider request of a same-format call
-// (SPEC §7.6): the caller's body with model replaced, billingTarget
-// removed, the output limit added where §6.4 says so and §6.2's rules for
-// the provider applied; every other member is kept byte for byte.
+// buildPassthroughRequest is a same-format call's request (SPEC §7.6): the
+// caller's body with model, billingTarget, the output limit (§6.4) and the
+// provider's rules (§6.2) edited, every other member kept byte for byte.
 func buildPassthroughRequest(ctx context.Context, c call, cr *callerRequest) (*http.Request, error) {
 	p := c.res.Provider
-	stream := upstreamStreams(p, cr.head)
 	edits, err := cr.baseEdits(p, c.cred, c.res.Model)
 	if err != nil {
 		return nil, err
@@ -171,11 +146,11 @@ func buildPassthroughRequest(ctx context.Context, c call, cr *callerRequest) (*h
 			edits = append(edits, memberEdit{"instructions", ins})
 		}
 	}
-	path := passthroughPaths[p.protocol]
+	path := formatOf(p.protocol).path
 	if p.protocol == protoAnthropic && cr.query != "" {
 		path += "?" + cr.query // Anthropic's clients send ?beta=true; the API takes it (README)
 	}
-	return newPassthroughRequest(ctx, c, cr, path, cr.body.edit(edits...), stream)
+	return newPassthroughRequest(ctx, c, cr.header, path, cr.body.edit(edits...), upstreamStreams(p, cr.head))
 }
 
 // baseEdits are the edits every passthrough body gets, count_tokens too:
@@ -196,20 +171,15 @@ func (cr *callerRequest) baseEdits(p providerInfo, cred upstreamCredential, mode
 	return edits, nil
 }
 
-// outputLimitMember is the member a passthrough body gets when Brama adds
-// the output limit: OpenAI's own API wants max_completion_tokens (its
-// reasoning models refuse max_tokens), the compatible providers know
-// max_tokens.
+// outputLimitMember is the member Brama adds for the output limit: the
+// format's plain name, but OpenAI's own API wants max_completion_tokens
+// (its reasoning models refuse max_tokens).
 func outputLimitMember(p providerInfo) string {
-	switch {
-	case p.protocol == protoAnthropic:
-		return "max_tokens"
-	case p.protocol == protoOpenAIResponses:
-		return "max_output_tokens"
-	case p.id == "openai":
-		return "max_completion_tokens"
+	names := outputLimitNames[formatOf(p.protocol).dialect]
+	if p.id == "openai" {
+		return names[0]
 	}
-	return "max_tokens"
+	return names[len(names)-1]
 }
 
 // addsUsage reports whether Brama asks a chat stream for usage itself
@@ -228,45 +198,37 @@ func (cr *callerRequest) addsUsage(p providerInfo) bool {
 }
 
 // claudeCodeSystem is the system member OAuth traffic to Anthropic needs:
-// the Claude Code identity as the first block, the caller's system after
-// it (a string becomes a text block; blocks keep their members, such as
-// cache_control). nil means the caller's system already starts with it.
+// the Claude Code identity first, then the caller's (blocks keep their
+// bytes, such as cache_control); nil when it already starts so.
 func claudeCodeSystem(raw json.RawMessage) ([]byte, error) {
-	ident, _ := json.Marshal(map[string]string{"type": "text", "text": claudeCodeIdentity})
-	switch rawShape(raw) {
-	case 0, 'n':
-		return append(append([]byte("["), ident...), ']'), nil
-	case '"':
-		var s string
-		json.Unmarshal(raw, &s)
-		switch s {
-		case claudeCodeIdentity:
-			return nil, nil
-		case "":
-			return append(append([]byte("["), ident...), ']'), nil
-		}
-		rest, _ := json.Marshal(map[string]string{"type": "text", "text": s})
-		return append(append(append(append([]byte("["), ident...), ','), rest...), ']'), nil
-	case '[':
-		var blocks []struct {
-			Type string `json:"type"`
-			Text string `json:"text"`
-		}
-		if json.Unmarshal(raw, &blocks) != nil {
-			break
-		}
-		if len(blocks) > 0 && blocks[0].Type == "text" && blocks[0].Text == claudeCodeIdentity {
-			return nil, nil
-		}
-		out := append([]byte("["), ident...)
-		if len(blocks) > 0 {
-			inner := bytes.TrimSpace(raw)
-			out = append(append(out, ','), inner[1:]...)
-			return out, nil
-		}
-		return append(out, ']'), nil
+	text := func(s string) []byte {
+		b, _ := json.Marshal(map[string]string{"type": "text", "text": s})
+		return b
 	}
-	return nil, refuse("invalid_request", "system must be a string or an array of content blocks")
+	blocks := [][]byte{text(claudeCodeIdentity)}
+	var s string
+	var own []struct{ Type, Text string }
+	switch {
+	case rawIsNull(raw):
+	case json.Unmarshal(raw, &s) == nil:
+		if s == claudeCodeIdentity {
+			return nil, nil
+		}
+		if s != "" {
+			blocks = append(blocks, text(s))
+		}
+	case json.Unmarshal(raw, &own) == nil:
+		if len(own) > 0 && own[0].Type == "text" && own[0].Text == claudeCodeIdentity {
+			return nil, nil
+		}
+		if len(own) > 0 {
+			inner := bytes.TrimSpace(raw)
+			blocks = append(blocks, inner[1:len(inner)-1])
+		}
+	default:
+		return nil, refuse("invalid_request", "system must be a string or an array of content blocks")
+	}
+	return append(append([]byte("["), bytes.Join(blocks, []byte(","))...), ']'), nil
 }
 
 // codexInstructions is the instructions member a codex body gets (SPEC
@@ -282,40 +244,35 @@ func codexInstructions(o rawObject) []byte {
 		Content json.RawMessage `json:"content"`
 	}
 	var texts []string
-	if rawShape(o.value("input")) == '[' && json.Unmarshal(o.value("input"), &items) == nil {
+	if json.Unmarshal(o.value("input"), &items) == nil { // anything but an array of objects has none
 		for _, it := range items {
-			if it.Role != "system" && it.Role != "developer" {
-				continue
-			}
 			var s string
-			if json.Unmarshal(it.Content, &s) == nil {
-				texts = append(texts, s)
-				continue
-			}
 			var parts []struct {
 				Text string `json:"text"`
 			}
-			json.Unmarshal(it.Content, &parts)
-			for _, p := range parts {
-				texts = append(texts, p.Text)
+			switch {
+			case it.Role != "system" && it.Role != "developer":
+			case json.Unmarshal(it.Content, &s) == nil:
+				texts = append(texts, s)
+			default:
+				json.Unmarshal(it.Content, &parts)
+				for _, p := range parts {
+					texts = append(texts, p.Text)
+				}
 			}
 		}
 	}
-	ins := strings.TrimSpace(strings.Join(texts, "\n\n"))
-	if ins == "" {
-		ins = codexDefaultInstructions
-	}
-	b, _ := json.Marshal(ins)
+	b, _ := json.Marshal(cmp.Or(strings.TrimSpace(strings.Join(texts, "\n\n")), codexDefaultInstructions))
 	return b
 }
 
-// newPassthroughRequest builds the HTTP request of a passthrough call with
-// the provider's credential headers and the caller's format headers.
-func newPassthroughRequest(ctx context.Context, c call, cr *callerRequest, path string, body []byte, stream bool) (*http.Request, error) {
+// newPassthroughRequest builds the HTTP request of a call that sends body
+// as is, with p's credential and format headers (SPEC §6.2).
+func newPassthroughRequest(ctx context.Context, c call, caller http.Header, path string, body []byte, stream bool) (*http.Request, error) {
 	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, c.baseURL+path, bytes.NewReader(body))
 	if err != nil {
 		return nil, refuse("internal_error", "internal error").because(err)
 	}
-	setProviderHeaders(hr.Header, c.res.Provider, c.cred, cr.header, stream)
+	setProviderHeaders(hr.Header, c.res.Provider, c.cred, caller, stream)
 	return hr, nil
 }

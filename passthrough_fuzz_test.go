@@ -49,7 +49,7 @@ func FuzzPassthroughStream(f *testing.F) {
 			t.Fatalf("relayed blocks frame other events (-first +second):\n%s", diff)
 		}
 		for _, proto := range []string{protoOpenAIChat, protoAnthropic, protoOpenAIResponses} {
-			pw := &passthroughWatch{protocol: proto, dropUsage: true, collecting: true}
+			pw := &passthroughWatch{protocol: proto, dropUsage: true, items: map[int][]byte{}}
 			for _, ev := range evs {
 				_, end, err := pw.watch(ev.Event, []byte(ev.Data))
 				var ae *apiError

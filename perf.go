@@ -42,13 +42,14 @@ type perfDocument struct {
 // by record (at most every 30 s) and flush: no timer, so idle writes nothing.
 type perfRegistry struct {
 	sys
-	st state
+	path     string    // perf.json; "" when pathErr is set
+	pathErr  error     // no state directory: the numbers live in memory only
+	unplaced sync.Once // logs perf_stats_unplaced at the first record
 
-	mu        sync.Mutex // guards routes, lastFlush, seq, unplaced
+	mu        sync.Mutex // guards routes, lastFlush, seq
 	routes    map[string]perfEntry
 	lastFlush time.Time // zero: never flushed, so the first record flushes
 	seq       uint64    // snapshots taken for writing, in order
-	unplaced  bool      // perf_stats_unplaced was logged
 
 	file snapshotFile // perf.json, written in snapshot order
 }
@@ -56,12 +57,11 @@ type perfRegistry struct {
 // newPerfRegistry starts from perf.json. A file failing the guards or the
 // parse is logged and replaced at the next flush: telemetry never stops serving.
 func newPerfRegistry(st state, sy sys) *perfRegistry {
-	p := &perfRegistry{sys: sy, st: st, routes: map[string]perfEntry{}}
-	name, err := st.path(perfRole, perfFile)
-	if err != nil {
-		return p // perf_stats_unplaced is logged at the first record
+	p := &perfRegistry{sys: sy, routes: map[string]perfEntry{}}
+	if p.path, p.pathErr = st.path(perfRole, perfFile); p.pathErr != nil {
+		return p
 	}
-	b, _, err := readGuarded(perfRole, name)
+	b, _, err := readGuarded(perfRole, p.path)
 	doc := &perfDocument{}
 	if err == nil {
 		err = decodeStrict(perfRole, b, doc)
@@ -83,11 +83,8 @@ func (d *perfDocument) validate() error {
 	return nil
 }
 
-// record adds one request for route. A route gets its entry when it first
-// serves: a failure counts only on a route that has served, so invented names
-// leave nothing behind (SPEC §13; issue 10: 20,000 unknown names made
-// /metrics 54 MB). Tokens per second needs a success with output and a
-// measurable time.
+// record adds one request for route. A failure counts only on a route that has served, so
+// invented names leave nothing (SPEC §13; issue 10: 20,000 of them made /metrics 54 MB).
 func (p *perfRegistry) record(route string, ok bool, latency time.Duration, outputTokens int) {
 	ms := max(latency.Milliseconds(), 0)
 	now := p.now()
@@ -117,22 +114,17 @@ func (p *perfRegistry) record(route string, ok bool, latency time.Duration, outp
 // numbers were only ever in memory.
 func (p *perfRegistry) flush() error { return p.write(p.now(), true) }
 
-// write snapshots the registry into perf.json 30 s after the last flush
-// (even a failed one), or now with force; numbered, so racing writes never
-// leave older numbers.
+// write snapshots the registry into perf.json 30 s after the last flush (even a failed
+// one), or now with force; numbered, so racing writes never leave older numbers.
 func (p *perfRegistry) write(now time.Time, force bool) error {
-	name, err := p.st.path(perfRole, perfFile)
-	p.mu.Lock()
-	switch {
-	case err != nil:
-		first := !force && !p.unplaced
-		p.unplaced = p.unplaced || first
-		p.mu.Unlock()
-		if first {
-			p.log.Warn("perf_stats_unplaced", "cause", err.Error())
+	if p.pathErr != nil {
+		if !force {
+			p.unplaced.Do(func() { p.log.Warn("perf_stats_unplaced", "cause", p.pathErr.Error()) })
 		}
 		return nil
-	case !force && !p.lastFlush.IsZero() && now.Sub(p.lastFlush) < perfFlushEvery:
+	}
+	p.mu.Lock()
+	if !force && !p.lastFlush.IsZero() && now.Sub(p.lastFlush) < perfFlushEvery {
 		p.mu.Unlock()
 		return nil
 	}
@@ -142,7 +134,7 @@ func (p *perfRegistry) write(now time.Time, force bool) error {
 	p.mu.Unlock()
 	b, err := marshalState(doc)
 	if err == nil {
-		err = p.file.write(name, seq, b)
+		err = p.file.write(p.path, seq, b)
 	}
 	if err != nil {
 		return fmt.Errorf("write perf telemetry: %w", err)
@@ -176,9 +168,8 @@ var perfFamilies = []perfFamily{
 // promMetricName is the Prometheus metric name grammar.
 var promMetricName = regexp.MustCompile(`^[a-zA-Z_:][a-zA-Z0-9_:]*$`)
 
-// writeMetrics renders the perf registry, then the extras by name (_total: a
-// counter), in the Prometheus text format 0.0.4, skipping a name outside the
-// grammar or taken by a route family.
+// writeMetrics renders the perf registry, then the extras (_total: a counter) in Prometheus
+// text format 0.0.4, skipping a name outside the grammar or taken by a route family.
 func writeMetrics(w io.Writer, perf map[string]perfEntry, extra map[string]float64) {
 	var b strings.Builder
 	if routes := slices.Sorted(maps.Keys(perf)); len(routes) > 0 {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"net/http"
@@ -11,11 +10,10 @@ import (
 	"time"
 )
 
-// The credential pool: who pays when an agent calls (SPEC §7.2, §7.3).
-// The eligible subscriptions of an agent for a provider, their order, the
-// pin, the grant refreshed before a call, the ledger kept of each call, and
-// the one refusal of a walk that found no success. The attempt limits and
-// the walk itself are dispatch.go's (budgets, attemptCandidate).
+// The credential pool (SPEC §7.2, §7.3): an agent's eligible subscriptions
+// of a provider, their order and pin, the grant refreshed before a call,
+// the ledger of each call, and the one refusal of a walk without success.
+// The limits and the loop are dispatch.go's.
 
 // Block lengths (SPEC §7.2.4).
 const (
@@ -27,8 +25,7 @@ const (
 // pins remembers, per agent and provider, the subscription that last served
 // it, until its earliest window reset (at most 24 h). Memory only.
 type pins struct {
-	mu sync.Mutex // guards m
-	m  map[string]pin
+	m sync.Map // agent "\x00" provider → pin
 }
 
 type pin struct {
@@ -37,25 +34,18 @@ type pin struct {
 }
 
 func (p *pins) get(agent, provider string, now time.Time) string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if pn, ok := p.m[agent+"\x00"+provider]; ok && now.Before(pn.until) {
-		return pn.id
+	if pn, ok := p.m.Load(agent + "\x00" + provider); ok && now.Before(pn.(pin).until) {
+		return pn.(pin).id
 	}
 	return ""
 }
 
 func (p *pins) set(agent, provider, id string, until time.Time) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.m == nil {
-		p.m = map[string]pin{}
-	}
-	p.m[agent+"\x00"+provider] = pin{id: id, until: until}
+	p.m.Store(agent+"\x00"+provider, pin{id: id, until: until})
 }
 
-// walk is one request's account of its subscription calls and skips, from
-// which an exhausted walk's one refusal is chosen (SPEC §7.2.5).
+// walk is a request's account of its calls and skips, from which an
+// exhausted walk's one refusal is chosen (SPEC §7.2.5).
 type walk struct {
 	attempts         int      // calls made by this request
 	reasons          []string // "<subscription id or route>: <reason>"
@@ -96,23 +86,19 @@ func (wk *walk) exhausted(now time.Time) *apiError {
 		ae = refuse("provider_quota_exhausted", "the provider says the quota is spent: %s", list)
 	case wk.auth:
 		ae = refuse("subscription_reauthorization_required", "the provider refused the credentials; sign in again: %s", list)
-	case wk.model && wk.rejectedStatus != 0:
-		// Only a selector walk gets here: every call was a refusal of the
-		// request itself, so the caller gets the last one's status.
+	case wk.model && wk.rejectedStatus != 0: // a selector's calls all refused the request: the last status
 		ae = refuse("provider_rejected", "every candidate refused the request: %s", list).withStatus(wk.rejectedStatus)
 	default:
 		ae = refuse("provider_failure", "every candidate was refused: %s", list)
 	}
-	if ae.Status() == http.StatusTooManyRequests && !wk.earliestBlockEnd.IsZero() {
-		// Both 429s: the wait until the earliest block ends (SPEC §7.2.5).
+	if ae.Status() == http.StatusTooManyRequests && !wk.earliestBlockEnd.IsZero() { // SPEC §7.2.5
 		ae.RetryAfter = max(wk.earliestBlockEnd.Sub(now), time.Second)
 	}
 	return ae.withAttempts(wk.attempts)
 }
 
-// eligible returns the agent's non-retired subscriptions of provider whose
-// credential is active, and whether it has any non-retired one at all.
-// Retirement comes from the journal, never the listing cache (SPEC §2.3).
+// eligible is the agent's non-retired subscriptions of provider with an
+// active credential, and whether it has any non-retired one (SPEC §2.3).
 func (e *engine) eligible(agent, provider string) (active []overlayItem, any bool, err error) {
 	pool, err := e.inv.pool(agent, provider)
 	if err != nil {
@@ -130,60 +116,34 @@ func (e *engine) eligible(agent, provider string) (active []overlayItem, any boo
 // pinned one first among equals; ties keep overlay order (SPEC §7.2.2).
 func (e *engine) order(agent, provider string, subs []overlayItem) []overlayItem {
 	now := e.now()
-	pinned := e.pins.get(agent, provider, now)
-	type ranked struct {
-		it     overlayItem
-		free   freedom
-		pinned bool
+	pinned, free := e.pins.get(agent, provider, now), map[string][]float64{}
+	for _, it := range subs {
+		free[it.ID] = append(e.freedomOf(it.ID, now), b2f(it.ID != pinned))
 	}
-	rs := make([]ranked, len(subs))
-	for i, it := range subs {
-		rs[i] = ranked{it, e.freedomOf(it.ID, now), it.ID == pinned}
-	}
-	slices.SortStableFunc(rs, func(a, b ranked) int {
-		return cmp.Or(a.free.compare(b.free), boolOrder(b.pinned, a.pinned))
-	})
-	out := make([]overlayItem, len(rs))
-	for i, r := range rs {
-		out[i] = r.it
-	}
+	out := slices.Clone(subs)
+	slices.SortStableFunc(out, func(a, b overlayItem) int { return slices.Compare(free[a.ID], free[b.ID]) })
 	return out
 }
 
-// freedom is how free a subscription is for ordering (SPEC §7.2.2): one
-// inside a recorded block goes last; then lower fullness first.
-type freedom struct {
-	blocked bool
-	full    float64
+// freedomOf is how free a subscription is, compared in order (SPEC
+// §7.2.2): blocked ones last, then the less full first.
+func (e *engine) freedomOf(id string, now time.Time) []float64 {
+	return []float64{b2f(!e.ledger.blockedUntil(id).IsZero()), e.ledger.fullness(id, now)}
 }
 
-func (e *engine) freedomOf(id string, now time.Time) freedom {
-	return freedom{!e.ledger.blockedUntil(id).IsZero(), e.ledger.fullness(id, now)}
-}
-
-// compare sorts the freer first.
-func (a freedom) compare(b freedom) int {
-	return cmp.Or(boolOrder(a.blocked, b.blocked), cmp.Compare(a.full, b.full))
-}
-
-// boolOrder sorts false before true.
-func boolOrder(a, b bool) int {
-	switch {
-	case a == b:
-		return 0
-	case a:
+// b2f is 1 for true, so that false sorts first.
+func b2f(b bool) float64 {
+	if b {
 		return 1
 	}
-	return -1
+	return 0
 }
 
-// errSkipSubscription marks a subscription skipped without a call because
-// its grant could not be refreshed (the walk has noted why).
+// errSkipSubscription: a grant could not be refreshed; the walk noted why.
 var errSkipSubscription = errors.New("subscription skipped")
 
-// subscriptionCredential is what a call on sub presents. An OAuth grant that
-// is expired, or whose access token refusedToken was just refused, is
-// refreshed first (SPEC §7.2.3, §11.1); a failed refresh skips sub.
+// subscriptionCredential is what a call on sub presents, an expired grant
+// or a just refusedToken refreshed first (SPEC §7.2.3, §11.1).
 func (e *engine) subscriptionCredential(ctx context.Context, sub overlayItem, wk *walk, refusedToken string) (upstreamCredential, error) {
 	vc, err := e.inv.credential(sub.ID)
 	if err != nil {
@@ -215,9 +175,8 @@ func (e *engine) subscriptionCredential(ctx context.Context, sub overlayItem, wk
 	return upstreamCredential{AccessToken: g.AccessToken, AccountID: g.AccountID}, nil
 }
 
-// answerSubscription delivers a committed subscription call and records it
-// in the ledger: plan windows from the answer's headers, spend, the pin,
-// and a block when a committed stream failed for rate or quota.
+// answerSubscription delivers a committed subscription call and keeps the
+// ledger: plan windows, spend, the pin, a block after an in-band 429.
 func (e *engine) answerSubscription(ctx context.Context, w http.ResponseWriter, cand *candidate, c call, sub overlayItem, resp *http.Response, attempts int) (usage, *apiError, bool) {
 	p := c.res.Provider.id
 	now := e.now()
@@ -239,8 +198,8 @@ func (e *engine) answerSubscription(ctx context.Context, w http.ResponseWriter, 
 	return u, ae, streamed
 }
 
-// blockFor records a block on sub after a rate or quota refusal, until the
-// provider-stated reset (15 min when none is stated, at most 7 days).
+// blockFor blocks sub after a rate or quota refusal until the stated reset
+// (none: 15 min; at most 7 days).
 func (e *engine) blockFor(sub overlayItem, provider string, ref *providerRefusal, wk *walk) {
 	d := ref.retryAfter
 	if d <= 0 {
@@ -258,9 +217,8 @@ func (e *engine) blockFor(sub overlayItem, provider string, ref *providerRefusal
 	}
 }
 
-// subscriptionPool is an explicit subscription route's ordered eligible
-// pool (billingTarget's one subscription when named), or the refusal when
-// none is eligible (SPEC §7.2.1), attempts 0.
+// subscriptionPool is a subscription route's ordered eligible pool (only
+// billingTarget's when named), or the refusal at attempts 0 (SPEC §7.2.1).
 func (e *engine) subscriptionPool(agent string, res resolution, bt *billingTarget) ([]overlayItem, error) {
 	subs, anyPool, err := e.eligible(agent, res.Provider.id)
 	if err != nil {
@@ -278,23 +236,7 @@ func (e *engine) subscriptionPool(agent string, res resolution, bt *billingTarge
 	return e.order(agent, res.Provider.id, subs), nil
 }
 
-// walkSubscription serves an explicit subscription route (SPEC §7.2).
-func (e *engine) walkSubscription(ctx context.Context, j *job, req *callerRequest, res resolution) *apiError {
-	agent := e.agent
-	subs, err := e.subscriptionPool(agent, res, req.head.BillingTarget)
-	if err != nil {
-		return asAPIError(err)
-	}
-	wk := &walk{}
-	out, ae := e.attemptCandidate(ctx, j, &candidate{res: res, pool: subs, req: req, model: req.head.Model}, wk)
-	if out != routeAnswered {
-		return wk.exhausted(e.now())
-	}
-	return ae
-}
-
-// allNeedSignIn reports whether the agent has non-retired subscriptions and
-// none of them has an active credential (SPEC §7.3's no-candidate case).
+// allNeedSignIn: the agent has subscriptions, none active (SPEC §7.3).
 func (e *engine) allNeedSignIn(agent string) bool {
 	items, err := e.inv.agentItems(agent)
 	if err != nil || len(items) == 0 {
@@ -303,20 +245,14 @@ func (e *engine) allNeedSignIn(agent string) bool {
 	return !slices.ContainsFunc(items, func(it overlayItem) bool { return e.ledger.credentialState(it.ID) == credActive })
 }
 
-// checkBillingTarget refuses a billingTarget that names no usable
-// subscription of this agent for the route's provider (SPEC §7.2.1), before
-// any dispatch and without saying whether the id exists.
+// checkBillingTarget refuses, before dispatch and without saying whether the
+// id exists, a billingTarget naming none of the agent's pool (SPEC §7.2.1).
 func (e *engine) checkBillingTarget(bt *billingTarget, provider, agent string) error {
-	bad := refuse("invalid_request", "billingTarget names no usable %q subscription of agent %q", provider, agent)
-	if bt.ProviderID != "" && bt.ProviderID != provider {
-		return bad
+	if bt.ProviderID == "" || bt.ProviderID == provider {
+		pool, err := e.inv.pool(agent, provider)
+		if err != nil || slices.ContainsFunc(pool, func(it overlayItem) bool { return it.ID == bt.SubscriptionID }) {
+			return err
+		}
 	}
-	pool, err := e.inv.pool(agent, provider)
-	if err != nil {
-		return err
-	}
-	if !slices.ContainsFunc(pool, func(it overlayItem) bool { return it.ID == bt.SubscriptionID }) {
-		return bad
-	}
-	return nil
+	return refuse("invalid_request", "billingTarget names no usable %q subscription of agent %q", provider, agent)
 }

@@ -11,9 +11,8 @@ import (
 )
 
 // The completion probe (SPEC §11.3): an operator asks one subscription for
-// one minimal answer through the attempt engine (kindProbe: the named
-// subscription, one call), so it meets what a request would: no retry, no
-// rotation, no refresh after a 401. Nothing runs it but an operator: no pass, no timer.
+// one minimal answer through the engine (kindProbe), meeting what a request
+// would: no retry, no rotation, no refresh after a 401; never on a timer.
 
 // probeModels is SPEC §11.3's built-in probe model per provider.
 var probeModels = map[string]string{
@@ -35,10 +34,9 @@ type probeOutcome struct {
 }
 
 // probe runs one completion probe on the live subscription it with model
-// ("" for the built-in one), refusing before any call 409 for a blocked one
-// or one without a probe model. ctx cancels the call and a refresh before it.
+// ("": the built-in one); 409 before any call when blocked or model-less.
 func (e *engine) probe(ctx context.Context, it overlayItem, model string) (probeOutcome, error) {
-	id, agent := it.ID, e.agent
+	id := it.ID
 	if until := e.ledger.blockedUntil(id); !until.IsZero() {
 		return probeOutcome{}, refuse("state_conflict", "subscription %s is blocked until %s; a probe is not sent inside a recorded block", id, until.UTC().Format(time.RFC3339))
 	}
@@ -55,12 +53,12 @@ func (e *engine) probe(ctx context.Context, it overlayItem, model string) (probe
 	ok, detail := false, ""
 	j := &job{
 		kind: kindProbe,
-		request: func(ctx context.Context, _ *candidate, c call) attempt {
-			a := e.callProvider(ctx, req, c)
-			if !a.sent { // the ping could not be encoded: a failed probe, as before any call
-				detail = a.err.Message
+		build: func(ctx context.Context, _ *candidate, c call) (*http.Request, error) {
+			hr, err := buildUpstreamRequest(ctx, p, c.baseURL, c.cred, req, c.res.Model)
+			if err != nil { // the ping could not be encoded: a failed probe, as before any call
+				detail = asAPIError(err).Message
 			}
-			return a
+			return hr, err
 		},
 		commit: func(_ context.Context, _ *candidate, c call, _ *overlayItem, resp *http.Response, _ int) (usage, *apiError, bool) {
 			e.ledger.recordWindows(it.ID, p.id, parsePlanWindows(p.id, resp.Header, e.now()))
@@ -99,9 +97,8 @@ func (e *engine) probe(ctx context.Context, it overlayItem, model string) (probe
 	if !ok {
 		msg, level = "usage_probe_failed", slog.LevelWarn
 	}
-	e.log.LogAttrs(ctx, level, msg, slog.String("request_id", e.t.requestID),
-		slog.String("subscription_id", id), slog.String("agent_id", agent), slog.String("provider", p.id),
-		slog.String("route", res.Route), slog.String("detail", ledgerSentence(detail)))
+	e.log.Log(ctx, level, msg, "request_id", e.t.requestID, "subscription_id", id, "agent_id", e.agent,
+		"provider", p.id, "route", res.Route, "detail", ledgerSentence(detail))
 	row := e.inv.row(it, false, e.now())
 	o := probeOutcome{OK: true, Subscription: row}
 	if row.Probe != nil {
@@ -113,13 +110,9 @@ func (e *engine) probe(ctx context.Context, it overlayItem, model string) (probe
 // pingRequest is the probe's (and onboarding's) minimal completion: "ping",
 // 16 output tokens, none for codex (SPEC §6.2, §11.3).
 func pingRequest(route string, p providerInfo) chatRequest {
-	req := chatRequest{
-		Model:     route,
-		Messages:  []message{{Role: "user", Parts: []part{{Type: partText, Text: "ping"}}}},
-		MaxTokens: probeMaxTokens,
-	}
-	if p.id == "codex" {
-		req.MaxTokens = 0
+	req := chatRequest{Model: route, Messages: []message{{Role: "user", Parts: []part{{Type: partText, Text: "ping"}}}}}
+	if p.id != "codex" {
+		req.MaxTokens = probeMaxTokens
 	}
 	return req
 }

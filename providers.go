@@ -148,6 +148,14 @@ type upstreamCredential struct {
 	AccountID   string // codex chatgpt-account-id
 }
 
+// bearer is the token an Authorization: Bearer header carries.
+func (c upstreamCredential) bearer() string {
+	if c.AccessToken != "" {
+		return c.AccessToken
+	}
+	return c.APIKey
+}
+
 // claudeCodeIdentity must be the first system block of OAuth traffic to
 // Anthropic; the provider refuses such traffic without it (SPEC §6.2).
 const claudeCodeIdentity = "You are Claude Code, Anthropic's official CLI for Claude."
@@ -201,7 +209,7 @@ func setProviderHeaders(h http.Header, p providerInfo, cred upstreamCredential, 
 		h.Set("Accept", "text/event-stream")
 	}
 	oauth := cred.AccessToken != ""
-	beta, need, bearer := "openai-beta", []string(nil), cmp.Or(cred.AccessToken, cred.APIKey)
+	beta, need, bearer := "openai-beta", []string(nil), cred.bearer()
 	switch {
 	case p.protocol == protoAnthropic:
 		h.Set("anthropic-version", cmp.Or(caller.Get("anthropic-version"), "2023-06-01"))

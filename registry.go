@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 )
 
 // The route registry file (SPEC §4.2-§4.4: cached read, writers, migrate,
@@ -21,40 +22,30 @@ func registryPath(st state, getenv func(string) string) (string, error) {
 	return st.fileOrState(getenv, "BRAMA_ROUTES_FILE", registryRole, "routes.json")
 }
 
-// readRegistryFile reads the registry under SPEC §2.2's guards, never a file
-// claiming more than 1 MiB. An absent file is errFileAbsent.
-func readRegistryFile(path string) ([]byte, fileIdentity, error) {
-	id, err := guardFile(registryRole, path)
-	if err == nil && id.size > maxRegistryBytes {
-		err = invalidf("registry is %d bytes; the limit is 1 MiB (%d bytes)", id.size, maxRegistryBytes)
-	}
-	if err != nil {
-		return nil, id, err
-	}
-	return readGuarded(registryRole, path)
-}
-
 // registry is the route registry file, read cached by file identity (SPEC
 // §4.2); set, remove and migrateRegistry replace it under its lock (§4.4).
 type registry struct {
-	path    string // "" when pathErr is set
-	pathErr error  // the *noStateError when no file can be named
+	stateFile[*routesDoc] // path "" when pathErr is set; keeps a parse failure
+
 	j       *journal
 	log     *slog.Logger
-
 	writeMu sync.Mutex // serializes set and remove within this process
 
-	mu         sync.Mutex // guards the fields below
-	cached     bool       // id, doc and err hold the last parse of the file
-	id         fileIdentity
-	doc        *routesDoc
-	err        error
-	parses     int    // files parsed so far; lets tests prove an unchanged file costs none
-	lastLogged string // the failure last logged as inference_routes_invalid
+	logMu      sync.Mutex   // held by current, guards lastLogged
+	lastLogged string       // the failure last logged as inference_routes_invalid
+	parses     atomic.Int32 // files parsed so far; lets tests prove an unchanged file costs none
 }
 
 func newRegistry(path string, pathErr error, j *journal, log *slog.Logger) *registry {
-	return &registry{path: path, pathErr: pathErr, j: j, log: log}
+	r := &registry{j: j, log: log}
+	r.stateFile = stateFile[*routesDoc]{role: registryRole, path: path, pathErr: pathErr,
+		keepErr: true, tooBig: registryTooBig, parse: func(b []byte) (*routesDoc, error) {
+			if b != nil { // nil: the file is absent
+				r.parses.Add(1)
+			}
+			return parseRegistry(b)
+		}}
+	return r
 }
 
 // current returns the shared document, parsing only a changed file; absent
@@ -63,25 +54,9 @@ func (r *registry) current() (*routesDoc, error) {
 	if r.pathErr != nil {
 		return emptyRoutesDoc(), nil
 	}
-	id, err := guardFile(registryRole, r.path) // one Lstat, outside the lock
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if err == nil && r.cached && id == r.id {
-		return r.doc, r.err
-	}
-	var b []byte
-	if err == nil {
-		b, id, err = readRegistryFile(r.path)
-	}
-	var doc *routesDoc
-	if r.cached = err == nil; r.cached {
-		r.parses++
-		doc, err = parseRegistry(b)
-		r.id, r.doc, r.err = id, doc, err
-	}
-	if errors.Is(err, errFileAbsent) {
-		doc, err = emptyRoutesDoc(), nil
-	}
+	r.logMu.Lock()
+	defer r.logMu.Unlock()
+	doc, err := r.load()
 	if err != nil {
 		if reason := err.Error(); reason != r.lastLogged {
 			r.log.Warn("inference_routes_invalid", "reason", reason)
@@ -99,64 +74,48 @@ func (r *registry) set(alias, destination, by string) (*routesDoc, error) {
 	if err := checkAlias(alias); err != nil {
 		return nil, refuse("invalid_request", "%v", err)
 	}
-	return r.write(func(doc *routesDoc) (journalRecord, error) {
-		if err := checkRoute(doc, alias, dest); err != nil {
-			return journalRecord{}, refuse("invalid_request", "%v", err)
-		}
-		// With every direct credential assumed present, capability_absent is
-		// an unknown provider or a missing deployment: readers accept it,
-		// writers never create it.
-		if st, reason := aliasState(doc, dest, func(string) bool { return true }); st != stateServing {
-			return journalRecord{}, refuse("invalid_request", "registry route %q: %s", alias, reason)
-		}
-		rec := journalRecord{Kind: "route_change", Alias: alias, To: &dest, By: by}
-		if old, ok := doc.Routes[alias]; ok {
-			rec.From = &old
-		}
-		doc.Routes[alias] = dest
-		return rec, nil
-	})
+	return r.write(alias, &dest, by)
 }
 
 // remove deletes alias (SPEC §4.4) and returns the committed document.
-func (r *registry) remove(alias, by string) (*routesDoc, error) {
-	return r.write(func(doc *routesDoc) (journalRecord, error) {
-		old, ok := doc.Routes[alias]
-		if !ok {
-			e := refuse("alias_unknown", "alias %q is not declared in the route registry", alias)
-			e.Details = &aliasDetails{Alias: alias, State: stateNoRoute}
-			return journalRecord{}, e
-		}
-		delete(doc.Routes, alias)
-		return journalRecord{Kind: "route_change", Alias: alias, From: &old, By: by}, nil
-	})
-}
+func (r *registry) remove(alias, by string) (*routesDoc, error) { return r.write(alias, nil, by) }
 
-// write is the one read-modify-rename of SPEC §4.4: under the process mutex
-// and the flock it re-reads the file, lets change edit it, checks the journal
-// can take the record, re-validates, renames and journals. A journal failure
-// after the rename cannot undo it: journal_append_failed is logged.
-func (r *registry) write(change func(doc *routesDoc) (journalRecord, error)) (*routesDoc, error) {
-	if r.pathErr != nil {
-		return nil, refuse("dependency_unavailable", "the route registry cannot be written: %v", r.pathErr).because(r.pathErr)
+// write is SPEC §4.4's one read-modify-rename under the mutex and flock, pointing alias at
+// *to or, nil, removing it; a journal failure after the rename is logged: it cannot undo it.
+func (r *registry) write(alias string, to *string, by string) (*routesDoc, error) {
+	if err := r.pathErr; err != nil {
+		return nil, refuse("dependency_unavailable", "the route registry cannot be written: %v", err).because(err)
 	}
 	r.writeMu.Lock()
 	defer r.writeMu.Unlock()
 	var committed *routesDoc
 	err := withFileLock(r.path, func() error {
-		doc := emptyRoutesDoc()
-		b, _, err := readRegistryFile(r.path)
-		if err == nil {
-			doc, err = parseRegistry(b)
-		}
-		if err != nil && !errors.Is(err, errFileAbsent) {
+		doc, err := r.fresh()
+		if err != nil {
 			return refuse("state_conflict", "the route registry on disk is invalid (repair it or run brama routes migrate): %v", err).because(err)
 		}
-		rec, err := change(doc) // doc was parsed just now; nobody else holds it
-		if err != nil {
-			return err
+		rec := journalRecord{Kind: "route_change", Alias: alias, To: to, By: cmp.Or(by, "cli")}
+		if old, ok := doc.Routes[alias]; ok {
+			rec.From = &old
 		}
-		rec.By = cmp.Or(rec.By, "cli")
+		switch { // doc was parsed just now; nobody else holds it
+		case to == nil && rec.From == nil:
+			e := refuse("alias_unknown", "alias %q is not declared in the route registry", alias)
+			e.Details = &aliasDetails{Alias: alias, State: stateNoRoute}
+			return e
+		case to == nil:
+			delete(doc.Routes, alias)
+		default:
+			if err := checkRoute(doc, alias, *to); err != nil {
+				return refuse("invalid_request", "%v", err)
+			}
+			// Every credential assumed, capability_absent is an unknown provider or a
+			// missing deployment: readers accept it, writers never create it.
+			if st, reason := aliasState(doc, *to, func(string) bool { return true }); st != stateServing {
+				return refuse("invalid_request", "registry route %q: %s", alias, reason)
+			}
+			doc.Routes[alias] = *to
+		}
 		if err := r.j.ready(); err != nil {
 			return refuse("dependency_unavailable", "route registry not changed: the journal cannot record it: %v", err).because(err)
 		}
@@ -176,29 +135,25 @@ func (r *registry) write(change func(doc *routesDoc) (journalRecord, error)) (*r
 		}
 		return nil
 	})
-	var ae *apiError
-	switch {
-	case err == nil:
+	if err == nil {
 		return committed, nil
-	case errors.As(err, &ae):
-		return nil, ae
 	}
-	return nil, refuse("internal_error", "route registry lock: %v", err).because(err)
+	if !errors.As(err, new(*apiError)) { // fn's refusals come back as they are
+		err = refuse("internal_error", "route registry lock: %v", err).because(err)
+	}
+	return nil, err
 }
 
-// migrateRegistry is `brama routes migrate` (SPEC §4.4): it drops the
-// top-level members schema 1 lacks (returned sorted) and commits the rest,
-// validated and canonical; an invalid file is left untouched.
+// migrateRegistry is `brama routes migrate` (SPEC §4.4): it drops the members schema 1
+// lacks (returned sorted), commits the rest canonical; an invalid file is left untouched.
 func migrateRegistry(path string) (committed []byte, dropped []string, doc *routesDoc, err error) {
 	if _, err := guardFile(registryRole, path); err != nil {
 		return nil, nil, nil, err // before the lock: an absent file gets no lock file either
 	}
 	err = withFileLock(path, func() error {
-		b, _, err := readRegistryFile(path)
-		var members map[string]json.RawMessage
-		if err == nil {
-			members, err = registryMembers(b)
-		}
+		f := stateFile[map[string]json.RawMessage]{role: registryRole, path: path, absentErr: true,
+			parse: registryMembers, tooBig: registryTooBig}
+		members, err := f.fresh()
 		if err == nil && members == nil {
 			err = invalidf("registry %s is empty; there is no document to migrate", path)
 		}
@@ -296,9 +251,8 @@ type resolution struct {
 	BaseURL  string       // local-openai only: "http://host:port/v1"
 }
 
-// resolveModel applies SPEC §5.1 and picks the §5.3 mode. With docErr, a
-// name that could be an alias is routes_file_invalid (selectors, best and
-// known canonical routes still resolve). Refusals carry no attempts.
+// resolveModel applies SPEC §5.1 and picks the §5.3 mode. With docErr, a name that could
+// be an alias is routes_file_invalid (selectors, best, known canonical routes resolve).
 func resolveModel(name string, doc *routesDoc, docErr error, hasDirect func(string) bool, hasBillingTarget bool) (resolution, error) {
 	switch {
 	case name == "":

@@ -178,8 +178,8 @@ func TestRegistryWithoutStateDir(t *testing.T) {
 func TestRegistryCurrentParsesOnlyOnChange(t *testing.T) {
 	f := newRegFixture(t)
 	doc, err := f.reg.current()
-	if err != nil || len(doc.Routes) != 0 || f.reg.parses != 0 {
-		t.Fatalf("absent file: current = %v, %v, %d parses; want empty, no parse", doc, err, f.reg.parses)
+	if err != nil || len(doc.Routes) != 0 || f.reg.parses.Load() != 0 {
+		t.Fatalf("absent file: current = %v, %v, %d parses; want empty, no parse", doc, err, f.reg.parses.Load())
 	}
 
 	regWrite(t, f.path, `{"routes":{"a":"best"}}`)
@@ -193,8 +193,8 @@ func TestRegistryCurrentParsesOnlyOnChange(t *testing.T) {
 			t.Fatalf("unchanged file: current = %p, %v; want the cached %p", again, err, first)
 		}
 	}
-	if f.reg.parses != 1 {
-		t.Fatalf("parses = %d after four reads of an unchanged file, want 1", f.reg.parses)
+	if f.reg.parses.Load() != 1 {
+		t.Fatalf("parses = %d after four reads of an unchanged file, want 1", f.reg.parses.Load())
 	}
 
 	// An invalid file: every alias is routes_file_invalid, logged once.
@@ -206,8 +206,8 @@ func TestRegistryCurrentParsesOnlyOnChange(t *testing.T) {
 			t.Fatalf("invalid file: err = %v", err)
 		}
 	}
-	if f.reg.parses != 2 {
-		t.Errorf("parses = %d, want 2: an unchanged invalid file is not parsed again", f.reg.parses)
+	if f.reg.parses.Load() != 2 {
+		t.Errorf("parses = %d, want 2: an unchanged invalid file is not parsed again", f.reg.parses.Load())
 	}
 	n, reasons := f.logs.count("inference_routes_invalid", "reason")
 	if n != 1 || !strings.Contains(reasons[0], `registry field "fallbacks"`) {
@@ -219,8 +219,8 @@ func TestRegistryCurrentParsesOnlyOnChange(t *testing.T) {
 		t.Fatal(err)
 	}
 	doc, err = f.reg.current()
-	if err != nil || doc.Routes["b"] != "best" || f.reg.parses != 3 {
-		t.Fatalf("repaired file: current = %v, %v, %d parses", doc, err, f.reg.parses)
+	if err != nil || doc.Routes["b"] != "best" || f.reg.parses.Load() != 3 {
+		t.Fatalf("repaired file: current = %v, %v, %d parses", doc, err, f.reg.parses.Load())
 	}
 
 	// A different failure is logged again.

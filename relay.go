@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -16,19 +17,11 @@ import (
 	"time"
 )
 
-// The passthrough answer (SPEC §7.6): the provider's own bytes. A buffered
-// body is relayed as received and read only for usage (§13); a stream's
-// events are relayed as received, each flushed at once, and read only for
-// what §7.5 needs (commit, terminal signal, in-band error) and usage.
+// The passthrough answer (SPEC §7.6): the provider's own bytes, relayed as
+// received (a stream's events each flushed at once) and read only for
+// usage (§13) and what §7.5 needs: terminal signal and in-band error.
 
-// passthroughUsageBody is the one member of a buffered answer Brama reads.
-type passthroughUsageBody struct {
-	Usage *passthroughUsage `json:"usage"`
-}
-
-// passthroughUsage holds the usage members of all three formats: chat's
-// prompt/completion tokens, messages' input/output and cache tokens,
-// responses' input/output tokens.
+// passthroughUsage holds the usage members of all three formats.
 type passthroughUsage struct {
 	PromptTokens             int `json:"prompt_tokens"`
 	CompletionTokens         int `json:"completion_tokens"`
@@ -38,8 +31,8 @@ type passthroughUsage struct {
 	CacheReadInputTokens     int `json:"cache_read_input_tokens"`
 }
 
-// count is the usage in Brama's terms; Anthropic reports cached input
-// apart, and Brama's count includes it, as OpenAI's does.
+// count is the usage in Brama's terms; Anthropic's cached input counts, as
+// OpenAI's does.
 func (u *passthroughUsage) count(protocol string) usage {
 	if u == nil {
 		return usage{}
@@ -53,17 +46,30 @@ func (u *passthroughUsage) count(protocol string) usage {
 // bufferedUsage reads the usage of a buffered answer; a body that is not a
 // JSON object is no answer of the format (provider_failure).
 func bufferedUsage(protocol string, body []byte) (usage, error) {
-	var b passthroughUsageBody
+	var b struct {
+		Usage *passthroughUsage `json:"usage"`
+	}
 	if err := json.Unmarshal(body, &b); err != nil || rawShape(body) != '{' {
 		return usage{}, malformedAnswer(protocol, err)
 	}
 	return b.Usage.count(protocol), nil
 }
 
-// rawSSEReader splits a provider's event stream into blocks kept as
-// received: every line of an event up to and including the blank line that
-// ends it. Lines end at "\n" ("\r\n" too). Like sseReader it has no length
-// limit and never times out (SPEC §7.4).
+// usageOf reads a stream event's usage member; absent or null is unreported.
+func usageOf(protocol string, raw json.RawMessage) (usage, error) {
+	if rawIsNull(raw) {
+		return usage{}, nil
+	}
+	var u passthroughUsage
+	if err := json.Unmarshal(raw, &u); err != nil {
+		return usage{}, malformedEvent(protocol, err)
+	}
+	return u.count(protocol), nil
+}
+
+// rawSSEReader splits a provider's event stream into blocks as received:
+// an event's lines up to and including the blank line ending it; lines end
+// at "\n". Like sseReader, no length limit and no timeout (SPEC §7.4).
 type rawSSEReader struct {
 	r         *bufio.Reader
 	started   bool   // the byte-order mark check is done
@@ -74,11 +80,9 @@ func newRawSSEReader(r io.Reader) *rawSSEReader {
 	return &rawSSEReader{r: bufio.NewReaderSize(r, 16<<10)}
 }
 
-// next returns the next block's bytes, its event name and its data lines
-// joined with "\n"; the slices are valid until the next call. A block of
-// comments only has no name and no data. The last block is returned,
-// terminated, when the body ends after a complete line; then io.EOF. A
-// body cut mid-line is io.ErrUnexpectedEOF.
+// next returns the next block, its event name and its data lines joined
+// with "\n", valid until the next call; after the last block io.EOF, or
+// io.ErrUnexpectedEOF for a body cut mid-line.
 func (s *rawSSEReader) next() (raw []byte, event string, data []byte, err error) {
 	s.raw, s.data = s.raw[:0], s.data[:0]
 	hasData := false
@@ -86,23 +90,19 @@ func (s *rawSSEReader) next() (raw []byte, event string, data []byte, err error)
 		line, err := s.line()
 		if n := len(line); n > 0 && line[n-1] == '\n' {
 			content := bytes.TrimRight(line, "\r\n")
-			if len(content) == 0 {
-				if len(s.raw) == 0 {
-					continue // blank lines between blocks carry nothing
-				}
-				s.raw = append(s.raw, line...)
-				return s.raw, event, s.data, nil
+			if len(content) == 0 && len(s.raw) == 0 {
+				continue // blank lines between blocks carry nothing
 			}
 			s.raw = append(s.raw, line...)
-			field, value, found := bytes.Cut(content, []byte(":"))
-			if found {
-				value = bytes.TrimPrefix(value, []byte(" "))
+			if len(content) == 0 {
+				return s.raw, event, s.data, nil
 			}
-			switch {
-			case len(field) == 0: // a comment
-			case string(field) == "event":
+			field, value, _ := bytes.Cut(content, []byte(":"))
+			value = bytes.TrimPrefix(value, []byte(" "))
+			switch string(field) {
+			case "event":
 				event = string(value)
-			case string(field) == "data":
+			case "data":
 				if hasData {
 					s.data = append(s.data, '\n')
 				}
@@ -121,16 +121,15 @@ func (s *rawSSEReader) next() (raw []byte, event string, data []byte, err error)
 	}
 }
 
-// ready reports whether a whole next block is already buffered, so
-// reading it cannot wait on the provider.
+// ready reports whether a whole next block is buffered (no wait to read it).
 func (s *rawSSEReader) ready() bool {
 	b, _ := s.r.Peek(s.r.Buffered())
 	b = bytes.TrimLeft(b, "\r\n") // blank lines before a block are skipped, not an end
 	return bytes.Contains(b, []byte("\n\n")) || bytes.Contains(b, []byte("\n\r\n"))
 }
 
-// line reads one physical line with its terminator; the first drops a
-// byte-order mark. The slice is valid until the next read.
+// line reads one line with its terminator, the first without a byte-order
+// mark, valid until the next read.
 func (s *rawSSEReader) line() ([]byte, error) {
 	line, err := s.r.ReadSlice('\n')
 	if errors.Is(err, bufio.ErrBufferFull) {
@@ -149,57 +148,53 @@ func (s *rawSSEReader) line() ([]byte, error) {
 }
 
 // passthroughWatch reads a relayed stream's events as far as SPEC §7.5 and
-// §13 need. It knows the three formats' terminal signals and in-band
-// errors, and collects a responses stream's output items for a buffered
-// caller of codex.
+// §13 need, and a codex stream's output items for a buffered caller.
 type passthroughWatch struct {
-	protocol   string
-	dropUsage  bool // chat: Brama asked for usage itself, so the usage chunk is not relayed
-	usage      usage
-	finished   bool              // the provider sent its terminal signal (chat: a finish_reason)
-	sawDone    bool              // chat: data: [DONE] arrived
-	items      map[int][]byte    // responses: output_item.done items by output_index
-	completed  json.RawMessage   // responses: the final response object
-	collecting bool              // keep items and the final response (a buffered codex caller)
-	scratch    [2][16]jsonMember // member storage for an event and one of its members
-	elems      [4][]byte         // element storage for an event's choices
+	protocol  string
+	dropUsage bool // chat: Brama asked for usage itself, so the usage chunk is not relayed
+	usage     usage
+	finished  bool              // the provider sent its terminal signal (chat: a finish_reason)
+	sawDone   bool              // chat: data: [DONE] arrived
+	items     map[int][]byte    // non-nil for a buffered codex caller: output_item.done items by output_index
+	completed json.RawMessage   // with items: the final response object
+	scratch   [2][16]jsonMember // member storage for an event and one of its members
+	elems     [4][]byte         // element storage for an event's choices
 }
 
-// watch reads one event. relay says whether the caller gets it; end says
-// the stream is complete and nothing more is read. A refusal is the
-// stream's failure: an in-band error is provider_incomplete, a malformed
-// event provider_failure. Only the members named here are decoded; the
-// rest of an event is checked to be JSON and skipped.
+var errEventNotObject = errors.New("the event data is not one JSON object")
+
+// watch reads one event: relay it or not, end of stream, or the stream's
+// failure (in-band error: provider_incomplete; malformed: provider_failure).
+// Only the members named here are decoded; the rest is only checked valid.
 func (pw *passthroughWatch) watch(event string, data []byte) (relay, end bool, err error) {
 	if len(data) == 0 && event == "" {
 		return true, false, nil // comments only: the provider's keep-alive
 	}
 	if pw.protocol == protoOpenAIChat && string(data) == "[DONE]" {
 		if !pw.finished {
-			return false, false, refuse("provider_incomplete", "the provider stream ended before its terminal signal")
+			return false, false, streamCut(io.EOF)
 		}
 		pw.sawDone = true
 		return true, true, nil
 	}
-	e, err := parseRawObjectInto(data, pw.scratch[0][:])
+	if !json.Valid(data) {
+		return false, false, malformedEvent(pw.protocol, errEventNotObject)
+	}
+	e, err := splitRawObject(data, pw.scratch[0][:])
 	if err != nil {
 		return false, false, malformedEvent(pw.protocol, errEventNotObject)
 	}
 	typ := string(rawText(e.value("type"))) // a switch on it below allocates nothing
-	if typ == "" {
-		typ = event
-	}
 	switch pw.protocol {
 	case protoOpenAIChat:
 		return pw.chatEvent(event, e)
 	case protoAnthropic:
-		return pw.messagesEvent(typ, e)
+		return pw.messagesEvent(cmp.Or(typ, event), e)
 	}
-	return pw.responsesEvent(typ, e)
+	return pw.responsesEvent(cmp.Or(typ, event), e)
 }
 
-// chatEvent: a chunk with finish_reason is the terminal signal; usage
-// comes in its own chunk (choices: []) after it.
+// chatEvent: finish_reason is the terminal signal; usage follows alone.
 func (pw *passthroughWatch) chatEvent(event string, e rawObject) (relay, end bool, err error) {
 	if event == "error" || !rawIsNull(e.value("error")) {
 		f, _ := errorObject(e.value("error"))
@@ -214,17 +209,14 @@ func (pw *passthroughWatch) chatEvent(event string, e rawObject) (relay, end boo
 	}
 	choices := rawArray(e.value("choices"), pw.elems[:])
 	for _, c := range choices {
-		if co, err := splitRawObject(c, pw.scratch[1][:]); err == nil {
-			if len(rawText(co.value("finish_reason"))) > 0 {
-				pw.finished = true
-			}
+		if co, err := splitRawObject(c, pw.scratch[1][:]); err == nil && len(rawText(co.value("finish_reason"))) > 0 {
+			pw.finished = true
 		}
 	}
 	return !(pw.dropUsage && u.Reported && len(choices) == 0), false, nil
 }
 
-// messagesEvent: message_stop is the terminal signal; usage comes in
-// message_start and message_delta.
+// messagesEvent: message_stop ends; usage comes in message_start and _delta.
 func (pw *passthroughWatch) messagesEvent(typ string, e rawObject) (relay, end bool, err error) {
 	switch typ {
 	case "error":
@@ -232,21 +224,18 @@ func (pw *passthroughWatch) messagesEvent(typ string, e rawObject) (relay, end b
 		return false, false, inBandError(cmp.Or(f.typ, f.code))
 	case "message_start":
 		if m, err := splitRawObject(e.value("message"), pw.scratch[1][:]); err == nil {
-			if pw.usage, err = usageOf(pw.protocol, m.value("usage")); err != nil {
-				return false, false, err
-			}
+			pw.usage, err = usageOf(pw.protocol, m.value("usage"))
+			return err == nil, false, err
 		}
 	case "message_delta":
 		u, err := usageOf(pw.protocol, e.value("usage"))
-		if err != nil {
-			return false, false, err
+		if u.InputTokens > 0 { // newer streams repeat the input count
+			pw.usage.InputTokens = u.InputTokens
 		}
 		if u.Reported {
-			if u.InputTokens > 0 { // newer streams repeat the input count
-				pw.usage.InputTokens = u.InputTokens
-			}
 			pw.usage.OutputTokens, pw.usage.Reported = u.OutputTokens, true
 		}
+		return err == nil, false, err
 	case "message_stop":
 		pw.finished = true
 		return true, true, nil
@@ -254,9 +243,7 @@ func (pw *passthroughWatch) messagesEvent(typ string, e rawObject) (relay, end b
 	return true, false, nil
 }
 
-// responsesEvent: response.completed (or .incomplete) is the terminal
-// signal and carries usage; a buffered codex caller's output items are
-// kept as they come.
+// responsesEvent: response.completed (or .incomplete) ends, with usage.
 func (pw *passthroughWatch) responsesEvent(typ string, e rawObject) (relay, end bool, err error) {
 	switch typ {
 	case "":
@@ -274,16 +261,14 @@ func (pw *passthroughWatch) responsesEvent(typ string, e rawObject) (relay, end 
 		}
 		return false, false, inBandError(f.code)
 	case "response.output_item.done":
-		if pw.collecting {
-			var i int
-			if json.Unmarshal(e.value("output_index"), &i) != nil || rawShape(e.value("item")) != '{' {
-				return false, false, malformedEvent(pw.protocol, errors.New("output item without index or item"))
-			}
-			if pw.items == nil {
-				pw.items = map[int][]byte{}
-			}
-			pw.items[i] = bytes.Clone(e.value("item")) // the reader reuses its buffer
+		if pw.items == nil {
+			break
 		}
+		var i int
+		if json.Unmarshal(e.value("output_index"), &i) != nil || rawShape(e.value("item")) != '{' {
+			return false, false, malformedEvent(pw.protocol, errors.New("output item without index or item"))
+		}
+		pw.items[i] = bytes.Clone(e.value("item")) // the reader reuses its buffer
 	case "response.completed", "response.incomplete":
 		r, err := splitRawObject(e.value("response"), pw.scratch[1][:])
 		if err != nil {
@@ -293,7 +278,7 @@ func (pw *passthroughWatch) responsesEvent(typ string, e rawObject) (relay, end 
 			return false, false, err
 		}
 		pw.finished = true
-		if pw.collecting {
+		if pw.items != nil {
 			pw.completed = bytes.Clone(e.value("response"))
 		}
 		return true, true, nil
@@ -301,25 +286,8 @@ func (pw *passthroughWatch) responsesEvent(typ string, e rawObject) (relay, end 
 	return true, false, nil
 }
 
-// errEventNotObject is the cause of a malformed event whose data is not
-// one JSON object.
-var errEventNotObject = errors.New("the event data is not one JSON object")
-
-// usageOf reads a usage member; absent or null is unreported.
-func usageOf(protocol string, raw json.RawMessage) (usage, error) {
-	if rawIsNull(raw) {
-		return usage{}, nil
-	}
-	var u passthroughUsage
-	if err := json.Unmarshal(raw, &u); err != nil {
-		return usage{}, malformedEvent(protocol, err)
-	}
-	return u.count(protocol), nil
-}
-
-// streamCut is the failure of a stream whose body ended or broke before
-// its terminal signal: after commit the provider may have generated and
-// billed, so it is provider_incomplete (SPEC §7.5, §8.2).
+// streamCut is the failure of a stream cut before its terminal signal: the
+// provider may have generated and billed (SPEC §7.5, §8.2).
 func streamCut(err error) *apiError {
 	if errors.Is(err, io.EOF) {
 		return refuse("provider_incomplete", "the provider stream ended before its terminal signal")
@@ -327,59 +295,12 @@ func streamCut(err error) *apiError {
 	if ae := classifyTransport(err); ae.Code == "client_cancelled" {
 		return ae
 	}
-	// The request was sent long ago: whatever broke, the provider may have
-	// generated and billed (SPEC §8.2).
 	return refuse("provider_incomplete", "the provider stream failed before its terminal signal: %s",
 		cleanQuoted(err.Error(), "", 300)).because(err)
 }
 
-// readWatched reads a whole stream through the watch without relaying it:
-// a buffered caller of a provider that only streams (codex).
-func readWatched(pw *passthroughWatch, body io.Reader) error {
-	rd := newRawSSEReader(body)
-	for {
-		_, event, data, err := rd.next()
-		if err != nil {
-			if pw.finished {
-				return nil
-			}
-			return streamCut(err)
-		}
-		if _, end, err := pw.watch(event, data); err != nil || end {
-			return err
-		}
-	}
-}
-
-// assembledResponse is a buffered responses answer built from a codex
-// stream (SPEC §6.2): the final response object, as the provider sent it,
-// with its output replaced by the output_item.done items in output_index
-// order when the stream showed any.
-func assembledResponse(pw *passthroughWatch) ([]byte, error) {
-	o, err := parseRawObject(pw.completed)
-	if err != nil {
-		return nil, malformedAnswer(protoOpenAIResponses, err)
-	}
-	if len(pw.items) == 0 {
-		return pw.completed, nil
-	}
-	idx := make([]int, 0, len(pw.items))
-	for i := range pw.items {
-		idx = append(idx, i)
-	}
-	slices.Sort(idx)
-	out := []byte("[")
-	for n, i := range idx {
-		if n > 0 {
-			out = append(out, ',')
-		}
-		out = append(out, pw.items[i]...)
-	}
-	return o.edit(memberEdit{"output", append(out, ']')}), nil
-}
-
-// relayBuffered answers a buffered passthrough call: the provider's body
-// as received (a codex stream assembled), its usage read.
+// relayBuffered answers a buffered passthrough call with the provider's
+// body; a codex stream (SPEC §6.2) is read whole and assembled.
 func relayBuffered(w http.ResponseWriter, cr *callerRequest, c call, resp *http.Response, attempts int) (usage, *apiError) {
 	p := c.res.Provider
 	var (
@@ -387,68 +308,83 @@ func relayBuffered(w http.ResponseWriter, cr *callerRequest, c call, resp *http.
 		u    usage
 		err  error
 	)
+	ct := cmp.Or(resp.Header.Get("Content-Type"), "application/json")
 	if upstreamStreams(p, cr.head) {
-		pw := &passthroughWatch{protocol: p.protocol, collecting: true}
-		if err = readWatched(pw, resp.Body); err == nil {
-			body, err = assembledResponse(pw)
+		pw := &passthroughWatch{protocol: p.protocol, items: map[int][]byte{}}
+		if err = relayWatched(pw, resp.Body, nil); err == nil {
+			body = assembledResponse(pw)
 		}
-		u = pw.usage
+		u, ct = pw.usage, "application/json" // an assembled answer is Brama's JSON
 	} else if body, err = io.ReadAll(resp.Body); err != nil {
 		err = refuse("provider_incomplete", "provider %q answer was cut after %d bytes", p.id, len(body)).because(err)
 	} else {
 		u, err = bufferedUsage(p.protocol, body)
 	}
 	if err != nil {
-		return u, asAPIError(err).redactedFor(c.presented()).withAttempts(attempts)
-	}
-	ct := "application/json" // an assembled answer is Brama's JSON
-	if !upstreamStreams(p, cr.head) {
-		ct = cmp.Or(resp.Header.Get("Content-Type"), ct)
+		return u, asAPIError(err).redactedFor(c.cred.bearer()).withAttempts(attempts)
 	}
 	writeAnswer(w, ct, attempts, body)
 	return u, nil
 }
 
-// relayPassthroughStream relays a committed provider stream event by event
-// as received (SPEC §7.6). A chat stream that completed without
-// data: [DONE] gets it.
+// assembledResponse is a watched codex stream's final response object (the
+// watch split it already), its output the output_item.done items in
+// output_index order when any.
+func assembledResponse(pw *passthroughWatch) []byte {
+	if len(pw.items) == 0 {
+		return pw.completed
+	}
+	var items [][]byte
+	for _, i := range slices.Sorted(maps.Keys(pw.items)) {
+		items = append(items, pw.items[i])
+	}
+	o, _ := splitRawObject(pw.completed, nil)
+	return o.edit(memberEdit{"output", append(append([]byte("["), bytes.Join(items, []byte(","))...), ']')})
+}
+
+// relayPassthroughStream relays a committed stream event by event as
+// received (SPEC §7.6).
 func relayPassthroughStream(sa *streamAnswer, cr *callerRequest, _ chatRequest, c call, resp *http.Response) (usage, error) {
-	p := c.res.Provider
-	pw := &passthroughWatch{protocol: p.protocol, dropUsage: cr.addsUsage(p)}
-	rd := newRawSSEReader(resp.Body)
-	var err error
+	pw := &passthroughWatch{protocol: c.res.Provider.protocol, dropUsage: cr.addsUsage(c.res.Provider)}
+	err := relayWatched(pw, resp.Body, sa)
+	return pw.usage, err
+}
+
+// relayWatched reads a committed stream through pw, relaying each event to
+// sa as received (nil: a buffered caller); a chat stream completed without
+// [DONE] gets it.
+func relayWatched(pw *passthroughWatch, body io.Reader, sa *streamAnswer) error {
+	rd := newRawSSEReader(body)
 	for {
-		raw, event, data, rerr := rd.next()
-		if rerr != nil {
+		raw, event, data, err := rd.next()
+		if err != nil {
 			if !pw.finished {
-				err = streamCut(rerr)
-			} else if p.protocol == protoOpenAIChat && !pw.sawDone {
-				err = sa.write([]byte("data: [DONE]\n\n"))
+				return streamCut(err)
 			}
-			break
+			if sa != nil && pw.protocol == protoOpenAIChat && !pw.sawDone {
+				return sa.write([]byte("data: [DONE]\n\n"))
+			}
+			return nil
 		}
-		relay, end, werr := pw.watch(event, data)
-		if werr == nil && relay {
-			werr = sa.write(raw)
+		relay, end, err := pw.watch(event, data)
+		if err == nil && relay && sa != nil {
+			err = sa.write(raw)
 		}
-		if err = werr; err != nil || end {
-			break
+		if err != nil || end {
+			return err
 		}
-		if !rd.ready() { // the next read may wait on the provider: the caller has all it has
+		if sa != nil && !rd.ready() { // the next read may wait on the provider: the caller has all it has
 			sa.flushWritten()
 		}
 	}
-	return pw.usage, err
 }
 
 // keepAliveEvery is how long a stream may be silent before Brama writes an
 // SSE comment (SPEC §7.5). It writes; it never cuts.
 const keepAliveEvery = 15 * time.Second
 
-// streamAnswer is the caller side of a committed stream, translated or
-// passed through: the SSE headers, one lock shared by the relay and the
-// keep-alive timer, and the dialect's stream writer for keep-alives and
-// the in-band error (SPEC §7.5).
+// streamAnswer is the caller side of a committed stream: one lock for the
+// relay and the keep-alive timer, and the dialect's writer (SPEC §7.5).
 type streamAnswer struct {
 	mu        sync.Mutex // guards cs, w, unflushed and ended
 	w         io.Writer
@@ -460,9 +396,8 @@ type streamAnswer struct {
 	timer     *time.Timer
 }
 
-// openStreamAnswer sends the caller its 200 and starts the keep-alive
-// timer: an SSE comment after every 15 s without an event. model is the
-// name the dialect's own events report; req's tools name translated calls.
+// openStreamAnswer sends the 200 and starts the keep-alive timer; model is
+// what the dialect's events report, req's tools name translated calls.
 func (e *engine) openStreamAnswer(w http.ResponseWriter, dialect string, req chatRequest, model string, attempts int) *streamAnswer {
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
@@ -473,14 +408,7 @@ func (e *engine) openStreamAnswer(w http.ResponseWriter, dialect string, req cha
 	rc := http.NewResponseController(w)
 	flush := func() { rc.Flush() }
 	sa := &streamAnswer{w: w, flush: flush, cs: newCallerStream(dialect, req, w, flush, model), every: cmp.Or(e.keepAlive, keepAliveEvery)}
-	sa.timer = time.AfterFunc(sa.every, func() {
-		sa.mu.Lock()
-		defer sa.mu.Unlock()
-		if !sa.ended {
-			sa.timer.Reset(sa.every)
-			sa.cs.keepAlive()
-		}
-	})
+	sa.timer = time.AfterFunc(sa.every, func() { sa.do(sa.cs.keepAlive) })
 	return sa
 }
 
@@ -496,9 +424,9 @@ func (sa *streamAnswer) do(f func() error) error {
 	return f()
 }
 
-// write relays one event's bytes as received. They are flushed by
-// flushWritten, which the relay calls before it may wait on the provider,
-// so no event waits in Brama for a later one (SPEC §7.5).
+// write relays one event; flushWritten flushes before the relay may wait
+// on the provider, so no event waits for a later one (SPEC §7.5). The
+// silence timer restarts only at a flush: a reset per event costs CPU.
 func (sa *streamAnswer) write(b []byte) error {
 	sa.mu.Lock()
 	defer sa.mu.Unlock()
@@ -510,8 +438,6 @@ func (sa *streamAnswer) write(b []byte) error {
 	return err
 }
 
-// flushWritten flushes what write left unflushed and restarts the silence
-// timer: the caller has just received an event.
 func (sa *streamAnswer) flushWritten() {
 	sa.mu.Lock()
 	defer sa.mu.Unlock()
@@ -530,23 +456,20 @@ func (sa *streamAnswer) close() {
 	sa.timer.Stop()
 }
 
-// failStream writes the dialect's in-band error for a stream that failed
-// after commit and returns it; the caller aborts the response.
+// failStream writes and returns the in-band error of a committed stream.
 func (e *engine) failStream(ctx context.Context, sa *streamAnswer, c call, err error, attempts int) *apiError {
-	ae := asAPIError(err).redactedFor(c.presented()).withAttempts(attempts)
+	ae := asAPIError(err).redactedFor(c.cred.bearer()).withAttempts(attempts)
 	if ctx.Err() != nil {
 		ae = refuse("client_cancelled", "the caller hung up during the stream").because(err).withAttempts(attempts)
 	}
-	// The replay guard meets the failure before the caller reads it in-band:
-	// a caller that falls back at once, or hangs up after it, is remembered.
-	e.refused(ae, false, true)
+	e.refused(ae, false, true) // before the caller can read it and fall back
+
 	sa.do(func() error { return sa.cs.fail(ae) })
-	e.log.Warn("stream_failed_after_commit", "request_id", e.t.requestID, "code", ae.Code, "cause", redact(fmt.Sprint(ae.Err), c.presented()))
+	e.log.Warn("stream_failed_after_commit", "request_id", e.t.requestID, "code", ae.Code, "cause", redact(fmt.Sprint(ae.Err), c.cred.bearer()))
 	return ae
 }
 
-// relayStream translates a committed provider stream to the caller's
-// dialect, flushing every event.
+// relayStream translates a committed stream to the caller's dialect.
 func relayStream(sa *streamAnswer, _ *callerRequest, req chatRequest, c call, resp *http.Response) (usage, error) {
 	var u usage
 	err := sa.do(sa.cs.start)

@@ -15,28 +15,24 @@ import (
 	"time"
 )
 
-// The replay guard (SPEC §8.1). Clients such as the Codex CLI and the
-// official SDKs re-send a refused request whatever its body says; when the
-// refusal came after a provider call, each re-send may be billed again. So
-// for BRAMA_REPLAY_GUARD_SECS after such a refusal, the same request from
-// the same client is answered that refusal again, without a provider call.
-// Memory only: one entry per refused request, forgotten when its time
-// passes. Requests with an Idempotency-Key are governed by SPEC §12 instead
-// and never reach the guard.
+// The replay guard (SPEC §8.1): clients such as the Codex CLI and the
+// official SDKs re-send a refused request whatever its body says, and after
+// a provider call each re-send may be billed again. So for
+// BRAMA_REPLAY_GUARD_SECS the same request from the same client gets that
+// refusal again without a call. Memory only; a request with an
+// Idempotency-Key is SPEC §12's and never reaches the guard.
 
-// defaultReplayGuard is the window when BRAMA_REPLAY_GUARD_SECS is unset.
-const defaultReplayGuard = 60 * time.Second
-
-// maxReplayMessage bounds the original refusal's message kept per entry:
-// enough to say why, small enough that 10,000 entries stay a few MB.
-const maxReplayMessage = 256
+const (
+	defaultReplayGuard = 60 * time.Second // the window when BRAMA_REPLAY_GUARD_SECS is unset
+	maxReplayMessage   = 256              // message bytes kept per entry: 10,000 entries stay a few MB
+)
 
 // errReplayRefused is the logged cause of a replay guard refusal.
 var errReplayRefused = errors.New("replay guard: the same request was refused after a provider call")
 
-// replayGuard remembers the refusals that came after a provider call. The
-// queue holds every remembered key in the order it expires (each entry
-// lives the same window), so forgetting is a walk from its front.
+// replayGuard remembers the refusals that came after a provider call. Every
+// entry lives the same window, so queue is in expiry order and forgetting
+// walks its front.
 type replayGuard struct {
 	window time.Duration
 	now    func() time.Time
@@ -44,7 +40,7 @@ type replayGuard struct {
 	mu       sync.Mutex // guards refused, queue, byClient
 	refused  map[replayKey]replayEntry
 	queue    []replayQueued
-	byClient map[string]int // entries held per client id: none, no digest to take
+	byClient map[string]int // queued entries per client id: none, no digest to take
 }
 
 // replayKey is sha256 over the client, the agent and the request body
@@ -53,11 +49,10 @@ type replayKey [sha256.Size]byte
 
 // replayEntry is one remembered refusal.
 type replayEntry struct {
-	status  int    // the HTTP status it had (a stream's: its code's)
-	code    string // its code
-	message string // its message, cut to maxReplayMessage ("" for a stream)
-	at      time.Time
-	until   time.Time
+	status    int    // the HTTP status it had (a stream's: its code's)
+	code      string // its code
+	message   string // its message, cut to maxReplayMessage ("" for a stream)
+	at, until time.Time
 }
 
 type replayQueued struct {
@@ -81,16 +76,13 @@ func newReplayGuard(getenv func(string) string, log *slog.Logger, now func() tim
 	return &replayGuard{window: window, now: now, refused: map[replayKey]replayEntry{}, byClient: map[string]int{}}
 }
 
-// replayKeyOf digests who asks and what: the client, the agent and the body
-// in canonical form with its top-level stream and stream_options left out,
-// so a client that falls back from a failed stream to a buffered call of the
-// same conversation asks the same request, and so does one that re-sends it
-// with its object members in another order (the Codex CLI writes its
-// client_metadata from a hash map). The loose key also leaves out the
-// output limit: Claude Code's buffered fallback after a failed stream asks
-// for fewer output tokens (128000 streamed, 64000 buffered). ok is false for
-// a body that is not one JSON object (it was refused before dispatch
-// anyway).
+// replayKeyOf digests the client, the agent and the body in canonical form
+// (members sorted: the Codex CLI writes client_metadata from a hash map)
+// without stream and stream_options, so a fallback from a failed stream to
+// a buffered call asks the same request. The loose key also leaves out the
+// output limit: Claude Code's buffered fallback asks for fewer tokens
+// (128000 streamed, 64000 buffered). ok is false for anything but one
+// JSON object (refused before dispatch anyway).
 func replayKeyOf(clientID, agentID string, body []byte, loose bool) (replayKey, bool) {
 	leftOut := streamMembers
 	if loose {
@@ -103,9 +95,7 @@ func replayKeyOf(clientID, agentID string, body []byte, loose bool) (replayKey, 
 	h := sha256.New()
 	fmt.Fprintf(h, "%d:%s%d:%s%t:", len(clientID), clientID, len(agentID), agentID, loose)
 	h.Write(canonical)
-	var k replayKey
-	h.Sum(k[:0])
-	return k, true
+	return replayKey(h.Sum(nil)), true
 }
 
 // The top-level members a digest leaves out: the stream's, and for the
@@ -115,19 +105,16 @@ var (
 	looseMembers  = []string{"stream", "stream_options", "max_tokens", "max_completion_tokens", "max_output_tokens"}
 )
 
-// mayHaveGenerated is the codes whose refusal came after the provider may
-// have generated: the loose key remembers them, so a fallback that only
-// lowers the output limit is the same request. A refusal of the request
-// itself (provider_rejected) is not: a caller that fixes its output limit
-// asks a new request.
+// mayHaveGenerated is the codes of a refusal after the provider may have
+// generated, which the loose key remembers; a caller that fixes its output
+// limit after provider_rejected asks a new request.
 func mayHaveGenerated(code string) bool {
 	return code == "provider_incomplete" || code == "provider_failure"
 }
 
 // canonicalRequest is body's one JSON object without the top-level members
-// leftOut, written as encoding/json writes a map: members sorted by name at
-// every level, no white space, numbers as sent. It reports false for
-// anything but one JSON object.
+// leftOut, as encoding/json writes a map: members sorted at every level, no
+// white space, numbers as sent; false for anything but one JSON object.
 func canonicalRequest(body []byte, leftOut []string) ([]byte, bool) {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.UseNumber()
@@ -145,9 +132,8 @@ func canonicalRequest(body []byte, leftOut []string) ([]byte, bool) {
 	return out, err == nil
 }
 
-// rememberRequest keeps e for the request body of client and agent: under
-// its key, and under its loose key too when the provider may have
-// generated.
+// rememberRequest keeps e for the request body of client and agent under
+// its key, and its loose key too when the provider may have generated.
 func (g *replayGuard) rememberRequest(client, agent string, body []byte, e replayEntry) {
 	for _, loose := range []bool{false, true} {
 		if loose && !mayHaveGenerated(e.code) {
@@ -159,8 +145,7 @@ func (g *replayGuard) rememberRequest(client, agent string, body []byte, e repla
 	}
 }
 
-// lookupRequest is the refusal remembered for the request body of client
-// and agent, under its key or its loose key.
+// lookupRequest is the refusal remembered for a request under either key.
 func (g *replayGuard) lookupRequest(client, agent string, body []byte) (replayEntry, bool) {
 	for _, loose := range []bool{false, true} {
 		if k, ok := replayKeyOf(client, agent, body, loose); ok {
@@ -200,7 +185,7 @@ func (g *replayGuard) lookup(k replayKey) (replayEntry, bool) {
 }
 
 // holds reports whether any refusal of client is remembered now; when none
-// is, a request needs no digest before it runs.
+// is, a request needs no digest.
 func (g *replayGuard) holds(client string) bool {
 	now := g.now()
 	g.mu.Lock()
@@ -246,8 +231,7 @@ func (e replayEntry) refusal() *apiError {
 	return ae.because(errReplayRefused).withAttempts(0)
 }
 
-// replayRefused answers r with the refusal it repeats, if it repeats one
-// the guard remembers, and reports whether it did.
+// replayRefused answers r with the remembered refusal it repeats, if any.
 func (s *server) replayRefused(w http.ResponseWriter, r *http.Request) bool {
 	g, ri := s.replay, infoFrom(r.Context())
 	if g == nil || g.window <= 0 || !g.holds(ri.client.ID) { // the digest is taken only when it can match
@@ -275,13 +259,10 @@ func (s *server) replayRememberer(ri *requestInfo) func(ae *apiError, attempts i
 	}
 }
 
-// replayEntryOf is what the guard remembers of a refusal: only one after at
-// least one provider call with retryable false. A stream that failed after
-// commit counts, with its in-band code and that code's status. Two are left
-// out: a caller who hung up before the refusal saw none to retry, and
-// subscription_reauthorization_required came after calls that were all
-// refused at authentication (nothing was generated), whose remedy, signing
-// in again, must let the same request through at once.
+// replayEntryOf is what the guard remembers of a refusal after a provider
+// call with retryable false (a failed stream's: its in-band code), but not
+// for a caller who hung up first, nor subscription_reauthorization_required
+// (nothing generated; signing in again must let the request through).
 func replayEntryOf(ae *apiError, attempts int, hungUp, streamed bool) (replayEntry, bool) {
 	if attempts == 0 || hungUp || ae.Code == "client_cancelled" || ae.Code == "subscription_reauthorization_required" || ae.retryable() {
 		return replayEntry{}, false

@@ -48,9 +48,8 @@ const (
 	stateRoutesInvalid    = "routes_file_invalid"
 )
 
-// deployment is a local OpenAI-compatible server the registry declares; a
-// bare destination naming it or one of its adapters (e.g. a LoRA) routes to
-// local-openai/<name> (SPEC §4.1).
+// deployment is a local OpenAI-compatible server; a bare destination naming it or one of
+// its adapters (e.g. a LoRA) routes to local-openai/<name> (SPEC §4.1).
 type (
 	deployment struct {
 		Name     string             `json:"name"`
@@ -109,15 +108,21 @@ func parseRegistry(b []byte) (*routesDoc, error) {
 		return nil, err
 	}
 	return validateRegistry(m) // nil members: the empty registry
-
 }
 
-// registryMembers decodes b with decodeStrict (no duplicate key: two readers
-// must never disagree about an alias) into raw members, nil when empty. Raw,
-// so keys match exactly (encoding/json folds case) and errors name the fault.
+// registryTooBig is SPEC §4.1's 1 MiB bound, checked on a file's size before it is read.
+func registryTooBig(size int64) error {
+	if size > maxRegistryBytes {
+		return invalidf("registry is %d bytes; the limit is 1 MiB (%d bytes)", size, maxRegistryBytes)
+	}
+	return nil
+}
+
+// registryMembers decodes b strictly (two readers must never disagree about an alias) into
+// raw members, nil when empty: raw, as encoding/json folds case and errors must name the fault.
 func registryMembers(b []byte) (map[string]json.RawMessage, error) {
-	if len(b) > maxRegistryBytes {
-		return nil, invalidf("registry is %d bytes; the limit is 1 MiB (%d bytes)", len(b), maxRegistryBytes)
+	if err := registryTooBig(int64(len(b))); err != nil {
+		return nil, err
 	}
 	if len(bytes.Trim(b, " \t\r\n")) == 0 { // JSON's whitespace, not Unicode's
 		return nil, nil
@@ -172,10 +177,8 @@ func validateRegistry(m map[string]json.RawMessage) (*routesDoc, error) {
 	return doc, nil
 }
 
-// parseDeployment reads deployments[i], declared after before, refusing
-// unknown members by name. Its endpoint must be an IPv4 loopback or
-// 100.64.0.0/10 (tailnet) literal: a registry edit must never point
-// unauthenticated local-openai calls at the open internet.
+// parseDeployment reads deployments[i], declared after before. Its endpoint is an IPv4 loopback
+// or tailnet literal: an edit must never point unauthenticated calls at the internet.
 func parseDeployment(i int, raw json.RawMessage, before []deployment) (d deployment, err error) {
 	m, ok := jsonObject(raw)
 	if !ok {

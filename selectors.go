@@ -10,27 +10,20 @@ import (
 )
 
 // candidates lists the routes a selector or best walks, in order (SPEC
-// §7.3). Each is a canonical route of a subscription-capable provider.
+// §7.3): canonical routes of subscription-capable providers.
 func (e *engine) candidates(res resolution, agent string) ([]resolution, error) {
 	doc, err := e.reg.current()
 	if err != nil {
 		doc = nil // an invalid registry offers no alias candidates
 	}
-	switch res.Mode {
-	case modeBest:
-		var out []resolution
-		if doc != nil {
-			if dest, ok := doc.Routes["best"]; ok {
-				if c, ok := canonicalCandidate(dest); ok {
-					out = append(out, c)
-				}
-			}
+	var out []resolution
+	if res.Mode == modeBest && doc != nil {
+		if c, ok := canonicalCandidate(doc.Routes["best"]); ok {
+			out = append(out, c)
 		}
-		more, err := e.anyCandidates(agent, doc, false)
-		return dedupeBy(append(out, more...), func(r resolution) string { return r.Route }), err
-	default:
-		return e.anyCandidates(agent, doc, res.Mode == modeAnyVision)
 	}
+	more, err := e.anyCandidates(agent, doc, res.Mode == modeAnyVision)
+	return dedupeBy(append(out, more...), func(r resolution) string { return r.Route }), err
 }
 
 // canonicalCandidate turns "provider/model" into a subscription route.
@@ -44,43 +37,33 @@ func canonicalCandidate(route string) (resolution, bool) {
 }
 
 // anyCandidates: the providers in which the agent has an eligible
-// subscription, freest first (ties by provider id), each with its candidate
-// models; vision keeps only models the catalogue says take images.
+// subscription, freest first (ties by id), each with its candidate models;
+// vision keeps only models the catalogue says take images.
 func (e *engine) anyCandidates(agent string, doc *routesDoc, vision bool) ([]resolution, error) {
 	items, err := e.inv.agentItems(agent)
 	if err != nil {
 		return nil, err
 	}
-	type prov struct {
-		id   string
-		free freedom // its freest eligible subscription's
-	}
-	var provs []prov
-	now := e.now()
+	var provs []string
+	free, now := map[string][]float64{}, e.now() // a provider's freest eligible subscription's
 	for _, it := range items {
-		if slices.ContainsFunc(provs, func(p prov) bool { return p.id == it.Provider }) {
+		if _, seen := free[it.Provider]; seen {
 			continue
 		}
 		subs, _, err := e.eligible(agent, it.Provider)
 		if err != nil {
 			return nil, err
 		}
-		if len(subs) == 0 {
-			continue
+		if len(subs) > 0 {
+			free[it.Provider] = e.freedomOf(e.order(agent, it.Provider, subs)[0].ID, now)
+			provs = append(provs, it.Provider)
 		}
-		best := e.order(agent, it.Provider, subs)[0]
-		provs = append(provs, prov{it.Provider, e.freedomOf(best.ID, now)})
 	}
-	slices.SortFunc(provs, func(a, b prov) int {
-		return cmp.Or(a.free.compare(b.free), strings.Compare(a.id, b.id))
-	})
+	slices.SortFunc(provs, func(a, b string) int { return cmp.Or(slices.Compare(free[a], free[b]), strings.Compare(a, b)) })
 	var out []resolution
 	for _, p := range provs {
-		for _, m := range e.candidateModels(p.id, doc) {
-			if vision && !e.takesImages(p.id, m) {
-				continue
-			}
-			if c, ok := canonicalCandidate(p.id + "/" + m); ok {
+		for _, m := range e.candidateModels(p, doc) {
+			if c, ok := canonicalCandidate(p + "/" + m); ok && (!vision || e.takesImages(p, m)) {
 				out = append(out, c)
 			}
 		}
@@ -102,10 +85,7 @@ func (e *engine) candidateModels(provider string, doc *routesDoc) []string {
 	}
 	n := 0
 	for _, m := range e.catalog.models(provider) {
-		if n == 3 {
-			break
-		}
-		if slices.Contains(m.Modalities.Output, "text") {
+		if n < 3 && slices.Contains(m.Modalities.Output, "text") {
 			out = append(out, m.ID)
 			n++
 		}
@@ -113,8 +93,7 @@ func (e *engine) candidateModels(provider string, doc *routesDoc) []string {
 	return dedupeBy(out, func(m string) string { return m })
 }
 
-// takesImages reports whether the catalogue lists image input for a model;
-// a model the catalogue does not know is left out.
+// takesImages: the catalogue lists image input for the model.
 func (e *engine) takesImages(provider, model string) bool {
 	info, ok, _ := e.catalog.lookup(provider, model)
 	return ok && slices.Contains(info.Modalities.Input, "image")
@@ -133,11 +112,10 @@ func dedupeBy[T any, K comparable](xs []T, key func(T) K) []T {
 	return out
 }
 
-// walkSelector serves any, any-vision-capable and best (SPEC §7.3):
-// every candidate in order, each an explicit subscription route with its
-// own output limit, skipping a provider whose whole pool already refused.
+// walkSelector serves any, any-vision-capable and best (SPEC §7.3): each
+// candidate in order as a subscription route with its own output limit,
+// skipping a provider whose whole pool already refused.
 func (e *engine) walkSelector(ctx context.Context, j *job, req *callerRequest, cands []resolution) *apiError {
-	agent := e.agent
 	wk := &walk{}
 	poolRefused := map[string]bool{}
 	hadEligible := false
@@ -148,7 +126,7 @@ func (e *engine) walkSelector(ctx context.Context, j *job, req *callerRequest, c
 			wk.note(cand.Route, "skipped: every "+p+" subscription already refused")
 			continue
 		}
-		subs, _, err := e.eligible(agent, p)
+		subs, _, err := e.eligible(e.agent, p)
 		if err != nil {
 			return asAPIError(err).withAttempts(wk.attempts)
 		}
@@ -163,7 +141,7 @@ func (e *engine) walkSelector(ctx context.Context, j *job, req *callerRequest, c
 			continue
 		}
 		hadEligible = true
-		c := &candidate{res: cand, pool: e.order(agent, p, subs), req: req.withLimit(head.MaxTokens), model: cand.Route}
+		c := &candidate{res: cand, pool: e.order(e.agent, p, subs), req: req.withLimit(head.MaxTokens), model: cand.Route}
 		switch out, ae := e.attemptCandidate(ctx, j, c, wk); out {
 		case routeAnswered:
 			return ae
@@ -176,8 +154,8 @@ func (e *engine) walkSelector(ctx context.Context, j *job, req *callerRequest, c
 		return wk.exhausted(e.now())
 	case maxTokensSkip != nil: // every usable candidate needs a max_tokens nobody knows (SPEC §6.4)
 		return asAPIError(maxTokensSkip)
-	case e.allNeedSignIn(agent):
-		return refuse("subscription_reauthorization_required", "agent %q has subscriptions but none has an active credential; sign in again", agent).withAttempts(0)
+	case e.allNeedSignIn(e.agent):
+		return refuse("subscription_reauthorization_required", "agent %q has subscriptions but none has an active credential; sign in again", e.agent).withAttempts(0)
 	}
-	return refuse("credential_unauthorized", "no subscription model can serve agent %q", agent).withAttempts(0)
+	return refuse("credential_unauthorized", "no subscription model can serve agent %q", e.agent).withAttempts(0)
 }

@@ -158,10 +158,13 @@ type stateFile[T any] struct {
 	pathErr    error // why there is no file (no state directory), else nil
 	parse      func([]byte) (T, error)
 	absentErr  bool
+	keepErr    bool                   // a parse failure is kept too: an unchanged bad file is not parsed again
+	tooBig     func(size int64) error // refuses a file by its size before it is read; nil: any size
 
-	mu   sync.Mutex // guards read, doc, id
-	read bool       // doc and id hold the last good read
+	mu   sync.Mutex // guards read, doc, err, id
+	read bool       // doc, err and id hold the last good read (or, with keepErr, parse)
 	doc  T
+	err  error
 	id   fileIdentity
 }
 
@@ -174,10 +177,10 @@ func (f *stateFile[T]) load() (T, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if id, err := guardFile(f.role, f.path); err == nil && f.read && id == f.id {
-		return f.doc, nil
+		return f.doc, f.err
 	}
 	doc, id, err := f.readNow()
-	f.read, f.doc, f.id = err == nil && id != fileIdentity{}, doc, id // an absent file is not kept
+	f.read, f.doc, f.err, f.id = (err == nil || f.keepErr) && id != fileIdentity{}, doc, err, id // an absent file is not kept
 	return doc, err
 }
 
@@ -187,17 +190,25 @@ func (f *stateFile[T]) fresh() (T, error) {
 	return doc, err
 }
 
-// readNow reads and parses the file under the guards.
-func (f *stateFile[T]) readNow() (T, fileIdentity, error) {
-	b, id, err := readGuarded(f.role, f.path)
+// readNow reads and parses the file under the guards; the identity is zero
+// unless the bytes reached parse.
+func (f *stateFile[T]) readNow() (doc T, id fileIdentity, err error) {
+	var b []byte
+	if f.tooBig != nil {
+		if id, err = guardFile(f.role, f.path); err == nil {
+			err = f.tooBig(id.size)
+		}
+	}
+	if err == nil {
+		b, id, err = readGuarded(f.role, f.path)
+	}
 	if errors.Is(err, errFileAbsent) && !f.absentErr {
 		b, err = nil, nil
 	}
 	if err != nil {
-		var zero T
-		return zero, id, err
+		return doc, fileIdentity{}, err
 	}
-	doc, err := f.parse(b)
+	doc, err = f.parse(b)
 	return doc, id, err
 }
 
