@@ -138,9 +138,8 @@ func checkIdempotencyKey(key string) error {
 // answerStore keeps the signed answers of one state directory; only serve and
 // `brama answers prune` write them (SPEC §2.3).
 type answerStore struct {
+	sys
 	st     state
-	log    *slog.Logger
-	now    func() time.Time
 	bootID string // drawn once per process: tells our records from a stopped process's
 
 	mu  sync.Mutex // guards key
@@ -151,7 +150,7 @@ type answerStore struct {
 func newAnswerStore(st state, log *slog.Logger, now func() time.Time) *answerStore {
 	b := make([]byte, 16)
 	rand.Read(b)
-	return &answerStore{st: st, log: log, now: now, bootID: hex.EncodeToString(b)}
+	return &answerStore{sys: sys{log: log, now: now}, st: st, bootID: hex.EncodeToString(b)}
 }
 
 // answerUnplaced is SPEC §2.1's refusal when an answer cannot be kept.
@@ -248,19 +247,28 @@ func (a *answerStore) reserve(client, key string, body []byte, route string) (*a
 // answerBusy is the 409 of a key whose answer is still being produced, the
 // one retryable state_conflict (SPEC §8.1).
 func answerBusy() *apiError {
-	yes := true
 	ae := refuse("state_conflict", "the answer for this Idempotency-Key is still being produced; retry later")
-	ae.Retryable = &yes
+	ae.Retryable = ptrTo(true)
 	return ae
 }
 
-// taken applies SPEC §12 item 2 to the record at path; an empty requestSHA
-// skips the body comparison. A missing record is errFileAbsent.
+// taken applies SPEC §12 item 2 to the record at path, checking a complete
+// record's signature; an empty requestSHA skips the body comparison. A
+// missing record is errFileAbsent.
 func (a *answerStore) taken(path, requestSHA string) (*answerRecord, error) {
-	rec, err := a.read(path)
+	rec, err := readAnswerFile(path)
+	if errors.Is(err, errFileAbsent) {
+		return nil, err
+	}
+	if err == nil && rec.State == answerComplete {
+		var key []byte
+		if key, err = a.signingKey(); err == nil && !verifyAnswer(key, rec.body(), *rec.Signature) {
+			err = errSignatureMismatch
+		}
+	}
 	switch {
 	case err != nil:
-		return nil, err
+		return nil, refuse("internal_error", "the kept answer for this Idempotency-Key is unreadable").because(err)
 	case requestSHA != "" && rec.RequestSHA256 != requestSHA:
 		return nil, refuse("state_conflict", "this Idempotency-Key was used with another request body")
 	case rec.State == answerInProgress && rec.BootID != a.bootID:
@@ -273,30 +281,8 @@ func (a *answerStore) taken(path, requestSHA string) (*answerRecord, error) {
 
 // readAnswerFile reads, guards and decodes the record at name.
 func readAnswerFile(name string) (*answerRecord, error) {
-	b, _, err := readGuarded("kept answer", name)
-	if err != nil {
-		return nil, err
-	}
-	return decodeAnswerRecord(b)
-}
-
-// read reads the record at path and checks a complete record's signature.
-// A missing record is errFileAbsent.
-func (a *answerStore) read(path string) (*answerRecord, error) {
-	rec, err := readAnswerFile(path)
-	if errors.Is(err, errFileAbsent) {
-		return nil, err
-	}
-	if err == nil && rec.State == answerComplete {
-		var key []byte
-		if key, err = a.signingKey(); err == nil && !verifyAnswer(key, rec.body(), *rec.Signature) {
-			err = errSignatureMismatch
-		}
-	}
-	if err != nil {
-		return nil, refuse("internal_error", "the kept answer for this Idempotency-Key is unreadable").because(err)
-	}
-	return rec, nil
+	f := stateFile[*answerRecord]{role: "kept answer", path: name, parse: decodeAnswerRecord, absentErr: true}
+	return f.fresh()
 }
 
 // abandon keeps a stopped process's in-progress record as SPEC §12 item 2's

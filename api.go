@@ -7,7 +7,9 @@ import (
 	"errors"
 	"maps"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
+	"strings"
 )
 
 // The handlers in front of the attempt engine (SPEC §7, §15), of the
@@ -78,55 +80,44 @@ func (s *server) listSubscriptions(r *http.Request) (any, error) {
 	return map[string]any{"subscriptions": rows}, err
 }
 
-// donateSubscription serves POST /v1/subscriptions/{agent_id}.
+// donateSubscription serves POST …/subscriptions/{agent_id}; on the admin
+// route the agent must be in the vault, and ?via=sign-in is journaled as a
+// sign-in (SPEC §11.1).
 func (s *server) donateSubscription(r *http.Request) (any, error) {
-	return donated(s.donate(r))
-}
-
-// donate decodes a donation and adds it to the path's agent.
-func (s *server) donate(r *http.Request) (overlayItem, error) {
-	var body donation
-	if err := decodeBody(r, &body, false); err != nil {
-		return overlayItem{}, err
-	}
-	it, err := s.inv.donate(r.PathValue("agent_id"), body.Provider, body.Label, vaultCredential{APIKey: body.APIKey, OAuth: body.OAuth})
-	if err == nil {
-		s.maint.changed()
-	}
-	return it, err
-}
-
-// donated is the 201 answer to a donation.
-func donated(it overlayItem, err error) (any, error) {
-	return map[string]donatedSubscription{
-		"subscription": {ID: it.ID, Provider: it.Provider, AgentID: it.AgentID, Label: it.Label, Status: "active"},
-	}, err
-}
-
-// adminDonation serves POST /v1/admin/subscriptions/{agent_id}, for an
-// agent the vault knows; ?via=sign-in is journaled as a sign-in (SPEC §11.1).
-func (s *server) adminDonation(r *http.Request) (any, error) {
-	agent, signIn := r.PathValue("agent_id"), r.URL.Query().Get("via") == signInVia
+	agent, admin := r.PathValue("agent_id"), strings.HasPrefix(r.URL.Path, "/v1/admin/")
+	signIn := admin && r.URL.Query().Get("via") == signInVia
 	if signIn {
 		if err := s.journal.ready(); err != nil {
 			return nil, refuse("dependency_unavailable", "subscription not donated: the journal cannot record a sign-in: %v", err).because(err)
 		}
 	}
-	doc, err := s.vault.load()
-	if err != nil {
-		return nil, vaultRefusal(err)
-	}
-	if _, ok := doc.Agents[agent]; !ok {
-		return nil, refuse("not_found", "no agent %q in the vault (brama agents add %s)", agent, agent)
-	}
-	it, err := s.donate(r)
-	if err == nil && signIn {
-		by := infoFrom(r.Context()).client.ID
-		if jerr := s.journalSignIn(it, "signed_in", "new subscription donated by sign-in from client "+by); jerr != nil {
-			err = refuse("dependency_unavailable", "subscription %s was donated, but the journal refused the sign-in record: %v", it.ID, jerr).because(jerr)
+	if admin {
+		doc, err := s.vault.load()
+		if err != nil {
+			return nil, vaultRefusal(err)
+		}
+		if _, ok := doc.Agents[agent]; !ok {
+			return nil, refuse("not_found", "no agent %q in the vault (brama agents add %s)", agent, agent)
 		}
 	}
-	return donated(it, err)
+	var body donation
+	if err := decodeBody(r, &body, false); err != nil {
+		return nil, err
+	}
+	it, err := s.inv.donate(agent, body.Provider, body.Label, vaultCredential{APIKey: body.APIKey, OAuth: body.OAuth})
+	if err != nil {
+		return nil, err
+	}
+	s.maint.changed()
+	if signIn {
+		by := infoFrom(r.Context()).client.ID
+		if jerr := s.journalSignIn(it, "signed_in", "new subscription donated by sign-in from client "+by); jerr != nil {
+			return nil, refuse("dependency_unavailable", "subscription %s was donated, but the journal refused the sign-in record: %v", it.ID, jerr).because(jerr)
+		}
+	}
+	return map[string]donatedSubscription{
+		"subscription": {ID: it.ID, Provider: it.Provider, AgentID: it.AgentID, Label: it.Label, Status: "active"},
+	}, nil
 }
 
 // retireSubscription serves DELETE …/{subscription_id}[?reason=TEXT].
@@ -271,11 +262,6 @@ func (s *server) handleChat(dialect string) http.HandlerFunc {
 	}
 }
 
-// plan is the engine's plan for callers outside a chat request (onboarding).
-func (s *server) plan(ri *requestInfo, req *chatRequest) (call, error) {
-	return s.engine(ri).plan(ri.client, ri.agentID, req)
-}
-
 // handleEmbeddings serves POST /v1/embeddings: a direct or alias route to an
 // openai-chat provider, one call, the provider's JSON returned as is.
 func (s *server) handleEmbeddings(w http.ResponseWriter, r *http.Request) {
@@ -323,26 +309,6 @@ func (s *server) serveModel(w http.ResponseWriter, r *http.Request, req *chatReq
 	}
 }
 
-// answerCapture holds a buffered dispatch's response until it is kept.
-type answerCapture struct {
-	header http.Header
-	status int
-	body   bytes.Buffer
-}
-
-func (c *answerCapture) Header() http.Header { return c.header }
-
-func (c *answerCapture) WriteHeader(code int) {
-	if c.status == 0 {
-		c.status = code
-	}
-}
-
-func (c *answerCapture) Write(b []byte) (int, error) {
-	c.WriteHeader(http.StatusOK)
-	return c.body.Write(b)
-}
-
 // signedAnswer answers a chat request carrying an Idempotency-Key (SPEC
 // §12): reserving is the last step before dispatch runs the provider calls.
 func (s *server) signedAnswer(w http.ResponseWriter, r *http.Request, req chatRequest, key string, dispatch func(w http.ResponseWriter, r *http.Request)) {
@@ -367,7 +333,7 @@ func (s *server) signedAnswer(w http.ResponseWriter, r *http.Request, req chatRe
 		s.replayAnswer(w, r, kept)
 		return
 	}
-	c := &answerCapture{header: http.Header{}}
+	c := newCapture()
 	func() {
 		defer func() {
 			if p := recover(); p != nil {
@@ -378,32 +344,38 @@ func (s *server) signedAnswer(w http.ResponseWriter, r *http.Request, req chatRe
 		dispatch(c, r)
 	}()
 	c, sig := s.settleAnswer(r, t, c, false)
-	maps.Copy(w.Header(), c.header)
+	maps.Copy(w.Header(), c.HeaderMap)
 	if sig != "" {
 		w.Header().Set("Brama-Answer-Signature", sig)
 	}
-	w.WriteHeader(cmp.Or(c.status, http.StatusOK))
-	w.Write(c.body.Bytes())
+	w.WriteHeader(cmp.Or(c.Code, http.StatusOK))
+	w.Write(c.Body.Bytes())
+}
+
+// newCapture holds a buffered dispatch's response until it is kept; Code
+// stays 0 until something is written.
+func newCapture() *httptest.ResponseRecorder {
+	return &httptest.ResponseRecorder{HeaderMap: http.Header{}, Body: new(bytes.Buffer)}
 }
 
 // settleAnswer keeps or releases the reservation after dispatch (SPEC §12
 // item 3) and returns what the caller gets, signed when kept. After a
 // provider call started, a hang-up or panic is kept (499, 500) so the key
 // never spends twice; a retryable refusal is released.
-func (s *server) settleAnswer(r *http.Request, t *answerTicket, c *answerCapture, panicked bool) (*answerCapture, string) {
+func (s *server) settleAnswer(r *http.Request, t *answerTicket, c *httptest.ResponseRecorder, panicked bool) (*httptest.ResponseRecorder, string) {
 	ri := infoFrom(r.Context())
 	calls := 0
 	if ri.attempts != nil {
 		calls = *ri.attempts
 	}
 	attempts := ri.attempts
-	if n, err := strconv.Atoi(c.header.Get("Brama-Attempts")); err == nil {
+	if n, err := strconv.Atoi(c.HeaderMap.Get("Brama-Attempts")); err == nil {
 		attempts = &n
 	}
-	_, retryable := envelopeCode(c.body.Bytes())
+	_, retryable := envelopeCode(c.Body.Bytes())
 	var cut *apiError
 	switch {
-	case c.status >= 200 && c.status <= 299 && !panicked:
+	case c.Code >= 200 && c.Code <= 299 && !panicked:
 	case panicked && calls > 0:
 		cut = refuse("internal_error", "the answer failed inside Brama after a provider call started").withAttempts(calls)
 	case r.Context().Err() != nil && calls > 0:
@@ -411,19 +383,19 @@ func (s *server) settleAnswer(r *http.Request, t *answerTicket, c *answerCapture
 	case panicked, r.Context().Err() != nil, retryable,
 		// A refusal without an attempts count was made before any dispatch
 		// (SPEC §8.1): it belongs before the reservation and is never kept.
-		calls == 0 && c.header.Get("Brama-Attempts") == "":
+		calls == 0 && c.HeaderMap.Get("Brama-Attempts") == "":
 		if err := s.answers.release(t); err != nil {
 			s.answers.log.Error("answer_release_failed", "request_id", ri.id, "err", err)
 		}
 		return c, ""
 	}
 	if cut != nil {
-		c = &answerCapture{header: http.Header{}}
+		c = newCapture()
 		writeAPIError(c, r, cut)
 		attempts = &calls
 		ri.outcome, ri.retryable = cut.Code, false
 	}
-	rec, err := s.answers.complete(t, c.status, c.body.Bytes(), attempts, ri.route)
+	rec, err := s.answers.complete(t, c.Code, c.Body.Bytes(), attempts, ri.route)
 	if err != nil {
 		// The answer exists and was paid for: give it unsigned rather than
 		// lose it. The record stays in progress, so the key never spends
@@ -437,12 +409,7 @@ func (s *server) settleAnswer(r *http.Request, t *answerTicket, c *answerCapture
 // envelopeCode is the code and retryable flag of body when it is an error
 // envelope (SPEC §8.1); code is "" otherwise.
 func envelopeCode(body []byte) (code string, retryable bool) {
-	var env struct {
-		Error struct {
-			Code      string `json:"code"`
-			Retryable bool   `json:"retryable"`
-		} `json:"error"`
-	}
+	var env envelope
 	if json.Unmarshal(body, &env) != nil {
 		return "", false
 	}

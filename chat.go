@@ -4,7 +4,7 @@ import (
 	"cmp"
 	"encoding/json"
 	"errors"
-	"fmt"
+	"slices"
 	"time"
 )
 
@@ -98,52 +98,40 @@ const chatKnown = "model messages tools tool_choice parallel_tool_calls max_toke
 // parseChatCompletions parses an OpenAI Chat Completions request body.
 func parseChatCompletions(body []byte) (chatRequest, error) {
 	var b chatRequestBody
-	if err := decodeCallerJSON(body, &b, ""); err != nil {
-		return chatRequest{}, err
-	}
-	req, err := newCallerRequest(b.callerHead, "max_tokens", b.MaxTokens)
+	req, err := newCallerRequest(body, &b, &b.callerHead, chatKnown, "max_tokens", &b.MaxTokens)
 	if err != nil {
 		return chatRequest{}, err
 	}
-	dropUnknown(&req.Dropped, body, "", chatKnown)
 	req.Shared, req.ParallelToolCalls = b.openAIShared, b.ParallelToolCalls
 	if b.MaxCompletionTokens != nil { // the newer name wins when both are sent
 		if req.MaxTokens, err = checkCallerMaxTokens("max_completion_tokens", b.MaxCompletionTokens); err != nil {
 			return chatRequest{}, err
 		}
 	}
-	var raw struct{ Messages []json.RawMessage }
+	var raw struct{ Messages json.RawMessage }
 	json.Unmarshal(body, &raw)
-	for i, m := range b.Messages {
-		what := fmt.Sprintf("messages[%d]", i)
-		dropUnknown(&req.Dropped, raw.Messages[i], what, "role content tool_calls tool_call_id")
-		if err := req.addChatMessage(m, what); err != nil {
-			return chatRequest{}, err
-		}
+	if err := eachItem(b.Messages, raw.Messages, "messages", req.addChatMessage); err != nil {
+		return chatRequest{}, err
 	}
 	if len(req.Messages) == 0 {
 		return chatRequest{}, refuseInvalid("messages must hold at least one user, assistant or tool message")
 	}
-	for i, t := range b.Tools {
-		if err := req.addOpenAITool(chatToolDef(t), fmt.Sprintf("tools[%d]", i)); err != nil {
-			return chatRequest{}, err
-		}
-	}
-	if req.ToolChoice, err = parseOpenAIToolChoice(&req, b.ToolChoice, true); err != nil {
-		return chatRequest{}, err
-	}
 	if req.Effort = b.ReasoningEffort; req.Effort != "" {
 		req.EffortPath = "reasoning_effort"
 	}
-	if err = req.setChatStop(b.Stop); err != nil {
-		return chatRequest{}, err
-	}
+	var output *outputFormat
 	if f := b.ResponseFormat; f != nil {
-		o := valueOr(f.JSONSchema, outputFormat{})
-		o.Type = f.Type
-		if req.Output, err = checkOutput(&o, "response_format"); err != nil {
-			return chatRequest{}, err
-		}
+		output = ptrTo(valueOr(f.JSONSchema, outputFormat{}))
+		output.Type = f.Type
+	}
+	err = cmp.Or( // each step reads its own members; the first refusal wins
+		eachItem(b.Tools, nil, "tools", req.addChatTool),
+		req.setOpenAIToolChoice(b.ToolChoice, true),
+		req.setChatStop(b.Stop),
+		req.setOutput(output, "response_format"),
+	)
+	if err != nil {
+		return chatRequest{}, err
 	}
 	req.linkCalls()
 	return req, nil
@@ -151,13 +139,10 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 
 // setChatStop reads stop sequences: a string or an array of strings.
 func (req *chatRequest) setChatStop(raw json.RawMessage) (err error) {
-	switch rawShape(raw) {
-	case 0, 'n':
-		return nil
-	case '"':
-		req.Stop = []string{""}
-		err = decodeCallerJSON(raw, &req.Stop[0], "stop")
-	default:
+	if rawShape(raw) == '"' {
+		raw = slices.Concat([]byte("["), raw, []byte("]"))
+	}
+	if !rawIsNull(raw) {
 		err = decodeCallerJSON(raw, &req.Stop, "stop")
 	}
 	if len(req.Stop) > 0 {
@@ -166,8 +151,9 @@ func (req *chatRequest) setChatStop(raw json.RawMessage) (err error) {
 	return err
 }
 
-// addChatMessage adds one Chat Completions message to req.
-func (req *chatRequest) addChatMessage(m chatMessage, what string) error {
+// addChatMessage adds one Chat Completions message to req, naming raw's unknown members.
+func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what string) error {
+	dropUnknown(&req.Dropped, raw, what, "role content tool_calls tool_call_id")
 	switch m.Role {
 	case "system", "developer":
 		text, err := callerTextOf(m.Content, what+".content", "text", "\n\n")
@@ -227,7 +213,7 @@ func (req *chatRequest) addChatMessage(m chatMessage, what string) error {
 // chatParts reads content: a string or text, image_url and file parts;
 // others (audio, an earlier refusal) are dropped and named.
 func (req *chatRequest) chatParts(raw json.RawMessage, what string) ([]part, error) {
-	return openAIParts(req, raw, what, func(cp chatPart, pw string) (part, string, error) {
+	read := func(cp chatPart, _ json.RawMessage, pw string) (part, string, error) {
 		switch {
 		case cp.Type == "text" && cp.Text != nil:
 			return part{Type: partText, Text: *cp.Text}, "", nil
@@ -242,28 +228,29 @@ func (req *chatRequest) chatParts(raw json.RawMessage, what string) ([]part, err
 			return part{Type: partDocument, FileURL: f.FileData, Filename: f.Filename}, pw + ".file.file_data", nil
 		}
 		return part{}, "", nil
-	})
+	}
+	return callerParts(req, raw, what, "content parts", read)
 }
 
-// chatToolDef is a chat tool in the flat shape Responses declares it.
-func chatToolDef(t chatTool) openAITool {
+// addChatTool adds a chat tool, read in the flat shape Responses declares it.
+func (req *chatRequest) addChatTool(t chatTool, _ json.RawMessage, what string) error {
+	flat := openAITool{Type: "hosted"}
 	switch {
 	case t.Type == "function" && t.Function != nil:
-		return openAITool{Type: t.Type, Name: t.Function.Name, Description: t.Function.Description, Parameters: t.Function.Parameters}
+		flat = openAITool{Type: t.Type, Name: t.Function.Name, Description: t.Function.Description, Parameters: t.Function.Parameters}
 	case t.Type == "custom" && t.Custom != nil:
-		return openAITool{Type: t.Type, Name: t.Custom.Name, Description: t.Custom.Description, Format: t.Custom.Format}
+		flat = openAITool{Type: t.Type, Name: t.Custom.Name, Description: t.Custom.Description, Format: t.Custom.Format}
 	case t.Type == "function" || t.Type == "custom":
-		return openAITool{Type: t.Type}
+		flat = openAITool{Type: t.Type}
 	}
-	return openAITool{Type: "hosted"}
+	return req.addOpenAITool(flat, nil, what)
 }
 
 // encodeChat builds a Chat Completions body; tool results become role "tool"
 // messages placed first, right after the assistant turn that called them.
 func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
-	out := chatRequestBody{callerHead: req.head(model, o),
-		ParallelToolCalls: req.ParallelToolCalls, ReasoningEffort: req.Effort, Messages: []chatMessage{}}
-	out.openAIShared = req.Shared
+	out := chatRequestBody{callerHead: req.head(model, o), ParallelToolCalls: req.ParallelToolCalls,
+		ReasoningEffort: req.Effort, Messages: []chatMessage{}, openAIShared: req.Shared}
 	if req.MaxTokens > 0 {
 		out.MaxTokens = &req.MaxTokens
 	}

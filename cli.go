@@ -69,11 +69,7 @@ func (e cliEnv) printAliases(d deps, asJSON bool) error {
 	return nil
 }
 
-func (e cliEnv) routesSet(args []string) error {
-	pos, err := parseFlags(e.newFlags("routes set"), args, 2, "routes set ALIAS DESTINATION")
-	if err != nil {
-		return err
-	}
+func (e cliEnv) routesSet(pos []string) error {
 	d := e.deps()
 	if _, err := d.reg.set(pos[0], pos[1], "cli"); err != nil {
 		return err
@@ -82,11 +78,7 @@ func (e cliEnv) routesSet(args []string) error {
 	return e.printAliases(d, false)
 }
 
-func (e cliEnv) routesRm(args []string) error {
-	pos, err := parseFlags(e.newFlags("routes rm"), args, 1, "routes rm ALIAS")
-	if err != nil {
-		return err
-	}
+func (e cliEnv) routesRm(pos []string) error {
 	d := e.deps()
 	if _, err := d.reg.remove(pos[0], "cli"); err != nil {
 		return err
@@ -170,11 +162,7 @@ func (e cliEnv) clientsAdd(args []string) error {
 	return nil
 }
 
-func (e cliEnv) clientsRm(args []string) error {
-	pos, err := parseFlags(e.newFlags("clients rm"), args, 1, "clients rm ID")
-	if err != nil {
-		return err
-	}
+func (e cliEnv) clientsRm(pos []string) error {
 	path, err := resolveState(e.getenv).fileOrState(e.getenv, "BRAMA_CLIENTS_FILE", "clients file", "clients.json")
 	if err != nil {
 		return err
@@ -190,18 +178,14 @@ func (e cliEnv) clientsRm(args []string) error {
 	return e.said(err, "removed client %s\n", pos[0])
 }
 
-func (e cliEnv) agentsAdd(args []string) error {
-	pos, err := parseFlags(e.newFlags("agents add"), args, 1, "agents add ID")
-	if err != nil {
-		return err
-	}
+func (e cliEnv) agentsAdd(pos []string) error {
 	if !idPattern.MatchString(pos[0]) {
 		return fmt.Errorf("agent id %q must match [a-z0-9-]{1,64}", pos[0])
 	}
 	b := make([]byte, 32)
 	rand.Read(b)
 	secret := hex.EncodeToString(b)
-	err = e.deps().vault.update(func(d *vaultDoc) error {
+	err := e.deps().vault.update(func(d *vaultDoc) error {
 		if _, ok := d.Agents[pos[0]]; ok {
 			return fmt.Errorf("agent %q already exists; rm it first", pos[0])
 		}
@@ -211,12 +195,8 @@ func (e cliEnv) agentsAdd(args []string) error {
 	return e.said(err, "created agent %s; its signing secret (shown once) is the next line\n%s\n", pos[0], secret)
 }
 
-func (e cliEnv) agentsRm(args []string) error {
-	pos, err := parseFlags(e.newFlags("agents rm"), args, 1, "agents rm ID")
-	if err != nil {
-		return err
-	}
-	err = e.deps().vault.update(func(d *vaultDoc) error {
+func (e cliEnv) agentsRm(pos []string) error {
+	err := e.deps().vault.update(func(d *vaultDoc) error {
 		if _, ok := d.Agents[pos[0]]; !ok {
 			return fmt.Errorf("no agent %q", pos[0])
 		}
@@ -240,11 +220,7 @@ func (e cliEnv) onboardCmd(args []string) error {
 
 // credentialsSet stores a direct API key read from stdin's first line; it
 // never takes the key as a flag (flags show up in ps).
-func (e cliEnv) credentialsSet(args []string) error {
-	pos, err := parseFlags(e.newFlags("credentials set"), args, 1, "credentials set PROVIDER  (the API key on stdin)")
-	if err != nil {
-		return err
-	}
+func (e cliEnv) credentialsSet(pos []string) error {
 	p, ok := lookupProvider(pos[0])
 	if !ok || p.cred != credDirect {
 		return fmt.Errorf("%q is not a provider that takes a direct API key", pos[0])
@@ -261,10 +237,7 @@ func (e cliEnv) credentialsSet(args []string) error {
 	return e.said(err, "stored the direct credential for %s in the vault\n", p.id)
 }
 
-func (e cliEnv) journalCheck(args []string) error {
-	if _, err := parseFlags(e.newFlags("journal check"), args, 0, "journal check"); err != nil {
-		return err
-	}
+func (e cliEnv) journalCheck([]string) error {
 	j := newJournal(resolveState(e.getenv), e.sys())
 	ok, err := checkJournal(j, e.stdout)
 	if err == nil && !ok {

@@ -20,26 +20,26 @@ import (
 	"time"
 )
 
-// The CLI commands that call the daemon (SPEC §2.3, §16.1): `brama
-// subscription …` (the serving process is the only writer of the overlay
-// and the vault's subscriptions) and `brama maintain`. Each takes -gateway
-// URL and the bearer from BRAMA_TOKEN, else stdin's first line.
+// The CLI commands that call the daemon, the only writer of the overlay and
+// the vault's subscriptions (SPEC §2.3, §16.1): subscription … and maintain.
 
 // subGateway is one command's connection to the daemon's admin API.
 type subGateway struct {
 	ctx   context.Context // the CLI's: ends on SIGINT/SIGTERM
 	base  string          // e.g. http://127.0.0.1:8080, no trailing slash
 	token string
+	in    *bufio.Reader // stdin, at the line after the bearer when it came from there
 	hc    *http.Client
 }
 
-// gatewayFlags declares -gateway on fs, parses args and refuses a line
-// that left a required flag empty, naming every one.
-func gatewayFlags(fs *flag.FlagSet, args []string, positionals int, usage string, required ...string) ([]string, string, error) {
-	gw := fs.String("gateway", "http://127.0.0.1:8080", "the brama serve `URL` to call")
+// gateway declares -gateway on fs and parses args; it refuses a line that
+// left a required flag empty (naming every one) or that check (nil: none)
+// refuses, then takes the bearer from BRAMA_TOKEN, else stdin's first line.
+func (e cliEnv) gateway(fs *flag.FlagSet, args []string, positionals int, usage string, check func() error, required ...string) ([]string, *subGateway, error) {
+	raw := fs.String("gateway", "http://127.0.0.1:8080", "the brama serve `URL` to call")
 	pos, err := parseFlags(fs, args, positionals, usage)
 	if err != nil {
-		return nil, "", err
+		return nil, nil, err
 	}
 	var errs []error
 	for _, name := range required {
@@ -48,29 +48,29 @@ func gatewayFlags(fs *flag.FlagSet, args []string, positionals int, usage string
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		return nil, "", &usageError{err.Error()}
+		return nil, nil, &usageError{err.Error()}
 	}
-	return pos, *gw, nil
-}
-
-// subscriptionGateway checks the gateway URL and takes the bearer from
-// BRAMA_TOKEN, else the first line of in; in is left at the next line.
-func (e cliEnv) subscriptionGateway(raw string, in *bufio.Reader) (*subGateway, error) {
-	u, err := url.Parse(strings.TrimSpace(raw))
+	if check != nil {
+		if err := check(); err != nil {
+			return nil, nil, err
+		}
+	}
+	u, err := url.Parse(strings.TrimSpace(*raw))
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" {
-		return nil, &usageError{fmt.Sprintf("-gateway %q is not an http:// or https:// URL", raw)}
+		return nil, nil, &usageError{fmt.Sprintf("-gateway %q is not an http:// or https:// URL", *raw)}
 	}
+	in := bufio.NewReader(e.stdin)
 	tok := strings.TrimSpace(e.getenv("BRAMA_TOKEN"))
 	if tok == "" {
 		line, _ := in.ReadString('\n')
 		tok = strings.TrimSpace(line)
 	}
 	if tok == "" {
-		return nil, errors.New("no bearer token: set BRAMA_TOKEN or give the token as stdin's first line")
+		return nil, nil, errors.New("no bearer token: set BRAMA_TOKEN or give the token as stdin's first line")
 	}
 	// No time limit of Brama's own (a maintenance pass may wait on token
 	// endpoints); SIGINT or SIGTERM cancels the call through e.ctx.
-	return &subGateway{ctx: e.ctx, base: strings.TrimRight(u.String(), "/"), token: tok, hc: &http.Client{}}, nil
+	return pos, &subGateway{ctx: e.ctx, base: strings.TrimRight(u.String(), "/"), token: tok, in: in, hc: &http.Client{}}, nil
 }
 
 // call sends one admin request with body (nil for none) and returns the raw
@@ -127,12 +127,7 @@ func (e cliEnv) subscriptionAdd(args []string) error {
 	agent := fs.String("agent", "", "the `agent` that receives it")
 	label := fs.String("label", "", "an optional `label` (printable, at most 128 bytes)")
 	oauthFile := fs.String("oauth-file", "", "read an OAuth grant {\"access_token\",\"refresh_token\",\"expires_at_ms\",…} from `file` instead of an API key on stdin")
-	_, gw, err := gatewayFlags(fs, args, 0, usage, "provider", "agent")
-	if err != nil {
-		return err
-	}
-	in := bufio.NewReader(e.stdin)
-	g, err := e.subscriptionGateway(gw, in)
+	_, g, err := e.gateway(fs, args, 0, usage, nil, "provider", "agent")
 	if err != nil {
 		return err
 	}
@@ -147,7 +142,7 @@ func (e cliEnv) subscriptionAdd(args []string) error {
 			return err
 		}
 	} else {
-		line, _ := in.ReadString('\n')
+		line, _ := g.in.ReadString('\n')
 		if body.APIKey = strings.TrimSpace(line); body.APIKey == "" {
 			return errors.New("no API key on stdin (the line after the bearer token, or the first line when BRAMA_TOKEN is set); use -oauth-file for a grant")
 		}
@@ -184,11 +179,7 @@ func (e cliEnv) subscriptionList(args []string) error {
 	fs := e.newFlags("subscription list")
 	agent := fs.String("agent", "", "the `agent` whose subscriptions to list")
 	asJSON := fs.Bool("json", false, "print the body of GET /v1/subscriptions/{agent_id}")
-	_, gw, err := gatewayFlags(fs, args, 0, usage, "agent")
-	if err != nil {
-		return err
-	}
-	g, err := e.subscriptionGateway(gw, bufio.NewReader(e.stdin))
+	_, g, err := e.gateway(fs, args, 0, usage, nil, "agent")
 	if err != nil {
 		return err
 	}
@@ -258,11 +249,7 @@ func (e cliEnv) subscriptionStatus(kind string, args []string) error {
 	fs := e.newFlags("subscription " + kind)
 	agent := fs.String("agent", "", "the `agent` that owns the subscription")
 	reason := fs.String("reason", "", why)
-	pos, gw, err := gatewayFlags(fs, args, 1, usage, required...)
-	if err != nil {
-		return err
-	}
-	g, err := e.subscriptionGateway(gw, bufio.NewReader(e.stdin))
+	pos, g, err := e.gateway(fs, args, 1, usage, nil, required...)
 	if err != nil {
 		return err
 	}
@@ -292,23 +279,20 @@ func (e cliEnv) subscriptionImport(args []string) error {
 	from := fs.String("from", "", "the tool's credential `file` (~/.claude/.credentials.json, ~/.codex/auth.json)")
 	agent := fs.String("agent", "", "the `agent` that receives the grant")
 	label := fs.String("label", "", "an optional `label`")
-	_, gw, err := gatewayFlags(fs, args, 0, usage, "provider", "from", "agent")
-	if err != nil {
+	var tool string
+	var grant oauthGrant
+	_, g, err := e.gateway(fs, args, 0, usage, func() error {
+		if tool = importTool[*provider]; tool == "" {
+			return &usageError{fmt.Sprintf("-provider %q: import reads claude-code or codex credential files", *provider)}
+		}
+		b, err := os.ReadFile(*from)
+		if err == nil {
+			if grant, err = parseImportFile(*provider, b); err != nil {
+				err = fmt.Errorf("%s: %w", *from, err)
+			}
+		}
 		return err
-	}
-	tool, ok := importTool[*provider]
-	if !ok {
-		return &usageError{fmt.Sprintf("-provider %q: import reads claude-code or codex credential files", *provider)}
-	}
-	b, err := os.ReadFile(*from)
-	if err != nil {
-		return err
-	}
-	grant, err := parseImportFile(*provider, b)
-	if err != nil {
-		return fmt.Errorf("%s: %w", *from, err)
-	}
-	g, err := e.subscriptionGateway(gw, bufio.NewReader(e.stdin))
+	}, "provider", "from", "agent")
 	if err != nil {
 		return err
 	}
@@ -391,11 +375,7 @@ func (e cliEnv) maintainCmd(args []string) error {
 	const usage = "maintain [-gateway URL] [-json]  (bearer from BRAMA_TOKEN, else stdin's first line)"
 	fs := e.newFlags("maintain")
 	asJSON := fs.Bool("json", false, "print the body of POST /v1/admin/maintain")
-	_, gw, err := gatewayFlags(fs, args, 0, usage)
-	if err != nil {
-		return err
-	}
-	g, err := e.subscriptionGateway(gw, bufio.NewReader(e.stdin))
+	_, g, err := e.gateway(fs, args, 0, usage, nil)
 	if err != nil {
 		return err
 	}
@@ -449,18 +429,15 @@ func (e cliEnv) subscriptionSignIn(args []string) error {
 	agent := fs.String("agent", "", "the `agent` that owns (or receives) the subscription")
 	id := fs.String("id", "", "replace the credential of this subscription `id` instead of donating a new one")
 	label := fs.String("label", "", "a `label` for a new subscription")
-	_, gw, err := gatewayFlags(fs, args, 0, usage, "provider", "agent")
-	if err != nil {
-		return err
-	}
-	if *id != "" && *label != "" {
-		return &usageError{"-label names a new subscription; with -id the subscription keeps its label; usage: brama " + usage}
-	}
-	if _, err := signInProvider(*provider); err != nil {
-		return &usageError{fmt.Sprintf("-provider %q has no sign-in (claude-code or codex); donate its grant or replace it with PUT …/credential", *provider)}
-	}
-	in := bufio.NewReader(e.stdin)
-	g, err := e.subscriptionGateway(gw, in)
+	_, g, err := e.gateway(fs, args, 0, usage, func() error {
+		if *id != "" && *label != "" {
+			return &usageError{"-label names a new subscription; with -id the subscription keeps its label; usage: brama " + usage}
+		}
+		if _, err := signInProvider(*provider); err != nil {
+			return &usageError{fmt.Sprintf("-provider %q has no sign-in (claude-code or codex); donate its grant or replace it with PUT …/credential", *provider)}
+		}
+		return nil
+	}, "provider", "agent")
 	if err != nil {
 		return err
 	}
@@ -476,7 +453,7 @@ func (e cliEnv) subscriptionSignIn(args []string) error {
 		return err
 	}
 	fmt.Fprintf(e.stderr, "brama: open this URL, sign in, then paste the code (or the whole redirect URL) as the next line:\n%s\n", authURL)
-	line, _ := in.ReadString('\n')
+	line, _ := g.in.ReadString('\n')
 	code := strings.TrimSpace(line)
 	if code == "" {
 		return errors.New("sign-in stopped: no authorization code on stdin")

@@ -12,17 +12,13 @@ import (
 	"unicode/utf8"
 )
 
-// codeInfo is what a stable error code fixes: the HTTP status, the type and
-// whether a caller may retry (SPEC §8.2). Nothing else chooses these.
-type codeInfo struct {
+// codes is the one table of SPEC §8.2: a code fixes the HTTP status, the
+// type and whether a caller may retry; nothing else chooses these.
+var codes = map[string]struct {
 	status    int
 	typ       string
 	retryable bool
-}
-
-// codes is the one table of SPEC §8.2. An apiError's status, type and
-// retryable all follow from its code.
-var codes = map[string]codeInfo{
+}{
 	"invalid_request":                       {400, "request_error", false},
 	"unauthenticated":                       {401, "authentication_error", false},
 	"forbidden":                             {403, "authorization_error", false},
@@ -53,15 +49,14 @@ const maxMessageBytes = 2048
 // retryable follow from Code; Attempts is set exactly when the request
 // reached dispatch; Details only on alias refusals.
 type apiError struct {
-	Code           string
-	Message        string // client-safe: no secrets, no prompts, no raw provider bodies
-	Attempts       *int   // nil: refused before dispatch, so no "attempts" key
-	Details        *aliasDetails
-	Retryable      *bool         // nil: from the code table; set only for SPEC §12's in-progress 409
-	ProviderStatus int           // provider_rejected's: the provider's own 4xx (SPEC §8.2); else 0
-	RetryAfter     time.Duration // a retryable refusal's known wait, sent as Retry-After (SPEC §8.1)
-	Err            error         // cause: logged, never sent
-	status         int           // 0: from the code table; set only by withStatus
+	Code       string
+	Message    string // client-safe: no secrets, no prompts, no raw provider bodies
+	Attempts   *int   // nil: refused before dispatch, so no "attempts" key
+	Details    *aliasDetails
+	Retryable  *bool         // nil: from the code table; set only for SPEC §12's in-progress 409
+	RetryAfter time.Duration // a retryable refusal's known wait, sent as Retry-After (SPEC §8.1)
+	Err        error         // cause: logged, never sent
+	status     int           // 0: from the code table; set only by withStatus
 }
 
 // aliasDetails is the "details" member of alias refusals (SPEC §5.2).
@@ -82,20 +77,17 @@ func refuse(code, format string, args ...any) *apiError {
 func (e *apiError) Error() string { return e.Code + ": " + e.Message }
 func (e *apiError) Unwrap() error { return e.Err }
 
-// Status is the HTTP status the code fixes; provider_rejected keeps the
-// provider's own 4xx, and withStatus may choose another of the code's.
+// Status is the HTTP status the code fixes, unless withStatus chose
+// another of the code's.
 func (e *apiError) Status() int {
-	if e.Code == "provider_rejected" && e.ProviderStatus != 0 {
-		return e.ProviderStatus
-	}
 	if e.status != 0 {
 		return e.status
 	}
 	return codes[e.Code].status
 }
 
-// withStatus answers e with status, for a code SPEC §8.2 lists under more
-// than one (invalid_request: 413 for a body over BRAMA_MAX_REQUEST_BYTES).
+// withStatus answers e with status (0: the table's), for a code SPEC §8.2
+// lists under more than one: invalid_request's 413, provider_rejected's 4xx.
 func (e *apiError) withStatus(status int) *apiError {
 	e.status = status
 	return e

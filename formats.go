@@ -10,10 +10,8 @@ import (
 	"strings"
 )
 
-// Translation across wire formats (SPEC §7.5, §7.6). chat.go, messages.go and
-// responses.go each hold one format, both directions, buffered and streamed;
-// this file the neutral request and answer and the table of the formats,
-// parse.go the rules for reading a caller's body, sse.go the streams.
+// Translation across wire formats (SPEC §7.5, §7.6): the neutral request and
+// answer and the table of the formats, each in its own file (chat.go, …).
 
 // chatRequest is one chat request in no particular format.
 type chatRequest struct {
@@ -61,8 +59,7 @@ func (o openAIShared) names() []string {
 }
 
 // message is one turn: "user", "assistant", or "system" for an instruction
-// later in the conversation than the leading System text. Tool results
-// travel as tool_result parts of a user message.
+// after the leading System text; tool results are parts of a user message.
 type message struct {
 	Role  string
 	Parts []part
@@ -259,31 +256,28 @@ func errUnknownFormat(name string) *apiError {
 // parseRequest parses body as the given dialect into the neutral request.
 // Every error is an *apiError with code invalid_request.
 func parseRequest(dialect string, body []byte) (chatRequest, error) {
-	f := formatOf(dialect)
-	if f == nil {
-		return chatRequest{}, errUnknownFormat(dialect)
+	if f := formatOf(dialect); f != nil {
+		return f.parse(body)
 	}
-	return f.parse(body)
+	return chatRequest{}, errUnknownFormat(dialect)
 }
 
 // renderAnswer encodes a buffered answer as the caller's dialect's success
 // body; req is the caller's request, whose tools name the calls.
 func renderAnswer(dialect string, req chatRequest, a chatAnswer) ([]byte, error) {
-	f := formatOf(dialect)
-	if f == nil {
-		return nil, errUnknownFormat(dialect)
+	if f := formatOf(dialect); f != nil {
+		return json.Marshal(f.render(req, a))
 	}
-	return json.Marshal(f.render(req, a))
+	return nil, errUnknownFormat(dialect)
 }
 
 // decodeUpstreamAnswer decodes a complete 2xx non-stream body. Model is
 // left for the dispatcher, which reports what SPEC §7.6 says.
 func decodeUpstreamAnswer(protocol string, body []byte) (chatAnswer, error) {
-	f := formatOf(protocol)
-	if f == nil {
-		return chatAnswer{}, refuse("provider_failure", "unknown provider protocol %q", protocol)
+	if f := formatOf(protocol); f != nil {
+		return f.decode(body)
 	}
-	return f.decode(body)
+	return chatAnswer{}, refuse("provider_failure", "unknown provider protocol %q", protocol)
 }
 
 // droppedFor is every caller member the request to p loses: those with no
@@ -336,17 +330,6 @@ func textOf(ps []part) string {
 	return b.String()
 }
 
-// dataURL splits a base64 data URL into media type and data.
-func dataURL(u string) (media, data string, ok bool) {
-	rest, ok := strings.CutPrefix(u, "data:")
-	if !ok {
-		return "", "", false
-	}
-	meta, data, ok := strings.Cut(rest, ",")
-	media, isBase64 := strings.CutSuffix(meta, ";base64")
-	return media, data, ok && isBase64 && media != "" && data != ""
-}
-
 // emptySchema stands in for a tool without parameters where the protocol
 // requires a schema.
 var emptySchema = json.RawMessage(`{"type":"object","properties":{}}`)
@@ -355,9 +338,8 @@ var emptySchema = json.RawMessage(`{"type":"object","properties":{}}`)
 // toward messages (SPEC §7.6).
 var customInputSchema = json.RawMessage(`{"type":"object","properties":{"input":{"type":"string"}},"required":["input"]}`)
 
-// toolArguments is a tool call's arguments as a JSON object, for protocols
-// that embed them (anthropic tool_use input). Empty means no arguments;
-// anything that is not a JSON object is refused, never approximated.
+// toolArguments is a call's arguments as the JSON object anthropic embeds:
+// empty is {}, anything but an object is refused, never approximated.
 func toolArguments(args string) (json.RawMessage, error) {
 	if strings.TrimSpace(args) == "" {
 		return json.RawMessage(`{}`), nil
@@ -379,10 +361,14 @@ func argumentsText(args string) string {
 
 // effortBudgets maps reasoning effort names to a thinking budget toward
 // messages; a budget maps back to the nearest effort at or above it (SPEC §7.6).
-var effortBudgets = []struct {
+var effortBudgets = []effortBudget{{"minimal", 1024}, {"low", 2048}, {"medium", 8192},
+	{"high", 24576}, {"xhigh", 32768}}
+
+// effortBudget is one reasoning effort and its thinking budget.
+type effortBudget struct {
 	effort string
 	budget int
-}{{"minimal", 1024}, {"low", 2048}, {"medium", 8192}, {"high", 24576}, {"xhigh", 32768}}
+}
 
 func effortOfBudget(b int) string {
 	for _, e := range effortBudgets {
@@ -393,20 +379,13 @@ func effortOfBudget(b int) string {
 	return "xhigh"
 }
 
-func budgetOfEffort(effort string) int {
-	for _, e := range effortBudgets {
-		if e.effort == effort {
-			return e.budget
-		}
-	}
-	return 0 // "none" and unknown names: no thinking
-}
-
-// thinkingBudget is the budget a request to messages asks for: below
-// max_tokens, at least 1024, and 0 (none) on a turn continuing a tool loop,
-// where Anthropic wants earlier thinking blocks back, which no format carries.
+// thinkingBudget is the budget toward messages: below max_tokens, at least 1024, and
+// 0 in a tool loop, where Anthropic wants back thinking blocks no format carries.
 func (req chatRequest) thinkingBudget() int {
-	budget := budgetOfEffort(req.Effort)
+	budget := 0 // "none" and unknown names: no thinking
+	if i := slices.IndexFunc(effortBudgets, func(e effortBudget) bool { return e.effort == req.Effort }); i >= 0 {
+		budget = effortBudgets[i].budget
+	}
 	if req.MaxTokens > 0 && budget >= req.MaxTokens {
 		budget = req.MaxTokens - 1
 	}
@@ -424,9 +403,8 @@ func (req chatRequest) thinkingBudget() int {
 	return budget
 }
 
-// callerTool is how a caller format names a provider's tool call: its name
-// inside its group, and whether it is custom. A custom
-// call made as a function (toward messages) gets its string input back.
+// callerTool is a provider's call as the caller declared it: its name in its
+// group, whether custom; a custom call made as a function gets its input back.
 func (req chatRequest) callerTool(tc toolCall) (name, args string, custom bool) {
 	t := req.findTool(tc.Name)
 	if t == nil {
@@ -441,9 +419,7 @@ func (req chatRequest) callerTool(tc toolCall) (name, args string, custom bool) 
 // customInput is the string input of a custom call made as a function
 // (toward messages): the arguments' "input" member.
 func customInput(args string) string {
-	var in struct {
-		Input string `json:"input"`
-	}
+	var in struct{ Input string }
 	json.Unmarshal([]byte(args), &in)
 	return in.Input
 }

@@ -43,8 +43,12 @@ type clientsDoc struct {
 // idPattern is the rule for client and agent ids.
 var idPattern = regexp.MustCompile(`^[a-z0-9-]{1,64}$`)
 
-// parseClients strictly parses clients.json (decodeStrict, then validate).
+// parseClients strictly parses clients.json (decodeStrict, then validate);
+// nil, no file, is no clients.
 func parseClients(b []byte) (*clientsDoc, error) {
+	if b == nil {
+		return &clientsDoc{Clients: []client{}}, nil
+	}
 	doc := &clientsDoc{}
 	if err := decodeStrict("clients file", b, doc); err != nil {
 		return nil, err
@@ -140,32 +144,19 @@ func (c *clientStore) authenticate(token string) (client, bool) {
 
 // updateClients changes the clients file under its lock (SPEC §2.3).
 func updateClients(path string, fn func(d *clientsDoc) error) error {
-	read := func() (*clientsDoc, error) {
-		doc, err := newClientStore(path, nil).fresh()
-		if errors.Is(err, errFileAbsent) {
-			return &clientsDoc{Clients: []client{}}, nil
-		}
-		return doc, err
-	}
-	return editLocked(path, read, func(d *clientsDoc) error {
-		if err := fn(d); err != nil {
-			return err
-		}
-		return d.validate() // the result must still be a valid clients file
-	})
+	f := stateFile[*clientsDoc]{role: "clients file", path: path, parse: parseClients}
+	return f.update(fn)
 }
 
 // presentedToken is the one `Authorization: Bearer` or `x-api-key` token
 // (SPEC §3.1); anything else is "", which no client matches.
 func presentedToken(h http.Header) string {
 	auth, key := h.Values("Authorization"), h.Values("X-Api-Key")
-	var tok string
-	switch {
-	case len(auth)+len(key) != 1:
+	if len(auth)+len(key) != 1 {
 		return ""
-	case len(key) == 1:
-		tok = key[0]
-	default:
+	}
+	tok := strings.Join(key, "") // the one x-api-key, or ""
+	if len(auth) == 1 {
 		scheme, rest, ok := strings.Cut(auth[0], " ")
 		if !ok || !strings.EqualFold(scheme, "Bearer") {
 			return ""

@@ -43,22 +43,20 @@ type journalRecord struct {
 	By             string   `json:"by,omitempty"`
 }
 
-// journalRecordJSON is journalRecord without its MarshalJSON.
-type journalRecordJSON journalRecord
-
 // MarshalJSON writes from and to (null when nil) on route_change only, where
 // their presence says "created" or "deleted" (SPEC §9).
 func (r journalRecord) MarshalJSON() ([]byte, error) {
+	type plain journalRecord // without this method
 	if r.Kind == "route_change" {
-		return json.Marshal(journalRecordJSON(r))
+		return json.Marshal(plain(r))
 	}
 	// The outer from/to are shallower than the embedded ones, so they win
 	// (encoding/json's dominant-field rule) and omitempty drops them.
 	return json.Marshal(struct {
-		journalRecordJSON
+		plain
 		From *string `json:"from,omitempty"`
 		To   *string `json:"to,omitempty"`
-	}{journalRecordJSON: journalRecordJSON(r)})
+	}{plain: plain(r)})
 }
 
 // journal is SPEC §9's append-only $STATE/journal.jsonl. Any process may
@@ -68,15 +66,13 @@ type journal struct {
 	name    string        // the journal file; "" when there is no state directory
 	noState *noStateError // why name is "", else nil
 
-	testingOnlySync func(f *os.File) error // replaces f.Sync in append (nil in production)
+	testingOnlySync func(f *os.File) error // replaces f.Sync's result in append (nil in production)
 
 	mu     sync.Mutex // guards broken; held across one append so this process's appends queue
 	broken error      // the fsync failure that made the journal unusable; never cleared
 
-	readMu     sync.Mutex   // guards fold, logged*
-	fold       journalFold  // what the journal's complete lines say so far
-	loggedFile fileIdentity // dev and ino of the file whose bad lines were logged
-	loggedLine int          // highest bad line of loggedFile logged so far: lines are only appended
+	readMu sync.Mutex  // guards fold
+	fold   journalFold // what the journal's complete lines say so far
 }
 
 // journalFold is the journal read up to a line end: retirement and bad lines.
@@ -114,8 +110,7 @@ func (j *journal) unusable() error {
 	return nil
 }
 
-// ready reports, changing nothing, whether an append could be made now
-// (SPEC §2.1, §4.4).
+// ready reports, changing nothing, whether an append could be made now (SPEC §2.1, §4.4).
 func (j *journal) ready() error {
 	j.mu.Lock()
 	err := j.unusable()
@@ -123,7 +118,7 @@ func (j *journal) ready() error {
 	if err != nil {
 		return err
 	}
-	f, _, err := j.open(false)
+	f, _, err := j.open(0)
 	if errors.Is(err, errFileAbsent) {
 		return journalDirWritable(filepath.Dir(j.name))
 	}
@@ -133,21 +128,18 @@ func (j *journal) ready() error {
 	return err
 }
 
-// open opens the guarded journal O_APPEND, creating it 0600 only when create.
-func (j *journal) open(create bool) (f *os.File, created bool, err error) {
-	_, err = guardFile("journal", j.name)
-	created = errors.Is(err, errFileAbsent)
-	if err != nil && !(create && created) {
-		return nil, false, err
+// open opens the guarded journal O_APPEND; create (0 or os.O_CREATE) makes
+// a missing one 0600, and then id is zero.
+func (j *journal) open(create int) (f *os.File, id fileIdentity, err error) {
+	id, err = guardFile("journal", j.name)
+	if err != nil && !(create != 0 && errors.Is(err, errFileAbsent)) {
+		return nil, id, err
 	}
-	flag := os.O_RDWR | os.O_APPEND | syscall.O_NOFOLLOW // O_NOFOLLOW: no symlink since the Lstat
-	if create {
-		flag |= os.O_CREATE
+	f, err = os.OpenFile(j.name, os.O_RDWR|os.O_APPEND|syscall.O_NOFOLLOW|create, 0o600) // O_NOFOLLOW: no symlink since the Lstat
+	if err != nil {
+		return nil, id, fmt.Errorf("journal: %w", err)
 	}
-	if f, err = os.OpenFile(j.name, flag, 0o600); err != nil {
-		return nil, false, fmt.Errorf("journal: %w", err)
-	}
-	return f, created, nil
+	return f, id, nil
 }
 
 // journalDirWritable says whether a file could be created in dir: its nearest
@@ -194,7 +186,7 @@ func (j *journal) append(rec journalRecord) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("journal: %w", err)
 	}
-	f, created, err := j.open(true)
+	f, id, err := j.open(os.O_CREATE)
 	if err != nil {
 		return err
 	}
@@ -202,15 +194,15 @@ func (j *journal) append(rec journalRecord) error {
 	if err := writeJournalLine(f, line); err != nil {
 		return err
 	}
-	sync := f.Sync
+	err = f.Sync()
 	if j.testingOnlySync != nil {
-		sync = func() error { return j.testingOnlySync(f) }
+		err = j.testingOnlySync(f)
 	}
-	if err := sync(); err != nil {
+	if err != nil {
 		j.broken = err // never retry fsync; the page cache may be lying
 		return j.unusable()
 	}
-	if created {
+	if id == (fileIdentity{}) { // this append created the file
 		if err := syncDir(dir); err != nil {
 			return fmt.Errorf("journal: make the new file durable: %w", err)
 		}
@@ -256,16 +248,16 @@ func (j *journal) size() (int64, error) {
 	return id.size, err
 }
 
-// readAll returns the journal's bytes and identity; absent is empty.
-func (j *journal) readAll() ([]byte, fileIdentity, error) {
+// readAll returns the journal's bytes; absent is empty.
+func (j *journal) readAll() ([]byte, error) {
 	if j.noState != nil {
-		return nil, fileIdentity{}, j.noState
+		return nil, j.noState
 	}
-	data, id, err := readGuarded("journal", j.name)
+	data, _, err := readGuarded("journal", j.name)
 	if errors.Is(err, errFileAbsent) {
-		return nil, fileIdentity{}, nil
+		return nil, nil
 	}
-	return data, id, err
+	return data, err
 }
 
 // retired is the set of retired subscription ids: per subscription, the
@@ -284,39 +276,29 @@ func (j *journal) badLines() (bad []journalBadLine, n int, err error) {
 	return bad, n, err
 }
 
-// folded brings the fold up to date and lets read copy from it. Requests and
-// probes ask often, so it reads only new lines (issue 10: rereading took 5 GB).
+// folded folds the lines completed since the last call (a shrunk or replaced
+// file from the start), logging each bad line as it folds it, and lets read
+// copy from the fold. Requests and probes ask often, so it reads only new
+// lines (issue 10: rereading took 5 GB).
 func (j *journal) folded(read func(*journalFold)) error {
 	if j.noState != nil {
 		return j.noState
 	}
 	j.readMu.Lock()
 	defer j.readMu.Unlock()
-	if err := j.foldTail(); err != nil {
-		return err
-	}
-	read(&j.fold)
-	return nil
-}
-
-// foldTail folds the complete lines appended since the last call (a shrunk or
-// replaced file from the start), logging each bad line once. Callers hold readMu.
-func (j *journal) foldTail() error {
 	f, full, err := openGuarded("journal", j.name)
-	if errors.Is(err, errFileAbsent) {
+	switch {
+	case errors.Is(err, errFileAbsent):
 		j.fold = journalFold{retire: map[string]bool{}}
+		read(&j.fold)
 		return nil
-	}
-	if err != nil {
+	case err != nil:
 		return err
 	}
 	defer f.Close()
 	id := fileIdentity{dev: full.dev, ino: full.ino}
 	if id != j.fold.file || full.size < j.fold.off || j.fold.retire == nil {
 		j.fold = journalFold{file: id, retire: map[string]bool{}}
-	}
-	if id != j.loggedFile {
-		j.loggedFile, j.loggedLine = id, 0
 	}
 	fo := &j.fold
 	tail := make([]byte, full.size-fo.off)
@@ -327,10 +309,7 @@ func (j *journal) foldTail() error {
 	recs, bad, _ := readJournalLines(tail)
 	for _, b := range bad {
 		b.Line += fo.lines
-		if b.Line > j.loggedLine {
-			j.log.Warn("journal_line_unreadable", "line", b.Line, "reason", b.Reason)
-			j.loggedLine = b.Line
-		}
+		j.log.Warn("journal_line_unreadable", "line", b.Line, "reason", b.Reason)
 		if fo.badN++; len(fo.bad) < maxReportedBadLines {
 			fo.bad = append(fo.bad, b)
 		}
@@ -346,13 +325,14 @@ func (j *journal) foldTail() error {
 	}
 	fo.off += int64(len(tail))
 	fo.lines += bytes.Count(tail, []byte{'\n'})
+	read(fo)
 	return nil
 }
 
 // checkJournal is `brama journal check` (SPEC §16.1); ok is false when a
 // non-final line is unreadable.
 func checkJournal(j *journal, stdout io.Writer) (ok bool, err error) {
-	data, _, err := j.readAll()
+	data, err := j.readAll()
 	if err != nil {
 		return false, err
 	}
@@ -408,27 +388,25 @@ func parseJournalLine(line []byte) (journalRecord, string) {
 		return r, "not a JSON object"
 	}
 	var m map[string]json.RawMessage
-	json.Unmarshal(line, &m) // a valid object
-	for _, name := range []string{"kind", "at"} {
-		var s *string
-		raw, ok := m[name]
-		switch {
-		case !ok:
-			return r, "missing " + name
-		case json.Unmarshal(raw, &s) != nil || s == nil:
-			return r, name + " is not a string"
-		case *s == "":
-			return r, name + " is empty"
-		}
-	}
+	json.Unmarshal(line, &m)        // a valid object
 	v := reflect.ValueOf(&r).Elem() // Kind comes first, so it is known at from and to
 	for i := range v.NumField() {
 		name, _, _ := strings.Cut(v.Type().Field(i).Tag.Get("json"), ",")
 		raw, ok := m[name]
+		required := name == "kind" || name == "at" // non-empty strings
 		if !ok || (name == "from" || name == "to") && r.Kind != "route_change" {
+			if required {
+				return journalRecord{}, "missing " + name
+			}
 			continue
 		}
-		if json.Unmarshal(raw, v.Field(i).Addr().Interface()) != nil {
+		err := json.Unmarshal(raw, v.Field(i).Addr().Interface())
+		switch {
+		case required && (err != nil || string(raw) == "null"): // raw holds no blanks
+			return journalRecord{}, name + " is not a string"
+		case required && v.Field(i).String() == "":
+			return journalRecord{}, name + " is empty"
+		case err != nil:
 			return journalRecord{}, "field " + name + " has the wrong type"
 		}
 	}

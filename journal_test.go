@@ -17,9 +17,9 @@ import (
 
 // journalTestNow is a fixed clock: no test asserts on the wall clock.
 // read returns every readable record in file order. Serving never needs
-// them all (it folds, foldTail), so this lives with the tests.
+// them all (it folds), so this lives with the tests.
 func (j *journal) read() ([]journalRecord, error) {
-	data, _, err := j.readAll()
+	data, err := j.readAll()
 	recs, _, _ := readJournalLines(data)
 	return recs, err
 }

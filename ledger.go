@@ -4,16 +4,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 )
 
-// The ledger (SPEC §10.3) remembers per subscription its plan windows, the
-// block a 429 or quota refusal left, its credential state, measured use and
-// the last usage read and probe. Dispatch orders and skips subscriptions by
-// it, maintenance arms its one timer at its next due moment, listings show it.
+// The ledger (SPEC §10.3): per subscription its plan windows, block, credential
+// state, measured use, last usage read and probe; dispatch orders by it.
 
 const ledgerFile = "ledger.json"
 
@@ -74,8 +73,8 @@ type ledgerEntry struct {
 
 // ledgerDoc is ledger.json (SPEC §2.2).
 type ledgerDoc struct {
-	SchemaVersion int                    `json:"schema_version"`
-	Subscriptions map[string]ledgerEntry `json:"subscriptions"`
+	SchemaVersion int                     `json:"schema_version"`
+	Subscriptions map[string]*ledgerEntry `json:"subscriptions"`
 }
 
 // isSubscriptionID: sub_ and 16 lower-case hex digits (SPEC §2.2).
@@ -95,9 +94,8 @@ func afterFunc(testingOnly func(time.Duration, func()) ledgerStopper, d time.Dur
 	return time.AfterFunc(d, f)
 }
 
-// ledger is the in-memory ledger and its file. Mutations apply in memory at
-// once; the file follows at once for credential, block and probe changes,
-// else at most once per second (a write-behind armed by the change itself).
+// ledger is the in-memory ledger and its file, written at once for credential,
+// block and probe changes, else at most once per second (SPEC §10.3).
 type ledger struct {
 	log        *slog.Logger
 	now        func() time.Time
@@ -119,9 +117,8 @@ type ledger struct {
 	file snapshotFile // ledger.json, written in snapshot order
 }
 
-// newLedger loads ledger.json; absent, it is empty. One failing the §2.2
-// guards or the parse is served empty, logged without its bytes and never
-// overwritten, so an operator can still repair it.
+// newLedger loads ledger.json; an unreadable one is served empty, logged
+// without its bytes and never overwritten, so an operator can repair it.
 func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
 	l := &ledger{log: log, now: now, entries: map[string]*ledgerEntry{}, changed: make(chan struct{}, 1)}
 	name, err := st.path("ledger", ledgerFile)
@@ -134,26 +131,21 @@ func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
 	if errors.Is(err, errFileAbsent) {
 		return l
 	}
-	var subs map[string]ledgerEntry
 	if err == nil {
-		subs, err = parseLedger("ledger "+name, b)
+		l.entries, err = parseLedger("ledger "+name, b)
 	}
 	if err != nil {
-		l.unreadable = err
+		l.entries, l.unreadable = map[string]*ledgerEntry{}, err
 		log.Error("ledger_unreadable", "file", name, "cause", err.Error())
-		return l
-	}
-	for id, e := range subs {
-		l.entries[id] = &e
 	}
 	return l
 }
 
 // parseLedger strictly parses ledger.json (SPEC §2.2), naming role and the
 // member refused; empty bytes are an empty ledger.
-func parseLedger(role string, b []byte) (map[string]ledgerEntry, error) {
+func parseLedger(role string, b []byte) (map[string]*ledgerEntry, error) {
 	if len(b) == 0 {
-		return map[string]ledgerEntry{}, nil
+		return map[string]*ledgerEntry{}, nil
 	}
 	var doc ledgerDoc
 	if err := decodeStrict(role, b, &doc); err != nil {
@@ -163,6 +155,9 @@ func parseLedger(role string, b []byte) (map[string]ledgerEntry, error) {
 		return nil, fmt.Errorf("%s: schema_version %d is not 1", role, doc.SchemaVersion)
 	}
 	for id, e := range doc.Subscriptions {
+		if e == nil { // null: refused below as a missing credential state
+			e = &ledgerEntry{}
+		}
 		if !isSubscriptionID(id) {
 			return nil, fmt.Errorf("%s: subscriptions member %q is not sub_<16 hex>", role, id)
 		}
@@ -241,9 +236,8 @@ func (l *ledger) blockedUntil(id string) time.Time {
 	return time.Time{}
 }
 
-// setCredential records the credential state and its cause (immediate
-// write); another state than the two stored is a caller's bug, logged and
-// ignored so the file stays parseable.
+// setCredential records the credential state and cause (immediate write); another
+// state is a caller's bug, logged and ignored so the file stays parseable.
 func (l *ledger) setCredential(id, provider, state, cause string) {
 	if state != credActive && state != credNeedsReauth {
 		l.log.Error("ledger_bad_state", "subscription_id", id, "state", state)
@@ -331,9 +325,8 @@ func (l *ledger) nextDue(now time.Time) (time.Time, bool) {
 	return time.UnixMilli(best), true
 }
 
-// mutate applies fn to id's record (created active when missing), then
-// writes the file: immediate changes now, coalesced ones now when the last
-// write is a second old, else by one write-behind armed for the remainder.
+// mutate applies fn to id's record (created active), then writes: now when
+// immediate or the last write is a second old, else by one write-behind.
 func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEntry, now time.Time)) {
 	now := l.now()
 	l.mu.Lock()
@@ -368,27 +361,27 @@ func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEn
 	}
 	l.mu.Unlock()
 	l.write(seq, data) // nothing when data is nil
+	nudge(l.changed)
+}
+
+// nudge signals ch (buffered 1) without ever blocking: maintenance's loop wakes.
+func nudge(ch chan struct{}) {
 	select {
-	case l.changed <- struct{}{}:
+	case ch <- struct{}{}:
 	default:
 	}
 }
 
-// takeLocked encodes the ledger, stops any write-behind (this snapshot holds
-// its changes) and marks the write time; ids not of the sub_<16 hex> shape
-// stay in memory only, so the file always parses. l.mu is held.
+// takeLocked encodes the ledger and stops any write-behind (this snapshot holds
+// it); ids not sub_<16 hex> stay in memory, so the file always parses. l.mu is held.
 func (l *ledger) takeLocked(now time.Time) (uint64, []byte) {
 	if l.timer != nil {
 		l.timer.Stop()
 		l.timer = nil
 	}
 	l.lastWrite = now
-	doc := ledgerDoc{SchemaVersion: 1, Subscriptions: make(map[string]ledgerEntry, len(l.entries))}
-	for id, e := range l.entries {
-		if isSubscriptionID(id) {
-			doc.Subscriptions[id] = *e
-		}
-	}
+	doc := ledgerDoc{SchemaVersion: 1, Subscriptions: maps.Clone(l.entries)}
+	maps.DeleteFunc(doc.Subscriptions, func(id string, _ *ledgerEntry) bool { return !isSubscriptionID(id) })
 	b, _ := marshalState(doc) // cannot fail: no floats outside [0,1], no channels (nil would skip the write)
 	return l.seq, b
 }

@@ -110,7 +110,11 @@ func readLedgerFile(t *testing.T, dir string) map[string]ledgerEntry {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return subs
+	out := map[string]ledgerEntry{}
+	for id, e := range subs {
+		out[id] = *e
+	}
+	return out
 }
 
 func TestLedgerRoundTrip(t *testing.T) {

@@ -98,11 +98,18 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	e := cliEnv{ctx: ctx, getenv: getenv, stdin: stdin, stdout: stdout, stderr: stderr}
 	cmd, rest := args[0], args[1:]
 	subs := map[string]map[string]func([]string) error{
-		"routes":      {"list": e.routesList, "set": e.routesSet, "rm": e.routesRm, "migrate": e.routesMigrate},
-		"clients":     {"add": e.clientsAdd, "rm": e.clientsRm},
-		"agents":      {"add": e.agentsAdd, "rm": e.agentsRm},
-		"credentials": {"set": e.credentialsSet},
-		"journal":     {"check": e.journalCheck},
+		"routes": {
+			"list": e.routesList, "migrate": e.routesMigrate,
+			"set": e.positional("routes set ALIAS DESTINATION", 2, e.routesSet),
+			"rm":  e.positional("routes rm ALIAS", 1, e.routesRm),
+		},
+		"clients": {"add": e.clientsAdd, "rm": e.positional("clients rm ID", 1, e.clientsRm)},
+		"agents": {
+			"add": e.positional("agents add ID", 1, e.agentsAdd),
+			"rm":  e.positional("agents rm ID", 1, e.agentsRm),
+		},
+		"credentials": {"set": e.positional("credentials set PROVIDER  (the API key on stdin)", 1, e.credentialsSet)},
+		"journal":     {"check": e.positional("journal check", 0, e.journalCheck)},
 		"answers":     {"verify": e.answersVerify, "prune": e.answersPrune},
 		"subscription": {
 			"add": e.subscriptionAdd, "list": e.subscriptionList, "import": e.subscriptionImport,
@@ -125,10 +132,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		fmt.Fprintln(stdout, runUsage)
 		return nil
 	}
-	if subs[cmd] == nil {
+	sub := subs[cmd]
+	if sub == nil {
 		return &usageError{fmt.Sprintf("unknown command %q", cmd)}
 	}
-	return e.sub(cmd, rest, subs[cmd])
+	if len(rest) == 0 || sub[rest[0]] == nil {
+		names := strings.Join(slices.Sorted(maps.Keys(sub)), "|")
+		return &usageError{fmt.Sprintf("usage: brama %s %s ... (-h on each)", cmd, names)}
+	}
+	return sub[rest[0]](rest[1:])
 }
 
 // cliEnv is what every command reads and writes besides its arguments.
@@ -140,20 +152,23 @@ type cliEnv struct {
 	stderr io.Writer
 }
 
-// sub runs one of a command's subcommands.
-func (e cliEnv) sub(cmd string, args []string, subs map[string]func([]string) error) error {
-	if len(args) == 0 || subs[args[0]] == nil {
-		names := strings.Join(slices.Sorted(maps.Keys(subs)), "|")
-		return &usageError{fmt.Sprintf("usage: brama %s %s ... (-h on each)", cmd, names)}
-	}
-	return subs[args[0]](args[1:])
-}
-
 // newFlags makes a flag set that prints to stderr and returns errors.
 func (e cliEnv) newFlags(name string) *flag.FlagSet {
 	fs := flag.NewFlagSet("brama "+name, flag.ContinueOnError)
 	fs.SetOutput(e.stderr)
 	return fs
+}
+
+// positional makes run a subcommand with no flags and n positionals; usage
+// (after "brama ") starts with the subcommand's two words.
+func (e cliEnv) positional(usage string, n int, run func(pos []string) error) func([]string) error {
+	return func(args []string) error {
+		pos, err := parseFlags(e.newFlags(strings.Join(strings.Fields(usage)[:2], " ")), args, n, usage)
+		if err != nil {
+			return err
+		}
+		return run(pos)
+	}
 }
 
 // parseFlags parses args allowing flags and positionals in any order
@@ -249,14 +264,14 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 	}
 	client := newProviderClient()
 	s := &server{
-		log: log, getenv: e.getenv, st: d.st, now: now, clients: d.clients, vault: d.vault, journal: d.journal,
-		reg: d.reg, guard: guard, maxBody: maxBody, client: client, keepAlive: testingOnlyKeepAlive,
-		agents:  newAgentVerifier(d.vault.agentSecret, now),
-		catalog: newCatalog(d.st, e.getenv, client, log, now),
-		perf:    newPerfRegistry(d.st, sy),
-		answers: newAnswerStore(d.st, log, now),
-		replay:  newReplayGuard(e.getenv, log, now),
-		ledger:  newLedger(d.st, log, now),
+		deps: d, log: log, getenv: e.getenv, now: now, guard: guard, maxBody: maxBody, client: client,
+		keepAlive: testingOnlyKeepAlive,
+		agents:    newAgentVerifier(d.vault.agentSecret, now),
+		catalog:   newCatalog(d.st, e.getenv, client, log, now),
+		perf:      newPerfRegistry(d.st, sy),
+		answers:   newAnswerStore(d.st, log, now),
+		replay:    newReplayGuard(e.getenv, log, now),
+		ledger:    newLedger(d.st, log, now),
 	}
 	defer s.ledger.flush()
 	s.inv = newInventory(d.st, s.vault, s.journal, s.ledger, e.getenv, sy)
@@ -267,13 +282,13 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 	}
 	s.oauth = newOAuth(e.getenv, client, s.vault, s.ledger, log, now)
 	defer s.oauth.shutdown()
-	s.maint = newMaintainer(s.inv, s.ledger, s.oauth, s.journal, client, e.getenv, log, now)
+	s.maint = newMaintainer(s.inv, s.ledger, s.oauth, client, e.getenv, log, now)
 	if *localCreds {
 		if s.localCreds, err = readLocalCredentials(e.stdin); err != nil {
 			return err
 		}
 	}
-	if err := ensureFirstClient(d.clients, e.stderr); err != nil {
+	if err := ensureFirstClient(s.clients, e.stderr); err != nil {
 		return err
 	}
 	s.routes()
@@ -353,9 +368,8 @@ func readLocalCredentials(r io.Reader) (map[string]string, error) {
 	return creds, nil
 }
 
-// ensureFirstClient creates the admin client "local" when no clients file
-// exists and prints its token once (SPEC §3.1); without a state directory
-// the client lives in this process only (SPEC §2.1).
+// ensureFirstClient creates the admin client "local", its token printed
+// once, when no clients file exists (SPEC §3.1); in memory with no state (§2.1).
 func ensureFirstClient(c *clientStore, stderr io.Writer) error {
 	tok := newToken()
 	local := client{ID: "local", TokenSHA256: tokenDigest(tok), Role: roleAdmin}

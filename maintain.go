@@ -15,47 +15,43 @@ import (
 )
 
 // Maintenance (SPEC §11.2): a pass reads the usage reports, then refreshes
-// the grants that fell due, starting only when SPEC §11.2 says, never on a
-// period of Brama's own. loop runs a testable loopOnce, as gitmirror does.
+// the grants that fell due, never on a period of Brama's own.
 
 var errMaintenanceStopped = errors.New("the maintenance scheduler is not running")
 
-// maintainer owns one daemon's passes. They run one at a time on loop's
-// goroutine; passes asked for while one runs become exactly one more.
+// maintainer runs one daemon's passes one at a time on loop's goroutine;
+// passes asked for while one runs become exactly one more.
 type maintainer struct {
 	inv    *inventory
 	l      *ledger
 	o      *oauthClient
-	j      *journal
 	client *http.Client // the provider client: no timeout, no redirects, no proxy
 	getenv func(string) string
 	log    *slog.Logger
 	clock  func() time.Time
-	kick   chan struct{} // buffered 1: wakes loop after pending or the timer changed
+	kick   chan struct{} // the ledger's changed channel: wakes loop for pending, the timer or the ledger
 
 	// Test hooks (nil in production): the due timer's AfterFunc, and every finished pass.
 	testingOnlyAfterFunc func(d time.Duration, f func()) ledgerStopper
 	testingOnlyPassDone  func(reason string, started time.Time, rep passReport)
 
-	mu        sync.Mutex     // guards the fields below
-	looping   bool           // loop runs, so passNow can be answered
-	pending   string         // reason of the pass asked for and not yet started; "" none
-	waiting   *passTicket    // what passNow callers wait for: the next pass to start
-	running   bool           // a pass is running
-	changes   uint64         // inventory and credential changes seen (changed)
-	startedAt uint64         // changes when the last pass started
-	passes    int64          // passes started
-	dropped   int64          // requests dropped by the SPEC §11.2 rule
-	last      map[string]any // /stats' last_pass; nil before the first ends
-	timer     ledgerStopper  // the armed due timer; nil when none or it fired
-	timerAt   time.Time      // the moment it is armed for; zero none
+	mu      sync.Mutex     // guards the fields below
+	looping bool           // loop runs, so passNow can be answered
+	pending string         // reason of the pass asked for and not yet started; "" none
+	waiting *passTicket    // what passNow callers wait for: the next pass to start
+	running bool           // a pass is running
+	fresh   bool           // a pass started since the last inventory or credential change
+	passes  int64          // passes started
+	dropped int64          // requests dropped by the SPEC §11.2 rule
+	last    map[string]any // /stats' last_pass; nil before the first ends
+	timer   ledgerStopper  // the armed due timer; nil when none or it fired
+	timerAt time.Time      // the moment it is armed for; zero none
 }
 
-// passTicket is one pass's answer for its waiters, set before done closes.
+// passTicket is one pass's answer for its waiters (rep.err the refusal), set before done closes.
 type passTicket struct {
 	done chan struct{}
 	rep  passReport
-	err  error
 }
 
 // passReport is the body of POST /v1/admin/maintain (SPEC §11.2).
@@ -88,9 +84,9 @@ type credentialSummary struct {
 }
 
 // newMaintainer builds the maintainer; nothing runs until run.
-func newMaintainer(inv *inventory, l *ledger, o *oauthClient, j *journal, client *http.Client, getenv func(string) string, log *slog.Logger, now func() time.Time) *maintainer {
-	return &maintainer{inv: inv, l: l, o: o, j: j, client: client, getenv: getenv, log: log, clock: now,
-		kick: make(chan struct{}, 1)}
+func newMaintainer(inv *inventory, l *ledger, o *oauthClient, client *http.Client, getenv func(string) string, log *slog.Logger, now func() time.Time) *maintainer {
+	return &maintainer{inv: inv, l: l, o: o, client: client, getenv: getenv, log: log, clock: now,
+		kick: l.changed}
 }
 
 // run starts loop, counted in wg, with the start pass pending (the listener is up).
@@ -106,9 +102,8 @@ func (m *maintainer) run(ctx context.Context, wg *sync.WaitGroup) {
 	}()
 }
 
-// loop runs loopOnce until ctx ends, waiting between turns for a kick or a ledger change.
+// loop runs loopOnce until ctx ends, waiting between turns for a kick.
 func (m *maintainer) loop(ctx context.Context) {
-	changed := m.l.changed
 	defer m.stop()
 	for ctx.Err() == nil {
 		if m.loopOnce(ctx, m.clock()) {
@@ -117,31 +112,29 @@ func (m *maintainer) loop(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 		case <-m.kick:
-		case <-changed:
 		}
 	}
 }
 
 // loopOnce, at now, runs the pending pass (true), or else arms the one timer
-// at the ledger's next due moment (false), keeping it while that moment
-// stands. An armed moment that came before its timer fired is due now.
+// at the ledger's next due moment (false); a moment passed before its timer fired is due now.
 func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
-	due, ok := m.l.nextDue(now)
+	due, _ := m.l.nextDue(now) // zero when nothing is due
 	m.mu.Lock()
 	if m.pending == "" && m.timer != nil && !m.timerAt.After(now) {
 		m.disarmLocked()
 		m.pending = "due"
 	}
 	if m.pending == "" {
-		if m.timer == nil || !ok || !due.Equal(m.timerAt) {
-			m.armLocked(due, ok, now)
+		if m.timer == nil || !due.Equal(m.timerAt) {
+			m.armLocked(due, now)
 		}
 		m.mu.Unlock()
 		return false
 	}
 	reason, t := m.pending, m.waiting
 	m.pending, m.waiting = "", nil
-	m.running, m.startedAt = true, m.changes
+	m.running, m.fresh = true, true
 	m.passes++
 	m.mu.Unlock()
 
@@ -156,17 +149,17 @@ func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
 		m.testingOnlyPassDone(reason, now, rep)
 	}
 	if t != nil {
-		t.rep, t.err = rep, rep.err
+		t.rep = rep
 		close(t.done)
 	}
 	return true
 }
 
-// armLocked replaces the due timer with one for due (none when !ok); a
+// armLocked replaces the due timer with one for due (none when zero); a
 // timer firing after it was replaced or stopped does nothing. m.mu is held.
-func (m *maintainer) armLocked(due time.Time, ok bool, now time.Time) {
+func (m *maintainer) armLocked(due, now time.Time) {
 	m.disarmLocked()
-	if !ok {
+	if due.IsZero() {
 		return
 	}
 	var t ledgerStopper
@@ -179,7 +172,7 @@ func (m *maintainer) armLocked(due time.Time, ok bool, now time.Time) {
 		}
 		m.mu.Unlock()
 		if current {
-			m.wake()
+			nudge(m.kick)
 		}
 	})
 	m.timer, m.timerAt = t, due
@@ -193,14 +186,6 @@ func (m *maintainer) disarmLocked() {
 	m.timer, m.timerAt = nil, time.Time{}
 }
 
-// wake nudges loop without ever blocking.
-func (m *maintainer) wake() {
-	select {
-	case m.kick <- struct{}{}:
-	default:
-	}
-}
-
 // stop marks the loop gone, stops its timer and answers anyone waiting.
 func (m *maintainer) stop() {
 	m.mu.Lock()
@@ -210,28 +195,27 @@ func (m *maintainer) stop() {
 	m.waiting, m.pending = nil, ""
 	m.mu.Unlock()
 	if t != nil {
-		t.err = errMaintenanceStopped
+		t.rep.err = errMaintenanceStopped
 		close(t.done)
 	}
 }
 
-// request asks for one pass after a refusal for want of a signed-in
-// subscription, dropped when a pass has started since the last change
-// (SPEC §11.2): a burst of refusals causes one pass. Nil-safe.
+// request asks for a pass after a refusal for want of a signed-in subscription,
+// dropped when one started since the last change (SPEC §11.2). Nil-safe.
 func (m *maintainer) request(reason string) {
 	if m == nil {
 		return
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.passes > 0 && m.startedAt == m.changes {
+	if m.fresh {
 		m.dropped++
 		m.log.Debug("maintenance_request_dropped", "reason", reason)
 		return
 	}
 	m.pending = cmp.Or(m.pending, reason)
 	m.log.Info("maintenance_requested", "reason", reason)
-	m.wake()
+	nudge(m.kick)
 }
 
 // changed records an inventory or credential change (donation, sign-in,
@@ -239,7 +223,7 @@ func (m *maintainer) request(reason string) {
 func (m *maintainer) changed() {
 	if m != nil {
 		m.mu.Lock()
-		m.changes++
+		m.fresh = false
 		m.mu.Unlock()
 	}
 }
@@ -253,7 +237,7 @@ func (m *maintainer) passNow(ctx context.Context) (passReport, error) {
 	}
 	select {
 	case <-t.done:
-		return t.rep, t.err
+		return t.rep, t.rep.err
 	case <-ctx.Done():
 		return passReport{}, ctx.Err()
 	}
@@ -265,7 +249,7 @@ func (m *maintainer) ask(reason string) (*passTicket, error) {
 		return nil, errMaintenanceStopped
 	}
 	m.mu.Lock()
-	defer m.wake()
+	defer nudge(m.kick)
 	defer m.mu.Unlock()
 	if !m.looping {
 		return nil, errMaintenanceStopped
@@ -316,28 +300,26 @@ func (m *maintainer) passOnce(ctx context.Context) passReport {
 	start := m.clock()
 	var rep passReport
 	rep.Usage.Failed = []usageFailure{}
-	subs, err := m.live()
-	if err == nil {
-		m.usagePass(ctx, subs, &rep)
-		m.refreshPass(ctx, subs, &rep)
-		for _, s := range subs {
-			switch {
-			case !s.read:
-			case s.readErr == nil:
-				rep.Usage.Read++
-			default:
-				rep.Usage.Failed = append(rep.Usage.Failed, usageFailure{SubscriptionID: s.it.ID, Provider: s.it.Provider, Error: s.readErr.Error()})
-			}
-			switch {
-			case !s.tried || errors.Is(s.err, errRefreshSuperseded): // a sign-in replaced the grant: nothing failed
-			case s.err == nil:
-				rep.Credentials.Refreshed++
-			default:
-				rep.Credentials.Refused++
-			}
+	subs, err := m.live() // none when err: the counts stay 0 and OK false
+	m.usagePass(ctx, subs, &rep)
+	m.refreshPass(ctx, subs, &rep)
+	for _, s := range subs {
+		switch {
+		case !s.read:
+		case s.readErr == nil:
+			rep.Usage.Read++
+		default:
+			rep.Usage.Failed = append(rep.Usage.Failed, usageFailure{SubscriptionID: s.it.ID, Provider: s.it.Provider, Error: s.readErr.Error()})
 		}
-		rep.OK = len(rep.Usage.Failed) == 0 && rep.Credentials.Refused == 0
+		switch {
+		case !s.tried || errors.Is(s.err, errRefreshSuperseded): // a sign-in replaced the grant: nothing failed
+		case s.err == nil:
+			rep.Credentials.Refreshed++
+		default:
+			rep.Credentials.Refused++
+		}
 	}
+	rep.OK = err == nil && len(rep.Usage.Failed) == 0 && rep.Credentials.Refused == 0
 	due, _ := m.l.nextDue(m.clock())
 	rep.NextDueAt = rfc3339OrNil(due)
 	if err != nil {
@@ -345,13 +327,9 @@ func (m *maintainer) passOnce(ctx context.Context) passReport {
 		m.log.Warn("maintenance_pass_failed", "cause", redact(err.Error()))
 		return rep
 	}
-	next := ""
-	if rep.NextDueAt != nil {
-		next = *rep.NextDueAt
-	}
 	m.log.Info("maintenance_pass_done", "ok", rep.OK, "usage_read", rep.Usage.Read, "usage_failed", len(rep.Usage.Failed),
 		"refreshed", rep.Credentials.Refreshed, "refused", rep.Credentials.Refused,
-		"next_due_at", next, "dur_ms", m.clock().Sub(start).Milliseconds())
+		"next_due_at", *cmp.Or(rep.NextDueAt, new(string)), "dur_ms", m.clock().Sub(start).Milliseconds())
 	return rep
 }
 
@@ -401,9 +379,8 @@ func usageDue(e ledgerEntry, now time.Time) bool {
 		slices.ContainsFunc(e.Windows, func(w planWindow) bool { return w.ResetsAtMs == 0 || w.ResetsAtMs <= now.UnixMilli() })
 }
 
-// readOnce reads s's report into the ledger, nothing when ctx ended (the
-// provider said nothing); a grant expired by the request path's rule is
-// refreshed first, as for any call: s's one attempt of the pass.
+// readOnce reads s's report into the ledger, nothing when ctx ended; a grant
+// expired by the request path's rule is first refreshed: s's one attempt.
 func (m *maintainer) readOnce(ctx context.Context, s *passSub) {
 	id, provider := s.it.ID, s.it.Provider
 	cred, err := s.cred, s.credErr
@@ -479,62 +456,54 @@ func (m *maintainer) refreshPass(ctx context.Context, subs []*passSub, rep *pass
 	wg.Wait()
 }
 
-// usageEndpoint is where provider's report is read and how its body parses.
-func (m *maintainer) usageEndpoint(provider string) (string, func([]byte, time.Time) ([]planWindow, error), error) {
+// usageEndpoint is where provider's report is read.
+func (m *maintainer) usageEndpoint(provider string) (string, error) {
 	r, ok := usageReports[provider]
 	info, known := lookupProvider(provider)
 	switch {
 	case !ok || !known:
-		return "", nil, fmt.Errorf("provider %q publishes no usage report", provider)
+		return "", fmt.Errorf("provider %q publishes no usage report", provider)
 	case provider == "codex":
 		raw := cmp.Or(strings.TrimSpace(m.getenv("BRAMA_PROVIDER_CODEX_USAGE_URL")), codexUsageURL)
 		if err := checkBaseURL(raw); err != nil {
-			return "", nil, fmt.Errorf("BRAMA_PROVIDER_CODEX_USAGE_URL: %w: %v", errBaseURL, err)
+			return "", fmt.Errorf("BRAMA_PROVIDER_CODEX_USAGE_URL: %w: %v", errBaseURL, err)
 		}
-		return raw, r.parse, nil
+		return raw, nil
 	}
 	base, err := providerBaseURL(info, m.getenv)
 	if err != nil {
-		return "", nil, err
+		return "", err
 	}
-	return base + r.path, r.parse, nil
+	return base + r.path, nil
 }
 
 // fetchUsage GETs and parses provider's report; it sets the headers itself,
 // as setProviderHeaders would add a Content-Type to this GET.
 func (m *maintainer) fetchUsage(ctx context.Context, provider string, cred vaultCredential) ([]planWindow, error) {
-	endpoint, parse, err := m.usageEndpoint(provider)
+	endpoint, err := m.usageEndpoint(provider)
 	if err != nil {
 		return nil, err
 	}
-	re := &endpointError{Op: "usage report GET", Endpoint: endpointName(endpoint)}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, endpoint, nil)
-	if err != nil {
-		re.Err = err
-		return nil, re
+	token, h := cred.APIKey, slices.Clone(usageReports[provider].headers)
+	if g := cred.OAuth; g != nil {
+		token = g.AccessToken
+		if provider == "codex" && g.AccountID != "" {
+			h = append(h, [2]string{"chatgpt-account-id", g.AccountID})
+		}
 	}
-	h, token := req.Header, cred.APIKey
-	if cred.OAuth != nil {
-		token = cred.OAuth.AccessToken
-	}
-	h.Set("Authorization", "Bearer "+token)
-	h.Set("Accept", "application/json")
-	for _, kv := range usageReports[provider].headers {
-		h.Set(kv[0], kv[1])
-	}
-	if g := cred.OAuth; provider == "codex" && g != nil && g.AccountID != "" {
-		h.Set("chatgpt-account-id", g.AccountID)
-	}
-	status, body, err := callEndpoint(m.client, req)
-	re.Status, re.Received, re.Err = status, len(body), err
+	h = append(h, [2]string{"Authorization", "Bearer " + token})
+	status, body, err := callEndpoint(ctx, m.client, http.MethodGet, endpoint, nil, h...)
+	re := &endpointError{Op: "usage report GET", Endpoint: endpointName(endpoint), Status: status,
+		Received: len(body), Err: err}
 	switch {
 	case err != nil && status != 0:
 		re.Err = fmt.Errorf("the body ended early: %w", err)
 	case err == nil && status/100 == 2:
-		var ws []planWindow
-		if ws, re.Err = parse(body, m.clock()); re.Err == nil {
+		ws, err := parseUsage(provider, body, m.clock())
+		if err == nil {
 			return ws, nil
 		}
+		re.Err = err
 	}
 	return nil, re
 }

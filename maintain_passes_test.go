@@ -169,7 +169,7 @@ func TestRefreshPassDefinitiveRefusal(t *testing.T) {
 	// expired) exactly once.
 	fx.fake.handle("/token/claude-code", nil)
 	signIn := grant("CC2", fx.clock.now().Add(-time.Second))
-	if err := fx.inv.replaceCredential("a1", cc, signIn); err != nil {
+	if _, err := fx.inv.replaceCredential("a1", cc, signIn); err != nil {
 		t.Fatal(err)
 	}
 	rep = fx.m.passOnce(context.Background())
@@ -403,7 +403,7 @@ func TestUsageEndpoints(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			m := &maintainer{getenv: func(k string) string { return tc.env[k] }}
-			got, _, err := m.usageEndpoint(tc.provider)
+			got, err := m.usageEndpoint(tc.provider)
 			if (err == nil) != (tc.want != "") || got != tc.want {
 				t.Errorf("usageEndpoint = %q, %v; want %q", got, err, tc.want)
 			}

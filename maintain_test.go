@@ -241,7 +241,7 @@ func newMaintFixture(t *testing.T) *maintFixture {
 	client := newProviderClient()
 	fx.o = newOAuth(getenv, client, v, fx.l, log, clock.now)
 	t.Cleanup(fx.o.wg.Wait)
-	fx.m = newMaintainer(fx.inv, fx.l, fx.o, fx.j, client, getenv, log, clock.now)
+	fx.m = newMaintainer(fx.inv, fx.l, fx.o, client, getenv, log, clock.now)
 	fx.timers = &fakeTimers{clock: clock, armed: make(chan time.Time, 64)}
 	fx.m.testingOnlyAfterFunc = fx.timers.after
 	fx.m.testingOnlyPassDone = func(reason string, started time.Time, rep passReport) {

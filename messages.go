@@ -107,58 +107,25 @@ const messagesKnown = "model max_tokens system messages tools tool_choice temper
 // parseMessages parses an Anthropic Messages request body.
 func parseMessages(body []byte) (chatRequest, error) {
 	var b messagesRequestBody
-	if err := decodeCallerJSON(body, &b, ""); err != nil {
-		return chatRequest{}, err
-	}
-	req, err := newCallerRequest(b.callerHead, "max_tokens", b.MaxTokens)
+	req, err := newCallerRequest(body, &b, &b.callerHead, messagesKnown, "max_tokens", &b.MaxTokens)
 	if err != nil {
 		return chatRequest{}, err
 	}
-	dropUnknown(&req.Dropped, body, "", messagesKnown)
 	if !rawIsNull(b.System) {
 		if req.System, err = req.messagesText(b.System, "system"); err != nil {
 			return chatRequest{}, err
 		}
 	}
-	for i, m := range b.Messages {
-		what := fmt.Sprintf("messages[%d]", i)
-		switch m.Role {
-		case "system":
-			text, err := req.messagesText(m.Content, what+".content")
-			if err != nil {
-				return chatRequest{}, err
-			}
-			req.addSystem(text)
-		case "user", "assistant":
-			parts, err := req.messagesParts(m.Role, m.Content, what+".content")
-			if err != nil {
-				return chatRequest{}, err
-			}
-			req.Messages = append(req.Messages, message{Role: m.Role, Parts: parts})
-		default:
-			return chatRequest{}, refuseInvalid("%s.role %s is not user, assistant or system", what, quoteCallerToken(m.Role))
-		}
+	if err := eachItem(b.Messages, nil, "messages", req.addMessagesTurn); err != nil {
+		return chatRequest{}, err
 	}
 	if len(req.Messages) == 0 {
 		return chatRequest{}, refuseInvalid("messages must hold at least one user or assistant turn")
 	}
-	var raw struct{ Tools []json.RawMessage }
+	var raw struct{ Tools json.RawMessage }
 	json.Unmarshal(body, &raw)
-	for i, t := range b.Tools {
-		what := fmt.Sprintf("tools[%d]", i)
-		if t.Type != "" && t.Type != "custom" { // a server tool: web_search_…, bash_…, …
-			req.Dropped = append(req.Dropped, what)
-			continue
-		}
-		dropUnknown(&req.Dropped, raw.Tools[i], what, "type name description input_schema")
-		schema, err := parseCallerSchema(t.InputSchema, what+".input_schema")
-		if err == nil && t.Name == "" {
-			err = refuseInvalid("%s.name is required", what)
-		}
-		if err != nil {
-			return chatRequest{}, err
-		}
-		req.Tools = append(req.Tools, tool{Name: t.Name, Description: t.Description, Parameters: schema})
+	if err := eachItem(b.Tools, raw.Tools, "tools", req.addMessagesTool); err != nil {
+		return chatRequest{}, err
 	}
 	if tc := b.ToolChoice; tc != nil {
 		mode := messagesChoices[tc.Type]
@@ -187,12 +154,44 @@ func parseMessages(body []byte) (chatRequest, error) {
 		f = cmp.Or(o.Format, f)
 	}
 	if f != nil {
-		if req.Output, err = checkOutput(&outputFormat{Type: f.Type, Schema: f.Schema}, "output_config.format"); err != nil {
-			return chatRequest{}, err
-		}
+		f = &outputFormat{Type: f.Type, Schema: f.Schema}
+	}
+	if err := req.setOutput(f, "output_config.format"); err != nil {
+		return chatRequest{}, err
 	}
 	req.linkCalls()
 	return req, nil
+}
+
+// addMessagesTurn adds one Messages turn to req.
+func (req *chatRequest) addMessagesTurn(m messagesTurn, _ json.RawMessage, what string) error {
+	switch m.Role {
+	case "system":
+		text, err := req.messagesText(m.Content, what+".content")
+		req.addSystem(text) // on an error the whole request is refused
+		return err
+	case "user", "assistant":
+		parts, err := req.messagesParts(m.Role, m.Content, what+".content")
+		req.Messages = append(req.Messages, message{Role: m.Role, Parts: parts})
+		return err
+	}
+	return refuseInvalid("%s.role %s is not user, assistant or system", what, quoteCallerToken(m.Role))
+}
+
+// addMessagesTool adds a client tool, naming raw's unknown members; a server tool
+// (web_search_…, bash_…, …) is dropped and named.
+func (req *chatRequest) addMessagesTool(t messagesTool, raw json.RawMessage, what string) error {
+	if t.Type != "" && t.Type != "custom" {
+		req.Dropped = append(req.Dropped, what)
+		return nil
+	}
+	dropUnknown(&req.Dropped, raw, what, "type name description input_schema")
+	schema, err := parseCallerSchema(t.InputSchema, what+".input_schema")
+	if err == nil && t.Name == "" {
+		err = refuseInvalid("%s.name is required", what)
+	}
+	req.Tools = append(req.Tools, tool{Name: t.Name, Description: t.Description, Parameters: schema})
+	return err // on an error the whole request is refused
 }
 
 // messagesChoices maps tool_choice types to neutral modes.
@@ -207,33 +206,21 @@ func (req *chatRequest) messagesText(raw json.RawMessage, what string) (string, 
 	return callerTextOf(raw, what, "text", "\n\n")
 }
 
-// messagesParts reads one turn's content: a string or blocks (tool_use in
-// assistant turns, tool_result in user turns). Other blocks (thinking, a file
-// reference) and block members (cache_control, citations) are dropped and named.
+// messagesParts reads a turn's content: a string or blocks; other blocks (thinking,
+// a file) and members (cache_control, citations) are dropped and named.
 func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what string) ([]part, error) {
-	text, blocks, err := callerContent[messagesBlock](raw, what, "content blocks")
-	if err != nil || text != nil {
-		return text, err
-	}
-	rawBlocks := rawItems(raw)
-	var parts []part
-	for i, bl := range blocks {
-		bw := fmt.Sprintf("%s[%d]", what, i)
+	read := func(bl messagesBlock, rb json.RawMessage, bw string) (part, string, error) {
 		var p part
 		known := "type"
 		switch {
 		case bl.Type == "text" && bl.Text != nil:
 			p, known = part{Type: partText, Text: *bl.Text}, "type text"
 		case bl.Type == "text":
-			return nil, refuseInvalid("%s.text is required", bw)
+			return p, "", refuseInvalid("%s.text is required", bw)
 		case bl.Type == "image" || bl.Type == "document":
 			url, err := messagesSourceURL(bl.Source, bw+".source")
-			if err != nil {
-				return nil, err
-			}
-			if url == "" {
-				req.Dropped = append(req.Dropped, bw)
-				continue
+			if err != nil || url == "" { // a file reference: dropped
+				return p, "", err
 			}
 			p, known = part{Type: partImage, ImageURL: url}, "type source"
 			if bl.Type == "document" {
@@ -250,35 +237,35 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 				err = refuseInvalid("%s needs an id and a name", bw)
 			}
 			if err != nil {
-				return nil, err
+				return p, "", err
 			}
 			p, known = part{Type: partToolCall, ToolCallID: bl.ID, ToolName: bl.Name, Arguments: args}, "type id name input"
 		case bl.Type == "tool_result" && role == "user":
 			if bl.ToolUseID == "" {
-				return nil, refuseInvalid("%s.tool_use_id is required", bw)
+				return p, "", refuseInvalid("%s.tool_use_id is required", bw)
 			}
 			p = part{Type: partToolResult, ToolCallID: bl.ToolUseID, IsError: bl.IsError}
 			if !rawIsNull(bl.Content) {
 				inner, err := req.messagesParts("result", bl.Content, bw+".content")
 				if err != nil {
-					return nil, err
+					return p, "", err
 				}
 				p.Text = req.resultText(inner, bw+".content")
 			}
 			known = "type tool_use_id content is_error"
 		case bl.Type == "tool_use" || bl.Type == "tool_result":
-			return nil, refuseInvalid("%s.type %s is not allowed in a %s turn", bw, quoteCallerToken(bl.Type), role)
-		default:
-			req.Dropped = append(req.Dropped, bw)
-			continue
+			return p, "", refuseInvalid("%s.type %s is not allowed in a %s turn", bw, quoteCallerToken(bl.Type), role)
+		default: // thinking, …: dropped
+			return p, "", nil
 		}
-		dropUnknown(&req.Dropped, rawBlocks[i], bw, known)
-		parts = append(parts, p)
+		dropUnknown(&req.Dropped, rb, bw, known)
+		return p, bw + ".source", nil // its URL was checked already
 	}
-	if len(parts) == 0 && role != "result" {
+	parts, err := callerParts(req, raw, what, "content blocks", read)
+	if err == nil && len(parts) == 0 && role != "result" {
 		return nil, refuseInvalid("%s must hold at least one content block Brama can carry", what)
 	}
-	return parts, nil
+	return parts, err
 }
 
 // messagesSourceURL is a source as the neutral URL: base64 data and text a
@@ -302,11 +289,13 @@ func messagesSourceURL(src *messagesSource, what string) (string, error) {
 // messagesSourceOf is a neutral URL as a source: a data URL base64 data (or
 // text for text/plain), anything else a url source.
 func messagesSourceOf(u string) (*messagesSource, error) {
-	if !strings.HasPrefix(u, "data:") {
+	rest, isData := strings.CutPrefix(u, "data:")
+	if !isData {
 		return &messagesSource{Type: "url", URL: u}, nil
 	}
-	media, data, ok := dataURL(u)
-	if !ok {
+	meta, data, ok := strings.Cut(rest, ",")
+	media, isBase64 := strings.CutSuffix(meta, ";base64")
+	if !ok || !isBase64 || media == "" || data == "" {
 		return nil, refuse("invalid_request", "an image or file data URL must be base64 with a media type")
 	}
 	if text, err := base64.StdEncoding.DecodeString(data); media == "text/plain" && err == nil {
@@ -315,10 +304,8 @@ func messagesSourceOf(u string) (*messagesSource, error) {
 	return &messagesSource{Type: "base64", MediaType: media, Data: data}, nil
 }
 
-// encodeMessages builds a Messages body: tool results first in their turn and
-// no empty text blocks, as the API requires; claude-code's system prompt
-// (o.oauth) leads with claudeCodeIdentity; a custom tool is a function of one
-// string member, input (SPEC §7.6).
+// encodeMessages builds a Messages body: tool results first, no empty text (the
+// API requires both), claude-code's identity first, custom tools as functions (SPEC §7.6).
 func encodeMessages(req chatRequest, model string, o upstreamOptions) (any, error) {
 	out := messagesRequestBody{callerHead: req.head(model, o), StopSequences: req.Stop, Messages: []messagesTurn{}}
 	if req.MaxTokens > 0 {
@@ -429,7 +416,7 @@ func decodeMessages(body []byte) (chatAnswer, error) {
 	if err := json.Unmarshal(body, &r); err != nil || r.Type != "message" {
 		return chatAnswer{}, malformedAnswer(protoAnthropic, err)
 	}
-	a := chatAnswer{Finish: finishStop}
+	a := chatAnswer{Finish: messagesFinish(valueOr(r.StopReason, ""))}
 	for _, b := range r.Content {
 		switch {
 		case b.Type == "text" && b.Text != nil:
@@ -444,9 +431,6 @@ func decodeMessages(body []byte) (chatAnswer, error) {
 			}
 			a.ToolCalls = append(a.ToolCalls, toolCall{ID: b.ID, Name: b.Name, Arguments: args.String()})
 		}
-	}
-	if r.StopReason != nil {
-		a.Finish = messagesFinish(*r.StopReason)
 	}
 	if u := r.Usage; u != nil {
 		a.Usage = usage{InputTokens: u.input(), OutputTokens: u.OutputTokens, Reported: true}

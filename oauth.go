@@ -24,8 +24,7 @@ import (
 )
 
 // OAuth grants (SPEC §11.1): refreshed in one flight per subscription, the
-// token answer classified (a partial answer is never a refusal), and
-// obtained by the PKCE sign-in exchange.
+// token answer classified, and obtained by the PKCE sign-in exchange.
 
 // oauthProvider is one row of SPEC §11.1's token and sign-in tables.
 type oauthProvider struct {
@@ -138,10 +137,8 @@ func (o *oauthClient) shutdown() {
 	o.wg.Wait()
 }
 
-// refresh returns subscription id's refreshed grant; concurrent calls share
-// one flight, run under context.WithoutCancel so a caller hanging up fails
-// no other. When refusedAccessToken (just refused by a provider) is no
-// longer the vault's, the vault's grant is returned without a token call.
+// refresh returns id's refreshed grant (the vault's when refusedAccessToken is no longer it)
+// from one flight shared by concurrent calls, run under context.WithoutCancel (STYLE B8).
 func (o *oauthClient) refresh(ctx context.Context, id, provider, refusedAccessToken string) (oauthGrant, error) {
 	o.mu.Lock()
 	if o.closed {
@@ -266,9 +263,8 @@ func (o *oauthClient) superseded(id, provider string) error {
 	return fmt.Errorf("refresh %s: %w", id, errRefreshSuperseded)
 }
 
-// endpointError is a failed token call or usage read (Op names it), never
-// quoting a body. A token call's is Definitive when the provider disowned
-// the grant or the refreshed one could not be kept, else a transport failure.
+// endpointError is a failed token call or usage read (Op names it), never quoting
+// a body; Definitive: the grant was disowned or the refreshed one not kept.
 type endpointError struct {
 	Op         string // "usage report GET"; "" for a token call
 	Definitive bool
@@ -314,15 +310,24 @@ func withCause(msg string, err error) string {
 	return msg + ": " + err.Error()
 }
 
-// callEndpoint sends req and reads the answer whole; status is 0 when none came.
-func callEndpoint(client *http.Client, req *http.Request) (status int, body []byte, err error) {
+// callEndpoint sends one request with headers and reads the answer whole; status is 0 when none came.
+func callEndpoint(ctx context.Context, client *http.Client, method, endpoint string, body []byte,
+	headers ...[2]string) (status int, b []byte, err error) {
+	req, err := http.NewRequestWithContext(ctx, method, endpoint, bytes.NewReader(body))
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set("Accept", "application/json")
+	for _, kv := range headers {
+		req.Header.Set(kv[0], kv[1])
+	}
 	resp, err := client.Do(req)
 	if err != nil {
 		return 0, nil, err
 	}
 	defer resp.Body.Close()
-	body, err = io.ReadAll(resp.Body)
-	return resp.StatusCode, body, err
+	b, err = io.ReadAll(resp.Body)
+	return resp.StatusCode, b, err
 }
 
 // endpointName is raw without user info, query or fragment, for messages.
@@ -341,7 +346,6 @@ var definitiveErrors = map[string]bool{
 
 // tokenCall POSTs fields in p's body format and classifies the answer.
 func (o *oauthClient) tokenCall(ctx context.Context, p oauthProvider, endpoint string, fields map[string]string, secrets ...string) (tokenAnswer, *endpointError) {
-	name := endpointName(endpoint)
 	body, _ := json.Marshal(fields) // a map of strings always encodes
 	ctype := "application/json"
 	if p.form {
@@ -351,14 +355,8 @@ func (o *oauthClient) tokenCall(ctx context.Context, p oauthProvider, endpoint s
 		}
 		body, ctype = []byte(vals.Encode()), "application/x-www-form-urlencoded"
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, bytes.NewReader(body))
-	if err != nil {
-		return tokenAnswer{}, &endpointError{Endpoint: name, Err: err}
-	}
-	req.Header.Set("Content-Type", ctype)
-	req.Header.Set("Accept", "application/json")
-	status, b, err := callEndpoint(o.client, req)
-	return classifyTokenAnswer(name, status, b, err, secrets...)
+	status, b, err := callEndpoint(ctx, o.client, http.MethodPost, endpoint, body, [2]string{"Content-Type", ctype})
+	return classifyTokenAnswer(endpointName(endpoint), status, b, err, secrets...)
 }
 
 // classifyTokenAnswer sorts a token answer (SPEC §11.1): a 2xx with an
@@ -412,9 +410,8 @@ type tokenAnswer struct {
 // maxExpiresIn bounds expires_in (100 years): more is unusable, not an overflow.
 const maxExpiresIn = 100 * 365 * 24 * 3600
 
-// parseTokenAnswer reads a token answer leniently: an object with an
-// access_token and no error, else errTokenRefused (RFC 6749 §5.2 or
-// Anthropic-style "error") or errTokenMalformed, with what it read.
+// parseTokenAnswer reads a token answer leniently: an access_token and no error,
+// else errTokenRefused (RFC 6749 §5.2, or Anthropic's "error" object) or errTokenMalformed.
 func parseTokenAnswer(body []byte) (tokenAnswer, error) {
 	b := bytes.TrimSpace(body)
 	if len(b) == 0 || b[0] != '{' {

@@ -84,7 +84,7 @@ func onboard(ctx context.Context, getenv func(string) string, sy sys, model stri
 	}
 
 	// 3. A route or credential can serve.
-	s := &server{log: sy.log, getenv: getenv, st: d.st, now: sy.now, clients: d.clients, vault: d.vault, journal: d.journal, reg: d.reg}
+	s := &server{deps: d, log: sy.log, getenv: getenv, now: sy.now}
 	s.client = newProviderClient()
 	s.catalog = newCatalog(d.st, getenv, s.client, sy.log, sy.now)
 	c, req, next, err := s.onboardPlan(model)
@@ -176,7 +176,7 @@ func (s *server) onboardPlan(model string) (c call, req chatRequest, next string
 		}
 	}
 	req = pingRequest(model, providerInfo{})
-	c, err = s.plan(&requestInfo{}, &req)
+	c, err = s.engine(&requestInfo{}).plan(client{}, "", &req)
 	switch ae := asAPIError(err); {
 	case err == nil && (c.res.Mode == modeDirect || c.res.Mode == modeAlias):
 		return c, req, "", nil

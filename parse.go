@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,11 +12,8 @@ import (
 	"strings"
 )
 
-// Reading a caller's body, the rules the three formats share (SPEC §7.6):
-// a member with no counterpart elsewhere is dropped and named in the
-// caller's member paths (chatRequest.Dropped); one Brama must read and
-// cannot is refused as invalid_request, naming the member, never quoting
-// the caller's text.
+// Reading a caller's body (SPEC §7.6): a member with no counterpart elsewhere is dropped
+// and named (chatRequest.Dropped), one unreadable refused as invalid_request, never quoted.
 
 func refuseInvalid(format string, args ...any) *apiError {
 	return refuse("invalid_request", format, args...)
@@ -43,33 +41,24 @@ func decodeCallerJSON(data []byte, v any, what string) error {
 	return refuseInvalid("malformed JSON").because(err)
 }
 
-// callerJSONKind names the JSON shape a Go type decodes from, for refusals.
+// callerJSONKinds names the JSON shape of each Go kind the caller shapes use
+// (int, float64, slices: no other numbers or arrays), for refusals.
+var callerJSONKinds = map[reflect.Kind]string{reflect.String: "a string", reflect.Bool: "a boolean",
+	reflect.Int: "an integer", reflect.Float64: "a number", reflect.Slice: "an array"}
+
+// callerJSONKind names the JSON shape a Go type decodes from; a struct is an object.
 func callerJSONKind(t reflect.Type) string {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
-	switch k := t.Kind(); {
-	case k == reflect.String:
-		return "a string"
-	case k == reflect.Bool:
-		return "a boolean"
-	case k >= reflect.Int && k <= reflect.Uint64:
-		return "an integer"
-	case k == reflect.Float32 || k == reflect.Float64:
-		return "a number"
-	case k == reflect.Slice || k == reflect.Array:
-		return "an array"
-	}
-	return "an object"
+	return cmp.Or(callerJSONKinds[t.Kind()], "an object")
 }
 
-func rawIsNull(raw json.RawMessage) bool {
-	raw = bytes.TrimSpace(raw)
-	return len(raw) == 0 || string(raw) == "null"
-}
+// rawIsNull reports an absent or null value (raw is valid JSON: only null starts with n).
+func rawIsNull(raw json.RawMessage) bool { return rawShape(raw) == 0 || rawShape(raw) == 'n' }
 
 // rawShape is the first byte of a JSON value: '"', '[', '{', or another
-// byte for numbers, booleans and null.
+// byte for numbers, booleans and null; 0 when absent.
 func rawShape(raw json.RawMessage) byte {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 {
@@ -113,20 +102,25 @@ func (req chatRequest) head(model string, o upstreamOptions) callerHead {
 	return callerHead{Model: model, Temperature: req.Temperature, TopP: req.TopP, Stream: o.stream}
 }
 
-// newCallerRequest checks the members every dialect shares and starts the
-// neutral request; limitName is the dialect's name for the output limit.
-func newCallerRequest(h callerHead, limitName string, limit *int) (chatRequest, error) {
+// newCallerRequest decodes body into b, a format's wire shape embedding h,
+// checks the members every format shares and names the unknown top-level ones.
+func newCallerRequest(body []byte, b any, h *callerHead, known, limitName string,
+	limit **int) (chatRequest, error) {
+	if err := decodeCallerJSON(body, b, ""); err != nil {
+		return chatRequest{}, err
+	}
 	if h.Model == "" {
 		return chatRequest{}, refuseInvalid("model is required and must be a non-empty string")
 	}
 	req := chatRequest{Model: h.Model, Temperature: h.Temperature, TopP: h.TopP, Stream: h.Stream}
 	var err error
-	if req.MaxTokens, err = checkCallerMaxTokens(limitName, limit); err != nil {
+	if req.MaxTokens, err = checkCallerMaxTokens(limitName, *limit); err != nil {
 		return chatRequest{}, err
 	}
 	if req.BillingTarget, err = readBillingTarget(h.BillingTarget); err != nil {
 		return chatRequest{}, err
 	}
+	dropUnknown(&req.Dropped, body, "", known)
 	return req, nil
 }
 
@@ -145,20 +139,21 @@ func callerContent[T any](raw json.RawMessage, what, kind string) (text []part, 
 	return nil, nil, refuseInvalid("%s must be a string or an array of %s", what, kind)
 }
 
-// openAIParts reads content as both OpenAI formats send it: a string, or
-// parts of type T that read turns into neutral parts, with the path of the
-// URL it checks; a part read leaves untyped is dropped and named.
-func openAIParts[T any](req *chatRequest, raw json.RawMessage, what string,
-	read func(T, string) (part, string, error)) ([]part, error) {
-	text, items, err := callerContent[T](raw, what, "content parts")
+// callerParts reads content in every format: a string, or parts (kind) that read
+// turns into neutral ones, given each one's raw JSON and path, with the path of
+// the URL to check; a part it leaves untyped is dropped and named.
+func callerParts[T any](req *chatRequest, raw json.RawMessage, what, kind string,
+	read func(T, json.RawMessage, string) (part, string, error)) ([]part, error) {
+	text, items, err := callerContent[T](raw, what, kind)
 	if err != nil || text != nil {
 		return text, err
 	}
 	var parts []part
+	raws := rawItems(raw)
 	for i, it := range items {
 		pw := fmt.Sprintf("%s[%d]", what, i)
-		p, urlPath, err := read(it, pw)
-		if err == nil && p.Type != partText && p.Type != "" {
+		p, urlPath, err := read(it, raws[i], pw)
+		if err == nil && (p.Type == partImage || p.Type == partDocument) {
 			err = checkCallerURL(p.ImageURL+p.FileURL, urlPath)
 		}
 		switch {
@@ -184,9 +179,8 @@ func checkCallerMaxTokens(name string, v *int) (int, error) {
 	return *v, nil
 }
 
-// parseCallerSchema reads a JSON Schema member: absent or null is nil, an
-// object is kept compacted (raw is valid JSON: it came out of the decoded
-// body), anything else is refused.
+// parseCallerSchema reads a JSON Schema member: null is nil, an object is kept
+// compacted (valid JSON: it came out of the decoded body), the rest refused.
 func parseCallerSchema(raw json.RawMessage, what string) (json.RawMessage, error) {
 	if rawIsNull(raw) {
 		return nil, nil
@@ -212,9 +206,8 @@ func checkCallerURL(url, what string) error {
 // bounded so a refusal never echoes a long string back.
 func quoteCallerToken(s string) string { return fmt.Sprintf("%q", truncateUTF8(s, 64)) }
 
-// appendPart adds p to the last message when it has role, else a new turn:
-// consecutive tool results are one user turn (SPEC §7.6), a tool call joins
-// the assistant turn before it.
+// appendPart adds p to the last message when it has role, else a new turn: tool
+// results in a row are one user turn (SPEC §7.6), a call joins its assistant turn.
 func appendPart(msgs []message, role string, p part) []message {
 	n := len(msgs)
 	if n > 0 && msgs[n-1].Role == role && (role != "user" || len(msgs[n-1].Parts) > 0 &&
@@ -276,14 +269,15 @@ type openAITool struct {
 	Tools       []openAITool    `json:"tools,omitempty"` // a namespace's members
 }
 
-// addOpenAITool adds a function, custom or namespace tool; any other (a
-// hosted tool: web_search, tool_search, …) is dropped and named.
-func (req *chatRequest) addOpenAITool(t openAITool, what string) error {
+// addOpenAITool adds a function, custom or namespace tool, naming the unknown members
+// of raw (nil: none); any other (a hosted tool: web_search, …) is dropped and named.
+func (req *chatRequest) addOpenAITool(t openAITool, raw json.RawMessage, what string) error {
 	if t.Name == "" && slices.Contains([]string{"function", "custom", "namespace"}, t.Type) {
 		return refuseInvalid("%s needs a name", what)
 	}
 	switch t.Type {
 	case "function", "custom":
+		dropUnknown(&req.Dropped, raw, what, "type name description parameters strict format")
 		params, err := parseCallerSchema(t.Parameters, what+".parameters")
 		if err != nil {
 			return err
@@ -300,87 +294,93 @@ func (req *chatRequest) addOpenAITool(t openAITool, what string) error {
 		if t.Description != "" {
 			req.Dropped = append(req.Dropped, what+".description")
 		}
-		for i, m := range t.Tools {
-			n := len(req.Tools)
-			if err := req.addOpenAITool(m, fmt.Sprintf("%s.tools[%d]", what, i)); err != nil {
-				return err
-			}
-			for j := n; j < len(req.Tools); j++ {
-				req.Tools[j].Namespace, req.Tools[j].Name = t.Name, t.Name+"__"+req.Tools[j].Name
-			}
+		n := len(req.Tools)
+		err := eachItem(t.Tools, nil, what+".tools", req.addOpenAITool)
+		for j := n; j < len(req.Tools); j++ {
+			req.Tools[j].Namespace, req.Tools[j].Name = t.Name, t.Name+"__"+req.Tools[j].Name
 		}
+		return err
 	default:
 		req.Dropped = append(req.Dropped, what)
 	}
 	return nil
 }
 
-// parseOpenAIToolChoice reads tool_choice: a mode, or an object naming one
-// tool (nested under "function" or "custom" in chat, flat in responses);
-// other objects (allowed_tools, a hosted tool) are dropped and named.
-func parseOpenAIToolChoice(req *chatRequest, raw json.RawMessage, nested bool) (*toolChoice, error) {
+// setOpenAIToolChoice reads tool_choice: a mode or one tool (nested in chat, flat
+// in responses); other objects (allowed_tools, a hosted tool) are dropped.
+func (req *chatRequest) setOpenAIToolChoice(raw json.RawMessage, nested bool) error {
+	type named struct {
+		Name string `json:"name"`
+	}
+	var tc struct {
+		Type      string `json:"type"`
+		Name      string `json:"name"`
+		Namespace string `json:"namespace"`
+		Function  named  `json:"function"`
+		Custom    named  `json:"custom"`
+	}
 	switch rawShape(raw) {
 	case 0, 'n': // absent, or null: raw came out of the decoded body, so it is valid JSON
-		return nil, nil
+		return nil
 	case '"':
-		var s string
-		if err := decodeCallerJSON(raw, &s, "tool_choice"); err != nil {
-			return nil, err
+		json.Unmarshal(raw, &tc.Type) // a JSON string: it cannot fail
+		if !slices.Contains([]string{toolChoiceAuto, toolChoiceNone, toolChoiceRequired}, tc.Type) {
+			return refuseInvalid("tool_choice must be \"auto\", \"none\", \"required\" or a tool")
 		}
-		switch s {
-		case toolChoiceAuto, toolChoiceNone, toolChoiceRequired:
-			return &toolChoice{Mode: s}, nil
-		}
-		return nil, refuseInvalid("tool_choice must be \"auto\", \"none\", \"required\" or a tool")
+		req.ToolChoice = &toolChoice{Mode: tc.Type}
+		return nil
 	case '{':
-		var tc struct {
-			Type      string `json:"type"`
-			Name      string `json:"name"`
-			Namespace string `json:"namespace"`
-			Function  struct {
-				Name string `json:"name"`
-			} `json:"function"`
-			Custom struct {
-				Name string `json:"name"`
-			} `json:"custom"`
-		}
 		if err := decodeCallerJSON(raw, &tc, "tool_choice"); err != nil {
-			return nil, err
+			return err
 		}
-		if tc.Type != "function" && tc.Type != "custom" {
-			req.Dropped = append(req.Dropped, "tool_choice")
-			return nil, nil
-		}
-		name := tc.Name
-		if nested {
-			name = tc.Function.Name + tc.Custom.Name
-		}
-		if name == "" {
-			return nil, refuseInvalid("tool_choice must name a tool: {\"type\":\"function\",…}")
-		}
-		if tc.Namespace != "" {
-			name = tc.Namespace + "__" + name
-		}
-		return &toolChoice{Mode: toolChoiceTool, Name: name}, nil
+	default:
+		return refuseInvalid("tool_choice must be a string or an object")
 	}
-	return nil, refuseInvalid("tool_choice must be a string or an object")
+	if tc.Type != "function" && tc.Type != "custom" {
+		req.Dropped = append(req.Dropped, "tool_choice")
+		return nil
+	}
+	if nested {
+		tc.Name = tc.Function.Name + tc.Custom.Name
+	}
+	if tc.Name == "" {
+		return refuseInvalid("tool_choice must name a tool: {\"type\":\"function\",…}")
+	}
+	if tc.Namespace != "" {
+		tc.Name = tc.Namespace + "__" + tc.Name
+	}
+	req.ToolChoice = &toolChoice{Mode: toolChoiceTool, Name: tc.Name}
+	return nil
 }
 
-// checkOutput reads a structured-output member: text is none, json_object
+// setOutput reads a structured-output member: text is none, json_object
 // any JSON, json_schema needs its schema.
-func checkOutput(o *outputFormat, what string) (*outputFormat, error) {
-	switch o.Type {
-	case "", "text":
-		return nil, nil
-	case "json_object":
-		return &outputFormat{Type: o.Type}, nil
-	case "json_schema":
-		if rawShape(o.Schema) != '{' {
-			return nil, refuseInvalid("%s needs a JSON Schema object", what)
-		}
-		return o, nil
+func (req *chatRequest) setOutput(o *outputFormat, what string) error {
+	switch {
+	case o == nil || o.Type == "" || o.Type == "text":
+	case o.Type == "json_object":
+		req.Output = &outputFormat{Type: o.Type}
+	case o.Type != "json_schema":
+		return refuseInvalid("%s.type %s is not text, json_object or json_schema", what, quoteCallerToken(o.Type))
+	case rawShape(o.Schema) != '{':
+		return refuseInvalid("%s needs a JSON Schema object", what)
+	default:
+		req.Output = o
 	}
-	return nil, refuseInvalid("%s.type %s is not text, json_object or json_schema", what, quoteCallerToken(o.Type))
+	return nil
+}
+
+// eachItem runs add on every element of a caller's array, with its raw JSON from
+// list (the array, nil when the caller needs none) and its path; the first refusal stops it.
+func eachItem[T any](items []T, list json.RawMessage, what string,
+	add func(T, json.RawMessage, string) error) error {
+	raws := append(rawItems(list), make([]json.RawMessage, len(items))...) // nil past the list
+	for i, it := range items {
+		if err := add(it, raws[i], fmt.Sprintf("%s[%d]", what, i)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // callerTextOf reads content that may only be text: a string, or an array of

@@ -15,9 +15,8 @@ import (
 	"time"
 )
 
-// Plan windows are a provider's account of how much of a plan is spent, from
-// subscription answers' headers (SPEC §6.3) and usage reports (SPEC §11.2),
-// under one id per window so either replaces the other.
+// Plan windows say how much of a plan is spent, from answers' headers (SPEC
+// §6.3) and usage reports (SPEC §11.2), under one id so either replaces the other.
 
 // Where a plan window's reading came from.
 const (
@@ -64,37 +63,33 @@ var anthropicWindows = []anthropicWindow{
 }
 
 // parsePlanWindows reads the plan windows an answer's headers state (SPEC
-// §6.3) for claude-code and codex; a value that does not parse is skipped,
-// never guessed.
+// §6.3); a value that does not parse is skipped, never guessed.
 func parsePlanWindows(provider string, h http.Header, now time.Time) []planWindow {
 	var ws []planWindow
 	num := func(key string) (float64, bool) { return parseNumber(h.Get(key)) }
 	switch provider {
 	case "claude-code":
 		for _, k := range anthropicWindows {
-			util, ok := num("anthropic-ratelimit-unified-" + k.header + "-utilization")
-			if !ok {
-				continue
+			key := "anthropic-ratelimit-unified-" + k.header
+			if util, ok := num(key + "-utilization"); ok {
+				reset, _ := num(key + "-reset") // epoch seconds
+				if !(reset > 0 && reset < planMaxResetSeconds) {
+					reset = 0
+				}
+				ws = append(ws, newWindow(k.id, k.label, util, int64(reset*1000), now, windowSourceTraffic))
 			}
-			w := newWindow(k.id, k.label, util, 0, now, windowSourceTraffic)
-			if reset, ok := num("anthropic-ratelimit-unified-" + k.header + "-reset"); ok && reset > 0 && reset < planMaxResetSeconds {
-				w.ResetsAtMs = int64(reset * 1000)
-			}
-			ws = append(ws, w)
 		}
 	case "codex":
 		for _, which := range []string{"primary", "secondary"} {
-			prefix := "x-codex-" + which + "-"
-			pct, ok := num(prefix + "used-percent")
-			if !ok {
-				continue
+			key := "x-codex-" + which + "-"
+			if pct, ok := num(key + "used-percent"); ok {
+				mins, _ := num(key + "window-minutes")
+				w := newWindow("codex:"+which, windowLabel(mins, which+" window"), pct/100, 0, now, windowSourceTraffic)
+				if after, ok := num(key + "reset-after-seconds"); ok && after >= 0 && after < planMaxResetSeconds {
+					w.ResetsAtMs = now.UnixMilli() + int64(after*1000)
+				}
+				ws = append(ws, w)
 			}
-			mins, _ := num(prefix + "window-minutes")
-			w := newWindow("codex:"+which, windowLabel(mins, which+" window"), pct/100, 0, now, windowSourceTraffic)
-			if after, ok := num(prefix + "reset-after-seconds"); ok && after >= 0 && after < planMaxResetSeconds {
-				w.ResetsAtMs = now.UnixMilli() + int64(after*1000)
-			}
-			ws = append(ws, w)
 		}
 	}
 	return ws
@@ -127,21 +122,23 @@ func windowLabel(mins float64, fallback string) string {
 	return strconv.FormatInt(n, 10) + " " + unit + "s"
 }
 
-// usageReports lists the providers with a usage report (SPEC §11.2): its
-// path below the base URL (codex's lives elsewhere), its reader, whether an
-// API key reads it (only Kimi Code's), and the chat route's headers it is
-// sent besides Authorization (and codex's chatgpt-account-id).
+// usageReports is SPEC §11.2's reports: the path below the base URL (codex's lives elsewhere), the
+// reader, what a report naming no window lacks, whether an API key reads it, the chat route's headers.
 var usageReports = map[string]struct {
 	path    string
-	parse   func([]byte, time.Time) ([]planWindow, error)
+	read    func(report, time.Time) []planWindow
+	none    string
 	apiKey  bool
 	headers [][2]string
 }{
-	"claude-code": {path: "/api/oauth/usage", parse: parseClaudeCodeUsage,
+	"claude-code": {path: "/api/oauth/usage", read: claudeCodeUsage,
+		none:    "no member with utilization and resets_at",
 		headers: [][2]string{{"anthropic-version", "2023-06-01"}, {"anthropic-beta", "oauth-2025-04-20"}}},
-	"codex": {parse: parseCodexUsage,
+	"codex": {read: codexUsage,
+		none:    "no rate_limit with a primary_window or secondary_window with used_percent",
 		headers: [][2]string{{"OpenAI-Beta", "responses=experimental"}, {"originator", "codex_cli_rs"}}},
-	"kimi": {path: "/usages", parse: parseKimiUsage, apiKey: true},
+	"kimi": {path: "/usages", read: kimiUsage, apiKey: true,
+		none: "no usage or limits entry with a limit above 0"},
 }
 
 // codexUsageURL is overridden by BRAMA_PROVIDER_CODEX_USAGE_URL alone.
@@ -153,9 +150,8 @@ func usageReportable(provider string, cred vaultCredential) bool {
 	return ok && (cred.OAuth != nil || (r.apiKey && cred.APIKey != ""))
 }
 
-// The usage report readers read the providers' own, undocumented shapes
-// through the one lenient reader `report`: what they recognize, never a
-// guessed number. errUsageReport classifies every refused body.
+// errUsageReport classifies every refused report body: the readers take what
+// they recognize of the providers' undocumented shapes, never a guessed number.
 var errUsageReport = errors.New("the usage report is not usable")
 
 // usageMaxResetMs bounds a reset instant, so arithmetic cannot overflow.
@@ -164,8 +160,9 @@ const usageMaxResetMs = planMaxResetSeconds * 1000
 // report is one JSON object of a provider report, read leniently.
 type report map[string]json.RawMessage
 
-// readReport decodes a JSON object, describing anything else without quoting it.
-func readReport(body []byte) (report, error) {
+// parseUsage reads the report of provider (one in usageReports): a JSON object
+// naming a window, else errUsageReport saying why without quoting the body.
+func parseUsage(provider string, body []byte, now time.Time) ([]planWindow, error) {
 	var r report
 	if err := json.Unmarshal(body, &r); err != nil {
 		return nil, fmt.Errorf("%w: the body is not a JSON object (%s)", errUsageReport, jsonErrorKind(err))
@@ -173,7 +170,11 @@ func readReport(body []byte) (report, error) {
 	if r == nil {
 		return nil, fmt.Errorf("%w: the body is not a JSON object (null)", errUsageReport)
 	}
-	return r, nil
+	u := usageReports[provider]
+	if ws := u.read(r, now); len(ws) > 0 {
+		return ws, nil
+	}
+	return nil, fmt.Errorf("%w: it names no plan window (%s)", errUsageReport, u.none)
 }
 
 // jsonErrorKind says what was wrong with a JSON document without quoting a fragment of it.
@@ -215,8 +216,7 @@ func (r report) num(keys ...string) (float64, bool) {
 	return 0, false
 }
 
-// instant is the first of keys holding an instant, in epoch ms (0 none): RFC
-// 3339, or epoch seconds or ms as a number or numeric string (SPEC §11.2).
+// instant is the first of keys holding an instant (SPEC §11.2), in epoch ms; 0 none.
 func (r report) instant(keys ...string) int64 {
 	for _, k := range keys {
 		f, ok := r.num(k)
@@ -240,60 +240,34 @@ func usageMs(f float64) (int64, bool) {
 	return int64(f), true
 }
 
-// usageNoWindows is the refusal of a report that parsed but named no window.
-func usageNoWindows(what string) error {
-	return fmt.Errorf("%w: it names no plan window (%s)", errUsageReport, what)
-}
-
 // claudeWindowKey is the shape of a member kept as a window id.
 var claudeWindowKey = regexp.MustCompile(`^[a-z0-9_]{1,64}$`)
 
-// parseClaudeCodeUsage reads {base}/api/oauth/usage: members {"utilization":
-// percent, "resets_at": instant|null}; one lacking either (null, a disabled
-// model window, extra_usage's credits) is no window. anthropicWindows come
-// first under their traffic ids, then anthropic:<member> by name.
-func parseClaudeCodeUsage(body []byte, now time.Time) ([]planWindow, error) {
-	r, err := readReport(body)
-	if err != nil {
-		return nil, err
-	}
-	rank := func(k string) int {
-		i := slices.IndexFunc(anthropicWindows, func(w anthropicWindow) bool { return w.member == k })
-		return cmp.Or(i+1, len(anthropicWindows)+1)
-	}
-	keys := slices.Sorted(maps.Keys(r))
-	slices.SortStableFunc(keys, func(a, b string) int { return rank(a) - rank(b) })
+// claudeCodeUsage reads {base}/api/oauth/usage: a member with "utilization" percent and "resets_at"
+// is a window, anthropicWindows first under their traffic ids, then anthropic:<member> by name.
+func claudeCodeUsage(r report, now time.Time) []planWindow {
 	var ws []planWindow
-	for _, k := range keys {
+	add := func(k, id, label string) {
 		m := r.obj(k)
 		_, hasReset := m["resets_at"]
-		util, ok := m.num("utilization")
-		if !claudeWindowKey.MatchString(k) || !ok || !hasReset {
-			continue
+		if util, ok := m.num("utilization"); ok && hasReset && claudeWindowKey.MatchString(k) {
+			ws = append(ws, newWindow(id, label, util/100, m.instant("resets_at"), now, windowSourceReport))
 		}
-		id, label := "anthropic:"+k, strings.ReplaceAll(k, "_", " ")
-		if i := rank(k) - 1; i < len(anthropicWindows) {
-			id, label = anthropicWindows[i].id, anthropicWindows[i].label
+	}
+	for _, w := range anthropicWindows {
+		add(w.member, w.id, w.label)
+	}
+	for _, k := range slices.Sorted(maps.Keys(r)) {
+		if !slices.ContainsFunc(anthropicWindows, func(w anthropicWindow) bool { return w.member == k }) {
+			add(k, "anthropic:"+k, strings.ReplaceAll(k, "_", " "))
 		}
-		ws = append(ws, newWindow(id, label, util/100, m.instant("resets_at"), now, windowSourceReport))
 	}
-	if len(ws) == 0 {
-		return nil, usageNoWindows("no member with utilization and resets_at")
-	}
-	return ws, nil
+	return ws
 }
 
-// parseCodexUsage reads rate_limit's primary_window and secondary_window
-// (SPEC §11.2; reset_at wins over reset_after_seconds).
-func parseCodexUsage(body []byte, now time.Time) ([]planWindow, error) {
-	r, err := readReport(body)
-	if err != nil {
-		return nil, err
-	}
+// codexUsage reads rate_limit's windows (SPEC §11.2); reset_at wins over reset_after_seconds.
+func codexUsage(r report, now time.Time) []planWindow {
 	rl := r.obj("rate_limit")
-	if rl == nil {
-		return nil, usageNoWindows("no rate_limit object")
-	}
 	var ws []planWindow
 	for _, which := range []string{"primary", "secondary"} {
 		m := rl.obj(which + "_window")
@@ -311,10 +285,7 @@ func parseCodexUsage(body []byte, now time.Time) ([]planWindow, error) {
 		}
 		ws = append(ws, newWindow("codex:"+which, label, pct/100, reset, now, windowSourceReport))
 	}
-	if len(ws) == 0 {
-		return nil, usageNoWindows("rate_limit has no primary_window or secondary_window with used_percent")
-	}
-	return ws, nil
+	return ws
 }
 
 // kimiTimeUnits is minutes per window.timeUnit of a Kimi limit.
@@ -322,18 +293,12 @@ var kimiTimeUnits = map[string]float64{
 	"TIME_UNIT_SECOND": 1.0 / 60, "TIME_UNIT_MINUTE": 1, "TIME_UNIT_HOUR": 60, "TIME_UNIT_DAY": 24 * 60,
 }
 
-// parseKimiUsage reads {base}/usages as SPEC §11.2 says (detail's counters
-// win over the top level's).
-func parseKimiUsage(body []byte, now time.Time) ([]planWindow, error) {
-	r, err := readReport(body)
-	if err != nil {
-		return nil, err
-	}
+// kimiUsage reads {base}/usages (SPEC §11.2); detail's counters win over the top level's.
+func kimiUsage(r report, now time.Time) []planWindow {
 	var ws []planWindow
-	if u := r.obj("usage"); u != nil {
-		if f, ok := kimiFraction(u); ok {
-			ws = append(ws, newWindow("kimi:usage", "plan usage", f, u.instant("reset_time", "resetTime"), now, windowSourceReport))
-		}
+	u := r.obj("usage") // nil when absent: it has no fraction
+	if f, ok := kimiFraction(u); ok {
+		ws = append(ws, newWindow("kimi:usage", "plan usage", f, u.instant("reset_time", "resetTime"), now, windowSourceReport))
 	}
 	var limits []json.RawMessage
 	json.Unmarshal(r["limits"], &limits) // not an array: no limits
@@ -353,10 +318,7 @@ func parseKimiUsage(body []byte, now time.Time) ([]planWindow, error) {
 		reset := cmp.Or(counters.instant("resetTime", "reset_time"), top.instant("resetTime", "reset_time"))
 		ws = append(ws, newWindow("kimi:limit-"+strconv.Itoa(i), label, f, reset, now, windowSourceReport))
 	}
-	if len(ws) == 0 {
-		return nil, usageNoWindows("no usage or limits entry with a limit above 0")
-	}
-	return ws, nil
+	return ws
 }
 
 // kimiFraction is used/limit (limit > 0), or else 1 − remaining/limit.

@@ -129,13 +129,6 @@ func FuzzPlanWindows(f *testing.F) {
 // usageT0 is the injected "now" of the parser tests.
 var usageT0 = time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
 
-// usageParsers are the three report parsers by provider.
-var usageParsers = map[string]func([]byte, time.Time) ([]planWindow, error){
-	"claude-code": parseClaudeCodeUsage,
-	"codex":       parseCodexUsage,
-	"kimi":        parseKimiUsage,
-}
-
 // uw is a usage_report window recorded at usageT0.
 func uw(id, label string, frac float64, resetMs int64) planWindow {
 	return planWindow{ID: id, Label: label, UsedFraction: frac, ResetsAtMs: resetMs, RecordedAtMs: usageT0.UnixMilli(), Source: "usage_report"}
@@ -219,7 +212,7 @@ func TestParseUsageReports(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := usageParsers[tc.provider]([]byte(tc.body), usageT0)
+			got, err := parseUsage(tc.provider, []byte(tc.body), usageT0)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("err = %v, want one containing %q", err, tc.wantErr)
@@ -274,11 +267,11 @@ func TestUsageInstant(t *testing.T) {
 	}
 }
 
-// checkUsageParse is the fuzz invariant shared by the three parsers: no
+// checkUsageParse is the fuzz invariant shared by the three reports: no
 // panic, every error classified, every accepted window well-formed and
 // re-encodable.
-func checkUsageParse(t *testing.T, parse func([]byte, time.Time) ([]planWindow, error), prefix string, data []byte) {
-	ws, err := parse(data, usageT0)
+func checkUsageParse(t *testing.T, provider, prefix string, data []byte) {
+	ws, err := parseUsage(provider, data, usageT0)
 	if err != nil {
 		if !errors.Is(err, errUsageReport) {
 			t.Fatalf("unclassified error: %v", err)
@@ -319,19 +312,19 @@ func FuzzUsageClaudeCode(f *testing.F) {
 	f.Add([]byte(`{"five_hour":{"utilization":24.0,"resets_at":"2026-01-02T19:59:59.600956+00:00"},"seven_day":{"utilization":36.0,"resets_at":null}}`))
 	f.Add([]byte(`{"five_hour":{"utilization":1e309,"resets_at":1e300},"x":{"utilization":-1,"resets_at":"1893553445123"}}`))
 	f.Add([]byte(`{"seven_day_opus":null,"extra_usage":{"utilization":null}}`))
-	f.Fuzz(func(t *testing.T, data []byte) { checkUsageParse(t, parseClaudeCodeUsage, "anthropic:", data) })
+	f.Fuzz(func(t *testing.T, data []byte) { checkUsageParse(t, "claude-code", "anthropic:", data) })
 }
 
 func FuzzUsageCodex(f *testing.F) {
 	f.Add([]byte(`{"rate_limit":{"primary_window":{"used_percent":3,"limit_window_seconds":18000,"reset_at":1767385852},"secondary_window":{"used_percent":9,"limit_window_seconds":604800,"reset_after_seconds":489450}}}`))
 	f.Add([]byte(`{"rate_limit":{"primary_window":{"used_percent":"NaN","reset_after_seconds":1e308},"secondary_window":{"used_percent":-1e308,"limit_window_seconds":-60}}}`))
 	f.Add([]byte(`{"rate_limit":null}`))
-	f.Fuzz(func(t *testing.T, data []byte) { checkUsageParse(t, parseCodexUsage, "codex:", data) })
+	f.Fuzz(func(t *testing.T, data []byte) { checkUsageParse(t, "codex", "codex:", data) })
 }
 
 func FuzzUsageKimi(f *testing.F) {
 	f.Add([]byte(`{"usage":{"limit":"100","used":"4","remaining":"96","resetTime":"2026-02-11T17:32:50.757941Z"},"limits":[{"window":{"duration":300,"timeUnit":"TIME_UNIT_MINUTE"},"detail":{"limit":"100","remaining":"85","resetTime":"2026-02-07T12:32:50Z"}}]}`))
 	f.Add([]byte(`{"usage":{"limit":1e-320,"used":1e308},"limits":[{"limit":"1","remaining":"-1e308","window":{"duration":1e308,"timeUnit":"TIME_UNIT_DAY"}},null,[]]}`))
 	f.Add([]byte(`{"limits":"none","usage":[]}`))
-	f.Fuzz(func(t *testing.T, data []byte) { checkUsageParse(t, parseKimiUsage, "kimi:", data) })
+	f.Fuzz(func(t *testing.T, data []byte) { checkUsageParse(t, "kimi", "kimi:", data) })
 }

@@ -69,8 +69,7 @@ func (e *engine) exhausted() *apiError {
 	case wk.auth:
 		ae = refuse("subscription_reauthorization_required", "the provider refused the credentials; sign in again: %s", list)
 	case wk.rejectedStatus != 0: // a selector's calls all refused the request: the last status
-		ae = refuse("provider_rejected", "every candidate refused the request: %s", list)
-		ae.ProviderStatus = wk.rejectedStatus
+		ae = refuse("provider_rejected", "every candidate refused the request: %s", list).withStatus(wk.rejectedStatus)
 	default:
 		ae = refuse("provider_failure", "every candidate was refused: %s", list)
 	}

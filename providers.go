@@ -175,10 +175,7 @@ func upstreamStreams(p providerInfo, req chatRequest) bool {
 func buildUpstreamRequest(ctx context.Context, p providerInfo, baseURL string, cred upstreamCredential, req chatRequest, model string) (*http.Request, error) {
 	stream := upstreamStreams(p, req)
 	oauth := cred.AccessToken != ""
-	f := formatOf(p.protocol)
-	if f == nil {
-		return nil, refuse("internal_error", "internal error").because(fmt.Errorf("provider %q has unknown protocol %q", p.id, p.protocol))
-	}
+	f := formatOf(p.protocol) // never nil: TestEveryProviderHasAWireFormat
 	body, err := f.encode(req, model, upstreamOptions{stream: stream, oauth: p.id == "claude-code" && oauth, codex: p.id == "codex"})
 	if err != nil {
 		return nil, err

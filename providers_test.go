@@ -163,3 +163,13 @@ func TestProviderCallRoundTrip(t *testing.T) {
 		})
 	}
 }
+
+// TestEveryProviderHasAWireFormat is why buildUpstreamRequest needs no
+// check of formatOf: every protocol of the table has a wire format.
+func TestEveryProviderHasAWireFormat(t *testing.T) {
+	for _, p := range providerTable {
+		if formatOf(p.protocol) == nil {
+			t.Errorf("provider %q: protocol %q has no wire format", p.id, p.protocol)
+		}
+	}
+}

@@ -114,10 +114,7 @@ func classifyRefusal(protocol string, status int, header http.Header, body []byt
 	if quoted := cleanQuoted(msg, presented, maxQuotedBytes); quoted != "" {
 		m += ": " + quoted
 	}
-	r.err = refuse(ec, "%s", m)
-	if ec == "provider_rejected" {
-		r.err.ProviderStatus = rejectedStatus(status)
-	}
+	r.err = refuse(ec, "%s", m).withStatus(rejectedStatus(status)) // 0 unless provider_rejected
 	if r.err.retryable() {
 		r.err.RetryAfter = wait // the provider's own wait, on any route (SPEC §8.1)
 	}
@@ -128,10 +125,7 @@ func classifyRefusal(protocol string, status int, header http.Header, body []byt
 // providers send ({"error":{…}}, {"error":"text"}, codex's {"detail":…});
 // any other body yields nothing: a raw body is never quoted.
 func providerErrorFields(body []byte) (typ, code, msg string) {
-	var b struct {
-		Error  json.RawMessage `json:"error"`
-		Detail json.RawMessage `json:"detail"`
-	}
+	var b struct{ Error, Detail json.RawMessage } // matched as "error", "detail"
 	if json.Unmarshal(body, &b) != nil {
 		return "", "", ""
 	}
@@ -144,10 +138,8 @@ func providerErrorFields(body []byte) (typ, code, msg string) {
 			return "", "", s
 		}
 	}
-	if e, ok := errorObject(b.Detail); ok {
-		return "", "", e.msg
-	}
-	return "", "", ""
+	e, _ := errorObject(b.Detail) // zero unless an object
+	return "", "", e.msg
 }
 
 type errorFields struct{ typ, code, msg string }
@@ -276,8 +268,7 @@ func clampWait(s float64) time.Duration {
 }
 
 // classifyTransport maps a failed provider call to its code (SPEC §8.2):
-// once the request may have been sent it is provider_incomplete, because
-// the provider may have generated and billed.
+// provider_incomplete once the request may have been sent (and billed).
 func classifyTransport(err error) *apiError {
 	cause := err
 	var ue *url.Error

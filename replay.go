@@ -207,7 +207,7 @@ func (e replayEntry) refusal() *apiError {
 	ae := refuse(e.code, "this request repeats one refused at %s after a provider call (%s); the same request is refused without a provider call until %s (BRAMA_REPLAY_GUARD_SECS)",
 		e.at.UTC().Format(time.RFC3339), why, e.until.UTC().Format(time.RFC3339))
 	if e.code == "provider_rejected" {
-		ae.ProviderStatus = e.status
+		ae.withStatus(e.status)
 	}
 	no := false
 	ae.Retryable = &no

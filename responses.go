@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"strings"
 	"time"
 )
@@ -14,19 +13,21 @@ import (
 type (
 	responsesRequestBody struct {
 		callerHead
-		Instructions      *string         `json:"instructions,omitempty"`
-		Input             json.RawMessage `json:"input"`
-		Tools             []openAITool    `json:"tools,omitempty"`
-		ToolChoice        json.RawMessage `json:"tool_choice,omitempty"`
-		ParallelToolCalls *bool           `json:"parallel_tool_calls,omitempty"`
-		MaxOutputTokens   *int            `json:"max_output_tokens,omitempty"`
-		Reasoning         *struct {
-			Effort string `json:"effort,omitempty"`
-		} `json:"reasoning,omitempty"`
-		Text *struct {
-			Format *outputFormat `json:"format,omitempty"`
-		} `json:"text,omitempty"`
+		Instructions      *string             `json:"instructions,omitempty"`
+		Input             json.RawMessage     `json:"input"`
+		Tools             []openAITool        `json:"tools,omitempty"`
+		ToolChoice        json.RawMessage     `json:"tool_choice,omitempty"`
+		ParallelToolCalls *bool               `json:"parallel_tool_calls,omitempty"`
+		MaxOutputTokens   *int                `json:"max_output_tokens,omitempty"`
+		Reasoning         *responsesReasoning `json:"reasoning,omitempty"`
+		Text              *responsesText      `json:"text,omitempty"`
 		openAIShared
+	}
+	responsesReasoning struct {
+		Effort string `json:"effort,omitempty"`
+	}
+	responsesText struct {
+		Format *outputFormat `json:"format,omitempty"`
 	}
 	responsesItem struct { // an input item, and an output item of the answer
 		Type      string          `json:"type"`
@@ -98,16 +99,12 @@ const responsesKnown = "model instructions input tools tool_choice parallel_tool
 // turn before it, consecutive tool outputs are one user turn.
 func parseResponses(body []byte) (chatRequest, error) {
 	var b responsesRequestBody
-	if err := decodeCallerJSON(body, &b, ""); err != nil {
-		return chatRequest{}, err
-	}
-	req, err := newCallerRequest(b.callerHead, "max_output_tokens", b.MaxOutputTokens)
+	req, err := newCallerRequest(body, &b, &b.callerHead, responsesKnown, "max_output_tokens", &b.MaxOutputTokens)
 	if err != nil {
 		return chatRequest{}, err
 	}
 	var raw struct{ Reasoning, Text, Tools json.RawMessage }
 	json.Unmarshal(body, &raw)
-	dropUnknown(&req.Dropped, body, "", responsesKnown)
 	dropUnknown(&req.Dropped, raw.Reasoning, "reasoning", "effort")
 	dropUnknown(&req.Dropped, raw.Text, "text", "format")
 	req.Shared, req.ParallelToolCalls = b.openAIShared, b.ParallelToolCalls
@@ -126,34 +123,22 @@ func parseResponses(body []byte) (chatRequest, error) {
 	default:
 		return chatRequest{}, refuseInvalid("input is required: a string or an array of items")
 	}
-	for i, it := range items {
-		if err := req.addResponsesItem(it, fmt.Sprintf("input[%d]", i)); err != nil {
-			return chatRequest{}, err
-		}
+	if err := eachItem(items, nil, "input", req.addResponsesItem); err != nil {
+		return chatRequest{}, err
 	}
 	if len(req.Messages) == 0 {
 		return chatRequest{}, refuseInvalid("input must hold at least one user, assistant or tool item")
 	}
-	rawTools := rawItems(raw.Tools)
-	for i, t := range b.Tools {
-		what := fmt.Sprintf("tools[%d]", i)
-		if t.Type == "function" || t.Type == "custom" {
-			dropUnknown(&req.Dropped, rawTools[i], what, "type name description parameters strict format")
-		}
-		if err := req.addOpenAITool(t, what); err != nil {
-			return chatRequest{}, err
-		}
-	}
-	if req.ToolChoice, err = parseOpenAIToolChoice(&req, b.ToolChoice, false); err != nil {
-		return chatRequest{}, err
-	}
 	if b.Reasoning != nil && b.Reasoning.Effort != "" {
 		req.Effort, req.EffortPath = b.Reasoning.Effort, "reasoning.effort"
 	}
-	if b.Text != nil && b.Text.Format != nil {
-		if req.Output, err = checkOutput(b.Text.Format, "text.format"); err != nil {
-			return chatRequest{}, err
-		}
+	err = cmp.Or( // each step reads its own members; the first refusal wins
+		eachItem(b.Tools, raw.Tools, "tools", req.addOpenAITool),
+		req.setOpenAIToolChoice(b.ToolChoice, false),
+		req.setOutput(valueOr(b.Text, responsesText{}).Format, "text.format"),
+	)
+	if err != nil {
+		return chatRequest{}, err
 	}
 	req.linkCalls()
 	return req, nil
@@ -161,7 +146,7 @@ func parseResponses(body []byte) (chatRequest, error) {
 
 // addResponsesItem adds one input item. Reasoning and hosted tool calls are
 // dropped and named; item_reference is refused: Brama keeps no responses.
-func (req *chatRequest) addResponsesItem(it responsesItem, what string) error {
+func (req *chatRequest) addResponsesItem(it responsesItem, _ json.RawMessage, what string) error {
 	switch it.Type {
 	case "", "message":
 		switch it.Role {
@@ -200,12 +185,7 @@ func (req *chatRequest) addResponsesItem(it responsesItem, what string) error {
 			Text: req.resultText(parts, what+".output"), Custom: it.Type == "custom_tool_call_output"})
 		return err
 	case "additional_tools": // tools declared in the input, as the Codex CLI sends them
-		for i, t := range it.Tools {
-			if err := req.addOpenAITool(t, fmt.Sprintf("%s.tools[%d]", what, i)); err != nil {
-				return err
-			}
-		}
-		return nil
+		return eachItem(it.Tools, nil, what+".tools", req.addOpenAITool)
 	case "item_reference":
 		return refuseInvalid("%s: item references are not supported; send the items themselves", what)
 	}
@@ -216,7 +196,7 @@ func (req *chatRequest) addResponsesItem(it responsesItem, what string) error {
 // responsesParts reads content: a string or text, image and file parts;
 // others (a refusal, a file id) are dropped and named.
 func (req *chatRequest) responsesParts(raw json.RawMessage, what string) ([]part, error) {
-	return openAIParts(req, raw, what, func(rp responsesPart, pw string) (part, string, error) {
+	read := func(rp responsesPart, _ json.RawMessage, pw string) (part, string, error) {
 		switch {
 		case (rp.Type == "input_text" || rp.Type == "output_text") && rp.Text == nil:
 			return part{}, "", refuseInvalid("%s.text is required", pw)
@@ -228,7 +208,8 @@ func (req *chatRequest) responsesParts(raw json.RawMessage, what string) ([]part
 			return part{Type: partDocument, FileURL: rp.FileData + rp.FileURL, Filename: rp.Filename}, pw, nil
 		}
 		return part{}, "", nil
-	})
+	}
+	return callerParts(req, raw, what, "content parts", read)
 }
 
 // encodeResponses builds a Responses body: text, images and files in message
@@ -246,9 +227,7 @@ func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, err
 		out.MaxOutputTokens, out.Temperature, out.TopP = nil, nil, nil
 	}
 	if req.Effort != "" {
-		out.Reasoning = &struct {
-			Effort string `json:"effort,omitempty"`
-		}{req.Effort}
+		out.Reasoning = &responsesReasoning{req.Effort}
 	}
 	items := []responsesItem{}
 	for _, m := range req.Messages {
@@ -300,9 +279,7 @@ func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, err
 		out.ToolChoice = jsonText(c.Mode)
 	}
 	if f := req.Output; f != nil {
-		out.Text = &struct {
-			Format *outputFormat `json:"format,omitempty"`
-		}{schemaOutput(f)}
+		out.Text = &responsesText{schemaOutput(f)}
 	}
 	return out, nil
 }
@@ -356,18 +333,6 @@ func decodeResponses(body []byte) (chatAnswer, error) {
 
 func outputText(text string) responsesPart {
 	return responsesPart{Type: "output_text", Text: &text, Annotations: json.RawMessage("[]")}
-}
-
-// responsesFinal fills in the terminal status: "incomplete" with the reason
-// for a limit or a content filter, as OpenAI reports it; usage null when unreported.
-func responsesFinal(r *responsesObject, finish string, u usage) {
-	r.Status = "completed"
-	if reason := responsesIncompletes[finish]; reason != "" {
-		r.Status, r.IncompleteDetails = "incomplete", &responsesIncomplete{reason}
-	}
-	if u.Reported {
-		r.Usage = &responsesUsage{u.InputTokens, u.OutputTokens, u.InputTokens + u.OutputTokens}
-	}
 }
 
 // renderResponses is the final response of the stream that would carry a.
@@ -470,10 +435,16 @@ func (s *responsesCallerStream) close(i int, _ *streamBlock, full string) error 
 
 func (s *responsesCallerStream) finishNow(string) error { return nil }
 
-// end writes response.completed with the whole response, even for an
-// incomplete one (SPEC §7.5): SDK stream helpers wait for that event.
+// end writes response.completed, "incomplete" with a reason as OpenAI reports
+// it (SPEC §7.5): SDK stream helpers wait for that event; usage null when unreported.
 func (s *responsesCallerStream) end(finish string, u usage) error {
-	responsesFinal(&s.resp, finish, u)
+	s.resp.Status = "completed"
+	if reason := responsesIncompletes[finish]; reason != "" {
+		s.resp.Status, s.resp.IncompleteDetails = "incomplete", &responsesIncomplete{reason}
+	}
+	if u.Reported {
+		s.resp.Usage = &responsesUsage{u.InputTokens, u.OutputTokens, u.InputTokens + u.OutputTokens}
+	}
 	return s.emit(responsesEvent{Type: "response.completed", Response: &s.resp})
 }
 

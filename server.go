@@ -22,16 +22,12 @@ import (
 
 // server is the HTTP face of Brama: what the handlers share.
 type server struct {
-	log     *slog.Logger
-	getenv  func(string) string
-	st      state
-	now     func() time.Time
-	clients *clientStore
-	vault   *vault
-	journal *journal
-	reg     *registry
-	agents  *agentVerifier
-	guard   transportGuard
+	deps   // st, clients, vault, journal, reg
+	log    *slog.Logger
+	getenv func(string) string
+	now    func() time.Time
+	agents *agentVerifier
+	guard  transportGuard
 	// localCreds holds -local-credentials-stdin keys; when non-nil it is the
 	// only source of direct credentials (SPEC §16).
 	localCreds map[string]string
@@ -70,13 +66,13 @@ func (s *server) routes() {
 	s.mux.Handle("GET /stats", s.caller("", s.handleStats))
 	s.mux.Handle("GET /metrics", s.caller("", s.handleMetrics))
 	s.mux.Handle("GET /v1/admin/routes", s.caller(roleAdmin, s.handleRoutesGet))
-	s.mux.Handle("PUT /v1/admin/routes", s.caller(roleAdmin, s.handleRoutesPut))
-	s.mux.Handle("DELETE /v1/admin/routes", s.caller(roleAdmin, s.handleRoutesDelete))
+	s.mux.Handle("PUT /v1/admin/routes", s.caller(roleAdmin, s.handleRoutesWrite))
+	s.mux.Handle("DELETE /v1/admin/routes", s.caller(roleAdmin, s.handleRoutesWrite))
 	s.mux.Handle("GET /v1/subscriptions/{agent_id}", s.agentRoute("", s.reply(200, s.listSubscriptions)))
 	s.mux.Handle("POST /v1/subscriptions/{agent_id}", s.agentRoute("", s.reply(201, s.donateSubscription)))
 	s.mux.Handle("DELETE /v1/subscriptions/{agent_id}/{subscription_id}", s.agentRoute("", s.reply(200, s.retireSubscription)))
 	s.mux.Handle("GET /v1/admin/subscriptions/{agent_id}", s.agentRoute(roleAdmin, s.reply(200, s.listSubscriptions)))
-	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}", s.agentRoute(roleAdmin, s.reply(201, s.adminDonation)))
+	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}", s.agentRoute(roleAdmin, s.reply(201, s.donateSubscription)))
 	s.mux.Handle("DELETE /v1/admin/subscriptions/{agent_id}/{subscription_id}", s.agentRoute(roleAdmin, s.reply(200, s.retireSubscription)))
 	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/reinstate", s.agentRoute(roleAdmin, s.reply(200, s.reinstateSubscription)))
 	s.mux.Handle("POST /v1/admin/maintain", s.caller(roleAdmin, s.reply(200, s.maintainNow)))
@@ -99,8 +95,7 @@ type requestInfo struct {
 	outputTokens   int
 	streamed       bool
 	dropped        []string // caller members a translation dropped (SPEC §7.6)
-	body           []byte   // the raw request body, read once by the auth wrapper
-	bodyRead       bool     // body holds the whole request body
+	body           []byte   // the raw request body, read once by the auth wrapper (nil: not yet)
 }
 
 type infoKey struct{}
@@ -157,7 +152,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Request-Id", ri.id)
 	sw := &statusWriter{ResponseWriter: w}
 	if r.Body != nil && r.Body != http.NoBody {
-		sw.unread = func() bool { return !ri.bodyRead }
+		sw.unread = func() bool { return ri.body == nil }
 	}
 	r = r.WithContext(context.WithValue(r.Context(), infoKey{}, ri))
 	defer func() {
@@ -315,10 +310,7 @@ func maxRequestBytes(v string) (int64, error) {
 
 // readBody reads r's whole body, at most s.maxBody bytes (SPEC §7.4).
 func (s *server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
-	limit := s.maxBody
-	if limit <= 0 {
-		limit = defaultMaxRequestBytes
-	}
+	limit := cmp.Or(s.maxBody, defaultMaxRequestBytes) // 0 outside serve
 	tooLarge := refuse("invalid_request", "the request body is larger than BRAMA_MAX_REQUEST_BYTES (%d bytes)", limit).withStatus(http.StatusRequestEntityTooLarge)
 	if r.ContentLength > limit {
 		return nil, tooLarge
@@ -331,7 +323,7 @@ func (s *server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error
 		return nil, refuse("invalid_request", "the request body could not be read").because(err)
 	}
 	ri := infoFrom(r.Context())
-	ri.body, ri.bodyRead = body, true
+	ri.body = body // not nil: io.ReadAll returns an empty slice for an empty body
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	return body, nil
 }
@@ -373,18 +365,9 @@ type readiness struct {
 	Warnings []string `json:"warnings"`
 }
 
-func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
-	rd := s.readiness()
-	status := http.StatusOK
-	if !rd.Ready {
-		status = http.StatusServiceUnavailable
-	}
-	writeJSON(w, status, rd)
-}
-
-// readiness applies SPEC §13. Sentences name files by role, never by a
+// handleReady applies SPEC §13. Sentences name files by role, never by a
 // path outside the state directory.
-func (s *server) readiness() readiness {
+func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 	rd := readiness{Reasons: []string{}, Warnings: []string{}}
 	if s.st.dir == "" {
 		rd.Warnings = append(rd.Warnings, "no state directory: "+s.st.cause.Error())
@@ -422,8 +405,11 @@ func (s *server) readiness() readiness {
 	if !payer && !subPayer {
 		rd.Reasons = append(rd.Reasons, "no payer: no direct credential, declared deployment or active subscription")
 	}
-	rd.Ready = len(rd.Reasons) == 0
-	return rd
+	status := http.StatusOK
+	if rd.Ready = len(rd.Reasons) == 0; !rd.Ready {
+		status = http.StatusServiceUnavailable
+	}
+	writeJSON(w, status, rd)
 }
 
 // hidePath keeps a file's location out of a /readyz sentence unless it lies
@@ -453,33 +439,26 @@ func (s *server) handleRoutesGet(w http.ResponseWriter, r *http.Request) {
 	writeRaw(w, http.StatusOK, encodeRegistry(doc))
 }
 
-func (s *server) handleRoutesPut(w http.ResponseWriter, r *http.Request) {
-	var body struct {
+// handleRoutesWrite serves PUT {"alias","route"} and DELETE {"alias"} on
+// /v1/admin/routes, answering with the committed document.
+func (s *server) handleRoutesWrite(w http.ResponseWriter, r *http.Request) {
+	var set struct {
 		Alias string `json:"alias"`
 		Route string `json:"route"`
 	}
-	var doc *routesDoc
-	err := decodeBody(r, &body, false)
-	if err == nil {
-		doc, err = s.reg.set(body.Alias, body.Route, infoFrom(r.Context()).client.ID)
-	}
-	s.answerRoutes(w, r, doc, err)
-}
-
-func (s *server) handleRoutesDelete(w http.ResponseWriter, r *http.Request) {
-	var body struct {
+	var rm struct {
 		Alias string `json:"alias"`
 	}
 	var doc *routesDoc
-	err := decodeBody(r, &body, false)
-	if err == nil {
-		doc, err = s.reg.remove(body.Alias, infoFrom(r.Context()).client.ID)
+	by := infoFrom(r.Context()).client.ID
+	var err error
+	if r.Method == http.MethodPut {
+		if err = decodeBody(r, &set, false); err == nil {
+			doc, err = s.reg.set(set.Alias, set.Route, by)
+		}
+	} else if err = decodeBody(r, &rm, false); err == nil {
+		doc, err = s.reg.remove(rm.Alias, by)
 	}
-	s.answerRoutes(w, r, doc, err)
-}
-
-// answerRoutes answers a registry write with the committed document.
-func (s *server) answerRoutes(w http.ResponseWriter, r *http.Request, doc *routesDoc, err error) {
 	if err != nil {
 		s.fail(w, r, err)
 		return

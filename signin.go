@@ -6,33 +6,26 @@ import (
 	"log/slog"
 )
 
-// Sign-in (SPEC §11.1): `brama subscription sign-in` runs the PKCE flow on
-// the operator's machine and hands the grant to the daemon, which alone
-// writes the vault (SPEC §2.3); PUT …/credential is the same replacement.
-// Either way the journal says so and the ledger credential becomes active.
+// Sign-in (SPEC §11.1): the CLI runs the PKCE flow and hands the grant to the
+// daemon, which alone writes the vault (SPEC §2.3), as PUT …/credential does.
 
 // signInVia is the query a sign-in's donation carries on POST
 // /v1/admin/subscriptions/{agent_id}, so the daemon journals it as a sign-in.
 const signInVia = "sign-in"
 
-// replaceSubscriptionCredential replaces the credential of agent's
-// subscription id and journals subscription_sign_in, refusing first when
-// the journal could not record it (503), the id is not agent's (404) or it
-// is retired (409); a vault write that fails is journaled as failed.
+// replaceSubscriptionCredential replaces agent's subscription id's credential and
+// journals subscription_sign_in, refusing first what the journal or owner forbid.
 func (s *server) replaceSubscriptionCredential(agent, id string, cred vaultCredential, by string) (overlayItem, error) {
 	if err := s.journal.ready(); err != nil {
 		return overlayItem{}, refuse("dependency_unavailable", "credential not replaced: the journal cannot record a sign-in: %v", err).because(err)
-	}
-	it, err := s.inv.owned(agent, id, "reinstate it before replacing its credential")
-	if err != nil {
-		return overlayItem{}, err
 	}
 	kind := "api key"
 	if cred.OAuth != nil {
 		kind = "oauth grant"
 	}
-	if err := s.inv.replaceCredential(agent, id, cred); err != nil {
-		if ae := asAPIError(err); ae.Status() >= 500 {
+	it, err := s.inv.replaceCredential(agent, id, cred)
+	if err != nil {
+		if ae := asAPIError(err); ae.Status() >= 500 && it.ID != "" {
 			s.journalSignIn(it, "failed", fmt.Sprintf("the %s from client %s was not stored: %s", kind, by, ae.Message))
 		}
 		return overlayItem{}, err

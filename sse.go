@@ -19,9 +19,8 @@ import (
 // stream named none) and its data lines joined with "\n".
 type sseEvent struct{ Event, Data string }
 
-// sseReader splits a provider's text/event-stream body into events (the
-// WHATWG event-stream grammar). It has no line-length limit and never times
-// out (SPEC §7.4): a large tool-call argument or image echo is one line.
+// sseReader splits a text/event-stream body into events (WHATWG grammar), with no
+// line limit or timeout (SPEC §7.4): a large tool-call argument is one line.
 type sseReader struct{ sc *bufio.Scanner }
 
 // newSSEReader reads events from r, after its byte-order mark if any.
@@ -84,19 +83,15 @@ func (s *sseReader) next() (sseEvent, error) {
 	return sseEvent{}, err
 }
 
-// streamTranslator turns one protocol's events into neutral events. handle
-// reports true once the provider's terminal signal arrived and the tail
-// (finish, usage) was emitted; ended runs when the body ends first and
-// reports true only for a translator whose terminal signal already came.
+// streamTranslator turns one protocol's events into neutral ones; handle and ended
+// (at the body's end) report true once the terminal signal came and the tail went out.
 type streamTranslator interface {
 	handle(ev sseEvent, emit func(streamEvent) error) (bool, error)
 	ended(emit func(streamEvent) error) (bool, error)
 }
 
-// readUpstreamStream emits the provider stream's neutral events in order and
-// returns nil only after its terminal signal (SPEC §7.5): an earlier end, a
-// cut or an in-band error is provider_incomplete, a malformed event
-// provider_failure, emit's own error returned as is.
+// readUpstreamStream emits a provider stream's neutral events, nil only after its terminal
+// signal (SPEC §7.5): a cut or in-band error is provider_incomplete, a malformed event provider_failure.
 func readUpstreamStream(protocol string, body io.Reader, emit func(streamEvent) error) error {
 	f := formatOf(protocol)
 	if f == nil {
@@ -161,9 +156,8 @@ func answerOf(run func(emit func(streamEvent) error) error) (chatAnswer, error) 
 	return a, nil
 }
 
-// upstreamStreamError is the cause of an in-band error's provider_incomplete:
-// Code the event's code (redacted), Class refusalRate or refusalQuota when it
-// says so, for the dispatcher to record a block (SPEC §6.2).
+// upstreamStreamError is an in-band error's cause: its redacted code, and the
+// refusalRate or refusalQuota class the dispatcher records a block for (SPEC §6.2).
 type upstreamStreamError struct {
 	Code  string
 	Class string
@@ -183,9 +177,8 @@ var streamErrorCodes = map[string]string{
 // inBandMessage is the message of an in-band error, quoting its code.
 const inBandMessage = "the provider stream failed with error %q"
 
-// inBandError is the refusal for an in-band error event: always
-// provider_incomplete, the caller cannot know what was billed (SPEC §6.2,
-// §7.5); the dispatcher redacts the credential (apiError.redactedFor).
+// inBandError is provider_incomplete: the caller cannot know what was billed
+// (SPEC §6.2, §7.5); the dispatcher redacts the credential (apiError.redactedFor).
 func inBandError(code string) *apiError {
 	class := streamErrorCodes[code]
 	if quotaCodes[code] {
@@ -216,11 +209,8 @@ func emitTail(emit func(streamEvent) error, finish string, u usage) error {
 // errCallerStreamDone is returned by a callerStream used after finish or fail.
 var errCallerStreamDone = errors.New("caller stream already ended")
 
-// callerStream writes a streamed answer in the caller's dialect (SPEC §7.5):
-// start after commit, event per neutral event, then finish or fail. It opens,
-// grows and closes blocks one at a time, as Anthropic and Responses stream,
-// the dialect's blockWriter framing them; one Write and flush per frame, the
-// first write error sticks.
+// callerStream writes a streamed answer in the caller's dialect (SPEC §7.5), one
+// block at a time, framed by the dialect's blockWriter; the first write error sticks.
 type callerStream struct {
 	w            io.Writer
 	flush        func()

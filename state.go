@@ -161,11 +161,10 @@ type stateFile[T any] struct {
 	keepErr    bool                   // a parse failure is kept too: an unchanged bad file is not parsed again
 	tooBig     func(size int64) error // refuses a file by its size before it is read; nil: any size
 
-	mu   sync.Mutex // guards read, doc, err, id
-	read bool       // doc, err and id hold the last good read (or, with keepErr, parse)
-	doc  T
-	err  error
-	id   fileIdentity
+	mu  sync.Mutex // guards doc, err, id
+	doc T
+	err error        // nil, or with keepErr the parse failure kept with doc
+	id  fileIdentity // of the file doc and err came from; zero: nothing kept
 }
 
 // load returns the current document, reading the file only when it changed.
@@ -176,11 +175,14 @@ func (f *stateFile[T]) load() (T, error) {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if id, err := guardFile(f.role, f.path); err == nil && f.read && id == f.id {
+	if id, err := guardFile(f.role, f.path); err == nil && id == f.id {
 		return f.doc, f.err
 	}
 	doc, id, err := f.readNow()
-	f.read, f.doc, f.err, f.id = (err == nil || f.keepErr) && id != fileIdentity{}, doc, err, id // an absent file is not kept
+	if err != nil && !f.keepErr {
+		id = fileIdentity{} // an absent or bad file is not kept
+	}
+	f.doc, f.err, f.id = doc, err, id
 	return doc, err
 }
 
@@ -203,7 +205,7 @@ func (f *stateFile[T]) readNow() (doc T, id fileIdentity, err error) {
 		b, id, err = readGuarded(f.role, f.path)
 	}
 	if errors.Is(err, errFileAbsent) && !f.absentErr {
-		b, err = nil, nil
+		b, err = nil, nil // a present file is never nil, if empty
 	}
 	if err != nil {
 		return doc, fileIdentity{}, err
@@ -215,8 +217,33 @@ func (f *stateFile[T]) readNow() (doc T, id fileIdentity, err error) {
 // forget drops the cached document, so the next load reads the file.
 func (f *stateFile[T]) forget() {
 	f.mu.Lock()
-	f.read = false
+	f.id = fileIdentity{}
 	f.mu.Unlock()
+}
+
+// update is the flocked read-modify-rename of a file both a CLI and the
+// daemon edit (SPEC §2.3); the changed document must still validate.
+func (f *stateFile[T]) update(change func(T) error) error {
+	if f.pathErr != nil {
+		return f.pathErr
+	}
+	return withFileLock(f.path, func() error {
+		doc, err := f.fresh()
+		if err == nil {
+			err = change(doc)
+		}
+		if v, ok := any(doc).(validator); ok && err == nil {
+			err = v.validate()
+		}
+		var b []byte
+		if err == nil {
+			b, err = marshalState(doc)
+		}
+		if err != nil {
+			return err
+		}
+		return writeFileAtomic(f.path, b)
+	})
 }
 
 // testingOnlyRename replaces os.Rename in writeFileAtomic (nil in production).
@@ -322,25 +349,6 @@ func (f *snapshotFile) write(name string, seq uint64, data []byte) error {
 	return err
 }
 
-// editLocked is the flocked read-modify-rename of a file both a CLI and the
-// daemon edit (SPEC §2.3).
-func editLocked[T any](name string, read func() (T, error), change func(T) error) error {
-	return withFileLock(name, func() error {
-		doc, err := read()
-		if err == nil {
-			err = change(doc)
-		}
-		var b []byte
-		if err == nil {
-			b, err = marshalState(doc)
-		}
-		if err != nil {
-			return err
-		}
-		return writeFileAtomic(name, b)
-	})
-}
-
 // lockServe takes the one-serve-per-state-directory lock (SPEC §2.3).
 func lockServe(s state) (*os.File, error) {
 	if s.dir == "" {
@@ -355,7 +363,7 @@ func lockServe(s state) (*os.File, error) {
 }
 
 // staleTempName matches placeFile's temporary names: "." + base + ".tmp" + digits.
-var staleTempName = regexp.MustCompile(`^\..+\.tmp[0-9]+$`)
+var staleTempName = regexp.MustCompile(`^\.(.+)\.tmp[0-9]+$`)
 
 // removeStaleTemps removes and counts the temporary files a crash left in
 // dir and answers/*/ (one may copy the vault's old secrets). The caller holds
@@ -375,11 +383,11 @@ func removeStaleTemps(dir string) (int, error) {
 			return n, err
 		}
 		for _, e := range entries {
-			if !e.Type().IsRegular() || !staleTempName.MatchString(e.Name()) {
+			base := staleTempName.FindStringSubmatch(e.Name())
+			if !e.Type().IsRegular() || base == nil {
 				continue
 			}
-			temp := filepath.Join(d, e.Name())
-			target := filepath.Join(d, e.Name()[1:strings.LastIndex(e.Name(), ".tmp")])
+			temp, target := filepath.Join(d, e.Name()), filepath.Join(d, base[1])
 			remove := func() error { return os.Remove(temp) }
 			if _, err = os.Lstat(target + ".lock"); err == nil {
 				err = withFileLock(target, remove)
@@ -420,8 +428,7 @@ func decodeStrict(role string, b []byte, v any) error {
 	return nil
 }
 
-// validator is a document with rules beyond its shape; validate may also
-// fill in empty sections.
+// validator is a document with rules beyond its shape; validate may fill in empty sections.
 type validator interface{ validate() error }
 
 // maxJSONDepth is the deepest JSON nesting Brama reads (SPEC §8.2).
@@ -454,42 +461,37 @@ func checkNesting(b []byte) error {
 }
 
 // checkDuplicateKeys refuses an object naming a key twice (encoding/json
-// keeps the last), on its own stack bounded by maxJSONDepth.
+// keeps the last), recursing at most maxJSONDepth deep.
 func checkDuplicateKeys(dec *json.Decoder) error {
-	var stack []map[string]bool // an open object's keys so far; nil for an array
-	wantKey := false            // the next token is a key of the top object
-	for {
-		tok, err := dec.Token()
-		if err != nil {
+	var value func(depth int) error // reads one value nested in depth containers
+	value = func(depth int) error {
+		open, err := dec.Token()
+		if err != nil || open != json.Delim('{') && open != json.Delim('[') {
 			return err
 		}
-		switch tok {
-		case json.Delim('{'), json.Delim('['):
-			if len(stack) == maxJSONDepth {
-				return errTooDeep
-			}
-			var keys map[string]bool
-			if tok == json.Delim('{') {
-				keys = map[string]bool{}
-			}
-			stack, wantKey = append(stack, keys), keys != nil
-			continue
-		case json.Delim('}'), json.Delim(']'):
-			stack = stack[:len(stack)-1] // the decoder checked it closes the top
-		default:
-			if key, _ := tok.(string); wantKey {
-				if stack[len(stack)-1][key] {
+		if depth == maxJSONDepth {
+			return errTooDeep
+		}
+		keys := map[string]bool{}
+		for dec.More() {
+			if open == json.Delim('{') {
+				key, err := dec.Token() // the decoder allows only a string here
+				if err != nil {
+					return err
+				}
+				if keys[key.(string)] {
 					return fmt.Errorf("duplicate key %q", key)
 				}
-				stack[len(stack)-1][key], wantKey = true, false
-				continue
+				keys[key.(string)] = true
+			}
+			if err := value(depth + 1); err != nil {
+				return err
 			}
 		}
-		if len(stack) == 0 {
-			return nil // the document's one value is complete
-		}
-		wantKey = stack[len(stack)-1] != nil // after a member's value, a key or '}'
+		_, err = dec.Token() // the closing delimiter
+		return err
 	}
+	return value(0)
 }
 
 // marshalState is the one encoding of Brama's JSON state files: indented,
@@ -569,14 +571,6 @@ func (d *vaultDoc) validate() error {
 	return nil
 }
 
-// update edits the vault under its file lock (SPEC §2.3).
-func (v *vault) update(fn func(d *vaultDoc) error) error {
-	if v.pathErr != nil {
-		return v.pathErr
-	}
-	return editLocked(v.path, v.fresh, fn)
-}
-
 // directKey returns the vault's API key for provider, or "".
 func (v *vault) directKey(provider string) string {
 	doc, err := v.load()
@@ -592,6 +586,6 @@ func (v *vault) agentSecret(agent string) (string, bool) {
 	if err != nil {
 		return "", false
 	}
-	a, ok := doc.Agents[agent]
-	return a.SigningSecret, ok && a.SigningSecret != ""
+	secret := doc.Agents[agent].SigningSecret // "" for an unknown agent
+	return secret, secret != ""
 }

@@ -1,10 +1,11 @@
 package main
 
 import (
+	"cmp"
 	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,10 +15,8 @@ import (
 	"unicode/utf8"
 )
 
-// The subscription inventory (SPEC §10.1): the donated-subscription overlay
-// says which subscriptions exist and whose they are, the vault holds their
-// credentials, the journal alone says which are retired. Only the serving
-// process writes the overlay and the vault's subscriptions (SPEC §2.3).
+// The subscription inventory (SPEC §10.1): the overlay says which exist and
+// whose, the vault holds their credentials, the journal which are retired.
 
 // overlayItem is one donated subscription: metadata only, no secret, no status.
 type overlayItem struct {
@@ -122,8 +121,7 @@ func checkReason(reason string) error {
 }
 
 // checkCredential applies SPEC §6.1 and §10.1 to a donated or replacing
-// credential, never quoting it (exactly one of an API key or a grant, a
-// grant only for claude-code, codex and kimi), and completes its grant.
+// credential, never quoting it, and completes its grant.
 func checkCredential(provider string, cred vaultCredential) (vaultCredential, error) {
 	p, ok := lookupProvider(provider)
 	var err error
@@ -163,9 +161,8 @@ type inventory struct {
 
 	wmu sync.Mutex // serializes donate, retire, reinstate, replaceCredential and removeOrphans
 
-	mu    sync.Mutex         // guards cache, gen
+	mu    sync.Mutex         // guards cache
 	cache map[string]listing // by agent id
-	gen   uint64             // bumped by every invalidation, so a listing computed across one is not kept
 }
 
 // listing is one agent's cached rows and when they were computed.
@@ -227,56 +224,42 @@ func (inv *inventory) view() ([]overlayItem, map[string]bool, error) {
 	return items, retired, nil
 }
 
-// pool is agent's non-retired items of provider in overlay order (SPEC
+// pool is agent's non-retired items of provider ("": all) in overlay order (SPEC
 // §7.2), retirement read from the journal, never the listing cache (§2.3).
 func (inv *inventory) pool(agent, provider string) ([]overlayItem, error) {
-	return inv.live(func(it overlayItem) bool { return it.AgentID == agent && it.Provider == provider })
-}
-
-// agentItems is agent's non-retired items, all providers (SPEC §7.3).
-func (inv *inventory) agentItems(agent string) ([]overlayItem, error) {
-	return inv.live(func(it overlayItem) bool { return it.AgentID == agent })
-}
-
-func (inv *inventory) live(keep func(overlayItem) bool) ([]overlayItem, error) {
 	items, retired, err := inv.view()
 	if err != nil {
 		return nil, err
 	}
-	return slices.DeleteFunc(items, func(it overlayItem) bool { return retired[it.ID] || !keep(it) }), nil
+	return slices.DeleteFunc(items, func(it overlayItem) bool {
+		return retired[it.ID] || it.AgentID != agent || (provider != "" && it.Provider != provider)
+	}), nil
 }
 
-// owned is agent's subscription id, 404 not_found when agent has none (so
-// an agent learns nothing of others'); when ifRetired says why, a retired
-// one is 409 state_conflict.
+// agentItems is agent's non-retired items, all providers (SPEC §7.3).
+func (inv *inventory) agentItems(agent string) ([]overlayItem, error) {
+	return inv.pool(agent, "")
+}
+
+// owned is agent's subscription id, else 404 (an agent learns nothing of
+// others'); when ifRetired says why, a retired one is 409 state_conflict.
 func (inv *inventory) owned(agent, id, ifRetired string) (overlayItem, error) {
-	items, err := inv.items()
+	items, retired, err := inv.view()
 	if err != nil {
 		return overlayItem{}, err
 	}
 	i := slices.IndexFunc(items, func(it overlayItem) bool { return it.ID == id && it.AgentID == agent })
-	if i < 0 {
+	switch {
+	case i < 0:
 		return overlayItem{}, refuse("not_found", "agent %q has no subscription %q", agent, id)
+	case ifRetired != "" && retired[id]:
+		return items[i], refuse("state_conflict", "subscription %s is retired; %s", id, ifRetired)
 	}
-	if ifRetired == "" {
-		return items[i], nil
-	}
-	retired, err := inv.isRetired(id)
-	if err == nil && retired {
-		err = refuse("state_conflict", "subscription %s is retired; %s", id, ifRetired)
-	}
-	return items[i], err
+	return items[i], nil
 }
 
-// isRetired reports whether the journal's last word on id is retire.
-func (inv *inventory) isRetired(id string) (bool, error) {
-	_, retired, err := inv.view()
-	return retired[id], err
-}
-
-// donate stores a new subscription (SPEC §10.1): vault first, overlay
-// second, so a failure between leaves no overlay entry (and the vault entry
-// is taken back, or removed by removeOrphans at start).
+// donate stores a new subscription (SPEC §10.1): vault first, overlay second;
+// a failure between takes the vault entry back (or removeOrphans does at start).
 func (inv *inventory) donate(agent, provider, label string, cred vaultCredential) (overlayItem, error) {
 	if !idPattern.MatchString(agent) {
 		return overlayItem{}, refuse("invalid_request", "agent id %q must match [a-z0-9-]{1,64}", agent)
@@ -288,22 +271,18 @@ func (inv *inventory) donate(agent, provider, label string, cred vaultCredential
 	if err != nil {
 		return overlayItem{}, err
 	}
-	// Both files must be placeable before either is touched.
-	if inv.overlay.pathErr != nil {
-		return overlayItem{}, asAPIError(inv.overlay.pathErr)
-	}
-	if _, err := inv.vault.load(); err != nil {
-		return overlayItem{}, vaultRefusal(err) // a vault write could not succeed
-	}
 	inv.wmu.Lock()
 	defer inv.wmu.Unlock()
-	items, err := inv.items()
+	items, err := inv.items() // both files must be readable before either is touched
 	if err != nil {
 		return overlayItem{}, err
 	}
+	if _, err := inv.vault.load(); err != nil {
+		return overlayItem{}, vaultRefusal(err)
+	}
 	rnd := make([]byte, 8)
 	rand.Read(rnd)
-	it := overlayItem{ID: "sub_" + hex.EncodeToString(rnd), Provider: provider, AgentID: agent, Label: label,
+	it := overlayItem{ID: fmt.Sprintf("sub_%x", rnd), Provider: provider, AgentID: agent, Label: label,
 		CreatedAt: inv.now().UTC().Format(journalTimeFormat)}
 	err = inv.vault.update(func(d *vaultDoc) error {
 		_, taken := d.Subscriptions[it.ID]
@@ -316,11 +295,9 @@ func (inv *inventory) donate(agent, provider, label string, cred vaultCredential
 	if err != nil {
 		return overlayItem{}, refuse("internal_error", "subscription not donated: the vault was not written: %v", err).because(err)
 	}
-	b, err := marshalState(&overlayDoc{SchemaVersion: 1, Items: append(items, it)})
-	if err == nil {
-		err = writeFileAtomic(inv.overlay.path, b)
-		inv.invalidate(err == nil)
-	}
+	b, _ := marshalState(&overlayDoc{SchemaVersion: 1, Items: append(items, it)}) // strings only: cannot fail
+	err = writeFileAtomic(inv.overlay.path, b)
+	inv.invalidate(err == nil)
 	if err != nil {
 		// The secret is stored but no subscription names it: take it back, so
 		// the vault never keeps a secret without a subscription.
@@ -355,7 +332,6 @@ func (inv *inventory) invalidate(overlayChanged bool) {
 	inv.mu.Lock()
 	defer inv.mu.Unlock()
 	clear(inv.cache)
-	inv.gen++
 }
 
 // retire and reinstate journal agent's subscription id out of and back
@@ -367,9 +343,8 @@ func (inv *inventory) reinstate(agent, id, reason string) error {
 	return inv.journalStatus("reinstate", agent, id, reason)
 }
 
-// journalStatus appends kind ("retire" or "reinstate") for id unless the
-// fold already says so, asking the journal first: nothing is claimed that
-// cannot be recorded.
+// journalStatus appends kind for id unless the fold already says so, asking
+// the journal first: nothing is claimed that cannot be recorded.
 func (inv *inventory) journalStatus(kind, agent, id, reason string) error {
 	if err := checkReason(reason); err != nil {
 		return err
@@ -382,7 +357,7 @@ func (inv *inventory) journalStatus(kind, agent, id, reason string) error {
 	if _, err := inv.owned(agent, id, ""); err != nil {
 		return err
 	}
-	if retired, err := inv.isRetired(id); err != nil || retired == (kind == "retire") {
+	if _, retired, err := inv.view(); err != nil || retired[id] == (kind == "retire") {
 		return err
 	}
 	defer inv.invalidate(false)
@@ -393,32 +368,28 @@ func (inv *inventory) journalStatus(kind, agent, id, reason string) error {
 	return nil
 }
 
-// replaceCredential swaps the vault credential of agent's subscription id
-// and marks the ledger credential active; the caller journals the sign-in.
-func (inv *inventory) replaceCredential(agent, id string, cred vaultCredential) error {
-	if _, err := inv.vault.load(); err != nil {
-		return vaultRefusal(err)
-	}
+// replaceCredential swaps the vault credential of agent's non-retired subscription id and
+// marks the ledger credential active; the item comes back once known, for the sign-in journal.
+func (inv *inventory) replaceCredential(agent, id string, cred vaultCredential) (overlayItem, error) {
 	inv.wmu.Lock()
 	defer inv.wmu.Unlock()
-	it, err := inv.owned(agent, id, "")
+	it, err := inv.owned(agent, id, "reinstate it before replacing its credential")
 	if err != nil {
-		return err
+		return overlayItem{}, err
+	}
+	if _, err := inv.vault.load(); err != nil {
+		return it, vaultRefusal(err)
 	}
 	if cred, err = checkCredential(it.Provider, cred); err != nil {
-		return err
+		return it, err
 	}
 	defer inv.invalidate(false)
 	if err := inv.vault.update(func(d *vaultDoc) error { d.Subscriptions[id] = cred; return nil }); err != nil {
-		return refuse("internal_error", "credential not replaced: the vault was not written: %v", err).because(err)
+		return it, refuse("internal_error", "credential not replaced: the vault was not written: %v", err).because(err)
 	}
 	inv.l.setCredential(id, it.Provider, credActive, "")
-	var exp int64
-	if cred.OAuth != nil {
-		exp = cred.OAuth.ExpiresAtMs
-	}
-	inv.l.setGrantTimes(id, it.Provider, exp, 0)
-	return nil
+	inv.l.setGrantTimes(id, it.Provider, cmp.Or(cred.OAuth, &oauthGrant{}).ExpiresAtMs, 0) // an API key: none
+	return it, nil
 }
 
 // credential is id's credential from the vault, a copy; an unreadable vault
@@ -443,11 +414,9 @@ func (inv *inventory) credential(id string) (vaultCredential, error) {
 // order, cached per agent for the TTL (eligibility calls pool instead).
 func (inv *inventory) list(agent string) ([]subscriptionRow, error) {
 	now := inv.now()
-	inv.mu.Lock()
-	c, hit := inv.cache[agent]
-	gen := inv.gen
-	inv.mu.Unlock()
-	if age := now.Sub(c.at); hit && age >= 0 && age < inv.ttl {
+	inv.mu.Lock() // held while computing: an invalidation waits, so no listing outlives one
+	defer inv.mu.Unlock()
+	if c, hit := inv.cache[agent]; hit && now.Sub(c.at) >= 0 && now.Sub(c.at) < inv.ttl {
 		return slices.Clone(c.rows), nil
 	}
 	items, retired, err := inv.view()
@@ -460,11 +429,9 @@ func (inv *inventory) list(agent string) ([]subscriptionRow, error) {
 			rows = append(rows, inv.row(it, retired[it.ID], now))
 		}
 	}
-	inv.mu.Lock()
-	if inv.gen == gen && inv.ttl > 0 {
+	if inv.ttl > 0 {
 		inv.cache[agent] = listing{rows: rows, at: now}
 	}
-	inv.mu.Unlock()
 	return slices.Clone(rows), nil
 }
 
@@ -484,9 +451,7 @@ type subscriptionRow struct {
 }
 
 // row builds item's row from its ledger record (SPEC §10.4): block null
-// unless in force, usage_read and probe null until they happened, a retired
-// row's credential disabled; stale when a window's reset has passed or the
-// last usage read failed.
+// unless in force, usage_read and probe null until they happened.
 func (inv *inventory) row(item overlayItem, retired bool, now time.Time) subscriptionRow {
 	e, _ := inv.l.entry(item.ID)
 	ms := now.UnixMilli()
@@ -520,14 +485,9 @@ func (inv *inventory) orphans() ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	var out []string
-	for id := range doc.Subscriptions {
-		if !slices.ContainsFunc(items, func(it overlayItem) bool { return it.ID == id }) {
-			out = append(out, id)
-		}
-	}
-	slices.Sort(out)
-	return out, nil
+	return slices.DeleteFunc(slices.Sorted(maps.Keys(doc.Subscriptions)), func(id string) bool {
+		return slices.ContainsFunc(items, func(it overlayItem) bool { return it.ID == id })
+	}), nil
 }
 
 // removeOrphans deletes the orphans from the vault at serve's start, so no
@@ -554,9 +514,8 @@ func (inv *inventory) removeOrphans() ([]string, error) {
 	return orphans, err
 }
 
-// readiness is the inventory's part of /readyz (SPEC §13): an unreadable
-// overlay is a reason; orphans and credentials needing reauthorization are
-// warnings; payer says a non-retired subscription's credential is active.
+// readiness is the inventory's part of /readyz (SPEC §13): an unreadable overlay
+// is a reason, orphans and reauthorizations warnings; payer: some credential is active.
 func (inv *inventory) readiness() (reasons, warnings []string, payer bool) {
 	items, err := inv.items()
 	if err != nil {

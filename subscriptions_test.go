@@ -204,11 +204,12 @@ func TestInventoryListingCache(t *testing.T) {
 			_, err := inv.donate("a1", "openai", "", vaultCredential{APIKey: "sk-cache-two-0123456789"})
 			return err
 		}, "active,active"},
-		{"retire", func() error { return inv.retire("a1", a.ID, "gone") }, "retired,active"},
-		{"replace credential", func() error {
+		{"replace credential", func() error { // before the retire: a retired one's is refused
 			inv.l.setCredential(a.ID, "kimi", credNeedsReauth, "refused")
-			return inv.replaceCredential("a1", a.ID, vaultCredential{APIKey: "sk-cache-new-0123456789"})
-		}, "retired,active"},
+			_, err := inv.replaceCredential("a1", a.ID, vaultCredential{APIKey: "sk-cache-new-0123456789"})
+			return err
+		}, "active,active"},
+		{"retire", func() error { return inv.retire("a1", a.ID, "gone") }, "retired,active"},
 	}
 	for _, st := range steps {
 		t.Run(st.name, func(t *testing.T) {
@@ -309,8 +310,8 @@ func TestInventoryQueries(t *testing.T) {
 	if _, err := inv.owned("a1", b1, ""); asAPIError(err).Code != "not_found" {
 		t.Errorf("owned finds another agent's subscription: %v", err)
 	}
-	if r, _ := inv.isRetired(k1); !r {
-		t.Error("isRetired(k1) = false")
+	if _, retired, _ := inv.view(); !retired[k1] {
+		t.Error("view says k1 is not retired")
 	}
 	if _, err := inv.credential("sub_ffffffffffffffff"); asAPIError(err).Code != "credential_unauthorized" {
 		t.Errorf("credential of an unknown id: %v", err)
