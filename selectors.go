@@ -9,35 +9,14 @@ import (
 	"strings"
 )
 
-// candidates lists the routes a selector or best walks, in order (SPEC §7.3).
+// candidates lists the routes a selector or best walks, in order (SPEC
+// §7.3): best's, then the models of each provider where the agent has an
+// eligible subscription, freest first (ties by id); vision: those taking images.
 func (e *engine) candidates(res resolution, agent string) ([]resolution, error) {
 	doc, err := e.reg.current()
 	if err != nil {
 		doc = nil // an invalid registry offers no alias candidates
 	}
-	var out []resolution
-	if res.Mode == modeBest && doc != nil {
-		if c, ok := canonicalCandidate(doc.Routes["best"]); ok {
-			out = append(out, c)
-		}
-	}
-	more, err := e.anyCandidates(agent, doc, res.Mode == modeAnyVision)
-	return dedupeBy(append(out, more...), func(r resolution) string { return r.Route }), err
-}
-
-// canonicalCandidate turns "provider/model" into a subscription route.
-func canonicalCandidate(route string) (resolution, bool) {
-	pid, model, ok := strings.Cut(route, "/")
-	p, known := lookupProvider(pid)
-	if !ok || !known || model == "" || p.cred == credNone {
-		return resolution{}, false
-	}
-	return resolution{Mode: modeSubscription, Route: route, Provider: p, Model: model}, true
-}
-
-// anyCandidates: the models of each provider where the agent has an eligible
-// subscription, freest first (ties by id); vision: those taking images.
-func (e *engine) anyCandidates(agent string, doc *routesDoc, vision bool) ([]resolution, error) {
 	items, err := e.inv.agentItems(agent)
 	if err != nil {
 		return nil, err
@@ -59,14 +38,29 @@ func (e *engine) anyCandidates(agent string, doc *routesDoc, vision bool) ([]res
 	}
 	slices.SortFunc(provs, func(a, b string) int { return cmp.Or(slices.Compare(free[a], free[b]), strings.Compare(a, b)) })
 	var out []resolution
+	if res.Mode == modeBest && doc != nil {
+		if c, ok := canonicalCandidate(doc.Routes["best"]); ok {
+			out = append(out, c)
+		}
+	}
 	for _, p := range provs {
 		for _, m := range e.candidateModels(p, doc) {
-			if c, ok := canonicalCandidate(p + "/" + m); ok && (!vision || e.takesImages(p, m)) {
+			if c, ok := canonicalCandidate(p + "/" + m); ok && (res.Mode != modeAnyVision || e.takesImages(p, m)) {
 				out = append(out, c)
 			}
 		}
 	}
-	return out, nil
+	return dedupeBy(out, func(r resolution) string { return r.Route }), nil
+}
+
+// canonicalCandidate turns "provider/model" into a subscription route.
+func canonicalCandidate(route string) (resolution, bool) {
+	pid, model, ok := strings.Cut(route, "/")
+	p, known := lookupProvider(pid)
+	if !ok || !known || model == "" || p.cred == credNone {
+		return resolution{}, false
+	}
+	return resolution{Mode: modeSubscription, Route: route, Provider: p, Model: model}, true
 }
 
 // candidateModels of provider P: every alias's P/… destination (alias-name
