@@ -225,7 +225,7 @@ type routeOutcome int
 const (
 	routeAnswered routeOutcome = iota // the caller has its answer (success or the returned refusal)
 	routeRefused                      // every credential of the pool refused or was skipped
-	routeNext                         // the budget is spent with a credential untried, or (selectors) the provider would not run the request
+	routeNext                         // the budget spent, a credential untried; or (selectors) the request refused
 )
 
 // attemptCandidate makes one candidate's calls within its budget (SPEC

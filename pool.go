@@ -32,7 +32,7 @@ type walk struct {
 	reasons          []string // "<subscription id or route>: <reason>"
 	rate, quota      bool     // a call was refused 429 / for quota
 	auth             bool     // a call was refused 401/403
-	rejectedStatus   int      // (selectors) the HTTP status of the last 400, 404, 413, 422 refusal (SPEC §7.2.5 e)
+	rejectedStatus   int      // (selectors) the last 400, 404, 413 or 422 (SPEC §7.2.5 e)
 	blocked          bool     // a subscription was skipped as blocked
 	refreshTransport *apiError
 	earliestBlockEnd time.Time

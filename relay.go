@@ -205,9 +205,8 @@ func (pw *passthroughWatch) chatEvent(event string, e rawObject) (relay, end boo
 	}
 	choices, _ := splitRaw(e.value("choices"), '[', pw.elems[:])
 	for _, c := range choices.members {
-		if co, err := splitRawObject(choices.src[c.val:c.end], pw.scratch[1][:]); err == nil && len(rawText(co.value("finish_reason"))) > 0 {
-			pw.finished = true
-		}
+		co, err := splitRawObject(choices.src[c.val:c.end], pw.scratch[1][:])
+		pw.finished = pw.finished || err == nil && len(rawText(co.value("finish_reason"))) > 0
 	}
 	return !(pw.dropUsage && u.Reported && len(choices.members) == 0), false, nil
 }
