@@ -12,7 +12,7 @@ import (
 
 // readAllRaw reads every block of a passthrough stream.
 func readAllRaw(in []byte) (blocks [][]byte, evs []sseEvent, err error) {
-	rd := newRawSSEReader(bytes.NewReader(in))
+	rd := newSSEReader(bytes.NewReader(in), "\n")
 	for {
 		raw, event, data, err := rd.next()
 		if err != nil {

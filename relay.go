@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"cmp"
 	"context"
@@ -65,83 +64,6 @@ func usageOf(protocol string, raw json.RawMessage) (usage, error) {
 		return usage{}, malformedEvent(protocol, err)
 	}
 	return u.count(protocol), nil
-}
-
-// rawSSEReader splits a provider's event stream into blocks (an event's
-// lines and the blank line ending it) as received; no limits (SPEC §7.4).
-type rawSSEReader struct {
-	r         *bufio.Reader
-	started   bool   // the byte-order mark check is done
-	raw, data []byte // the last block and its data, reused by next
-}
-
-func newRawSSEReader(r io.Reader) *rawSSEReader {
-	return &rawSSEReader{r: bufio.NewReaderSize(r, 16<<10)}
-}
-
-// next returns the next block, its event name and its data lines, valid
-// until the next call; io.EOF after the last, io.ErrUnexpectedEOF mid-line.
-func (s *rawSSEReader) next() (raw []byte, event string, data []byte, err error) {
-	s.raw, s.data = s.raw[:0], s.data[:0]
-	hasData := false
-	for {
-		line, err := s.line()
-		if n := len(line); n > 0 && line[n-1] == '\n' {
-			content := bytes.TrimRight(line, "\r\n")
-			if len(content) == 0 && len(s.raw) == 0 {
-				continue // blank lines between blocks carry nothing
-			}
-			s.raw = append(s.raw, line...)
-			if len(content) == 0 {
-				return s.raw, event, s.data, nil
-			}
-			field, value, _ := bytes.Cut(content, []byte(":"))
-			value = bytes.TrimPrefix(value, []byte(" "))
-			switch string(field) {
-			case "event":
-				event = string(value)
-			case "data":
-				if hasData {
-					s.data = append(s.data, '\n')
-				}
-				s.data, hasData = append(s.data, value...), true
-			}
-		} else if n > 0 {
-			return nil, "", nil, io.ErrUnexpectedEOF // cut mid-line
-		}
-		if err != nil {
-			if errors.Is(err, io.EOF) && len(s.raw) > 0 {
-				s.raw = append(s.raw, '\n') // the provider never ended the block; end it for the caller
-				return s.raw, event, s.data, nil
-			}
-			return nil, "", nil, err
-		}
-	}
-}
-
-// ready reports whether a whole next block is buffered (no wait to read it).
-func (s *rawSSEReader) ready() bool {
-	b, _ := s.r.Peek(s.r.Buffered())
-	b = bytes.TrimLeft(b, "\r\n") // blank lines before a block are skipped, not an end
-	return bytes.Contains(b, []byte("\n\n")) || bytes.Contains(b, []byte("\n\r\n"))
-}
-
-// line reads one line with its terminator (the first without a BOM).
-func (s *rawSSEReader) line() ([]byte, error) {
-	line, err := s.r.ReadSlice('\n')
-	if errors.Is(err, bufio.ErrBufferFull) {
-		line = bytes.Clone(line)
-		for errors.Is(err, bufio.ErrBufferFull) {
-			var chunk []byte
-			chunk, err = s.r.ReadSlice('\n')
-			line = append(line, chunk...)
-		}
-	}
-	if !s.started && len(line) > 0 {
-		line = bytes.TrimPrefix(line, []byte("\ufeff"))
-		s.started = true
-	}
-	return line, err
 }
 
 // passthroughWatch reads a relayed stream's events as far as SPEC §7.5 and
@@ -347,7 +269,7 @@ func relayPassthroughStream(sa *streamAnswer, cr *callerRequest, _ chatRequest, 
 // relayWatched reads a committed stream through pw, relaying each event to
 // sa (nil: a buffered caller); a chat stream ended without [DONE] gets it.
 func relayWatched(pw *passthroughWatch, body io.Reader, sa *streamAnswer) error {
-	rd := newRawSSEReader(body)
+	rd := newSSEReader(body, "\n")
 	for {
 		raw, event, data, err := rd.next()
 		if err != nil {

@@ -19,68 +19,93 @@ import (
 // stream named none) and its data lines joined with "\n".
 type sseEvent struct{ Event, Data string }
 
-// sseReader splits a text/event-stream body into events (WHATWG grammar), with no
-// line limit or timeout (SPEC §7.4): a large tool-call argument is one line.
-type sseReader struct{ sc *bufio.Scanner }
-
-// newSSEReader reads events from r, after its byte-order mark if any.
-func newSSEReader(r io.Reader) *sseReader {
-	br := bufio.NewReader(r)
-	if b, _ := br.Peek(3); string(b) == "\ufeff" {
-		br.Discard(3)
-	}
-	sc := bufio.NewScanner(br)
-	sc.Buffer(make([]byte, 16<<10), math.MaxInt)
-	sc.Split(splitSSELine)
-	return &sseReader{sc: sc}
+// sseReader splits a text/event-stream body into blocks (an event's lines and the blank line
+// ending it) as received, WHATWG grammar, with no line limit or timeout (SPEC §7.4).
+type sseReader struct {
+	sc        bufio.Scanner
+	ends      string             // the bytes that end a line (a "\r\n" pair is one end)
+	started   bool               // the byte-order mark check is done
+	rest      []byte             // what the scanner holds past the last line, for ready
+	raw, data []byte             // the last block and its data, reused by next
+	buf       [16<<10 - 256]byte // the scanner's first buffer: with the reader, one 16 KiB allocation
 }
 
-// splitSSELine splits at "\r\n", "\n" or "\r"; a final line without a
-// terminator is io.ErrUnexpectedEOF (the body was cut).
-func splitSSELine(data []byte, atEOF bool) (int, []byte, error) {
-	i := bytes.IndexAny(data, "\r\n")
+// newSSEReader reads blocks from r, lines ending at a byte of ends: translation's
+// "\r\n" (WHATWG), passthrough's "\n" (README: a bare "\r" is no line end).
+func newSSEReader(r io.Reader, ends string) *sseReader {
+	s := &sseReader{sc: *bufio.NewScanner(r), ends: ends, data: []byte{}} // data: non-nil, see next
+	s.sc.Buffer(s.buf[:], math.MaxInt)
+	s.sc.Split(s.split)
+	return s
+}
+
+// split cuts one line with its terminator ("\r\n", or one byte of ends); a
+// final line without one is io.ErrUnexpectedEOF (the body was cut).
+func (s *sseReader) split(data []byte, atEOF bool) (int, []byte, error) {
+	i := bytes.IndexAny(data, s.ends)
 	switch {
-	case i < 0 && atEOF && len(data) > 0:
+	case i < 0 && atEOF && len(data) > 0 && (s.started || string(data) != "\ufeff"): // a lone BOM: an empty body
 		return 0, nil, io.ErrUnexpectedEOF
 	case i < 0, data[i] == '\r' && i+1 == len(data) && !atEOF: // a "\n" may follow
 		return 0, nil, nil
 	case data[i] == '\r' && i+1 < len(data) && data[i+1] == '\n':
-		return i + 2, data[:i], nil
+		i++
 	}
-	return i + 1, data[:i], nil
+	s.rest = data[i+1:]
+	return i + 1, data[:i+1], nil
 }
 
-// next returns the next event, io.EOF at a clean end, other read errors as
-// they came; a last event whose lines ended needs no blank line after it.
-func (s *sseReader) next() (sseEvent, error) {
-	var (
-		ev   sseEvent
-		data []string // the data lines: an event without any dispatches nothing
-	)
+// next returns the next block, its event name and its data lines (nil: none), valid until
+// the next call; io.EOF after the last, which needs no blank line after it.
+func (s *sseReader) next() (raw []byte, event string, data []byte, err error) {
+	s.raw, s.data = s.raw[:0], s.data[:0]
 	for s.sc.Scan() {
-		line := s.sc.Text()
-		field, value, found := strings.Cut(line, ":")
-		if found {
-			value = strings.TrimPrefix(value, " ")
+		line := s.sc.Bytes()
+		if !s.started {
+			line, s.started = bytes.TrimPrefix(line, []byte("\ufeff")), true
 		}
-		switch {
-		case line == "" && data != nil:
-			ev.Data = strings.Join(data, "\n")
-			return ev, nil
-		case line == "": // a block without data dispatches nothing and resets the name
-			ev = sseEvent{}
-		case field == "event":
-			ev.Event = value
-		case field == "data":
-			data = append(data, value)
+		content := bytes.TrimRight(line, "\r\n")
+		if len(content) == 0 && len(s.raw) == 0 {
+			continue // blank lines between blocks carry nothing
+		}
+		s.raw = append(s.raw, line...)
+		if len(content) == 0 {
+			return s.raw, event, data, nil
+		}
+		field, value, _ := bytes.Cut(content, []byte(":"))
+		value = bytes.TrimPrefix(value, []byte(" "))
+		switch string(field) {
+		case "event":
+			event = string(value)
+		case "data":
+			if data != nil {
+				s.data = append(s.data, '\n')
+			}
+			s.data = append(s.data, value...)
+			data = s.data // non-nil even for an empty line: s.data starts non-nil
 		} // comments (": keep-alive"), "id", "retry" and unknown fields carry nothing Brama uses
 	}
-	err := cmp.Or(s.sc.Err(), io.EOF)
-	if data != nil && err == io.EOF {
-		ev.Data = strings.Join(data, "\n")
-		return ev, nil
+	if err := s.sc.Err(); err != nil || len(s.raw) == 0 {
+		return nil, "", nil, cmp.Or(err, io.EOF)
 	}
-	return sseEvent{}, err
+	s.raw = append(s.raw, '\n') // the provider never ended the block; end it for the caller
+	return s.raw, event, data, nil
+}
+
+// ready reports whether a whole next block is buffered (no wait to read it).
+func (s *sseReader) ready() bool {
+	b := bytes.TrimLeft(s.rest, "\r\n") // blank lines before a block are skipped, not an end
+	return bytes.Contains(b, []byte("\n\n")) || bytes.Contains(b, []byte("\n\r\n"))
+}
+
+// event returns the next event for translation: a block without data dispatches nothing.
+func (s *sseReader) event() (sseEvent, error) {
+	for {
+		_, event, data, err := s.next()
+		if err != nil || data != nil {
+			return sseEvent{event, string(data)}, err
+		}
+	}
 }
 
 // streamTranslator turns one protocol's events into neutral ones; handle and ended
@@ -97,9 +122,9 @@ func readUpstreamStream(protocol string, body io.Reader, emit func(streamEvent) 
 	if f == nil {
 		return refuse("provider_failure", "unknown provider protocol %q", protocol)
 	}
-	t, r := f.upstreamStream(), newSSEReader(body)
+	t, r := f.upstreamStream(), newSSEReader(body, "\r\n")
 	for {
-		ev, err := r.next()
+		ev, err := r.event()
 		if err != nil {
 			if done, terr := t.ended(emit); done || terr != nil {
 				return terr

@@ -12,10 +12,10 @@ import (
 
 // readAllSSE reads events until the reader's first error.
 func readAllSSE(r io.Reader) ([]sseEvent, error) {
-	s := newSSEReader(r)
+	s := newSSEReader(r, "\r\n")
 	var evs []sseEvent
 	for {
-		ev, err := s.next()
+		ev, err := s.event()
 		if err != nil {
 			return evs, err
 		}
@@ -59,12 +59,14 @@ func TestSSEReader(t *testing.T) {
 
 func TestSSEReaderKeepsReadError(t *testing.T) {
 	errCut := errors.New("connection reset")
-	got, err := readAllSSE(io.MultiReader(strings.NewReader("data: a\n\ndata: b\n"), errReader{errCut}))
-	if !errors.Is(err, errCut) {
-		t.Errorf("err = %v, want the read error", err)
-	}
-	if diff := cmp.Diff([]sseEvent{{"", "a"}}, got); diff != "" {
-		t.Errorf("events (-want +got):\n%s", diff)
+	for _, in := range []string{"data: a\n\ndata: b\n", "data: a\n\ndata: b"} { // the cut after a line, in one
+		got, err := readAllSSE(io.MultiReader(strings.NewReader(in), errReader{errCut}))
+		if !errors.Is(err, errCut) {
+			t.Errorf("%q: err = %v, want the read error", in, err)
+		}
+		if diff := cmp.Diff([]sseEvent{{"", "a"}}, got); diff != "" {
+			t.Errorf("%q: events (-want +got):\n%s", in, diff)
+		}
 	}
 }
 
