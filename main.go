@@ -240,7 +240,7 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 		sy.now = testingOnlyNow
 	}
 	log, now := sy.log, sy.now
-	maxBody, err := maxRequestBytes(e.getenv("BRAMA_MAX_REQUEST_BYTES"))
+	maxBody, err := envWhole(e.getenv, "BRAMA_MAX_REQUEST_BYTES", "bytes", 1, defaultMaxRequestBytes, 64)
 	if err != nil {
 		return err
 	}

@@ -301,19 +301,6 @@ func (s *server) authenticate(w http.ResponseWriter, r *http.Request, role strin
 // defaultMaxRequestBytes is BRAMA_MAX_REQUEST_BYTES unset (SPEC §7.4).
 const defaultMaxRequestBytes = 64 << 20
 
-// maxRequestBytes parses BRAMA_MAX_REQUEST_BYTES: a whole number ≥ 1.
-func maxRequestBytes(v string) (int64, error) {
-	v = strings.TrimSpace(v)
-	if v == "" {
-		return defaultMaxRequestBytes, nil
-	}
-	n, err := strconv.ParseInt(v, 10, 64)
-	if err != nil || n < 1 {
-		return 0, fmt.Errorf("BRAMA_MAX_REQUEST_BYTES=%q is not a whole number of bytes ≥ 1", v)
-	}
-	return n, nil
-}
-
 // readBody reads r's whole body, at most s.maxBody bytes (SPEC §7.4).
 func (s *server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 	limit := cmp.Or(s.maxBody, defaultMaxRequestBytes) // 0 outside serve
