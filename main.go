@@ -265,7 +265,7 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 	client := newProviderClient()
 	s := &server{
 		core: core{
-			deps: d, log: log, getenv: e.getenv, now: now, client: client, keepAlive: testingOnlyKeepAlive,
+			deps: d, sys: sy, getenv: e.getenv, client: client, keepAlive: testingOnlyKeepAlive,
 			catalog: newCatalog(d.st, e.getenv, client, log, now),
 			perf:    newPerfRegistry(d.st, sy),
 			ledger:  newLedger(d.st, log, now),

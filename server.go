@@ -38,9 +38,8 @@ type server struct {
 // share, built once by serve.
 type core struct {
 	deps   // st, clients, vault, journal, reg
-	log    *slog.Logger
+	sys    // log, now
 	getenv func(string) string
-	now    func() time.Time
 	// localCreds holds -local-credentials-stdin keys; when non-nil it is the
 	// only source of direct credentials (SPEC §16).
 	localCreds map[string]string
