@@ -36,7 +36,7 @@ func TestSignedAnswerHangUp(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a := newAnswerStore(state{dir: t.TempDir()}, slog.New(slog.DiscardHandler), time.Now)
-			s := &server{log: slog.New(slog.DiscardHandler), answers: a}
+			s := &server{core: core{sys: sys{log: slog.New(slog.DiscardHandler)}}, answers: a}
 			body := answerBody("x")
 			ri := &requestInfo{client: client{ID: "local"}, body: []byte(body), route: "openai/gpt-test"}
 			ctx, cancel := context.WithCancel(context.WithValue(context.Background(), infoKey{}, ri))

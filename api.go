@@ -197,13 +197,7 @@ func (s *server) handleSubscriptionProbe(w http.ResponseWriter, r *http.Request)
 
 // engine is the attempt engine (dispatch.go) for one request.
 func (s *server) engine(ri *requestInfo) *engine {
-	return &engine{
-		log: s.log, now: s.now, getenv: s.getenv, client: s.client, calls: &s.attempts,
-		keepAlive: s.keepAlive, reg: s.reg, hasDirect: s.hasDirect, localCreds: s.localCreds,
-		vault: s.vault, catalog: s.catalog, perf: s.perf, ledger: s.ledger, inv: s.inv,
-		oauth: s.oauth, pins: &s.pins, maint: s.maint, agent: ri.agentID,
-		t: tally{requestID: ri.id},
-	}
+	return &engine{core: &s.core, agent: ri.agentID, t: tally{requestID: ri.id}}
 }
 
 // account copies what the engine learned into the log line; deferred, so

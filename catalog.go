@@ -15,7 +15,6 @@ import (
 	"net/http"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -94,15 +93,13 @@ type catalog struct {
 // newCatalog configures the catalogue (SPEC §16) and, for a URL, fills memory from the
 // cache; a file is read by the first lookup, a URL by start.
 func newCatalog(st state, getenv func(string) string, client *http.Client, log *slog.Logger, now func() time.Time) *catalog {
-	c := &catalog{client: client, log: log, now: now, ttl: defaultCatalogTTL}
-	if v := strings.TrimSpace(getenv("BRAMA_MODEL_CATALOG_TTL_SECS")); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n <= 0 || n > math.MaxInt32 {
-			log.Warn("model_catalog_ttl_invalid", "value", v, "default_secs", int(defaultCatalogTTL/time.Second))
-		} else {
-			c.ttl = time.Duration(n) * time.Second
-		}
+	const ttlName = "BRAMA_MODEL_CATALOG_TTL_SECS"
+	ttl, err := envSeconds(getenv, ttlName, 1, defaultCatalogTTL)
+	if err != nil {
+		log.Warn("model_catalog_ttl_invalid", "value", strings.TrimSpace(getenv(ttlName)),
+			"default_secs", int(defaultCatalogTTL/time.Second))
 	}
+	c := &catalog{client: client, log: log, now: now, ttl: ttl}
 	if c.path = strings.TrimSpace(getenv("BRAMA_MODEL_CATALOG_PATH")); c.path == "" {
 		c.url = cmp.Or(strings.TrimSpace(getenv("BRAMA_MODEL_CATALOG_URL")), defaultCatalogURL)
 		if strings.EqualFold(c.url, "off") {

@@ -264,6 +264,7 @@ func TestNewCatalogEnv(t *testing.T) {
 		{name: "ttl", env: map[string]string{"BRAMA_MODEL_CATALOG_TTL_SECS": "60"}, wantURL: defaultCatalogURL, wantTTL: time.Minute},
 		{name: "bad ttl", env: map[string]string{"BRAMA_MODEL_CATALOG_TTL_SECS": "-1"}, wantURL: defaultCatalogURL, wantTTL: 900 * time.Second},
 		{name: "junk ttl", env: map[string]string{"BRAMA_MODEL_CATALOG_TTL_SECS": "soon"}, wantURL: defaultCatalogURL, wantTTL: 900 * time.Second},
+		{name: "zero ttl", env: map[string]string{"BRAMA_MODEL_CATALOG_TTL_SECS": "0"}, wantURL: defaultCatalogURL, wantTTL: 900 * time.Second},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

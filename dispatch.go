@@ -4,13 +4,10 @@ import (
 	"context"
 	"errors"
 	"io"
-	"log/slog"
 	"net/http"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -46,29 +43,13 @@ var budgets = map[routeKind]budget{
 	kindCountTokens:  {calls: 1},
 }
 
-// engine is one request's attempt engine: what it needs of the daemon, and
-// the request's account (tally) for the log line. It knows no server.
+// engine is one request's attempt engine: the daemon's parts and the
+// request's account (tally) for the log line. It knows no server.
 type engine struct {
-	log        *slog.Logger
-	now        func() time.Time
-	getenv     func(string) string
-	client     *http.Client  // provider calls: no timeout
-	calls      *atomic.Int64 // provider calls since start, for /stats
-	keepAlive  time.Duration // 0: keepAliveEvery
-	reg        *registry
-	hasDirect  func(provider string) bool
-	localCreds map[string]string // -local-credentials-stdin; non-nil: the only direct keys
-	vault      *vault
-	catalog    *catalog
-	perf       *perfRegistry
-	ledger     *ledger
-	inv        *inventory
-	oauth      *oauthClient
-	pins       *sync.Map // agent "\x00" provider → pin
-	maint      *maintainer
-	agent      string // the paying agent of this request ("" for a direct route)
-	t          tally
-	wk         walk // the request's one walk over candidates and credentials
+	*core
+	agent string // the paying agent of this request ("" for a direct route)
+	t     tally
+	wk    walk // the request's one walk over candidates and credentials
 }
 
 // tally is one request's account: what the log line learns from the engine.
@@ -202,7 +183,7 @@ func (e *engine) directCredential(provider string) (string, error) {
 func (e *engine) send(httpReq *http.Request, c call) (*http.Response, *providerRefusal, *apiError) {
 	p := c.res.Provider
 	e.t.attempts++
-	e.calls.Add(1)
+	e.attempts.Add(1)
 	resp, err := e.client.Do(httpReq)
 	if err != nil {
 		return nil, nil, classifyTransport(err)

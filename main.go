@@ -240,7 +240,7 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 		sy.now = testingOnlyNow
 	}
 	log, now := sy.log, sy.now
-	maxBody, err := maxRequestBytes(e.getenv("BRAMA_MAX_REQUEST_BYTES"))
+	maxBody, err := envWhole(e.getenv, "BRAMA_MAX_REQUEST_BYTES", "bytes", 1, defaultMaxRequestBytes, 64)
 	if err != nil {
 		return err
 	}
@@ -264,14 +264,16 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 	}
 	client := newProviderClient()
 	s := &server{
-		deps: d, log: log, getenv: e.getenv, now: now, guard: guard, maxBody: maxBody, client: client,
-		keepAlive: testingOnlyKeepAlive,
-		agents:    newAgentVerifier(d.vault.agentSecret, now),
-		catalog:   newCatalog(d.st, e.getenv, client, log, now),
-		perf:      newPerfRegistry(d.st, sy),
-		answers:   newAnswerStore(d.st, log, now),
-		replay:    newReplayGuard(e.getenv, log, now),
-		ledger:    newLedger(d.st, log, now),
+		core: core{
+			deps: d, sys: sy, getenv: e.getenv, client: client, keepAlive: testingOnlyKeepAlive,
+			catalog: newCatalog(d.st, e.getenv, client, log, now),
+			perf:    newPerfRegistry(d.st, sy),
+			ledger:  newLedger(d.st, log, now),
+		},
+		guard: guard, maxBody: maxBody,
+		agents:  newAgentVerifier(d.vault.agentSecret, now),
+		answers: newAnswerStore(d.st, log, now),
+		replay:  newReplayGuard(e.getenv, log, now),
 	}
 	defer s.ledger.flush()
 	s.inv = newInventory(d.st, s.vault, s.journal, s.ledger, e.getenv, sy)

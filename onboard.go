@@ -84,7 +84,7 @@ func onboard(ctx context.Context, getenv func(string) string, sy sys, model stri
 	}
 
 	// 3. A route or credential can serve.
-	s := &server{deps: d, log: sy.log, getenv: getenv, now: sy.now}
+	s := &server{core: core{deps: d, sys: sy, getenv: getenv}}
 	s.client = newProviderClient()
 	s.catalog = newCatalog(d.st, getenv, s.client, sy.log, sy.now)
 	c, req, next, err := s.onboardPlan(model)

@@ -9,7 +9,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -59,14 +58,11 @@ type replayQueued struct {
 // newReplayGuard reads BRAMA_REPLAY_GUARD_SECS: unset is 60 s, 0 turns the
 // guard off; anything unreadable is logged and 60 s.
 func newReplayGuard(getenv func(string) string, log *slog.Logger, now func() time.Time) *replayGuard {
-	window := defaultReplayGuard
-	if v := strings.TrimSpace(getenv("BRAMA_REPLAY_GUARD_SECS")); v != "" {
-		n, err := strconv.ParseInt(v, 10, 32)
-		if err != nil || n < 0 {
-			log.Warn("replay_guard_secs_invalid", "value", v, "using_secs", int(defaultReplayGuard/time.Second))
-		} else {
-			window = time.Duration(n) * time.Second
-		}
+	const name = "BRAMA_REPLAY_GUARD_SECS"
+	window, err := envSeconds(getenv, name, 0, defaultReplayGuard)
+	if err != nil {
+		log.Warn("replay_guard_secs_invalid", "value", strings.TrimSpace(getenv(name)),
+			"using_secs", int(defaultReplayGuard/time.Second))
 	}
 	return &replayGuard{window: window, now: now, refused: map[replayKey]replayEntry{}, byClient: map[string]int{}}
 }

@@ -22,12 +22,24 @@ import (
 
 // server is the HTTP face of Brama: what the handlers share.
 type server struct {
+	core
+	agents  *agentVerifier
+	guard   transportGuard
+	mux     *http.ServeMux
+	answers *answerStore // signed answers (SPEC §12)
+	replay  *replayGuard // SPEC §8.1; nil: off
+	maxBody int64        // BRAMA_MAX_REQUEST_BYTES; 0: the default
+	// inflight is read-held by every request being served, so serve can wait
+	// for their log lines at shutdown (a WaitGroup may not grow while waited on).
+	inflight sync.RWMutex
+}
+
+// core is the daemon's parts that the server and every request's engine
+// share, built once by serve.
+type core struct {
 	deps   // st, clients, vault, journal, reg
-	log    *slog.Logger
+	sys    // log, now
 	getenv func(string) string
-	now    func() time.Time
-	agents *agentVerifier
-	guard  transportGuard
 	// localCreds holds -local-credentials-stdin keys; when non-nil it is the
 	// only source of direct credentials (SPEC §16).
 	localCreds map[string]string
@@ -36,18 +48,11 @@ type server struct {
 	perf       *perfRegistry
 	keepAlive  time.Duration // 0: keepAliveEvery; tests shorten it
 	attempts   atomic.Int64  // provider calls made since start, for /stats
-	mux        *http.ServeMux
 	ledger     *ledger
 	inv        *inventory
 	oauth      *oauthClient
 	pins       sync.Map // agent "\x00" provider → the subscription that last served it (pin)
 	maint      *maintainer
-	answers    *answerStore // signed answers (SPEC §12)
-	replay     *replayGuard // SPEC §8.1; nil: off
-	maxBody    int64        // BRAMA_MAX_REQUEST_BYTES; 0: the default
-	// inflight is read-held by every request being served, so serve can wait
-	// for their log lines at shutdown (a WaitGroup may not grow while waited on).
-	inflight sync.RWMutex
 }
 
 // routes is the only place URL patterns appear.
@@ -295,19 +300,6 @@ func (s *server) authenticate(w http.ResponseWriter, r *http.Request, role strin
 // defaultMaxRequestBytes is BRAMA_MAX_REQUEST_BYTES unset (SPEC §7.4).
 const defaultMaxRequestBytes = 64 << 20
 
-// maxRequestBytes parses BRAMA_MAX_REQUEST_BYTES: a whole number ≥ 1.
-func maxRequestBytes(v string) (int64, error) {
-	v = strings.TrimSpace(v)
-	if v == "" {
-		return defaultMaxRequestBytes, nil
-	}
-	n, err := strconv.ParseInt(v, 10, 64)
-	if err != nil || n < 1 {
-		return 0, fmt.Errorf("BRAMA_MAX_REQUEST_BYTES=%q is not a whole number of bytes ≥ 1", v)
-	}
-	return n, nil
-}
-
 // readBody reads r's whole body, at most s.maxBody bytes (SPEC §7.4).
 func (s *server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 	limit := cmp.Or(s.maxBody, defaultMaxRequestBytes) // 0 outside serve
@@ -347,11 +339,11 @@ func (s *server) anyDirectPayer() bool {
 }
 
 // hasDirect reports whether a direct credential exists for provider.
-func (s *server) hasDirect(provider string) bool {
-	if s.localCreds != nil {
-		return s.localCreds[provider] != ""
+func (c *core) hasDirect(provider string) bool {
+	if c.localCreds != nil {
+		return c.localCreds[provider] != ""
 	}
-	return s.vault.directKey(provider) != ""
+	return c.vault.directKey(provider) != ""
 }
 
 func (s *server) handleHealth(w http.ResponseWriter, r *http.Request) {

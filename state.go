@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -401,6 +402,26 @@ func removeStaleTemps(dir string) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// envWhole reads name as a whole number of unit ≥ least that fits in bits:
+// unset is def; anything else is def and an error naming name.
+func envWhole(getenv func(string) string, name, unit string, least, def int64, bits int) (int64, error) {
+	v := strings.TrimSpace(getenv(name))
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.ParseInt(v, 10, bits)
+	if err != nil || n < least {
+		return def, fmt.Errorf("%s=%q is not a whole number of %s ≥ %d", name, v, unit, least)
+	}
+	return n, nil
+}
+
+// envSeconds is envWhole for a duration of whole seconds (at most MaxInt32).
+func envSeconds(getenv func(string) string, name string, least int64, def time.Duration) (time.Duration, error) {
+	n, err := envWhole(getenv, name, "seconds", least, int64(def/time.Second), 32)
+	return time.Duration(n) * time.Second, err
 }
 
 // decodeStrict is the one strict decoder of state files and admin bodies

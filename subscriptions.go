@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -176,26 +175,13 @@ func newInventory(st state, v *vault, j *journal, l *ledger, getenv func(string)
 	inv := &inventory{sys: sy, vault: v, j: j, l: l, cache: map[string]listing{}}
 	inv.overlay = stateFile[*overlayDoc]{role: overlayRole, parse: parseOverlay}
 	inv.overlay.path, inv.overlay.pathErr = st.path(overlayRole, overlayFile)
-	ttl, err := subscriptionCacheTTL(getenv("BRAMA_SUBSCRIPTION_CACHE_TTL_SECS"))
+	// Unset or unreadable (logged) is 60 s; 0 turns the cache off.
+	ttl, err := envSeconds(getenv, "BRAMA_SUBSCRIPTION_CACHE_TTL_SECS", 0, 60*time.Second)
 	if err != nil {
 		sy.log.Warn("subscription_cache_ttl_invalid", "cause", err.Error(), "using_secs", 60)
 	}
 	inv.ttl = ttl
 	return inv
-}
-
-// subscriptionCacheTTL parses BRAMA_SUBSCRIPTION_CACHE_TTL_SECS: unset or
-// unreadable (with an error) is 60 s, 0 turns the cache off.
-func subscriptionCacheTTL(v string) (time.Duration, error) {
-	const def = 60 * time.Second
-	if v = strings.TrimSpace(v); v == "" {
-		return def, nil
-	}
-	n, err := strconv.ParseInt(v, 10, 32)
-	if err != nil || n < 0 {
-		return def, fmt.Errorf("BRAMA_SUBSCRIPTION_CACHE_TTL_SECS=%q is not a whole number of seconds ≥ 0", v)
-	}
-	return time.Duration(n) * time.Second, nil
 }
 
 // items returns every overlay item (retired ones too), in overlay order, as

@@ -119,7 +119,11 @@ func TestCheckLabelAndReason(t *testing.T) {
 	}
 }
 
-func TestSubscriptionCacheTTL(t *testing.T) {
+// TestEnvSeconds: BRAMA_SUBSCRIPTION_CACHE_TTL_SECS (whole seconds ≥ 0) and
+// BRAMA_MAX_REQUEST_BYTES (whole bytes ≥ 1) go through envWhole; junk is the
+// default and an error naming the variable.
+func TestEnvSeconds(t *testing.T) {
+	const name = "BRAMA_SUBSCRIPTION_CACHE_TTL_SECS"
 	tests := []struct {
 		in      string
 		want    time.Duration
@@ -131,14 +135,29 @@ func TestSubscriptionCacheTTL(t *testing.T) {
 		{"-1", 60 * time.Second, true},
 		{"1.5", 60 * time.Second, true},
 		{"forever", 60 * time.Second, true},
+		{"2147483648", 60 * time.Second, true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.in, func(t *testing.T) {
-			got, err := subscriptionCacheTTL(tc.in)
+			got, err := envSeconds(testEnv(map[string]string{name: tc.in}), name, 0, 60*time.Second)
 			if got != tc.want || (err != nil) != tc.wantErr {
 				t.Errorf("= %v, %v; want %v, error %v", got, err, tc.want, tc.wantErr)
 			}
+			if want := name + "=\"" + strings.TrimSpace(tc.in) + "\" is not a whole number of seconds ≥ 0"; err != nil && err.Error() != want {
+				t.Errorf("error %q, want %q", err, want)
+			}
 		})
+	}
+	const bytes = "BRAMA_MAX_REQUEST_BYTES"
+	for in, want := range map[string]int64{"": defaultMaxRequestBytes, "1": 1, "1024": 1024, "0": -1, "lots": -1} {
+		n, err := envWhole(testEnv(map[string]string{bytes: in}), bytes, "bytes", 1, defaultMaxRequestBytes, 64)
+		if want == -1 {
+			if err == nil || err.Error() != bytes+"=\""+in+"\" is not a whole number of bytes ≥ 1" {
+				t.Errorf("%s=%q: %d, %v; want the refusal", bytes, in, n, err)
+			}
+		} else if n != want || err != nil {
+			t.Errorf("%s=%q: %d, %v; want %d", bytes, in, n, err, want)
+		}
 	}
 }
 
