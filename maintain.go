@@ -19,7 +19,7 @@ import (
 
 var errMaintenanceStopped = errors.New("the maintenance scheduler is not running")
 
-// maintainer runs one daemon's passes one at a time on run's goroutine;
+// maintainer runs one daemon's passes one at a time on loop's goroutine;
 // passes asked for while one runs become exactly one more.
 type maintainer struct {
 	inv    *inventory
@@ -28,7 +28,7 @@ type maintainer struct {
 	client *http.Client // the provider client: no timeout, no redirects, no proxy
 	getenv func(string) string
 	log    *slog.Logger
-	clock  func() time.Time // the loop wakes on m.l.changed: for pending, the timer or the ledger
+	clock  func() time.Time
 
 	// Test hooks (nil in production): the due timer's AfterFunc, and every finished pass.
 	testingOnlyAfterFunc func(d time.Duration, f func()) ledgerStopper
@@ -87,8 +87,7 @@ func newMaintainer(inv *inventory, l *ledger, o *oauthClient, client *http.Clien
 	return &maintainer{inv: inv, l: l, o: o, client: client, getenv: getenv, log: log, clock: now}
 }
 
-// run starts the loop, counted in wg, with the start pass pending (the listener is up):
-// it runs loopOnce until ctx ends, waiting between turns for a nudge of m.l.changed.
+// run starts loop, counted in wg, with the start pass pending (the listener is up).
 func (m *maintainer) run(ctx context.Context, wg *sync.WaitGroup) {
 	m.mu.Lock()
 	m.looping = true
@@ -97,17 +96,23 @@ func (m *maintainer) run(ctx context.Context, wg *sync.WaitGroup) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		defer m.stop()
-		for ctx.Err() == nil {
-			if m.loopOnce(ctx, m.clock()) {
-				continue // a pass asked for meanwhile runs next
-			}
-			select {
-			case <-ctx.Done():
-			case <-m.l.changed:
-			}
-		}
+		m.loop(ctx)
 	}()
+}
+
+// loop runs loopOnce until ctx ends, waiting between turns for a nudge of
+// m.l.changed (a requested pass, the due timer or a ledger change).
+func (m *maintainer) loop(ctx context.Context) {
+	defer m.stop()
+	for ctx.Err() == nil {
+		if m.loopOnce(ctx, m.clock()) {
+			continue // a pass asked for meanwhile runs next
+		}
+		select {
+		case <-ctx.Done():
+		case <-m.l.changed:
+		}
+	}
 }
 
 // loopOnce, at now, runs the pending pass (true), or else arms the one timer
