@@ -29,7 +29,6 @@ type subGateway struct {
 	base  string          // e.g. http://127.0.0.1:8080, no trailing slash
 	token string
 	in    *bufio.Reader // stdin, at the line after the bearer when it came from there
-	hc    *http.Client
 }
 
 // gateway declares -gateway on fs and parses args; it refuses a line that
@@ -70,7 +69,7 @@ func (e cliEnv) gateway(fs *flag.FlagSet, args []string, positionals int, usage 
 	}
 	// No time limit of Brama's own (a maintenance pass may wait on token
 	// endpoints); SIGINT or SIGTERM cancels the call through e.ctx.
-	return pos, &subGateway{ctx: e.ctx, base: strings.TrimRight(u.String(), "/"), token: tok, in: in, hc: &http.Client{}}, nil
+	return pos, &subGateway{ctx: e.ctx, base: strings.TrimRight(u.String(), "/"), token: tok, in: in}, nil
 }
 
 // call sends one admin request with body (nil for none) and returns the raw
@@ -89,7 +88,7 @@ func (g *subGateway) call(method, path string, body any) ([]byte, error) {
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	resp, err := g.hc.Do(req)
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("cannot reach the gateway at %s: %w", g.base, errors.Unwrap(err))
 	}
@@ -253,9 +252,9 @@ func (e cliEnv) subscriptionStatus(kind string, args []string) error {
 	if err != nil {
 		return err
 	}
-	if kind == "reinstate" {
-		_, err = g.call("POST", subscriptionPath(*agent, pos[0], "reinstate"), map[string]string{"reason": *reason})
-	} else if path := subscriptionPath(*agent, pos[0]); *reason != "" {
+	if path := subscriptionPath(*agent, pos[0]); kind == "reinstate" {
+		_, err = g.call("POST", path+"/reinstate", map[string]string{"reason": *reason})
+	} else if *reason != "" {
 		_, err = g.call("DELETE", path+"?reason="+url.QueryEscape(*reason), nil)
 	} else {
 		_, err = g.call("DELETE", path, nil)
