@@ -357,15 +357,11 @@ func parseImportFile(provider string, b []byte) (oauthGrant, error) {
 // jsonProblem describes a decoding error by its kind and offset only: a
 // syntax error's text can quote bytes of the file, which may be a token.
 func jsonProblem(err error) string {
-	var se *json.SyntaxError
 	var te *json.UnmarshalTypeError
-	switch {
-	case errors.As(err, &se):
-		return fmt.Sprintf("not JSON (syntax error at byte %d)", se.Offset)
-	case errors.As(err, &te):
+	if errors.As(err, &te) {
 		return fmt.Sprintf("member %s is not a %s", te.Field, te.Type)
 	}
-	return "not JSON"
+	return "not JSON (" + jsonErrorKind(err) + ")"
 }
 
 // maintainCmd is `brama maintain`: one pass by the daemon (SPEC §11.2),
