@@ -171,8 +171,9 @@ func (e cliEnv) subscriptionDonate(g *subGateway, agent, query string, body dona
 	return nil
 }
 
-// subscriptionList is `brama subscription list`: aligned rows, or the
-// listing's JSON body with -json.
+// subscriptionList is `brama subscription list`: one aligned row per
+// subscription and a count (SPEC §16.1; USED is the fullest window's share),
+// or the listing's JSON body with -json.
 func (e cliEnv) subscriptionList(args []string) error {
 	const usage = "subscription list -agent A [-json] [-gateway URL]"
 	fs := e.newFlags("subscription list")
@@ -191,24 +192,6 @@ func (e cliEnv) subscriptionList(args []string) error {
 	if err != nil {
 		return err
 	}
-	e.printSubscriptions(rows)
-	return nil
-}
-
-// parseListing reads the rows of GET …/subscriptions/{agent_id}.
-func parseListing(b []byte) ([]subscriptionRow, error) {
-	var body struct {
-		Subscriptions []subscriptionRow `json:"subscriptions"`
-	}
-	if err := json.Unmarshal(b, &body); err != nil {
-		return nil, fmt.Errorf("the gateway's listing is not JSON: %w", err)
-	}
-	return body.Subscriptions, nil
-}
-
-// printSubscriptions prints one aligned row per subscription (SPEC §16.1)
-// and a count; USED is the fullest window's share.
-func (e cliEnv) printSubscriptions(rows []subscriptionRow) {
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tPROVIDER\tSTATUS\tCREDENTIAL\tUSED\tLABEL")
 	retired := 0
@@ -234,6 +217,18 @@ func (e cliEnv) printSubscriptions(rows []subscriptionRow) {
 	}
 	tw.Flush()
 	fmt.Fprintf(e.stdout, "%d subscription(s), %d retired\n", len(rows), retired)
+	return nil
+}
+
+// parseListing reads the rows of GET …/subscriptions/{agent_id}.
+func parseListing(b []byte) ([]subscriptionRow, error) {
+	var body struct {
+		Subscriptions []subscriptionRow `json:"subscriptions"`
+	}
+	if err := json.Unmarshal(b, &body); err != nil {
+		return nil, fmt.Errorf("the gateway's listing is not JSON: %w", err)
+	}
+	return body.Subscriptions, nil
 }
 
 // subscriptionStatus is `brama subscription retire|reinstate … ID`: DELETE
@@ -365,7 +360,7 @@ func jsonProblem(err error) string {
 }
 
 // maintainCmd is `brama maintain`: one pass by the daemon (SPEC §11.2),
-// its summary printed; it exits 0 only when the pass was ok.
+// its report as text or JSON; it exits 0 only when the pass was ok.
 func (e cliEnv) maintainCmd(args []string) error {
 	const usage = "maintain [-gateway URL] [-json]  (bearer from BRAMA_TOKEN, else stdin's first line)"
 	fs := e.newFlags("maintain")
@@ -382,22 +377,13 @@ func (e cliEnv) maintainCmd(args []string) error {
 	if err := json.Unmarshal(b, &rep); err != nil {
 		return fmt.Errorf("the gateway's answer is not a maintenance report (%s)", jsonErrorKind(err))
 	}
+	verdict := "ok" // and err is nil
+	if !rep.OK {
+		verdict, err = "not ok", errRefused
+	}
 	if *asJSON {
 		e.stdout.Write(b)
-	} else {
-		e.printPassReport(rep)
-	}
-	if !rep.OK {
-		return errRefused
-	}
-	return nil
-}
-
-// printPassReport prints a pass's report as a few lines of text.
-func (e cliEnv) printPassReport(rep passReport) {
-	verdict := "ok"
-	if !rep.OK {
-		verdict = "not ok"
+		return err
 	}
 	fmt.Fprintf(e.stdout, "maintenance pass: %s\n", verdict)
 	fmt.Fprintf(e.stdout, "usage reports: %d subscription(s), %d read, %d failed\n",
@@ -412,6 +398,7 @@ func (e cliEnv) printPassReport(rep passReport) {
 		next = *rep.NextDueAt
 	}
 	fmt.Fprintf(e.stdout, "next due: %s\n", next)
+	return err
 }
 
 // subscriptionSignIn is `brama subscription sign-in`: the authorize URL on
