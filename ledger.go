@@ -340,8 +340,7 @@ func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEn
 	}
 	fn(e, now)
 	l.seq++
-	var data []byte
-	var seq uint64
+	write := false
 	switch {
 	case l.name == "":
 		if !l.warned {
@@ -351,7 +350,7 @@ func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEn
 	case l.unreadable != nil:
 		// Never overwrite a file an operator may still recover.
 	case immediate || l.lastWrite.IsZero() || now.Sub(l.lastWrite) >= ledgerWriteEvery:
-		seq, data = l.takeLocked(now)
+		write = true
 	case l.timer == nil:
 		var t ledgerStopper
 		t = afterFunc(l.testingOnlyAfterFunc, ledgerWriteEvery-now.Sub(l.lastWrite), func() {
@@ -360,7 +359,9 @@ func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEn
 		l.timer = t
 	}
 	l.mu.Unlock()
-	l.write(seq, data) // nothing when data is nil
+	if write {
+		l.writeIf(func() bool { return true })
+	}
 	nudge(l.changed)
 }
 
@@ -372,47 +373,34 @@ func nudge(ch chan struct{}) {
 	}
 }
 
-// takeLocked encodes the ledger and stops any write-behind (this snapshot holds
-// it); ids not sub_<16 hex> stay in memory, so the file always parses. l.mu is held.
-func (l *ledger) takeLocked(now time.Time) (uint64, []byte) {
-	if l.timer != nil {
-		l.timer.Stop()
-		l.timer = nil
-	}
-	l.lastWrite = now
-	doc := ledgerDoc{SchemaVersion: 1, Subscriptions: maps.Clone(l.entries)}
-	maps.DeleteFunc(doc.Subscriptions, func(id string, _ *ledgerEntry) bool { return !isSubscriptionID(id) })
-	b, _ := marshalState(doc) // cannot fail: no floats outside [0,1], no channels (nil would skip the write)
-	return l.seq, b
-}
-
-// write replaces ledger.json with data unless a newer snapshot is there, so
-// writes racing outside l.mu never leave older state; failures are logged.
-func (l *ledger) write(seq uint64, data []byte) error {
-	if data == nil {
-		return nil
-	}
-	if err := l.file.write(l.name, seq, data); err != nil {
-		err = fmt.Errorf("write ledger %s: %w", l.name, err)
-		l.log.Warn("ledger_write_failed", "cause", err.Error())
-		return err
-	}
-	return nil
-}
-
 // flush writes pending changes now (at shutdown), unless there is no file to write.
 func (l *ledger) flush() error {
 	return l.writeIf(func() bool { return l.name != "" && l.unreadable == nil })
 }
 
-// writeIf writes a snapshot when ok, asked under l.mu, holds.
+// writeIf, when ok (asked under l.mu) holds, writes a snapshot and stops any write-behind
+// (the snapshot holds its changes); l.file keeps a newer snapshot, so writes racing outside
+// l.mu never leave older state. Ids not sub_<16 hex> stay in memory: the file always parses.
 func (l *ledger) writeIf(ok func() bool) error {
 	l.mu.Lock()
 	if !ok() {
 		l.mu.Unlock()
 		return nil
 	}
-	seq, data := l.takeLocked(l.now())
+	if l.timer != nil {
+		l.timer.Stop()
+		l.timer = nil
+	}
+	l.lastWrite = l.now()
+	doc := ledgerDoc{SchemaVersion: 1, Subscriptions: maps.Clone(l.entries)}
+	maps.DeleteFunc(doc.Subscriptions, func(id string, _ *ledgerEntry) bool { return !isSubscriptionID(id) })
+	data, _ := marshalState(doc) // cannot fail: no floats outside [0,1], no channels
+	seq := l.seq
 	l.mu.Unlock()
-	return l.write(seq, data)
+	if err := l.file.write(l.name, seq, data); err != nil {
+		err = fmt.Errorf("write ledger %s: %w", l.name, err)
+		l.log.Warn("ledger_write_failed", "cause", err.Error())
+		return err
+	}
+	return nil
 }

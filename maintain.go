@@ -19,7 +19,7 @@ import (
 
 var errMaintenanceStopped = errors.New("the maintenance scheduler is not running")
 
-// maintainer runs one daemon's passes one at a time on loop's goroutine;
+// maintainer runs one daemon's passes one at a time on run's goroutine;
 // passes asked for while one runs become exactly one more.
 type maintainer struct {
 	inv    *inventory
@@ -28,8 +28,7 @@ type maintainer struct {
 	client *http.Client // the provider client: no timeout, no redirects, no proxy
 	getenv func(string) string
 	log    *slog.Logger
-	clock  func() time.Time
-	kick   chan struct{} // the ledger's changed channel: wakes loop for pending, the timer or the ledger
+	clock  func() time.Time // the loop wakes on m.l.changed: for pending, the timer or the ledger
 
 	// Test hooks (nil in production): the due timer's AfterFunc, and every finished pass.
 	testingOnlyAfterFunc func(d time.Duration, f func()) ledgerStopper
@@ -85,11 +84,11 @@ type credentialSummary struct {
 
 // newMaintainer builds the maintainer; nothing runs until run.
 func newMaintainer(inv *inventory, l *ledger, o *oauthClient, client *http.Client, getenv func(string) string, log *slog.Logger, now func() time.Time) *maintainer {
-	return &maintainer{inv: inv, l: l, o: o, client: client, getenv: getenv, log: log, clock: now,
-		kick: l.changed}
+	return &maintainer{inv: inv, l: l, o: o, client: client, getenv: getenv, log: log, clock: now}
 }
 
-// run starts loop, counted in wg, with the start pass pending (the listener is up).
+// run starts the loop, counted in wg, with the start pass pending (the listener is up):
+// it runs loopOnce until ctx ends, waiting between turns for a nudge of m.l.changed.
 func (m *maintainer) run(ctx context.Context, wg *sync.WaitGroup) {
 	m.mu.Lock()
 	m.looping = true
@@ -98,22 +97,17 @@ func (m *maintainer) run(ctx context.Context, wg *sync.WaitGroup) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		m.loop(ctx)
+		defer m.stop()
+		for ctx.Err() == nil {
+			if m.loopOnce(ctx, m.clock()) {
+				continue // a pass asked for meanwhile runs next
+			}
+			select {
+			case <-ctx.Done():
+			case <-m.l.changed:
+			}
+		}
 	}()
-}
-
-// loop runs loopOnce until ctx ends, waiting between turns for a kick.
-func (m *maintainer) loop(ctx context.Context) {
-	defer m.stop()
-	for ctx.Err() == nil {
-		if m.loopOnce(ctx, m.clock()) {
-			continue // a pass asked for meanwhile runs next
-		}
-		select {
-		case <-ctx.Done():
-		case <-m.kick:
-		}
-	}
 }
 
 // loopOnce, at now, runs the pending pass (true), or else arms the one timer
@@ -172,7 +166,7 @@ func (m *maintainer) armLocked(due, now time.Time) {
 		}
 		m.mu.Unlock()
 		if current {
-			nudge(m.kick)
+			nudge(m.l.changed)
 		}
 	})
 	m.timer, m.timerAt = t, due
@@ -215,7 +209,7 @@ func (m *maintainer) request(reason string) {
 	}
 	m.pending = cmp.Or(m.pending, reason)
 	m.log.Info("maintenance_requested", "reason", reason)
-	nudge(m.kick)
+	nudge(m.l.changed)
 }
 
 // changed records an inventory or credential change (donation, sign-in,
@@ -249,7 +243,7 @@ func (m *maintainer) ask(reason string) (*passTicket, error) {
 		return nil, errMaintenanceStopped
 	}
 	m.mu.Lock()
-	defer nudge(m.kick)
+	defer nudge(m.l.changed)
 	defer m.mu.Unlock()
 	if !m.looping {
 		return nil, errMaintenanceStopped
