@@ -29,18 +29,13 @@ func (e cliEnv) said(err error, format string, args ...any) error {
 	return err
 }
 
-// deps opens the state for a CLI command.
-func (e cliEnv) deps() deps {
-	return openDeps(e.getenv, e.sys())
-}
-
 func (e cliEnv) routesList(args []string) error {
 	fs := e.newFlags("routes list")
 	asJSON := fs.Bool("json", false, "print the body of GET /v1/aliases")
 	if _, err := parseFlags(fs, args, 0, "routes list [-json]"); err != nil {
 		return err
 	}
-	return e.printAliases(e.deps(), *asJSON)
+	return e.printAliases(openDeps(e.getenv, e.sys()), *asJSON)
 }
 
 // printAliases prints the alias table (GET /v1/aliases): one aligned row
@@ -70,7 +65,7 @@ func (e cliEnv) printAliases(d deps, asJSON bool) error {
 }
 
 func (e cliEnv) routesSet(pos []string) error {
-	d := e.deps()
+	d := openDeps(e.getenv, e.sys())
 	if _, err := d.reg.set(pos[0], pos[1], "cli"); err != nil {
 		return err
 	}
@@ -79,7 +74,7 @@ func (e cliEnv) routesSet(pos []string) error {
 }
 
 func (e cliEnv) routesRm(pos []string) error {
-	d := e.deps()
+	d := openDeps(e.getenv, e.sys())
 	if _, err := d.reg.remove(pos[0], "cli"); err != nil {
 		return err
 	}
@@ -94,15 +89,15 @@ func (e cliEnv) routesMigrate(args []string) error {
 	if _, err := parseFlags(fs, args, 0, "routes migrate [-file F] [-json]"); err != nil {
 		return err
 	}
-	path := *file
+	path, err := *file, error(nil)
 	if path == "" {
-		var err error
-		if path, err = registryPath(resolveState(e.getenv), e.getenv); err != nil {
-			fmt.Fprintf(e.stderr, "route migration error: %v\n", err)
-			return errRefused
-		}
+		path, err = registryPath(resolveState(e.getenv), e.getenv)
 	}
-	committed, dropped, _, err := migrateRegistry(path)
+	var committed []byte
+	var dropped []string
+	if err == nil {
+		committed, dropped, _, err = migrateRegistry(path)
+	}
 	if err != nil {
 		fmt.Fprintf(e.stderr, "route migration error: %v\n", err)
 		return errRefused
@@ -185,7 +180,7 @@ func (e cliEnv) agentsAdd(pos []string) error {
 	b := make([]byte, 32)
 	rand.Read(b)
 	secret := hex.EncodeToString(b)
-	err := e.deps().vault.update(func(d *vaultDoc) error {
+	err := openDeps(e.getenv, e.sys()).vault.update(func(d *vaultDoc) error {
 		if _, ok := d.Agents[pos[0]]; ok {
 			return fmt.Errorf("agent %q already exists; rm it first", pos[0])
 		}
@@ -196,7 +191,7 @@ func (e cliEnv) agentsAdd(pos []string) error {
 }
 
 func (e cliEnv) agentsRm(pos []string) error {
-	err := e.deps().vault.update(func(d *vaultDoc) error {
+	err := openDeps(e.getenv, e.sys()).vault.update(func(d *vaultDoc) error {
 		if _, ok := d.Agents[pos[0]]; !ok {
 			return fmt.Errorf("no agent %q", pos[0])
 		}
@@ -230,7 +225,7 @@ func (e cliEnv) credentialsSet(pos []string) error {
 	if key == "" {
 		return fmt.Errorf("no API key on stdin (%v)", errors.Join(err, errors.New("empty line")))
 	}
-	err = e.deps().vault.update(func(d *vaultDoc) error {
+	err = openDeps(e.getenv, e.sys()).vault.update(func(d *vaultDoc) error {
 		d.Direct[p.id] = vaultKey{APIKey: key}
 		return nil
 	})

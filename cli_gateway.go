@@ -29,7 +29,6 @@ type subGateway struct {
 	base  string          // e.g. http://127.0.0.1:8080, no trailing slash
 	token string
 	in    *bufio.Reader // stdin, at the line after the bearer when it came from there
-	hc    *http.Client
 }
 
 // gateway declares -gateway on fs and parses args; it refuses a line that
@@ -70,7 +69,7 @@ func (e cliEnv) gateway(fs *flag.FlagSet, args []string, positionals int, usage 
 	}
 	// No time limit of Brama's own (a maintenance pass may wait on token
 	// endpoints); SIGINT or SIGTERM cancels the call through e.ctx.
-	return pos, &subGateway{ctx: e.ctx, base: strings.TrimRight(u.String(), "/"), token: tok, in: in, hc: &http.Client{}}, nil
+	return pos, &subGateway{ctx: e.ctx, base: strings.TrimRight(u.String(), "/"), token: tok, in: in}, nil
 }
 
 // call sends one admin request with body (nil for none) and returns the raw
@@ -89,7 +88,7 @@ func (g *subGateway) call(method, path string, body any) ([]byte, error) {
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	resp, err := g.hc.Do(req)
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("cannot reach the gateway at %s: %w", g.base, errors.Unwrap(err))
 	}
@@ -172,8 +171,9 @@ func (e cliEnv) subscriptionDonate(g *subGateway, agent, query string, body dona
 	return nil
 }
 
-// subscriptionList is `brama subscription list`: aligned rows, or the
-// listing's JSON body with -json.
+// subscriptionList is `brama subscription list`: one aligned row per
+// subscription and a count (SPEC §16.1; USED is the fullest window's share),
+// or the listing's JSON body with -json.
 func (e cliEnv) subscriptionList(args []string) error {
 	const usage = "subscription list -agent A [-json] [-gateway URL]"
 	fs := e.newFlags("subscription list")
@@ -192,24 +192,6 @@ func (e cliEnv) subscriptionList(args []string) error {
 	if err != nil {
 		return err
 	}
-	e.printSubscriptions(rows)
-	return nil
-}
-
-// parseListing reads the rows of GET …/subscriptions/{agent_id}.
-func parseListing(b []byte) ([]subscriptionRow, error) {
-	var body struct {
-		Subscriptions []subscriptionRow `json:"subscriptions"`
-	}
-	if err := json.Unmarshal(b, &body); err != nil {
-		return nil, fmt.Errorf("the gateway's listing is not JSON: %w", err)
-	}
-	return body.Subscriptions, nil
-}
-
-// printSubscriptions prints one aligned row per subscription (SPEC §16.1)
-// and a count; USED is the fullest window's share.
-func (e cliEnv) printSubscriptions(rows []subscriptionRow) {
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tPROVIDER\tSTATUS\tCREDENTIAL\tUSED\tLABEL")
 	retired := 0
@@ -235,6 +217,18 @@ func (e cliEnv) printSubscriptions(rows []subscriptionRow) {
 	}
 	tw.Flush()
 	fmt.Fprintf(e.stdout, "%d subscription(s), %d retired\n", len(rows), retired)
+	return nil
+}
+
+// parseListing reads the rows of GET …/subscriptions/{agent_id}.
+func parseListing(b []byte) ([]subscriptionRow, error) {
+	var body struct {
+		Subscriptions []subscriptionRow `json:"subscriptions"`
+	}
+	if err := json.Unmarshal(b, &body); err != nil {
+		return nil, fmt.Errorf("the gateway's listing is not JSON: %w", err)
+	}
+	return body.Subscriptions, nil
 }
 
 // subscriptionStatus is `brama subscription retire|reinstate … ID`: DELETE
@@ -253,9 +247,9 @@ func (e cliEnv) subscriptionStatus(kind string, args []string) error {
 	if err != nil {
 		return err
 	}
-	if kind == "reinstate" {
-		_, err = g.call("POST", subscriptionPath(*agent, pos[0], "reinstate"), map[string]string{"reason": *reason})
-	} else if path := subscriptionPath(*agent, pos[0]); *reason != "" {
+	if path := subscriptionPath(*agent, pos[0]); kind == "reinstate" {
+		_, err = g.call("POST", path+"/reinstate", map[string]string{"reason": *reason})
+	} else if *reason != "" {
 		_, err = g.call("DELETE", path+"?reason="+url.QueryEscape(*reason), nil)
 	} else {
 		_, err = g.call("DELETE", path, nil)
@@ -358,19 +352,15 @@ func parseImportFile(provider string, b []byte) (oauthGrant, error) {
 // jsonProblem describes a decoding error by its kind and offset only: a
 // syntax error's text can quote bytes of the file, which may be a token.
 func jsonProblem(err error) string {
-	var se *json.SyntaxError
 	var te *json.UnmarshalTypeError
-	switch {
-	case errors.As(err, &se):
-		return fmt.Sprintf("not JSON (syntax error at byte %d)", se.Offset)
-	case errors.As(err, &te):
+	if errors.As(err, &te) {
 		return fmt.Sprintf("member %s is not a %s", te.Field, te.Type)
 	}
-	return "not JSON"
+	return "not JSON (" + jsonErrorKind(err) + ")"
 }
 
 // maintainCmd is `brama maintain`: one pass by the daemon (SPEC §11.2),
-// its summary printed; it exits 0 only when the pass was ok.
+// its report as text or JSON; it exits 0 only when the pass was ok.
 func (e cliEnv) maintainCmd(args []string) error {
 	const usage = "maintain [-gateway URL] [-json]  (bearer from BRAMA_TOKEN, else stdin's first line)"
 	fs := e.newFlags("maintain")
@@ -387,22 +377,13 @@ func (e cliEnv) maintainCmd(args []string) error {
 	if err := json.Unmarshal(b, &rep); err != nil {
 		return fmt.Errorf("the gateway's answer is not a maintenance report (%s)", jsonErrorKind(err))
 	}
+	verdict := "ok" // and err is nil
+	if !rep.OK {
+		verdict, err = "not ok", errRefused
+	}
 	if *asJSON {
 		e.stdout.Write(b)
-	} else {
-		e.printPassReport(rep)
-	}
-	if !rep.OK {
-		return errRefused
-	}
-	return nil
-}
-
-// printPassReport prints a pass's report as a few lines of text.
-func (e cliEnv) printPassReport(rep passReport) {
-	verdict := "ok"
-	if !rep.OK {
-		verdict = "not ok"
+		return err
 	}
 	fmt.Fprintf(e.stdout, "maintenance pass: %s\n", verdict)
 	fmt.Fprintf(e.stdout, "usage reports: %d subscription(s), %d read, %d failed\n",
@@ -417,6 +398,7 @@ func (e cliEnv) printPassReport(rep passReport) {
 		next = *rep.NextDueAt
 	}
 	fmt.Fprintf(e.stdout, "next due: %s\n", next)
+	return err
 }
 
 // subscriptionSignIn is `brama subscription sign-in`: the authorize URL on
