@@ -37,6 +37,7 @@ type walk struct {
 	refreshTransport *apiError
 	earliestBlockEnd time.Time
 	refreshed        map[string]bool  // grants refreshed in this request
+	skipped          map[string]bool  // grants whose refresh failed: skipped for the rest of the request (SPEC §7.2.3)
 	last             *providerRefusal // the last call's refusal (the probe records a 401 or 403)
 }
 
@@ -137,6 +138,9 @@ func (e *engine) subscriptionCredential(ctx context.Context, sub overlayItem, re
 		return upstreamCredential{APIKey: vc.APIKey}, nil
 	}
 	g := *vc.OAuth
+	if wk.skipped[sub.ID] { // a later candidate of the same provider walks this pool again
+		return upstreamCredential{}, errSkipSubscription
+	}
 	if refusedToken != "" || (expiredForRequest(g, e.now()) && !wk.refreshed[sub.ID]) {
 		if wk.refreshed == nil {
 			wk.refreshed = map[string]bool{}
@@ -152,6 +156,10 @@ func (e *engine) subscriptionCredential(ctx context.Context, sub overlayItem, re
 				e.maint.request("credential_refresh_transport_failure")
 			}
 			wk.note(sub.ID, "grant refresh failed: "+redact(err.Error()))
+			if wk.skipped == nil {
+				wk.skipped = map[string]bool{}
+			}
+			wk.skipped[sub.ID] = true
 			return upstreamCredential{}, errSkipSubscription
 		}
 		g = ng

@@ -530,3 +530,54 @@ func TestConcurrentRequestsShareOneRefresh(t *testing.T) {
 		t.Errorf("provider saw %d calls, want 50 (each with the refreshed token)", n)
 	}
 }
+
+// TestSelectorSkipsAFailedRefreshForTheWholeRequest: a grant whose refresh
+// failed is skipped for the rest of the request (SPEC §7.2.3), on a later
+// candidate of the same provider too, never called with its expired token.
+// The first candidate spends its two calls on two 429s, so the second
+// candidate walks the same pool again.
+func TestSelectorSkipsAFailedRefreshForTheWholeRequest(t *testing.T) {
+	var mu sync.Mutex
+	var seen []string
+	provider := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		tok := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if r.Method == http.MethodPost { // not a maintenance pass's usage read
+			mu.Lock()
+			seen = append(seen, tok)
+			mu.Unlock()
+		}
+		if tok == "acc-live-200" {
+			io.WriteString(w, protocolFixtures[1].buffered)
+			return
+		}
+		w.Header().Set("Retry-After", "120")
+		http.Error(w, `{"type":"error","error":{"type":"rate_limit_error","message":"slow down"}}`, 429)
+	})
+	tokenEndpoint := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		http.Error(w, `{"error":"server_error"}`, 502)
+	})
+	d, tok := oauthSetup(t, provider, tokenEndpoint)
+	for _, put := range []string{`{"alias":"c1","route":"claude-code/cc-a"}`, `{"alias":"c2","route":"claude-code/cc-b"}`} {
+		if s, _, b := d.call("PUT", "/v1/admin/routes", d.token, put); s != 200 {
+			t.Fatalf("PUT %s: %d %s", put, s, b)
+		}
+	}
+	later := time.Now().Add(time.Hour).UnixMilli()
+	donateGrant(t, d, "acc-expired-0123", "ref-0123456789", time.Now().Add(-time.Hour).UnixMilli())
+	donateGrant(t, d, "acc-live-429a", "ref-a", later)
+	donateGrant(t, d, "acc-live-429b", "ref-b", later)
+	donateGrant(t, d, "acc-live-200", "ref-c", later)
+
+	status, hdr, body := d.call("POST", "/v1/messages", tok, chatBody(dialectMessages, "any", false, ""))
+	mu.Lock()
+	defer mu.Unlock()
+	if status != 200 || hdr.Get("Brama-Attempts") != "3" {
+		t.Fatalf("any: %d, Brama-Attempts %q, %s (calls %v)", status, hdr.Get("Brama-Attempts"), body, seen)
+	}
+	if slices.Contains(seen, "acc-expired-0123") {
+		t.Errorf("calls %v: the grant whose refresh failed was called with its expired token", seen)
+	}
+	if want := []string{"acc-live-429a", "acc-live-429b", "acc-live-200"}; !slices.Equal(seen, want) {
+		t.Errorf("calls = %v, want %v", seen, want)
+	}
+}
