@@ -421,12 +421,10 @@ func (s *server) replayAnswer(w http.ResponseWriter, r *http.Request, rec *answe
 		ri.outcome, ri.retryable = code, retryable
 		h.Set("X-Should-Retry", strconv.FormatBool(retryable)) // SPEC §8.1
 	}
-	h.Set("Content-Type", "application/json")
 	h.Set("Brama-Answer-Signature", *rec.Signature)
 	h.Set("Brama-Answer-Replayed", "true")
 	h.Set("Brama-Attempts", "0")
-	w.WriteHeader(*rec.Status)
-	w.Write(body)
+	writeRaw(w, *rec.Status, body)
 }
 
 // handleGetAnswer serves GET /v1/answers/{key} for the calling client.
