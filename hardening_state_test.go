@@ -240,3 +240,31 @@ func TestKillNineDuringDonations(t *testing.T) {
 		t.Error("the orphan's secret survived in the vault")
 	}
 }
+
+// TestServeRemovesVaultLeftoversOutsideState: with BRAMA_VAULT_FILE outside
+// the state directory, a crash's copy of the vault beside it is removed too;
+// another program's temporary file in that folder is not Brama's and stays.
+func TestServeRemovesVaultLeftoversOutsideState(t *testing.T) {
+	env := stateEnv(t)
+	secrets := t.TempDir()
+	vaultFile := filepath.Join(secrets, "brama-vault.json")
+	env["BRAMA_VAULT_FILE"] = vaultFile
+	vault := fmt.Sprintf(`{"schema_version":1,"direct":{},"agents":{},"subscriptions":{"sub_00000000000000aa":{"api_key":%q}}}`, plantedStaleSecret)
+	for name, data := range map[string]string{
+		".brama-vault.json.tmp123456789": vault,
+		".other-program.json.tmp5":       "kept",
+	} {
+		if err := os.WriteFile(filepath.Join(secrets, name), []byte(data), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d := startDaemon(t, env, "")
+	d.stop()
+	if _, err := os.Stat(filepath.Join(secrets, ".brama-vault.json.tmp123456789")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the crash's copy of the vault beside BRAMA_VAULT_FILE is still there (%v)", err)
+	}
+	if _, err := os.Stat(filepath.Join(secrets, ".other-program.json.tmp5")); err != nil {
+		t.Errorf("another program's temporary file was removed: %v", err)
+	}
+	assertNoSecret(t, plantedStaleSecret, d.stderr.String(), env["BRAMA_STATE_DIR"])
+}

@@ -251,7 +251,7 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 	}
 	if lock != nil {
 		defer lock.Close()
-		n, err := removeStaleTemps(d.st.dir)
+		n, err := removeStaleTemps(d.st.dir, d.vault.path, d.reg.path, d.clients.path)
 		if err != nil {
 			log.Warn("state_temp_files_unremoved", "removed", n, "cause", err.Error())
 		} else if n > 0 {

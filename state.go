@@ -367,25 +367,34 @@ func lockServe(s state) (*os.File, error) {
 var staleTempName = regexp.MustCompile(`^\.(.+)\.tmp[0-9]+$`)
 
 // removeStaleTemps removes and counts the temporary files a crash left in
-// dir and answers/*/ (one may copy the vault's old secrets). The caller holds
-// serve.lock; beside a <file>.lock, that lock too, not to cut a CLI's write.
-func removeStaleTemps(dir string) (int, error) {
-	dirs := []string{dir}
+// dir and answers/*/ (one may copy the vault's old secrets), and beside each
+// file of elsewhere that lives outside dir (a BRAMA_VAULT_FILE elsewhere),
+// that file's own only. The caller holds serve.lock; beside a <file>.lock,
+// that lock too, not to cut a CLI's write.
+func removeStaleTemps(dir string, elsewhere ...string) (int, error) {
+	type place struct{ dir, only string } // only: "" every temp, else one file's
+	places := []place{{dir: dir}}
 	subs, _ := os.ReadDir(filepath.Join(dir, "answers"))
 	for _, e := range subs {
 		if e.IsDir() {
-			dirs = append(dirs, filepath.Join(dir, "answers", e.Name()))
+			places = append(places, place{dir: filepath.Join(dir, "answers", e.Name())})
+		}
+	}
+	for _, f := range elsewhere {
+		if f != "" && filepath.Dir(f) != filepath.Clean(dir) {
+			places = append(places, place{filepath.Dir(f), filepath.Base(f)})
 		}
 	}
 	n := 0
-	for _, d := range dirs {
+	for _, p := range places {
+		d := p.dir
 		entries, err := os.ReadDir(d)
 		if err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return n, err
 		}
 		for _, e := range entries {
 			base := staleTempName.FindStringSubmatch(e.Name())
-			if !e.Type().IsRegular() || base == nil {
+			if !e.Type().IsRegular() || base == nil || (p.only != "" && base[1] != p.only) {
 				continue
 			}
 			temp, target := filepath.Join(d, e.Name()), filepath.Join(d, base[1])
