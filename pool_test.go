@@ -285,6 +285,58 @@ func TestAnySkipsRefusedProvider(t *testing.T) {
 
 }
 
+// TestSelectorSkipsAProviderWhosePoolRefused: once every credential of a
+// provider's pool refused on one candidate, the selector skips that
+// provider's later candidates (seed: "skip the routes of a provider whose
+// whole pool refused"), even when a refusal refreshed a grant that a later
+// candidate could otherwise call again.
+func TestSelectorSkipsAProviderWhosePoolRefused(t *testing.T) {
+	var mu sync.Mutex
+	var seen []string
+	provider := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		tok := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if r.Method == http.MethodPost { // not a maintenance pass's usage read
+			mu.Lock()
+			seen = append(seen, tok)
+			mu.Unlock()
+		}
+		switch tok {
+		case "acc-one":
+			w.Header().Set("Retry-After", "60")
+			http.Error(w, `{"type":"error","error":{"type":"rate_limit_error","message":"slow"}}`, 429)
+		case "acc-two":
+			http.Error(w, `{"type":"error","error":{"type":"authentication_error","message":"expired token"}}`, 401)
+		default:
+			io.WriteString(w, protocolFixtures[1].buffered)
+		}
+	})
+	tokenEndpoint := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		io.WriteString(w, `{"access_token":"acc-two-new","refresh_token":"ref-two-new","expires_in":3600}`)
+	})
+	d, tok := oauthSetup(t, provider, tokenEndpoint)
+	for _, put := range []string{`{"alias":"c1","route":"claude-code/cc-a"}`, `{"alias":"c2","route":"claude-code/cc-b"}`} {
+		if s, _, b := d.call("PUT", "/v1/admin/routes", d.token, put); s != 200 {
+			t.Fatalf("PUT %s: %d %s", put, s, b)
+		}
+	}
+	later := time.Now().Add(time.Hour).UnixMilli()
+	donateGrant(t, d, "acc-one", "ref-one", later)
+	donateGrant(t, d, "acc-two", "ref-two", later)
+
+	status, hdr, body := d.call("POST", "/v1/messages", tok, chatBody(dialectMessages, "any", false, ""))
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []string{"acc-one", "acc-two"}; !slices.Equal(seen, want) {
+		t.Errorf("calls = %v, want %v (cc-b skipped: the whole claude-code pool refused on cc-a)", seen, want)
+	}
+	if e := envelopeOf(t, body); status == 200 || e["attempts"] != float64(2) || hdr.Get("Brama-Attempts") != "2" {
+		t.Errorf("any: %d %s (Brama-Attempts %q), want a refusal after 2 calls", status, body, hdr.Get("Brama-Attempts"))
+	}
+	if n := tokenEndpoint.calls.Load(); n != 1 {
+		t.Errorf("token endpoint calls = %d, want 1 (the 401 refreshed acc-two)", n)
+	}
+}
+
 func TestBillingTargetAndRetired(t *testing.T) {
 	env := stateEnv(t)
 	fake := newKeyedFake(t, map[string]string{"a-kimi": "200", "a-kimi-2": "200", "b-kimi": "200", "a-groq": "200"})
