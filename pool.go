@@ -147,6 +147,9 @@ func (e *engine) subscriptionCredential(ctx context.Context, sub overlayItem, re
 		}
 		wk.refreshed[sub.ID] = true
 		ng, err := e.oauth.refresh(ctx, sub.ID, sub.Provider, refusedToken)
+		if err != nil && ctx.Err() != nil { // the caller hung up while it waited: no skip, no call (SPEC §7.4)
+			return upstreamCredential{}, refuse("client_cancelled", "the caller went away during a grant refresh").because(err)
+		}
 		if err != nil {
 			var re *endpointError
 			if errors.As(err, &re) && !re.Definitive {

@@ -1,0 +1,90 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// requestLines are the request log lines of path.
+func requestLines(logs, path string) []map[string]any {
+	var out []map[string]any
+	for _, l := range strings.Split(logs, "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(l), &m) == nil && m["msg"] == "request" && m["path"] == path {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// A caller that hangs up while its request waits on a grant refresh made
+// no provider call: the request is client_cancelled, its signed answer's
+// key is released (SPEC §7.4), no call is counted and no pass is asked for.
+func TestHangUpDuringRefreshMakesNoCall(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		apiKey bool // a second subscription, an API key, after the expired grant
+	}{
+		{"one expired grant", false},
+		{"an expired grant, then an API key", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			provider := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+				io.WriteString(w, protocolFixtures[1].buffered)
+			})
+			arrived := make(chan struct{}, 1)
+			tokenEndpoint := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+				arrived <- struct{}{}
+				<-r.Context().Done() // answers only when the flight is ended
+			})
+			d, tok := oauthSetup(t, provider, tokenEndpoint)
+			donateGrant(t, d, "acc-stale", "ref-stale", time.Now().Add(-time.Hour).UnixMilli())
+			if tc.apiKey {
+				donate(t, d, "a1", "claude-code", "cc-api-key-0123")
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			req, _ := http.NewRequestWithContext(ctx, "POST", d.url+"/v1/messages", strings.NewReader(chatBody(dialectMessages, "claude-code/claude-test", false, "")))
+			req.Header.Set("Authorization", "Bearer "+tok)
+			req.Header.Set("Idempotency-Key", "k1")
+			errc := make(chan error, 1)
+			go func() {
+				resp, err := http.DefaultClient.Do(req)
+				if err == nil {
+					resp.Body.Close()
+				}
+				errc <- err
+			}()
+			<-arrived
+			cancel()
+			if err := <-errc; !errors.Is(err, context.Canceled) {
+				t.Fatalf("the hung-up request: %v", err)
+			}
+			for i := 0; ; i++ { // 409 while the hung-up request is still settling
+				status, _, body := d.call("GET", "/v1/answers/k1", tok, "")
+				if status == 404 {
+					break
+				}
+				if status != 409 || i == 10000 {
+					t.Fatalf("the key of a request that made no call: %d %s, want it released (404)", status, body)
+				}
+			}
+			d.stop() // every request has written its log line
+			lines := requestLines(d.stderr.String(), "/v1/messages")
+			if len(lines) != 1 || lines[0]["outcome"] != "client_cancelled" || (lines[0]["attempts"] != nil && lines[0]["attempts"] != float64(0)) {
+				t.Errorf("log line %v, want outcome client_cancelled and no call", lines)
+			}
+			if n := provider.calls.Load(); n != 0 {
+				t.Errorf("the provider saw %d calls after the caller hung up", n)
+			}
+			if strings.Contains(d.stderr.String(), `"reason":"subscription_reauthorization_required"`) {
+				t.Errorf("a hang-up asked for a maintenance pass as if no subscription were signed in")
+			}
+		})
+	}
+}
