@@ -410,6 +410,7 @@ func TestPassthroughStreamEnds(t *testing.T) {
 		msgStart   = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":4,\"output_tokens\":1}}}\n\n"
 		msgDelta   = "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hel\"}}\n\n"
 		msgError   = "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n"
+		msgStop    = "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"
 		rsCreated  = "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"r\"}}\n\n"
 	)
 	tests := []struct {
@@ -431,6 +432,8 @@ func TestPassthroughStreamEnds(t *testing.T) {
 			want: chatChunk, wantAbort: true, wantCode: "provider_incomplete"},
 		{name: "messages in-band error", dialect: dialectMessages, model: "anthropic/claude-test", stream: msgStart + msgDelta + msgError,
 			want: msgStart + msgDelta, wantAbort: true, wantCode: "provider_incomplete"},
+		{name: "messages: a block without data is no event, relayed", dialect: dialectMessages, model: "anthropic/claude-test",
+			stream: msgStart + "event: ping\n\n" + msgDelta + msgStop, want: msgStart + "event: ping\n\n" + msgDelta + msgStop},
 		{name: "messages ends before message_stop", dialect: dialectMessages, model: "anthropic/claude-test", stream: msgStart + msgDelta,
 			want: msgStart + msgDelta, wantAbort: true, wantCode: "provider_incomplete"},
 		{name: "responses malformed event", dialect: dialectResponses, model: "openai-responses/gpt-resp", stream: rsCreated + "data: {not json\n\n",

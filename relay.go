@@ -85,8 +85,8 @@ var errEventNotObject = errors.New("the event data is not one JSON object")
 // watch reads one event: relay it or not, end of stream, or the failure;
 // only the members named here are decoded, the rest only checked valid.
 func (pw *passthroughWatch) watch(event string, data []byte) (relay, end bool, err error) {
-	if len(data) == 0 && event == "" {
-		return true, false, nil // comments only: the provider's keep-alive
+	if data == nil {
+		return true, false, nil // no data line dispatches nothing (WHATWG): a comment, the provider's keep-alive
 	}
 	if pw.protocol == protoOpenAIChat && string(data) == "[DONE]" {
 		if !pw.finished {
