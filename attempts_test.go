@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -84,6 +85,60 @@ func TestHangUpDuringRefreshMakesNoCall(t *testing.T) {
 			}
 			if strings.Contains(d.stderr.String(), `"reason":"subscription_reauthorization_required"`) {
 				t.Errorf("a hang-up asked for a maintenance pass as if no subscription were signed in")
+			}
+		})
+	}
+}
+
+// A caller that hangs up while Brama reads a provider's buffered answer
+// (or refusal) is client_cancelled in the log line, with the call counted
+// (SPEC §7.4), not a provider failure.
+func TestHangUpWhileTheAnswerIsRead(t *testing.T) {
+	for _, tc := range []struct {
+		name, model string
+		status      int
+	}{
+		{"passthrough answer", "openai/gpt-test", 200},
+		{"translated answer", "anthropic/claude-test", 200},
+		{"refusal", "openai/gpt-test", 500},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			started, gone := make(chan struct{}), make(chan struct{})
+			// More than any socket buffers hold: once written, Brama has the
+			// headers and is reading the body.
+			part := `{"id":"` + strings.Repeat("x", 32<<20)
+			fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+				w.Header().Set("Content-Length", fmt.Sprint(len(part)+100))
+				w.WriteHeader(tc.status)
+				io.WriteString(w, part)
+				w.(http.Flusher).Flush()
+				close(started)
+				<-r.Context().Done() // the rest never comes; Brama hangs up
+				close(gone)
+			})
+			env := stateEnv(t)
+			env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = fake.URL
+			env["BRAMA_PROVIDER_ANTHROPIC_BASE_URL"] = fake.URL
+			d := startDaemon(t, env, `{"openai":"k1","anthropic":"k2"}`, "-local-credentials-stdin")
+			ctx, cancel := context.WithCancel(context.Background())
+			req, _ := http.NewRequestWithContext(ctx, "POST", d.url+"/v1/chat/completions", strings.NewReader(chatBody(dialectChat, tc.model, false, "")))
+			req.Header.Set("Authorization", "Bearer "+d.token)
+			errc := make(chan error, 1)
+			go func() {
+				resp, err := http.DefaultClient.Do(req)
+				if err == nil {
+					resp.Body.Close()
+				}
+				errc <- err
+			}()
+			<-started
+			cancel()
+			<-errc
+			<-gone
+			d.stop() // every request has written its log line
+			lines := requestLines(d.stderr.String(), "/v1/chat/completions")
+			if len(lines) != 1 || lines[0]["outcome"] != "client_cancelled" || lines[0]["attempts"] != float64(1) {
+				t.Errorf("log line %v, want outcome client_cancelled after 1 call", lines)
 			}
 		})
 	}

@@ -292,9 +292,7 @@ func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate) 
 			wk.note(cand.res.Route, "refused the request: "+ref.sentence)
 			return routeNext, nil
 		}
-		ae := failure.withAttempts(e.t.attempts)
-		e.settle(j, cand, start, usage{}, ae)
-		return routeAnswered, ae
+		return routeAnswered, e.settle(ctx, j, cand, start, usage{}, failure.withAttempts(e.t.attempts))
 	}
 	if len(queue) > 0 {
 		return routeNext, nil
@@ -307,23 +305,28 @@ func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate) 
 func (e *engine) commit(ctx context.Context, j *job, cand *candidate, c call, sub *overlayItem, resp *http.Response, attempts int, start time.Time) *apiError {
 	defer resp.Body.Close()
 	u, ae, streamed := j.commit(ctx, cand, c, sub, resp, attempts)
-	e.settle(j, cand, start, u, ae)
+	ae = e.settle(ctx, j, cand, start, u, ae)
 	if ae != nil && streamed {
 		panic(http.ErrAbortHandler)
 	}
 	return ae
 }
 
-// settle records a request's spend and outcome once, however it ended.
-func (e *engine) settle(j *job, cand *candidate, start time.Time, u usage, failure *apiError) {
+// settle records a request's spend and outcome once, however it ended, and
+// returns its refusal: client_cancelled when the caller hung up (SPEC §7.4).
+func (e *engine) settle(ctx context.Context, j *job, cand *candidate, start time.Time, u usage, failure *apiError) *apiError {
+	if failure != nil && ctx.Err() != nil && failure.Code != "client_cancelled" {
+		failure = refuse("client_cancelled", "the caller went away while the provider answered").because(failure).withAttempts(e.t.attempts)
+	}
 	if !budgets[j.kind].spends {
-		return
+		return failure
 	}
 	e.t.input, e.t.output = u.InputTokens, u.OutputTokens
 	e.perf.record(cand.res.Route, failure == nil, e.now().Sub(start), u.OutputTokens)
 	if failure != nil {
 		e.t.outcome, e.t.retryable = failure.Code, failure.body().Error.Retryable
 	}
+	return failure
 }
 
 // refused tells the replay guard of a refusal before the caller reads it.
