@@ -344,28 +344,55 @@ func TestOptionsStar(t *testing.T) {
 	}
 }
 
-func TestStreamEndedByShutdownIsNotClientCancelled(t *testing.T) {
-	testingOnlyShutdownGrace = 50 * time.Millisecond
-	t.Cleanup(func() { testingOnlyShutdownGrace = 0 })
-	frames := strings.SplitAfter(fixture(t, "openai-chat.sse"), "\n\n")
-	fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		io.WriteString(w, frames[0]+frames[1])
-		w.(http.Flusher).Flush()
-		<-r.Context().Done() // a long generation: it ends only when Brama hangs up
-	})
-	env := stateEnv(t)
-	env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = fake.URL
-	d := startDaemon(t, env, `{"openai":"k"}`, "-local-credentials-stdin")
-	resp := d.openStream("/v1/chat/completions", d.token, chatBody(dialectChat, "openai/gpt-test", true, ""))
-	defer resp.Body.Close()
-	id := resp.Header.Get("X-Request-Id")
-	if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil {
-		t.Fatalf("no first event: %v", err)
-	}
-	d.stop() // SIGTERM: the grace ends with the stream still open
-	l := requestLine(t, d.stderr.String(), "request_id", id)
-	if l["outcome"] != "server_shutdown" {
-		t.Errorf("a stream ended by shutdown logged outcome %v, want server_shutdown", l["outcome"])
+// TestShutdownDrainsThenCuts: at the first signal serve stops taking
+// requests and a running stream goes on to its end, with no grace period of
+// Brama's own (SPEC §7.4); the second signal cuts it, logged server_shutdown
+// rather than client_cancelled.
+func TestShutdownDrainsThenCuts(t *testing.T) {
+	for _, cut := range []bool{false, true} {
+		t.Run(fmt.Sprintf("cut=%v", cut), func(t *testing.T) {
+			frames := strings.SplitAfter(fixture(t, "openai-chat.sse"), "\n\n")
+			rest := make(chan struct{})
+			hungUp := make(chan struct{})
+			fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+				w.Header().Set("Content-Type", "text/event-stream")
+				io.WriteString(w, frames[0]+frames[1])
+				w.(http.Flusher).Flush()
+				select { // a long generation: it goes on when the test says so
+				case <-rest:
+					io.WriteString(w, strings.Join(frames[2:], ""))
+				case <-r.Context().Done():
+					close(hungUp)
+				}
+			})
+			env := stateEnv(t)
+			env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = fake.URL
+			d := startDaemon(t, env, `{"openai":"k"}`, "-local-credentials-stdin")
+			resp := d.openStream("/v1/chat/completions", d.token, chatBody(dialectChat, "openai/gpt-test", true, ""))
+			defer resp.Body.Close()
+			id := resp.Header.Get("X-Request-Id")
+			br := bufio.NewReader(resp.Body)
+			if _, err := br.ReadString('\n'); err != nil {
+				t.Fatalf("no first event: %v", err)
+			}
+			stopped := make(chan struct{})
+			go func() { d.stop(); close(stopped) }()
+			d.stderr.waitFor(t, `"msg":"serve_draining"`)
+			want := "ok"
+			if cut {
+				d.cut()
+				<-hungUp // the provider call was cancelled
+				want = "server_shutdown"
+			} else {
+				close(rest)
+				if b, err := io.ReadAll(br); err != nil || !strings.Contains(string(b), "data: [DONE]") {
+					t.Errorf("the stream did not run to its end while draining: %v, %q", err, b)
+				}
+			}
+			<-stopped
+			if l := requestLine(t, d.stderr.String(), "request_id", id); l["outcome"] != want {
+				t.Errorf("outcome %v, want %s", l["outcome"], want)
+			}
+		})
 	}
 }
