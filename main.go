@@ -68,6 +68,7 @@ func main() {
 		drain()
 		<-sig
 		close(cut)
+		signal.Stop(sig) // a third signal has its default effect
 	}()
 	os.Exit(exitCode(run(ctx, cut, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr), os.Stderr))
 }
