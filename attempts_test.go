@@ -143,3 +143,53 @@ func TestHangUpWhileTheAnswerIsRead(t *testing.T) {
 		})
 	}
 }
+
+// An embeddings answer is the provider's JSON as is; a 2xx body that is no
+// JSON object is provider_failure, one cut mid-way provider_incomplete,
+// each after its one call (SPEC §8.2, §15).
+func TestEmbeddingsAnswerIsJSON(t *testing.T) {
+	const good = `{"object":"list", "data":[{"embedding":[0.5, 1e-7]}],"usage":{"prompt_tokens":2}}`
+	for _, tc := range []struct {
+		name, body string
+		cut        bool
+		status     int
+		code       string
+	}{
+		{"the provider's bytes", good, false, 200, ""},
+		{"not JSON", "<html>busy</html>", false, 502, "provider_failure"},
+		{"empty", "", false, 502, "provider_failure"},
+		{"cut mid-body", `{"object":"li`, true, 502, "provider_incomplete"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+				if tc.cut {
+					w.Header().Set("Content-Length", "64")
+				}
+				io.WriteString(w, tc.body)
+				if !tc.cut {
+					return
+				}
+				w.(http.Flusher).Flush()
+				if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+					conn.Close()
+				}
+			})
+			env := stateEnv(t)
+			env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = fake.URL
+			d := startDaemon(t, env, `{"openai":"k"}`, "-local-credentials-stdin")
+			status, h, b := d.call("POST", "/v1/embeddings", d.token, `{"model":"openai/emb","input":"hi"}`)
+			if status != tc.status || h.Get("Brama-Attempts") != "1" || fake.calls.Load() != 1 {
+				t.Fatalf("%d %s (attempts %q, %d calls), want %d after 1 call", status, b, h.Get("Brama-Attempts"), fake.calls.Load(), tc.status)
+			}
+			if tc.code == "" {
+				if string(b) != good {
+					t.Errorf("caller got %s, want the provider's bytes %s", b, good)
+				}
+				return
+			}
+			if e := envelopeOf(t, b); e["code"] != tc.code || e["attempts"] != float64(1) {
+				t.Errorf("%s, want %s after 1 call", b, tc.code)
+			}
+		})
+	}
+}

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"io"
 	"net/http"
 )
 
@@ -24,12 +23,8 @@ func (e *engine) serveEmbeddings(ctx context.Context, w http.ResponseWriter, mod
 			return newPassthroughRequest(ctx, c, nil, "/embeddings", out, false)
 		},
 		commit: func(_ context.Context, _ *candidate, c call, _ *overlayItem, resp *http.Response, attempts int) (usage, *apiError, bool) {
-			b, err := io.ReadAll(resp.Body)
-			if err != nil {
-				return usage{}, refuse("provider_incomplete", "provider %q answer was cut after %d bytes", c.res.Provider.id, len(b)).because(err).withAttempts(attempts), false
-			}
-			writeAnswer(w, "application/json", attempts, b)
-			return usage{}, nil, false
+			u, ae := relayBuffered(w, &callerRequest{}, c, resp, attempts) // a JSON object as received, else provider_failure
+			return u, ae, false
 		},
 	}
 	if ae := e.attemptRoute(ctx, j, c, nil); ae != nil {
