@@ -193,3 +193,42 @@ func TestEmbeddingsAnswerIsJSON(t *testing.T) {
 		})
 	}
 }
+
+// count_tokens classifies a provider's answer as chat does (SPEC §8.2): a
+// body cut mid-way is provider_incomplete, one that is whole but no count
+// is provider_failure; either after one call.
+func TestCountTokensAnswerCutOrMalformed(t *testing.T) {
+	for _, tc := range []struct {
+		name, body, code string
+		cut              bool
+	}{
+		{"cut mid-body", `{"input_tok`, "provider_incomplete", true},
+		{"whole but not a count", `{"tokens":3}`, "provider_failure", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+				if !tc.cut {
+					io.WriteString(w, tc.body)
+					return
+				}
+				w.Header().Set("Content-Length", "64")
+				w.WriteHeader(200)
+				io.WriteString(w, tc.body)
+				w.(http.Flusher).Flush()
+				if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+					conn.Close()
+				}
+			})
+			env := stateEnv(t)
+			env["BRAMA_PROVIDER_ANTHROPIC_BASE_URL"] = fake.URL
+			d := startDaemon(t, env, `{"anthropic":"k"}`, "-local-credentials-stdin")
+			status, h, b := d.call("POST", "/v1/messages/count_tokens", d.token, `{"model":"anthropic/claude-test","messages":[{"role":"user","content":"hi"}]}`)
+			if e := envelopeOf(t, b); status != 502 || e["code"] != tc.code || e["attempts"] != float64(1) || h.Get("Brama-Attempts") != "1" {
+				t.Errorf("%d %s, want 502 %s after 1 call", status, b, tc.code)
+			}
+			if n := fake.calls.Load(); n != 1 {
+				t.Errorf("the provider saw %d calls, want 1", n)
+			}
+		})
+	}
+}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"strconv"
 )
@@ -24,7 +25,11 @@ func (e *engine) countTokens(ctx context.Context, w http.ResponseWriter, req *ca
 		},
 		commit: func(_ context.Context, _ *candidate, c call, _ *overlayItem, resp *http.Response, attempts int) (usage, *apiError, bool) {
 			var ans countTokensAnswer
-			if err := json.NewDecoder(resp.Body).Decode(&ans); err != nil || ans.InputTokens == nil {
+			b, err := io.ReadAll(resp.Body)
+			if err != nil { // SPEC §8.2: a buffered answer cut mid-body
+				return usage{}, refuse("provider_incomplete", "provider %q answer was cut after %d bytes", c.res.Provider.id, len(b)).because(err).withAttempts(attempts), false
+			}
+			if err := json.Unmarshal(b, &ans); err != nil || ans.InputTokens == nil {
 				return usage{}, malformedAnswer(protoAnthropic, err).withAttempts(attempts), false
 			}
 			w.Header().Set("Brama-Route", c.res.Route)
