@@ -139,8 +139,12 @@ func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
 
 	m.log.Info("maintenance_pass_started", "reason", reason)
 	rep := m.passOnce(ctx)
+	missed, _ := m.l.nextDue(now) // a moment stated during the pass may have passed before it ended
 	m.mu.Lock()
 	m.running = false
+	if !missed.IsZero() && !missed.After(m.clock()) {
+		m.pending = cmp.Or(m.pending, "due")
+	}
 	m.last = map[string]any{"reason": reason, "ok": rep.OK, "started_at": now.UTC().Format(time.RFC3339Nano),
 		"finished_at": m.clock().UTC().Format(time.RFC3339Nano)}
 	m.mu.Unlock()
