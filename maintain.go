@@ -306,6 +306,7 @@ func (m *maintainer) passOnce(ctx context.Context) passReport {
 	subs, err := m.live() // none when err: the counts stay 0 and OK false
 	m.usagePass(ctx, subs, &rep)
 	m.refreshPass(ctx, subs, &rep)
+	m.inv.invalidate(false) // the listing shows the pass at once (SPEC §10.2)
 	for _, s := range subs {
 		switch {
 		case !s.read:

@@ -2,6 +2,7 @@ package main
 
 import (
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -44,5 +45,32 @@ func TestMaintainServesAMomentThatPassedDuringAPass(t *testing.T) {
 	}
 	if got := reasonsAt(fx.sentinel(t)); !cmp.Equal(got, []string{"maintain@2m0s"}) {
 		t.Errorf("passes after the due one = %v, want only the sentinel", got)
+	}
+}
+
+// TestSubscriptionListingShowsAPassAtOnce proves SPEC §10.2's "every local
+// mutation invalidates the cache at once" for a pass: right after `brama
+// maintain` reports a refused refresh, the listing shows the credential
+// needs_reauthorization and the failed read, not a row cached before it.
+func TestSubscriptionListingShowsAPassAtOnce(t *testing.T) {
+	fake := newMaintProviderFake(t, &testClock{t: time.Now()})
+	fake.handle("/token/claude-code", func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, `{"error":"invalid_grant","error_description":"revoked"}`, http.StatusBadRequest)
+	})
+	d, _ := maintDaemon(t, fake)
+	if status, _, b := d.call("POST", "/v1/admin/maintain", d.token, ""); status != http.StatusOK {
+		t.Fatalf("first pass: %d %s", status, b) // the start pass is over, too
+	}
+	status, _, b := d.call("POST", "/v1/admin/subscriptions/a1", d.token,
+		`{"provider":"claude-code","oauth":{"access_token":"plantedAccessCC","refresh_token":"plantedRefreshCC","expires_at_ms":1}}`)
+	id := donatedID(t, status, b, "a1", "claude-code")
+	if got := credentialStateOf(t, d, "a1", id); got != credActive {
+		t.Fatalf("before the pass: credential %s", got)
+	}
+	if status, _, b := d.call("POST", "/v1/admin/maintain", d.token, ""); status != http.StatusOK || !strings.Contains(string(b), `"refused":1`) {
+		t.Fatalf("maintain: %d %s, want one refused refresh", status, b)
+	}
+	if got := credentialStateOf(t, d, "a1", id); got != credNeedsReauth {
+		t.Errorf("listing right after the pass: credential %s, want %s", got, credNeedsReauth)
 	}
 }
