@@ -298,8 +298,9 @@ func (l *ledger) fullness(id string, now time.Time) float64 {
 }
 
 // nextDue is the earliest moment after now that the ledger states something
-// falls due (SPEC §11.2): a grant's expiry, a window's reset, a block's end.
-func (l *ledger) nextDue(now time.Time) (time.Time, bool) {
+// falls due (SPEC §11.2): a grant's expiry, a window's reset, a block's end;
+// none for a retired subscription (SPEC §9: never refreshed or read).
+func (l *ledger) nextDue(now time.Time, retired map[string]bool) (time.Time, bool) {
 	ms := now.UnixMilli()
 	var best int64
 	consider := func(t int64) {
@@ -308,8 +309,8 @@ func (l *ledger) nextDue(now time.Time) (time.Time, bool) {
 		}
 	}
 	l.mu.Lock()
-	for _, e := range l.entries {
-		if e.Credential.State == credNeedsReauth {
+	for id, e := range l.entries {
+		if e.Credential.State == credNeedsReauth || retired[id] {
 			continue // nothing is due for it until a sign-in replaces the credential
 		}
 		consider(e.Credential.ExpiresAtMs)

@@ -118,7 +118,8 @@ func (m *maintainer) loop(ctx context.Context) {
 // loopOnce, at now, runs the pending pass (true), or else arms the one timer
 // at the ledger's next due moment (false); a moment passed before its timer fired is due now.
 func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
-	due, _ := m.l.nextDue(now) // zero when nothing is due
+	retired, _ := m.inv.j.retired()     // unreadable: no moment is skipped
+	due, _ := m.l.nextDue(now, retired) // zero when nothing is due
 	m.mu.Lock()
 	if m.pending == "" && m.timer != nil && !m.timerAt.After(now) {
 		m.disarmLocked()
@@ -139,7 +140,7 @@ func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
 
 	m.log.Info("maintenance_pass_started", "reason", reason)
 	rep := m.passOnce(ctx)
-	missed, _ := m.l.nextDue(now) // a moment stated during the pass may have passed before it ended
+	missed, _ := m.l.nextDue(now, retired) // a moment stated during the pass may have passed before it ended
 	m.mu.Lock()
 	m.running = false
 	if !missed.IsZero() && !missed.After(m.clock()) {
@@ -324,7 +325,8 @@ func (m *maintainer) passOnce(ctx context.Context) passReport {
 		}
 	}
 	rep.OK = err == nil && len(rep.Usage.Failed) == 0 && rep.Credentials.Refused == 0
-	due, _ := m.l.nextDue(m.clock())
+	retired, _ := m.inv.j.retired()
+	due, _ := m.l.nextDue(m.clock(), retired)
 	rep.NextDueAt = rfc3339OrNil(due)
 	if err != nil {
 		rep.err = err

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"net/http"
 	"strings"
 	"testing"
@@ -72,5 +73,54 @@ func TestSubscriptionListingShowsAPassAtOnce(t *testing.T) {
 	}
 	if got := credentialStateOf(t, d, "a1", id); got != credNeedsReauth {
 		t.Errorf("listing right after the pass: credential %s, want %s", got, credNeedsReauth)
+	}
+}
+
+// TestMaintainIgnoresMomentsOfRetiredSubscriptions proves a retired
+// subscription states no moment (SPEC §9: it is never refreshed, probed or
+// read, so nothing of it falls due): the one timer is armed for the live
+// subscription's grant expiry, not the earlier one of the retired grant.
+func TestMaintainIgnoresMomentsOfRetiredSubscriptions(t *testing.T) {
+	fx := newMaintFixture(t)
+	retiredAt, liveAt := maintT0.Add(time.Hour), maintT0.Add(2*time.Hour)
+	gone := fx.donate(t, "claude-code", grant("GONE", retiredAt))
+	if err := fx.inv.retire("a1", gone, "left the team"); err != nil {
+		t.Fatal(err)
+	}
+	fx.donate(t, "claude-code", grant("LIVE", liveAt))
+	ctx := context.Background()
+	fx.m.request("asked")
+	if !fx.m.loopOnce(ctx, fx.clock.now()) {
+		t.Fatal("loopOnce with a pass pending ran none")
+	}
+	fx.nextPass(t)
+	if fx.m.loopOnce(ctx, fx.clock.now()) {
+		t.Fatal("loopOnce ran a pass with none pending")
+	}
+	if at := fx.timers.nextArmed(t); !at.Equal(liveAt) {
+		t.Errorf("timer armed for %s, want the live grant's expiry %s (the retired one's is %s)", at, liveAt, retiredAt)
+	}
+	if st := fx.m.state(); *(st["next_due_at"].(*string)) != liveAt.Format(time.RFC3339) {
+		t.Errorf("/stats next_due_at = %v, want %s", *(st["next_due_at"].(*string)), liveAt.Format(time.RFC3339))
+	}
+}
+
+// TestMaintainRearmsWhenASubscriptionRetires: retiring the subscription
+// whose moment the timer waits for re-arms it for the next live moment.
+func TestMaintainRearmsWhenASubscriptionRetires(t *testing.T) {
+	fx := newMaintFixture(t)
+	soonAt, laterAt := maintT0.Add(time.Hour), maintT0.Add(2*time.Hour)
+	soon := fx.donate(t, "claude-code", grant("SOON", soonAt))
+	fx.donate(t, "claude-code", grant("LATER", laterAt))
+	fx.start(t)
+	fx.nextPass(t)
+	if at := fx.timers.nextArmed(t); !at.Equal(soonAt) {
+		t.Fatalf("timer armed for %s, want %s", at, soonAt)
+	}
+	if err := fx.inv.retire("a1", soon, "left the team"); err != nil {
+		t.Fatal(err)
+	}
+	if at := fx.timers.nextArmed(t); !at.Equal(laterAt) {
+		t.Errorf("after the retirement the timer is armed for %s, want %s", at, laterAt)
 	}
 }

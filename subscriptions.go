@@ -351,6 +351,7 @@ func (inv *inventory) journalStatus(kind, agent, id, reason string) error {
 		return refuse("dependency_unavailable", "subscription not changed: the journal refused the %s: %v", kind, err).because(err)
 	}
 	inv.log.Info("subscription_"+kind, "subscription_id", id, "agent_id", agent)
+	nudge(inv.l.changed) // its ledger moments count again, or no longer (SPEC §11.2)
 	return nil
 }
 
