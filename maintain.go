@@ -140,10 +140,9 @@ func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
 
 	m.log.Info("maintenance_pass_started", "reason", reason)
 	rep := m.passOnce(ctx)
-	missed, _ := m.l.nextDue(now, retired) // a moment stated during the pass may have passed before it ended
 	m.mu.Lock()
 	m.running = false
-	if !missed.IsZero() && !missed.After(m.clock()) {
+	if missed, ok := m.l.nextDue(now, retired); ok && !missed.After(m.clock()) { // it passed during the pass
 		m.pending = cmp.Or(m.pending, "due")
 	}
 	m.last = map[string]any{"reason": reason, "ok": rep.OK, "started_at": now.UTC().Format(time.RFC3339Nano),
