@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -477,11 +478,11 @@ func (inv *inventory) orphans() ([]string, error) {
 	}), nil
 }
 
-// removeOrphans deletes the orphans from the vault at serve's start, so no
-// secret outlives its subscription; only when the overlay and vault both read.
+// removeOrphans deletes the orphans from the vault at serve's start, so no secret outlives
+// its subscription; only when the overlay and a vault beside it (not elsewhere) both read.
 func (inv *inventory) removeOrphans() ([]string, error) {
-	if inv.overlay.pathErr != nil || inv.vault.pathErr != nil {
-		return nil, nil
+	if inv.overlay.pathErr != nil || inv.vault.pathErr != nil || filepath.Dir(inv.vault.path) != filepath.Dir(inv.overlay.path) {
+		return nil, nil // /readyz reports them (SPEC §10.1)
 	}
 	inv.wmu.Lock()
 	defer inv.wmu.Unlock()
