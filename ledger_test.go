@@ -405,7 +405,8 @@ func TestLedgerNextDue(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			l, _, _, _ := newTestLedger(state{dir: t.TempDir()})
 			c.set(l)
-			got, ok := l.nextDue(ledgerT0, nil)
+			got := l.nextDue(ledgerT0, nil)
+			ok := !got.IsZero()
 			if c.want < 0 {
 				if ok {
 					t.Errorf("nextDue = %v, want nothing due", got)
@@ -604,7 +605,7 @@ func TestLedgerNextDueSkipsNeedsReauthorization(t *testing.T) {
 	l.setGrantTimes(ledgerIDA, "kimi", now.Add(time.Hour).UnixMilli(), 0)
 	l.setGrantTimes(ledgerIDB, "kimi", now.Add(2*time.Hour).UnixMilli(), 0)
 	l.setCredential(ledgerIDA, "kimi", credNeedsReauth, "refused")
-	if due, ok := l.nextDue(now, nil); !ok || !due.Equal(now.Add(2*time.Hour).Truncate(time.Millisecond)) {
-		t.Errorf("nextDue = %v %v, want the active grant's expiry (the one needing sign-in has nothing due)", due, ok)
+	if due := l.nextDue(now, nil); due.IsZero() || !due.Equal(now.Add(2*time.Hour).Truncate(time.Millisecond)) {
+		t.Errorf("nextDue = %v, want the active grant's expiry (the one needing sign-in has nothing due)", due)
 	}
 }
