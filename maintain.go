@@ -118,9 +118,9 @@ func (m *maintainer) loop(ctx context.Context) {
 // loopOnce, at now, runs the pending pass (true), or else arms the one timer
 // at the ledger's next due moment (false); a moment passed before its timer fired is due now.
 func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
+	m.mu.Lock()                     // first: the journal read must not come between now and the pending check
 	retired, _ := m.inv.j.retired() // unreadable: no moment is skipped
 	due := m.l.nextDue(now, retired)
-	m.mu.Lock()
 	if m.pending == "" && m.timer != nil && !m.timerAt.After(now) {
 		m.disarmLocked()
 		m.pending = "due"
