@@ -211,8 +211,8 @@ func (a *answerStore) recordPath(client, key string) (string, error) {
 
 // reserve, the last step before the first provider call (SPEC §12 item 1),
 // returns this request's ticket for the key, or the record to replay, or item
-// 2's refusal; without a place for answers, SPEC §2.1's refusal.
-func (a *answerStore) reserve(client, key string, body []byte, route string) (*answerTicket, *answerRecord, error) {
+// 2's refusal (an abandoned one with envType); without a place, SPEC §2.1's.
+func (a *answerStore) reserve(client, key string, body []byte, envType, route string) (*answerTicket, *answerRecord, error) {
 	path, err := a.recordPath(client, key)
 	if err == nil {
 		_, err = a.signingKey()
@@ -236,7 +236,7 @@ func (a *answerStore) reserve(client, key string, body []byte, route string) (*a
 		if !errors.Is(err, fs.ErrExist) {
 			return nil, nil, answerUnplaced(err)
 		}
-		rec, err := a.taken(path, t.rec.RequestSHA256)
+		rec, err := a.taken(path, t.rec.RequestSHA256, envType)
 		if !errors.Is(err, errFileAbsent) {
 			return nil, rec, err
 		}
@@ -255,7 +255,7 @@ func answerBusy() *apiError {
 // taken applies SPEC §12 item 2 to the record at path, checking a complete
 // record's signature; an empty requestSHA skips the body comparison. A
 // missing record is errFileAbsent.
-func (a *answerStore) taken(path, requestSHA string) (*answerRecord, error) {
+func (a *answerStore) taken(path, requestSHA, envType string) (*answerRecord, error) {
 	rec, err := readAnswerFile(path)
 	if errors.Is(err, errFileAbsent) {
 		return nil, err
@@ -272,7 +272,7 @@ func (a *answerStore) taken(path, requestSHA string) (*answerRecord, error) {
 	case requestSHA != "" && rec.RequestSHA256 != requestSHA:
 		return nil, refuse("state_conflict", "this Idempotency-Key was used with another request body")
 	case rec.State == answerInProgress && rec.BootID != a.bootID:
-		return a.abandon(path, rec)
+		return a.abandon(path, rec, envType)
 	case rec.State == answerInProgress:
 		return nil, answerBusy()
 	}
@@ -287,9 +287,9 @@ func readAnswerFile(name string) (*answerRecord, error) {
 
 // abandon keeps a stopped process's in-progress record as SPEC §12 item 2's
 // refusal, with no attempts key: how many calls it made is unknown.
-func (a *answerStore) abandon(path string, rec *answerRecord) (*answerRecord, error) {
+func (a *answerStore) abandon(path string, rec *answerRecord, envType string) (*answerRecord, error) {
 	ae := refuse("internal_error", abandonedMessage)
-	body, _ := json.Marshal(ae.body())
+	body, _ := json.Marshal(envelope{envType, ae.body().Error})
 	kept, err := a.complete(&answerTicket{path: path, rec: *rec}, ae.Status(), append(body, '\n'), nil, rec.Route)
 	if err != nil {
 		return nil, refuse("internal_error", "the abandoned answer for this Idempotency-Key could not be kept").because(err)
@@ -331,7 +331,7 @@ func (a *answerStore) lookup(client, key string) (*answerRecord, error) {
 	if err != nil {
 		return nil, answerUnplaced(err)
 	}
-	rec, err := a.taken(path, "")
+	rec, err := a.taken(path, "", "")
 	if errors.Is(err, errFileAbsent) {
 		return nil, refuse("not_found", "no answer is kept for this Idempotency-Key")
 	}

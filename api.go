@@ -317,7 +317,7 @@ func (s *server) signedAnswer(w http.ResponseWriter, r *http.Request, req chatRe
 	var t *answerTicket
 	var kept *answerRecord
 	if err == nil {
-		t, kept, err = s.answers.reserve(ri.client.ID, key, ri.body, ri.route)
+		t, kept, err = s.answers.reserve(ri.client.ID, key, ri.body, envelopeType(r), ri.route)
 	}
 	switch {
 	case err != nil:
