@@ -296,10 +296,9 @@ func (s *server) authenticate(w http.ResponseWriter, r *http.Request, role strin
 	return nil
 }
 
-// actsFor applies SPEC §3.2's agent rules that the headers decide, before
-// the body is read: the bearer's and the signed agent agree, and a route
-// acting for the path's agent has a valid id (so `%2e%2e` is a 400) and a
-// request that may act for it; an admin request with no agent may act for any.
+// actsFor applies SPEC §3.2's agent rules the headers decide, before the body is read:
+// bearer and signed agent agree; a route for the path's agent needs a valid id (`%2e%2e`
+// is a 400) and a request that may act for it (an admin with no agent: any).
 func actsFor(r *http.Request, role, bound, signed string) error {
 	agent, path := cmp.Or(signed, bound), r.PathValue("agent_id")
 	switch {
@@ -397,6 +396,9 @@ func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 	}
 	if _, err := s.journal.size(); err != nil && !errors.As(err, new(*noStateError)) {
 		rd.Reasons = append(rd.Reasons, "journal unusable: "+err.Error())
+	}
+	if _, _, err := readAnswerKey(s.st); err != nil && !errors.Is(err, errFileAbsent) && !errors.As(err, new(*noStateError)) {
+		rd.Reasons = append(rd.Reasons, "answer key unusable (every signed answer is refused): "+err.Error())
 	}
 	if data, cause := s.catalog.current(); data == nil {
 		rd.Warnings = append(rd.Warnings, cause)
