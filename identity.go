@@ -319,10 +319,12 @@ func newTransportGuard(list string) (transportGuard, error) {
 	return g, nil
 }
 
-// allows reports whether r came over an acceptable transport.
+// allows reports whether r came over an acceptable transport. Of a forwarded
+// header only the last element, the trusted proxy's own, counts (RFC 7239 §4).
 func (g transportGuard) allows(r *http.Request) bool {
 	host, _, _ := net.SplitHostPort(r.RemoteAddr)
 	ip := net.ParseIP(host) // nil when RemoteAddr is not host:port
+	xfp, fwd := strings.Join(r.Header.Values("X-Forwarded-Proto"), ","), strings.Join(r.Header.Values("Forwarded"), ",")
 	switch {
 	case ip == nil:
 		return false
@@ -330,10 +332,10 @@ func (g transportGuard) allows(r *http.Request) bool {
 		return true
 	case !g.trusted[ip.String()]:
 		return false
-	case strings.EqualFold(strings.TrimSpace(r.Header.Get("X-Forwarded-Proto")), "https"):
+	case strings.EqualFold(strings.TrimSpace(xfp[strings.LastIndex(xfp, ",")+1:]), "https"):
 		return true
 	}
-	for _, el := range strings.Split(r.Header.Get("Forwarded"), ";") {
+	for _, el := range strings.Split(fwd[strings.LastIndex(fwd, ",")+1:], ";") {
 		if k, v, ok := strings.Cut(strings.TrimSpace(el), "="); ok && strings.EqualFold(k, "proto") && strings.EqualFold(strings.Trim(v, `"`), "https") {
 			return true
 		}
