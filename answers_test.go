@@ -95,7 +95,7 @@ func TestAnswersPrune(t *testing.T) {
 	recent := keep("recent-complete", time.Now, true)
 	answers := func(args ...string) (string, string, int) {
 		var out, errb bytes.Buffer
-		err := run(context.Background(), append([]string{"answers"}, args...), testEnv(env), strings.NewReader(""), &out, &errb)
+		err := run(context.Background(), nil, append([]string{"answers"}, args...), testEnv(env), strings.NewReader(""), &out, &errb)
 		code := exitCode(err, &errb)
 		return out.String(), errb.String(), code
 	}

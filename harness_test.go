@@ -42,7 +42,7 @@ type daemon struct {
 	token  string // the admin token printed at first start ("" when a clients file existed)
 	stderr *syncBuffer
 	env    map[string]string
-	stop   func() // cancels serve and waits for run to return nil
+	stop   func() // cancels serve (the first signal) and waits for run to return nil
 }
 
 // testEnv returns a getenv over m (nothing from the real environment).
@@ -74,7 +74,7 @@ func startDaemon(t testing.TB, env map[string]string, stdin string, args ...stri
 	d := &daemon{t: t, stderr: &syncBuffer{}, env: env}
 	done := make(chan error, 1)
 	go func() {
-		err := run(ctx, append([]string{"serve", "-addr", "127.0.0.1:0"}, args...), testEnv(env), strings.NewReader(stdin), pw, d.stderr)
+		err := run(ctx, nil, append([]string{"serve", "-addr", "127.0.0.1:0"}, args...), testEnv(env), strings.NewReader(stdin), pw, d.stderr)
 		pw.CloseWithError(io.EOF)
 		done <- err
 	}()

@@ -34,7 +34,6 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -56,11 +55,22 @@ import (
 // version is reported by /health and `brama version`.
 const version = "0.1.0-dev"
 
+// main: the first SIGINT or SIGTERM ends ctx (serve stops taking requests
+// and lets the running ones end; any other command cancels its call), the
+// second closes cut (serve cuts what still runs).
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr)
-	stop()
-	os.Exit(exitCode(err, os.Stderr))
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	ctx, drain := context.WithCancel(context.Background())
+	cut := make(chan struct{})
+	go func() {
+		<-sig
+		drain()
+		<-sig
+		close(cut)
+		signal.Stop(sig) // a third signal has its default effect
+	}()
+	os.Exit(exitCode(run(ctx, cut, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr), os.Stderr))
 }
 
 // usageError is a command line Brama could not understand (exit 2).
@@ -90,12 +100,13 @@ func exitCode(err error, stderr io.Writer) int {
 const runUsage = "usage: brama serve|version|routes|clients|agents|credentials|subscription|onboard|journal|maintain|answers ... (-h on each)"
 
 // run is the whole program: it dispatches one subcommand and returns only
-// after every goroutine it started has exited.
-func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) error {
+// after every goroutine it started has exited. cut (nil: never) ends serve's
+// running requests once ctx has ended.
+func run(ctx context.Context, cut <-chan struct{}, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		return &usageError{runUsage}
 	}
-	e := cliEnv{ctx: ctx, getenv: getenv, stdin: stdin, stdout: stdout, stderr: stderr}
+	e := cliEnv{ctx: ctx, cut: cut, getenv: getenv, stdin: stdin, stdout: stdout, stderr: stderr}
 	cmd, rest := args[0], args[1:]
 	subs := map[string]map[string]func([]string) error{
 		"routes": {
@@ -146,6 +157,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 // cliEnv is what every command reads and writes besides its arguments.
 type cliEnv struct {
 	ctx    context.Context // ends on SIGINT/SIGTERM: the only cancel of a CLI's calls
+	cut    <-chan struct{} // closed on the second signal: serve cuts its running requests
 	getenv func(string) string
 	stdin  io.Reader
 	stdout io.Writer
@@ -300,7 +312,7 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 		return err
 	}
 	// Every request context descends from base, so requests still running
-	// when the shutdown grace ends are cancelled with errServerShutdown.
+	// at the second signal are cancelled with errServerShutdown.
 	base, stopRequests := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer stopRequests(nil)
 	srv := &http.Server{
@@ -335,9 +347,14 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 	case err = <-serveErr:
 		return err
 	}
-	shutCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cmp.Or(testingOnlyShutdownGrace, shutdownGrace))
-	defer cancel()
-	if err := srv.Shutdown(shutCtx); err != nil {
+	// No grace period of Brama's own (SPEC §7.4): the running requests end
+	// when their providers finish, or at the second signal.
+	log.Info("serve_draining")
+	drained := make(chan error, 1)
+	go func() { drained <- srv.Shutdown(context.WithoutCancel(ctx)) }()
+	select {
+	case <-drained:
+	case <-e.cut:
 		stopRequests(errServerShutdown) // their log lines say server_shutdown
 		srv.Close()
 	}
@@ -345,12 +362,6 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 	s.inflight.Unlock()
 	return nil
 }
-
-// shutdownGrace is how long in-flight requests may run after SIGTERM.
-const shutdownGrace = 20 * time.Second
-
-// testingOnlyShutdownGrace shortens shutdownGrace in tests.
-var testingOnlyShutdownGrace time.Duration
 
 // readLocalCredentials reads `{"provider":"api key",…}` from stdin.
 func readLocalCredentials(r io.Reader) (map[string]string, error) {

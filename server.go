@@ -143,8 +143,8 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// errServerShutdown cancels the requests still running when the shutdown
-// grace ends, so their log lines say server_shutdown, not client_cancelled.
+// errServerShutdown cancels the requests still running at serve's second
+// signal, so their log lines say server_shutdown, not client_cancelled.
 var errServerShutdown = errors.New("the server is shutting down")
 
 // ServeHTTP gives every response an X-Request-Id, applies the transport

@@ -18,7 +18,7 @@ import (
 func runCLI(t *testing.T, env map[string]string, stdin string, args ...string) (string, string, int) {
 	t.Helper()
 	var out, errb bytes.Buffer
-	err := run(context.Background(), args, testEnv(env), strings.NewReader(stdin), &out, &errb)
+	err := run(context.Background(), nil, args, testEnv(env), strings.NewReader(stdin), &out, &errb)
 	code := exitCode(err, &errb)
 	return out.String(), errb.String(), code
 }

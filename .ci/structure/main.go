@@ -3,6 +3,8 @@
 //   - no two of the core files use each other's package-level names in
 //     both directions (a file uses only files below it);
 //   - the abort after a committed stream is written once;
+//   - no elapsed-time cutoff (SPEC §7.4): no context deadline, time.After
+//     or Tick, and no Timeout field (an http.Client's, a Dialer's);
 //   - non-test Go stays within its line budget, no file over its limit;
 //   - every function README's "Reading the code" table names exists.
 //
@@ -139,6 +141,30 @@ func check(dir, readme string, maxTotal, maxFile int) ([]string, error) {
 	}
 	if aborts != 1 {
 		findings = append(findings, fmt.Sprintf("panic(http.ErrAbortHandler) written %d times (want 1)", aborts))
+	}
+
+	// SPEC §7.4: Brama adds no elapsed-time cutoff anywhere. The listener's
+	// ReadHeaderTimeout and IdleTimeout bound idle clients, not requests.
+	clocks := map[string][]string{
+		"context": {"WithTimeout", "WithTimeoutCause", "WithDeadline", "WithDeadlineCause"},
+		"time":    {"After", "Tick", "NewTicker"},
+	}
+	for _, f := range files {
+		ast.Inspect(f, func(n ast.Node) bool {
+			switch n := n.(type) {
+			case *ast.SelectorExpr:
+				if x, ok := n.X.(*ast.Ident); ok {
+					if pn, ok := info.Uses[x].(*types.PkgName); ok && slices.Contains(clocks[pn.Imported().Path()], n.Sel.Name) {
+						findings = append(findings, fmt.Sprintf("%s: %s.%s is an elapsed-time cutoff (SPEC §7.4)", fset.Position(n.Pos()), x.Name, n.Sel.Name))
+					}
+				}
+			case *ast.KeyValueExpr:
+				if k, ok := n.Key.(*ast.Ident); ok && k.Name == "Timeout" {
+					findings = append(findings, fmt.Sprintf("%s: a Timeout field is an elapsed-time cutoff (SPEC §7.4)", fset.Position(n.Pos())))
+				}
+			}
+			return true
+		})
 	}
 
 	missing, err := readmeFunctions(filepath.Join(dir, readme), pkg)

@@ -30,6 +30,17 @@ func TestCheck(t *testing.T) {
 		{"a file over its limit", func(f map[string]string) {
 			f["dispatch.go"] += strings.Repeat("\n", 40)
 		}, "dispatch.go: "},
+		{"a context deadline", func(f map[string]string) {
+			f["dispatch.go"] += "\nfunc (e engine) wait() {\n\tctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)\n\tdefer cancel()\n\t<-ctx.Done()\n}\n"
+			f["dispatch.go"] = strings.Replace(f["dispatch.go"], `import "net/http"`, "import (\n\t\"context\"\n\t\"net/http\"\n\t\"time\"\n)", 1)
+		}, "context.WithTimeout is an elapsed-time cutoff"},
+		{"time.After", func(f map[string]string) {
+			f["dispatch.go"] += "\nfunc (e engine) wait() { <-time.After(time.Second) }\n"
+			f["dispatch.go"] = strings.Replace(f["dispatch.go"], `import "net/http"`, "import (\n\t\"net/http\"\n\t\"time\"\n)", 1)
+		}, "time.After is an elapsed-time cutoff"},
+		{"a client Timeout", func(f map[string]string) {
+			f["dispatch.go"] += "\nvar client = &http.Client{Timeout: 1}\n"
+		}, "a Timeout field is an elapsed-time cutoff"},
 		{"README names a missing function", func(f map[string]string) {
 			f["README.md"] = strings.Replace(f["README.md"], "`engine.run`", "`engine.gone`", 1)
 		}, "README names engine.gone"},
