@@ -298,7 +298,7 @@ func (s *server) signedAnswer(w http.ResponseWriter, r *http.Request, req chatRe
 	var t *answerTicket
 	var kept *answerRecord
 	if err == nil {
-		t, kept, err = s.answers.reserve(ri.client.ID, key, ri.body, envelopeType(r), ri.route)
+		t, kept, err = s.answers.reserve(r, ri.client.ID, key, ri.body, ri.route)
 	}
 	switch {
 	case err != nil:
@@ -413,7 +413,7 @@ func (s *server) handleGetAnswer(w http.ResponseWriter, r *http.Request) {
 	key := r.PathValue("key")
 	rec, err := (*answerRecord)(nil), checkIdempotencyKey(key)
 	if err == nil {
-		rec, err = s.answers.lookup(infoFrom(r.Context()).client.ID, key)
+		rec, err = s.answers.lookup(r, infoFrom(r.Context()).client.ID, key)
 	}
 	if err != nil {
 		s.fail(w, r, err)

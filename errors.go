@@ -180,17 +180,11 @@ func writeAPIError(w http.ResponseWriter, r *http.Request, err error) *apiError 
 		h.Set("Retry-After", strconv.FormatInt(int64((ae.RetryAfter+time.Second-1)/time.Second), 10))
 	}
 	env := ae.body()
-	env.Type = envelopeType(r)
+	if r != nil && (r.URL.Path == "/v1/messages" || strings.HasPrefix(r.URL.Path, "/v1/messages/")) {
+		env.Type = "error"
+	}
 	writeJSON(w, ae.Status(), env)
 	return ae
-}
-
-// envelopeType is r's top-level envelope "type": "error" on the messages dialect (SPEC §8.1).
-func envelopeType(r *http.Request) string {
-	if r != nil && (r.URL.Path == "/v1/messages" || strings.HasPrefix(r.URL.Path, "/v1/messages/")) {
-		return "error"
-	}
-	return ""
 }
 
 // truncateUTF8 cuts s to at most n bytes without splitting a rune.
