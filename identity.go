@@ -319,13 +319,11 @@ func newTransportGuard(list string) (transportGuard, error) {
 	return g, nil
 }
 
-// allows reports whether r came over an acceptable transport. Of a forwarded
-// header only the last element, the trusted proxy's own, counts (RFC 7239 §4).
+// allows reports whether r came over an acceptable transport; of a forwarded header only the last element, the trusted proxy's own, counts (RFC 7239 §4).
 func (g transportGuard) allows(r *http.Request) bool {
 	host, _, _ := net.SplitHostPort(r.RemoteAddr)
 	ip := net.ParseIP(host) // nil when RemoteAddr is not host:port
-	xfp, fwd := strings.Join(r.Header.Values("X-Forwarded-Proto"), ","), strings.Join(r.Header.Values("Forwarded"), ",")
-	switch {
+	switch xfp, fwd := strings.Join(r.Header.Values("X-Forwarded-Proto"), ","), strings.Join(r.Header.Values("Forwarded"), ","); {
 	case ip == nil:
 		return false
 	case ip.IsLoopback():
@@ -334,10 +332,11 @@ func (g transportGuard) allows(r *http.Request) bool {
 		return false
 	case strings.EqualFold(strings.TrimSpace(xfp[strings.LastIndex(xfp, ",")+1:]), "https"):
 		return true
-	}
-	for _, el := range strings.Split(fwd[strings.LastIndex(fwd, ",")+1:], ";") {
-		if k, v, ok := strings.Cut(strings.TrimSpace(el), "="); ok && strings.EqualFold(k, "proto") && strings.EqualFold(strings.Trim(v, `"`), "https") {
-			return true
+	default:
+		for _, el := range strings.Split(fwd[strings.LastIndex(fwd, ",")+1:], ";") {
+			if k, v, ok := strings.Cut(strings.TrimSpace(el), "="); ok && strings.EqualFold(k, "proto") && strings.EqualFold(strings.Trim(v, `"`), "https") {
+				return true
+			}
 		}
 	}
 	return false

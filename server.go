@@ -250,8 +250,7 @@ func (s *server) logRequest(r *http.Request, ri *requestInfo, status int, d time
 }
 
 // caller wraps h so it runs only once authenticate accepts the request for
-// role ("": any client; roleAdmin for /v1/admin/*, SPEC §3.1) and, on a
-// route with an {agent_id}, for that agent (actsFor).
+// role ("": any client; roleAdmin for /v1/admin/*, SPEC §3.1) and agent (actsFor).
 func (s *server) caller(role string, h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if err := s.authenticate(w, r, role); err != nil {
@@ -296,12 +295,10 @@ func (s *server) authenticate(w http.ResponseWriter, r *http.Request, role strin
 	return nil
 }
 
-// actsFor applies SPEC §3.2's agent rules the headers decide, before the body is read:
-// bearer and signed agent agree; a route for the path's agent needs a valid id (`%2e%2e`
-// is a 400) and a request that may act for it (an admin with no agent: any).
+// actsFor applies SPEC §3.2's agent rules before the body is read: bearer and signed agent agree; a route
+// for the path's agent needs a valid id (`%2e%2e`: 400) and a request that may act for it (an admin: any).
 func actsFor(r *http.Request, role, bound, signed string) error {
-	agent, path := cmp.Or(signed, bound), r.PathValue("agent_id")
-	switch {
+	switch agent, path := cmp.Or(signed, bound), r.PathValue("agent_id"); {
 	case bound != "" && signed != "" && bound != signed:
 		return refuse("forbidden", "the signed agent and the bearer's agent differ")
 	case path == "": // not a route acting for an agent
