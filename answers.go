@@ -209,9 +209,8 @@ func (a *answerStore) recordPath(client, key string) (string, error) {
 	return a.st.path("signed answers", filepath.Join("answers", client, hexSHA256([]byte(key))+".json"))
 }
 
-// reserve, the last step before the first provider call (SPEC §12 item 1),
-// returns this request's ticket for the key, or the record to replay, or item
-// 2's refusal (an abandoned one in r's dialect); without a place, SPEC §2.1's.
+// reserve, the last step before the first provider call (SPEC §12 item 1), returns this
+// request's ticket, the record to replay, or item 2's refusal (in r's dialect); no place: §2.1's.
 func (a *answerStore) reserve(r *http.Request, client, key string, body []byte, route string) (*answerTicket, *answerRecord, error) {
 	path, err := a.recordPath(client, key)
 	if err == nil {

@@ -319,7 +319,8 @@ func newTransportGuard(list string) (transportGuard, error) {
 	return g, nil
 }
 
-// allows reports whether r came over an acceptable transport; of a forwarded header only the last element, the trusted proxy's own, counts (RFC 7239 §4).
+// allows reports whether r came over an acceptable transport; a forwarded
+// header counts by its last element, the trusted proxy's own (RFC 7239 §4).
 func (g transportGuard) allows(r *http.Request) bool {
 	host, _, _ := net.SplitHostPort(r.RemoteAddr)
 	ip := net.ParseIP(host) // nil when RemoteAddr is not host:port
