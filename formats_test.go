@@ -384,11 +384,12 @@ func fuzzDialectParse(f *testing.F, dialect string, seeds ...string) {
 // roundTripNeutral leaves out of a neutral request what a caller body
 // carries by design no further than one hop: what was dropped and where
 // it stood, the billing target (never forwarded), empty text (providers
-// refuse it), empty arguments (sent as {}) and a reasoning effort between
-// budget steps; a tool group goes flattened, a schema gets a name, and
+// refuse it), empty arguments (sent as {}) and a reasoning effort (between
+// budget steps, or dropped and named where max_tokens leaves no room for a
+// thinking budget); a tool group goes flattened, a schema gets a name, and
 // JSON is compared as encoding/json writes it.
 func roundTripNeutral(req chatRequest) chatRequest {
-	req.Dropped, req.BillingTarget, req.Effort = nil, nil, ""
+	req.Dropped, req.BillingTarget, req.Effort, req.EffortPath = nil, nil, "", ""
 	if req.Output != nil {
 		if s := schemaOutput(req.Output); s != nil {
 			req.Output = s // the schema's name the OpenAI formats require

@@ -162,6 +162,14 @@ func TestTranslationAcrossFormats(t *testing.T) {
 			wantDropped:  "temperature",
 		},
 		{
+			// Found by FuzzParseMessages: a thinking budget must be at least
+			// 1024 and below max_tokens, so a small max_tokens leaves none.
+			name: "reasoning effort with no room for a thinking budget is named", path: "/v1/chat/completions", provider: "anthropic",
+			body:         `{"model":"anthropic/claude-test","max_tokens":500,"messages":[{"role":"user","content":"q"}],"reasoning_effort":"high","temperature":0.3}`,
+			wantUpstream: map[string]string{"thinking": ``, "temperature": `0.3`, "max_tokens": `500`},
+			wantDropped:  "reasoning_effort",
+		},
+		{
 			name: "a hosted tool toward chat is named", path: "/v1/responses", provider: "openai",
 			body:         `{"model":"openai/gpt-test","input":"hi","tools":[{"type":"web_search"},{"type":"custom","name":"apply_patch"}],"tool_choice":{"type":"custom","name":"apply_patch"},"logit_bias":{"1":2}}`,
 			wantUpstream: map[string]string{"tools[0].type": `"custom"`, "tools[0].custom.name": `"apply_patch"`, "tool_choice.custom.name": `"apply_patch"`},
