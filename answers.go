@@ -309,8 +309,7 @@ func (a *answerStore) complete(t *answerTicket, status int, body []byte, attempt
 	sig := signAnswer(key, body)
 	rec.State, rec.CompletedAt, rec.Status, rec.BodyBase64, rec.Attempts, rec.Signature = answerComplete, &done, &status, &b64, attempts, &sig
 	rec.Route = cmp.Or(route, rec.Route)
-	data, _ := marshalState(&rec) // strings and ints always encode
-	if err := writeFileAtomic(t.path, data); err != nil {
+	if err := writeState(t.path, &rec); err != nil {
 		return nil, err
 	}
 	return &rec, nil

@@ -324,20 +324,23 @@ func newTransportGuard(list string) (transportGuard, error) {
 func (g transportGuard) allows(r *http.Request) bool {
 	host, _, _ := net.SplitHostPort(r.RemoteAddr)
 	ip := net.ParseIP(host) // nil when RemoteAddr is not host:port
-	switch xfp, fwd := strings.Join(r.Header.Values("X-Forwarded-Proto"), ","), strings.Join(r.Header.Values("Forwarded"), ","); {
+	last := func(name string) string {
+		v := strings.Join(r.Header.Values(name), ",")
+		return strings.TrimSpace(v[strings.LastIndex(v, ",")+1:])
+	}
+	switch {
 	case ip == nil:
 		return false
 	case ip.IsLoopback():
 		return true
 	case !g.trusted[ip.String()]:
 		return false
-	case strings.EqualFold(strings.TrimSpace(xfp[strings.LastIndex(xfp, ",")+1:]), "https"):
+	case strings.EqualFold(last("X-Forwarded-Proto"), "https"):
 		return true
-	default:
-		for _, el := range strings.Split(fwd[strings.LastIndex(fwd, ",")+1:], ";") {
-			if k, v, ok := strings.Cut(strings.TrimSpace(el), "="); ok && strings.EqualFold(k, "proto") && strings.EqualFold(strings.Trim(v, `"`), "https") {
-				return true
-			}
+	}
+	for _, el := range strings.Split(last("Forwarded"), ";") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(el), "="); ok && strings.EqualFold(k, "proto") && strings.EqualFold(strings.Trim(v, `"`), "https") {
+			return true
 		}
 	}
 	return false

@@ -108,6 +108,9 @@ func TestModelsEmbeddingsStatsMetrics(t *testing.T) {
 	if status != 200 || !strings.Contains(string(body), `"embedding":[0.5]`) || hdr.Get("Brama-Attempts") != "1" {
 		t.Errorf("/v1/embeddings: %d %s", status, body)
 	}
+	if got := hdr.Get("Brama-Route"); got != "openai/text-embedding-test" { // README: every answer names its route
+		t.Errorf("/v1/embeddings Brama-Route = %q, want openai/text-embedding-test", got)
+	}
 	var up map[string]any
 	json.Unmarshal(fake.body(), &up)
 	if up["model"] != "text-embedding-test" || up["input"] != "hello" {
