@@ -28,6 +28,7 @@ func (e *engine) serveEmbeddings(ctx context.Context, w http.ResponseWriter, mod
 			if err != nil {
 				return usage{}, refuse("provider_incomplete", "provider %q answer was cut after %d bytes", c.res.Provider.id, len(b)).because(err).withAttempts(attempts), false
 			}
+			w.Header().Set("Brama-Route", c.res.Route)
 			writeAnswer(w, "application/json", attempts, b)
 			return usage{}, nil, false
 		},

@@ -461,3 +461,41 @@ func TestShutdownDrainsThenCuts(t *testing.T) {
 		})
 	}
 }
+
+// An agent refusal decided by the headers (bearer-bound, signed and path
+// agent disagreeing, a bad path agent id, no agent for an agent's route) is
+// answered before the body is read, and the connection closed (SPEC §7.4).
+func TestAgentRefusalsBeforeTheBody(t *testing.T) {
+	env := stateEnv(t)
+	secret := addAgent(t, env, "a2")
+	addAgent(t, env, "a1")
+	d := startDaemon(t, env, "")
+	bound := addClient(t, env, "bound", "-agent", "a1")
+	caller := addClient(t, env, "app")
+	ts := fmt.Sprintf("%d.7", time.Now().Unix())
+	sig := signedHeaders(secret, "a2", ts, "POST", "/v1/chat/completions", "")
+	claimA2 := fmt.Sprintf("X-Agent-Id: a2\r\nX-Agent-Timestamp: %s\r\nX-Agent-Signature: %s\r\n", ts, sig[5])
+	tests := []struct {
+		name, head string
+		want       int
+	}{
+		{"signed agent differs from the bearer's", "POST /v1/chat/completions HTTP/1.1\r\nAuthorization: Bearer " + bound + "\r\n" + claimA2, 403},
+		{"path agent differs from the bearer's", "POST /v1/subscriptions/a2 HTTP/1.1\r\nAuthorization: Bearer " + bound + "\r\n", 403},
+		{"no agent for an agent's route", "POST /v1/subscriptions/a1 HTTP/1.1\r\nAuthorization: Bearer " + caller + "\r\n", 401},
+		{"bad path agent id", "POST /v1/admin/subscriptions/A1 HTTP/1.1\r\nAuthorization: Bearer " + d.token + "\r\n", 400},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := rawConn(t, d, tc.head+"Host: brama\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"a\":\r\n")
+			c.SetReadDeadline(time.Now().Add(10 * time.Second)) // the test's bound, never reached when the body is not awaited
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatalf("no answer while the body was still open: %v", err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != tc.want || !resp.Close {
+				t.Errorf("%d close=%v %s, want %d with Connection: close", resp.StatusCode, resp.Close, b, tc.want)
+			}
+		})
+	}
+}

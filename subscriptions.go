@@ -282,8 +282,7 @@ func (inv *inventory) donate(agent, provider, label string, cred vaultCredential
 	if err != nil {
 		return overlayItem{}, refuse("internal_error", "subscription not donated: the vault was not written: %v", err).because(err)
 	}
-	b, _ := marshalState(&overlayDoc{SchemaVersion: 1, Items: append(items, it)}) // strings only: cannot fail
-	err = writeFileAtomic(inv.overlay.path, b)
+	err = writeState(inv.overlay.path, &overlayDoc{SchemaVersion: 1, Items: append(items, it)})
 	inv.invalidate(err == nil)
 	if err != nil {
 		// The secret is stored but no subscription names it: take it back, so
