@@ -107,8 +107,9 @@ func TestSignedAnswerOneSpend(t *testing.T) {
 		if got.status != 200 || !bytes.Equal(got.body, first.body) {
 			t.Errorf("replay %d differs from the first answer:\n%s\nwant\n%s", got.status, got.body, first.body)
 		}
-		if got.hdr.Get("Brama-Answer-Replayed") != "true" || got.hdr.Get("Brama-Attempts") != "0" || got.hdr.Get("Brama-Answer-Signature") != sig {
-			t.Errorf("replay headers: %v", got.hdr)
+		if got.hdr.Get("Brama-Answer-Replayed") != "true" || got.hdr.Get("Brama-Attempts") != "0" || got.hdr.Get("Brama-Answer-Signature") != sig ||
+			got.hdr.Get("Brama-Route") == "" || got.hdr.Get("Brama-Route") != first.hdr.Get("Brama-Route") {
+			t.Errorf("replay headers: %v (the first answer's Brama-Route %q)", got.hdr, first.hdr.Get("Brama-Route"))
 		}
 	}
 	if n := fake.calls.Load(); n != 1 {

@@ -405,6 +405,9 @@ func (s *server) replayAnswer(w http.ResponseWriter, r *http.Request, rec *answe
 	h.Set("Brama-Answer-Signature", *rec.Signature)
 	h.Set("Brama-Answer-Replayed", "true")
 	h.Set("Brama-Attempts", "0")
+	if rec.Route != "" { // README: every answer names its route
+		h.Set("Brama-Route", rec.Route)
+	}
 	writeRaw(w, *rec.Status, body)
 }
 
