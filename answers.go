@@ -7,11 +7,11 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -209,10 +209,9 @@ func (a *answerStore) recordPath(client, key string) (string, error) {
 	return a.st.path("signed answers", filepath.Join("answers", client, hexSHA256([]byte(key))+".json"))
 }
 
-// reserve, the last step before the first provider call (SPEC §12 item 1),
-// returns this request's ticket for the key, or the record to replay, or item
-// 2's refusal; without a place for answers, SPEC §2.1's refusal.
-func (a *answerStore) reserve(client, key string, body []byte, route string) (*answerTicket, *answerRecord, error) {
+// reserve, the last step before the first provider call (SPEC §12 item 1), returns this
+// request's ticket, the record to replay, or item 2's refusal (in r's dialect); no place: §2.1's.
+func (a *answerStore) reserve(r *http.Request, client, key string, body []byte, route string) (*answerTicket, *answerRecord, error) {
 	path, err := a.recordPath(client, key)
 	if err == nil {
 		_, err = a.signingKey()
@@ -236,7 +235,7 @@ func (a *answerStore) reserve(client, key string, body []byte, route string) (*a
 		if !errors.Is(err, fs.ErrExist) {
 			return nil, nil, answerUnplaced(err)
 		}
-		rec, err := a.taken(path, t.rec.RequestSHA256)
+		rec, err := a.taken(r, path, t.rec.RequestSHA256)
 		if !errors.Is(err, errFileAbsent) {
 			return nil, rec, err
 		}
@@ -255,7 +254,7 @@ func answerBusy() *apiError {
 // taken applies SPEC §12 item 2 to the record at path, checking a complete
 // record's signature; an empty requestSHA skips the body comparison. A
 // missing record is errFileAbsent.
-func (a *answerStore) taken(path, requestSHA string) (*answerRecord, error) {
+func (a *answerStore) taken(r *http.Request, path, requestSHA string) (*answerRecord, error) {
 	rec, err := readAnswerFile(path)
 	if errors.Is(err, errFileAbsent) {
 		return nil, err
@@ -272,7 +271,7 @@ func (a *answerStore) taken(path, requestSHA string) (*answerRecord, error) {
 	case requestSHA != "" && rec.RequestSHA256 != requestSHA:
 		return nil, refuse("state_conflict", "this Idempotency-Key was used with another request body")
 	case rec.State == answerInProgress && rec.BootID != a.bootID:
-		return a.abandon(path, rec)
+		return a.abandon(r, path, rec)
 	case rec.State == answerInProgress:
 		return nil, answerBusy()
 	}
@@ -286,11 +285,11 @@ func readAnswerFile(name string) (*answerRecord, error) {
 }
 
 // abandon keeps a stopped process's in-progress record as SPEC §12 item 2's
-// refusal, with no attempts key: how many calls it made is unknown.
-func (a *answerStore) abandon(path string, rec *answerRecord) (*answerRecord, error) {
-	ae := refuse("internal_error", abandonedMessage)
-	body, _ := json.Marshal(ae.body())
-	kept, err := a.complete(&answerTicket{path: path, rec: *rec}, ae.Status(), append(body, '\n'), nil, rec.Route)
+// refusal in r's envelope, with no attempts key: how many calls it made is unknown.
+func (a *answerStore) abandon(r *http.Request, path string, rec *answerRecord) (*answerRecord, error) {
+	c := newCapture()
+	ae := writeAPIError(c, r, refuse("internal_error", abandonedMessage))
+	kept, err := a.complete(&answerTicket{path: path, rec: *rec}, ae.Status(), c.Body.Bytes(), nil, rec.Route)
 	if err != nil {
 		return nil, refuse("internal_error", "the abandoned answer for this Idempotency-Key could not be kept").because(err)
 	}
@@ -310,8 +309,7 @@ func (a *answerStore) complete(t *answerTicket, status int, body []byte, attempt
 	sig := signAnswer(key, body)
 	rec.State, rec.CompletedAt, rec.Status, rec.BodyBase64, rec.Attempts, rec.Signature = answerComplete, &done, &status, &b64, attempts, &sig
 	rec.Route = cmp.Or(route, rec.Route)
-	data, _ := marshalState(&rec) // strings and ints always encode
-	if err := writeFileAtomic(t.path, data); err != nil {
+	if err := writeState(t.path, &rec); err != nil {
 		return nil, err
 	}
 	return &rec, nil
@@ -326,12 +324,12 @@ func (a *answerStore) release(t *answerTicket) error {
 }
 
 // lookup serves GET /v1/answers/{key}: a replay without a body to compare.
-func (a *answerStore) lookup(client, key string) (*answerRecord, error) {
+func (a *answerStore) lookup(r *http.Request, client, key string) (*answerRecord, error) {
 	path, err := a.recordPath(client, key)
 	if err != nil {
 		return nil, answerUnplaced(err)
 	}
-	rec, err := a.taken(path, "")
+	rec, err := a.taken(r, path, "")
 	if errors.Is(err, errFileAbsent) {
 		return nil, refuse("not_found", "no answer is kept for this Idempotency-Key")
 	}

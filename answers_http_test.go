@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -106,8 +107,9 @@ func TestSignedAnswerOneSpend(t *testing.T) {
 		if got.status != 200 || !bytes.Equal(got.body, first.body) {
 			t.Errorf("replay %d differs from the first answer:\n%s\nwant\n%s", got.status, got.body, first.body)
 		}
-		if got.hdr.Get("Brama-Answer-Replayed") != "true" || got.hdr.Get("Brama-Attempts") != "0" || got.hdr.Get("Brama-Answer-Signature") != sig {
-			t.Errorf("replay headers: %v", got.hdr)
+		if got.hdr.Get("Brama-Answer-Replayed") != "true" || got.hdr.Get("Brama-Attempts") != "0" || got.hdr.Get("Brama-Answer-Signature") != sig ||
+			got.hdr.Get("Brama-Route") == "" || got.hdr.Get("Brama-Route") != first.hdr.Get("Brama-Route") {
+			t.Errorf("replay headers: %v (the first answer's Brama-Route %q)", got.hdr, first.hdr.Get("Brama-Route"))
 		}
 	}
 	if n := fake.calls.Load(); n != 1 {
@@ -381,7 +383,7 @@ func TestSignedAnswerAbandoned(t *testing.T) {
 	env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = fake.URL
 	body := answerBody("x")
 	old := newAnswerStore(resolveState(testEnv(env)), slog.New(slog.DiscardHandler), time.Now)
-	if tk, kept, err := old.reserve("local", "k", []byte(body), "openai/gpt-test"); err != nil || kept != nil || tk == nil {
+	if tk, kept, err := old.reserve(nil, "local", "k", []byte(body), "openai/gpt-test"); err != nil || kept != nil || tk == nil {
 		t.Fatalf("reserve in the stopped process: %v %v", kept, err)
 	}
 	d := startDaemon(t, env, `{"openai":"k"}`, "-local-credentials-stdin")
@@ -403,6 +405,30 @@ func TestSignedAnswerAbandoned(t *testing.T) {
 	raw, _ := os.ReadFile(answerFile(env, "local", "k"))
 	if rec, err := decodeAnswerRecord(raw); err != nil || rec.State != answerComplete || rec.Attempts != nil {
 		t.Errorf("abandoned record: %v %s", err, raw)
+	}
+	if n := fake.calls.Load(); n != 0 {
+		t.Errorf("provider calls = %d, want 0", n)
+	}
+}
+
+// An abandoned answer first met on /v1/messages is kept and replayed in
+// that dialect's envelope, with the top-level "type":"error" (SPEC §8.1).
+func TestSignedAnswerAbandonedOnMessages(t *testing.T) {
+	fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) { okAnswer(w) })
+	env := stateEnv(t)
+	env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = fake.URL
+	body := chatBody(dialectMessages, "openai/gpt-test", false, "")
+	old := newAnswerStore(resolveState(testEnv(env)), slog.New(slog.DiscardHandler), time.Now)
+	if _, _, err := old.reserve(nil, "local", "k", []byte(body), "openai/gpt-test"); err != nil {
+		t.Fatalf("reserve in the stopped process: %v", err)
+	}
+	d := startDaemon(t, env, `{"openai":"k"}`, "-local-credentials-stdin")
+	for i := range 2 {
+		status, _, b := d.call("POST", "/v1/messages", d.token, body, "Idempotency-Key", "k")
+		var env struct{ Type string }
+		if json.Unmarshal(b, &env); status != 500 || env.Type != "error" || envelopeOf(t, b)["message"] != abandonedMessage {
+			t.Errorf("request %d: %d %s, want the abandoned 500 with \"type\":\"error\"", i, status, b)
+		}
 	}
 	if n := fake.calls.Load(); n != 0 {
 		t.Errorf("provider calls = %d, want 0", n)

@@ -79,7 +79,7 @@ func TestAnswersPrune(t *testing.T) {
 	longAgo := func() time.Time { return time.Date(2000, 1, 2, 3, 4, 5, 0, time.UTC) }
 	keep := func(key string, now func() time.Time, complete bool) string {
 		a.now = now
-		tk, _, err := a.reserve("local", key, []byte("{}"), "r")
+		tk, _, err := a.reserve(nil, "local", key, []byte("{}"), "r")
 		if err != nil {
 			t.Fatal(err)
 		}

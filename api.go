@@ -55,25 +55,6 @@ func (s *server) reply(status int, f func(*http.Request) (any, error)) http.Hand
 	}
 }
 
-// agentRoute is caller for a route acting for the path's agent: its id must
-// be valid (so `%2e%2e` is a 400) and the request may act for it (SPEC
-// §3.2); an admin request with no agent may act for any.
-func (s *server) agentRoute(role string, h http.HandlerFunc) http.Handler {
-	return s.caller(role, func(w http.ResponseWriter, r *http.Request) {
-		agent, path := infoFrom(r.Context()).agentID, r.PathValue("agent_id")
-		switch {
-		case !idPattern.MatchString(path):
-			s.fail(w, r, refuse("invalid_request", "agent id %q in the path must match [a-z0-9-]{1,64}", path))
-		case agent == "" && role != roleAdmin:
-			s.fail(w, r, refuse("unauthenticated", "this route acts for an agent: sign the request as agent %q (X-Agent-Id, X-Agent-Timestamp, X-Agent-Signature) or use a bearer bound to it", path))
-		case agent != "" && agent != path:
-			s.fail(w, r, refuse("forbidden", "this request acts for agent %q, not %q", agent, path))
-		default:
-			h(w, r)
-		}
-	})
-}
-
 // listSubscriptions serves GET …/subscriptions/{agent_id}.
 func (s *server) listSubscriptions(r *http.Request) (any, error) {
 	rows, err := s.inv.list(r.PathValue("agent_id"))
@@ -317,7 +298,7 @@ func (s *server) signedAnswer(w http.ResponseWriter, r *http.Request, req chatRe
 	var t *answerTicket
 	var kept *answerRecord
 	if err == nil {
-		t, kept, err = s.answers.reserve(ri.client.ID, key, ri.body, ri.route)
+		t, kept, err = s.answers.reserve(r, ri.client.ID, key, ri.body, ri.route)
 	}
 	switch {
 	case err != nil:
@@ -424,6 +405,9 @@ func (s *server) replayAnswer(w http.ResponseWriter, r *http.Request, rec *answe
 	h.Set("Brama-Answer-Signature", *rec.Signature)
 	h.Set("Brama-Answer-Replayed", "true")
 	h.Set("Brama-Attempts", "0")
+	if rec.Route != "" { // README: every answer names its route
+		h.Set("Brama-Route", rec.Route)
+	}
 	writeRaw(w, *rec.Status, body)
 }
 
@@ -432,7 +416,7 @@ func (s *server) handleGetAnswer(w http.ResponseWriter, r *http.Request) {
 	key := r.PathValue("key")
 	rec, err := (*answerRecord)(nil), checkIdempotencyKey(key)
 	if err == nil {
-		rec, err = s.answers.lookup(infoFrom(r.Context()).client.ID, key)
+		rec, err = s.answers.lookup(r, infoFrom(r.Context()).client.ID, key)
 	}
 	if err != nil {
 		s.fail(w, r, err)

@@ -188,11 +188,7 @@ func (c *catalog) writeCache(data catalogData, fetchedAt time.Time) {
 	if c.cachePath == "" {
 		return
 	}
-	b, err := marshalState(catalogCache{FetchedAt: fetchedAt.UTC(), Body: marshalCatalog(data)})
-	if err == nil {
-		err = writeFileAtomic(c.cachePath, b)
-	}
-	if err != nil {
+	if err := writeState(c.cachePath, catalogCache{FetchedAt: fetchedAt.UTC(), Body: marshalCatalog(data)}); err != nil {
 		c.log.Warn("model_metadata_cache_write_failed", "cause", err.Error())
 	}
 }

@@ -23,6 +23,7 @@ func (e *engine) serveEmbeddings(ctx context.Context, w http.ResponseWriter, mod
 			return newPassthroughRequest(ctx, c, nil, "/embeddings", out, false)
 		},
 		commit: func(_ context.Context, _ *candidate, c call, _ *overlayItem, resp *http.Response, attempts int) (usage, *apiError, bool) {
+			w.Header().Set("Brama-Route", c.res.Route)
 			u, ae := relayBuffered(w, &callerRequest{}, c, resp, attempts) // a JSON object as received, else provider_failure
 			return u, ae, false
 		},

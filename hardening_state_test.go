@@ -268,3 +268,32 @@ func TestServeRemovesVaultLeftoversOutsideState(t *testing.T) {
 	}
 	assertNoSecret(t, plantedStaleSecret, d.stderr.String(), env["BRAMA_STATE_DIR"])
 }
+
+// TestServeKeepsTheSubscriptionsOfAVaultElsewhere: a BRAMA_VAULT_FILE
+// outside the state directory may hold the subscriptions of another state
+// directory's overlay (a moved state directory, a second daemon sharing the
+// direct keys), so serve never removes them: /readyz reports them as unused
+// (SPEC §10.1), and the credential is not lost.
+func TestServeKeepsTheSubscriptionsOfAVaultElsewhere(t *testing.T) {
+	vaultFile := filepath.Join(t.TempDir(), "vault.json")
+	first := stateEnv(t)
+	first["BRAMA_VAULT_FILE"] = vaultFile
+	d := startDaemon(t, first, "")
+	addAgent(t, first, "a1")
+	status, _, b := d.call("POST", "/v1/admin/subscriptions/a1", d.token, `{"provider":"kimi","api_key":"plantedKimiKeyElsewhere"}`)
+	id := donatedID(t, status, b, "a1", "kimi")
+	d.stop()
+
+	second := stateEnv(t) // a new state directory beside the same vault
+	second["BRAMA_VAULT_FILE"] = vaultFile
+	d = startDaemon(t, second, "")
+	if vb, _ := os.ReadFile(vaultFile); !strings.Contains(string(vb), "plantedKimiKeyElsewhere") {
+		t.Errorf("serve removed the subscription credential of a vault outside its state directory: %s", vb)
+	}
+	if _, _, rb := d.call("GET", "/readyz", d.token, ""); !strings.Contains(string(rb), "with no overlay entry, unused: "+id) {
+		t.Errorf("/readyz does not report the unused credential %s: %s", id, rb)
+	}
+	if strings.Contains(d.stderr.String(), "vault_orphans_removed") {
+		t.Error("serve logged vault_orphans_removed")
+	}
+}

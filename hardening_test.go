@@ -347,25 +347,40 @@ func TestOptionsStar(t *testing.T) {
 }
 
 // TestShutdownDrainsThenCuts, on the real binary: at the first SIGTERM
-// serve stops taking requests and a running stream goes on to its end, with
-// no grace period of Brama's own (SPEC §7.4); a second SIGTERM cuts it,
-// logged server_shutdown rather than client_cancelled.
+// serve stops taking requests and a running request, buffered or streamed,
+// goes on to its end, with no grace period of Brama's own (SPEC §7.4); a
+// second SIGTERM cuts it, logged server_shutdown.
 func TestShutdownDrainsThenCuts(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and signals the real binary")
 	}
 	bin := builtBinary(t)
 	frames := strings.SplitAfter(fixture(t, "openai-chat.sse"), "\n\n")
-	for _, cut := range []bool{false, true} {
-		t.Run(fmt.Sprintf("cut=%v", cut), func(t *testing.T) {
-			rest, hungUp := make(chan struct{}), make(chan struct{})
+	for _, tc := range []struct {
+		name        string
+		stream, cut bool
+	}{
+		{"a stream drains", true, false},
+		{"a stream is cut", true, true},
+		{"a buffered request drains", false, false},
+		{"a buffered request is cut", false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			arrived, rest, hungUp := make(chan struct{}), make(chan struct{}), make(chan struct{})
 			fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
-				w.Header().Set("Content-Type", "text/event-stream")
-				io.WriteString(w, frames[0]+frames[1])
-				w.(http.Flusher).Flush()
+				if tc.stream {
+					w.Header().Set("Content-Type", "text/event-stream")
+					io.WriteString(w, frames[0]+frames[1])
+					w.(http.Flusher).Flush()
+				}
+				close(arrived)
 				select { // a long generation: it goes on when the test says so
 				case <-rest:
-					io.WriteString(w, strings.Join(frames[2:], ""))
+					if tc.stream {
+						io.WriteString(w, strings.Join(frames[2:], ""))
+					} else {
+						io.WriteString(w, protocolFixtures[0].buffered)
+					}
 				case <-r.Context().Done():
 					close(hungUp)
 				}
@@ -403,33 +418,83 @@ func TestShutdownDrainsThenCuts(t *testing.T) {
 				t.Fatalf("serve did not start: %v", err)
 			}
 			d := &daemon{t: t, url: strings.TrimSpace(strings.TrimPrefix(line, "listening on "))}
-			resp := d.openStream("/v1/chat/completions", token, chatBody(dialectChat, "openai/gpt-test", true, ""))
-			defer resp.Body.Close()
-			id := resp.Header.Get("X-Request-Id")
-			br := bufio.NewReader(resp.Body)
-			if _, err := br.ReadString('\n'); err != nil {
-				t.Fatalf("no first event: %v", err)
-			}
+			answer := make(chan string, 1) // the caller's whole answer, or its error
+			go func() {
+				req, _ := http.NewRequest("POST", d.url+"/v1/chat/completions", strings.NewReader(chatBody(dialectChat, "openai/gpt-test", tc.stream, "")))
+				req.Header.Set("Authorization", "Bearer "+token)
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					answer <- err.Error()
+					return
+				}
+				defer resp.Body.Close()
+				b, err := io.ReadAll(resp.Body)
+				answer <- fmt.Sprint(resp.StatusCode, " ", resp.Header.Get("X-Request-Id"), " ", string(b), err)
+			}()
+			<-arrived
 			cmd.Process.Signal(syscall.SIGTERM)
 			waitLog(`"msg":"serve_draining"`)
 			want := `"outcome":"ok"`
-			if cut {
+			if tc.cut {
 				cmd.Process.Signal(syscall.SIGTERM)
 				<-hungUp // the provider call was cancelled
 				want = `"outcome":"server_shutdown"`
+				<-answer
 			} else {
 				close(rest)
-				if b, err := io.ReadAll(br); err != nil || !strings.Contains(string(b), "data: [DONE]") {
-					t.Errorf("the stream did not run to its end while draining: %v, %q", err, b)
+				end := `"finish_reason":"tool_calls"` // the buffered answer's
+				if tc.stream {
+					end = "data: [DONE]"
+				}
+				if got := <-answer; !strings.HasPrefix(got, "200 ") || !strings.Contains(got, end) {
+					t.Errorf("the request did not run to its end while draining: %s", got)
 				}
 			}
-			if l := waitLog(`"msg":"request","request_id":"` + id + `"`); !strings.Contains(l, want) {
+			if l := waitLog(`"msg":"request"`); !strings.Contains(l, want) {
 				t.Errorf("request log line %s, want %s", l, want)
 			}
 			for range logs {
 			}
 			if err := cmd.Wait(); err != nil {
 				t.Errorf("serve exited with %v, want 0", err)
+			}
+		})
+	}
+}
+
+// An agent refusal decided by the headers (bearer-bound, signed and path
+// agent disagreeing, a bad path agent id, no agent for an agent's route) is
+// answered before the body is read, and the connection closed (SPEC §7.4).
+func TestAgentRefusalsBeforeTheBody(t *testing.T) {
+	env := stateEnv(t)
+	secret := addAgent(t, env, "a2")
+	addAgent(t, env, "a1")
+	d := startDaemon(t, env, "")
+	bound := addClient(t, env, "bound", "-agent", "a1")
+	caller := addClient(t, env, "app")
+	ts := fmt.Sprintf("%d.7", time.Now().Unix())
+	sig := signedHeaders(secret, "a2", ts, "POST", "/v1/chat/completions", "")
+	claimA2 := fmt.Sprintf("X-Agent-Id: a2\r\nX-Agent-Timestamp: %s\r\nX-Agent-Signature: %s\r\n", ts, sig[5])
+	tests := []struct {
+		name, head string
+		want       int
+	}{
+		{"signed agent differs from the bearer's", "POST /v1/chat/completions HTTP/1.1\r\nAuthorization: Bearer " + bound + "\r\n" + claimA2, 403},
+		{"path agent differs from the bearer's", "POST /v1/subscriptions/a2 HTTP/1.1\r\nAuthorization: Bearer " + bound + "\r\n", 403},
+		{"no agent for an agent's route", "POST /v1/subscriptions/a1 HTTP/1.1\r\nAuthorization: Bearer " + caller + "\r\n", 401},
+		{"bad path agent id", "POST /v1/admin/subscriptions/A1 HTTP/1.1\r\nAuthorization: Bearer " + d.token + "\r\n", 400},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := rawConn(t, d, tc.head+"Host: brama\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"a\":\r\n")
+			c.SetReadDeadline(time.Now().Add(10 * time.Second)) // the test's bound, never reached when the body is not awaited
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatalf("no answer while the body was still open: %v", err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != tc.want || !resp.Close {
+				t.Errorf("%d close=%v %s, want %d with Connection: close", resp.StatusCode, resp.Close, b, tc.want)
 			}
 		})
 	}

@@ -319,10 +319,15 @@ func newTransportGuard(list string) (transportGuard, error) {
 	return g, nil
 }
 
-// allows reports whether r came over an acceptable transport.
+// allows reports whether r came over an acceptable transport; a forwarded
+// header counts by its last element, the trusted proxy's own (RFC 7239 §4).
 func (g transportGuard) allows(r *http.Request) bool {
 	host, _, _ := net.SplitHostPort(r.RemoteAddr)
 	ip := net.ParseIP(host) // nil when RemoteAddr is not host:port
+	last := func(name string) string {
+		v := strings.Join(r.Header.Values(name), ",")
+		return strings.TrimSpace(v[strings.LastIndex(v, ",")+1:])
+	}
 	switch {
 	case ip == nil:
 		return false
@@ -330,10 +335,10 @@ func (g transportGuard) allows(r *http.Request) bool {
 		return true
 	case !g.trusted[ip.String()]:
 		return false
-	case strings.EqualFold(strings.TrimSpace(r.Header.Get("X-Forwarded-Proto")), "https"):
+	case strings.EqualFold(last("X-Forwarded-Proto"), "https"):
 		return true
 	}
-	for _, el := range strings.Split(r.Header.Get("Forwarded"), ";") {
+	for _, el := range strings.Split(last("Forwarded"), ";") {
 		if k, v, ok := strings.Cut(strings.TrimSpace(el), "="); ok && strings.EqualFold(k, "proto") && strings.EqualFold(strings.Trim(v, `"`), "https") {
 			return true
 		}

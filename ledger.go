@@ -297,19 +297,18 @@ func (l *ledger) fullness(id string, now time.Time) float64 {
 	return full
 }
 
-// nextDue is the earliest moment after now that the ledger states something
-// falls due (SPEC §11.2): a grant's expiry, a window's reset, a block's end.
-func (l *ledger) nextDue(now time.Time) (time.Time, bool) {
-	ms := now.UnixMilli()
-	var best int64
-	consider := func(t int64) {
-		if t > ms && (best == 0 || t < best) {
-			best = t
+// nextDue is the earliest moment after now that the ledger states something falls due (SPEC
+// §11.2), zero if none: a grant's expiry, a window's reset, a block's end, unless retired (§9).
+func (l *ledger) nextDue(now time.Time, retired map[string]bool) (best time.Time) {
+	consider := func(ms int64) {
+		if at := time.UnixMilli(ms); at.After(now) && (best.IsZero() || at.Before(best)) {
+			best = at
 		}
 	}
 	l.mu.Lock()
-	for _, e := range l.entries {
-		if e.Credential.State == credNeedsReauth {
+	defer l.mu.Unlock()
+	for id, e := range l.entries {
+		if e.Credential.State == credNeedsReauth || retired[id] {
 			continue // nothing is due for it until a sign-in replaces the credential
 		}
 		consider(e.Credential.ExpiresAtMs)
@@ -318,11 +317,7 @@ func (l *ledger) nextDue(now time.Time) (time.Time, bool) {
 			consider(w.ResetsAtMs)
 		}
 	}
-	l.mu.Unlock()
-	if best == 0 {
-		return time.Time{}, false
-	}
-	return time.UnixMilli(best), true
+	return best
 }
 
 // mutate applies fn to id's record (created active), then writes: now when

@@ -100,8 +100,7 @@ func exitCode(err error, stderr io.Writer) int {
 const runUsage = "usage: brama serve|version|routes|clients|agents|credentials|subscription|onboard|journal|maintain|answers ... (-h on each)"
 
 // run is the whole program: it dispatches one subcommand and returns only
-// after every goroutine it started has exited. cut (nil: never) ends serve's
-// running requests once ctx has ended.
+// after every goroutine it started has exited (cut: see cliEnv).
 func run(ctx context.Context, cut <-chan struct{}, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		return &usageError{runUsage}

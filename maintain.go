@@ -118,8 +118,9 @@ func (m *maintainer) loop(ctx context.Context) {
 // loopOnce, at now, runs the pending pass (true), or else arms the one timer
 // at the ledger's next due moment (false); a moment passed before its timer fired is due now.
 func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
-	due, _ := m.l.nextDue(now) // zero when nothing is due
-	m.mu.Lock()
+	m.mu.Lock()                     // first: the journal read must not come between now and the pending check
+	retired, _ := m.inv.j.retired() // unreadable: no moment is skipped
+	due := m.l.nextDue(now, retired)
 	if m.pending == "" && m.timer != nil && !m.timerAt.After(now) {
 		m.disarmLocked()
 		m.pending = "due"
@@ -133,14 +134,16 @@ func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
 	}
 	reason, t := m.pending, m.waiting
 	m.pending, m.waiting = "", nil
-	m.running, m.fresh = true, true
-	m.passes++
+	m.running, m.fresh, m.passes = true, true, m.passes+1
 	m.mu.Unlock()
 
 	m.log.Info("maintenance_pass_started", "reason", reason)
 	rep := m.passOnce(ctx)
 	m.mu.Lock()
 	m.running = false
+	if missed := m.l.nextDue(now, retired); !missed.IsZero() && !missed.After(m.clock()) {
+		m.pending = cmp.Or(m.pending, "due") // it passed during the pass
+	}
 	m.last = map[string]any{"reason": reason, "ok": rep.OK, "started_at": now.UTC().Format(time.RFC3339Nano),
 		"finished_at": m.clock().UTC().Format(time.RFC3339Nano)}
 	m.mu.Unlock()
@@ -299,9 +302,10 @@ func (m *maintainer) passOnce(ctx context.Context) passReport {
 	start := m.clock()
 	var rep passReport
 	rep.Usage.Failed = []usageFailure{}
-	subs, err := m.live() // none when err: the counts stay 0 and OK false
+	subs, retired, err := m.live() // none when err: the counts stay 0 and OK false
 	m.usagePass(ctx, subs, &rep)
 	m.refreshPass(ctx, subs, &rep)
+	m.inv.invalidate(false) // the listing shows the pass at once (SPEC §10.2)
 	for _, s := range subs {
 		switch {
 		case !s.read:
@@ -319,8 +323,7 @@ func (m *maintainer) passOnce(ctx context.Context) passReport {
 		}
 	}
 	rep.OK = err == nil && len(rep.Usage.Failed) == 0 && rep.Credentials.Refused == 0
-	due, _ := m.l.nextDue(m.clock())
-	rep.NextDueAt = rfc3339OrNil(due)
+	rep.NextDueAt = rfc3339OrNil(m.l.nextDue(m.clock(), retired))
 	if err != nil {
 		rep.err = err
 		m.log.Warn("maintenance_pass_failed", "cause", redact(err.Error()))
@@ -332,11 +335,11 @@ func (m *maintainer) passOnce(ctx context.Context) passReport {
 	return rep
 }
 
-// live lists the non-retired subscriptions, credentials and ledger entries.
-func (m *maintainer) live() ([]*passSub, error) {
+// live lists the non-retired subscriptions, credentials and ledger entries, and the retired ids.
+func (m *maintainer) live() ([]*passSub, map[string]bool, error) {
 	items, retired, err := m.inv.view()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var subs []*passSub
 	for _, it := range items {
@@ -347,7 +350,7 @@ func (m *maintainer) live() ([]*passSub, error) {
 			subs = append(subs, s)
 		}
 	}
-	return subs, nil
+	return subs, retired, nil
 }
 
 // usagePass reads each due report once, side by side, into the ledger.

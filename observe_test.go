@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -107,6 +108,9 @@ func TestModelsEmbeddingsStatsMetrics(t *testing.T) {
 	if status != 200 || !strings.Contains(string(body), `"embedding":[0.5]`) || hdr.Get("Brama-Attempts") != "1" {
 		t.Errorf("/v1/embeddings: %d %s", status, body)
 	}
+	if got := hdr.Get("Brama-Route"); got != "openai/text-embedding-test" { // README: every answer names its route
+		t.Errorf("/v1/embeddings Brama-Route = %q, want openai/text-embedding-test", got)
+	}
 	var up map[string]any
 	json.Unmarshal(fake.body(), &up)
 	if up["model"] != "text-embedding-test" || up["input"] != "hello" {
@@ -174,5 +178,25 @@ func TestReadyzNamesUnusableStateFiles(t *testing.T) {
 	}
 	if status != 503 || !strings.Contains(strings.Join(rd.Reasons, "\n"), "ledger unusable") {
 		t.Errorf("the ledger was read once at start and is never overwritten; it stays named until a restart: %d %s", status, body)
+	}
+}
+
+// An answer key that fails the §2.2 guards makes every signed answer a 500,
+// so /readyz names it (SPEC §13: every state file that exists must open).
+func TestReadyzNamesAnUnusableAnswerKey(t *testing.T) {
+	env := stateEnv(t)
+	key := filepath.Join(env["BRAMA_STATE_DIR"], "answer-key")
+	os.MkdirAll(env["BRAMA_STATE_DIR"], 0o700)
+	os.WriteFile(key, bytes.Repeat([]byte{7}, 32), 0o644)
+	d := startDaemon(t, env, `{"openai":"k"}`, "-local-credentials-stdin")
+	status, _, body := d.call("GET", "/readyz", "", "")
+	var rd readiness
+	json.Unmarshal(body, &rd)
+	if status != 503 || !strings.Contains(strings.Join(rd.Reasons, "\n"), "answer key") {
+		t.Errorf("/readyz with a group-readable answer key: %d %s, want 503 naming it", status, body)
+	}
+	os.Chmod(key, 0o600)
+	if status, _, body := d.call("GET", "/readyz", "", ""); status != 200 {
+		t.Errorf("/readyz after the answer key was repaired: %d %s", status, body)
 	}
 }

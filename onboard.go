@@ -56,11 +56,7 @@ func onboard(ctx context.Context, getenv func(string) string, sy sys, model stri
 		if _, done := prog.Steps[step]; !done {
 			prog.Steps[step] = onboardStep{DoneAt: sy.now().UTC().Format(journalTimeFormat), Model: model}
 		}
-		b, err := marshalState(prog)
-		if err == nil {
-			err = writeFileAtomic(path, b)
-		}
-		if err != nil {
+		if err := writeState(path, prog); err != nil {
 			return fmt.Errorf("the state directory is not usable: %s cannot be written: %w", onboardRole, err)
 		}
 		say("done " + step)

@@ -269,12 +269,11 @@ func resolveModel(name string, doc *routesDoc, docErr error, hasDirect func(stri
 	}
 	provider, model, slash := strings.Cut(name, "/") // §5.1 rule 4: a known provider before the first "/"
 	p, known := lookupProvider(provider)
-	known = known && slash
-	modelErr := checkModelName(model)
+	known = known && slash && checkModelName(model) == nil // else §5.1 rule 5: never declared
 	dest, declared := doc.Routes[name]
 	alias := ""
 	switch {
-	case docErr != nil && known && modelErr == nil && p.cred != credNone: // needs no registry
+	case docErr != nil && known && p.cred != credNone: // needs no registry
 	case docErr != nil:
 		e := refuse("alias_unserviceable", "model %q cannot be resolved: the route registry is invalid: %v", truncateUTF8(name, 200), docErr)
 		e.Details = &aliasDetails{Alias: name, State: stateRoutesInvalid}
@@ -297,8 +296,6 @@ func resolveModel(name string, doc *routesDoc, docErr error, hasDirect func(stri
 		e := refuse("alias_unknown", "model %q is not a declared alias, a selector, best or a canonical route of a known provider", truncateUTF8(name, 200))
 		e.Details = &aliasDetails{Alias: name, State: stateNoRoute}
 		return resolution{}, e
-	case modelErr != nil:
-		return resolution{}, refuse("invalid_request", "model %q is not a canonical route: the model %v", truncateUTF8(name, 200), modelErr)
 	}
 	res := resolution{Mode: modeDirect, Alias: alias, Route: p.id + "/" + model, Provider: p, Model: model}
 	switch {

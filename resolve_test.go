@@ -154,10 +154,10 @@ func TestResolveModel(t *testing.T) {
 		{name: "canonical local-openai", model: "local-openai/qwen-lora", want: resolution{Mode: modeDirect, Route: "local-openai/qwen-lora",
 			Provider: regProvider(t, "local-openai"), Model: "qwen-lora", BaseURL: "http://127.0.0.1:11434/v1"}},
 		{name: "canonical local-openai without deployment", model: "local-openai/llama", code: "invalid_request"},
-		{name: "canonical empty model", model: "openai/", code: "invalid_request"},
-		{name: "canonical control character", model: "openai/gpt\n4o", code: "invalid_request"},
-		{name: "canonical model too long", model: "openai/" + strings.Repeat("m", 513), code: "invalid_request"},
-		// rule 5: anything else.
+		// rule 5: anything else, a known provider with a model rule 4 refuses too.
+		{name: "canonical empty model", model: "openai/", code: "alias_unknown", details: &aliasDetails{Alias: "openai/", State: "no_route"}},
+		{name: "canonical control character", model: "openai/gpt\n4o", code: "alias_unknown", details: &aliasDetails{Alias: "openai/gpt\n4o", State: "no_route"}},
+		{name: "canonical model too long", model: "openai/" + strings.Repeat("m", 513), code: "alias_unknown", details: &aliasDetails{Alias: "openai/" + strings.Repeat("m", 513), State: "no_route"}},
 		{name: "unknown provider", model: "nosuch/model", code: "alias_unknown", details: &aliasDetails{Alias: "nosuch/model", State: "no_route"}},
 		{name: "bare vendor model name", model: "gpt-4o", code: "alias_unknown", details: &aliasDetails{Alias: "gpt-4o", State: "no_route"}},
 		{name: "selector-like case", model: "BEST", code: "alias_unknown", details: &aliasDetails{Alias: "BEST", State: "no_route"}},

@@ -73,16 +73,16 @@ func (s *server) routes() {
 	s.mux.Handle("GET /v1/admin/routes", s.caller(roleAdmin, s.handleRoutesGet))
 	s.mux.Handle("PUT /v1/admin/routes", s.caller(roleAdmin, s.handleRoutesWrite))
 	s.mux.Handle("DELETE /v1/admin/routes", s.caller(roleAdmin, s.handleRoutesWrite))
-	s.mux.Handle("GET /v1/subscriptions/{agent_id}", s.agentRoute("", s.reply(200, s.listSubscriptions)))
-	s.mux.Handle("POST /v1/subscriptions/{agent_id}", s.agentRoute("", s.reply(201, s.donateSubscription)))
-	s.mux.Handle("DELETE /v1/subscriptions/{agent_id}/{subscription_id}", s.agentRoute("", s.reply(200, s.retireSubscription)))
-	s.mux.Handle("GET /v1/admin/subscriptions/{agent_id}", s.agentRoute(roleAdmin, s.reply(200, s.listSubscriptions)))
-	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}", s.agentRoute(roleAdmin, s.reply(201, s.donateSubscription)))
-	s.mux.Handle("DELETE /v1/admin/subscriptions/{agent_id}/{subscription_id}", s.agentRoute(roleAdmin, s.reply(200, s.retireSubscription)))
-	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/reinstate", s.agentRoute(roleAdmin, s.reply(200, s.reinstateSubscription)))
+	s.mux.Handle("GET /v1/subscriptions/{agent_id}", s.caller("", s.reply(200, s.listSubscriptions)))
+	s.mux.Handle("POST /v1/subscriptions/{agent_id}", s.caller("", s.reply(201, s.donateSubscription)))
+	s.mux.Handle("DELETE /v1/subscriptions/{agent_id}/{subscription_id}", s.caller("", s.reply(200, s.retireSubscription)))
+	s.mux.Handle("GET /v1/admin/subscriptions/{agent_id}", s.caller(roleAdmin, s.reply(200, s.listSubscriptions)))
+	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}", s.caller(roleAdmin, s.reply(201, s.donateSubscription)))
+	s.mux.Handle("DELETE /v1/admin/subscriptions/{agent_id}/{subscription_id}", s.caller(roleAdmin, s.reply(200, s.retireSubscription)))
+	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/reinstate", s.caller(roleAdmin, s.reply(200, s.reinstateSubscription)))
 	s.mux.Handle("POST /v1/admin/maintain", s.caller(roleAdmin, s.reply(200, s.maintainNow)))
-	s.mux.Handle("PUT /v1/admin/subscriptions/{agent_id}/{subscription_id}/credential", s.agentRoute(roleAdmin, s.reply(200, s.replaceCredential)))
-	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/probe", s.agentRoute(roleAdmin, s.handleSubscriptionProbe))
+	s.mux.Handle("PUT /v1/admin/subscriptions/{agent_id}/{subscription_id}/credential", s.caller(roleAdmin, s.reply(200, s.replaceCredential)))
+	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/probe", s.caller(roleAdmin, s.handleSubscriptionProbe))
 }
 
 // requestInfo is what the per-request log line reports (SPEC §13).
@@ -143,9 +143,10 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// errServerShutdown cancels the requests still running at serve's second
-// signal, so their log lines say server_shutdown, not client_cancelled.
-var errServerShutdown = errors.New("the server is shutting down")
+// errServerShutdown cancels the requests running at serve's second signal
+// (logged server_shutdown); it is a context.Canceled, since net/http's
+// client may return a context's cause in place of its error.
+var errServerShutdown = fmt.Errorf("the server is shutting down: %w", context.Canceled)
 
 // ServeHTTP gives every response an X-Request-Id, applies the transport
 // guard, turns the mux's own 404/405 into envelopes and logs one line.
@@ -250,7 +251,7 @@ func (s *server) logRequest(r *http.Request, ri *requestInfo, status int, d time
 }
 
 // caller wraps h so it runs only once authenticate accepts the request for
-// role ("": any client; roleAdmin for /v1/admin/*, SPEC §3.1).
+// role ("": any client; roleAdmin for /v1/admin/*, SPEC §3.1) and agent (actsFor).
 func (s *server) caller(role string, h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if err := s.authenticate(w, r, role); err != nil {
@@ -277,6 +278,9 @@ func (s *server) authenticate(w http.ResponseWriter, r *http.Request, role strin
 	if err != nil {
 		return refuse("unauthenticated", "unauthorized").because(err)
 	}
+	if err := actsFor(r, role, cl.AgentID, claim.agent); err != nil {
+		return err
+	}
 	body, err := s.readBody(w, r)
 	if err != nil {
 		return err
@@ -285,14 +289,26 @@ func (s *server) authenticate(w http.ResponseWriter, r *http.Request, role strin
 	if err != nil {
 		return refuse("unauthenticated", "unauthorized").because(err)
 	}
-	if agent != "" {
-		if cl.AgentID != "" && cl.AgentID != agent {
-			return refuse("forbidden", "the signed agent and the bearer's agent differ")
-		}
-		ri.agentID = agent
-	}
+	ri.agentID = cmp.Or(agent, cl.AgentID)
 	if err := checkNesting(body); err != nil {
 		return refuse("invalid_request", "the request body %v", err)
+	}
+	return nil
+}
+
+// actsFor applies SPEC §3.2's agent rules before the body is read: bearer and signed agent agree; a route
+// for the path's agent needs a valid id (`%2e%2e`: 400) and a request that may act for it (an admin: any).
+func actsFor(r *http.Request, role, bound, signed string) error {
+	switch agent, path := cmp.Or(signed, bound), r.PathValue("agent_id"); {
+	case bound != "" && signed != "" && bound != signed:
+		return refuse("forbidden", "the signed agent and the bearer's agent differ")
+	case path == "": // not a route acting for an agent
+	case !idPattern.MatchString(path):
+		return refuse("invalid_request", "agent id %q in the path must match [a-z0-9-]{1,64}", path)
+	case agent == "" && role != roleAdmin:
+		return refuse("unauthenticated", "this route acts for an agent: sign the request as agent %q (X-Agent-Id, X-Agent-Timestamp, X-Agent-Signature) or use a bearer bound to it", path)
+	case agent != "" && agent != path:
+		return refuse("forbidden", "this request acts for agent %q, not %q", agent, path)
 	}
 	return nil
 }
@@ -378,6 +394,9 @@ func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 	}
 	if _, err := s.journal.size(); err != nil && !errors.As(err, new(*noStateError)) {
 		rd.Reasons = append(rd.Reasons, "journal unusable: "+err.Error())
+	}
+	if _, _, err := readAnswerKey(s.st); err != nil && !errors.Is(err, errFileAbsent) && !errors.As(err, new(*noStateError)) {
+		rd.Reasons = append(rd.Reasons, "answer key unusable (every signed answer is refused): "+err.Error())
 	}
 	if data, cause := s.catalog.current(); data == nil {
 		rd.Warnings = append(rd.Warnings, cause)

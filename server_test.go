@@ -149,6 +149,12 @@ func TestTransportGuard(t *testing.T) {
 		{name: "trusted proxy, https", trusted: "192.0.2.7", remote: "192.0.2.7:5000", hdr: map[string]string{"X-Forwarded-Proto": "https"}, want: true},
 		{name: "trusted proxy, Forwarded", trusted: "10.9.9.9, 192.0.2.7", remote: "192.0.2.7:5000", hdr: map[string]string{"Forwarded": `for=1.2.3.4;proto="https"`}, want: true},
 		{name: "trusted proxy, http", trusted: "192.0.2.7", remote: "192.0.2.7:5000", hdr: map[string]string{"X-Forwarded-Proto": "http"}, want: false},
+		// A proxy that appends: the client's forged https comes first, the
+		// trusted proxy's own value last (RFC 7239 §4).
+		{name: "trusted proxy appended http to a forged https", trusted: "192.0.2.7", remote: "192.0.2.7:5000", hdr: map[string]string{"X-Forwarded-Proto": "https, http"}, want: false},
+		{name: "trusted proxy added an http line after a forged https", trusted: "192.0.2.7", remote: "192.0.2.7:5000", hdr: map[string]string{"X-Forwarded-Proto": "https\nhttp"}, want: false},
+		{name: "trusted proxy added a Forwarded line after a forged https", trusted: "192.0.2.7", remote: "192.0.2.7:5000", hdr: map[string]string{"Forwarded": "proto=https\nfor=192.0.2.9;proto=http"}, want: false},
+		{name: "trusted proxy appended https to a client's http", trusted: "192.0.2.7", remote: "192.0.2.7:5000", hdr: map[string]string{"X-Forwarded-Proto": "http, https"}, want: true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -158,8 +164,10 @@ func TestTransportGuard(t *testing.T) {
 			}
 			r, _ := http.NewRequest("GET", "http://x/health", nil)
 			r.RemoteAddr = tc.remote
-			for k, v := range tc.hdr {
-				r.Header.Set(k, v)
+			for k, lines := range tc.hdr {
+				for _, v := range strings.Split(lines, "\n") { // one header line each
+					r.Header.Add(k, v)
+				}
 			}
 			if got := g.allows(r); got != tc.want {
 				t.Errorf("allows = %v, want %v", got, tc.want)

@@ -236,14 +236,10 @@ func (f *stateFile[T]) update(change func(T) error) error {
 		if v, ok := any(doc).(validator); ok && err == nil {
 			err = v.validate()
 		}
-		var b []byte
-		if err == nil {
-			b, err = marshalState(doc)
-		}
 		if err != nil {
 			return err
 		}
-		return writeFileAtomic(f.path, b)
+		return writeState(f.path, doc)
 	})
 }
 
@@ -529,6 +525,15 @@ func checkDuplicateKeys(dec *json.Decoder) error {
 func marshalState(v any) ([]byte, error) {
 	b, err := json.MarshalIndent(v, "", "  ")
 	return append(b, '\n'), err
+}
+
+// writeState replaces the state file name with v, encoded by marshalState.
+func writeState(name string, v any) error {
+	b, err := marshalState(v)
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(name, b)
 }
 
 // vaultDoc is vault.json (SPEC §2.2), the only file that holds secrets.

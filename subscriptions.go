@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -281,8 +282,7 @@ func (inv *inventory) donate(agent, provider, label string, cred vaultCredential
 	if err != nil {
 		return overlayItem{}, refuse("internal_error", "subscription not donated: the vault was not written: %v", err).because(err)
 	}
-	b, _ := marshalState(&overlayDoc{SchemaVersion: 1, Items: append(items, it)}) // strings only: cannot fail
-	err = writeFileAtomic(inv.overlay.path, b)
+	err = writeState(inv.overlay.path, &overlayDoc{SchemaVersion: 1, Items: append(items, it)})
 	inv.invalidate(err == nil)
 	if err != nil {
 		// The secret is stored but no subscription names it: take it back, so
@@ -351,6 +351,7 @@ func (inv *inventory) journalStatus(kind, agent, id, reason string) error {
 		return refuse("dependency_unavailable", "subscription not changed: the journal refused the %s: %v", kind, err).because(err)
 	}
 	inv.log.Info("subscription_"+kind, "subscription_id", id, "agent_id", agent)
+	nudge(inv.l.changed) // its ledger moments count again, or no longer (SPEC §11.2)
 	return nil
 }
 
@@ -476,11 +477,11 @@ func (inv *inventory) orphans() ([]string, error) {
 	}), nil
 }
 
-// removeOrphans deletes the orphans from the vault at serve's start, so no
-// secret outlives its subscription; only when the overlay and vault both read.
+// removeOrphans deletes the orphans from the vault at serve's start, so no secret outlives
+// its subscription; only when the overlay and a vault beside it (not elsewhere) both read.
 func (inv *inventory) removeOrphans() ([]string, error) {
-	if inv.overlay.pathErr != nil || inv.vault.pathErr != nil {
-		return nil, nil
+	if inv.overlay.pathErr != nil || inv.vault.pathErr != nil || filepath.Dir(inv.vault.path) != filepath.Dir(inv.overlay.path) {
+		return nil, nil // /readyz reports them (SPEC §10.1)
 	}
 	inv.wmu.Lock()
 	defer inv.wmu.Unlock()

@@ -2,7 +2,8 @@
 // runnable examples. It speaks the three provider protocols Brama calls
 // (openai-chat, anthropic-messages, openai-responses), buffered and
 // streamed, and misbehaves on request: a model named "fail-500" answers 500,
-// "fail-429" answers 429 with retry-after, "fail-401" answers 401.
+// "fail-429" answers 429 with retry-after, "fail-401" answers 401, and
+// "slow" logs "slow request started" and answers after 2 s (a long generation).
 // POST /oauth/token stands in for a provider's OAuth token endpoint
 // (BRAMA_OAUTH_<ID>_TOKEN_URL): it answers every authorization_code and
 // refresh_token grant with fresh tokens, except the code "bad-code".
@@ -83,6 +84,9 @@ func readRequest(w http.ResponseWriter, r *http.Request) (request, bool) {
 	case "fail-401":
 		http.Error(w, `{"error":{"type":"authentication_error","message":"bad key"}}`, 401)
 		return req, false
+	case "slow":
+		log.Print("slow request started")
+		time.Sleep(2 * time.Second)
 	}
 	return req, true
 }
