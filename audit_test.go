@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -138,44 +140,58 @@ func TestRefusalsThatMakeNoCall(t *testing.T) {
 	}
 }
 
-// A refresh flight detached from its callers still ends when the daemon
-// stops: a token endpoint that never answers cannot hold shutdown.
-func TestShutdownEndsRefreshFlights(t *testing.T) {
-	arrived := make(chan struct{})
-	release := make(chan struct{})
-	defer close(release)
-	provider := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
-		io.WriteString(w, protocolFixtures[1].buffered)
-	})
-	tokenEndpoint := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
-		close(arrived)
-		select { // never answers on its own
-		case <-release:
-		case <-r.Context().Done():
-		}
-	})
-	d, tok := oauthSetup(t, provider, tokenEndpoint)
-	donateGrant(t, d, "acc-stale", "ref-stale", time.Now().Add(-time.Hour).UnixMilli())
+// TestShutdownWaitsForRefreshFlights: a refresh flight detached from its
+// callers runs on through the first stop signal, so a refresh token the
+// provider rotated is kept (SPEC §11.1, no time limit); the second signal
+// cancels a flight whose token endpoint never answers.
+func TestShutdownWaitsForRefreshFlights(t *testing.T) {
+	for _, cut := range []bool{false, true} {
+		t.Run(fmt.Sprintf("cut=%v", cut), func(t *testing.T) {
+			arrived, release, cancelled := make(chan struct{}), make(chan struct{}), make(chan struct{})
+			provider := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+				io.WriteString(w, protocolFixtures[1].buffered)
+			})
+			tokenEndpoint := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+				close(arrived)
+				select { // never answers on its own
+				case <-release:
+					io.WriteString(w, `{"access_token":"acc-rotated","refresh_token":"ref-rotated","expires_in":3600}`)
+				case <-r.Context().Done():
+					close(cancelled)
+				}
+			})
+			d, tok := oauthSetup(t, provider, tokenEndpoint)
+			donateGrant(t, d, "acc-stale", "ref-stale", time.Now().Add(-time.Hour).UnixMilli())
 
-	req, _ := http.NewRequest("POST", d.url+"/v1/messages", strings.NewReader(chatBody(dialectMessages, "claude-code/claude-test", false, "")))
-	req.Header.Set("Authorization", "Bearer "+tok)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if resp, err := http.DefaultClient.Do(req.WithContext(ctx)); err == nil {
-			resp.Body.Close()
-		}
-	}()
-	<-arrived
-	cancel() // the caller hangs up; the flight goes on without it
-	<-done
-	stopped := make(chan struct{})
-	go func() { d.stop(); close(stopped) }()
-	select {
-	case <-stopped:
-	case <-time.After(30 * time.Second):
-		t.Fatal("serve did not return: a refresh flight held shutdown")
+			req, _ := http.NewRequest("POST", d.url+"/v1/messages", strings.NewReader(chatBody(dialectMessages, "claude-code/claude-test", false, "")))
+			req.Header.Set("Authorization", "Bearer "+tok)
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				if resp, err := http.DefaultClient.Do(req.WithContext(ctx)); err == nil {
+					resp.Body.Close()
+				}
+			}()
+			<-arrived
+			cancel() // the caller hangs up; the flight goes on without it
+			<-done
+			stopped := make(chan struct{})
+			go func() { d.stop(); close(stopped) }()
+			d.stderr.waitFor(t, `"msg":"serve_waiting_for_refreshes"`)
+			if cut {
+				d.cut()
+				<-cancelled
+				<-stopped
+				return
+			}
+			close(release)
+			<-stopped
+			vault, err := os.ReadFile(filepath.Join(d.env["BRAMA_STATE_DIR"], "vault.json"))
+			if err != nil || !strings.Contains(string(vault), "ref-rotated") {
+				t.Errorf("the rotated refresh token was not kept (%v):\n%s", err, vault)
+			}
+		})
 	}
 }
 

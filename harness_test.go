@@ -19,14 +19,42 @@ import (
 // syncBuffer is a bytes.Buffer safe for the server's logger and the test to
 // share.
 type syncBuffer struct {
-	mu sync.Mutex // guards b
-	b  bytes.Buffer
+	mu      sync.Mutex // guards b, written
+	b       bytes.Buffer
+	written chan struct{} // closed (and dropped) at each Write; made by waitFor
 }
 
 func (s *syncBuffer) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.written != nil {
+		close(s.written)
+		s.written = nil
+	}
 	return s.b.Write(p)
+}
+
+// waitFor returns once the buffer holds sub, failing t after 30 s.
+func (s *syncBuffer) waitFor(t testing.TB, sub string) {
+	t.Helper()
+	limit := time.After(30 * time.Second)
+	for {
+		s.mu.Lock()
+		if strings.Contains(s.b.String(), sub) {
+			s.mu.Unlock()
+			return
+		}
+		if s.written == nil {
+			s.written = make(chan struct{})
+		}
+		written := s.written
+		s.mu.Unlock()
+		select {
+		case <-written:
+		case <-limit:
+			t.Fatalf("no %q in the log after 30 s:\n%s", sub, s.String())
+		}
+	}
 }
 
 func (s *syncBuffer) String() string {
@@ -43,6 +71,7 @@ type daemon struct {
 	stderr *syncBuffer
 	env    map[string]string
 	stop   func() // cancels serve (the first signal) and waits for run to return nil
+	cut    func() // the second signal: serve cuts what still runs
 }
 
 // testEnv returns a getenv over m (nothing from the real environment).
@@ -71,10 +100,11 @@ func startDaemon(t testing.TB, env map[string]string, stdin string, args ...stri
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	pr, pw := io.Pipe()
-	d := &daemon{t: t, stderr: &syncBuffer{}, env: env}
+	cut := make(chan struct{})
+	d := &daemon{t: t, stderr: &syncBuffer{}, env: env, cut: sync.OnceFunc(func() { close(cut) })}
 	done := make(chan error, 1)
 	go func() {
-		err := run(ctx, nil, append([]string{"serve", "-addr", "127.0.0.1:0"}, args...), testEnv(env), strings.NewReader(stdin), pw, d.stderr)
+		err := run(ctx, cut, append([]string{"serve", "-addr", "127.0.0.1:0"}, args...), testEnv(env), strings.NewReader(stdin), pw, d.stderr)
 		pw.CloseWithError(io.EOF)
 		done <- err
 	}()

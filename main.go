@@ -294,7 +294,7 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 		log.Info("vault_orphans_removed", "count", len(ids), "subscription_ids", strings.Join(ids, ","))
 	}
 	s.oauth = newOAuth(e.getenv, client, s.vault, s.ledger, log, now)
-	defer s.oauth.shutdown()
+	defer s.oauth.shutdown(e.cut)
 	s.maint = newMaintainer(s.inv, s.ledger, s.oauth, client, e.getenv, log, now)
 	if *localCreds {
 		if s.localCreds, err = readLocalCredentials(e.stdin); err != nil {

@@ -134,7 +134,8 @@ func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
 	}
 	reason, t := m.pending, m.waiting
 	m.pending, m.waiting = "", nil
-	m.running, m.fresh, m.passes = true, true, m.passes+1
+	m.running, m.fresh = true, true
+	m.passes++
 	m.mu.Unlock()
 
 	m.log.Info("maintenance_pass_started", "reason", reason)

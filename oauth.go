@@ -103,7 +103,7 @@ type oauthClient struct {
 // refreshCall is one flight; grant and err are set before done closes.
 type refreshCall struct {
 	done   chan struct{}
-	cancel context.CancelFunc // ends the flight at shutdown only
+	cancel context.CancelFunc // ends the flight at serve's second stop signal only
 	grant  oauthGrant
 	err    error
 }
@@ -125,16 +125,28 @@ func (o *oauthClient) tokenURL(p oauthProvider) (string, error) {
 	return raw, nil
 }
 
-// shutdown cancels every flight, the one end a refresh has besides its
-// answer (SPEC §11.1: no time limit), and waits.
-func (o *oauthClient) shutdown() {
+// shutdown waits for every flight to end, so a token the provider rotated is
+// kept (SPEC §11.1: no time limit); cut closing cancels the flights left.
+func (o *oauthClient) shutdown(cut <-chan struct{}) {
 	o.mu.Lock()
 	o.closed = true
+	if n := len(o.inflight); n > 0 {
+		o.log.Info("serve_waiting_for_refreshes", "flights", n)
+	}
+	o.mu.Unlock()
+	done := make(chan struct{})
+	go func() { o.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return
+	case <-cut:
+	}
+	o.mu.Lock()
 	for _, c := range o.inflight {
 		c.cancel()
 	}
 	o.mu.Unlock()
-	o.wg.Wait()
+	<-done
 }
 
 // refresh returns id's refreshed grant (the vault's when refusedAccessToken is no longer it)
