@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -39,12 +40,15 @@ func TestHangUpDuringRefreshMakesNoCall(t *testing.T) {
 			provider := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
 				io.WriteString(w, protocolFixtures[1].buffered)
 			})
-			arrived := make(chan struct{}, 1)
+			arrived, release := make(chan struct{}, 1), make(chan struct{})
 			tokenEndpoint := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
 				arrived <- struct{}{}
-				<-r.Context().Done() // answers only when the flight is ended
+				<-release // the flight outlives its hung-up caller
+				io.WriteString(w, `{"access_token":"acc-new","refresh_token":"ref-new","expires_in":3600}`)
 			})
 			d, tok := oauthSetup(t, provider, tokenEndpoint)
+			releaseOnce := sync.OnceFunc(func() { close(release) })
+			t.Cleanup(releaseOnce) // before the daemon's stop, which waits for the flight
 			donateGrant(t, d, "acc-stale", "ref-stale", time.Now().Add(-time.Hour).UnixMilli())
 			if tc.apiKey {
 				donate(t, d, "a1", "claude-code", "cc-api-key-0123")
@@ -75,6 +79,7 @@ func TestHangUpDuringRefreshMakesNoCall(t *testing.T) {
 					t.Fatalf("the key of a request that made no call: %d %s, want it released (404)", status, body)
 				}
 			}
+			releaseOnce()
 			d.stop() // every request has written its log line
 			lines := requestLines(d.stderr.String(), "/v1/messages")
 			if len(lines) != 1 || lines[0]["outcome"] != "client_cancelled" || (lines[0]["attempts"] != nil && lines[0]["attempts"] != float64(0)) {
