@@ -232,3 +232,28 @@ func TestSignedAnswerNeverKeepsAPreDispatchRefusal(t *testing.T) {
 		t.Errorf("the same key after the alias was declared: %d %s replayed=%q calls=%d; want a fresh dispatch", status, b, hdr.Get("Brama-Answer-Replayed"), fake.total())
 	}
 }
+
+// TestDonatingOneGrantTwiceIsRefused: two subscriptions holding one OAuth
+// grant would spend each other's rotating refresh token, so the second
+// donation of a grant is 409 state_conflict and nothing is stored for it.
+func TestDonatingOneGrantTwiceIsRefused(t *testing.T) {
+	noCall := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		http.Error(w, "not called", 500)
+	})
+	d, _ := oauthSetup(t, noCall, noCall)
+	later := time.Now().Add(time.Hour).UnixMilli()
+	first := donateGrant(t, d, "acc-one-0123", "ref-shared-0123", later)
+	body := fmt.Sprintf(`{"provider":"claude-code","oauth":{"access_token":"acc-two-0123","refresh_token":"ref-shared-0123","expires_at_ms":%d}}`, later)
+	status, _, b := d.call("POST", "/v1/admin/subscriptions/a1", d.token, body)
+	if e := envelopeOf(t, b); status != 409 || e["code"] != "state_conflict" || !strings.Contains(fmt.Sprint(e["message"]), first) {
+		t.Errorf("second donation of one grant: %d %s, want 409 state_conflict naming %s", status, b, first)
+	}
+	if strings.Contains(string(b), "ref-shared-0123") {
+		t.Errorf("the refusal quotes the refresh token: %s", b)
+	}
+	vault, err := os.ReadFile(filepath.Join(d.env["BRAMA_STATE_DIR"], "vault.json"))
+	if n := strings.Count(string(vault), "ref-shared-0123"); err != nil || n != 1 {
+		t.Errorf("the vault holds the grant %d times (%v), want once", n, err)
+	}
+	donateGrant(t, d, "acc-three-0123", "ref-other-0123", later) // another grant is donated as before
+}

@@ -264,8 +264,14 @@ func (inv *inventory) donate(agent, provider, label string, cred vaultCredential
 	if err != nil {
 		return overlayItem{}, err
 	}
-	if _, err := inv.vault.load(); err != nil {
+	doc, err := inv.vault.load()
+	if err != nil {
 		return overlayItem{}, vaultRefusal(err)
+	}
+	for id, c := range doc.Subscriptions { // a refresh by one would spend the other's rotating token
+		if g := cred.OAuth; g != nil && c.OAuth != nil && g.RefreshToken != "" && c.OAuth.RefreshToken == g.RefreshToken {
+			return overlayItem{}, refuse("state_conflict", "this OAuth grant is already held by subscription %s", id)
+		}
 	}
 	rnd := make([]byte, 8)
 	rand.Read(rnd)
