@@ -384,9 +384,6 @@ func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *call
 		j.kind = kindSelector
 		ae = e.walkSelector(ctx, j, req, cands)
 	}
-	if ae != nil && ae.Code == "subscription_reauthorization_required" {
-		e.maint.request(ae.Code) // SPEC §11.2: a pass for want of a signed-in subscription
-	}
 	e.refused(ae, ctx.Err() != nil, false)
 	return ae
 }

@@ -138,15 +138,14 @@ func (o *oauthClient) shutdown(cut <-chan struct{}) {
 	go func() { o.wg.Wait(); close(done) }()
 	select {
 	case <-done:
-		return
 	case <-cut:
+		o.mu.Lock()
+		for _, c := range o.inflight {
+			c.cancel()
+		}
+		o.mu.Unlock()
+		<-done
 	}
-	o.mu.Lock()
-	for _, c := range o.inflight {
-		c.cancel()
-	}
-	o.mu.Unlock()
-	<-done
 }
 
 // refresh returns id's refreshed grant (the vault's when refusedAccessToken is no longer it)

@@ -633,3 +633,28 @@ func TestSelectorSkipsAFailedRefreshForTheWholeRequest(t *testing.T) {
 		t.Errorf("calls = %v, want %v", seen, want)
 	}
 }
+
+// TestSignInRefusalAsksForAPassOnEveryRoute: a refusal for want of a
+// signed-in subscription asks for a maintenance pass (seed, SPEC §11.2),
+// whichever route met it: chat and count_tokens alike.
+func TestSignInRefusalAsksForAPassOnEveryRoute(t *testing.T) {
+	for _, path := range []string{"/v1/messages", "/v1/messages/count_tokens"} {
+		t.Run(path, func(t *testing.T) {
+			provider := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+				io.WriteString(w, protocolFixtures[1].buffered)
+			})
+			tokenEndpoint := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+				http.Error(w, `{"error":"invalid_grant","error_description":"revoked"}`, 400)
+			})
+			d, tok := oauthSetup(t, provider, tokenEndpoint)
+			donateGrant(t, d, "acc-expired-0123", "ref-0123456789", time.Now().Add(-time.Hour).UnixMilli())
+			status, _, body := d.call("POST", path, tok, chatBody(dialectMessages, "claude-code/claude-test", false, ""))
+			if e := envelopeOf(t, body); status != 503 || e["code"] != "subscription_reauthorization_required" || provider.calls.Load() != 0 {
+				t.Fatalf("%s with a revoked grant: %d %s, provider calls %d", path, status, body, provider.calls.Load())
+			}
+			if !strings.Contains(d.stderr.String(), `"msg":"maintenance_requested","reason":"subscription_reauthorization_required"`) {
+				t.Errorf("no maintenance pass was asked for:\n%s", d.stderr.String())
+			}
+		})
+	}
+}

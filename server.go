@@ -210,10 +210,14 @@ func newRequestID() string {
 	return hex.EncodeToString(b)
 }
 
-// fail writes err in the envelope and records its outcome for the log line.
+// fail writes err in the envelope and records its outcome for the log line;
+// a refusal for want of a signed-in subscription asks for a pass (SPEC §11.2).
 func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	ri := infoFrom(r.Context())
 	ae := writeAPIError(w, r, err)
+	if ae.Code == "subscription_reauthorization_required" {
+		s.maint.request(ae.Code)
+	}
 	ri.outcome, ri.retryable = ae.Code, ae.body().Error.Retryable
 	if ae.Attempts != nil {
 		ri.attempts = ae.Attempts
