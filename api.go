@@ -247,6 +247,8 @@ func (s *server) handleEmbeddings(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, refuse("invalid_request", "the body must be a JSON object"))
 	case json.Unmarshal(body["model"], &req.Model) != nil || req.Model == "":
 		s.fail(w, r, refuse("invalid_request", "model must be a non-empty string"))
+	case body["billingTarget"] != nil: // it would reach the provider, paid by the deployment's key
+		s.fail(w, r, refuse("invalid_request", "embeddings are paid by a direct key; billingTarget cannot name a subscription"))
 	default:
 		s.serveModel(w, r, &req, func(e *engine, c call) error {
 			return e.serveEmbeddings(r.Context(), w, req.Model, body, c)

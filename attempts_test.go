@@ -237,3 +237,19 @@ func TestCountTokensAnswerCutOrMalformed(t *testing.T) {
 		})
 	}
 }
+
+// TestEmbeddingsRefuseABillingTarget: embeddings take a direct route only, so
+// a body naming a subscription to pay is refused before any call, rather
+// than sent on (Brama's own member at the provider) and billed to the key.
+func TestEmbeddingsRefuseABillingTarget(t *testing.T) {
+	fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		io.WriteString(w, `{"object":"list","data":[]}`)
+	})
+	env := stateEnv(t)
+	env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = fake.URL
+	d := startDaemon(t, env, `{"openai":"k"}`, "-local-credentials-stdin")
+	status, h, b := d.call("POST", "/v1/embeddings", d.token, `{"model":"openai/emb","input":"hi","billingTarget":{"providerId":"openai","subscriptionId":"sub_0000000000000000"}}`)
+	if e := envelopeOf(t, b); status != 400 || e["code"] != "invalid_request" || e["attempts"] != nil || h.Get("Brama-Attempts") != "" || fake.calls.Load() != 0 {
+		t.Errorf("embeddings with a billingTarget: %d %s, %d calls; want 400 invalid_request before any call", status, b, fake.calls.Load())
+	}
+}
