@@ -178,7 +178,7 @@ func (s *server) handleSubscriptionProbe(w http.ResponseWriter, r *http.Request)
 
 // engine is the attempt engine (dispatch.go) for one request.
 func (s *server) engine(ri *requestInfo) *engine {
-	return &engine{core: &s.core, agent: ri.agentID, t: tally{requestID: ri.id}, wk: walk{refreshed: map[string]bool{}, skipped: map[string]bool{}}}
+	return &engine{core: &s.core, agent: ri.agentID, t: tally{requestID: ri.id}}
 }
 
 // account copies what the engine learned into the log line; deferred, so

@@ -142,6 +142,9 @@ func (e *engine) subscriptionCredential(ctx context.Context, sub overlayItem, re
 		return upstreamCredential{}, errSkipSubscription
 	}
 	if refusedToken != "" || (expiredForRequest(g, e.now()) && !wk.refreshed[sub.ID]) {
+		if wk.refreshed == nil {
+			wk.refreshed = map[string]bool{}
+		}
 		wk.refreshed[sub.ID] = true
 		ng, err := e.oauth.refresh(ctx, sub.ID, sub.Provider, refusedToken)
 		if err != nil && ctx.Err() != nil { // the caller hung up while it waited: no skip, no call (SPEC §7.4)
@@ -156,6 +159,9 @@ func (e *engine) subscriptionCredential(ctx context.Context, sub overlayItem, re
 				e.maint.request("credential_refresh_transport_failure")
 			}
 			wk.note(sub.ID, "grant refresh failed: "+redact(err.Error()))
+			if wk.skipped == nil {
+				wk.skipped = map[string]bool{}
+			}
 			wk.skipped[sub.ID] = true
 			return upstreamCredential{}, errSkipSubscription
 		}
