@@ -107,9 +107,10 @@ type ledger struct {
 	// testingOnlyAfterFunc replaces time.AfterFunc for the write-behind (nil in production).
 	testingOnlyAfterFunc func(d time.Duration, f func()) ledgerStopper
 
-	mu        sync.Mutex // guards entries, seq, lastWrite, timer, warned
+	mu        sync.Mutex // guards entries, seq, statusSeq, lastWrite, timer, warned
 	entries   map[string]*ledgerEntry
 	seq       uint64        // mutations applied so far
+	statusSeq uint64        // of them, the immediate ones (credential, grant times, block, probe)
 	lastWrite time.Time     // injected-clock moment of the last snapshot taken for the file
 	timer     ledgerStopper // the armed write-behind, nil when none
 	warned    bool          // ledger_unplaced was logged
@@ -320,6 +321,13 @@ func (l *ledger) nextDue(now time.Time, retired map[string]bool) (best time.Time
 	return best
 }
 
+// statusVersion changes at every immediate mutation (a subscription's status).
+func (l *ledger) statusVersion() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.statusSeq
+}
+
 // mutate applies fn to id's record (created active), then writes: now when
 // immediate or the last write is a second old, else by one write-behind.
 func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEntry, now time.Time)) {
@@ -335,6 +343,9 @@ func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEn
 	}
 	fn(e, now)
 	l.seq++
+	if immediate {
+		l.statusSeq++
+	}
 	write := false
 	switch {
 	case l.name == "":

@@ -658,3 +658,25 @@ func TestSignInRefusalAsksForAPassOnEveryRoute(t *testing.T) {
 		})
 	}
 }
+
+// TestListingShowsARequestsCredentialChangeAtOnce: a credential state the
+// request path changed shows in the next listing, not after the listing
+// cache's TTL (SPEC §10.2): a 401 on one key marks it while the next key
+// answers, so no refusal (and no maintenance pass) follows.
+func TestListingShowsARequestsCredentialChangeAtOnce(t *testing.T) {
+	env := stateEnv(t)
+	fake := newKeyedFake(t, map[string]string{"kimi-refused": "401", "kimi-good": "200"})
+	env["BRAMA_PROVIDER_KIMI_BASE_URL"] = fake.URL
+	d := startDaemon(t, env, "")
+	tok, ids := agentWithSubs(t, d, "a1", "kimi", "kimi-refused", "kimi-good")
+	if got := credentialStateOf(t, d, "a1", ids[0]); got != credActive { // now cached
+		t.Fatalf("before: %s", got)
+	}
+	s, _, b := d.call("POST", "/v1/chat/completions", tok, chatBody(dialectChat, "kimi/k2-test", false, ""))
+	if s != 200 || fake.count("kimi-refused") != 1 || fake.count("kimi-good") != 1 {
+		t.Fatalf("the pool in donation order: %d %s, calls %v", s, b, fake.calls)
+	}
+	if got := credentialStateOf(t, d, "a1", ids[0]); got != credNeedsReauth {
+		t.Errorf("listing after the 401: credential %s, want %s", got, credNeedsReauth)
+	}
+}

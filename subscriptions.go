@@ -165,10 +165,12 @@ type inventory struct {
 	cache map[string]listing // by agent id
 }
 
-// listing is one agent's cached rows and when they were computed.
+// listing is one agent's cached rows, when they were computed and from
+// which ledger status (a request's credential or block change shows at once).
 type listing struct {
-	rows []subscriptionRow
-	at   time.Time
+	rows   []subscriptionRow
+	at     time.Time
+	status uint64
 }
 
 // newInventory places the overlay in st and reads the listing cache's TTL (SPEC §10.2).
@@ -409,7 +411,8 @@ func (inv *inventory) list(agent string) ([]subscriptionRow, error) {
 	now := inv.now()
 	inv.mu.Lock() // held while computing: an invalidation waits, so no listing outlives one
 	defer inv.mu.Unlock()
-	if c, hit := inv.cache[agent]; hit && now.Sub(c.at) >= 0 && now.Sub(c.at) < inv.ttl {
+	status := inv.l.statusVersion()
+	if c, hit := inv.cache[agent]; hit && now.Sub(c.at) >= 0 && now.Sub(c.at) < inv.ttl && c.status == status {
 		return slices.Clone(c.rows), nil
 	}
 	items, retired, err := inv.view()
@@ -423,7 +426,7 @@ func (inv *inventory) list(agent string) ([]subscriptionRow, error) {
 		}
 	}
 	if inv.ttl > 0 {
-		inv.cache[agent] = listing{rows: rows, at: now}
+		inv.cache[agent] = listing{rows: rows, at: now, status: status}
 	}
 	return slices.Clone(rows), nil
 }
