@@ -57,17 +57,7 @@ func TestHangUpDuringRefreshMakesNoCall(t *testing.T) {
 			req, _ := http.NewRequestWithContext(ctx, "POST", d.url+"/v1/messages", strings.NewReader(chatBody(dialectMessages, "claude-code/claude-test", false, "")))
 			req.Header.Set("Authorization", "Bearer "+tok)
 			req.Header.Set("Idempotency-Key", "k1")
-			errc := make(chan error, 1)
-			go func() {
-				resp, err := http.DefaultClient.Do(req)
-				if err == nil {
-					resp.Body.Close()
-				}
-				errc <- err
-			}()
-			<-arrived
-			cancel()
-			if err := <-errc; !errors.Is(err, context.Canceled) {
+			if err := hangUpAfter(req, cancel, arrived); !errors.Is(err, context.Canceled) {
 				t.Fatalf("the hung-up request: %v", err)
 			}
 			for i := 0; ; i++ { // 409 while the hung-up request is still settling
@@ -128,17 +118,7 @@ func TestHangUpWhileTheAnswerIsRead(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			req, _ := http.NewRequestWithContext(ctx, "POST", d.url+"/v1/chat/completions", strings.NewReader(chatBody(dialectChat, tc.model, false, "")))
 			req.Header.Set("Authorization", "Bearer "+d.token)
-			errc := make(chan error, 1)
-			go func() {
-				resp, err := http.DefaultClient.Do(req)
-				if err == nil {
-					resp.Body.Close()
-				}
-				errc <- err
-			}()
-			<-started
-			cancel()
-			<-errc
+			hangUpAfter(req, cancel, started)
 			<-gone
 			d.stop() // every request has written its log line
 			lines := requestLines(d.stderr.String(), "/v1/chat/completions")

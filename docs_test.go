@@ -143,17 +143,7 @@ func TestErrorReferenceBodies(t *testing.T) {
 	req, _ := http.NewRequestWithContext(ctx, "POST", d.url+"/v1/chat/completions", strings.NewReader(chat("groq/llama")))
 	req.Header.Set("Authorization", "Bearer "+d.token)
 	req.Header.Set("Idempotency-Key", "hung-up")
-	errc := make(chan error, 1)
-	go func() {
-		resp, err := http.DefaultClient.Do(req)
-		if err == nil {
-			resp.Body.Close()
-		}
-		errc <- err
-	}()
-	<-started
-	cancel()
-	if err := <-errc; !errors.Is(err, context.Canceled) {
+	if err := hangUpAfter(req, cancel, started); !errors.Is(err, context.Canceled) {
 		t.Fatalf("the hung-up request: %v", err)
 	}
 	for i := 0; ; i++ { // 409 while the hung-up request is still being kept

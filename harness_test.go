@@ -270,3 +270,19 @@ func (d *daemon) openStream(path, token, body string) *http.Response {
 	}
 	return resp
 }
+
+// hangUpAfter sends req in the background, cancels it once started is
+// closed (the provider has the call) and returns the client's error.
+func hangUpAfter(req *http.Request, cancel context.CancelFunc, started <-chan struct{}) error {
+	errc := make(chan error, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+	<-started
+	cancel()
+	return <-errc
+}

@@ -16,16 +16,7 @@ import (
 // moment the timer skipped because it was already past when it was armed.
 func TestMaintainServesAMomentThatPassedDuringAPass(t *testing.T) {
 	fx := newMaintFixture(t)
-	entered, release := make(chan struct{}), make(chan struct{})
-	first := true
-	fx.fake.handle(fakeKimiUsage, func(w http.ResponseWriter, r *http.Request) {
-		if first {
-			first = false
-			close(entered)
-			<-release
-		}
-		fx.fake.defaultAnswer(w, r)
-	})
+	entered, release := fx.holdFirstUsageRead()
 	id := fx.donate(t, "kimi", vaultCredential{APIKey: "plantedKimiKey"})
 	fx.start(t)
 	select {

@@ -391,16 +391,7 @@ func TestMaintainPassesAtLedgerMoments(t *testing.T) {
 // and that a refusal's request is dropped until something changes.
 func TestMaintainCoalescesAndDropsRequests(t *testing.T) {
 	fx := newMaintFixture(t)
-	entered, release := make(chan struct{}), make(chan struct{})
-	first := true
-	fx.fake.handle(fakeKimiUsage, func(w http.ResponseWriter, r *http.Request) {
-		if first {
-			first = false
-			close(entered)
-			<-release
-		}
-		fx.fake.defaultAnswer(w, r)
-	})
+	entered, release := fx.holdFirstUsageRead()
 	fx.donate(t, "kimi", vaultCredential{APIKey: "plantedKimiKey"})
 	fx.start(t)
 	select {
@@ -586,4 +577,20 @@ func TestMaintainLoopOnce(t *testing.T) {
 	if st := fx.m.state(); st["passes"] != int64(2) || *(st["next_due_at"].(*string)) != next.Format(time.RFC3339) {
 		t.Errorf("state = %v", st)
 	}
+}
+
+// holdFirstUsageRead makes the first kimi usage read of fx wait, once it
+// has closed entered, until the test closes release.
+func (fx *maintFixture) holdFirstUsageRead() (entered, release chan struct{}) {
+	entered, release = make(chan struct{}), make(chan struct{})
+	first := true
+	fx.fake.handle(fakeKimiUsage, func(w http.ResponseWriter, r *http.Request) {
+		if first {
+			first = false
+			close(entered)
+			<-release
+		}
+		fx.fake.defaultAnswer(w, r)
+	})
+	return entered, release
 }
