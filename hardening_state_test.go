@@ -34,6 +34,7 @@ func plantCrashLeftovers(t *testing.T, dir string) string {
 	vault := fmt.Sprintf(`{"schema_version":1,"direct":{},"agents":{"a1":{"signing_secret":"%064d"}},"subscriptions":{%q:{"api_key":%q}}}`, 0, orphan, plantedStaleSecret)
 	for name, data := range map[string]string{
 		"vault.json":                                 vault,
+		"donated-subscriptions.json":                 `{"schema_version":1,"items":[]}`, // the orphan is one
 		".vault.json.tmp123456789":                   vault,
 		".donated-subscriptions.json.tmp42":          `{"schema_version":1,"items":[]}`,
 		".ledger.json.tmp7":                          "{",
@@ -295,5 +296,43 @@ func TestServeKeepsTheSubscriptionsOfAVaultElsewhere(t *testing.T) {
 	}
 	if strings.Contains(d.stderr.String(), "vault_orphans_removed") {
 		t.Error("serve logged vault_orphans_removed")
+	}
+}
+
+// TestServeKeepsTheVaultWhenTheOverlayIsMissing: with no overlay file at all
+// (lost, or not yet restored from a backup), every vault subscription would
+// look orphaned; serve keeps them and /readyz reports them, so restoring the
+// overlay brings the subscriptions back with their credentials.
+func TestServeKeepsTheVaultWhenTheOverlayIsMissing(t *testing.T) {
+	env := stateEnv(t)
+	d := startDaemon(t, env, "")
+	addAgent(t, env, "a1")
+	status, _, b := d.call("POST", "/v1/admin/subscriptions/a1", d.token, `{"provider":"kimi","api_key":"plantedKimiKeyKept"}`)
+	id := donatedID(t, status, b, "a1", "kimi")
+	admin := d.token // printed at first start only
+	d.stop()
+	overlay := filepath.Join(env["BRAMA_STATE_DIR"], "donated-subscriptions.json")
+	saved, err := os.ReadFile(overlay)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(overlay)
+
+	d = startDaemon(t, env, "")
+	vault := filepath.Join(env["BRAMA_STATE_DIR"], "vault.json")
+	if vb, _ := os.ReadFile(vault); !strings.Contains(string(vb), "plantedKimiKeyKept") || strings.Contains(d.stderr.String(), "vault_orphans_removed") {
+		t.Fatalf("serve removed a credential because the overlay was missing: %s", vb)
+	}
+	if _, _, rb := d.call("GET", "/readyz", d.token, ""); !strings.Contains(string(rb), id) {
+		t.Errorf("/readyz does not report the unused credential %s: %s", id, rb)
+	}
+	d.stop()
+	if err := os.WriteFile(overlay, saved, 0o600); err != nil { // the operator restores it
+		t.Fatal(err)
+	}
+	d = startDaemon(t, env, "")
+	d.token = admin
+	if got := credentialStateOf(t, d, "a1", id); got != credActive {
+		t.Errorf("after the overlay came back: credential %s, want %s", got, credActive)
 	}
 }
