@@ -434,3 +434,37 @@ func TestSignedAnswerAbandonedOnMessages(t *testing.T) {
 		t.Errorf("provider calls = %d, want 0", n)
 	}
 }
+
+// TestSignedAnswerCutByShutdown: a signed answer whose call the second stop
+// signal cut is kept as a stopped process's answer (SPEC §12 item 2's 500
+// internal_error, here with its known attempts), not as a caller's hang-up.
+func TestSignedAnswerCutByShutdown(t *testing.T) {
+	arrived := make(chan struct{})
+	d, fake, env := startAnswers(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		close(arrived)
+		<-r.Context().Done() // a long generation, cut by Brama
+	})
+	done := make(chan answerResult, 1)
+	go func() { done <- postAnswer(d, "k-shutdown", answerBody("")) }()
+	<-arrived
+	stopped := make(chan struct{})
+	go func() { d.stop(); close(stopped) }()
+	d.stderr.waitFor(t, `"msg":"serve_draining"`)
+	d.cut()
+	<-stopped
+	<-done
+	b, err := os.ReadFile(answerFile(env, "local", "k-shutdown"))
+	if err != nil {
+		t.Fatalf("no kept answer: %v", err)
+	}
+	var rec answerRecord
+	if err := json.Unmarshal(b, &rec); err != nil || rec.Status == nil || *rec.Status != 500 || rec.Attempts == nil || *rec.Attempts != 1 {
+		t.Fatalf("kept record %s, want status 500 after 1 attempt", b)
+	}
+	if body := string(rec.body()); !strings.Contains(body, `"code":"internal_error"`) || !strings.Contains(body, abandonedMessage) {
+		t.Errorf("kept body %s, want SPEC §12 item 2's internal_error", body)
+	}
+	if fake.calls.Load() != 1 {
+		t.Errorf("provider calls = %d, want 1", fake.calls.Load())
+	}
+}

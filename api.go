@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"cmp"
+	"context"
 	"encoding/json"
 	"errors"
 	"maps"
@@ -355,6 +356,8 @@ func (s *server) settleAnswer(r *http.Request, t *answerTicket, c *httptest.Resp
 	case c.Code >= 200 && c.Code <= 299 && !panicked:
 	case panicked && calls > 0:
 		cut = refuse("internal_error", "the answer failed inside Brama after a provider call started").withAttempts(calls)
+	case context.Cause(r.Context()) == errServerShutdown && calls > 0: // a stopped process's answer (SPEC §12 item 2)
+		cut = refuse("internal_error", abandonedMessage).withAttempts(calls)
 	case r.Context().Err() != nil && calls > 0:
 		cut = refuse("client_cancelled", "the caller hung up after a provider call started").withAttempts(calls)
 	case panicked, r.Context().Err() != nil, retryable,
