@@ -166,7 +166,7 @@ func (e *engine) directCredential(provider string) (string, error) {
 	if e.localCreds == nil {
 		doc, err := e.vault.load()
 		if err != nil && !errors.As(err, new(*noStateError)) {
-			return "", refuse("credential_unauthorized", "the vault is unreadable; no credential can be produced").because(err).withAttempts(0)
+			return "", vaultUnreadable(err).withAttempts(0)
 		}
 		if doc != nil {
 			key = doc.Direct[provider].APIKey

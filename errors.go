@@ -74,6 +74,11 @@ func refuse(code, format string, args ...any) *apiError {
 	return &apiError{Code: code, Message: fmt.Sprintf(format, args...)}
 }
 
+// vaultUnreadable is SPEC §2.2's refusal wherever a credential is needed.
+func vaultUnreadable(err error) *apiError {
+	return refuse("credential_unauthorized", "the vault is unreadable; no credential can be produced").because(err)
+}
+
 func (e *apiError) Error() string { return e.Code + ": " + e.Message }
 func (e *apiError) Unwrap() error { return e.Err }
 

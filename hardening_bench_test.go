@@ -107,7 +107,7 @@ func BenchmarkReadyzJournal300k(b *testing.B) {
 func BenchmarkSignedAfterReplayMemory(b *testing.B) {
 	clock := &testClock{t: time.Unix(1764446400, 0)}
 	const secret = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
-	a := newAgentVerifier(func(string) (string, bool) { return secret, true }, clock.now)
+	a := newAgentVerifier(func(string) (string, error) { return secret, nil }, clock.now)
 	n := 0
 	verifyOne := func() {
 		n++

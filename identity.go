@@ -180,13 +180,13 @@ const (
 // agentVerifier checks HMAC agent signatures and refuses replays, from a
 // memory kept only in this process.
 type agentVerifier struct {
-	secret func(agent string) (string, bool)
+	secret func(agent string) (string, error)
 	now    func() time.Time
 	seen   signatureMemory
 }
 
 // newAgentVerifier checks signatures with the agents' secrets on clock now.
-func newAgentVerifier(secret func(agent string) (string, bool), now func() time.Time) *agentVerifier {
+func newAgentVerifier(secret func(agent string) (string, error), now func() time.Time) *agentVerifier {
 	return &agentVerifier{secret: secret, now: now, seen: signatureMemory{until: map[string]time.Time{}}}
 }
 
@@ -208,7 +208,8 @@ func (a *agentVerifier) claim(r *http.Request) (agentClaim, error) {
 		return c, nil
 	}
 	c.now = a.now()
-	known := func() (ok bool) { c.secret, ok = a.secret(c.agent); return ok }
+	var secretErr error
+	known := func() bool { c.secret, secretErr = a.secret(c.agent); return c.secret != "" }
 	var why string
 	switch {
 	case c.agent == "" || c.ts == "" || c.sig == "":
@@ -219,7 +220,9 @@ func (a *agentVerifier) claim(r *http.Request) (agentClaim, error) {
 		why = "malformed timestamp"
 	case c.now.Sub(agentTime(c.ts)).Abs() > signatureWindow:
 		why = "timestamp outside the ±300 s window"
-	case !known():
+	case !known() && secretErr != nil:
+		return c, vaultUnreadable(secretErr) // the vault failed, not the signature (SPEC §2.2)
+	case c.secret == "":
 		why = "unknown agent"
 	case !isLowerHex(c.sig):
 		why = "signature is not lower-case hex"

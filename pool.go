@@ -130,9 +130,9 @@ var errSkipSubscription = errors.New("subscription skipped")
 // or a just refusedToken refreshed first (SPEC §7.2.3, §11.1).
 func (e *engine) subscriptionCredential(ctx context.Context, sub overlayItem, refusedToken string) (upstreamCredential, error) {
 	wk := &e.wk
-	vc, err := e.inv.credential(sub.ID)
+	vc, err := e.inv.credential(sub.ID) // its refusal is SPEC §2.2's
 	if err != nil {
-		return upstreamCredential{}, refuse("credential_unauthorized", "the vault is unreadable; no credential can be produced").because(err)
+		return upstreamCredential{}, err
 	}
 	if vc.OAuth == nil {
 		return upstreamCredential{APIKey: vc.APIKey}, nil

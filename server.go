@@ -279,7 +279,10 @@ func (s *server) authenticate(w http.ResponseWriter, r *http.Request, role strin
 		return refuse("forbidden", "this route needs an admin client")
 	}
 	claim, err := s.agents.claim(r)
-	if err != nil {
+	switch {
+	case errors.As(err, new(*apiError)): // the vault is unreadable (SPEC §2.2)
+		return err
+	case err != nil:
 		return refuse("unauthenticated", "unauthorized").because(err)
 	}
 	if err := actsFor(r, role, cl.AgentID, claim.agent); err != nil {

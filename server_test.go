@@ -251,3 +251,24 @@ func TestSecondServeRefused(t *testing.T) {
 		t.Fatalf("second serve: exit %d, stderr %q; want exit 1 naming serve.lock", code, errOut)
 	}
 }
+
+// TestAgentSignatureWithAnUnreadableVault: an agent's signing secret is a
+// credential, so an unreadable vault is 503 credential_unauthorized (SPEC
+// §2.2), not a 401 that blames the caller's signature.
+func TestAgentSignatureWithAnUnreadableVault(t *testing.T) {
+	env := stateEnv(t)
+	secret := addAgent(t, env, "a1")
+	d := startDaemon(t, env, "")
+	callerTok := addClient(t, env, "app")
+	if err := os.Chmod(filepath.Join(env["BRAMA_STATE_DIR"], "vault.json"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	hdr := signedHeaders(secret, "a1", fmt.Sprintf("%d.5", time.Now().Unix()), "GET", "/v1/aliases", "")
+	status, _, b := d.call("GET", "/v1/aliases", callerTok, "", hdr...)
+	if e := envelopeOf(t, b); status != 503 || e["code"] != "credential_unauthorized" {
+		t.Errorf("signed request, unreadable vault: %d %s, want 503 credential_unauthorized", status, b)
+	}
+	if strings.Contains(string(b), secret) {
+		t.Errorf("the refusal quotes the signing secret: %s", b)
+	}
+}

@@ -615,12 +615,15 @@ func (v *vault) directKey(provider string) string {
 	return doc.Direct[provider].APIKey
 }
 
-// agentSecret returns agent's signing secret, or false.
-func (v *vault) agentSecret(agent string) (string, bool) {
+// agentSecret returns agent's signing secret, "" for an unknown agent or
+// with no state directory (no agents), or the unreadable vault's error.
+func (v *vault) agentSecret(agent string) (string, error) {
 	doc, err := v.load()
-	if err != nil {
-		return "", false
+	if errors.As(err, new(*noStateError)) {
+		return "", nil
 	}
-	secret := doc.Agents[agent].SigningSecret // "" for an unknown agent
-	return secret, secret != ""
+	if err != nil {
+		return "", err
+	}
+	return doc.Agents[agent].SigningSecret, nil
 }

@@ -392,7 +392,7 @@ func (inv *inventory) replaceCredential(agent, id string, cred vaultCredential) 
 func (inv *inventory) credential(id string) (vaultCredential, error) {
 	doc, err := inv.vault.load()
 	if err != nil {
-		return vaultCredential{}, refuse("credential_unauthorized", "the vault is unreadable: %v", err).because(err)
+		return vaultCredential{}, vaultUnreadable(err)
 	}
 	c, ok := doc.Subscriptions[id]
 	if !ok || (c.APIKey == "" && c.OAuth == nil) {
