@@ -270,6 +270,8 @@ func (a *answerStore) taken(r *http.Request, path, requestSHA string) (*answerRe
 		return nil, refuse("internal_error", "the kept answer for this Idempotency-Key is unreadable").because(err)
 	case requestSHA != "" && rec.RequestSHA256 != requestSHA:
 		return nil, refuse("state_conflict", "this Idempotency-Key was used with another request body")
+	case rec.State == answerInProgress && rec.BootID != a.bootID && requestSHA == "": // a GET: the next POST keeps it in its dialect
+		return nil, refuse("internal_error", abandonedMessage)
 	case rec.State == answerInProgress && rec.BootID != a.bootID:
 		return a.abandon(r, path, rec)
 	case rec.State == answerInProgress:

@@ -423,6 +423,10 @@ func TestSignedAnswerAbandonedOnMessages(t *testing.T) {
 		t.Fatalf("reserve in the stopped process: %v", err)
 	}
 	d := startDaemon(t, env, `{"openai":"k"}`, "-local-credentials-stdin")
+	// A GET first answers the refusal without keeping it: the POST keeps it in its dialect.
+	if status, _, b := d.call("GET", "/v1/answers/k", d.token, ""); status != 500 || envelopeOf(t, b)["message"] != abandonedMessage {
+		t.Errorf("GET of the abandoned answer: %d %s", status, b)
+	}
 	for i := range 2 {
 		status, _, b := d.call("POST", "/v1/messages", d.token, body, "Idempotency-Key", "k")
 		var env struct{ Type string }

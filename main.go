@@ -59,7 +59,7 @@ const version = "0.1.0-dev"
 // and lets the running ones end; any other command cancels its call), the
 // second closes cut (serve cuts what still runs).
 func main() {
-	sig := make(chan os.Signal, 1)
+	sig := make(chan os.Signal, 2) // the second is never dropped, however quick
 	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
 	ctx, drain := context.WithCancel(context.Background())
 	cut := make(chan struct{})

@@ -143,10 +143,9 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// errServerShutdown cancels the requests running at serve's second signal
-// (logged server_shutdown); it is a context.Canceled, since net/http's
-// client may return a context's cause in place of its error.
-var errServerShutdown = fmt.Errorf("the server is shutting down: %w", context.Canceled)
+// errServerShutdown cancels the requests running at serve's second signal,
+// so their log lines say server_shutdown, not client_cancelled.
+var errServerShutdown = errors.New("the server is shutting down")
 
 // ServeHTTP gives every response an X-Request-Id, applies the transport
 // guard, turns the mux's own 404/405 into envelopes and logs one line.

@@ -270,10 +270,8 @@ func (inv *inventory) donate(agent, provider, label string, cred vaultCredential
 	if err != nil {
 		return overlayItem{}, vaultRefusal(err)
 	}
-	for id, c := range doc.Subscriptions { // a refresh by one would spend the other's rotating token
-		if g := cred.OAuth; g != nil && c.OAuth != nil && g.RefreshToken != "" && c.OAuth.RefreshToken == g.RefreshToken {
-			return overlayItem{}, refuse("state_conflict", "this OAuth grant is already held by subscription %s", id)
-		}
+	if err := grantHeld(doc, cred, ""); err != nil {
+		return overlayItem{}, err
 	}
 	rnd := make([]byte, 8)
 	rand.Read(rnd)
@@ -372,10 +370,14 @@ func (inv *inventory) replaceCredential(agent, id string, cred vaultCredential) 
 	if err != nil {
 		return overlayItem{}, err
 	}
-	if _, err := inv.vault.load(); err != nil {
+	doc, err := inv.vault.load()
+	if err != nil {
 		return it, vaultRefusal(err)
 	}
 	if cred, err = checkCredential(it.Provider, cred); err != nil {
+		return it, err
+	}
+	if err := grantHeld(doc, cred, id); err != nil {
 		return it, err
 	}
 	defer inv.invalidate(false)
@@ -385,6 +387,17 @@ func (inv *inventory) replaceCredential(agent, id string, cred vaultCredential) 
 	inv.l.setCredential(id, it.Provider, credActive, "")
 	inv.l.setGrantTimes(id, it.Provider, cmp.Or(cred.OAuth, &oauthGrant{}).ExpiresAtMs, 0) // an API key: none
 	return it, nil
+}
+
+// grantHeld refuses cred when a subscription other than except holds its
+// OAuth refresh token: a refresh by one would spend the other's rotating token.
+func grantHeld(doc *vaultDoc, cred vaultCredential, except string) error {
+	for id, c := range doc.Subscriptions {
+		if g := cred.OAuth; g != nil && c.OAuth != nil && g.RefreshToken != "" && c.OAuth.RefreshToken == g.RefreshToken && id != except {
+			return refuse("state_conflict", "this OAuth grant is already held by another subscription; retire that one first")
+		}
+	}
+	return nil
 }
 
 // credential is id's credential from the vault, a copy; an unreadable vault

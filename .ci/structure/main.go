@@ -4,7 +4,8 @@
 //     both directions (a file uses only files below it);
 //   - the abort after a committed stream is written once;
 //   - no elapsed-time cutoff (SPEC §7.4): no context deadline, time.After
-//     or Tick, and no Timeout field (an http.Client's, a Dialer's);
+//     or Tick, no …Timeout duration field set but to 0 (idle bounds aside),
+//     and no Set…Deadline but an abort at time.Now();
 //   - non-test Go stays within its line budget, no file over its limit;
 //   - every function README's "Reading the code" table names exists.
 //
@@ -143,11 +144,28 @@ func check(dir, readme string, maxTotal, maxFile int) ([]string, error) {
 		findings = append(findings, fmt.Sprintf("panic(http.ErrAbortHandler) written %d times (want 1)", aborts))
 	}
 
-	// SPEC §7.4: Brama adds no elapsed-time cutoff anywhere. The listener's
-	// ReadHeaderTimeout and IdleTimeout bound idle clients, not requests.
+	// SPEC §7.4: Brama adds no elapsed-time cutoff anywhere. Refused: a
+	// context deadline, time.After/Tick/NewTicker, setting a time.Duration
+	// field named …Timeout (an http.Client's, a Transport's, a Dialer's, a
+	// Server's ReadTimeout) to anything but 0, and a Set…Deadline call but
+	// one at time.Now() (an abort now). Idle bounds are not cutoffs: the
+	// listener's ReadHeaderTimeout and IdleTimeout, a pool's IdleConnTimeout.
 	clocks := map[string][]string{
 		"context": {"WithTimeout", "WithTimeoutCause", "WithDeadline", "WithDeadlineCause"},
 		"time":    {"After", "Tick", "NewTicker"},
+	}
+	cutoff := func(pos token.Pos, what string) {
+		findings = append(findings, fmt.Sprintf("%s: %s is an elapsed-time cutoff (SPEC §7.4)", fset.Position(pos), what))
+	}
+	setsTimeout := func(field *ast.Ident, value ast.Expr) {
+		v, ok := info.Uses[field].(*types.Var)
+		if lit, zero := value.(*ast.BasicLit); zero && lit.Value == "0" || !ok || !v.IsField() ||
+			!strings.HasSuffix(v.Name(), "Timeout") || types.TypeString(v.Type(), nil) != "time.Duration" {
+			return
+		}
+		if !slices.Contains([]string{"ReadHeaderTimeout", "IdleTimeout", "IdleConnTimeout"}, v.Name()) {
+			cutoff(field.Pos(), "the "+v.Name()+" field")
+		}
 	}
 	for _, f := range files {
 		ast.Inspect(f, func(n ast.Node) bool {
@@ -155,13 +173,30 @@ func check(dir, readme string, maxTotal, maxFile int) ([]string, error) {
 			case *ast.SelectorExpr:
 				if x, ok := n.X.(*ast.Ident); ok {
 					if pn, ok := info.Uses[x].(*types.PkgName); ok && slices.Contains(clocks[pn.Imported().Path()], n.Sel.Name) {
-						findings = append(findings, fmt.Sprintf("%s: %s.%s is an elapsed-time cutoff (SPEC §7.4)", fset.Position(n.Pos()), x.Name, n.Sel.Name))
+						cutoff(n.Pos(), x.Name+"."+n.Sel.Name)
+					}
+				}
+			case *ast.AssignStmt:
+				for i, lhs := range n.Lhs {
+					if sel, ok := lhs.(*ast.SelectorExpr); ok && len(n.Rhs) == len(n.Lhs) {
+						setsTimeout(sel.Sel, n.Rhs[i])
 					}
 				}
 			case *ast.KeyValueExpr:
-				if k, ok := n.Key.(*ast.Ident); ok && k.Name == "Timeout" {
-					findings = append(findings, fmt.Sprintf("%s: a Timeout field is an elapsed-time cutoff (SPEC §7.4)", fset.Position(n.Pos())))
+				if k, ok := n.Key.(*ast.Ident); ok {
+					setsTimeout(k, n.Value)
 				}
+			case *ast.CallExpr:
+				sel, ok := n.Fun.(*ast.SelectorExpr)
+				if !ok || !strings.HasPrefix(sel.Sel.Name, "Set") || !strings.HasSuffix(sel.Sel.Name, "Deadline") {
+					return true
+				}
+				if len(n.Args) == 1 {
+					if now, ok := n.Args[0].(*ast.CallExpr); ok && types.ExprString(now.Fun) == "time.Now" {
+						return true
+					}
+				}
+				cutoff(n.Pos(), sel.Sel.Name)
 			}
 			return true
 		})

@@ -13,7 +13,10 @@ func TestCheck(t *testing.T) {
 	files := map[string]string{
 		"server.go":   "package main\n\nimport \"net/http\"\n\ntype server struct{ e engine }\n\nfunc (s *server) handle(w http.ResponseWriter, r *http.Request) { s.e.run() }\n\nfunc main() {}\n",
 		"dispatch.go": "package main\n\nimport \"net/http\"\n\ntype engine struct{}\n\nfunc (e engine) run() { panic(http.ErrAbortHandler) }\n",
-		"README.md":   "# x\n\n## Reading the code\n\n| rule | where |\n|---|---|\n| the abort | `(*engine).run`, `engine.run` |\n",
+		// What the no-cutoff rule allows: idle bounds, a timeout set to 0, an abort now.
+		"listen.go": "package main\n\nimport (\n\t\"net/http\"\n\t\"time\"\n)\n\nvar srv = &http.Server{ReadHeaderTimeout: time.Second, IdleTimeout: time.Second}\n\n" +
+			"func abort(w http.ResponseWriter) {\n\tt := &http.Transport{IdleConnTimeout: time.Second}\n\tt.TLSHandshakeTimeout = 0\n\thttp.NewResponseController(w).SetReadDeadline(time.Now())\n}\n",
+		"README.md": "# x\n\n## Reading the code\n\n| rule | where |\n|---|---|\n| the abort | `(*engine).run`, `engine.run` |\n",
 	}
 	tests := []struct {
 		name     string
@@ -40,7 +43,17 @@ func TestCheck(t *testing.T) {
 		}, "time.After is an elapsed-time cutoff"},
 		{"a client Timeout", func(f map[string]string) {
 			f["dispatch.go"] += "\nvar client = &http.Client{Timeout: 1}\n"
-		}, "a Timeout field is an elapsed-time cutoff"},
+		}, "the Timeout field is an elapsed-time cutoff"},
+		{"a transport's first-byte timeout, assigned", func(f map[string]string) {
+			f["dispatch.go"] += "\nfunc (e engine) transport() { t := &http.Transport{}; t.ResponseHeaderTimeout = 1 }\n"
+		}, "the ResponseHeaderTimeout field is an elapsed-time cutoff"},
+		{"a server's ReadTimeout", func(f map[string]string) {
+			f["dispatch.go"] += "\nvar srv2 = &http.Server{ReadTimeout: 1}\n"
+		}, "the ReadTimeout field is an elapsed-time cutoff"},
+		{"a read deadline later than now", func(f map[string]string) {
+			f["dispatch.go"] += "\nfunc (e engine) read(w http.ResponseWriter) {\n\thttp.NewResponseController(w).SetReadDeadline(time.Now().Add(time.Second))\n}\n"
+			f["dispatch.go"] = strings.Replace(f["dispatch.go"], `import "net/http"`, "import (\n\t\"net/http\"\n\t\"time\"\n)", 1)
+		}, "SetReadDeadline is an elapsed-time cutoff"},
 		{"README names a missing function", func(f map[string]string) {
 			f["README.md"] = strings.Replace(f["README.md"], "`engine.run`", "`engine.gone`", 1)
 		}, "README names engine.gone"},
