@@ -115,3 +115,30 @@ func TestMaintainRearmsWhenASubscriptionRetires(t *testing.T) {
 		t.Errorf("after the retirement the timer is armed for %s, want %s", at, laterAt)
 	}
 }
+
+// TestSubscriptionListingShowsAFailedUsageReadAtOnce: a usage read is not a
+// status change of the ledger's (it is written behind), so it is the pass
+// itself that clears the listing cache (SPEC §10.2): the failed read shows
+// in the next listing, not after the TTL.
+func TestSubscriptionListingShowsAFailedUsageReadAtOnce(t *testing.T) {
+	fake := newMaintProviderFake(t, &testClock{t: time.Now()})
+	fake.handle(fakeKimiUsage, func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, `{"error":"busy"}`, http.StatusInternalServerError)
+	})
+	d, _ := maintDaemon(t, fake)
+	if status, _, b := d.call("POST", "/v1/admin/maintain", d.token, ""); status != http.StatusOK {
+		t.Fatalf("first pass: %d %s", status, b)
+	}
+	status, _, b := d.call("POST", "/v1/admin/subscriptions/a1", d.token, `{"provider":"kimi","api_key":"plantedKimiKey"}`)
+	id := donatedID(t, status, b, "a1", "kimi")
+	if _, _, b := d.call("GET", "/v1/admin/subscriptions/a1", d.token, ""); !strings.Contains(string(b), `"usage_read":null`) {
+		t.Fatalf("before the pass (now cached): %s", b)
+	}
+	if status, _, b := d.call("POST", "/v1/admin/maintain", d.token, ""); status != http.StatusOK {
+		t.Fatalf("maintain: %d %s", status, b)
+	}
+	_, _, b = d.call("GET", "/v1/admin/subscriptions/a1", d.token, "")
+	if !strings.Contains(string(b), id) || !strings.Contains(string(b), `"usage_read":{`) || !strings.Contains(string(b), `"ok":false`) {
+		t.Errorf("listing right after the pass does not show the failed read: %s", b)
+	}
+}
