@@ -310,7 +310,7 @@ func (l *ledger) nextDue(now time.Time, retired map[string]bool) (best time.Time
 	defer l.mu.Unlock()
 	for id, e := range l.entries {
 		if e.Credential.State == credNeedsReauth || retired[id] {
-			continue // nothing is due for it until a sign-in replaces the credential
+			continue // nothing falls due: retired, or refused until a sign-in replaces it
 		}
 		consider(e.Credential.ExpiresAtMs)
 		consider(e.Block.UntilMs)

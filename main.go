@@ -238,7 +238,8 @@ func newLogger(w io.Writer, level string) *slog.Logger {
 	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: lv}))
 }
 
-// serve runs the daemon until ctx ends.
+// serve runs the daemon until ctx ends, then drains until its requests end
+// or e.cut closes.
 func serve(ctx context.Context, args []string, e cliEnv) error {
 	fs := e.newFlags("serve")
 	addr := fs.String("addr", "127.0.0.1:8080", "`address` to listen on")
@@ -356,6 +357,7 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 	case <-e.cut:
 		stopRequests(errServerShutdown) // their log lines say server_shutdown
 		srv.Close()
+		<-drained // Shutdown returns once Close has closed every connection
 	}
 	s.inflight.Lock() // every request still being served has written its log line
 	s.inflight.Unlock()

@@ -392,8 +392,11 @@ func (inv *inventory) replaceCredential(agent, id string, cred vaultCredential) 
 // grantHeld refuses cred when a subscription other than except holds its
 // OAuth refresh token: a refresh by one would spend the other's rotating token.
 func grantHeld(doc *vaultDoc, cred vaultCredential, except string) error {
+	if cred.OAuth == nil || cred.OAuth.RefreshToken == "" {
+		return nil
+	}
 	for id, c := range doc.Subscriptions {
-		if g := cred.OAuth; g != nil && c.OAuth != nil && g.RefreshToken != "" && c.OAuth.RefreshToken == g.RefreshToken && id != except {
+		if c.OAuth != nil && c.OAuth.RefreshToken == cred.OAuth.RefreshToken && id != except {
 			return refuse("state_conflict", "this OAuth grant is already held by another subscription; retire that one first")
 		}
 	}
