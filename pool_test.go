@@ -291,15 +291,7 @@ func TestAnySkipsRefusedProvider(t *testing.T) {
 // whole pool refused"), even when a refusal refreshed a grant that a later
 // candidate could otherwise call again.
 func TestSelectorSkipsAProviderWhosePoolRefused(t *testing.T) {
-	var mu sync.Mutex
-	var seen []string
-	provider := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
-		tok := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if r.Method == http.MethodPost { // not a maintenance pass's usage read
-			mu.Lock()
-			seen = append(seen, tok)
-			mu.Unlock()
-		}
+	provider, calls := tokenRecorder(t, func(w http.ResponseWriter, tok string) {
 		switch tok {
 		case "acc-one":
 			w.Header().Set("Retry-After", "60")
@@ -324,8 +316,7 @@ func TestSelectorSkipsAProviderWhosePoolRefused(t *testing.T) {
 	donateGrant(t, d, "acc-two", "ref-two", later)
 
 	status, hdr, body := d.call("POST", "/v1/messages", tok, chatBody(dialectMessages, "any", false, ""))
-	mu.Lock()
-	defer mu.Unlock()
+	seen := calls()
 	if want := []string{"acc-one", "acc-two"}; !slices.Equal(seen, want) {
 		t.Errorf("calls = %v, want %v (cc-b skipped: the whole claude-code pool refused on cc-a)", seen, want)
 	}
@@ -589,15 +580,7 @@ func TestConcurrentRequestsShareOneRefresh(t *testing.T) {
 // The first candidate spends its two calls on two 429s, so the second
 // candidate walks the same pool again.
 func TestSelectorSkipsAFailedRefreshForTheWholeRequest(t *testing.T) {
-	var mu sync.Mutex
-	var seen []string
-	provider := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
-		tok := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if r.Method == http.MethodPost { // not a maintenance pass's usage read
-			mu.Lock()
-			seen = append(seen, tok)
-			mu.Unlock()
-		}
+	provider, calls := tokenRecorder(t, func(w http.ResponseWriter, tok string) {
 		if tok == "acc-live-200" {
 			io.WriteString(w, protocolFixtures[1].buffered)
 			return
@@ -621,8 +604,7 @@ func TestSelectorSkipsAFailedRefreshForTheWholeRequest(t *testing.T) {
 	donateGrant(t, d, "acc-live-200", "ref-c", later)
 
 	status, hdr, body := d.call("POST", "/v1/messages", tok, chatBody(dialectMessages, "any", false, ""))
-	mu.Lock()
-	defer mu.Unlock()
+	seen := calls()
 	if status != 200 || hdr.Get("Brama-Attempts") != "3" {
 		t.Fatalf("any: %d, Brama-Attempts %q, %s (calls %v)", status, hdr.Get("Brama-Attempts"), body, seen)
 	}
@@ -678,5 +660,27 @@ func TestListingShowsARequestsCredentialChangeAtOnce(t *testing.T) {
 	}
 	if got := credentialStateOf(t, d, "a1", ids[0]); got != credNeedsReauth {
 		t.Errorf("listing after the 401: credential %s, want %s", got, credNeedsReauth)
+	}
+}
+
+// tokenRecorder answers each call by the bearer it presents, and calls
+// returns the bearers of the calls in order (a maintenance pass's usage
+// reads, GETs, are not calls).
+func tokenRecorder(t *testing.T, answer func(w http.ResponseWriter, token string)) (*fakeProvider, func() []string) {
+	var mu sync.Mutex
+	var seen []string
+	p := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		tok := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if r.Method == http.MethodPost {
+			mu.Lock()
+			seen = append(seen, tok)
+			mu.Unlock()
+		}
+		answer(w, tok)
+	})
+	return p, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(seen)
 	}
 }
