@@ -154,10 +154,7 @@ func TestEmbeddingsAnswerIsJSON(t *testing.T) {
 				if !tc.cut {
 					return
 				}
-				w.(http.Flusher).Flush()
-				if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
-					conn.Close()
-				}
+				cutAfterFlush(w)
 			})
 			env := stateEnv(t)
 			env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = fake.URL
@@ -199,10 +196,7 @@ func TestCountTokensAnswerCutOrMalformed(t *testing.T) {
 				w.Header().Set("Content-Length", "64")
 				w.WriteHeader(200)
 				io.WriteString(w, tc.body)
-				w.(http.Flusher).Flush()
-				if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
-					conn.Close()
-				}
+				cutAfterFlush(w)
 			})
 			env := stateEnv(t)
 			env["BRAMA_PROVIDER_ANTHROPIC_BASE_URL"] = fake.URL

@@ -286,3 +286,12 @@ func hangUpAfter(req *http.Request, cancel context.CancelFunc, started <-chan st
 	cancel()
 	return <-errc
 }
+
+// cutAfterFlush sends what a fake provider wrote so far, then drops the
+// connection: a body or stream cut mid-way.
+func cutAfterFlush(w http.ResponseWriter) {
+	w.(http.Flusher).Flush()
+	if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+		conn.Close()
+	}
+}

@@ -619,10 +619,7 @@ func TestStreamFailureThenHangUpIsRemembered(t *testing.T) {
 	fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		io.WriteString(w, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":4}}}\n\n")
-		w.(http.Flusher).Flush()
-		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
-			conn.Close()
-		}
+		cutAfterFlush(w)
 	})
 	env := stateEnv(t)
 	env["BRAMA_PROVIDER_ANTHROPIC_BASE_URL"] = fake.URL

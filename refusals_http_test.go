@@ -39,10 +39,7 @@ func refusingProvider(t *testing.T) *fakeProvider {
 		case "cutstream":
 			w.Header().Set("Content-Type", "text/event-stream")
 			io.WriteString(w, `data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":"Hel"}}]}`+"\n\n")
-			w.(http.Flusher).Flush()
-			if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
-				conn.Close()
-			}
+			cutAfterFlush(w)
 		case "quota":
 			http.Error(w, `{"error":{"message":"You exceeded your current quota","type":"insufficient_quota","code":"insufficient_quota"}}`, 429)
 		default:
