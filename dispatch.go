@@ -220,10 +220,7 @@ func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate) 
 		if baseURL, err = providerBaseURL(p, e.getenv); err != nil {
 			return routeAnswered, refuse("dependency_unavailable", "provider %q has an unusable base URL: %v", p.id, err).withAttempts(e.t.attempts)
 		}
-		queue = slices.Clone(cand.pool)
-		if !b.rotate { // one credential: the pool's first (count_tokens, the probe)
-			queue = queue[:min(len(queue), 1)]
-		}
+		queue = slices.Clone(cand.pool) // without rotation, the first usable credential makes the one call
 	}
 	for calls := 0; len(queue) > 0 && calls < b.calls; {
 		sub := &queue[0]

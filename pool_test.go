@@ -684,3 +684,22 @@ func tokenRecorder(t *testing.T, answer func(w http.ResponseWriter, token string
 		return slices.Clone(seen)
 	}
 }
+
+// TestCountTokensSkipsAGrantItCannotRefresh: count_tokens makes one call, no
+// rotation (SPEC §15), but a grant whose refresh failed before any call is
+// skipped for the pool's next subscription, as on a chat route.
+func TestCountTokensSkipsAGrantItCannotRefresh(t *testing.T) {
+	provider, calls := tokenRecorder(t, func(w http.ResponseWriter, tok string) {
+		io.WriteString(w, `{"input_tokens":7}`)
+	})
+	tokenEndpoint := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		http.Error(w, `{"error":"server_error"}`, 502)
+	})
+	d, tok := oauthSetup(t, provider, tokenEndpoint)
+	donateGrant(t, d, "acc-expired-0123", "ref-expired-0123", time.Now().Add(-time.Hour).UnixMilli())
+	donateGrant(t, d, "acc-live-0123", "ref-live-0123", time.Now().Add(time.Hour).UnixMilli())
+	status, hdr, body := d.call("POST", "/v1/messages/count_tokens", tok, chatBody(dialectMessages, "claude-code/claude-test", false, ""))
+	if status != 200 || hdr.Get("Brama-Attempts") != "1" || !slices.Equal(calls(), []string{"acc-live-0123"}) {
+		t.Errorf("count_tokens: %d %s (Brama-Attempts %q, calls %v), want 200 from the live grant after 1 call", status, body, hdr.Get("Brama-Attempts"), calls())
+	}
+}
