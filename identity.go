@@ -220,9 +220,10 @@ func (a *agentVerifier) claim(r *http.Request) (agentClaim, error) {
 		why = "malformed timestamp"
 	case c.now.Sub(agentTime(c.ts)).Abs() > signatureWindow:
 		why = "timestamp outside the ±300 s window"
-	case !known() && secretErr != nil:
-		return c, vaultUnreadable(secretErr) // the vault failed, not the signature (SPEC §2.2)
-	case c.secret == "":
+	case !known():
+		if secretErr != nil {
+			return c, vaultUnreadable(secretErr) // the vault failed, not the signature (SPEC §2.2)
+		}
 		why = "unknown agent"
 	case !isLowerHex(c.sig):
 		why = "signature is not lower-case hex"

@@ -397,7 +397,7 @@ func grantHeld(doc *vaultDoc, cred vaultCredential, except string) error {
 	}
 	for id, c := range doc.Subscriptions {
 		if c.OAuth != nil && c.OAuth.RefreshToken == cred.OAuth.RefreshToken && id != except {
-			return refuse("state_conflict", "this OAuth grant is already held by another subscription; retire that one first")
+			return refuse("state_conflict", "this OAuth grant is already held by another subscription (a retired one keeps it too); sign in for a new grant")
 		}
 	}
 	return nil
