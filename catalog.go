@@ -13,6 +13,7 @@ import (
 	"maps"
 	"math"
 	"net/http"
+	"net/url"
 	"os"
 	"slices"
 	"strings"
@@ -162,6 +163,9 @@ func (c *catalog) fetch(ctx context.Context) (catalogData, error) {
 	}
 	req.Header.Set("Accept", "application/json")
 	resp, err := c.client.Do(req)
+	if ue := (*url.Error)(nil); errors.As(err, &ue) {
+		err = ue.Err // its URL may hold a key in the query
+	}
 	if err != nil {
 		return nil, fmt.Errorf("catalogue read: %w", err)
 	}
