@@ -162,6 +162,8 @@ func TestCatalogVendor(t *testing.T) {
 		{"local-openai", "local-openai", ""},
 		{"anthropic", "anthropic", "anthropic"},
 		{"groq", "groq", "groq"},
+		{"together", "together", "togetherai"}, // models.dev's keys
+		{"fireworks", "fireworks", "fireworks-ai"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
