@@ -182,8 +182,9 @@ func (e *engine) directCredential(provider string) (string, error) {
 var testingOnlyBeforeCall func(context.Context)
 
 // send makes one provider call, the one place an attempt is counted: a 2xx
-// with its body unread, else the failure (and a whole non-2xx's refusal).
-func (e *engine) send(httpReq *http.Request, c call) (*http.Response, *providerRefusal, *apiError) {
+// with its body unread, else the failure (and a whole non-2xx's refusal);
+// a refusal's plan windows reach sub's ledger as an answer's do (SPEC §6.3).
+func (e *engine) send(httpReq *http.Request, c call, sub *overlayItem) (*http.Response, *providerRefusal, *apiError) {
 	p := c.res.Provider
 	if testingOnlyBeforeCall != nil {
 		testingOnlyBeforeCall(httpReq.Context())
@@ -199,6 +200,9 @@ func (e *engine) send(httpReq *http.Request, c call) (*http.Response, *providerR
 	}
 	if resp.StatusCode >= 200 && resp.StatusCode <= 299 {
 		return resp, nil, nil
+	}
+	if sub != nil {
+		e.ledger.recordWindows(sub.ID, p.id, parsePlanWindows(p.id, resp.Header, e.now()))
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
@@ -260,7 +264,7 @@ func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate) 
 			}
 			return routeAnswered, ae
 		}
-		resp, ref, failure := e.send(httpReq, c)
+		resp, ref, failure := e.send(httpReq, c, sub)
 		calls++
 		if resp != nil {
 			return routeAnswered, e.commit(ctx, j, cand, c, sub, resp, e.t.attempts, start)

@@ -218,11 +218,12 @@ func retryAfter(h http.Header, now time.Time) time.Duration {
 		return clampWait(ms / 1000)
 	}
 	if v := hv("Retry-After"); v != "" {
-		if s, err := strconv.ParseFloat(v, 64); err == nil && !math.IsNaN(s) {
-			return clampWait(s)
+		s, err := strconv.ParseFloat(v, 64)
+		if t, terr := http.ParseTime(v); err != nil && terr == nil {
+			s, err = t.Sub(now).Seconds(), nil
 		}
-		if t, err := http.ParseTime(v); err == nil {
-			return clampWait(t.Sub(now).Seconds())
+		if d := clampWait(s); err == nil && d > 0 {
+			return d // a wait already over states none: the reset headers below may
 		}
 	}
 	var d time.Duration
