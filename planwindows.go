@@ -87,6 +87,8 @@ func parsePlanWindows(provider string, h http.Header, now time.Time) []planWindo
 				w := newWindow("codex:"+which, windowLabel(mins, which+" window"), pct/100, 0, now, windowSourceTraffic)
 				if after, ok := num(key + "reset-after-seconds"); ok && after >= 0 && after < planMaxResetSeconds {
 					w.ResetsAtMs = now.UnixMilli() + int64(after*1000)
+				} else if at, _ := num(key + "reset-at"); at > 0 && at < planMaxResetSeconds { // epoch seconds, without the countdown
+					w.ResetsAtMs = int64(at * 1000)
 				}
 				ws = append(ws, w)
 			}
