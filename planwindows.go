@@ -279,12 +279,16 @@ func codexUsage(r report, now time.Time) []planWindow {
 			continue
 		}
 		label := which + " window"
-		if secs, ok := m.num("limit_window_seconds"); ok && secs < planMaxResetSeconds {
+		secs, hasLength := m.num("limit_window_seconds")
+		if hasLength && secs < planMaxResetSeconds {
 			label = windowLabel(secs/60, label)
 		}
 		reset := m.instant("reset_at")
 		if after, ok := m.num("reset_after_seconds"); reset == 0 && ok && after > 0 && after < planMaxResetSeconds {
 			reset, _ = usageMs(float64(now.UnixMilli()) + after*1000)
+		}
+		if hasLength && secs == 0 { // a window the plan lacks: its reset_at is the read's moment, no reset
+			reset = 0
 		}
 		ws = append(ws, newWindow("codex:"+which, label, pct/100, reset, now, windowSourceReport))
 	}
