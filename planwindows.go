@@ -83,12 +83,16 @@ func parsePlanWindows(provider string, h http.Header, now time.Time) []planWindo
 		for _, which := range []string{"primary", "secondary"} {
 			key := "x-codex-" + which + "-"
 			if pct, ok := num(key + "used-percent"); ok {
-				mins, _ := num(key + "window-minutes")
+				mins, hasMins := num(key + "window-minutes")
 				w := newWindow("codex:"+which, windowLabel(mins, which+" window"), pct/100, 0, now, windowSourceTraffic)
-				if after, ok := num(key + "reset-after-seconds"); ok && after >= 0 && after < planMaxResetSeconds {
+				switch after, ok := num(key + "reset-after-seconds"); {
+				case hasMins && mins == 0: // a window the plan lacks states no reset
+				case ok && after >= 0 && after < planMaxResetSeconds:
 					w.ResetsAtMs = now.UnixMilli() + int64(after*1000)
-				} else if at, _ := num(key + "reset-at"); at > 0 && at < planMaxResetSeconds { // epoch seconds, without the countdown
-					w.ResetsAtMs = int64(at * 1000)
+				default:
+					if at, _ := num(key + "reset-at"); at > 0 && at < planMaxResetSeconds { // epoch seconds, without the countdown
+						w.ResetsAtMs = int64(at * 1000)
+					}
 				}
 				ws = append(ws, w)
 			}

@@ -88,6 +88,13 @@ func TestParsePlanWindows(t *testing.T) {
 		}, want: []planWindow{
 			{ID: "codex:primary", Label: "primary window", UsedFraction: 0.07, ResetsAtMs: ms + 600_000, RecordedAtMs: ms, Source: "traffic"},
 		}},
+		{name: "codex zero-length window states no reset", provider: "codex", headers: map[string]string{
+			"x-codex-primary-used-percent":   "0",
+			"x-codex-primary-window-minutes": "0",
+			"x-codex-primary-reset-at":       "1790000000",
+		}, want: []planWindow{
+			{ID: "codex:primary", Label: "primary window", UsedFraction: 0, RecordedAtMs: ms, Source: "traffic"},
+		}},
 		{name: "codex one hour, missing secondary", provider: "codex", headers: map[string]string{
 			"x-codex-primary-used-percent":   "0",
 			"x-codex-primary-window-minutes": "60",
