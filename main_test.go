@@ -153,3 +153,27 @@ func TestHelpPrintsFlags(t *testing.T) {
 		t.Errorf("missing positional exit = %d, want 2", code)
 	}
 }
+
+func TestVersionTakesNoArguments(t *testing.T) {
+	tests := []struct {
+		args   []string
+		code   int
+		stdout string // a substring of stdout
+		stderr string // a substring of stderr
+	}{
+		{args: []string{"version"}, code: 0, stdout: "brama " + version + "\n"},
+		{args: []string{"version", "-h"}, code: 0, stderr: "Usage of brama version"},
+		{args: []string{"version", "extra"}, code: 2, stderr: "usage: brama version"},
+		{args: []string{"version", "-json"}, code: 2, stderr: "flag provided but not defined: -json"},
+	}
+	for _, tt := range tests {
+		out, errOut, code := runCLI(t, stateEnv(t), "", tt.args...)
+		if code != tt.code || !strings.Contains(out, tt.stdout) || !strings.Contains(errOut, tt.stderr) {
+			t.Errorf("brama %v: exit %d, stdout %q, stderr %q; want exit %d, stdout with %q, stderr with %q",
+				tt.args, code, out, errOut, tt.code, tt.stdout, tt.stderr)
+		}
+		if tt.code != 0 && out != "" {
+			t.Errorf("brama %v printed %q on a usage error", tt.args, out)
+		}
+	}
+}
