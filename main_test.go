@@ -177,3 +177,18 @@ func TestVersionTakesNoArguments(t *testing.T) {
 		}
 	}
 }
+
+// TestAnswersPruneHelp: -older-than is required, so its help names no
+// default (a sentinel such as -1ns would read as one), and zero is a value.
+func TestAnswersPruneHelp(t *testing.T) {
+	_, errOut, code := runCLI(t, stateEnv(t), "", "answers", "prune", "-h")
+	if code != 0 || !strings.Contains(errOut, "-older-than duration") || strings.Contains(errOut, "default") {
+		t.Errorf("answers prune -h: exit %d, stderr %q; want its flag without a default", code, errOut)
+	}
+	if _, errOut, code := runCLI(t, stateEnv(t), "", "answers", "prune"); code != 2 {
+		t.Errorf("answers prune without -older-than: exit %d (%q), want 2", code, errOut)
+	}
+	if out, errOut, code := runCLI(t, stateEnv(t), "", "answers", "prune", "-older-than", "0s"); code != 0 || !strings.Contains(out, "removed 0") {
+		t.Errorf("answers prune -older-than 0s: exit %d, %q %q; want 0", code, out, errOut)
+	}
+}
