@@ -233,7 +233,7 @@ func (s *server) handleChat(dialect string) http.HandlerFunc {
 		if s.replayRefused(w, r) { // SPEC §8.1's replay guard (replay.go)
 			return
 		}
-		e.t.remember = s.replayRememberer(ri)
+		e.t.remember = s.replayRememberer(r)
 		route(w, r)
 	}
 }

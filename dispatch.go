@@ -178,10 +178,19 @@ func (e *engine) directCredential(provider string) (string, error) {
 	return key, nil
 }
 
+// testingOnlyBeforeCall runs as send starts a call (nil in production).
+var testingOnlyBeforeCall func(context.Context)
+
 // send makes one provider call, the one place an attempt is counted: a 2xx
 // with its body unread, else the failure (and a whole non-2xx's refusal).
 func (e *engine) send(httpReq *http.Request, c call) (*http.Response, *providerRefusal, *apiError) {
 	p := c.res.Provider
+	if testingOnlyBeforeCall != nil {
+		testingOnlyBeforeCall(httpReq.Context())
+	}
+	if err := httpReq.Context().Err(); err != nil { // the caller hung up since the last call: none is sent
+		return nil, nil, classifyTransport(err)
+	}
 	e.t.attempts++
 	e.attempts.Add(1)
 	resp, err := e.client.Do(httpReq)
