@@ -92,7 +92,7 @@ type call struct {
 // plan resolves a request's head and makes every check before dispatch but
 // §6.4's output limit: allowlist, model, who pays, billingTarget, direct key.
 func (e *engine) plan(cl client, agent string, req *chatRequest) (call, error) {
-	if cl.AllowedModels != nil && !slices.Contains(cl.AllowedModels, req.Model) { // SPEC §3.1
+	if !cl.mayUse(req.Model) { // SPEC §3.1
 		return call{}, refuse("forbidden", "this client may not use model %q", req.Model)
 	}
 	doc, docErr := e.reg.current()

@@ -136,6 +136,40 @@ func TestModelsEmbeddingsStatsMetrics(t *testing.T) {
 	assertNoSecret(t, plantedOpenAIKey, d.stderr.String(), env["BRAMA_STATE_DIR"])
 }
 
+// TestModelsListsOnlyAllowedModels: a client with allowed_models is shown
+// only the names it may use (SPEC §3.1, §15); an admin without a list sees all.
+func TestModelsListsOnlyAllowedModels(t *testing.T) {
+	env := stateEnv(t)
+	catalogue := filepath.Join(t.TempDir(), "models.json")
+	os.WriteFile(catalogue, []byte(`{"openai":{"models":{"gpt-cat":{"id":"gpt-cat"},"gpt-dear":{"id":"gpt-dear"}}}}`), 0o600)
+	env["BRAMA_MODEL_CATALOG_PATH"] = catalogue
+	d := startDaemon(t, env, `{"openai":"`+plantedOpenAIKey+`"}`, "-local-credentials-stdin")
+	for _, alias := range []string{"chat", "dear"} {
+		if s, _, b := d.call("PUT", "/v1/admin/routes", d.token, `{"alias":"`+alias+`","route":"openai/gpt-cat"}`); s != 200 {
+			t.Fatalf("declaring %s: %d %s", alias, s, b)
+		}
+	}
+	app := addClient(t, env, "app", "-allow", "chat", "-allow", "openai/gpt-cat")
+	listed := func(token string) []string {
+		status, _, body := d.call("GET", "/v1/models", token, "")
+		var models struct{ Data []struct{ ID string } }
+		if err := json.Unmarshal(body, &models); status != 200 || err != nil {
+			t.Fatalf("/v1/models: %d %s", status, body)
+		}
+		var ids []string
+		for _, m := range models.Data {
+			ids = append(ids, m.ID)
+		}
+		return ids
+	}
+	if got, want := strings.Join(listed(app), " "), "chat openai/gpt-cat"; got != want {
+		t.Errorf("/v1/models for a client allowed chat and openai/gpt-cat lists %q, want %q", got, want)
+	}
+	if got, want := strings.Join(listed(d.token), " "), "chat dear openai/gpt-cat openai/gpt-dear"; got != want {
+		t.Errorf("/v1/models for the admin lists %q, want %q", got, want)
+	}
+}
+
 func TestPerfStatsUnplacedOnce(t *testing.T) {
 	fx := protocolFixtures[0]
 	fake := fixtureProvider(t, fx)

@@ -114,7 +114,10 @@ func classifyRefusal(protocol string, status int, header http.Header, body []byt
 	if quoted := cleanQuoted(msg, presented, maxQuotedBytes); quoted != "" {
 		m += ": " + quoted
 	}
-	r.err = refuse(ec, "%s", m).withStatus(rejectedStatus(status)) // 0 unless provider_rejected
+	r.err = refuse(ec, "%s", m)
+	if ec == "provider_rejected" { // the provider's own 4xx; a quota refusal keeps its 502
+		r.err.withStatus(rejectedStatus(status))
+	}
 	if r.err.retryable() {
 		r.err.RetryAfter = wait // the provider's own wait, on any route (SPEC §8.1)
 	}

@@ -156,6 +156,7 @@ func TestClassifyRefusalStatus(t *testing.T) {
 		{403, "provider_failure", 502, 0},
 		{408, "provider_failure", 502, 0},
 		{409, "provider_failure", 502, 0},
+		{402, "provider_quota_exhausted", 502, 0},
 		{429, "provider_rate_limited", 429, 7 * time.Second},
 		{500, "dependency_unavailable", 503, 7 * time.Second},
 		{503, "dependency_unavailable", 503, 7 * time.Second},

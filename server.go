@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -504,7 +505,8 @@ func writeRaw(w http.ResponseWriter, status int, b []byte) {
 }
 
 // handleModels serves GET /v1/models in OpenAI's list shape: the aliases,
-// then the catalogue models of providers that can serve.
+// then the catalogue models of providers that can serve, each only if the
+// caller may use it (SPEC §3.1).
 func (s *server) handleModels(w http.ResponseWriter, r *http.Request) {
 	type model struct {
 		ID      string `json:"id"`
@@ -527,6 +529,8 @@ func (s *server) handleModels(w http.ResponseWriter, r *http.Request) {
 			data = append(data, model{ID: p.id + "/" + m.ID, Object: "model", OwnedBy: p.id})
 		}
 	}
+	cl := infoFrom(r.Context()).client
+	data = slices.DeleteFunc(data, func(m model) bool { return !cl.mayUse(m.ID) })
 	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
 }
 
