@@ -250,3 +250,37 @@ func TestReadyzNamesTheRegistryOfAStateDirWithATrailingSlash(t *testing.T) {
 		t.Errorf("/readyz with a group-readable registry in %s/: %d %s; want 503 naming %s", dir, status, body, want)
 	}
 }
+
+// TestModelsListsTheAgentsSubscriptionModels: a caller with an agent sees
+// the catalogue models of the providers its agent's subscriptions serve;
+// a caller without one, or whose agent has none there, does not (SPEC §15).
+func TestModelsListsTheAgentsSubscriptionModels(t *testing.T) {
+	env := stateEnv(t)
+	catalogue := filepath.Join(t.TempDir(), "models.json")
+	os.WriteFile(catalogue, []byte(`{"moonshotai":{"models":{"k2-cat":{"id":"k2-cat"}}},"anthropic":{"models":{"claude-cat":{"id":"claude-cat"}}}}`), 0o600)
+	env["BRAMA_MODEL_CATALOG_PATH"] = catalogue
+	d := startDaemon(t, env, "")
+	tok, _ := agentWithSubs(t, d, "a1", "kimi", "kimi-key-0123")
+	addAgent(t, env, "a2")
+	other := addClient(t, env, "a2-app", "-agent", "a2")
+	for _, tc := range []struct {
+		name, token, want string
+	}{
+		{"a1's bound client", tok, "kimi/k2-cat"},
+		{"a2's bound client, no subscription", other, ""},
+		{"the admin, no agent", d.token, ""},
+	} {
+		status, _, body := d.call("GET", "/v1/models", tc.token, "")
+		var models struct{ Data []struct{ ID string } }
+		if err := json.Unmarshal(body, &models); status != 200 || err != nil {
+			t.Fatalf("%s: /v1/models %d %s", tc.name, status, body)
+		}
+		var ids []string
+		for _, m := range models.Data {
+			ids = append(ids, m.ID)
+		}
+		if got := strings.Join(ids, " "); got != tc.want {
+			t.Errorf("%s: /v1/models lists %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}
