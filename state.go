@@ -46,7 +46,9 @@ func (e *noStateError) Unwrap() error { return e.cause }
 
 // resolveState picks BRAMA_STATE_DIR, else <home>/.brama, and nothing else.
 func resolveState(getenv func(string) string) state {
-	if d := strings.TrimSpace(getenv("BRAMA_STATE_DIR")); d != "" {
+	if d := strings.TrimSpace(getenv("BRAMA_STATE_DIR")); d != "" && !filepath.IsAbs(d) { // it would be the working directory's
+		return state{cause: fmt.Errorf("BRAMA_STATE_DIR %q is not an absolute path", d)}
+	} else if d != "" {
 		return state{dir: filepath.Clean(d)} // "/var/lib/brama/" is the same directory
 	}
 	home := strings.TrimSpace(getenv("HOME"))
