@@ -58,6 +58,9 @@ func (e cliEnv) gateway(fs *flag.FlagSet, args []string, positionals int, usage 
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" {
 		return nil, nil, &usageError{fmt.Sprintf("-gateway %q is not an http:// or https:// URL", *raw)}
 	}
+	if u.Scheme == "http" && !isLoopbackHost(u.Hostname()) { // the bearer and credentials would cross in clear text
+		return nil, nil, &usageError{fmt.Sprintf("-gateway %q: http:// is allowed only to a loopback host; use https://", *raw)}
+	}
 	in := bufio.NewReader(e.stdin)
 	tok := strings.TrimSpace(e.getenv("BRAMA_TOKEN"))
 	if tok == "" {

@@ -91,3 +91,22 @@ func FuzzParseImportFile(f *testing.F) {
 		}
 	})
 }
+
+// TestGatewayRefusesPlainHTTPToARemoteHost: the CLIs that call the daemon
+// send its admin bearer (and API keys, OAuth grants) only over https:// or
+// to a loopback host, the rule SPEC §6.1 sets for provider URLs; serve
+// refuses a plain-http peer that is not loopback anyway (§3.3).
+func TestGatewayRefusesPlainHTTPToARemoteHost(t *testing.T) {
+	env := map[string]string{"BRAMA_TOKEN": "brama_planted-gateway-bearer"}
+	for _, gw := range []string{"http://gateway.invalid:8080", "http://192.0.2.1:8080"} {
+		_, errOut, code := runCLI(t, env, "", "subscription", "list", "-agent", "a1", "-gateway", gw)
+		if code != 2 || !strings.Contains(errOut, "loopback") {
+			t.Errorf("-gateway %s: exit %d %q; want 2 before any connection", gw, code, errOut)
+		}
+	}
+	for _, gw := range []string{"http://localhost:1", "http://[::1]:1", "https://127.0.0.1:1"} {
+		if _, errOut, code := runCLI(t, env, "", "subscription", "list", "-agent", "a1", "-gateway", gw); code != 1 || !strings.Contains(errOut, "cannot reach the gateway") {
+			t.Errorf("-gateway %s: exit %d %q; want it tried (1: cannot reach)", gw, code, errOut)
+		}
+	}
+}
