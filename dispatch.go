@@ -248,6 +248,11 @@ func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate) 
 				wk.note(sub.ID, "blocked until "+until.UTC().Format(time.RFC3339))
 				continue
 			}
+			// Marked by another request since the pool was read; the probe may revive it.
+			if j.kind != kindProbe && e.ledger.credentialState(sub.ID) != credActive {
+				wk.note(sub.ID, "credential refused meanwhile; sign in again")
+				continue
+			}
 			var err error
 			if c.cred, err = e.subscriptionCredential(ctx, *sub, ""); errors.Is(err, errSkipSubscription) {
 				continue

@@ -101,3 +101,47 @@ func TestAFailedAnswerPinsNothing(t *testing.T) {
 		t.Errorf("a called %d, b %d times; want a (overlay order: b never served) called again, b not", a, b)
 	}
 }
+
+// TestACredentialMarkedDuringAWalkIsNotCalled: a request whose walk
+// reaches a subscription that another request's 401 marked
+// needs_reauthorization meanwhile skips it without a call (SPEC §10.3: such
+// a credential is never called by a request).
+func TestACredentialMarkedDuringAWalkIsNotCalled(t *testing.T) {
+	d, fake, clock, tok := huntScene(t)
+	body := chatBody(dialectChat, "kimi/k2", false, "")
+	fake.set("key-a", answer429)
+	fake.set("key-b", answerOK)
+	if s, _, b := d.call("POST", "/v1/chat/completions", tok, body); s != 200 {
+		t.Fatalf("a blocked, b serves (and is pinned): %d %s", s, b)
+	}
+	clock.advance(121 * time.Second) // both order b (pinned), then a
+
+	arrived, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	fake.set("key-b", func(w http.ResponseWriter) {
+		held := false
+		once.Do(func() { held = true })
+		if held { // the first request's call on b waits until the second is done
+			close(arrived)
+			<-release
+		}
+		answer429(w)
+	})
+	fake.set("key-a", answer401)
+	first := make(chan int)
+	go func() {
+		s, _, _ := d.call("POST", "/v1/chat/completions", tok, body)
+		first <- s
+	}()
+	<-arrived
+	if s, _, b := d.call("POST", "/v1/chat/completions", tok, body); s != 429 {
+		t.Fatalf("second request: b 429, a 401: %d %s", s, b)
+	}
+	close(release)
+	if s := <-first; s != 429 {
+		t.Errorf("first request: %d, want 429 from b, a skipped", s)
+	}
+	if n := fake.count("key-a"); n != 2 { // its 429 at the start, its 401 to the second request
+		t.Errorf("a was called %d times, want 2; once marked needs_reauthorization it is never called again", n)
+	}
+}
