@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -145,3 +146,94 @@ func TestACredentialMarkedDuringAWalkIsNotCalled(t *testing.T) {
 		t.Errorf("a was called %d times, want 2; once marked needs_reauthorization it is never called again", n)
 	}
 }
+
+func answerQuota(w http.ResponseWriter) {
+	http.Error(w, `{"error":{"type":"insufficient_quota","code":"insufficient_quota","message":"out of credit"}}`, 429)
+}
+func answer402(w http.ResponseWriter) {
+	http.Error(w, `{"error":{"type":"billing_error","message":"no credit"}}`, 402)
+}
+
+// TestMixedRefusalsPrecedence: two credentials refused differently get
+// SPEC §7.2.5's first match (b 429, c quota, d authentication), both calls
+// counted, and a 429 says Retry-After (the earliest block's end).
+func TestMixedRefusalsPrecedence(t *testing.T) {
+	answers := map[string]func(http.ResponseWriter){"401": answer401, "429": answer429, "quota": answerQuota, "402": answer402}
+	for _, tc := range []struct {
+		first, second string
+		status        int
+		code          string
+		retryAfter    string
+	}{
+		{"401", "quota", 502, "provider_quota_exhausted", ""},
+		{"quota", "401", 502, "provider_quota_exhausted", ""},
+		{"402", "401", 502, "provider_quota_exhausted", ""},
+		{"quota", "429", 429, "provider_rate_limited", "120"},
+		{"429", "402", 429, "provider_rate_limited", "120"},
+		{"401", "429", 429, "provider_rate_limited", "120"},
+	} {
+		t.Run(tc.first+"+"+tc.second, func(t *testing.T) {
+			d, fake, _, tok := huntScene(t)
+			fake.set("key-a", answers[tc.first])
+			fake.set("key-b", answers[tc.second])
+			s, h, b := d.call("POST", "/v1/chat/completions", tok, chatBody(dialectChat, "kimi/k2", false, ""))
+			e := envelopeOf(t, b)
+			if s != tc.status || e["code"] != tc.code || e["attempts"] != float64(2) || h.Get("Brama-Attempts") != "2" {
+				t.Errorf("%d %s (Brama-Attempts %q), want %d %s after 2 calls", s, b, h.Get("Brama-Attempts"), tc.status, tc.code)
+			}
+			if h.Get("Retry-After") != tc.retryAfter {
+				t.Errorf("Retry-After %q, want %q", h.Get("Retry-After"), tc.retryAfter)
+			}
+			if n := fake.count("key-a") + fake.count("key-b"); n != 2 {
+				t.Errorf("the provider saw %d calls, want 2", n)
+			}
+		})
+	}
+}
+
+// TestCodexInBandLimitBlocks: codex's in-band usage_limit_reached after the
+// 2xx is provider_incomplete for this request and records a block on the
+// subscription (SPEC §6.2), so the next request makes no call into it.
+func TestCodexInBandLimitBlocks(t *testing.T) {
+	for _, tc := range []struct {
+		dialect, path string
+		stream        bool
+	}{
+		{dialectChat, "/v1/chat/completions", false}, {dialectChat, "/v1/chat/completions", true},
+		{dialectResponses, "/v1/responses", false}, {dialectResponses, "/v1/responses", true},
+	} {
+		stream := tc.stream
+		t.Run(fmt.Sprint(tc.dialect, " stream=", stream), func(t *testing.T) {
+			fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+				w.Header().Set("Content-Type", "text/event-stream")
+				io.WriteString(w, "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"r1\",\"status\":\"in_progress\",\"output\":[]}}\n\n")
+				io.WriteString(w, "event: error\ndata: {\"type\":\"error\",\"code\":\"usage_limit_reached\",\"message\":\"The usage limit has been reached\",\"sequence_number\":2}\n\n")
+			})
+			env := stateEnv(t)
+			env["BRAMA_REPLAY_GUARD_SECS"] = "0"
+			env["BRAMA_PROVIDER_CODEX_BASE_URL"] = fake.URL
+			d := startDaemon(t, env, "")
+			addAgent(t, env, "a1")
+			tok := addClient(t, env, "a1-app", "-agent", "a1")
+			s, _, b := d.call("POST", "/v1/admin/subscriptions/a1", d.token, `{"provider":"codex","oauth":{"access_token":"acc-codex-0123","refresh_token":"ref-codex-0123","account_id":"acct","expires_at_ms":4102444800000}}`)
+			donatedID(t, s, b, "a1", "codex")
+			body := chatBody(tc.dialect, "codex/gpt-5", stream, "")
+			req, _ := http.NewRequest("POST", d.url+tc.path, strings.NewReader(body))
+			req.Header.Set("Authorization", "Bearer "+tok)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			first, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if !strings.Contains(string(first), "provider_incomplete") {
+				t.Fatalf("first answer %d %s, want provider_incomplete", resp.StatusCode, first)
+			}
+			s, h, b := d.call("POST", tc.path, tok, body)
+			if e := envelopeOf(t, b); s != 429 || e["code"] != "subscription_unavailable" || fake.calls.Load() != 1 || h.Get("Retry-After") == "" {
+				t.Errorf("after an in-band usage limit: %d %s (Retry-After %q), %d calls; want 429 subscription_unavailable, no second call", s, b, h.Get("Retry-After"), fake.calls.Load())
+			}
+		})
+	}
+}
+
