@@ -237,3 +237,34 @@ func TestCodexInBandLimitBlocks(t *testing.T) {
 	}
 }
 
+// TestSelectorSkipsACandidateThatCannotExpressTheRequest: JSON mode cannot
+// be expressed toward messages (SPEC §7.6), so a selector's messages
+// candidate is skipped without a call and the next candidate, which speaks
+// chat, serves it; only when no candidate can is the 400 the answer.
+func TestSelectorSkipsACandidateThatCannotExpressTheRequest(t *testing.T) {
+	fake := newKeyedFake(t, map[string]string{"ds-1": "200"})
+	never := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		http.Error(w, `{"type":"error","error":{"type":"api_error","message":"unexpected"}}`, 500)
+	})
+	env := stateEnv(t)
+	env["BRAMA_REPLAY_GUARD_SECS"] = "0"
+	env["BRAMA_PROVIDER_DEEPSEEK_BASE_URL"] = fake.URL
+	env["BRAMA_PROVIDER_ANTHROPIC_BASE_URL"] = never.URL
+	d := startDaemon(t, env, "")
+	for _, put := range []string{`{"alias":"a1","route":"anthropic/claude-x"}`, `{"alias":"a2","route":"deepseek/ds-chat"}`} {
+		if s, _, b := d.call("PUT", "/v1/admin/routes", d.token, put); s != 200 {
+			t.Fatalf("PUT %s: %d %s", put, s, b)
+		}
+	}
+	tok, _ := agentWithSubs(t, d, "a1", "anthropic", "an-1")
+	jsonMode := `,"max_tokens":100,"response_format":{"type":"json_object"}`
+	s, h, b := d.call("POST", "/v1/chat/completions", tok, chatBody(dialectChat, "any", false, jsonMode))
+	if e := envelopeOf(t, b); s != 400 || e["code"] != "invalid_request" || never.calls.Load() != 0 {
+		t.Fatalf("only a messages candidate: %d %s, %d calls; want 400 invalid_request before any call", s, b, never.calls.Load())
+	}
+	donate(t, d, "a1", "deepseek", "ds-1")
+	s, h, b = d.call("POST", "/v1/chat/completions", tok, chatBody(dialectChat, "any", false, jsonMode))
+	if s != 200 || h.Get("Brama-Route") != "deepseek/ds-chat" || h.Get("Brama-Attempts") != "1" || never.calls.Load() != 0 {
+		t.Errorf("any with JSON mode: %d %s (route %q, attempts %q); want deepseek's answer after 1 call", s, b, h.Get("Brama-Route"), h.Get("Brama-Attempts"))
+	}
+}
