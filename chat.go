@@ -57,6 +57,7 @@ type (
 		Name        string          `json:"name,omitempty"`
 		Description string          `json:"description,omitempty"` // tools only
 		Parameters  json.RawMessage `json:"parameters,omitempty"`  // tools only
+		Strict      *bool           `json:"strict,omitempty"`      // tools only
 		Arguments   *string         `json:"arguments,omitempty"`   // calls only
 	}
 	chatCustom struct {
@@ -237,7 +238,7 @@ func (req *chatRequest) addChatTool(t chatTool, _ json.RawMessage, what string) 
 	flat := openAITool{Type: "hosted"}
 	switch {
 	case t.Type == "function" && t.Function != nil:
-		flat = openAITool{Type: t.Type, Name: t.Function.Name, Description: t.Function.Description, Parameters: t.Function.Parameters}
+		flat = openAITool{Type: t.Type, Name: t.Function.Name, Description: t.Function.Description, Parameters: t.Function.Parameters, Strict: t.Function.Strict}
 	case t.Type == "custom" && t.Custom != nil:
 		flat = openAITool{Type: t.Type, Name: t.Custom.Name, Description: t.Custom.Description, Format: t.Custom.Format}
 	case t.Type == "function" || t.Type == "custom":
@@ -296,7 +297,7 @@ func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
 		if t.Kind == toolCustom {
 			out.Tools = append(out.Tools, chatTool{Type: "custom", Custom: &chatCustom{Name: t.Name, Description: t.Description, Format: t.Format}})
 		} else {
-			out.Tools = append(out.Tools, chatTool{Type: "function", Function: &chatFunction{Name: t.Name, Description: t.Description, Parameters: t.Parameters}})
+			out.Tools = append(out.Tools, chatTool{Type: "function", Function: &chatFunction{Name: t.Name, Description: t.Description, Parameters: t.Parameters, Strict: t.Strict}})
 		}
 	}
 	if c := req.ToolChoice; c != nil && c.Mode == toolChoiceTool {

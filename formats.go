@@ -102,6 +102,7 @@ type tool struct {
 	Namespace   string // "" outside a group
 	Description string
 	Parameters  json.RawMessage // function: JSON Schema object; nil when none given
+	Strict      *bool           // function: the caller's strict flag; nil when none given
 	Format      json.RawMessage // custom: the grammar or text format, nil when none given
 	FormatPath  string          // the caller's path of Format, named when messages drops it
 }

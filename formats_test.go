@@ -430,6 +430,9 @@ func roundTripNeutral(req chatRequest) chatRequest {
 		if tl.Kind == toolFunction && tl.Parameters == nil {
 			req.Tools[i].Parameters = emptySchema // the schema a protocol that requires one gets
 		}
+		if !valueOr(tl.Strict, false) {
+			req.Tools[i].Strict = nil // responses gets strict false written out (its own default is true)
+		}
 		req.Tools[i].Parameters, req.Tools[i].Format = canonicalJSON(req.Tools[i].Parameters), canonicalJSON(tl.Format)
 	}
 	if req.Output != nil {

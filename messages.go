@@ -54,6 +54,7 @@ type (
 		Name        string          `json:"name"`
 		Description string          `json:"description,omitempty"`
 		InputSchema json.RawMessage `json:"input_schema,omitempty"`
+		Strict      *bool           `json:"strict,omitempty"`
 	}
 	messagesToolChoice struct {
 		Type                   string `json:"type"`
@@ -185,12 +186,12 @@ func (req *chatRequest) addMessagesTool(t messagesTool, raw json.RawMessage, wha
 		req.Dropped = append(req.Dropped, what)
 		return nil
 	}
-	dropUnknown(&req.Dropped, raw, what, "type name description input_schema")
+	dropUnknown(&req.Dropped, raw, what, "type name description input_schema strict")
 	schema, err := parseCallerSchema(t.InputSchema, what+".input_schema")
 	if err == nil && t.Name == "" {
 		err = refuseInvalid("%s.name is required", what)
 	}
-	req.Tools = append(req.Tools, tool{Name: t.Name, Description: t.Description, Parameters: schema})
+	req.Tools = append(req.Tools, tool{Name: t.Name, Description: t.Description, Parameters: schema, Strict: t.Strict})
 	return err // on an error the whole request is refused
 }
 
@@ -365,7 +366,7 @@ func encodeMessages(req chatRequest, model string, o upstreamOptions) (any, erro
 		case len(schema) == 0:
 			schema = emptySchema
 		}
-		out.Tools = append(out.Tools, messagesTool{Name: t.Name, Description: t.Description, InputSchema: schema})
+		out.Tools = append(out.Tools, messagesTool{Name: t.Name, Description: t.Description, InputSchema: schema, Strict: t.Strict})
 	}
 	serial := req.ParallelToolCalls != nil && !*req.ParallelToolCalls && len(req.Tools) > 0
 	if c := req.ToolChoice; c != nil || serial {

@@ -282,7 +282,7 @@ func (req *chatRequest) addOpenAITool(t openAITool, raw json.RawMessage, what st
 		if err != nil {
 			return err
 		}
-		nt := tool{Name: t.Name, Description: t.Description, Parameters: params}
+		nt := tool{Name: t.Name, Description: t.Description, Parameters: params, Strict: t.Strict}
 		if t.Type == "custom" {
 			nt = tool{Kind: toolCustom, Name: t.Name, Description: t.Description, Format: t.Format}
 			if t.Format != nil {

@@ -188,8 +188,9 @@ func buildUpstreamRequest(ctx context.Context, p providerInfo, baseURL string, c
 	if err != nil {
 		return nil, refuse("internal_error", "internal error").because(err)
 	}
-	var options http.Header                                // the format's own options a translation needs
-	if req.Output != nil && p.protocol == protoAnthropic { // SPEC §7.6: the JSON Schema output format's beta
+	var options http.Header // the format's own options a translation needs
+	strict := slices.ContainsFunc(req.Tools, func(t tool) bool { return valueOr(t.Strict, false) })
+	if (req.Output != nil || strict) && p.protocol == protoAnthropic { // SPEC §7.6: structured outputs' beta (a JSON Schema output format, strict tools)
 		options = http.Header{"Anthropic-Beta": {structuredOutputsBeta}}
 	}
 	setProviderHeaders(hr.Header, p, cred, options, stream)

@@ -265,7 +265,7 @@ func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, err
 	}
 	out.Input = must(json.Marshal(items))
 	for _, t := range req.Tools { // a namespaced tool goes flattened: no provider sees a group
-		rt := openAITool{Type: "function", Name: t.Name, Description: t.Description, Parameters: t.Parameters, Strict: ptrTo(false)}
+		rt := openAITool{Type: "function", Name: t.Name, Description: t.Description, Parameters: t.Parameters, Strict: cmp.Or(t.Strict, ptrTo(false))}
 		if t.Kind == toolCustom {
 			rt = openAITool{Type: "custom", Name: t.Name, Description: t.Description, Format: t.Format}
 		} else if len(rt.Parameters) == 0 {

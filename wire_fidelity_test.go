@@ -1,0 +1,73 @@
+package main
+
+import (
+	"testing"
+)
+
+// TestTranslationCarriesToolStrictness checks a function tool's strict
+// flag reaches a provider of another format as the caller set it (SPEC
+// §7.6: function tools are carried), never silently flipped or lost.
+func TestTranslationCarriesToolStrictness(t *testing.T) {
+	env := stateEnv(t)
+	fakes := map[string]*translationFake{
+		"openai":           newTranslationFake(t, func(string) string { return chatToolAnswer }),
+		"anthropic":        newTranslationFake(t, func(string) string { return messagesToolAnswer }),
+		"openai-responses": newTranslationFake(t, func(string) string { return responsesToolAnswer }),
+	}
+	plain := map[string]*fakeProvider{}
+	for id, f := range fakes {
+		plain[id] = f.fakeProvider
+	}
+	d := startDaemon(t, env, providerEnv(env, plain), "-local-credentials-stdin")
+	schema := `{"type":"object","properties":{"city":{"type":"string"}},"required":["city"],"additionalProperties":false}`
+	tests := []struct {
+		name, path, body, provider string
+		wantUpstream               map[string]string
+		wantBeta                   string
+	}{
+		{
+			name: "chat to responses", path: "/v1/chat/completions", provider: "openai-responses",
+			body:         `{"model":"openai-responses/gpt-test","messages":[{"role":"user","content":"q"}],"tools":[{"type":"function","function":{"name":"get_weather","parameters":` + schema + `,"strict":true}}]}`,
+			wantUpstream: map[string]string{"tools[0].name": `"get_weather"`, "tools[0].strict": `true`},
+		},
+		{
+			name: "responses to chat", path: "/v1/responses", provider: "openai",
+			body:         `{"model":"openai/gpt-test","input":"q","tools":[{"type":"function","name":"get_weather","parameters":` + schema + `,"strict":true}]}`,
+			wantUpstream: map[string]string{"tools[0].function.name": `"get_weather"`, "tools[0].function.strict": `true`},
+		},
+		{
+			name: "chat to messages", path: "/v1/chat/completions", provider: "anthropic",
+			body:         `{"model":"anthropic/claude-test","max_tokens":9,"messages":[{"role":"user","content":"q"}],"tools":[{"type":"function","function":{"name":"get_weather","parameters":` + schema + `,"strict":true}}]}`,
+			wantUpstream: map[string]string{"tools[0].name": `"get_weather"`, "tools[0].strict": `true`},
+			wantBeta:     structuredOutputsBeta,
+		},
+		{
+			name: "messages to responses", path: "/v1/messages", provider: "openai-responses",
+			body:         `{"model":"openai-responses/gpt-test","max_tokens":9,"messages":[{"role":"user","content":"q"}],"tools":[{"name":"get_weather","input_schema":` + schema + `,"strict":true}]}`,
+			wantUpstream: map[string]string{"tools[0].name": `"get_weather"`, "tools[0].strict": `true`},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := fakes[tc.provider]
+			status, hdr, body := d.call("POST", tc.path, d.token, tc.body)
+			if status != 200 {
+				t.Fatalf("status %d: %s", status, body)
+			}
+			for path, want := range tc.wantUpstream {
+				if got := jsonAt(t, f.body(), path); got != want {
+					t.Errorf("upstream %s = %s, want %s", path, got, want)
+				}
+			}
+			if got := hdr.Get("Brama-Dropped"); got != "" {
+				t.Errorf("Brama-Dropped = %q, want none", got)
+			}
+			f.mu.Lock()
+			beta := f.header.Get("anthropic-beta")
+			f.mu.Unlock()
+			if beta != tc.wantBeta {
+				t.Errorf("anthropic-beta = %q, want %q", beta, tc.wantBeta)
+			}
+		})
+	}
+}
