@@ -40,7 +40,8 @@ type (
 		File     *chatFile `json:"file,omitempty"`
 	}
 	chatURL struct {
-		URL string `json:"url"`
+		URL    string `json:"url"`
+		Detail string `json:"detail,omitempty"`
 	}
 	chatFile struct {
 		FileData string `json:"file_data,omitempty"`
@@ -223,7 +224,7 @@ func (req *chatRequest) chatParts(raw json.RawMessage, what string) ([]part, err
 		case cp.Type == "image_url" && cp.ImageURL == nil:
 			return part{}, "", refuseInvalid("%s.image_url must be an object with a url", pw)
 		case cp.Type == "image_url":
-			return part{Type: partImage, ImageURL: cp.ImageURL.URL}, pw + ".image_url.url", nil
+			return imagePart(cp.ImageURL.URL, cp.ImageURL.Detail, pw+".image_url.detail"), pw + ".image_url.url", nil
 		case cp.Type == "file" && cp.File != nil && cp.File.FileData != "":
 			f := cp.File
 			return part{Type: partDocument, FileURL: f.FileData, Filename: f.Filename}, pw + ".file.file_data", nil
@@ -272,7 +273,7 @@ func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
 			case partText:
 				parts = append(parts, chatPart{Type: "text", Text: &p.Text})
 			case partImage:
-				plain, parts = false, append(parts, chatPart{Type: "image_url", ImageURL: &chatURL{p.ImageURL}})
+				plain, parts = false, append(parts, chatPart{Type: "image_url", ImageURL: &chatURL{p.ImageURL, p.Detail}})
 			case partDocument:
 				f := &chatFile{FileData: p.FileURL, Filename: p.Filename}
 				plain, parts = false, append(parts, chatPart{Type: "file", File: f})

@@ -79,6 +79,8 @@ type part struct {
 	Type       string
 	Text       string // text; tool_result: its text content
 	ImageURL   string // image: an https URL or a data URL ("data:image/png;base64,…")
+	Detail     string // image: the OpenAI formats' detail (low, high, auto), "" when none
+	DetailPath string // the caller's member for Detail, named toward messages
 	FileURL    string // document: an https URL or a data URL
 	Filename   string // document: its file name when known
 	ToolCallID string // tool_call and tool_result: the call's id
@@ -304,6 +306,13 @@ func (req chatRequest) droppedFor(p providerInfo) []string {
 		for _, t := range req.Tools {
 			if t.Kind == toolCustom && t.Format != nil {
 				d = append(d, t.FormatPath)
+			}
+		}
+		for _, m := range req.Messages {
+			for _, p := range m.Parts {
+				if p.Detail != "" {
+					d = append(d, p.DetailPath)
+				}
 			}
 		}
 	case p.protocol == protoOpenAIResponses && len(req.Stop) > 0:

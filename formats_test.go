@@ -402,6 +402,7 @@ func roundTripNeutral(req chatRequest) chatRequest {
 			if p.Type == partText && p.Text == "" {
 				continue
 			}
+			p.DetailPath = "" // where it stood, like Dropped
 			if p.Type == partToolCall && !p.Custom {
 				if p.Arguments = argumentsText(p.Arguments); json.Valid([]byte(p.Arguments)) {
 					p.Arguments = string(canonicalJSON(json.RawMessage(p.Arguments)))

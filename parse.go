@@ -193,6 +193,16 @@ func parseCallerSchema(raw json.RawMessage, what string) (json.RawMessage, error
 	return b.Bytes(), nil
 }
 
+// imagePart is an OpenAI format's image part, the caller's path of its
+// detail kept only when it has one.
+func imagePart(url, detail, detailPath string) part {
+	p := part{Type: partImage, ImageURL: url, Detail: detail}
+	if detail != "" {
+		p.DetailPath = detailPath
+	}
+	return p
+}
+
 // checkCallerURL accepts the two references every provider protocol can
 // carry for an image or a document: an https URL or a data URL.
 func checkCallerURL(url, what string) error {

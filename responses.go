@@ -47,6 +47,7 @@ type (
 		Type        string          `json:"type"`
 		Text        *string         `json:"text,omitempty"`
 		ImageURL    *string         `json:"image_url,omitempty"`
+		Detail      string          `json:"detail,omitempty"`
 		FileData    string          `json:"file_data,omitempty"`
 		FileURL     string          `json:"file_url,omitempty"`
 		Filename    string          `json:"filename,omitempty"`
@@ -203,7 +204,7 @@ func (req *chatRequest) responsesParts(raw json.RawMessage, what string) ([]part
 		case rp.Type == "input_text" || rp.Type == "output_text":
 			return part{Type: partText, Text: *rp.Text}, "", nil
 		case rp.Type == "input_image" && rp.ImageURL != nil:
-			return part{Type: partImage, ImageURL: *rp.ImageURL}, pw + ".image_url", nil
+			return imagePart(*rp.ImageURL, rp.Detail, pw+".detail"), pw + ".image_url", nil
 		case rp.Type == "input_file" && rp.FileData+rp.FileURL != "":
 			return part{Type: partDocument, FileURL: rp.FileData + rp.FileURL, Filename: rp.Filename}, pw, nil
 		}
@@ -245,7 +246,7 @@ func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, err
 					content = append(content, responsesPart{Type: map[bool]string{false: "input_text", true: "output_text"}[m.Role == "assistant"], Text: ptrTo(p.Text)})
 				}
 			case partImage:
-				content = append(content, responsesPart{Type: "input_image", ImageURL: ptrTo(p.ImageURL)})
+				content = append(content, responsesPart{Type: "input_image", ImageURL: ptrTo(p.ImageURL), Detail: p.Detail})
 			case partDocument:
 				fp := responsesPart{Type: "input_file", FileURL: p.FileURL, Filename: p.Filename}
 				if strings.HasPrefix(p.FileURL, "data:") {

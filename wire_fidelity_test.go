@@ -71,3 +71,60 @@ func TestTranslationCarriesToolStrictness(t *testing.T) {
 		})
 	}
 }
+
+// TestTranslationCarriesImageDetail checks an image part's detail reaches
+// the other OpenAI format and is named where messages has no counterpart
+// (SPEC §7.6: image parts are carried, nothing dropped silently).
+func TestTranslationCarriesImageDetail(t *testing.T) {
+	env := stateEnv(t)
+	fakes := map[string]*translationFake{
+		"openai":           newTranslationFake(t, func(string) string { return chatToolAnswer }),
+		"anthropic":        newTranslationFake(t, func(string) string { return messagesToolAnswer }),
+		"openai-responses": newTranslationFake(t, func(string) string { return responsesToolAnswer }),
+	}
+	plain := map[string]*fakeProvider{}
+	for id, f := range fakes {
+		plain[id] = f.fakeProvider
+	}
+	d := startDaemon(t, env, providerEnv(env, plain), "-local-credentials-stdin")
+	chatBody := func(model string) string {
+		return `{"model":"` + model + `","max_tokens":9,"messages":[{"role":"user","content":[{"type":"text","text":"what is this"},
+			{"type":"image_url","image_url":{"url":"https://example.com/a.png","detail":"high"}}]}]}`
+	}
+	responsesBody := func(model string) string {
+		return `{"model":"` + model + `","max_output_tokens":9,"input":[{"role":"user","content":[{"type":"input_text","text":"what is this"},
+			{"type":"input_image","image_url":"https://example.com/a.png","detail":"low"}]}]}`
+	}
+	tests := []struct {
+		name, path, body, provider string
+		wantUpstream               map[string]string
+		wantDropped                string
+	}{
+		{name: "chat to responses", path: "/v1/chat/completions", body: chatBody("openai-responses/gpt-test"), provider: "openai-responses",
+			wantUpstream: map[string]string{"input[0].content[1].image_url": `"https://example.com/a.png"`, "input[0].content[1].detail": `"high"`}},
+		{name: "responses to chat", path: "/v1/responses", body: responsesBody("openai/gpt-test"), provider: "openai",
+			wantUpstream: map[string]string{"messages[0].content[1].image_url.url": `"https://example.com/a.png"`, "messages[0].content[1].image_url.detail": `"low"`}},
+		{name: "chat to messages", path: "/v1/chat/completions", body: chatBody("anthropic/claude-test"), provider: "anthropic",
+			wantUpstream: map[string]string{"messages[0].content[1].source.url": `"https://example.com/a.png"`},
+			wantDropped:  "messages[0].content[1].image_url.detail"},
+		{name: "responses to messages", path: "/v1/responses", body: responsesBody("anthropic/claude-test"), provider: "anthropic",
+			wantUpstream: map[string]string{"messages[0].content[1].source.url": `"https://example.com/a.png"`},
+			wantDropped:  "input[0].content[1].detail"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			status, hdr, body := d.call("POST", tc.path, d.token, tc.body)
+			if status != 200 {
+				t.Fatalf("status %d: %s", status, body)
+			}
+			for path, want := range tc.wantUpstream {
+				if got := jsonAt(t, fakes[tc.provider].body(), path); got != want {
+					t.Errorf("upstream %s = %s, want %s", path, got, want)
+				}
+			}
+			if got := hdr.Get("Brama-Dropped"); got != tc.wantDropped {
+				t.Errorf("Brama-Dropped = %q, want %q", got, tc.wantDropped)
+			}
+		})
+	}
+}
