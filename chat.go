@@ -110,7 +110,7 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 			return chatRequest{}, err
 		}
 	}
-	var raw struct{ Messages json.RawMessage }
+	var raw struct{ Messages, Tools json.RawMessage }
 	json.Unmarshal(body, &raw)
 	if err := eachItem(b.Messages, raw.Messages, "messages", req.addChatMessage); err != nil {
 		return chatRequest{}, err
@@ -127,7 +127,7 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 		output.Type = f.Type
 	}
 	err = cmp.Or( // each step reads its own members; the first refusal wins
-		eachItem(b.Tools, nil, "tools", req.addChatTool),
+		eachItem(b.Tools, raw.Tools, "tools", req.addChatTool),
 		req.setOpenAIToolChoice(b.ToolChoice, true),
 		req.setChatStop(b.Stop),
 		req.setOutput(output, "response_format"),
@@ -158,7 +158,7 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 	dropUnknown(&req.Dropped, raw, what, "role content tool_calls tool_call_id")
 	switch m.Role {
 	case "system", "developer":
-		text, err := callerTextOf(m.Content, what+".content", "text", "\n\n")
+		text, err := req.callerTextOf(m.Content, what+".content", "text", "\n\n")
 		req.addSystem(text) // on an error the whole request is refused
 		return err
 	case "user":
@@ -203,7 +203,7 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 		if m.ToolCallID == "" {
 			return refuseInvalid("%s.tool_call_id is required", what)
 		}
-		text, err := callerTextOf(m.Content, what+".content", "text", "\n")
+		text, err := req.callerTextOf(m.Content, what+".content", "text", "\n")
 		req.Messages = appendPart(req.Messages, "user", part{Type: partToolResult, ToolCallID: m.ToolCallID, Text: text})
 		return err
 	default:
@@ -215,28 +215,47 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 // chatParts reads content: a string or text, image_url and file parts;
 // others (audio, an earlier refusal) are dropped and named.
 func (req *chatRequest) chatParts(raw json.RawMessage, what string) ([]part, error) {
-	read := func(cp chatPart, _ json.RawMessage, pw string) (part, string, error) {
-		switch {
-		case cp.Type == "text" && cp.Text != nil:
-			return part{Type: partText, Text: *cp.Text}, "", nil
-		case cp.Type == "text":
-			return part{}, "", refuseInvalid("%s.text is required", pw)
-		case cp.Type == "image_url" && cp.ImageURL == nil:
-			return part{}, "", refuseInvalid("%s.image_url must be an object with a url", pw)
-		case cp.Type == "image_url":
-			return imagePart(cp.ImageURL.URL, cp.ImageURL.Detail, pw+".image_url.detail"), pw + ".image_url.url", nil
-		case cp.Type == "file" && cp.File != nil && cp.File.FileData != "":
-			f := cp.File
-			return part{Type: partDocument, FileURL: f.FileData, Filename: f.Filename}, pw + ".file.file_data", nil
+	read := func(cp chatPart, raw json.RawMessage, pw string) (part, string, error) {
+		p, urlPath, err := chatPartOf(cp, pw)
+		if err == nil && p.Type != "" {
+			req.dropUnknownPart(raw, pw, cp.Type, chatMembers)
 		}
-		return part{}, "", nil
+		return p, urlPath, err
 	}
 	return callerParts(req, raw, what, "content parts", read)
 }
 
+// chatMembers names the members Brama carries of each chat part and tool
+// type, and of its nested object.
+var chatMembers = map[string][2]string{"text": {"type text"}, "image_url": {"type image_url", "url detail"},
+	"file": {"type file", "file_data filename"}, "function": {"type function", "name description parameters strict"},
+	"custom": {"type custom", "name description format"}}
+
+// chatPartOf is one content part as a neutral part with the path of its URL;
+// an untyped part is one Brama does not carry.
+func chatPartOf(cp chatPart, pw string) (part, string, error) {
+	switch {
+	case cp.Type == "text" && cp.Text != nil:
+		return part{Type: partText, Text: *cp.Text}, "", nil
+	case cp.Type == "text":
+		return part{}, "", refuseInvalid("%s.text is required", pw)
+	case cp.Type == "image_url" && cp.ImageURL == nil:
+		return part{}, "", refuseInvalid("%s.image_url must be an object with a url", pw)
+	case cp.Type == "image_url":
+		return imagePart(cp.ImageURL.URL, cp.ImageURL.Detail, pw+".image_url.detail"), pw + ".image_url.url", nil
+	case cp.Type == "file" && cp.File != nil && cp.File.FileData != "":
+		f := cp.File
+		return part{Type: partDocument, FileURL: f.FileData, Filename: f.Filename}, pw + ".file.file_data", nil
+	}
+	return part{}, "", nil
+}
+
 // addChatTool adds a chat tool, read in the flat shape Responses declares it.
-func (req *chatRequest) addChatTool(t chatTool, _ json.RawMessage, what string) error {
+func (req *chatRequest) addChatTool(t chatTool, raw json.RawMessage, what string) error {
 	flat := openAITool{Type: "hosted"}
+	if t.Type == "function" || t.Type == "custom" {
+		req.dropUnknownPart(raw, what, t.Type, chatMembers)
+	}
 	switch {
 	case t.Type == "function" && t.Function != nil:
 		flat = openAITool{Type: t.Type, Name: t.Function.Name, Description: t.Function.Description, Parameters: t.Function.Parameters, Strict: t.Function.Strict}

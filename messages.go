@@ -6,7 +6,6 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"strings"
 )
 
@@ -201,10 +200,7 @@ var messagesChoices = map[string]string{"auto": toolChoiceAuto, "none": toolChoi
 // messagesText reads content that may only be text (a system prompt): a
 // string or text blocks, whose cache_control is dropped and named.
 func (req *chatRequest) messagesText(raw json.RawMessage, what string) (string, error) {
-	for i, bl := range rawItems(raw) {
-		dropUnknown(&req.Dropped, bl, fmt.Sprintf("%s[%d]", what, i), "type text")
-	}
-	return callerTextOf(raw, what, "text", "\n\n")
+	return req.callerTextOf(raw, what, "text", "\n\n")
 }
 
 // messagesParts reads a turn's content: a string or blocks; other blocks (thinking,

@@ -394,8 +394,12 @@ func eachItem[T any](items []T, list json.RawMessage, what string,
 }
 
 // callerTextOf reads content that may only be text: a string, or an array of
-// {"type":textType,"text":…} parts, joined with sep.
-func callerTextOf(raw json.RawMessage, what, textType, sep string) (string, error) {
+// {"type":textType,"text":…} parts, joined with sep, their other members
+// (cache_control) dropped and named.
+func (req *chatRequest) callerTextOf(raw json.RawMessage, what, textType, sep string) (string, error) {
+	for i, p := range rawItems(raw) {
+		dropUnknown(&req.Dropped, p, fmt.Sprintf("%s[%d]", what, i), "type text")
+	}
 	text, parts, err := callerContent[chatPart](raw, what, textType+" parts")
 	if err != nil || text != nil {
 		return textOf(text), err
@@ -408,6 +412,16 @@ func callerTextOf(raw json.RawMessage, what, textType, sep string) (string, erro
 		texts = append(texts, *p.Text)
 	}
 	return strings.Join(texts, sep), nil
+}
+
+// dropUnknownPart names the members of the part or tool raw (at path) not in
+// members[typ]: its own, then those of its nested object named typ.
+func (req *chatRequest) dropUnknownPart(raw json.RawMessage, path, typ string, members map[string][2]string) {
+	known := members[typ]
+	dropUnknown(&req.Dropped, raw, path, known[0])
+	var m map[string]json.RawMessage
+	json.Unmarshal(raw, &m)
+	dropUnknown(&req.Dropped, m[typ], joinPath(path, typ), known[1])
 }
 
 // resultText is a tool result's text; its other parts have no counterpart

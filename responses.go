@@ -152,7 +152,7 @@ func (req *chatRequest) addResponsesItem(it responsesItem, _ json.RawMessage, wh
 	case "", "message":
 		switch it.Role {
 		case "system", "developer":
-			text, err := callerTextOf(it.Content, what+".content", "input_text", "\n\n")
+			text, err := req.callerTextOf(it.Content, what+".content", "input_text", "\n\n")
 			req.addSystem(text)
 			return err
 		case "user", "assistant":
@@ -197,7 +197,7 @@ func (req *chatRequest) addResponsesItem(it responsesItem, _ json.RawMessage, wh
 // responsesParts reads content: a string or text, image and file parts;
 // others (a refusal, a file id) are dropped and named.
 func (req *chatRequest) responsesParts(raw json.RawMessage, what string) ([]part, error) {
-	read := func(rp responsesPart, _ json.RawMessage, pw string) (part, string, error) {
+	partOf := func(rp responsesPart, pw string) (part, string, error) {
 		switch {
 		case (rp.Type == "input_text" || rp.Type == "output_text") && rp.Text == nil:
 			return part{}, "", refuseInvalid("%s.text is required", pw)
@@ -210,8 +210,19 @@ func (req *chatRequest) responsesParts(raw json.RawMessage, what string) ([]part
 		}
 		return part{}, "", nil
 	}
+	read := func(rp responsesPart, raw json.RawMessage, pw string) (part, string, error) {
+		p, urlPath, err := partOf(rp, pw)
+		if err == nil && p.Type != "" {
+			dropUnknown(&req.Dropped, raw, pw, responsesPartMembers[rp.Type])
+		}
+		return p, urlPath, err
+	}
 	return callerParts(req, raw, what, "content parts", read)
 }
+
+// responsesPartMembers names the members Brama carries of each part type.
+var responsesPartMembers = map[string]string{"input_text": "type text", "output_text": "type text annotations",
+	"input_image": "type image_url detail", "input_file": "type file_data file_url filename"}
 
 // encodeResponses builds a Responses body: text, images and files in message
 // items, tool calls and results items of their own; codex gets SPEC §6.2's body.

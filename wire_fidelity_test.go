@@ -128,3 +128,39 @@ func TestTranslationCarriesImageDetail(t *testing.T) {
 		})
 	}
 }
+
+// TestTranslationNamesUnknownPartAndToolMembers checks the members of a
+// content part or a chat tool that Brama does not carry are named in
+// Brama-Dropped, as a message's or a Responses tool's are (SPEC §7.6:
+// nothing is dropped silently).
+func TestTranslationNamesUnknownPartAndToolMembers(t *testing.T) {
+	env := stateEnv(t)
+	f := newTranslationFake(t, func(string) string { return messagesToolAnswer })
+	d := startDaemon(t, env, providerEnv(env, map[string]*fakeProvider{"anthropic": f.fakeProvider}), "-local-credentials-stdin")
+	tests := []struct{ name, path, body, wantDropped string }{
+		{
+			name: "chat", path: "/v1/chat/completions",
+			body: `{"model":"anthropic/claude-test","max_tokens":9,"messages":[{"role":"user","content":[{"type":"text","text":"q","cache_control":{"type":"ephemeral"}},
+				{"type":"image_url","image_url":{"url":"https://example.com/a.png","format":"image/png"}},{"type":"file","file":{"file_data":"data:application/pdf;base64,JVBE","file_id":"file_1"}}]}],
+				"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"},"x_extra":1},"cache_control":{"type":"ephemeral"}}]}`,
+			wantDropped: "messages[0].content[0].cache_control, messages[0].content[1].image_url.format, messages[0].content[2].file.file_id, tools[0].cache_control, tools[0].function.x_extra",
+		},
+		{
+			name: "responses", path: "/v1/responses",
+			body: `{"model":"anthropic/claude-test","max_output_tokens":9,"input":[{"role":"user","content":[{"type":"input_text","text":"q","x_extra":1},
+				{"type":"input_image","image_url":"https://example.com/a.png","file_id":"file_1"},{"type":"input_file","file_data":"data:application/pdf;base64,JVBE","file_id":"file_2"}]}]}`,
+			wantDropped: "input[0].content[0].x_extra, input[0].content[1].file_id, input[0].content[2].file_id",
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			status, hdr, body := d.call("POST", tc.path, d.token, tc.body)
+			if status != 200 {
+				t.Fatalf("status %d: %s", status, body)
+			}
+			if got := hdr.Get("Brama-Dropped"); got != tc.wantDropped {
+				t.Errorf("Brama-Dropped = %q, want %q", got, tc.wantDropped)
+			}
+		})
+	}
+}
