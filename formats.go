@@ -109,7 +109,12 @@ type tool struct {
 	FormatPath  string          // the caller's path of Format, named when messages drops it
 }
 
-func (t tool) memberName() string { return strings.TrimPrefix(t.Name, t.Namespace+"__") }
+func (t tool) memberName() string {
+	if t.Namespace == "" {
+		return t.Name
+	}
+	return strings.TrimPrefix(t.Name, t.Namespace+"__")
+}
 
 func (req *chatRequest) findTool(name string) *tool {
 	if i := slices.IndexFunc(req.Tools, func(t tool) bool { return t.Name == name }); i >= 0 {

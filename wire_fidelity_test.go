@@ -164,3 +164,22 @@ func TestTranslationNamesUnknownPartAndToolMembers(t *testing.T) {
 		})
 	}
 }
+
+// TestTranslationKeepsToolNamesOutsideAGroup checks a call to a tool whose
+// own name starts with "__" comes back under that name: only a namespaced
+// tool's flattened prefix is taken off (SPEC §7.6).
+func TestTranslationKeepsToolNamesOutsideAGroup(t *testing.T) {
+	env := stateEnv(t)
+	f := newTranslationFake(t, func(string) string {
+		return `{"id":"m","type":"message","role":"assistant","model":"m","content":[{"type":"tool_use","id":"toolu_1","name":"__init","input":{}}],"stop_reason":"tool_use","usage":{"input_tokens":1,"output_tokens":1}}`
+	})
+	d := startDaemon(t, env, providerEnv(env, map[string]*fakeProvider{"anthropic": f.fakeProvider}), "-local-credentials-stdin")
+	status, _, body := d.call("POST", "/v1/chat/completions", d.token, `{"model":"anthropic/claude-test","max_tokens":9,"messages":[{"role":"user","content":"q"}],
+		"tools":[{"type":"function","function":{"name":"__init","parameters":{"type":"object"}}}]}`)
+	if status != 200 {
+		t.Fatalf("status %d: %s", status, body)
+	}
+	if got := jsonAt(t, body, "choices[0].message.tool_calls[0].function.name"); got != `"__init"` {
+		t.Errorf("call name = %s, want \"__init\"", got)
+	}
+}
