@@ -143,8 +143,11 @@ func parseMessages(body []byte) (chatRequest, error) {
 	if req.Stop = b.StopSequences; len(req.Stop) > 0 {
 		req.StopPath = "stop_sequences"
 	}
-	if t := b.Thinking; t != nil && t.Type == "enabled" {
+	switch t := b.Thinking; {
+	case t != nil && t.Type == "enabled":
 		req.Effort, req.EffortPath = effortOfBudget(t.BudgetTokens), "thinking"
+	case t != nil && t.Type != "disabled": // adaptive: no effort of its own to carry
+		req.Dropped = append(req.Dropped, "thinking")
 	}
 	f := b.OutputFormat
 	if o := b.OutputConfig; o != nil {

@@ -183,3 +183,28 @@ func TestTranslationKeepsToolNamesOutsideAGroup(t *testing.T) {
 		t.Errorf("call name = %s, want \"__init\"", got)
 	}
 }
+
+// TestTranslationNamesThinkingItCannotMap checks a Messages caller's thinking
+// of a type Brama does not map to an effort (adaptive) is named in
+// Brama-Dropped, not lost silently (SPEC §7.6).
+func TestTranslationNamesThinkingItCannotMap(t *testing.T) {
+	env := stateEnv(t)
+	f := newTranslationFake(t, func(string) string { return chatToolAnswer })
+	d := startDaemon(t, env, providerEnv(env, map[string]*fakeProvider{"openai": f.fakeProvider}), "-local-credentials-stdin")
+	for _, tc := range []struct{ thinking, wantDropped, wantEffort string }{
+		{`{"type":"adaptive"}`, "thinking", ``},
+		{`{"type":"enabled","budget_tokens":2048}`, "", `"low"`},
+		{`{"type":"disabled"}`, "", ``},
+	} {
+		status, hdr, body := d.call("POST", "/v1/messages", d.token, `{"model":"openai/gpt-test","max_tokens":9000,"thinking":`+tc.thinking+`,"messages":[{"role":"user","content":"q"}]}`)
+		if status != 200 {
+			t.Fatalf("%s: status %d: %s", tc.thinking, status, body)
+		}
+		if got := hdr.Get("Brama-Dropped"); got != tc.wantDropped {
+			t.Errorf("%s: Brama-Dropped = %q, want %q", tc.thinking, got, tc.wantDropped)
+		}
+		if got := jsonAt(t, f.body(), "reasoning_effort"); got != tc.wantEffort {
+			t.Errorf("%s: upstream reasoning_effort = %s, want %s", tc.thinking, got, tc.wantEffort)
+		}
+	}
+}
