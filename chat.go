@@ -32,6 +32,7 @@ type (
 		Content    json.RawMessage `json:"content,omitempty"` // string, parts, or null beside tool calls
 		ToolCalls  []chatToolCall  `json:"tool_calls,omitempty"`
 		ToolCallID string          `json:"tool_call_id,omitempty"`
+		Refusal    string          `json:"refusal,omitempty"` // answers only: the model refused
 	}
 	chatPart struct {
 		Type     string    `json:"type"`
@@ -414,9 +415,12 @@ func decodeChat(body []byte) (chatAnswer, error) {
 		}
 		a.ToolCalls = append(a.ToolCalls, call)
 	}
-	if c.FinishReason != nil && *c.FinishReason != "" {
+	switch a.Text += c.Message.Refusal; {
+	case c.Message.Refusal != "": // a refusal is its text, finished as Anthropic's refusal is
+		a.Finish = finishContentFilter
+	case c.FinishReason != nil && *c.FinishReason != "":
 		a.Finish = chatFinish(*c.FinishReason)
-	} else if len(a.ToolCalls) > 0 {
+	case len(a.ToolCalls) > 0:
 		a.Finish = finishToolCalls
 	}
 	return a, nil
@@ -524,9 +528,10 @@ func (s *chatCallerStream) fail(e *apiError) error { return s.sse.frame("", e.bo
 // chatUpstreamStream translates chunks. finish_reason is the terminal signal
 // but usage follows it, so the tail goes out at [DONE] or the body's end.
 type chatUpstreamStream struct {
-	finish string      // set once a chunk carried finish_reason
-	usage  usage       // the latest usage reported
-	tools  map[int]int // provider tool-call index → neutral index
+	finish  string      // set once a chunk carried finish_reason
+	usage   usage       // the latest usage reported
+	refusal bool        // a refusal delta came: the finish is content_filter
+	tools   map[int]int // provider tool-call index → neutral index
 }
 
 func newChatUpstreamStream() streamTranslator { return &chatUpstreamStream{tools: map[int]int{}} }
@@ -552,7 +557,10 @@ func (c *chatUpstreamStream) handle(ev sseEvent, emit func(streamEvent) error) (
 		}
 		if d := choice.Delta; d != nil {
 			var t string
-			if json.Unmarshal(d.Content, &t) == nil && t != "" {
+			if json.Unmarshal(d.Content, &t); d.Refusal != "" {
+				t, c.refusal = t+d.Refusal, true
+			}
+			if t != "" {
 				if err := emit(streamEvent{Kind: eventText, Text: t}); err != nil {
 					return false, err
 				}
@@ -594,6 +602,9 @@ func (c *chatUpstreamStream) toolDelta(i int, tc chatToolCall, emit func(streamE
 func (c *chatUpstreamStream) ended(emit func(streamEvent) error) (bool, error) {
 	if c.finish == "" {
 		return false, nil
+	}
+	if c.refusal {
+		c.finish = finishContentFilter
 	}
 	return true, emitTail(emit, c.finish, c.usage)
 }

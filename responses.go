@@ -52,6 +52,7 @@ type (
 		FileURL     string          `json:"file_url,omitempty"`
 		Filename    string          `json:"filename,omitempty"`
 		Annotations json.RawMessage `json:"annotations,omitempty"`
+		Refusal     string          `json:"refusal,omitempty"` // answers only: the model refused
 	}
 	responsesObject struct {
 		ID                string               `json:"id"`
@@ -476,8 +477,9 @@ type responsesStreamItem struct {
 // responsesUpstreamStream translates Responses events, items keyed by
 // output_index; response.completed (or .incomplete) is terminal.
 type responsesUpstreamStream struct {
-	items map[int]*responsesStreamItem
-	tools int
+	items   map[int]*responsesStreamItem
+	tools   int
+	refusal bool // a refusal came: the finish is content_filter
 }
 
 func newResponsesUpstreamStream() streamTranslator {
@@ -513,10 +515,11 @@ func (r *responsesUpstreamStream) handle(ev sseEvent, emit func(streamEvent) err
 			return false, err
 		}
 		return false, r.done(idx, e.Item, emit)
-	case "response.output_text.delta", "response.function_call_arguments.delta", "response.custom_tool_call_input.delta":
+	case "response.output_text.delta", "response.refusal.delta", "response.function_call_arguments.delta", "response.custom_tool_call_input.delta":
 		it, _ := r.item(idx, &responsesItem{}, emit)
 		ev := streamEvent{Kind: eventText}
-		if e.Type != "response.output_text.delta" {
+		r.refusal = r.refusal || e.Type == "response.refusal.delta"
+		if e.Type != "response.output_text.delta" && e.Type != "response.refusal.delta" {
 			if it.tool < 0 {
 				return false, malformedEvent(protoOpenAIResponses, errors.New("arguments outside a call item"))
 			}
@@ -549,6 +552,9 @@ func (r *responsesUpstreamStream) completed(resp *responsesObject, emit func(str
 	finish, u := finishStop, usage{}
 	if r.tools > 0 {
 		finish = finishToolCalls
+	}
+	if r.refusal {
+		finish = finishContentFilter
 	}
 	for f, reason := range responsesIncompletes {
 		if d := resp.IncompleteDetails; d != nil && d.Reason == reason {
@@ -588,9 +594,17 @@ func (r *responsesUpstreamStream) done(i int, item *responsesItem, emit func(str
 	if tc, ok := item.call(); ok && tc.Arguments != "" {
 		return emit(streamEvent{Kind: eventToolCallArgs, Index: it.tool, Text: tc.Arguments})
 	}
-	var scratch chatRequest // a message item's text
-	if parts, _ := scratch.responsesParts(item.Content, ""); item.Type == "message" && textOf(parts) != "" {
-		return emit(streamEvent{Kind: eventText, Text: textOf(parts)})
+	var scratch chatRequest // a message item's text, a refusal's too
+	parts, _ := scratch.responsesParts(item.Content, "")
+	text := textOf(parts)
+	for _, p := range rawItems(item.Content) {
+		var rp responsesPart
+		if json.Unmarshal(p, &rp); rp.Type == "refusal" {
+			text, r.refusal = text+rp.Refusal, true
+		}
+	}
+	if item.Type == "message" && text != "" {
+		return emit(streamEvent{Kind: eventText, Text: text})
 	}
 	return nil
 }

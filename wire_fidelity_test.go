@@ -1,6 +1,8 @@
 package main
 
 import (
+	"io"
+	"net/http"
 	"testing"
 )
 
@@ -206,5 +208,52 @@ func TestTranslationNamesThinkingItCannotMap(t *testing.T) {
 		if got := jsonAt(t, f.body(), "reasoning_effort"); got != tc.wantEffort {
 			t.Errorf("%s: upstream reasoning_effort = %s, want %s", tc.thinking, got, tc.wantEffort)
 		}
+	}
+}
+
+// TestTranslationCarriesAModelRefusal checks an OpenAI model's refusal
+// (message.refusal, a refusal delta or part) reaches a caller of another
+// format as its text with the refusal finish (messages stop_reason
+// "refusal", chat content_filter), never as an empty, ordinary stop.
+func TestTranslationCarriesAModelRefusal(t *testing.T) {
+	env := stateEnv(t)
+	chat := newTranslationFake(t, func(string) string {
+		return `{"id":"c","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":null,"refusal":"I can't help with that."},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":2}}`
+	})
+	responses := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, `data: {"type":"response.output_item.added","output_index":0,"item":{"type":"message","id":"m1","role":"assistant","content":[]}}`+"\n\n"+
+			`data: {"type":"response.refusal.delta","output_index":0,"content_index":0,"delta":"I can't"}`+"\n\n"+
+			`data: {"type":"response.output_item.done","output_index":0,"item":{"type":"message","id":"m1","role":"assistant","content":[{"type":"refusal","refusal":"I can't"}]}}`+"\n\n"+
+			`data: {"type":"response.completed","response":{"status":"completed","output":[],"usage":{"input_tokens":1,"output_tokens":2}}}`+"\n\n")
+	})
+	d := startDaemon(t, env, providerEnv(env, map[string]*fakeProvider{"openai": chat.fakeProvider, "openai-responses": responses}), "-local-credentials-stdin")
+
+	status, _, body := d.call("POST", "/v1/messages", d.token, `{"model":"openai/gpt-test","max_tokens":9,"messages":[{"role":"user","content":"q"}]}`)
+	if status != 200 {
+		t.Fatalf("status %d: %s", status, body)
+	}
+	if got, want := jsonAt(t, body, "content[0].text")+" "+jsonAt(t, body, "stop_reason"), `"I can't help with that." "refusal"`; got != want {
+		t.Errorf("messages answer = %s, want %s", got, want)
+	}
+
+	status, _, body = d.call("POST", "/v1/chat/completions", d.token, `{"model":"openai-responses/gpt-test","stream":true,"messages":[{"role":"user","content":"q"}]}`)
+	if status != 200 {
+		t.Fatalf("status %d: %s", status, body)
+	}
+	var text, finish string
+	for _, fr := range splitTestSSE(t, string(body)) {
+		if fr.Data == "[DONE]" {
+			continue
+		}
+		if s := jsonAt(t, []byte(fr.Data), "choices[0].delta.content"); s != "" && s != `""` {
+			text += s
+		}
+		if f := jsonAt(t, []byte(fr.Data), "choices[0].finish_reason"); f != "" && f != "null" {
+			finish = f
+		}
+	}
+	if got, want := text+" "+finish, `"I can't" "content_filter"`; got != want {
+		t.Errorf("chat stream = %s, want %s", got, want)
 	}
 }
