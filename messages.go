@@ -252,7 +252,9 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 				}
 				p.Text = req.resultText(inner, bw+".content")
 			}
-			known = "type tool_use_id content is_error"
+			if known = "type tool_use_id content is_error"; bl.IsError { // no OpenAI format has the flag
+				known = "type tool_use_id content"
+			}
 		case bl.Type == "tool_use" || bl.Type == "tool_result":
 			return p, "", refuseInvalid("%s.type %s is not allowed in a %s turn", bw, quoteCallerToken(bl.Type), role)
 		default: // thinking, …: dropped

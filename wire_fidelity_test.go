@@ -257,3 +257,24 @@ func TestTranslationCarriesAModelRefusal(t *testing.T) {
 		t.Errorf("chat stream = %s, want %s", got, want)
 	}
 }
+
+// TestTranslationNamesAToolResultsErrorFlag checks a Messages tool result's
+// is_error, which neither OpenAI format has, is named in Brama-Dropped, not
+// lost silently (SPEC §7.6).
+func TestTranslationNamesAToolResultsErrorFlag(t *testing.T) {
+	env := stateEnv(t)
+	f := newTranslationFake(t, func(string) string { return chatToolAnswer })
+	d := startDaemon(t, env, providerEnv(env, map[string]*fakeProvider{"openai": f.fakeProvider}), "-local-credentials-stdin")
+	for _, tc := range []struct{ isError, wantDropped string }{{"true", "messages[2].content[0].is_error"}, {"false", ""}} {
+		status, hdr, body := d.call("POST", "/v1/messages", d.token, `{"model":"openai/gpt-test","max_tokens":9,"messages":[{"role":"user","content":"q"},
+			{"role":"assistant","content":[{"type":"tool_use","id":"toolu_1","name":"f","input":{}}]},
+			{"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_1","content":"boom","is_error":`+tc.isError+`}]}],
+			"tools":[{"name":"f","input_schema":{"type":"object"}}]}`)
+		if status != 200 {
+			t.Fatalf("status %d: %s", status, body)
+		}
+		if got := hdr.Get("Brama-Dropped"); got != tc.wantDropped {
+			t.Errorf("is_error %s: Brama-Dropped = %q, want %q", tc.isError, got, tc.wantDropped)
+		}
+	}
+}
