@@ -350,9 +350,9 @@ func encodeMessages(req chatRequest, model string, o upstreamOptions) (any, erro
 				if err != nil {
 					return nil, err
 				}
-				rest = append(rest, messagesBlock{Type: "tool_use", ID: p.ToolCallID, Name: p.ToolName, Input: in})
+				rest = append(rest, messagesBlock{Type: "tool_use", ID: messagesToolID(p.ToolCallID), Name: p.ToolName, Input: in})
 			case partToolResult:
-				results = append(results, messagesBlock{Type: "tool_result", ToolUseID: p.ToolCallID, Content: jsonText(p.Text), IsError: p.IsError})
+				results = append(results, messagesBlock{Type: "tool_result", ToolUseID: messagesToolID(p.ToolCallID), Content: jsonText(p.Text), IsError: p.IsError})
 			}
 		}
 		if len(results)+len(rest) > 0 { // only empty text: the API refuses an empty turn
@@ -391,6 +391,17 @@ func encodeMessages(req chatRequest, model string, o upstreamOptions) (any, erro
 		out.OutputConfig = &messagesOutput{Format: &outputFormat{Type: f.Type, Schema: f.Schema}}
 	}
 	return out, nil
+}
+
+// messagesToolID is a call id as Anthropic takes it (^[a-zA-Z0-9_-]+$): another
+// provider's (kimi's "functions.f:0") with every other character "_", in a call and its result alike.
+func messagesToolID(id string) string {
+	return strings.Map(func(r rune) rune {
+		if r == '_' || r == '-' || '0' <= r && r <= '9' || 'a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' {
+			return r
+		}
+		return '_'
+	}, id)
 }
 
 // input counts every input token: Anthropic reports cached ones apart, the

@@ -3,6 +3,8 @@ package main
 import (
 	"io"
 	"net/http"
+	"regexp"
+	"strings"
 	"testing"
 )
 
@@ -276,5 +278,31 @@ func TestTranslationNamesAToolResultsErrorFlag(t *testing.T) {
 		if got := hdr.Get("Brama-Dropped"); got != tc.wantDropped {
 			t.Errorf("is_error %s: Brama-Dropped = %q, want %q", tc.isError, got, tc.wantDropped)
 		}
+	}
+}
+
+// TestTranslationGivesAnthropicToolIDsItTakes checks a chat history whose
+// call ids came from another provider (kimi's "functions.get_weather:0")
+// reaches a messages provider with ids of Anthropic's pattern, the call and
+// its result still linked; the fake refuses any other id, as Anthropic does.
+func TestTranslationGivesAnthropicToolIDsItTakes(t *testing.T) {
+	env := stateEnv(t)
+	idPattern := regexp.MustCompile(`^[a-zA-Z0-9_-]+$`)
+	f := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		use, result := jsonAt(t, body, "messages[1].content[0].id"), jsonAt(t, body, "messages[2].content[0].tool_use_id")
+		if id := strings.Trim(use, `"`); !idPattern.MatchString(id) || use != result {
+			w.WriteHeader(400)
+			io.WriteString(w, `{"type":"error","error":{"type":"invalid_request_error","message":"messages.1.content.0.tool_use.id: String should match pattern"}}`)
+			return
+		}
+		io.WriteString(w, messagesToolAnswer)
+	})
+	d := startDaemon(t, env, providerEnv(env, map[string]*fakeProvider{"anthropic": f}), "-local-credentials-stdin")
+	status, _, body := d.call("POST", "/v1/chat/completions", d.token, `{"model":"anthropic/claude-test","max_tokens":9,"messages":[{"role":"user","content":"q"},
+		{"role":"assistant","content":null,"tool_calls":[{"id":"functions.get_weather:0","type":"function","function":{"name":"get_weather","arguments":"{}"}}]},
+		{"role":"tool","tool_call_id":"functions.get_weather:0","content":"sunny"}],
+		"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}}]}`)
+	if status != 200 {
+		t.Fatalf("status %d: %s", status, body)
 	}
 }
