@@ -273,7 +273,10 @@ func (req *chatRequest) addChatTool(t chatTool, raw json.RawMessage, what string
 func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
 	out := chatRequestBody{callerHead: req.head(model, o), ParallelToolCalls: req.ParallelToolCalls,
 		ReasoningEffort: req.Effort, Messages: []chatMessage{}, openAIShared: req.Shared}
-	if req.MaxTokens > 0 {
+	switch {
+	case req.MaxTokens > 0 && o.openai: // as a passthrough call to it is (passthrough.go)
+		out.MaxCompletionTokens = &req.MaxTokens
+	case req.MaxTokens > 0:
 		out.MaxTokens = &req.MaxTokens
 	}
 	if o.stream {

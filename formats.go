@@ -226,6 +226,7 @@ type upstreamOptions struct {
 	stream bool
 	oauth  bool // claude-code: the identity system block first
 	codex  bool // codex: SPEC §6.2's body rules
+	openai bool // openai: the output limit as max_completion_tokens, as its reasoning models take it
 }
 
 // wireFormat is one row of the format table: the caller dialect and the

@@ -176,7 +176,7 @@ func buildUpstreamRequest(ctx context.Context, p providerInfo, baseURL string, c
 	stream := upstreamStreams(p, req)
 	oauth := cred.AccessToken != ""
 	f := formatOf(p.protocol) // never nil: TestEveryProviderHasAWireFormat
-	body, err := f.encode(req, model, upstreamOptions{stream: stream, oauth: p.id == "claude-code" && oauth, codex: p.id == "codex"})
+	body, err := f.encode(req, model, upstreamOptions{stream: stream, oauth: p.id == "claude-code" && oauth, codex: p.id == "codex", openai: p.id == "openai"})
 	if err != nil {
 		return nil, err
 	}

@@ -306,3 +306,32 @@ func TestTranslationGivesAnthropicToolIDsItTakes(t *testing.T) {
 		t.Fatalf("status %d: %s", status, body)
 	}
 }
+
+// TestTranslationSendsOpenAIItsOutputLimit checks a translated request
+// reaches the openai provider with max_completion_tokens, as a passthrough
+// one does: its reasoning models refuse max_tokens (SPEC §6.4, §7.6). The
+// fake refuses max_tokens as those models do.
+func TestTranslationSendsOpenAIItsOutputLimit(t *testing.T) {
+	env := stateEnv(t)
+	f := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		if jsonAt(t, body, "max_tokens") != "" {
+			w.WriteHeader(400)
+			io.WriteString(w, `{"error":{"message":"Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead.","type":"invalid_request_error","param":"max_tokens","code":"unsupported_parameter"}}`)
+			return
+		}
+		io.WriteString(w, chatToolAnswer)
+	})
+	d := startDaemon(t, env, providerEnv(env, map[string]*fakeProvider{"openai": f}), "-local-credentials-stdin")
+	for _, tc := range []struct{ path, body string }{
+		{"/v1/messages", `{"model":"openai/gpt-5","max_tokens":900,"messages":[{"role":"user","content":"q"}]}`},
+		{"/v1/responses", `{"model":"openai/gpt-5","max_output_tokens":900,"input":"q"}`},
+	} {
+		status, _, body := d.call("POST", tc.path, d.token, tc.body)
+		if status != 200 {
+			t.Fatalf("%s: status %d: %s", tc.path, status, body)
+		}
+		if got := jsonAt(t, f.body(), "max_completion_tokens"); got != "900" {
+			t.Errorf("%s: upstream max_completion_tokens = %s, want 900", tc.path, got)
+		}
+	}
+}
