@@ -534,7 +534,8 @@ type chatUpstreamStream struct {
 	finish  string      // set once a chunk carried finish_reason
 	usage   usage       // the latest usage reported
 	refusal bool        // a refusal delta came: the finish is content_filter
-	tools   map[int]int // provider tool-call index → neutral index
+	tools   map[int]int // provider tool-call index → neutral index of its latest call
+	ids     []string    // by neutral index, each call's id
 }
 
 func newChatUpstreamStream() streamTranslator { return &chatUpstreamStream{tools: map[int]int{}} }
@@ -581,16 +582,17 @@ func (c *chatUpstreamStream) handle(ev sseEvent, emit func(streamEvent) error) (
 	return false, nil
 }
 
-// toolDelta emits the start of a call new at its index, then any arguments.
+// toolDelta emits the start of a call new at its index, or carrying another id at
+// it (Ollama's parallel calls all at 0, servers that send no index), then any arguments.
 func (c *chatUpstreamStream) toolDelta(i int, tc chatToolCall, emit func(streamEvent) error) error {
 	i = valueOr(tc.Index, i)
 	call, _ := tc.call()
 	ni, ok := c.tools[i]
-	if !ok {
+	if !ok || call.ID != "" && call.ID != c.ids[ni] {
 		if call.Name == "" {
 			return malformedEvent(protoOpenAIChat, errors.New("tool call without a name"))
 		}
-		ni, c.tools[i] = len(c.tools), len(c.tools)
+		ni, c.tools[i], c.ids = len(c.ids), len(c.ids), append(c.ids, call.ID)
 		start := toolCall{ID: call.ID, Name: call.Name, Custom: call.Custom}
 		if err := emit(streamEvent{Kind: eventToolCallStart, Index: ni, ToolCall: start}); err != nil {
 			return err

@@ -4,6 +4,7 @@ import (
 	"io"
 	"net/http"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -332,6 +333,52 @@ func TestTranslationSendsOpenAIItsOutputLimit(t *testing.T) {
 		}
 		if got := jsonAt(t, f.body(), "max_completion_tokens"); got != "900" {
 			t.Errorf("%s: upstream max_completion_tokens = %s, want 900", tc.path, got)
+		}
+	}
+}
+
+// TestTranslationSeparatesParallelCallsAtOneIndex checks a chat stream whose
+// parallel calls all come at index 0 (Ollama) or without an index (other
+// OpenAI-compatible servers) reaches a Messages caller as separate calls,
+// each with its own input, not one call of concatenated arguments.
+func TestTranslationSeparatesParallelCallsAtOneIndex(t *testing.T) {
+	env := stateEnv(t)
+	f := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		index := `"index":0,`
+		if jsonAt(t, body, "max_completion_tokens") == "8" { // the caller's max_tokens says: no index
+			index = ``
+		}
+		for _, c := range []string{
+			`{"choices":[{"index":0,"delta":{"role":"assistant","tool_calls":[{` + index + `"id":"call_a","type":"function","function":{"name":"get_weather","arguments":"{\"city\":"}}]}}]}`,
+			`{"choices":[{"index":0,"delta":{"tool_calls":[{` + index + `"function":{"arguments":"\"Paris\"}"}}]}}]}`,
+			`{"choices":[{"index":0,"delta":{"tool_calls":[{` + index + `"id":"call_b","type":"function","function":{"name":"get_time","arguments":"{}"}}]}}]}`,
+			`{"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}`,
+		} {
+			io.WriteString(w, "data: "+c+"\n\n")
+		}
+		io.WriteString(w, "data: [DONE]\n\n")
+	})
+	d := startDaemon(t, env, providerEnv(env, map[string]*fakeProvider{"openai": f}), "-local-credentials-stdin")
+	for _, limit := range []string{"9", "8"} {
+		status, _, body := d.call("POST", "/v1/messages", d.token, `{"model":"openai/gpt-test","max_tokens":`+limit+`,"stream":true,"messages":[{"role":"user","content":"q"}],
+			"tools":[{"name":"get_weather","input_schema":{"type":"object"}},{"name":"get_time","input_schema":{"type":"object"}}]}`)
+		if status != 200 {
+			t.Fatalf("status %d: %s", status, body)
+		}
+		var calls []string
+		inputs := map[string]string{}
+		for _, fr := range splitTestSSE(t, string(body)) {
+			switch fr.Event {
+			case "content_block_start":
+				calls = append(calls, jsonAt(t, []byte(fr.Data), "content_block.id"))
+			case "content_block_delta":
+				in, _ := strconv.Unquote(jsonAt(t, []byte(fr.Data), "delta.partial_json"))
+				inputs[jsonAt(t, []byte(fr.Data), "index")] += in
+			}
+		}
+		if got, want := strings.Join(calls, " ")+" "+inputs["0"]+" "+inputs["1"], `"call_a" "call_b" {"city":"Paris"} {}`; got != want {
+			t.Errorf("max_tokens %s: calls and inputs = %s, want %s", limit, got, want)
 		}
 	}
 }
