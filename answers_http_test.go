@@ -269,6 +269,33 @@ func TestSignedAnswerTakenKey(t *testing.T) {
 	}
 }
 
+// TestSignedAnswerKeepsTheSelectorsRoute: a selector's kept answer names
+// the candidate route that answered, and so does its replay (README: the
+// kept Brama-Route); the kept file's route is that route.
+func TestSignedAnswerKeepsTheSelectorsRoute(t *testing.T) {
+	env := stateEnv(t)
+	fake := newKeyedFake(t, map[string]string{"kimi-1": "200"})
+	env["BRAMA_PROVIDER_KIMI_BASE_URL"] = fake.URL
+	d := startDaemon(t, env, "")
+	if s, _, b := d.call("PUT", "/v1/admin/routes", d.token, `{"alias":"k1","route":"kimi/km-a"}`); s != 200 {
+		t.Fatalf("PUT: %d %s", s, b)
+	}
+	tok, _ := agentWithSubs(t, d, "a1", "kimi", "kimi-1")
+	body := chatBody(dialectChat, "any", false, "")
+	for i, what := range []string{"first answer", "replay"} {
+		status, hdr, b := d.call("POST", "/v1/chat/completions", tok, body, "Idempotency-Key", "sel")
+		if status != 200 || hdr.Get("Brama-Route") != "kimi/km-a" || (i == 1) != (hdr.Get("Brama-Answer-Replayed") == "true") {
+			t.Errorf("%s: %d Brama-Route %q replayed %q, want 200 kimi/km-a: %s", what, status, hdr.Get("Brama-Route"), hdr.Get("Brama-Answer-Replayed"), b)
+		}
+	}
+	if rec, err := readAnswerFile(answerFile(env, "a1-app", "sel")); err != nil || rec.Route != "kimi/km-a" {
+		t.Errorf("kept record: route %q (%v), want kimi/km-a", rec.Route, err)
+	}
+	if n := fake.count("kimi-1"); n != 1 {
+		t.Errorf("provider calls = %d, want 1", n)
+	}
+}
+
 func TestSignedAnswerRefusals(t *testing.T) {
 	for _, tc := range []struct {
 		name      string

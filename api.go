@@ -233,7 +233,7 @@ func (s *server) handleChat(dialect string) http.HandlerFunc {
 		if s.replayRefused(w, r) { // SPEC §8.1's replay guard (replay.go)
 			return
 		}
-		e.t.remember = s.replayRememberer(ri)
+		e.t.remember = s.replayRememberer(r)
 		route(w, r)
 	}
 }
@@ -369,13 +369,14 @@ func (s *server) settleAnswer(r *http.Request, t *answerTicket, c *httptest.Resp
 		}
 		return c, ""
 	}
+	route := cmp.Or(c.HeaderMap.Get("Brama-Route"), ri.route) // a selector's: the candidate that answered
 	if cut != nil {
 		c = newCapture()
 		writeAPIError(c, r, cut)
 		attempts = &calls
 		ri.outcome, ri.retryable = cut.Code, false
 	}
-	rec, err := s.answers.complete(t, c.Code, c.Body.Bytes(), attempts, ri.route)
+	rec, err := s.answers.complete(t, c.Code, c.Body.Bytes(), attempts, route)
 	if err != nil {
 		// The answer exists and was paid for: give it unsigned rather than
 		// lose it. The record stays in progress, so the key never spends

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -225,5 +226,39 @@ func TestEmbeddingsRefuseABillingTarget(t *testing.T) {
 	status, h, b := d.call("POST", "/v1/embeddings", d.token, `{"model":"openai/emb","input":"hi","billingTarget":{"providerId":"openai","subscriptionId":"sub_0000000000000000"}}`)
 	if e := envelopeOf(t, b); status != 400 || e["code"] != "invalid_request" || e["attempts"] != nil || h.Get("Brama-Attempts") != "" || fake.calls.Load() != 0 {
 		t.Errorf("embeddings with a billingTarget: %d %s, %d calls; want 400 invalid_request before any call", status, b, fake.calls.Load())
+	}
+}
+
+// A caller that hangs up after a refusal that rotates, before the next
+// credential's call, makes no second call and none is counted (SPEC §7.4):
+// the log line states the one call the provider saw.
+func TestHangUpBetweenTwoCalls(t *testing.T) {
+	env := stateEnv(t)
+	fake := newKeyedFake(t, map[string]string{"k1": "429", "k2": "200"})
+	env["BRAMA_PROVIDER_KIMI_BASE_URL"] = fake.URL
+	d := startDaemon(t, env, "")
+	tok, _ := agentWithSubs(t, d, "a1", "kimi", "k1", "k2")
+	ctx, cancel := context.WithCancel(context.Background())
+	second := make(chan struct{})
+	var calls atomic.Int32
+	testingOnlyBeforeCall = func(callCtx context.Context) {
+		if calls.Add(1) == 2 { // the 429 is read; the caller hangs up now
+			close(second)
+			<-callCtx.Done()
+		}
+	}
+	defer func() { testingOnlyBeforeCall = nil }()
+	req, _ := http.NewRequestWithContext(ctx, "POST", d.url+"/v1/chat/completions", strings.NewReader(chatBody(dialectChat, "kimi/k2-test", false, "")))
+	req.Header.Set("Authorization", "Bearer "+tok)
+	if err := hangUpAfter(req, cancel, second); !errors.Is(err, context.Canceled) {
+		t.Fatalf("the hung-up request: %v", err)
+	}
+	d.stop() // every request has written its log line
+	lines := requestLines(d.stderr.String(), "/v1/chat/completions")
+	if len(lines) != 1 || lines[0]["outcome"] != "client_cancelled" || lines[0]["attempts"] != float64(1) {
+		t.Errorf("log line %v, want outcome client_cancelled after the 1 call made", lines)
+	}
+	if fake.count("k1") != 1 || fake.count("k2") != 0 {
+		t.Errorf("calls k1 %d k2 %d, want 1 and 0", fake.count("k1"), fake.count("k2"))
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"maps"
 	"math"
 	"net/http"
+	"net/url"
 	"os"
 	"slices"
 	"strings"
@@ -54,10 +55,11 @@ type catalogModalities struct {
 type catalogData = map[string]map[string]modelInfo
 
 // catalogVendors maps a provider id to the catalogue's vendor key where they
-// differ (SPEC §7.3); local-openai serves whatever a deployment runs: none.
+// differ (SPEC §7.3, and models.dev's own keys for together and fireworks);
+// local-openai serves whatever a deployment runs: none.
 var catalogVendors = map[string]string{
 	"claude-code": "anthropic", "codex": "openai", "openai-responses": "openai",
-	"kimi": "moonshotai", "local-openai": "",
+	"kimi": "moonshotai", "together": "togetherai", "fireworks": "fireworks-ai", "local-openai": "",
 }
 
 func catalogVendor(provider string) string {
@@ -162,6 +164,9 @@ func (c *catalog) fetch(ctx context.Context) (catalogData, error) {
 	}
 	req.Header.Set("Accept", "application/json")
 	resp, err := c.client.Do(req)
+	if ue := (*url.Error)(nil); errors.As(err, &ue) {
+		err = ue.Err // its URL may hold a key in the query
+	}
 	if err != nil {
 		return nil, fmt.Errorf("catalogue read: %w", err)
 	}

@@ -162,6 +162,8 @@ func TestCatalogVendor(t *testing.T) {
 		{"local-openai", "local-openai", ""},
 		{"anthropic", "anthropic", "anthropic"},
 		{"groq", "groq", "groq"},
+		{"together", "together", "togetherai"}, // models.dev's keys
+		{"fireworks", "fireworks", "fireworks-ai"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -647,4 +649,22 @@ func FuzzParseCatalog(f *testing.F) {
 			t.Fatalf("round trip changed the catalogue (-first +second):\n%s", diff)
 		}
 	})
+}
+
+// A catalogue URL's query (where a private mirror's key sits) is never
+// quoted: not in /readyz, which needs no token, nor in the log (SPEC §6.4).
+func TestCatalogURLFailureQuotesNoQuery(t *testing.T) {
+	const planted = "planted-catalog-key-0123"
+	env := stateEnv(t)
+	env["BRAMA_MODEL_CATALOG_URL"] = "http://127.0.0.1:9/api.json?key=" + planted
+	d := startDaemon(t, env, "")
+	var body []byte
+	for i := 0; !strings.Contains(string(body), "catalogue read:"); i++ { // until the first read settled
+		if i == 10000 {
+			t.Fatalf("/readyz never showed the failed catalogue read: %s", body)
+		}
+		_, _, body = d.call("GET", "/readyz", "", "")
+	}
+	d.stop()
+	assertNoSecret(t, planted, string(body)+d.stderr.String(), env["BRAMA_STATE_DIR"])
 }

@@ -92,7 +92,7 @@ type call struct {
 // plan resolves a request's head and makes every check before dispatch but
 // §6.4's output limit: allowlist, model, who pays, billingTarget, direct key.
 func (e *engine) plan(cl client, agent string, req *chatRequest) (call, error) {
-	if cl.AllowedModels != nil && !slices.Contains(cl.AllowedModels, req.Model) { // SPEC §3.1
+	if !cl.mayUse(req.Model) { // SPEC §3.1
 		return call{}, refuse("forbidden", "this client may not use model %q", req.Model)
 	}
 	doc, docErr := e.reg.current()
@@ -178,10 +178,20 @@ func (e *engine) directCredential(provider string) (string, error) {
 	return key, nil
 }
 
+// testingOnlyBeforeCall runs as send starts a call (nil in production).
+var testingOnlyBeforeCall func(context.Context)
+
 // send makes one provider call, the one place an attempt is counted: a 2xx
-// with its body unread, else the failure (and a whole non-2xx's refusal).
-func (e *engine) send(httpReq *http.Request, c call) (*http.Response, *providerRefusal, *apiError) {
+// with its body unread, else the failure (and a whole non-2xx's refusal);
+// a refusal's plan windows reach sub's ledger as an answer's do (SPEC §6.3).
+func (e *engine) send(httpReq *http.Request, c call, sub *overlayItem) (*http.Response, *providerRefusal, *apiError) {
 	p := c.res.Provider
+	if testingOnlyBeforeCall != nil {
+		testingOnlyBeforeCall(httpReq.Context())
+	}
+	if err := httpReq.Context().Err(); err != nil { // the caller hung up since the last call: none is sent
+		return nil, nil, classifyTransport(err)
+	}
 	e.t.attempts++
 	e.attempts.Add(1)
 	resp, err := e.client.Do(httpReq)
@@ -190,6 +200,9 @@ func (e *engine) send(httpReq *http.Request, c call) (*http.Response, *providerR
 	}
 	if resp.StatusCode >= 200 && resp.StatusCode <= 299 {
 		return resp, nil, nil
+	}
+	if sub != nil {
+		e.ledger.recordWindows(sub.ID, p.id, parsePlanWindows(p.id, resp.Header, e.now()))
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
@@ -251,7 +264,7 @@ func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate) 
 			}
 			return routeAnswered, ae
 		}
-		resp, ref, failure := e.send(httpReq, c)
+		resp, ref, failure := e.send(httpReq, c, sub)
 		calls++
 		if resp != nil {
 			return routeAnswered, e.commit(ctx, j, cand, c, sub, resp, e.t.attempts, start)

@@ -35,6 +35,11 @@ type client struct {
 	AllowedModels []string `json:"allowed_models,omitempty"`
 }
 
+// mayUse applies allowed_models (SPEC §3.1): none listed, any model.
+func (c client) mayUse(model string) bool {
+	return c.AllowedModels == nil || slices.Contains(c.AllowedModels, model)
+}
+
 // clientsDoc is clients.json.
 type clientsDoc struct {
 	Clients []client `json:"clients"`

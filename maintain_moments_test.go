@@ -142,3 +142,27 @@ func TestSubscriptionListingShowsAFailedUsageReadAtOnce(t *testing.T) {
 		t.Errorf("listing right after the pass does not show the failed read: %s", b)
 	}
 }
+
+// TestMaintainUntouchedCodexWindowStatesNoMoment: codex reports a window
+// nobody used yet as reset_after_seconds 0 with reset_at null. That states
+// no reset moment; read as "resets now" it would be a moment inside the pass
+// that read it, so every pass would be followed by another, back to back.
+func TestMaintainUntouchedCodexWindowStatesNoMoment(t *testing.T) {
+	fx := newMaintFixture(t)
+	fx.fake.handle(fakeCodexUsage, func(w http.ResponseWriter, r *http.Request) {
+		fx.clock.advance(time.Second) // a read takes time
+		w.Write([]byte(`{"rate_limit":{"primary_window":{"used_percent":0,"limit_window_seconds":18000,"reset_after_seconds":0,"reset_at":null}}}`))
+	})
+	fx.donate(t, "codex", grant("CODEX", maintT0.Add(30*24*time.Hour)))
+	ctx := context.Background()
+	fx.m.request("asked")
+	if !fx.m.loopOnce(ctx, fx.clock.now()) {
+		t.Fatal("loopOnce with a pass pending ran none")
+	}
+	if ev := fx.nextPass(t); ev.rep.Usage.Read != 1 {
+		t.Fatalf("pass read %d reports, want 1: %+v", ev.rep.Usage.Read, ev.rep)
+	}
+	if fx.m.loopOnce(ctx, fx.clock.now()) {
+		t.Errorf("a second pass ran right after the first (reason due); reads so far: %d", fx.fake.count(fakeCodexUsage))
+	}
+}

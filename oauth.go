@@ -350,9 +350,12 @@ func endpointName(raw string) string {
 	return (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}).String()
 }
 
-// definitiveErrors say the grant or client is no good (RFC 6749 §5.2, RFC 6750 §3.1).
+// definitiveErrors say the grant or client is no good (RFC 6749 §5.2, RFC 6750 §3.1;
+// OpenAI's auth server names a dead refresh token in its error object's code,
+// which the Codex CLI also takes as final).
 var definitiveErrors = map[string]bool{
 	"invalid_grant": true, "invalid_token": true, "invalid_client": true, "unauthorized_client": true,
+	"refresh_token_reused": true, "refresh_token_expired": true, "refresh_token_invalidated": true,
 }
 
 // tokenCall POSTs fields in p's body format and classifies the answer.
@@ -441,6 +444,9 @@ func parseTokenAnswer(body []byte) (tokenAnswer, error) {
 	}
 	if e, ok := errorObject(r["error"]); ok {
 		ans.Error, ans.Description = cmp.Or(e.typ, e.code, "error"), cmp.Or(ans.Description, e.msg)
+		if definitiveErrors[e.code] {
+			ans.Error = e.code
+		}
 	}
 	switch {
 	case ans.Error != "":

@@ -136,6 +136,40 @@ func TestModelsEmbeddingsStatsMetrics(t *testing.T) {
 	assertNoSecret(t, plantedOpenAIKey, d.stderr.String(), env["BRAMA_STATE_DIR"])
 }
 
+// TestModelsListsOnlyAllowedModels: a client with allowed_models is shown
+// only the names it may use (SPEC §3.1, §15); an admin without a list sees all.
+func TestModelsListsOnlyAllowedModels(t *testing.T) {
+	env := stateEnv(t)
+	catalogue := filepath.Join(t.TempDir(), "models.json")
+	os.WriteFile(catalogue, []byte(`{"openai":{"models":{"gpt-cat":{"id":"gpt-cat"},"gpt-dear":{"id":"gpt-dear"}}}}`), 0o600)
+	env["BRAMA_MODEL_CATALOG_PATH"] = catalogue
+	d := startDaemon(t, env, `{"openai":"`+plantedOpenAIKey+`"}`, "-local-credentials-stdin")
+	for _, alias := range []string{"chat", "dear"} {
+		if s, _, b := d.call("PUT", "/v1/admin/routes", d.token, `{"alias":"`+alias+`","route":"openai/gpt-cat"}`); s != 200 {
+			t.Fatalf("declaring %s: %d %s", alias, s, b)
+		}
+	}
+	app := addClient(t, env, "app", "-allow", "chat", "-allow", "openai/gpt-cat")
+	listed := func(token string) []string {
+		status, _, body := d.call("GET", "/v1/models", token, "")
+		var models struct{ Data []struct{ ID string } }
+		if err := json.Unmarshal(body, &models); status != 200 || err != nil {
+			t.Fatalf("/v1/models: %d %s", status, body)
+		}
+		var ids []string
+		for _, m := range models.Data {
+			ids = append(ids, m.ID)
+		}
+		return ids
+	}
+	if got, want := strings.Join(listed(app), " "), "chat openai/gpt-cat"; got != want {
+		t.Errorf("/v1/models for a client allowed chat and openai/gpt-cat lists %q, want %q", got, want)
+	}
+	if got, want := strings.Join(listed(d.token), " "), "chat dear openai/gpt-cat openai/gpt-dear"; got != want {
+		t.Errorf("/v1/models for the admin lists %q, want %q", got, want)
+	}
+}
+
 func TestPerfStatsUnplacedOnce(t *testing.T) {
 	fx := protocolFixtures[0]
 	fake := fixtureProvider(t, fx)
@@ -198,5 +232,39 @@ func TestReadyzNamesAnUnusableAnswerKey(t *testing.T) {
 	os.Chmod(key, 0o600)
 	if status, _, body := d.call("GET", "/readyz", "", ""); status != 200 {
 		t.Errorf("/readyz after the answer key was repaired: %d %s", status, body)
+	}
+}
+
+// TestModelsListsTheAgentsSubscriptionModels: a caller with an agent sees
+// the catalogue models of the providers its agent's subscriptions serve;
+// a caller without one, or whose agent has none there, does not (SPEC §15).
+func TestModelsListsTheAgentsSubscriptionModels(t *testing.T) {
+	env := stateEnv(t)
+	catalogue := filepath.Join(t.TempDir(), "models.json")
+	os.WriteFile(catalogue, []byte(`{"moonshotai":{"models":{"k2-cat":{"id":"k2-cat"}}},"anthropic":{"models":{"claude-cat":{"id":"claude-cat"}}}}`), 0o600)
+	env["BRAMA_MODEL_CATALOG_PATH"] = catalogue
+	d := startDaemon(t, env, "")
+	tok, _ := agentWithSubs(t, d, "a1", "kimi", "kimi-key-0123")
+	addAgent(t, env, "a2")
+	other := addClient(t, env, "a2-app", "-agent", "a2")
+	for _, tc := range []struct {
+		name, token, want string
+	}{
+		{"a1's bound client", tok, "kimi/k2-cat"},
+		{"a2's bound client, no subscription", other, ""},
+		{"the admin, no agent", d.token, ""},
+	} {
+		status, _, body := d.call("GET", "/v1/models", tc.token, "")
+		var models struct{ Data []struct{ ID string } }
+		if err := json.Unmarshal(body, &models); status != 200 || err != nil {
+			t.Fatalf("%s: /v1/models %d %s", tc.name, status, body)
+		}
+		var ids []string
+		for _, m := range models.Data {
+			ids = append(ids, m.ID)
+		}
+		if got := strings.Join(ids, " "); got != tc.want {
+			t.Errorf("%s: /v1/models lists %q, want %q", tc.name, got, tc.want)
+		}
 	}
 }

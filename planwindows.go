@@ -265,7 +265,8 @@ func claudeCodeUsage(r report, now time.Time) []planWindow {
 	return ws
 }
 
-// codexUsage reads rate_limit's windows (SPEC §11.2); reset_at wins over reset_after_seconds.
+// codexUsage reads rate_limit's windows (SPEC §11.2); reset_at wins over reset_after_seconds,
+// whose 0 is an untouched window's: no moment, or every pass would fall due inside itself.
 func codexUsage(r report, now time.Time) []planWindow {
 	rl := r.obj("rate_limit")
 	var ws []planWindow
@@ -280,7 +281,7 @@ func codexUsage(r report, now time.Time) []planWindow {
 			label = windowLabel(secs/60, label)
 		}
 		reset := m.instant("reset_at")
-		if after, ok := m.num("reset_after_seconds"); reset == 0 && ok && after >= 0 && after < planMaxResetSeconds {
+		if after, ok := m.num("reset_after_seconds"); reset == 0 && ok && after > 0 && after < planMaxResetSeconds {
 			reset, _ = usageMs(float64(now.UnixMilli()) + after*1000)
 		}
 		ws = append(ws, newWindow("codex:"+which, label, pct/100, reset, now, windowSourceReport))

@@ -3,9 +3,12 @@ package main
 import (
 	"encoding/json"
 	"errors"
+	"io"
 	"math"
 	"net/http"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -327,4 +330,87 @@ func FuzzUsageKimi(f *testing.F) {
 	f.Add([]byte(`{"usage":{"limit":1e-320,"used":1e308},"limits":[{"limit":"1","remaining":"-1e308","window":{"duration":1e308,"timeUnit":"TIME_UNIT_DAY"}},null,[]]}`))
 	f.Add([]byte(`{"limits":"none","usage":[]}`))
 	f.Fuzz(func(t *testing.T, data []byte) { checkUsageParse(t, "kimi", "kimi:", data) })
+}
+
+// TestRefusalHeadersUpdatePlanWindows proves SPEC §6.3's "every
+// subscription answer's headers update the ledger" for a refusal too: the
+// 429 that says the 7-day window is spent shows in the listing as a full
+// window with its reset, not the earlier answer's reading.
+func TestRefusalHeadersUpdatePlanWindows(t *testing.T) {
+	reset := time.Now().Add(72 * time.Hour).Unix()
+	var refuse atomic.Bool
+	provider := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		w.Header().Set("anthropic-ratelimit-unified-7d-reset", strconv.FormatInt(reset, 10))
+		if refuse.Load() {
+			w.Header().Set("anthropic-ratelimit-unified-7d-utilization", "1.0")
+			w.Header().Set("anthropic-ratelimit-unified-7d-status", "rejected")
+			http.Error(w, `{"type":"error","error":{"type":"rate_limit_error","message":"weekly limit reached"}}`, http.StatusTooManyRequests)
+			return
+		}
+		w.Header().Set("anthropic-ratelimit-unified-7d-utilization", "0.5")
+		io.WriteString(w, protocolFixtures[1].buffered)
+	})
+	tokenEndpoint := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		http.Error(w, "no refresh expected", http.StatusInternalServerError)
+	})
+	d, tok := oauthSetup(t, provider, tokenEndpoint)
+	id := donateGrant(t, d, "acc-one", "ref-one", time.Now().Add(time.Hour).UnixMilli())
+	chat := chatBody(dialectMessages, "claude-code/claude-test", false, "")
+	if status, _, b := d.call("POST", "/v1/messages", tok, chat); status != http.StatusOK {
+		t.Fatalf("first call: %d %s", status, b)
+	}
+	refuse.Store(true)
+	if status, _, b := d.call("POST", "/v1/messages", tok, chat); status != http.StatusTooManyRequests {
+		t.Fatalf("second call: %d %s, want 429", status, b)
+	}
+	_, _, b := d.call("GET", "/v1/admin/subscriptions/a1", d.token, "")
+	var body struct {
+		Subscriptions []struct {
+			ID      string       `json:"id"`
+			Windows []planWindow `json:"windows"`
+		} `json:"subscriptions"`
+	}
+	if err := json.Unmarshal(b, &body); err != nil || len(body.Subscriptions) != 1 || body.Subscriptions[0].ID != id {
+		t.Fatalf("listing: %v %s", err, b)
+	}
+	ws := body.Subscriptions[0].Windows
+	if len(ws) != 1 || ws[0].ID != "anthropic:7d" || ws[0].UsedFraction != 1 || ws[0].ResetsAtMs != reset*1000 {
+		t.Errorf("windows after the 429 = %+v, want anthropic:7d full, resetting at %d", ws, reset*1000)
+	}
+}
+
+// TestBlockKeepsTheStatedResetWhenRetryAfterHasPassed: a Retry-After date
+// already past on Brama's clock (the provider's clock is behind) states no
+// wait, so the block ends at the reset the plan-window headers state (SPEC
+// §7.2.4), not 15 minutes from now, which would spend a refused call every
+// 15 minutes until the weekly window resets.
+func TestBlockKeepsTheStatedResetWhenRetryAfterHasPassed(t *testing.T) {
+	reset := time.Now().Add(72 * time.Hour).Unix()
+	provider := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		w.Header().Set("Retry-After", time.Now().Add(-30*time.Second).UTC().Format(http.TimeFormat))
+		w.Header().Set("anthropic-ratelimit-unified-7d-utilization", "1.0")
+		w.Header().Set("anthropic-ratelimit-unified-7d-reset", strconv.FormatInt(reset, 10))
+		w.Header().Set("anthropic-ratelimit-unified-7d-status", "rejected")
+		http.Error(w, `{"type":"error","error":{"type":"rate_limit_error","message":"weekly limit reached"}}`, http.StatusTooManyRequests)
+	})
+	tokenEndpoint := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		http.Error(w, "no refresh expected", http.StatusInternalServerError)
+	})
+	d, tok := oauthSetup(t, provider, tokenEndpoint)
+	donateGrant(t, d, "acc-one", "ref-one", time.Now().Add(time.Hour).UnixMilli())
+	if status, _, b := d.call("POST", "/v1/messages", tok, chatBody(dialectMessages, "claude-code/claude-test", false, "")); status != http.StatusTooManyRequests {
+		t.Fatalf("call: %d %s, want 429", status, b)
+	}
+	_, _, b := d.call("GET", "/v1/admin/subscriptions/a1", d.token, "")
+	var body struct {
+		Subscriptions []struct {
+			Block *ledgerBlock `json:"block"`
+		} `json:"subscriptions"`
+	}
+	if err := json.Unmarshal(b, &body); err != nil || len(body.Subscriptions) != 1 || body.Subscriptions[0].Block == nil {
+		t.Fatalf("listing: %v %s", err, b)
+	}
+	if got := body.Subscriptions[0].Block.UntilMs; got < reset*1000 || got >= (reset+1)*1000 { // the reset's second
+		t.Errorf("block until %s, want the stated weekly reset %s", time.UnixMilli(got).UTC(), time.Unix(reset, 0).UTC())
+	}
 }

@@ -114,7 +114,10 @@ func classifyRefusal(protocol string, status int, header http.Header, body []byt
 	if quoted := cleanQuoted(msg, presented, maxQuotedBytes); quoted != "" {
 		m += ": " + quoted
 	}
-	r.err = refuse(ec, "%s", m).withStatus(rejectedStatus(status)) // 0 unless provider_rejected
+	r.err = refuse(ec, "%s", m)
+	if ec == "provider_rejected" { // the provider's own 4xx; a quota refusal keeps its 502
+		r.err.withStatus(rejectedStatus(status))
+	}
 	if r.err.retryable() {
 		r.err.RetryAfter = wait // the provider's own wait, on any route (SPEC §8.1)
 	}
@@ -215,11 +218,12 @@ func retryAfter(h http.Header, now time.Time) time.Duration {
 		return clampWait(ms / 1000)
 	}
 	if v := hv("Retry-After"); v != "" {
-		if s, err := strconv.ParseFloat(v, 64); err == nil && !math.IsNaN(s) {
-			return clampWait(s)
+		s, err := strconv.ParseFloat(v, 64)
+		if t, terr := http.ParseTime(v); err != nil && terr == nil {
+			s, err = t.Sub(now).Seconds(), nil
 		}
-		if t, err := http.ParseTime(v); err == nil {
-			return clampWait(t.Sub(now).Seconds())
+		if d := clampWait(s); err == nil && d > 0 {
+			return d // a wait already over states none: the reset headers below may
 		}
 	}
 	var d time.Duration

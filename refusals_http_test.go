@@ -112,6 +112,7 @@ func TestShouldRetryEveryCode(t *testing.T) {
 		{name: "direct 403", method: "POST", path: "/v1/chat/completions", token: d.token, body: chat("openai/gpt-403"), status: 502, code: "provider_failure"},
 		{name: "connection cut", method: "POST", path: "/v1/chat/completions", token: d.token, body: chat("openai/gpt-cut"), status: 502, code: "provider_incomplete"},
 		{name: "quota", method: "POST", path: "/v1/chat/completions", token: d.token, body: chat("openai/gpt-quota"), status: 502, code: "provider_quota_exhausted"},
+		{name: "provider 402", method: "POST", path: "/v1/chat/completions", token: d.token, body: chat("openai/gpt-402"), status: 502, code: "provider_quota_exhausted"},
 		{name: "alias not serving", method: "POST", path: "/v1/chat/completions", token: d.token, body: chat("nokey"), status: 503, code: "alias_unserviceable"},
 		{name: "no direct key", method: "POST", path: "/v1/chat/completions", token: d.token, body: chat("mistral/x"), status: 503, code: "credential_unauthorized"},
 		{name: "subscription refused the credential", method: "POST", path: "/v1/messages", token: reauth, body: chatBody(dialectMessages, "kimi/k2", false, ""), status: 503, code: "subscription_reauthorization_required"},

@@ -156,6 +156,7 @@ func TestClassifyRefusalStatus(t *testing.T) {
 		{403, "provider_failure", 502, 0},
 		{408, "provider_failure", 502, 0},
 		{409, "provider_failure", 502, 0},
+		{402, "provider_quota_exhausted", 502, 0},
 		{429, "provider_rate_limited", 429, 7 * time.Second},
 		{500, "dependency_unavailable", 503, 7 * time.Second},
 		{503, "dependency_unavailable", 503, 7 * time.Second},
@@ -210,6 +211,9 @@ func TestRetryAfter(t *testing.T) {
 		{"ms wins", http.Header{"Retry-After-Ms": {"1500"}, "Retry-After": {"7"}}, 1500 * time.Millisecond},
 		{"date in the past", http.Header{"Retry-After": {"Sun, 01 Jun 2025 11:00:00 GMT"}}, 0},
 		{"garbage", http.Header{"Retry-After": {"soon"}}, 0},
+		{"past date or 0 leaves the reset headers", http.Header{"Retry-After": {"0"},
+			"Anthropic-Ratelimit-Unified-Status": {"rejected"}, "Anthropic-Ratelimit-Unified-Reset": {"1748779800"},
+		}, 10 * time.Minute},
 		{"capped", http.Header{"Retry-After": {"99999999999"}}, maxRetryAfter},
 		{"openai exhausted limit only", http.Header{
 			"X-Ratelimit-Remaining-Requests": {"0"}, "X-Ratelimit-Reset-Requests": {"6m0s"},

@@ -67,12 +67,12 @@ func newReplayGuard(getenv func(string) string, log *slog.Logger, now func() tim
 	return &replayGuard{window: window, now: now, refused: map[replayKey]replayEntry{}, byClient: map[string]int{}}
 }
 
-// replayKeyOf digests client, agent and the canonical body (the Codex CLI
+// replayKeyOf digests client, scope and the canonical body (the Codex CLI
 // writes client_metadata from a hash map) without the stream members, so a
 // buffered fallback from a failed stream asks the same request; the loose
 // key leaves out the output limit too: Claude Code's fallback asks 64000 of
 // 128000. ok is false for anything but one JSON object.
-func replayKeyOf(clientID, agentID string, body []byte, loose bool) (replayKey, bool) {
+func replayKeyOf(clientID, scope string, body []byte, loose bool) (replayKey, bool) {
 	leftOut := streamMembers
 	if loose {
 		leftOut = looseMembers
@@ -82,9 +82,16 @@ func replayKeyOf(clientID, agentID string, body []byte, loose bool) (replayKey, 
 		return replayKey{}, false
 	}
 	h := sha256.New()
-	fmt.Fprintf(h, "%d:%s%d:%s%t:", len(clientID), clientID, len(agentID), agentID, loose)
+	fmt.Fprintf(h, "%d:%s%d:%s%t:", len(clientID), clientID, len(scope), scope, loose)
 	h.Write(canonical)
 	return replayKey(h.Sum(nil)), true
+}
+
+// replayScope is what reaches a provider from the caller beside the body:
+// its agent and the version and beta headers it sets (SPEC §6.2).
+func replayScope(agent string, h http.Header) string {
+	return fmt.Sprintf("%q", []string{agent, strings.Join(h.Values("anthropic-version"), ","),
+		strings.Join(h.Values("anthropic-beta"), ","), strings.Join(h.Values("openai-beta"), ",")})
 }
 
 // The top-level members a digest leaves out.
@@ -119,21 +126,21 @@ func canonicalRequest(body []byte, leftOut []string) ([]byte, bool) {
 }
 
 // rememberRequest keeps e under the request's key, and its loose key too.
-func (g *replayGuard) rememberRequest(client, agent string, body []byte, e replayEntry) {
+func (g *replayGuard) rememberRequest(client, scope string, body []byte, e replayEntry) {
 	for _, loose := range []bool{false, true} {
 		if loose && !mayHaveGenerated(e.code) {
 			break
 		}
-		if k, ok := replayKeyOf(client, agent, body, loose); ok {
+		if k, ok := replayKeyOf(client, scope, body, loose); ok {
 			g.remember(client, k, e)
 		}
 	}
 }
 
 // lookupRequest is the refusal remembered for a request under either key.
-func (g *replayGuard) lookupRequest(client, agent string, body []byte) (replayEntry, bool) {
+func (g *replayGuard) lookupRequest(client, scope string, body []byte) (replayEntry, bool) {
 	for _, loose := range []bool{false, true} {
-		if k, ok := replayKeyOf(client, agent, body, loose); ok {
+		if k, ok := replayKeyOf(client, scope, body, loose); ok {
 			if e, ok := g.lookup(k); ok && (!loose || mayHaveGenerated(e.code)) {
 				return e, true
 			}
@@ -216,7 +223,7 @@ func (s *server) replayRefused(w http.ResponseWriter, r *http.Request) bool {
 	if g == nil || g.window <= 0 || !g.holds(ri.client.ID) { // the digest is taken only when it can match
 		return false
 	}
-	e, ok := g.lookupRequest(ri.client.ID, ri.agentID, ri.body)
+	e, ok := g.lookupRequest(ri.client.ID, replayScope(ri.agentID, r.Header), ri.body)
 	if ok {
 		w.Header().Set("Brama-Replay-Refused", "true")
 		s.fail(w, r, e.refusal())
@@ -224,15 +231,15 @@ func (s *server) replayRefused(w http.ResponseWriter, r *http.Request) bool {
 	return ok
 }
 
-// replayRememberer is tally.remember for ri; nil when the guard is off.
-func (s *server) replayRememberer(ri *requestInfo) func(ae *apiError, attempts int, hungUp, streamed bool) {
-	g := s.replay
+// replayRememberer is tally.remember for r; nil when the guard is off.
+func (s *server) replayRememberer(r *http.Request) func(ae *apiError, attempts int, hungUp, streamed bool) {
+	g, ri := s.replay, infoFrom(r.Context())
 	if g == nil || g.window <= 0 {
 		return nil
 	}
 	return func(ae *apiError, attempts int, hungUp, streamed bool) {
 		if e, ok := replayEntryOf(ae, attempts, hungUp, streamed); ok {
-			g.rememberRequest(ri.client.ID, ri.agentID, ri.body, e)
+			g.rememberRequest(ri.client.ID, replayScope(ri.agentID, r.Header), ri.body, e)
 		}
 	}
 }

@@ -115,6 +115,8 @@ func TestReplayGuard(t *testing.T) {
 				{"a different body", d.token, chatBody(tc.dialect, tc.model, false, `,"temperature":0.3`), nil},
 				{"another client", other, chatBody(tc.dialect, tc.model, false, ""), nil},
 				{"an Idempotency-Key", d.token, chatBody(tc.dialect, tc.model, false, ""), []string{"Idempotency-Key", "k-" + tc.name}},
+				{"another beta header", d.token, chatBody(tc.dialect, tc.model, false, ""), []string{"OpenAI-Beta", "assistants=v2"}},
+				{"another anthropic-version", d.token, chatBody(tc.dialect, tc.model, false, ""), []string{"anthropic-version", "2099-01-01"}},
 			} {
 				var hdr map[string][]string
 				if n := calls(func() { _, hdr, _ = d.call("POST", path, other.token, other.body, other.hdr...) }); n != 1 || len(hdr["Brama-Replay-Refused"]) != 0 {

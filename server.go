@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -504,7 +505,8 @@ func writeRaw(w http.ResponseWriter, status int, b []byte) {
 }
 
 // handleModels serves GET /v1/models in OpenAI's list shape: the aliases,
-// then the catalogue models of providers that can serve.
+// then the catalogue models of providers that can serve (a direct key, or
+// the caller's agent's subscription), each only if the caller may use it (SPEC §3.1).
 func (s *server) handleModels(w http.ResponseWriter, r *http.Request) {
 	type model struct {
 		ID      string `json:"id"`
@@ -519,14 +521,21 @@ func (s *server) handleModels(w http.ResponseWriter, r *http.Request) {
 			data = append(data, model{ID: a.Alias, Object: "model", OwnedBy: "brama", State: a.State})
 		}
 	}
+	ri := infoFrom(r.Context())
 	for _, p := range providerTable {
-		if p.cred != credDirect || !s.hasDirect(p.id) {
+		serves := p.cred == credDirect && s.hasDirect(p.id)
+		if p.cred == credSubscription && ri.agentID != "" { // the caller's agent's own subscriptions
+			subs, _, err := s.engine(ri).eligible(ri.agentID, p.id)
+			serves = err == nil && len(subs) > 0
+		}
+		if !serves {
 			continue
 		}
 		for _, m := range s.catalog.models(p.id) {
 			data = append(data, model{ID: p.id + "/" + m.ID, Object: "model", OwnedBy: p.id})
 		}
 	}
+	data = slices.DeleteFunc(data, func(m model) bool { return !ri.client.mayUse(m.ID) })
 	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
 }
 
