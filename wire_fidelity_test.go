@@ -47,6 +47,12 @@ func TestTranslationCarriesToolStrictness(t *testing.T) {
 			wantBeta:     structuredOutputsBeta,
 		},
 		{
+			name: "chat to messages, strict false", path: "/v1/chat/completions", provider: "anthropic",
+			body:         `{"model":"anthropic/claude-test","max_tokens":9,"messages":[{"role":"user","content":"q"}],"tools":[{"type":"function","function":{"name":"get_weather","parameters":` + schema + `,"strict":false}}]}`,
+			wantUpstream: map[string]string{"tools[0].name": `"get_weather"`, "tools[0].strict": `false`},
+			wantBeta:     structuredOutputsBeta,
+		},
+		{
 			name: "messages to responses", path: "/v1/messages", provider: "openai-responses",
 			body:         `{"model":"openai-responses/gpt-test","max_tokens":9,"messages":[{"role":"user","content":"q"}],"tools":[{"name":"get_weather","input_schema":` + schema + `,"strict":true}]}`,
 			wantUpstream: map[string]string{"tools[0].name": `"get_weather"`, "tools[0].strict": `true`},
