@@ -188,9 +188,9 @@ func buildUpstreamRequest(ctx context.Context, p providerInfo, baseURL string, c
 	if err != nil {
 		return nil, refuse("internal_error", "internal error").because(err)
 	}
-	var options http.Header // the format's own options a translation needs
+	var options http.Header                                                                // the format's own options a translation needs
 	strict := slices.ContainsFunc(req.Tools, func(t tool) bool { return t.Strict != nil }) // the member needs the beta, true or false
-	if (req.Output != nil || strict) && p.protocol == protoAnthropic { // SPEC §7.6: structured outputs' beta (a JSON Schema output format, strict tools)
+	if (req.Output != nil || strict) && p.protocol == protoAnthropic {                     // SPEC §7.6: structured outputs' beta (a JSON Schema output format, strict tools)
 		options = http.Header{"Anthropic-Beta": {structuredOutputsBeta}}
 	}
 	setProviderHeaders(hr.Header, p, cred, options, stream)
