@@ -188,9 +188,10 @@ func buildUpstreamRequest(ctx context.Context, p providerInfo, baseURL string, c
 	if err != nil {
 		return nil, refuse("internal_error", "internal error").because(err)
 	}
-	var options http.Header                                                                // the format's own options a translation needs
-	strict := slices.ContainsFunc(req.Tools, func(t tool) bool { return t.Strict != nil }) // the member needs the beta, true or false
-	if (req.Output != nil || strict) && p.protocol == protoAnthropic {                     // SPEC §7.6: structured outputs' beta (a JSON Schema output format, strict tools)
+	var options http.Header // the format's own options a translation needs
+	// SPEC §7.6: the structured-outputs beta, for a JSON Schema output format or a tool's strict, true or false.
+	strict := slices.ContainsFunc(req.Tools, func(t tool) bool { return t.Strict != nil })
+	if (req.Output != nil || strict) && p.protocol == protoAnthropic {
 		options = http.Header{"Anthropic-Beta": {structuredOutputsBeta}}
 	}
 	setProviderHeaders(hr.Header, p, cred, options, stream)
