@@ -259,11 +259,11 @@ func (e cliEnv) answersVerify(args []string) error {
 // answersPrune removes complete kept answers older than -older-than.
 func (e cliEnv) answersPrune(args []string) error {
 	fs := e.newFlags("answers prune")
-	olderThan := fs.Duration("older-than", -1, "remove complete answers kept longer ago than this `duration` (e.g. 720h)")
+	olderThan := fs.Duration("older-than", 0, "remove complete answers kept longer ago than this `duration` (e.g. 720h)")
 	if _, err := parseFlags(fs, args, 0, "answers prune -older-than DURATION"); err != nil {
 		return err
 	}
-	if *olderThan < 0 {
+	if fs.NFlag() == 0 || *olderThan < 0 { // required: no default to show in -h
 		return &usageError{"usage: brama answers prune -older-than DURATION (a duration of zero or more)"}
 	}
 	dir, err := resolveState(e.getenv).path("signed answers", "answers")

@@ -132,6 +132,9 @@ func run(ctx context.Context, cut <-chan struct{}, args []string, getenv func(st
 	case "serve":
 		return serve(ctx, rest, e)
 	case "version":
+		if _, err := parseFlags(e.newFlags("version"), rest, 0, "version"); err != nil {
+			return err
+		}
 		fmt.Fprintf(stdout, "brama %s\n", version)
 		return nil
 	case "onboard":

@@ -153,3 +153,42 @@ func TestHelpPrintsFlags(t *testing.T) {
 		t.Errorf("missing positional exit = %d, want 2", code)
 	}
 }
+
+func TestVersionTakesNoArguments(t *testing.T) {
+	tests := []struct {
+		args   []string
+		code   int
+		stdout string // a substring of stdout
+		stderr string // a substring of stderr
+	}{
+		{args: []string{"version"}, code: 0, stdout: "brama " + version + "\n"},
+		{args: []string{"version", "-h"}, code: 0, stderr: "Usage of brama version"},
+		{args: []string{"version", "extra"}, code: 2, stderr: "usage: brama version"},
+		{args: []string{"version", "-json"}, code: 2, stderr: "flag provided but not defined: -json"},
+	}
+	for _, tt := range tests {
+		out, errOut, code := runCLI(t, stateEnv(t), "", tt.args...)
+		if code != tt.code || !strings.Contains(out, tt.stdout) || !strings.Contains(errOut, tt.stderr) {
+			t.Errorf("brama %v: exit %d, stdout %q, stderr %q; want exit %d, stdout with %q, stderr with %q",
+				tt.args, code, out, errOut, tt.code, tt.stdout, tt.stderr)
+		}
+		if tt.code != 0 && out != "" {
+			t.Errorf("brama %v printed %q on a usage error", tt.args, out)
+		}
+	}
+}
+
+// TestAnswersPruneHelp: -older-than is required, so its help names no
+// default (a sentinel such as -1ns would read as one), and zero is a value.
+func TestAnswersPruneHelp(t *testing.T) {
+	_, errOut, code := runCLI(t, stateEnv(t), "", "answers", "prune", "-h")
+	if code != 0 || !strings.Contains(errOut, "-older-than duration") || strings.Contains(errOut, "default") {
+		t.Errorf("answers prune -h: exit %d, stderr %q; want its flag without a default", code, errOut)
+	}
+	if _, errOut, code := runCLI(t, stateEnv(t), "", "answers", "prune"); code != 2 {
+		t.Errorf("answers prune without -older-than: exit %d (%q), want 2", code, errOut)
+	}
+	if out, errOut, code := runCLI(t, stateEnv(t), "", "answers", "prune", "-older-than", "0s"); code != 0 || !strings.Contains(out, "removed 0") {
+		t.Errorf("answers prune -older-than 0s: exit %d, %q %q; want 0", code, out, errOut)
+	}
+}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -144,25 +145,45 @@ func TestSubscriptionListingShowsAFailedUsageReadAtOnce(t *testing.T) {
 }
 
 // TestMaintainUntouchedCodexWindowStatesNoMoment: codex reports a window
-// nobody used yet as reset_after_seconds 0 with reset_at null. That states
-// no reset moment; read as "resets now" it would be a moment inside the pass
-// that read it, so every pass would be followed by another, back to back.
+// nobody used yet as reset_after_seconds 0 with reset_at null, and a window
+// the plan does not have as limit_window_seconds 0 with reset_at at the read.
+// Neither states a reset moment; read as "resets now" it would be a moment
+// inside the pass that read it, so every pass would be followed by another.
 func TestMaintainUntouchedCodexWindowStatesNoMoment(t *testing.T) {
-	fx := newMaintFixture(t)
-	fx.fake.handle(fakeCodexUsage, func(w http.ResponseWriter, r *http.Request) {
-		fx.clock.advance(time.Second) // a read takes time
-		w.Write([]byte(`{"rate_limit":{"primary_window":{"used_percent":0,"limit_window_seconds":18000,"reset_after_seconds":0,"reset_at":null}}}`))
-	})
-	fx.donate(t, "codex", grant("CODEX", maintT0.Add(30*24*time.Hour)))
-	ctx := context.Background()
-	fx.m.request("asked")
-	if !fx.m.loopOnce(ctx, fx.clock.now()) {
-		t.Fatal("loopOnce with a pass pending ran none")
-	}
-	if ev := fx.nextPass(t); ev.rep.Usage.Read != 1 {
-		t.Fatalf("pass read %d reports, want 1: %+v", ev.rep.Usage.Read, ev.rep)
-	}
-	if fx.m.loopOnce(ctx, fx.clock.now()) {
-		t.Errorf("a second pass ran right after the first (reason due); reads so far: %d", fx.fake.count(fakeCodexUsage))
+	for _, tc := range []struct{ name, window string }{
+		{"untouched", `{"used_percent":0,"limit_window_seconds":18000,"reset_after_seconds":0,"reset_at":null}`},
+		{"absent from the plan", `{"used_percent":0,"limit_window_seconds":0,"reset_after_seconds":0,"reset_at":%d}`},
+		{"absent, the provider's clock 5 s ahead", `{"used_percent":0,"limit_window_seconds":0,"reset_at":%d}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fx := newMaintFixture(t)
+			fx.fake.handle(fakeCodexUsage, func(w http.ResponseWriter, r *http.Request) {
+				window := tc.window
+				if strings.Contains(window, "%d") {
+					ahead := int64(0)
+					if strings.Contains(tc.name, "ahead") {
+						ahead = 5
+					}
+					window = fmt.Sprintf(window, fx.clock.now().Unix()+ahead)
+				}
+				fx.clock.advance(time.Second) // a read takes time
+				w.Write([]byte(`{"rate_limit":{"primary_window":` + window + `}}`))
+			})
+			fx.donate(t, "codex", grant("CODEX", maintT0.Add(30*24*time.Hour)))
+			ctx := context.Background()
+			fx.m.request("asked")
+			if !fx.m.loopOnce(ctx, fx.clock.now()) {
+				t.Fatal("loopOnce with a pass pending ran none")
+			}
+			if ev := fx.nextPass(t); ev.rep.Usage.Read != 1 {
+				t.Fatalf("pass read %d reports, want 1: %+v", ev.rep.Usage.Read, ev.rep)
+			}
+			for _, wait := range []time.Duration{0, 5 * time.Second} { // arms the timer, then meets it
+				fx.clock.advance(wait)
+				if fx.m.loopOnce(ctx, fx.clock.now()) {
+					t.Fatalf("a second pass ran %v after the first (reason due); reads so far: %d", wait, fx.fake.count(fakeCodexUsage))
+				}
+			}
+		})
 	}
 }

@@ -235,6 +235,22 @@ func TestReadyzNamesAnUnusableAnswerKey(t *testing.T) {
 	}
 }
 
+// BRAMA_STATE_DIR written with a trailing slash (as env files often have it)
+// is the same state directory: /readyz names its registry, not "(named by
+// environment)" (SPEC §2.1, Runbook "An invalid registry").
+func TestReadyzNamesTheRegistryOfAStateDirWithATrailingSlash(t *testing.T) {
+	env := stateEnv(t)
+	dir := env["BRAMA_STATE_DIR"]
+	os.MkdirAll(dir, 0o700)
+	os.WriteFile(filepath.Join(dir, "routes.json"), []byte(`{"routes":{}}`), 0o644)
+	env["BRAMA_STATE_DIR"] = dir + "/"
+	d := startDaemon(t, env, `{"openai":"k"}`, "-local-credentials-stdin")
+	status, _, body := d.call("GET", "/readyz", "", "")
+	if want := filepath.Join(dir, "routes.json"); status != 503 || !strings.Contains(string(body), want) || strings.Contains(string(body), "named by environment") {
+		t.Errorf("/readyz with a group-readable registry in %s/: %d %s; want 503 naming %s", dir, status, body, want)
+	}
+}
+
 // TestModelsListsTheAgentsSubscriptionModels: a caller with an agent sees
 // the catalogue models of the providers its agent's subscriptions serve;
 // a caller without one, or whose agent has none there, does not (SPEC §15).

@@ -83,10 +83,16 @@ func parsePlanWindows(provider string, h http.Header, now time.Time) []planWindo
 		for _, which := range []string{"primary", "secondary"} {
 			key := "x-codex-" + which + "-"
 			if pct, ok := num(key + "used-percent"); ok {
-				mins, _ := num(key + "window-minutes")
+				mins, hasMins := num(key + "window-minutes")
 				w := newWindow("codex:"+which, windowLabel(mins, which+" window"), pct/100, 0, now, windowSourceTraffic)
-				if after, ok := num(key + "reset-after-seconds"); ok && after >= 0 && after < planMaxResetSeconds {
+				switch after, ok := num(key + "reset-after-seconds"); {
+				case hasMins && mins == 0: // a window the plan lacks states no reset
+				case ok && after >= 0 && after < planMaxResetSeconds:
 					w.ResetsAtMs = now.UnixMilli() + int64(after*1000)
+				default:
+					if at, _ := num(key + "reset-at"); at > 0 && at < planMaxResetSeconds { // epoch seconds, without the countdown
+						w.ResetsAtMs = int64(at * 1000)
+					}
 				}
 				ws = append(ws, w)
 			}
@@ -277,12 +283,16 @@ func codexUsage(r report, now time.Time) []planWindow {
 			continue
 		}
 		label := which + " window"
-		if secs, ok := m.num("limit_window_seconds"); ok && secs < planMaxResetSeconds {
+		secs, hasLength := m.num("limit_window_seconds")
+		if hasLength && secs < planMaxResetSeconds {
 			label = windowLabel(secs/60, label)
 		}
 		reset := m.instant("reset_at")
 		if after, ok := m.num("reset_after_seconds"); reset == 0 && ok && after > 0 && after < planMaxResetSeconds {
 			reset, _ = usageMs(float64(now.UnixMilli()) + after*1000)
+		}
+		if hasLength && secs == 0 { // a window the plan lacks: its reset_at is the read's moment, no reset
+			reset = 0
 		}
 		ws = append(ws, newWindow("codex:"+which, label, pct/100, reset, now, windowSourceReport))
 	}

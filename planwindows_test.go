@@ -70,6 +70,31 @@ func TestParsePlanWindows(t *testing.T) {
 			{ID: "codex:primary", Label: "45 minutes", UsedFraction: 1, RecordedAtMs: ms, Source: "traffic"},
 			{ID: "codex:secondary", Label: "secondary window", UsedFraction: 0, RecordedAtMs: ms, Source: "traffic"},
 		}},
+		{name: "codex reset-at (epoch seconds) without the countdown", provider: "codex", headers: map[string]string{
+			"x-codex-primary-used-percent":     "7",
+			"x-codex-primary-window-minutes":   "300",
+			"x-codex-primary-reset-at":         "1790000000",
+			"x-codex-secondary-used-percent":   "100",
+			"x-codex-secondary-reset-at":       "1790500000",
+			"x-codex-secondary-window-minutes": "10080",
+		}, want: []planWindow{
+			{ID: "codex:primary", Label: "5 hours", UsedFraction: 0.07, ResetsAtMs: 1790000000000, RecordedAtMs: ms, Source: "traffic"},
+			{ID: "codex:secondary", Label: "7 days", UsedFraction: 1, ResetsAtMs: 1790500000000, RecordedAtMs: ms, Source: "traffic"},
+		}},
+		{name: "codex countdown wins over reset-at", provider: "codex", headers: map[string]string{
+			"x-codex-primary-used-percent":        "7",
+			"x-codex-primary-reset-at":            "1790000000",
+			"x-codex-primary-reset-after-seconds": "600",
+		}, want: []planWindow{
+			{ID: "codex:primary", Label: "primary window", UsedFraction: 0.07, ResetsAtMs: ms + 600_000, RecordedAtMs: ms, Source: "traffic"},
+		}},
+		{name: "codex zero-length window states no reset", provider: "codex", headers: map[string]string{
+			"x-codex-primary-used-percent":   "0",
+			"x-codex-primary-window-minutes": "0",
+			"x-codex-primary-reset-at":       "1790000000",
+		}, want: []planWindow{
+			{ID: "codex:primary", Label: "primary window", UsedFraction: 0, RecordedAtMs: ms, Source: "traffic"},
+		}},
 		{name: "codex one hour, missing secondary", provider: "codex", headers: map[string]string{
 			"x-codex-primary-used-percent":   "0",
 			"x-codex-primary-window-minutes": "60",

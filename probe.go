@@ -71,8 +71,12 @@ func (e *engine) probe(ctx context.Context, it overlayItem, model string) (probe
 		},
 	}
 	out, ae := e.attemptCandidate(ctx, j, &candidate{res: res, pool: []overlayItem{it}})
-	if r := e.wk.last; r != nil && r.class == refusalAuth { // a 401 or 403 is recorded, not retried
+	switch r := e.wk.last; { // recorded, not retried
+	case r == nil:
+	case r.class == refusalAuth: // a 401 or 403
 		e.ledger.setCredential(it.ID, p.id, credNeedsReauth, cmp.Or(r.sentence, r.err.Message))
+	case r.class == refusalRate || r.class == refusalQuota: // a block, as a request's would be
+		e.blockFor(it, p.id, r)
 	}
 	switch {
 	case detail != "":

@@ -135,6 +135,9 @@ func TestProbe(t *testing.T) {
 			wantAuth: "Bearer probe-cc-access-0123456789", wantModel: "claude-haiku-4-5", probeOK: false, credState: credNeedsReauth},
 		{name: "success reactivates", path: probePath("a", cc), want: 200, calls: 1,
 			wantAuth: "Bearer probe-cc-access-0123456789", wantModel: "claude-haiku-4-5", probeOK: true, credState: credActive},
+		{name: "429 recorded as a block", mode: "429", path: probePath("a", k2), want: 200, calls: 1,
+			wantAuth: "Bearer sk-probe-k2-0123456789", probeOK: false, credState: credActive},
+		{name: "the next probe meets that block", path: probePath("a", k2), want: 409, code: "state_conflict"},
 		{name: "inside a block", setup: blockK1, path: probePath("a", k1), want: 409, code: "state_conflict"},
 	}
 	for _, tc := range tests {

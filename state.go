@@ -47,7 +47,7 @@ func (e *noStateError) Unwrap() error { return e.cause }
 // resolveState picks BRAMA_STATE_DIR, else <home>/.brama, and nothing else.
 func resolveState(getenv func(string) string) state {
 	if d := strings.TrimSpace(getenv("BRAMA_STATE_DIR")); d != "" {
-		return state{dir: d}
+		return state{dir: filepath.Clean(d)} // "/var/lib/brama/" is the same directory
 	}
 	home := strings.TrimSpace(getenv("HOME"))
 	if home == "" {
