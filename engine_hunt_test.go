@@ -268,3 +268,51 @@ func TestSelectorSkipsACandidateThatCannotExpressTheRequest(t *testing.T) {
 		t.Errorf("any with JSON mode: %d %s (route %q, attempts %q); want deepseek's answer after 1 call", s, b, h.Get("Brama-Route"), h.Get("Brama-Attempts"))
 	}
 }
+
+// TestConcurrentRequestsAccountEveryCall: requests racing on one pool
+// (blocks and refusals recorded while others walk) each make at most two
+// calls, and together state exactly the calls the provider saw (SPEC §7.2,
+// §7.4).
+func TestConcurrentRequestsAccountEveryCall(t *testing.T) {
+	fake := newKeyedFake(t, map[string]string{"k1": "429", "k2": "401", "k3": "200", "k4": "500"})
+	env := stateEnv(t)
+	env["BRAMA_REPLAY_GUARD_SECS"] = "0"
+	env["BRAMA_PROVIDER_KIMI_BASE_URL"] = fake.URL
+	d := startDaemon(t, env, "")
+	tok, _ := agentWithSubs(t, d, "ag", "kimi", "k1", "k2", "k3", "k4")
+	const n = 16
+	attempts := make(chan string, n)
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, _ := http.NewRequest("POST", d.url+"/v1/chat/completions", strings.NewReader(chatBody(dialectChat, "kimi/k2", false, "")))
+			req.Header.Set("Authorization", "Bearer "+tok)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				attempts <- "error: " + err.Error()
+				return
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			attempts <- resp.Header.Get("Brama-Attempts")
+		}()
+	}
+	wg.Wait()
+	close(attempts)
+	sum := 0
+	for a := range attempts {
+		var k int
+		if _, err := fmt.Sscan(a, &k); err != nil || k > 2 {
+			t.Errorf("Brama-Attempts %q: want 0, 1 or 2", a)
+		}
+		sum += k
+	}
+	if total := fake.total(); sum != total {
+		t.Errorf("the answers state %d calls, the provider saw %d", sum, total)
+	}
+	if c := fake.count("k2"); c > n {
+		t.Errorf("k2 (401) called %d times", c)
+	}
+}
