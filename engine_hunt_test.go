@@ -316,3 +316,37 @@ func TestConcurrentRequestsAccountEveryCall(t *testing.T) {
 		t.Errorf("k2 (401) called %d times", c)
 	}
 }
+
+// TestInBandLimitBlocksUntilTheStatedReset: a committed codex answer whose
+// headers state its window spent until a reset, then ends with an in-band
+// usage limit, blocks the subscription until that reset (SPEC §7.2.4:
+// reset headers, 15 min only when none is stated), not for 15 min.
+func TestInBandLimitBlocksUntilTheStatedReset(t *testing.T) {
+	clock := &testClock{t: time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)}
+	testingOnlyNow = clock.now
+	defer func() { testingOnlyNow = nil }()
+	fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		w.Header().Set("X-Codex-Primary-Used-Percent", "100")
+		w.Header().Set("X-Codex-Primary-Window-Minutes", "300")
+		w.Header().Set("X-Codex-Primary-Reset-After-Seconds", "3600")
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "event: error\ndata: {\"type\":\"error\",\"code\":\"usage_limit_reached\",\"message\":\"The usage limit has been reached\",\"sequence_number\":1}\n\n")
+	})
+	env := stateEnv(t)
+	env["BRAMA_REPLAY_GUARD_SECS"] = "0"
+	env["BRAMA_PROVIDER_CODEX_BASE_URL"] = fake.URL
+	d := startDaemon(t, env, "")
+	addAgent(t, env, "a1")
+	tok := addClient(t, env, "a1-app", "-agent", "a1")
+	s, _, b := d.call("POST", "/v1/admin/subscriptions/a1", d.token, `{"provider":"codex","oauth":{"access_token":"acc-codex-0123","refresh_token":"ref-codex-0123","account_id":"acct","expires_at_ms":4102444800000}}`)
+	donatedID(t, s, b, "a1", "codex")
+	body := chatBody(dialectChat, "codex/gpt-5", false, "")
+	if s, _, b := d.call("POST", "/v1/chat/completions", tok, body); s != 502 {
+		t.Fatalf("first answer %d %s, want 502 provider_incomplete", s, b)
+	}
+	clock.advance(20 * time.Minute) // past the 15-minute default, inside the stated hour
+	s, h, b := d.call("POST", "/v1/chat/completions", tok, body)
+	if e := envelopeOf(t, b); s != 429 || e["code"] != "subscription_unavailable" || fake.calls.Load() != 1 || h.Get("Retry-After") != "2400" {
+		t.Errorf("20 min later: %d %s (Retry-After %q), %d calls; want 429 subscription_unavailable, Retry-After 2400, no second call", s, b, h.Get("Retry-After"), fake.calls.Load())
+	}
+}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"net/http"
@@ -190,7 +191,8 @@ func (e *engine) answerSubscription(ctx context.Context, w http.ResponseWriter, 
 	e.ledger.recordUse(sub.ID, p, ae == nil, u.InputTokens, u.OutputTokens)
 	var se *upstreamStreamError
 	if ae != nil && errors.As(ae, &se) && (se.Class == refusalRate || se.Class == refusalQuota) {
-		e.ledger.block(sub.ID, p, now.Add(defaultBlock), "the provider ended a committed answer with "+se.Code)
+		wait := cmp.Or(retryAfter(resp.Header, now), defaultBlock) // the reset its headers state (SPEC §7.2.4)
+		e.ledger.block(sub.ID, p, now.Add(wait), "the provider ended a committed answer with "+se.Code)
 	}
 	return u, ae, streamed
 }
