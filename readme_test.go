@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -123,5 +124,39 @@ func TestReadmeNamesEveryFlag(t *testing.T) {
 	}
 	if len(commands) < 20 {
 		t.Errorf("found %d commands; the usage lines were not read", len(commands))
+	}
+}
+
+// TestReadmeNamesEveryLogEvent: every log message the code writes is named
+// in README's Logs section, by name or by a `family_*` pattern.
+func TestReadmeNamesEveryLogEvent(t *testing.T) {
+	logs := readmeSection(t, "## Logs")
+	files, _ := filepath.Glob("*.go")
+	event := regexp.MustCompile(`(?:\.(?:Info|Warn|Error|Debug)\(|slog\.Level[A-Za-z]+, |msg, level :?= )"([a-z]+(?:_[a-z]+)+)"`)
+	family := regexp.MustCompile("`([a-z_]+_)\\*`")
+	var families []string
+	for _, m := range family.FindAllStringSubmatch(logs, -1) {
+		families = append(families, m[1])
+	}
+	n := 0
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range event.FindAllStringSubmatch(string(b), -1) {
+			n++
+			name := m[1]
+			if strings.Contains(logs, "`"+name+"`") || slices.ContainsFunc(families, func(p string) bool { return strings.HasPrefix(name, p) }) {
+				continue
+			}
+			t.Errorf("%s logs %q; README's Logs section does not name it", f, name)
+		}
+	}
+	if n < 30 {
+		t.Errorf("found %d log calls; the scan is broken", n)
 	}
 }
