@@ -159,6 +159,9 @@ func (c *catalog) readOnce(ctx context.Context) {
 // fetch is one whole read of the catalogue URL; errors never quote the body.
 func (c *catalog) fetch(ctx context.Context) (catalogData, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.url, nil)
+	if ue := (*url.Error)(nil); errors.As(err, &ue) {
+		err = ue.Err // its URL may hold a key in the query, as a call's does
+	}
 	if err != nil {
 		return nil, fmt.Errorf("catalogue URL: %w", err)
 	}

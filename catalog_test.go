@@ -655,16 +655,23 @@ func FuzzParseCatalog(f *testing.F) {
 // quoted: not in /readyz, which needs no token, nor in the log (SPEC §6.4).
 func TestCatalogURLFailureQuotesNoQuery(t *testing.T) {
 	const planted = "planted-catalog-key-0123"
-	env := stateEnv(t)
-	env["BRAMA_MODEL_CATALOG_URL"] = "http://127.0.0.1:9/api.json?key=" + planted
-	d := startDaemon(t, env, "")
-	var body []byte
-	for i := 0; !strings.Contains(string(body), "catalogue read:"); i++ { // until the first read settled
-		if i == 10000 {
-			t.Fatalf("/readyz never showed the failed catalogue read: %s", body)
-		}
-		_, _, body = d.call("GET", "/readyz", "", "")
+	for _, tc := range []struct{ name, url, shown string }{
+		{"refused connection", "http://127.0.0.1:9/api.json?key=" + planted, "catalogue read:"},
+		{"unparsable port", "http://127.0.0.1:notaport/api.json?key=" + planted, "catalogue URL:"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := stateEnv(t)
+			env["BRAMA_MODEL_CATALOG_URL"] = tc.url
+			d := startDaemon(t, env, "")
+			var body []byte
+			for i := 0; !strings.Contains(string(body), tc.shown); i++ { // until the first read settled
+				if i == 10000 {
+					t.Fatalf("/readyz never showed the failed catalogue read: %s", body)
+				}
+				_, _, body = d.call("GET", "/readyz", "", "")
+			}
+			d.stop()
+			assertNoSecret(t, planted, string(body)+d.stderr.String(), env["BRAMA_STATE_DIR"])
+		})
 	}
-	d.stop()
-	assertNoSecret(t, planted, string(body)+d.stderr.String(), env["BRAMA_STATE_DIR"])
 }
