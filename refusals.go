@@ -252,7 +252,11 @@ func retryAfter(h http.Header, now time.Time) time.Duration {
 	for _, k := range []string{"Primary", "Secondary"} {
 		p := "X-Codex-" + k + "-"
 		u, uerr := strconv.ParseFloat(hv(p+"Used-Percent"), 64)
-		if s, err := strconv.ParseFloat(hv(p+"Reset-After-Seconds"), 64); err == nil && uerr == nil && u >= 100 {
+		s, err := strconv.ParseFloat(hv(p+"Reset-After-Seconds"), 64)
+		if at, aerr := strconv.ParseFloat(hv(p+"Reset-At"), 64); err != nil && aerr == nil { // epoch seconds, without the countdown
+			s, err = at-float64(now.Unix()), nil
+		}
+		if err == nil && uerr == nil && u >= 100 {
 			d = max(d, clampWait(s))
 		}
 	}

@@ -229,6 +229,9 @@ func TestRetryAfter(t *testing.T) {
 			"X-Codex-Primary-Used-Percent": {"100"}, "X-Codex-Primary-Reset-After-Seconds": {"60"},
 			"X-Codex-Secondary-Used-Percent": {"100.0"}, "X-Codex-Secondary-Reset-After-Seconds": {"600"},
 		}, 10 * time.Minute},
+		{"codex full window stating only reset-at", http.Header{ // as parsePlanWindows reads it (a12dc02)
+			"X-Codex-Primary-Used-Percent": {"100"}, "X-Codex-Primary-Reset-At": {"1748782800"},
+		}, time.Hour},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
