@@ -294,13 +294,18 @@ func TestModelsListsTheAgentsSubscriptionModels(t *testing.T) {
 // copied into a unit file, "state") would keep state in the working
 // directory, which SPEC §2.1 never does: it counts as no state directory.
 func TestRelativeStateDirIsNoStateDir(t *testing.T) {
-	for _, dir := range []string{"~/.brama", "state", "./state"} {
-		t.Run(dir, func(t *testing.T) {
+	for _, tc := range []struct{ name, env, dir string }{
+		{"~/.brama", "BRAMA_STATE_DIR", "~/.brama"}, {"state", "BRAMA_STATE_DIR", "state"}, {"./state", "BRAMA_STATE_DIR", "./state"},
+		{"relative HOME", "HOME", "home"}, // <home>/.brama would be the working directory's too
+	} {
+		t.Run(tc.name, func(t *testing.T) {
 			cwd := t.TempDir()
 			t.Chdir(cwd)
-			_, errOut, code := runCLI(t, map[string]string{"BRAMA_STATE_DIR": dir, "HOME": t.TempDir()}, "", "routes", "set", "chat", "openai/gpt-4o")
+			env := map[string]string{"HOME": t.TempDir()}
+			env[tc.env] = tc.dir
+			_, errOut, code := runCLI(t, env, "", "routes", "set", "chat", "openai/gpt-4o")
 			if code != 1 || !strings.Contains(errOut, "not an absolute path") {
-				t.Errorf("routes set with BRAMA_STATE_DIR=%s: exit %d %q; want 1 naming the rule", dir, code, errOut)
+				t.Errorf("routes set with %s=%s: exit %d %q; want 1 naming the rule", tc.env, tc.dir, code, errOut)
 			}
 			if ents, _ := os.ReadDir(cwd); len(ents) != 0 {
 				t.Errorf("the working directory holds %d entries (%s...)", len(ents), ents[0].Name())

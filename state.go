@@ -52,8 +52,11 @@ func resolveState(getenv func(string) string) state {
 		return state{dir: filepath.Clean(d)} // "/var/lib/brama/" is the same directory
 	}
 	home := strings.TrimSpace(getenv("HOME"))
-	if home == "" {
+	switch {
+	case home == "":
 		return state{cause: errors.New("$HOME is not defined")} // os.UserHomeDir's words on Unix
+	case !filepath.IsAbs(home): // <home>/.brama would be the working directory's
+		return state{cause: fmt.Errorf("$HOME %q is not an absolute path", home)}
 	}
 	return state{dir: filepath.Join(home, ".brama")}
 }
