@@ -237,7 +237,7 @@ func TestHangUpBetweenTwoCalls(t *testing.T) {
 	fake := newKeyedFake(t, map[string]string{"k1": "429", "k2": "200"})
 	env["BRAMA_PROVIDER_KIMI_BASE_URL"] = fake.URL
 	d := startDaemon(t, env, "")
-	tok, _ := agentWithSubs(t, d, "a1", "kimi", "k1", "k2")
+	tok, ids := agentWithSubs(t, d, "a1", "kimi", "k1", "k2")
 	ctx, cancel := context.WithCancel(context.Background())
 	second := make(chan struct{})
 	var calls atomic.Int32
@@ -260,5 +260,9 @@ func TestHangUpBetweenTwoCalls(t *testing.T) {
 	}
 	if fake.count("k1") != 1 || fake.count("k2") != 0 {
 		t.Errorf("calls k1 %d k2 %d, want 1 and 0", fake.count("k1"), fake.count("k2"))
+	}
+	ledger := readLedgerFile(t, env["BRAMA_STATE_DIR"]) // the unsent call is no request of k2's either
+	if got := [2]int64{ledger[ids[0]].Measured.Requests, ledger[ids[1]].Measured.Requests}; got != [2]int64{1, 0} {
+		t.Errorf("ledger measured.requests k1 %d k2 %d, want 1 and 0", got[0], got[1])
 	}
 }

@@ -273,12 +273,13 @@ func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate) 
 			}
 			return routeAnswered, ae
 		}
+		made := e.t.attempts
 		resp, ref, failure := e.send(httpReq, c, sub)
 		calls++
 		if resp != nil {
 			return routeAnswered, e.commit(ctx, j, cand, c, sub, resp, e.t.attempts, start)
 		}
-		if sub != nil && b.rotate {
+		if sub != nil && b.rotate && e.t.attempts > made { // none once the caller hung up: no use of sub
 			e.ledger.recordUse(sub.ID, p.id, false, 0, 0)
 		}
 		wk.last = ref
