@@ -189,12 +189,20 @@ func (e *engine) answerSubscription(ctx context.Context, w http.ResponseWriter, 
 		e.pins.Store(e.agent+"\x00"+p, pin{sub.ID, until})
 	}
 	e.ledger.recordUse(sub.ID, p, ae == nil, u.InputTokens, u.OutputTokens)
-	var se *upstreamStreamError
-	if ae != nil && errors.As(ae, &se) && (se.Class == refusalRate || se.Class == refusalQuota) {
-		wait := cmp.Or(retryAfter(resp.Header, now), defaultBlock) // the reset its headers state (SPEC §7.2.4)
-		e.ledger.block(sub.ID, p, now.Add(wait), "the provider ended a committed answer with "+se.Code)
+	if ae != nil { // a nil *apiError is no nil error
+		e.blockInBand(sub, p, resp, ae, now)
 	}
 	return u, ae, streamed
+}
+
+// blockInBand blocks sub after a rate or quota error ending its committed
+// answer, until the reset the answer's headers state (SPEC §7.2.4).
+func (e *engine) blockInBand(sub overlayItem, provider string, resp *http.Response, err error, now time.Time) {
+	var se *upstreamStreamError
+	if errors.As(err, &se) && (se.Class == refusalRate || se.Class == refusalQuota) {
+		wait := cmp.Or(retryAfter(resp.Header, now), defaultBlock)
+		e.ledger.block(sub.ID, provider, now.Add(wait), "the provider ended a committed answer with "+se.Code)
+	}
 }
 
 // blockFor blocks sub after a rate or quota refusal until the stated reset

@@ -63,6 +63,7 @@ func (e *engine) probe(ctx context.Context, it overlayItem, model string) (probe
 			e.ledger.recordWindows(it.ID, p.id, parsePlanWindows(p.id, resp.Header, e.now()))
 			ans, err := readProviderAnswer(p, req, resp)
 			if err != nil {
+				e.blockInBand(it, p.id, resp, err, e.now()) // an in-band limit, as a request's (pool.go)
 				detail = "the answer could not be read: " + asAPIError(err).Message
 				return usage{}, nil, false
 			}
