@@ -32,6 +32,7 @@ type (
 		Content    json.RawMessage `json:"content,omitempty"` // string, parts, or null beside tool calls
 		ToolCalls  []chatToolCall  `json:"tool_calls,omitempty"`
 		ToolCallID string          `json:"tool_call_id,omitempty"`
+		Refusal    string          `json:"refusal,omitempty"` // answers only: the model refused
 	}
 	chatPart struct {
 		Type     string    `json:"type"`
@@ -40,7 +41,8 @@ type (
 		File     *chatFile `json:"file,omitempty"`
 	}
 	chatURL struct {
-		URL string `json:"url"`
+		URL    string `json:"url"`
+		Detail string `json:"detail,omitempty"`
 	}
 	chatFile struct {
 		FileData string `json:"file_data,omitempty"`
@@ -57,6 +59,7 @@ type (
 		Name        string          `json:"name,omitempty"`
 		Description string          `json:"description,omitempty"` // tools only
 		Parameters  json.RawMessage `json:"parameters,omitempty"`  // tools only
+		Strict      *bool           `json:"strict,omitempty"`      // tools only
 		Arguments   *string         `json:"arguments,omitempty"`   // calls only
 	}
 	chatCustom struct {
@@ -108,7 +111,7 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 			return chatRequest{}, err
 		}
 	}
-	var raw struct{ Messages json.RawMessage }
+	var raw struct{ Messages, Tools json.RawMessage }
 	json.Unmarshal(body, &raw)
 	if err := eachItem(b.Messages, raw.Messages, "messages", req.addChatMessage); err != nil {
 		return chatRequest{}, err
@@ -125,7 +128,7 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 		output.Type = f.Type
 	}
 	err = cmp.Or( // each step reads its own members; the first refusal wins
-		eachItem(b.Tools, nil, "tools", req.addChatTool),
+		eachItem(b.Tools, raw.Tools, "tools", req.addChatTool),
 		req.setOpenAIToolChoice(b.ToolChoice, true),
 		req.setChatStop(b.Stop),
 		req.setOutput(output, "response_format"),
@@ -156,7 +159,7 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 	dropUnknown(&req.Dropped, raw, what, "role content tool_calls tool_call_id")
 	switch m.Role {
 	case "system", "developer":
-		text, err := callerTextOf(m.Content, what+".content", "text", "\n\n")
+		text, err := req.callerTextOf(m.Content, what+".content", "text", "\n\n")
 		req.addSystem(text) // on an error the whole request is refused
 		return err
 	case "user":
@@ -201,7 +204,7 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 		if m.ToolCallID == "" {
 			return refuseInvalid("%s.tool_call_id is required", what)
 		}
-		text, err := callerTextOf(m.Content, what+".content", "text", "\n")
+		text, err := req.callerTextOf(m.Content, what+".content", "text", "\n")
 		req.Messages = appendPart(req.Messages, "user", part{Type: partToolResult, ToolCallID: m.ToolCallID, Text: text})
 		return err
 	default:
@@ -213,31 +216,50 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 // chatParts reads content: a string or text, image_url and file parts;
 // others (audio, an earlier refusal) are dropped and named.
 func (req *chatRequest) chatParts(raw json.RawMessage, what string) ([]part, error) {
-	read := func(cp chatPart, _ json.RawMessage, pw string) (part, string, error) {
-		switch {
-		case cp.Type == "text" && cp.Text != nil:
-			return part{Type: partText, Text: *cp.Text}, "", nil
-		case cp.Type == "text":
-			return part{}, "", refuseInvalid("%s.text is required", pw)
-		case cp.Type == "image_url" && cp.ImageURL == nil:
-			return part{}, "", refuseInvalid("%s.image_url must be an object with a url", pw)
-		case cp.Type == "image_url":
-			return part{Type: partImage, ImageURL: cp.ImageURL.URL}, pw + ".image_url.url", nil
-		case cp.Type == "file" && cp.File != nil && cp.File.FileData != "":
-			f := cp.File
-			return part{Type: partDocument, FileURL: f.FileData, Filename: f.Filename}, pw + ".file.file_data", nil
+	read := func(cp chatPart, raw json.RawMessage, pw string) (part, string, error) {
+		p, urlPath, err := chatPartOf(cp, pw)
+		if err == nil && p.Type != "" {
+			req.dropUnknownPart(raw, pw, cp.Type, chatMembers)
 		}
-		return part{}, "", nil
+		return p, urlPath, err
 	}
 	return callerParts(req, raw, what, "content parts", read)
 }
 
+// chatMembers names the members Brama carries of each chat part and tool
+// type, and of its nested object.
+var chatMembers = map[string][2]string{"text": {"type text"}, "image_url": {"type image_url", "url detail"},
+	"file": {"type file", "file_data filename"}, "function": {"type function", "name description parameters strict"},
+	"custom": {"type custom", "name description format"}}
+
+// chatPartOf is one content part as a neutral part with the path of its URL;
+// an untyped part is one Brama does not carry.
+func chatPartOf(cp chatPart, pw string) (part, string, error) {
+	switch {
+	case cp.Type == "text" && cp.Text != nil:
+		return part{Type: partText, Text: *cp.Text}, "", nil
+	case cp.Type == "text":
+		return part{}, "", refuseInvalid("%s.text is required", pw)
+	case cp.Type == "image_url" && cp.ImageURL == nil:
+		return part{}, "", refuseInvalid("%s.image_url must be an object with a url", pw)
+	case cp.Type == "image_url":
+		return imagePart(cp.ImageURL.URL, cp.ImageURL.Detail, pw+".image_url.detail"), pw + ".image_url.url", nil
+	case cp.Type == "file" && cp.File != nil && cp.File.FileData != "":
+		f := cp.File
+		return part{Type: partDocument, FileURL: f.FileData, Filename: f.Filename}, pw + ".file.file_data", nil
+	}
+	return part{}, "", nil
+}
+
 // addChatTool adds a chat tool, read in the flat shape Responses declares it.
-func (req *chatRequest) addChatTool(t chatTool, _ json.RawMessage, what string) error {
+func (req *chatRequest) addChatTool(t chatTool, raw json.RawMessage, what string) error {
 	flat := openAITool{Type: "hosted"}
+	if t.Type == "function" || t.Type == "custom" {
+		req.dropUnknownPart(raw, what, t.Type, chatMembers)
+	}
 	switch {
 	case t.Type == "function" && t.Function != nil:
-		flat = openAITool{Type: t.Type, Name: t.Function.Name, Description: t.Function.Description, Parameters: t.Function.Parameters}
+		flat = openAITool{Type: t.Type, Name: t.Function.Name, Description: t.Function.Description, Parameters: t.Function.Parameters, Strict: t.Function.Strict}
 	case t.Type == "custom" && t.Custom != nil:
 		flat = openAITool{Type: t.Type, Name: t.Custom.Name, Description: t.Custom.Description, Format: t.Custom.Format}
 	case t.Type == "function" || t.Type == "custom":
@@ -251,7 +273,10 @@ func (req *chatRequest) addChatTool(t chatTool, _ json.RawMessage, what string) 
 func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
 	out := chatRequestBody{callerHead: req.head(model, o), ParallelToolCalls: req.ParallelToolCalls,
 		ReasoningEffort: req.Effort, Messages: []chatMessage{}, openAIShared: req.Shared}
-	if req.MaxTokens > 0 {
+	switch {
+	case req.MaxTokens > 0 && o.openai: // as a passthrough call to it is (passthrough.go)
+		out.MaxCompletionTokens = &req.MaxTokens
+	case req.MaxTokens > 0:
 		out.MaxTokens = &req.MaxTokens
 	}
 	if o.stream {
@@ -271,7 +296,7 @@ func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
 			case partText:
 				parts = append(parts, chatPart{Type: "text", Text: &p.Text})
 			case partImage:
-				plain, parts = false, append(parts, chatPart{Type: "image_url", ImageURL: &chatURL{p.ImageURL}})
+				plain, parts = false, append(parts, chatPart{Type: "image_url", ImageURL: &chatURL{p.ImageURL, p.Detail}})
 			case partDocument:
 				f := &chatFile{FileData: p.FileURL, Filename: p.Filename}
 				plain, parts = false, append(parts, chatPart{Type: "file", File: f})
@@ -296,7 +321,7 @@ func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
 		if t.Kind == toolCustom {
 			out.Tools = append(out.Tools, chatTool{Type: "custom", Custom: &chatCustom{Name: t.Name, Description: t.Description, Format: t.Format}})
 		} else {
-			out.Tools = append(out.Tools, chatTool{Type: "function", Function: &chatFunction{Name: t.Name, Description: t.Description, Parameters: t.Parameters}})
+			out.Tools = append(out.Tools, chatTool{Type: "function", Function: &chatFunction{Name: t.Name, Description: t.Description, Parameters: t.Parameters, Strict: t.Strict}})
 		}
 	}
 	if c := req.ToolChoice; c != nil && c.Mode == toolChoiceTool {
@@ -393,9 +418,12 @@ func decodeChat(body []byte) (chatAnswer, error) {
 		}
 		a.ToolCalls = append(a.ToolCalls, call)
 	}
-	if c.FinishReason != nil && *c.FinishReason != "" {
+	switch a.Text += c.Message.Refusal; {
+	case c.Message.Refusal != "": // a refusal is its text, finished as Anthropic's refusal is
+		a.Finish = finishContentFilter
+	case c.FinishReason != nil && *c.FinishReason != "":
 		a.Finish = chatFinish(*c.FinishReason)
-	} else if len(a.ToolCalls) > 0 {
+	case len(a.ToolCalls) > 0:
 		a.Finish = finishToolCalls
 	}
 	return a, nil
@@ -503,9 +531,11 @@ func (s *chatCallerStream) fail(e *apiError) error { return s.sse.frame("", e.bo
 // chatUpstreamStream translates chunks. finish_reason is the terminal signal
 // but usage follows it, so the tail goes out at [DONE] or the body's end.
 type chatUpstreamStream struct {
-	finish string      // set once a chunk carried finish_reason
-	usage  usage       // the latest usage reported
-	tools  map[int]int // provider tool-call index → neutral index
+	finish  string      // set once a chunk carried finish_reason
+	usage   usage       // the latest usage reported
+	refusal bool        // a refusal delta came: the finish is content_filter
+	tools   map[int]int // provider tool-call index → neutral index of its latest call
+	ids     []string    // by neutral index, each call's id
 }
 
 func newChatUpstreamStream() streamTranslator { return &chatUpstreamStream{tools: map[int]int{}} }
@@ -531,7 +561,10 @@ func (c *chatUpstreamStream) handle(ev sseEvent, emit func(streamEvent) error) (
 		}
 		if d := choice.Delta; d != nil {
 			var t string
-			if json.Unmarshal(d.Content, &t) == nil && t != "" {
+			if json.Unmarshal(d.Content, &t); d.Refusal != "" {
+				t, c.refusal = t+d.Refusal, true
+			}
+			if t != "" {
 				if err := emit(streamEvent{Kind: eventText, Text: t}); err != nil {
 					return false, err
 				}
@@ -549,16 +582,17 @@ func (c *chatUpstreamStream) handle(ev sseEvent, emit func(streamEvent) error) (
 	return false, nil
 }
 
-// toolDelta emits the start of a call new at its index, then any arguments.
+// toolDelta emits the start of a call new at its index, or carrying another id at
+// it (Ollama's parallel calls all at 0, servers that send no index), then any arguments.
 func (c *chatUpstreamStream) toolDelta(i int, tc chatToolCall, emit func(streamEvent) error) error {
 	i = valueOr(tc.Index, i)
 	call, _ := tc.call()
 	ni, ok := c.tools[i]
-	if !ok {
+	if !ok || call.ID != "" && call.ID != c.ids[ni] {
 		if call.Name == "" {
 			return malformedEvent(protoOpenAIChat, errors.New("tool call without a name"))
 		}
-		ni, c.tools[i] = len(c.tools), len(c.tools)
+		ni, c.tools[i], c.ids = len(c.ids), len(c.ids), append(c.ids, call.ID)
 		start := toolCall{ID: call.ID, Name: call.Name, Custom: call.Custom}
 		if err := emit(streamEvent{Kind: eventToolCallStart, Index: ni, ToolCall: start}); err != nil {
 			return err
@@ -573,6 +607,9 @@ func (c *chatUpstreamStream) toolDelta(i int, tc chatToolCall, emit func(streamE
 func (c *chatUpstreamStream) ended(emit func(streamEvent) error) (bool, error) {
 	if c.finish == "" {
 		return false, nil
+	}
+	if c.refusal {
+		c.finish = finishContentFilter
 	}
 	return true, emitTail(emit, c.finish, c.usage)
 }

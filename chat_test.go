@@ -39,7 +39,7 @@ func TestParseChatCompletions(t *testing.T) {
 				{"type":"image_url","image_url":{"url":"data:image/png;base64,iVBORw0KGgo="}}]}]}`,
 			want: chatRequest{Model: "m", Messages: []message{{Role: "user", Parts: []part{
 				{Type: partText, Text: "what is this"},
-				{Type: partImage, ImageURL: "https://example.com/a.png"},
+				{Type: partImage, ImageURL: "https://example.com/a.png", Detail: "high", DetailPath: "messages[0].content[1].image_url.detail"},
 				{Type: partImage, ImageURL: "data:image/png;base64,iVBORw0KGgo="},
 			}}}},
 		},

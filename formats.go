@@ -79,6 +79,8 @@ type part struct {
 	Type       string
 	Text       string // text; tool_result: its text content
 	ImageURL   string // image: an https URL or a data URL ("data:image/png;base64,…")
+	Detail     string // image: the OpenAI formats' detail (low, high, auto), "" when none
+	DetailPath string // the caller's member for Detail, named toward messages
 	FileURL    string // document: an https URL or a data URL
 	Filename   string // document: its file name when known
 	ToolCallID string // tool_call and tool_result: the call's id
@@ -102,11 +104,17 @@ type tool struct {
 	Namespace   string // "" outside a group
 	Description string
 	Parameters  json.RawMessage // function: JSON Schema object; nil when none given
+	Strict      *bool           // function: the caller's strict flag; nil when none given
 	Format      json.RawMessage // custom: the grammar or text format, nil when none given
 	FormatPath  string          // the caller's path of Format, named when messages drops it
 }
 
-func (t tool) memberName() string { return strings.TrimPrefix(t.Name, t.Namespace+"__") }
+func (t tool) memberName() string {
+	if t.Namespace == "" {
+		return t.Name
+	}
+	return strings.TrimPrefix(t.Name, t.Namespace+"__")
+}
 
 func (req *chatRequest) findTool(name string) *tool {
 	if i := slices.IndexFunc(req.Tools, func(t tool) bool { return t.Name == name }); i >= 0 {
@@ -218,6 +226,7 @@ type upstreamOptions struct {
 	stream bool
 	oauth  bool // claude-code: the identity system block first
 	codex  bool // codex: SPEC §6.2's body rules
+	openai bool // openai: the output limit as max_completion_tokens, as its reasoning models take it
 }
 
 // wireFormat is one row of the format table: the caller dialect and the
@@ -303,6 +312,13 @@ func (req chatRequest) droppedFor(p providerInfo) []string {
 		for _, t := range req.Tools {
 			if t.Kind == toolCustom && t.Format != nil {
 				d = append(d, t.FormatPath)
+			}
+		}
+		for _, m := range req.Messages {
+			for _, p := range m.Parts {
+				if p.Detail != "" {
+					d = append(d, p.DetailPath)
+				}
 			}
 		}
 	case p.protocol == protoOpenAIResponses && len(req.Stop) > 0:

@@ -402,6 +402,8 @@ func roundTripNeutral(req chatRequest) chatRequest {
 			if p.Type == partText && p.Text == "" {
 				continue
 			}
+			p.DetailPath = ""                           // where it stood, like Dropped
+			p.ToolCallID = messagesToolID(p.ToolCallID) // as messages takes it
 			if p.Type == partToolCall && !p.Custom {
 				if p.Arguments = argumentsText(p.Arguments); json.Valid([]byte(p.Arguments)) {
 					p.Arguments = string(canonicalJSON(json.RawMessage(p.Arguments)))
@@ -430,6 +432,9 @@ func roundTripNeutral(req chatRequest) chatRequest {
 		if tl.Kind == toolFunction && tl.Parameters == nil {
 			req.Tools[i].Parameters = emptySchema // the schema a protocol that requires one gets
 		}
+		if !valueOr(tl.Strict, false) {
+			req.Tools[i].Strict = nil // responses gets strict false written out (its own default is true)
+		}
 		req.Tools[i].Parameters, req.Tools[i].Format = canonicalJSON(req.Tools[i].Parameters), canonicalJSON(tl.Format)
 	}
 	if req.Output != nil {
@@ -457,7 +462,7 @@ func FuzzParseChatCompletions(f *testing.F) {
 func FuzzParseMessages(f *testing.F) {
 	fuzzDialectParse(f, dialectMessages,
 		`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`,
-		`{"model":"m","system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","media_type":"image/png","data":"AA=="}}]},{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"f","input":{"a":1}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"text","text":"r"}],"is_error":true}]}],"tools":[{"name":"f","input_schema":{"type":"object"}}],"tool_choice":{"type":"tool","name":"f"},"billingTarget":{"subscriptionId":"s"}}`,
+		`{"model":"m","system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","media_type":"image/png","data":"AA=="}}]},{"role":"assistant","content":[{"type":"tool_use","id":"t.0","name":"f","input":{"a":1}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"t.0","content":[{"type":"text","text":"r"}],"is_error":true}]}],"tools":[{"name":"f","input_schema":{"type":"object"}}],"tool_choice":{"type":"tool","name":"f"},"billingTarget":{"subscriptionId":"s"}}`,
 		`{"model":"m","messages":[{"role":"system","content":"x"}]}`, `null`,
 		`{"model":"m","max_tokens":9000,"thinking":{"type":"enabled","budget_tokens":2048},"stop_sequences":["E"],"output_config":{"format":{"type":"json_schema","schema":{"type":"object"}}},"tool_choice":{"type":"auto","disable_parallel_tool_use":true},"tools":[{"name":"f","input_schema":{"type":"object"}}],"messages":[{"role":"user","content":[{"type":"text","text":"q","cache_control":{"type":"ephemeral"}},{"type":"document","source":{"type":"text","media_type":"text/plain","data":"doc"},"title":"d"}]},{"role":"system","content":"later"},{"role":"assistant","content":[{"type":"thinking","thinking":"t"},{"type":"text","text":"a"}]}]}`)
 }

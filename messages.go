@@ -6,7 +6,6 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"strings"
 )
 
@@ -54,6 +53,7 @@ type (
 		Name        string          `json:"name"`
 		Description string          `json:"description,omitempty"`
 		InputSchema json.RawMessage `json:"input_schema,omitempty"`
+		Strict      *bool           `json:"strict,omitempty"`
 	}
 	messagesToolChoice struct {
 		Type                   string `json:"type"`
@@ -143,8 +143,11 @@ func parseMessages(body []byte) (chatRequest, error) {
 	if req.Stop = b.StopSequences; len(req.Stop) > 0 {
 		req.StopPath = "stop_sequences"
 	}
-	if t := b.Thinking; t != nil && t.Type == "enabled" {
+	switch t := b.Thinking; {
+	case t != nil && t.Type == "enabled":
 		req.Effort, req.EffortPath = effortOfBudget(t.BudgetTokens), "thinking"
+	case t != nil && t.Type != "disabled": // adaptive: no effort of its own to carry
+		req.Dropped = append(req.Dropped, "thinking")
 	}
 	f := b.OutputFormat
 	if o := b.OutputConfig; o != nil {
@@ -185,12 +188,12 @@ func (req *chatRequest) addMessagesTool(t messagesTool, raw json.RawMessage, wha
 		req.Dropped = append(req.Dropped, what)
 		return nil
 	}
-	dropUnknown(&req.Dropped, raw, what, "type name description input_schema")
+	dropUnknown(&req.Dropped, raw, what, "type name description input_schema strict")
 	schema, err := parseCallerSchema(t.InputSchema, what+".input_schema")
 	if err == nil && t.Name == "" {
 		err = refuseInvalid("%s.name is required", what)
 	}
-	req.Tools = append(req.Tools, tool{Name: t.Name, Description: t.Description, Parameters: schema})
+	req.Tools = append(req.Tools, tool{Name: t.Name, Description: t.Description, Parameters: schema, Strict: t.Strict})
 	return err // on an error the whole request is refused
 }
 
@@ -200,10 +203,7 @@ var messagesChoices = map[string]string{"auto": toolChoiceAuto, "none": toolChoi
 // messagesText reads content that may only be text (a system prompt): a
 // string or text blocks, whose cache_control is dropped and named.
 func (req *chatRequest) messagesText(raw json.RawMessage, what string) (string, error) {
-	for i, bl := range rawItems(raw) {
-		dropUnknown(&req.Dropped, bl, fmt.Sprintf("%s[%d]", what, i), "type text")
-	}
-	return callerTextOf(raw, what, "text", "\n\n")
+	return req.callerTextOf(raw, what, "text", "\n\n")
 }
 
 // messagesParts reads a turn's content: a string or blocks; other blocks (thinking,
@@ -252,7 +252,9 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 				}
 				p.Text = req.resultText(inner, bw+".content")
 			}
-			known = "type tool_use_id content is_error"
+			if known = "type tool_use_id content is_error"; bl.IsError { // no OpenAI format has the flag
+				known = "type tool_use_id content"
+			}
 		case bl.Type == "tool_use" || bl.Type == "tool_result":
 			return p, "", refuseInvalid("%s.type %s is not allowed in a %s turn", bw, quoteCallerToken(bl.Type), role)
 		default: // thinking, …: dropped
@@ -348,9 +350,9 @@ func encodeMessages(req chatRequest, model string, o upstreamOptions) (any, erro
 				if err != nil {
 					return nil, err
 				}
-				rest = append(rest, messagesBlock{Type: "tool_use", ID: p.ToolCallID, Name: p.ToolName, Input: in})
+				rest = append(rest, messagesBlock{Type: "tool_use", ID: messagesToolID(p.ToolCallID), Name: p.ToolName, Input: in})
 			case partToolResult:
-				results = append(results, messagesBlock{Type: "tool_result", ToolUseID: p.ToolCallID, Content: jsonText(p.Text), IsError: p.IsError})
+				results = append(results, messagesBlock{Type: "tool_result", ToolUseID: messagesToolID(p.ToolCallID), Content: jsonText(p.Text), IsError: p.IsError})
 			}
 		}
 		if len(results)+len(rest) > 0 { // only empty text: the API refuses an empty turn
@@ -365,7 +367,7 @@ func encodeMessages(req chatRequest, model string, o upstreamOptions) (any, erro
 		case len(schema) == 0:
 			schema = emptySchema
 		}
-		out.Tools = append(out.Tools, messagesTool{Name: t.Name, Description: t.Description, InputSchema: schema})
+		out.Tools = append(out.Tools, messagesTool{Name: t.Name, Description: t.Description, InputSchema: schema, Strict: t.Strict})
 	}
 	serial := req.ParallelToolCalls != nil && !*req.ParallelToolCalls && len(req.Tools) > 0
 	if c := req.ToolChoice; c != nil || serial {
@@ -389,6 +391,17 @@ func encodeMessages(req chatRequest, model string, o upstreamOptions) (any, erro
 		out.OutputConfig = &messagesOutput{Format: &outputFormat{Type: f.Type, Schema: f.Schema}}
 	}
 	return out, nil
+}
+
+// messagesToolID is a call id as Anthropic takes it (^[a-zA-Z0-9_-]+$): another
+// provider's (kimi's "functions.f:0") with every other character "_", in a call and its result alike.
+func messagesToolID(id string) string {
+	return strings.Map(func(r rune) rune {
+		if r == '_' || r == '-' || '0' <= r && r <= '9' || 'a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' {
+			return r
+		}
+		return '_'
+	}, id)
 }
 
 // input counts every input token: Anthropic reports cached ones apart, the

@@ -66,7 +66,7 @@ func TestParseMessages(t *testing.T) {
 						{Type: partText, Text: "and?"},
 					}},
 				},
-				Dropped: []string{"messages[1].content[0]"}},
+				Dropped: []string{"messages[1].content[0]", "messages[2].content[1].is_error"}},
 		},
 		{
 			name: "tool_choice kinds",

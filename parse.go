@@ -193,6 +193,16 @@ func parseCallerSchema(raw json.RawMessage, what string) (json.RawMessage, error
 	return b.Bytes(), nil
 }
 
+// imagePart is an OpenAI format's image part, the caller's path of its
+// detail kept only when it has one.
+func imagePart(url, detail, detailPath string) part {
+	p := part{Type: partImage, ImageURL: url, Detail: detail}
+	if detail != "" {
+		p.DetailPath = detailPath
+	}
+	return p
+}
+
 // checkCallerURL accepts the two references every provider protocol can
 // carry for an image or a document: an https URL or a data URL.
 func checkCallerURL(url, what string) error {
@@ -282,7 +292,7 @@ func (req *chatRequest) addOpenAITool(t openAITool, raw json.RawMessage, what st
 		if err != nil {
 			return err
 		}
-		nt := tool{Name: t.Name, Description: t.Description, Parameters: params}
+		nt := tool{Name: t.Name, Description: t.Description, Parameters: params, Strict: t.Strict}
 		if t.Type == "custom" {
 			nt = tool{Kind: toolCustom, Name: t.Name, Description: t.Description, Format: t.Format}
 			if t.Format != nil {
@@ -384,8 +394,12 @@ func eachItem[T any](items []T, list json.RawMessage, what string,
 }
 
 // callerTextOf reads content that may only be text: a string, or an array of
-// {"type":textType,"text":…} parts, joined with sep.
-func callerTextOf(raw json.RawMessage, what, textType, sep string) (string, error) {
+// {"type":textType,"text":…} parts, joined with sep, their other members
+// (cache_control) dropped and named.
+func (req *chatRequest) callerTextOf(raw json.RawMessage, what, textType, sep string) (string, error) {
+	for i, p := range rawItems(raw) {
+		dropUnknown(&req.Dropped, p, fmt.Sprintf("%s[%d]", what, i), "type text")
+	}
 	text, parts, err := callerContent[chatPart](raw, what, textType+" parts")
 	if err != nil || text != nil {
 		return textOf(text), err
@@ -398,6 +412,16 @@ func callerTextOf(raw json.RawMessage, what, textType, sep string) (string, erro
 		texts = append(texts, *p.Text)
 	}
 	return strings.Join(texts, sep), nil
+}
+
+// dropUnknownPart names the members of the part or tool raw (at path) not in
+// members[typ]: its own, then those of its nested object named typ.
+func (req *chatRequest) dropUnknownPart(raw json.RawMessage, path, typ string, members map[string][2]string) {
+	known := members[typ]
+	dropUnknown(&req.Dropped, raw, path, known[0])
+	var m map[string]json.RawMessage
+	json.Unmarshal(raw, &m)
+	dropUnknown(&req.Dropped, m[typ], joinPath(path, typ), known[1])
 }
 
 // resultText is a tool result's text; its other parts have no counterpart

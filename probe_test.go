@@ -183,8 +183,12 @@ func TestProbe(t *testing.T) {
 			if tc.wantModel != "" && last.body["model"] != tc.wantModel {
 				t.Errorf("model %v, want %s", last.body["model"], tc.wantModel)
 			}
-			if mt, _ := last.body["max_tokens"].(float64); mt != probeMaxTokens {
-				t.Errorf("max_tokens %v, want %d", last.body["max_tokens"], probeMaxTokens)
+			limit := "max_tokens"
+			if strings.HasPrefix(tc.wantAuth, "Bearer sk-probe-oa") {
+				limit = "max_completion_tokens" // openai: its reasoning models refuse max_tokens
+			}
+			if mt, _ := last.body[limit].(float64); mt != probeMaxTokens {
+				t.Errorf("%s %v, want %d", limit, last.body[limit], probeMaxTokens)
 			}
 			if !strings.Contains(string(mustJSON(last.body["messages"])), `"ping"`) {
 				t.Errorf("the probe did not send ping: %v", last.body["messages"])

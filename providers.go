@@ -176,7 +176,7 @@ func buildUpstreamRequest(ctx context.Context, p providerInfo, baseURL string, c
 	stream := upstreamStreams(p, req)
 	oauth := cred.AccessToken != ""
 	f := formatOf(p.protocol) // never nil: TestEveryProviderHasAWireFormat
-	body, err := f.encode(req, model, upstreamOptions{stream: stream, oauth: p.id == "claude-code" && oauth, codex: p.id == "codex"})
+	body, err := f.encode(req, model, upstreamOptions{stream: stream, oauth: p.id == "claude-code" && oauth, codex: p.id == "codex", openai: p.id == "openai"})
 	if err != nil {
 		return nil, err
 	}
@@ -188,8 +188,10 @@ func buildUpstreamRequest(ctx context.Context, p providerInfo, baseURL string, c
 	if err != nil {
 		return nil, refuse("internal_error", "internal error").because(err)
 	}
-	var options http.Header                                // the format's own options a translation needs
-	if req.Output != nil && p.protocol == protoAnthropic { // SPEC §7.6: the JSON Schema output format's beta
+	var options http.Header // the format's own options a translation needs
+	// SPEC §7.6: the structured-outputs beta, for a JSON Schema output format or a tool's strict, true or false.
+	strict := slices.ContainsFunc(req.Tools, func(t tool) bool { return t.Strict != nil })
+	if (req.Output != nil || strict) && p.protocol == protoAnthropic {
 		options = http.Header{"Anthropic-Beta": {structuredOutputsBeta}}
 	}
 	setProviderHeaders(hr.Header, p, cred, options, stream)

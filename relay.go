@@ -72,7 +72,8 @@ type passthroughWatch struct {
 	protocol  string
 	dropUsage bool // chat: Brama asked for usage itself, so the usage chunk is not relayed
 	usage     usage
-	finished  bool              // the provider sent its terminal signal (chat: a finish_reason)
+	finished  bool              // the provider sent its terminal signal (chat: every choice's finish_reason)
+	choices   [2][2]uint64      // chat: the choice indexes seen, and those finished (n ≤ 128)
 	sawDone   bool              // chat: data: [DONE] arrived
 	items     map[int][]byte    // non-nil for a buffered codex caller: output_item.done items by output_index
 	completed json.RawMessage   // with items: the final response object
@@ -128,7 +129,16 @@ func (pw *passthroughWatch) chatEvent(event string, e rawObject) (relay, end boo
 	choices, _ := splitRaw(e.value("choices"), '[', pw.elems[:])
 	for _, c := range choices.members {
 		co, err := splitRawObject(choices.src[c.val:c.end], pw.scratch[1][:])
-		pw.finished = pw.finished || err == nil && len(rawText(co.value("finish_reason"))) > 0
+		if err != nil {
+			continue
+		}
+		i, _ := strconv.Atoi(string(co.value("index"))) // absent: choice 0
+		i &= 127
+		pw.choices[0][i/64] |= 1 << (i % 64)
+		if len(rawText(co.value("finish_reason"))) > 0 {
+			pw.choices[1][i/64] |= 1 << (i % 64)
+		}
+		pw.finished = pw.choices[0] == pw.choices[1] // n > 1: a stream ends with its last choice
 	}
 	return !(pw.dropUsage && u.Reported && len(choices.members) == 0), false, nil
 }

@@ -47,10 +47,12 @@ type (
 		Type        string          `json:"type"`
 		Text        *string         `json:"text,omitempty"`
 		ImageURL    *string         `json:"image_url,omitempty"`
+		Detail      string          `json:"detail,omitempty"`
 		FileData    string          `json:"file_data,omitempty"`
 		FileURL     string          `json:"file_url,omitempty"`
 		Filename    string          `json:"filename,omitempty"`
 		Annotations json.RawMessage `json:"annotations,omitempty"`
+		Refusal     string          `json:"refusal,omitempty"` // answers only: the model refused
 	}
 	responsesObject struct {
 		ID                string               `json:"id"`
@@ -151,7 +153,7 @@ func (req *chatRequest) addResponsesItem(it responsesItem, _ json.RawMessage, wh
 	case "", "message":
 		switch it.Role {
 		case "system", "developer":
-			text, err := callerTextOf(it.Content, what+".content", "input_text", "\n\n")
+			text, err := req.callerTextOf(it.Content, what+".content", "input_text", "\n\n")
 			req.addSystem(text)
 			return err
 		case "user", "assistant":
@@ -196,21 +198,32 @@ func (req *chatRequest) addResponsesItem(it responsesItem, _ json.RawMessage, wh
 // responsesParts reads content: a string or text, image and file parts;
 // others (a refusal, a file id) are dropped and named.
 func (req *chatRequest) responsesParts(raw json.RawMessage, what string) ([]part, error) {
-	read := func(rp responsesPart, _ json.RawMessage, pw string) (part, string, error) {
+	partOf := func(rp responsesPart, pw string) (part, string, error) {
 		switch {
 		case (rp.Type == "input_text" || rp.Type == "output_text") && rp.Text == nil:
 			return part{}, "", refuseInvalid("%s.text is required", pw)
 		case rp.Type == "input_text" || rp.Type == "output_text":
 			return part{Type: partText, Text: *rp.Text}, "", nil
 		case rp.Type == "input_image" && rp.ImageURL != nil:
-			return part{Type: partImage, ImageURL: *rp.ImageURL}, pw + ".image_url", nil
+			return imagePart(*rp.ImageURL, rp.Detail, pw+".detail"), pw + ".image_url", nil
 		case rp.Type == "input_file" && rp.FileData+rp.FileURL != "":
 			return part{Type: partDocument, FileURL: rp.FileData + rp.FileURL, Filename: rp.Filename}, pw, nil
 		}
 		return part{}, "", nil
 	}
+	read := func(rp responsesPart, raw json.RawMessage, pw string) (part, string, error) {
+		p, urlPath, err := partOf(rp, pw)
+		if err == nil && p.Type != "" {
+			dropUnknown(&req.Dropped, raw, pw, responsesPartMembers[rp.Type])
+		}
+		return p, urlPath, err
+	}
 	return callerParts(req, raw, what, "content parts", read)
 }
+
+// responsesPartMembers names the members Brama carries of each part type.
+var responsesPartMembers = map[string]string{"input_text": "type text", "output_text": "type text annotations",
+	"input_image": "type image_url detail", "input_file": "type file_data file_url filename"}
 
 // encodeResponses builds a Responses body: text, images and files in message
 // items, tool calls and results items of their own; codex gets SPEC §6.2's body.
@@ -245,7 +258,7 @@ func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, err
 					content = append(content, responsesPart{Type: map[bool]string{false: "input_text", true: "output_text"}[m.Role == "assistant"], Text: ptrTo(p.Text)})
 				}
 			case partImage:
-				content = append(content, responsesPart{Type: "input_image", ImageURL: ptrTo(p.ImageURL)})
+				content = append(content, responsesPart{Type: "input_image", ImageURL: ptrTo(p.ImageURL), Detail: p.Detail})
 			case partDocument:
 				fp := responsesPart{Type: "input_file", FileURL: p.FileURL, Filename: p.Filename}
 				if strings.HasPrefix(p.FileURL, "data:") {
@@ -265,7 +278,7 @@ func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, err
 	}
 	out.Input = must(json.Marshal(items))
 	for _, t := range req.Tools { // a namespaced tool goes flattened: no provider sees a group
-		rt := openAITool{Type: "function", Name: t.Name, Description: t.Description, Parameters: t.Parameters, Strict: ptrTo(false)}
+		rt := openAITool{Type: "function", Name: t.Name, Description: t.Description, Parameters: t.Parameters, Strict: cmp.Or(t.Strict, ptrTo(false))}
 		if t.Kind == toolCustom {
 			rt = openAITool{Type: "custom", Name: t.Name, Description: t.Description, Format: t.Format}
 		} else if len(rt.Parameters) == 0 {
@@ -464,8 +477,9 @@ type responsesStreamItem struct {
 // responsesUpstreamStream translates Responses events, items keyed by
 // output_index; response.completed (or .incomplete) is terminal.
 type responsesUpstreamStream struct {
-	items map[int]*responsesStreamItem
-	tools int
+	items   map[int]*responsesStreamItem
+	tools   int
+	refusal bool // a refusal came: the finish is content_filter
 }
 
 func newResponsesUpstreamStream() streamTranslator {
@@ -501,10 +515,11 @@ func (r *responsesUpstreamStream) handle(ev sseEvent, emit func(streamEvent) err
 			return false, err
 		}
 		return false, r.done(idx, e.Item, emit)
-	case "response.output_text.delta", "response.function_call_arguments.delta", "response.custom_tool_call_input.delta":
+	case "response.output_text.delta", "response.refusal.delta", "response.function_call_arguments.delta", "response.custom_tool_call_input.delta":
 		it, _ := r.item(idx, &responsesItem{}, emit)
 		ev := streamEvent{Kind: eventText}
-		if e.Type != "response.output_text.delta" {
+		r.refusal = r.refusal || e.Type == "response.refusal.delta"
+		if e.Type != "response.output_text.delta" && e.Type != "response.refusal.delta" {
 			if it.tool < 0 {
 				return false, malformedEvent(protoOpenAIResponses, errors.New("arguments outside a call item"))
 			}
@@ -537,6 +552,9 @@ func (r *responsesUpstreamStream) completed(resp *responsesObject, emit func(str
 	finish, u := finishStop, usage{}
 	if r.tools > 0 {
 		finish = finishToolCalls
+	}
+	if r.refusal {
+		finish = finishContentFilter
 	}
 	for f, reason := range responsesIncompletes {
 		if d := resp.IncompleteDetails; d != nil && d.Reason == reason {
@@ -576,9 +594,17 @@ func (r *responsesUpstreamStream) done(i int, item *responsesItem, emit func(str
 	if tc, ok := item.call(); ok && tc.Arguments != "" {
 		return emit(streamEvent{Kind: eventToolCallArgs, Index: it.tool, Text: tc.Arguments})
 	}
-	var scratch chatRequest // a message item's text
-	if parts, _ := scratch.responsesParts(item.Content, ""); item.Type == "message" && textOf(parts) != "" {
-		return emit(streamEvent{Kind: eventText, Text: textOf(parts)})
+	var scratch chatRequest // a message item's text, a refusal's too
+	parts, _ := scratch.responsesParts(item.Content, "")
+	text := textOf(parts)
+	for _, p := range rawItems(item.Content) {
+		var rp responsesPart
+		if json.Unmarshal(p, &rp); rp.Type == "refusal" {
+			text, r.refusal = text+rp.Refusal, true
+		}
+	}
+	if item.Type == "message" && text != "" {
+		return emit(streamEvent{Kind: eventText, Text: text})
 	}
 	return nil
 }

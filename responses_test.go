@@ -30,7 +30,7 @@ func TestParseResponses(t *testing.T) {
 				{"role":"developer","content":[{"type":"input_text","text":"c"}]}]}`,
 			want: chatRequest{Model: "m", System: "a\n\nb", Messages: []message{{Role: "user", Parts: []part{
 				{Type: partText, Text: "look"},
-				{Type: partImage, ImageURL: "https://example.com/c.png"},
+				{Type: partImage, ImageURL: "https://example.com/c.png", Detail: "auto", DetailPath: "input[1].content[1].detail"},
 				{Type: partImage, ImageURL: "data:image/webp;base64,UklGR"},
 			}}, {Role: "system", Parts: []part{{Type: partText, Text: "c"}}}}},
 		},
@@ -47,7 +47,7 @@ func TestParseResponses(t *testing.T) {
 				"tools":[{"type":"function","name":"get_weather","description":"Weather","parameters":{"type":"object"},"strict":true}],
 				"tool_choice":"auto"}`,
 			want: chatRequest{Model: "m",
-				Tools:      []tool{{Name: "get_weather", Description: "Weather", Parameters: json.RawMessage(`{"type":"object"}`)}},
+				Tools:      []tool{{Name: "get_weather", Description: "Weather", Parameters: json.RawMessage(`{"type":"object"}`), Strict: ptrTo(true)}},
 				ToolChoice: &toolChoice{Mode: toolChoiceAuto},
 				Messages: []message{
 					dialectUserText("weather?"),

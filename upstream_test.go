@@ -115,11 +115,11 @@ func TestBuildUpstreamRequest(t *testing.T) {
 		{"openai buffered", openai, upstreamCredential{APIKey: "sk-direct"}, everyPart(false), "gpt-4o",
 			"https://base.test/v1/chat/completions",
 			map[string]string{"Authorization": "Bearer sk-direct", "Content-Type": "application/json", "x-api-key": ""},
-			chatBody(false)},
+			strings.Replace(chatBody(false), `"max_tokens"`, `"max_completion_tokens"`, 1)}, // its reasoning models refuse max_tokens
 		{"openai stream", openai, upstreamCredential{APIKey: "sk-direct"}, everyPart(true), "gpt-4o",
 			"https://base.test/v1/chat/completions",
 			map[string]string{"Authorization": "Bearer sk-direct", "Accept": "text/event-stream"},
-			chatBody(true)},
+			strings.Replace(chatBody(true), `"max_tokens"`, `"max_completion_tokens"`, 1)},
 		{"kimi oauth", kimi, upstreamCredential{AccessToken: "kimi-token"}, everyPart(true), "gpt-4o",
 			"https://base.test/v1/chat/completions",
 			map[string]string{"Authorization": "Bearer kimi-token"},
