@@ -167,7 +167,9 @@ func (s *server) handleSubscriptionProbe(w http.ResponseWriter, r *http.Request)
 			e := s.engine(ri)
 			defer ri.account(&e.t)
 			e.agent = agent
-			out, err = e.probe(r.Context(), it, body.Model)
+			if out, err = e.probe(r.Context(), it, body.Model); err == nil { // SPEC §7.4: after dispatch
+				w.Header().Set("Brama-Attempts", strconv.Itoa(e.t.attempts))
+			}
 		}
 	}
 	if err != nil {

@@ -220,6 +220,7 @@ const (
 	routeAnswered routeOutcome = iota // the caller has its answer (success or the returned refusal)
 	routeRefused                      // every credential of the pool refused or was skipped
 	routeNext                         // the budget spent, a credential untried; or (selectors) the request refused
+	routeUnfit                        // (selectors) no call: the candidate's format cannot express the request
 )
 
 // attemptCandidate makes one candidate's calls within its budget (SPEC
@@ -248,6 +249,11 @@ func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate) 
 				wk.note(sub.ID, "blocked until "+until.UTC().Format(time.RFC3339))
 				continue
 			}
+			// Marked by another request since the pool was read; the probe may revive it.
+			if j.kind != kindProbe && e.ledger.credentialState(sub.ID) != credActive {
+				wk.note(sub.ID, "credential refused meanwhile; sign in again")
+				continue
+			}
 			var err error
 			if c.cred, err = e.subscriptionCredential(ctx, *sub, ""); errors.Is(err, errSkipSubscription) {
 				continue
@@ -259,6 +265,9 @@ func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate) 
 		httpReq, err := j.build(ctx, cand, c)
 		if err != nil { // the request could not be built: nothing was called
 			ae := asAPIError(err)
+			if j.kind == kindSelector && ae.Code == "invalid_request" { // its format cannot express the request (SPEC §7.6)
+				return routeUnfit, ae
+			}
 			if e.t.attempts > 0 {
 				ae = ae.withAttempts(e.t.attempts)
 			}

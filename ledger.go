@@ -225,6 +225,9 @@ func (l *ledger) block(id, provider string, until time.Time, reason string) {
 		if limit := now.Add(ledgerMaxBlock); until.After(limit) {
 			until = limit
 		}
+		if e.Block.UntilMs > until.UnixMilli() { // a block ends when the last one stated has (two racing refusals)
+			return
+		}
 		e.Block = ledgerBlock{UntilMs: until.UnixMilli(), Reason: ledgerSentence(reason), RecordedAtMs: now.UnixMilli()}
 	})
 }

@@ -424,6 +424,7 @@ func TestLedgerBlock(t *testing.T) {
 	cases := []struct {
 		name      string
 		until     time.Duration // since ledgerT0
+		then      time.Duration // a second block recorded at once (0: none)
 		at        time.Duration // when blockedUntil is asked
 		wantUntil time.Duration // -1: not blocked
 	}{
@@ -431,11 +432,16 @@ func TestLedgerBlock(t *testing.T) {
 		{name: "block ended", until: 15 * time.Minute, at: 15 * time.Minute, wantUntil: -1},
 		{name: "capped at 7 days", until: 30 * 24 * time.Hour, at: time.Hour, wantUntil: 7 * 24 * time.Hour},
 		{name: "a moment in the past blocks nothing", until: -time.Minute, at: 0, wantUntil: -1},
+		{name: "a later, shorter block keeps the longer", until: 2 * time.Hour, then: time.Minute, at: 2 * time.Minute, wantUntil: 2 * time.Hour},
+		{name: "a later, longer block extends it", until: 15 * time.Minute, then: 2 * time.Hour, at: time.Minute, wantUntil: 2 * time.Hour},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			l, clock, _, _ := newTestLedger(state{dir: t.TempDir()})
 			l.block(ledgerIDA, "claude-code", ledgerT0.Add(c.until), "429")
+			if c.then != 0 {
+				l.block(ledgerIDA, "claude-code", ledgerT0.Add(c.then), "429 again")
+			}
 			clock.set(ledgerT0.Add(c.at))
 			got := l.blockedUntil(ledgerIDA)
 			if c.wantUntil < 0 {

@@ -181,6 +181,11 @@ func TestModelsListsOnlyAllowedModels(t *testing.T) {
 	if got, want := strings.Join(listed(d.token), " "), "chat dear openai/gpt-cat openai/gpt-dear"; got != want {
 		t.Errorf("/v1/models for the admin lists %q, want %q", got, want)
 	}
+	// A name outside the list is refused before dispatch (README "Who may call").
+	status, _, body := d.call("POST", "/v1/chat/completions", app, chatBody(dialectChat, "dear", false, ""))
+	if e := envelopeOf(t, body); status != 403 || e["code"] != "forbidden" || e["attempts"] != nil || e["message"] != `this client may not use model "dear"` {
+		t.Errorf("a model outside the client's list: %d %s, want 403 forbidden without attempts", status, body)
+	}
 }
 
 func TestPerfStatsUnplacedOnce(t *testing.T) {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"net/http"
@@ -171,7 +172,7 @@ func (e *engine) subscriptionCredential(ctx context.Context, sub overlayItem, re
 }
 
 // answerSubscription delivers a committed subscription call and keeps the
-// ledger: plan windows, spend, the pin, a block after an in-band 429.
+// ledger: plan windows, spend, a success's pin, a block after an in-band 429.
 func (e *engine) answerSubscription(ctx context.Context, w http.ResponseWriter, cand *candidate, c call, sub overlayItem, resp *http.Response, attempts int) (usage, *apiError, bool) {
 	p := c.res.Provider.id
 	now := e.now()
@@ -183,12 +184,15 @@ func (e *engine) answerSubscription(ctx context.Context, w http.ResponseWriter, 
 			until = at
 		}
 	}
-	e.pins.Store(e.agent+"\x00"+p, pin{sub.ID, until})
 	u, ae, streamed := e.deliver(ctx, w, cand.model, cand.req, c, resp, attempts)
+	if ae == nil { // only a success pins (SPEC §7.2.4)
+		e.pins.Store(e.agent+"\x00"+p, pin{sub.ID, until})
+	}
 	e.ledger.recordUse(sub.ID, p, ae == nil, u.InputTokens, u.OutputTokens)
 	var se *upstreamStreamError
 	if ae != nil && errors.As(ae, &se) && (se.Class == refusalRate || se.Class == refusalQuota) {
-		e.ledger.block(sub.ID, p, now.Add(defaultBlock), "the provider ended a committed answer with "+se.Code)
+		wait := cmp.Or(retryAfter(resp.Header, now), defaultBlock) // the reset its headers state (SPEC §7.2.4)
+		e.ledger.block(sub.ID, p, now.Add(wait), "the provider ended a committed answer with "+se.Code)
 	}
 	return u, ae, streamed
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -148,9 +149,12 @@ func TestProbe(t *testing.T) {
 			mode.Store(tc.mode)
 			defer mode.Store("")
 			before, tokensBefore := prov.calls.Load(), te.calls.Load()
-			s, _, b := d.call("POST", tc.path, d.token, tc.body)
+			s, hdr, b := d.call("POST", tc.path, d.token, tc.body)
 			if got := int(prov.calls.Load() - before); got != tc.calls {
 				t.Errorf("the probe made %d provider calls, want %d", got, tc.calls)
+			}
+			if tc.want == 200 && hdr.Get("Brama-Attempts") != fmt.Sprint(tc.calls) {
+				t.Errorf("Brama-Attempts %q, want %d (SPEC §7.4)", hdr.Get("Brama-Attempts"), tc.calls)
 			}
 			if te.calls.Load() != tokensBefore {
 				t.Errorf("the probe called the token endpoint")

@@ -109,7 +109,7 @@ func (e *engine) walkSelector(ctx context.Context, j *job, req *callerRequest, c
 	wk := &e.wk
 	poolRefused := map[string]bool{}
 	hadEligible := false
-	var maxTokensSkip error // set when a candidate was skipped for want of max_tokens
+	var unfit error // set when a candidate was skipped: no max_tokens known, or a request its format cannot express
 	for _, cand := range cands {
 		p := cand.Provider.id
 		if poolRefused[p] {
@@ -126,24 +126,28 @@ func (e *engine) walkSelector(ctx context.Context, j *job, req *callerRequest, c
 		}
 		head := req.head
 		if err := e.applyMaxTokens(&head, cand); err != nil {
-			maxTokensSkip = err
+			unfit = err
 			wk.note(cand.Route, "skipped: "+asAPIError(err).Message)
 			continue
 		}
-		hadEligible = true
 		c := &candidate{res: cand, pool: e.order(e.agent, p, subs), req: req.withLimit(head.MaxTokens), model: cand.Route}
 		switch out, ae := e.attemptCandidate(ctx, j, c); out {
 		case routeAnswered:
 			return ae
 		case routeRefused:
 			poolRefused[p] = true
+		case routeUnfit:
+			unfit = ae
+			wk.note(cand.Route, "skipped: "+ae.Message)
+			continue
 		}
+		hadEligible = true
 	}
 	switch {
 	case hadEligible:
 		return e.exhausted()
-	case maxTokensSkip != nil: // every usable candidate needs a max_tokens nobody knows (SPEC §6.4)
-		return asAPIError(maxTokensSkip)
+	case unfit != nil: // every usable candidate needs a max_tokens nobody knows (SPEC §6.4) or another format
+		return asAPIError(unfit)
 	case e.allNeedSignIn(e.agent):
 		return refuse("subscription_reauthorization_required", "agent %q has subscriptions but none has an active credential; sign in again", e.agent).withAttempts(0)
 	}

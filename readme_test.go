@@ -1,0 +1,162 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// readmeSection is README's text from the heading line to the next heading
+// of the same or a higher level.
+func readmeSection(t *testing.T, heading string) string {
+	t.Helper()
+	b, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(b), "\n"+heading+"\n")
+	if !ok {
+		t.Fatalf("README has no %q section", heading)
+	}
+	level, lines, fenced := len(strings.Fields(heading)[0]), strings.Split(rest, "\n"), false
+	for i, line := range lines {
+		if strings.HasPrefix(line, "```") {
+			fenced = !fenced
+		}
+		if f := strings.Fields(line); !fenced && len(f) > 0 && strings.Trim(f[0], "#") == "" && len(f[0]) <= level {
+			return strings.Join(lines[:i], "\n")
+		}
+	}
+	return rest
+}
+
+// TestReadmeNamesEveryVariable: every BRAMA_* variable the code reads has
+// its row in README's environment table; a name built from a prefix
+// (BRAMA_PROVIDER_<ID>_BASE_URL) has a row starting with that prefix.
+func TestReadmeNamesEveryVariable(t *testing.T) {
+	table := readmeSection(t, "### Environment")
+	files, _ := filepath.Glob("*.go")
+	literal := regexp.MustCompile(`"(BRAMA_[A-Z_]+)"`)
+	seen := map[string]bool{}
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range literal.FindAllStringSubmatch(string(b), -1) {
+			name := m[1]
+			if seen[name] {
+				continue
+			}
+			seen[name] = true
+			row := "| `" + name + "` |"
+			if strings.HasSuffix(name, "_") {
+				row = "| `" + name + "<"
+			}
+			if !strings.Contains(table, row) {
+				t.Errorf("%s reads %s; README's environment table has no row for it", f, name)
+			}
+		}
+	}
+	if len(seen) < 10 {
+		t.Errorf("found %d variable names in the code; the scan is broken", len(seen))
+	}
+}
+
+// TestReadmeNamesEveryFlag: every command run knows has a row in README's
+// CLI table (serve: the Running section too), and that row names each flag
+// its -h prints. The commands come from run's own usage lines.
+func TestReadmeNamesEveryFlag(t *testing.T) {
+	cli, running := readmeSection(t, "## CLI"), readmeSection(t, "## Running")
+	rows := map[string]string{} // "routes list" → its row
+	for _, line := range strings.Split(cli, "\n") {
+		if cmd, ok := strings.CutPrefix(line, "| `brama "); ok {
+			f := strings.Fields(cmd)
+			words := f[:1]
+			if len(f) > 1 && regexp.MustCompile(`^[a-z-]+$`).MatchString(strings.TrimRight(f[1], "`")) {
+				words = []string{f[0], strings.TrimRight(f[1], "`")}
+			}
+			rows[strings.Trim(strings.Join(words, " "), "`")] = line
+		}
+	}
+	var commands []string
+	top := strings.Fields(runUsage)[2] // usage: brama serve|version|… ...
+	for _, cmd := range strings.Split(top, "|") {
+		// A stray positional is a usage error everywhere, so nothing runs;
+		// a command with subcommands answers with their list.
+		_, errOut, code := runCLI(t, nil, "", cmd, "no-such-word")
+		if code != 2 || !strings.Contains(errOut, "usage: brama "+cmd+" ") || !strings.HasSuffix(strings.TrimSpace(errOut), "(-h on each)") {
+			commands = append(commands, cmd)
+			continue
+		}
+		subs := strings.Fields(strings.TrimPrefix(strings.TrimSpace(errOut), "brama: usage: brama "+cmd+" "))[0]
+		for _, sub := range strings.Split(subs, "|") {
+			commands = append(commands, cmd+" "+sub)
+		}
+	}
+	flagName := regexp.MustCompile(`(?m)^  -([a-z-]+)`)
+	for _, cmd := range commands {
+		row, ok := rows[cmd]
+		if !ok {
+			t.Errorf("README's CLI table has no row for brama %s", cmd)
+			continue
+		}
+		_, help, _ := runCLI(t, nil, "", append(strings.Fields(cmd), "-h")...)
+		for _, m := range flagName.FindAllStringSubmatch(help, -1) {
+			flag := "-" + m[1]
+			if strings.Contains(row, flag+" ") || strings.Contains(row, flag+"]") || strings.Contains(row, flag+"`") {
+				continue
+			}
+			if cmd == "serve" && strings.Contains(running, "`"+flag) {
+				continue
+			}
+			if strings.HasPrefix(cmd, "subscription ") && flag == "-gateway" && strings.Contains(cli, "`-gateway URL`") {
+				continue // one sentence under the table names it for every subscription command
+			}
+			t.Errorf("brama %s -h prints %s; README's row does not name it: %.100s", cmd, flag, row)
+		}
+	}
+	if len(commands) < 20 {
+		t.Errorf("found %d commands; the usage lines were not read", len(commands))
+	}
+}
+
+// TestReadmeNamesEveryLogEvent: every log message the code writes is named
+// in README's Logs section, by name or by a `family_*` pattern.
+func TestReadmeNamesEveryLogEvent(t *testing.T) {
+	logs := readmeSection(t, "## Logs")
+	files, _ := filepath.Glob("*.go")
+	event := regexp.MustCompile(`(?:\.(?:Info|Warn|Error|Debug)\(|slog\.Level[A-Za-z]+, |msg, level :?= )"([a-z]+(?:_[a-z]+)+)"`)
+	family := regexp.MustCompile("`([a-z_]+_)\\*`")
+	var families []string
+	for _, m := range family.FindAllStringSubmatch(logs, -1) {
+		families = append(families, m[1])
+	}
+	n := 0
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range event.FindAllStringSubmatch(string(b), -1) {
+			n++
+			name := m[1]
+			if strings.Contains(logs, "`"+name+"`") || slices.ContainsFunc(families, func(p string) bool { return strings.HasPrefix(name, p) }) {
+				continue
+			}
+			t.Errorf("%s logs %q; README's Logs section does not name it", f, name)
+		}
+	}
+	if n < 30 {
+		t.Errorf("found %d log calls; the scan is broken", n)
+	}
+}
