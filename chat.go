@@ -150,6 +150,8 @@ func (req *chatRequest) setChatStop(raw json.RawMessage) (err error) {
 	}
 	if len(req.Stop) > 0 {
 		req.StopPath = "stop"
+	} else {
+		req.Stop = nil // [] asks for nothing
 	}
 	return err
 }

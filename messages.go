@@ -140,8 +140,8 @@ func parseMessages(body []byte) (chatRequest, error) {
 			req.ParallelToolCalls = ptrTo(!*p)
 		}
 	}
-	if req.Stop = b.StopSequences; len(req.Stop) > 0 {
-		req.StopPath = "stop_sequences"
+	if len(b.StopSequences) > 0 { // [] asks for nothing
+		req.Stop, req.StopPath = b.StopSequences, "stop_sequences"
 	}
 	switch t := b.Thinking; {
 	case t != nil && t.Type == "enabled":

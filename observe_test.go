@@ -15,14 +15,27 @@ import (
 
 // TestStreamKeepAlive shortens the interval and holds the provider silent
 // until the caller has seen a keep-alive comment; the stream then completes.
+// Silent from its headers on, the first keep-alive is the first write: under
+// -race the timer's first run raced its own creation (relay.go).
 func TestStreamKeepAlive(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		before int // provider frames sent before the silence
+	}{{"silent after the first event", 1}, {"silent before the first event", 0}} {
+		t.Run(tc.name, func(t *testing.T) { testStreamKeepAlive(t, tc.before) })
+	}
+}
+
+func testStreamKeepAlive(t *testing.T, before int) {
 	testingOnlyKeepAlive = 20 * time.Millisecond
 	defer func() { testingOnlyKeepAlive = 0 }()
 	frames := strings.SplitAfter(fixture(t, "openai-chat.sse"), "\n\n")
 	sawKeepAlive := make(chan struct{})
 	fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
 		w.Header().Set("Content-Type", "text/event-stream")
-		io.WriteString(w, frames[0])
+		for _, f := range frames[:before] {
+			io.WriteString(w, f)
+		}
 		w.(http.Flusher).Flush()
 		select {
 		case <-sawKeepAlive:
@@ -30,7 +43,7 @@ func TestStreamKeepAlive(t *testing.T) {
 			return
 		case <-time.After(10 * time.Second): // no keep-alive came: finish, and the test fails below
 		}
-		for _, f := range frames[1:] {
+		for _, f := range frames[before:] {
 			io.WriteString(w, f)
 		}
 	})

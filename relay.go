@@ -333,6 +333,8 @@ func (e *engine) openStreamAnswer(w http.ResponseWriter, dialect string, req cha
 	rc := http.NewResponseController(w)
 	flush := func() { rc.Flush() }
 	sa := &streamAnswer{w: w, flush: flush, cs: newCallerStream(dialect, req, w, flush, model), every: cmp.Or(e.keepAlive, keepAliveEvery)}
+	sa.mu.Lock() // the timer's first run reads sa.timer, under mu
+	defer sa.mu.Unlock()
 	sa.timer = time.AfterFunc(sa.every, func() { sa.do(sa.cs.keepAlive) })
 	return sa
 }

@@ -422,7 +422,7 @@ func (inv *inventory) credential(id string) (vaultCredential, error) {
 }
 
 // list is agent's rows (SPEC §10.4), retired ones included, in overlay
-// order, cached per agent for the TTL (eligibility calls pool instead).
+// order, cached per agent that has any for the TTL (eligibility calls pool instead).
 func (inv *inventory) list(agent string) ([]subscriptionRow, error) {
 	now := inv.now()
 	inv.mu.Lock() // held while computing: an invalidation waits, so no listing outlives one
@@ -441,7 +441,7 @@ func (inv *inventory) list(agent string) ([]subscriptionRow, error) {
 			rows = append(rows, inv.row(it, retired[it.ID], now))
 		}
 	}
-	if inv.ttl > 0 {
+	if inv.ttl > 0 && len(rows) > 0 { // an unknown id an admin reads leaves no entry
 		inv.cache[agent] = listing{rows: rows, at: now, status: status}
 	}
 	return slices.Clone(rows), nil

@@ -263,6 +263,28 @@ func journalRecords(t *testing.T, j *journal) []journalRecord {
 	return recs
 }
 
+// Listing an agent that has no subscriptions leaves nothing in the listing
+// cache: an admin reading unknown agent ids (any id matching the rule)
+// grew it by one entry each, never forgotten (seed: caches have TTLs).
+func TestInventoryListingCacheKeepsOnlyAgentsWithSubscriptions(t *testing.T) {
+	env := stateEnv(t)
+	clock := &testClock{t: time.Unix(1_800_000_000, 0)}
+	inv, _ := newTestInventory(t, env, clock)
+	if _, err := inv.donate("a1", "kimi", "", vaultCredential{APIKey: "sk-cached-0123456789"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, agent := range []string{"a1", "nobody-0", "nobody-1", "nobody-2"} {
+		if _, err := inv.list(agent); err != nil {
+			t.Fatal(err)
+		}
+	}
+	inv.mu.Lock()
+	defer inv.mu.Unlock()
+	if _, ok := inv.cache["a1"]; !ok || len(inv.cache) != 1 {
+		t.Errorf("the listing cache holds %d agents, want a1's listing alone", len(inv.cache))
+	}
+}
+
 func TestInventoryTTLZeroDisablesCache(t *testing.T) {
 	env := stateEnv(t)
 	env["BRAMA_SUBSCRIPTION_CACHE_TTL_SECS"] = "0"
