@@ -307,18 +307,26 @@ func TestModelsListsTheAgentsSubscriptionModels(t *testing.T) {
 // copied into a unit file, "state") would keep state in the working
 // directory, which SPEC §2.1 never does: it counts as no state directory.
 func TestRelativeStateDirIsNoStateDir(t *testing.T) {
-	for _, tc := range []struct{ name, env, dir string }{
-		{"~/.brama", "BRAMA_STATE_DIR", "~/.brama"}, {"state", "BRAMA_STATE_DIR", "state"}, {"./state", "BRAMA_STATE_DIR", "./state"},
-		{"relative HOME", "HOME", "home"}, // <home>/.brama would be the working directory's too
+	routesSet := []string{"routes", "set", "chat", "openai/gpt-4o"}
+	for _, tc := range []struct {
+		name, env, dir string
+		args           []string
+	}{
+		{"~/.brama", "BRAMA_STATE_DIR", "~/.brama", routesSet}, {"state", "BRAMA_STATE_DIR", "state", routesSet},
+		{"./state", "BRAMA_STATE_DIR", "./state", routesSet},
+		{"relative HOME", "HOME", "home", routesSet}, // <home>/.brama would be the working directory's too
+		{"relative routes file", "BRAMA_ROUTES_FILE", "routes.json", routesSet},
+		{"relative clients file", "BRAMA_CLIENTS_FILE", "clients.json", []string{"clients", "add", "app"}},
+		{"relative vault", "BRAMA_VAULT_FILE", "vault.json", []string{"agents", "add", "a1"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cwd := t.TempDir()
 			t.Chdir(cwd)
 			env := map[string]string{"HOME": t.TempDir()}
 			env[tc.env] = tc.dir
-			_, errOut, code := runCLI(t, env, "", "routes", "set", "chat", "openai/gpt-4o")
+			_, errOut, code := runCLI(t, env, "", tc.args...)
 			if code != 1 || !strings.Contains(errOut, "not an absolute path") {
-				t.Errorf("routes set with %s=%s: exit %d %q; want 1 naming the rule", tc.env, tc.dir, code, errOut)
+				t.Errorf("%v with %s=%s: exit %d %q; want 1 naming the rule", tc.args, tc.env, tc.dir, code, errOut)
 			}
 			if ents, _ := os.ReadDir(cwd); len(ents) != 0 {
 				t.Errorf("the working directory holds %d entries (%s...)", len(ents), ents[0].Name())

@@ -69,9 +69,12 @@ func (s state) path(what, file string) (string, error) {
 	return filepath.Join(s.dir, file), nil
 }
 
-// fileOrState is the override named by env when set, else s.path(what, file).
+// fileOrState is the override named by env when set (an absolute path, as
+// the state directory is), else s.path(what, file).
 func (s state) fileOrState(getenv func(string) string, env, what, file string) (string, error) {
-	if p := strings.TrimSpace(getenv(env)); p != "" {
+	if p := strings.TrimSpace(getenv(env)); p != "" && !filepath.IsAbs(p) {
+		return "", &noStateError{what: what, cause: fmt.Errorf("%s %q is not an absolute path", env, p)}
+	} else if p != "" {
 		return p, nil
 	}
 	return s.path(what, file)
