@@ -590,7 +590,7 @@ func (c *chatUpstreamStream) toolDelta(i int, tc chatToolCall, emit func(streamE
 	i = valueOr(tc.Index, i)
 	call, _ := tc.call()
 	ni, ok := c.tools[i]
-	if !ok || call.ID != "" && call.ID != c.ids[ni] {
+	if !ok || call.ID != "" && c.ids[ni] != "" && call.ID != c.ids[ni] { // an id after an id-less start is that call's
 		if call.Name == "" {
 			return malformedEvent(protoOpenAIChat, errors.New("tool call without a name"))
 		}

@@ -352,6 +352,17 @@ func TestTranslationSeparatesParallelCallsAtOneIndex(t *testing.T) {
 	f := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		index := `"index":0,`
+		if jsonAt(t, body, "max_completion_tokens") == "7" { // a call whose id comes after its name: one call
+			for _, c := range []string{
+				`{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"type":"function","function":{"name":"get_weather","arguments":"{\"city\":"}}]}}]}`,
+				`{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_a","function":{"arguments":"\"Paris\"}"}}]}}]}`,
+				`{"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}`,
+			} {
+				io.WriteString(w, "data: "+c+"\n\n")
+			}
+			io.WriteString(w, "data: [DONE]\n\n")
+			return
+		}
 		if jsonAt(t, body, "max_completion_tokens") == "8" { // the caller's max_tokens says: no index
 			index = ``
 		}
@@ -366,7 +377,7 @@ func TestTranslationSeparatesParallelCallsAtOneIndex(t *testing.T) {
 		io.WriteString(w, "data: [DONE]\n\n")
 	})
 	d := startDaemon(t, env, providerEnv(env, map[string]*fakeProvider{"openai": f}), "-local-credentials-stdin")
-	for _, limit := range []string{"9", "8"} {
+	for _, limit := range []string{"9", "8", "7"} {
 		status, _, body := d.call("POST", "/v1/messages", d.token, `{"model":"openai/gpt-test","max_tokens":`+limit+`,"stream":true,"messages":[{"role":"user","content":"q"}],
 			"tools":[{"name":"get_weather","input_schema":{"type":"object"}},{"name":"get_time","input_schema":{"type":"object"}}]}`)
 		if status != 200 {
@@ -382,6 +393,12 @@ func TestTranslationSeparatesParallelCallsAtOneIndex(t *testing.T) {
 				in, _ := strconv.Unquote(jsonAt(t, []byte(fr.Data), "delta.partial_json"))
 				inputs[jsonAt(t, []byte(fr.Data), "index")] += in
 			}
+		}
+		if limit == "7" {
+			if len(calls) != 1 || inputs["0"] != `{"city":"Paris"}` {
+				t.Errorf("an id after its call's name: calls %v, input %q; want one call with {\"city\":\"Paris\"}: %s", calls, inputs["0"], body)
+			}
+			continue
 		}
 		if got, want := strings.Join(calls, " ")+" "+inputs["0"]+" "+inputs["1"], `"call_a" "call_b" {"city":"Paris"} {}`; got != want {
 			t.Errorf("max_tokens %s: calls and inputs = %s, want %s", limit, got, want)
