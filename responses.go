@@ -245,9 +245,13 @@ func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, err
 	items := []responsesItem{}
 	for _, m := range req.Messages {
 		var content []responsesPart
+		role := m.Role
+		if role == "system" && o.codex { // its backend refuses system items: "developer", as the Codex CLI sends
+			role = "developer"
+		}
 		flush := func() {
 			if len(content) > 0 {
-				items = append(items, responsesItem{Type: "message", Role: m.Role, Content: must(json.Marshal(content))})
+				items = append(items, responsesItem{Type: "message", Role: role, Content: must(json.Marshal(content))})
 				content = nil
 			}
 		}

@@ -1,0 +1,65 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+)
+
+// codexLikeDaemon is a daemon whose agent a1 has one codex subscription, on
+// a fake that refuses what the ChatGPT codex backend refuses, as it says it.
+func codexLikeDaemon(t *testing.T) (*daemon, *recordingProvider, string) {
+	prov := newRecordingProvider(t, "", fixture(t, "codex.sse"))
+	prov.alwaysStream = true
+	prov.refuse = func(c recordedCall) (int, string) {
+		var b map[string]json.RawMessage
+		var items []struct{ Role string }
+		json.Unmarshal(c.body, &b)
+		json.Unmarshal(b["input"], &items)
+		for _, it := range items {
+			if it.Role == "system" {
+				return 400, `{"detail":"System messages are not allowed"}`
+			}
+		}
+		for _, name := range []string{"temperature", "top_p", "max_output_tokens", "metadata", "safety_identifier", "user"} {
+			if b[name] != nil {
+				return 400, fmt.Sprintf(`{"detail":"Unsupported parameter: %s"}`, name)
+			}
+		}
+		return 0, ""
+	}
+	env := stateEnv(t)
+	env["BRAMA_PROVIDER_CODEX_BASE_URL"] = prov.URL
+	d := startDaemon(t, env, "")
+	addAgent(t, env, "a1")
+	tok := addClient(t, env, "a1-app", "-agent", "a1")
+	s, _, b := d.call("POST", "/v1/admin/subscriptions/a1", d.token, fmt.Sprintf(`{"provider":"codex","oauth":{"access_token":"codex-access-0123456789","refresh_token":"codex-refresh-0123","expires_at_ms":%d,"account_id":"acct-1"}}`, time.Now().Add(time.Hour).UnixMilli()))
+	donatedID(t, s, b, "a1", "codex")
+	return d, prov, tok
+}
+
+// TestTranslationTowardCodexSendsNoSystemItem: the codex backend refuses an
+// input item of role system (400 "System messages are not allowed"), so an
+// instruction after the first turn goes as a developer item, the role the
+// Codex CLI gives its own (SPEC §6.2, §7.6).
+func TestTranslationTowardCodexSendsNoSystemItem(t *testing.T) {
+	d, prov, tok := codexLikeDaemon(t)
+	for _, tc := range []struct{ path, body string }{
+		{"/v1/chat/completions", `{"model":"codex/gpt-5","messages":[{"role":"system","content":"Be terse."},{"role":"user","content":"q"},{"role":"system","content":"Now in French."},{"role":"user","content":"q2"}]}`},
+		{"/v1/messages", `{"model":"codex/gpt-5","max_tokens":100,"system":"Be terse.","messages":[{"role":"user","content":"q"},{"role":"system","content":"Now in French."},{"role":"user","content":"q2"}]}`},
+	} {
+		status, _, body := d.call("POST", tc.path, tok, tc.body)
+		if status != 200 {
+			t.Errorf("%s: status %d %s, want 200", tc.path, status, body)
+			continue
+		}
+		up := prov.last(t).body
+		if got := jsonAt(t, up, "input[1].role"); got != `"developer"` {
+			t.Errorf("%s: input[1].role = %s, want \"developer\" (%s)", tc.path, got, up)
+		}
+		if got := jsonAt(t, up, "input[1].content[0].text"); got != `"Now in French."` {
+			t.Errorf("%s: input[1] text = %s, want the later instruction", tc.path, got)
+		}
+	}
+}
