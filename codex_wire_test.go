@@ -63,3 +63,25 @@ func TestTranslationTowardCodexSendsNoSystemItem(t *testing.T) {
 		}
 	}
 }
+
+// TestTranslationTowardCodexDropsWhatItRefuses: the codex backend refuses
+// metadata, safety_identifier and user (400 "Unsupported parameter"), as it
+// does temperature and top_p; translated toward codex they are dropped and
+// named, the rest of what the OpenAI formats share carried (SPEC §6.2, §7.6).
+func TestTranslationTowardCodexDropsWhatItRefuses(t *testing.T) {
+	d, prov, tok := codexLikeDaemon(t)
+	status, hdr, body := d.call("POST", "/v1/chat/completions", tok, `{"model":"codex/gpt-5","messages":[{"role":"user","content":"q"}],
+		"temperature":0.2,"metadata":{"k":"v"},"safety_identifier":"s","user":"u","prompt_cache_key":"c","service_tier":"priority"}`)
+	if status != 200 {
+		t.Fatalf("status %d %s, want 200", status, body)
+	}
+	if got, want := hdr.Get("Brama-Dropped"), "temperature, metadata, safety_identifier, user"; got != want {
+		t.Errorf("Brama-Dropped = %q, want %q", got, want)
+	}
+	up := prov.last(t).body
+	for path, want := range map[string]string{"prompt_cache_key": `"c"`, "service_tier": `"priority"`} {
+		if got := jsonAt(t, up, path); got != want {
+			t.Errorf("upstream %s = %s, want %s", path, got, want)
+		}
+	}
+}

@@ -326,6 +326,7 @@ func (req chatRequest) droppedFor(p providerInfo) []string {
 	}
 	if p.id == "codex" { // its backend refuses these (SPEC §6.2)
 		d = append(d, sampling...)
+		d = append(d, openAIShared{Metadata: req.Shared.Metadata, SafetyIdentifier: req.Shared.SafetyIdentifier, User: req.Shared.User}.names()...)
 	}
 	return d
 }

@@ -238,6 +238,7 @@ func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, err
 	if o.codex {
 		out.Store, out.Instructions = json.RawMessage("false"), ptrTo(cmp.Or(req.System, codexDefaultInstructions))
 		out.MaxOutputTokens, out.Temperature, out.TopP = nil, nil, nil
+		out.Metadata, out.SafetyIdentifier, out.User = nil, nil, nil
 	}
 	if req.Effort != "" {
 		out.Reasoning = &responsesReasoning{req.Effort}
