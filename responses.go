@@ -72,10 +72,16 @@ type (
 	responsesIncomplete struct {
 		Reason string `json:"reason"`
 	}
-	responsesUsage struct {
-		InputTokens  int `json:"input_tokens"`
-		OutputTokens int `json:"output_tokens"`
-		TotalTokens  int `json:"total_tokens"`
+	responsesUsage struct { // the details always go: strict clients require them; Brama counts neither
+		InputTokens        int `json:"input_tokens"`
+		InputTokensDetails struct {
+			CachedTokens int `json:"cached_tokens"`
+		} `json:"input_tokens_details"`
+		OutputTokens        int `json:"output_tokens"`
+		OutputTokensDetails struct {
+			ReasoningTokens int `json:"reasoning_tokens"`
+		} `json:"output_tokens_details"`
+		TotalTokens int `json:"total_tokens"`
 	}
 	responsesEvent struct {
 		Type           string           `json:"type"`
@@ -461,7 +467,7 @@ func (s *responsesCallerStream) end(finish string, u usage) error {
 		s.resp.Status, s.resp.IncompleteDetails = "incomplete", &responsesIncomplete{reason}
 	}
 	if u.Reported {
-		s.resp.Usage = &responsesUsage{u.InputTokens, u.OutputTokens, u.InputTokens + u.OutputTokens}
+		s.resp.Usage = &responsesUsage{InputTokens: u.InputTokens, OutputTokens: u.OutputTokens, TotalTokens: u.InputTokens + u.OutputTokens}
 	}
 	return s.emit(responsesEvent{Type: "response.completed", Response: &s.resp})
 }

@@ -306,7 +306,8 @@ func TestRenderResponsesAnswer(t *testing.T) {
 	msg, fc := out[0].(map[string]any), out[1].(map[string]any)
 	want := map[string]any{
 		"status": "incomplete", "incomplete_details": map[string]any{"reason": "max_output_tokens"}, "model": "alias",
-		"usage": map[string]any{"input_tokens": 4.0, "output_tokens": 5.0, "total_tokens": 9.0},
+		"usage": map[string]any{"input_tokens": 4.0, "output_tokens": 5.0, "total_tokens": 9.0,
+			"input_tokens_details": map[string]any{"cached_tokens": 0.0}, "output_tokens_details": map[string]any{"reasoning_tokens": 0.0}},
 	}
 	for k, v := range want {
 		if !cmp.Equal(v, got[k]) {

@@ -3,6 +3,9 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
 )
@@ -82,6 +85,43 @@ func TestTranslationTowardCodexDropsWhatItRefuses(t *testing.T) {
 	for path, want := range map[string]string{"prompt_cache_key": `"c"`, "service_tier": `"priority"`} {
 		if got := jsonAt(t, up, path); got != want {
 			t.Errorf("upstream %s = %s, want %s", path, got, want)
+		}
+	}
+}
+
+// TestTranslatedResponsesUsageHasItsDetails: a Responses answer's usage
+// always has input_tokens_details and output_tokens_details; strict clients
+// (Grok Build, Rust serde types) refuse a response.completed without them.
+func TestTranslatedResponsesUsageHasItsDetails(t *testing.T) {
+	env := stateEnv(t)
+	f := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		if strings.Contains(string(body), `"stream":true`) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			io.WriteString(w, fixture(t, "anthropic-messages.sse"))
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, messagesToolAnswer)
+	})
+	d := startDaemon(t, env, providerEnv(env, map[string]*fakeProvider{"anthropic": f}), "-local-credentials-stdin")
+	for _, stream := range []bool{false, true} {
+		status, _, out := d.call("POST", "/v1/responses", d.token, fmt.Sprintf(`{"model":"anthropic/claude-test","input":"hi","max_output_tokens":100,"stream":%v}`, stream))
+		if status != 200 {
+			t.Fatalf("stream=%v: status %d %s", stream, status, out)
+		}
+		resp, prefix := out, ""
+		if stream {
+			resp, prefix = nil, "response."
+			for _, fr := range splitTestSSE(t, string(out)) {
+				if fr.Event == "response.completed" {
+					resp = []byte(fr.Data)
+				}
+			}
+		}
+		for _, path := range []string{"usage.input_tokens_details.cached_tokens", "usage.output_tokens_details.reasoning_tokens"} {
+			if got := jsonAt(t, resp, prefix+path); got != "0" {
+				t.Errorf("stream=%v: %s = %q, want 0", stream, path, got)
+			}
 		}
 	}
 }
