@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"time"
 )
@@ -131,7 +132,7 @@ func parseResponses(body []byte) (chatRequest, error) {
 	default:
 		return chatRequest{}, refuseInvalid("input is required: a string or an array of items")
 	}
-	if err := eachItem(items, nil, "input", req.addResponsesItem); err != nil {
+	if err := eachItem(items, b.Input, "input", req.addResponsesItem); err != nil {
 		return chatRequest{}, err
 	}
 	if len(req.Messages) == 0 {
@@ -154,7 +155,10 @@ func parseResponses(body []byte) (chatRequest, error) {
 
 // addResponsesItem adds one input item. Reasoning and hosted tool calls are
 // dropped and named; item_reference is refused: Brama keeps no responses.
-func (req *chatRequest) addResponsesItem(it responsesItem, _ json.RawMessage, what string) error {
+func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, what string) error {
+	if slices.Contains(strings.Fields("message function_call custom_tool_call function_call_output custom_tool_call_output additional_tools"), cmp.Or(it.Type, "message")) {
+		dropUnknown(&req.Dropped, raw, what, "type id status role content call_id namespace name arguments input output tools")
+	}
 	switch it.Type {
 	case "", "message":
 		switch it.Role {

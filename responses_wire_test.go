@@ -125,3 +125,24 @@ func TestTranslatedResponsesUsageHasItsDetails(t *testing.T) {
 		}
 	}
 }
+
+// TestTranslationNamesUnknownItemMembers: a member of an input item that
+// Brama does not carry (an assistant message's phase) is dropped and named,
+// as a chat message's are; nothing is dropped silently (SPEC §7.6).
+func TestTranslationNamesUnknownItemMembers(t *testing.T) {
+	env := stateEnv(t)
+	f := newTranslationFake(t, func(string) string { return messagesToolAnswer })
+	d := startDaemon(t, env, providerEnv(env, map[string]*fakeProvider{"anthropic": f.fakeProvider}), "-local-credentials-stdin")
+	status, hdr, body := d.call("POST", "/v1/responses", d.token, `{"model":"anthropic/claude-test","max_output_tokens":100,"input":[
+		{"type":"message","role":"user","content":"q"},
+		{"type":"message","id":"msg_1","status":"completed","role":"assistant","content":[{"type":"output_text","text":"a"}],"phase":"commentary"},
+		{"type":"function_call","id":"fc_1","call_id":"c1","name":"f","arguments":"{}","extra":1},
+		{"type":"function_call_output","call_id":"c1","output":"r"},
+		{"type":"web_search_call","id":"ws_1","status":"completed","action":{"type":"search"}}]}`)
+	if status != 200 {
+		t.Fatalf("status %d %s", status, body)
+	}
+	if got, want := hdr.Get("Brama-Dropped"), "input[1].phase, input[2].extra, input[4]"; got != want {
+		t.Errorf("Brama-Dropped = %q, want %q", got, want)
+	}
+}
