@@ -24,6 +24,7 @@ type (
 		Stop                json.RawMessage `json:"stop,omitempty"`
 		ResponseFormat      *chatFormat     `json:"response_format,omitempty"`
 		ReasoningEffort     string          `json:"reasoning_effort,omitempty"`
+		Verbosity           string          `json:"verbosity,omitempty"`
 		StreamOptions       json.RawMessage `json:"stream_options,omitempty"`
 		openAIShared
 	}
@@ -96,7 +97,7 @@ type (
 	}
 )
 
-const chatKnown = "model messages tools tool_choice parallel_tool_calls max_tokens max_completion_tokens temperature top_p stop response_format reasoning_effort stream stream_options billingTarget " + openAISharedNames
+const chatKnown = "model messages tools tool_choice parallel_tool_calls max_tokens max_completion_tokens temperature top_p stop response_format reasoning_effort verbosity stream stream_options billingTarget " + openAISharedNames
 
 // parseChatCompletions parses an OpenAI Chat Completions request body.
 func parseChatCompletions(body []byte) (chatRequest, error) {
@@ -121,6 +122,9 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 	}
 	if req.Effort = b.ReasoningEffort; req.Effort != "" {
 		req.EffortPath = "reasoning_effort"
+	}
+	if req.Verbosity = b.Verbosity; req.Verbosity != "" {
+		req.VerbosityPath = "verbosity"
 	}
 	var output *outputFormat
 	if f := b.ResponseFormat; f != nil {
@@ -274,7 +278,7 @@ func (req *chatRequest) addChatTool(t chatTool, raw json.RawMessage, what string
 // messages placed first, right after the assistant turn that called them.
 func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
 	out := chatRequestBody{callerHead: req.head(model, o), ParallelToolCalls: req.ParallelToolCalls,
-		ReasoningEffort: req.Effort, Messages: []chatMessage{}, openAIShared: req.Shared}
+		ReasoningEffort: req.Effort, Verbosity: req.Verbosity, Messages: []chatMessage{}, openAIShared: req.Shared}
 	switch {
 	case req.MaxTokens > 0 && o.openai: // as a passthrough call to it is (passthrough.go)
 		out.MaxCompletionTokens = &req.MaxTokens

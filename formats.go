@@ -28,6 +28,8 @@ type chatRequest struct {
 	Output            *outputFormat // structured output; nil: free text
 	Effort            string        // reasoning effort (low, medium, high, …); "" the provider's default
 	EffortPath        string        // the caller's member for Effort
+	Verbosity         string        // the OpenAI formats' verbosity (low, medium, high); "" the provider's default
+	VerbosityPath     string        // the caller's member for Verbosity
 	StopPath          string        // the caller's member for Stop: responses has none
 	Shared            openAIShared
 	Stream            bool
@@ -308,6 +310,9 @@ func (req chatRequest) droppedFor(p providerInfo) []string {
 		}
 		if req.thinkingBudget() > 0 {
 			d = append(d, sampling...)
+		}
+		if req.Verbosity != "" {
+			d = append(d, req.VerbosityPath)
 		}
 		for _, t := range req.Tools {
 			if t.Kind == toolCustom && t.Format != nil {

@@ -28,7 +28,8 @@ type (
 		Effort string `json:"effort,omitempty"`
 	}
 	responsesText struct {
-		Format *outputFormat `json:"format,omitempty"`
+		Format    *outputFormat `json:"format,omitempty"`
+		Verbosity string        `json:"verbosity,omitempty"`
 	}
 	responsesItem struct { // an input item, and an output item of the answer
 		Type      string          `json:"type"`
@@ -115,7 +116,7 @@ func parseResponses(body []byte) (chatRequest, error) {
 	var raw struct{ Reasoning, Text, Tools json.RawMessage }
 	json.Unmarshal(body, &raw)
 	dropUnknown(&req.Dropped, raw.Reasoning, "reasoning", "effort")
-	dropUnknown(&req.Dropped, raw.Text, "text", "format")
+	dropUnknown(&req.Dropped, raw.Text, "text", "format verbosity")
 	req.Shared, req.ParallelToolCalls = b.openAIShared, b.ParallelToolCalls
 	req.System = valueOr(b.Instructions, "")
 	var items []responsesItem
@@ -140,6 +141,9 @@ func parseResponses(body []byte) (chatRequest, error) {
 	}
 	if b.Reasoning != nil && b.Reasoning.Effort != "" {
 		req.Effort, req.EffortPath = b.Reasoning.Effort, "reasoning.effort"
+	}
+	if req.Verbosity = valueOr(b.Text, responsesText{}).Verbosity; req.Verbosity != "" {
+		req.VerbosityPath = "text.verbosity"
 	}
 	err = cmp.Or( // each step reads its own members; the first refusal wins
 		eachItem(b.Tools, raw.Tools, "tools", req.addOpenAITool),
@@ -306,8 +310,11 @@ func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, err
 	} else if c != nil {
 		out.ToolChoice = jsonText(c.Mode)
 	}
-	if f := req.Output; f != nil {
-		out.Text = &responsesText{schemaOutput(f)}
+	if req.Output != nil || req.Verbosity != "" {
+		out.Text = &responsesText{Verbosity: req.Verbosity}
+		if req.Output != nil {
+			out.Text.Format = schemaOutput(req.Output)
+		}
 	}
 	return out, nil
 }

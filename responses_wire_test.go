@@ -146,3 +146,34 @@ func TestTranslationNamesUnknownItemMembers(t *testing.T) {
 		t.Errorf("Brama-Dropped = %q, want %q", got, want)
 	}
 }
+
+// TestTranslationCarriesVerbosity: Responses text.verbosity and chat's
+// verbosity are one member in two places, carried between the two OpenAI
+// formats, named toward messages, which has none (SPEC §7.6).
+func TestTranslationCarriesVerbosity(t *testing.T) {
+	env := stateEnv(t)
+	fakes := map[string]*translationFake{
+		"openai":           newTranslationFake(t, func(string) string { return chatToolAnswer }),
+		"openai-responses": newTranslationFake(t, func(string) string { return responsesToolAnswer }),
+		"anthropic":        newTranslationFake(t, func(string) string { return messagesToolAnswer }),
+	}
+	d := startDaemon(t, env, providerEnv(env, map[string]*fakeProvider{"openai": fakes["openai"].fakeProvider,
+		"openai-responses": fakes["openai-responses"].fakeProvider, "anthropic": fakes["anthropic"].fakeProvider}), "-local-credentials-stdin")
+	for _, tc := range []struct{ path, body, provider, member, dropped string }{
+		{"/v1/responses", `{"model":"openai/gpt-test","input":"q","text":{"verbosity":"low"}}`, "openai", "verbosity", ""},
+		{"/v1/chat/completions", `{"model":"openai-responses/gpt-test","messages":[{"role":"user","content":"q"}],"verbosity":"high"}`, "openai-responses", "text.verbosity", ""},
+		{"/v1/responses", `{"model":"anthropic/claude-test","max_output_tokens":9,"input":"q","text":{"verbosity":"low"}}`, "anthropic", "verbosity", "text.verbosity"},
+	} {
+		status, hdr, body := d.call("POST", tc.path, d.token, tc.body)
+		if status != 200 {
+			t.Fatalf("%s to %s: status %d %s", tc.path, tc.provider, status, body)
+		}
+		want := map[string]string{"openai": `"low"`, "openai-responses": `"high"`, "anthropic": ""}[tc.provider]
+		if got := jsonAt(t, fakes[tc.provider].body(), tc.member); got != want {
+			t.Errorf("%s to %s: upstream %s = %s, want %s", tc.path, tc.provider, tc.member, got, want)
+		}
+		if got := hdr.Get("Brama-Dropped"); got != tc.dropped {
+			t.Errorf("%s to %s: Brama-Dropped = %q, want %q", tc.path, tc.provider, got, tc.dropped)
+		}
+	}
+}

@@ -403,7 +403,7 @@ func TestTranslationCodexCLIToMessages(t *testing.T) {
 			t.Errorf("answer %s = %s, want %s", path, got, want)
 		}
 	}
-	if got, want := hdr.Get("Brama-Dropped"), "client_metadata, reasoning.context, text.verbosity, store, reasoning.effort, input[0].tools[0].tools[0].format"; got != want {
+	if got, want := hdr.Get("Brama-Dropped"), "client_metadata, reasoning.context, store, reasoning.effort, text.verbosity, input[0].tools[0].tools[0].format"; got != want {
 		t.Errorf("Brama-Dropped = %q, want %q", got, want)
 	}
 }
