@@ -305,7 +305,7 @@ func (req *chatRequest) addOpenAITool(t openAITool, raw json.RawMessage, what st
 			req.Dropped = append(req.Dropped, what+".description")
 		}
 		n := len(req.Tools)
-		err := eachItem(t.Tools, nil, what+".tools", req.addOpenAITool)
+		err := eachItem(t.Tools, toolsOf(raw), what+".tools", req.addOpenAITool)
 		for j := n; j < len(req.Tools); j++ {
 			req.Tools[j].Namespace, req.Tools[j].Name = t.Name, t.Name+"__"+req.Tools[j].Name
 		}
@@ -314,6 +314,13 @@ func (req *chatRequest) addOpenAITool(t openAITool, raw json.RawMessage, what st
 		req.Dropped = append(req.Dropped, what)
 	}
 	return nil
+}
+
+// toolsOf is the raw tools member of a namespace tool or an additional_tools item.
+func toolsOf(raw json.RawMessage) json.RawMessage {
+	var m struct{ Tools json.RawMessage }
+	json.Unmarshal(raw, &m)
+	return m.Tools
 }
 
 // setOpenAIToolChoice reads tool_choice: a mode or one tool (nested in chat, flat

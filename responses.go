@@ -201,7 +201,7 @@ func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, 
 			Text: req.resultText(parts, what+".output"), Custom: it.Type == "custom_tool_call_output"})
 		return err
 	case "additional_tools": // tools declared in the input, as the Codex CLI sends them
-		return eachItem(it.Tools, nil, what+".tools", req.addOpenAITool)
+		return eachItem(it.Tools, toolsOf(raw), what+".tools", req.addOpenAITool)
 	case "item_reference":
 		return refuseInvalid("%s: item references are not supported; send the items themselves", what)
 	}

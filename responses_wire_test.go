@@ -177,3 +177,23 @@ func TestTranslationCarriesVerbosity(t *testing.T) {
 		}
 	}
 }
+
+// TestTranslationNamesUnknownMembersOfGroupedTools: an unknown member of a
+// tool inside a namespace group, or in the Codex CLI's additional_tools
+// item, is named as a top-level tool's is (SPEC §7.6).
+func TestTranslationNamesUnknownMembersOfGroupedTools(t *testing.T) {
+	env := stateEnv(t)
+	f := newTranslationFake(t, func(string) string { return messagesToolAnswer })
+	d := startDaemon(t, env, providerEnv(env, map[string]*fakeProvider{"anthropic": f.fakeProvider}), "-local-credentials-stdin")
+	status, hdr, body := d.call("POST", "/v1/responses", d.token, `{"model":"anthropic/claude-test","max_output_tokens":100,
+		"tools":[{"type":"namespace","name":"mcp__a","tools":[{"type":"function","name":"f","defer_loading":true}]}],
+		"input":[{"type":"additional_tools","role":"developer","tools":[{"type":"function","name":"g","defer_loading":true},
+			{"type":"namespace","name":"ns","tools":[{"type":"function","name":"h","defer_loading":true}]}]},
+			{"type":"message","role":"user","content":"q"}]}`)
+	if status != 200 {
+		t.Fatalf("status %d %s", status, body)
+	}
+	if got, want := hdr.Get("Brama-Dropped"), "input[0].tools[0].defer_loading, input[0].tools[1].tools[0].defer_loading, tools[0].tools[0].defer_loading"; got != want {
+		t.Errorf("Brama-Dropped = %q, want %q", got, want)
+	}
+}
