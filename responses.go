@@ -172,8 +172,11 @@ func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, 
 			return err
 		case "user", "assistant":
 			parts, err := req.responsesParts(it.Content, what+".content")
-			if err == nil && len(parts) == 0 {
+			switch {
+			case err == nil && len(parts) == 0 && it.Role == "user":
 				err = refuseInvalid("%s.content must hold at least one text, image or file part", what)
+			case len(parts) == 0: // an earlier answer of only a refusal: its parts are named
+				return err
 			}
 			req.Messages = append(req.Messages, message{Role: it.Role, Parts: parts})
 			return err

@@ -197,3 +197,26 @@ func TestTranslationNamesUnknownMembersOfGroupedTools(t *testing.T) {
 		t.Errorf("Brama-Dropped = %q, want %q", got, want)
 	}
 }
+
+// TestTranslationKeepsAConversationWithAnEarlierRefusal: an assistant item
+// holding only a refusal part (an OpenAI model refused earlier) is dropped
+// and named, the turn with it; the request is served, not refused 400 as a
+// turn without content would be (SPEC §7.6: refused only what Brama cannot read).
+func TestTranslationKeepsAConversationWithAnEarlierRefusal(t *testing.T) {
+	env := stateEnv(t)
+	f := newTranslationFake(t, func(string) string { return messagesToolAnswer })
+	d := startDaemon(t, env, providerEnv(env, map[string]*fakeProvider{"anthropic": f.fakeProvider}), "-local-credentials-stdin")
+	status, hdr, body := d.call("POST", "/v1/responses", d.token, `{"model":"anthropic/claude-test","max_output_tokens":100,"input":[
+		{"type":"message","role":"user","content":"q"},
+		{"type":"message","role":"assistant","content":[{"type":"refusal","refusal":"I can't help with that."}]},
+		{"type":"message","role":"user","content":"then something else"}]}`)
+	if status != 200 {
+		t.Fatalf("status %d %s, want 200", status, body)
+	}
+	if got, want := hdr.Get("Brama-Dropped"), "input[1].content[0]"; got != want {
+		t.Errorf("Brama-Dropped = %q, want %q", got, want)
+	}
+	if got := jsonAt(t, f.body(), "messages[1].role"); got == `"assistant"` {
+		t.Errorf("an assistant turn without content reached the provider: %s", f.body())
+	}
+}
