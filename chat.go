@@ -111,6 +111,7 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 		if req.MaxTokens, err = checkCallerMaxTokens("max_completion_tokens", b.MaxCompletionTokens); err != nil {
 			return chatRequest{}, err
 		}
+		req.LimitPath = "max_completion_tokens"
 	}
 	var raw struct{ Messages, Tools json.RawMessage }
 	json.Unmarshal(body, &raw)

@@ -30,7 +30,7 @@ func TestParseChatCompletions(t *testing.T) {
 			body: `{"model":"m","messages":[{"role":"system","content":"a"},{"role":"user","content":"q"},{"role":"developer","content":[{"type":"text","text":"b"}]}],
 				"max_tokens":100,"temperature":0.5,"stream":true,"stream_options":{"include_usage":true},"n":3,"seed":{"x":[1]}}`,
 			want: chatRequest{Model: "m", System: "a", Messages: []message{dialectUserText("q"), {Role: "system", Parts: []part{{Type: partText, Text: "b"}}}},
-				MaxTokens: 100, Temperature: dialectFloatPtr(0.5), Stream: true, Dropped: []string{"n", "seed"}},
+				MaxTokens: 100, LimitPath: "max_tokens", Temperature: dialectFloatPtr(0.5), Stream: true, Dropped: []string{"n", "seed"}},
 		},
 		{
 			name: "images",
@@ -76,7 +76,7 @@ func TestParseChatCompletions(t *testing.T) {
 		{
 			name: "named tool_choice, max_completion_tokens wins",
 			body: `{"model":"m","messages":[{"role":"user","content":"q"}],"tool_choice":{"type":"function","function":{"name":"f"}},"max_tokens":5,"max_completion_tokens":9}`,
-			want: chatRequest{Model: "m", Messages: []message{dialectUserText("q")}, ToolChoice: &toolChoice{Mode: toolChoiceTool, Name: "f"}, MaxTokens: 9},
+			want: chatRequest{Model: "m", Messages: []message{dialectUserText("q")}, ToolChoice: &toolChoice{Mode: toolChoiceTool, Name: "f"}, MaxTokens: 9, LimitPath: "max_completion_tokens"},
 		},
 		{
 			name: "billingTarget",

@@ -21,7 +21,8 @@ type chatRequest struct {
 	Tools             []tool
 	ToolChoice        *toolChoice // nil: the provider's default
 	ParallelToolCalls *bool
-	MaxTokens         int // 0: the caller gave none (SPEC §6.4 decides)
+	MaxTokens         int    // 0: the caller gave none (SPEC §6.4 decides)
+	LimitPath         string // the caller's member for its own MaxTokens, "" when it gave none
 	Temperature       *float64
 	TopP              *float64
 	Stop              []string
@@ -328,6 +329,9 @@ func (req chatRequest) droppedFor(p providerInfo) []string {
 		}
 	case p.protocol == protoOpenAIResponses && len(req.Stop) > 0:
 		d = append(d, req.StopPath)
+	}
+	if p.id == "codex" && req.LimitPath != "" { // it never gets an output limit (SPEC §6.2)
+		d = append(d, req.LimitPath)
 	}
 	if p.id == "codex" { // its backend refuses these (SPEC §6.2)
 		d = append(d, sampling...)

@@ -389,7 +389,7 @@ func fuzzDialectParse(f *testing.F, dialect string, seeds ...string) {
 // thinking budget); a tool group goes flattened, a schema gets a name, and
 // JSON is compared as encoding/json writes it.
 func roundTripNeutral(req chatRequest) chatRequest {
-	req.Dropped, req.BillingTarget, req.Effort, req.EffortPath = nil, nil, "", ""
+	req.Dropped, req.BillingTarget, req.Effort, req.EffortPath, req.LimitPath = nil, nil, "", "", ""
 	if req.Output != nil {
 		if s := schemaOutput(req.Output); s != nil {
 			req.Output = s // the schema's name the OpenAI formats require

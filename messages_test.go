@@ -19,7 +19,7 @@ func TestParseMessages(t *testing.T) {
 			body: `{"model":"anthropic/claude-sonnet-4-5","system":"be brief","max_tokens":1024,"temperature":0.2,"stream":true,
 				"metadata":{"user_id":"u"},"stop_sequences":["x"],"thinking":{"type":"enabled","budget_tokens":100},
 				"messages":[{"role":"user","content":"hi"}]}`,
-			want: chatRequest{Model: "anthropic/claude-sonnet-4-5", System: "be brief", MaxTokens: 1024, Temperature: dialectFloatPtr(0.2), Stream: true,
+			want: chatRequest{Model: "anthropic/claude-sonnet-4-5", System: "be brief", MaxTokens: 1024, LimitPath: "max_tokens", Temperature: dialectFloatPtr(0.2), Stream: true,
 				Stop: []string{"x"}, StopPath: "stop_sequences", Effort: "minimal", EffortPath: "thinking", Messages: []message{dialectUserText("hi")}, Dropped: []string{"metadata"}},
 		},
 		{

@@ -117,6 +117,9 @@ func newCallerRequest(body []byte, b any, h *callerHead, known, limitName string
 	if req.MaxTokens, err = checkCallerMaxTokens(limitName, *limit); err != nil {
 		return chatRequest{}, err
 	}
+	if req.MaxTokens > 0 {
+		req.LimitPath = limitName
+	}
 	if req.BillingTarget, err = readBillingTarget(h.BillingTarget); err != nil {
 		return chatRequest{}, err
 	}

@@ -18,7 +18,7 @@ func TestParseResponses(t *testing.T) {
 			name: "string input, instructions, limits, unknown members dropped",
 			body: `{"model":"openai-responses/o3","instructions":"be brief","input":"hi","max_output_tokens":50,"temperature":1,"stream":true,
 				"store":false,"reasoning":{"effort":"low"},"previous_response_id":null}`,
-			want: chatRequest{Model: "openai-responses/o3", System: "be brief", MaxTokens: 50, Temperature: dialectFloatPtr(1), Stream: true,
+			want: chatRequest{Model: "openai-responses/o3", System: "be brief", MaxTokens: 50, LimitPath: "max_output_tokens", Temperature: dialectFloatPtr(1), Stream: true,
 				Effort: "low", EffortPath: "reasoning.effort", Shared: openAIShared{Store: json.RawMessage("false")}, Dropped: []string{"previous_response_id"},
 				Messages: []message{dialectUserText("hi")}},
 		},

@@ -220,3 +220,24 @@ func TestTranslationKeepsAConversationWithAnEarlierRefusal(t *testing.T) {
 		t.Errorf("an assistant turn without content reached the provider: %s", f.body())
 	}
 }
+
+// TestTranslationTowardCodexNamesTheOutputLimit: codex never gets an output
+// limit (SPEC §6.2), so the caller's own is dropped, and named under the
+// caller's name for it (§7.6: nothing is dropped silently).
+func TestTranslationTowardCodexNamesTheOutputLimit(t *testing.T) {
+	d, prov, tok := codexLikeDaemon(t)
+	for _, tc := range []struct{ path, body, want string }{
+		{"/v1/chat/completions", `{"model":"codex/gpt-5","messages":[{"role":"user","content":"q"}],"max_tokens":50}`, "max_tokens"},
+		{"/v1/chat/completions", `{"model":"codex/gpt-5","messages":[{"role":"user","content":"q"}],"max_completion_tokens":50}`, "max_completion_tokens"},
+		{"/v1/messages", `{"model":"codex/gpt-5","max_tokens":50,"messages":[{"role":"user","content":"q"}]}`, "max_tokens"},
+		{"/v1/chat/completions", `{"model":"codex/gpt-5","messages":[{"role":"user","content":"q"}]}`, ""},
+	} {
+		status, hdr, body := d.call("POST", tc.path, tok, tc.body)
+		if status != 200 {
+			t.Fatalf("%s: status %d %s", tc.body, status, body)
+		}
+		if got := hdr.Get("Brama-Dropped"); got != tc.want {
+			t.Errorf("%s: Brama-Dropped = %q, want %q (provider got %s)", tc.body, got, tc.want, prov.last(t).body)
+		}
+	}
+}
