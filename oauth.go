@@ -41,10 +41,10 @@ type oauthProvider struct {
 
 var oauthProviders = []oauthProvider{
 	{
-		id: "claude-code", tokenURL: "https://console.anthropic.com/v1/oauth/token",
+		id: "claude-code", tokenURL: "https://platform.claude.com/v1/oauth/token", // console.anthropic.com's now answers 404
 		clientID:     "9d1c250a-e61b-44d9-88ed-5944d1962f5e",
-		authorizeURL: "https://claude.ai/oauth/authorize",
-		redirectURI:  "https://console.anthropic.com/oauth/code/callback",
+		authorizeURL: "https://claude.com/cai/oauth/authorize",          // claude.ai's refuses every grant now
+		redirectURI:  "https://platform.claude.com/oauth/code/callback", // the only one still registered
 		scope:        "org:create_api_key user:profile user:inference",
 		extra:        [][2]string{{"code", "true"}},
 	},

@@ -15,7 +15,7 @@ func TestTokenURLOverride(t *testing.T) {
 		name, provider, value, want string
 		ok                          bool
 	}{
-		{"built in", "claude-code", "", "https://console.anthropic.com/v1/oauth/token", true},
+		{"built in", "claude-code", "", "https://platform.claude.com/v1/oauth/token", true},
 		{"built in codex", "codex", "", "https://auth.openai.com/oauth/token", true},
 		{"built in kimi", "kimi", "", "https://auth.kimi.com/api/oauth/token", true},
 		{"https override", "kimi", " https://proxy.example/token ", "https://proxy.example/token", true},

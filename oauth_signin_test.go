@@ -29,9 +29,9 @@ func TestAuthorizeURL(t *testing.T) {
 		wantBase       string
 		want           url.Values
 	}{
-		{"claude-code", "claude-code", "https://claude.ai/oauth/authorize", url.Values{
+		{"claude-code", "claude-code", "https://claude.com/cai/oauth/authorize", url.Values{
 			"code": {"true"}, "response_type": {"code"}, "client_id": {"9d1c250a-e61b-44d9-88ed-5944d1962f5e"},
-			"redirect_uri":   {"https://console.anthropic.com/oauth/code/callback"},
+			"redirect_uri":   {"https://platform.claude.com/oauth/code/callback"},
 			"scope":          {"org:create_api_key user:profile user:inference"},
 			"code_challenge": {"CH"}, "code_challenge_method": {"S256"}, "state": {"ST"},
 		}},
@@ -82,7 +82,7 @@ func TestExchangeCode(t *testing.T) {
 			name: "claude-code pastes code#state", provider: "claude-code", pasted: " the-code#ST \n",
 			wantCtype: "application/json",
 			wantFields: map[string]string{"grant_type": "authorization_code", "code": "the-code", "state": "ST",
-				"client_id": "9d1c250a-e61b-44d9-88ed-5944d1962f5e", "redirect_uri": "https://console.anthropic.com/oauth/code/callback", "code_verifier": "VER"},
+				"client_id": "9d1c250a-e61b-44d9-88ed-5944d1962f5e", "redirect_uri": "https://platform.claude.com/oauth/code/callback", "code_verifier": "VER"},
 			answer:    map[string]any{"access_token": "at", "refresh_token": "rt", "expires_in": 28800},
 			wantGrant: oauthGrant{AccessToken: "at", RefreshToken: "rt", ExpiresAtMs: oauthNow.Add(8 * time.Hour).UnixMilli()},
 		},

@@ -192,7 +192,7 @@ func TestSignInReplacesAndDonates(t *testing.T) {
 			if called := te.calls.Load() > before; called != tc.tokenCall {
 				t.Errorf("token endpoint called: %v, want %v", called, tc.tokenCall)
 			}
-			if !strings.Contains(errOut, "https://claude.ai/oauth/authorize?") && tc.wantErr == "" {
+			if !strings.Contains(errOut, "https://claude.com/cai/oauth/authorize?") && tc.wantErr == "" {
 				t.Errorf("the authorize URL was not printed on stderr: %q", errOut)
 			}
 			if code != 0 {

@@ -11,7 +11,7 @@ start_brama
 export BRAMA_TOKEN=$TOKEN # the code is then stdin's first line (else the line after the bearer)
 id=$(echo "example-code" | "$BRAMA" subscription sign-in -gateway "$BRAMA_URL" -provider claude-code -agent a1 -label laptop 2>"$WORK/sign-in.err")
 expect "new subscription" "$(echo "$id" | grep -cE '^sub_[0-9a-f]{16}$')" "1"
-expect "authorize URL on stderr" "$(grep -c '^https://claude.ai/oauth/authorize?' "$WORK/sign-in.err")" "1"
+expect "authorize URL on stderr" "$(grep -c '^https://claude.com/cai/oauth/authorize?' "$WORK/sign-in.err")" "1"
 # Signing in again with -id replaces that subscription's grant (PUT …/credential).
 again=$(echo "example-code-2" | "$BRAMA" subscription sign-in -gateway "$BRAMA_URL" -provider claude-code -agent a1 -id "$id" 2>/dev/null)
 expect "same subscription" "$again" "$id"
