@@ -151,14 +151,7 @@ func TestTranslationNamesUnknownItemMembers(t *testing.T) {
 // verbosity are one member in two places, carried between the two OpenAI
 // formats, named toward messages, which has none (SPEC §7.6).
 func TestTranslationCarriesVerbosity(t *testing.T) {
-	env := stateEnv(t)
-	fakes := map[string]*translationFake{
-		"openai":           newTranslationFake(t, func(string) string { return chatToolAnswer }),
-		"openai-responses": newTranslationFake(t, func(string) string { return responsesToolAnswer }),
-		"anthropic":        newTranslationFake(t, func(string) string { return messagesToolAnswer }),
-	}
-	d := startDaemon(t, env, providerEnv(env, map[string]*fakeProvider{"openai": fakes["openai"].fakeProvider,
-		"openai-responses": fakes["openai-responses"].fakeProvider, "anthropic": fakes["anthropic"].fakeProvider}), "-local-credentials-stdin")
+	d, fakes := translationDaemon(t)
 	for _, tc := range []struct{ path, body, provider, member, dropped string }{
 		{"/v1/responses", `{"model":"openai/gpt-test","input":"q","text":{"verbosity":"low"}}`, "openai", "verbosity", ""},
 		{"/v1/chat/completions", `{"model":"openai-responses/gpt-test","messages":[{"role":"user","content":"q"}],"verbosity":"high"}`, "openai-responses", "text.verbosity", ""},

@@ -32,6 +32,22 @@ func newTranslationFake(t *testing.T, answer func(path string) string) *translat
 	return f
 }
 
+// translationDaemon starts serve on one translationFake per protocol's direct
+// provider (openai, anthropic, openai-responses), each answering a tool call.
+func translationDaemon(t *testing.T) (*daemon, map[string]*translationFake) {
+	env := stateEnv(t)
+	fakes := map[string]*translationFake{
+		"openai":           newTranslationFake(t, func(string) string { return chatToolAnswer }),
+		"anthropic":        newTranslationFake(t, func(string) string { return messagesToolAnswer }),
+		"openai-responses": newTranslationFake(t, func(string) string { return responsesToolAnswer }),
+	}
+	plain := map[string]*fakeProvider{}
+	for id, f := range fakes {
+		plain[id] = f.fakeProvider
+	}
+	return startDaemon(t, env, providerEnv(env, plain), "-local-credentials-stdin"), fakes
+}
+
 // jsonAt reads the member at path ("a.b[0].c") of a JSON document, as
 // compact JSON text; "" when absent.
 func jsonAt(t *testing.T, doc []byte, path string) string {
@@ -104,17 +120,7 @@ const (
 // to a provider of another format and checks what the provider received,
 // what Brama-Dropped names, and what the caller got back.
 func TestTranslationAcrossFormats(t *testing.T) {
-	env := stateEnv(t)
-	fakes := map[string]*translationFake{
-		"openai":           newTranslationFake(t, func(string) string { return chatToolAnswer }),
-		"anthropic":        newTranslationFake(t, func(string) string { return messagesToolAnswer }),
-		"openai-responses": newTranslationFake(t, func(string) string { return responsesToolAnswer }),
-	}
-	plain := map[string]*fakeProvider{}
-	for id, f := range fakes {
-		plain[id] = f.fakeProvider
-	}
-	d := startDaemon(t, env, providerEnv(env, plain), "-local-credentials-stdin")
+	d, fakes := translationDaemon(t)
 
 	tests := []struct {
 		name, path, body, provider string

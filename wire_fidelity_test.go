@@ -13,17 +13,7 @@ import (
 // flag reaches a provider of another format as the caller set it (SPEC
 // §7.6: function tools are carried), never silently flipped or lost.
 func TestTranslationCarriesToolStrictness(t *testing.T) {
-	env := stateEnv(t)
-	fakes := map[string]*translationFake{
-		"openai":           newTranslationFake(t, func(string) string { return chatToolAnswer }),
-		"anthropic":        newTranslationFake(t, func(string) string { return messagesToolAnswer }),
-		"openai-responses": newTranslationFake(t, func(string) string { return responsesToolAnswer }),
-	}
-	plain := map[string]*fakeProvider{}
-	for id, f := range fakes {
-		plain[id] = f.fakeProvider
-	}
-	d := startDaemon(t, env, providerEnv(env, plain), "-local-credentials-stdin")
+	d, fakes := translationDaemon(t)
 	schema := `{"type":"object","properties":{"city":{"type":"string"}},"required":["city"],"additionalProperties":false}`
 	tests := []struct {
 		name, path, body, provider string
@@ -87,17 +77,7 @@ func TestTranslationCarriesToolStrictness(t *testing.T) {
 // the other OpenAI format and is named where messages has no counterpart
 // (SPEC §7.6: image parts are carried, nothing dropped silently).
 func TestTranslationCarriesImageDetail(t *testing.T) {
-	env := stateEnv(t)
-	fakes := map[string]*translationFake{
-		"openai":           newTranslationFake(t, func(string) string { return chatToolAnswer }),
-		"anthropic":        newTranslationFake(t, func(string) string { return messagesToolAnswer }),
-		"openai-responses": newTranslationFake(t, func(string) string { return responsesToolAnswer }),
-	}
-	plain := map[string]*fakeProvider{}
-	for id, f := range fakes {
-		plain[id] = f.fakeProvider
-	}
-	d := startDaemon(t, env, providerEnv(env, plain), "-local-credentials-stdin")
+	d, fakes := translationDaemon(t)
 	chatBody := func(model string) string {
 		return `{"model":"` + model + `","max_tokens":9,"messages":[{"role":"user","content":[{"type":"text","text":"what is this"},
 			{"type":"image_url","image_url":{"url":"https://example.com/a.png","detail":"high"}}]}]}`
