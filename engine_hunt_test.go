@@ -204,19 +204,7 @@ func TestCodexInBandLimitBlocks(t *testing.T) {
 	} {
 		stream := tc.stream
 		t.Run(fmt.Sprint(tc.dialect, " stream=", stream), func(t *testing.T) {
-			fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
-				w.Header().Set("Content-Type", "text/event-stream")
-				io.WriteString(w, "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"r1\",\"status\":\"in_progress\",\"output\":[]}}\n\n")
-				io.WriteString(w, "event: error\ndata: {\"type\":\"error\",\"code\":\"usage_limit_reached\",\"message\":\"The usage limit has been reached\",\"sequence_number\":2}\n\n")
-			})
-			env := stateEnv(t)
-			env["BRAMA_REPLAY_GUARD_SECS"] = "0"
-			env["BRAMA_PROVIDER_CODEX_BASE_URL"] = fake.URL
-			d := startDaemon(t, env, "")
-			addAgent(t, env, "a1")
-			tok := addClient(t, env, "a1-app", "-agent", "a1")
-			s, _, b := d.call("POST", "/v1/admin/subscriptions/a1", d.token, `{"provider":"codex","oauth":{"access_token":"acc-codex-0123","refresh_token":"ref-codex-0123","account_id":"acct","expires_at_ms":4102444800000}}`)
-			donatedID(t, s, b, "a1", "codex")
+			d, fake, tok, _ := codexAtItsLimit(t)
 			body := chatBody(tc.dialect, "codex/gpt-5", stream, "")
 			req, _ := http.NewRequest("POST", d.url+tc.path, strings.NewReader(body))
 			req.Header.Set("Authorization", "Bearer "+tok)
@@ -349,4 +337,23 @@ func TestInBandLimitBlocksUntilTheStatedReset(t *testing.T) {
 	if e := envelopeOf(t, b); s != 429 || e["code"] != "subscription_unavailable" || fake.calls.Load() != 1 || h.Get("Retry-After") != "2400" {
 		t.Errorf("20 min later: %d %s (Retry-After %q), %d calls; want 429 subscription_unavailable, Retry-After 2400, no second call", s, b, h.Get("Retry-After"), fake.calls.Load())
 	}
+}
+
+// codexAtItsLimit starts serve on a codex provider whose every stream ends
+// in-band with usage_limit_reached, and gives agent a1 (its bound client's
+// token tok) one codex grant, id; fake counts the calls.
+func codexAtItsLimit(t *testing.T) (d *daemon, fake *fakeProvider, tok, id string) {
+	fake = newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"r1\",\"status\":\"in_progress\",\"output\":[]}}\n\n")
+		io.WriteString(w, "event: error\ndata: {\"type\":\"error\",\"code\":\"usage_limit_reached\",\"message\":\"The usage limit has been reached\",\"sequence_number\":2}\n\n")
+	})
+	env := stateEnv(t)
+	env["BRAMA_REPLAY_GUARD_SECS"] = "0"
+	env["BRAMA_PROVIDER_CODEX_BASE_URL"] = fake.URL
+	d = startDaemon(t, env, "")
+	addAgent(t, env, "a1")
+	tok = addClient(t, env, "a1-app", "-agent", "a1")
+	s, _, b := d.call("POST", "/v1/admin/subscriptions/a1", d.token, `{"provider":"codex","oauth":{"access_token":"acc-codex-0123","refresh_token":"ref-codex-0123","account_id":"acct","expires_at_ms":4102444800000}}`)
+	return d, fake, tok, donatedID(t, s, b, "a1", "codex")
 }

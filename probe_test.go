@@ -246,24 +246,12 @@ func TestPingRequest(t *testing.T) {
 // usage limit records the block a request's would (97aaef9), so the next probe
 // is refused inside it and a request makes no call (SPEC §11.3, §7.2.4).
 func TestProbeInBandLimitBlocks(t *testing.T) {
-	fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		io.WriteString(w, "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"r1\",\"status\":\"in_progress\",\"output\":[]}}\n\n")
-		io.WriteString(w, "event: error\ndata: {\"type\":\"error\",\"code\":\"usage_limit_reached\",\"message\":\"The usage limit has been reached\",\"sequence_number\":2}\n\n")
-	})
-	env := stateEnv(t)
-	env["BRAMA_REPLAY_GUARD_SECS"] = "0"
-	env["BRAMA_PROVIDER_CODEX_BASE_URL"] = fake.URL
-	d := startDaemon(t, env, "")
-	addAgent(t, env, "a1")
-	tok := addClient(t, env, "a1-app", "-agent", "a1")
-	s, _, b := d.call("POST", "/v1/admin/subscriptions/a1", d.token, `{"provider":"codex","oauth":{"access_token":"acc-codex-0123","refresh_token":"ref-codex-0123","account_id":"acct","expires_at_ms":4102444800000}}`)
-	id := donatedID(t, s, b, "a1", "codex")
+	d, fake, tok, id := codexAtItsLimit(t)
 	probe := "/v1/admin/subscriptions/a1/" + id + "/probe"
 	if s, _, b := d.call("POST", probe, d.token, ""); s != 200 || !strings.Contains(string(b), `"ok":false`) {
 		t.Fatalf("first probe: %d %s, want 200 with probe ok false", s, b)
 	}
-	s, _, b = d.call("POST", probe, d.token, "")
+	s, _, b := d.call("POST", probe, d.token, "")
 	if e := envelopeOf(t, b); s != 409 || e["code"] != "state_conflict" {
 		t.Errorf("second probe: %d %s, want 409 state_conflict inside the recorded block", s, b)
 	}
