@@ -33,23 +33,29 @@ func readmeSection(t *testing.T, heading string) string {
 	return rest
 }
 
+// packageSources is each non-test Go file of the package, by name.
+func packageSources(t *testing.T) map[string]string {
+	files, _ := filepath.Glob("*.go")
+	out := map[string]string{}
+	for _, f := range files {
+		if b, err := os.ReadFile(f); err != nil {
+			t.Fatal(err)
+		} else if !strings.HasSuffix(f, "_test.go") {
+			out[f] = string(b)
+		}
+	}
+	return out
+}
+
 // TestReadmeNamesEveryVariable: every BRAMA_* variable the code reads has
 // its row in README's environment table; a name built from a prefix
 // (BRAMA_PROVIDER_<ID>_BASE_URL) has a row starting with that prefix.
 func TestReadmeNamesEveryVariable(t *testing.T) {
 	table := readmeSection(t, "### Environment")
-	files, _ := filepath.Glob("*.go")
 	literal := regexp.MustCompile(`"(BRAMA_[A-Z_]+)"`)
 	seen := map[string]bool{}
-	for _, f := range files {
-		if strings.HasSuffix(f, "_test.go") {
-			continue
-		}
-		b, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, m := range literal.FindAllStringSubmatch(string(b), -1) {
+	for f, src := range packageSources(t) {
+		for _, m := range literal.FindAllStringSubmatch(src, -1) {
 			name := m[1]
 			if seen[name] {
 				continue
@@ -131,7 +137,6 @@ func TestReadmeNamesEveryFlag(t *testing.T) {
 // in README's Logs section, by name or by a `family_*` pattern.
 func TestReadmeNamesEveryLogEvent(t *testing.T) {
 	logs := readmeSection(t, "## Logs")
-	files, _ := filepath.Glob("*.go")
 	event := regexp.MustCompile(`(?:\.(?:Info|Warn|Error|Debug)\(|slog\.Level[A-Za-z]+, |msg, level :?= )"([a-z]+(?:_[a-z]+)+)"`)
 	family := regexp.MustCompile("`([a-z_]+_)\\*`")
 	var families []string
@@ -139,15 +144,8 @@ func TestReadmeNamesEveryLogEvent(t *testing.T) {
 		families = append(families, m[1])
 	}
 	n := 0
-	for _, f := range files {
-		if strings.HasSuffix(f, "_test.go") {
-			continue
-		}
-		b, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, m := range event.FindAllStringSubmatch(string(b), -1) {
+	for f, src := range packageSources(t) {
+		for _, m := range event.FindAllStringSubmatch(src, -1) {
 			n++
 			name := m[1]
 			if strings.Contains(logs, "`"+name+"`") || slices.ContainsFunc(families, func(p string) bool { return strings.HasPrefix(name, p) }) {
