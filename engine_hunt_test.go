@@ -320,14 +320,7 @@ func TestInBandLimitBlocksUntilTheStatedReset(t *testing.T) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		io.WriteString(w, "event: error\ndata: {\"type\":\"error\",\"code\":\"usage_limit_reached\",\"message\":\"The usage limit has been reached\",\"sequence_number\":1}\n\n")
 	})
-	env := stateEnv(t)
-	env["BRAMA_REPLAY_GUARD_SECS"] = "0"
-	env["BRAMA_PROVIDER_CODEX_BASE_URL"] = fake.URL
-	d := startDaemon(t, env, "")
-	addAgent(t, env, "a1")
-	tok := addClient(t, env, "a1-app", "-agent", "a1")
-	s, _, b := d.call("POST", "/v1/admin/subscriptions/a1", d.token, `{"provider":"codex","oauth":{"access_token":"acc-codex-0123","refresh_token":"ref-codex-0123","account_id":"acct","expires_at_ms":4102444800000}}`)
-	donatedID(t, s, b, "a1", "codex")
+	d, tok, _ := codexDaemon(t, fake.URL)
 	body := chatBody(dialectChat, "codex/gpt-5", false, "")
 	if s, _, b := d.call("POST", "/v1/chat/completions", tok, body); s != 502 {
 		t.Fatalf("first answer %d %s, want 502 provider_incomplete", s, b)
@@ -348,12 +341,20 @@ func codexAtItsLimit(t *testing.T) (d *daemon, fake *fakeProvider, tok, id strin
 		io.WriteString(w, "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"r1\",\"status\":\"in_progress\",\"output\":[]}}\n\n")
 		io.WriteString(w, "event: error\ndata: {\"type\":\"error\",\"code\":\"usage_limit_reached\",\"message\":\"The usage limit has been reached\",\"sequence_number\":2}\n\n")
 	})
+	d, tok, id = codexDaemon(t, fake.URL)
+	return d, fake, tok, id
+}
+
+// codexDaemon starts serve (the replay guard off) on a codex provider at url
+// and gives agent a1 (its bound client's token tok) one codex grant, id, of
+// account acct-1.
+func codexDaemon(t *testing.T, url string) (d *daemon, tok, id string) {
 	env := stateEnv(t)
 	env["BRAMA_REPLAY_GUARD_SECS"] = "0"
-	env["BRAMA_PROVIDER_CODEX_BASE_URL"] = fake.URL
+	env["BRAMA_PROVIDER_CODEX_BASE_URL"] = url
 	d = startDaemon(t, env, "")
 	addAgent(t, env, "a1")
 	tok = addClient(t, env, "a1-app", "-agent", "a1")
-	s, _, b := d.call("POST", "/v1/admin/subscriptions/a1", d.token, `{"provider":"codex","oauth":{"access_token":"acc-codex-0123","refresh_token":"ref-codex-0123","account_id":"acct","expires_at_ms":4102444800000}}`)
-	return d, fake, tok, donatedID(t, s, b, "a1", "codex")
+	s, _, b := d.call("POST", "/v1/admin/subscriptions/a1", d.token, `{"provider":"codex","oauth":{"access_token":"codex-access-0123456789","refresh_token":"codex-refresh-0123","account_id":"acct-1","expires_at_ms":4102444800000}}`)
+	return d, tok, donatedID(t, s, b, "a1", "codex")
 }

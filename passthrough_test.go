@@ -345,13 +345,7 @@ func TestPassthroughCodexBody(t *testing.T) {
 		}
 		return 0, ""
 	}
-	env := stateEnv(t)
-	env["BRAMA_PROVIDER_CODEX_BASE_URL"] = prov.URL
-	d := startDaemon(t, env, "")
-	addAgent(t, env, "a1")
-	tok := addClient(t, env, "a1-app", "-agent", "a1")
-	s, _, b := d.call("POST", "/v1/admin/subscriptions/a1", d.token, fmt.Sprintf(`{"provider":"codex","oauth":{"access_token":"codex-access-0123456789","refresh_token":"codex-refresh-0123","expires_at_ms":%d,"account_id":"acct-1"}}`, time.Now().Add(time.Hour).UnixMilli()))
-	donatedID(t, s, b, "a1", "codex")
+	d, tok, _ := codexDaemon(t, prov.URL)
 
 	for _, stream := range []bool{false, true} {
 		t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) {

@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"strings"
 	"testing"
-	"time"
 )
 
 // codexLikeDaemon is a daemon whose agent a1 has one codex subscription, on
@@ -32,13 +31,7 @@ func codexLikeDaemon(t *testing.T) (*daemon, *recordingProvider, string) {
 		}
 		return 0, ""
 	}
-	env := stateEnv(t)
-	env["BRAMA_PROVIDER_CODEX_BASE_URL"] = prov.URL
-	d := startDaemon(t, env, "")
-	addAgent(t, env, "a1")
-	tok := addClient(t, env, "a1-app", "-agent", "a1")
-	s, _, b := d.call("POST", "/v1/admin/subscriptions/a1", d.token, fmt.Sprintf(`{"provider":"codex","oauth":{"access_token":"codex-access-0123456789","refresh_token":"codex-refresh-0123","expires_at_ms":%d,"account_id":"acct-1"}}`, time.Now().Add(time.Hour).UnixMilli()))
-	donatedID(t, s, b, "a1", "codex")
+	d, tok, _ := codexDaemon(t, prov.URL)
 	return d, prov, tok
 }
 
