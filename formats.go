@@ -6,7 +6,9 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"fmt"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -404,6 +406,25 @@ func effortOfBudget(b int) string {
 	}
 	return "xhigh"
 }
+
+// adaptiveThinking: a Claude 4.6 or later model takes thinking as adaptive
+// with output_config.effort and refuses a budget (Claude Code 2.1.332 decides
+// so too); an earlier, dated or unknown model takes a budget.
+func adaptiveThinking(model string) bool {
+	m := claudeVersion.FindStringSubmatch(model)
+	if m == nil {
+		return false
+	}
+	major, _ := strconv.Atoi(m[1])
+	minor, _ := strconv.Atoi(m[2]) // "" when absent: 0
+	return major > 4 || major == 4 && minor >= 6
+}
+
+// claudeVersion reads a Claude model's version: claude-opus-4-7, claude-sonnet-4-5-20250929, claude-opus-5.
+var claudeVersion = regexp.MustCompile(`^claude-(?:opus|sonnet|haiku)-(\d{1,2})(?:-(\d{1,2}))?(?:-|$)`)
+
+// effortBeta is the anthropic-beta value output_config.effort goes with.
+const effortBeta = "effort-2025-11-24"
 
 // thinkingBudget is the budget toward messages: below max_tokens, at least 1024, and
 // 0 in a tool loop, where Anthropic wants back thinking blocks no format carries.

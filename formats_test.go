@@ -482,3 +482,17 @@ func boolRank(b bool) int {
 	}
 	return 0
 }
+
+// TestAdaptiveThinking: Claude 4.6 and later take adaptive thinking, as
+// Claude Code decides; earlier, dated and unknown models take a budget.
+func TestAdaptiveThinking(t *testing.T) {
+	for model, want := range map[string]bool{
+		"claude-opus-4-7": true, "claude-sonnet-4-6": true, "claude-opus-4-6-20260101": true, "claude-opus-5": true, "claude-haiku-5-1": true,
+		"claude-sonnet-4-5-20250929": false, "claude-opus-4-20250514": false, "claude-haiku-4-5": false, "claude-opus-4-1": false,
+		"claude-3-7-sonnet-latest": false, "claude-test": false, "kimi-for-coding": false, "": false,
+	} {
+		if got := adaptiveThinking(model); got != want {
+			t.Errorf("adaptiveThinking(%q) = %v, want %v", model, got, want)
+		}
+	}
+}

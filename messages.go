@@ -381,14 +381,21 @@ func encodeMessages(req chatRequest, model string, o upstreamOptions) (any, erro
 			out.ToolChoice.DisableParallelToolUse = ptrTo(true)
 		}
 	}
+	var cfg messagesOutput
 	if budget := req.thinkingBudget(); budget > 0 { // the API refuses temperature and top_p beside thinking
 		out.Thinking, out.Temperature, out.TopP = &messagesThinking{Type: "enabled", BudgetTokens: budget}, nil, nil
+		if adaptiveThinking(model) { // an effort, not a budget; Anthropic has no "minimal"
+			out.Thinking, cfg.Effort = &messagesThinking{Type: "adaptive"}, strings.Replace(req.Effort, "minimal", "low", 1)
+		}
 	}
 	if f := req.Output; f != nil {
 		if f.Type != "json_schema" {
 			return nil, refuse("invalid_request", "structured output without a JSON Schema (JSON mode) cannot be expressed to an anthropic-messages provider; send a JSON Schema")
 		}
-		out.OutputConfig = &messagesOutput{Format: &outputFormat{Type: f.Type, Schema: f.Schema}}
+		cfg.Format = &outputFormat{Type: f.Type, Schema: f.Schema}
+	}
+	if cfg != (messagesOutput{}) {
+		out.OutputConfig = &cfg
 	}
 	return out, nil
 }

@@ -188,11 +188,14 @@ func buildUpstreamRequest(ctx context.Context, p providerInfo, baseURL string, c
 	if err != nil {
 		return nil, refuse("internal_error", "internal error").because(err)
 	}
-	var options http.Header // the format's own options a translation needs
+	options := http.Header{} // the format's own options a translation needs
 	// SPEC §7.6: the structured-outputs beta, for a JSON Schema output format or a tool's strict, true or false.
 	strict := slices.ContainsFunc(req.Tools, func(t tool) bool { return t.Strict != nil })
 	if (req.Output != nil || strict) && p.protocol == protoAnthropic {
-		options = http.Header{"Anthropic-Beta": {structuredOutputsBeta}}
+		options.Add("Anthropic-Beta", structuredOutputsBeta)
+	}
+	if p.protocol == protoAnthropic && req.thinkingBudget() > 0 && adaptiveThinking(model) {
+		options.Add("Anthropic-Beta", effortBeta)
 	}
 	setProviderHeaders(hr.Header, p, cred, options, stream)
 	return hr, nil

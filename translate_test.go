@@ -168,6 +168,18 @@ func TestTranslationAcrossFormats(t *testing.T) {
 			wantDropped:  "temperature",
 		},
 		{
+			name: "reasoning effort to Claude 4.6 and later: adaptive thinking with output_config.effort", path: "/v1/responses", provider: "anthropic",
+			body:         `{"model":"anthropic/claude-opus-4-7","max_output_tokens":32000,"input":"think","reasoning":{"effort":"minimal"},"temperature":0.3}`,
+			wantUpstream: map[string]string{"thinking.type": `"adaptive"`, "thinking.budget_tokens": ``, "output_config.effort": `"low"`, "temperature": ``},
+			wantDropped:  "temperature",
+			wantBeta:     effortBeta,
+		},
+		{
+			name: "reasoning effort to a dated Claude 4.5: a budget", path: "/v1/responses", provider: "anthropic",
+			body:         `{"model":"anthropic/claude-sonnet-4-5-20250929","max_output_tokens":32000,"input":"think","reasoning":{"effort":"high"}}`,
+			wantUpstream: map[string]string{"thinking.type": `"enabled"`, "thinking.budget_tokens": `24576`, "output_config": ``},
+		},
+		{
 			// Found by FuzzParseMessages: a thinking budget must be at least
 			// 1024 and below max_tokens, so a small max_tokens leaves none.
 			name: "reasoning effort with no room for a thinking budget is named", path: "/v1/chat/completions", provider: "anthropic",
