@@ -420,6 +420,12 @@ func adaptiveThinking(model string) bool {
 	return major > 4 || major == 4 && minor >= 6
 }
 
+// adaptiveEffort: toward model, req's effort goes as adaptive thinking with
+// output_config.effort and its beta (messages.go, providers.go), not a budget.
+func (req chatRequest) adaptiveEffort(model string) bool {
+	return req.thinkingBudget() > 0 && adaptiveThinking(model)
+}
+
 // claudeVersion reads a Claude model's version: claude-opus-4-7, claude-sonnet-4-5-20250929, claude-opus-5.
 var claudeVersion = regexp.MustCompile(`^claude-(?:opus|sonnet|haiku)-(\d{1,2})(?:-(\d{1,2}))?(?:-|$)`)
 

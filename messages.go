@@ -384,7 +384,7 @@ func encodeMessages(req chatRequest, model string, o upstreamOptions) (any, erro
 	var cfg messagesOutput
 	if budget := req.thinkingBudget(); budget > 0 { // the API refuses temperature and top_p beside thinking
 		out.Thinking, out.Temperature, out.TopP = &messagesThinking{Type: "enabled", BudgetTokens: budget}, nil, nil
-		if adaptiveThinking(model) { // an effort, not a budget; Anthropic has no "minimal"
+		if req.adaptiveEffort(model) { // an effort, not a budget; Anthropic has no "minimal"
 			out.Thinking, cfg.Effort = &messagesThinking{Type: "adaptive"}, strings.Replace(req.Effort, "minimal", "low", 1)
 		}
 	}

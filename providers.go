@@ -194,7 +194,7 @@ func buildUpstreamRequest(ctx context.Context, p providerInfo, baseURL string, c
 	if (req.Output != nil || strict) && p.protocol == protoAnthropic {
 		options.Add("Anthropic-Beta", structuredOutputsBeta)
 	}
-	if p.protocol == protoAnthropic && req.thinkingBudget() > 0 && adaptiveThinking(model) {
+	if p.protocol == protoAnthropic && req.adaptiveEffort(model) {
 		options.Add("Anthropic-Beta", effortBeta)
 	}
 	setProviderHeaders(hr.Header, p, cred, options, stream)

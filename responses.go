@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"encoding/json"
 	"errors"
-	"slices"
 	"strings"
 	"time"
 )
@@ -157,10 +156,14 @@ func parseResponses(body []byte) (chatRequest, error) {
 	return req, nil
 }
 
+// carriedItems are the input item types Brama carries, whose unknown members it names.
+var carriedItems = map[string]bool{"message": true, "function_call": true, "custom_tool_call": true,
+	"function_call_output": true, "custom_tool_call_output": true, "additional_tools": true}
+
 // addResponsesItem adds one input item. Reasoning and hosted tool calls are
 // dropped and named; item_reference is refused: Brama keeps no responses.
 func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, what string) error {
-	if slices.Contains(strings.Fields("message function_call custom_tool_call function_call_output custom_tool_call_output additional_tools"), cmp.Or(it.Type, "message")) {
+	if carriedItems[cmp.Or(it.Type, "message")] {
 		dropUnknown(&req.Dropped, raw, what, "type id status role content call_id namespace name arguments input output tools")
 	}
 	switch it.Type {
