@@ -1,0 +1,185 @@
+# Sourced by examples/clients/run: the wire scenarios (scenarios.mjs). Each
+# check runs one SDK case against all three aliases in one node process:
+# the alias of the caller's own format passes through, the other two are
+# translated; a check fails when the SDK throws or sees a wrong shape on
+# any of them, and says which.
+ALIASES=to-chat,to-messages,to-responses
+CHECKS+=(tools-chat tools-chat-stream tools-responses tools-responses-stream tools-messages tools-messages-stream)
+for p in openai openai-chat anthropic; do CHECKS+=("ai-tools-$p" "ai-tools-$p-stream"); done
+CHECKS+=(image-chat image-responses image-messages stop-chat stop-messages)
+CHECKS+=(usage-chat usage-messages usage-responses)
+CHECKS+=(reasoning-chat reasoning-chat-stream reasoning-responses reasoning-responses-stream reasoning-messages reasoning-messages-stream)
+CHECKS+=(abort-chat abort-messages abort-responses)
+
+# role_path ALIAS: the fake's path its calls reach.
+role_path() {
+	case $1 in
+	to-chat) echo /openai/v1/chat/completions ;;
+	to-responses) echo /openai/v1/responses ;;
+	to-messages) echo /anthropic/v1/messages ;;
+	esac
+}
+
+# across CASE [ENV=V...]: run CASE on every alias; each alias's failure is
+# said as "ALIAS: why".
+across() {
+	local kase=$1 a why fails=()
+	shift
+	sdk "$kase" "$ALIASES" "$@" || return 1
+	for a in ${ALIASES//,/ }; do
+		why=$(sdk_field --arg a "$a" '.results[$a].error.message // empty' | head -c 300)
+		[ -z "$why" ] || fails+=("$a: $why")
+	done
+	[ ${#fails[@]} -eq 0 ] && return 0
+	printf '%s; ' "${fails[@]}"
+	return 1
+}
+# result ALIAS FILTER: jq FILTER over ALIAS's result.
+result() { jq -c --arg a "$1" ".results[\$a].result | $2" "$WORK/sdk.json"; }
+# expect ALIAS FILTER WANT: FILTER over ALIAS's result is WANT, else say so.
+expect() {
+	local got
+	got=$(result "$1" "$2")
+	[ "$got" = "$3" ] && return 0
+	echo "$1: $2 is $got, want $3"
+	return 1
+}
+# provider_bodies ALIAS: the bodies the fake got from ALIAS's calls, one a line.
+provider_bodies() { calls | jq -c --arg p "$(role_path "$1")" '.[] | select(.path == $p) | .body | fromjson'; }
+# dropped ALIAS: Brama-Dropped of ALIAS's last answer.
+dropped() { sdk_field --arg a "$1" '[.calls[] | select(.model == $a)][-1].respHeaders["brama-dropped"] // ""'; }
+
+# --- Tool loops: two parallel calls, then a turn of both results --------
+
+PARALLEL='{"calls":[{"tool":"get_weather","args":"{\"city\":\"Oslo\"}"},{"tool":"get_time","args":"{\"city\":\"Oslo\"}"}]}'
+tools_loop() {
+	script "$PARALLEL"
+	across "$@" || return 1
+	local a n
+	for a in ${ALIASES//,/ }; do
+		n=$(calls | jq --arg p "$(role_path "$a")" '[.[] | select(.path == $p) | .answer] | join(",")')
+		[ "$n" = '"tool,text"' ] || { echo "$a: the fake answered $n, want a tool turn then a text"; return 1; }
+	done
+}
+check_tools_chat() { tools_loop chat-tools; }
+check_tools_chat_stream() { tools_loop chat-tools STREAM=1; }
+check_tools_responses() { tools_loop responses-tools; }
+check_tools_responses_stream() { tools_loop responses-tools STREAM=1; }
+check_tools_messages() { tools_loop messages-tools; }
+check_tools_messages_stream() { tools_loop messages-tools STREAM=1; }
+for p in openai openai-chat anthropic; do
+	eval "check_ai_tools_${p//-/_}() { tools_loop ai-tools AI_PROVIDER=$p; }"
+	eval "check_ai_tools_${p//-/_}_stream() { tools_loop ai-tools AI_PROVIDER=$p STREAM=1; }"
+done
+
+# --- Images and stop sequences: what the provider was asked --------------
+
+PNG_HEAD=iVBORw0KGgoAAAANSUhEUgAAAAEAAAAB
+image_across() {
+	script '{}'
+	across "$1" || return 1
+	local a want
+	for a in ${ALIASES//,/ }; do
+		case $a in
+		to-chat) want='.messages[-1].content[] | select(.type == "image_url") | .image_url.url' ;;
+		to-responses) want='.input[-1].content[] | select(.type == "input_image") | .image_url' ;;
+		to-messages) want='.messages[-1].content[] | select(.type == "image") | .source | "data:" + .media_type + ";base64," + .data' ;;
+		esac
+		provider_bodies "$a" | jq -r "$want" | grep -q "^data:image/png;base64,$PNG_HEAD" ||
+			{ echo "$a: the provider got no image part: $(provider_bodies "$a" | head -c 300)"; return 1; }
+	done
+}
+check_image_chat() { image_across chat-image; }
+check_image_responses() { image_across responses-image; }
+check_image_messages() { image_across messages-image; }
+
+# stop_across CASE MEMBER: the stop sequences reach chat's stop and
+# messages' stop_sequences; toward responses (none) MEMBER is named dropped.
+stop_across() {
+	script '{}'
+	across "$1" || return 1
+	local got
+	got=$(provider_bodies to-chat | jq -c .stop)
+	[ "$got" = '["END","STOP"]' ] || { echo "to-chat: the provider's stop is $got"; return 1; }
+	got=$(provider_bodies to-messages | jq -c .stop_sequences)
+	[ "$got" = '["END","STOP"]' ] || { echo "to-messages: the provider's stop_sequences is $got"; return 1; }
+	[[ ",$(dropped to-responses | tr -d ' ')," == *",$2,"* ]] || { echo "to-responses: Brama-Dropped is '$(dropped to-responses)', want it to name $2"; return 1; }
+}
+check_stop_chat() { stop_across chat-stop stop; }
+check_stop_messages() { stop_across messages-stop stop_sequences; }
+
+# --- Usage at a stream's end --------------------------------------------
+
+check_usage_chat() {
+	script '{}'
+	across chat-usage || return 1
+	local a
+	for a in ${ALIASES//,/ }; do
+		expect "$a" .text '"Hello from the fake provider."' && expect "$a" .lastChoices 0 && expect "$a" .usageChunks 1 &&
+			expect "$a" '.usage | [.prompt_tokens, .completion_tokens, .total_tokens]' '[10,5,15]' || return 1
+	done
+}
+usage_across() {
+	script '{}'
+	across "$1" || return 1
+	local a
+	for a in ${ALIASES//,/ }; do
+		expect "$a" .text '"Hello from the fake provider."' && expect "$a" '.usage | [.input_tokens, .output_tokens]' '[10,5]' || return 1
+	done
+}
+check_usage_messages() { usage_across messages-usage; }
+check_usage_responses() { usage_across responses-usage; }
+
+# --- Reasoning: asked in each dialect, answered with reasoning first ------
+
+# reasoning_across CASE OWN KIND [STREAM=1]: every alias answers the text;
+# the caller's own alias (OWN) shows the provider's reasoning KIND too.
+reasoning_across() {
+	local kase=$1 own=$2 kind=$3
+	shift 3
+	script '{"think":"The caller wants a greeting."}'
+	across "$kase" "$@" || return 1
+	local a
+	for a in ${ALIASES//,/ }; do
+		expect "$a" .text '"Hello from the fake provider."' || return 1
+	done
+	[ -z "$kind" ] || expect "$own" "[.types[] | select(. == \"$kind\")] | length" 1 || return 1
+	local asked
+	asked=$(provider_bodies to-messages | jq -c '.thinking.type // "none"')
+	[ "$asked" = '"enabled"' ] || { echo "to-messages: the provider was not asked to think (thinking: $asked)"; return 1; }
+	asked=$(provider_bodies to-chat | jq -c '.reasoning_effort // "none"')
+	[ "$asked" != '"none"' ] || { echo "to-chat: the provider got no reasoning_effort"; return 1; }
+	asked=$(provider_bodies to-responses | jq -c '.reasoning.effort // "none"')
+	[ "$asked" != '"none"' ] || { echo "to-responses: the provider got no reasoning.effort"; return 1; }
+}
+check_reasoning_chat() { reasoning_across chat-reasoning to-chat ""; }
+check_reasoning_chat_stream() { reasoning_across chat-reasoning to-chat "" STREAM=1; }
+check_reasoning_responses() { reasoning_across responses-reasoning to-responses reasoning; }
+check_reasoning_responses_stream() { reasoning_across responses-reasoning to-responses reasoning STREAM=1; }
+check_reasoning_messages() { reasoning_across messages-reasoning to-messages thinking; }
+check_reasoning_messages_stream() { reasoning_across messages-reasoning to-messages thinking STREAM=1; }
+
+# --- The caller aborts mid-stream ---------------------------------------
+
+# abort_across CASE: after each alias's abort the fake saw its stream's
+# caller (Brama) hang up, and Brama logged client_cancelled.
+abort_across() {
+	local before
+	before=$(grep -c '"outcome":"client_cancelled"' "$WORK/brama.err")
+	script '{"hold":true}'
+	across "$1" || return 1
+	local a got
+	for _ in $(seq 50); do
+		[ "$(calls | jq length)" -ge 3 ] && break
+		sleep 0.1
+	done
+	for a in ${ALIASES//,/ }; do
+		got=$(calls | jq -r --arg p "$(role_path "$a")" '[.[] | select(.path == $p) | .answer] | join(",")')
+		[ "$got" = hung-up ] || { echo "$a: the provider call was not cancelled (the fake answered '$got')"; return 1; }
+	done
+	got=$(($(grep -c '"outcome":"client_cancelled"' "$WORK/brama.err") - before))
+	[ "$got" = 3 ] || { echo "Brama logged $got client_cancelled requests, want 3"; return 1; }
+}
+check_abort_chat() { abort_across chat-abort; }
+check_abort_messages() { abort_across messages-abort; }
+check_abort_responses() { abort_across responses-abort; }
