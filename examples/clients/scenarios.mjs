@@ -51,7 +51,7 @@ export function scenarios({ model, stream, openai, anthropic, aiOpenAI, aiAnthro
       messages.push({ role: "assistant", content: m.content, tool_calls: m.tool_calls });
       for (const t of m.tool_calls) messages.push({ role: "tool", tool_call_id: t.id, content: results[t.function.name] });
       const r2 = await turn();
-      return { names, text: quotesBoth(r2.choices[0].message.content), finish: r2.choices[0].finish_reason, usage: r2.usage };
+      return { names, said: m.content ?? "", text: quotesBoth(r2.choices[0].message.content), finish: r2.choices[0].finish_reason, usage: r2.usage };
     },
     // Responses: parallel function_call items; the next turn sends the
     // output items back with a function_call_output each.
@@ -69,7 +69,7 @@ export function scenarios({ model, stream, openai, anthropic, aiOpenAI, aiAnthro
       input.push(...r1.output);
       for (const it of calls) input.push({ type: "function_call_output", call_id: it.call_id, output: results[it.name] });
       const r2 = await turn();
-      return { names, text: quotesBoth(r2.output_text), status: r2.status, usage: r2.usage };
+      return { names, said: r1.output_text, text: quotesBoth(r2.output_text), status: r2.status, usage: r2.usage };
     },
     // Messages: parallel tool_use blocks, then one user turn of both
     // tool_results; streamed through messages.stream().finalMessage().
@@ -88,7 +88,8 @@ export function scenarios({ model, stream, openai, anthropic, aiOpenAI, aiAnthro
       messages.push({ role: "assistant", content: r1.content });
       messages.push({ role: "user", content: uses.map((b) => ({ type: "tool_result", tool_use_id: b.id, content: results[b.name] })) });
       const r2 = await turn();
-      return { names, text: quotesBoth(r2.content.filter((b) => b.type === "text").map((b) => b.text).join("")), stop: r2.stop_reason, usage: r2.usage };
+      const said = r1.content.filter((b) => b.type === "text").map((b) => b.text).join("");
+      return { names, said, text: quotesBoth(r2.content.filter((b) => b.type === "text").map((b) => b.text).join("")), stop: r2.stop_reason, usage: r2.usage };
     },
     // The Vercel AI SDK's own tool loop (stopWhen), over AI_PROVIDER:
     // openai (Responses), openai-chat or anthropic.
@@ -109,7 +110,7 @@ export function scenarios({ model, stream, openai, anthropic, aiOpenAI, aiAnthro
       }
       const steps = await r.steps;
       const first = steps[0].toolCalls.map((c) => ({ id: c.toolCallId, name: c.toolName, args: c.input }));
-      return { names: checkCalls(first), steps: steps.length, text: quotesBoth(await r.text), usage: await r.totalUsage };
+      return { names: checkCalls(first), said: steps[0].text, steps: steps.length, text: quotesBoth(await r.text), usage: await r.totalUsage };
     },
     // An image beside the text, in each dialect's own part.
     async "chat-image"() {
@@ -170,6 +171,41 @@ export function scenarios({ model, stream, openai, anthropic, aiOpenAI, aiAnthro
       const body = { model, max_tokens: 4000, thinking: { type: "enabled", budget_tokens: 1024 }, messages: [{ role: "user", content: "Think, then say hi." + note }] };
       const m = stream ? await anthropic().messages.stream(body).finalMessage() : await anthropic().messages.create(body);
       return { text: m.content.filter((b) => b.type === "text").map((b) => b.text).join(""), types: m.content.map((b) => b.type) };
+    },
+    // An answer cut at its output limit, in each dialect's words.
+    async "chat-length"() {
+      const body = { model, max_completion_tokens: 5, messages: [{ role: "user", content: "Say hi at length." + note }] };
+      const r = stream ? await openai().chat.completions.stream(body).finalChatCompletion() : await openai().chat.completions.create(body);
+      return { text: r.choices[0].message.content, finish: r.choices[0].finish_reason };
+    },
+    async "messages-length"() {
+      const body = { model, max_tokens: 5, messages: [{ role: "user", content: "Say hi at length." + note }] };
+      const m = stream ? await anthropic().messages.stream(body).finalMessage() : await anthropic().messages.create(body);
+      return { text: m.content.find((b) => b.type === "text")?.text, finish: m.stop_reason };
+    },
+    async "responses-length"() {
+      const body = { model, max_output_tokens: 16, input: "Say hi at length." + note };
+      const r = stream ? await openai().responses.stream(body).finalResponse() : await openai().responses.create(body);
+      return { text: r.output_text, finish: `${r.status}:${r.incomplete_details?.reason}` };
+    },
+    async "ai-length"() {
+      const p = process.env.AI_PROVIDER;
+      const m = p === "anthropic" ? aiAnthropic()(model) : p === "openai-chat" ? aiOpenAI().chat(model) : aiOpenAI()(model);
+      const opts = { model: m, prompt: "Say hi at length." + note, maxOutputTokens: 16, maxRetries: 0 };
+      if (!stream) {
+        const r = await generateText(opts);
+        return { text: r.text, finish: r.finishReason };
+      }
+      let err;
+      const r = streamText({ ...opts, onError: (e) => (err = e.error) });
+      let text = "";
+      for await (const d of r.textStream) text += d;
+      if (err) throw err;
+      return { text, finish: await r.finishReason };
+    },
+    async "count-tokens-across"() {
+      const r = await anthropic().messages.countTokens({ model, system: "Be brief.", messages: [{ role: "user", content: "Say hi." + note }] });
+      return r.input_tokens;
     },
     // The caller aborts after the first text (the fake holds its stream).
     async "chat-abort"() {

@@ -10,6 +10,13 @@ CHECKS+=(image-chat image-responses image-messages stop-chat stop-messages)
 CHECKS+=(usage-chat usage-messages usage-responses)
 CHECKS+=(reasoning-chat reasoning-chat-stream reasoning-responses reasoning-responses-stream reasoning-messages reasoning-messages-stream)
 CHECKS+=(abort-chat abort-messages abort-responses)
+CHECKS+=(tools-said-chat-stream tools-said-responses-stream tools-said-messages-stream ai-tools-anthropic-said-stream)
+CHECKS+=(length-chat length-chat-stream length-messages length-messages-stream length-responses length-responses-stream)
+CHECKS+=(length-ai-openai-stream length-ai-openai-chat-stream length-ai-anthropic-stream)
+for c in openai anthropic ai; do
+	for m in cut malformed inband; do CHECKS+=("fail-$c-$m-stream"); done
+done
+CHECKS+=(count-tokens-across)
 
 # role_path ALIAS: the fake's path its calls reach.
 role_path() {
@@ -53,7 +60,7 @@ dropped() { sdk_field --arg a "$1" '[.calls[] | select(.model == $a)][-1].respHe
 
 PARALLEL='{"calls":[{"tool":"get_weather","args":"{\"city\":\"Oslo\"}"},{"tool":"get_time","args":"{\"city\":\"Oslo\"}"}]}'
 tools_loop() {
-	script "$PARALLEL"
+	script "${TOOLS_SCRIPT:-$PARALLEL}"
 	across "$@" || return 1
 	local a n
 	for a in ${ALIASES//,/ }; do
@@ -71,6 +78,21 @@ for p in openai openai-chat anthropic; do
 	eval "check_ai_tools_${p//-/_}() { tools_loop ai-tools AI_PROVIDER=$p; }"
 	eval "check_ai_tools_${p//-/_}_stream() { tools_loop ai-tools AI_PROVIDER=$p STREAM=1; }"
 done
+
+# tools_said CASE [ENV=V...]: the tool turn opens with a text (as Claude's
+# usually do); every SDK shows that text beside its calls.
+SAID="Let me look that up."
+tools_said() {
+	TOOLS_SCRIPT=$(jq -c --arg s "$SAID" '. + {say: $s}' <<<"$PARALLEL") tools_loop "$@" || return 1
+	local a
+	for a in ${ALIASES//,/ }; do
+		expect "$a" .said "\"$SAID\"" || return 1
+	done
+}
+check_tools_said_chat_stream() { tools_said chat-tools STREAM=1; }
+check_tools_said_responses_stream() { tools_said responses-tools STREAM=1; }
+check_tools_said_messages_stream() { tools_said messages-tools STREAM=1; }
+check_ai_tools_anthropic_said_stream() { tools_said ai-tools AI_PROVIDER=anthropic STREAM=1; }
 
 # --- Images and stop sequences: what the provider was asked --------------
 
@@ -183,3 +205,62 @@ abort_across() {
 check_abort_chat() { abort_across chat-abort; }
 check_abort_messages() { abort_across messages-abort; }
 check_abort_responses() { abort_across responses-abort; }
+
+# --- An answer cut at its output limit ------------------------------------
+
+# length_across CASE WANT [ENV=V...]: every alias's answer ends as WANT says.
+length_across() {
+	local kase=$1 want=$2 a
+	shift 2
+	script '{"finish":"length"}'
+	across "$kase" "$@" || return 1
+	for a in ${ALIASES//,/ }; do
+		expect "$a" .finish "\"$want\"" && expect "$a" .text '"Hello from the fake provider."' || return 1
+	done
+}
+check_length_chat() { length_across chat-length length; }
+check_length_chat_stream() { length_across chat-length length STREAM=1; }
+check_length_messages() { length_across messages-length max_tokens; }
+check_length_messages_stream() { length_across messages-length max_tokens STREAM=1; }
+check_length_responses() { length_across responses-length incomplete:max_output_tokens; }
+check_length_responses_stream() { length_across responses-length incomplete:max_output_tokens STREAM=1; }
+check_length_ai_openai_stream() { length_across ai-length length AI_PROVIDER=openai STREAM=1; }
+check_length_ai_openai_chat_stream() { length_across ai-length length AI_PROVIDER=openai-chat STREAM=1; }
+check_length_ai_anthropic_stream() { length_across ai-length length AI_PROVIDER=anthropic STREAM=1; }
+
+# --- A stream that fails after commit, on every alias --------------------
+
+# fail_across CLIENT MODE: the streamed request fails in the SDK (never a
+# clean success) after exactly one provider call on each alias.
+fail_across() {
+	local m a n fails=()
+	m=$(marker "$1-$2-stream")
+	script "$(jq -nc --arg f "$2" --arg m "$m" '{fail:$f, match:$m}')"
+	sdk "refuse-$1" "$ALIASES" STREAM=1 MARKER="$m" || return 1
+	for a in ${ALIASES//,/ }; do
+		n=$(calls | jq --arg p "$(role_path "$a")" --arg m "$m" '[.[] | select(.path == $p and (.body | contains($m)))] | length')
+		if [ "$(sdk_field --arg a "$a" '.results[$a].error')" = null ]; then
+			fails+=("$a: the SDK reported success: $(sdk_field --arg a "$a" '.results[$a].result' | head -c 150)")
+		elif [ "$n" != 1 ]; then
+			fails+=("$a: $n provider calls, want 1")
+		fi
+	done
+	[ ${#fails[@]} -eq 0 ] && return 0
+	printf '%s; ' "${fails[@]}"
+	return 1
+}
+for c in openai anthropic ai; do
+	for m in cut malformed inband; do
+		eval "check_fail_${c}_${m}_stream() { fail_across $c $m; }"
+	done
+done
+
+check_count_tokens_across() {
+	script '{}'
+	across count-tokens-across || return 1
+	local a
+	for a in ${ALIASES//,/ }; do
+		result "$a" . | grep -qE '^[1-9][0-9]*$' || { echo "$a: input_tokens is $(result "$a" .)"; return 1; }
+	done
+	expect to-messages . 42
+}

@@ -189,9 +189,11 @@ const cases = {
     return r.text;
   },
   async "ai-stream-openai"() {
-    const r = streamText({ model: aiOpenAI()(model), prompt, onError: () => {} });
+    let err;
+    const r = streamText({ model: aiOpenAI()(model), prompt, onError: (e) => (err = e.error) });
     let t = "";
     for await (const d of r.textStream) t += d;
+    if (err) throw err;
     return t;
   },
   async "ai-generate-anthropic"() {

@@ -10,10 +10,11 @@ import (
 
 // answer is what the fake decided to say, before it is put in a format.
 type answer struct {
-	kind  string // text, tool, json
-	text  string
-	calls []toolCall // for kind tool: one, or several in parallel
-	think string     // reasoning shown before the answer, "" for none
+	kind   string // text, tool, json
+	text   string
+	calls  []toolCall // for kind tool: one, or several in parallel
+	think  string     // reasoning shown before the answer, "" for none
+	length bool       // the answer ends at its output limit
 	// noUsage: a chat stream whose caller did not ask for usage
 	// (stream_options.include_usage) ends without the usage chunk.
 	noUsage bool
@@ -34,7 +35,10 @@ var callSeq atomic.Int64
 // forced or the scripted tool, else greet.
 func decide(format string, body map[string]any, sc script) answer {
 	a := decideWhat(format, body, sc)
-	a.think = sc.Think
+	a.think, a.length = sc.Think, sc.Finish == "length"
+	if a.kind == "tool" {
+		a.text = sc.Say
+	}
 	return a
 }
 
@@ -367,33 +371,62 @@ func whole(format, model string, a answer) map[string]any {
 		if a.think != "" {
 			content = append(content, map[string]any{"type": "thinking", "thinking": a.think, "signature": "sig-fake"})
 		}
-		stop := "end_turn"
-		if a.kind == "tool" {
-			stop = "tool_use"
-			for i, c := range a.calls {
-				content = append(content, map[string]any{"type": "tool_use", "id": callID("toolu_"+id, i), "name": c.tool, "input": json.RawMessage(c.args)})
-			}
-		} else {
+		if a.text != "" || a.kind != "tool" {
 			content = append(content, map[string]any{"type": "text", "text": a.text})
+		}
+		stop := stopReason(a)
+		for i, c := range a.calls {
+			content = append(content, map[string]any{"type": "tool_use", "id": callID("toolu_"+id, i), "name": c.tool, "input": json.RawMessage(c.args)})
 		}
 		return map[string]any{"id": "msg_" + id, "type": "message", "role": "assistant", "model": model,
 			"content": content, "stop_reason": stop, "stop_sequence": nil,
 			"usage": map[string]any{"input_tokens": 10, "output_tokens": 5}}
 	case "chat":
 		msg := map[string]any{"role": "assistant", "content": a.text}
-		finish := "stop"
+		finish := chatFinish(a)
 		if a.kind == "tool" {
 			var calls []any
 			for i, c := range a.calls {
 				calls = append(calls, chatToolCall(c, callID(cid, i), true))
 			}
-			msg["content"], msg["tool_calls"], finish = nil, calls, "tool_calls"
+			msg["tool_calls"] = calls
+			if a.text == "" {
+				msg["content"] = nil
+			}
 		}
 		return map[string]any{"id": "chatcmpl-" + id, "object": "chat.completion", "created": 1764547200, "model": model,
 			"choices": []any{map[string]any{"index": 0, "message": msg, "finish_reason": finish}},
 			"usage":   map[string]any{"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}
 	}
-	return responseObject(id, model, "completed", responsesOutput(a, id, cid, true))
+	return responseObject(id, model, responsesStatus(a), responsesOutput(a, id, cid, true))
+}
+
+// stopReason, chatFinish and responsesStatus say why the answer ended.
+func stopReason(a answer) string {
+	switch {
+	case a.length:
+		return "max_tokens"
+	case a.kind == "tool":
+		return "tool_use"
+	}
+	return "end_turn"
+}
+
+func chatFinish(a answer) string {
+	switch {
+	case a.length:
+		return "length"
+	case a.kind == "tool":
+		return "tool_calls"
+	}
+	return "stop"
+}
+
+func responsesStatus(a answer) string {
+	if a.length {
+		return "incomplete"
+	}
+	return "completed"
 }
 
 func chatToolCall(c toolCall, callID string, full bool) map[string]any {
@@ -422,6 +455,13 @@ func responsesOutput(a answer, id, cid string, done bool) []any {
 	if !done {
 		status = "in_progress"
 	}
+	content := []any{map[string]any{"type": "output_text", "text": a.text, "annotations": []any{}}}
+	if !done {
+		content = []any{}
+	}
+	if a.text != "" || a.kind != "tool" {
+		out = append(out, map[string]any{"type": "message", "id": "msg_" + id, "role": "assistant", "status": status, "content": content})
+	}
 	if a.kind == "tool" {
 		for i, c := range a.calls {
 			args := c.args
@@ -434,19 +474,17 @@ func responsesOutput(a answer, id, cid string, done bool) []any {
 			}
 			out = append(out, item)
 		}
-		return out
 	}
-	content := []any{map[string]any{"type": "output_text", "text": a.text, "annotations": []any{}}}
-	if !done {
-		content = []any{}
-	}
-	return append(out, map[string]any{"type": "message", "id": "msg_" + id, "role": "assistant", "status": status, "content": content})
+	return out
 }
 
 func responseObject(id, model, status string, output []any) map[string]any {
 	r := map[string]any{"id": "resp_" + id, "object": "response", "created_at": 1764547200, "status": status,
 		"model": model, "output": output, "parallel_tool_calls": true, "tool_choice": "auto", "tools": []any{}}
-	if status == "completed" {
+	if status == "incomplete" {
+		r["incomplete_details"] = map[string]any{"reason": "max_output_tokens"}
+	}
+	if status != "in_progress" {
 		r["usage"] = map[string]any{"input_tokens": 10, "input_tokens_details": map[string]any{"cached_tokens": 0},
 			"output_tokens": 5, "output_tokens_details": map[string]any{"reasoning_tokens": 0}, "total_tokens": 15}
 	}
@@ -489,18 +527,16 @@ func events(format, model string, a answer) []event {
 				map[string]any{"type": "thinking_delta", "thinking": h[0]}, map[string]any{"type": "thinking_delta", "thinking": h[1]},
 				map[string]any{"type": "signature_delta", "signature": "sig-fake"})
 		}
-		stop := "end_turn"
-		if a.kind == "tool" {
-			stop = "tool_use"
-			for i, c := range a.calls {
-				h := halves(c.args)
-				block(map[string]any{"type": "tool_use", "id": callID("toolu_"+id, i), "name": c.tool, "input": map[string]any{}},
-					map[string]any{"type": "input_json_delta", "partial_json": h[0]}, map[string]any{"type": "input_json_delta", "partial_json": h[1]})
-			}
-		} else {
+		if a.text != "" || a.kind != "tool" {
 			h := halves(a.text)
 			block(map[string]any{"type": "text", "text": ""},
 				map[string]any{"type": "text_delta", "text": h[0]}, map[string]any{"type": "text_delta", "text": h[1]})
+		}
+		stop := stopReason(a)
+		for i, c := range a.calls {
+			h := halves(c.args)
+			block(map[string]any{"type": "tool_use", "id": callID("toolu_"+id, i), "name": c.tool, "input": map[string]any{}},
+				map[string]any{"type": "input_json_delta", "partial_json": h[0]}, map[string]any{"type": "input_json_delta", "partial_json": h[1]})
 		}
 		ev("message_delta", map[string]any{"delta": map[string]any{"stop_reason": stop, "stop_sequence": nil}, "usage": map[string]any{"output_tokens": 5}})
 		ev("message_stop", map[string]any{})
@@ -510,9 +546,13 @@ func events(format, model string, a answer) []event {
 				"choices": []any{map[string]any{"index": 0, "delta": delta, "finish_reason": finish}}}})
 		}
 		chunk(map[string]any{"role": "assistant", "content": ""}, nil)
-		finish := "stop"
+		finish := chatFinish(a)
+		if a.text != "" {
+			for _, h := range halves(a.text) {
+				chunk(map[string]any{"content": h}, nil)
+			}
+		}
 		if a.kind == "tool" {
-			finish = "tool_calls"
 			for i, c := range a.calls {
 				tc := chatToolCall(c, callID(cid, i), false)
 				tc["index"] = i
@@ -525,10 +565,6 @@ func events(format, model string, a answer) []event {
 					}
 					chunk(map[string]any{"tool_calls": []any{map[string]any{"index": i, key: part}}}, nil)
 				}
-			}
-		} else {
-			for _, h := range halves(a.text) {
-				chunk(map[string]any{"content": h}, nil)
 			}
 		}
 		chunk(map[string]any{}, finish)
@@ -585,7 +621,8 @@ func events(format, model string, a answer) []event {
 			}
 			ev("response.output_item.done", map[string]any{"output_index": i, "item": item})
 		}
-		ev("response.completed", map[string]any{"response": responseObject(id, model, "completed", items)})
+		final := responseObject(id, model, responsesStatus(a), items)
+		ev("response."+responsesStatus(a), map[string]any{"response": final})
 	}
 	return evs
 }

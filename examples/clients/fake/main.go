@@ -25,8 +25,10 @@
 // (role, method, path, query, headers, raw body, what was answered).
 // "fail" is one of 400, 401, 422, 429, 500, cut, malformed and applies to
 // calls whose raw body contains "match" (every call when empty). "calls"
-// adds parallel tool calls, "think" a reasoning block before the answer,
-// "hold" stops a stream halfway until the caller hangs up.
+// adds parallel tool calls, "say" a text before them, "think" a reasoning
+// block before the answer, "finish":"length" ends it at the output limit,
+// "hold" stops a stream halfway until the caller hangs up; "fail":"inband"
+// sends half a stream, then the format's own error event.
 //
 // It prints "listening on http://ADDR" and serves until interrupted.
 package main
@@ -68,8 +70,10 @@ type script struct {
 	Args       string         `json:"args"`        // its arguments, a JSON object text
 	Calls      []scriptedCall `json:"calls"`       // more calls, in parallel, to tools the request offers
 	Think      string         `json:"think"`       // reasoning the answer shows first (thinking block, reasoning item)
+	Say        string         `json:"say"`         // text before the tool calls
+	Finish     string         `json:"finish"`      // "length": the answer ends at its output limit
 	Hold       bool           `json:"hold"`        // a stream stops halfway until the caller hangs up
-	Fail       string         `json:"fail"`        // 400, 401, 422, 429, 500, cut, malformed
+	Fail       string         `json:"fail"`        // 400, 401, 422, 429, 500, cut, malformed, inband
 	Match      string         `json:"match"`       // fail only calls whose body contains this
 	RetryAfter string         `json:"retry_after"` // Retry-After on a 429 or 500
 }
@@ -352,6 +356,25 @@ func fail(w http.ResponseWriter, role, format string, sc script, stream bool) st
 			io.WriteString(w, "<html>this is not json</html>")
 		}
 		return "fail-malformed"
+	case "inband":
+		if !stream {
+			refuse(w, role, 500, "an in-band failure asked of a buffered call")
+			return "fail-inband"
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		evs := events(format, "fake-model", answer{kind: "text", text: "This answer fails in its stream"})
+		for _, e := range evs[:len(evs)/2] {
+			writeEvent(w, e)
+		}
+		switch format {
+		case "messages":
+			writeEvent(w, event{"error", map[string]any{"type": "error", "error": map[string]any{"type": "overloaded_error", "message": "Overloaded"}}})
+		case "chat":
+			writeEvent(w, event{"", map[string]any{"error": map[string]any{"message": "The server had an error", "type": "server_error", "code": nil}}})
+		default:
+			writeEvent(w, event{"error", map[string]any{"type": "error", "code": "server_error", "message": "The server had an error", "sequence_number": 99}})
+		}
+		return "fail-inband"
 	case "cut":
 		a := answer{kind: "text", text: "This answer is cut off before its end, mid sentence and mid stream"}
 		if stream {
