@@ -112,6 +112,32 @@ export function scenarios({ model, stream, openai, anthropic, aiOpenAI, aiAnthro
       const first = steps[0].toolCalls.map((c) => ({ id: c.toolCallId, name: c.toolName, args: c.input }));
       return { names: checkCalls(first), said: steps[0].text, steps: steps.length, text: quotesBoth(await r.text), usage: await r.totalUsage };
     },
+    // A tool result holding an image (Claude Code's Read of a picture).
+    async "messages-tool-image"() {
+      const c = anthropic();
+      const tools = [{ name: weather.name, description: weather.description, input_schema: weather.parameters }];
+      const messages = [{ role: "user", content: "Show me the weather map of Oslo." + note }];
+      const r1 = await c.messages.create({ model, max_tokens: 300, messages, tools });
+      const use = r1.content.find((b) => b.type === "tool_use");
+      if (!use) throw new Error(`no tool_use: ${JSON.stringify(r1.content).slice(0, 200)}`);
+      messages.push({ role: "assistant", content: r1.content });
+      const content = [{ type: "text", text: results.get_weather }, { type: "image", source: { type: "base64", media_type: "image/png", data: png } }];
+      messages.push({ role: "user", content: [{ type: "tool_result", tool_use_id: use.id, content }] });
+      const r2 = await c.messages.create({ model, max_tokens: 300, messages, tools });
+      return r2.content.find((b) => b.type === "text")?.text;
+    },
+    async "responses-tool-image"() {
+      const c = openai();
+      const tools = [{ type: "function", ...weather, strict: false }];
+      const input = [{ role: "user", content: "Show me the weather map of Oslo." + note }];
+      const r1 = await c.responses.create({ model, input, tools, max_output_tokens: 300 });
+      const call = r1.output.find((it) => it.type === "function_call");
+      if (!call) throw new Error(`no function_call: ${JSON.stringify(r1.output).slice(0, 200)}`);
+      const output = [{ type: "input_text", text: results.get_weather }, { type: "input_image", image_url: `data:image/png;base64,${png}` }];
+      input.push(...r1.output, { type: "function_call_output", call_id: call.call_id, output });
+      const r2 = await c.responses.create({ model, input, tools, max_output_tokens: 300 });
+      return r2.output_text;
+    },
     // An image beside the text, in each dialect's own part.
     async "chat-image"() {
       const content = [{ type: "text", text: "Describe this." + note }, { type: "image_url", image_url: { url: `data:image/png;base64,${png}` } }];

@@ -6,7 +6,7 @@
 ALIASES=to-chat,to-messages,to-responses
 CHECKS+=(tools-chat tools-chat-stream tools-responses tools-responses-stream tools-messages tools-messages-stream)
 for p in openai openai-chat anthropic; do CHECKS+=("ai-tools-$p" "ai-tools-$p-stream"); done
-CHECKS+=(image-chat image-responses image-messages stop-chat stop-messages)
+CHECKS+=(image-chat image-responses image-messages tool-image-messages tool-image-responses stop-chat stop-messages)
 CHECKS+=(usage-chat usage-messages usage-responses)
 CHECKS+=(reasoning-chat reasoning-chat-stream reasoning-responses reasoning-responses-stream reasoning-messages reasoning-messages-stream)
 CHECKS+=(abort-chat abort-messages abort-responses)
@@ -112,6 +112,26 @@ image_across() {
 	done
 }
 check_image_chat() { image_across chat-image; }
+
+# tool_image_across CASE: a tool result's image reaches the providers whose
+# tool results hold images (messages, responses); toward chat it is named
+# in Brama-Dropped.
+tool_image_across() {
+	script '{"tool":"get_weather","args":"{\"city\":\"Oslo\"}"}'
+	across "$1" || return 1
+	local a got
+	for a in to-messages to-responses; do
+		case $a in
+		to-responses) got='.input[] | select(.type == "function_call_output") | .output | arrays | .[] | select(.type == "input_image") | .image_url' ;;
+		to-messages) got='.messages[-1].content[] | select(.type == "tool_result") | .content | arrays | .[] | select(.type == "image") | .source | "data:" + .media_type + ";base64," + .data' ;;
+		esac
+		provider_bodies "$a" | tail -1 | jq -r "$got" | grep -q "^data:image/png;base64,$PNG_HEAD" ||
+			{ echo "$a: the tool result's image did not reach the provider (Brama-Dropped: $(dropped "$a"))"; return 1; }
+	done
+	[ -n "$(dropped to-chat)" ] || { echo "to-chat: the tool result's image is not named in Brama-Dropped"; return 1; }
+}
+check_tool_image_messages() { tool_image_across messages-tool-image; }
+check_tool_image_responses() { tool_image_across responses-tool-image; }
 check_image_responses() { image_across responses-image; }
 check_image_messages() { image_across messages-image; }
 
