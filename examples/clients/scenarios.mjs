@@ -4,14 +4,15 @@
 // images, stop sequences, reasoning, usage at a stream's end and a client
 // abort mid-stream. Each case returns what the SDK saw, for the harness to
 // judge; an SDK that throws fails the case.
-import { generateText, streamText, tool, jsonSchema, stepCountIs } from "ai";
+import { generateText, streamText, streamObject, tool, jsonSchema, stepCountIs } from "ai";
 
 const cityArgs = { type: "object", properties: { city: { type: "string" } }, required: ["city"], additionalProperties: false };
 const weather = { name: "get_weather", description: "The weather in a city.", parameters: cityArgs };
 const time = { name: "get_time", description: "The local time in a city.", parameters: cityArgs };
 const results = { get_weather: "sunny, 21C", get_time: "14:05" };
 const ask = "What are the weather and the time in Oslo?";
-// A 1×1 PNG.
+// A tiny PDF and a 1×1 PNG.
+const pdf = "JVBERi0xLjQKJeLjz9MKMSAwIG9iago8PD4+CmVuZG9iagp0cmFpbGVyCjw8Pj4KJSVFT0YK";
 const png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==";
 
 // The answer of a tool-result turn must quote both results.
@@ -137,6 +138,45 @@ export function scenarios({ model, stream, openai, anthropic, aiOpenAI, aiAnthro
       input.push(...r1.output, { type: "function_call_output", call_id: call.call_id, output });
       const r2 = await c.responses.create({ model, input, tools, max_output_tokens: 300 });
       return r2.output_text;
+    },
+    // A tool the caller forces by name; the fake calls it.
+    async "chat-forced"() {
+      const body = { model, max_completion_tokens: 300, messages: [{ role: "user", content: ask + note }], tools: [weather, time].map((f) => ({ type: "function", function: f })), tool_choice: { type: "function", function: { name: "get_time" } } };
+      const r = stream ? await openai().chat.completions.stream(body).finalChatCompletion() : await openai().chat.completions.create(body);
+      return (r.choices[0].message.tool_calls || []).map((t) => t.function.name + " " + t.function.arguments);
+    },
+    async "responses-forced"() {
+      const body = { model, max_output_tokens: 300, input: ask + note, tools: [weather, time].map((f) => ({ type: "function", ...f, strict: false })), tool_choice: { type: "function", name: "get_time" } };
+      const r = stream ? await openai().responses.stream(body).finalResponse() : await openai().responses.create(body);
+      return r.output.filter((it) => it.type === "function_call").map((it) => it.name + " " + it.arguments);
+    },
+    async "messages-forced"() {
+      const body = { model, max_tokens: 300, messages: [{ role: "user", content: ask + note }], tools: [weather, time].map((f) => ({ name: f.name, description: f.description, input_schema: f.parameters })), tool_choice: { type: "tool", name: "get_time" } };
+      const m = stream ? await anthropic().messages.stream(body).finalMessage() : await anthropic().messages.create(body);
+      return m.content.filter((b) => b.type === "tool_use").map((b) => b.name + " " + JSON.stringify(b.input));
+    },
+    // The Vercel AI SDK's streamObject over AI_PROVIDER.
+    async "ai-stream-object"() {
+      const p = process.env.AI_PROVIDER;
+      const m = p === "anthropic" ? aiAnthropic()(model) : p === "openai-chat" ? aiOpenAI().chat(model) : aiOpenAI()(model);
+      let err;
+      const schema = { type: "object", properties: { greeting: { type: "string" }, count: { type: "integer" } }, required: ["greeting", "count"], additionalProperties: false };
+      const r = streamObject({ model: m, schema: jsonSchema(schema), prompt: "Greet." + note, maxOutputTokens: 300, maxRetries: 0, onError: (e) => (err = e.error) });
+      let partials = 0;
+      for await (const _ of r.partialObjectStream) partials++;
+      if (err) throw err;
+      return { object: await r.object, partials: partials > 0 };
+    },
+    // A PDF beside the text.
+    async "messages-document"() {
+      const content = [{ type: "text", text: "Summarize this." + note }, { type: "document", source: { type: "base64", media_type: "application/pdf", data: pdf } }];
+      const r = await anthropic().messages.create({ model, max_tokens: 100, messages: [{ role: "user", content }] });
+      return r.content.find((b) => b.type === "text")?.text;
+    },
+    async "chat-document"() {
+      const content = [{ type: "text", text: "Summarize this." + note }, { type: "file", file: { file_data: `data:application/pdf;base64,${pdf}`, filename: "a.pdf" } }];
+      const r = await openai().chat.completions.create({ model, max_completion_tokens: 100, messages: [{ role: "user", content }] });
+      return r.choices[0].message.content;
     },
     // An image beside the text, in each dialect's own part.
     async "chat-image"() {

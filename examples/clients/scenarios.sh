@@ -16,7 +16,9 @@ CHECKS+=(length-ai-openai-stream length-ai-openai-chat-stream length-ai-anthropi
 for c in openai anthropic ai; do
 	for m in cut malformed inband; do CHECKS+=("fail-$c-$m-stream"); done
 done
-CHECKS+=(count-tokens-across)
+CHECKS+=(count-tokens-across forced-chat forced-chat-stream forced-responses forced-responses-stream forced-messages forced-messages-stream)
+for p in openai openai-chat anthropic; do CHECKS+=("ai-stream-object-$p"); done
+CHECKS+=(document-messages document-chat)
 
 # role_path ALIAS: the fake's path its calls reach.
 role_path() {
@@ -284,3 +286,52 @@ check_count_tokens_across() {
 	done
 	expect to-messages . 42
 }
+
+# forced_across CASE [ENV=V...]: a tool forced by name is the one call
+# every alias answers, in the caller's own form.
+forced_across() {
+	script '{}'
+	across "$@" || return 1
+	local a got
+	for a in ${ALIASES//,/ }; do
+		got=$(result "$a" '. | join(";")')
+		[[ $got == '"get_time {\"city\":\"fake\"}"' ]] || { echo "$a: the calls are $got, want get_time alone"; return 1; }
+	done
+}
+check_forced_chat() { forced_across chat-forced; }
+check_forced_chat_stream() { forced_across chat-forced STREAM=1; }
+check_forced_responses() { forced_across responses-forced; }
+check_forced_responses_stream() { forced_across responses-forced STREAM=1; }
+check_forced_messages() { forced_across messages-forced; }
+check_forced_messages_stream() { forced_across messages-forced STREAM=1; }
+
+ai_stream_object() {
+	script '{}'
+	across ai-stream-object AI_PROVIDER="$1" || return 1
+	local a
+	for a in ${ALIASES//,/ }; do
+		expect "$a" '.object | [(.greeting | type), (.count | type)]' '["string","number"]' && expect "$a" .partials true || return 1
+	done
+}
+for p in openai openai-chat anthropic; do
+	eval "check_ai_stream_object_${p//-/_}() { ai_stream_object $p; }"
+done
+
+# document_across CASE: the PDF reaches every provider in its own part.
+PDF_HEAD=JVBERi0xLjQK
+document_across() {
+	script '{}'
+	across "$1" || return 1
+	local a want
+	for a in ${ALIASES//,/ }; do
+		case $a in
+		to-chat) want='.messages[-1].content[] | select(.type == "file") | .file.file_data' ;;
+		to-responses) want='.input[-1].content[] | select(.type == "input_file") | .file_data' ;;
+		to-messages) want='.messages[-1].content[] | select(.type == "document") | .source | "data:" + .media_type + ";base64," + .data' ;;
+		esac
+		provider_bodies "$a" | jq -r "$want" | grep -q "^data:application/pdf;base64,$PDF_HEAD" ||
+			{ echo "$a: the provider got no document part (Brama-Dropped: $(dropped "$a")): $(provider_bodies "$a" | head -c 300)"; return 1; }
+	done
+}
+check_document_messages() { document_across messages-document; }
+check_document_chat() { document_across chat-document; }
