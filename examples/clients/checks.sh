@@ -20,7 +20,7 @@ done
 for c in openai anthropic ai; do
 	for m in 401 422 429; do CHECKS+=("refuse-$c-$m"); done
 done
-CHECKS+=(refuse-claude-401)
+CHECKS+=(refuse-claude-401 no-credential-openai no-credential-anthropic)
 for c in openai anthropic ai claude codex; do CHECKS+=("retries-off-$c"); done
 CHECKS+=(no-secrets-kept)
 

@@ -107,3 +107,19 @@ check_retries_off_anthropic() { retries_off anthropic MAX_RETRIES=0; }
 check_retries_off_ai() { retries_off ai MAX_RETRIES=0; }
 check_retries_off_claude() { retries_off claude CLAUDE_CODE_MAX_RETRIES=0; }
 check_retries_off_codex() { retries_off codex 'request_max_retries = 0' 'stream_max_retries = 0'; }
+
+# no_credential CLIENT: a refusal Brama makes itself before any call (no
+# key for the route's provider: 503, x-should-retry false) is not retried
+# by the SDKs that obey x-should-retry.
+no_credential() {
+	set_alias no-credential groq/llama-fake >/dev/null || return 1
+	local before kase=refuse-$1
+	before=$(served)
+	sdk "$kase" no-credential || return 1
+	local n=$(($(served) - before)) got
+	got=$(sdk_field '.calls[0] | (.status | tostring) + " " + (.respHeaders["x-should-retry"] // "none")')
+	[ "$got" = "503 false" ] || { echo "Brama answered $got, want 503 false (x-should-retry)"; return 1; }
+	[ "$n" = 1 ] || { echo "the SDK sent $n requests, want 1"; return 1; }
+}
+check_no_credential_openai() { no_credential openai; }
+check_no_credential_anthropic() { no_credential anthropic; }

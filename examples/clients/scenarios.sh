@@ -19,6 +19,7 @@ done
 CHECKS+=(count-tokens-across forced-chat forced-chat-stream forced-responses forced-responses-stream forced-messages forced-messages-stream)
 for p in openai openai-chat anthropic; do CHECKS+=("ai-stream-object-$p"); done
 CHECKS+=(document-messages document-chat)
+CHECKS+=(claude-parallel-anthropic claude-parallel-translate claude-parallel-chat claude-parallel-kimi-ids claude-image-translate claude-image-chat)
 
 # role_path ALIAS: the fake's path its calls reach.
 role_path() {
@@ -335,3 +336,43 @@ document_across() {
 }
 check_document_messages() { document_across messages-document; }
 check_document_chat() { document_across chat-document; }
+
+# --- Claude Code: parallel Reads with thinking, and a Read of a picture ---
+
+# claude_parallel ROUTE [ID ID]: the fake thinks, then calls Read on two
+# files at once (with these call ids: kimi's are functions.Read:0, …);
+# Claude Code runs both and the answer quotes both results.
+claude_parallel() {
+	set_alias "$CLAUDE_MODEL" "$1" || return 1
+	echo "The other word is MANGO-7." >"$PROJ/other.txt"
+	script "$(jq -nc --arg a "$PROJ/note.txt" --arg b "$PROJ/other.txt" --arg i "${2:-}" --arg j "${3:-}" \
+		'{think: "Two files to read.", calls: [{tool: "Read", args: ({file_path: $a} | tojson), id: $i}, {tool: "Read", args: ({file_path: $b} | tojson), id: $j}]}')"
+	claude -- "Read note.txt and other.txt and tell me both words." || { cli_failed claude $?; return 1; }
+	grep -q "$SECRET" "$WORK/claude.out" && grep -q MANGO-7 "$WORK/claude.out" ||
+		{ echo "the answer lacks a tool result: $(brief "$WORK/claude.out")"; return 1; }
+}
+check_claude_parallel_anthropic() { claude_parallel "anthropic/$CLAUDE_MODEL"; }
+check_claude_parallel_translate() { claude_parallel openai-responses/gpt-fake-responses; }
+check_claude_parallel_chat() { claude_parallel openai/gpt-fake-chat; }
+check_claude_parallel_kimi_ids() { claude_parallel openai/gpt-fake-chat functions.Read:0 functions.Read:1; }
+
+# claude_image ROUTE ALIAS: Claude Code reads a PNG; its tool result's image
+# reaches the provider (responses), or is named dropped (chat).
+claude_image() {
+	set_alias "$CLAUDE_MODEL" "$1" || return 1
+	base64 -d <<<"iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==" >"$PROJ/map.png"
+	script "$(jq -nc --arg f "$PROJ/map.png" '{tool: "Read", args: ({file_path: $f} | tojson)}')"
+	claude -- "Look at map.png." || { cli_failed claude $?; return 1; }
+	local last
+	last=$(provider_bodies "$2" | tail -1)
+	case $2 in
+	to-responses)
+		jq -e '[.input[] | select(.type == "function_call_output") | .output | arrays | .[] | select(.type == "input_image")] | length == 1' <<<"$last" >/dev/null ||
+			{ echo "the picture did not reach the provider: $(jq -c '[.input[] | select(.type == "function_call_output")]' <<<"$last" | head -c 300)"; return 1; } ;;
+	to-chat)
+		grep -q '"dropped":"[^"]*messages\[[0-9]*\]\.content\[[0-9]*\]\.content\[[0-9]*\]' "$WORK/brama.err" ||
+			{ echo "the picture is not named dropped in Brama's log"; return 1; } ;;
+	esac
+}
+check_claude_image_translate() { claude_image openai-responses/gpt-fake-responses to-responses; }
+check_claude_image_chat() { claude_image openai/gpt-fake-chat to-chat; }

@@ -25,6 +25,7 @@ type toolCall struct {
 	tool   string
 	args   string // JSON object text, or the free-form input of a custom tool
 	custom bool   // the offered tool is a custom (free-form) tool
+	id     string // the scripted call id, "" for the fake's own
 }
 
 const greeting = "Hello from the fake provider."
@@ -57,12 +58,12 @@ func decideWhat(format string, body map[string]any, sc script) answer {
 	}
 	calls := sc.Calls
 	if sc.Tool != "" {
-		calls = append([]scriptedCall{{sc.Tool, sc.Args}}, calls...)
+		calls = append([]scriptedCall{{Tool: sc.Tool, Args: sc.Args}}, calls...)
 	}
 	var a answer
 	for _, c := range calls {
 		if t := offeredTool(body, c.Tool); t != nil {
-			a.kind, a.calls = "tool", append(a.calls, toolCall{tool: c.Tool, args: c.Args, custom: t["type"] == "custom"})
+			a.kind, a.calls = "tool", append(a.calls, toolCall{tool: c.Tool, args: c.Args, custom: t["type"] == "custom", id: c.ID})
 		}
 	}
 	if a.kind == "tool" {
@@ -359,7 +360,15 @@ func callID(base string, i int) string {
 	if i == 0 {
 		return base
 	}
-	return fmt.Sprintf("%s_%d", base, i)
+	return fmt.Sprintf("%s_%c", base, rune('a'+i))
+}
+
+// idOr is the call's scripted id, or id.
+func (c toolCall) idOr(id string) string {
+	if c.id != "" {
+		return c.id
+	}
+	return id
 }
 
 // whole is the buffered answer body.
@@ -376,7 +385,7 @@ func whole(format, model string, a answer) map[string]any {
 		}
 		stop := stopReason(a)
 		for i, c := range a.calls {
-			content = append(content, map[string]any{"type": "tool_use", "id": callID("toolu_"+id, i), "name": c.tool, "input": json.RawMessage(c.args)})
+			content = append(content, map[string]any{"type": "tool_use", "id": c.idOr(callID("toolu_"+id, i)), "name": c.tool, "input": json.RawMessage(c.args)})
 		}
 		return map[string]any{"id": "msg_" + id, "type": "message", "role": "assistant", "model": model,
 			"content": content, "stop_reason": stop, "stop_sequence": nil,
@@ -387,7 +396,7 @@ func whole(format, model string, a answer) map[string]any {
 		if a.kind == "tool" {
 			var calls []any
 			for i, c := range a.calls {
-				calls = append(calls, chatToolCall(c, callID(cid, i), true))
+				calls = append(calls, chatToolCall(c, c.idOr(callID(cid, i)), true))
 			}
 			msg["tool_calls"] = calls
 			if a.text == "" {
@@ -468,9 +477,9 @@ func responsesOutput(a answer, id, cid string, done bool) []any {
 			if !done {
 				args = ""
 			}
-			item := map[string]any{"type": "function_call", "id": callID("fc_"+id, i), "call_id": callID(cid, i), "name": c.tool, "arguments": args, "status": status}
+			item := map[string]any{"type": "function_call", "id": callID("fc_"+id, i), "call_id": c.idOr(callID(cid, i)), "name": c.tool, "arguments": args, "status": status}
 			if c.custom {
-				item = map[string]any{"type": "custom_tool_call", "id": callID("ctc_"+id, i), "call_id": callID(cid, i), "name": c.tool, "input": args, "status": status}
+				item = map[string]any{"type": "custom_tool_call", "id": callID("ctc_"+id, i), "call_id": c.idOr(callID(cid, i)), "name": c.tool, "input": args, "status": status}
 			}
 			out = append(out, item)
 		}
@@ -535,7 +544,7 @@ func events(format, model string, a answer) []event {
 		stop := stopReason(a)
 		for i, c := range a.calls {
 			h := halves(c.args)
-			block(map[string]any{"type": "tool_use", "id": callID("toolu_"+id, i), "name": c.tool, "input": map[string]any{}},
+			block(map[string]any{"type": "tool_use", "id": c.idOr(callID("toolu_"+id, i)), "name": c.tool, "input": map[string]any{}},
 				map[string]any{"type": "input_json_delta", "partial_json": h[0]}, map[string]any{"type": "input_json_delta", "partial_json": h[1]})
 		}
 		ev("message_delta", map[string]any{"delta": map[string]any{"stop_reason": stop, "stop_sequence": nil}, "usage": map[string]any{"output_tokens": 5}})
@@ -554,7 +563,7 @@ func events(format, model string, a answer) []event {
 		}
 		if a.kind == "tool" {
 			for i, c := range a.calls {
-				tc := chatToolCall(c, callID(cid, i), false)
+				tc := chatToolCall(c, c.idOr(callID(cid, i)), false)
 				tc["index"] = i
 				chunk(map[string]any{"tool_calls": []any{tc}}, nil)
 				for _, h := range halves(c.args) {

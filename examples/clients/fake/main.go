@@ -82,6 +82,7 @@ type script struct {
 type scriptedCall struct {
 	Tool string `json:"tool"`
 	Args string `json:"args"`
+	ID   string `json:"id"` // the call id to answer with ("" the fake's own)
 }
 
 // call is one recorded request.
