@@ -1,8 +1,10 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"io"
+	"maps"
 	"net/http"
 	"regexp"
 	"slices"
@@ -452,5 +454,60 @@ func TestTranslationCodexCLIToMessages(t *testing.T) {
 	}
 	if got, want := hdr.Get("Brama-Dropped"), "client_metadata, reasoning.context, store, reasoning.effort, text.verbosity, input[0].tools[0].tools[0].format"; got != want {
 		t.Errorf("Brama-Dropped = %q, want %q", got, want)
+	}
+}
+
+// chatInterleavedStream is an OpenAI-compatible stream that starts two
+// parallel calls in one chunk, then alternates their arguments.
+const chatInterleavedStream = `data: {"choices":[{"index":0,"delta":{"role":"assistant","tool_calls":[` +
+	`{"index":0,"id":"call_a","type":"function","function":{"name":"get_weather","arguments":""}},` +
+	`{"index":1,"id":"call_b","type":"function","function":{"name":"get_time","arguments":""}}]}}]}` + "\n\n" +
+	`data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"city\":"}}]}}]}` + "\n\n" +
+	`data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"function":{"arguments":"{\"city\":"}}]}}]}` + "\n\n" +
+	`data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"\"Oslo\"}"}}]}}]}` + "\n\n" +
+	`data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"function":{"arguments":"\"Rome\"}"}}]}}]}` + "\n\n" +
+	`data: {"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}` + "\n\n" + "data: [DONE]\n\n"
+
+// TestTranslationInterleavedParallelCalls checks that parallel calls whose
+// arguments a chat provider interleaves reach a messages caller as blocks
+// whose every delta comes before their stop, and a responses caller as items
+// whose every delta comes before their done: Claude Code and the Vercel AI
+// SDK take a call's input at its stop and ignore what follows.
+func TestTranslationInterleavedParallelCalls(t *testing.T) {
+	env := stateEnv(t)
+	f := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, chatInterleavedStream)
+	})
+	d := startDaemon(t, env, providerEnv(env, map[string]*fakeProvider{"openai": f}), "-local-credentials-stdin")
+	tools := `"tools":[{"name":"get_weather","input_schema":{"type":"object"}},{"name":"get_time","input_schema":{"type":"object"}}]`
+	for _, tc := range []struct{ path, body, delta, end, index string }{
+		{"/v1/messages", `{"model":"openai/gpt-test","max_tokens":99,"stream":true,"messages":[{"role":"user","content":"q"}],` + tools + `}`,
+			"content_block_delta", "content_block_stop", "index"},
+		{"/v1/responses", `{"model":"openai/gpt-test","stream":true,"input":"q","tools":[{"type":"function","name":"get_weather"},{"type":"function","name":"get_time"}]}`,
+			"response.function_call_arguments.delta", "response.output_item.done", "output_index"},
+	} {
+		status, _, out := d.call("POST", tc.path, d.token, tc.body)
+		if status != 200 {
+			t.Fatalf("%s: status %d: %s", tc.path, status, out)
+		}
+		args, ended := map[string]string{}, map[string]bool{}
+		for _, fr := range splitTestSSE(t, string(out)) {
+			i := jsonAt(t, []byte(fr.Data), tc.index)
+			switch fr.Event {
+			case tc.delta:
+				if ended[i] {
+					t.Errorf("%s: a delta for %s %s after its end: %s", tc.path, tc.index, i, fr.Data)
+				}
+				var d string
+				json.Unmarshal([]byte(cmp.Or(jsonAt(t, []byte(fr.Data), "delta.partial_json"), jsonAt(t, []byte(fr.Data), "delta"))), &d)
+				args[i] += d
+			case tc.end:
+				ended[i] = true
+			}
+		}
+		if got := slices.Sorted(maps.Values(args)); !slices.Equal(got, []string{`{"city":"Oslo"}`, `{"city":"Rome"}`}) {
+			t.Errorf("%s: the calls' arguments = %q, want both cities", tc.path, got)
+		}
 	}
 }

@@ -19,6 +19,7 @@ done
 CHECKS+=(count-tokens-across forced-chat forced-chat-stream forced-responses forced-responses-stream forced-messages forced-messages-stream)
 for p in openai openai-chat anthropic; do CHECKS+=("ai-stream-object-$p"); done
 CHECKS+=(document-messages document-chat)
+CHECKS+=(interleaved-messages-stream interleaved-responses-stream interleaved-chat-stream interleaved-ai-anthropic-stream interleaved-ai-openai-stream claude-interleaved)
 CHECKS+=(claude-parallel-anthropic claude-parallel-translate claude-parallel-chat claude-parallel-kimi-ids claude-image-translate claude-image-chat)
 
 # role_path ALIAS: the fake's path its calls reach.
@@ -96,6 +97,17 @@ check_tools_said_chat_stream() { tools_said chat-tools STREAM=1; }
 check_tools_said_responses_stream() { tools_said responses-tools STREAM=1; }
 check_tools_said_messages_stream() { tools_said messages-tools STREAM=1; }
 check_ai_tools_anthropic_said_stream() { tools_said ai-tools AI_PROVIDER=anthropic STREAM=1; }
+
+# interleaved CASE [ENV=V...]: a chat provider starts both calls, then
+# alternates their arguments; every caller still gets both calls whole.
+interleaved() {
+	TOOLS_SCRIPT=$(jq -c '. + {interleave: true}' <<<"$PARALLEL") ALIASES=to-chat,to-messages tools_loop "$@"
+}
+check_interleaved_messages_stream() { interleaved messages-tools STREAM=1; }
+check_interleaved_responses_stream() { interleaved responses-tools STREAM=1; }
+check_interleaved_chat_stream() { interleaved chat-tools STREAM=1; }
+check_interleaved_ai_anthropic_stream() { interleaved ai-tools AI_PROVIDER=anthropic STREAM=1; }
+check_interleaved_ai_openai_stream() { interleaved ai-tools AI_PROVIDER=openai STREAM=1; }
 
 # --- Images and stop sequences: what the provider was asked --------------
 
@@ -354,6 +366,15 @@ claude_parallel() {
 check_claude_parallel_anthropic() { claude_parallel "anthropic/$CLAUDE_MODEL"; }
 check_claude_parallel_translate() { claude_parallel openai-responses/gpt-fake-responses; }
 check_claude_parallel_chat() { claude_parallel openai/gpt-fake-chat; }
+check_claude_interleaved() {
+	set_alias "$CLAUDE_MODEL" openai/gpt-fake-chat || return 1
+	echo "The other word is MANGO-7." >"$PROJ/other.txt"
+	script "$(jq -nc --arg a "$PROJ/note.txt" --arg b "$PROJ/other.txt" \
+		'{interleave: true, calls: [{tool: "Read", args: ({file_path: $a} | tojson)}, {tool: "Read", args: ({file_path: $b} | tojson)}]}')"
+	claude -- "Read note.txt and other.txt and tell me both words." || { cli_failed claude $?; return 1; }
+	grep -q "$SECRET" "$WORK/claude.out" && grep -q MANGO-7 "$WORK/claude.out" ||
+		{ echo "the answer lacks a tool result: $(brief "$WORK/claude.out")"; return 1; }
+}
 check_claude_parallel_kimi_ids() { claude_parallel openai/gpt-fake-chat functions.Read:0 functions.Read:1; }
 
 # claude_image ROUTE ALIAS: Claude Code reads a PNG; its tool result's image

@@ -15,6 +15,9 @@ type answer struct {
 	calls  []toolCall // for kind tool: one, or several in parallel
 	think  string     // reasoning shown before the answer, "" for none
 	length bool       // the answer ends at its output limit
+	// interleave: a chat stream starts every call, then alternates their
+	// arguments (as some OpenAI-compatible servers stream parallel calls).
+	interleave bool
 	// noUsage: a chat stream whose caller did not ask for usage
 	// (stream_options.include_usage) ends without the usage chunk.
 	noUsage bool
@@ -36,7 +39,7 @@ var callSeq atomic.Int64
 // forced or the scripted tool, else greet.
 func decide(format string, body map[string]any, sc script) answer {
 	a := decideWhat(format, body, sc)
-	a.think, a.length = sc.Think, sc.Finish == "length"
+	a.think, a.length, a.interleave = sc.Think, sc.Finish == "length", sc.Interleave
 	if a.kind == "tool" {
 		a.text = sc.Say
 	}
@@ -561,18 +564,34 @@ func events(format, model string, a answer) []event {
 				chunk(map[string]any{"content": h}, nil)
 			}
 		}
-		if a.kind == "tool" {
+		argsDelta := func(i int, h string) {
+			part, key := map[string]any{"arguments": h}, "function"
+			if a.calls[i].custom {
+				part, key = map[string]any{"input": h}, "custom"
+			}
+			chunk(map[string]any{"tool_calls": []any{map[string]any{"index": i, key: part}}}, nil)
+		}
+		switch {
+		case a.kind == "tool" && a.interleave: // every call starts, then their arguments alternate
+			var starts []any
+			for i, c := range a.calls {
+				tc := chatToolCall(c, c.idOr(callID(cid, i)), false)
+				tc["index"] = i
+				starts = append(starts, tc)
+			}
+			chunk(map[string]any{"tool_calls": starts}, nil)
+			for h := range 2 {
+				for i, c := range a.calls {
+					argsDelta(i, halves(c.args)[h])
+				}
+			}
+		case a.kind == "tool":
 			for i, c := range a.calls {
 				tc := chatToolCall(c, c.idOr(callID(cid, i)), false)
 				tc["index"] = i
 				chunk(map[string]any{"tool_calls": []any{tc}}, nil)
 				for _, h := range halves(c.args) {
-					part := map[string]any{"arguments": h}
-					key := "function"
-					if c.custom {
-						part, key = map[string]any{"input": h}, "custom"
-					}
-					chunk(map[string]any{"tool_calls": []any{map[string]any{"index": i, key: part}}}, nil)
+					argsDelta(i, h)
 				}
 			}
 		}

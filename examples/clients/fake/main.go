@@ -73,6 +73,7 @@ type script struct {
 	Say        string         `json:"say"`         // text before the tool calls
 	Finish     string         `json:"finish"`      // "length": the answer ends at its output limit
 	Hold       bool           `json:"hold"`        // a stream stops halfway until the caller hangs up
+	Interleave bool           `json:"interleave"`  // a chat stream's parallel calls interleave their arguments
 	Fail       string         `json:"fail"`        // 400, 401, 422, 429, 500, cut, malformed, inband
 	Match      string         `json:"match"`       // fail only calls whose body contains this
 	RetryAfter string         `json:"retry_after"` // Retry-After on a 429 or 500
