@@ -18,9 +18,9 @@ for c in openai anthropic ai claude codex; do
 	for m in 400 cut malformed 500; do CHECKS+=("refuse-$c-$m"); done
 done
 for c in openai anthropic ai; do
-	for m in 401 422 429; do CHECKS+=("refuse-$c-$m"); done
+	for m in 422 429; do CHECKS+=("refuse-$c-$m"); done
 done
-CHECKS+=(refuse-claude-401 no-credential-openai no-credential-anthropic)
+CHECKS+=(refuse-openai-401 refuse-anthropic-401 refuse-claude-401 no-credential-openai no-credential-anthropic)
 for c in openai anthropic ai claude codex; do CHECKS+=("retries-off-$c"); done
 CHECKS+=(no-secrets-kept)
 

@@ -7,7 +7,8 @@
 // usage: node sdk.mjs CASE MODEL   (BRAMA_URL, BRAMA_CLIENT_TOKEN; STREAM=1
 // streams; MAX_RETRIES, when set, is the SDK's maxRetries; MARKER goes into
 // the prompt so the fake can count this request's calls). MODEL may be a
-// comma-separated list: the case runs once for each, one after the other,
+// comma-separated list (a trailing comma makes a list of one): the case
+// runs once for each, one after the other,
 // and the object is {results: {MODEL: {result, error}}, calls}, each call
 // with the model it was made for.
 import OpenAI from "openai";
@@ -248,7 +249,7 @@ async function run() {
 let out = {};
 if (models.includes(",")) {
   out.results = {};
-  for (model of models.split(",")) out.results[model] = await run();
+  for (model of models.split(",").filter(Boolean)) out.results[model] = await run();
 } else {
   out = await run();
 }
