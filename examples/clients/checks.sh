@@ -3,7 +3,7 @@
 # why it failed and returns 1. Each runs after setup, in this order.
 CHECKS=(
 	claude-anthropic claude-subscription claude-translate claude-chat claude-api-key
-	codex-responses codex-subscription codex-anthropic codex-chat
+	codex-responses codex-subscription codex-anthropic codex-chat codex-think-responses codex-think-anthropic
 	chat-passthrough chat-stream-passthrough
 	responses-passthrough responses-stream-passthrough
 	messages-passthrough messages-stream-passthrough
@@ -228,7 +228,7 @@ codex_tool_turn() {
 	anthropic) tool=functions__exec args=$(jq -nc --arg js "$CODEX_JS" '{input:$js}') ;;
 	openai-chat) tool=functions__exec ;;
 	esac
-	script "$(jq -nc --arg t "$tool" --arg a "$args" '{tool:$t, args:$a}')"
+	script "$(jq -nc --arg t "$tool" --arg a "$args" --argjson x "${CODEX_SCRIPT:-{\}}" '{tool:$t, args:$a} + $x')"
 	codex -- "Run cat note.txt and tell me the secret word." || { cli_failed codex $?; return 1; }
 	local roles
 	roles=$(calls | jq -r '[.[] | .role + ":" + .answer] | join(",")')
@@ -254,6 +254,10 @@ check_codex_responses() { codex_tool_turn "openai-responses/$CODEX_MODEL" openai
 check_codex_subscription() { codex_tool_turn "codex/$CODEX_MODEL" codex; }
 check_codex_anthropic() { codex_tool_turn anthropic/claude-fake anthropic; }
 check_codex_chat() { codex_tool_turn openai/gpt-fake-chat openai-chat; }
+# CODEX_SCRIPT adds to the fake's script: here it thinks before the call.
+THINK='{"think":"The file holds the word."}'
+check_codex_think_responses() { CODEX_SCRIPT=$THINK codex_tool_turn "openai-responses/$CODEX_MODEL" openai; }
+check_codex_think_anthropic() { CODEX_SCRIPT=$THINK codex_tool_turn anthropic/claude-fake anthropic; }
 
 # --- After everything ---------------------------------------------------
 
