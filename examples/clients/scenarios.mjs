@@ -173,11 +173,6 @@ export function scenarios({ model, stream, openai, anthropic, aiOpenAI, aiAnthro
       const r = await anthropic().messages.create({ model, max_tokens: 100, messages: [{ role: "user", content }] });
       return r.content.find((b) => b.type === "text")?.text;
     },
-    async "chat-document"() {
-      const content = [{ type: "text", text: "Summarize this." + note }, { type: "file", file: { file_data: `data:application/pdf;base64,${pdf}`, filename: "a.pdf" } }];
-      const r = await openai().chat.completions.create({ model, max_completion_tokens: 100, messages: [{ role: "user", content }] });
-      return r.choices[0].message.content;
-    },
     // An image beside the text, in each dialect's own part.
     async "chat-image"() {
       const content = [{ type: "text", text: "Describe this." + note }, { type: "image_url", image_url: { url: `data:image/png;base64,${png}` } }];
@@ -195,10 +190,6 @@ export function scenarios({ model, stream, openai, anthropic, aiOpenAI, aiAnthro
       return r.content.find((b) => b.type === "text")?.text;
     },
     // Stop sequences (the harness reads what the provider was asked).
-    async "chat-stop"() {
-      const r = await openai().chat.completions.create({ model, max_completion_tokens: 100, stop: ["END", "STOP"], messages: [{ role: "user", content: "Count." + note }] });
-      return r.choices[0].message.content;
-    },
     async "messages-stop"() {
       const r = await anthropic().messages.create({ model, max_tokens: 100, stop_sequences: ["END", "STOP"], messages: [{ role: "user", content: "Count." + note }] });
       return r.content.find((b) => b.type === "text")?.text;

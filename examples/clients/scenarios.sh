@@ -6,19 +6,19 @@
 ALIASES=to-chat,to-messages,to-responses
 CHECKS+=(tools-chat tools-chat-stream tools-responses tools-responses-stream tools-messages tools-messages-stream)
 for p in openai openai-chat anthropic; do CHECKS+=("ai-tools-$p" "ai-tools-$p-stream"); done
-CHECKS+=(image-chat image-responses image-messages tool-image-messages tool-image-responses stop-chat stop-messages)
+CHECKS+=(image-chat image-responses image-messages tool-image-messages tool-image-responses stop-messages)
 CHECKS+=(usage-chat usage-messages usage-responses)
-CHECKS+=(reasoning-chat reasoning-chat-stream reasoning-responses reasoning-responses-stream reasoning-messages reasoning-messages-stream)
+CHECKS+=(reasoning-chat-stream reasoning-responses-stream reasoning-messages reasoning-messages-stream)
 CHECKS+=(abort-chat abort-messages abort-responses)
 CHECKS+=(tools-said-chat-stream tools-said-responses-stream tools-said-messages-stream ai-tools-anthropic-said-stream)
 CHECKS+=(length-chat-stream length-messages-stream length-responses-stream)
-CHECKS+=(length-ai-openai-stream length-ai-openai-chat-stream length-ai-anthropic-stream)
+CHECKS+=(length-ai-openai-stream length-ai-anthropic-stream)
 for c in openai anthropic ai; do
 	for m in cut malformed inband; do CHECKS+=("fail-$c-$m-stream"); done
 done
 CHECKS+=(count-tokens-across forced-chat-stream forced-responses-stream forced-messages-stream)
 for p in openai openai-chat anthropic; do CHECKS+=("ai-stream-object-$p"); done
-CHECKS+=(document-messages document-chat)
+CHECKS+=(document-messages)
 CHECKS+=(interleaved-messages-stream interleaved-responses-stream interleaved-chat-stream interleaved-ai-anthropic-stream interleaved-ai-openai-stream claude-interleaved)
 CHECKS+=(claude-parallel-anthropic claude-parallel-translate claude-parallel-chat claude-parallel-kimi-ids claude-image-translate claude-image-chat)
 
@@ -162,7 +162,6 @@ stop_across() {
 	[ "$got" = '["END","STOP"]' ] || { echo "to-messages: the provider's stop_sequences is $got"; return 1; }
 	[[ ",$(dropped to-responses | tr -d ' ')," == *",$2,"* ]] || { echo "to-responses: Brama-Dropped is '$(dropped to-responses)', want it to name $2"; return 1; }
 }
-check_stop_chat() { stop_across chat-stop stop; }
 check_stop_messages() { stop_across messages-stop stop_sequences; }
 
 # --- Usage at a stream's end --------------------------------------------
@@ -209,9 +208,7 @@ reasoning_across() {
 	asked=$(provider_bodies to-responses | jq -c '.reasoning.effort // "none"')
 	[ "$asked" != '"none"' ] || { echo "to-responses: the provider got no reasoning.effort"; return 1; }
 }
-check_reasoning_chat() { reasoning_across chat-reasoning to-chat ""; }
 check_reasoning_chat_stream() { reasoning_across chat-reasoning to-chat "" STREAM=1; }
-check_reasoning_responses() { reasoning_across responses-reasoning to-responses reasoning; }
 check_reasoning_responses_stream() { reasoning_across responses-reasoning to-responses reasoning STREAM=1; }
 check_reasoning_messages() { reasoning_across messages-reasoning to-messages thinking; }
 check_reasoning_messages_stream() { reasoning_across messages-reasoning to-messages thinking STREAM=1; }
@@ -257,7 +254,6 @@ check_length_chat_stream() { length_across chat-length length STREAM=1; }
 check_length_messages_stream() { length_across messages-length max_tokens STREAM=1; }
 check_length_responses_stream() { length_across responses-length incomplete:max_output_tokens STREAM=1; }
 check_length_ai_openai_stream() { length_across ai-length length AI_PROVIDER=openai STREAM=1; }
-check_length_ai_openai_chat_stream() { length_across ai-length length AI_PROVIDER=openai-chat STREAM=1; }
 check_length_ai_anthropic_stream() { length_across ai-length length AI_PROVIDER=anthropic STREAM=1; }
 
 # --- A stream that fails after commit, on every alias --------------------
@@ -344,7 +340,6 @@ document_across() {
 	done
 }
 check_document_messages() { document_across messages-document; }
-check_document_chat() { document_across chat-document; }
 
 # --- Claude Code: parallel Reads with thinking, and a Read of a picture ---
 
