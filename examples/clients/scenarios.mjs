@@ -93,13 +93,16 @@ export function scenarios({ model, stream, openai, anthropic, aiOpenAI, aiAnthro
       return { names, said, text: quotesBoth(r2.content.filter((b) => b.type === "text").map((b) => b.text).join("")), stop: r2.stop_reason, usage: r2.usage };
     },
     // The Vercel AI SDK's own tool loop (stopWhen), over AI_PROVIDER:
-    // openai (Responses), openai-chat or anthropic.
+    // openai (Responses), openai-chat or anthropic; AI_STORE=false sets
+    // the Responses provider's store: false (else it sends an earlier
+    // answer's text back as an item_reference, which translation refuses).
     async "ai-tools"() {
       const p = process.env.AI_PROVIDER;
       const m = p === "anthropic" ? aiAnthropic()(model) : p === "openai-chat" ? aiOpenAI().chat(model) : aiOpenAI()(model);
       const tools = {};
       for (const f of [weather, time]) tools[f.name] = tool({ description: f.description, inputSchema: jsonSchema(f.parameters), execute: async () => results[f.name] });
       const opts = { model: m, prompt: ask + note, tools, stopWhen: stepCountIs(3), maxOutputTokens: 300, maxRetries: 0 };
+      if (process.env.AI_STORE === "false") opts.providerOptions = { openai: { store: false } };
       let r, err;
       if (stream) {
         r = streamText({ ...opts, onError: (e) => (err = e.error) });
