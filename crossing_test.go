@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"net"
 	"testing"
 )
@@ -43,4 +44,32 @@ func TestTrustedProxyForgedProto(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The fields a caller's Connection header names are hop-by-hop (RFC 9110
+// §7.6.1), like Connection itself, TE, Upgrade, Keep-Alive and Proxy-*:
+// none reaches the provider, not even a format option (SPEC §7.6).
+func TestHopByHopHeadersStayWithTheCaller(t *testing.T) {
+	fx := protocolFixtures[1]
+	env := stateEnv(t)
+	prov := newRecordingProvider(t, fx.buffered, "")
+	env["BRAMA_PROVIDER_ANTHROPIC_BASE_URL"] = prov.URL
+	d := startDaemon(t, env, fmt.Sprintf(`{%q:%q}`, fx.provider, fx.key), "-local-credentials-stdin")
+	const proxySecret = "cHJveHktc2VjcmV0LXBsYW50ZWQ="
+	status, _, body := d.call("POST", "/v1/messages", d.token, `{"model":"anthropic/claude-test","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}`,
+		"Connection", "anthropic-beta, X-Hop", "anthropic-beta", "hop-only-beta", "X-Hop", "1",
+		"TE", "trailers", "Upgrade", "h2c", "Keep-Alive", "timeout=5", "Proxy-Authorization", "Basic "+proxySecret)
+	if status != 200 {
+		t.Fatalf("status %d: %s", status, body)
+	}
+	got := prov.last(t).header
+	for _, name := range []string{"Anthropic-Beta", "X-Hop", "Connection", "Te", "Upgrade", "Keep-Alive", "Proxy-Authorization"} {
+		if v := got.Values(name); len(v) > 0 {
+			t.Errorf("the provider got the caller's hop-by-hop %s: %q", name, v)
+		}
+	}
+	if got.Get("anthropic-version") != "2023-06-01" {
+		t.Errorf("anthropic-version %q, want Brama's default", got.Get("anthropic-version"))
+	}
+	assertNoSecret(t, proxySecret, d.stderr.String(), env["BRAMA_STATE_DIR"])
 }

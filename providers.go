@@ -205,6 +205,12 @@ func buildUpstreamRequest(ctx context.Context, p providerInfo, baseURL string, c
 // credential and the format's version and beta headers, the caller's merged
 // with p's; no other caller header is ever copied.
 func setProviderHeaders(h http.Header, p providerInfo, cred upstreamCredential, caller http.Header, stream bool) {
+	if named := caller.Values("Connection"); len(named) > 0 { // hop-by-hop fields (RFC 9110 §7.6.1)
+		caller = caller.Clone()
+		for _, f := range strings.Split(strings.Join(named, ","), ",") {
+			caller.Del(strings.TrimSpace(f))
+		}
+	}
 	h.Set("Content-Type", "application/json")
 	h.Set("Accept", "application/json")
 	if stream {
