@@ -2,7 +2,10 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"net"
+	"net/http"
+	"strings"
 	"testing"
 )
 
@@ -72,4 +75,30 @@ func TestHopByHopHeadersStayWithTheCaller(t *testing.T) {
 		t.Errorf("anthropic-version %q, want Brama's default", got.Get("anthropic-version"))
 	}
 	assertNoSecret(t, proxySecret, d.stderr.String(), env["BRAMA_STATE_DIR"])
+}
+
+// A member name may hold any character JSON can, control characters too; a
+// translated answer names it in Brama-Dropped (SPEC §7.6), escaped as JSON
+// writes it, so the header stays one the caller's HTTP client can read.
+func TestDroppedNamesWithControlCharacters(t *testing.T) {
+	fx := protocolFixtures[1]
+	fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, fx.buffered)
+	})
+	env := stateEnv(t)
+	env["BRAMA_PROVIDER_ANTHROPIC_BASE_URL"] = fake.URL
+	d := startDaemon(t, env, fmt.Sprintf(`{%q:%q}`, fx.provider, fx.key), "-local-credentials-stdin")
+	body := `{"model":"anthropic/claude-test","max_tokens":5,"logit_bias":{"1":1},"x\u0000y\u00e9\r\nInjected: 1":1,"messages":[{"role":"user","content":"hi"}]}`
+	req, _ := http.NewRequest("POST", d.url+"/v1/chat/completions", strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+d.token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("the caller could not read the answer: %v", err)
+	}
+	resp.Body.Close()
+	want := `logit_bias, x\u0000yé\u000d\u000aInjected: 1`
+	if resp.StatusCode != 200 || resp.Header.Get("Brama-Dropped") != want || resp.Header.Get("Injected") != "" {
+		t.Errorf("%d Brama-Dropped %q (Injected %q), want 200 %q", resp.StatusCode, resp.Header.Get("Brama-Dropped"), resp.Header.Get("Injected"), want)
+	}
 }

@@ -3,8 +3,10 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -417,7 +419,7 @@ func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, model strin
 	if !pass {
 		tr = req.translated()
 		if dropped := tr.droppedFor(p); len(dropped) > 0 { // SPEC §7.6: nothing is dropped silently
-			w.Header().Set("Brama-Dropped", strings.Join(dropped, ", "))
+			w.Header().Set("Brama-Dropped", headerText(strings.Join(dropped, ", ")))
 			e.t.dropped = dropped
 		}
 	}
@@ -450,6 +452,14 @@ func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, model strin
 	writeAnswer(w, "application/json", attempts, out)
 	return a.Usage, nil, false
 }
+
+// headerText escapes, as JSON does, the control characters a header value
+// cannot hold (RFC 9110 §5.5) and a caller's member name can.
+func headerText(s string) string {
+	return controlChars.ReplaceAllStringFunc(s, func(c string) string { return fmt.Sprintf(`\u%04x`, c[0]) })
+}
+
+var controlChars = regexp.MustCompile(`[\x00-\x1f\x7f]`)
 
 // writeAnswer writes a buffered 200 answer with its attempts.
 func writeAnswer(w http.ResponseWriter, contentType string, attempts int, body []byte) {
