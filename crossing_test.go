@@ -102,3 +102,29 @@ func TestDroppedNamesWithControlCharacters(t *testing.T) {
 		t.Errorf("%d Brama-Dropped %q (Injected %q), want 200 %q", resp.StatusCode, resp.Header.Get("Brama-Dropped"), resp.Header.Get("Injected"), want)
 	}
 }
+
+// Whatever forwarded headers a client sends, a trusted proxy that appends
+// its own http to either one leaves the request refused (SPEC §3.3).
+func FuzzTransportGuard(f *testing.F) {
+	f.Add("https", "proto=https", false)
+	f.Add("https, https", `for="[2001:db8::1]:80";proto="https"`, true)
+	f.Add("", "proto=https,", false)
+	g, err := newTransportGuard("192.0.2.7")
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, xfp, fwd string, proxySetsForwarded bool) {
+		r, _ := http.NewRequest("GET", "http://brama/health", nil)
+		r.RemoteAddr = "192.0.2.7:5000"
+		r.Header.Add("X-Forwarded-Proto", xfp)
+		r.Header.Add("Forwarded", fwd)
+		if proxySetsForwarded {
+			r.Header.Add("Forwarded", "for=192.0.2.9;proto=http")
+		} else {
+			r.Header.Add("X-Forwarded-Proto", "http")
+		}
+		if g.allows(r) {
+			t.Fatalf("plain HTTP accepted: X-Forwarded-Proto %q, Forwarded %q", r.Header.Values("X-Forwarded-Proto"), r.Header.Values("Forwarded"))
+		}
+	})
+}
