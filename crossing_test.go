@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -127,4 +128,27 @@ func FuzzTransportGuard(f *testing.F) {
 			t.Fatalf("plain HTTP accepted: X-Forwarded-Proto %q, Forwarded %q", r.Header.Values("X-Forwarded-Proto"), r.Header.Values("Forwarded"))
 		}
 	})
+}
+
+// A direct key holding a control character (a key file read whole, its
+// newline kept) cannot go in a header: net/http refuses before sending.
+// That is no call and no key to present: 503 credential_unauthorized with
+// attempts 0 (SPEC §7.1, §8.1), not a provider_incomplete call that may
+// have been billed.
+func TestDirectKeyWithAControlCharacter(t *testing.T) {
+	for _, key := range []string{"sk-planted-key-0123456789\n", "sk-planted\x00key-0123456789"} {
+		t.Run(fmt.Sprintf("%q", key), func(t *testing.T) {
+			fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {})
+			env := stateEnv(t)
+			env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = fake.URL
+			stdin, _ := json.Marshal(map[string]string{"openai": key})
+			d := startDaemon(t, env, string(stdin), "-local-credentials-stdin")
+			status, h, body := d.call("POST", "/v1/chat/completions", d.token, `{"model":"openai/gpt-test","messages":[{"role":"user","content":"hi"}]}`)
+			e := envelopeOf(t, body)
+			if status != 503 || e["code"] != "credential_unauthorized" || e["attempts"] != 0.0 || h.Get("Brama-Attempts") != "0" || fake.calls.Load() != 0 {
+				t.Errorf("%d %s (Brama-Attempts %q, %d provider calls), want 503 credential_unauthorized, attempts 0, no call", status, body, h.Get("Brama-Attempts"), fake.calls.Load())
+			}
+			assertNoSecret(t, "key-0123456789", logsBesidesFirstStart(d.stderr.String())+string(body), env["BRAMA_STATE_DIR"])
+		})
+	}
 }

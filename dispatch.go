@@ -177,6 +177,9 @@ func (e *engine) directCredential(provider string) (string, error) {
 	if key == "" {
 		return "", refuse("credential_unauthorized", "no direct credential for provider %q", provider).withAttempts(0)
 	}
+	if controlChars.MatchString(key) { // net/http would refuse to send it: no call can present it
+		return "", refuse("credential_unauthorized", "the direct credential for provider %q holds a control character (a newline?); set it again", provider).withAttempts(0)
+	}
 	return key, nil
 }
 
