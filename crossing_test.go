@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 )
 
 // Tests of what crosses Brama besides the body: transport, headers each way.
@@ -130,25 +131,45 @@ func FuzzTransportGuard(f *testing.F) {
 	})
 }
 
-// A direct key holding a control character (a key file read whole, its
+// A credential holding a control character (a key file read whole, its
 // newline kept) cannot go in a header: net/http refuses before sending.
-// That is no call and no key to present: 503 credential_unauthorized with
-// attempts 0 (SPEC §7.1, §8.1), not a provider_incomplete call that may
-// have been billed.
-func TestDirectKeyWithAControlCharacter(t *testing.T) {
-	for _, key := range []string{"sk-planted-key-0123456789\n", "sk-planted\x00key-0123456789"} {
-		t.Run(fmt.Sprintf("%q", key), func(t *testing.T) {
+// That is no call and no credential to present: 503 credential_unauthorized
+// with attempts 0 (SPEC §7.1, §8.1), not a provider_incomplete call that
+// may have been billed, on a direct route and a subscription route alike.
+func TestCredentialWithAControlCharacter(t *testing.T) {
+	const chat = `{"model":"openai/gpt-test","messages":[{"role":"user","content":"hi"}]}`
+	const messages = `{"model":"claude-code/claude-test","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`
+	tests := []struct {
+		name, secret string
+		grant        bool
+	}{
+		{"direct key with its newline", "sk-planted-key-0123456789\n", false},
+		{"direct key with a NUL", "sk-planted\x00key-0123456789", false},
+		{"grant access token with its newline", "oat-planted-key-0123456789\n", true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
 			fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {})
-			env := stateEnv(t)
-			env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = fake.URL
-			stdin, _ := json.Marshal(map[string]string{"openai": key})
-			d := startDaemon(t, env, string(stdin), "-local-credentials-stdin")
-			status, h, body := d.call("POST", "/v1/chat/completions", d.token, `{"model":"openai/gpt-test","messages":[{"role":"user","content":"hi"}]}`)
-			e := envelopeOf(t, body)
-			if status != 503 || e["code"] != "credential_unauthorized" || e["attempts"] != 0.0 || h.Get("Brama-Attempts") != "0" || fake.calls.Load() != 0 {
-				t.Errorf("%d %s (Brama-Attempts %q, %d provider calls), want 503 credential_unauthorized, attempts 0, no call", status, body, h.Get("Brama-Attempts"), fake.calls.Load())
+			tokens := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {})
+			var d *daemon
+			var token, path, body string
+			if tc.grant {
+				d, token = oauthSetup(t, fake, tokens)
+				donateGrant(t, d, tc.secret, "ort-planted", time.Now().Add(time.Hour).UnixMilli())
+				path, body = "/v1/messages", messages
+			} else {
+				env := stateEnv(t)
+				env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = fake.URL
+				stdin, _ := json.Marshal(map[string]string{"openai": tc.secret})
+				d = startDaemon(t, env, string(stdin), "-local-credentials-stdin")
+				token, path, body = d.token, "/v1/chat/completions", chat
 			}
-			assertNoSecret(t, "key-0123456789", logsBesidesFirstStart(d.stderr.String())+string(body), env["BRAMA_STATE_DIR"])
+			status, h, got := d.call("POST", path, token, body)
+			e := envelopeOf(t, got)
+			if status != 503 || e["code"] != "credential_unauthorized" || e["attempts"] != 0.0 || h.Get("Brama-Attempts") != "0" || fake.calls.Load()+tokens.calls.Load() != 0 {
+				t.Errorf("%d %s (Brama-Attempts %q, %d provider calls), want 503 credential_unauthorized, attempts 0, no call", status, got, h.Get("Brama-Attempts"), fake.calls.Load()+tokens.calls.Load())
+			}
+			assertNoSecret(t, "key-0123456789", logsBesidesFirstStart(d.stderr.String())+string(got), d.env["BRAMA_STATE_DIR"])
 		})
 	}
 }

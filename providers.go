@@ -243,6 +243,26 @@ func setProviderHeaders(h http.Header, p providerInfo, cred upstreamCredential, 
 	}
 }
 
+// controlAt is the index of s's first control character, which no header
+// value may hold (RFC 9110 §5.5), or -1.
+func controlAt(s string) int {
+	for i := range len(s) {
+		if s[i] < ' ' || s[i] == 0x7f {
+			return i
+		}
+	}
+	return -1
+}
+
+// headerText is s with each control character escaped as JSON writes it:
+// a caller's member name may hold any.
+func headerText(s string) string {
+	if i := controlAt(s); i >= 0 {
+		return s[:i] + fmt.Sprintf(`\u%04x`, s[i]) + headerText(s[i+1:])
+	}
+	return s
+}
+
 // mergeTokens joins comma-separated header values and the required tokens,
 // in order, each once.
 func mergeTokens(values []string, required ...string) string {
