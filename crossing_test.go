@@ -173,3 +173,28 @@ func TestCredentialWithAControlCharacter(t *testing.T) {
 		})
 	}
 }
+
+// The log line's route is the route that answered (SPEC §13, §7.6's
+// Brama-Route): for a selector, the candidate that served and billed.
+func TestLogLineNamesTheRouteThatAnswered(t *testing.T) {
+	env := stateEnv(t)
+	fake := newKeyedFake(t, map[string]string{"groq-1": "200"})
+	env["BRAMA_PROVIDER_GROQ_BASE_URL"] = fake.URL
+	d := startDaemon(t, env, "")
+	if s, _, b := d.call("PUT", "/v1/admin/routes", d.token, `{"alias":"g1","route":"groq/gq-a"}`); s != 200 {
+		t.Fatalf("PUT: %d %s", s, b)
+	}
+	tok, _ := agentWithSubs(t, d, "a1", "groq", "groq-1")
+	status, hdr, body := d.call("POST", "/v1/chat/completions", tok, chatBody(dialectChat, "any", false, ""))
+	if status != 200 || hdr.Get("Brama-Route") != "groq/gq-a" {
+		t.Fatalf("any: %d %s (Brama-Route %q), want 200 from groq/gq-a", status, body, hdr.Get("Brama-Route"))
+	}
+	id := hdr.Get("X-Request-Id")
+	d.stderr.waitFor(t, `"request_id":"`+id+`","method"`)
+	for _, l := range strings.Split(d.stderr.String(), "\n") {
+		if strings.Contains(l, `"msg":"request","request_id":"`+id+`"`) && !strings.Contains(l, `"route":"groq/gq-a"`) {
+			t.Errorf("the log line does not name the route that answered:\n%s", l)
+		}
+	}
+	assertNoSecret(t, "groq-1", logsBesidesFirstStart(d.stderr.String()), env["BRAMA_STATE_DIR"])
+}

@@ -60,6 +60,7 @@ type tally struct {
 	outcome       string
 	retryable     bool
 	input, output int
+	route         string // the route that answered (a selector's: its candidate)
 	dropped       []string
 	remember      func(ae *apiError, attempts int, hungUp, streamed bool) // the replay guard's (SPEC §8.1); nil: none
 }
@@ -439,6 +440,7 @@ func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *call
 // model; a stream's failure is written in-band (streamed), a buffered one not.
 func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, model string, req *callerRequest, c call, resp *http.Response, attempts int) (u usage, failure *apiError, streamed bool) {
 	w.Header().Set("Brama-Route", c.res.Route)
+	e.t.route = c.res.Route
 	p := c.res.Provider
 	pass, tr := !req.translates(p), chatRequest{}
 	if !pass {
