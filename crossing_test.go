@@ -172,6 +172,17 @@ func TestCredentialWithAControlCharacter(t *testing.T) {
 			assertNoSecret(t, "key-0123456789", logsBesidesFirstStart(d.stderr.String())+string(got), d.env["BRAMA_STATE_DIR"])
 		})
 	}
+	t.Run("a tab in a caller's format header", func(t *testing.T) { // a header value may hold one
+		fx := protocolFixtures[1]
+		prov := newRecordingProvider(t, fx.buffered, "")
+		env := stateEnv(t)
+		env["BRAMA_PROVIDER_ANTHROPIC_BASE_URL"] = prov.URL
+		d := startDaemon(t, env, fmt.Sprintf(`{%q:%q}`, fx.provider, fx.key), "-local-credentials-stdin")
+		status, _, got := d.call("POST", "/v1/messages", d.token, `{"model":"anthropic/claude-test","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`, "anthropic-beta", "beta-a\tb")
+		if status != 200 || prov.last(t).header.Get("anthropic-beta") != "beta-a\tb" {
+			t.Errorf("%d %s, want 200 with the caller's anthropic-beta passed", status, got)
+		}
+	})
 }
 
 // The log line's route is the route that answered (SPEC §13, §7.6's

@@ -243,11 +243,11 @@ func setProviderHeaders(h http.Header, p providerInfo, cred upstreamCredential, 
 	}
 }
 
-// controlAt is the index of s's first control character, which no header
-// value may hold (RFC 9110 §5.5), or -1.
+// controlAt is the index of s's first control character but a tab, which
+// no header value may hold (RFC 9110 §5.5), or -1.
 func controlAt(s string) int {
 	for i := range len(s) {
-		if s[i] < ' ' || s[i] == 0x7f {
+		if s[i] < ' ' && s[i] != '\t' || s[i] == 0x7f {
 			return i
 		}
 	}
