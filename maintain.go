@@ -19,6 +19,9 @@ import (
 
 var errMaintenanceStopped = errors.New("the maintenance scheduler is not running")
 
+// errPassCut is a pass the server's stop ended before its reads and refreshes did.
+var errPassCut = fmt.Errorf("%w: the server is stopping, so this pass ended before its reads and refreshes", errMaintenanceStopped)
+
 // maintainer runs one daemon's passes one at a time on loop's goroutine;
 // passes asked for while one runs become exactly one more.
 type maintainer struct {
@@ -306,6 +309,9 @@ func (m *maintainer) passOnce(ctx context.Context) passReport {
 	subs, retired, err := m.live() // none when err: the counts stay 0 and OK false
 	m.usagePass(ctx, subs, &rep)
 	m.refreshPass(ctx, subs, &rep)
+	if err == nil && ctx.Err() != nil {
+		err = errPassCut // what it skipped is neither read nor failed: not ok
+	}
 	m.inv.invalidate(false) // the listing shows the pass at once (SPEC §10.2)
 	for _, s := range subs {
 		switch {

@@ -1,0 +1,44 @@
+package main
+
+import (
+	"net/http"
+	"testing"
+	"time"
+)
+
+// The daemon's life: start, readiness, shutdown (SPEC §2.3, §11.2, §13, §16).
+
+// TestMaintainCutByShutdownIsNotOK: a pass the first stop signal cuts
+// mid-read read nothing and failed nothing, yet it did not run to its end;
+// POST /v1/admin/maintain must not answer it ok (brama maintain would exit 0).
+func TestMaintainCutByShutdownIsNotOK(t *testing.T) {
+	fake := newMaintProviderFake(t, &testClock{t: time.Now()})
+	d, _ := maintDaemon(t, fake)
+	d.stderr.waitFor(t, `"msg":"maintenance_pass_done"`) // the start pass, before any subscription
+	arrived := make(chan struct{})
+	fake.handle(fakeKimiUsage, func(w http.ResponseWriter, r *http.Request) {
+		close(arrived)
+		<-r.Context().Done() // a slow report: the read is still running at shutdown
+	})
+	status, _, b := d.call("POST", "/v1/admin/subscriptions/a1", d.token, `{"provider":"kimi","api_key":"plantedKimiKey"}`)
+	donatedID(t, status, b, "a1", "kimi")
+
+	type answer struct {
+		status int
+		body   string
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		status, _, b := d.call("POST", "/v1/admin/maintain", d.token, "")
+		answered <- answer{status, string(b)}
+	}()
+	<-arrived
+	go d.stop() // the first signal: the running request drains, the pass is cut
+	got := <-answered
+	if got.status == http.StatusOK {
+		t.Fatalf("a pass cut by shutdown answered %d %s, want a refusal", got.status, got.body)
+	}
+	if e := envelopeOf(t, []byte(got.body)); e["code"] != "dependency_unavailable" {
+		t.Errorf("envelope %v, want dependency_unavailable", e)
+	}
+}
