@@ -1,7 +1,10 @@
 package main
 
 import (
+	"encoding/json"
 	"net/http"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -40,5 +43,28 @@ func TestMaintainCutByShutdownIsNotOK(t *testing.T) {
 	}
 	if e := envelopeOf(t, []byte(got.body)); e["code"] != "dependency_unavailable" {
 		t.Errorf("envelope %v, want dependency_unavailable", e)
+	}
+}
+
+// TestReadyzWarnsOfARelativeFileVariable: a relative BRAMA_ROUTES_FILE,
+// BRAMA_VAULT_FILE or BRAMA_CLIENTS_FILE leaves that file without a place
+// (README: §2.1's "no state directory", naming it); /readyz says so, as it
+// does for the state directory, instead of nothing at all.
+func TestReadyzWarnsOfARelativeFileVariable(t *testing.T) {
+	for _, name := range []string{"BRAMA_ROUTES_FILE", "BRAMA_VAULT_FILE", "BRAMA_CLIENTS_FILE"} {
+		t.Run(name, func(t *testing.T) {
+			env := stateEnv(t)
+			env[name] = "relative.json"
+			d := startDaemon(t, env, "")
+			_, _, b := d.call("GET", "/readyz", "", "")
+			var rd readiness
+			if err := json.Unmarshal(b, &rd); err != nil {
+				t.Fatal(err)
+			}
+			want := name + ` "relative.json" is not an absolute path`
+			if !slices.ContainsFunc(rd.Warnings, func(w string) bool { return strings.Contains(w, want) }) {
+				t.Errorf("/readyz %s, want a warning naming %s", b, want)
+			}
+		})
 	}
 }

@@ -387,6 +387,11 @@ func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 	if s.st.dir == "" {
 		rd.Warnings = append(rd.Warnings, "no state directory: "+s.st.cause.Error())
 	}
+	for _, err := range []error{s.reg.pathErr, s.vault.pathErr, s.clients.pathErr} {
+		if err != nil && !errors.Is(err, s.st.cause) { // its own variable is relative
+			rd.Warnings = append(rd.Warnings, err.Error())
+		}
+	}
 	if _, err := s.reg.current(); err != nil && !errors.As(err, new(*noStateError)) {
 		rd.Reasons = append(rd.Reasons, "route registry unusable: "+s.hidePath(err.Error(), s.reg.path))
 	}
