@@ -1,8 +1,14 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
+	"io/fs"
+	"net"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -66,5 +72,54 @@ func TestReadyzWarnsOfARelativeFileVariable(t *testing.T) {
 				t.Errorf("/readyz %s, want a warning naming %s", b, want)
 			}
 		})
+	}
+}
+
+// cancelOnWrite cancels its context at the first write: a serve that
+// started listening when it should have refused ends instead of blocking.
+type cancelOnWrite struct {
+	syncBuffer
+	cancel context.CancelFunc
+}
+
+func (w *cancelOnWrite) Write(p []byte) (int, error) {
+	w.cancel()
+	return w.syncBuffer.Write(p)
+}
+
+// TestServeRefusesABadAddr: an -addr that is empty, has no port or a port
+// out of range is a usage error (exit 2, SPEC §16.1) naming the flag, before
+// any state is touched; an empty one used to listen on every interface at a
+// random port.
+func TestServeRefusesABadAddr(t *testing.T) {
+	for _, addr := range []string{"", "8080", "127.0.0.1:", "127.0.0.1:99999", "127.0.0.1:-1"} {
+		t.Run(addr, func(t *testing.T) {
+			env := stateEnv(t)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			stdout := &cancelOnWrite{cancel: cancel}
+			var stderr bytes.Buffer
+			err := run(ctx, nil, []string{"serve", "-addr", addr}, testEnv(env), strings.NewReader(""), stdout, &stderr)
+			code := exitCode(err, &stderr)
+			if code != 2 || !strings.Contains(stderr.String(), "-addr") || stdout.String() != "" {
+				t.Errorf("exit %d, stdout %q, stderr %q; want exit 2 naming -addr", code, stdout.String(), stderr.String())
+			}
+			if _, err := os.Stat(env["BRAMA_STATE_DIR"]); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("a refused serve touched the state directory: %v", err)
+			}
+		})
+	}
+}
+
+// TestServeOnAPortInUse: the listener's refusal is exit 1 naming it (README).
+func TestServeOnAPortInUse(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	out, errOut, code := runCLI(t, stateEnv(t), "", "serve", "-addr", ln.Addr().String())
+	if code != 1 || out != "" || !strings.Contains(errOut, "address already in use") {
+		t.Errorf("exit %d, stdout %q, stderr %q; want exit 1 naming the address in use", code, out, errOut)
 	}
 }

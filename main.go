@@ -250,6 +250,9 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 	if _, err := parseFlags(fs, args, 0, "serve [-addr ADDR] [-local-credentials-stdin]"); err != nil {
 		return err
 	}
+	if err := checkListenAddr(*addr); err != nil {
+		return err
+	}
 	sy := e.sys()
 	if testingOnlyNow != nil {
 		sy.now = testingOnlyNow
@@ -364,6 +367,22 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 	}
 	s.inflight.Lock() // every request still being served has written its log line
 	s.inflight.Unlock()
+	return nil
+}
+
+// checkListenAddr refuses an -addr net.Listen would misread: empty (every
+// interface), no port or an empty one (a random port), or a bad port.
+func checkListenAddr(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err == nil && port == "" {
+		err = errors.New("no port")
+	}
+	if err == nil {
+		_, err = net.LookupPort("tcp", port)
+	}
+	if err != nil {
+		return &usageError{fmt.Sprintf("-addr %q is not HOST:PORT to listen on (e.g. 127.0.0.1:8080): %v", addr, err)}
+	}
 	return nil
 }
 
