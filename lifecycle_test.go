@@ -123,3 +123,16 @@ func TestServeOnAPortInUse(t *testing.T) {
 		t.Errorf("exit %d, stdout %q, stderr %q; want exit 1 naming the address in use", code, out, errOut)
 	}
 }
+
+// TestLogLevelInvalidIsLogged: a BRAMA_LOG_LEVEL slog cannot read falls
+// back to info, as README says, but says so, as a bad …_SECS does; a
+// level it reads, any case, or none says nothing.
+func TestLogLevelInvalidIsLogged(t *testing.T) {
+	for level, warned := range map[string]bool{"verbose": true, "2": true, "": false, "debug": false, " WARN ": false, "info+2": false} {
+		var logs bytes.Buffer
+		newLogger(&logs, level).Error("probe")
+		if got := strings.Contains(logs.String(), `"msg":"log_level_invalid"`); got != warned {
+			t.Errorf("BRAMA_LOG_LEVEL=%q: logged log_level_invalid %v, want %v:\n%s", level, got, warned, logs.String())
+		}
+	}
+}

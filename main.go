@@ -235,10 +235,15 @@ func openDeps(getenv func(string) string, sy sys) deps {
 // newLogger makes the JSON slog logger at BRAMA_LOG_LEVEL.
 func newLogger(w io.Writer, level string) *slog.Logger {
 	var lv slog.Level
-	if err := lv.UnmarshalText([]byte(strings.TrimSpace(level))); err != nil || level == "" {
+	err := lv.UnmarshalText([]byte(strings.TrimSpace(level)))
+	if err != nil {
 		lv = slog.LevelInfo
 	}
-	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: lv}))
+	log := slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: lv}))
+	if err != nil && level != "" {
+		log.Warn("log_level_invalid", "value", strings.TrimSpace(level), "using", "info")
+	}
+	return log
 }
 
 // serve runs the daemon until ctx ends, then drains until its requests end
