@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -133,6 +134,51 @@ func TestLogLevelInvalidIsLogged(t *testing.T) {
 		newLogger(&logs, level).Error("probe")
 		if got := strings.Contains(logs.String(), `"msg":"log_level_invalid"`); got != warned {
 			t.Errorf("BRAMA_LOG_LEVEL=%q: logged log_level_invalid %v, want %v:\n%s", level, got, warned, logs.String())
+		}
+	}
+}
+
+// TestMetricsCarryTheMaintenanceState: /metrics is /stats in Prometheus
+// text format (SPEC §13), the maintenance state included: passes, dropped
+// requests, whether one runs or is pending, and the armed due moment.
+func TestMetricsCarryTheMaintenanceState(t *testing.T) {
+	fake := newMaintProviderFake(t, &testClock{t: time.Now()})
+	d, _ := maintDaemon(t, fake)
+	d.stderr.waitFor(t, `"msg":"maintenance_pass_done"`)
+	expires := time.Now().Add(time.Hour).Truncate(time.Second)
+	donateGrant(t, d, "plantedAccessCC", "plantedRefreshCC", expires.UnixMilli())
+	if s, _, b := d.call("POST", "/v1/admin/maintain", d.token, ""); s != http.StatusOK {
+		t.Fatalf("POST /v1/admin/maintain = %d %s", s, b)
+	}
+	var st struct {
+		Maintenance struct {
+			Passes    int     `json:"passes"`
+			NextDueAt *string `json:"next_due_at"`
+		} `json:"maintenance"`
+	}
+	for range 10000 { // the loop arms the due timer just after the pass answered
+		_, _, sb := d.call("GET", "/stats", d.token, "")
+		if err := json.Unmarshal(sb, &st); err != nil {
+			t.Fatalf("/stats: %s (%v)", sb, err)
+		}
+		if st.Maintenance.NextDueAt != nil {
+			break
+		}
+	}
+	if st.Maintenance.NextDueAt == nil {
+		t.Fatal("/stats never showed the grant's expiry as the next due moment")
+	}
+	due, _ := time.Parse(time.RFC3339, *st.Maintenance.NextDueAt)
+	_, _, mb := d.call("GET", "/metrics", d.token, "")
+	for _, want := range []string{
+		"# TYPE brama_maintenance_passes_total counter\nbrama_maintenance_passes_total " + strconv.Itoa(st.Maintenance.Passes) + "\n",
+		"# TYPE brama_maintenance_requests_dropped_total counter\nbrama_maintenance_requests_dropped_total 0\n",
+		"# TYPE brama_maintenance_running gauge\nbrama_maintenance_running 0\n",
+		"# TYPE brama_maintenance_pending gauge\nbrama_maintenance_pending 0\n",
+		"# TYPE brama_maintenance_next_due_timestamp_seconds gauge\nbrama_maintenance_next_due_timestamp_seconds " + strconv.FormatInt(due.Unix(), 10) + "\n",
+	} {
+		if !strings.Contains(string(mb), want) {
+			t.Errorf("/metrics lacks\n%s\nin\n%s", want, mb)
 		}
 	}
 }

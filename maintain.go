@@ -278,6 +278,22 @@ func (m *maintainer) state() map[string]any {
 		"requests_dropped": m.dropped, "next_due_at": rfc3339OrNil(m.timerAt), "last_pass": m.last}
 }
 
+// metrics is state as /metrics numbers: the same as /stats (SPEC §13). Nil-safe.
+func (m *maintainer) metrics() map[string]float64 {
+	if m == nil {
+		return map[string]float64{"brama_maintenance_passes_total": 0}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	flag := map[bool]float64{true: 1}
+	out := map[string]float64{"brama_maintenance_passes_total": float64(m.passes), "brama_maintenance_requests_dropped_total": float64(m.dropped),
+		"brama_maintenance_running": flag[m.running], "brama_maintenance_pending": flag[m.pending != ""]}
+	if !m.timerAt.IsZero() {
+		out["brama_maintenance_next_due_timestamp_seconds"] = float64(m.timerAt.Unix())
+	}
+	return out
+}
+
 // rfc3339OrNil is t in RFC 3339 UTC, or nil for the zero time.
 func rfc3339OrNil(t time.Time) *string {
 	if t.IsZero() {

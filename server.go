@@ -560,8 +560,7 @@ func (s *server) handleStats(w http.ResponseWriter, r *http.Request) {
 func (s *server) handleMetrics(w http.ResponseWriter, r *http.Request) {
 	size, _ := s.journal.size()
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-	writeMetrics(w, s.perf.snapshot(), map[string]float64{
-		"brama_attempts_total": float64(s.attempts.Load()),
-		"brama_journal_bytes":  float64(size),
-	})
+	extra := s.maint.metrics()
+	extra["brama_attempts_total"], extra["brama_journal_bytes"] = float64(s.attempts.Load()), float64(size)
+	writeMetrics(w, s.perf.snapshot(), extra)
 }
