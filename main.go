@@ -401,9 +401,11 @@ func readLocalCredentials(r io.Reader) (map[string]string, error) {
 	if err := decodeStrict("-local-credentials-stdin", b, &creds); err != nil {
 		return nil, err
 	}
-	for p := range creds {
+	for p, key := range creds {
 		if info, ok := lookupProvider(p); !ok || info.cred != credDirect {
 			return nil, fmt.Errorf("-local-credentials-stdin: %q is not a provider that takes a direct API key", p)
+		} else if strings.TrimSpace(key) == "" {
+			return nil, fmt.Errorf("-local-credentials-stdin: the API key for %q is empty", p)
 		}
 	}
 	return creds, nil
