@@ -387,9 +387,10 @@ func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 	if s.st.dir == "" {
 		rd.Warnings = append(rd.Warnings, "no state directory: "+s.st.cause.Error())
 	}
-	for _, err := range []error{s.reg.pathErr, s.vault.pathErr, s.clients.pathErr} {
-		if err != nil && !errors.Is(err, s.st.cause) { // its own variable is relative
-			rd.Warnings = append(rd.Warnings, err.Error())
+	for i, err := range []error{s.reg.pathErr, s.vault.pathErr, s.clients.pathErr} {
+		if err != nil && !errors.Is(err, s.st.cause) { // not the value: it may lie outside the state directory
+			env := []string{"BRAMA_ROUTES_FILE", "BRAMA_VAULT_FILE", "BRAMA_CLIENTS_FILE"}[i]
+			rd.Warnings = append(rd.Warnings, env+" is not an absolute path, so that file has no place (§2.1's no state directory)")
 		}
 	}
 	if _, err := s.reg.current(); err != nil && !errors.As(err, new(*noStateError)) {
