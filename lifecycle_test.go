@@ -186,18 +186,23 @@ func TestMetricsCarryTheMaintenanceState(t *testing.T) {
 // TestLocalCredentialsRefuseABlankKey: -local-credentials-stdin with a
 // provider whose key is empty or blank used to serve, /readyz ready with a
 // payer that could pay nothing; it is refused naming the provider (exit 1),
-// as credentials set refuses an empty key.
+// as credentials set refuses an empty key. So is null, which decoded to no
+// map at all and put the vault's direct keys back in use (SPEC §16).
 func TestLocalCredentialsRefuseABlankKey(t *testing.T) {
-	for _, stdin := range []string{`{"openai":""}`, `{"openai":"k","anthropic":" \t"}`} {
+	env := stateEnv(t)
+	if _, errOut, code := runCLI(t, env, "sk-vault\n", "credentials", "set", "openai"); code != 0 {
+		t.Fatalf("credentials set: %s", errOut)
+	}
+	for stdin, want := range map[string]string{`{"openai":""}`: "empty", `{"openai":"k","anthropic":" \t"}`: "empty", "null": "JSON object"} {
 		ctx, cancel := context.WithCancel(context.Background())
 		stdout := &cancelOnWrite{cancel: cancel} // a serve that listens ends at once
 		var stderr bytes.Buffer
-		err := run(ctx, nil, []string{"serve", "-addr", "127.0.0.1:0", "-local-credentials-stdin"}, testEnv(stateEnv(t)), strings.NewReader(stdin), stdout, &stderr)
+		err := run(ctx, nil, []string{"serve", "-addr", "127.0.0.1:0", "-local-credentials-stdin"}, testEnv(env), strings.NewReader(stdin), stdout, &stderr)
 		cancel()
 		code := exitCode(err, &stderr)
 		out, errOut := stdout.String(), stderr.String()
-		if code != 1 || out != "" || !strings.Contains(errOut, "-local-credentials-stdin") || !strings.Contains(errOut, "empty") {
-			t.Errorf("stdin %s: exit %d, stdout %q, stderr %q; want exit 1 naming the empty key", stdin, code, out, errOut)
+		if code != 1 || out != "" || !strings.Contains(errOut, "-local-credentials-stdin") || !strings.Contains(errOut, want) {
+			t.Errorf("stdin %s: exit %d, stdout %q, stderr %q; want exit 1 saying %q", stdin, code, out, errOut, want)
 		}
 	}
 }

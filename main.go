@@ -400,6 +400,8 @@ func readLocalCredentials(r io.Reader) (map[string]string, error) {
 	creds := map[string]string{}
 	if err := decodeStrict("-local-credentials-stdin", b, &creds); err != nil {
 		return nil, err
+	} else if creds == nil { // null: no map, and the vault's keys would be read
+		return nil, errors.New("-local-credentials-stdin: not a JSON object")
 	}
 	for p, key := range creds {
 		if info, ok := lookupProvider(p); !ok || info.cred != credDirect {
