@@ -235,13 +235,14 @@ func openDeps(getenv func(string) string, sy sys) deps {
 // newLogger makes the JSON slog logger at BRAMA_LOG_LEVEL.
 func newLogger(w io.Writer, level string) *slog.Logger {
 	var lv slog.Level
-	err := lv.UnmarshalText([]byte(strings.TrimSpace(level)))
+	level = strings.TrimSpace(level)
+	err := lv.UnmarshalText([]byte(level))
 	if err != nil {
 		lv = slog.LevelInfo
 	}
 	log := slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: lv}))
 	if err != nil && level != "" {
-		log.Warn("log_level_invalid", "value", strings.TrimSpace(level), "using", "info")
+		log.Warn("log_level_invalid", "value", level, "using", "info")
 	}
 	return log
 }

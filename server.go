@@ -387,10 +387,12 @@ func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 	if s.st.dir == "" {
 		rd.Warnings = append(rd.Warnings, "no state directory: "+s.st.cause.Error())
 	}
-	for i, err := range []error{s.reg.pathErr, s.vault.pathErr, s.clients.pathErr} {
-		if err != nil && !errors.Is(err, s.st.cause) { // not the value: it may lie outside the state directory
-			env := []string{"BRAMA_ROUTES_FILE", "BRAMA_VAULT_FILE", "BRAMA_CLIENTS_FILE"}[i]
-			rd.Warnings = append(rd.Warnings, env+" is not an absolute path, so that file has no place (§2.1's no state directory)")
+	for _, f := range []struct {
+		env string
+		err error
+	}{{"BRAMA_ROUTES_FILE", s.reg.pathErr}, {"BRAMA_VAULT_FILE", s.vault.pathErr}, {"BRAMA_CLIENTS_FILE", s.clients.pathErr}} {
+		if f.err != nil && !errors.Is(f.err, s.st.cause) { // not the value: it may lie outside the state directory
+			rd.Warnings = append(rd.Warnings, f.env+" is not an absolute path, so that file has no place (§2.1's no state directory)")
 		}
 	}
 	if _, err := s.reg.current(); err != nil && !errors.As(err, new(*noStateError)) {
