@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -204,5 +205,29 @@ func TestLocalCredentialsRefuseABlankKey(t *testing.T) {
 		if code != 1 || out != "" || !strings.Contains(errOut, "-local-credentials-stdin") || !strings.Contains(errOut, want) {
 			t.Errorf("stdin %s: exit %d, stdout %q, stderr %q; want exit 1 saying %q", stdin, code, out, errOut, want)
 		}
+	}
+}
+
+// TestShutdownPerfFlushFailureIsLogged: serve's last perf.json write, at
+// shutdown, logs perf_stats_flush_failed when it fails, as every other
+// write of it does, instead of losing the numbers without a word.
+func TestShutdownPerfFlushFailureIsLogged(t *testing.T) {
+	fake := fixtureProvider(t, protocolFixtures[0])
+	env := stateEnv(t)
+	env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = fake.URL
+	d := startDaemon(t, env, `{"openai":"k"}`, "-local-credentials-stdin")
+	if s, _, b := d.call("POST", "/v1/chat/completions", d.token, chatBody(dialectChat, "openai/gpt-test", false, "")); s != 200 {
+		t.Fatalf("chat: %d %s", s, b)
+	}
+	perf := filepath.Join(env["BRAMA_STATE_DIR"], "perf.json")
+	if err := os.Remove(perf); err != nil { // written at the first request
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(perf, 0o700); err != nil { // no file can replace a directory
+		t.Fatal(err)
+	}
+	d.stop()
+	if !strings.Contains(d.stderr.String(), `"msg":"perf_stats_flush_failed"`) {
+		t.Errorf("the failed shutdown flush of perf.json left no log line:\n%s", d.stderr.String())
 	}
 }
