@@ -55,12 +55,12 @@ import (
 // version is reported by /health and `brama version`.
 const version = "0.1.0-dev"
 
-// main: the first SIGINT or SIGTERM ends ctx (serve stops taking requests
-// and lets the running ones end; any other command cancels its call), the
-// second closes cut (serve cuts what still runs).
+// main: the first SIGINT, SIGTERM or SIGHUP (a closed terminal) ends ctx
+// (serve stops taking requests and lets the running ones end; any other
+// command cancels its call), the second closes cut (serve cuts what still runs).
 func main() {
 	sig := make(chan os.Signal, 2) // the second is never dropped, however quick
-	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	ctx, drain := context.WithCancel(context.Background())
 	cut := make(chan struct{})
 	go func() {
@@ -158,7 +158,7 @@ func run(ctx context.Context, cut <-chan struct{}, args []string, getenv func(st
 
 // cliEnv is what every command reads and writes besides its arguments.
 type cliEnv struct {
-	ctx    context.Context // ends on SIGINT/SIGTERM: the only cancel of a CLI's calls
+	ctx    context.Context // ends on SIGINT/SIGTERM/SIGHUP: the only cancel of a CLI's calls
 	cut    <-chan struct{} // closed on the second signal: serve cuts its running requests
 	getenv func(string) string
 	stdin  io.Reader
@@ -259,6 +259,7 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 	if err := checkListenAddr(*addr); err != nil {
 		return err
 	}
+	signal.Ignore(syscall.SIGPIPE) // a log reader gone (`serve 2>&1 | logger`) ends no generation: its lines are lost
 	sy := e.sys()
 	if testingOnlyNow != nil {
 		sy.now = testingOnlyNow
