@@ -235,3 +235,27 @@ func TestDroppedHeaderStaysReadable(t *testing.T) {
 		t.Error("the log line does not name the last dropped member")
 	}
 }
+
+// TestEveryAnswerIsNoStore: an answer is one caller's (a kept signed answer
+// under GET, a completion, a refusal, a stream); a shared cache in front of
+// Brama that does not take x-api-key for a credential must keep none.
+func TestEveryAnswerIsNoStore(t *testing.T) {
+	fake := fixtureProvider(t, protocolFixtures[0])
+	env := stateEnv(t)
+	env["BRAMA_MODEL_CATALOG_URL"], env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = "off", fake.URL
+	d := startDaemon(t, env, `{"openai":"k"}`, "-local-credentials-stdin")
+	for _, tc := range []struct{ method, path, token, body string }{
+		{"POST", "/v1/chat/completions", d.token, chatBody(dialectChat, "openai/gpt-test", false, "")},
+		{"POST", "/v1/chat/completions", d.token, chatBody(dialectChat, "openai/gpt-test", true, "")},
+		{"GET", "/v1/models", d.token, ""},
+		{"GET", "/v1/answers/order-42", d.token, ""},
+		{"GET", "/v1/admin/routes", d.token, ""},
+		{"GET", "/v1/models", "wrong", ""},
+		{"GET", "/readyz", "", ""},
+	} {
+		status, hdr, _ := d.call(tc.method, tc.path, tc.token, tc.body)
+		if got := hdr.Get("Cache-Control"); got != "no-store" {
+			t.Errorf("%s %s (%d): Cache-Control %q, want no-store", tc.method, tc.path, status, got)
+		}
+	}
+}

@@ -326,7 +326,6 @@ type streamAnswer struct {
 func (e *engine) openStreamAnswer(w http.ResponseWriter, dialect string, req chatRequest, model string, attempts int) *streamAnswer {
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache")
 	h.Set("X-Accel-Buffering", "no")
 	h.Set("Brama-Attempts", strconv.Itoa(attempts))
 	w.WriteHeader(http.StatusOK)

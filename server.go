@@ -156,6 +156,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	ri := &requestInfo{id: newRequestID()}
 	w.Header().Set("X-Request-Id", ri.id)
+	w.Header().Set("Cache-Control", "no-store") // every answer is one caller's
 	sw := &statusWriter{ResponseWriter: w}
 	if r.Body != nil && r.Body != http.NoBody {
 		sw.unread = func() bool { return ri.body == nil }
