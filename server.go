@@ -331,6 +331,9 @@ func (s *server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error
 	if r.ContentLength > limit {
 		return nil, tooLarge
 	}
+	if ce := r.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
+		return nil, refuse("invalid_request", "a compressed request body (Content-Encoding) is not read; send it uncompressed")
+	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if errors.As(err, new(*http.MaxBytesError)) {
 		return nil, tooLarge
