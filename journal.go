@@ -210,8 +210,12 @@ func (j *journal) append(rec journalRecord) error {
 	return nil
 }
 
+// tornMark ends a torn final line before the next record's fresh line: no JSON
+// text ends in ')', so a record that lost only its newline never becomes history.
+var tornMark = []byte(" (torn)\n")
+
 // writeJournalLine writes line and '\n' in one write, flocked so that two
-// appenders never both prefix a torn tail with '\n' (an empty line).
+// appenders never both mark one torn tail (the second mark would be a line of its own).
 func writeJournalLine(f *os.File, line []byte) error {
 	fd := int(f.Fd())
 	if err := syscall.Flock(fd, syscall.LOCK_EX); err != nil {
@@ -226,9 +230,9 @@ func writeJournalLine(f *os.File, line []byte) error {
 	if err != nil {
 		return fmt.Errorf("journal: read last byte: %w", err)
 	}
-	buf := slices.Concat([]byte{'\n'}, line, []byte{'\n'})
+	buf := slices.Concat(tornMark, line, []byte{'\n'})
 	if last[0] == '\n' {
-		buf = buf[1:] // else SPEC §9: the torn line stays; this record starts fresh
+		buf = buf[len(tornMark):] // else SPEC §9: the torn line stays, marked; this record starts fresh
 	}
 	if _, err := f.Write(buf); err != nil { // a short write is an error
 		return fmt.Errorf("journal: write: %w", err)
