@@ -2,6 +2,11 @@ package main
 
 import (
 	"bytes"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -35,5 +40,66 @@ func TestJournalTornRecordNeverBecomesHistory(t *testing.T) {
 	recs, _ := j.read()
 	if len(recs) != 2 || recs[1].Kind != "reinstate" {
 		t.Errorf("records after the append = %+v; want the first retire and the reinstate", recs)
+	}
+}
+
+// BenchmarkJournalFirstFold folds a 1,000,000-line journal from the start,
+// as the first request or /readyz probe after serve starts does; B/op is
+// the memory that first fold takes.
+func BenchmarkJournalFirstFold(b *testing.B) {
+	dir := filepath.Join(b.TempDir(), "state")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		b.Fatal(err)
+	}
+	var buf bytes.Buffer
+	for i := range journalBenchLines {
+		kind := "retire"
+		if i%2 == 1 {
+			kind = "reinstate"
+		}
+		fmt.Fprintf(&buf, `{"kind":%q,"at":"2026-11-29T22:00:00.000Z","subscription_id":"sub_%016x","reason":"rotated by the operator during the quarterly key review"}`+"\n", kind, i/2)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "journal.jsonl"), buf.Bytes(), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	sy := sys{log: slog.New(slog.NewJSONHandler(io.Discard, nil)), now: journalTestNow}
+	b.ReportAllocs()
+	for b.Loop() {
+		j := newJournal(state{dir: dir}, sy)
+		if got, err := j.retired(); err != nil || len(got) != 0 {
+			b.Fatalf("retired = %d ids, %v", len(got), err)
+		}
+	}
+	b.ReportMetric(float64(buf.Len())/(1<<20), "journal-MiB")
+}
+
+// journalBenchLines is BenchmarkJournalFirstFold's journal length.
+var journalBenchLines = 100_000
+
+// TestAliasWithAnUnreadableVault: a vault from a newer schema (or failing a
+// guard) is unreadable, and SPEC §2.2 answers that 503 credential_unauthorized
+// wherever a credential is needed: through an alias as on the canonical route,
+// never "no direct credential is configured", which sends the operator to set
+// a key the vault already holds.
+func TestAliasWithAnUnreadableVault(t *testing.T) {
+	env := stateEnv(t)
+	dir := env["BRAMA_STATE_DIR"]
+	d := startDaemon(t, env, "")
+	const key = "sk-planted-newer-vault-0123456789"
+	vault := `{"schema_version":2,"direct":{"openai":{"api_key":"` + key + `"}},"agents":{},"subscriptions":{}}`
+	if err := os.WriteFile(filepath.Join(dir, "vault.json"), []byte(vault), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "routes.json"), []byte(`{"schema_version":1,"routes":{"fast":"openai/gpt-4o"}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, model := range []string{"openai/gpt-4o", "fast"} {
+		status, _, b := d.call("POST", "/v1/chat/completions", d.token, `{"model":"`+model+`","messages":[{"role":"user","content":"hi"}]}`)
+		if e := envelopeOf(t, b); status != 503 || e["code"] != "credential_unauthorized" {
+			t.Errorf("model %q, vault of schema 2: %d %s, want 503 credential_unauthorized", model, status, b)
+		}
+		if strings.Contains(string(b), key) {
+			t.Errorf("the refusal quotes the vault's key: %s", b)
+		}
 	}
 }
