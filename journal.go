@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"errors"
@@ -305,30 +306,32 @@ func (j *journal) folded(read func(*journalFold)) error {
 		j.fold = journalFold{file: id, retire: map[string]bool{}}
 	}
 	fo := &j.fold
-	tail := make([]byte, full.size-fo.off)
-	if _, err := f.ReadAt(tail, fo.off); err != nil {
-		return fmt.Errorf("journal: %w", err)
-	}
-	tail = tail[:bytes.LastIndexByte(tail, '\n')+1] // only complete lines
-	recs, bad, _ := readJournalLines(tail)
-	for _, b := range bad {
-		b.Line += fo.lines
-		j.log.Warn("journal_line_unreadable", "line", b.Line, "reason", b.Reason)
-		if fo.badN++; len(fo.bad) < maxReportedBadLines {
-			fo.bad = append(fo.bad, b)
+	// Line by line, so a first fold takes a line's memory, not the file's.
+	r := bufio.NewReader(io.NewSectionReader(f, fo.off, full.size-fo.off))
+	for {
+		line, err := r.ReadBytes('\n')
+		if err == io.EOF {
+			break // a torn final line, or one still being written: not yet a line
 		}
-	}
-	for _, r := range recs {
+		if err != nil {
+			return fmt.Errorf("journal: %w", err)
+		}
+		fo.off += int64(len(line))
+		fo.lines++
+		rec, reason := parseJournalLine(line[:len(line)-1])
 		switch {
-		case r.SubscriptionID == "":
-		case r.Kind == "retire":
-			fo.retire[r.SubscriptionID] = true
-		case r.Kind == "reinstate":
-			delete(fo.retire, r.SubscriptionID)
+		case reason != "":
+			j.log.Warn("journal_line_unreadable", "line", fo.lines, "reason", reason)
+			if fo.badN++; len(fo.bad) < maxReportedBadLines {
+				fo.bad = append(fo.bad, journalBadLine{Line: fo.lines, Reason: reason})
+			}
+		case rec.SubscriptionID == "":
+		case rec.Kind == "retire":
+			fo.retire[rec.SubscriptionID] = true
+		case rec.Kind == "reinstate":
+			delete(fo.retire, rec.SubscriptionID)
 		}
 	}
-	fo.off += int64(len(tail))
-	fo.lines += bytes.Count(tail, []byte{'\n'})
 	read(fo)
 	return nil
 }
