@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -104,5 +105,44 @@ func TestAliasWithAnUnreadableVault(t *testing.T) {
 		if strings.Contains(string(b), key) {
 			t.Errorf("the refusal quotes the vault's key: %s", b)
 		}
+	}
+}
+
+// TestPlantedLockSymlinkIsNotFollowed: a lock file planted as a symlink must
+// not make Brama create or open a file outside the state directory; the
+// writer refuses, naming the lock, and the target stays untouched.
+func TestPlantedLockSymlinkIsNotFollowed(t *testing.T) {
+	tests := []struct {
+		name, lock string
+		args       []string
+	}{
+		{"vault", "vault.json.lock", []string{"agents", "add", "a1"}},
+		{"clients file", "clients.json.lock", []string{"clients", "add", "app"}},
+		{"route registry", "routes.json.lock", []string{"routes", "set", "fast", "openai/gpt-4o"}},
+		{"serve", "serve.lock", []string{"serve", "-addr", "127.0.0.1:0"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			env := stateEnv(t)
+			dir := env["BRAMA_STATE_DIR"]
+			outside := filepath.Join(t.TempDir(), "outside")
+			if err := os.MkdirAll(dir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(outside, filepath.Join(dir, tt.lock)); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel() // serve, when it starts, stops at once
+			var errb bytes.Buffer
+			code := exitCode(run(ctx, nil, tt.args, testEnv(env), strings.NewReader(""), io.Discard, &errb), &errb)
+			errOut := errb.String()
+			if _, err := os.Lstat(outside); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("%v followed the planted %s: %s exists (%v)", tt.args, tt.lock, outside, err)
+			}
+			if code != 1 || !strings.Contains(errOut, tt.lock) {
+				t.Errorf("%v with %s a symlink: exit %d, stderr %q; want exit 1 naming it", tt.args, tt.lock, code, errOut)
+			}
+		})
 	}
 }
