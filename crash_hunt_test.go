@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -142,6 +143,44 @@ func TestPlantedLockSymlinkIsNotFollowed(t *testing.T) {
 			}
 			if code != 1 || !strings.Contains(errOut, tt.lock) {
 				t.Errorf("%v with %s a symlink: exit %d, stderr %q; want exit 1 naming it", tt.args, tt.lock, code, errOut)
+			}
+		})
+	}
+}
+
+// TestSignedAnswerPlantedDirectorySymlink: answers/ or answers/<client>/
+// planted as a symlink would put kept answers (and the reservation that
+// guards one spend) outside the state directory; the request is refused as
+// having no place to be kept (SPEC §2.1's 500), before any provider call.
+func TestSignedAnswerPlantedDirectorySymlink(t *testing.T) {
+	for _, planted := range []string{"answers", filepath.Join("answers", "local")} {
+		t.Run(planted, func(t *testing.T) {
+			d, fake, env := startAnswers(t, func(w http.ResponseWriter, r *http.Request, body []byte) { okAnswer(w) })
+			outside := t.TempDir()
+			link := filepath.Join(env["BRAMA_STATE_DIR"], planted)
+			if err := os.MkdirAll(filepath.Dir(link), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(outside, link); err != nil {
+				t.Fatal(err)
+			}
+			got := postAnswer(d, "k1", answerBody("hi"))
+			e := envelopeOf(t, got.body)
+			if got.status != 500 || e["code"] != "internal_error" || !strings.Contains(fmt.Sprint(e["message"]), "has no place to be kept") {
+				t.Errorf("answers through a planted %s symlink: %d %s; want 500 no place to be kept", planted, got.status, got.body)
+			}
+			if n := fake.calls.Load(); n != 0 {
+				t.Errorf("the provider was called %d times", n)
+			}
+			var found []string
+			filepath.Walk(outside, func(p string, fi os.FileInfo, err error) error {
+				if err == nil && !fi.IsDir() {
+					found = append(found, p)
+				}
+				return nil
+			})
+			if len(found) != 0 {
+				t.Errorf("files written outside the state directory: %v", found)
 			}
 		})
 	}
