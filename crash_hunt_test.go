@@ -47,10 +47,9 @@ func TestJournalTornRecordNeverBecomesHistory(t *testing.T) {
 	}
 }
 
-// BenchmarkJournalFirstFold folds a 1,000,000-line (152 MiB) journal from
-// the start, as the first request or /readyz probe after serve starts does.
-// Run it alone (-run XXX -benchtime 1x): peak-RSS-MiB is the process's.
-func BenchmarkJournalFirstFold(b *testing.B) {
+// bigJournal writes a 1,000,000-line (152 MiB) journal into a fresh state
+// directory, never holding it whole in this process's memory.
+func bigJournal(b *testing.B) string {
 	dir := filepath.Join(b.TempDir(), "state")
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		b.Fatal(err)
@@ -59,7 +58,7 @@ func BenchmarkJournalFirstFold(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	w := bufio.NewWriter(f) // never the whole journal in this process's memory
+	w := bufio.NewWriter(f)
 	for i := range 1_000_000 {
 		kind := "retire"
 		if i%2 == 1 {
@@ -70,12 +69,34 @@ func BenchmarkJournalFirstFold(b *testing.B) {
 	if err := errors.Join(w.Flush(), f.Close()); err != nil {
 		b.Fatal(err)
 	}
+	return dir
+}
+
+// BenchmarkJournalFirstFold folds bigJournal from the start, as the first
+// request, probe or pass after serve starts does. Run it alone (-run XXX
+// -benchtime 1x): peak-RSS-MiB is the process's.
+func BenchmarkJournalFirstFold(b *testing.B) {
+	dir := bigJournal(b)
 	sy := sys{log: slog.New(slog.NewJSONHandler(io.Discard, nil)), now: journalTestNow}
 	b.ReportAllocs()
 	for b.Loop() {
 		j := newJournal(state{dir: dir}, sy)
 		if got, err := j.retired(); err != nil || len(got) != 0 {
 			b.Fatalf("retired = %d ids, %v", len(got), err)
+		}
+	}
+	b.ReportMetric(processPeakRSSMB(), "peak-RSS-MiB")
+}
+
+// BenchmarkJournalCheck is `brama journal check` on bigJournal; run it alone
+// as BenchmarkJournalFirstFold.
+func BenchmarkJournalCheck(b *testing.B) {
+	dir := bigJournal(b)
+	sy := sys{log: slog.New(slog.NewJSONHandler(io.Discard, nil)), now: journalTestNow}
+	b.ReportAllocs()
+	for b.Loop() {
+		if ok, err := checkJournal(newJournal(state{dir: dir}, sy), io.Discard); !ok || err != nil {
+			b.Fatalf("journal check = %v, %v", ok, err)
 		}
 	}
 	b.ReportMetric(processPeakRSSMB(), "peak-RSS-MiB")

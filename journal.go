@@ -253,18 +253,6 @@ func (j *journal) size() (int64, error) {
 	return id.size, err
 }
 
-// readAll returns the journal's bytes; absent is empty.
-func (j *journal) readAll() ([]byte, error) {
-	if j.noState != nil {
-		return nil, j.noState
-	}
-	data, _, err := readGuarded("journal", j.name)
-	if errors.Is(err, errFileAbsent) {
-		return nil, nil
-	}
-	return data, err
-}
-
 // retired is the set of retired subscription ids: per subscription, the
 // later of retire and reinstate in file order decides (SPEC §9).
 func (j *journal) retired() (retired map[string]bool, err error) {
@@ -336,21 +324,37 @@ func (j *journal) folded(read func(*journalFold)) error {
 	return nil
 }
 
-// checkJournal is `brama journal check` (SPEC §16.1); ok is false when a
-// non-final line is unreadable.
+// checkJournal is `brama journal check` (SPEC §16.1), line by line so it
+// takes a line's memory; ok is false when a non-final line is unreadable.
 func checkJournal(j *journal, stdout io.Writer) (ok bool, err error) {
-	data, err := j.readAll()
+	if j.noState != nil {
+		return false, j.noState
+	}
+	f, _, err := openGuarded("journal", j.name)
+	if errors.Is(err, errFileAbsent) {
+		return true, nil
+	}
 	if err != nil {
 		return false, err
 	}
-	_, bad, torn := readJournalLines(data)
-	for _, b := range bad {
-		fmt.Fprintf(stdout, "line %d: %s\n", b.Line, b.Reason)
+	defer f.Close()
+	r, ok := bufio.NewReader(f), true
+	for n := 1; ; n++ {
+		line, err := r.ReadBytes('\n')
+		switch {
+		case err == io.EOF && len(line) > 0:
+			fmt.Fprintln(stdout, "final line torn (ignored)")
+			return ok, nil
+		case err == io.EOF:
+			return ok, nil
+		case err != nil:
+			return false, fmt.Errorf("journal: %w", err)
+		}
+		if _, reason := parseJournalLine(line[:len(line)-1]); reason != "" {
+			fmt.Fprintf(stdout, "line %d: %s\n", n, reason)
+			ok = false
+		}
 	}
-	if torn {
-		fmt.Fprintln(stdout, "final line torn (ignored)")
-	}
-	return len(bad) == 0, nil
 }
 
 // journalBadLine is one unreadable line: its number and a reason that never
