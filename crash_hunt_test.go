@@ -206,3 +206,46 @@ func TestSignedAnswerPlantedDirectorySymlink(t *testing.T) {
 		})
 	}
 }
+
+// TestStrictDecoderMatchesMemberNamesExactly: encoding/json takes "Direct"
+// for "direct", so {"direct":…,"Direct":…} was a duplicate the strict decoder
+// let through (the later won, where another reader of the file takes the
+// first) and "ALIAS" an unknown member it accepted (SPEC §2.2, §4.4).
+func TestStrictDecoderMatchesMemberNamesExactly(t *testing.T) {
+	for _, tt := range []struct {
+		name, doc, member string
+		parse             func([]byte) error
+	}{
+		{"vault duplicate by case", `{"schema_version":1,"direct":{"openai":{"api_key":"A"}},"Direct":{"openai":{"api_key":"B"}}}`, `"Direct"`,
+			func(b []byte) error { _, err := parseVault(b); return err }},
+		{"vault member in a map", `{"schema_version":1,"direct":{"openai":{"API_KEY":"A"}}}`, `"API_KEY"`,
+			func(b []byte) error { _, err := parseVault(b); return err }},
+		{"ledger window", `{"schema_version":1,"subscriptions":{"sub_0123456789abcdef":{"provider":"codex","windows":[{"ID":"codex:primary"}],"credential":{"state":"active"}}}}`, `"ID"`,
+			func(b []byte) error { _, err := parseLedger("ledger", b); return err }},
+		{"overlay", `{"schema_version":1,"Items":[]}`, `"Items"`,
+			func(b []byte) error { _, err := parseOverlay(b); return err }},
+		{"clients file", `{"clients":[{"id":"app","Role":"admin","role":"caller","token_sha256":"` + strings.Repeat("a", 64) + `"}]}`, `"Role"`,
+			func(b []byte) error { _, err := parseClients(b); return err }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if err := tt.parse([]byte(tt.doc)); err == nil || !strings.Contains(err.Error(), tt.member) {
+				t.Errorf("parse = %v; want a refusal naming %s", err, tt.member)
+			}
+		})
+	}
+	// Maps keep case-sensitive keys: these are two routes, not one twice.
+	if err := decodeStrict("perf", []byte(`{"schema_version":1,"routes":{"openai/GPT-4o":{},"openai/gpt-4o":{}}}`), &perfDocument{}); err != nil {
+		t.Errorf("perf.json with two routes differing in case: %v", err)
+	}
+
+	d := startDaemon(t, stateEnv(t), `{"openai":"k"}`, "-local-credentials-stdin")
+	for _, body := range []string{`{"ALIAS":"fast","route":"openai/gpt-4o"}`, `{"alias":"fast","Alias":"evil","route":"openai/gpt-4o"}`} {
+		status, _, b := d.call("PUT", "/v1/admin/routes", d.token, body)
+		if e := envelopeOf(t, b); status != 400 || e["code"] != "invalid_request" {
+			t.Errorf("PUT /v1/admin/routes %s: %d %s; want 400 invalid_request", body, status, b)
+		}
+	}
+	if _, _, b := d.call("GET", "/v1/aliases", d.token, ""); strings.Contains(string(b), `"alias":"`) {
+		t.Errorf("an alias was set from a refused body: %s", b)
+	}
+}
