@@ -372,10 +372,8 @@ func (c *core) hasDirect(provider string) bool {
 // mayHaveDirect is hasDirect, and true when the vault is unreadable: a request
 // then meets the vault's refusal, not "no direct credential" (SPEC §2.2).
 func (c *core) mayHaveDirect(provider string) bool {
-	if _, err := c.vault.load(); c.localCreds == nil && err != nil && !errors.As(err, new(*noStateError)) {
-		return true
-	}
-	return c.hasDirect(provider)
+	_, err := c.vault.load()
+	return c.hasDirect(provider) || c.localCreds == nil && err != nil && !errors.As(err, new(*noStateError))
 }
 
 func (s *server) handleHealth(w http.ResponseWriter, r *http.Request) {
