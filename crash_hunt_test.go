@@ -249,3 +249,24 @@ func TestStrictDecoderMatchesMemberNamesExactly(t *testing.T) {
 		t.Errorf("an alias was set from a refused body: %s", b)
 	}
 }
+
+// TestServeKeepsTheVaultWhenTheOverlayIsEmpty: a 0-byte overlay (a restore
+// that hit a full disk; Brama's own writes are never empty) names no
+// subscription, as a missing one does; serve must not take that as every
+// credential being an orphan and delete them from the vault at start.
+func TestServeKeepsTheVaultWhenTheOverlayIsEmpty(t *testing.T) {
+	env := stateEnv(t)
+	d := startDaemon(t, env, "")
+	addAgent(t, env, "a1")
+	status, _, b := d.call("POST", "/v1/admin/subscriptions/a1", d.token, `{"provider":"kimi","api_key":"plantedKimiKeyKept"}`)
+	id := donatedID(t, status, b, "a1", "kimi")
+	d.stop()
+	if err := os.Truncate(filepath.Join(env["BRAMA_STATE_DIR"], overlayFile), 0); err != nil {
+		t.Fatal(err)
+	}
+	d = startDaemon(t, env, "")
+	d.stop()
+	if vb, _ := os.ReadFile(filepath.Join(env["BRAMA_STATE_DIR"], "vault.json")); !strings.Contains(string(vb), id) || strings.Contains(d.stderr.String(), "vault_orphans_removed") {
+		t.Errorf("serve removed subscription %s's credential because the overlay was empty: %s", id, vb)
+	}
+}
