@@ -209,3 +209,29 @@ func TestLogLineNamesTheRouteThatAnswered(t *testing.T) {
 	}
 	assertNoSecret(t, "groq-1", logsBesidesFirstStart(d.stderr.String()), env["BRAMA_STATE_DIR"])
 }
+
+// TestDroppedHeaderStaysReadable: a long conversation can drop hundreds of
+// members (thinking blocks, cache_control); Brama-Dropped stops at whole
+// paths within maxDroppedHeader bytes and says how many more the log line
+// names, so a client with a 16 KiB header limit (Node's) still reads the
+// answer it paid for (SPEC §7.6).
+func TestDroppedHeaderStaysReadable(t *testing.T) {
+	d, _ := translationDaemon(t)
+	var members []string
+	for i := range 600 {
+		members = append(members, fmt.Sprintf(`"x_unknown_member_of_a_long_conversation_%03d":1`, i))
+	}
+	body := `{"model":"anthropic/claude-test","max_tokens":5,` + strings.Join(members, ",") + `,"messages":[{"role":"user","content":"hi"}]}`
+	status, hdr, got := d.call("POST", "/v1/chat/completions", d.token, body)
+	dropped := hdr.Get("Brama-Dropped")
+	if status != 200 || len(dropped) > maxDroppedHeader+64 || !strings.HasPrefix(dropped, "x_unknown_member_of_a_long_conversation_000, ") {
+		t.Fatalf("%d, Brama-Dropped of %d bytes (%.60q…), want 200 within %d bytes; %s", status, len(dropped), dropped, maxDroppedHeader, got)
+	}
+	shown := strings.Count(dropped, "x_unknown_member")
+	if want := fmt.Sprintf(", and %d more (the log line names all)", 600-shown); !strings.HasSuffix(dropped, want) {
+		t.Errorf("Brama-Dropped ends %q, want %q", dropped[len(dropped)-60:], want)
+	}
+	if !strings.Contains(d.stderr.String(), "x_unknown_member_of_a_long_conversation_599") {
+		t.Error("the log line does not name the last dropped member")
+	}
+}
