@@ -201,12 +201,22 @@ type answerTicket struct {
 	rec  answerRecord
 }
 
-// recordPath names the record for (client, key).
+// recordPath names the record for (client, key); answers/ and answers/<client>/
+// are directories, never a planted symlink out of the state directory.
 func (a *answerStore) recordPath(client, key string) (string, error) {
 	if !idPattern.MatchString(client) {
 		return "", fmt.Errorf("client id %q cannot name a directory", client)
 	}
-	return a.st.path("signed answers", filepath.Join("answers", client, hexSHA256([]byte(key))+".json"))
+	path, err := a.st.path("signed answers", filepath.Join("answers", client, hexSHA256([]byte(key))+".json"))
+	if err != nil {
+		return "", err
+	}
+	for _, d := range []string{filepath.Dir(filepath.Dir(path)), filepath.Dir(path)} {
+		if fi, err := os.Lstat(d); err == nil && !fi.IsDir() {
+			return "", fmt.Errorf("%s is a symlink or not a directory", d)
+		}
+	}
+	return path, nil
 }
 
 // reserve, the last step before the first provider call (SPEC §12 item 1), returns this

@@ -373,6 +373,13 @@ func (c *core) hasDirect(provider string) bool {
 	return c.vault.directKey(provider) != ""
 }
 
+// mayHaveDirect is hasDirect, and true when the vault is unreadable: a request
+// then meets the vault's refusal, not "no direct credential" (SPEC §2.2).
+func (c *core) mayHaveDirect(provider string) bool {
+	_, err := c.vault.load()
+	return c.hasDirect(provider) || c.localCreds == nil && err != nil && !errors.As(err, new(*noStateError))
+}
+
 func (s *server) handleHealth(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "version": version})
 }
