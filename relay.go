@@ -332,6 +332,7 @@ func (e *engine) openStreamAnswer(w http.ResponseWriter, dialect string, req cha
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
 	flush := func() { rc.Flush() }
+	flush() // committed: the caller has its 200 now, however long the provider stays silent
 	sa := &streamAnswer{w: w, flush: flush, cs: newCallerStream(dialect, req, w, flush, model), every: cmp.Or(e.keepAlive, keepAliveEvery)}
 	sa.mu.Lock() // the timer's first run reads sa.timer, under mu
 	defer sa.mu.Unlock()
