@@ -552,8 +552,8 @@ func (c *chatUpstreamStream) handle(ev sseEvent, emit func(streamEvent) error) (
 		return c.ended(emit)
 	}
 	var ch chatCompletion
-	if err := json.Unmarshal([]byte(ev.Data), &ch); err != nil {
-		return false, malformedEvent(protoOpenAIChat, err)
+	if err := json.Unmarshal([]byte(ev.Data), &ch); err != nil || rawShape([]byte(ev.Data)) != '{' { // null decodes without error
+		return false, malformedEvent(protoOpenAIChat, cmp.Or(err, errEventNotObject))
 	}
 	if ev.Event == "error" || !rawIsNull(ch.Error) {
 		e, _ := errorObject(ch.Error)

@@ -4,6 +4,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 )
 
@@ -55,4 +56,39 @@ func TestStreamSendsItsStatusAtCommit(t *testing.T) {
 // split it into events.
 func lfFixture(t testing.TB, name string) string {
 	return strings.ReplaceAll(fixture(t, name), "\r\n", "\n")
+}
+
+// TestMalformedEventFailsTheStream: an event whose data is JSON but no
+// event object (null, a number, an array) is malformed, in passthrough and
+// in translation alike: provider_failure in-band, never skipped silently
+// (SPEC §7.5).
+func TestMalformedEventFailsTheStream(t *testing.T) {
+	var current atomic.Value // the data line the fake sends after its first event
+	fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		frames := strings.SplitAfter(lfFixture(t, map[string]string{"/chat/completions": "openai-chat.sse",
+			"/v1/messages": "anthropic-messages.sse", "/responses": "openai-responses.sse"}[r.URL.Path]), "\n\n")
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, frames[0]+"data: "+current.Load().(string)+"\n\n"+strings.Join(frames[1:], ""))
+	})
+	env := stateEnv(t)
+	env["BRAMA_REPLAY_GUARD_SECS"] = "0" // the cases repeat one body on purpose
+	for _, p := range []string{"OPENAI", "ANTHROPIC", "OPENAI_RESPONSES"} {
+		env["BRAMA_PROVIDER_"+p+"_BASE_URL"] = fake.URL
+	}
+	d := startDaemon(t, env, `{"openai":"k1","anthropic":"k2","openai-responses":"k3"}`, "-local-credentials-stdin")
+	for _, model := range []string{"openai/gpt-test", "anthropic/claude-test", "openai-responses/gpt-resp"} {
+		for _, dialect := range []string{dialectChat, dialectMessages, dialectResponses} {
+			for _, data := range []string{"null", "7", "[]"} {
+				t.Run(dialect+" from "+model+" "+data, func(t *testing.T) {
+					current.Store(data)
+					resp := d.openStream(dialectPaths[dialect], d.token, chatBody(dialect, model, true, ""))
+					defer resp.Body.Close()
+					got, err := io.ReadAll(resp.Body)
+					if err == nil || !strings.Contains(string(got), `"code":"provider_failure"`) {
+						t.Errorf("read error %v; want the stream aborted after provider_failure in-band: %s", err, got)
+					}
+				})
+			}
+		}
+	}
 }
