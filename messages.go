@@ -563,8 +563,9 @@ func (a *messagesUpstreamStream) handle(ev sseEvent, emit func(streamEvent) erro
 		if e.Message == nil {
 			return missing("message")
 		}
-		if u := e.Message.Usage; u != nil {
+		if u := e.Message.Usage; u != nil { // emitted now too: a stream cut later still records it (SPEC §7.5)
 			a.usage = usage{InputTokens: u.input(), OutputTokens: u.OutputTokens, Reported: true}
+			return false, emit(streamEvent{Kind: eventUsage, Usage: a.usage})
 		}
 	case "content_block_start":
 		switch b := e.ContentBlock; {

@@ -92,3 +92,35 @@ func TestMalformedEventFailsTheStream(t *testing.T) {
 		}
 	}
 }
+
+// TestCutStreamRecordsTheUsageReported: a stream cut after the provider
+// reported its input (Anthropic's message_start) records that usage in the
+// request's log line, translated as in passthrough (SPEC §7.5: spend is
+// recorded once however the stream ended; §13).
+func TestCutStreamRecordsTheUsageReported(t *testing.T) {
+	frames := strings.SplitAfter(lfFixture(t, "anthropic-messages.sse"), "\n\n")
+	fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, frames[0]+frames[5]+frames[7]) // message_start, a text block, "Hel"
+		cutAfterFlush(w)
+	})
+	env := stateEnv(t)
+	env["BRAMA_PROVIDER_ANTHROPIC_BASE_URL"] = fake.URL
+	d := startDaemon(t, env, `{"anthropic":"k"}`, "-local-credentials-stdin")
+	for _, dialect := range []string{dialectMessages, dialectChat, dialectResponses} {
+		t.Run(dialect, func(t *testing.T) {
+			resp := d.openStream(dialectPaths[dialect], d.token, chatBody(dialect, "anthropic/claude-test", true, ""))
+			got, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err == nil || !strings.Contains(string(got), "provider_incomplete") {
+				t.Fatalf("read error %v; want provider_incomplete in-band, then the abort: %s", err, got)
+			}
+			id := resp.Header.Get("X-Request-Id")
+			d.stderr.waitFor(t, `"msg":"request","request_id":"`+id)
+			line := requestLine(t, d.stderr.String(), "request_id", id)
+			if line["input_tokens"] != 40.0 || line["output_tokens"] != 1.0 || line["outcome"] != "provider_incomplete" {
+				t.Errorf("log line %v; want the 40 input and 1 output tokens message_start reported", line)
+			}
+		})
+	}
+}
