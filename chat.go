@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"encoding/json"
 	"errors"
+	"io"
 	"slices"
 	"time"
 )
@@ -548,7 +549,10 @@ type chatUpstreamStream struct {
 func newChatUpstreamStream() streamTranslator { return &chatUpstreamStream{tools: map[int]int{}} }
 
 func (c *chatUpstreamStream) handle(ev sseEvent, emit func(streamEvent) error) (bool, error) {
-	if ev.Data == "[DONE]" {
+	if ev.Data == "[DONE]" { // the stream's end: before a finish, a cut
+		if c.finish == "" {
+			return false, streamCut(io.EOF)
+		}
 		return c.ended(emit)
 	}
 	var ch chatCompletion

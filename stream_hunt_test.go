@@ -124,3 +124,28 @@ func TestCutStreamRecordsTheUsageReported(t *testing.T) {
 		})
 	}
 }
+
+// TestChatDoneBeforeFinishEndsTheStream: data: [DONE] ends a chat stream;
+// before a finish_reason it is a cut, in translation as in passthrough
+// (SPEC §7.5): what follows it is never read as the stream going on, and
+// Brama does not wait for the provider to close a connection it may hold.
+func TestChatDoneBeforeFinishEndsTheStream(t *testing.T) {
+	frames := strings.SplitAfter(fixture(t, "openai-chat.sse"), "\n\n")
+	fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, frames[0]+frames[1]+"data: [DONE]\n\n"+strings.Join(frames[2:], ""))
+	})
+	env := stateEnv(t)
+	env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = fake.URL
+	d := startDaemon(t, env, `{"openai":"k"}`, "-local-credentials-stdin")
+	for _, dialect := range []string{dialectChat, dialectMessages, dialectResponses} {
+		t.Run(dialect, func(t *testing.T) {
+			resp := d.openStream(dialectPaths[dialect], d.token, chatBody(dialect, "openai/gpt-test", true, ""))
+			got, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err == nil || !strings.Contains(string(got), `"code":"provider_incomplete"`) || strings.Contains(string(got), "get_weather") {
+				t.Errorf("read error %v; want provider_incomplete in-band after Hel, nothing from after [DONE]: %s", err, got)
+			}
+		})
+	}
+}
