@@ -3,6 +3,7 @@ package main
 import (
 	"io"
 	"net/http"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -145,6 +146,35 @@ func TestChatDoneBeforeFinishEndsTheStream(t *testing.T) {
 			resp.Body.Close()
 			if err == nil || !strings.Contains(string(got), `"code":"provider_incomplete"`) || strings.Contains(string(got), "get_weather") {
 				t.Errorf("read error %v; want provider_incomplete in-band after Hel, nothing from after [DONE]: %s", err, got)
+			}
+		})
+	}
+}
+
+// TestLongToolCallStreamsInLinearMemory: a long tool call (a file written
+// through a tool, 2,000 argument deltas) streams to each dialect in memory
+// linear in its size; the messages writer re-read the whole arguments at
+// every delta. Measured in bytes allocated, never in time.
+func TestLongToolCallStreamsInLinearMemory(t *testing.T) {
+	const deltas, piece = 2000, `"line of a long file\n",`
+	size := deltas * len(piece)
+	for _, dialect := range []string{dialectChat, dialectMessages, dialectResponses} {
+		t.Run(dialect, func(t *testing.T) {
+			s := newCallerStream(dialect, chatRequest{}, io.Discard, nil, "m")
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			s.event(streamEvent{Kind: eventToolCallStart, Index: 0, ToolCall: toolCall{ID: "call_1", Name: "write"}})
+			s.event(streamEvent{Kind: eventToolCallArgs, Index: 0, Text: `{"lines":[`})
+			for range deltas {
+				s.event(streamEvent{Kind: eventToolCallArgs, Index: 0, Text: piece})
+			}
+			s.event(streamEvent{Kind: eventToolCallArgs, Index: 0, Text: `""]}`})
+			if err := s.finish(); err != nil {
+				t.Fatal(err)
+			}
+			runtime.ReadMemStats(&after)
+			if got := after.TotalAlloc - before.TotalAlloc; got > uint64(100*size) {
+				t.Errorf("a %d-byte tool call in %d deltas allocated %d bytes (%d× its size); want linear", size, deltas, got, got/uint64(size))
 			}
 		})
 	}
