@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"runtime"
@@ -177,5 +178,36 @@ func TestLongToolCallStreamsInLinearMemory(t *testing.T) {
 				t.Errorf("a %d-byte tool call in %d deltas allocated %d bytes (%d× its size); want linear", size, deltas, got, got/uint64(size))
 			}
 		})
+	}
+}
+
+// chunkReader reads at most n bytes a call, as a TLS record or an HTTP/2
+// frame arrives.
+type chunkReader struct {
+	r io.Reader
+	n int
+}
+
+func (c *chunkReader) Read(p []byte) (int, error) {
+	return c.r.Read(p[:min(len(p), c.n)])
+}
+
+// BenchmarkSSEReaderLongLine reads one event whose data line is 1 or 8 MiB
+// (a base64 image, a long response.completed), arriving 16 KiB a read; its
+// time per byte stays flat when the reader resumes its search for the line
+// end where the previous read left it.
+func BenchmarkSSEReaderLongLine(b *testing.B) {
+	for _, size := range []int{1 << 20, 8 << 20} {
+		for _, ends := range []string{"\n", "\r\n"} {
+			body := "data: \"" + strings.Repeat("a", size) + "\"\n\n"
+			b.Run(fmt.Sprintf("%dMiB/ends=%q", size>>20, ends), func(b *testing.B) {
+				b.SetBytes(int64(len(body)))
+				for b.Loop() {
+					if _, err := newSSEReader(&chunkReader{strings.NewReader(body), 16 << 10}, ends).event(); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
 	}
 }
