@@ -86,6 +86,7 @@ type catalog struct {
 	loadedAt   time.Time     // fetch time of data; zero means "age unknown"
 	lastTry    time.Time     // when the last read (good or bad) settled
 	lastErr    error         // the last failed read, nil after a good one
+	fileID     string        // a file source's fileID at the last read
 	reads      int           // source reads attempted, for tests and logs
 	kick       chan struct{} // wakes the background reader; nil until start
 	refreshing bool          // a background read is queued or running (single flight)
@@ -253,7 +254,8 @@ func (c *catalog) current() (catalogData, string) {
 	stale := func() bool { return c.data == nil || c.loadedAt.IsZero() || now.Sub(c.loadedAt) >= c.ttl }
 	mayTry := c.lastTry.IsZero() || now.Sub(c.lastTry) >= c.ttl
 	switch {
-	case c.path != "" && (c.data == nil || stale() && mayTry): // on demand (SPEC §6.4)
+	case c.path != "" && (stale() && mayTry || c.data == nil && fileID(c.path) != c.fileID): // on demand (SPEC §6.4)
+		c.fileID = fileID(c.path)
 		b, err := os.ReadFile(c.path)
 		var data catalogData
 		if err == nil {
@@ -281,6 +283,15 @@ func (c *catalog) current() (catalogData, string) {
 		return nil, unavailable + "no catalogue read has been started"
 	}
 	return nil, unavailable + "the first catalogue read has not finished"
+}
+
+// fileID tells a changed file: its size and modification time ("" unreadable).
+func fileID(path string) string {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return ""
+	}
+	return fmt.Sprint(fi.Size(), fi.ModTime().UnixNano())
 }
 
 // lookup is the entry for model of provider's vendor, or a short cause.

@@ -332,6 +332,42 @@ func TestCatalogFileSource(t *testing.T) {
 	}
 }
 
+// TestCatalogFileSourceCorrupt: a file that cannot be read or parsed is not
+// read again at every lookup (each would parse it under the catalogue's
+// lock) but when it changes, or a TTL after the failed read (SPEC §6.4).
+func TestCatalogFileSourceCorrupt(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "api.json")
+	os.WriteFile(file, []byte(`{"anthropic":`), 0o644)
+	clock := newCatalogClock()
+	c := newCatalog(state{dir: t.TempDir()}, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_PATH": file}), http.DefaultClient, quietLog(), clock.now)
+	for _, s := range []struct {
+		name      string
+		advance   time.Duration
+		write     string // the file's new text before the step; "" none
+		wantLimit int
+		wantReads int
+	}{
+		{name: "first lookup reads", wantReads: 1},
+		{name: "unchanged: not read again", advance: time.Second, wantReads: 1},
+		{name: "still unchanged", advance: time.Minute, wantReads: 1},
+		{name: "mended: read at once", write: `{"anthropic":{"models":{"m":{"limit":{"output":70}}}}}`, wantLimit: 70, wantReads: 2},
+		{name: "broken again, memory fresh", write: `[`, wantLimit: 70, wantReads: 2},
+		{name: "TTL passed: the bad re-read keeps the older copy", advance: 900 * time.Second, wantLimit: 70, wantReads: 3},
+	} {
+		clock.advance(s.advance)
+		if s.write != "" {
+			os.WriteFile(file, []byte(s.write), 0o644)
+			os.Chtimes(file, time.Time{}, clock.now()) // the test clock only moves on; the file's time with it
+		}
+		if got, _ := c.outputLimit("anthropic", "m"); got != s.wantLimit {
+			t.Errorf("%s: outputLimit = %d, want %d", s.name, got, s.wantLimit)
+		}
+		if r := c.testReads(); r != s.wantReads {
+			t.Errorf("%s: %d reads, want %d", s.name, r, s.wantReads)
+		}
+	}
+}
+
 func TestCatalogFileSourceMissing(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "secret-place", "api.json")
 	c := newCatalog(state{dir: t.TempDir()}, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_PATH": file}), http.DefaultClient, quietLog(), newCatalogClock().now)

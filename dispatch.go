@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -129,6 +130,9 @@ func (e *engine) planChat(cl client, req *callerRequest) (c call, cands []resolu
 	if c, err = e.plan(cl, e.agent, &req.head); err != nil {
 		return c, nil, err
 	}
+	if err = checkFallbacks(cl, c.res, req.body.value("models")); err != nil {
+		return c, nil, err
+	}
 	targets := []resolution{c.res}
 	switch c.res.Mode {
 	case modeDirect, modeAlias, modeSubscription:
@@ -141,6 +145,24 @@ func (e *engine) planChat(cl client, req *callerRequest) (c call, cands []resolu
 		err = req.parseForTranslation()
 	}
 	return c, cands, err
+}
+
+// checkFallbacks applies allowed_models to OpenRouter's `models`, the
+// models it may call in place of the one named (SPEC §3.1).
+func checkFallbacks(cl client, res resolution, models json.RawMessage) error {
+	if cl.AllowedModels == nil || res.Provider.id != "openrouter" || models == nil {
+		return nil
+	}
+	var names []string
+	if json.Unmarshal(models, &names) != nil {
+		return refuse("forbidden", "this client may not use models: it must be a list of model names")
+	}
+	for _, m := range names {
+		if route := "openrouter/" + m; !cl.mayUse(route) {
+			return refuse("forbidden", "this client may not use model %q (named in models)", route)
+		}
+	}
+	return nil
 }
 
 // applyMaxTokens is SPEC §6.4's rule: the caller's limit, else the model's,

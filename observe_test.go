@@ -334,3 +334,50 @@ func TestRelativeStateDirIsNoStateDir(t *testing.T) {
 		})
 	}
 }
+
+// TestAllowlistCoversOpenRouterFallbacks: OpenRouter's `models` member names
+// models it may call in place of the one named, so a client with
+// allowed_models may list only models it may use as `openrouter/<model>`
+// (SPEC §3.1); a client without a list passes the member untouched.
+func TestAllowlistCoversOpenRouterFallbacks(t *testing.T) {
+	fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"id":"c","object":"chat.completion","model":"cheap","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1}}`)
+	})
+	env := stateEnv(t)
+	env["BRAMA_MODEL_CATALOG_URL"] = "off"
+	env["BRAMA_PROVIDER_OPENROUTER_BASE_URL"] = fake.URL
+	d := startDaemon(t, env, `{"openrouter":"`+plantedOpenAIKey+`"}`, "-local-credentials-stdin")
+	app := addClient(t, env, "app", "-allow", "openrouter/cheap", "-allow", "openrouter/spare")
+	body := func(models string) string {
+		return `{"model":"openrouter/cheap","models":` + models + `,"messages":[{"role":"user","content":"hi"}],"max_tokens":10}`
+	}
+	for _, tc := range []struct {
+		name, token, models string
+		status              int
+		message             string
+	}{
+		{"a fallback outside the list", app, `["spare","costly/model"]`, 403, `this client may not use model "openrouter/costly/model" (named in models)`},
+		{"a fallback that is no name", app, `["spare",7]`, 403, `this client may not use models: it must be a list of model names`},
+		{"fallbacks inside the list", app, `["spare","cheap"]`, 200, ""},
+		{"a client without a list", d.token, `["costly/model"]`, 200, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := fake.calls.Load()
+			status, _, got := d.call("POST", "/v1/chat/completions", tc.token, body(tc.models))
+			if status != tc.status {
+				t.Fatalf("%d %s, want %d", status, got, tc.status)
+			}
+			calls := fake.calls.Load() - before
+			if tc.status != 200 {
+				if e := envelopeOf(t, got); e["code"] != "forbidden" || e["message"] != tc.message || calls != 0 {
+					t.Errorf("%s after %d calls, want forbidden %q before any call", got, calls, tc.message)
+				}
+				return
+			}
+			if sent := fake.body(); calls != 1 || !strings.Contains(string(sent), `"models":`+tc.models) {
+				t.Errorf("%d calls, provider saw %s, want the models member untouched", calls, sent)
+			}
+		})
+	}
+}

@@ -112,8 +112,16 @@ func parseResponses(body []byte) (chatRequest, error) {
 	if err != nil {
 		return chatRequest{}, err
 	}
-	var raw struct{ Reasoning, Text, Tools json.RawMessage }
+	var raw struct {
+		Reasoning, Text, Tools, Conversation json.RawMessage
+		Previous                             json.RawMessage `json:"previous_response_id"`
+	}
 	json.Unmarshal(body, &raw)
+	for _, ref := range []json.RawMessage{raw.Previous, raw.Conversation} { // refused as item_reference is
+		if s := rawShape(ref); s != 0 && s != 'n' {
+			return chatRequest{}, refuseInvalid("previous_response_id and conversation are not supported across formats: Brama keeps no responses; send the earlier items in input")
+		}
+	}
 	dropUnknown(&req.Dropped, raw.Reasoning, "reasoning", "effort")
 	dropUnknown(&req.Dropped, raw.Text, "text", "format verbosity")
 	req.Shared, req.ParallelToolCalls = b.openAIShared, b.ParallelToolCalls

@@ -227,3 +227,34 @@ func TestTranslationTowardCodexNamesTheOutputLimit(t *testing.T) {
 		}
 	}
 }
+
+// TestTranslationRefusesAStoredConversation: previous_response_id and
+// conversation name turns only the provider that stored them holds; across
+// formats they are refused before any call, as item_reference is, and kept
+// untouched on the passthrough path (SPEC §7.6).
+func TestTranslationRefusesAStoredConversation(t *testing.T) {
+	d, fakes := translationDaemon(t)
+	for _, tc := range []struct {
+		model, member string
+		status        int
+	}{
+		{"anthropic/claude-test", `"previous_response_id":"resp_1"`, 400},
+		{"openai/gpt-test", `"conversation":{"id":"conv_1"}`, 400},
+		{"anthropic/claude-test", `"previous_response_id":null`, 200},
+		{"openai-responses/gpt-test", `"previous_response_id":"resp_1"`, 200},
+	} {
+		f := fakes[strings.SplitN(tc.model, "/", 2)[0]]
+		before := f.calls.Load()
+		status, _, body := d.call("POST", "/v1/responses", d.token, `{"model":"`+tc.model+`","max_output_tokens":9,"input":"q",`+tc.member+`}`)
+		calls := f.calls.Load() - before
+		if status != tc.status {
+			t.Fatalf("%s with %s: %d %s, want %d", tc.model, tc.member, status, body, tc.status)
+		}
+		if tc.status == 400 && (envelopeOf(t, body)["code"] != "invalid_request" || calls != 0) {
+			t.Errorf("%s with %s: %s after %d calls, want invalid_request before any call", tc.model, tc.member, body, calls)
+		}
+		if tc.status == 200 && tc.model == "openai-responses/gpt-test" && !strings.Contains(string(f.body()), tc.member) {
+			t.Errorf("passthrough lost %s: provider saw %s", tc.member, f.body())
+		}
+	}
+}
