@@ -211,3 +211,26 @@ func BenchmarkSSEReaderLongLine(b *testing.B) {
 		}
 	}
 }
+
+// TestChatStreamContentPartsAreTranslated: a compatible provider that sends
+// a chunk's content as text parts, as decodeChat reads a buffered answer's,
+// reaches a caller of another format with that text; it was dropped
+// silently, the stream still "complete" (SPEC §7.5, §7.6).
+func TestChatStreamContentPartsAreTranslated(t *testing.T) {
+	fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, `data: {"choices":[{"index":0,"delta":{"role":"assistant","content":[{"type":"text","text":"Hel"},{"type":"reference","reference_ids":[1]}]}}]}`+"\n\n"+
+			`data: {"choices":[{"index":0,"delta":{"content":"lo"},"finish_reason":"stop"}]}`+"\n\ndata: [DONE]\n\n")
+	})
+	env := stateEnv(t)
+	env["BRAMA_PROVIDER_MISTRAL_BASE_URL"] = fake.URL
+	d := startDaemon(t, env, `{"mistral":"k"}`, "-local-credentials-stdin")
+	for _, dialect := range []string{dialectMessages, dialectResponses} {
+		t.Run(dialect, func(t *testing.T) {
+			s, _, b := d.call("POST", dialectPaths[dialect], d.token, chatBody(dialect, "mistral/magistral-test", true, ""))
+			if a := decodeCallerAnswer(t, dialect, true, b); s != 200 || a.Text != "Hello" {
+				t.Errorf("%d: text %q, want Hello: %s", s, a.Text, b)
+			}
+		})
+	}
+}
