@@ -557,6 +557,7 @@ func (a *messagesUpstreamStream) handle(ev sseEvent, emit func(streamEvent) erro
 	if err := json.Unmarshal([]byte(ev.Data), &e); err != nil {
 		return false, malformedEvent(protoAnthropic, err)
 	}
+	e.Type = cmp.Or(e.Type, ev.Event) // data without a type: the event line's, as passthrough reads it
 	if ev.Event == "error" || e.Type == "error" {
 		f, _ := errorObject(e.Error)
 		return false, inBandError(f.typ)

@@ -234,3 +234,41 @@ func TestChatStreamContentPartsAreTranslated(t *testing.T) {
 		})
 	}
 }
+
+// TestEventNamedByItsEventLine: an event whose data carries no "type" is
+// the type its event: line names, translated as in passthrough (SPEC
+// §7.5): a message_stop so named ends the stream, an error so named is the
+// provider's in-band error (provider_incomplete, its code quoted, so a
+// limit blocks the subscription), not a malformed event.
+func TestEventNamedByItsEventLine(t *testing.T) {
+	msgFrames := strings.SplitAfter(lfFixture(t, "anthropic-messages.sse"), "\n\n")
+	rsFrames := strings.SplitAfter(lfFixture(t, "openai-responses.sse"), "\n\n")
+	fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		if r.URL.Path == "/v1/messages" {
+			io.WriteString(w, strings.Join(msgFrames[:len(msgFrames)-2], "")+"event: message_stop\ndata: {}\n\n")
+			return
+		}
+		io.WriteString(w, rsFrames[0]+"event: error\ndata: {\"code\":\"usage_limit_reached\",\"message\":\"The usage limit has been reached\"}\n\n")
+	})
+	env := stateEnv(t)
+	env["BRAMA_PROVIDER_ANTHROPIC_BASE_URL"] = fake.URL
+	env["BRAMA_PROVIDER_OPENAI_RESPONSES_BASE_URL"] = fake.URL
+	d := startDaemon(t, env, `{"anthropic":"k1","openai-responses":"k2"}`, "-local-credentials-stdin")
+	for _, dialect := range []string{dialectMessages, dialectChat, dialectResponses} {
+		t.Run(dialect, func(t *testing.T) {
+			resp := d.openStream(dialectPaths[dialect], d.token, chatBody(dialect, "anthropic/claude-test", true, ""))
+			got, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err != nil || strings.Contains(string(got), "provider_failure") {
+				t.Errorf("a message_stop named by its event line: read error %v: %s", err, got)
+			}
+			resp = d.openStream(dialectPaths[dialect], d.token, chatBody(dialect, "openai-responses/gpt-resp", true, ""))
+			got, err = io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err == nil || !strings.Contains(string(got), "provider_incomplete") || !strings.Contains(string(got), "usage_limit_reached") {
+				t.Errorf("an error named by its event line: read error %v: %s", err, got)
+			}
+		})
+	}
+}
