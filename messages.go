@@ -495,8 +495,8 @@ func (s *messagesCallerStream) open(i int, b *streamBlock) error {
 }
 
 // delta writes a text or input_json delta. The kept block is filled at its
-// close (at each delta it cost a re-read of the whole arguments), and anew
-// for a block already closed (a provider interleaving calls).
+// close, not at each delta (each would re-read the whole arguments so far),
+// and anew for a block already closed (a provider interleaving calls).
 func (s *messagesCallerStream) delta(i int, b *streamBlock, d string) error {
 	delta := &messagesDelta{Type: "text_delta", Text: &d}
 	if !b.text {
