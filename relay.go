@@ -146,6 +146,8 @@ func (pw *passthroughWatch) chatEvent(event string, e rawObject) (relay, end boo
 // messagesEvent: message_stop ends; usage comes in message_start and _delta.
 func (pw *passthroughWatch) messagesEvent(typ string, e rawObject) (relay, end bool, err error) {
 	switch typ {
+	case "":
+		return false, false, malformedEvent(pw.protocol, errors.New("event without a type"))
 	case "error":
 		f, _ := errorObject(e.value("error"))
 		return false, false, inBandError(cmp.Or(f.typ, f.code))

@@ -61,9 +61,10 @@ func lfFixture(t testing.TB, name string) string {
 }
 
 // TestMalformedEventFailsTheStream: an event whose data is JSON but no
-// event object (null, a number, an array) is malformed, in passthrough and
-// in translation alike: provider_failure in-band, never skipped silently
-// (SPEC §7.5).
+// event object (null, a number, an array), or, in a format whose events
+// are typed, an object naming no type, is malformed, in passthrough and in
+// translation alike: provider_failure in-band, never passed through or
+// skipped silently (SPEC §7.5).
 func TestMalformedEventFailsTheStream(t *testing.T) {
 	var current atomic.Value // the data line the fake sends after its first event
 	fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
@@ -80,7 +81,11 @@ func TestMalformedEventFailsTheStream(t *testing.T) {
 	d := startDaemon(t, env, `{"openai":"k1","anthropic":"k2","openai-responses":"k3"}`, "-local-credentials-stdin")
 	for _, model := range []string{"openai/gpt-test", "anthropic/claude-test", "openai-responses/gpt-resp"} {
 		for _, dialect := range []string{dialectChat, dialectMessages, dialectResponses} {
-			for _, data := range []string{"null", "7", "[]"} {
+			malformed := []string{"null", "7", "[]"}
+			if model != "openai/gpt-test" { // a chat chunk has no type
+				malformed = append(malformed, "{}")
+			}
+			for _, data := range malformed {
 				t.Run(dialect+" from "+model+" "+data, func(t *testing.T) {
 					current.Store(data)
 					resp := d.openStream(dialectPaths[dialect], d.token, chatBody(dialect, model, true, ""))
