@@ -200,6 +200,7 @@ func (ri *requestInfo) account(t *tally) {
 	if t.dropped != nil {
 		ri.dropped = t.dropped
 	}
+	ri.route = cmp.Or(t.route, ri.route)
 }
 
 // handleChat serves the three chat routes for one caller dialect: read the

@@ -25,7 +25,7 @@ import (
 
 // subGateway is one command's connection to the daemon's admin API.
 type subGateway struct {
-	ctx   context.Context // the CLI's: ends on SIGINT/SIGTERM
+	ctx   context.Context // the CLI's: ends on SIGINT/SIGTERM/SIGHUP
 	base  string          // e.g. http://127.0.0.1:8080, no trailing slash
 	token string
 	in    *bufio.Reader // stdin, at the line after the bearer when it came from there

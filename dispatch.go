@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"slices"
@@ -60,6 +61,7 @@ type tally struct {
 	outcome       string
 	retryable     bool
 	input, output int
+	route         string // the route that answered (a selector's: its candidate)
 	dropped       []string
 	remember      func(ae *apiError, attempts int, hungUp, streamed bool) // the replay guard's (SPEC §8.1); nil: none
 }
@@ -213,6 +215,11 @@ func (e *engine) send(httpReq *http.Request, c call, sub *overlayItem) (*http.Re
 	}
 	if err := httpReq.Context().Err(); err != nil { // the caller hung up since the last call: none is sent
 		return nil, nil, classifyTransport(err)
+	}
+	for name, vs := range httpReq.Header { // net/http refuses such a value before sending: no call
+		if slices.ContainsFunc(vs, func(v string) bool { return controlAt(v) >= 0 }) {
+			return nil, nil, refuse("credential_unauthorized", "the %s header for provider %q would hold a control character (a newline in its credential?); no call was made", name, p.id)
+		}
 	}
 	e.t.attempts++
 	e.attempts.Add(1)
@@ -430,16 +437,35 @@ func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *call
 	return ae
 }
 
+// maxDroppedHeader bounds Brama-Dropped: Node's clients read 16 KiB of
+// headers in all. The log line names every path.
+const maxDroppedHeader = 4096
+
+// droppedHeader is Brama-Dropped: the paths, comma-separated, as many whole
+// ones as fit in maxDroppedHeader bytes, then how many more there are.
+func droppedHeader(paths []string) string {
+	var b strings.Builder
+	for i, p := range paths {
+		if p = headerText(p); b.Len()+len(p) > maxDroppedHeader {
+			fmt.Fprintf(&b, "and %d more (the log line names all)", len(paths)-i)
+			break
+		}
+		b.WriteString(p + ", ")
+	}
+	return strings.TrimSuffix(b.String(), ", ")
+}
+
 // deliver answers from a committed call, passthrough or translated naming
 // model; a stream's failure is written in-band (streamed), a buffered one not.
 func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, model string, req *callerRequest, c call, resp *http.Response, attempts int) (u usage, failure *apiError, streamed bool) {
 	w.Header().Set("Brama-Route", c.res.Route)
+	e.t.route = c.res.Route
 	p := c.res.Provider
 	pass, tr := !req.translates(p), chatRequest{}
 	if !pass {
 		tr = req.translated()
 		if dropped := tr.droppedFor(p); len(dropped) > 0 { // SPEC §7.6: nothing is dropped silently
-			w.Header().Set("Brama-Dropped", strings.Join(dropped, ", "))
+			w.Header().Set("Brama-Dropped", droppedHeader(dropped))
 			e.t.dropped = dropped
 		}
 	}

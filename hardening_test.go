@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -359,11 +360,14 @@ func TestShutdownDrainsThenCuts(t *testing.T) {
 	for _, tc := range []struct {
 		name        string
 		stream, cut bool
+		sig         syscall.Signal // 0: SIGTERM
 	}{
-		{"a stream drains", true, false},
-		{"a stream is cut", true, true},
-		{"a buffered request drains", false, false},
-		{"a buffered request is cut", false, true},
+		{"a stream drains", true, false, 0},
+		{"a stream is cut", true, true, 0},
+		{"a buffered request drains", false, false, 0},
+		{"a buffered request is cut", false, true, 0},
+		{"a stream drains at SIGHUP (a closed terminal)", true, false, syscall.SIGHUP},
+		{"a stream is cut at the second SIGHUP", true, true, syscall.SIGHUP},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			arrived, rest, hungUp := make(chan struct{}), make(chan struct{}), make(chan struct{})
@@ -432,11 +436,12 @@ func TestShutdownDrainsThenCuts(t *testing.T) {
 				answer <- fmt.Sprint(resp.StatusCode, " ", resp.Header.Get("X-Request-Id"), " ", string(b), err)
 			}()
 			<-arrived
-			cmd.Process.Signal(syscall.SIGTERM)
+			sig := cmp.Or(tc.sig, syscall.SIGTERM)
+			cmd.Process.Signal(sig)
 			waitLog(`"msg":"serve_draining"`)
 			want := `"outcome":"ok"`
 			if tc.cut {
-				cmd.Process.Signal(syscall.SIGTERM)
+				cmd.Process.Signal(sig)
 				<-hungUp // the provider call was cancelled
 				want = `"outcome":"server_shutdown"`
 				<-answer
@@ -497,5 +502,54 @@ func TestAgentRefusalsBeforeTheBody(t *testing.T) {
 				t.Errorf("%d close=%v %s, want %d with Connection: close", resp.StatusCode, resp.Close, b, tc.want)
 			}
 		})
+	}
+}
+
+// TestServeSurvivesAClosedLogReader, on the real binary: serve's log read by
+// a pipe (`brama serve 2>&1 | logger`) whose reader is gone must not end the
+// process at its next log line, cutting the generations it is running; the
+// log lines are lost, the answers are not.
+func TestServeSurvivesAClosedLogReader(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the real binary")
+	}
+	fx := protocolFixtures[0]
+	fake := fixtureProvider(t, fx)
+	cmd := exec.Command(builtBinary(t), "serve", "-addr", "127.0.0.1:0", "-local-credentials-stdin")
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "BRAMA_STATE_DIR=" + t.TempDir(), "BRAMA_MODEL_CATALOG_URL=off", "BRAMA_PROVIDER_OPENAI_BASE_URL=" + fake.URL}
+	cmd.Stdin = strings.NewReader(`{"openai":"k"}`)
+	stdout, _ := cmd.StdoutPipe()
+	stderr, _ := cmd.StderrPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	var token string
+	for sc := bufio.NewScanner(stderr); token == "" && sc.Scan(); {
+		if _, tok, ok := strings.Cut(sc.Text(), "(shown once): "); ok {
+			token = strings.TrimSpace(tok)
+		}
+	}
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil || token == "" {
+		t.Fatalf("serve did not start: %v", err)
+	}
+	stderr.Close() // the log's reader is gone
+	d := &daemon{t: t, url: strings.TrimSpace(strings.TrimPrefix(line, "listening on "))}
+	for i := range 3 {
+		req, _ := http.NewRequest("POST", d.url+"/v1/chat/completions", strings.NewReader(chatBody(dialectChat, "openai/gpt-test", false, "")))
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("request %d after the log reader left: %v", i, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("request %d after the log reader left: %d", i, resp.StatusCode)
+		}
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("serve exited with %v, want 0", err)
 	}
 }

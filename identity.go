@@ -328,15 +328,13 @@ func newTransportGuard(list string) (transportGuard, error) {
 	return g, nil
 }
 
-// allows reports whether r came over an acceptable transport; a forwarded
-// header counts by its last element, the trusted proxy's own (RFC 7239 §4).
+// allows reports whether r came over an acceptable transport. A forwarded
+// header counts by its last element, the trusted proxy's own (RFC 7239 §4),
+// and every one that names a proto must say https: a proxy passes on the
+// header it does not set as the client wrote it.
 func (g transportGuard) allows(r *http.Request) bool {
 	host, _, _ := net.SplitHostPort(r.RemoteAddr)
 	ip := net.ParseIP(host) // nil when RemoteAddr is not host:port
-	last := func(name string) string {
-		v := strings.Join(r.Header.Values(name), ",")
-		return strings.TrimSpace(v[strings.LastIndex(v, ",")+1:])
-	}
 	switch {
 	case ip == nil:
 		return false
@@ -344,13 +342,17 @@ func (g transportGuard) allows(r *http.Request) bool {
 		return true
 	case !g.trusted[ip.String()]:
 		return false
-	case strings.EqualFold(last("X-Forwarded-Proto"), "https"):
-		return true
 	}
+	last := func(name string) string {
+		v := strings.Join(r.Header.Values(name), ",")
+		return strings.TrimSpace(v[strings.LastIndex(v, ",")+1:])
+	}
+	xfp, fwd := last("X-Forwarded-Proto"), ""
 	for _, el := range strings.Split(last("Forwarded"), ";") {
-		if k, v, ok := strings.Cut(strings.TrimSpace(el), "="); ok && strings.EqualFold(k, "proto") && strings.EqualFold(strings.Trim(v, `"`), "https") {
-			return true
+		if k, v, ok := strings.Cut(strings.TrimSpace(el), "="); ok && strings.EqualFold(k, "proto") {
+			fwd = strings.Trim(v, `"`)
 		}
 	}
-	return false
+	https := func(proto string) bool { return proto == "" || strings.EqualFold(proto, "https") }
+	return xfp+fwd != "" && https(xfp) && https(fwd)
 }

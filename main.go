@@ -55,12 +55,12 @@ import (
 // version is reported by /health and `brama version`.
 const version = "0.1.0-dev"
 
-// main: the first SIGINT or SIGTERM ends ctx (serve stops taking requests
-// and lets the running ones end; any other command cancels its call), the
-// second closes cut (serve cuts what still runs).
+// main: the first SIGINT, SIGTERM or SIGHUP (a closed terminal) ends ctx
+// (serve stops taking requests and lets the running ones end; any other
+// command cancels its call), the second closes cut (serve cuts what still runs).
 func main() {
 	sig := make(chan os.Signal, 2) // the second is never dropped, however quick
-	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	ctx, drain := context.WithCancel(context.Background())
 	cut := make(chan struct{})
 	go func() {
@@ -158,7 +158,7 @@ func run(ctx context.Context, cut <-chan struct{}, args []string, getenv func(st
 
 // cliEnv is what every command reads and writes besides its arguments.
 type cliEnv struct {
-	ctx    context.Context // ends on SIGINT/SIGTERM: the only cancel of a CLI's calls
+	ctx    context.Context // ends on SIGINT/SIGTERM/SIGHUP: the only cancel of a CLI's calls
 	cut    <-chan struct{} // closed on the second signal: serve cuts its running requests
 	getenv func(string) string
 	stdin  io.Reader
@@ -235,10 +235,16 @@ func openDeps(getenv func(string) string, sy sys) deps {
 // newLogger makes the JSON slog logger at BRAMA_LOG_LEVEL.
 func newLogger(w io.Writer, level string) *slog.Logger {
 	var lv slog.Level
-	if err := lv.UnmarshalText([]byte(strings.TrimSpace(level))); err != nil || level == "" {
+	level = strings.TrimSpace(level)
+	err := lv.UnmarshalText([]byte(level))
+	if err != nil {
 		lv = slog.LevelInfo
 	}
-	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: lv}))
+	log := slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: lv}))
+	if err != nil && level != "" {
+		log.Warn("log_level_invalid", "value", level, "using", "info")
+	}
+	return log
 }
 
 // serve runs the daemon until ctx ends, then drains until its requests end
@@ -250,6 +256,10 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 	if _, err := parseFlags(fs, args, 0, "serve [-addr ADDR] [-local-credentials-stdin]"); err != nil {
 		return err
 	}
+	if err := checkListenAddr(*addr); err != nil {
+		return err
+	}
+	signal.Ignore(syscall.SIGPIPE) // a log reader gone (`serve 2>&1 | logger`) ends no generation: its lines are lost
 	sy := e.sys()
 	if testingOnlyNow != nil {
 		sy.now = testingOnlyNow
@@ -367,6 +377,22 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 	return nil
 }
 
+// checkListenAddr refuses an -addr net.Listen would misread: empty (every
+// interface), no port or an empty one (a random port), or a bad port.
+func checkListenAddr(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err == nil && port == "" {
+		err = errors.New("no port")
+	}
+	if err == nil {
+		_, err = net.LookupPort("tcp", port)
+	}
+	if err != nil {
+		return &usageError{fmt.Sprintf("-addr %q is not HOST:PORT to listen on (e.g. 127.0.0.1:8080): %v", addr, err)}
+	}
+	return nil
+}
+
 // readLocalCredentials reads `{"provider":"api key",…}` from stdin.
 func readLocalCredentials(r io.Reader) (map[string]string, error) {
 	b, err := io.ReadAll(r)
@@ -376,10 +402,14 @@ func readLocalCredentials(r io.Reader) (map[string]string, error) {
 	creds := map[string]string{}
 	if err := decodeStrict("-local-credentials-stdin", b, &creds); err != nil {
 		return nil, err
+	} else if creds == nil { // null: no map, and the vault's keys would be read
+		return nil, errors.New("-local-credentials-stdin: not a JSON object")
 	}
-	for p := range creds {
+	for p, key := range creds {
 		if info, ok := lookupProvider(p); !ok || info.cred != credDirect {
 			return nil, fmt.Errorf("-local-credentials-stdin: %q is not a provider that takes a direct API key", p)
+		} else if strings.TrimSpace(key) == "" {
+			return nil, fmt.Errorf("-local-credentials-stdin: the API key for %q is empty", p)
 		}
 	}
 	return creds, nil

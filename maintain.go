@@ -19,6 +19,9 @@ import (
 
 var errMaintenanceStopped = errors.New("the maintenance scheduler is not running")
 
+// errPassCut is a pass the server's stop ended before its reads and refreshes did.
+var errPassCut = fmt.Errorf("%w: the server is stopping, so this pass ended before its reads and refreshes", errMaintenanceStopped)
+
 // maintainer runs one daemon's passes one at a time on loop's goroutine;
 // passes asked for while one runs become exactly one more.
 type maintainer struct {
@@ -275,6 +278,22 @@ func (m *maintainer) state() map[string]any {
 		"requests_dropped": m.dropped, "next_due_at": rfc3339OrNil(m.timerAt), "last_pass": m.last}
 }
 
+// metrics is state as /metrics numbers: the same as /stats (SPEC §13). Nil-safe.
+func (m *maintainer) metrics() map[string]float64 {
+	if m == nil {
+		return map[string]float64{"brama_maintenance_passes_total": 0}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	flag := map[bool]float64{true: 1}
+	out := map[string]float64{"brama_maintenance_passes_total": float64(m.passes), "brama_maintenance_requests_dropped_total": float64(m.dropped),
+		"brama_maintenance_running": flag[m.running], "brama_maintenance_pending": flag[m.pending != ""]}
+	if !m.timerAt.IsZero() {
+		out["brama_maintenance_next_due_timestamp_seconds"] = float64(m.timerAt.Unix())
+	}
+	return out
+}
+
 // rfc3339OrNil is t in RFC 3339 UTC, or nil for the zero time.
 func rfc3339OrNil(t time.Time) *string {
 	if t.IsZero() {
@@ -306,6 +325,9 @@ func (m *maintainer) passOnce(ctx context.Context) passReport {
 	subs, retired, err := m.live() // none when err: the counts stay 0 and OK false
 	m.usagePass(ctx, subs, &rep)
 	m.refreshPass(ctx, subs, &rep)
+	if err == nil && ctx.Err() != nil {
+		err = errPassCut // what it skipped is neither read nor failed: not ok
+	}
 	m.inv.invalidate(false) // the listing shows the pass at once (SPEC §10.2)
 	for _, s := range subs {
 		switch {

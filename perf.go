@@ -110,9 +110,15 @@ func (p *perfRegistry) record(route string, ok bool, latency time.Duration, outp
 	}
 }
 
-// flush writes perf.json now (at shutdown); without a state directory the
-// numbers were only ever in memory.
-func (p *perfRegistry) flush() error { return p.write(p.now(), true) }
+// flush writes perf.json now (at shutdown), a failure logged as record logs
+// it; without a state directory the numbers were only ever in memory.
+func (p *perfRegistry) flush() error {
+	err := p.write(p.now(), true)
+	if err != nil {
+		p.log.Warn("perf_stats_flush_failed", "cause", err.Error())
+	}
+	return err
+}
 
 // write snapshots the registry into perf.json 30 s after the last flush (even a failed
 // one), or now with force; numbered, so racing writes never leave older numbers.

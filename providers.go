@@ -205,6 +205,12 @@ func buildUpstreamRequest(ctx context.Context, p providerInfo, baseURL string, c
 // credential and the format's version and beta headers, the caller's merged
 // with p's; no other caller header is ever copied.
 func setProviderHeaders(h http.Header, p providerInfo, cred upstreamCredential, caller http.Header, stream bool) {
+	if named := caller.Values("Connection"); len(named) > 0 { // hop-by-hop fields (RFC 9110 §7.6.1)
+		caller = caller.Clone()
+		for _, f := range strings.Split(strings.Join(named, ","), ",") {
+			caller.Del(strings.TrimSpace(f))
+		}
+	}
 	h.Set("Content-Type", "application/json")
 	h.Set("Accept", "application/json")
 	if stream {
@@ -235,6 +241,26 @@ func setProviderHeaders(h http.Header, p providerInfo, cred upstreamCredential, 
 	if bearer != "" {
 		h.Set("Authorization", "Bearer "+bearer)
 	}
+}
+
+// controlAt is the index of s's first control character but a tab, which
+// no header value may hold (RFC 9110 §5.5), or -1.
+func controlAt(s string) int {
+	for i := range len(s) {
+		if s[i] < ' ' && s[i] != '\t' || s[i] == 0x7f {
+			return i
+		}
+	}
+	return -1
+}
+
+// headerText is s with each control character escaped as JSON writes it:
+// a caller's member name may hold any.
+func headerText(s string) string {
+	if i := controlAt(s); i >= 0 {
+		return s[:i] + fmt.Sprintf(`\u%04x`, s[i]) + headerText(s[i+1:])
+	}
+	return s
 }
 
 // mergeTokens joins comma-separated header values and the required tokens,

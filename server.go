@@ -387,6 +387,14 @@ func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 	if s.st.dir == "" {
 		rd.Warnings = append(rd.Warnings, "no state directory: "+s.st.cause.Error())
 	}
+	for _, f := range []struct {
+		env string
+		err error
+	}{{"BRAMA_ROUTES_FILE", s.reg.pathErr}, {"BRAMA_VAULT_FILE", s.vault.pathErr}, {"BRAMA_CLIENTS_FILE", s.clients.pathErr}} {
+		if f.err != nil && !errors.Is(f.err, s.st.cause) { // not the value: it may lie outside the state directory
+			rd.Warnings = append(rd.Warnings, f.env+" is not an absolute path, so that file has no place (§2.1's no state directory)")
+		}
+	}
 	if _, err := s.reg.current(); err != nil && !errors.As(err, new(*noStateError)) {
 		rd.Reasons = append(rd.Reasons, "route registry unusable: "+s.hidePath(err.Error(), s.reg.path))
 	}
@@ -555,8 +563,7 @@ func (s *server) handleStats(w http.ResponseWriter, r *http.Request) {
 func (s *server) handleMetrics(w http.ResponseWriter, r *http.Request) {
 	size, _ := s.journal.size()
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-	writeMetrics(w, s.perf.snapshot(), map[string]float64{
-		"brama_attempts_total": float64(s.attempts.Load()),
-		"brama_journal_bytes":  float64(size),
-	})
+	extra := s.maint.metrics()
+	extra["brama_attempts_total"], extra["brama_journal_bytes"] = float64(s.attempts.Load()), float64(size)
+	writeMetrics(w, s.perf.snapshot(), extra)
 }

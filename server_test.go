@@ -155,6 +155,10 @@ func TestTransportGuard(t *testing.T) {
 		{name: "trusted proxy added an http line after a forged https", trusted: "192.0.2.7", remote: "192.0.2.7:5000", hdr: map[string]string{"X-Forwarded-Proto": "https\nhttp"}, want: false},
 		{name: "trusted proxy added a Forwarded line after a forged https", trusted: "192.0.2.7", remote: "192.0.2.7:5000", hdr: map[string]string{"Forwarded": "proto=https\nfor=192.0.2.9;proto=http"}, want: false},
 		{name: "trusted proxy appended https to a client's http", trusted: "192.0.2.7", remote: "192.0.2.7:5000", hdr: map[string]string{"X-Forwarded-Proto": "http, https"}, want: true},
+		// The proxy sets one header and passes the client's other one on.
+		{name: "trusted proxy's http beside a forged Forwarded https", trusted: "192.0.2.7", remote: "192.0.2.7:5000", hdr: map[string]string{"X-Forwarded-Proto": "http", "Forwarded": "proto=https"}, want: false},
+		{name: "trusted proxy's Forwarded http beside a forged https", trusted: "192.0.2.7", remote: "192.0.2.7:5000", hdr: map[string]string{"X-Forwarded-Proto": "https", "Forwarded": "for=192.0.2.9;proto=http"}, want: false},
+		{name: "trusted proxy, both https", trusted: "192.0.2.7", remote: "192.0.2.7:5000", hdr: map[string]string{"X-Forwarded-Proto": "https", "Forwarded": "proto=https"}, want: true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

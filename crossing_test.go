@@ -1,0 +1,237 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Tests of what crosses Brama besides the body: transport, headers each way.
+
+// A trusted proxy sets one forwarded header and passes the other on as the
+// client wrote it, so a client on plain HTTP that forges the other one must
+// still get 426: every header naming a proto must say https (SPEC §3.3).
+func TestTrustedProxyForgedProto(t *testing.T) {
+	ip := nonLoopbackIP()
+	if ip == "" {
+		t.Skip("no non-loopback interface: TestTransportGuard covers the rule without HTTP")
+	}
+	env := stateEnv(t)
+	env["BRAMA_TRUSTED_PROXY_IPS"] = ip
+	d := startDaemon(t, env, "", "-addr", net.JoinHostPort(ip, "0"))
+	tests := []struct {
+		name string
+		hdr  []string
+		want int
+	}{
+		{"the proxy's http beside a forged Forwarded https", []string{"X-Forwarded-Proto", "http", "Forwarded", "proto=https"}, 426},
+		{"the proxy's Forwarded http beside a forged https", []string{"X-Forwarded-Proto", "https", "Forwarded", "for=192.0.2.9;proto=http"}, 426},
+		{"no forwarded header", nil, 426},
+		{"https", []string{"X-Forwarded-Proto", "https"}, 200},
+		{"both https", []string{"X-Forwarded-Proto", "https", "Forwarded", `for=192.0.2.9;proto="https"`}, 200},
+		{"Forwarded https, its element naming no proto", []string{"Forwarded", "proto=https, for=192.0.2.9"}, 426},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			status, _, body := d.call("GET", "/v1/aliases", d.token, "", tc.hdr...)
+			if status != tc.want {
+				t.Fatalf("status %d, want %d: %s", status, tc.want, body)
+			}
+			if tc.want == 426 {
+				if e := envelopeOf(t, body); e["code"] != "secure_transport_required" {
+					t.Errorf("refusal %v, want secure_transport_required", e)
+				}
+			}
+		})
+	}
+}
+
+// The fields a caller's Connection header names are hop-by-hop (RFC 9110
+// §7.6.1), like Connection itself, TE, Upgrade, Keep-Alive and Proxy-*:
+// none reaches the provider, not even a format option (SPEC §7.6).
+func TestHopByHopHeadersStayWithTheCaller(t *testing.T) {
+	fx := protocolFixtures[1]
+	env := stateEnv(t)
+	prov := newRecordingProvider(t, fx.buffered, "")
+	env["BRAMA_PROVIDER_ANTHROPIC_BASE_URL"] = prov.URL
+	d := startDaemon(t, env, fmt.Sprintf(`{%q:%q}`, fx.provider, fx.key), "-local-credentials-stdin")
+	const proxySecret = "cHJveHktc2VjcmV0LXBsYW50ZWQ="
+	status, _, body := d.call("POST", "/v1/messages", d.token, `{"model":"anthropic/claude-test","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}`,
+		"Connection", "anthropic-beta, X-Hop", "anthropic-beta", "hop-only-beta", "X-Hop", "1",
+		"TE", "trailers", "Upgrade", "h2c", "Keep-Alive", "timeout=5", "Proxy-Authorization", "Basic "+proxySecret)
+	if status != 200 {
+		t.Fatalf("status %d: %s", status, body)
+	}
+	got := prov.last(t).header
+	for _, name := range []string{"Anthropic-Beta", "X-Hop", "Connection", "Te", "Upgrade", "Keep-Alive", "Proxy-Authorization"} {
+		if v := got.Values(name); len(v) > 0 {
+			t.Errorf("the provider got the caller's hop-by-hop %s: %q", name, v)
+		}
+	}
+	if got.Get("anthropic-version") != "2023-06-01" {
+		t.Errorf("anthropic-version %q, want Brama's default", got.Get("anthropic-version"))
+	}
+	assertNoSecret(t, proxySecret, d.stderr.String(), env["BRAMA_STATE_DIR"])
+}
+
+// A member name may hold any character JSON can, control characters too; a
+// translated answer names it in Brama-Dropped (SPEC §7.6), escaped as JSON
+// writes it, so the header stays one the caller's HTTP client can read.
+func TestDroppedNamesWithControlCharacters(t *testing.T) {
+	fx := protocolFixtures[1]
+	fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, fx.buffered)
+	})
+	env := stateEnv(t)
+	env["BRAMA_PROVIDER_ANTHROPIC_BASE_URL"] = fake.URL
+	d := startDaemon(t, env, fmt.Sprintf(`{%q:%q}`, fx.provider, fx.key), "-local-credentials-stdin")
+	body := `{"model":"anthropic/claude-test","max_tokens":5,"logit_bias":{"1":1},"x\u0000y\u00e9\r\nInjected: 1":1,"messages":[{"role":"user","content":"hi"}]}`
+	req, _ := http.NewRequest("POST", d.url+"/v1/chat/completions", strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+d.token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("the caller could not read the answer: %v", err)
+	}
+	resp.Body.Close()
+	want := `logit_bias, x\u0000yé\u000d\u000aInjected: 1`
+	if resp.StatusCode != 200 || resp.Header.Get("Brama-Dropped") != want || resp.Header.Get("Injected") != "" {
+		t.Errorf("%d Brama-Dropped %q (Injected %q), want 200 %q", resp.StatusCode, resp.Header.Get("Brama-Dropped"), resp.Header.Get("Injected"), want)
+	}
+}
+
+// Whatever forwarded headers a client sends, a trusted proxy that appends
+// its own http to either one leaves the request refused (SPEC §3.3).
+func FuzzTransportGuard(f *testing.F) {
+	f.Add("https", "proto=https", false)
+	f.Add("https, https", `for="[2001:db8::1]:80";proto="https"`, true)
+	f.Add("", "proto=https,", false)
+	g, err := newTransportGuard("192.0.2.7")
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, xfp, fwd string, proxySetsForwarded bool) {
+		r, _ := http.NewRequest("GET", "http://brama/health", nil)
+		r.RemoteAddr = "192.0.2.7:5000"
+		r.Header.Add("X-Forwarded-Proto", xfp)
+		r.Header.Add("Forwarded", fwd)
+		if proxySetsForwarded {
+			r.Header.Add("Forwarded", "for=192.0.2.9;proto=http")
+		} else {
+			r.Header.Add("X-Forwarded-Proto", "http")
+		}
+		if g.allows(r) {
+			t.Fatalf("plain HTTP accepted: X-Forwarded-Proto %q, Forwarded %q", r.Header.Values("X-Forwarded-Proto"), r.Header.Values("Forwarded"))
+		}
+	})
+}
+
+// A credential holding a control character (a key file read whole, its
+// newline kept) cannot go in a header: net/http refuses before sending.
+// That is no call and no credential to present: 503 credential_unauthorized
+// with attempts 0 (SPEC §7.1, §8.1), not a provider_incomplete call that
+// may have been billed, on a direct route and a subscription route alike.
+func TestCredentialWithAControlCharacter(t *testing.T) {
+	const chat = `{"model":"openai/gpt-test","messages":[{"role":"user","content":"hi"}]}`
+	const messages = `{"model":"claude-code/claude-test","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`
+	tests := []struct {
+		name, secret string
+		grant        bool
+	}{
+		{"direct key with its newline", "sk-planted-key-0123456789\n", false},
+		{"direct key with a NUL", "sk-planted\x00key-0123456789", false},
+		{"grant access token with its newline", "oat-planted-key-0123456789\n", true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {})
+			tokens := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {})
+			var d *daemon
+			var token, path, body string
+			if tc.grant {
+				d, token = oauthSetup(t, fake, tokens)
+				donateGrant(t, d, tc.secret, "ort-planted", time.Now().Add(time.Hour).UnixMilli())
+				path, body = "/v1/messages", messages
+			} else {
+				env := stateEnv(t)
+				env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = fake.URL
+				stdin, _ := json.Marshal(map[string]string{"openai": tc.secret})
+				d = startDaemon(t, env, string(stdin), "-local-credentials-stdin")
+				token, path, body = d.token, "/v1/chat/completions", chat
+			}
+			status, h, got := d.call("POST", path, token, body)
+			e := envelopeOf(t, got)
+			if status != 503 || e["code"] != "credential_unauthorized" || e["attempts"] != 0.0 || h.Get("Brama-Attempts") != "0" || fake.calls.Load()+tokens.calls.Load() != 0 {
+				t.Errorf("%d %s (Brama-Attempts %q, %d provider calls), want 503 credential_unauthorized, attempts 0, no call", status, got, h.Get("Brama-Attempts"), fake.calls.Load()+tokens.calls.Load())
+			}
+			assertNoSecret(t, "key-0123456789", logsBesidesFirstStart(d.stderr.String())+string(got), d.env["BRAMA_STATE_DIR"])
+		})
+	}
+	t.Run("a tab in a caller's format header", func(t *testing.T) { // a header value may hold one
+		fx := protocolFixtures[1]
+		prov := newRecordingProvider(t, fx.buffered, "")
+		env := stateEnv(t)
+		env["BRAMA_PROVIDER_ANTHROPIC_BASE_URL"] = prov.URL
+		d := startDaemon(t, env, fmt.Sprintf(`{%q:%q}`, fx.provider, fx.key), "-local-credentials-stdin")
+		status, _, got := d.call("POST", "/v1/messages", d.token, `{"model":"anthropic/claude-test","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`, "anthropic-beta", "beta-a\tb")
+		if status != 200 || prov.last(t).header.Get("anthropic-beta") != "beta-a\tb" {
+			t.Errorf("%d %s, want 200 with the caller's anthropic-beta passed", status, got)
+		}
+	})
+}
+
+// The log line's route is the route that answered (SPEC §13, §7.6's
+// Brama-Route): for a selector, the candidate that served and billed.
+func TestLogLineNamesTheRouteThatAnswered(t *testing.T) {
+	env := stateEnv(t)
+	fake := newKeyedFake(t, map[string]string{"groq-1": "200"})
+	env["BRAMA_PROVIDER_GROQ_BASE_URL"] = fake.URL
+	d := startDaemon(t, env, "")
+	if s, _, b := d.call("PUT", "/v1/admin/routes", d.token, `{"alias":"g1","route":"groq/gq-a"}`); s != 200 {
+		t.Fatalf("PUT: %d %s", s, b)
+	}
+	tok, _ := agentWithSubs(t, d, "a1", "groq", "groq-1")
+	status, hdr, body := d.call("POST", "/v1/chat/completions", tok, chatBody(dialectChat, "any", false, ""))
+	if status != 200 || hdr.Get("Brama-Route") != "groq/gq-a" {
+		t.Fatalf("any: %d %s (Brama-Route %q), want 200 from groq/gq-a", status, body, hdr.Get("Brama-Route"))
+	}
+	id := hdr.Get("X-Request-Id")
+	d.stderr.waitFor(t, `"request_id":"`+id+`","method"`)
+	for _, l := range strings.Split(d.stderr.String(), "\n") {
+		if strings.Contains(l, `"msg":"request","request_id":"`+id+`"`) && !strings.Contains(l, `"route":"groq/gq-a"`) {
+			t.Errorf("the log line does not name the route that answered:\n%s", l)
+		}
+	}
+	assertNoSecret(t, "groq-1", logsBesidesFirstStart(d.stderr.String()), env["BRAMA_STATE_DIR"])
+}
+
+// TestDroppedHeaderStaysReadable: a long conversation can drop hundreds of
+// members (thinking blocks, cache_control); Brama-Dropped stops at whole
+// paths within maxDroppedHeader bytes and says how many more the log line
+// names, so a client with a 16 KiB header limit (Node's) still reads the
+// answer it paid for (SPEC §7.6).
+func TestDroppedHeaderStaysReadable(t *testing.T) {
+	d, _ := translationDaemon(t)
+	var members []string
+	for i := range 600 {
+		members = append(members, fmt.Sprintf(`"x_unknown_member_of_a_long_conversation_%03d":1`, i))
+	}
+	body := `{"model":"anthropic/claude-test","max_tokens":5,` + strings.Join(members, ",") + `,"messages":[{"role":"user","content":"hi"}]}`
+	status, hdr, got := d.call("POST", "/v1/chat/completions", d.token, body)
+	dropped := hdr.Get("Brama-Dropped")
+	if status != 200 || len(dropped) > maxDroppedHeader+64 || !strings.HasPrefix(dropped, "x_unknown_member_of_a_long_conversation_000, ") {
+		t.Fatalf("%d, Brama-Dropped of %d bytes (%.60q…), want 200 within %d bytes; %s", status, len(dropped), dropped, maxDroppedHeader, got)
+	}
+	shown := strings.Count(dropped, "x_unknown_member")
+	if want := fmt.Sprintf(", and %d more (the log line names all)", 600-shown); !strings.HasSuffix(dropped, want) {
+		t.Errorf("Brama-Dropped ends %q, want %q", dropped[len(dropped)-60:], want)
+	}
+	if !strings.Contains(d.stderr.String(), "x_unknown_member_of_a_long_conversation_599") {
+		t.Error("the log line does not name the last dropped member")
+	}
+}

@@ -1,0 +1,233 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io/fs"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The daemon's life: start, readiness, shutdown (SPEC §2.3, §11.2, §13, §16).
+
+// TestMaintainCutByShutdownIsNotOK: a pass the first stop signal cuts
+// mid-read read nothing and failed nothing, yet it did not run to its end;
+// POST /v1/admin/maintain must not answer it ok (brama maintain would exit 0).
+func TestMaintainCutByShutdownIsNotOK(t *testing.T) {
+	fake := newMaintProviderFake(t, &testClock{t: time.Now()})
+	d, _ := maintDaemon(t, fake)
+	d.stderr.waitFor(t, `"msg":"maintenance_pass_done"`) // the start pass, before any subscription
+	arrived := make(chan struct{})
+	fake.handle(fakeKimiUsage, func(w http.ResponseWriter, r *http.Request) {
+		close(arrived)
+		<-r.Context().Done() // a slow report: the read is still running at shutdown
+	})
+	status, _, b := d.call("POST", "/v1/admin/subscriptions/a1", d.token, `{"provider":"kimi","api_key":"plantedKimiKey"}`)
+	donatedID(t, status, b, "a1", "kimi")
+
+	type answer struct {
+		status int
+		body   string
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		status, _, b := d.call("POST", "/v1/admin/maintain", d.token, "")
+		answered <- answer{status, string(b)}
+	}()
+	<-arrived
+	go d.stop() // the first signal: the running request drains, the pass is cut
+	got := <-answered
+	if got.status == http.StatusOK {
+		t.Fatalf("a pass cut by shutdown answered %d %s, want a refusal", got.status, got.body)
+	}
+	if e := envelopeOf(t, []byte(got.body)); e["code"] != "dependency_unavailable" {
+		t.Errorf("envelope %v, want dependency_unavailable", e)
+	}
+}
+
+// TestReadyzWarnsOfARelativeFileVariable: a relative BRAMA_ROUTES_FILE,
+// BRAMA_VAULT_FILE or BRAMA_CLIENTS_FILE leaves that file without a place
+// (README: §2.1's "no state directory", naming it); /readyz says so, as it
+// does for the state directory, instead of nothing at all.
+func TestReadyzWarnsOfARelativeFileVariable(t *testing.T) {
+	for _, name := range []string{"BRAMA_ROUTES_FILE", "BRAMA_VAULT_FILE", "BRAMA_CLIENTS_FILE"} {
+		t.Run(name, func(t *testing.T) {
+			env := stateEnv(t)
+			env[name] = "relative.json"
+			d := startDaemon(t, env, "")
+			_, _, b := d.call("GET", "/readyz", "", "")
+			var rd readiness
+			if err := json.Unmarshal(b, &rd); err != nil {
+				t.Fatal(err)
+			}
+			want := name + " is not an absolute path"
+			if !slices.ContainsFunc(rd.Warnings, func(w string) bool { return strings.Contains(w, want) }) || strings.Contains(string(b), "relative.json") {
+				t.Errorf("/readyz %s, want a warning naming %s, not its value (a path outside the state directory)", b, want)
+			}
+		})
+	}
+}
+
+// cancelOnWrite cancels its context at the first write: a serve that
+// started listening when it should have refused ends instead of blocking.
+type cancelOnWrite struct {
+	syncBuffer
+	cancel context.CancelFunc
+}
+
+func (w *cancelOnWrite) Write(p []byte) (int, error) {
+	w.cancel()
+	return w.syncBuffer.Write(p)
+}
+
+// TestServeRefusesABadAddr: an -addr that is empty, has no port or a port
+// out of range is a usage error (exit 2, SPEC §16.1) naming the flag, before
+// any state is touched; an empty one used to listen on every interface at a
+// random port.
+func TestServeRefusesABadAddr(t *testing.T) {
+	for _, addr := range []string{"", "8080", "127.0.0.1:", "127.0.0.1:99999", "127.0.0.1:-1"} {
+		t.Run(addr, func(t *testing.T) {
+			env := stateEnv(t)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			stdout := &cancelOnWrite{cancel: cancel}
+			var stderr bytes.Buffer
+			err := run(ctx, nil, []string{"serve", "-addr", addr}, testEnv(env), strings.NewReader(""), stdout, &stderr)
+			code := exitCode(err, &stderr)
+			if code != 2 || !strings.Contains(stderr.String(), "-addr") || stdout.String() != "" {
+				t.Errorf("exit %d, stdout %q, stderr %q; want exit 2 naming -addr", code, stdout.String(), stderr.String())
+			}
+			if _, err := os.Stat(env["BRAMA_STATE_DIR"]); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("a refused serve touched the state directory: %v", err)
+			}
+		})
+	}
+}
+
+// TestServeOnAPortInUse: the listener's refusal is exit 1 naming it (README).
+func TestServeOnAPortInUse(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	out, errOut, code := runCLI(t, stateEnv(t), "", "serve", "-addr", ln.Addr().String())
+	if code != 1 || out != "" || !strings.Contains(errOut, "address already in use") {
+		t.Errorf("exit %d, stdout %q, stderr %q; want exit 1 naming the address in use", code, out, errOut)
+	}
+}
+
+// TestLogLevelInvalidIsLogged: a BRAMA_LOG_LEVEL slog cannot read falls
+// back to info, as README says, but says so, as a bad …_SECS does; a
+// level it reads, any case, or none says nothing.
+func TestLogLevelInvalidIsLogged(t *testing.T) {
+	for level, warned := range map[string]bool{"verbose": true, "2": true, "": false, "debug": false, " WARN ": false, "info+2": false} {
+		var logs bytes.Buffer
+		newLogger(&logs, level).Error("probe")
+		if got := strings.Contains(logs.String(), `"msg":"log_level_invalid"`); got != warned {
+			t.Errorf("BRAMA_LOG_LEVEL=%q: logged log_level_invalid %v, want %v:\n%s", level, got, warned, logs.String())
+		}
+	}
+}
+
+// TestMetricsCarryTheMaintenanceState: /metrics is /stats in Prometheus
+// text format (SPEC §13), the maintenance state included: passes, dropped
+// requests, whether one runs or is pending, and the armed due moment.
+func TestMetricsCarryTheMaintenanceState(t *testing.T) {
+	fake := newMaintProviderFake(t, &testClock{t: time.Now()})
+	d, _ := maintDaemon(t, fake)
+	d.stderr.waitFor(t, `"msg":"maintenance_pass_done"`)
+	expires := time.Now().Add(time.Hour).Truncate(time.Second)
+	donateGrant(t, d, "plantedAccessCC", "plantedRefreshCC", expires.UnixMilli())
+	if s, _, b := d.call("POST", "/v1/admin/maintain", d.token, ""); s != http.StatusOK {
+		t.Fatalf("POST /v1/admin/maintain = %d %s", s, b)
+	}
+	var st struct {
+		Maintenance struct {
+			Passes    int     `json:"passes"`
+			NextDueAt *string `json:"next_due_at"`
+		} `json:"maintenance"`
+	}
+	for range 10000 { // the loop arms the due timer just after the pass answered
+		_, _, sb := d.call("GET", "/stats", d.token, "")
+		if err := json.Unmarshal(sb, &st); err != nil {
+			t.Fatalf("/stats: %s (%v)", sb, err)
+		}
+		if st.Maintenance.NextDueAt != nil {
+			break
+		}
+	}
+	if st.Maintenance.NextDueAt == nil {
+		t.Fatal("/stats never showed the grant's expiry as the next due moment")
+	}
+	due, _ := time.Parse(time.RFC3339, *st.Maintenance.NextDueAt)
+	_, _, mb := d.call("GET", "/metrics", d.token, "")
+	for _, want := range []string{
+		"# TYPE brama_maintenance_passes_total counter\nbrama_maintenance_passes_total " + strconv.Itoa(st.Maintenance.Passes) + "\n",
+		"# TYPE brama_maintenance_requests_dropped_total counter\nbrama_maintenance_requests_dropped_total 0\n",
+		"# TYPE brama_maintenance_running gauge\nbrama_maintenance_running 0\n",
+		"# TYPE brama_maintenance_pending gauge\nbrama_maintenance_pending 0\n",
+		"# TYPE brama_maintenance_next_due_timestamp_seconds gauge\nbrama_maintenance_next_due_timestamp_seconds " + strconv.FormatInt(due.Unix(), 10) + "\n",
+	} {
+		if !strings.Contains(string(mb), want) {
+			t.Errorf("/metrics lacks\n%s\nin\n%s", want, mb)
+		}
+	}
+}
+
+// TestLocalCredentialsRefuseABlankKey: -local-credentials-stdin with a
+// provider whose key is empty or blank used to serve, /readyz ready with a
+// payer that could pay nothing; it is refused naming the provider (exit 1),
+// as credentials set refuses an empty key. So is null, which decoded to no
+// map at all and put the vault's direct keys back in use (SPEC §16).
+func TestLocalCredentialsRefuseABlankKey(t *testing.T) {
+	env := stateEnv(t)
+	if _, errOut, code := runCLI(t, env, "sk-vault\n", "credentials", "set", "openai"); code != 0 {
+		t.Fatalf("credentials set: %s", errOut)
+	}
+	for stdin, want := range map[string]string{`{"openai":""}`: "empty", `{"openai":"k","anthropic":" \t"}`: "empty", "null": "JSON object"} {
+		ctx, cancel := context.WithCancel(context.Background())
+		stdout := &cancelOnWrite{cancel: cancel} // a serve that listens ends at once
+		var stderr bytes.Buffer
+		err := run(ctx, nil, []string{"serve", "-addr", "127.0.0.1:0", "-local-credentials-stdin"}, testEnv(env), strings.NewReader(stdin), stdout, &stderr)
+		cancel()
+		code := exitCode(err, &stderr)
+		out, errOut := stdout.String(), stderr.String()
+		if code != 1 || out != "" || !strings.Contains(errOut, "-local-credentials-stdin") || !strings.Contains(errOut, want) {
+			t.Errorf("stdin %s: exit %d, stdout %q, stderr %q; want exit 1 saying %q", stdin, code, out, errOut, want)
+		}
+	}
+}
+
+// TestShutdownPerfFlushFailureIsLogged: serve's last perf.json write, at
+// shutdown, logs perf_stats_flush_failed when it fails, as every other
+// write of it does, instead of losing the numbers without a word.
+func TestShutdownPerfFlushFailureIsLogged(t *testing.T) {
+	fake := fixtureProvider(t, protocolFixtures[0])
+	env := stateEnv(t)
+	env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = fake.URL
+	d := startDaemon(t, env, `{"openai":"k"}`, "-local-credentials-stdin")
+	if s, _, b := d.call("POST", "/v1/chat/completions", d.token, chatBody(dialectChat, "openai/gpt-test", false, "")); s != 200 {
+		t.Fatalf("chat: %d %s", s, b)
+	}
+	perf := filepath.Join(env["BRAMA_STATE_DIR"], "perf.json")
+	if err := os.Remove(perf); err != nil { // written at the first request
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(perf, 0o700); err != nil { // no file can replace a directory
+		t.Fatal(err)
+	}
+	d.stop()
+	if !strings.Contains(d.stderr.String(), `"msg":"perf_stats_flush_failed"`) {
+		t.Errorf("the failed shutdown flush of perf.json left no log line:\n%s", d.stderr.String())
+	}
+}
