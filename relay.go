@@ -146,6 +146,8 @@ func (pw *passthroughWatch) chatEvent(event string, e rawObject) (relay, end boo
 // messagesEvent: message_stop ends; usage comes in message_start and _delta.
 func (pw *passthroughWatch) messagesEvent(typ string, e rawObject) (relay, end bool, err error) {
 	switch typ {
+	case "":
+		return false, false, malformedEvent(pw.protocol, errors.New("event without a type"))
 	case "error":
 		f, _ := errorObject(e.value("error"))
 		return false, false, inBandError(cmp.Or(f.typ, f.code))
@@ -331,6 +333,7 @@ func (e *engine) openStreamAnswer(w http.ResponseWriter, dialect string, req cha
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
 	flush := func() { rc.Flush() }
+	flush() // committed: the caller has its 200 now, however long the provider stays silent
 	sa := &streamAnswer{w: w, flush: flush, cs: newCallerStream(dialect, req, w, flush, model), every: cmp.Or(e.keepAlive, keepAliveEvery)}
 	sa.mu.Lock() // the timer's first run reads sa.timer, under mu
 	defer sa.mu.Unlock()
