@@ -29,6 +29,8 @@ const (
 	answerComplete   = "complete"
 	// abandonedMessage is the kept refusal of SPEC §12 item 2.
 	abandonedMessage = "this answer's process stopped before it was kept; a provider call may have been made"
+	// unkeptMessage answers a key whose answer was given but could not be kept.
+	unkeptMessage = "this answer was given once but could not be kept (see the log's answer_unkept); a provider call was made"
 )
 
 var (
@@ -142,8 +144,9 @@ type answerStore struct {
 	st     state
 	bootID string // drawn once per process: tells our records from a stopped process's
 
-	mu  sync.Mutex // guards key
-	key []byte     // the answer key, once read or created
+	mu     sync.Mutex      // guards key and unkept
+	key    []byte          // the answer key, once read or created
+	unkept map[string]bool // records left in progress because completing them failed
 }
 
 // newAnswerStore makes the store and draws this process's boot id.
@@ -201,12 +204,22 @@ type answerTicket struct {
 	rec  answerRecord
 }
 
-// recordPath names the record for (client, key).
+// recordPath names the record for (client, key); answers/ and answers/<client>/
+// are directories, never a planted symlink out of the state directory.
 func (a *answerStore) recordPath(client, key string) (string, error) {
 	if !idPattern.MatchString(client) {
 		return "", fmt.Errorf("client id %q cannot name a directory", client)
 	}
-	return a.st.path("signed answers", filepath.Join("answers", client, hexSHA256([]byte(key))+".json"))
+	path, err := a.st.path("signed answers", filepath.Join("answers", client, hexSHA256([]byte(key))+".json"))
+	if err != nil {
+		return "", err
+	}
+	for _, d := range []string{filepath.Dir(filepath.Dir(path)), filepath.Dir(path)} {
+		if fi, err := os.Lstat(d); err == nil && !fi.IsDir() {
+			return "", fmt.Errorf("%s is a symlink or not a directory", d)
+		}
+	}
+	return path, nil
 }
 
 // reserve, the last step before the first provider call (SPEC §12 item 1), returns this
@@ -274,6 +287,8 @@ func (a *answerStore) taken(r *http.Request, path, requestSHA string) (*answerRe
 		return nil, refuse("internal_error", abandonedMessage)
 	case rec.State == answerInProgress && rec.BootID != a.bootID:
 		return a.abandon(r, path, rec)
+	case rec.State == answerInProgress && a.wasUnkept(path):
+		return nil, refuse("internal_error", unkeptMessage)
 	case rec.State == answerInProgress:
 		return nil, answerBusy()
 	}
@@ -315,6 +330,23 @@ func (a *answerStore) complete(t *answerTicket, status int, body []byte, attempt
 		return nil, err
 	}
 	return &rec, nil
+}
+
+// markUnkept remembers, for this process, that the record at path stays in
+// progress because its completion failed; wasUnkept reads it.
+func (a *answerStore) markUnkept(path string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.unkept == nil {
+		a.unkept = map[string]bool{}
+	}
+	a.unkept[path] = true
+}
+
+func (a *answerStore) wasUnkept(path string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.unkept[path]
 }
 
 // release removes a reservation so the key is free again.

@@ -499,3 +499,34 @@ func TestSignedAnswerCutByShutdown(t *testing.T) {
 		t.Errorf("provider calls = %d, want 1", fake.calls.Load())
 	}
 }
+
+// TestSignedAnswerUnkept: an answer whose completion could not be written
+// (a full disk) is given once, unsigned; the key then stays in progress in
+// this process, and sending it again is the non-retryable refusal that says
+// a provider call was made, not a 409 to retry for ever (SPEC §12, §8.1).
+func TestSignedAnswerUnkept(t *testing.T) {
+	d, fake, _ := startAnswers(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		testingOnlyRename = func(string, string) error { return errors.New("injected: no space left on device") }
+		okAnswer(w)
+	})
+	defer func() { testingOnlyRename = nil }()
+	body := answerBody("unkept")
+	first := postAnswer(d, "order-7", body)
+	if first.status != 200 || first.hdr.Get("Brama-Answer-Signature") != "" {
+		t.Fatalf("first: %d %v, want the answer, unsigned", first.status, first.hdr)
+	}
+	for _, again := range []answerResult{postAnswer(d, "order-7", body), postAnswer(d, "order-7", body)} {
+		e := envelopeOf(t, again.body)
+		if again.status != 500 || e["code"] != "internal_error" || e["retryable"] != false || again.hdr.Get("x-should-retry") != "false" ||
+			!strings.Contains(e["message"].(string), "a provider call was made") {
+			t.Errorf("the key sent again: %d %s, want 500 internal_error, not retryable", again.status, again.body)
+		}
+	}
+	status, _, got := d.call("GET", "/v1/answers/order-7", d.token, "")
+	if e := envelopeOf(t, got); status != 500 || e["code"] != "internal_error" {
+		t.Errorf("GET: %d %s, want the same refusal", status, got)
+	}
+	if n := fake.calls.Load(); n != 1 {
+		t.Errorf("provider calls = %d, want 1", n)
+	}
+}

@@ -383,7 +383,8 @@ func (s *server) settleAnswer(r *http.Request, t *answerTicket, c *httptest.Resp
 	if err != nil {
 		// The answer exists and was paid for: give it unsigned rather than
 		// lose it. The record stays in progress, so the key never spends
-		// twice; after a restart it reads as abandoned.
+		// twice; sent again it is refused, and after a restart it reads as abandoned.
+		s.answers.markUnkept(t.path)
 		s.answers.log.Error("answer_unkept", "request_id", ri.id, "err", err)
 		return c, ""
 	}

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"encoding/json"
 	"errors"
+	"io"
 	"slices"
 	"time"
 )
@@ -392,8 +393,24 @@ func chatUsageOf(u usage) *chatUsage {
 	return &chatUsage{u.InputTokens, u.OutputTokens, u.InputTokens + u.OutputTokens}
 }
 
-// decodeChat reads a complete Chat Completions answer; some compatible
-// providers send its content as text parts.
+// chatContentText is an answer's or a chunk's content as text: a string,
+// or the text of its parts, as some compatible providers send it.
+func chatContentText(content json.RawMessage) (string, error) {
+	var t string
+	if rawIsNull(content) || json.Unmarshal(content, &t) == nil {
+		return t, nil
+	}
+	var parts []chatPart
+	err := json.Unmarshal(content, &parts)
+	for _, p := range parts {
+		if p.Type == "text" && p.Text != nil {
+			t += *p.Text
+		}
+	}
+	return t, err
+}
+
+// decodeChat reads a complete Chat Completions answer.
 func decodeChat(body []byte) (chatAnswer, error) {
 	var r chatCompletion
 	if err := json.Unmarshal(body, &r); err != nil {
@@ -404,16 +421,9 @@ func decodeChat(body []byte) (chatAnswer, error) {
 	}
 	c := r.Choices[0]
 	a := chatAnswer{Usage: r.Usage.neutral(), Finish: finishStop}
-	if !rawIsNull(c.Message.Content) && json.Unmarshal(c.Message.Content, &a.Text) != nil {
-		var parts []chatPart
-		if err := json.Unmarshal(c.Message.Content, &parts); err != nil {
-			return chatAnswer{}, malformedAnswer(protoOpenAIChat, err)
-		}
-		for _, p := range parts {
-			if p.Type == "text" && p.Text != nil {
-				a.Text += *p.Text
-			}
-		}
+	var err error
+	if a.Text, err = chatContentText(c.Message.Content); err != nil {
+		return chatAnswer{}, malformedAnswer(protoOpenAIChat, err)
 	}
 	for _, tc := range c.Message.ToolCalls {
 		if tc.Custom != nil && tc.Custom.Input == nil {
@@ -552,12 +562,15 @@ type chatUpstreamStream struct {
 func newChatUpstreamStream() streamTranslator { return &chatUpstreamStream{tools: map[int]int{}} }
 
 func (c *chatUpstreamStream) handle(ev sseEvent, emit func(streamEvent) error) (bool, error) {
-	if ev.Data == "[DONE]" {
+	if ev.Data == "[DONE]" { // the stream's end: before a finish, a cut
+		if c.finish == "" {
+			return false, streamCut(io.EOF)
+		}
 		return c.ended(emit)
 	}
 	var ch chatCompletion
-	if err := json.Unmarshal([]byte(ev.Data), &ch); err != nil {
-		return false, malformedEvent(protoOpenAIChat, err)
+	if err := json.Unmarshal([]byte(ev.Data), &ch); err != nil || rawShape([]byte(ev.Data)) != '{' { // null decodes without error
+		return false, malformedEvent(protoOpenAIChat, cmp.Or(err, errEventNotObject))
 	}
 	if ev.Event == "error" || !rawIsNull(ch.Error) {
 		e, _ := errorObject(ch.Error)
@@ -571,8 +584,11 @@ func (c *chatUpstreamStream) handle(ev sseEvent, emit func(streamEvent) error) (
 			continue // Brama never asks for n > 1
 		}
 		if d := choice.Delta; d != nil {
-			var t string
-			if json.Unmarshal(d.Content, &t); d.Refusal != "" {
+			t, err := chatContentText(d.Content)
+			if err != nil {
+				return false, malformedEvent(protoOpenAIChat, err)
+			}
+			if d.Refusal != "" {
 				t, c.refusal = t+d.Refusal, true
 			}
 			if t != "" {

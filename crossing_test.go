@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bytes"
+	"compress/gzip"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -233,5 +235,48 @@ func TestDroppedHeaderStaysReadable(t *testing.T) {
 	}
 	if !strings.Contains(d.stderr.String(), "x_unknown_member_of_a_long_conversation_599") {
 		t.Error("the log line does not name the last dropped member")
+	}
+}
+
+// TestEveryAnswerIsNoStore: an answer is one caller's (a kept signed answer
+// under GET, a completion, a refusal, a stream); a shared cache in front of
+// Brama that does not take x-api-key for a credential must keep none.
+func TestEveryAnswerIsNoStore(t *testing.T) {
+	fake := fixtureProvider(t, protocolFixtures[0])
+	env := stateEnv(t)
+	env["BRAMA_MODEL_CATALOG_URL"], env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = "off", fake.URL
+	d := startDaemon(t, env, `{"openai":"k"}`, "-local-credentials-stdin")
+	for _, tc := range []struct{ method, path, token, body string }{
+		{"POST", "/v1/chat/completions", d.token, chatBody(dialectChat, "openai/gpt-test", false, "")},
+		{"POST", "/v1/chat/completions", d.token, chatBody(dialectChat, "openai/gpt-test", true, "")},
+		{"GET", "/v1/models", d.token, ""},
+		{"GET", "/v1/answers/order-42", d.token, ""},
+		{"GET", "/v1/admin/routes", d.token, ""},
+		{"GET", "/v1/models", "wrong", ""},
+		{"GET", "/readyz", "", ""},
+	} {
+		status, hdr, _ := d.call(tc.method, tc.path, tc.token, tc.body)
+		if got := hdr.Get("Cache-Control"); got != "no-store" {
+			t.Errorf("%s %s (%d): Cache-Control %q, want no-store", tc.method, tc.path, status, got)
+		}
+	}
+}
+
+// TestCompressedBodyIsRefusedClearly: Brama reads request bodies as sent; a
+// compressed one gets a refusal that names Content-Encoding, not a JSON
+// parse error at byte 0, before any call (SPEC §8: a clear error).
+func TestCompressedBodyIsRefusedClearly(t *testing.T) {
+	fake := fixtureProvider(t, protocolFixtures[0])
+	d := startDaemon(t, map[string]string{"BRAMA_MODEL_CATALOG_URL": "off", "BRAMA_PROVIDER_OPENAI_BASE_URL": fake.URL}, `{"openai":"k"}`, "-local-credentials-stdin")
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	io.WriteString(zw, chatBody(dialectChat, "openai/gpt-test", false, ""))
+	zw.Close()
+	status, _, body := d.call("POST", "/v1/chat/completions", d.token, gz.String(), "Content-Encoding", "gzip")
+	if e := envelopeOf(t, body); status != 400 || e["code"] != "invalid_request" || !strings.Contains(e["message"].(string), "Content-Encoding") || fake.calls.Load() != 0 {
+		t.Errorf("a gzip body: %d %s after %d calls, want 400 naming Content-Encoding before any call", status, body, fake.calls.Load())
+	}
+	if status, _, body := d.call("POST", "/v1/chat/completions", d.token, chatBody(dialectChat, "openai/gpt-test", false, ""), "Content-Encoding", "identity"); status != 200 {
+		t.Errorf("Content-Encoding: identity: %d %s, want 200", status, body)
 	}
 }

@@ -99,7 +99,7 @@ func (e *engine) plan(cl client, agent string, req *chatRequest) (call, error) {
 		return call{}, refuse("forbidden", "this client may not use model %q", req.Model)
 	}
 	doc, docErr := e.reg.current()
-	res, err := resolveModel(req.Model, doc, docErr, e.hasDirect, req.BillingTarget != nil)
+	res, err := resolveModel(req.Model, doc, docErr, e.mayHaveDirect, req.BillingTarget != nil)
 	if err != nil {
 		return call{}, err
 	}

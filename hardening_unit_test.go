@@ -60,7 +60,7 @@ func TestCheckDuplicateKeysDepth(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			err := checkDuplicateKeys(json.NewDecoder(strings.NewReader(tc.doc)))
+			err := checkDuplicateKeys(json.NewDecoder(strings.NewReader(tc.doc)), nil)
 			if tc.wantErr == "" && err != nil || tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)) {
 				t.Errorf("err = %v, want %q", err, tc.wantErr)
 			}
@@ -117,7 +117,7 @@ func FuzzCheckNesting(f *testing.F) {
 		if deep := jsonDepth(b) > maxJSONDepth; deep != (err != nil) {
 			t.Fatalf("checkNesting = %v for a document %d deep", err, jsonDepth(b))
 		}
-		dup := checkDuplicateKeys(json.NewDecoder(bytes.NewReader(b)))
+		dup := checkDuplicateKeys(json.NewDecoder(bytes.NewReader(b)), nil)
 		if errors.Is(dup, errTooDeep) != (err != nil) {
 			t.Fatalf("checkDuplicateKeys (%v) and checkNesting (%v) disagree on depth", dup, err)
 		}

@@ -40,6 +40,7 @@ func FuzzParseVault(f *testing.F) {
 	f.Add([]byte(`{"schema_version":1,"direct":{"openai":{"api_key":"sk-x"}},"agents":{"a1":{"signing_secret":"00"}},"subscriptions":{}}`))
 	f.Add([]byte(`{"schema_version":1,"subscriptions":{"sub_0123456789abcdef":{"oauth":{"access_token":"a","refresh_token":"r","expires_at_ms":1}}}}`))
 	f.Add([]byte(``))
+	f.Add([]byte(`{"schema_version":1,"direct":{"openai":{"api_key":"A"}},"Direct":{"openai":{"API_KEY":"B"}}}`)) // refused: names are exact
 	f.Fuzz(func(t *testing.T, b []byte) {
 		doc, err := parseVault(b)
 		if err != nil {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"errors"
@@ -210,8 +211,12 @@ func (j *journal) append(rec journalRecord) error {
 	return nil
 }
 
+// tornMark ends a torn final line before the next record's fresh line: no JSON
+// text ends in ')', so a record that lost only its newline never becomes history.
+var tornMark = []byte(" (torn)\n")
+
 // writeJournalLine writes line and '\n' in one write, flocked so that two
-// appenders never both prefix a torn tail with '\n' (an empty line).
+// appenders never both mark one torn tail (the second mark would be a line of its own).
 func writeJournalLine(f *os.File, line []byte) error {
 	fd := int(f.Fd())
 	if err := syscall.Flock(fd, syscall.LOCK_EX); err != nil {
@@ -226,9 +231,9 @@ func writeJournalLine(f *os.File, line []byte) error {
 	if err != nil {
 		return fmt.Errorf("journal: read last byte: %w", err)
 	}
-	buf := slices.Concat([]byte{'\n'}, line, []byte{'\n'})
+	buf := slices.Concat(tornMark, line, []byte{'\n'})
 	if last[0] == '\n' {
-		buf = buf[1:] // else SPEC §9: the torn line stays; this record starts fresh
+		buf = buf[len(tornMark):] // else SPEC §9: the torn line stays, marked; this record starts fresh
 	}
 	if _, err := f.Write(buf); err != nil { // a short write is an error
 		return fmt.Errorf("journal: write: %w", err)
@@ -246,18 +251,6 @@ func (j *journal) size() (int64, error) {
 		return 0, nil
 	}
 	return id.size, err
-}
-
-// readAll returns the journal's bytes; absent is empty.
-func (j *journal) readAll() ([]byte, error) {
-	if j.noState != nil {
-		return nil, j.noState
-	}
-	data, _, err := readGuarded("journal", j.name)
-	if errors.Is(err, errFileAbsent) {
-		return nil, nil
-	}
-	return data, err
 }
 
 // retired is the set of retired subscription ids: per subscription, the
@@ -301,49 +294,67 @@ func (j *journal) folded(read func(*journalFold)) error {
 		j.fold = journalFold{file: id, retire: map[string]bool{}}
 	}
 	fo := &j.fold
-	tail := make([]byte, full.size-fo.off)
-	if _, err := f.ReadAt(tail, fo.off); err != nil {
-		return fmt.Errorf("journal: %w", err)
-	}
-	tail = tail[:bytes.LastIndexByte(tail, '\n')+1] // only complete lines
-	recs, bad, _ := readJournalLines(tail)
-	for _, b := range bad {
-		b.Line += fo.lines
-		j.log.Warn("journal_line_unreadable", "line", b.Line, "reason", b.Reason)
-		if fo.badN++; len(fo.bad) < maxReportedBadLines {
-			fo.bad = append(fo.bad, b)
+	// Line by line, so a first fold takes a line's memory, not the file's.
+	r := bufio.NewReader(io.NewSectionReader(f, fo.off, full.size-fo.off))
+	for {
+		line, err := r.ReadBytes('\n')
+		if err == io.EOF {
+			break // a torn final line, or one still being written: not yet a line
 		}
-	}
-	for _, r := range recs {
+		if err != nil {
+			return fmt.Errorf("journal: %w", err)
+		}
+		fo.off += int64(len(line))
+		fo.lines++
+		rec, reason := parseJournalLine(line[:len(line)-1])
 		switch {
-		case r.SubscriptionID == "":
-		case r.Kind == "retire":
-			fo.retire[r.SubscriptionID] = true
-		case r.Kind == "reinstate":
-			delete(fo.retire, r.SubscriptionID)
+		case reason != "":
+			j.log.Warn("journal_line_unreadable", "line", fo.lines, "reason", reason)
+			if fo.badN++; len(fo.bad) < maxReportedBadLines {
+				fo.bad = append(fo.bad, journalBadLine{Line: fo.lines, Reason: reason})
+			}
+		case rec.SubscriptionID == "":
+		case rec.Kind == "retire":
+			fo.retire[rec.SubscriptionID] = true
+		case rec.Kind == "reinstate":
+			delete(fo.retire, rec.SubscriptionID)
 		}
 	}
-	fo.off += int64(len(tail))
-	fo.lines += bytes.Count(tail, []byte{'\n'})
 	read(fo)
 	return nil
 }
 
-// checkJournal is `brama journal check` (SPEC §16.1); ok is false when a
-// non-final line is unreadable.
+// checkJournal is `brama journal check` (SPEC §16.1), line by line so it
+// takes a line's memory; ok is false when a non-final line is unreadable.
 func checkJournal(j *journal, stdout io.Writer) (ok bool, err error) {
-	data, err := j.readAll()
+	if j.noState != nil {
+		return false, j.noState
+	}
+	f, _, err := openGuarded("journal", j.name)
+	if errors.Is(err, errFileAbsent) {
+		return true, nil
+	}
 	if err != nil {
 		return false, err
 	}
-	_, bad, torn := readJournalLines(data)
-	for _, b := range bad {
-		fmt.Fprintf(stdout, "line %d: %s\n", b.Line, b.Reason)
+	defer f.Close()
+	r, ok := bufio.NewReader(f), true
+	for n := 1; ; n++ {
+		line, err := r.ReadBytes('\n')
+		switch {
+		case err == io.EOF && len(line) > 0:
+			fmt.Fprintln(stdout, "final line torn (ignored)")
+			return ok, nil
+		case err == io.EOF:
+			return ok, nil
+		case err != nil:
+			return false, fmt.Errorf("journal: %w", err)
+		}
+		if _, reason := parseJournalLine(line[:len(line)-1]); reason != "" {
+			fmt.Fprintf(stdout, "line %d: %s\n", n, reason)
+			ok = false
+		}
 	}
-	if torn {
-		fmt.Fprintln(stdout, "final line torn (ignored)")
-	}
-	return len(bad) == 0, nil
 }
 
 // journalBadLine is one unreadable line: its number and a reason that never

@@ -24,6 +24,18 @@ func (j *journal) read() ([]journalRecord, error) {
 	return recs, err
 }
 
+// readAll returns the journal's bytes; absent is empty.
+func (j *journal) readAll() ([]byte, error) {
+	if j.noState != nil {
+		return nil, j.noState
+	}
+	data, _, err := readGuarded("journal", j.name)
+	if errors.Is(err, errFileAbsent) {
+		return nil, nil
+	}
+	return data, err
+}
+
 func journalTestNow() time.Time { return time.Date(2025, 3, 4, 5, 6, 7, 890_000_000, time.UTC) }
 
 // journalLogs keeps a journal's log output for assertions and also routes

@@ -516,22 +516,32 @@ func (s *messagesCallerStream) open(i int, b *streamBlock) error {
 	return s.emit(messagesEvent{Type: "content_block_start", Index: &i, ContentBlock: &cb})
 }
 
-// delta writes a text or input_json delta; the kept block follows.
+// delta writes a text or input_json delta. The kept block is filled at its
+// close, not at each delta (each would re-read the whole arguments so far),
+// and anew for a block already closed (a provider interleaving calls).
 func (s *messagesCallerStream) delta(i int, b *streamBlock, d string) error {
 	delta := &messagesDelta{Type: "text_delta", Text: &d}
 	if !b.text {
 		delta = &messagesDelta{Type: "input_json_delta", PartialJSON: &d}
 	}
+	if s.sse.open != i {
+		s.keep(i, b)
+	}
+	return s.emit(messagesEvent{Type: "content_block_delta", Index: &i, Delta: delta})
+}
+
+func (s *messagesCallerStream) close(i int, b *streamBlock, _ string) error {
+	s.keep(i, b)
+	return s.emit(messagesEvent{Type: "content_block_stop", Index: &i})
+}
+
+// keep fills kept block i with b's whole text or arguments.
+func (s *messagesCallerStream) keep(i int, b *streamBlock) {
 	if cb := &s.msg.Content[i]; b.text {
 		cb.Text = ptrTo(b.buf.String())
 	} else if in, err := toolArguments(b.buf.String()); err == nil {
 		cb.Input = in // arguments that are not a JSON object stay {}: the block must be well-formed for SDKs
 	}
-	return s.emit(messagesEvent{Type: "content_block_delta", Index: &i, Delta: delta})
-}
-
-func (s *messagesCallerStream) close(i int, _ *streamBlock, _ string) error {
-	return s.emit(messagesEvent{Type: "content_block_stop", Index: &i})
 }
 
 func (s *messagesCallerStream) finishNow(string) error { return nil }
@@ -569,6 +579,7 @@ func (a *messagesUpstreamStream) handle(ev sseEvent, emit func(streamEvent) erro
 	if err := json.Unmarshal([]byte(ev.Data), &e); err != nil {
 		return false, malformedEvent(protoAnthropic, err)
 	}
+	e.Type = cmp.Or(e.Type, ev.Event) // data without a type: the event line's, as passthrough reads it
 	if ev.Event == "error" || e.Type == "error" {
 		f, _ := errorObject(e.Error)
 		return false, inBandError(f.typ)
@@ -585,8 +596,9 @@ func (a *messagesUpstreamStream) handle(ev sseEvent, emit func(streamEvent) erro
 		if e.Message == nil {
 			return missing("message")
 		}
-		if u := e.Message.Usage; u != nil {
+		if u := e.Message.Usage; u != nil { // emitted now too: a stream cut later still records it (SPEC §7.5)
 			a.usage = usage{InputTokens: u.input(), OutputTokens: u.OutputTokens, Reported: true}
+			return false, emit(streamEvent{Kind: eventUsage, Usage: a.usage})
 		}
 	case "content_block_start":
 		switch b := e.ContentBlock; {

@@ -146,6 +146,8 @@ func (pw *passthroughWatch) chatEvent(event string, e rawObject) (relay, end boo
 // messagesEvent: message_stop ends; usage comes in message_start and _delta.
 func (pw *passthroughWatch) messagesEvent(typ string, e rawObject) (relay, end bool, err error) {
 	switch typ {
+	case "":
+		return false, false, malformedEvent(pw.protocol, errors.New("event without a type"))
 	case "error":
 		f, _ := errorObject(e.value("error"))
 		return false, false, inBandError(cmp.Or(f.typ, f.code))
@@ -326,12 +328,12 @@ type streamAnswer struct {
 func (e *engine) openStreamAnswer(w http.ResponseWriter, dialect string, req chatRequest, model string, attempts int) *streamAnswer {
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache")
 	h.Set("X-Accel-Buffering", "no")
 	h.Set("Brama-Attempts", strconv.Itoa(attempts))
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
 	flush := func() { rc.Flush() }
+	flush() // committed: the caller has its 200 now, however long the provider stays silent
 	sa := &streamAnswer{w: w, flush: flush, cs: newCallerStream(dialect, req, w, flush, model), every: cmp.Or(e.keepAlive, keepAliveEvery)}
 	sa.mu.Lock() // the timer's first run reads sa.timer, under mu
 	defer sa.mu.Unlock()

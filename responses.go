@@ -521,6 +521,7 @@ func (r *responsesUpstreamStream) handle(ev sseEvent, emit func(streamEvent) err
 	if err := json.Unmarshal([]byte(ev.Data), &e); err != nil {
 		return false, malformedEvent(protoOpenAIResponses, err)
 	}
+	e.Type = cmp.Or(e.Type, ev.Event) // data without a type: the event line's, as passthrough reads it
 	idx := valueOr(e.OutputIndex, 0)
 	switch e.Type {
 	case "":

@@ -156,6 +156,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	ri := &requestInfo{id: newRequestID()}
 	w.Header().Set("X-Request-Id", ri.id)
+	w.Header().Set("Cache-Control", "no-store") // every answer is one caller's
 	sw := &statusWriter{ResponseWriter: w}
 	if r.Body != nil && r.Body != http.NoBody {
 		sw.unread = func() bool { return ri.body == nil }
@@ -330,6 +331,9 @@ func (s *server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error
 	if r.ContentLength > limit {
 		return nil, tooLarge
 	}
+	if ce := r.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
+		return nil, refuse("invalid_request", "a compressed request body (Content-Encoding) is not read; send it uncompressed")
+	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if errors.As(err, new(*http.MaxBytesError)) {
 		return nil, tooLarge
@@ -367,6 +371,13 @@ func (c *core) hasDirect(provider string) bool {
 		return c.localCreds[provider] != ""
 	}
 	return c.vault.directKey(provider) != ""
+}
+
+// mayHaveDirect is hasDirect, and true when the vault is unreadable: a request
+// then meets the vault's refusal, not "no direct credential" (SPEC §2.2).
+func (c *core) mayHaveDirect(provider string) bool {
+	_, err := c.vault.load()
+	return c.hasDirect(provider) || c.localCreds == nil && err != nil && !errors.As(err, new(*noStateError))
 }
 
 func (s *server) handleHealth(w http.ResponseWriter, r *http.Request) {

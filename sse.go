@@ -26,6 +26,7 @@ type sseReader struct {
 	ends      string             // the bytes that end a line (a "\r\n" pair is one end)
 	started   bool               // the byte-order mark check is done
 	rest      []byte             // what the scanner holds past the last line, for ready
+	searched  int                // bytes of the coming line already searched for its end
 	raw, data []byte             // the last block and its data, reused by next
 	buf       [16<<10 - 256]byte // the scanner's first buffer: with the reader, one 16 KiB allocation
 }
@@ -40,18 +41,26 @@ func newSSEReader(r io.Reader, ends string) *sseReader {
 }
 
 // split cuts one line with its terminator ("\r\n", or one byte of ends); a
-// final line without one is io.ErrUnexpectedEOF (the body was cut).
+// final line without one is io.ErrUnexpectedEOF (the body was cut). A long
+// line comes a read at a time: the search resumes where the last one ended.
 func (s *sseReader) split(data []byte, atEOF bool) (int, []byte, error) {
-	i := bytes.IndexAny(data, s.ends)
+	i := bytes.IndexAny(data[s.searched:], s.ends)
+	if i >= 0 {
+		i += s.searched
+	}
 	switch {
 	case i < 0 && atEOF && len(data) > 0 && (s.started || string(data) != "\ufeff"): // a lone BOM: an empty body
 		return 0, nil, io.ErrUnexpectedEOF
-	case i < 0, data[i] == '\r' && i+1 == len(data) && !atEOF: // a "\n" may follow
+	case i < 0:
+		s.searched = len(data)
+		return 0, nil, nil
+	case data[i] == '\r' && i+1 == len(data) && !atEOF: // a "\n" may follow
+		s.searched = i
 		return 0, nil, nil
 	case data[i] == '\r' && i+1 < len(data) && data[i+1] == '\n':
 		i++
 	}
-	s.rest = data[i+1:]
+	s.rest, s.searched = data[i+1:], 0
 	return i + 1, data[:i+1], nil
 }
 

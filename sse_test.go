@@ -6,6 +6,7 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"testing/iotest"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -98,6 +99,10 @@ func FuzzSSEReader(f *testing.F) {
 			if strings.ContainsAny(ev.Event, "\r\n") || strings.ContainsAny(ev.Data, "\r") {
 				t.Fatalf("line terminator inside %q", ev)
 			}
+		}
+		// A byte a read, a line's end is searched for where the last read left off.
+		if bytewise, _ := readAllSSE(iotest.OneByteReader(bytes.NewReader(in))); !cmp.Equal(evs, bytewise) {
+			t.Fatalf("read a byte at a time: %q, whole: %q", bytewise, evs)
 		}
 		again, err := readAllSSE(bytes.NewReader(serializeSSE(evs)))
 		if err != io.EOF {

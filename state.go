@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
@@ -322,7 +323,7 @@ func flockFile(name string, nb int) (*os.File, error) {
 	if err := os.MkdirAll(filepath.Dir(name), 0o700); err != nil {
 		return nil, err
 	}
-	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o600)
+	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW, 0o600) // a planted symlink points outside the directory
 	if err != nil {
 		return nil, err
 	}
@@ -446,7 +447,7 @@ func decodeStrict(role string, b []byte, v any) error {
 	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
-	err := checkDuplicateKeys(json.NewDecoder(bytes.NewReader(b)))
+	err := checkDuplicateKeys(json.NewDecoder(bytes.NewReader(b)), reflect.TypeOf(v))
 	if err == nil {
 		err = dec.Decode(v)
 	}
@@ -495,10 +496,11 @@ func checkNesting(b []byte) error {
 }
 
 // checkDuplicateKeys refuses an object naming a key twice (encoding/json
-// keeps the last), recursing at most maxJSONDepth deep.
-func checkDuplicateKeys(dec *json.Decoder) error {
-	var value func(depth int) error // reads one value nested in depth containers
-	value = func(depth int) error {
+// keeps the last) and what memberType refuses in values decoded as t (nil:
+// anything), recursing at most maxJSONDepth deep.
+func checkDuplicateKeys(dec *json.Decoder, t reflect.Type) error {
+	var value func(t reflect.Type, depth int) error // reads one value nested in depth containers
+	value = func(t reflect.Type, depth int) error {
 		open, err := dec.Token()
 		if err != nil || open != json.Delim('{') && open != json.Delim('[') {
 			return err
@@ -508,24 +510,29 @@ func checkDuplicateKeys(dec *json.Decoder) error {
 		}
 		keys := map[string]bool{}
 		for dec.More() {
+			key := "" // an array item's
 			if open == json.Delim('{') {
-				key, err := dec.Token() // the decoder allows only a string here
+				tok, err := dec.Token() // the decoder allows only a string here
 				if err != nil {
 					return err
 				}
-				if keys[key.(string)] {
+				if key = tok.(string); keys[key] {
 					return fmt.Errorf("duplicate key %q", key)
 				}
-				keys[key.(string)] = true
+				keys[key] = true
 			}
-			if err := value(depth + 1); err != nil {
+			elem, err := memberType(t, key)
+			if err == nil {
+				err = value(elem, depth+1)
+			}
+			if err != nil {
 				return err
 			}
 		}
 		_, err = dec.Token() // the closing delimiter
 		return err
 	}
-	return value(0)
+	return value(t, 0)
 }
 
 // marshalState is the one encoding of Brama's JSON state files: indented,

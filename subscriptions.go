@@ -504,12 +504,13 @@ func (inv *inventory) orphans() ([]string, error) {
 
 // removeOrphans deletes the orphans from the vault at serve's start, so no secret outlives
 // its subscription; only when an overlay and a vault beside it (not elsewhere) both read:
-// with no overlay at all (lost, not yet restored), every secret would look orphaned.
+// with no overlay at all (lost, not yet restored) or an empty one (a restore cut short;
+// Brama never writes one), every secret would look orphaned.
 func (inv *inventory) removeOrphans() ([]string, error) {
 	if inv.overlay.pathErr != nil || inv.vault.pathErr != nil || filepath.Dir(inv.vault.path) != filepath.Dir(inv.overlay.path) {
 		return nil, nil // /readyz reports them (SPEC §10.1)
 	}
-	if _, err := guardFile(overlayRole, inv.overlay.path); errors.Is(err, errFileAbsent) {
+	if id, err := guardFile(overlayRole, inv.overlay.path); errors.Is(err, errFileAbsent) || err == nil && id.size == 0 {
 		return nil, nil
 	}
 	inv.wmu.Lock()
