@@ -547,9 +547,8 @@ func (s *chatCallerStream) fail(e *apiError) error { return s.sse.frame("", e.bo
 
 // chatUpstreamStream translates chunks. finish_reason is the terminal signal
 // but usage follows it, so the tail goes out at [DONE] or the body's end.
-// Calls after the first go out whole at the end: a provider may interleave
-// their arguments, and a messages or responses caller takes a call's input
-// at its block's end.
+// Calls after the first go out whole at the end (a provider may interleave
+// arguments; messages and responses callers read a call at its block's end).
 type chatUpstreamStream struct {
 	finish  string      // set once a chunk carried finish_reason
 	usage   usage       // the latest usage reported
@@ -644,14 +643,8 @@ func (c *chatUpstreamStream) ended(emit func(streamEvent) error) (bool, error) {
 	if c.refusal {
 		c.finish = finishContentFilter
 	}
-	for i, tc := range c.held {
-		start := toolCall{ID: tc.ID, Name: tc.Name, Custom: tc.Custom}
-		if err := emit(streamEvent{Kind: eventToolCallStart, Index: i + 1, ToolCall: start}); err != nil {
-			return true, err
-		}
-		if err := emit(streamEvent{Kind: eventToolCallArgs, Index: i + 1, Text: tc.Arguments}); err != nil {
-			return true, err
-		}
+	if err := emitCalls(emit, 1, c.held); err != nil {
+		return true, err
 	}
 	return true, emitTail(emit, c.finish, c.usage)
 }
