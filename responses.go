@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"encoding/json"
 	"errors"
+	"strings"
 	"time"
 )
 
@@ -168,7 +169,9 @@ var carriedItems = map[string]bool{"message": true, "function_call": true, "cust
 	"function_call_output": true, "custom_tool_call_output": true, "additional_tools": true}
 
 // addResponsesItem adds one input item. Reasoning and hosted tool calls are
-// dropped and named; item_reference is refused: Brama keeps no responses.
+// dropped and named, and so is a reference to an earlier answer's text or
+// reasoning (the Vercel AI SDK's store: true sends one); any other reference
+// is refused: Brama keeps no responses.
 func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, what string) error {
 	if carriedItems[cmp.Or(it.Type, "message")] {
 		dropUnknown(&req.Dropped, raw, what, "type id status role content call_id namespace name arguments input output tools")
@@ -216,8 +219,10 @@ func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, 
 		return err
 	case "additional_tools": // tools declared in the input, as the Codex CLI sends them
 		return eachItem(it.Tools, toolsOf(raw), what+".tools", req.addOpenAITool)
-	case "item_reference":
-		return refuseInvalid("%s: item references are not supported; send the items themselves", what)
+	case "item_reference": // an earlier answer's text or reasoning, by the id Brama or OpenAI gave it, is dropped and named as the items are
+		if !strings.HasPrefix(it.ID, "msg_") && !strings.HasPrefix(it.ID, "rs_") {
+			return refuseInvalid("%s: item references are not supported but to an earlier answer's text or reasoning; send the items themselves", what)
+		}
 	}
 	req.Dropped = append(req.Dropped, what)
 	return nil

@@ -95,7 +95,7 @@ export function scenarios({ model, stream, openai, anthropic, aiOpenAI, aiAnthro
     // The Vercel AI SDK's own tool loop (stopWhen), over AI_PROVIDER:
     // openai (Responses), openai-chat or anthropic; AI_STORE=false sets
     // the Responses provider's store: false (else it sends an earlier
-    // answer's text back as an item_reference, which translation refuses).
+    // answer's text back as an item_reference, which translation drops and names).
     async "ai-tools"() {
       const p = process.env.AI_PROVIDER;
       const m = p === "anthropic" ? aiAnthropic()(model) : p === "openai-chat" ? aiOpenAI().chat(model) : aiOpenAI()(model);

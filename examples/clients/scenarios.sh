@@ -10,7 +10,7 @@ CHECKS+=(image-chat image-responses image-messages tool-image-messages tool-imag
 CHECKS+=(usage-chat usage-messages usage-responses)
 CHECKS+=(reasoning-chat-stream reasoning-responses-stream reasoning-messages reasoning-messages-stream)
 CHECKS+=(abort-chat abort-messages abort-responses)
-CHECKS+=(tools-said-chat-stream tools-said-responses-stream tools-said-messages-stream ai-tools-anthropic-said-stream ai-tools-openai-said-stream)
+CHECKS+=(tools-said-chat-stream tools-said-responses-stream tools-said-messages-stream ai-tools-anthropic-said-stream ai-tools-openai-said-stream ai-tools-openai-said-unstored-stream)
 CHECKS+=(length-chat-stream length-messages-stream length-responses-stream)
 CHECKS+=(length-ai-openai-stream length-ai-anthropic-stream)
 for c in openai anthropic ai; do
@@ -98,8 +98,9 @@ check_tools_said_responses_stream() { tools_said responses-tools STREAM=1; }
 check_tools_said_messages_stream() { tools_said messages-tools STREAM=1; }
 check_ai_tools_anthropic_said_stream() { tools_said ai-tools AI_PROVIDER=anthropic STREAM=1; }
 # With its default store: true the Responses provider sends the text back
-# as an item_reference, which translation refuses (README, Real clients).
-check_ai_tools_openai_said_stream() { tools_said ai-tools AI_PROVIDER=openai AI_STORE=false STREAM=1; }
+# as an item_reference, which translation drops and names (README, Real clients).
+check_ai_tools_openai_said_stream() { tools_said ai-tools AI_PROVIDER=openai STREAM=1; }
+check_ai_tools_openai_said_unstored_stream() { tools_said ai-tools AI_PROVIDER=openai AI_STORE=false STREAM=1; }
 
 # interleaved CASE [ENV=V...]: a chat provider starts both calls, then
 # alternates their arguments; every caller still gets both calls whole.
