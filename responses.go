@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"encoding/json"
 	"errors"
-	"strings"
 	"time"
 )
 
@@ -211,8 +210,9 @@ func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, 
 			return refuseInvalid("%s.output must be a string or an array of parts", what)
 		}
 		parts, err := req.responsesParts(it.Output, what+".output")
+		text, media := resultText(parts, what+".output")
 		req.Messages = appendPart(req.Messages, "user", part{Type: partToolResult, ToolCallID: it.CallID,
-			Text: req.resultText(parts, what+".output"), Custom: it.Type == "custom_tool_call_output"})
+			Text: text, Media: media, Custom: it.Type == "custom_tool_call_output"})
 		return err
 	case "additional_tools": // tools declared in the input, as the Codex CLI sends them
 		return eachItem(it.Tools, toolsOf(raw), what+".tools", req.addOpenAITool)
@@ -286,25 +286,19 @@ func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, err
 		}
 		for _, p := range m.Parts {
 			switch p.Type {
-			case partText:
-				if p.Text != "" {
-					content = append(content, responsesPart{Type: map[bool]string{false: "input_text", true: "output_text"}[m.Role == "assistant"], Text: ptrTo(p.Text)})
-				}
-			case partImage:
-				content = append(content, responsesPart{Type: "input_image", ImageURL: ptrTo(p.ImageURL), Detail: p.Detail})
-			case partDocument:
-				fp := responsesPart{Type: "input_file", FileURL: p.FileURL, Filename: p.Filename}
-				if strings.HasPrefix(p.FileURL, "data:") {
-					fp.FileURL, fp.FileData = "", p.FileURL
-				}
-				content = append(content, fp)
+			case partText, partImage, partDocument:
+				content = append(content, responsesContent([]part{p}, m.Role == "assistant")...)
 			case partToolCall:
 				flush()
 				items = append(items, *responsesCall(req, "", p.ToolCallID, p.ToolName, p.Arguments, p.Custom))
 			case partToolResult:
 				flush()
 				kind := map[bool]string{false: "function_call_output", true: "custom_tool_call_output"}[p.Custom]
-				items = append(items, responsesItem{Type: kind, CallID: p.ToolCallID, Output: jsonText(p.Text)})
+				output := jsonText(p.Text)
+				if len(p.Media) > 0 { // images and documents: parts
+					output = must(json.Marshal(responsesContent(append([]part{{Type: partText, Text: p.Text}}, p.Media...), false)))
+				}
+				items = append(items, responsesItem{Type: kind, CallID: p.ToolCallID, Output: output})
 			}
 		}
 		flush()
