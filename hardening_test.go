@@ -361,13 +361,15 @@ func TestShutdownDrainsThenCuts(t *testing.T) {
 		name        string
 		stream, cut bool
 		sig         syscall.Signal // 0: SIGTERM
+		nohup       bool           // started with SIGHUP ignored, as nohup does: a SIGHUP first is no signal
 	}{
-		{"a stream drains", true, false, 0},
-		{"a stream is cut", true, true, 0},
-		{"a buffered request drains", false, false, 0},
-		{"a buffered request is cut", false, true, 0},
-		{"a stream drains at SIGHUP (a closed terminal)", true, false, syscall.SIGHUP},
-		{"a stream is cut at the second SIGHUP", true, true, syscall.SIGHUP},
+		{"a stream drains", true, false, 0, false},
+		{"a stream is cut", true, true, 0, false},
+		{"a buffered request drains", false, false, 0, false},
+		{"a buffered request is cut", false, true, 0, false},
+		{"a stream drains at SIGHUP (a closed terminal)", true, false, syscall.SIGHUP, false},
+		{"a stream is cut at the second SIGHUP", true, true, syscall.SIGHUP, false},
+		{"under nohup a SIGHUP then a SIGTERM drains", true, false, 0, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			arrived, rest, hungUp := make(chan struct{}), make(chan struct{}), make(chan struct{})
@@ -390,6 +392,9 @@ func TestShutdownDrainsThenCuts(t *testing.T) {
 				}
 			})
 			cmd := exec.Command(bin, "serve", "-addr", "127.0.0.1:0", "-local-credentials-stdin")
+			if tc.nohup { // an ignored signal stays ignored across exec
+				cmd = exec.Command("sh", "-c", `trap "" HUP; exec "$0" "$@"`, bin, "serve", "-addr", "127.0.0.1:0", "-local-credentials-stdin")
+			}
 			cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "BRAMA_STATE_DIR=" + t.TempDir(), "BRAMA_MODEL_CATALOG_URL=off", "BRAMA_PROVIDER_OPENAI_BASE_URL=" + fake.URL}
 			cmd.Stdin = strings.NewReader(`{"openai":"k"}`)
 			stdout, _ := cmd.StdoutPipe()
@@ -437,6 +442,9 @@ func TestShutdownDrainsThenCuts(t *testing.T) {
 			}()
 			<-arrived
 			sig := cmp.Or(tc.sig, syscall.SIGTERM)
+			if tc.nohup {
+				cmd.Process.Signal(syscall.SIGHUP)
+			}
 			cmd.Process.Signal(sig)
 			waitLog(`"msg":"serve_draining"`)
 			want := `"outcome":"ok"`

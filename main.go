@@ -58,9 +58,13 @@ const version = "0.1.0-dev"
 // main: the first SIGINT, SIGTERM or SIGHUP (a closed terminal) ends ctx
 // (serve stops taking requests and lets the running ones end; any other
 // command cancels its call), the second closes cut (serve cuts what still runs).
+// A SIGHUP ignored at start (nohup) stays ignored.
 func main() {
 	sig := make(chan os.Signal, 2) // the second is never dropped, however quick
-	signal.Notify(sig, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	if !signal.Ignored(syscall.SIGHUP) {
+		signal.Notify(sig, syscall.SIGHUP)
+	}
 	ctx, drain := context.WithCancel(context.Background())
 	cut := make(chan struct{})
 	go func() {
