@@ -224,7 +224,8 @@ func TestLocalCredentialsRefuseABlankKey(t *testing.T) {
 	if _, errOut, code := runCLI(t, env, "sk-vault\n", "credentials", "set", "openai"); code != 0 {
 		t.Fatalf("credentials set: %s", errOut)
 	}
-	for stdin, want := range map[string]string{`{"openai":""}`: "empty", `{"openai":"k","anthropic":" \t"}`: "empty", "null": "JSON object"} {
+	for stdin, want := range map[string]string{`{"openai":""}`: "empty", `{"openai":"k","anthropic":" \t"}`: "empty", "null": "JSON object",
+		`{"openai":"sk-a\u0000b"}`: "printable"} {
 		ctx, cancel := context.WithCancel(context.Background())
 		stdout := &cancelOnWrite{cancel: cancel} // a serve that listens ends at once
 		var stderr bytes.Buffer
@@ -235,6 +236,20 @@ func TestLocalCredentialsRefuseABlankKey(t *testing.T) {
 		if code != 1 || out != "" || !strings.Contains(errOut, "-local-credentials-stdin") || !strings.Contains(errOut, want) {
 			t.Errorf("stdin %s: exit %d, stdout %q, stderr %q; want exit 1 saying %q", stdin, code, out, errOut, want)
 		}
+	}
+}
+
+// TestLocalCredentialsTrimAKeysNewline: a key read from a file keeps its
+// newline (`jq -Rs '{openai:.}' < key`); serve takes it trimmed, as
+// `credentials set` does, instead of failing every call 503.
+func TestLocalCredentialsTrimAKeysNewline(t *testing.T) {
+	prov := newRecordingProvider(t, protocolFixtures[0].buffered, "")
+	env := stateEnv(t)
+	env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = prov.URL
+	d := startDaemon(t, env, `{"openai":"sk-from-a-file\n"}`, "-local-credentials-stdin")
+	status, _, body := d.call("POST", "/v1/chat/completions", d.token, chatBody(dialectChat, "openai/gpt-test", false, ""))
+	if got := prov.last(t).header.Get("Authorization"); status != 200 || got != "Bearer sk-from-a-file" {
+		t.Errorf("%d %s, provider saw Authorization %q; want 200 with the key trimmed", status, body, got)
 	}
 }
 

@@ -412,9 +412,12 @@ func readLocalCredentials(r io.Reader) (map[string]string, error) {
 	for p, key := range creds {
 		if info, ok := lookupProvider(p); !ok || info.cred != credDirect {
 			return nil, fmt.Errorf("-local-credentials-stdin: %q is not a provider that takes a direct API key", p)
-		} else if strings.TrimSpace(key) == "" {
+		} else if key = strings.TrimSpace(key); key == "" { // a key file's newline goes, as credentials set trims it
 			return nil, fmt.Errorf("-local-credentials-stdin: the API key for %q is empty", p)
+		} else if !printable(key) {
+			return nil, fmt.Errorf("-local-credentials-stdin: the API key for %q must be one line of printable text", p)
 		}
+		creds[p] = key
 	}
 	return creds, nil
 }

@@ -140,6 +140,8 @@ func checkCredential(provider string, cred vaultCredential) (vaultCredential, er
 		err = refuse("invalid_request", "provider %q takes an api_key, not an oauth grant (oauth is for claude-code, codex and kimi)", provider)
 	case cred.OAuth.AccessToken == "" || cred.OAuth.RefreshToken == "":
 		err = refuse("invalid_request", "oauth needs access_token and refresh_token")
+	case !printable(cred.OAuth.AccessToken) || !printable(cred.OAuth.RefreshToken):
+		err = refuse("invalid_request", "oauth access_token and refresh_token must be printable text (no newline or other control character)")
 	case cred.OAuth.ExpiresAtMs < 0:
 		err = refuse("invalid_request", "oauth expires_at_ms must not be negative")
 	default:

@@ -441,6 +441,8 @@ func TestSubscriptionDonationBodies(t *testing.T) {
 		{"label too long", `{"provider":"kimi","api_key":"` + key + `","label":"` + strings.Repeat("x", 129) + `"}`, "label"},
 		{"label with a newline", `{"provider":"kimi","api_key":"` + key + `","label":"a\nb"}`, "label"},
 		{"key with a newline", `{"provider":"kimi","api_key":"` + key + `\nmore"}`, "api_key"},
+		{"access token with its file's newline", `{"provider":"claude-code","oauth":{"access_token":"acc-secret-0123456789\n","refresh_token":"ref-secret-0123456789","expires_at_ms":0}}`, "printable"},
+		{"refresh token with a NUL", `{"provider":"codex","oauth":{"access_token":"acc-secret-0123456789","refresh_token":"ref-secret\u0000-0123456789","expires_at_ms":0}}`, "printable"},
 		{"malformed", `{"provider":"kimi","api_key":"` + key, ""},
 	}
 	for _, tc := range tests {
