@@ -40,9 +40,13 @@ type walk struct {
 	refreshed        map[string]bool  // grants refreshed in this request
 	skipped          map[string]bool  // grants whose refresh failed: skipped for the rest of the request (SPEC §7.2.3)
 	last             *providerRefusal // the last call's refusal (the probe records a 401 or 403)
+	route            string           // (selectors) the candidate being walked, which every note names (SPEC §7.3)
 }
 
 func (wk *walk) note(who, reason string) {
+	if wk.route != "" && who != wk.route {
+		who, reason = wk.route, who+" "+reason
+	}
 	wk.reasons = append(wk.reasons, who+": "+reason)
 }
 
