@@ -1,9 +1,14 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -118,5 +123,113 @@ func TestSelectorTwoProviders(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestSelectorCandidateOrder: the models any, any-vision-capable, best and
+// an alias to best walk, in SPEC §7.3's order, seen by the providers.
+func TestSelectorCandidateOrder(t *testing.T) {
+	var mu sync.Mutex
+	var seen []string
+	fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		var req struct {
+			Model string `json:"model"`
+		}
+		json.Unmarshal(body, &req)
+		mu.Lock()
+		seen = append(seen, req.Model)
+		mu.Unlock()
+		http.Error(w, `{"error":{"type":"invalid_request_error","message":"no such model"}}`, 404)
+	})
+	model := func(id, date, in, out string) string {
+		return fmt.Sprintf(`%q:{"id":%q,"release_date":%q,"modalities":{"input":[%s],"output":[%s]}}`, id, id, date, in, out)
+	}
+	catalogue := filepath.Join(t.TempDir(), "models.json")
+	os.WriteFile(catalogue, []byte(`{"moonshotai":{"models":{`+strings.Join([]string{
+		model("k-old", "2024-01-01", `"text"`, `"text"`), // the fourth newest text model
+		model("k-b", "2025-05-01", `"text"`, `"text"`),
+		model("k-a", "2025-05-01", `"text","image"`, `"text"`), // ties go by id
+		model("k-emb", "2025-12-01", `"text"`, `"embedding"`),  // no text output
+		model("k-new", "2026-01-01", `"text"`, `"text"`),
+	}, ",")+`}},"openai":{"models":{`+strings.Join([]string{
+		model("o-2", "2025-01-01", `"image"`, `"text"`),
+		model("o-1", "2025-02-01", `"text"`, `"text"`),
+	}, ",")+`}}}`), 0o600)
+	env := stateEnv(t)
+	env["BRAMA_MODEL_CATALOG_PATH"] = catalogue
+	env["BRAMA_REPLAY_GUARD_SECS"] = "0"
+	env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = fake.URL + "/openai"
+	env["BRAMA_PROVIDER_KIMI_BASE_URL"] = fake.URL + "/kimi"
+	d := startDaemon(t, env, "")
+	for alias, route := range map[string]string{"zeta": "kimi/k-z", "alpha": "kimi/k-b", "mid": "openai/o-1", "best": "openai/o-9", "smart": "best"} {
+		if s, _, b := d.call("PUT", "/v1/admin/routes", d.token, fmt.Sprintf(`{"alias":%q,"route":%q}`, alias, route)); s != 200 {
+			t.Fatalf("PUT %s: %d %s", alias, s, b)
+		}
+	}
+	tok, _ := agentWithSubs(t, d, "order", "openai", "order-o")
+	donate(t, d, "order", "kimi", "order-k")
+	anyOrder := []string{"k-b", "k-z", "k-new", "k-a", "o-9", "o-1", "o-2"} // the alias best is an alias too
+	bestOrder := []string{"o-9", "k-b", "k-z", "k-new", "k-a", "o-1", "o-2"}
+	for _, c := range []struct {
+		model string
+		want  []string
+	}{
+		{"any", anyOrder},
+		{"any-vision-capable", []string{"k-a", "o-2"}},
+		{"best", bestOrder},
+		{"smart", bestOrder},
+	} {
+		mu.Lock()
+		seen = nil
+		mu.Unlock()
+		status, hdr, body := d.call("POST", "/v1/chat/completions", tok, chatBody(dialectChat, c.model, false, ""))
+		mu.Lock()
+		got := slices.Clone(seen)
+		mu.Unlock()
+		if status != 404 || !slices.Equal(got, c.want) || hdr.Get("Brama-Attempts") != fmt.Sprint(len(c.want)) {
+			t.Errorf("%s: %d, the providers saw %v (Brama-Attempts %s), want %v: %s", c.model, status, got, hdr.Get("Brama-Attempts"), c.want, body)
+		}
+	}
+}
+
+// TestPerfCountsAnExhaustedWalk: a subscription route that served, then
+// refused because its whole pool refused, counts one request and one
+// failure, as a direct route's refusal does (SPEC §13).
+func TestPerfCountsAnExhaustedWalk(t *testing.T) {
+	fake := newKeyedFake(t, map[string]string{"pk-1": "200", "pk-2": "200"})
+	env := stateEnv(t)
+	env["BRAMA_PROVIDER_KIMI_BASE_URL"] = fake.URL
+	env["BRAMA_REPLAY_GUARD_SECS"] = "0"
+	d := startDaemon(t, env, "")
+	tok, _ := agentWithSubs(t, d, "perf", "kimi", "pk-1", "pk-2")
+	stats := func() perfEntry {
+		_, _, b := d.call("GET", "/stats", d.token, "")
+		var s stats
+		json.Unmarshal(b, &s)
+		return s.Routes["kimi/m"]
+	}
+	if s, _, b := d.call("POST", "/v1/chat/completions", tok, chatBody(dialectChat, "kimi/m", false, "")); s != 200 {
+		t.Fatalf("first request: %d %s", s, b)
+	}
+	fake.mu.Lock()
+	fake.behavior["pk-1"], fake.behavior["pk-2"] = "429", "429"
+	fake.mu.Unlock()
+	if s, _, b := d.call("POST", "/v1/chat/completions", tok, chatBody(dialectChat, "kimi/m", false, "")); s != 429 {
+		t.Fatalf("second request: %d %s", s, b)
+	}
+	if e := stats(); e.Count != 2 || e.Failures != 1 {
+		t.Errorf("kimi/m: count %d failures %d after a success and an exhausted walk, want 2 and 1", e.Count, e.Failures)
+	}
+	// A selector's candidate refused (400) counts on its route too.
+	fake.mu.Lock()
+	fake.behavior["pk-3"] = "400"
+	fake.mu.Unlock()
+	tok2, _ := agentWithSubs(t, d, "perf2", "kimi", "pk-3")
+	d.call("PUT", "/v1/admin/routes", d.token, `{"alias":"c","route":"kimi/m"}`)
+	if s, _, b := d.call("POST", "/v1/chat/completions", tok2, chatBody(dialectChat, "any", false, "")); s != 400 {
+		t.Fatalf("any: %d %s", s, b)
+	}
+	if e := stats(); e.Count != 3 || e.Failures != 2 {
+		t.Errorf("kimi/m: count %d failures %d after a selector's refused candidate, want 3 and 2", e.Count, e.Failures)
 	}
 }
