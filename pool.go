@@ -182,8 +182,9 @@ func (e *engine) answerSubscription(ctx context.Context, w http.ResponseWriter, 
 	now := e.now()
 	ws := parsePlanWindows(p, resp.Header, now)
 	e.ledger.recordWindows(sub.ID, p, ws)
+	led, _ := e.ledger.entry(sub.ID) // its windows: this answer's and a usage report's (SPEC §7.2.2)
 	until := now.Add(maxPin)
-	for _, win := range ws {
+	for _, win := range led.Windows {
 		if at := time.UnixMilli(win.ResetsAtMs); win.ResetsAtMs > 0 && at.After(now) && at.Before(until) {
 			until = at
 		}
