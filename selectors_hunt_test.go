@@ -125,6 +125,12 @@ func TestSelectorTwoProviders(t *testing.T) {
 			})
 		}
 	}
+	logs := logsBesidesFirstStart(d.stderr.String())
+	for i := 1; i <= n; i++ { // the donated keys only in the vault
+		for _, k := range []string{"-k1", "-k2", "-o1", "-o2"} {
+			assertNoSecret(t, fmt.Sprintf("tp%d%s", i, k), logs, env["BRAMA_STATE_DIR"])
+		}
+	}
 }
 
 // TestSelectorCandidateOrder: the models any, any-vision-capable, best and
