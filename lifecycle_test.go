@@ -77,6 +77,36 @@ func TestReadyzWarnsOfARelativeFileVariable(t *testing.T) {
 	}
 }
 
+// TestReadyzWarnsOfAnExposedStateDirectory: a state directory group or other
+// may write lets another user remove the journal (bringing retired
+// subscriptions back) or replace a file; the files' own guards cannot see
+// it, so /readyz warns, naming the rule, not the path (SPEC §13).
+func TestReadyzWarnsOfAnExposedStateDirectory(t *testing.T) {
+	for _, tc := range []struct {
+		mode os.FileMode
+		want string
+	}{
+		{0o700, ""},
+		{0o750, ""},
+		{0o770, "the state directory has mode 0770"},
+		{0o1777, "the state directory has mode 0777"},
+	} {
+		env := stateEnv(t)
+		os.MkdirAll(env["BRAMA_STATE_DIR"], 0o700)
+		os.Chmod(env["BRAMA_STATE_DIR"], tc.mode)
+		d := startDaemon(t, env, "")
+		_, _, b := d.call("GET", "/readyz", "", "")
+		var rd readiness
+		if err := json.Unmarshal(b, &rd); err != nil {
+			t.Fatal(err)
+		}
+		warned := slices.ContainsFunc(rd.Warnings, func(w string) bool { return strings.Contains(w, "the state directory has mode") })
+		if tc.want == "" && warned || tc.want != "" && !slices.ContainsFunc(rd.Warnings, func(w string) bool { return strings.Contains(w, tc.want) }) || strings.Contains(string(b), env["BRAMA_STATE_DIR"]) {
+			t.Errorf("mode %#o: /readyz %s, want a warning %q (none when empty), without the path", tc.mode, b, tc.want)
+		}
+	}
+}
+
 // cancelOnWrite cancels its context at the first write: a serve that
 // started listening when it should have refused ends instead of blocking.
 type cancelOnWrite struct {

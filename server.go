@@ -12,12 +12,14 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -397,6 +399,8 @@ func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 	rd := readiness{Reasons: []string{}, Warnings: []string{}}
 	if s.st.dir == "" {
 		rd.Warnings = append(rd.Warnings, "no state directory: "+s.st.cause.Error())
+	} else if why := dirExposure(s.st.dir); why != "" {
+		rd.Warnings = append(rd.Warnings, "the state directory "+why)
 	}
 	for _, f := range []struct {
 		env string
@@ -447,6 +451,22 @@ func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 		status = http.StatusServiceUnavailable
 	}
 	writeJSON(w, status, rd)
+}
+
+// dirExposure is why another user may remove or replace the files in dir,
+// which their own guards cannot see; "" when none may (or dir is unreadable).
+func dirExposure(dir string) string {
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return ""
+	}
+	if uid := fi.Sys().(*syscall.Stat_t).Uid; int(uid) != os.Geteuid() {
+		return fmt.Sprintf("is owned by uid %d, not this process's uid %d, who may remove or replace its files", uid, os.Geteuid())
+	}
+	if perm := fi.Mode().Perm(); perm&0o022 != 0 {
+		return fmt.Sprintf("has mode %#o: group or other may remove or replace its files, the journal too (chmod 700)", perm)
+	}
+	return ""
 }
 
 // hidePath keeps a file's location out of a /readyz sentence unless it lies
