@@ -66,7 +66,7 @@ func twoProviderWant(o1, o2 string) matrixWant {
 }
 
 // TestSelectorTwoProviders: any over two providers, each a pool of two, in
-// every combination of outcomes: the calls the providers saw equal
+// every combination of outcomes (and four first outcomes as streams): the calls the providers saw equal
 // Brama-Attempts and the envelope's attempts, the answer is SPEC §7.3's,
 // and an exhausted walk's message names every candidate route it tried.
 func TestSelectorTwoProviders(t *testing.T) {
@@ -85,9 +85,10 @@ func TestSelectorTwoProviders(t *testing.T) {
 		}
 	}
 	n := 0
-	for _, o1 := range twoProviderOutcomes {
+	for i, o1 := range append(twoProviderOutcomes, "401", "429", "400", "500") { // then four as streams
+		stream := i >= len(twoProviderOutcomes)
 		for _, o2 := range twoProviderOutcomes {
-			t.Run(o1+"/"+o2, func(t *testing.T) {
+			t.Run(fmt.Sprintf("%s/%s/stream=%v", o1, o2, stream), func(t *testing.T) {
 				n++
 				agent := fmt.Sprintf("tp%d", n)
 				tok, _ := agentWithSubs(t, d, agent, "kimi", agent+"-k1", agent+"-k2")
@@ -96,8 +97,21 @@ func TestSelectorTwoProviders(t *testing.T) {
 				put("c1", "kimi/m-"+o1) // kimi before openai: ties go by provider id
 				put("c2", "openai/m-"+o2)
 				w := twoProviderWant(o1, o2)
+				if _, on := selectorCandidateWant(o1); stream && on && o2 == "malformed" {
+					w = matrixWant{200, "", w.calls, ""} // committed, then failed in-band (SPEC §7.5)
+				}
 				before := calls.Load()
-				status, hdr, body := d.call("POST", "/v1/chat/completions", tok, chatBody(dialectChat, "any", false, ""))
+				var status int
+				var hdr http.Header
+				var body []byte
+				if stream {
+					resp := d.openStream("/v1/chat/completions", tok, chatBody(dialectChat, "any", true, ""))
+					status, hdr = resp.StatusCode, resp.Header
+					body, _ = io.ReadAll(resp.Body)
+					resp.Body.Close()
+				} else {
+					status, hdr, body = d.call("POST", "/v1/chat/completions", tok, chatBody(dialectChat, "any", false, ""))
+				}
 				got := int(calls.Load() - before)
 				if status != w.status || got != w.calls {
 					t.Fatalf("%d after %d calls, want %d after %d: %s", status, got, w.status, w.calls, body)
