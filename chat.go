@@ -547,12 +547,15 @@ func (s *chatCallerStream) fail(e *apiError) error { return s.sse.frame("", e.bo
 
 // chatUpstreamStream translates chunks. finish_reason is the terminal signal
 // but usage follows it, so the tail goes out at [DONE] or the body's end.
+// Calls after the first go out whole at the end (a provider may interleave
+// arguments; messages and responses callers read a call at its block's end).
 type chatUpstreamStream struct {
 	finish  string      // set once a chunk carried finish_reason
 	usage   usage       // the latest usage reported
 	refusal bool        // a refusal delta came: the finish is content_filter
 	tools   map[int]int // provider tool-call index → neutral index of its latest call
 	ids     []string    // by neutral index, each call's id
+	held    []toolCall  // by neutral index - 1, the calls after the first
 }
 
 func newChatUpstreamStream() streamTranslator { return &chatUpstreamStream{tools: map[int]int{}} }
@@ -617,11 +620,17 @@ func (c *chatUpstreamStream) toolDelta(i int, tc chatToolCall, emit func(streamE
 		}
 		ni, c.tools[i], c.ids = len(c.ids), len(c.ids), append(c.ids, call.ID)
 		start := toolCall{ID: call.ID, Name: call.Name, Custom: call.Custom}
-		if err := emit(streamEvent{Kind: eventToolCallStart, Index: ni, ToolCall: start}); err != nil {
+		if ni > 0 {
+			c.held = append(c.held, start)
+		} else if err := emit(streamEvent{Kind: eventToolCallStart, Index: ni, ToolCall: start}); err != nil {
 			return err
 		}
 	}
-	if call.Arguments == "" {
+	switch {
+	case call.Arguments == "":
+		return nil
+	case ni > 0:
+		c.held[ni-1].Arguments += call.Arguments
 		return nil
 	}
 	return emit(streamEvent{Kind: eventToolCallArgs, Index: ni, Text: call.Arguments})
@@ -633,6 +642,9 @@ func (c *chatUpstreamStream) ended(emit func(streamEvent) error) (bool, error) {
 	}
 	if c.refusal {
 		c.finish = finishContentFilter
+	}
+	if err := emitCalls(emit, 1, c.held); err != nil {
+		return true, err
 	}
 	return true, emitTail(emit, c.finish, c.usage)
 }

@@ -93,6 +93,8 @@ type part struct {
 	Arguments  string // tool_call: JSON-encoded arguments, or a custom tool's free-form input
 	Custom     bool   // tool_call and tool_result: the call is to a custom tool
 	IsError    bool   // tool_result: the tool reported an error
+	Media      []part // tool_result: its image and document parts (chat has none: named dropped)
+	Path       string // a tool result's image or document: its caller's member path
 }
 
 // Tool kinds.
@@ -324,13 +326,24 @@ func (req chatRequest) droppedFor(p providerInfo) []string {
 		}
 		for _, m := range req.Messages {
 			for _, p := range m.Parts {
-				if p.Detail != "" {
-					d = append(d, p.DetailPath)
+				for _, q := range append([]part{p}, p.Media...) {
+					if q.Detail != "" {
+						d = append(d, q.DetailPath)
+					}
 				}
 			}
 		}
 	case p.protocol == protoOpenAIResponses && len(req.Stop) > 0:
 		d = append(d, req.StopPath)
+	}
+	if p.protocol == protoOpenAIChat { // a tool message holds only text
+		for _, m := range req.Messages {
+			for _, p := range m.Parts {
+				for _, q := range p.Media {
+					d = append(d, q.Path)
+				}
+			}
+		}
 	}
 	if p.id == "codex" && req.LimitPath != "" { // it never gets an output limit (SPEC §6.2)
 		d = append(d, req.LimitPath)
@@ -356,6 +369,25 @@ func textOf(ps []part) string {
 		}
 	}
 	return b.String()
+}
+
+// responsesContent is text, image and document parts as input (an
+// assistant's text: output) parts, no empty text.
+func responsesContent(ps []part, assistant bool) []responsesPart {
+	var out []responsesPart
+	for _, p := range ps {
+		switch {
+		case p.Type == partText && p.Text != "":
+			out = append(out, responsesPart{Type: map[bool]string{false: "input_text", true: "output_text"}[assistant], Text: ptrTo(p.Text)})
+		case p.Type == partImage:
+			out = append(out, responsesPart{Type: "input_image", ImageURL: ptrTo(p.ImageURL), Detail: p.Detail})
+		case p.Type == partDocument && strings.HasPrefix(p.FileURL, "data:"):
+			out = append(out, responsesPart{Type: "input_file", FileData: p.FileURL, Filename: p.Filename})
+		case p.Type == partDocument:
+			out = append(out, responsesPart{Type: "input_file", FileURL: p.FileURL, Filename: p.Filename})
+		}
+	}
+	return out
 }
 
 // emptySchema stands in for a tool without parameters where the protocol

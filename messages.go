@@ -250,7 +250,7 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 				if err != nil {
 					return p, "", err
 				}
-				p.Text = req.resultText(inner, bw+".content")
+				p.Text, p.Media = resultText(inner, bw+".content")
 			}
 			if known = "type tool_use_id content is_error"; bl.IsError { // no OpenAI format has the flag
 				known = "type tool_use_id content"
@@ -331,16 +331,12 @@ func encodeMessages(req chatRequest, model string, o upstreamOptions) (any, erro
 		var results, rest []messagesBlock
 		for _, p := range m.Parts {
 			switch p.Type {
-			case partText:
-				if p.Text != "" {
-					rest = append(rest, messagesBlock{Type: "text", Text: &p.Text})
-				}
-			case partImage, partDocument:
-				src, err := messagesSourceOf(p.ImageURL + p.FileURL)
+			case partText, partImage, partDocument:
+				blocks, err := messagesContent([]part{p})
 				if err != nil {
 					return nil, err
 				}
-				rest = append(rest, messagesBlock{Type: p.Type, Source: src, Title: p.Filename})
+				rest = append(rest, blocks...)
 			case partToolCall:
 				args := p.Arguments
 				if p.Custom {
@@ -352,7 +348,16 @@ func encodeMessages(req chatRequest, model string, o upstreamOptions) (any, erro
 				}
 				rest = append(rest, messagesBlock{Type: "tool_use", ID: messagesToolID(p.ToolCallID), Name: p.ToolName, Input: in})
 			case partToolResult:
-				results = append(results, messagesBlock{Type: "tool_result", ToolUseID: messagesToolID(p.ToolCallID), Content: jsonText(p.Text), IsError: p.IsError})
+				content, err := jsonText(p.Text), error(nil)
+				if len(p.Media) > 0 { // images and documents: blocks
+					var blocks []messagesBlock
+					blocks, err = messagesContent(append([]part{{Type: partText, Text: p.Text}}, p.Media...))
+					content = must(json.Marshal(blocks))
+				}
+				if err != nil {
+					return nil, err
+				}
+				results = append(results, messagesBlock{Type: "tool_result", ToolUseID: messagesToolID(p.ToolCallID), Content: content, IsError: p.IsError})
 			}
 		}
 		if len(results)+len(rest) > 0 { // only empty text: the API refuses an empty turn
@@ -398,6 +403,23 @@ func encodeMessages(req chatRequest, model string, o upstreamOptions) (any, erro
 		out.OutputConfig = &cfg
 	}
 	return out, nil
+}
+
+// messagesContent is text, image and document parts as blocks, no empty text.
+func messagesContent(ps []part) ([]messagesBlock, error) {
+	var blocks []messagesBlock
+	for _, p := range ps {
+		if p.Type == partText && p.Text != "" {
+			blocks = append(blocks, messagesBlock{Type: "text", Text: &p.Text})
+		} else if p.Type != partText {
+			src, err := messagesSourceOf(p.ImageURL + p.FileURL)
+			if err != nil {
+				return nil, err
+			}
+			blocks = append(blocks, messagesBlock{Type: p.Type, Source: src, Title: p.Filename})
+		}
+	}
+	return blocks, nil
 }
 
 // messagesToolID is a call id as Anthropic takes it (^[a-zA-Z0-9_-]+$): another

@@ -458,16 +458,18 @@ func (req *chatRequest) dropUnknownPart(raw json.RawMessage, path, typ string, m
 	dropUnknown(&req.Dropped, m[typ], joinPath(path, typ), known[1])
 }
 
-// resultText is a tool result's text; its other parts have no counterpart
-// in every format and are dropped and named.
-func (req *chatRequest) resultText(parts []part, what string) string {
+// resultText is a tool result's text and its images and documents, which
+// messages and responses carry and chat drops (droppedFor) at their Path.
+func resultText(parts []part, what string) (string, []part) {
 	var texts []string
+	var media []part
 	for i, p := range parts {
 		if p.Type != partText {
-			req.Dropped = append(req.Dropped, fmt.Sprintf("%s[%d]", what, i))
+			p.Path = fmt.Sprintf("%s[%d]", what, i)
+			media = append(media, p)
 			continue
 		}
 		texts = append(texts, p.Text)
 	}
-	return strings.Join(texts, "\n")
+	return strings.Join(texts, "\n"), media
 }

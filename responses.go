@@ -169,7 +169,9 @@ var carriedItems = map[string]bool{"message": true, "function_call": true, "cust
 	"function_call_output": true, "custom_tool_call_output": true, "additional_tools": true}
 
 // addResponsesItem adds one input item. Reasoning and hosted tool calls are
-// dropped and named; item_reference is refused: Brama keeps no responses.
+// dropped and named, and so is a reference to an earlier answer's text or
+// reasoning (the Vercel AI SDK's store: true sends one); any other reference
+// is refused: Brama keeps no responses.
 func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, what string) error {
 	if carriedItems[cmp.Or(it.Type, "message")] {
 		dropUnknown(&req.Dropped, raw, what, "type id status role content call_id namespace name arguments input output tools")
@@ -211,13 +213,16 @@ func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, 
 			return refuseInvalid("%s.output must be a string or an array of parts", what)
 		}
 		parts, err := req.responsesParts(it.Output, what+".output")
+		text, media := resultText(parts, what+".output")
 		req.Messages = appendPart(req.Messages, "user", part{Type: partToolResult, ToolCallID: it.CallID,
-			Text: req.resultText(parts, what+".output"), Custom: it.Type == "custom_tool_call_output"})
+			Text: text, Media: media, Custom: it.Type == "custom_tool_call_output"})
 		return err
 	case "additional_tools": // tools declared in the input, as the Codex CLI sends them
 		return eachItem(it.Tools, toolsOf(raw), what+".tools", req.addOpenAITool)
-	case "item_reference":
-		return refuseInvalid("%s: item references are not supported; send the items themselves", what)
+	case "item_reference": // an earlier answer's text or reasoning, by the id Brama or OpenAI gave it, is dropped and named as the items are
+		if !strings.HasPrefix(it.ID, "msg_") && !strings.HasPrefix(it.ID, "rs_") {
+			return refuseInvalid("%s: item references are not supported but to an earlier answer's text or reasoning; send the items themselves", what)
+		}
 	}
 	req.Dropped = append(req.Dropped, what)
 	return nil
@@ -286,25 +291,19 @@ func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, err
 		}
 		for _, p := range m.Parts {
 			switch p.Type {
-			case partText:
-				if p.Text != "" {
-					content = append(content, responsesPart{Type: map[bool]string{false: "input_text", true: "output_text"}[m.Role == "assistant"], Text: ptrTo(p.Text)})
-				}
-			case partImage:
-				content = append(content, responsesPart{Type: "input_image", ImageURL: ptrTo(p.ImageURL), Detail: p.Detail})
-			case partDocument:
-				fp := responsesPart{Type: "input_file", FileURL: p.FileURL, Filename: p.Filename}
-				if strings.HasPrefix(p.FileURL, "data:") {
-					fp.FileURL, fp.FileData = "", p.FileURL
-				}
-				content = append(content, fp)
+			case partText, partImage, partDocument:
+				content = append(content, responsesContent([]part{p}, m.Role == "assistant")...)
 			case partToolCall:
 				flush()
 				items = append(items, *responsesCall(req, "", p.ToolCallID, p.ToolName, p.Arguments, p.Custom))
 			case partToolResult:
 				flush()
 				kind := map[bool]string{false: "function_call_output", true: "custom_tool_call_output"}[p.Custom]
-				items = append(items, responsesItem{Type: kind, CallID: p.ToolCallID, Output: jsonText(p.Text)})
+				output := jsonText(p.Text)
+				if len(p.Media) > 0 { // images and documents: parts
+					output = must(json.Marshal(responsesContent(append([]part{{Type: partText, Text: p.Text}}, p.Media...), false)))
+				}
+				items = append(items, responsesItem{Type: kind, CallID: p.ToolCallID, Output: output})
 			}
 		}
 		flush()

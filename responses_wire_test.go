@@ -258,3 +258,31 @@ func TestTranslationRefusesAStoredConversation(t *testing.T) {
 		}
 	}
 }
+
+// TestTranslationDropsAReferenceToAnEarlierAnswer: the Vercel AI SDK's
+// Responses provider (store: true, its default) sends an earlier step's text
+// back as an item_reference to its msg_ id; across formats the reference is
+// dropped and named (only that text is lost), as a reasoning item is, so its
+// tool loop goes on; a reference to anything else is refused (SPEC §7.6).
+func TestTranslationDropsAReferenceToAnEarlierAnswer(t *testing.T) {
+	d, fakes := translationDaemon(t)
+	input := func(ref string) string {
+		return `{"model":"anthropic/claude-test","max_output_tokens":9,"input":[{"role":"user","content":"weather?"},
+			{"type":"item_reference","id":"` + ref + `"},
+			{"type":"function_call","call_id":"call_1","name":"get_weather","arguments":"{}"},
+			{"type":"function_call_output","call_id":"call_1","output":"sunny"}],
+			"tools":[{"type":"function","name":"get_weather","parameters":{"type":"object"}}]}`
+	}
+	for _, ref := range []string{"msg_0123", "rs_0123"} {
+		status, hdr, body := d.call("POST", "/v1/responses", d.token, input(ref))
+		sent := string(fakes["anthropic"].body())
+		if status != 200 || hdr.Get("Brama-Dropped") != "input[1]" || strings.Contains(sent, ref) || !strings.Contains(sent, `"tool_use_id":"call_1"`) {
+			t.Errorf("a reference to %s: %d %s, Brama-Dropped %q; provider saw %s; want 200 with input[1] named and the call kept", ref, status, body, hdr.Get("Brama-Dropped"), sent)
+		}
+	}
+	before := fakes["anthropic"].calls.Load()
+	status, _, body := d.call("POST", "/v1/responses", d.token, input("fc_0123"))
+	if status != 400 || envelopeOf(t, body)["code"] != "invalid_request" || fakes["anthropic"].calls.Load() != before {
+		t.Errorf("a reference to a call: %d %s, want 400 invalid_request before any call", status, body)
+	}
+}

@@ -233,6 +233,20 @@ func malformedAnswer(protocol string, cause error) *apiError {
 	return refuse("provider_failure", "the provider answered with a malformed %s body", protocol).because(cause)
 }
 
+// emitCalls emits whole calls, their neutral indexes from first on.
+func emitCalls(emit func(streamEvent) error, first int, calls []toolCall) error {
+	for i, tc := range calls {
+		start := toolCall{ID: tc.ID, Name: tc.Name, Custom: tc.Custom}
+		if err := emit(streamEvent{Kind: eventToolCallStart, Index: first + i, ToolCall: start}); err != nil {
+			return err
+		}
+		if err := emit(streamEvent{Kind: eventToolCallArgs, Index: first + i, Text: tc.Arguments}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func emitTail(emit func(streamEvent) error, finish string, u usage) error {
 	if err := emit(streamEvent{Kind: eventFinish, Finish: finish}); err != nil || !u.Reported {
 		return err

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"io"
+	"maps"
 	"net/http"
 	"regexp"
 	"slices"
@@ -200,6 +202,35 @@ func TestTranslationAcrossFormats(t *testing.T) {
 			wantUpstream: map[string]string{"top_p": `0.5`, "reasoning.effort": `"low"`, "tools[0].type": `"custom"`, "tools[0].format.type": `"text"`,
 				"input[0].content[1].type": `"input_file"`, "input[0].content[1].file_data": `"data:application/pdf;base64,JVBE"`, "input[0].content[1].filename": `"a.pdf"`},
 			wantDropped: "seed, stop",
+		},
+		{
+			// Claude Code's Read of a picture: the tool result holds an image.
+			name: "a tool result's image toward responses", path: "/v1/messages", provider: "openai-responses",
+			body: `{"model":"openai-responses/gpt-test","max_tokens":100,"messages":[{"role":"user","content":"map?"},
+				{"role":"assistant","content":[{"type":"tool_use","id":"toolu_1","name":"Read","input":{"file_path":"m.png"}}]},
+				{"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_1","content":[{"type":"text","text":"the map"},{"type":"image","source":{"type":"base64","media_type":"image/png","data":"iVBO"}}]}]}],
+				"tools":[{"name":"Read","input_schema":{"type":"object"}}]}`,
+			wantUpstream: map[string]string{"input[2].type": `"function_call_output"`, "input[2].output[0].text": `"the map"`,
+				"input[2].output[1].type": `"input_image"`, "input[2].output[1].image_url": `"data:image/png;base64,iVBO"`},
+		},
+		{
+			name: "a tool result's image toward messages", path: "/v1/responses", provider: "anthropic",
+			body: `{"model":"anthropic/claude-test","max_output_tokens":100,"input":[{"role":"user","content":"map?"},
+				{"type":"function_call","call_id":"call_1","name":"Read","arguments":"{}"},
+				{"type":"function_call_output","call_id":"call_1","output":[{"type":"input_text","text":"the map"},{"type":"input_image","image_url":"data:image/png;base64,iVBO","detail":"high"}]}],
+				"tools":[{"type":"function","name":"Read","parameters":{"type":"object"}}]}`,
+			wantUpstream: map[string]string{"messages[2].content[0].type": `"tool_result"`, "messages[2].content[0].content[0].text": `"the map"`,
+				"messages[2].content[0].content[1].source": `{"data":"iVBO","media_type":"image/png","type":"base64"}`},
+			wantDropped: "input[2].output[1].detail",
+		},
+		{
+			name: "a tool result's image toward chat is named", path: "/v1/messages", provider: "openai",
+			body: `{"model":"openai/gpt-test","max_tokens":100,"messages":[{"role":"user","content":"map?"},
+				{"role":"assistant","content":[{"type":"tool_use","id":"toolu_1","name":"Read","input":{}}]},
+				{"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_1","content":[{"type":"text","text":"the map"},{"type":"image","source":{"type":"base64","media_type":"image/png","data":"iVBO"}}]}]}],
+				"tools":[{"name":"Read","input_schema":{"type":"object"}}]}`,
+			wantUpstream: map[string]string{"messages[2].role": `"tool"`, "messages[2].content": `"the map"`},
+			wantDropped:  "messages[2].content[0].content[1]",
 		},
 		{
 			name: "structured output: chat to messages", path: "/v1/chat/completions", provider: "anthropic",
@@ -423,5 +454,60 @@ func TestTranslationCodexCLIToMessages(t *testing.T) {
 	}
 	if got, want := hdr.Get("Brama-Dropped"), "client_metadata, reasoning.context, store, reasoning.effort, text.verbosity, input[0].tools[0].tools[0].format"; got != want {
 		t.Errorf("Brama-Dropped = %q, want %q", got, want)
+	}
+}
+
+// chatInterleavedStream is an OpenAI-compatible stream that starts two
+// parallel calls in one chunk, then alternates their arguments.
+const chatInterleavedStream = `data: {"choices":[{"index":0,"delta":{"role":"assistant","tool_calls":[` +
+	`{"index":0,"id":"call_a","type":"function","function":{"name":"get_weather","arguments":""}},` +
+	`{"index":1,"id":"call_b","type":"function","function":{"name":"get_time","arguments":""}}]}}]}` + "\n\n" +
+	`data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"city\":"}}]}}]}` + "\n\n" +
+	`data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"function":{"arguments":"{\"city\":"}}]}}]}` + "\n\n" +
+	`data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"\"Oslo\"}"}}]}}]}` + "\n\n" +
+	`data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"function":{"arguments":"\"Rome\"}"}}]}}]}` + "\n\n" +
+	`data: {"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}` + "\n\n" + "data: [DONE]\n\n"
+
+// TestTranslationInterleavedParallelCalls checks that parallel calls whose
+// arguments a chat provider interleaves reach a messages caller as blocks
+// whose every delta comes before their stop, and a responses caller as items
+// whose every delta comes before their done: Claude Code and the Vercel AI
+// SDK take a call's input at its stop and ignore what follows.
+func TestTranslationInterleavedParallelCalls(t *testing.T) {
+	env := stateEnv(t)
+	f := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, chatInterleavedStream)
+	})
+	d := startDaemon(t, env, providerEnv(env, map[string]*fakeProvider{"openai": f}), "-local-credentials-stdin")
+	tools := `"tools":[{"name":"get_weather","input_schema":{"type":"object"}},{"name":"get_time","input_schema":{"type":"object"}}]`
+	for _, tc := range []struct{ path, body, delta, end, index string }{
+		{"/v1/messages", `{"model":"openai/gpt-test","max_tokens":99,"stream":true,"messages":[{"role":"user","content":"q"}],` + tools + `}`,
+			"content_block_delta", "content_block_stop", "index"},
+		{"/v1/responses", `{"model":"openai/gpt-test","stream":true,"input":"q","tools":[{"type":"function","name":"get_weather"},{"type":"function","name":"get_time"}]}`,
+			"response.function_call_arguments.delta", "response.output_item.done", "output_index"},
+	} {
+		status, _, out := d.call("POST", tc.path, d.token, tc.body)
+		if status != 200 {
+			t.Fatalf("%s: status %d: %s", tc.path, status, out)
+		}
+		args, ended := map[string]string{}, map[string]bool{}
+		for _, fr := range splitTestSSE(t, string(out)) {
+			i := jsonAt(t, []byte(fr.Data), tc.index)
+			switch fr.Event {
+			case tc.delta:
+				if ended[i] {
+					t.Errorf("%s: a delta for %s %s after its end: %s", tc.path, tc.index, i, fr.Data)
+				}
+				var d string
+				json.Unmarshal([]byte(cmp.Or(jsonAt(t, []byte(fr.Data), "delta.partial_json"), jsonAt(t, []byte(fr.Data), "delta"))), &d)
+				args[i] += d
+			case tc.end:
+				ended[i] = true
+			}
+		}
+		if got := slices.Sorted(maps.Values(args)); !slices.Equal(got, []string{`{"city":"Oslo"}`, `{"city":"Rome"}`}) {
+			t.Errorf("%s: the calls' arguments = %q, want both cities", tc.path, got)
+		}
 	}
 }

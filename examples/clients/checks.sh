@@ -2,8 +2,8 @@
 # check. A check prints nothing (or a short note) and returns 0, or prints
 # why it failed and returns 1. Each runs after setup, in this order.
 CHECKS=(
-	claude-anthropic claude-subscription claude-translate claude-api-key
-	codex-responses codex-subscription codex-anthropic
+	claude-anthropic claude-subscription claude-translate claude-chat claude-api-key
+	codex-responses codex-subscription codex-anthropic codex-chat codex-think-responses codex-think-anthropic
 	chat-passthrough chat-stream-passthrough
 	responses-passthrough responses-stream-passthrough
 	messages-passthrough messages-stream-passthrough
@@ -17,6 +17,10 @@ CHECKS=(
 for c in openai anthropic ai claude codex; do
 	for m in 400 cut malformed 500; do CHECKS+=("refuse-$c-$m"); done
 done
+for c in openai anthropic ai; do
+	for m in 422 429; do CHECKS+=("refuse-$c-$m"); done
+done
+CHECKS+=(refuse-openai-401 refuse-anthropic-401 refuse-claude-401 no-credential-openai no-credential-anthropic)
 for c in openai anthropic ai claude codex; do CHECKS+=("retries-off-$c"); done
 CHECKS+=(no-secrets-kept)
 
@@ -158,7 +162,7 @@ sdk() {
 	(cd "$WORK" && env BRAMA_URL="$BRAMA_URL" BRAMA_CLIENT_TOKEN="$APP" "$@" timeout "${CLI_TIMEOUT:-45}" node sdk.mjs "$kase" "$model" >"$WORK/sdk.json" 2>"$WORK/sdk.err")
 	[ -s "$WORK/sdk.json" ] || { echo "node sdk.mjs $kase printed nothing: $(tail -3 "$WORK/sdk.err")"; return 1; }
 }
-sdk_field() { jq -r "$1" "$WORK/sdk.json"; }
+sdk_field() { jq -r "$@" "$WORK/sdk.json"; }
 # sdk_ok: the case returned a result (else say its error).
 sdk_ok() {
 	[ "$(sdk_field '.error')" = null ] && return 0
@@ -199,6 +203,7 @@ claude_tool_turn() {
 check_claude_anthropic() { claude_tool_turn "anthropic/$CLAUDE_MODEL" anthropic; }
 check_claude_subscription() { claude_tool_turn "claude-code/$CLAUDE_MODEL" claude-code; }
 check_claude_translate() { claude_tool_turn openai-responses/gpt-fake-responses openai; }
+check_claude_chat() { claude_tool_turn openai/gpt-fake-chat openai; }
 check_claude_api_key() {
 	set_alias "$CLAUDE_MODEL" "anthropic/$CLAUDE_MODEL" || return 1
 	script '{}'
@@ -210,23 +215,26 @@ check_claude_api_key() {
 # --- Codex CLI ----------------------------------------------------------
 
 # The Codex CLI's default model offers a free-form `exec` tool (JavaScript
-# that calls tools.exec_command); across formats it is the flattened
-# function functions__exec taking one string member input.
+# that calls tools.exec_command); across formats it is flattened to
+# functions__exec: toward messages a function taking one string member
+# input, toward chat a custom tool still. ROLE openai-chat is the fake's
+# openai role translated to (chat).
 CODEX_JS='const r = await tools.exec_command({cmd: "cat note.txt"});
 text(typeof r === "string" ? r : JSON.stringify(r));'
 codex_tool_turn() {
 	set_alias "$CODEX_MODEL" "$1" || return 1
-	local tool=exec args=$CODEX_JS
-	if [ "$2" = anthropic ]; then
-		tool=functions__exec args=$(jq -nc --arg js "$CODEX_JS" '{input:$js}')
-	fi
-	script "$(jq -nc --arg t "$tool" --arg a "$args" '{tool:$t, args:$a}')"
+	local tool=exec args=$CODEX_JS role=${2%-chat}
+	case $2 in
+	anthropic) tool=functions__exec args=$(jq -nc --arg js "$CODEX_JS" '{input:$js}') ;;
+	openai-chat) tool=functions__exec ;;
+	esac
+	script "$(jq -nc --arg t "$tool" --arg a "$args" --argjson x "${CODEX_SCRIPT:-{\}}" '{tool:$t, args:$a} + $x')"
 	codex -- "Run cat note.txt and tell me the secret word." || { cli_failed codex $?; return 1; }
 	local roles
 	roles=$(calls | jq -r '[.[] | .role + ":" + .answer] | join(",")')
-	[[ $roles == *"$2:tool"*"$2:text"* ]] ||
-		{ echo "the fake saw $roles, want a $2 call to $tool then a $2 text; it was offered: $(offered_tools)"; return 1; }
-	if [ "$2" != anthropic ]; then
+	[[ $roles == *"$role:tool"*"$role:text"* ]] ||
+		{ echo "the fake saw $roles, want a $role call to $tool then a $role text; it was offered: $(offered_tools)"; return 1; }
+	if [ "$2" = openai ] || [ "$2" = codex ]; then
 		# Passthrough: the Codex CLI's own members reach the provider.
 		local first
 		first=$(calls | jq -c '.[0].body | fromjson | {t0: .input[0].type, include, pck: (.prompt_cache_key != null), cm: (.client_metadata != null), reasoning}')
@@ -245,6 +253,11 @@ offered_tools() {
 check_codex_responses() { codex_tool_turn "openai-responses/$CODEX_MODEL" openai; }
 check_codex_subscription() { codex_tool_turn "codex/$CODEX_MODEL" codex; }
 check_codex_anthropic() { codex_tool_turn anthropic/claude-fake anthropic; }
+check_codex_chat() { codex_tool_turn openai/gpt-fake-chat openai-chat; }
+# CODEX_SCRIPT adds to the fake's script: here it thinks before the call.
+THINK='{"think":"The file holds the word."}'
+check_codex_think_responses() { CODEX_SCRIPT=$THINK codex_tool_turn "openai-responses/$CODEX_MODEL" openai; }
+check_codex_think_anthropic() { CODEX_SCRIPT=$THINK codex_tool_turn anthropic/claude-fake anthropic; }
 
 # --- After everything ---------------------------------------------------
 

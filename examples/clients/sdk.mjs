@@ -6,14 +6,20 @@
 //
 // usage: node sdk.mjs CASE MODEL   (BRAMA_URL, BRAMA_CLIENT_TOKEN; STREAM=1
 // streams; MAX_RETRIES, when set, is the SDK's maxRetries; MARKER goes into
-// the prompt so the fake can count this request's calls)
+// the prompt so the fake can count this request's calls). MODEL may be a
+// comma-separated list (a trailing comma makes a list of one): the case
+// runs once for each, one after the other,
+// and the object is {results: {MODEL: {result, error}}, calls}, each call
+// with the model it was made for.
 import OpenAI from "openai";
 import Anthropic from "@anthropic-ai/sdk";
 import { generateText, streamText, generateObject, jsonSchema } from "ai";
 import { createOpenAI } from "@ai-sdk/openai";
 import { createAnthropic } from "@ai-sdk/anthropic";
+import { scenarios } from "./scenarios.mjs";
 
-const [kase, model] = process.argv.slice(2);
+const [kase, models] = process.argv.slice(2);
+let model = models;
 const base = process.env.BRAMA_URL;
 const token = process.env.BRAMA_CLIENT_TOKEN;
 const stream = process.env.STREAM === "1";
@@ -25,7 +31,7 @@ const pending = [];
 async function recordingFetch(url, init = {}) {
   const headers = {};
   new Headers(init.headers).forEach((v, k) => (headers[k] = v));
-  const c = { method: init.method || "GET", url: String(url), headers, body: typeof init.body === "string" ? init.body : null };
+  const c = { model, method: init.method || "GET", url: String(url), headers, body: typeof init.body === "string" ? init.body : null };
   calls.push(c);
   let res;
   try {
@@ -184,9 +190,11 @@ const cases = {
     return r.text;
   },
   async "ai-stream-openai"() {
-    const r = streamText({ model: aiOpenAI()(model), prompt, onError: () => {} });
+    let err;
+    const r = streamText({ model: aiOpenAI()(model), prompt, onError: (e) => (err = e.error) });
     let t = "";
     for await (const d of r.textStream) t += d;
+    if (err) throw err;
     return t;
   },
   async "ai-generate-anthropic"() {
@@ -228,12 +236,22 @@ const cases = {
   },
 };
 
-let result, error;
-try {
-  if (!cases[kase]) throw new Error(`unknown case ${kase}`);
-  result = await cases[kase]();
-} catch (e) {
-  error = { name: e?.constructor?.name, message: String(e?.message || e).slice(0, 600), status: e?.status ?? e?.statusCode };
+async function run() {
+  const all = { ...cases, ...scenarios({ model, stream, marker, openai, anthropic, aiOpenAI, aiAnthropic }) };
+  try {
+    if (!all[kase]) throw new Error(`unknown case ${kase}`);
+    return { result: await all[kase]() };
+  } catch (e) {
+    return { error: { name: e?.constructor?.name, message: String(e?.message || e).slice(0, 600), status: e?.status ?? e?.statusCode } };
+  }
+}
+
+let out = {};
+if (models.includes(",")) {
+  out.results = {};
+  for (model of models.split(",").filter(Boolean)) out.results[model] = await run();
+} else {
+  out = await run();
 }
 await Promise.allSettled(pending);
-process.stdout.write(JSON.stringify({ result, error, calls }) + "\n");
+process.stdout.write(JSON.stringify({ ...out, calls }) + "\n");

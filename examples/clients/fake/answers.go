@@ -12,9 +12,23 @@ import (
 type answer struct {
 	kind   string // text, tool, json
 	text   string
-	tool   string // for kind tool
+	calls  []toolCall // for kind tool: one, or several in parallel
+	think  string     // reasoning shown before the answer, "" for none
+	length bool       // the answer ends at its output limit
+	// interleave: a chat stream starts every call, then alternates their
+	// arguments (as some OpenAI-compatible servers stream parallel calls).
+	interleave bool
+	// noUsage: a chat stream whose caller did not ask for usage
+	// (stream_options.include_usage) ends without the usage chunk.
+	noUsage bool
+}
+
+// toolCall is one call the answer makes.
+type toolCall struct {
+	tool   string
 	args   string // JSON object text, or the free-form input of a custom tool
 	custom bool   // the offered tool is a custom (free-form) tool
+	id     string // the scripted call id, "" for the fake's own
 }
 
 const greeting = "Hello from the fake provider."
@@ -24,6 +38,15 @@ var callSeq atomic.Int64
 // decide picks the answer: quote a tool result, honour a schema, call a
 // forced or the scripted tool, else greet.
 func decide(format string, body map[string]any, sc script) answer {
+	a := decideWhat(format, body, sc)
+	a.think, a.length, a.interleave = sc.Think, sc.Finish == "length", sc.Interleave
+	if a.kind == "tool" {
+		a.text = sc.Say
+	}
+	return a
+}
+
+func decideWhat(format string, body map[string]any, sc script) answer {
 	if res, ok := lastToolResult(format, body); ok {
 		return answer{kind: "text", text: "The tool returned: " + clip(res, 400)}
 	}
@@ -34,13 +57,20 @@ func decide(format string, body map[string]any, sc script) answer {
 	if name := forcedTool(format, body); name != "" {
 		t := offeredTool(body, name)
 		b, _ := json.Marshal(fromSchema(toolSchema(t), 0))
-		return answer{kind: "tool", tool: name, args: string(b)}
+		return answer{kind: "tool", calls: []toolCall{{tool: name, args: string(b)}}}
 	}
+	calls := sc.Calls
 	if sc.Tool != "" {
-		if t := offeredTool(body, sc.Tool); t != nil {
-			custom := t["type"] == "custom"
-			return answer{kind: "tool", tool: sc.Tool, args: sc.Args, custom: custom}
+		calls = append([]scriptedCall{{Tool: sc.Tool, Args: sc.Args}}, calls...)
+	}
+	var a answer
+	for _, c := range calls {
+		if t := offeredTool(body, c.Tool); t != nil {
+			a.kind, a.calls = "tool", append(a.calls, toolCall{tool: c.Tool, args: c.Args, custom: t["type"] == "custom", id: c.ID})
 		}
+	}
+	if a.kind == "tool" {
+		return a
 	}
 	return answer{kind: "text", text: greeting}
 }
@@ -62,33 +92,42 @@ func lastToolResult(format string, body map[string]any) (string, bool) {
 		}
 		m, _ := msgs[len(msgs)-1].(map[string]any)
 		parts, _ := m["content"].([]any)
+		var res []string
 		for _, p := range parts {
 			if b, _ := p.(map[string]any); b["type"] == "tool_result" {
-				return flatten(b["content"]), true
+				res = append(res, flatten(b["content"]))
 			}
 		}
+		return strings.Join(res, " | "), len(res) > 0
 	case "chat":
 		msgs, _ := body["messages"].([]any)
-		if len(msgs) == 0 {
-			return "", false
+		var res []string
+		for i := len(msgs) - 1; i >= 0; i-- {
+			m, _ := msgs[i].(map[string]any)
+			if m["role"] != "tool" {
+				break
+			}
+			res = append([]string{flatten(m["content"])}, res...)
 		}
-		if m, _ := msgs[len(msgs)-1].(map[string]any); m["role"] == "tool" {
-			return flatten(m["content"]), true
-		}
+		return strings.Join(res, " | "), len(res) > 0
 	case "responses":
 		items, _ := body["input"].([]any)
+		var res []string
+	items:
 		for i := len(items) - 1; i >= 0; i-- {
 			it, _ := items[i].(map[string]any)
 			switch it["type"] {
 			case "function_call_output", "custom_tool_call_output":
-				return flatten(it["output"]), true
+				res = append([]string{flatten(it["output"])}, res...)
+				continue
 			case "function_call", "custom_tool_call", "reasoning":
 				continue
 			}
 			if it["role"] == "user" || it["type"] == "message" {
-				return "", false
+				break items
 			}
 		}
+		return strings.Join(res, " | "), len(res) > 0
 	}
 	return "", false
 }
@@ -222,10 +261,11 @@ func findTool(v any, name string) map[string]any {
 		if fn, ok := x["function"].(map[string]any); ok && fn["name"] == name {
 			return fn
 		}
-		for _, k := range []string{"tools", "custom"} {
-			if t := findTool(x[k], name); t != nil {
-				return t
-			}
+		if c, ok := x["custom"].(map[string]any); ok && c["name"] == name { // chat's custom tool
+			return map[string]any{"type": "custom", "name": name, "format": c["format"]}
+		}
+		if t := findTool(x["tools"], name); t != nil {
+			return t
 		}
 	}
 	return nil
@@ -318,70 +358,145 @@ func ids() (string, string) {
 	return fmt.Sprintf("fake%d", n), fmt.Sprintf("call_fake%d", n)
 }
 
+// callID is the id of the answer's call i.
+func callID(base string, i int) string {
+	if i == 0 {
+		return base
+	}
+	return fmt.Sprintf("%s_%c", base, rune('a'+i))
+}
+
+// idOr is the call's scripted id, or id.
+func (c toolCall) idOr(id string) string {
+	if c.id != "" {
+		return c.id
+	}
+	return id
+}
+
 // whole is the buffered answer body.
 func whole(format, model string, a answer) map[string]any {
-	id, callID := ids()
+	id, cid := ids()
 	switch format {
 	case "messages":
-		block := map[string]any{"type": "text", "text": a.text}
-		stop := "end_turn"
-		if a.kind == "tool" {
-			block, stop = map[string]any{"type": "tool_use", "id": "toolu_" + id, "name": a.tool, "input": json.RawMessage(a.args)}, "tool_use"
+		var content []any
+		if a.think != "" {
+			content = append(content, map[string]any{"type": "thinking", "thinking": a.think, "signature": "sig-fake"})
+		}
+		if a.text != "" || a.kind != "tool" {
+			content = append(content, map[string]any{"type": "text", "text": a.text})
+		}
+		stop := stopReason(a)
+		for i, c := range a.calls {
+			content = append(content, map[string]any{"type": "tool_use", "id": c.idOr(callID("toolu_"+id, i)), "name": c.tool, "input": json.RawMessage(c.args)})
 		}
 		return map[string]any{"id": "msg_" + id, "type": "message", "role": "assistant", "model": model,
-			"content": []any{block}, "stop_reason": stop, "stop_sequence": nil,
+			"content": content, "stop_reason": stop, "stop_sequence": nil,
 			"usage": map[string]any{"input_tokens": 10, "output_tokens": 5}}
 	case "chat":
 		msg := map[string]any{"role": "assistant", "content": a.text}
-		finish := "stop"
+		finish := chatFinish(a)
 		if a.kind == "tool" {
-			msg["content"], finish = nil, "tool_calls"
-			msg["tool_calls"] = []any{chatToolCall(a, callID, true)}
+			var calls []any
+			for i, c := range a.calls {
+				calls = append(calls, chatToolCall(c, c.idOr(callID(cid, i)), true))
+			}
+			msg["tool_calls"] = calls
+			if a.text == "" {
+				msg["content"] = nil
+			}
 		}
 		return map[string]any{"id": "chatcmpl-" + id, "object": "chat.completion", "created": 1764547200, "model": model,
 			"choices": []any{map[string]any{"index": 0, "message": msg, "finish_reason": finish}},
 			"usage":   map[string]any{"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}
 	}
-	return responseObject(id, model, "completed", []any{responsesItem(a, id, callID, true)})
+	return responseObject(id, model, responsesStatus(a), responsesOutput(a, id, cid, true))
 }
 
-func chatToolCall(a answer, callID string, full bool) map[string]any {
-	args := a.args
+// stopReason, chatFinish and responsesStatus say why the answer ended.
+func stopReason(a answer) string {
+	switch {
+	case a.length:
+		return "max_tokens"
+	case a.kind == "tool":
+		return "tool_use"
+	}
+	return "end_turn"
+}
+
+func chatFinish(a answer) string {
+	switch {
+	case a.length:
+		return "length"
+	case a.kind == "tool":
+		return "tool_calls"
+	}
+	return "stop"
+}
+
+func responsesStatus(a answer) string {
+	if a.length {
+		return "incomplete"
+	}
+	return "completed"
+}
+
+func chatToolCall(c toolCall, callID string, full bool) map[string]any {
+	args := c.args
 	if !full {
 		args = ""
 	}
-	if a.custom {
-		return map[string]any{"id": callID, "type": "custom", "custom": map[string]any{"name": a.tool, "input": args}}
+	if c.custom {
+		return map[string]any{"id": callID, "type": "custom", "custom": map[string]any{"name": c.tool, "input": args}}
 	}
-	return map[string]any{"id": callID, "type": "function", "function": map[string]any{"name": a.tool, "arguments": args}}
+	return map[string]any{"id": callID, "type": "function", "function": map[string]any{"name": c.tool, "arguments": args}}
 }
 
-func responsesItem(a answer, id, callID string, done bool) map[string]any {
+// responsesOutput is the answer's output items: a reasoning item when it
+// thinks, then a message or its calls.
+func responsesOutput(a answer, id, cid string, done bool) []any {
+	var out []any
+	if a.think != "" {
+		summary := []any{}
+		if done {
+			summary = []any{map[string]any{"type": "summary_text", "text": a.think}}
+		}
+		out = append(out, map[string]any{"type": "reasoning", "id": "rs_" + id, "summary": summary, "encrypted_content": "enc-fake"})
+	}
 	status := "completed"
 	if !done {
 		status = "in_progress"
-	}
-	if a.kind == "tool" {
-		args := a.args
-		if !done {
-			args = ""
-		}
-		if a.custom {
-			return map[string]any{"type": "custom_tool_call", "id": "ctc_" + id, "call_id": callID, "name": a.tool, "input": args, "status": status}
-		}
-		return map[string]any{"type": "function_call", "id": "fc_" + id, "call_id": callID, "name": a.tool, "arguments": args, "status": status}
 	}
 	content := []any{map[string]any{"type": "output_text", "text": a.text, "annotations": []any{}}}
 	if !done {
 		content = []any{}
 	}
-	return map[string]any{"type": "message", "id": "msg_" + id, "role": "assistant", "status": status, "content": content}
+	if a.text != "" || a.kind != "tool" {
+		out = append(out, map[string]any{"type": "message", "id": "msg_" + id, "role": "assistant", "status": status, "content": content})
+	}
+	if a.kind == "tool" {
+		for i, c := range a.calls {
+			args := c.args
+			if !done {
+				args = ""
+			}
+			item := map[string]any{"type": "function_call", "id": callID("fc_"+id, i), "call_id": c.idOr(callID(cid, i)), "name": c.tool, "arguments": args, "status": status}
+			if c.custom {
+				item = map[string]any{"type": "custom_tool_call", "id": callID("ctc_"+id, i), "call_id": c.idOr(callID(cid, i)), "name": c.tool, "input": args, "status": status}
+			}
+			out = append(out, item)
+		}
+	}
+	return out
 }
 
 func responseObject(id, model, status string, output []any) map[string]any {
 	r := map[string]any{"id": "resp_" + id, "object": "response", "created_at": 1764547200, "status": status,
 		"model": model, "output": output, "parallel_tool_calls": true, "tool_choice": "auto", "tools": []any{}}
-	if status == "completed" {
+	if status == "incomplete" {
+		r["incomplete_details"] = map[string]any{"reason": "max_output_tokens"}
+	}
+	if status != "in_progress" {
 		r["usage"] = map[string]any{"input_tokens": 10, "input_tokens_details": map[string]any{"cached_tokens": 0},
 			"output_tokens": 5, "output_tokens_details": map[string]any{"reasoning_tokens": 0}, "total_tokens": 15}
 	}
@@ -399,7 +514,7 @@ func halves(s string) []string {
 
 // events is the answer as a stream in the format's own framing.
 func events(format, model string, a answer) []event {
-	id, callID := ids()
+	id, cid := ids()
 	var evs []event
 	switch format {
 	case "messages":
@@ -409,20 +524,32 @@ func events(format, model string, a answer) []event {
 		}
 		ev("message_start", map[string]any{"message": map[string]any{"id": "msg_" + id, "type": "message", "role": "assistant", "model": model,
 			"content": []any{}, "stop_reason": nil, "stop_sequence": nil, "usage": map[string]any{"input_tokens": 10, "output_tokens": 1}}})
-		stop := "end_turn"
-		if a.kind == "tool" {
-			stop = "tool_use"
-			ev("content_block_start", map[string]any{"index": 0, "content_block": map[string]any{"type": "tool_use", "id": "toolu_" + id, "name": a.tool, "input": map[string]any{}}})
-			for _, h := range halves(a.args) {
-				ev("content_block_delta", map[string]any{"index": 0, "delta": map[string]any{"type": "input_json_delta", "partial_json": h}})
+		index := 0
+		block := func(start map[string]any, deltas ...map[string]any) {
+			ev("content_block_start", map[string]any{"index": index, "content_block": start})
+			for _, d := range deltas {
+				ev("content_block_delta", map[string]any{"index": index, "delta": d})
 			}
-		} else {
-			ev("content_block_start", map[string]any{"index": 0, "content_block": map[string]any{"type": "text", "text": ""}})
-			for _, h := range halves(a.text) {
-				ev("content_block_delta", map[string]any{"index": 0, "delta": map[string]any{"type": "text_delta", "text": h}})
-			}
+			ev("content_block_stop", map[string]any{"index": index})
+			index++
 		}
-		ev("content_block_stop", map[string]any{"index": 0})
+		if a.think != "" {
+			h := halves(a.think)
+			block(map[string]any{"type": "thinking", "thinking": "", "signature": ""},
+				map[string]any{"type": "thinking_delta", "thinking": h[0]}, map[string]any{"type": "thinking_delta", "thinking": h[1]},
+				map[string]any{"type": "signature_delta", "signature": "sig-fake"})
+		}
+		if a.text != "" || a.kind != "tool" {
+			h := halves(a.text)
+			block(map[string]any{"type": "text", "text": ""},
+				map[string]any{"type": "text_delta", "text": h[0]}, map[string]any{"type": "text_delta", "text": h[1]})
+		}
+		stop := stopReason(a)
+		for i, c := range a.calls {
+			h := halves(c.args)
+			block(map[string]any{"type": "tool_use", "id": c.idOr(callID("toolu_"+id, i)), "name": c.tool, "input": map[string]any{}},
+				map[string]any{"type": "input_json_delta", "partial_json": h[0]}, map[string]any{"type": "input_json_delta", "partial_json": h[1]})
+		}
 		ev("message_delta", map[string]any{"delta": map[string]any{"stop_reason": stop, "stop_sequence": nil}, "usage": map[string]any{"output_tokens": 5}})
 		ev("message_stop", map[string]any{})
 	case "chat":
@@ -431,28 +558,48 @@ func events(format, model string, a answer) []event {
 				"choices": []any{map[string]any{"index": 0, "delta": delta, "finish_reason": finish}}}})
 		}
 		chunk(map[string]any{"role": "assistant", "content": ""}, nil)
-		finish := "stop"
-		if a.kind == "tool" {
-			finish = "tool_calls"
-			tc := chatToolCall(a, callID, false)
-			tc["index"] = 0
-			chunk(map[string]any{"tool_calls": []any{tc}}, nil)
-			for _, h := range halves(a.args) {
-				part := map[string]any{"arguments": h}
-				key := "function"
-				if a.custom {
-					part, key = map[string]any{"input": h}, "custom"
-				}
-				chunk(map[string]any{"tool_calls": []any{map[string]any{"index": 0, key: part}}}, nil)
-			}
-		} else {
+		finish := chatFinish(a)
+		if a.text != "" {
 			for _, h := range halves(a.text) {
 				chunk(map[string]any{"content": h}, nil)
 			}
 		}
+		argsDelta := func(i int, h string) {
+			part, key := map[string]any{"arguments": h}, "function"
+			if a.calls[i].custom {
+				part, key = map[string]any{"input": h}, "custom"
+			}
+			chunk(map[string]any{"tool_calls": []any{map[string]any{"index": i, key: part}}}, nil)
+		}
+		switch {
+		case a.kind == "tool" && a.interleave: // every call starts, then their arguments alternate
+			var starts []any
+			for i, c := range a.calls {
+				tc := chatToolCall(c, c.idOr(callID(cid, i)), false)
+				tc["index"] = i
+				starts = append(starts, tc)
+			}
+			chunk(map[string]any{"tool_calls": starts}, nil)
+			for h := range 2 {
+				for i, c := range a.calls {
+					argsDelta(i, halves(c.args)[h])
+				}
+			}
+		case a.kind == "tool":
+			for i, c := range a.calls {
+				tc := chatToolCall(c, c.idOr(callID(cid, i)), false)
+				tc["index"] = i
+				chunk(map[string]any{"tool_calls": []any{tc}}, nil)
+				for _, h := range halves(c.args) {
+					argsDelta(i, h)
+				}
+			}
+		}
 		chunk(map[string]any{}, finish)
-		evs = append(evs, event{"", map[string]any{"id": "chatcmpl-" + id, "object": "chat.completion.chunk", "created": 1764547200, "model": model,
-			"choices": []any{}, "usage": map[string]any{"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}})
+		if !a.noUsage {
+			evs = append(evs, event{"", map[string]any{"id": "chatcmpl-" + id, "object": "chat.completion.chunk", "created": 1764547200, "model": model,
+				"choices": []any{}, "usage": map[string]any{"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}})
+		}
 		evs = append(evs, event{"", "[DONE]"})
 	default:
 		seq := 0
@@ -463,32 +610,47 @@ func events(format, model string, a answer) []event {
 		}
 		ev("response.created", map[string]any{"response": responseObject(id, model, "in_progress", []any{})})
 		ev("response.in_progress", map[string]any{"response": responseObject(id, model, "in_progress", []any{})})
-		item := responsesItem(a, id, callID, true)
-		itemID := item["id"]
-		ev("response.output_item.added", map[string]any{"output_index": 0, "item": responsesItem(a, id, callID, false)})
-		switch {
-		case a.kind == "tool" && a.custom:
-			for _, h := range halves(a.args) {
-				ev("response.custom_tool_call_input.delta", map[string]any{"item_id": itemID, "output_index": 0, "delta": h})
+		added, items := responsesOutput(a, id, cid, false), responsesOutput(a, id, cid, true)
+		for i, it := range items {
+			item := it.(map[string]any)
+			itemID := item["id"]
+			ev("response.output_item.added", map[string]any{"output_index": i, "item": added[i]})
+			switch item["type"] {
+			case "reasoning":
+				part := map[string]any{"type": "summary_text", "text": ""}
+				ev("response.reasoning_summary_part.added", map[string]any{"item_id": itemID, "output_index": i, "summary_index": 0, "part": part})
+				for _, h := range halves(a.think) {
+					ev("response.reasoning_summary_text.delta", map[string]any{"item_id": itemID, "output_index": i, "summary_index": 0, "delta": h})
+				}
+				ev("response.reasoning_summary_text.done", map[string]any{"item_id": itemID, "output_index": i, "summary_index": 0, "text": a.think})
+				ev("response.reasoning_summary_part.done", map[string]any{"item_id": itemID, "output_index": i, "summary_index": 0,
+					"part": map[string]any{"type": "summary_text", "text": a.think}})
+			case "custom_tool_call":
+				in := item["input"].(string)
+				for _, h := range halves(in) {
+					ev("response.custom_tool_call_input.delta", map[string]any{"item_id": itemID, "output_index": i, "delta": h})
+				}
+				ev("response.custom_tool_call_input.done", map[string]any{"item_id": itemID, "output_index": i, "input": in})
+			case "function_call":
+				args := item["arguments"].(string)
+				for _, h := range halves(args) {
+					ev("response.function_call_arguments.delta", map[string]any{"item_id": itemID, "output_index": i, "delta": h})
+				}
+				ev("response.function_call_arguments.done", map[string]any{"item_id": itemID, "output_index": i, "arguments": args})
+			default:
+				part := map[string]any{"type": "output_text", "text": "", "annotations": []any{}}
+				ev("response.content_part.added", map[string]any{"item_id": itemID, "output_index": i, "content_index": 0, "part": part})
+				for _, h := range halves(a.text) {
+					ev("response.output_text.delta", map[string]any{"item_id": itemID, "output_index": i, "content_index": 0, "delta": h, "logprobs": []any{}})
+				}
+				ev("response.output_text.done", map[string]any{"item_id": itemID, "output_index": i, "content_index": 0, "text": a.text, "logprobs": []any{}})
+				ev("response.content_part.done", map[string]any{"item_id": itemID, "output_index": i, "content_index": 0,
+					"part": map[string]any{"type": "output_text", "text": a.text, "annotations": []any{}}})
 			}
-			ev("response.custom_tool_call_input.done", map[string]any{"item_id": itemID, "output_index": 0, "input": a.args})
-		case a.kind == "tool":
-			for _, h := range halves(a.args) {
-				ev("response.function_call_arguments.delta", map[string]any{"item_id": itemID, "output_index": 0, "delta": h})
-			}
-			ev("response.function_call_arguments.done", map[string]any{"item_id": itemID, "output_index": 0, "arguments": a.args})
-		default:
-			part := map[string]any{"type": "output_text", "text": "", "annotations": []any{}}
-			ev("response.content_part.added", map[string]any{"item_id": itemID, "output_index": 0, "content_index": 0, "part": part})
-			for _, h := range halves(a.text) {
-				ev("response.output_text.delta", map[string]any{"item_id": itemID, "output_index": 0, "content_index": 0, "delta": h, "logprobs": []any{}})
-			}
-			ev("response.output_text.done", map[string]any{"item_id": itemID, "output_index": 0, "content_index": 0, "text": a.text, "logprobs": []any{}})
-			ev("response.content_part.done", map[string]any{"item_id": itemID, "output_index": 0, "content_index": 0,
-				"part": map[string]any{"type": "output_text", "text": a.text, "annotations": []any{}}})
+			ev("response.output_item.done", map[string]any{"output_index": i, "item": item})
 		}
-		ev("response.output_item.done", map[string]any{"output_index": 0, "item": item})
-		ev("response.completed", map[string]any{"response": responseObject(id, model, "completed", []any{item})})
+		final := responseObject(id, model, responsesStatus(a), items)
+		ev("response."+responsesStatus(a), map[string]any{"response": final})
 	}
 	return evs
 }

@@ -23,8 +23,12 @@
 // {"tool","args","fail","match","retry_after"} replaces the script and
 // forgets the recorded calls; GET /_calls lists every call since then
 // (role, method, path, query, headers, raw body, what was answered).
-// "fail" is one of 400, 500, cut, malformed and applies to calls whose raw
-// body contains "match" (every call when empty).
+// "fail" is one of 400, 401, 422, 429, 500, cut, malformed and applies to
+// calls whose raw body contains "match" (every call when empty). "calls"
+// adds parallel tool calls, "say" a text before them, "think" a reasoning
+// block before the answer, "finish":"length" ends it at the output limit,
+// "hold" stops a stream halfway until the caller hangs up; "fail":"inband"
+// sends half a stream, then the format's own error event.
 //
 // It prints "listening on http://ADDR" and serves until interrupted.
 package main
@@ -42,6 +46,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 )
 
 func main() {
@@ -61,11 +66,24 @@ func main() {
 
 // script is what the harness asks the fake to do next.
 type script struct {
-	Tool       string `json:"tool"`        // tool to call when a request offers it
-	Args       string `json:"args"`        // its arguments, a JSON object text
-	Fail       string `json:"fail"`        // 400, 500, cut, malformed
-	Match      string `json:"match"`       // fail only calls whose body contains this
-	RetryAfter string `json:"retry_after"` // Retry-After on a 500
+	Tool       string         `json:"tool"`        // tool to call when a request offers it
+	Args       string         `json:"args"`        // its arguments, a JSON object text
+	Calls      []scriptedCall `json:"calls"`       // more calls, in parallel, to tools the request offers
+	Think      string         `json:"think"`       // reasoning the answer shows first (thinking block, reasoning item)
+	Say        string         `json:"say"`         // text before the tool calls
+	Finish     string         `json:"finish"`      // "length": the answer ends at its output limit
+	Hold       bool           `json:"hold"`        // a stream stops halfway until the caller hangs up
+	Interleave bool           `json:"interleave"`  // a chat stream's parallel calls interleave their arguments
+	Fail       string         `json:"fail"`        // 400, 401, 422, 429, 500, cut, malformed, inband
+	Match      string         `json:"match"`       // fail only calls whose body contains this
+	RetryAfter string         `json:"retry_after"` // Retry-After on a 429 or 500
+}
+
+// scriptedCall is one tool call the script asks for.
+type scriptedCall struct {
+	Tool string `json:"tool"`
+	Args string `json:"args"`
+	ID   string `json:"id"` // the call id to answer with ("" the fake's own)
 }
 
 // call is one recorded request.
@@ -196,8 +214,29 @@ func (f *fake) serve(w http.ResponseWriter, r *http.Request, role, path string, 
 	a := decide(format, body, sc)
 	stream, _ := body["stream"].(bool)
 	model, _ := body["model"].(string)
+	so, _ := body["stream_options"].(map[string]any)
+	a.noUsage = format == "chat" && so["include_usage"] != true
+	if sc.Hold && stream {
+		return hold(w, r, format, model, a)
+	}
 	render(w, format, model, a, stream)
 	return a.kind
+}
+
+// hold streams the first half of the answer, then waits for the caller to
+// hang up (at most 20 s): "hung-up" when it did, "held" when it did not.
+func hold(w http.ResponseWriter, r *http.Request, format, model string, a answer) string {
+	w.Header().Set("Content-Type", "text/event-stream")
+	evs := events(format, model, a)
+	for _, e := range evs[:len(evs)/2] {
+		writeEvent(w, e)
+	}
+	select {
+	case <-r.Context().Done():
+		return "hung-up"
+	case <-time.After(20 * time.Second):
+		return "held"
+	}
 }
 
 const claudeCodePrefix = "You are Claude Code, Anthropic's official CLI for Claude."
@@ -276,12 +315,12 @@ func refuse(w http.ResponseWriter, role string, status int, msg string) string {
 	var b []byte
 	switch role {
 	case "anthropic", "claude-code":
-		typ := map[int]string{400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 500: "api_error"}[status]
+		typ := map[int]string{400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 422: "invalid_request_error", 429: "rate_limit_error", 500: "api_error"}[status]
 		b, _ = json.Marshal(map[string]any{"type": "error", "error": map[string]any{"type": typ, "message": msg}})
 	case "codex":
 		b, _ = json.Marshal(map[string]any{"detail": msg})
 	default:
-		typ := map[int]string{400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error", 500: "server_error"}[status]
+		typ := map[int]string{400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error", 422: "invalid_request_error", 429: "requests", 500: "server_error"}[status]
 		b, _ = json.Marshal(map[string]any{"error": map[string]any{"message": msg, "type": typ, "code": nil}})
 	}
 	w.Write(b)
@@ -294,12 +333,22 @@ func fail(w http.ResponseWriter, role, format string, sc script, stream bool) st
 	case "400":
 		refuse(w, role, 400, "prompt is too long: 250000 tokens > 200000 maximum")
 		return "fail-400"
-	case "500":
+	case "401":
+		refuse(w, role, 401, "invalid x-api-key")
+		return "fail-401"
+	case "422":
+		refuse(w, role, 422, "unprocessable: the fake cannot take this")
+		return "fail-422"
+	case "429", "500":
 		if sc.RetryAfter != "" {
 			w.Header().Set("Retry-After", sc.RetryAfter)
 		}
-		refuse(w, role, 500, "fake internal failure")
-		return "fail-500"
+		status := 429
+		if sc.Fail == "500" {
+			status = 500
+		}
+		refuse(w, role, status, "fake "+sc.Fail+" failure")
+		return "fail-" + sc.Fail
 	case "malformed":
 		if stream {
 			w.Header().Set("Content-Type", "text/event-stream")
@@ -309,6 +358,25 @@ func fail(w http.ResponseWriter, role, format string, sc script, stream bool) st
 			io.WriteString(w, "<html>this is not json</html>")
 		}
 		return "fail-malformed"
+	case "inband":
+		if !stream {
+			refuse(w, role, 500, "an in-band failure asked of a buffered call")
+			return "fail-inband"
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		evs := events(format, "fake-model", answer{kind: "text", text: "This answer fails in its stream"})
+		for _, e := range evs[:len(evs)/2] {
+			writeEvent(w, e)
+		}
+		switch format {
+		case "messages":
+			writeEvent(w, event{"error", map[string]any{"type": "error", "error": map[string]any{"type": "overloaded_error", "message": "Overloaded"}}})
+		case "chat":
+			writeEvent(w, event{"", map[string]any{"error": map[string]any{"message": "The server had an error", "type": "server_error", "code": nil}}})
+		default:
+			writeEvent(w, event{"error", map[string]any{"type": "error", "code": "server_error", "message": "The server had an error", "sequence_number": 99}})
+		}
+		return "fail-inband"
 	case "cut":
 		a := answer{kind: "text", text: "This answer is cut off before its end, mid sentence and mid stream"}
 		if stream {
