@@ -306,3 +306,39 @@ func TestPinEndsAtTheLedgersEarliestReset(t *testing.T) {
 		t.Errorf("after the pinned subscription's window reset the provider saw %v, want [pin-1] (overlay order: the pin ended)", seen)
 	}
 }
+
+// TestSelectorProvidersFreestFirst: any walks the provider whose freest
+// eligible subscription is freer first, whatever the provider ids say
+// (SPEC §7.3), and a full provider's candidates after it.
+func TestSelectorProvidersFreestFirst(t *testing.T) {
+	var mu sync.Mutex
+	var seen []string
+	fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		if r.Method == http.MethodGet { // kimi's usage report: 90 % used, no reset stated
+			io.WriteString(w, `{"usage":{"limit":100,"used":90}}`)
+			return
+		}
+		mu.Lock()
+		seen = append(seen, r.URL.Path)
+		mu.Unlock()
+		io.WriteString(w, protocolFixtures[0].buffered)
+	})
+	env := stateEnv(t)
+	env["BRAMA_PROVIDER_KIMI_BASE_URL"] = fake.URL + "/kimi"
+	env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = fake.URL + "/openai"
+	d := startDaemon(t, env, "")
+	tok, _ := agentWithSubs(t, d, "freest", "kimi", "fr-k")
+	donate(t, d, "freest", "openai", "fr-o")
+	for alias, route := range map[string]string{"c1": "kimi/m", "c2": "openai/m"} {
+		d.call("PUT", "/v1/admin/routes", d.token, fmt.Sprintf(`{"alias":%q,"route":%q}`, alias, route))
+	}
+	if s, _, b := d.call("POST", "/v1/admin/maintain", d.token, ""); s != 200 {
+		t.Fatalf("maintain: %d %s", s, b)
+	}
+	s, hdr, b := d.call("POST", "/v1/chat/completions", tok, chatBody(dialectChat, "any", false, ""))
+	mu.Lock()
+	defer mu.Unlock()
+	if s != 200 || hdr.Get("Brama-Route") != "openai/m" || !slices.Equal(seen, []string{"/openai/chat/completions"}) {
+		t.Errorf("%d from %q after calls %v, want openai (its subscription is freer than kimi's) in one call: %s", s, hdr.Get("Brama-Route"), seen, b)
+	}
+}
