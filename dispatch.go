@@ -257,6 +257,7 @@ const (
 // was generated: a second call could double cost or tool effects.
 func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate) (routeOutcome, *apiError) {
 	b, p, wk := budgets[j.kind], cand.res.Provider, &e.wk
+	begin, before := e.now(), e.t.attempts
 	baseURL, queue := cand.baseURL, []overlayItem{{}} // a direct route: one call on its key
 	if cand.key == nil {
 		var err error
@@ -339,14 +340,23 @@ func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate) 
 		case ref.class == refusalModel && j.kind == kindSelector:
 			wk.rejectedStatus = ref.err.Status()
 			wk.note(cand.res.Route, "refused the request: "+ref.sentence)
-			return routeNext, nil
+			return e.movedOn(j, cand, begin, before, routeNext)
 		}
 		return routeAnswered, e.settle(ctx, j, cand, start, usage{}, failure.withAttempts(e.t.attempts))
 	}
 	if len(queue) > 0 {
-		return routeNext, nil
+		return e.movedOn(j, cand, begin, before, routeNext)
 	}
-	return routeRefused, nil
+	return e.movedOn(j, cand, begin, before, routeRefused)
+}
+
+// movedOn counts a candidate whose calls were all refused as one failure of
+// its route, as an answered refusal counts (SPEC §13), and says how it ended.
+func (e *engine) movedOn(j *job, cand *candidate, begin time.Time, attemptsBefore int, out routeOutcome) (routeOutcome, *apiError) {
+	if e.t.attempts > attemptsBefore && budgets[j.kind].spends {
+		e.perf.record(cand.res.Route, false, e.now().Sub(begin), 0)
+	}
+	return out, nil
 }
 
 // commit answers from a committed call, never retried (SPEC §7.5); a failed

@@ -40,9 +40,13 @@ type walk struct {
 	refreshed        map[string]bool  // grants refreshed in this request
 	skipped          map[string]bool  // grants whose refresh failed: skipped for the rest of the request (SPEC §7.2.3)
 	last             *providerRefusal // the last call's refusal (the probe records a 401 or 403)
+	route            string           // (selectors) the candidate being walked, which every note names (SPEC §7.3)
 }
 
 func (wk *walk) note(who, reason string) {
+	if wk.route != "" && who != wk.route {
+		who, reason = wk.route, who+" "+reason
+	}
 	wk.reasons = append(wk.reasons, who+": "+reason)
 }
 
@@ -178,8 +182,9 @@ func (e *engine) answerSubscription(ctx context.Context, w http.ResponseWriter, 
 	now := e.now()
 	ws := parsePlanWindows(p, resp.Header, now)
 	e.ledger.recordWindows(sub.ID, p, ws)
+	led, _ := e.ledger.entry(sub.ID) // its windows: this answer's and a usage report's (SPEC §7.2.2)
 	until := now.Add(maxPin)
-	for _, win := range ws {
+	for _, win := range led.Windows {
 		if at := time.UnixMilli(win.ResetsAtMs); win.ResetsAtMs > 0 && at.After(now) && at.Before(until) {
 			until = at
 		}

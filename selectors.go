@@ -112,6 +112,7 @@ func (e *engine) walkSelector(ctx context.Context, j *job, req *callerRequest, c
 	var unfit error // set when a candidate was skipped: no max_tokens known, or a request its format cannot express
 	for _, cand := range cands {
 		p := cand.Provider.id
+		wk.route = cand.Route
 		if poolRefused[p] {
 			wk.note(cand.Route, "skipped: every "+p+" subscription already refused")
 			continue
