@@ -181,6 +181,20 @@ func TestModelsListsOnlyAllowedModels(t *testing.T) {
 	if got, want := strings.Join(listed(d.token), " "), "chat dear openai/gpt-cat openai/gpt-dear"; got != want {
 		t.Errorf("/v1/models for the admin lists %q, want %q", got, want)
 	}
+	aliases := func(token string) string {
+		var table aliasTable
+		if status, _, body := d.call("GET", "/v1/aliases", token, ""); status != 200 || json.Unmarshal(body, &table) != nil {
+			t.Fatalf("/v1/aliases: %d %s", status, body)
+		}
+		var names []string
+		for _, a := range table.Aliases {
+			names = append(names, a.Alias)
+		}
+		return strings.Join(names, " ")
+	}
+	if got, all := aliases(app), aliases(d.token); got != "chat" || all != "chat dear" {
+		t.Errorf("/v1/aliases lists %q for the client allowed chat, %q for the admin; want \"chat\", \"chat dear\"", got, all)
+	}
 	// A name outside the list is refused before dispatch (README "Who may call").
 	status, _, body := d.call("POST", "/v1/chat/completions", app, chatBody(dialectChat, "dear", false, ""))
 	if e := envelopeOf(t, body); status != 403 || e["code"] != "forbidden" || e["attempts"] != nil || e["message"] != `this client may not use model "dear"` {

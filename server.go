@@ -484,6 +484,15 @@ func (s *server) handleAliases(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, refuse("dependency_unavailable", "the route registry is unusable: %s", s.hidePath(err.Error(), s.reg.path)).because(err))
 		return
 	}
+	if cl := infoFrom(r.Context()).client; cl.AllowedModels != nil { // as /v1/models: only the names it may use (SPEC §3.1)
+		t.Aliases = slices.DeleteFunc(t.Aliases, func(a aliasRow) bool { return !cl.mayUse(a.Alias) })
+		t.Unserviceable = 0
+		for _, a := range t.Aliases {
+			if a.State != stateServing {
+				t.Unserviceable++
+			}
+		}
+	}
 	writeJSON(w, http.StatusOK, t)
 }
 
