@@ -439,3 +439,49 @@ func TestBlockKeepsTheStatedResetWhenRetryAfterHasPassed(t *testing.T) {
 		t.Errorf("block until %s, want the stated weekly reset %s", time.UnixMilli(got).UTC(), time.Unix(reset, 0).UTC())
 	}
 }
+
+// TestBareRefusalBlocksUntilTheUsedUpWindowResets: a 429 stating no reset
+// blocks until the reset of a window the ledger holds as used up (SPEC
+// §7.2.4: "retry-after, reset headers, or the window reset"), not 15 min
+// (a call refused every 15 min for hours); a window not used up says nothing.
+func TestBareRefusalBlocksUntilTheUsedUpWindowResets(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		used     string
+		wantHour bool
+	}{
+		{"a used-up 5h window", "1.0", true},
+		{"a window half used", "0.5", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reset := time.Now().Add(3 * time.Hour).Unix()
+			var calls atomic.Int64
+			provider := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+				if calls.Add(1) == 1 { // an answer whose headers state the window
+					w.Header().Set("anthropic-ratelimit-unified-5h-utilization", tc.used)
+					w.Header().Set("anthropic-ratelimit-unified-5h-reset", strconv.FormatInt(reset, 10))
+					w.Header().Set("Content-Type", "application/json")
+					io.WriteString(w, protocolFixtures[1].buffered)
+					return
+				}
+				http.Error(w, `{"type":"error","error":{"type":"rate_limit_error","message":"slow down"}}`, http.StatusTooManyRequests)
+			})
+			tokenEndpoint := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+				http.Error(w, "no refresh expected", http.StatusInternalServerError)
+			})
+			d, tok := oauthSetup(t, provider, tokenEndpoint)
+			donateGrant(t, d, "acc-one", "ref-one", time.Now().Add(time.Hour).UnixMilli())
+			if status, _, b := d.call("POST", "/v1/messages", tok, chatBody(dialectMessages, "claude-code/claude-test", false, "")); status != 200 {
+				t.Fatalf("first call: %d %s", status, b)
+			}
+			status, h, b := d.call("POST", "/v1/messages", tok, chatBody(dialectMessages, "claude-code/claude-test", false, ""))
+			wait, _ := strconv.Atoi(h.Get("Retry-After"))
+			if status != http.StatusTooManyRequests {
+				t.Fatalf("second call: %d %s, want 429", status, b)
+			}
+			if hours := wait > 2*3600; hours != tc.wantHour || !tc.wantHour && wait > 900 {
+				t.Errorf("Retry-After %d s, want the window's reset (%v) or at most 15 min", wait, tc.wantHour)
+			}
+		})
+	}
+}

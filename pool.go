@@ -205,20 +205,34 @@ func (e *engine) answerSubscription(ctx context.Context, w http.ResponseWriter, 
 func (e *engine) blockInBand(sub overlayItem, provider string, resp *http.Response, err error, now time.Time) {
 	var se *upstreamStreamError
 	if errors.As(err, &se) && (se.Class == refusalRate || se.Class == refusalQuota) {
-		wait := cmp.Or(retryAfter(resp.Header, now), defaultBlock)
+		wait := cmp.Or(retryAfter(resp.Header, now), e.windowWait(sub.ID, now), defaultBlock)
 		e.ledger.block(sub.ID, provider, now.Add(wait), "the provider ended a committed answer with "+se.Code)
 	}
 }
 
+// windowWait is how long until the last reset of sub's windows the ledger
+// holds as used up: SPEC §7.2.4's "or the window reset"; 0 when none is.
+func (e *engine) windowWait(id string, now time.Time) time.Duration {
+	led, _ := e.ledger.entry(id)
+	var wait time.Duration
+	for _, w := range led.Windows {
+		if at := time.UnixMilli(w.ResetsAtMs); w.UsedFraction >= 1 && w.ResetsAtMs > 0 && at.After(now) {
+			wait = max(wait, at.Sub(now))
+		}
+	}
+	return wait
+}
+
 // blockFor blocks sub after a rate or quota refusal until the stated reset
-// (none: 15 min; at most 7 days).
+// (none: a used-up window's, else 15 min; at most 7 days).
 func (e *engine) blockFor(sub overlayItem, provider string, ref *providerRefusal) {
 	wk := &e.wk
+	now := e.now()
 	d := ref.retryAfter
 	if d <= 0 {
-		d = defaultBlock
+		d = cmp.Or(e.windowWait(sub.ID, now), defaultBlock)
 	}
-	until := e.now().Add(min(d, maxBlock))
+	until := now.Add(min(d, maxBlock))
 	e.ledger.block(sub.ID, provider, until, ref.sentence)
 	wk.noteBlock(until)
 	if ref.class == refusalRate {
