@@ -175,6 +175,17 @@ func (e *engine) subscriptionCredential(ctx context.Context, sub overlayItem, re
 	return upstreamCredential{AccessToken: g.AccessToken, AccountID: g.AccountID}, nil
 }
 
+// credentialReplaced: the vault no longer holds what a call on sub presented
+// (a sign-in or refresh landed meanwhile), so its 401 or 403 marks nothing
+// and the current credential gets the next call (SPEC §10.3, §11.1).
+func (e *engine) credentialReplaced(sub overlayItem, used upstreamCredential) bool {
+	vc, err := e.inv.credential(sub.ID)
+	if err != nil || vc.OAuth == nil {
+		return err == nil && vc.APIKey != used.APIKey
+	}
+	return vc.OAuth.AccessToken != used.AccessToken
+}
+
 // answerSubscription delivers a committed subscription call and keeps the
 // ledger: plan windows, spend, a success's pin, a block after an in-band 429.
 func (e *engine) answerSubscription(ctx context.Context, w http.ResponseWriter, cand *candidate, c call, sub overlayItem, resp *http.Response, attempts int) (usage, *apiError, bool) {
