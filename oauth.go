@@ -259,8 +259,11 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 // records that the credential needs a sign-in.
 func (o *oauthClient) refused(id, provider string, re *endpointError) error {
 	o.ledger.setCredential(id, provider, credNeedsReauth, re.Sentence)
-	o.log.Warn("credential_refresh_refused", "subscription_id", id, "provider", provider,
-		"endpoint", re.Endpoint, "status", re.Status, "cause", re.Sentence)
+	args := []any{"subscription_id", id, "provider", provider, "endpoint", re.Endpoint, "status", re.Status, "cause", re.Sentence}
+	if re.Err != errTokenRefused && re.Err != errNoRefreshToken { // why the refreshed grant was not stored
+		args = append(args, "error", redact(re.Err.Error()))
+	}
+	o.log.Warn("credential_refresh_refused", args...)
 	return re
 }
 

@@ -1,9 +1,13 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"io"
 	"net/http"
+	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -67,5 +71,39 @@ func TestAuthRefusalOfAReplacedGrantKeepsTheNewOne(t *testing.T) {
 	logs := logsBesidesFirstStart(d.stderr.String())
 	for _, s := range []string{refreshed, rotated, signedIn, signedRef} {
 		assertNoSecret(t, s, logs+string(a.body), d.env["BRAMA_STATE_DIR"])
+	}
+}
+
+// A rotated grant the vault would not take is lost with the old refresh
+// token already spent, so the log names why the write failed (disk full,
+// EACCES, a replaced vault), never the tokens (SPEC §11.1, §2.2). It sets
+// the package hook testingOnlyRename, so it must not run in parallel.
+func TestRefreshVaultWriteFailureLogsItsCause(t *testing.T) {
+	const (
+		access  = "at-PLANTED-rotated-0011"
+		refresh = "rt-PLANTED-rotated-0012"
+		old     = "rt-PLANTED-old-0013"
+	)
+	srv := fakeTokenEndpoint(t, tokenReply(200, `{"access_token":"`+access+`","refresh_token":"`+refresh+`","expires_in":60}`))
+	f := newOAuthFixture(t, "claude-code", srv.URL)
+	f.seed(t, oauthSubID, oauthGrant{AccessToken: "at-PLANTED-old-0014", RefreshToken: old})
+	testingOnlyRename = func(oldpath, newpath string) error {
+		if newpath == f.vaultPath {
+			return errors.New("no space left on device (injected)")
+		}
+		return os.Rename(oldpath, newpath)
+	}
+	t.Cleanup(func() { testingOnlyRename = nil })
+	if _, err := f.o.refresh(context.Background(), oauthSubID, "claude-code", ""); err == nil {
+		t.Fatal("refresh succeeded with an unwritable vault")
+	}
+	logs := f.logs.String()
+	if !strings.Contains(logs, "credential_refresh_refused") || !strings.Contains(logs, "no space left on device (injected)") {
+		t.Errorf("the log does not name why the refreshed grant was not stored:\n%s", logs)
+	}
+	for _, s := range []string{access, refresh, old} {
+		if strings.Contains(logs, s) {
+			t.Errorf("the log quotes the secret %q", s)
+		}
 	}
 }
