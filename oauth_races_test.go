@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -105,5 +106,79 @@ func TestRefreshVaultWriteFailureLogsItsCause(t *testing.T) {
 		if strings.Contains(logs, s) {
 			t.Errorf("the log quotes the secret %q", s)
 		}
+	}
+}
+
+// A sign-in landing while the expired grant's refresh is on the wire wins
+// (the refresh's result is discarded), and the request that waited for that
+// refresh is served with the signed-in grant, not told to sign in again
+// (SPEC §11.1: the caller retries with the current one).
+func TestRefreshSupersededBySignInServesWithTheNewGrant(t *testing.T) {
+	const (
+		signedIn  = "acc-PLANTED-signed-in-0021"
+		signedRef = "ref-PLANTED-signed-in-0022"
+		discarded = "acc-PLANTED-discarded-0023"
+		rotated   = "ref-PLANTED-rotated-0024"
+	)
+	tests := []struct {
+		name   string
+		answer func(w http.ResponseWriter)
+	}{
+		{"refresh succeeds", func(w http.ResponseWriter) {
+			io.WriteString(w, `{"access_token":"`+discarded+`","refresh_token":"`+rotated+`","expires_in":3600}`)
+		}},
+		{"refresh refused", func(w http.ResponseWriter) {
+			http.Error(w, `{"error":"invalid_grant","error_description":"refresh token revoked"}`, 400)
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			provider := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+				if r.Header.Get("Authorization") != "Bearer "+signedIn {
+					http.Error(w, `{"type":"error","error":{"type":"authentication_error","message":"unknown token"}}`, 401)
+					return
+				}
+				io.WriteString(w, protocolFixtures[1].buffered)
+			})
+			onWire, release := make(chan struct{}), make(chan struct{})
+			tokenEndpoint := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+				close(onWire)
+				<-release
+				tc.answer(w)
+			})
+			d, tok := oauthSetup(t, provider, tokenEndpoint)
+			id := donateGrant(t, d, "acc-PLANTED-old-0025", "ref-PLANTED-old-0026", time.Now().Add(-time.Hour).UnixMilli())
+			done := make(chan []byte, 1)
+			status := make(chan int, 1)
+			go func() {
+				s, _, b := d.call("POST", "/v1/messages", tok, chatBody(dialectMessages, "claude-code/claude-test", false, ""))
+				status <- s
+				done <- b
+			}()
+			<-onWire
+			put := `{"oauth":{"access_token":"` + signedIn + `","refresh_token":"` + signedRef + `","expires_at_ms":` +
+				strconv.FormatInt(time.Now().Add(time.Hour).UnixMilli(), 10) + `}}`
+			if s, _, b := d.call("PUT", "/v1/admin/subscriptions/a1/"+id+"/credential", d.token, put); s != 200 {
+				t.Fatalf("PUT credential: %d %s", s, b)
+			}
+			close(release)
+			if s, b := <-status, <-done; s != 200 {
+				t.Errorf("request: %d %s, want 200 from the signed-in grant", s, b)
+			}
+			if got := credentialStateOf(t, d, "a1", id); got != credActive {
+				t.Errorf("credential state = %q, want active (the sign-in's)", got)
+			}
+			vault, _ := os.ReadFile(filepath.Join(d.env["BRAMA_STATE_DIR"], "vault.json"))
+			if !strings.Contains(string(vault), signedRef) || strings.Contains(string(vault), rotated) {
+				t.Errorf("the vault does not hold the signed-in grant alone:\n%s", vault)
+			}
+			logs := logsBesidesFirstStart(d.stderr.String())
+			if !strings.Contains(logs, "credential_refresh_superseded") {
+				t.Errorf("no credential_refresh_superseded in the log")
+			}
+			for _, s := range []string{signedIn, signedRef, discarded, rotated} {
+				assertNoSecret(t, s, logs, d.env["BRAMA_STATE_DIR"])
+			}
+		})
 	}
 }

@@ -152,6 +152,9 @@ func (e *engine) subscriptionCredential(ctx context.Context, sub overlayItem, re
 		}
 		wk.refreshed[sub.ID] = true
 		ng, err := e.oauth.refresh(ctx, sub.ID, sub.Provider, refusedToken)
+		if errors.Is(err, errRefreshSuperseded) { // a sign-in replaced the grant meanwhile: the call uses its (SPEC §11.1)
+			return e.subscriptionCredential(ctx, sub, "")
+		}
 		if err != nil && ctx.Err() != nil { // the caller hung up while it waited: no skip, no call (SPEC §7.4)
 			return upstreamCredential{}, refuse("client_cancelled", "the caller went away during a grant refresh").because(err)
 		}
