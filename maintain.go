@@ -413,7 +413,9 @@ func (m *maintainer) readOnce(ctx context.Context, s *passSub) {
 		var g oauthGrant
 		g, err = m.o.refresh(ctx, id, provider, "")
 		s.tried, s.err = true, err
-		if err != nil {
+		if errors.Is(err, errRefreshSuperseded) { // a sign-in replaced it meanwhile: read with that (SPEC §11.1)
+			cred, err = m.inv.credential(id)
+		} else if err != nil {
 			err = fmt.Errorf("not read: the expired grant could not be refreshed: %w", err)
 		} else {
 			cred.OAuth = &g

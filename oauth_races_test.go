@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -180,5 +181,46 @@ func TestRefreshSupersededBySignInServesWithTheNewGrant(t *testing.T) {
 				assertNoSecret(t, s, logs, d.env["BRAMA_STATE_DIR"])
 			}
 		})
+	}
+}
+
+// The same race inside a pass: the usage read whose expired grant's refresh
+// a sign-in superseded reads with the signed-in grant, and the pass reports
+// nothing failed (SPEC §11.1, §11.2).
+func TestPassRefreshSupersededBySignInReadsWithTheNewGrant(t *testing.T) {
+	const signedIn = "acc-PLANTED-signed-in-0031"
+	provider := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		if r.Header.Get("Authorization") != "Bearer "+signedIn {
+			http.Error(w, `{"type":"error","error":{"type":"authentication_error","message":"unknown token"}}`, 401)
+			return
+		}
+		io.WriteString(w, `{"five_hour":{"utilization":10,"resets_at":"2099-01-01T00:00:00Z"}}`)
+	})
+	onWire, release := make(chan struct{}), make(chan struct{})
+	tokenEndpoint := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		close(onWire)
+		<-release
+		io.WriteString(w, `{"access_token":"acc-PLANTED-discarded-0032","refresh_token":"ref-PLANTED-rotated-0033","expires_in":3600}`)
+	})
+	d, _ := oauthSetup(t, provider, tokenEndpoint)
+	id := donateGrant(t, d, "acc-PLANTED-old-0034", "ref-PLANTED-old-0035", time.Now().Add(-time.Hour).UnixMilli())
+	done := make(chan []byte, 1)
+	go func() {
+		_, _, b := d.call("POST", "/v1/admin/maintain", d.token, "")
+		done <- b
+	}()
+	<-onWire
+	put := `{"oauth":{"access_token":"` + signedIn + `","refresh_token":"ref-PLANTED-signed-in-0036","expires_at_ms":` +
+		strconv.FormatInt(time.Now().Add(time.Hour).UnixMilli(), 10) + `}}`
+	if s, _, b := d.call("PUT", "/v1/admin/subscriptions/a1/"+id+"/credential", d.token, put); s != 200 {
+		t.Fatalf("PUT credential: %d %s", s, b)
+	}
+	close(release)
+	var rep passReport
+	if b := <-done; json.Unmarshal(b, &rep) != nil || !rep.OK || rep.Usage.Read != 1 || len(rep.Usage.Failed) != 0 || rep.Credentials.Refused != 0 {
+		t.Errorf("pass = %s, want ok with the one report read by the signed-in grant", b)
+	}
+	if got := credentialStateOf(t, d, "a1", id); got != credActive {
+		t.Errorf("credential state = %q, want active", got)
 	}
 }
