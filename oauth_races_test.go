@@ -1,9 +1,11 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -14,65 +16,82 @@ import (
 	"time"
 )
 
-// A 401 on a token the vault no longer holds says nothing about the
-// credential that replaced it: a PUT …/credential (a sign-in) landing while
-// a call on the grant refreshed in this request was on the wire is neither
-// marked needs_reauthorization nor left unused (SPEC §7.2.4, §10.3, §11.1).
+// A 401 on a credential the vault no longer holds says nothing about the
+// one that replaced it: a PUT …/credential (a sign-in) landing while a call
+// on a grant refreshed in this request, or on an API key, was on the wire is
+// neither marked needs_reauthorization nor left unused (SPEC §7.2.4, §10.3, §11.1).
 func TestAuthRefusalOfAReplacedGrantKeepsTheNewOne(t *testing.T) {
 	const (
 		refreshed = "acc-PLANTED-refreshed-0001"
 		rotated   = "ref-PLANTED-rotated-0002"
 		signedIn  = "acc-PLANTED-signed-in-0003"
 		signedRef = "ref-PLANTED-signed-in-0004"
+		oldKey    = "sk-ant-api-PLANTED-old-0007"
+		newKey    = "sk-ant-api-PLANTED-new-0008"
 	)
-	onWire, release := make(chan struct{}), make(chan struct{})
-	provider := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
-		switch r.Header.Get("Authorization") {
-		case "Bearer " + refreshed:
-			close(onWire)
-			<-release // the sign-in lands while this call is on the wire
-			http.Error(w, `{"type":"error","error":{"type":"authentication_error","message":"token revoked"}}`, 401)
-		case "Bearer " + signedIn:
-			io.WriteString(w, protocolFixtures[1].buffered)
-		default:
-			http.Error(w, `{"type":"error","error":{"type":"authentication_error","message":"unknown token"}}`, 401)
-		}
-	})
-	tokenEndpoint := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
-		io.WriteString(w, `{"access_token":"`+refreshed+`","refresh_token":"`+rotated+`","expires_in":3600}`)
-	})
-	d, tok := oauthSetup(t, provider, tokenEndpoint)
-	id := donateGrant(t, d, "acc-PLANTED-old-0005", "ref-PLANTED-old-0006", time.Now().Add(-time.Hour).UnixMilli())
+	expired := time.Now().Add(-time.Hour).UnixMilli()
+	future := strconv.FormatInt(time.Now().Add(time.Hour).UnixMilli(), 10)
+	tests := []struct {
+		name, donation, onWire, replacement, replaced string
+		tokenCalls                                    int64
+	}{
+		{"grant refreshed in this request",
+			fmt.Sprintf(`{"provider":"claude-code","oauth":{"access_token":"acc-PLANTED-old-0005","refresh_token":"ref-PLANTED-old-0006","expires_at_ms":%d}}`, expired),
+			refreshed, `{"oauth":{"access_token":"` + signedIn + `","refresh_token":"` + signedRef + `","expires_at_ms":` + future + `}}`, signedIn, 1},
+		{"api key", `{"provider":"claude-code","api_key":"` + oldKey + `"}`,
+			oldKey, `{"api_key":"` + newKey + `"}`, newKey, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			onWire, release := make(chan struct{}), make(chan struct{})
+			provider := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+				switch cmp.Or(strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer "), r.Header.Get("x-api-key")) {
+				case tc.onWire:
+					close(onWire)
+					<-release // the sign-in lands while this call is on the wire
+					http.Error(w, `{"type":"error","error":{"type":"authentication_error","message":"token revoked"}}`, 401)
+				case tc.replaced:
+					io.WriteString(w, protocolFixtures[1].buffered)
+				default:
+					http.Error(w, `{"type":"error","error":{"type":"authentication_error","message":"unknown token"}}`, 401)
+				}
+			})
+			tokenEndpoint := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+				io.WriteString(w, `{"access_token":"`+refreshed+`","refresh_token":"`+rotated+`","expires_in":3600}`)
+			})
+			d, tok := oauthSetup(t, provider, tokenEndpoint)
+			s, _, b := d.call("POST", "/v1/admin/subscriptions/a1", d.token, tc.donation)
+			id := donatedID(t, s, b, "a1", "claude-code")
 
-	type answer struct {
-		status int
-		body   []byte
-	}
-	done := make(chan answer, 1)
-	go func() {
-		s, _, b := d.call("POST", "/v1/messages", tok, chatBody(dialectMessages, "claude-code/claude-test", false, ""))
-		done <- answer{s, b}
-	}()
-	<-onWire
-	put := `{"oauth":{"access_token":"` + signedIn + `","refresh_token":"` + signedRef + `","expires_at_ms":` +
-		strconv.FormatInt(time.Now().Add(time.Hour).UnixMilli(), 10) + `}}`
-	if s, _, b := d.call("PUT", "/v1/admin/subscriptions/a1/"+id+"/credential", d.token, put); s != 200 {
-		t.Fatalf("PUT credential: %d %s", s, b)
-	}
-	close(release)
-	a := <-done
-	if a.status != 200 {
-		t.Errorf("request: %d %s, want 200 from the signed-in grant (the second call)", a.status, a.body)
-	}
-	if got := credentialStateOf(t, d, "a1", id); got != credActive {
-		t.Errorf("credential state = %q after a 401 on the replaced grant, want active (the sign-in's)", got)
-	}
-	if n := tokenEndpoint.calls.Load(); n != 1 {
-		t.Errorf("token endpoint calls = %d, want 1 (the expired grant's refresh only)", n)
-	}
-	logs := logsBesidesFirstStart(d.stderr.String())
-	for _, s := range []string{refreshed, rotated, signedIn, signedRef} {
-		assertNoSecret(t, s, logs+string(a.body), d.env["BRAMA_STATE_DIR"])
+			type answer struct {
+				status int
+				body   []byte
+			}
+			done := make(chan answer, 1)
+			go func() {
+				s, _, b := d.call("POST", "/v1/messages", tok, chatBody(dialectMessages, "claude-code/claude-test", false, ""))
+				done <- answer{s, b}
+			}()
+			<-onWire
+			if s, _, b := d.call("PUT", "/v1/admin/subscriptions/a1/"+id+"/credential", d.token, tc.replacement); s != 200 {
+				t.Fatalf("PUT credential: %d %s", s, b)
+			}
+			close(release)
+			a := <-done
+			if a.status != 200 {
+				t.Errorf("request: %d %s, want 200 from the replacing credential (the second call)", a.status, a.body)
+			}
+			if got := credentialStateOf(t, d, "a1", id); got != credActive {
+				t.Errorf("credential state = %q after a 401 on the replaced credential, want active (the sign-in's)", got)
+			}
+			if n := tokenEndpoint.calls.Load(); n != tc.tokenCalls {
+				t.Errorf("token endpoint calls = %d, want %d", n, tc.tokenCalls)
+			}
+			logs := logsBesidesFirstStart(d.stderr.String())
+			for _, s := range []string{refreshed, rotated, signedIn, signedRef, oldKey, newKey} {
+				assertNoSecret(t, s, logs+string(a.body), d.env["BRAMA_STATE_DIR"])
+			}
+		})
 	}
 }
 
