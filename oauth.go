@@ -201,7 +201,8 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 		return oauthGrant{}, fmt.Errorf("refresh %s: the vault holds no OAuth grant for it: %w", id, errNoOAuth)
 	}
 	old := *cred.OAuth // doc is the vault's shared cache: copy, never write into it
-	if refused != "" && old.AccessToken != refused {
+	// Another token is current: the caller retries with it, unless it lapsed too.
+	if refused != "" && old.AccessToken != refused && !expiredForRequest(old, o.now()) {
 		o.log.Debug("credential_refresh_skipped", "subscription_id", id, "provider", provider)
 		return old, nil
 	}

@@ -243,3 +243,61 @@ func TestPassRefreshSupersededBySignInReadsWithTheNewGrant(t *testing.T) {
 		t.Errorf("credential state = %q, want active", got)
 	}
 }
+
+// A refresh asked for because access token T was refused is skipped when the
+// vault holds another one, but not when that one is itself expired: an
+// imported grant whose access token lapsed, landing while T was on the wire,
+// is refreshed before its call, not marked needs_reauthorization for the
+// lapsed token (SPEC §7.2.3, §11.1).
+func TestRefusedTokenReplacedByAnExpiredGrantIsRefreshed(t *testing.T) {
+	const (
+		first       = "acc-PLANTED-first-0041"
+		imported    = "acc-PLANTED-imported-0042"
+		importedRef = "ref-PLANTED-imported-0043"
+		renewed     = "acc-PLANTED-renewed-0044"
+	)
+	onWire, release := make(chan struct{}), make(chan struct{})
+	provider := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		switch r.Header.Get("Authorization") {
+		case "Bearer " + first:
+			close(onWire)
+			<-release
+			http.Error(w, `{"type":"error","error":{"type":"authentication_error","message":"token revoked"}}`, 401)
+		case "Bearer " + renewed:
+			io.WriteString(w, protocolFixtures[1].buffered)
+		default: // the imported access token has lapsed
+			http.Error(w, `{"type":"error","error":{"type":"authentication_error","message":"token expired"}}`, 401)
+		}
+	})
+	tokenEndpoint := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		if !strings.Contains(string(body), importedRef) {
+			http.Error(w, `{"error":"invalid_grant"}`, 400)
+			return
+		}
+		io.WriteString(w, `{"access_token":"`+renewed+`","refresh_token":"ref-PLANTED-renewed-0045","expires_in":3600}`)
+	})
+	d, tok := oauthSetup(t, provider, tokenEndpoint)
+	id := donateGrant(t, d, first, "ref-PLANTED-first-0046", time.Now().Add(time.Hour).UnixMilli())
+	status := make(chan int, 1)
+	go func() {
+		s, _, b := d.call("POST", "/v1/messages", tok, chatBody(dialectMessages, "claude-code/claude-test", false, ""))
+		if s != 200 {
+			t.Errorf("request: %d %s, want 200 from the refreshed imported grant", s, b)
+		}
+		status <- s
+	}()
+	<-onWire
+	put := `{"oauth":{"access_token":"` + imported + `","refresh_token":"` + importedRef + `","expires_at_ms":` +
+		strconv.FormatInt(time.Now().Add(-time.Hour).UnixMilli(), 10) + `}}`
+	if s, _, b := d.call("PUT", "/v1/admin/subscriptions/a1/"+id+"/credential", d.token, put); s != 200 {
+		t.Fatalf("PUT credential: %d %s", s, b)
+	}
+	close(release)
+	<-status
+	if got := credentialStateOf(t, d, "a1", id); got != credActive {
+		t.Errorf("credential state = %q, want active", got)
+	}
+	if n := tokenEndpoint.calls.Load(); n != 1 {
+		t.Errorf("token endpoint calls = %d, want 1 (the imported grant's refresh)", n)
+	}
+}

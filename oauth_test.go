@@ -398,7 +398,7 @@ func TestRefreshSkipsTokenNoLongerCurrent(t *testing.T) {
 		writeJSON(w, 200, map[string]any{"access_token": "at-3"})
 	})
 	f := newOAuthFixture(t, "codex", srv.URL)
-	cur := oauthGrant{AccessToken: "at-2", RefreshToken: "rt-2", ExpiresAtMs: 9}
+	cur := oauthGrant{AccessToken: "at-2", RefreshToken: "rt-2", ExpiresAtMs: oauthNow.Add(time.Hour).UnixMilli()} // not expired: a lapsed one is refreshed
 	f.seed(t, oauthSubID, cur)
 	g, err := f.o.refresh(context.Background(), oauthSubID, "codex", "at-1")
 	if err != nil || g != cur {
