@@ -239,24 +239,29 @@ func TestAttemptMatrix(t *testing.T) {
 				}
 				before := calls.Load()
 				status, hdr, body := k.call(o, tok, subs)
-				got := int(calls.Load() - before)
-				if status != w.status || got != w.calls {
-					t.Fatalf("%d after %d calls, want %d after %d: %s", status, got, w.status, w.calls, body)
-				}
-				if a := hdr.Get("Brama-Attempts"); a != fmt.Sprint(got) {
-					t.Errorf("Brama-Attempts %q, the provider saw %d calls", a, got)
-				}
-				if ra := hdr.Get("Retry-After"); ra != w.retryAfter {
-					t.Errorf("Retry-After %q, want %q", ra, w.retryAfter)
-				}
-				if w.code == "" {
-					return
-				}
-				e := envelopeOf(t, body)
-				if e["code"] != w.code || e["attempts"] != float64(got) {
-					t.Errorf("code %v attempts %v, want %s with %d (the calls the provider saw)", e["code"], e["attempts"], w.code, got)
-				}
+				w.check(t, int(calls.Load()-before), status, hdr, body)
 			})
 		}
+	}
+}
+
+// check fails t unless an answer is w's and states, in Brama-Attempts and
+// the envelope's attempts, the got calls the providers saw.
+func (w matrixWant) check(t *testing.T, got, status int, hdr http.Header, body []byte) {
+	t.Helper()
+	if status != w.status || got != w.calls {
+		t.Fatalf("%d after %d calls, want %d after %d: %s", status, got, w.status, w.calls, body)
+	}
+	if a := hdr.Get("Brama-Attempts"); a != fmt.Sprint(got) {
+		t.Errorf("Brama-Attempts %q, the providers saw %d calls", a, got)
+	}
+	if ra := hdr.Get("Retry-After"); ra != w.retryAfter {
+		t.Errorf("Retry-After %q, want %q", ra, w.retryAfter)
+	}
+	if w.code == "" {
+		return
+	}
+	if e := envelopeOf(t, body); e["code"] != w.code || e["attempts"] != float64(got) {
+		t.Errorf("code %v attempts %v, want %s with %d (the calls the providers saw)", e["code"], e["attempts"], w.code, got)
 	}
 }

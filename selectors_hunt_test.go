@@ -112,23 +112,11 @@ func TestSelectorTwoProviders(t *testing.T) {
 				} else {
 					status, hdr, body = d.call("POST", "/v1/chat/completions", tok, chatBody(dialectChat, "any", false, ""))
 				}
-				got := int(calls.Load() - before)
-				if status != w.status || got != w.calls {
-					t.Fatalf("%d after %d calls, want %d after %d: %s", status, got, w.status, w.calls, body)
-				}
-				if a := hdr.Get("Brama-Attempts"); a != fmt.Sprint(got) {
-					t.Errorf("Brama-Attempts %q, the providers saw %d calls", a, got)
-				}
-				if ra := hdr.Get("Retry-After"); ra != w.retryAfter {
-					t.Errorf("Retry-After %q, want %q", ra, w.retryAfter)
-				}
+				w.check(t, int(calls.Load()-before), status, hdr, body)
 				if w.code == "" {
 					return
 				}
 				e := envelopeOf(t, body)
-				if e["code"] != w.code || e["attempts"] != float64(got) {
-					t.Errorf("code %v attempts %v, want %s with %d", e["code"], e["attempts"], w.code, got)
-				}
 				if _, on := selectorCandidateWant(o2); on && w.calls > 1 { // exhausted: every candidate named
 					for _, route := range []string{"kimi/m-" + o1, "openai/m-" + o2} {
 						if msg, _ := e["message"].(string); !strings.Contains(msg, route+": ") {
