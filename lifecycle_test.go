@@ -150,9 +150,14 @@ func TestServeOnAPortInUse(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	out, errOut, code := runCLI(t, stateEnv(t), "", "serve", "-addr", ln.Addr().String())
+	env := stateEnv(t)
+	out, errOut, code := runCLI(t, env, "", "serve", "-addr", ln.Addr().String())
 	if code != 1 || out != "" || !strings.Contains(errOut, "address already in use") {
 		t.Errorf("exit %d, stdout %q, stderr %q; want exit 1 naming the address in use", code, out, errOut)
+	}
+	// The first admin client's token is shown once: not to a start that fails.
+	if _, err := os.Stat(filepath.Join(env["BRAMA_STATE_DIR"], "clients.json")); !errors.Is(err, os.ErrNotExist) || strings.Contains(errOut, "shown once") {
+		t.Errorf("a start on a port in use made the first admin client (%v), its token on stderr %q, where the next start shows none", err, errOut)
 	}
 }
 

@@ -319,15 +319,16 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 			return err
 		}
 	}
+	ln, err := net.Listen("tcp", *addr) // before the first client: its token is shown once, not to a start that fails
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
 	if err := ensureFirstClient(s.clients, e.stderr); err != nil {
 		return err
 	}
 	s.routes()
 
-	ln, err := net.Listen("tcp", *addr)
-	if err != nil {
-		return err
-	}
 	// Every request context descends from base, so requests still running
 	// at the second signal are cancelled with errServerShutdown.
 	base, stopRequests := context.WithCancelCause(context.WithoutCancel(ctx))

@@ -20,7 +20,7 @@ done
 for c in openai anthropic ai; do
 	for m in 422 429; do CHECKS+=("refuse-$c-$m"); done
 done
-CHECKS+=(refuse-openai-401 refuse-anthropic-401 refuse-claude-401 no-credential-openai no-credential-anthropic)
+CHECKS+=(refuse-openai-401 refuse-anthropic-401 refuse-ai-401 refuse-claude-401 refuse-codex-401 no-credential-openai no-credential-anthropic)
 for c in openai anthropic ai claude codex; do CHECKS+=("retries-off-$c"); done
 CHECKS+=(no-secrets-kept)
 

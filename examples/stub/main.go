@@ -112,6 +112,7 @@ func chat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !req.Stream {
+		w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(w).Encode(map[string]any{
 			"id": "chatcmpl-stub", "object": "chat.completion", "model": req.Model,
 			"choices": []any{map[string]any{"index": 0, "message": map[string]any{"role": "assistant", "content": reply}, "finish_reason": "stop"}},
