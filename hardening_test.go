@@ -395,14 +395,7 @@ func TestShutdownDrainsThenCuts(t *testing.T) {
 			if tc.nohup { // an ignored signal stays ignored across exec
 				cmd = exec.Command("sh", "-c", `trap "" HUP; exec "$0" "$@"`, bin, "serve", "-addr", "127.0.0.1:0", "-local-credentials-stdin")
 			}
-			cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "BRAMA_STATE_DIR=" + t.TempDir(), "BRAMA_MODEL_CATALOG_URL=off", "BRAMA_PROVIDER_OPENAI_BASE_URL=" + fake.URL}
-			cmd.Stdin = strings.NewReader(`{"openai":"k"}`)
-			stdout, _ := cmd.StdoutPipe()
-			stderr, _ := cmd.StderrPipe()
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			defer cmd.Process.Kill()
+			stdout, stderr := startOpenAIServe(t, cmd, fake.URL)
 			logs := make(chan string, 64)
 			go func() {
 				sc := bufio.NewScanner(stderr)
@@ -524,14 +517,7 @@ func TestServeSurvivesAClosedLogReader(t *testing.T) {
 	fx := protocolFixtures[0]
 	fake := fixtureProvider(t, fx)
 	cmd := exec.Command(builtBinary(t), "serve", "-addr", "127.0.0.1:0", "-local-credentials-stdin")
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "BRAMA_STATE_DIR=" + t.TempDir(), "BRAMA_MODEL_CATALOG_URL=off", "BRAMA_PROVIDER_OPENAI_BASE_URL=" + fake.URL}
-	cmd.Stdin = strings.NewReader(`{"openai":"k"}`)
-	stdout, _ := cmd.StdoutPipe()
-	stderr, _ := cmd.StderrPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Process.Kill()
+	stdout, stderr := startOpenAIServe(t, cmd, fake.URL)
 	var token string
 	for sc := bufio.NewScanner(stderr); token == "" && sc.Scan(); {
 		if _, tok, ok := strings.Cut(sc.Text(), "(shown once): "); ok {
@@ -560,4 +546,20 @@ func TestServeSurvivesAClosedLogReader(t *testing.T) {
 	if err := cmd.Wait(); err != nil {
 		t.Errorf("serve exited with %v, want 0", err)
 	}
+}
+
+// startOpenAIServe starts cmd, the real binary's `serve -local-credentials-stdin`
+// or a wrapper of it, with a fresh state directory and one openai key toward
+// baseURL; it is killed when the test ends.
+func startOpenAIServe(t *testing.T, cmd *exec.Cmd, baseURL string) (stdout, stderr io.ReadCloser) {
+	t.Helper()
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "BRAMA_STATE_DIR=" + t.TempDir(), "BRAMA_MODEL_CATALOG_URL=off", "BRAMA_PROVIDER_OPENAI_BASE_URL=" + baseURL}
+	cmd.Stdin = strings.NewReader(`{"openai":"k"}`)
+	stdout, _ = cmd.StdoutPipe()
+	stderr, _ = cmd.StderrPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill() })
+	return stdout, stderr
 }
