@@ -273,14 +273,7 @@ func TestSignedAnswerTakenKey(t *testing.T) {
 // the candidate route that answered, and so does its replay (README: the
 // kept Brama-Route); the kept file's route is that route.
 func TestSignedAnswerKeepsTheSelectorsRoute(t *testing.T) {
-	env := stateEnv(t)
-	fake := newKeyedFake(t, map[string]string{"kimi-1": "200"})
-	env["BRAMA_PROVIDER_KIMI_BASE_URL"] = fake.URL
-	d := startDaemon(t, env, "")
-	if s, _, b := d.call("PUT", "/v1/admin/routes", d.token, `{"alias":"k1","route":"kimi/km-a"}`); s != 200 {
-		t.Fatalf("PUT: %d %s", s, b)
-	}
-	tok, _ := agentWithSubs(t, d, "a1", "kimi", "kimi-1")
+	d, env, fake, tok := oneCandidateDaemon(t, "kimi", "kimi/km-a")
 	body := chatBody(dialectChat, "any", false, "")
 	for i, what := range []string{"first answer", "replay"} {
 		status, hdr, b := d.call("POST", "/v1/chat/completions", tok, body, "Idempotency-Key", "sel")

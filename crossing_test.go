@@ -200,14 +200,7 @@ func TestCredentialWithAControlCharacter(t *testing.T) {
 // The log line's route is the route that answered (SPEC §13, §7.6's
 // Brama-Route): for a selector, the candidate that served and billed.
 func TestLogLineNamesTheRouteThatAnswered(t *testing.T) {
-	env := stateEnv(t)
-	fake := newKeyedFake(t, map[string]string{"groq-1": "200"})
-	env["BRAMA_PROVIDER_GROQ_BASE_URL"] = fake.URL
-	d := startDaemon(t, env, "")
-	if s, _, b := d.call("PUT", "/v1/admin/routes", d.token, `{"alias":"g1","route":"groq/gq-a"}`); s != 200 {
-		t.Fatalf("PUT: %d %s", s, b)
-	}
-	tok, _ := agentWithSubs(t, d, "a1", "groq", "groq-1")
+	d, env, _, tok := oneCandidateDaemon(t, "groq", "groq/gq-a")
 	status, hdr, body := d.call("POST", "/v1/chat/completions", tok, chatBody(dialectChat, "any", false, ""))
 	if status != 200 || hdr.Get("Brama-Route") != "groq/gq-a" {
 		t.Fatalf("any: %d %s (Brama-Route %q), want 200 from groq/gq-a", status, body, hdr.Get("Brama-Route"))

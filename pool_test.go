@@ -703,3 +703,19 @@ func TestCountTokensSkipsAGrantItCannotRefresh(t *testing.T) {
 		t.Errorf("count_tokens: %d %s (Brama-Attempts %q, calls %v), want 200 from the live grant after 1 call", status, body, hdr.Get("Brama-Attempts"), calls())
 	}
 }
+
+// oneCandidateDaemon is a daemon whose agent a1 holds one subscription of
+// provider, key "<provider>-1" that its fake answers 200, and an alias to
+// route, a selector's one candidate; tok is a1's bound bearer.
+func oneCandidateDaemon(t *testing.T, provider, route string) (d *daemon, env map[string]string, fake *keyedFake, tok string) {
+	t.Helper()
+	env = stateEnv(t)
+	fake = newKeyedFake(t, map[string]string{provider + "-1": "200"})
+	env["BRAMA_PROVIDER_"+strings.ToUpper(provider)+"_BASE_URL"] = fake.URL
+	d = startDaemon(t, env, "")
+	if s, _, b := d.call("PUT", "/v1/admin/routes", d.token, `{"alias":"c1","route":"`+route+`"}`); s != 200 {
+		t.Fatalf("PUT: %d %s", s, b)
+	}
+	tok, _ = agentWithSubs(t, d, "a1", provider, provider+"-1")
+	return d, env, fake, tok
+}
