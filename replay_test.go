@@ -302,3 +302,48 @@ func BenchmarkReplayGuardMemory(b *testing.B) {
 		runtime.KeepAlive(g)
 	}
 }
+
+// replayBenchBody is a chat body of about size bytes: many one-KiB messages
+// (a long conversation) and the stream members last.
+func replayBenchBody(size int) []byte {
+	var b bytes.Buffer
+	b.WriteString(`{"model":"openai/gpt-400","messages":[`)
+	for i := 0; b.Len() < size; i++ {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `{"role":"user","content":"turn %d %s"}`, i, strings.Repeat("lorem ipsum ", 85))
+	}
+	b.WriteString(`],"max_tokens":100,"stream":true,"stream_options":{"include_usage":true}}`)
+	return b.Bytes()
+}
+
+// BenchmarkReplayDigest: what the guard spends on one request of a client
+// holding a remembered refusal (SPEC §17: proportional to the body, no
+// generic maps): B/body is the bytes allocated per request over the body's
+// size, ns/byte the time per body byte.
+func BenchmarkReplayDigest(b *testing.B) {
+	for _, mib := range []int{8, 32} {
+		body := replayBenchBody(mib << 20)
+		b.Run(fmt.Sprintf("%dMiB", mib), func(b *testing.B) {
+			g := newReplayGuard(testEnv(nil), nil, time.Now)
+			g.rememberRequest("c", "", []byte(`{"model":"m"}`), replayEntry{status: 400, code: "provider_rejected"})
+			b.ReportAllocs()
+			b.SetBytes(int64(len(body)))
+			var m0, m1 runtime.MemStats
+			runtime.ReadMemStats(&m0)
+			b.ResetTimer()
+			start := time.Now()
+			for range b.N {
+				if _, ok := g.lookupRequest("c", "", body); ok {
+					b.Fatal("a different body matched")
+				}
+			}
+			elapsed := time.Since(start)
+			b.StopTimer()
+			runtime.ReadMemStats(&m1)
+			b.ReportMetric(float64(m1.TotalAlloc-m0.TotalAlloc)/float64(b.N)/float64(len(body)), "B/body")
+			b.ReportMetric(float64(elapsed.Nanoseconds())/float64(b.N)/float64(len(body)), "ns/byte")
+		})
+	}
+}
