@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"io"
 	"net/http"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -80,5 +82,71 @@ func TestNoCompressionOffered(t *testing.T) {
 				t.Errorf("%s: a call offered Accept-Encoding %q, want none", path, ae)
 			}
 		}
+	}
+}
+
+// commentStreamHeapGrowthMB streams 64 MiB of SSE comment lines with no
+// blank line between them (a provider's keep-alives) from a fake provider
+// through a real daemon, then a whole answer, and returns how far the
+// in-use heap stood above idle after the comments were sent.
+func commentStreamHeapGrowthMB(tb testing.TB, dialect string) float64 {
+	tb.Helper()
+	heapInuse := func() uint64 {
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return ms.HeapInuse
+	}
+	chunk := bytes.Repeat([]byte(": keepalive\n"), 64<<10/len(": keepalive\n"))
+	stream := fixture(tb, protocolFixtures[0].stream)
+	var during atomic.Uint64 // set by the fake, read after the answer
+	fake := newFakeProvider(tb, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		for sent := 0; sent < 64<<20; sent += len(chunk) {
+			w.Write(chunk)
+		}
+		w.(http.Flusher).Flush()
+		during.Store(heapInuse())
+		io.WriteString(w, stream)
+	})
+	env := stateEnv(tb)
+	env["BRAMA_PROVIDER_OPENAI_BASE_URL"], env["BRAMA_LOG_LEVEL"] = fake.URL, "error"
+	d := startDaemon(tb, env, `{"openai":"k"}`, "-local-credentials-stdin")
+	idle := heapInuse()
+	resp := d.openStream(dialectPaths[dialect], d.token, chatBody(dialect, "openai/gpt-test", true, ""))
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != 200 || !bytes.Contains(b, []byte("get_weather")) {
+		tb.Fatalf("the stream did not complete: %d %v %.300q", resp.StatusCode, err, b)
+	}
+	return (float64(during.Load()) - float64(idle)) / (1 << 20)
+}
+
+// TestCommentStreamHoldsConstantMemory: the SSE reader keeps no comment
+// line (SPEC §17), passthrough and translated.
+func TestCommentStreamHoldsConstantMemory(t *testing.T) {
+	if testing.Short() {
+		t.Skip("streams 64 MiB twice")
+	}
+	for _, dialect := range []string{dialectChat, dialectMessages} {
+		if mb := commentStreamHeapGrowthMB(t, dialect); mb > 20 {
+			t.Errorf("%s: the heap grew %.1f MiB over idle during 64 MiB of comments, want at most 20", dialect, mb)
+		}
+	}
+}
+
+// BenchmarkCommentStream reports the heap growth over idle while 64 MiB of
+// comment lines pass (passthrough: chat to openai; translated: messages).
+// Run one at a time: go test -run '^$' -bench 'CommentStream/chat' -benchtime 1x
+func BenchmarkCommentStream(b *testing.B) {
+	for _, dialect := range []string{dialectChat, dialectMessages} {
+		b.Run(dialect, func(b *testing.B) {
+			var worst float64
+			for b.Loop() {
+				worst = max(worst, commentStreamHeapGrowthMB(b, dialect))
+			}
+			b.ReportMetric(worst, "heap-growth-MiB")
+			b.ReportMetric(processPeakRSSMB(), "peak-RSS-MiB") // the whole process: run one at a time
+		})
 	}
 }
