@@ -2,9 +2,11 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"net/http"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -83,6 +85,95 @@ func TestNoCompressionOffered(t *testing.T) {
 			}
 		}
 	}
+}
+
+// providerFactHeaders are what a fake provider answers with besides its
+// body: facts for the caller, and what names its account (never relayed).
+var providerFactHeaders = map[string]string{
+	"x-ratelimit-remaining-requests":       "99",
+	"anthropic-ratelimit-tokens-remaining": "1000",
+	"retry-after":                          "3",
+	"set-cookie":                           "__cf_bm=planted-cookie; Path=/",
+	"openai-organization":                  "planted-org",
+	"openai-project":                       "proj_planted",
+	"anthropic-organization-id":            "planted-org-uuid",
+}
+
+// TestProviderFactsReachTheCaller (SPEC §17, headers): a same-format answer
+// carries the provider's request id and rate-limit headers as received, a
+// translated one the request id; neither a cookie nor the account. Brama's
+// own X-Request-Id stays its own: a provider's x-request-id arrives as
+// request-id.
+func TestProviderFactsReachTheCaller(t *testing.T) {
+	fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		fx, idHeader := protocolFixtures[0], "x-request-id"
+		if strings.HasPrefix(r.URL.Path, protocolFixtures[1].path) { // messages and count_tokens
+			fx, idHeader = protocolFixtures[1], "request-id"
+		}
+		for k, v := range providerFactHeaders {
+			w.Header().Set(k, v)
+		}
+		w.Header().Set(idHeader, "req_from_"+fx.provider)
+		if strings.HasSuffix(r.URL.Path, "/count_tokens") {
+			io.WriteString(w, `{"input_tokens":5}`)
+			return
+		}
+		if bytes.Contains(body, []byte(`"stream":true`)) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			io.WriteString(w, fixture(t, fx.stream))
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, fx.buffered)
+	})
+	env := stateEnv(t)
+	env["BRAMA_PROVIDER_OPENAI_BASE_URL"], env["BRAMA_PROVIDER_ANTHROPIC_BASE_URL"] = fake.URL, fake.URL
+	d := startDaemon(t, env, `{"openai":"k1","anthropic":"k2"}`, "-local-credentials-stdin")
+	check := func(t *testing.T, h http.Header, provider string, same bool) {
+		t.Helper()
+		if got := h.Get("request-id"); got != "req_from_"+provider {
+			t.Errorf("request-id = %q, want the provider's %q", got, "req_from_"+provider)
+		}
+		if id := h.Get("X-Request-Id"); id == "" || strings.HasPrefix(id, "req_from_") || len(h.Values("X-Request-Id")) != 1 {
+			t.Errorf("X-Request-Id = %q, want Brama's own, once", h.Values("X-Request-Id"))
+		}
+		for name, v := range providerFactHeaders {
+			want := ""
+			if same && (name == "retry-after" || strings.Contains(name, "ratelimit")) {
+				want = v
+			}
+			if got := strings.Join(h.Values(name), ","); got != want {
+				t.Errorf("%s = %q, want %q", name, got, want)
+			}
+		}
+	}
+	for _, tc := range []struct {
+		dialect, route string
+		same           bool
+	}{
+		{dialectChat, "openai/gpt-test", true},
+		{dialectMessages, "anthropic/claude-test", true},
+		{dialectMessages, "openai/gpt-test", false},
+		{dialectChat, "anthropic/claude-test", false},
+	} {
+		for _, stream := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s to %s stream=%v", tc.dialect, tc.route, stream), func(t *testing.T) {
+				status, h, b := d.call("POST", dialectPaths[tc.dialect], d.token, chatBody(tc.dialect, tc.route, stream, ""))
+				if status != 200 {
+					t.Fatalf("%d %s", status, b)
+				}
+				provider, _, _ := strings.Cut(tc.route, "/")
+				check(t, h, provider, tc.same)
+			})
+		}
+	}
+	t.Run("count_tokens", func(t *testing.T) {
+		status, h, b := d.call("POST", "/v1/messages/count_tokens", d.token, `{"model":"anthropic/claude-test","messages":[{"role":"user","content":"hi"}]}`)
+		if status != 200 || h.Get("Brama-Estimate") != "" {
+			t.Fatalf("%d %s, want the provider's count", status, b)
+		}
+		check(t, h, "anthropic", true)
+	})
 }
 
 // commentStreamHeapGrowthMB streams 64 MiB of SSE comment lines with no
