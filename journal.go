@@ -3,15 +3,14 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"maps"
 	"os"
 	"path/filepath"
-	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -23,7 +22,7 @@ import (
 const journalTimeFormat = "2006-01-02T15:04:05.000Z"
 
 // journalRecord is one journal line (SPEC §9). A field never changes
-// meaning once written, so kinds and fields are only ever added here.
+// meaning once written: kinds and fields are only ever added.
 type journalRecord struct {
 	Kind           string   `json:"kind"`
 	At             string   `json:"at"` // journalTimeFormat
@@ -44,6 +43,10 @@ type journalRecord struct {
 	By             string   `json:"by,omitempty"`
 }
 
+// journalFields are journalRecord's names, kind and at first. A line's keys
+// match them exactly (encoding/json folds case), so a record re-encodes as read.
+var journalFields = strings.Fields("kind at subscription_id reason provider result attempted detail agent_id task model status score alias from to by")
+
 // MarshalJSON writes from and to (null when nil) on route_change only, where
 // their presence says "created" or "deleted" (SPEC §9).
 func (r journalRecord) MarshalJSON() ([]byte, error) {
@@ -51,29 +54,30 @@ func (r journalRecord) MarshalJSON() ([]byte, error) {
 	if r.Kind == "route_change" {
 		return json.Marshal(plain(r))
 	}
-	// The outer from/to are shallower than the embedded ones, so they win
-	// (encoding/json's dominant-field rule) and omitempty drops them.
-	return json.Marshal(struct {
+	return json.Marshal(struct { // the shallower from/to win (encoding/json's dominant-field rule), omitted
 		plain
 		From *string `json:"from,omitempty"`
 		To   *string `json:"to,omitempty"`
 	}{plain: plain(r)})
 }
 
+// journalBadLine is one unreadable line: its number and a reason that never quotes it.
+type journalBadLine struct {
+	Line   int
+	Reason string
+}
+
 // journal is SPEC §9's append-only $STATE/journal.jsonl. Any process may
 // append, so it keeps no file open.
 type journal struct {
 	sys
-	name    string        // the journal file; "" when there is no state directory
-	noState *noStateError // why name is "", else nil
-
+	name            string                 // the journal file; "" when there is no state directory
+	noState         *noStateError          // why name is "", else nil
 	testingOnlySync func(f *os.File) error // replaces f.Sync's result in append (nil in production)
-
-	mu     sync.Mutex // guards broken; held across one append so this process's appends queue
-	broken error      // the fsync failure that made the journal unusable; never cleared
-
-	readMu sync.Mutex  // guards fold
-	fold   journalFold // what the journal's complete lines say so far
+	mu              sync.Mutex             // guards broken; held across one append so this process's appends queue
+	broken          error                  // the fsync failure that made the journal unusable; never cleared
+	readMu          sync.Mutex             // guards fold
+	fold            journalFold            // what the journal's complete lines say so far
 }
 
 // journalFold is the journal read up to a line end: retirement and bad lines.
@@ -86,6 +90,12 @@ type journalFold struct {
 	badN   int              // unreadable lines in all
 }
 
+const maxReportedBadLines = 100 // unreadable lines /readyz names; the rest it counts
+
+// errJournalUnusable wraps the fsync failure after which this process appends
+// nothing: a retried fsync can report success for lost bytes.
+var errJournalUnusable = errors.New("journal unusable after a failed fsync")
+
 // newJournal places the journal in st; without a state directory every
 // operation refuses with the *noStateError (SPEC §2.1).
 func newJournal(st state, sy sys) *journal {
@@ -95,10 +105,6 @@ func newJournal(st state, sy sys) *journal {
 	errors.As(err, &j.noState) // path's only error
 	return j
 }
-
-// errJournalUnusable wraps the fsync failure after which this process
-// appends nothing: a retried fsync can report success for lost bytes.
-var errJournalUnusable = errors.New("journal unusable after a failed fsync")
 
 // unusable says why no append can be made at all. Callers hold mu.
 func (j *journal) unusable() error {
@@ -111,7 +117,9 @@ func (j *journal) unusable() error {
 	return nil
 }
 
-// ready reports, changing nothing, whether an append could be made now (SPEC §2.1, §4.4).
+// ready reports, changing nothing, whether an append could be made now (SPEC
+// §2.1, §4.4): the journal opens, or else its nearest existing ancestor
+// directory is one this process may write and search.
 func (j *journal) ready() error {
 	j.mu.Lock()
 	err := j.unusable()
@@ -120,13 +128,27 @@ func (j *journal) ready() error {
 		return err
 	}
 	f, _, err := j.open(0)
-	if errors.Is(err, errFileAbsent) {
-		return journalDirWritable(filepath.Dir(j.name))
-	}
 	if err == nil {
-		err = f.Close()
+		return f.Close()
+	} else if !errors.Is(err, errFileAbsent) {
+		return err
 	}
-	return err
+	dir := filepath.Dir(j.name)
+	fi, err := os.Stat(dir)
+	for errors.Is(err, os.ErrNotExist) && filepath.Dir(dir) != dir {
+		dir = filepath.Dir(dir)
+		fi, err = os.Stat(dir)
+	}
+	switch {
+	case err != nil:
+		return fmt.Errorf("journal: %w", err)
+	case !fi.IsDir():
+		return fmt.Errorf("journal: %s is not a directory", dir)
+	}
+	if err := syscall.Access(dir, 0x2|0x1); err != nil { // access(2)'s W_OK|X_OK
+		return fmt.Errorf("journal: cannot create files in %s: %w", dir, err)
+	}
+	return nil
 }
 
 // open opens the guarded journal O_APPEND; create (0 or os.O_CREATE) makes
@@ -143,28 +165,6 @@ func (j *journal) open(create int) (f *os.File, id fileIdentity, err error) {
 	return f, id, nil
 }
 
-// journalDirWritable says whether a file could be created in dir: its nearest
-// existing ancestor is a directory this process may write and search.
-func journalDirWritable(dir string) error {
-	for d := dir; ; d = filepath.Dir(d) {
-		fi, err := os.Stat(d)
-		if errors.Is(err, fs.ErrNotExist) && filepath.Dir(d) != d {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("journal: %w", err)
-		}
-		if !fi.IsDir() {
-			return fmt.Errorf("journal: %s is not a directory", d)
-		}
-		const wOK, xOK = 0x2, 0x1 // access(2) mode bits
-		if err := syscall.Access(d, wOK|xOK); err != nil {
-			return fmt.Errorf("journal: cannot create files in %s: %w", d, err)
-		}
-		return nil
-	}
-}
-
 // append adds rec as one line, nil only once on disk (SPEC §9, STYLE B7): open
 // O_APPEND, flock, one write, unlock, fsync, and fsync the directory of a new file.
 func (j *journal) append(rec journalRecord) error {
@@ -176,9 +176,7 @@ func (j *journal) append(rec journalRecord) error {
 	if rec.Kind == "" {
 		return errors.New("journal record has no kind")
 	}
-	if rec.At == "" {
-		rec.At = j.now().UTC().Format(journalTimeFormat)
-	}
+	rec.At = cmp.Or(rec.At, j.now().UTC().Format(journalTimeFormat))
 	line, err := json.Marshal(rec)
 	if err != nil {
 		return fmt.Errorf("journal %s record: %w", rec.Kind, err)
@@ -191,10 +189,27 @@ func (j *journal) append(rec journalRecord) error {
 	if err != nil {
 		return err
 	}
-	defer f.Close()
-	if err := writeJournalLine(f, line); err != nil {
-		return err
+	defer f.Close() // also unlocks after a failed write
+	// Flocked, so that two appenders never both mark one torn tail (the
+	// second mark would be a line of its own).
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		return fmt.Errorf("journal: lock: %w", err)
 	}
+	last := []byte{'\n'}
+	fi, err := f.Stat()
+	if err == nil && fi.Size() > 0 {
+		_, err = f.ReadAt(last, fi.Size()-1)
+	}
+	if err != nil {
+		return fmt.Errorf("journal: read last byte: %w", err)
+	}
+	if last[0] != '\n' { // SPEC §9: the torn line stays, marked (no JSON text ends in ')'); this record starts fresh
+		line = slices.Concat([]byte(" (torn)\n"), line)
+	}
+	if _, err := f.Write(append(line, '\n')); err != nil { // a short write is an error
+		return fmt.Errorf("journal: write: %w", err)
+	}
+	syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
 	err = f.Sync()
 	if j.testingOnlySync != nil {
 		err = j.testingOnlySync(f)
@@ -211,37 +226,7 @@ func (j *journal) append(rec journalRecord) error {
 	return nil
 }
 
-// tornMark ends a torn final line before the next record's fresh line: no JSON
-// text ends in ')', so a record that lost only its newline never becomes history.
-var tornMark = []byte(" (torn)\n")
-
-// writeJournalLine writes line and '\n' in one write, flocked so that two
-// appenders never both mark one torn tail (the second mark would be a line of its own).
-func writeJournalLine(f *os.File, line []byte) error {
-	fd := int(f.Fd())
-	if err := syscall.Flock(fd, syscall.LOCK_EX); err != nil {
-		return fmt.Errorf("journal: lock: %w", err)
-	}
-	defer syscall.Flock(fd, syscall.LOCK_UN)
-	last := []byte{'\n'}
-	fi, err := f.Stat()
-	if err == nil && fi.Size() > 0 {
-		_, err = f.ReadAt(last, fi.Size()-1)
-	}
-	if err != nil {
-		return fmt.Errorf("journal: read last byte: %w", err)
-	}
-	buf := slices.Concat(tornMark, line, []byte{'\n'})
-	if last[0] == '\n' {
-		buf = buf[len(tornMark):] // else SPEC §9: the torn line stays, marked; this record starts fresh
-	}
-	if _, err := f.Write(buf); err != nil { // a short write is an error
-		return fmt.Errorf("journal: write: %w", err)
-	}
-	return nil
-}
-
-// size is the journal's size in bytes for /stats (SPEC §13).
+// size is the journal's size in bytes for /metrics (SPEC §13).
 func (j *journal) size() (int64, error) {
 	if j.noState != nil {
 		return 0, j.noState
@@ -260,53 +245,20 @@ func (j *journal) retired() (retired map[string]bool, err error) {
 	return retired, err
 }
 
-// maxReportedBadLines is how many unreadable lines /readyz names; the rest it counts.
-const maxReportedBadLines = 100
-
 // badLines returns the first unreadable lines and their number, for /readyz.
 func (j *journal) badLines() (bad []journalBadLine, n int, err error) {
 	err = j.folded(func(fo *journalFold) { bad, n = slices.Clone(fo.bad), fo.badN })
 	return bad, n, err
 }
 
-// folded folds the lines completed since the last call (a shrunk or replaced
-// file from the start), logging each bad line as it folds it, and lets read
-// copy from the fold. Requests and probes ask often, so it reads only new
-// lines (issue 10: rereading took 5 GB).
+// folded folds the lines completed since the last call, logging each bad
+// line as it folds it, and lets read copy from the fold. Requests and probes
+// ask often, so it reads only new lines (issue 10: rereading took 5 GB).
 func (j *journal) folded(read func(*journalFold)) error {
-	if j.noState != nil {
-		return j.noState
-	}
 	j.readMu.Lock()
 	defer j.readMu.Unlock()
-	f, full, err := openGuarded("journal", j.name)
-	switch {
-	case errors.Is(err, errFileAbsent):
-		j.fold = journalFold{retire: map[string]bool{}}
-		read(&j.fold)
-		return nil
-	case err != nil:
-		return err
-	}
-	defer f.Close()
-	id := fileIdentity{dev: full.dev, ino: full.ino}
-	if id != j.fold.file || full.size < j.fold.off || j.fold.retire == nil {
-		j.fold = journalFold{file: id, retire: map[string]bool{}}
-	}
 	fo := &j.fold
-	// Line by line, so a first fold takes a line's memory, not the file's.
-	r := bufio.NewReader(io.NewSectionReader(f, fo.off, full.size-fo.off))
-	for {
-		line, err := r.ReadBytes('\n')
-		if err == io.EOF {
-			break // a torn final line, or one still being written: not yet a line
-		}
-		if err != nil {
-			return fmt.Errorf("journal: %w", err)
-		}
-		fo.off += int64(len(line))
-		fo.lines++
-		rec, reason := parseJournalLine(line[:len(line)-1])
+	_, err := j.scan(fo, func(rec journalRecord, reason string) {
 		switch {
 		case reason != "":
 			j.log.Warn("journal_line_unreadable", "line", fo.lines, "reason", reason)
@@ -319,107 +271,110 @@ func (j *journal) folded(read func(*journalFold)) error {
 		case rec.Kind == "reinstate":
 			delete(fo.retire, rec.SubscriptionID)
 		}
+	})
+	if err == nil {
+		read(fo)
 	}
-	read(fo)
-	return nil
+	return err
 }
 
-// checkJournal is `brama journal check` (SPEC §16.1), line by line so it
-// takes a line's memory; ok is false when a non-final line is unreadable.
+// checkJournal is `brama journal check` (SPEC §16.1): it prints each
+// unreadable line's number and reason; ok is false when there is one.
 func checkJournal(j *journal, stdout io.Writer) (ok bool, err error) {
+	var fo journalFold
+	ok = true
+	torn, err := j.scan(&fo, func(_ journalRecord, reason string) {
+		if reason != "" {
+			fmt.Fprintf(stdout, "line %d: %s\n", fo.lines, reason)
+			ok = false
+		}
+	})
+	if torn {
+		fmt.Fprintln(stdout, "final line torn (ignored)")
+	}
+	return ok && err == nil, err
+}
+
+// scan reads the guarded journal's lines after fo, from the start when fo
+// is of another file, a longer one or none (an absent file has no lines).
+func (j *journal) scan(fo *journalFold, visit func(journalRecord, string)) (torn bool, err error) {
 	if j.noState != nil {
 		return false, j.noState
 	}
-	f, _, err := openGuarded("journal", j.name)
-	if errors.Is(err, errFileAbsent) {
-		return true, nil
-	}
-	if err != nil {
+	f, full, err := openGuarded("journal", j.name) // full is zero when absent
+	if err != nil && !errors.Is(err, errFileAbsent) {
 		return false, err
 	}
+	if id := (fileIdentity{dev: full.dev, ino: full.ino}); f == nil || id != fo.file || full.size < fo.off || fo.retire == nil {
+		*fo = journalFold{file: id, retire: map[string]bool{}}
+	}
+	if f == nil {
+		return false, nil
+	}
 	defer f.Close()
-	r, ok := bufio.NewReader(f), true
-	for n := 1; ; n++ {
-		line, err := r.ReadBytes('\n')
-		switch {
-		case err == io.EOF && len(line) > 0:
-			fmt.Fprintln(stdout, "final line torn (ignored)")
-			return ok, nil
-		case err == io.EOF:
-			return ok, nil
-		case err != nil:
+	return fo.readLines(io.NewSectionReader(f, fo.off, full.size-fo.off), visit)
+}
+
+// readLines calls visit with each complete line of r, parsed, after counting
+// it into fo. Line by line, so it takes a line's memory, not the file's. A
+// final line without '\n' (a torn write, or one still being written) is not
+// a line: torn says it is there.
+func (fo *journalFold) readLines(r io.Reader, visit func(rec journalRecord, reason string)) (torn bool, err error) {
+	br := bufio.NewReader(r)
+	for {
+		line, err := br.ReadBytes('\n')
+		if err == io.EOF {
+			return len(line) > 0, nil
+		} else if err != nil {
 			return false, fmt.Errorf("journal: %w", err)
 		}
-		if _, reason := parseJournalLine(line[:len(line)-1]); reason != "" {
-			fmt.Fprintf(stdout, "line %d: %s\n", n, reason)
-			ok = false
-		}
+		fo.off += int64(len(line))
+		fo.lines++
+		visit(parseJournalLine(line[:len(line)-1]))
 	}
 }
 
-// journalBadLine is one unreadable line: its number and a reason that never
-// quotes it (it may hold data).
-type journalBadLine struct {
-	Line   int
-	Reason string
-}
-
-// readJournalLines parses journal bytes (SPEC §9): each line ending in '\n'
-// is a record or a bad line; a final line without one is torn and ignored.
-func readJournalLines(data []byte) (recs []journalRecord, bad []journalBadLine, torn bool) {
-	for n := 1; len(data) > 0; n++ {
-		line, rest, ok := bytes.Cut(data, []byte{'\n'})
-		if !ok {
-			return recs, bad, true
-		}
-		data = rest
-		if rec, reason := parseJournalLine(line); reason != "" {
-			bad = append(bad, journalBadLine{Line: n, Reason: reason})
-		} else {
-			recs = append(recs, rec)
-		}
-	}
-	return recs, bad, false
-}
-
-// parseJournalLine reads one line or says why not (SPEC §9). Keys match
-// exactly and from/to only on route_change, so a record re-encodes to what was
-// read; unknown kinds and fields are skipped, so it is not decodeStrict.
-func parseJournalLine(line []byte) (journalRecord, string) {
-	var r journalRecord
-	lead := bytes.TrimLeft(line, " \t\r") // JSON's whitespace, not Unicode's
-	switch {
+// parseJournalLine reads one line or says why not (SPEC §9). Unknown kinds
+// and fields are skipped, so it is not decodeStrict; from and to count on
+// route_change only.
+func parseJournalLine(line []byte) (r journalRecord, reason string) {
+	var m map[string]json.RawMessage
+	err := json.Unmarshal(line, &m)
+	var syntax *json.SyntaxError
+	switch lead := bytes.TrimLeft(line, " \t\r"); { // JSON's whitespace, not Unicode's
 	case len(bytes.TrimRight(lead, " \t\r")) == 0:
 		return r, "empty line"
-	case !json.Valid(line) && lead[0] == '{':
+	case errors.As(err, &syntax) && lead[0] == '{':
 		return r, "malformed or incomplete JSON object (an interrupted write?)"
-	case !json.Valid(line):
+	case errors.As(err, &syntax):
 		return r, "not JSON"
-	case lead[0] != '{':
+	case m == nil: // valid JSON: an array, a scalar or null
 		return r, "not a JSON object"
 	}
-	var m map[string]json.RawMessage
-	json.Unmarshal(line, &m)        // a valid object
-	v := reflect.ValueOf(&r).Elem() // Kind comes first, so it is known at from and to
-	for i := range v.NumField() {
-		name, _, _ := strings.Cut(v.Type().Field(i).Tag.Get("json"), ",")
-		raw, ok := m[name]
-		required := name == "kind" || name == "at" // non-empty strings
-		if !ok || (name == "from" || name == "to") && r.Kind != "route_change" {
-			if required {
-				return journalRecord{}, "missing " + name
-			}
-			continue
+	var head [2]string // kind and at: non-empty strings
+	for i, name := range journalFields[:2] {
+		switch raw, ok := m[name]; {
+		case !ok:
+			return r, "missing " + name
+		case string(raw) == "null" || json.Unmarshal(raw, &head[i]) != nil:
+			return r, name + " is not a string"
+		case head[i] == "":
+			return r, name + " is empty"
 		}
-		err := json.Unmarshal(raw, v.Field(i).Addr().Interface())
-		switch {
-		case required && (err != nil || string(raw) == "null"): // raw holds no blanks
-			return journalRecord{}, name + " is not a string"
-		case required && v.Field(i).String() == "":
-			return journalRecord{}, name + " is empty"
-		case err != nil:
-			return journalRecord{}, "field " + name + " has the wrong type"
+	}
+	exact := line // decodes as m unless a key must be dropped
+	for k := range m {
+		if !slices.Contains(journalFields, k) || (k == "from" || k == "to") && head[0] != "route_change" {
+			delete(m, k)
+			exact = nil
 		}
+	}
+	if exact == nil {
+		exact, _ = json.Marshal(m)
+	}
+	var wrong *json.UnmarshalTypeError
+	if errors.As(json.Unmarshal(exact, &r), &wrong) {
+		return journalRecord{}, "field " + wrong.Field + " has the wrong type"
 	}
 	return r, ""
 }

@@ -6,10 +6,27 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 )
+
+// readJournalLines parses journal bytes as the journal reads its file (SPEC
+// §9): each line ending in '\n' is a record or a bad line; a final line
+// without one is torn and ignored.
+func readJournalLines(data []byte) (recs []journalRecord, bad []journalBadLine, torn bool) {
+	var fo journalFold
+	torn, _ = fo.readLines(bytes.NewReader(data), func(rec journalRecord, reason string) {
+		if reason != "" {
+			bad = append(bad, journalBadLine{Line: fo.lines, Reason: reason})
+		} else {
+			recs = append(recs, rec)
+		}
+	})
+	return recs, bad, torn
+}
 
 func TestJournalRecordMarshal(t *testing.T) {
 	tests := []struct {
@@ -131,4 +148,19 @@ func FuzzJournalLines(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestJournalFieldsNameEveryMember: parseJournalLine reads only the keys in
+// journalFields, so a member added to journalRecord without its name there
+// would never be read back.
+func TestJournalFieldsNameEveryMember(t *testing.T) {
+	var names []string
+	rt := reflect.TypeFor[journalRecord]()
+	for i := range rt.NumField() {
+		name, _, _ := strings.Cut(rt.Field(i).Tag.Get("json"), ",")
+		names = append(names, name)
+	}
+	if diff := cmp.Diff(names, journalFields); diff != "" {
+		t.Errorf("journalFields (-record +list):\n%s", diff)
+	}
 }
