@@ -29,9 +29,9 @@ func TestPrefixAliasResolution(t *testing.T) {
 		code, state              string // a refusal
 	}{
 		{name: "claude-opus-4-1", route: "anthropic/claude-opus-4-1", model: "claude-opus-4-1", mode: modeAlias},
-		{name: "claude-opus-5-5", route: "anthropic/pinned", model: "pinned", mode: modeAlias},         // exact beats prefix
+		{name: "claude-opus-5-5", route: "anthropic/pinned", model: "pinned", mode: modeAlias},             // exact beats prefix
 		{name: "claude-haiku-4-5", route: "local-openai/qwen-local", model: "qwen-local", mode: modeAlias}, // longest prefix
-		{name: "claude-", route: "anthropic/claude-", model: "claude-", mode: modeAlias},                 // an empty rest matches
+		{name: "claude-", route: "anthropic/claude-", model: "claude-", mode: modeAlias},                   // an empty rest matches
 		{name: "o3-mini", route: "anthropic/fixed", model: "fixed", mode: modeAlias},
 		{name: "openai/gpt-5", route: "openai/gpt-5", model: "gpt-5", mode: modeDirect}, // a canonical route is no prefix match
 		{name: "gpt-5", code: "alias_unserviceable", state: stateCapabilityAbsent, route: "openai/gpt-5"},
