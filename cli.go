@@ -9,9 +9,11 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 )
@@ -50,6 +52,17 @@ func (e cliEnv) table(header string, rows []string) {
 		fmt.Fprintln(tw, r)
 	}
 	tw.Flush()
+}
+
+// serveHolds says whether a brama serve holds s's serve.lock; it creates no
+// file, and its shared try-lock ends as it returns.
+func serveHolds(s state) bool {
+	f, err := os.OpenFile(filepath.Join(s.dir, "serve.lock"), os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	return errors.Is(syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB), syscall.EWOULDBLOCK)
 }
 
 func (e cliEnv) routesList(args []string) error {

@@ -368,17 +368,6 @@ func lockServe(s state) (*os.File, error) {
 	return f, err
 }
 
-// serveHolds says whether a brama serve holds s's serve.lock; it creates no
-// file, and its shared try-lock ends as it returns.
-func serveHolds(s state) bool {
-	f, err := os.OpenFile(filepath.Join(s.dir, "serve.lock"), os.O_RDONLY|syscall.O_NOFOLLOW, 0)
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	return errors.Is(syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB), syscall.EWOULDBLOCK)
-}
-
 // staleTempName matches placeFile's temporary names: "." + base + ".tmp" + digits.
 var staleTempName = regexp.MustCompile(`^\.(.+)\.tmp[0-9]+$`)
 
