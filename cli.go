@@ -2,13 +2,18 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 )
@@ -27,6 +32,37 @@ func (e cliEnv) said(err error, format string, args ...any) error {
 		fmt.Fprintf(e.stdout, format, args...)
 	}
 	return err
+}
+
+// wrote tells, on stderr, which file a command changed, and warns when no
+// serve holds the state directory: nothing serves the change until one starts.
+func (e cliEnv) wrote(path string) {
+	fmt.Fprintf(e.stderr, "brama: wrote %s\n", path)
+	if st := resolveState(e.getenv); st.dir != "" && !serveHolds(st) {
+		fmt.Fprintf(e.stderr, "brama: warning: no brama serve holds %s; the change serves once one starts: brama serve\n",
+			filepath.Join(st.dir, "serve.lock"))
+	}
+}
+
+// table prints rows aligned under header (tab-separated cells).
+func (e cliEnv) table(header string, rows []string) {
+	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, header)
+	for _, r := range rows {
+		fmt.Fprintln(tw, r)
+	}
+	tw.Flush()
+}
+
+// serveHolds says whether a brama serve holds s's serve.lock; it creates no
+// file, and its shared try-lock ends as it returns.
+func serveHolds(s state) bool {
+	f, err := os.OpenFile(filepath.Join(s.dir, "serve.lock"), os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	return errors.Is(syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB), syscall.EWOULDBLOCK)
 }
 
 func (e cliEnv) routesList(args []string) error {
@@ -50,16 +86,15 @@ func (e cliEnv) printAliases(d deps, asJSON bool) error {
 		fmt.Fprintf(e.stdout, "%s\n", b)
 		return nil
 	}
-	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ALIAS\tSTATE\tROUTE\tREASON")
+	rows := []string{}
 	for _, a := range t.Aliases {
 		route := "-"
 		if a.Route != nil {
 			route = *a.Route
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", a.Alias, a.State, route, a.Reason)
+		rows = append(rows, strings.Join([]string{a.Alias, a.State, route, a.Reason}, "\t"))
 	}
-	tw.Flush()
+	e.table("ALIAS\tSTATE\tROUTE\tREASON", rows)
 	fmt.Fprintf(e.stdout, "%d alias(es), %d cannot serve\n", len(t.Aliases), t.Unserviceable)
 	return nil
 }
@@ -69,6 +104,7 @@ func (e cliEnv) routesSet(pos []string) error {
 	if _, err := d.reg.set(pos[0], pos[1], "cli"); err != nil {
 		return err
 	}
+	e.wrote(d.reg.path)
 	fmt.Fprintf(e.stdout, "set %s -> %s\n", pos[0], pos[1])
 	return e.printAliases(d, false)
 }
@@ -78,8 +114,56 @@ func (e cliEnv) routesRm(pos []string) error {
 	if _, err := d.reg.remove(pos[0], "cli"); err != nil {
 		return err
 	}
+	e.wrote(d.reg.path)
 	fmt.Fprintf(e.stdout, "removed %s\n", pos[0])
 	return e.printAliases(d, false)
+}
+
+// deploymentsAdd declares a local OpenAI-compatible server (SPEC §4.1)
+// through the registry's one writer.
+func (e cliEnv) deploymentsAdd(args []string) error {
+	fs := e.newFlags("deployments add")
+	var d deployment
+	fs.StringVar(&d.Endpoint.Host, "host", "127.0.0.1", "the server's IPv4 loopback or 100.64.0.0/10 `address`")
+	fs.IntVar(&d.Endpoint.Port, "port", 0, "the server's `port` (required)")
+	fs.StringVar(&d.Model, "model", "", "the upstream `model` name (default: NAME)")
+	pos, err := parseFlags(fs, args, 1, "deployments add NAME -port PORT [-host H] [-model M]")
+	if err != nil {
+		return err
+	}
+	d.Name = pos[0]
+	reg := openDeps(e.getenv, e.sys()).reg
+	if _, err := reg.setDeployment(d, false); err != nil {
+		return err
+	}
+	e.wrote(reg.path)
+	return e.said(nil, "added deployment %s at %s; route to it: brama routes set ALIAS %s\n", d.Name, d.baseURL(), d.Name)
+}
+
+func (e cliEnv) deploymentsRm(pos []string) error {
+	reg := openDeps(e.getenv, e.sys()).reg
+	if _, err := reg.setDeployment(deployment{Name: pos[0]}, true); err != nil {
+		return err
+	}
+	e.wrote(reg.path)
+	return e.said(nil, "removed deployment %s\n", pos[0])
+}
+
+func (e cliEnv) deploymentsList(pos []string) error {
+	doc, err := openDeps(e.getenv, e.sys()).reg.current()
+	if err != nil {
+		return err
+	}
+	rows := []string{}
+	for _, d := range doc.Deployments {
+		names := []string{}
+		for _, a := range d.Adapters {
+			names = append(names, a.Name)
+		}
+		rows = append(rows, fmt.Sprintf("%s\t%s\t%s\t%s", d.Name, d.baseURL(), cmp.Or(d.Model, d.Name), cmp.Or(strings.Join(names, ","), "-")))
+	}
+	e.table("NAME\tENDPOINT\tMODEL\tADAPTERS", rows)
+	return nil
 }
 
 func (e cliEnv) routesMigrate(args []string) error {
@@ -102,6 +186,7 @@ func (e cliEnv) routesMigrate(args []string) error {
 		fmt.Fprintf(e.stderr, "route migration error: %v\n", err)
 		return errRefused
 	}
+	e.wrote(path)
 	if !*asJSON {
 		e.stdout.Write(committed)
 		return nil
@@ -152,6 +237,7 @@ func (e cliEnv) clientsAdd(args []string) error {
 	if err != nil {
 		return err
 	}
+	e.wrote(path)
 	fmt.Fprintf(e.stderr, "brama: created %s client %q; bearer token (shown once) on stdout\n", role, c.ID)
 	fmt.Fprintln(e.stdout, tok)
 	return nil
@@ -170,7 +256,32 @@ func (e cliEnv) clientsRm(pos []string) error {
 		}
 		return nil
 	})
+	if err == nil {
+		e.wrote(path)
+	}
 	return e.said(err, "removed client %s\n", pos[0])
+}
+
+// clientsList prints each client's id, role, agent and allowlist; never a
+// token or its digest.
+func (e cliEnv) clientsList(pos []string) error {
+	doc, err := openDeps(e.getenv, e.sys()).clients.load()
+	if errors.Is(err, errFileAbsent) {
+		doc, err = &clientsDoc{}, nil
+	}
+	if err != nil {
+		return err
+	}
+	rows := []string{}
+	for _, c := range doc.Clients {
+		allow := "(any model)"
+		if c.AllowedModels != nil {
+			allow = strings.Join(c.AllowedModels, ",")
+		}
+		rows = append(rows, strings.Join([]string{c.ID, c.Role, cmp.Or(c.AgentID, "-"), allow}, "\t"))
+	}
+	e.table("ID\tROLE\tAGENT\tALLOWED", rows)
+	return nil
 }
 
 func (e cliEnv) agentsAdd(pos []string) error {
@@ -225,11 +336,43 @@ func (e cliEnv) credentialsSet(pos []string) error {
 	if key == "" {
 		return fmt.Errorf("no API key on stdin (%v)", errors.Join(err, errors.New("empty line")))
 	}
-	err = openDeps(e.getenv, e.sys()).vault.update(func(d *vaultDoc) error {
+	v := openDeps(e.getenv, e.sys()).vault
+	err = v.update(func(d *vaultDoc) error {
 		d.Direct[p.id] = vaultKey{APIKey: key}
 		return nil
 	})
+	if err == nil {
+		e.wrote(v.path)
+	}
 	return e.said(err, "stored the direct credential for %s in the vault\n", p.id)
+}
+
+func (e cliEnv) credentialsRm(pos []string) error {
+	v := openDeps(e.getenv, e.sys()).vault
+	err := v.update(func(d *vaultDoc) error {
+		if _, ok := d.Direct[pos[0]]; !ok {
+			return fmt.Errorf("the vault holds no direct credential for %q", pos[0])
+		}
+		delete(d.Direct, pos[0])
+		return nil
+	})
+	if err == nil {
+		e.wrote(v.path)
+	}
+	return e.said(err, "removed the direct credential for %s\n", pos[0])
+}
+
+// credentialsList prints the providers the vault holds a direct key for:
+// names only, never a key.
+func (e cliEnv) credentialsList(pos []string) error {
+	doc, err := openDeps(e.getenv, e.sys()).vault.load()
+	if err != nil {
+		return err
+	}
+	for _, p := range slices.Sorted(maps.Keys(doc.Direct)) {
+		fmt.Fprintln(e.stdout, p)
+	}
+	return nil
 }
 
 func (e cliEnv) journalCheck([]string) error {

@@ -69,6 +69,7 @@ type daemon struct {
 	url    string
 	token  string // the admin token printed at first start ("" when a clients file existed)
 	stderr *syncBuffer
+	stdout *syncBuffer // what serve printed after its "listening on" line
 	env    map[string]string
 	stop   func() // cancels serve (the first signal) and waits for run to return nil
 	cut    func() // the second signal: serve cuts what still runs
@@ -101,19 +102,20 @@ func startDaemon(t testing.TB, env map[string]string, stdin string, args ...stri
 	ctx, cancel := context.WithCancel(context.Background())
 	pr, pw := io.Pipe()
 	cut := make(chan struct{})
-	d := &daemon{t: t, stderr: &syncBuffer{}, env: env, cut: sync.OnceFunc(func() { close(cut) })}
+	d := &daemon{t: t, stderr: &syncBuffer{}, stdout: &syncBuffer{}, env: env, cut: sync.OnceFunc(func() { close(cut) })}
 	done := make(chan error, 1)
 	go func() {
 		err := run(ctx, cut, append([]string{"serve", "-addr", "127.0.0.1:0"}, args...), testEnv(env), strings.NewReader(stdin), pw, d.stderr)
 		pw.CloseWithError(io.EOF)
 		done <- err
 	}()
-	line, err := bufio.NewReader(pr).ReadString('\n')
+	br := bufio.NewReader(pr)
+	line, err := br.ReadString('\n')
 	if err != nil {
 		cancel()
 		t.Fatalf("serve did not start: %v; stderr:\n%s", <-done, d.stderr.String())
 	}
-	go io.Copy(io.Discard, pr)
+	go io.Copy(d.stdout, br)
 	d.url = strings.TrimSpace(strings.TrimPrefix(line, "listening on "))
 	if m := regexp.MustCompile(`bearer token \(shown once\): (\S+)`).FindStringSubmatch(d.stderr.String()); m != nil {
 		d.token = m[1]

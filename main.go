@@ -15,9 +15,10 @@
 //	brama serve [-addr ADDR] [-local-credentials-stdin]
 //	brama version
 //	brama routes list [-json] | set ALIAS DEST | rm ALIAS | migrate [-file F] [-json]
-//	brama clients add ID [-admin] [-agent A] [-allow NAME]... | rm ID
+//	brama clients add ID [-admin] [-agent A] [-allow NAME]... | rm ID | list
+//	brama deployments add NAME -port PORT [-host H] [-model M] | rm NAME | list
 //	brama agents add ID | rm ID
-//	brama credentials set PROVIDER   (API key on stdin)
+//	brama credentials set PROVIDER (API key on stdin) | rm PROVIDER | list
 //	brama subscription add -provider P -agent A [-label L] [-oauth-file F] | list -agent A [-json]
 //	        | retire -agent A [-reason R] ID | reinstate -agent A -reason R ID
 //	        | import -provider claude-code|codex -from FILE -agent A [-label L]
@@ -101,7 +102,7 @@ func exitCode(err error, stderr io.Writer) int {
 }
 
 // runUsage is run's usage line.
-const runUsage = "usage: brama serve|version|routes|clients|agents|credentials|subscription|onboard|journal|maintain|answers ... (-h on each)"
+const runUsage = "usage: brama serve|version|routes|clients|deployments|agents|credentials|subscription|onboard|journal|maintain|answers ... (-h on each)"
 
 // run is the whole program: it dispatches one subcommand and returns only
 // after every goroutine it started has exited (cut: see cliEnv).
@@ -117,14 +118,25 @@ func run(ctx context.Context, cut <-chan struct{}, args []string, getenv func(st
 			"set": e.positional("routes set ALIAS DESTINATION", 2, e.routesSet),
 			"rm":  e.positional("routes rm ALIAS", 1, e.routesRm),
 		},
-		"clients": {"add": e.clientsAdd, "rm": e.positional("clients rm ID", 1, e.clientsRm)},
+		"clients": {
+			"add": e.clientsAdd, "rm": e.positional("clients rm ID", 1, e.clientsRm),
+			"list": e.positional("clients list", 0, e.clientsList),
+		},
+		"deployments": {
+			"add": e.deploymentsAdd, "rm": e.positional("deployments rm NAME", 1, e.deploymentsRm),
+			"list": e.positional("deployments list", 0, e.deploymentsList),
+		},
 		"agents": {
 			"add": e.positional("agents add ID", 1, e.agentsAdd),
 			"rm":  e.positional("agents rm ID", 1, e.agentsRm),
 		},
-		"credentials": {"set": e.positional("credentials set PROVIDER  (the API key on stdin)", 1, e.credentialsSet)},
-		"journal":     {"check": e.positional("journal check", 0, e.journalCheck)},
-		"answers":     {"verify": e.answersVerify, "prune": e.answersPrune},
+		"credentials": {
+			"set":  e.positional("credentials set PROVIDER  (the API key on stdin)", 1, e.credentialsSet),
+			"rm":   e.positional("credentials rm PROVIDER", 1, e.credentialsRm),
+			"list": e.positional("credentials list", 0, e.credentialsList),
+		},
+		"journal": {"check": e.positional("journal check", 0, e.journalCheck)},
+		"answers": {"verify": e.answersVerify, "prune": e.answersPrune},
 		"subscription": {
 			"add": e.subscriptionAdd, "list": e.subscriptionList, "import": e.subscriptionImport,
 			"retire":    func(args []string) error { return e.subscriptionStatus("retire", args) },
@@ -345,6 +357,7 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	fmt.Fprintf(e.stdout, "listening on http://%s\n", ln.Addr())
+	fmt.Fprintln(e.stdout, serveNotes(s))
 	log.Info("serve_started", "addr", ln.Addr().String(), "version", version, "state_dir", d.st.dir != "")
 
 	var wg sync.WaitGroup
@@ -380,6 +393,22 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 	s.inflight.Lock() // every request still being served has written its log line
 	s.inflight.Unlock()
 	return nil
+}
+
+// serveNotes is what serve prints under its address: the state directory, and
+// the one step to run next while nothing can pay for a call yet.
+func serveNotes(s *server) string {
+	where := "state: " + s.st.dir
+	if s.st.dir == "" {
+		where = fmt.Sprintf("state: none (%v): nothing is kept", s.st.cause)
+	}
+	v, _ := s.vault.load()
+	doc, _ := s.reg.current()
+	if len(s.localCreds) > 0 || v != nil && len(v.Direct)+len(v.Subscriptions) > 0 || doc != nil && len(doc.Deployments) > 0 {
+		return where + "\nready: brama routes list shows what each alias serves"
+	}
+	return where + "\nnext: brama credentials set anthropic (the API key on stdin), then brama routes set 'claude-*' 'anthropic/*'" +
+		"; or a local model: brama deployments add NAME -port 11434"
 }
 
 // checkListenAddr refuses an -addr net.Listen would misread: empty (every

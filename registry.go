@@ -80,9 +80,62 @@ func (r *registry) set(alias, destination, by string) (*routesDoc, error) {
 // remove deletes alias (SPEC §4.4) and returns the committed document.
 func (r *registry) remove(alias, by string) (*routesDoc, error) { return r.write(alias, nil, by) }
 
-// write is SPEC §4.4's one read-modify-rename under the mutex and flock, pointing alias at
-// *to or, nil, removing it; a journal failure after the rename is logged: it cannot undo it.
+// write points alias at *to or, nil, removes it (SPEC §4.4), journaling the change.
 func (r *registry) write(alias string, to *string, by string) (*routesDoc, error) {
+	return r.commit(func(doc *routesDoc) (*journalRecord, error) {
+		rec := journalRecord{Kind: "route_change", Alias: alias, To: to, By: cmp.Or(by, "cli")}
+		if old, ok := doc.Routes[alias]; ok {
+			rec.From = &old
+		}
+		switch {
+		case to == nil && rec.From == nil:
+			e := refuse("alias_unknown", "alias %q is not declared in the route registry", alias)
+			e.Details = &aliasDetails{Alias: alias, State: stateNoRoute}
+			return nil, e
+		case to == nil:
+			delete(doc.Routes, alias)
+		default:
+			if err := checkRoute(doc, alias, *to); err != nil {
+				return nil, refuse("invalid_request", "%v", err)
+			}
+			// Every credential assumed, capability_absent is an unknown provider or a
+			// missing deployment: readers accept it, writers never create it.
+			if st, reason := aliasState(doc, *to, func(string) bool { return true }); st != stateServing {
+				return nil, refuse("invalid_request", "registry route %q: %s", alias, reason)
+			}
+			doc.Routes[alias] = *to
+		}
+		return &rec, nil
+	})
+}
+
+// setDeployment declares d, or with remove takes the deployment named d.Name out; an alias
+// still routed to it keeps it (the staged document would be invalid). Nothing is journaled.
+func (r *registry) setDeployment(d deployment, remove bool) (*routesDoc, error) {
+	return r.commit(func(doc *routesDoc) (*journalRecord, error) {
+		n := len(doc.Deployments)
+		doc.Deployments = slices.DeleteFunc(doc.Deployments, func(o deployment) bool { return o.Name == d.Name })
+		switch {
+		case remove && len(doc.Deployments) == n:
+			return nil, refuse("invalid_request", "no deployment %q is declared", d.Name)
+		case remove:
+			return nil, nil
+		case len(doc.Deployments) != n:
+			return nil, refuse("invalid_request", "deployment %q is already declared; rm it first", d.Name)
+		}
+		raw, _ := json.Marshal(d)
+		if _, err := parseDeployment(n, raw, doc.Deployments); err != nil { // the reader's own guards
+			return nil, refuse("invalid_request", "%v", err)
+		}
+		doc.Deployments = append(doc.Deployments, d)
+		return nil, nil
+	})
+}
+
+// commit is SPEC §4.4's one read-modify-rename under the mutex and flock: change edits the
+// freshly parsed document and returns the record to journal after the rename, if any; a
+// journal failure then is logged: it cannot undo the rename.
+func (r *registry) commit(change func(doc *routesDoc) (*journalRecord, error)) (*routesDoc, error) {
 	if err := r.pathErr; err != nil {
 		return nil, refuse("dependency_unavailable", "the route registry cannot be written: %v", err).because(err)
 	}
@@ -90,33 +143,15 @@ func (r *registry) write(alias string, to *string, by string) (*routesDoc, error
 	defer r.writeMu.Unlock()
 	var committed *routesDoc
 	err := withFileLock(r.path, func() error {
-		doc, err := r.fresh()
+		doc, err := r.fresh() // parsed just now; nobody else holds it
 		if err != nil {
 			return refuse("state_conflict", "the route registry on disk is invalid (repair it or run brama routes migrate): %v", err).because(err)
 		}
-		rec := journalRecord{Kind: "route_change", Alias: alias, To: to, By: cmp.Or(by, "cli")}
-		if old, ok := doc.Routes[alias]; ok {
-			rec.From = &old
+		rec, err := change(doc)
+		if err != nil {
+			return err
 		}
-		switch { // doc was parsed just now; nobody else holds it
-		case to == nil && rec.From == nil:
-			e := refuse("alias_unknown", "alias %q is not declared in the route registry", alias)
-			e.Details = &aliasDetails{Alias: alias, State: stateNoRoute}
-			return e
-		case to == nil:
-			delete(doc.Routes, alias)
-		default:
-			if err := checkRoute(doc, alias, *to); err != nil {
-				return refuse("invalid_request", "%v", err)
-			}
-			// Every credential assumed, capability_absent is an unknown provider or a
-			// missing deployment: readers accept it, writers never create it.
-			if st, reason := aliasState(doc, *to, func(string) bool { return true }); st != stateServing {
-				return refuse("invalid_request", "registry route %q: %s", alias, reason)
-			}
-			doc.Routes[alias] = *to
-		}
-		if err := r.j.ready(); err != nil {
+		if err := r.j.ready(); rec != nil && err != nil {
 			return refuse("dependency_unavailable", "route registry not changed: the journal cannot record it: %v", err).because(err)
 		}
 		staged := encodeRegistry(doc)
@@ -124,21 +159,23 @@ func (r *registry) write(alias string, to *string, by string) (*routesDoc, error
 			return refuse("state_conflict", "the route registry would be %d bytes; the limit is 1 MiB (%d bytes)", len(staged), maxRegistryBytes)
 		}
 		if committed, err = parseRegistry(staged); err != nil {
-			return refuse("internal_error", "route registry not changed: the staged document is invalid: %v", err).because(err)
+			return refuse("invalid_request", "route registry not changed: %v", err).because(err)
 		}
 		if err := writeFileAtomic(r.path, staged); err != nil {
 			return refuse("internal_error", "route registry not changed: %v", err).because(err)
 		}
 		// Journaled under the flock, so records follow the order of renames.
-		if err := r.j.append(rec); err != nil {
-			r.log.Error("journal_append_failed", "kind", rec.Kind, "alias", rec.Alias, "cause", err.Error())
+		if rec != nil {
+			if err := r.j.append(*rec); err != nil {
+				r.log.Error("journal_append_failed", "kind", rec.Kind, "alias", rec.Alias, "cause", err.Error())
+			}
 		}
 		return nil
 	})
 	if err == nil {
 		return committed, nil
 	}
-	if !errors.As(err, new(*apiError)) { // fn's refusals come back as they are
+	if !errors.As(err, new(*apiError)) { // change's refusals come back as they are
 		err = refuse("internal_error", "route registry lock: %v", err).because(err)
 	}
 	return nil, err
@@ -232,6 +269,9 @@ func (r *registry) aliases(hasDirect func(provider string) bool) (aliasTable, er
 	for _, alias := range slices.Sorted(maps.Keys(doc.Routes)) {
 		dest := doc.Routes[alias]
 		st, reason := aliasState(doc, dest, hasDirect)
+		if prefix, ok := strings.CutSuffix(alias, "*"); ok {
+			reason = fmt.Sprintf("Every name starting with %q that no exact alias declares. %s", prefix, reason)
+		}
 		t.Aliases = append(t.Aliases, aliasRow{Alias: alias, State: st, Route: &dest, Reason: reason})
 		if st != stateServing {
 			t.Unserviceable++
@@ -270,7 +310,7 @@ func resolveModel(name string, doc *routesDoc, docErr error, hasDirect func(stri
 	provider, model, slash := strings.Cut(name, "/") // §5.1 rule 4: a known provider before the first "/"
 	p, known := lookupProvider(provider)
 	known = known && slash && checkModelName(model) == nil // else §5.1 rule 5: never declared
-	dest, declared := doc.Routes[name]
+	dest, declared := doc.match(name)
 	alias := ""
 	switch {
 	case docErr != nil && known && p.cred != credNone: // needs no registry
@@ -293,7 +333,12 @@ func resolveModel(name string, doc *routesDoc, docErr error, hasDirect func(stri
 		}
 		p, _ = lookupProvider(provider)
 	case !known:
-		e := refuse("alias_unknown", "model %q is not a declared alias, a selector, best or a canonical route of a known provider", truncateUTF8(name, 200))
+		fix := "NAME"
+		if checkAlias(name) == nil {
+			fix = name
+		}
+		e := refuse("alias_unknown", "model %q is not a declared alias, a selector, best or a canonical route of a known provider; "+
+			"declare it: brama routes set %s ROUTE, or a prefix alias for a family: brama routes set 'claude-*' 'anthropic/*'", truncateUTF8(name, 200), fix)
 		e.Details = &aliasDetails{Alias: name, State: stateNoRoute}
 		return resolution{}, e
 	}

@@ -27,8 +27,8 @@ const (
 )
 
 var (
-	aliasPattern    = regexp.MustCompile(`^[a-z0-9._/-]{1,128}$`)
-	namePattern     = regexp.MustCompile(`^[a-z0-9._-]{1,128}$`) // deployments and adapters
+	aliasPattern    = regexp.MustCompile(`^([a-z0-9._/-]{1,128}|[a-z0-9._-]{1,128}\*)$`) // exact, or a prefix alias
+	namePattern     = regexp.MustCompile(`^[a-z0-9._-]{1,128}$`)                         // deployments and adapters
 	providerPattern = regexp.MustCompile(`^[a-z0-9._-]{1,64}$`)
 	cgnatPrefix     = netip.MustParsePrefix("100.64.0.0/10")
 )
@@ -275,7 +275,7 @@ func hasControl(s string) bool { return strings.IndexFunc(s, unicode.IsControl) 
 // checkAlias is the alias guard of SPEC §4.1; no alias may shadow a selector.
 func checkAlias(alias string) error {
 	if !aliasPattern.MatchString(alias) {
-		return invalidf("registry alias %q must match [a-z0-9._/-]{1,128}", clipName(alias))
+		return invalidf("registry alias %q must match [a-z0-9._/-]{1,128}, or [a-z0-9._-]{1,128} then * for a prefix alias", clipName(alias))
 	}
 	if alias == modeAny || alias == modeAnyVision {
 		return invalidf("registry alias %q is a selector name and cannot be declared", alias)
@@ -302,8 +302,8 @@ func checkRoute(doc *routesDoc, alias, dest string) error {
 		return invalidf("%s: the destination is %d bytes; the limit is %d", label, len(dest), maxDestinationBytes)
 	case dest != strings.TrimSpace(dest):
 		return invalidf("%s: destination %q has leading or trailing space", label, dest)
-	case strings.Contains(dest, "*"):
-		return invalidf("%s: destination %q contains \"*\"; wildcards are not routes", label, dest)
+	case strings.Contains(dest, "*") && !(strings.HasSuffix(alias, "*") && canonical && model == "*"):
+		return invalidf("%s: destination %q contains \"*\"; only a prefix alias (ending in *) may route to <provider>/*", label, dest)
 	case hasControl(dest):
 		return invalidf("%s: destination %q contains a control character", label, dest)
 	case dest == modeBest && alias == modeBest:
@@ -326,6 +326,28 @@ func checkRoute(doc *routesDoc, alias, dest string) error {
 		return invalidf("%s: destination %q names %d deployments or adapters; a bare name must name exactly one", label, dest, n)
 	}
 	return nil
+}
+
+// match is what name declares (SPEC §4.1, §5.1): its exact alias's destination, else the
+// longest matching prefix alias's, where <provider>/* becomes <provider>/name. A name with
+// "/" or "*" matches no prefix alias: "o*" must not take over openai/... canonical routes.
+func (doc *routesDoc) match(name string) (dest string, ok bool) {
+	if dest, ok = doc.Routes[name]; ok && !strings.HasSuffix(name, "*") {
+		return dest, true
+	}
+	if strings.ContainsAny(name, "/*") || checkModelName(name) != nil {
+		return "", false
+	}
+	longest := ""
+	for alias, d := range doc.Routes {
+		if prefix, ok := strings.CutSuffix(alias, "*"); ok && len(alias) > len(longest) && strings.HasPrefix(name, prefix) {
+			longest, dest = alias, d
+		}
+	}
+	if provider, ok := strings.CutSuffix(dest, "/*"); ok {
+		dest = provider + "/" + name
+	}
+	return dest, longest != ""
 }
 
 // lookupLocal finds the deployment or adapter a bare name means, its

@@ -204,7 +204,11 @@ func (s *server) notRouted(w http.ResponseWriter, r *http.Request, h http.Handle
 		s.fail(w, r, refuse("method_not_allowed", "%s is not allowed on %s", r.Method, r.URL.Path))
 		return
 	}
-	s.fail(w, r, refuse("not_found", "no route for %s", r.URL.Path))
+	hint := ""
+	if strings.HasPrefix(r.URL.Path, "/v1/v1/") {
+		hint = "; the client's base URL likely ends in /v1 and should not (e.g. ANTHROPIC_BASE_URL=http://127.0.0.1:8080, without /v1)"
+	}
+	s.fail(w, r, refuse("not_found", "no route for %s%s", r.URL.Path, hint))
 }
 
 func newRequestID() string {
@@ -567,7 +571,9 @@ func (s *server) handleModels(w http.ResponseWriter, r *http.Request) {
 	data := []model{}
 	if t, err := s.reg.aliases(s.hasDirect); err == nil {
 		for _, a := range t.Aliases {
-			data = append(data, model{ID: a.Alias, Object: "model", OwnedBy: "brama", State: a.State})
+			if !strings.HasSuffix(a.Alias, "*") { // a prefix alias is a family of names, not a model id
+				data = append(data, model{ID: a.Alias, Object: "model", OwnedBy: "brama", State: a.State})
+			}
 		}
 	}
 	ri := infoFrom(r.Context())

@@ -9,10 +9,7 @@ port=${STUB_URL##*:} # Ollama: 11434
 start_brama
 export BRAMA_TOKEN=$TOKEN
 # --- README block ---
-cat >"$BRAMA_STATE_DIR/routes.json" <<JSON
-{"schema_version":1,"deployments":[{"name":"ollama","endpoint":{"host":"127.0.0.1","port":$port},"model":"llama3.2"}],"routes":{}}
-JSON
-chmod 600 "$BRAMA_STATE_DIR/routes.json"
+"$BRAMA" deployments add ollama -port "$port" -model llama3.2
 "$BRAMA" routes set chat ollama
 out=$(curl -s "$BRAMA_URL/v1/chat/completions" -H "Authorization: Bearer $BRAMA_TOKEN" \
 	-d '{"model":"chat","messages":[{"role":"user","content":"Say hi"}]}')
