@@ -24,18 +24,18 @@ import (
 // the body. TestErrorReferenceBodies keeps it equal to what serve answers.
 func referenceBlock(t *testing.T, marker string) map[string]string {
 	t.Helper()
-	readme, err := os.ReadFile("README.md")
+	readme, err := os.ReadFile("ERRORS.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, rest, ok := strings.Cut(string(readme), marker)
 	if !ok {
-		t.Fatalf("README.md has no %q block", marker)
+		t.Fatalf("ERRORS.md has no %q block", marker)
 	}
 	_, rest, _ = strings.Cut(rest, "```text\n")
 	block, _, ok := strings.Cut(rest, "```")
 	if !ok {
-		t.Fatalf("README.md: the %q block is not fenced", marker)
+		t.Fatalf("ERRORS.md: the %q block is not fenced", marker)
 	}
 	entries := map[string]string{}
 	for _, e := range strings.Split(strings.TrimSpace(block), "\n\n") {
@@ -44,7 +44,7 @@ func referenceBlock(t *testing.T, marker string) map[string]string {
 		}
 		head := strings.Fields(e)
 		if len(head) < 2 {
-			t.Fatalf("README.md: a reference entry without status and code: %q", e)
+			t.Fatalf("ERRORS.md: a reference entry without status and code: %q", e)
 		}
 		entries[head[1]] = e
 	}
@@ -179,15 +179,15 @@ func TestErrorReferenceBodies(t *testing.T) {
 		case !ok:
 			t.Errorf("no request above produced %s", code)
 		case want[code] != g:
-			t.Errorf("README.md's %s entry:\n%s\nserve answers:\n%s", code, want[code], g)
+			t.Errorf("ERRORS.md's %s entry:\n%s\nserve answers:\n%s", code, want[code], g)
 		}
 		if _, ok := want[code]; !ok {
-			t.Errorf("README.md's error reference has no %s entry", code)
+			t.Errorf("ERRORS.md's error reference has no %s entry", code)
 		}
 	}
 	for code := range want {
 		if _, ok := codes[code]; !ok {
-			t.Errorf("README.md's error reference shows %s, which is not in the code table", code)
+			t.Errorf("ERRORS.md's error reference shows %s, which is not in the code table", code)
 		}
 	}
 	assertNoSecret(t, plantedOpenAIKey, d.stderr.String(), env["BRAMA_STATE_DIR"])

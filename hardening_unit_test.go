@@ -181,7 +181,7 @@ func TestReadyzJournalWarningsAreBounded(t *testing.T) {
 // TestReadmeCLITable keeps README's CLI table whole: each row has its
 // three cells (command, what, example) and names a command once.
 func TestReadmeCLITable(t *testing.T) {
-	b, err := os.ReadFile("README.md")
+	b, err := os.ReadFile("REFERENCE.md")
 	if err != nil {
 		t.Fatal(err)
 	}

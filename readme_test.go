@@ -9,17 +9,17 @@ import (
 	"testing"
 )
 
-// readmeSection is README's text from the heading line to the next heading
+// docSection is a page's text from the heading line to the next heading
 // of the same or a higher level.
-func readmeSection(t *testing.T, heading string) string {
+func docSection(t *testing.T, page, heading string) string {
 	t.Helper()
-	b, err := os.ReadFile("README.md")
+	b, err := os.ReadFile(page)
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, rest, ok := strings.Cut(string(b), "\n"+heading+"\n")
 	if !ok {
-		t.Fatalf("README has no %q section", heading)
+		t.Fatalf("%s has no %q section", page, heading)
 	}
 	level, lines, fenced := len(strings.Fields(heading)[0]), strings.Split(rest, "\n"), false
 	for i, line := range lines {
@@ -48,10 +48,10 @@ func packageSources(t *testing.T) map[string]string {
 }
 
 // TestReadmeNamesEveryVariable: every BRAMA_* variable the code reads has
-// its row in README's environment table; a name built from a prefix
+// its row in REFERENCE.md's environment table; a name built from a prefix
 // (BRAMA_PROVIDER_<ID>_BASE_URL) has a row starting with that prefix.
 func TestReadmeNamesEveryVariable(t *testing.T) {
-	table := readmeSection(t, "### Environment")
+	table := docSection(t, "REFERENCE.md", "### Environment")
 	literal := regexp.MustCompile(`"(BRAMA_[A-Z_]+)"`)
 	seen := map[string]bool{}
 	for f, src := range packageSources(t) {
@@ -66,7 +66,7 @@ func TestReadmeNamesEveryVariable(t *testing.T) {
 				row = "| `" + name + "<"
 			}
 			if !strings.Contains(table, row) {
-				t.Errorf("%s reads %s; README's environment table has no row for it", f, name)
+				t.Errorf("%s reads %s; REFERENCE.md's environment table has no row for it", f, name)
 			}
 		}
 	}
@@ -75,11 +75,11 @@ func TestReadmeNamesEveryVariable(t *testing.T) {
 	}
 }
 
-// TestReadmeNamesEveryFlag: every command run knows has a row in README's
+// TestReadmeNamesEveryFlag: every command run knows has a row in REFERENCE.md's
 // CLI table (serve: the Running section too), and that row names each flag
 // its -h prints. The commands come from run's own usage lines.
 func TestReadmeNamesEveryFlag(t *testing.T) {
-	cli, running := readmeSection(t, "## CLI"), readmeSection(t, "## Running")
+	cli, running := docSection(t, "REFERENCE.md", "## CLI"), docSection(t, "REFERENCE.md", "## Running")
 	rows := map[string]string{} // "routes list" → its row
 	for _, line := range strings.Split(cli, "\n") {
 		if cmd, ok := strings.CutPrefix(line, "| `brama "); ok {
@@ -110,7 +110,7 @@ func TestReadmeNamesEveryFlag(t *testing.T) {
 	for _, cmd := range commands {
 		row, ok := rows[cmd]
 		if !ok {
-			t.Errorf("README's CLI table has no row for brama %s", cmd)
+			t.Errorf("REFERENCE.md's CLI table has no row for brama %s", cmd)
 			continue
 		}
 		_, help, _ := runCLI(t, nil, "", append(strings.Fields(cmd), "-h")...)
@@ -125,7 +125,7 @@ func TestReadmeNamesEveryFlag(t *testing.T) {
 			if strings.HasPrefix(cmd, "subscription ") && flag == "-gateway" && strings.Contains(cli, "`-gateway URL`") {
 				continue // one sentence under the table names it for every subscription command
 			}
-			t.Errorf("brama %s -h prints %s; README's row does not name it: %.100s", cmd, flag, row)
+			t.Errorf("brama %s -h prints %s; REFERENCE.md's row does not name it: %.100s", cmd, flag, row)
 		}
 	}
 	if len(commands) < 20 {
@@ -134,9 +134,9 @@ func TestReadmeNamesEveryFlag(t *testing.T) {
 }
 
 // TestReadmeNamesEveryLogEvent: every log message the code writes is named
-// in README's Logs section, by name or by a `family_*` pattern.
+// in REFERENCE.md's Logs section, by name or by a `family_*` pattern.
 func TestReadmeNamesEveryLogEvent(t *testing.T) {
-	logs := readmeSection(t, "## Logs")
+	logs := docSection(t, "AUTHORIZATION.md", "## Logs")
 	event := regexp.MustCompile(`(?:\.(?:Info|Warn|Error|Debug)\(|slog\.Level[A-Za-z]+, |msg, level :?= )"([a-z]+(?:_[a-z]+)+)"`)
 	family := regexp.MustCompile("`([a-z_]+_)\\*`")
 	var families []string
@@ -151,7 +151,7 @@ func TestReadmeNamesEveryLogEvent(t *testing.T) {
 			if strings.Contains(logs, "`"+name+"`") || slices.ContainsFunc(families, func(p string) bool { return strings.HasPrefix(name, p) }) {
 				continue
 			}
-			t.Errorf("%s logs %q; README's Logs section does not name it", f, name)
+			t.Errorf("%s logs %q; REFERENCE.md's Logs section does not name it", f, name)
 		}
 	}
 	if n < 30 {

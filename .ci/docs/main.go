@@ -141,8 +141,116 @@ func check(dir string) ([]string, error) {
 			findings = append(findings, fmt.Sprintf("TESTING.md:%d: the row names no test that proves it", r.line))
 		}
 	}
+	pages, err := pageFindings(dir)
+	if err != nil {
+		return nil, err
+	}
+	findings = append(findings, pages...)
 	sort.Strings(findings)
 	return findings, nil
+}
+
+var (
+	mdLink   = regexp.MustCompile(`\]\(([^)\s]+)\)`)
+	repoFile = regexp.MustCompile(`^(?:(?:examples|testdata|\.ci)/[A-Za-z0-9_./-]+|[A-Za-z0-9_-]+\.(?:md|go))$`)
+	heading  = regexp.MustCompile(`^#+ (.*)$`)
+	mdName   = regexp.MustCompile(`\b[A-Z][A-Za-z_-]*\.md\b`)
+)
+
+// pageFindings checks every Markdown page at the repository's root: a link
+// or a backticked file name names a file the repository holds (and a link's
+// #anchor a heading of that page), and every sh block is run by a script
+// its section names (an examples/ script, or .ci/run).
+func pageFindings(dir string) ([]string, error) {
+	pages, err := filepath.Glob(filepath.Join(dir, "*.md"))
+	if err != nil {
+		return nil, err
+	}
+	anchors := map[string]map[string]bool{}
+	texts := map[string][]string{}
+	for _, p := range pages {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return nil, err
+		}
+		name := filepath.Base(p)
+		texts[name] = strings.Split(string(b), "\n")
+		anchors[name] = map[string]bool{}
+		for _, l := range texts[name] {
+			if m := heading.FindStringSubmatch(l); m != nil {
+				anchors[name][slug(m[1])] = true
+			}
+		}
+	}
+	exists := func(f string) bool { _, err := os.Stat(filepath.Join(dir, f)); return err == nil }
+	var findings []string
+	for name, lines := range texts {
+		fenced, section, intro := false, "", ""
+		for i, l := range lines {
+			if strings.HasPrefix(l, "```") {
+				if !fenced && strings.TrimPrefix(l, "```") == "sh" && !runs(intro+section) {
+					findings = append(findings, fmt.Sprintf("%s:%d: an sh block whose section names no examples/ script that runs it", name, i+1))
+				}
+				fenced = !fenced
+				continue
+			}
+			if fenced {
+				continue
+			}
+			if heading.MatchString(l) {
+				if intro == "" && strings.HasPrefix(l, "## ") {
+					intro = section
+				}
+				section = ""
+			}
+			section += l + "\n"
+			for _, m := range mdLink.FindAllStringSubmatch(l, -1) {
+				target := m[1]
+				if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+					continue
+				}
+				file, anchor, _ := strings.Cut(target, "#")
+				if file == "" {
+					file = name
+				}
+				if !exists(file) {
+					findings = append(findings, fmt.Sprintf("%s:%d: link to %s, which the repository does not hold", name, i+1, file))
+				} else if anchor != "" && anchors[file] != nil && !anchors[file][anchor] {
+					findings = append(findings, fmt.Sprintf("%s:%d: link to %s#%s, a heading that page does not have", name, i+1, file, anchor))
+				}
+			}
+			for _, f := range mdName.FindAllString(l, -1) {
+				if !exists(f) {
+					findings = append(findings, fmt.Sprintf("%s:%d: names %s, which the repository does not hold", name, i+1, f))
+				}
+			}
+			for _, m := range backticked.FindAllStringSubmatch(l, -1) {
+				if f := strings.TrimSuffix(m[1], "/"); repoFile.MatchString(f) && !strings.ContainsAny(f, "*<>") && !exists(f) {
+					findings = append(findings, fmt.Sprintf("%s:%d: names %s, which the repository does not hold", name, i+1, f))
+				}
+			}
+		}
+	}
+	return findings, nil
+}
+
+// runs says whether a section's text names the script that runs its blocks.
+func runs(text string) bool {
+	return strings.Contains(text, "`examples/") || strings.Contains(text, "`.ci/run`")
+}
+
+// slug is a heading's anchor as GitHub makes it.
+func slug(h string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(h) {
+		switch {
+		case r == ' ':
+			b.WriteByte('-')
+		case r == '-' || r == '_' || r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r > 127:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
 }
 
 // codeTable is the keys of errors.go's `codes` map: the one code table.

@@ -77,3 +77,35 @@ func write(t *testing.T, dir, name, content string) {
 		t.Fatal(err)
 	}
 }
+
+// TestPageFindings shows the page check passing on a small repository,
+// then failing for each kind of gap it exists to catch.
+func TestPageFindings(t *testing.T) {
+	const good = "# Page\n\nSee [the other](OTHER.md#a-heading) and [here](#page) and `examples/run.sh`.\n\n## Try\n\n`examples/run.sh` runs it:\n\n```sh\necho hi\n```\n"
+	tests := []struct {
+		name, page, want string
+	}{
+		{"complete", good, ""},
+		{"link to a missing page", strings.Replace(good, "OTHER.md", "GONE.md", 1), "link to GONE.md"},
+		{"link to a missing heading", strings.Replace(good, "#a-heading", "#nowhere", 1), "a heading that page does not have"},
+		{"a missing file named", strings.Replace(good, "and `examples/run.sh`", "and `examples/gone.sh`", 1), "names examples/gone.sh"},
+		{"a page named in text", good + "\nRead SPEC.md.\n", "names SPEC.md"},
+		{"an sh block no script runs", strings.ReplaceAll(good, "`examples/run.sh`", "the script"), "an sh block whose section names no examples/ script"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			write(t, dir, "PAGE.md", tt.page)
+			write(t, dir, "OTHER.md", "# Other\n\n## A heading\n")
+			write(t, dir, "examples/run.sh", "#!/bin/sh\n")
+			findings, err := pageFindings(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := strings.Join(findings, "\n")
+			if tt.want == "" && got != "" || tt.want != "" && !strings.Contains(got, tt.want) {
+				t.Fatalf("findings %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
