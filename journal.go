@@ -241,7 +241,7 @@ func writeJournalLine(f *os.File, line []byte) error {
 	return nil
 }
 
-// size is the journal's size in bytes for /stats (SPEC §13).
+// size is the journal's size in bytes for /metrics (SPEC §13).
 func (j *journal) size() (int64, error) {
 	if j.noState != nil {
 		return 0, j.noState

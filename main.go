@@ -16,7 +16,6 @@
 //	brama version
 //	brama routes list [-json] | set ALIAS DEST | rm ALIAS | migrate [-file F] [-json]
 //	brama clients add ID [-admin] [-agent A] [-allow NAME]... | rm ID
-//	brama agents add ID | rm ID
 //	brama credentials set PROVIDER   (API key on stdin)
 //	brama subscription add -provider P -agent A [-label L] [-oauth-file F] | list -agent A [-json]
 //	        | retire -agent A [-reason R] ID | reinstate -agent A -reason R ID
@@ -101,7 +100,7 @@ func exitCode(err error, stderr io.Writer) int {
 }
 
 // runUsage is run's usage line.
-const runUsage = "usage: brama serve|version|routes|clients|agents|credentials|subscription|onboard|journal|maintain|answers ... (-h on each)"
+const runUsage = "usage: brama serve|version|routes|clients|credentials|subscription|onboard|journal|maintain|answers ... (-h on each)"
 
 // run is the whole program: it dispatches one subcommand and returns only
 // after every goroutine it started has exited (cut: see cliEnv).
@@ -117,11 +116,7 @@ func run(ctx context.Context, cut <-chan struct{}, args []string, getenv func(st
 			"set": e.positional("routes set ALIAS DESTINATION", 2, e.routesSet),
 			"rm":  e.positional("routes rm ALIAS", 1, e.routesRm),
 		},
-		"clients": {"add": e.clientsAdd, "rm": e.positional("clients rm ID", 1, e.clientsRm)},
-		"agents": {
-			"add": e.positional("agents add ID", 1, e.agentsAdd),
-			"rm":  e.positional("agents rm ID", 1, e.agentsRm),
-		},
+		"clients":     {"add": e.clientsAdd, "rm": e.positional("clients rm ID", 1, e.clientsRm)},
 		"credentials": {"set": e.positional("credentials set PROVIDER  (the API key on stdin)", 1, e.credentialsSet)},
 		"journal":     {"check": e.positional("journal check", 0, e.journalCheck)},
 		"answers":     {"verify": e.answersVerify, "prune": e.answersPrune},
@@ -300,7 +295,6 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 			ledger:  newLedger(d.st, log, now),
 		},
 		guard: guard, maxBody: maxBody,
-		agents:  newAgentVerifier(d.vault.agentSecret, now),
 		answers: newAnswerStore(d.st, log, now),
 		replay:  newReplayGuard(e.getenv, log, now),
 	}
