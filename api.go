@@ -81,6 +81,7 @@ func (s *server) donateSubscription(r *http.Request) (any, error) {
 		return nil, err
 	}
 	s.maint.changed()
+	s.replay.forget("", it.Provider) // SPEC §17: a new credential of the provider
 	if signIn {
 		by := infoFrom(r.Context()).client.ID
 		if jerr := s.journalSignIn(it, "signed_in", "new subscription donated by sign-in from client "+by); jerr != nil {
@@ -223,10 +224,10 @@ func (s *server) handleChat(dialect string) http.HandlerFunc {
 			s.signedAnswer(w, r, req.head, r.Header.Get("Idempotency-Key"), route)
 			return
 		}
-		if s.replayRefused(w, r) { // SPEC §8.1's replay guard (replay.go)
+		if s.replayRefused(w, r, req.body, c) { // SPEC §8.1's replay guard (replay.go)
 			return
 		}
-		e.t.remember = s.replayRememberer(r)
+		e.t.remember = s.replayRememberer(r, req.body, c, cands)
 		route(w, r)
 	}
 }

@@ -34,6 +34,7 @@ func (e *engine) countTokens(ctx context.Context, w http.ResponseWriter, req *ca
 			}
 			w.Header().Set("Brama-Route", c.res.Route)
 			w.Header().Set("Brama-Attempts", strconv.Itoa(attempts))
+			providerFacts(w.Header(), resp.Header, true)
 			writeJSON(w, http.StatusOK, ans)
 			return usage{}, nil, false
 		}}

@@ -481,6 +481,7 @@ func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, model strin
 		if pass {
 			streamModel, relay = c.res.Model, relayPassthroughStream
 		}
+		providerFacts(w.Header(), resp.Header, pass)
 		sa := e.openStreamAnswer(w, req.dialect, tr, streamModel, attempts)
 		defer sa.close()
 		var err error
@@ -501,6 +502,7 @@ func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, model strin
 	if err != nil {
 		return a.Usage, refuse("internal_error", "the answer could not be encoded").because(err).withAttempts(attempts), false
 	}
+	providerFacts(w.Header(), resp.Header, false)
 	writeAnswer(w, "application/json", attempts, out)
 	return a.Usage, nil, false
 }

@@ -209,7 +209,7 @@ func TestDialectProtocolMatrix(t *testing.T) {
 					if formatOf(dialect).protocol == fx.protocol { // passthrough: the provider's own answer
 						want := fx.buffered
 						if stream {
-							want = withoutUsageChunk(fixture(t, fx.stream)) // Brama asked for usage itself
+							want = relayedChatStream(fixture(t, fx.stream)) // Brama asked for usage itself
 						}
 						if string(body) != want {
 							t.Errorf("passthrough answer differs from the provider's:\n got %q\nwant %q", body, want)
@@ -242,12 +242,13 @@ func TestDialectProtocolMatrix(t *testing.T) {
 	assertOwnerOnly(t, env["BRAMA_STATE_DIR"])
 }
 
-// withoutUsageChunk drops a chat stream's usage chunk (choices: []), which
-// Brama does not relay when it asked for usage itself (SPEC §7.6).
-func withoutUsageChunk(stream string) string {
+// relayedChatStream is what a caller gets of a chat stream: no usage chunk
+// (choices: []) when Brama asked for usage itself (SPEC §7.6), and no
+// comment, which the SSE reader keeps none of (SPEC §17).
+func relayedChatStream(stream string) string {
 	var keep []string
 	for _, block := range strings.SplitAfter(stream, "\n\n") {
-		if !strings.Contains(block, `"choices":[]`) {
+		if !strings.Contains(block, `"choices":[]`) && !strings.HasPrefix(block, ":") {
 			keep = append(keep, block)
 		}
 	}

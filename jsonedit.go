@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"slices"
 	"strconv"
 )
@@ -95,8 +96,17 @@ func (o rawObject) edit(edits ...memberEdit) []byte {
 	if len(edits) == 0 {
 		return o.src
 	}
+	out := bytes.NewBuffer(make([]byte, 0, len(o.src)+64))
+	o.writeEdited(out, edits...)
+	return out.Bytes()
+}
+
+// writeEdited writes edit's bytes to w piece by piece: a digest of them
+// holds no copy of the body (the replay guard's, SPEC §17).
+func (o rawObject) writeEdited(w io.Writer, edits ...memberEdit) {
 	open := skipJSONSpace(o.src, 0) + 1 // just past '{'
-	out, tail := append(make([]byte, 0, len(o.src)+64), o.src[:open]...), open
+	w.Write(o.src[:open])
+	tail, first := open, true
 	for _, m := range o.members {
 		seg := o.src[m.sep:m.end]
 		tail = m.end
@@ -104,25 +114,27 @@ func (o rawObject) edit(edits ...memberEdit) []byte {
 		if k >= 0 && edits[k].value == nil {
 			continue
 		}
-		if j := skipJSONSpace(seg, 0); len(out) == open && j < len(seg) && seg[j] == ',' {
+		if j := skipJSONSpace(seg, 0); first && j < len(seg) && seg[j] == ',' {
 			seg = seg[j+1:] // the first member written carries no separator
 		}
+		first = false
 		if k >= 0 {
-			out = append(out, seg[:len(seg)-(m.end-m.val)]...)
+			w.Write(seg[:len(seg)-(m.end-m.val)])
 			seg = edits[k].value
 		}
-		out = append(out, seg...)
+		w.Write(seg)
 	}
 	for k, e := range edits {
 		if e.value == nil || o.value(e.key) != nil || slices.ContainsFunc(edits[:k], func(p memberEdit) bool { return p.key == e.key }) {
 			continue
 		}
-		if len(out) > open {
-			out = append(out, ',')
+		if !first {
+			w.Write([]byte{','})
 		}
-		out = append(append(strconv.AppendQuote(out, e.key), ':'), e.value...) // Brama's own keys are plain ASCII
+		first = false
+		w.Write(append(append(strconv.AppendQuote(nil, e.key), ':'), e.value...)) // Brama's own keys are plain ASCII
 	}
-	return append(out, o.src[tail:]...)
+	w.Write(o.src[tail:])
 }
 
 // rawText is a JSON string's text, the source's bytes when it has no escapes

@@ -145,7 +145,7 @@ func TestPassthroughKeepsTheCallersBytes(t *testing.T) {
 				if stream {
 					want = fixture(t, tt.fx.stream)
 					if tt.dialect == dialectChat {
-						want = withoutUsageChunk(want)
+						want = relayedChatStream(want)
 					}
 				}
 				if string(got) != want {

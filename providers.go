@@ -124,10 +124,11 @@ func isLoopbackHost(host string) bool {
 
 // newProviderClient is the one HTTP client for provider calls: no redirects
 // (one could carry a credential elsewhere), no ambient proxy (SPEC §6.1), no
-// elapsed-time cutoff, not even for dialing (SPEC §7.4).
+// elapsed-time cutoff, not even for dialing (SPEC §7.4), no compression
+// offered: the bytes held are the bytes sent (SPEC §17).
 func newProviderClient() *http.Client {
 	t := http.DefaultTransport.(*http.Transport).Clone()
-	t.Proxy = nil
+	t.Proxy, t.DisableCompression = nil, true
 	t.DialContext = (&net.Dialer{KeepAlive: 30 * time.Second}).DialContext
 	t.TLSHandshakeTimeout = 0
 	t.ExpectContinueTimeout = 0

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -252,8 +253,24 @@ func relayBuffered(w http.ResponseWriter, cr *callerRequest, c call, resp *http.
 	if err != nil {
 		return u, asAPIError(err).redactedFor(c.cred.bearer()).withAttempts(attempts)
 	}
+	providerFacts(w.Header(), resp.Header, true)
 	writeAnswer(w, ct, attempts, body)
 	return u, nil
+}
+
+// providerFacts gives the caller what SPEC §17 lets a provider's answer
+// tell: its request id as request-id (X-Request-Id is Brama's own) and, for
+// a same-format answer, its rate-limit headers as received; nothing else
+// (no cookie, nothing naming the provider account).
+func providerFacts(h, provider http.Header, same bool) {
+	if id := cmp.Or(provider.Get("Request-Id"), provider.Get("X-Request-Id")); id != "" {
+		h.Set("Request-Id", id)
+	}
+	for name, vs := range provider {
+		if same && (name == "Retry-After" || strings.HasPrefix(name, "Anthropic-Ratelimit-") || strings.HasPrefix(name, "X-Ratelimit-")) {
+			h[name] = vs
+		}
+	}
 }
 
 // assembledResponse is a watched codex stream's final response, its output

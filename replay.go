@@ -3,12 +3,11 @@ package main
 import (
 	"bytes"
 	"crypto/sha256"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -19,8 +18,8 @@ import (
 // Memory only; an Idempotency-Key request never reaches it (SPEC §12).
 
 const (
-	defaultReplayGuard = 60 * time.Second // the window when BRAMA_REPLAY_GUARD_SECS is unset
-	maxReplayMessage   = 256              // message bytes kept per entry: 10,000 entries stay a few MB
+	defaultReplayGuard = 120 * time.Second // the window when BRAMA_REPLAY_GUARD_SECS is unset
+	maxReplayMessage   = 256               // message bytes kept per entry: 10,000 entries stay a few MB
 )
 
 // errReplayRefused is the logged cause of a replay guard refusal.
@@ -43,9 +42,11 @@ type replayKey [sha256.Size]byte
 
 // replayEntry is one remembered refusal.
 type replayEntry struct {
-	status    int    // the HTTP status it had (a stream's: its code's)
-	code      string // its code
-	message   string // its message, cut to maxReplayMessage ("" for a stream)
+	status    int      // the HTTP status it had (a stream's: its code's)
+	code      string   // its code
+	message   string   // its message, cut to maxReplayMessage ("" for a stream)
+	alias     string   // the alias the request named, "" for none
+	providers []string // the providers its route could call (SPEC §17: a fix forgets it)
 	at, until time.Time
 }
 
@@ -55,8 +56,8 @@ type replayQueued struct {
 	until  time.Time
 }
 
-// newReplayGuard reads BRAMA_REPLAY_GUARD_SECS: unset is 60 s, 0 turns the
-// guard off; anything unreadable is logged and 60 s.
+// newReplayGuard reads BRAMA_REPLAY_GUARD_SECS: unset is 120 s, 0 turns the
+// guard off; anything unreadable is logged and 120 s.
 func newReplayGuard(getenv func(string) string, log *slog.Logger, now func() time.Time) *replayGuard {
 	const name = "BRAMA_REPLAY_GUARD_SECS"
 	window, err := envSeconds(getenv, name, 0, defaultReplayGuard)
@@ -67,37 +68,43 @@ func newReplayGuard(getenv func(string) string, log *slog.Logger, now func() tim
 	return &replayGuard{window: window, now: now, refused: map[replayKey]replayEntry{}, byClient: map[string]int{}}
 }
 
-// replayKeyOf digests client, scope and the canonical body (the Codex CLI
-// writes client_metadata from a hash map) without the stream members, so a
-// buffered fallback from a failed stream asks the same request; the loose
-// key leaves out the output limit too: Claude Code's fallback asks 64000 of
-// 128000. ok is false for anything but one JSON object.
-func replayKeyOf(clientID, scope string, body []byte, loose bool) (replayKey, bool) {
+// replayKeyOf digests client, scope and the body's bytes without the stream
+// members (SPEC §17: clients resend the same bytes), so a buffered fallback
+// from a failed stream asks the same request; the loose key leaves out the
+// output limit too: Claude Code's fallback asks 64000 of 128000. The Codex
+// CLI re-sends client_metadata from a hash map: its members go in key order.
+func replayKeyOf(clientID, scope string, body rawObject, loose bool) replayKey {
 	leftOut := streamMembers
 	if loose {
 		leftOut = looseMembers
 	}
-	canonical, ok := canonicalRequest(body, leftOut)
-	if !ok {
-		return replayKey{}, false
-	}
 	h := sha256.New()
 	fmt.Fprintf(h, "%d:%s%d:%s%t:", len(clientID), clientID, len(scope), scope, loose)
-	h.Write(canonical)
-	return replayKey(h.Sum(nil)), true
+	if meta, ok := splitRaw(body.value("client_metadata"), '{', nil); ok {
+		slices.SortFunc(meta.members, func(a, b jsonMember) int { return bytes.Compare(a.key, b.key) })
+		for _, m := range meta.members {
+			fmt.Fprintf(h, "%d:%s", len(m.key), m.key)
+			h.Write(meta.src[m.val:m.end])
+		}
+		leftOut = append(leftOut[:len(leftOut):len(leftOut)], memberEdit{key: "client_metadata"})
+	}
+	body.writeEdited(h, leftOut...)
+	return replayKey(h.Sum(nil))
 }
 
-// replayScope is what reaches a provider from the caller beside the body:
-// its agent and the version and beta headers it sets (SPEC §6.2).
-func replayScope(agent string, h http.Header) string {
-	return fmt.Sprintf("%q", []string{agent, strings.Join(h.Values("anthropic-version"), ","),
-		strings.Join(h.Values("anthropic-beta"), ","), strings.Join(h.Values("openai-beta"), ",")})
+// replayScope is what reaches a provider beside the body: the route c
+// resolved to and its direct key's fingerprint (SPEC §17: a registry or key
+// change is a new request, whichever process wrote it), the caller's agent
+// and the version and beta headers it sets (SPEC §6.2).
+func replayScope(agent string, h http.Header, c call) string {
+	return fmt.Sprintf("%q", []string{agent, c.res.Route, c.res.BaseURL, fmt.Sprintf("%x", sha256.Sum256([]byte(c.cred.APIKey))),
+		strings.Join(h.Values("anthropic-version"), ","), strings.Join(h.Values("anthropic-beta"), ","), strings.Join(h.Values("openai-beta"), ",")})
 }
 
 // The top-level members a digest leaves out.
 var (
-	streamMembers = []string{"stream", "stream_options"}
-	looseMembers  = []string{"stream", "stream_options", "max_tokens", "max_completion_tokens", "max_output_tokens"}
+	streamMembers = []memberEdit{{key: "stream"}, {key: "stream_options"}}
+	looseMembers  = append(streamMembers[:2:2], memberEdit{key: "max_tokens"}, memberEdit{key: "max_completion_tokens"}, memberEdit{key: "max_output_tokens"})
 )
 
 // mayHaveGenerated: the loose key's codes; a caller that fixes its output
@@ -106,44 +113,21 @@ func mayHaveGenerated(code string) bool {
 	return code == "provider_incomplete" || code == "provider_failure"
 }
 
-// canonicalRequest is body's one JSON object without leftOut, as
-// encoding/json writes a map (sorted, no space, numbers as sent).
-func canonicalRequest(body []byte, leftOut []string) ([]byte, bool) {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.UseNumber()
-	var v map[string]any
-	if err := dec.Decode(&v); err != nil || v == nil {
-		return nil, false
-	}
-	if _, err := dec.Token(); err != io.EOF { // one object and nothing after it
-		return nil, false
-	}
-	for _, m := range leftOut {
-		delete(v, m)
-	}
-	out, err := json.Marshal(v)
-	return out, err == nil
-}
-
 // rememberRequest keeps e under the request's key, and its loose key too.
-func (g *replayGuard) rememberRequest(client, scope string, body []byte, e replayEntry) {
+func (g *replayGuard) rememberRequest(client, scope string, body rawObject, e replayEntry) {
 	for _, loose := range []bool{false, true} {
 		if loose && !mayHaveGenerated(e.code) {
 			break
 		}
-		if k, ok := replayKeyOf(client, scope, body, loose); ok {
-			g.remember(client, k, e)
-		}
+		g.remember(client, replayKeyOf(client, scope, body, loose), e)
 	}
 }
 
 // lookupRequest is the refusal remembered for a request under either key.
-func (g *replayGuard) lookupRequest(client, scope string, body []byte) (replayEntry, bool) {
+func (g *replayGuard) lookupRequest(client, scope string, body rawObject) (replayEntry, bool) {
 	for _, loose := range []bool{false, true} {
-		if k, ok := replayKeyOf(client, scope, body, loose); ok {
-			if e, ok := g.lookup(k); ok && (!loose || mayHaveGenerated(e.code)) {
-				return e, true
-			}
+		if e, ok := g.lookup(replayKeyOf(client, scope, body, loose)); ok && (!loose || mayHaveGenerated(e.code)) {
+			return e, true
 		}
 	}
 	return replayEntry{}, false
@@ -194,6 +178,22 @@ func (g *replayGuard) remember(client string, k replayKey, e replayEntry) {
 	g.byClient[client]++
 }
 
+// forget drops every refusal remembered for a request through alias or
+// provider ("" names none): the operator's fix is dispatched (SPEC §17).
+// Their queue entries stay until their time passes.
+func (g *replayGuard) forget(alias, provider string) {
+	if g == nil {
+		return
+	}
+	g.lock()
+	defer g.mu.Unlock()
+	for k, e := range g.refused {
+		if alias != "" && e.alias == alias || provider != "" && slices.Contains(e.providers, provider) {
+			delete(g.refused, k)
+		}
+	}
+}
+
 // size is the number of refusals remembered now.
 func (g *replayGuard) size() int {
 	g.lock()
@@ -217,13 +217,14 @@ func (e replayEntry) refusal() *apiError {
 	return ae.because(errReplayRefused).withAttempts(0)
 }
 
-// replayRefused answers r with the remembered refusal it repeats, if any.
-func (s *server) replayRefused(w http.ResponseWriter, r *http.Request) bool {
+// replayRefused answers r, planned as c, with the remembered refusal it
+// repeats, if any.
+func (s *server) replayRefused(w http.ResponseWriter, r *http.Request, body rawObject, c call) bool {
 	g, ri := s.replay, infoFrom(r.Context())
 	if g == nil || g.window <= 0 || !g.holds(ri.client.ID) { // the digest is taken only when it can match
 		return false
 	}
-	e, ok := g.lookupRequest(ri.client.ID, replayScope(ri.agentID, r.Header), ri.body)
+	e, ok := g.lookupRequest(ri.client.ID, replayScope(ri.agentID, r.Header, c), body)
 	if ok {
 		w.Header().Set("Brama-Replay-Refused", "true")
 		s.fail(w, r, e.refusal())
@@ -231,15 +232,22 @@ func (s *server) replayRefused(w http.ResponseWriter, r *http.Request) bool {
 	return ok
 }
 
-// replayRememberer is tally.remember for r; nil when the guard is off.
-func (s *server) replayRememberer(r *http.Request) func(ae *apiError, attempts int, hungUp, streamed bool) {
+// replayRememberer is tally.remember for r, planned as c over cands; nil
+// when the guard is off.
+func (s *server) replayRememberer(r *http.Request, body rawObject, c call, cands []resolution) func(ae *apiError, attempts int, hungUp, streamed bool) {
 	g, ri := s.replay, infoFrom(r.Context())
 	if g == nil || g.window <= 0 {
 		return nil
 	}
 	return func(ae *apiError, attempts int, hungUp, streamed bool) {
 		if e, ok := replayEntryOf(ae, attempts, hungUp, streamed); ok {
-			g.rememberRequest(ri.client.ID, replayScope(ri.agentID, r.Header), ri.body, e)
+			e.alias, e.providers = c.res.Alias, []string{c.res.Provider.id}
+			for _, cand := range cands {
+				if !slices.Contains(e.providers, cand.Provider.id) {
+					e.providers = append(e.providers, cand.Provider.id)
+				}
+			}
+			g.rememberRequest(ri.client.ID, replayScope(ri.agentID, r.Header, c), body, e)
 		}
 	}
 }

@@ -2,16 +2,18 @@ package main
 
 import (
 	"bytes"
-	"encoding/json"
+	"cmp"
 	"fmt"
 	"io"
+	"net/http"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
 	"time"
 )
 
-// TestReplayGuard: within BRAMA_REPLAY_GUARD_SECS (default 60) the same
+// TestReplayGuard: within BRAMA_REPLAY_GUARD_SECS (default 120) the same
 // request from the same client after a non-retryable refusal that followed
 // a provider call is answered that refusal again without a call; a
 // different body, another client, an Idempotency-Key request, a retryable
@@ -20,12 +22,12 @@ func TestReplayGuard(t *testing.T) {
 	clock := &testClock{t: time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)}
 	testingOnlyNow = clock.now
 	defer func() { testingOnlyNow = nil }()
-	env := stateEnv(t) // BRAMA_REPLAY_GUARD_SECS unset: 60 s
+	env := stateEnv(t) // BRAMA_REPLAY_GUARD_SECS unset: 120 s
 	fake := refusingProvider(t)
 	env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = fake.URL
 	d := startDaemon(t, env, `{"openai":"`+plantedOpenAIKey+`"}`, "-local-credentials-stdin")
 	other := addClient(t, env, "other")
-	until := clock.now().Add(60 * time.Second).Format(time.RFC3339)
+	until := clock.now().Add(120 * time.Second).Format(time.RFC3339)
 
 	// calls runs f and returns how many provider calls it made.
 	calls := func(f func()) int64 {
@@ -139,17 +141,97 @@ func TestReplayGuard(t *testing.T) {
 	})
 
 	t.Run("after the window", func(t *testing.T) {
-		clock.advance(60 * time.Second)
+		clock.advance(120 * time.Second)
 		for _, tc := range tests {
 			var hdr map[string][]string
 			if n := calls(func() {
 				_, hdr, _ = d.call("POST", dialectPaths[tc.dialect], d.token, chatBody(tc.dialect, tc.model, false, ""))
 			}); n != 1 || len(hdr["Brama-Replay-Refused"]) != 0 {
-				t.Errorf("%s after 60 s: %d provider calls, replay header %v; want 1 call", tc.name, n, hdr["Brama-Replay-Refused"])
+				t.Errorf("%s after 120 s: %d provider calls, replay header %v; want 1 call", tc.name, n, hdr["Brama-Replay-Refused"])
 			}
 		}
 	})
 	assertNoSecret(t, plantedOpenAIKey, d.stderr.String(), env["BRAMA_STATE_DIR"])
+}
+
+// TestReplayGuardForgetsAfterAFix: the operator's change to the route a
+// refused request used forgets the refusal, so the caller's first request
+// after the fix is dispatched (SPEC §17): a registry write of its alias
+// (even to the same route), one by the CLI, a new direct key, and a
+// replaced or newly donated credential of its provider. A write of another
+// alias forgets nothing.
+func TestReplayGuardForgetsAfterAFix(t *testing.T) {
+	env := stateEnv(t)
+	fake := refusingProvider(t)
+	env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = fake.URL
+	env["BRAMA_PROVIDER_KIMI_BASE_URL"] = fake.URL
+	cli := func(stdin string, args ...string) func(t *testing.T) {
+		return func(t *testing.T) {
+			if _, errOut, code := runCLI(t, env, stdin, args...); code != 0 {
+				t.Fatalf("%v: exit %d: %s", args, code, errOut)
+			}
+		}
+	}
+	cli("sk-direct-old-0123456789\n", "credentials", "set", "openai")(t)
+	addAgent(t, env, "a1")
+	d := startDaemon(t, env, "")
+	app := addClient(t, env, "app", "-agent", "a1")
+	s, _, b := d.call("POST", "/v1/admin/subscriptions/a1", d.token, `{"provider":"kimi","api_key":"sk-kimi-old-0123456789"}`)
+	kimi := donatedID(t, s, b, "a1", "kimi")
+	admin := func(method, path, body string) func(t *testing.T) {
+		return func(t *testing.T) {
+			if s, _, b := d.call(method, path, d.token, body); s/100 != 2 {
+				t.Fatalf("%s %s: %d %s", method, path, s, b)
+			}
+		}
+	}
+	putAlias := func(alias, route string) func(t *testing.T) {
+		return admin("PUT", "/v1/admin/routes", fmt.Sprintf(`{"alias":%q,"route":%q}`, alias, route))
+	}
+
+	tests := []struct {
+		name, model string
+		setup, fix  func(t *testing.T)
+		forgets     bool
+	}{
+		{name: "another alias written", model: "still", setup: putAlias("still", "openai/gpt-400"), fix: putAlias("unrelated", "openai/gpt-ok")},
+		{name: "its alias written again", model: "same", setup: putAlias("same", "openai/gpt-400"), fix: putAlias("same", "openai/gpt-400"), forgets: true},
+		{name: "its alias moved", model: "moved", setup: putAlias("moved", "openai/gpt-400"), fix: putAlias("moved", "openai/gpt-ok"), forgets: true},
+		{name: "its alias removed and declared again", model: "again", setup: putAlias("again", "openai/gpt-400"),
+			fix: func(t *testing.T) {
+				admin("DELETE", "/v1/admin/routes", `{"alias":"again"}`)(t)
+				putAlias("again", "openai/gpt-400")(t)
+			}, forgets: true},
+		{name: "its alias moved by the CLI", model: "bycli", setup: putAlias("bycli", "openai/gpt-400"), fix: cli("", "routes", "set", "bycli", "openai/gpt-404"), forgets: true},
+		{name: "a new direct key", model: "openai/gpt-401", fix: cli("sk-direct-new-0123456789\n", "credentials", "set", "openai"), forgets: true},
+		{name: "its subscription credential replaced", model: "kimi/gpt-400", fix: admin("PUT", "/v1/admin/subscriptions/a1/"+kimi+"/credential", `{"api_key":"sk-kimi-new-0123456789"}`), forgets: true},
+		{name: "a subscription of its provider donated", model: "kimi/gpt-404", fix: admin("POST", "/v1/admin/subscriptions/a1", `{"provider":"kimi","api_key":"sk-kimi-more-0123456789"}`), forgets: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.setup != nil {
+				tc.setup(t)
+			}
+			body := chatBody(dialectChat, tc.model, false, "")
+			// ask sends the request and returns how many provider calls it made.
+			ask := func() (int64, http.Header) {
+				before := fake.calls.Load()
+				_, hdr, _ := d.call("POST", "/v1/chat/completions", app, body)
+				return fake.calls.Load() - before, hdr
+			}
+			if n, _ := ask(); n != 1 {
+				t.Fatalf("the first request made %d provider calls, want 1", n)
+			}
+			if n, hdr := ask(); n != 0 || hdr.Get("Brama-Replay-Refused") != "true" {
+				t.Fatalf("the replay made %d provider calls (Brama-Replay-Refused %q), want 0, refused", n, hdr.Get("Brama-Replay-Refused"))
+			}
+			tc.fix(t)
+			if n, hdr := ask(); (n == 1) != tc.forgets || (hdr.Get("Brama-Replay-Refused") == "") != tc.forgets {
+				t.Errorf("after the fix: %d provider calls, Brama-Replay-Refused %q; want dispatched %v", n, hdr.Get("Brama-Replay-Refused"), tc.forgets)
+			}
+		})
+	}
+	assertNoSecret(t, "sk-kimi-new-0123456789", d.stderr.String(), filepath.Join(env["BRAMA_STATE_DIR"], "journal"))
 }
 
 // TestReplayGuardOff: BRAMA_REPLAY_GUARD_SECS=0 turns the guard off.
@@ -175,11 +257,8 @@ func TestReplayGuardOff(t *testing.T) {
 // outlives its first queue entry.
 func TestReplayGuardForgets(t *testing.T) {
 	clock := &testClock{t: time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)}
-	g := newReplayGuard(testEnv(nil), nil, clock.now)
-	key := func(i int) replayKey {
-		k, _ := replayKeyOf("c", "", []byte(fmt.Sprintf(`{"n":%d}`, i)), false)
-		return k
-	}
+	g := newReplayGuard(testEnv(map[string]string{"BRAMA_REPLAY_GUARD_SECS": "60"}), nil, clock.now)
+	key := func(i int) replayKey { return replayKeyOf("c", "", rawBody(t, fmt.Sprintf(`{"n":%d}`, i)), false) }
 	for i := range 10_000 {
 		g.remember("c", key(i), replayEntry{status: 400, code: "provider_rejected"})
 	}
@@ -207,9 +286,9 @@ func TestReplayGuardForgets(t *testing.T) {
 	}
 }
 
-// TestNewReplayGuardWindow: unset is 60 s, 0 is off, junk is logged and 60 s.
+// TestNewReplayGuardWindow: unset is 120 s, 0 is off, junk is logged and 120 s.
 func TestNewReplayGuardWindow(t *testing.T) {
-	for v, want := range map[string]time.Duration{"": 60 * time.Second, "0": 0, "5": 5 * time.Second, "-1": 60 * time.Second, "x": 60 * time.Second} {
+	for v, want := range map[string]time.Duration{"": 120 * time.Second, "0": 0, "5": 5 * time.Second, "-1": 120 * time.Second, "x": 120 * time.Second} {
 		var logs syncBuffer
 		g := newReplayGuard(testEnv(map[string]string{"BRAMA_REPLAY_GUARD_SECS": v}), newLogger(&logs, ""), time.Now)
 		if g.window != want || (strings.Contains(logs.String(), "replay_guard_secs_invalid") != (v == "-1" || v == "x")) {
@@ -218,67 +297,57 @@ func TestNewReplayGuardWindow(t *testing.T) {
 	}
 }
 
-func TestCanonicalRequest(t *testing.T) {
-	tests := []struct {
-		in, want string // want "": refused
-	}{
-		{`{"model":"m","stream":true,"messages":[1]}`, `{"messages":[1],"model":"m"}`},
-		{`{"messages":[1],"model":"m"}`, `{"messages":[1],"model":"m"}`},
-		{` { "model" : "m" , "stream_options" : {"include_usage":true}, "stream":false, "x": { "stream" : 1, "a": 2.50 } } `, `{"model":"m","x":{"a":2.50,"stream":1}}`},
-		{`{"stream":true}`, `{}`},
-		{`{"a":"\u00e9"}`, `{"a":"é"}`},
-		{`[1]`, ""},
-		{`{"a":1`, ""},
-		{`{"a":1}{`, ""},
-		{`"s"`, ""},
-		{`null`, ""},
+// rawBody splits a test's JSON object as readCallerRequest does.
+func rawBody(t testing.TB, s string) rawObject {
+	t.Helper()
+	o, err := parseRawObject([]byte(s))
+	if err != nil {
+		t.Fatalf("%s: %v", s, err)
 	}
-	for _, tt := range tests {
-		got, ok := canonicalRequest([]byte(tt.in), streamMembers)
-		if (tt.want == "") == ok || (ok && string(got) != tt.want) {
-			t.Errorf("canonicalRequest(%s) = %s, %v; want %q", tt.in, got, ok, tt.want)
-		}
-	}
-	a, _ := replayKeyOf("c", "", []byte(`{"model":"m","stream":true,"stream_options":{"include_usage":true}}`), false)
-	b, _ := replayKeyOf("c", "", []byte(`{"model":"m"}`), false)
-	c, _ := replayKeyOf("c2", "", []byte(`{"model":"m"}`), false)
-	e, _ := replayKeyOf("c", "a1", []byte(`{"model":"m"}`), false)
-	// The Codex CLI re-sends a failed request with client_metadata's
-	// members in another order: the same request.
-	o1, _ := replayKeyOf("c", "", []byte(`{"model":"m","client_metadata":{"turn_id":"t","session_id":"s"}}`), false)
-	o2, _ := replayKeyOf("c", "", []byte(`{"client_metadata":{"session_id":"s","turn_id":"t"},"model":"m"}`), false)
-	if a != b || b == c || b == e || o1 != o2 {
-		t.Errorf("keys: streamed = buffered %v, other client differs %v, other agent differs %v, reordered members equal %v", a == b, b != c, b != e, o1 == o2)
-	}
+	return o
 }
 
-// FuzzCanonicalRequest: never panics; what it accepts becomes a JSON object
-// without top-level stream members, and canonicalizing again changes
-// nothing.
-func FuzzCanonicalRequest(f *testing.F) {
-	for _, s := range []string{`{"model":"m","stream":true}`, `{"a":{"stream":1},"stream_options":{}}`, `[]`, `{"a":1`, `{}`, `{"b":1,"a":[{"d":1,"c":2}]}`} {
-		f.Add([]byte(s))
+// TestReplayKey: the digest is the body's bytes without the top-level
+// stream members (SPEC §17): a body differing only in them is the same
+// request, one differing anywhere else (a nested "stream", a reordered or
+// respaced member) is not; the loose key also leaves out the output limit.
+func TestReplayKey(t *testing.T) {
+	const base = `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":100}`
+	meta := `{"model":"m","client_metadata":{"session_id":"s","turn_id":"t"},"input":"hi"}`
+	tests := []struct {
+		name, body string
+		than       string // "": base
+		same       bool
+		looseSame  bool // under the loose key
+	}{
+		{name: "stream members last", body: `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":100,"stream":true,"stream_options":{"include_usage":true}}`, same: true, looseSame: true},
+		{name: "stream first", body: `{"stream":false,"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":100}`, same: true, looseSame: true},
+		{name: "stream between", body: `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}],"stream_options":null,"max_tokens":100}`, same: true, looseSame: true},
+		{name: "stream twice", body: `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}],"max_tokens":100,"stream":false}`, same: true, looseSame: true},
+		{name: "another output limit", body: `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":64,"stream":true}`, looseSame: true},
+		{name: "a nested stream", body: `{"model":"m","messages":[{"role":"user","content":"hi","stream":true}],"max_tokens":100}`},
+		{name: "another message", body: `{"model":"m","messages":[{"role":"user","content":"ho"}],"max_tokens":100}`},
+		{name: "reordered", body: `{"messages":[{"role":"user","content":"hi"}],"model":"m","max_tokens":100}`},
+		{name: "respaced", body: `{"model": "m","messages":[{"role":"user","content":"hi"}],"max_tokens":100}`},
+		// The Codex CLI re-sends a failed request with client_metadata's
+		// members in another order: the same request.
+		{name: "client_metadata reordered", than: meta, body: `{"model":"m","client_metadata":{"turn_id":"t","session_id":"s"},"input":"hi"}`, same: true, looseSame: true},
+		{name: "client_metadata moved", than: meta, body: `{"client_metadata":{"session_id":"s","turn_id":"t"},"model":"m","input":"hi","stream":true}`, same: true, looseSame: true},
+		{name: "client_metadata changed", than: meta, body: `{"model":"m","client_metadata":{"session_id":"s","turn_id":"u"},"input":"hi"}`},
+		{name: "client_metadata absent", than: meta, body: `{"model":"m","input":"hi"}`},
 	}
-	f.Fuzz(func(t *testing.T, body []byte) {
-		out, ok := canonicalRequest(body, streamMembers)
-		if !ok {
-			return
+	for _, tt := range tests {
+		for _, loose := range []bool{false, true} {
+			want := tt.same || loose && tt.looseSame
+			if got := replayKeyOf("c", "s", rawBody(t, tt.body), loose) == replayKeyOf("c", "s", rawBody(t, cmp.Or(tt.than, base)), loose); got != want {
+				t.Errorf("%s (loose %v): same key %v, want %v", tt.name, loose, got, want)
+			}
 		}
-		var m map[string]json.RawMessage
-		if err := json.Unmarshal(out, &m); err != nil {
-			t.Fatalf("accepted %q but produced %q: %v", body, out, err)
-		}
-		if _, s := m["stream"]; s {
-			t.Fatalf("stream survived in %q", out)
-		}
-		if _, s := m["stream_options"]; s {
-			t.Fatalf("stream_options survived in %q", out)
-		}
-		again, ok := canonicalRequest(out, streamMembers)
-		if !ok || !bytes.Equal(again, out) {
-			t.Fatalf("not idempotent: %q → %q", out, again)
-		}
-	})
+	}
+	k := replayKeyOf("c", "s", rawBody(t, base), false)
+	if k == replayKeyOf("c2", "s", rawBody(t, base), false) || k == replayKeyOf("c", "s2", rawBody(t, base), false) || k == replayKeyOf("c", "s", rawBody(t, base), true) {
+		t.Error("another client, scope or key kind gave the same key")
+	}
 }
 
 // BenchmarkReplayGuardMemory reports the heap held by 10,000 distinct
@@ -291,7 +360,7 @@ func BenchmarkReplayGuardMemory(b *testing.B) {
 		runtime.ReadMemStats(&before)
 		g := newReplayGuard(testEnv(nil), nil, clock.now)
 		for i := range 10_000 {
-			k, _ := replayKeyOf("client", "", []byte(fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"question %d"}]}`, i)), false)
+			k := replayKeyOf("client", "", rawBody(b, fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"question %d"}]}`, i)), false)
 			msg := truncateUTF8(fmt.Sprintf("provider \"openai\" answered 400 (context_length_exceeded): request %d %s", i, strings.Repeat("x", maxReplayMessage)), maxReplayMessage)
 			g.remember("client", k, replayEntry{status: 400, code: "provider_rejected", message: msg})
 		}
@@ -300,5 +369,54 @@ func BenchmarkReplayGuardMemory(b *testing.B) {
 		b.ReportMetric(float64(int64(after.HeapAlloc)-int64(before.HeapAlloc))/10_000, "B/entry")
 		b.ReportMetric(float64(int64(after.HeapAlloc)-int64(before.HeapAlloc))/(1<<20), "MiB/10k")
 		runtime.KeepAlive(g)
+	}
+}
+
+// replayBenchBody is a chat body of about size bytes: many one-KiB messages
+// (a long conversation) and the stream members last.
+func replayBenchBody(size int) []byte {
+	var b bytes.Buffer
+	b.WriteString(`{"model":"openai/gpt-400","messages":[`)
+	for i := 0; b.Len() < size; i++ {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `{"role":"user","content":"turn %d %s"}`, i, strings.Repeat("lorem ipsum ", 85))
+	}
+	b.WriteString(`],"max_tokens":100,"stream":true,"stream_options":{"include_usage":true}}`)
+	return b.Bytes()
+}
+
+// BenchmarkReplayDigest: what the guard spends on one request of a client
+// holding a remembered refusal (SPEC §17: proportional to the body, no
+// generic maps): B/body is the bytes allocated per request over the body's
+// size, ns/byte the time per body byte.
+func BenchmarkReplayDigest(b *testing.B) {
+	for _, mib := range []int{8, 32} {
+		body := replayBenchBody(mib << 20)
+		b.Run(fmt.Sprintf("%dMiB", mib), func(b *testing.B) {
+			g := newReplayGuard(testEnv(nil), nil, time.Now)
+			g.rememberRequest("c", "", rawBody(b, `{"model":"m"}`), replayEntry{status: 400, code: "provider_rejected"})
+			b.ReportAllocs()
+			b.SetBytes(int64(len(body)))
+			var m0, m1 runtime.MemStats
+			runtime.ReadMemStats(&m0)
+			b.ResetTimer()
+			start := time.Now()
+			for range b.N {
+				o, err := parseRawObject(body) // as readCallerRequest, before the guard
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, ok := g.lookupRequest("c", "", o); ok {
+					b.Fatal("a different body matched")
+				}
+			}
+			elapsed := time.Since(start)
+			b.StopTimer()
+			runtime.ReadMemStats(&m1)
+			b.ReportMetric(float64(m1.TotalAlloc-m0.TotalAlloc)/float64(b.N)/float64(len(body)), "B/body")
+			b.ReportMetric(float64(elapsed.Nanoseconds())/float64(b.N)/float64(len(body)), "ns/byte")
+		})
 	}
 }

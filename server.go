@@ -516,6 +516,7 @@ func (s *server) handleRoutesWrite(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	s.replay.forget(cmp.Or(set.Alias, rm.Alias), "") // SPEC §17: the alias written may serve now
 	writeRaw(w, http.StatusOK, fmt.Appendf(nil, "{\"ok\":true,\"routes\":%s}\n", bytes.TrimSpace(encodeRegistry(doc))))
 }
 

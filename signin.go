@@ -31,6 +31,7 @@ func (s *server) replaceSubscriptionCredential(agent, id string, cred vaultCrede
 		return overlayItem{}, err
 	}
 	s.maint.changed()
+	s.replay.forget("", it.Provider) // SPEC §17: the provider's routes may serve now
 	if err := s.journalSignIn(it, "signed_in", fmt.Sprintf("%s replaced by client %s", kind, by)); err != nil {
 		return overlayItem{}, refuse("dependency_unavailable", "the credential of %s was replaced, but the journal refused the sign-in record: %v", id, err).because(err)
 	}

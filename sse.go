@@ -74,8 +74,8 @@ func (s *sseReader) next() (raw []byte, event string, data []byte, err error) {
 			line, s.started = bytes.TrimPrefix(line, []byte("\ufeff")), true
 		}
 		content := bytes.TrimRight(line, "\r\n")
-		if len(content) == 0 && len(s.raw) == 0 {
-			continue // blank lines between blocks carry nothing
+		if len(content) == 0 && len(s.raw) == 0 || bytes.HasPrefix(content, []byte(":")) {
+			continue // blank lines between blocks and comments carry nothing: none is kept (SPEC §17)
 		}
 		s.raw = append(s.raw, line...)
 		if len(content) == 0 {
@@ -92,7 +92,7 @@ func (s *sseReader) next() (raw []byte, event string, data []byte, err error) {
 			}
 			s.data = append(s.data, value...)
 			data = s.data // non-nil even for an empty line: s.data starts non-nil
-		} // comments (": keep-alive"), "id", "retry" and unknown fields carry nothing Brama uses
+		} // "id", "retry" and unknown fields carry nothing Brama uses
 	}
 	if err := s.sc.Err(); err != nil || len(s.raw) == 0 {
 		return nil, "", nil, cmp.Or(err, io.EOF)

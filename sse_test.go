@@ -58,6 +58,22 @@ func TestSSEReader(t *testing.T) {
 	}
 }
 
+// The reader keeps no comment line (SPEC §17): a relayed block holds none,
+// and a run of comments without a blank line is no block at all.
+func TestSSEReaderKeepsNoComment(t *testing.T) {
+	in := ": keep-alive\n\nevent: x\n: inner\ndata: y\n\n" + strings.Repeat(": ping\n", 1000) + "data: z\n\n"
+	blocks, evs, err := readAllRaw([]byte(in))
+	if err != io.EOF {
+		t.Errorf("err = %v, want EOF", err)
+	}
+	if diff := cmp.Diff([][]byte{[]byte("event: x\ndata: y\n\n"), []byte("data: z\n\n")}, blocks); diff != "" {
+		t.Errorf("blocks (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]sseEvent{{"x", "y"}, {"", "z"}}, evs); diff != "" {
+		t.Errorf("events (-want +got):\n%s", diff)
+	}
+}
+
 func TestSSEReaderKeepsReadError(t *testing.T) {
 	errCut := errors.New("connection reset")
 	for _, in := range []string{"data: a\n\ndata: b\n", "data: a\n\ndata: b"} { // the cut after a line, in one
