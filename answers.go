@@ -265,8 +265,7 @@ func answerBusy() *apiError {
 }
 
 // taken applies SPEC §12 item 2 to the record at path, checking a complete
-// record's signature; an empty requestSHA skips the body comparison. A
-// missing record is errFileAbsent.
+// record's signature. A missing record is errFileAbsent.
 func (a *answerStore) taken(r *http.Request, path, requestSHA string) (*answerRecord, error) {
 	rec, err := readAnswerFile(path)
 	if errors.Is(err, errFileAbsent) {
@@ -281,10 +280,8 @@ func (a *answerStore) taken(r *http.Request, path, requestSHA string) (*answerRe
 	switch {
 	case err != nil:
 		return nil, refuse("internal_error", "the kept answer for this Idempotency-Key is unreadable").because(err)
-	case requestSHA != "" && rec.RequestSHA256 != requestSHA:
+	case rec.RequestSHA256 != requestSHA:
 		return nil, refuse("state_conflict", "this Idempotency-Key was used with another request body")
-	case rec.State == answerInProgress && rec.BootID != a.bootID && requestSHA == "": // a GET: the next POST keeps it in its dialect
-		return nil, refuse("internal_error", abandonedMessage)
 	case rec.State == answerInProgress && rec.BootID != a.bootID:
 		return a.abandon(r, path, rec)
 	case rec.State == answerInProgress && a.wasUnkept(path):
@@ -355,19 +352,6 @@ func (a *answerStore) release(t *answerTicket) error {
 		return err
 	}
 	return syncDir(filepath.Dir(t.path))
-}
-
-// lookup serves GET /v1/answers/{key}: a replay without a body to compare.
-func (a *answerStore) lookup(r *http.Request, client, key string) (*answerRecord, error) {
-	path, err := a.recordPath(client, key)
-	if err != nil {
-		return nil, answerUnplaced(err)
-	}
-	rec, err := a.taken(r, path, "")
-	if errors.Is(err, errFileAbsent) {
-		return nil, refuse("not_found", "no answer is kept for this Idempotency-Key")
-	}
-	return rec, err
 }
 
 // verifyAnswerFile is `brama answers verify` (SPEC §12 item 6): sig over

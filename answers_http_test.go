@@ -9,7 +9,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -101,9 +100,7 @@ func TestSignedAnswerOneSpend(t *testing.T) {
 	if !isAnswerSignature(sig) || first.hdr.Get("Brama-Answer-Replayed") != "" || first.hdr.Get("Brama-Attempts") != "1" {
 		t.Errorf("first answer headers: %v", first.hdr)
 	}
-	second := postAnswer(d, key, body)
-	_, getHdr, getBody := d.call("GET", "/v1/answers/"+url.PathEscape(key), d.token, "")
-	for _, got := range []answerResult{second, {status: 200, hdr: getHdr, body: getBody}} {
+	for _, got := range []answerResult{postAnswer(d, key, body), postAnswer(d, key, body)} {
 		if got.status != 200 || !bytes.Equal(got.body, first.body) {
 			t.Errorf("replay %d differs from the first answer:\n%s\nwant\n%s", got.status, got.body, first.body)
 		}
@@ -115,9 +112,9 @@ func TestSignedAnswerOneSpend(t *testing.T) {
 	if n := fake.calls.Load(); n != 1 {
 		t.Errorf("provider calls = %d, want 1", n)
 	}
-	other := addClient(t, env, "other")
-	if status, _, b := d.call("GET", "/v1/answers/"+url.PathEscape(key), other, ""); status != 404 || envelopeOf(t, b)["code"] != "not_found" {
-		t.Errorf("another client's GET: %d %s, want 404 not_found", status, b)
+	other := addClient(t, env, "other") // its keys are its own: the same key is its first answer
+	if status, h, b := d.call("POST", "/v1/chat/completions", other, body, "Idempotency-Key", key); status != 200 || h.Get("Brama-Answer-Replayed") != "" || fake.calls.Load() != 2 {
+		t.Errorf("another client's request with the key: %d %v %s, want a new answer and call", status, h, b)
 	}
 
 	stateDir := env["BRAMA_STATE_DIR"]
@@ -253,8 +250,6 @@ func TestSignedAnswerTakenKey(t *testing.T) {
 	assertOwnerOnly(t, answerFile(env, "local", "k")) // the in-progress record, as published
 	res := postAnswer(d, "k", answerBody("one"))
 	wantConflict(t, res.status, res.body, true)
-	status, _, b := d.call("GET", "/v1/answers/k", d.token, "")
-	wantConflict(t, status, b, true)
 	res = postAnswer(d, "k", answerBody("two"))
 	wantConflict(t, res.status, res.body, false)
 
@@ -407,13 +402,8 @@ func TestSignedAnswerAbandoned(t *testing.T) {
 		t.Fatalf("reserve in the stopped process: %v %v", kept, err)
 	}
 	d := startDaemon(t, env, `{"openai":"k"}`, "-local-credentials-stdin")
-	for _, path := range []string{"POST", "GET"} {
-		var res answerResult
-		if path == "POST" {
-			res = postAnswer(d, "k", body)
-		} else {
-			res.status, res.hdr, res.body = d.call("GET", "/v1/answers/k", d.token, "")
-		}
+	for _, path := range []string{"first", "again"} {
+		res := postAnswer(d, "k", body)
 		e := envelopeOf(t, res.body)
 		if res.status != 500 || e["code"] != "internal_error" || e["message"] != abandonedMessage || e["retryable"] != false {
 			t.Errorf("%s: got %d %s", path, res.status, res.body)
@@ -443,10 +433,6 @@ func TestSignedAnswerAbandonedOnMessages(t *testing.T) {
 		t.Fatalf("reserve in the stopped process: %v", err)
 	}
 	d := startDaemon(t, env, `{"openai":"k"}`, "-local-credentials-stdin")
-	// A GET first answers the refusal without keeping it: the POST keeps it in its dialect.
-	if status, _, b := d.call("GET", "/v1/answers/k", d.token, ""); status != 500 || envelopeOf(t, b)["message"] != abandonedMessage {
-		t.Errorf("GET of the abandoned answer: %d %s", status, b)
-	}
 	for i := range 2 {
 		status, _, b := d.call("POST", "/v1/messages", d.token, body, "Idempotency-Key", "k")
 		var env struct{ Type string }
@@ -514,10 +500,6 @@ func TestSignedAnswerUnkept(t *testing.T) {
 			!strings.Contains(e["message"].(string), "a provider call was made") {
 			t.Errorf("the key sent again: %d %s, want 500 internal_error, not retryable", again.status, again.body)
 		}
-	}
-	status, _, got := d.call("GET", "/v1/answers/order-7", d.token, "")
-	if e := envelopeOf(t, got); status != 500 || e["code"] != "internal_error" {
-		t.Errorf("GET: %d %s, want the same refusal", status, got)
 	}
 	if n := fake.calls.Load(); n != 1 {
 		t.Errorf("provider calls = %d, want 1", n)

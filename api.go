@@ -63,23 +63,13 @@ func (s *server) listSubscriptions(r *http.Request) (any, error) {
 }
 
 // donateSubscription serves POST …/subscriptions/{agent_id}; on the admin
-// route the agent must be in the vault, and ?via=sign-in is journaled as a
-// sign-in (SPEC §11.1).
+// route ?via=sign-in is journaled as a sign-in (SPEC §11.1).
 func (s *server) donateSubscription(r *http.Request) (any, error) {
-	agent, admin := r.PathValue("agent_id"), strings.HasPrefix(r.URL.Path, "/v1/admin/")
-	signIn := admin && r.URL.Query().Get("via") == signInVia
+	agent := r.PathValue("agent_id")
+	signIn := strings.HasPrefix(r.URL.Path, "/v1/admin/") && r.URL.Query().Get("via") == signInVia
 	if signIn {
 		if err := s.journal.ready(); err != nil {
 			return nil, refuse("dependency_unavailable", "subscription not donated: the journal cannot record a sign-in: %v", err).because(err)
-		}
-	}
-	if admin {
-		doc, err := s.vault.load()
-		if err != nil {
-			return nil, vaultRefusal(err)
-		}
-		if _, ok := doc.Agents[agent]; !ok {
-			return nil, refuse("not_found", "no agent %q in the vault (brama agents add %s)", agent, agent)
 		}
 	}
 	var body donation
@@ -252,8 +242,6 @@ func (s *server) handleEmbeddings(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, refuse("invalid_request", "the body must be a JSON object"))
 	case json.Unmarshal(body["model"], &req.Model) != nil || req.Model == "":
 		s.fail(w, r, refuse("invalid_request", "model must be a non-empty string"))
-	case body["billingTarget"] != nil: // it would reach the provider, paid by the deployment's key
-		s.fail(w, r, refuse("invalid_request", "embeddings are paid by a direct key; billingTarget cannot name a subscription"))
 	default:
 		s.serveModel(w, r, &req, func(e *engine, c call) error {
 			return e.serveEmbeddings(r.Context(), w, req.Model, body, c)
@@ -420,18 +408,4 @@ func (s *server) replayAnswer(w http.ResponseWriter, r *http.Request, rec *answe
 		h.Set("Brama-Route", rec.Route)
 	}
 	writeRaw(w, *rec.Status, body)
-}
-
-// handleGetAnswer serves GET /v1/answers/{key} for the calling client.
-func (s *server) handleGetAnswer(w http.ResponseWriter, r *http.Request) {
-	key := r.PathValue("key")
-	rec, err := (*answerRecord)(nil), checkIdempotencyKey(key)
-	if err == nil {
-		rec, err = s.answers.lookup(r, infoFrom(r.Context()).client.ID, key)
-	}
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	s.replayAnswer(w, r, rec)
 }

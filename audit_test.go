@@ -20,7 +20,6 @@ func oauthSetup(t *testing.T, provider, tokenEndpoint *fakeProvider) (*daemon, s
 	env["BRAMA_PROVIDER_CLAUDE_CODE_BASE_URL"] = provider.URL
 	env["BRAMA_OAUTH_CLAUDE_CODE_TOKEN_URL"] = tokenEndpoint.URL + "/v1/oauth/token"
 	d := startDaemon(t, env, "")
-	addAgent(t, env, "a1")
 	return d, addClient(t, env, "a1-app", "-agent", "a1")
 }
 
@@ -103,7 +102,6 @@ func TestRefusalsThatMakeNoCall(t *testing.T) {
 	env["BRAMA_PROVIDER_KIMI_BASE_URL"] = kimi.URL
 	d := startDaemon(t, env, `{"anthropic":"k"}`, "-local-credentials-stdin")
 	d.call("PUT", "/v1/admin/routes", d.token, `{"alias":"cc","route":"claude-code/claude-unknown"}`)
-	addAgent(t, env, "a1")
 	tok := addClient(t, env, "a1-app", "-agent", "a1")
 	s, _, b := d.call("POST", "/v1/admin/subscriptions/a1", d.token, `{"provider":"kimi","api_key":"kimi-key-0123"}`)
 	donatedID(t, s, b, "a1", "kimi")

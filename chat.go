@@ -98,7 +98,7 @@ type (
 	}
 )
 
-const chatKnown = "model messages tools tool_choice parallel_tool_calls max_tokens max_completion_tokens temperature top_p stop response_format reasoning_effort verbosity stream stream_options billingTarget " + openAISharedNames
+const chatKnown = "model messages tools tool_choice parallel_tool_calls max_tokens max_completion_tokens temperature top_p stop response_format reasoning_effort verbosity stream stream_options " + openAISharedNames
 
 // parseChatCompletions parses an OpenAI Chat Completions request body.
 func parseChatCompletions(body []byte) (chatRequest, error) {

@@ -79,14 +79,13 @@ func TestParseChatCompletions(t *testing.T) {
 			want: chatRequest{Model: "m", Messages: []message{dialectUserText("q")}, ToolChoice: &toolChoice{Mode: toolChoiceTool, Name: "f"}, MaxTokens: 9, LimitPath: "max_completion_tokens"},
 		},
 		{
-			name: "billingTarget",
+			name: "retired billingTarget is an unknown member, named (SPEC §7.2)",
 			body: `{"model":"claude-code/claude-sonnet-4-5","messages":[{"role":"user","content":"q"}],"billingTarget":{"providerId":"claude-code","accountId":"acct","subscriptionId":"sub_1"}}`,
-			want: chatRequest{Model: "claude-code/claude-sonnet-4-5", Messages: []message{dialectUserText("q")},
-				BillingTarget: &billingTarget{ProviderID: "claude-code", AccountID: "acct", SubscriptionID: "sub_1"}},
+			want: chatRequest{Model: "claude-code/claude-sonnet-4-5", Messages: []message{dialectUserText("q")}, Dropped: []string{"billingTarget"}},
 		},
 		{
 			name: "assistant refusal part dropped and named, null members absent",
-			body: `{"model":"m","messages":[{"role":"assistant","content":[{"type":"text","text":"a"},{"type":"refusal","refusal":"no"}]},{"role":"user","content":"q"}],"tool_choice":null,"billingTarget":null,"max_tokens":null}`,
+			body: `{"model":"m","messages":[{"role":"assistant","content":[{"type":"text","text":"a"},{"type":"refusal","refusal":"no"}]},{"role":"user","content":"q"}],"tool_choice":null,"max_tokens":null}`,
 			want: chatRequest{Model: "m", Messages: []message{{Role: "assistant", Parts: []part{{Type: partText, Text: "a"}}}, dialectUserText("q")},
 				Dropped: []string{"messages[0].content[1]"}},
 		},
@@ -146,9 +145,6 @@ func TestParseChatCompletionsRefuses(t *testing.T) {
 		{"tool_choice unknown", `{"model":"m","messages":[` + u + `],"tool_choice":"sometimes"}`},
 		{"tool_choice without name", `{"model":"m","messages":[` + u + `],"tool_choice":{"type":"function"}}`},
 		{"tool_choice number", `{"model":"m","messages":[` + u + `],"tool_choice":1}`},
-		{"billingTarget without subscription", `{"model":"m","messages":[` + u + `],"billingTarget":{"providerId":"claude-code"}}`},
-		{"billingTarget string", `{"model":"m","messages":[` + u + `],"billingTarget":"sub_1"}`},
-		{"billingTarget numeric id", `{"model":"m","messages":[` + u + `],"billingTarget":{"subscriptionId":7}}`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -3,8 +3,6 @@ package main
 import (
 	"bufio"
 	"cmp"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -282,34 +280,6 @@ func (e cliEnv) clientsList(pos []string) error {
 	}
 	e.table("ID\tROLE\tAGENT\tALLOWED", rows)
 	return nil
-}
-
-func (e cliEnv) agentsAdd(pos []string) error {
-	if !idPattern.MatchString(pos[0]) {
-		return fmt.Errorf("agent id %q must match [a-z0-9-]{1,64}", pos[0])
-	}
-	b := make([]byte, 32)
-	rand.Read(b)
-	secret := hex.EncodeToString(b)
-	err := openDeps(e.getenv, e.sys()).vault.update(func(d *vaultDoc) error {
-		if _, ok := d.Agents[pos[0]]; ok {
-			return fmt.Errorf("agent %q already exists; rm it first", pos[0])
-		}
-		d.Agents[pos[0]] = vaultAgent{SigningSecret: secret}
-		return nil
-	})
-	return e.said(err, "created agent %s; its signing secret (shown once) is the next line\n%s\n", pos[0], secret)
-}
-
-func (e cliEnv) agentsRm(pos []string) error {
-	err := openDeps(e.getenv, e.sys()).vault.update(func(d *vaultDoc) error {
-		if _, ok := d.Agents[pos[0]]; !ok {
-			return fmt.Errorf("no agent %q", pos[0])
-		}
-		delete(d.Agents, pos[0])
-		return nil
-	})
-	return e.said(err, "removed agent %s\n", pos[0])
 }
 
 // onboardCmd is `brama onboard` (SPEC §14): exit 0 when the journey is

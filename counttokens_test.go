@@ -20,11 +20,10 @@ func TestCountTokens(t *testing.T) {
 	env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = chat.URL
 	env["BRAMA_PROVIDER_CLAUDE_CODE_BASE_URL"] = cc.URL
 	d := startDaemon(t, env, fmt.Sprintf(`{"anthropic":%q,"openai":%q}`, plantedAnthropicKey, plantedOpenAIKey), "-local-credentials-stdin")
-	addAgent(t, env, "a1")
 	tok := addClient(t, env, "a1-app", "-agent", "a1")
 	const access = "oauth-access-count-0123456789"
 	s, _, b := d.call("POST", "/v1/admin/subscriptions/a1", d.token, fmt.Sprintf(`{"provider":"claude-code","oauth":{"access_token":%q,"refresh_token":"r-0123456789","expires_at_ms":%d}}`, access, time.Now().Add(time.Hour).UnixMilli()))
-	id := donatedID(t, s, b, "a1", "claude-code")
+	donatedID(t, s, b, "a1", "claude-code")
 
 	t.Run("anthropic forwards", func(t *testing.T) {
 		body := `{"model":"anthropic/claude-test","messages":[{"role":"user","content":"hi"}],"system":"s"}`
@@ -42,7 +41,7 @@ func TestCountTokens(t *testing.T) {
 		}
 	})
 	t.Run("claude-code forwards with the OAuth rules", func(t *testing.T) {
-		body := `{"model":"claude-code/claude-test","billingTarget":{"subscriptionId":"` + id + `"},"messages":[{"role":"user","content":"hi"}]}`
+		body := `{"model":"claude-code/claude-test","messages":[{"role":"user","content":"hi"}]}`
 		status, _, got := d.call("POST", "/v1/messages/count_tokens", tok, body)
 		if status != 200 || string(got) != `{"input_tokens":7}`+"\n" {
 			t.Fatalf("%d %s", status, got)

@@ -112,7 +112,7 @@ func TestAliasWithAnUnreadableVault(t *testing.T) {
 	dir := env["BRAMA_STATE_DIR"]
 	d := startDaemon(t, env, "")
 	const key = "sk-planted-newer-vault-0123456789"
-	vault := `{"schema_version":2,"direct":{"openai":{"api_key":"` + key + `"}},"agents":{},"subscriptions":{}}`
+	vault := `{"schema_version":2,"direct":{"openai":{"api_key":"` + key + `"}},"subscriptions":{}}`
 	if err := os.WriteFile(filepath.Join(dir, "vault.json"), []byte(vault), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +138,7 @@ func TestPlantedLockSymlinkIsNotFollowed(t *testing.T) {
 		name, lock string
 		args       []string
 	}{
-		{"vault", "vault.json.lock", []string{"agents", "add", "a1"}},
+		{"vault", "vault.json.lock", []string{"credentials", "set", "openai"}},
 		{"clients file", "clients.json.lock", []string{"clients", "add", "app"}},
 		{"route registry", "routes.json.lock", []string{"routes", "set", "fast", "openai/gpt-4o"}},
 		{"serve", "serve.lock", []string{"serve", "-addr", "127.0.0.1:0"}},
@@ -157,7 +157,7 @@ func TestPlantedLockSymlinkIsNotFollowed(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			cancel() // serve, when it starts, stops at once
 			var errb bytes.Buffer
-			code := exitCode(run(ctx, nil, tt.args, testEnv(env), strings.NewReader(""), io.Discard, &errb), &errb)
+			code := exitCode(run(ctx, nil, tt.args, testEnv(env), strings.NewReader("sk-planted-0123456789\n"), io.Discard, &errb), &errb)
 			errOut := errb.String()
 			if _, err := os.Lstat(outside); !errors.Is(err, os.ErrNotExist) {
 				t.Errorf("%v followed the planted %s: %s exists (%v)", tt.args, tt.lock, outside, err)
@@ -257,7 +257,6 @@ func TestStrictDecoderMatchesMemberNamesExactly(t *testing.T) {
 func TestServeKeepsTheVaultWhenTheOverlayIsEmpty(t *testing.T) {
 	env := stateEnv(t)
 	d := startDaemon(t, env, "")
-	addAgent(t, env, "a1")
 	status, _, b := d.call("POST", "/v1/admin/subscriptions/a1", d.token, `{"provider":"kimi","api_key":"plantedKimiKeyKept"}`)
 	id := donatedID(t, status, b, "a1", "kimi")
 	d.stop()

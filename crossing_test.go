@@ -168,7 +168,7 @@ func TestCredentialWithAControlCharacter(t *testing.T) {
 			} else { // -local-credentials-stdin and credentials set refuse such a key: a vault edited by hand holds it
 				env := stateEnv(t)
 				env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = fake.URL
-				vault, _ := json.Marshal(map[string]any{"schema_version": 1, "direct": map[string]any{"openai": map[string]string{"api_key": tc.secret}}, "agents": map[string]any{}, "subscriptions": map[string]any{}})
+				vault, _ := json.Marshal(map[string]any{"schema_version": 1, "direct": map[string]any{"openai": map[string]string{"api_key": tc.secret}}, "subscriptions": map[string]any{}})
 				os.MkdirAll(env["BRAMA_STATE_DIR"], 0o700)
 				if err := os.WriteFile(filepath.Join(env["BRAMA_STATE_DIR"], "vault.json"), vault, 0o600); err != nil {
 					t.Fatal(err)
@@ -253,7 +253,6 @@ func TestEveryAnswerIsNoStore(t *testing.T) {
 		{"POST", "/v1/chat/completions", d.token, chatBody(dialectChat, "openai/gpt-test", false, "")},
 		{"POST", "/v1/chat/completions", d.token, chatBody(dialectChat, "openai/gpt-test", true, "")},
 		{"GET", "/v1/models", d.token, ""},
-		{"GET", "/v1/answers/order-42", d.token, ""},
 		{"GET", "/v1/admin/routes", d.token, ""},
 		{"GET", "/v1/models", "wrong", ""},
 		{"GET", "/readyz", "", ""},

@@ -93,17 +93,17 @@ type call struct {
 }
 
 // plan resolves a request's head and makes every check before dispatch but
-// §6.4's output limit: allowlist, model, who pays, billingTarget, direct key.
+// §6.4's output limit: allowlist, model, who pays, direct key.
 func (e *engine) plan(cl client, agent string, req *chatRequest) (call, error) {
 	if !cl.mayUse(req.Model) { // SPEC §3.1
 		return call{}, refuse("forbidden", "this client may not use model %q", req.Model)
 	}
 	doc, docErr := e.reg.current()
-	res, err := resolveModel(req.Model, doc, docErr, e.mayHaveDirect, req.BillingTarget != nil)
+	res, err := resolveModel(req.Model, doc, docErr, e.mayHaveDirect)
 	if err != nil {
 		return call{}, err
 	}
-	c, p, bt := call{res: res}, res.Provider, req.BillingTarget
+	c, p := call{res: res}, res.Provider
 	switch {
 	case res.Mode == modeDirect || res.Mode == modeAlias:
 		c.baseURL = res.BaseURL
@@ -117,11 +117,7 @@ func (e *engine) plan(cl client, agent string, req *chatRequest) (call, error) {
 			return call{res: res}, refuse("dependency_unavailable", "provider %q has an unusable base URL: %v", p.id, err).withAttempts(0)
 		}
 	case agent == "":
-		err = refuse("unauthenticated", "this route is paid by an agent's subscription; sign the request or use a bearer bound to an agent")
-	case bt != nil && res.Mode != modeSubscription:
-		err = refuse("invalid_request", "billingTarget names one subscription; use it with a provider/model route, not %q", req.Model)
-	case bt != nil:
-		err = e.checkBillingTarget(bt, p.id, agent)
+		err = refuse("forbidden", "this route is paid by an agent's subscriptions; use a bearer bound to an agent: brama clients add ID -agent AGENT")
 	}
 	return c, err
 }
@@ -403,7 +399,7 @@ func (e *engine) attemptRoute(ctx context.Context, j *job, c call, req *callerRe
 		cand.model = req.head.Model
 	}
 	if c.res.Mode == modeSubscription {
-		subs, err := e.subscriptionPool(e.agent, c.res, req.head.BillingTarget)
+		subs, err := e.subscriptionPool(e.agent, c.res)
 		if err != nil {
 			return asAPIError(err)
 		}

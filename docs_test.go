@@ -138,7 +138,7 @@ func TestErrorReferenceBodies(t *testing.T) {
 	}
 
 	// client_cancelled: the caller hangs up while the call is in flight; the
-	// kept signed answer is what any later read of that key gets.
+	// kept signed answer is what the key sent again gets.
 	ctx, cancel := context.WithCancel(context.Background())
 	req, _ := http.NewRequestWithContext(ctx, "POST", d.url+"/v1/chat/completions", strings.NewReader(chat("groq/llama")))
 	req.Header.Set("Authorization", "Bearer "+d.token)
@@ -147,7 +147,7 @@ func TestErrorReferenceBodies(t *testing.T) {
 		t.Fatalf("the hung-up request: %v", err)
 	}
 	for i := 0; ; i++ { // 409 while the hung-up request is still being kept
-		status, hdr, body := d.call("GET", "/v1/answers/hung-up", d.token, "")
+		status, hdr, body := d.call("POST", "/v1/chat/completions", d.token, chat("groq/llama"), "Idempotency-Key", "hung-up")
 		if status != 409 {
 			hdr.Del("Brama-Answer-Replayed")
 			record(status, hdr, body)

@@ -353,7 +353,6 @@ func codexDaemon(t *testing.T, url string) (d *daemon, tok, id string) {
 	env["BRAMA_REPLAY_GUARD_SECS"] = "0"
 	env["BRAMA_PROVIDER_CODEX_BASE_URL"] = url
 	d = startDaemon(t, env, "")
-	addAgent(t, env, "a1")
 	tok = addClient(t, env, "a1-app", "-agent", "a1")
 	s, _, b := d.call("POST", "/v1/admin/subscriptions/a1", d.token, `{"provider":"codex","oauth":{"access_token":"codex-access-0123456789","refresh_token":"codex-refresh-0123","account_id":"acct-1","expires_at_ms":4102444800000}}`)
 	return d, tok, donatedID(t, s, b, "a1", "codex")

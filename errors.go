@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -161,15 +162,20 @@ func asAPIError(err error) *apiError {
 	return refuse("internal_error", "internal error").because(err)
 }
 
-// writeJSON writes v as the JSON body with status.
+// writeJSON writes v as the JSON body with status; `<` stays `<` (a 401
+// says `Bearer <token>`), as no body is HTML.
 func writeJSON(w http.ResponseWriter, status int, v any) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		status, b = 500, []byte(`{"error":{"message":"internal error","type":"internal_error","code":"internal_error","retryable":false}}`)
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if enc.Encode(v) != nil {
+		status = 500
+		b.Reset()
+		b.WriteString(`{"error":{"message":"internal error","type":"internal_error","code":"internal_error","retryable":false}}` + "\n")
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	w.Write(append(b, '\n'))
+	w.Write(b.Bytes())
 }
 
 // writeAPIError writes err in the envelope for r, with x-should-retry and

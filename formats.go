@@ -36,8 +36,7 @@ type chatRequest struct {
 	StopPath          string        // the caller's member for Stop: responses has none
 	Shared            openAIShared
 	Stream            bool
-	BillingTarget     *billingTarget // removed before forwarding (SPEC §7.2)
-	Dropped           []string       // caller member paths with no counterpart in any other format
+	Dropped           []string // caller member paths with no counterpart in any other format
 }
 
 // openAIShared holds the members Chat Completions and Responses share under
@@ -160,13 +159,6 @@ type outputFormat struct {
 	Description string          `json:"description,omitempty"`
 	Schema      json.RawMessage `json:"schema,omitempty"`
 	Strict      *bool           `json:"strict,omitempty"`
-}
-
-// billingTarget names the one subscription that must pay (SPEC §7.2).
-type billingTarget struct {
-	ProviderID     string `json:"providerId,omitempty"`
-	AccountID      string `json:"accountId,omitempty"`
-	SubscriptionID string `json:"subscriptionId"`
 }
 
 // Finish reasons, in the neutral (OpenAI chat) vocabulary.

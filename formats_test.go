@@ -361,9 +361,6 @@ func fuzzDialectParse(f *testing.F, dialect string, seeds ...string) {
 				}
 			}
 		}
-		if req.BillingTarget != nil && req.BillingTarget.SubscriptionID == "" {
-			t.Fatalf("accepted a billingTarget without subscriptionId")
-		}
 		if req.MaxTokens < 0 {
 			t.Fatalf("accepted max tokens %d", req.MaxTokens)
 		}
@@ -383,13 +380,13 @@ func fuzzDialectParse(f *testing.F, dialect string, seeds ...string) {
 
 // roundTripNeutral leaves out of a neutral request what a caller body
 // carries by design no further than one hop: what was dropped and where
-// it stood, the billing target (never forwarded), empty text (providers
+// it stood, empty text (providers
 // refuse it), empty arguments (sent as {}) and a reasoning effort (between
 // budget steps, or dropped and named where max_tokens leaves no room for a
 // thinking budget); a tool group goes flattened, a schema gets a name, and
 // JSON is compared as encoding/json writes it.
 func roundTripNeutral(req chatRequest) chatRequest {
-	req.Dropped, req.BillingTarget, req.Effort, req.EffortPath, req.LimitPath = nil, nil, "", "", ""
+	req.Dropped, req.Effort, req.EffortPath, req.LimitPath = nil, "", "", ""
 	if req.Output != nil {
 		if s := schemaOutput(req.Output); s != nil {
 			req.Output = s // the schema's name the OpenAI formats require
@@ -454,7 +451,7 @@ func canonicalJSON(raw json.RawMessage) json.RawMessage {
 func FuzzParseChatCompletions(f *testing.F) {
 	fuzzDialectParse(f, dialectChat,
 		`{"model":"m","messages":[{"role":"user","content":"hi"}]}`,
-		`{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"https://x/y.png"}}]},{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c","content":"r"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}],"tool_choice":{"type":"function","function":{"name":"f"}},"max_tokens":5,"billingTarget":{"subscriptionId":"s"}}`,
+		`{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"https://x/y.png"}}]},{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c","content":"r"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}],"tool_choice":{"type":"function","function":{"name":"f"}},"max_tokens":5}`,
 		`{"model":1}`, `[]`, `{"model":"m","messages":[]}`,
 		`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"q"},{"type":"file","file":{"file_data":"data:application/pdf;base64,JVBE","filename":"a.pdf"}}]},{"role":"system","content":"later"},{"role":"assistant","tool_calls":[{"id":"c","type":"custom","custom":{"name":"p","input":"x"}}]},{"role":"tool","tool_call_id":"c","content":"ok"}],"tools":[{"type":"custom","custom":{"name":"p","format":{"type":"text"}}}],"stop":"END","top_p":0.5,"reasoning_effort":"low","parallel_tool_calls":false,"store":false,"response_format":{"type":"json_schema","json_schema":{"name":"o","schema":{"type":"object"}}}}`)
 }
@@ -462,7 +459,7 @@ func FuzzParseChatCompletions(f *testing.F) {
 func FuzzParseMessages(f *testing.F) {
 	fuzzDialectParse(f, dialectMessages,
 		`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`,
-		`{"model":"m","system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","media_type":"image/png","data":"AA=="}}]},{"role":"assistant","content":[{"type":"tool_use","id":"t.0","name":"f","input":{"a":1}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"t.0","content":[{"type":"text","text":"r"}],"is_error":true}]}],"tools":[{"name":"f","input_schema":{"type":"object"}}],"tool_choice":{"type":"tool","name":"f"},"billingTarget":{"subscriptionId":"s"}}`,
+		`{"model":"m","system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","media_type":"image/png","data":"AA=="}}]},{"role":"assistant","content":[{"type":"tool_use","id":"t.0","name":"f","input":{"a":1}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"t.0","content":[{"type":"text","text":"r"}],"is_error":true}]}],"tools":[{"name":"f","input_schema":{"type":"object"}}],"tool_choice":{"type":"tool","name":"f"}}`,
 		`{"model":"m","messages":[{"role":"system","content":"x"}]}`, `null`,
 		`{"model":"m","max_tokens":9000,"thinking":{"type":"enabled","budget_tokens":2048},"stop_sequences":["E"],"output_config":{"format":{"type":"json_schema","schema":{"type":"object"}}},"tool_choice":{"type":"auto","disable_parallel_tool_use":true},"tools":[{"name":"f","input_schema":{"type":"object"}}],"messages":[{"role":"user","content":[{"type":"text","text":"q","cache_control":{"type":"ephemeral"}},{"type":"document","source":{"type":"text","media_type":"text/plain","data":"doc"},"title":"d"}]},{"role":"system","content":"later"},{"role":"assistant","content":[{"type":"thinking","thinking":"t"},{"type":"text","text":"a"}]}]}`)
 }
@@ -470,7 +467,7 @@ func FuzzParseMessages(f *testing.F) {
 func FuzzParseResponses(f *testing.F) {
 	fuzzDialectParse(f, dialectResponses,
 		`{"model":"m","input":"hi"}`,
-		`{"model":"m","instructions":"s","input":[{"role":"developer","content":"d"},{"role":"user","content":[{"type":"input_text","text":"a"},{"type":"input_image","image_url":"data:image/png;base64,AA=="}]},{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"r"}],"tools":[{"type":"function","name":"f","parameters":{"type":"object"}}],"tool_choice":{"type":"function","name":"f"},"max_output_tokens":9,"billingTarget":{"subscriptionId":"s"}}`,
+		`{"model":"m","instructions":"s","input":[{"role":"developer","content":"d"},{"role":"user","content":[{"type":"input_text","text":"a"},{"type":"input_image","image_url":"data:image/png;base64,AA=="}]},{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"r"}],"tools":[{"type":"function","name":"f","parameters":{"type":"object"}}],"tool_choice":{"type":"function","name":"f"},"max_output_tokens":9}`,
 		`{"model":"m","input":[]}`, `{"model":"m","input":[{"type":"item_reference","id":"x"}]}`,
 		`{"model":"m","input":[{"type":"additional_tools","role":"developer","tools":[{"type":"namespace","name":"functions","tools":[{"type":"custom","name":"exec"}]}]},{"role":"user","content":"q"},{"type":"custom_tool_call","call_id":"c","namespace":"functions","name":"exec","input":"x"},{"type":"custom_tool_call_output","call_id":"c","output":[{"type":"input_text","text":"ok"}]}]}`,
 		`{"model":"m","input":[{"role":"user","content":"q"},{"role":"developer","content":"later"},{"type":"function_call","call_id":"c","namespace":"ns","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"r"},{"type":"custom_tool_call","call_id":"p","name":"patch","input":"x"},{"type":"custom_tool_call_output","call_id":"p","output":"ok"},{"type":"web_search_call","id":"w"}],"tools":[{"type":"custom","name":"patch"},{"type":"namespace","name":"ns","tools":[{"type":"function","name":"f","parameters":{"type":"object"}}]},{"type":"web_search"}],"tool_choice":{"type":"function","namespace":"ns","name":"f"},"reasoning":{"effort":"high"},"text":{"format":{"type":"json_schema","name":"o","schema":{"type":"object"}}},"store":false}`)

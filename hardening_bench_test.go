@@ -3,17 +3,14 @@ package main
 import (
 	"bufio"
 	"bytes"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 )
 
 // The costs issue 10 measured, as benchmarks (never timed tests). README's
@@ -100,40 +97,4 @@ func BenchmarkReadyzJournal300k(b *testing.B) {
 		probe()
 	}
 	b.ReportMetric(float64(buf.Len())/(1<<20), "journal-MiB")
-}
-
-// BenchmarkSignedAfterReplayMemory verifies signed requests once the
-// replay memory already holds 40,000 accepted signatures.
-func BenchmarkSignedAfterReplayMemory(b *testing.B) {
-	clock := &testClock{t: time.Unix(1764446400, 0)}
-	const secret = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
-	a := newAgentVerifier(func(string) (string, error) { return secret, nil }, clock.now)
-	n := 0
-	verifyOne := func() {
-		n++
-		ts := fmt.Sprintf("1764446400.%09d", n)
-		r := httptest.NewRequest("GET", "/v1/aliases", nil)
-		r.Header.Set("X-Agent-Id", "a1")
-		r.Header.Set("X-Agent-Timestamp", ts)
-		r.Header.Set("X-Agent-Signature", hex.EncodeToString(agentSignature(secret, "a1", ts, "GET", "/v1/aliases", nil)))
-		if _, err := a.verify(r, nil); err != nil {
-			b.Fatal(err)
-		}
-	}
-	for range 40_000 {
-		verifyOne()
-	}
-	for b.Loop() {
-		verifyOne()
-	}
-}
-
-// verify is claim then confirm, for a body already read (serving reads the
-// body between the two; the benchmark has none).
-func (a *agentVerifier) verify(r *http.Request, body []byte) (string, error) {
-	c, err := a.claim(r)
-	if err != nil {
-		return "", err
-	}
-	return a.confirm(r, c, body)
 }

@@ -31,7 +31,7 @@ func plantCrashLeftovers(t *testing.T, dir string) string {
 		t.Fatal(err)
 	}
 	const orphan = "sub_00000000000000aa"
-	vault := fmt.Sprintf(`{"schema_version":1,"direct":{},"agents":{"a1":{"signing_secret":"%064d"}},"subscriptions":{%q:{"api_key":%q}}}`, 0, orphan, plantedStaleSecret)
+	vault := fmt.Sprintf(`{"schema_version":1,"direct":{},"subscriptions":{%q:{"api_key":%q}}}`, orphan, plantedStaleSecret)
 	for name, data := range map[string]string{
 		"vault.json":                                 vault,
 		"donated-subscriptions.json":                 `{"schema_version":1,"items":[]}`, // the orphan is one
@@ -116,7 +116,6 @@ func TestServeRemovesCrashLeftovers(t *testing.T) {
 func TestFailedDonationTakesItsSecretBack(t *testing.T) {
 	env := stateEnv(t)
 	dir := env["BRAMA_STATE_DIR"]
-	addAgent(t, env, "a1")
 	d := startDaemon(t, env, "")
 	testingOnlyRename = func(oldpath, newpath string) error {
 		if filepath.Base(newpath) == overlayFile {
@@ -250,7 +249,7 @@ func TestServeRemovesVaultLeftoversOutsideState(t *testing.T) {
 	secrets := t.TempDir()
 	vaultFile := filepath.Join(secrets, "brama-vault.json")
 	env["BRAMA_VAULT_FILE"] = vaultFile
-	vault := fmt.Sprintf(`{"schema_version":1,"direct":{},"agents":{},"subscriptions":{"sub_00000000000000aa":{"api_key":%q}}}`, plantedStaleSecret)
+	vault := fmt.Sprintf(`{"schema_version":1,"direct":{},"subscriptions":{"sub_00000000000000aa":{"api_key":%q}}}`, plantedStaleSecret)
 	for name, data := range map[string]string{
 		".brama-vault.json.tmp123456789": vault,
 		".other-program.json.tmp5":       "kept",
@@ -280,7 +279,6 @@ func TestServeKeepsTheSubscriptionsOfAVaultElsewhere(t *testing.T) {
 	first := stateEnv(t)
 	first["BRAMA_VAULT_FILE"] = vaultFile
 	d := startDaemon(t, first, "")
-	addAgent(t, first, "a1")
 	status, _, b := d.call("POST", "/v1/admin/subscriptions/a1", d.token, `{"provider":"kimi","api_key":"plantedKimiKeyElsewhere"}`)
 	id := donatedID(t, status, b, "a1", "kimi")
 	d.stop()
@@ -306,7 +304,6 @@ func TestServeKeepsTheSubscriptionsOfAVaultElsewhere(t *testing.T) {
 func TestServeKeepsTheVaultWhenTheOverlayIsMissing(t *testing.T) {
 	env := stateEnv(t)
 	d := startDaemon(t, env, "")
-	addAgent(t, env, "a1")
 	status, _, b := d.call("POST", "/v1/admin/subscriptions/a1", d.token, `{"provider":"kimi","api_key":"plantedKimiKeyKept"}`)
 	id := donatedID(t, status, b, "a1", "kimi")
 	admin := d.token // printed at first start only

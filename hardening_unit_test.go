@@ -4,44 +4,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 )
-
-func TestSignatureMemory(t *testing.T) {
-	clock := &testClock{t: time.Unix(1764446400, 0)}
-	m := signatureMemory{until: map[string]time.Time{}}
-	if !m.remember("s1", clock.now()) || m.remember("s1", clock.now()) {
-		t.Fatal("s1: first acceptance must pass and its repeat be a replay")
-	}
-	clock.advance(replayMemory / 2)
-	m.remember("s2", clock.now())
-	if !m.holds("s1", clock.now()) || m.remember("s1", clock.now()) {
-		t.Fatal("s1 forgotten before replayMemory passed")
-	}
-	clock.advance(replayMemory/2 + time.Second)
-	if m.holds("s1", clock.now()) {
-		t.Error("s1 still held after replayMemory")
-	}
-	if !m.remember("s3", clock.now()) {
-		t.Fatal("s3 refused")
-	}
-	if _, kept := m.until["s1"]; kept || len(m.until) != 2 || len(m.queue)-m.head != 2 {
-		t.Errorf("memory holds %d signatures (queue %d), want s2 and s3 only", len(m.until), len(m.queue)-m.head)
-	}
-	clock.advance(2 * replayMemory)
-	for i := range 1000 {
-		m.remember(fmt.Sprint("n", i), clock.now())
-	}
-	if len(m.until) != 1000 || len(m.queue) > 2000 {
-		t.Errorf("after expiry the memory holds %d signatures in a queue of %d, want 1000 in a bounded queue", len(m.until), len(m.queue))
-	}
-}
 
 func TestCheckDuplicateKeysDepth(t *testing.T) {
 	tests := []struct {
@@ -226,12 +194,18 @@ func FuzzPresentedToken(f *testing.F) {
 		for range nKey % 3 {
 			h.Add("X-Api-Key", key)
 		}
-		tok := presentedToken(h)
-		if tok == "" {
+		tok, err := presentedToken(h)
+		if err != nil {
+			if msg := asAPIError(err).Message; tok != "" || !strings.HasPrefix(msg, "no token: ") && !strings.HasPrefix(msg, "two tokens: ") && msg != notAClient {
+				t.Fatalf("refusal %q (token %q): want one of the fixed sentences, quoting nothing", msg, tok)
+			}
 			return
 		}
-		if nAuth%3+nKey%3 != 1 {
+		if nAuth%3 > 1 || nKey%3 > 1 {
 			t.Fatalf("token %q accepted from %d Authorization and %d x-api-key headers", tok, nAuth%3, nKey%3)
+		}
+		if k := strings.TrimSpace(key); nKey%3 == 1 && k != "" && k != tok { // both headers: one token only
+			t.Fatalf("token %q accepted beside x-api-key %q", tok, k)
 		}
 		if strings.ContainsAny(tok, " \t,") || !strings.Contains(auth+key, tok) {
 			t.Fatalf("token %q is not one clean token of the header sent", tok)

@@ -1,23 +1,17 @@
 package main
 
 import (
-	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
 	"encoding/hex"
-	"errors"
 	"fmt"
-	"math"
 	"net"
 	"net/http"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
-	"sync"
-	"time"
 )
 
 // Roles a client may hold (SPEC §3.1).
@@ -131,11 +125,12 @@ func (c *clientStore) load() (*clientsDoc, error) {
 	return c.stateFile.load()
 }
 
-// authenticate finds token's client, comparing every digest in constant time.
-func (c *clientStore) authenticate(token string) (client, bool) {
+// authenticate finds token's client, comparing every digest in constant
+// time; a refusal never says whose a token is (SPEC §3.1).
+func (c *clientStore) authenticate(token string) (client, error) {
 	doc, err := c.load()
-	if err != nil || token == "" {
-		return client{}, false
+	if err != nil {
+		return client{}, refuse("unauthenticated", "the clients file is unusable, so no token can be checked (GET /readyz says why)").because(err)
 	}
 	want := []byte(tokenDigest(token))
 	var found client
@@ -144,7 +139,10 @@ func (c *clientStore) authenticate(token string) (client, bool) {
 			found = cl
 		}
 	}
-	return found, found.ID != "" // every client has an id
+	if found.ID == "" { // every client has an id
+		return found, refuse("unauthenticated", notAClient)
+	}
+	return found, nil
 }
 
 // updateClients changes the clients file under its lock (SPEC §2.3).
@@ -153,161 +151,38 @@ func updateClients(path string, fn func(d *clientsDoc) error) error {
 	return f.update(fn)
 }
 
+// notAClient is the 401 of a token no client holds (SPEC §3.1).
+const notAClient = "this token is not one of this gateway's clients"
+
 // presentedToken is the one `Authorization: Bearer` or `x-api-key` token
-// (SPEC §3.1); anything else is "", which no client matches.
-func presentedToken(h http.Header) string {
-	auth, key := h.Values("Authorization"), h.Values("X-Api-Key")
-	if len(auth)+len(key) != 1 {
-		return ""
+// (SPEC §3.1; both carrying the same one count as one), or the 401 saying
+// what was wrong without quoting it.
+func presentedToken(h http.Header) (string, error) {
+	const twoTokens = "two tokens: send one (ANTHROPIC_API_KEY and ANTHROPIC_AUTH_TOKEN both set?)"
+	auth, toks := h.Values("Authorization"), slices.Clone(h.Values("X-Api-Key")) // never edit r.Header
+	if len(auth) > 1 || len(toks) > 1 {
+		return "", refuse("unauthenticated", twoTokens)
 	}
-	tok := strings.Join(key, "") // the one x-api-key, or ""
-	if len(auth) == 1 {
-		scheme, rest, ok := strings.Cut(auth[0], " ")
+	for _, a := range auth {
+		scheme, tok, ok := strings.Cut(a, " ")
 		if !ok || !strings.EqualFold(scheme, "Bearer") {
-			return ""
+			tok = "" // another scheme carries no token of Brama's
 		}
-		tok = rest
+		toks = append(toks, tok)
 	}
-	tok = strings.TrimSpace(tok)
-	if strings.ContainsAny(tok, " \t,") { // one token, never a list
-		return ""
+	for i := range toks {
+		toks[i] = strings.TrimSpace(toks[i])
 	}
-	return tok
-}
-
-// signatureWindow bounds an agent timestamp's distance from now (SPEC §3.2);
-// replayMemory is how long an accepted signature is remembered.
-const (
-	signatureWindow = 300 * time.Second
-	replayMemory    = 600 * time.Second
-)
-
-// agentVerifier checks HMAC agent signatures and refuses replays, from a
-// memory kept only in this process.
-type agentVerifier struct {
-	secret func(agent string) (string, error)
-	now    func() time.Time
-	seen   signatureMemory
-}
-
-// newAgentVerifier checks signatures with the agents' secrets on clock now.
-func newAgentVerifier(secret func(agent string) (string, error), now func() time.Time) *agentVerifier {
-	return &agentVerifier{secret: secret, now: now, seen: signatureMemory{until: map[string]time.Time{}}}
-}
-
-// errAgentSignature is every agent-signature refusal; the client learns only 401.
-var errAgentSignature = errors.New("agent signature refused")
-
-// agentClaim is what a request's agent headers say, checked before the body
-// its signature covers is read.
-type agentClaim struct {
-	agent, ts, sig, secret string
-	now                    time.Time
-}
-
-// claim checks r's agent headers before its body is read (SPEC §3.2); no
-// agent headers give a zero claim.
-func (a *agentVerifier) claim(r *http.Request) (agentClaim, error) {
-	c := agentClaim{agent: r.Header.Get("X-Agent-Id"), ts: r.Header.Get("X-Agent-Timestamp"), sig: r.Header.Get("X-Agent-Signature")}
-	if c.agent == "" && c.ts == "" && c.sig == "" {
-		return c, nil
-	}
-	c.now = a.now()
-	var secretErr error
-	known := func() bool { c.secret, secretErr = a.secret(c.agent); return c.secret != "" }
-	var why string
+	toks = slices.Compact(slices.DeleteFunc(toks, func(t string) bool { return t == "" }))
 	switch {
-	case c.agent == "" || c.ts == "" || c.sig == "":
-		why = "missing header"
-	case !idPattern.MatchString(c.agent):
-		why = "bad agent id"
-	case !agentTimestamp.MatchString(c.ts):
-		why = "malformed timestamp"
-	case c.now.Sub(agentTime(c.ts)).Abs() > signatureWindow:
-		why = "timestamp outside the ±300 s window"
-	case !known():
-		if secretErr != nil {
-			return c, vaultUnreadable(secretErr) // the vault failed, not the signature (SPEC §2.2)
-		}
-		why = "unknown agent"
-	case !isLowerHex(c.sig):
-		why = "signature is not lower-case hex"
-	case a.seen.holds(c.sig, c.now):
-		why = "replayed signature"
-	default:
-		return c, nil
+	case len(toks) == 0:
+		return "", refuse("unauthenticated", "no token: send Authorization: Bearer <token> or x-api-key")
+	case len(toks) > 1 || strings.Contains(toks[0], ","): // one token, never a list
+		return "", refuse("unauthenticated", twoTokens)
+	case strings.ContainsAny(toks[0], " \t"): // e.g. x-api-key: Bearer …
+		return "", refuse("unauthenticated", notAClient)
 	}
-	return c, fmt.Errorf("%w: %s", errAgentSignature, why)
-}
-
-// confirm checks c's signature over r and body and accepts it once, returning
-// the agent id ("" for a zero claim).
-func (a *agentVerifier) confirm(r *http.Request, c agentClaim, body []byte) (string, error) {
-	if c.agent == "" {
-		return "", nil
-	}
-	got, _ := hex.DecodeString(c.sig) // claim checked the form
-	if !hmac.Equal(got, agentSignature(c.secret, c.agent, c.ts, r.Method, r.URL.EscapedPath(), body)) {
-		return "", fmt.Errorf("%w: bad signature", errAgentSignature)
-	}
-	if !a.seen.remember(c.sig, c.now) {
-		return "", fmt.Errorf("%w: replayed signature", errAgentSignature)
-	}
-	return c.agent, nil
-}
-
-// signatureMemory remembers accepted signatures for replayMemory, a map and a
-// queue to forget in order (issue 10: a whole scan cut throughput sevenfold).
-type signatureMemory struct {
-	mu    sync.Mutex           // guards until, queue, head
-	until map[string]time.Time // signature hex → when it may be forgotten
-	queue []string             // signatures in acceptance order; queue[head:] is live
-	head  int
-}
-
-// holds reports whether sig is remembered at now.
-func (m *signatureMemory) holds(sig string, now time.Time) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	until, ok := m.until[sig]
-	return ok && !now.After(until)
-}
-
-// remember forgets expired signatures, then records sig unless it is held (a
-// replay: false).
-func (m *signatureMemory) remember(sig string, now time.Time) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for ; m.head < len(m.queue) && now.After(m.until[m.queue[m.head]]); m.head++ {
-		delete(m.until, m.queue[m.head])
-		m.queue[m.head] = ""
-	}
-	if m.head > len(m.queue)/2 {
-		m.queue, m.head = append(m.queue[:0], m.queue[m.head:]...), 0
-	}
-	if until, ok := m.until[sig]; ok && !now.After(until) {
-		return false
-	}
-	m.until[sig] = now.Add(replayMemory)
-	m.queue = append(m.queue, sig)
-	return true
-}
-
-// agentSignature is HMAC-SHA256 over `<agent>:<ts>:<METHOD>:<path>:<hex sha256(body)>`.
-func agentSignature(secret, agent, ts, method, path string, body []byte) []byte {
-	m := hmac.New(sha256.New, []byte(secret))
-	fmt.Fprintf(m, "%s:%s:%s:%s:%s", agent, ts, strings.ToUpper(method), path, hexSHA256(body))
-	return m.Sum(nil)
-}
-
-// agentTimestamp is unix seconds with an optional 1–9 digit fraction.
-var agentTimestamp = regexp.MustCompile(`^[0-9]{1,12}(\.[0-9]{1,9})?$`)
-
-// agentTime is a timestamp agentTimestamp matched, as a time.
-func agentTime(ts string) time.Time {
-	f, _ := strconv.ParseFloat(ts, 64) // the pattern admits only finite decimals
-	sec, frac := math.Modf(f)
-	return time.Unix(int64(sec), int64(frac*1e9))
+	return toks[0], nil
 }
 
 // transportGuard decides whether a peer may speak plain HTTP (SPEC §3.3):

@@ -37,7 +37,7 @@ func FuzzParseClients(f *testing.F) {
 // FuzzParseVault: the vault parser never panics, and an accepted vault
 // re-encodes to one that parses the same.
 func FuzzParseVault(f *testing.F) {
-	f.Add([]byte(`{"schema_version":1,"direct":{"openai":{"api_key":"sk-x"}},"agents":{"a1":{"signing_secret":"00"}},"subscriptions":{}}`))
+	f.Add([]byte(`{"schema_version":1,"direct":{"openai":{"api_key":"sk-x"}},"subscriptions":{}}`))
 	f.Add([]byte(`{"schema_version":1,"subscriptions":{"sub_0123456789abcdef":{"oauth":{"access_token":"a","refresh_token":"r","expires_at_ms":1}}}}`))
 	f.Add([]byte(``))
 	f.Add([]byte(`{"schema_version":1,"direct":{"openai":{"api_key":"A"}},"Direct":{"openai":{"API_KEY":"B"}}}`)) // refused: names are exact

@@ -17,7 +17,6 @@
 //	brama routes list [-json] | set ALIAS DEST | rm ALIAS | migrate [-file F] [-json]
 //	brama clients add ID [-admin] [-agent A] [-allow NAME]... | rm ID | list
 //	brama deployments add NAME -port PORT [-host H] [-model M] | rm NAME | list
-//	brama agents add ID | rm ID
 //	brama credentials set PROVIDER (API key on stdin) | rm PROVIDER | list
 //	brama subscription add -provider P -agent A [-label L] [-oauth-file F] | list -agent A [-json]
 //	        | retire -agent A [-reason R] ID | reinstate -agent A -reason R ID
@@ -102,7 +101,7 @@ func exitCode(err error, stderr io.Writer) int {
 }
 
 // runUsage is run's usage line.
-const runUsage = "usage: brama serve|version|routes|clients|deployments|agents|credentials|subscription|onboard|journal|maintain|answers ... (-h on each)"
+const runUsage = "usage: brama serve|version|routes|clients|deployments|credentials|subscription|onboard|journal|maintain|answers ... (-h on each)"
 
 // run is the whole program: it dispatches one subcommand and returns only
 // after every goroutine it started has exited (cut: see cliEnv).
@@ -125,10 +124,6 @@ func run(ctx context.Context, cut <-chan struct{}, args []string, getenv func(st
 		"deployments": {
 			"add": e.deploymentsAdd, "rm": e.positional("deployments rm NAME", 1, e.deploymentsRm),
 			"list": e.positional("deployments list", 0, e.deploymentsList),
-		},
-		"agents": {
-			"add": e.positional("agents add ID", 1, e.agentsAdd),
-			"rm":  e.positional("agents rm ID", 1, e.agentsRm),
 		},
 		"credentials": {
 			"set":  e.positional("credentials set PROVIDER  (the API key on stdin)", 1, e.credentialsSet),
@@ -312,7 +307,6 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 			ledger:  newLedger(d.st, log, now),
 		},
 		guard: guard, maxBody: maxBody,
-		agents:  newAgentVerifier(d.vault.agentSecret, now),
 		answers: newAnswerStore(d.st, log, now),
 		replay:  newReplayGuard(e.getenv, log, now),
 	}

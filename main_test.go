@@ -113,10 +113,10 @@ func TestBinaryServesWithoutHome(t *testing.T) {
 		{"journal", "check"},
 		{"routes", "set", "chat", "openai/gpt-4o"},
 		{"clients", "add", "x"},
-		{"agents", "add", "a1"},
+		{"credentials", "set", "openai"},
 	} {
 		c := exec.Command(bin, args...)
-		c.Env, c.Dir = noHomeEnv(), cwd
+		c.Env, c.Dir, c.Stdin = noHomeEnv(), cwd, strings.NewReader("sk-test-0123456789\n")
 		out, err := c.CombinedOutput()
 		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(string(out), cause) {
 			t.Errorf("brama %v without a state directory: %v %q; want exit 1 naming %q", args, err, out, cause)
@@ -139,7 +139,7 @@ func tokenFromStderr(s string) string {
 func TestHelpPrintsFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"serve", "-h"}, {"routes", "list", "-h"}, {"routes", "migrate", "-h"}, {"clients", "add", "-h"},
-		{"agents", "add", "-h"}, {"journal", "check", "-h"}, {"credentials", "set", "-h"},
+		{"journal", "check", "-h"}, {"credentials", "set", "-h"},
 	} {
 		_, errOut, code := runCLI(t, stateEnv(t), "", args...)
 		if code != 0 || !strings.Contains(errOut, "Usage of brama "+strings.Join(args[:len(args)-1], " ")) {

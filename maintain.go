@@ -37,17 +37,18 @@ type maintainer struct {
 	testingOnlyAfterFunc func(d time.Duration, f func()) ledgerStopper
 	testingOnlyPassDone  func(reason string, started time.Time, rep passReport)
 
-	mu      sync.Mutex     // guards the fields below
-	looping bool           // loop runs, so passNow can be answered
-	pending string         // reason of the pass asked for and not yet started; "" none
-	waiting *passTicket    // what passNow callers wait for: the next pass to start
-	running bool           // a pass is running
-	fresh   bool           // a pass started since the last inventory or credential change
-	passes  int64          // passes started
-	dropped int64          // requests dropped by the SPEC §11.2 rule
-	last    map[string]any // /stats' last_pass; nil before the first ends
-	timer   ledgerStopper  // the armed due timer; nil when none or it fired
-	timerAt time.Time      // the moment it is armed for; zero none
+	mu      sync.Mutex    // guards the fields below
+	looping bool          // loop runs, so passNow can be answered
+	pending string        // reason of the pass asked for and not yet started; "" none
+	waiting *passTicket   // what passNow callers wait for: the next pass to start
+	running bool          // a pass is running
+	fresh   bool          // a pass started since the last inventory or credential change
+	passes  int64         // passes started
+	dropped int64         // requests dropped by the SPEC §11.2 rule
+	lastOK  bool          // the last pass ended ok
+	lastAt  [2]time.Time  // when the last pass started and ended; zero before the first ends
+	timer   ledgerStopper // the armed due timer; nil when none or it fired
+	timerAt time.Time     // the moment it is armed for; zero none
 }
 
 // passTicket is one pass's answer for its waiters (rep.err the refusal), set before done closes.
@@ -148,8 +149,7 @@ func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
 	if missed := m.l.nextDue(now, retired); !missed.IsZero() && !missed.After(m.clock()) {
 		m.pending = cmp.Or(m.pending, "due") // it passed during the pass
 	}
-	m.last = map[string]any{"reason": reason, "ok": rep.OK, "started_at": now.UTC().Format(time.RFC3339Nano),
-		"finished_at": m.clock().UTC().Format(time.RFC3339Nano)}
+	m.lastOK, m.lastAt = rep.OK, [2]time.Time{now, m.clock()}
 	m.mu.Unlock()
 	if m.testingOnlyPassDone != nil {
 		m.testingOnlyPassDone(reason, now, rep)
@@ -267,18 +267,7 @@ func (m *maintainer) ask(reason string) (*passTicket, error) {
 	return m.waiting, nil
 }
 
-// state is /stats' maintenance member. Nil-safe.
-func (m *maintainer) state() map[string]any {
-	if m == nil {
-		return map[string]any{"passes": 0}
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return map[string]any{"passes": m.passes, "running": m.running, "pending": m.pending != "",
-		"requests_dropped": m.dropped, "next_due_at": rfc3339OrNil(m.timerAt), "last_pass": m.last}
-}
-
-// metrics is state as /metrics numbers: the same as /stats (SPEC §13). Nil-safe.
+// metrics is the maintenance state as /metrics numbers (SPEC §13). Nil-safe.
 func (m *maintainer) metrics() map[string]float64 {
 	if m == nil {
 		return map[string]float64{"brama_maintenance_passes_total": 0}
@@ -288,8 +277,13 @@ func (m *maintainer) metrics() map[string]float64 {
 	flag := map[bool]float64{true: 1}
 	out := map[string]float64{"brama_maintenance_passes_total": float64(m.passes), "brama_maintenance_requests_dropped_total": float64(m.dropped),
 		"brama_maintenance_running": flag[m.running], "brama_maintenance_pending": flag[m.pending != ""]}
-	if !m.timerAt.IsZero() {
-		out["brama_maintenance_next_due_timestamp_seconds"] = float64(m.timerAt.Unix())
+	for name, t := range map[string]time.Time{"next_due": m.timerAt, "last_pass_started": m.lastAt[0], "last_pass_finished": m.lastAt[1]} {
+		if !t.IsZero() {
+			out["brama_maintenance_"+name+"_timestamp_seconds"] = float64(t.UnixMilli()) / 1000
+		}
+	}
+	if !m.lastAt[1].IsZero() {
+		out["brama_maintenance_last_pass_ok"] = flag[m.lastOK]
 	}
 	return out
 }

@@ -18,7 +18,6 @@ import (
 func maintDaemon(t *testing.T, fake *maintProviderFake) (*daemon, map[string]string) {
 	t.Helper()
 	env := fake.env(stateEnv(t))
-	addAgent(t, env, "a1")
 	return startDaemon(t, env, ""), env
 }
 
@@ -79,13 +78,9 @@ func TestMaintainOverHTTP(t *testing.T) {
 	if status, _, _ := d.call("POST", "/v1/admin/maintain", callerTok, ""); status != http.StatusForbidden {
 		t.Errorf("a caller client ran a pass: %d", status)
 	}
-	// /stats shows the scheduler.
-	_, _, sb := d.call("GET", "/stats", d.token, "")
-	var stats struct {
-		Maintenance map[string]any `json:"maintenance"`
-	}
-	if err := json.Unmarshal(sb, &stats); err != nil || stats.Maintenance["passes"].(float64) < 3 || stats.Maintenance["last_pass"] == nil {
-		t.Errorf("/stats maintenance = %v (%v)", stats.Maintenance, err)
+	// /metrics shows the scheduler and the last pass.
+	if m := d.scrape(t); m["brama_maintenance_passes_total"] < 3 || m["brama_maintenance_last_pass_finished_timestamp_seconds"] == 0 {
+		t.Errorf("/metrics maintenance = %v", m)
 	}
 	// The failed read shows on the row as stale.
 	_, _, lb := d.call("GET", adminPath, d.token, "")

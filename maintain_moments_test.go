@@ -92,8 +92,8 @@ func TestMaintainIgnoresMomentsOfRetiredSubscriptions(t *testing.T) {
 	if at := fx.timers.nextArmed(t); !at.Equal(liveAt) {
 		t.Errorf("timer armed for %s, want the live grant's expiry %s (the retired one's is %s)", at, liveAt, retiredAt)
 	}
-	if st := fx.m.state(); *(st["next_due_at"].(*string)) != liveAt.Format(time.RFC3339) {
-		t.Errorf("/stats next_due_at = %v, want %s", *(st["next_due_at"].(*string)), liveAt.Format(time.RFC3339))
+	if due := fx.m.metrics()["brama_maintenance_next_due_timestamp_seconds"]; due != float64(liveAt.Unix()) {
+		t.Errorf("/metrics next due = %v, want %d", due, liveAt.Unix())
 	}
 }
 

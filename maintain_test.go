@@ -381,7 +381,7 @@ func TestMaintainPassesAtLedgerMoments(t *testing.T) {
 		t.Errorf("an extra timer was armed for %s", at)
 	default:
 	}
-	if st := fx.m.state(); st["passes"] != int64(4) || *(st["next_due_at"].(*string)) != T2.Add(5*time.Hour).Format(time.RFC3339) {
+	if st := fx.m.metrics(); st["brama_maintenance_passes_total"] != 4 || st["brama_maintenance_next_due_timestamp_seconds"] != float64(T2.Add(5*time.Hour).Unix()) {
 		t.Errorf("state = %v", st)
 	}
 }
@@ -433,8 +433,8 @@ func TestMaintainCoalescesAndDropsRequests(t *testing.T) {
 	if got := reasonsAt(fx.sentinel(t)); !cmp.Equal(got, []string{"maintain@0s"}) {
 		t.Errorf("a dropped request ran a pass: %v", got)
 	}
-	if st := fx.m.state(); st["requests_dropped"] != int64(1) {
-		t.Errorf("requests_dropped = %v, want 1", st["requests_dropped"])
+	if st := fx.m.metrics(); st["brama_maintenance_requests_dropped_total"] != 1 {
+		t.Errorf("requests dropped = %v, want 1", st["brama_maintenance_requests_dropped_total"])
 	}
 	// A change makes the next request count again, once.
 	fx.m.changed()
@@ -464,7 +464,7 @@ func TestMaintainStopped(t *testing.T) {
 	if _, err := nilM.passNow(context.Background()); err != errMaintenanceStopped {
 		t.Errorf("nil maintainer: err = %v", err)
 	}
-	if st := nilM.state(); st["passes"] != 0 {
+	if st := nilM.metrics(); st["brama_maintenance_passes_total"] != 0 {
 		t.Errorf("nil state = %v", st)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -574,7 +574,7 @@ func TestMaintainLoopOnce(t *testing.T) {
 		t.Error("a stale timer started a pass")
 	}
 	noTimer("after the stale timer")
-	if st := fx.m.state(); st["passes"] != int64(2) || *(st["next_due_at"].(*string)) != next.Format(time.RFC3339) {
+	if st := fx.m.metrics(); st["brama_maintenance_passes_total"] != 2 || st["brama_maintenance_next_due_timestamp_seconds"] != float64(next.Unix()) {
 		t.Errorf("state = %v", st)
 	}
 }

@@ -102,7 +102,7 @@ type (
 	}
 )
 
-const messagesKnown = "model max_tokens system messages tools tool_choice temperature top_p stop_sequences thinking output_config output_format stream billingTarget"
+const messagesKnown = "model max_tokens system messages tools tool_choice temperature top_p stop_sequences thinking output_config output_format stream"
 
 // parseMessages parses an Anthropic Messages request body.
 func parseMessages(body []byte) (chatRequest, error) {

@@ -74,10 +74,9 @@ func TestParseMessages(t *testing.T) {
 			want: chatRequest{Model: "m", Messages: []message{dialectUserText("q")}, ToolChoice: &toolChoice{Mode: toolChoiceTool, Name: "f"}, ParallelToolCalls: ptrTo(false)},
 		},
 		{
-			name: "tool_choice none and billingTarget",
-			body: `{"model":"m","messages":[{"role":"user","content":"q"}],"tool_choice":{"type":"none"},"billingTarget":{"subscriptionId":"sub_9"}}`,
-			want: chatRequest{Model: "m", Messages: []message{dialectUserText("q")}, ToolChoice: &toolChoice{Mode: toolChoiceNone},
-				BillingTarget: &billingTarget{SubscriptionID: "sub_9"}},
+			name: "tool_choice none",
+			body: `{"model":"m","messages":[{"role":"user","content":"q"}],"tool_choice":{"type":"none"}}`,
+			want: chatRequest{Model: "m", Messages: []message{dialectUserText("q")}, ToolChoice: &toolChoice{Mode: toolChoiceNone}},
 		},
 	}
 	for _, tc := range tests {
@@ -125,7 +124,6 @@ func TestParseMessagesRefuses(t *testing.T) {
 		{"tool_choice string", `{"model":"m","messages":[` + u + `],"tool_choice":"auto"}`},
 		{"tool_choice tool without name", `{"model":"m","messages":[` + u + `],"tool_choice":{"type":"tool"}}`},
 		{"tool_choice unknown type", `{"model":"m","messages":[` + u + `],"tool_choice":{"type":"some"}}`},
-		{"billingTarget empty", `{"model":"m","messages":[` + u + `],"billingTarget":{}}`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -41,7 +41,7 @@ func TestPrefixAliasResolution(t *testing.T) {
 		{name: "claude-x\x01", code: "alias_unknown", state: stateNoRoute},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			res, err := resolveModel(tc.name, doc, nil, hasDirect, false)
+			res, err := resolveModel(tc.name, doc, nil, hasDirect)
 			if tc.code != "" {
 				ae := wantAPIError(t, err, tc.code, "")
 				want := &aliasDetails{Alias: tc.name, State: tc.state}

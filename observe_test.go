@@ -131,11 +131,8 @@ func TestModelsEmbeddingsStatsMetrics(t *testing.T) {
 	}
 	d.call("POST", "/v1/chat/completions", d.token, chatBody(dialectChat, "openai/gpt-test", false, ""))
 
-	status, _, body = d.call("GET", "/stats", d.token, "")
-	var st stats
-	json.Unmarshal(body, &st)
-	if status != 200 || st.AttemptsTotal != 2 || st.Routes["openai/gpt-test"].Count != 1 || st.Routes["openai/text-embedding-test"].Count != 1 || st.JournalBytes == 0 {
-		t.Errorf("/stats: %d %s", status, body)
+	if m := d.scrape(t); m["brama_route_requests_total{route=\"openai/gpt-test\"}"] != 1 || m["brama_route_requests_total{route=\"openai/text-embedding-test\"}"] != 1 || m["brama_journal_bytes"] == 0 {
+		t.Errorf("/metrics: %v", m)
 	}
 	status, hdr, body = d.call("GET", "/metrics", d.token, "")
 	if status != 200 || !strings.HasPrefix(hdr.Get("Content-Type"), "text/plain") ||
@@ -293,7 +290,6 @@ func TestModelsListsTheAgentsSubscriptionModels(t *testing.T) {
 	env["BRAMA_MODEL_CATALOG_PATH"] = catalogue
 	d := startDaemon(t, env, "")
 	tok, _ := agentWithSubs(t, d, "a1", "kimi", "kimi-key-0123")
-	addAgent(t, env, "a2")
 	other := addClient(t, env, "a2-app", "-agent", "a2")
 	for _, tc := range []struct {
 		name, token, want string
@@ -331,14 +327,14 @@ func TestRelativeStateDirIsNoStateDir(t *testing.T) {
 		{"relative HOME", "HOME", "home", routesSet}, // <home>/.brama would be the working directory's too
 		{"relative routes file", "BRAMA_ROUTES_FILE", "routes.json", routesSet},
 		{"relative clients file", "BRAMA_CLIENTS_FILE", "clients.json", []string{"clients", "add", "app"}},
-		{"relative vault", "BRAMA_VAULT_FILE", "vault.json", []string{"agents", "add", "a1"}},
+		{"relative vault", "BRAMA_VAULT_FILE", "vault.json", []string{"credentials", "set", "openai"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cwd := t.TempDir()
 			t.Chdir(cwd)
 			env := map[string]string{"HOME": t.TempDir()}
 			env[tc.env] = tc.dir
-			_, errOut, code := runCLI(t, env, "", tc.args...)
+			_, errOut, code := runCLI(t, env, "sk-test-0123456789\n", tc.args...)
 			if code != 1 || !strings.Contains(errOut, "not an absolute path") {
 				t.Errorf("%v with %s=%s: exit %d %q; want 1 naming the rule", tc.args, tc.env, tc.dir, code, errOut)
 			}

@@ -176,11 +176,11 @@ func (s *server) onboardPlan(model string) (c call, req chatRequest, next string
 	switch ae := asAPIError(err); {
 	case err == nil && (c.res.Mode == modeDirect || c.res.Mode == modeAlias):
 		return c, req, "", nil
-	case err == nil || ae.Code == "unauthenticated": // plan wants an agent: subscription, selector or best
+	case err == nil || ae.Code == "forbidden": // plan wants an agent: subscription, selector or best
 		return call{}, req, "", fmt.Errorf("-model %q is paid by an agent's subscription; onboarding calls a direct route, a deployment or an alias to one", model)
 	case ae.Code == "credential_unauthorized":
 		doc, docErr := s.reg.current()
-		res, _ := resolveModel(model, doc, docErr, s.hasDirect, false)
+		res, _ := resolveModel(model, doc, docErr, s.hasDirect)
 		next = "brama credentials set " + cmp.Or(res.Provider.id, "<provider>")
 	}
 	return call{}, req, next, fmt.Errorf("-model %q cannot serve: %s", model, asAPIError(err).Message)

@@ -114,11 +114,10 @@ func joinPath(path, member string) string { return strings.TrimPrefix(path+"."+m
 
 // callerHead holds the members every format's request body shares.
 type callerHead struct {
-	Model         string          `json:"model"`
-	Temperature   *float64        `json:"temperature,omitempty"`
-	TopP          *float64        `json:"top_p,omitempty"`
-	Stream        bool            `json:"stream,omitempty"`
-	BillingTarget json.RawMessage `json:"billingTarget,omitempty"`
+	Model       string   `json:"model"`
+	Temperature *float64 `json:"temperature,omitempty"`
+	TopP        *float64 `json:"top_p,omitempty"`
+	Stream      bool     `json:"stream,omitempty"`
 }
 
 // head is the shared members of a provider body for model.
@@ -143,9 +142,6 @@ func newCallerRequest(body []byte, b any, h *callerHead, known, limitName string
 	}
 	if req.MaxTokens > 0 {
 		req.LimitPath = limitName
-	}
-	if req.BillingTarget, err = readBillingTarget(h.BillingTarget); err != nil {
-		return chatRequest{}, err
 	}
 	dropUnknown(&req.Dropped, body, "", known)
 	return req, nil

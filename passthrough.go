@@ -20,7 +20,7 @@ type callerRequest struct {
 	body    rawObject   // the caller's body, split into top-level members
 	header  http.Header // the caller's request headers
 	query   string      // the caller's raw query string
-	// head holds only Model, Stream, BillingTarget and MaxTokens, the output
+	// head holds only Model, Stream and MaxTokens, the output
 	// limit a call sends (SPEC §6.4).
 	head        chatRequest
 	callerLimit bool         // the caller named an output limit
@@ -59,26 +59,7 @@ func readCallerRequest(dialect string, r *http.Request, body []byte) (*callerReq
 			}
 		}
 	}
-	if cr.head.BillingTarget, err = readBillingTarget(o.value("billingTarget")); err != nil {
-		return nil, err
-	}
 	return cr, nil
-}
-
-// readBillingTarget reads the billingTarget member (SPEC §7.2): absent or
-// null is none; it is never forwarded.
-func readBillingTarget(raw json.RawMessage) (*billingTarget, error) {
-	if rawIsNull(raw) {
-		return nil, nil
-	}
-	var bt billingTarget
-	if rawShape(raw) != '{' || json.Unmarshal(raw, &bt) != nil {
-		return nil, refuse("invalid_request", "billingTarget must be an object with string members")
-	}
-	if bt.SubscriptionID == "" {
-		return nil, refuse("invalid_request", "billingTarget.subscriptionId is required")
-	}
-	return &bt, nil
 }
 
 // translates reports whether a call to p crosses formats.
@@ -108,7 +89,7 @@ func (cr *callerRequest) withLimit(limit int) *callerRequest {
 // translated is the neutral request one call across formats sends.
 func (cr *callerRequest) translated() chatRequest {
 	req := *cr.neutral
-	req.Model, req.Stream, req.MaxTokens, req.BillingTarget = cr.head.Model, cr.head.Stream, cr.head.MaxTokens, nil
+	req.Model, req.Stream, req.MaxTokens = cr.head.Model, cr.head.Stream, cr.head.MaxTokens
 	return req
 }
 
@@ -144,10 +125,10 @@ func buildPassthroughRequest(ctx context.Context, c call, cr *callerRequest) (*h
 }
 
 // passthrough is a same-format request to path, count_tokens too: the
-// route's model, no billingTarget, claude-code's system (SPEC §6.2), edits.
+// route's model, claude-code's system (SPEC §6.2), edits.
 func (cr *callerRequest) passthrough(ctx context.Context, c call, path string, stream bool, edits ...memberEdit) (*http.Request, error) {
 	m, _ := json.Marshal(c.res.Model)
-	base := []memberEdit{{"model", m}, {"billingTarget", nil}}
+	base := []memberEdit{{"model", m}}
 	p := c.res.Provider
 	if p.id == "claude-code" && c.cred.AccessToken != "" {
 		sys, err := claudeCodeSystem(cr.body.value("system"))

@@ -71,8 +71,8 @@ func FuzzPassthroughStream(f *testing.F) {
 // unchanged; with edits it is valid JSON holding the edited members and
 // every other member's value exactly as before.
 func FuzzPassthroughBody(f *testing.F) {
-	f.Add([]byte(`{"model":"a/b","billingTarget":{"subscriptionId":"s"},"x":[1,{"y":"\"}"}]}`))
-	f.Add([]byte(" {\n \"b\\u0069llingTarget\" : null , \"model\":1}\n"))
+	f.Add([]byte(`{"model":"a/b","max_output_tokens":{"n":"s"},"x":[1,{"y":"\"}"}]}`))
+	f.Add([]byte(" {\n \"max_\\u006futput_tokens\" : null , \"model\":1}\n"))
 	f.Add([]byte(`{}`))
 	f.Add([]byte(`{"model":"m","model":"n","stream_options":{"include_usage":false}}`))
 	f.Fuzz(func(t *testing.T, in []byte) {
@@ -87,7 +87,7 @@ func FuzzPassthroughBody(f *testing.F) {
 		if !bytes.Equal(o.edit(), in) {
 			t.Fatalf("an empty edit changed the body")
 		}
-		out := o.edit(memberEdit{"model", []byte(`"upstream"`)}, memberEdit{"billingTarget", nil}, memberEdit{"max_tokens", []byte("7")})
+		out := o.edit(memberEdit{"model", []byte(`"upstream"`)}, memberEdit{"max_output_tokens", nil}, memberEdit{"max_tokens", []byte("7")})
 		var before, after map[string]json.RawMessage
 		if json.Unmarshal(in, &before) != nil {
 			t.Fatalf("parseRawObject accepted %q that is no object", in)
@@ -95,14 +95,14 @@ func FuzzPassthroughBody(f *testing.F) {
 		if err := json.Unmarshal(out, &after); err != nil {
 			t.Fatalf("edited body is not an object: %v\n%s", err, out)
 		}
-		if string(after["model"]) != `"upstream"` || after["billingTarget"] != nil {
+		if string(after["model"]) != `"upstream"` || after["max_output_tokens"] != nil {
 			t.Fatalf("edits not applied: %s", out)
 		}
 		if _, had := before["max_tokens"]; !had && string(after["max_tokens"]) != "7" {
 			t.Fatalf("added member missing: %s", out)
 		}
 		for k, v := range before {
-			if k == "model" || k == "billingTarget" || k == "max_tokens" {
+			if k == "model" || k == "max_output_tokens" || k == "max_tokens" {
 				continue
 			}
 			if !bytes.Equal(after[k], v) {

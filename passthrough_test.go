@@ -260,17 +260,15 @@ func TestPassthroughOutputLimit(t *testing.T) {
 
 // claude-code passthrough gets SPEC §6.2's OAuth rules: the bearer, the
 // oauth beta merged with the caller's, the identity as the first system
-// block (the caller's system after it, cache_control kept), and
-// billingTarget removed.
+// block (the caller's system after it, cache_control kept).
 func TestPassthroughClaudeCodeOAuth(t *testing.T) {
 	const access = "oauth-access-passthrough-0123456789"
 	prov := newRecordingProvider(t, protocolFixtures[1].buffered, fixture(t, protocolFixtures[1].stream))
 	env := stateEnv(t)
 	env["BRAMA_PROVIDER_CLAUDE_CODE_BASE_URL"] = prov.URL
 	d := startDaemon(t, env, "")
-	addAgent(t, env, "a1")
 	tok := addClient(t, env, "a1-app", "-agent", "a1")
-	id := donateGrant(t, d, access, "oauth-refresh-passthrough-0123", time.Now().Add(time.Hour).UnixMilli())
+	donateGrant(t, d, access, "oauth-refresh-passthrough-0123", time.Now().Add(time.Hour).UnixMilli())
 	ident := `{"text":"You are Claude Code, Anthropic's official CLI for Claude.","type":"text"}`
 	tests := []struct {
 		name, system, wantSystem string
@@ -284,7 +282,7 @@ func TestPassthroughClaudeCodeOAuth(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			body := `{"model":"claude-code/claude-test","max_tokens":50,` + tt.system + `"billingTarget":{"subscriptionId":"` + id + `"},"messages":[{"role":"user","content":"hi"}],"thinking":{"type":"enabled","budget_tokens":1024}}`
+			body := `{"model":"claude-code/claude-test","max_tokens":50,` + tt.system + `"messages":[{"role":"user","content":"hi"}],"thinking":{"type":"enabled","budget_tokens":1024}}`
 			// The caller authenticates as Anthropic's clients do (x-api-key): Brama's token must not reach the provider.
 			status, h, b := d.call("POST", "/v1/messages?beta=true", "", body, "anthropic-beta", "fine-grained-tool-streaming-2025-05-14", "x-api-key", tok)
 			if status != 200 || string(b) != protocolFixtures[1].buffered || h.Get("Brama-Route") != "claude-code/claude-test" {
@@ -573,8 +571,8 @@ func TestPassthroughBodyEdits(t *testing.T) {
 			`{"stream_options":{"include_usage":true},"model":"x","stream":true}`, `{"stream_options":{"include_usage":true},"model":"m","stream":true}`},
 		{"chat buffered: no stream_options", dialectChat, openai, upstreamCredential{}, 0,
 			`{"model":"x"}`, `{"model":"m"}`},
-		{"billingTarget removed wherever it stands", dialectChat, openai, upstreamCredential{}, 0,
-			`{"billingTarget":{"subscriptionId":"s"},"model":"x", "n":1}`, `{"model":"m", "n":1}`},
+		{"retired billingTarget passes as any unknown member", dialectChat, openai, upstreamCredential{}, 0,
+			`{"billingTarget":{"subscriptionId":"s"},"model":"x", "n":1}`, `{"billingTarget":{"subscriptionId":"s"},"model":"m", "n":1}`},
 		{"catalogue limit added for openai", dialectChat, openai, upstreamCredential{}, 99,
 			`{"model":"x"}`, `{"model":"m","max_completion_tokens":99}`},
 		{"claude-code string system equal to the identity: unchanged", dialectMessages, claude, oauth, 0,

@@ -148,7 +148,7 @@ func (p *perfRegistry) write(now time.Time, force bool) error {
 	return nil
 }
 
-// snapshot copies the registry for /stats and /metrics.
+// snapshot copies the registry for /metrics.
 func (p *perfRegistry) snapshot() map[string]perfEntry {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -194,7 +194,7 @@ func writeMetrics(w io.Writer, perf map[string]perfEntry, extra map[string]float
 		if strings.HasSuffix(n, "_total") {
 			typ = "counter"
 		}
-		fmt.Fprintf(&b, "# HELP %s %s as /stats reports it.\n# TYPE %s %s\n%s %s\n", n, n, n, typ, n, formatMetric(extra[n]))
+		fmt.Fprintf(&b, "# TYPE %s %s\n%s %s\n", n, typ, n, formatMetric(extra[n]))
 	}
 	io.WriteString(w, b.String())
 }

@@ -173,6 +173,23 @@ func TestPerfNoStateDir(t *testing.T) {
 // promSample is one exposition line: name{labels} value.
 var promSample = regexp.MustCompile(`^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})? (\S+)$`)
 
+// scrape reads d's GET /metrics (SPEC §13) as sample → value, a sample
+// named as written (`name` or `name{route="…"}`).
+func (d *daemon) scrape(t testing.TB) map[string]float64 {
+	t.Helper()
+	status, _, body := d.call("GET", "/metrics", d.token, "")
+	if status != 200 {
+		t.Fatalf("GET /metrics: %d %s", status, body)
+	}
+	out := map[string]float64{}
+	for _, line := range strings.Split(strings.TrimSpace(string(body)), "\n") {
+		if m := promSample.FindStringSubmatch(line); m != nil {
+			out[m[1]+m[2]], _ = strconv.ParseFloat(m[4], 64)
+		}
+	}
+	return out
+}
+
 // parsePromLabels reads `k="v",…` with the exposition format's escapes.
 func parsePromLabels(t *testing.T, s string) map[string]string {
 	t.Helper()

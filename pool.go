@@ -258,15 +258,12 @@ func (e *engine) blockFor(sub overlayItem, provider string, ref *providerRefusal
 	}
 }
 
-// subscriptionPool is a subscription route's ordered eligible pool (only
-// billingTarget's when named), or the refusal at attempts 0 (SPEC §7.2.1).
-func (e *engine) subscriptionPool(agent string, res resolution, bt *billingTarget) ([]overlayItem, error) {
+// subscriptionPool is a subscription route's ordered eligible pool, or the
+// refusal at attempts 0 (SPEC §7.2.1).
+func (e *engine) subscriptionPool(agent string, res resolution) ([]overlayItem, error) {
 	subs, anyPool, err := e.eligible(agent, res.Provider.id)
 	if err != nil {
 		return nil, err
-	}
-	if bt != nil {
-		subs = slices.DeleteFunc(subs, func(it overlayItem) bool { return it.ID != bt.SubscriptionID })
 	}
 	switch {
 	case !anyPool:
@@ -284,16 +281,4 @@ func (e *engine) allNeedSignIn(agent string) bool {
 		return false
 	}
 	return !slices.ContainsFunc(items, func(it overlayItem) bool { return e.ledger.credentialState(it.ID) == credActive })
-}
-
-// checkBillingTarget refuses, before dispatch and without saying whether the
-// id exists, a billingTarget naming none of the agent's pool (SPEC §7.2.1).
-func (e *engine) checkBillingTarget(bt *billingTarget, provider, agent string) error {
-	if bt.ProviderID == "" || bt.ProviderID == provider {
-		pool, err := e.inv.pool(agent, provider)
-		if err != nil || slices.ContainsFunc(pool, func(it overlayItem) bool { return it.ID == bt.SubscriptionID }) {
-			return err
-		}
-	}
-	return refuse("invalid_request", "billingTarget names no usable %q subscription of agent %q", provider, agent)
 }

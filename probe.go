@@ -43,10 +43,11 @@ func (e *engine) probe(ctx context.Context, it overlayItem, model string) (probe
 	if model == "" {
 		return probeOutcome{}, refuse("state_conflict", "name a model for this probe: provider %q has no built-in probe model", it.Provider)
 	}
-	res, err := resolveModel(it.Provider+"/"+model, nil, nil, nil, true)
+	res, err := resolveModel(it.Provider+"/"+model, nil, nil, nil)
 	if err != nil {
 		return probeOutcome{}, err
 	}
+	res.Mode = modeSubscription // paid by the probed subscription, whatever its provider
 	p := res.Provider
 	req := pingRequest(res.Route, p)
 	ok, detail := false, ""

@@ -35,8 +35,6 @@ type upstreamSeen struct {
 
 func TestProbe(t *testing.T) {
 	env := stateEnv(t)
-	addAgent(t, env, "a")
-	addAgent(t, env, "b")
 	var mode atomic.Value // "", "401", "429", "500"
 	mode.Store("")
 	var mu sync.Mutex

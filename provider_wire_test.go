@@ -54,7 +54,6 @@ func TestNoCompressionOffered(t *testing.T) {
 	env := fake.env(stateEnv(t))
 	env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = fake.URL + "/openai"
 	env["BRAMA_MODEL_CATALOG_URL"] = fake.URL + "/catalog"
-	addAgent(t, env, "a1")
 	d := startDaemon(t, env, `{"openai":"k"}`, "-local-credentials-stdin")
 	for _, stream := range []bool{false, true} {
 		if status, _, b := d.call("POST", "/v1/chat/completions", d.token, chatBody(dialectChat, "openai/gpt-test", stream, "")); status != 200 {

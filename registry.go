@@ -293,7 +293,7 @@ type resolution struct {
 
 // resolveModel applies SPEC §5.1 and picks the §5.3 mode. With docErr, a name that could
 // be an alias is routes_file_invalid (selectors, best, known canonical routes resolve).
-func resolveModel(name string, doc *routesDoc, docErr error, hasDirect func(string) bool, hasBillingTarget bool) (resolution, error) {
+func resolveModel(name string, doc *routesDoc, docErr error, hasDirect func(string) bool) (resolution, error) {
 	switch {
 	case name == "":
 		return resolution{}, refuse("invalid_request", "model is required")
@@ -344,7 +344,7 @@ func resolveModel(name string, doc *routesDoc, docErr error, hasDirect func(stri
 	}
 	res := resolution{Mode: modeDirect, Alias: alias, Route: p.id + "/" + model, Provider: p, Model: model}
 	switch {
-	case p.cred == credSubscription || hasBillingTarget:
+	case p.cred == credSubscription:
 		res.Mode = modeSubscription
 	case alias != "":
 		res.Mode = modeAlias

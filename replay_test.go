@@ -173,7 +173,6 @@ func TestReplayGuardForgetsAfterAFix(t *testing.T) {
 		}
 	}
 	cli("sk-direct-old-0123456789\n", "credentials", "set", "openai")(t)
-	addAgent(t, env, "a1")
 	d := startDaemon(t, env, "")
 	app := addClient(t, env, "app", "-agent", "a1")
 	s, _, b := d.call("POST", "/v1/admin/subscriptions/a1", d.token, `{"provider":"kimi","api_key":"sk-kimi-old-0123456789"}`)

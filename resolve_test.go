@@ -111,7 +111,6 @@ func TestResolveModel(t *testing.T) {
 		name    string
 		model   string
 		docErr  error
-		billing bool
 		want    resolution
 		code    string        // a refusal's code, when not ""
 		details *aliasDetails // a refusal's details
@@ -124,8 +123,6 @@ func TestResolveModel(t *testing.T) {
 		{name: "best", model: "best", want: resolution{Mode: modeBest}},
 		// rule 3: aliases.
 		{name: "alias to direct provider", model: "chat", want: resolution{Mode: modeAlias, Alias: "chat", Route: "anthropic/claude-sonnet-4-5",
-			Provider: regProvider(t, "anthropic"), Model: "claude-sonnet-4-5"}},
-		{name: "alias with billingTarget", model: "chat", billing: true, want: resolution{Mode: modeSubscription, Alias: "chat", Route: "anthropic/claude-sonnet-4-5",
 			Provider: regProvider(t, "anthropic"), Model: "claude-sonnet-4-5"}},
 		{name: "alias to subscription provider", model: "sub", want: resolution{Mode: modeSubscription, Alias: "sub", Route: "codex/gpt-5",
 			Provider: regProvider(t, "codex"), Model: "gpt-5"}},
@@ -147,8 +144,6 @@ func TestResolveModel(t *testing.T) {
 			Provider: regProvider(t, "openai"), Model: "gpt-4o"}},
 		{name: "canonical splits at the first slash", model: "openrouter/meta/llama", want: resolution{Mode: modeDirect, Route: "openrouter/meta/llama",
 			Provider: regProvider(t, "openrouter"), Model: "meta/llama"}},
-		{name: "canonical with billingTarget", model: "openai/gpt-4o", billing: true, want: resolution{Mode: modeSubscription, Route: "openai/gpt-4o",
-			Provider: regProvider(t, "openai"), Model: "gpt-4o"}},
 		{name: "canonical subscription provider", model: "claude-code/claude-opus-4-1", want: resolution{Mode: modeSubscription,
 			Route: "claude-code/claude-opus-4-1", Provider: regProvider(t, "claude-code"), Model: "claude-opus-4-1"}},
 		{name: "canonical local-openai", model: "local-openai/qwen-lora", want: resolution{Mode: modeDirect, Route: "local-openai/qwen-lora",
@@ -162,8 +157,6 @@ func TestResolveModel(t *testing.T) {
 		{name: "bare vendor model name", model: "gpt-4o", code: "alias_unknown", details: &aliasDetails{Alias: "gpt-4o", State: "no_route"}},
 		{name: "selector-like case", model: "BEST", code: "alias_unknown", details: &aliasDetails{Alias: "BEST", State: "no_route"}},
 		{name: "retired task selector", model: "task:x", code: "alias_unknown", details: &aliasDetails{Alias: "task:x", State: "no_route"}},
-		{name: "retired task selector with billingTarget", model: "task:x", billing: true, code: "alias_unknown",
-			details: &aliasDetails{Alias: "task:x", State: "no_route"}},
 		{name: "retired task selector with slash", model: "task:a/b", code: "alias_unknown", details: &aliasDetails{Alias: "task:a/b", State: "no_route"}},
 		{name: "empty model", model: "", code: "invalid_request"},
 		// An invalid registry: aliases cannot be told apart from unknown names.
@@ -187,7 +180,7 @@ func TestResolveModel(t *testing.T) {
 			if tt.docErr != nil {
 				d = nil // an invalid registry has no document
 			}
-			got, err := resolveModel(tt.model, d, tt.docErr, resolveDirect, tt.billing)
+			got, err := resolveModel(tt.model, d, tt.docErr, resolveDirect)
 			if tt.code != "" {
 				ae := wantAPIError(t, err, tt.code, "")
 				if diff := cmp.Diff(tt.details, ae.Details); diff != "" {
@@ -223,7 +216,7 @@ func TestResolveModelStatuses(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := resolveModel(tt.model, doc, nil, resolveDirect, false)
+			_, err := resolveModel(tt.model, doc, nil, resolveDirect)
 			ae := asAPIError(err)
 			b := string(regJSON(t, ae.body()))
 			if ae.Status() != tt.status || !strings.Contains(b, tt.body) || strings.Contains(b, "attempts") {

@@ -102,7 +102,7 @@ type (
 	}
 )
 
-const responsesKnown = "model instructions input tools tool_choice parallel_tool_calls max_output_tokens temperature top_p reasoning text stream billingTarget " + openAISharedNames
+const responsesKnown = "model instructions input tools tool_choice parallel_tool_calls max_output_tokens temperature top_p reasoning text stream " + openAISharedNames
 
 // parseResponses parses a Responses body: a tool call joins the assistant
 // turn before it, consecutive tool outputs are one user turn.

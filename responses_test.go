@@ -65,11 +65,9 @@ func TestParseResponses(t *testing.T) {
 				Dropped: []string{"input[1]", "input[2].content[1]"}},
 		},
 		{
-			name: "named tool_choice and billingTarget",
-			body: `{"model":"codex/gpt-5","input":[{"role":"user","content":"q"}],"tool_choice":{"type":"function","name":"f"},
-				"billingTarget":{"providerId":"codex","subscriptionId":"sub_2"}}`,
-			want: chatRequest{Model: "codex/gpt-5", Messages: []message{dialectUserText("q")}, ToolChoice: &toolChoice{Mode: toolChoiceTool, Name: "f"},
-				BillingTarget: &billingTarget{ProviderID: "codex", SubscriptionID: "sub_2"}},
+			name: "named tool_choice",
+			body: `{"model":"codex/gpt-5","input":[{"role":"user","content":"q"}],"tool_choice":{"type":"function","name":"f"}}`,
+			want: chatRequest{Model: "codex/gpt-5", Messages: []message{dialectUserText("q")}, ToolChoice: &toolChoice{Mode: toolChoiceTool, Name: "f"}},
 		},
 	}
 	for _, tc := range tests {
@@ -118,7 +116,6 @@ func TestParseResponsesRefuses(t *testing.T) {
 		{"instructions array", `{"model":"m","input":"x","instructions":["a"]}`},
 		{"tool without name", `{"model":"m","input":"x","tools":[{"type":"function"}]}`},
 		{"nested tool_choice shape", `{"model":"m","input":"x","tool_choice":{"type":"function","function":{"name":"f"}}}`},
-		{"billingTarget without subscription", `{"model":"m","input":"x","billingTarget":{"accountId":"a"}}`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -212,10 +212,8 @@ func TestPerfCountsAnExhaustedWalk(t *testing.T) {
 	d := startDaemon(t, env, "")
 	tok, _ := agentWithSubs(t, d, "perf", "kimi", "pk-1", "pk-2")
 	stats := func() perfEntry {
-		_, _, b := d.call("GET", "/stats", d.token, "")
-		var s stats
-		json.Unmarshal(b, &s)
-		return s.Routes["kimi/m"]
+		m := d.scrape(t)
+		return perfEntry{Count: int64(m[`brama_route_requests_total{route="kimi/m"}`]), Failures: int64(m[`brama_route_failures_total{route="kimi/m"}`])}
 	}
 	if s, _, b := d.call("POST", "/v1/chat/completions", tok, chatBody(dialectChat, "kimi/m", false, "")); s != 200 {
 		t.Fatalf("first request: %d %s", s, b)

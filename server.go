@@ -26,7 +26,6 @@ import (
 // server is the HTTP face of Brama: what the handlers share.
 type server struct {
 	core
-	agents  *agentVerifier
 	guard   transportGuard
 	mux     *http.ServeMux
 	answers *answerStore // signed answers (SPEC §12)
@@ -50,7 +49,7 @@ type core struct {
 	catalog    *catalog
 	perf       *perfRegistry
 	keepAlive  time.Duration // 0: keepAliveEvery; tests shorten it
-	attempts   atomic.Int64  // provider calls made since start, for /stats
+	attempts   atomic.Int64  // provider calls made since start, for /metrics
 	ledger     *ledger
 	inv        *inventory
 	oauth      *oauthClient
@@ -70,8 +69,6 @@ func (s *server) routes() {
 	s.mux.Handle("POST /v1/embeddings", s.caller("", s.handleEmbeddings))
 	s.mux.Handle("GET /v1/models", s.caller("", s.handleModels))
 	s.mux.Handle("GET /v1/aliases", s.caller("", s.handleAliases))
-	s.mux.Handle("GET /v1/answers/{key}", s.caller("", s.handleGetAnswer))
-	s.mux.Handle("GET /stats", s.caller("", s.handleStats))
 	s.mux.Handle("GET /metrics", s.caller("", s.handleMetrics))
 	s.mux.Handle("GET /v1/admin/routes", s.caller(roleAdmin, s.handleRoutesGet))
 	s.mux.Handle("PUT /v1/admin/routes", s.caller(roleAdmin, s.handleRoutesWrite))
@@ -273,54 +270,44 @@ func (s *server) caller(role string, h http.HandlerFunc) http.Handler {
 	})
 }
 
-// authenticate applies SPEC §3.1 and §3.2 to r and records who called:
-// the headers before any body is read, the signature (over the body) after.
+// authenticate applies SPEC §3.1 and §3.2 to r and records who called,
+// before any body is read.
 func (s *server) authenticate(w http.ResponseWriter, r *http.Request, role string) error {
 	ri := infoFrom(r.Context())
-	cl, ok := s.clients.authenticate(presentedToken(r.Header))
-	if !ok {
-		return refuse("unauthenticated", "unauthorized")
+	tok, err := presentedToken(r.Header)
+	if err != nil {
+		return err
+	}
+	cl, err := s.clients.authenticate(tok)
+	if err != nil {
+		return err
 	}
 	ri.client, ri.agentID = cl, cl.AgentID
 	if role != "" && cl.Role != role {
 		return refuse("forbidden", "this route needs an admin client")
 	}
-	claim, err := s.agents.claim(r)
-	switch {
-	case errors.As(err, new(*apiError)): // the vault is unreadable (SPEC §2.2)
-		return err
-	case err != nil:
-		return refuse("unauthenticated", "unauthorized").because(err)
-	}
-	if err := actsFor(r, role, cl.AgentID, claim.agent); err != nil {
+	if err := actsFor(r, role, cl.AgentID); err != nil {
 		return err
 	}
 	body, err := s.readBody(w, r)
 	if err != nil {
 		return err
 	}
-	agent, err := s.agents.confirm(r, claim, body)
-	if err != nil {
-		return refuse("unauthenticated", "unauthorized").because(err)
-	}
-	ri.agentID = cmp.Or(agent, cl.AgentID)
 	if err := checkNesting(body); err != nil {
 		return refuse("invalid_request", "the request body %v", err)
 	}
 	return nil
 }
 
-// actsFor applies SPEC §3.2's agent rules before the body is read: bearer and signed agent agree; a route
-// for the path's agent needs a valid id (`%2e%2e`: 400) and a request that may act for it (an admin: any).
-func actsFor(r *http.Request, role, bound, signed string) error {
-	switch agent, path := cmp.Or(signed, bound), r.PathValue("agent_id"); {
-	case bound != "" && signed != "" && bound != signed:
-		return refuse("forbidden", "the signed agent and the bearer's agent differ")
+// actsFor applies SPEC §3.2: a route for the path's agent needs a valid id
+// (`%2e%2e`: 400) and a bearer bound to that agent (an admin route: any).
+func actsFor(r *http.Request, role, agent string) error {
+	switch path := r.PathValue("agent_id"); {
 	case path == "": // not a route acting for an agent
 	case !idPattern.MatchString(path):
 		return refuse("invalid_request", "agent id %q in the path must match [a-z0-9-]{1,64}", path)
 	case agent == "" && role != roleAdmin:
-		return refuse("unauthenticated", "this route acts for an agent: sign the request as agent %q (X-Agent-Id, X-Agent-Timestamp, X-Agent-Signature) or use a bearer bound to it", path)
+		return refuse("forbidden", "this route acts for agent %q; use a bearer bound to it: brama clients add ID -agent %s", path, path)
 	case agent != "" && agent != path:
 		return refuse("forbidden", "this request acts for agent %q, not %q", agent, path)
 	}
@@ -594,19 +581,7 @@ func (s *server) handleModels(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
 }
 
-// stats is the body of GET /stats.
-type stats struct {
-	Routes        map[string]perfEntry `json:"routes"`
-	AttemptsTotal int64                `json:"attempts_total"`
-	JournalBytes  int64                `json:"journal_bytes"`
-	Maintenance   map[string]any       `json:"maintenance"`
-}
-
-func (s *server) handleStats(w http.ResponseWriter, r *http.Request) {
-	size, _ := s.journal.size()
-	writeJSON(w, http.StatusOK, stats{s.perf.snapshot(), s.attempts.Load(), size, s.maint.state()})
-}
-
+// handleMetrics serves GET /metrics, the one exposition (SPEC §13).
 func (s *server) handleMetrics(w http.ResponseWriter, r *http.Request) {
 	size, _ := s.journal.size()
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")

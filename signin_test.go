@@ -131,7 +131,6 @@ func credentialStateOf(t *testing.T, d *daemon, agent, id string) string {
 
 func TestSignInReplacesAndDonates(t *testing.T) {
 	env := stateEnv(t)
-	addAgent(t, env, "a1")
 	var good sync.Map
 	prov := bearerProvider(t, &good)
 	te := newOpTokenEndpoint(t)
@@ -238,8 +237,6 @@ func TestSignInReplacesAndDonates(t *testing.T) {
 
 func TestCredentialPut(t *testing.T) {
 	env := stateEnv(t)
-	addAgent(t, env, "a")
-	addAgent(t, env, "b")
 	d := startDaemon(t, env, "")
 	s, _, b := d.call("POST", "/v1/admin/subscriptions/a", d.token, `{"provider":"kimi","api_key":"sk-put-old-0123456789"}`)
 	idA := donatedID(t, s, b, "a", "kimi")

@@ -555,18 +555,12 @@ func writeState(name string, v any) error {
 type vaultDoc struct {
 	SchemaVersion int                        `json:"schema_version"`
 	Direct        map[string]vaultKey        `json:"direct"`
-	Agents        map[string]vaultAgent      `json:"agents"`
 	Subscriptions map[string]vaultCredential `json:"subscriptions"`
 }
 
 // vaultKey is a direct API key for one provider.
 type vaultKey struct {
 	APIKey string `json:"api_key"`
-}
-
-// vaultAgent holds one agent's HMAC signing secret (SPEC §3.2).
-type vaultAgent struct {
-	SigningSecret string `json:"signing_secret"`
 }
 
 // vaultCredential is one subscription's API key or OAuth grant, never both.
@@ -612,9 +606,6 @@ func (d *vaultDoc) validate() error {
 	if d.Direct == nil {
 		d.Direct = map[string]vaultKey{}
 	}
-	if d.Agents == nil {
-		d.Agents = map[string]vaultAgent{}
-	}
 	if d.Subscriptions == nil {
 		d.Subscriptions = map[string]vaultCredential{}
 	}
@@ -628,17 +619,4 @@ func (v *vault) directKey(provider string) string {
 		return ""
 	}
 	return doc.Direct[provider].APIKey
-}
-
-// agentSecret returns agent's signing secret, "" for an unknown agent or
-// with no state directory (no agents), or the unreadable vault's error.
-func (v *vault) agentSecret(agent string) (string, error) {
-	doc, err := v.load()
-	if errors.As(err, new(*noStateError)) {
-		return "", nil
-	}
-	if err != nil {
-		return "", err
-	}
-	return doc.Agents[agent].SigningSecret, nil
 }

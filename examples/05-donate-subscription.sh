@@ -3,7 +3,6 @@
 # `brama subscription add`, list it, and show the key lives only in the vault.
 . "$(dirname "$0")/lib.sh"
 start_brama
-"$BRAMA" agents add a1 >/dev/null
 export BRAMA_TOKEN=$TOKEN # every `brama subscription …` is a client of the daemon
 key="sk-example-$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')"
 # The key comes on stdin (never as a flag: flags show up in ps).
@@ -13,7 +12,7 @@ expect "id shape" "$(echo "$id" | grep -cE '^sub_[0-9a-f]{16}$')" "1"
 body=$("$BRAMA" subscription list -gateway "$BRAMA_URL" -agent a1 -json)
 expect "listed" "$(echo "$body" | jq -r '.subscriptions[0].id')" "$id"
 expect "active" "$(echo "$body" | jq -r '.subscriptions[0].status')" "active"
-# The agent itself lists through a bearer bound to it (or by signing).
+# The agent itself lists through a bearer bound to it.
 app=$("$BRAMA" clients add app-a1 -agent a1 2>/dev/null)
 own=$(curl -s -H "Authorization: Bearer $app" "$BRAMA_URL/v1/subscriptions/a1")
 expect "agent's own listing" "$(echo "$own" | jq -r '.subscriptions[0].label')" "work"

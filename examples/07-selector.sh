@@ -5,7 +5,6 @@
 start_stub
 export BRAMA_PROVIDER_KIMI_BASE_URL="$STUB_URL/v1"
 start_brama
-"$BRAMA" agents add a1 >/dev/null
 export BRAMA_TOKEN=$TOKEN
 printf '%s\n' "sk-kimi-example" | "$BRAMA" subscription add -gateway "$BRAMA_URL" -provider kimi -agent a1 >/dev/null
 "$BRAMA" routes set coder kimi/stub-model

@@ -3,7 +3,6 @@
 # credential disabled and the retirement journaled, then reinstate it.
 . "$(dirname "$0")/lib.sh"
 start_brama
-"$BRAMA" agents add a1 >/dev/null
 export BRAMA_TOKEN=$TOKEN
 gw=(-gateway "$BRAMA_URL")
 id=$(echo "sk-example-retire-0123456789" | "$BRAMA" subscription add "${gw[@]}" -provider openai -agent a1)

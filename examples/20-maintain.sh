@@ -7,7 +7,6 @@
 start_stub
 export BRAMA_PROVIDER_KIMI_BASE_URL=$STUB_URL
 start_brama
-"$BRAMA" agents add a1 >/dev/null
 export BRAMA_TOKEN=$TOKEN
 gw=(-gateway "$BRAMA_URL")
 
@@ -26,7 +25,7 @@ expect "the failure names the subscription" "$(echo "$body" | jq -r '.usage.fail
 expect "the failure names the status" "$(echo "$body" | jq '.usage.failed[0].error | test("HTTP 404")')" "true"
 row=$("$BRAMA" subscription list "${gw[@]}" -agent a1 -json | jq -c '.subscriptions[0] | [.usage_read.ok, .stale, .credential.state]')
 expect "the row shows the failed read" "$row" '[false,true,"active"]'
-passes=$(curl -fsS -H "Authorization: Bearer $TOKEN" "$BRAMA_URL/stats" | jq '.maintenance.passes')
-expect "/stats counts the start pass and the four asked for" "$passes" "5"
+passes=$(curl -fsS -H "Authorization: Bearer $TOKEN" "$BRAMA_URL/metrics" | awk '$1 == "brama_maintenance_passes_total" {print $2}')
+expect "/metrics counts the start pass and the four asked for" "$passes" "5"
 expect "maintenance logged the failed read" "$(grep -c '"msg":"usage_read_failed"' "$WORK/brama.err")" "2"
 expect "the key never reaches the log" "$(grep -c "$key" "$WORK/brama.err" || true)" "0"

@@ -7,7 +7,6 @@
 start_stub
 export BRAMA_PROVIDER_CLAUDE_CODE_BASE_URL=$STUB_URL BRAMA_OAUTH_CLAUDE_CODE_TOKEN_URL=$STUB_URL/oauth/token
 start_brama
-"$BRAMA" agents add a1 >/dev/null
 export BRAMA_TOKEN=$TOKEN # the code is then stdin's first line (else the line after the bearer)
 id=$(echo "example-code" | "$BRAMA" subscription sign-in -gateway "$BRAMA_URL" -provider claude-code -agent a1 -label laptop 2>"$WORK/sign-in.err")
 expect "new subscription" "$(echo "$id" | grep -cE '^sub_[0-9a-f]{16}$')" "1"

@@ -6,7 +6,6 @@
 start_stub
 export BRAMA_PROVIDER_KIMI_BASE_URL=$STUB_URL BRAMA_PROVIDER_OPENAI_BASE_URL=$STUB_URL
 start_brama
-"$BRAMA" agents add a1 >/dev/null
 export BRAMA_TOKEN=$TOKEN
 id=$(echo "sk-example-kimi-0123456789" | "$BRAMA" subscription add -gateway "$BRAMA_URL" -provider kimi -agent a1 2>/dev/null)
 probe() { curl -s -H "Authorization: Bearer $TOKEN" -X POST ${1:+-d "$1"} "$BRAMA_URL/v1/admin/subscriptions/a1/$id/probe"; }

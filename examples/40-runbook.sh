@@ -16,7 +16,7 @@ chat() { curl -s -D "$WORK/h" -H "Authorization: Bearer ${2-$TOKEN}" -d "{\"mode
 header() { tr -d '\r' <"$WORK/h" | awk -v k="$1" 'tolower($1) == tolower(k) ":" { print $2 }'; }
 
 # unauthenticated: a caller without a token; the operator makes it one.
-expect "no token" "$(chat openai/gpt-4o-mini "" | jq -r .error.code)" "unauthenticated"
+expect "no token" "$(chat openai/gpt-4o-mini "" | jq -r '.error.code + ": " + .error.message')" "unauthenticated: no token: send Authorization: Bearer <token> or x-api-key"
 app=$("$BRAMA" clients add app 2>/dev/null)
 expect "a new client token" "$(echo "$app" | grep -c '^brama_')" "1"
 
@@ -41,7 +41,6 @@ out=$(chat openai/fail-401 "$app")
 expect "after a restart the provider is asked again" "$(echo "$out" | jq -r '.error.code + " " + (.error.attempts|tostring)')" "provider_failure 1"
 
 # A refused grant: every subscription of the agent needs a new sign-in.
-"$BRAMA" agents add a1 >/dev/null
 agent_app=$("$BRAMA" clients add app-a1 -agent a1 2>/dev/null)
 id=$(printf '%s\n' "sk-kimi-example-old" | "$BRAMA" subscription add -gateway "$BRAMA_URL" -provider kimi -agent a1)
 out=$(chat kimi/fail-401 "$agent_app")

@@ -59,7 +59,6 @@ setup() {
 	wait_line "$WORK/brama.out" '^listening on ' || { SETUP_WHY="brama serve did not start: $(tail -2 "$WORK/brama.err")"; return 1; }
 	BRAMA_URL=$(sed -n 's/^listening on //p' "$WORK/brama.out")
 	ADMIN=$(sed -n 's/.*bearer token (shown once): //p' "$WORK/brama.err" | head -1)
-	"$WORK/brama" agents add a1 >/dev/null || { SETUP_WHY="agents add"; return 1; }
 	APP=$("$WORK/brama" clients add app-a1 -agent a1 2>/dev/null) || { SETUP_WHY="clients add"; return 1; }
 	local exp=$(($(date +%s) * 1000 + 86400000))
 	printf '{"access_token":"fake-cc-access","refresh_token":"fake-cc-refresh","expires_at_ms":%s}' "$exp" >"$WORK/cc.json"
