@@ -457,6 +457,8 @@ func parseTokenAnswer(body []byte) (tokenAnswer, error) {
 		return ans, errTokenRefused // the code is quoted only by classifyTokenAnswer, which can redact
 	case ans.AccessToken == "":
 		return ans, fmt.Errorf("%w: no access_token", errTokenMalformed)
+	case controlAt(ans.AccessToken) >= 0: // no header could carry it (SPEC §17)
+		return ans, fmt.Errorf("%w: the access_token holds a control character", errTokenMalformed)
 	}
 	return ans, nil
 }
