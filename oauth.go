@@ -248,7 +248,7 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 		// The provider may already have retired the refresh token the vault
 		// still holds: the new grant is used and kept until written (SPEC §17).
 		o.vault.keepUnwritten(id, old, g)
-		o.log.Error("credential_unwritten", "subscription_id", id, "provider", provider, "error", redact(err.Error()))
+		o.log.Error("credential_refresh_unwritten", "subscription_id", id, "provider", provider, "error", redact(err.Error()))
 	}
 	o.ledger.setCredential(id, provider, credActive, "")
 	o.ledger.setGrantTimes(id, provider, g.ExpiresAtMs, now.UnixMilli())

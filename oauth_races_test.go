@@ -121,7 +121,7 @@ func TestRefreshVaultWriteFailureLogsItsCause(t *testing.T) {
 		t.Fatalf("refresh with an unwritable vault: %v; want the rotated grant, kept in memory", err)
 	}
 	logs := f.logs.String()
-	if !strings.Contains(logs, "credential_unwritten") || !strings.Contains(logs, "no space left on device (injected)") {
+	if !strings.Contains(logs, "credential_refresh_unwritten") || !strings.Contains(logs, "no space left on device (injected)") {
 		t.Errorf("the log does not name why the refreshed grant was not stored:\n%s", logs)
 	}
 	for _, s := range []string{access, refresh, old} {

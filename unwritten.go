@@ -88,7 +88,7 @@ func (v *vault) update(change func(*vaultDoc) error) error {
 func (o *oauthClient) writeUnwritten() {
 	if len(o.vault.unwrittenIDs()) > 0 {
 		if err := o.vault.update(func(*vaultDoc) error { return nil }); err != nil {
-			o.log.Error("credential_unwritten", "subscriptions", o.vault.unwrittenIDs(), "error", redact(err.Error()))
+			o.log.Error("credential_refresh_unwritten", "subscriptions", o.vault.unwrittenIDs(), "error", redact(err.Error()))
 		}
 	}
 }
