@@ -329,6 +329,26 @@ func (a *answerStore) complete(t *answerTicket, status int, body []byte, attempt
 	return &rec, nil
 }
 
+// promptEchoes are the members of an answer that repeat the caller's input
+// (OpenAI Responses echoes instructions): kept as null (SPEC §12 item 7).
+var promptEchoes = []string{"instructions", "input", "prompt", "messages", "system"}
+
+// withoutPromptEcho is body with each echoed prompt member set to null; any
+// other byte, and a body that is no JSON object, stays as it was.
+func withoutPromptEcho(body []byte) []byte {
+	o, err := parseRawObject(body)
+	if err != nil {
+		return body
+	}
+	var edits []memberEdit
+	for _, k := range promptEchoes {
+		if v := o.value(k); v != nil && string(v) != "null" {
+			edits = append(edits, memberEdit{k, []byte("null")})
+		}
+	}
+	return o.edit(edits...)
+}
+
 // markUnkept remembers, for this process, that the record at path stays in
 // progress because its completion failed; wasUnkept reads it.
 func (a *answerStore) markUnkept(path string) {

@@ -505,3 +505,58 @@ func TestSignedAnswerUnkept(t *testing.T) {
 		t.Errorf("provider calls = %d, want 1", n)
 	}
 }
+
+// TestSignedAnswerDropsEchoedPrompt: an OpenAI Responses answer echoes the
+// caller's instructions; the kept body, the first answer and the replay carry
+// them as null, byte for byte alike, under one signature (SPEC §12 item 7).
+func TestSignedAnswerDropsEchoedPrompt(t *testing.T) {
+	const secret = "SECRET-PROMPT-4b1d8e"
+	fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		var req struct {
+			Instructions string          `json:"instructions"`
+			Input        json.RawMessage `json:"input"`
+		}
+		json.Unmarshal(body, &req)
+		ins, _ := json.Marshal(req.Instructions)
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"id":"resp_1","object":"response","created_at":1,"status":"completed","error":null,"incomplete_details":null,
+ "instructions":%s,"input":%s,"model":"gpt-resp","output":[{"type":"message","id":"m1","status":"completed","role":"assistant",
+ "content":[{"type":"output_text","text":"Hello","annotations":[]}]}],"usage":{"input_tokens":3,"output_tokens":1,"total_tokens":4}}`, ins, req.Input)
+	})
+	env := stateEnv(t)
+	env["BRAMA_PROVIDER_OPENAI_RESPONSES_BASE_URL"] = fake.URL
+	d := startDaemon(t, env, `{"openai-responses":"`+plantedResponsesKey+`"}`, "-local-credentials-stdin")
+	body := `{"model":"openai-responses/gpt-resp","instructions":"` + secret + ` be brief","input":"` + secret + ` hi"}`
+	post := func() (int, http.Header, []byte) {
+		return d.call("POST", "/v1/responses", d.token, body, "Idempotency-Key", "echo-1")
+	}
+	status, hdr, first := post()
+	if status != 200 || bytes.Contains(first, []byte(secret)) || !bytes.Contains(first, []byte(`"instructions":null`)) ||
+		!bytes.Contains(first, []byte(`"input":null`)) || !bytes.Contains(first, []byte(`"text":"Hello"`)) {
+		t.Fatalf("first answer %d: %s; want the answer with instructions and input null", status, first)
+	}
+	status, rhdr, replay := post()
+	if status != 200 || !bytes.Equal(replay, first) || rhdr.Get("Brama-Answer-Replayed") != "true" {
+		t.Errorf("replay %d differs from the first answer:\n%s\nwant\n%s", status, replay, first)
+	}
+	sig := hdr.Get("Brama-Answer-Signature")
+	if rhdr.Get("Brama-Answer-Signature") != sig {
+		t.Errorf("replay signature %q, first %q", rhdr.Get("Brama-Answer-Signature"), sig)
+	}
+	raw := filepath.Join(t.TempDir(), "body")
+	os.WriteFile(raw, first, 0o600)
+	if out, errOut, code := runCLI(t, env, "", "answers", "verify", "-signature", sig, raw); code != 0 || out != "ok\n" {
+		t.Errorf("the first answer's signature does not verify its bytes: exit %d %q %q", code, out, errOut)
+	}
+	kept, err := os.ReadFile(answerFile(env, "local", "echo-1"))
+	if rec, derr := decodeAnswerRecord(kept); err != nil || derr != nil || !bytes.Equal(rec.body(), first) {
+		t.Errorf("the kept body is not the first answer: %v %v", err, derr)
+	}
+	if out, errOut, code := runCLI(t, env, "", "answers", "verify", answerFile(env, "local", "echo-1")); code != 0 || out != "ok\n" {
+		t.Errorf("the kept file does not verify: exit %d %q %q", code, out, errOut)
+	}
+	if n := fake.calls.Load(); n != 1 {
+		t.Errorf("provider calls = %d, want 1", n)
+	}
+	assertNoSecret(t, secret, logsBesidesFirstStart(d.stderr.String()), filepath.Join(env["BRAMA_STATE_DIR"], "answers"))
+}

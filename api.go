@@ -368,6 +368,7 @@ func (s *server) settleAnswer(r *http.Request, t *answerTicket, c *httptest.Resp
 		attempts = &calls
 		ri.outcome, ri.retryable = cut.Code, false
 	}
+	c.Body = bytes.NewBuffer(withoutPromptEcho(c.Body.Bytes())) // the first answer is the kept body (SPEC §12 item 7)
 	rec, err := s.answers.complete(t, c.Code, c.Body.Bytes(), attempts, route)
 	if err != nil {
 		// The answer exists and was paid for: give it unsigned rather than

@@ -25,7 +25,7 @@ import (
 
 // subGateway is one command's connection to the daemon's admin API.
 type subGateway struct {
-	ctx   context.Context // the CLI's: ends on SIGINT/SIGTERM/SIGHUP
+	ctx   context.Context // the CLI's (a signal ends the whole command)
 	base  string          // e.g. http://127.0.0.1:8080, no trailing slash
 	token string
 	in    *bufio.Reader // stdin, at the line after the bearer when it came from there
@@ -71,7 +71,7 @@ func (e cliEnv) gateway(fs *flag.FlagSet, args []string, positionals int, usage 
 		return nil, nil, errors.New("no bearer token: set BRAMA_TOKEN or give the token as stdin's first line")
 	}
 	// No time limit of Brama's own (a maintenance pass may wait on token
-	// endpoints); SIGINT or SIGTERM cancels the call through e.ctx.
+	// endpoints); one SIGINT ends the command (SPEC §17).
 	return pos, &subGateway{ctx: e.ctx, base: strings.TrimRight(u.String(), "/"), token: tok, in: in}, nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -135,48 +136,26 @@ func FuzzTransportGuard(f *testing.F) {
 	})
 }
 
-// A credential holding a control character (a key file read whole, its
+// A direct key holding a control character (a key file read whole, its
 // newline kept) cannot go in a header: net/http refuses before sending.
 // That is no call and no credential to present: 503 credential_unauthorized
 // with attempts 0 (SPEC §7.1, §8.1), not a provider_incomplete call that
-// may have been billed, on a direct route and a subscription route alike.
+// may have been billed. TestSubscriptionCredentialThatCannotBeSent covers pools.
 func TestCredentialWithAControlCharacter(t *testing.T) {
 	const chat = `{"model":"openai/gpt-test","messages":[{"role":"user","content":"hi"}]}`
-	const messages = `{"model":"claude-code/claude-test","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`
-	tests := []struct {
-		name, secret string
-		grant        bool
-	}{
-		{"direct key with its newline", "sk-planted-key-0123456789\n", false},
-		{"direct key with a NUL", "sk-planted\x00key-0123456789", false},
-		{"grant access token with its newline", "oat-planted-key-0123456789\n", true},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
+	for _, secret := range []string{"sk-planted-key-0123456789\n", "sk-planted\x00key-0123456789"} {
+		t.Run(fmt.Sprintf("%q", secret), func(t *testing.T) {
 			fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {})
-			tokens := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {})
-			var d *daemon
-			var token, path, body string
-			if tc.grant { // donation refuses such a token: it comes from a refresh
-				tokens = newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
-					w.Header().Set("Content-Type", "application/json")
-					json.NewEncoder(w).Encode(map[string]any{"access_token": tc.secret, "refresh_token": "ort-planted-2", "expires_in": 3600})
-				})
-				d, token = oauthSetup(t, fake, tokens)
-				donateGrant(t, d, "oat-first-0123456789", "ort-planted", time.Now().Add(-time.Hour).UnixMilli())
-				path, body = "/v1/messages", messages
-			} else { // -local-credentials-stdin and credentials set refuse such a key: a vault edited by hand holds it
-				env := stateEnv(t)
-				env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = fake.URL
-				vault, _ := json.Marshal(map[string]any{"schema_version": 1, "direct": map[string]any{"openai": map[string]string{"api_key": tc.secret}}, "subscriptions": map[string]any{}})
-				os.MkdirAll(env["BRAMA_STATE_DIR"], 0o700)
-				if err := os.WriteFile(filepath.Join(env["BRAMA_STATE_DIR"], "vault.json"), vault, 0o600); err != nil {
-					t.Fatal(err)
-				}
-				d = startDaemon(t, env, "")
-				token, path, body = d.token, "/v1/chat/completions", chat
+			// -local-credentials-stdin and credentials set refuse such a key: a vault edited by hand holds it
+			env := stateEnv(t)
+			env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = fake.URL
+			vault, _ := json.Marshal(map[string]any{"schema_version": 1, "direct": map[string]any{"openai": map[string]string{"api_key": secret}}, "subscriptions": map[string]any{}})
+			os.MkdirAll(env["BRAMA_STATE_DIR"], 0o700)
+			if err := os.WriteFile(filepath.Join(env["BRAMA_STATE_DIR"], "vault.json"), vault, 0o600); err != nil {
+				t.Fatal(err)
 			}
-			status, h, got := d.call("POST", path, token, body)
+			d := startDaemon(t, env, "")
+			status, h, got := d.call("POST", "/v1/chat/completions", d.token, chat)
 			e := envelopeOf(t, got)
 			if status != 503 || e["code"] != "credential_unauthorized" || e["attempts"] != 0.0 || h.Get("Brama-Attempts") != "0" || fake.calls.Load() != 0 {
 				t.Errorf("%d %s (Brama-Attempts %q, %d provider calls), want 503 credential_unauthorized, attempts 0, no call", status, got, h.Get("Brama-Attempts"), fake.calls.Load())
@@ -280,5 +259,83 @@ func TestCompressedBodyIsRefusedClearly(t *testing.T) {
 	}
 	if status, _, body := d.call("POST", "/v1/chat/completions", d.token, chatBody(dialectChat, "openai/gpt-test", false, ""), "Content-Encoding", "identity"); status != 200 {
 		t.Errorf("Content-Encoding: identity: %d %s, want 200", status, body)
+	}
+}
+
+// A pool credential no header could carry is never sent (SPEC §17): a
+// refreshed access token holding a control character is a malformed token
+// answer, a transport failure that stores nothing and changes no state; one
+// a hand-edited vault holds is skipped like a blocked one (no call, no
+// attempt), marked needs_reauthorization, and the next subscription serves.
+func TestSubscriptionCredentialThatCannotBeSent(t *testing.T) {
+	mustRead := func(t *testing.T, name string) []byte {
+		b, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	const messages = `{"model":"claude-code/claude-test","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`
+	t.Run("refreshed access token with its newline", func(t *testing.T) {
+		fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {})
+		tokens := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+			w.Header().Set("Content-Type", "application/json")
+			json.NewEncoder(w).Encode(map[string]any{"access_token": "oat-planted-key-0123456789\n", "refresh_token": "ort-planted-2", "expires_in": 3600})
+		})
+		d, token := oauthSetup(t, fake, tokens)
+		id := donateGrant(t, d, "oat-first-0123456789", "ort-planted", time.Now().Add(-time.Hour).UnixMilli())
+		status, h, got := d.call("POST", "/v1/messages", token, messages)
+		e := envelopeOf(t, got)
+		if status != 503 || e["code"] != "dependency_unavailable" || e["attempts"] != 0.0 || h.Get("Brama-Attempts") != "0" || fake.calls.Load() != 0 ||
+			!strings.Contains(e["message"].(string), "control character") {
+			t.Errorf("%d %s (%d provider calls), want 503 dependency_unavailable naming the malformed token answer, attempts 0, no call", status, got, fake.calls.Load())
+		}
+		if st := credentialStateOf(t, d, "a1", id); st != "active" {
+			t.Errorf("credential state %q, want active (a transport failure changes nothing)", st)
+		}
+		doc, err := parseVault(mustRead(t, filepath.Join(d.env["BRAMA_STATE_DIR"], "vault.json")))
+		if g := doc.Subscriptions[id].OAuth; err != nil || g == nil || g.AccessToken != "oat-first-0123456789" || g.RefreshToken != "ort-planted" {
+			t.Errorf("the vault's grant changed: %v %+v", err, g)
+		}
+		assertNoSecret(t, "key-0123456789", logsBesidesFirstStart(d.stderr.String())+string(got), d.env["BRAMA_STATE_DIR"])
+	})
+	for _, tc := range []struct {
+		name string
+		edit func(c *vaultCredential)
+	}{
+		{"vault api key with its newline", func(c *vaultCredential) { *c = vaultCredential{APIKey: "kimi-planted-key-0123456789\n"} }},
+		{"vault access token with a NUL", func(c *vaultCredential) {
+			*c = vaultCredential{OAuth: &oauthGrant{AccessToken: "oat-planted\x00key-0123456789", RefreshToken: "ort-1", ExpiresAtMs: time.Now().Add(time.Hour).UnixMilli()}}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fake := newKeyedFake(t, map[string]string{"kimi-good": "200"})
+			env := stateEnv(t)
+			env["BRAMA_PROVIDER_KIMI_BASE_URL"] = fake.URL
+			d := startDaemon(t, env, "")
+			token, ids := agentWithSubs(t, d, "a1", "kimi", "kimi-bad", "kimi-good")
+			vaultPath := filepath.Join(env["BRAMA_STATE_DIR"], "vault.json")
+			doc, err := parseVault(mustRead(t, vaultPath))
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := doc.Subscriptions[ids[0]]
+			tc.edit(&c)
+			doc.Subscriptions[ids[0]] = c
+			if err := writeState(vaultPath, doc); err != nil {
+				t.Fatal(err)
+			}
+			status, h, got := d.call("POST", "/v1/chat/completions", token, `{"model":"kimi/km-a","messages":[{"role":"user","content":"hi"}]}`)
+			fake.mu.Lock()
+			calls := maps.Clone(fake.calls)
+			fake.mu.Unlock()
+			if status != 200 || h.Get("Brama-Attempts") != "1" || len(calls) != 1 || calls["kimi-good"] != 1 {
+				t.Errorf("%d %s (Brama-Attempts %q, calls %v), want 200 from the second subscription after one call", status, got, h.Get("Brama-Attempts"), calls)
+			}
+			if st := credentialStateOf(t, d, "a1", ids[0]); st != "needs_reauthorization" {
+				t.Errorf("the unsendable credential is %q, want needs_reauthorization", st)
+			}
+			assertNoSecret(t, "key-0123456789", logsBesidesFirstStart(d.stderr.String())+string(got), env["BRAMA_STATE_DIR"])
+		})
 	}
 }

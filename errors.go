@@ -213,12 +213,20 @@ func truncateUTF8(s string, n int) string {
 // must never be quoted back (SPEC §8.1).
 var secretShaped = regexp.MustCompile(`(sk-(ant-)?|brama_)[A-Za-z0-9_\-]{6,}`)
 
-// redact replaces each presented secret and every secret-shaped token in s
-// with [redacted] before s is quoted anywhere.
+// redact replaces each presented secret, however its whitespace was changed
+// (SPEC §17), and every secret-shaped token in s with [redacted] before s is
+// quoted anywhere.
 func redact(s string, presented ...string) string {
 	for _, p := range presented {
-		if p != "" {
-			s = strings.ReplaceAll(s, p, "[redacted]")
+		var pat strings.Builder
+		for _, r := range strings.Join(strings.Fields(p), "") {
+			if pat.Len() > 0 {
+				pat.WriteString(`[\s\v\x{85}\p{Z}]*`)
+			}
+			pat.WriteString(regexp.QuoteMeta(string(r)))
+		}
+		if pat.Len() > 0 {
+			s = regexp.MustCompile(pat.String()).ReplaceAllLiteralString(s, "[redacted]")
 		}
 	}
 	return secretShaped.ReplaceAllString(s, "[redacted]")

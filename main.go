@@ -55,25 +55,28 @@ import (
 // version is reported by /health and `brama version`.
 const version = "0.1.0-dev"
 
-// main: the first SIGINT, SIGTERM or SIGHUP (a closed terminal) ends ctx
-// (serve stops taking requests and lets the running ones end; any other
-// command cancels its call), the second closes cut (serve cuts what still runs).
-// A SIGHUP ignored at start (nohup) stays ignored.
+// main: a CLI command keeps the signals' default effect, so one SIGINT ends
+// it wherever it waits, reading stdin included (SPEC §17). For serve the first
+// SIGINT, SIGTERM or SIGHUP (a closed terminal) ends ctx (serve stops taking
+// requests and lets the running ones end), the second closes cut (serve cuts
+// what still runs). A SIGHUP ignored at start (nohup) stays ignored.
 func main() {
-	sig := make(chan os.Signal, 2) // the second is never dropped, however quick
-	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
-	if !signal.Ignored(syscall.SIGHUP) {
-		signal.Notify(sig, syscall.SIGHUP)
-	}
 	ctx, drain := context.WithCancel(context.Background())
 	cut := make(chan struct{})
-	go func() {
-		<-sig
-		drain()
-		<-sig
-		close(cut)
-		signal.Stop(sig) // a third signal has its default effect
-	}()
+	if len(os.Args) > 1 && os.Args[1] == "serve" {
+		sig := make(chan os.Signal, 2) // the second is never dropped, however quick
+		signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+		if !signal.Ignored(syscall.SIGHUP) {
+			signal.Notify(sig, syscall.SIGHUP)
+		}
+		go func() {
+			<-sig
+			drain()
+			<-sig
+			close(cut)
+			signal.Stop(sig) // a third signal has its default effect
+		}()
+	}
 	os.Exit(exitCode(run(ctx, cut, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr), os.Stderr))
 }
 
@@ -169,7 +172,7 @@ func run(ctx context.Context, cut <-chan struct{}, args []string, getenv func(st
 
 // cliEnv is what every command reads and writes besides its arguments.
 type cliEnv struct {
-	ctx    context.Context // ends on SIGINT/SIGTERM/SIGHUP: the only cancel of a CLI's calls
+	ctx    context.Context // serve's first stop signal; a CLI command ends on a signal (main)
 	cut    <-chan struct{} // closed on the second signal: serve cuts its running requests
 	getenv func(string) string
 	stdin  io.Reader

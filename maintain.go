@@ -314,6 +314,7 @@ type passSub struct {
 // refresh attempt, none retried, side by side; ctx alone ends it (SPEC §7.4).
 func (m *maintainer) passOnce(ctx context.Context) passReport {
 	start := m.clock()
+	m.o.writeUnwritten()
 	var rep passReport
 	rep.Usage.Failed = []usageFailure{}
 	subs, retired, err := m.live() // none when err: the counts stay 0 and OK false

@@ -246,9 +246,9 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 		return oauthGrant{}, o.superseded(id, provider)
 	case err != nil:
 		// The provider may already have retired the refresh token the vault
-		// still holds, so the stored grant cannot be trusted to work again.
-		return oauthGrant{}, o.refused(id, provider, &endpointError{Definitive: true, Endpoint: endpointName(endpoint),
-			Status: ans.status, Received: ans.received, Sentence: "the refreshed grant could not be stored in the vault", Err: err})
+		// still holds: the new grant is used and kept until written (SPEC §17).
+		o.vault.keepUnwritten(id, old, g)
+		o.log.Error("credential_refresh_unwritten", "subscription_id", id, "provider", provider, "error", redact(err.Error()))
 	}
 	o.ledger.setCredential(id, provider, credActive, "")
 	o.ledger.setGrantTimes(id, provider, g.ExpiresAtMs, now.UnixMilli())
@@ -457,6 +457,8 @@ func parseTokenAnswer(body []byte) (tokenAnswer, error) {
 		return ans, errTokenRefused // the code is quoted only by classifyTokenAnswer, which can redact
 	case ans.AccessToken == "":
 		return ans, fmt.Errorf("%w: no access_token", errTokenMalformed)
+	case controlAt(ans.AccessToken) >= 0: // no header could carry it (SPEC §17)
+		return ans, fmt.Errorf("%w: the access_token holds a control character", errTokenMalformed)
 	}
 	return ans, nil
 }

@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -95,9 +97,9 @@ func TestAuthRefusalOfAReplacedGrantKeepsTheNewOne(t *testing.T) {
 	}
 }
 
-// A rotated grant the vault would not take is lost with the old refresh
-// token already spent, so the log names why the write failed (disk full,
-// EACCES, a replaced vault), never the tokens (SPEC §11.1, §2.2). It sets
+// A rotated grant the vault would not take lives in memory only, so the log
+// names why the write failed (disk full, EACCES, a replaced vault), never
+// the tokens (SPEC §17, §2.2). It sets
 // the package hook testingOnlyRename, so it must not run in parallel.
 func TestRefreshVaultWriteFailureLogsItsCause(t *testing.T) {
 	const (
@@ -115,11 +117,11 @@ func TestRefreshVaultWriteFailureLogsItsCause(t *testing.T) {
 		return os.Rename(oldpath, newpath)
 	}
 	t.Cleanup(func() { testingOnlyRename = nil })
-	if _, err := f.o.refresh(context.Background(), oauthSubID, "claude-code", ""); err == nil {
-		t.Fatal("refresh succeeded with an unwritable vault")
+	if _, err := f.o.refresh(context.Background(), oauthSubID, "claude-code", ""); err != nil {
+		t.Fatalf("refresh with an unwritable vault: %v; want the rotated grant, kept in memory", err)
 	}
 	logs := f.logs.String()
-	if !strings.Contains(logs, "credential_refresh_refused") || !strings.Contains(logs, "no space left on device (injected)") {
+	if !strings.Contains(logs, "credential_refresh_unwritten") || !strings.Contains(logs, "no space left on device (injected)") {
 		t.Errorf("the log does not name why the refreshed grant was not stored:\n%s", logs)
 	}
 	for _, s := range []string{access, refresh, old} {
@@ -300,4 +302,81 @@ func TestRefusedTokenReplacedByAnExpiredGrantIsRefreshed(t *testing.T) {
 	if n := tokenEndpoint.calls.Load(); n != 1 {
 		t.Errorf("token endpoint calls = %d, want 1 (the imported grant's refresh)", n)
 	}
+}
+
+// TestUnwritableVaultKeepsTheRotatedGrant over HTTP: a grant rotated while
+// the vault refuses writes is used from memory (no second token call),
+// the credential stays active, /readyz warns naming the subscription, and
+// the next maintenance pass writes it; the rotated refresh token is never
+// lost (SPEC §17). It sets the package hook testingOnlyRename, so it must
+// not run in parallel.
+func TestUnwritableVaultKeepsTheRotatedGrant(t *testing.T) {
+	var refuseVault atomic.Bool
+	testingOnlyRename = func(oldpath, newpath string) error {
+		if refuseVault.Load() && filepath.Base(newpath) == "vault.json" {
+			return syscall.EACCES
+		}
+		return os.Rename(oldpath, newpath)
+	}
+	t.Cleanup(func() { testingOnlyRename = nil }) // after the daemon stops: cleanups run last first
+	provider := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		if r.Header.Get("Authorization") != "Bearer acc-rotated-0031" {
+			http.Error(w, `{"type":"error","error":{"type":"authentication_error","message":"expired token"}}`, 401)
+			return
+		}
+		io.WriteString(w, protocolFixtures[1].buffered)
+	})
+	tokens := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		io.WriteString(w, `{"access_token":"acc-rotated-0031","refresh_token":"ref-rotated-0032","expires_in":3600}`)
+	})
+	d, tok := oauthSetup(t, provider, tokens)
+	vaultPath := filepath.Join(d.env["BRAMA_STATE_DIR"], "vault.json")
+	id := donateGrant(t, d, "acc-old-0033", "ref-old-0034", time.Now().Add(time.Hour).UnixMilli())
+	onDisk := func() oauthGrant {
+		t.Helper()
+		doc, _, err := readVault(vaultPath)
+		if err != nil || doc.Subscriptions[id].OAuth == nil {
+			t.Fatalf("vault: %v", err)
+		}
+		return *doc.Subscriptions[id].OAuth
+	}
+	readyz := func() string {
+		_, _, b := d.call("GET", "/readyz", "", "")
+		return string(b)
+	}
+
+	refuseVault.Store(true)
+	for i, want := range []string{"2", "1"} { // the refused token, the refresh and the rotated one; then the rotated one at once
+		status, h, body := d.call("POST", "/v1/messages", tok, chatBody(dialectMessages, "claude-code/claude-test", false, ""))
+		if status != 200 || h.Get("Brama-Attempts") != want {
+			t.Fatalf("request %d: %d %s (attempts %q), want 200 after %s calls", i, status, body, h.Get("Brama-Attempts"), want)
+		}
+	}
+	if n := tokens.calls.Load(); n != 1 {
+		t.Errorf("token calls = %d, want 1: the rotated grant is used from memory", n)
+	}
+	if g := onDisk(); g.RefreshToken != "ref-old-0034" {
+		t.Errorf("the unwritable vault holds %q", g.RefreshToken)
+	}
+	if st := credentialStateOf(t, d, "a1", id); st != "active" {
+		t.Errorf("credential state %q, want active", st)
+	}
+	if r := readyz(); !strings.Contains(r, "the vault refused to keep the rotated OAuth grant of "+id) {
+		t.Errorf("/readyz does not warn about the unwritten grant: %s", r)
+	}
+	if s, _, b := d.call("POST", "/v1/admin/maintain", d.token, ""); s != 200 || onDisk().RefreshToken != "ref-old-0034" {
+		t.Errorf("a pass while the vault still refuses: %d %s", s, b)
+	}
+
+	refuseVault.Store(false)
+	if s, _, b := d.call("POST", "/v1/admin/maintain", d.token, ""); s != 200 {
+		t.Fatalf("maintain: %d %s", s, b)
+	}
+	if g := onDisk(); g.AccessToken != "acc-rotated-0031" || g.RefreshToken != "ref-rotated-0032" {
+		t.Errorf("after the pass the vault holds %+v, want the rotated grant", g)
+	}
+	if r := readyz(); strings.Contains(r, "rotated OAuth grant") {
+		t.Errorf("/readyz still warns after the grant was written: %s", r)
+	}
+	assertNoSecret(t, "rotated-003", logsBesidesFirstStart(d.stderr.String()), d.env["BRAMA_STATE_DIR"])
 }

@@ -467,8 +467,10 @@ func TestRefreshWithoutRefreshToken(t *testing.T) {
 	}
 }
 
-// TestRefreshVaultWriteFails sets the package hook testingOnlyRename, so it
-// must not run in parallel with other writers.
+// TestRefreshVaultWriteFails: a rotated grant the vault refuses is kept in
+// memory and used, the credential stays active, and the next vault write
+// (a pass's) stores it (SPEC §17). It sets the package hook
+// testingOnlyRename, so it must not run in parallel with other writers.
 func TestRefreshVaultWriteFails(t *testing.T) {
 	srv := fakeTokenEndpoint(t, tokenReply(200, `{"access_token":"at-new","refresh_token":"rt-new","expires_in":60}`))
 	f := newOAuthFixture(t, "claude-code", srv.URL)
@@ -481,16 +483,24 @@ func TestRefreshVaultWriteFails(t *testing.T) {
 		return os.Rename(oldpath, newpath)
 	}
 	t.Cleanup(func() { testingOnlyRename = nil })
-	_, err := f.o.refresh(context.Background(), oauthSubID, "claude-code", "")
-	var re *endpointError
-	if !errors.As(err, &re) || !re.Definitive || !strings.Contains(err.Error(), "injected rename failure") {
-		t.Fatalf("refresh error = %v, want a definitive endpointError naming the write failure", err)
+	g, err := f.o.refresh(context.Background(), oauthSubID, "claude-code", "")
+	if err != nil || g.AccessToken != "at-new" || g.RefreshToken != "rt-new" {
+		t.Fatalf("refresh = %+v, %v; want the rotated grant", g, err)
 	}
 	if got := f.stored(t, oauthSubID); got != old {
-		t.Errorf("vault = %+v, want the old grant", got)
+		t.Errorf("vault = %+v, want the old grant on disk", got)
 	}
-	if st := f.l.credentialState(oauthSubID); st != credNeedsReauth {
-		t.Errorf("credential state = %q, want %q", st, credNeedsReauth)
+	if doc, err := f.v.load(); err != nil || doc.Subscriptions[oauthSubID].OAuth.RefreshToken != "rt-new" || len(f.v.unwrittenIDs()) != 1 {
+		t.Errorf("the daemon's view of the vault lost the rotated grant: %v", err)
+	}
+	if st := f.l.credentialState(oauthSubID); st != credActive {
+		t.Errorf("credential state = %q, want %q", st, credActive)
+	}
+	f.o.writeUnwritten() // the vault still refuses: kept
+	testingOnlyRename = nil
+	f.o.writeUnwritten()
+	if got := f.stored(t, oauthSubID); got.RefreshToken != "rt-new" || len(f.v.unwrittenIDs()) != 0 {
+		t.Errorf("after a write the vault holds %+v (unwritten %v), want the rotated grant", got, f.v.unwrittenIDs())
 	}
 }
 

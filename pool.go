@@ -140,7 +140,7 @@ func (e *engine) subscriptionCredential(ctx context.Context, sub overlayItem, re
 		return upstreamCredential{}, err
 	}
 	if vc.OAuth == nil {
-		return upstreamCredential{APIKey: vc.APIKey}, nil
+		return e.sendable(sub, upstreamCredential{APIKey: vc.APIKey})
 	}
 	g := *vc.OAuth
 	if wk.skipped[sub.ID] { // a later candidate of the same provider walks this pool again
@@ -175,7 +175,20 @@ func (e *engine) subscriptionCredential(ctx context.Context, sub overlayItem, re
 		}
 		g = ng
 	}
-	return upstreamCredential{AccessToken: g.AccessToken, AccountID: g.AccountID}, nil
+	return e.sendable(sub, upstreamCredential{AccessToken: g.AccessToken, AccountID: g.AccountID})
+}
+
+// sendable passes cred, or skips sub like a blocked one (no call, no attempt)
+// when no header could carry it (a vault edited by hand), marking it for a
+// sign-in (SPEC §17).
+func (e *engine) sendable(sub overlayItem, cred upstreamCredential) (upstreamCredential, error) {
+	if controlAt(cred.APIKey+cred.AccessToken+cred.AccountID) < 0 {
+		return cred, nil
+	}
+	const why = "the vault's credential holds a control character and cannot be sent; sign in again"
+	e.ledger.setCredential(sub.ID, sub.Provider, credNeedsReauth, why)
+	e.wk.note(sub.ID, why)
+	return upstreamCredential{}, errSkipSubscription
 }
 
 // credentialReplaced: the vault no longer holds what a call on sub presented

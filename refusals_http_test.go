@@ -1,12 +1,15 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -370,4 +373,60 @@ func refusalScene(t *testing.T, env map[string]string, creds string) (d *daemon,
 		t.Fatalf("first signed answer: %d %s", r.status, r.body)
 	}
 	return d, app, reauth, blocked
+}
+
+// TestRedactionSurvivesChangedWhitespace: a provider that quotes the
+// presented key with its whitespace changed (doubled, a tab, a newline
+// inside) reaches the caller, the log and the ledger as [redacted]
+// (SPEC §17), on a direct route and a subscription route.
+func TestRedactionSurvivesChangedWhitespace(t *testing.T) {
+	const tail = "SeCrEtTaIl"
+	for _, tc := range []struct {
+		name, key string
+		alter     func(string) string
+	}{
+		{"inner space doubled and a tab", "plain key 0123 " + tail, func(k string) string {
+			return strings.Replace(strings.Replace(k, " ", "  ", 1), " ", "\t", -1)
+		}},
+		{"a newline inside", "plain-key-0123-" + tail, func(k string) string { return k[:8] + "\n" + k[8:] }},
+		{"spaces removed", "plain key 0123 " + tail, func(k string) string { return strings.ReplaceAll(k, " ", "") }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+				if r.Method == http.MethodGet { // a maintenance pass's usage read
+					http.Error(w, `{"error":"none"}`, 404)
+					return
+				}
+				quoted := tc.alter(strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer "))
+				status := 401
+				if strings.Contains(string(body), "openai/") || strings.Contains(string(body), `"gpt-`) {
+					status = 400
+				}
+				http.Error(w, `{"error":{"message":`+strconv.Quote("Incorrect API key provided: "+quoted+".")+`,"type":"invalid_request_error"}}`, status)
+			})
+			env := stateEnv(t)
+			env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = fake.URL
+			env["BRAMA_PROVIDER_KIMI_BASE_URL"] = fake.URL
+			d := startDaemon(t, env, fmt.Sprintf(`{"openai":%q}`, tc.key), "-local-credentials-stdin")
+			token, ids := agentWithSubs(t, d, "a1", "kimi", tc.key)
+			for _, call := range []struct{ token, body, code string }{
+				{d.token, chatBody(dialectChat, "openai/gpt-test", false, ""), "provider_rejected"},
+				{token, `{"model":"kimi/km-a","messages":[{"role":"user","content":"hi"}]}`, "subscription_reauthorization_required"},
+			} {
+				_, _, got := d.call("POST", "/v1/chat/completions", call.token, call.body)
+				if e := envelopeOf(t, got); e["code"] != call.code || !strings.Contains(e["message"].(string), "Incorrect API key provided: [redacted].") {
+					t.Errorf("%s, want %s quoting the key as [redacted]", got, call.code)
+				}
+				assertNoSecret(t, tail, string(got))
+			}
+			if st := credentialStateOf(t, d, "a1", ids[0]); st != "needs_reauthorization" {
+				t.Errorf("credential state %q, want needs_reauthorization", st)
+			}
+			ledger, _ := os.ReadFile(filepath.Join(env["BRAMA_STATE_DIR"], ledgerFile))
+			if !bytes.Contains(ledger, []byte("Incorrect API key provided: [redacted].")) {
+				t.Errorf("the ledger's cause does not quote the key as [redacted]:\n%s", ledger)
+			}
+			assertNoSecret(t, tail, logsBesidesFirstStart(d.stderr.String()), env["BRAMA_STATE_DIR"])
+		})
+	}
 }

@@ -419,6 +419,10 @@ func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 	if _, _, err := readAnswerKey(s.st); err != nil && !errors.Is(err, errFileAbsent) && !errors.As(err, new(*noStateError)) {
 		rd.Reasons = append(rd.Reasons, "answer key unusable (every signed answer is refused): "+err.Error())
 	}
+	if ids := s.vault.unwrittenIDs(); len(ids) > 0 {
+		rd.Warnings = append(rd.Warnings, "the vault refused to keep the rotated OAuth grant of "+strings.Join(ids, ", ")+
+			": it is used from memory and written again at the next maintenance pass (a restart before that loses it)")
+	}
 	if data, cause := s.catalog.current(); data == nil {
 		rd.Warnings = append(rd.Warnings, cause)
 	}

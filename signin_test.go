@@ -1,16 +1,20 @@
 package main
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
 	"io"
 	"maps"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // opTokenEndpoint is a fake OAuth token endpoint: it counts calls, keeps
@@ -328,5 +332,46 @@ func TestOperatorRoutesWithoutStateDir(t *testing.T) {
 	out, errOut, code := runCLI(t, map[string]string{"BRAMA_TOKEN": d.token}, "", "subscription", "list", "-agent", "a1", "-gateway", d.url)
 	if code != 1 || !strings.Contains(errOut, "$HOME is not defined") {
 		t.Errorf("subscription CLI without a state dir: exit %d, %q %q", code, out, errOut)
+	}
+}
+
+// TestOneSIGINTEndsSignIn: a built brama waiting at sign-in's code prompt
+// (reading stdin) ends at the first SIGINT (SPEC §17).
+func TestOneSIGINTEndsSignIn(t *testing.T) {
+	bin := builtBinary(t)
+	env := stateEnv(t)
+	d := startDaemon(t, env, "")
+	cmd := exec.Command(bin, "subscription", "sign-in", "-provider", "claude-code", "-agent", "a1", "-gateway", d.url)
+	cmd.Env = append(noHomeEnv(), "BRAMA_TOKEN="+d.token)
+	stdin, _ := cmd.StdinPipe() // kept open: the command waits for a line
+	defer stdin.Close()
+	stderr, _ := cmd.StderrPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	rd := bufio.NewReader(stderr)
+	for {
+		line, err := rd.ReadString('\n')
+		if err != nil {
+			cmd.Process.Kill()
+			t.Fatalf("sign-in ended before its code prompt: %v %q", err, line)
+		}
+		if strings.Contains(line, "paste the code") {
+			break
+		}
+	}
+	go io.Copy(io.Discard, rd)
+	waited := make(chan error, 1)
+	go func() { waited <- cmd.Wait() }()
+	cmd.Process.Signal(os.Interrupt)
+	select {
+	case <-waited:
+	case <-time.After(30 * time.Second): // a failure bound, not a synchronisation
+		cmd.Process.Kill()
+		<-waited
+		t.Fatal("sign-in still waits for its code after one SIGINT")
+	}
+	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGINT {
+		t.Errorf("sign-in ended with %v, want ended by SIGINT", cmd.ProcessState)
 	}
 }

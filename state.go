@@ -579,11 +579,15 @@ type oauthGrant struct {
 }
 
 // vault is vault.json, re-read on change so a CLI's edit reaches the daemon.
-type vault struct{ stateFile[*vaultDoc] }
+type vault struct {
+	stateFile[*vaultDoc]
+	umu       sync.Mutex                // guards unwritten
+	unwritten map[string]unwrittenGrant // rotated grants it refused to keep (oauth.go)
+}
 
 // newVault opens the vault at path; pathErr says why there is none (SPEC §2.1).
 func newVault(path string, pathErr error) *vault {
-	return &vault{stateFile[*vaultDoc]{role: "vault", path: path, pathErr: pathErr, parse: parseVault}}
+	return &vault{stateFile: stateFile[*vaultDoc]{role: "vault", path: path, pathErr: pathErr, parse: parseVault}}
 }
 
 // parseVault strictly parses vault bytes; an empty file is an empty vault.
