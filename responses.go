@@ -113,13 +113,14 @@ func parseResponses(body []byte) (chatRequest, error) {
 		return chatRequest{}, err
 	}
 	var raw struct {
-		Reasoning, Text, Tools, Conversation json.RawMessage
-		Previous                             json.RawMessage `json:"previous_response_id"`
+		Reasoning, Text, Tools, Conversation, Prompt json.RawMessage
+		Previous                                     json.RawMessage `json:"previous_response_id"`
 	}
 	json.Unmarshal(body, &raw)
-	for _, ref := range []json.RawMessage{raw.Previous, raw.Conversation} { // refused as item_reference is
-		if s := rawShape(ref); s != 0 && s != 'n' {
-			return chatRequest{}, refuseInvalid("previous_response_id and conversation are not supported across formats: Brama keeps no responses; send the earlier items in input")
+	for i, ref := range []json.RawMessage{raw.Previous, raw.Conversation, raw.Prompt} { // refused as item_reference is
+		if !rawIsNull(ref) {
+			return chatRequest{}, refuseInvalid("%s is not supported across formats: it names what only the provider that stored it holds; send the instructions and items themselves",
+				[]string{"previous_response_id", "conversation", "prompt"}[i])
 		}
 	}
 	dropUnknown(&req.Dropped, raw.Reasoning, "reasoning", "effort")

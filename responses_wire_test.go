@@ -228,8 +228,8 @@ func TestTranslationTowardCodexNamesTheOutputLimit(t *testing.T) {
 	}
 }
 
-// TestTranslationRefusesAStoredConversation: previous_response_id and
-// conversation name turns only the provider that stored them holds; across
+// TestTranslationRefusesAStoredConversation: previous_response_id,
+// conversation and prompt name what only the provider that stored them holds; across
 // formats they are refused before any call, as item_reference is, and kept
 // untouched on the passthrough path (SPEC §7.6).
 func TestTranslationRefusesAStoredConversation(t *testing.T) {
@@ -240,7 +240,10 @@ func TestTranslationRefusesAStoredConversation(t *testing.T) {
 	}{
 		{"anthropic/claude-test", `"previous_response_id":"resp_1"`, 400},
 		{"openai/gpt-test", `"conversation":{"id":"conv_1"}`, 400},
+		{"openai/gpt-test", `"prompt":{"id":"pmpt_1","version":"2"}`, 400},
+		{"anthropic/claude-test", `"prompt":{"id":"pmpt_1"}`, 400},
 		{"anthropic/claude-test", `"previous_response_id":null`, 200},
+		{"openai-responses/gpt-test", `"prompt":{"id":"pmpt_1"}`, 200},
 		{"openai-responses/gpt-test", `"previous_response_id":"resp_1"`, 200},
 	} {
 		f := fakes[strings.SplitN(tc.model, "/", 2)[0]]
@@ -250,7 +253,8 @@ func TestTranslationRefusesAStoredConversation(t *testing.T) {
 		if status != tc.status {
 			t.Fatalf("%s with %s: %d %s, want %d", tc.model, tc.member, status, body, tc.status)
 		}
-		if tc.status == 400 && (envelopeOf(t, body)["code"] != "invalid_request" || calls != 0) {
+		name, _, _ := strings.Cut(tc.member[1:], `"`)
+		if tc.status == 400 && (envelopeOf(t, body)["code"] != "invalid_request" || calls != 0 || !strings.Contains(envelopeOf(t, body)["message"].(string), name)) {
 			t.Errorf("%s with %s: %s after %d calls, want invalid_request before any call", tc.model, tc.member, body, calls)
 		}
 		if tc.status == 200 && tc.model == "openai-responses/gpt-test" && !strings.Contains(string(f.body()), tc.member) {
