@@ -16,18 +16,21 @@ import (
 type (
 	chatRequestBody struct {
 		callerHead
-		Messages            []chatMessage   `json:"messages"`
-		Tools               []chatTool      `json:"tools,omitempty"`
-		ToolChoice          json.RawMessage `json:"tool_choice,omitempty"`
-		ParallelToolCalls   *bool           `json:"parallel_tool_calls,omitempty"`
-		MaxTokens           *int            `json:"max_tokens,omitempty"`
-		MaxCompletionTokens *int            `json:"max_completion_tokens,omitempty"`
-		Stop                json.RawMessage `json:"stop,omitempty"`
-		ResponseFormat      *chatFormat     `json:"response_format,omitempty"`
-		ReasoningEffort     string          `json:"reasoning_effort,omitempty"`
-		Verbosity           string          `json:"verbosity,omitempty"`
-		StreamOptions       json.RawMessage `json:"stream_options,omitempty"`
+		Messages            []chatMessage      `json:"messages"`
+		Tools               []chatTool         `json:"tools,omitempty"`
+		ToolChoice          json.RawMessage    `json:"tool_choice,omitempty"`
+		ParallelToolCalls   *bool              `json:"parallel_tool_calls,omitempty"`
+		MaxTokens           *int               `json:"max_tokens,omitempty"`
+		MaxCompletionTokens *int               `json:"max_completion_tokens,omitempty"`
+		Stop                json.RawMessage    `json:"stop,omitempty"`
+		ResponseFormat      *chatFormat        `json:"response_format,omitempty"`
+		ReasoningEffort     string             `json:"reasoning_effort,omitempty"`
+		Verbosity           string             `json:"verbosity,omitempty"`
+		StreamOptions       *chatStreamOptions `json:"stream_options,omitempty"`
 		openAIShared
+	}
+	chatStreamOptions struct {
+		IncludeUsage bool `json:"include_usage"`
 	}
 	chatMessage struct {
 		Role       string          `json:"role,omitempty"`
@@ -108,6 +111,7 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 		return chatRequest{}, err
 	}
 	req.Shared, req.ParallelToolCalls = b.openAIShared, b.ParallelToolCalls
+	req.StreamUsage = b.StreamOptions != nil && b.StreamOptions.IncludeUsage
 	if b.MaxCompletionTokens != nil { // the newer name wins when both are sent
 		if req.MaxTokens, err = checkCallerMaxTokens("max_completion_tokens", b.MaxCompletionTokens); err != nil {
 			return chatRequest{}, err
@@ -288,7 +292,7 @@ func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
 		out.MaxTokens = &req.MaxTokens
 	}
 	if o.stream {
-		out.StreamOptions = json.RawMessage(`{"include_usage":true}`)
+		out.StreamOptions = &chatStreamOptions{IncludeUsage: true}
 	}
 	if req.System != "" {
 		out.Messages = append(out.Messages, chatMessage{Role: "system", Content: jsonText(req.System)})
@@ -448,7 +452,7 @@ func decodeChat(body []byte) (chatAnswer, error) {
 
 // renderChat is the chat.completion for a: content null beside only tool
 // calls, as OpenAI sends it; usage left out, not zeros, when unreported.
-func renderChat(req chatRequest, a chatAnswer) any {
+func renderChat(req chatRequest, a chatAnswer) (any, error) {
 	m := chatMessage{Role: "assistant", Content: json.RawMessage("null")}
 	if a.Text != "" || len(a.ToolCalls) == 0 {
 		m.Content = jsonText(a.Text)
@@ -463,7 +467,7 @@ func renderChat(req chatRequest, a chatAnswer) any {
 	if a.Usage.Reported {
 		out.Usage = chatUsageOf(a.Usage)
 	}
-	return out
+	return out, nil
 }
 
 // chatCallerStream writes chat.completion.chunk frames. Chat has no block
@@ -473,11 +477,12 @@ type chatCallerStream struct {
 	id         string
 	created    int64
 	model      string
+	usage      bool // the caller asked for the usage chunk
 	finishSent bool
 }
 
-func newChatCallerStream(sse *callerStream, _ chatRequest, model string) blockWriter {
-	return &chatCallerStream{sse: sse, id: newAnswerID("chatcmpl-"), created: time.Now().Unix(), model: model}
+func newChatCallerStream(sse *callerStream, req chatRequest, model string) blockWriter {
+	return &chatCallerStream{sse: sse, id: newAnswerID("chatcmpl-"), created: time.Now().Unix(), model: model, usage: req.StreamUsage}
 }
 
 // chunk writes one chunk with a single choice, or with usage and none.
@@ -529,12 +534,12 @@ func (s *chatCallerStream) finishNow(finish string) error {
 }
 
 // end writes the finish chunk if not yet sent, the usage chunk (choices:
-// []) when usage was reported, then [DONE].
+// []) when the caller asked and usage was reported, then [DONE].
 func (s *chatCallerStream) end(finish string, u usage) error {
 	if err := s.finishNow(finish); err != nil {
 		return err
 	}
-	if u.Reported {
+	if s.usage && u.Reported {
 		if err := s.chunk(nil, nil, chatUsageOf(u)); err != nil {
 			return err
 		}

@@ -503,7 +503,7 @@ func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, model strin
 	a.Model = model
 	out, err := renderAnswer(req.dialect, tr, a)
 	if err != nil {
-		return a.Usage, refuse("internal_error", "the answer could not be encoded").because(err).withAttempts(attempts), false
+		return a.Usage, asAPIError(err).withAttempts(attempts), false
 	}
 	writeAnswer(w, "application/json", attempts, out)
 	return a.Usage, nil, false

@@ -36,6 +36,7 @@ type chatRequest struct {
 	StopPath          string        // the caller's member for Stop: responses has none
 	Shared            openAIShared
 	Stream            bool
+	StreamUsage       bool           // a chat caller's stream_options.include_usage: its stream ends with usage
 	BillingTarget     *billingTarget // removed before forwarding (SPEC §7.2)
 	Dropped           []string       // caller member paths with no counterpart in any other format
 }
@@ -244,7 +245,7 @@ type wireFormat struct {
 	parse             func(body []byte) (chatRequest, error)
 	encode            func(req chatRequest, model string, o upstreamOptions) (any, error)
 	decode            func(body []byte) (chatAnswer, error)
-	render            func(req chatRequest, a chatAnswer) any
+	render            func(req chatRequest, a chatAnswer) (any, error)
 	callerStream      func(sse *callerStream, req chatRequest, model string) blockWriter
 	upstreamStream    func() streamTranslator
 }
@@ -281,10 +282,15 @@ func parseRequest(dialect string, body []byte) (chatRequest, error) {
 // renderAnswer encodes a buffered answer as the caller's dialect's success
 // body; req is the caller's request, whose tools name the calls.
 func renderAnswer(dialect string, req chatRequest, a chatAnswer) ([]byte, error) {
-	if f := formatOf(dialect); f != nil {
-		return json.Marshal(f.render(req, a))
+	f := formatOf(dialect)
+	if f == nil {
+		return nil, errUnknownFormat(dialect)
 	}
-	return nil, errUnknownFormat(dialect)
+	v, err := f.render(req, a)
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(v)
 }
 
 // decodeUpstreamAnswer decodes a complete 2xx non-stream body. Model is

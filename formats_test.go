@@ -120,7 +120,7 @@ func runCallerStream(t *testing.T, dialect string, events []streamEvent) (string
 	t.Helper()
 	var buf bytes.Buffer
 	flushes := 0
-	s := newCallerStream(dialect, chatRequest{}, &buf, func() { flushes++ }, "m")
+	s := newCallerStream(dialect, chatRequest{StreamUsage: true}, &buf, func() { flushes++ }, "m")
 	if err := s.start(); err != nil {
 		t.Fatal(err)
 	}

@@ -482,8 +482,9 @@ func decodeMessages(body []byte) (chatAnswer, error) {
 
 // renderMessages is the message the stream that would carry a builds; usage
 // is always present (zeros when unreported): Anthropic's SDKs require it.
-func renderMessages(req chatRequest, a chatAnswer) any {
-	return wholeAnswerThrough(req, a, newMessagesCallerStream).(*messagesCallerStream).msg
+func renderMessages(req chatRequest, a chatAnswer) (any, error) {
+	bw, err := wholeAnswerThrough(req, a, newMessagesCallerStream)
+	return bw.(*messagesCallerStream).msg, err
 }
 
 // messagesCallerStream writes Anthropic's message events, one content
@@ -531,7 +532,9 @@ func (s *messagesCallerStream) delta(i int, b *streamBlock, d string) error {
 }
 
 func (s *messagesCallerStream) close(i int, b *streamBlock, _ string) error {
-	s.keep(i, b)
+	if s.keep(i, b); !b.text && s.msg.Content[i].Input == nil { // {} would run the tool on nothing (SPEC §17)
+		return refuse("provider_incomplete", "the provider's answer holds a tool call whose arguments are not a JSON object, which a tool_use input must be")
+	}
 	return s.emit(messagesEvent{Type: "content_block_stop", Index: &i})
 }
 
@@ -539,8 +542,8 @@ func (s *messagesCallerStream) close(i int, b *streamBlock, _ string) error {
 func (s *messagesCallerStream) keep(i int, b *streamBlock) {
 	if cb := &s.msg.Content[i]; b.text {
 		cb.Text = ptrTo(b.buf.String())
-	} else if in, err := toolArguments(b.buf.String()); err == nil {
-		cb.Input = in // arguments that are not a JSON object stay {}: the block must be well-formed for SDKs
+	} else {
+		cb.Input, _ = toolArguments(b.buf.String()) // nil until a JSON object
 	}
 }
 

@@ -149,15 +149,13 @@ func TestRenderMessagesAnswer(t *testing.T) {
 			[]messagesBlock{{Type: "text", Text: dialectStrPtr("hi")}}},
 		{"length", chatAnswer{Model: "alias", Text: "cut", Finish: finishLength}, "max_tokens",
 			[]messagesBlock{{Type: "text", Text: dialectStrPtr("cut")}}},
-		{"tool calls, broken arguments become {}", chatAnswer{Model: "alias", Text: "x", Finish: finishToolCalls, ToolCalls: []toolCall{
+		{"tool calls, none of arguments is {}", chatAnswer{Model: "alias", Text: "x", Finish: finishToolCalls, ToolCalls: []toolCall{
 			{ID: "toolu_1", Name: "f", Arguments: `{ "a": [1, 2] }`},
-			{ID: "toolu_2", Name: "g", Arguments: `{"a":`},
-			{ID: "toolu_3", Name: "h", Arguments: `[1]`},
+			{ID: "toolu_2", Name: "g", Arguments: ``},
 		}}, "tool_use", []messagesBlock{
 			{Type: "text", Text: dialectStrPtr("x")},
 			{Type: "tool_use", ID: "toolu_1", Name: "f", Input: json.RawMessage(`{"a":[1,2]}`)},
 			{Type: "tool_use", ID: "toolu_2", Name: "g", Input: json.RawMessage(`{}`)},
-			{Type: "tool_use", ID: "toolu_3", Name: "h", Input: json.RawMessage(`{}`)},
 		}},
 		{"content filter, empty", chatAnswer{Model: "alias", Finish: finishContentFilter}, "refusal", []messagesBlock{}},
 	}
@@ -183,6 +181,12 @@ func TestRenderMessagesAnswer(t *testing.T) {
 				t.Errorf("content mismatch (-want +got):\n%s", diff)
 			}
 		})
+	}
+	for _, args := range []string{`{"a":`, `[1]`, `text`} { // never {} in their place (SPEC §17)
+		_, err := renderAnswer(dialectMessages, chatRequest{}, chatAnswer{Finish: finishToolCalls, ToolCalls: []toolCall{{ID: "toolu_1", Name: "f", Arguments: args}}})
+		if asAPIError(err).Code != "provider_incomplete" {
+			t.Errorf("arguments %s: %v, want provider_incomplete", args, err)
+		}
 	}
 }
 

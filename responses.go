@@ -385,8 +385,9 @@ func outputText(text string) responsesPart {
 }
 
 // renderResponses is the final response of the stream that would carry a.
-func renderResponses(req chatRequest, a chatAnswer) any {
-	return wholeAnswerThrough(req, a, newResponsesCallerStream).(*responsesCallerStream).resp
+func renderResponses(req chatRequest, a chatAnswer) (any, error) {
+	bw, err := wholeAnswerThrough(req, a, newResponsesCallerStream)
+	return bw.(*responsesCallerStream).resp, err
 }
 
 // responsesCallerStream writes Responses events, one output item at a

@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"encoding/json"
+	"fmt"
 	"io"
 	"maps"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 )
 
@@ -508,6 +510,78 @@ func TestTranslationInterleavedParallelCalls(t *testing.T) {
 		}
 		if got := slices.Sorted(maps.Values(args)); !slices.Equal(got, []string{`{"city":"Oslo"}`, `{"city":"Rome"}`}) {
 			t.Errorf("%s: the calls' arguments = %q, want both cities", tc.path, got)
+		}
+	}
+}
+
+// TestToolArgumentsNotAnObject: a chat provider's call arguments that are
+// not a JSON object (cut at max_tokens, or plain text) never reach a
+// Messages caller as input {} (the tool would run on nothing): its answer is
+// refused provider_incomplete, buffered with the 502 after the one call,
+// streamed in-band before the block's end (SPEC §17). A Responses caller
+// gets them as the provider sent them: its arguments are a string.
+func TestToolArgumentsNotAnObject(t *testing.T) {
+	var args atomic.Value
+	chunk := func(delta, finish string) string {
+		return `data: {"id":"c","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":` + delta + `,"finish_reason":` + finish + `}]}` + "\n\n"
+	}
+	fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		a := args.Load().(string)
+		if !strings.Contains(string(body), `"stream":true`) {
+			w.Header().Set("Content-Type", "application/json")
+			io.WriteString(w, `{"id":"c","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":null,
+				"tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":`+strconv.Quote(a)+`}}]},"finish_reason":"length"}],
+				"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}`)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, chunk(`{"role":"assistant","tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"get_weather","arguments":""}}]}`, "null")+
+			chunk(`{"tool_calls":[{"index":0,"function":{"arguments":`+strconv.Quote(a)+`}}]}`, "null")+
+			chunk(`{}`, `"length"`)+`data: {"id":"c","object":"chat.completion.chunk","model":"m","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}`+"\n\ndata: [DONE]\n\n")
+	})
+	env := stateEnv(t)
+	env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = fake.URL
+	env["BRAMA_REPLAY_GUARD_SECS"] = "0" // each case repeats the request
+	d := startDaemon(t, env, `{"openai":"k"}`, "-local-credentials-stdin")
+	for _, a := range []string{`{"city":`, `Paris, please`, `["Paris"]`, `{"city":"Paris"}`} {
+		args.Store(a)
+		usable := a == `{"city":"Paris"}`
+		for _, dialect := range []string{dialectMessages, dialectResponses} {
+			for _, stream := range []bool{false, true} {
+				before := fake.calls.Load()
+				resp := d.openStream(dialectPaths[dialect], d.token, chatBody(dialect, "openai/gpt-test", stream, ""))
+				body, readErr := io.ReadAll(resp.Body) // an error: the stream was aborted
+				resp.Body.Close()
+				status, hdr := resp.StatusCode, resp.Header
+				what := fmt.Sprintf("%s stream=%v arguments %s", dialect, stream, a)
+				if got := fake.calls.Load() - before; got != 1 || hdr.Get("Brama-Attempts") != "1" {
+					t.Errorf("%s: provider saw %d calls, Brama-Attempts %q; want 1", what, got, hdr.Get("Brama-Attempts"))
+				}
+				s := string(body)
+				switch {
+				case dialect == dialectResponses:
+					quoted := strconv.Quote(a)
+					if status != 200 || !strings.Contains(s, `"arguments":`+quoted) || strings.Contains(s, `"arguments":"{}"`) {
+						t.Errorf("%s: %d %s, want 200 carrying the arguments as sent", what, status, s)
+					}
+				case usable:
+					if status != 200 || !strings.Contains(strings.ReplaceAll(s, `\"`, `"`), `"city":"Paris"`) || !strings.Contains(s, "tool_use") {
+						t.Errorf("%s: %d %s, want 200 with the call's input", what, status, s)
+					}
+				case !stream:
+					if status != 502 || envelopeOf(t, body)["code"] != "provider_incomplete" {
+						t.Errorf("%s: %d %s, want 502 provider_incomplete", what, status, s)
+					}
+				default:
+					if status != 200 || readErr == nil || !strings.Contains(s, "event: error") || !strings.Contains(s, `"code":"provider_incomplete"`) ||
+						strings.Contains(s, "message_stop") || strings.Contains(s, "content_block_stop") {
+						t.Errorf("%s: %d %s, want the in-band provider_incomplete before the block's end, no message_stop", what, status, s)
+					}
+				}
+				if !stream && strings.Contains(s, `"input":{}`) { // a stream's content_block_start always holds input {}
+					t.Errorf("%s: the call reached the caller as input {}: %s", what, s)
+				}
+			}
 		}
 	}
 }
