@@ -16,21 +16,18 @@ import (
 type (
 	chatRequestBody struct {
 		callerHead
-		Messages            []chatMessage      `json:"messages"`
-		Tools               []chatTool         `json:"tools,omitempty"`
-		ToolChoice          json.RawMessage    `json:"tool_choice,omitempty"`
-		ParallelToolCalls   *bool              `json:"parallel_tool_calls,omitempty"`
-		MaxTokens           *int               `json:"max_tokens,omitempty"`
-		MaxCompletionTokens *int               `json:"max_completion_tokens,omitempty"`
-		Stop                json.RawMessage    `json:"stop,omitempty"`
-		ResponseFormat      *chatFormat        `json:"response_format,omitempty"`
-		ReasoningEffort     string             `json:"reasoning_effort,omitempty"`
-		Verbosity           string             `json:"verbosity,omitempty"`
-		StreamOptions       *chatStreamOptions `json:"stream_options,omitempty"`
+		Messages            []chatMessage   `json:"messages"`
+		Tools               []chatTool      `json:"tools,omitempty"`
+		ToolChoice          json.RawMessage `json:"tool_choice,omitempty"`
+		ParallelToolCalls   *bool           `json:"parallel_tool_calls,omitempty"`
+		MaxTokens           *int            `json:"max_tokens,omitempty"`
+		MaxCompletionTokens *int            `json:"max_completion_tokens,omitempty"`
+		Stop                json.RawMessage `json:"stop,omitempty"`
+		ResponseFormat      *chatFormat     `json:"response_format,omitempty"`
+		ReasoningEffort     string          `json:"reasoning_effort,omitempty"`
+		Verbosity           string          `json:"verbosity,omitempty"`
+		StreamOptions       json.RawMessage `json:"stream_options,omitempty"`
 		openAIShared
-	}
-	chatStreamOptions struct {
-		IncludeUsage bool `json:"include_usage"`
 	}
 	chatMessage struct {
 		Role       string          `json:"role,omitempty"`
@@ -111,12 +108,11 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 		return chatRequest{}, err
 	}
 	req.Shared, req.ParallelToolCalls = b.openAIShared, b.ParallelToolCalls
-	req.StreamUsage = b.StreamOptions != nil && b.StreamOptions.IncludeUsage
 	if b.MaxCompletionTokens != nil { // the newer name wins when both are sent
 		if req.MaxTokens, err = checkCallerMaxTokens("max_completion_tokens", b.MaxCompletionTokens); err != nil {
 			return chatRequest{}, err
 		}
-		req.LimitPath = "max_completion_tokens"
+		req.LimitName = "max_completion_tokens"
 	}
 	var raw struct{ Messages, Tools json.RawMessage }
 	json.Unmarshal(body, &raw)
@@ -126,11 +122,8 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 	if len(req.Messages) == 0 {
 		return chatRequest{}, refuseInvalid("messages must hold at least one user, assistant or tool message")
 	}
-	if req.Effort = b.ReasoningEffort; req.Effort != "" {
-		req.EffortPath = "reasoning_effort"
-	}
-	if req.Verbosity = b.Verbosity; req.Verbosity != "" {
-		req.VerbosityPath = "verbosity"
+	if req.Effort, req.Verbosity = b.ReasoningEffort, b.Verbosity; req.Effort != "" {
+		req.EffortName = "reasoning_effort"
 	}
 	var output *outputFormat
 	if f := b.ResponseFormat; f != nil {
@@ -159,7 +152,7 @@ func (req *chatRequest) setChatStop(raw json.RawMessage) (err error) {
 		err = decodeCallerJSON(raw, &req.Stop, "stop")
 	}
 	if len(req.Stop) > 0 {
-		req.StopPath = "stop"
+		req.StopName = "stop"
 	} else {
 		req.Stop = nil // [] asks for nothing
 	}
@@ -168,7 +161,7 @@ func (req *chatRequest) setChatStop(raw json.RawMessage) (err error) {
 
 // addChatMessage adds one Chat Completions message to req, naming raw's unknown members.
 func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what string) error {
-	dropUnknown(&req.Dropped, raw, what, "role content tool_calls tool_call_id")
+	dropUnknown(&req.Dropped, raw, "role content tool_calls tool_call_id")
 	switch m.Role {
 	case "system", "developer":
 		text, err := req.callerTextOf(m.Content, what+".content", "text", "\n\n")
@@ -231,7 +224,7 @@ func (req *chatRequest) chatParts(raw json.RawMessage, what string) ([]part, err
 	read := func(cp chatPart, raw json.RawMessage, pw string) (part, string, error) {
 		p, urlPath, err := chatPartOf(cp, pw)
 		if err == nil && p.Type != "" {
-			req.dropUnknownPart(raw, pw, cp.Type, chatMembers)
+			req.dropUnknownPart(raw, cp.Type, chatMembers)
 		}
 		return p, urlPath, err
 	}
@@ -255,7 +248,7 @@ func chatPartOf(cp chatPart, pw string) (part, string, error) {
 	case cp.Type == "image_url" && cp.ImageURL == nil:
 		return part{}, "", refuseInvalid("%s.image_url must be an object with a url", pw)
 	case cp.Type == "image_url":
-		return imagePart(cp.ImageURL.URL, cp.ImageURL.Detail, pw+".image_url.detail"), pw + ".image_url.url", nil
+		return part{Type: partImage, ImageURL: cp.ImageURL.URL, Detail: cp.ImageURL.Detail}, pw + ".image_url.url", nil
 	case cp.Type == "file" && cp.File != nil && cp.File.FileData != "":
 		f := cp.File
 		return part{Type: partDocument, FileURL: f.FileData, Filename: f.Filename}, pw + ".file.file_data", nil
@@ -267,7 +260,7 @@ func chatPartOf(cp chatPart, pw string) (part, string, error) {
 func (req *chatRequest) addChatTool(t chatTool, raw json.RawMessage, what string) error {
 	flat := openAITool{Type: "hosted"}
 	if t.Type == "function" || t.Type == "custom" {
-		req.dropUnknownPart(raw, what, t.Type, chatMembers)
+		req.dropUnknownPart(raw, t.Type, chatMembers)
 	}
 	switch {
 	case t.Type == "function" && t.Function != nil:
@@ -292,7 +285,7 @@ func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
 		out.MaxTokens = &req.MaxTokens
 	}
 	if o.stream {
-		out.StreamOptions = &chatStreamOptions{IncludeUsage: true}
+		out.StreamOptions = json.RawMessage(`{"include_usage":true}`)
 	}
 	if req.System != "" {
 		out.Messages = append(out.Messages, chatMessage{Role: "system", Content: jsonText(req.System)})
@@ -477,12 +470,11 @@ type chatCallerStream struct {
 	id         string
 	created    int64
 	model      string
-	usage      bool // the caller asked for the usage chunk
 	finishSent bool
 }
 
-func newChatCallerStream(sse *callerStream, req chatRequest, model string) blockWriter {
-	return &chatCallerStream{sse: sse, id: newAnswerID("chatcmpl-"), created: time.Now().Unix(), model: model, usage: req.StreamUsage}
+func newChatCallerStream(sse *callerStream, _ chatRequest, model string) blockWriter {
+	return &chatCallerStream{sse: sse, id: newAnswerID("chatcmpl-"), created: time.Now().Unix(), model: model}
 }
 
 // chunk writes one chunk with a single choice, or with usage and none.
@@ -539,7 +531,7 @@ func (s *chatCallerStream) end(finish string, u usage) error {
 	if err := s.finishNow(finish); err != nil {
 		return err
 	}
-	if s.usage && u.Reported {
+	if s.sse.req.StreamUsage && u.Reported {
 		if err := s.chunk(nil, nil, chatUsageOf(u)); err != nil {
 			return err
 		}

@@ -389,7 +389,7 @@ func fuzzDialectParse(f *testing.F, dialect string, seeds ...string) {
 // thinking budget); a tool group goes flattened, a schema gets a name, and
 // JSON is compared as encoding/json writes it.
 func roundTripNeutral(req chatRequest) chatRequest {
-	req.Dropped, req.BillingTarget, req.Effort, req.EffortPath, req.LimitPath = nil, nil, "", "", ""
+	req.Dropped, req.BillingTarget, req.Effort, req.EffortName, req.LimitName = nil, nil, "", "", ""
 	if req.Output != nil {
 		if s := schemaOutput(req.Output); s != nil {
 			req.Output = s // the schema's name the OpenAI formats require
@@ -402,7 +402,6 @@ func roundTripNeutral(req chatRequest) chatRequest {
 			if p.Type == partText && p.Text == "" {
 				continue
 			}
-			p.DetailPath = ""                           // where it stood, like Dropped
 			p.ToolCallID = messagesToolID(p.ToolCallID) // as messages takes it
 			if p.Type == partToolCall && !p.Custom {
 				if p.Arguments = argumentsText(p.Arguments); json.Valid([]byte(p.Arguments)) {
