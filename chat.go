@@ -112,7 +112,7 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 		if req.MaxTokens, err = checkCallerMaxTokens("max_completion_tokens", b.MaxCompletionTokens); err != nil {
 			return chatRequest{}, err
 		}
-		req.LimitPath = "max_completion_tokens"
+		req.LimitName = "max_completion_tokens"
 	}
 	var raw struct{ Messages, Tools json.RawMessage }
 	json.Unmarshal(body, &raw)
@@ -122,11 +122,8 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 	if len(req.Messages) == 0 {
 		return chatRequest{}, refuseInvalid("messages must hold at least one user, assistant or tool message")
 	}
-	if req.Effort = b.ReasoningEffort; req.Effort != "" {
-		req.EffortPath = "reasoning_effort"
-	}
-	if req.Verbosity = b.Verbosity; req.Verbosity != "" {
-		req.VerbosityPath = "verbosity"
+	if req.Effort, req.Verbosity = b.ReasoningEffort, b.Verbosity; req.Effort != "" {
+		req.EffortName = "reasoning_effort"
 	}
 	var output *outputFormat
 	if f := b.ResponseFormat; f != nil {
@@ -155,7 +152,7 @@ func (req *chatRequest) setChatStop(raw json.RawMessage) (err error) {
 		err = decodeCallerJSON(raw, &req.Stop, "stop")
 	}
 	if len(req.Stop) > 0 {
-		req.StopPath = "stop"
+		req.StopName = "stop"
 	} else {
 		req.Stop = nil // [] asks for nothing
 	}
@@ -164,7 +161,7 @@ func (req *chatRequest) setChatStop(raw json.RawMessage) (err error) {
 
 // addChatMessage adds one Chat Completions message to req, naming raw's unknown members.
 func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what string) error {
-	dropUnknown(&req.Dropped, raw, what, "role content tool_calls tool_call_id")
+	dropUnknown(&req.Dropped, raw, "role content tool_calls tool_call_id")
 	switch m.Role {
 	case "system", "developer":
 		text, err := req.callerTextOf(m.Content, what+".content", "text", "\n\n")
@@ -227,7 +224,7 @@ func (req *chatRequest) chatParts(raw json.RawMessage, what string) ([]part, err
 	read := func(cp chatPart, raw json.RawMessage, pw string) (part, string, error) {
 		p, urlPath, err := chatPartOf(cp, pw)
 		if err == nil && p.Type != "" {
-			req.dropUnknownPart(raw, pw, cp.Type, chatMembers)
+			req.dropUnknownPart(raw, cp.Type, chatMembers)
 		}
 		return p, urlPath, err
 	}
@@ -251,7 +248,7 @@ func chatPartOf(cp chatPart, pw string) (part, string, error) {
 	case cp.Type == "image_url" && cp.ImageURL == nil:
 		return part{}, "", refuseInvalid("%s.image_url must be an object with a url", pw)
 	case cp.Type == "image_url":
-		return imagePart(cp.ImageURL.URL, cp.ImageURL.Detail, pw+".image_url.detail"), pw + ".image_url.url", nil
+		return part{Type: partImage, ImageURL: cp.ImageURL.URL, Detail: cp.ImageURL.Detail}, pw + ".image_url.url", nil
 	case cp.Type == "file" && cp.File != nil && cp.File.FileData != "":
 		f := cp.File
 		return part{Type: partDocument, FileURL: f.FileData, Filename: f.Filename}, pw + ".file.file_data", nil
@@ -263,7 +260,7 @@ func chatPartOf(cp chatPart, pw string) (part, string, error) {
 func (req *chatRequest) addChatTool(t chatTool, raw json.RawMessage, what string) error {
 	flat := openAITool{Type: "hosted"}
 	if t.Type == "function" || t.Type == "custom" {
-		req.dropUnknownPart(raw, what, t.Type, chatMembers)
+		req.dropUnknownPart(raw, t.Type, chatMembers)
 	}
 	switch {
 	case t.Type == "function" && t.Function != nil:
@@ -448,7 +445,7 @@ func decodeChat(body []byte) (chatAnswer, error) {
 
 // renderChat is the chat.completion for a: content null beside only tool
 // calls, as OpenAI sends it; usage left out, not zeros, when unreported.
-func renderChat(req chatRequest, a chatAnswer) any {
+func renderChat(req chatRequest, a chatAnswer) (any, error) {
 	m := chatMessage{Role: "assistant", Content: json.RawMessage("null")}
 	if a.Text != "" || len(a.ToolCalls) == 0 {
 		m.Content = jsonText(a.Text)
@@ -463,7 +460,7 @@ func renderChat(req chatRequest, a chatAnswer) any {
 	if a.Usage.Reported {
 		out.Usage = chatUsageOf(a.Usage)
 	}
-	return out
+	return out, nil
 }
 
 // chatCallerStream writes chat.completion.chunk frames. Chat has no block
@@ -529,12 +526,12 @@ func (s *chatCallerStream) finishNow(finish string) error {
 }
 
 // end writes the finish chunk if not yet sent, the usage chunk (choices:
-// []) when usage was reported, then [DONE].
+// []) when the caller asked and usage was reported, then [DONE].
 func (s *chatCallerStream) end(finish string, u usage) error {
 	if err := s.finishNow(finish); err != nil {
 		return err
 	}
-	if u.Reported {
+	if s.sse.req.StreamUsage && u.Reported {
 		if err := s.chunk(nil, nil, chatUsageOf(u)); err != nil {
 			return err
 		}

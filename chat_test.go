@@ -30,7 +30,7 @@ func TestParseChatCompletions(t *testing.T) {
 			body: `{"model":"m","messages":[{"role":"system","content":"a"},{"role":"user","content":"q"},{"role":"developer","content":[{"type":"text","text":"b"}]}],
 				"max_tokens":100,"temperature":0.5,"stream":true,"stream_options":{"include_usage":true},"n":3,"seed":{"x":[1]}}`,
 			want: chatRequest{Model: "m", System: "a", Messages: []message{dialectUserText("q"), {Role: "system", Parts: []part{{Type: partText, Text: "b"}}}},
-				MaxTokens: 100, LimitPath: "max_tokens", Temperature: dialectFloatPtr(0.5), Stream: true, Dropped: []string{"n", "seed"}},
+				MaxTokens: 100, LimitName: "max_tokens", Temperature: dialectFloatPtr(0.5), Stream: true, Dropped: []string{"n", "seed"}},
 		},
 		{
 			name: "images",
@@ -39,7 +39,7 @@ func TestParseChatCompletions(t *testing.T) {
 				{"type":"image_url","image_url":{"url":"data:image/png;base64,iVBORw0KGgo="}}]}]}`,
 			want: chatRequest{Model: "m", Messages: []message{{Role: "user", Parts: []part{
 				{Type: partText, Text: "what is this"},
-				{Type: partImage, ImageURL: "https://example.com/a.png", Detail: "high", DetailPath: "messages[0].content[1].image_url.detail"},
+				{Type: partImage, ImageURL: "https://example.com/a.png", Detail: "high"},
 				{Type: partImage, ImageURL: "data:image/png;base64,iVBORw0KGgo="},
 			}}}},
 		},
@@ -76,7 +76,7 @@ func TestParseChatCompletions(t *testing.T) {
 		{
 			name: "named tool_choice, max_completion_tokens wins",
 			body: `{"model":"m","messages":[{"role":"user","content":"q"}],"tool_choice":{"type":"function","function":{"name":"f"}},"max_tokens":5,"max_completion_tokens":9}`,
-			want: chatRequest{Model: "m", Messages: []message{dialectUserText("q")}, ToolChoice: &toolChoice{Mode: toolChoiceTool, Name: "f"}, MaxTokens: 9, LimitPath: "max_completion_tokens"},
+			want: chatRequest{Model: "m", Messages: []message{dialectUserText("q")}, ToolChoice: &toolChoice{Mode: toolChoiceTool, Name: "f"}, MaxTokens: 9, LimitName: "max_completion_tokens"},
 		},
 		{
 			name: "retired billingTarget is an unknown member, named (SPEC §7.2)",
@@ -87,7 +87,7 @@ func TestParseChatCompletions(t *testing.T) {
 			name: "assistant refusal part dropped and named, null members absent",
 			body: `{"model":"m","messages":[{"role":"assistant","content":[{"type":"text","text":"a"},{"type":"refusal","refusal":"no"}]},{"role":"user","content":"q"}],"tool_choice":null,"max_tokens":null}`,
 			want: chatRequest{Model: "m", Messages: []message{{Role: "assistant", Parts: []part{{Type: partText, Text: "a"}}}, dialectUserText("q")},
-				Dropped: []string{"messages[0].content[1]"}},
+				Dropped: []string{"refusal"}},
 		},
 	}
 	for _, tc := range tests {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"slices"
@@ -443,24 +442,6 @@ func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *call
 	return ae
 }
 
-// maxDroppedHeader bounds Brama-Dropped: Node's clients read 16 KiB of
-// headers in all. The log line names every path.
-const maxDroppedHeader = 4096
-
-// droppedHeader is Brama-Dropped: the paths, comma-separated, as many whole
-// ones as fit in maxDroppedHeader bytes, then how many more there are.
-func droppedHeader(paths []string) string {
-	var b strings.Builder
-	for i, p := range paths {
-		if p = headerText(p); b.Len()+len(p) > maxDroppedHeader {
-			fmt.Fprintf(&b, "and %d more (the log line names all)", len(paths)-i)
-			break
-		}
-		b.WriteString(p + ", ")
-	}
-	return strings.TrimSuffix(b.String(), ", ")
-}
-
 // deliver answers from a committed call, passthrough or translated naming
 // model; a stream's failure is written in-band (streamed), a buffered one not.
 func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, model string, req *callerRequest, c call, resp *http.Response, attempts int) (u usage, failure *apiError, streamed bool) {
@@ -471,7 +452,7 @@ func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, model strin
 	if !pass {
 		tr = req.translated()
 		if dropped := tr.droppedFor(p); len(dropped) > 0 { // SPEC §7.6: nothing is dropped silently
-			w.Header().Set("Brama-Dropped", droppedHeader(dropped))
+			w.Header().Set("Brama-Dropped", headerText(strings.Join(dropped, ", ")))
 			e.t.dropped = dropped
 		}
 	}
@@ -500,7 +481,7 @@ func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, model strin
 	a.Model = model
 	out, err := renderAnswer(req.dialect, tr, a)
 	if err != nil {
-		return a.Usage, refuse("internal_error", "the answer could not be encoded").because(err).withAttempts(attempts), false
+		return a.Usage, asAPIError(err).withAttempts(attempts), false
 	}
 	providerFacts(w.Header(), resp.Header, false)
 	writeAnswer(w, "application/json", attempts, out)

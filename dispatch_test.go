@@ -222,6 +222,9 @@ func TestDialectProtocolMatrix(t *testing.T) {
 					if dialect == dialectMessages && !stream {
 						want.Usage.Reported = got.Usage.Reported // messages always reports usage
 					}
+					if dialect == dialectChat && stream {
+						want.Usage = usage{} // the caller did not ask for the usage chunk
+					}
 					if diff := cmp.Diff(want, got); diff != "" {
 						t.Errorf("answer (-want +got):\n%s", diff)
 					}
@@ -240,6 +243,41 @@ func TestDialectProtocolMatrix(t *testing.T) {
 		assertNoSecret(t, fx.key, logs, env["BRAMA_STATE_DIR"])
 	}
 	assertOwnerOnly(t, env["BRAMA_STATE_DIR"])
+}
+
+// TestTranslatedChatStreamUsageOnlyWhenAsked: a chat caller's translated
+// stream ends with the usage chunk (choices: []) only when the caller asked
+// (stream_options.include_usage), as OpenAI's does; Brama counts the usage
+// either way (SPEC §17).
+func TestTranslatedChatStreamUsageOnlyWhenAsked(t *testing.T) {
+	env := stateEnv(t)
+	fakes := map[string]*fakeProvider{}
+	for _, fx := range protocolFixtures {
+		fakes[fx.provider] = fixtureProvider(t, fx)
+	}
+	d := startDaemon(t, env, providerEnv(env, fakes), "-local-credentials-stdin")
+	for _, fx := range protocolFixtures[1:] { // messages and responses
+		for _, tc := range []struct {
+			extra      string
+			usageChunk int
+		}{
+			{"", 0},
+			{`,"stream_options":{"include_usage":false}`, 0},
+			{`,"stream_options":{"include_usage":true}`, 1},
+		} {
+			status, _, body := d.call("POST", "/v1/chat/completions", d.token, chatBody(dialectChat, fx.model, true, tc.extra))
+			got := strings.Count(string(body), `"choices":[]`)
+			if status != 200 || got != tc.usageChunk || !strings.HasSuffix(string(body), "data: [DONE]\n\n") {
+				t.Errorf("%s%s: %d with %d usage chunks, want 200 with %d ending [DONE]:\n%s", fx.protocol, tc.extra, status, got, tc.usageChunk, body)
+			}
+			if tc.usageChunk == 1 && !strings.Contains(string(body), fmt.Sprintf(`"prompt_tokens":%d`, fx.want.Usage.InputTokens)) {
+				t.Errorf("%s%s: the usage chunk lacks the provider's usage:\n%s", fx.protocol, tc.extra, body)
+			}
+		}
+	}
+	if want := fmt.Sprintf(`"output_tokens":%d`, protocolFixtures[1].want.Usage.OutputTokens); strings.Count(d.stderr.String(), want) < 3 {
+		t.Errorf("the log lines do not all count the usage (%s):\n%s", want, d.stderr.String())
+	}
 }
 
 // relayedChatStream is what a caller gets of a chat stream: no usage chunk

@@ -24,19 +24,19 @@ type chatRequest struct {
 	ToolChoice        *toolChoice // nil: the provider's default
 	ParallelToolCalls *bool
 	MaxTokens         int    // 0: the caller gave none (SPEC §6.4 decides)
-	LimitPath         string // the caller's member for its own MaxTokens, "" when it gave none
+	LimitName         string // the caller's member for its own MaxTokens, "" when it gave none
 	Temperature       *float64
 	TopP              *float64
 	Stop              []string
 	Output            *outputFormat // structured output; nil: free text
 	Effort            string        // reasoning effort (low, medium, high, …); "" the provider's default
-	EffortPath        string        // the caller's member for Effort
+	EffortName        string        // the caller's member for Effort
 	Verbosity         string        // the OpenAI formats' verbosity (low, medium, high); "" the provider's default
-	VerbosityPath     string        // the caller's member for Verbosity
-	StopPath          string        // the caller's member for Stop: responses has none
+	StopName          string        // the caller's member for Stop: responses has none
 	Shared            openAIShared
 	Stream            bool
-	Dropped           []string // caller member paths with no counterpart in any other format
+	StreamUsage       bool     // a chat caller sent stream_options.include_usage: true (its stream ends with usage)
+	Dropped           []string // caller member names with no counterpart in any other format
 }
 
 // openAIShared holds the members Chat Completions and Responses share under
@@ -84,7 +84,6 @@ type part struct {
 	Text       string // text; tool_result: its text content
 	ImageURL   string // image: an https URL or a data URL ("data:image/png;base64,…")
 	Detail     string // image: the OpenAI formats' detail (low, high, auto), "" when none
-	DetailPath string // the caller's member for Detail, named toward messages
 	FileURL    string // document: an https URL or a data URL
 	Filename   string // document: its file name when known
 	ToolCallID string // tool_call and tool_result: the call's id
@@ -93,7 +92,6 @@ type part struct {
 	Custom     bool   // tool_call and tool_result: the call is to a custom tool
 	IsError    bool   // tool_result: the tool reported an error
 	Media      []part // tool_result: its image and document parts (chat has none: named dropped)
-	Path       string // a tool result's image or document: its caller's member path
 }
 
 // Tool kinds.
@@ -112,7 +110,6 @@ type tool struct {
 	Parameters  json.RawMessage // function: JSON Schema object; nil when none given
 	Strict      *bool           // function: the caller's strict flag; nil when none given
 	Format      json.RawMessage // custom: the grammar or text format, nil when none given
-	FormatPath  string          // the caller's path of Format, named when messages drops it
 }
 
 func (t tool) memberName() string {
@@ -236,7 +233,7 @@ type wireFormat struct {
 	parse             func(body []byte) (chatRequest, error)
 	encode            func(req chatRequest, model string, o upstreamOptions) (any, error)
 	decode            func(body []byte) (chatAnswer, error)
-	render            func(req chatRequest, a chatAnswer) any
+	render            func(req chatRequest, a chatAnswer) (any, error)
 	callerStream      func(sse *callerStream, req chatRequest, model string) blockWriter
 	upstreamStream    func() streamTranslator
 }
@@ -273,10 +270,15 @@ func parseRequest(dialect string, body []byte) (chatRequest, error) {
 // renderAnswer encodes a buffered answer as the caller's dialect's success
 // body; req is the caller's request, whose tools name the calls.
 func renderAnswer(dialect string, req chatRequest, a chatAnswer) ([]byte, error) {
-	if f := formatOf(dialect); f != nil {
-		return json.Marshal(f.render(req, a))
+	f := formatOf(dialect)
+	if f == nil {
+		return nil, errUnknownFormat(dialect)
 	}
-	return nil, errUnknownFormat(dialect)
+	v, err := f.render(req, a)
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(v)
 }
 
 // decodeUpstreamAnswer decodes a complete 2xx non-stream body. Model is
@@ -288,8 +290,9 @@ func decodeUpstreamAnswer(protocol string, body []byte) (chatAnswer, error) {
 	return chatAnswer{}, refuse("provider_failure", "unknown provider protocol %q", protocol)
 }
 
-// droppedFor is every caller member the request to p loses: those with no
-// counterpart in any other format, and those p's format or p itself lacks.
+// droppedFor names every caller member the request to p loses, each once:
+// those with no counterpart in any other format, and those p's format or p
+// itself lacks (SPEC §7.6).
 func (req chatRequest) droppedFor(p providerInfo) []string {
 	var sampling []string // the sampling members sent
 	if req.Temperature != nil {
@@ -303,48 +306,49 @@ func (req chatRequest) droppedFor(p providerInfo) []string {
 	case p.protocol == protoAnthropic:
 		d = append(d, req.Shared.names()...)
 		if req.Effort != "" && req.thinkingBudget() == 0 {
-			d = append(d, req.EffortPath)
+			d = append(d, req.EffortName)
 		}
 		if req.thinkingBudget() > 0 {
 			d = append(d, sampling...)
 		}
 		if req.Verbosity != "" {
-			d = append(d, req.VerbosityPath)
+			d = append(d, "verbosity")
 		}
 		for _, t := range req.Tools {
 			if t.Kind == toolCustom && t.Format != nil {
-				d = append(d, t.FormatPath)
+				d = append(d, "format")
 			}
 		}
 		for _, m := range req.Messages {
 			for _, p := range m.Parts {
 				for _, q := range append([]part{p}, p.Media...) {
 					if q.Detail != "" {
-						d = append(d, q.DetailPath)
+						d = append(d, "detail")
 					}
 				}
 			}
 		}
 	case p.protocol == protoOpenAIResponses && len(req.Stop) > 0:
-		d = append(d, req.StopPath)
+		d = append(d, req.StopName)
 	}
 	if p.protocol == protoOpenAIChat { // a tool message holds only text
 		for _, m := range req.Messages {
 			for _, p := range m.Parts {
 				for _, q := range p.Media {
-					d = append(d, q.Path)
+					d = append(d, q.Type)
 				}
 			}
 		}
 	}
-	if p.id == "codex" && req.LimitPath != "" { // it never gets an output limit (SPEC §6.2)
-		d = append(d, req.LimitPath)
+	if p.id == "codex" && req.LimitName != "" { // it never gets an output limit (SPEC §6.2)
+		d = append(d, req.LimitName)
 	}
 	if p.id == "codex" { // its backend refuses these (SPEC §6.2)
 		d = append(d, sampling...)
 		d = append(d, openAIShared{Metadata: req.Shared.Metadata, SafetyIdentifier: req.Shared.SafetyIdentifier, User: req.Shared.User}.names()...)
 	}
-	return d
+	seen := map[string]bool{} // each once, in linear time: a caller names its own members
+	return slices.DeleteFunc(d, func(n string) bool { dup := seen[n]; seen[n] = true; return dup })
 }
 
 func newAnswerID(prefix string) string { return prefix + rand.Text() }

@@ -120,7 +120,7 @@ func runCallerStream(t *testing.T, dialect string, events []streamEvent) (string
 	t.Helper()
 	var buf bytes.Buffer
 	flushes := 0
-	s := newCallerStream(dialect, chatRequest{}, &buf, func() { flushes++ }, "m")
+	s := newCallerStream(dialect, chatRequest{StreamUsage: true}, &buf, func() { flushes++ }, "m")
 	if err := s.start(); err != nil {
 		t.Fatal(err)
 	}
@@ -386,7 +386,7 @@ func fuzzDialectParse(f *testing.F, dialect string, seeds ...string) {
 // thinking budget); a tool group goes flattened, a schema gets a name, and
 // JSON is compared as encoding/json writes it.
 func roundTripNeutral(req chatRequest) chatRequest {
-	req.Dropped, req.Effort, req.EffortPath, req.LimitPath = nil, "", "", ""
+	req.Dropped, req.Effort, req.EffortName, req.LimitName = nil, "", "", ""
 	if req.Output != nil {
 		if s := schemaOutput(req.Output); s != nil {
 			req.Output = s // the schema's name the OpenAI formats require
@@ -399,7 +399,6 @@ func roundTripNeutral(req chatRequest) chatRequest {
 			if p.Type == partText && p.Text == "" {
 				continue
 			}
-			p.DetailPath = ""                           // where it stood, like Dropped
 			p.ToolCallID = messagesToolID(p.ToolCallID) // as messages takes it
 			if p.Type == partToolCall && !p.Custom {
 				if p.Arguments = argumentsText(p.Arguments); json.Valid([]byte(p.Arguments)) {

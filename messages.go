@@ -141,18 +141,18 @@ func parseMessages(body []byte) (chatRequest, error) {
 		}
 	}
 	if len(b.StopSequences) > 0 { // [] asks for nothing
-		req.Stop, req.StopPath = b.StopSequences, "stop_sequences"
+		req.Stop, req.StopName = b.StopSequences, "stop_sequences"
 	}
 	switch t := b.Thinking; {
 	case t != nil && t.Type == "enabled":
-		req.Effort, req.EffortPath = effortOfBudget(t.BudgetTokens), "thinking"
+		req.Effort, req.EffortName = effortOfBudget(t.BudgetTokens), "thinking"
 	case t != nil && t.Type != "disabled": // adaptive: no effort of its own to carry
 		req.Dropped = append(req.Dropped, "thinking")
 	}
 	f := b.OutputFormat
 	if o := b.OutputConfig; o != nil {
 		if o.Effort != "" {
-			req.Effort, req.EffortPath = o.Effort, "output_config.effort"
+			req.Effort, req.EffortName = o.Effort, "effort"
 		}
 		f = cmp.Or(o.Format, f)
 	}
@@ -185,10 +185,10 @@ func (req *chatRequest) addMessagesTurn(m messagesTurn, _ json.RawMessage, what 
 // (web_search_…, bash_…, …) is dropped and named.
 func (req *chatRequest) addMessagesTool(t messagesTool, raw json.RawMessage, what string) error {
 	if t.Type != "" && t.Type != "custom" {
-		req.Dropped = append(req.Dropped, what)
+		req.Dropped = append(req.Dropped, t.Type)
 		return nil
 	}
-	dropUnknown(&req.Dropped, raw, what, "type name description input_schema strict")
+	dropUnknown(&req.Dropped, raw, "type name description input_schema strict")
 	schema, err := parseCallerSchema(t.InputSchema, what+".input_schema")
 	if err == nil && t.Name == "" {
 		err = refuseInvalid("%s.name is required", what)
@@ -250,7 +250,7 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 				if err != nil {
 					return p, "", err
 				}
-				p.Text, p.Media = resultText(inner, bw+".content")
+				p.Text, p.Media = resultText(inner)
 			}
 			if known = "type tool_use_id content is_error"; bl.IsError { // no OpenAI format has the flag
 				known = "type tool_use_id content"
@@ -260,7 +260,7 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 		default: // thinking, …: dropped
 			return p, "", nil
 		}
-		dropUnknown(&req.Dropped, rb, bw, known)
+		dropUnknown(&req.Dropped, rb, known)
 		return p, bw + ".source", nil // its URL was checked already
 	}
 	parts, err := callerParts(req, raw, what, "content blocks", read)
@@ -482,12 +482,12 @@ func decodeMessages(body []byte) (chatAnswer, error) {
 
 // renderMessages is the message the stream that would carry a builds; usage
 // is always present (zeros when unreported): Anthropic's SDKs require it.
-func renderMessages(req chatRequest, a chatAnswer) any {
-	return wholeAnswerThrough(req, a, newMessagesCallerStream).(*messagesCallerStream).msg
+func renderMessages(req chatRequest, a chatAnswer) (any, error) {
+	bw, err := wholeAnswerThrough(req, a, newMessagesCallerStream)
+	return bw.(*messagesCallerStream).msg, err
 }
 
-// messagesCallerStream writes Anthropic's message events, one content
-// block at a time, and keeps the whole message.
+// messagesCallerStream writes Anthropic's events a block at a time, keeping the message.
 type messagesCallerStream struct {
 	sse *callerStream
 	msg messagesAnswer
@@ -517,8 +517,7 @@ func (s *messagesCallerStream) open(i int, b *streamBlock) error {
 }
 
 // delta writes a text or input_json delta. The kept block is filled at its
-// close, not at each delta (each would re-read the whole arguments so far),
-// and anew for a block already closed (a provider interleaving calls).
+// close, not per delta, and anew for a block closed (interleaved calls).
 func (s *messagesCallerStream) delta(i int, b *streamBlock, d string) error {
 	delta := &messagesDelta{Type: "text_delta", Text: &d}
 	if !b.text {
@@ -531,7 +530,9 @@ func (s *messagesCallerStream) delta(i int, b *streamBlock, d string) error {
 }
 
 func (s *messagesCallerStream) close(i int, b *streamBlock, _ string) error {
-	s.keep(i, b)
+	if s.keep(i, b); !b.text && s.msg.Content[i].Input == nil { // {} would run the tool on nothing (SPEC §17)
+		return refuse("provider_incomplete", "the provider's answer holds a tool call whose arguments are not a JSON object, which a tool_use input must be")
+	}
 	return s.emit(messagesEvent{Type: "content_block_stop", Index: &i})
 }
 
@@ -539,8 +540,8 @@ func (s *messagesCallerStream) close(i int, b *streamBlock, _ string) error {
 func (s *messagesCallerStream) keep(i int, b *streamBlock) {
 	if cb := &s.msg.Content[i]; b.text {
 		cb.Text = ptrTo(b.buf.String())
-	} else if in, err := toolArguments(b.buf.String()); err == nil {
-		cb.Input = in // arguments that are not a JSON object stay {}: the block must be well-formed for SDKs
+	} else {
+		cb.Input, _ = toolArguments(b.buf.String()) // nil until a JSON object
 	}
 }
 

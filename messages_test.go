@@ -19,14 +19,14 @@ func TestParseMessages(t *testing.T) {
 			body: `{"model":"anthropic/claude-sonnet-4-5","system":"be brief","max_tokens":1024,"temperature":0.2,"stream":true,
 				"metadata":{"user_id":"u"},"stop_sequences":["x"],"thinking":{"type":"enabled","budget_tokens":100},
 				"messages":[{"role":"user","content":"hi"}]}`,
-			want: chatRequest{Model: "anthropic/claude-sonnet-4-5", System: "be brief", MaxTokens: 1024, LimitPath: "max_tokens", Temperature: dialectFloatPtr(0.2), Stream: true,
-				Stop: []string{"x"}, StopPath: "stop_sequences", Effort: "minimal", EffortPath: "thinking", Messages: []message{dialectUserText("hi")}, Dropped: []string{"metadata"}},
+			want: chatRequest{Model: "anthropic/claude-sonnet-4-5", System: "be brief", MaxTokens: 1024, LimitName: "max_tokens", Temperature: dialectFloatPtr(0.2), Stream: true,
+				Stop: []string{"x"}, StopName: "stop_sequences", Effort: "minimal", EffortName: "thinking", Messages: []message{dialectUserText("hi")}, Dropped: []string{"metadata"}},
 		},
 		{
 			name: "system blocks join, max_tokens may be absent",
 			body: `{"model":"m","system":[{"type":"text","text":"a","cache_control":{"type":"ephemeral"}},{"type":"text","text":"b"}],
 				"messages":[{"role":"user","content":[{"type":"text","text":"q"}]}]}`,
-			want: chatRequest{Model: "m", System: "a\n\nb", Messages: []message{dialectUserText("q")}, Dropped: []string{"system[0].cache_control"}},
+			want: chatRequest{Model: "m", System: "a\n\nb", Messages: []message{dialectUserText("q")}, Dropped: []string{"cache_control"}},
 		},
 		{
 			name: "images",
@@ -66,7 +66,7 @@ func TestParseMessages(t *testing.T) {
 						{Type: partText, Text: "and?"},
 					}},
 				},
-				Dropped: []string{"messages[1].content[0]", "messages[2].content[1].is_error"}},
+				Dropped: []string{"thinking", "is_error"}},
 		},
 		{
 			name: "tool_choice kinds",
@@ -147,15 +147,13 @@ func TestRenderMessagesAnswer(t *testing.T) {
 			[]messagesBlock{{Type: "text", Text: dialectStrPtr("hi")}}},
 		{"length", chatAnswer{Model: "alias", Text: "cut", Finish: finishLength}, "max_tokens",
 			[]messagesBlock{{Type: "text", Text: dialectStrPtr("cut")}}},
-		{"tool calls, broken arguments become {}", chatAnswer{Model: "alias", Text: "x", Finish: finishToolCalls, ToolCalls: []toolCall{
+		{"tool calls, none of arguments is {}", chatAnswer{Model: "alias", Text: "x", Finish: finishToolCalls, ToolCalls: []toolCall{
 			{ID: "toolu_1", Name: "f", Arguments: `{ "a": [1, 2] }`},
-			{ID: "toolu_2", Name: "g", Arguments: `{"a":`},
-			{ID: "toolu_3", Name: "h", Arguments: `[1]`},
+			{ID: "toolu_2", Name: "g", Arguments: ``},
 		}}, "tool_use", []messagesBlock{
 			{Type: "text", Text: dialectStrPtr("x")},
 			{Type: "tool_use", ID: "toolu_1", Name: "f", Input: json.RawMessage(`{"a":[1,2]}`)},
 			{Type: "tool_use", ID: "toolu_2", Name: "g", Input: json.RawMessage(`{}`)},
-			{Type: "tool_use", ID: "toolu_3", Name: "h", Input: json.RawMessage(`{}`)},
 		}},
 		{"content filter, empty", chatAnswer{Model: "alias", Finish: finishContentFilter}, "refusal", []messagesBlock{}},
 	}
@@ -181,6 +179,12 @@ func TestRenderMessagesAnswer(t *testing.T) {
 				t.Errorf("content mismatch (-want +got):\n%s", diff)
 			}
 		})
+	}
+	for _, args := range []string{`{"a":`, `[1]`, `text`} { // never {} in their place (SPEC §17)
+		_, err := renderAnswer(dialectMessages, chatRequest{}, chatAnswer{Finish: finishToolCalls, ToolCalls: []toolCall{{ID: "toolu_1", Name: "f", Arguments: args}}})
+		if asAPIError(err).Code != "provider_incomplete" {
+			t.Errorf("arguments %s: %v, want provider_incomplete", args, err)
+		}
 	}
 }
 

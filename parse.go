@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"reflect"
 	"slices"
 	"strings"
@@ -67,17 +66,25 @@ func rawShape(raw json.RawMessage) byte {
 	return raw[0]
 }
 
-// dropUnknown names, in d under path, every member of the JSON object raw
-// not in known (space-separated); a non-object names nothing.
-func dropUnknown(d *[]string, raw json.RawMessage, path, known string) {
-	var m map[string]json.RawMessage
-	json.Unmarshal(raw, &m)
-	for _, k := range slices.Sorted(maps.Keys(m)) {
+// dropUnknown names in d, in the body's order, every member of the JSON
+// object raw not in known (space-separated); a non-object names nothing.
+func dropUnknown(d *[]string, raw json.RawMessage, known string) {
+	o, _ := splitRaw(raw, '{', nil)
+	for _, m := range o.members {
 		// encoding/json matches member names without regard to case.
-		if !slices.ContainsFunc(strings.Fields(known), func(n string) bool { return strings.EqualFold(n, k) }) {
-			*d = append(*d, joinPath(path, k))
+		if k := string(m.key); !slices.ContainsFunc(strings.Fields(known), func(n string) bool { return strings.EqualFold(n, k) }) {
+			*d = append(*d, k)
 		}
 	}
+}
+
+// itemName names a dropped array item (a hosted tool, a reasoning item, a
+// thinking block) by its type, else by the array's member in what.
+func itemName(raw json.RawMessage, what string) string {
+	var it struct{ Type string }
+	json.Unmarshal(raw, &it)
+	what, _, _ = strings.Cut(what[strings.LastIndex(what, ".")+1:], "[")
+	return cmp.Or(it.Type, what)
 }
 
 // memberType is what member key (an array item's: "") of a value decoded as t
@@ -141,9 +148,9 @@ func newCallerRequest(body []byte, b any, h *callerHead, known, limitName string
 		return chatRequest{}, err
 	}
 	if req.MaxTokens > 0 {
-		req.LimitPath = limitName
+		req.LimitName = limitName
 	}
-	dropUnknown(&req.Dropped, body, "", known)
+	dropUnknown(&req.Dropped, body, known)
 	return req, nil
 }
 
@@ -183,7 +190,7 @@ func callerParts[T any](req *chatRequest, raw json.RawMessage, what, kind string
 		case err != nil:
 			return nil, err
 		case p.Type == "":
-			req.Dropped = append(req.Dropped, pw)
+			req.Dropped = append(req.Dropped, itemName(raws[i], pw))
 		default:
 			parts = append(parts, p)
 		}
@@ -214,16 +221,6 @@ func parseCallerSchema(raw json.RawMessage, what string) (json.RawMessage, error
 	var b bytes.Buffer
 	json.Compact(&b, raw)
 	return b.Bytes(), nil
-}
-
-// imagePart is an OpenAI format's image part, the caller's path of its
-// detail kept only when it has one.
-func imagePart(url, detail, detailPath string) part {
-	p := part{Type: partImage, ImageURL: url, Detail: detail}
-	if detail != "" {
-		p.DetailPath = detailPath
-	}
-	return p
 }
 
 // checkCallerURL accepts the two references every provider protocol can
@@ -310,7 +307,7 @@ func (req *chatRequest) addOpenAITool(t openAITool, raw json.RawMessage, what st
 	}
 	switch t.Type {
 	case "function", "custom":
-		dropUnknown(&req.Dropped, raw, what, "type name description parameters strict format")
+		dropUnknown(&req.Dropped, raw, "type name description parameters strict format")
 		params, err := parseCallerSchema(t.Parameters, what+".parameters")
 		if err != nil {
 			return err
@@ -318,14 +315,11 @@ func (req *chatRequest) addOpenAITool(t openAITool, raw json.RawMessage, what st
 		nt := tool{Name: t.Name, Description: t.Description, Parameters: params, Strict: t.Strict}
 		if t.Type == "custom" {
 			nt = tool{Kind: toolCustom, Name: t.Name, Description: t.Description, Format: t.Format}
-			if t.Format != nil {
-				nt.FormatPath = what + ".format"
-			}
 		}
 		req.Tools = append(req.Tools, nt)
 	case "namespace":
 		if t.Description != "" {
-			req.Dropped = append(req.Dropped, what+".description")
+			req.Dropped = append(req.Dropped, "description")
 		}
 		n := len(req.Tools)
 		err := eachItem(t.Tools, toolsOf(raw), what+".tools", req.addOpenAITool)
@@ -334,7 +328,7 @@ func (req *chatRequest) addOpenAITool(t openAITool, raw json.RawMessage, what st
 		}
 		return err
 	default:
-		req.Dropped = append(req.Dropped, what)
+		req.Dropped = append(req.Dropped, cmp.Or(t.Type, "tools"))
 	}
 	return nil
 }
@@ -427,8 +421,8 @@ func eachItem[T any](items []T, list json.RawMessage, what string,
 // {"type":textType,"text":…} parts, joined with sep, their other members
 // (cache_control) dropped and named.
 func (req *chatRequest) callerTextOf(raw json.RawMessage, what, textType, sep string) (string, error) {
-	for i, p := range rawItems(raw) {
-		dropUnknown(&req.Dropped, p, fmt.Sprintf("%s[%d]", what, i), "type text")
+	for _, p := range rawItems(raw) {
+		dropUnknown(&req.Dropped, p, "type text")
 	}
 	text, parts, err := callerContent[chatPart](raw, what, textType+" parts")
 	if err != nil || text != nil {
@@ -444,24 +438,23 @@ func (req *chatRequest) callerTextOf(raw json.RawMessage, what, textType, sep st
 	return strings.Join(texts, sep), nil
 }
 
-// dropUnknownPart names the members of the part or tool raw (at path) not in
+// dropUnknownPart names the members of the part or tool raw not in
 // members[typ]: its own, then those of its nested object named typ.
-func (req *chatRequest) dropUnknownPart(raw json.RawMessage, path, typ string, members map[string][2]string) {
+func (req *chatRequest) dropUnknownPart(raw json.RawMessage, typ string, members map[string][2]string) {
 	known := members[typ]
-	dropUnknown(&req.Dropped, raw, path, known[0])
+	dropUnknown(&req.Dropped, raw, known[0])
 	var m map[string]json.RawMessage
 	json.Unmarshal(raw, &m)
-	dropUnknown(&req.Dropped, m[typ], joinPath(path, typ), known[1])
+	dropUnknown(&req.Dropped, m[typ], known[1])
 }
 
 // resultText is a tool result's text and its images and documents, which
-// messages and responses carry and chat drops (droppedFor) at their Path.
-func resultText(parts []part, what string) (string, []part) {
+// messages and responses carry and chat drops (droppedFor).
+func resultText(parts []part) (string, []part) {
 	var texts []string
 	var media []part
-	for i, p := range parts {
+	for _, p := range parts {
 		if p.Type != partText {
-			p.Path = fmt.Sprintf("%s[%d]", what, i)
 			media = append(media, p)
 			continue
 		}

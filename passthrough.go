@@ -90,6 +90,7 @@ func (cr *callerRequest) withLimit(limit int) *callerRequest {
 func (cr *callerRequest) translated() chatRequest {
 	req := *cr.neutral
 	req.Model, req.Stream, req.MaxTokens = cr.head.Model, cr.head.Stream, cr.head.MaxTokens
+	req.StreamUsage = cr.dialect == dialectChat && cr.asksUsage()
 	return req
 }
 
@@ -148,15 +149,13 @@ func (cr *callerRequest) passthrough(ctx context.Context, c call, path string, s
 // addsUsage reports whether Brama asks a chat stream for usage itself, the
 // caller not (SPEC §6.2); that usage chunk is not relayed (§7.6).
 func (cr *callerRequest) addsUsage(p providerInfo) bool {
-	if p.protocol != protoOpenAIChat || !upstreamStreams(p, cr.head) {
-		return false
-	}
-	so := cr.body.value("stream_options")
-	if rawShape(so) != '{' {
-		return true
-	}
-	o, _ := splitRawObject(so, nil)
-	return string(o.value("include_usage")) != "true"
+	return p.protocol == protoOpenAIChat && upstreamStreams(p, cr.head) && !cr.asksUsage()
+}
+
+// asksUsage reports whether the caller sent stream_options.include_usage: true.
+func (cr *callerRequest) asksUsage() bool {
+	o, _ := splitRaw(cr.body.value("stream_options"), '{', nil) // part of a valid body
+	return string(o.value("include_usage")) == "true"
 }
 
 // claudeCodeSystem is OAuth traffic's system: the Claude Code identity, then

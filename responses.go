@@ -113,17 +113,18 @@ func parseResponses(body []byte) (chatRequest, error) {
 		return chatRequest{}, err
 	}
 	var raw struct {
-		Reasoning, Text, Tools, Conversation json.RawMessage
-		Previous                             json.RawMessage `json:"previous_response_id"`
+		Reasoning, Text, Tools, Conversation, Prompt json.RawMessage
+		Previous                                     json.RawMessage `json:"previous_response_id"`
 	}
 	json.Unmarshal(body, &raw)
-	for _, ref := range []json.RawMessage{raw.Previous, raw.Conversation} { // refused as item_reference is
-		if s := rawShape(ref); s != 0 && s != 'n' {
-			return chatRequest{}, refuseInvalid("previous_response_id and conversation are not supported across formats: Brama keeps no responses; send the earlier items in input")
+	for i, ref := range []json.RawMessage{raw.Previous, raw.Conversation, raw.Prompt} { // refused as item_reference is
+		if !rawIsNull(ref) {
+			return chatRequest{}, refuseInvalid("%s is not supported across formats: it names what only the provider that stored it holds; send the instructions and items themselves",
+				[]string{"previous_response_id", "conversation", "prompt"}[i])
 		}
 	}
-	dropUnknown(&req.Dropped, raw.Reasoning, "reasoning", "effort")
-	dropUnknown(&req.Dropped, raw.Text, "text", "format verbosity")
+	dropUnknown(&req.Dropped, raw.Reasoning, "effort")
+	dropUnknown(&req.Dropped, raw.Text, "format verbosity")
 	req.Shared, req.ParallelToolCalls = b.openAIShared, b.ParallelToolCalls
 	req.System = valueOr(b.Instructions, "")
 	var items []responsesItem
@@ -147,11 +148,9 @@ func parseResponses(body []byte) (chatRequest, error) {
 		return chatRequest{}, refuseInvalid("input must hold at least one user, assistant or tool item")
 	}
 	if b.Reasoning != nil && b.Reasoning.Effort != "" {
-		req.Effort, req.EffortPath = b.Reasoning.Effort, "reasoning.effort"
+		req.Effort, req.EffortName = b.Reasoning.Effort, "effort"
 	}
-	if req.Verbosity = valueOr(b.Text, responsesText{}).Verbosity; req.Verbosity != "" {
-		req.VerbosityPath = "text.verbosity"
-	}
+	req.Verbosity = valueOr(b.Text, responsesText{}).Verbosity
 	err = cmp.Or( // each step reads its own members; the first refusal wins
 		eachItem(b.Tools, raw.Tools, "tools", req.addOpenAITool),
 		req.setOpenAIToolChoice(b.ToolChoice, false),
@@ -174,7 +173,7 @@ var carriedItems = map[string]bool{"message": true, "function_call": true, "cust
 // is refused: Brama keeps no responses.
 func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, what string) error {
 	if carriedItems[cmp.Or(it.Type, "message")] {
-		dropUnknown(&req.Dropped, raw, what, "type id status role content call_id namespace name arguments input output tools")
+		dropUnknown(&req.Dropped, raw, "type id status role content call_id namespace name arguments input output tools")
 	}
 	switch it.Type {
 	case "", "message":
@@ -213,7 +212,7 @@ func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, 
 			return refuseInvalid("%s.output must be a string or an array of parts", what)
 		}
 		parts, err := req.responsesParts(it.Output, what+".output")
-		text, media := resultText(parts, what+".output")
+		text, media := resultText(parts)
 		req.Messages = appendPart(req.Messages, "user", part{Type: partToolResult, ToolCallID: it.CallID,
 			Text: text, Media: media, Custom: it.Type == "custom_tool_call_output"})
 		return err
@@ -224,7 +223,7 @@ func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, 
 			return refuseInvalid("%s: item references are not supported but to an earlier answer's text or reasoning; send the items themselves", what)
 		}
 	}
-	req.Dropped = append(req.Dropped, what)
+	req.Dropped = append(req.Dropped, it.Type)
 	return nil
 }
 
@@ -238,7 +237,7 @@ func (req *chatRequest) responsesParts(raw json.RawMessage, what string) ([]part
 		case rp.Type == "input_text" || rp.Type == "output_text":
 			return part{Type: partText, Text: *rp.Text}, "", nil
 		case rp.Type == "input_image" && rp.ImageURL != nil:
-			return imagePart(*rp.ImageURL, rp.Detail, pw+".detail"), pw + ".image_url", nil
+			return part{Type: partImage, ImageURL: *rp.ImageURL, Detail: rp.Detail}, pw + ".image_url", nil
 		case rp.Type == "input_file" && rp.FileData+rp.FileURL != "":
 			return part{Type: partDocument, FileURL: rp.FileData + rp.FileURL, Filename: rp.Filename}, pw, nil
 		}
@@ -247,7 +246,7 @@ func (req *chatRequest) responsesParts(raw json.RawMessage, what string) ([]part
 	read := func(rp responsesPart, raw json.RawMessage, pw string) (part, string, error) {
 		p, urlPath, err := partOf(rp, pw)
 		if err == nil && p.Type != "" {
-			dropUnknown(&req.Dropped, raw, pw, responsesPartMembers[rp.Type])
+			dropUnknown(&req.Dropped, raw, responsesPartMembers[rp.Type])
 		}
 		return p, urlPath, err
 	}
@@ -384,8 +383,9 @@ func outputText(text string) responsesPart {
 }
 
 // renderResponses is the final response of the stream that would carry a.
-func renderResponses(req chatRequest, a chatAnswer) any {
-	return wholeAnswerThrough(req, a, newResponsesCallerStream).(*responsesCallerStream).resp
+func renderResponses(req chatRequest, a chatAnswer) (any, error) {
+	bw, err := wholeAnswerThrough(req, a, newResponsesCallerStream)
+	return bw.(*responsesCallerStream).resp, err
 }
 
 // responsesCallerStream writes Responses events, one output item at a

@@ -18,8 +18,8 @@ func TestParseResponses(t *testing.T) {
 			name: "string input, instructions, limits, unknown members dropped",
 			body: `{"model":"openai-responses/o3","instructions":"be brief","input":"hi","max_output_tokens":50,"temperature":1,"stream":true,
 				"store":false,"reasoning":{"effort":"low"},"previous_response_id":null}`,
-			want: chatRequest{Model: "openai-responses/o3", System: "be brief", MaxTokens: 50, LimitPath: "max_output_tokens", Temperature: dialectFloatPtr(1), Stream: true,
-				Effort: "low", EffortPath: "reasoning.effort", Shared: openAIShared{Store: json.RawMessage("false")}, Dropped: []string{"previous_response_id"},
+			want: chatRequest{Model: "openai-responses/o3", System: "be brief", MaxTokens: 50, LimitName: "max_output_tokens", Temperature: dialectFloatPtr(1), Stream: true,
+				Effort: "low", EffortName: "effort", Shared: openAIShared{Store: json.RawMessage("false")}, Dropped: []string{"previous_response_id"},
 				Messages: []message{dialectUserText("hi")}},
 		},
 		{
@@ -30,7 +30,7 @@ func TestParseResponses(t *testing.T) {
 				{"role":"developer","content":[{"type":"input_text","text":"c"}]}]}`,
 			want: chatRequest{Model: "m", System: "a\n\nb", Messages: []message{{Role: "user", Parts: []part{
 				{Type: partText, Text: "look"},
-				{Type: partImage, ImageURL: "https://example.com/c.png", Detail: "auto", DetailPath: "input[1].content[1].detail"},
+				{Type: partImage, ImageURL: "https://example.com/c.png", Detail: "auto"},
 				{Type: partImage, ImageURL: "data:image/webp;base64,UklGR"},
 			}}, {Role: "system", Parts: []part{{Type: partText, Text: "c"}}}}},
 		},
@@ -62,7 +62,7 @@ func TestParseResponses(t *testing.T) {
 					}},
 					{Role: "assistant", Parts: []part{{Type: partToolCall, ToolCallID: "call_3", ToolName: "again"}}},
 				},
-				Dropped: []string{"input[1]", "input[2].content[1]"}},
+				Dropped: []string{"reasoning", "refusal"}},
 		},
 		{
 			name: "named tool_choice",

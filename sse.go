@@ -318,23 +318,25 @@ func newBlockStream(w io.Writer, flush func(), req chatRequest, model string,
 }
 
 // wholeAnswerThrough writes a whole answer, frames discarded, through the
-// block writer newWriter makes, which keeps the whole answer, and returns it.
+// block writer newWriter makes, which keeps the whole answer, and returns it
+// with the first refusal a block met (messages: arguments not an object).
 func wholeAnswerThrough(req chatRequest, a chatAnswer,
-	newWriter func(*callerStream, chatRequest, string) blockWriter) blockWriter {
+	newWriter func(*callerStream, chatRequest, string) blockWriter) (blockWriter, error) {
 	s := newBlockStream(io.Discard, func() {}, req, a.Model, newWriter)
-	if a.Text != "" {
-		s.event(streamEvent{Kind: eventText, Text: a.Text})
-	}
+	evs := []streamEvent{{Kind: eventText, Text: a.Text}}
 	for i, tc := range a.ToolCalls {
-		s.event(streamEvent{Kind: eventToolCallStart, Index: i, ToolCall: tc})
-		s.event(streamEvent{Kind: eventToolCallArgs, Index: i, Text: tc.Arguments})
+		evs = append(evs, streamEvent{Kind: eventToolCallStart, Index: i, ToolCall: tc}, streamEvent{Kind: eventToolCallArgs, Index: i, Text: tc.Arguments})
 	}
-	s.event(streamEvent{Kind: eventFinish, Finish: a.Finish})
+	evs = append(evs, streamEvent{Kind: eventFinish, Finish: a.Finish})
 	if a.Usage.Reported {
-		s.event(streamEvent{Kind: eventUsage, Usage: a.Usage})
+		evs = append(evs, streamEvent{Kind: eventUsage, Usage: a.Usage})
 	}
-	s.finish()
-	return s.bw
+	for _, ev := range evs {
+		if err := s.event(ev); err != nil {
+			return s.bw, err
+		}
+	}
+	return s.bw, s.finish()
 }
 
 func (s *callerStream) start() error {

@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"encoding/json"
+	"fmt"
 	"io"
 	"maps"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 )
 
@@ -140,7 +142,7 @@ func TestTranslationAcrossFormats(t *testing.T) {
 				"input[3].type": `"function_call_output"`, "input[3].output": `"hello"`,
 				"tools[0].name": `"Read"`, "tools[0].parameters.properties.file_path.type": `"string"`,
 			},
-			wantDropped: "metadata, system[0].cache_control, messages[0].content[0].cache_control, messages[2].content[0], tools[0].cache_control",
+			wantDropped: "metadata, cache_control, thinking",
 			wantAnswer:  map[string]string{"content[1].type": `"tool_use"`, "content[1].name": `"Read"`, "content[1].input.file_path": `"a"`, "stop_reason": `"tool_use"`},
 		},
 		{
@@ -157,7 +159,7 @@ func TestTranslationAcrossFormats(t *testing.T) {
 			},
 			// A turn continuing a tool loop asks for no thinking: Anthropic
 			// wants the earlier thinking blocks back, which responses lacks.
-			wantDropped: "include, reasoning.summary, input[2], tools[1].description, tools[2], tools[3], store, prompt_cache_key, reasoning.effort, tools[0].format",
+			wantDropped: "include, summary, reasoning, description, web_search, tool_search, store, prompt_cache_key, effort, format",
 			wantAnswer: map[string]string{
 				"output[1].type": `"function_call"`, "output[1].namespace": `"mcp__srv"`, "output[1].name": `"lookup"`, "output[1].arguments": `"{\"q\":\"x\"}"`,
 				"output[2].type": `"custom_tool_call"`, "output[2].name": `"apply_patch"`, "output[2].input": `"*** Begin Patch"`,
@@ -193,7 +195,7 @@ func TestTranslationAcrossFormats(t *testing.T) {
 			name: "a hosted tool toward chat is named", path: "/v1/responses", provider: "openai",
 			body:         `{"model":"openai/gpt-test","input":"hi","tools":[{"type":"web_search"},{"type":"custom","name":"apply_patch"}],"tool_choice":{"type":"custom","name":"apply_patch"},"logit_bias":{"1":2}}`,
 			wantUpstream: map[string]string{"tools[0].type": `"custom"`, "tools[0].custom.name": `"apply_patch"`, "tool_choice.custom.name": `"apply_patch"`},
-			wantDropped:  "logit_bias, tools[0]",
+			wantDropped:  "logit_bias, web_search",
 		},
 		{
 			name: "chat stop and custom tool toward responses", path: "/v1/chat/completions", provider: "openai-responses",
@@ -221,7 +223,7 @@ func TestTranslationAcrossFormats(t *testing.T) {
 				"tools":[{"type":"function","name":"Read","parameters":{"type":"object"}}]}`,
 			wantUpstream: map[string]string{"messages[2].content[0].type": `"tool_result"`, "messages[2].content[0].content[0].text": `"the map"`,
 				"messages[2].content[0].content[1].source": `{"data":"iVBO","media_type":"image/png","type":"base64"}`},
-			wantDropped: "input[2].output[1].detail",
+			wantDropped: "detail",
 		},
 		{
 			name: "a tool result's image toward chat is named", path: "/v1/messages", provider: "openai",
@@ -230,7 +232,7 @@ func TestTranslationAcrossFormats(t *testing.T) {
 				{"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_1","content":[{"type":"text","text":"the map"},{"type":"image","source":{"type":"base64","media_type":"image/png","data":"iVBO"}}]}]}],
 				"tools":[{"name":"Read","input_schema":{"type":"object"}}]}`,
 			wantUpstream: map[string]string{"messages[2].role": `"tool"`, "messages[2].content": `"the map"`},
-			wantDropped:  "messages[2].content[0].content[1]",
+			wantDropped:  "image",
 		},
 		{
 			name: "structured output: chat to messages", path: "/v1/chat/completions", provider: "anthropic",
@@ -301,7 +303,7 @@ func TestTranslationAcrossFormats(t *testing.T) {
 			}
 		})
 	}
-	if !strings.Contains(d.stderr.String(), `dropped="metadata, system[0].cache_control`) && !strings.Contains(d.stderr.String(), `"dropped":"metadata, system[0].cache_control`) {
+	if !strings.Contains(d.stderr.String(), `dropped="metadata, cache_control, thinking"`) && !strings.Contains(d.stderr.String(), `"dropped":"metadata, cache_control, thinking"`) {
 		t.Errorf("the log line does not name what was dropped")
 	}
 }
@@ -452,7 +454,7 @@ func TestTranslationCodexCLIToMessages(t *testing.T) {
 			t.Errorf("answer %s = %s, want %s", path, got, want)
 		}
 	}
-	if got, want := hdr.Get("Brama-Dropped"), "client_metadata, reasoning.context, store, reasoning.effort, text.verbosity, input[0].tools[0].tools[0].format"; got != want {
+	if got, want := hdr.Get("Brama-Dropped"), "client_metadata, context, store, effort, verbosity, format"; got != want {
 		t.Errorf("Brama-Dropped = %q, want %q", got, want)
 	}
 }
@@ -508,6 +510,78 @@ func TestTranslationInterleavedParallelCalls(t *testing.T) {
 		}
 		if got := slices.Sorted(maps.Values(args)); !slices.Equal(got, []string{`{"city":"Oslo"}`, `{"city":"Rome"}`}) {
 			t.Errorf("%s: the calls' arguments = %q, want both cities", tc.path, got)
+		}
+	}
+}
+
+// TestToolArgumentsNotAnObject: a chat provider's call arguments that are
+// not a JSON object (cut at max_tokens, or plain text) never reach a
+// Messages caller as input {} (the tool would run on nothing): its answer is
+// refused provider_incomplete, buffered with the 502 after the one call,
+// streamed in-band before the block's end (SPEC §17). A Responses caller
+// gets them as the provider sent them: its arguments are a string.
+func TestToolArgumentsNotAnObject(t *testing.T) {
+	var args atomic.Value
+	chunk := func(delta, finish string) string {
+		return `data: {"id":"c","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":` + delta + `,"finish_reason":` + finish + `}]}` + "\n\n"
+	}
+	fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		a := args.Load().(string)
+		if !strings.Contains(string(body), `"stream":true`) {
+			w.Header().Set("Content-Type", "application/json")
+			io.WriteString(w, `{"id":"c","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":null,
+				"tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":`+strconv.Quote(a)+`}}]},"finish_reason":"length"}],
+				"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}`)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, chunk(`{"role":"assistant","tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"get_weather","arguments":""}}]}`, "null")+
+			chunk(`{"tool_calls":[{"index":0,"function":{"arguments":`+strconv.Quote(a)+`}}]}`, "null")+
+			chunk(`{}`, `"length"`)+`data: {"id":"c","object":"chat.completion.chunk","model":"m","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}`+"\n\ndata: [DONE]\n\n")
+	})
+	env := stateEnv(t)
+	env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = fake.URL
+	env["BRAMA_REPLAY_GUARD_SECS"] = "0" // each case repeats the request
+	d := startDaemon(t, env, `{"openai":"k"}`, "-local-credentials-stdin")
+	for _, a := range []string{`{"city":`, `Paris, please`, `["Paris"]`, `{"city":"Paris"}`} {
+		args.Store(a)
+		usable := a == `{"city":"Paris"}`
+		for _, dialect := range []string{dialectMessages, dialectResponses} {
+			for _, stream := range []bool{false, true} {
+				before := fake.calls.Load()
+				resp := d.openStream(dialectPaths[dialect], d.token, chatBody(dialect, "openai/gpt-test", stream, ""))
+				body, readErr := io.ReadAll(resp.Body) // an error: the stream was aborted
+				resp.Body.Close()
+				status, hdr := resp.StatusCode, resp.Header
+				what := fmt.Sprintf("%s stream=%v arguments %s", dialect, stream, a)
+				if got := fake.calls.Load() - before; got != 1 || hdr.Get("Brama-Attempts") != "1" {
+					t.Errorf("%s: provider saw %d calls, Brama-Attempts %q; want 1", what, got, hdr.Get("Brama-Attempts"))
+				}
+				s := string(body)
+				switch {
+				case dialect == dialectResponses:
+					quoted := strconv.Quote(a)
+					if status != 200 || !strings.Contains(s, `"arguments":`+quoted) || strings.Contains(s, `"arguments":"{}"`) {
+						t.Errorf("%s: %d %s, want 200 carrying the arguments as sent", what, status, s)
+					}
+				case usable:
+					if status != 200 || !strings.Contains(strings.ReplaceAll(s, `\"`, `"`), `"city":"Paris"`) || !strings.Contains(s, "tool_use") {
+						t.Errorf("%s: %d %s, want 200 with the call's input", what, status, s)
+					}
+				case !stream:
+					if status != 502 || envelopeOf(t, body)["code"] != "provider_incomplete" {
+						t.Errorf("%s: %d %s, want 502 provider_incomplete", what, status, s)
+					}
+				default:
+					if status != 200 || readErr == nil || !strings.Contains(s, "event: error") || !strings.Contains(s, `"code":"provider_incomplete"`) ||
+						strings.Contains(s, "message_stop") || strings.Contains(s, "content_block_stop") {
+						t.Errorf("%s: %d %s, want the in-band provider_incomplete before the block's end, no message_stop", what, status, s)
+					}
+				}
+				if !stream && strings.Contains(s, `"input":{}`) { // a stream's content_block_start always holds input {}
+					t.Errorf("%s: the call reached the caller as input {}: %s", what, s)
+				}
+			}
 		}
 	}
 }

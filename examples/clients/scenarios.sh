@@ -387,7 +387,7 @@ claude_image() {
 		jq -e '[.input[] | select(.type == "function_call_output") | .output | arrays | .[] | select(.type == "input_image")] | length == 1' <<<"$last" >/dev/null ||
 			{ echo "the picture did not reach the provider: $(jq -c '[.input[] | select(.type == "function_call_output")]' <<<"$last" | head -c 300)"; return 1; } ;;
 	to-chat)
-		grep -q '"dropped":"[^"]*messages\[[0-9]*\]\.content\[[0-9]*\]\.content\[[0-9]*\]' "$WORK/brama.err" ||
+		grep -q '"dropped":"\([^"]*, \)\?image[,"]' "$WORK/brama.err" ||
 			{ echo "the picture is not named dropped in Brama's log"; return 1; } ;;
 	esac
 }

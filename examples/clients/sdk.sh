@@ -109,7 +109,7 @@ check_dropped_hosted_tool() {
 	sdk_ok || return 1
 	local dropped
 	dropped=$(sdk_field '.calls[-1].respHeaders["brama-dropped"] // "absent"')
-	[[ $dropped == *"tools[0]"* ]] || { echo "Brama-Dropped is '$dropped', want it to name tools[0] (file_search)"; return 1; }
+	[[ ",$(tr -d ' ' <<<"$dropped")," == *",file_search,"* ]] || { echo "Brama-Dropped is '$dropped', want it to name file_search"; return 1; }
 }
 
 # The Vercel AI SDK: @ai-sdk/openai's default model is the Responses API.
