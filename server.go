@@ -219,7 +219,7 @@ func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	ri := infoFrom(r.Context())
 	ae := writeAPIError(w, r, err)
 	if ae.Code == "subscription_reauthorization_required" {
-		s.maint.request(ae.Code)
+		s.maint.request(ae.Code, cmp.Or(ri.agentID, r.PathValue("agent_id")))
 	}
 	ri.outcome, ri.retryable = ae.Code, ae.body().Error.Retryable
 	if ae.Attempts != nil {
