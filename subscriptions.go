@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"maps"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -33,13 +32,14 @@ type overlayDoc struct {
 	Items         []overlayItem `json:"items"`
 }
 
-// The overlay's file name and how refusals name it; the bounds of a label
-// and of a retire or reinstate reason.
+// The overlay's file name and how refusals name it; the bounds of a label,
+// of a retire or reinstate reason, and of a pool (SPEC §17).
 const (
 	overlayFile    = "donated-subscriptions.json"
 	overlayRole    = "donated-subscription overlay"
 	maxLabelBytes  = 128
 	maxReasonBytes = 512
+	maxPoolSize    = 64
 )
 
 // errOverlayInvalid wraps every refusal of parseOverlay: a bad file, not an I/O failure.
@@ -264,7 +264,14 @@ func (inv *inventory) donate(agent, provider, label string, cred vaultCredential
 	}
 	inv.wmu.Lock()
 	defer inv.wmu.Unlock()
-	items, err := inv.items() // both files must be readable before either is touched
+	pool, err := inv.pool(agent, provider) // the overlay, the journal and the vault must read before either file is touched
+	if err != nil {
+		return overlayItem{}, err
+	}
+	if len(pool) >= maxPoolSize {
+		return overlayItem{}, refuse("invalid_request", "agent %q holds %d non-retired %s subscriptions, the limit; retire one first", agent, len(pool), provider)
+	}
+	items, err := inv.items()
 	if err != nil {
 		return overlayItem{}, err
 	}
@@ -499,9 +506,18 @@ func (inv *inventory) orphans() ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	return slices.DeleteFunc(slices.Sorted(maps.Keys(doc.Subscriptions)), func(id string) bool {
-		return slices.ContainsFunc(items, func(it overlayItem) bool { return it.ID == id })
-	}), nil
+	named := make(map[string]bool, len(items))
+	for _, it := range items {
+		named[it.ID] = true
+	}
+	var orphans []string
+	for id := range doc.Subscriptions {
+		if !named[id] {
+			orphans = append(orphans, id)
+		}
+	}
+	slices.Sort(orphans)
+	return orphans, nil
 }
 
 // removeOrphans deletes the orphans from the vault at serve's start, so no secret outlives

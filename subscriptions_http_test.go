@@ -660,3 +660,41 @@ func TestSubscriptionCLI(t *testing.T) {
 		t.Errorf("listing body members: %s", body)
 	}
 }
+
+// TestSubscriptionPoolLimit: an agent holds at most 64 non-retired
+// subscriptions of a provider; the 65th donation is 400 naming the limit,
+// and a retirement or another provider makes room (SPEC §17).
+func TestSubscriptionPoolLimit(t *testing.T) {
+	env := stateEnv(t)
+	addAgent(t, env, "a1")
+	d := startDaemon(t, env, "")
+	tok := addClient(t, env, "app-a1", "-agent", "a1")
+	donate := func(provider string, i int) (int, []byte) {
+		s, _, b := d.call("POST", "/v1/subscriptions/a1", tok, fmt.Sprintf(`{"provider":%q,"api_key":"sk-pool-%03d-0123456789"}`, provider, i))
+		return s, b
+	}
+	var first string
+	for i := range maxPoolSize {
+		s, b := donate("kimi", i)
+		if id := donatedID(t, s, b, "a1", "kimi"); i == 0 {
+			first = id
+		}
+	}
+	s, b := donate("kimi", maxPoolSize)
+	if e := envelopeOf(t, b); s != 400 || e["code"] != "invalid_request" || !strings.Contains(fmt.Sprint(e["message"]), "64 non-retired kimi subscriptions, the limit") {
+		t.Fatalf("the 65th kimi donation = %d %s, want 400 invalid_request naming the limit", s, b)
+	}
+	if n := len(readOverlay(t, env).Items); n != maxPoolSize {
+		t.Errorf("the overlay holds %d items after the refusal, want %d", n, maxPoolSize)
+	}
+	if n := len(readVaultSubs(t, env)); n != maxPoolSize {
+		t.Errorf("the vault holds %d subscriptions after the refusal, want %d", n, maxPoolSize)
+	}
+	s, b = donate("deepseek", 0)
+	donatedID(t, s, b, "a1", "deepseek")
+	if s, _, b := d.call("DELETE", "/v1/subscriptions/a1/"+first, tok, ""); s != 200 {
+		t.Fatalf("retire: %d %s", s, b)
+	}
+	s, b = donate("kimi", maxPoolSize)
+	donatedID(t, s, b, "a1", "kimi")
+}
