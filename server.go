@@ -84,6 +84,7 @@ func (s *server) routes() {
 	s.mux.Handle("DELETE /v1/admin/subscriptions/{agent_id}/{subscription_id}", s.caller(roleAdmin, s.reply(200, s.retireSubscription)))
 	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/reinstate", s.caller(roleAdmin, s.reply(200, s.reinstateSubscription)))
 	s.mux.Handle("POST /v1/admin/maintain", s.caller(roleAdmin, s.reply(200, s.maintainNow)))
+	s.mux.Handle("POST /v1/admin/vault/prune-orphans", s.caller(roleAdmin, s.reply(200, s.pruneOrphans)))
 	s.mux.Handle("PUT /v1/admin/subscriptions/{agent_id}/{subscription_id}/credential", s.caller(roleAdmin, s.reply(200, s.replaceCredential)))
 	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/probe", s.caller(roleAdmin, s.handleSubscriptionProbe))
 }
