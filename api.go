@@ -143,6 +143,17 @@ func (s *server) maintainNow(r *http.Request) (any, error) {
 	return rep, err
 }
 
+// pruneOrphans serves POST /v1/admin/vault/prune-orphans (body empty or {}):
+// the vault's credentials no subscription names are removed (SPEC §17).
+func (s *server) pruneOrphans(r *http.Request) (any, error) {
+	var none struct{}
+	if err := decodeBody(r, &none, true); err != nil {
+		return nil, err
+	}
+	ids, err := s.inv.pruneOrphans()
+	return map[string]any{"ok": true, "removed": ids}, err
+}
+
 // handleSubscriptionProbe serves POST …/{subscription_id}/probe, body
 // optional {"model"}. A provider's refusal is a 200 too: probe.ok false.
 func (s *server) handleSubscriptionProbe(w http.ResponseWriter, r *http.Request) {

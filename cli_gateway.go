@@ -260,6 +260,23 @@ func (e cliEnv) subscriptionStatus(kind string, args []string) error {
 	return e.said(err, "%sd %s\n", kind, pos[0])
 }
 
+// subscriptionPruneOrphans is `brama subscription prune-orphans`: the daemon
+// removes the vault's credentials no subscription names (SPEC §17).
+func (e cliEnv) subscriptionPruneOrphans(args []string) error {
+	_, g, err := e.gateway(e.newFlags("subscription prune-orphans"), args, 0, "subscription prune-orphans [-gateway URL]", nil)
+	if err != nil {
+		return err
+	}
+	b, err := g.call("POST", "/v1/admin/vault/prune-orphans", nil)
+	var body struct {
+		Removed []string `json:"removed"`
+	}
+	if err == nil && json.Unmarshal(b, &body) != nil {
+		err = errors.New("the gateway's answer is not a prune report")
+	}
+	return e.said(err, "removed %d orphaned credential(s) from the vault: %s\n", len(body.Removed), strings.Join(body.Removed, " "))
+}
+
 // importHandover is what `subscription import` prints (README repeats it):
 // a refresh rotates the shared grant, locking out whichever refreshes second.
 const importHandover = "%s and Brama now share one grant: after Brama's first refresh, %s will need to sign in again; and if %s refreshes first, Brama's copy stops working until `brama subscription sign-in` replaces it.\n"

@@ -19,6 +19,7 @@ import (
 //	go test -run '^$' -bench 'DeepAdminBody' -benchmem
 //	go test -run '^$' -bench 'ReadyzJournal' -benchmem
 //	go test -run '^$' -bench 'SignedAfterReplayMemory' -benchmem
+//	go test -run '^$' -bench 'ReadyzSubscriptions'
 
 // processPeakRSSMB is this process's peak resident set (VmHWM), in MiB.
 // It covers the whole test process, so run the benchmark alone.
@@ -97,4 +98,56 @@ func BenchmarkReadyzJournal300k(b *testing.B) {
 		probe()
 	}
 	b.ReportMetric(float64(buf.Len())/(1<<20), "journal-MiB")
+}
+// writeSubscriptions writes an overlay and a vault holding n deepseek API-key
+// subscriptions (no usage report: the start pass reads nothing), 64 per
+// agent (the most one agent may hold of a provider).
+func writeSubscriptions(tb testing.TB, dir string, n int) {
+	tb.Helper()
+	overlay := overlayDoc{SchemaVersion: 1}
+	v := vaultDoc{SchemaVersion: 1, Subscriptions: map[string]vaultCredential{}}
+	for i := range n {
+		id := fmt.Sprintf("sub_%016x", i)
+		overlay.Items = append(overlay.Items, overlayItem{ID: id, Provider: "deepseek", AgentID: fmt.Sprintf("agent-%d", i/maxPoolSize),
+			CreatedAt: "2026-11-29T22:00:00.000Z"})
+		v.Subscriptions[id] = vaultCredential{APIKey: "key-" + id}
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		tb.Fatal(err)
+	}
+	if err := writeState(filepath.Join(dir, overlayFile), &overlay); err != nil {
+		tb.Fatal(err)
+	}
+	if err := writeState(filepath.Join(dir, "vault.json"), &v); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// BenchmarkReadyzSubscriptions probes GET /readyz over 1k and 8k
+// subscriptions; linear work makes the 8k figure about 8 times the 1k one.
+func BenchmarkReadyzSubscriptions(b *testing.B) {
+	for _, n := range []int{1000, 8000} {
+		b.Run(fmt.Sprintf("%dk", n/1000), func(b *testing.B) {
+			env := stateEnv(b)
+			env["BRAMA_LOG_LEVEL"] = "error"
+			writeSubscriptions(b, env["BRAMA_STATE_DIR"], n)
+			d := startDaemon(b, env, "")
+			probe := func() {
+				resp, err := http.Get(d.url + "/readyz")
+				if err != nil {
+					b.Fatal(err)
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 {
+					b.Fatalf("status %d", resp.StatusCode)
+				}
+			}
+			probe() // the first probe reads the files once, whatever the code
+			for b.Loop() {
+				probe()
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/subscription")
+		})
+	}
 }

@@ -86,11 +86,21 @@ func vaultOrphans(t *testing.T, dir string) []string {
 	return out
 }
 
+// TestServeRemovesCrashLeftovers: serve removes the atomic writer's stale
+// temporary files at start, but keeps an orphaned vault credential and
+// counts it in one log line; the operator's prune removes it (SPEC §17).
 func TestServeRemovesCrashLeftovers(t *testing.T) {
 	env := stateEnv(t)
 	dir := env["BRAMA_STATE_DIR"]
 	orphan := plantCrashLeftovers(t, dir)
 	d := startDaemon(t, env, "")
+	if o := vaultOrphans(t, dir); len(o) != 1 {
+		t.Errorf("orphans after start = %v, want %s kept", o, orphan)
+	}
+	env["BRAMA_TOKEN"] = d.token
+	if out, errOut, code := runCLI(t, env, "", "subscription", "prune-orphans", "-gateway", d.url); code != 0 || out != "removed 1 orphaned credential(s) from the vault: "+orphan+"\n" {
+		t.Errorf("prune-orphans: exit %d %q %s", code, out, errOut)
+	}
 	d.stop()
 	if left := staleTemps(t, dir); len(left) != 0 {
 		t.Errorf("stale temporary files left: %v", left)
@@ -106,6 +116,9 @@ func TestServeRemovesCrashLeftovers(t *testing.T) {
 	logs := d.stderr.String()
 	if !strings.Contains(logs, `"msg":"state_temp_files_removed","count":4`) {
 		t.Errorf("no state_temp_files_removed line counting 4 in:\n%s", logs)
+	}
+	if !strings.Contains(logs, `"msg":"vault_orphans_unremoved","count":1,`) || strings.Count(logs, "vault_orphans_unremoved") != 1 {
+		t.Errorf("no one vault_orphans_unremoved line counting 1 in:\n%s", logs)
 	}
 	if !strings.Contains(logs, `"msg":"vault_orphans_removed","count":1,"subscription_ids":"`+orphan+`"`) {
 		t.Errorf("no vault_orphans_removed line naming %s in:\n%s", orphan, logs)
@@ -135,7 +148,8 @@ func TestFailedDonationTakesItsSecretBack(t *testing.T) {
 
 // TestKillNineDuringDonations runs the real binary through 20 kill -9
 // cycles while donations run concurrently; afterwards the state directory
-// holds no temporary file and the vault no secret without a subscription.
+// holds no temporary file, and once the operator prunes the orphans the
+// vault holds no secret without a subscription.
 func TestKillNineDuringDonations(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and kills the real binary")
@@ -154,13 +168,14 @@ func TestKillNineDuringDonations(t *testing.T) {
 			t.Fatal(err)
 		}
 		errs := bufio.NewReader(stderr)
-		if token == "" {
-			line, _ := errs.ReadString('\n')
-			_, tok, ok := strings.Cut(line, "(shown once): ")
-			if !ok {
-				t.Fatalf("first start printed no token: %q", line)
+		for token == "" { // after the line counting the planted orphan
+			line, err := errs.ReadString('\n')
+			if err != nil {
+				t.Fatalf("first start printed no token: %v", err)
 			}
-			token = strings.TrimSpace(tok)
+			if _, tok, ok := strings.Cut(line, "(shown once): "); ok {
+				token = strings.TrimSpace(tok)
+			}
 		}
 		go io.Copy(io.Discard, errs)
 		line, err := bufio.NewReader(stdout).ReadString('\n')
@@ -171,11 +186,16 @@ func TestKillNineDuringDonations(t *testing.T) {
 		return cmd, strings.TrimSpace(strings.TrimPrefix(line, "listening on "))
 	}
 	var donated atomic.Int64
-	donate := func(url string, n int) error {
-		body := fmt.Sprintf(`{"provider":"kimi","api_key":"kimi-key-%d-0123456789"}`, n)
-		req, _ := http.NewRequest("POST", url+"/v1/admin/subscriptions/a1", strings.NewReader(body))
+	// Donations spread over providers: an agent holds at most 64 of one (SPEC §17).
+	providers := []string{"kimi", "openai", "anthropic", "openrouter", "groq", "mistral", "deepseek", "xai", "together", "fireworks", "cerebras", "claude-code"}
+	post := func(url, path, body string) (*http.Response, error) {
+		req, _ := http.NewRequest("POST", url+path, strings.NewReader(body))
 		req.Header.Set("Authorization", "Bearer "+token)
-		resp, err := http.DefaultClient.Do(req)
+		return http.DefaultClient.Do(req)
+	}
+	donate := func(url string, n int) error {
+		body := fmt.Sprintf(`{"provider":%q,"api_key":"kimi-key-%d-0123456789"}`, providers[max(n, 0)%len(providers)], n)
+		resp, err := post(url, "/v1/admin/subscriptions/a1", body)
 		if err != nil {
 			return err
 		}
@@ -221,6 +241,16 @@ func TestKillNineDuringDonations(t *testing.T) {
 	cmd, url := start()
 	if err := donate(url, -1); err != nil {
 		t.Fatalf("donation after the kills: %v", err)
+	}
+	// A kill between a donation's vault and overlay writes leaves an orphan:
+	// kept at start, removed by the operator's prune (SPEC §17).
+	resp, err := post(url, "/v1/admin/vault/prune-orphans", "")
+	if err != nil {
+		t.Fatalf("prune-orphans: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("prune-orphans answered %d", resp.StatusCode)
 	}
 	cmd.Process.Signal(syscall.SIGTERM)
 	if err := cmd.Wait(); err != nil {
@@ -294,6 +324,16 @@ func TestServeKeepsTheSubscriptionsOfAVaultElsewhere(t *testing.T) {
 	}
 	if strings.Contains(d.stderr.String(), "vault_orphans_removed") {
 		t.Error("serve logged vault_orphans_removed")
+	}
+	// Even with an overlay of its own, this state directory prunes nothing there.
+	if err := os.WriteFile(filepath.Join(second["BRAMA_STATE_DIR"], overlayFile), []byte(`{"schema_version":1,"items":[]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if s, _, b := d.call("POST", "/v1/admin/vault/prune-orphans", d.token, ""); s != 409 || envelopeOf(t, b)["code"] != "state_conflict" {
+		t.Errorf("prune-orphans of a vault elsewhere: %d %s, want 409 state_conflict", s, b)
+	}
+	if vb, _ := os.ReadFile(vaultFile); !strings.Contains(string(vb), "plantedKimiKeyElsewhere") {
+		t.Error("the refused prune removed the credential")
 	}
 }
 

@@ -137,9 +137,10 @@ func run(ctx context.Context, cut <-chan struct{}, args []string, getenv func(st
 		"answers": {"verify": e.answersVerify, "prune": e.answersPrune},
 		"subscription": {
 			"add": e.subscriptionAdd, "list": e.subscriptionList, "import": e.subscriptionImport,
-			"retire":    func(args []string) error { return e.subscriptionStatus("retire", args) },
-			"reinstate": func(args []string) error { return e.subscriptionStatus("reinstate", args) },
-			"sign-in":   e.subscriptionSignIn,
+			"retire":        func(args []string) error { return e.subscriptionStatus("retire", args) },
+			"reinstate":     func(args []string) error { return e.subscriptionStatus("reinstate", args) },
+			"sign-in":       e.subscriptionSignIn,
+			"prune-orphans": e.subscriptionPruneOrphans,
 		},
 	}
 	switch cmd {
@@ -315,10 +316,8 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 	}
 	defer s.ledger.flush()
 	s.inv = newInventory(d.st, s.vault, s.journal, s.ledger, e.getenv, sy)
-	if ids, err := s.inv.removeOrphans(); err != nil {
-		log.Warn("vault_orphans_unremoved", "cause", err.Error())
-	} else if len(ids) > 0 {
-		log.Info("vault_orphans_removed", "count", len(ids), "subscription_ids", strings.Join(ids, ","))
+	if ids, _ := s.inv.orphans(); len(ids) > 0 { // kept: /readyz names them (SPEC §17)
+		log.Warn("vault_orphans_unremoved", "count", len(ids), "remove_with", "brama subscription prune-orphans")
 	}
 	s.oauth = newOAuth(e.getenv, client, s.vault, s.ledger, log, now)
 	defer s.oauth.shutdown(e.cut)

@@ -37,18 +37,19 @@ type maintainer struct {
 	testingOnlyAfterFunc func(d time.Duration, f func()) ledgerStopper
 	testingOnlyPassDone  func(reason string, started time.Time, rep passReport)
 
-	mu      sync.Mutex    // guards the fields below
-	looping bool          // loop runs, so passNow can be answered
-	pending string        // reason of the pass asked for and not yet started; "" none
-	waiting *passTicket   // what passNow callers wait for: the next pass to start
-	running bool          // a pass is running
-	fresh   bool          // a pass started since the last inventory or credential change
-	passes  int64         // passes started
-	dropped int64         // requests dropped by the SPEC §11.2 rule
-	lastOK  bool          // the last pass ended ok
-	lastAt  [2]time.Time  // when the last pass started and ended; zero before the first ends
-	timer   ledgerStopper // the armed due timer; nil when none or it fired
-	timerAt time.Time     // the moment it is armed for; zero none
+	mu      sync.Mutex        // guards the fields below
+	looping bool              // loop runs, so passNow can be answered
+	pending string            // reason of the pass over everyone asked for and not yet started; "" none
+	agents  map[string]string // agent → reason of a refusal's pass over its subscriptions, not yet started (SPEC §17)
+	waiting *passTicket       // what passNow callers wait for: the next pass over everyone to start
+	running bool              // a pass is running
+	fresh   map[string]bool   // agents ("": everyone) a pass covered since the last inventory or credential change
+	passes  int64             // passes started
+	dropped int64             // requests dropped by the SPEC §11.2 rule
+	lastOK  bool              // the last pass ended ok
+	lastAt  [2]time.Time      // when the last pass started and ended; zero before the first ends
+	timer   ledgerStopper     // the armed due timer; nil when none or it fired
+	timerAt time.Time         // the moment it is armed for; zero none
 }
 
 // passTicket is one pass's answer for its waiters (rep.err the refusal), set before done closes.
@@ -88,7 +89,7 @@ type credentialSummary struct {
 
 // newMaintainer builds the maintainer; nothing runs until run.
 func newMaintainer(inv *inventory, l *ledger, o *oauthClient, client *http.Client, getenv func(string) string, log *slog.Logger, now func() time.Time) *maintainer {
-	return &maintainer{inv: inv, l: l, o: o, client: client, getenv: getenv, log: log, clock: now}
+	return &maintainer{inv: inv, l: l, o: o, client: client, getenv: getenv, log: log, clock: now, agents: map[string]string{}, fresh: map[string]bool{}}
 }
 
 // run starts loop, counted in wg, with the start pass pending (the listener is up).
@@ -119,8 +120,9 @@ func (m *maintainer) loop(ctx context.Context) {
 	}
 }
 
-// loopOnce, at now, runs the pending pass (true), or else arms the one timer
-// at the ledger's next due moment (false); a moment passed before its timer fired is due now.
+// loopOnce, at now, runs the pending pass (true): over everyone, else over
+// one agent's subscriptions, or else arms the one timer at the ledger's next
+// due moment (false); a moment passed before its timer fired is due now.
 func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
 	m.mu.Lock()                     // first: the journal read must not come between now and the pending check
 	retired, _ := m.inv.j.retired() // unreadable: no moment is skipped
@@ -129,21 +131,33 @@ func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
 		m.disarmLocked()
 		m.pending = "due"
 	}
-	if m.pending == "" {
+	reason, agent, t := m.pending, "", m.waiting
+	if reason != "" {
+		clear(m.agents) // a pass over everyone covers their refusals
+	}
+	for a, r := range m.agents {
+		reason, agent = r, a
+		delete(m.agents, a)
+		break
+	}
+	if reason == "" {
 		if m.timer == nil || !due.Equal(m.timerAt) {
 			m.armLocked(due, now)
 		}
 		m.mu.Unlock()
 		return false
 	}
-	reason, t := m.pending, m.waiting
-	m.pending, m.waiting = "", nil
-	m.running, m.fresh = true, true
+	if agent == "" {
+		m.pending, m.waiting = "", nil
+	} else {
+		t = nil
+	}
+	m.running, m.fresh[agent] = true, true
 	m.passes++
 	m.mu.Unlock()
 
-	m.log.Info("maintenance_pass_started", "reason", reason)
-	rep := m.passOnce(ctx)
+	m.log.Info("maintenance_pass_started", "reason", reason, "agent_id", agent)
+	rep := m.passOnce(ctx, agent)
 	m.mu.Lock()
 	m.running = false
 	if missed := m.l.nextDue(now, retired); !missed.IsZero() && !missed.After(m.clock()) {
@@ -206,21 +220,21 @@ func (m *maintainer) stop() {
 	}
 }
 
-// request asks for a pass after a refusal for want of a signed-in subscription,
-// dropped when one started since the last change (SPEC §11.2). Nil-safe.
-func (m *maintainer) request(reason string) {
-	if m == nil {
+// request asks for a pass over agent's subscriptions after its refusal for want of a signed-in
+// subscription, dropped when one covering agent started since the last change (SPEC §11.2, §17). Nil-safe.
+func (m *maintainer) request(reason, agent string) {
+	if m == nil || agent == "" {
 		return
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.fresh {
+	if m.fresh[""] || m.fresh[agent] {
 		m.dropped++
-		m.log.Debug("maintenance_request_dropped", "reason", reason)
+		m.log.Debug("maintenance_request_dropped", "reason", reason, "agent_id", agent)
 		return
 	}
-	m.pending = cmp.Or(m.pending, reason)
-	m.log.Info("maintenance_requested", "reason", reason)
+	m.agents[agent] = cmp.Or(m.agents[agent], reason)
+	m.log.Info("maintenance_requested", "reason", reason, "agent_id", agent)
 	nudge(m.l.changed)
 }
 
@@ -229,7 +243,7 @@ func (m *maintainer) request(reason string) {
 func (m *maintainer) changed() {
 	if m != nil {
 		m.mu.Lock()
-		m.fresh = false
+		clear(m.fresh)
 		m.mu.Unlock()
 	}
 }
@@ -276,7 +290,7 @@ func (m *maintainer) metrics() map[string]float64 {
 	defer m.mu.Unlock()
 	flag := map[bool]float64{true: 1}
 	out := map[string]float64{"brama_maintenance_passes_total": float64(m.passes), "brama_maintenance_requests_dropped_total": float64(m.dropped),
-		"brama_maintenance_running": flag[m.running], "brama_maintenance_pending": flag[m.pending != ""]}
+		"brama_maintenance_running": flag[m.running], "brama_maintenance_pending": flag[m.pending != "" || len(m.agents) > 0]}
 	for name, t := range map[string]time.Time{"next_due": m.timerAt, "last_pass_started": m.lastAt[0], "last_pass_finished": m.lastAt[1]} {
 		if !t.IsZero() {
 			out["brama_maintenance_"+name+"_timestamp_seconds"] = float64(t.UnixMilli()) / 1000
@@ -310,14 +324,15 @@ type passSub struct {
 	err     error // how it ended
 }
 
-// passOnce runs one pass: per subscription at most one usage read and one
-// refresh attempt, none retried, side by side; ctx alone ends it (SPEC §7.4).
-func (m *maintainer) passOnce(ctx context.Context) passReport {
+// passOnce runs one pass over agent's subscriptions ("": everyone's): per
+// subscription at most one usage read and one refresh attempt, none retried;
+// ctx alone ends it (SPEC §7.4).
+func (m *maintainer) passOnce(ctx context.Context, agent string) passReport {
 	start := m.clock()
 	m.o.writeUnwritten()
 	var rep passReport
 	rep.Usage.Failed = []usageFailure{}
-	subs, retired, err := m.live() // none when err: the counts stay 0 and OK false
+	subs, retired, err := m.live(agent) // none when err: the counts stay 0 and OK false
 	m.usagePass(ctx, subs, &rep)
 	m.refreshPass(ctx, subs, &rep)
 	if err == nil && ctx.Err() != nil {
@@ -347,21 +362,21 @@ func (m *maintainer) passOnce(ctx context.Context) passReport {
 		m.log.Warn("maintenance_pass_failed", "cause", redact(err.Error()))
 		return rep
 	}
-	m.log.Info("maintenance_pass_done", "ok", rep.OK, "usage_read", rep.Usage.Read, "usage_failed", len(rep.Usage.Failed),
+	m.log.Info("maintenance_pass_done", "agent_id", agent, "ok", rep.OK, "usage_read", rep.Usage.Read, "usage_failed", len(rep.Usage.Failed),
 		"refreshed", rep.Credentials.Refreshed, "refused", rep.Credentials.Refused,
 		"next_due_at", *cmp.Or(rep.NextDueAt, new(string)), "dur_ms", m.clock().Sub(start).Milliseconds())
 	return rep
 }
 
-// live lists the non-retired subscriptions, credentials and ledger entries, and the retired ids.
-func (m *maintainer) live() ([]*passSub, map[string]bool, error) {
+// live lists agent's ("": everyone's) non-retired subscriptions, credentials and ledger entries, and the retired ids.
+func (m *maintainer) live(agent string) ([]*passSub, map[string]bool, error) {
 	items, retired, err := m.inv.view()
 	if err != nil {
 		return nil, nil, err
 	}
 	var subs []*passSub
 	for _, it := range items {
-		if !retired[it.ID] {
+		if !retired[it.ID] && (agent == "" || it.AgentID == agent) {
 			s := &passSub{it: it}
 			s.cred, s.credErr = m.inv.credential(it.ID)
 			s.entry, _ = m.l.entry(it.ID)
@@ -371,10 +386,11 @@ func (m *maintainer) live() ([]*passSub, map[string]bool, error) {
 	return subs, retired, nil
 }
 
-// usagePass reads each due report once, side by side, into the ledger.
+// usagePass reads each due report once into the ledger: one read at a time
+// per provider, providers side by side (SPEC §17).
 func (m *maintainer) usagePass(ctx context.Context, subs []*passSub, rep *passReport) {
 	now := m.clock()
-	var wg sync.WaitGroup
+	due := map[string][]*passSub{}
 	for _, s := range subs {
 		_, published := usageReports[s.it.Provider]
 		if s.entry.Credential.State != credActive || !published || (s.credErr == nil && !usageReportable(s.it.Provider, s.cred)) {
@@ -382,12 +398,18 @@ func (m *maintainer) usagePass(ctx context.Context, subs []*passSub, rep *passRe
 		}
 		rep.Usage.Subscriptions++
 		if usageDue(s.entry, now) {
-			wg.Add(1)
-			go func() { // exits when this one read (and a refresh before it) ends; ctx ends both
-				defer wg.Done()
-				m.readOnce(ctx, s)
-			}()
+			due[s.it.Provider] = append(due[s.it.Provider], s)
 		}
+	}
+	var wg sync.WaitGroup
+	for _, ss := range due {
+		wg.Add(1)
+		go func() { // exits when its reads (and refreshes before them) end; ctx ends each
+			defer wg.Done()
+			for _, s := range ss {
+				m.readOnce(ctx, s)
+			}
+		}()
 	}
 	wg.Wait()
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -145,5 +146,159 @@ func TestMaintainWithoutStateDir(t *testing.T) {
 	status, _, b := d.call("POST", "/v1/admin/maintain", d.token, "")
 	if e := envelopeOf(t, b); status != http.StatusServiceUnavailable || e["code"] != "dependency_unavailable" || !strings.Contains(e["message"].(string), "no state directory") {
 		t.Errorf("maintain without a state directory: %d %s", status, b)
+	}
+}
+
+// tokenCounter answers a token endpoint 500 (a transport failure, SPEC
+// §11.1) and counts the calls by the refresh token presented.
+type tokenCounter struct {
+	mu    sync.Mutex
+	calls map[string]int
+}
+
+func (c *tokenCounter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		RefreshToken string `json:"refresh_token"`
+	}
+	json.NewDecoder(r.Body).Decode(&body)
+	c.mu.Lock()
+	c.calls[body.RefreshToken]++
+	c.mu.Unlock()
+	http.Error(w, "down", http.StatusInternalServerError)
+}
+
+func (c *tokenCounter) count(refresh string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.calls[refresh]
+}
+
+// agentRefusalScene is a daemon whose agents a and b each hold an expired
+// claude-code grant whose refresh always fails in transit and a kimi key
+// whose usage read always fails: every pass covering an agent reads its
+// kimi report and tries its grant again. It returns a's bound bearer.
+func agentRefusalScene(t *testing.T) (*daemon, *maintProviderFake, *tokenCounter, string) {
+	t.Helper()
+	fake := newMaintProviderFake(t, &testClock{t: time.Now()})
+	tokens := &tokenCounter{calls: map[string]int{}}
+	fake.handle("/token/claude-code", tokens.ServeHTTP)
+	fake.handle(fakeKimiUsage, func(w http.ResponseWriter, r *http.Request) { http.Error(w, "down", http.StatusBadGateway) })
+	env := fake.env(stateEnv(t))
+	d := startDaemon(t, env, "")
+	bearerA := addClient(t, env, "appa", "-agent", "a")
+	for _, agent := range []string{"a", "b"} {
+		status, _, b := d.call("POST", "/v1/admin/subscriptions/"+agent, d.token, `{"provider":"claude-code","oauth":{"access_token":"access-`+agent+`","refresh_token":"refresh-`+agent+`","expires_at_ms":1}}`)
+		donatedID(t, status, b, agent, "claude-code")
+		status, _, b = d.call("POST", "/v1/admin/subscriptions/"+agent, d.token, `{"provider":"kimi","api_key":"key-`+agent+`"}`)
+		donatedID(t, status, b, agent, "kimi")
+	}
+	if status, _, b := d.call("POST", "/v1/admin/maintain", d.token, ""); status != http.StatusOK {
+		t.Fatalf("maintain: %d %s", status, b)
+	}
+	// A change (a's own donation), so a's next refusal asks for a pass (SPEC §11.2).
+	status, _, b := d.call("POST", "/v1/subscriptions/a", bearerA, `{"provider":"openai","api_key":"key-openai-a"}`)
+	donatedID(t, status, b, "a", "openai")
+	return d, fake, tokens, bearerA
+}
+
+// refuseA makes a's request that its grant's failed refresh refuses.
+func refuseA(t *testing.T, d *daemon, bearerA string) {
+	status, _, b := d.call("POST", "/v1/messages", bearerA, chatBody(dialectMessages, "claude-code/claude-sonnet-4-5", false, ""))
+	if status != http.StatusServiceUnavailable {
+		t.Errorf("a's request = %d %s, want a 503 refusal", status, b)
+	}
+}
+
+// TestRefusalPassCoversOnlyTheRefusingAgent proves SPEC §17: the pass a's
+// refusal asks for reads and refreshes a's subscriptions and never b's.
+func TestRefusalPassCoversOnlyTheRefusingAgent(t *testing.T) {
+	d, fake, tokens, bearerA := agentRefusalScene(t)
+	readsA, readsB := fake.count(fakeKimiUsage, "key-a"), fake.count(fakeKimiUsage, "key-b")
+	refreshA, refreshB := tokens.count("refresh-a"), tokens.count("refresh-b")
+	refuseA(t, d, bearerA)
+	d.stderr.waitFor(t, `"msg":"maintenance_pass_done","agent_id":"a"`)
+	if n := fake.count(fakeKimiUsage, "key-a"); n != readsA+1 {
+		t.Errorf("a's usage reads %d → %d, want one more: the pass covers a", readsA, n)
+	}
+	if n := tokens.count("refresh-a"); n != refreshA+2 {
+		t.Errorf("a's token calls %d → %d, want the request's and the pass's", refreshA, n)
+	}
+	if n := fake.count(fakeKimiUsage, "key-b"); n != readsB {
+		t.Errorf("b's usage reads %d → %d: a's refusal read b's report", readsB, n)
+	}
+	if n := tokens.count("refresh-b"); n != refreshB {
+		t.Errorf("b's token calls %d → %d: a's refusal refreshed b's grant", refreshB, n)
+	}
+}
+
+// TestConcurrentRefusalsOfOneAgentStartOnePass proves a burst of one
+// agent's refusals asks for one pass over its subscriptions (SPEC §11.2, §17).
+func TestConcurrentRefusalsOfOneAgentStartOnePass(t *testing.T) {
+	d, fake, _, bearerA := agentRefusalScene(t)
+	readsA := fake.count(fakeKimiUsage, "key-a")
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			refuseA(t, d, bearerA)
+		}()
+	}
+	wg.Wait()
+	d.stderr.waitFor(t, `"msg":"maintenance_pass_done","agent_id":"a"`)
+	if status, _, b := d.call("POST", "/v1/admin/maintain", d.token, ""); status != http.StatusOK { // passes run one at a time
+		t.Fatalf("maintain: %d %s", status, b)
+	}
+	if n := strings.Count(d.stderr.String(), `"msg":"maintenance_pass_done","agent_id":"a"`); n != 1 {
+		t.Errorf("%d passes over a's subscriptions, want 1", n)
+	}
+	if n := fake.count(fakeKimiUsage, "key-a"); n != readsA+2 {
+		t.Errorf("a's usage reads %d → %d, want a's pass's and the operator's", readsA, n)
+	}
+}
+
+// TestUsageReadsOneAtATimePerProvider proves SPEC §17: a pass over many
+// subscriptions of one provider never has two usage reads in flight there.
+// The first read waits for a second to arrive (or 200 ms), so reads that
+// overlap always show.
+func TestUsageReadsOneAtATimePerProvider(t *testing.T) {
+	fake := newMaintProviderFake(t, &testClock{t: time.Now()})
+	d, _ := maintDaemon(t, fake)
+	var mu sync.Mutex
+	inflight, most, reads, arrived := 0, 0, 0, make(chan struct{})
+	fake.handle(fakeKimiUsage, func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		inflight++
+		reads++
+		most = max(most, inflight)
+		first := reads == 1
+		if inflight == 2 && most == 2 {
+			close(arrived)
+		}
+		mu.Unlock()
+		if first {
+			select {
+			case <-arrived:
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+		fake.defaultAnswer(w, r)
+		mu.Lock()
+		inflight--
+		mu.Unlock()
+	})
+	for i := range 20 {
+		status, _, b := d.call("POST", "/v1/admin/subscriptions/a1", d.token, fmt.Sprintf(`{"provider":"kimi","api_key":"key-%d"}`, i))
+		donatedID(t, status, b, "a1", "kimi")
+	}
+	status, _, b := d.call("POST", "/v1/admin/maintain", d.token, "")
+	var rep passReport
+	if status != http.StatusOK || json.Unmarshal(b, &rep) != nil || !rep.OK || fake.count(fakeKimiUsage) != 20 {
+		t.Fatalf("maintain = %d %s; %d reads, want 20 (the start pass's and this one's)", status, b, fake.count(fakeKimiUsage))
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if most != 1 {
+		t.Errorf("%d usage reads in flight at once at one provider, want 1", most)
 	}
 }

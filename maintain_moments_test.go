@@ -81,7 +81,7 @@ func TestMaintainIgnoresMomentsOfRetiredSubscriptions(t *testing.T) {
 	}
 	fx.donate(t, "claude-code", grant("LIVE", liveAt))
 	ctx := context.Background()
-	fx.m.request("asked")
+	fx.m.request("asked", "a1")
 	if !fx.m.loopOnce(ctx, fx.clock.now()) {
 		t.Fatal("loopOnce with a pass pending ran none")
 	}
@@ -171,7 +171,7 @@ func TestMaintainUntouchedCodexWindowStatesNoMoment(t *testing.T) {
 			})
 			fx.donate(t, "codex", grant("CODEX", maintT0.Add(30*24*time.Hour)))
 			ctx := context.Background()
-			fx.m.request("asked")
+			fx.m.request("asked", "a1")
 			if !fx.m.loopOnce(ctx, fx.clock.now()) {
 				t.Fatal("loopOnce with a pass pending ran none")
 			}

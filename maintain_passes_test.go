@@ -77,7 +77,7 @@ func TestUsagePassReadsOnlyWhenDue(t *testing.T) {
 		fx.fake.defaultAnswer(w, r)
 	})
 
-	rep := fx.m.passOnce(context.Background())
+	rep := fx.m.passOnce(context.Background(), "")
 	for _, s := range subs {
 		if got := fx.fake.count(fakeKimiUsage, s.key); got != s.reads {
 			t.Errorf("%s: read %d times in one pass, want %d", s.name, got, s.reads)
@@ -101,7 +101,7 @@ func TestUsagePassReadsOnlyWhenDue(t *testing.T) {
 	}
 
 	// The next pass reads the failed one again (once) and nothing else.
-	rep = fx.m.passOnce(context.Background())
+	rep = fx.m.passOnce(context.Background(), "")
 	for _, s := range subs {
 		want := s.reads
 		if s.key == failingKey {
@@ -134,7 +134,7 @@ func TestRefreshPassDefinitiveRefusal(t *testing.T) {
 		http.Error(w, `{"error":"invalid_grant","error_description":"Refresh token revoked"}`, http.StatusBadRequest)
 	})
 
-	rep := fx.m.passOnce(context.Background())
+	rep := fx.m.passOnce(context.Background(), "")
 	if want := (credentialSummary{Subscriptions: 3, Refreshed: 1, Refused: 1}); rep.Credentials != want || rep.OK {
 		t.Errorf("first pass credentials = %+v ok=%v, want %+v and not ok", rep.Credentials, rep.OK, want)
 	}
@@ -150,7 +150,7 @@ func TestRefreshPassDefinitiveRefusal(t *testing.T) {
 
 	for i := 0; i < 3; i++ {
 		fx.clock.advance(2 * time.Hour) // every reading's reset passes: the usage pass reads the active ones
-		rep = fx.m.passOnce(context.Background())
+		rep = fx.m.passOnce(context.Background(), "")
 		if rep.Credentials.Subscriptions != 2 {
 			t.Errorf("pass %d counted %d active OAuth subscriptions, want 2", i, rep.Credentials.Subscriptions)
 		}
@@ -172,7 +172,7 @@ func TestRefreshPassDefinitiveRefusal(t *testing.T) {
 	if _, err := fx.inv.replaceCredential("a1", cc, signIn); err != nil {
 		t.Fatal(err)
 	}
-	rep = fx.m.passOnce(context.Background())
+	rep = fx.m.passOnce(context.Background(), "")
 	if n := fx.fake.count("/token/claude-code"); n != 2 {
 		t.Errorf("after the sign-in the token endpoint was called %d times in total, want 2", n)
 	}
@@ -196,7 +196,7 @@ func TestRefreshPassTransportFailure(t *testing.T) {
 		http.Error(w, "upstream unwell", http.StatusBadGateway)
 	})
 	for pass := 1; pass <= 2; pass++ {
-		rep := fx.m.passOnce(context.Background())
+		rep := fx.m.passOnce(context.Background(), "")
 		if rep.OK || rep.Credentials != (credentialSummary{Subscriptions: 1, Refused: 1}) {
 			t.Errorf("pass %d: %+v", pass, rep)
 		}
@@ -222,7 +222,7 @@ func TestUsageReadRequests(t *testing.T) {
 	fx.donate(t, "kimi", grant("KO", now.Add(time.Hour)))
 	fx.donate(t, "codex", vaultCredential{APIKey: "plantedCodexKey"}) // no report for an API key
 
-	rep := fx.m.passOnce(context.Background())
+	rep := fx.m.passOnce(context.Background(), "")
 	if !rep.OK || rep.Usage.Subscriptions != 3 || rep.Usage.Read != 3 || rep.Credentials.Refreshed != 1 {
 		t.Fatalf("report = %+v", rep)
 	}
@@ -303,7 +303,7 @@ func TestUsageReadFailuresQuoteNothing(t *testing.T) {
 			fx := newMaintFixture(t)
 			id := fx.donate(t, "claude-code", grant("CCsecret", fx.clock.now().Add(time.Hour)))
 			fx.fake.handle(fakeClaudeUsage, tc.answer)
-			rep := fx.m.passOnce(context.Background())
+			rep := fx.m.passOnce(context.Background(), "")
 			if len(rep.Usage.Failed) != 1 || !strings.Contains(rep.Usage.Failed[0].Error, tc.want) {
 				t.Fatalf("failed = %+v, want an error containing %q", rep.Usage.Failed, tc.want)
 			}

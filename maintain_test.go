@@ -401,8 +401,8 @@ func TestMaintainCoalescesAndDropsRequests(t *testing.T) {
 	}
 	// The start pass is running and holds the read.
 	fx.m.changed()
-	fx.m.request("subscription_reauthorization_required")
-	fx.m.request("credential_refresh_transport_failure")
+	fx.m.request("subscription_reauthorization_required", "a1")
+	fx.m.request("credential_refresh_transport_failure", "a1")
 	t1, err1 := fx.m.ask("maintain")
 	t2, err2 := fx.m.ask("maintain")
 	if err1 != nil || err2 != nil || t1 != t2 {
@@ -413,8 +413,8 @@ func TestMaintainCoalescesAndDropsRequests(t *testing.T) {
 		t.Fatalf("first pass = %s", ev.reason)
 	}
 	ev := fx.nextPass(t)
-	if ev.reason != "subscription_reauthorization_required" {
-		t.Fatalf("second pass reason = %s, want the first request's", ev.reason)
+	if ev.reason != "maintain" {
+		t.Fatalf("second pass reason = %s, want the operator's: a pass over everyone covers the agent's requests", ev.reason)
 	}
 	select {
 	case <-t1.done:
@@ -429,7 +429,7 @@ func TestMaintainCoalescesAndDropsRequests(t *testing.T) {
 	}
 
 	// No change since the last pass started: the request is dropped.
-	fx.m.request("subscription_reauthorization_required")
+	fx.m.request("subscription_reauthorization_required", "a1")
 	if got := reasonsAt(fx.sentinel(t)); !cmp.Equal(got, []string{"maintain@0s"}) {
 		t.Errorf("a dropped request ran a pass: %v", got)
 	}
@@ -438,13 +438,13 @@ func TestMaintainCoalescesAndDropsRequests(t *testing.T) {
 	}
 	// A change makes the next request count again, once.
 	fx.m.changed()
-	fx.m.request("again")
-	fx.m.request("again twice")
-	// The requested pass may start before the sentinel asks (then the
-	// sentinel gets its own) or after (then it answers the sentinel too).
-	got := reasonsAt(fx.sentinel(t))
-	if !cmp.Equal(got, []string{"again@0s"}) && !cmp.Equal(got, []string{"again@0s", "maintain@0s"}) {
-		t.Errorf("after a change = %v, want one requested pass (then perhaps the sentinel's)", got)
+	fx.m.request("again", "a1")
+	fx.m.request("again twice", "a1")
+	if ev := fx.nextPass(t); ev.reason != "again" {
+		t.Errorf("after a change the pass = %s, want the first request's", ev.reason)
+	}
+	if got := reasonsAt(fx.sentinel(t)); !cmp.Equal(got, []string{"maintain@0s"}) {
+		t.Errorf("passes after the requested one = %v, want only the sentinel", got)
 	}
 	if n := fx.fake.count(fakeKimiUsage); n != 1 {
 		t.Errorf("usage reads = %d, want 1: the reading stayed fresh", n)
@@ -459,7 +459,7 @@ func TestMaintainStopped(t *testing.T) {
 		t.Fatalf("before run: err = %v", err)
 	}
 	var nilM *maintainer
-	nilM.request("x")
+	nilM.request("x", "a1")
 	nilM.changed()
 	if _, err := nilM.passNow(context.Background()); err != errMaintenanceStopped {
 		t.Errorf("nil maintainer: err = %v", err)
@@ -500,7 +500,7 @@ func TestMaintainNoCompletionOnAnySchedule(t *testing.T) {
 		fx.nextPass(t)
 	}
 	fx.m.changed()
-	fx.m.request("subscription_reauthorization_required")
+	fx.m.request("subscription_reauthorization_required", "a1")
 	fx.nextPass(t)
 	fx.sentinel(t)
 	if n := fx.fake.completions(); n != 0 {
@@ -537,7 +537,7 @@ func TestMaintainLoopOnce(t *testing.T) {
 		}
 	}
 
-	fx.m.request("asked")
+	fx.m.request("asked", "a1")
 	if !fx.m.loopOnce(ctx, fx.clock.now()) {
 		t.Fatal("loopOnce with a pass pending ran none")
 	}

@@ -164,7 +164,7 @@ func (e *engine) subscriptionCredential(ctx context.Context, sub overlayItem, re
 				if wk.refreshTransport == nil {
 					wk.refreshTransport = refuse("dependency_unavailable", "%s", redact(re.Error())).because(err)
 				}
-				e.maint.request("credential_refresh_transport_failure")
+				e.maint.request("credential_refresh_transport_failure", e.agent)
 			}
 			wk.note(sub.ID, "grant refresh failed: "+redact(err.Error()))
 			if wk.skipped == nil {

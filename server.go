@@ -81,6 +81,7 @@ func (s *server) routes() {
 	s.mux.Handle("DELETE /v1/admin/subscriptions/{agent_id}/{subscription_id}", s.caller(roleAdmin, s.reply(200, s.retireSubscription)))
 	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/reinstate", s.caller(roleAdmin, s.reply(200, s.reinstateSubscription)))
 	s.mux.Handle("POST /v1/admin/maintain", s.caller(roleAdmin, s.reply(200, s.maintainNow)))
+	s.mux.Handle("POST /v1/admin/vault/prune-orphans", s.caller(roleAdmin, s.reply(200, s.pruneOrphans)))
 	s.mux.Handle("PUT /v1/admin/subscriptions/{agent_id}/{subscription_id}/credential", s.caller(roleAdmin, s.reply(200, s.replaceCredential)))
 	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/probe", s.caller(roleAdmin, s.handleSubscriptionProbe))
 }
@@ -220,7 +221,7 @@ func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	ri := infoFrom(r.Context())
 	ae := writeAPIError(w, r, err)
 	if ae.Code == "subscription_reauthorization_required" {
-		s.maint.request(ae.Code)
+		s.maint.request(ae.Code, cmp.Or(ri.agentID, r.PathValue("agent_id")))
 	}
 	ri.outcome, ri.retryable = ae.Code, ae.body().Error.Retryable
 	if ae.Attempts != nil {

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"maps"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -33,13 +32,14 @@ type overlayDoc struct {
 	Items         []overlayItem `json:"items"`
 }
 
-// The overlay's file name and how refusals name it; the bounds of a label
-// and of a retire or reinstate reason.
+// The overlay's file name and how refusals name it; the bounds of a label,
+// of a retire or reinstate reason, and of a pool (SPEC §17).
 const (
 	overlayFile    = "donated-subscriptions.json"
 	overlayRole    = "donated-subscription overlay"
 	maxLabelBytes  = 128
 	maxReasonBytes = 512
+	maxPoolSize    = 64
 )
 
 // errOverlayInvalid wraps every refusal of parseOverlay: a bad file, not an I/O failure.
@@ -161,7 +161,7 @@ type inventory struct {
 	l       *ledger
 	ttl     time.Duration // listing cache lifetime; 0 disables the cache
 
-	wmu sync.Mutex // serializes donate, retire, reinstate, replaceCredential and removeOrphans
+	wmu sync.Mutex // serializes donate, retire, reinstate, replaceCredential and pruneOrphans
 
 	mu    sync.Mutex         // guards cache
 	cache map[string]listing // by agent id
@@ -250,7 +250,7 @@ func (inv *inventory) owned(agent, id, ifRetired string) (overlayItem, error) {
 }
 
 // donate stores a new subscription (SPEC §10.1): vault first, overlay second;
-// a failure between takes the vault entry back (or removeOrphans does at start).
+// a failure between takes the vault entry back (or pruneOrphans does).
 func (inv *inventory) donate(agent, provider, label string, cred vaultCredential) (overlayItem, error) {
 	if !idPattern.MatchString(agent) {
 		return overlayItem{}, refuse("invalid_request", "agent id %q must match [a-z0-9-]{1,64}", agent)
@@ -264,13 +264,23 @@ func (inv *inventory) donate(agent, provider, label string, cred vaultCredential
 	}
 	inv.wmu.Lock()
 	defer inv.wmu.Unlock()
-	items, err := inv.items() // both files must be readable before either is touched
+	pool, err := inv.pool(agent, provider) // the overlay, the journal and the vault must read before either file is touched
+	if err != nil {
+		return overlayItem{}, err
+	}
+	if len(pool) >= maxPoolSize {
+		return overlayItem{}, refuse("invalid_request", "agent %q holds %d non-retired %s subscriptions, the limit; retire one first", agent, len(pool), provider)
+	}
+	items, err := inv.items()
 	if err != nil {
 		return overlayItem{}, err
 	}
 	doc, err := inv.vault.load()
 	if err != nil {
 		return overlayItem{}, vaultRefusal(err)
+	}
+	if err := inv.overlayLost(doc); err != nil {
+		return overlayItem{}, err
 	}
 	if err := grantHeld(doc, cred, ""); err != nil {
 		return overlayItem{}, err
@@ -297,7 +307,7 @@ func (inv *inventory) donate(agent, provider, label string, cred vaultCredential
 		// the vault never keeps a secret without a subscription.
 		note := "its credential was removed from the vault"
 		if verr := inv.vault.update(func(d *vaultDoc) error { delete(d.Subscriptions, it.ID); return nil }); verr != nil {
-			note = "its credential stays in the vault until serve next starts: " + verr.Error()
+			note = "its credential stays in the vault until brama subscription prune-orphans: " + verr.Error()
 		}
 		inv.log.Error("subscription_overlay_write_failed", "subscription_id", it.ID, "agent_id", agent, "cause", err.Error(), "note", note)
 		return overlayItem{}, refuse("internal_error", "subscription not donated: the overlay was not written: %v", err).because(err)
@@ -499,27 +509,49 @@ func (inv *inventory) orphans() ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	return slices.DeleteFunc(slices.Sorted(maps.Keys(doc.Subscriptions)), func(id string) bool {
-		return slices.ContainsFunc(items, func(it overlayItem) bool { return it.ID == id })
-	}), nil
+	named := make(map[string]bool, len(items))
+	for _, it := range items {
+		named[it.ID] = true
+	}
+	var orphans []string
+	for id := range doc.Subscriptions {
+		if !named[id] {
+			orphans = append(orphans, id)
+		}
+	}
+	slices.Sort(orphans)
+	return orphans, nil
 }
 
-// removeOrphans deletes the orphans from the vault at serve's start, so no secret outlives
-// its subscription; only when an overlay and a vault beside it (not elsewhere) both read:
-// with no overlay at all (lost, not yet restored) or an empty one (a restore cut short;
-// Brama never writes one), every secret would look orphaned.
-func (inv *inventory) removeOrphans() ([]string, error) {
-	if inv.overlay.pathErr != nil || inv.vault.pathErr != nil || filepath.Dir(inv.vault.path) != filepath.Dir(inv.overlay.path) {
-		return nil, nil // /readyz reports them (SPEC §10.1)
+// overlayLost refuses a write while the overlay is missing or empty (0 bytes: a restore
+// cut short; Brama never writes one) but vault doc holds subscription credentials:
+// every one would look orphaned (SPEC §17).
+func (inv *inventory) overlayLost(doc *vaultDoc) error {
+	if id, err := guardFile(overlayRole, inv.overlay.path); len(doc.Subscriptions) > 0 && (errors.Is(err, errFileAbsent) || err == nil && id.size == 0) {
+		return refuse("dependency_unavailable", "the vault holds %d subscription credential(s) but %s is missing or empty: restore donated-subscriptions.json from a backup", len(doc.Subscriptions), overlayFile)
 	}
-	if id, err := guardFile(overlayRole, inv.overlay.path); errors.Is(err, errFileAbsent) || err == nil && id.size == 0 {
-		return nil, nil
-	}
+	return nil
+}
+
+// pruneOrphans deletes the orphans from the vault (brama subscription prune-orphans,
+// SPEC §17), never while the overlay is lost, nor from a vault outside the state
+// directory: it may hold another state directory's subscriptions.
+func (inv *inventory) pruneOrphans() ([]string, error) {
 	inv.wmu.Lock()
 	defer inv.wmu.Unlock()
+	doc, err := inv.vault.load()
+	if err != nil {
+		return nil, vaultRefusal(err)
+	}
 	orphans, err := inv.orphans()
+	if err == nil {
+		err = inv.overlayLost(doc)
+	}
+	if err == nil && filepath.Dir(inv.vault.path) != filepath.Dir(inv.overlay.path) {
+		err = refuse("state_conflict", "BRAMA_VAULT_FILE lies outside the state directory and may hold another one's subscriptions: nothing removed")
+	}
 	if err != nil || len(orphans) == 0 {
-		return nil, err
+		return []string{}, err
 	}
 	err = inv.vault.update(func(d *vaultDoc) error {
 		for _, id := range orphans {
@@ -528,9 +560,10 @@ func (inv *inventory) removeOrphans() ([]string, error) {
 		return nil
 	})
 	if err != nil {
-		orphans = nil
+		return nil, refuse("internal_error", "no orphan removed: the vault was not written: %v", err).because(err)
 	}
-	return orphans, err
+	inv.log.Info("vault_orphans_removed", "count", len(orphans), "subscription_ids", strings.Join(orphans, ","))
+	return orphans, nil
 }
 
 // readiness is the inventory's part of /readyz (SPEC §13): an unreadable overlay
@@ -544,7 +577,11 @@ func (inv *inventory) readiness() (reasons, warnings []string, payer bool) {
 		return reasons, nil, false
 	}
 	if orphans, err := inv.orphans(); err == nil && len(orphans) > 0 {
-		warnings = append(warnings, fmt.Sprintf("the vault holds %d subscription credential(s) with no overlay entry, unused: %s", len(orphans), strings.Join(orphans, ", ")))
+		fix := "brama subscription prune-orphans removes them"
+		if doc, err := inv.vault.load(); err == nil && inv.overlayLost(doc) != nil {
+			fix = overlayFile + " is missing or empty: restore it from a backup (donations are refused until then)"
+		}
+		warnings = append(warnings, fmt.Sprintf("the vault holds %d subscription credential(s) with no overlay entry, unused: %s; %s", len(orphans), strings.Join(orphans, ", "), fix))
 	}
 	retired, err := inv.j.retired()
 	if err != nil {

@@ -371,7 +371,7 @@ func TestSubscriptionOverlayWriteFails(t *testing.T) {
 		}
 	}
 	// An orphan that appears while serve runs (here: written beside it) is
-	// reported by /readyz and by the inventory until the next start.
+	// reported by /readyz and by the inventory until the operator prunes it.
 	const orphan = "sub_00000000000000ff"
 	v := newVault(filepath.Join(env["BRAMA_STATE_DIR"], "vault.json"), nil)
 	if err := v.update(func(d *vaultDoc) error {
@@ -598,7 +598,7 @@ func TestSubscriptionCLI(t *testing.T) {
 		{"reinstate without reason", withToken, "", []string{"subscription", "reinstate", "-agent", "a1", id1}, 2, "-reason"},
 		{"list without agent", withToken, "", []string{"subscription", "list"}, 2, "-agent"},
 		{"retire without id", withToken, "", []string{"subscription", "retire", "-agent", "a1"}, 2, "usage"},
-		{"unknown subcommand", withToken, "", []string{"subscription", "frobnicate"}, 2, "add|import|list|reinstate|retire|sign-in"},
+		{"unknown subcommand", withToken, "", []string{"subscription", "frobnicate"}, 2, "add|import|list|prune-orphans|reinstate|retire|sign-in"},
 		{"import of kimi", withToken, "", []string{"subscription", "import", "-provider", "kimi", "-from", claudeFile, "-agent", "a1"}, 2, "claude-code or codex"},
 		{"no token", env, "", []string{"subscription", "list", "-agent", "a1"}, 1, "BRAMA_TOKEN"},
 		{"wrong token", env, "brama_wrong\n", []string{"subscription", "list", "-agent", "a1"}, 1, "401 unauthenticated"},
@@ -625,5 +625,106 @@ func TestSubscriptionCLI(t *testing.T) {
 	var body2 map[string]json.RawMessage
 	if err := json.Unmarshal(body, &body2); err != nil || len(body2) != 1 {
 		t.Errorf("listing body members: %s", body)
+	}
+}
+
+// TestSubscriptionPoolLimit: an agent holds at most 64 non-retired
+// subscriptions of a provider; the 65th donation is 400 naming the limit,
+// and a retirement or another provider makes room (SPEC §17).
+func TestSubscriptionPoolLimit(t *testing.T) {
+	env := stateEnv(t)
+	d := startDaemon(t, env, "")
+	tok := addClient(t, env, "app-a1", "-agent", "a1")
+	donate := func(provider string, i int) (int, []byte) {
+		s, _, b := d.call("POST", "/v1/subscriptions/a1", tok, fmt.Sprintf(`{"provider":%q,"api_key":"sk-pool-%03d-0123456789"}`, provider, i))
+		return s, b
+	}
+	var first string
+	for i := range maxPoolSize {
+		s, b := donate("kimi", i)
+		if id := donatedID(t, s, b, "a1", "kimi"); i == 0 {
+			first = id
+		}
+	}
+	s, b := donate("kimi", maxPoolSize)
+	if e := envelopeOf(t, b); s != 400 || e["code"] != "invalid_request" || !strings.Contains(fmt.Sprint(e["message"]), "64 non-retired kimi subscriptions, the limit") {
+		t.Fatalf("the 65th kimi donation = %d %s, want 400 invalid_request naming the limit", s, b)
+	}
+	if n := len(readOverlay(t, env).Items); n != maxPoolSize {
+		t.Errorf("the overlay holds %d items after the refusal, want %d", n, maxPoolSize)
+	}
+	if n := len(readVaultSubs(t, env)); n != maxPoolSize {
+		t.Errorf("the vault holds %d subscriptions after the refusal, want %d", n, maxPoolSize)
+	}
+	s, b = donate("deepseek", 0)
+	donatedID(t, s, b, "a1", "deepseek")
+	if s, _, b := d.call("DELETE", "/v1/subscriptions/a1/"+first, tok, ""); s != 200 {
+		t.Fatalf("retire: %d %s", s, b)
+	}
+	s, b = donate("kimi", maxPoolSize)
+	donatedID(t, s, b, "a1", "kimi")
+}
+
+// TestOverlayLostKeepsCredentialsAndRefusesDonations: with the overlay
+// deleted or emptied and serve restarted, the vault still holds every
+// credential, /readyz names them (never a secret) and says to restore the
+// overlay, one log line counts them, and a donation or a prune is refused
+// 503 naming the cause until the overlay is restored (SPEC §17).
+func TestOverlayLostKeepsCredentialsAndRefusesDonations(t *testing.T) {
+	for _, lose := range []string{"deleted", "emptied"} {
+		t.Run(lose, func(t *testing.T) {
+			env := stateEnv(t)
+			d := startDaemon(t, env, "")
+			admin := d.token // printed at first start only
+			s, _, b := d.call("POST", "/v1/admin/subscriptions/a1", admin, `{"provider":"kimi","api_key":"plantedKimiKeyKept"}`)
+			id := donatedID(t, s, b, "a1", "kimi")
+			d.stop()
+			overlay := filepath.Join(env["BRAMA_STATE_DIR"], overlayFile)
+			saved, err := os.ReadFile(overlay)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if lose == "deleted" {
+				err = os.Remove(overlay)
+			} else {
+				err = os.Truncate(overlay, 0)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+
+			d = startDaemon(t, env, "")
+			if subs := readVaultSubs(t, env); subs[id].APIKey != "plantedKimiKeyKept" {
+				t.Fatalf("the vault lost %s's credential at start: %v", id, subs)
+			}
+			if n := strings.Count(d.stderr.String(), `"msg":"vault_orphans_unremoved","count":1,`); n != 1 {
+				t.Errorf("%d vault_orphans_unremoved lines counting 1, want 1:\n%s", n, d.stderr.String())
+			}
+			_, _, rb := d.call("GET", "/readyz", "", "")
+			if !strings.Contains(string(rb), "unused: "+id+"; "+overlayFile+" is missing or empty: restore it") || strings.Contains(string(rb), "plantedKimiKeyKept") {
+				t.Errorf("/readyz does not name %s and the restore, or quotes the secret: %s", id, rb)
+			}
+			for _, path := range []string{"/v1/admin/subscriptions/a1", "/v1/admin/vault/prune-orphans"} {
+				s, _, b := d.call("POST", path, admin, `{"provider":"kimi","api_key":"plantedKimiKeyNew"}`)
+				if path != "/v1/admin/subscriptions/a1" {
+					s, _, b = d.call("POST", path, admin, "")
+				}
+				e := envelopeOf(t, b)
+				if s != 503 || e["code"] != "dependency_unavailable" || !strings.Contains(fmt.Sprint(e["message"]), "restore donated-subscriptions.json") {
+					t.Errorf("POST %s while the overlay is %s: %d %s, want 503 dependency_unavailable naming the restore", path, lose, s, b)
+				}
+			}
+			if subs := readVaultSubs(t, env); len(subs) != 1 || subs[id].APIKey != "plantedKimiKeyKept" {
+				t.Errorf("the refused writes changed the vault: %d entries", len(subs))
+			}
+			if err := os.WriteFile(overlay, saved, 0o600); err != nil { // the operator restores it
+				t.Fatal(err)
+			}
+			s, _, b = d.call("POST", "/v1/admin/subscriptions/a1", admin, `{"provider":"kimi","api_key":"plantedKimiKeyNew"}`)
+			donatedID(t, s, b, "a1", "kimi")
+			if n := len(readOverlay(t, env).Items); n != 2 {
+				t.Errorf("the overlay holds %d items after the restore and a donation, want 2", n)
+			}
+		})
 	}
 }
