@@ -14,7 +14,7 @@ func TestCheck(t *testing.T) {
 		"server.go":   "package main\n\nimport \"net/http\"\n\ntype server struct{ e engine }\n\nfunc (s *server) handle(w http.ResponseWriter, r *http.Request) { s.e.run() }\n\nfunc main() {}\n",
 		"dispatch.go": "package main\n\nimport \"net/http\"\n\ntype engine struct{}\n\nfunc (e engine) run() { panic(http.ErrAbortHandler) }\n",
 		// What the no-cutoff rule allows: idle bounds, a timeout set to 0, an abort now.
-		"listen.go": "package main\n\nimport (\n\t\"net/http\"\n\t\"time\"\n)\n\nvar srv = &http.Server{ReadHeaderTimeout: time.Second, IdleTimeout: time.Second}\n\n" +
+		"state.go": "package main\n\nimport (\n\t\"net/http\"\n\t\"time\"\n)\n\nvar srv = &http.Server{ReadHeaderTimeout: time.Second, IdleTimeout: time.Second}\n\n" +
 			"func abort(w http.ResponseWriter) {\n\tt := &http.Transport{IdleConnTimeout: time.Second}\n\tt.TLSHandshakeTimeout = 0\n\thttp.NewResponseController(w).SetReadDeadline(time.Now())\n}\n",
 		"README.md": "# x\n\n## Reading the code\n\n| rule | where |\n|---|---|\n| the abort | `(*engine).run`, `engine.run` |\n",
 	}
@@ -24,9 +24,12 @@ func TestCheck(t *testing.T) {
 		wantFind string
 	}{
 		{"passes", func(map[string]string) {}, ""},
-		{"two files use each other", func(f map[string]string) {
+		{"a lower file uses a higher one's name", func(f map[string]string) {
 			f["dispatch.go"] += "\nfunc (e engine) back(s *server) {}\n"
-		}, "server.go and dispatch.go use each other"},
+		}, "dispatch.go uses server of server.go, a higher layer"},
+		{"a file with no layer", func(f map[string]string) {
+			f["helpers.go"] = "package main\n"
+		}, "helpers.go has no layer"},
 		{"the abort written twice", func(f map[string]string) {
 			f["dispatch.go"] += "\nfunc (e engine) again() { panic(http.ErrAbortHandler) }\n"
 		}, "written 2 times"},
@@ -74,7 +77,7 @@ func TestCheck(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			findings, err := check(dir, "README.md", 100, 30)
+			findings, err := check(dir, "README.md", 100, 30, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
