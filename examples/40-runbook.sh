@@ -28,13 +28,17 @@ expect "answered once the key is set" "$(chat openai/gpt-4o-mini "$app" | jq -r 
 expect "ready" "$(ready | jq -r .ready)" "true"
 
 # The replay guard: a refusal after a call (here the provider refused the
-# key: provider_failure) is answered again without a call for 60 s.
+# key: provider_failure) is answered again without a call for 120 s.
 chat openai/fail-401 "$app" >/dev/null
 out=$(chat openai/fail-401 "$app")
 expect "replay refused" "$(header brama-replay-refused) $(echo "$out" | jq -r '.error.code + " " + (.error.attempts|tostring)')" "true provider_failure 0"
 grep -q '"outcome":"provider_failure".*"attempts":0' "$WORK/brama.err" && echo "ok: the refused replay's log line (attempts 0)"
-# The fix: the cause first (a new key), then the caller sends a changed
-# request, waits BRAMA_REPLAY_GUARD_SECS, or the operator restarts serve.
+# The fix: a new key makes the guard forget what went through the old one.
+printf '%s\n' "sk-example-openai-key-2" | "$BRAMA" credentials set openai
+out=$(chat openai/fail-401 "$app")
+expect "after a new key the provider is asked again" "$(echo "$out" | jq -r '.error.code + " " + (.error.attempts|tostring)')" "provider_failure 1"
+# Or the guard's memory ends with a restart.
+chat openai/fail-401 "$app" >/dev/null
 stop_brama
 serve_again
 out=$(chat openai/fail-401 "$app")
