@@ -1,20 +1,376 @@
 package main
 
 import (
+	"bytes"
 	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
+	"net"
+	"net/netip"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"unicode"
+	"unicode/utf8"
 )
 
-// The route registry file (SPEC §4.2-§4.4: cached read, writers, migrate,
-// alias states) and what a request's model names (§5). routesdoc.go: the document.
+// The route registry (SPEC §4): the document and its guards, the file read cached by
+// identity, its one writer, migrate, alias states, and what a request's model names (§5).
+
+const (
+	registryRole        = "route registry" // names the file in guard errors
+	maxRegistryBytes    = 1 << 20
+	maxDestinationBytes = 512 // a destination, and the model of a canonical route (§4.1, §5.1)
+)
+
+var (
+	aliasPattern    = regexp.MustCompile(`^([a-z0-9._/-]{1,128}|[a-z0-9._-]{1,128}\*)$`) // exact, or a prefix alias
+	namePattern     = regexp.MustCompile(`^[a-z0-9._-]{1,128}$`)                         // deployments and adapters
+	providerPattern = regexp.MustCompile(`^[a-z0-9._-]{1,64}$`)
+	cgnatPrefix     = netip.MustParsePrefix("100.64.0.0/10")
+)
+
+// Routing modes (SPEC §5.3) and alias states (SPEC §4.3).
+const (
+	modeAny          = "any"
+	modeAnyVision    = "any-vision-capable"
+	modeBest         = "best"
+	modeSubscription = "subscription"
+	modeAlias        = "alias"
+	modeDirect       = "direct"
+
+	stateServing          = "serving"
+	stateNoRoute          = "no_route"
+	stateCapabilityAbsent = "capability_absent"
+	stateRoutesInvalid    = "routes_file_invalid"
+)
+
+// routesDoc is one schema-1 registry document. Parsed documents always have
+// non-nil Deployments and Routes, and are shared: callers must not modify them.
+type routesDoc struct {
+	SchemaVersion int               `json:"schema_version"`
+	Deployments   []deployment      `json:"deployments"`
+	Routes        map[string]string `json:"routes"`
+}
+
+// deployment is a local OpenAI-compatible server; a bare destination naming it or one of
+// its adapters (e.g. a LoRA) routes to local-openai/<name> (SPEC §4.1).
+type (
+	deployment struct {
+		Name     string             `json:"name"`
+		Endpoint deploymentEndpoint `json:"endpoint"`
+		Model    string             `json:"model,omitempty"`    // upstream model name; "" means Name
+		Adapters []adapter          `json:"adapters,omitempty"` // never empty-but-non-nil after parseRegistry
+	}
+	deploymentEndpoint struct {
+		Host string `json:"host"`
+		Port int    `json:"port"`
+	}
+	adapter struct {
+		Name string `json:"name"`
+	}
+)
+
+func emptyRoutesDoc() *routesDoc {
+	return &routesDoc{SchemaVersion: 1, Deployments: []deployment{}, Routes: map[string]string{}}
+}
+
+// encodeRegistry is the one canonical encoding every writer commits (two
+// space indent, sorted routes, [] and {} when empty), so migrate is idempotent.
+func encodeRegistry(d *routesDoc) []byte {
+	out := emptyRoutesDoc()
+	if d.Deployments != nil {
+		out.Deployments = d.Deployments
+	}
+	if d.Routes != nil {
+		out.Routes = d.Routes
+	}
+	b, _ := marshalState(out) // strings and ints always marshal
+	return b
+}
+
+// routesInvalidError says why a registry document is refused, naming the
+// alias, deployment or field at fault; safe to show an operator.
+type routesInvalidError struct{ error }
+
+func invalidf(format string, args ...any) error {
+	return &routesInvalidError{fmt.Errorf(format, args...)}
+}
+
+// registryShapes says what a member must be when the typed decode meets another JSON type.
+var registryShapes = map[string]string{
+	"schema_version":            "1",
+	"deployments":               "an array of deployment objects",
+	"routes":                    "an object mapping each alias to one destination string (there are no fallback lists)",
+	"deployments.endpoint":      `an object {"host","port"}`,
+	"deployments.endpoint.port": "an integer port",
+	"deployments.adapters":      `an array of {"name"}`,
+}
+
+// parseRegistry reads a document under every guard of SPEC §4.1 with the one strict
+// decoder. Unknown providers pass (capability_absent); only writers refuse them.
+func parseRegistry(b []byte) (*routesDoc, error) {
+	top, err := registryMembers(b)
+	if err != nil {
+		return nil, err
+	} else if top == nil {
+		return emptyRoutesDoc(), nil
+	}
+	if extra := extraMembers(top); len(extra) > 0 {
+		return nil, invalidf("registry field %s is not part of schema 1; run brama routes migrate", strconv.Quote(clipName(extra[0])))
+	}
+	doc := emptyRoutesDoc()
+	var te *json.UnmarshalTypeError
+	switch err := decodeStrict("registry", b, doc); {
+	case errors.As(err, &te):
+		return nil, invalidf("registry field %q must be %s, not %s", te.Field, cmp.Or(registryShapes[te.Field], "a "+te.Type.String()), clipName(te.Value))
+	case errors.As(err, new(*routesInvalidError)):
+		return nil, err
+	case err != nil:
+		return nil, invalidf("%s", clipName(err.Error()))
+	}
+	// The typed decode takes null, and a model's "", for absent; schema 1 refuses them.
+	var raw struct {
+		SchemaVersion json.RawMessage `json:"schema_version"`
+		Deployments   []struct {
+			Name            string
+			Model, Adapters json.RawMessage
+		}
+	}
+	json.Unmarshal(b, &raw) // decodeStrict took these bytes
+	if string(raw.SchemaVersion) == "null" {
+		return nil, invalidf(`registry field "schema_version" must be 1, not null`)
+	}
+	for _, d := range raw.Deployments {
+		if m := string(d.Model); m == "null" || m == `""` || string(d.Adapters) == "null" {
+			return nil, invalidf(`registry deployment %q member "model" must be a non-empty string, and "adapters" an array, when present`, clipName(d.Name))
+		}
+	}
+	return doc, nil
+}
+
+// registryTooBig is SPEC §4.1's 1 MiB bound, checked on a file's size before it is read.
+func registryTooBig(size int64) error {
+	if size > maxRegistryBytes {
+		return invalidf("registry is %d bytes; the limit is 1 MiB (%d bytes)", size, maxRegistryBytes)
+	}
+	return nil
+}
+
+// registryMembers decodes b strictly (two readers must never disagree about an alias) into
+// top-level members, nil when empty: raw, so migrate can drop the members schema 1 lacks.
+func registryMembers(b []byte) (map[string]json.RawMessage, error) {
+	if err := registryTooBig(int64(len(b))); err != nil {
+		return nil, err
+	}
+	if len(bytes.Trim(b, " \t\r\n")) == 0 { // JSON's whitespace, not Unicode's
+		return nil, nil
+	}
+	var m map[string]json.RawMessage
+	err := decodeStrict("registry", b, &m)
+	switch {
+	case err == nil && m != nil:
+		return m, nil
+	case utf8.Valid(b) && !json.Valid(b):
+		return nil, invalidf("registry is not valid JSON: %v", json.Unmarshal(b, new(any)))
+	case err == nil || errors.As(err, new(*json.UnmarshalTypeError)):
+		return nil, invalidf("registry must be one JSON object")
+	}
+	return nil, invalidf("%s", clipName(err.Error()))
+}
+
+// extraMembers lists, sorted, the top-level members schema 1 does not have.
+func extraMembers(m map[string]json.RawMessage) []string {
+	extra := []string{}
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		if k != "schema_version" && k != "deployments" && k != "routes" {
+			extra = append(extra, k)
+		}
+	}
+	return extra
+}
+
+// validate applies SPEC §4.1's guards to a decoded document (decodeStrict calls it):
+// deployments in order, then routes by alias.
+func (doc *routesDoc) validate() error {
+	switch {
+	case doc.SchemaVersion != 1:
+		return invalidf(`registry field "schema_version" must be 1, not %d`, doc.SchemaVersion)
+	case doc.Deployments == nil:
+		return invalidf(`registry field "deployments" must be an array of deployments, not null`)
+	case doc.Routes == nil:
+		return invalidf(`registry field "routes" must be an object mapping each alias to one destination, not null`)
+	}
+	for i := range doc.Deployments {
+		if err := checkDeployment(&doc.Deployments[i], doc.Deployments[:i]); err != nil {
+			return err
+		}
+	}
+	for _, alias := range slices.Sorted(maps.Keys(doc.Routes)) {
+		if err := checkRoute(doc, alias, doc.Routes[alias]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkDeployment guards d, declared after before. Its endpoint is an IPv4 loopback or
+// tailnet literal: an edit must never point unauthenticated calls at the internet.
+func checkDeployment(d *deployment, before []deployment) error {
+	label := fmt.Sprintf("registry deployment %q", clipName(d.Name))
+	if len(d.Adapters) == 0 {
+		d.Adapters = nil // [] and absent are one document
+	}
+	for _, a := range d.Adapters {
+		if !namePattern.MatchString(a.Name) {
+			return invalidf("%s adapter %q: an adapter name must match [a-z0-9._-]{1,128}", label, clipName(a.Name))
+		}
+	}
+	addr, err := netip.ParseAddr(d.Endpoint.Host)
+	switch modelErr := checkModelName(d.Model); {
+	case !namePattern.MatchString(d.Name):
+		return invalidf("%s: a deployment name must match [a-z0-9._-]{1,128}", label)
+	case slices.ContainsFunc(before, func(o deployment) bool { return o.Name == d.Name }):
+		return invalidf("%s is declared twice; deployment names must be unique", label)
+	case err != nil || !addr.Is4() || !(addr.IsLoopback() || cgnatPrefix.Contains(addr)):
+		return invalidf("%s: endpoint host %q is not an IPv4 loopback or 100.64.0.0/10 literal", label, clipName(d.Endpoint.Host))
+	case d.Endpoint.Port < 1 || d.Endpoint.Port > 65535:
+		return invalidf("%s: endpoint port %d is not a port (1-65535)", label, d.Endpoint.Port)
+	case d.Model != "" && modelErr != nil:
+		return invalidf("%s: model %v", label, modelErr)
+	}
+	return nil
+}
+
+// checkModelName is §5.1's rule for the model of a canonical route, also
+// applied to a deployment's upstream model.
+func checkModelName(m string) error {
+	switch {
+	case m == "":
+		return errors.New("is empty")
+	case len(m) > maxDestinationBytes:
+		return fmt.Errorf("is %d bytes; the limit is %d", len(m), maxDestinationBytes)
+	case hasControl(m):
+		return errors.New("contains a control character")
+	}
+	return nil
+}
+
+func hasControl(s string) bool { return strings.IndexFunc(s, unicode.IsControl) >= 0 }
+
+// checkAlias is the alias guard of SPEC §4.1; no alias may shadow a selector.
+func checkAlias(alias string) error {
+	if !aliasPattern.MatchString(alias) {
+		return invalidf("registry alias %q must match [a-z0-9._/-]{1,128}, or [a-z0-9._-]{1,128} then * for a prefix alias", clipName(alias))
+	}
+	if alias == modeAny || alias == modeAnyVision {
+		return invalidf("registry alias %q is a selector name and cannot be declared", alias)
+	}
+	return nil
+}
+
+// checkRoute applies every §4.1 guard to one alias and its destination in
+// doc; a canonical destination of an unknown provider passes.
+func checkRoute(doc *routesDoc, alias, dest string) error {
+	if err := checkAlias(alias); err != nil {
+		return err
+	}
+	label := fmt.Sprintf("registry route %q", clipName(alias))
+	provider, model, canonical := strings.Cut(dest, "/")
+	modelErr := checkModelName(model)
+	_, _, n := doc.lookupLocal(dest)
+	switch {
+	case dest == "":
+		return invalidf("%s: the destination is empty", label)
+	case !utf8.ValidString(dest):
+		return invalidf("%s: the destination is not valid UTF-8", label)
+	case len(dest) > maxDestinationBytes:
+		return invalidf("%s: the destination is %d bytes; the limit is %d", label, len(dest), maxDestinationBytes)
+	case dest != strings.TrimSpace(dest):
+		return invalidf("%s: destination %q has leading or trailing space", label, dest)
+	case strings.Contains(dest, "*") && !(strings.HasSuffix(alias, "*") && canonical && model == "*"):
+		return invalidf("%s: destination %q contains \"*\"; only a prefix alias (ending in *) may route to <provider>/*", label, dest)
+	case hasControl(dest):
+		return invalidf("%s: destination %q contains a control character", label, dest)
+	case dest == modeBest && alias == modeBest:
+		return invalidf("%s must name a canonical route (provider/model), not best", label)
+	case dest == modeBest:
+		return nil
+	case canonical && !providerPattern.MatchString(provider):
+		return invalidf("%s: destination %q is not a canonical route: the provider must match [a-z0-9._-]{1,64}", label, dest)
+	case canonical && modelErr != nil:
+		return invalidf("%s: destination %q is not a canonical route: the model %v", label, dest, modelErr)
+	case canonical && alias == modeBest && provider == "local-openai": // best is paid by subscriptions
+		return invalidf("%s must name a canonical route of a subscription-capable provider, not deployment %q", label, dest)
+	case canonical:
+		return nil
+	case alias == modeBest:
+		return invalidf("%s must name a canonical route (provider/model), not deployment %q", label, dest)
+	case n == 0:
+		return invalidf("%s: destination %q names no deployment or adapter", label, dest)
+	case n > 1:
+		return invalidf("%s: destination %q names %d deployments or adapters; a bare name must name exactly one", label, dest, n)
+	}
+	return nil
+}
+
+// match is what name declares (SPEC §4.1, §5.1): its exact alias's destination, else the
+// longest matching prefix alias's, where <provider>/* becomes <provider>/name. A name with
+// "/" or "*" matches no prefix alias: "o*" must not take over openai/... canonical routes.
+func (doc *routesDoc) match(name string) (dest string, ok bool) {
+	if dest, ok = doc.Routes[name]; ok && !strings.HasSuffix(name, "*") {
+		return dest, true
+	}
+	if strings.ContainsAny(name, "/*") || checkModelName(name) != nil {
+		return "", false
+	}
+	longest := ""
+	for alias, d := range doc.Routes {
+		if prefix, ok := strings.CutSuffix(alias, "*"); ok && len(alias) > len(longest) && strings.HasPrefix(name, prefix) {
+			longest, dest = alias, d
+		}
+	}
+	if provider, ok := strings.CutSuffix(dest, "/*"); ok {
+		dest = provider + "/" + name
+	}
+	return dest, longest != ""
+}
+
+// lookupLocal finds the deployment or adapter a bare name means, its
+// upstream model name, and how many deployments and adapters carry the name.
+func (doc *routesDoc) lookupLocal(name string) (dep deployment, upstream string, n int) {
+	for _, d := range doc.Deployments {
+		if d.Name == name {
+			dep, upstream, n = d, cmp.Or(d.Model, d.Name), n+1
+		}
+		for _, a := range d.Adapters {
+			if a.Name == name {
+				dep, upstream, n = d, a.Name, n+1
+			}
+		}
+	}
+	return dep, upstream, n
+}
+
+// baseURL is the deployment's OpenAI-compatible endpoint (SPEC §4.1).
+func (d deployment) baseURL() string {
+	return "http://" + net.JoinHostPort(d.Endpoint.Host, strconv.Itoa(d.Endpoint.Port)) + "/v1"
+}
+
+// clipName shortens a name from the file before an error quotes it: the
+// reason is logged and may reach a client.
+func clipName(s string) string {
+	if len(s) <= 128 {
+		return s
+	}
+	return truncateUTF8(s, 128) + "…"
+}
 
 // registryPath is BRAMA_ROUTES_FILE, else $STATE/routes.json; with neither,
 // the *noStateError: the registry is empty and every write refuses (SPEC §2.1).
@@ -123,11 +479,7 @@ func (r *registry) setDeployment(d deployment, remove bool) (*routesDoc, error) 
 		case len(doc.Deployments) != n:
 			return nil, refuse("invalid_request", "deployment %q is already declared; rm it first", d.Name)
 		}
-		raw, _ := json.Marshal(d)
-		if _, err := parseDeployment(n, raw, doc.Deployments); err != nil { // the reader's own guards
-			return nil, refuse("invalid_request", "%v", err)
-		}
-		doc.Deployments = append(doc.Deployments, d)
+		doc.Deployments = append(doc.Deployments, d) // commit re-parses: the reader's own guards
 		return nil, nil
 	})
 }
@@ -197,14 +549,12 @@ func migrateRegistry(path string) (committed []byte, dropped []string, doc *rout
 		if err != nil {
 			return err
 		}
-		dropped = []string{}
-		for _, k := range slices.Sorted(maps.Keys(members)) {
-			if k != "schema_version" && k != "deployments" && k != "routes" {
-				dropped = append(dropped, k)
-				delete(members, k)
-			}
+		dropped = extraMembers(members)
+		for _, k := range dropped {
+			delete(members, k)
 		}
-		if doc, err = validateRegistry(members); err != nil {
+		kept, _ := json.Marshal(members) // raw members always marshal
+		if doc, err = parseRegistry(kept); err != nil {
 			return err
 		}
 		committed = encodeRegistry(doc)
