@@ -20,8 +20,7 @@ import (
 	"unicode/utf8"
 )
 
-// The route registry (SPEC §4): the document and its guards, the file read cached by
-// identity, its one writer, migrate, alias states, and what a request's model names (§5).
+// The route registry (SPEC §4): document, guards, cached read, writes, migrate, alias states, resolution (§5).
 
 const (
 	registryRole        = "route registry" // names the file in guard errors
@@ -59,8 +58,7 @@ type routesDoc struct {
 	Routes        map[string]string `json:"routes"`
 }
 
-// deployment is a local OpenAI-compatible server; a bare destination naming it or one of
-// its adapters (e.g. a LoRA) routes to local-openai/<name> (SPEC §4.1).
+// deployment is a local OpenAI-compatible server; a bare destination naming it or an adapter routes there.
 type (
 	deployment struct {
 		Name     string             `json:"name"`
@@ -85,32 +83,17 @@ func emptyRoutesDoc() *routesDoc {
 // space indent, sorted routes, [] and {} when empty), so migrate is idempotent.
 func encodeRegistry(d *routesDoc) []byte {
 	out := emptyRoutesDoc()
-	if d.Deployments != nil {
-		out.Deployments = d.Deployments
-	}
-	if d.Routes != nil {
-		out.Routes = d.Routes
-	}
+	out.Deployments = append(out.Deployments, d.Deployments...)
+	maps.Copy(out.Routes, d.Routes)
 	b, _ := marshalState(out) // strings and ints always marshal
 	return b
 }
 
-// routesInvalidError says why a registry document is refused, naming the
-// alias, deployment or field at fault; safe to show an operator.
+// routesInvalidError says why a registry document is refused; safe to show an operator.
 type routesInvalidError struct{ error }
 
 func invalidf(format string, args ...any) error {
 	return &routesInvalidError{fmt.Errorf(format, args...)}
-}
-
-// registryShapes says what a member must be when the typed decode meets another JSON type.
-var registryShapes = map[string]string{
-	"schema_version":            "1",
-	"deployments":               "an array of deployment objects",
-	"routes":                    "an object mapping each alias to one destination string (there are no fallback lists)",
-	"deployments.endpoint":      `an object {"host","port"}`,
-	"deployments.endpoint.port": "an integer port",
-	"deployments.adapters":      `an array of {"name"}`,
 }
 
 // parseRegistry reads a document under every guard of SPEC §4.1 with the one strict
@@ -129,25 +112,22 @@ func parseRegistry(b []byte) (*routesDoc, error) {
 	var te *json.UnmarshalTypeError
 	switch err := decodeStrict("registry", b, doc); {
 	case errors.As(err, &te):
-		return nil, invalidf("registry field %q must be %s, not %s", te.Field, cmp.Or(registryShapes[te.Field], "a "+te.Type.String()), clipName(te.Value))
+		return nil, invalidf("registry field %q cannot be %s (see SPEC §4.1; a destination is one string)", te.Field, clipName(te.Value))
 	case errors.As(err, new(*routesInvalidError)):
 		return nil, err
 	case err != nil:
 		return nil, invalidf("%s", clipName(err.Error()))
 	}
 	// The typed decode takes null, and a model's "", for absent; schema 1 refuses them.
-	var raw struct {
-		SchemaVersion json.RawMessage `json:"schema_version"`
-		Deployments   []struct {
-			Name            string
-			Model, Adapters json.RawMessage
-		}
-	}
-	json.Unmarshal(b, &raw) // decodeStrict took these bytes
-	if string(raw.SchemaVersion) == "null" {
+	if string(top["schema_version"]) == "null" {
 		return nil, invalidf(`registry field "schema_version" must be 1, not null`)
 	}
-	for _, d := range raw.Deployments {
+	var deps []struct {
+		Name            string
+		Model, Adapters json.RawMessage
+	}
+	json.Unmarshal(top["deployments"], &deps) // decodeStrict took these bytes
+	for _, d := range deps {
 		if m := string(d.Model); m == "null" || m == `""` || string(d.Adapters) == "null" {
 			return nil, invalidf(`registry deployment %q member "model" must be a non-empty string, and "adapters" an array, when present`, clipName(d.Name))
 		}
@@ -163,8 +143,7 @@ func registryTooBig(size int64) error {
 	return nil
 }
 
-// registryMembers decodes b strictly (two readers must never disagree about an alias) into
-// top-level members, nil when empty: raw, so migrate can drop the members schema 1 lacks.
+// registryMembers decodes b strictly into top-level members (nil when blank), which migrate can drop.
 func registryMembers(b []byte) (map[string]json.RawMessage, error) {
 	if err := registryTooBig(int64(len(b))); err != nil {
 		return nil, err
@@ -187,17 +166,11 @@ func registryMembers(b []byte) (map[string]json.RawMessage, error) {
 
 // extraMembers lists, sorted, the top-level members schema 1 does not have.
 func extraMembers(m map[string]json.RawMessage) []string {
-	extra := []string{}
-	for _, k := range slices.Sorted(maps.Keys(m)) {
-		if k != "schema_version" && k != "deployments" && k != "routes" {
-			extra = append(extra, k)
-		}
-	}
-	return extra
+	known := func(k string) bool { return k == "schema_version" || k == "deployments" || k == "routes" }
+	return slices.DeleteFunc(append([]string{}, slices.Sorted(maps.Keys(m))...), known)
 }
 
-// validate applies SPEC §4.1's guards to a decoded document (decodeStrict calls it):
-// deployments in order, then routes by alias.
+// validate applies SPEC §4.1's guards to a decoded document; decodeStrict calls it.
 func (doc *routesDoc) validate() error {
 	switch {
 	case doc.SchemaVersion != 1:
@@ -227,13 +200,11 @@ func checkDeployment(d *deployment, before []deployment) error {
 	if len(d.Adapters) == 0 {
 		d.Adapters = nil // [] and absent are one document
 	}
-	for _, a := range d.Adapters {
-		if !namePattern.MatchString(a.Name) {
-			return invalidf("%s adapter %q: an adapter name must match [a-z0-9._-]{1,128}", label, clipName(a.Name))
-		}
-	}
+	bad := slices.IndexFunc(d.Adapters, func(a adapter) bool { return !namePattern.MatchString(a.Name) })
 	addr, err := netip.ParseAddr(d.Endpoint.Host)
-	switch modelErr := checkModelName(d.Model); {
+	switch {
+	case bad >= 0:
+		return invalidf("%s adapter %q: an adapter name must match [a-z0-9._-]{1,128}", label, clipName(d.Adapters[bad].Name))
 	case !namePattern.MatchString(d.Name):
 		return invalidf("%s: a deployment name must match [a-z0-9._-]{1,128}", label)
 	case slices.ContainsFunc(before, func(o deployment) bool { return o.Name == d.Name }):
@@ -242,27 +213,16 @@ func checkDeployment(d *deployment, before []deployment) error {
 		return invalidf("%s: endpoint host %q is not an IPv4 loopback or 100.64.0.0/10 literal", label, clipName(d.Endpoint.Host))
 	case d.Endpoint.Port < 1 || d.Endpoint.Port > 65535:
 		return invalidf("%s: endpoint port %d is not a port (1-65535)", label, d.Endpoint.Port)
-	case d.Model != "" && modelErr != nil:
-		return invalidf("%s: model %v", label, modelErr)
+	case d.Model != "" && !validModel(d.Model):
+		return invalidf("%s: model %q is not 1-512 bytes without control characters", label, clipName(d.Model))
 	}
 	return nil
 }
 
-// checkModelName is §5.1's rule for the model of a canonical route, also
-// applied to a deployment's upstream model.
-func checkModelName(m string) error {
-	switch {
-	case m == "":
-		return errors.New("is empty")
-	case len(m) > maxDestinationBytes:
-		return fmt.Errorf("is %d bytes; the limit is %d", len(m), maxDestinationBytes)
-	case hasControl(m):
-		return errors.New("contains a control character")
-	}
-	return nil
+// validModel is §5.1's rule for a canonical route's model, and a deployment's.
+func validModel(m string) bool {
+	return m != "" && len(m) <= maxDestinationBytes && strings.IndexFunc(m, unicode.IsControl) < 0
 }
-
-func hasControl(s string) bool { return strings.IndexFunc(s, unicode.IsControl) >= 0 }
 
 // checkAlias is the alias guard of SPEC §4.1; no alias may shadow a selector.
 func checkAlias(alias string) error {
@@ -275,15 +235,13 @@ func checkAlias(alias string) error {
 	return nil
 }
 
-// checkRoute applies every §4.1 guard to one alias and its destination in
-// doc; a canonical destination of an unknown provider passes.
+// checkRoute applies §4.1's guards to one route; an unknown provider passes.
 func checkRoute(doc *routesDoc, alias, dest string) error {
 	if err := checkAlias(alias); err != nil {
 		return err
 	}
 	label := fmt.Sprintf("registry route %q", clipName(alias))
 	provider, model, canonical := strings.Cut(dest, "/")
-	modelErr := checkModelName(model)
 	_, _, n := doc.lookupLocal(dest)
 	switch {
 	case dest == "":
@@ -296,7 +254,7 @@ func checkRoute(doc *routesDoc, alias, dest string) error {
 		return invalidf("%s: destination %q has leading or trailing space", label, dest)
 	case strings.Contains(dest, "*") && !(strings.HasSuffix(alias, "*") && canonical && model == "*"):
 		return invalidf("%s: destination %q contains \"*\"; only a prefix alias (ending in *) may route to <provider>/*", label, dest)
-	case hasControl(dest):
+	case strings.IndexFunc(dest, unicode.IsControl) >= 0:
 		return invalidf("%s: destination %q contains a control character", label, dest)
 	case dest == modeBest && alias == modeBest:
 		return invalidf("%s must name a canonical route (provider/model), not best", label)
@@ -304,8 +262,8 @@ func checkRoute(doc *routesDoc, alias, dest string) error {
 		return nil
 	case canonical && !providerPattern.MatchString(provider):
 		return invalidf("%s: destination %q is not a canonical route: the provider must match [a-z0-9._-]{1,64}", label, dest)
-	case canonical && modelErr != nil:
-		return invalidf("%s: destination %q is not a canonical route: the model %v", label, dest, modelErr)
+	case canonical && model == "": // the dest's own guards cover the model's others
+		return invalidf("%s: destination %q is not a canonical route: the model is empty", label, dest)
 	case canonical && alias == modeBest && provider == "local-openai": // best is paid by subscriptions
 		return invalidf("%s must name a canonical route of a subscription-capable provider, not deployment %q", label, dest)
 	case canonical:
@@ -327,7 +285,7 @@ func (doc *routesDoc) match(name string) (dest string, ok bool) {
 	if dest, ok = doc.Routes[name]; ok && !strings.HasSuffix(name, "*") {
 		return dest, true
 	}
-	if strings.ContainsAny(name, "/*") || checkModelName(name) != nil {
+	if strings.ContainsAny(name, "/*") || !validModel(name) {
 		return "", false
 	}
 	longest := ""
@@ -342,8 +300,7 @@ func (doc *routesDoc) match(name string) (dest string, ok bool) {
 	return dest, longest != ""
 }
 
-// lookupLocal finds the deployment or adapter a bare name means, its
-// upstream model name, and how many deployments and adapters carry the name.
+// lookupLocal finds the deployment or adapter a bare name means, its upstream model, and how many carry it.
 func (doc *routesDoc) lookupLocal(name string) (dep deployment, upstream string, n int) {
 	for _, d := range doc.Deployments {
 		if d.Name == name {
@@ -363,8 +320,7 @@ func (d deployment) baseURL() string {
 	return "http://" + net.JoinHostPort(d.Endpoint.Host, strconv.Itoa(d.Endpoint.Port)) + "/v1"
 }
 
-// clipName shortens a name from the file before an error quotes it: the
-// reason is logged and may reach a client.
+// clipName shortens a name before an error quotes it: the reason is logged and may reach a client.
 func clipName(s string) string {
 	if len(s) <= 128 {
 		return s
@@ -372,24 +328,20 @@ func clipName(s string) string {
 	return truncateUTF8(s, 128) + "…"
 }
 
-// registryPath is BRAMA_ROUTES_FILE, else $STATE/routes.json; with neither,
-// the *noStateError: the registry is empty and every write refuses (SPEC §2.1).
+// registryPath is BRAMA_ROUTES_FILE, else $STATE/routes.json, else the *noStateError (SPEC §2.1).
 func registryPath(st state, getenv func(string) string) (string, error) {
 	return st.fileOrState(getenv, "BRAMA_ROUTES_FILE", registryRole, "routes.json")
 }
 
-// registry is the route registry file, read cached by file identity (SPEC
-// §4.2); set, remove and migrateRegistry replace it under its lock (§4.4).
+// registry is the registry file, read cached by file identity (SPEC §4.2), written under its lock (§4.4).
 type registry struct {
 	stateFile[*routesDoc] // path "" when pathErr is set; keeps a parse failure
-
-	j       *journal
-	log     *slog.Logger
-	writeMu sync.Mutex // serializes set and remove within this process
-
-	logMu      sync.Mutex   // held by current, guards lastLogged
-	lastLogged string       // the failure last logged as inference_routes_invalid
-	parses     atomic.Int32 // files parsed so far; lets tests prove an unchanged file costs none
+	j                     *journal
+	log                   *slog.Logger
+	writeMu               sync.Mutex   // serializes set and remove within this process
+	logMu                 sync.Mutex   // held by current, guards lastLogged
+	lastLogged            string       // the failure last logged as inference_routes_invalid
+	parses                atomic.Int32 // files parsed so far; lets tests prove an unchanged file costs none
 }
 
 func newRegistry(path string, pathErr error, j *journal, log *slog.Logger) *registry {
@@ -404,8 +356,7 @@ func newRegistry(path string, pathErr error, j *journal, log *slog.Logger) *regi
 	return r
 }
 
-// current returns the shared document, parsing only a changed file; absent
-// is the empty registry, and each distinct failure is logged once.
+// current returns the shared document; each distinct failure is logged once.
 func (r *registry) current() (*routesDoc, error) {
 	if r.pathErr != nil {
 		return emptyRoutesDoc(), nil
@@ -433,7 +384,6 @@ func (r *registry) set(alias, destination, by string) (*routesDoc, error) {
 	return r.write(alias, &dest, by)
 }
 
-// remove deletes alias (SPEC §4.4) and returns the committed document.
 func (r *registry) remove(alias, by string) (*routesDoc, error) { return r.write(alias, nil, by) }
 
 // write points alias at *to or, nil, removes it (SPEC §4.4), journaling the change.
@@ -445,17 +395,14 @@ func (r *registry) write(alias string, to *string, by string) (*routesDoc, error
 		}
 		switch {
 		case to == nil && rec.From == nil:
-			e := refuse("alias_unknown", "alias %q is not declared in the route registry", alias)
-			e.Details = &aliasDetails{Alias: alias, State: stateNoRoute}
-			return nil, e
+			return nil, withAlias(refuse("alias_unknown", "alias %q is not declared in the route registry", alias), alias, stateNoRoute, nil)
 		case to == nil:
 			delete(doc.Routes, alias)
 		default:
 			if err := checkRoute(doc, alias, *to); err != nil {
 				return nil, refuse("invalid_request", "%v", err)
 			}
-			// Every credential assumed, capability_absent is an unknown provider or a
-			// missing deployment: readers accept it, writers never create it.
+			// Every credential assumed, capability_absent is an unknown provider or deployment: writers refuse it.
 			if st, reason := aliasState(doc, *to, func(string) bool { return true }); st != stateServing {
 				return nil, refuse("invalid_request", "registry route %q: %s", alias, reason)
 			}
@@ -465,8 +412,7 @@ func (r *registry) write(alias string, to *string, by string) (*routesDoc, error
 	})
 }
 
-// setDeployment declares d, or with remove takes the deployment named d.Name out; an alias
-// still routed to it keeps it (the staged document would be invalid). Nothing is journaled.
+// setDeployment declares d or removes d.Name; an alias still routed to it keeps it. Nothing is journaled.
 func (r *registry) setDeployment(d deployment, remove bool) (*routesDoc, error) {
 	return r.commit(func(doc *routesDoc) (*journalRecord, error) {
 		n := len(doc.Deployments)
@@ -484,9 +430,8 @@ func (r *registry) setDeployment(d deployment, remove bool) (*routesDoc, error) 
 	})
 }
 
-// commit is SPEC §4.4's one read-modify-rename under the mutex and flock: change edits the
-// freshly parsed document and returns the record to journal after the rename, if any; a
-// journal failure then is logged: it cannot undo the rename.
+// commit is SPEC §4.4's read-modify-rename under the mutex and flock; change returns the record to
+// journal after the rename, if any, whose failure is only logged: it cannot undo the rename.
 func (r *registry) commit(change func(doc *routesDoc) (*journalRecord, error)) (*routesDoc, error) {
 	if err := r.pathErr; err != nil {
 		return nil, refuse("dependency_unavailable", "the route registry cannot be written: %v", err).because(err)
@@ -533,8 +478,7 @@ func (r *registry) commit(change func(doc *routesDoc) (*journalRecord, error)) (
 	return nil, err
 }
 
-// migrateRegistry is `brama routes migrate` (SPEC §4.4): it drops the members schema 1
-// lacks (returned sorted), commits the rest canonical; an invalid file is left untouched.
+// migrateRegistry is `brama routes migrate` (SPEC §4.4): drop what schema 1 lacks, commit the rest.
 func migrateRegistry(path string) (committed []byte, dropped []string, doc *routesDoc, err error) {
 	if _, err := guardFile(registryRole, path); err != nil {
 		return nil, nil, nil, err // before the lock: an absent file gets no lock file either
@@ -560,10 +504,7 @@ func migrateRegistry(path string) (committed []byte, dropped []string, doc *rout
 		committed = encodeRegistry(doc)
 		return writeFileAtomic(path, committed)
 	})
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	return committed, dropped, doc, nil
+	return committed, dropped, doc, err // callers read err first
 }
 
 // aliasRow is one line of GET /v1/aliases and `brama routes list`.
@@ -580,8 +521,7 @@ type aliasTable struct {
 	Unserviceable int        `json:"unserviceable"`
 }
 
-// aliasState is the SPEC §4.3 state of an alias routed to dest and its
-// reason; hasDirect says whether a provider has a direct credential.
+// aliasState is the SPEC §4.3 state of an alias routed to dest, and its reason.
 func aliasState(doc *routesDoc, dest string, hasDirect func(provider string) bool) (st, reason string) {
 	if dest == modeBest {
 		return stateServing, "Routes to best: the operator's preferred subscription route, then the agent's other subscription models."
@@ -608,8 +548,7 @@ func aliasState(doc *routesDoc, dest string, hasDirect func(provider string) boo
 	return stateCapabilityAbsent, fmt.Sprintf("No direct %s credential is configured.", p.id)
 }
 
-// aliases lists every declared alias with its state and counts those that
-// cannot serve; an unreadable registry is an error, not an empty table.
+// aliases lists every declared alias with its state; an unreadable registry is an error.
 func (r *registry) aliases(hasDirect func(provider string) bool) (aliasTable, error) {
 	doc, err := r.current()
 	if err != nil {
@@ -630,8 +569,13 @@ func (r *registry) aliases(hasDirect func(provider string) bool) (aliasTable, er
 	return t, nil
 }
 
-// resolution is what a request's model names (SPEC §5.1) and the path it
-// takes (§5.3).
+// withAlias gives e SPEC §5.2's alias details.
+func withAlias(e *apiError, alias, state string, route *string) *apiError {
+	e.Details = &aliasDetails{Alias: alias, State: state, Route: route}
+	return e
+}
+
+// resolution is what a request's model names (SPEC §5.1) and the path it takes (§5.3).
 type resolution struct {
 	Mode     string
 	Alias    string       // set when reached through an alias
@@ -659,20 +603,17 @@ func resolveModel(name string, doc *routesDoc, docErr error, hasDirect func(stri
 	}
 	provider, model, slash := strings.Cut(name, "/") // §5.1 rule 4: a known provider before the first "/"
 	p, known := lookupProvider(provider)
-	known = known && slash && checkModelName(model) == nil // else §5.1 rule 5: never declared
+	known = known && slash && validModel(model) // else §5.1 rule 5: never declared
 	dest, declared := doc.match(name)
 	alias := ""
 	switch {
 	case docErr != nil && known && p.cred != credNone: // needs no registry
 	case docErr != nil:
 		e := refuse("alias_unserviceable", "model %q cannot be resolved: the route registry is invalid: %v", truncateUTF8(name, 200), docErr)
-		e.Details = &aliasDetails{Alias: name, State: stateRoutesInvalid}
-		return resolution{}, e.because(docErr)
+		return resolution{}, withAlias(e.because(docErr), name, stateRoutesInvalid, nil)
 	case declared:
 		if st, reason := aliasState(doc, dest, hasDirect); st != stateServing {
-			e := refuse("alias_unserviceable", "alias %q cannot serve: %s", name, reason)
-			e.Details = &aliasDetails{Alias: name, State: st, Route: &dest}
-			return resolution{}, e
+			return resolution{}, withAlias(refuse("alias_unserviceable", "alias %q cannot serve: %s", name, reason), name, st, &dest)
 		}
 		if dest == modeBest {
 			return resolution{Mode: modeBest, Alias: name}, nil
@@ -689,8 +630,7 @@ func resolveModel(name string, doc *routesDoc, docErr error, hasDirect func(stri
 		}
 		e := refuse("alias_unknown", "model %q is not a declared alias, a selector, best or a canonical route of a known provider; "+
 			"declare it: brama routes set %s ROUTE, or a prefix alias for a family: brama routes set 'claude-*' 'anthropic/*'", truncateUTF8(name, 200), fix)
-		e.Details = &aliasDetails{Alias: name, State: stateNoRoute}
-		return resolution{}, e
+		return resolution{}, withAlias(e, name, stateNoRoute, nil)
 	}
 	res := resolution{Mode: modeDirect, Alias: alias, Route: p.id + "/" + model, Provider: p, Model: model}
 	switch {
