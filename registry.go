@@ -1,39 +1,347 @@
 package main
 
 import (
+	"bytes"
 	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
+	"net"
+	"net/netip"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"unicode"
+	"unicode/utf8"
 )
 
-// The route registry file (SPEC §4.2-§4.4: cached read, writers, migrate,
-// alias states) and what a request's model names (§5). routesdoc.go: the document.
+// The route registry (SPEC §4): document, guards, cached read, writes, migrate, alias states, resolution (§5).
 
-// registryPath is BRAMA_ROUTES_FILE, else $STATE/routes.json; with neither,
-// the *noStateError: the registry is empty and every write refuses (SPEC §2.1).
+const (
+	registryRole        = "route registry" // names the file in guard errors
+	maxRegistryBytes    = 1 << 20
+	maxDestinationBytes = 512 // a destination, and the model of a canonical route (§4.1, §5.1)
+)
+
+var (
+	aliasPattern    = regexp.MustCompile(`^([a-z0-9._/-]{1,128}|[a-z0-9._-]{1,128}\*)$`) // exact, or a prefix alias
+	namePattern     = regexp.MustCompile(`^[a-z0-9._-]{1,128}$`)                         // deployments and adapters
+	providerPattern = regexp.MustCompile(`^[a-z0-9._-]{1,64}$`)
+	cgnatPrefix     = netip.MustParsePrefix("100.64.0.0/10")
+)
+
+// Routing modes (SPEC §5.3) and alias states (SPEC §4.3).
+const (
+	modeAny          = "any"
+	modeAnyVision    = "any-vision-capable"
+	modeBest         = "best"
+	modeSubscription = "subscription"
+	modeAlias        = "alias"
+	modeDirect       = "direct"
+
+	stateServing          = "serving"
+	stateNoRoute          = "no_route"
+	stateCapabilityAbsent = "capability_absent"
+	stateRoutesInvalid    = "routes_file_invalid"
+)
+
+// routesDoc is one schema-1 registry document. Parsed documents always have
+// non-nil Deployments and Routes, and are shared: callers must not modify them.
+type routesDoc struct {
+	SchemaVersion int               `json:"schema_version"`
+	Deployments   []deployment      `json:"deployments"`
+	Routes        map[string]string `json:"routes"`
+}
+
+// deployment is a local OpenAI-compatible server; a bare destination naming it or an adapter routes there.
+type (
+	deployment struct {
+		Name     string             `json:"name"`
+		Endpoint deploymentEndpoint `json:"endpoint"`
+		Model    string             `json:"model,omitempty"`    // upstream model name; "" means Name
+		Adapters []adapter          `json:"adapters,omitempty"` // never empty-but-non-nil after parseRegistry
+	}
+	deploymentEndpoint struct {
+		Host string `json:"host"`
+		Port int    `json:"port"`
+	}
+	adapter struct {
+		Name string `json:"name"`
+	}
+)
+
+func emptyRoutesDoc() *routesDoc {
+	return &routesDoc{SchemaVersion: 1, Deployments: []deployment{}, Routes: map[string]string{}}
+}
+
+// encodeRegistry is the one canonical encoding every writer commits (two
+// space indent, sorted routes, [] and {} when empty), so migrate is idempotent.
+func encodeRegistry(d *routesDoc) []byte {
+	out := emptyRoutesDoc()
+	out.Deployments = append(out.Deployments, d.Deployments...)
+	maps.Copy(out.Routes, d.Routes)
+	b, _ := marshalState(out) // strings and ints always marshal
+	return b
+}
+
+// routesInvalidError says why a registry document is refused; safe to show an operator.
+type routesInvalidError struct{ error }
+
+func invalidf(format string, args ...any) error {
+	return &routesInvalidError{fmt.Errorf(format, args...)}
+}
+
+// parseRegistry reads a document under every guard of SPEC §4.1 with the one strict
+// decoder. Unknown providers pass (capability_absent); only writers refuse them.
+func parseRegistry(b []byte) (*routesDoc, error) {
+	top, err := registryMembers(b)
+	if err != nil {
+		return nil, err
+	} else if top == nil {
+		return emptyRoutesDoc(), nil
+	}
+	if extra := extraMembers(top); len(extra) > 0 {
+		return nil, invalidf("registry field %s is not part of schema 1; run brama routes migrate", strconv.Quote(clipName(extra[0])))
+	}
+	doc := emptyRoutesDoc()
+	var te *json.UnmarshalTypeError
+	switch err := decodeStrict("registry", b, doc); {
+	case errors.As(err, &te):
+		return nil, invalidf("registry field %q cannot be %s (see SPEC §4.1; a destination is one string)", te.Field, clipName(te.Value))
+	case errors.As(err, new(*routesInvalidError)):
+		return nil, err
+	case err != nil:
+		return nil, invalidf("%s", clipName(err.Error()))
+	}
+	// The typed decode takes null, and a model's "", for absent; schema 1 refuses them.
+	if string(top["schema_version"]) == "null" {
+		return nil, invalidf(`registry field "schema_version" must be 1, not null`)
+	}
+	var deps []struct {
+		Name            string
+		Model, Adapters json.RawMessage
+	}
+	json.Unmarshal(top["deployments"], &deps) // decodeStrict took these bytes
+	for _, d := range deps {
+		if m := string(d.Model); m == "null" || m == `""` || string(d.Adapters) == "null" {
+			return nil, invalidf(`registry deployment %q member "model" must be a non-empty string, and "adapters" an array, when present`, clipName(d.Name))
+		}
+	}
+	return doc, nil
+}
+
+// registryTooBig is SPEC §4.1's 1 MiB bound, checked on a file's size before it is read.
+func registryTooBig(size int64) error {
+	if size > maxRegistryBytes {
+		return invalidf("registry is %d bytes; the limit is 1 MiB (%d bytes)", size, maxRegistryBytes)
+	}
+	return nil
+}
+
+// registryMembers decodes b strictly into top-level members (nil when blank), which migrate can drop.
+func registryMembers(b []byte) (map[string]json.RawMessage, error) {
+	if err := registryTooBig(int64(len(b))); err != nil {
+		return nil, err
+	}
+	if len(bytes.Trim(b, " \t\r\n")) == 0 { // JSON's whitespace, not Unicode's
+		return nil, nil
+	}
+	var m map[string]json.RawMessage
+	err := decodeStrict("registry", b, &m)
+	switch {
+	case err == nil && m != nil:
+		return m, nil
+	case utf8.Valid(b) && !json.Valid(b):
+		return nil, invalidf("registry is not valid JSON: %v", json.Unmarshal(b, new(any)))
+	case err == nil || errors.As(err, new(*json.UnmarshalTypeError)):
+		return nil, invalidf("registry must be one JSON object")
+	}
+	return nil, invalidf("%s", clipName(err.Error()))
+}
+
+// extraMembers lists, sorted, the top-level members schema 1 does not have.
+func extraMembers(m map[string]json.RawMessage) []string {
+	known := func(k string) bool { return k == "schema_version" || k == "deployments" || k == "routes" }
+	return slices.DeleteFunc(append([]string{}, slices.Sorted(maps.Keys(m))...), known)
+}
+
+// validate applies SPEC §4.1's guards to a decoded document; decodeStrict calls it.
+func (doc *routesDoc) validate() error {
+	switch {
+	case doc.SchemaVersion != 1:
+		return invalidf(`registry field "schema_version" must be 1, not %d`, doc.SchemaVersion)
+	case doc.Deployments == nil:
+		return invalidf(`registry field "deployments" must be an array of deployments, not null`)
+	case doc.Routes == nil:
+		return invalidf(`registry field "routes" must be an object mapping each alias to one destination, not null`)
+	}
+	for i := range doc.Deployments {
+		if err := checkDeployment(&doc.Deployments[i], doc.Deployments[:i]); err != nil {
+			return err
+		}
+	}
+	for _, alias := range slices.Sorted(maps.Keys(doc.Routes)) {
+		if err := checkRoute(doc, alias, doc.Routes[alias]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkDeployment guards d, declared after before. Its endpoint is an IPv4 loopback or
+// tailnet literal: an edit must never point unauthenticated calls at the internet.
+func checkDeployment(d *deployment, before []deployment) error {
+	label := fmt.Sprintf("registry deployment %q", clipName(d.Name))
+	if len(d.Adapters) == 0 {
+		d.Adapters = nil // [] and absent are one document
+	}
+	bad := slices.IndexFunc(d.Adapters, func(a adapter) bool { return !namePattern.MatchString(a.Name) })
+	addr, err := netip.ParseAddr(d.Endpoint.Host)
+	switch {
+	case bad >= 0:
+		return invalidf("%s adapter %q: an adapter name must match [a-z0-9._-]{1,128}", label, clipName(d.Adapters[bad].Name))
+	case !namePattern.MatchString(d.Name):
+		return invalidf("%s: a deployment name must match [a-z0-9._-]{1,128}", label)
+	case slices.ContainsFunc(before, func(o deployment) bool { return o.Name == d.Name }):
+		return invalidf("%s is declared twice; deployment names must be unique", label)
+	case err != nil || !addr.Is4() || !(addr.IsLoopback() || cgnatPrefix.Contains(addr)):
+		return invalidf("%s: endpoint host %q is not an IPv4 loopback or 100.64.0.0/10 literal", label, clipName(d.Endpoint.Host))
+	case d.Endpoint.Port < 1 || d.Endpoint.Port > 65535:
+		return invalidf("%s: endpoint port %d is not a port (1-65535)", label, d.Endpoint.Port)
+	case d.Model != "" && !validModel(d.Model):
+		return invalidf("%s: model %q is not 1-512 bytes without control characters", label, clipName(d.Model))
+	}
+	return nil
+}
+
+// validModel is §5.1's rule for a canonical route's model, and a deployment's.
+func validModel(m string) bool {
+	return m != "" && len(m) <= maxDestinationBytes && strings.IndexFunc(m, unicode.IsControl) < 0
+}
+
+// checkAlias is the alias guard of SPEC §4.1; no alias may shadow a selector.
+func checkAlias(alias string) error {
+	if !aliasPattern.MatchString(alias) {
+		return invalidf("registry alias %q must match [a-z0-9._/-]{1,128}, or [a-z0-9._-]{1,128} then * for a prefix alias", clipName(alias))
+	}
+	if alias == modeAny || alias == modeAnyVision {
+		return invalidf("registry alias %q is a selector name and cannot be declared", alias)
+	}
+	return nil
+}
+
+// checkRoute applies §4.1's guards to one route; an unknown provider passes.
+func checkRoute(doc *routesDoc, alias, dest string) error {
+	if err := checkAlias(alias); err != nil {
+		return err
+	}
+	label := fmt.Sprintf("registry route %q", clipName(alias))
+	provider, model, canonical := strings.Cut(dest, "/")
+	_, _, n := doc.lookupLocal(dest)
+	switch {
+	case dest == "":
+		return invalidf("%s: the destination is empty", label)
+	case !utf8.ValidString(dest):
+		return invalidf("%s: the destination is not valid UTF-8", label)
+	case len(dest) > maxDestinationBytes:
+		return invalidf("%s: the destination is %d bytes; the limit is %d", label, len(dest), maxDestinationBytes)
+	case dest != strings.TrimSpace(dest):
+		return invalidf("%s: destination %q has leading or trailing space", label, dest)
+	case strings.Contains(dest, "*") && !(strings.HasSuffix(alias, "*") && canonical && model == "*"):
+		return invalidf("%s: destination %q contains \"*\"; only a prefix alias (ending in *) may route to <provider>/*", label, dest)
+	case strings.IndexFunc(dest, unicode.IsControl) >= 0:
+		return invalidf("%s: destination %q contains a control character", label, dest)
+	case dest == modeBest && alias == modeBest:
+		return invalidf("%s must name a canonical route (provider/model), not best", label)
+	case dest == modeBest:
+		return nil
+	case canonical && !providerPattern.MatchString(provider):
+		return invalidf("%s: destination %q is not a canonical route: the provider must match [a-z0-9._-]{1,64}", label, dest)
+	case canonical && model == "": // the dest's own guards cover the model's others
+		return invalidf("%s: destination %q is not a canonical route: the model is empty", label, dest)
+	case canonical && alias == modeBest && provider == "local-openai": // best is paid by subscriptions
+		return invalidf("%s must name a canonical route of a subscription-capable provider, not deployment %q", label, dest)
+	case canonical:
+		return nil
+	case alias == modeBest:
+		return invalidf("%s must name a canonical route (provider/model), not deployment %q", label, dest)
+	case n == 0:
+		return invalidf("%s: destination %q names no deployment or adapter", label, dest)
+	case n > 1:
+		return invalidf("%s: destination %q names %d deployments or adapters; a bare name must name exactly one", label, dest, n)
+	}
+	return nil
+}
+
+// match is what name declares (SPEC §4.1, §5.1): its exact alias's destination, else the
+// longest matching prefix alias's, where <provider>/* becomes <provider>/name. A name with
+// "/" or "*" matches no prefix alias: "o*" must not take over openai/... canonical routes.
+func (doc *routesDoc) match(name string) (dest string, ok bool) {
+	if dest, ok = doc.Routes[name]; ok && !strings.HasSuffix(name, "*") {
+		return dest, true
+	}
+	if strings.ContainsAny(name, "/*") || !validModel(name) {
+		return "", false
+	}
+	longest := ""
+	for alias, d := range doc.Routes {
+		if prefix, ok := strings.CutSuffix(alias, "*"); ok && len(alias) > len(longest) && strings.HasPrefix(name, prefix) {
+			longest, dest = alias, d
+		}
+	}
+	if provider, ok := strings.CutSuffix(dest, "/*"); ok {
+		dest = provider + "/" + name
+	}
+	return dest, longest != ""
+}
+
+// lookupLocal finds the deployment or adapter a bare name means, its upstream model, and how many carry it.
+func (doc *routesDoc) lookupLocal(name string) (dep deployment, upstream string, n int) {
+	for _, d := range doc.Deployments {
+		if d.Name == name {
+			dep, upstream, n = d, cmp.Or(d.Model, d.Name), n+1
+		}
+		for _, a := range d.Adapters {
+			if a.Name == name {
+				dep, upstream, n = d, a.Name, n+1
+			}
+		}
+	}
+	return dep, upstream, n
+}
+
+// baseURL is the deployment's OpenAI-compatible endpoint (SPEC §4.1).
+func (d deployment) baseURL() string {
+	return "http://" + net.JoinHostPort(d.Endpoint.Host, strconv.Itoa(d.Endpoint.Port)) + "/v1"
+}
+
+// clipName shortens a name before an error quotes it: the reason is logged and may reach a client.
+func clipName(s string) string {
+	if len(s) <= 128 {
+		return s
+	}
+	return truncateUTF8(s, 128) + "…"
+}
+
+// registryPath is BRAMA_ROUTES_FILE, else $STATE/routes.json, else the *noStateError (SPEC §2.1).
 func registryPath(st state, getenv func(string) string) (string, error) {
 	return st.fileOrState(getenv, "BRAMA_ROUTES_FILE", registryRole, "routes.json")
 }
 
-// registry is the route registry file, read cached by file identity (SPEC
-// §4.2); set, remove and migrateRegistry replace it under its lock (§4.4).
+// registry is the registry file, read cached by file identity (SPEC §4.2), written under its lock (§4.4).
 type registry struct {
 	stateFile[*routesDoc] // path "" when pathErr is set; keeps a parse failure
-
-	j       *journal
-	log     *slog.Logger
-	writeMu sync.Mutex // serializes set and remove within this process
-
-	logMu      sync.Mutex   // held by current, guards lastLogged
-	lastLogged string       // the failure last logged as inference_routes_invalid
-	parses     atomic.Int32 // files parsed so far; lets tests prove an unchanged file costs none
+	j                     *journal
+	log                   *slog.Logger
+	writeMu               sync.Mutex   // serializes set and remove within this process
+	logMu                 sync.Mutex   // held by current, guards lastLogged
+	lastLogged            string       // the failure last logged as inference_routes_invalid
+	parses                atomic.Int32 // files parsed so far; lets tests prove an unchanged file costs none
 }
 
 func newRegistry(path string, pathErr error, j *journal, log *slog.Logger) *registry {
@@ -48,8 +356,7 @@ func newRegistry(path string, pathErr error, j *journal, log *slog.Logger) *regi
 	return r
 }
 
-// current returns the shared document, parsing only a changed file; absent
-// is the empty registry, and each distinct failure is logged once.
+// current returns the shared document; each distinct failure is logged once.
 func (r *registry) current() (*routesDoc, error) {
 	if r.pathErr != nil {
 		return emptyRoutesDoc(), nil
@@ -77,7 +384,6 @@ func (r *registry) set(alias, destination, by string) (*routesDoc, error) {
 	return r.write(alias, &dest, by)
 }
 
-// remove deletes alias (SPEC §4.4) and returns the committed document.
 func (r *registry) remove(alias, by string) (*routesDoc, error) { return r.write(alias, nil, by) }
 
 // write points alias at *to or, nil, removes it (SPEC §4.4), journaling the change.
@@ -89,17 +395,14 @@ func (r *registry) write(alias string, to *string, by string) (*routesDoc, error
 		}
 		switch {
 		case to == nil && rec.From == nil:
-			e := refuse("alias_unknown", "alias %q is not declared in the route registry", alias)
-			e.Details = &aliasDetails{Alias: alias, State: stateNoRoute}
-			return nil, e
+			return nil, withAlias(refuse("alias_unknown", "alias %q is not declared in the route registry", alias), alias, stateNoRoute, nil)
 		case to == nil:
 			delete(doc.Routes, alias)
 		default:
 			if err := checkRoute(doc, alias, *to); err != nil {
 				return nil, refuse("invalid_request", "%v", err)
 			}
-			// Every credential assumed, capability_absent is an unknown provider or a
-			// missing deployment: readers accept it, writers never create it.
+			// Every credential assumed, capability_absent is an unknown provider or deployment: writers refuse it.
 			if st, reason := aliasState(doc, *to, func(string) bool { return true }); st != stateServing {
 				return nil, refuse("invalid_request", "registry route %q: %s", alias, reason)
 			}
@@ -109,8 +412,7 @@ func (r *registry) write(alias string, to *string, by string) (*routesDoc, error
 	})
 }
 
-// setDeployment declares d, or with remove takes the deployment named d.Name out; an alias
-// still routed to it keeps it (the staged document would be invalid). Nothing is journaled.
+// setDeployment declares d or removes d.Name; an alias still routed to it keeps it. Nothing is journaled.
 func (r *registry) setDeployment(d deployment, remove bool) (*routesDoc, error) {
 	return r.commit(func(doc *routesDoc) (*journalRecord, error) {
 		n := len(doc.Deployments)
@@ -123,18 +425,13 @@ func (r *registry) setDeployment(d deployment, remove bool) (*routesDoc, error) 
 		case len(doc.Deployments) != n:
 			return nil, refuse("invalid_request", "deployment %q is already declared; rm it first", d.Name)
 		}
-		raw, _ := json.Marshal(d)
-		if _, err := parseDeployment(n, raw, doc.Deployments); err != nil { // the reader's own guards
-			return nil, refuse("invalid_request", "%v", err)
-		}
-		doc.Deployments = append(doc.Deployments, d)
+		doc.Deployments = append(doc.Deployments, d) // commit re-parses: the reader's own guards
 		return nil, nil
 	})
 }
 
-// commit is SPEC §4.4's one read-modify-rename under the mutex and flock: change edits the
-// freshly parsed document and returns the record to journal after the rename, if any; a
-// journal failure then is logged: it cannot undo the rename.
+// commit is SPEC §4.4's read-modify-rename under the mutex and flock; change returns the record to
+// journal after the rename, if any, whose failure is only logged: it cannot undo the rename.
 func (r *registry) commit(change func(doc *routesDoc) (*journalRecord, error)) (*routesDoc, error) {
 	if err := r.pathErr; err != nil {
 		return nil, refuse("dependency_unavailable", "the route registry cannot be written: %v", err).because(err)
@@ -181,8 +478,7 @@ func (r *registry) commit(change func(doc *routesDoc) (*journalRecord, error)) (
 	return nil, err
 }
 
-// migrateRegistry is `brama routes migrate` (SPEC §4.4): it drops the members schema 1
-// lacks (returned sorted), commits the rest canonical; an invalid file is left untouched.
+// migrateRegistry is `brama routes migrate` (SPEC §4.4): drop what schema 1 lacks, commit the rest.
 func migrateRegistry(path string) (committed []byte, dropped []string, doc *routesDoc, err error) {
 	if _, err := guardFile(registryRole, path); err != nil {
 		return nil, nil, nil, err // before the lock: an absent file gets no lock file either
@@ -197,23 +493,18 @@ func migrateRegistry(path string) (committed []byte, dropped []string, doc *rout
 		if err != nil {
 			return err
 		}
-		dropped = []string{}
-		for _, k := range slices.Sorted(maps.Keys(members)) {
-			if k != "schema_version" && k != "deployments" && k != "routes" {
-				dropped = append(dropped, k)
-				delete(members, k)
-			}
+		dropped = extraMembers(members)
+		for _, k := range dropped {
+			delete(members, k)
 		}
-		if doc, err = validateRegistry(members); err != nil {
+		kept, _ := json.Marshal(members) // raw members always marshal
+		if doc, err = parseRegistry(kept); err != nil {
 			return err
 		}
 		committed = encodeRegistry(doc)
 		return writeFileAtomic(path, committed)
 	})
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	return committed, dropped, doc, nil
+	return committed, dropped, doc, err // callers read err first
 }
 
 // aliasRow is one line of GET /v1/aliases and `brama routes list`.
@@ -230,8 +521,7 @@ type aliasTable struct {
 	Unserviceable int        `json:"unserviceable"`
 }
 
-// aliasState is the SPEC §4.3 state of an alias routed to dest and its
-// reason; hasDirect says whether a provider has a direct credential.
+// aliasState is the SPEC §4.3 state of an alias routed to dest, and its reason.
 func aliasState(doc *routesDoc, dest string, hasDirect func(provider string) bool) (st, reason string) {
 	if dest == modeBest {
 		return stateServing, "Routes to best: the operator's preferred subscription route, then the agent's other subscription models."
@@ -258,8 +548,7 @@ func aliasState(doc *routesDoc, dest string, hasDirect func(provider string) boo
 	return stateCapabilityAbsent, fmt.Sprintf("No direct %s credential is configured.", p.id)
 }
 
-// aliases lists every declared alias with its state and counts those that
-// cannot serve; an unreadable registry is an error, not an empty table.
+// aliases lists every declared alias with its state; an unreadable registry is an error.
 func (r *registry) aliases(hasDirect func(provider string) bool) (aliasTable, error) {
 	doc, err := r.current()
 	if err != nil {
@@ -280,8 +569,13 @@ func (r *registry) aliases(hasDirect func(provider string) bool) (aliasTable, er
 	return t, nil
 }
 
-// resolution is what a request's model names (SPEC §5.1) and the path it
-// takes (§5.3).
+// withAlias gives e SPEC §5.2's alias details.
+func withAlias(e *apiError, alias, state string, route *string) *apiError {
+	e.Details = &aliasDetails{Alias: alias, State: state, Route: route}
+	return e
+}
+
+// resolution is what a request's model names (SPEC §5.1) and the path it takes (§5.3).
 type resolution struct {
 	Mode     string
 	Alias    string       // set when reached through an alias
@@ -309,20 +603,17 @@ func resolveModel(name string, doc *routesDoc, docErr error, hasDirect func(stri
 	}
 	provider, model, slash := strings.Cut(name, "/") // §5.1 rule 4: a known provider before the first "/"
 	p, known := lookupProvider(provider)
-	known = known && slash && checkModelName(model) == nil // else §5.1 rule 5: never declared
+	known = known && slash && validModel(model) // else §5.1 rule 5: never declared
 	dest, declared := doc.match(name)
 	alias := ""
 	switch {
 	case docErr != nil && known && p.cred != credNone: // needs no registry
 	case docErr != nil:
 		e := refuse("alias_unserviceable", "model %q cannot be resolved: the route registry is invalid: %v", truncateUTF8(name, 200), docErr)
-		e.Details = &aliasDetails{Alias: name, State: stateRoutesInvalid}
-		return resolution{}, e.because(docErr)
+		return resolution{}, withAlias(e.because(docErr), name, stateRoutesInvalid, nil)
 	case declared:
 		if st, reason := aliasState(doc, dest, hasDirect); st != stateServing {
-			e := refuse("alias_unserviceable", "alias %q cannot serve: %s", name, reason)
-			e.Details = &aliasDetails{Alias: name, State: st, Route: &dest}
-			return resolution{}, e
+			return resolution{}, withAlias(refuse("alias_unserviceable", "alias %q cannot serve: %s", name, reason), name, st, &dest)
 		}
 		if dest == modeBest {
 			return resolution{Mode: modeBest, Alias: name}, nil
@@ -339,8 +630,7 @@ func resolveModel(name string, doc *routesDoc, docErr error, hasDirect func(stri
 		}
 		e := refuse("alias_unknown", "model %q is not a declared alias, a selector, best or a canonical route of a known provider; "+
 			"declare it: brama routes set %s ROUTE, or a prefix alias for a family: brama routes set 'claude-*' 'anthropic/*'", truncateUTF8(name, 200), fix)
-		e.Details = &aliasDetails{Alias: name, State: stateNoRoute}
-		return resolution{}, e
+		return resolution{}, withAlias(e, name, stateNoRoute, nil)
 	}
 	res := resolution{Mode: modeDirect, Alias: alias, Route: p.id + "/" + model, Provider: p, Model: model}
 	switch {
