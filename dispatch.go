@@ -12,8 +12,11 @@ import (
 	"time"
 )
 
-// The attempt engine (SPEC §7): attemptCandidate is the one loop, send the
-// one call, commit the one abort after commit, settle the one spend record.
+// The attempt engine (SPEC §7): plan checks a request before dispatch;
+// attemptCandidate is the one loop over a candidate's key or pool; send
+// makes the one call; commit is the one abort after commit; settle records
+// spend once; count_tokens and embeddings go through it. The credential
+// pool, the selectors and the probe are pool.go's.
 
 // routeKind is what the budget table is keyed by.
 type routeKind int
@@ -102,23 +105,27 @@ func (e *engine) plan(cl client, agent string, req *chatRequest) (call, error) {
 	if err != nil {
 		return call{}, err
 	}
-	c, p := call{res: res}, res.Provider
+	c, p := call{res: res, baseURL: res.BaseURL}, res.Provider
 	switch {
-	case res.Mode == modeDirect || res.Mode == modeAlias:
-		c.baseURL = res.BaseURL
-		if p.cred != credDirect {
-			break
+	case res.Mode != modeDirect && res.Mode != modeAlias:
+		if agent == "" {
+			err = refuse("forbidden", "this route is paid by an agent's subscriptions; use a bearer bound to an agent: brama clients add ID -agent AGENT")
 		}
-		if c.cred.APIKey, err = e.directCredential(p.id); err != nil {
-			return call{res: res}, err
+	case p.cred == credDirect:
+		if c.cred.APIKey, err = e.directCredential(p.id); err == nil {
+			c.baseURL, err = e.baseURL(p)
 		}
-		if c.baseURL, err = providerBaseURL(p, e.getenv); err != nil {
-			return call{res: res}, refuse("dependency_unavailable", "provider %q has an unusable base URL: %v", p.id, err).withAttempts(0)
-		}
-	case agent == "":
-		err = refuse("forbidden", "this route is paid by an agent's subscriptions; use a bearer bound to an agent: brama clients add ID -agent AGENT")
 	}
 	return c, err
+}
+
+// baseURL is p's, or the refusal of an unusable one (attempts as made).
+func (e *engine) baseURL(p providerInfo) (string, error) {
+	u, err := providerBaseURL(p, e.getenv)
+	if err != nil {
+		return "", refuse("dependency_unavailable", "provider %q has an unusable base URL: %v", p.id, err).withAttempts(e.t.attempts)
+	}
+	return u, nil
 }
 
 // planChat is plan plus a chat call's output limit (SPEC §6.4), a
@@ -165,17 +172,14 @@ func checkFallbacks(cl client, res resolution, models json.RawMessage) error {
 // applyMaxTokens is SPEC §6.4's rule: the caller's limit, else the model's,
 // else none but on anthropic-messages (refused); codex never gets one.
 func (e *engine) applyMaxTokens(req *chatRequest, res resolution) error {
-	p := res.Provider
-	if req.MaxTokens != 0 || p.id == "codex" {
+	if req.MaxTokens != 0 || res.Provider.id == "codex" {
 		return nil
 	}
-	limit, cause := e.catalog.outputLimit(p.id, res.Model)
-	switch {
-	case limit > 0:
-		req.MaxTokens = limit
-	case p.protocol == protoAnthropic:
+	limit, cause := e.catalog.outputLimit(res.Provider.id, res.Model)
+	if limit <= 0 && res.Provider.protocol == protoAnthropic {
 		return refuse("invalid_request", "max_tokens is required: the model's own limit is unknown (%s)", cause)
 	}
+	req.MaxTokens = max(limit, 0)
 	return nil
 }
 
@@ -250,14 +254,19 @@ const (
 // attemptCandidate makes one candidate's calls within its budget (SPEC
 // §7.1–§7.3). A rotating kind moves on only after a refusal proving nothing
 // was generated: a second call could double cost or tool effects.
-func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate) (routeOutcome, *apiError) {
+func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate) (out routeOutcome, _ *apiError) {
 	b, p, wk := budgets[j.kind], cand.res.Provider, &e.wk
 	begin, before := e.now(), e.t.attempts
+	defer func() { // calls all refused count as one failure of the route, as an answered refusal (SPEC §13)
+		if out != routeAnswered && e.t.attempts > before && b.spends {
+			e.perf.record(cand.res.Route, false, e.now().Sub(begin), 0)
+		}
+	}()
 	baseURL, queue := cand.baseURL, []overlayItem{{}} // a direct route: one call on its key
 	if cand.key == nil {
 		var err error
-		if baseURL, err = providerBaseURL(p, e.getenv); err != nil {
-			return routeAnswered, refuse("dependency_unavailable", "provider %q has an unusable base URL: %v", p.id, err).withAttempts(e.t.attempts)
+		if baseURL, err = e.baseURL(p); err != nil {
+			return routeAnswered, asAPIError(err)
 		}
 		queue = slices.Clone(cand.pool) // without rotation, the first usable credential makes the one call
 	}
@@ -302,7 +311,7 @@ func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate) 
 		resp, ref, failure := e.send(httpReq, c, sub)
 		calls++
 		if resp != nil {
-			return routeAnswered, e.commit(ctx, j, cand, c, sub, resp, e.t.attempts, start)
+			return routeAnswered, e.commit(ctx, j, cand, c, sub, resp, start)
 		}
 		if sub != nil && b.rotate && e.t.attempts > made { // none once the caller hung up: no use of sub
 			e.ledger.recordUse(sub.ID, p.id, false, 0, 0)
@@ -335,32 +344,22 @@ func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate) 
 		case ref.class == refusalModel && j.kind == kindSelector:
 			wk.rejectedStatus = ref.err.Status()
 			wk.note(cand.res.Route, "refused the request: "+ref.sentence)
-			return e.movedOn(j, cand, begin, before, routeNext)
+			return routeNext, nil
 		}
 		return routeAnswered, e.settle(ctx, j, cand, start, usage{}, failure.withAttempts(e.t.attempts))
 	}
 	if len(queue) > 0 {
-		return e.movedOn(j, cand, begin, before, routeNext)
+		return routeNext, nil
 	}
-	return e.movedOn(j, cand, begin, before, routeRefused)
-}
-
-// movedOn counts a candidate whose calls were all refused as one failure of
-// its route, as an answered refusal counts (SPEC §13), and says how it ended.
-func (e *engine) movedOn(j *job, cand *candidate, begin time.Time, attemptsBefore int, out routeOutcome) (routeOutcome, *apiError) {
-	if e.t.attempts > attemptsBefore && budgets[j.kind].spends {
-		e.perf.record(cand.res.Route, false, e.now().Sub(begin), 0)
-	}
-	return out, nil
+	return routeRefused, nil
 }
 
 // commit answers from a committed call, never retried (SPEC §7.5); a failed
 // stream, its in-band error written, aborts the response: the one abort.
-func (e *engine) commit(ctx context.Context, j *job, cand *candidate, c call, sub *overlayItem, resp *http.Response, attempts int, start time.Time) *apiError {
+func (e *engine) commit(ctx context.Context, j *job, cand *candidate, c call, sub *overlayItem, resp *http.Response, start time.Time) *apiError {
 	defer resp.Body.Close()
-	u, ae, streamed := j.commit(ctx, cand, c, sub, resp, attempts)
-	ae = e.settle(ctx, j, cand, start, u, ae)
-	if ae != nil && streamed {
+	u, ae, streamed := j.commit(ctx, cand, c, sub, resp, e.t.attempts)
+	if ae = e.settle(ctx, j, cand, start, u, ae); ae != nil && streamed {
 		panic(http.ErrAbortHandler)
 	}
 	return ae
@@ -378,16 +377,9 @@ func (e *engine) settle(ctx context.Context, j *job, cand *candidate, start time
 	e.t.input, e.t.output = u.InputTokens, u.OutputTokens
 	e.perf.record(cand.res.Route, failure == nil, e.now().Sub(start), u.OutputTokens)
 	if failure != nil {
-		e.t.outcome, e.t.retryable = failure.Code, failure.body().Error.Retryable
+		e.t.outcome, e.t.retryable = failure.Code, failure.retryable()
 	}
 	return failure
-}
-
-// refused tells the replay guard of a refusal before the caller reads it.
-func (e *engine) refused(ae *apiError, hungUp, streamed bool) {
-	if e.t.remember != nil && ae != nil {
-		e.t.remember(ae, e.t.attempts, hungUp, streamed)
-	}
 }
 
 // attemptRoute serves a direct or subscription route (req nil: a direct
@@ -410,9 +402,11 @@ func (e *engine) attemptRoute(ctx context.Context, j *job, c call, req *callerRe
 	return e.exhausted()
 }
 
-// serveChat answers a planned chat request on w, or returns the refusal.
+// serveChat answers a planned chat request on w, or returns the refusal,
+// told first to the replay guard (SPEC §8.1).
 func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *callerRequest, c call, cands []resolution) *apiError {
 	j := &job{ // passthrough or translated (SPEC §7.6), a paying subscription's ledger kept
+		kind: kindSelector,
 		build: func(ctx context.Context, cand *candidate, c call) (*http.Request, error) {
 			if cand.req.translates(c.res.Provider) {
 				return buildUpstreamRequest(ctx, c.res.Provider, c.baseURL, c.cred, cand.req.translated(), c.res.Model)
@@ -435,11 +429,17 @@ func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *call
 		j.kind = kindSubscription
 		ae = e.attemptRoute(ctx, j, c, req)
 	default:
-		j.kind = kindSelector
 		ae = e.walkSelector(ctx, j, req, cands)
 	}
 	e.refused(ae, ctx.Err() != nil, false)
 	return ae
+}
+
+// refused tells the replay guard of a refusal before the caller reads it.
+func (e *engine) refused(ae *apiError, hungUp, streamed bool) {
+	if e.t.remember != nil && ae != nil {
+		e.t.remember(ae, e.t.attempts, hungUp, streamed)
+	}
 }
 
 // deliver answers from a committed call, passthrough or translated naming
@@ -490,9 +490,8 @@ func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, model strin
 
 // writeAnswer writes a buffered 200 answer with its attempts.
 func writeAnswer(w http.ResponseWriter, contentType string, attempts int, body []byte) {
-	h := w.Header()
-	h.Set("Content-Type", contentType)
-	h.Set("Brama-Attempts", strconv.Itoa(attempts))
+	w.Header().Set("Content-Type", contentType)
+	w.Header().Set("Brama-Attempts", strconv.Itoa(attempts))
 	w.WriteHeader(http.StatusOK)
 	w.Write(body)
 }
@@ -503,9 +502,129 @@ func readProviderAnswer(p providerInfo, req chatRequest, resp *http.Response) (c
 	if upstreamStreams(p, req) {
 		return assembleStream(p.protocol, resp.Body)
 	}
-	body, err := io.ReadAll(resp.Body)
+	body, err := readWhole(p, resp)
 	if err != nil {
-		return chatAnswer{}, refuse("provider_incomplete", "provider %q answer was cut after %d bytes", p.id, len(body)).because(err)
+		return chatAnswer{}, err
 	}
 	return decodeUpstreamAnswer(p.protocol, body)
+}
+
+// readWhole reads a committed answer's body, or SPEC §8.2's refusal of one
+// cut mid-body.
+func readWhole(p providerInfo, resp *http.Response) ([]byte, error) {
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, refuse("provider_incomplete", "provider %q answer was cut after %d bytes", p.id, len(body)).because(err)
+	}
+	return body, nil
+}
+
+// countTokens answers POST /v1/messages/count_tokens (SPEC §15): the
+// anthropic-messages provider's own count (one call), else a local estimate.
+func (e *engine) countTokens(ctx context.Context, w http.ResponseWriter, req *callerRequest, c call) error {
+	if c.res.Provider.protocol != protoAnthropic { // also selectors and best: no one route to ask
+		if c.res.Route != "" {
+			w.Header().Set("Brama-Route", c.res.Route)
+		}
+		w.Header().Set("Brama-Estimate", "true")
+		writeJSON(w, http.StatusOK, countTokensAnswer{ptrTo(estimateInputTokens(req.body))})
+		return nil
+	}
+	return e.attemptOne(ctx, kindCountTokens, c, func(ctx context.Context, c call) (*http.Request, error) {
+		return req.passthrough(ctx, c, "/v1/messages/count_tokens", false)
+	}, func(c call, resp *http.Response, attempts int) (usage, *apiError) {
+		var ans countTokensAnswer
+		b, err := readWhole(c.res.Provider, resp)
+		if err != nil {
+			return usage{}, asAPIError(err).withAttempts(attempts)
+		}
+		if err := json.Unmarshal(b, &ans); err != nil || ans.InputTokens == nil {
+			return usage{}, malformedAnswer(protoAnthropic, err).withAttempts(attempts)
+		}
+		w.Header().Set("Brama-Route", c.res.Route)
+		w.Header().Set("Brama-Attempts", strconv.Itoa(attempts))
+		providerFacts(w.Header(), resp.Header, true)
+		writeJSON(w, http.StatusOK, ans)
+		return usage{}, nil
+	})
+}
+
+// attemptOne serves a route outside chat: one call of kind, answered
+// buffered by commit; a nil refusal is a nil error.
+func (e *engine) attemptOne(ctx context.Context, kind routeKind, c call, build func(context.Context, call) (*http.Request, error), commit func(call, *http.Response, int) (usage, *apiError)) error {
+	j := &job{kind: kind,
+		build: func(ctx context.Context, _ *candidate, c call) (*http.Request, error) { return build(ctx, c) },
+		commit: func(_ context.Context, _ *candidate, c call, _ *overlayItem, resp *http.Response, attempts int) (usage, *apiError, bool) {
+			u, ae := commit(c, resp, attempts)
+			return u, ae, false
+		}}
+	if ae := e.attemptRoute(ctx, j, c, nil); ae != nil {
+		return ae
+	}
+	return nil
+}
+
+// countTokensAnswer is the body of every count_tokens answer.
+type countTokensAnswer struct {
+	InputTokens *int `json:"input_tokens"`
+}
+
+// estimateInputTokens is SPEC §15's local estimate: the bytes of the system
+// text, every text part, tool_use input and tool_result content, and the
+// tools as sent, ÷ 4 rounded up.
+func estimateInputTokens(o rawObject) int {
+	type block struct {
+		Type, Text     string
+		Input, Content json.RawMessage
+	}
+	var textOf func(raw json.RawMessage) int
+	textOf = func(raw json.RawMessage) int { // a string, or blocks
+		var s string
+		if json.Unmarshal(raw, &s) == nil {
+			return len(s)
+		}
+		var blocks []block
+		json.Unmarshal(raw, &blocks)
+		n := 0
+		for _, b := range blocks {
+			switch b.Type {
+			case "text":
+				n += len(b.Text)
+			case "tool_use":
+				n += len(b.Input)
+			case "tool_result":
+				n += textOf(b.Content)
+			}
+		}
+		return n
+	}
+	n := textOf(o.value("system"))
+	var msgs []block // only their content counts
+	json.Unmarshal(o.value("messages"), &msgs)
+	for _, m := range msgs {
+		n += textOf(m.Content)
+	}
+	if t := o.value("tools"); !rawIsNull(t) {
+		n += len(t)
+	}
+	return (n + 3) / 4
+}
+
+// serveEmbeddings makes the one call of POST /v1/embeddings (SPEC §15) on a
+// direct route to an openai-chat provider; its JSON is written as is.
+func (e *engine) serveEmbeddings(ctx context.Context, w http.ResponseWriter, model string, body map[string]json.RawMessage, c call) error {
+	switch {
+	case c.res.Mode != modeDirect && c.res.Mode != modeAlias:
+		return refuse("invalid_request", "embeddings take a direct or alias route; %q is paid by a subscription", model)
+	case c.res.Provider.protocol != protoOpenAIChat:
+		return refuse("invalid_request", "embeddings need an openai-chat provider; %q speaks %s", c.res.Provider.id, c.res.Provider.protocol)
+	}
+	body["model"], _ = json.Marshal(c.res.Model)
+	out, _ := json.Marshal(body)
+	return e.attemptOne(ctx, kindEmbeddings, c, func(ctx context.Context, c call) (*http.Request, error) {
+		return newPassthroughRequest(ctx, c, nil, "/embeddings", out, false)
+	}, func(c call, resp *http.Response, attempts int) (usage, *apiError) {
+		w.Header().Set("Brama-Route", c.res.Route)
+		return relayBuffered(w, &callerRequest{}, c, resp, attempts) // a JSON object as received, else provider_failure
+	})
 }

@@ -4,20 +4,25 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
 	"time"
 )
 
-// The credential pool (SPEC §7.2, §7.3): order, pin, refresh, blocks, the
-// ledger of each call, and a walk's one refusal; the loop is dispatch.go's.
+// Who pays (SPEC §7.2, §7.3, §11.3): a subscription pool's order, refresh,
+// blocks and the walk's one refusal; the selectors' candidates and walk;
+// the probe of one subscription. The loop is dispatch.go's attemptCandidate.
 
-// Block lengths (SPEC §7.2.4).
+// Block lengths (SPEC §7.2.4) and the probe's output limit (§11.3).
 const (
-	defaultBlock = 15 * time.Minute
-	maxBlock     = 7 * 24 * time.Hour
-	maxPin       = 24 * time.Hour
+	defaultBlock   = 15 * time.Minute
+	maxBlock       = 7 * 24 * time.Hour
+	maxPin         = 24 * time.Hour
+	probeMaxTokens = 16
 )
 
 // pin is the subscription that last served an agent's provider, until its
@@ -136,36 +141,34 @@ var errSkipSubscription = errors.New("subscription skipped")
 func (e *engine) subscriptionCredential(ctx context.Context, sub overlayItem, refusedToken string) (upstreamCredential, error) {
 	wk := &e.wk
 	vc, err := e.inv.credential(sub.ID) // its refusal is SPEC §2.2's
-	if err != nil {
+	switch {
+	case err != nil:
 		return upstreamCredential{}, err
-	}
-	if vc.OAuth == nil {
+	case vc.OAuth == nil:
 		return e.sendable(sub, upstreamCredential{APIKey: vc.APIKey})
-	}
-	g := *vc.OAuth
-	if wk.skipped[sub.ID] { // a later candidate of the same provider walks this pool again
+	case wk.skipped[sub.ID]: // a later candidate of the same provider walks this pool again
 		return upstreamCredential{}, errSkipSubscription
 	}
+	g := *vc.OAuth
 	if refusedToken != "" || (expiredForRequest(g, e.now()) && !wk.refreshed[sub.ID]) {
 		if wk.refreshed == nil {
 			wk.refreshed = map[string]bool{}
 		}
 		wk.refreshed[sub.ID] = true
 		ng, err := e.oauth.refresh(ctx, sub.ID, sub.Provider, refusedToken)
-		if errors.Is(err, errRefreshSuperseded) { // a sign-in replaced the grant meanwhile: the call uses its (SPEC §11.1)
+		var re *endpointError
+		switch {
+		case errors.Is(err, errRefreshSuperseded): // a sign-in replaced the grant meanwhile: the call uses its (SPEC §11.1)
 			return e.subscriptionCredential(ctx, sub, "")
-		}
-		if err != nil && ctx.Err() != nil { // the caller hung up while it waited: no skip, no call (SPEC §7.4)
+		case err != nil && ctx.Err() != nil: // the caller hung up while it waited: no skip, no call (SPEC §7.4)
 			return upstreamCredential{}, refuse("client_cancelled", "the caller went away during a grant refresh").because(err)
+		case errors.As(err, &re) && !re.Definitive:
+			if wk.refreshTransport == nil {
+				wk.refreshTransport = refuse("dependency_unavailable", "%s", redact(re.Error())).because(err)
+			}
+			e.maint.request("credential_refresh_transport_failure", e.agent)
 		}
 		if err != nil {
-			var re *endpointError
-			if errors.As(err, &re) && !re.Definitive {
-				if wk.refreshTransport == nil {
-					wk.refreshTransport = refuse("dependency_unavailable", "%s", redact(re.Error())).because(err)
-				}
-				e.maint.request("credential_refresh_transport_failure", e.agent)
-			}
 			wk.note(sub.ID, "grant refresh failed: "+redact(err.Error()))
 			if wk.skipped == nil {
 				wk.skipped = map[string]bool{}
@@ -205,10 +208,8 @@ func (e *engine) credentialReplaced(sub overlayItem, used upstreamCredential) bo
 // answerSubscription delivers a committed subscription call and keeps the
 // ledger: plan windows, spend, a success's pin, a block after an in-band 429.
 func (e *engine) answerSubscription(ctx context.Context, w http.ResponseWriter, cand *candidate, c call, sub overlayItem, resp *http.Response, attempts int) (usage, *apiError, bool) {
-	p := c.res.Provider.id
-	now := e.now()
-	ws := parsePlanWindows(p, resp.Header, now)
-	e.ledger.recordWindows(sub.ID, p, ws)
+	p, now := c.res.Provider.id, e.now()
+	e.ledger.recordWindows(sub.ID, p, parsePlanWindows(p, resp.Header, now))
 	led, _ := e.ledger.entry(sub.ID) // its windows: this answer's and a usage report's (SPEC §7.2.2)
 	until := now.Add(maxPin)
 	for _, win := range led.Windows {
@@ -217,11 +218,10 @@ func (e *engine) answerSubscription(ctx context.Context, w http.ResponseWriter, 
 		}
 	}
 	u, ae, streamed := e.deliver(ctx, w, cand.model, cand.req, c, resp, attempts)
+	e.ledger.recordUse(sub.ID, p, ae == nil, u.InputTokens, u.OutputTokens)
 	if ae == nil { // only a success pins (SPEC §7.2.4)
 		e.pins.Store(e.agent+"\x00"+p, pin{sub.ID, until})
-	}
-	e.ledger.recordUse(sub.ID, p, ae == nil, u.InputTokens, u.OutputTokens)
-	if ae != nil { // a nil *apiError is no nil error
+	} else {
 		e.blockInBand(sub, p, resp, ae, now)
 	}
 	return u, ae, streamed
@@ -239,9 +239,8 @@ func (e *engine) blockInBand(sub overlayItem, provider string, resp *http.Respon
 
 // windowWait is how long until the last reset of sub's windows the ledger
 // holds as used up: SPEC §7.2.4's "or the window reset"; 0 when none is.
-func (e *engine) windowWait(id string, now time.Time) time.Duration {
+func (e *engine) windowWait(id string, now time.Time) (wait time.Duration) {
 	led, _ := e.ledger.entry(id)
-	var wait time.Duration
 	for _, w := range led.Windows {
 		if at := time.UnixMilli(w.ResetsAtMs); w.UsedFraction >= 1 && w.ResetsAtMs > 0 && at.After(now) {
 			wait = max(wait, at.Sub(now))
@@ -253,7 +252,6 @@ func (e *engine) windowWait(id string, now time.Time) time.Duration {
 // blockFor blocks sub after a rate or quota refusal until the stated reset
 // (none: a used-up window's, else 15 min; at most 7 days).
 func (e *engine) blockFor(sub overlayItem, provider string, ref *providerRefusal) {
-	wk := &e.wk
 	now := e.now()
 	d := ref.retryAfter
 	if d <= 0 {
@@ -261,37 +259,245 @@ func (e *engine) blockFor(sub overlayItem, provider string, ref *providerRefusal
 	}
 	until := now.Add(min(d, maxBlock))
 	e.ledger.block(sub.ID, provider, until, ref.sentence)
-	wk.noteBlock(until)
+	e.wk.noteBlock(until)
 	if ref.class == refusalRate {
-		wk.rate = true
-		wk.note(sub.ID, "rate limited: "+ref.sentence)
+		e.wk.rate = true
+		e.wk.note(sub.ID, "rate limited: "+ref.sentence)
 	} else {
-		wk.quota = true
-		wk.note(sub.ID, "quota exhausted: "+ref.sentence)
+		e.wk.quota = true
+		e.wk.note(sub.ID, "quota exhausted: "+ref.sentence)
 	}
 }
 
 // subscriptionPool is a subscription route's ordered eligible pool, or the
 // refusal at attempts 0 (SPEC §7.2.1).
 func (e *engine) subscriptionPool(agent string, res resolution) ([]overlayItem, error) {
-	subs, anyPool, err := e.eligible(agent, res.Provider.id)
+	p := res.Provider.id
+	subs, anyPool, err := e.eligible(agent, p)
+	switch {
+	case err != nil:
+		return nil, err
+	case !anyPool:
+		return nil, refuse("credential_unauthorized", "no %q subscription for agent %q", p, agent).withAttempts(0)
+	case len(subs) == 0:
+		return nil, refuse("subscription_reauthorization_required", "no %q subscription of agent %q has an active credential; sign in again", p, agent).withAttempts(0)
+	}
+	return e.order(agent, p, subs), nil
+}
+
+// candidates lists the routes a selector or best walks, in order (SPEC
+// §7.3): best's, then each model of each provider where the agent has an
+// eligible subscription, freest first (ties by id): every alias's P/…
+// destination (alias-name order), then the catalogue's three newest text
+// models of P's vendor; any-vision-capable keeps those taking images.
+func (e *engine) candidates(res resolution, agent string) ([]resolution, error) {
+	var aliases map[string]string // an invalid registry offers none
+	if doc, err := e.reg.current(); err == nil && doc != nil {
+		aliases = doc.Routes
+	}
+	items, err := e.inv.agentItems(agent)
 	if err != nil {
 		return nil, err
 	}
-	switch {
-	case !anyPool:
-		return nil, refuse("credential_unauthorized", "no %q subscription for agent %q", res.Provider.id, agent).withAttempts(0)
-	case len(subs) == 0:
-		return nil, refuse("subscription_reauthorization_required", "no %q subscription of agent %q has an active credential; sign in again", res.Provider.id, agent).withAttempts(0)
+	var provs []string
+	free, now := map[string][]float64{}, e.now() // a provider's freest eligible subscription's
+	for _, it := range items {
+		if _, seen := free[it.Provider]; seen {
+			continue
+		}
+		subs, _, err := e.eligible(agent, it.Provider)
+		if err != nil {
+			return nil, err
+		}
+		if len(subs) > 0 {
+			free[it.Provider] = e.freedomOf(e.order(agent, it.Provider, subs)[0].ID, now)
+			provs = append(provs, it.Provider)
+		}
 	}
-	return e.order(agent, res.Provider.id, subs), nil
+	slices.SortFunc(provs, func(a, b string) int { return cmp.Or(slices.Compare(free[a], free[b]), strings.Compare(a, b)) })
+	var routes []string
+	if res.Mode == modeBest {
+		routes = append(routes, aliases["best"])
+	}
+	for _, p := range provs {
+		for _, alias := range slices.Sorted(maps.Keys(aliases)) {
+			if strings.HasPrefix(aliases[alias], p+"/") {
+				routes = append(routes, aliases[alias])
+			}
+		}
+		n := 0
+		for _, m := range e.catalog.models(p) {
+			if n < 3 && slices.Contains(m.Modalities.Output, "text") {
+				routes, n = append(routes, p+"/"+m.ID), n+1
+			}
+		}
+	}
+	var out []resolution
+	for _, route := range routes {
+		pid, model, _ := strings.Cut(route, "/")
+		p, known := lookupProvider(pid)
+		if !known || model == "" || p.cred == credNone || slices.ContainsFunc(out, func(r resolution) bool { return r.Route == route }) {
+			continue
+		}
+		if res.Mode == modeAnyVision {
+			if info, ok, _ := e.catalog.lookup(pid, model); !ok || !slices.Contains(info.Modalities.Input, "image") {
+				continue
+			}
+		}
+		out = append(out, resolution{Mode: modeSubscription, Route: route, Provider: p, Model: model})
+	}
+	return out, nil
 }
 
-// allNeedSignIn: the agent has subscriptions, none active (SPEC §7.3).
-func (e *engine) allNeedSignIn(agent string) bool {
-	items, err := e.inv.agentItems(agent)
-	if err != nil || len(items) == 0 {
-		return false
+// walkSelector serves any, any-vision-capable and best (SPEC §7.3), each
+// candidate with its own output limit, skipping a provider whose pool refused.
+func (e *engine) walkSelector(ctx context.Context, j *job, req *callerRequest, cands []resolution) *apiError {
+	wk, poolRefused, hadEligible := &e.wk, map[string]bool{}, false
+	var unfit error // set when a candidate was skipped: no max_tokens known, or a request its format cannot express
+	for _, cand := range cands {
+		p := cand.Provider.id
+		wk.route = cand.Route
+		if poolRefused[p] {
+			wk.note(cand.Route, "skipped: every "+p+" subscription already refused")
+			continue
+		}
+		subs, _, err := e.eligible(e.agent, p)
+		if err != nil {
+			return asAPIError(err).withAttempts(e.t.attempts)
+		}
+		if len(subs) == 0 {
+			wk.note(cand.Route, fmt.Sprintf("no usable %q subscription", p))
+			continue
+		}
+		head := req.head
+		if err := e.applyMaxTokens(&head, cand); err != nil {
+			unfit = err
+			wk.note(cand.Route, "skipped: "+asAPIError(err).Message)
+			continue
+		}
+		c := &candidate{res: cand, pool: e.order(e.agent, p, subs), req: req.withLimit(head.MaxTokens), model: cand.Route}
+		switch out, ae := e.attemptCandidate(ctx, j, c); out {
+		case routeAnswered:
+			return ae
+		case routeRefused:
+			poolRefused[p] = true
+		case routeUnfit:
+			unfit = ae
+			wk.note(cand.Route, "skipped: "+ae.Message)
+			continue
+		}
+		hadEligible = true
 	}
-	return !slices.ContainsFunc(items, func(it overlayItem) bool { return e.ledger.credentialState(it.ID) == credActive })
+	switch {
+	case hadEligible:
+		return e.exhausted()
+	case unfit != nil: // every usable candidate needs a max_tokens nobody knows (SPEC §6.4) or another format
+		return asAPIError(unfit)
+	}
+	// No candidate at all: sign in again when every subscription of the agent needs it.
+	items, err := e.inv.agentItems(e.agent)
+	if err == nil && len(items) > 0 && !slices.ContainsFunc(items, func(it overlayItem) bool { return e.ledger.credentialState(it.ID) == credActive }) {
+		return refuse("subscription_reauthorization_required", "agent %q has subscriptions but none has an active credential; sign in again", e.agent).withAttempts(0)
+	}
+	return refuse("credential_unauthorized", "no subscription model can serve agent %q", e.agent).withAttempts(0)
+}
+
+// probeModels is SPEC §11.3's built-in probe model per provider.
+var probeModels = map[string]string{
+	"claude-code": "claude-haiku-4-5",
+	"anthropic":   "claude-haiku-4-5",
+	"codex":       "gpt-5.3-codex-spark",
+	"kimi":        "kimi-for-coding",
+	"deepseek":    "deepseek-chat",
+}
+
+// probeOutcome answers POST …/probe: the probe recorded and the row after it.
+type probeOutcome struct {
+	OK           bool            `json:"ok"`
+	Probe        ledgerCheck     `json:"probe"`
+	Subscription subscriptionRow `json:"subscription"`
+}
+
+// probe runs one completion probe on the live subscription it with model
+// ("": the built-in one) through the engine, as a request would meet it,
+// never timed, never retried (SPEC §11.3); 409 before any call when blocked
+// or model-less.
+func (e *engine) probe(ctx context.Context, it overlayItem, model string) (probeOutcome, error) {
+	if until := e.ledger.blockedUntil(it.ID); !until.IsZero() {
+		return probeOutcome{}, refuse("state_conflict", "subscription %s is blocked until %s; a probe is not sent inside a recorded block", it.ID, until.UTC().Format(time.RFC3339))
+	}
+	model = cmp.Or(strings.TrimPrefix(strings.TrimSpace(model), it.Provider+"/"), probeModels[it.Provider])
+	if model == "" {
+		return probeOutcome{}, refuse("state_conflict", "name a model for this probe: provider %q has no built-in probe model", it.Provider)
+	}
+	res, err := resolveModel(it.Provider+"/"+model, nil, nil, nil)
+	if err != nil {
+		return probeOutcome{}, err
+	}
+	res.Mode = modeSubscription // paid by the probed subscription, whatever its provider
+	p, req := res.Provider, pingRequest(res.Route, res.Provider)
+	ok, detail := false, ""
+	j := &job{kind: kindProbe,
+		build: func(ctx context.Context, _ *candidate, c call) (*http.Request, error) {
+			hr, err := buildUpstreamRequest(ctx, p, c.baseURL, c.cred, req, c.res.Model)
+			if err != nil { // the ping could not be encoded: a failed probe, as before any call
+				detail = asAPIError(err).Message
+			}
+			return hr, err
+		},
+		commit: func(_ context.Context, _ *candidate, c call, _ *overlayItem, resp *http.Response, _ int) (usage, *apiError, bool) {
+			e.ledger.recordWindows(it.ID, p.id, parsePlanWindows(p.id, resp.Header, e.now()))
+			ans, err := readProviderAnswer(p, req, resp)
+			if err != nil {
+				e.blockInBand(it, p.id, resp, err, e.now()) // an in-band limit, as a request's
+				detail = "the answer could not be read: " + asAPIError(err).Message
+				return usage{}, nil, false
+			}
+			ok, detail = true, fmt.Sprintf("%s answered (%d output tokens)", c.res.Route, ans.Usage.OutputTokens)
+			return ans.Usage, nil, false
+		},
+	}
+	out, ae := e.attemptCandidate(ctx, j, &candidate{res: res, pool: []overlayItem{it}})
+	switch r := e.wk.last; { // recorded, not retried
+	case r == nil:
+	case r.class == refusalAuth: // a 401 or 403
+		e.ledger.setCredential(it.ID, p.id, credNeedsReauth, cmp.Or(r.sentence, r.err.Message))
+	case r.class == refusalRate || r.class == refusalQuota: // a block, as a request's would be
+		e.blockFor(it, p.id, r)
+	}
+	switch {
+	case detail != "":
+	case out == routeRefused: // the grant could not be refreshed
+		detail = "no call was made: " + strings.Join(e.wk.reasons, "; ")
+	case e.t.attempts > 0: // the provider refused, or no answer came
+		detail = ae.Message
+	default: // refused before any call, as a probe's own refusal
+		ae.Attempts = nil
+		return probeOutcome{}, ae
+	}
+	e.ledger.recordProbe(it.ID, p.id, ok, detail)
+	if ok && e.ledger.credentialState(it.ID) != credActive {
+		e.ledger.setCredential(it.ID, p.id, credActive, "") // SPEC §10.3: a successful probe reactivates
+	}
+	e.inv.invalidate(false) // the listing shows the probe at once (SPEC §10.2)
+	msg, level := "usage_probe_ok", slog.LevelInfo
+	if !ok {
+		msg, level = "usage_probe_failed", slog.LevelWarn
+	}
+	e.log.Log(ctx, level, msg, "request_id", e.t.requestID, "subscription_id", it.ID, "agent_id", e.agent,
+		"provider", p.id, "route", res.Route, "detail", ledgerSentence(detail))
+	o := probeOutcome{OK: true, Subscription: e.inv.row(it, false, e.now())}
+	if o.Subscription.Probe != nil {
+		o.Probe = *o.Subscription.Probe
+	}
+	return o, nil
+}
+
+// pingRequest is the probe's and onboarding's completion (SPEC §6.2, §11.3).
+func pingRequest(route string, p providerInfo) chatRequest {
+	req := chatRequest{Model: route, Messages: []message{{Role: "user", Parts: []part{{Type: partText, Text: "ping"}}}}}
+	if p.id != "codex" {
+		req.MaxTokens = probeMaxTokens
+	}
+	return req
 }

@@ -39,9 +39,9 @@ var layers = [][]string{
 	{"state", "errors", "journal", "unwritten"}, // ground
 	{"providers", "refusals", "registry", "subscriptions", "ledger", "planwindows", // domain
 		"oauth", "catalog", "perf"},
-	{"formats", "parse", "sse", "chat", "messages", "responses", "passthrough", "jsonedit", "relay"},         // wire
-	{"dispatch", "pool", "selectors", "probe", "counttokens", "embeddings", "answers", "replay", "maintain"}, // flow
-	{"main", "cli", "cli_gateway", "onboard", "signin", "server", "api", "identity"},                         // faces
+	{"formats", "parse", "sse", "chat", "messages", "responses", "passthrough", "jsonedit", "relay"}, // wire
+	{"dispatch", "pool", "answers", "replay", "maintain"},                                            // flow
+	{"main", "cli", "cli_gateway", "onboard", "signin", "server", "api", "identity"},                 // faces
 }
 
 // layerOf is a file's layer (its index in layers), -1 for none.
