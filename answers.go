@@ -22,7 +22,7 @@ import (
 // Signed answers (SPEC §12): one provider spend per (client, Idempotency-Key).
 // The first request publishes an in-progress record (os.Link), dispatches and
 // completes it with the answer and its HMAC; later ones replay it. The HTTP
-// face is in api.go.
+// face is in server.go.
 
 const (
 	answerInProgress = "in_progress" // record states (SPEC §12 item 4)
@@ -432,4 +432,16 @@ func pruneAnswers(dir string, cutoff time.Time, skip func(name string, err error
 		return syncDir(filepath.Dir(name))
 	})
 	return removed, err
+}
+
+// hexSHA256 is b's SHA-256 in lower-case hex.
+func hexSHA256(b []byte) string {
+	d := sha256.Sum256(b)
+	return hex.EncodeToString(d[:])
+}
+
+// isHexDigest reports whether s is a SHA-256 in lower-case hex.
+func isHexDigest(s string) bool {
+	_, err := hex.DecodeString(s)
+	return len(s) == 64 && err == nil && strings.ToLower(s) == s
 }

@@ -38,13 +38,13 @@ func TestSignedAnswerHangUp(t *testing.T) {
 			a := newAnswerStore(state{dir: t.TempDir()}, slog.New(slog.DiscardHandler), time.Now)
 			s := &server{core: core{sys: sys{log: slog.New(slog.DiscardHandler)}}, answers: a}
 			body := answerBody("x")
-			ri := &requestInfo{client: client{ID: "local"}, body: []byte(body), route: "openai/gpt-test"}
+			ri := &requestInfo{client: client{ID: "local"}, body: []byte(body), tally: tally{route: "openai/gpt-test"}}
 			ctx, cancel := context.WithCancel(context.WithValue(context.Background(), infoKey{}, ri))
 			r := httptest.NewRequest("POST", "/v1/chat/completions", strings.NewReader(body)).WithContext(ctx)
 			w := httptest.NewRecorder()
 			s.signedAnswer(w, r, chatRequest{}, "k", func(w http.ResponseWriter, r *http.Request) {
 				if tc.calls > 0 { // as the engine's account does
-					ri.account(&tally{attempts: tc.calls})
+					ri.attempts = tc.calls
 				}
 				cancel() // the caller hangs up while the call is in flight
 				ae := refuse("provider_incomplete", "cut").withAttempts(tc.calls)

@@ -52,8 +52,8 @@ var budgets = map[routeKind]budget{
 type engine struct {
 	*core
 	agent string // the paying agent of this request ("" for a direct route)
-	t     tally
-	wk    walk // the request's one walk over candidates and credentials
+	t     *tally // the request's record (server.go's requestInfo) written in place
+	wk    walk   // the request's one walk over candidates and credentials
 }
 
 // tally is one request's account: what the log line learns from the engine.

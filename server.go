@@ -5,11 +5,16 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
+	"crypto/subtle"
+	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -73,12 +78,12 @@ func (s *server) routes() {
 	s.mux.Handle("GET /v1/admin/routes", s.caller(roleAdmin, s.handleRoutesGet))
 	s.mux.Handle("PUT /v1/admin/routes", s.caller(roleAdmin, s.handleRoutesWrite))
 	s.mux.Handle("DELETE /v1/admin/routes", s.caller(roleAdmin, s.handleRoutesWrite))
-	s.mux.Handle("GET /v1/subscriptions/{agent_id}", s.caller("", s.reply(200, s.listSubscriptions)))
-	s.mux.Handle("POST /v1/subscriptions/{agent_id}", s.caller("", s.reply(201, s.donateSubscription)))
-	s.mux.Handle("DELETE /v1/subscriptions/{agent_id}/{subscription_id}", s.caller("", s.reply(200, s.retireSubscription)))
-	s.mux.Handle("GET /v1/admin/subscriptions/{agent_id}", s.caller(roleAdmin, s.reply(200, s.listSubscriptions)))
-	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}", s.caller(roleAdmin, s.reply(201, s.donateSubscription)))
-	s.mux.Handle("DELETE /v1/admin/subscriptions/{agent_id}/{subscription_id}", s.caller(roleAdmin, s.reply(200, s.retireSubscription)))
+	for _, role := range []string{"", roleAdmin} {
+		p := map[string]string{"": "/v1/subscriptions/", roleAdmin: "/v1/admin/subscriptions/"}[role] + "{agent_id}"
+		s.mux.Handle("GET "+p, s.caller(role, s.reply(200, s.listSubscriptions)))
+		s.mux.Handle("POST "+p, s.caller(role, s.reply(201, s.donateSubscription)))
+		s.mux.Handle("DELETE "+p+"/{subscription_id}", s.caller(role, s.reply(200, s.retireSubscription)))
+	}
 	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/reinstate", s.caller(roleAdmin, s.reply(200, s.reinstateSubscription)))
 	s.mux.Handle("POST /v1/admin/maintain", s.caller(roleAdmin, s.reply(200, s.maintainNow)))
 	s.mux.Handle("POST /v1/admin/vault/prune-orphans", s.caller(roleAdmin, s.reply(200, s.pruneOrphans)))
@@ -86,22 +91,27 @@ func (s *server) routes() {
 	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/probe", s.caller(roleAdmin, s.handleSubscriptionProbe))
 }
 
-// requestInfo is what the per-request log line reports (SPEC §13).
+// requestInfo is the one record of a request that its log line reports
+// (SPEC §13): who called and what they asked here, and the engine's tally,
+// which the engine writes in place.
 type requestInfo struct {
-	id             string
+	tally
 	client         client
 	agentID        string
 	routingMode    string
 	requestedModel string
-	route          string
-	attempts       *int
-	outcome        string
-	retryable      bool
-	inputTokens    int
-	outputTokens   int
 	streamed       bool
-	dropped        []string // caller members a translation dropped (SPEC §7.6)
-	body           []byte   // the raw request body, read once by the auth wrapper (nil: not yet)
+	counted        bool   // the attempts key is logged even at 0: the request reached dispatch
+	body           []byte // the raw request body, read once by authenticate (nil: not yet)
+}
+
+// attemptsKey is the attempts the log line and a kept answer report; nil
+// before dispatch (SPEC §8.1).
+func (ri *requestInfo) attemptsKey() *int {
+	if n := ri.attempts; n > 0 || ri.counted {
+		return &n
+	}
+	return nil
 }
 
 type infoKey struct{}
@@ -111,6 +121,11 @@ func infoFrom(ctx context.Context) *requestInfo {
 		return ri
 	}
 	return &requestInfo{}
+}
+
+// engine is the attempt engine (dispatch.go) for one request, tallying into ri.
+func (s *server) engine(ri *requestInfo) *engine {
+	return &engine{core: &s.core, agent: ri.agentID, t: &ri.tally}
 }
 
 // statusWriter remembers the status for the log line (Unwrap keeps Flush
@@ -153,9 +168,10 @@ var errServerShutdown = errors.New("the server is shutting down")
 func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.inflight.RLock()
 	defer s.inflight.RUnlock()
-	start := time.Now()
-	ri := &requestInfo{id: newRequestID()}
-	w.Header().Set("X-Request-Id", ri.id)
+	start, id := time.Now(), make([]byte, 12)
+	rand.Read(id)
+	ri := &requestInfo{tally: tally{requestID: hex.EncodeToString(id)}}
+	w.Header().Set("X-Request-Id", ri.requestID)
 	w.Header().Set("Cache-Control", "no-store") // every answer is one caller's
 	sw := &statusWriter{ResponseWriter: w}
 	if r.Body != nil && r.Body != http.NoBody {
@@ -164,7 +180,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r = r.WithContext(context.WithValue(r.Context(), infoKey{}, ri))
 	defer func() {
 		ri.outcome = cmp.Or(ri.outcome, "ok")
-		if ri.outcome == "ok" && ri.attempts != nil && r.Context().Err() != nil {
+		if ri.outcome == "ok" && ri.attemptsKey() != nil && r.Context().Err() != nil {
 			ri.outcome = "client_cancelled"
 		}
 		if ri.outcome == "client_cancelled" && context.Cause(r.Context()) == errServerShutdown {
@@ -175,9 +191,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch h, pattern := s.mux.Handler(r); {
 	case !s.guard.allows(r):
 		s.fail(sw, r, refuse("secure_transport_required", "this listener accepts plain HTTP only from loopback or a trusted proxy that received https"))
-	case r.RequestURI == "*":
-		// OPTIONS * (RFC 9110 §9.3.7) names the server, not a route; Brama
-		// serves no such request, and says so in the envelope.
+	case r.RequestURI == "*": // OPTIONS * (RFC 9110 §9.3.7) names the server, not a route
 		s.fail(sw, r, refuse("not_found", "no route for %s *", r.Method))
 	case r.URL.EscapedPath() != path.Clean(r.URL.EscapedPath()):
 		// An unclean path (//, ., ..) would get the mux's own 307 with an
@@ -190,8 +204,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// notRouted says in the envelope what the mux would answer (404, or 405
-// with Allow).
+// notRouted says in the envelope what the mux would answer (404, or 405 with Allow).
 func (s *server) notRouted(w http.ResponseWriter, r *http.Request, h http.Handler) {
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, r)
@@ -209,12 +222,6 @@ func (s *server) notRouted(w http.ResponseWriter, r *http.Request, h http.Handle
 	s.fail(w, r, refuse("not_found", "no route for %s%s", r.URL.Path, hint))
 }
 
-func newRequestID() string {
-	b := make([]byte, 12)
-	rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
 // fail writes err in the envelope and records its outcome for the log line;
 // a refusal for want of a signed-in subscription asks for a pass (SPEC §11.2).
 func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
@@ -224,11 +231,11 @@ func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 		s.maint.request(ae.Code, cmp.Or(ri.agentID, r.PathValue("agent_id")))
 	}
 	ri.outcome, ri.retryable = ae.Code, ae.body().Error.Retryable
-	if ae.Attempts != nil {
-		ri.attempts = ae.Attempts
+	if ae.Attempts != nil { // the engine's own count, when it made calls, wins
+		ri.counted, ri.attempts = true, cmp.Or(ri.attempts, *ae.Attempts)
 	}
 	if ae.Err != nil {
-		s.log.LogAttrs(r.Context(), slog.LevelWarn, "request_refused", slog.String("request_id", ri.id), slog.String("code", ae.Code), slog.String("cause", redact(ae.Err.Error())))
+		s.log.LogAttrs(r.Context(), slog.LevelWarn, "request_refused", slog.String("request_id", ri.requestID), slog.String("code", ae.Code), slog.String("cause", redact(ae.Err.Error())))
 	}
 }
 
@@ -236,31 +243,21 @@ func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 // completion or a credential.
 func (s *server) logRequest(r *http.Request, ri *requestInfo, status int, d time.Duration) {
 	attrs := []slog.Attr{
-		slog.String("request_id", ri.id),
-		slog.String("method", r.Method),
-		slog.String("path", r.URL.Path),
-		slog.Int("status", status),
-		slog.String("client_id", ri.client.ID),
-		slog.String("agent_id", ri.agentID),
-		slog.String("routing_mode", ri.routingMode),
-		slog.String("requested_model", ri.requestedModel),
-		slog.String("route", ri.route),
-		slog.String("outcome", ri.outcome),
-		slog.Bool("retryable", ri.retryable),
-		slog.Int64("latency_ms", d.Milliseconds()),
-		slog.Int("input_tokens", ri.inputTokens),
-		slog.Int("output_tokens", ri.outputTokens),
-		slog.String("dropped", strings.Join(ri.dropped, ", ")),
-		slog.Bool("streamed", ri.streamed),
+		slog.String("request_id", ri.requestID), slog.String("method", r.Method), slog.String("path", r.URL.Path),
+		slog.Int("status", status), slog.String("client_id", ri.client.ID), slog.String("agent_id", ri.agentID),
+		slog.String("routing_mode", ri.routingMode), slog.String("requested_model", ri.requestedModel),
+		slog.String("route", ri.route), slog.String("outcome", ri.outcome), slog.Bool("retryable", ri.retryable),
+		slog.Int64("latency_ms", d.Milliseconds()), slog.Int("input_tokens", ri.input), slog.Int("output_tokens", ri.output),
+		slog.String("dropped", strings.Join(ri.dropped, ", ")), slog.Bool("streamed", ri.streamed),
 	}
-	if ri.attempts != nil {
-		attrs = append(attrs, slog.Int("attempts", *ri.attempts))
+	if n := ri.attemptsKey(); n != nil {
+		attrs = append(attrs, slog.Int("attempts", *n))
 	}
 	s.log.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
 }
 
 // caller wraps h so it runs only once authenticate accepts the request for
-// role ("": any client; roleAdmin for /v1/admin/*, SPEC §3.1) and agent (actsFor).
+// role ("": any client; roleAdmin for /v1/admin/*, SPEC §3.1).
 func (s *server) caller(role string, h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if err := s.authenticate(w, r, role); err != nil {
@@ -271,46 +268,47 @@ func (s *server) caller(role string, h http.HandlerFunc) http.Handler {
 	})
 }
 
-// authenticate applies SPEC §3.1 and §3.2 to r and records who called,
-// before any body is read.
+// authenticate applies SPEC §3.1 and §3.2 to r and records who called
+// before any body is read; then it reads the body (SPEC §7.4).
 func (s *server) authenticate(w http.ResponseWriter, r *http.Request, role string) error {
 	ri := infoFrom(r.Context())
 	tok, err := presentedToken(r.Header)
 	if err != nil {
 		return err
 	}
-	cl, err := s.clients.authenticate(tok)
-	if err != nil {
+	if ri.client, err = s.clients.authenticate(tok); err != nil {
 		return err
 	}
-	ri.client, ri.agentID = cl, cl.AgentID
-	if role != "" && cl.Role != role {
+	ri.agentID = ri.client.AgentID
+	switch agent, p := ri.agentID, r.PathValue("agent_id"); {
+	case role != "" && ri.client.Role != role:
 		return refuse("forbidden", "this route needs an admin client")
+	case p == "": // not a route acting for an agent (SPEC §3.2)
+	case !idPattern.MatchString(p): // e.g. %2e%2e
+		return refuse("invalid_request", "agent id %q in the path must match [a-z0-9-]{1,64}", p)
+	case agent == "" && role != roleAdmin:
+		return refuse("forbidden", "this route acts for agent %q; use a bearer bound to it: brama clients add ID -agent %s", p, p)
+	case agent != "" && agent != p:
+		return refuse("forbidden", "this request acts for agent %q, not %q", agent, p)
 	}
-	if err := actsFor(r, role, cl.AgentID); err != nil {
-		return err
+	limit := cmp.Or(s.maxBody, defaultMaxRequestBytes) // 0 outside serve
+	tooLarge := refuse("invalid_request", "the request body is larger than BRAMA_MAX_REQUEST_BYTES (%d bytes)", limit).withStatus(http.StatusRequestEntityTooLarge)
+	if r.ContentLength > limit {
+		return tooLarge
 	}
-	body, err := s.readBody(w, r)
-	if err != nil {
-		return err
+	if ce := r.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
+		return refuse("invalid_request", "a compressed request body (Content-Encoding) is not read; send it uncompressed")
 	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	if errors.As(err, new(*http.MaxBytesError)) {
+		return tooLarge
+	} else if err != nil {
+		return refuse("invalid_request", "the request body could not be read").because(err)
+	}
+	ri.body = body // not nil: io.ReadAll returns an empty slice for an empty body
+	r.Body = io.NopCloser(bytes.NewReader(body))
 	if err := checkNesting(body); err != nil {
 		return refuse("invalid_request", "the request body %v", err)
-	}
-	return nil
-}
-
-// actsFor applies SPEC §3.2: a route for the path's agent needs a valid id
-// (`%2e%2e`: 400) and a bearer bound to that agent (an admin route: any).
-func actsFor(r *http.Request, role, agent string) error {
-	switch path := r.PathValue("agent_id"); {
-	case path == "": // not a route acting for an agent
-	case !idPattern.MatchString(path):
-		return refuse("invalid_request", "agent id %q in the path must match [a-z0-9-]{1,64}", path)
-	case agent == "" && role != roleAdmin:
-		return refuse("forbidden", "this route acts for agent %q; use a bearer bound to it: brama clients add ID -agent %s", path, path)
-	case agent != "" && agent != path:
-		return refuse("forbidden", "this request acts for agent %q, not %q", agent, path)
 	}
 	return nil
 }
@@ -318,45 +316,235 @@ func actsFor(r *http.Request, role, agent string) error {
 // defaultMaxRequestBytes is BRAMA_MAX_REQUEST_BYTES unset (SPEC §7.4).
 const defaultMaxRequestBytes = 64 << 20
 
-// readBody reads r's whole body, at most s.maxBody bytes (SPEC §7.4).
-func (s *server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
-	limit := cmp.Or(s.maxBody, defaultMaxRequestBytes) // 0 outside serve
-	tooLarge := refuse("invalid_request", "the request body is larger than BRAMA_MAX_REQUEST_BYTES (%d bytes)", limit).withStatus(http.StatusRequestEntityTooLarge)
-	if r.ContentLength > limit {
-		return nil, tooLarge
+// decodeBody strictly decodes an admin body (optional: an empty one too):
+// malformed JSON or an unknown member is 400 invalid_request naming it.
+func decodeBody(r *http.Request, v any, optional bool) error {
+	body := infoFrom(r.Context()).body
+	if optional && len(bytes.TrimSpace(body)) == 0 {
+		return nil
 	}
-	if ce := r.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
-		return nil, refuse("invalid_request", "a compressed request body (Content-Encoding) is not read; send it uncompressed")
+	if err := decodeStrict("request body", body, v); err != nil {
+		return refuse("invalid_request", "%s", err.Error())
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
-	if errors.As(err, new(*http.MaxBytesError)) {
-		return nil, tooLarge
-	}
-	if err != nil {
-		return nil, refuse("invalid_request", "the request body could not be read").because(err)
-	}
-	ri := infoFrom(r.Context())
-	ri.body = body // not nil: io.ReadAll returns an empty slice for an empty body
-	r.Body = io.NopCloser(bytes.NewReader(body))
-	return body, nil
+	return nil
 }
 
-// anyDirectPayer reports whether something could serve without an agent
-// (SPEC §13, §14): a direct credential or a declared deployment.
-func (s *server) anyDirectPayer() bool {
-	if doc, err := s.reg.current(); len(s.localCreds) > 0 || (err == nil && len(doc.Deployments) > 0) {
-		return true
-	}
-	vd, err := s.vault.load()
-	if s.localCreds != nil || err != nil {
-		return false
-	}
-	for _, k := range vd.Direct {
-		if k.APIKey != "" {
-			return true
+// writeRaw writes already-encoded JSON.
+func writeRaw(w http.ResponseWriter, status int, b []byte) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(b)
+}
+
+// reply makes f a handler: its value is written with status, its error in the envelope.
+func (s *server) reply(status int, f func(*http.Request) (any, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if v, err := f(r); err != nil {
+			s.fail(w, r, err)
+		} else {
+			writeJSON(w, status, v)
 		}
 	}
-	return false
+}
+
+// Roles a client may hold (SPEC §3.1).
+const (
+	roleAdmin  = "admin"
+	roleCaller = "caller"
+)
+
+// client is one bearer-token holder. Only the token's SHA-256 is kept.
+type client struct {
+	ID            string   `json:"id"`
+	TokenSHA256   string   `json:"token_sha256"`
+	Role          string   `json:"role"`
+	AgentID       string   `json:"agent_id,omitempty"`
+	AllowedModels []string `json:"allowed_models,omitempty"`
+}
+
+// mayUse applies allowed_models (SPEC §3.1): none listed, any model.
+func (c client) mayUse(model string) bool {
+	return c.AllowedModels == nil || slices.Contains(c.AllowedModels, model)
+}
+
+// clientsDoc is clients.json.
+type clientsDoc struct {
+	Clients []client `json:"clients"`
+}
+
+// parseClients strictly parses clients.json; nil, no file, is no clients.
+func parseClients(b []byte) (*clientsDoc, error) {
+	if b == nil {
+		return &clientsDoc{Clients: []client{}}, nil
+	}
+	doc := &clientsDoc{}
+	if err := decodeStrict("clients file", b, doc); err != nil {
+		return nil, err
+	}
+	return doc, nil
+}
+
+// validate applies SPEC §3.1's rules, naming the one that failed.
+func (doc *clientsDoc) validate() error {
+	ids, digests := map[string]bool{}, map[string]bool{}
+	for i, c := range doc.Clients {
+		why := ""
+		switch {
+		case !idPattern.MatchString(c.ID):
+			return fmt.Errorf("clients file: client %d: id %q must match [a-z0-9-]{1,64}", i, c.ID)
+		case ids[c.ID]:
+			return fmt.Errorf("clients file: duplicate client id %q", c.ID)
+		case !isHexDigest(c.TokenSHA256):
+			why = "token_sha256 must be 64 lower-case hex characters"
+		case digests[c.TokenSHA256]:
+			why = "duplicate token digest"
+		case c.Role != roleAdmin && c.Role != roleCaller:
+			why = "role must be admin or caller"
+		case c.AgentID != "" && !idPattern.MatchString(c.AgentID):
+			why = "agent_id must match [a-z0-9-]{1,64}"
+		case slices.ContainsFunc(c.AllowedModels, func(m string) bool { return strings.TrimSpace(m) == "" || strings.Contains(m, "*") }):
+			why = "allowed_models entries must be exact names (no empty or wildcard entry)"
+		}
+		if why != "" {
+			return fmt.Errorf("clients file: client %q: %s", c.ID, why)
+		}
+		ids[c.ID], digests[c.TokenSHA256] = true, true
+	}
+	return nil
+}
+
+// newToken makes a bearer token: "brama_" and 43 base64url characters.
+func newToken() string {
+	b := make([]byte, 32)
+	rand.Read(b)
+	return "brama_" + base64.RawURLEncoding.EncodeToString(b)
+}
+
+// tokenDigest is the stored form of a token.
+func tokenDigest(token string) string { return hexSHA256([]byte(token)) }
+
+// clientStore is the clients file, re-read on change (SPEC §2.3), or the
+// process-only client when there is no state directory.
+type clientStore struct {
+	stateFile[*clientsDoc]
+	memory *clientsDoc // process-only clients (no state directory); set before serving
+}
+
+// newClientStore opens the clients file at path; pathErr says why there is none.
+func newClientStore(path string, pathErr error) *clientStore {
+	return &clientStore{stateFile: stateFile[*clientsDoc]{role: "clients file", path: path, pathErr: pathErr, parse: parseClients, absentErr: true}}
+}
+
+// load returns the current clients, re-reading on change.
+func (c *clientStore) load() (*clientsDoc, error) {
+	if c.memory != nil {
+		return c.memory, nil
+	}
+	return c.stateFile.load()
+}
+
+// authenticate finds token's client, comparing every digest in constant
+// time; a refusal never says whose a token is (SPEC §3.1).
+func (c *clientStore) authenticate(token string) (client, error) {
+	doc, err := c.load()
+	if err != nil {
+		return client{}, refuse("unauthenticated", "the clients file is unusable, so no token can be checked (GET /readyz says why)").because(err)
+	}
+	want := []byte(tokenDigest(token))
+	var found client
+	for _, cl := range doc.Clients {
+		if subtle.ConstantTimeCompare(want, []byte(cl.TokenSHA256)) == 1 {
+			found = cl
+		}
+	}
+	if found.ID == "" { // every client has an id
+		return found, refuse("unauthenticated", notAClient)
+	}
+	return found, nil
+}
+
+// updateClients changes the clients file under its lock (SPEC §2.3).
+func updateClients(path string, fn func(d *clientsDoc) error) error {
+	f := stateFile[*clientsDoc]{role: "clients file", path: path, parse: parseClients}
+	return f.update(fn)
+}
+
+// notAClient is the 401 of a token no client holds (SPEC §3.1).
+const notAClient = "this token is not one of this gateway's clients"
+
+// presentedToken is the one `Authorization: Bearer` or `x-api-key` token
+// (SPEC §3.1; both carrying the same one count as one), or the 401 saying
+// what was wrong without quoting it.
+func presentedToken(h http.Header) (string, error) {
+	twoTokens := refuse("unauthenticated", "two tokens: send one (ANTHROPIC_API_KEY and ANTHROPIC_AUTH_TOKEN both set?)")
+	auth, toks := h.Values("Authorization"), slices.Clone(h.Values("X-Api-Key")) // never edit r.Header
+	if len(auth) > 1 || len(toks) > 1 {
+		return "", twoTokens
+	}
+	for _, a := range auth {
+		if scheme, tok, ok := strings.Cut(a, " "); ok && strings.EqualFold(scheme, "Bearer") {
+			toks = append(toks, tok)
+		} // another scheme carries no token of Brama's
+	}
+	for i := range toks {
+		toks[i] = strings.TrimSpace(toks[i])
+	}
+	toks = slices.Compact(slices.DeleteFunc(toks, func(t string) bool { return t == "" }))
+	switch {
+	case len(toks) == 0:
+		return "", refuse("unauthenticated", "no token: send Authorization: Bearer <token> or x-api-key")
+	case len(toks) > 1 || strings.Contains(toks[0], ","): // one token, never a list
+		return "", twoTokens
+	case strings.ContainsAny(toks[0], " \t"): // e.g. x-api-key: Bearer …
+		return "", refuse("unauthenticated", notAClient)
+	}
+	return toks[0], nil
+}
+
+// transportGuard decides whether a peer may speak plain HTTP (SPEC §3.3):
+// loopback always, a trusted proxy that says the client used https.
+type transportGuard struct {
+	trusted map[string]bool // canonical IP strings from BRAMA_TRUSTED_PROXY_IPS
+}
+
+func newTransportGuard(list string) (transportGuard, error) {
+	g := transportGuard{trusted: map[string]bool{}}
+	for _, f := range strings.FieldsFunc(list, func(r rune) bool { return r == ',' || r == ' ' }) {
+		ip := net.ParseIP(f)
+		if ip == nil {
+			return g, fmt.Errorf("BRAMA_TRUSTED_PROXY_IPS: %q is not an IP address", f)
+		}
+		g.trusted[ip.String()] = true
+	}
+	return g, nil
+}
+
+// allows reports whether r came over an acceptable transport. A forwarded
+// header counts by its last element, the trusted proxy's own (RFC 7239 §4),
+// and every one that names a proto must say https: a proxy passes on the
+// header it does not set as the client wrote it.
+func (g transportGuard) allows(r *http.Request) bool {
+	host, _, _ := net.SplitHostPort(r.RemoteAddr)
+	switch ip := net.ParseIP(host); { // nil when RemoteAddr is not host:port
+	case ip == nil:
+		return false
+	case ip.IsLoopback():
+		return true
+	case !g.trusted[ip.String()]:
+		return false
+	}
+	last := func(name string) string {
+		v := strings.Join(r.Header.Values(name), ",")
+		return strings.TrimSpace(v[strings.LastIndex(v, ",")+1:])
+	}
+	xfp, fwd := last("X-Forwarded-Proto"), ""
+	for _, el := range strings.Split(last("Forwarded"), ";") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(el), "="); ok && strings.EqualFold(k, "proto") {
+			fwd = strings.Trim(v, `"`)
+		}
+	}
+	https := func(proto string) bool { return proto == "" || strings.EqualFold(proto, "https") }
+	return xfp+fwd != "" && https(xfp) && https(fwd)
 }
 
 // hasDirect reports whether a direct credential exists for provider.
@@ -374,6 +562,22 @@ func (c *core) mayHaveDirect(provider string) bool {
 	return c.hasDirect(provider) || c.localCreds == nil && err != nil && !errors.As(err, new(*noStateError))
 }
 
+// anyDirectPayer reports whether something could serve without an agent
+// (SPEC §13, §14): a direct credential or a declared deployment.
+func (s *server) anyDirectPayer() bool {
+	if doc, err := s.reg.current(); len(s.localCreds) > 0 || (err == nil && len(doc.Deployments) > 0) {
+		return true
+	}
+	if vd, err := s.vault.load(); s.localCreds == nil && err == nil {
+		for _, k := range vd.Direct {
+			if k.APIKey != "" {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 func (s *server) handleHealth(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "version": version})
 }
@@ -389,64 +593,56 @@ type readiness struct {
 // path outside the state directory.
 func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 	rd := readiness{Reasons: []string{}, Warnings: []string{}}
+	warn := func(msg ...string) { rd.Warnings = append(rd.Warnings, strings.Join(msg, "")) }
 	if s.st.dir == "" {
-		rd.Warnings = append(rd.Warnings, "no state directory: "+s.st.cause.Error())
+		warn("no state directory: ", s.st.cause.Error())
 	} else if why := dirExposure(s.st.dir); why != "" {
-		rd.Warnings = append(rd.Warnings, "the state directory "+why)
+		warn("the state directory ", why)
 	}
-	for _, f := range []struct {
-		env string
-		err error
-	}{{"BRAMA_ROUTES_FILE", s.reg.pathErr}, {"BRAMA_VAULT_FILE", s.vault.pathErr}, {"BRAMA_CLIENTS_FILE", s.clients.pathErr}} {
-		if f.err != nil && !errors.Is(f.err, s.st.cause) { // not the value: it may lie outside the state directory
-			rd.Warnings = append(rd.Warnings, f.env+" is not an absolute path, so that file has no place (§2.1's no state directory)")
+	for i, err := range []error{s.reg.pathErr, s.vault.pathErr, s.clients.pathErr} {
+		if err != nil && !errors.Is(err, s.st.cause) { // not the value: it may lie outside the state directory
+			warn([]string{"BRAMA_ROUTES_FILE", "BRAMA_VAULT_FILE", "BRAMA_CLIENTS_FILE"}[i], " is not an absolute path, so that file has no place (§2.1's no state directory)")
 		}
 	}
-	if _, err := s.reg.current(); err != nil && !errors.As(err, new(*noStateError)) {
-		rd.Reasons = append(rd.Reasons, "route registry unusable: "+s.hidePath(err.Error(), s.reg.path))
+	reason := func(err error, expected bool, prefix, path string) {
+		if err != nil && !expected {
+			rd.Reasons = append(rd.Reasons, prefix+s.hidePath(err.Error(), path))
+		}
 	}
-	if _, verr := s.vault.load(); verr != nil && !errors.As(verr, new(*noStateError)) {
-		rd.Reasons = append(rd.Reasons, "vault unusable: "+s.hidePath(verr.Error(), s.vault.path))
-	}
-	if _, cerr := s.clients.load(); cerr != nil && !errors.Is(cerr, errFileAbsent) {
-		rd.Reasons = append(rd.Reasons, "clients file unusable: "+s.hidePath(cerr.Error(), s.clients.path))
-	}
-	if err := s.ledger.unreadable; err != nil {
-		rd.Reasons = append(rd.Reasons, "ledger unusable (served empty, never overwritten): "+err.Error())
-	}
-	if _, err := s.journal.size(); err != nil && !errors.As(err, new(*noStateError)) {
-		rd.Reasons = append(rd.Reasons, "journal unusable: "+err.Error())
-	}
-	if _, _, err := readAnswerKey(s.st); err != nil && !errors.Is(err, errFileAbsent) && !errors.As(err, new(*noStateError)) {
-		rd.Reasons = append(rd.Reasons, "answer key unusable (every signed answer is refused): "+err.Error())
-	}
+	noState := func(err error) bool { return errors.As(err, new(*noStateError)) }
+	_, err := s.reg.current()
+	reason(err, noState(err), "route registry unusable: ", s.reg.path)
+	_, err = s.vault.load()
+	reason(err, noState(err), "vault unusable: ", s.vault.path)
+	_, err = s.clients.load()
+	reason(err, errors.Is(err, errFileAbsent), "clients file unusable: ", s.clients.path)
+	reason(s.ledger.unreadable, false, "ledger unusable (served empty, never overwritten): ", "")
+	_, err = s.journal.size()
+	reason(err, noState(err), "journal unusable: ", "")
+	_, _, err = readAnswerKey(s.st)
+	reason(err, errors.Is(err, errFileAbsent) || noState(err), "answer key unusable (every signed answer is refused): ", "")
 	if ids := s.vault.unwrittenIDs(); len(ids) > 0 {
-		rd.Warnings = append(rd.Warnings, "the vault refused to keep the rotated OAuth grant of "+strings.Join(ids, ", ")+
+		warn("the vault refused to keep the rotated OAuth grant of ", strings.Join(ids, ", "),
 			": it is used from memory and written again at the next maintenance pass (a restart before that loses it)")
 	}
 	if data, cause := s.catalog.current(); data == nil {
-		rd.Warnings = append(rd.Warnings, cause)
+		warn(cause)
 	}
 	if bad, n, err := s.journal.badLines(); err == nil {
 		for _, b := range bad {
-			rd.Warnings = append(rd.Warnings, "journal line "+strconv.Itoa(b.Line)+" is unreadable: "+b.Reason)
+			warn("journal line ", strconv.Itoa(b.Line), " is unreadable: ", b.Reason)
 		}
 		if n > len(bad) {
-			rd.Warnings = append(rd.Warnings, fmt.Sprintf("the journal holds %d more unreadable lines (brama journal check lists them)", n-len(bad)))
+			warn(fmt.Sprintf("the journal holds %d more unreadable lines (brama journal check lists them)", n-len(bad)))
 		}
 	}
-	payer := s.anyDirectPayer()
 	invReasons, invWarnings, subPayer := s.inv.readiness()
-	rd.Reasons = append(rd.Reasons, invReasons...)
-	rd.Warnings = append(rd.Warnings, invWarnings...)
-	if !payer && !subPayer {
+	rd.Reasons, rd.Warnings = append(rd.Reasons, invReasons...), append(rd.Warnings, invWarnings...)
+	if !subPayer && !s.anyDirectPayer() {
 		rd.Reasons = append(rd.Reasons, "no payer: no direct credential, declared deployment or active subscription")
 	}
-	status := http.StatusOK
-	if rd.Ready = len(rd.Reasons) == 0; !rd.Ready {
-		status = http.StatusServiceUnavailable
-	}
-	writeJSON(w, status, rd)
+	rd.Ready = len(rd.Reasons) == 0
+	writeJSON(w, map[bool]int{true: http.StatusOK, false: http.StatusServiceUnavailable}[rd.Ready], rd)
 }
 
 // dirExposure is why another user may remove or replace the files in dir,
@@ -512,13 +708,13 @@ func (s *server) handleRoutesWrite(w http.ResponseWriter, r *http.Request) {
 		Alias string `json:"alias"`
 	}
 	var doc *routesDoc
-	by := infoFrom(r.Context()).client.ID
-	var err error
-	if r.Method == http.MethodPut {
-		if err = decodeBody(r, &set, false); err == nil {
-			doc, err = s.reg.set(set.Alias, set.Route, by)
-		}
-	} else if err = decodeBody(r, &rm, false); err == nil {
+	by, put := infoFrom(r.Context()).client.ID, r.Method == http.MethodPut
+	err := decodeBody(r, map[bool]any{true: &set, false: &rm}[put], false)
+	switch {
+	case err != nil:
+	case put:
+		doc, err = s.reg.set(set.Alias, set.Route, by)
+	default:
 		doc, err = s.reg.remove(rm.Alias, by)
 	}
 	if err != nil {
@@ -527,26 +723,6 @@ func (s *server) handleRoutesWrite(w http.ResponseWriter, r *http.Request) {
 	}
 	s.replay.forget(cmp.Or(set.Alias, rm.Alias), "") // SPEC §17: the alias written may serve now
 	writeRaw(w, http.StatusOK, fmt.Appendf(nil, "{\"ok\":true,\"routes\":%s}\n", bytes.TrimSpace(encodeRegistry(doc))))
-}
-
-// decodeBody strictly decodes an admin body (optional: an empty one too):
-// malformed JSON or an unknown member is 400 invalid_request naming it.
-func decodeBody(r *http.Request, v any, optional bool) error {
-	body := infoFrom(r.Context()).body
-	if optional && len(bytes.TrimSpace(body)) == 0 {
-		return nil
-	}
-	if err := decodeStrict("request body", body, v); err != nil {
-		return refuse("invalid_request", "%s", err.Error())
-	}
-	return nil
-}
-
-// writeRaw writes already-encoded JSON.
-func writeRaw(w http.ResponseWriter, status int, b []byte) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	w.Write(b)
 }
 
 // handleModels serves GET /v1/models in OpenAI's list shape: the aliases,
@@ -593,4 +769,361 @@ func (s *server) handleMetrics(w http.ResponseWriter, r *http.Request) {
 	extra := s.maint.metrics()
 	extra["brama_attempts_total"], extra["brama_journal_bytes"] = float64(s.attempts.Load()), float64(size)
 	writeMetrics(w, s.perf.snapshot(), extra)
+}
+
+// donation is the strict body (and the CLI's request) of POST …/subscriptions/{agent_id}.
+type donation struct {
+	Provider string      `json:"provider"`
+	Label    string      `json:"label"`
+	APIKey   string      `json:"api_key"`
+	OAuth    *oauthGrant `json:"oauth"`
+}
+
+// donatedSubscription is the 201 answer: metadata only, never the secret.
+type donatedSubscription struct {
+	ID       string `json:"id"`
+	Provider string `json:"provider"`
+	AgentID  string `json:"agent_id"`
+	Label    string `json:"label"`
+	Status   string `json:"status"`
+}
+
+// credentialBody is the strict body of PUT …/credential: exactly one of
+// an OAuth grant or an API key (checkCredential enforces "exactly").
+type credentialBody struct {
+	OAuth  *oauthGrant `json:"oauth"`
+	APIKey string      `json:"api_key"`
+}
+
+var okBody = map[string]bool{"ok": true}
+
+func (s *server) listSubscriptions(r *http.Request) (any, error) {
+	rows, err := s.inv.list(r.PathValue("agent_id"))
+	return map[string]any{"subscriptions": rows}, err
+}
+
+// donateSubscription serves POST …/subscriptions/{agent_id}; on the admin
+// route ?via=sign-in is journaled as a sign-in (SPEC §11.1).
+func (s *server) donateSubscription(r *http.Request) (any, error) {
+	signIn := strings.HasPrefix(r.URL.Path, "/v1/admin/") && r.URL.Query().Get("via") == signInVia
+	if signIn {
+		if err := s.journal.ready(); err != nil {
+			return nil, refuse("dependency_unavailable", "subscription not donated: the journal cannot record a sign-in: %v", err).because(err)
+		}
+	}
+	var body donation
+	if err := decodeBody(r, &body, false); err != nil {
+		return nil, err
+	}
+	it, err := s.inv.donate(r.PathValue("agent_id"), body.Provider, body.Label, vaultCredential{APIKey: body.APIKey, OAuth: body.OAuth})
+	if err != nil {
+		return nil, err
+	}
+	s.maint.changed()
+	s.replay.forget("", it.Provider) // SPEC §17: a new credential of the provider
+	if signIn {
+		by := infoFrom(r.Context()).client.ID
+		if err := s.journalSignIn(it, "signed_in", "new subscription donated by sign-in from client "+by); err != nil {
+			return nil, refuse("dependency_unavailable", "subscription %s was donated, but the journal refused the sign-in record: %v", it.ID, err).because(err)
+		}
+	}
+	return map[string]donatedSubscription{
+		"subscription": {ID: it.ID, Provider: it.Provider, AgentID: it.AgentID, Label: it.Label, Status: "active"},
+	}, nil
+}
+
+// retireSubscription serves DELETE …/{subscription_id}[?reason=TEXT].
+func (s *server) retireSubscription(r *http.Request) (any, error) {
+	reason := cmp.Or(r.URL.Query().Get("reason"), "retired by "+infoFrom(r.Context()).client.ID)
+	return okBody, s.inv.retire(r.PathValue("agent_id"), r.PathValue("subscription_id"), reason)
+}
+
+// reinstateSubscription serves POST …/{subscription_id}/reinstate {"reason"}.
+func (s *server) reinstateSubscription(r *http.Request) (any, error) {
+	var body struct {
+		Reason string `json:"reason"`
+	}
+	if err := decodeBody(r, &body, false); err != nil {
+		return nil, err
+	}
+	if err := s.inv.reinstate(r.PathValue("agent_id"), r.PathValue("subscription_id"), body.Reason); err != nil {
+		return nil, err
+	}
+	s.maint.changed()
+	return okBody, nil
+}
+
+// replaceCredential serves PUT …/{subscription_id}/credential. The answer
+// carries the row, never the secret.
+func (s *server) replaceCredential(r *http.Request) (any, error) {
+	var body credentialBody
+	if err := decodeBody(r, &body, false); err != nil {
+		return nil, err
+	}
+	it, err := s.replaceSubscriptionCredential(r.PathValue("agent_id"), r.PathValue("subscription_id"),
+		vaultCredential{OAuth: body.OAuth, APIKey: body.APIKey}, infoFrom(r.Context()).client.ID)
+	if err != nil {
+		return nil, err
+	}
+	return map[string]any{"ok": true, "subscription": s.inv.row(it, false, s.now())}, nil
+}
+
+// maintainNow serves POST /v1/admin/maintain (body empty or {}): one pass
+// now; one that could not list the subscriptions is refused 503 with why.
+func (s *server) maintainNow(r *http.Request) (any, error) {
+	if err := decodeBody(r, &struct{}{}, true); err != nil {
+		return nil, err
+	}
+	rep, err := s.maint.passNow(r.Context())
+	if errors.Is(err, errMaintenanceStopped) {
+		return nil, refuse("dependency_unavailable", "no pass can run: %v", err).because(err)
+	}
+	return rep, err
+}
+
+// pruneOrphans serves POST /v1/admin/vault/prune-orphans (body empty or {}):
+// the vault's credentials no subscription names are removed (SPEC §17).
+func (s *server) pruneOrphans(r *http.Request) (any, error) {
+	if err := decodeBody(r, &struct{}{}, true); err != nil {
+		return nil, err
+	}
+	ids, err := s.inv.pruneOrphans()
+	return map[string]any{"ok": true, "removed": ids}, err
+}
+
+// handleSubscriptionProbe serves POST …/{subscription_id}/probe, body
+// optional {"model"}. A provider's refusal is a 200 too: probe.ok false.
+func (s *server) handleSubscriptionProbe(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Model string `json:"model"`
+	}
+	var it overlayItem
+	var out probeOutcome
+	ri, agent := infoFrom(r.Context()), r.PathValue("agent_id")
+	err := decodeBody(r, &body, true)
+	if err == nil {
+		it, err = s.inv.owned(agent, r.PathValue("subscription_id"), "a retired subscription is never probed")
+	}
+	if err == nil {
+		e := s.engine(ri)
+		e.agent = agent
+		if out, err = e.probe(r.Context(), it, body.Model); err == nil { // SPEC §7.4: after dispatch
+			w.Header().Set("Brama-Attempts", strconv.Itoa(ri.attempts))
+		}
+	}
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// handleChat serves the three chat routes for one caller dialect: read the
+// head, resolve, pay, call; the whole body is parsed only to translate (SPEC §7.6).
+func (s *server) handleChat(dialect string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		ri := infoFrom(r.Context())
+		req, err := readCallerRequest(dialect, r, ri.body)
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		ri.requestedModel, ri.streamed = req.head.Model, req.head.Stream
+		e := s.engine(ri)
+		c, cands, err := e.planChat(ri.client, req)
+		ri.routingMode, ri.route = c.res.Mode, c.res.Route
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		route := func(w http.ResponseWriter, r *http.Request) {
+			if ae := e.serveChat(r.Context(), w, req, c, cands); ae != nil {
+				s.fail(w, r, ae)
+			}
+		}
+		// SPEC §12: a signed answer reserves its key only now, after every
+		// check plan made. An empty header value is refused, not ignored.
+		if _, asked := r.Header["Idempotency-Key"]; asked {
+			s.signedAnswer(w, r, req.head, r.Header.Get("Idempotency-Key"), route)
+			return
+		}
+		if s.replayRefused(w, r, req.body, c) { // SPEC §8.1's replay guard (replay.go)
+			return
+		}
+		e.t.remember = s.replayRememberer(r, req.body, c, cands)
+		route(w, r)
+	}
+}
+
+// handleEmbeddings serves POST /v1/embeddings: a direct or alias route to an
+// openai-chat provider, one call, the provider's JSON returned as is.
+func (s *server) handleEmbeddings(w http.ResponseWriter, r *http.Request) {
+	var body map[string]json.RawMessage
+	var req chatRequest
+	switch {
+	case json.Unmarshal(infoFrom(r.Context()).body, &body) != nil || body == nil:
+		s.fail(w, r, refuse("invalid_request", "the body must be a JSON object"))
+	case json.Unmarshal(body["model"], &req.Model) != nil || req.Model == "":
+		s.fail(w, r, refuse("invalid_request", "model must be a non-empty string"))
+	default:
+		s.serveModel(w, r, &req, func(e *engine, c call) error {
+			return e.serveEmbeddings(r.Context(), w, req.Model, body, c)
+		})
+	}
+}
+
+// handleCountTokens serves POST /v1/messages/count_tokens (SPEC §15),
+// resolving model as /v1/messages does (§6.4's max_tokens rule aside).
+func (s *server) handleCountTokens(w http.ResponseWriter, r *http.Request) {
+	req, err := readCallerRequest(dialectMessages, r, infoFrom(r.Context()).body)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	s.serveModel(w, r, &req.head, func(e *engine, c call) error {
+		return e.countTokens(r.Context(), w, req, c)
+	})
+}
+
+// serveModel plans req's model and runs serve: the engine call of a route
+// outside chat (embeddings, count_tokens).
+func (s *server) serveModel(w http.ResponseWriter, r *http.Request, req *chatRequest, serve func(*engine, call) error) {
+	ri := infoFrom(r.Context())
+	ri.requestedModel = req.Model
+	e := s.engine(ri)
+	c, err := e.plan(ri.client, ri.agentID, req)
+	ri.routingMode, ri.route = c.res.Mode, c.res.Route
+	if err == nil {
+		err = serve(e, c)
+	}
+	if err != nil {
+		s.fail(w, r, err)
+	}
+}
+
+// signedAnswer answers a chat request carrying an Idempotency-Key (SPEC
+// §12): reserving is the last step before dispatch runs the provider calls.
+func (s *server) signedAnswer(w http.ResponseWriter, r *http.Request, req chatRequest, key string, dispatch func(w http.ResponseWriter, r *http.Request)) {
+	ri := infoFrom(r.Context())
+	err := checkIdempotencyKey(key)
+	switch {
+	case len(r.Header.Values("Idempotency-Key")) > 1:
+		err = refuse("invalid_request", "send one Idempotency-Key header")
+	case err == nil && req.Stream:
+		err = refuse("invalid_request", "Idempotency-Key keeps one buffered answer; it cannot be used with stream: true")
+	}
+	var t *answerTicket
+	var kept *answerRecord
+	if err == nil {
+		t, kept, err = s.answers.reserve(r, ri.client.ID, key, ri.body, ri.route)
+	}
+	switch {
+	case err != nil:
+		s.fail(w, r, err)
+		return
+	case kept != nil:
+		s.replayAnswer(w, r, kept)
+		return
+	}
+	c := newCapture()
+	func() {
+		defer func() {
+			if p := recover(); p != nil {
+				s.settleAnswer(r, t, c, true) // keep or release; the connection is lost anyway
+				panic(p)
+			}
+		}()
+		dispatch(c, r)
+	}()
+	c, sig := s.settleAnswer(r, t, c, false)
+	maps.Copy(w.Header(), c.HeaderMap)
+	if sig != "" {
+		w.Header().Set("Brama-Answer-Signature", sig)
+	}
+	w.WriteHeader(cmp.Or(c.Code, http.StatusOK))
+	w.Write(c.Body.Bytes())
+}
+
+// newCapture holds a buffered dispatch's response until it is kept; Code
+// stays 0 until something is written.
+func newCapture() *httptest.ResponseRecorder {
+	return &httptest.ResponseRecorder{HeaderMap: http.Header{}, Body: new(bytes.Buffer)}
+}
+
+// settleAnswer keeps or releases the reservation after dispatch (SPEC §12
+// item 3) and returns what the caller gets, signed when kept. After a
+// provider call started, a hang-up or panic is kept (499, 500) so the key
+// never spends twice; a retryable refusal is released.
+func (s *server) settleAnswer(r *http.Request, t *answerTicket, c *httptest.ResponseRecorder, panicked bool) (*httptest.ResponseRecorder, string) {
+	ri := infoFrom(r.Context())
+	calls, attempts := ri.attempts, ri.attemptsKey()
+	if n, err := strconv.Atoi(c.HeaderMap.Get("Brama-Attempts")); err == nil {
+		attempts = &n
+	}
+	_, retryable := envelopeCode(c.Body.Bytes())
+	var cut *apiError
+	switch {
+	case c.Code >= 200 && c.Code <= 299 && !panicked:
+	case panicked && calls > 0:
+		cut = refuse("internal_error", "the answer failed inside Brama after a provider call started").withAttempts(calls)
+	case context.Cause(r.Context()) == errServerShutdown && calls > 0: // a stopped process's answer (SPEC §12 item 2)
+		cut = refuse("internal_error", abandonedMessage).withAttempts(calls)
+	case r.Context().Err() != nil && calls > 0:
+		cut = refuse("client_cancelled", "the caller hung up after a provider call started").withAttempts(calls)
+	case panicked, r.Context().Err() != nil, retryable,
+		// A refusal without an attempts count was made before any dispatch
+		// (SPEC §8.1): it belongs before the reservation and is never kept.
+		calls == 0 && c.HeaderMap.Get("Brama-Attempts") == "":
+		if err := s.answers.release(t); err != nil {
+			s.answers.log.Error("answer_release_failed", "request_id", ri.requestID, "err", err)
+		}
+		return c, ""
+	}
+	route := cmp.Or(c.HeaderMap.Get("Brama-Route"), ri.route) // a selector's: the candidate that answered
+	if cut != nil {
+		c = newCapture()
+		writeAPIError(c, r, cut)
+		attempts = &calls
+		ri.outcome, ri.retryable = cut.Code, false
+	}
+	c.Body = bytes.NewBuffer(withoutPromptEcho(c.Body.Bytes())) // the first answer is the kept body (SPEC §12 item 7)
+	rec, err := s.answers.complete(t, c.Code, c.Body.Bytes(), attempts, route)
+	if err != nil {
+		// The answer exists and was paid for: give it unsigned rather than
+		// lose it. The record stays in progress, so the key never spends
+		// twice; sent again it is refused, and after a restart it reads as abandoned.
+		s.answers.markUnkept(t.path)
+		s.answers.log.Error("answer_unkept", "request_id", ri.requestID, "err", err)
+		return c, ""
+	}
+	return c, *rec.Signature
+}
+
+// envelopeCode is the code and retryable flag of body when it is an error
+// envelope (SPEC §8.1); code is "" otherwise.
+func envelopeCode(body []byte) (code string, retryable bool) {
+	var env envelope
+	if json.Unmarshal(body, &env) != nil {
+		return "", false
+	}
+	return env.Error.Code, env.Error.Retryable
+}
+
+// replayAnswer answers from a complete record, with no provider call.
+func (s *server) replayAnswer(w http.ResponseWriter, r *http.Request, rec *answerRecord) {
+	ri := infoFrom(r.Context())
+	ri.attempts, ri.counted = 0, true
+	body := rec.body()
+	h := w.Header()
+	if code, retryable := envelopeCode(body); code != "" {
+		ri.outcome, ri.retryable = code, retryable
+		h.Set("X-Should-Retry", strconv.FormatBool(retryable)) // SPEC §8.1
+	}
+	h.Set("Brama-Answer-Signature", *rec.Signature)
+	h.Set("Brama-Answer-Replayed", "true")
+	h.Set("Brama-Attempts", "0")
+	if rec.Route != "" { // README: every answer names its route
+		h.Set("Brama-Route", rec.Route)
+	}
+	writeRaw(w, *rec.Status, body)
 }

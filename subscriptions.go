@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -16,6 +17,9 @@ import (
 
 // The subscription inventory (SPEC §10.1): the overlay says which exist and
 // whose, the vault holds their credentials, the journal which are retired.
+
+// idPattern is the rule for client and agent ids.
+var idPattern = regexp.MustCompile(`^[a-z0-9-]{1,64}$`)
 
 // overlayItem is one donated subscription: metadata only, no secret, no status.
 type overlayItem struct {
