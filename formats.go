@@ -17,10 +17,8 @@ import (
 	"strings"
 )
 
-// The wire layer's shared half (SPEC §7.5, §7.6): the neutral request and
-// answer, the table of the three formats (each in its own file: chat.go,
-// messages.go, responses.go), reading a caller's body, the SSE reader, the
-// provider stream loop and the caller stream writer.
+// What the three wire formats (chat.go, messages.go, responses.go) share (SPEC §7.5, §7.6): the
+// neutral request and answer, their table, reading a caller's body, the SSE reader and writer.
 
 // chatRequest is one chat request in no particular format.
 type chatRequest struct {
@@ -69,8 +67,7 @@ func (o openAIShared) names() []string {
 	return n
 }
 
-// message is one turn: "user", "assistant", or "system" for an instruction
-// after the leading System text; tool results are parts of a user message.
+// message is one turn: user (tool results too), assistant, or system after the leading System.
 type message struct {
 	Role  string
 	Parts []part
@@ -203,8 +200,7 @@ const (
 	eventUsage         = "usage"
 )
 
-// streamEvent is one translated piece of a streamed answer; finish and usage
-// come only after the provider's own terminal signal (SPEC §7.5).
+// streamEvent is one translated piece of a stream; finish and usage only after its terminal signal (SPEC §7.5).
 type streamEvent struct {
 	Kind     string
 	Text     string
@@ -229,8 +225,7 @@ type upstreamOptions struct {
 	openai bool // openai: the output limit as max_completion_tokens, as its reasoning models take it
 }
 
-// wireFormat is one row of the format table: the caller dialect and the
-// provider protocol of one wire format and its translation functions.
+// wireFormat is one row of the format table: a format's dialect, protocol and translations.
 type wireFormat struct {
 	dialect, protocol string
 	path              string // the provider endpoint below the base URL
@@ -362,8 +357,7 @@ func textOf(ps []part) string {
 	return b.String()
 }
 
-// responsesContent is text, image and document parts as input (an
-// assistant's text: output) parts, no empty text.
+// responsesContent is parts as Responses input (an assistant's text: output) parts, no empty text.
 func responsesContent(ps []part, assistant bool) []responsesPart {
 	var out []responsesPart
 	for _, p := range ps {
@@ -439,8 +433,7 @@ func adaptiveThinking(model string) bool {
 	return major > 4 || major == 4 && minor >= 6
 }
 
-// adaptiveEffort: toward model, req's effort goes as adaptive thinking with
-// output_config.effort and its beta (messages.go, providers.go), not a budget.
+// adaptiveEffort: toward model, req's effort goes as output_config.effort and its beta, not a budget.
 func (req chatRequest) adaptiveEffort(model string) bool {
 	return req.thinkingBudget() > 0 && adaptiveThinking(model)
 }
@@ -500,8 +493,7 @@ func customInput(args string) string {
 
 func jsonText(s string) json.RawMessage { return must(json.Marshal(s)) }
 
-// schemaOutput is a json_schema output with the name the OpenAI formats
-// require, or nil for JSON mode.
+// schemaOutput is a json_schema output named as the OpenAI formats require; nil for JSON mode.
 func schemaOutput(f *outputFormat) *outputFormat {
 	if f.Type != "json_schema" {
 		return nil
@@ -528,15 +520,12 @@ func must(v []byte, err error) json.RawMessage {
 	return v
 }
 
-// Reading a caller's body (SPEC §7.6): a member with no counterpart elsewhere is dropped
-// and named (chatRequest.Dropped), one unreadable refused as invalid_request, never quoted.
-
 func refuseInvalid(format string, args ...any) *apiError {
 	return refuse("invalid_request", format, args...)
 }
 
-// decodeCallerJSON unmarshals data into v; an error is an invalid_request
-// naming the member at fault under what ("" for the body), quoting nothing.
+// decodeCallerJSON unmarshals data into v; an error is an invalid_request naming the
+// member at fault under what ("" for the body), quoting nothing (SPEC §7.6).
 func decodeCallerJSON(data []byte, v any, what string) error {
 	err := json.Unmarshal(data, v)
 	var se *json.SyntaxError
@@ -643,8 +632,7 @@ func (req chatRequest) head(model string, o upstreamOptions) callerHead {
 	return callerHead{Model: model, Temperature: req.Temperature, TopP: req.TopP, Stream: o.stream}
 }
 
-// newCallerRequest decodes body into b, a format's wire shape embedding h,
-// checks the members every format shares and names the unknown top-level ones.
+// newCallerRequest decodes body into b (embedding h), checks the shared members, names the unknown ones.
 func newCallerRequest(body []byte, b any, h *callerHead, known, limitName string, limit **int) (chatRequest, error) {
 	if err := decodeCallerJSON(body, b, ""); err != nil {
 		return chatRequest{}, err
@@ -664,8 +652,7 @@ func newCallerRequest(body []byte, b any, h *callerHead, known, limitName string
 	return req, nil
 }
 
-// callerContent reads content that is a string (one text part) or an array
-// of parts of type T; kind names the elements in the refusal.
+// callerContent reads a string (one text part) or an array of T (kind, in the refusal).
 func callerContent[T any](raw json.RawMessage, what, kind string) (text []part, items []T, err error) {
 	switch rawShape(raw) {
 	case '"':
@@ -719,8 +706,7 @@ func checkCallerMaxTokens(name string, v *int) (int, error) {
 	return *v, nil
 }
 
-// parseCallerSchema reads a JSON Schema member: null is nil, an object is kept
-// compacted (valid JSON: it came out of the decoded body), the rest refused.
+// parseCallerSchema reads a JSON Schema member: null is nil, an object kept compacted, the rest refused.
 func parseCallerSchema(raw json.RawMessage, what string) (json.RawMessage, error) {
 	if rawIsNull(raw) {
 		return nil, nil
@@ -733,8 +719,7 @@ func parseCallerSchema(raw json.RawMessage, what string) (json.RawMessage, error
 	return b.Bytes(), nil
 }
 
-// checkCallerURL accepts the two references every provider protocol can
-// carry for an image or a document: an https URL or a data URL.
+// checkCallerURL accepts what every protocol carries for an image or a document: https or data URLs.
 func checkCallerURL(url, what string) error {
 	if strings.HasPrefix(url, "https://") || strings.HasPrefix(url, "data:") {
 		return nil
@@ -757,8 +742,7 @@ func appendPart(msgs []message, role string, p part) []message {
 	return append(msgs, message{Role: role, Parts: []part{p}})
 }
 
-// addSystem adds instruction text: to the leading System while no turn has
-// come yet, else as a system turn where it stands.
+// addSystem adds instruction text to the leading System before any turn, else as a system turn.
 func (req *chatRequest) addSystem(text string) {
 	if len(req.Messages) == 0 {
 		req.System = joinText(req.System, text)
@@ -775,8 +759,7 @@ func joinText(sys, more string) string {
 	return sys + "\n\n" + more
 }
 
-// linkCalls marks tool calls to custom tools and the results of custom
-// calls, whichever format they came from.
+// linkCalls marks calls to custom tools and their results, whichever format they came from.
 func (req *chatRequest) linkCalls() {
 	custom := map[string]bool{}
 	for i := range req.Messages {
@@ -793,8 +776,7 @@ func (req *chatRequest) linkCalls() {
 	}
 }
 
-// openAITool is one tool in Responses' flat shape (chat's nested one is
-// flattened into it): the Responses wire shape, and what addOpenAITool reads.
+// openAITool is one tool in Responses' flat shape, into which chat's nested one is flattened.
 type openAITool struct {
 	Type        string          `json:"type"`
 	Name        string          `json:"name,omitempty"`
@@ -893,8 +875,7 @@ func (req *chatRequest) setOpenAIToolChoice(raw json.RawMessage, nested bool) er
 	return nil
 }
 
-// setOutput reads a structured-output member: text is none, json_object
-// any JSON, json_schema needs its schema.
+// setOutput reads structured output: text is none, json_object any JSON, json_schema needs its schema.
 func (req *chatRequest) setOutput(o *outputFormat, what string) error {
 	switch {
 	case o == nil || o.Type == "" || o.Type == "text":
@@ -943,8 +924,7 @@ func (req *chatRequest) callerTextOf(raw json.RawMessage, what, textType, sep st
 	return strings.Join(texts, sep), nil
 }
 
-// dropUnknownPart names the members of the part or tool raw not in
-// members[typ]: its own, then those of its nested object named typ.
+// dropUnknownPart names raw's members not in members[typ], then its nested typ object's.
 func (req *chatRequest) dropUnknownPart(raw json.RawMessage, typ string, members map[string][2]string) {
 	dropUnknown(&req.Dropped, raw, members[typ][0])
 	var m map[string]json.RawMessage
@@ -952,8 +932,7 @@ func (req *chatRequest) dropUnknownPart(raw json.RawMessage, typ string, members
 	dropUnknown(&req.Dropped, m[typ], members[typ][1])
 }
 
-// resultText is a tool result's text and its images and documents, which
-// messages and responses carry and chat drops (droppedFor).
+// resultText is a tool result's text, and its media, which chat drops (droppedFor).
 func resultText(parts []part) (string, []part) {
 	var texts []string
 	var media []part
@@ -967,8 +946,7 @@ func resultText(parts []part) (string, []part) {
 	return strings.Join(texts, "\n"), media
 }
 
-// sseEvent is one dispatched server-sent event: its event name ("" when the
-// stream named none) and its data lines joined with "\n".
+// sseEvent is one dispatched server-sent event: its event name and its data lines joined with "\n".
 type sseEvent struct{ Event, Data string }
 
 // sseReader splits a text/event-stream body into blocks (an event's lines and the blank line
@@ -1098,8 +1076,7 @@ func readUpstreamStream(protocol string, body io.Reader, emit func(streamEvent) 
 	}
 }
 
-// assembleStream builds one answer from a whole stream: a buffered caller
-// of a provider that only streams (codex, SPEC §6.2).
+// assembleStream is a whole stream as one answer: a buffered caller of codex, which only streams (SPEC §6.2).
 func assembleStream(protocol string, body io.Reader) (chatAnswer, error) {
 	return answerOf(func(emit func(streamEvent) error) error { return readUpstreamStream(protocol, body, emit) })
 }
@@ -1215,8 +1192,7 @@ type callerStream struct {
 	toolBlock    map[int]int // neutral tool call index → block index
 }
 
-// blockWriter is one dialect's framing of a streamed answer's blocks, in
-// order; a tool call's block also knows its call index.
+// blockWriter is one dialect's framing of a streamed answer's blocks, in order.
 type blockWriter interface {
 	begin() error
 	open(i int, b *streamBlock) error
@@ -1238,8 +1214,7 @@ type streamBlock struct {
 	buf             strings.Builder
 }
 
-// newCallerStream is the stream writer for dialect over w, flushing after
-// every frame (flush may be nil); model is the name reported (SPEC §7.6).
+// newCallerStream writes dialect to w, flushing every frame (flush may be nil), reporting model (SPEC §7.6).
 func newCallerStream(dialect string, req chatRequest, w io.Writer, flush func(), model string) *callerStream {
 	f := formatOf(dialect)
 	if f == nil {
@@ -1258,9 +1233,8 @@ func newBlockStream(w io.Writer, flush func(), req chatRequest, model string,
 	return s
 }
 
-// wholeAnswerThrough writes a whole answer, frames discarded, through the
-// block writer newWriter makes, which keeps the whole answer, and returns it
-// with the first refusal a block met (messages: arguments not an object).
+// wholeAnswerThrough writes a through newWriter's block writer, frames discarded, and returns
+// it, holding the whole answer, with the first refusal a block met (messages: arguments not an object).
 func wholeAnswerThrough(req chatRequest, a chatAnswer,
 	newWriter func(*callerStream, chatRequest, string) blockWriter) (blockWriter, error) {
 	s := newBlockStream(io.Discard, func() {}, req, a.Model, newWriter)
