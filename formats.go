@@ -12,8 +12,8 @@ import (
 	"strings"
 )
 
-// Translation across wire formats (SPEC §7.5, §7.6): the neutral request and
-// answer and the table of the formats, each in its own file (chat.go, …).
+// What the three wire formats (chat.go, messages.go, responses.go) share (SPEC §7.5, §7.6): the
+// neutral request and answer and their table; parse.go reads a caller's body, sse.go the streams.
 
 // chatRequest is one chat request in no particular format.
 type chatRequest struct {
@@ -31,11 +31,11 @@ type chatRequest struct {
 	Output            *outputFormat // structured output; nil: free text
 	Effort            string        // reasoning effort (low, medium, high, …); "" the provider's default
 	EffortName        string        // the caller's member for Effort
-	Verbosity         string        // the OpenAI formats' verbosity (low, medium, high); "" the provider's default
+	Verbosity         string        // the OpenAI formats' verbosity; "" the provider's default
 	StopName          string        // the caller's member for Stop: responses has none
 	Shared            openAIShared
 	Stream            bool
-	StreamUsage       bool     // a chat caller sent stream_options.include_usage: true (its stream ends with usage)
+	StreamUsage       bool     // a chat caller sent stream_options.include_usage: true
 	Dropped           []string // caller member names with no counterpart in any other format
 }
 
@@ -62,14 +62,12 @@ func (o openAIShared) names() []string {
 	return n
 }
 
-// message is one turn: "user", "assistant", or "system" for an instruction
-// after the leading System text; tool results are parts of a user message.
+// message is one turn: user (tool results too), assistant, or system after the leading System.
 type message struct {
 	Role  string
 	Parts []part
 }
 
-// part kinds.
 const (
 	partText       = "text"
 	partImage      = "image"
@@ -82,19 +80,18 @@ const (
 type part struct {
 	Type       string
 	Text       string // text; tool_result: its text content
-	ImageURL   string // image: an https URL or a data URL ("data:image/png;base64,…")
-	Detail     string // image: the OpenAI formats' detail (low, high, auto), "" when none
+	ImageURL   string // image: an https URL or a data URL
+	Detail     string // image: the OpenAI formats' detail (low, high, auto)
 	FileURL    string // document: an https URL or a data URL
-	Filename   string // document: its file name when known
-	ToolCallID string // tool_call and tool_result: the call's id
+	Filename   string
+	ToolCallID string // tool_call and tool_result
 	ToolName   string // tool_call: the (flattened) tool name
 	Arguments  string // tool_call: JSON-encoded arguments, or a custom tool's free-form input
 	Custom     bool   // tool_call and tool_result: the call is to a custom tool
-	IsError    bool   // tool_result: the tool reported an error
+	IsError    bool   // tool_result
 	Media      []part // tool_result: its image and document parts (chat has none: named dropped)
 }
 
-// Tool kinds.
 const (
 	toolFunction = ""       // JSON arguments under a schema
 	toolCustom   = "custom" // free-form input, no JSON schema
@@ -108,8 +105,8 @@ type tool struct {
 	Namespace   string // "" outside a group
 	Description string
 	Parameters  json.RawMessage // function: JSON Schema object; nil when none given
-	Strict      *bool           // function: the caller's strict flag; nil when none given
-	Format      json.RawMessage // custom: the grammar or text format, nil when none given
+	Strict      *bool
+	Format      json.RawMessage // custom: the grammar or text format
 }
 
 func (t tool) memberName() string {
@@ -134,7 +131,6 @@ func (req *chatRequest) toolKind(name string) string {
 	return "function"
 }
 
-// toolChoice modes.
 const (
 	toolChoiceAuto     = "auto"
 	toolChoiceNone     = "none"
@@ -195,12 +191,11 @@ const (
 	eventText          = "text"            // Text: the next piece of output text
 	eventToolCallStart = "tool_call_start" // Index, ToolCall.ID, ToolCall.Name, ToolCall.Custom
 	eventToolCallArgs  = "tool_call_args"  // Index, Text: the next piece of arguments (or custom input)
-	eventFinish        = "finish"          // Finish: why generation stopped
-	eventUsage         = "usage"           // Usage
+	eventFinish        = "finish"
+	eventUsage         = "usage"
 )
 
-// streamEvent is one translated piece of a streamed answer; finish and usage
-// come only after the provider's own terminal signal (SPEC §7.5).
+// streamEvent is one translated piece of a stream; finish and usage only after its terminal signal (SPEC §7.5).
 type streamEvent struct {
 	Kind     string
 	Text     string
@@ -212,9 +207,9 @@ type streamEvent struct {
 
 // Caller dialects, one per public chat endpoint.
 const (
-	dialectChat      = "chat"      // OpenAI Chat Completions, POST /v1/chat/completions
-	dialectMessages  = "messages"  // Anthropic Messages, POST /v1/messages
-	dialectResponses = "responses" // OpenAI Responses, POST /v1/responses
+	dialectChat      = "chat"      // POST /v1/chat/completions
+	dialectMessages  = "messages"  // POST /v1/messages
+	dialectResponses = "responses" // POST /v1/responses
 )
 
 // upstreamOptions are the per-provider rules an encoder applies (SPEC §6.2).
@@ -225,8 +220,7 @@ type upstreamOptions struct {
 	openai bool // openai: the output limit as max_completion_tokens, as its reasoning models take it
 }
 
-// wireFormat is one row of the format table: the caller dialect and the
-// provider protocol of one wire format and its translation functions.
+// wireFormat is one row of the format table: a format's dialect, protocol and translations.
 type wireFormat struct {
 	dialect, protocol string
 	path              string // the provider endpoint below the base URL
@@ -258,8 +252,7 @@ func errUnknownFormat(name string) *apiError {
 	return refuse("internal_error", "internal error").because(fmt.Errorf("unknown wire format %q", name))
 }
 
-// parseRequest parses body as the given dialect into the neutral request.
-// Every error is an *apiError with code invalid_request.
+// parseRequest parses body as dialect; every error is an invalid_request *apiError.
 func parseRequest(dialect string, body []byte) (chatRequest, error) {
 	if f := formatOf(dialect); f != nil {
 		return f.parse(body)
@@ -267,8 +260,7 @@ func parseRequest(dialect string, body []byte) (chatRequest, error) {
 	return chatRequest{}, errUnknownFormat(dialect)
 }
 
-// renderAnswer encodes a buffered answer as the caller's dialect's success
-// body; req is the caller's request, whose tools name the calls.
+// renderAnswer is a buffered answer as dialect's body; req's tools name the calls.
 func renderAnswer(dialect string, req chatRequest, a chatAnswer) ([]byte, error) {
 	f := formatOf(dialect)
 	if f == nil {
@@ -281,8 +273,7 @@ func renderAnswer(dialect string, req chatRequest, a chatAnswer) ([]byte, error)
 	return json.Marshal(v)
 }
 
-// decodeUpstreamAnswer decodes a complete 2xx non-stream body. Model is
-// left for the dispatcher, which reports what SPEC §7.6 says.
+// decodeUpstreamAnswer decodes a 2xx non-stream body; Model is the dispatcher's (SPEC §7.6).
 func decodeUpstreamAnswer(protocol string, body []byte) (chatAnswer, error) {
 	if f := formatOf(protocol); f != nil {
 		return f.decode(body)
@@ -319,31 +310,25 @@ func (req chatRequest) droppedFor(p providerInfo) []string {
 				d = append(d, "format")
 			}
 		}
-		for _, m := range req.Messages {
-			for _, p := range m.Parts {
-				for _, q := range append([]part{p}, p.Media...) {
-					if q.Detail != "" {
-						d = append(d, "detail")
-					}
-				}
-			}
-		}
 	case p.protocol == protoOpenAIResponses && len(req.Stop) > 0:
 		d = append(d, req.StopName)
 	}
-	if p.protocol == protoOpenAIChat { // a tool message holds only text
-		for _, m := range req.Messages {
-			for _, p := range m.Parts {
-				for _, q := range p.Media {
+	for _, m := range req.Messages {
+		for _, pt := range m.Parts {
+			for _, q := range append([]part{pt}, pt.Media...) {
+				switch {
+				case p.protocol == protoAnthropic && q.Detail != "":
+					d = append(d, "detail")
+				case p.protocol == protoOpenAIChat && q.Type != pt.Type: // a tool message holds only text
 					d = append(d, q.Type)
 				}
 			}
 		}
 	}
-	if p.id == "codex" && req.LimitName != "" { // it never gets an output limit (SPEC §6.2)
-		d = append(d, req.LimitName)
-	}
-	if p.id == "codex" { // its backend refuses these (SPEC §6.2)
+	if p.id == "codex" { // it never gets an output limit, and its backend refuses these (SPEC §6.2)
+		if req.LimitName != "" {
+			d = append(d, req.LimitName)
+		}
 		d = append(d, sampling...)
 		d = append(d, openAIShared{Metadata: req.Shared.Metadata, SafetyIdentifier: req.Shared.SafetyIdentifier, User: req.Shared.User}.names()...)
 	}
@@ -367,8 +352,7 @@ func textOf(ps []part) string {
 	return b.String()
 }
 
-// responsesContent is text, image and document parts as input (an
-// assistant's text: output) parts, no empty text.
+// responsesContent is parts as Responses input (an assistant's text: output) parts, no empty text.
 func responsesContent(ps []part, assistant bool) []responsesPart {
 	var out []responsesPart
 	for _, p := range ps {
@@ -386,12 +370,10 @@ func responsesContent(ps []part, assistant bool) []responsesPart {
 	return out
 }
 
-// emptySchema stands in for a tool without parameters where the protocol
-// requires a schema.
+// emptySchema stands in for a tool without parameters where the protocol requires a schema.
 var emptySchema = json.RawMessage(`{"type":"object","properties":{}}`)
 
-// customInputSchema is the one-string-member function a custom tool becomes
-// toward messages (SPEC §7.6).
+// customInputSchema is the one-string-member function a custom tool becomes toward messages (SPEC §7.6).
 var customInputSchema = json.RawMessage(`{"type":"object","properties":{"input":{"type":"string"}},"required":["input"]}`)
 
 // toolArguments is a call's arguments as the JSON object anthropic embeds:
@@ -417,10 +399,8 @@ func argumentsText(args string) string {
 
 // effortBudgets maps reasoning effort names to a thinking budget toward
 // messages; a budget maps back to the nearest effort at or above it (SPEC §7.6).
-var effortBudgets = []effortBudget{{"minimal", 1024}, {"low", 2048}, {"medium", 8192},
-	{"high", 24576}, {"xhigh", 32768}}
+var effortBudgets = []effortBudget{{"minimal", 1024}, {"low", 2048}, {"medium", 8192}, {"high", 24576}, {"xhigh", 32768}}
 
-// effortBudget is one reasoning effort and its thinking budget.
 type effortBudget struct {
 	effort string
 	budget int
@@ -448,8 +428,7 @@ func adaptiveThinking(model string) bool {
 	return major > 4 || major == 4 && minor >= 6
 }
 
-// adaptiveEffort: toward model, req's effort goes as adaptive thinking with
-// output_config.effort and its beta (messages.go, providers.go), not a budget.
+// adaptiveEffort: toward model, req's effort goes as output_config.effort and its beta, not a budget.
 func (req chatRequest) adaptiveEffort(model string) bool {
 	return req.thinkingBudget() > 0 && adaptiveThinking(model)
 }
@@ -457,8 +436,11 @@ func (req chatRequest) adaptiveEffort(model string) bool {
 // claudeVersion reads a Claude model's version: claude-opus-4-7, claude-sonnet-4-5-20250929, claude-opus-5.
 var claudeVersion = regexp.MustCompile(`^claude-(?:opus|sonnet|haiku)-(\d{1,2})(?:-(\d{1,2}))?(?:-|$)`)
 
-// effortBeta is the anthropic-beta value output_config.effort goes with.
-const effortBeta = "effort-2025-11-24"
+// Anthropic-beta values: output_config.effort's, and a JSON Schema output format's (SPEC §7.6).
+const (
+	effortBeta            = "effort-2025-11-24"
+	structuredOutputsBeta = "structured-outputs-2025-11-13"
+)
 
 // thinkingBudget is the budget toward messages: below max_tokens, at least 1024, and
 // 0 in a tool loop, where Anthropic wants back thinking blocks no format carries.
@@ -497,8 +479,7 @@ func (req chatRequest) callerTool(tc toolCall) (name, args string, custom bool) 
 	return t.memberName(), args, t.Kind == toolCustom
 }
 
-// customInput is the string input of a custom call made as a function
-// (toward messages): the arguments' "input" member.
+// customInput is the "input" member of a custom call made as a function (toward messages).
 func customInput(args string) string {
 	var in struct{ Input string }
 	json.Unmarshal([]byte(args), &in)
@@ -507,8 +488,7 @@ func customInput(args string) string {
 
 func jsonText(s string) json.RawMessage { return must(json.Marshal(s)) }
 
-// schemaOutput is a copy of a json_schema output with the name the OpenAI
-// formats require, or nil for JSON mode.
+// schemaOutput is a json_schema output named as the OpenAI formats require; nil for JSON mode.
 func schemaOutput(f *outputFormat) *outputFormat {
 	if f.Type != "json_schema" {
 		return nil
@@ -520,7 +500,6 @@ func schemaOutput(f *outputFormat) *outputFormat {
 
 func ptrTo[T any](v T) *T { return &v }
 
-// valueOr is *p, or or when p is nil.
 func valueOr[T any](p *T, or T) T {
 	if p == nil {
 		return or
@@ -535,7 +514,3 @@ func must(v []byte, err error) json.RawMessage {
 	}
 	return v
 }
-
-// structuredOutputsBeta is the anthropic-beta value a request with a JSON
-// Schema output format carries (SPEC §7.6).
-const structuredOutputsBeta = "structured-outputs-2025-11-13"

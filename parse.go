@@ -18,30 +18,28 @@ func refuseInvalid(format string, args ...any) *apiError {
 	return refuse("invalid_request", format, args...)
 }
 
-// decodeCallerJSON unmarshals data into v; an error is an invalid_request
-// naming the member at fault under what ("" for the body), quoting nothing.
+// decodeCallerJSON unmarshals data into v; an error is an invalid_request naming the
+// member at fault under what ("" for the body), quoting nothing (SPEC §7.6).
 func decodeCallerJSON(data []byte, v any, what string) error {
 	err := json.Unmarshal(data, v)
-	if err == nil {
-		return nil
-	}
 	var se *json.SyntaxError
 	var te *json.UnmarshalTypeError
 	switch {
+	case err == nil:
+		return nil
 	case errors.As(err, &se):
 		return refuseInvalid("malformed JSON at byte %d", se.Offset).because(err)
-	case errors.As(err, &te):
-		field := strings.TrimSuffix(joinPath(what, te.Field), ".")
-		if field == "" {
-			return refuseInvalid("the request body must be a JSON object").because(err)
-		}
-		return refuseInvalid("%s: expected %s, got %s", field, callerJSONKind(te.Type), truncateUTF8(te.Value, 32)).because(err)
+	case !errors.As(err, &te):
+		return refuseInvalid("malformed JSON").because(err)
 	}
-	return refuseInvalid("malformed JSON").because(err)
+	field := strings.Trim(what+"."+te.Field, ".")
+	if field == "" {
+		return refuseInvalid("the request body must be a JSON object").because(err)
+	}
+	return refuseInvalid("%s: expected %s, got %s", field, callerJSONKind(te.Type), truncateUTF8(te.Value, 32)).because(err)
 }
 
-// callerJSONKinds names the JSON shape of each Go kind the caller shapes use
-// (int, float64, slices: no other numbers or arrays), for refusals.
+// callerJSONKinds names the JSON shape of each Go kind the caller shapes use.
 var callerJSONKinds = map[reflect.Kind]string{reflect.String: "a string", reflect.Bool: "a boolean",
 	reflect.Int: "an integer", reflect.Float64: "a number", reflect.Slice: "an array"}
 
@@ -54,13 +52,11 @@ func callerJSONKind(t reflect.Type) string {
 }
 
 // rawIsNull reports an absent or null value (raw is valid JSON: only null starts with n).
-func rawIsNull(raw json.RawMessage) bool { return rawShape(raw) == 0 || rawShape(raw) == 'n' }
+func rawIsNull(raw json.RawMessage) bool { s := rawShape(raw); return s == 0 || s == 'n' }
 
-// rawShape is the first byte of a JSON value: '"', '[', '{', or another
-// byte for numbers, booleans and null; 0 when absent.
+// rawShape is the first byte of a JSON value ('"', '[', '{', …); 0 when absent.
 func rawShape(raw json.RawMessage) byte {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 {
+	if raw = bytes.TrimSpace(raw); len(raw) == 0 {
 		return 0
 	}
 	return raw[0]
@@ -117,8 +113,6 @@ func rawItems(raw json.RawMessage) []json.RawMessage {
 	return items
 }
 
-func joinPath(path, member string) string { return strings.TrimPrefix(path+"."+member, ".") }
-
 // callerHead holds the members every format's request body shares.
 type callerHead struct {
 	Model       string   `json:"model"`
@@ -132,10 +126,8 @@ func (req chatRequest) head(model string, o upstreamOptions) callerHead {
 	return callerHead{Model: model, Temperature: req.Temperature, TopP: req.TopP, Stream: o.stream}
 }
 
-// newCallerRequest decodes body into b, a format's wire shape embedding h,
-// checks the members every format shares and names the unknown top-level ones.
-func newCallerRequest(body []byte, b any, h *callerHead, known, limitName string,
-	limit **int) (chatRequest, error) {
+// newCallerRequest decodes body into b (embedding h), checks the shared members, names the unknown ones.
+func newCallerRequest(body []byte, b any, h *callerHead, known, limitName string, limit **int) (chatRequest, error) {
 	if err := decodeCallerJSON(body, b, ""); err != nil {
 		return chatRequest{}, err
 	}
@@ -154,8 +146,7 @@ func newCallerRequest(body []byte, b any, h *callerHead, known, limitName string
 	return req, nil
 }
 
-// callerContent reads content that is a string (one text part) or an array
-// of parts of type T; kind names the elements in the refusal.
+// callerContent reads a string (one text part) or an array of T (kind, in the refusal).
 func callerContent[T any](raw json.RawMessage, what, kind string) (text []part, items []T, err error) {
 	switch rawShape(raw) {
 	case '"':
@@ -209,8 +200,7 @@ func checkCallerMaxTokens(name string, v *int) (int, error) {
 	return *v, nil
 }
 
-// parseCallerSchema reads a JSON Schema member: null is nil, an object is kept
-// compacted (valid JSON: it came out of the decoded body), the rest refused.
+// parseCallerSchema reads a JSON Schema member: null is nil, an object kept compacted, the rest refused.
 func parseCallerSchema(raw json.RawMessage, what string) (json.RawMessage, error) {
 	if rawIsNull(raw) {
 		return nil, nil
@@ -223,8 +213,7 @@ func parseCallerSchema(raw json.RawMessage, what string) (json.RawMessage, error
 	return b.Bytes(), nil
 }
 
-// checkCallerURL accepts the two references every provider protocol can
-// carry for an image or a document: an https URL or a data URL.
+// checkCallerURL accepts what every protocol carries for an image or a document: https or data URLs.
 func checkCallerURL(url, what string) error {
 	if strings.HasPrefix(url, "https://") || strings.HasPrefix(url, "data:") {
 		return nil
@@ -232,8 +221,7 @@ func checkCallerURL(url, what string) error {
 	return refuseInvalid("%s must be an https URL or a data URL", what)
 }
 
-// quoteCallerToken quotes a caller-chosen token (a role, a part type) for a refusal,
-// bounded so a refusal never echoes a long string back.
+// quoteCallerToken quotes a caller-chosen token (a role, a part type), bounded.
 func quoteCallerToken(s string) string { return fmt.Sprintf("%q", truncateUTF8(s, 64)) }
 
 // appendPart adds p to the last message when it has role, else a new turn: tool
@@ -248,8 +236,7 @@ func appendPart(msgs []message, role string, p part) []message {
 	return append(msgs, message{Role: role, Parts: []part{p}})
 }
 
-// addSystem adds instruction text: to the leading System while no turn has
-// come yet, else as a system turn where it stands.
+// addSystem adds instruction text to the leading System before any turn, else as a system turn.
 func (req *chatRequest) addSystem(text string) {
 	if len(req.Messages) == 0 {
 		req.System = joinText(req.System, text)
@@ -260,17 +247,13 @@ func (req *chatRequest) addSystem(text string) {
 
 // joinText appends one more piece of text, "\n\n" between pieces.
 func joinText(sys, more string) string {
-	switch {
-	case more == "":
-		return sys
-	case sys == "":
-		return more
+	if sys == "" || more == "" {
+		return sys + more
 	}
 	return sys + "\n\n" + more
 }
 
-// linkCalls marks tool calls to custom tools and the results of custom
-// calls, whichever format they came from.
+// linkCalls marks calls to custom tools and their results, whichever format they came from.
 func (req *chatRequest) linkCalls() {
 	custom := map[string]bool{}
 	for i := range req.Messages {
@@ -287,8 +270,7 @@ func (req *chatRequest) linkCalls() {
 	}
 }
 
-// openAITool is one tool in Responses' flat shape (chat's nested one is
-// flattened into it): the Responses wire shape, and what addOpenAITool reads.
+// openAITool is one tool in Responses' flat shape, into which chat's nested one is flattened.
 type openAITool struct {
 	Type        string          `json:"type"`
 	Name        string          `json:"name,omitempty"`
@@ -387,8 +369,7 @@ func (req *chatRequest) setOpenAIToolChoice(raw json.RawMessage, nested bool) er
 	return nil
 }
 
-// setOutput reads a structured-output member: text is none, json_object
-// any JSON, json_schema needs its schema.
+// setOutput reads structured output: text is none, json_object any JSON, json_schema needs its schema.
 func (req *chatRequest) setOutput(o *outputFormat, what string) error {
 	switch {
 	case o == nil || o.Type == "" || o.Type == "text":
@@ -405,9 +386,8 @@ func (req *chatRequest) setOutput(o *outputFormat, what string) error {
 }
 
 // eachItem runs add on every element of a caller's array, with its raw JSON from
-// list (the array, nil when the caller needs none) and its path; the first refusal stops it.
-func eachItem[T any](items []T, list json.RawMessage, what string,
-	add func(T, json.RawMessage, string) error) error {
+// list (nil when the caller needs none) and its path; the first refusal stops it.
+func eachItem[T any](items []T, list json.RawMessage, what string, add func(T, json.RawMessage, string) error) error {
 	raws := append(rawItems(list), make([]json.RawMessage, len(items))...) // nil past the list
 	for i, it := range items {
 		if err := add(it, raws[i], fmt.Sprintf("%s[%d]", what, i)); err != nil {
@@ -438,27 +418,24 @@ func (req *chatRequest) callerTextOf(raw json.RawMessage, what, textType, sep st
 	return strings.Join(texts, sep), nil
 }
 
-// dropUnknownPart names the members of the part or tool raw not in
-// members[typ]: its own, then those of its nested object named typ.
+// dropUnknownPart names raw's members not in members[typ], then its nested typ object's.
 func (req *chatRequest) dropUnknownPart(raw json.RawMessage, typ string, members map[string][2]string) {
-	known := members[typ]
-	dropUnknown(&req.Dropped, raw, known[0])
+	dropUnknown(&req.Dropped, raw, members[typ][0])
 	var m map[string]json.RawMessage
 	json.Unmarshal(raw, &m)
-	dropUnknown(&req.Dropped, m[typ], known[1])
+	dropUnknown(&req.Dropped, m[typ], members[typ][1])
 }
 
-// resultText is a tool result's text and its images and documents, which
-// messages and responses carry and chat drops (droppedFor).
+// resultText is a tool result's text, and its media, which chat drops (droppedFor).
 func resultText(parts []part) (string, []part) {
 	var texts []string
 	var media []part
 	for _, p := range parts {
-		if p.Type != partText {
+		if p.Type == partText {
+			texts = append(texts, p.Text)
+		} else {
 			media = append(media, p)
-			continue
 		}
-		texts = append(texts, p.Text)
 	}
 	return strings.Join(texts, "\n"), media
 }

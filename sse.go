@@ -15,8 +15,7 @@ import (
 // Streams (SPEC §7.5), what the three formats share: the provider side's SSE
 // reader and translator loop, the caller side's SSE writer and block driver.
 
-// sseEvent is one dispatched server-sent event: its event name ("" when the
-// stream named none) and its data lines joined with "\n".
+// sseEvent is one dispatched server-sent event: its event name and its data lines joined with "\n".
 type sseEvent struct{ Event, Data string }
 
 // sseReader splits a text/event-stream body into blocks (an event's lines and the blank line
@@ -146,8 +145,7 @@ func readUpstreamStream(protocol string, body io.Reader, emit func(streamEvent) 
 	}
 }
 
-// assembleStream builds one answer from a whole stream: a buffered caller
-// of a provider that only streams (codex, SPEC §6.2).
+// assembleStream is a whole stream as one answer: a buffered caller of codex, which only streams (SPEC §6.2).
 func assembleStream(protocol string, body io.Reader) (chatAnswer, error) {
 	return answerOf(func(emit func(streamEvent) error) error { return readUpstreamStream(protocol, body, emit) })
 }
@@ -192,23 +190,14 @@ func answerOf(run func(emit func(streamEvent) error) error) (chatAnswer, error) 
 
 // upstreamStreamError is an in-band error's cause: its redacted code, and the
 // refusalRate or refusalQuota class the dispatcher records a block for (SPEC §6.2).
-type upstreamStreamError struct {
-	Code  string
-	Class string
-}
+type upstreamStreamError struct{ Code, Class string }
 
 func (e *upstreamStreamError) Error() string { return "provider stream error " + e.Code }
 
 // streamErrorCodes classifies in-band error codes that say "rate" or "quota".
-var streamErrorCodes = map[string]string{
-	"rate_limit_exceeded": refusalRate,
-	"rate_limit_error":    refusalRate,
-	"usage_limit_reached": refusalRate,
-	"insufficient_quota":  refusalQuota,
-	"billing_error":       refusalQuota,
-}
+var streamErrorCodes = map[string]string{"rate_limit_exceeded": refusalRate, "rate_limit_error": refusalRate,
+	"usage_limit_reached": refusalRate, "insufficient_quota": refusalQuota, "billing_error": refusalQuota}
 
-// inBandMessage is the message of an in-band error, quoting its code.
 const inBandMessage = "the provider stream failed with error %q"
 
 // inBandError is provider_incomplete: the caller cannot know what was billed
@@ -219,16 +208,14 @@ func inBandError(code string) *apiError {
 		class = refusalQuota
 	}
 	code = cmp.Or(cleanQuoted(code, "", 64), "unspecified")
-	return refuse("provider_incomplete", inBandMessage, code).
-		because(&upstreamStreamError{Code: code, Class: class})
+	return refuse("provider_incomplete", inBandMessage, code).because(&upstreamStreamError{Code: code, Class: class})
 }
 
 func malformedEvent(protocol string, cause error) *apiError {
 	return refuse("provider_failure", "the provider sent a malformed %s stream event", protocol).because(cause)
 }
 
-// malformedAnswer is the refusal for a 2xx body that is not the protocol's
-// answer; the body is never quoted.
+// malformedAnswer refuses a 2xx body that is not the protocol's answer, never quoted.
 func malformedAnswer(protocol string, cause error) *apiError {
 	return refuse("provider_failure", "the provider answered with a malformed %s body", protocol).because(cause)
 }
@@ -274,8 +261,7 @@ type callerStream struct {
 	toolBlock    map[int]int // neutral tool call index → block index
 }
 
-// blockWriter is one dialect's framing of a streamed answer's blocks, in
-// order; a tool call's block also knows its call index.
+// blockWriter is one dialect's framing of a streamed answer's blocks, in order.
 type blockWriter interface {
 	begin() error
 	open(i int, b *streamBlock) error
@@ -297,15 +283,11 @@ type streamBlock struct {
 	buf             strings.Builder
 }
 
-// newCallerStream is the stream writer for dialect over w, flushing after
-// every frame (flush may be nil); model is the name reported (SPEC §7.6).
+// newCallerStream writes dialect to w, flushing every frame (flush may be nil), reporting model (SPEC §7.6).
 func newCallerStream(dialect string, req chatRequest, w io.Writer, flush func(), model string) *callerStream {
 	f := formatOf(dialect)
 	if f == nil {
 		panic("brama: unknown dialect " + dialect)
-	}
-	if flush == nil {
-		flush = func() {}
 	}
 	return newBlockStream(w, flush, req, model, f.callerStream)
 }
@@ -317,24 +299,20 @@ func newBlockStream(w io.Writer, flush func(), req chatRequest, model string,
 	return s
 }
 
-// wholeAnswerThrough writes a whole answer, frames discarded, through the
-// block writer newWriter makes, which keeps the whole answer, and returns it
-// with the first refusal a block met (messages: arguments not an object).
+// wholeAnswerThrough writes a through newWriter's block writer, frames discarded, and returns
+// it, holding the whole answer, with the first refusal a block met (messages: arguments not an object).
 func wholeAnswerThrough(req chatRequest, a chatAnswer,
 	newWriter func(*callerStream, chatRequest, string) blockWriter) (blockWriter, error) {
-	s := newBlockStream(io.Discard, func() {}, req, a.Model, newWriter)
-	evs := []streamEvent{{Kind: eventText, Text: a.Text}}
-	for i, tc := range a.ToolCalls {
-		evs = append(evs, streamEvent{Kind: eventToolCallStart, Index: i, ToolCall: tc}, streamEvent{Kind: eventToolCallArgs, Index: i, Text: tc.Arguments})
+	s := newBlockStream(io.Discard, nil, req, a.Model, newWriter)
+	err := s.event(streamEvent{Kind: eventText, Text: a.Text})
+	if err == nil {
+		err = emitCalls(s.event, 0, a.ToolCalls)
 	}
-	evs = append(evs, streamEvent{Kind: eventFinish, Finish: a.Finish})
-	if a.Usage.Reported {
-		evs = append(evs, streamEvent{Kind: eventUsage, Usage: a.Usage})
+	if err == nil {
+		err = emitTail(s.event, a.Finish, a.Usage)
 	}
-	for _, ev := range evs {
-		if err := s.event(ev); err != nil {
-			return s.bw, err
-		}
+	if err != nil {
+		return s.bw, err
 	}
 	return s.bw, s.finish()
 }
@@ -477,10 +455,8 @@ func (s *callerStream) write(frame string) error {
 	if s.err != nil {
 		return s.err
 	}
-	if _, err := io.WriteString(s.w, frame); err != nil {
-		s.err = err
-		return err
+	if _, s.err = io.WriteString(s.w, frame); s.err == nil && s.flush != nil {
+		s.flush()
 	}
-	s.flush()
-	return nil
+	return s.err
 }
