@@ -99,6 +99,7 @@ func BenchmarkReadyzJournal300k(b *testing.B) {
 	}
 	b.ReportMetric(float64(buf.Len())/(1<<20), "journal-MiB")
 }
+
 // writeSubscriptions writes an overlay and a vault holding n deepseek API-key
 // subscriptions (no usage report: the start pass reads nothing), 64 per
 // agent (the most one agent may hold of a provider).
