@@ -8,10 +8,12 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -45,21 +47,22 @@ func (e *noStateError) Error() string {
 }
 func (e *noStateError) Unwrap() error { return e.cause }
 
-// resolveState picks BRAMA_STATE_DIR, else <home>/.brama, and nothing else.
+// resolveState picks BRAMA_STATE_DIR, else <home>/.brama, and nothing else;
+// a relative path would be the working directory's.
 func resolveState(getenv func(string) string) state {
-	if d := strings.TrimSpace(getenv("BRAMA_STATE_DIR")); d != "" && !filepath.IsAbs(d) { // it would be the working directory's
-		return state{cause: fmt.Errorf("BRAMA_STATE_DIR %q is not an absolute path", d)}
-	} else if d != "" {
-		return state{dir: filepath.Clean(d)} // "/var/lib/brama/" is the same directory
+	d, what := strings.TrimSpace(getenv("BRAMA_STATE_DIR")), "BRAMA_STATE_DIR"
+	if d == "" {
+		if d, what = strings.TrimSpace(getenv("HOME")), "$HOME"; d == "" {
+			return state{cause: errors.New("$HOME is not defined")} // os.UserHomeDir's words on Unix
+		}
 	}
-	home := strings.TrimSpace(getenv("HOME"))
-	switch {
-	case home == "":
-		return state{cause: errors.New("$HOME is not defined")} // os.UserHomeDir's words on Unix
-	case !filepath.IsAbs(home): // <home>/.brama would be the working directory's
-		return state{cause: fmt.Errorf("$HOME %q is not an absolute path", home)}
+	if !filepath.IsAbs(d) {
+		return state{cause: fmt.Errorf("%s %q is not an absolute path", what, d)}
 	}
-	return state{dir: filepath.Join(home, ".brama")}
+	if what == "$HOME" {
+		d = filepath.Join(d, ".brama")
+	}
+	return state{dir: filepath.Clean(d)} // "/var/lib/brama/" is the same directory
 }
 
 // path names file inside the state directory for consumer what, or refuses.
@@ -73,12 +76,14 @@ func (s state) path(what, file string) (string, error) {
 // fileOrState is the override named by env when set (an absolute path, as
 // the state directory is), else s.path(what, file).
 func (s state) fileOrState(getenv func(string) string, env, what, file string) (string, error) {
-	if p := strings.TrimSpace(getenv(env)); p != "" && !filepath.IsAbs(p) {
+	p := strings.TrimSpace(getenv(env))
+	switch {
+	case p == "":
+		return s.path(what, file)
+	case !filepath.IsAbs(p):
 		return "", &noStateError{what: what, cause: fmt.Errorf("%s %q is not an absolute path", env, p)}
-	} else if p != "" {
-		return p, nil
 	}
-	return s.path(what, file)
+	return p, nil
 }
 
 // errFileAbsent marks a state file that does not exist yet.
@@ -91,44 +96,37 @@ type fileIdentity struct {
 	mtime    time.Time
 }
 
-// fileError names role's trouble with name: absent, a symlink, or err.
-func fileError(role, name string, err error) error {
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-		return fmt.Errorf("%s %s: %w", role, name, errFileAbsent)
-	case errors.Is(err, syscall.ELOOP):
-		return fmt.Errorf("%s %s is a symlink; refusing to follow it", role, name)
-	}
-	return fmt.Errorf("%s: %w", role, err)
-}
-
 // guardFile applies SPEC §2.2's reader guards to name without opening it.
 func guardFile(role, name string) (fileIdentity, error) {
 	fi, err := os.Lstat(name)
 	return checkFileInfo(role, name, fi, err)
 }
 
-// checkFileInfo is the guards on what Lstat or Fstat returned: refuse a
-// symlink, a non-regular file, another uid's file, or one group or other may use.
+// checkFileInfo is the guards on what Lstat or Fstat returned: refuse an
+// absent file, a symlink, a non-regular file, another uid's file, or one
+// group or other may use.
 func checkFileInfo(role, name string, fi fs.FileInfo, err error) (fileIdentity, error) {
-	if err != nil {
-		return fileIdentity{}, fileError(role, name, err)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return fileIdentity{}, fmt.Errorf("%s %s: %w", role, name, errFileAbsent)
+	case errors.Is(err, syscall.ELOOP) || err == nil && fi.Mode()&fs.ModeSymlink != 0:
+		return fileIdentity{}, fmt.Errorf("%s %s is a symlink; refusing to follow it", role, name)
+	case err != nil:
+		return fileIdentity{}, fmt.Errorf("%s: %w", role, err)
 	}
 	st := fi.Sys().(*syscall.Stat_t) // always, for Lstat and Fstat on Unix (Brama needs flock)
-	var why string
+	why := ""
 	switch {
-	case fi.Mode()&fs.ModeSymlink != 0:
-		return fileIdentity{}, fileError(role, name, syscall.ELOOP)
 	case !fi.Mode().IsRegular():
-		why = " is not a regular file"
+		why = "is not a regular file"
 	case int(st.Uid) != os.Geteuid():
-		why = fmt.Sprintf(" is owned by uid %d, not this process's uid %d", st.Uid, os.Geteuid())
+		why = fmt.Sprintf("is owned by uid %d, not this process's uid %d", st.Uid, os.Geteuid())
 	case fi.Mode().Perm()&0o077 != 0:
-		why = fmt.Sprintf(" has mode %#o; it must not be readable or writable by group or other (chmod 600)", fi.Mode().Perm())
+		why = fmt.Sprintf("has mode %#o; it must not be readable or writable by group or other (chmod 600)", fi.Mode().Perm())
 	default:
 		return fileIdentity{dev: uint64(st.Dev), ino: st.Ino, size: fi.Size(), mtime: fi.ModTime()}, nil
 	}
-	return fileIdentity{}, fmt.Errorf("%s %s%s", role, name, why)
+	return fileIdentity{}, fmt.Errorf("%s %s %s", role, name, why)
 }
 
 // readGuarded reads name under the guards (an absent file is errFileAbsent).
@@ -150,7 +148,8 @@ func readGuarded(role, name string) ([]byte, fileIdentity, error) {
 func openGuarded(role, name string) (*os.File, fileIdentity, error) {
 	f, err := os.OpenFile(name, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0) // O_NONBLOCK: a planted FIFO must not hang the reader
 	if err != nil {
-		return nil, fileIdentity{}, fileError(role, name, err)
+		_, err = checkFileInfo(role, name, nil, err)
+		return nil, fileIdentity{}, err
 	}
 	fi, err := f.Stat()
 	id, err := checkFileInfo(role, name, fi, err)
@@ -270,15 +269,15 @@ func publishFile(name string, data []byte) error {
 	return placeFile(name, data, os.Link)
 }
 
-// placeFile writes data to a sibling temporary file, fsyncs it, puts it at
-// name with place (rename or link) and fsyncs the directory; a failure leaves
-// the target untouched.
+// placeFile writes data to a sibling temporary file (0600), fsyncs it, puts
+// it at name with place (rename or link) and fsyncs the directory; a failure
+// leaves the target untouched.
 func placeFile(name string, data []byte, place func(oldpath, newpath string) error) error {
 	dir := filepath.Dir(name)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	f, err := os.CreateTemp(dir, "."+filepath.Base(name)+".tmp*") // O_RDWR|O_CREATE|O_EXCL, 0600
+	f, err := os.CreateTemp(dir, "."+filepath.Base(name)+".tmp*")
 	if err != nil {
 		return err
 	}
@@ -304,7 +303,7 @@ func syncDir(dir string) error {
 	if err != nil {
 		return err
 	}
-	defer d.Close() // read-only: closing it can lose nothing
+	defer d.Close()
 	return d.Sync()
 }
 
@@ -324,14 +323,26 @@ func flockFile(name string, nb int) (*os.File, error) {
 		return nil, err
 	}
 	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW, 0o600) // a planted symlink points outside the directory
-	if err != nil {
-		return nil, err
+	if err == nil {
+		if err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|nb); err != nil {
+			f.Close()
+			f = nil
+		}
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|nb); err != nil {
-		f.Close()
-		return nil, err
+	return f, err
+}
+
+// lockServe takes the one-serve-per-state-directory lock (SPEC §2.3).
+func lockServe(s state) (*os.File, error) {
+	if s.dir == "" {
+		return nil, nil
 	}
-	return f, nil
+	name := filepath.Join(s.dir, "serve.lock")
+	f, err := flockFile(name, syscall.LOCK_NB)
+	if errors.Is(err, syscall.EWOULDBLOCK) {
+		return nil, fmt.Errorf("another brama serve holds %s", name)
+	}
+	return f, err
 }
 
 // snapshotFile writes numbered snapshots of a file, dropping one older than
@@ -355,19 +366,6 @@ func (f *snapshotFile) write(name string, seq uint64, data []byte) error {
 	return err
 }
 
-// lockServe takes the one-serve-per-state-directory lock (SPEC §2.3).
-func lockServe(s state) (*os.File, error) {
-	if s.dir == "" {
-		return nil, nil
-	}
-	name := filepath.Join(s.dir, "serve.lock")
-	f, err := flockFile(name, syscall.LOCK_NB)
-	if errors.Is(err, syscall.EWOULDBLOCK) {
-		return nil, fmt.Errorf("another brama serve holds %s", name)
-	}
-	return f, err
-}
-
 // staleTempName matches placeFile's temporary names: "." + base + ".tmp" + digits.
 var staleTempName = regexp.MustCompile(`^\.(.+)\.tmp[0-9]+$`)
 
@@ -379,8 +377,8 @@ var staleTempName = regexp.MustCompile(`^\.(.+)\.tmp[0-9]+$`)
 func removeStaleTemps(dir string, elsewhere ...string) (int, error) {
 	type place struct{ dir, only string } // only: "" every temp, else one file's
 	places := []place{{dir: dir}}
-	subs, _ := os.ReadDir(filepath.Join(dir, "answers"))
-	for _, e := range subs {
+	answers, _ := os.ReadDir(filepath.Join(dir, "answers"))
+	for _, e := range answers {
 		if e.IsDir() {
 			places = append(places, place{dir: filepath.Join(dir, "answers", e.Name())})
 		}
@@ -392,17 +390,16 @@ func removeStaleTemps(dir string, elsewhere ...string) (int, error) {
 	}
 	n := 0
 	for _, p := range places {
-		d := p.dir
-		entries, err := os.ReadDir(d)
+		entries, err := os.ReadDir(p.dir)
 		if err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return n, err
 		}
 		for _, e := range entries {
 			base := staleTempName.FindStringSubmatch(e.Name())
-			if !e.Type().IsRegular() || base == nil || (p.only != "" && base[1] != p.only) {
+			if !e.Type().IsRegular() || base == nil || p.only != "" && base[1] != p.only {
 				continue
 			}
-			temp, target := filepath.Join(d, e.Name()), filepath.Join(d, base[1])
+			temp, target := filepath.Join(p.dir, e.Name()), filepath.Join(p.dir, base[1])
 			remove := func() error { return os.Remove(temp) }
 			if _, err = os.Lstat(target + ".lock"); err == nil {
 				err = withFileLock(target, remove)
@@ -438,6 +435,9 @@ func envSeconds(getenv func(string) string, name string, least int64, def time.D
 	return time.Duration(n) * time.Second, err
 }
 
+// validator is a document with rules beyond its shape; validate may fill in empty sections.
+type validator interface{ validate() error }
+
 // decodeStrict is the one strict decoder of state files and admin bodies
 // (SPEC §2.2), then v's validate: no bad UTF-8, duplicate or unknown key, or
 // trailing data.
@@ -462,9 +462,6 @@ func decodeStrict(role string, b []byte, v any) error {
 	}
 	return nil
 }
-
-// validator is a document with rules beyond its shape; validate may fill in empty sections.
-type validator interface{ validate() error }
 
 // maxJSONDepth is the deepest JSON nesting Brama reads (SPEC §8.2).
 const maxJSONDepth = 1000
@@ -499,7 +496,7 @@ func checkNesting(b []byte) error {
 // keeps the last) and what memberType refuses in values decoded as t (nil:
 // anything), recursing at most maxJSONDepth deep.
 func checkDuplicateKeys(dec *json.Decoder, t reflect.Type) error {
-	var value func(t reflect.Type, depth int) error // reads one value nested in depth containers
+	var value func(t reflect.Type, depth int) error
 	value = func(t reflect.Type, depth int) error {
 		open, err := dec.Token()
 		if err != nil || open != json.Delim('{') && open != json.Delim('[') {
@@ -579,10 +576,20 @@ type oauthGrant struct {
 }
 
 // vault is vault.json, re-read on change so a CLI's edit reaches the daemon.
+// A rotated grant the vault refuses to keep (disk full, EACCES) is not lost
+// (SPEC §17): it is kept in unwritten, shown by reads while the vault still
+// holds the refresh token it came from, and goes with every vault write.
 type vault struct {
 	stateFile[*vaultDoc]
 	umu       sync.Mutex                // guards unwritten
-	unwritten map[string]unwrittenGrant // rotated grants it refused to keep (oauth.go)
+	unwritten map[string]unwrittenGrant // by subscription id
+}
+
+// unwrittenGrant is a rotated grant only memory holds, and the vault's
+// refresh token it replaces.
+type unwrittenGrant struct {
+	from  string
+	grant oauthGrant
 }
 
 // newVault opens the vault at path; pathErr says why there is none (SPEC §2.1).
@@ -623,4 +630,78 @@ func (v *vault) directKey(provider string) string {
 		return ""
 	}
 	return doc.Direct[provider].APIKey
+}
+
+// keepUnwritten keeps g, the rotation of old, until a vault write takes it.
+func (v *vault) keepUnwritten(id string, old, g oauthGrant) {
+	v.umu.Lock()
+	defer v.umu.Unlock()
+	from := old.RefreshToken
+	if u, ok := v.unwritten[id]; ok && u.grant.RefreshToken == old.RefreshToken {
+		from = u.from // old was itself unwritten
+	}
+	if v.unwritten == nil {
+		v.unwritten = map[string]unwrittenGrant{}
+	}
+	v.unwritten[id] = unwrittenGrant{from, g}
+}
+
+// unwrittenIDs names the subscriptions whose grant only memory holds.
+func (v *vault) unwrittenIDs() []string {
+	v.umu.Lock()
+	defer v.umu.Unlock()
+	return slices.Sorted(maps.Keys(v.unwritten))
+}
+
+// putUnwritten puts each unwritten grant into d where it still applies.
+func putUnwritten(d *vaultDoc, unwritten map[string]unwrittenGrant) {
+	for id, u := range unwritten {
+		if c := d.Subscriptions[id].OAuth; c != nil && c.RefreshToken == u.from {
+			g := u.grant
+			d.Subscriptions[id] = vaultCredential{OAuth: &g}
+		}
+	}
+}
+
+// load is the vault's document with the unwritten grants in place.
+func (v *vault) load() (*vaultDoc, error) {
+	doc, err := v.stateFile.load()
+	v.umu.Lock()
+	defer v.umu.Unlock()
+	if err != nil || len(v.unwritten) == 0 {
+		return doc, err
+	}
+	out := *doc // the shared cache: changed only in a copy
+	out.Subscriptions = maps.Clone(doc.Subscriptions)
+	putUnwritten(&out, v.unwritten)
+	return &out, nil
+}
+
+// update writes the unwritten grants with change; once written they are
+// memory's no longer.
+func (v *vault) update(change func(*vaultDoc) error) error {
+	v.umu.Lock()
+	unwritten := maps.Clone(v.unwritten)
+	v.umu.Unlock()
+	err := v.stateFile.update(func(d *vaultDoc) error {
+		putUnwritten(d, unwritten)
+		return change(d)
+	})
+	v.umu.Lock()
+	defer v.umu.Unlock()
+	for id, u := range unwritten {
+		if err == nil && v.unwritten[id] == u {
+			delete(v.unwritten, id)
+		}
+	}
+	return err
+}
+
+// writeUnwritten writes the unwritten grants again (each pass, SPEC §17).
+func (o *oauthClient) writeUnwritten() {
+	if ids := o.vault.unwrittenIDs(); len(ids) > 0 {
+		if err := o.vault.update(func(*vaultDoc) error { return nil }); err != nil {
+			o.log.Error("credential_refresh_unwritten", "subscriptions", ids, "error", redact(err.Error()))
+		}
+	}
 }
