@@ -587,7 +587,7 @@ type unwrittenGrant struct {
 }
 
 func newVault(path string, pathErr error) *vault {
-	return &vault{stateFile: stateFile[*vaultDoc]{role: "vault", path: path, pathErr: pathErr, parse: parseVault}}
+	return &vault{stateFile: stateFile[*vaultDoc]{role: "vault", path: path, pathErr: pathErr, parse: parseVault}, unwritten: map[string]unwrittenGrant{}}
 }
 
 // parseVault strictly parses vault bytes; an empty file is an empty vault.
@@ -629,11 +629,8 @@ func (v *vault) keepUnwritten(id string, old, g oauthGrant) {
 	v.umu.Lock()
 	defer v.umu.Unlock()
 	from := old.RefreshToken
-	if u, ok := v.unwritten[id]; ok && u.grant.RefreshToken == old.RefreshToken {
+	if u := v.unwritten[id]; u.grant.RefreshToken == from {
 		from = u.from // old was itself unwritten
-	}
-	if v.unwritten == nil {
-		v.unwritten = map[string]unwrittenGrant{}
 	}
 	v.unwritten[id] = unwrittenGrant{from, g}
 }
@@ -677,12 +674,10 @@ func (v *vault) update(change func(*vaultDoc) error) error {
 		putUnwritten(d, unwritten)
 		return change(d)
 	})
-	v.umu.Lock()
-	defer v.umu.Unlock()
-	for id, u := range unwritten {
-		if err == nil && v.unwritten[id] == u {
-			delete(v.unwritten, id)
-		}
+	if err == nil { // written: memory's no longer
+		v.umu.Lock()
+		maps.DeleteFunc(v.unwritten, func(id string, u unwrittenGrant) bool { return unwritten[id] == u })
+		v.umu.Unlock()
 	}
 	return err
 }
