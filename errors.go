@@ -43,8 +43,12 @@ var codes = map[string]struct {
 	"dependency_timeout":                    {504, "dependency_error", true},
 }
 
-// maxMessageBytes bounds every envelope message (SPEC §8.1).
-const maxMessageBytes = 2048
+// Bounds on quoted text (SPEC §8.1): an envelope message, and the provider
+// sentence kept for ledger causes and log lines.
+const (
+	maxMessageBytes  = 2048
+	maxSentenceBytes = 200
+)
 
 // apiError is the only error body a client ever sees. Status, type and
 // retryable follow from Code; Attempts is set exactly when the request
@@ -67,7 +71,8 @@ type aliasDetails struct {
 	Route *string `json:"route"`
 }
 
-// refuse builds an apiError for code with a formatted client-safe message.
+// refuse builds an apiError for code with a formatted client-safe message;
+// it is how every refusal is made.
 func refuse(code, format string, args ...any) *apiError {
 	if _, ok := codes[code]; !ok {
 		panic("brama: unknown error code " + code)
@@ -83,8 +88,7 @@ func vaultUnreadable(err error) *apiError {
 func (e *apiError) Error() string { return e.Code + ": " + e.Message }
 func (e *apiError) Unwrap() error { return e.Err }
 
-// Status is the HTTP status the code fixes, unless withStatus chose
-// another of the code's.
+// Status is the HTTP status the code fixes, unless withStatus chose another.
 func (e *apiError) Status() int {
 	if e.status != 0 {
 		return e.status
@@ -138,25 +142,18 @@ type envelopeBody struct {
 
 // body is the envelope a client receives for e.
 func (e *apiError) body() envelope {
-	return envelope{Error: envelopeBody{
-		Message:   truncateUTF8(e.Message, maxMessageBytes),
-		Type:      codes[e.Code].typ,
-		Code:      e.Code,
-		Retryable: e.retryable(),
-		Attempts:  e.Attempts,
-		Details:   e.Details,
-	}}
+	return envelope{Error: envelopeBody{truncateUTF8(e.Message, maxMessageBytes), codes[e.Code].typ, e.Code, e.retryable(), e.Attempts, e.Details}}
 }
 
 // asAPIError classifies any error: an apiError as itself, a missing state
 // directory as dependency_unavailable, anything else as internal_error.
 func asAPIError(err error) *apiError {
 	var ae *apiError
-	if errors.As(err, &ae) {
-		return ae
-	}
 	var ns *noStateError
-	if errors.As(err, &ns) {
+	switch {
+	case errors.As(err, &ae):
+		return ae
+	case errors.As(err, &ns):
 		return refuse("dependency_unavailable", "%s", ns.Error()).because(err)
 	}
 	return refuse("internal_error", "internal error").because(err)
@@ -230,4 +227,23 @@ func redact(s string, presented ...string) string {
 		}
 	}
 	return secretShaped.ReplaceAllString(s, "[redacted]")
+}
+
+// cleanQuoted makes provider text safe to quote: valid UTF-8, one line,
+// the presented credential and secret-shaped tokens redacted, then cut to
+// max bytes (redacting first so a cut cannot leave part of a secret).
+func cleanQuoted(s, presented string, max int) string {
+	s = strings.Join(strings.Fields(strings.ToValidUTF8(s, "\uFFFD")), " ")
+	return truncateUTF8(redact(s, presented), max)
+}
+
+// redactedFor redacts the presented credential from the provider code an
+// in-band stream error quotes: its stream reader does not know it (SPEC §8.1).
+func (e *apiError) redactedFor(presented string) *apiError {
+	var se *upstreamStreamError
+	if presented != "" && errors.As(e.Err, &se) {
+		se.Code = redact(se.Code, presented)
+		e.Message = fmt.Sprintf(inBandMessage, se.Code)
+	}
+	return e
 }

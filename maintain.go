@@ -329,7 +329,7 @@ type passSub struct {
 // ctx alone ends it (SPEC §7.4).
 func (m *maintainer) passOnce(ctx context.Context, agent string) passReport {
 	start := m.clock()
-	m.o.writeUnwritten()
+	m.o.vault.writeUnwritten(m.o.log)
 	var rep passReport
 	rep.Usage.Failed = []usageFailure{}
 	subs, retired, err := m.live(agent) // none when err: the counts stay 0 and OK false

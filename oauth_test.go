@@ -496,9 +496,9 @@ func TestRefreshVaultWriteFails(t *testing.T) {
 	if st := f.l.credentialState(oauthSubID); st != credActive {
 		t.Errorf("credential state = %q, want %q", st, credActive)
 	}
-	f.o.writeUnwritten() // the vault still refuses: kept
+	f.v.writeUnwritten(f.o.log) // the vault still refuses: kept
 	testingOnlyRename = nil
-	f.o.writeUnwritten()
+	f.v.writeUnwritten(f.o.log)
 	if got := f.stored(t, oauthSubID); got.RefreshToken != "rt-new" || len(f.v.unwrittenIDs()) != 0 {
 		t.Errorf("after a write the vault holds %+v (unwritten %v), want the rotated grant", got, f.v.unwrittenIDs())
 	}

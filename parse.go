@@ -83,30 +83,6 @@ func itemName(raw json.RawMessage, what string) string {
 	return cmp.Or(it.Type, what)
 }
 
-// memberType is what member key (an array item's: "") of a value decoded as t
-// decodes as, nil when unchecked; a struct field named key but for case is
-// refused, as encoding/json would take it (SPEC §2.2: members are exact).
-func memberType(t reflect.Type, key string) (reflect.Type, error) {
-	for t != nil && t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
-	switch {
-	case t == nil:
-	case t.Kind() == reflect.Map || t.Kind() == reflect.Slice || t.Kind() == reflect.Array:
-		return t.Elem(), nil
-	case t.Kind() == reflect.Struct:
-		for i := range t.NumField() {
-			switch name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ","); {
-			case name == key:
-				return t.Field(i).Type, nil
-			case strings.EqualFold(name, key):
-				return nil, fmt.Errorf("unknown member %q (member names are exact: %q)", key, name)
-			}
-		}
-	}
-	return nil, nil // an unknown member: DisallowUnknownFields names it
-}
-
 func rawItems(raw json.RawMessage) []json.RawMessage {
 	var items []json.RawMessage
 	json.Unmarshal(raw, &items)

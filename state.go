@@ -8,10 +8,12 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,15 +22,14 @@ import (
 	"unicode/utf8"
 )
 
-// sys is the logger and clock Brama's parts take from the process; no
-// constructor has a default.
+// sys is the logger and clock Brama's parts take; no constructor has a default.
 type sys struct {
 	log *slog.Logger
 	now func() time.Time
 }
 
-// state is where Brama keeps its files (SPEC §2.1). With no directory, dir
-// is empty and every reader and writer refuses with cause (a *noStateError).
+// state is where Brama keeps its files (SPEC §2.1); with none, dir is empty
+// and every reader and writer refuses with cause (a *noStateError).
 type state struct {
 	dir   string
 	cause error
@@ -47,22 +48,21 @@ func (e *noStateError) Unwrap() error { return e.cause }
 
 // resolveState picks BRAMA_STATE_DIR, else <home>/.brama, and nothing else.
 func resolveState(getenv func(string) string) state {
-	if d := strings.TrimSpace(getenv("BRAMA_STATE_DIR")); d != "" && !filepath.IsAbs(d) { // it would be the working directory's
-		return state{cause: fmt.Errorf("BRAMA_STATE_DIR %q is not an absolute path", d)}
-	} else if d != "" {
-		return state{dir: filepath.Clean(d)} // "/var/lib/brama/" is the same directory
+	d, what := strings.TrimSpace(getenv("BRAMA_STATE_DIR")), "BRAMA_STATE_DIR"
+	if d == "" {
+		if d, what = strings.TrimSpace(getenv("HOME")), "$HOME"; d == "" {
+			return state{cause: errors.New("$HOME is not defined")} // os.UserHomeDir's words on Unix
+		}
 	}
-	home := strings.TrimSpace(getenv("HOME"))
-	switch {
-	case home == "":
-		return state{cause: errors.New("$HOME is not defined")} // os.UserHomeDir's words on Unix
-	case !filepath.IsAbs(home): // <home>/.brama would be the working directory's
-		return state{cause: fmt.Errorf("$HOME %q is not an absolute path", home)}
+	if !filepath.IsAbs(d) { // it would be the working directory's
+		return state{cause: fmt.Errorf("%s %q is not an absolute path", what, d)}
 	}
-	return state{dir: filepath.Join(home, ".brama")}
+	if what == "$HOME" {
+		d = filepath.Join(d, ".brama")
+	}
+	return state{dir: filepath.Clean(d)} // "/var/lib/brama/" is the same directory
 }
 
-// path names file inside the state directory for consumer what, or refuses.
 func (s state) path(what, file string) (string, error) {
 	if s.dir == "" {
 		return "", &noStateError{what: what, cause: s.cause}
@@ -70,15 +70,16 @@ func (s state) path(what, file string) (string, error) {
 	return filepath.Join(s.dir, file), nil
 }
 
-// fileOrState is the override named by env when set (an absolute path, as
-// the state directory is), else s.path(what, file).
+// fileOrState is the absolute path env names, else s.path(what, file).
 func (s state) fileOrState(getenv func(string) string, env, what, file string) (string, error) {
-	if p := strings.TrimSpace(getenv(env)); p != "" && !filepath.IsAbs(p) {
+	p := strings.TrimSpace(getenv(env))
+	switch {
+	case p == "":
+		return s.path(what, file)
+	case !filepath.IsAbs(p):
 		return "", &noStateError{what: what, cause: fmt.Errorf("%s %q is not an absolute path", env, p)}
-	} else if p != "" {
-		return p, nil
 	}
-	return s.path(what, file)
+	return p, nil
 }
 
 // errFileAbsent marks a state file that does not exist yet.
@@ -91,47 +92,36 @@ type fileIdentity struct {
 	mtime    time.Time
 }
 
-// fileError names role's trouble with name: absent, a symlink, or err.
-func fileError(role, name string, err error) error {
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-		return fmt.Errorf("%s %s: %w", role, name, errFileAbsent)
-	case errors.Is(err, syscall.ELOOP):
-		return fmt.Errorf("%s %s is a symlink; refusing to follow it", role, name)
-	}
-	return fmt.Errorf("%s: %w", role, err)
-}
-
-// guardFile applies SPEC §2.2's reader guards to name without opening it.
 func guardFile(role, name string) (fileIdentity, error) {
 	fi, err := os.Lstat(name)
 	return checkFileInfo(role, name, fi, err)
 }
 
-// checkFileInfo is the guards on what Lstat or Fstat returned: refuse a
-// symlink, a non-regular file, another uid's file, or one group or other may use.
+// checkFileInfo is SPEC §2.2's reader guards on what Lstat or Fstat returned.
 func checkFileInfo(role, name string, fi fs.FileInfo, err error) (fileIdentity, error) {
-	if err != nil {
-		return fileIdentity{}, fileError(role, name, err)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return fileIdentity{}, fmt.Errorf("%s %s: %w", role, name, errFileAbsent)
+	case errors.Is(err, syscall.ELOOP) || err == nil && fi.Mode()&fs.ModeSymlink != 0:
+		return fileIdentity{}, fmt.Errorf("%s %s is a symlink; refusing to follow it", role, name)
+	case err != nil:
+		return fileIdentity{}, fmt.Errorf("%s: %w", role, err)
 	}
 	st := fi.Sys().(*syscall.Stat_t) // always, for Lstat and Fstat on Unix (Brama needs flock)
-	var why string
+	why := ""
 	switch {
-	case fi.Mode()&fs.ModeSymlink != 0:
-		return fileIdentity{}, fileError(role, name, syscall.ELOOP)
 	case !fi.Mode().IsRegular():
-		why = " is not a regular file"
+		why = "is not a regular file"
 	case int(st.Uid) != os.Geteuid():
-		why = fmt.Sprintf(" is owned by uid %d, not this process's uid %d", st.Uid, os.Geteuid())
+		why = fmt.Sprintf("is owned by uid %d, not this process's uid %d", st.Uid, os.Geteuid())
 	case fi.Mode().Perm()&0o077 != 0:
-		why = fmt.Sprintf(" has mode %#o; it must not be readable or writable by group or other (chmod 600)", fi.Mode().Perm())
+		why = fmt.Sprintf("has mode %#o; it must not be readable or writable by group or other (chmod 600)", fi.Mode().Perm())
 	default:
 		return fileIdentity{dev: uint64(st.Dev), ino: st.Ino, size: fi.Size(), mtime: fi.ModTime()}, nil
 	}
-	return fileIdentity{}, fmt.Errorf("%s %s%s", role, name, why)
+	return fileIdentity{}, fmt.Errorf("%s %s %s", role, name, why)
 }
 
-// readGuarded reads name under the guards (an absent file is errFileAbsent).
 func readGuarded(role, name string) ([]byte, fileIdentity, error) {
 	f, id, err := openGuarded(role, name)
 	if err != nil {
@@ -145,12 +135,12 @@ func readGuarded(role, name string) ([]byte, fileIdentity, error) {
 	return b, id, nil
 }
 
-// openGuarded opens name (no symlink) and guards the open file, so a name
-// swapped between check and read cannot slip through.
+// openGuarded guards the open file, so a name swapped after a check cannot slip through.
 func openGuarded(role, name string) (*os.File, fileIdentity, error) {
 	f, err := os.OpenFile(name, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0) // O_NONBLOCK: a planted FIFO must not hang the reader
 	if err != nil {
-		return nil, fileIdentity{}, fileError(role, name, err)
+		_, err = checkFileInfo(role, name, nil, err)
+		return nil, fileIdentity{}, err
 	}
 	fi, err := f.Stat()
 	id, err := checkFileInfo(role, name, fi, err)
@@ -177,7 +167,6 @@ type stateFile[T any] struct {
 	id  fileIdentity // of the file doc and err came from; zero: nothing kept
 }
 
-// load returns the current document, reading the file only when it changed.
 func (f *stateFile[T]) load() (T, error) {
 	if f.pathErr != nil {
 		var zero T
@@ -196,14 +185,12 @@ func (f *stateFile[T]) load() (T, error) {
 	return doc, err
 }
 
-// fresh reads the file now, past the cache: the read of a read-modify-rename.
 func (f *stateFile[T]) fresh() (T, error) {
 	doc, _, err := f.readNow()
 	return doc, err
 }
 
-// readNow reads and parses the file under the guards; the identity is zero
-// unless the bytes reached parse.
+// readNow reads and parses the file; the identity is zero unless bytes reached parse.
 func (f *stateFile[T]) readNow() (doc T, id fileIdentity, err error) {
 	var b []byte
 	if f.tooBig != nil {
@@ -224,15 +211,13 @@ func (f *stateFile[T]) readNow() (doc T, id fileIdentity, err error) {
 	return doc, id, err
 }
 
-// forget drops the cached document, so the next load reads the file.
 func (f *stateFile[T]) forget() {
 	f.mu.Lock()
 	f.id = fileIdentity{}
 	f.mu.Unlock()
 }
 
-// update is the flocked read-modify-rename of a file both a CLI and the
-// daemon edit (SPEC §2.3); the changed document must still validate.
+// update is the flocked read-modify-rename (SPEC §2.3); the result must validate.
 func (f *stateFile[T]) update(change func(T) error) error {
 	if f.pathErr != nil {
 		return f.pathErr
@@ -245,18 +230,17 @@ func (f *stateFile[T]) update(change func(T) error) error {
 		if v, ok := any(doc).(validator); ok && err == nil {
 			err = v.validate()
 		}
-		if err != nil {
-			return err
+		if err == nil {
+			err = writeState(f.path, doc)
 		}
-		return writeState(f.path, doc)
+		return err
 	})
 }
 
 // testingOnlyRename replaces os.Rename in writeFileAtomic (nil in production).
 var testingOnlyRename func(oldpath, newpath string) error
 
-// writeFileAtomic is the owner-only atomic replacement of every whole-file
-// writer (SPEC §2.2): readers see old or new bytes, durable on nil.
+// writeFileAtomic is every whole-file writer's owner-only atomic replacement (SPEC §2.2).
 func writeFileAtomic(name string, data []byte) error {
 	if testingOnlyRename != nil {
 		return placeFile(name, data, testingOnlyRename)
@@ -264,21 +248,19 @@ func writeFileAtomic(name string, data []byte) error {
 	return placeFile(name, data, os.Rename)
 }
 
-// publishFile creates name with data only if no file has that name yet
-// (os.Link fails with fs.ErrExist): a signed answer's reservation (SPEC §12).
+// publishFile creates name only if it does not exist (fs.ErrExist): a reservation (SPEC §12).
 func publishFile(name string, data []byte) error {
 	return placeFile(name, data, os.Link)
 }
 
-// placeFile writes data to a sibling temporary file, fsyncs it, puts it at
-// name with place (rename or link) and fsyncs the directory; a failure leaves
-// the target untouched.
+// placeFile puts data at name by place (rename or link) of a synced 0600
+// sibling temporary file, then syncs the directory; failing, it changes nothing.
 func placeFile(name string, data []byte, place func(oldpath, newpath string) error) error {
 	dir := filepath.Dir(name)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	f, err := os.CreateTemp(dir, "."+filepath.Base(name)+".tmp*") // O_RDWR|O_CREATE|O_EXCL, 0600
+	f, err := os.CreateTemp(dir, "."+filepath.Base(name)+".tmp*")
 	if err != nil {
 		return err
 	}
@@ -298,17 +280,16 @@ func placeFile(name string, data []byte, place func(oldpath, newpath string) err
 	return syncDir(dir) // makes the rename or link itself durable
 }
 
-// syncDir fsyncs a directory so a rename inside it survives a crash.
 func syncDir(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {
 		return err
 	}
-	defer d.Close() // read-only: closing it can lose nothing
+	defer d.Close()
 	return d.Sync()
 }
 
-// withFileLock runs fn holding an exclusive flock on name+".lock" (SPEC §2.3).
+// withFileLock runs fn holding the flock on name+".lock" (SPEC §2.3).
 func withFileLock(name string, fn func() error) error {
 	lf, err := flockFile(name+".lock", 0)
 	if err != nil {
@@ -318,41 +299,19 @@ func withFileLock(name string, fn func() error) error {
 	return fn()
 }
 
-// flockFile opens, creating 0600, and flocks the lock file name; nb is 0 or LOCK_NB.
+// flockFile opens (0600) and flocks the lock file name; nb is 0 or LOCK_NB.
 func flockFile(name string, nb int) (*os.File, error) {
 	if err := os.MkdirAll(filepath.Dir(name), 0o700); err != nil {
 		return nil, err
 	}
 	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW, 0o600) // a planted symlink points outside the directory
-	if err != nil {
-		return nil, err
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|nb); err != nil {
-		f.Close()
-		return nil, err
-	}
-	return f, nil
-}
-
-// snapshotFile writes numbered snapshots of a file, dropping one older than
-// the file's, so racing flushes never put old bytes over new.
-type snapshotFile struct {
-	mu      sync.Mutex // guards written; serializes the file's writes
-	written uint64     // seq of the newest snapshot on disk
-}
-
-// write replaces name with data when seq is newer than what is on disk.
-func (f *snapshotFile) write(name string, seq uint64, data []byte) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if seq <= f.written {
-		return nil
-	}
-	err := writeFileAtomic(name, data)
 	if err == nil {
-		f.written = seq
+		if err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|nb); err != nil {
+			f.Close()
+			f = nil
+		}
 	}
-	return err
+	return f, err
 }
 
 // lockServe takes the one-serve-per-state-directory lock (SPEC §2.3).
@@ -368,19 +327,37 @@ func lockServe(s state) (*os.File, error) {
 	return f, err
 }
 
+// snapshotFile drops a snapshot older than the file's: racing flushes never put old over new.
+type snapshotFile struct {
+	mu      sync.Mutex // guards written; serializes the file's writes
+	written uint64     // seq of the newest snapshot on disk
+}
+
+func (f *snapshotFile) write(name string, seq uint64, data []byte) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if seq <= f.written {
+		return nil
+	}
+	err := writeFileAtomic(name, data)
+	if err == nil {
+		f.written = seq
+	}
+	return err
+}
+
 // staleTempName matches placeFile's temporary names: "." + base + ".tmp" + digits.
 var staleTempName = regexp.MustCompile(`^\.(.+)\.tmp[0-9]+$`)
 
-// removeStaleTemps removes and counts the temporary files a crash left in
-// dir and answers/*/ (one may copy the vault's old secrets), and beside each
-// file of elsewhere that lives outside dir (a BRAMA_VAULT_FILE elsewhere),
-// that file's own only. The caller holds serve.lock; beside a <file>.lock,
-// that lock too, not to cut a CLI's write.
+// removeStaleTemps removes and counts the temporary files a crash left (one
+// may copy the vault's old secrets) in dir, answers/*/, and beside each file of
+// elsewhere outside dir, that file's only. The caller holds serve.lock; beside
+// a <file>.lock, that lock too, not to cut a CLI's write.
 func removeStaleTemps(dir string, elsewhere ...string) (int, error) {
 	type place struct{ dir, only string } // only: "" every temp, else one file's
 	places := []place{{dir: dir}}
-	subs, _ := os.ReadDir(filepath.Join(dir, "answers"))
-	for _, e := range subs {
+	answers, _ := os.ReadDir(filepath.Join(dir, "answers"))
+	for _, e := range answers {
 		if e.IsDir() {
 			places = append(places, place{dir: filepath.Join(dir, "answers", e.Name())})
 		}
@@ -392,17 +369,16 @@ func removeStaleTemps(dir string, elsewhere ...string) (int, error) {
 	}
 	n := 0
 	for _, p := range places {
-		d := p.dir
-		entries, err := os.ReadDir(d)
+		entries, err := os.ReadDir(p.dir)
 		if err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return n, err
 		}
 		for _, e := range entries {
 			base := staleTempName.FindStringSubmatch(e.Name())
-			if !e.Type().IsRegular() || base == nil || (p.only != "" && base[1] != p.only) {
+			if !e.Type().IsRegular() || base == nil || p.only != "" && base[1] != p.only {
 				continue
 			}
-			temp, target := filepath.Join(d, e.Name()), filepath.Join(d, base[1])
+			temp, target := filepath.Join(p.dir, e.Name()), filepath.Join(p.dir, base[1])
 			remove := func() error { return os.Remove(temp) }
 			if _, err = os.Lstat(target + ".lock"); err == nil {
 				err = withFileLock(target, remove)
@@ -418,8 +394,7 @@ func removeStaleTemps(dir string, elsewhere ...string) (int, error) {
 	return n, nil
 }
 
-// envWhole reads name as a whole number of unit ≥ least that fits in bits:
-// unset is def; anything else is def and an error naming name.
+// envWhole reads name as a whole number of unit ≥ least in bits: unset is def, a bad value def and an error.
 func envWhole(getenv func(string) string, name, unit string, least, def int64, bits int) (int64, error) {
 	v := strings.TrimSpace(getenv(name))
 	if v == "" {
@@ -432,15 +407,16 @@ func envWhole(getenv func(string) string, name, unit string, least, def int64, b
 	return n, nil
 }
 
-// envSeconds is envWhole for a duration of whole seconds (at most MaxInt32).
 func envSeconds(getenv func(string) string, name string, least int64, def time.Duration) (time.Duration, error) {
 	n, err := envWhole(getenv, name, "seconds", least, int64(def/time.Second), 32)
 	return time.Duration(n) * time.Second, err
 }
 
-// decodeStrict is the one strict decoder of state files and admin bodies
-// (SPEC §2.2), then v's validate: no bad UTF-8, duplicate or unknown key, or
-// trailing data.
+// validator is a document with rules beyond its shape; validate may fill in sections.
+type validator interface{ validate() error }
+
+// decodeStrict is the one strict decoder of state files and admin bodies (SPEC
+// §2.2): no bad UTF-8, duplicate or unknown key, or trailing data; then validate.
 func decodeStrict(role string, b []byte, v any) error {
 	if !utf8.Valid(b) {
 		return fmt.Errorf("%s is not valid UTF-8", role)
@@ -463,17 +439,13 @@ func decodeStrict(role string, b []byte, v any) error {
 	return nil
 }
 
-// validator is a document with rules beyond its shape; validate may fill in empty sections.
-type validator interface{ validate() error }
-
 // maxJSONDepth is the deepest JSON nesting Brama reads (SPEC §8.2).
 const maxJSONDepth = 1000
 
-// errTooDeep refuses JSON nested deeper than maxJSONDepth.
 var errTooDeep = fmt.Errorf("JSON nests deeper than %d levels", maxJSONDepth)
 
-// checkNesting refuses b nested deeper than maxJSONDepth in one pass without
-// allocating, before any parser runs (issue 10: 3,000,000 deep took the stack).
+// checkNesting refuses b too deep before any parser runs, without allocating
+// (issue 10: 3,000,000 deep took the stack).
 func checkNesting(b []byte) error {
 	depth, inString, escaped := 0, false, false
 	for _, c := range b {
@@ -495,11 +467,11 @@ func checkNesting(b []byte) error {
 	return nil
 }
 
-// checkDuplicateKeys refuses an object naming a key twice (encoding/json
-// keeps the last) and what memberType refuses in values decoded as t (nil:
-// anything), recursing at most maxJSONDepth deep.
+// checkDuplicateKeys refuses a key named twice (encoding/json keeps the last)
+// and in values decoded as t a field's name in another case, which encoding/json
+// would take (SPEC §2.2: members are exact); it nests at most maxJSONDepth.
 func checkDuplicateKeys(dec *json.Decoder, t reflect.Type) error {
-	var value func(t reflect.Type, depth int) error // reads one value nested in depth containers
+	var value func(t reflect.Type, depth int) error
 	value = func(t reflect.Type, depth int) error {
 		open, err := dec.Token()
 		if err != nil || open != json.Delim('{') && open != json.Delim('[') {
@@ -522,10 +494,10 @@ func checkDuplicateKeys(dec *json.Decoder, t reflect.Type) error {
 				keys[key] = true
 			}
 			elem, err := memberType(t, key)
-			if err == nil {
-				err = value(elem, depth+1)
-			}
 			if err != nil {
+				return err
+			}
+			if err := value(elem, depth+1); err != nil {
 				return err
 			}
 		}
@@ -535,14 +507,34 @@ func checkDuplicateKeys(dec *json.Decoder, t reflect.Type) error {
 	return value(t, 0)
 }
 
-// marshalState is the one encoding of Brama's JSON state files: indented,
-// with a final newline, so they diff and read well.
+// memberType is what member key (an item's: "") of t decodes as; nil: unchecked.
+func memberType(t reflect.Type, key string) (reflect.Type, error) {
+	for t != nil && t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch {
+	case t == nil:
+	case t.Kind() == reflect.Map || t.Kind() == reflect.Slice || t.Kind() == reflect.Array:
+		return t.Elem(), nil
+	case t.Kind() == reflect.Struct:
+		for i := range t.NumField() {
+			switch name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ","); {
+			case name == key:
+				return t.Field(i).Type, nil
+			case strings.EqualFold(name, key):
+				return nil, fmt.Errorf("unknown member %q (member names are exact: %q)", key, name)
+			}
+		}
+	}
+	return nil, nil
+}
+
+// marshalState is the one encoding of state files: indented, a final newline, to diff well.
 func marshalState(v any) ([]byte, error) {
 	b, err := json.MarshalIndent(v, "", "  ")
 	return append(b, '\n'), err
 }
 
-// writeState replaces the state file name with v, encoded by marshalState.
 func writeState(name string, v any) error {
 	b, err := marshalState(v)
 	if err != nil {
@@ -579,15 +571,23 @@ type oauthGrant struct {
 }
 
 // vault is vault.json, re-read on change so a CLI's edit reaches the daemon.
+// A rotated grant the vault refuses to keep (disk full, EACCES) is not lost
+// (SPEC §17): it is kept in unwritten, shown by reads while the vault still
+// holds the refresh token it came from, and goes with every vault write.
 type vault struct {
 	stateFile[*vaultDoc]
 	umu       sync.Mutex                // guards unwritten
-	unwritten map[string]unwrittenGrant // rotated grants it refused to keep (oauth.go)
+	unwritten map[string]unwrittenGrant // by subscription id
 }
 
-// newVault opens the vault at path; pathErr says why there is none (SPEC §2.1).
+// unwrittenGrant is a rotated grant only memory holds, and the refresh token it replaces.
+type unwrittenGrant struct {
+	from  string
+	grant oauthGrant
+}
+
 func newVault(path string, pathErr error) *vault {
-	return &vault{stateFile: stateFile[*vaultDoc]{role: "vault", path: path, pathErr: pathErr, parse: parseVault}}
+	return &vault{stateFile: stateFile[*vaultDoc]{role: "vault", path: path, pathErr: pathErr, parse: parseVault}, unwritten: map[string]unwrittenGrant{}}
 }
 
 // parseVault strictly parses vault bytes; an empty file is an empty vault.
@@ -616,11 +616,77 @@ func (d *vaultDoc) validate() error {
 	return nil
 }
 
-// directKey returns the vault's API key for provider, or "".
 func (v *vault) directKey(provider string) string {
 	doc, err := v.load()
 	if err != nil {
 		return ""
 	}
 	return doc.Direct[provider].APIKey
+}
+
+// keepUnwritten keeps g, the rotation of old, until a vault write takes it.
+func (v *vault) keepUnwritten(id string, old, g oauthGrant) {
+	v.umu.Lock()
+	defer v.umu.Unlock()
+	from := old.RefreshToken
+	if u := v.unwritten[id]; u.grant.RefreshToken == from {
+		from = u.from // old was itself unwritten
+	}
+	v.unwritten[id] = unwrittenGrant{from, g}
+}
+
+func (v *vault) unwrittenIDs() []string {
+	v.umu.Lock()
+	defer v.umu.Unlock()
+	return slices.Sorted(maps.Keys(v.unwritten))
+}
+
+// putUnwritten puts each unwritten grant into d where it still applies.
+func putUnwritten(d *vaultDoc, unwritten map[string]unwrittenGrant) {
+	for id, u := range unwritten {
+		if c := d.Subscriptions[id].OAuth; c != nil && c.RefreshToken == u.from {
+			g := u.grant
+			d.Subscriptions[id] = vaultCredential{OAuth: &g}
+		}
+	}
+}
+
+// load is the vault's document with the unwritten grants in place.
+func (v *vault) load() (*vaultDoc, error) {
+	doc, err := v.stateFile.load()
+	v.umu.Lock()
+	defer v.umu.Unlock()
+	if err != nil || len(v.unwritten) == 0 {
+		return doc, err
+	}
+	out := *doc // the shared cache: changed only in a copy
+	out.Subscriptions = maps.Clone(doc.Subscriptions)
+	putUnwritten(&out, v.unwritten)
+	return &out, nil
+}
+
+// update writes the unwritten grants with change.
+func (v *vault) update(change func(*vaultDoc) error) error {
+	v.umu.Lock()
+	unwritten := maps.Clone(v.unwritten)
+	v.umu.Unlock()
+	err := v.stateFile.update(func(d *vaultDoc) error {
+		putUnwritten(d, unwritten)
+		return change(d)
+	})
+	if err == nil { // written: memory's no longer
+		v.umu.Lock()
+		maps.DeleteFunc(v.unwritten, func(id string, u unwrittenGrant) bool { return unwritten[id] == u })
+		v.umu.Unlock()
+	}
+	return err
+}
+
+// writeUnwritten writes the unwritten grants again (each pass, SPEC §17).
+func (v *vault) writeUnwritten(log *slog.Logger) {
+	if ids := v.unwrittenIDs(); len(ids) > 0 {
+		if err := v.update(func(*vaultDoc) error { return nil }); err != nil {
+			log.Error("credential_refresh_unwritten", "subscriptions", ids, "error", redact(err.Error()))
+		}
+	}
 }

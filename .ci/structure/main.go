@@ -36,8 +36,8 @@ import (
 // layers are the package's files by layer, lowest first (LAYOUT.md): a file
 // may use names of its own layer and the layers below, never above.
 var layers = [][]string{
-	{"state", "errors", "journal", "unwritten"}, // ground
-	{"providers", "refusals", "registry", "subscriptions", "ledger", "planwindows", // domain
+	{"state", "errors", "journal"}, // ground
+	{"providers", "registry", "subscriptions", "ledger", "planwindows", // domain
 		"oauth", "catalog", "perf"},
 	{"formats", "parse", "sse", "chat", "messages", "responses", "passthrough", "jsonedit", "relay"}, // wire
 	{"dispatch", "pool", "answers", "replay", "maintain"},                                            // flow
