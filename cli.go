@@ -242,7 +242,6 @@ func commands() []command {
 	}
 }
 
-// statusFlags are retire's and reinstate's.
 func statusFlags(why string) func(*flag.FlagSet, *opts) {
 	return func(fs *flag.FlagSet, o *opts) {
 		agentFlag("the `agent` that owns the subscription")(fs, o)
@@ -466,7 +465,6 @@ func subscriptionList(e *cliEnv, o *opts, _ []string) error {
 	return e.say(nil, "%d subscription(s), %d retired\n", len(subs), retired)
 }
 
-// parseListing reads the rows of GET …/subscriptions/{agent_id}.
 func parseListing(b []byte) ([]subscriptionRow, error) {
 	var body struct{ Subscriptions []subscriptionRow }
 	if err := json.Unmarshal(b, &body); err != nil {
@@ -524,6 +522,7 @@ func parseImportFile(provider string, b []byte) (oauthGrant, error) {
 	object := map[string]string{"claude-code": "claudeAiOauth", "codex": "tokens"}[provider]
 	err := json.Unmarshal(b, &f)
 	var g *oauthGrant
+	var te *json.UnmarshalTypeError
 	if f.C != nil && provider == "claude-code" {
 		g = &oauthGrant{AccessToken: f.C.AccessToken, RefreshToken: f.C.RefreshToken, ExpiresAtMs: f.C.ExpiresAt}
 	} else if f.T != nil && provider == "codex" {
@@ -532,8 +531,10 @@ func parseImportFile(provider string, b []byte) (oauthGrant, error) {
 	switch {
 	case object == "":
 		err = fmt.Errorf("import reads claude-code or codex files, not %q", provider)
+	case errors.As(err, &te): // a syntax error's text can quote bytes of the file, which may be a token
+		err = fmt.Errorf("member %s is not a %s", te.Field, te.Type)
 	case err != nil:
-		err = errors.New(jsonProblem(err))
+		err = errors.New("not JSON (" + jsonErrorKind(err) + ")")
 	case g == nil:
 		err = fmt.Errorf("no %s object", object)
 	case g.AccessToken == "" || g.RefreshToken == "":
@@ -544,16 +545,6 @@ func parseImportFile(provider string, b []byte) (oauthGrant, error) {
 		return fillGrant(provider, *g), nil
 	}
 	return oauthGrant{}, fmt.Errorf("%w: %w", errImportFile, err)
-}
-
-// jsonProblem describes a decoding error by its kind and offset only: a
-// syntax error's text can quote bytes of the file, which may be a token.
-func jsonProblem(err error) string {
-	var te *json.UnmarshalTypeError
-	if errors.As(err, &te) {
-		return fmt.Sprintf("member %s is not a %s", te.Field, te.Type)
-	}
-	return "not JSON (" + jsonErrorKind(err) + ")"
 }
 
 // maintain runs one pass by the daemon (SPEC §11.2) and prints its report

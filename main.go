@@ -88,13 +88,9 @@ func run(ctx context.Context, cut <-chan struct{}, args []string, getenv func(st
 		help(stdout)
 		return nil
 	case args[0] == "-version" || args[0] == "--version":
-		args[0] = "version"
+		args = append([]string{"version"}, args[1:]...)
 	}
-	c, rest, err := lookup(args)
-	if err != nil {
-		return err
-	}
-	return e.runCommand(c, rest)
+	return e.runCommand(lookup(args))
 }
 
 // cliEnv is what every command reads and writes besides its arguments.
@@ -173,7 +169,10 @@ func help(w io.Writer) {
 
 // runCommand parses args for c, flags and positionals in either order (SPEC
 // §16.1): -h prints c's help on stdout; a usage error names c's help.
-func (e *cliEnv) runCommand(c command, args []string) error {
+func (e *cliEnv) runCommand(c command, args []string, err error) error {
+	if err != nil {
+		return err
+	}
 	var o opts
 	fs := flag.NewFlagSet("brama "+c.name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
@@ -214,7 +213,6 @@ func (e *cliEnv) runCommand(c command, args []string) error {
 	if len(missing) > 0 {
 		return &usageError{c.name, "want " + strings.Join(missing, " and ")}
 	}
-	err := error(nil)
 	if c.check != nil {
 		err = c.check(&o)
 	}
