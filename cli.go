@@ -15,32 +15,33 @@ import (
 	"time"
 )
 
-// The command line (SPEC §16.1) is one table, commands(), a row per command.
-// Commands that edit state do it in-process, each file under its lock
-// (SPEC §2.3); `subscription …` and `maintain` are HTTP clients of the
-// daemon's admin API, the only writer of the overlay and the vault's
-// subscriptions.
+// The CLI (SPEC §16.1) is one table, commands(). State edits run in-process under each file's lock
+// (SPEC §2.3); `subscription …` and `maintain` call the daemon's admin API, the overlay's only writer.
 
 // command is one row of the CLI: `brama help` prints its name and purpose;
 // `brama NAME -h` its usage line, purpose, flags and example.
 type command struct {
-	name, args, purpose, example string
-	pos                          int      // positionals it takes
-	need                         []string // flags that must be given, not blank
-	gateway                      bool     // calls the daemon: -gateway, then the bearer
-	flags                        func(fs *flag.FlagSet, o *opts)
-	check                        func(o *opts) error // before the bearer is read
-	run                          func(e *cliEnv, o *opts, pos []string) error
+	name    string // one or two words: "routes set"
+	args    string // the usage line after the name
+	purpose string // one line
+	example string
+	pos     int      // positionals it takes
+	need    []string // flags that must be given, not blank
+	gateway bool     // calls the daemon: -gateway, then the bearer
+	flags   func(fs *flag.FlagSet, o *opts)
+	check   func(o *opts) error // before the bearer is read
+	run     func(e *cliEnv, o *opts, pos []string) error
 }
 
 // opts is every flag value of one command line; each row declares its own.
 type opts struct {
-	json, admin, cost, localCreds                                                   bool
-	addr, agent, provider, label, reason, file, from, id, model, host, sig, gateway string
-	port                                                                            int
-	allow                                                                           []string
-	olderThan                                                                       time.Duration
-	grant                                                                           oauthGrant // import's -from, read by its check
+	json, admin, cost, localCreds              bool
+	addr, agent, provider, label, reason, file string
+	from, id, model, host, sig, gateway        string
+	port                                       int
+	allow                                      []string
+	olderThan                                  time.Duration
+	grant                                      oauthGrant // import's -from, read by its check
 }
 
 func jsonFlag(help string) func(*flag.FlagSet, *opts) {
