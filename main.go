@@ -5,50 +5,46 @@
 // exactly one classified refusal. It is not a load balancer, a cache of
 // answers, or a retry engine.
 //
-// Run it:
+// Run it, and test it:
 //
-//	go run . serve            # listens on 127.0.0.1:8080
-//	go build && ./brama serve # or copy the one static binary anywhere
-//
-// Commands (each prints its flags with -h):
-//
-//	brama serve [-addr ADDR] [-local-credentials-stdin]
-//	brama version
-//	brama routes list [-json] | set ALIAS DEST | rm ALIAS | migrate [-file F] [-json]
-//	brama clients add ID [-admin] [-agent A] [-allow NAME]... | rm ID | list
-//	brama deployments add NAME -port PORT [-host H] [-model M] | rm NAME | list
-//	brama credentials set PROVIDER (API key on stdin) | rm PROVIDER | list
-//	brama subscription add -provider P -agent A [-label L] [-oauth-file F] | list -agent A [-json]
-//	        | retire -agent A [-reason R] ID | reinstate -agent A -reason R ID
-//	        | import -provider claude-code|codex -from FILE -agent A [-label L]
-//	        | sign-in -provider claude-code|codex -agent A [-id ID | -label L]
-//	        (each takes -gateway URL; bearer from BRAMA_TOKEN, else stdin's first line)
-//	brama onboard [-model ROUTE] [-allow-provider-cost]
-//	brama journal check
-//	brama maintain [-gateway URL] [-json]
-//	brama answers verify [-signature v1=HEX] FILE | prune -older-than DURATION
+//	go run . serve    # listens on 127.0.0.1:8080; brama help lists the commands
+//	go test ./...
 //
 // State lives in BRAMA_STATE_DIR, else ~/.brama (0700, files 0600). With
 // neither, Brama still serves and every state reader and writer refuses
-// naming the cause. README.md is the full manual.
+// naming the cause.
+//
+// Reading order, as a request meets the files: main.go (run, serve) and
+// cli.go (the command table); server.go and identity.go (routes, who may
+// call); api.go, answers.go, replay.go (handlers, signed answers); dispatch.go
+// (plan and the attempt engine), selectors.go, pool.go; providers.go,
+// passthrough.go, formats.go and one file per wire format, relay.go, sse.go;
+// refusals.go, errors.go; subscriptions.go, ledger.go, oauth.go; maintain.go;
+// catalog.go, perf.go, onboard.go; journal.go, state.go at the ground.
 package main
 
 import (
+	"bufio"
+	"bytes"
+	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
-	"maps"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"syscall"
+	"text/tabwriter"
 	"time"
 )
 
@@ -80,145 +76,283 @@ func main() {
 	os.Exit(exitCode(run(ctx, cut, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr), os.Stderr))
 }
 
-// usageError is a command line Brama could not understand (exit 2).
-type usageError struct{ msg string }
+// run is the whole program: it runs one command of the table and returns
+// only after every goroutine it started has exited (cut: see cliEnv).
+func run(ctx context.Context, cut <-chan struct{}, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) error {
+	e := &cliEnv{ctx: ctx, cut: cut, getenv: getenv, in: bufio.NewReader(stdin), stdout: stdout, stderr: stderr}
+	switch {
+	case len(args) == 0:
+		help(stderr)
+		return &usageError{msg: "want a command"}
+	case slices.Contains([]string{"help", "-h", "-help", "--help"}, args[0]):
+		help(stdout)
+		return nil
+	case args[0] == "-version" || args[0] == "--version":
+		args = append([]string{"version"}, args[1:]...)
+	}
+	return e.runCommand(lookup(args))
+}
 
-func (e *usageError) Error() string { return e.msg }
+// cliEnv is what every command reads and writes besides its arguments.
+type cliEnv struct {
+	ctx           context.Context // serve's first stop signal; a CLI command ends on a signal (main)
+	cut           <-chan struct{} // closed on the second signal: serve cuts its running requests
+	getenv        func(string) string
+	in            *bufio.Reader // stdin: the bearer, then an API key or a pasted code, by lines
+	stdout        io.Writer
+	stderr        io.Writer
+	gateway, auth string // a gateway command's daemon URL and bearer
+}
+
+// usageError is a command line Brama could not understand (exit 2).
+type usageError struct{ cmd, msg string }
+
+func (e *usageError) Error() string {
+	if e.cmd == "" {
+		return "brama: " + e.msg
+	}
+	return fmt.Sprintf("brama %s: %s; see brama %s -h", e.cmd, e.msg, e.cmd)
+}
 
 // errRefused marks a refusal already explained (exit 1, nothing printed).
 var errRefused = errors.New("refused")
 
 // exitCode prints err and maps it to SPEC §16.1's exit codes.
 func exitCode(err error, stderr io.Writer) int {
+	var ue *usageError
 	switch {
 	case err == nil, errors.Is(err, flag.ErrHelp):
 		return 0
 	case errors.Is(err, errRefused):
 		return 1
-	}
-	fmt.Fprintf(stderr, "brama: %v\n", err)
-	if errors.As(err, new(*usageError)) {
+	case errors.As(err, &ue):
+		fmt.Fprintln(stderr, ue)
 		return 2
 	}
+	fmt.Fprintf(stderr, "brama: %v\n", err)
 	return 1
 }
 
-// runUsage is run's usage line.
-const runUsage = "usage: brama serve|version|routes|clients|deployments|credentials|subscription|onboard|journal|maintain|answers ... (-h on each)"
-
-// run is the whole program: it dispatches one subcommand and returns only
-// after every goroutine it started has exited (cut: see cliEnv).
-func run(ctx context.Context, cut <-chan struct{}, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		return &usageError{runUsage}
-	}
-	e := cliEnv{ctx: ctx, cut: cut, getenv: getenv, stdin: stdin, stdout: stdout, stderr: stderr}
-	cmd, rest := args[0], args[1:]
-	subs := map[string]map[string]func([]string) error{
-		"routes": {
-			"list": e.routesList, "migrate": e.routesMigrate,
-			"set": e.positional("routes set ALIAS DESTINATION", 2, e.routesSet),
-			"rm":  e.positional("routes rm ALIAS", 1, e.routesRm),
-		},
-		"clients": {
-			"add": e.clientsAdd, "rm": e.positional("clients rm ID", 1, e.clientsRm),
-			"list": e.positional("clients list", 0, e.clientsList),
-		},
-		"deployments": {
-			"add": e.deploymentsAdd, "rm": e.positional("deployments rm NAME", 1, e.deploymentsRm),
-			"list": e.positional("deployments list", 0, e.deploymentsList),
-		},
-		"credentials": {
-			"set":  e.positional("credentials set PROVIDER  (the API key on stdin)", 1, e.credentialsSet),
-			"rm":   e.positional("credentials rm PROVIDER", 1, e.credentialsRm),
-			"list": e.positional("credentials list", 0, e.credentialsList),
-		},
-		"journal": {"check": e.positional("journal check", 0, e.journalCheck)},
-		"answers": {"verify": e.answersVerify, "prune": e.answersPrune},
-		"subscription": {
-			"add": e.subscriptionAdd, "list": e.subscriptionList, "import": e.subscriptionImport,
-			"retire":        func(args []string) error { return e.subscriptionStatus("retire", args) },
-			"reinstate":     func(args []string) error { return e.subscriptionStatus("reinstate", args) },
-			"sign-in":       e.subscriptionSignIn,
-			"prune-orphans": e.subscriptionPruneOrphans,
-		},
-	}
-	switch cmd {
-	case "serve":
-		return serve(ctx, rest, e)
-	case "version":
-		if _, err := parseFlags(e.newFlags("version"), rest, 0, "version"); err != nil {
-			return err
+// lookup finds args' command: two words, else one.
+func lookup(args []string) (command, []string, error) {
+	cmds := commands()
+	for n := min(2, len(args)); n > 0; n-- {
+		if i := slices.IndexFunc(cmds, func(c command) bool { return c.name == strings.Join(args[:n], " ") }); i >= 0 {
+			return cmds[i], args[n:], nil
 		}
-		fmt.Fprintf(stdout, "brama %s\n", version)
-		return nil
-	case "onboard":
-		return e.onboardCmd(rest)
-	case "maintain":
-		return e.maintainCmd(rest)
-	case "-h", "-help", "--help", "help":
-		fmt.Fprintln(stdout, runUsage)
-		return nil
 	}
-	sub := subs[cmd]
-	if sub == nil {
-		return &usageError{fmt.Sprintf("unknown command %q", cmd)}
-	}
-	if len(rest) == 0 || sub[rest[0]] == nil {
-		names := strings.Join(slices.Sorted(maps.Keys(sub)), "|")
-		return &usageError{fmt.Sprintf("usage: brama %s %s ... (-h on each)", cmd, names)}
-	}
-	return sub[rest[0]](rest[1:])
-}
-
-// cliEnv is what every command reads and writes besides its arguments.
-type cliEnv struct {
-	ctx    context.Context // serve's first stop signal; a CLI command ends on a signal (main)
-	cut    <-chan struct{} // closed on the second signal: serve cuts its running requests
-	getenv func(string) string
-	stdin  io.Reader
-	stdout io.Writer
-	stderr io.Writer
-}
-
-// newFlags makes a flag set that prints to stderr and returns errors.
-func (e cliEnv) newFlags(name string) *flag.FlagSet {
-	fs := flag.NewFlagSet("brama "+name, flag.ContinueOnError)
-	fs.SetOutput(e.stderr)
-	return fs
-}
-
-// positional makes run a subcommand with no flags and n positionals; usage
-// (after "brama ") starts with the subcommand's two words.
-func (e cliEnv) positional(usage string, n int, run func(pos []string) error) func([]string) error {
-	return func(args []string) error {
-		pos, err := parseFlags(e.newFlags(strings.Join(strings.Fields(usage)[:2], " ")), args, n, usage)
-		if err != nil {
-			return err
+	var subs []string
+	for _, c := range cmds {
+		if group, sub, ok := strings.Cut(c.name, " "); ok && group == args[0] {
+			subs = append(subs, sub)
 		}
-		return run(pos)
 	}
+	if len(subs) == 0 {
+		return command{}, nil, &usageError{msg: fmt.Sprintf("unknown command %q; see brama help", args[0])}
+	}
+	unknown := ""
+	if len(args) > 1 && !strings.HasPrefix(args[1], "-") {
+		unknown = fmt.Sprintf("unknown command %q: ", args[0]+" "+args[1])
+	}
+	return command{}, nil, &usageError{msg: fmt.Sprintf("%s%s wants one of %s; see brama help", unknown, args[0], strings.Join(subs, ", "))}
 }
 
-// parseFlags parses args allowing flags and positionals in any order
-// (SPEC §16.1) and checks the positional count.
-func parseFlags(fs *flag.FlagSet, args []string, positionals int, usage string) ([]string, error) {
+// help lists every command with its purpose.
+func help(w io.Writer) {
+	fmt.Fprint(w, "usage: brama COMMAND [flags] [arguments]; brama COMMAND -h prints its flags and an example\n\n")
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	for _, c := range commands() {
+		fmt.Fprintf(tw, "  %s\t%s\n", c.name, c.purpose)
+	}
+	tw.Flush()
+}
+
+// runCommand parses args for c, flags and positionals in either order (SPEC
+// §16.1): -h prints c's help on stdout; a usage error names c's help.
+func (e *cliEnv) runCommand(c command, args []string, err error) error {
+	if err != nil {
+		return err
+	}
+	var o opts
+	fs := flag.NewFlagSet("brama "+c.name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	if c.flags != nil {
+		c.flags(fs, &o)
+	}
+	if c.gateway {
+		fs.StringVar(&o.gateway, "gateway", "http://127.0.0.1:8080", "the brama serve `URL` to call")
+	}
 	var pos []string
 	for {
 		if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
-			return nil, err
+			fmt.Fprintf(e.stdout, "usage: brama %s %s\n\n%s.\n", c.name, c.args, c.purpose)
+			if c.flags != nil || c.gateway {
+				fmt.Fprintln(e.stdout, "\nflags:")
+				fs.SetOutput(e.stdout)
+				fs.PrintDefaults()
+			}
+			fmt.Fprintf(e.stdout, "\nexample:\n  %s\n", c.example)
+			return err
 		} else if err != nil {
-			return nil, &usageError{err.Error()}
+			return &usageError{c.name, err.Error()}
 		}
 		if fs.NArg() == 0 {
 			break
 		}
 		pos, args = append(pos, fs.Arg(0)), fs.Args()[1:]
 	}
-	if len(pos) != positionals {
-		return nil, &usageError{"usage: brama " + usage}
+	if len(pos) != c.pos {
+		return &usageError{c.name, "want " + cmp.Or(c.args, "no arguments")}
 	}
-	return pos, nil
+	var missing []string
+	for _, name := range c.need {
+		if strings.TrimSpace(fs.Lookup(name).Value.String()) == "" || !isSet(fs, name) {
+			missing = append(missing, "-"+name)
+		}
+	}
+	if len(missing) > 0 {
+		return &usageError{c.name, "want " + strings.Join(missing, " and ")}
+	}
+	if c.check != nil {
+		err = c.check(&o)
+	}
+	if err == nil && c.gateway {
+		err = e.dial(o.gateway)
+	}
+	if err == nil {
+		err = c.run(e, &o, pos)
+	}
+	if ue := (*usageError)(nil); errors.As(err, &ue) && ue.cmd == "" {
+		ue.cmd = c.name
+	}
+	return err
+}
+
+// isSet says whether the command line gave flag name.
+func isSet(fs *flag.FlagSet, name string) (set bool) {
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
+// deps opens the state files, with the command's logger and clock.
+func (e *cliEnv) deps() deps { return openDeps(e.getenv, e.sys()) }
+
+// sys is a command's logger (to stderr, at BRAMA_LOG_LEVEL) and clock.
+func (e *cliEnv) sys() sys {
+	return sys{log: newLogger(e.stderr, e.getenv("BRAMA_LOG_LEVEL")), now: time.Now}
+}
+
+// say prints a command's success line, unless err.
+func (e *cliEnv) say(err error, format string, args ...any) error {
+	if err == nil {
+		fmt.Fprintf(e.stdout, format, args...)
+	}
+	return err
+}
+
+// wrote reports a write, unless err: which file changed, and a warning when
+// no serve holds the state directory (nothing serves the change until one
+// starts), on stderr; the success line on stdout.
+func (e *cliEnv) wrote(path string, err error, format string, args ...any) error {
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stderr, "brama: wrote %s\n", path)
+	if st := resolveState(e.getenv); st.dir != "" && !serveHolds(st) {
+		fmt.Fprintf(e.stderr, "brama: warning: no brama serve holds %s; the change serves once one starts: brama serve\n",
+			filepath.Join(st.dir, "serve.lock"))
+	}
+	return e.say(nil, format, args...)
+}
+
+// serveHolds says whether a brama serve holds s's serve.lock; it creates no
+// file, and its shared try-lock ends as it returns.
+func serveHolds(s state) bool {
+	f, err := os.OpenFile(filepath.Join(s.dir, "serve.lock"), os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	return errors.Is(syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB), syscall.EWOULDBLOCK)
+}
+
+// table prints rows of tab-separated cells aligned under header.
+func (e *cliEnv) table(header string, rows []string) {
+	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, strings.Join(append([]string{header}, rows...), "\n"))
+	tw.Flush()
+}
+
+// dial checks -gateway and takes the bearer from BRAMA_TOKEN, else stdin's
+// first line. No time limit of Brama's own (a maintenance pass may wait on
+// token endpoints); one SIGINT ends the command (SPEC §17).
+func (e *cliEnv) dial(raw string) error {
+	u, err := url.Parse(strings.TrimSpace(raw))
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" {
+		return &usageError{msg: fmt.Sprintf("-gateway %q is not an http:// or https:// URL", raw)}
+	}
+	if u.Scheme == "http" && !isLoopbackHost(u.Hostname()) { // the bearer and credentials would cross in clear text
+		return &usageError{msg: fmt.Sprintf("-gateway %q: http:// is allowed only to a loopback host; use https://", raw)}
+	}
+	e.gateway, e.auth = strings.TrimRight(u.String(), "/"), strings.TrimSpace(e.getenv("BRAMA_TOKEN"))
+	if e.auth == "" {
+		e.auth = e.line()
+	}
+	if e.auth == "" {
+		return errors.New("no bearer token: set BRAMA_TOKEN or give the token as stdin's first line")
+	}
+	return nil
+}
+
+// line is stdin's next line, trimmed.
+func (e *cliEnv) line() string {
+	s, _ := e.in.ReadString('\n')
+	return strings.TrimSpace(s)
+}
+
+// call sends one admin request with body (nil for none) and returns the raw
+// success body; a non-2xx answer is an error quoting the envelope.
+func (e *cliEnv) call(method, path string, body any) ([]byte, error) {
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body) // a donation, credentialBody or map of strings cannot fail
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(e.ctx, method, e.gateway+path, rd)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+e.auth)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("cannot reach the gateway at %s: %w", e.gateway, errors.Unwrap(err))
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("reading the gateway's answer: %w", err)
+	}
+	if resp.StatusCode/100 == 2 {
+		return b, nil
+	}
+	var env envelope
+	if json.Unmarshal(b, &env) != nil || env.Error.Code == "" {
+		env.Error.Code, env.Error.Message = "unknown", "the answer is not a Brama error envelope"
+	}
+	return nil, fmt.Errorf("the gateway refused (%d %s): %s", resp.StatusCode, env.Error.Code, env.Error.Message)
+}
+
+// subscriptionPath is the admin path for agent and the segments after it,
+// each escaped.
+func subscriptionPath(agent string, rest ...string) string {
+	p := "/v1/admin/subscriptions/" + url.PathEscape(agent)
+	for _, r := range rest {
+		p += "/" + url.PathEscape(r)
+	}
+	return p
 }
 
 // testingOnlyNow replaces the serving process's clock in tests.
@@ -264,14 +398,9 @@ func newLogger(w io.Writer, level string) *slog.Logger {
 
 // serve runs the daemon until ctx ends, then drains until its requests end
 // or e.cut closes.
-func serve(ctx context.Context, args []string, e cliEnv) error {
-	fs := e.newFlags("serve")
-	addr := fs.String("addr", "127.0.0.1:8080", "`address` to listen on")
-	localCreds := fs.Bool("local-credentials-stdin", false, "read a JSON object provider → API key from stdin and keep it in memory only; it becomes the only source of direct credentials")
-	if _, err := parseFlags(fs, args, 0, "serve [-addr ADDR] [-local-credentials-stdin]"); err != nil {
-		return err
-	}
-	if err := checkListenAddr(*addr); err != nil {
+func serve(e *cliEnv, o *opts, _ []string) error {
+	ctx := e.ctx
+	if err := checkListenAddr(o.addr); err != nil {
 		return err
 	}
 	signal.Ignore(syscall.SIGPIPE) // a log reader gone (`serve 2>&1 | logger`) ends no generation: its lines are lost
@@ -322,12 +451,12 @@ func serve(ctx context.Context, args []string, e cliEnv) error {
 	s.oauth = newOAuth(e.getenv, client, s.vault, s.ledger, log, now)
 	defer s.oauth.shutdown(e.cut)
 	s.maint = newMaintainer(s.inv, s.ledger, s.oauth, client, e.getenv, log, now)
-	if *localCreds {
-		if s.localCreds, err = readLocalCredentials(e.stdin); err != nil {
+	if o.localCreds {
+		if s.localCreds, err = readLocalCredentials(e.in); err != nil {
 			return err
 		}
 	}
-	ln, err := net.Listen("tcp", *addr) // before the first client: its token is shown once, not to a start that fails
+	ln, err := net.Listen("tcp", o.addr) // before the first client: its token is shown once, not to a start that fails
 	if err != nil {
 		return err
 	}
@@ -418,7 +547,7 @@ func checkListenAddr(addr string) error {
 		_, err = net.LookupPort("tcp", port)
 	}
 	if err != nil {
-		return &usageError{fmt.Sprintf("-addr %q is not HOST:PORT to listen on (e.g. 127.0.0.1:8080): %v", addr, err)}
+		return &usageError{msg: fmt.Sprintf("-addr %q is not HOST:PORT to listen on (e.g. 127.0.0.1:8080): %v", addr, err)}
 	}
 	return nil
 }
@@ -471,5 +600,51 @@ func ensureFirstClient(c *clientStore, stderr io.Writer) error {
 	if err == nil && created {
 		fmt.Fprintf(stderr, "brama: created admin client \"local\"; bearer token (shown once): %s\n", tok)
 	}
+	return err
+}
+
+// signInVia is the query a sign-in's donation carries on POST
+// /v1/admin/subscriptions/{agent_id}, so the daemon journals it as a sign-in.
+const signInVia = "sign-in"
+
+// replaceSubscriptionCredential replaces agent's subscription id's credential and
+// journals subscription_sign_in, refusing first what the journal or owner forbid.
+func (s *server) replaceSubscriptionCredential(agent, id string, cred vaultCredential, by string) (overlayItem, error) {
+	if err := s.journal.ready(); err != nil {
+		return overlayItem{}, refuse("dependency_unavailable", "credential not replaced: the journal cannot record a sign-in: %v", err).because(err)
+	}
+	kind := "api key"
+	if cred.OAuth != nil {
+		kind = "oauth grant"
+	}
+	it, err := s.inv.replaceCredential(agent, id, cred)
+	if err != nil {
+		if ae := asAPIError(err); ae.Status() >= 500 && it.ID != "" {
+			s.journalSignIn(it, "failed", fmt.Sprintf("the %s from client %s was not stored: %s", kind, by, ae.Message))
+		}
+		return overlayItem{}, err
+	}
+	s.maint.changed()
+	s.replay.forget("", it.Provider) // SPEC §17: the provider's routes may serve now
+	if err := s.journalSignIn(it, "signed_in", fmt.Sprintf("%s replaced by client %s", kind, by)); err != nil {
+		return overlayItem{}, refuse("dependency_unavailable", "the credential of %s was replaced, but the journal refused the sign-in record: %v", id, err).because(err)
+	}
+	return it, nil
+}
+
+// journalSignIn appends one subscription_sign_in record and logs it.
+func (s *server) journalSignIn(it overlayItem, result, detail string) error {
+	detail = ledgerSentence(detail)
+	err := s.journal.append(journalRecord{Kind: "subscription_sign_in", SubscriptionID: it.ID, Provider: it.Provider, Result: result, Detail: detail})
+	level := slog.LevelInfo
+	args := []any{"subscription_id", it.ID, "agent_id", it.AgentID, "provider", it.Provider,
+		"result", result, "detail", detail}
+	if result != "signed_in" || err != nil {
+		level = slog.LevelWarn
+	}
+	if err != nil {
+		args = append(args, "journal_error", err.Error())
+	}
+	s.log.Log(context.Background(), level, "subscription_sign_in", args...)
 	return err
 }

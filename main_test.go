@@ -141,9 +141,9 @@ func TestHelpPrintsFlags(t *testing.T) {
 		{"serve", "-h"}, {"routes", "list", "-h"}, {"routes", "migrate", "-h"}, {"clients", "add", "-h"},
 		{"journal", "check", "-h"}, {"credentials", "set", "-h"},
 	} {
-		_, errOut, code := runCLI(t, stateEnv(t), "", args...)
-		if code != 0 || !strings.Contains(errOut, "Usage of brama "+strings.Join(args[:len(args)-1], " ")) {
-			t.Errorf("brama %v: exit %d, stderr %q; want exit 0 and its flags", args, code, errOut)
+		out, errOut, code := runCLI(t, stateEnv(t), "", args...)
+		if code != 0 || errOut != "" || !strings.HasPrefix(out, "usage: brama "+strings.Join(args[:len(args)-1], " ")) {
+			t.Errorf("brama %v: exit %d, stdout %q, stderr %q; want exit 0 and its help on stdout", args, code, out, errOut)
 		}
 	}
 	if _, _, code := runCLI(t, stateEnv(t), "", "routes", "bogus"); code != 2 {
@@ -162,8 +162,9 @@ func TestVersionTakesNoArguments(t *testing.T) {
 		stderr string // a substring of stderr
 	}{
 		{args: []string{"version"}, code: 0, stdout: "brama " + version + "\n"},
-		{args: []string{"version", "-h"}, code: 0, stderr: "Usage of brama version"},
-		{args: []string{"version", "extra"}, code: 2, stderr: "usage: brama version"},
+		{args: []string{"-version"}, code: 0, stdout: "brama " + version + "\n"},
+		{args: []string{"version", "-h"}, code: 0, stdout: "usage: brama version"},
+		{args: []string{"version", "extra"}, code: 2, stderr: "brama version: want no arguments; see brama version -h"},
 		{args: []string{"version", "-json"}, code: 2, stderr: "flag provided but not defined: -json"},
 	}
 	for _, tt := range tests {
@@ -172,7 +173,7 @@ func TestVersionTakesNoArguments(t *testing.T) {
 			t.Errorf("brama %v: exit %d, stdout %q, stderr %q; want exit %d, stdout with %q, stderr with %q",
 				tt.args, code, out, errOut, tt.code, tt.stdout, tt.stderr)
 		}
-		if tt.code != 0 && out != "" {
+		if tt.code != 0 && out != "" || tt.code == 0 && errOut != "" {
 			t.Errorf("brama %v printed %q on a usage error", tt.args, out)
 		}
 	}
@@ -181,9 +182,9 @@ func TestVersionTakesNoArguments(t *testing.T) {
 // TestAnswersPruneHelp: -older-than is required, so its help names no
 // default (a sentinel such as -1ns would read as one), and zero is a value.
 func TestAnswersPruneHelp(t *testing.T) {
-	_, errOut, code := runCLI(t, stateEnv(t), "", "answers", "prune", "-h")
-	if code != 0 || !strings.Contains(errOut, "-older-than duration") || strings.Contains(errOut, "default") {
-		t.Errorf("answers prune -h: exit %d, stderr %q; want its flag without a default", code, errOut)
+	out, _, code := runCLI(t, stateEnv(t), "", "answers", "prune", "-h")
+	if code != 0 || !strings.Contains(out, "-older-than duration") || strings.Contains(out, "default") {
+		t.Errorf("answers prune -h: exit %d, stdout %q; want its flag without a default", code, out)
 	}
 	if _, errOut, code := runCLI(t, stateEnv(t), "", "answers", "prune"); code != 2 {
 		t.Errorf("answers prune without -older-than: exit %d (%q), want 2", code, errOut)

@@ -271,7 +271,7 @@ func TestDeploymentsCLI(t *testing.T) {
 		{[]string{"add", "far", "-host", "8.8.8.8", "-port", "1"}, 1, `is not an IPv4 loopback or 100.64.0.0/10 literal`},
 		{[]string{"add", "noport"}, 1, `endpoint port 0 is not a port`},
 		{[]string{"add", "Bad Name", "-port", "1"}, 1, `a deployment name must match`},
-		{[]string{"add"}, 2, `usage: brama deployments add NAME -port PORT`},
+		{[]string{"add"}, 2, `brama deployments add: want NAME -port PORT`},
 		{[]string{"rm", "qwen-local"}, 1, `registry route "cheap": destination "qwen-local" names no deployment or adapter`},
 		{[]string{"rm", "ghost"}, 1, `no deployment "ghost" is declared`},
 	} {

@@ -66,8 +66,8 @@ func TestRetiredCommandsAreUsageErrors(t *testing.T) {
 		args    []string
 		wantErr string
 	}{
-		{"subscription refresh", []string{"subscription", "refresh", "-gateway", d.url, "-reason", "rotated", "claude-code"}, "usage: brama subscription "},
-		{"subscription refresh json", []string{"subscription", "refresh", "-json", "codex"}, "usage: brama subscription "},
+		{"subscription refresh", []string{"subscription", "refresh", "-gateway", d.url, "-reason", "rotated", "claude-code"}, `unknown command "subscription refresh"`},
+		{"subscription refresh json", []string{"subscription", "refresh", "-json", "codex"}, `unknown command "subscription refresh"`},
 		{"tasks record", []string{"tasks", "record", "-agent", "a1", "-model", "kimi/k2", "-status", "pass", "review"}, `unknown command "tasks"`},
 		{"tasks", []string{"tasks"}, `unknown command "tasks"`},
 		{"agents add", []string{"agents", "add", "a1"}, `unknown command "agents"`},

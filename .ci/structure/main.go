@@ -41,7 +41,7 @@ var layers = [][]string{
 		"oauth", "catalog", "perf"},
 	{"formats", "parse", "sse", "chat", "messages", "responses", "passthrough", "jsonedit", "relay"}, // wire
 	{"dispatch", "pool", "answers", "replay", "maintain"},                                            // flow
-	{"main", "cli", "cli_gateway", "onboard", "signin", "server"},                                    // faces
+	{"main", "cli", "onboard", "server"},                                                             // faces
 }
 
 // layerOf is a file's layer (its index in layers), -1 for none.

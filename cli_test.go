@@ -2,7 +2,10 @@ package main
 
 import (
 	"encoding/base64"
+	"encoding/json"
 	"errors"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -107,6 +110,61 @@ func TestGatewayRefusesPlainHTTPToARemoteHost(t *testing.T) {
 	for _, gw := range []string{"http://localhost:1", "http://[::1]:1", "https://127.0.0.1:1"} {
 		if _, errOut, code := runCLI(t, env, "", "subscription", "list", "-agent", "a1", "-gateway", gw); code != 1 || !strings.Contains(errOut, "cannot reach the gateway") {
 			t.Errorf("-gateway %s: exit %d %q; want it tried (1: cannot reach)", gw, code, errOut)
+		}
+	}
+}
+
+// TestCommandTable: every row of the CLI table is listed by `brama help`
+// with its purpose; its -h prints usage, purpose, flags and example on
+// stdout (exit 0); a stray flag and a wrong positional count are usage
+// errors (exit 2) naming its help; `brama version` and `brama -version`
+// print the version GET /health reports.
+func TestCommandTable(t *testing.T) {
+	env := stateEnv(t)
+	list, _, code := runCLI(t, env, "", "help")
+	if code != 0 {
+		t.Fatalf("brama help: exit %d", code)
+	}
+	for _, c := range commands() {
+		t.Run(c.name, func(t *testing.T) {
+			if !regexp.MustCompile(`(?m)^  ` + regexp.QuoteMeta(c.name) + ` +` + regexp.QuoteMeta(c.purpose) + `$`).MatchString(list) {
+				t.Errorf("brama help lacks the line %q: %q", c.name+"  "+c.purpose, list)
+			}
+			if !strings.Contains(c.example, "brama "+c.name) || strings.Contains(c.purpose, "\n") {
+				t.Errorf("row %q: example %q is not of it, or purpose %q is not one line", c.name, c.example, c.purpose)
+			}
+			words := strings.Fields(c.name)
+			out, errOut, code := runCLI(t, env, "", append(words, "-h")...)
+			if code != 0 || errOut != "" || !strings.HasPrefix(out, "usage: brama "+c.name+" "+c.args+"\n") ||
+				!strings.Contains(out, c.purpose) || !strings.HasSuffix(out, "example:\n  "+c.example+"\n") {
+				t.Errorf("-h: exit %d, stderr %q, stdout %q; want exit 0 and usage, purpose, flags, example on stdout", code, errOut, out)
+			}
+			for _, f := range c.need {
+				if !strings.Contains(out, "  -"+f+" ") {
+					t.Errorf("-h names no required -%s: %q", f, out)
+				}
+			}
+			see := "; see brama " + c.name + " -h\n"
+			for _, args := range [][]string{
+				append(words, "-no-such-flag"),
+				append(words, slices.Repeat([]string{"x"}, c.pos+1)...),
+			} {
+				out, errOut, code := runCLI(t, env, "", args...)
+				if code != 2 || out != "" || !strings.HasPrefix(errOut, "brama "+c.name+": ") || !strings.HasSuffix(errOut, see) {
+					t.Errorf("brama %v: exit %d, stdout %q, stderr %q; want exit 2 naming %q", args, code, out, errOut, see)
+				}
+			}
+		})
+	}
+	d := startDaemon(t, env, "")
+	_, _, body := d.call("GET", "/health", "", "")
+	var health struct{ Version string }
+	if err := json.Unmarshal(body, &health); err != nil || health.Version == "" {
+		t.Fatalf("/health = %s", body)
+	}
+	for _, arg := range []string{"version", "-version"} {
+		if out, _, code := runCLI(t, env, "", arg); code != 0 || out != "brama "+health.Version+"\n" {
+			t.Errorf("brama %s: exit %d %q; want the version /health reports, %q", arg, code, out, health.Version)
 		}
 	}
 }
