@@ -48,9 +48,11 @@ setup() {
 		BRAMA_PROVIDER_OPENAI_BASE_URL=$FAKE/openai/v1 BRAMA_PROVIDER_OPENAI_RESPONSES_BASE_URL=$FAKE/openai/v1 \
 		BRAMA_PROVIDER_CODEX_BASE_URL=$FAKE/codex \
 		BRAMA_OAUTH_CLAUDE_CODE_TOKEN_URL=$FAKE/oauth/token BRAMA_OAUTH_CODEX_TOKEN_URL=$FAKE/oauth/token
+	# claude-sonnet-4-5: the Quick start's gpt-* destination (quickstart.sh);
+	# a translation to it takes its output limit from the catalogue.
 	model() { printf '"%s":{"id":"%s","release_date":"2026-01-01","limit":{"context":200000,"output":8192},"modalities":{"input":["text","image"],"output":["text"]}}' "$1" "$1"; }
-	printf '{"anthropic":{"id":"anthropic","models":{%s,%s}},"openai":{"id":"openai","models":{%s,%s,%s}}}\n' \
-		"$(model claude-fake)" "$(model "$CLAUDE_MODEL")" "$(model gpt-fake-chat)" "$(model gpt-fake-responses)" "$(model "$CODEX_MODEL")" >"$WORK/catalog.json"
+	printf '{"anthropic":{"id":"anthropic","models":{%s,%s,%s}},"openai":{"id":"openai","models":{%s,%s,%s}}}\n' \
+		"$(model claude-fake)" "$(model "$CLAUDE_MODEL")" "$(model claude-sonnet-4-5)" "$(model gpt-fake-chat)" "$(model gpt-fake-responses)" "$(model "$CODEX_MODEL")" >"$WORK/catalog.json"
 
 	printf '{"anthropic":"fake-anthropic-key","openai":"fake-openai-key","openai-responses":"fake-openai-key"}' >"$WORK/creds"
 	"$WORK/brama" serve -addr 127.0.0.1:0 -local-credentials-stdin <"$WORK/creds" >"$WORK/brama.out" 2>"$WORK/brama.err" &
