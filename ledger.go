@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -517,4 +518,43 @@ func windowLabel(mins float64, fallback string) string {
 		return "1 " + unit
 	}
 	return strconv.FormatInt(n, 10) + " " + unit + "s"
+}
+
+// report is one JSON object of a provider answer (a usage report, a token answer), read leniently.
+type report map[string]json.RawMessage
+
+// jsonErrorKind says what was wrong with a JSON document without quoting a fragment of it.
+func jsonErrorKind(err error) string {
+	var se *json.SyntaxError
+	if errors.As(err, &se) {
+		return "syntax error at byte " + strconv.FormatInt(se.Offset, 10)
+	}
+	return "unexpected shape"
+}
+
+// asReport is raw as an object, or nil when it is absent, null or not one.
+func asReport(raw json.RawMessage) (r report) {
+	json.Unmarshal(raw, &r) // not an object: nil
+	return r
+}
+
+func (r report) obj(key string) report { return asReport(r[key]) }
+
+func (r report) str(key string) string {
+	s, _ := jsonString(r[key])
+	return s
+}
+
+// num is the first of keys holding a finite number, or a string holding one (Kimi's counters).
+func (r report) num(keys ...string) (float64, bool) {
+	for _, k := range keys {
+		s, ok := jsonString(r[k])
+		if !ok {
+			s = string(r[k])
+		}
+		if f, ok := parseNumber(s); ok {
+			return f, true
+		}
+	}
+	return 0, false
 }

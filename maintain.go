@@ -467,10 +467,7 @@ func (m *maintainer) readOnce(ctx context.Context, s *passSub) {
 // refreshDue is SPEC §11.2's rule: expired (now ≥ expires_at_ms, not the
 // request path's minute early), or expiry unknown and never refreshed.
 func refreshDue(g oauthGrant, refreshedAtMs int64, now time.Time) bool {
-	if g.ExpiresAtMs == 0 {
-		return refreshedAtMs == 0
-	}
-	return now.UnixMilli() >= g.ExpiresAtMs
+	return g.ExpiresAtMs == 0 && refreshedAtMs == 0 || g.ExpiresAtMs != 0 && now.UnixMilli() >= g.ExpiresAtMs
 }
 
 // refreshPass makes one attempt per active OAuth subscription whose grant
@@ -591,9 +588,6 @@ var errUsageReport = errors.New("the usage report is not usable")
 // usageMaxResetMs bounds a reset instant, so arithmetic cannot overflow.
 const usageMaxResetMs = planMaxResetSeconds * 1000
 
-// report is one JSON object of a provider report, read leniently.
-type report map[string]json.RawMessage
-
 // parseUsage reads the report of provider (one in usageReports): a JSON object
 // naming a window, else errUsageReport saying why without quoting the body.
 func parseUsage(provider string, body []byte, now time.Time) ([]planWindow, error) {
@@ -609,42 +603,6 @@ func parseUsage(provider string, body []byte, now time.Time) ([]planWindow, erro
 		return ws, nil
 	}
 	return nil, fmt.Errorf("%w: it names no plan window (%s)", errUsageReport, u.none)
-}
-
-// jsonErrorKind says what was wrong with a JSON document without quoting a fragment of it.
-func jsonErrorKind(err error) string {
-	var se *json.SyntaxError
-	if errors.As(err, &se) {
-		return "syntax error at byte " + strconv.FormatInt(se.Offset, 10)
-	}
-	return "unexpected shape"
-}
-
-// asReport is raw as an object, or nil when it is absent, null or not one.
-func asReport(raw json.RawMessage) (r report) {
-	json.Unmarshal(raw, &r) // not an object: nil
-	return r
-}
-
-func (r report) obj(key string) report { return asReport(r[key]) }
-
-func (r report) str(key string) string {
-	s, _ := jsonString(r[key])
-	return s
-}
-
-// num is the first of keys holding a finite number, or a string holding one (Kimi's counters).
-func (r report) num(keys ...string) (float64, bool) {
-	for _, k := range keys {
-		s, ok := jsonString(r[k])
-		if !ok {
-			s = string(r[k])
-		}
-		if f, ok := parseNumber(s); ok {
-			return f, true
-		}
-	}
-	return 0, false
 }
 
 // instant is the first of keys holding an instant (SPEC §11.2), in epoch ms; 0 none.

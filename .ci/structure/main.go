@@ -37,7 +37,7 @@ import (
 // may use names of its own layer and the layers below, never above.
 var layers = [][]string{
 	{"state", "errors", "journal", "unwritten"}, // ground
-	{"providers", "refusals", "registry", "subscriptions", "ledger", "planwindows", // domain
+	{"providers", "refusals", "registry", "subscriptions", "ledger", // domain
 		"oauth", "catalog", "perf"},
 	{"formats", "parse", "sse", "chat", "messages", "responses", "passthrough", "jsonedit", "relay"},         // wire
 	{"dispatch", "pool", "selectors", "probe", "counttokens", "embeddings", "answers", "replay", "maintain"}, // flow
