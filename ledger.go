@@ -1,11 +1,15 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
+	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -14,9 +18,8 @@ import (
 // The ledger (SPEC §10.3): per subscription its plan windows, block, credential
 // state, measured use, last usage read and probe; dispatch orders by it.
 
-const ledgerFile = "ledger.json"
-
 const (
+	ledgerFile       = "ledger.json"
 	ledgerWriteEvery = time.Second        // SPEC §10.3: coalesced changes are written at most once per second
 	ledgerMaxBlock   = 7 * 24 * time.Hour // SPEC §7.2.4: a reset stated months away parks no subscription for months
 )
@@ -27,6 +30,23 @@ const (
 	credNeedsReauth = "needs_reauthorization"
 	credDisabled    = "disabled"
 )
+
+// Where a plan window's reading came from: an answer's headers (SPEC §6.3) or a usage report (§11.2).
+const (
+	windowSourceTraffic = "traffic"
+	windowSourceReport  = "usage_report"
+)
+
+// planWindow is one plan window's latest reading; traffic and reports share
+// an id, so either replaces the other.
+type planWindow struct {
+	ID           string  `json:"id"` // anthropic:5h, anthropic:7d, codex:primary, codex:secondary, kimi:usage, kimi:limit-<i>
+	Label        string  `json:"label"`
+	UsedFraction float64 `json:"used_fraction"` // clamped to [0,1]
+	ResetsAtMs   int64   `json:"resets_at_ms"`  // 0 unknown
+	RecordedAtMs int64   `json:"recorded_at_ms"`
+	Source       string  `json:"source"` // windowSourceTraffic or windowSourceReport
+}
 
 // ledgerBlock is the block a 429 or quota refusal left; until_ms 0 is none.
 type ledgerBlock struct {
@@ -94,6 +114,14 @@ func afterFunc(testingOnly func(time.Duration, func()) ledgerStopper, d time.Dur
 	return time.AfterFunc(d, f)
 }
 
+// nudge signals ch (buffered 1) without ever blocking: maintenance's loop wakes.
+func nudge(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
 // ledger is the in-memory ledger and its file, written at once for credential,
 // block and probe changes, else at most once per second (SPEC §10.3).
 type ledger struct {
@@ -156,11 +184,11 @@ func parseLedger(role string, b []byte) (map[string]*ledgerEntry, error) {
 		return nil, fmt.Errorf("%s: schema_version %d is not 1", role, doc.SchemaVersion)
 	}
 	for id, e := range doc.Subscriptions {
-		if e == nil { // null: refused below as a missing credential state
-			e = &ledgerEntry{}
-		}
 		if !isSubscriptionID(id) {
 			return nil, fmt.Errorf("%s: subscriptions member %q is not sub_<16 hex>", role, id)
+		}
+		if e == nil { // null: refused as a missing credential state
+			e = &ledgerEntry{}
 		}
 		if s := e.Credential.State; s != credActive && s != credNeedsReauth {
 			return nil, fmt.Errorf("%s: subscriptions.%s.credential.state %q is not %q or %q", role, id, s, credActive, credNeedsReauth)
@@ -219,16 +247,13 @@ func (l *ledger) recordWindows(id, provider string, ws []planWindow) {
 	})
 }
 
-// block records a block until until, capped at 7 days from now (immediate write).
+// block records a block until until, capped at 7 days from now (immediate write);
+// a block ends when the last one stated has (two racing refusals).
 func (l *ledger) block(id, provider string, until time.Time, reason string) {
 	l.mutate(id, provider, true, func(e *ledgerEntry, now time.Time) {
-		if limit := now.Add(ledgerMaxBlock); until.After(limit) {
-			until = limit
+		if ms := min(until.UnixMilli(), now.Add(ledgerMaxBlock).UnixMilli()); ms >= e.Block.UntilMs {
+			e.Block = ledgerBlock{UntilMs: ms, Reason: ledgerSentence(reason), RecordedAtMs: now.UnixMilli()}
 		}
-		if e.Block.UntilMs > until.UnixMilli() { // a block ends when the last one stated has (two racing refusals)
-			return
-		}
-		e.Block = ledgerBlock{UntilMs: until.UnixMilli(), Reason: ledgerSentence(reason), RecordedAtMs: now.UnixMilli()}
 	})
 }
 
@@ -248,30 +273,28 @@ func (l *ledger) setCredential(id, provider, state, cause string) {
 		return
 	}
 	l.mutate(id, provider, true, func(e *ledgerEntry, now time.Time) {
-		e.Credential.State = state
-		e.Credential.Cause = ledgerSentence(cause)
-		e.Credential.RecordedAtMs = now.UnixMilli()
+		e.Credential.State, e.Credential.Cause, e.Credential.RecordedAtMs = state, ledgerSentence(cause), now.UnixMilli()
 	})
 }
 
 // setGrantTimes records the grant's expiry and last refresh, 0 unknown or never (immediate write).
 func (l *ledger) setGrantTimes(id, provider string, expiresAtMs, refreshedAtMs int64) {
 	l.mutate(id, provider, true, func(e *ledgerEntry, _ time.Time) {
-		e.Credential.ExpiresAtMs = expiresAtMs
-		e.Credential.RefreshedAtMs = refreshedAtMs
+		e.Credential.ExpiresAtMs, e.Credential.RefreshedAtMs = expiresAtMs, refreshedAtMs
 	})
 }
 
 // recordUse counts one call on id (coalesced write).
 func (l *ledger) recordUse(id, provider string, ok bool, in, out int) {
 	l.mutate(id, provider, false, func(e *ledgerEntry, now time.Time) {
-		e.Measured.Requests++
+		m := &e.Measured
+		m.Requests++
 		if !ok {
-			e.Measured.Failures++
+			m.Failures++
 		}
-		e.Measured.InputTokens += int64(max(in, 0))
-		e.Measured.OutputTokens += int64(max(out, 0))
-		e.Measured.LastUsedMs = now.UnixMilli()
+		m.InputTokens += int64(max(in, 0))
+		m.OutputTokens += int64(max(out, 0))
+		m.LastUsedMs = now.UnixMilli()
 	})
 }
 
@@ -294,15 +317,16 @@ func (l *ledger) fullness(id string, now time.Time) float64 {
 	e, _ := l.entry(id)
 	full := 0.0
 	for _, w := range e.Windows {
-		if (w.ResetsAtMs == 0 || w.ResetsAtMs > now.UnixMilli()) && w.UsedFraction > full {
-			full = w.UsedFraction
+		if w.ResetsAtMs == 0 || w.ResetsAtMs > now.UnixMilli() {
+			full = max(full, w.UsedFraction)
 		}
 	}
 	return full
 }
 
 // nextDue is the earliest moment after now that the ledger states something falls due (SPEC
-// §11.2), zero if none: a grant's expiry, a window's reset, a block's end, unless retired (§9).
+// §11.2), zero if none: a grant's expiry, a window's reset, a block's end, unless retired (§9)
+// or refused until a sign-in replaces the credential.
 func (l *ledger) nextDue(now time.Time, retired map[string]bool) (best time.Time) {
 	consider := func(ms int64) {
 		if at := time.UnixMilli(ms); at.After(now) && (best.IsZero() || at.Before(best)) {
@@ -313,7 +337,7 @@ func (l *ledger) nextDue(now time.Time, retired map[string]bool) (best time.Time
 	defer l.mu.Unlock()
 	for id, e := range l.entries {
 		if e.Credential.State == credNeedsReauth || retired[id] {
-			continue // nothing falls due: retired, or refused until a sign-in replaces it
+			continue
 		}
 		consider(e.Credential.ExpiresAtMs)
 		consider(e.Block.UntilMs)
@@ -356,8 +380,7 @@ func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEn
 			l.warned = true
 			l.log.Warn("ledger_unplaced", "cause", l.unplaced.Error())
 		}
-	case l.unreadable != nil:
-		// Never overwrite a file an operator may still recover.
+	case l.unreadable != nil: // never overwrite a file an operator may still recover
 	case immediate || l.lastWrite.IsZero() || now.Sub(l.lastWrite) >= ledgerWriteEvery:
 		write = true
 	case l.timer == nil:
@@ -372,14 +395,6 @@ func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEn
 		l.writeIf(func() bool { return true })
 	}
 	nudge(l.changed)
-}
-
-// nudge signals ch (buffered 1) without ever blocking: maintenance's loop wakes.
-func nudge(ch chan struct{}) {
-	select {
-	case ch <- struct{}{}:
-	default:
-	}
 }
 
 // flush writes pending changes now (at shutdown), unless there is no file to write.
@@ -412,4 +427,134 @@ func (l *ledger) writeIf(ok func() bool) error {
 		return err
 	}
 	return nil
+}
+
+// newWindow is a window read at now, its fraction clamped to [0,1].
+func newWindow(id, label string, fraction float64, resetMs int64, now time.Time, source string) planWindow {
+	return planWindow{ID: id, Label: label, UsedFraction: planFraction(fraction), ResetsAtMs: resetMs,
+		RecordedAtMs: now.UnixMilli(), Source: source}
+}
+
+// planFraction keeps a fraction in [0,1]; NaN reads as 0.
+func planFraction(f float64) float64 {
+	if !(f >= 0) {
+		return 0
+	}
+	return min(f, 1)
+}
+
+// planMaxResetSeconds bounds a reset instant or delay (about year 5138), so ms cannot overflow.
+const planMaxResetSeconds = 1e11
+
+// anthropicWindows are the claude-code windows traffic headers (by key) and
+// the usage report (by member) both state, under one id.
+var anthropicWindows = []struct{ header, member, id, label string }{
+	{"5h", "five_hour", "anthropic:5h", "5 hours"},
+	{"7d", "seven_day", "anthropic:7d", "7 days"},
+}
+
+// parsePlanWindows reads the plan windows an answer's headers state (SPEC
+// §6.3); a value that does not parse is skipped, never guessed.
+func parsePlanWindows(provider string, h http.Header, now time.Time) []planWindow {
+	var ws []planWindow
+	num := func(key string) (float64, bool) { return parseNumber(h.Get(key)) }
+	inRange := func(f float64) bool { return f > 0 && f < planMaxResetSeconds }
+	switch provider {
+	case "claude-code":
+		for _, k := range anthropicWindows {
+			key := "anthropic-ratelimit-unified-" + k.header
+			if util, ok := num(key + "-utilization"); ok {
+				reset, _ := num(key + "-reset") // epoch seconds
+				if !inRange(reset) {
+					reset = 0
+				}
+				ws = append(ws, newWindow(k.id, k.label, util, int64(reset*1000), now, windowSourceTraffic))
+			}
+		}
+	case "codex":
+		for _, which := range []string{"primary", "secondary"} {
+			key := "x-codex-" + which + "-"
+			pct, ok := num(key + "used-percent")
+			if !ok {
+				continue
+			}
+			mins, hasMins := num(key + "window-minutes")
+			w := newWindow("codex:"+which, windowLabel(mins, which+" window"), pct/100, 0, now, windowSourceTraffic)
+			after, hasAfter := num(key + "reset-after-seconds")
+			at, _ := num(key + "reset-at") // epoch seconds, without the countdown
+			switch {
+			case hasMins && mins == 0: // a window the plan lacks states no reset
+			case hasAfter && (after == 0 || inRange(after)):
+				w.ResetsAtMs = now.UnixMilli() + int64(after*1000)
+			case inRange(at):
+				w.ResetsAtMs = int64(at * 1000)
+			}
+			ws = append(ws, w)
+		}
+	}
+	return ws
+}
+
+// parseNumber is s as a finite number.
+func parseNumber(s string) (float64, bool) {
+	f, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
+	return f, err == nil && !math.IsNaN(f) && !math.IsInf(f, 0)
+}
+
+// windowLabel names a window of mins minutes in whole days, hours or
+// minutes ("5 hours"), or is fallback when mins is no whole number in range.
+func windowLabel(mins float64, fallback string) string {
+	if !(mins >= 1) || mins >= planMaxResetSeconds || mins != math.Trunc(mins) {
+		return fallback
+	}
+	n, unit := int64(mins), "minute"
+	switch {
+	case n%(24*60) == 0:
+		n, unit = n/(24*60), "day"
+	case n%60 == 0:
+		n, unit = n/60, "hour"
+	}
+	if n == 1 {
+		return "1 " + unit
+	}
+	return strconv.FormatInt(n, 10) + " " + unit + "s"
+}
+
+// report is one JSON object of a provider answer (a usage report, a token answer), read leniently.
+type report map[string]json.RawMessage
+
+// jsonErrorKind says what was wrong with a JSON document without quoting a fragment of it.
+func jsonErrorKind(err error) string {
+	var se *json.SyntaxError
+	if errors.As(err, &se) {
+		return "syntax error at byte " + strconv.FormatInt(se.Offset, 10)
+	}
+	return "unexpected shape"
+}
+
+// asReport is raw as an object, or nil when it is absent, null or not one.
+func asReport(raw json.RawMessage) (r report) {
+	json.Unmarshal(raw, &r) // not an object: nil
+	return r
+}
+
+func (r report) obj(key string) report { return asReport(r[key]) }
+
+func (r report) str(key string) string {
+	s, _ := jsonString(r[key])
+	return s
+}
+
+// num is the first of keys holding a finite number, or a string holding one (Kimi's counters).
+func (r report) num(keys ...string) (float64, bool) {
+	for _, k := range keys {
+		s, ok := jsonString(r[k])
+		if !ok {
+			s = string(r[k])
+		}
+		if f, ok := parseNumber(s); ok {
+			return f, true
+		}
+	}
+	return 0, false
 }

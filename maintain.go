@@ -3,10 +3,13 @@ package main
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -464,10 +467,7 @@ func (m *maintainer) readOnce(ctx context.Context, s *passSub) {
 // refreshDue is SPEC §11.2's rule: expired (now ≥ expires_at_ms, not the
 // request path's minute early), or expiry unknown and never refreshed.
 func refreshDue(g oauthGrant, refreshedAtMs int64, now time.Time) bool {
-	if g.ExpiresAtMs == 0 {
-		return refreshedAtMs == 0
-	}
-	return now.UnixMilli() >= g.ExpiresAtMs
+	return g.ExpiresAtMs == 0 && refreshedAtMs == 0 || g.ExpiresAtMs != 0 && now.UnixMilli() >= g.ExpiresAtMs
 }
 
 // refreshPass makes one attempt per active OAuth subscription whose grant
@@ -500,17 +500,47 @@ func (m *maintainer) refreshPass(ctx context.Context, subs []*passSub, rep *pass
 	wg.Wait()
 }
 
+// usageReport is one provider's report (SPEC §11.2): where it is read, the reader,
+// what a report naming no window lacks, whether an API key reads it, the GET's headers.
+type usageReport struct {
+	path    string // below the provider's base URL, unless url is set
+	url     string // codex's lives elsewhere: its own address, overridden by env alone
+	env     string
+	read    func(report, time.Time) []planWindow
+	none    string
+	apiKey  bool
+	account bool // the grant's account id goes in chatgpt-account-id
+	headers [][2]string
+}
+
+var usageReports = map[string]usageReport{
+	"claude-code": {path: "/api/oauth/usage", read: claudeCodeUsage,
+		none:    "no member with utilization and resets_at",
+		headers: [][2]string{{"anthropic-version", "2023-06-01"}, {"anthropic-beta", "oauth-2025-04-20"}}},
+	"codex": {url: "https://chatgpt.com/backend-api/wham/usage", env: "BRAMA_PROVIDER_CODEX_USAGE_URL", read: codexUsage, account: true,
+		none:    "no rate_limit with a primary_window or secondary_window with used_percent",
+		headers: [][2]string{{"OpenAI-Beta", "responses=experimental"}, {"originator", "codex_cli_rs"}}},
+	"kimi": {path: "/usages", read: kimiUsage, apiKey: true,
+		none: "no usage or limits entry with a limit above 0"},
+}
+
+// usageReportable says whether provider publishes a report cred can read.
+func usageReportable(provider string, cred vaultCredential) bool {
+	r, ok := usageReports[provider]
+	return ok && (cred.OAuth != nil || (r.apiKey && cred.APIKey != ""))
+}
+
 // usageEndpoint is where provider's report is read.
 func (m *maintainer) usageEndpoint(provider string) (string, error) {
 	r, ok := usageReports[provider]
 	info, known := lookupProvider(provider)
-	switch {
-	case !ok || !known:
+	if !ok || !known {
 		return "", fmt.Errorf("provider %q publishes no usage report", provider)
-	case provider == "codex":
-		raw := cmp.Or(strings.TrimSpace(m.getenv("BRAMA_PROVIDER_CODEX_USAGE_URL")), codexUsageURL)
+	}
+	if r.url != "" {
+		raw := cmp.Or(strings.TrimSpace(m.getenv(r.env)), r.url)
 		if err := checkBaseURL(raw); err != nil {
-			return "", fmt.Errorf("BRAMA_PROVIDER_CODEX_USAGE_URL: %w: %v", errBaseURL, err)
+			return "", fmt.Errorf("%s: %w: %v", r.env, errBaseURL, err)
 		}
 		return raw, nil
 	}
@@ -528,17 +558,16 @@ func (m *maintainer) fetchUsage(ctx context.Context, provider string, cred vault
 	if err != nil {
 		return nil, err
 	}
-	token, h := cred.APIKey, slices.Clone(usageReports[provider].headers)
+	r := usageReports[provider]
+	token, h := cred.APIKey, slices.Clone(r.headers)
 	if g := cred.OAuth; g != nil {
 		token = g.AccessToken
-		if provider == "codex" && g.AccountID != "" {
+		if r.account && g.AccountID != "" {
 			h = append(h, [2]string{"chatgpt-account-id", g.AccountID})
 		}
 	}
-	h = append(h, [2]string{"Authorization", "Bearer " + token})
-	status, body, err := callEndpoint(ctx, m.client, http.MethodGet, endpoint, nil, h...)
-	re := &endpointError{Op: "usage report GET", Endpoint: endpointName(endpoint), Status: status,
-		Received: len(body), Err: err}
+	status, body, err := callEndpoint(ctx, m.client, http.MethodGet, endpoint, nil, append(h, [2]string{"Authorization", "Bearer " + token})...)
+	re := &endpointError{Op: "usage report GET", Endpoint: endpointName(endpoint), Status: status, Received: len(body), Err: err}
 	switch {
 	case err != nil && status != 0:
 		re.Err = fmt.Errorf("the body ended early: %w", err)
@@ -550,4 +579,152 @@ func (m *maintainer) fetchUsage(ctx context.Context, provider string, cred vault
 		re.Err = err
 	}
 	return nil, re
+}
+
+// errUsageReport classifies every refused report body: the readers take what
+// they recognize of the providers' undocumented shapes, never a guessed number.
+var errUsageReport = errors.New("the usage report is not usable")
+
+// usageMaxResetMs bounds a reset instant, so arithmetic cannot overflow.
+const usageMaxResetMs = planMaxResetSeconds * 1000
+
+// parseUsage reads the report of provider (one in usageReports): a JSON object
+// naming a window, else errUsageReport saying why without quoting the body.
+func parseUsage(provider string, body []byte, now time.Time) ([]planWindow, error) {
+	var r report
+	if err := json.Unmarshal(body, &r); err != nil {
+		return nil, fmt.Errorf("%w: the body is not a JSON object (%s)", errUsageReport, jsonErrorKind(err))
+	}
+	if r == nil {
+		return nil, fmt.Errorf("%w: the body is not a JSON object (null)", errUsageReport)
+	}
+	u := usageReports[provider]
+	if ws := u.read(r, now); len(ws) > 0 {
+		return ws, nil
+	}
+	return nil, fmt.Errorf("%w: it names no plan window (%s)", errUsageReport, u.none)
+}
+
+// instant is the first of keys holding an instant (SPEC §11.2), in epoch ms; 0 none.
+func (r report) instant(keys ...string) int64 {
+	for _, k := range keys {
+		f, ok := r.num(k)
+		if t, err := time.Parse(time.RFC3339Nano, strings.TrimSpace(r.str(k))); err == nil {
+			f, ok = float64(t.UnixMilli()), true
+		} else if f < 1e12 { // ≥ 1e12 ⇒ ms (1e12 s would be year 33658)
+			f *= 1000
+		}
+		if ms, inRange := usageMs(f); ok && inRange {
+			return ms
+		}
+	}
+	return 0
+}
+
+// usageMs keeps epoch milliseconds after the epoch and within usageMaxResetMs.
+func usageMs(f float64) (int64, bool) {
+	if !(f > 0 && f <= usageMaxResetMs) {
+		return 0, false
+	}
+	return int64(f), true
+}
+
+// claudeWindowKey is the shape of a member kept as a window id.
+var claudeWindowKey = regexp.MustCompile(`^[a-z0-9_]{1,64}$`)
+
+// claudeCodeUsage reads {base}/api/oauth/usage: a member with "utilization" percent and "resets_at"
+// is a window, anthropicWindows first under their traffic ids, then anthropic:<member> by name.
+func claudeCodeUsage(r report, now time.Time) []planWindow {
+	var ws []planWindow
+	add := func(k, id, label string) {
+		m := r.obj(k)
+		_, hasReset := m["resets_at"]
+		if util, ok := m.num("utilization"); ok && hasReset && claudeWindowKey.MatchString(k) {
+			ws = append(ws, newWindow(id, label, util/100, m.instant("resets_at"), now, windowSourceReport))
+		}
+	}
+	known := map[string]bool{}
+	for _, w := range anthropicWindows {
+		add(w.member, w.id, w.label)
+		known[w.member] = true
+	}
+	for _, k := range slices.Sorted(maps.Keys(r)) {
+		if !known[k] {
+			add(k, "anthropic:"+k, strings.ReplaceAll(k, "_", " "))
+		}
+	}
+	return ws
+}
+
+// codexUsage reads rate_limit's windows (SPEC §11.2); reset_at wins over reset_after_seconds,
+// whose 0 is an untouched window's: no moment, or every pass would fall due inside itself.
+func codexUsage(r report, now time.Time) []planWindow {
+	var ws []planWindow
+	for _, which := range []string{"primary", "secondary"} {
+		m := r.obj("rate_limit").obj(which + "_window")
+		pct, ok := m.num("used_percent")
+		if !ok {
+			continue
+		}
+		label := which + " window"
+		secs, hasLength := m.num("limit_window_seconds")
+		if hasLength && secs < planMaxResetSeconds {
+			label = windowLabel(secs/60, label)
+		}
+		reset := m.instant("reset_at")
+		if after, ok := m.num("reset_after_seconds"); reset == 0 && ok && after > 0 && after < planMaxResetSeconds {
+			reset, _ = usageMs(float64(now.UnixMilli()) + after*1000)
+		}
+		if hasLength && secs == 0 { // a window the plan lacks: its reset_at is the read's moment, no reset
+			reset = 0
+		}
+		ws = append(ws, newWindow("codex:"+which, label, pct/100, reset, now, windowSourceReport))
+	}
+	return ws
+}
+
+// kimiTimeUnits is minutes per window.timeUnit of a Kimi limit.
+var kimiTimeUnits = map[string]float64{
+	"TIME_UNIT_SECOND": 1.0 / 60, "TIME_UNIT_MINUTE": 1, "TIME_UNIT_HOUR": 60, "TIME_UNIT_DAY": 24 * 60,
+}
+
+// kimiUsage reads {base}/usages (SPEC §11.2); detail's counters win over the top level's.
+func kimiUsage(r report, now time.Time) []planWindow {
+	var ws []planWindow
+	u := r.obj("usage") // nil when absent: it has no fraction
+	if f, ok := kimiFraction(u); ok {
+		ws = append(ws, newWindow("kimi:usage", "plan usage", f, u.instant("reset_time", "resetTime"), now, windowSourceReport))
+	}
+	var limits []json.RawMessage
+	json.Unmarshal(r["limits"], &limits) // not an array: no limits
+	for i, raw := range limits {
+		top := asReport(raw)
+		counters := top
+		if d := top.obj("detail"); d != nil {
+			counters = d
+		}
+		f, ok := kimiFraction(counters)
+		if !ok {
+			continue
+		}
+		w := top.obj("window")
+		d, _ := w.num("duration")
+		label := windowLabel(d*kimiTimeUnits[w.str("timeUnit")], "limit "+strconv.Itoa(i))
+		reset := cmp.Or(counters.instant("resetTime", "reset_time"), top.instant("resetTime", "reset_time"))
+		ws = append(ws, newWindow("kimi:limit-"+strconv.Itoa(i), label, f, reset, now, windowSourceReport))
+	}
+	return ws
+}
+
+// kimiFraction is used/limit (limit > 0), or else 1 − remaining/limit.
+func kimiFraction(m report) (float64, bool) {
+	limit, ok := m.num("limit")
+	if !ok || limit <= 0 {
+		return 0, false
+	}
+	if used, ok := m.num("used"); ok {
+		return used / limit, true
+	}
+	rem, ok := m.num("remaining")
+	return (limit - rem) / limit, ok
 }

@@ -37,7 +37,7 @@ import (
 // may use names of its own layer and the layers below, never above.
 var layers = [][]string{
 	{"state", "errors", "journal"}, // ground
-	{"providers", "registry", "subscriptions", "ledger", "planwindows", // domain
+	{"providers", "registry", "subscriptions", "ledger", // domain
 		"oauth", "catalog", "perf"},
 	{"formats", "parse", "sse", "chat", "messages", "responses", "passthrough", "jsonedit", "relay"}, // wire
 	{"dispatch", "pool", "answers", "replay", "maintain"},                                            // flow
