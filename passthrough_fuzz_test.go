@@ -111,3 +111,25 @@ func FuzzPassthroughBody(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkPassthroughWatchEvent measures the watch of one relayed event per
+// format: it allocates nothing (a usage struct that escapes, declared before
+// its null test, would cost one allocation per event).
+func BenchmarkPassthroughWatchEvent(b *testing.B) {
+	for _, tc := range []struct{ proto, data string }{
+		{protoOpenAIChat, `{"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"hello"},"finish_reason":null}]}`},
+		{protoAnthropic, `{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"hello"}}`},
+		{protoOpenAIResponses, `{"type":"response.output_text.delta","item_id":"x","output_index":0,"content_index":0,"delta":"hello"}`},
+	} {
+		b.Run(tc.proto, func(b *testing.B) {
+			pw, data := &passthroughWatch{protocol: tc.proto}, []byte(tc.data)
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, _, err := pw.watch("", data); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(testing.AllocsPerRun(100, func() { pw.watch("", data) })), "allocs/event")
+		})
+	}
+}
