@@ -106,9 +106,6 @@ func (o rawObject) edit(edits ...memberEdit) []byte {
 // writeEdited writes edit's bytes piece by piece: a digest of them holds no
 // copy of the body (the replay guard's, SPEC §17).
 func (o rawObject) writeEdited(w io.Writer, edits ...memberEdit) {
-	if o.src == nil {
-		o.src = []byte("{}") // no object: the edits' members alone
-	}
 	open := skipJSONSpace(o.src, 0) + 1
 	w.Write(o.src[:open])
 	tail, first := open, true
@@ -292,8 +289,11 @@ func buildPassthroughRequest(ctx context.Context, c call, cr *callerRequest) (*h
 		edits = append(edits, memberEdit{name, strconv.AppendInt(nil, int64(cr.head.MaxTokens), 10)})
 	}
 	if cr.addsUsage(p) {
-		so, _ := splitRaw(cr.body.value("stream_options"), '{', nil)
-		edits = append(edits, memberEdit{"stream_options", so.edit(memberEdit{"include_usage", []byte("true")})})
+		opts := []byte(`{"include_usage":true}`)
+		if so, ok := splitRaw(cr.body.value("stream_options"), '{', nil); ok {
+			opts = so.edit(memberEdit{"include_usage", []byte("true")})
+		}
+		edits = append(edits, memberEdit{"stream_options", opts})
 	}
 	if p.id == "codex" { // SPEC §6.2: always streamed, never stored, never an output limit
 		edits = append(edits, memberEdit{"stream", []byte("true")}, memberEdit{"store", []byte("false")}, memberEdit{"max_output_tokens", nil})
