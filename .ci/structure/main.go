@@ -39,9 +39,9 @@ var layers = [][]string{
 	{"state", "errors", "journal"}, // ground
 	{"providers", "registry", "subscriptions", "ledger", // domain
 		"oauth", "catalog", "perf"},
-	{"formats", "parse", "sse", "chat", "messages", "responses", "passthrough", "jsonedit", "relay"}, // wire
-	{"dispatch", "pool", "answers", "replay", "maintain"},                                            // flow
-	{"main", "cli", "onboard", "server"},                                                             // faces
+	{"formats", "parse", "sse", "chat", "messages", "responses", "passthrough", "relay"}, // wire
+	{"dispatch", "pool", "answers", "replay", "maintain"},                                // flow
+	{"main", "cli", "onboard", "server"},                                                 // faces
 }
 
 // layerOf is a file's layer (its index in layers), -1 for none.
