@@ -1,13 +1,10 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"cmp"
-	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -26,43 +23,6 @@ import (
 // The CLI (SPEC §16.1) is one table, commands(). State edits run in-process under each file's lock
 // (SPEC §2.3); `subscription …` and `maintain` call the daemon's admin API, the overlay's only writer.
 
-// command is one row of the CLI: `brama help` prints its name and purpose;
-// `brama NAME -h` its usage line, purpose, flags and example.
-type command struct {
-	name, args, purpose, example string // name: one or two words; args: the usage line after it
-	pos                          int        // positionals it takes
-	need                         []string   // flags that must be given, not blank
-	gateway                      bool       // calls the daemon: -gateway, then the bearer
-	flags                        []flagSpec // declared in this order
-	check                        func(o opts) error // before the bearer is read
-	run                          func(e *cliEnv, o opts, pos []string) error
-}
-
-// flagSpec is one flag; its default's type picks the kind: string, bool,
-// int, time.Duration, or []string for a repeatable one.
-type flagSpec struct {
-	name string
-	def  any
-	help string
-}
-
-// opts is a command line's flag values by name, each a pointer of its kind.
-type opts map[string]any
-
-func (o opts) s(name string) string { return *o[name].(*string) }
-func (o opts) b(name string) bool   { return *o[name].(*bool) }
-
-// cliEnv is what every command reads and writes besides its arguments.
-type cliEnv struct {
-	ctx           context.Context // serve's first stop signal; a CLI command ends on a signal (main)
-	cut           <-chan struct{} // closed on the second signal: serve cuts its running requests
-	getenv        func(string) string
-	in            *bufio.Reader // stdin: the bearer, then an API key or a pasted code, by lines
-	stdout        io.Writer
-	stderr        io.Writer
-	gateway, auth string // a gateway command's daemon URL and bearer
-}
-
 // commands is the CLI, in the order `brama help` lists it.
 func commands() []command {
 	agent := func(help string) flagSpec { return flagSpec{"agent", "", help} }
@@ -70,13 +30,10 @@ func commands() []command {
 	signIn := flagSpec{"provider", "", "claude-code or codex"}
 	return []command{
 		{name: "serve", args: "[-addr ADDR] [-local-credentials-stdin]", purpose: "run the daemon", example: "brama serve -addr 127.0.0.1:8080", run: serve,
-			flags: []flagSpec{{"addr", "127.0.0.1:8080", "`address` to listen on"},
-				{"local-credentials-stdin", false, "read a JSON object provider → API key from stdin and keep it in memory only; it becomes the only source of direct credentials"}}},
-		{name: "version", purpose: "print the version /health reports", example: "brama version",
-			run: func(e *cliEnv, _ opts, _ []string) error { return e.say(nil, "brama %s\n", version) }},
+			flags: []flagSpec{{"addr", "127.0.0.1:8080", "`address` to listen on"}, {"local-credentials-stdin", false, "read a JSON object provider → API key from stdin and keep it in memory only; it becomes the only source of direct credentials"}}},
+		{name: "version", purpose: "print the version /health reports", example: "brama version", run: func(e *cliEnv, _ opts, _ []string) error { return e.say(nil, "brama %s\n", version) }},
 		{name: "routes list", args: "[-json]", purpose: "one aligned row per alias, then the count that cannot serve", example: "brama routes list",
-			flags: []flagSpec{{"json", false, "print the body of GET /v1/aliases"}},
-			run:   func(e *cliEnv, o opts, _ []string) error { return e.printAliases(e.deps(), o.b("json"), nil) }},
+			flags: []flagSpec{{"json", false, "print the body of GET /v1/aliases"}}, run: func(e *cliEnv, o opts, _ []string) error { return e.printAliases(e.deps(), o.b("json"), nil) }},
 		{name: "routes set", args: "ALIAS DESTINATION", pos: 2, purpose: "set an alias (journaled route_change, by cli)", example: "brama routes set chat openai/gpt-4o",
 			run: func(e *cliEnv, _ opts, p []string) error {
 				d := e.deps()
@@ -90,21 +47,22 @@ func commands() []command {
 				return e.printAliases(d, false, e.wrote(d.reg.path, err, "removed %s\n", p[0]))
 			}},
 		{name: "routes migrate", args: "[-file F] [-json]", purpose: "drop retired top-level fields, commit, print the committed document (idempotent)", example: "brama routes migrate",
-			flags: []flagSpec{{"file", "", "registry `file` to migrate (default: the registry Brama reads)"}, {"json", false, `print {"ok":true,"file":F,"dropped":[…],"document":{…}}`}},
-			run:   routesMigrate},
-		{name: "clients add", args: "ID [-admin] [-agent A] [-allow NAME]...", pos: 1, purpose: "make a client; its token is printed once on stdout", example: "brama clients add app -allow chat",
-			flags: []flagSpec{{"admin", false, "give the client the admin role (reaches /v1/admin/*)"}, agent("bind the client's bearer to `agent`"),
-				{"allow", []string(nil), "allow only this model `name` (repeatable; exact names)"}},
-			run: clientsAdd},
+			run: routesMigrate, flags: []flagSpec{{"file", "", "registry `file` to migrate (default: the registry Brama reads)"}, {"json", false, `print {"ok":true,"file":F,"dropped":[…],"document":{…}}`}}},
+		{name: "clients add", args: "ID [-admin] [-agent A] [-allow NAME]...", pos: 1, purpose: "make a client; its token is printed once on stdout", example: "brama clients add app -allow chat", run: clientsAdd,
+			flags: []flagSpec{{"admin", false, "give the client the admin role (reaches /v1/admin/*)"}, agent("bind the client's bearer to `agent`"), {"allow", []string(nil), "allow only this model `name` (repeatable; exact names)"}}},
 		{name: "clients rm", args: "ID", pos: 1, purpose: "remove a client", example: "brama clients rm app",
 			run: func(e *cliEnv, _ opts, p []string) error {
-				return e.editClients(func(d *clientsDoc) error {
+				c := e.deps().clients
+				if c.pathErr != nil {
+					return c.pathErr
+				}
+				return e.wrote(c.path, updateClients(c.path, func(d *clientsDoc) error {
 					n := len(d.Clients)
 					if d.Clients = slices.DeleteFunc(d.Clients, func(x client) bool { return x.ID == p[0] }); len(d.Clients) == n {
 						return fmt.Errorf("no client %q", p[0])
 					}
 					return nil
-				}, "removed client %s\n", p[0])
+				}), "removed client %s\n", p[0])
 			}},
 		{name: "clients list", purpose: "each client's id, role, agent and allowlist (never a token or digest)", example: "brama clients list",
 			run: func(e *cliEnv, _ opts, _ []string) error {
@@ -183,12 +141,10 @@ func commands() []command {
 		{name: "subscription add", args: "-provider P -agent A [-label L] [-oauth-file F]", need: []string{"provider", "agent"}, gateway: true,
 			purpose: "donate a subscription through the daemon (the API key on stdin after the bearer line, or a grant file); prints the new id",
 			example: `printf '%s\n' "$KEY" | BRAMA_TOKEN=$T brama subscription add -provider kimi -agent a1`,
-			flags: []flagSpec{{"provider", "", "the `provider` of the subscription (claude-code, codex, kimi, openai, …)"}, agent("the `agent` that receives it"), label,
-				{"oauth-file", "", "read an OAuth grant {\"access_token\",\"refresh_token\",\"expires_at_ms\",…} from `file` instead of an API key on stdin"}},
-			run: subscriptionAdd},
+			run:     subscriptionAdd, flags: []flagSpec{{"provider", "", "the `provider` of the subscription (claude-code, codex, kimi, openai, …)"}, agent("the `agent` that receives it"), label,
+				{"oauth-file", "", "read an OAuth grant {\"access_token\",\"refresh_token\",\"expires_at_ms\",…} from `file` instead of an API key on stdin"}}},
 		{name: "subscription list", args: "-agent A [-json]", need: []string{"agent"}, gateway: true, purpose: "one aligned row per subscription", example: "BRAMA_TOKEN=$T brama subscription list -agent a1",
-			flags: []flagSpec{agent("the `agent` whose subscriptions to list"), {"json", false, "print the body of GET /v1/subscriptions/{agent_id}"}},
-			run:   subscriptionList},
+			run: subscriptionList, flags: []flagSpec{agent("the `agent` whose subscriptions to list"), {"json", false, "print the body of GET /v1/subscriptions/{agent_id}"}}},
 		{name: "subscription retire", args: "-agent A [-reason R] ID", pos: 1, need: []string{"agent"}, gateway: true, purpose: "retire a subscription (journaled)", example: "brama subscription retire -agent a1 sub_0123456789abcdef",
 			flags: []flagSpec{agent("the `agent` that owns the subscription"), {"reason", "", `why (journaled; default "retired by <client id>")`}},
 			run: func(e *cliEnv, o opts, p []string) error {
@@ -207,14 +163,12 @@ func commands() []command {
 			}},
 		{name: "subscription import", args: "-provider claude-code|codex -from FILE -agent A [-label L]", need: []string{"provider", "from", "agent"}, gateway: true,
 			purpose: "hand a Claude Code or Codex CLI grant over to Brama", example: "brama subscription import -provider claude-code -from ~/.claude/.credentials.json -agent a1",
-			flags: []flagSpec{signIn, {"from", "", "the tool's credential `file` (~/.claude/.credentials.json, ~/.codex/auth.json)"}, agent("the `agent` that receives the grant"), label},
-			check: checkImport, run: subscriptionImport},
+			check: checkImport, run: subscriptionImport, flags: []flagSpec{signIn, {"from", "", "the tool's credential `file` (~/.claude/.credentials.json, ~/.codex/auth.json)"}, agent("the `agent` that receives the grant"), label}},
 		{name: "subscription sign-in", args: "-provider claude-code|codex -agent A [-id ID | -label L]", need: []string{"provider", "agent"}, gateway: true,
 			purpose: "sign in with the provider (PKCE): the URL on stderr, the pasted code from stdin; replaces -id's grant or donates a new subscription",
 			example: "BRAMA_TOKEN=$T brama subscription sign-in -provider claude-code -agent a1",
-			flags: []flagSpec{signIn, agent("the `agent` that owns (or receives) the subscription"),
-				{"id", "", "replace the credential of this subscription `id` instead of donating a new one"}, {"label", "", "a `label` for a new subscription"}},
-			check: checkSignIn, run: subscriptionSignIn},
+			check:   checkSignIn, run: subscriptionSignIn, flags: []flagSpec{signIn, agent("the `agent` that owns (or receives) the subscription"),
+				{"id", "", "replace the credential of this subscription `id` instead of donating a new one"}, {"label", "", "a `label` for a new subscription"}}},
 		{name: "subscription prune-orphans", args: "[-gateway URL]", gateway: true, purpose: "remove the vault's subscription credentials no subscription names", example: "BRAMA_TOKEN=$T brama subscription prune-orphans",
 			run: func(e *cliEnv, _ opts, _ []string) error {
 				var body struct{ Removed []string }
@@ -225,9 +179,7 @@ func commands() []command {
 			flags: []flagSpec{{"json", false, "print the body of POST /v1/admin/maintain"}}, run: maintain},
 		{name: "onboard", args: "[-model ROUTE] [-allow-provider-cost]", purpose: "walk the first-use journey in-process: state directory, client, a route that can serve, one real answer",
 			example: "brama onboard -model openai/gpt-4o-mini -allow-provider-cost",
-			flags: []flagSpec{{"model", "", "the `route` of the one real call: a direct route, a deployment, or an alias to one"},
-				{"allow-provider-cost", false, "make the one real (billable) model call"}},
-			run: onboard},
+			run:     onboard, flags: []flagSpec{{"model", "", "the `route` of the one real call: a direct route, a deployment, or an alias to one"}, {"allow-provider-cost", false, "make the one real (billable) model call"}}},
 		{name: "answers verify", args: "[-signature v1=HEX] FILE", pos: 1, purpose: "check a kept answer's signature (or a raw body against -signature); prints ok", example: "brama answers verify ~/.brama/answers/local/3f….json",
 			flags: []flagSpec{{"signature", "", "check `v1=HEX` (a Brama-Answer-Signature) over FILE's raw bytes instead of reading FILE as a kept answer"}},
 			run: func(e *cliEnv, o opts, p []string) error {
@@ -237,8 +189,7 @@ func commands() []command {
 				return e.say(verifyAnswerFile(resolveState(e.getenv), p[0], strings.ToLower(o.s("signature"))), "ok\n")
 			}},
 		{name: "answers prune", args: "-older-than DURATION", need: []string{"older-than"}, purpose: "remove complete kept answers older than that (never one in progress)", example: "brama answers prune -older-than 720h",
-			flags: []flagSpec{{"older-than", time.Duration(0), "remove complete answers kept longer ago than this `duration` (e.g. 720h)"}},
-			run:   answersPrune},
+			run: answersPrune, flags: []flagSpec{{"older-than", time.Duration(0), "remove complete answers kept longer ago than this `duration` (e.g. 720h)"}}},
 		{name: "journal check", purpose: "print each unreadable journal line; exit 1 when a non-final line is unreadable", example: "brama journal check",
 			run: func(e *cliEnv, _ opts, _ []string) error {
 				ok, err := checkJournal(newJournal(resolveState(e.getenv), e.sys()), e.stdout)
@@ -248,145 +199,6 @@ func commands() []command {
 				return err
 			}},
 	}
-}
-
-// usageError is a command line Brama could not understand (exit 2).
-type usageError struct{ cmd, msg string }
-
-func (e *usageError) Error() string {
-	if e.cmd == "" {
-		return "brama: " + e.msg
-	}
-	return fmt.Sprintf("brama %s: %s; see brama %s -h", e.cmd, e.msg, e.cmd)
-}
-
-// errRefused marks a refusal already explained (exit 1, nothing printed).
-var errRefused = errors.New("refused")
-
-// exitCode prints err and maps it to SPEC §16.1's exit codes.
-func exitCode(err error, stderr io.Writer) int {
-	var ue *usageError
-	switch {
-	case err == nil, errors.Is(err, flag.ErrHelp):
-		return 0
-	case errors.Is(err, errRefused):
-		return 1
-	case errors.As(err, &ue):
-		fmt.Fprintln(stderr, ue)
-		return 2
-	}
-	fmt.Fprintf(stderr, "brama: %v\n", err)
-	return 1
-}
-
-// lookup finds args' command: two words, else one; else a usage error
-// naming the group's commands.
-func lookup(args []string) (command, []string, error) {
-	cmds := commands()
-	for n := min(2, len(args)); n > 0; n-- {
-		if i := slices.IndexFunc(cmds, func(c command) bool { return c.name == strings.Join(args[:n], " ") }); i >= 0 {
-			return cmds[i], args[n:], nil
-		}
-	}
-	var subs []string
-	for _, c := range cmds {
-		if group, sub, ok := strings.Cut(c.name, " "); ok && group == args[0] {
-			subs = append(subs, sub)
-		}
-	}
-	msg := fmt.Sprintf("unknown command %q; see brama help", args[0])
-	if len(subs) > 0 {
-		msg = fmt.Sprintf("%s wants one of %s; see brama help", args[0], strings.Join(subs, ", "))
-		if len(args) > 1 && !strings.HasPrefix(args[1], "-") {
-			msg = fmt.Sprintf("unknown command %q: %s", args[0]+" "+args[1], msg)
-		}
-	}
-	return command{}, nil, &usageError{msg: msg}
-}
-
-// help lists every command with its purpose.
-func help(w io.Writer) {
-	fmt.Fprint(w, "usage: brama COMMAND [flags] [arguments]; brama COMMAND -h prints its flags and an example\n\n")
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	for _, c := range commands() {
-		fmt.Fprintf(tw, "  %s\t%s\n", c.name, c.purpose)
-	}
-	tw.Flush()
-}
-
-// runCommand parses args for c, flags and positionals in either order (SPEC
-// §16.1): -h prints c's help on stdout; a usage error names c's help.
-func (e *cliEnv) runCommand(c command, args []string, err error) error {
-	if err != nil {
-		return err
-	}
-	fs, o := flag.NewFlagSet("brama "+c.name, flag.ContinueOnError), opts{}
-	fs.SetOutput(io.Discard)
-	if c.gateway {
-		c.flags = append(c.flags, flagSpec{"gateway", "http://127.0.0.1:8080", "the brama serve `URL` to call"})
-	}
-	for _, f := range c.flags {
-		switch d := f.def.(type) {
-		case string:
-			o[f.name] = fs.String(f.name, d, f.help)
-		case bool:
-			o[f.name] = fs.Bool(f.name, d, f.help)
-		case int:
-			o[f.name] = fs.Int(f.name, d, f.help)
-		case time.Duration:
-			o[f.name] = fs.Duration(f.name, d, f.help)
-		case []string:
-			p := new([]string)
-			o[f.name] = p
-			fs.Func(f.name, f.help, func(v string) error { *p = append(*p, v); return nil })
-		}
-	}
-	var pos []string
-	for {
-		if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintf(e.stdout, "usage: brama %s %s\n\n%s.\n", c.name, c.args, c.purpose)
-			if len(c.flags) > 0 {
-				fmt.Fprintln(e.stdout, "\nflags:")
-				fs.SetOutput(e.stdout)
-				fs.PrintDefaults()
-			}
-			fmt.Fprintf(e.stdout, "\nexample:\n  %s\n", c.example)
-			return err
-		} else if err != nil {
-			return &usageError{c.name, err.Error()}
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		pos, args = append(pos, fs.Arg(0)), fs.Args()[1:]
-	}
-	if len(pos) != c.pos {
-		return &usageError{c.name, "want " + cmp.Or(c.args, "no arguments")}
-	}
-	var missing []string
-	for _, name := range c.need {
-		set := false
-		fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
-		if !set || strings.TrimSpace(fs.Lookup(name).Value.String()) == "" {
-			missing = append(missing, "-"+name)
-		}
-	}
-	if len(missing) > 0 {
-		return &usageError{c.name, "want " + strings.Join(missing, " and ")}
-	}
-	if c.check != nil {
-		err = c.check(o)
-	}
-	if err == nil && c.gateway {
-		err = e.dial(o.s("gateway"))
-	}
-	if err == nil {
-		err = c.run(e, o, pos)
-	}
-	if ue := (*usageError)(nil); errors.As(err, &ue) && ue.cmd == "" {
-		ue.cmd = c.name
-	}
-	return err
 }
 
 // deps opens the state files, with the command's logger and clock.
@@ -431,15 +243,7 @@ func serveHolds(s state) bool {
 	return errors.Is(syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB), syscall.EWOULDBLOCK)
 }
 
-// editClients and editVault change the clients file or the vault under its lock.
-func (e *cliEnv) editClients(fn func(*clientsDoc) error, format string, args ...any) error {
-	c := e.deps().clients
-	if c.pathErr != nil {
-		return c.pathErr
-	}
-	return e.wrote(c.path, updateClients(c.path, fn), format, args...)
-}
-
+// editVault changes the vault under its lock.
 func (e *cliEnv) editVault(fn func(*vaultDoc) error, format string, args ...any) error {
 	v := e.deps().vault
 	return e.wrote(v.path, v.update(fn), format, args...)
@@ -846,172 +650,4 @@ func subscriptionSignIn(e *cliEnv, o opts, _ []string) error {
 		fmt.Fprintf(e.stderr, "brama: signed in; subscription %s of agent %s has a new %s grant\n", id, agent, provider)
 	}
 	return e.say(err, "%s\n", id)
-}
-
-// Onboarding (SPEC §14) walks the first-use journey in-process, no daemon or
-// bearer, in the steps' order; onboarding.json keeps the steps done.
-const (
-	stepStateDir = "state-directory"
-	stepClient   = "client"
-	stepRoute    = "route"
-	stepAnswer   = "answer"
-	onboardFile  = "onboarding.json"
-	onboardRole  = "onboarding progress"
-)
-
-// onboardProgress is onboarding.json: each step done, when first done, and
-// (route, answer) the model named.
-type onboardProgress struct {
-	SchemaVersion int                    `json:"schema_version"`
-	Steps         map[string]onboardStep `json:"steps"`
-}
-
-type onboardStep struct {
-	DoneAt string `json:"done_at"` // RFC 3339 UTC, milliseconds
-	Model  string `json:"model,omitempty"`
-}
-
-// errOnboardingInvalid wraps every refusal of parseOnboarding.
-var errOnboardingInvalid = errors.New("onboarding progress is invalid")
-
-// parseOnboarding is decodeStrict on onboarding.json; empty is no progress.
-func parseOnboarding(b []byte) (*onboardProgress, error) {
-	prog := &onboardProgress{SchemaVersion: 1, Steps: map[string]onboardStep{}}
-	if len(b) > 0 {
-		if err := decodeStrict(onboardFile, b, prog); err != nil {
-			return nil, fmt.Errorf("%w: %w (remove the file to start the journey again)", errOnboardingInvalid, err)
-		}
-	}
-	return prog, nil
-}
-
-// validate refuses another schema, unknown steps and unreadable times.
-func (prog *onboardProgress) validate() error {
-	if prog.SchemaVersion != 1 {
-		return fmt.Errorf("schema_version %d is not 1", prog.SchemaVersion)
-	}
-	if prog.Steps == nil {
-		prog.Steps = map[string]onboardStep{}
-	}
-	for name, st := range prog.Steps {
-		if !slices.Contains([]string{stepStateDir, stepClient, stepRoute, stepAnswer}, name) {
-			return fmt.Errorf("unknown step %q", truncateUTF8(name, 64))
-		}
-		if _, err := time.Parse(time.RFC3339Nano, st.DoneAt); err != nil {
-			return fmt.Errorf("step %s: done_at is not an RFC 3339 time", name)
-		}
-	}
-	return nil
-}
-
-// onboard runs the steps in order. A step returns the model it names, or the
-// command to run next ("next: …", and the step is not done; err says whether
-// that is a refusal). The one billable call is made only with
-// -allow-provider-cost, and only ctx cancels it (SPEC §7.4).
-func onboard(e *cliEnv, o opts, _ []string) error {
-	model, sy := o.s("model"), e.sys()
-	d := openDeps(e.getenv, sy)
-	path, err := d.st.path(onboardRole, onboardFile)
-	if err != nil {
-		return err
-	}
-	f := stateFile[*onboardProgress]{role: onboardRole, path: path, parse: parseOnboarding}
-	prog, err := f.fresh() // a file failing the guards is refused, never overwritten
-	if err != nil {
-		return fmt.Errorf("the state directory is not usable: %w", err)
-	}
-	s := &server{core: core{deps: d, sys: sy, getenv: e.getenv, client: newProviderClient()}}
-	s.catalog = newCatalog(d.st, e.getenv, s.client, sy.log, sy.now)
-	var c call
-	var req chatRequest
-	steps := []struct {
-		name string
-		do   func() (model, next string, err error)
-	}{
-		{stepStateDir, func() (string, string, error) { return "", "", nil }},
-		{stepClient, func() (string, string, error) { // serve makes the first admin client
-			doc, err := d.clients.load()
-			if errors.Is(err, errFileAbsent) || err == nil && len(doc.Clients) == 0 {
-				return "", "brama clients add <id> -admin", errRefused
-			} else if err != nil {
-				return "", "", fmt.Errorf("the clients file is unusable: %w", err)
-			}
-			return "", "", nil
-		}},
-		{stepRoute, func() (_, next string, err error) {
-			c, req, next, err = s.onboardPlan(model)
-			return c.res.Route, next, err
-		}},
-		{stepAnswer, func() (string, string, error) {
-			if _, done := prog.Steps[stepAnswer]; done && model == "" {
-				return "", "", nil // done on an earlier run
-			} else if model == "" || !o.b("allow-provider-cost") {
-				return "", "brama onboard -model " + cmp.Or(model, "<route>") + " -allow-provider-cost", nil
-			}
-			j := &job{kind: kindProbe, // one ping, as the probe's (SPEC §11.3)
-				build: func(ctx context.Context, _ *candidate, c call) (*http.Request, error) {
-					return buildUpstreamRequest(ctx, c.res.Provider, c.baseURL, c.cred, req, c.res.Model)
-				},
-				commit: func(_ context.Context, _ *candidate, c call, _ *overlayItem, resp *http.Response, _ int) (usage, *apiError, bool) {
-					a, err := readProviderAnswer(c.res.Provider, req, resp)
-					if err != nil {
-						return usage{}, asAPIError(err), false
-					}
-					return a.Usage, nil, false
-				}}
-			if ae := s.engine(&requestInfo{}).attemptRoute(e.ctx, j, c, nil); ae != nil {
-				return "", "", fmt.Errorf("no model answer: %s", ae.Message)
-			}
-			return c.res.Route, "", nil
-		}},
-	}
-	for _, st := range steps {
-		m, next, err := st.do()
-		if next != "" {
-			fmt.Fprintf(e.stdout, "next: %s\n", next)
-		}
-		if err != nil || next != "" {
-			return err
-		}
-		if _, done := prog.Steps[st.name]; !done {
-			prog.Steps[st.name] = onboardStep{DoneAt: sy.now().UTC().Format(journalTimeFormat), Model: m}
-		}
-		if err := writeState(path, prog); err != nil {
-			return fmt.Errorf("the state directory is not usable: %s cannot be written: %w", onboardRole, err)
-		}
-		fmt.Fprintf(e.stdout, "done %s\n", st.name)
-	}
-	return nil
-}
-
-// onboardPlan plans model's call as the daemon would (a bare deployment as local-openai/<name>),
-// refusing subscription routes and selectors: their ledger is the daemon's (SPEC §2.3, §14).
-// With no model it only asks that some direct credential or deployment can pay.
-func (s *server) onboardPlan(model string) (c call, req chatRequest, next string, err error) {
-	switch {
-	case model == "" && !s.anyDirectPayer():
-		return c, req, "brama credentials set <provider>", errRefused
-	case model == "":
-		return c, req, "", nil
-	}
-	if doc, err := s.reg.current(); err == nil {
-		if _, isAlias := doc.Routes[model]; !isAlias {
-			if _, _, n := doc.lookupLocal(model); n == 1 {
-				model = "local-openai/" + model
-			}
-		}
-	}
-	req = pingRequest(model, providerInfo{})
-	c, err = s.engine(&requestInfo{}).plan(client{}, "", &req)
-	switch ae := asAPIError(err); {
-	case err == nil && (c.res.Mode == modeDirect || c.res.Mode == modeAlias):
-		return c, req, "", nil
-	case err == nil || ae.Code == "forbidden": // plan wants an agent: subscription, selector or best
-		return call{}, req, "", fmt.Errorf("-model %q is paid by an agent's subscription; onboarding calls a direct route, a deployment or an alias to one", model)
-	case ae.Code == "credential_unauthorized":
-		doc, docErr := s.reg.current()
-		res, _ := resolveModel(model, doc, docErr, s.hasDirect)
-		next = "brama credentials set " + cmp.Or(res.Provider.id, "<provider>")
-	}
-	return call{}, req, next, fmt.Errorf("-model %q cannot serve: %s", model, asAPIError(err).Message)
 }

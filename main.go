@@ -15,18 +15,20 @@
 // naming the cause.
 //
 // Reading order, as a request meets the files: main.go (run, serve) and
-// cli.go (the command table); server.go and identity.go (routes, who may
-// call); api.go, answers.go, replay.go (handlers, signed answers); dispatch.go
-// (plan and the attempt engine), selectors.go, pool.go; providers.go,
-// passthrough.go, formats.go and one file per wire format, relay.go, sse.go;
-// refusals.go, errors.go; subscriptions.go, ledger.go, oauth.go; maintain.go;
-// catalog.go, perf.go, onboard.go; journal.go, state.go at the ground.
+// cli.go (the command table, onboarding); server.go (routes, who may call,
+// handlers); answers.go, replay.go (signed answers); dispatch.go, pool.go
+// (plan, the attempt engine, who pays); providers.go, passthrough.go,
+// formats.go and one file per wire format, relay.go, sse.go; errors.go;
+// subscriptions.go, ledger.go, oauth.go; maintain.go; catalog.go, perf.go;
+// journal.go, state.go at the ground.
 package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -38,6 +40,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"text/tabwriter"
 	"time"
 )
 
@@ -84,6 +87,181 @@ func run(ctx context.Context, cut <-chan struct{}, args []string, getenv func(st
 		args = append([]string{"version"}, args[1:]...)
 	}
 	return e.runCommand(lookup(args))
+}
+
+// command is one row of the CLI: `brama help` prints its name and purpose;
+// `brama NAME -h` its usage line, purpose, flags and example.
+type command struct {
+	name, args, purpose, example string             // name: one or two words; args: the usage line after it
+	pos                          int                // positionals it takes
+	need                         []string           // flags that must be given, not blank
+	gateway                      bool               // calls the daemon: -gateway, then the bearer
+	flags                        []flagSpec         // declared in this order
+	check                        func(o opts) error // before the bearer is read
+	run                          func(e *cliEnv, o opts, pos []string) error
+}
+
+// flagSpec is one flag; its default's type picks the kind: string, bool,
+// int, time.Duration, or []string for a repeatable one.
+type flagSpec struct {
+	name string
+	def  any
+	help string
+}
+
+// opts is a command line's flag values by name, each a pointer of its kind.
+type opts map[string]any
+
+func (o opts) s(name string) string { return *o[name].(*string) }
+func (o opts) b(name string) bool   { return *o[name].(*bool) }
+
+// cliEnv is what every command reads and writes besides its arguments.
+type cliEnv struct {
+	ctx            context.Context // serve's first stop signal; a CLI command ends on a signal (main)
+	cut            <-chan struct{} // closed on the second signal: serve cuts its running requests
+	getenv         func(string) string
+	in             *bufio.Reader // stdin: the bearer, then an API key or a pasted code, by lines
+	stdout, stderr io.Writer
+	gateway, auth  string // a gateway command's daemon URL and bearer
+}
+
+// usageError is a command line Brama could not understand (exit 2).
+type usageError struct{ cmd, msg string }
+
+func (e *usageError) Error() string {
+	if e.cmd == "" {
+		return "brama: " + e.msg
+	}
+	return fmt.Sprintf("brama %s: %s; see brama %s -h", e.cmd, e.msg, e.cmd)
+}
+
+// errRefused marks a refusal already explained (exit 1, nothing printed).
+var errRefused = errors.New("refused")
+
+// exitCode prints err and maps it to SPEC §16.1's exit codes.
+func exitCode(err error, stderr io.Writer) int {
+	var ue *usageError
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.Is(err, errRefused):
+		return 1
+	case errors.As(err, &ue):
+		fmt.Fprintln(stderr, ue)
+		return 2
+	}
+	fmt.Fprintf(stderr, "brama: %v\n", err)
+	return 1
+}
+
+// lookup finds args' command: two words, else one; else a usage error
+// naming the group's commands.
+func lookup(args []string) (command, []string, error) {
+	cmds := commands()
+	for n := min(2, len(args)); n > 0; n-- {
+		if i := slices.IndexFunc(cmds, func(c command) bool { return c.name == strings.Join(args[:n], " ") }); i >= 0 {
+			return cmds[i], args[n:], nil
+		}
+	}
+	var subs []string
+	for _, c := range cmds {
+		if group, sub, ok := strings.Cut(c.name, " "); ok && group == args[0] {
+			subs = append(subs, sub)
+		}
+	}
+	msg := fmt.Sprintf("unknown command %q; see brama help", args[0])
+	if len(subs) > 0 {
+		msg = fmt.Sprintf("%s wants one of %s; see brama help", args[0], strings.Join(subs, ", "))
+		if len(args) > 1 && !strings.HasPrefix(args[1], "-") {
+			msg = fmt.Sprintf("unknown command %q: %s", args[0]+" "+args[1], msg)
+		}
+	}
+	return command{}, nil, &usageError{msg: msg}
+}
+
+// help lists every command with its purpose.
+func help(w io.Writer) {
+	fmt.Fprint(w, "usage: brama COMMAND [flags] [arguments]; brama COMMAND -h prints its flags and an example\n\n")
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	for _, c := range commands() {
+		fmt.Fprintf(tw, "  %s\t%s\n", c.name, c.purpose)
+	}
+	tw.Flush()
+}
+
+// runCommand parses args for c, flags and positionals in either order (SPEC
+// §16.1): -h prints c's help on stdout; a usage error names c's help.
+func (e *cliEnv) runCommand(c command, args []string, err error) error {
+	if err != nil {
+		return err
+	}
+	fs, o := flag.NewFlagSet("brama "+c.name, flag.ContinueOnError), opts{}
+	fs.SetOutput(io.Discard)
+	if c.gateway {
+		c.flags = append(c.flags, flagSpec{"gateway", "http://127.0.0.1:8080", "the brama serve `URL` to call"})
+	}
+	for _, f := range c.flags {
+		switch d := f.def.(type) {
+		case string:
+			o[f.name] = fs.String(f.name, d, f.help)
+		case bool:
+			o[f.name] = fs.Bool(f.name, d, f.help)
+		case int:
+			o[f.name] = fs.Int(f.name, d, f.help)
+		case time.Duration:
+			o[f.name] = fs.Duration(f.name, d, f.help)
+		case []string:
+			p := new([]string)
+			o[f.name] = p
+			fs.Func(f.name, f.help, func(v string) error { *p = append(*p, v); return nil })
+		}
+	}
+	var pos []string
+	for {
+		if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintf(e.stdout, "usage: brama %s %s\n\n%s.\n", c.name, c.args, c.purpose)
+			if len(c.flags) > 0 {
+				fmt.Fprintln(e.stdout, "\nflags:")
+				fs.SetOutput(e.stdout)
+				fs.PrintDefaults()
+			}
+			fmt.Fprintf(e.stdout, "\nexample:\n  %s\n", c.example)
+			return err
+		} else if err != nil {
+			return &usageError{c.name, err.Error()}
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		pos, args = append(pos, fs.Arg(0)), fs.Args()[1:]
+	}
+	if len(pos) != c.pos {
+		return &usageError{c.name, "want " + cmp.Or(c.args, "no arguments")}
+	}
+	var missing []string
+	for _, name := range c.need {
+		set := false
+		fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+		if !set || strings.TrimSpace(fs.Lookup(name).Value.String()) == "" {
+			missing = append(missing, "-"+name)
+		}
+	}
+	if len(missing) > 0 {
+		return &usageError{c.name, "want " + strings.Join(missing, " and ")}
+	}
+	if c.check != nil {
+		err = c.check(o)
+	}
+	if err == nil && c.gateway {
+		err = e.dial(o.s("gateway"))
+	}
+	if err == nil {
+		err = c.run(e, o, pos)
+	}
+	if ue := (*usageError)(nil); errors.As(err, &ue) && ue.cmd == "" {
+		ue.cmd = c.name
+	}
+	return err
 }
 
 // testingOnlyNow replaces the serving process's clock in tests.
