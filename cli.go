@@ -12,10 +12,8 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
 )
@@ -152,13 +150,13 @@ func commands() []command {
 				if o.s("reason") != "" {
 					query = "?reason=" + url.QueryEscape(o.s("reason"))
 				}
-				_, err := e.call("DELETE", subscriptionPath(o.s("agent"), p[0])+query, nil)
+				_, err := e.call("DELETE", subscriptionPath(o.s("agent"), p[0])+query, nil, nil)
 				return e.say(err, "retired %s\n", p[0])
 			}},
 		{name: "subscription reinstate", args: "-agent A -reason R ID", pos: 1, need: []string{"agent", "reason"}, gateway: true, purpose: "put a retired subscription back", example: `brama subscription reinstate -agent a1 -reason "back" sub_0123456789abcdef`,
 			flags: []flagSpec{agent("the `agent` that owns the subscription"), {"reason", "", "why (required; journaled)"}},
 			run: func(e *cliEnv, o opts, p []string) error {
-				_, err := e.call("POST", subscriptionPath(o.s("agent"), p[0], "reinstate"), map[string]string{"reason": o.s("reason")})
+				_, err := e.call("POST", subscriptionPath(o.s("agent"), p[0], "reinstate"), map[string]string{"reason": o.s("reason")}, nil)
 				return e.say(err, "reinstated %s\n", p[0])
 			}},
 		{name: "subscription import", args: "-provider claude-code|codex -from FILE -agent A [-label L]", need: []string{"provider", "from", "agent"}, gateway: true,
@@ -172,7 +170,7 @@ func commands() []command {
 		{name: "subscription prune-orphans", args: "[-gateway URL]", gateway: true, purpose: "remove the vault's subscription credentials no subscription names", example: "BRAMA_TOKEN=$T brama subscription prune-orphans",
 			run: func(e *cliEnv, _ opts, _ []string) error {
 				var body struct{ Removed []string }
-				err := e.callJSON("POST", "/v1/admin/vault/prune-orphans", nil, &body)
+				_, err := e.call("POST", "/v1/admin/vault/prune-orphans", nil, &body)
 				return e.say(err, "removed %d orphaned credential(s) from the vault: %s\n", len(body.Removed), strings.Join(body.Removed, " "))
 			}},
 		{name: "maintain", args: "[-gateway URL] [-json]", gateway: true, purpose: "run one maintenance pass now; exit 0 only when it was ok", example: "BRAMA_TOKEN=$T brama maintain",
@@ -199,48 +197,6 @@ func commands() []command {
 				return err
 			}},
 	}
-}
-
-// deps opens the state files, with the command's logger and clock.
-func (e *cliEnv) deps() deps { return openDeps(e.getenv, e.sys()) }
-
-// sys is a command's logger (to stderr, at BRAMA_LOG_LEVEL) and clock.
-func (e *cliEnv) sys() sys {
-	return sys{log: newLogger(e.stderr, e.getenv("BRAMA_LOG_LEVEL")), now: time.Now}
-}
-
-// say prints a command's success line, unless err.
-func (e *cliEnv) say(err error, format string, args ...any) error {
-	if err == nil {
-		fmt.Fprintf(e.stdout, format, args...)
-	}
-	return err
-}
-
-// wrote reports a write, unless err: which file changed, and a warning when
-// no serve holds the state directory (nothing serves the change until one
-// starts), on stderr; the success line on stdout.
-func (e *cliEnv) wrote(path string, err error, format string, args ...any) error {
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(e.stderr, "brama: wrote %s\n", path)
-	if st := resolveState(e.getenv); st.dir != "" && !serveHolds(st) {
-		fmt.Fprintf(e.stderr, "brama: warning: no brama serve holds %s; the change serves once one starts: brama serve\n",
-			filepath.Join(st.dir, "serve.lock"))
-	}
-	return e.say(nil, format, args...)
-}
-
-// serveHolds says whether a brama serve holds s's serve.lock; it creates no
-// file, and its shared try-lock ends as it returns.
-func serveHolds(s state) bool {
-	f, err := os.OpenFile(filepath.Join(s.dir, "serve.lock"), os.O_RDONLY|syscall.O_NOFOLLOW, 0)
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	return errors.Is(syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB), syscall.EWOULDBLOCK)
 }
 
 // editVault changes the vault under its lock.
@@ -369,15 +325,10 @@ func (e *cliEnv) dial(raw string) error {
 	return nil
 }
 
-// line is stdin's next line, trimmed.
-func (e *cliEnv) line() string {
-	s, _ := e.in.ReadString('\n')
-	return strings.TrimSpace(s)
-}
-
-// call sends one admin request with body (nil for none) and returns the raw
-// success body; a non-2xx answer is an error quoting the envelope.
-func (e *cliEnv) call(method, path string, body any) ([]byte, error) {
+// call sends one admin request with body (nil for none) and returns the
+// success body, decoded into out unless out is nil; a non-2xx answer is an
+// error quoting the envelope.
+func (e *cliEnv) call(method, path string, body, out any) ([]byte, error) {
 	var rd io.Reader
 	if body != nil {
 		b, _ := json.Marshal(body) // a donation, credentialBody or map of strings cannot fail
@@ -399,21 +350,14 @@ func (e *cliEnv) call(method, path string, body any) ([]byte, error) {
 	switch {
 	case err != nil:
 		return nil, fmt.Errorf("reading the gateway's answer: %w", err)
-	case resp.StatusCode/100 == 2:
+	case resp.StatusCode/100 == 2 && (out == nil || json.Unmarshal(b, out) == nil):
 		return b, nil
+	case resp.StatusCode/100 == 2:
+		return nil, fmt.Errorf("the gateway's answer is not what %s %s answers: %s", method, path, truncateUTF8(string(b), 200))
 	case json.Unmarshal(b, &env) != nil || env.Error.Code == "":
 		env.Error.Code, env.Error.Message = "unknown", "the answer is not a Brama error envelope"
 	}
 	return nil, fmt.Errorf("the gateway refused (%d %s): %s", resp.StatusCode, env.Error.Code, env.Error.Message)
-}
-
-// callJSON is call, then the success body decoded into out.
-func (e *cliEnv) callJSON(method, path string, body, out any) error {
-	b, err := e.call(method, path, body)
-	if err == nil && json.Unmarshal(b, out) != nil {
-		err = fmt.Errorf("the gateway's answer is not what %s %s answers: %s", method, path, truncateUTF8(string(b), 200))
-	}
-	return err
 }
 
 // subscriptionPath is the admin path for agent and the segments after it, each escaped.
@@ -448,7 +392,7 @@ func subscriptionAdd(e *cliEnv, o opts, _ []string) error {
 // prints the new id alone on stdout, for scripts.
 func (e *cliEnv) donate(agent, query string, body donation) error {
 	var ans struct{ Subscription donatedSubscription }
-	if err := e.callJSON("POST", subscriptionPath(agent)+query, body, &ans); err != nil || ans.Subscription.ID == "" {
+	if _, err := e.call("POST", subscriptionPath(agent)+query, body, &ans); err != nil || ans.Subscription.ID == "" {
 		return cmp.Or(err, errors.New("the gateway's answer names no subscription"))
 	}
 	how := "donated"
@@ -462,13 +406,13 @@ func (e *cliEnv) donate(agent, query string, body donation) error {
 // subscriptionList prints one aligned row per subscription and a count
 // (SPEC §16.1; USED is the fullest window's share), or with -json the body.
 func subscriptionList(e *cliEnv, o opts, _ []string) error {
-	if o.b("json") {
-		b, err := e.call("GET", subscriptionPath(o.s("agent")), nil)
+	var l struct{ Subscriptions []subscriptionRow }
+	b, err := e.call("GET", subscriptionPath(o.s("agent")), nil, &l)
+	if err != nil || o.b("json") {
 		return e.say(err, "%s", b)
 	}
-	var l struct{ Subscriptions []subscriptionRow }
 	retired := 0
-	err := e.table(e.callJSON("GET", subscriptionPath(o.s("agent")), nil, &l), "ID\tPROVIDER\tSTATUS\tCREDENTIAL\tUSED\tLABEL", func(yield func(...string)) {
+	err = e.table(err, "ID\tPROVIDER\tSTATUS\tCREDENTIAL\tUSED\tLABEL", func(yield func(...string)) {
 		for _, r := range l.Subscriptions {
 			cred, used, top := "-", "-", 0.0
 			if r.Credential != nil {
@@ -567,11 +511,8 @@ func parseImportFile(provider string, b []byte) (oauthGrant, error) {
 // maintain runs one pass by the daemon (SPEC §11.2) and prints its report
 // as text or JSON; it exits 0 only when the pass was ok.
 func maintain(e *cliEnv, o opts, _ []string) error {
-	b, err := e.call("POST", "/v1/admin/maintain", nil)
 	var rep passReport
-	if err == nil && json.Unmarshal(b, &rep) != nil {
-		err = errors.New("the gateway's answer is not a maintenance report")
-	}
+	b, err := e.call("POST", "/v1/admin/maintain", nil, &rep)
 	if err != nil {
 		return err
 	}
@@ -614,7 +555,7 @@ func checkSignIn(o opts) error {
 func subscriptionSignIn(e *cliEnv, o opts, _ []string) error {
 	provider, agent, id := o.s("provider"), o.s("agent"), o.s("id")
 	var l struct{ Subscriptions []subscriptionRow }
-	if err := e.callJSON("GET", subscriptionPath(agent), nil, &l); err != nil {
+	if _, err := e.call("GET", subscriptionPath(agent), nil, &l); err != nil {
 		return err
 	}
 	i := slices.IndexFunc(l.Subscriptions, func(r subscriptionRow) bool { return r.ID == id })
@@ -646,7 +587,7 @@ func subscriptionSignIn(e *cliEnv, o opts, _ []string) error {
 	if id == "" {
 		return e.donate(agent, "?via="+signInVia, donation{Provider: provider, Label: o.s("label"), OAuth: &grant})
 	}
-	if _, err = e.call("PUT", subscriptionPath(agent, id, "credential"), credentialBody{OAuth: &grant}); err == nil {
+	if _, err = e.call("PUT", subscriptionPath(agent, id, "credential"), credentialBody{OAuth: &grant}, nil); err == nil {
 		fmt.Fprintf(e.stderr, "brama: signed in; subscription %s of agent %s has a new %s grant\n", id, agent, provider)
 	}
 	return e.say(err, "%s\n", id)

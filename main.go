@@ -14,13 +14,13 @@
 // neither, Brama still serves and every state reader and writer refuses
 // naming the cause.
 //
-// Reading order, as a request meets the files: main.go (run, serve) and
-// cli.go (the command table, onboarding); server.go (routes, who may call,
-// handlers); answers.go, replay.go (signed answers); dispatch.go, pool.go
-// (plan, the attempt engine, who pays); providers.go, passthrough.go,
+// Reading order, as a request meets the files: main.go (run, parsing, help,
+// exit codes, serve) and cli.go (the command table); server.go (routes, who
+// may call, handlers); answers.go, replay.go (signed answers); dispatch.go,
+// pool.go (plan, the attempt engine, who pays); providers.go, passthrough.go,
 // formats.go and one file per wire format, relay.go, sse.go; errors.go;
-// subscriptions.go, ledger.go, oauth.go; maintain.go; catalog.go, perf.go;
-// journal.go, state.go at the ground.
+// subscriptions.go, ledger.go, oauth.go; maintain.go; catalog.go, perf.go,
+// onboard.go; journal.go, state.go at the ground.
 package main
 
 import (
@@ -36,6 +36,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -262,6 +263,54 @@ func (e *cliEnv) runCommand(c command, args []string, err error) error {
 		ue.cmd = c.name
 	}
 	return err
+}
+
+// deps opens the state files, with the command's logger and clock.
+func (e *cliEnv) deps() deps { return openDeps(e.getenv, e.sys()) }
+
+// sys is a command's logger (to stderr, at BRAMA_LOG_LEVEL) and clock.
+func (e *cliEnv) sys() sys {
+	return sys{log: newLogger(e.stderr, e.getenv("BRAMA_LOG_LEVEL")), now: time.Now}
+}
+
+// say prints a command's success line, unless err.
+func (e *cliEnv) say(err error, format string, args ...any) error {
+	if err == nil {
+		fmt.Fprintf(e.stdout, format, args...)
+	}
+	return err
+}
+
+// wrote reports a write, unless err: which file changed, and a warning when
+// no serve holds the state directory (nothing serves the change until one
+// starts), on stderr; the success line on stdout.
+func (e *cliEnv) wrote(path string, err error, format string, args ...any) error {
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stderr, "brama: wrote %s\n", path)
+	if st := resolveState(e.getenv); st.dir != "" && !serveHolds(st) {
+		fmt.Fprintf(e.stderr, "brama: warning: no brama serve holds %s; the change serves once one starts: brama serve\n",
+			filepath.Join(st.dir, "serve.lock"))
+	}
+	return e.say(nil, format, args...)
+}
+
+// serveHolds says whether a brama serve holds s's serve.lock; it creates no
+// file, and its shared try-lock ends as it returns.
+func serveHolds(s state) bool {
+	f, err := os.OpenFile(filepath.Join(s.dir, "serve.lock"), os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	return errors.Is(syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB), syscall.EWOULDBLOCK)
+}
+
+// line is stdin's next line, trimmed.
+func (e *cliEnv) line() string {
+	s, _ := e.in.ReadString('\n')
+	return strings.TrimSpace(s)
 }
 
 // testingOnlyNow replaces the serving process's clock in tests.
