@@ -1,239 +1,195 @@
 package main
 
 import (
+	"bytes"
 	"cmp"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
+	"net/http"
 	"net/url"
 	"os"
 	"slices"
 	"strings"
+	"text/tabwriter"
 	"time"
 )
 
 // The CLI (SPEC §16.1) is one table, commands(). State edits run in-process under each file's lock
 // (SPEC §2.3); `subscription …` and `maintain` call the daemon's admin API, the overlay's only writer.
 
-// command is one row of the CLI: `brama help` prints its name and purpose;
-// `brama NAME -h` its usage line, purpose, flags and example.
-type command struct {
-	name    string // one or two words: "routes set"
-	args    string // the usage line after the name
-	purpose string // one line
-	example string
-	pos     int      // positionals it takes
-	need    []string // flags that must be given, not blank
-	gateway bool     // calls the daemon: -gateway, then the bearer
-	flags   func(fs *flag.FlagSet, o *opts)
-	check   func(o *opts) error // before the bearer is read
-	run     func(e *cliEnv, o *opts, pos []string) error
-}
-
-// opts is every flag value of one command line; each row declares its own.
-type opts struct {
-	json, admin, cost, localCreds              bool
-	addr, agent, provider, label, reason, file string
-	from, id, model, host, sig, gateway        string
-	port                                       int
-	allow                                      []string
-	olderThan                                  time.Duration
-	grant                                      oauthGrant // import's -from, read by its check
-}
-
-func jsonFlag(help string) func(*flag.FlagSet, *opts) {
-	return func(fs *flag.FlagSet, o *opts) { fs.BoolVar(&o.json, "json", false, help) }
-}
-
-func agentFlag(help string) func(*flag.FlagSet, *opts) {
-	return func(fs *flag.FlagSet, o *opts) { fs.StringVar(&o.agent, "agent", "", help) }
-}
-
 // commands is the CLI, in the order `brama help` lists it.
 func commands() []command {
+	agent := func(help string) flagSpec { return flagSpec{"agent", "", help} }
+	label := flagSpec{"label", "", "an optional `label` (printable, at most 128 bytes)"}
+	signIn := flagSpec{"provider", "", "claude-code or codex"}
 	return []command{
-		{name: "serve", args: "[-addr ADDR] [-local-credentials-stdin]", purpose: "run the daemon", example: "brama serve -addr 127.0.0.1:8080",
-			flags: func(fs *flag.FlagSet, o *opts) {
-				fs.StringVar(&o.addr, "addr", "127.0.0.1:8080", "`address` to listen on")
-				fs.BoolVar(&o.localCreds, "local-credentials-stdin", false, "read a JSON object provider → API key from stdin and keep it in memory only; it becomes the only source of direct credentials")
-			}, run: serve},
-		{name: "version", purpose: "print the version /health reports", example: "brama version",
-			run: func(e *cliEnv, _ *opts, _ []string) error { return e.say(nil, "brama %s\n", version) }},
+		{name: "serve", args: "[-addr ADDR] [-local-credentials-stdin]", purpose: "run the daemon", example: "brama serve -addr 127.0.0.1:8080", run: serve,
+			flags: []flagSpec{{"addr", "127.0.0.1:8080", "`address` to listen on"}, {"local-credentials-stdin", false, "read a JSON object provider → API key from stdin and keep it in memory only; it becomes the only source of direct credentials"}}},
+		{name: "version", purpose: "print the version /health reports", example: "brama version", run: func(e *cliEnv, _ opts, _ []string) error { return e.say(nil, "brama %s\n", version) }},
 		{name: "routes list", args: "[-json]", purpose: "one aligned row per alias, then the count that cannot serve", example: "brama routes list",
-			flags: jsonFlag("print the body of GET /v1/aliases"),
-			run:   func(e *cliEnv, o *opts, _ []string) error { return e.printAliases(e.deps(), o.json) }},
+			flags: []flagSpec{{"json", false, "print the body of GET /v1/aliases"}}, run: func(e *cliEnv, o opts, _ []string) error { return e.printAliases(e.deps(), o.b("json"), nil) }},
 		{name: "routes set", args: "ALIAS DESTINATION", pos: 2, purpose: "set an alias (journaled route_change, by cli)", example: "brama routes set chat openai/gpt-4o",
-			run: func(e *cliEnv, _ *opts, p []string) error {
+			run: func(e *cliEnv, _ opts, p []string) error {
 				d := e.deps()
 				_, err := d.reg.set(p[0], p[1], "cli")
-				if err = e.wrote(d.reg.path, err, "set %s -> %s\n", p[0], p[1]); err != nil {
-					return err
-				}
-				return e.printAliases(d, false)
+				return e.printAliases(d, false, e.wrote(d.reg.path, err, "set %s -> %s\n", p[0], p[1]))
 			}},
 		{name: "routes rm", args: "ALIAS", pos: 1, purpose: "remove an alias", example: "brama routes rm chat",
-			run: func(e *cliEnv, _ *opts, p []string) error {
+			run: func(e *cliEnv, _ opts, p []string) error {
 				d := e.deps()
 				_, err := d.reg.remove(p[0], "cli")
-				if err = e.wrote(d.reg.path, err, "removed %s\n", p[0]); err != nil {
-					return err
-				}
-				return e.printAliases(d, false)
+				return e.printAliases(d, false, e.wrote(d.reg.path, err, "removed %s\n", p[0]))
 			}},
 		{name: "routes migrate", args: "[-file F] [-json]", purpose: "drop retired top-level fields, commit, print the committed document (idempotent)", example: "brama routes migrate",
-			flags: func(fs *flag.FlagSet, o *opts) {
-				fs.StringVar(&o.file, "file", "", "registry `file` to migrate (default: the registry Brama reads)")
-				jsonFlag(`print {"ok":true,"file":F,"dropped":[…],"document":{…}}`)(fs, o)
-			}, run: routesMigrate},
-		{name: "clients add", args: "ID [-admin] [-agent A] [-allow NAME]...", pos: 1, purpose: "make a client; its token is printed once on stdout", example: "brama clients add app -allow chat",
-			flags: func(fs *flag.FlagSet, o *opts) {
-				fs.BoolVar(&o.admin, "admin", false, "give the client the admin role (reaches /v1/admin/*)")
-				agentFlag("bind the client's bearer to `agent`")(fs, o)
-				fs.Func("allow", "allow only this model `name` (repeatable; exact names)", func(v string) error { o.allow = append(o.allow, v); return nil })
-			}, run: clientsAdd},
+			run: routesMigrate, flags: []flagSpec{{"file", "", "registry `file` to migrate (default: the registry Brama reads)"}, {"json", false, `print {"ok":true,"file":F,"dropped":[…],"document":{…}}`}}},
+		{name: "clients add", args: "ID [-admin] [-agent A] [-allow NAME]...", pos: 1, purpose: "make a client; its token is printed once on stdout", example: "brama clients add app -allow chat", run: clientsAdd,
+			flags: []flagSpec{{"admin", false, "give the client the admin role (reaches /v1/admin/*)"}, agent("bind the client's bearer to `agent`"), {"allow", []string(nil), "allow only this model `name` (repeatable; exact names)"}}},
 		{name: "clients rm", args: "ID", pos: 1, purpose: "remove a client", example: "brama clients rm app",
-			run: func(e *cliEnv, _ *opts, p []string) error {
+			run: func(e *cliEnv, _ opts, p []string) error {
 				c := e.deps().clients
 				if c.pathErr != nil {
 					return c.pathErr
 				}
-				err := updateClients(c.path, func(d *clientsDoc) error {
+				return e.wrote(c.path, updateClients(c.path, func(d *clientsDoc) error {
 					n := len(d.Clients)
 					if d.Clients = slices.DeleteFunc(d.Clients, func(x client) bool { return x.ID == p[0] }); len(d.Clients) == n {
 						return fmt.Errorf("no client %q", p[0])
 					}
 					return nil
-				})
-				return e.wrote(c.path, err, "removed client %s\n", p[0])
+				}), "removed client %s\n", p[0])
 			}},
-		{name: "clients list", purpose: "each client's id, role, agent and allowlist (never a token or digest)", example: "brama clients list", run: clientsList},
+		{name: "clients list", purpose: "each client's id, role, agent and allowlist (never a token or digest)", example: "brama clients list",
+			run: func(e *cliEnv, _ opts, _ []string) error {
+				doc, err := e.deps().clients.load()
+				if errors.Is(err, errFileAbsent) {
+					doc, err = &clientsDoc{}, nil
+				}
+				return e.table(err, "ID\tROLE\tAGENT\tALLOWED", func(yield func(...string)) {
+					for _, c := range doc.Clients {
+						allow := "(any model)"
+						if c.AllowedModels != nil {
+							allow = strings.Join(c.AllowedModels, ",")
+						}
+						yield(c.ID, c.Role, cmp.Or(c.AgentID, "-"), allow)
+					}
+				})
+			}},
 		{name: "deployments add", args: "NAME -port PORT [-host H] [-model M]", pos: 1, purpose: "declare a local OpenAI-compatible server", example: "brama deployments add ollama -port 11434 -model llama3.2",
-			flags: func(fs *flag.FlagSet, o *opts) {
-				fs.StringVar(&o.host, "host", "127.0.0.1", "the server's IPv4 loopback or 100.64.0.0/10 `address`")
-				fs.IntVar(&o.port, "port", 0, "the server's `port` (required)")
-				fs.StringVar(&o.model, "model", "", "the upstream `model` name (default: NAME)")
-			},
-			run: func(e *cliEnv, o *opts, p []string) error {
-				d := deployment{Name: p[0], Model: o.model, Endpoint: deploymentEndpoint{Host: o.host, Port: o.port}}
+			flags: []flagSpec{{"host", "127.0.0.1", "the server's IPv4 loopback or 100.64.0.0/10 `address`"}, {"port", 0, "the server's `port` (required)"},
+				{"model", "", "the upstream `model` name (default: NAME)"}},
+			run: func(e *cliEnv, o opts, p []string) error {
+				d := deployment{Name: p[0], Model: o.s("model"), Endpoint: deploymentEndpoint{Host: o.s("host"), Port: *o["port"].(*int)}}
 				reg := e.deps().reg
 				_, err := reg.setDeployment(d, false)
 				return e.wrote(reg.path, err, "added deployment %s at %s; route to it: brama routes set ALIAS %s\n", d.Name, d.baseURL(), d.Name)
 			}},
 		{name: "deployments rm", args: "NAME", pos: 1, purpose: "remove a deployment (refused while an alias routes to it)", example: "brama deployments rm ollama",
-			run: func(e *cliEnv, _ *opts, p []string) error {
+			run: func(e *cliEnv, _ opts, p []string) error {
 				reg := e.deps().reg
 				_, err := reg.setDeployment(deployment{Name: p[0]}, true)
 				return e.wrote(reg.path, err, "removed deployment %s\n", p[0])
 			}},
-		{name: "deployments list", purpose: "one row per deployment: name, endpoint, model, adapters", example: "brama deployments list", run: deploymentsList},
+		{name: "deployments list", purpose: "one row per deployment: name, endpoint, model, adapters", example: "brama deployments list",
+			run: func(e *cliEnv, _ opts, _ []string) error {
+				doc, err := e.deps().reg.current()
+				return e.table(err, "NAME\tENDPOINT\tMODEL\tADAPTERS", func(yield func(...string)) {
+					for _, d := range doc.Deployments {
+						var names []string
+						for _, a := range d.Adapters {
+							names = append(names, a.Name)
+						}
+						yield(d.Name, d.baseURL(), cmp.Or(d.Model, d.Name), cmp.Or(strings.Join(names, ","), "-"))
+					}
+				})
+			}},
 		{name: "credentials set", args: "PROVIDER", pos: 1, purpose: "store a direct API key read from stdin's first line in the vault", example: `printf '%s\n' "$KEY" | brama credentials set openai`,
-			run: credentialsSet},
+			run: func(e *cliEnv, _ opts, p []string) error { // never the key as a flag: flags show up in ps
+				info, ok := lookupProvider(p[0])
+				if !ok || info.cred != credDirect {
+					return fmt.Errorf("%q is not a provider that takes a direct API key", p[0])
+				}
+				if key := e.line(); key != "" {
+					return e.editVault(func(d *vaultDoc) error { d.Direct[info.id] = vaultKey{APIKey: key}; return nil },
+						"stored the direct credential for %s in the vault\n", info.id)
+				}
+				return errors.New("no API key on stdin (an empty line)")
+			}},
 		{name: "credentials rm", args: "PROVIDER", pos: 1, purpose: "remove a direct key from the vault", example: "brama credentials rm openai",
-			run: func(e *cliEnv, _ *opts, p []string) error {
-				v := e.deps().vault
-				err := v.update(func(d *vaultDoc) error {
+			run: func(e *cliEnv, _ opts, p []string) error {
+				return e.editVault(func(d *vaultDoc) error {
 					if _, ok := d.Direct[p[0]]; !ok {
 						return fmt.Errorf("the vault holds no direct credential for %q", p[0])
 					}
 					delete(d.Direct, p[0])
 					return nil
-				})
-				return e.wrote(v.path, err, "removed the direct credential for %s\n", p[0])
+				}, "removed the direct credential for %s\n", p[0])
 			}},
 		{name: "credentials list", purpose: "the providers the vault holds a direct key for (names only, never a key)", example: "brama credentials list",
-			run: func(e *cliEnv, _ *opts, _ []string) error {
+			run: func(e *cliEnv, _ opts, _ []string) error {
 				doc, err := e.deps().vault.load()
 				if err == nil {
-					e.say(nil, "%s", strings.Join(append(slices.Sorted(maps.Keys(doc.Direct)), ""), "\n"))
+					err = e.say(nil, "%s", strings.Join(append(slices.Sorted(maps.Keys(doc.Direct)), ""), "\n"))
 				}
 				return err
 			}},
 		{name: "subscription add", args: "-provider P -agent A [-label L] [-oauth-file F]", need: []string{"provider", "agent"}, gateway: true,
 			purpose: "donate a subscription through the daemon (the API key on stdin after the bearer line, or a grant file); prints the new id",
 			example: `printf '%s\n' "$KEY" | BRAMA_TOKEN=$T brama subscription add -provider kimi -agent a1`,
-			flags: func(fs *flag.FlagSet, o *opts) {
-				fs.StringVar(&o.provider, "provider", "", "the `provider` of the subscription (claude-code, codex, kimi, openai, …)")
-				agentFlag("the `agent` that receives it")(fs, o)
-				fs.StringVar(&o.label, "label", "", "an optional `label` (printable, at most 128 bytes)")
-				fs.StringVar(&o.file, "oauth-file", "", "read an OAuth grant {\"access_token\",\"refresh_token\",\"expires_at_ms\",…} from `file` instead of an API key on stdin")
-			}, run: subscriptionAdd},
+			run:     subscriptionAdd, flags: []flagSpec{{"provider", "", "the `provider` of the subscription (claude-code, codex, kimi, openai, …)"}, agent("the `agent` that receives it"), label,
+				{"oauth-file", "", "read an OAuth grant {\"access_token\",\"refresh_token\",\"expires_at_ms\",…} from `file` instead of an API key on stdin"}}},
 		{name: "subscription list", args: "-agent A [-json]", need: []string{"agent"}, gateway: true, purpose: "one aligned row per subscription", example: "BRAMA_TOKEN=$T brama subscription list -agent a1",
-			flags: func(fs *flag.FlagSet, o *opts) {
-				agentFlag("the `agent` whose subscriptions to list")(fs, o)
-				jsonFlag("print the body of GET /v1/subscriptions/{agent_id}")(fs, o)
-			}, run: subscriptionList},
+			run: subscriptionList, flags: []flagSpec{agent("the `agent` whose subscriptions to list"), {"json", false, "print the body of GET /v1/subscriptions/{agent_id}"}}},
 		{name: "subscription retire", args: "-agent A [-reason R] ID", pos: 1, need: []string{"agent"}, gateway: true, purpose: "retire a subscription (journaled)", example: "brama subscription retire -agent a1 sub_0123456789abcdef",
-			flags: statusFlags(`why (journaled; default "retired by <client id>")`),
-			run: func(e *cliEnv, o *opts, p []string) error {
-				path := subscriptionPath(o.agent, p[0])
-				if o.reason != "" {
-					path += "?reason=" + url.QueryEscape(o.reason)
+			flags: []flagSpec{agent("the `agent` that owns the subscription"), {"reason", "", `why (journaled; default "retired by <client id>")`}},
+			run: func(e *cliEnv, o opts, p []string) error {
+				query := ""
+				if o.s("reason") != "" {
+					query = "?reason=" + url.QueryEscape(o.s("reason"))
 				}
-				_, err := e.call("DELETE", path, nil)
+				_, err := e.call("DELETE", subscriptionPath(o.s("agent"), p[0])+query, nil, nil)
 				return e.say(err, "retired %s\n", p[0])
 			}},
 		{name: "subscription reinstate", args: "-agent A -reason R ID", pos: 1, need: []string{"agent", "reason"}, gateway: true, purpose: "put a retired subscription back", example: `brama subscription reinstate -agent a1 -reason "back" sub_0123456789abcdef`,
-			flags: statusFlags("why (required; journaled)"),
-			run: func(e *cliEnv, o *opts, p []string) error {
-				_, err := e.call("POST", subscriptionPath(o.agent, p[0], "reinstate"), map[string]string{"reason": o.reason})
+			flags: []flagSpec{agent("the `agent` that owns the subscription"), {"reason", "", "why (required; journaled)"}},
+			run: func(e *cliEnv, o opts, p []string) error {
+				_, err := e.call("POST", subscriptionPath(o.s("agent"), p[0], "reinstate"), map[string]string{"reason": o.s("reason")}, nil)
 				return e.say(err, "reinstated %s\n", p[0])
 			}},
 		{name: "subscription import", args: "-provider claude-code|codex -from FILE -agent A [-label L]", need: []string{"provider", "from", "agent"}, gateway: true,
 			purpose: "hand a Claude Code or Codex CLI grant over to Brama", example: "brama subscription import -provider claude-code -from ~/.claude/.credentials.json -agent a1",
-			flags: func(fs *flag.FlagSet, o *opts) {
-				fs.StringVar(&o.provider, "provider", "", "claude-code or codex")
-				fs.StringVar(&o.from, "from", "", "the tool's credential `file` (~/.claude/.credentials.json, ~/.codex/auth.json)")
-				agentFlag("the `agent` that receives the grant")(fs, o)
-				fs.StringVar(&o.label, "label", "", "an optional `label`")
-			}, check: checkImport, run: subscriptionImport},
+			check: checkImport, run: subscriptionImport, flags: []flagSpec{signIn, {"from", "", "the tool's credential `file` (~/.claude/.credentials.json, ~/.codex/auth.json)"}, agent("the `agent` that receives the grant"), label}},
 		{name: "subscription sign-in", args: "-provider claude-code|codex -agent A [-id ID | -label L]", need: []string{"provider", "agent"}, gateway: true,
 			purpose: "sign in with the provider (PKCE): the URL on stderr, the pasted code from stdin; replaces -id's grant or donates a new subscription",
 			example: "BRAMA_TOKEN=$T brama subscription sign-in -provider claude-code -agent a1",
-			flags: func(fs *flag.FlagSet, o *opts) {
-				fs.StringVar(&o.provider, "provider", "", "claude-code or codex")
-				agentFlag("the `agent` that owns (or receives) the subscription")(fs, o)
-				fs.StringVar(&o.id, "id", "", "replace the credential of this subscription `id` instead of donating a new one")
-				fs.StringVar(&o.label, "label", "", "a `label` for a new subscription")
-			}, check: checkSignIn, run: subscriptionSignIn},
+			check:   checkSignIn, run: subscriptionSignIn, flags: []flagSpec{signIn, agent("the `agent` that owns (or receives) the subscription"),
+				{"id", "", "replace the credential of this subscription `id` instead of donating a new one"}, {"label", "", "a `label` for a new subscription"}}},
 		{name: "subscription prune-orphans", args: "[-gateway URL]", gateway: true, purpose: "remove the vault's subscription credentials no subscription names", example: "BRAMA_TOKEN=$T brama subscription prune-orphans",
-			run: func(e *cliEnv, _ *opts, _ []string) error {
+			run: func(e *cliEnv, _ opts, _ []string) error {
 				var body struct{ Removed []string }
-				b, err := e.call("POST", "/v1/admin/vault/prune-orphans", nil)
-				if err == nil && json.Unmarshal(b, &body) != nil {
-					err = errors.New("the gateway's answer is not a prune report")
-				}
+				_, err := e.call("POST", "/v1/admin/vault/prune-orphans", nil, &body)
 				return e.say(err, "removed %d orphaned credential(s) from the vault: %s\n", len(body.Removed), strings.Join(body.Removed, " "))
 			}},
 		{name: "maintain", args: "[-gateway URL] [-json]", gateway: true, purpose: "run one maintenance pass now; exit 0 only when it was ok", example: "BRAMA_TOKEN=$T brama maintain",
-			flags: jsonFlag("print the body of POST /v1/admin/maintain"), run: maintain},
+			flags: []flagSpec{{"json", false, "print the body of POST /v1/admin/maintain"}}, run: maintain},
 		{name: "onboard", args: "[-model ROUTE] [-allow-provider-cost]", purpose: "walk the first-use journey in-process: state directory, client, a route that can serve, one real answer",
 			example: "brama onboard -model openai/gpt-4o-mini -allow-provider-cost",
-			flags: func(fs *flag.FlagSet, o *opts) {
-				fs.StringVar(&o.model, "model", "", "the `route` of the one real call: a direct route, a deployment, or an alias to one")
-				fs.BoolVar(&o.cost, "allow-provider-cost", false, "make the one real (billable) model call")
-			},
-			run: func(e *cliEnv, o *opts, _ []string) error {
-				return onboard(e.ctx, e.getenv, e.sys(), o.model, o.cost, func(line string) { fmt.Fprintln(e.stdout, line) })
-			}},
+			run:     onboard, flags: []flagSpec{{"model", "", "the `route` of the one real call: a direct route, a deployment, or an alias to one"}, {"allow-provider-cost", false, "make the one real (billable) model call"}}},
 		{name: "answers verify", args: "[-signature v1=HEX] FILE", pos: 1, purpose: "check a kept answer's signature (or a raw body against -signature); prints ok", example: "brama answers verify ~/.brama/answers/local/3f….json",
-			flags: func(fs *flag.FlagSet, o *opts) {
-				fs.StringVar(&o.sig, "signature", "", "check `v1=HEX` (a Brama-Answer-Signature) over FILE's raw bytes instead of reading FILE as a kept answer")
-			},
-			run: func(e *cliEnv, o *opts, p []string) error {
-				if sig := strings.ToLower(o.sig); sig != "" && !isAnswerSignature(sig) {
+			flags: []flagSpec{{"signature", "", "check `v1=HEX` (a Brama-Answer-Signature) over FILE's raw bytes instead of reading FILE as a kept answer"}},
+			run: func(e *cliEnv, o opts, p []string) error {
+				if sig := strings.ToLower(o.s("signature")); sig != "" && !isAnswerSignature(sig) {
 					return &usageError{msg: "-signature must be v1= followed by 64 hex digits"}
 				}
-				return e.say(verifyAnswerFile(resolveState(e.getenv), p[0], strings.ToLower(o.sig)), "ok\n")
+				return e.say(verifyAnswerFile(resolveState(e.getenv), p[0], strings.ToLower(o.s("signature"))), "ok\n")
 			}},
 		{name: "answers prune", args: "-older-than DURATION", need: []string{"older-than"}, purpose: "remove complete kept answers older than that (never one in progress)", example: "brama answers prune -older-than 720h",
-			flags: func(fs *flag.FlagSet, o *opts) {
-				fs.DurationVar(&o.olderThan, "older-than", 0, "remove complete answers kept longer ago than this `duration` (e.g. 720h)")
-			}, run: answersPrune},
+			run: answersPrune, flags: []flagSpec{{"older-than", time.Duration(0), "remove complete answers kept longer ago than this `duration` (e.g. 720h)"}}},
 		{name: "journal check", purpose: "print each unreadable journal line; exit 1 when a non-final line is unreadable", example: "brama journal check",
-			run: func(e *cliEnv, _ *opts, _ []string) error {
+			run: func(e *cliEnv, _ opts, _ []string) error {
 				ok, err := checkJournal(newJournal(resolveState(e.getenv), e.sys()), e.stdout)
 				if err == nil && !ok {
 					err = errRefused
@@ -243,35 +199,48 @@ func commands() []command {
 	}
 }
 
-func statusFlags(why string) func(*flag.FlagSet, *opts) {
-	return func(fs *flag.FlagSet, o *opts) {
-		agentFlag("the `agent` that owns the subscription")(fs, o)
-		fs.StringVar(&o.reason, "reason", "", why)
-	}
+// editVault changes the vault under its lock.
+func (e *cliEnv) editVault(fn func(*vaultDoc) error, format string, args ...any) error {
+	v := e.deps().vault
+	return e.wrote(v.path, v.update(fn), format, args...)
 }
 
-// printAliases prints the alias table (GET /v1/aliases): one aligned row
-// per alias and the unserviceable count, or with asJSON the body.
-func (e *cliEnv) printAliases(d deps, asJSON bool) error {
+// table prints the rows rows yields aligned under header (cells tab-separated), unless err.
+func (e *cliEnv) table(err error, header string, rows func(yield func(...string))) error {
+	if err == nil {
+		tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, header)
+		rows(func(cells ...string) { fmt.Fprintln(tw, strings.Join(cells, "\t")) })
+		tw.Flush()
+	}
+	return err
+}
+
+// printAliases prints the alias table (GET /v1/aliases), unless err: one
+// aligned row per alias and the unserviceable count, or with asJSON the body.
+func (e *cliEnv) printAliases(d deps, asJSON bool, err error) error {
+	if err != nil {
+		return err
+	}
 	t, err := d.reg.aliases(func(p string) bool { return d.vault.directKey(p) != "" })
 	if err != nil || asJSON {
 		b, _ := json.Marshal(t)
 		return e.say(err, "%s\n", b)
 	}
-	var rows []string
-	for _, a := range t.Aliases {
-		route := "-"
-		if a.Route != nil {
-			route = *a.Route
+	e.table(nil, "ALIAS\tSTATE\tROUTE\tREASON", func(yield func(...string)) {
+		for _, a := range t.Aliases {
+			route := "-"
+			if a.Route != nil {
+				route = *a.Route
+			}
+			yield(a.Alias, a.State, route, a.Reason)
 		}
-		rows = append(rows, strings.Join([]string{a.Alias, a.State, route, a.Reason}, "\t"))
-	}
-	e.table("ALIAS\tSTATE\tROUTE\tREASON", rows)
+	})
 	return e.say(nil, "%d alias(es), %d cannot serve\n", len(t.Aliases), t.Unserviceable)
 }
 
-func routesMigrate(e *cliEnv, o *opts, _ []string) error {
-	path, err := o.file, error(nil)
+func routesMigrate(e *cliEnv, o opts, _ []string) error {
+	path, err := o.s("file"), error(nil)
 	if path == "" {
 		path, err = registryPath(resolveState(e.getenv), e.getenv)
 	}
@@ -284,7 +253,7 @@ func routesMigrate(e *cliEnv, o *opts, _ []string) error {
 		fmt.Fprintf(e.stderr, "route migration error: %v\n", err)
 		return errRefused
 	}
-	if !o.json {
+	if !o.b("json") {
 		return e.wrote(path, nil, "%s", committed)
 	}
 	b, _ := json.Marshal(struct {
@@ -296,133 +265,135 @@ func routesMigrate(e *cliEnv, o *opts, _ []string) error {
 	return e.wrote(path, nil, "%s\n", b)
 }
 
-func clientsAdd(e *cliEnv, o *opts, p []string) error {
+func clientsAdd(e *cliEnv, o opts, p []string) error {
 	role := roleCaller
-	if o.admin {
+	if o.b("admin") {
 		role = roleAdmin
 	}
 	tok := newToken()
-	c, store := client{ID: p[0], TokenSHA256: tokenDigest(tok), Role: role, AgentID: o.agent, AllowedModels: o.allow}, e.deps().clients
-	if store.pathErr != nil {
-		return store.pathErr
+	c, store := client{ID: p[0], TokenSHA256: tokenDigest(tok), Role: role, AgentID: o.s("agent"), AllowedModels: *o["allow"].(*[]string)}, e.deps().clients
+	err := store.pathErr
+	if err == nil {
+		err = updateClients(store.path, func(d *clientsDoc) error {
+			if slices.ContainsFunc(d.Clients, func(x client) bool { return x.ID == c.ID }) {
+				return fmt.Errorf("client %q already exists; rm it first", c.ID)
+			}
+			d.Clients = append(d.Clients, c)
+			return nil
+		})
 	}
-	err := updateClients(store.path, func(d *clientsDoc) error {
-		if slices.ContainsFunc(d.Clients, func(x client) bool { return x.ID == c.ID }) {
-			return fmt.Errorf("client %q already exists; rm it first", c.ID)
-		}
-		d.Clients = append(d.Clients, c)
-		return nil
-	})
 	if err == nil {
 		fmt.Fprintf(e.stderr, "brama: created %s client %q; bearer token (shown once) on stdout\n", role, c.ID)
 	}
 	return e.wrote(store.path, err, "%s\n", tok)
 }
 
-// clientsList prints each client's id, role, agent and allowlist; never a
-// token or its digest.
-func clientsList(e *cliEnv, _ *opts, _ []string) error {
-	doc, err := e.deps().clients.load()
-	if errors.Is(err, errFileAbsent) {
-		doc, err = &clientsDoc{}, nil
-	}
-	if err != nil {
-		return err
-	}
-	var rows []string
-	for _, c := range doc.Clients {
-		allow := "(any model)"
-		if c.AllowedModels != nil {
-			allow = strings.Join(c.AllowedModels, ",")
-		}
-		rows = append(rows, strings.Join([]string{c.ID, c.Role, cmp.Or(c.AgentID, "-"), allow}, "\t"))
-	}
-	e.table("ID\tROLE\tAGENT\tALLOWED", rows)
-	return nil
-}
-
-func deploymentsList(e *cliEnv, _ *opts, _ []string) error {
-	doc, err := e.deps().reg.current()
-	if err != nil {
-		return err
-	}
-	var rows []string
-	for _, d := range doc.Deployments {
-		var names []string
-		for _, a := range d.Adapters {
-			names = append(names, a.Name)
-		}
-		rows = append(rows, strings.Join([]string{d.Name, d.baseURL(), cmp.Or(d.Model, d.Name), cmp.Or(strings.Join(names, ","), "-")}, "\t"))
-	}
-	e.table("NAME\tENDPOINT\tMODEL\tADAPTERS", rows)
-	return nil
-}
-
-// credentialsSet stores a direct API key read from stdin's first line; it
-// never takes the key as a flag (flags show up in ps).
-func credentialsSet(e *cliEnv, _ *opts, p []string) error {
-	info, ok := lookupProvider(p[0])
-	if !ok || info.cred != credDirect {
-		return fmt.Errorf("%q is not a provider that takes a direct API key", p[0])
-	}
-	line, err := e.in.ReadString('\n')
-	key := strings.TrimSpace(line)
-	if key == "" {
-		return fmt.Errorf("no API key on stdin (%v)", errors.Join(err, errors.New("empty line")))
-	}
-	v := e.deps().vault
-	err = v.update(func(d *vaultDoc) error {
-		d.Direct[info.id] = vaultKey{APIKey: key}
-		return nil
-	})
-	return e.wrote(v.path, err, "stored the direct credential for %s in the vault\n", info.id)
-}
-
 // answersPrune removes complete kept answers older than -older-than.
-func answersPrune(e *cliEnv, o *opts, _ []string) error {
-	if o.olderThan < 0 {
+func answersPrune(e *cliEnv, o opts, _ []string) error {
+	age := *o["older-than"].(*time.Duration)
+	if age < 0 {
 		return &usageError{msg: "want a -older-than of zero or more"}
 	}
 	dir, err := resolveState(e.getenv).path("signed answers", "answers")
 	if err != nil {
 		return err
 	}
-	removed, err := pruneAnswers(dir, time.Now().Add(-o.olderThan), func(name string, err error) {
+	removed, err := pruneAnswers(dir, time.Now().Add(-age), func(name string, err error) {
 		fmt.Fprintf(e.stderr, "brama: skipped %s: %v\n", name, err)
 	})
-	fmt.Fprintf(e.stdout, "removed %d complete answers older than %s\n", removed, o.olderThan)
+	fmt.Fprintf(e.stdout, "removed %d complete answers older than %s\n", removed, age)
 	return err
+}
+
+// dial checks -gateway and takes the bearer from BRAMA_TOKEN, else stdin's
+// first line. No time limit of Brama's own (a maintenance pass may wait on
+// token endpoints); one SIGINT ends the command (SPEC §17).
+func (e *cliEnv) dial(raw string) error {
+	u, err := url.Parse(strings.TrimSpace(raw))
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" {
+		return &usageError{msg: fmt.Sprintf("-gateway %q is not an http:// or https:// URL", raw)}
+	}
+	if u.Scheme == "http" && !isLoopbackHost(u.Hostname()) { // the bearer and credentials would cross in clear text
+		return &usageError{msg: fmt.Sprintf("-gateway %q: http:// is allowed only to a loopback host; use https://", raw)}
+	}
+	if e.gateway, e.auth = strings.TrimRight(u.String(), "/"), strings.TrimSpace(e.getenv("BRAMA_TOKEN")); e.auth == "" {
+		e.auth = e.line()
+	}
+	if e.auth == "" {
+		return errors.New("no bearer token: set BRAMA_TOKEN or give the token as stdin's first line")
+	}
+	return nil
+}
+
+// call sends one admin request with body (nil for none) and returns the
+// success body, decoded into out unless out is nil; a non-2xx answer is an
+// error quoting the envelope.
+func (e *cliEnv) call(method, path string, body, out any) ([]byte, error) {
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body) // a donation, credentialBody or map of strings cannot fail
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(e.ctx, method, e.gateway+path, rd)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+e.auth)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("cannot reach the gateway at %s: %w", e.gateway, errors.Unwrap(err))
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	var env envelope
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("reading the gateway's answer: %w", err)
+	case resp.StatusCode/100 == 2 && (out == nil || json.Unmarshal(b, out) == nil):
+		return b, nil
+	case resp.StatusCode/100 == 2:
+		return nil, fmt.Errorf("the gateway's answer is not what %s %s answers: %s", method, path, truncateUTF8(string(b), 200))
+	case json.Unmarshal(b, &env) != nil || env.Error.Code == "":
+		env.Error.Code, env.Error.Message = "unknown", "the answer is not a Brama error envelope"
+	}
+	return nil, fmt.Errorf("the gateway refused (%d %s): %s", resp.StatusCode, env.Error.Code, env.Error.Message)
+}
+
+// subscriptionPath is the admin path for agent and the segments after it, each escaped.
+func subscriptionPath(agent string, rest ...string) string {
+	p := "/v1/admin/subscriptions/" + url.PathEscape(agent)
+	for _, r := range rest {
+		p += "/" + url.PathEscape(r)
+	}
+	return p
 }
 
 // subscriptionAdd donates an API key from stdin (after the bearer) or an
 // OAuth grant from -oauth-file to -agent.
-func subscriptionAdd(e *cliEnv, o *opts, _ []string) error {
-	body := donation{Provider: o.provider, Label: o.label}
-	if o.file != "" {
-		b, err := os.ReadFile(o.file)
-		if err != nil {
-			return err
+func subscriptionAdd(e *cliEnv, o opts, _ []string) error {
+	body := donation{Provider: o.s("provider"), Label: o.s("label")}
+	if o.s("oauth-file") != "" {
+		b, err := os.ReadFile(o.s("oauth-file"))
+		if err == nil {
+			body.OAuth = &oauthGrant{}
+			err = decodeStrict("-oauth-file", b, body.OAuth)
 		}
-		body.OAuth = &oauthGrant{}
-		if err := decodeStrict("-oauth-file", b, body.OAuth); err != nil {
+		if err != nil {
 			return err
 		}
 	} else if body.APIKey = e.line(); body.APIKey == "" {
 		return errors.New("no API key on stdin (the line after the bearer token, or the first line when BRAMA_TOKEN is set); use -oauth-file for a grant")
 	}
-	return e.donate(o.agent, "", body)
+	return e.donate(o.s("agent"), "", body)
 }
 
 // donate posts body for agent (query "?via=sign-in" marks a sign-in's) and
 // prints the new id alone on stdout, for scripts.
 func (e *cliEnv) donate(agent, query string, body donation) error {
-	b, err := e.call("POST", subscriptionPath(agent)+query, body)
-	if err != nil {
-		return err
-	}
 	var ans struct{ Subscription donatedSubscription }
-	if err := json.Unmarshal(b, &ans); err != nil || ans.Subscription.ID == "" {
-		return fmt.Errorf("the gateway's answer names no subscription: %s", truncateUTF8(string(b), 200))
+	if _, err := e.call("POST", subscriptionPath(agent)+query, body, &ans); err != nil || ans.Subscription.ID == "" {
+		return cmp.Or(err, errors.New("the gateway's answer names no subscription"))
 	}
 	how := "donated"
 	if query != "" {
@@ -434,73 +405,62 @@ func (e *cliEnv) donate(agent, query string, body donation) error {
 
 // subscriptionList prints one aligned row per subscription and a count
 // (SPEC §16.1; USED is the fullest window's share), or with -json the body.
-func subscriptionList(e *cliEnv, o *opts, _ []string) error {
-	b, err := e.call("GET", subscriptionPath(o.agent), nil)
-	if err != nil || o.json {
+func subscriptionList(e *cliEnv, o opts, _ []string) error {
+	var l struct{ Subscriptions []subscriptionRow }
+	b, err := e.call("GET", subscriptionPath(o.s("agent")), nil, &l)
+	if err != nil || o.b("json") {
 		return e.say(err, "%s", b)
 	}
-	subs, err := parseListing(b)
-	if err != nil {
-		return err
-	}
-	var rows []string
 	retired := 0
-	for _, r := range subs {
-		cred, used, top := "-", "-", 0.0
-		if r.Credential != nil {
-			cred = r.Credential.State
+	err = e.table(err, "ID\tPROVIDER\tSTATUS\tCREDENTIAL\tUSED\tLABEL", func(yield func(...string)) {
+		for _, r := range l.Subscriptions {
+			cred, used, top := "-", "-", 0.0
+			if r.Credential != nil {
+				cred = r.Credential.State
+			}
+			for _, w := range r.Windows {
+				top = max(top, w.UsedFraction)
+				used = fmt.Sprintf("%.0f%%", top*100)
+			}
+			if r.Stale && len(r.Windows) > 0 {
+				used += " (stale)"
+			}
+			if r.Status == "retired" {
+				retired++
+			}
+			yield(r.ID, r.Provider, r.Status, cred, used, cmp.Or(r.Label, "-"))
 		}
-		for _, w := range r.Windows {
-			top = max(top, w.UsedFraction)
-			used = fmt.Sprintf("%.0f%%", top*100)
-		}
-		if r.Stale && len(r.Windows) > 0 {
-			used += " (stale)"
-		}
-		if r.Status == "retired" {
-			retired++
-		}
-		rows = append(rows, strings.Join([]string{r.ID, r.Provider, r.Status, cred, used, cmp.Or(r.Label, "-")}, "\t"))
-	}
-	e.table("ID\tPROVIDER\tSTATUS\tCREDENTIAL\tUSED\tLABEL", rows)
-	return e.say(nil, "%d subscription(s), %d retired\n", len(subs), retired)
+	})
+	return e.say(err, "%d subscription(s), %d retired\n", len(l.Subscriptions), retired)
 }
-
-func parseListing(b []byte) ([]subscriptionRow, error) {
-	var body struct{ Subscriptions []subscriptionRow }
-	if err := json.Unmarshal(b, &body); err != nil {
-		return nil, fmt.Errorf("the gateway's listing is not JSON: %w", err)
-	}
-	return body.Subscriptions, nil
-}
-
-// importHandover is what `subscription import` prints (README repeats it):
-// a refresh rotates the shared grant, locking out whichever refreshes second.
-const importHandover = "%s and Brama now share one grant: after Brama's first refresh, %s will need to sign in again; and if %s refreshes first, Brama's copy stops working until `brama subscription sign-in` replaces it.\n"
 
 // importTool names the tool whose credential file import reads.
 var importTool = map[string]string{"claude-code": "Claude Code", "codex": "the Codex CLI"}
 
-// checkImport reads -from's grant before the bearer is read.
-func checkImport(o *opts) error {
-	if importTool[o.provider] == "" {
-		return &usageError{msg: fmt.Sprintf("-provider %q: import reads claude-code or codex credential files", o.provider)}
+// checkImport reads -from's grant before the bearer is read; o keeps it.
+func checkImport(o opts) error {
+	if importTool[o.s("provider")] == "" {
+		return &usageError{msg: fmt.Sprintf("-provider %q: import reads claude-code or codex credential files", o.s("provider"))}
 	}
-	b, err := os.ReadFile(o.from)
+	b, err := os.ReadFile(o.s("from"))
 	if err == nil {
-		if o.grant, err = parseImportFile(o.provider, b); err != nil {
-			err = fmt.Errorf("%s: %w", o.from, err)
+		var g oauthGrant
+		if g, err = parseImportFile(o.s("provider"), b); err != nil {
+			err = fmt.Errorf("%s: %w", o.s("from"), err)
 		}
+		o["grant"] = &g
 	}
 	return err
 }
 
 // subscriptionImport donates the grant another tool keeps to -agent, and
-// prints the handover sentence.
-func subscriptionImport(e *cliEnv, o *opts, _ []string) error {
-	err := e.donate(o.agent, "", donation{Provider: o.provider, Label: o.label, OAuth: &o.grant})
-	if tool := importTool[o.provider]; err == nil {
-		fmt.Fprintf(e.stderr, "brama: "+importHandover, tool, tool, tool)
+// prints the handover (README repeats it): a refresh rotates the shared
+// grant, locking out whichever refreshes second.
+func subscriptionImport(e *cliEnv, o opts, _ []string) error {
+	err := e.donate(o.s("agent"), "", donation{Provider: o.s("provider"), Label: o.s("label"), OAuth: o["grant"].(*oauthGrant)})
+	if tool := importTool[o.s("provider")]; err == nil {
+		fmt.Fprintf(e.stderr, "brama: %s and Brama now share one grant: after Brama's first refresh, %[1]s will need to sign in again; "+
+			"and if %[1]s refreshes first, Brama's copy stops working until `brama subscription sign-in` replaces it.\n", tool)
 	}
 	return err
 }
@@ -550,31 +510,27 @@ func parseImportFile(provider string, b []byte) (oauthGrant, error) {
 
 // maintain runs one pass by the daemon (SPEC §11.2) and prints its report
 // as text or JSON; it exits 0 only when the pass was ok.
-func maintain(e *cliEnv, o *opts, _ []string) error {
-	b, err := e.call("POST", "/v1/admin/maintain", nil)
+func maintain(e *cliEnv, o opts, _ []string) error {
+	var rep passReport
+	b, err := e.call("POST", "/v1/admin/maintain", nil, &rep)
 	if err != nil {
 		return err
 	}
-	var rep passReport
-	if err := json.Unmarshal(b, &rep); err != nil {
-		return fmt.Errorf("the gateway's answer is not a maintenance report (%s)", jsonErrorKind(err))
-	}
-	verdict := "ok" // and err is nil
+	verdict, next := "ok", "nothing due"
 	if !rep.OK {
 		verdict, err = "not ok", errRefused
 	}
-	if o.json {
+	if o.b("json") {
 		e.stdout.Write(b)
 		return err
+	}
+	if rep.NextDueAt != nil {
+		next = *rep.NextDueAt
 	}
 	fmt.Fprintf(e.stdout, "maintenance pass: %s\nusage reports: %d subscription(s), %d read, %d failed\n",
 		verdict, rep.Usage.Subscriptions, rep.Usage.Read, len(rep.Usage.Failed))
 	for _, f := range rep.Usage.Failed {
 		fmt.Fprintf(e.stdout, "  failed %s (%s): %s\n", f.SubscriptionID, f.Provider, f.Error)
-	}
-	next := "nothing due"
-	if rep.NextDueAt != nil {
-		next = *rep.NextDueAt
 	}
 	fmt.Fprintf(e.stdout, "credentials: %d subscription(s), %d refreshed, %d refused or failed\nnext due: %s\n",
 		rep.Credentials.Subscriptions, rep.Credentials.Refreshed, rep.Credentials.Refused, next)
@@ -582,28 +538,39 @@ func maintain(e *cliEnv, o *opts, _ []string) error {
 }
 
 // checkSignIn refuses a sign-in command line before the bearer is read.
-func checkSignIn(o *opts) error {
-	if o.id != "" && o.label != "" {
+func checkSignIn(o opts) error {
+	if o.s("id") != "" && o.s("label") != "" {
 		return &usageError{msg: "-label names a new subscription; with -id the subscription keeps its label"}
 	}
-	if _, err := signInProvider(o.provider); err != nil {
-		return &usageError{msg: fmt.Sprintf("-provider %q has no sign-in (claude-code or codex); donate its grant or replace it with PUT …/credential", o.provider)}
+	if _, err := signInProvider(o.s("provider")); err != nil {
+		return &usageError{msg: fmt.Sprintf("-provider %q has no sign-in (claude-code or codex); donate its grant or replace it with PUT …/credential", o.s("provider"))}
 	}
 	return nil
 }
 
 // subscriptionSignIn prints the authorize URL on stderr, reads the pasted
 // code from stdin, exchanges it here, then hands the grant to the daemon;
-// the verifier, the code and the tokens are never printed.
-func subscriptionSignIn(e *cliEnv, o *opts, _ []string) error {
-	// Check the gateway, the bearer and -id before the person signs in: a
-	// code is good once and for minutes only.
-	if err := e.checkSignInTarget(o.agent, o.id, o.provider); err != nil {
+// the verifier, the code and the tokens are never printed. The gateway, the
+// bearer and -id are checked first: a code is good once and for minutes only.
+func subscriptionSignIn(e *cliEnv, o opts, _ []string) error {
+	provider, agent, id := o.s("provider"), o.s("agent"), o.s("id")
+	var l struct{ Subscriptions []subscriptionRow }
+	if _, err := e.call("GET", subscriptionPath(agent), nil, &l); err != nil {
 		return err
+	}
+	i := slices.IndexFunc(l.Subscriptions, func(r subscriptionRow) bool { return r.ID == id })
+	switch {
+	case id == "":
+	case i < 0:
+		return fmt.Errorf("agent %q has no subscription %q; nothing to sign in", agent, id)
+	case l.Subscriptions[i].Provider != provider:
+		return fmt.Errorf("subscription %s is a %s subscription, not %s", id, l.Subscriptions[i].Provider, provider)
+	case l.Subscriptions[i].Status == "retired":
+		return fmt.Errorf("subscription %s is retired; reinstate it before signing in", id)
 	}
 	verifier, challenge := newPKCE()
 	state := randomToken()
-	authURL, err := authorizeURL(o.provider, state, challenge)
+	authURL, err := authorizeURL(provider, state, challenge)
 	if err != nil {
 		return err
 	}
@@ -613,38 +580,15 @@ func subscriptionSignIn(e *cliEnv, o *opts, _ []string) error {
 		return errors.New("sign-in stopped: no authorization code on stdin")
 	}
 	oa := newOAuth(e.getenv, newProviderClient(), nil, nil, slog.New(slog.DiscardHandler), time.Now)
-	grant, err := oa.exchangeCode(e.ctx, o.provider, code, verifier, state)
+	grant, err := oa.exchangeCode(e.ctx, provider, code, verifier, state)
 	if err != nil {
 		return fmt.Errorf("sign-in failed, nothing was stored: %w", err)
 	}
-	if o.id == "" {
-		return e.donate(o.agent, "?via="+signInVia, donation{Provider: o.provider, Label: o.label, OAuth: &grant})
+	if id == "" {
+		return e.donate(agent, "?via="+signInVia, donation{Provider: provider, Label: o.s("label"), OAuth: &grant})
 	}
-	if _, err = e.call("PUT", subscriptionPath(o.agent, o.id, "credential"), credentialBody{OAuth: &grant}); err == nil {
-		fmt.Fprintf(e.stderr, "brama: signed in; subscription %s of agent %s has a new %s grant\n", o.id, o.agent, o.provider)
+	if _, err = e.call("PUT", subscriptionPath(agent, id, "credential"), credentialBody{OAuth: &grant}, nil); err == nil {
+		fmt.Fprintf(e.stderr, "brama: signed in; subscription %s of agent %s has a new %s grant\n", id, agent, provider)
 	}
-	return e.say(err, "%s\n", o.id)
-}
-
-// checkSignInTarget proves the gateway and an admin bearer work, and that
-// agent owns id (when set), a live subscription of provider.
-func (e *cliEnv) checkSignInTarget(agent, id, provider string) error {
-	b, err := e.call("GET", subscriptionPath(agent), nil)
-	if err != nil || id == "" {
-		return err
-	}
-	rows, err := parseListing(b)
-	if err != nil {
-		return err
-	}
-	i := slices.IndexFunc(rows, func(r subscriptionRow) bool { return r.ID == id })
-	switch {
-	case i < 0:
-		return fmt.Errorf("agent %q has no subscription %q; nothing to sign in", agent, id)
-	case rows[i].Provider != provider:
-		return fmt.Errorf("subscription %s is a %s subscription, not %s", id, rows[i].Provider, provider)
-	case rows[i].Status == "retired":
-		return fmt.Errorf("subscription %s is retired; reinstate it before signing in", id)
-	}
-	return nil
+	return e.say(err, "%s\n", id)
 }

@@ -14,21 +14,19 @@
 // neither, Brama still serves and every state reader and writer refuses
 // naming the cause.
 //
-// Reading order, as a request meets the files: main.go (run, serve) and
-// cli.go (the command table); server.go and identity.go (routes, who may
-// call); api.go, answers.go, replay.go (handlers, signed answers); dispatch.go
-// (plan and the attempt engine), selectors.go, pool.go; providers.go,
-// passthrough.go, formats.go and one file per wire format, relay.go, sse.go;
-// refusals.go, errors.go; subscriptions.go, ledger.go, oauth.go; maintain.go;
-// catalog.go, perf.go, onboard.go; journal.go, state.go at the ground.
+// Reading order, as a request meets the files: main.go (run, parsing, help,
+// exit codes, serve) and cli.go (the command table); server.go (routes, who
+// may call, handlers); answers.go, replay.go (signed answers); dispatch.go,
+// pool.go (plan, the attempt engine, who pays); providers.go, passthrough.go,
+// formats.go and one file per wire format, relay.go, sse.go; errors.go;
+// subscriptions.go, ledger.go, oauth.go; maintain.go; catalog.go, perf.go,
+// onboard.go; journal.go, state.go at the ground.
 package main
 
 import (
 	"bufio"
-	"bytes"
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -36,7 +34,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -93,15 +90,40 @@ func run(ctx context.Context, cut <-chan struct{}, args []string, getenv func(st
 	return e.runCommand(lookup(args))
 }
 
+// command is one row of the CLI: `brama help` prints its name and purpose;
+// `brama NAME -h` its usage line, purpose, flags and example.
+type command struct {
+	name, args, purpose, example string             // name: one or two words; args: the usage line after it
+	pos                          int                // positionals it takes
+	need                         []string           // flags that must be given, not blank
+	gateway                      bool               // calls the daemon: -gateway, then the bearer
+	flags                        []flagSpec         // declared in this order
+	check                        func(o opts) error // before the bearer is read
+	run                          func(e *cliEnv, o opts, pos []string) error
+}
+
+// flagSpec is one flag; its default's type picks the kind: string, bool,
+// int, time.Duration, or []string for a repeatable one.
+type flagSpec struct {
+	name string
+	def  any
+	help string
+}
+
+// opts is a command line's flag values by name, each a pointer of its kind.
+type opts map[string]any
+
+func (o opts) s(name string) string { return *o[name].(*string) }
+func (o opts) b(name string) bool   { return *o[name].(*bool) }
+
 // cliEnv is what every command reads and writes besides its arguments.
 type cliEnv struct {
-	ctx           context.Context // serve's first stop signal; a CLI command ends on a signal (main)
-	cut           <-chan struct{} // closed on the second signal: serve cuts its running requests
-	getenv        func(string) string
-	in            *bufio.Reader // stdin: the bearer, then an API key or a pasted code, by lines
-	stdout        io.Writer
-	stderr        io.Writer
-	gateway, auth string // a gateway command's daemon URL and bearer
+	ctx            context.Context // serve's first stop signal; a CLI command ends on a signal (main)
+	cut            <-chan struct{} // closed on the second signal: serve cuts its running requests
+	getenv         func(string) string
+	in             *bufio.Reader // stdin: the bearer, then an API key or a pasted code, by lines
+	stdout, stderr io.Writer
+	gateway, auth  string // a gateway command's daemon URL and bearer
 }
 
 // usageError is a command line Brama could not understand (exit 2).
@@ -133,7 +155,8 @@ func exitCode(err error, stderr io.Writer) int {
 	return 1
 }
 
-// lookup finds args' command: two words, else one.
+// lookup finds args' command: two words, else one; else a usage error
+// naming the group's commands.
 func lookup(args []string) (command, []string, error) {
 	cmds := commands()
 	for n := min(2, len(args)); n > 0; n-- {
@@ -147,14 +170,14 @@ func lookup(args []string) (command, []string, error) {
 			subs = append(subs, sub)
 		}
 	}
-	if len(subs) == 0 {
-		return command{}, nil, &usageError{msg: fmt.Sprintf("unknown command %q; see brama help", args[0])}
+	msg := fmt.Sprintf("unknown command %q; see brama help", args[0])
+	if len(subs) > 0 {
+		msg = fmt.Sprintf("%s wants one of %s; see brama help", args[0], strings.Join(subs, ", "))
+		if len(args) > 1 && !strings.HasPrefix(args[1], "-") {
+			msg = fmt.Sprintf("unknown command %q: %s", args[0]+" "+args[1], msg)
+		}
 	}
-	unknown := ""
-	if len(args) > 1 && !strings.HasPrefix(args[1], "-") {
-		unknown = fmt.Sprintf("unknown command %q: ", args[0]+" "+args[1])
-	}
-	return command{}, nil, &usageError{msg: fmt.Sprintf("%s%s wants one of %s; see brama help", unknown, args[0], strings.Join(subs, ", "))}
+	return command{}, nil, &usageError{msg: msg}
 }
 
 // help lists every command with its purpose.
@@ -173,20 +196,32 @@ func (e *cliEnv) runCommand(c command, args []string, err error) error {
 	if err != nil {
 		return err
 	}
-	var o opts
-	fs := flag.NewFlagSet("brama "+c.name, flag.ContinueOnError)
+	fs, o := flag.NewFlagSet("brama "+c.name, flag.ContinueOnError), opts{}
 	fs.SetOutput(io.Discard)
-	if c.flags != nil {
-		c.flags(fs, &o)
-	}
 	if c.gateway {
-		fs.StringVar(&o.gateway, "gateway", "http://127.0.0.1:8080", "the brama serve `URL` to call")
+		c.flags = append(c.flags, flagSpec{"gateway", "http://127.0.0.1:8080", "the brama serve `URL` to call"})
+	}
+	for _, f := range c.flags {
+		switch d := f.def.(type) {
+		case string:
+			o[f.name] = fs.String(f.name, d, f.help)
+		case bool:
+			o[f.name] = fs.Bool(f.name, d, f.help)
+		case int:
+			o[f.name] = fs.Int(f.name, d, f.help)
+		case time.Duration:
+			o[f.name] = fs.Duration(f.name, d, f.help)
+		case []string:
+			p := new([]string)
+			o[f.name] = p
+			fs.Func(f.name, f.help, func(v string) error { *p = append(*p, v); return nil })
+		}
 	}
 	var pos []string
 	for {
 		if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintf(e.stdout, "usage: brama %s %s\n\n%s.\n", c.name, c.args, c.purpose)
-			if c.flags != nil || c.gateway {
+			if len(c.flags) > 0 {
 				fmt.Fprintln(e.stdout, "\nflags:")
 				fs.SetOutput(e.stdout)
 				fs.PrintDefaults()
@@ -206,7 +241,9 @@ func (e *cliEnv) runCommand(c command, args []string, err error) error {
 	}
 	var missing []string
 	for _, name := range c.need {
-		if strings.TrimSpace(fs.Lookup(name).Value.String()) == "" || !isSet(fs, name) {
+		set := false
+		fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+		if !set || strings.TrimSpace(fs.Lookup(name).Value.String()) == "" {
 			missing = append(missing, "-"+name)
 		}
 	}
@@ -214,24 +251,18 @@ func (e *cliEnv) runCommand(c command, args []string, err error) error {
 		return &usageError{c.name, "want " + strings.Join(missing, " and ")}
 	}
 	if c.check != nil {
-		err = c.check(&o)
+		err = c.check(o)
 	}
 	if err == nil && c.gateway {
-		err = e.dial(o.gateway)
+		err = e.dial(o.s("gateway"))
 	}
 	if err == nil {
-		err = c.run(e, &o, pos)
+		err = c.run(e, o, pos)
 	}
 	if ue := (*usageError)(nil); errors.As(err, &ue) && ue.cmd == "" {
 		ue.cmd = c.name
 	}
 	return err
-}
-
-// isSet says whether the command line gave flag name.
-func isSet(fs *flag.FlagSet, name string) (set bool) {
-	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
-	return set
 }
 
 // deps opens the state files, with the command's logger and clock.
@@ -276,83 +307,10 @@ func serveHolds(s state) bool {
 	return errors.Is(syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB), syscall.EWOULDBLOCK)
 }
 
-// table prints rows of tab-separated cells aligned under header.
-func (e *cliEnv) table(header string, rows []string) {
-	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, strings.Join(append([]string{header}, rows...), "\n"))
-	tw.Flush()
-}
-
-// dial checks -gateway and takes the bearer from BRAMA_TOKEN, else stdin's
-// first line. No time limit of Brama's own (a maintenance pass may wait on
-// token endpoints); one SIGINT ends the command (SPEC §17).
-func (e *cliEnv) dial(raw string) error {
-	u, err := url.Parse(strings.TrimSpace(raw))
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" {
-		return &usageError{msg: fmt.Sprintf("-gateway %q is not an http:// or https:// URL", raw)}
-	}
-	if u.Scheme == "http" && !isLoopbackHost(u.Hostname()) { // the bearer and credentials would cross in clear text
-		return &usageError{msg: fmt.Sprintf("-gateway %q: http:// is allowed only to a loopback host; use https://", raw)}
-	}
-	e.gateway, e.auth = strings.TrimRight(u.String(), "/"), strings.TrimSpace(e.getenv("BRAMA_TOKEN"))
-	if e.auth == "" {
-		e.auth = e.line()
-	}
-	if e.auth == "" {
-		return errors.New("no bearer token: set BRAMA_TOKEN or give the token as stdin's first line")
-	}
-	return nil
-}
-
 // line is stdin's next line, trimmed.
 func (e *cliEnv) line() string {
 	s, _ := e.in.ReadString('\n')
 	return strings.TrimSpace(s)
-}
-
-// call sends one admin request with body (nil for none) and returns the raw
-// success body; a non-2xx answer is an error quoting the envelope.
-func (e *cliEnv) call(method, path string, body any) ([]byte, error) {
-	var rd io.Reader
-	if body != nil {
-		b, _ := json.Marshal(body) // a donation, credentialBody or map of strings cannot fail
-		rd = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(e.ctx, method, e.gateway+path, rd)
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Authorization", "Bearer "+e.auth)
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("cannot reach the gateway at %s: %w", e.gateway, errors.Unwrap(err))
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, fmt.Errorf("reading the gateway's answer: %w", err)
-	}
-	if resp.StatusCode/100 == 2 {
-		return b, nil
-	}
-	var env envelope
-	if json.Unmarshal(b, &env) != nil || env.Error.Code == "" {
-		env.Error.Code, env.Error.Message = "unknown", "the answer is not a Brama error envelope"
-	}
-	return nil, fmt.Errorf("the gateway refused (%d %s): %s", resp.StatusCode, env.Error.Code, env.Error.Message)
-}
-
-// subscriptionPath is the admin path for agent and the segments after it,
-// each escaped.
-func subscriptionPath(agent string, rest ...string) string {
-	p := "/v1/admin/subscriptions/" + url.PathEscape(agent)
-	for _, r := range rest {
-		p += "/" + url.PathEscape(r)
-	}
-	return p
 }
 
 // testingOnlyNow replaces the serving process's clock in tests.
@@ -398,13 +356,12 @@ func newLogger(w io.Writer, level string) *slog.Logger {
 
 // serve runs the daemon until ctx ends, then drains until its requests end
 // or e.cut closes.
-func serve(e *cliEnv, o *opts, _ []string) error {
-	ctx := e.ctx
-	if err := checkListenAddr(o.addr); err != nil {
+func serve(e *cliEnv, o opts, _ []string) error {
+	addr, sy := o.s("addr"), e.sys()
+	if err := checkListenAddr(addr); err != nil {
 		return err
 	}
 	signal.Ignore(syscall.SIGPIPE) // a log reader gone (`serve 2>&1 | logger`) ends no generation: its lines are lost
-	sy := e.sys()
 	if testingOnlyNow != nil {
 		sy.now = testingOnlyNow
 	}
@@ -413,36 +370,26 @@ func serve(e *cliEnv, o *opts, _ []string) error {
 	if err != nil {
 		return err
 	}
+	guard, err := newTransportGuard(e.getenv("BRAMA_TRUSTED_PROXY_IPS"))
+	if err != nil {
+		return err
+	}
 	d := openDeps(e.getenv, sy)
 	lock, err := lockServe(d.st)
 	if err != nil {
 		return err
-	}
-	if lock != nil {
+	} else if lock != nil {
 		defer lock.Close()
-		n, err := removeStaleTemps(d.st.dir, d.vault.path, d.reg.path, d.clients.path)
-		if err != nil {
+		if n, err := removeStaleTemps(d.st.dir, d.vault.path, d.reg.path, d.clients.path); err != nil {
 			log.Warn("state_temp_files_unremoved", "removed", n, "cause", err.Error())
 		} else if n > 0 {
 			log.Info("state_temp_files_removed", "count", n)
 		}
 	}
-	guard, err := newTransportGuard(e.getenv("BRAMA_TRUSTED_PROXY_IPS"))
-	if err != nil {
-		return err
-	}
 	client := newProviderClient()
-	s := &server{
-		core: core{
-			deps: d, sys: sy, getenv: e.getenv, client: client, keepAlive: testingOnlyKeepAlive,
-			catalog: newCatalog(d.st, e.getenv, client, log, now),
-			perf:    newPerfRegistry(d.st, sy),
-			ledger:  newLedger(d.st, log, now),
-		},
-		guard: guard, maxBody: maxBody,
-		answers: newAnswerStore(d.st, log, now),
-		replay:  newReplayGuard(e.getenv, log, now),
-	}
+	s := &server{core: core{deps: d, sys: sy, getenv: e.getenv, client: client, keepAlive: testingOnlyKeepAlive,
+		catalog: newCatalog(d.st, e.getenv, client, log, now), perf: newPerfRegistry(d.st, sy), ledger: newLedger(d.st, log, now)},
+		guard: guard, maxBody: maxBody, answers: newAnswerStore(d.st, log, now), replay: newReplayGuard(e.getenv, log, now)}
 	defer s.ledger.flush()
 	s.inv = newInventory(d.st, s.vault, s.journal, s.ledger, e.getenv, sy)
 	if ids, _ := s.inv.orphans(); len(ids) > 0 { // kept: /readyz names them (SPEC §17)
@@ -451,12 +398,12 @@ func serve(e *cliEnv, o *opts, _ []string) error {
 	s.oauth = newOAuth(e.getenv, client, s.vault, s.ledger, log, now)
 	defer s.oauth.shutdown(e.cut)
 	s.maint = newMaintainer(s.inv, s.ledger, s.oauth, client, e.getenv, log, now)
-	if o.localCreds {
+	if o.b("local-credentials-stdin") {
 		if s.localCreds, err = readLocalCredentials(e.in); err != nil {
 			return err
 		}
 	}
-	ln, err := net.Listen("tcp", o.addr) // before the first client: its token is shown once, not to a start that fails
+	ln, err := net.Listen("tcp", addr) // before the first client: its token is shown once, not to a start that fails
 	if err != nil {
 		return err
 	}
@@ -465,29 +412,21 @@ func serve(e *cliEnv, o *opts, _ []string) error {
 		return err
 	}
 	s.routes()
-
-	// Every request context descends from base, so requests still running
-	// at the second signal are cancelled with errServerShutdown.
-	base, stopRequests := context.WithCancelCause(context.WithoutCancel(ctx))
+	// Every request context descends from base, so requests still running at
+	// the second signal are cancelled with errServerShutdown.
+	base, stopRequests := context.WithCancelCause(context.WithoutCancel(e.ctx))
 	defer stopRequests(nil)
-	srv := &http.Server{
-		Handler:     s,
-		BaseContext: func(net.Listener) context.Context { return base },
-		// OPTIONS * reaches ServeHTTP too, for its envelope and log line.
-		DisableGeneralOptionsHandler: true,
-		// Only how long a client takes to send headers is bounded; reads and
-		// writes have no deadline, so a long generation is never cut (SPEC §7.4).
-		ReadHeaderTimeout: 30 * time.Second,
-		IdleTimeout:       120 * time.Second,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-	}
-	fmt.Fprintf(e.stdout, "listening on http://%s\n", ln.Addr())
-	fmt.Fprintln(e.stdout, serveNotes(s))
+	srv := &http.Server{Handler: s, BaseContext: func(net.Listener) context.Context { return base },
+		DisableGeneralOptionsHandler: true, // OPTIONS * reaches ServeHTTP too, for its envelope and log line
+		// Only sending headers is bounded: a long generation is never cut (SPEC §7.4).
+		ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 120 * time.Second,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	fmt.Fprintf(e.stdout, "listening on http://%s\n%s\n", ln.Addr(), serveNotes(s))
 	log.Info("serve_started", "addr", ln.Addr().String(), "version", version, "state_dir", d.st.dir != "")
 
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	bg, stopBackground := context.WithCancel(ctx)
+	bg, stopBackground := context.WithCancel(e.ctx)
 	defer stopBackground()
 	s.catalog.start(bg, &wg)
 	s.maint.run(bg, &wg) // the listener is up: the start pass may begin
@@ -499,7 +438,7 @@ func serve(e *cliEnv, o *opts, _ []string) error {
 		serveErr <- srv.Serve(ln)
 	}()
 	select {
-	case <-ctx.Done():
+	case <-e.ctx.Done():
 	case err = <-serveErr:
 		return err
 	}
@@ -507,7 +446,7 @@ func serve(e *cliEnv, o *opts, _ []string) error {
 	// when their providers finish, or at the second signal.
 	log.Info("serve_draining")
 	drained := make(chan error, 1)
-	go func() { drained <- srv.Shutdown(context.WithoutCancel(ctx)) }()
+	go func() { drained <- srv.Shutdown(context.WithoutCancel(e.ctx)) }()
 	select {
 	case <-drained:
 	case <-e.cut:
@@ -552,29 +491,25 @@ func checkListenAddr(addr string) error {
 	return nil
 }
 
-// readLocalCredentials reads `{"provider":"api key",…}` from stdin.
+// readLocalCredentials reads `{"provider":"api key",…}` from stdin; a key's
+// surrounding space goes, as credentials set trims it.
 func readLocalCredentials(r io.Reader) (map[string]string, error) {
 	b, err := io.ReadAll(r)
-	if err != nil {
-		return nil, err
-	}
 	creds := map[string]string{}
-	if err := decodeStrict("-local-credentials-stdin", b, &creds); err != nil {
-		return nil, err
-	} else if creds == nil { // null: no map, and the vault's keys would be read
-		return nil, errors.New("-local-credentials-stdin: not a JSON object")
+	if err == nil {
+		err = decodeStrict("-local-credentials-stdin", b, &creds)
+	}
+	if err == nil && creds == nil { // null: no map, and the vault's keys would be read
+		err = errors.New("-local-credentials-stdin: not a JSON object")
 	}
 	for p, key := range creds {
-		if info, ok := lookupProvider(p); !ok || info.cred != credDirect {
-			return nil, fmt.Errorf("-local-credentials-stdin: %q is not a provider that takes a direct API key", p)
-		} else if key = strings.TrimSpace(key); key == "" { // a key file's newline goes, as credentials set trims it
-			return nil, fmt.Errorf("-local-credentials-stdin: the API key for %q is empty", p)
-		} else if !printable(key) {
-			return nil, fmt.Errorf("-local-credentials-stdin: the API key for %q must be one line of printable text", p)
+		if info, ok := lookupProvider(p); err == nil && (!ok || info.cred != credDirect) {
+			err = fmt.Errorf("-local-credentials-stdin: %q is not a provider that takes a direct API key", p)
+		} else if creds[p] = strings.TrimSpace(key); err == nil && (creds[p] == "" || !printable(creds[p])) {
+			err = fmt.Errorf("-local-credentials-stdin: the API key for %q is empty or not one line of printable text", p)
 		}
-		creds[p] = key
 	}
-	return creds, nil
+	return creds, err
 }
 
 // ensureFirstClient creates the admin client "local", its token printed
@@ -613,10 +548,7 @@ func (s *server) replaceSubscriptionCredential(agent, id string, cred vaultCrede
 	if err := s.journal.ready(); err != nil {
 		return overlayItem{}, refuse("dependency_unavailable", "credential not replaced: the journal cannot record a sign-in: %v", err).because(err)
 	}
-	kind := "api key"
-	if cred.OAuth != nil {
-		kind = "oauth grant"
-	}
+	kind := map[bool]string{false: "api key", true: "oauth grant"}[cred.OAuth != nil]
 	it, err := s.inv.replaceCredential(agent, id, cred)
 	if err != nil {
 		if ae := asAPIError(err); ae.Status() >= 500 && it.ID != "" {
@@ -632,18 +564,17 @@ func (s *server) replaceSubscriptionCredential(agent, id string, cred vaultCrede
 	return it, nil
 }
 
-// journalSignIn appends one subscription_sign_in record and logs it.
+// journalSignIn appends one subscription_sign_in record and logs it (Warn
+// unless signed in and journaled).
 func (s *server) journalSignIn(it overlayItem, result, detail string) error {
 	detail = ledgerSentence(detail)
 	err := s.journal.append(journalRecord{Kind: "subscription_sign_in", SubscriptionID: it.ID, Provider: it.Provider, Result: result, Detail: detail})
-	level := slog.LevelInfo
-	args := []any{"subscription_id", it.ID, "agent_id", it.AgentID, "provider", it.Provider,
-		"result", result, "detail", detail}
-	if result != "signed_in" || err != nil {
-		level = slog.LevelWarn
-	}
+	level, args := slog.LevelInfo, []any{"subscription_id", it.ID, "agent_id", it.AgentID, "provider", it.Provider, "result", result, "detail", detail}
 	if err != nil {
 		args = append(args, "journal_error", err.Error())
+	}
+	if result != "signed_in" || err != nil {
+		level = slog.LevelWarn
 	}
 	s.log.Log(context.Background(), level, "subscription_sign_in", args...)
 	return err

@@ -10,11 +10,8 @@ import (
 	"time"
 )
 
-// `brama onboard` (SPEC §14) walks the first-use journey in-process, no daemon or bearer:
-// state directory → a client → a route → one real answer, through plan and the engine.
-
-// Onboarding steps in journey order, as printed ("done <step>") and kept in
-// onboarding.json, the progress file (SPEC §2.2).
+// Onboarding (SPEC §14) walks the first-use journey in-process, no daemon or
+// bearer, in the steps' order; onboarding.json keeps the steps done.
 const (
 	stepStateDir = "state-directory"
 	stepClient   = "client"
@@ -24,100 +21,16 @@ const (
 	onboardRole  = "onboarding progress"
 )
 
-// onboardProgress is onboarding.json: the steps done, when first done, and
-// the route that answered.
+// onboardProgress is onboarding.json: each step done, when first done, and
+// (route, answer) the model named.
 type onboardProgress struct {
 	SchemaVersion int                    `json:"schema_version"`
 	Steps         map[string]onboardStep `json:"steps"`
 }
 
-// onboardStep is one step done.
 type onboardStep struct {
-	DoneAt string `json:"done_at"`         // RFC 3339 UTC, milliseconds
-	Model  string `json:"model,omitempty"` // route and answer: the model named
-}
-
-// onboard walks the journey; model is the route of the one billable call, made only with
-// allowCost. A "next: <command>" returns errRefused; only ctx cancels the call (SPEC §7.4).
-func onboard(ctx context.Context, getenv func(string) string, sy sys, model string, allowCost bool, say func(string)) error {
-	d := openDeps(getenv, sy)
-
-	// 1. Progress can be read and written in the state directory.
-	path, err := d.st.path(onboardRole, onboardFile)
-	if err != nil {
-		return err
-	}
-	f := stateFile[*onboardProgress]{role: onboardRole, path: path, parse: parseOnboarding}
-	prog, err := f.fresh() // a file failing the guards is refused, never overwritten
-	if err != nil {
-		return fmt.Errorf("the state directory is not usable: %w", err)
-	}
-	mark := func(step, model string) error {
-		if _, done := prog.Steps[step]; !done {
-			prog.Steps[step] = onboardStep{DoneAt: sy.now().UTC().Format(journalTimeFormat), Model: model}
-		}
-		if err := writeState(path, prog); err != nil {
-			return fmt.Errorf("the state directory is not usable: %s cannot be written: %w", onboardRole, err)
-		}
-		say("done " + step)
-		return nil
-	}
-	if err := mark(stepStateDir, ""); err != nil {
-		return err
-	}
-
-	// 2. A client exists (serve makes the first admin client).
-	doc, err := d.clients.load()
-	switch {
-	case errors.Is(err, errFileAbsent) || (err == nil && len(doc.Clients) == 0):
-		say("next: brama clients add <id> -admin")
-		return errRefused
-	case err != nil:
-		return fmt.Errorf("the clients file is unusable: %w", err)
-	}
-	if err := mark(stepClient, ""); err != nil {
-		return err
-	}
-
-	// 3. A route or credential can serve.
-	s := &server{core: core{deps: d, sys: sy, getenv: getenv}}
-	s.client = newProviderClient()
-	s.catalog = newCatalog(d.st, getenv, s.client, sy.log, sy.now)
-	c, req, next, err := s.onboardPlan(model)
-	if next != "" {
-		say("next: " + next)
-	}
-	if err != nil {
-		return err
-	}
-	if err := mark(stepRoute, c.res.Route); err != nil {
-		return err
-	}
-
-	// 4. One real model answer: billable, so only when asked for.
-	if model == "" || !allowCost {
-		if _, done := prog.Steps[stepAnswer]; done && model == "" {
-			say("done " + stepAnswer) // done on an earlier run
-			return nil
-		}
-		say("next: brama onboard -model " + cmp.Or(model, "<route>") + " -allow-provider-cost")
-		return nil
-	}
-	j := &job{kind: kindProbe, // one ping, as the probe's (SPEC §11.3)
-		build: func(ctx context.Context, _ *candidate, c call) (*http.Request, error) {
-			return buildUpstreamRequest(ctx, c.res.Provider, c.baseURL, c.cred, req, c.res.Model)
-		},
-		commit: func(_ context.Context, _ *candidate, c call, _ *overlayItem, resp *http.Response, _ int) (usage, *apiError, bool) {
-			a, err := readProviderAnswer(c.res.Provider, req, resp)
-			if err != nil {
-				return usage{}, asAPIError(err), false
-			}
-			return a.Usage, nil, false
-		}}
-	if ae := s.engine(&requestInfo{}).attemptRoute(ctx, j, c, nil); ae != nil {
-		return fmt.Errorf("no model answer: %s", ae.Message)
-	}
-	return mark(stepAnswer, c.res.Route)
+	DoneAt string `json:"done_at"` // RFC 3339 UTC, milliseconds
+	Model  string `json:"model,omitempty"`
 }
 
 // errOnboardingInvalid wraps every refusal of parseOnboarding.
@@ -126,11 +39,10 @@ var errOnboardingInvalid = errors.New("onboarding progress is invalid")
 // parseOnboarding is decodeStrict on onboarding.json; empty is no progress.
 func parseOnboarding(b []byte) (*onboardProgress, error) {
 	prog := &onboardProgress{SchemaVersion: 1, Steps: map[string]onboardStep{}}
-	if len(b) == 0 {
-		return prog, nil
-	}
-	if err := decodeStrict(onboardFile, b, prog); err != nil {
-		return nil, fmt.Errorf("%w: %w (remove the file to start the journey again)", errOnboardingInvalid, err)
+	if len(b) > 0 {
+		if err := decodeStrict(onboardFile, b, prog); err != nil {
+			return nil, fmt.Errorf("%w: %w (remove the file to start the journey again)", errOnboardingInvalid, err)
+		}
 	}
 	return prog, nil
 }
@@ -150,6 +62,86 @@ func (prog *onboardProgress) validate() error {
 		if _, err := time.Parse(time.RFC3339Nano, st.DoneAt); err != nil {
 			return fmt.Errorf("step %s: done_at is not an RFC 3339 time", name)
 		}
+	}
+	return nil
+}
+
+// onboard runs the steps in order. A step returns the model it names, or the
+// command to run next ("next: …", and the step is not done; err says whether
+// that is a refusal). The one billable call is made only with
+// -allow-provider-cost, and only ctx cancels it (SPEC §7.4).
+func onboard(e *cliEnv, o opts, _ []string) error {
+	model, sy := o.s("model"), e.sys()
+	d := openDeps(e.getenv, sy)
+	path, err := d.st.path(onboardRole, onboardFile)
+	if err != nil {
+		return err
+	}
+	f := stateFile[*onboardProgress]{role: onboardRole, path: path, parse: parseOnboarding}
+	prog, err := f.fresh() // a file failing the guards is refused, never overwritten
+	if err != nil {
+		return fmt.Errorf("the state directory is not usable: %w", err)
+	}
+	s := &server{core: core{deps: d, sys: sy, getenv: e.getenv, client: newProviderClient()}}
+	s.catalog = newCatalog(d.st, e.getenv, s.client, sy.log, sy.now)
+	var c call
+	var req chatRequest
+	steps := []struct {
+		name string
+		do   func() (model, next string, err error)
+	}{
+		{stepStateDir, func() (string, string, error) { return "", "", nil }},
+		{stepClient, func() (string, string, error) { // serve makes the first admin client
+			doc, err := d.clients.load()
+			if errors.Is(err, errFileAbsent) || err == nil && len(doc.Clients) == 0 {
+				return "", "brama clients add <id> -admin", errRefused
+			} else if err != nil {
+				return "", "", fmt.Errorf("the clients file is unusable: %w", err)
+			}
+			return "", "", nil
+		}},
+		{stepRoute, func() (_, next string, err error) {
+			c, req, next, err = s.onboardPlan(model)
+			return c.res.Route, next, err
+		}},
+		{stepAnswer, func() (string, string, error) {
+			if _, done := prog.Steps[stepAnswer]; done && model == "" {
+				return "", "", nil // done on an earlier run
+			} else if model == "" || !o.b("allow-provider-cost") {
+				return "", "brama onboard -model " + cmp.Or(model, "<route>") + " -allow-provider-cost", nil
+			}
+			j := &job{kind: kindProbe, // one ping, as the probe's (SPEC §11.3)
+				build: func(ctx context.Context, _ *candidate, c call) (*http.Request, error) {
+					return buildUpstreamRequest(ctx, c.res.Provider, c.baseURL, c.cred, req, c.res.Model)
+				},
+				commit: func(_ context.Context, _ *candidate, c call, _ *overlayItem, resp *http.Response, _ int) (usage, *apiError, bool) {
+					a, err := readProviderAnswer(c.res.Provider, req, resp)
+					if err != nil {
+						return usage{}, asAPIError(err), false
+					}
+					return a.Usage, nil, false
+				}}
+			if ae := s.engine(&requestInfo{}).attemptRoute(e.ctx, j, c, nil); ae != nil {
+				return "", "", fmt.Errorf("no model answer: %s", ae.Message)
+			}
+			return c.res.Route, "", nil
+		}},
+	}
+	for _, st := range steps {
+		m, next, err := st.do()
+		if next != "" {
+			fmt.Fprintf(e.stdout, "next: %s\n", next)
+		}
+		if err != nil || next != "" {
+			return err
+		}
+		if _, done := prog.Steps[st.name]; !done {
+			prog.Steps[st.name] = onboardStep{DoneAt: sy.now().UTC().Format(journalTimeFormat), Model: m}
+		}
+		if err := writeState(path, prog); err != nil {
+			return fmt.Errorf("the state directory is not usable: %s cannot be written: %w", onboardRole, err)
+		}
+		fmt.Fprintf(e.stdout, "done %s\n", st.name)
 	}
 	return nil
 }
