@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -500,27 +501,25 @@ func (m *maintainer) refreshPass(ctx context.Context, subs []*passSub, rep *pass
 	wg.Wait()
 }
 
-// usageReport is one provider's report (SPEC §11.2): where it is read, the reader,
-// what a report naming no window lacks, whether an API key reads it, the GET's headers.
+// usageReport is one provider's report (SPEC §11.2): where it is read (below the base URL, or at
+// codex's own address that env alone overrides), its reader, what a report naming no window lacks,
+// whether an API key reads it, whether the grant's account goes in chatgpt-account-id, the GET's headers.
 type usageReport struct {
-	path    string // below the provider's base URL, unless url is set
-	url     string // codex's lives elsewhere: its own address, overridden by env alone
-	env     string
-	read    func(report, time.Time) []planWindow
-	none    string
-	apiKey  bool
-	account bool // the grant's account id goes in chatgpt-account-id
-	headers [][2]string
+	path, url, env  string
+	read            func(body []byte, now time.Time) ([]planWindow, error)
+	none            string
+	apiKey, account bool
+	headers         [][2]string
 }
 
 var usageReports = map[string]usageReport{
-	"claude-code": {path: "/api/oauth/usage", read: claudeCodeUsage,
+	"claude-code": {path: "/api/oauth/usage", read: reportReader(claudeCodeUsage),
 		none:    "no member with utilization and resets_at",
 		headers: [][2]string{{"anthropic-version", "2023-06-01"}, {"anthropic-beta", "oauth-2025-04-20"}}},
-	"codex": {url: "https://chatgpt.com/backend-api/wham/usage", env: "BRAMA_PROVIDER_CODEX_USAGE_URL", read: codexUsage, account: true,
+	"codex": {url: "https://chatgpt.com/backend-api/wham/usage", env: "BRAMA_PROVIDER_CODEX_USAGE_URL", read: reportReader(codexUsage), account: true,
 		none:    "no rate_limit with a primary_window or secondary_window with used_percent",
 		headers: [][2]string{{"OpenAI-Beta", "responses=experimental"}, {"originator", "codex_cli_rs"}}},
-	"kimi": {path: "/usages", read: kimiUsage, apiKey: true,
+	"kimi": {path: "/usages", read: reportReader(kimiUsage), apiKey: true,
 		none: "no usage or limits entry with a limit above 0"},
 }
 
@@ -534,21 +533,21 @@ func usageReportable(provider string, cred vaultCredential) bool {
 func (m *maintainer) usageEndpoint(provider string) (string, error) {
 	r, ok := usageReports[provider]
 	info, known := lookupProvider(provider)
-	if !ok || !known {
+	switch {
+	case !ok || !known:
 		return "", fmt.Errorf("provider %q publishes no usage report", provider)
-	}
-	if r.url != "" {
-		raw := cmp.Or(strings.TrimSpace(m.getenv(r.env)), r.url)
-		if err := checkBaseURL(raw); err != nil {
-			return "", fmt.Errorf("%s: %w: %v", r.env, errBaseURL, err)
+	case r.url == "":
+		base, err := providerBaseURL(info, m.getenv)
+		if err != nil {
+			return "", err
 		}
-		return raw, nil
+		return base + r.path, nil
 	}
-	base, err := providerBaseURL(info, m.getenv)
-	if err != nil {
-		return "", err
+	raw := cmp.Or(strings.TrimSpace(m.getenv(r.env)), r.url)
+	if err := checkBaseURL(raw); err != nil {
+		return "", fmt.Errorf("%s: %w: %v", r.env, errBaseURL, err)
 	}
-	return base + r.path, nil
+	return raw, nil
 }
 
 // fetchUsage GETs and parses provider's report; it sets the headers itself,
@@ -585,48 +584,31 @@ func (m *maintainer) fetchUsage(ctx context.Context, provider string, cred vault
 // they recognize of the providers' undocumented shapes, never a guessed number.
 var errUsageReport = errors.New("the usage report is not usable")
 
-// usageMaxResetMs bounds a reset instant, so arithmetic cannot overflow.
-const usageMaxResetMs = planMaxResetSeconds * 1000
-
 // parseUsage reads the report of provider (one in usageReports): a JSON object
 // naming a window, else errUsageReport saying why without quoting the body.
 func parseUsage(provider string, body []byte, now time.Time) ([]planWindow, error) {
-	var r report
-	if err := json.Unmarshal(body, &r); err != nil {
-		return nil, fmt.Errorf("%w: the body is not a JSON object (%s)", errUsageReport, jsonErrorKind(err))
-	}
-	if r == nil {
-		return nil, fmt.Errorf("%w: the body is not a JSON object (null)", errUsageReport)
-	}
 	u := usageReports[provider]
-	if ws := u.read(r, now); len(ws) > 0 {
-		return ws, nil
+	ws, err := u.read(body, now)
+	if err == nil && len(ws) == 0 {
+		err = fmt.Errorf("%w: it names no plan window (%s)", errUsageReport, u.none)
 	}
-	return nil, fmt.Errorf("%w: it names no plan window (%s)", errUsageReport, u.none)
+	return ws, err
 }
 
-// instant is the first of keys holding an instant (SPEC §11.2), in epoch ms; 0 none.
-func (r report) instant(keys ...string) int64 {
-	for _, k := range keys {
-		f, ok := r.num(k)
-		if t, err := time.Parse(time.RFC3339Nano, strings.TrimSpace(r.str(k))); err == nil {
-			f, ok = float64(t.UnixMilli()), true
-		} else if f < 1e12 { // ≥ 1e12 ⇒ ms (1e12 s would be year 33658)
-			f *= 1000
+// reportReader reads a report as T leniently: a member of another type than T
+// says is absent (its number and instant members take any JSON value).
+func reportReader[T any](read func(T, time.Time) []planWindow) func([]byte, time.Time) ([]planWindow, error) {
+	return func(body []byte, now time.Time) ([]planWindow, error) {
+		var doc T
+		err := json.Unmarshal(body, &doc)
+		if errors.As(err, new(*json.UnmarshalTypeError)) {
+			err = nil
 		}
-		if ms, inRange := usageMs(f); ok && inRange {
-			return ms
+		if err != nil || !bytes.HasPrefix(bytes.TrimSpace(body), []byte("{")) {
+			return nil, fmt.Errorf("%w: the body is not a JSON object (%s)", errUsageReport, jsonErrorKind(err))
 		}
+		return read(doc, now), nil
 	}
-	return 0
-}
-
-// usageMs keeps epoch milliseconds after the epoch and within usageMaxResetMs.
-func usageMs(f float64) (int64, bool) {
-	if !(f > 0 && f <= usageMaxResetMs) {
-		return 0, false
-	}
-	return int64(f), true
 }
 
 // claudeWindowKey is the shape of a member kept as a window id.
@@ -634,97 +616,84 @@ var claudeWindowKey = regexp.MustCompile(`^[a-z0-9_]{1,64}$`)
 
 // claudeCodeUsage reads {base}/api/oauth/usage: a member with "utilization" percent and "resets_at"
 // is a window, anthropicWindows first under their traffic ids, then anthropic:<member> by name.
-func claudeCodeUsage(r report, now time.Time) []planWindow {
-	var ws []planWindow
+func claudeCodeUsage(r map[string]struct {
+	Utilization number
+	ResetsAt    instant `json:"resets_at"`
+}, now time.Time) (ws []planWindow) {
 	add := func(k, id, label string) {
-		m := r.obj(k)
-		_, hasReset := m["resets_at"]
-		if util, ok := m.num("utilization"); ok && hasReset && claudeWindowKey.MatchString(k) {
-			ws = append(ws, newWindow(id, label, util/100, m.instant("resets_at"), now, windowSourceReport))
+		if m := r[k]; m.Utilization.ok && m.ResetsAt.set && claudeWindowKey.MatchString(k) {
+			ws = append(ws, newWindow(id, label, m.Utilization.v/100, m.ResetsAt.ms, now, windowSourceReport))
 		}
 	}
-	known := map[string]bool{}
 	for _, w := range anthropicWindows {
 		add(w.member, w.id, w.label)
-		known[w.member] = true
 	}
 	for _, k := range slices.Sorted(maps.Keys(r)) {
-		if !known[k] {
+		if !slices.ContainsFunc(anthropicWindows, func(w struct{ header, member, id, label string }) bool { return w.member == k }) {
 			add(k, "anthropic:"+k, strings.ReplaceAll(k, "_", " "))
 		}
 	}
 	return ws
 }
 
-// codexUsage reads rate_limit's windows (SPEC §11.2); reset_at wins over reset_after_seconds,
-// whose 0 is an untouched window's: no moment, or every pass would fall due inside itself.
-func codexUsage(r report, now time.Time) []planWindow {
-	var ws []planWindow
+// codexUsage reads rate_limit's primary_window and secondary_window (SPEC §11.2).
+func codexUsage(r struct {
+	RateLimit map[string]codexReading `json:"rate_limit"`
+}, now time.Time) (ws []planWindow) {
 	for _, which := range []string{"primary", "secondary"} {
-		m := r.obj("rate_limit").obj(which + "_window")
-		pct, ok := m.num("used_percent")
-		if !ok {
-			continue
+		if w, ok := r.RateLimit[which+"_window"].window(which, now, windowSourceReport); ok {
+			ws = append(ws, w)
 		}
-		label := which + " window"
-		secs, hasLength := m.num("limit_window_seconds")
-		if hasLength && secs < planMaxResetSeconds {
-			label = windowLabel(secs/60, label)
-		}
-		reset := m.instant("reset_at")
-		if after, ok := m.num("reset_after_seconds"); reset == 0 && ok && after > 0 && after < planMaxResetSeconds {
-			reset, _ = usageMs(float64(now.UnixMilli()) + after*1000)
-		}
-		if hasLength && secs == 0 { // a window the plan lacks: its reset_at is the read's moment, no reset
-			reset = 0
-		}
-		ws = append(ws, newWindow("codex:"+which, label, pct/100, reset, now, windowSourceReport))
 	}
 	return ws
 }
+
+// kimiCounters are a Kimi usage entry's counters; Kimi names the reset resetTime, SPEC reset_time.
+type kimiCounters struct {
+	Limit, Used, Remaining number
+	ResetTime              instant `json:"resetTime"`
+	ResetTimeSpec          instant `json:"reset_time"`
+}
+
+// fraction is used/limit (limit > 0), or else 1 − remaining/limit.
+func (c *kimiCounters) fraction() (float64, bool) {
+	if !c.Limit.ok || c.Limit.v <= 0 {
+		return 0, false
+	}
+	if c.Used.ok {
+		return c.Used.v / c.Limit.v, true
+	}
+	return (c.Limit.v - c.Remaining.v) / c.Limit.v, c.Remaining.ok
+}
+
+func (c *kimiCounters) reset() int64 { return cmp.Or(c.ResetTime.ms, c.ResetTimeSpec.ms) }
 
 // kimiTimeUnits is minutes per window.timeUnit of a Kimi limit.
 var kimiTimeUnits = map[string]float64{
 	"TIME_UNIT_SECOND": 1.0 / 60, "TIME_UNIT_MINUTE": 1, "TIME_UNIT_HOUR": 60, "TIME_UNIT_DAY": 24 * 60,
 }
 
-// kimiUsage reads {base}/usages (SPEC §11.2); detail's counters win over the top level's.
-func kimiUsage(r report, now time.Time) []planWindow {
-	var ws []planWindow
-	u := r.obj("usage") // nil when absent: it has no fraction
-	if f, ok := kimiFraction(u); ok {
-		ws = append(ws, newWindow("kimi:usage", "plan usage", f, u.instant("reset_time", "resetTime"), now, windowSourceReport))
+// kimiUsage reads {base}/usages (SPEC §11.2); a limit's detail counters win over its top level's.
+func kimiUsage(r struct {
+	Usage  kimiCounters
+	Limits []struct {
+		kimiCounters
+		Detail *kimiCounters
+		Window struct {
+			Duration number
+			TimeUnit string
+		}
 	}
-	var limits []json.RawMessage
-	json.Unmarshal(r["limits"], &limits) // not an array: no limits
-	for i, raw := range limits {
-		top := asReport(raw)
-		counters := top
-		if d := top.obj("detail"); d != nil {
-			counters = d
+}, now time.Time) (ws []planWindow) {
+	if f, ok := r.Usage.fraction(); ok {
+		ws = append(ws, newWindow("kimi:usage", "plan usage", f, r.Usage.reset(), now, windowSourceReport))
+	}
+	for i, l := range r.Limits {
+		c := cmp.Or(l.Detail, &l.kimiCounters)
+		if f, ok := c.fraction(); ok {
+			label := windowLabel(l.Window.Duration.v*kimiTimeUnits[l.Window.TimeUnit], "limit "+strconv.Itoa(i))
+			ws = append(ws, newWindow("kimi:limit-"+strconv.Itoa(i), label, f, cmp.Or(c.reset(), l.reset()), now, windowSourceReport))
 		}
-		f, ok := kimiFraction(counters)
-		if !ok {
-			continue
-		}
-		w := top.obj("window")
-		d, _ := w.num("duration")
-		label := windowLabel(d*kimiTimeUnits[w.str("timeUnit")], "limit "+strconv.Itoa(i))
-		reset := cmp.Or(counters.instant("resetTime", "reset_time"), top.instant("resetTime", "reset_time"))
-		ws = append(ws, newWindow("kimi:limit-"+strconv.Itoa(i), label, f, reset, now, windowSourceReport))
 	}
 	return ws
-}
-
-// kimiFraction is used/limit (limit > 0), or else 1 − remaining/limit.
-func kimiFraction(m report) (float64, bool) {
-	limit, ok := m.num("limit")
-	if !ok || limit <= 0 {
-		return 0, false
-	}
-	if used, ok := m.num("used"); ok {
-		return used / limit, true
-	}
-	rem, ok := m.num("remaining")
-	return (limit - rem) / limit, ok
 }
