@@ -23,9 +23,6 @@ import (
 
 var errMaintenanceStopped = errors.New("the maintenance scheduler is not running")
 
-// errPassCut is a pass the server's stop ended before its reads and refreshes did.
-var errPassCut = fmt.Errorf("%w: the server is stopping, so this pass ended before its reads and refreshes", errMaintenanceStopped)
-
 // maintainer runs one daemon's passes one at a time on loop's goroutine;
 // passes asked for while one runs become exactly one more.
 type maintainer struct {
@@ -76,19 +73,16 @@ type passReport struct {
 	err error // the pass could not list the subscriptions at all; never sent
 }
 
-// usageFailure is one failed read, its error redacted.
-type usageFailure struct {
+type usageFailure struct { // one failed read, its error redacted
 	SubscriptionID string `json:"subscription_id"`
 	Provider       string `json:"provider"`
 	Error          string `json:"error"`
 }
 
-// credentialSummary counts active OAuth subscriptions, refreshes that gave
-// a grant, and attempts that did not (the credential_refresh_* line says why).
 type credentialSummary struct {
-	Subscriptions int `json:"subscriptions"`
+	Subscriptions int `json:"subscriptions"` // active OAuth ones
 	Refreshed     int `json:"refreshed"`
-	Refused       int `json:"refused"`
+	Refused       int `json:"refused"` // attempts that gave no grant (the credential_refresh_* line says why)
 }
 
 // newMaintainer builds the maintainer; nothing runs until run.
@@ -189,20 +183,15 @@ func (m *maintainer) armLocked(due, now time.Time) {
 	var t ledgerStopper
 	t = afterFunc(m.testingOnlyAfterFunc, due.Sub(now), func() {
 		m.mu.Lock()
-		current := m.timer == t
-		if current {
-			m.timer = nil // fired: the next turn arms afresh
-			m.pending = cmp.Or(m.pending, "due")
-		}
-		m.mu.Unlock()
-		if current {
+		defer m.mu.Unlock()
+		if m.timer == t { // fired: the next turn arms afresh
+			m.timer, m.pending = nil, cmp.Or(m.pending, "due")
 			nudge(m.l.changed)
 		}
 	})
 	m.timer, m.timerAt = t, due
 }
 
-// disarmLocked stops the due timer. m.mu is held.
 func (m *maintainer) disarmLocked() {
 	if m.timer != nil {
 		m.timer.Stop()
@@ -242,8 +231,7 @@ func (m *maintainer) request(reason, agent string) {
 	nudge(m.l.changed)
 }
 
-// changed records an inventory or credential change (donation, sign-in,
-// reinstate, replacement), so the next request counts again. Nil-safe.
+// changed records an inventory or credential change (donation, sign-in, reinstate, replacement), so the next request counts again.
 func (m *maintainer) changed() {
 	if m != nil {
 		m.mu.Lock()
@@ -306,15 +294,6 @@ func (m *maintainer) metrics() map[string]float64 {
 	return out
 }
 
-// rfc3339OrNil is t in RFC 3339 UTC, or nil for the zero time.
-func rfc3339OrNil(t time.Time) *string {
-	if t.IsZero() {
-		return nil
-	}
-	s := t.UTC().Format(time.RFC3339)
-	return &s
-}
-
 // passSub is one non-retired subscription as a pass found it, and how its
 // usage read and refresh attempt of the pass went.
 type passSub struct {
@@ -336,11 +315,20 @@ func (m *maintainer) passOnce(ctx context.Context, agent string) passReport {
 	m.o.vault.writeUnwritten(m.o.log)
 	var rep passReport
 	rep.Usage.Failed = []usageFailure{}
-	subs, retired, err := m.live(agent) // none when err: the counts stay 0 and OK false
+	var subs []*passSub
+	items, retired, err := m.inv.view() // none when err: the counts stay 0 and OK false
+	for _, it := range items {
+		if !retired[it.ID] && (agent == "" || it.AgentID == agent) {
+			s := &passSub{it: it}
+			s.cred, s.credErr = m.inv.credential(it.ID)
+			s.entry, _ = m.l.entry(it.ID)
+			subs = append(subs, s)
+		}
+	}
 	m.usagePass(ctx, subs, &rep)
 	m.refreshPass(ctx, subs, &rep)
-	if err == nil && ctx.Err() != nil {
-		err = errPassCut // what it skipped is neither read nor failed: not ok
+	if err == nil && ctx.Err() != nil { // what it skipped is neither read nor failed: not ok
+		err = fmt.Errorf("%w: the server is stopping, so this pass ended before its reads and refreshes", errMaintenanceStopped)
 	}
 	m.inv.invalidate(false) // the listing shows the pass at once (SPEC §10.2)
 	for _, s := range subs {
@@ -360,7 +348,10 @@ func (m *maintainer) passOnce(ctx context.Context, agent string) passReport {
 		}
 	}
 	rep.OK = err == nil && len(rep.Usage.Failed) == 0 && rep.Credentials.Refused == 0
-	rep.NextDueAt = rfc3339OrNil(m.l.nextDue(m.clock(), retired))
+	if due := m.l.nextDue(m.clock(), retired); !due.IsZero() {
+		rep.NextDueAt = new(string)
+		*rep.NextDueAt = due.UTC().Format(time.RFC3339)
+	}
 	if err != nil {
 		rep.err = err
 		m.log.Warn("maintenance_pass_failed", "cause", redact(err.Error()))
@@ -370,24 +361,6 @@ func (m *maintainer) passOnce(ctx context.Context, agent string) passReport {
 		"refreshed", rep.Credentials.Refreshed, "refused", rep.Credentials.Refused,
 		"next_due_at", *cmp.Or(rep.NextDueAt, new(string)), "dur_ms", m.clock().Sub(start).Milliseconds())
 	return rep
-}
-
-// live lists agent's ("": everyone's) non-retired subscriptions, credentials and ledger entries, and the retired ids.
-func (m *maintainer) live(agent string) ([]*passSub, map[string]bool, error) {
-	items, retired, err := m.inv.view()
-	if err != nil {
-		return nil, nil, err
-	}
-	var subs []*passSub
-	for _, it := range items {
-		if !retired[it.ID] && (agent == "" || it.AgentID == agent) {
-			s := &passSub{it: it}
-			s.cred, s.credErr = m.inv.credential(it.ID)
-			s.entry, _ = m.l.entry(it.ID)
-			subs = append(subs, s)
-		}
-	}
-	return subs, retired, nil
 }
 
 // usagePass reads each due report once into the ledger: one read at a time
@@ -523,31 +496,28 @@ var usageReports = map[string]usageReport{
 		none: "no usage or limits entry with a limit above 0"},
 }
 
-// usageReportable says whether provider publishes a report cred can read.
 func usageReportable(provider string, cred vaultCredential) bool {
 	r, ok := usageReports[provider]
 	return ok && (cred.OAuth != nil || (r.apiKey && cred.APIKey != ""))
 }
 
-// usageEndpoint is where provider's report is read.
 func (m *maintainer) usageEndpoint(provider string) (string, error) {
 	r, ok := usageReports[provider]
 	info, known := lookupProvider(provider)
-	switch {
-	case !ok || !known:
+	if !ok || !known {
 		return "", fmt.Errorf("provider %q publishes no usage report", provider)
-	case r.url == "":
-		base, err := providerBaseURL(info, m.getenv)
-		if err != nil {
-			return "", err
+	}
+	base, err := providerBaseURL(info, m.getenv)
+	if r.url != "" {
+		base = cmp.Or(strings.TrimSpace(m.getenv(r.env)), r.url)
+		if err = checkBaseURL(base); err != nil {
+			err = fmt.Errorf("%s: %w: %v", r.env, errBaseURL, err)
 		}
-		return base + r.path, nil
 	}
-	raw := cmp.Or(strings.TrimSpace(m.getenv(r.env)), r.url)
-	if err := checkBaseURL(raw); err != nil {
-		return "", fmt.Errorf("%s: %w: %v", r.env, errBaseURL, err)
+	if err != nil {
+		return "", err
 	}
-	return raw, nil
+	return base + r.path, nil
 }
 
 // fetchUsage GETs and parses provider's report; it sets the headers itself,
@@ -627,11 +597,10 @@ func claudeCodeUsage(r map[string]struct {
 	}
 	for _, w := range anthropicWindows {
 		add(w.member, w.id, w.label)
+		delete(r, w.member)
 	}
 	for _, k := range slices.Sorted(maps.Keys(r)) {
-		if !slices.ContainsFunc(anthropicWindows, func(w struct{ header, member, id, label string }) bool { return w.member == k }) {
-			add(k, "anthropic:"+k, strings.ReplaceAll(k, "_", " "))
-		}
+		add(k, "anthropic:"+k, strings.ReplaceAll(k, "_", " "))
 	}
 	return ws
 }
