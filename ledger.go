@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -22,17 +23,13 @@ const (
 	ledgerFile       = "ledger.json"
 	ledgerWriteEvery = time.Second        // SPEC §10.3: coalesced changes are written at most once per second
 	ledgerMaxBlock   = 7 * 24 * time.Hour // SPEC §7.2.4: a reset stated months away parks no subscription for months
-)
 
-// Credential states (SPEC §10.3); credDisabled is shown for retired rows, never stored.
-const (
+	// Credential states (SPEC §10.3); credDisabled is shown for retired rows, never stored.
 	credActive      = "active"
 	credNeedsReauth = "needs_reauthorization"
 	credDisabled    = "disabled"
-)
 
-// Where a plan window's reading came from: an answer's headers (SPEC §6.3) or a usage report (§11.2).
-const (
+	// Where a plan window's reading came from: an answer's headers (SPEC §6.3) or a usage report (§11.2).
 	windowSourceTraffic = "traffic"
 	windowSourceReport  = "usage_report"
 )
@@ -48,23 +45,32 @@ type planWindow struct {
 	Source       string  `json:"source"` // windowSourceTraffic or windowSourceReport
 }
 
-// ledgerBlock is the block a 429 or quota refusal left; until_ms 0 is none.
+// ledgerEntry is one subscription's ledger record (SPEC §10.3); a time 0 is unknown, none or never.
+type ledgerEntry struct {
+	Provider   string           `json:"provider"`
+	Windows    []planWindow     `json:"windows"`
+	Block      ledgerBlock      `json:"block"`
+	Credential ledgerCredential `json:"credential"`
+	Measured   ledgerMeasured   `json:"measured"` // what Brama itself saw of the subscription's use
+	UsageRead  ledgerCheck      `json:"usage_read"`
+	Probe      ledgerCheck      `json:"probe"`
+}
+
+// ledgerBlock is the block a 429 or quota refusal left.
 type ledgerBlock struct {
 	UntilMs      int64  `json:"until_ms"`
 	Reason       string `json:"reason"`
 	RecordedAtMs int64  `json:"recorded_at_ms"`
 }
 
-// ledgerCredential is the credential's state and its grant's times.
 type ledgerCredential struct {
 	State         string `json:"state"`
 	Cause         string `json:"cause"`
 	RecordedAtMs  int64  `json:"recorded_at_ms"`
-	ExpiresAtMs   int64  `json:"expires_at_ms"`
-	RefreshedAtMs int64  `json:"refreshed_at_ms"`
+	ExpiresAtMs   int64  `json:"expires_at_ms"`   // the grant's
+	RefreshedAtMs int64  `json:"refreshed_at_ms"` // the grant's
 }
 
-// ledgerMeasured counts what Brama itself saw of a subscription's use.
 type ledgerMeasured struct {
 	Requests     int64 `json:"requests"`
 	Failures     int64 `json:"failures"`
@@ -73,22 +79,11 @@ type ledgerMeasured struct {
 	LastUsedMs   int64 `json:"last_used_ms"`
 }
 
-// ledgerCheck is the last usage read's or probe's outcome; at_ms 0 is never.
+// ledgerCheck is the last usage read's or probe's outcome.
 type ledgerCheck struct {
 	AtMs   int64  `json:"at_ms"`
 	OK     bool   `json:"ok"`
 	Detail string `json:"detail"`
-}
-
-// ledgerEntry is one subscription's ledger record (SPEC §10.3).
-type ledgerEntry struct {
-	Provider   string           `json:"provider"`
-	Windows    []planWindow     `json:"windows"`
-	Block      ledgerBlock      `json:"block"`
-	Credential ledgerCredential `json:"credential"`
-	Measured   ledgerMeasured   `json:"measured"`
-	UsageRead  ledgerCheck      `json:"usage_read"`
-	Probe      ledgerCheck      `json:"probe"`
 }
 
 // ledgerDoc is ledger.json (SPEC §2.2).
@@ -131,17 +126,16 @@ type ledger struct {
 	unplaced   error         // why there is no file (set when name is ""); never changes
 	unreadable error         // why ledger.json could not be read; set once in newLedger, never changes
 	changed    chan struct{} // signalled (buffered 1, never blocking) after every change: maintenance re-arms
+	warned     sync.Once     // ledger_unplaced is logged once
 
-	// testingOnlyAfterFunc replaces time.AfterFunc for the write-behind (nil in production).
-	testingOnlyAfterFunc func(d time.Duration, f func()) ledgerStopper
+	testingOnlyAfterFunc func(d time.Duration, f func()) ledgerStopper // the write-behind's time.AfterFunc
 
-	mu        sync.Mutex // guards entries, seq, statusSeq, lastWrite, timer, warned
+	mu        sync.Mutex // guards entries, seq, statusSeq, lastWrite, timer
 	entries   map[string]*ledgerEntry
 	seq       uint64        // mutations applied so far
 	statusSeq uint64        // of them, the immediate ones (credential, grant times, block, probe)
 	lastWrite time.Time     // injected-clock moment of the last snapshot taken for the file
 	timer     ledgerStopper // the armed write-behind, nil when none
-	warned    bool          // ledger_unplaced was logged
 
 	file snapshotFile // ledger.json, written in snapshot order
 }
@@ -150,22 +144,20 @@ type ledger struct {
 // without its bytes and never overwritten, so an operator can repair it.
 func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
 	l := &ledger{log: log, now: now, entries: map[string]*ledgerEntry{}, changed: make(chan struct{}, 1)}
-	name, err := st.path("ledger", ledgerFile)
-	if err != nil {
-		l.unplaced = err // ledger_unplaced is logged at the first mutation
-		return l
+	l.name, l.unplaced = st.path("ledger", ledgerFile)
+	if l.unplaced != nil {
+		return l // ledger_unplaced is logged at the first mutation
 	}
-	l.name = name
-	b, _, err := readGuarded("ledger", name)
+	b, _, err := readGuarded("ledger", l.name)
 	if errors.Is(err, errFileAbsent) {
 		return l
 	}
 	if err == nil {
-		l.entries, err = parseLedger("ledger "+name, b)
+		l.entries, err = parseLedger("ledger "+l.name, b)
 	}
 	if err != nil {
 		l.entries, l.unreadable = map[string]*ledgerEntry{}, err
-		log.Error("ledger_unreadable", "file", name, "cause", err.Error())
+		log.Error("ledger_unreadable", "file", l.name, "cause", err.Error())
 	}
 	return l
 }
@@ -173,12 +165,11 @@ func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
 // parseLedger strictly parses ledger.json (SPEC §2.2), naming role and the
 // member refused; empty bytes are an empty ledger.
 func parseLedger(role string, b []byte) (map[string]*ledgerEntry, error) {
-	if len(b) == 0 {
-		return map[string]*ledgerEntry{}, nil
-	}
-	var doc ledgerDoc
-	if err := decodeStrict(role, b, &doc); err != nil {
-		return nil, err
+	doc := ledgerDoc{SchemaVersion: 1}
+	if len(b) > 0 {
+		if err := decodeStrict(role, b, &doc); err != nil {
+			return nil, err
+		}
 	}
 	if doc.SchemaVersion != 1 {
 		return nil, fmt.Errorf("%s: schema_version %d is not 1", role, doc.SchemaVersion)
@@ -199,6 +190,9 @@ func parseLedger(role string, b []byte) (map[string]*ledgerEntry, error) {
 			}
 		}
 	}
+	if doc.Subscriptions == nil { // absent or null: none (a nil map would panic at the first mutation)
+		doc.Subscriptions = map[string]*ledgerEntry{}
+	}
 	return doc.Subscriptions, nil
 }
 
@@ -215,16 +209,13 @@ func (l *ledger) entry(id string) (ledgerEntry, bool) {
 	return c, true
 }
 
-// credentialState is "active" unless a state was recorded.
 func (l *ledger) credentialState(id string) string {
 	e, _ := l.entry(id)
 	return e.Credential.State
 }
 
 // ledgerSentence is how a cause, reason or detail is kept (SPEC §10.3).
-func ledgerSentence(s string) string {
-	return truncateUTF8(redact(s), maxSentenceBytes)
-}
+func ledgerSentence(s string) string { return truncateUTF8(redact(s), maxSentenceBytes) }
 
 // recordWindows replaces the windows with the same ids and appends new ones (coalesced write).
 func (l *ledger) recordWindows(id, provider string, ws []planWindow) {
@@ -301,21 +292,20 @@ func (l *ledger) recordUse(id, provider string, ok bool, in, out int) {
 // recordUsageRead records a usage read's outcome (coalesced write); a refused one keeps the windows.
 func (l *ledger) recordUsageRead(id, provider string, ok bool, detail string) {
 	l.mutate(id, provider, false, func(e *ledgerEntry, now time.Time) {
-		e.UsageRead = ledgerCheck{AtMs: now.UnixMilli(), OK: ok, Detail: ledgerSentence(detail)}
+		e.UsageRead = ledgerCheck{now.UnixMilli(), ok, ledgerSentence(detail)}
 	})
 }
 
 // recordProbe records a completion probe's outcome (immediate write).
 func (l *ledger) recordProbe(id, provider string, ok bool, detail string) {
 	l.mutate(id, provider, true, func(e *ledgerEntry, now time.Time) {
-		e.Probe = ledgerCheck{AtMs: now.UnixMilli(), OK: ok, Detail: ledgerSentence(detail)}
+		e.Probe = ledgerCheck{now.UnixMilli(), ok, ledgerSentence(detail)}
 	})
 }
 
 // fullness is the highest used_fraction of id's windows not yet reset (SPEC §7.2 step 2).
-func (l *ledger) fullness(id string, now time.Time) float64 {
+func (l *ledger) fullness(id string, now time.Time) (full float64) {
 	e, _ := l.entry(id)
-	full := 0.0
 	for _, w := range e.Windows {
 		if w.ResetsAtMs == 0 || w.ResetsAtMs > now.UnixMilli() {
 			full = max(full, w.UsedFraction)
@@ -360,14 +350,12 @@ func (l *ledger) statusVersion() uint64 {
 func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEntry, now time.Time)) {
 	now := l.now()
 	l.mu.Lock()
-	e, ok := l.entries[id]
-	if !ok {
+	e := l.entries[id]
+	if e == nil {
 		e = &ledgerEntry{Credential: ledgerCredential{State: credActive}}
 		l.entries[id] = e
 	}
-	if provider != "" {
-		e.Provider = provider
-	}
+	e.Provider = cmp.Or(provider, e.Provider)
 	fn(e, now)
 	l.seq++
 	if immediate {
@@ -376,10 +364,7 @@ func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEn
 	write := false
 	switch {
 	case l.name == "":
-		if !l.warned {
-			l.warned = true
-			l.log.Warn("ledger_unplaced", "cause", l.unplaced.Error())
-		}
+		l.warned.Do(func() { l.log.Warn("ledger_unplaced", "cause", l.unplaced.Error()) })
 	case l.unreadable != nil: // never overwrite a file an operator may still recover
 	case immediate || l.lastWrite.IsZero() || now.Sub(l.lastWrite) >= ledgerWriteEvery:
 		write = true
@@ -431,8 +416,7 @@ func (l *ledger) writeIf(ok func() bool) error {
 
 // newWindow is a window read at now, its fraction clamped to [0,1].
 func newWindow(id, label string, fraction float64, resetMs int64, now time.Time, source string) planWindow {
-	return planWindow{ID: id, Label: label, UsedFraction: planFraction(fraction), ResetsAtMs: resetMs,
-		RecordedAtMs: now.UnixMilli(), Source: source}
+	return planWindow{ID: id, Label: label, UsedFraction: planFraction(fraction), ResetsAtMs: resetMs, RecordedAtMs: now.UnixMilli(), Source: source}
 }
 
 // planFraction keeps a fraction in [0,1]; NaN reads as 0.
@@ -443,7 +427,7 @@ func planFraction(f float64) float64 {
 	return min(f, 1)
 }
 
-// planMaxResetSeconds bounds a reset instant or delay (about year 5138), so ms cannot overflow.
+// planMaxResetSeconds bounds a reset delay or a window's length (about year 5138), so ms cannot overflow.
 const planMaxResetSeconds = 1e11
 
 // anthropicWindows are the claude-code windows traffic headers (by key) and
@@ -457,48 +441,98 @@ var anthropicWindows = []struct{ header, member, id, label string }{
 // §6.3); a value that does not parse is skipped, never guessed.
 func parsePlanWindows(provider string, h http.Header, now time.Time) []planWindow {
 	var ws []planWindow
-	num := func(key string) (float64, bool) { return parseNumber(h.Get(key)) }
-	inRange := func(f float64) bool { return f > 0 && f < planMaxResetSeconds }
-	switch provider {
-	case "claude-code":
-		for _, k := range anthropicWindows {
-			key := "anthropic-ratelimit-unified-" + k.header
-			if util, ok := num(key + "-utilization"); ok {
-				reset, _ := num(key + "-reset") // epoch seconds
-				if !inRange(reset) {
-					reset = 0
-				}
-				ws = append(ws, newWindow(k.id, k.label, util, int64(reset*1000), now, windowSourceTraffic))
-			}
+	for _, k := range anthropicWindows {
+		key := "anthropic-ratelimit-unified-" + k.header
+		if util := numberOf(h.Get(key + "-utilization")); provider == "claude-code" && util.ok {
+			ws = append(ws, newWindow(k.id, k.label, util.v, instantOf(h.Get(key+"-reset")).ms, now, windowSourceTraffic))
 		}
-	case "codex":
-		for _, which := range []string{"primary", "secondary"} {
-			key := "x-codex-" + which + "-"
-			pct, ok := num(key + "used-percent")
-			if !ok {
-				continue
-			}
-			mins, hasMins := num(key + "window-minutes")
-			w := newWindow("codex:"+which, windowLabel(mins, which+" window"), pct/100, 0, now, windowSourceTraffic)
-			after, hasAfter := num(key + "reset-after-seconds")
-			at, _ := num(key + "reset-at") // epoch seconds, without the countdown
-			switch {
-			case hasMins && mins == 0: // a window the plan lacks states no reset
-			case hasAfter && (after == 0 || inRange(after)):
-				w.ResetsAtMs = now.UnixMilli() + int64(after*1000)
-			case inRange(at):
-				w.ResetsAtMs = int64(at * 1000)
-			}
+	}
+	for _, which := range []string{"primary", "secondary"} {
+		key := "x-codex-" + which + "-"
+		mins := numberOf(h.Get(key + "window-minutes"))
+		r := codexReading{numberOf(h.Get(key + "used-percent")), number{mins.v * 60, mins.ok},
+			numberOf(h.Get(key + "reset-after-seconds")), instantOf(h.Get(key + "reset-at"))}
+		if w, ok := r.window(which, now, windowSourceTraffic); provider == "codex" && ok {
 			ws = append(ws, w)
 		}
 	}
 	return ws
 }
 
-// parseNumber is s as a finite number.
-func parseNumber(s string) (float64, bool) {
+// codexReading is one codex window as its headers or its usage report state it.
+type codexReading struct {
+	UsedPercent number  `json:"used_percent"`
+	Seconds     number  `json:"limit_window_seconds"`
+	After       number  `json:"reset_after_seconds"`
+	At          instant `json:"reset_at"`
+}
+
+// window is r as window which, if it states a percent: headers' countdown wins over reset-at, a report's
+// reset_at over its countdown, whose 0 there is an untouched window's (no moment, or every pass would fall
+// due inside itself); a window the plan lacks (length 0) states no reset.
+func (r codexReading) window(which string, now time.Time, source string) (planWindow, bool) {
+	w := newWindow("codex:"+which, windowLabel(r.Seconds.v/60, which+" window"), r.UsedPercent.v/100, r.At.ms, now, source)
+	traffic, after := source == windowSourceTraffic, r.After.v
+	switch {
+	case r.Seconds.ok && r.Seconds.v == 0:
+		w.ResetsAtMs = 0
+	case r.After.ok && (after > 0 || traffic && after == 0) && after < planMaxResetSeconds && (traffic || r.At.ms == 0):
+		w.ResetsAtMs = epochMs(float64(now.UnixMilli()) + after*1000)
+	}
+	return w, r.UsedPercent.ok
+}
+
+// number is a finite number: JSON's, or a string holding one (Kimi's counters, headers).
+type number struct {
+	v  float64 // 0 unless ok
+	ok bool
+}
+
+func (n *number) UnmarshalJSON(b []byte) error {
+	s, _ := jsonString(b)
+	*n = numberOf(cmp.Or(s, string(b)))
+	return nil
+}
+
+func numberOf(s string) number {
 	f, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
-	return f, err == nil && !math.IsNaN(f) && !math.IsInf(f, 0)
+	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
+		return number{}
+	}
+	return number{f, true}
+}
+
+// instant is a moment a report or header states (SPEC §11.2): RFC 3339, epoch seconds, or epoch ms
+// from 1e12 on (1e12 s would be year 33658); set even when the member states none (null).
+type instant struct {
+	ms  int64 // 0 none
+	set bool
+}
+
+func (t *instant) UnmarshalJSON(b []byte) error {
+	s, _ := jsonString(b)
+	*t = instantOf(cmp.Or(s, string(b)))
+	if tm, err := time.Parse(time.RFC3339Nano, strings.TrimSpace(s)); err == nil {
+		t.ms = epochMs(float64(tm.UnixMilli()))
+	}
+	t.set = true
+	return nil
+}
+
+func instantOf(s string) instant {
+	n := numberOf(s)
+	if n.v < 1e12 {
+		n.v *= 1000
+	}
+	return instant{ms: epochMs(n.v)}
+}
+
+// epochMs keeps epoch milliseconds after the epoch and within planMaxResetSeconds; else 0.
+func epochMs(f float64) int64 {
+	if !(f > 0 && f <= planMaxResetSeconds*1000) {
+		return 0
+	}
+	return int64(f)
 }
 
 // windowLabel names a window of mins minutes in whole days, hours or
@@ -514,47 +548,24 @@ func windowLabel(mins float64, fallback string) string {
 	case n%60 == 0:
 		n, unit = n/60, "hour"
 	}
-	if n == 1 {
-		return "1 " + unit
+	if n != 1 {
+		unit += "s"
 	}
-	return strconv.FormatInt(n, 10) + " " + unit + "s"
+	return strconv.FormatInt(n, 10) + " " + unit
 }
 
-// report is one JSON object of a provider answer (a usage report, a token answer), read leniently.
+// report is one JSON object of a provider answer read leniently (oauth.go's token answers).
 type report map[string]json.RawMessage
-
-// jsonErrorKind says what was wrong with a JSON document without quoting a fragment of it.
-func jsonErrorKind(err error) string {
-	var se *json.SyntaxError
-	if errors.As(err, &se) {
-		return "syntax error at byte " + strconv.FormatInt(se.Offset, 10)
-	}
-	return "unexpected shape"
-}
-
-// asReport is raw as an object, or nil when it is absent, null or not one.
-func asReport(raw json.RawMessage) (r report) {
-	json.Unmarshal(raw, &r) // not an object: nil
-	return r
-}
-
-func (r report) obj(key string) report { return asReport(r[key]) }
 
 func (r report) str(key string) string {
 	s, _ := jsonString(r[key])
 	return s
 }
 
-// num is the first of keys holding a finite number, or a string holding one (Kimi's counters).
-func (r report) num(keys ...string) (float64, bool) {
-	for _, k := range keys {
-		s, ok := jsonString(r[k])
-		if !ok {
-			s = string(r[k])
-		}
-		if f, ok := parseNumber(s); ok {
-			return f, true
-		}
+// jsonErrorKind says what was wrong with a JSON document without quoting a fragment of it.
+func jsonErrorKind(err error) string {
+	if se := (*json.SyntaxError)(nil); errors.As(err, &se) {
+		return "syntax error at byte " + strconv.FormatInt(se.Offset, 10)
 	}
-	return 0, false
+	return "unexpected shape"
 }

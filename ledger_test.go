@@ -4,11 +4,16 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"io"
 	"log/slog"
+	"math"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -613,5 +618,293 @@ func TestLedgerNextDueSkipsNeedsReauthorization(t *testing.T) {
 	l.setCredential(ledgerIDA, "kimi", credNeedsReauth, "refused")
 	if due := l.nextDue(now, nil); due.IsZero() || !due.Equal(now.Add(2*time.Hour).Truncate(time.Millisecond)) {
 		t.Errorf("nextDue = %v, want the active grant's expiry (the one needing sign-in has nothing due)", due)
+	}
+}
+
+func TestParsePlanWindows(t *testing.T) {
+	now := ledgerT0
+	ms := now.UnixMilli()
+	cases := []struct {
+		name     string
+		provider string
+		headers  map[string]string
+		want     []planWindow
+	}{
+		{name: "claude-code 5h and 7d", provider: "claude-code", headers: map[string]string{
+			"anthropic-ratelimit-unified-5h-utilization": "0.42",
+			"anthropic-ratelimit-unified-5h-reset":       "1790000000",
+			"anthropic-ratelimit-unified-7d-utilization": "0.1",
+			"anthropic-ratelimit-unified-7d-reset":       "1790500000",
+		}, want: []planWindow{
+			{ID: "anthropic:5h", Label: "5 hours", UsedFraction: 0.42, ResetsAtMs: 1790000000000, RecordedAtMs: ms, Source: "traffic"},
+			{ID: "anthropic:7d", Label: "7 days", UsedFraction: 0.1, ResetsAtMs: 1790500000000, RecordedAtMs: ms, Source: "traffic"},
+		}},
+		{name: "claude-code clamps and ignores bad resets", provider: "claude-code", headers: map[string]string{
+			"anthropic-ratelimit-unified-5h-utilization": "1.7",
+			"anthropic-ratelimit-unified-5h-reset":       "-5",
+			"anthropic-ratelimit-unified-7d-utilization": " -0.2 ",
+			"anthropic-ratelimit-unified-7d-reset":       "soon",
+		}, want: []planWindow{
+			{ID: "anthropic:5h", Label: "5 hours", UsedFraction: 1, RecordedAtMs: ms, Source: "traffic"},
+			{ID: "anthropic:7d", Label: "7 days", UsedFraction: 0, RecordedAtMs: ms, Source: "traffic"},
+		}},
+		{name: "claude-code bad utilization skips the window", provider: "claude-code", headers: map[string]string{
+			"anthropic-ratelimit-unified-5h-utilization": "NaN",
+			"anthropic-ratelimit-unified-5h-reset":       "1790000000",
+			"anthropic-ratelimit-unified-7d-utilization": "half",
+			"anthropic-ratelimit-unified-7d-reset":       "1e400",
+		}},
+		{name: "codex primary and secondary", provider: "codex", headers: map[string]string{
+			"x-codex-primary-used-percent":          "25",
+			"x-codex-primary-window-minutes":        "300",
+			"x-codex-primary-reset-after-seconds":   "600",
+			"x-codex-secondary-used-percent":        "80.5",
+			"x-codex-secondary-window-minutes":      "10080",
+			"x-codex-secondary-reset-after-seconds": "86400",
+		}, want: []planWindow{
+			{ID: "codex:primary", Label: "5 hours", UsedFraction: 0.25, ResetsAtMs: ms + 600_000, RecordedAtMs: ms, Source: "traffic"},
+			{ID: "codex:secondary", Label: "7 days", UsedFraction: 0.805, ResetsAtMs: ms + 86400_000, RecordedAtMs: ms, Source: "traffic"},
+		}},
+		{name: "codex odd minutes, clamped percent, bad reset", provider: "codex", headers: map[string]string{
+			"x-codex-primary-used-percent":          "250",
+			"x-codex-primary-window-minutes":        "45",
+			"x-codex-primary-reset-after-seconds":   "-1",
+			"x-codex-secondary-used-percent":        "-3",
+			"x-codex-secondary-window-minutes":      "1.5",
+			"x-codex-secondary-reset-after-seconds": "Inf",
+		}, want: []planWindow{
+			{ID: "codex:primary", Label: "45 minutes", UsedFraction: 1, RecordedAtMs: ms, Source: "traffic"},
+			{ID: "codex:secondary", Label: "secondary window", UsedFraction: 0, RecordedAtMs: ms, Source: "traffic"},
+		}},
+		{name: "codex reset-at (epoch seconds) without the countdown", provider: "codex", headers: map[string]string{
+			"x-codex-primary-used-percent":     "7",
+			"x-codex-primary-window-minutes":   "300",
+			"x-codex-primary-reset-at":         "1790000000",
+			"x-codex-secondary-used-percent":   "100",
+			"x-codex-secondary-reset-at":       "1790500000",
+			"x-codex-secondary-window-minutes": "10080",
+		}, want: []planWindow{
+			{ID: "codex:primary", Label: "5 hours", UsedFraction: 0.07, ResetsAtMs: 1790000000000, RecordedAtMs: ms, Source: "traffic"},
+			{ID: "codex:secondary", Label: "7 days", UsedFraction: 1, ResetsAtMs: 1790500000000, RecordedAtMs: ms, Source: "traffic"},
+		}},
+		{name: "codex countdown wins over reset-at", provider: "codex", headers: map[string]string{
+			"x-codex-primary-used-percent":        "7",
+			"x-codex-primary-reset-at":            "1790000000",
+			"x-codex-primary-reset-after-seconds": "600",
+		}, want: []planWindow{
+			{ID: "codex:primary", Label: "primary window", UsedFraction: 0.07, ResetsAtMs: ms + 600_000, RecordedAtMs: ms, Source: "traffic"},
+		}},
+		{name: "codex zero-length window states no reset", provider: "codex", headers: map[string]string{
+			"x-codex-primary-used-percent":   "0",
+			"x-codex-primary-window-minutes": "0",
+			"x-codex-primary-reset-at":       "1790000000",
+		}, want: []planWindow{
+			{ID: "codex:primary", Label: "primary window", UsedFraction: 0, RecordedAtMs: ms, Source: "traffic"},
+		}},
+		{name: "codex one hour, missing secondary", provider: "codex", headers: map[string]string{
+			"x-codex-primary-used-percent":   "0",
+			"x-codex-primary-window-minutes": "60",
+		}, want: []planWindow{
+			{ID: "codex:primary", Label: "1 hour", UsedFraction: 0, RecordedAtMs: ms, Source: "traffic"},
+		}},
+		{name: "codex bad percent skips the window", provider: "codex", headers: map[string]string{
+			"x-codex-primary-used-percent":        "25%",
+			"x-codex-primary-reset-after-seconds": "60",
+		}},
+		{name: "other providers state none", provider: "anthropic", headers: map[string]string{
+			"anthropic-ratelimit-unified-5h-utilization": "0.5",
+			"x-codex-primary-used-percent":               "25",
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			h := http.Header{}
+			for k, v := range c.headers {
+				h.Set(k, v)
+			}
+			if diff := cmp.Diff(c.want, parsePlanWindows(c.provider, h, now)); diff != "" {
+				t.Errorf("windows mismatch (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func FuzzPlanWindows(f *testing.F) {
+	f.Add("0.42", "1790000000", "1.5", "-1", "25", "300", "600")
+	f.Add("NaN", "1e400", "-0", "9e18", "Inf", "0x10", "-0.0001")
+	f.Fuzz(func(t *testing.T, util5, reset5, util7, pct, mins, after, reset7 string) {
+		now := ledgerT0
+		h := http.Header{}
+		h.Set("anthropic-ratelimit-unified-5h-utilization", util5)
+		h.Set("anthropic-ratelimit-unified-5h-reset", reset5)
+		h.Set("anthropic-ratelimit-unified-7d-utilization", util7)
+		h.Set("anthropic-ratelimit-unified-7d-reset", reset7)
+		for _, w := range []string{"primary", "secondary"} {
+			h.Set("x-codex-"+w+"-used-percent", pct)
+			h.Set("x-codex-"+w+"-window-minutes", mins)
+			h.Set("x-codex-"+w+"-reset-after-seconds", after)
+		}
+		for _, p := range []string{"claude-code", "codex", "kimi"} {
+			for _, w := range parsePlanWindows(p, h, now) {
+				if !(w.UsedFraction >= 0 && w.UsedFraction <= 1) || math.IsNaN(w.UsedFraction) {
+					t.Fatalf("%s %s: used_fraction %v outside [0,1]", p, w.ID, w.UsedFraction)
+				}
+				if w.ResetsAtMs < 0 {
+					t.Fatalf("%s %s: negative reset %d", p, w.ID, w.ResetsAtMs)
+				}
+				if w.Label == "" || w.Source != "traffic" || w.RecordedAtMs != now.UnixMilli() {
+					t.Fatalf("%s: malformed window %+v", p, w)
+				}
+			}
+		}
+	})
+}
+
+// TestRefusalHeadersUpdatePlanWindows proves SPEC §6.3's "every
+// subscription answer's headers update the ledger" for a refusal too: the
+// 429 that says the 7-day window is spent shows in the listing as a full
+// window with its reset, not the earlier answer's reading.
+func TestRefusalHeadersUpdatePlanWindows(t *testing.T) {
+	reset := time.Now().Add(72 * time.Hour).Unix()
+	var refuse atomic.Bool
+	provider := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		w.Header().Set("anthropic-ratelimit-unified-7d-reset", strconv.FormatInt(reset, 10))
+		if refuse.Load() {
+			w.Header().Set("anthropic-ratelimit-unified-7d-utilization", "1.0")
+			w.Header().Set("anthropic-ratelimit-unified-7d-status", "rejected")
+			http.Error(w, `{"type":"error","error":{"type":"rate_limit_error","message":"weekly limit reached"}}`, http.StatusTooManyRequests)
+			return
+		}
+		w.Header().Set("anthropic-ratelimit-unified-7d-utilization", "0.5")
+		io.WriteString(w, protocolFixtures[1].buffered)
+	})
+	tokenEndpoint := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		http.Error(w, "no refresh expected", http.StatusInternalServerError)
+	})
+	d, tok := oauthSetup(t, provider, tokenEndpoint)
+	id := donateGrant(t, d, "acc-one", "ref-one", time.Now().Add(time.Hour).UnixMilli())
+	chat := chatBody(dialectMessages, "claude-code/claude-test", false, "")
+	if status, _, b := d.call("POST", "/v1/messages", tok, chat); status != http.StatusOK {
+		t.Fatalf("first call: %d %s", status, b)
+	}
+	refuse.Store(true)
+	if status, _, b := d.call("POST", "/v1/messages", tok, chat); status != http.StatusTooManyRequests {
+		t.Fatalf("second call: %d %s, want 429", status, b)
+	}
+	_, _, b := d.call("GET", "/v1/admin/subscriptions/a1", d.token, "")
+	var body struct {
+		Subscriptions []struct {
+			ID      string       `json:"id"`
+			Windows []planWindow `json:"windows"`
+		} `json:"subscriptions"`
+	}
+	if err := json.Unmarshal(b, &body); err != nil || len(body.Subscriptions) != 1 || body.Subscriptions[0].ID != id {
+		t.Fatalf("listing: %v %s", err, b)
+	}
+	ws := body.Subscriptions[0].Windows
+	if len(ws) != 1 || ws[0].ID != "anthropic:7d" || ws[0].UsedFraction != 1 || ws[0].ResetsAtMs != reset*1000 {
+		t.Errorf("windows after the 429 = %+v, want anthropic:7d full, resetting at %d", ws, reset*1000)
+	}
+}
+
+// TestBlockKeepsTheStatedResetWhenRetryAfterHasPassed: a Retry-After date
+// already past on Brama's clock (the provider's clock is behind) states no
+// wait, so the block ends at the reset the plan-window headers state (SPEC
+// §7.2.4), not 15 minutes from now, which would spend a refused call every
+// 15 minutes until the weekly window resets.
+func TestBlockKeepsTheStatedResetWhenRetryAfterHasPassed(t *testing.T) {
+	reset := time.Now().Add(72 * time.Hour).Unix()
+	provider := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		w.Header().Set("Retry-After", time.Now().Add(-30*time.Second).UTC().Format(http.TimeFormat))
+		w.Header().Set("anthropic-ratelimit-unified-7d-utilization", "1.0")
+		w.Header().Set("anthropic-ratelimit-unified-7d-reset", strconv.FormatInt(reset, 10))
+		w.Header().Set("anthropic-ratelimit-unified-7d-status", "rejected")
+		http.Error(w, `{"type":"error","error":{"type":"rate_limit_error","message":"weekly limit reached"}}`, http.StatusTooManyRequests)
+	})
+	tokenEndpoint := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		http.Error(w, "no refresh expected", http.StatusInternalServerError)
+	})
+	d, tok := oauthSetup(t, provider, tokenEndpoint)
+	donateGrant(t, d, "acc-one", "ref-one", time.Now().Add(time.Hour).UnixMilli())
+	if status, _, b := d.call("POST", "/v1/messages", tok, chatBody(dialectMessages, "claude-code/claude-test", false, "")); status != http.StatusTooManyRequests {
+		t.Fatalf("call: %d %s, want 429", status, b)
+	}
+	_, _, b := d.call("GET", "/v1/admin/subscriptions/a1", d.token, "")
+	var body struct {
+		Subscriptions []struct {
+			Block *ledgerBlock `json:"block"`
+		} `json:"subscriptions"`
+	}
+	if err := json.Unmarshal(b, &body); err != nil || len(body.Subscriptions) != 1 || body.Subscriptions[0].Block == nil {
+		t.Fatalf("listing: %v %s", err, b)
+	}
+	if got := body.Subscriptions[0].Block.UntilMs; got < reset*1000 || got >= (reset+1)*1000 { // the reset's second
+		t.Errorf("block until %s, want the stated weekly reset %s", time.UnixMilli(got).UTC(), time.Unix(reset, 0).UTC())
+	}
+}
+
+// TestBareRefusalBlocksUntilTheUsedUpWindowResets: a 429 stating no reset
+// blocks until the reset of a window the ledger holds as used up (SPEC
+// §7.2.4: "retry-after, reset headers, or the window reset"), not 15 min
+// (a call refused every 15 min for hours); a window not used up says nothing.
+func TestBareRefusalBlocksUntilTheUsedUpWindowResets(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		used     string
+		wantHour bool
+	}{
+		{"a used-up 5h window", "1.0", true},
+		{"a window half used", "0.5", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reset := time.Now().Add(3 * time.Hour).Unix()
+			var calls atomic.Int64
+			provider := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+				if calls.Add(1) == 1 { // an answer whose headers state the window
+					w.Header().Set("anthropic-ratelimit-unified-5h-utilization", tc.used)
+					w.Header().Set("anthropic-ratelimit-unified-5h-reset", strconv.FormatInt(reset, 10))
+					w.Header().Set("Content-Type", "application/json")
+					io.WriteString(w, protocolFixtures[1].buffered)
+					return
+				}
+				http.Error(w, `{"type":"error","error":{"type":"rate_limit_error","message":"slow down"}}`, http.StatusTooManyRequests)
+			})
+			tokenEndpoint := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+				http.Error(w, "no refresh expected", http.StatusInternalServerError)
+			})
+			d, tok := oauthSetup(t, provider, tokenEndpoint)
+			donateGrant(t, d, "acc-one", "ref-one", time.Now().Add(time.Hour).UnixMilli())
+			if status, _, b := d.call("POST", "/v1/messages", tok, chatBody(dialectMessages, "claude-code/claude-test", false, "")); status != 200 {
+				t.Fatalf("first call: %d %s", status, b)
+			}
+			status, h, b := d.call("POST", "/v1/messages", tok, chatBody(dialectMessages, "claude-code/claude-test", false, ""))
+			wait, _ := strconv.Atoi(h.Get("Retry-After"))
+			if status != http.StatusTooManyRequests {
+				t.Fatalf("second call: %d %s, want 429", status, b)
+			}
+			if hours := wait > 2*3600; hours != tc.wantHour || !tc.wantHour && wait > 900 {
+				t.Errorf("Retry-After %d s, want the window's reset (%v) or at most 15 min", wait, tc.wantHour)
+			}
+		})
+	}
+}
+
+// TestLedgerWithoutSubscriptions: a ledger.json stating no subscriptions (the
+// member absent or null) is an empty ledger that takes mutations, not a nil
+// map that panics at the first one.
+func TestLedgerWithoutSubscriptions(t *testing.T) {
+	for _, content := range []string{`{"schema_version":1}`, `{"schema_version":1,"subscriptions":null}`} {
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, ledgerFile), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		l, _, _, _ := newTestLedger(state{dir: dir})
+		if l.unreadable != nil {
+			t.Fatalf("%s: unreadable = %v", content, l.unreadable)
+		}
+		l.recordUse(ledgerIDA, "codex", true, 1, 1)
+		if got := readLedgerFile(t, dir)[ledgerIDA].Measured.Requests; got != 1 {
+			t.Errorf("%s: requests = %d after one use, want 1", content, got)
+		}
 	}
 }

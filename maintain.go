@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -21,9 +22,6 @@ import (
 // the grants that fell due, never on a period of Brama's own.
 
 var errMaintenanceStopped = errors.New("the maintenance scheduler is not running")
-
-// errPassCut is a pass the server's stop ended before its reads and refreshes did.
-var errPassCut = fmt.Errorf("%w: the server is stopping, so this pass ended before its reads and refreshes", errMaintenanceStopped)
 
 // maintainer runs one daemon's passes one at a time on loop's goroutine;
 // passes asked for while one runs become exactly one more.
@@ -75,19 +73,16 @@ type passReport struct {
 	err error // the pass could not list the subscriptions at all; never sent
 }
 
-// usageFailure is one failed read, its error redacted.
-type usageFailure struct {
+type usageFailure struct { // one failed read, its error redacted
 	SubscriptionID string `json:"subscription_id"`
 	Provider       string `json:"provider"`
 	Error          string `json:"error"`
 }
 
-// credentialSummary counts active OAuth subscriptions, refreshes that gave
-// a grant, and attempts that did not (the credential_refresh_* line says why).
 type credentialSummary struct {
-	Subscriptions int `json:"subscriptions"`
+	Subscriptions int `json:"subscriptions"` // active OAuth ones
 	Refreshed     int `json:"refreshed"`
-	Refused       int `json:"refused"`
+	Refused       int `json:"refused"` // attempts that gave no grant (the credential_refresh_* line says why)
 }
 
 // newMaintainer builds the maintainer; nothing runs until run.
@@ -188,20 +183,15 @@ func (m *maintainer) armLocked(due, now time.Time) {
 	var t ledgerStopper
 	t = afterFunc(m.testingOnlyAfterFunc, due.Sub(now), func() {
 		m.mu.Lock()
-		current := m.timer == t
-		if current {
-			m.timer = nil // fired: the next turn arms afresh
-			m.pending = cmp.Or(m.pending, "due")
-		}
-		m.mu.Unlock()
-		if current {
+		defer m.mu.Unlock()
+		if m.timer == t { // fired: the next turn arms afresh
+			m.timer, m.pending = nil, cmp.Or(m.pending, "due")
 			nudge(m.l.changed)
 		}
 	})
 	m.timer, m.timerAt = t, due
 }
 
-// disarmLocked stops the due timer. m.mu is held.
 func (m *maintainer) disarmLocked() {
 	if m.timer != nil {
 		m.timer.Stop()
@@ -241,8 +231,7 @@ func (m *maintainer) request(reason, agent string) {
 	nudge(m.l.changed)
 }
 
-// changed records an inventory or credential change (donation, sign-in,
-// reinstate, replacement), so the next request counts again. Nil-safe.
+// changed records an inventory or credential change (donation, sign-in, reinstate, replacement), so the next request counts again.
 func (m *maintainer) changed() {
 	if m != nil {
 		m.mu.Lock()
@@ -305,15 +294,6 @@ func (m *maintainer) metrics() map[string]float64 {
 	return out
 }
 
-// rfc3339OrNil is t in RFC 3339 UTC, or nil for the zero time.
-func rfc3339OrNil(t time.Time) *string {
-	if t.IsZero() {
-		return nil
-	}
-	s := t.UTC().Format(time.RFC3339)
-	return &s
-}
-
 // passSub is one non-retired subscription as a pass found it, and how its
 // usage read and refresh attempt of the pass went.
 type passSub struct {
@@ -335,11 +315,20 @@ func (m *maintainer) passOnce(ctx context.Context, agent string) passReport {
 	m.o.vault.writeUnwritten(m.o.log)
 	var rep passReport
 	rep.Usage.Failed = []usageFailure{}
-	subs, retired, err := m.live(agent) // none when err: the counts stay 0 and OK false
+	var subs []*passSub
+	items, retired, err := m.inv.view() // none when err: the counts stay 0 and OK false
+	for _, it := range items {
+		if !retired[it.ID] && (agent == "" || it.AgentID == agent) {
+			s := &passSub{it: it}
+			s.cred, s.credErr = m.inv.credential(it.ID)
+			s.entry, _ = m.l.entry(it.ID)
+			subs = append(subs, s)
+		}
+	}
 	m.usagePass(ctx, subs, &rep)
 	m.refreshPass(ctx, subs, &rep)
-	if err == nil && ctx.Err() != nil {
-		err = errPassCut // what it skipped is neither read nor failed: not ok
+	if err == nil && ctx.Err() != nil { // what it skipped is neither read nor failed: not ok
+		err = fmt.Errorf("%w: the server is stopping, so this pass ended before its reads and refreshes", errMaintenanceStopped)
 	}
 	m.inv.invalidate(false) // the listing shows the pass at once (SPEC §10.2)
 	for _, s := range subs {
@@ -359,7 +348,10 @@ func (m *maintainer) passOnce(ctx context.Context, agent string) passReport {
 		}
 	}
 	rep.OK = err == nil && len(rep.Usage.Failed) == 0 && rep.Credentials.Refused == 0
-	rep.NextDueAt = rfc3339OrNil(m.l.nextDue(m.clock(), retired))
+	if due := m.l.nextDue(m.clock(), retired); !due.IsZero() {
+		rep.NextDueAt = new(string)
+		*rep.NextDueAt = due.UTC().Format(time.RFC3339)
+	}
 	if err != nil {
 		rep.err = err
 		m.log.Warn("maintenance_pass_failed", "cause", redact(err.Error()))
@@ -369,24 +361,6 @@ func (m *maintainer) passOnce(ctx context.Context, agent string) passReport {
 		"refreshed", rep.Credentials.Refreshed, "refused", rep.Credentials.Refused,
 		"next_due_at", *cmp.Or(rep.NextDueAt, new(string)), "dur_ms", m.clock().Sub(start).Milliseconds())
 	return rep
-}
-
-// live lists agent's ("": everyone's) non-retired subscriptions, credentials and ledger entries, and the retired ids.
-func (m *maintainer) live(agent string) ([]*passSub, map[string]bool, error) {
-	items, retired, err := m.inv.view()
-	if err != nil {
-		return nil, nil, err
-	}
-	var subs []*passSub
-	for _, it := range items {
-		if !retired[it.ID] && (agent == "" || it.AgentID == agent) {
-			s := &passSub{it: it}
-			s.cred, s.credErr = m.inv.credential(it.ID)
-			s.entry, _ = m.l.entry(it.ID)
-			subs = append(subs, s)
-		}
-	}
-	return subs, retired, nil
 }
 
 // usagePass reads each due report once into the ledger: one read at a time
@@ -500,51 +474,46 @@ func (m *maintainer) refreshPass(ctx context.Context, subs []*passSub, rep *pass
 	wg.Wait()
 }
 
-// usageReport is one provider's report (SPEC §11.2): where it is read, the reader,
-// what a report naming no window lacks, whether an API key reads it, the GET's headers.
+// usageReport is one provider's report (SPEC §11.2): where it is read (below the base URL, or at
+// codex's own address that env alone overrides), its reader, what a report naming no window lacks,
+// whether an API key reads it, whether the grant's account goes in chatgpt-account-id, the GET's headers.
 type usageReport struct {
-	path    string // below the provider's base URL, unless url is set
-	url     string // codex's lives elsewhere: its own address, overridden by env alone
-	env     string
-	read    func(report, time.Time) []planWindow
-	none    string
-	apiKey  bool
-	account bool // the grant's account id goes in chatgpt-account-id
-	headers [][2]string
+	path, url, env  string
+	read            func(body []byte, now time.Time) ([]planWindow, error)
+	none            string
+	apiKey, account bool
+	headers         [][2]string
 }
 
 var usageReports = map[string]usageReport{
-	"claude-code": {path: "/api/oauth/usage", read: claudeCodeUsage,
+	"claude-code": {path: "/api/oauth/usage", read: reportReader(claudeCodeUsage),
 		none:    "no member with utilization and resets_at",
 		headers: [][2]string{{"anthropic-version", "2023-06-01"}, {"anthropic-beta", "oauth-2025-04-20"}}},
-	"codex": {url: "https://chatgpt.com/backend-api/wham/usage", env: "BRAMA_PROVIDER_CODEX_USAGE_URL", read: codexUsage, account: true,
+	"codex": {url: "https://chatgpt.com/backend-api/wham/usage", env: "BRAMA_PROVIDER_CODEX_USAGE_URL", read: reportReader(codexUsage), account: true,
 		none:    "no rate_limit with a primary_window or secondary_window with used_percent",
 		headers: [][2]string{{"OpenAI-Beta", "responses=experimental"}, {"originator", "codex_cli_rs"}}},
-	"kimi": {path: "/usages", read: kimiUsage, apiKey: true,
+	"kimi": {path: "/usages", read: reportReader(kimiUsage), apiKey: true,
 		none: "no usage or limits entry with a limit above 0"},
 }
 
-// usageReportable says whether provider publishes a report cred can read.
 func usageReportable(provider string, cred vaultCredential) bool {
 	r, ok := usageReports[provider]
 	return ok && (cred.OAuth != nil || (r.apiKey && cred.APIKey != ""))
 }
 
-// usageEndpoint is where provider's report is read.
 func (m *maintainer) usageEndpoint(provider string) (string, error) {
 	r, ok := usageReports[provider]
 	info, known := lookupProvider(provider)
 	if !ok || !known {
 		return "", fmt.Errorf("provider %q publishes no usage report", provider)
 	}
-	if r.url != "" {
-		raw := cmp.Or(strings.TrimSpace(m.getenv(r.env)), r.url)
-		if err := checkBaseURL(raw); err != nil {
-			return "", fmt.Errorf("%s: %w: %v", r.env, errBaseURL, err)
-		}
-		return raw, nil
-	}
 	base, err := providerBaseURL(info, m.getenv)
+	if r.url != "" {
+		base = cmp.Or(strings.TrimSpace(m.getenv(r.env)), r.url)
+		if err = checkBaseURL(base); err != nil {
+			err = fmt.Errorf("%s: %w: %v", r.env, errBaseURL, err)
+		}
+	}
 	if err != nil {
 		return "", err
 	}
@@ -585,48 +554,31 @@ func (m *maintainer) fetchUsage(ctx context.Context, provider string, cred vault
 // they recognize of the providers' undocumented shapes, never a guessed number.
 var errUsageReport = errors.New("the usage report is not usable")
 
-// usageMaxResetMs bounds a reset instant, so arithmetic cannot overflow.
-const usageMaxResetMs = planMaxResetSeconds * 1000
-
 // parseUsage reads the report of provider (one in usageReports): a JSON object
 // naming a window, else errUsageReport saying why without quoting the body.
 func parseUsage(provider string, body []byte, now time.Time) ([]planWindow, error) {
-	var r report
-	if err := json.Unmarshal(body, &r); err != nil {
-		return nil, fmt.Errorf("%w: the body is not a JSON object (%s)", errUsageReport, jsonErrorKind(err))
-	}
-	if r == nil {
-		return nil, fmt.Errorf("%w: the body is not a JSON object (null)", errUsageReport)
-	}
 	u := usageReports[provider]
-	if ws := u.read(r, now); len(ws) > 0 {
-		return ws, nil
+	ws, err := u.read(body, now)
+	if err == nil && len(ws) == 0 {
+		err = fmt.Errorf("%w: it names no plan window (%s)", errUsageReport, u.none)
 	}
-	return nil, fmt.Errorf("%w: it names no plan window (%s)", errUsageReport, u.none)
+	return ws, err
 }
 
-// instant is the first of keys holding an instant (SPEC §11.2), in epoch ms; 0 none.
-func (r report) instant(keys ...string) int64 {
-	for _, k := range keys {
-		f, ok := r.num(k)
-		if t, err := time.Parse(time.RFC3339Nano, strings.TrimSpace(r.str(k))); err == nil {
-			f, ok = float64(t.UnixMilli()), true
-		} else if f < 1e12 { // ≥ 1e12 ⇒ ms (1e12 s would be year 33658)
-			f *= 1000
+// reportReader reads a report as T leniently: a member of another type than T
+// says is absent (its number and instant members take any JSON value).
+func reportReader[T any](read func(T, time.Time) []planWindow) func([]byte, time.Time) ([]planWindow, error) {
+	return func(body []byte, now time.Time) ([]planWindow, error) {
+		var doc T
+		err := json.Unmarshal(body, &doc)
+		if errors.As(err, new(*json.UnmarshalTypeError)) {
+			err = nil
 		}
-		if ms, inRange := usageMs(f); ok && inRange {
-			return ms
+		if err != nil || !bytes.HasPrefix(bytes.TrimSpace(body), []byte("{")) {
+			return nil, fmt.Errorf("%w: the body is not a JSON object (%s)", errUsageReport, jsonErrorKind(err))
 		}
+		return read(doc, now), nil
 	}
-	return 0
-}
-
-// usageMs keeps epoch milliseconds after the epoch and within usageMaxResetMs.
-func usageMs(f float64) (int64, bool) {
-	if !(f > 0 && f <= usageMaxResetMs) {
-		return 0, false
-	}
-	return int64(f), true
 }
 
 // claudeWindowKey is the shape of a member kept as a window id.
@@ -634,97 +586,83 @@ var claudeWindowKey = regexp.MustCompile(`^[a-z0-9_]{1,64}$`)
 
 // claudeCodeUsage reads {base}/api/oauth/usage: a member with "utilization" percent and "resets_at"
 // is a window, anthropicWindows first under their traffic ids, then anthropic:<member> by name.
-func claudeCodeUsage(r report, now time.Time) []planWindow {
-	var ws []planWindow
+func claudeCodeUsage(r map[string]struct {
+	Utilization number
+	ResetsAt    instant `json:"resets_at"`
+}, now time.Time) (ws []planWindow) {
 	add := func(k, id, label string) {
-		m := r.obj(k)
-		_, hasReset := m["resets_at"]
-		if util, ok := m.num("utilization"); ok && hasReset && claudeWindowKey.MatchString(k) {
-			ws = append(ws, newWindow(id, label, util/100, m.instant("resets_at"), now, windowSourceReport))
+		if m := r[k]; m.Utilization.ok && m.ResetsAt.set && claudeWindowKey.MatchString(k) {
+			ws = append(ws, newWindow(id, label, m.Utilization.v/100, m.ResetsAt.ms, now, windowSourceReport))
 		}
 	}
-	known := map[string]bool{}
 	for _, w := range anthropicWindows {
 		add(w.member, w.id, w.label)
-		known[w.member] = true
+		delete(r, w.member)
 	}
 	for _, k := range slices.Sorted(maps.Keys(r)) {
-		if !known[k] {
-			add(k, "anthropic:"+k, strings.ReplaceAll(k, "_", " "))
+		add(k, "anthropic:"+k, strings.ReplaceAll(k, "_", " "))
+	}
+	return ws
+}
+
+// codexUsage reads rate_limit's primary_window and secondary_window (SPEC §11.2).
+func codexUsage(r struct {
+	RateLimit map[string]codexReading `json:"rate_limit"`
+}, now time.Time) (ws []planWindow) {
+	for _, which := range []string{"primary", "secondary"} {
+		if w, ok := r.RateLimit[which+"_window"].window(which, now, windowSourceReport); ok {
+			ws = append(ws, w)
 		}
 	}
 	return ws
 }
 
-// codexUsage reads rate_limit's windows (SPEC §11.2); reset_at wins over reset_after_seconds,
-// whose 0 is an untouched window's: no moment, or every pass would fall due inside itself.
-func codexUsage(r report, now time.Time) []planWindow {
-	var ws []planWindow
-	for _, which := range []string{"primary", "secondary"} {
-		m := r.obj("rate_limit").obj(which + "_window")
-		pct, ok := m.num("used_percent")
-		if !ok {
-			continue
-		}
-		label := which + " window"
-		secs, hasLength := m.num("limit_window_seconds")
-		if hasLength && secs < planMaxResetSeconds {
-			label = windowLabel(secs/60, label)
-		}
-		reset := m.instant("reset_at")
-		if after, ok := m.num("reset_after_seconds"); reset == 0 && ok && after > 0 && after < planMaxResetSeconds {
-			reset, _ = usageMs(float64(now.UnixMilli()) + after*1000)
-		}
-		if hasLength && secs == 0 { // a window the plan lacks: its reset_at is the read's moment, no reset
-			reset = 0
-		}
-		ws = append(ws, newWindow("codex:"+which, label, pct/100, reset, now, windowSourceReport))
-	}
-	return ws
+// kimiCounters are a Kimi usage entry's counters; Kimi names the reset resetTime, SPEC reset_time.
+type kimiCounters struct {
+	Limit, Used, Remaining number
+	ResetTime              instant `json:"resetTime"`
+	ResetTimeSpec          instant `json:"reset_time"`
 }
+
+// fraction is used/limit (limit > 0), or else 1 − remaining/limit.
+func (c *kimiCounters) fraction() (float64, bool) {
+	if !c.Limit.ok || c.Limit.v <= 0 {
+		return 0, false
+	}
+	if c.Used.ok {
+		return c.Used.v / c.Limit.v, true
+	}
+	return (c.Limit.v - c.Remaining.v) / c.Limit.v, c.Remaining.ok
+}
+
+func (c *kimiCounters) reset() int64 { return cmp.Or(c.ResetTime.ms, c.ResetTimeSpec.ms) }
 
 // kimiTimeUnits is minutes per window.timeUnit of a Kimi limit.
 var kimiTimeUnits = map[string]float64{
 	"TIME_UNIT_SECOND": 1.0 / 60, "TIME_UNIT_MINUTE": 1, "TIME_UNIT_HOUR": 60, "TIME_UNIT_DAY": 24 * 60,
 }
 
-// kimiUsage reads {base}/usages (SPEC §11.2); detail's counters win over the top level's.
-func kimiUsage(r report, now time.Time) []planWindow {
-	var ws []planWindow
-	u := r.obj("usage") // nil when absent: it has no fraction
-	if f, ok := kimiFraction(u); ok {
-		ws = append(ws, newWindow("kimi:usage", "plan usage", f, u.instant("reset_time", "resetTime"), now, windowSourceReport))
+// kimiUsage reads {base}/usages (SPEC §11.2); a limit's detail counters win over its top level's.
+func kimiUsage(r struct {
+	Usage  kimiCounters
+	Limits []struct {
+		kimiCounters
+		Detail *kimiCounters
+		Window struct {
+			Duration number
+			TimeUnit string
+		}
 	}
-	var limits []json.RawMessage
-	json.Unmarshal(r["limits"], &limits) // not an array: no limits
-	for i, raw := range limits {
-		top := asReport(raw)
-		counters := top
-		if d := top.obj("detail"); d != nil {
-			counters = d
+}, now time.Time) (ws []planWindow) {
+	if f, ok := r.Usage.fraction(); ok {
+		ws = append(ws, newWindow("kimi:usage", "plan usage", f, r.Usage.reset(), now, windowSourceReport))
+	}
+	for i, l := range r.Limits {
+		c := cmp.Or(l.Detail, &l.kimiCounters)
+		if f, ok := c.fraction(); ok {
+			label := windowLabel(l.Window.Duration.v*kimiTimeUnits[l.Window.TimeUnit], "limit "+strconv.Itoa(i))
+			ws = append(ws, newWindow("kimi:limit-"+strconv.Itoa(i), label, f, cmp.Or(c.reset(), l.reset()), now, windowSourceReport))
 		}
-		f, ok := kimiFraction(counters)
-		if !ok {
-			continue
-		}
-		w := top.obj("window")
-		d, _ := w.num("duration")
-		label := windowLabel(d*kimiTimeUnits[w.str("timeUnit")], "limit "+strconv.Itoa(i))
-		reset := cmp.Or(counters.instant("resetTime", "reset_time"), top.instant("resetTime", "reset_time"))
-		ws = append(ws, newWindow("kimi:limit-"+strconv.Itoa(i), label, f, reset, now, windowSourceReport))
 	}
 	return ws
-}
-
-// kimiFraction is used/limit (limit > 0), or else 1 − remaining/limit.
-func kimiFraction(m report) (float64, bool) {
-	limit, ok := m.num("limit")
-	if !ok || limit <= 0 {
-		return 0, false
-	}
-	if used, ok := m.num("used"); ok {
-		return used / limit, true
-	}
-	rem, ok := m.num("remaining")
-	return (limit - rem) / limit, ok
 }
