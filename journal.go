@@ -124,11 +124,9 @@ func (j *journal) ready() error {
 	} else if !errors.Is(err, errFileAbsent) {
 		return err
 	}
-	dir := filepath.Dir(j.name)
-	fi, err := os.Stat(dir)
-	for errors.Is(err, os.ErrNotExist) && filepath.Dir(dir) != dir {
+	dir, fi := filepath.Dir(j.name), os.FileInfo(nil)
+	for fi, err = os.Stat(dir); errors.Is(err, os.ErrNotExist) && filepath.Dir(dir) != dir; fi, err = os.Stat(dir) {
 		dir = filepath.Dir(dir)
-		fi, err = os.Stat(dir)
 	}
 	if err == nil && !fi.IsDir() {
 		err = fmt.Errorf("%s is not a directory", dir)
@@ -219,28 +217,28 @@ func (j *journal) size() (int64, error) {
 	}
 	id, err := guardFile("journal", j.name)
 	if errors.Is(err, errFileAbsent) {
-		return 0, nil
+		err = nil
 	}
 	return id.size, err
 }
 
 // retired is the set of retired subscription ids: per subscription, the
 // later of retire and reinstate in file order decides (SPEC §9).
-func (j *journal) retired() (retired map[string]bool, err error) {
-	err = j.folded(func(fo *journalFold) { retired = maps.Clone(fo.retire) })
-	return retired, err
+func (j *journal) retired() (map[string]bool, error) {
+	fo, err := j.folded()
+	return fo.retire, err
 }
 
 // badLines returns the first unreadable lines and their number, for /readyz.
-func (j *journal) badLines() (bad []journalBadLine, n int, err error) {
-	err = j.folded(func(fo *journalFold) { bad, n = slices.Clone(fo.bad), fo.badN })
-	return bad, n, err
+func (j *journal) badLines() ([]journalBadLine, int, error) {
+	fo, err := j.folded()
+	return fo.bad, fo.badN, err
 }
 
 // folded folds the lines completed since the last call, logging each bad
-// line as it folds it, and lets read copy from the fold. Requests and probes
+// line as it folds it, and returns a copy of the fold. Requests and probes
 // ask often, so it reads only new lines (issue 10: rereading took 5 GB).
-func (j *journal) folded(read func(*journalFold)) error {
+func (j *journal) folded() (journalFold, error) {
 	j.readMu.Lock()
 	defer j.readMu.Unlock()
 	fo := &j.fold
@@ -258,10 +256,10 @@ func (j *journal) folded(read func(*journalFold)) error {
 			delete(fo.retire, rec.SubscriptionID)
 		}
 	})
-	if err == nil {
-		read(fo)
+	if err != nil {
+		return journalFold{}, err
 	}
-	return err
+	return journalFold{retire: maps.Clone(fo.retire), bad: slices.Clone(fo.bad), badN: fo.badN}, nil
 }
 
 // checkJournal is `brama journal check` (SPEC §16.1): it prints each

@@ -152,21 +152,11 @@ func openGuarded(role, name string) (*os.File, fileIdentity, error) {
 }
 
 func readGuarded(role, name string) ([]byte, fileIdentity, error) {
-	return readGuardedIf(role, name, nil)
-}
-
-// readGuardedIf reads the guarded file unless tooBig refuses its size first.
-func readGuardedIf(role, name string, tooBig func(int64) error) ([]byte, fileIdentity, error) {
 	f, id, err := openGuarded(role, name)
 	if err != nil {
 		return nil, id, err
 	}
 	defer f.Close()
-	if tooBig != nil {
-		if err := tooBig(id.size); err != nil {
-			return nil, id, err
-		}
-	}
 	b, err := io.ReadAll(f)
 	if err != nil {
 		return nil, id, fmt.Errorf("%s: %w", role, err)
@@ -214,7 +204,15 @@ func (f *stateFile[T]) readNow() (doc T, id fileIdentity, err error) {
 	if f.pathErr != nil {
 		return doc, id, f.pathErr
 	}
-	b, id, err := readGuardedIf(f.role, f.path, f.tooBig)
+	var b []byte
+	if f.tooBig != nil {
+		if id, err = guardFile(f.role, f.path); err == nil {
+			err = f.tooBig(id.size)
+		}
+	}
+	if err == nil {
+		b, id, err = readGuarded(f.role, f.path)
+	}
 	if errors.Is(err, errFileAbsent) && !f.absentErr {
 		b, err = nil, nil // a present file is never nil, if empty
 	}
@@ -256,8 +254,8 @@ var testingOnlyRename func(oldpath, newpath string) error
 
 // writeFileAtomic is every whole-file writer's owner-only atomic replacement (SPEC §2.2).
 func writeFileAtomic(name string, data []byte) error {
-	if testingOnlyRename != nil {
-		return placeFile(name, data, testingOnlyRename)
+	if rename := testingOnlyRename; rename != nil {
+		return placeFile(name, data, rename)
 	}
 	return placeFile(name, data, os.Rename)
 }
@@ -294,8 +292,7 @@ func syncDir(dir string) error {
 	if err != nil {
 		return err
 	}
-	defer d.Close()
-	return d.Sync()
+	return errors.Join(d.Sync(), d.Close())
 }
 
 // marshalState is the one encoding of state files: indented, a final newline, to diff well.
@@ -324,11 +321,11 @@ func (f *snapshotFile) write(name string, seq uint64, data []byte) error {
 	if seq <= f.written {
 		return nil
 	}
-	err := writeFileAtomic(name, data)
-	if err == nil {
-		f.written = seq
+	if err := writeFileAtomic(name, data); err != nil {
+		return err
 	}
-	return err
+	f.written = seq
+	return nil
 }
 
 // withFileLock runs fn holding the flock on name+".lock" (SPEC §2.3).
@@ -347,13 +344,14 @@ func flockFile(name string, nb int) (*os.File, error) {
 		return nil, err
 	}
 	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW, 0o600) // a planted symlink points outside the directory
-	if err == nil {
-		if err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|nb); err != nil {
-			f.Close()
-			f = nil
-		}
+	if err != nil {
+		return nil, err
 	}
-	return f, err
+	if err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|nb); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
 }
 
 // lockServe takes the one-serve-per-state-directory lock (SPEC §2.3).
