@@ -346,10 +346,17 @@ func parseJournalLine(line []byte) (r journalRecord, reason string) {
 			return r, name + " is empty"
 		}
 	}
+	exact := line // decodes as m unless a key must be dropped
 	maps.DeleteFunc(m, func(k string, _ json.RawMessage) bool {
-		return !slices.Contains(journalFields, k) || (k == "from" || k == "to") && head[0] != "route_change"
+		drop := !slices.Contains(journalFields, k) || (k == "from" || k == "to") && head[0] != "route_change"
+		if drop {
+			exact = nil
+		}
+		return drop
 	})
-	exact, _ := json.Marshal(m)
+	if exact == nil {
+		exact, _ = json.Marshal(m)
+	}
 	var wrong *json.UnmarshalTypeError
 	if errors.As(json.Unmarshal(exact, &r), &wrong) {
 		return journalRecord{}, "field " + wrong.Field + " has the wrong type"

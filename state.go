@@ -151,17 +151,15 @@ func openGuarded(role, name string) (*os.File, fileIdentity, error) {
 	return f, id, nil
 }
 
-func readGuarded(role, name string) ([]byte, fileIdentity, error) {
+func readGuarded(role, name string) (b []byte, id fileIdentity, err error) {
 	f, id, err := openGuarded(role, name)
-	if err != nil {
-		return nil, id, err
+	if err == nil {
+		defer f.Close()
+		if b, err = io.ReadAll(f); err != nil {
+			err = fmt.Errorf("%s: %w", role, err)
+		}
 	}
-	defer f.Close()
-	b, err := io.ReadAll(f)
-	if err != nil {
-		return nil, id, fmt.Errorf("%s: %w", role, err)
-	}
-	return b, id, nil
+	return b, id, err
 }
 
 // stateFile is one strict state file, re-read only when its identity
@@ -225,8 +223,8 @@ func (f *stateFile[T]) readNow() (doc T, id fileIdentity, err error) {
 
 func (f *stateFile[T]) forget() {
 	f.mu.Lock()
+	defer f.mu.Unlock()
 	f.id = fileIdentity{}
-	f.mu.Unlock()
 }
 
 // update is the flocked read-modify-rename (SPEC §2.3); the result must validate.
@@ -303,10 +301,10 @@ func marshalState(v any) ([]byte, error) {
 
 func writeState(name string, v any) error {
 	b, err := marshalState(v)
-	if err != nil {
-		return err
+	if err == nil {
+		err = writeFileAtomic(name, b)
 	}
-	return writeFileAtomic(name, b)
+	return err
 }
 
 // snapshotFile drops a snapshot older than the file's: racing flushes never put old over new.
@@ -608,13 +606,11 @@ func (v *vault) keepUnwritten(id string, old, g oauthGrant) {
 	v.unwritten[id] = unwrittenGrant{from, g}
 }
 
-// unwrittenCopy is a copy of the unwritten grants.
 func (v *vault) unwrittenCopy() map[string]unwrittenGrant {
 	v.umu.Lock()
 	defer v.umu.Unlock()
 	return maps.Clone(v.unwritten)
 }
-
 func (v *vault) unwrittenIDs() []string { return slices.Sorted(maps.Keys(v.unwrittenCopy())) }
 
 // withUnwritten puts each unwritten grant into d where it still applies.
