@@ -11,7 +11,7 @@ import (
 	"testing"
 )
 
-func TestCheckDuplicateKeysDepth(t *testing.T) {
+func TestCheckKeysDepth(t *testing.T) {
 	tests := []struct {
 		name, doc string
 		wantErr   string
@@ -28,7 +28,7 @@ func TestCheckDuplicateKeysDepth(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			err := checkDuplicateKeys(json.NewDecoder(strings.NewReader(tc.doc)), nil)
+			err := checkKeys(json.NewDecoder(strings.NewReader(tc.doc)), nil, 0)
 			if tc.wantErr == "" && err != nil || tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)) {
 				t.Errorf("err = %v, want %q", err, tc.wantErr)
 			}
@@ -85,9 +85,9 @@ func FuzzCheckNesting(f *testing.F) {
 		if deep := jsonDepth(b) > maxJSONDepth; deep != (err != nil) {
 			t.Fatalf("checkNesting = %v for a document %d deep", err, jsonDepth(b))
 		}
-		dup := checkDuplicateKeys(json.NewDecoder(bytes.NewReader(b)), nil)
+		dup := checkKeys(json.NewDecoder(bytes.NewReader(b)), nil, 0)
 		if errors.Is(dup, errTooDeep) != (err != nil) {
-			t.Fatalf("checkDuplicateKeys (%v) and checkNesting (%v) disagree on depth", dup, err)
+			t.Fatalf("checkKeys (%v) and checkNesting (%v) disagree on depth", dup, err)
 		}
 	})
 }

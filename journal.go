@@ -21,31 +21,27 @@ import (
 // milliseconds, so times sort as text.
 const journalTimeFormat = "2006-01-02T15:04:05.000Z"
 
-// journalRecord is one journal line (SPEC §9). A field never changes
-// meaning once written: kinds and fields are only ever added.
+// journalRecord is one journal line (SPEC §9). A field never changes meaning
+// once written: kinds and fields are only ever added. Lines of the retired
+// kinds (check, subscription_refresh) stay readable: kinds the fold ignores,
+// their other fields skipped as every unknown field is.
 type journalRecord struct {
-	Kind           string   `json:"kind"`
-	At             string   `json:"at"` // journalTimeFormat
-	SubscriptionID string   `json:"subscription_id,omitempty"`
-	Reason         string   `json:"reason,omitempty"`
-	Provider       string   `json:"provider,omitempty"`
-	Result         string   `json:"result,omitempty"`
-	Attempted      *int     `json:"attempted,omitempty"`
-	Detail         string   `json:"detail,omitempty"`
-	AgentID        string   `json:"agent_id,omitempty"`
-	Task           string   `json:"task,omitempty"`
-	Model          string   `json:"model,omitempty"`
-	Status         string   `json:"status,omitempty"`
-	Score          *float64 `json:"score,omitempty"`
-	Alias          string   `json:"alias,omitempty"`
-	From           *string  `json:"from"` // route_change only: always present there, null on create
-	To             *string  `json:"to"`   // route_change only: always present there, null on delete
-	By             string   `json:"by,omitempty"`
+	Kind           string  `json:"kind"`
+	At             string  `json:"at"` // journalTimeFormat
+	SubscriptionID string  `json:"subscription_id,omitempty"`
+	Reason         string  `json:"reason,omitempty"`
+	Provider       string  `json:"provider,omitempty"`
+	Result         string  `json:"result,omitempty"`
+	Detail         string  `json:"detail,omitempty"`
+	Alias          string  `json:"alias,omitempty"`
+	From           *string `json:"from"` // route_change only: always present there, null on create
+	To             *string `json:"to"`   // route_change only: always present there, null on delete
+	By             string  `json:"by,omitempty"`
 }
 
 // journalFields are journalRecord's names, kind and at first. A line's keys
 // match them exactly (encoding/json folds case), so a record re-encodes as read.
-var journalFields = strings.Fields("kind at subscription_id reason provider result attempted detail agent_id task model status score alias from to by")
+var journalFields = strings.Fields("kind at subscription_id reason provider result detail alias from to by")
 
 // MarshalJSON writes from and to (null when nil) on route_change only, where
 // their presence says "created" or "deleted" (SPEC §9).
@@ -72,7 +68,7 @@ type journalBadLine struct {
 type journal struct {
 	sys
 	name            string                 // the journal file; "" when there is no state directory
-	noState         *noStateError          // why name is "", else nil
+	noState         error                  // why name is "" (a *noStateError), else nil
 	testingOnlySync func(f *os.File) error // replaces f.Sync's result in append (nil in production)
 	mu              sync.Mutex             // guards broken; held across one append so this process's appends queue
 	broken          error                  // the fsync failure that made the journal unusable; never cleared
@@ -100,21 +96,16 @@ var errJournalUnusable = errors.New("journal unusable after a failed fsync")
 // operation refuses with the *noStateError (SPEC §2.1).
 func newJournal(st state, sy sys) *journal {
 	j := &journal{sys: sy}
-	var err error
-	j.name, err = st.path("journal", "journal.jsonl")
-	errors.As(err, &j.noState) // path's only error
+	j.name, j.noState = st.path("journal", "journal.jsonl")
 	return j
 }
 
 // unusable says why no append can be made at all. Callers hold mu.
 func (j *journal) unusable() error {
-	if j.noState != nil {
-		return j.noState
-	}
 	if j.broken != nil {
 		return fmt.Errorf("%w: %w", errJournalUnusable, j.broken)
 	}
-	return nil
+	return j.noState
 }
 
 // ready reports, changing nothing, whether an append could be made now (SPEC
@@ -127,46 +118,43 @@ func (j *journal) ready() error {
 	if err != nil {
 		return err
 	}
-	f, _, err := j.open(0)
+	f, err := j.open(0)
 	if err == nil {
 		return f.Close()
 	} else if !errors.Is(err, errFileAbsent) {
 		return err
 	}
-	dir := filepath.Dir(j.name)
-	fi, err := os.Stat(dir)
-	for errors.Is(err, os.ErrNotExist) && filepath.Dir(dir) != dir {
+	dir, fi := filepath.Dir(j.name), os.FileInfo(nil)
+	for fi, err = os.Stat(dir); errors.Is(err, os.ErrNotExist) && filepath.Dir(dir) != dir; fi, err = os.Stat(dir) {
 		dir = filepath.Dir(dir)
-		fi, err = os.Stat(dir)
 	}
-	switch {
-	case err != nil:
+	if err == nil && !fi.IsDir() {
+		err = fmt.Errorf("%s is not a directory", dir)
+	} else if err == nil {
+		if aerr := syscall.Access(dir, 0x2|0x1); aerr != nil { // access(2)'s W_OK|X_OK
+			err = fmt.Errorf("cannot create files in %s: %w", dir, aerr)
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("journal: %w", err)
-	case !fi.IsDir():
-		return fmt.Errorf("journal: %s is not a directory", dir)
-	}
-	if err := syscall.Access(dir, 0x2|0x1); err != nil { // access(2)'s W_OK|X_OK
-		return fmt.Errorf("journal: cannot create files in %s: %w", dir, err)
 	}
 	return nil
 }
 
-// open opens the guarded journal O_APPEND; create (0 or os.O_CREATE) makes
-// a missing one 0600, and then id is zero.
-func (j *journal) open(create int) (f *os.File, id fileIdentity, err error) {
-	id, err = guardFile("journal", j.name)
-	if err != nil && !(create != 0 && errors.Is(err, errFileAbsent)) {
-		return nil, id, err
+// open opens the guarded journal O_APPEND; create (0 or os.O_CREATE) makes a missing one 0600.
+func (j *journal) open(create int) (*os.File, error) {
+	if _, err := guardFile("journal", j.name); err != nil && !(create != 0 && errors.Is(err, errFileAbsent)) {
+		return nil, err
 	}
-	f, err = os.OpenFile(j.name, os.O_RDWR|os.O_APPEND|syscall.O_NOFOLLOW|create, 0o600) // O_NOFOLLOW: no symlink since the Lstat
+	f, err := os.OpenFile(j.name, os.O_RDWR|os.O_APPEND|syscall.O_NOFOLLOW|create, 0o600) // O_NOFOLLOW: no symlink since the Lstat
 	if err != nil {
-		return nil, id, fmt.Errorf("journal: %w", err)
+		return nil, fmt.Errorf("journal: %w", err)
 	}
-	return f, id, nil
+	return f, nil
 }
 
 // append adds rec as one line, nil only once on disk (SPEC §9, STYLE B7): open
-// O_APPEND, flock, one write, unlock, fsync, and fsync the directory of a new file.
+// O_APPEND, flock, one write, unlock, fsync, and fsync the directory.
 func (j *journal) append(rec journalRecord) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
@@ -177,15 +165,11 @@ func (j *journal) append(rec journalRecord) error {
 		return errors.New("journal record has no kind")
 	}
 	rec.At = cmp.Or(rec.At, j.now().UTC().Format(journalTimeFormat))
-	line, err := json.Marshal(rec)
-	if err != nil {
-		return fmt.Errorf("journal %s record: %w", rec.Kind, err)
-	}
-	dir := filepath.Dir(j.name)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	line, _ := json.Marshal(rec) // strings only: it always marshals
+	if err := os.MkdirAll(filepath.Dir(j.name), 0o700); err != nil {
 		return fmt.Errorf("journal: %w", err)
 	}
-	f, id, err := j.open(os.O_CREATE)
+	f, err := j.open(os.O_CREATE)
 	if err != nil {
 		return err
 	}
@@ -200,28 +184,28 @@ func (j *journal) append(rec journalRecord) error {
 	if err == nil && fi.Size() > 0 {
 		_, err = f.ReadAt(last, fi.Size()-1)
 	}
-	if err != nil {
-		return fmt.Errorf("journal: read last byte: %w", err)
-	}
 	if last[0] != '\n' { // SPEC §9: the torn line stays, marked (no JSON text ends in ')'); this record starts fresh
 		line = slices.Concat([]byte(" (torn)\n"), line)
 	}
-	if _, err := f.Write(append(line, '\n')); err != nil { // a short write is an error
-		return fmt.Errorf("journal: write: %w", err)
+	if err == nil {
+		_, err = f.Write(append(line, '\n')) // a short write is an error
+	}
+	if err != nil {
+		return fmt.Errorf("journal: %w", err)
 	}
 	syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
-	err = f.Sync()
-	if j.testingOnlySync != nil {
+	if err = f.Sync(); j.testingOnlySync != nil {
 		err = j.testingOnlySync(f)
 	}
 	if err != nil {
 		j.broken = err // never retry fsync; the page cache may be lying
 		return j.unusable()
 	}
-	if id == (fileIdentity{}) { // this append created the file
-		if err := syncDir(dir); err != nil {
-			return fmt.Errorf("journal: make the new file durable: %w", err)
-		}
+	if fi.Size() > 0 {
+		return nil
+	}
+	if err := syncDir(filepath.Dir(j.name)); err != nil { // this append may have created the file
+		return fmt.Errorf("journal: make the new file durable: %w", err)
 	}
 	return nil
 }
@@ -233,28 +217,28 @@ func (j *journal) size() (int64, error) {
 	}
 	id, err := guardFile("journal", j.name)
 	if errors.Is(err, errFileAbsent) {
-		return 0, nil
+		err = nil
 	}
 	return id.size, err
 }
 
 // retired is the set of retired subscription ids: per subscription, the
 // later of retire and reinstate in file order decides (SPEC §9).
-func (j *journal) retired() (retired map[string]bool, err error) {
-	err = j.folded(func(fo *journalFold) { retired = maps.Clone(fo.retire) })
-	return retired, err
+func (j *journal) retired() (map[string]bool, error) {
+	fo, err := j.folded()
+	return fo.retire, err
 }
 
 // badLines returns the first unreadable lines and their number, for /readyz.
-func (j *journal) badLines() (bad []journalBadLine, n int, err error) {
-	err = j.folded(func(fo *journalFold) { bad, n = slices.Clone(fo.bad), fo.badN })
-	return bad, n, err
+func (j *journal) badLines() ([]journalBadLine, int, error) {
+	fo, err := j.folded()
+	return fo.bad, fo.badN, err
 }
 
 // folded folds the lines completed since the last call, logging each bad
-// line as it folds it, and lets read copy from the fold. Requests and probes
+// line as it folds it, and returns a copy of the fold. Requests and probes
 // ask often, so it reads only new lines (issue 10: rereading took 5 GB).
-func (j *journal) folded(read func(*journalFold)) error {
+func (j *journal) folded() (journalFold, error) {
 	j.readMu.Lock()
 	defer j.readMu.Unlock()
 	fo := &j.fold
@@ -272,10 +256,10 @@ func (j *journal) folded(read func(*journalFold)) error {
 			delete(fo.retire, rec.SubscriptionID)
 		}
 	})
-	if err == nil {
-		read(fo)
+	if err != nil {
+		return journalFold{}, err
 	}
-	return err
+	return journalFold{retire: maps.Clone(fo.retire), bad: slices.Clone(fo.bad), badN: fo.badN}, nil
 }
 
 // checkJournal is `brama journal check` (SPEC §16.1): it prints each
@@ -341,8 +325,8 @@ func parseJournalLine(line []byte) (r journalRecord, reason string) {
 	var m map[string]json.RawMessage
 	err := json.Unmarshal(line, &m)
 	var syntax *json.SyntaxError
-	switch lead := bytes.TrimLeft(line, " \t\r"); { // JSON's whitespace, not Unicode's
-	case len(bytes.TrimRight(lead, " \t\r")) == 0:
+	switch lead := bytes.Trim(line, " \t\r"); { // JSON's whitespace, not Unicode's
+	case len(lead) == 0:
 		return r, "empty line"
 	case errors.As(err, &syntax) && lead[0] == '{':
 		return r, "malformed or incomplete JSON object (an interrupted write?)"
@@ -363,12 +347,13 @@ func parseJournalLine(line []byte) (r journalRecord, reason string) {
 		}
 	}
 	exact := line // decodes as m unless a key must be dropped
-	for k := range m {
-		if !slices.Contains(journalFields, k) || (k == "from" || k == "to") && head[0] != "route_change" {
-			delete(m, k)
+	maps.DeleteFunc(m, func(k string, _ json.RawMessage) bool {
+		drop := !slices.Contains(journalFields, k) || (k == "from" || k == "to") && head[0] != "route_change"
+		if drop {
 			exact = nil
 		}
-	}
+		return drop
+	})
 	if exact == nil {
 		exact, _ = json.Marshal(m)
 	}

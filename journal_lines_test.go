@@ -42,8 +42,6 @@ func TestJournalRecordMarshal(t *testing.T) {
 			`{"kind":"route_change","at":"t","alias":"x","from":"a/b","to":"c/d","by":"cli"}`},
 		{"other kinds omit from and to", journalRecord{Kind: "retire", At: "t", SubscriptionID: "s", From: journalPtr("x"), To: journalPtr("y")},
 			`{"kind":"retire","at":"t","subscription_id":"s"}`},
-		{"zero attempted and score kept", journalRecord{Kind: "subscription_refresh", At: "t", Attempted: journalPtr(0), Score: journalPtr(0.0)},
-			`{"kind":"subscription_refresh","at":"t","attempted":0,"score":0}`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -87,8 +85,10 @@ func TestReadJournalLines(t *testing.T) {
 			[]journalBadLine{{1, "field to has the wrong type"}}, false},
 		{"empty kind and null at", "{\"kind\":\"\",\"at\":\"t\"}\n{\"kind\":\"a\",\"at\":null}\n", nil,
 			[]journalBadLine{{1, "kind is empty"}, {2, "at is not a string"}}, false},
-		{"fractional attempted", `{"kind":"a","at":"t","attempted":1.5}` + "\n", nil,
-			[]journalBadLine{{1, "field attempted has the wrong type"}}, false},
+		{"number for a string", `{"kind":"a","at":"t","reason":1.5}` + "\n", nil,
+			[]journalBadLine{{1, "field reason has the wrong type"}}, false},
+		{"retired kinds' fields skipped", `{"kind":"check","at":"t","score":"x","attempted":1.5}` + "\n",
+			[]journalRecord{{Kind: "check", At: "t"}}, nil, false},
 		{"non-breaking space is not JSON whitespace", "\u00a0{\"kind\":\"a\",\"at\":\"t\"}\n", nil,
 			[]journalBadLine{{1, "not JSON"}}, false},
 		{"blank lines counted", "\n\n{\"kind\":\"a\",\"at\":\"t\"}\n", []journalRecord{{Kind: "a", At: "t"}},

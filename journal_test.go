@@ -102,9 +102,8 @@ func TestJournalAppendReadRoundTrip(t *testing.T) {
 	}{
 		{"retire", journalRecord{Kind: "retire", SubscriptionID: "sub_0123456789abcdef", Reason: "retired by admin"}},
 		{"reinstate keeps its own at", journalRecord{Kind: "reinstate", At: "2024-01-01T00:00:00.000Z", SubscriptionID: "sub_1"}},
-		{"refresh with zero attempts", journalRecord{Kind: "subscription_refresh", Provider: "anthropic", Reason: "operator", Result: "failed", Attempted: journalPtr(0), Detail: "no grant"}},
+		{"refresh", journalRecord{Kind: "subscription_refresh", Provider: "anthropic", Reason: "operator", Result: "failed", Detail: "no grant"}},
 		{"sign in", journalRecord{Kind: "subscription_sign_in", SubscriptionID: "sub_2", Provider: "claude-code", Result: "signed_in"}},
-		{"check", journalRecord{Kind: "check", AgentID: "a1", Task: "sql.v2", Model: "openai/gpt-5", Status: "pass", Score: journalPtr(0.75)}},
 		{"route create", journalRecord{Kind: "route_change", Alias: "best", To: journalPtr("openai/gpt-5"), By: "cli"}},
 		{"route delete", journalRecord{Kind: "route_change", Alias: "best", From: journalPtr("openai/gpt-5"), By: "admin"}},
 		{"newline in a field stays one line", journalRecord{Kind: "retire", SubscriptionID: "sub_3", Reason: "a\nb"}},

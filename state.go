@@ -41,9 +41,7 @@ type noStateError struct {
 	cause error
 }
 
-func (e *noStateError) Error() string {
-	return fmt.Sprintf("%s has no state directory: %v", e.what, e.cause)
-}
+func (e *noStateError) Error() string { return e.what + " has no state directory: " + e.cause.Error() }
 func (e *noStateError) Unwrap() error { return e.cause }
 
 // resolveState picks BRAMA_STATE_DIR, else <home>/.brama, and nothing else.
@@ -72,14 +70,31 @@ func (s state) path(what, file string) (string, error) {
 
 // fileOrState is the absolute path env names, else s.path(what, file).
 func (s state) fileOrState(getenv func(string) string, env, what, file string) (string, error) {
-	p := strings.TrimSpace(getenv(env))
-	switch {
+	switch p := strings.TrimSpace(getenv(env)); {
 	case p == "":
 		return s.path(what, file)
 	case !filepath.IsAbs(p):
 		return "", &noStateError{what: what, cause: fmt.Errorf("%s %q is not an absolute path", env, p)}
+	default:
+		return p, nil
 	}
-	return p, nil
+}
+
+// envWhole reads name as a whole number of unit ≥ least in bits: unset is def, a bad value def and an error.
+func envWhole(getenv func(string) string, name, unit string, least, def int64, bits int) (int64, error) {
+	v := strings.TrimSpace(getenv(name))
+	if v == "" {
+		return def, nil
+	}
+	if n, err := strconv.ParseInt(v, 10, bits); err == nil && n >= least {
+		return n, nil
+	}
+	return def, fmt.Errorf("%s=%q is not a whole number of %s ≥ %d", name, v, unit, least)
+}
+
+func envSeconds(getenv func(string) string, name string, least int64, def time.Duration) (time.Duration, error) {
+	n, err := envWhole(getenv, name, "seconds", least, int64(def/time.Second), 32)
+	return time.Duration(n) * time.Second, err
 }
 
 // errFileAbsent marks a state file that does not exist yet.
@@ -99,40 +114,25 @@ func guardFile(role, name string) (fileIdentity, error) {
 
 // checkFileInfo is SPEC §2.2's reader guards on what Lstat or Fstat returned.
 func checkFileInfo(role, name string, fi fs.FileInfo, err error) (fileIdentity, error) {
+	why := ""
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		return fileIdentity{}, fmt.Errorf("%s %s: %w", role, name, errFileAbsent)
 	case errors.Is(err, syscall.ELOOP) || err == nil && fi.Mode()&fs.ModeSymlink != 0:
-		return fileIdentity{}, fmt.Errorf("%s %s is a symlink; refusing to follow it", role, name)
+		why = "is a symlink; refusing to follow it"
 	case err != nil:
 		return fileIdentity{}, fmt.Errorf("%s: %w", role, err)
-	}
-	st := fi.Sys().(*syscall.Stat_t) // always, for Lstat and Fstat on Unix (Brama needs flock)
-	why := ""
-	switch {
 	case !fi.Mode().IsRegular():
 		why = "is not a regular file"
-	case int(st.Uid) != os.Geteuid():
-		why = fmt.Sprintf("is owned by uid %d, not this process's uid %d", st.Uid, os.Geteuid())
+	case int(fi.Sys().(*syscall.Stat_t).Uid) != os.Geteuid(): // Sys is a Stat_t on Unix (Brama needs flock)
+		why = fmt.Sprintf("is owned by uid %d, not this process's uid %d", fi.Sys().(*syscall.Stat_t).Uid, os.Geteuid())
 	case fi.Mode().Perm()&0o077 != 0:
 		why = fmt.Sprintf("has mode %#o; it must not be readable or writable by group or other (chmod 600)", fi.Mode().Perm())
 	default:
+		st := fi.Sys().(*syscall.Stat_t)
 		return fileIdentity{dev: uint64(st.Dev), ino: st.Ino, size: fi.Size(), mtime: fi.ModTime()}, nil
 	}
 	return fileIdentity{}, fmt.Errorf("%s %s %s", role, name, why)
-}
-
-func readGuarded(role, name string) ([]byte, fileIdentity, error) {
-	f, id, err := openGuarded(role, name)
-	if err != nil {
-		return nil, id, err
-	}
-	defer f.Close()
-	b, err := io.ReadAll(f)
-	if err != nil {
-		return nil, id, fmt.Errorf("%s: %w", role, err)
-	}
-	return b, id, nil
 }
 
 // openGuarded guards the open file, so a name swapped after a check cannot slip through.
@@ -149,6 +149,17 @@ func openGuarded(role, name string) (*os.File, fileIdentity, error) {
 		return nil, id, err
 	}
 	return f, id, nil
+}
+
+func readGuarded(role, name string) (b []byte, id fileIdentity, err error) {
+	f, id, err := openGuarded(role, name)
+	if err == nil {
+		defer f.Close()
+		if b, err = io.ReadAll(f); err != nil {
+			err = fmt.Errorf("%s: %w", role, err)
+		}
+	}
+	return b, id, err
 }
 
 // stateFile is one strict state file, re-read only when its identity
@@ -168,13 +179,9 @@ type stateFile[T any] struct {
 }
 
 func (f *stateFile[T]) load() (T, error) {
-	if f.pathErr != nil {
-		var zero T
-		return zero, f.pathErr
-	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if id, err := guardFile(f.role, f.path); err == nil && id == f.id {
+	if id, err := guardFile(f.role, f.path); f.pathErr == nil && err == nil && id == f.id {
 		return f.doc, f.err
 	}
 	doc, id, err := f.readNow()
@@ -192,6 +199,9 @@ func (f *stateFile[T]) fresh() (T, error) {
 
 // readNow reads and parses the file; the identity is zero unless bytes reached parse.
 func (f *stateFile[T]) readNow() (doc T, id fileIdentity, err error) {
+	if f.pathErr != nil {
+		return doc, id, f.pathErr
+	}
 	var b []byte
 	if f.tooBig != nil {
 		if id, err = guardFile(f.role, f.path); err == nil {
@@ -213,8 +223,8 @@ func (f *stateFile[T]) readNow() (doc T, id fileIdentity, err error) {
 
 func (f *stateFile[T]) forget() {
 	f.mu.Lock()
+	defer f.mu.Unlock()
 	f.id = fileIdentity{}
-	f.mu.Unlock()
 }
 
 // update is the flocked read-modify-rename (SPEC §2.3); the result must validate.
@@ -230,10 +240,10 @@ func (f *stateFile[T]) update(change func(T) error) error {
 		if v, ok := any(doc).(validator); ok && err == nil {
 			err = v.validate()
 		}
-		if err == nil {
-			err = writeState(f.path, doc)
+		if err != nil {
+			return err
 		}
-		return err
+		return writeState(f.path, doc)
 	})
 }
 
@@ -242,16 +252,14 @@ var testingOnlyRename func(oldpath, newpath string) error
 
 // writeFileAtomic is every whole-file writer's owner-only atomic replacement (SPEC §2.2).
 func writeFileAtomic(name string, data []byte) error {
-	if testingOnlyRename != nil {
-		return placeFile(name, data, testingOnlyRename)
+	if rename := testingOnlyRename; rename != nil {
+		return placeFile(name, data, rename)
 	}
 	return placeFile(name, data, os.Rename)
 }
 
 // publishFile creates name only if it does not exist (fs.ErrExist): a reservation (SPEC §12).
-func publishFile(name string, data []byte) error {
-	return placeFile(name, data, os.Link)
-}
+func publishFile(name string, data []byte) error { return placeFile(name, data, os.Link) }
 
 // placeFile puts data at name by place (rename or link) of a synced 0600
 // sibling temporary file, then syncs the directory; failing, it changes nothing.
@@ -268,10 +276,7 @@ func placeFile(name string, data []byte, place func(oldpath, newpath string) err
 	if _, err = f.Write(data); err == nil {
 		err = f.Sync() // the bytes reach the disk before the name points at them
 	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
+	if err = errors.Join(err, f.Close()); err == nil {
 		err = place(f.Name(), name)
 	}
 	if err != nil {
@@ -285,8 +290,40 @@ func syncDir(dir string) error {
 	if err != nil {
 		return err
 	}
-	defer d.Close()
-	return d.Sync()
+	return errors.Join(d.Sync(), d.Close())
+}
+
+// marshalState is the one encoding of state files: indented, a final newline, to diff well.
+func marshalState(v any) ([]byte, error) {
+	b, err := json.MarshalIndent(v, "", "  ")
+	return append(b, '\n'), err
+}
+
+func writeState(name string, v any) error {
+	b, err := marshalState(v)
+	if err == nil {
+		err = writeFileAtomic(name, b)
+	}
+	return err
+}
+
+// snapshotFile drops a snapshot older than the file's: racing flushes never put old over new.
+type snapshotFile struct {
+	mu      sync.Mutex // guards written; serializes the file's writes
+	written uint64     // seq of the newest snapshot on disk
+}
+
+func (f *snapshotFile) write(name string, seq uint64, data []byte) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if seq <= f.written {
+		return nil
+	}
+	if err := writeFileAtomic(name, data); err != nil {
+		return err
+	}
+	f.written = seq
+	return nil
 }
 
 // withFileLock runs fn holding the flock on name+".lock" (SPEC §2.3).
@@ -305,13 +342,14 @@ func flockFile(name string, nb int) (*os.File, error) {
 		return nil, err
 	}
 	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW, 0o600) // a planted symlink points outside the directory
-	if err == nil {
-		if err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|nb); err != nil {
-			f.Close()
-			f = nil
-		}
+	if err != nil {
+		return nil, err
 	}
-	return f, err
+	if err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|nb); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
 }
 
 // lockServe takes the one-serve-per-state-directory lock (SPEC §2.3).
@@ -327,25 +365,6 @@ func lockServe(s state) (*os.File, error) {
 	return f, err
 }
 
-// snapshotFile drops a snapshot older than the file's: racing flushes never put old over new.
-type snapshotFile struct {
-	mu      sync.Mutex // guards written; serializes the file's writes
-	written uint64     // seq of the newest snapshot on disk
-}
-
-func (f *snapshotFile) write(name string, seq uint64, data []byte) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if seq <= f.written {
-		return nil
-	}
-	err := writeFileAtomic(name, data)
-	if err == nil {
-		f.written = seq
-	}
-	return err
-}
-
 // staleTempName matches placeFile's temporary names: "." + base + ".tmp" + digits.
 var staleTempName = regexp.MustCompile(`^\.(.+)\.tmp[0-9]+$`)
 
@@ -353,33 +372,30 @@ var staleTempName = regexp.MustCompile(`^\.(.+)\.tmp[0-9]+$`)
 // may copy the vault's old secrets) in dir, answers/*/, and beside each file of
 // elsewhere outside dir, that file's only. The caller holds serve.lock; beside
 // a <file>.lock, that lock too, not to cut a CLI's write.
-func removeStaleTemps(dir string, elsewhere ...string) (int, error) {
-	type place struct{ dir, only string } // only: "" every temp, else one file's
-	places := []place{{dir: dir}}
+func removeStaleTemps(dir string, elsewhere ...string) (n int, err error) {
+	places := [][2]string{{dir, ""}} // a directory, and the one file whose temps go there ("": every file's)
 	answers, _ := os.ReadDir(filepath.Join(dir, "answers"))
 	for _, e := range answers {
 		if e.IsDir() {
-			places = append(places, place{dir: filepath.Join(dir, "answers", e.Name())})
+			places = append(places, [2]string{filepath.Join(dir, "answers", e.Name()), ""})
 		}
 	}
 	for _, f := range elsewhere {
 		if f != "" && filepath.Dir(f) != filepath.Clean(dir) {
-			places = append(places, place{filepath.Dir(f), filepath.Base(f)})
+			places = append(places, [2]string{filepath.Dir(f), filepath.Base(f)})
 		}
 	}
-	n := 0
 	for _, p := range places {
-		entries, err := os.ReadDir(p.dir)
+		entries, err := os.ReadDir(p[0])
 		if err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return n, err
 		}
 		for _, e := range entries {
-			base := staleTempName.FindStringSubmatch(e.Name())
-			if !e.Type().IsRegular() || base == nil || p.only != "" && base[1] != p.only {
+			m := staleTempName.FindStringSubmatch(e.Name())
+			if !e.Type().IsRegular() || m == nil || p[1] != "" && m[1] != p[1] {
 				continue
 			}
-			temp, target := filepath.Join(p.dir, e.Name()), filepath.Join(p.dir, base[1])
-			remove := func() error { return os.Remove(temp) }
+			target, remove := filepath.Join(p[0], m[1]), func() error { return os.Remove(filepath.Join(p[0], e.Name())) }
 			if _, err = os.Lstat(target + ".lock"); err == nil {
 				err = withFileLock(target, remove)
 			} else {
@@ -394,24 +410,6 @@ func removeStaleTemps(dir string, elsewhere ...string) (int, error) {
 	return n, nil
 }
 
-// envWhole reads name as a whole number of unit ≥ least in bits: unset is def, a bad value def and an error.
-func envWhole(getenv func(string) string, name, unit string, least, def int64, bits int) (int64, error) {
-	v := strings.TrimSpace(getenv(name))
-	if v == "" {
-		return def, nil
-	}
-	n, err := strconv.ParseInt(v, 10, bits)
-	if err != nil || n < least {
-		return def, fmt.Errorf("%s=%q is not a whole number of %s ≥ %d", name, v, unit, least)
-	}
-	return n, nil
-}
-
-func envSeconds(getenv func(string) string, name string, least int64, def time.Duration) (time.Duration, error) {
-	n, err := envWhole(getenv, name, "seconds", least, int64(def/time.Second), 32)
-	return time.Duration(n) * time.Second, err
-}
-
 // validator is a document with rules beyond its shape; validate may fill in sections.
 type validator interface{ validate() error }
 
@@ -423,7 +421,7 @@ func decodeStrict(role string, b []byte, v any) error {
 	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
-	err := checkDuplicateKeys(json.NewDecoder(bytes.NewReader(b)), reflect.TypeOf(v))
+	err := checkKeys(json.NewDecoder(bytes.NewReader(b)), reflect.TypeOf(v), 0)
 	if err == nil {
 		err = dec.Decode(v)
 	}
@@ -467,80 +465,53 @@ func checkNesting(b []byte) error {
 	return nil
 }
 
-// checkDuplicateKeys refuses a key named twice (encoding/json keeps the last)
-// and in values decoded as t a field's name in another case, which encoding/json
-// would take (SPEC §2.2: members are exact); it nests at most maxJSONDepth.
-func checkDuplicateKeys(dec *json.Decoder, t reflect.Type) error {
-	var value func(t reflect.Type, depth int) error
-	value = func(t reflect.Type, depth int) error {
-		open, err := dec.Token()
-		if err != nil || open != json.Delim('{') && open != json.Delim('[') {
-			return err
-		}
-		if depth == maxJSONDepth {
-			return errTooDeep
-		}
-		keys := map[string]bool{}
-		for dec.More() {
-			key := "" // an array item's
-			if open == json.Delim('{') {
-				tok, err := dec.Token() // the decoder allows only a string here
-				if err != nil {
-					return err
-				}
-				if key = tok.(string); keys[key] {
-					return fmt.Errorf("duplicate key %q", key)
-				}
-				keys[key] = true
-			}
-			elem, err := memberType(t, key)
-			if err != nil {
-				return err
-			}
-			if err := value(elem, depth+1); err != nil {
-				return err
-			}
-		}
-		_, err = dec.Token() // the closing delimiter
+// checkKeys refuses, in the value dec reads next (decoded as t; nil:
+// unchecked), a key named twice (encoding/json keeps the last), a struct
+// member named in another case (encoding/json would take it; SPEC §2.2:
+// members are exact) and nesting deeper than maxJSONDepth.
+func checkKeys(dec *json.Decoder, t reflect.Type, depth int) error {
+	open, err := dec.Token()
+	if err != nil || open != json.Delim('{') && open != json.Delim('[') {
 		return err
 	}
-	return value(t, 0)
-}
-
-// memberType is what member key (an item's: "") of t decodes as; nil: unchecked.
-func memberType(t reflect.Type, key string) (reflect.Type, error) {
+	if depth == maxJSONDepth {
+		return errTooDeep
+	}
 	for t != nil && t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
-	switch {
-	case t == nil:
-	case t.Kind() == reflect.Map || t.Kind() == reflect.Slice || t.Kind() == reflect.Array:
-		return t.Elem(), nil
-	case t.Kind() == reflect.Struct:
-		for i := range t.NumField() {
-			switch name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ","); {
-			case name == key:
-				return t.Field(i).Type, nil
-			case strings.EqualFold(name, key):
-				return nil, fmt.Errorf("unknown member %q (member names are exact: %q)", key, name)
+	var items reflect.Type // a map's members' or an array's items'
+	if t != nil && (t.Kind() == reflect.Map || t.Kind() == reflect.Slice || t.Kind() == reflect.Array) {
+		items = t.Elem()
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		elem := items
+		if open == json.Delim('{') {
+			tok, err := dec.Token() // the decoder allows only a string here
+			if err != nil {
+				return err
+			}
+			key := tok.(string)
+			if seen[key] {
+				return fmt.Errorf("duplicate key %q", key)
+			}
+			seen[key] = true
+			for i := 0; t != nil && t.Kind() == reflect.Struct && i < t.NumField(); i++ {
+				if name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ","); name == key {
+					elem = t.Field(i).Type
+					break
+				} else if strings.EqualFold(name, key) {
+					return fmt.Errorf("unknown member %q (member names are exact: %q)", key, name)
+				}
 			}
 		}
+		if err := checkKeys(dec, elem, depth+1); err != nil {
+			return err
+		}
 	}
-	return nil, nil
-}
-
-// marshalState is the one encoding of state files: indented, a final newline, to diff well.
-func marshalState(v any) ([]byte, error) {
-	b, err := json.MarshalIndent(v, "", "  ")
-	return append(b, '\n'), err
-}
-
-func writeState(name string, v any) error {
-	b, err := marshalState(v)
-	if err != nil {
-		return err
-	}
-	return writeFileAtomic(name, b)
+	_, err = dec.Token() // the closing delimiter
+	return err
 }
 
 // vaultDoc is vault.json (SPEC §2.2), the only file that holds secrets.
@@ -572,8 +543,8 @@ type oauthGrant struct {
 
 // vault is vault.json, re-read on change so a CLI's edit reaches the daemon.
 // A rotated grant the vault refuses to keep (disk full, EACCES) is not lost
-// (SPEC §17): it is kept in unwritten, shown by reads while the vault still
-// holds the refresh token it came from, and goes with every vault write.
+// (SPEC §17): unwritten keeps it, reads show it while the vault still holds
+// the refresh token it came from, and every vault write takes it along.
 type vault struct {
 	stateFile[*vaultDoc]
 	umu       sync.Mutex                // guards unwritten
@@ -635,18 +606,18 @@ func (v *vault) keepUnwritten(id string, old, g oauthGrant) {
 	v.unwritten[id] = unwrittenGrant{from, g}
 }
 
-func (v *vault) unwrittenIDs() []string {
+func (v *vault) unwrittenCopy() map[string]unwrittenGrant {
 	v.umu.Lock()
 	defer v.umu.Unlock()
-	return slices.Sorted(maps.Keys(v.unwritten))
+	return maps.Clone(v.unwritten)
 }
+func (v *vault) unwrittenIDs() []string { return slices.Sorted(maps.Keys(v.unwrittenCopy())) }
 
-// putUnwritten puts each unwritten grant into d where it still applies.
-func putUnwritten(d *vaultDoc, unwritten map[string]unwrittenGrant) {
+// withUnwritten puts each unwritten grant into d where it still applies.
+func withUnwritten(d *vaultDoc, unwritten map[string]unwrittenGrant) {
 	for id, u := range unwritten {
 		if c := d.Subscriptions[id].OAuth; c != nil && c.RefreshToken == u.from {
-			g := u.grant
-			d.Subscriptions[id] = vaultCredential{OAuth: &g}
+			d.Subscriptions[id] = vaultCredential{OAuth: &u.grant}
 		}
 	}
 }
@@ -654,24 +625,20 @@ func putUnwritten(d *vaultDoc, unwritten map[string]unwrittenGrant) {
 // load is the vault's document with the unwritten grants in place.
 func (v *vault) load() (*vaultDoc, error) {
 	doc, err := v.stateFile.load()
-	v.umu.Lock()
-	defer v.umu.Unlock()
-	if err != nil || len(v.unwritten) == 0 {
-		return doc, err
+	if unwritten := v.unwrittenCopy(); err == nil && len(unwritten) > 0 {
+		out := *doc // the shared cache: changed only in a copy
+		out.Subscriptions = maps.Clone(doc.Subscriptions)
+		withUnwritten(&out, unwritten)
+		return &out, nil
 	}
-	out := *doc // the shared cache: changed only in a copy
-	out.Subscriptions = maps.Clone(doc.Subscriptions)
-	putUnwritten(&out, v.unwritten)
-	return &out, nil
+	return doc, err
 }
 
 // update writes the unwritten grants with change.
 func (v *vault) update(change func(*vaultDoc) error) error {
-	v.umu.Lock()
-	unwritten := maps.Clone(v.unwritten)
-	v.umu.Unlock()
+	unwritten := v.unwrittenCopy()
 	err := v.stateFile.update(func(d *vaultDoc) error {
-		putUnwritten(d, unwritten)
+		withUnwritten(d, unwritten)
 		return change(d)
 	})
 	if err == nil { // written: memory's no longer
