@@ -94,40 +94,8 @@ func invalidf(format string, args ...any) error {
 // parseRegistry reads a document under every guard of SPEC §4.1 with the one strict
 // decoder. Unknown providers pass (capability_absent); only writers refuse them.
 func parseRegistry(b []byte) (*routesDoc, error) {
-	top, err := registryMembers(b)
-	if err != nil {
-		return nil, err
-	} else if top == nil {
-		return emptyRoutesDoc(), nil
-	}
-	if extra := extraMembers(top); len(extra) > 0 {
-		return nil, invalidf("registry field %s is not part of schema 1; run brama routes migrate", strconv.Quote(clipName(extra[0])))
-	}
-	doc := emptyRoutesDoc()
-	var te *json.UnmarshalTypeError
-	switch err := decodeStrict("registry", b, doc); {
-	case errors.As(err, &te):
-		return nil, invalidf("registry field %q cannot be %s (see SPEC §4.1; a destination is one string)", te.Field, clipName(te.Value))
-	case errors.As(err, new(*routesInvalidError)):
-		return nil, err
-	case err != nil:
-		return nil, invalidf("%s", clipName(err.Error()))
-	}
-	// The typed decode takes null, and a model's "", for absent; schema 1 refuses them.
-	var deps []struct {
-		Name            string
-		Model, Adapters json.RawMessage
-	}
-	json.Unmarshal(top["deployments"], &deps) // decodeStrict took these bytes
-	if string(top["schema_version"]) == "null" {
-		return nil, invalidf(`registry field "schema_version" must be 1, not null`)
-	}
-	for _, d := range deps {
-		if m := string(d.Model); m == "null" || m == `""` || string(d.Adapters) == "null" {
-			return nil, invalidf(`registry deployment %q member "model" must be a non-empty string, and "adapters" an array, when present`, clipName(d.Name))
-		}
-	}
-	return doc, nil
+	doc, _, err := readRegistry(b, false)
+	return doc, err
 }
 
 // registryTooBig is SPEC §4.1's 1 MiB bound, checked on a file's size before it is read.
@@ -138,27 +106,56 @@ func registryTooBig(size int64) error {
 	return nil
 }
 
-// registryMembers decodes b strictly into top-level members (nil when blank), which migrate can drop.
-func registryMembers(b []byte) (m map[string]json.RawMessage, err error) {
-	if err := registryTooBig(int64(len(b))); err != nil || len(bytes.Trim(b, " \t\r\n")) == 0 { // JSON's whitespace
-		return nil, err
+// readRegistry is parseRegistry; to migrate, it drops instead of refusing the
+// top-level members schema 1 lacks, and an empty document is an error.
+func readRegistry(b []byte, migrate bool) (doc *routesDoc, dropped []string, err error) {
+	blank := len(bytes.Trim(b, " \t\r\n")) == 0 // JSON's whitespace, not Unicode's
+	var top map[string]json.RawMessage
+	if err := registryTooBig(int64(len(b))); err != nil || blank && !migrate {
+		return emptyRoutesDoc(), nil, err
 	}
-	switch err := decodeStrict("registry", b, &m); {
-	case err == nil && m != nil:
-		return m, nil
+	var te *json.UnmarshalTypeError
+	switch err := decodeStrict("registry", b, &top); {
+	case blank:
+		return nil, nil, invalidf("registry is empty; there is no document to migrate")
 	case utf8.Valid(b) && !json.Valid(b):
-		return nil, invalidf("registry is not valid JSON: %v", json.Unmarshal(b, new(any)))
-	case err == nil || errors.As(err, new(*json.UnmarshalTypeError)):
-		return nil, invalidf("registry must be one JSON object")
-	default:
-		return nil, invalidf("%s", clipName(err.Error()))
+		return nil, nil, invalidf("registry is not valid JSON: %v", json.Unmarshal(b, new(any)))
+	case err == nil && top == nil || errors.As(err, &te):
+		return nil, nil, invalidf("registry must be one JSON object")
+	case err != nil:
+		return nil, nil, invalidf("%s", clipName(err.Error()))
 	}
-}
-
-// extraMembers lists, sorted, the top-level members schema 1 does not have.
-func extraMembers(m map[string]json.RawMessage) []string {
 	known := func(k string) bool { return k == "schema_version" || k == "deployments" || k == "routes" }
-	return slices.DeleteFunc(append([]string{}, slices.Sorted(maps.Keys(m))...), known)
+	dropped = slices.DeleteFunc(append([]string{}, slices.Sorted(maps.Keys(top))...), known)
+	if len(dropped) > 0 && !migrate {
+		return nil, nil, invalidf("registry field %s is not part of schema 1; run brama routes migrate", strconv.Quote(clipName(dropped[0])))
+	} else if migrate {
+		for _, k := range dropped {
+			delete(top, k)
+		}
+		b, _ = json.Marshal(top) // raw members always marshal
+	}
+	doc = emptyRoutesDoc()
+	switch err := decodeStrict("registry", b, doc); {
+	case errors.As(err, &te):
+		return nil, nil, invalidf("registry field %q cannot be %s (see SPEC §4.1; a destination is one string)", te.Field, clipName(te.Value))
+	case errors.As(err, new(*routesInvalidError)):
+		return nil, nil, err
+	case err != nil:
+		return nil, nil, invalidf("%s", clipName(err.Error()))
+	}
+	// The typed decode takes null, and a model's "", for absent; schema 1 refuses them.
+	var deps []struct{ Name, Model, Adapters json.RawMessage }
+	json.Unmarshal(top["deployments"], &deps) // decodeStrict took these bytes
+	if string(top["schema_version"]) == "null" {
+		return nil, nil, invalidf(`registry field "schema_version" must be 1, not null`)
+	}
+	for _, d := range deps {
+		if m := string(d.Model); m == "null" || m == `""` || string(d.Adapters) == "null" {
+			return nil, nil, invalidf(`registry deployment %s member "model" must be a non-empty string, and "adapters" an array, when present`, clipName(string(d.Name)))
+		}
+	}
+	return doc, dropped, nil
 }
 
 // validate applies SPEC §4.1's guards to a decoded document; decodeStrict calls it.
@@ -453,10 +450,7 @@ func (r *registry) commit(change func(doc *routesDoc) (*journalRecord, error)) (
 	if err != nil && !errors.As(err, new(*apiError)) { // change's refusals come back as they are
 		err = refuse("internal_error", "route registry lock: %v", err).because(err)
 	}
-	if err != nil {
-		return nil, err
-	}
-	return committed, nil
+	return committed, err // callers read err first
 }
 
 // migrateRegistry is `brama routes migrate` (SPEC §4.4): drop what schema 1 lacks, commit the rest.
@@ -465,20 +459,9 @@ func migrateRegistry(path string) (committed []byte, dropped []string, doc *rout
 		return nil, nil, nil, err // before the lock: an absent file gets no lock file either
 	}
 	err = withFileLock(path, func() error {
-		f := stateFile[map[string]json.RawMessage]{role: registryRole, path: path, absentErr: true, parse: registryMembers, tooBig: registryTooBig}
-		members, err := f.fresh()
-		if err == nil && members == nil {
-			err = invalidf("registry %s is empty; there is no document to migrate", path)
-		}
-		if err != nil {
-			return err
-		}
-		dropped = extraMembers(members)
-		for _, k := range dropped {
-			delete(members, k)
-		}
-		kept, _ := json.Marshal(members) // raw members always marshal
-		if doc, err = parseRegistry(kept); err != nil {
+		f := stateFile[*routesDoc]{role: registryRole, path: path, absentErr: true, tooBig: registryTooBig,
+			parse: func(b []byte) (d *routesDoc, err error) { d, dropped, err = readRegistry(b, true); return d, err }}
+		if doc, err = f.fresh(); err != nil {
 			return err
 		}
 		committed = encodeRegistry(doc)
