@@ -37,16 +37,11 @@ var (
 
 // Routing modes (SPEC §5.3) and alias states (SPEC §4.3).
 const (
-	modeAny, modeAnyVision, modeBest = "any", "any-vision-capable", "best"
-	modeSubscription, modeAlias      = "subscription", "alias"
-	modeDirect                       = "direct"
-
-	stateServing, stateNoRoute                = "serving", "no_route"
-	stateCapabilityAbsent, stateRoutesInvalid = "capability_absent", "routes_file_invalid"
+	modeAny, modeAnyVision, modeBest, modeSubscription, modeAlias, modeDirect = "any", "any-vision-capable", "best", "subscription", "alias", "direct"
+	stateServing, stateNoRoute, stateCapabilityAbsent, stateRoutesInvalid     = "serving", "no_route", "capability_absent", "routes_file_invalid"
 )
 
-// routesDoc is one schema-1 registry document. Parsed documents always have
-// non-nil Deployments and Routes, and are shared: callers must not modify them.
+// routesDoc is one schema-1 registry document; a parsed one has non-nil Deployments and Routes, and is shared: read only.
 type routesDoc struct {
 	SchemaVersion int               `json:"schema_version"`
 	Deployments   []deployment      `json:"deployments"`
@@ -74,8 +69,7 @@ func emptyRoutesDoc() *routesDoc {
 	return &routesDoc{SchemaVersion: 1, Deployments: []deployment{}, Routes: map[string]string{}}
 }
 
-// encodeRegistry is the one canonical encoding every writer commits (two
-// space indent, sorted routes, [] and {} when empty), so migrate is idempotent.
+// encodeRegistry is the one canonical encoding every writer commits (sorted routes, [] and {} when empty): migrate is idempotent.
 func encodeRegistry(d *routesDoc) []byte {
 	out := emptyRoutesDoc()
 	out.Deployments = append(out.Deployments, d.Deployments...)
@@ -91,8 +85,7 @@ func invalidf(format string, args ...any) error {
 	return &routesInvalidError{fmt.Errorf(format, args...)}
 }
 
-// parseRegistry reads a document under every guard of SPEC §4.1 with the one strict
-// decoder. Unknown providers pass (capability_absent); only writers refuse them.
+// parseRegistry reads a document under SPEC §4.1's guards; an unknown provider passes (capability_absent): only writers refuse it.
 func parseRegistry(b []byte) (*routesDoc, error) {
 	doc, _, err := readRegistry(b, false)
 	return doc, err
@@ -106,8 +99,7 @@ func registryTooBig(size int64) error {
 	return nil
 }
 
-// readRegistry is parseRegistry; to migrate, it drops instead of refusing the
-// top-level members schema 1 lacks, and an empty document is an error.
+// readRegistry is parseRegistry; to migrate, it drops the top-level members schema 1 lacks, and refuses an empty document.
 func readRegistry(b []byte, migrate bool) (doc *routesDoc, dropped []string, err error) {
 	blank := len(bytes.Trim(b, " \t\r\n")) == 0 // JSON's whitespace, not Unicode's
 	var top map[string]json.RawMessage
@@ -129,12 +121,11 @@ func readRegistry(b []byte, migrate bool) (doc *routesDoc, dropped []string, err
 	dropped = slices.DeleteFunc(append([]string{}, slices.Sorted(maps.Keys(top))...), known)
 	if len(dropped) > 0 && !migrate {
 		return nil, nil, invalidf("registry field %s is not part of schema 1; run brama routes migrate", strconv.Quote(clipName(dropped[0])))
-	} else if migrate {
-		for _, k := range dropped {
-			delete(top, k)
-		}
-		b, _ = json.Marshal(top) // raw members always marshal
 	}
+	for _, k := range dropped {
+		delete(top, k)
+	}
+	b, _ = json.Marshal(top) // raw members always marshal
 	doc = emptyRoutesDoc()
 	switch err := decodeStrict("registry", b, doc); {
 	case errors.As(err, &te):
@@ -181,7 +172,7 @@ func (doc *routesDoc) validate() error {
 	return nil
 }
 
-// rule is one guard of a table: when bad, why (a format over the table's arguments) refuses.
+// rule is one guard of a table: when bad, why (a format over the table's arguments) refuses the document.
 type rule struct {
 	bad bool
 	why string
@@ -195,26 +186,24 @@ func firstBroken(rules []rule, args ...any) error {
 	return nil
 }
 
-// checkDeployment guards d, declared after before. Its endpoint is an IPv4 loopback or
-// tailnet literal: an edit must never point unauthenticated calls at the internet.
+// checkDeployment guards d, declared after before; its endpoint must never point unauthenticated calls at the internet.
 func checkDeployment(d *deployment, before []deployment) error {
 	if len(d.Adapters) == 0 {
 		d.Adapters = nil // [] and absent are one document
 	}
-	bad := slices.IndexFunc(d.Adapters, func(a adapter) bool { return !namePattern.MatchString(a.Name) })
-	badName := ""
-	if bad >= 0 {
-		badName = d.Adapters[bad].Name
+	for _, a := range d.Adapters {
+		if !namePattern.MatchString(a.Name) {
+			return invalidf("registry deployment %q adapter %q: an adapter name must match [a-z0-9._-]{1,128}", clipName(d.Name), clipName(a.Name))
+		}
 	}
 	addr, err := netip.ParseAddr(d.Endpoint.Host)
-	return firstBroken([]rule{ // arguments: name, adapter, host, port, model
-		{bad >= 0, "registry deployment %[1]q adapter %[2]q: an adapter name must match [a-z0-9._-]{1,128}"},
+	return firstBroken([]rule{ // arguments: name, host, port, model
 		{!namePattern.MatchString(d.Name), "registry deployment %[1]q: a deployment name must match [a-z0-9._-]{1,128}"},
 		{slices.ContainsFunc(before, func(o deployment) bool { return o.Name == d.Name }), "registry deployment %[1]q is declared twice; deployment names must be unique"},
-		{err != nil || !addr.Is4() || !(addr.IsLoopback() || cgnatPrefix.Contains(addr)), "registry deployment %[1]q: endpoint host %[3]q is not an IPv4 loopback or 100.64.0.0/10 literal"},
-		{d.Endpoint.Port < 1 || d.Endpoint.Port > 65535, "registry deployment %[1]q: endpoint port %[4]d is not a port (1-65535)"},
-		{d.Model != "" && !validModel(d.Model), "registry deployment %[1]q: model %[5]q is not 1-512 bytes without control characters"},
-	}, clipName(d.Name), clipName(badName), clipName(d.Endpoint.Host), d.Endpoint.Port, clipName(d.Model))
+		{err != nil || !addr.Is4() || !(addr.IsLoopback() || cgnatPrefix.Contains(addr)), "registry deployment %[1]q: endpoint host %[2]q is not an IPv4 loopback or 100.64.0.0/10 literal"},
+		{d.Endpoint.Port < 1 || d.Endpoint.Port > 65535, "registry deployment %[1]q: endpoint port %[3]d is not a port (1-65535)"},
+		{d.Model != "" && !validModel(d.Model), "registry deployment %[1]q: model %[4]q is not 1-512 bytes without control characters"},
+	}, clipName(d.Name), clipName(d.Endpoint.Host), d.Endpoint.Port, clipName(d.Model))
 }
 
 // validModel is §5.1's rule for a canonical route's model, and a deployment's.
@@ -257,9 +246,8 @@ func checkRoute(doc *routesDoc, alias, dest string) error {
 	}, clipName(alias), dest, len(dest), n)
 }
 
-// match is what name declares (SPEC §4.1, §5.1): its exact alias's destination, else the
-// longest matching prefix alias's, where <provider>/* becomes <provider>/name. A name with
-// "/" or "*" matches no prefix alias: "o*" must not take over openai/... canonical routes.
+// match is what name declares (SPEC §4.1, §5.1): its exact alias's destination, else the longest matching prefix alias's,
+// <provider>/* as <provider>/name. A name with "/" or "*" matches no prefix alias: "o*" must not take over openai/….
 func (doc *routesDoc) match(name string) (dest string, ok bool) {
 	if dest, ok = doc.Routes[name]; ok && !strings.HasSuffix(name, "*") {
 		return dest, true
@@ -343,15 +331,14 @@ func (r *registry) current() (*routesDoc, error) {
 	r.logMu.Lock()
 	defer r.logMu.Unlock()
 	doc, err := r.load()
-	reason := ""
-	if err != nil {
-		doc, reason = nil, err.Error()
-	}
-	if reason != r.lastLogged && reason != "" {
+	if err == nil {
+		r.lastLogged = ""
+		return doc, nil
+	} else if reason := err.Error(); reason != r.lastLogged {
 		r.log.Warn("inference_routes_invalid", "reason", reason)
+		r.lastLogged = reason
 	}
-	r.lastLogged = reason
-	return doc, err
+	return nil, err
 }
 
 // set points alias at destination (SPEC §4.4); by is the client id or "cli".
@@ -409,8 +396,8 @@ func (r *registry) setDeployment(d deployment, remove bool) (*routesDoc, error) 
 	})
 }
 
-// commit is SPEC §4.4's read-modify-rename under the mutex and flock; change returns the record to
-// journal after the rename, if any, whose failure is only logged: it cannot undo the rename.
+// commit is SPEC §4.4's read-modify-rename under the mutex and flock; change returns the record to journal
+// after the rename, if any: a failed append is only logged, as it cannot undo the rename.
 func (r *registry) commit(change func(doc *routesDoc) (*journalRecord, error)) (*routesDoc, error) {
 	if err := r.pathErr; err != nil {
 		return nil, refuse("dependency_unavailable", "the route registry cannot be written: %v", err).because(err)
@@ -439,11 +426,10 @@ func (r *registry) commit(change func(doc *routesDoc) (*journalRecord, error)) (
 		if err := writeFileAtomic(r.path, staged); err != nil {
 			return refuse("internal_error", "route registry not changed: %v", err).because(err)
 		}
-		if rec == nil {
-			return nil
-		}
-		if err := r.j.append(*rec); err != nil { // under the flock: records follow the renames
-			r.log.Error("journal_append_failed", "kind", rec.Kind, "alias", rec.Alias, "cause", err.Error())
+		if rec != nil { // journaled under the flock, so records follow the renames
+			if err := r.j.append(*rec); err != nil {
+				r.log.Error("journal_append_failed", "kind", rec.Kind, "alias", rec.Alias, "cause", err.Error())
+			}
 		}
 		return nil
 	})
@@ -505,8 +491,7 @@ func aliasState(doc *routesDoc, dest string, hasDirect func(provider string) boo
 	return stateCapabilityAbsent, fmt.Sprintf("No direct %s credential is configured.", p.id)
 }
 
-// destProvider is the provider and model a destination other than best names: a bare name
-// is a deployment or adapter (SPEC §4.1); an unknown provider's row holds its id alone.
+// destProvider is the provider and model dest names, a bare name a local one (SPEC §4.1); an unknown provider's row holds its id.
 func destProvider(dest string) (p providerInfo, model string, ok bool) {
 	provider, model, canonical := strings.Cut(dest, "/")
 	if !canonical {
@@ -555,8 +540,7 @@ type resolution struct {
 	BaseURL  string       // local-openai only: "http://host:port/v1"
 }
 
-// resolveModel applies SPEC §5.1 and picks the §5.3 mode. With docErr, a name that could
-// be an alias is routes_file_invalid (selectors, best, known canonical routes resolve).
+// resolveModel applies SPEC §5.1 and picks the §5.3 mode; with docErr, only selectors, best and known canonical routes resolve.
 func resolveModel(name string, doc *routesDoc, docErr error, hasDirect func(string) bool) (resolution, error) {
 	switch {
 	case name == "":
