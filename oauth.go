@@ -26,40 +26,28 @@ import (
 // OAuth grants (SPEC §11.1): refreshed in one flight per subscription, the
 // token answer classified, and obtained by the PKCE sign-in exchange.
 
-// oauthProvider is one row of SPEC §11.1's token and sign-in tables.
+// oauthProvider is one row of SPEC §11.1's token and sign-in tables: every
+// fact that differs between the OAuth providers, so no code asks which one it is.
 type oauthProvider struct {
-	id       string
-	tokenURL string // built in; BRAMA_OAUTH_<ID>_TOKEN_URL overrides
-	clientID string
-	form     bool // the token endpoint takes a form body, not JSON
+	id, tokenURL, clientID string // tokenURL: BRAMA_OAUTH_<ID>_TOKEN_URL overrides
+	form                   bool   // the token endpoint takes a form body, not JSON
+	echoState              bool   // the sign-in's exchange sends the state back
+	accountID              bool   // the grant carries the id_token's chatgpt_account_id (SPEC §6.2)
 
-	authorizeURL string // "" when the provider has no sign-in (kimi)
-	redirectURI  string
-	scope        string
-	extra        [][2]string // further authorize parameters
+	authorizeURL, redirectURI, scope string   // authorizeURL "": no sign-in
+	extra                            []string // further authorize parameters: name, value, …
 }
 
 var oauthProviders = []oauthProvider{
-	{
-		id: "claude-code", tokenURL: "https://platform.claude.com/v1/oauth/token", // console.anthropic.com's now answers 404
-		clientID:     "9d1c250a-e61b-44d9-88ed-5944d1962f5e",
+	{id: "claude-code", tokenURL: "https://platform.claude.com/v1/oauth/token", // console.anthropic.com's now answers 404
+		clientID: "9d1c250a-e61b-44d9-88ed-5944d1962f5e", echoState: true,
 		authorizeURL: "https://claude.com/cai/oauth/authorize",          // claude.ai's refuses every grant now
 		redirectURI:  "https://platform.claude.com/oauth/code/callback", // the only one still registered
-		scope:        "org:create_api_key user:profile user:inference",
-		extra:        [][2]string{{"code", "true"}},
-	},
-	{
-		id: "codex", tokenURL: "https://auth.openai.com/oauth/token",
-		clientID: "app_EMoamEEZ73f0CkXaXp7hrann", form: true,
-		authorizeURL: "https://auth.openai.com/oauth/authorize",
-		redirectURI:  "http://localhost:1455/auth/callback",
-		scope:        "openid profile email offline_access",
-		extra:        [][2]string{{"id_token_add_organizations", "true"}, {"codex_cli_simplified_flow", "true"}},
-	},
-	{
-		id: "kimi", tokenURL: "https://auth.kimi.com/api/oauth/token",
-		clientID: "17e5f671-d194-4dfb-9706-5516cb48c098", form: true,
-	},
+		scope:        "org:create_api_key user:profile user:inference", extra: []string{"code", "true"}},
+	{id: "codex", tokenURL: "https://auth.openai.com/oauth/token", clientID: "app_EMoamEEZ73f0CkXaXp7hrann", form: true, accountID: true,
+		authorizeURL: "https://auth.openai.com/oauth/authorize", redirectURI: "http://localhost:1455/auth/callback",
+		scope: "openid profile email offline_access", extra: []string{"id_token_add_organizations", "true", "codex_cli_simplified_flow", "true"}},
+	{id: "kimi", tokenURL: "https://auth.kimi.com/api/oauth/token", clientID: "17e5f671-d194-4dfb-9706-5516cb48c098", form: true},
 }
 
 // What an *endpointError or another failure of this file wraps.
@@ -80,6 +68,15 @@ func lookupOAuth(provider string) (oauthProvider, error) {
 		return oauthProviders[i], nil
 	}
 	return oauthProvider{}, fmt.Errorf("provider %q: %w", provider, errNoOAuth)
+}
+
+// signInProvider is provider's row when it has a sign-in.
+func signInProvider(provider string) (oauthProvider, error) {
+	p, err := lookupOAuth(provider)
+	if err == nil && p.authorizeURL == "" {
+		err = fmt.Errorf("provider %q: %w", provider, errNoSignIn)
+	}
+	return p, err
 }
 
 // oauthClient refreshes and exchanges grants, one refresh per subscription
@@ -110,8 +107,7 @@ type refreshCall struct {
 
 // newOAuth builds the OAuth client; the sign-in exchange needs neither v nor l.
 func newOAuth(getenv func(string) string, client *http.Client, v *vault, l *ledger, log *slog.Logger, now func() time.Time) *oauthClient {
-	return &oauthClient{getenv: getenv, client: client, vault: v, ledger: l, log: log, now: now,
-		inflight: map[string]*refreshCall{}}
+	return &oauthClient{getenv: getenv, client: client, vault: v, ledger: l, log: log, now: now, inflight: map[string]*refreshCall{}}
 }
 
 // tokenURL is p's token endpoint under checkBaseURL's rule, so a typo in
@@ -193,47 +189,43 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 	}
 	doc, err := o.vault.load()
 	if err != nil {
-		o.failed(id, provider, err)
-		return oauthGrant{}, fmt.Errorf("refresh %s: vault: %w", id, err)
+		return oauthGrant{}, o.ended(id, provider, fmt.Errorf("refresh %s: vault: %w", id, err))
 	}
-	cred, ok := doc.Subscriptions[id]
-	if !ok || cred.OAuth == nil {
+	cur := doc.Subscriptions[id].OAuth
+	if cur == nil {
 		return oauthGrant{}, fmt.Errorf("refresh %s: the vault holds no OAuth grant for it: %w", id, errNoOAuth)
 	}
-	old := *cred.OAuth // doc is the vault's shared cache: copy, never write into it
+	old := *cur // doc is the vault's shared cache: copy, never write into it
 	// Another token is current: the caller retries with it, unless it lapsed too.
 	if refused != "" && old.AccessToken != refused && !expiredForRequest(old, o.now()) {
 		o.log.Debug("credential_refresh_skipped", "subscription_id", id, "provider", provider)
 		return old, nil
 	}
-	endpoint, err := o.tokenURL(p)
-	if err != nil {
-		return oauthGrant{}, o.failed(id, provider, err)
-	}
-	// holds: the vault still has the grant this flight started from.
-	holds := func(d *vaultDoc) bool {
+	holds := func(d *vaultDoc) bool { // the vault still has the grant this flight started from
 		c := d.Subscriptions[id].OAuth
 		return c != nil && c.RefreshToken == old.RefreshToken
 	}
+	superseded := fmt.Errorf("refresh %s: %w", id, errRefreshSuperseded)
+	endpoint, err := o.tokenURL(p)
+	if err != nil {
+		return oauthGrant{}, o.ended(id, provider, err)
+	}
 	if old.RefreshToken == "" { // only a sign-in or a new grant helps
-		return oauthGrant{}, o.refused(id, provider, &endpointError{Definitive: true, Endpoint: endpointName(endpoint),
+		return oauthGrant{}, o.ended(id, provider, &endpointError{Definitive: true, Endpoint: endpointName(endpoint),
 			Sentence: errNoRefreshToken.Error(), Err: errNoRefreshToken})
 	}
 	fields := map[string]string{"grant_type": "refresh_token", "refresh_token": old.RefreshToken, "client_id": p.clientID}
 	ans, re := o.tokenCall(ctx, p, endpoint, fields, old.RefreshToken, old.AccessToken)
-	switch {
-	case re != nil && re.Definitive:
+	if re != nil {
 		// A refusal is a result too: if a sign-in replaced the grant while
 		// the call was on the wire, the refusal is about a grant nobody uses.
-		if cur, err := o.vault.load(); err == nil && !holds(cur) {
-			return oauthGrant{}, o.superseded(id, provider)
+		if d, err := o.vault.load(); re.Definitive && err == nil && !holds(d) {
+			return oauthGrant{}, o.ended(id, provider, superseded)
 		}
-		return oauthGrant{}, o.refused(id, provider, re)
-	case re != nil:
-		return oauthGrant{}, o.failed(id, provider, re)
+		return oauthGrant{}, o.ended(id, provider, re)
 	}
 	now := o.now()
-	g := answerGrant(p.id, old, ans, now)
+	g := answerGrant(provider, old, ans, now)
 	err = o.vault.update(func(d *vaultDoc) error {
 		if !holds(d) {
 			return errRefreshSuperseded
@@ -243,7 +235,7 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 	})
 	switch {
 	case errors.Is(err, errRefreshSuperseded):
-		return oauthGrant{}, o.superseded(id, provider)
+		return oauthGrant{}, o.ended(id, provider, superseded)
 	case err != nil:
 		// The provider may already have retired the refresh token the vault
 		// still holds: the new grant is used and kept until written (SPEC §17).
@@ -256,30 +248,25 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 	return g, nil
 }
 
-// refused, failed and superseded log how a flight ended; refused also
-// records that the credential needs a sign-in.
-func (o *oauthClient) refused(id, provider string, re *endpointError) error {
-	o.ledger.setCredential(id, provider, credNeedsReauth, re.Sentence)
-	args := []any{"subscription_id", id, "provider", provider, "endpoint", re.Endpoint, "status", re.Status, "cause", re.Sentence}
-	if re.Err != errTokenRefused && re.Err != errNoRefreshToken { // why the refreshed grant was not stored
-		args = append(args, "error", redact(re.Err.Error()))
+// ended logs how a failed flight ended and returns err; a definitive refusal
+// also records that the credential needs a sign-in, a superseded one changes nothing.
+func (o *oauthClient) ended(id, provider string, err error) error {
+	var re *endpointError
+	switch {
+	case errors.Is(err, errRefreshSuperseded):
+		o.log.Info("credential_refresh_superseded", "subscription_id", id, "provider", provider)
+	case errors.As(err, &re) && re.Definitive:
+		o.ledger.setCredential(id, provider, credNeedsReauth, re.Sentence)
+		o.log.Warn("credential_refresh_refused", "subscription_id", id, "provider", provider,
+			"endpoint", re.Endpoint, "status", re.Status, "cause", re.Sentence)
+	default:
+		o.log.Warn("credential_refresh_failed", "subscription_id", id, "provider", provider, "error", err.Error())
 	}
-	o.log.Warn("credential_refresh_refused", args...)
-	return re
-}
-
-func (o *oauthClient) failed(id, provider string, err error) error {
-	o.log.Warn("credential_refresh_failed", "subscription_id", id, "provider", provider, "error", err.Error())
 	return err
 }
 
-func (o *oauthClient) superseded(id, provider string) error {
-	o.log.Info("credential_refresh_superseded", "subscription_id", id, "provider", provider)
-	return fmt.Errorf("refresh %s: %w", id, errRefreshSuperseded)
-}
-
 // endpointError is a failed token call or usage read (Op names it), never quoting
-// a body; Definitive: the grant was disowned or the refreshed one not kept.
+// a body (SPEC §11.1: endpoint, status, bytes); Definitive: the grant was disowned.
 type endpointError struct {
 	Op         string // "usage report GET"; "" for a token call
 	Definitive bool
@@ -291,39 +278,24 @@ type endpointError struct {
 }
 
 func (e *endpointError) Error() string {
-	got := fmt.Sprintf("HTTP %d, %d bytes received", e.Status, e.Received)
+	got := fmt.Sprintf("HTTP %d", e.Status)
 	if e.Status == 0 {
-		got = fmt.Sprintf("no status, %d bytes received", e.Received)
+		got = "no status"
 	}
-	if e.Op != "" {
-		return withCause(e.Op+" "+e.Endpoint+": "+got, e.Err)
+	msg := fmt.Sprintf("%s %s: %s, %d bytes received", cmp.Or(e.Op, "OAuth token POST"), e.Endpoint, got, e.Received)
+	var ue *url.Error
+	switch {
+	case e.Definitive: // the sentence says it all
+		return msg + ": " + e.Sentence
+	case errors.As(e.Err, &ue): // its "Post <url>:" repeats what msg names
+		return msg + ": " + ue.Err.Error()
+	case e.Err != nil:
+		return msg + ": " + e.Err.Error()
 	}
-	msg := fmt.Sprintf("OAuth token request to %s failed (%s)", e.Endpoint, got)
-	if e.Err == errTokenRefused {
-		msg = fmt.Sprintf("OAuth token endpoint %s refused the grant (%s)", e.Endpoint, got)
-	}
-	if e.Sentence != "" {
-		msg += ": " + e.Sentence
-	}
-	if e.Err == errTokenRefused || e.Err == errNoRefreshToken {
-		return msg // the sentence says it all
-	}
-	return withCause(msg, e.Err)
+	return msg
 }
 
 func (e *endpointError) Unwrap() error { return e.Err }
-
-// withCause appends err's text to msg, dropping a *url.Error's "Post <url>:" (msg names it).
-func withCause(msg string, err error) string {
-	var ue *url.Error
-	switch {
-	case err == nil:
-		return msg
-	case errors.As(err, &ue):
-		return msg + ": " + ue.Err.Error()
-	}
-	return msg + ": " + err.Error()
-}
 
 // callEndpoint sends one request with headers and reads the answer whole; status is 0 when none came.
 func callEndpoint(ctx context.Context, client *http.Client, method, endpoint string, body []byte,
@@ -354,14 +326,6 @@ func endpointName(raw string) string {
 	return (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}).String()
 }
 
-// definitiveErrors say the grant or client is no good (RFC 6749 §5.2, RFC 6750 §3.1;
-// OpenAI's auth server names a dead refresh token in its error object's code,
-// which the Codex CLI also takes as final).
-var definitiveErrors = map[string]bool{
-	"invalid_grant": true, "invalid_token": true, "invalid_client": true, "unauthorized_client": true,
-	"refresh_token_reused": true, "refresh_token_expired": true, "refresh_token_invalidated": true,
-}
-
 // tokenCall POSTs fields in p's body format and classifies the answer.
 func (o *oauthClient) tokenCall(ctx context.Context, p oauthProvider, endpoint string, fields map[string]string, secrets ...string) (tokenAnswer, *endpointError) {
 	body, _ := json.Marshal(fields) // a map of strings always encodes
@@ -377,41 +341,47 @@ func (o *oauthClient) tokenCall(ctx context.Context, p oauthProvider, endpoint s
 	return classifyTokenAnswer(endpointName(endpoint), status, b, err, secrets...)
 }
 
+// definitiveErrors say the grant or client is no good (RFC 6749 §5.2, RFC 6750 §3.1;
+// OpenAI's auth server names a dead refresh token in its error object's code,
+// which the Codex CLI also takes as final).
+var definitiveErrors = map[string]bool{
+	"invalid_grant": true, "invalid_token": true, "invalid_client": true, "unauthorized_client": true,
+	"refresh_token_reused": true, "refresh_token_expired": true, "refresh_token_invalidated": true,
+}
+
+// oauthErrorCode is a code worth quoting (RFC 6749 §5.2's short words); prose could carry a secret.
+var oauthErrorCode = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,64}$`)
+
 // classifyTokenAnswer sorts a token answer (SPEC §11.1): a 2xx with an
 // access token is used; a complete invalid_grant-class refusal or 401/403 is
 // definitive; all else is a transport failure, even a 401 whose body ended
 // early (readErr): no evidence the grant was disowned (seed, "Cancellation and retry").
 func classifyTokenAnswer(endpoint string, status int, body []byte, readErr error, secrets ...string) (tokenAnswer, *endpointError) {
+	re := &endpointError{Endpoint: endpoint, Status: status, Received: len(body), Err: readErr}
 	if readErr != nil {
-		return tokenAnswer{}, &endpointError{Endpoint: endpoint, Status: status, Received: len(body), Err: readErr}
+		return tokenAnswer{}, re
+	}
+	ans, err := parseTokenAnswer(body)
+	if err == nil && status/100 == 2 {
+		return ans, nil
 	}
 	secrets = slices.DeleteFunc(slices.Clone(secrets), func(s string) bool {
 		return len(s) < 8 // no real token is this short; replacing it would garble the sentence
 	})
-	ans, err := parseTokenAnswer(body)
-	ans.status, ans.received = status, len(body)
-	if err == nil && status >= 200 && status < 300 {
-		return ans, nil
-	}
-	re := &endpointError{Endpoint: endpoint, Status: status, Received: len(body), Err: err}
-	switch {
+	quote := func(s string) string { return cleanQuoted(redact(s, secrets...), "", maxSentenceBytes) }
+	switch re.Err = err; {
 	case err == nil:
 		re.Err = fmt.Errorf("%w: an access token with HTTP %d", errTokenMalformed, status)
 	case errors.Is(err, errTokenRefused) && oauthErrorCode.MatchString(ans.Error):
-		re.Err = fmt.Errorf("%w: %s", err, redact(ans.Error, secrets...))
+		re.Err = fmt.Errorf("%w: %s", err, quote(ans.Error))
 	}
 	if definitiveErrors[ans.Error] || status == http.StatusUnauthorized || status == http.StatusForbidden {
 		re.Definitive, re.Err = true, errTokenRefused
-		re.Sentence = cmp.Or(
-			cleanQuoted(redact(ans.Description, secrets...), "", maxSentenceBytes),
-			cleanQuoted(redact(ans.Error, secrets...), "", maxSentenceBytes),
+		re.Sentence = cmp.Or(quote(ans.Description), quote(ans.Error),
 			fmt.Sprintf("the token endpoint answered %d %s", status, http.StatusText(status)))
 	}
 	return ans, re
 }
-
-// oauthErrorCode is a code worth quoting (RFC 6749 §5.2's short words); prose could carry a secret.
-var oauthErrorCode = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,64}$`)
 
 // tokenAnswer is what Brama reads from a token endpoint's JSON answer.
 type tokenAnswer struct {
@@ -421,32 +391,32 @@ type tokenAnswer struct {
 	ExpiresIn    int64  `json:"expires_in,omitempty"` // seconds; 0 when absent or unusable
 	Error        string `json:"error,omitempty"`
 	Description  string `json:"error_description,omitempty"`
-
-	status, received int // set by classifyTokenAnswer
 }
 
 // maxExpiresIn bounds expires_in (100 years): more is unusable, not an overflow.
 const maxExpiresIn = 100 * 365 * 24 * 3600
 
-// parseTokenAnswer reads a token answer leniently: an access_token and no error,
-// else errTokenRefused (RFC 6749 §5.2, or Anthropic's "error" object) or errTokenMalformed.
+// parseTokenAnswer reads a token answer leniently (a member of another type
+// is absent): an access_token and no error, else errTokenRefused (RFC 6749
+// §5.2, or Anthropic's and OpenAI's "error" object) or errTokenMalformed.
 func parseTokenAnswer(body []byte) (tokenAnswer, error) {
-	b := bytes.TrimSpace(body)
-	if len(b) == 0 || b[0] != '{' {
+	var raw struct {
+		tokenAnswer
+		Expires json.RawMessage `json:"expires_in"` // a number, or a string holding one
+		Err     json.RawMessage `json:"error"`      // a string, or {"type","code","message"}
+	}
+	err := json.Unmarshal(body, &raw)
+	if !bytes.HasPrefix(bytes.TrimSpace(body), []byte("{")) || err != nil && !errors.As(err, new(*json.UnmarshalTypeError)) {
 		return tokenAnswer{}, fmt.Errorf("%w: not a JSON object", errTokenMalformed)
 	}
-	var r report
-	if err := json.Unmarshal(b, &r); err != nil {
-		return tokenAnswer{}, fmt.Errorf("%w: not JSON (%s)", errTokenMalformed, jsonErrorKind(err))
-	}
-	ans := tokenAnswer{AccessToken: r.str("access_token"), RefreshToken: r.str("refresh_token"),
-		IDToken: r.str("id_token"), Error: r.str("error"), Description: r.str("error_description")}
-	if n, ok := jsonScalar(r["expires_in"]); ok {
+	ans := raw.tokenAnswer
+	if n, ok := jsonScalar(raw.Expires); ok {
 		if f, err := strconv.ParseFloat(n, 64); err == nil && f >= 1 && f <= maxExpiresIn {
 			ans.ExpiresIn = int64(f)
 		}
 	}
-	if e, ok := errorObject(r["error"]); ok {
+	ans.Error, _ = jsonString(raw.Err)
+	if e, ok := errorObject(raw.Err); ok {
 		ans.Error, ans.Description = cmp.Or(e.typ, e.code, "error"), cmp.Or(ans.Description, e.msg)
 		if definitiveErrors[e.code] {
 			ans.Error = e.code
@@ -480,48 +450,35 @@ func expiredForRequest(g oauthGrant, now time.Time) bool {
 	return g.ExpiresAtMs != 0 && now.UnixMilli() >= g.ExpiresAtMs-60_000
 }
 
-// fillGrant completes a grant: expiry from the access token's JWT exp,
-// codex's account_id from the id_token (SPEC §6.2).
+// fillGrant completes a grant: expiry from the access token's JWT exp, the
+// account id from the id_token where the provider's row says so (SPEC §6.2).
 func fillGrant(provider string, g oauthGrant) oauthGrant {
-	if g.ExpiresAtMs == 0 {
-		g.ExpiresAtMs = jwtExpMs(g.AccessToken)
+	if exp := jwtClaims(g.AccessToken).Exp; g.ExpiresAtMs == 0 && exp >= 1 && exp <= math.MaxInt64/1000/2 {
+		g.ExpiresAtMs = int64(exp) * 1000
 	}
-	if provider == "codex" && g.AccountID == "" {
-		g.AccountID = codexAccountID(g.IDToken)
+	if p, _ := lookupOAuth(provider); p.accountID && g.AccountID == "" {
+		g.AccountID = jwtClaims(g.IDToken).Auth.AccountID
 	}
 	return g
 }
 
-// jwtPayload decodes a JWT's payload (RFC 7519 §3) unchecked (the provider
-// checks its own token on use); nil when token is no JWT.
-func jwtPayload(token string) map[string]json.RawMessage {
-	var m map[string]json.RawMessage
+// claims is what Brama reads of a JWT's payload.
+type claims struct {
+	Exp  float64 `json:"exp"`
+	Auth struct {
+		AccountID string `json:"chatgpt_account_id"`
+	} `json:"https://api.openai.com/auth"`
+}
+
+// jwtClaims decodes a JWT's payload (RFC 7519 §3) unchecked (the provider
+// checks its own token on use); what is no JWT or unreadable stays zero.
+func jwtClaims(token string) (c claims) {
 	if parts := strings.Split(token, "."); len(parts) == 3 {
-		b, err := base64.RawURLEncoding.DecodeString(strings.TrimRight(parts[1], "="))
-		if err != nil || json.Unmarshal(b, &m) != nil {
-			return nil
+		if b, err := base64.RawURLEncoding.DecodeString(strings.TrimRight(parts[1], "=")); err == nil {
+			json.Unmarshal(b, &c) // a member of another type stays zero
 		}
 	}
-	return m
-}
-
-// jwtExpMs is token's exp claim in ms, or 0.
-func jwtExpMs(token string) int64 {
-	m := jwtPayload(token)
-	var exp float64
-	if json.Unmarshal(m["exp"], &exp) != nil || exp < 1 || exp > math.MaxInt64/1000/2 {
-		return 0
-	}
-	return int64(exp) * 1000
-}
-
-// codexAccountID is an id_token's https://api.openai.com/auth → chatgpt_account_id (SPEC §6.2).
-func codexAccountID(idToken string) string {
-	var auth struct {
-		AccountID string `json:"chatgpt_account_id"`
-	}
-	json.Unmarshal(jwtPayload(idToken)["https://api.openai.com/auth"], &auth) // unreadable: no account
-	return auth.AccountID
+	return c
 }
 
 // randomToken is 32 random bytes, base64url (43 characters): a PKCE
@@ -539,15 +496,6 @@ func newPKCE() (verifier, challenge string) {
 	return verifier, base64.RawURLEncoding.EncodeToString(sum[:])
 }
 
-// signInProvider is provider's row when it has a sign-in.
-func signInProvider(provider string) (oauthProvider, error) {
-	p, err := lookupOAuth(provider)
-	if err == nil && p.authorizeURL == "" {
-		err = fmt.Errorf("provider %q: %w", provider, errNoSignIn)
-	}
-	return p, err
-}
-
 // authorizeURL is where the user signs in, with the challenge and state.
 func authorizeURL(provider, state, challenge string) (string, error) {
 	p, err := signInProvider(provider)
@@ -556,8 +504,8 @@ func authorizeURL(provider, state, challenge string) (string, error) {
 	}
 	q := url.Values{"response_type": {"code"}, "client_id": {p.clientID}, "redirect_uri": {p.redirectURI},
 		"scope": {p.scope}, "code_challenge": {challenge}, "code_challenge_method": {"S256"}, "state": {state}}
-	for _, kv := range p.extra {
-		q.Set(kv[0], kv[1]) // none names a parameter above
+	for i := 0; i+1 < len(p.extra); i += 2 {
+		q.Set(p.extra[i], p.extra[i+1]) // none names a parameter above
 	}
 	return p.authorizeURL + "?" + q.Encode(), nil
 }
@@ -588,8 +536,8 @@ func (o *oauthClient) exchangeCode(ctx context.Context, provider, code, verifier
 	}
 	fields := map[string]string{"grant_type": "authorization_code", "code": code, "redirect_uri": p.redirectURI,
 		"client_id": p.clientID, "code_verifier": verifier}
-	if p.id == "claude-code" {
-		fields["state"] = state // its token endpoint asks for the state back
+	if p.echoState {
+		fields["state"] = state
 	}
 	ans, re := o.tokenCall(ctx, p, endpoint, fields, code, verifier)
 	if re != nil {

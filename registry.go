@@ -37,21 +37,11 @@ var (
 
 // Routing modes (SPEC §5.3) and alias states (SPEC §4.3).
 const (
-	modeAny          = "any"
-	modeAnyVision    = "any-vision-capable"
-	modeBest         = "best"
-	modeSubscription = "subscription"
-	modeAlias        = "alias"
-	modeDirect       = "direct"
-
-	stateServing          = "serving"
-	stateNoRoute          = "no_route"
-	stateCapabilityAbsent = "capability_absent"
-	stateRoutesInvalid    = "routes_file_invalid"
+	modeAny, modeAnyVision, modeBest, modeSubscription, modeAlias, modeDirect = "any", "any-vision-capable", "best", "subscription", "alias", "direct"
+	stateServing, stateNoRoute, stateCapabilityAbsent, stateRoutesInvalid     = "serving", "no_route", "capability_absent", "routes_file_invalid"
 )
 
-// routesDoc is one schema-1 registry document. Parsed documents always have
-// non-nil Deployments and Routes, and are shared: callers must not modify them.
+// routesDoc is one schema-1 registry document; a parsed one has non-nil Deployments and Routes, and is shared: read only.
 type routesDoc struct {
 	SchemaVersion int               `json:"schema_version"`
 	Deployments   []deployment      `json:"deployments"`
@@ -79,8 +69,7 @@ func emptyRoutesDoc() *routesDoc {
 	return &routesDoc{SchemaVersion: 1, Deployments: []deployment{}, Routes: map[string]string{}}
 }
 
-// encodeRegistry is the one canonical encoding every writer commits (two
-// space indent, sorted routes, [] and {} when empty), so migrate is idempotent.
+// encodeRegistry is the one canonical encoding every writer commits (sorted routes, [] and {} when empty): migrate is idempotent.
 func encodeRegistry(d *routesDoc) []byte {
 	out := emptyRoutesDoc()
 	out.Deployments = append(out.Deployments, d.Deployments...)
@@ -96,43 +85,10 @@ func invalidf(format string, args ...any) error {
 	return &routesInvalidError{fmt.Errorf(format, args...)}
 }
 
-// parseRegistry reads a document under every guard of SPEC §4.1 with the one strict
-// decoder. Unknown providers pass (capability_absent); only writers refuse them.
+// parseRegistry reads a document under SPEC §4.1's guards; an unknown provider passes (capability_absent): only writers refuse it.
 func parseRegistry(b []byte) (*routesDoc, error) {
-	top, err := registryMembers(b)
-	if err != nil {
-		return nil, err
-	} else if top == nil {
-		return emptyRoutesDoc(), nil
-	}
-	if extra := extraMembers(top); len(extra) > 0 {
-		return nil, invalidf("registry field %s is not part of schema 1; run brama routes migrate", strconv.Quote(clipName(extra[0])))
-	}
-	doc := emptyRoutesDoc()
-	var te *json.UnmarshalTypeError
-	switch err := decodeStrict("registry", b, doc); {
-	case errors.As(err, &te):
-		return nil, invalidf("registry field %q cannot be %s (see SPEC §4.1; a destination is one string)", te.Field, clipName(te.Value))
-	case errors.As(err, new(*routesInvalidError)):
-		return nil, err
-	case err != nil:
-		return nil, invalidf("%s", clipName(err.Error()))
-	}
-	// The typed decode takes null, and a model's "", for absent; schema 1 refuses them.
-	if string(top["schema_version"]) == "null" {
-		return nil, invalidf(`registry field "schema_version" must be 1, not null`)
-	}
-	var deps []struct {
-		Name            string
-		Model, Adapters json.RawMessage
-	}
-	json.Unmarshal(top["deployments"], &deps) // decodeStrict took these bytes
-	for _, d := range deps {
-		if m := string(d.Model); m == "null" || m == `""` || string(d.Adapters) == "null" {
-			return nil, invalidf(`registry deployment %q member "model" must be a non-empty string, and "adapters" an array, when present`, clipName(d.Name))
-		}
-	}
-	return doc, nil
+	doc, _, err := readRegistry(b, false)
+	return doc, err
 }
 
 // registryTooBig is SPEC §4.1's 1 MiB bound, checked on a file's size before it is read.
@@ -143,31 +99,54 @@ func registryTooBig(size int64) error {
 	return nil
 }
 
-// registryMembers decodes b strictly into top-level members (nil when blank), which migrate can drop.
-func registryMembers(b []byte) (map[string]json.RawMessage, error) {
-	if err := registryTooBig(int64(len(b))); err != nil {
-		return nil, err
+// readRegistry is parseRegistry; to migrate, it drops the top-level members schema 1 lacks, and refuses an empty document.
+func readRegistry(b []byte, migrate bool) (doc *routesDoc, dropped []string, err error) {
+	blank := len(bytes.Trim(b, " \t\r\n")) == 0 // JSON's whitespace, not Unicode's
+	var top map[string]json.RawMessage
+	if err := registryTooBig(int64(len(b))); err != nil || blank && !migrate {
+		return emptyRoutesDoc(), nil, err
 	}
-	if len(bytes.Trim(b, " \t\r\n")) == 0 { // JSON's whitespace, not Unicode's
-		return nil, nil
-	}
-	var m map[string]json.RawMessage
-	err := decodeStrict("registry", b, &m)
-	switch {
-	case err == nil && m != nil:
-		return m, nil
+	var te *json.UnmarshalTypeError
+	switch err := decodeStrict("registry", b, &top); {
+	case blank:
+		return nil, nil, invalidf("registry is empty; there is no document to migrate")
 	case utf8.Valid(b) && !json.Valid(b):
-		return nil, invalidf("registry is not valid JSON: %v", json.Unmarshal(b, new(any)))
-	case err == nil || errors.As(err, new(*json.UnmarshalTypeError)):
-		return nil, invalidf("registry must be one JSON object")
+		return nil, nil, invalidf("registry is not valid JSON: %v", json.Unmarshal(b, new(any)))
+	case err == nil && top == nil || errors.As(err, &te):
+		return nil, nil, invalidf("registry must be one JSON object")
+	case err != nil:
+		return nil, nil, invalidf("%s", clipName(err.Error()))
 	}
-	return nil, invalidf("%s", clipName(err.Error()))
-}
-
-// extraMembers lists, sorted, the top-level members schema 1 does not have.
-func extraMembers(m map[string]json.RawMessage) []string {
 	known := func(k string) bool { return k == "schema_version" || k == "deployments" || k == "routes" }
-	return slices.DeleteFunc(append([]string{}, slices.Sorted(maps.Keys(m))...), known)
+	dropped = slices.DeleteFunc(append([]string{}, slices.Sorted(maps.Keys(top))...), known)
+	if len(dropped) > 0 && !migrate {
+		return nil, nil, invalidf("registry field %s is not part of schema 1; run brama routes migrate", strconv.Quote(clipName(dropped[0])))
+	}
+	for _, k := range dropped {
+		delete(top, k)
+	}
+	b, _ = json.Marshal(top) // raw members always marshal
+	doc = emptyRoutesDoc()
+	switch err := decodeStrict("registry", b, doc); {
+	case errors.As(err, &te):
+		return nil, nil, invalidf("registry field %q cannot be %s (see SPEC §4.1; a destination is one string)", te.Field, clipName(te.Value))
+	case errors.As(err, new(*routesInvalidError)):
+		return nil, nil, err
+	case err != nil:
+		return nil, nil, invalidf("%s", clipName(err.Error()))
+	}
+	// The typed decode takes null, and a model's "", for absent; schema 1 refuses them.
+	var deps []struct{ Name, Model, Adapters json.RawMessage }
+	json.Unmarshal(top["deployments"], &deps) // decodeStrict took these bytes
+	if string(top["schema_version"]) == "null" {
+		return nil, nil, invalidf(`registry field "schema_version" must be 1, not null`)
+	}
+	for _, d := range deps {
+		if m := string(d.Model); m == "null" || m == `""` || string(d.Adapters) == "null" {
+			return nil, nil, invalidf(`registry deployment %s member "model" must be a non-empty string, and "adapters" an array, when present`, clipName(string(d.Name)))
+		}
+	}
+	return doc, dropped, nil
 }
 
 // validate applies SPEC §4.1's guards to a decoded document; decodeStrict calls it.
@@ -193,30 +172,38 @@ func (doc *routesDoc) validate() error {
 	return nil
 }
 
-// checkDeployment guards d, declared after before. Its endpoint is an IPv4 loopback or
-// tailnet literal: an edit must never point unauthenticated calls at the internet.
+// rule is one guard of a table: when bad, why (a format over the table's arguments) refuses the document.
+type rule struct {
+	bad bool
+	why string
+}
+
+// firstBroken is the refusal of the first broken rule, formatted with args, or nil.
+func firstBroken(rules []rule, args ...any) error {
+	if i := slices.IndexFunc(rules, func(r rule) bool { return r.bad }); i >= 0 {
+		return invalidf(rules[i].why, args...)
+	}
+	return nil
+}
+
+// checkDeployment guards d, declared after before; its endpoint must never point unauthenticated calls at the internet.
 func checkDeployment(d *deployment, before []deployment) error {
-	label := fmt.Sprintf("registry deployment %q", clipName(d.Name))
 	if len(d.Adapters) == 0 {
 		d.Adapters = nil // [] and absent are one document
 	}
-	bad := slices.IndexFunc(d.Adapters, func(a adapter) bool { return !namePattern.MatchString(a.Name) })
-	addr, err := netip.ParseAddr(d.Endpoint.Host)
-	switch {
-	case bad >= 0:
-		return invalidf("%s adapter %q: an adapter name must match [a-z0-9._-]{1,128}", label, clipName(d.Adapters[bad].Name))
-	case !namePattern.MatchString(d.Name):
-		return invalidf("%s: a deployment name must match [a-z0-9._-]{1,128}", label)
-	case slices.ContainsFunc(before, func(o deployment) bool { return o.Name == d.Name }):
-		return invalidf("%s is declared twice; deployment names must be unique", label)
-	case err != nil || !addr.Is4() || !(addr.IsLoopback() || cgnatPrefix.Contains(addr)):
-		return invalidf("%s: endpoint host %q is not an IPv4 loopback or 100.64.0.0/10 literal", label, clipName(d.Endpoint.Host))
-	case d.Endpoint.Port < 1 || d.Endpoint.Port > 65535:
-		return invalidf("%s: endpoint port %d is not a port (1-65535)", label, d.Endpoint.Port)
-	case d.Model != "" && !validModel(d.Model):
-		return invalidf("%s: model %q is not 1-512 bytes without control characters", label, clipName(d.Model))
+	for _, a := range d.Adapters {
+		if !namePattern.MatchString(a.Name) {
+			return invalidf("registry deployment %q adapter %q: an adapter name must match [a-z0-9._-]{1,128}", clipName(d.Name), clipName(a.Name))
+		}
 	}
-	return nil
+	addr, err := netip.ParseAddr(d.Endpoint.Host)
+	return firstBroken([]rule{ // arguments: name, host, port, model
+		{!namePattern.MatchString(d.Name), "registry deployment %[1]q: a deployment name must match [a-z0-9._-]{1,128}"},
+		{slices.ContainsFunc(before, func(o deployment) bool { return o.Name == d.Name }), "registry deployment %[1]q is declared twice; deployment names must be unique"},
+		{err != nil || !addr.Is4() || !(addr.IsLoopback() || cgnatPrefix.Contains(addr)), "registry deployment %[1]q: endpoint host %[2]q is not an IPv4 loopback or 100.64.0.0/10 literal"},
+		{d.Endpoint.Port < 1 || d.Endpoint.Port > 65535, "registry deployment %[1]q: endpoint port %[3]d is not a port (1-65535)"},
+		{d.Model != "" && !validModel(d.Model), "registry deployment %[1]q: model %[4]q is not 1-512 bytes without control characters"},
+	}, clipName(d.Name), clipName(d.Endpoint.Host), d.Endpoint.Port, clipName(d.Model))
 }
 
 // validModel is §5.1's rule for a canonical route's model, and a deployment's.
@@ -226,13 +213,10 @@ func validModel(m string) bool {
 
 // checkAlias is the alias guard of SPEC §4.1; no alias may shadow a selector.
 func checkAlias(alias string) error {
-	if !aliasPattern.MatchString(alias) {
-		return invalidf("registry alias %q must match [a-z0-9._/-]{1,128}, or [a-z0-9._-]{1,128} then * for a prefix alias", clipName(alias))
-	}
-	if alias == modeAny || alias == modeAnyVision {
-		return invalidf("registry alias %q is a selector name and cannot be declared", alias)
-	}
-	return nil
+	return firstBroken([]rule{
+		{!aliasPattern.MatchString(alias), "registry alias %q must match [a-z0-9._/-]{1,128}, or [a-z0-9._-]{1,128} then * for a prefix alias"},
+		{alias == modeAny || alias == modeAnyVision, "registry alias %q is a selector name and cannot be declared"},
+	}, clipName(alias))
 }
 
 // checkRoute applies §4.1's guards to one route; an unknown provider passes.
@@ -240,47 +224,30 @@ func checkRoute(doc *routesDoc, alias, dest string) error {
 	if err := checkAlias(alias); err != nil {
 		return err
 	}
-	label := fmt.Sprintf("registry route %q", clipName(alias))
 	provider, model, canonical := strings.Cut(dest, "/")
+	local := !canonical && dest != modeBest // a deployment or adapter
 	_, _, n := doc.lookupLocal(dest)
-	switch {
-	case dest == "":
-		return invalidf("%s: the destination is empty", label)
-	case !utf8.ValidString(dest):
-		return invalidf("%s: the destination is not valid UTF-8", label)
-	case len(dest) > maxDestinationBytes:
-		return invalidf("%s: the destination is %d bytes; the limit is %d", label, len(dest), maxDestinationBytes)
-	case dest != strings.TrimSpace(dest):
-		return invalidf("%s: destination %q has leading or trailing space", label, dest)
-	case strings.Contains(dest, "*") && !(strings.HasSuffix(alias, "*") && canonical && model == "*"):
-		return invalidf("%s: destination %q contains \"*\"; only a prefix alias (ending in *) may route to <provider>/*", label, dest)
-	case strings.IndexFunc(dest, unicode.IsControl) >= 0:
-		return invalidf("%s: destination %q contains a control character", label, dest)
-	case dest == modeBest && alias == modeBest:
-		return invalidf("%s must name a canonical route (provider/model), not best", label)
-	case dest == modeBest:
-		return nil
-	case canonical && !providerPattern.MatchString(provider):
-		return invalidf("%s: destination %q is not a canonical route: the provider must match [a-z0-9._-]{1,64}", label, dest)
-	case canonical && model == "": // the dest's own guards cover the model's others
-		return invalidf("%s: destination %q is not a canonical route: the model is empty", label, dest)
-	case canonical && alias == modeBest && provider == "local-openai": // best is paid by subscriptions
-		return invalidf("%s must name a canonical route of a subscription-capable provider, not deployment %q", label, dest)
-	case canonical:
-		return nil
-	case alias == modeBest:
-		return invalidf("%s must name a canonical route (provider/model), not deployment %q", label, dest)
-	case n == 0:
-		return invalidf("%s: destination %q names no deployment or adapter", label, dest)
-	case n > 1:
-		return invalidf("%s: destination %q names %d deployments or adapters; a bare name must name exactly one", label, dest, n)
-	}
-	return nil
+	return firstBroken([]rule{ // arguments: alias, destination, its length, n
+		{dest == "", "registry route %[1]q: the destination is empty"},
+		{!utf8.ValidString(dest), "registry route %[1]q: the destination is not valid UTF-8"},
+		{len(dest) > maxDestinationBytes, "registry route %[1]q: the destination is %[3]d bytes; the limit is 512"},
+		{dest != strings.TrimSpace(dest), "registry route %[1]q: destination %[2]q has leading or trailing space"},
+		{strings.Contains(dest, "*") && !(strings.HasSuffix(alias, "*") && canonical && model == "*"),
+			`registry route %[1]q: destination %[2]q contains "*"; only a prefix alias (ending in *) may route to <provider>/*`},
+		{strings.IndexFunc(dest, unicode.IsControl) >= 0, "registry route %[1]q: destination %[2]q contains a control character"},
+		{dest == modeBest && alias == modeBest, "registry route %[1]q must name a canonical route (provider/model), not best"},
+		{canonical && !providerPattern.MatchString(provider), "registry route %[1]q: destination %[2]q is not a canonical route: the provider must match [a-z0-9._-]{1,64}"},
+		{canonical && model == "", "registry route %[1]q: destination %[2]q is not a canonical route: the model is empty"},
+		{canonical && alias == modeBest && provider == "local-openai", // best is paid by subscriptions
+			"registry route %[1]q must name a canonical route of a subscription-capable provider, not deployment %[2]q"},
+		{local && alias == modeBest, "registry route %[1]q must name a canonical route (provider/model), not deployment %[2]q"},
+		{local && n == 0, "registry route %[1]q: destination %[2]q names no deployment or adapter"},
+		{local && n > 1, "registry route %[1]q: destination %[2]q names %[4]d deployments or adapters; a bare name must name exactly one"},
+	}, clipName(alias), dest, len(dest), n)
 }
 
-// match is what name declares (SPEC §4.1, §5.1): its exact alias's destination, else the
-// longest matching prefix alias's, where <provider>/* becomes <provider>/name. A name with
-// "/" or "*" matches no prefix alias: "o*" must not take over openai/... canonical routes.
+// match is what name declares (SPEC §4.1, §5.1): its exact alias's destination, else the longest matching prefix alias's,
+// <provider>/* as <provider>/name. A name with "/" or "*" matches no prefix alias: "o*" must not take over openai/….
 func (doc *routesDoc) match(name string) (dest string, ok bool) {
 	if dest, ok = doc.Routes[name]; ok && !strings.HasSuffix(name, "*") {
 		return dest, true
@@ -338,7 +305,7 @@ type registry struct {
 	stateFile[*routesDoc] // path "" when pathErr is set; keeps a parse failure
 	j                     *journal
 	log                   *slog.Logger
-	writeMu               sync.Mutex   // serializes set and remove within this process
+	writeMu               sync.Mutex   // serializes writes within this process
 	logMu                 sync.Mutex   // held by current, guards lastLogged
 	lastLogged            string       // the failure last logged as inference_routes_invalid
 	parses                atomic.Int32 // files parsed so far; lets tests prove an unchanged file costs none
@@ -364,23 +331,22 @@ func (r *registry) current() (*routesDoc, error) {
 	r.logMu.Lock()
 	defer r.logMu.Unlock()
 	doc, err := r.load()
-	if err != nil {
-		if reason := err.Error(); reason != r.lastLogged {
-			r.log.Warn("inference_routes_invalid", "reason", reason)
-			r.lastLogged = reason
-		}
-		return nil, err
+	if err == nil {
+		r.lastLogged = ""
+		return doc, nil
+	} else if reason := err.Error(); reason != r.lastLogged {
+		r.log.Warn("inference_routes_invalid", "reason", reason)
+		r.lastLogged = reason
 	}
-	r.lastLogged = ""
-	return doc, nil
+	return nil, err
 }
 
 // set points alias at destination (SPEC §4.4); by is the client id or "cli".
 func (r *registry) set(alias, destination, by string) (*routesDoc, error) {
-	dest := strings.TrimSpace(destination)
 	if err := checkAlias(alias); err != nil {
 		return nil, refuse("invalid_request", "%v", err)
 	}
+	dest := strings.TrimSpace(destination)
 	return r.write(alias, &dest, by)
 }
 
@@ -398,16 +364,17 @@ func (r *registry) write(alias string, to *string, by string) (*routesDoc, error
 			return nil, withAlias(refuse("alias_unknown", "alias %q is not declared in the route registry", alias), alias, stateNoRoute, nil)
 		case to == nil:
 			delete(doc.Routes, alias)
-		default:
-			if err := checkRoute(doc, alias, *to); err != nil {
-				return nil, refuse("invalid_request", "%v", err)
-			}
-			// Every credential assumed, capability_absent is an unknown provider or deployment: writers refuse it.
-			if st, reason := aliasState(doc, *to, func(string) bool { return true }); st != stateServing {
-				return nil, refuse("invalid_request", "registry route %q: %s", alias, reason)
-			}
-			doc.Routes[alias] = *to
+			return &rec, nil
 		}
+		err := checkRoute(doc, alias, *to)
+		// Every credential assumed, capability_absent is an unknown provider or deployment: writers refuse it.
+		if st, reason := aliasState(doc, *to, func(string) bool { return true }); err == nil && st != stateServing {
+			err = fmt.Errorf("registry route %q: %s", alias, reason)
+		}
+		if err != nil {
+			return nil, refuse("invalid_request", "%v", err)
+		}
+		doc.Routes[alias] = *to
 		return &rec, nil
 	})
 }
@@ -420,18 +387,17 @@ func (r *registry) setDeployment(d deployment, remove bool) (*routesDoc, error) 
 		switch {
 		case remove && len(doc.Deployments) == n:
 			return nil, refuse("invalid_request", "no deployment %q is declared", d.Name)
-		case remove:
-			return nil, nil
-		case len(doc.Deployments) != n:
+		case !remove && len(doc.Deployments) != n:
 			return nil, refuse("invalid_request", "deployment %q is already declared; rm it first", d.Name)
+		case !remove:
+			doc.Deployments = append(doc.Deployments, d) // commit re-parses: the reader's own guards
 		}
-		doc.Deployments = append(doc.Deployments, d) // commit re-parses: the reader's own guards
 		return nil, nil
 	})
 }
 
-// commit is SPEC §4.4's read-modify-rename under the mutex and flock; change returns the record to
-// journal after the rename, if any, whose failure is only logged: it cannot undo the rename.
+// commit is SPEC §4.4's read-modify-rename under the mutex and flock; change returns the record to journal
+// after the rename, if any: a failed append is only logged, as it cannot undo the rename.
 func (r *registry) commit(change func(doc *routesDoc) (*journalRecord, error)) (*routesDoc, error) {
 	if err := r.pathErr; err != nil {
 		return nil, refuse("dependency_unavailable", "the route registry cannot be written: %v", err).because(err)
@@ -448,11 +414,10 @@ func (r *registry) commit(change func(doc *routesDoc) (*journalRecord, error)) (
 		if err != nil {
 			return err
 		}
+		staged := encodeRegistry(doc)
 		if err := r.j.ready(); rec != nil && err != nil {
 			return refuse("dependency_unavailable", "route registry not changed: the journal cannot record it: %v", err).because(err)
-		}
-		staged := encodeRegistry(doc)
-		if len(staged) > maxRegistryBytes {
+		} else if len(staged) > maxRegistryBytes {
 			return refuse("state_conflict", "the route registry would be %d bytes; the limit is 1 MiB (%d bytes)", len(staged), maxRegistryBytes)
 		}
 		if committed, err = parseRegistry(staged); err != nil {
@@ -461,21 +426,17 @@ func (r *registry) commit(change func(doc *routesDoc) (*journalRecord, error)) (
 		if err := writeFileAtomic(r.path, staged); err != nil {
 			return refuse("internal_error", "route registry not changed: %v", err).because(err)
 		}
-		// Journaled under the flock, so records follow the order of renames.
-		if rec != nil {
+		if rec != nil { // journaled under the flock, so records follow the renames
 			if err := r.j.append(*rec); err != nil {
 				r.log.Error("journal_append_failed", "kind", rec.Kind, "alias", rec.Alias, "cause", err.Error())
 			}
 		}
 		return nil
 	})
-	if err == nil {
-		return committed, nil
-	}
-	if !errors.As(err, new(*apiError)) { // change's refusals come back as they are
+	if err != nil && !errors.As(err, new(*apiError)) { // change's refusals come back as they are
 		err = refuse("internal_error", "route registry lock: %v", err).because(err)
 	}
-	return nil, err
+	return committed, err // callers read err first
 }
 
 // migrateRegistry is `brama routes migrate` (SPEC §4.4): drop what schema 1 lacks, commit the rest.
@@ -484,21 +445,9 @@ func migrateRegistry(path string) (committed []byte, dropped []string, doc *rout
 		return nil, nil, nil, err // before the lock: an absent file gets no lock file either
 	}
 	err = withFileLock(path, func() error {
-		f := stateFile[map[string]json.RawMessage]{role: registryRole, path: path, absentErr: true,
-			parse: registryMembers, tooBig: registryTooBig}
-		members, err := f.fresh()
-		if err == nil && members == nil {
-			err = invalidf("registry %s is empty; there is no document to migrate", path)
-		}
-		if err != nil {
-			return err
-		}
-		dropped = extraMembers(members)
-		for _, k := range dropped {
-			delete(members, k)
-		}
-		kept, _ := json.Marshal(members) // raw members always marshal
-		if doc, err = parseRegistry(kept); err != nil {
+		f := stateFile[*routesDoc]{role: registryRole, path: path, absentErr: true, tooBig: registryTooBig,
+			parse: func(b []byte) (d *routesDoc, err error) { d, dropped, err = readRegistry(b, true); return d, err }}
+		if doc, err = f.fresh(); err != nil {
 			return err
 		}
 		committed = encodeRegistry(doc)
@@ -526,19 +475,13 @@ func aliasState(doc *routesDoc, dest string, hasDirect func(provider string) boo
 	if dest == modeBest {
 		return stateServing, "Routes to best: the operator's preferred subscription route, then the agent's other subscription models."
 	}
-	provider, model, canonical := strings.Cut(dest, "/")
-	if !canonical {
-		provider, model = "local-openai", dest // a bare name is a deployment or adapter (SPEC §4.1)
-	}
-	p, ok := lookupProvider(provider)
-	switch {
+	p, model, ok := destProvider(dest)
+	switch d, _, n := doc.lookupLocal(model); {
 	case !ok:
-		return stateCapabilityAbsent, fmt.Sprintf("Provider %q is not one Brama knows.", provider)
+		return stateCapabilityAbsent, fmt.Sprintf("Provider %q is not one Brama knows.", p.id)
+	case p.cred == credNone && n != 1:
+		return stateCapabilityAbsent, fmt.Sprintf("No single deployment or adapter named %q is declared.", model)
 	case p.cred == credNone:
-		d, _, n := doc.lookupLocal(model)
-		if n != 1 {
-			return stateCapabilityAbsent, fmt.Sprintf("No single deployment or adapter named %q is declared.", model)
-		}
 		return stateServing, fmt.Sprintf("Served by local deployment %q at %s.", d.Name, d.baseURL())
 	case p.cred == credSubscription:
 		return stateServing, fmt.Sprintf("Paid by the calling agent's %s subscriptions.", p.id)
@@ -548,13 +491,25 @@ func aliasState(doc *routesDoc, dest string, hasDirect func(provider string) boo
 	return stateCapabilityAbsent, fmt.Sprintf("No direct %s credential is configured.", p.id)
 }
 
+// destProvider is the provider and model dest names, a bare name a local one (SPEC §4.1); an unknown provider's row holds its id.
+func destProvider(dest string) (p providerInfo, model string, ok bool) {
+	provider, model, canonical := strings.Cut(dest, "/")
+	if !canonical {
+		provider, model = "local-openai", dest
+	}
+	if p, ok = lookupProvider(provider); !ok {
+		p.id = provider
+	}
+	return p, model, ok
+}
+
 // aliases lists every declared alias with its state; an unreadable registry is an error.
 func (r *registry) aliases(hasDirect func(provider string) bool) (aliasTable, error) {
 	doc, err := r.current()
+	t := aliasTable{Aliases: []aliasRow{}}
 	if err != nil {
-		return aliasTable{Aliases: []aliasRow{}}, err
+		return t, err
 	}
-	t := aliasTable{Aliases: make([]aliasRow, 0, len(doc.Routes))}
 	for _, alias := range slices.Sorted(maps.Keys(doc.Routes)) {
 		dest := doc.Routes[alias]
 		st, reason := aliasState(doc, dest, hasDirect)
@@ -585,8 +540,7 @@ type resolution struct {
 	BaseURL  string       // local-openai only: "http://host:port/v1"
 }
 
-// resolveModel applies SPEC §5.1 and picks the §5.3 mode. With docErr, a name that could
-// be an alias is routes_file_invalid (selectors, best, known canonical routes resolve).
+// resolveModel applies SPEC §5.1 and picks the §5.3 mode; with docErr, only selectors, best and known canonical routes resolve.
 func resolveModel(name string, doc *routesDoc, docErr error, hasDirect func(string) bool) (resolution, error) {
 	switch {
 	case name == "":
@@ -601,46 +555,41 @@ func resolveModel(name string, doc *routesDoc, docErr error, hasDirect func(stri
 	if doc == nil {
 		doc = emptyRoutesDoc()
 	}
-	provider, model, slash := strings.Cut(name, "/") // §5.1 rule 4: a known provider before the first "/"
-	p, known := lookupProvider(provider)
-	known = known && slash && validModel(model) // else §5.1 rule 5: never declared
+	p, model, known := destProvider(name)                             // §5.1 rule 4: a known provider before the first "/"
+	known = known && strings.Contains(name, "/") && validModel(model) // else §5.1 rule 5: never declared
 	dest, declared := doc.match(name)
-	alias := ""
+	res, quoted := resolution{Mode: modeDirect}, truncateUTF8(name, 200)
 	switch {
 	case docErr != nil && known && p.cred != credNone: // needs no registry
+		dest = name
 	case docErr != nil:
-		e := refuse("alias_unserviceable", "model %q cannot be resolved: the route registry is invalid: %v", truncateUTF8(name, 200), docErr)
+		e := refuse("alias_unserviceable", "model %q cannot be resolved: the route registry is invalid: %v", quoted, docErr)
 		return resolution{}, withAlias(e.because(docErr), name, stateRoutesInvalid, nil)
 	case declared:
 		if st, reason := aliasState(doc, dest, hasDirect); st != stateServing {
 			return resolution{}, withAlias(refuse("alias_unserviceable", "alias %q cannot serve: %s", name, reason), name, st, &dest)
-		}
-		if dest == modeBest {
+		} else if dest == modeBest {
 			return resolution{Mode: modeBest, Alias: name}, nil
 		}
-		alias = name
-		if provider, model, slash = strings.Cut(dest, "/"); !slash { // a serving bare name names one deployment or adapter
-			provider, model = "local-openai", dest
-		}
-		p, _ = lookupProvider(provider)
+		res.Mode, res.Alias = modeAlias, name
 	case !known:
 		fix := "NAME"
 		if checkAlias(name) == nil {
 			fix = name
 		}
 		e := refuse("alias_unknown", "model %q is not a declared alias, a selector, best or a canonical route of a known provider; "+
-			"declare it: brama routes set %s ROUTE, or a prefix alias for a family: brama routes set 'claude-*' 'anthropic/*'", truncateUTF8(name, 200), fix)
+			"declare it: brama routes set %s ROUTE, or a prefix alias for a family: brama routes set 'claude-*' 'anthropic/*'", quoted, fix)
 		return resolution{}, withAlias(e, name, stateNoRoute, nil)
+	default:
+		dest = name
 	}
-	res := resolution{Mode: modeDirect, Alias: alias, Route: p.id + "/" + model, Provider: p, Model: model}
+	p, res.Model, _ = destProvider(dest) // a serving destination: a known provider
+	res.Provider, res.Route = p, p.id+"/"+res.Model
 	switch {
 	case p.cred == credSubscription:
 		res.Mode = modeSubscription
-	case alias != "":
-		res.Mode = modeAlias
-	}
-	if p.cred == credNone { // local-openai needs the deployment the model names, for its endpoint
-		d, upstream, n := doc.lookupLocal(model)
+	case p.cred == credNone: // local-openai needs the deployment the model names, for its endpoint
+		d, upstream, n := doc.lookupLocal(res.Model)
 		if n != 1 {
 			return resolution{}, refuse("invalid_request", "model %q names no single deployment or adapter in the route registry", truncateUTF8(res.Route, 200))
 		}
