@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -66,26 +67,34 @@ func (doc *overlayDoc) validate() error {
 	for i, it := range doc.Items { // the rules a donation enforces
 		p, known := lookupProvider(it.Provider)
 		_, timeErr := time.Parse(time.RFC3339Nano, it.CreatedAt)
-		err := checkLabel(it.Label)
-		switch {
-		case !isSubscriptionID(it.ID):
-			err = fmt.Errorf("id %q is not sub_ followed by 16 lower-case hex digits", it.ID)
-		case !known || p.cred == credNone:
-			err = fmt.Errorf("provider %q takes no subscription", it.Provider)
-		case !idPattern.MatchString(it.AgentID):
-			err = fmt.Errorf("agent_id %q must match [a-z0-9-]{1,64}", it.AgentID)
-		case err != nil:
-		case timeErr != nil:
-			err = fmt.Errorf("created_at %q is not an RFC 3339 time", it.CreatedAt)
-		case seen[it.ID]:
-			err = fmt.Errorf("id %q appears twice", it.ID)
-		}
-		if err != nil {
-			return fmt.Errorf("items[%d]: %w", i, err)
+		if why := firstBroken(
+			rule{!isSubscriptionID(it.ID), fmt.Sprintf("id %q is not sub_ followed by 16 lower-case hex digits", it.ID)},
+			rule{!known || p.cred == credNone, fmt.Sprintf("provider %q takes no subscription", it.Provider)},
+			rule{!idPattern.MatchString(it.AgentID), fmt.Sprintf("agent_id %q must match [a-z0-9-]{1,64}", it.AgentID)},
+			rule{checkLabel(it.Label) != nil, fmt.Sprint(checkLabel(it.Label))},
+			rule{timeErr != nil, fmt.Sprintf("created_at %q is not an RFC 3339 time", it.CreatedAt)},
+			rule{seen[it.ID], fmt.Sprintf("id %q appears twice", it.ID)},
+		); why != "" {
+			return fmt.Errorf("items[%d]: %s", i, why)
 		}
 		seen[it.ID] = true
 	}
 	return nil
+}
+
+// rule is one row of a check table; the first broken rule's why is the refusal.
+type rule struct {
+	broken bool
+	why    string
+}
+
+func firstBroken(rules ...rule) string {
+	for _, r := range rules {
+		if r.broken {
+			return r.why
+		}
+	}
+	return ""
 }
 
 // printable: valid UTF-8 of printable runes (space included, tabs and newlines not),
@@ -119,22 +128,17 @@ func checkReason(reason string) error {
 func checkCredential(provider string, cred vaultCredential) (vaultCredential, error) {
 	p, ok := lookupProvider(provider)
 	k, g, isKey := cred.APIKey, cmp.Or(cred.OAuth, &oauthGrant{}), cred.APIKey != ""
-	for _, rule := range []struct {
-		bad bool
-		why string
-	}{
-		{!ok, fmt.Sprintf("unknown provider %q", provider)},
-		{p.cred == credNone, fmt.Sprintf("provider %q takes no subscription: its deployments need no credential", provider)},
-		{isKey == (cred.OAuth != nil), "give exactly one of api_key or oauth"},
-		{isKey && (strings.TrimSpace(k) != k || !printable(k) || len(k) > 8192), "api_key must be one line of printable text (at most 8192 bytes) without surrounding spaces"},
-		{!isKey && p.cred != credSubscription, fmt.Sprintf("provider %q takes an api_key, not an oauth grant (oauth is for claude-code, codex and kimi)", provider)},
-		{!isKey && (g.AccessToken == "" || g.RefreshToken == ""), "oauth needs access_token and refresh_token"},
-		{!printable(g.AccessToken) || !printable(g.RefreshToken), "oauth access_token and refresh_token must be printable text (no newline or other control character)"},
-		{g.ExpiresAtMs < 0, "oauth expires_at_ms must not be negative"},
-	} {
-		if rule.bad {
-			return cred, refuse("invalid_request", "%s", rule.why)
-		}
+	if why := firstBroken(
+		rule{!ok, fmt.Sprintf("unknown provider %q", provider)},
+		rule{p.cred == credNone, fmt.Sprintf("provider %q takes no subscription: its deployments need no credential", provider)},
+		rule{isKey == (cred.OAuth != nil), "give exactly one of api_key or oauth"},
+		rule{isKey && (strings.TrimSpace(k) != k || !printable(k) || len(k) > 8192), "api_key must be one line of printable text (at most 8192 bytes) without surrounding spaces"},
+		rule{!isKey && p.cred != credSubscription, fmt.Sprintf("provider %q takes an api_key, not an oauth grant (oauth is for claude-code, codex and kimi)", provider)},
+		rule{!isKey && (g.AccessToken == "" || g.RefreshToken == ""), "oauth needs access_token and refresh_token"},
+		rule{!printable(g.AccessToken) || !printable(g.RefreshToken), "oauth access_token and refresh_token must be printable text (no newline or other control character)"},
+		rule{g.ExpiresAtMs < 0, "oauth expires_at_ms must not be negative"},
+	); why != "" {
+		return cred, refuse("invalid_request", "%s", why)
 	}
 	if !isKey {
 		filled := fillGrant(provider, *g)
@@ -268,11 +272,9 @@ func (inv *inventory) writeVault(what string, change func(*vaultDoc)) error {
 // donate stores a new subscription (SPEC §10.1): vault first, overlay second;
 // a failure between takes the vault entry back (or pruneOrphans does).
 func (inv *inventory) donate(agent, provider, label string, cred vaultCredential) (it overlayItem, err error) {
-	if !idPattern.MatchString(agent) {
-		return it, refuse("invalid_request", "agent id %q must match [a-z0-9-]{1,64}", agent)
-	}
-	if err := checkLabel(label); err != nil {
-		return it, refuse("invalid_request", "%v", err)
+	if why := firstBroken(rule{!idPattern.MatchString(agent), fmt.Sprintf("agent id %q must match [a-z0-9-]{1,64}", agent)},
+		rule{checkLabel(label) != nil, fmt.Sprint(checkLabel(label))}); why != "" {
+		return it, refuse("invalid_request", "%s", why)
 	}
 	if cred, err = checkCredential(provider, cred); err != nil {
 		return it, err
@@ -334,17 +336,16 @@ func (inv *inventory) invalidate(overlayChanged bool) {
 	clear(inv.cache)
 }
 
-// retire and reinstate journal agent's subscription id out of and back
-// into service (SPEC §9); the reason is required.
-func (inv *inventory) retire(agent, id, reason string) error {
-	return inv.journalStatus("retire", agent, id, reason)
+// retire and reinstate journal agent's subscription id out of and back into service (SPEC §9)
+// with a reason, unless the fold already says so; the journal is asked first: nothing is
+// claimed that cannot be recorded.
+func (inv *inventory) retire(agent, id, why string) error {
+	return inv.journalStatus("retire", agent, id, why)
 }
-func (inv *inventory) reinstate(agent, id, reason string) error {
-	return inv.journalStatus("reinstate", agent, id, reason)
+func (inv *inventory) reinstate(agent, id, why string) error {
+	return inv.journalStatus("reinstate", agent, id, why)
 }
 
-// journalStatus appends kind for id unless the fold already says so, asking
-// the journal first: nothing is claimed that cannot be recorded.
 func (inv *inventory) journalStatus(kind, agent, id, reason string) error {
 	if err := checkReason(reason); err != nil {
 		return refuse("invalid_request", "%v", err)
@@ -491,25 +492,15 @@ func (inv *inventory) row(item overlayItem, retired bool, now time.Time) subscri
 // orphans lists, sorted, the vault's subscription ids no overlay item names.
 func (inv *inventory) orphans() ([]string, error) {
 	items, err := inv.items()
-	if err != nil {
-		return nil, err
-	}
-	doc, err := inv.vault.load()
-	if err != nil {
+	doc, verr := inv.vault.load()
+	if err = cmp.Or(err, verr); err != nil {
 		return nil, err
 	}
 	named := make(map[string]bool, len(items))
 	for _, it := range items {
 		named[it.ID] = true
 	}
-	var orphans []string
-	for id := range doc.Subscriptions {
-		if !named[id] {
-			orphans = append(orphans, id)
-		}
-	}
-	slices.Sort(orphans)
-	return orphans, nil
+	return slices.DeleteFunc(slices.Sorted(maps.Keys(doc.Subscriptions)), func(id string) bool { return named[id] }), nil
 }
 
 // overlayLost refuses a write while the overlay is missing or empty (0 bytes: a restore
