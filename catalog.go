@@ -42,8 +42,16 @@ type modelInfo struct {
 	Modalities  catalogModalities `json:"modalities"`
 }
 
-type catalogLimit struct{ Context, Output int }         // token limits; 0 unknown
-type catalogModalities struct{ Input, Output []string } // what a model takes and gives; nil unknown
+// catalogLimit is a model's token limits, 0 unknown; catalogModalities what it takes
+// and gives, nil unknown. Both keep api.json's member names, for the cache.
+type catalogLimit struct {
+	Context int `json:"context,omitempty"`
+	Output  int `json:"output,omitempty"`
+}
+type catalogModalities struct {
+	Input  []string `json:"input,omitempty"`
+	Output []string `json:"output,omitempty"`
+}
 
 // catalogData is a catalogue in memory: vendor → model id → info.
 type catalogData = map[string]map[string]modelInfo
@@ -81,10 +89,11 @@ type catalog struct {
 	refreshing bool          // a background read is queued or running (single flight)
 }
 
-// catalogCache is $STATE/model-metadata.json: the last good catalogue and its fetch time.
+// catalogCache is $STATE/model-metadata.json: the last good catalogue in api.json's
+// shape (marshalCatalog) and its fetch time.
 type catalogCache struct {
-	FetchedAt time.Time   `json:"fetched_at"`
-	Body      catalogData `json:"body"`
+	FetchedAt time.Time       `json:"fetched_at"`
+	Body      json.RawMessage `json:"body"`
 }
 
 // newCatalog configures the catalogue (SPEC §16) and, for a URL, fills memory from the
@@ -103,12 +112,15 @@ func newCatalog(st state, getenv func(string) string, client *http.Client, log *
 		c.url = ""
 	}
 	var cc catalogCache
+	var data catalogData
 	if c.cachePath, err = st.path("model metadata cache", "model-metadata.json"); err != nil {
 		log.Warn("model_metadata_cache_unplaced", "cause", err.Error())
 	} else if b, _, rerr := readGuarded("model metadata cache", c.cachePath); rerr != nil {
 		err = rerr
 	} else {
-		err = decodeStrict("model metadata cache", b, &cc)
+		if err = decodeStrict("model metadata cache", b, &cc); err == nil {
+			data, err = parseCatalog(cc.Body)
+		}
 	}
 	switch {
 	case errors.Is(err, errFileAbsent):
@@ -119,7 +131,7 @@ func newCatalog(st state, getenv func(string) string, client *http.Client, log *
 	case err == nil && !cc.FetchedAt.After(now()): // a fetch time from the future has no usable age
 		c.nextTry = cc.FetchedAt.Add(ttl)
 	}
-	if c.data = cc.Body; c.url == "" && err != nil {
+	if c.data = data; c.url == "" && err != nil {
 		c.data, c.why = nil, "live reads are off (BRAMA_MODEL_CATALOG_URL=off) and "+err.Error()
 	}
 	return c
@@ -183,7 +195,7 @@ func (c *catalog) readOnce(ctx context.Context) {
 	}
 	c.mu.Unlock()
 	if err == nil && c.cachePath != "" {
-		if err := writeState(c.cachePath, catalogCache{now.UTC(), data}); err != nil {
+		if err := writeState(c.cachePath, catalogCache{now.UTC(), marshalCatalog(data)}); err != nil {
 			c.log.Warn("model_metadata_cache_write_failed", "cause", err.Error())
 		}
 	}
@@ -333,6 +345,17 @@ func someStrings(s []string) []string {
 		return nil
 	}
 	return s
+}
+
+// marshalCatalog encodes data back into api.json's shape with only the fields Brama
+// keeps, for the model metadata cache; parseCatalog reads it back.
+func marshalCatalog(data catalogData) []byte {
+	out := map[string]map[string]map[string]modelInfo{} // vendor → "models" → id → model
+	for vendor, models := range data {
+		out[vendor] = map[string]map[string]modelInfo{"models": models}
+	}
+	b, _ := json.Marshal(out) // only maps, strings, ints and string slices: it cannot fail
+	return b
 }
 
 // perfEntry is one route's counters in the perf registry (SPEC §13).
