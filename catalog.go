@@ -15,37 +15,39 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 )
 
-// The model catalogue (SPEC §6.4): a file read on demand, or a URL read in the background
-// into the model metadata cache. Advisory: no route needs it, no request waits on it.
+// Advisory data no request waits on (SPEC §6.4, §13): the model catalogue, a file
+// read on demand or a URL read in the background and kept in the model metadata
+// cache; and the perf registry, one entry per route ever served.
 
-const ( // SPEC §16
+const ( // SPEC §16, §2.2
 	defaultCatalogURL = "https://models.dev/api.json"
 	defaultCatalogTTL = 900 * time.Second
-	catalogCacheFile  = "model-metadata.json"
+	perfFlushEvery    = 30 * time.Second
 )
 
-// modelInfo is what Brama keeps of a catalogue model, in api.json's shape.
-// Slices are shared with memory (replaced whole): callers must not modify them.
+// modelInfo is what Brama keeps of a catalogue model. Slices are shared with
+// memory (replaced whole): callers must not modify them.
 type modelInfo struct {
 	ID          string            `json:"id"`
-	ReleaseDate string            `json:"release_date,omitempty"` // "YYYY-MM-DD" (or "YYYY-MM"); "" when unknown
+	ReleaseDate string            `json:"release_date,omitempty"` // "YYYY-MM-DD" or "YYYY-MM"; "" unknown
 	Limit       catalogLimit      `json:"limit"`
 	Modalities  catalogModalities `json:"modalities"`
 }
 
-// catalogLimit is a model's token limits; 0 when unknown.
+// catalogLimit is a model's token limits, 0 unknown; catalogModalities what it takes
+// and gives, nil unknown. Both keep api.json's member names, for the cache.
 type catalogLimit struct {
 	Context int `json:"context,omitempty"`
 	Output  int `json:"output,omitempty"`
 }
-
-// catalogModalities is what a model takes and gives; nil when unknown.
 type catalogModalities struct {
 	Input  []string `json:"input,omitempty"`
 	Output []string `json:"output,omitempty"`
@@ -54,13 +56,10 @@ type catalogModalities struct {
 // catalogData is a catalogue in memory: vendor → model id → info.
 type catalogData = map[string]map[string]modelInfo
 
-// catalogVendors maps a provider id to the catalogue's vendor key where they
-// differ (SPEC §7.3, and models.dev's own keys for together and fireworks);
-// local-openai serves whatever a deployment runs: none.
-var catalogVendors = map[string]string{
-	"claude-code": "anthropic", "codex": "openai", "openai-responses": "openai",
-	"kimi": "moonshotai", "together": "togetherai", "fireworks": "fireworks-ai", "local-openai": "",
-}
+// catalogVendors maps a provider id to the catalogue's vendor key where they differ (SPEC §7.3,
+// models.dev's keys); local-openai serves whatever a deployment runs: none.
+var catalogVendors = map[string]string{"claude-code": "anthropic", "codex": "openai", "openai-responses": "openai",
+	"kimi": "moonshotai", "together": "togetherai", "fireworks": "fireworks-ai", "local-openai": ""}
 
 func catalogVendor(provider string) string {
 	if v, ok := catalogVendors[provider]; ok {
@@ -69,61 +68,86 @@ func catalogVendor(provider string) string {
 	return provider
 }
 
-// catalog is the model metadata of SPEC §6.4 and its sources.
+// catalog is the model metadata of SPEC §6.4 and its source.
 type catalog struct {
-	path      string // BRAMA_MODEL_CATALOG_PATH; wins over url
-	url       string // live source; "" when path is set or live reads are off
-	ttl       time.Duration
-	cachePath string       // the model metadata cache; "" without a state directory or for a file source
+	path, url string       // BRAMA_MODEL_CATALOG_PATH (it wins), else the live URL; "" none
+	cachePath string       // the model metadata cache; "" without a state directory or for a file
 	client    *http.Client // the provider client: no timeout of Brama's own (SPEC §7.4)
 	log       *slog.Logger
 	now       func() time.Time
+	ttl       time.Duration
 
 	testingOnlyReadDone func() // runs after each background read settled; nil in production
 
 	mu         sync.Mutex    // guards the fields below
 	data       catalogData   // nil when absent
-	loadedAt   time.Time     // fetch time of data; zero means "age unknown"
-	lastTry    time.Time     // when the last read (good or bad) settled
-	lastErr    error         // the last failed read, nil after a good one
-	fileID     string        // a file source's fileID at the last read
-	reads      int           // source reads attempted, for tests and logs
+	why        string        // why data is nil
+	nextTry    time.Time     // a TTL after the last read, good or bad, or the cache's fetch
+	fileID     string        // a file source's size and mtime at the last read
+	reads      int           // source reads settled, for tests
 	kick       chan struct{} // wakes the background reader; nil until start
 	refreshing bool          // a background read is queued or running (single flight)
-	cacheErr   error         // why the cache could not supply data
+}
+
+// catalogCache is $STATE/model-metadata.json: the last good catalogue in api.json's
+// shape (marshalCatalog) and its fetch time.
+type catalogCache struct {
+	FetchedAt time.Time       `json:"fetched_at"`
+	Body      json.RawMessage `json:"body"`
 }
 
 // newCatalog configures the catalogue (SPEC §16) and, for a URL, fills memory from the
 // cache; a file is read by the first lookup, a URL by start.
 func newCatalog(st state, getenv func(string) string, client *http.Client, log *slog.Logger, now func() time.Time) *catalog {
-	const ttlName = "BRAMA_MODEL_CATALOG_TTL_SECS"
-	ttl, err := envSeconds(getenv, ttlName, 1, defaultCatalogTTL)
+	ttl, err := envSeconds(getenv, "BRAMA_MODEL_CATALOG_TTL_SECS", 1, defaultCatalogTTL)
 	if err != nil {
-		log.Warn("model_catalog_ttl_invalid", "value", strings.TrimSpace(getenv(ttlName)),
-			"default_secs", int(defaultCatalogTTL/time.Second))
+		log.Warn("model_catalog_ttl_invalid", "cause", err.Error(), "default_secs", int(defaultCatalogTTL/time.Second))
 	}
-	c := &catalog{client: client, log: log, now: now, ttl: ttl}
-	if c.path = strings.TrimSpace(getenv("BRAMA_MODEL_CATALOG_PATH")); c.path == "" {
-		c.url = cmp.Or(strings.TrimSpace(getenv("BRAMA_MODEL_CATALOG_URL")), defaultCatalogURL)
-		if strings.EqualFold(c.url, "off") {
-			c.url = ""
+	c := &catalog{client: client, log: log, now: now, ttl: ttl, path: strings.TrimSpace(getenv("BRAMA_MODEL_CATALOG_PATH")),
+		why: "no catalogue read has been started"}
+	if c.path != "" {
+		return c
+	}
+	if c.url = cmp.Or(strings.TrimSpace(getenv("BRAMA_MODEL_CATALOG_URL")), defaultCatalogURL); strings.EqualFold(c.url, "off") {
+		c.url = ""
+	}
+	var cc catalogCache
+	var data catalogData
+	if c.cachePath, err = st.path("model metadata cache", "model-metadata.json"); err != nil {
+		log.Warn("model_metadata_cache_unplaced", "cause", err.Error())
+	} else if b, _, rerr := readGuarded("model metadata cache", c.cachePath); rerr != nil {
+		err = rerr
+	} else {
+		if err = decodeStrict("model metadata cache", b, &cc); err == nil {
+			data, err = parseCatalog(cc.Body)
 		}
-		c.loadCache(st)
+	}
+	switch {
+	case errors.Is(err, errFileAbsent):
+		err = errors.New("there is no cached copy")
+	case err != nil && c.cachePath != "":
+		log.Warn("model_metadata_cache_unreadable", "cause", err.Error())
+		err = fmt.Errorf("the cached copy is unreadable: %w", err)
+	case err == nil && !cc.FetchedAt.After(now()): // a fetch time from the future has no usable age
+		c.nextTry = cc.FetchedAt.Add(ttl)
+	}
+	if c.data = data; c.url == "" && err != nil {
+		c.data, c.why = nil, "live reads are off (BRAMA_MODEL_CATALOG_URL=off) and "+err.Error()
 	}
 	return c
 }
 
 // start runs the background reader of a URL source until ctx (its only
-// cancel, SPEC §7.4) is done; wg lets run wait for it.
+// cancel, SPEC §7.4) is done: one read, then one per kick from a stale lookup.
 func (c *catalog) start(ctx context.Context, wg *sync.WaitGroup) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.url == "" || c.kick != nil {
-		return // nothing to read, or already started
+		return
 	}
-	c.kick, c.refreshing = make(chan struct{}, 1), true
+	c.kick, c.refreshing, c.why = make(chan struct{}, 1), true, "the first catalogue read has not finished"
 	wg.Add(1)
-	go func(kick <-chan struct{}) { // reads once, then once per kick from a stale lookup
+	go func(kick <-chan struct{}) {
 		defer wg.Done()
 		for ctx.Err() == nil {
 			c.readOnce(ctx)
@@ -135,183 +159,115 @@ func (c *catalog) start(ctx context.Context, wg *sync.WaitGroup) {
 	}(c.kick)
 }
 
-// readOnce fetches the URL into memory and, when good, the cache file; a
-// failure keeps whatever memory held.
+// readOnce reads the URL whole into memory and, when good, the cache; a failure keeps
+// memory. Errors quote neither the body nor the URL, whose query may hold a key.
 func (c *catalog) readOnce(ctx context.Context) {
-	data, err := c.fetch(ctx)
+	var data catalogData
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.url, nil)
+	what, resp := "catalogue URL", (*http.Response)(nil)
+	if err == nil {
+		req.Header.Set("Accept", "application/json")
+		what = "catalogue read"
+		resp, err = c.client.Do(req)
+	}
+	if ue := (*url.Error)(nil); errors.As(err, &ue) {
+		err = ue.Err
+	}
+	if err == nil {
+		b, rerr := io.ReadAll(resp.Body) // even after an error status, so the connection is reused
+		resp.Body.Close()
+		switch {
+		case resp.StatusCode/100 != 2:
+			err = fmt.Errorf("HTTP status %d", resp.StatusCode)
+		case rerr != nil:
+			err = rerr
+		default:
+			data, err = parseCatalog(b)
+		}
+	}
+	if err != nil {
+		err = fmt.Errorf("%s: %w", what, err)
+	}
 	now := c.now()
 	c.mu.Lock()
-	c.refreshing = false
-	if err != nil && ctx.Err() != nil { // shutting down: not a catalogue failure
-		c.mu.Unlock()
-		return
+	if c.refreshing = false; err == nil || ctx.Err() == nil { // shutting down is no catalogue failure
+		c.settleLocked("url", data, err, now)
 	}
-	c.settleLocked("url", data, err, now)
 	c.mu.Unlock()
-	if err == nil {
-		c.log.Info("model_catalog_read", "source", "url", "vendors", len(data))
-		c.writeCache(data, now)
+	if err == nil && c.cachePath != "" {
+		if err := writeState(c.cachePath, catalogCache{now.UTC(), marshalCatalog(data)}); err != nil {
+			c.log.Warn("model_metadata_cache_write_failed", "cause", err.Error())
+		}
 	}
 	if c.testingOnlyReadDone != nil {
 		c.testingOnlyReadDone()
 	}
 }
 
-// fetch is one whole read of the catalogue URL; errors never quote the body.
-func (c *catalog) fetch(ctx context.Context) (catalogData, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.url, nil)
-	if ue := (*url.Error)(nil); errors.As(err, &ue) {
-		err = ue.Err // its URL may hold a key in the query, as a call's does
-	}
-	if err != nil {
-		return nil, fmt.Errorf("catalogue URL: %w", err)
-	}
-	req.Header.Set("Accept", "application/json")
-	resp, err := c.client.Do(req)
-	if ue := (*url.Error)(nil); errors.As(err, &ue) {
-		err = ue.Err // its URL may hold a key in the query
-	}
-	if err != nil {
-		return nil, fmt.Errorf("catalogue read: %w", err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body) // whole, even after an error status, so the connection is reused
-	switch {
-	case resp.StatusCode/100 != 2:
-		return nil, fmt.Errorf("catalogue read: HTTP status %d", resp.StatusCode)
-	case err != nil:
-		return nil, fmt.Errorf("catalogue read: %w", err)
-	}
-	return parseCatalog(b)
-}
-
-// catalogCache is $STATE/model-metadata.json: the last good catalogue,
-// re-encoded with only the fields Brama keeps, and its fetch time.
-type catalogCache struct {
-	FetchedAt time.Time       `json:"fetched_at"`
-	Body      json.RawMessage `json:"body"`
-}
-
-// writeCache keeps data in the model metadata cache, if it has a place.
-func (c *catalog) writeCache(data catalogData, fetchedAt time.Time) {
-	if c.cachePath == "" {
-		return
-	}
-	if err := writeState(c.cachePath, catalogCache{FetchedAt: fetchedAt.UTC(), Body: marshalCatalog(data)}); err != nil {
-		c.log.Warn("model_metadata_cache_write_failed", "cause", err.Error())
-	}
-}
-
-// loadCache places the model metadata cache and fills memory from it.
-func (c *catalog) loadCache(st state) {
-	name, err := st.path("model metadata cache", catalogCacheFile)
-	if err != nil {
-		c.cacheErr = err
-		c.log.Warn("model_metadata_cache_unplaced", "cause", err.Error())
-		return
-	}
-	c.cachePath = name
-	b, _, err := readGuarded("model metadata cache", name)
-	var cc catalogCache
-	if err == nil {
-		err = json.Unmarshal(b, &cc)
-	}
-	var data catalogData
-	if err == nil {
-		data, err = parseCatalog(cc.Body)
-	}
-	switch {
-	case errors.Is(err, errFileAbsent):
-		c.cacheErr = errors.New("there is no cached copy")
-	case err != nil:
-		c.cacheErr = fmt.Errorf("the cached copy is unreadable: %w", err)
-		c.log.Warn("model_metadata_cache_unreadable", "cause", err.Error())
-	case cc.FetchedAt.After(c.now()):
-		c.data = data // a fetch time from the future has no usable age
-	default:
-		c.data, c.loadedAt = data, cc.FetchedAt
-	}
-}
-
-// settleLocked records a read of source that ended at now: a good one
-// replaces memory, a failed one keeps it and waits one TTL.
+// settleLocked records a read of source that ended at now: a good one replaces memory, a
+// failed one keeps it; either waits one TTL.
 func (c *catalog) settleLocked(source string, data catalogData, err error, now time.Time) {
 	c.reads++
-	c.lastTry, c.lastErr = now, err
+	c.nextTry = now.Add(c.ttl)
 	if err != nil {
+		c.why = err.Error()
 		c.log.Warn("model_catalog_read_failed", "source", source, "cause", err.Error())
 		return
 	}
-	c.data, c.loadedAt = data, now
+	c.data = data
+	c.log.Info("model_catalog_read", "source", source, "vendors", len(data))
 }
 
-// current is the catalogue usable now, or nil with the cause. A file is read on demand; a URL's
-// memory absent or past the TTL kicks one background read. A failed read waits a TTL.
+// current is the catalogue usable now, or nil with the cause. A file is read on demand
+// (SPEC §6.4), at once when changed while memory is empty; a URL due kicks one background read.
 func (c *catalog) current() (catalogData, string) {
 	now := c.now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	stale := func() bool { return c.data == nil || c.loadedAt.IsZero() || now.Sub(c.loadedAt) >= c.ttl }
-	mayTry := c.lastTry.IsZero() || now.Sub(c.lastTry) >= c.ttl
+	due := !now.Before(c.nextTry)
 	switch {
-	case c.path != "" && (stale() && mayTry || c.data == nil && fileID(c.path) != c.fileID): // on demand (SPEC §6.4)
+	case c.path != "" && (due || c.data == nil && fileID(c.path) != c.fileID):
 		c.fileID = fileID(c.path)
 		b, err := os.ReadFile(c.path)
 		var data catalogData
-		if err == nil {
+		if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
+			err = fmt.Errorf("BRAMA_MODEL_CATALOG_PATH: %w", pe.Err) // the path is outside the state directory; /readyz must not show it
+		} else if err == nil {
 			data, err = parseCatalog(b)
-		} else {
-			if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
-				err = pe.Err // the path is outside the state directory; /readyz must not show it
-			}
-			err = fmt.Errorf("BRAMA_MODEL_CATALOG_PATH: %w", err)
 		}
 		c.settleLocked("file", data, err, now)
-	case c.path == "" && c.kick != nil && !c.refreshing && stale() && mayTry:
+	case c.kick != nil && !c.refreshing && due:
 		c.refreshing = true
 		c.kick <- struct{}{} // never blocks: refreshing admits one kick at a time to its one slot
 	}
-	const unavailable = "the model catalogue is unavailable: "
-	switch {
-	case c.data != nil:
-		return c.data, ""
-	case c.lastErr != nil:
-		return nil, unavailable + c.lastErr.Error()
-	case c.url == "":
-		return nil, unavailable + "live reads are off (BRAMA_MODEL_CATALOG_URL=off) and " + c.cacheErr.Error()
-	case c.kick == nil:
-		return nil, unavailable + "no catalogue read has been started"
+	if c.data == nil {
+		return nil, "the model catalogue is unavailable: " + c.why
 	}
-	return nil, unavailable + "the first catalogue read has not finished"
+	return c.data, ""
 }
 
 // fileID tells a changed file: its size and modification time ("" unreadable).
 func fileID(path string) string {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return ""
+	if fi, err := os.Stat(path); err == nil {
+		return fmt.Sprint(fi.Size(), fi.ModTime().UnixNano())
 	}
-	return fmt.Sprint(fi.Size(), fi.ModTime().UnixNano())
+	return ""
 }
 
 // lookup is the entry for model of provider's vendor, or a short cause.
 func (c *catalog) lookup(provider, model string) (info modelInfo, ok bool, cause string) {
 	vendor := catalogVendor(provider)
 	if vendor == "" {
-		return modelInfo{}, false, fmt.Sprintf("the catalogue has no vendor for provider %s", provider)
+		return modelInfo{}, false, "the catalogue has no vendor for provider " + provider
 	}
 	data, cause := c.current()
-	if data == nil {
-		return modelInfo{}, false, cause
+	if info, ok = data[vendor][model]; !ok && data != nil {
+		cause = fmt.Sprintf("the catalogue has no entry for %s/%s", vendor, model)
 	}
-	if info, ok = data[vendor][model]; !ok {
-		return modelInfo{}, false, fmt.Sprintf("the catalogue has no entry for %s/%s", vendor, model)
-	}
-	return info, true, ""
+	return info, ok, cause
 }
 
-// outputLimit is §6.4's max_tokens lookup: the model's output limit, or 0
-// with the cause.
+// outputLimit is §6.4's max_tokens lookup: the model's output limit, or 0 with the cause.
 func (c *catalog) outputLimit(provider, model string) (int, string) {
 	info, ok, cause := c.lookup(provider, model)
 	if ok && info.Limit.Output <= 0 {
@@ -323,12 +279,11 @@ func (c *catalog) outputLimit(provider, model string) (int, string) {
 // models lists the models of provider's vendor, newest release first, then
 // by id (SPEC §7.3); unknown release dates sort last.
 func (c *catalog) models(provider string) []modelInfo {
-	vendor := catalogVendor(provider)
-	if vendor == "" {
+	if catalogVendor(provider) == "" {
 		return nil
 	}
 	data, _ := c.current()
-	return slices.SortedFunc(maps.Values(data[vendor]), func(a, b modelInfo) int {
+	return slices.SortedFunc(maps.Values(data[catalogVendor(provider)]), func(a, b modelInfo) int {
 		return cmp.Or(strings.Compare(b.ReleaseDate, a.ReleaseDate), strings.Compare(a.ID, b.ID))
 	})
 }
@@ -346,77 +301,229 @@ func parseCatalog(b []byte) (catalogData, error) {
 	}
 	out := make(catalogData, len(top))
 	for vendor, raw := range top {
-		var p map[string]json.RawMessage
-		if err := json.Unmarshal(raw, &p); err != nil || p == nil {
+		var v, models map[string]json.RawMessage
+		if json.Unmarshal(raw, &v) != nil || v == nil {
 			return nil, fmt.Errorf("%w: provider %q is not an object", errCatalogShape, truncateUTF8(vendor, 64))
 		}
-		if vendor == "" {
-			continue
-		}
-		var models map[string]json.RawMessage
-		json.Unmarshal(p["models"], &models) // not an object: no models
-		vm := make(map[string]modelInfo, len(models))
-		for id, mraw := range models {
-			if info, ok := parseCatalogModel(id, mraw); ok {
-				vm[id] = info
+		json.Unmarshal(v["models"], &models) // not an object: no models
+		out[vendor] = map[string]modelInfo{}
+		for id, raw := range models {
+			var m struct {
+				ReleaseDate string `json:"release_date"`
+				Limit       struct{ Context, Output float64 }
+				Modalities  struct{ Input, Output []string }
 			}
+			if id == "" || !bytes.HasPrefix(raw, []byte("{")) { // a RawMessage starts at its value
+				continue
+			}
+			json.Unmarshal(raw, &m) // a member of the wrong type is left out, the rest still read
+			if _, err := time.Parse("2006-01-02", m.ReleaseDate); err != nil {
+				if _, err := time.Parse("2006-01", m.ReleaseDate); err != nil { // some carry only the month
+					m.ReleaseDate = ""
+				}
+			}
+			out[vendor][id] = modelInfo{ID: id, ReleaseDate: m.ReleaseDate,
+				Limit:      catalogLimit{tokenCount(m.Limit.Context), tokenCount(m.Limit.Output)},
+				Modalities: catalogModalities{someStrings(m.Modalities.Input), someStrings(m.Modalities.Output)}}
 		}
-		out[vendor] = vm
 	}
+	delete(out, "")
 	return out, nil
 }
 
-// parseCatalogModel keeps the fields of SPEC §6.4 from one model object;
-// ok=false when it is not an object or has no id.
-func parseCatalogModel(id string, raw json.RawMessage) (modelInfo, bool) {
-	var m struct {
-		ReleaseDate string `json:"release_date"`
-		Limit       struct{ Context, Output any }
-		Modalities  struct{ Input, Output any }
-	}
-	if id == "" || !bytes.HasPrefix(raw, []byte("{")) { // a RawMessage starts at its value
-		return modelInfo{}, false
-	}
-	json.Unmarshal(raw, &m) // a member of the wrong type is left out, the rest still read
-	_, day := time.Parse("2006-01-02", m.ReleaseDate)
-	_, month := time.Parse("2006-01", m.ReleaseDate) // some entries carry only the month; both sort as strings
-	if day != nil && month != nil {
-		m.ReleaseDate = ""
-	}
-	return modelInfo{
-		ID: id, ReleaseDate: m.ReleaseDate,
-		Limit:      catalogLimit{catalogCount(m.Limit.Context), catalogCount(m.Limit.Output)},
-		Modalities: catalogModalities{catalogStrings(m.Modalities.Input), catalogStrings(m.Modalities.Output)},
-	}, true
-}
-
-// catalogCount is a positive whole token count, else 0 (unknown).
-func catalogCount(v any) int {
-	f, _ := v.(float64)
+// tokenCount is a positive whole token count, else 0 (unknown).
+func tokenCount(f float64) int {
 	if f <= 0 || f > math.MaxInt32 || f != math.Trunc(f) {
 		return 0
 	}
 	return int(f)
 }
 
-// catalogStrings keeps the strings of a JSON array; nil when none.
-func catalogStrings(v any) (out []string) {
-	items, _ := v.([]any)
-	for _, it := range items {
-		if s, ok := it.(string); ok {
-			out = append(out, s)
-		}
+// someStrings drops what was not a string (decoded as ""); nil when none is left.
+func someStrings(s []string) []string {
+	if s = slices.DeleteFunc(s, func(x string) bool { return x == "" }); len(s) == 0 {
+		return nil
 	}
-	return out
+	return s
 }
 
-// marshalCatalog encodes data back into the api.json shape with only the
-// fields Brama keeps, for the model metadata cache; parseCatalog reads it back.
+// marshalCatalog encodes data back into api.json's shape with only the fields Brama
+// keeps, for the model metadata cache; parseCatalog reads it back.
 func marshalCatalog(data catalogData) []byte {
-	out := make(map[string]map[string]map[string]modelInfo, len(data)) // vendor → "models" → id → model
+	out := map[string]map[string]map[string]modelInfo{} // vendor → "models" → id → model
 	for vendor, models := range data {
 		out[vendor] = map[string]map[string]modelInfo{"models": models}
 	}
 	b, _ := json.Marshal(out) // only maps, strings, ints and string slices: it cannot fail
 	return b
+}
+
+// perfEntry is one route's counters in the perf registry (SPEC §13).
+type perfEntry struct {
+	Count          int64   `json:"count"`
+	Failures       int64   `json:"failures"`
+	TotalLatencyMs int64   `json:"total_latency_ms"`
+	LastLatencyMs  int64   `json:"last_latency_ms"`
+	OutputTokens   int64   `json:"output_tokens"`
+	LastTokensPerS float64 `json:"last_tokens_per_second"`
+}
+
+// perfDocument is the shape of $STATE/perf.json.
+type perfDocument struct {
+	SchemaVersion int                  `json:"schema_version"`
+	FlushedAt     time.Time            `json:"flushed_at"`
+	Routes        map[string]perfEntry `json:"routes"`
+}
+
+// perfRegistry keeps one entry per route ever served, written to perf.json
+// by record (at most every 30 s) and flush: no timer, so idle writes nothing.
+type perfRegistry struct {
+	sys
+	path     string    // perf.json; "" when pathErr is set
+	pathErr  error     // no state directory: the numbers live in memory only
+	unplaced sync.Once // logs perf_stats_unplaced at the first record
+
+	mu        sync.Mutex // guards routes, lastFlush, seq
+	routes    map[string]perfEntry
+	lastFlush time.Time // zero: never flushed, so the first record flushes
+	seq       uint64    // snapshots taken for writing, in order
+
+	file snapshotFile // perf.json, written in snapshot order
+}
+
+// newPerfRegistry starts from perf.json. A file failing the guards or the
+// parse is logged and replaced at the next flush: telemetry never stops serving.
+func newPerfRegistry(st state, sy sys) *perfRegistry {
+	p := &perfRegistry{sys: sy, routes: map[string]perfEntry{}}
+	if p.path, p.pathErr = st.path("perf telemetry", "perf.json"); p.pathErr != nil {
+		return p
+	}
+	var doc perfDocument
+	b, _, err := readGuarded("perf telemetry", p.path)
+	if err == nil {
+		err = decodeStrict("perf telemetry", b, &doc)
+	}
+	if err == nil && doc.SchemaVersion != 1 {
+		err = fmt.Errorf("perf telemetry: schema_version %d, want 1", doc.SchemaVersion)
+	}
+	if err == nil {
+		maps.Copy(p.routes, doc.Routes)
+	} else if !errors.Is(err, errFileAbsent) {
+		sy.log.Warn("perf_stats_unreadable", "cause", err.Error())
+	}
+	return p
+}
+
+// record adds one request for route. A failure counts only on a route that has served, so
+// invented names leave nothing (SPEC §13; issue 10: 20,000 of them made /metrics 54 MB).
+func (p *perfRegistry) record(route string, ok bool, latency time.Duration, outputTokens int) {
+	ms, now := max(latency.Milliseconds(), 0), p.now()
+	p.mu.Lock()
+	if e, served := p.routes[route]; served || ok {
+		e.Count++
+		if !ok {
+			e.Failures++
+		}
+		e.TotalLatencyMs += ms
+		e.LastLatencyMs = ms
+		e.OutputTokens += int64(max(outputTokens, 0))
+		if ok && latency > 0 && outputTokens > 0 {
+			e.LastTokensPerS = float64(outputTokens) / latency.Seconds()
+		}
+		p.routes[route] = e
+	}
+	p.mu.Unlock()
+	p.write(now, false)
+}
+
+// flush writes perf.json now (at shutdown); without a state directory the
+// numbers were only ever in memory.
+func (p *perfRegistry) flush() error { return p.write(p.now(), true) }
+
+// write snapshots the registry into perf.json 30 s after the last flush (even a failed
+// one), or now with force; numbered, so racing writes never leave older numbers.
+func (p *perfRegistry) write(now time.Time, force bool) error {
+	if p.pathErr != nil {
+		if !force {
+			p.unplaced.Do(func() { p.log.Warn("perf_stats_unplaced", "cause", p.pathErr.Error()) })
+		}
+		return nil
+	}
+	p.mu.Lock()
+	if !force && !p.lastFlush.IsZero() && now.Sub(p.lastFlush) < perfFlushEvery {
+		p.mu.Unlock()
+		return nil
+	}
+	p.lastFlush = now
+	p.seq++
+	seq, doc := p.seq, perfDocument{SchemaVersion: 1, FlushedAt: now.UTC(), Routes: maps.Clone(p.routes)}
+	p.mu.Unlock()
+	b, err := marshalState(doc)
+	if err == nil {
+		err = p.file.write(p.path, seq, b)
+	}
+	if err != nil {
+		err = fmt.Errorf("write perf telemetry: %w", err)
+		p.log.Warn("perf_stats_flush_failed", "cause", err.Error())
+	}
+	return err
+}
+
+// snapshot copies the registry for /metrics.
+func (p *perfRegistry) snapshot() map[string]perfEntry {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return maps.Clone(p.routes)
+}
+
+// perfFamilies are the per-route metric families of /metrics, in output order.
+var perfFamilies = []struct {
+	name, typ, help string
+	value           func(perfEntry) float64
+}{
+	{"brama_route_requests_total", "counter", "Requests served on the route.", func(e perfEntry) float64 { return float64(e.Count) }},
+	{"brama_route_failures_total", "counter", "Requests on the route that ended in a refusal.", func(e perfEntry) float64 { return float64(e.Failures) }},
+	{"brama_route_latency_milliseconds_total", "counter", "Sum of request latencies on the route, in milliseconds.", func(e perfEntry) float64 { return float64(e.TotalLatencyMs) }},
+	{"brama_route_last_latency_milliseconds", "gauge", "Latency of the route's last request, in milliseconds.", func(e perfEntry) float64 { return float64(e.LastLatencyMs) }},
+	{"brama_route_output_tokens_total", "counter", "Output tokens produced on the route.", func(e perfEntry) float64 { return float64(e.OutputTokens) }},
+	{"brama_route_last_tokens_per_second", "gauge", "Output tokens per second of the route's last successful request.", func(e perfEntry) float64 { return e.LastTokensPerS }},
+}
+
+// promMetricName is the Prometheus metric name grammar.
+var promMetricName = regexp.MustCompile(`^[a-zA-Z_:][a-zA-Z0-9_:]*$`)
+
+// writeMetrics renders the perf registry, then the extras (_total: a counter) in Prometheus
+// text format 0.0.4, skipping a name outside the grammar or taken by a route family.
+func writeMetrics(w io.Writer, perf map[string]perfEntry, extra map[string]float64) {
+	var b strings.Builder
+	// Label values escape \, " and newline, and must be valid UTF-8 (the exposition format).
+	label := strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`)
+	routes, extra := slices.Sorted(maps.Keys(perf)), maps.Clone(extra)
+	for _, f := range perfFamilies {
+		if len(routes) > 0 {
+			fmt.Fprintf(&b, "# HELP %s %s\n# TYPE %s %s\n", f.name, f.help, f.name, f.typ)
+		}
+		for _, r := range routes {
+			fmt.Fprintf(&b, "%s{route=\"%s\"} %s\n", f.name, label.Replace(strings.ToValidUTF8(r, "\uFFFD")), formatMetric(f.value(perf[r])))
+		}
+		delete(extra, f.name)
+	}
+	for _, n := range slices.Sorted(maps.Keys(extra)) {
+		if typ := "gauge"; promMetricName.MatchString(n) {
+			if strings.HasSuffix(n, "_total") {
+				typ = "counter"
+			}
+			fmt.Fprintf(&b, "# TYPE %s %s\n%s %s\n", n, typ, n, formatMetric(extra[n]))
+		}
+	}
+	io.WriteString(w, b.String())
+}
+
+// formatMetric is a sample value as Prometheus parses it; counters read as
+// integers, and FormatFloat already spells NaN, +Inf and -Inf that way.
+func formatMetric(v float64) string {
+	if v == math.Trunc(v) && math.Abs(v) < 1e15 {
+		return strconv.FormatFloat(v, 'f', -1, 64)
+	}
+	return strconv.FormatFloat(v, 'g', -1, 64)
 }

@@ -180,8 +180,10 @@ type rule struct {
 
 // firstBroken is the refusal of the first broken rule, formatted with args, or nil.
 func firstBroken(rules []rule, args ...any) error {
-	if i := slices.IndexFunc(rules, func(r rule) bool { return r.bad }); i >= 0 {
+	if i := slices.IndexFunc(rules, func(r rule) bool { return r.bad }); i >= 0 && len(args) > 0 {
 		return invalidf(rules[i].why, args...)
+	} else if i >= 0 {
+		return invalidf("%s", rules[i].why) // already formatted
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -36,14 +37,10 @@ type overlayDoc struct {
 	Items         []overlayItem `json:"items"`
 }
 
-// The overlay's file name and how refusals name it; the bounds of a label,
-// of a retire or reinstate reason, and of a pool (SPEC §17).
 const (
-	overlayFile    = "donated-subscriptions.json"
-	overlayRole    = "donated-subscription overlay"
-	maxLabelBytes  = 128
-	maxReasonBytes = 512
-	maxPoolSize    = 64
+	overlayFile = "donated-subscriptions.json"
+	overlayRole = "donated-subscription overlay"
+	maxPoolSize = 64 // non-retired subscriptions of one agent and provider (SPEC §17)
 )
 
 // errOverlayInvalid wraps every refusal of parseOverlay: a bad file, not an I/O failure.
@@ -52,10 +49,7 @@ var errOverlayInvalid = errors.New("donated-subscription overlay is invalid")
 // parseOverlay strictly parses the overlay; an empty file is an empty overlay.
 func parseOverlay(b []byte) (*overlayDoc, error) {
 	doc := &overlayDoc{SchemaVersion: 1, Items: []overlayItem{}}
-	if len(b) == 0 {
-		return doc, nil
-	}
-	if err := decodeStrict(overlayFile, b, doc); err != nil {
+	if err := decodeStrict(overlayFile, b, doc); len(b) > 0 && err != nil {
 		return nil, fmt.Errorf("%w: %w", errOverlayInvalid, err)
 	}
 	return doc, nil
@@ -73,86 +67,67 @@ func (doc *overlayDoc) validate() error {
 	for i, it := range doc.Items { // the rules a donation enforces
 		p, known := lookupProvider(it.Provider)
 		_, timeErr := time.Parse(time.RFC3339Nano, it.CreatedAt)
-		err := checkLabel(it.Label)
-		switch {
-		case !isSubscriptionID(it.ID):
-			err = fmt.Errorf("id %q is not sub_ followed by 16 lower-case hex digits", it.ID)
-		case !known || p.cred == credNone:
-			err = fmt.Errorf("provider %q takes no subscription", it.Provider)
-		case !idPattern.MatchString(it.AgentID):
-			err = fmt.Errorf("agent_id %q must match [a-z0-9-]{1,64}", it.AgentID)
-		case err != nil:
-		case timeErr != nil:
-			err = fmt.Errorf("created_at %q is not an RFC 3339 time", it.CreatedAt)
-		case seen[it.ID]:
-			err = fmt.Errorf("id %q appears twice", it.ID)
-		}
-		if err != nil {
-			return fmt.Errorf("items[%d]: %w", i, err)
+		if err := firstBroken([]rule{
+			{!isSubscriptionID(it.ID), fmt.Sprintf("id %q is not sub_ followed by 16 lower-case hex digits", it.ID)},
+			{!known || p.cred == credNone, fmt.Sprintf("provider %q takes no subscription", it.Provider)},
+			{!idPattern.MatchString(it.AgentID), fmt.Sprintf("agent_id %q must match [a-z0-9-]{1,64}", it.AgentID)},
+			{checkLabel(it.Label) != nil, fmt.Sprint(checkLabel(it.Label))},
+			{timeErr != nil, fmt.Sprintf("created_at %q is not an RFC 3339 time", it.CreatedAt)},
+			{seen[it.ID], fmt.Sprintf("id %q appears twice", it.ID)}}); err != nil {
+			return fmt.Errorf("items[%d]: %s", i, err)
 		}
 		seen[it.ID] = true
 	}
 	return nil
 }
 
-// checkLabel allows printable text of at most 128 bytes: no control characters reach a terminal.
-func checkLabel(label string) error {
-	if len(label) > maxLabelBytes {
-		return fmt.Errorf("label is %d bytes; the limit is %d", len(label), maxLabelBytes)
-	}
-	if !printable(label) {
-		return errors.New("label must be printable UTF-8 text")
-	}
-	return nil
-}
-
-// printable: valid UTF-8 of printable runes (space included, tabs and newlines not).
+// printable: valid UTF-8 of printable runes (space included, tabs and newlines not),
+// so no control character reaches a terminal or a log line.
 func printable(s string) bool {
 	return utf8.ValidString(s) && strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }) < 0
 }
 
-// checkReason bounds a retire or reinstate reason before it is journaled.
-func checkReason(reason string) error {
+// checkText bounds a label or a retire or reinstate reason: printable, at most limit bytes.
+func checkText(what, s string, limit int) error {
 	switch {
-	case strings.TrimSpace(reason) == "":
-		return refuse("invalid_request", "a reason is required")
-	case len(reason) > maxReasonBytes:
-		return refuse("invalid_request", "the reason is %d bytes; the limit is %d", len(reason), maxReasonBytes)
-	case !printable(reason):
-		return refuse("invalid_request", "the reason must be printable UTF-8 text on one line")
+	case len(s) > limit:
+		return fmt.Errorf("%s is %d bytes; the limit is %d", what, len(s), limit)
+	case !printable(s):
+		return fmt.Errorf("%s must be printable UTF-8 text on one line", what)
 	}
 	return nil
 }
 
+func checkLabel(label string) error { return checkText("label", label, 128) }
+
+func checkReason(reason string) error {
+	if strings.TrimSpace(reason) == "" {
+		return errors.New("a reason is required")
+	}
+	return checkText("the reason", reason, 512)
+}
+
 // checkCredential applies SPEC §6.1 and §10.1 to a donated or replacing
-// credential, never quoting it, and completes its grant.
+// credential, never quoting it, and completes its grant (on a copy).
 func checkCredential(provider string, cred vaultCredential) (vaultCredential, error) {
 	p, ok := lookupProvider(provider)
-	var err error
-	switch {
-	case !ok:
-		err = refuse("invalid_request", "unknown provider %q", provider)
-	case p.cred == credNone:
-		err = refuse("invalid_request", "provider %q takes no subscription: its deployments need no credential", provider)
-	case (cred.APIKey != "") == (cred.OAuth != nil):
-		err = refuse("invalid_request", "give exactly one of api_key or oauth")
-	case cred.APIKey != "":
-		if k := cred.APIKey; strings.TrimSpace(k) != k || !printable(k) || len(k) > 8192 {
-			err = refuse("invalid_request", "api_key must be one line of printable text (at most 8192 bytes) without surrounding spaces")
-		}
-	case p.cred != credSubscription:
-		err = refuse("invalid_request", "provider %q takes an api_key, not an oauth grant (oauth is for claude-code, codex and kimi)", provider)
-	case cred.OAuth.AccessToken == "" || cred.OAuth.RefreshToken == "":
-		err = refuse("invalid_request", "oauth needs access_token and refresh_token")
-	case !printable(cred.OAuth.AccessToken) || !printable(cred.OAuth.RefreshToken):
-		err = refuse("invalid_request", "oauth access_token and refresh_token must be printable text (no newline or other control character)")
-	case cred.OAuth.ExpiresAtMs < 0:
-		err = refuse("invalid_request", "oauth expires_at_ms must not be negative")
-	default:
-		g := fillGrant(provider, *cred.OAuth) // on a copy: the caller's stays as given
-		cred.OAuth = &g
+	k, g, isKey := cred.APIKey, cmp.Or(cred.OAuth, &oauthGrant{}), cred.APIKey != ""
+	if err := firstBroken([]rule{
+		{!ok, fmt.Sprintf("unknown provider %q", provider)},
+		{p.cred == credNone, fmt.Sprintf("provider %q takes no subscription: its deployments need no credential", provider)},
+		{isKey == (cred.OAuth != nil), "give exactly one of api_key or oauth"},
+		{isKey && (strings.TrimSpace(k) != k || !printable(k) || len(k) > 8192), "api_key must be one line of printable text (at most 8192 bytes) without surrounding spaces"},
+		{!isKey && p.cred != credSubscription, fmt.Sprintf("provider %q takes an api_key, not an oauth grant (oauth is for claude-code, codex and kimi)", provider)},
+		{!isKey && (g.AccessToken == "" || g.RefreshToken == ""), "oauth needs access_token and refresh_token"},
+		{!printable(g.AccessToken) || !printable(g.RefreshToken), "oauth access_token and refresh_token must be printable text (no newline or other control character)"},
+		{g.ExpiresAtMs < 0, "oauth expires_at_ms must not be negative"}}); err != nil {
+		return cred, refuse("invalid_request", "%s", err)
 	}
-	return cred, err
+	if !isKey {
+		filled := fillGrant(provider, *g)
+		cred.OAuth = &filled
+	}
+	return cred, nil
 }
 
 // inventory is the serving process's subscription inventory, the only
@@ -165,7 +140,7 @@ type inventory struct {
 	l       *ledger
 	ttl     time.Duration // listing cache lifetime; 0 disables the cache
 
-	wmu sync.Mutex // serializes donate, retire, reinstate, replaceCredential and pruneOrphans
+	wmu sync.Mutex // serializes the inventory's writes
 
 	mu    sync.Mutex         // guards cache
 	cache map[string]listing // by agent id
@@ -184,24 +159,27 @@ func newInventory(st state, v *vault, j *journal, l *ledger, getenv func(string)
 	inv := &inventory{sys: sy, vault: v, j: j, l: l, cache: map[string]listing{}}
 	inv.overlay = stateFile[*overlayDoc]{role: overlayRole, parse: parseOverlay}
 	inv.overlay.path, inv.overlay.pathErr = st.path(overlayRole, overlayFile)
-	// Unset or unreadable (logged) is 60 s; 0 turns the cache off.
-	ttl, err := envSeconds(getenv, "BRAMA_SUBSCRIPTION_CACHE_TTL_SECS", 0, 60*time.Second)
-	if err != nil {
+	var err error // unset or unreadable (logged) is 60 s; 0 turns the cache off
+	if inv.ttl, err = envSeconds(getenv, "BRAMA_SUBSCRIPTION_CACHE_TTL_SECS", 0, 60*time.Second); err != nil {
 		sy.log.Warn("subscription_cache_ttl_invalid", "cause", err.Error(), "using_secs", 60)
 	}
-	inv.ttl = ttl
 	return inv
 }
 
-// items returns every overlay item (retired ones too), in overlay order, as
-// the caller's slice; errors are 503s naming the overlay and the rule.
+// unavailable is a state file's read failure as a 503 naming the file and the rule,
+// a missing state directory as its own cause.
+func unavailable(format string, err error) *apiError {
+	if errors.As(err, new(*noStateError)) {
+		return asAPIError(err)
+	}
+	return refuse("dependency_unavailable", format, err).because(err)
+}
+
+// items returns every overlay item (retired ones too), in overlay order, as the caller's slice.
 func (inv *inventory) items() ([]overlayItem, error) {
 	doc, err := inv.overlay.load()
-	switch {
-	case errors.As(err, new(*noStateError)):
-		return nil, asAPIError(err)
-	case err != nil:
-		return nil, refuse("dependency_unavailable", "%v", err).because(err)
+	if err != nil {
+		return nil, unavailable("%v", err)
 	}
 	return slices.Clone(doc.Items), nil
 }
@@ -214,7 +192,7 @@ func (inv *inventory) view() ([]overlayItem, map[string]bool, error) {
 	}
 	retired, err := inv.j.retired()
 	if err != nil {
-		return nil, nil, refuse("dependency_unavailable", "the journal cannot be read: %v", err).because(err)
+		return nil, nil, unavailable("the journal cannot be read: %v", err)
 	}
 	return items, retired, nil
 }
@@ -223,28 +201,22 @@ func (inv *inventory) view() ([]overlayItem, map[string]bool, error) {
 // §7.2), retirement read from the journal, never the listing cache (§2.3).
 func (inv *inventory) pool(agent, provider string) ([]overlayItem, error) {
 	items, retired, err := inv.view()
-	if err != nil {
-		return nil, err
-	}
 	return slices.DeleteFunc(items, func(it overlayItem) bool {
 		return retired[it.ID] || it.AgentID != agent || (provider != "" && it.Provider != provider)
-	}), nil
+	}), err
 }
 
 // agentItems is agent's non-retired items, all providers (SPEC §7.3).
-func (inv *inventory) agentItems(agent string) ([]overlayItem, error) {
-	return inv.pool(agent, "")
-}
+func (inv *inventory) agentItems(agent string) ([]overlayItem, error) { return inv.pool(agent, "") }
 
 // owned is agent's subscription id, else 404 (an agent learns nothing of
 // others'); when ifRetired says why, a retired one is 409 state_conflict.
 func (inv *inventory) owned(agent, id, ifRetired string) (overlayItem, error) {
 	items, retired, err := inv.view()
-	if err != nil {
-		return overlayItem{}, err
-	}
 	i := slices.IndexFunc(items, func(it overlayItem) bool { return it.ID == id && it.AgentID == agent })
 	switch {
+	case err != nil:
+		return overlayItem{}, err
 	case i < 0:
 		return overlayItem{}, refuse("not_found", "agent %q has no subscription %q", agent, id)
 	case ifRetired != "" && retired[id]:
@@ -253,60 +225,70 @@ func (inv *inventory) owned(agent, id, ifRetired string) (overlayItem, error) {
 	return items[i], nil
 }
 
-// donate stores a new subscription (SPEC §10.1): vault first, overlay second;
-// a failure between takes the vault entry back (or pruneOrphans does).
-func (inv *inventory) donate(agent, provider, label string, cred vaultCredential) (overlayItem, error) {
-	if !idPattern.MatchString(agent) {
-		return overlayItem{}, refuse("invalid_request", "agent id %q must match [a-z0-9-]{1,64}", agent)
-	}
-	if err := checkLabel(label); err != nil {
-		return overlayItem{}, refuse("invalid_request", "%v", err)
-	}
-	cred, err := checkCredential(provider, cred)
-	if err != nil {
-		return overlayItem{}, err
-	}
+// write runs one change under wmu, then drops every cached listing and the
+// parsed overlay (SPEC §10.2: a local mutation shows at once).
+func (inv *inventory) write(change func() error) error {
 	inv.wmu.Lock()
 	defer inv.wmu.Unlock()
-	pool, err := inv.pool(agent, provider) // the overlay, the journal and the vault must read before either file is touched
-	if err != nil {
-		return overlayItem{}, err
-	}
-	if len(pool) >= maxPoolSize {
-		return overlayItem{}, refuse("invalid_request", "agent %q holds %d non-retired %s subscriptions, the limit; retire one first", agent, len(pool), provider)
-	}
-	items, err := inv.items()
-	if err != nil {
-		return overlayItem{}, err
-	}
+	defer inv.invalidate(true)
+	return change()
+}
+
+// loadVault is the vault read before a write of it: unreadable, nothing is written.
+func (inv *inventory) loadVault() (*vaultDoc, error) {
 	doc, err := inv.vault.load()
 	if err != nil {
-		return overlayItem{}, vaultRefusal(err)
+		return nil, unavailable("the vault is unreadable: %v", err)
 	}
-	if err := inv.overlayLost(doc); err != nil {
-		return overlayItem{}, err
+	return doc, nil
+}
+
+// writeVault is one vault write of a change named by what; a failure is 500 naming it.
+func (inv *inventory) writeVault(what string, change func(*vaultDoc)) error {
+	err := inv.vault.update(func(d *vaultDoc) error { change(d); return nil })
+	if err != nil {
+		return refuse("internal_error", "%s: the vault was not written: %v", what, err).because(err)
 	}
-	if err := grantHeld(doc, cred, ""); err != nil {
-		return overlayItem{}, err
+	return nil
+}
+
+// donate stores a new subscription (SPEC §10.1): vault first, overlay second;
+// a failure between takes the vault entry back (or pruneOrphans does).
+func (inv *inventory) donate(agent, provider, label string, cred vaultCredential) (it overlayItem, err error) {
+	if err := firstBroken([]rule{{!idPattern.MatchString(agent), fmt.Sprintf("agent id %q must match [a-z0-9-]{1,64}", agent)},
+		{checkLabel(label) != nil, fmt.Sprint(checkLabel(label))}}); err != nil {
+		return it, refuse("invalid_request", "%s", err)
+	}
+	if cred, err = checkCredential(provider, cred); err != nil {
+		return it, err
 	}
 	rnd := make([]byte, 8)
 	rand.Read(rnd)
-	it := overlayItem{ID: fmt.Sprintf("sub_%x", rnd), Provider: provider, AgentID: agent, Label: label,
+	it = overlayItem{ID: fmt.Sprintf("sub_%x", rnd), Provider: provider, AgentID: agent, Label: label,
 		CreatedAt: inv.now().UTC().Format(journalTimeFormat)}
-	err = inv.vault.update(func(d *vaultDoc) error {
-		_, taken := d.Subscriptions[it.ID]
-		if taken || slices.ContainsFunc(items, func(x overlayItem) bool { return x.ID == it.ID }) {
-			return fmt.Errorf("subscription id %s is taken; donate again", it.ID)
+	err = inv.write(func() error {
+		pool, err := inv.pool(agent, provider) // the overlay, the journal and the vault read before either file is touched
+		items, ierr := inv.items()
+		doc, verr := inv.loadVault()
+		if err := cmp.Or(err, ierr, verr); err != nil {
+			return err
 		}
-		d.Subscriptions[it.ID] = cred
-		return nil
-	})
-	if err != nil {
-		return overlayItem{}, refuse("internal_error", "subscription not donated: the vault was not written: %v", err).because(err)
-	}
-	err = writeState(inv.overlay.path, &overlayDoc{SchemaVersion: 1, Items: append(items, it)})
-	inv.invalidate(err == nil)
-	if err != nil {
+		switch _, taken := doc.Subscriptions[it.ID]; {
+		case len(pool) >= maxPoolSize:
+			return refuse("invalid_request", "agent %q holds %d non-retired %s subscriptions, the limit; retire one first", agent, len(pool), provider)
+		case taken || slices.ContainsFunc(items, func(x overlayItem) bool { return x.ID == it.ID }):
+			return refuse("internal_error", "subscription id %s is taken; donate again", it.ID)
+		}
+		if err := cmp.Or(inv.overlayLost(doc), grantHeld(doc, cred, "")); err != nil {
+			return err
+		}
+		if err := inv.writeVault("subscription not donated", func(d *vaultDoc) { d.Subscriptions[it.ID] = cred }); err != nil {
+			return err
+		}
+		err = writeState(inv.overlay.path, &overlayDoc{SchemaVersion: 1, Items: append(items, it)})
+		if err == nil {
+			return nil
+		}
 		// The secret is stored but no subscription names it: take it back, so
 		// the vault never keeps a secret without a subscription.
 		note := "its credential was removed from the vault"
@@ -314,21 +296,16 @@ func (inv *inventory) donate(agent, provider, label string, cred vaultCredential
 			note = "its credential stays in the vault until brama subscription prune-orphans: " + verr.Error()
 		}
 		inv.log.Error("subscription_overlay_write_failed", "subscription_id", it.ID, "agent_id", agent, "cause", err.Error(), "note", note)
-		return overlayItem{}, refuse("internal_error", "subscription not donated: the overlay was not written: %v", err).because(err)
+		return refuse("internal_error", "subscription not donated: the overlay was not written: %v", err).because(err)
+	})
+	if err != nil {
+		return overlayItem{}, err
 	}
 	if cred.OAuth != nil {
 		inv.l.setGrantTimes(it.ID, provider, cred.OAuth.ExpiresAtMs, 0)
 	}
 	inv.log.Info("subscription_donated", "subscription_id", it.ID, "provider", provider, "agent_id", agent)
 	return it, nil
-}
-
-// vaultRefusal is a vault load failure before a vault write: 503 naming the cause.
-func vaultRefusal(err error) *apiError {
-	if errors.As(err, new(*noStateError)) {
-		return asAPIError(err)
-	}
-	return refuse("dependency_unavailable", "the vault is unreadable: %v", err).because(err)
 }
 
 // invalidate drops every cached listing (SPEC §10.2: every local mutation
@@ -342,77 +319,70 @@ func (inv *inventory) invalidate(overlayChanged bool) {
 	clear(inv.cache)
 }
 
-// retire and reinstate journal agent's subscription id out of and back
-// into service (SPEC §9); the reason is required.
-func (inv *inventory) retire(agent, id, reason string) error {
-	return inv.journalStatus("retire", agent, id, reason)
+// retire and reinstate journal agent's subscription id out of and back into service (SPEC §9)
+// with a reason, unless the fold already says so; the journal is asked first: nothing is
+// claimed that cannot be recorded.
+func (inv *inventory) retire(agent, id, why string) error {
+	return inv.journalStatus("retire", agent, id, why)
 }
-func (inv *inventory) reinstate(agent, id, reason string) error {
-	return inv.journalStatus("reinstate", agent, id, reason)
+func (inv *inventory) reinstate(agent, id, why string) error {
+	return inv.journalStatus("reinstate", agent, id, why)
 }
 
-// journalStatus appends kind for id unless the fold already says so, asking
-// the journal first: nothing is claimed that cannot be recorded.
 func (inv *inventory) journalStatus(kind, agent, id, reason string) error {
 	if err := checkReason(reason); err != nil {
-		return err
+		return refuse("invalid_request", "%v", err)
 	}
 	if err := inv.j.ready(); err != nil {
 		return refuse("dependency_unavailable", "subscription not changed: the journal cannot record a %s: %v", kind, err).because(err)
 	}
-	inv.wmu.Lock()
-	defer inv.wmu.Unlock()
-	if _, err := inv.owned(agent, id, ""); err != nil {
-		return err
-	}
-	if _, retired, err := inv.view(); err != nil || retired[id] == (kind == "retire") {
-		return err
-	}
-	defer inv.invalidate(false)
-	if err := inv.j.append(journalRecord{Kind: kind, SubscriptionID: id, Reason: reason}); err != nil {
-		return refuse("dependency_unavailable", "subscription not changed: the journal refused the %s: %v", kind, err).because(err)
-	}
-	inv.log.Info("subscription_"+kind, "subscription_id", id, "agent_id", agent)
-	nudge(inv.l.changed) // its ledger moments count again, or no longer (SPEC §11.2)
-	return nil
+	return inv.write(func() error {
+		if _, err := inv.owned(agent, id, ""); err != nil {
+			return err
+		}
+		if _, retired, err := inv.view(); err != nil || retired[id] == (kind == "retire") {
+			return err
+		}
+		if err := inv.j.append(journalRecord{Kind: kind, SubscriptionID: id, Reason: reason}); err != nil {
+			return refuse("dependency_unavailable", "subscription not changed: the journal refused the %s: %v", kind, err).because(err)
+		}
+		inv.log.Info("subscription_"+kind, "subscription_id", id, "agent_id", agent)
+		nudge(inv.l.changed) // its ledger moments count again, or no longer (SPEC §11.2)
+		return nil
+	})
 }
 
 // replaceCredential swaps the vault credential of agent's non-retired subscription id and
 // marks the ledger credential active; the item comes back once known, for the sign-in journal.
-func (inv *inventory) replaceCredential(agent, id string, cred vaultCredential) (overlayItem, error) {
-	inv.wmu.Lock()
-	defer inv.wmu.Unlock()
-	it, err := inv.owned(agent, id, "reinstate it before replacing its credential")
-	if err != nil {
-		return overlayItem{}, err
+func (inv *inventory) replaceCredential(agent, id string, cred vaultCredential) (it overlayItem, err error) {
+	err = inv.write(func() error {
+		var doc *vaultDoc
+		if it, err = inv.owned(agent, id, "reinstate it before replacing its credential"); err != nil {
+			return err
+		}
+		if doc, err = inv.loadVault(); err != nil {
+			return err
+		}
+		if cred, err = checkCredential(it.Provider, cred); err != nil {
+			return err
+		}
+		if err := grantHeld(doc, cred, id); err != nil {
+			return err
+		}
+		return inv.writeVault("credential not replaced", func(d *vaultDoc) { d.Subscriptions[id] = cred })
+	})
+	if err == nil {
+		inv.l.setCredential(id, it.Provider, credActive, "")
+		inv.l.setGrantTimes(id, it.Provider, cmp.Or(cred.OAuth, &oauthGrant{}).ExpiresAtMs, 0) // an API key: none
 	}
-	doc, err := inv.vault.load()
-	if err != nil {
-		return it, vaultRefusal(err)
-	}
-	if cred, err = checkCredential(it.Provider, cred); err != nil {
-		return it, err
-	}
-	if err := grantHeld(doc, cred, id); err != nil {
-		return it, err
-	}
-	defer inv.invalidate(false)
-	if err := inv.vault.update(func(d *vaultDoc) error { d.Subscriptions[id] = cred; return nil }); err != nil {
-		return it, refuse("internal_error", "credential not replaced: the vault was not written: %v", err).because(err)
-	}
-	inv.l.setCredential(id, it.Provider, credActive, "")
-	inv.l.setGrantTimes(id, it.Provider, cmp.Or(cred.OAuth, &oauthGrant{}).ExpiresAtMs, 0) // an API key: none
-	return it, nil
+	return it, err
 }
 
 // grantHeld refuses cred when a subscription other than except holds its
 // OAuth refresh token: a refresh by one would spend the other's rotating token.
 func grantHeld(doc *vaultDoc, cred vaultCredential, except string) error {
-	if cred.OAuth == nil || cred.OAuth.RefreshToken == "" {
-		return nil
-	}
 	for id, c := range doc.Subscriptions {
-		if c.OAuth != nil && c.OAuth.RefreshToken == cred.OAuth.RefreshToken && id != except {
+		if cred.OAuth != nil && c.OAuth != nil && c.OAuth.RefreshToken == cred.OAuth.RefreshToken && id != except {
 			return refuse("state_conflict", "this OAuth grant is already held by another subscription (a retired one keeps it too); sign in for a new grant")
 		}
 	}
@@ -435,6 +405,21 @@ func (inv *inventory) credential(id string) (vaultCredential, error) {
 		c.OAuth = &g
 	}
 	return c, nil
+}
+
+// subscriptionRow is one subscription in a listing (SPEC §10.4).
+type subscriptionRow struct {
+	ID         string            `json:"id"`
+	Provider   string            `json:"provider"`
+	Label      string            `json:"label"`
+	Status     string            `json:"status"` // "active" or "retired"
+	Windows    []planWindow      `json:"windows"`
+	Block      *ledgerBlock      `json:"block"`
+	Credential *ledgerCredential `json:"credential"`
+	Measured   ledgerMeasured    `json:"measured"`
+	UsageRead  *ledgerCheck      `json:"usage_read"`
+	Probe      *ledgerCheck      `json:"probe"`
+	Stale      bool              `json:"stale"`
 }
 
 // list is agent's rows (SPEC §10.4), retired ones included, in overlay
@@ -463,21 +448,6 @@ func (inv *inventory) list(agent string) ([]subscriptionRow, error) {
 	return slices.Clone(rows), nil
 }
 
-// subscriptionRow is one subscription in a listing (SPEC §10.4).
-type subscriptionRow struct {
-	ID         string            `json:"id"`
-	Provider   string            `json:"provider"`
-	Label      string            `json:"label"`
-	Status     string            `json:"status"` // "active" or "retired"
-	Windows    []planWindow      `json:"windows"`
-	Block      *ledgerBlock      `json:"block"`
-	Credential *ledgerCredential `json:"credential"`
-	Measured   ledgerMeasured    `json:"measured"`
-	UsageRead  *ledgerCheck      `json:"usage_read"`
-	Probe      *ledgerCheck      `json:"probe"`
-	Stale      bool              `json:"stale"`
-}
-
 // row builds item's row from its ledger record (SPEC §10.4): block null
 // unless in force, usage_read and probe null until they happened.
 func (inv *inventory) row(item overlayItem, retired bool, now time.Time) subscriptionRow {
@@ -486,8 +456,7 @@ func (inv *inventory) row(item overlayItem, retired bool, now time.Time) subscri
 	r := subscriptionRow{ID: item.ID, Provider: item.Provider, Label: item.Label, Status: "active",
 		Windows: append([]planWindow{}, e.Windows...), Measured: e.Measured, Credential: &e.Credential}
 	if retired {
-		r.Status = "retired"
-		r.Credential.State = credDisabled
+		r.Status, r.Credential.State = "retired", credDisabled
 	}
 	if e.Block.UntilMs > ms {
 		r.Block = &e.Block
@@ -506,25 +475,15 @@ func (inv *inventory) row(item overlayItem, retired bool, now time.Time) subscri
 // orphans lists, sorted, the vault's subscription ids no overlay item names.
 func (inv *inventory) orphans() ([]string, error) {
 	items, err := inv.items()
-	if err != nil {
-		return nil, err
-	}
-	doc, err := inv.vault.load()
-	if err != nil {
+	doc, verr := inv.vault.load()
+	if err = cmp.Or(err, verr); err != nil {
 		return nil, err
 	}
 	named := make(map[string]bool, len(items))
 	for _, it := range items {
 		named[it.ID] = true
 	}
-	var orphans []string
-	for id := range doc.Subscriptions {
-		if !named[id] {
-			orphans = append(orphans, id)
-		}
-	}
-	slices.Sort(orphans)
-	return orphans, nil
+	return slices.DeleteFunc(slices.Sorted(maps.Keys(doc.Subscriptions)), func(id string) bool { return named[id] }), nil
 }
 
 // overlayLost refuses a write while the overlay is missing or empty (0 bytes: a restore
@@ -540,31 +499,29 @@ func (inv *inventory) overlayLost(doc *vaultDoc) error {
 // pruneOrphans deletes the orphans from the vault (brama subscription prune-orphans,
 // SPEC §17), never while the overlay is lost, nor from a vault outside the state
 // directory: it may hold another state directory's subscriptions.
-func (inv *inventory) pruneOrphans() ([]string, error) {
-	inv.wmu.Lock()
-	defer inv.wmu.Unlock()
-	doc, err := inv.vault.load()
-	if err != nil {
-		return nil, vaultRefusal(err)
-	}
-	orphans, err := inv.orphans()
-	if err == nil {
-		err = inv.overlayLost(doc)
-	}
-	if err == nil && filepath.Dir(inv.vault.path) != filepath.Dir(inv.overlay.path) {
-		err = refuse("state_conflict", "BRAMA_VAULT_FILE lies outside the state directory and may hold another one's subscriptions: nothing removed")
-	}
+func (inv *inventory) pruneOrphans() (orphans []string, err error) {
+	err = inv.write(func() error {
+		doc, err := inv.loadVault()
+		if err == nil {
+			orphans, err = inv.orphans()
+		}
+		if err == nil {
+			err = inv.overlayLost(doc)
+		}
+		if err == nil && filepath.Dir(inv.vault.path) != filepath.Dir(inv.overlay.path) {
+			err = refuse("state_conflict", "BRAMA_VAULT_FILE lies outside the state directory and may hold another one's subscriptions: nothing removed")
+		}
+		if err != nil || len(orphans) == 0 {
+			return err
+		}
+		return inv.writeVault("no orphan removed", func(d *vaultDoc) {
+			for _, id := range orphans {
+				delete(d.Subscriptions, id)
+			}
+		})
+	})
 	if err != nil || len(orphans) == 0 {
 		return []string{}, err
-	}
-	err = inv.vault.update(func(d *vaultDoc) error {
-		for _, id := range orphans {
-			delete(d.Subscriptions, id)
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, refuse("internal_error", "no orphan removed: the vault was not written: %v", err).because(err)
 	}
 	inv.log.Info("vault_orphans_removed", "count", len(orphans), "subscription_ids", strings.Join(orphans, ","))
 	return orphans, nil

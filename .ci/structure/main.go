@@ -38,7 +38,7 @@ import (
 var layers = [][]string{
 	{"state", "errors", "journal"}, // ground
 	{"providers", "registry", "subscriptions", "ledger", // domain
-		"oauth", "catalog", "perf"},
+		"oauth", "catalog"},
 	{"formats", "parse", "sse", "chat", "messages", "responses", "passthrough", "relay"}, // wire
 	{"dispatch", "pool", "answers", "replay", "maintain"},                                // flow
 	{"main", "cli", "onboard", "server"},                                                 // faces
