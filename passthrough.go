@@ -299,7 +299,7 @@ func buildPassthroughRequest(ctx context.Context, c call, cr *callerRequest) (*h
 	}
 	if p.id == "codex" { // SPEC §6.2: always streamed, never stored, never an output limit
 		edits = append(edits, memberEdit{"stream", []byte("true")}, memberEdit{"store", []byte("false")}, memberEdit{"max_output_tokens", nil})
-		if ins := codexInstructions(cr.body); ins != nil {
+		if ins := codexInstructions(cr.body.value("instructions"), cr.body.value("input")); ins != nil {
 			edits = append(edits, memberEdit{"instructions", ins})
 		}
 	}

@@ -185,7 +185,7 @@ func claudeCodeSystem(raw json.RawMessage) ([]byte, error) {
 	var s string
 	var own []struct{ Type, Text string }
 	switch {
-	case rawIsNull(raw):
+	case raw == nil || string(raw) == "null":
 	case json.Unmarshal(raw, &s) == nil:
 		if s == claudeCodeIdentity {
 			return nil, nil
@@ -208,9 +208,9 @@ func claudeCodeSystem(raw json.RawMessage) ([]byte, error) {
 
 // codexInstructions is a codex body's instructions (SPEC §6.2): nil to keep
 // the caller's, else its system and developer items' text, else the default.
-func codexInstructions(o rawObject) []byte {
+func codexInstructions(instructions, input json.RawMessage) []byte {
 	var own string
-	if json.Unmarshal(o.value("instructions"), &own) == nil && strings.TrimSpace(own) != "" {
+	if json.Unmarshal(instructions, &own) == nil && strings.TrimSpace(own) != "" {
 		return nil
 	}
 	var items []struct {
@@ -218,7 +218,7 @@ func codexInstructions(o rawObject) []byte {
 		Content json.RawMessage `json:"content"`
 	}
 	var texts []string
-	if json.Unmarshal(o.value("input"), &items) != nil {
+	if json.Unmarshal(input, &items) != nil {
 		items = nil // anything but an array of objects has none
 	}
 	for _, it := range items {

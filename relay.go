@@ -9,12 +9,10 @@ import (
 	"strconv"
 )
 
-// By LAYOUT.md what this file holds belongs elsewhere; it waits here until
-// those files settle (another helper is rewriting them): the usage reader,
-// the stream watcher per protocol and streamCut go to formats.go, where one
-// reader per protocol serves translation and passthrough alike; the stream
-// answer (commit, keep-alive, the in-band error after commit), the
-// translated relay and the answer's headers go to dispatch.go.
+// By LAYOUT.md this file's parts belong to files another helper is
+// rewriting; they wait here: the usage reader, the stream watcher per
+// protocol and streamCut go to formats.go (one reader per protocol for
+// translation and passthrough alike), the count_tokens estimate to messages.go.
 
 // passthroughUsage holds the usage members of all three formats (flat: the
 // wire types embedded cost an allocation per event).
