@@ -302,7 +302,7 @@ func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate) 
 		case !b.rotate || ref == nil: // a transport failure or cut body is potentially billable
 		case ref.class == refusalAuth:
 			wk.auth = true
-			if (c.cred.AccessToken == "" || wk.refreshed[sub.ID]) && !e.credentialReplaced(*sub, c.cred) {
+			if (c.cred.AccessToken == "" || slices.Contains(wk.refreshed, sub.ID)) && !e.credentialReplaced(*sub, c.cred) {
 				e.ledger.setCredential(sub.ID, p.id, credNeedsReauth, ref.sentence)
 				wk.note(sub.ID, "authentication refused: "+ref.sentence)
 				continue

@@ -34,7 +34,7 @@ type walk struct {
 	rejectedStatus     int      // (selectors) the last 400, 404, 413 or 422 (SPEC §7.2.5 e)
 	refreshTransport   *apiError
 	earliestBlockEnd   time.Time
-	refreshed, skipped map[string]bool  // grants refreshed in this request; those whose refresh failed (SPEC §7.2.3)
+	refreshed, skipped []string         // grants refreshed in this request; those whose refresh failed (SPEC §7.2.3)
 	last               *providerRefusal // the last call's refusal (the probe records a 401 or 403)
 	route              string           // (selectors) the candidate being walked, which every note names (SPEC §7.3)
 }
@@ -144,15 +144,12 @@ func (e *engine) subscriptionCredential(ctx context.Context, sub overlayItem, re
 		return upstreamCredential{}, err
 	case vc.OAuth == nil:
 		return e.sendable(sub, upstreamCredential{APIKey: vc.APIKey})
-	case wk.skipped[sub.ID]: // a later candidate of the same provider walks this pool again
+	case slices.Contains(wk.skipped, sub.ID): // a later candidate of the same provider walks this pool again
 		return upstreamCredential{}, errSkipSubscription
 	}
 	g := *vc.OAuth
-	if refusedToken != "" || (expiredForRequest(g, e.now()) && !wk.refreshed[sub.ID]) {
-		if wk.refreshed == nil {
-			wk.refreshed = map[string]bool{}
-		}
-		wk.refreshed[sub.ID] = true
+	if refusedToken != "" || (expiredForRequest(g, e.now()) && !slices.Contains(wk.refreshed, sub.ID)) {
+		wk.refreshed = append(wk.refreshed, sub.ID)
 		ng, err := e.oauth.refresh(ctx, sub.ID, sub.Provider, refusedToken)
 		var re *endpointError
 		switch {
@@ -168,10 +165,7 @@ func (e *engine) subscriptionCredential(ctx context.Context, sub overlayItem, re
 		}
 		if err != nil {
 			wk.note(sub.ID, "grant refresh failed: "+redact(err.Error()))
-			if wk.skipped == nil {
-				wk.skipped = map[string]bool{}
-			}
-			wk.skipped[sub.ID] = true
+			wk.skipped = append(wk.skipped, sub.ID)
 			return upstreamCredential{}, errSkipSubscription
 		}
 		g = ng
@@ -257,14 +251,10 @@ func (e *engine) blockFor(sub overlayItem, provider string, ref *providerRefusal
 	}
 	until := now.Add(min(d, maxBlock))
 	e.ledger.block(sub.ID, provider, until, ref.sentence)
-	e.wk.noteBlock(until)
-	if ref.class == refusalRate {
-		e.wk.rate = true
-		e.wk.note(sub.ID, "rate limited: "+ref.sentence)
-	} else {
-		e.wk.quota = true
-		e.wk.note(sub.ID, "quota exhausted: "+ref.sentence)
-	}
+	wk, rate := &e.wk, ref.class == refusalRate
+	wk.noteBlock(until)
+	wk.rate, wk.quota = wk.rate || rate, wk.quota || !rate
+	wk.note(sub.ID, map[bool]string{true: "rate limited: ", false: "quota exhausted: "}[rate]+ref.sentence)
 }
 
 // candidates lists the routes a selector or best walks, in order (SPEC
