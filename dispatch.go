@@ -1,9 +1,11 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"slices"
@@ -12,11 +14,12 @@ import (
 	"time"
 )
 
-// The attempt engine (SPEC §7): plan checks a request before dispatch;
-// attemptCandidate is the one loop over a candidate's key or pool; send
-// makes the one call; commit is the one abort after commit; settle records
-// spend once; count_tokens and embeddings go through it. The credential
-// pool, the selectors and the probe are pool.go's.
+// The attempt engine (SPEC §7): plan checks a request before dispatch; the
+// budget table bounds each candidate; attemptCandidate is the one loop over
+// a direct key or a subscription pool, walkSelector the one walk over a
+// selector's candidates; send makes and counts the one call; commit is the
+// one abort after commit; settle records spend once. count_tokens,
+// embeddings and the probe go through the same loop.
 
 // routeKind is what the budget table is keyed by.
 type routeKind int
@@ -87,13 +90,6 @@ type job struct {
 	commit func(ctx context.Context, cand *candidate, c call, sub *overlayItem, resp *http.Response, attempts int) (u usage, failure *apiError, streamed bool)
 }
 
-// call is one planned provider call: where, with what, as which model.
-type call struct {
-	res     resolution
-	baseURL string
-	cred    upstreamCredential
-}
-
 // plan resolves a request's head and makes every check before dispatch but
 // §6.4's output limit: allowlist, model, who pays, direct key.
 func (e *engine) plan(cl client, agent string, req *chatRequest) (call, error) {
@@ -105,15 +101,15 @@ func (e *engine) plan(cl client, agent string, req *chatRequest) (call, error) {
 	if err != nil {
 		return call{}, err
 	}
-	c, p := call{res: res, baseURL: res.BaseURL}, res.Provider
+	c := call{res: res, baseURL: res.BaseURL}
 	switch {
 	case res.Mode != modeDirect && res.Mode != modeAlias:
 		if agent == "" {
 			err = refuse("forbidden", "this route is paid by an agent's subscriptions; use a bearer bound to an agent: brama clients add ID -agent AGENT")
 		}
-	case p.cred == credDirect:
-		if c.cred.APIKey, err = e.directCredential(p.id); err == nil {
-			c.baseURL, err = e.baseURL(p)
+	case res.Provider.cred == credDirect:
+		if c.cred.APIKey, err = e.directCredential(res.Provider.id); err == nil {
+			c.baseURL, err = e.baseURL(res.Provider)
 		}
 	}
 	return c, err
@@ -134,8 +130,16 @@ func (e *engine) planChat(cl client, req *callerRequest) (c call, cands []resolu
 	if c, err = e.plan(cl, e.agent, &req.head); err != nil {
 		return c, nil, err
 	}
-	if err = checkFallbacks(cl, c.res, req.body.value("models")); err != nil {
-		return c, nil, err
+	if models := req.body.value("models"); cl.AllowedModels != nil && c.res.Provider.id == "openrouter" && models != nil {
+		var names []string // OpenRouter's fallbacks: the allowlist holds for each (SPEC §3.1)
+		if json.Unmarshal(models, &names) != nil {
+			return c, nil, refuse("forbidden", "this client may not use models: it must be a list of model names")
+		}
+		for _, m := range names {
+			if !cl.mayUse("openrouter/" + m) {
+				return c, nil, refuse("forbidden", "this client may not use model %q (named in models)", "openrouter/"+m)
+			}
+		}
 	}
 	targets := []resolution{c.res}
 	switch c.res.Mode {
@@ -149,24 +153,6 @@ func (e *engine) planChat(cl client, req *callerRequest) (c call, cands []resolu
 		err = req.parseForTranslation()
 	}
 	return c, cands, err
-}
-
-// checkFallbacks applies allowed_models to OpenRouter's `models`, the
-// models it may call in place of the one named (SPEC §3.1).
-func checkFallbacks(cl client, res resolution, models json.RawMessage) error {
-	if cl.AllowedModels == nil || res.Provider.id != "openrouter" || models == nil {
-		return nil
-	}
-	var names []string
-	if json.Unmarshal(models, &names) != nil {
-		return refuse("forbidden", "this client may not use models: it must be a list of model names")
-	}
-	for _, m := range names {
-		if route := "openrouter/" + m; !cl.mayUse(route) {
-			return refuse("forbidden", "this client may not use model %q (named in models)", route)
-		}
-	}
-	return nil
 }
 
 // applyMaxTokens is SPEC §6.4's rule: the caller's limit, else the model's,
@@ -207,26 +193,26 @@ var testingOnlyBeforeCall func(context.Context)
 // send makes one provider call, the one place an attempt is counted: a 2xx
 // with its body unread, else the failure (and a whole non-2xx's refusal);
 // a refusal's plan windows reach sub's ledger as an answer's do (SPEC §6.3).
-func (e *engine) send(httpReq *http.Request, c call, sub *overlayItem) (*http.Response, *providerRefusal, *apiError) {
+func (e *engine) send(hr *http.Request, c call, sub *overlayItem) (*http.Response, *providerRefusal, *apiError) {
 	p := c.res.Provider
 	if testingOnlyBeforeCall != nil {
-		testingOnlyBeforeCall(httpReq.Context())
+		testingOnlyBeforeCall(hr.Context())
 	}
-	if err := httpReq.Context().Err(); err != nil { // the caller hung up since the last call: none is sent
+	if err := hr.Context().Err(); err != nil { // the caller hung up since the last call: none is sent
 		return nil, nil, classifyTransport(err)
 	}
-	for name, vs := range httpReq.Header { // net/http refuses such a value before sending: no call
+	for name, vs := range hr.Header { // net/http refuses such a value before sending: no call
 		if slices.ContainsFunc(vs, func(v string) bool { return controlAt(v) >= 0 }) {
 			return nil, nil, refuse("credential_unauthorized", "the %s header for provider %q would hold a control character (a newline in its credential?); no call was made", name, p.id)
 		}
 	}
 	e.t.attempts++
 	e.attempts.Add(1)
-	resp, err := e.client.Do(httpReq)
+	resp, err := e.client.Do(hr)
 	if err != nil {
 		return nil, nil, classifyTransport(err)
 	}
-	if resp.StatusCode >= 200 && resp.StatusCode <= 299 {
+	if resp.StatusCode/100 == 2 {
 		return resp, nil, nil
 	}
 	if sub != nil {
@@ -262,10 +248,10 @@ func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate) 
 			e.perf.record(cand.res.Route, false, e.now().Sub(begin), 0)
 		}
 	}()
-	baseURL, queue := cand.baseURL, []overlayItem{{}} // a direct route: one call on its key
+	c, queue := call{res: cand.res, baseURL: cand.baseURL}, []overlayItem{{}} // a direct route: one call on its key
 	if cand.key == nil {
 		var err error
-		if baseURL, err = e.baseURL(p); err != nil {
+		if c.baseURL, err = e.baseURL(p); err != nil {
 			return routeAnswered, asAPIError(err)
 		}
 		queue = slices.Clone(cand.pool) // without rotation, the first usable credential makes the one call
@@ -273,30 +259,25 @@ func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate) 
 	for calls := 0; len(queue) > 0 && calls < b.calls; {
 		sub := &queue[0]
 		queue = queue[1:]
-		c := call{res: cand.res, baseURL: baseURL}
 		if cand.key != nil {
 			c.cred, sub = *cand.key, nil
+		} else if until := e.ledger.blockedUntil(sub.ID); b.rotate && !until.IsZero() {
+			wk.blocked = true
+			wk.noteBlock(until)
+			wk.note(sub.ID, "blocked until "+until.UTC().Format(time.RFC3339))
+			continue
+		} else if j.kind != kindProbe && e.ledger.credentialState(sub.ID) != credActive { // marked since the pool was read; the probe may revive it
+			wk.note(sub.ID, "credential refused meanwhile; sign in again")
+			continue
+		} else if cred, err := e.subscriptionCredential(ctx, *sub, ""); errors.Is(err, errSkipSubscription) {
+			continue
+		} else if err != nil {
+			return routeAnswered, asAPIError(err).withAttempts(e.t.attempts)
 		} else {
-			if until := e.ledger.blockedUntil(sub.ID); b.rotate && !until.IsZero() {
-				wk.blocked = true
-				wk.noteBlock(until)
-				wk.note(sub.ID, "blocked until "+until.UTC().Format(time.RFC3339))
-				continue
-			}
-			// Marked by another request since the pool was read; the probe may revive it.
-			if j.kind != kindProbe && e.ledger.credentialState(sub.ID) != credActive {
-				wk.note(sub.ID, "credential refused meanwhile; sign in again")
-				continue
-			}
-			var err error
-			if c.cred, err = e.subscriptionCredential(ctx, *sub, ""); errors.Is(err, errSkipSubscription) {
-				continue
-			} else if err != nil {
-				return routeAnswered, asAPIError(err).withAttempts(e.t.attempts)
-			}
+			c.cred = cred
 		}
 		start := e.now()
-		httpReq, err := j.build(ctx, cand, c)
+		hr, err := j.build(ctx, cand, c)
 		if err != nil { // the request could not be built: nothing was called
 			ae := asAPIError(err)
 			if j.kind == kindSelector && ae.Code == "invalid_request" { // its format cannot express the request (SPEC §7.6)
@@ -308,7 +289,7 @@ func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate) 
 			return routeAnswered, ae
 		}
 		made := e.t.attempts
-		resp, ref, failure := e.send(httpReq, c, sub)
+		resp, ref, failure := e.send(hr, c, sub)
 		calls++
 		if resp != nil {
 			return routeAnswered, e.commit(ctx, j, cand, c, sub, resp, start)
@@ -321,7 +302,7 @@ func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate) 
 		case !b.rotate || ref == nil: // a transport failure or cut body is potentially billable
 		case ref.class == refusalAuth:
 			wk.auth = true
-			if (c.cred.AccessToken == "" || wk.refreshed[sub.ID]) && !e.credentialReplaced(*sub, c.cred) {
+			if (c.cred.AccessToken == "" || slices.Contains(wk.refreshed, sub.ID)) && !e.credentialReplaced(*sub, c.cred) {
 				e.ledger.setCredential(sub.ID, p.id, credNeedsReauth, ref.sentence)
 				wk.note(sub.ID, "authentication refused: "+ref.sentence)
 				continue
@@ -390,11 +371,16 @@ func (e *engine) attemptRoute(ctx context.Context, j *job, c call, req *callerRe
 		cand.model = req.head.Model
 	}
 	if c.res.Mode == modeSubscription {
-		subs, err := e.subscriptionPool(e.agent, c.res)
-		if err != nil {
+		subs, anyPool, err := e.eligible(e.agent, c.res.Provider.id)
+		switch p := c.res.Provider.id; {
+		case err != nil:
 			return asAPIError(err)
+		case !anyPool:
+			return refuse("credential_unauthorized", "no %q subscription for agent %q", p, e.agent).withAttempts(0)
+		case len(subs) == 0:
+			return refuse("subscription_reauthorization_required", "no %q subscription of agent %q has an active credential; sign in again", p, e.agent).withAttempts(0)
 		}
-		cand.key, cand.pool = nil, subs
+		cand.key, cand.pool = nil, e.order(e.agent, c.res.Provider.id, subs)
 	}
 	if out, ae := e.attemptCandidate(ctx, j, cand); out == routeAnswered {
 		return ae
@@ -458,16 +444,28 @@ func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, model strin
 	}
 	switch {
 	case req.head.Stream: // after commit nothing is retried: a failure is written in-band (SPEC §7.5)
-		streamModel, relay := model, relayStream
 		if pass {
-			streamModel, relay = c.res.Model, relayPassthroughStream
+			model = c.res.Model
 		}
 		providerFacts(w.Header(), resp.Header, pass)
-		sa := e.openStreamAnswer(w, req.dialect, tr, streamModel, attempts)
+		sa := openStreamAnswer(w, req.dialect, tr, model, attempts, cmp.Or(e.keepAlive, keepAliveEvery))
 		defer sa.close()
 		var err error
-		if u, err = relay(sa, req, tr, c, resp); err != nil {
-			failure = e.failStream(ctx, sa, c, err, attempts)
+		if pass {
+			pw := &passthroughWatch{protocol: p.protocol, dropUsage: req.addsUsage(p)}
+			err = relayWatched(pw, resp.Body, sa.relay)
+			u = pw.usage
+		} else {
+			u, err = sa.translate(p.protocol, resp.Body)
+		}
+		if err != nil {
+			failure = asAPIError(err).redactedFor(c.cred.bearer()).withAttempts(attempts)
+			if ctx.Err() != nil {
+				failure = refuse("client_cancelled", "the caller hung up during the stream").because(err).withAttempts(attempts)
+			}
+			e.refused(failure, false, true) // before the caller can read it and fall back
+			sa.do(func() error { return sa.cs.fail(failure) })
+			e.log.Warn("stream_failed_after_commit", "request_id", e.t.requestID, "code", failure.Code, "cause", redact(fmt.Sprint(failure.Err), c.cred.bearer()))
 		}
 		return u, failure, true
 	case pass:
@@ -488,35 +486,19 @@ func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, model strin
 	return a.Usage, nil, false
 }
 
-// writeAnswer writes a buffered 200 answer with its attempts.
-func writeAnswer(w http.ResponseWriter, contentType string, attempts int, body []byte) {
-	w.Header().Set("Content-Type", contentType)
-	w.Header().Set("Brama-Attempts", strconv.Itoa(attempts))
-	w.WriteHeader(http.StatusOK)
-	w.Write(body)
-}
-
-// readProviderAnswer reads and closes a committed buffered answer.
-func readProviderAnswer(p providerInfo, req chatRequest, resp *http.Response) (chatAnswer, error) {
-	defer resp.Body.Close()
-	if upstreamStreams(p, req) {
-		return assembleStream(p.protocol, resp.Body)
+// attemptOne serves a route outside chat: one call of kind, answered
+// buffered by commit; a nil refusal is a nil error.
+func (e *engine) attemptOne(ctx context.Context, kind routeKind, c call, build func(context.Context, call) (*http.Request, error), commit func(call, *http.Response, int) (usage, *apiError)) error {
+	j := &job{kind: kind,
+		build: func(ctx context.Context, _ *candidate, c call) (*http.Request, error) { return build(ctx, c) },
+		commit: func(_ context.Context, _ *candidate, c call, _ *overlayItem, resp *http.Response, attempts int) (usage, *apiError, bool) {
+			u, ae := commit(c, resp, attempts)
+			return u, ae, false
+		}}
+	if ae := e.attemptRoute(ctx, j, c, nil); ae != nil {
+		return ae
 	}
-	body, err := readWhole(p, resp)
-	if err != nil {
-		return chatAnswer{}, err
-	}
-	return decodeUpstreamAnswer(p.protocol, body)
-}
-
-// readWhole reads a committed answer's body, or SPEC §8.2's refusal of one
-// cut mid-body.
-func readWhole(p providerInfo, resp *http.Response) ([]byte, error) {
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, refuse("provider_incomplete", "provider %q answer was cut after %d bytes", p.id, len(body)).because(err)
-	}
-	return body, nil
+	return nil
 }
 
 // countTokens answers POST /v1/messages/count_tokens (SPEC §15): the
@@ -547,67 +529,6 @@ func (e *engine) countTokens(ctx context.Context, w http.ResponseWriter, req *ca
 		writeJSON(w, http.StatusOK, ans)
 		return usage{}, nil
 	})
-}
-
-// attemptOne serves a route outside chat: one call of kind, answered
-// buffered by commit; a nil refusal is a nil error.
-func (e *engine) attemptOne(ctx context.Context, kind routeKind, c call, build func(context.Context, call) (*http.Request, error), commit func(call, *http.Response, int) (usage, *apiError)) error {
-	j := &job{kind: kind,
-		build: func(ctx context.Context, _ *candidate, c call) (*http.Request, error) { return build(ctx, c) },
-		commit: func(_ context.Context, _ *candidate, c call, _ *overlayItem, resp *http.Response, attempts int) (usage, *apiError, bool) {
-			u, ae := commit(c, resp, attempts)
-			return u, ae, false
-		}}
-	if ae := e.attemptRoute(ctx, j, c, nil); ae != nil {
-		return ae
-	}
-	return nil
-}
-
-// countTokensAnswer is the body of every count_tokens answer.
-type countTokensAnswer struct {
-	InputTokens *int `json:"input_tokens"`
-}
-
-// estimateInputTokens is SPEC §15's local estimate: the bytes of the system
-// text, every text part, tool_use input and tool_result content, and the
-// tools as sent, ÷ 4 rounded up.
-func estimateInputTokens(o rawObject) int {
-	type block struct {
-		Type, Text     string
-		Input, Content json.RawMessage
-	}
-	var textOf func(raw json.RawMessage) int
-	textOf = func(raw json.RawMessage) int { // a string, or blocks
-		var s string
-		if json.Unmarshal(raw, &s) == nil {
-			return len(s)
-		}
-		var blocks []block
-		json.Unmarshal(raw, &blocks)
-		n := 0
-		for _, b := range blocks {
-			switch b.Type {
-			case "text":
-				n += len(b.Text)
-			case "tool_use":
-				n += len(b.Input)
-			case "tool_result":
-				n += textOf(b.Content)
-			}
-		}
-		return n
-	}
-	n := textOf(o.value("system"))
-	var msgs []block // only their content counts
-	json.Unmarshal(o.value("messages"), &msgs)
-	for _, m := range msgs {
-		n += textOf(m.Content)
-	}
-	if t := o.value("tools"); !rawIsNull(t) {
-		n += len(t)
-	}
-	return (n + 3) / 4
 }
 
 // serveEmbeddings makes the one call of POST /v1/embeddings (SPEC §15) on a

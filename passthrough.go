@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
 )
 
 // Native first (SPEC §7.6): a same-format call sends the caller's body as
@@ -297,7 +299,7 @@ func buildPassthroughRequest(ctx context.Context, c call, cr *callerRequest) (*h
 	}
 	if p.id == "codex" { // SPEC §6.2: always streamed, never stored, never an output limit
 		edits = append(edits, memberEdit{"stream", []byte("true")}, memberEdit{"store", []byte("false")}, memberEdit{"max_output_tokens", nil})
-		if ins := codexInstructions(cr.body); ins != nil {
+		if ins := codexInstructions(cr.body.value("instructions"), cr.body.value("input")); ins != nil {
 			edits = append(edits, memberEdit{"instructions", ins})
 		}
 	}
@@ -345,69 +347,6 @@ func (cr *callerRequest) addsUsage(p providerInfo) bool {
 func (cr *callerRequest) asksUsage() bool {
 	o, _ := splitRaw(cr.body.value("stream_options"), '{', nil)
 	return string(o.value("include_usage")) == "true"
-}
-
-// claudeCodeSystem is OAuth traffic's system: the Claude Code identity, then
-// the caller's blocks byte for byte (cache_control); nil if already so.
-func claudeCodeSystem(raw json.RawMessage) ([]byte, error) {
-	blocks, _ := json.Marshal([]map[string]string{{"type": "text", "text": claudeCodeIdentity}})
-	var s string
-	var own []struct{ Type, Text string }
-	switch {
-	case rawIsNull(raw):
-	case json.Unmarshal(raw, &s) == nil:
-		if s == claudeCodeIdentity {
-			return nil, nil
-		}
-		if s != "" {
-			blocks, _ = json.Marshal([]map[string]string{{"type": "text", "text": claudeCodeIdentity}, {"type": "text", "text": s}})
-		}
-	case json.Unmarshal(raw, &own) == nil:
-		if len(own) > 0 && own[0].Type == "text" && own[0].Text == claudeCodeIdentity {
-			return nil, nil
-		}
-		if inner := bytes.TrimSpace(raw); len(own) > 0 {
-			blocks = append(append(blocks[:len(blocks)-1:len(blocks)-1], ','), inner[1:]...)
-		}
-	default:
-		return nil, refuse("invalid_request", "system must be a string or an array of content blocks")
-	}
-	return blocks, nil
-}
-
-// codexInstructions is a codex body's instructions (SPEC §6.2): nil to keep
-// the caller's, else its system and developer items' text, else the default.
-func codexInstructions(o rawObject) []byte {
-	var own string
-	if json.Unmarshal(o.value("instructions"), &own) == nil && strings.TrimSpace(own) != "" {
-		return nil
-	}
-	var items []struct {
-		Role    string          `json:"role"`
-		Content json.RawMessage `json:"content"`
-	}
-	var texts []string
-	if json.Unmarshal(o.value("input"), &items) != nil {
-		items = nil // anything but an array of objects has none
-	}
-	for _, it := range items {
-		var s string
-		var parts []struct {
-			Text string `json:"text"`
-		}
-		switch {
-		case it.Role != "system" && it.Role != "developer":
-		case json.Unmarshal(it.Content, &s) == nil:
-			texts = append(texts, s)
-		default:
-			json.Unmarshal(it.Content, &parts)
-			for _, p := range parts {
-				texts = append(texts, p.Text)
-			}
-		}
-	}
-	b, _ := json.Marshal(cmp.Or(strings.TrimSpace(strings.Join(texts, "\n\n")), codexDefaultInstructions))
-	return b
 }
 
 // relayBuffered answers a buffered passthrough call with the provider's
@@ -458,25 +397,17 @@ func assembledResponse(pw *passthroughWatch) []byte {
 	return o.edit(memberEdit{"output", append(append([]byte("["), bytes.Join(items, []byte(","))...), ']')})
 }
 
-// relayPassthroughStream relays a committed stream event by event as
-// received (SPEC §7.6).
-func relayPassthroughStream(sa *streamAnswer, cr *callerRequest, _ chatRequest, c call, resp *http.Response) (usage, error) {
-	pw := &passthroughWatch{protocol: c.res.Provider.protocol, dropUsage: cr.addsUsage(c.res.Provider)}
-	err := relayWatched(pw, resp.Body, sa)
-	return pw.usage, err
-}
-
 // relayWatched reads a committed stream through pw, relaying each event to
-// sa (nil: a buffered caller); a chat stream ended without [DONE] gets it.
-func relayWatched(pw *passthroughWatch, body io.Reader, sa *streamAnswer) error {
+// emit (nil: a buffered caller); a chat stream ended without [DONE] gets it.
+func relayWatched(pw *passthroughWatch, body io.Reader, emit func(event []byte, flush bool) error) error {
 	rd := newSSEReader(body, "\n")
 	for {
 		raw, event, data, err := rd.next()
 		switch {
 		case err != nil && !pw.finished:
 			return streamCut(err)
-		case err != nil && sa != nil && pw.protocol == protoOpenAIChat && !pw.sawDone:
-			return sa.relay([]byte("data: [DONE]\n\n"), false)
+		case err != nil && emit != nil && pw.protocol == protoOpenAIChat && !pw.sawDone:
+			return emit([]byte("data: [DONE]\n\n"), false)
 		case err != nil:
 			return nil
 		}
@@ -484,11 +415,157 @@ func relayWatched(pw *passthroughWatch, body io.Reader, sa *streamAnswer) error 
 		if !relay {
 			raw = nil
 		}
-		if err == nil && sa != nil { // flush if the next read may wait on the provider
-			err = sa.relay(raw, !end && !rd.ready())
+		if err == nil && emit != nil { // flush if the next read may wait on the provider
+			err = emit(raw, !end && !rd.ready())
 		}
 		if err != nil || end {
 			return err
 		}
 	}
+}
+
+// call is one planned provider call: where, with what, as which model.
+type call struct {
+	res     resolution
+	baseURL string
+	cred    upstreamCredential
+}
+
+// writeAnswer writes a buffered 200 answer with its attempts.
+func writeAnswer(w http.ResponseWriter, contentType string, attempts int, body []byte) {
+	w.Header().Set("Content-Type", contentType)
+	w.Header().Set("Brama-Attempts", strconv.Itoa(attempts))
+	w.WriteHeader(http.StatusOK)
+	w.Write(body)
+}
+
+// readProviderAnswer reads and closes a committed buffered answer.
+func readProviderAnswer(p providerInfo, req chatRequest, resp *http.Response) (chatAnswer, error) {
+	defer resp.Body.Close()
+	if upstreamStreams(p, req) {
+		return assembleStream(p.protocol, resp.Body)
+	}
+	body, err := readWhole(p, resp)
+	if err != nil {
+		return chatAnswer{}, err
+	}
+	return decodeUpstreamAnswer(p.protocol, body)
+}
+
+// readWhole reads a committed answer's body, or SPEC §8.2's refusal of one
+// cut mid-body.
+func readWhole(p providerInfo, resp *http.Response) ([]byte, error) {
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, refuse("provider_incomplete", "provider %q answer was cut after %d bytes", p.id, len(body)).because(err)
+	}
+	return body, nil
+}
+
+// providerFacts gives the caller what SPEC §17 lets a provider's answer
+// tell: its request id as request-id (X-Request-Id is Brama's own) and, for
+// a same-format answer, its rate-limit headers as received; nothing else
+// (no cookie, nothing naming the provider account).
+func providerFacts(h, provider http.Header, same bool) {
+	if id := cmp.Or(provider.Get("Request-Id"), provider.Get("X-Request-Id")); id != "" {
+		h.Set("Request-Id", id)
+	}
+	for name, vs := range provider {
+		if same && (name == "Retry-After" || strings.HasPrefix(name, "Anthropic-Ratelimit-") || strings.HasPrefix(name, "X-Ratelimit-")) {
+			h[name] = vs
+		}
+	}
+}
+
+// keepAliveEvery is how long a stream may be silent before Brama writes an
+// SSE comment (SPEC §7.5). It writes; it never cuts.
+const keepAliveEvery = 15 * time.Second
+
+// streamAnswer is the caller side of a committed stream: one lock for the
+// relay and the keep-alive timer, and the dialect's writer (SPEC §7.5).
+type streamAnswer struct {
+	mu        sync.Mutex // guards cs, w, unflushed and ended
+	w         io.Writer
+	flush     func()
+	cs        *callerStream
+	unflushed bool // relay wrote bytes not yet flushed
+	ended     bool
+	every     time.Duration
+	timer     *time.Timer
+}
+
+// openStreamAnswer sends the 200 and starts the keep-alive timer, a
+// comment after every silence of every; model is what the dialect's events
+// report, req's tools name translated calls.
+func openStreamAnswer(w http.ResponseWriter, dialect string, req chatRequest, model string, attempts int, every time.Duration) *streamAnswer {
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("X-Accel-Buffering", "no")
+	h.Set("Brama-Attempts", strconv.Itoa(attempts))
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	flush := func() { rc.Flush() }
+	flush() // committed: the caller has its 200 now, however long the provider stays silent
+	sa := &streamAnswer{w: w, flush: flush, cs: newCallerStream(dialect, req, w, flush, model), every: every}
+	sa.mu.Lock() // the timer's first run reads sa.timer, under mu
+	defer sa.mu.Unlock()
+	sa.timer = time.AfterFunc(sa.every, func() { sa.do(sa.cs.keepAlive) })
+	return sa
+}
+
+// do runs f under the lock, unless closed, and restarts the silence timer.
+func (sa *streamAnswer) do(f func() error) error {
+	sa.mu.Lock()
+	defer sa.mu.Unlock()
+	if sa.ended {
+		return nil
+	}
+	sa.timer.Reset(sa.every)
+	return f()
+}
+
+// relay writes one event (nil: none) and, when the relay may wait next,
+// flushes what was written (SPEC §7.5) and restarts the silence timer; not
+// per event: a timer reset per event costs CPU.
+func (sa *streamAnswer) relay(b []byte, flush bool) error {
+	sa.mu.Lock()
+	defer sa.mu.Unlock()
+	if sa.ended {
+		return nil
+	}
+	_, err := sa.w.Write(b)
+	sa.unflushed = sa.unflushed || len(b) > 0
+	if flush && sa.unflushed {
+		sa.flush()
+		sa.unflushed = false
+		sa.timer.Reset(sa.every)
+	}
+	return err
+}
+
+// close stops the timer: nothing more is written.
+func (sa *streamAnswer) close() {
+	sa.mu.Lock()
+	defer sa.mu.Unlock()
+	sa.ended = true
+	sa.timer.Stop()
+}
+
+// translate relays a committed stream of protocol translated to the
+// caller's dialect.
+func (sa *streamAnswer) translate(protocol string, body io.Reader) (usage, error) {
+	var u usage
+	err := sa.do(sa.cs.start)
+	if err == nil {
+		err = readUpstreamStream(protocol, body, func(ev streamEvent) error {
+			if ev.Kind == eventUsage {
+				u = ev.Usage
+			}
+			return sa.do(func() error { return sa.cs.event(ev) })
+		})
+	}
+	if err == nil {
+		err = sa.do(sa.cs.finish)
+	}
+	return u, err
 }

@@ -25,27 +25,18 @@ const (
 	probeMaxTokens = 16
 )
 
-// pin is the subscription that last served an agent's provider, until its
-// earliest window reset (at most 24 h); the engine's pins, memory only.
-type pin struct {
-	id    string
-	until time.Time
-}
-
 // walk is a request's account of its calls and skips, from which an
 // exhausted walk's one refusal is chosen (SPEC §7.2.5).
 type walk struct {
-	reasons          []string // "<subscription id or route>: <reason>"
-	rate, quota      bool     // a call was refused 429 / for quota
-	auth             bool     // a call was refused 401/403
-	rejectedStatus   int      // (selectors) the last 400, 404, 413 or 422 (SPEC §7.2.5 e)
-	blocked          bool     // a subscription was skipped as blocked
-	refreshTransport *apiError
-	earliestBlockEnd time.Time
-	refreshed        map[string]bool  // grants refreshed in this request
-	skipped          map[string]bool  // grants whose refresh failed: skipped for the rest of the request (SPEC §7.2.3)
-	last             *providerRefusal // the last call's refusal (the probe records a 401 or 403)
-	route            string           // (selectors) the candidate being walked, which every note names (SPEC §7.3)
+	reasons            []string // "<subscription id or route>: <reason>"
+	rate, quota, auth  bool     // a call was refused 429, for quota, 401/403
+	blocked            bool     // a subscription was skipped as blocked
+	rejectedStatus     int      // (selectors) the last 400, 404, 413 or 422 (SPEC §7.2.5 e)
+	refreshTransport   *apiError
+	earliestBlockEnd   time.Time
+	refreshed, skipped []string         // grants refreshed in this request; those whose refresh failed (SPEC §7.2.3)
+	last               *providerRefusal // the last call's refusal (the probe records a 401 or 403)
+	route              string           // (selectors) the candidate being walked, which every note names (SPEC §7.3)
 }
 
 func (wk *walk) note(who, reason string) {
@@ -59,6 +50,13 @@ func (wk *walk) noteBlock(until time.Time) {
 	if wk.earliestBlockEnd.IsZero() || until.Before(wk.earliestBlockEnd) {
 		wk.earliestBlockEnd = until
 	}
+}
+
+// pin is the subscription that last served an agent's provider, until its
+// earliest window reset (at most 24 h); the engine's pins, memory only.
+type pin struct {
+	id    string
+	until time.Time
 }
 
 // exhausted is the one refusal of a walk without success (SPEC §7.2.5).
@@ -146,15 +144,12 @@ func (e *engine) subscriptionCredential(ctx context.Context, sub overlayItem, re
 		return upstreamCredential{}, err
 	case vc.OAuth == nil:
 		return e.sendable(sub, upstreamCredential{APIKey: vc.APIKey})
-	case wk.skipped[sub.ID]: // a later candidate of the same provider walks this pool again
+	case slices.Contains(wk.skipped, sub.ID): // a later candidate of the same provider walks this pool again
 		return upstreamCredential{}, errSkipSubscription
 	}
 	g := *vc.OAuth
-	if refusedToken != "" || (expiredForRequest(g, e.now()) && !wk.refreshed[sub.ID]) {
-		if wk.refreshed == nil {
-			wk.refreshed = map[string]bool{}
-		}
-		wk.refreshed[sub.ID] = true
+	if refusedToken != "" || (expiredForRequest(g, e.now()) && !slices.Contains(wk.refreshed, sub.ID)) {
+		wk.refreshed = append(wk.refreshed, sub.ID)
 		ng, err := e.oauth.refresh(ctx, sub.ID, sub.Provider, refusedToken)
 		var re *endpointError
 		switch {
@@ -170,10 +165,7 @@ func (e *engine) subscriptionCredential(ctx context.Context, sub overlayItem, re
 		}
 		if err != nil {
 			wk.note(sub.ID, "grant refresh failed: "+redact(err.Error()))
-			if wk.skipped == nil {
-				wk.skipped = map[string]bool{}
-			}
-			wk.skipped[sub.ID] = true
+			wk.skipped = append(wk.skipped, sub.ID)
 			return upstreamCredential{}, errSkipSubscription
 		}
 		g = ng
@@ -259,30 +251,10 @@ func (e *engine) blockFor(sub overlayItem, provider string, ref *providerRefusal
 	}
 	until := now.Add(min(d, maxBlock))
 	e.ledger.block(sub.ID, provider, until, ref.sentence)
-	e.wk.noteBlock(until)
-	if ref.class == refusalRate {
-		e.wk.rate = true
-		e.wk.note(sub.ID, "rate limited: "+ref.sentence)
-	} else {
-		e.wk.quota = true
-		e.wk.note(sub.ID, "quota exhausted: "+ref.sentence)
-	}
-}
-
-// subscriptionPool is a subscription route's ordered eligible pool, or the
-// refusal at attempts 0 (SPEC §7.2.1).
-func (e *engine) subscriptionPool(agent string, res resolution) ([]overlayItem, error) {
-	p := res.Provider.id
-	subs, anyPool, err := e.eligible(agent, p)
-	switch {
-	case err != nil:
-		return nil, err
-	case !anyPool:
-		return nil, refuse("credential_unauthorized", "no %q subscription for agent %q", p, agent).withAttempts(0)
-	case len(subs) == 0:
-		return nil, refuse("subscription_reauthorization_required", "no %q subscription of agent %q has an active credential; sign in again", p, agent).withAttempts(0)
-	}
-	return e.order(agent, p, subs), nil
+	wk, rate := &e.wk, ref.class == refusalRate
+	wk.noteBlock(until)
+	wk.rate, wk.quota = wk.rate || rate, wk.quota || !rate
+	wk.note(sub.ID, map[bool]string{true: "rate limited: ", false: "quota exhausted: "}[rate]+ref.sentence)
 }
 
 // candidates lists the routes a selector or best walks, in order (SPEC
@@ -400,15 +372,6 @@ func (e *engine) walkSelector(ctx context.Context, j *job, req *callerRequest, c
 		return refuse("subscription_reauthorization_required", "agent %q has subscriptions but none has an active credential; sign in again", e.agent).withAttempts(0)
 	}
 	return refuse("credential_unauthorized", "no subscription model can serve agent %q", e.agent).withAttempts(0)
-}
-
-// probeModels is SPEC §11.3's built-in probe model per provider.
-var probeModels = map[string]string{
-	"claude-code": "claude-haiku-4-5",
-	"anthropic":   "claude-haiku-4-5",
-	"codex":       "gpt-5.3-codex-spark",
-	"kimi":        "kimi-for-coding",
-	"deepseek":    "deepseek-chat",
 }
 
 // probeOutcome answers POST …/probe: the probe recorded and the row after it.

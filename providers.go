@@ -169,6 +169,78 @@ const claudeCodeIdentity = "You are Claude Code, Anthropic's official CLI for Cl
 // backend refuses a request without instructions (SPEC §6.2).
 const codexDefaultInstructions = "You are a helpful assistant."
 
+// probeModels is SPEC §11.3's built-in probe model per provider.
+var probeModels = map[string]string{
+	"claude-code": "claude-haiku-4-5",
+	"anthropic":   "claude-haiku-4-5",
+	"codex":       "gpt-5.3-codex-spark",
+	"kimi":        "kimi-for-coding",
+	"deepseek":    "deepseek-chat",
+}
+
+// claudeCodeSystem is OAuth traffic's system: the Claude Code identity, then
+// the caller's blocks byte for byte (cache_control); nil if already so.
+func claudeCodeSystem(raw json.RawMessage) ([]byte, error) {
+	blocks, _ := json.Marshal([]map[string]string{{"type": "text", "text": claudeCodeIdentity}})
+	var s string
+	var own []struct{ Type, Text string }
+	switch {
+	case raw == nil || string(raw) == "null":
+	case json.Unmarshal(raw, &s) == nil:
+		if s == claudeCodeIdentity {
+			return nil, nil
+		}
+		if s != "" {
+			blocks, _ = json.Marshal([]map[string]string{{"type": "text", "text": claudeCodeIdentity}, {"type": "text", "text": s}})
+		}
+	case json.Unmarshal(raw, &own) == nil:
+		if len(own) > 0 && own[0].Type == "text" && own[0].Text == claudeCodeIdentity {
+			return nil, nil
+		}
+		if inner := bytes.TrimSpace(raw); len(own) > 0 {
+			blocks = append(append(blocks[:len(blocks)-1:len(blocks)-1], ','), inner[1:]...)
+		}
+	default:
+		return nil, refuse("invalid_request", "system must be a string or an array of content blocks")
+	}
+	return blocks, nil
+}
+
+// codexInstructions is a codex body's instructions (SPEC §6.2): nil to keep
+// the caller's, else its system and developer items' text, else the default.
+func codexInstructions(instructions, input json.RawMessage) []byte {
+	var own string
+	if json.Unmarshal(instructions, &own) == nil && strings.TrimSpace(own) != "" {
+		return nil
+	}
+	var items []struct {
+		Role    string          `json:"role"`
+		Content json.RawMessage `json:"content"`
+	}
+	var texts []string
+	if json.Unmarshal(input, &items) != nil {
+		items = nil // anything but an array of objects has none
+	}
+	for _, it := range items {
+		var s string
+		var parts []struct {
+			Text string `json:"text"`
+		}
+		switch {
+		case it.Role != "system" && it.Role != "developer":
+		case json.Unmarshal(it.Content, &s) == nil:
+			texts = append(texts, s)
+		default:
+			json.Unmarshal(it.Content, &parts)
+			for _, p := range parts {
+				texts = append(texts, p.Text)
+			}
+		}
+	}
+	b, _ := json.Marshal(cmp.Or(strings.TrimSpace(strings.Join(texts, "\n\n")), codexDefaultInstructions))
+	return b
+}
+
 // upstreamStreams reports whether the call to p streams: when the caller
 // asked for a stream, and always for codex, whose backend only streams.
 func upstreamStreams(p providerInfo, req chatRequest) bool {

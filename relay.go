@@ -3,24 +3,16 @@ package main
 import (
 	"bytes"
 	"cmp"
-	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
-	"net/http"
 	"strconv"
-	"strings"
-	"sync"
-	"time"
 )
 
-// By LAYOUT.md what this file holds belongs elsewhere; it waits here until
-// those files settle (another helper is rewriting them): the usage reader,
-// the stream watcher per protocol and streamCut go to formats.go, where one
-// reader per protocol serves translation and passthrough alike; the stream
-// answer (commit, keep-alive, the in-band error after commit), the
-// translated relay and the answer's headers go to dispatch.go.
+// By LAYOUT.md this file's parts belong to files another helper is
+// rewriting; they wait here: the usage reader, the stream watcher per
+// protocol and streamCut go to formats.go (one reader per protocol for
+// translation and passthrough alike), the count_tokens estimate to messages.go.
 
 // passthroughUsage holds the usage members of all three formats (flat: the
 // wire types embedded cost an allocation per event).
@@ -224,121 +216,48 @@ func streamCut(err error) *apiError {
 		cleanQuoted(err.Error(), "", 300)).because(err)
 }
 
-// providerFacts gives the caller what SPEC §17 lets a provider's answer
-// tell: its request id as request-id (X-Request-Id is Brama's own) and, for
-// a same-format answer, its rate-limit headers as received; nothing else
-// (no cookie, nothing naming the provider account).
-func providerFacts(h, provider http.Header, same bool) {
-	if id := cmp.Or(provider.Get("Request-Id"), provider.Get("X-Request-Id")); id != "" {
-		h.Set("Request-Id", id)
+// countTokensAnswer is the body of every count_tokens answer.
+type countTokensAnswer struct {
+	InputTokens *int `json:"input_tokens"`
+}
+
+// estimateInputTokens is SPEC §15's local estimate: the bytes of the system
+// text, every text part, tool_use input and tool_result content, and the
+// tools as sent, ÷ 4 rounded up.
+func estimateInputTokens(o rawObject) int {
+	type block struct {
+		Type, Text     string
+		Input, Content json.RawMessage
 	}
-	for name, vs := range provider {
-		if same && (name == "Retry-After" || strings.HasPrefix(name, "Anthropic-Ratelimit-") || strings.HasPrefix(name, "X-Ratelimit-")) {
-			h[name] = vs
+	var textOf func(raw json.RawMessage) int
+	textOf = func(raw json.RawMessage) int { // a string, or blocks
+		var s string
+		if json.Unmarshal(raw, &s) == nil {
+			return len(s)
 		}
-	}
-}
-
-// keepAliveEvery is how long a stream may be silent before Brama writes an
-// SSE comment (SPEC §7.5). It writes; it never cuts.
-const keepAliveEvery = 15 * time.Second
-
-// streamAnswer is the caller side of a committed stream: one lock for the
-// relay and the keep-alive timer, and the dialect's writer (SPEC §7.5).
-type streamAnswer struct {
-	mu        sync.Mutex // guards cs, w, unflushed and ended
-	w         io.Writer
-	flush     func()
-	cs        *callerStream
-	unflushed bool // relay wrote bytes not yet flushed
-	ended     bool
-	every     time.Duration
-	timer     *time.Timer
-}
-
-// openStreamAnswer sends the 200 and starts the keep-alive timer; model is
-// what the dialect's events report, req's tools name translated calls.
-func (e *engine) openStreamAnswer(w http.ResponseWriter, dialect string, req chatRequest, model string, attempts int) *streamAnswer {
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("X-Accel-Buffering", "no")
-	h.Set("Brama-Attempts", strconv.Itoa(attempts))
-	w.WriteHeader(http.StatusOK)
-	rc := http.NewResponseController(w)
-	flush := func() { rc.Flush() }
-	flush() // committed: the caller has its 200 now, however long the provider stays silent
-	sa := &streamAnswer{w: w, flush: flush, cs: newCallerStream(dialect, req, w, flush, model), every: cmp.Or(e.keepAlive, keepAliveEvery)}
-	sa.mu.Lock() // the timer's first run reads sa.timer, under mu
-	defer sa.mu.Unlock()
-	sa.timer = time.AfterFunc(sa.every, func() { sa.do(sa.cs.keepAlive) })
-	return sa
-}
-
-// do runs f under the lock, unless closed, and restarts the silence timer.
-func (sa *streamAnswer) do(f func() error) error {
-	sa.mu.Lock()
-	defer sa.mu.Unlock()
-	if sa.ended {
-		return nil
-	}
-	sa.timer.Reset(sa.every)
-	return f()
-}
-
-// relay writes one event (nil: none) and, when the relay may wait next,
-// flushes what was written (SPEC §7.5) and restarts the silence timer; not
-// per event: a timer reset per event costs CPU.
-func (sa *streamAnswer) relay(b []byte, flush bool) error {
-	sa.mu.Lock()
-	defer sa.mu.Unlock()
-	if sa.ended {
-		return nil
-	}
-	_, err := sa.w.Write(b)
-	sa.unflushed = sa.unflushed || len(b) > 0
-	if flush && sa.unflushed {
-		sa.flush()
-		sa.unflushed = false
-		sa.timer.Reset(sa.every)
-	}
-	return err
-}
-
-// close stops the timer: nothing more is written.
-func (sa *streamAnswer) close() {
-	sa.mu.Lock()
-	defer sa.mu.Unlock()
-	sa.ended = true
-	sa.timer.Stop()
-}
-
-// failStream writes and returns the in-band error of a committed stream.
-func (e *engine) failStream(ctx context.Context, sa *streamAnswer, c call, err error, attempts int) *apiError {
-	ae := asAPIError(err).redactedFor(c.cred.bearer()).withAttempts(attempts)
-	if ctx.Err() != nil {
-		ae = refuse("client_cancelled", "the caller hung up during the stream").because(err).withAttempts(attempts)
-	}
-	e.refused(ae, false, true) // before the caller can read it and fall back
-
-	sa.do(func() error { return sa.cs.fail(ae) })
-	e.log.Warn("stream_failed_after_commit", "request_id", e.t.requestID, "code", ae.Code, "cause", redact(fmt.Sprint(ae.Err), c.cred.bearer()))
-	return ae
-}
-
-// relayStream translates a committed stream to the caller's dialect.
-func relayStream(sa *streamAnswer, _ *callerRequest, req chatRequest, c call, resp *http.Response) (usage, error) {
-	var u usage
-	err := sa.do(sa.cs.start)
-	if err == nil {
-		err = readUpstreamStream(c.res.Provider.protocol, resp.Body, func(ev streamEvent) error {
-			if ev.Kind == eventUsage {
-				u = ev.Usage
+		var blocks []block
+		json.Unmarshal(raw, &blocks)
+		n := 0
+		for _, b := range blocks {
+			switch b.Type {
+			case "text":
+				n += len(b.Text)
+			case "tool_use":
+				n += len(b.Input)
+			case "tool_result":
+				n += textOf(b.Content)
 			}
-			return sa.do(func() error { return sa.cs.event(ev) })
-		})
+		}
+		return n
 	}
-	if err == nil {
-		err = sa.do(sa.cs.finish)
+	n := textOf(o.value("system"))
+	var msgs []block // only their content counts
+	json.Unmarshal(o.value("messages"), &msgs)
+	for _, m := range msgs {
+		n += textOf(m.Content)
 	}
-	return u, err
+	if t := o.value("tools"); !rawIsNull(t) {
+		n += len(t)
+	}
+	return (n + 3) / 4
 }
