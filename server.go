@@ -135,6 +135,7 @@ type statusWriter struct {
 	http.ResponseWriter
 	status int
 	unread func() bool // the request has a body not read (nil: none)
+	broken bool        // a write failed: the answer did not reach the caller whole
 }
 
 func (w *statusWriter) WriteHeader(code int) {
@@ -154,10 +155,15 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 	if w.status == 0 {
 		w.WriteHeader(http.StatusOK)
 	}
-	return w.ResponseWriter.Write(b)
+	n, err := w.ResponseWriter.Write(b)
+	w.broken = w.broken || err != nil
+	return n, err
 }
 
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// testingOnlyBeforeLog runs before a request's log line (nil in production).
+var testingOnlyBeforeLog func(*http.Request)
 
 // errServerShutdown cancels the requests running at serve's second signal,
 // so their log lines say server_shutdown, not client_cancelled.
@@ -179,8 +185,13 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	r = r.WithContext(context.WithValue(r.Context(), infoKey{}, ri))
 	defer func() {
+		if testingOnlyBeforeLog != nil {
+			testingOnlyBeforeLog(r)
+		}
 		ri.outcome = cmp.Or(ri.outcome, "ok")
-		if ri.outcome == "ok" && ri.attemptsKey() != nil && r.Context().Err() != nil {
+		// A hang-up after the whole answer was written (the Codex CLI's after
+		// response.completed) leaves it ok.
+		if ri.outcome == "ok" && ri.attemptsKey() != nil && sw.broken && r.Context().Err() != nil {
 			ri.outcome = "client_cancelled"
 		}
 		if ri.outcome == "client_cancelled" && context.Cause(r.Context()) == errServerShutdown {
