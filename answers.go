@@ -1,19 +1,26 @@
 package main
 
 import (
+	"bytes"
 	"cmp"
+	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -21,21 +28,22 @@ import (
 
 // Signed answers (SPEC §12): one provider spend per (client, Idempotency-Key).
 // The first request publishes an in-progress record (os.Link), dispatches and
-// completes it with the answer and its HMAC; later ones replay it. The HTTP
-// face is in server.go.
+// completes it with the answer and its HMAC; later ones replay it. The replay
+// guard (SPEC §8.1), for requests without a key, is at the end.
 
 const (
 	answerInProgress = "in_progress" // record states (SPEC §12 item 4)
 	answerComplete   = "complete"
-	// abandonedMessage is the kept refusal of SPEC §12 item 2.
-	abandonedMessage = "this answer's process stopped before it was kept; a provider call may have been made"
-	// unkeptMessage answers a key whose answer was given but could not be kept.
-	unkeptMessage = "this answer was given once but could not be kept (see the log's answer_unkept); a provider call was made"
+	abandonedMessage = "this answer's process stopped before it was kept; a provider call may have been made" // SPEC §12 item 2
+	unkeptMessage    = "this answer was given once but could not be kept (see the log's answer_unkept); a provider call was made"
 )
 
 var (
 	errAnswerCorrupt     = errors.New("not a kept answer")  // wraps every decode error: not SPEC §12's shape
 	errSignatureMismatch = errors.New("signature mismatch") // `brama answers verify`'s refusal
+	// errServerShutdown cancels the requests running at serve's second signal:
+	// their log lines say server_shutdown, their kept answers item 2's refusal.
+	errServerShutdown = errors.New("the server is shutting down")
 )
 
 // answerRecord is one kept-answer file, members in SPEC §12's order. While
@@ -56,8 +64,7 @@ type answerRecord struct {
 	Signature     *string `json:"signature"`
 }
 
-// decodeAnswerRecord strictly parses a kept-answer file; every error wraps
-// errAnswerCorrupt.
+// decodeAnswerRecord strictly parses a kept-answer file; every error wraps errAnswerCorrupt.
 func decodeAnswerRecord(b []byte) (*answerRecord, error) {
 	rec := &answerRecord{}
 	if err := decodeStrict("kept answer", b, rec); err != nil {
@@ -66,42 +73,37 @@ func decodeAnswerRecord(b []byte) (*answerRecord, error) {
 	return rec, nil
 }
 
-// validate checks that the record's members agree with its state.
+// validate checks that the record's members agree with its state; the first rule broken is named.
 func (rec *answerRecord) validate() error {
-	switch {
-	case rec.SchemaVersion != 1:
-		return fmt.Errorf("schema_version %d, want 1", rec.SchemaVersion)
-	case rec.BootID == "":
-		return errors.New("boot_id is empty")
-	case !idPattern.MatchString(rec.Client):
-		return errors.New("client is not a client id")
-	case !isHexDigest(rec.KeySHA256):
-		return errors.New("key_sha256 is not 64 lower-case hex digits")
-	case !isHexDigest(rec.RequestSHA256):
-		return errors.New("request_sha256 is not 64 lower-case hex digits")
-	case !isAnswerTime(rec.StartedAt):
-		return errors.New("started_at is not RFC 3339 UTC with milliseconds")
-	case rec.Attempts != nil && *rec.Attempts < 0:
-		return errors.New("attempts is negative")
-	case rec.State == answerInProgress && (rec.CompletedAt != nil || rec.Status != nil || rec.BodyBase64 != nil || rec.Attempts != nil || rec.Signature != nil):
-		return errors.New("an answer in progress has completion members")
-	case rec.State == answerInProgress:
-		return nil
-	case rec.State != answerComplete:
-		return fmt.Errorf("state %q is neither %s nor %s", rec.State, answerInProgress, answerComplete)
-	case rec.CompletedAt == nil || !isAnswerTime(*rec.CompletedAt):
-		return errors.New("completed_at is not RFC 3339 UTC with milliseconds")
-	case rec.Status == nil || *rec.Status < 100 || *rec.Status > 999:
-		return errors.New("status is not an HTTP status")
-	case rec.BodyBase64 == nil:
-		return errors.New("body_base64 is missing")
-	case rec.Signature == nil || !isAnswerSignature(*rec.Signature):
-		return errors.New("signature is not v1=<64 hex>")
-	}
-	if _, err := base64.StdEncoding.Strict().DecodeString(*rec.BodyBase64); err != nil {
-		return errors.New("body_base64 is not standard base64")
+	open, done := rec.State == answerInProgress, rec.State == answerComplete
+	for _, c := range []struct {
+		bad bool
+		why string
+	}{
+		{rec.SchemaVersion != 1, "schema_version is not 1"},
+		{rec.BootID == "", "boot_id is empty"},
+		{!idPattern.MatchString(rec.Client), "client is not a client id"},
+		{!isHexDigest(rec.KeySHA256), "key_sha256 is not 64 lower-case hex digits"},
+		{!isHexDigest(rec.RequestSHA256), "request_sha256 is not 64 lower-case hex digits"},
+		{!isAnswerTime(&rec.StartedAt), "started_at is not RFC 3339 UTC with milliseconds"},
+		{rec.Attempts != nil && *rec.Attempts < 0, "attempts is negative"},
+		{open && (rec.CompletedAt != nil || rec.Status != nil || rec.BodyBase64 != nil || rec.Attempts != nil || rec.Signature != nil), "an answer in progress has completion members"},
+		{!open && !done, "state is neither in_progress nor complete"},
+		{done && !isAnswerTime(rec.CompletedAt), "completed_at is not RFC 3339 UTC with milliseconds"},
+		{done && (rec.Status == nil || *rec.Status < 100 || *rec.Status > 999), "status is not an HTTP status"},
+		{done && (rec.BodyBase64 == nil || base64Bad(*rec.BodyBase64)), "body_base64 is not standard base64"},
+		{done && (rec.Signature == nil || !isAnswerSignature(*rec.Signature)), "signature is not v1=<64 hex>"},
+	} {
+		if c.bad {
+			return errors.New(c.why)
+		}
 	}
 	return nil
+}
+
+func base64Bad(s string) bool {
+	_, err := base64.StdEncoding.Strict().DecodeString(s)
+	return err != nil
 }
 
 // body is a complete record's exact body bytes (validate vouched for them).
@@ -110,9 +112,12 @@ func (rec *answerRecord) body() []byte {
 	return b
 }
 
-func isAnswerTime(s string) bool {
-	t, err := time.Parse(journalTimeFormat, s)
-	return err == nil && t.Format(journalTimeFormat) == s
+func isAnswerTime(s *string) bool {
+	if s == nil {
+		return false
+	}
+	t, err := time.Parse(journalTimeFormat, *s)
+	return err == nil && t.Format(journalTimeFormat) == *s
 }
 
 func isAnswerSignature(s string) bool { return strings.HasPrefix(s, "v1=") && isHexDigest(s[3:]) }
@@ -122,11 +127,6 @@ func signAnswer(key, body []byte) string {
 	m := hmac.New(sha256.New, key)
 	m.Write(body)
 	return "v1=" + hex.EncodeToString(m.Sum(nil))
-}
-
-// verifyAnswer compares sig with body's signature in constant time.
-func verifyAnswer(key, body []byte, sig string) bool {
-	return hmac.Equal([]byte(signAnswer(key, body)), []byte(sig))
 }
 
 // checkIdempotencyKey applies SPEC §12: 1..255 printable ASCII characters.
@@ -142,14 +142,13 @@ func checkIdempotencyKey(key string) error {
 type answerStore struct {
 	sys
 	st     state
-	bootID string // drawn once per process: tells our records from a stopped process's
+	bootID string   // drawn once per process: tells our records from a stopped process's
+	unkept sync.Map // record path → true: left in progress because completing it failed
 
-	mu     sync.Mutex      // guards key and unkept
-	key    []byte          // the answer key, once read or created
-	unkept map[string]bool // records left in progress because completing them failed
+	mu  sync.Mutex // guards key
+	key []byte     // the answer key, once read or created
 }
 
-// newAnswerStore makes the store and draws this process's boot id.
 func newAnswerStore(st state, log *slog.Logger, now func() time.Time) *answerStore {
 	b := make([]byte, 16)
 	rand.Read(b)
@@ -164,8 +163,7 @@ func answerUnplaced(cause error) *apiError {
 	return refuse("internal_error", "this request's one signed answer has no place to be kept: %v", cause).because(cause)
 }
 
-// signingKey reads $STATE/answer-key, creating it once with publishFile,
-// so of two creators one wins.
+// signingKey reads $STATE/answer-key, creating it once with publishFile, so of two creators one wins.
 func (a *answerStore) signingKey() ([]byte, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -180,11 +178,8 @@ func (a *answerStore) signingKey() ([]byte, error) {
 			key, _, err = readAnswerKey(a.st)
 		}
 	}
-	if err != nil {
-		return nil, err
-	}
 	a.key = key
-	return key, nil
+	return key, err
 }
 
 // readAnswerKey reads and guards $STATE/answer-key, and names it.
@@ -193,7 +188,7 @@ func readAnswerKey(st state) (key []byte, name string, err error) {
 		key, _, err = readGuarded("answer key", name)
 	}
 	if err == nil && len(key) != 32 {
-		err = fmt.Errorf("answer key %s holds %d bytes, want 32", name, len(key))
+		key, err = nil, fmt.Errorf("answer key %s holds %d bytes, want 32", name, len(key))
 	}
 	return key, name, err
 }
@@ -211,21 +206,74 @@ func (a *answerStore) recordPath(client, key string) (string, error) {
 		return "", fmt.Errorf("client id %q cannot name a directory", client)
 	}
 	path, err := a.st.path("signed answers", filepath.Join("answers", client, hexSHA256([]byte(key))+".json"))
-	if err != nil {
-		return "", err
-	}
 	for _, d := range []string{filepath.Dir(filepath.Dir(path)), filepath.Dir(path)} {
-		if fi, err := os.Lstat(d); err == nil && !fi.IsDir() {
-			return "", fmt.Errorf("%s is a symlink or not a directory", d)
+		if fi, lerr := os.Lstat(d); err == nil && lerr == nil && !fi.IsDir() {
+			err = fmt.Errorf("%s is a symlink or not a directory", d)
 		}
 	}
-	return path, nil
+	return path, err
+}
+
+// signedCall is a chat request carrying an Idempotency-Key as the store sees
+// it: who asked, what, the route planned, and the engine's tally of calls.
+type signedCall struct {
+	client, route string
+	keys          []string // the header's values: exactly one is allowed
+	stream        bool
+	body          []byte
+	t             *tally
+	envelope      func(http.ResponseWriter, error) *apiError // a refusal in the caller's dialect
+}
+
+// serve answers c (SPEC §12): reserving is the last step before dispatch
+// runs the provider calls; a kept answer is replayed without one. The error
+// is a refusal made before any reservation, for the caller to write.
+func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signedCall, dispatch func(http.ResponseWriter)) (replayed bool, err error) {
+	if err = checkIdempotencyKey(c.keys[0]); len(c.keys) > 1 {
+		err = refuse("invalid_request", "send one Idempotency-Key header")
+	} else if err == nil && c.stream {
+		err = refuse("invalid_request", "Idempotency-Key keeps one buffered answer; it cannot be used with stream: true")
+	}
+	var t *answerTicket
+	var kept *answerRecord
+	if err == nil {
+		t, kept, err = a.reserve(c)
+	}
+	if kept != nil {
+		a.replay(w, c.t, kept)
+	}
+	if err != nil || kept != nil {
+		return kept != nil, err
+	}
+	rec := newCapture()
+	func() {
+		defer func() {
+			if p := recover(); p != nil {
+				a.settle(ctx, c, t, rec, true) // keep or release; the connection is lost anyway
+				panic(p)
+			}
+		}()
+		dispatch(rec)
+	}()
+	rec, sig := a.settle(ctx, c, t, rec, false)
+	maps.Copy(w.Header(), rec.HeaderMap)
+	if sig != "" {
+		w.Header().Set("Brama-Answer-Signature", sig)
+	}
+	w.WriteHeader(cmp.Or(rec.Code, http.StatusOK))
+	w.Write(rec.Body.Bytes())
+	return false, nil
+}
+
+// newCapture holds a buffered answer until it is kept; Code stays 0 until something is written.
+func newCapture() *httptest.ResponseRecorder {
+	return &httptest.ResponseRecorder{HeaderMap: http.Header{}, Body: new(bytes.Buffer)}
 }
 
 // reserve, the last step before the first provider call (SPEC §12 item 1), returns this
-// request's ticket, the record to replay, or item 2's refusal (in r's dialect); no place: §2.1's.
-func (a *answerStore) reserve(r *http.Request, client, key string, body []byte, route string) (*answerTicket, *answerRecord, error) {
-	path, err := a.recordPath(client, key)
+// request's ticket, the record to replay, or item 2's refusal; no place: §2.1's.
+func (a *answerStore) reserve(c signedCall) (*answerTicket, *answerRecord, error) {
+	path, err := a.recordPath(c.client, c.keys[0])
 	if err == nil {
 		_, err = a.signingKey()
 	}
@@ -233,23 +281,20 @@ func (a *answerStore) reserve(r *http.Request, client, key string, body []byte, 
 		return nil, nil, answerUnplaced(err)
 	}
 	t := &answerTicket{path: path, rec: answerRecord{
-		SchemaVersion: 1, State: answerInProgress, BootID: a.bootID, Client: client,
-		KeySHA256: hexSHA256([]byte(key)), RequestSHA256: hexSHA256(body),
-		StartedAt: a.now().UTC().Format(journalTimeFormat), Route: route,
+		SchemaVersion: 1, State: answerInProgress, BootID: a.bootID, Client: c.client,
+		KeySHA256: hexSHA256([]byte(c.keys[0])), RequestSHA256: hexSHA256(c.body),
+		StartedAt: a.now().UTC().Format(journalTimeFormat), Route: c.route,
 	}}
 	data, _ := marshalState(&t.rec) // strings and ints always encode
 	// A record removed between our failed link and our read (a released
 	// retryable refusal, or a prune) frees the key: try again, a few times.
 	for range 3 {
-		err := publishFile(path, data)
-		if err == nil {
+		if err := publishFile(path, data); err == nil {
 			return t, nil, nil
-		}
-		if !errors.Is(err, fs.ErrExist) {
+		} else if !errors.Is(err, fs.ErrExist) {
 			return nil, nil, answerUnplaced(err)
 		}
-		rec, err := a.taken(r, path, t.rec.RequestSHA256)
-		if !errors.Is(err, errFileAbsent) {
+		if rec, err := a.taken(c, path, t.rec.RequestSHA256); !errors.Is(err, errFileAbsent) {
 			return nil, rec, err
 		}
 	}
@@ -266,27 +311,33 @@ func answerBusy() *apiError {
 
 // taken applies SPEC §12 item 2 to the record at path, checking a complete
 // record's signature. A missing record is errFileAbsent.
-func (a *answerStore) taken(r *http.Request, path, requestSHA string) (*answerRecord, error) {
+func (a *answerStore) taken(c signedCall, path, requestSHA string) (*answerRecord, error) {
 	rec, err := readAnswerFile(path)
 	if errors.Is(err, errFileAbsent) {
 		return nil, err
 	}
 	if err == nil && rec.State == answerComplete {
 		var key []byte
-		if key, err = a.signingKey(); err == nil && !verifyAnswer(key, rec.body(), *rec.Signature) {
+		if key, err = a.signingKey(); err == nil && !hmac.Equal([]byte(signAnswer(key, rec.body())), []byte(*rec.Signature)) {
 			err = errSignatureMismatch
 		}
 	}
-	switch {
+	_, unkept := a.unkept.Load(path)
+	switch open := err == nil && rec.State == answerInProgress; {
 	case err != nil:
 		return nil, refuse("internal_error", "the kept answer for this Idempotency-Key is unreadable").because(err)
 	case rec.RequestSHA256 != requestSHA:
 		return nil, refuse("state_conflict", "this Idempotency-Key was used with another request body")
-	case rec.State == answerInProgress && rec.BootID != a.bootID:
-		return a.abandon(r, path, rec)
-	case rec.State == answerInProgress && a.wasUnkept(path):
+	case open && rec.BootID != a.bootID: // a stopped process's: kept as item 2's refusal, attempts unknown
+		e := newCapture()
+		ae := c.envelope(e, refuse("internal_error", abandonedMessage))
+		if rec, err = a.complete(&answerTicket{path: path, rec: *rec}, ae.Status(), e.Body.Bytes(), nil, rec.Route); err != nil {
+			return nil, refuse("internal_error", "the abandoned answer for this Idempotency-Key could not be kept").because(err)
+		}
+		a.log.Warn("answer_abandoned", "client", rec.Client, "key_sha256", rec.KeySHA256, "boot_id", rec.BootID)
+	case open && unkept:
 		return nil, refuse("internal_error", unkeptMessage)
-	case rec.State == answerInProgress:
+	case open:
 		return nil, answerBusy()
 	}
 	return rec, nil
@@ -298,17 +349,56 @@ func readAnswerFile(name string) (*answerRecord, error) {
 	return f.fresh()
 }
 
-// abandon keeps a stopped process's in-progress record as SPEC §12 item 2's
-// refusal in r's envelope, with no attempts key: how many calls it made is unknown.
-func (a *answerStore) abandon(r *http.Request, path string, rec *answerRecord) (*answerRecord, error) {
-	c := newCapture()
-	ae := writeAPIError(c, r, refuse("internal_error", abandonedMessage))
-	kept, err := a.complete(&answerTicket{path: path, rec: *rec}, ae.Status(), c.Body.Bytes(), nil, rec.Route)
-	if err != nil {
-		return nil, refuse("internal_error", "the abandoned answer for this Idempotency-Key could not be kept").because(err)
+// settle keeps or releases the reservation after dispatch (SPEC §12 item 3)
+// and returns what the caller gets, signed when kept. After a provider call
+// started, a hang-up or panic is kept (499, 500) so the key never spends
+// twice; a retryable refusal, or one made before dispatch, is released.
+func (a *answerStore) settle(ctx context.Context, c signedCall, t *answerTicket, rec *httptest.ResponseRecorder, panicked bool) (*httptest.ResponseRecorder, string) {
+	calls, attempts := c.t.attempts, (*int)(nil)
+	if calls > 0 {
+		attempts = &calls
 	}
-	a.log.Warn("answer_abandoned", "client", rec.Client, "key_sha256", rec.KeySHA256, "boot_id", rec.BootID)
-	return kept, nil
+	if n, err := strconv.Atoi(rec.HeaderMap.Get("Brama-Attempts")); err == nil {
+		attempts = &n
+	}
+	var env envelope
+	json.Unmarshal(rec.Body.Bytes(), &env)
+	var cut *apiError
+	switch {
+	case rec.Code >= 200 && rec.Code <= 299 && !panicked:
+	case calls > 0 && panicked:
+		cut = refuse("internal_error", "the answer failed inside Brama after a provider call started")
+	case calls > 0 && context.Cause(ctx) == errServerShutdown: // a stopped process's answer (item 2)
+		cut = refuse("internal_error", abandonedMessage)
+	case calls > 0 && ctx.Err() != nil:
+		cut = refuse("client_cancelled", "the caller hung up after a provider call started")
+	case panicked, ctx.Err() != nil, env.Error.Retryable, attempts == nil:
+		err := os.Remove(t.path)
+		if err == nil {
+			err = syncDir(filepath.Dir(t.path))
+		}
+		if err != nil {
+			a.log.Error("answer_release_failed", "request_id", c.t.requestID, "err", err)
+		}
+		return rec, ""
+	}
+	route := cmp.Or(rec.HeaderMap.Get("Brama-Route"), c.route) // a selector's: the candidate that answered
+	if cut != nil {
+		rec, attempts = newCapture(), &calls
+		c.envelope(rec, cut.withAttempts(calls))
+		c.t.outcome, c.t.retryable = cut.Code, false
+	}
+	rec.Body = bytes.NewBuffer(withoutPromptEcho(rec.Body.Bytes())) // the first answer is the kept body (item 7)
+	kept, err := a.complete(t, rec.Code, rec.Body.Bytes(), attempts, route)
+	if err != nil {
+		// The answer exists and was paid for: give it unsigned rather than
+		// lose it. The record stays in progress, so the key never spends
+		// twice; sent again it is refused, and after a restart it reads as abandoned.
+		a.unkept.Store(t.path, true)
+		a.log.Error("answer_unkept", "request_id", c.t.requestID, "err", err)
+		return rec, ""
+	}
+	return rec, *kept.Signature
 }
 
 // complete keeps an answer (SPEC §12 item 3) in place of the reservation.
@@ -318,22 +408,34 @@ func (a *answerStore) complete(t *answerTicket, status int, body []byte, attempt
 		return nil, err
 	}
 	rec := t.rec
-	done := a.now().UTC().Format(journalTimeFormat)
-	b64 := base64.StdEncoding.EncodeToString(body)
-	sig := signAnswer(key, body)
+	done, b64, sig := a.now().UTC().Format(journalTimeFormat), base64.StdEncoding.EncodeToString(body), signAnswer(key, body)
 	rec.State, rec.CompletedAt, rec.Status, rec.BodyBase64, rec.Attempts, rec.Signature = answerComplete, &done, &status, &b64, attempts, &sig
 	rec.Route = cmp.Or(route, rec.Route)
-	if err := writeState(t.path, &rec); err != nil {
-		return nil, err
-	}
-	return &rec, nil
+	return &rec, writeState(t.path, &rec)
 }
 
-// promptEchoes are the members of an answer that repeat the caller's input
-// (OpenAI Responses echoes instructions): kept as null (SPEC §12 item 7).
-var promptEchoes = []string{"instructions", "input", "prompt", "messages", "system"}
+// replay answers from a complete record, with no provider call.
+func (a *answerStore) replay(w http.ResponseWriter, t *tally, rec *answerRecord) {
+	body, h := rec.body(), w.Header()
+	var env envelope
+	if json.Unmarshal(body, &env) == nil && env.Error.Code != "" {
+		t.outcome, t.retryable = env.Error.Code, env.Error.Retryable
+		h.Set("X-Should-Retry", strconv.FormatBool(env.Error.Retryable)) // SPEC §8.1
+	}
+	t.attempts = 0
+	h.Set("Brama-Answer-Signature", *rec.Signature)
+	h.Set("Brama-Answer-Replayed", "true")
+	h.Set("Brama-Attempts", "0")
+	if rec.Route != "" { // README: every answer names its route
+		h.Set("Brama-Route", rec.Route)
+	}
+	h.Set("Content-Type", "application/json")
+	w.WriteHeader(*rec.Status)
+	w.Write(body)
+}
 
-// withoutPromptEcho is body with each echoed prompt member set to null; any
+// withoutPromptEcho is body with each member that repeats the caller's input
+// (OpenAI Responses echoes instructions) set to null (SPEC §12 item 7); any
 // other byte, and a body that is no JSON object, stays as it was.
 func withoutPromptEcho(body []byte) []byte {
 	o, err := parseRawObject(body)
@@ -341,37 +443,12 @@ func withoutPromptEcho(body []byte) []byte {
 		return body
 	}
 	var edits []memberEdit
-	for _, k := range promptEchoes {
+	for _, k := range []string{"instructions", "input", "prompt", "messages", "system"} {
 		if v := o.value(k); v != nil && string(v) != "null" {
 			edits = append(edits, memberEdit{k, []byte("null")})
 		}
 	}
 	return o.edit(edits...)
-}
-
-// markUnkept remembers, for this process, that the record at path stays in
-// progress because its completion failed; wasUnkept reads it.
-func (a *answerStore) markUnkept(path string) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.unkept == nil {
-		a.unkept = map[string]bool{}
-	}
-	a.unkept[path] = true
-}
-
-func (a *answerStore) wasUnkept(path string) bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.unkept[path]
-}
-
-// release removes a reservation so the key is free again.
-func (a *answerStore) release(t *answerTicket) error {
-	if err := os.Remove(t.path); err != nil {
-		return err
-	}
-	return syncDir(filepath.Dir(t.path))
 }
 
 // verifyAnswerFile is `brama answers verify` (SPEC §12 item 6): sig over
@@ -389,13 +466,12 @@ func verifyAnswerFile(st state, file, sig string) error {
 		rec, err := decodeAnswerRecord(body)
 		if err != nil {
 			return fmt.Errorf("%s: %w", file, err)
-		}
-		if rec.State != answerComplete {
+		} else if rec.State != answerComplete {
 			return fmt.Errorf("%s: the answer is still in progress; there is no signature to check", file)
 		}
 		body, sig = rec.body(), *rec.Signature
 	}
-	if !verifyAnswer(key, body, sig) {
+	if !hmac.Equal([]byte(signAnswer(key, body)), []byte(sig)) {
 		return errSignatureMismatch
 	}
 	return nil
@@ -444,4 +520,232 @@ func hexSHA256(b []byte) string {
 func isHexDigest(s string) bool {
 	_, err := hex.DecodeString(s)
 	return len(s) == 64 && err == nil && strings.ToLower(s) == s
+}
+
+// The replay guard (SPEC §8.1): the Codex CLI and the official SDKs re-send
+// a refused request, each re-send after a provider call maybe billed again.
+// Memory only; an Idempotency-Key request never reaches it (SPEC §12).
+
+const maxReplayMessage = 256 // message bytes kept per entry: 10,000 entries stay a few MB
+
+// errReplayRefused is the logged cause of a replay guard refusal.
+var errReplayRefused = errors.New("replay guard: the same request was refused after a provider call")
+
+// replayGuard remembers refusals after a provider call; every entry lives
+// the same window, so queue is in expiry order and forgetting walks its front.
+type replayGuard struct {
+	window time.Duration // 0: off
+	now    func() time.Time
+
+	mu       sync.Mutex // guards refused, queue, byClient
+	refused  map[replayKey]replayEntry
+	queue    []replayQueued
+	byClient map[string]int // queued entries per client id: none, no digest to take
+}
+
+// replayKey is replayKeyOf's sha256.
+type replayKey [sha256.Size]byte
+
+// replayEntry is one remembered refusal: its status (a stream's: its
+// code's), code and message (cut; "" for a stream), the alias the request
+// named and the providers its route could call (SPEC §17: a fix forgets it).
+type replayEntry struct {
+	status        int
+	code, message string
+	alias         string
+	providers     []string
+	at, until     time.Time
+}
+
+type replayQueued struct {
+	key    replayKey
+	client string
+	until  time.Time
+}
+
+// newReplayGuard reads BRAMA_REPLAY_GUARD_SECS: unset is 120 s, 0 turns the
+// guard off; anything unreadable is logged and 120 s.
+func newReplayGuard(getenv func(string) string, log *slog.Logger, now func() time.Time) *replayGuard {
+	const name, def = "BRAMA_REPLAY_GUARD_SECS", 120 * time.Second
+	window, err := envSeconds(getenv, name, 0, def)
+	if err != nil {
+		log.Warn("replay_guard_secs_invalid", "value", strings.TrimSpace(getenv(name)), "using_secs", int(def/time.Second))
+	}
+	return &replayGuard{window: window, now: now, refused: map[replayKey]replayEntry{}, byClient: map[string]int{}}
+}
+
+// The top-level members a digest leaves out: the stream members (SPEC §17:
+// a buffered fallback from a failed stream asks the same request), and for
+// the loose key the output limit too (Claude Code's fallback asks 64000 of 128000).
+var (
+	streamMembers = []memberEdit{{key: "stream"}, {key: "stream_options"}}
+	looseMembers  = append(streamMembers[:2:2], memberEdit{key: "max_tokens"}, memberEdit{key: "max_completion_tokens"}, memberEdit{key: "max_output_tokens"})
+)
+
+// replayKeyOf digests client, scope and the body's bytes without the members
+// above. The Codex CLI re-sends client_metadata from a hash map: its members go in key order.
+func replayKeyOf(clientID, scope string, body rawObject, loose bool) replayKey {
+	leftOut := streamMembers
+	if loose {
+		leftOut = looseMembers
+	}
+	h := sha256.New()
+	fmt.Fprintf(h, "%d:%s%d:%s%t:", len(clientID), clientID, len(scope), scope, loose)
+	if meta, ok := splitRaw(body.value("client_metadata"), '{', nil); ok {
+		slices.SortFunc(meta.members, func(a, b jsonMember) int { return bytes.Compare(a.key, b.key) })
+		for _, m := range meta.members {
+			fmt.Fprintf(h, "%d:%s", len(m.key), m.key)
+			h.Write(meta.src[m.val:m.end])
+		}
+		leftOut = append(leftOut[:len(leftOut):len(leftOut)], memberEdit{key: "client_metadata"})
+	}
+	body.writeEdited(h, leftOut...)
+	return replayKey(h.Sum(nil))
+}
+
+// replayScope is what reaches a provider beside the body: the route c
+// resolved to and its direct key's fingerprint (SPEC §17: a registry or key
+// change is a new request, whichever process wrote it), the caller's agent
+// and the version and beta headers it sets (SPEC §6.2).
+func replayScope(agent string, h http.Header, c call) string {
+	return fmt.Sprintf("%q", []string{agent, c.res.Route, c.res.BaseURL, fmt.Sprintf("%x", sha256.Sum256([]byte(c.cred.APIKey))),
+		strings.Join(h.Values("anthropic-version"), ","), strings.Join(h.Values("anthropic-beta"), ","), strings.Join(h.Values("openai-beta"), ",")})
+}
+
+func mayHaveGenerated(code string) bool {
+	return code == "provider_incomplete" || code == "provider_failure"
+}
+
+// rememberRequest keeps e under the request's key, and under its loose key
+// when the provider may have generated: a caller that fixes its output
+// limit after provider_rejected asks a new request.
+func (g *replayGuard) rememberRequest(client, scope string, body rawObject, e replayEntry) {
+	g.remember(client, replayKeyOf(client, scope, body, false), e)
+	if mayHaveGenerated(e.code) {
+		g.remember(client, replayKeyOf(client, scope, body, true), e)
+	}
+}
+
+// lookupRequest is the refusal remembered for a request under either key.
+func (g *replayGuard) lookupRequest(client, scope string, body rawObject) (replayEntry, bool) {
+	e, ok := g.lookup(replayKeyOf(client, scope, body, false))
+	if !ok {
+		e, ok = g.lookup(replayKeyOf(client, scope, body, true))
+		ok = ok && mayHaveGenerated(e.code)
+	}
+	return e, ok
+}
+
+// lock takes mu and forgets every entry whose time has passed.
+func (g *replayGuard) lock() time.Time {
+	now := g.now()
+	g.mu.Lock()
+	for len(g.queue) > 0 && !now.Before(g.queue[0].until) {
+		q := g.queue[0]
+		g.queue = g.queue[1:]
+		if g.byClient[q.client]--; g.byClient[q.client] <= 0 {
+			delete(g.byClient, q.client)
+		}
+		if e, ok := g.refused[q.key]; ok && e.until.Equal(q.until) {
+			delete(g.refused, q.key)
+		}
+	}
+	if len(g.queue) == 0 {
+		g.queue = nil // let the backing array go
+	}
+	return now
+}
+
+// lookup returns the refusal remembered for k, if its time has not passed.
+func (g *replayGuard) lookup(k replayKey) (replayEntry, bool) {
+	now := g.lock()
+	defer g.mu.Unlock()
+	e, ok := g.refused[k]
+	return e, ok && now.Before(e.until)
+}
+
+// holds reports whether any refusal of client is remembered: else no digest.
+func (g *replayGuard) holds(client string) bool {
+	g.lock()
+	defer g.mu.Unlock()
+	return g.byClient[client] > 0
+}
+
+// remember keeps e for client's request k until the window ends.
+func (g *replayGuard) remember(client string, k replayKey, e replayEntry) {
+	now := g.lock()
+	defer g.mu.Unlock()
+	e.at, e.until = now, now.Add(g.window)
+	g.refused[k] = e
+	g.queue = append(g.queue, replayQueued{k, client, e.until})
+	g.byClient[client]++
+}
+
+// forget drops every refusal remembered for a request through alias or
+// provider ("" names none): the operator's fix is dispatched (SPEC §17).
+// Their queue entries stay until their time passes.
+func (g *replayGuard) forget(alias, provider string) {
+	if g == nil {
+		return
+	}
+	g.lock()
+	defer g.mu.Unlock()
+	maps.DeleteFunc(g.refused, func(_ replayKey, e replayEntry) bool {
+		return alias != "" && e.alias == alias || provider != "" && slices.Contains(e.providers, provider)
+	})
+}
+
+// size is the number of refusals remembered now.
+func (g *replayGuard) size() int {
+	g.lock()
+	defer g.mu.Unlock()
+	return len(g.refused)
+}
+
+// refusalFor is the refusal a request of client repeats, nil for none: its
+// status and code, not retryable, with no call made.
+func (g *replayGuard) refusalFor(client, scope string, body rawObject) *apiError {
+	if g == nil || g.window <= 0 || !g.holds(client) { // the digest is taken only when it can match
+		return nil
+	}
+	e, ok := g.lookupRequest(client, scope, body)
+	if !ok {
+		return nil
+	}
+	why := e.code
+	if e.message != "" {
+		why += ": " + e.message
+	}
+	ae := refuse(e.code, "this request repeats one refused at %s after a provider call (%s); the same request is refused without a provider call until %s (BRAMA_REPLAY_GUARD_SECS)",
+		e.at.UTC().Format(time.RFC3339), why, e.until.UTC().Format(time.RFC3339))
+	if e.code == "provider_rejected" {
+		ae.withStatus(e.status)
+	}
+	ae.Retryable = ptrTo(false)
+	return ae.because(errReplayRefused).withAttempts(0)
+}
+
+// rememberer is tally.remember for a request of client planned as c over
+// cands; nil when the guard is off. Remembered is a non-retryable refusal
+// after a call, not subscription_reauthorization_required: signing in must
+// pass; a stream's was met in-band, under a 200.
+func (g *replayGuard) rememberer(client, scope string, body rawObject, c call, cands []resolution) func(ae *apiError, attempts int, hungUp, streamed bool) {
+	if g == nil || g.window <= 0 {
+		return nil
+	}
+	return func(ae *apiError, attempts int, hungUp, streamed bool) {
+		if attempts == 0 || hungUp || ae.Code == "client_cancelled" || ae.Code == "subscription_reauthorization_required" || ae.retryable() {
+			return
+		}
+		e := replayEntry{status: ae.Status(), code: ae.Code, message: truncateUTF8(ae.Message, maxReplayMessage), alias: c.res.Alias, providers: []string{c.res.Provider.id}}
+		if streamed {
+			e.status, e.message = codes[ae.Code].status, ""
+		}
+		for _, cand := range cands {
+			if !slices.Contains(e.providers, cand.Provider.id) {
+				e.providers = append(e.providers, cand.Provider.id)
+			}
+		}
+		g.rememberRequest(client, scope, body, e)
+	}
 }

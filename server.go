@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -164,10 +163,6 @@ func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // testingOnlyBeforeLog runs before a request's log line (nil in production).
 var testingOnlyBeforeLog func(*http.Request)
-
-// errServerShutdown cancels the requests running at serve's second signal,
-// so their log lines say server_shutdown, not client_cancelled.
-var errServerShutdown = errors.New("the server is shutting down")
 
 // ServeHTTP gives every response an X-Request-Id, applies the transport
 // guard, turns the mux's own 404/405 into envelopes and logs one line.
@@ -954,14 +949,23 @@ func (s *server) handleChat(dialect string) http.HandlerFunc {
 		}
 		// SPEC §12: a signed answer reserves its key only now, after every
 		// check plan made. An empty header value is refused, not ignored.
-		if _, asked := r.Header["Idempotency-Key"]; asked {
-			s.signedAnswer(w, r, req.head, r.Header.Get("Idempotency-Key"), route)
+		if keys, asked := r.Header["Idempotency-Key"]; asked {
+			replayed, err := s.answers.serve(r.Context(), w, signedCall{client: ri.client.ID, route: ri.route, keys: keys,
+				stream: req.head.Stream, body: ri.body, t: &ri.tally, envelope: func(w http.ResponseWriter, err error) *apiError { return writeAPIError(w, r, err) },
+			}, func(w http.ResponseWriter) { route(w, r) })
+			ri.counted = ri.counted || replayed
+			if err != nil {
+				s.fail(w, r, err)
+			}
 			return
 		}
-		if s.replayRefused(w, r, req.body, c) { // SPEC §8.1's replay guard (replay.go)
+		scope := replayScope(ri.agentID, r.Header, c)
+		if ae := s.replay.refusalFor(ri.client.ID, scope, req.body); ae != nil { // SPEC §8.1
+			w.Header().Set("Brama-Replay-Refused", "true")
+			s.fail(w, r, ae)
 			return
 		}
-		e.t.remember = s.replayRememberer(r, req.body, c, cands)
+		e.t.remember = s.replay.rememberer(ri.client.ID, scope, req.body, c, cands)
 		route(w, r)
 	}
 }
@@ -1010,131 +1014,4 @@ func (s *server) serveModel(w http.ResponseWriter, r *http.Request, req *chatReq
 	if err != nil {
 		s.fail(w, r, err)
 	}
-}
-
-// signedAnswer answers a chat request carrying an Idempotency-Key (SPEC
-// §12): reserving is the last step before dispatch runs the provider calls.
-func (s *server) signedAnswer(w http.ResponseWriter, r *http.Request, req chatRequest, key string, dispatch func(w http.ResponseWriter, r *http.Request)) {
-	ri := infoFrom(r.Context())
-	err := checkIdempotencyKey(key)
-	switch {
-	case len(r.Header.Values("Idempotency-Key")) > 1:
-		err = refuse("invalid_request", "send one Idempotency-Key header")
-	case err == nil && req.Stream:
-		err = refuse("invalid_request", "Idempotency-Key keeps one buffered answer; it cannot be used with stream: true")
-	}
-	var t *answerTicket
-	var kept *answerRecord
-	if err == nil {
-		t, kept, err = s.answers.reserve(r, ri.client.ID, key, ri.body, ri.route)
-	}
-	switch {
-	case err != nil:
-		s.fail(w, r, err)
-		return
-	case kept != nil:
-		s.replayAnswer(w, r, kept)
-		return
-	}
-	c := newCapture()
-	func() {
-		defer func() {
-			if p := recover(); p != nil {
-				s.settleAnswer(r, t, c, true) // keep or release; the connection is lost anyway
-				panic(p)
-			}
-		}()
-		dispatch(c, r)
-	}()
-	c, sig := s.settleAnswer(r, t, c, false)
-	maps.Copy(w.Header(), c.HeaderMap)
-	if sig != "" {
-		w.Header().Set("Brama-Answer-Signature", sig)
-	}
-	w.WriteHeader(cmp.Or(c.Code, http.StatusOK))
-	w.Write(c.Body.Bytes())
-}
-
-// newCapture holds a buffered dispatch's response until it is kept; Code
-// stays 0 until something is written.
-func newCapture() *httptest.ResponseRecorder {
-	return &httptest.ResponseRecorder{HeaderMap: http.Header{}, Body: new(bytes.Buffer)}
-}
-
-// settleAnswer keeps or releases the reservation after dispatch (SPEC §12
-// item 3) and returns what the caller gets, signed when kept. After a
-// provider call started, a hang-up or panic is kept (499, 500) so the key
-// never spends twice; a retryable refusal is released.
-func (s *server) settleAnswer(r *http.Request, t *answerTicket, c *httptest.ResponseRecorder, panicked bool) (*httptest.ResponseRecorder, string) {
-	ri := infoFrom(r.Context())
-	calls, attempts := ri.attempts, ri.attemptsKey()
-	if n, err := strconv.Atoi(c.HeaderMap.Get("Brama-Attempts")); err == nil {
-		attempts = &n
-	}
-	_, retryable := envelopeCode(c.Body.Bytes())
-	var cut *apiError
-	switch {
-	case c.Code >= 200 && c.Code <= 299 && !panicked:
-	case panicked && calls > 0:
-		cut = refuse("internal_error", "the answer failed inside Brama after a provider call started").withAttempts(calls)
-	case context.Cause(r.Context()) == errServerShutdown && calls > 0: // a stopped process's answer (SPEC §12 item 2)
-		cut = refuse("internal_error", abandonedMessage).withAttempts(calls)
-	case r.Context().Err() != nil && calls > 0:
-		cut = refuse("client_cancelled", "the caller hung up after a provider call started").withAttempts(calls)
-	case panicked, r.Context().Err() != nil, retryable,
-		// A refusal without an attempts count was made before any dispatch
-		// (SPEC §8.1): it belongs before the reservation and is never kept.
-		calls == 0 && c.HeaderMap.Get("Brama-Attempts") == "":
-		if err := s.answers.release(t); err != nil {
-			s.answers.log.Error("answer_release_failed", "request_id", ri.requestID, "err", err)
-		}
-		return c, ""
-	}
-	route := cmp.Or(c.HeaderMap.Get("Brama-Route"), ri.route) // a selector's: the candidate that answered
-	if cut != nil {
-		c = newCapture()
-		writeAPIError(c, r, cut)
-		attempts = &calls
-		ri.outcome, ri.retryable = cut.Code, false
-	}
-	c.Body = bytes.NewBuffer(withoutPromptEcho(c.Body.Bytes())) // the first answer is the kept body (SPEC §12 item 7)
-	rec, err := s.answers.complete(t, c.Code, c.Body.Bytes(), attempts, route)
-	if err != nil {
-		// The answer exists and was paid for: give it unsigned rather than
-		// lose it. The record stays in progress, so the key never spends
-		// twice; sent again it is refused, and after a restart it reads as abandoned.
-		s.answers.markUnkept(t.path)
-		s.answers.log.Error("answer_unkept", "request_id", ri.requestID, "err", err)
-		return c, ""
-	}
-	return c, *rec.Signature
-}
-
-// envelopeCode is the code and retryable flag of body when it is an error
-// envelope (SPEC §8.1); code is "" otherwise.
-func envelopeCode(body []byte) (code string, retryable bool) {
-	var env envelope
-	if json.Unmarshal(body, &env) != nil {
-		return "", false
-	}
-	return env.Error.Code, env.Error.Retryable
-}
-
-// replayAnswer answers from a complete record, with no provider call.
-func (s *server) replayAnswer(w http.ResponseWriter, r *http.Request, rec *answerRecord) {
-	ri := infoFrom(r.Context())
-	ri.attempts, ri.counted = 0, true
-	body := rec.body()
-	h := w.Header()
-	if code, retryable := envelopeCode(body); code != "" {
-		ri.outcome, ri.retryable = code, retryable
-		h.Set("X-Should-Retry", strconv.FormatBool(retryable)) // SPEC §8.1
-	}
-	h.Set("Brama-Answer-Signature", *rec.Signature)
-	h.Set("Brama-Answer-Replayed", "true")
-	h.Set("Brama-Attempts", "0")
-	if rec.Route != "" { // README: every answer names its route
-		h.Set("Brama-Route", rec.Route)
-	}
-	writeRaw(w, *rec.Status, body)
 }
