@@ -79,14 +79,14 @@ func (s *server) routes() {
 	s.mux.Handle("DELETE /v1/admin/routes", s.caller(roleAdmin, s.handleRoutesWrite))
 	for _, role := range []string{"", roleAdmin} {
 		p := map[string]string{"": "/v1/subscriptions/", roleAdmin: "/v1/admin/subscriptions/"}[role] + "{agent_id}"
-		s.mux.Handle("GET "+p, s.caller(role, s.reply(200, s.listSubscriptions)))
-		s.mux.Handle("POST "+p, s.caller(role, s.reply(201, s.donateSubscription)))
-		s.mux.Handle("DELETE "+p+"/{subscription_id}", s.caller(role, s.reply(200, s.retireSubscription)))
+		s.mux.Handle("GET "+p, s.caller(role, reply(s, 200, noBody, s.listSubscriptions)))
+		s.mux.Handle("POST "+p, s.caller(role, reply(s, 201, requiredBody, s.donateSubscription)))
+		s.mux.Handle("DELETE "+p+"/{subscription_id}", s.caller(role, reply(s, 200, noBody, s.retireSubscription)))
 	}
-	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/reinstate", s.caller(roleAdmin, s.reply(200, s.reinstateSubscription)))
-	s.mux.Handle("POST /v1/admin/maintain", s.caller(roleAdmin, s.reply(200, s.maintainNow)))
-	s.mux.Handle("POST /v1/admin/vault/prune-orphans", s.caller(roleAdmin, s.reply(200, s.pruneOrphans)))
-	s.mux.Handle("PUT /v1/admin/subscriptions/{agent_id}/{subscription_id}/credential", s.caller(roleAdmin, s.reply(200, s.replaceCredential)))
+	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/reinstate", s.caller(roleAdmin, reply(s, 200, requiredBody, s.reinstateSubscription)))
+	s.mux.Handle("POST /v1/admin/maintain", s.caller(roleAdmin, reply(s, 200, optionalBody, s.maintainNow)))
+	s.mux.Handle("POST /v1/admin/vault/prune-orphans", s.caller(roleAdmin, reply(s, 200, optionalBody, s.pruneOrphans)))
+	s.mux.Handle("PUT /v1/admin/subscriptions/{agent_id}/{subscription_id}/credential", s.caller(roleAdmin, reply(s, 200, requiredBody, s.replaceCredential)))
 	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/probe", s.caller(roleAdmin, s.handleSubscriptionProbe))
 }
 
@@ -342,14 +342,31 @@ func writeRaw(w http.ResponseWriter, status int, b []byte) {
 	w.Write(b)
 }
 
-// reply makes f a handler: its value is written with status, its error in the envelope.
-func (s *server) reply(status int, f func(*http.Request) (any, error)) http.HandlerFunc {
+// How an admin handler reads its request body.
+const (
+	noBody       = iota // not read
+	optionalBody        // empty, or a strict JSON document
+	requiredBody
+)
+
+// reply makes f a handler: the body decoded into B as mode says, f's value
+// written with status, an error in the envelope.
+func reply[B any](s *server, status, mode int, f func(*http.Request, *B) (any, error)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if v, err := f(r); err != nil {
-			s.fail(w, r, err)
-		} else {
-			writeJSON(w, status, v)
+		var b B
+		var v any
+		var err error
+		if mode != noBody {
+			err = decodeBody(r, &b, mode == optionalBody)
 		}
+		if err == nil {
+			v, err = f(r, &b)
+		}
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		writeJSON(w, status, v)
 	}
 }
 
@@ -380,39 +397,36 @@ type clientsDoc struct {
 
 // parseClients strictly parses clients.json; nil, no file, is no clients.
 func parseClients(b []byte) (*clientsDoc, error) {
+	doc := &clientsDoc{Clients: []client{}}
 	if b == nil {
-		return &clientsDoc{Clients: []client{}}, nil
+		return doc, nil
 	}
-	doc := &clientsDoc{}
 	if err := decodeStrict("clients file", b, doc); err != nil {
 		return nil, err
 	}
 	return doc, nil
 }
 
-// validate applies SPEC §3.1's rules, naming the one that failed.
+// validate applies SPEC §3.1's rules, naming the first one a client breaks.
 func (doc *clientsDoc) validate() error {
 	ids, digests := map[string]bool{}, map[string]bool{}
 	for i, c := range doc.Clients {
-		why := ""
-		switch {
-		case !idPattern.MatchString(c.ID):
-			return fmt.Errorf("clients file: client %d: id %q must match [a-z0-9-]{1,64}", i, c.ID)
-		case ids[c.ID]:
-			return fmt.Errorf("clients file: duplicate client id %q", c.ID)
-		case !isHexDigest(c.TokenSHA256):
-			why = "token_sha256 must be 64 lower-case hex characters"
-		case digests[c.TokenSHA256]:
-			why = "duplicate token digest"
-		case c.Role != roleAdmin && c.Role != roleCaller:
-			why = "role must be admin or caller"
-		case c.AgentID != "" && !idPattern.MatchString(c.AgentID):
-			why = "agent_id must match [a-z0-9-]{1,64}"
-		case slices.ContainsFunc(c.AllowedModels, func(m string) bool { return strings.TrimSpace(m) == "" || strings.Contains(m, "*") }):
-			why = "allowed_models entries must be exact names (no empty or wildcard entry)"
-		}
-		if why != "" {
-			return fmt.Errorf("clients file: client %q: %s", c.ID, why)
+		for _, rule := range []struct {
+			bad bool
+			why string
+		}{
+			{!idPattern.MatchString(c.ID), "id must match [a-z0-9-]{1,64}"},
+			{ids[c.ID], "duplicate client id"},
+			{!isHexDigest(c.TokenSHA256), "token_sha256 must be 64 lower-case hex characters"},
+			{digests[c.TokenSHA256], "duplicate token digest"},
+			{c.Role != roleAdmin && c.Role != roleCaller, "role must be admin or caller"},
+			{c.AgentID != "" && !idPattern.MatchString(c.AgentID), "agent_id must match [a-z0-9-]{1,64}"},
+			{slices.ContainsFunc(c.AllowedModels, func(m string) bool { return strings.TrimSpace(m) == "" || strings.Contains(m, "*") }),
+				"allowed_models entries must be exact names (no empty or wildcard entry)"},
+		} {
+			if rule.bad {
+				return fmt.Errorf("clients file: client %d (%q): %s", i, c.ID, rule.why)
+			}
 		}
 		ids[c.ID], digests[c.TokenSHA256] = true, true
 	}
@@ -803,23 +817,19 @@ type credentialBody struct {
 
 var okBody = map[string]bool{"ok": true}
 
-func (s *server) listSubscriptions(r *http.Request) (any, error) {
+func (s *server) listSubscriptions(r *http.Request, _ *struct{}) (any, error) {
 	rows, err := s.inv.list(r.PathValue("agent_id"))
 	return map[string]any{"subscriptions": rows}, err
 }
 
 // donateSubscription serves POST …/subscriptions/{agent_id}; on the admin
 // route ?via=sign-in is journaled as a sign-in (SPEC §11.1).
-func (s *server) donateSubscription(r *http.Request) (any, error) {
+func (s *server) donateSubscription(r *http.Request, body *donation) (any, error) {
 	signIn := strings.HasPrefix(r.URL.Path, "/v1/admin/") && r.URL.Query().Get("via") == signInVia
 	if signIn {
 		if err := s.journal.ready(); err != nil {
 			return nil, refuse("dependency_unavailable", "subscription not donated: the journal cannot record a sign-in: %v", err).because(err)
 		}
-	}
-	var body donation
-	if err := decodeBody(r, &body, false); err != nil {
-		return nil, err
 	}
 	it, err := s.inv.donate(r.PathValue("agent_id"), body.Provider, body.Label, vaultCredential{APIKey: body.APIKey, OAuth: body.OAuth})
 	if err != nil {
@@ -839,19 +849,15 @@ func (s *server) donateSubscription(r *http.Request) (any, error) {
 }
 
 // retireSubscription serves DELETE …/{subscription_id}[?reason=TEXT].
-func (s *server) retireSubscription(r *http.Request) (any, error) {
+func (s *server) retireSubscription(r *http.Request, _ *struct{}) (any, error) {
 	reason := cmp.Or(r.URL.Query().Get("reason"), "retired by "+infoFrom(r.Context()).client.ID)
 	return okBody, s.inv.retire(r.PathValue("agent_id"), r.PathValue("subscription_id"), reason)
 }
 
 // reinstateSubscription serves POST …/{subscription_id}/reinstate {"reason"}.
-func (s *server) reinstateSubscription(r *http.Request) (any, error) {
-	var body struct {
-		Reason string `json:"reason"`
-	}
-	if err := decodeBody(r, &body, false); err != nil {
-		return nil, err
-	}
+func (s *server) reinstateSubscription(r *http.Request, body *struct {
+	Reason string `json:"reason"`
+}) (any, error) {
 	if err := s.inv.reinstate(r.PathValue("agent_id"), r.PathValue("subscription_id"), body.Reason); err != nil {
 		return nil, err
 	}
@@ -861,11 +867,7 @@ func (s *server) reinstateSubscription(r *http.Request) (any, error) {
 
 // replaceCredential serves PUT …/{subscription_id}/credential. The answer
 // carries the row, never the secret.
-func (s *server) replaceCredential(r *http.Request) (any, error) {
-	var body credentialBody
-	if err := decodeBody(r, &body, false); err != nil {
-		return nil, err
-	}
+func (s *server) replaceCredential(r *http.Request, body *credentialBody) (any, error) {
 	it, err := s.replaceSubscriptionCredential(r.PathValue("agent_id"), r.PathValue("subscription_id"),
 		vaultCredential{OAuth: body.OAuth, APIKey: body.APIKey}, infoFrom(r.Context()).client.ID)
 	if err != nil {
@@ -876,10 +878,7 @@ func (s *server) replaceCredential(r *http.Request) (any, error) {
 
 // maintainNow serves POST /v1/admin/maintain (body empty or {}): one pass
 // now; one that could not list the subscriptions is refused 503 with why.
-func (s *server) maintainNow(r *http.Request) (any, error) {
-	if err := decodeBody(r, &struct{}{}, true); err != nil {
-		return nil, err
-	}
+func (s *server) maintainNow(r *http.Request, _ *struct{}) (any, error) {
 	rep, err := s.maint.passNow(r.Context())
 	if errors.Is(err, errMaintenanceStopped) {
 		return nil, refuse("dependency_unavailable", "no pass can run: %v", err).because(err)
@@ -889,10 +888,7 @@ func (s *server) maintainNow(r *http.Request) (any, error) {
 
 // pruneOrphans serves POST /v1/admin/vault/prune-orphans (body empty or {}):
 // the vault's credentials no subscription names are removed (SPEC §17).
-func (s *server) pruneOrphans(r *http.Request) (any, error) {
-	if err := decodeBody(r, &struct{}{}, true); err != nil {
-		return nil, err
-	}
+func (s *server) pruneOrphans(r *http.Request, _ *struct{}) (any, error) {
 	ids, err := s.inv.pruneOrphans()
 	return map[string]any{"ok": true, "removed": ids}, err
 }
