@@ -619,28 +619,31 @@ func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 	} else if why := dirExposure(s.st.dir); why != "" {
 		warn("the state directory ", why)
 	}
-	for i, err := range []error{s.reg.pathErr, s.vault.pathErr, s.clients.pathErr} {
-		if err != nil && !errors.Is(err, s.st.cause) { // not the value: it may lie outside the state directory
-			warn([]string{"BRAMA_ROUTES_FILE", "BRAMA_VAULT_FILE", "BRAMA_CLIENTS_FILE"}[i], " is not an absolute path, so that file has no place (§2.1's no state directory)")
-		}
-	}
-	reason := func(err error, expected bool, prefix, path string) {
-		if err != nil && !expected {
-			rd.Reasons = append(rd.Reasons, prefix+s.hidePath(err.Error(), path))
-		}
-	}
 	noState := func(err error) bool { return errors.As(err, new(*noStateError)) }
-	_, err := s.reg.current()
-	reason(err, noState(err), "route registry unusable: ", s.reg.path)
-	_, err = s.vault.load()
-	reason(err, noState(err), "vault unusable: ", s.vault.path)
-	_, err = s.clients.load()
-	reason(err, errors.Is(err, errFileAbsent), "clients file unusable: ", s.clients.path)
-	reason(s.ledger.unreadable, false, "ledger unusable (served empty, never overwritten): ", "")
-	_, err = s.journal.size()
-	reason(err, noState(err), "journal unusable: ", "")
-	_, _, err = readAnswerKey(s.st)
-	reason(err, errors.Is(err, errFileAbsent) || noState(err), "answer key unusable (every signed answer is refused): ", "")
+	_, regErr := s.reg.current()
+	_, vaultErr := s.vault.load()
+	_, clientsErr := s.clients.load()
+	_, journalErr := s.journal.size()
+	_, _, keyErr := readAnswerKey(s.st)
+	for _, f := range []struct {
+		what, env, path string
+		pathErr, err    error
+		expected        bool
+	}{
+		{"route registry unusable: ", "BRAMA_ROUTES_FILE", s.reg.path, s.reg.pathErr, regErr, noState(regErr)},
+		{"vault unusable: ", "BRAMA_VAULT_FILE", s.vault.path, s.vault.pathErr, vaultErr, noState(vaultErr)},
+		{"clients file unusable: ", "BRAMA_CLIENTS_FILE", s.clients.path, s.clients.pathErr, clientsErr, errors.Is(clientsErr, errFileAbsent)},
+		{"ledger unusable (served empty, never overwritten): ", "", "", nil, s.ledger.unreadable, false},
+		{"journal unusable: ", "", "", nil, journalErr, noState(journalErr)},
+		{"answer key unusable (every signed answer is refused): ", "", "", nil, keyErr, errors.Is(keyErr, errFileAbsent) || noState(keyErr)},
+	} {
+		if f.pathErr != nil && !errors.Is(f.pathErr, s.st.cause) { // not the value: it may lie outside the state directory
+			warn(f.env, " is not an absolute path, so that file has no place (§2.1's no state directory)")
+		}
+		if f.err != nil && !f.expected {
+			rd.Reasons = append(rd.Reasons, f.what+s.hidePath(f.err.Error(), f.path))
+		}
+	}
 	if ids := s.vault.unwrittenIDs(); len(ids) > 0 {
 		warn("the vault refused to keep the rotated OAuth grant of ", strings.Join(ids, ", "),
 			": it is used from memory and written again at the next maintenance pass (a restart before that loses it)")
