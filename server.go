@@ -87,7 +87,7 @@ func (s *server) routes() {
 	s.mux.Handle("POST /v1/admin/maintain", s.caller(roleAdmin, reply(s, 200, optionalBody, s.maintainNow)))
 	s.mux.Handle("POST /v1/admin/vault/prune-orphans", s.caller(roleAdmin, reply(s, 200, optionalBody, s.pruneOrphans)))
 	s.mux.Handle("PUT /v1/admin/subscriptions/{agent_id}/{subscription_id}/credential", s.caller(roleAdmin, reply(s, 200, requiredBody, s.replaceCredential)))
-	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/probe", s.caller(roleAdmin, s.handleSubscriptionProbe))
+	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/probe", s.caller(roleAdmin, reply(s, 200, optionalBody, s.probeSubscription)))
 }
 
 // requestInfo is the one record of a request that its log line reports
@@ -365,6 +365,9 @@ func reply[B any](s *server, status, mode int, f func(*http.Request, *B) (any, e
 		if err != nil {
 			s.fail(w, r, err)
 			return
+		}
+		if n := infoFrom(r.Context()).attemptsKey(); n != nil { // a probe's calls (SPEC §7.4)
+			w.Header().Set("Brama-Attempts", strconv.Itoa(*n))
 		}
 		writeJSON(w, status, v)
 	}
@@ -896,31 +899,19 @@ func (s *server) pruneOrphans(r *http.Request, _ *struct{}) (any, error) {
 	return map[string]any{"ok": true, "removed": ids}, err
 }
 
-// handleSubscriptionProbe serves POST …/{subscription_id}/probe, body
-// optional {"model"}. A provider's refusal is a 200 too: probe.ok false.
-func (s *server) handleSubscriptionProbe(w http.ResponseWriter, r *http.Request) {
-	var body struct {
-		Model string `json:"model"`
-	}
-	var it overlayItem
-	var out probeOutcome
-	ri, agent := infoFrom(r.Context()), r.PathValue("agent_id")
-	err := decodeBody(r, &body, true)
-	if err == nil {
-		it, err = s.inv.owned(agent, r.PathValue("subscription_id"), "a retired subscription is never probed")
-	}
-	if err == nil {
-		e := s.engine(ri)
-		e.agent = agent
-		if out, err = e.probe(r.Context(), it, body.Model); err == nil { // SPEC §7.4: after dispatch
-			w.Header().Set("Brama-Attempts", strconv.Itoa(ri.attempts))
-		}
-	}
+// probeSubscription serves POST …/{subscription_id}/probe, body optional
+// {"model"}. A provider's refusal is a 200 too: probe.ok false.
+func (s *server) probeSubscription(r *http.Request, body *struct {
+	Model string `json:"model"`
+}) (any, error) {
+	agent := r.PathValue("agent_id")
+	it, err := s.inv.owned(agent, r.PathValue("subscription_id"), "a retired subscription is never probed")
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return nil, err
 	}
-	writeJSON(w, http.StatusOK, out)
+	e := s.engine(infoFrom(r.Context()))
+	e.agent = agent
+	return e.probe(r.Context(), it, body.Model)
 }
 
 // handleChat serves the three chat routes for one caller dialect: read the
