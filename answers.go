@@ -1,19 +1,25 @@
 package main
 
 import (
+	"bytes"
 	"cmp"
+	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -21,21 +27,22 @@ import (
 
 // Signed answers (SPEC §12): one provider spend per (client, Idempotency-Key).
 // The first request publishes an in-progress record (os.Link), dispatches and
-// completes it with the answer and its HMAC; later ones replay it. The HTTP
-// face is in server.go.
+// completes it with the answer and its HMAC; later ones replay it. Requests
+// without a key meet the replay guard (replay.go) instead.
 
 const (
 	answerInProgress = "in_progress" // record states (SPEC §12 item 4)
 	answerComplete   = "complete"
-	// abandonedMessage is the kept refusal of SPEC §12 item 2.
-	abandonedMessage = "this answer's process stopped before it was kept; a provider call may have been made"
-	// unkeptMessage answers a key whose answer was given but could not be kept.
-	unkeptMessage = "this answer was given once but could not be kept (see the log's answer_unkept); a provider call was made"
+	abandonedMessage = "this answer's process stopped before it was kept; a provider call may have been made" // SPEC §12 item 2
+	unkeptMessage    = "this answer was given once but could not be kept (see the log's answer_unkept); a provider call was made"
 )
 
 var (
 	errAnswerCorrupt     = errors.New("not a kept answer")  // wraps every decode error: not SPEC §12's shape
 	errSignatureMismatch = errors.New("signature mismatch") // `brama answers verify`'s refusal
+	// errServerShutdown cancels the requests running at serve's second signal:
+	// their log lines say server_shutdown, their kept answers item 2's refusal.
+	errServerShutdown = errors.New("the server is shutting down")
 )
 
 // answerRecord is one kept-answer file, members in SPEC §12's order. While
@@ -56,8 +63,7 @@ type answerRecord struct {
 	Signature     *string `json:"signature"`
 }
 
-// decodeAnswerRecord strictly parses a kept-answer file; every error wraps
-// errAnswerCorrupt.
+// decodeAnswerRecord strictly parses a kept-answer file; every error wraps errAnswerCorrupt.
 func decodeAnswerRecord(b []byte) (*answerRecord, error) {
 	rec := &answerRecord{}
 	if err := decodeStrict("kept answer", b, rec); err != nil {
@@ -66,42 +72,37 @@ func decodeAnswerRecord(b []byte) (*answerRecord, error) {
 	return rec, nil
 }
 
-// validate checks that the record's members agree with its state.
+// validate checks that the record's members agree with its state; the first rule broken is named.
 func (rec *answerRecord) validate() error {
-	switch {
-	case rec.SchemaVersion != 1:
-		return fmt.Errorf("schema_version %d, want 1", rec.SchemaVersion)
-	case rec.BootID == "":
-		return errors.New("boot_id is empty")
-	case !idPattern.MatchString(rec.Client):
-		return errors.New("client is not a client id")
-	case !isHexDigest(rec.KeySHA256):
-		return errors.New("key_sha256 is not 64 lower-case hex digits")
-	case !isHexDigest(rec.RequestSHA256):
-		return errors.New("request_sha256 is not 64 lower-case hex digits")
-	case !isAnswerTime(rec.StartedAt):
-		return errors.New("started_at is not RFC 3339 UTC with milliseconds")
-	case rec.Attempts != nil && *rec.Attempts < 0:
-		return errors.New("attempts is negative")
-	case rec.State == answerInProgress && (rec.CompletedAt != nil || rec.Status != nil || rec.BodyBase64 != nil || rec.Attempts != nil || rec.Signature != nil):
-		return errors.New("an answer in progress has completion members")
-	case rec.State == answerInProgress:
-		return nil
-	case rec.State != answerComplete:
-		return fmt.Errorf("state %q is neither %s nor %s", rec.State, answerInProgress, answerComplete)
-	case rec.CompletedAt == nil || !isAnswerTime(*rec.CompletedAt):
-		return errors.New("completed_at is not RFC 3339 UTC with milliseconds")
-	case rec.Status == nil || *rec.Status < 100 || *rec.Status > 999:
-		return errors.New("status is not an HTTP status")
-	case rec.BodyBase64 == nil:
-		return errors.New("body_base64 is missing")
-	case rec.Signature == nil || !isAnswerSignature(*rec.Signature):
-		return errors.New("signature is not v1=<64 hex>")
-	}
-	if _, err := base64.StdEncoding.Strict().DecodeString(*rec.BodyBase64); err != nil {
-		return errors.New("body_base64 is not standard base64")
+	open, done := rec.State == answerInProgress, rec.State == answerComplete
+	for _, c := range []struct {
+		bad bool
+		why string
+	}{
+		{rec.SchemaVersion != 1, "schema_version is not 1"},
+		{rec.BootID == "", "boot_id is empty"},
+		{!idPattern.MatchString(rec.Client), "client is not a client id"},
+		{!isHexDigest(rec.KeySHA256), "key_sha256 is not 64 lower-case hex digits"},
+		{!isHexDigest(rec.RequestSHA256), "request_sha256 is not 64 lower-case hex digits"},
+		{!isAnswerTime(&rec.StartedAt), "started_at is not RFC 3339 UTC with milliseconds"},
+		{rec.Attempts != nil && *rec.Attempts < 0, "attempts is negative"},
+		{open && (rec.CompletedAt != nil || rec.Status != nil || rec.BodyBase64 != nil || rec.Attempts != nil || rec.Signature != nil), "an answer in progress has completion members"},
+		{!open && !done, "state is neither in_progress nor complete"},
+		{done && !isAnswerTime(rec.CompletedAt), "completed_at is not RFC 3339 UTC with milliseconds"},
+		{done && (rec.Status == nil || *rec.Status < 100 || *rec.Status > 999), "status is not an HTTP status"},
+		{done && (rec.BodyBase64 == nil || base64Bad(*rec.BodyBase64)), "body_base64 is not standard base64"},
+		{done && (rec.Signature == nil || !isAnswerSignature(*rec.Signature)), "signature is not v1=<64 hex>"},
+	} {
+		if c.bad {
+			return errors.New(c.why)
+		}
 	}
 	return nil
+}
+
+func base64Bad(s string) bool {
+	_, err := base64.StdEncoding.Strict().DecodeString(s)
+	return err != nil
 }
 
 // body is a complete record's exact body bytes (validate vouched for them).
@@ -110,9 +111,12 @@ func (rec *answerRecord) body() []byte {
 	return b
 }
 
-func isAnswerTime(s string) bool {
-	t, err := time.Parse(journalTimeFormat, s)
-	return err == nil && t.Format(journalTimeFormat) == s
+func isAnswerTime(s *string) bool {
+	if s == nil {
+		return false
+	}
+	t, err := time.Parse(journalTimeFormat, *s)
+	return err == nil && t.Format(journalTimeFormat) == *s
 }
 
 func isAnswerSignature(s string) bool { return strings.HasPrefix(s, "v1=") && isHexDigest(s[3:]) }
@@ -122,11 +126,6 @@ func signAnswer(key, body []byte) string {
 	m := hmac.New(sha256.New, key)
 	m.Write(body)
 	return "v1=" + hex.EncodeToString(m.Sum(nil))
-}
-
-// verifyAnswer compares sig with body's signature in constant time.
-func verifyAnswer(key, body []byte, sig string) bool {
-	return hmac.Equal([]byte(signAnswer(key, body)), []byte(sig))
 }
 
 // checkIdempotencyKey applies SPEC §12: 1..255 printable ASCII characters.
@@ -142,14 +141,13 @@ func checkIdempotencyKey(key string) error {
 type answerStore struct {
 	sys
 	st     state
-	bootID string // drawn once per process: tells our records from a stopped process's
+	bootID string   // drawn once per process: tells our records from a stopped process's
+	unkept sync.Map // record path → true: left in progress because completing it failed
 
-	mu     sync.Mutex      // guards key and unkept
-	key    []byte          // the answer key, once read or created
-	unkept map[string]bool // records left in progress because completing them failed
+	mu  sync.Mutex // guards key
+	key []byte     // the answer key, once read or created
 }
 
-// newAnswerStore makes the store and draws this process's boot id.
 func newAnswerStore(st state, log *slog.Logger, now func() time.Time) *answerStore {
 	b := make([]byte, 16)
 	rand.Read(b)
@@ -164,8 +162,7 @@ func answerUnplaced(cause error) *apiError {
 	return refuse("internal_error", "this request's one signed answer has no place to be kept: %v", cause).because(cause)
 }
 
-// signingKey reads $STATE/answer-key, creating it once with publishFile,
-// so of two creators one wins.
+// signingKey reads $STATE/answer-key, creating it once with publishFile, so of two creators one wins.
 func (a *answerStore) signingKey() ([]byte, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -180,11 +177,8 @@ func (a *answerStore) signingKey() ([]byte, error) {
 			key, _, err = readAnswerKey(a.st)
 		}
 	}
-	if err != nil {
-		return nil, err
-	}
 	a.key = key
-	return key, nil
+	return key, err
 }
 
 // readAnswerKey reads and guards $STATE/answer-key, and names it.
@@ -193,7 +187,7 @@ func readAnswerKey(st state) (key []byte, name string, err error) {
 		key, _, err = readGuarded("answer key", name)
 	}
 	if err == nil && len(key) != 32 {
-		err = fmt.Errorf("answer key %s holds %d bytes, want 32", name, len(key))
+		key, err = nil, fmt.Errorf("answer key %s holds %d bytes, want 32", name, len(key))
 	}
 	return key, name, err
 }
@@ -211,21 +205,74 @@ func (a *answerStore) recordPath(client, key string) (string, error) {
 		return "", fmt.Errorf("client id %q cannot name a directory", client)
 	}
 	path, err := a.st.path("signed answers", filepath.Join("answers", client, hexSHA256([]byte(key))+".json"))
-	if err != nil {
-		return "", err
-	}
 	for _, d := range []string{filepath.Dir(filepath.Dir(path)), filepath.Dir(path)} {
-		if fi, err := os.Lstat(d); err == nil && !fi.IsDir() {
-			return "", fmt.Errorf("%s is a symlink or not a directory", d)
+		if fi, lerr := os.Lstat(d); err == nil && lerr == nil && !fi.IsDir() {
+			err = fmt.Errorf("%s is a symlink or not a directory", d)
 		}
 	}
-	return path, nil
+	return path, err
+}
+
+// signedCall is a chat request carrying an Idempotency-Key as the store sees
+// it: who asked, what, the route planned, and the engine's tally of calls.
+type signedCall struct {
+	client, route string
+	keys          []string // the header's values: exactly one is allowed
+	stream        bool
+	body          []byte
+	t             *tally
+	envelope      func(http.ResponseWriter, error) *apiError // a refusal in the caller's dialect
+}
+
+// serve answers c (SPEC §12): reserving is the last step before dispatch
+// runs the provider calls; a kept answer is replayed without one. The error
+// is a refusal made before any reservation, for the caller to write.
+func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signedCall, dispatch func(http.ResponseWriter)) (replayed bool, err error) {
+	if err = checkIdempotencyKey(c.keys[0]); len(c.keys) > 1 {
+		err = refuse("invalid_request", "send one Idempotency-Key header")
+	} else if err == nil && c.stream {
+		err = refuse("invalid_request", "Idempotency-Key keeps one buffered answer; it cannot be used with stream: true")
+	}
+	var t *answerTicket
+	var kept *answerRecord
+	if err == nil {
+		t, kept, err = a.reserve(c)
+	}
+	if kept != nil {
+		a.replay(w, c.t, kept)
+	}
+	if err != nil || kept != nil {
+		return kept != nil, err
+	}
+	rec := newCapture()
+	func() {
+		defer func() {
+			if p := recover(); p != nil {
+				a.settle(ctx, c, t, rec, true) // keep or release; the connection is lost anyway
+				panic(p)
+			}
+		}()
+		dispatch(rec)
+	}()
+	rec, sig := a.settle(ctx, c, t, rec, false)
+	maps.Copy(w.Header(), rec.HeaderMap)
+	if sig != "" {
+		w.Header().Set("Brama-Answer-Signature", sig)
+	}
+	w.WriteHeader(cmp.Or(rec.Code, http.StatusOK))
+	w.Write(rec.Body.Bytes())
+	return false, nil
+}
+
+// newCapture holds a buffered answer until it is kept; Code stays 0 until something is written.
+func newCapture() *httptest.ResponseRecorder {
+	return &httptest.ResponseRecorder{HeaderMap: http.Header{}, Body: new(bytes.Buffer)}
 }
 
 // reserve, the last step before the first provider call (SPEC §12 item 1), returns this
-// request's ticket, the record to replay, or item 2's refusal (in r's dialect); no place: §2.1's.
-func (a *answerStore) reserve(r *http.Request, client, key string, body []byte, route string) (*answerTicket, *answerRecord, error) {
-	path, err := a.recordPath(client, key)
+// request's ticket, the record to replay, or item 2's refusal; no place: §2.1's.
+func (a *answerStore) reserve(c signedCall) (*answerTicket, *answerRecord, error) {
+	path, err := a.recordPath(c.client, c.keys[0])
 	if err == nil {
 		_, err = a.signingKey()
 	}
@@ -233,23 +280,20 @@ func (a *answerStore) reserve(r *http.Request, client, key string, body []byte, 
 		return nil, nil, answerUnplaced(err)
 	}
 	t := &answerTicket{path: path, rec: answerRecord{
-		SchemaVersion: 1, State: answerInProgress, BootID: a.bootID, Client: client,
-		KeySHA256: hexSHA256([]byte(key)), RequestSHA256: hexSHA256(body),
-		StartedAt: a.now().UTC().Format(journalTimeFormat), Route: route,
+		SchemaVersion: 1, State: answerInProgress, BootID: a.bootID, Client: c.client,
+		KeySHA256: hexSHA256([]byte(c.keys[0])), RequestSHA256: hexSHA256(c.body),
+		StartedAt: a.now().UTC().Format(journalTimeFormat), Route: c.route,
 	}}
 	data, _ := marshalState(&t.rec) // strings and ints always encode
 	// A record removed between our failed link and our read (a released
 	// retryable refusal, or a prune) frees the key: try again, a few times.
 	for range 3 {
-		err := publishFile(path, data)
-		if err == nil {
+		if err := publishFile(path, data); err == nil {
 			return t, nil, nil
-		}
-		if !errors.Is(err, fs.ErrExist) {
+		} else if !errors.Is(err, fs.ErrExist) {
 			return nil, nil, answerUnplaced(err)
 		}
-		rec, err := a.taken(r, path, t.rec.RequestSHA256)
-		if !errors.Is(err, errFileAbsent) {
+		if rec, err := a.taken(c, path, t.rec.RequestSHA256); !errors.Is(err, errFileAbsent) {
 			return nil, rec, err
 		}
 	}
@@ -266,27 +310,33 @@ func answerBusy() *apiError {
 
 // taken applies SPEC §12 item 2 to the record at path, checking a complete
 // record's signature. A missing record is errFileAbsent.
-func (a *answerStore) taken(r *http.Request, path, requestSHA string) (*answerRecord, error) {
+func (a *answerStore) taken(c signedCall, path, requestSHA string) (*answerRecord, error) {
 	rec, err := readAnswerFile(path)
 	if errors.Is(err, errFileAbsent) {
 		return nil, err
 	}
 	if err == nil && rec.State == answerComplete {
 		var key []byte
-		if key, err = a.signingKey(); err == nil && !verifyAnswer(key, rec.body(), *rec.Signature) {
+		if key, err = a.signingKey(); err == nil && !hmac.Equal([]byte(signAnswer(key, rec.body())), []byte(*rec.Signature)) {
 			err = errSignatureMismatch
 		}
 	}
-	switch {
+	_, unkept := a.unkept.Load(path)
+	switch open := err == nil && rec.State == answerInProgress; {
 	case err != nil:
 		return nil, refuse("internal_error", "the kept answer for this Idempotency-Key is unreadable").because(err)
 	case rec.RequestSHA256 != requestSHA:
 		return nil, refuse("state_conflict", "this Idempotency-Key was used with another request body")
-	case rec.State == answerInProgress && rec.BootID != a.bootID:
-		return a.abandon(r, path, rec)
-	case rec.State == answerInProgress && a.wasUnkept(path):
+	case open && rec.BootID != a.bootID: // a stopped process's: kept as item 2's refusal, attempts unknown
+		e := newCapture()
+		ae := c.envelope(e, refuse("internal_error", abandonedMessage))
+		if rec, err = a.complete(&answerTicket{path: path, rec: *rec}, ae.Status(), e.Body.Bytes(), nil, rec.Route); err != nil {
+			return nil, refuse("internal_error", "the abandoned answer for this Idempotency-Key could not be kept").because(err)
+		}
+		a.log.Warn("answer_abandoned", "client", rec.Client, "key_sha256", rec.KeySHA256, "boot_id", rec.BootID)
+	case open && unkept:
 		return nil, refuse("internal_error", unkeptMessage)
-	case rec.State == answerInProgress:
+	case open:
 		return nil, answerBusy()
 	}
 	return rec, nil
@@ -298,17 +348,56 @@ func readAnswerFile(name string) (*answerRecord, error) {
 	return f.fresh()
 }
 
-// abandon keeps a stopped process's in-progress record as SPEC §12 item 2's
-// refusal in r's envelope, with no attempts key: how many calls it made is unknown.
-func (a *answerStore) abandon(r *http.Request, path string, rec *answerRecord) (*answerRecord, error) {
-	c := newCapture()
-	ae := writeAPIError(c, r, refuse("internal_error", abandonedMessage))
-	kept, err := a.complete(&answerTicket{path: path, rec: *rec}, ae.Status(), c.Body.Bytes(), nil, rec.Route)
-	if err != nil {
-		return nil, refuse("internal_error", "the abandoned answer for this Idempotency-Key could not be kept").because(err)
+// settle keeps or releases the reservation after dispatch (SPEC §12 item 3)
+// and returns what the caller gets, signed when kept. After a provider call
+// started, a hang-up or panic is kept (499, 500) so the key never spends
+// twice; a retryable refusal, or one made before dispatch, is released.
+func (a *answerStore) settle(ctx context.Context, c signedCall, t *answerTicket, rec *httptest.ResponseRecorder, panicked bool) (*httptest.ResponseRecorder, string) {
+	calls, attempts := c.t.attempts, (*int)(nil)
+	if calls > 0 {
+		attempts = &calls
 	}
-	a.log.Warn("answer_abandoned", "client", rec.Client, "key_sha256", rec.KeySHA256, "boot_id", rec.BootID)
-	return kept, nil
+	if n, err := strconv.Atoi(rec.HeaderMap.Get("Brama-Attempts")); err == nil {
+		attempts = &n
+	}
+	var env envelope
+	json.Unmarshal(rec.Body.Bytes(), &env)
+	var cut *apiError
+	switch {
+	case rec.Code >= 200 && rec.Code <= 299 && !panicked:
+	case calls > 0 && panicked:
+		cut = refuse("internal_error", "the answer failed inside Brama after a provider call started")
+	case calls > 0 && context.Cause(ctx) == errServerShutdown: // a stopped process's answer (item 2)
+		cut = refuse("internal_error", abandonedMessage)
+	case calls > 0 && ctx.Err() != nil:
+		cut = refuse("client_cancelled", "the caller hung up after a provider call started")
+	case panicked, ctx.Err() != nil, env.Error.Retryable, attempts == nil:
+		err := os.Remove(t.path)
+		if err == nil {
+			err = syncDir(filepath.Dir(t.path))
+		}
+		if err != nil {
+			a.log.Error("answer_release_failed", "request_id", c.t.requestID, "err", err)
+		}
+		return rec, ""
+	}
+	route := cmp.Or(rec.HeaderMap.Get("Brama-Route"), c.route) // a selector's: the candidate that answered
+	if cut != nil {
+		rec, attempts = newCapture(), &calls
+		c.envelope(rec, cut.withAttempts(calls))
+		c.t.outcome, c.t.retryable = cut.Code, false
+	}
+	rec.Body = bytes.NewBuffer(withoutPromptEcho(rec.Body.Bytes())) // the first answer is the kept body (item 7)
+	kept, err := a.complete(t, rec.Code, rec.Body.Bytes(), attempts, route)
+	if err != nil {
+		// The answer exists and was paid for: give it unsigned rather than
+		// lose it. The record stays in progress, so the key never spends
+		// twice; sent again it is refused, and after a restart it reads as abandoned.
+		a.unkept.Store(t.path, true)
+		a.log.Error("answer_unkept", "request_id", c.t.requestID, "err", err)
+		return rec, ""
+	}
+	return rec, *kept.Signature
 }
 
 // complete keeps an answer (SPEC §12 item 3) in place of the reservation.
@@ -318,22 +407,34 @@ func (a *answerStore) complete(t *answerTicket, status int, body []byte, attempt
 		return nil, err
 	}
 	rec := t.rec
-	done := a.now().UTC().Format(journalTimeFormat)
-	b64 := base64.StdEncoding.EncodeToString(body)
-	sig := signAnswer(key, body)
+	done, b64, sig := a.now().UTC().Format(journalTimeFormat), base64.StdEncoding.EncodeToString(body), signAnswer(key, body)
 	rec.State, rec.CompletedAt, rec.Status, rec.BodyBase64, rec.Attempts, rec.Signature = answerComplete, &done, &status, &b64, attempts, &sig
 	rec.Route = cmp.Or(route, rec.Route)
-	if err := writeState(t.path, &rec); err != nil {
-		return nil, err
-	}
-	return &rec, nil
+	return &rec, writeState(t.path, &rec)
 }
 
-// promptEchoes are the members of an answer that repeat the caller's input
-// (OpenAI Responses echoes instructions): kept as null (SPEC §12 item 7).
-var promptEchoes = []string{"instructions", "input", "prompt", "messages", "system"}
+// replay answers from a complete record, with no provider call.
+func (a *answerStore) replay(w http.ResponseWriter, t *tally, rec *answerRecord) {
+	body, h := rec.body(), w.Header()
+	var env envelope
+	if json.Unmarshal(body, &env) == nil && env.Error.Code != "" {
+		t.outcome, t.retryable = env.Error.Code, env.Error.Retryable
+		h.Set("X-Should-Retry", strconv.FormatBool(env.Error.Retryable)) // SPEC §8.1
+	}
+	t.attempts = 0
+	h.Set("Brama-Answer-Signature", *rec.Signature)
+	h.Set("Brama-Answer-Replayed", "true")
+	h.Set("Brama-Attempts", "0")
+	if rec.Route != "" { // README: every answer names its route
+		h.Set("Brama-Route", rec.Route)
+	}
+	h.Set("Content-Type", "application/json")
+	w.WriteHeader(*rec.Status)
+	w.Write(body)
+}
 
-// withoutPromptEcho is body with each echoed prompt member set to null; any
+// withoutPromptEcho is body with each member that repeats the caller's input
+// (OpenAI Responses echoes instructions) set to null (SPEC §12 item 7); any
 // other byte, and a body that is no JSON object, stays as it was.
 func withoutPromptEcho(body []byte) []byte {
 	o, err := parseRawObject(body)
@@ -341,37 +442,12 @@ func withoutPromptEcho(body []byte) []byte {
 		return body
 	}
 	var edits []memberEdit
-	for _, k := range promptEchoes {
+	for _, k := range []string{"instructions", "input", "prompt", "messages", "system"} {
 		if v := o.value(k); v != nil && string(v) != "null" {
 			edits = append(edits, memberEdit{k, []byte("null")})
 		}
 	}
 	return o.edit(edits...)
-}
-
-// markUnkept remembers, for this process, that the record at path stays in
-// progress because its completion failed; wasUnkept reads it.
-func (a *answerStore) markUnkept(path string) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.unkept == nil {
-		a.unkept = map[string]bool{}
-	}
-	a.unkept[path] = true
-}
-
-func (a *answerStore) wasUnkept(path string) bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.unkept[path]
-}
-
-// release removes a reservation so the key is free again.
-func (a *answerStore) release(t *answerTicket) error {
-	if err := os.Remove(t.path); err != nil {
-		return err
-	}
-	return syncDir(filepath.Dir(t.path))
 }
 
 // verifyAnswerFile is `brama answers verify` (SPEC §12 item 6): sig over
@@ -389,13 +465,12 @@ func verifyAnswerFile(st state, file, sig string) error {
 		rec, err := decodeAnswerRecord(body)
 		if err != nil {
 			return fmt.Errorf("%s: %w", file, err)
-		}
-		if rec.State != answerComplete {
+		} else if rec.State != answerComplete {
 			return fmt.Errorf("%s: the answer is still in progress; there is no signature to check", file)
 		}
 		body, sig = rec.body(), *rec.Signature
 	}
-	if !verifyAnswer(key, body, sig) {
+	if !hmac.Equal([]byte(signAnswer(key, body)), []byte(sig)) {
 		return errSignatureMismatch
 	}
 	return nil

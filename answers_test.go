@@ -21,7 +21,7 @@ func answerBody(prompt string) string {
 	return `{"model":"openai/gpt-test","messages":[{"role":"user","content":"` + prompt + `"}],"max_tokens":50}`
 }
 
-// TestSignedAnswerHangUp drives signedAnswer directly with a cancelled
+// TestSignedAnswerHangUp drives the answer store's serve with a cancelled
 // request: after a provider call started the key is kept as 499, before
 // any call it is released (SPEC §7.4).
 func TestSignedAnswerHangUp(t *testing.T) {
@@ -36,19 +36,17 @@ func TestSignedAnswerHangUp(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a := newAnswerStore(state{dir: t.TempDir()}, slog.New(slog.DiscardHandler), time.Now)
-			s := &server{core: core{sys: sys{log: slog.New(slog.DiscardHandler)}}, answers: a}
 			body := answerBody("x")
-			ri := &requestInfo{client: client{ID: "local"}, body: []byte(body), tally: tally{route: "openai/gpt-test"}}
-			ctx, cancel := context.WithCancel(context.WithValue(context.Background(), infoKey{}, ri))
-			r := httptest.NewRequest("POST", "/v1/chat/completions", strings.NewReader(body)).WithContext(ctx)
+			ta := &tally{route: "openai/gpt-test"}
+			r := httptest.NewRequest("POST", "/v1/chat/completions", strings.NewReader(body))
+			ctx, cancel := context.WithCancel(context.Background())
 			w := httptest.NewRecorder()
-			s.signedAnswer(w, r, chatRequest{}, "k", func(w http.ResponseWriter, r *http.Request) {
-				if tc.calls > 0 { // as the engine's account does
-					ri.attempts = tc.calls
-				}
-				cancel() // the caller hangs up while the call is in flight
-				ae := refuse("provider_incomplete", "cut").withAttempts(tc.calls)
-				writeAPIError(w, r, ae)
+			c := signedCall{client: "local", route: ta.route, keys: []string{"k"}, body: []byte(body), t: ta,
+				envelope: func(w http.ResponseWriter, err error) *apiError { return writeAPIError(w, r, err) }}
+			a.serve(ctx, w, c, func(w http.ResponseWriter) {
+				ta.attempts = tc.calls // as the engine's account does
+				cancel()               // the caller hangs up while the call is in flight
+				writeAPIError(w, r, refuse("provider_incomplete", "cut").withAttempts(tc.calls))
 			})
 			path, _ := a.recordPath("local", "k")
 			raw, err := os.ReadFile(path)
@@ -79,7 +77,7 @@ func TestAnswersPrune(t *testing.T) {
 	longAgo := func() time.Time { return time.Date(2000, 1, 2, 3, 4, 5, 0, time.UTC) }
 	keep := func(key string, now func() time.Time, complete bool) string {
 		a.now = now
-		tk, _, err := a.reserve(nil, "local", key, []byte("{}"), "r")
+		tk, _, err := a.reserve(signedCall{client: "local", keys: []string{key}, body: []byte("{}"), route: "r"})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -17,10 +18,7 @@ import (
 // a refused request, each re-send after a provider call maybe billed again.
 // Memory only; an Idempotency-Key request never reaches it (SPEC §12).
 
-const (
-	defaultReplayGuard = 120 * time.Second // the window when BRAMA_REPLAY_GUARD_SECS is unset
-	maxReplayMessage   = 256               // message bytes kept per entry: 10,000 entries stay a few MB
-)
+const maxReplayMessage = 256 // message bytes kept per entry: 10,000 entries stay a few MB
 
 // errReplayRefused is the logged cause of a replay guard refusal.
 var errReplayRefused = errors.New("replay guard: the same request was refused after a provider call")
@@ -28,7 +26,7 @@ var errReplayRefused = errors.New("replay guard: the same request was refused af
 // replayGuard remembers refusals after a provider call; every entry lives
 // the same window, so queue is in expiry order and forgetting walks its front.
 type replayGuard struct {
-	window time.Duration
+	window time.Duration // 0: off
 	now    func() time.Time
 
 	mu       sync.Mutex // guards refused, queue, byClient
@@ -40,14 +38,15 @@ type replayGuard struct {
 // replayKey is replayKeyOf's sha256.
 type replayKey [sha256.Size]byte
 
-// replayEntry is one remembered refusal.
+// replayEntry is one remembered refusal: its status (a stream's: its
+// code's), code and message (cut; "" for a stream), the alias the request
+// named and the providers its route could call (SPEC §17: a fix forgets it).
 type replayEntry struct {
-	status    int      // the HTTP status it had (a stream's: its code's)
-	code      string   // its code
-	message   string   // its message, cut to maxReplayMessage ("" for a stream)
-	alias     string   // the alias the request named, "" for none
-	providers []string // the providers its route could call (SPEC §17: a fix forgets it)
-	at, until time.Time
+	status        int
+	code, message string
+	alias         string
+	providers     []string
+	at, until     time.Time
 }
 
 type replayQueued struct {
@@ -59,20 +58,24 @@ type replayQueued struct {
 // newReplayGuard reads BRAMA_REPLAY_GUARD_SECS: unset is 120 s, 0 turns the
 // guard off; anything unreadable is logged and 120 s.
 func newReplayGuard(getenv func(string) string, log *slog.Logger, now func() time.Time) *replayGuard {
-	const name = "BRAMA_REPLAY_GUARD_SECS"
-	window, err := envSeconds(getenv, name, 0, defaultReplayGuard)
+	const name, def = "BRAMA_REPLAY_GUARD_SECS", 120 * time.Second
+	window, err := envSeconds(getenv, name, 0, def)
 	if err != nil {
-		log.Warn("replay_guard_secs_invalid", "value", strings.TrimSpace(getenv(name)),
-			"using_secs", int(defaultReplayGuard/time.Second))
+		log.Warn("replay_guard_secs_invalid", "value", strings.TrimSpace(getenv(name)), "using_secs", int(def/time.Second))
 	}
 	return &replayGuard{window: window, now: now, refused: map[replayKey]replayEntry{}, byClient: map[string]int{}}
 }
 
-// replayKeyOf digests client, scope and the body's bytes without the stream
-// members (SPEC §17: clients resend the same bytes), so a buffered fallback
-// from a failed stream asks the same request; the loose key leaves out the
-// output limit too: Claude Code's fallback asks 64000 of 128000. The Codex
-// CLI re-sends client_metadata from a hash map: its members go in key order.
+// The top-level members a digest leaves out: the stream members (SPEC §17:
+// a buffered fallback from a failed stream asks the same request), and for
+// the loose key the output limit too (Claude Code's fallback asks 64000 of 128000).
+var (
+	streamMembers = []memberEdit{{key: "stream"}, {key: "stream_options"}}
+	looseMembers  = append(streamMembers[:2:2], memberEdit{key: "max_tokens"}, memberEdit{key: "max_completion_tokens"}, memberEdit{key: "max_output_tokens"})
+)
+
+// replayKeyOf digests client, scope and the body's bytes without the members
+// above. The Codex CLI re-sends client_metadata from a hash map: its members go in key order.
 func replayKeyOf(clientID, scope string, body rawObject, loose bool) replayKey {
 	leftOut := streamMembers
 	if loose {
@@ -101,36 +104,28 @@ func replayScope(agent string, h http.Header, c call) string {
 		strings.Join(h.Values("anthropic-version"), ","), strings.Join(h.Values("anthropic-beta"), ","), strings.Join(h.Values("openai-beta"), ",")})
 }
 
-// The top-level members a digest leaves out.
-var (
-	streamMembers = []memberEdit{{key: "stream"}, {key: "stream_options"}}
-	looseMembers  = append(streamMembers[:2:2], memberEdit{key: "max_tokens"}, memberEdit{key: "max_completion_tokens"}, memberEdit{key: "max_output_tokens"})
-)
-
-// mayHaveGenerated: the loose key's codes; a caller that fixes its output
-// limit after provider_rejected asks a new request.
 func mayHaveGenerated(code string) bool {
 	return code == "provider_incomplete" || code == "provider_failure"
 }
 
-// rememberRequest keeps e under the request's key, and its loose key too.
+// rememberRequest keeps e under the request's key, and under its loose key
+// when the provider may have generated: a caller that fixes its output
+// limit after provider_rejected asks a new request.
 func (g *replayGuard) rememberRequest(client, scope string, body rawObject, e replayEntry) {
-	for _, loose := range []bool{false, true} {
-		if loose && !mayHaveGenerated(e.code) {
-			break
-		}
-		g.remember(client, replayKeyOf(client, scope, body, loose), e)
+	g.remember(client, replayKeyOf(client, scope, body, false), e)
+	if mayHaveGenerated(e.code) {
+		g.remember(client, replayKeyOf(client, scope, body, true), e)
 	}
 }
 
 // lookupRequest is the refusal remembered for a request under either key.
 func (g *replayGuard) lookupRequest(client, scope string, body rawObject) (replayEntry, bool) {
-	for _, loose := range []bool{false, true} {
-		if e, ok := g.lookup(replayKeyOf(client, scope, body, loose)); ok && (!loose || mayHaveGenerated(e.code)) {
-			return e, true
-		}
+	e, ok := g.lookup(replayKeyOf(client, scope, body, false))
+	if !ok {
+		e, ok = g.lookup(replayKeyOf(client, scope, body, true))
+		ok = ok && mayHaveGenerated(e.code)
 	}
-	return replayEntry{}, false
+	return e, ok
 }
 
 // lock takes mu and forgets every entry whose time has passed.
@@ -187,11 +182,9 @@ func (g *replayGuard) forget(alias, provider string) {
 	}
 	g.lock()
 	defer g.mu.Unlock()
-	for k, e := range g.refused {
-		if alias != "" && e.alias == alias || provider != "" && slices.Contains(e.providers, provider) {
-			delete(g.refused, k)
-		}
-	}
+	maps.DeleteFunc(g.refused, func(_ replayKey, e replayEntry) bool {
+		return alias != "" && e.alias == alias || provider != "" && slices.Contains(e.providers, provider)
+	})
 }
 
 // size is the number of refusals remembered now.
@@ -201,8 +194,16 @@ func (g *replayGuard) size() int {
 	return len(g.refused)
 }
 
-// refusal answers a request repeating e: its status and code, not retryable.
-func (e replayEntry) refusal() *apiError {
+// refusalFor is the refusal a request of client repeats, nil for none: its
+// status and code, not retryable, with no call made.
+func (g *replayGuard) refusalFor(client, scope string, body rawObject) *apiError {
+	if g == nil || g.window <= 0 || !g.holds(client) { // the digest is taken only when it can match
+		return nil
+	}
+	e, ok := g.lookupRequest(client, scope, body)
+	if !ok {
+		return nil
+	}
 	why := e.code
 	if e.message != "" {
 		why += ": " + e.message
@@ -212,54 +213,31 @@ func (e replayEntry) refusal() *apiError {
 	if e.code == "provider_rejected" {
 		ae.withStatus(e.status)
 	}
-	no := false
-	ae.Retryable = &no
+	ae.Retryable = ptrTo(false)
 	return ae.because(errReplayRefused).withAttempts(0)
 }
 
-// replayRefused answers r, planned as c, with the remembered refusal it
-// repeats, if any.
-func (s *server) replayRefused(w http.ResponseWriter, r *http.Request, body rawObject, c call) bool {
-	g, ri := s.replay, infoFrom(r.Context())
-	if g == nil || g.window <= 0 || !g.holds(ri.client.ID) { // the digest is taken only when it can match
-		return false
-	}
-	e, ok := g.lookupRequest(ri.client.ID, replayScope(ri.agentID, r.Header, c), body)
-	if ok {
-		w.Header().Set("Brama-Replay-Refused", "true")
-		s.fail(w, r, e.refusal())
-	}
-	return ok
-}
-
-// replayRememberer is tally.remember for r, planned as c over cands; nil
-// when the guard is off.
-func (s *server) replayRememberer(r *http.Request, body rawObject, c call, cands []resolution) func(ae *apiError, attempts int, hungUp, streamed bool) {
-	g, ri := s.replay, infoFrom(r.Context())
+// rememberer is tally.remember for a request of client planned as c over
+// cands; nil when the guard is off. Remembered is a non-retryable refusal
+// after a call, not subscription_reauthorization_required: signing in must
+// pass; a stream's was met in-band, under a 200.
+func (g *replayGuard) rememberer(client, scope string, body rawObject, c call, cands []resolution) func(ae *apiError, attempts int, hungUp, streamed bool) {
 	if g == nil || g.window <= 0 {
 		return nil
 	}
 	return func(ae *apiError, attempts int, hungUp, streamed bool) {
-		if e, ok := replayEntryOf(ae, attempts, hungUp, streamed); ok {
-			e.alias, e.providers = c.res.Alias, []string{c.res.Provider.id}
-			for _, cand := range cands {
-				if !slices.Contains(e.providers, cand.Provider.id) {
-					e.providers = append(e.providers, cand.Provider.id)
-				}
-			}
-			g.rememberRequest(ri.client.ID, replayScope(ri.agentID, r.Header, c), body, e)
+		if attempts == 0 || hungUp || ae.Code == "client_cancelled" || ae.Code == "subscription_reauthorization_required" || ae.retryable() {
+			return
 		}
+		e := replayEntry{status: ae.Status(), code: ae.Code, message: truncateUTF8(ae.Message, maxReplayMessage), alias: c.res.Alias, providers: []string{c.res.Provider.id}}
+		if streamed {
+			e.status, e.message = codes[ae.Code].status, ""
+		}
+		for _, cand := range cands {
+			if !slices.Contains(e.providers, cand.Provider.id) {
+				e.providers = append(e.providers, cand.Provider.id)
+			}
+		}
+		g.rememberRequest(client, scope, body, e)
 	}
-}
-
-// replayEntryOf is what is remembered of a non-retryable refusal after a
-// call; not subscription_reauthorization_required: signing in must pass.
-func replayEntryOf(ae *apiError, attempts int, hungUp, streamed bool) (replayEntry, bool) {
-	if attempts == 0 || hungUp || ae.Code == "client_cancelled" || ae.Code == "subscription_reauthorization_required" || ae.retryable() {
-		return replayEntry{}, false
-	}
-	if streamed { // the caller met it in-band, under a 200
-		return replayEntry{status: codes[ae.Code].status, code: ae.Code}, true
-	}
-	return replayEntry{status: ae.Status(), code: ae.Code, message: truncateUTF8(ae.Message, maxReplayMessage)}, true
 }

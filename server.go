@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -80,15 +79,15 @@ func (s *server) routes() {
 	s.mux.Handle("DELETE /v1/admin/routes", s.caller(roleAdmin, s.handleRoutesWrite))
 	for _, role := range []string{"", roleAdmin} {
 		p := map[string]string{"": "/v1/subscriptions/", roleAdmin: "/v1/admin/subscriptions/"}[role] + "{agent_id}"
-		s.mux.Handle("GET "+p, s.caller(role, s.reply(200, s.listSubscriptions)))
-		s.mux.Handle("POST "+p, s.caller(role, s.reply(201, s.donateSubscription)))
-		s.mux.Handle("DELETE "+p+"/{subscription_id}", s.caller(role, s.reply(200, s.retireSubscription)))
+		s.mux.Handle("GET "+p, s.caller(role, reply(s, 200, noBody, s.listSubscriptions)))
+		s.mux.Handle("POST "+p, s.caller(role, reply(s, 201, requiredBody, s.donateSubscription)))
+		s.mux.Handle("DELETE "+p+"/{subscription_id}", s.caller(role, reply(s, 200, noBody, s.retireSubscription)))
 	}
-	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/reinstate", s.caller(roleAdmin, s.reply(200, s.reinstateSubscription)))
-	s.mux.Handle("POST /v1/admin/maintain", s.caller(roleAdmin, s.reply(200, s.maintainNow)))
-	s.mux.Handle("POST /v1/admin/vault/prune-orphans", s.caller(roleAdmin, s.reply(200, s.pruneOrphans)))
-	s.mux.Handle("PUT /v1/admin/subscriptions/{agent_id}/{subscription_id}/credential", s.caller(roleAdmin, s.reply(200, s.replaceCredential)))
-	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/probe", s.caller(roleAdmin, s.handleSubscriptionProbe))
+	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/reinstate", s.caller(roleAdmin, reply(s, 200, requiredBody, s.reinstateSubscription)))
+	s.mux.Handle("POST /v1/admin/maintain", s.caller(roleAdmin, reply(s, 200, optionalBody, s.maintainNow)))
+	s.mux.Handle("POST /v1/admin/vault/prune-orphans", s.caller(roleAdmin, reply(s, 200, optionalBody, s.pruneOrphans)))
+	s.mux.Handle("PUT /v1/admin/subscriptions/{agent_id}/{subscription_id}/credential", s.caller(roleAdmin, reply(s, 200, requiredBody, s.replaceCredential)))
+	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/probe", s.caller(roleAdmin, reply(s, 200, optionalBody, s.probeSubscription)))
 }
 
 // requestInfo is the one record of a request that its log line reports
@@ -135,6 +134,7 @@ type statusWriter struct {
 	http.ResponseWriter
 	status int
 	unread func() bool // the request has a body not read (nil: none)
+	broken bool        // a write failed: the answer did not reach the caller whole
 }
 
 func (w *statusWriter) WriteHeader(code int) {
@@ -154,14 +154,15 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 	if w.status == 0 {
 		w.WriteHeader(http.StatusOK)
 	}
-	return w.ResponseWriter.Write(b)
+	n, err := w.ResponseWriter.Write(b)
+	w.broken = w.broken || err != nil
+	return n, err
 }
 
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// errServerShutdown cancels the requests running at serve's second signal,
-// so their log lines say server_shutdown, not client_cancelled.
-var errServerShutdown = errors.New("the server is shutting down")
+// testingOnlyBeforeLog runs before a request's log line (nil in production).
+var testingOnlyBeforeLog func(*http.Request)
 
 // ServeHTTP gives every response an X-Request-Id, applies the transport
 // guard, turns the mux's own 404/405 into envelopes and logs one line.
@@ -179,8 +180,13 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	r = r.WithContext(context.WithValue(r.Context(), infoKey{}, ri))
 	defer func() {
+		if testingOnlyBeforeLog != nil {
+			testingOnlyBeforeLog(r)
+		}
 		ri.outcome = cmp.Or(ri.outcome, "ok")
-		if ri.outcome == "ok" && ri.attemptsKey() != nil && r.Context().Err() != nil {
+		// A hang-up after the whole answer was written (the Codex CLI's after
+		// response.completed) leaves it ok.
+		if ri.outcome == "ok" && ri.attemptsKey() != nil && sw.broken && r.Context().Err() != nil {
 			ri.outcome = "client_cancelled"
 		}
 		if ri.outcome == "client_cancelled" && context.Cause(r.Context()) == errServerShutdown {
@@ -336,14 +342,34 @@ func writeRaw(w http.ResponseWriter, status int, b []byte) {
 	w.Write(b)
 }
 
-// reply makes f a handler: its value is written with status, its error in the envelope.
-func (s *server) reply(status int, f func(*http.Request) (any, error)) http.HandlerFunc {
+// How an admin handler reads its request body.
+const (
+	noBody       = iota // not read
+	optionalBody        // empty, or a strict JSON document
+	requiredBody
+)
+
+// reply makes f a handler: the body decoded into B as mode says, f's value
+// written with status, an error in the envelope.
+func reply[B any](s *server, status, mode int, f func(*http.Request, *B) (any, error)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if v, err := f(r); err != nil {
-			s.fail(w, r, err)
-		} else {
-			writeJSON(w, status, v)
+		var b B
+		var v any
+		var err error
+		if mode != noBody {
+			err = decodeBody(r, &b, mode == optionalBody)
 		}
+		if err == nil {
+			v, err = f(r, &b)
+		}
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		if n := infoFrom(r.Context()).attemptsKey(); n != nil { // a probe's calls (SPEC §7.4)
+			w.Header().Set("Brama-Attempts", strconv.Itoa(*n))
+		}
+		writeJSON(w, status, v)
 	}
 }
 
@@ -374,39 +400,36 @@ type clientsDoc struct {
 
 // parseClients strictly parses clients.json; nil, no file, is no clients.
 func parseClients(b []byte) (*clientsDoc, error) {
+	doc := &clientsDoc{Clients: []client{}}
 	if b == nil {
-		return &clientsDoc{Clients: []client{}}, nil
+		return doc, nil
 	}
-	doc := &clientsDoc{}
 	if err := decodeStrict("clients file", b, doc); err != nil {
 		return nil, err
 	}
 	return doc, nil
 }
 
-// validate applies SPEC §3.1's rules, naming the one that failed.
+// validate applies SPEC §3.1's rules, naming the first one a client breaks.
 func (doc *clientsDoc) validate() error {
 	ids, digests := map[string]bool{}, map[string]bool{}
 	for i, c := range doc.Clients {
-		why := ""
-		switch {
-		case !idPattern.MatchString(c.ID):
-			return fmt.Errorf("clients file: client %d: id %q must match [a-z0-9-]{1,64}", i, c.ID)
-		case ids[c.ID]:
-			return fmt.Errorf("clients file: duplicate client id %q", c.ID)
-		case !isHexDigest(c.TokenSHA256):
-			why = "token_sha256 must be 64 lower-case hex characters"
-		case digests[c.TokenSHA256]:
-			why = "duplicate token digest"
-		case c.Role != roleAdmin && c.Role != roleCaller:
-			why = "role must be admin or caller"
-		case c.AgentID != "" && !idPattern.MatchString(c.AgentID):
-			why = "agent_id must match [a-z0-9-]{1,64}"
-		case slices.ContainsFunc(c.AllowedModels, func(m string) bool { return strings.TrimSpace(m) == "" || strings.Contains(m, "*") }):
-			why = "allowed_models entries must be exact names (no empty or wildcard entry)"
-		}
-		if why != "" {
-			return fmt.Errorf("clients file: client %q: %s", c.ID, why)
+		for _, rule := range []struct {
+			bad bool
+			why string
+		}{
+			{!idPattern.MatchString(c.ID), "id must match [a-z0-9-]{1,64}"},
+			{ids[c.ID], "duplicate client id"},
+			{!isHexDigest(c.TokenSHA256), "token_sha256 must be 64 lower-case hex characters"},
+			{digests[c.TokenSHA256], "duplicate token digest"},
+			{c.Role != roleAdmin && c.Role != roleCaller, "role must be admin or caller"},
+			{c.AgentID != "" && !idPattern.MatchString(c.AgentID), "agent_id must match [a-z0-9-]{1,64}"},
+			{slices.ContainsFunc(c.AllowedModels, func(m string) bool { return strings.TrimSpace(m) == "" || strings.Contains(m, "*") }),
+				"allowed_models entries must be exact names (no empty or wildcard entry)"},
+		} {
+			if rule.bad {
+				return fmt.Errorf("clients file: client %d (%q): %s", i, c.ID, rule.why)
+			}
 		}
 		ids[c.ID], digests[c.TokenSHA256] = true, true
 	}
@@ -599,28 +622,31 @@ func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 	} else if why := dirExposure(s.st.dir); why != "" {
 		warn("the state directory ", why)
 	}
-	for i, err := range []error{s.reg.pathErr, s.vault.pathErr, s.clients.pathErr} {
-		if err != nil && !errors.Is(err, s.st.cause) { // not the value: it may lie outside the state directory
-			warn([]string{"BRAMA_ROUTES_FILE", "BRAMA_VAULT_FILE", "BRAMA_CLIENTS_FILE"}[i], " is not an absolute path, so that file has no place (§2.1's no state directory)")
-		}
-	}
-	reason := func(err error, expected bool, prefix, path string) {
-		if err != nil && !expected {
-			rd.Reasons = append(rd.Reasons, prefix+s.hidePath(err.Error(), path))
-		}
-	}
 	noState := func(err error) bool { return errors.As(err, new(*noStateError)) }
-	_, err := s.reg.current()
-	reason(err, noState(err), "route registry unusable: ", s.reg.path)
-	_, err = s.vault.load()
-	reason(err, noState(err), "vault unusable: ", s.vault.path)
-	_, err = s.clients.load()
-	reason(err, errors.Is(err, errFileAbsent), "clients file unusable: ", s.clients.path)
-	reason(s.ledger.unreadable, false, "ledger unusable (served empty, never overwritten): ", "")
-	_, err = s.journal.size()
-	reason(err, noState(err), "journal unusable: ", "")
-	_, _, err = readAnswerKey(s.st)
-	reason(err, errors.Is(err, errFileAbsent) || noState(err), "answer key unusable (every signed answer is refused): ", "")
+	_, regErr := s.reg.current()
+	_, vaultErr := s.vault.load()
+	_, clientsErr := s.clients.load()
+	_, journalErr := s.journal.size()
+	_, _, keyErr := readAnswerKey(s.st)
+	for _, f := range []struct {
+		what, env, path string
+		pathErr, err    error
+		expected        bool
+	}{
+		{"route registry unusable: ", "BRAMA_ROUTES_FILE", s.reg.path, s.reg.pathErr, regErr, noState(regErr)},
+		{"vault unusable: ", "BRAMA_VAULT_FILE", s.vault.path, s.vault.pathErr, vaultErr, noState(vaultErr)},
+		{"clients file unusable: ", "BRAMA_CLIENTS_FILE", s.clients.path, s.clients.pathErr, clientsErr, errors.Is(clientsErr, errFileAbsent)},
+		{"ledger unusable (served empty, never overwritten): ", "", "", nil, s.ledger.unreadable, false},
+		{"journal unusable: ", "", "", nil, journalErr, noState(journalErr)},
+		{"answer key unusable (every signed answer is refused): ", "", "", nil, keyErr, errors.Is(keyErr, errFileAbsent) || noState(keyErr)},
+	} {
+		if f.pathErr != nil && !errors.Is(f.pathErr, s.st.cause) { // not the value: it may lie outside the state directory
+			warn(f.env, " is not an absolute path, so that file has no place (§2.1's no state directory)")
+		}
+		if f.err != nil && !f.expected {
+			rd.Reasons = append(rd.Reasons, f.what+s.hidePath(f.err.Error(), f.path))
+		}
+	}
 	if ids := s.vault.unwrittenIDs(); len(ids) > 0 {
 		warn("the vault refused to keep the rotated OAuth grant of ", strings.Join(ids, ", "),
 			": it is used from memory and written again at the next maintenance pass (a restart before that loses it)")
@@ -797,23 +823,19 @@ type credentialBody struct {
 
 var okBody = map[string]bool{"ok": true}
 
-func (s *server) listSubscriptions(r *http.Request) (any, error) {
+func (s *server) listSubscriptions(r *http.Request, _ *struct{}) (any, error) {
 	rows, err := s.inv.list(r.PathValue("agent_id"))
 	return map[string]any{"subscriptions": rows}, err
 }
 
 // donateSubscription serves POST …/subscriptions/{agent_id}; on the admin
 // route ?via=sign-in is journaled as a sign-in (SPEC §11.1).
-func (s *server) donateSubscription(r *http.Request) (any, error) {
+func (s *server) donateSubscription(r *http.Request, body *donation) (any, error) {
 	signIn := strings.HasPrefix(r.URL.Path, "/v1/admin/") && r.URL.Query().Get("via") == signInVia
 	if signIn {
 		if err := s.journal.ready(); err != nil {
 			return nil, refuse("dependency_unavailable", "subscription not donated: the journal cannot record a sign-in: %v", err).because(err)
 		}
-	}
-	var body donation
-	if err := decodeBody(r, &body, false); err != nil {
-		return nil, err
 	}
 	it, err := s.inv.donate(r.PathValue("agent_id"), body.Provider, body.Label, vaultCredential{APIKey: body.APIKey, OAuth: body.OAuth})
 	if err != nil {
@@ -833,19 +855,15 @@ func (s *server) donateSubscription(r *http.Request) (any, error) {
 }
 
 // retireSubscription serves DELETE …/{subscription_id}[?reason=TEXT].
-func (s *server) retireSubscription(r *http.Request) (any, error) {
+func (s *server) retireSubscription(r *http.Request, _ *struct{}) (any, error) {
 	reason := cmp.Or(r.URL.Query().Get("reason"), "retired by "+infoFrom(r.Context()).client.ID)
 	return okBody, s.inv.retire(r.PathValue("agent_id"), r.PathValue("subscription_id"), reason)
 }
 
 // reinstateSubscription serves POST …/{subscription_id}/reinstate {"reason"}.
-func (s *server) reinstateSubscription(r *http.Request) (any, error) {
-	var body struct {
-		Reason string `json:"reason"`
-	}
-	if err := decodeBody(r, &body, false); err != nil {
-		return nil, err
-	}
+func (s *server) reinstateSubscription(r *http.Request, body *struct {
+	Reason string `json:"reason"`
+}) (any, error) {
 	if err := s.inv.reinstate(r.PathValue("agent_id"), r.PathValue("subscription_id"), body.Reason); err != nil {
 		return nil, err
 	}
@@ -855,11 +873,7 @@ func (s *server) reinstateSubscription(r *http.Request) (any, error) {
 
 // replaceCredential serves PUT …/{subscription_id}/credential. The answer
 // carries the row, never the secret.
-func (s *server) replaceCredential(r *http.Request) (any, error) {
-	var body credentialBody
-	if err := decodeBody(r, &body, false); err != nil {
-		return nil, err
-	}
+func (s *server) replaceCredential(r *http.Request, body *credentialBody) (any, error) {
 	it, err := s.replaceSubscriptionCredential(r.PathValue("agent_id"), r.PathValue("subscription_id"),
 		vaultCredential{OAuth: body.OAuth, APIKey: body.APIKey}, infoFrom(r.Context()).client.ID)
 	if err != nil {
@@ -870,10 +884,7 @@ func (s *server) replaceCredential(r *http.Request) (any, error) {
 
 // maintainNow serves POST /v1/admin/maintain (body empty or {}): one pass
 // now; one that could not list the subscriptions is refused 503 with why.
-func (s *server) maintainNow(r *http.Request) (any, error) {
-	if err := decodeBody(r, &struct{}{}, true); err != nil {
-		return nil, err
-	}
+func (s *server) maintainNow(r *http.Request, _ *struct{}) (any, error) {
 	rep, err := s.maint.passNow(r.Context())
 	if errors.Is(err, errMaintenanceStopped) {
 		return nil, refuse("dependency_unavailable", "no pass can run: %v", err).because(err)
@@ -883,39 +894,24 @@ func (s *server) maintainNow(r *http.Request) (any, error) {
 
 // pruneOrphans serves POST /v1/admin/vault/prune-orphans (body empty or {}):
 // the vault's credentials no subscription names are removed (SPEC §17).
-func (s *server) pruneOrphans(r *http.Request) (any, error) {
-	if err := decodeBody(r, &struct{}{}, true); err != nil {
-		return nil, err
-	}
+func (s *server) pruneOrphans(r *http.Request, _ *struct{}) (any, error) {
 	ids, err := s.inv.pruneOrphans()
 	return map[string]any{"ok": true, "removed": ids}, err
 }
 
-// handleSubscriptionProbe serves POST …/{subscription_id}/probe, body
-// optional {"model"}. A provider's refusal is a 200 too: probe.ok false.
-func (s *server) handleSubscriptionProbe(w http.ResponseWriter, r *http.Request) {
-	var body struct {
-		Model string `json:"model"`
-	}
-	var it overlayItem
-	var out probeOutcome
-	ri, agent := infoFrom(r.Context()), r.PathValue("agent_id")
-	err := decodeBody(r, &body, true)
-	if err == nil {
-		it, err = s.inv.owned(agent, r.PathValue("subscription_id"), "a retired subscription is never probed")
-	}
-	if err == nil {
-		e := s.engine(ri)
-		e.agent = agent
-		if out, err = e.probe(r.Context(), it, body.Model); err == nil { // SPEC §7.4: after dispatch
-			w.Header().Set("Brama-Attempts", strconv.Itoa(ri.attempts))
-		}
-	}
+// probeSubscription serves POST …/{subscription_id}/probe, body optional
+// {"model"}. A provider's refusal is a 200 too: probe.ok false.
+func (s *server) probeSubscription(r *http.Request, body *struct {
+	Model string `json:"model"`
+}) (any, error) {
+	agent := r.PathValue("agent_id")
+	it, err := s.inv.owned(agent, r.PathValue("subscription_id"), "a retired subscription is never probed")
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return nil, err
 	}
-	writeJSON(w, http.StatusOK, out)
+	e := s.engine(infoFrom(r.Context()))
+	e.agent = agent
+	return e.probe(r.Context(), it, body.Model)
 }
 
 // handleChat serves the three chat routes for one caller dialect: read the
@@ -943,14 +939,23 @@ func (s *server) handleChat(dialect string) http.HandlerFunc {
 		}
 		// SPEC §12: a signed answer reserves its key only now, after every
 		// check plan made. An empty header value is refused, not ignored.
-		if _, asked := r.Header["Idempotency-Key"]; asked {
-			s.signedAnswer(w, r, req.head, r.Header.Get("Idempotency-Key"), route)
+		if keys, asked := r.Header["Idempotency-Key"]; asked {
+			replayed, err := s.answers.serve(r.Context(), w, signedCall{client: ri.client.ID, route: ri.route, keys: keys,
+				stream: req.head.Stream, body: ri.body, t: &ri.tally, envelope: func(w http.ResponseWriter, err error) *apiError { return writeAPIError(w, r, err) },
+			}, func(w http.ResponseWriter) { route(w, r) })
+			ri.counted = ri.counted || replayed
+			if err != nil {
+				s.fail(w, r, err)
+			}
 			return
 		}
-		if s.replayRefused(w, r, req.body, c) { // SPEC §8.1's replay guard (replay.go)
+		scope := replayScope(ri.agentID, r.Header, c)
+		if ae := s.replay.refusalFor(ri.client.ID, scope, req.body); ae != nil { // SPEC §8.1
+			w.Header().Set("Brama-Replay-Refused", "true")
+			s.fail(w, r, ae)
 			return
 		}
-		e.t.remember = s.replayRememberer(r, req.body, c, cands)
+		e.t.remember = s.replay.rememberer(ri.client.ID, scope, req.body, c, cands)
 		route(w, r)
 	}
 }
@@ -999,131 +1004,4 @@ func (s *server) serveModel(w http.ResponseWriter, r *http.Request, req *chatReq
 	if err != nil {
 		s.fail(w, r, err)
 	}
-}
-
-// signedAnswer answers a chat request carrying an Idempotency-Key (SPEC
-// §12): reserving is the last step before dispatch runs the provider calls.
-func (s *server) signedAnswer(w http.ResponseWriter, r *http.Request, req chatRequest, key string, dispatch func(w http.ResponseWriter, r *http.Request)) {
-	ri := infoFrom(r.Context())
-	err := checkIdempotencyKey(key)
-	switch {
-	case len(r.Header.Values("Idempotency-Key")) > 1:
-		err = refuse("invalid_request", "send one Idempotency-Key header")
-	case err == nil && req.Stream:
-		err = refuse("invalid_request", "Idempotency-Key keeps one buffered answer; it cannot be used with stream: true")
-	}
-	var t *answerTicket
-	var kept *answerRecord
-	if err == nil {
-		t, kept, err = s.answers.reserve(r, ri.client.ID, key, ri.body, ri.route)
-	}
-	switch {
-	case err != nil:
-		s.fail(w, r, err)
-		return
-	case kept != nil:
-		s.replayAnswer(w, r, kept)
-		return
-	}
-	c := newCapture()
-	func() {
-		defer func() {
-			if p := recover(); p != nil {
-				s.settleAnswer(r, t, c, true) // keep or release; the connection is lost anyway
-				panic(p)
-			}
-		}()
-		dispatch(c, r)
-	}()
-	c, sig := s.settleAnswer(r, t, c, false)
-	maps.Copy(w.Header(), c.HeaderMap)
-	if sig != "" {
-		w.Header().Set("Brama-Answer-Signature", sig)
-	}
-	w.WriteHeader(cmp.Or(c.Code, http.StatusOK))
-	w.Write(c.Body.Bytes())
-}
-
-// newCapture holds a buffered dispatch's response until it is kept; Code
-// stays 0 until something is written.
-func newCapture() *httptest.ResponseRecorder {
-	return &httptest.ResponseRecorder{HeaderMap: http.Header{}, Body: new(bytes.Buffer)}
-}
-
-// settleAnswer keeps or releases the reservation after dispatch (SPEC §12
-// item 3) and returns what the caller gets, signed when kept. After a
-// provider call started, a hang-up or panic is kept (499, 500) so the key
-// never spends twice; a retryable refusal is released.
-func (s *server) settleAnswer(r *http.Request, t *answerTicket, c *httptest.ResponseRecorder, panicked bool) (*httptest.ResponseRecorder, string) {
-	ri := infoFrom(r.Context())
-	calls, attempts := ri.attempts, ri.attemptsKey()
-	if n, err := strconv.Atoi(c.HeaderMap.Get("Brama-Attempts")); err == nil {
-		attempts = &n
-	}
-	_, retryable := envelopeCode(c.Body.Bytes())
-	var cut *apiError
-	switch {
-	case c.Code >= 200 && c.Code <= 299 && !panicked:
-	case panicked && calls > 0:
-		cut = refuse("internal_error", "the answer failed inside Brama after a provider call started").withAttempts(calls)
-	case context.Cause(r.Context()) == errServerShutdown && calls > 0: // a stopped process's answer (SPEC §12 item 2)
-		cut = refuse("internal_error", abandonedMessage).withAttempts(calls)
-	case r.Context().Err() != nil && calls > 0:
-		cut = refuse("client_cancelled", "the caller hung up after a provider call started").withAttempts(calls)
-	case panicked, r.Context().Err() != nil, retryable,
-		// A refusal without an attempts count was made before any dispatch
-		// (SPEC §8.1): it belongs before the reservation and is never kept.
-		calls == 0 && c.HeaderMap.Get("Brama-Attempts") == "":
-		if err := s.answers.release(t); err != nil {
-			s.answers.log.Error("answer_release_failed", "request_id", ri.requestID, "err", err)
-		}
-		return c, ""
-	}
-	route := cmp.Or(c.HeaderMap.Get("Brama-Route"), ri.route) // a selector's: the candidate that answered
-	if cut != nil {
-		c = newCapture()
-		writeAPIError(c, r, cut)
-		attempts = &calls
-		ri.outcome, ri.retryable = cut.Code, false
-	}
-	c.Body = bytes.NewBuffer(withoutPromptEcho(c.Body.Bytes())) // the first answer is the kept body (SPEC §12 item 7)
-	rec, err := s.answers.complete(t, c.Code, c.Body.Bytes(), attempts, route)
-	if err != nil {
-		// The answer exists and was paid for: give it unsigned rather than
-		// lose it. The record stays in progress, so the key never spends
-		// twice; sent again it is refused, and after a restart it reads as abandoned.
-		s.answers.markUnkept(t.path)
-		s.answers.log.Error("answer_unkept", "request_id", ri.requestID, "err", err)
-		return c, ""
-	}
-	return c, *rec.Signature
-}
-
-// envelopeCode is the code and retryable flag of body when it is an error
-// envelope (SPEC §8.1); code is "" otherwise.
-func envelopeCode(body []byte) (code string, retryable bool) {
-	var env envelope
-	if json.Unmarshal(body, &env) != nil {
-		return "", false
-	}
-	return env.Error.Code, env.Error.Retryable
-}
-
-// replayAnswer answers from a complete record, with no provider call.
-func (s *server) replayAnswer(w http.ResponseWriter, r *http.Request, rec *answerRecord) {
-	ri := infoFrom(r.Context())
-	ri.attempts, ri.counted = 0, true
-	body := rec.body()
-	h := w.Header()
-	if code, retryable := envelopeCode(body); code != "" {
-		ri.outcome, ri.retryable = code, retryable
-		h.Set("X-Should-Retry", strconv.FormatBool(retryable)) // SPEC §8.1
-	}
-	h.Set("Brama-Answer-Signature", *rec.Signature)
-	h.Set("Brama-Answer-Replayed", "true")
-	h.Set("Brama-Attempts", "0")
-	if rec.Route != "" { // README: every answer names its route
-		h.Set("Brama-Route", rec.Route)
-	}
-	writeRaw(w, *rec.Status, body)
 }

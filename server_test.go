@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"net/http"
@@ -203,5 +204,30 @@ func TestSecondServeRefused(t *testing.T) {
 	_, errOut, code := runCLI(t, env, "", "serve", "-addr", "127.0.0.1:0")
 	if code != 1 || !strings.Contains(errOut, "serve.lock") {
 		t.Fatalf("second serve: exit %d, stderr %q; want exit 1 naming serve.lock", code, errOut)
+	}
+}
+
+// A caller that hangs up right after reading a stream's terminal event (the
+// Codex CLI does so after response.completed) had its whole answer: the log
+// line says ok with its one call, not client_cancelled.
+func TestHangUpAfterTheTerminalEventIsOK(t *testing.T) {
+	// Translated streams: a passthrough's last event is flushed as the handler returns.
+	for _, fx := range protocolFixtures[:2] {
+		t.Run(fx.provider, func(t *testing.T) {
+			env := stateEnv(t)
+			d := startDaemon(t, env, providerEnv(env, map[string]*fakeProvider{fx.provider: fixtureProvider(t, fx)}), "-local-credentials-stdin")
+			testingOnlyBeforeLog = func(r *http.Request) { <-r.Context().Done() } // the hang-up lands before the log line // the hang-up lands before the log line
+			defer func() { testingOnlyBeforeLog = nil }()
+			resp := d.openStream("/v1/responses", d.token, chatBody(dialectResponses, fx.model, true, ""))
+			sc := bufio.NewScanner(resp.Body)
+			for sc.Scan() && !(strings.HasPrefix(sc.Text(), "data:") && strings.Contains(sc.Text(), `"response.completed"`)) {
+			}
+			resp.Body.Close() // the hang-up, the stream's 0-chunk never read
+			d.stop()          // every request has written its log line
+			lines := requestLines(d.stderr.String(), "/v1/responses")
+			if len(lines) != 1 || lines[0]["outcome"] != "ok" || lines[0]["attempts"] != float64(1) {
+				t.Errorf("log line %v, want outcome ok after 1 call", lines)
+			}
+		})
 	}
 }
