@@ -259,8 +259,8 @@ func readmeFunctions(path string, pkg *types.Package) ([]string, error) {
 			header, rules = false, strings.EqualFold(last, "where")
 			continue
 		}
-		if !rules || strings.Trim(line, "|-: ") == "" {
-			continue
+		if !rules || strings.Trim(line, "|-: ") == "" || strings.HasPrefix(last, "**") {
+			continue // a separator, or a bold row naming a group of rules
 		}
 		refs := funcRef.FindAllStringSubmatch(last, -1)
 		if len(refs) == 0 {

@@ -16,7 +16,7 @@ func TestCheck(t *testing.T) {
 		// What the no-cutoff rule allows: idle bounds, a timeout set to 0, an abort now.
 		"state.go": "package main\n\nimport (\n\t\"net/http\"\n\t\"time\"\n)\n\nvar srv = &http.Server{ReadHeaderTimeout: time.Second, IdleTimeout: time.Second}\n\n" +
 			"func abort(w http.ResponseWriter) {\n\tt := &http.Transport{IdleConnTimeout: time.Second}\n\tt.TLSHandshakeTimeout = 0\n\thttp.NewResponseController(w).SetReadDeadline(time.Now())\n}\n",
-		"README.md": "# x\n\n## Reading the code\n\n| rule | where |\n|---|---|\n| the abort | `(*engine).run`, `engine.run` |\n",
+		"README.md": "# x\n\n## Reading the code\n\n| rule | where |\n|---|---|\n| **a group of rules** | |\n| the abort | `(*engine).run`, `engine.run` |\n",
 	}
 	tests := []struct {
 		name     string
