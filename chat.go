@@ -108,11 +108,8 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 		return chatRequest{}, err
 	}
 	req.Shared, req.ParallelToolCalls = b.openAIShared, b.ParallelToolCalls
-	if b.MaxCompletionTokens != nil { // the newer name wins when both are sent
-		if req.MaxTokens, err = checkCallerMaxTokens("max_completion_tokens", b.MaxCompletionTokens); err != nil {
-			return chatRequest{}, err
-		}
-		req.LimitName = "max_completion_tokens"
+	if err := req.setLimit("max_completion_tokens", b.MaxCompletionTokens); err != nil { // the newer name wins
+		return chatRequest{}, err
 	}
 	var raw struct{ Messages, Tools json.RawMessage }
 	json.Unmarshal(body, &raw)
@@ -130,33 +127,28 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 		output = ptrTo(valueOr(f.JSONSchema, outputFormat{}))
 		output.Type = f.Type
 	}
+	switch rawShape(b.Stop) {
+	case '"':
+		b.Stop = slices.Concat([]byte("["), b.Stop, []byte("]"))
+	case 0:
+		b.Stop = json.RawMessage("null")
+	}
 	err = cmp.Or( // each step reads its own members; the first refusal wins
 		eachItem(b.Tools, raw.Tools, "tools", req.addChatTool),
 		req.setOpenAIToolChoice(b.ToolChoice, true),
-		req.setChatStop(b.Stop),
+		decodeCallerJSON(b.Stop, &req.Stop, "stop"),
 		req.setOutput(output, "response_format"),
 	)
 	if err != nil {
 		return chatRequest{}, err
-	}
-	req.linkCalls()
-	return req, nil
-}
-
-// setChatStop reads stop sequences: a string or an array of strings.
-func (req *chatRequest) setChatStop(raw json.RawMessage) (err error) {
-	if rawShape(raw) == '"' {
-		raw = slices.Concat([]byte("["), raw, []byte("]"))
-	}
-	if !rawIsNull(raw) {
-		err = decodeCallerJSON(raw, &req.Stop, "stop")
 	}
 	if len(req.Stop) > 0 {
 		req.StopName = "stop"
 	} else {
 		req.Stop = nil // [] asks for nothing
 	}
-	return err
+	req.linkCalls()
+	return req, nil
 }
 
 // addChatMessage adds one Chat Completions message to req, naming raw's unknown members.
@@ -198,13 +190,13 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 			case c.ID == "" || c.Name == "":
 				return refuseInvalid("%s.tool_calls[%d] needs an id and a name", what, i)
 			}
-			parts = append(parts, part{Type: partToolCall, ToolCallID: c.ID, ToolName: c.Name,
-				Arguments: c.Arguments, Custom: c.Custom})
+			parts = append(parts, part{Type: partToolCall, ToolCallID: c.ID, ToolName: c.Name, Arguments: c.Arguments, Custom: c.Custom})
 		}
 		if len(parts) == 0 {
 			return refuseInvalid("%s needs content or tool_calls", what)
 		}
 		req.Messages = append(req.Messages, message{Role: "assistant", Parts: parts})
+		return nil
 	case "tool":
 		if m.ToolCallID == "" {
 			return refuseInvalid("%s.tool_call_id is required", what)
@@ -212,63 +204,57 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 		text, err := req.callerTextOf(m.Content, what+".content", "text", "\n")
 		req.Messages = appendPart(req.Messages, "user", part{Type: partToolResult, ToolCallID: m.ToolCallID, Text: text})
 		return err
-	default:
-		return refuseInvalid("%s.role %s is not one of system, developer, user, assistant, tool", what, quoteCallerToken(m.Role))
 	}
-	return nil
+	return refuseInvalid("%s.role %s is not one of system, developer, user, assistant, tool", what, quoteCallerToken(m.Role))
+}
+
+// chatMembers names the members Brama carries of each chat part and tool type, and of its nested object.
+var chatMembers = map[string][2]string{"text": {"type text"}, "image_url": {"type image_url", "url detail"},
+	"file": {"type file", "file_data filename"}, "function": {"type function", "name description parameters strict"},
+	"custom": {"type custom", "name description format"}}
+
+// dropUnknownChat names raw's members not in chatMembers[typ], then its nested typ object's.
+func (req *chatRequest) dropUnknownChat(raw json.RawMessage, typ string) {
+	dropUnknown(&req.Dropped, raw, chatMembers[typ][0])
+	dropUnknown(&req.Dropped, rawMember(raw, typ), chatMembers[typ][1])
 }
 
 // chatParts reads content: a string or text, image_url and file parts;
 // others (audio, an earlier refusal) are dropped and named.
 func (req *chatRequest) chatParts(raw json.RawMessage, what string) ([]part, error) {
-	read := func(cp chatPart, raw json.RawMessage, pw string) (part, string, error) {
-		p, urlPath, err := chatPartOf(cp, pw)
-		if err == nil && p.Type != "" {
-			req.dropUnknownPart(raw, cp.Type, chatMembers)
+	read := func(cp chatPart, raw json.RawMessage, pw string) (p part, urlPath string, err error) {
+		switch {
+		case cp.Type == "text" && cp.Text != nil:
+			p = part{Type: partText, Text: *cp.Text}
+		case cp.Type == "text":
+			return p, "", refuseInvalid("%s.text is required", pw)
+		case cp.Type == "image_url" && cp.ImageURL == nil:
+			return p, "", refuseInvalid("%s.image_url must be an object with a url", pw)
+		case cp.Type == "image_url":
+			p, urlPath = part{Type: partImage, ImageURL: cp.ImageURL.URL, Detail: cp.ImageURL.Detail}, pw+".image_url.url"
+		case cp.Type == "file" && cp.File != nil && cp.File.FileData != "":
+			p, urlPath = part{Type: partDocument, FileURL: cp.File.FileData, Filename: cp.File.Filename}, pw+".file.file_data"
+		default: // a part Brama does not carry
+			return p, "", nil
 		}
-		return p, urlPath, err
+		req.dropUnknownChat(raw, cp.Type)
+		return p, urlPath, nil
 	}
 	return callerParts(req, raw, what, "content parts", read)
-}
-
-// chatMembers names the members Brama carries of each chat part and tool
-// type, and of its nested object.
-var chatMembers = map[string][2]string{"text": {"type text"}, "image_url": {"type image_url", "url detail"},
-	"file": {"type file", "file_data filename"}, "function": {"type function", "name description parameters strict"},
-	"custom": {"type custom", "name description format"}}
-
-// chatPartOf is one content part as a neutral part with the path of its URL;
-// an untyped part is one Brama does not carry.
-func chatPartOf(cp chatPart, pw string) (part, string, error) {
-	switch {
-	case cp.Type == "text" && cp.Text != nil:
-		return part{Type: partText, Text: *cp.Text}, "", nil
-	case cp.Type == "text":
-		return part{}, "", refuseInvalid("%s.text is required", pw)
-	case cp.Type == "image_url" && cp.ImageURL == nil:
-		return part{}, "", refuseInvalid("%s.image_url must be an object with a url", pw)
-	case cp.Type == "image_url":
-		return part{Type: partImage, ImageURL: cp.ImageURL.URL, Detail: cp.ImageURL.Detail}, pw + ".image_url.url", nil
-	case cp.Type == "file" && cp.File != nil && cp.File.FileData != "":
-		f := cp.File
-		return part{Type: partDocument, FileURL: f.FileData, Filename: f.Filename}, pw + ".file.file_data", nil
-	}
-	return part{}, "", nil
 }
 
 // addChatTool adds a chat tool, read in the flat shape Responses declares it.
 func (req *chatRequest) addChatTool(t chatTool, raw json.RawMessage, what string) error {
 	flat := openAITool{Type: "hosted"}
 	if t.Type == "function" || t.Type == "custom" {
-		req.dropUnknownPart(raw, t.Type, chatMembers)
+		req.dropUnknownChat(raw, t.Type)
+		flat = openAITool{Type: t.Type}
 	}
 	switch {
 	case t.Type == "function" && t.Function != nil:
 		flat = openAITool{Type: t.Type, Name: t.Function.Name, Description: t.Function.Description, Parameters: t.Function.Parameters, Strict: t.Function.Strict}
 	case t.Type == "custom" && t.Custom != nil:
 		flat = openAITool{Type: t.Type, Name: t.Custom.Name, Description: t.Custom.Description, Format: t.Custom.Format}
-	case t.Type == "function" || t.Type == "custom":
-		flat = openAITool{Type: t.Type}
 	}
 	return req.addOpenAITool(flat, nil, what)
 }
@@ -644,4 +630,96 @@ func (c *chatUpstreamStream) ended(emit func(streamEvent) error) (bool, error) {
 		return true, err
 	}
 	return true, emitTail(emit, c.finish, c.usage)
+}
+
+// openAITool is one tool in Responses' flat shape, into which chat's nested one is flattened.
+type openAITool struct {
+	Type        string          `json:"type"`
+	Name        string          `json:"name,omitempty"`
+	Description string          `json:"description,omitempty"`
+	Parameters  json.RawMessage `json:"parameters,omitempty"`
+	Strict      *bool           `json:"strict,omitempty"`
+	Format      json.RawMessage `json:"format,omitempty"`
+	Tools       []openAITool    `json:"tools,omitempty"` // a namespace's members
+}
+
+// addOpenAITool adds a function, custom or namespace tool, naming the unknown members
+// of raw (nil: none); any other (a hosted tool: web_search, …) is dropped and named.
+func (req *chatRequest) addOpenAITool(t openAITool, raw json.RawMessage, what string) error {
+	if t.Name == "" && slices.Contains([]string{"function", "custom", "namespace"}, t.Type) {
+		return refuseInvalid("%s needs a name", what)
+	}
+	switch t.Type {
+	case "function", "custom":
+		dropUnknown(&req.Dropped, raw, "type name description parameters strict format")
+		params, err := parseCallerSchema(t.Parameters, what+".parameters")
+		if err != nil {
+			return err
+		}
+		nt := tool{Name: t.Name, Description: t.Description, Parameters: params, Strict: t.Strict}
+		if t.Type == "custom" {
+			nt = tool{Kind: toolCustom, Name: t.Name, Description: t.Description, Format: t.Format}
+		}
+		req.Tools = append(req.Tools, nt)
+	case "namespace":
+		if t.Description != "" {
+			req.Dropped = append(req.Dropped, "description")
+		}
+		n := len(req.Tools)
+		err := eachItem(t.Tools, rawMember(raw, "tools"), what+".tools", req.addOpenAITool)
+		for j := n; j < len(req.Tools); j++ {
+			req.Tools[j].Namespace, req.Tools[j].Name = t.Name, t.Name+"__"+req.Tools[j].Name
+		}
+		return err
+	default:
+		req.Dropped = append(req.Dropped, cmp.Or(t.Type, "tools"))
+	}
+	return nil
+}
+
+// setOpenAIToolChoice reads tool_choice: a mode or one tool (nested in chat, flat
+// in responses); other objects (allowed_tools, a hosted tool) are dropped.
+func (req *chatRequest) setOpenAIToolChoice(raw json.RawMessage, nested bool) error {
+	type named struct {
+		Name string `json:"name"`
+	}
+	var tc struct {
+		Type      string `json:"type"`
+		Name      string `json:"name"`
+		Namespace string `json:"namespace"`
+		Function  named  `json:"function"`
+		Custom    named  `json:"custom"`
+	}
+	switch rawShape(raw) {
+	case 0, 'n': // absent, or null
+		return nil
+	case '"':
+		json.Unmarshal(raw, &tc.Type)
+		if !slices.Contains([]string{toolChoiceAuto, toolChoiceNone, toolChoiceRequired}, tc.Type) {
+			return refuseInvalid("tool_choice must be \"auto\", \"none\", \"required\" or a tool")
+		}
+		req.ToolChoice = &toolChoice{Mode: tc.Type}
+		return nil
+	case '{':
+		if err := decodeCallerJSON(raw, &tc, "tool_choice"); err != nil {
+			return err
+		}
+	default:
+		return refuseInvalid("tool_choice must be a string or an object")
+	}
+	if tc.Type != "function" && tc.Type != "custom" {
+		req.Dropped = append(req.Dropped, "tool_choice")
+		return nil
+	}
+	if nested {
+		tc.Name = tc.Function.Name + tc.Custom.Name
+	}
+	if tc.Name == "" {
+		return refuseInvalid("tool_choice must name a tool: {\"type\":\"function\",…}")
+	}
+	if tc.Namespace != "" {
+		tc.Name = tc.Namespace + "__" + tc.Name
+	}
+	req.ToolChoice = &toolChoice{Mode: toolChoiceTool, Name: tc.Name}
+	return nil
 }

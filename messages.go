@@ -6,6 +6,9 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -648,3 +651,88 @@ func (a *messagesUpstreamStream) handle(ev sseEvent, emit func(streamEvent) erro
 }
 
 func (a *messagesUpstreamStream) ended(func(streamEvent) error) (bool, error) { return false, nil }
+
+// customInputSchema is the one-string-member function a custom tool becomes toward messages (SPEC §7.6).
+var customInputSchema = json.RawMessage(`{"type":"object","properties":{"input":{"type":"string"}},"required":["input"]}`)
+
+// toolArguments is a call's arguments as the JSON object anthropic embeds:
+// empty is {}, anything but an object is refused, never approximated.
+func toolArguments(args string) (json.RawMessage, error) {
+	if strings.TrimSpace(args) == "" {
+		return json.RawMessage(`{}`), nil
+	}
+	var buf bytes.Buffer
+	if err := json.Compact(&buf, []byte(args)); err != nil || buf.Bytes()[0] != '{' {
+		return nil, refuse("invalid_request", "a tool call's arguments are not a JSON object")
+	}
+	return buf.Bytes(), nil
+}
+
+// effortBudgets maps reasoning effort names to a thinking budget toward
+// messages; a budget maps back to the nearest effort at or above it (SPEC §7.6).
+var effortBudgets = []struct {
+	effort string
+	budget int
+}{{"minimal", 1024}, {"low", 2048}, {"medium", 8192}, {"high", 24576}, {"xhigh", 32768}}
+
+func effortOfBudget(b int) string {
+	for _, e := range effortBudgets {
+		if b <= e.budget {
+			return e.effort
+		}
+	}
+	return "xhigh"
+}
+
+// adaptiveThinking: a Claude 4.6 or later model takes thinking as adaptive
+// with output_config.effort and refuses a budget (Claude Code 2.1.332 decides
+// so too); an earlier, dated or unknown model takes a budget.
+func adaptiveThinking(model string) bool {
+	m := claudeVersion.FindStringSubmatch(model)
+	if m == nil {
+		return false
+	}
+	major, _ := strconv.Atoi(m[1])
+	minor, _ := strconv.Atoi(m[2]) // "" when absent: 0
+	return major > 4 || major == 4 && minor >= 6
+}
+
+// adaptiveEffort: toward model, req's effort goes as output_config.effort and its beta, not a budget.
+func (req chatRequest) adaptiveEffort(model string) bool {
+	return req.thinkingBudget() > 0 && adaptiveThinking(model)
+}
+
+// claudeVersion reads a Claude model's version: claude-opus-4-7, claude-sonnet-4-5-20250929, claude-opus-5.
+var claudeVersion = regexp.MustCompile(`^claude-(?:opus|sonnet|haiku)-(\d{1,2})(?:-(\d{1,2}))?(?:-|$)`)
+
+// Anthropic-beta values: output_config.effort's, and a JSON Schema output format's (SPEC §7.6).
+const (
+	effortBeta            = "effort-2025-11-24"
+	structuredOutputsBeta = "structured-outputs-2025-11-13"
+)
+
+// thinkingBudget is the budget toward messages: below max_tokens, at least 1024, and
+// 0 in a tool loop, where Anthropic wants back thinking blocks no format carries.
+func (req chatRequest) thinkingBudget() int {
+	budget := 0 // "none" and unknown names: no thinking
+	for _, e := range effortBudgets {
+		if e.effort == req.Effort {
+			budget = e.budget
+		}
+	}
+	if req.MaxTokens > 0 && budget >= req.MaxTokens {
+		budget = req.MaxTokens - 1
+	}
+	for _, m := range slices.Backward(req.Messages) {
+		if m.Role == "assistant" {
+			if slices.ContainsFunc(m.Parts, func(p part) bool { return p.Type == partToolCall }) {
+				return 0
+			}
+			break
+		}
+	}
+	if budget < 1024 {
+		return 0
+	}
+	return budget
+}

@@ -217,7 +217,7 @@ func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, 
 			Text: text, Media: media, Custom: it.Type == "custom_tool_call_output"})
 		return err
 	case "additional_tools": // tools declared in the input, as the Codex CLI sends them
-		return eachItem(it.Tools, toolsOf(raw), what+".tools", req.addOpenAITool)
+		return eachItem(it.Tools, rawMember(raw, "tools"), what+".tools", req.addOpenAITool)
 	case "item_reference": // an earlier answer's text or reasoning, by the id Brama or OpenAI gave it, is dropped and named as the items are
 		if !strings.HasPrefix(it.ID, "msg_") && !strings.HasPrefix(it.ID, "rs_") {
 			return refuseInvalid("%s: item references are not supported but to an earlier answer's text or reasoning; send the items themselves", what)
@@ -646,3 +646,21 @@ func (r *responsesUpstreamStream) done(i int, item *responsesItem, emit func(str
 }
 
 func (r *responsesUpstreamStream) ended(func(streamEvent) error) (bool, error) { return false, nil }
+
+// responsesContent is parts as Responses input (an assistant's text: output) parts, no empty text.
+func responsesContent(ps []part, assistant bool) []responsesPart {
+	var out []responsesPart
+	for _, p := range ps {
+		switch {
+		case p.Type == partText && p.Text != "":
+			out = append(out, responsesPart{Type: map[bool]string{false: "input_text", true: "output_text"}[assistant], Text: ptrTo(p.Text)})
+		case p.Type == partImage:
+			out = append(out, responsesPart{Type: "input_image", ImageURL: ptrTo(p.ImageURL), Detail: p.Detail})
+		case p.Type == partDocument && strings.HasPrefix(p.FileURL, "data:"):
+			out = append(out, responsesPart{Type: "input_file", FileData: p.FileURL, Filename: p.Filename})
+		case p.Type == partDocument:
+			out = append(out, responsesPart{Type: "input_file", FileURL: p.FileURL, Filename: p.Filename})
+		}
+	}
+	return out
+}

@@ -12,8 +12,7 @@ import (
 	"strings"
 )
 
-// Streams (SPEC §7.5), what the three formats share: the provider side's SSE
-// reader and translator loop, the caller side's SSE writer and block driver.
+// Streams (SPEC §7.5): the provider side's SSE reader and translator loop, the caller side's writer.
 
 // sseEvent is one dispatched server-sent event: its event name and its data lines joined with "\n".
 type sseEvent struct{ Event, Data string }
@@ -39,9 +38,9 @@ func newSSEReader(r io.Reader, ends string) *sseReader {
 	return s
 }
 
-// split cuts one line with its terminator ("\r\n", or one byte of ends); a
-// final line without one is io.ErrUnexpectedEOF (the body was cut). A long
-// line comes a read at a time: the search resumes where the last one ended.
+// split cuts one line with its terminator ("\r\n", or one byte of ends); a final line
+// without one is io.ErrUnexpectedEOF (the body was cut). A long line comes a read at
+// a time: the search resumes where the last one ended.
 func (s *sseReader) split(data []byte, atEOF bool) (int, []byte, error) {
 	i := bytes.IndexAny(data[s.searched:], s.ends)
 	if i >= 0 {
@@ -126,9 +125,9 @@ type streamTranslator interface {
 // readUpstreamStream emits a provider stream's neutral events, nil only after its terminal
 // signal (SPEC §7.5): a cut or in-band error is provider_incomplete, a malformed event provider_failure.
 func readUpstreamStream(protocol string, body io.Reader, emit func(streamEvent) error) error {
-	f := formatOf(protocol)
-	if f == nil {
-		return refuse("provider_failure", "unknown provider protocol %q", protocol)
+	f, err := formatFor(protocol, "provider_failure")
+	if err != nil {
+		return err
 	}
 	t, r := f.upstreamStream(), newSSEReader(body, "\r\n")
 	for {
@@ -285,11 +284,7 @@ type streamBlock struct {
 
 // newCallerStream writes dialect to w, flushing every frame (flush may be nil), reporting model (SPEC §7.6).
 func newCallerStream(dialect string, req chatRequest, w io.Writer, flush func(), model string) *callerStream {
-	f := formatOf(dialect)
-	if f == nil {
-		panic("brama: unknown dialect " + dialect)
-	}
-	return newBlockStream(w, flush, req, model, f.callerStream)
+	return newBlockStream(w, flush, req, model, formatOf(dialect).callerStream)
 }
 
 func newBlockStream(w io.Writer, flush func(), req chatRequest, model string,
@@ -342,8 +337,7 @@ func (s *callerStream) event(ev streamEvent) error {
 		}
 		return s.bw.finishNow(s.finishReason)
 	case eventUsage:
-		s.usage = ev.Usage
-		s.usage.Reported = true
+		s.usage, s.usage.Reported = ev.Usage, true
 		return nil
 	case eventText:
 		if ev.Text == "" {
@@ -369,8 +363,7 @@ func (s *callerStream) event(ev streamEvent) error {
 			return fmt.Errorf("arguments for tool call %d before its start", ev.Index)
 		}
 		b := s.blocks[i]
-		b.buf.WriteString(ev.Text)
-		if ev.Text == "" || b.wrapped {
+		if b.buf.WriteString(ev.Text); ev.Text == "" || b.wrapped {
 			return nil
 		}
 		return s.bw.delta(i, b, ev.Text)
@@ -408,14 +401,10 @@ func (s *callerStream) closeOpen() error {
 
 // finish writes the dialect's terminal sequence.
 func (s *callerStream) finish() error {
-	if err := s.end(); err != nil {
-		return err
-	}
-	if err := s.start(); err != nil {
-		return err
-	}
-	if err := s.closeOpen(); err != nil {
-		return err
+	for _, step := range []func() error{s.end, s.start, s.closeOpen} {
+		if err := step(); err != nil {
+			return err
+		}
 	}
 	return s.bw.end(s.finishReason, s.usage)
 }
