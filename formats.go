@@ -416,7 +416,9 @@ func must(v []byte, err error) json.RawMessage {
 // Reading a caller's body (SPEC §7.6): a member with no counterpart elsewhere is dropped
 // and named (chatRequest.Dropped), one unreadable refused as invalid_request, never quoted.
 
-func refuseInvalid(format string, args ...any) *apiError { return refuse("invalid_request", format, args...) }
+func refuseInvalid(format string, args ...any) *apiError {
+	return refuse("invalid_request", format, args...)
+}
 
 // decodeCallerJSON unmarshals data into v; an error is an invalid_request naming the
 // member at fault under what ("" for the body), quoting nothing (SPEC §7.6).
@@ -700,4 +702,3 @@ func resultText(parts []part) (string, []part) {
 	}
 	return strings.Join(texts, "\n"), media
 }
-
