@@ -3,17 +3,15 @@ package main
 import (
 	"bytes"
 	"cmp"
-	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"reflect"
 	"slices"
 	"strings"
 )
 
-// What the three wire formats (chat.go, messages.go, responses.go) share (SPEC §7.5, §7.6): the neutral
-// request and answer, the table of formats, reading a caller's body, the SSE reader and the caller's stream.
+// What the three wire formats (chat.go, messages.go, responses.go) share on the request side (SPEC §7.6):
+// the neutral request, the table of formats, reading a caller's body. sse.go holds the answer side.
 
 // chatRequest is one chat request in no particular format.
 type chatRequest struct {
@@ -150,56 +148,6 @@ type outputFormat struct {
 	Strict      *bool           `json:"strict,omitempty"`
 }
 
-// Finish reasons, in the neutral (OpenAI chat) vocabulary.
-const (
-	finishStop          = "stop"
-	finishLength        = "length"
-	finishToolCalls     = "tool_calls"
-	finishContentFilter = "content_filter"
-)
-
-// chatAnswer is one complete answer in no particular format.
-type chatAnswer struct {
-	Model     string // the name reported to the caller (SPEC §7.6)
-	Text      string
-	ToolCalls []toolCall
-	Finish    string
-	Usage     usage
-}
-
-// toolCall is one tool call the model made.
-type toolCall struct {
-	ID        string
-	Name      string // as the provider saw it (flattened)
-	Arguments string // JSON text, or a custom tool's free-form input
-	Custom    bool   // the provider called it as a custom tool
-}
-
-// usage counts tokens as the provider reported them.
-type usage struct {
-	InputTokens, OutputTokens int
-	Reported                  bool // the provider sent usage at all
-}
-
-// Stream event kinds, from a provider protocol to a caller dialect.
-const (
-	eventText          = "text"            // Text
-	eventToolCallStart = "tool_call_start" // Index, ToolCall's ID, Name and Custom
-	eventToolCallArgs  = "tool_call_args"  // Index, Text: the next piece of arguments
-	eventFinish        = "finish"
-	eventUsage         = "usage"
-)
-
-// streamEvent is one translated piece of a stream; finish and usage only after its terminal signal (SPEC §7.5).
-type streamEvent struct {
-	Kind     string
-	Text     string
-	Index    int // tool call index, 0-based, in call order
-	ToolCall toolCall
-	Finish   string
-	Usage    usage
-}
-
 // Caller dialects, one per public chat endpoint.
 const (
 	dialectChat      = "chat"      // POST /v1/chat/completions
@@ -243,56 +191,43 @@ func formatOf(name string) *wireFormat {
 	return &wireFormats[i]
 }
 
-// formatFor is formatOf, or the refusal naming an unknown one (code: internal_error for a
-// dialect Brama routes itself, provider_failure for a provider's protocol).
-func formatFor(name, code string) (*wireFormat, error) {
+// viaFormat runs do on the format of name, or refuses an unknown one with code
+// (internal_error for a dialect Brama routes itself, provider_failure for a protocol).
+func viaFormat[T any](name, code string, do func(*wireFormat) (T, error)) (T, error) {
 	if f := formatOf(name); f != nil {
-		return f, nil
+		return do(f)
 	}
-	return nil, refuse(code, "unknown wire format %q", name)
+	var zero T
+	return zero, refuse(code, "unknown wire format %q", name)
 }
 
 // parseRequest parses body as dialect; every error is an invalid_request *apiError.
 func parseRequest(dialect string, body []byte) (chatRequest, error) {
-	f, err := formatFor(dialect, "internal_error")
-	if err != nil {
-		return chatRequest{}, err
-	}
-	return f.parse(body)
+	return viaFormat(dialect, "internal_error", func(f *wireFormat) (chatRequest, error) { return f.parse(body) })
 }
 
 // renderAnswer is a buffered answer as dialect's body; req's tools name the calls.
 func renderAnswer(dialect string, req chatRequest, a chatAnswer) ([]byte, error) {
-	f, err := formatFor(dialect, "internal_error")
-	if err != nil {
-		return nil, err
-	}
-	v, err := f.render(req, a)
-	if err != nil {
-		return nil, err
-	}
-	return json.Marshal(v)
+	return viaFormat(dialect, "internal_error", func(f *wireFormat) ([]byte, error) {
+		v, err := f.render(req, a)
+		if err != nil {
+			return nil, err
+		}
+		return json.Marshal(v)
+	})
 }
 
 // decodeUpstreamAnswer decodes a 2xx non-stream body; Model is the dispatcher's (SPEC §7.6).
 func decodeUpstreamAnswer(protocol string, body []byte) (chatAnswer, error) {
-	f, err := formatFor(protocol, "provider_failure")
-	if err != nil {
-		return chatAnswer{}, err
-	}
-	return f.decode(body)
+	return viaFormat(protocol, "provider_failure", func(f *wireFormat) (chatAnswer, error) { return f.decode(body) })
 }
 
 // droppedFor names every caller member the request to p loses, each once: those with no
 // counterpart in any other format, and those p's format or p itself lacks (SPEC §7.6).
 func (req chatRequest) droppedFor(p providerInfo) []string {
-	var sampling []string
-	if req.Temperature != nil {
-		sampling = append(sampling, "temperature")
-	}
-	if req.TopP != nil {
-		sampling = append(sampling, "top_p")
-	}
+	sampling := slices.DeleteFunc([]string{"temperature", "top_p"}, func(n string) bool {
+		return n == "temperature" && req.Temperature == nil || n == "top_p" && req.TopP == nil
+	})
 	d := slices.Clone(req.Dropped)
 	switch budget := req.thinkingBudget(); {
 	case p.protocol == protoAnthropic:
@@ -337,12 +272,6 @@ func (req chatRequest) droppedFor(p providerInfo) []string {
 	return slices.DeleteFunc(d, func(n string) bool { dup := seen[n]; seen[n] = true; return dup })
 }
 
-func newAnswerID(prefix string) string { return prefix + rand.Text() }
-
-func answerIDOr(id, prefix string) string { return cmp.Or(id, newAnswerID(prefix)) }
-
-func answerFinish(f string) string { return cmp.Or(f, finishStop) }
-
 func textOf(ps []part) string {
 	var b strings.Builder
 	for _, p := range ps {
@@ -362,26 +291,6 @@ func argumentsText(args string) string {
 		return "{}"
 	}
 	return args
-}
-
-// callerTool is a provider's call as the caller declared it: its name in its
-// group, whether custom; a custom call made as a function gets its input back.
-func (req chatRequest) callerTool(tc toolCall) (name, args string, custom bool) {
-	t := req.findTool(tc.Name)
-	if t == nil {
-		return tc.Name, tc.Arguments, tc.Custom
-	}
-	if args = tc.Arguments; t.Kind == toolCustom && !tc.Custom {
-		args = customInput(args)
-	}
-	return t.memberName(), args, t.Kind == toolCustom
-}
-
-// customInput is the "input" member of a custom call made as a function (toward messages).
-func customInput(args string) string {
-	var in struct{ Input string }
-	json.Unmarshal([]byte(args), &in)
-	return in.Input
 }
 
 func jsonText(s string) json.RawMessage { return must(json.Marshal(s)) }
@@ -413,9 +322,8 @@ func must(v []byte, err error) json.RawMessage {
 	return v
 }
 
-// Reading a caller's body (SPEC §7.6): a member with no counterpart elsewhere is dropped
+// refuseInvalid refuses a caller's body: a member with no counterpart elsewhere is dropped
 // and named (chatRequest.Dropped), one unreadable refused as invalid_request, never quoted.
-
 func refuseInvalid(format string, args ...any) *apiError {
 	return refuse("invalid_request", format, args...)
 }
@@ -438,17 +346,8 @@ func decodeCallerJSON(data []byte, v any, what string) error {
 	if field == "" {
 		return refuseInvalid("the request body must be a JSON object").because(err)
 	}
-	t := te.Type
-	for t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
-	kind := cmp.Or(callerJSONKinds[t.Kind()], "an object")
-	return refuseInvalid("%s: expected %s, got %s", field, kind, truncateUTF8(te.Value, 32)).because(err)
+	return refuseInvalid("%s: got %s, not the type it takes", field, truncateUTF8(te.Value, 32)).because(err)
 }
-
-// callerJSONKinds names the JSON shape of each Go kind the caller shapes use; a struct is an object.
-var callerJSONKinds = map[reflect.Kind]string{reflect.String: "a string", reflect.Bool: "a boolean",
-	reflect.Int: "an integer", reflect.Float64: "a number", reflect.Slice: "an array"}
 
 // rawIsNull reports an absent or null value (raw is valid JSON: only null starts with n).
 func rawIsNull(raw json.RawMessage) bool { s := rawShape(raw); return s == 0 || s == 'n' }
@@ -619,10 +518,7 @@ func (req *chatRequest) addSystem(text string) {
 
 // joinText appends one more piece of text, "\n\n" between pieces.
 func joinText(sys, more string) string {
-	if sys == "" || more == "" {
-		return sys + more
-	}
-	return sys + "\n\n" + more
+	return strings.Join(slices.DeleteFunc([]string{sys, more}, func(s string) bool { return s == "" }), "\n\n")
 }
 
 // linkCalls marks calls to custom tools and their results, whichever format they came from.

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"cmp"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,7 +13,84 @@ import (
 	"strings"
 )
 
-// Streams (SPEC §7.5): the provider side's SSE reader and translator loop, the caller side's writer.
+// The answer side of the three wire formats (SPEC §7.5, §7.6): the neutral answer, the provider
+// side's SSE reader and translator loop, the caller side's stream writer.
+
+// Finish reasons, in the neutral (OpenAI chat) vocabulary.
+const (
+	finishStop          = "stop"
+	finishLength        = "length"
+	finishToolCalls     = "tool_calls"
+	finishContentFilter = "content_filter"
+)
+
+// chatAnswer is one complete answer in no particular format.
+type chatAnswer struct {
+	Model     string // the name reported to the caller (SPEC §7.6)
+	Text      string
+	ToolCalls []toolCall
+	Finish    string
+	Usage     usage
+}
+
+// toolCall is one tool call the model made.
+type toolCall struct {
+	ID        string
+	Name      string // as the provider saw it (flattened)
+	Arguments string // JSON text, or a custom tool's free-form input
+	Custom    bool   // the provider called it as a custom tool
+}
+
+// usage counts tokens as the provider reported them.
+type usage struct {
+	InputTokens, OutputTokens int
+	Reported                  bool // the provider sent usage at all
+}
+
+func newAnswerID(prefix string) string { return prefix + rand.Text() }
+
+func answerIDOr(id, prefix string) string { return cmp.Or(id, newAnswerID(prefix)) }
+
+func answerFinish(f string) string { return cmp.Or(f, finishStop) }
+
+// callerTool is a provider's call as the caller declared it: its name in its
+// group, whether custom; a custom call made as a function gets its input back.
+func (req chatRequest) callerTool(tc toolCall) (name, args string, custom bool) {
+	t := req.findTool(tc.Name)
+	if t == nil {
+		return tc.Name, tc.Arguments, tc.Custom
+	}
+	if args = tc.Arguments; t.Kind == toolCustom && !tc.Custom {
+		args = customInput(args)
+	}
+	return t.memberName(), args, t.Kind == toolCustom
+}
+
+// customInput is the "input" member of a custom call made as a function (toward messages).
+func customInput(args string) string {
+	var in struct{ Input string }
+	json.Unmarshal([]byte(args), &in)
+	return in.Input
+}
+
+// Stream event kinds, from a provider protocol to a caller dialect.
+const (
+	eventText          = "text"            // Text
+	eventToolCallStart = "tool_call_start" // Index, ToolCall's ID, Name and Custom
+	eventToolCallArgs  = "tool_call_args"  // Index, Text: the next piece of arguments
+	eventFinish        = "finish"
+	eventUsage         = "usage"
+)
+
+// streamEvent is one translated piece of a stream; finish and usage only after its terminal signal (SPEC §7.5).
+type streamEvent struct {
+	Kind     string
+	Text     string
+	Index    int // tool call index, 0-based, in call order
+	ToolCall toolCall
+	Finish   string
+	Usage    usage
+}
 
 // sseEvent is one dispatched server-sent event: its event name and its data lines joined with "\n".
 type sseEvent struct{ Event, Data string }
@@ -125,9 +203,9 @@ type streamTranslator interface {
 // readUpstreamStream emits a provider stream's neutral events, nil only after its terminal
 // signal (SPEC §7.5): a cut or in-band error is provider_incomplete, a malformed event provider_failure.
 func readUpstreamStream(protocol string, body io.Reader, emit func(streamEvent) error) error {
-	f, err := formatFor(protocol, "provider_failure")
-	if err != nil {
-		return err
+	f := formatOf(protocol)
+	if f == nil {
+		return refuse("provider_failure", "unknown wire format %q", protocol)
 	}
 	t, r := f.upstreamStream(), newSSEReader(body, "\r\n")
 	for {
