@@ -277,11 +277,8 @@ func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
 		out.Messages = append(out.Messages, chatMessage{Role: "system", Content: jsonText(req.System)})
 	}
 	for _, m := range req.Messages {
-		var (
-			parts []chatPart
-			calls []chatToolCall
-			plain = true // only text: content goes as one string
-		)
+		msg, plain := chatMessage{Role: m.Role, Content: json.RawMessage("null")}, true // plain: only text, one string
+		var parts []chatPart
 		for _, p := range m.Parts {
 			switch p.Type {
 			case partText:
@@ -289,31 +286,29 @@ func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
 			case partImage:
 				plain, parts = false, append(parts, chatPart{Type: "image_url", ImageURL: &chatURL{p.ImageURL, p.Detail}})
 			case partDocument:
-				f := &chatFile{FileData: p.FileURL, Filename: p.Filename}
-				plain, parts = false, append(parts, chatPart{Type: "file", File: f})
+				plain, parts = false, append(parts, chatPart{Type: "file", File: &chatFile{FileData: p.FileURL, Filename: p.Filename}})
 			case partToolCall:
-				calls = append(calls, chatCall(p.ToolCallID, p.ToolName, p.Arguments, p.Custom))
+				msg.ToolCalls = append(msg.ToolCalls, chatCall(p.ToolCallID, p.ToolName, p.Arguments, p.Custom))
 			case partToolResult:
 				out.Messages = append(out.Messages, chatMessage{Role: "tool", ToolCallID: p.ToolCallID, Content: jsonText(p.Text)})
 			}
 		}
-		msg := chatMessage{Role: m.Role, ToolCalls: calls, Content: json.RawMessage("null")}
 		switch {
-		case len(parts) == 0 && len(calls) == 0:
+		case len(parts) == 0 && len(msg.ToolCalls) == 0:
 			continue // only tool results: already sent as role "tool"
 		case !plain && m.Role == "user":
-			msg.Content, _ = json.Marshal(parts)
+			msg.Content = must(json.Marshal(parts))
 		case len(parts) > 0:
 			msg.Content = jsonText(textOf(m.Parts))
 		}
 		out.Messages = append(out.Messages, msg)
 	}
 	for _, t := range req.Tools {
+		tc := chatTool{Type: "function", Function: &chatFunction{Name: t.Name, Description: t.Description, Parameters: t.Parameters, Strict: t.Strict}}
 		if t.Kind == toolCustom {
-			out.Tools = append(out.Tools, chatTool{Type: "custom", Custom: &chatCustom{Name: t.Name, Description: t.Description, Format: t.Format}})
-		} else {
-			out.Tools = append(out.Tools, chatTool{Type: "function", Function: &chatFunction{Name: t.Name, Description: t.Description, Parameters: t.Parameters, Strict: t.Strict}})
+			tc = chatTool{Type: "custom", Custom: &chatCustom{Name: t.Name, Description: t.Description, Format: t.Format}}
 		}
+		out.Tools = append(out.Tools, tc)
 	}
 	if c := req.ToolChoice; c != nil && c.Mode == toolChoiceTool {
 		kind := req.toolKind(c.Name)
@@ -344,9 +339,8 @@ func chatCall(id, name, args string, custom bool) chatToolCall {
 // call is tc as a neutral call: a custom call when it carries custom, else
 // a function call; ok is false when it carries neither.
 func (tc chatToolCall) call() (c toolCall, ok bool) {
-	c = toolCall{ID: tc.ID, Custom: tc.Custom != nil}
-	in := (*string)(nil)
-	switch {
+	var in *string
+	switch c = (toolCall{ID: tc.ID, Custom: tc.Custom != nil}); {
 	case c.Custom:
 		c.Name, in = tc.Custom.Name, tc.Custom.Input
 	case tc.Function != nil:
@@ -358,8 +352,7 @@ func (tc chatToolCall) call() (c toolCall, ok bool) {
 	return c, !c.Custom || in != nil
 }
 
-// chatFinishes maps Chat Completions finish reasons to neutral ones; any
-// other is a stop.
+// chatFinishes maps Chat Completions finish reasons to neutral ones; any other is a stop.
 var chatFinishes = map[string]string{finishLength: finishLength, "model_length": finishLength,
 	finishToolCalls: finishToolCalls, "function_call": finishToolCalls, finishContentFilter: finishContentFilter}
 
@@ -370,10 +363,6 @@ func (u *chatUsage) neutral() usage {
 		return usage{}
 	}
 	return usage{InputTokens: u.PromptTokens, OutputTokens: u.CompletionTokens, Reported: true}
-}
-
-func chatUsageOf(u usage) *chatUsage {
-	return &chatUsage{u.InputTokens, u.OutputTokens, u.InputTokens + u.OutputTokens}
 }
 
 // chatContentText is an answer's or a chunk's content as text: a string,
@@ -393,40 +382,31 @@ func chatContentText(content json.RawMessage) (string, error) {
 	return t, err
 }
 
-// decodeChat reads a complete Chat Completions answer.
+// decodeChat reads a complete Chat Completions answer as a stream of its one chunk: a custom call
+// without input is read as a function call, no finish_reason is tool_calls beside calls, else stop.
 func decodeChat(body []byte) (chatAnswer, error) {
 	var r chatCompletion
-	if err := json.Unmarshal(body, &r); err != nil {
+	if err := json.Unmarshal(body, &r); err != nil || len(r.Choices) == 0 || r.Choices[0].Message == nil || !rawIsNull(r.Error) {
 		return chatAnswer{}, malformedAnswer(protoOpenAIChat, err)
 	}
-	if len(r.Choices) == 0 || r.Choices[0].Message == nil || !rawIsNull(r.Error) {
-		return chatAnswer{}, malformedAnswer(protoOpenAIChat, nil)
-	}
-	c := r.Choices[0]
-	a := chatAnswer{Usage: r.Usage.neutral(), Finish: finishStop}
-	var err error
-	if a.Text, err = chatContentText(c.Message.Content); err != nil {
-		return chatAnswer{}, malformedAnswer(protoOpenAIChat, err)
-	}
-	for _, tc := range c.Message.ToolCalls {
+	c := &r.Choices[0]
+	c.Index, c.Delta = 0, c.Message
+	for i, tc := range c.Message.ToolCalls {
 		if tc.Custom != nil && tc.Custom.Input == nil {
-			tc.Custom = nil // then read as a function call
+			c.Message.ToolCalls[i].Custom = nil
 		}
-		call, _ := tc.call()
-		if call.Name == "" {
-			return chatAnswer{}, malformedAnswer(protoOpenAIChat, nil)
+	}
+	if valueOr(c.FinishReason, "") == "" {
+		c.FinishReason = ptrTo(map[bool]string{false: finishStop, true: finishToolCalls}[len(c.Message.ToolCalls) > 0])
+	}
+	return answerOf(func(emit func(streamEvent) error) error {
+		u := &chatUpstreamStream{tools: map[int]int{}}
+		err := u.chunk(&r, emit)
+		if err == nil {
+			_, err = u.ended(emit)
 		}
-		a.ToolCalls = append(a.ToolCalls, call)
-	}
-	switch a.Text += c.Message.Refusal; {
-	case c.Message.Refusal != "": // a refusal is its text, finished as Anthropic's refusal is
-		a.Finish = finishContentFilter
-	case c.FinishReason != nil && *c.FinishReason != "":
-		a.Finish = chatFinish(*c.FinishReason)
-	case len(a.ToolCalls) > 0:
-		a.Finish = finishToolCalls
-	}
-	return a, nil
+		return err
+	})
 }
 
 // renderChat is the chat.completion for a: content null beside only tool
@@ -440,13 +420,16 @@ func renderChat(req chatRequest, a chatAnswer) (any, error) {
 		name, args, custom := req.callerTool(tc)
 		m.ToolCalls = append(m.ToolCalls, chatCall(answerIDOr(tc.ID, "call_"), name, args, custom))
 	}
-	f := answerFinish(a.Finish)
 	out := chatCompletion{ID: newAnswerID("chatcmpl-"), Object: "chat.completion", Created: time.Now().Unix(), Model: a.Model,
-		Choices: []chatChoice{{Message: &m, FinishReason: &f}}}
+		Choices: []chatChoice{{Message: &m, FinishReason: ptrTo(answerFinish(a.Finish))}}}
 	if a.Usage.Reported {
 		out.Usage = chatUsageOf(a.Usage)
 	}
 	return out, nil
+}
+
+func chatUsageOf(u usage) *chatUsage {
+	return &chatUsage{u.InputTokens, u.OutputTokens, u.InputTokens + u.OutputTokens}
 }
 
 // chatCallerStream writes chat.completion.chunk frames. Chat has no block
@@ -481,19 +464,18 @@ func (s *chatCallerStream) open(_ int, b *streamBlock) error {
 		return nil
 	}
 	tc := chatCall(answerIDOr(b.id, "call_"), b.name, "", b.custom)
-	tc.Index = &b.index
-	if tc.Function != nil {
+	if tc.Index = &b.index; tc.Function != nil {
 		tc.Function.Arguments = ptrTo("")
 	}
 	return s.chunk(&chatMessage{ToolCalls: []chatToolCall{tc}}, nil, nil)
 }
 
 func (s *chatCallerStream) delta(_ int, b *streamBlock, d string) error {
-	if b.text {
-		return s.chunk(&chatMessage{Content: jsonText(d)}, nil, nil)
-	}
 	tc := chatToolCall{Index: &b.index, Function: &chatFunction{Arguments: &d}}
-	if b.custom {
+	switch {
+	case b.text:
+		return s.chunk(&chatMessage{Content: jsonText(d)}, nil, nil)
+	case b.custom:
 		tc = chatToolCall{Index: &b.index, Custom: &chatCustom{Input: &d}}
 	}
 	return s.chunk(&chatMessage{ToolCalls: []chatToolCall{tc}}, nil, nil)
@@ -501,8 +483,7 @@ func (s *chatCallerStream) delta(_ int, b *streamBlock, d string) error {
 
 func (s *chatCallerStream) close(int, *streamBlock, string) error { return nil }
 
-// finishNow writes the chunk carrying finish_reason, once: when the finish
-// event arrives, or at the end.
+// finishNow writes the chunk carrying finish_reason, once: when the finish event arrives, or at the end.
 func (s *chatCallerStream) finishNow(finish string) error {
 	if s.finishSent {
 		return nil
@@ -511,16 +492,15 @@ func (s *chatCallerStream) finishNow(finish string) error {
 	return s.chunk(&chatMessage{}, ptrTo(answerFinish(finish)), nil)
 }
 
-// end writes the finish chunk if not yet sent, the usage chunk (choices:
-// []) when the caller asked and usage was reported, then [DONE].
+// end writes the finish chunk if not yet sent, the usage chunk (choices: []) when
+// the caller asked and usage was reported, then [DONE].
 func (s *chatCallerStream) end(finish string, u usage) error {
-	if err := s.finishNow(finish); err != nil {
-		return err
+	err := s.finishNow(finish)
+	if err == nil && s.sse.req.StreamUsage && u.Reported {
+		err = s.chunk(nil, nil, chatUsageOf(u))
 	}
-	if s.sse.req.StreamUsage && u.Reported {
-		if err := s.chunk(nil, nil, chatUsageOf(u)); err != nil {
-			return err
-		}
+	if err != nil {
+		return err
 	}
 	return s.sse.write("data: [DONE]\n\n")
 }
@@ -558,29 +538,34 @@ func (c *chatUpstreamStream) handle(ev sseEvent, emit func(streamEvent) error) (
 		e, _ := errorObject(ch.Error)
 		return false, inBandError(cmp.Or(e.code, e.typ))
 	}
+	return false, c.chunk(&ch, emit)
+}
+
+// chunk emits a chunk's text and tool call pieces of choice 0 (Brama never asks for n > 1).
+func (c *chatUpstreamStream) chunk(ch *chatCompletion, emit func(streamEvent) error) error {
 	if ch.Usage != nil {
 		c.usage = ch.Usage.neutral()
 	}
 	for _, choice := range ch.Choices {
 		if choice.Index != 0 {
-			continue // Brama never asks for n > 1
+			continue
 		}
 		if d := choice.Delta; d != nil {
 			t, err := chatContentText(d.Content)
 			if err != nil {
-				return false, malformedEvent(protoOpenAIChat, err)
+				return malformedEvent(protoOpenAIChat, err)
 			}
 			if d.Refusal != "" {
 				t, c.refusal = t+d.Refusal, true
 			}
 			if t != "" {
 				if err := emit(streamEvent{Kind: eventText, Text: t}); err != nil {
-					return false, err
+					return err
 				}
 			}
 			for i, tc := range d.ToolCalls {
 				if err := c.toolDelta(i, tc, emit); err != nil {
-					return false, err
+					return err
 				}
 			}
 		}
@@ -588,7 +573,7 @@ func (c *chatUpstreamStream) handle(ev sseEvent, emit func(streamEvent) error) (
 			c.finish = chatFinish(*f)
 		}
 	}
-	return false, nil
+	return nil
 }
 
 // toolDelta emits the start of a call new at its index, or carrying another id at
