@@ -51,24 +51,20 @@ type (
 		Filename string `json:"filename,omitempty"`
 	}
 	chatToolCall struct {
-		Index    *int          `json:"index,omitempty"` // stream deltas only
-		ID       string        `json:"id,omitempty"`
-		Type     string        `json:"type,omitempty"`
-		Function *chatFunction `json:"function,omitempty"`
-		Custom   *chatCustom   `json:"custom,omitempty"`
+		Index    *int      `json:"index,omitempty"` // stream deltas only
+		ID       string    `json:"id,omitempty"`
+		Type     string    `json:"type,omitempty"`
+		Function *chatFunc `json:"function,omitempty"`
+		Custom   *chatFunc `json:"custom,omitempty"`
 	}
-	chatFunction struct {
+	chatFunc struct { // a function's or a custom tool's, in a tool or a call
 		Name        string          `json:"name,omitempty"`
 		Description string          `json:"description,omitempty"` // tools only
-		Parameters  json.RawMessage `json:"parameters,omitempty"`  // tools only
-		Strict      *bool           `json:"strict,omitempty"`      // tools only
-		Arguments   *string         `json:"arguments,omitempty"`   // calls only
-	}
-	chatCustom struct {
-		Name        string          `json:"name,omitempty"`
-		Description string          `json:"description,omitempty"` // tools only
-		Format      json.RawMessage `json:"format,omitempty"`      // tools only
-		Input       *string         `json:"input,omitempty"`       // calls only
+		Parameters  json.RawMessage `json:"parameters,omitempty"`  // function tools only
+		Strict      *bool           `json:"strict,omitempty"`      // function tools only
+		Format      json.RawMessage `json:"format,omitempty"`      // custom tools only
+		Arguments   *string         `json:"arguments,omitempty"`   // function calls only
+		Input       *string         `json:"input,omitempty"`       // custom calls only
 	}
 	chatTool   = chatToolCall // a tool definition: type and function or custom
 	chatFormat struct {
@@ -111,9 +107,7 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 	if err := req.setLimit("max_completion_tokens", b.MaxCompletionTokens); err != nil { // the newer name wins
 		return chatRequest{}, err
 	}
-	var raw struct{ Messages, Tools json.RawMessage }
-	json.Unmarshal(body, &raw)
-	if err := eachItem(b.Messages, raw.Messages, "messages", req.addChatMessage); err != nil {
+	if err := eachItem(b.Messages, rawMember(body, "messages"), "messages", req.addChatMessage); err != nil {
 		return chatRequest{}, err
 	}
 	if len(req.Messages) == 0 {
@@ -134,7 +128,7 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 		b.Stop = json.RawMessage("null")
 	}
 	err = cmp.Or( // each step reads its own members; the first refusal wins
-		eachItem(b.Tools, raw.Tools, "tools", req.addChatTool),
+		eachItem(b.Tools, rawMember(body, "tools"), "tools", req.addChatTool),
 		req.setOpenAIToolChoice(b.ToolChoice, true),
 		decodeCallerJSON(b.Stop, &req.Stop, "stop"),
 		req.setOutput(output, "response_format"),
@@ -246,15 +240,13 @@ func (req *chatRequest) chatParts(raw json.RawMessage, what string) ([]part, err
 // addChatTool adds a chat tool, read in the flat shape Responses declares it.
 func (req *chatRequest) addChatTool(t chatTool, raw json.RawMessage, what string) error {
 	flat := openAITool{Type: "hosted"}
-	if t.Type == "function" || t.Type == "custom" {
+	if f := map[string]*chatFunc{"function": t.Function, "custom": t.Custom}; t.Type == "function" || t.Type == "custom" {
 		req.dropUnknownChat(raw, t.Type)
-		flat = openAITool{Type: t.Type}
-	}
-	switch {
-	case t.Type == "function" && t.Function != nil:
-		flat = openAITool{Type: t.Type, Name: t.Function.Name, Description: t.Function.Description, Parameters: t.Function.Parameters, Strict: t.Function.Strict}
-	case t.Type == "custom" && t.Custom != nil:
-		flat = openAITool{Type: t.Type, Name: t.Custom.Name, Description: t.Custom.Description, Format: t.Custom.Format}
+		f := valueOr(f[t.Type], chatFunc{})
+		flat = openAITool{Type: t.Type, Name: f.Name, Description: f.Description, Parameters: f.Parameters, Strict: f.Strict}
+		if t.Type == "custom" { // its members as the custom shape has them
+			flat = openAITool{Type: t.Type, Name: f.Name, Description: f.Description, Format: f.Format}
+		}
 	}
 	return req.addOpenAITool(flat, nil, what)
 }
@@ -304,9 +296,9 @@ func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
 		out.Messages = append(out.Messages, msg)
 	}
 	for _, t := range req.Tools {
-		tc := chatTool{Type: "function", Function: &chatFunction{Name: t.Name, Description: t.Description, Parameters: t.Parameters, Strict: t.Strict}}
+		tc := chatTool{Type: "function", Function: &chatFunc{Name: t.Name, Description: t.Description, Parameters: t.Parameters, Strict: t.Strict}}
 		if t.Kind == toolCustom {
-			tc = chatTool{Type: "custom", Custom: &chatCustom{Name: t.Name, Description: t.Description, Format: t.Format}}
+			tc = chatTool{Type: "custom", Custom: &chatFunc{Name: t.Name, Description: t.Description, Format: t.Format}}
 		}
 		out.Tools = append(out.Tools, tc)
 	}
@@ -330,10 +322,10 @@ func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
 
 func chatCall(id, name, args string, custom bool) chatToolCall {
 	if custom {
-		return chatToolCall{ID: id, Type: "custom", Custom: &chatCustom{Name: name, Input: &args}}
+		return chatToolCall{ID: id, Type: "custom", Custom: &chatFunc{Name: name, Input: &args}}
 	}
 	args = argumentsText(args)
-	return chatToolCall{ID: id, Type: "function", Function: &chatFunction{Name: name, Arguments: &args}}
+	return chatToolCall{ID: id, Type: "function", Function: &chatFunc{Name: name, Arguments: &args}}
 }
 
 // call is tc as a neutral call: a custom call when it carries custom, else
@@ -471,12 +463,12 @@ func (s *chatCallerStream) open(_ int, b *streamBlock) error {
 }
 
 func (s *chatCallerStream) delta(_ int, b *streamBlock, d string) error {
-	tc := chatToolCall{Index: &b.index, Function: &chatFunction{Arguments: &d}}
+	tc := chatToolCall{Index: &b.index, Function: &chatFunc{Arguments: &d}}
 	switch {
 	case b.text:
 		return s.chunk(&chatMessage{Content: jsonText(d)}, nil, nil)
 	case b.custom:
-		tc = chatToolCall{Index: &b.index, Custom: &chatCustom{Input: &d}}
+		tc = chatToolCall{Index: &b.index, Custom: &chatFunc{Input: &d}}
 	}
 	return s.chunk(&chatMessage{ToolCalls: []chatToolCall{tc}}, nil, nil)
 }
