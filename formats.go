@@ -222,66 +222,6 @@ func decodeUpstreamAnswer(protocol string, body []byte) (chatAnswer, error) {
 	return viaFormat(protocol, "provider_failure", func(f *wireFormat) (chatAnswer, error) { return f.decode(body) })
 }
 
-// droppedFor names every caller member the request to p loses, each once: those with no
-// counterpart in any other format, and those p's format or p itself lacks (SPEC §7.6).
-func (req chatRequest) droppedFor(p providerInfo) []string {
-	sampling := slices.DeleteFunc([]string{"temperature", "top_p"}, func(n string) bool {
-		return n == "temperature" && req.Temperature == nil || n == "top_p" && req.TopP == nil
-	})
-	d := slices.Clone(req.Dropped)
-	switch budget := req.thinkingBudget(); {
-	case p.protocol == protoAnthropic:
-		d = append(d, req.Shared.names()...)
-		if req.Effort != "" && budget == 0 {
-			d = append(d, req.EffortName)
-		}
-		if budget > 0 {
-			d = append(d, sampling...)
-		}
-		if req.Verbosity != "" {
-			d = append(d, "verbosity")
-		}
-		for _, t := range req.Tools {
-			if t.Kind == toolCustom && t.Format != nil {
-				d = append(d, "format")
-			}
-		}
-	case p.protocol == protoOpenAIResponses && len(req.Stop) > 0:
-		d = append(d, req.StopName)
-	}
-	for _, m := range req.Messages {
-		for _, pt := range m.Parts {
-			for _, q := range append([]part{pt}, pt.Media...) {
-				switch {
-				case p.protocol == protoAnthropic && q.Detail != "":
-					d = append(d, "detail")
-				case p.protocol == protoOpenAIChat && q.Type != pt.Type: // a tool message holds only text
-					d = append(d, q.Type)
-				}
-			}
-		}
-	}
-	if p.id == "codex" { // it never gets an output limit, and its backend refuses these (SPEC §6.2)
-		if req.LimitName != "" {
-			d = append(d, req.LimitName)
-		}
-		d = append(d, sampling...)
-		d = append(d, openAIShared{Metadata: req.Shared.Metadata, SafetyIdentifier: req.Shared.SafetyIdentifier, User: req.Shared.User}.names()...)
-	}
-	seen := map[string]bool{}
-	return slices.DeleteFunc(d, func(n string) bool { dup := seen[n]; seen[n] = true; return dup })
-}
-
-func textOf(ps []part) string {
-	var b strings.Builder
-	for _, p := range ps {
-		if p.Type == partText {
-			b.WriteString(p.Text)
-		}
-	}
-	return b.String()
-}
-
 // emptySchema stands in for a tool without parameters where the protocol requires a schema.
 var emptySchema = json.RawMessage(`{"type":"object","properties":{}}`)
 
@@ -293,8 +233,6 @@ func argumentsText(args string) string {
 	return args
 }
 
-func jsonText(s string) json.RawMessage { return must(json.Marshal(s)) }
-
 // schemaOutput is a json_schema output named as the OpenAI formats require; nil for JSON mode.
 func schemaOutput(f *outputFormat) *outputFormat {
 	if f.Type != "json_schema" {
@@ -303,23 +241,6 @@ func schemaOutput(f *outputFormat) *outputFormat {
 	s := *f
 	s.Name = cmp.Or(s.Name, "output")
 	return &s
-}
-
-func ptrTo[T any](v T) *T { return &v }
-
-func valueOr[T any](p *T, or T) T {
-	if p == nil {
-		return or
-	}
-	return *p
-}
-
-// must is v for marshalling that cannot fail (plain values).
-func must(v []byte, err error) json.RawMessage {
-	if err != nil {
-		panic(err)
-	}
-	return v
 }
 
 // refuseInvalid refuses a caller's body: a member with no counterpart elsewhere is dropped
@@ -349,17 +270,6 @@ func decodeCallerJSON(data []byte, v any, what string) error {
 	return refuseInvalid("%s: got %s, not the type it takes", field, truncateUTF8(te.Value, 32)).because(err)
 }
 
-// rawIsNull reports an absent or null value (raw is valid JSON: only null starts with n).
-func rawIsNull(raw json.RawMessage) bool { s := rawShape(raw); return s == 0 || s == 'n' }
-
-// rawShape is the first byte of a JSON value ('"', '[', '{', …); 0 when absent.
-func rawShape(raw json.RawMessage) byte {
-	if raw = bytes.TrimSpace(raw); len(raw) == 0 {
-		return 0
-	}
-	return raw[0]
-}
-
 // dropUnknown names in d, in the body's order, every member of the JSON
 // object raw not in known (space-separated); a non-object names nothing.
 func dropUnknown(d *[]string, raw json.RawMessage, known string) {
@@ -370,23 +280,6 @@ func dropUnknown(d *[]string, raw json.RawMessage, known string) {
 			*d = append(*d, k)
 		}
 	}
-}
-
-func rawItems(raw json.RawMessage) (items []json.RawMessage) {
-	json.Unmarshal(raw, &items)
-	return items
-}
-
-// rawMember is raw's member name (any case, as encoding/json matches), nil when none.
-func rawMember(raw json.RawMessage, name string) json.RawMessage {
-	var m map[string]json.RawMessage
-	json.Unmarshal(raw, &m)
-	for k, v := range m {
-		if strings.EqualFold(k, name) {
-			return v
-		}
-	}
-	return nil
 }
 
 // callerHead holds the members every format's request body shares.
@@ -597,4 +490,96 @@ func resultText(parts []part) (string, []part) {
 		}
 	}
 	return strings.Join(texts, "\n"), media
+}
+
+// openAITool is one tool in Responses' flat shape, into which chat's nested one is flattened.
+type openAITool struct {
+	Type        string          `json:"type"`
+	Name        string          `json:"name,omitempty"`
+	Description string          `json:"description,omitempty"`
+	Parameters  json.RawMessage `json:"parameters,omitempty"`
+	Strict      *bool           `json:"strict,omitempty"`
+	Format      json.RawMessage `json:"format,omitempty"`
+	Tools       []openAITool    `json:"tools,omitempty"` // a namespace's members
+}
+
+// addOpenAITool adds a function, custom or namespace tool, naming the unknown members
+// of raw (nil: none); any other (a hosted tool: web_search, …) is dropped and named.
+func (req *chatRequest) addOpenAITool(t openAITool, raw json.RawMessage, what string) error {
+	if t.Name == "" && slices.Contains([]string{"function", "custom", "namespace"}, t.Type) {
+		return refuseInvalid("%s needs a name", what)
+	}
+	switch t.Type {
+	case "function", "custom":
+		dropUnknown(&req.Dropped, raw, "type name description parameters strict format")
+		params, err := parseCallerSchema(t.Parameters, what+".parameters")
+		if err != nil {
+			return err
+		}
+		nt := tool{Name: t.Name, Description: t.Description, Parameters: params, Strict: t.Strict}
+		if t.Type == "custom" {
+			nt = tool{Kind: toolCustom, Name: t.Name, Description: t.Description, Format: t.Format}
+		}
+		req.Tools = append(req.Tools, nt)
+	case "namespace":
+		if t.Description != "" {
+			req.Dropped = append(req.Dropped, "description")
+		}
+		n := len(req.Tools)
+		err := eachItem(t.Tools, rawMember(raw, "tools"), what+".tools", req.addOpenAITool)
+		for j := n; j < len(req.Tools); j++ {
+			req.Tools[j].Namespace, req.Tools[j].Name = t.Name, t.Name+"__"+req.Tools[j].Name
+		}
+		return err
+	default:
+		req.Dropped = append(req.Dropped, cmp.Or(t.Type, "tools"))
+	}
+	return nil
+}
+
+// setOpenAIToolChoice reads tool_choice: a mode or one tool (nested in chat, flat
+// in responses); other objects (allowed_tools, a hosted tool) are dropped.
+func (req *chatRequest) setOpenAIToolChoice(raw json.RawMessage, nested bool) error {
+	type named struct {
+		Name string `json:"name"`
+	}
+	var tc struct {
+		Type      string `json:"type"`
+		Name      string `json:"name"`
+		Namespace string `json:"namespace"`
+		Function  named  `json:"function"`
+		Custom    named  `json:"custom"`
+	}
+	switch rawShape(raw) {
+	case 0, 'n': // absent, or null
+		return nil
+	case '"':
+		json.Unmarshal(raw, &tc.Type)
+		if !slices.Contains([]string{toolChoiceAuto, toolChoiceNone, toolChoiceRequired}, tc.Type) {
+			return refuseInvalid("tool_choice must be \"auto\", \"none\", \"required\" or a tool")
+		}
+		req.ToolChoice = &toolChoice{Mode: tc.Type}
+		return nil
+	case '{':
+		if err := decodeCallerJSON(raw, &tc, "tool_choice"); err != nil {
+			return err
+		}
+	default:
+		return refuseInvalid("tool_choice must be a string or an object")
+	}
+	if tc.Type != "function" && tc.Type != "custom" {
+		req.Dropped = append(req.Dropped, "tool_choice")
+		return nil
+	}
+	if nested {
+		tc.Name = tc.Function.Name + tc.Custom.Name
+	}
+	if tc.Name == "" {
+		return refuseInvalid("tool_choice must name a tool: {\"type\":\"function\",…}")
+	}
+	if tc.Namespace != "" {
+		tc.Name = tc.Namespace + "__" + tc.Name
+	}
+	req.ToolChoice = &toolChoice{Mode: toolChoiceTool, Name: tc.Name}
+	return nil
 }

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 )
 
@@ -259,9 +258,7 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 				}
 				p.Text, p.Media = resultText(inner)
 			}
-			if known = "type tool_use_id content is_error"; bl.IsError { // no OpenAI format has the flag
-				known = "type tool_use_id content"
-			}
+			known = "type tool_use_id content" + map[bool]string{false: " is_error"}[bl.IsError] // no OpenAI format has the flag
 		case bl.Type == "tool_use" || bl.Type == "tool_result":
 			return p, "", refuseInvalid("%s.type %s is not allowed in a %s turn", bw, quoteCallerToken(bl.Type), role)
 		default: // thinking, …: dropped
@@ -423,14 +420,9 @@ func encodeMessages(req chatRequest, model string, o upstreamOptions) (any, erro
 
 // messagesToolID is a call id as Anthropic takes it (^[a-zA-Z0-9_-]+$): another
 // provider's (kimi's "functions.f:0") with every other character "_", in a call and its result alike.
-func messagesToolID(id string) string {
-	return strings.Map(func(r rune) rune {
-		if r == '_' || r == '-' || '0' <= r && r <= '9' || 'a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' {
-			return r
-		}
-		return '_'
-	}, id)
-}
+func messagesToolID(id string) string { return notToolID.ReplaceAllString(id, "_") }
+
+var notToolID = regexp.MustCompile(`[^a-zA-Z0-9_-]`)
 
 // toolArguments is a call's arguments as the JSON object anthropic embeds:
 // empty is {}, anything but an object is refused, never approximated.
@@ -471,21 +463,12 @@ func (req chatRequest) thinkingBudget() int {
 	return budget
 }
 
-// claudeVersion reads a Claude model's version: claude-opus-4-7, claude-sonnet-4-5-20250929, claude-opus-5.
-var claudeVersion = regexp.MustCompile(`^claude-(?:opus|sonnet|haiku)-(\d{1,2})(?:-(\d{1,2}))?(?:-|$)`)
+// adaptiveThinking: a Claude 4.6 or later model (claude-opus-4-7, claude-opus-5, claude-haiku-5-1) takes
+// thinking as adaptive with output_config.effort and refuses a budget (Claude Code 2.1.332 decides so
+// too); an earlier, dated (claude-opus-4-20250514) or unknown model takes a budget.
+func adaptiveThinking(model string) bool { return adaptiveModels.MatchString(model) }
 
-// adaptiveThinking: a Claude 4.6 or later model takes thinking as adaptive
-// with output_config.effort and refuses a budget (Claude Code 2.1.332 decides
-// so too); an earlier, dated or unknown model takes a budget.
-func adaptiveThinking(model string) bool {
-	m := claudeVersion.FindStringSubmatch(model)
-	if m == nil {
-		return false
-	}
-	major, _ := strconv.Atoi(m[1])
-	minor, _ := strconv.Atoi(m[2]) // "" when absent: 0
-	return major > 4 || major == 4 && minor >= 6
-}
+var adaptiveModels = regexp.MustCompile(`^claude-(?:opus|sonnet|haiku)-(?:0?[5-9]|[1-9]\d|0?4-(?:0?[6-9]|[1-9]\d))(?:-|$)`)
 
 // adaptiveEffort: toward model, req's effort goes as output_config.effort and its beta, not a budget.
 func (req chatRequest) adaptiveEffort(model string) bool {

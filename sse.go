@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strings"
 )
 
@@ -526,4 +527,111 @@ func (s *callerStream) write(frame string) error {
 		s.flush()
 	}
 	return s.err
+}
+
+// droppedFor names every caller member the request to p loses, each once: those with no
+// counterpart in any other format, and those p's format or p itself lacks (SPEC §7.6).
+func (req chatRequest) droppedFor(p providerInfo) []string {
+	sampling := slices.DeleteFunc([]string{"temperature", "top_p"}, func(n string) bool {
+		return n == "temperature" && req.Temperature == nil || n == "top_p" && req.TopP == nil
+	})
+	d := slices.Clone(req.Dropped)
+	switch budget := req.thinkingBudget(); {
+	case p.protocol == protoAnthropic:
+		d = append(d, req.Shared.names()...)
+		if req.Effort != "" && budget == 0 {
+			d = append(d, req.EffortName)
+		}
+		if budget > 0 {
+			d = append(d, sampling...)
+		}
+		if req.Verbosity != "" {
+			d = append(d, "verbosity")
+		}
+		for _, t := range req.Tools {
+			if t.Kind == toolCustom && t.Format != nil {
+				d = append(d, "format")
+			}
+		}
+	case p.protocol == protoOpenAIResponses && len(req.Stop) > 0:
+		d = append(d, req.StopName)
+	}
+	for _, m := range req.Messages {
+		for _, pt := range m.Parts {
+			for _, q := range append([]part{pt}, pt.Media...) {
+				switch {
+				case p.protocol == protoAnthropic && q.Detail != "":
+					d = append(d, "detail")
+				case p.protocol == protoOpenAIChat && q.Type != pt.Type: // a tool message holds only text
+					d = append(d, q.Type)
+				}
+			}
+		}
+	}
+	if p.id == "codex" { // it never gets an output limit, and its backend refuses these (SPEC §6.2)
+		if req.LimitName != "" {
+			d = append(d, req.LimitName)
+		}
+		d = append(d, sampling...)
+		d = append(d, openAIShared{Metadata: req.Shared.Metadata, SafetyIdentifier: req.Shared.SafetyIdentifier, User: req.Shared.User}.names()...)
+	}
+	seen := map[string]bool{}
+	return slices.DeleteFunc(d, func(n string) bool { dup := seen[n]; seen[n] = true; return dup })
+}
+
+func textOf(ps []part) string {
+	var b strings.Builder
+	for _, p := range ps {
+		if p.Type == partText {
+			b.WriteString(p.Text)
+		}
+	}
+	return b.String()
+}
+
+func jsonText(s string) json.RawMessage { return must(json.Marshal(s)) }
+
+func ptrTo[T any](v T) *T { return &v }
+
+func valueOr[T any](p *T, or T) T {
+	if p == nil {
+		return or
+	}
+	return *p
+}
+
+// must is v for marshalling that cannot fail (plain values).
+func must(v []byte, err error) json.RawMessage {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
+// rawIsNull reports an absent or null value (raw is valid JSON: only null starts with n).
+func rawIsNull(raw json.RawMessage) bool { s := rawShape(raw); return s == 0 || s == 'n' }
+
+// rawShape is the first byte of a JSON value ('"', '[', '{', …); 0 when absent.
+func rawShape(raw json.RawMessage) byte {
+	if raw = bytes.TrimSpace(raw); len(raw) == 0 {
+		return 0
+	}
+	return raw[0]
+}
+
+func rawItems(raw json.RawMessage) (items []json.RawMessage) {
+	json.Unmarshal(raw, &items)
+	return items
+}
+
+// rawMember is raw's member name (any case, as encoding/json matches), nil when none.
+func rawMember(raw json.RawMessage, name string) json.RawMessage {
+	var m map[string]json.RawMessage
+	json.Unmarshal(raw, &m)
+	for k, v := range m {
+		if strings.EqualFold(k, name) {
+			return v
+		}
+	}
+	return nil
 }
