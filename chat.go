@@ -9,8 +9,7 @@ import (
 	"time"
 )
 
-// OpenAI Chat Completions (caller POST /v1/chat/completions, provider
-// {base}/chat/completions): both directions, buffered and streamed.
+// OpenAI Chat Completions (caller POST /v1/chat/completions, provider {base}/chat/completions): both directions, buffered and streamed.
 
 // Chat Completions wire shapes, for the caller's body and the provider's.
 type (
@@ -136,10 +135,8 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 	if err != nil {
 		return chatRequest{}, err
 	}
-	if len(req.Stop) > 0 {
-		req.StopName = "stop"
-	} else {
-		req.Stop = nil // [] asks for nothing
+	if req.StopName = "stop"; len(req.Stop) == 0 {
+		req.Stop, req.StopName = nil, "" // [] asks for nothing
 	}
 	req.linkCalls()
 	return req, nil
@@ -213,8 +210,7 @@ func (req *chatRequest) dropUnknownChat(raw json.RawMessage, typ string) {
 	dropUnknown(&req.Dropped, rawMember(raw, typ), chatMembers[typ][1])
 }
 
-// chatParts reads content: a string or text, image_url and file parts;
-// others (audio, an earlier refusal) are dropped and named.
+// chatParts reads content: a string or text, image_url and file parts; others (audio, an earlier refusal) are dropped and named.
 func (req *chatRequest) chatParts(raw json.RawMessage, what string) ([]part, error) {
 	read := func(cp chatPart, raw json.RawMessage, pw string) (p part, urlPath string, err error) {
 		switch {
@@ -251,8 +247,7 @@ func (req *chatRequest) addChatTool(t chatTool, raw json.RawMessage, what string
 	return req.addOpenAITool(flat, nil, what)
 }
 
-// encodeChat builds a Chat Completions body; tool results become role "tool"
-// messages placed first, right after the assistant turn that called them.
+// encodeChat builds a Chat Completions body; tool results become role "tool" messages placed first, right after the assistant turn that called them.
 func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
 	out := chatRequestBody{callerHead: req.head(model, o), ParallelToolCalls: req.ParallelToolCalls,
 		ReasoningEffort: req.Effort, Verbosity: req.Verbosity, Messages: []chatMessage{}, openAIShared: req.Shared}
@@ -328,8 +323,7 @@ func chatCall(id, name, args string, custom bool) chatToolCall {
 	return chatToolCall{ID: id, Type: "function", Function: &chatFunc{Name: name, Arguments: &args}}
 }
 
-// call is tc as a neutral call: a custom call when it carries custom, else
-// a function call; ok is false when it carries neither.
+// call is tc as a neutral call: a custom call when it carries custom, else a function call; ok is false when it carries neither.
 func (tc chatToolCall) call() (c toolCall, ok bool) {
 	var in *string
 	switch c = (toolCall{ID: tc.ID, Custom: tc.Custom != nil}); {
@@ -357,8 +351,7 @@ func (u *chatUsage) neutral() usage {
 	return usage{InputTokens: u.PromptTokens, OutputTokens: u.CompletionTokens, Reported: true}
 }
 
-// chatContentText is an answer's or a chunk's content as text: a string,
-// or the text of its parts, as some compatible providers send it.
+// chatContentText is an answer's or a chunk's content as text: a string, or the text of its parts, as some compatible providers send it.
 func chatContentText(content json.RawMessage) (string, error) {
 	var t string
 	if rawIsNull(content) || json.Unmarshal(content, &t) == nil {
@@ -401,8 +394,7 @@ func decodeChat(body []byte) (chatAnswer, error) {
 	})
 }
 
-// renderChat is the chat.completion for a: content null beside only tool
-// calls, as OpenAI sends it; usage left out, not zeros, when unreported.
+// renderChat is the chat.completion for a: content null beside only tool calls, as OpenAI sends it; usage left out, not zeros, when unreported.
 func renderChat(req chatRequest, a chatAnswer) (any, error) {
 	m := chatMessage{Role: "assistant", Content: json.RawMessage("null")}
 	if a.Text != "" || len(a.ToolCalls) == 0 {
@@ -424,13 +416,11 @@ func chatUsageOf(u usage) *chatUsage {
 	return &chatUsage{u.InputTokens, u.OutputTokens, u.InputTokens + u.OutputTokens}
 }
 
-// chatCallerStream writes chat.completion.chunk frames. Chat has no block
-// framing: a tool call's deltas carry its call index.
+// chatCallerStream writes chat.completion.chunk frames. Chat has no block framing: a tool call's deltas carry its call index.
 type chatCallerStream struct {
 	sse        *callerStream
-	id         string
+	id, model  string
 	created    int64
-	model      string
 	finishSent bool
 }
 
@@ -484,8 +474,7 @@ func (s *chatCallerStream) finishNow(finish string) error {
 	return s.chunk(&chatMessage{}, ptrTo(answerFinish(finish)), nil)
 }
 
-// end writes the finish chunk if not yet sent, the usage chunk (choices: []) when
-// the caller asked and usage was reported, then [DONE].
+// end writes the finish chunk if not yet sent, the usage chunk (choices: []) when the caller asked and usage was reported, then [DONE].
 func (s *chatCallerStream) end(finish string, u usage) error {
 	err := s.finishNow(finish)
 	if err == nil && s.sse.req.StreamUsage && u.Reported {

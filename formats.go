@@ -10,8 +10,8 @@ import (
 	"strings"
 )
 
-// What the three wire formats (chat.go, messages.go, responses.go) share on the request side (SPEC §7.6):
-// the neutral request, the table of formats, reading a caller's body. sse.go holds the answer side.
+// The request side of the wire formats (chat.go, messages.go, responses.go; SPEC §7.6): the neutral
+// request, the table of formats, reading a caller's body. sse.go holds the answer side and streams.
 
 // chatRequest is one chat request in no particular format.
 type chatRequest struct {
@@ -37,8 +37,7 @@ type chatRequest struct {
 	Dropped           []string // caller member names with no counterpart in any other format
 }
 
-// openAIShared holds the members Chat Completions and Responses share under
-// one name and shape: carried between them as sent, dropped toward messages.
+// openAIShared holds the members Chat Completions and Responses share under one name and shape: carried between them as sent, dropped toward messages.
 type openAIShared struct {
 	Store            json.RawMessage `json:"store,omitempty"`
 	Metadata         json.RawMessage `json:"metadata,omitempty"`
@@ -94,8 +93,7 @@ const (
 	toolCustom   = "custom" // free-form input, no JSON schema
 )
 
-// tool is one tool the model may call. Name is what providers see: a tool
-// of a namespaced group is flattened to <namespace>__<name> (SPEC §7.6).
+// tool is one tool the model may call. Name is what providers see: a tool of a namespaced group is flattened to <namespace>__<name> (SPEC §7.6).
 type tool struct {
 	Kind        string
 	Name        string
@@ -120,6 +118,25 @@ func (req *chatRequest) findTool(name string) *tool {
 	return nil
 }
 
+// callerTool is a provider's call as the caller declared it: its name in its group, whether custom; a custom call made as a function gets its input back.
+func (req chatRequest) callerTool(tc toolCall) (name, args string, custom bool) {
+	t := req.findTool(tc.Name)
+	if t == nil {
+		return tc.Name, tc.Arguments, tc.Custom
+	}
+	if args = tc.Arguments; t.Kind == toolCustom && !tc.Custom {
+		args = customInput(args)
+	}
+	return t.memberName(), args, t.Kind == toolCustom
+}
+
+// customInput is the "input" member of a custom call made as a function (toward messages).
+func customInput(args string) string {
+	var in struct{ Input string }
+	json.Unmarshal([]byte(args), &in)
+	return in.Input
+}
+
 // toolKind is the OpenAI type of the tool named name: function or custom.
 func (req *chatRequest) toolKind(name string) string {
 	if t := req.findTool(name); t != nil && t.Kind == toolCustom {
@@ -138,8 +155,7 @@ const (
 // toolChoice says whether and which tool the model must call.
 type toolChoice struct{ Mode, Name string }
 
-// outputFormat is structured output as the formats write it: json_schema with
-// a Schema, or json_object for any JSON, which messages cannot express.
+// outputFormat is structured output as the formats write it: json_schema with a Schema, or json_object for any JSON, which messages cannot express.
 type outputFormat struct {
 	Type        string          `json:"type,omitempty"`
 	Name        string          `json:"name,omitempty"`
@@ -184,11 +200,12 @@ var wireFormats = []wireFormat{
 
 // formatOf is the row of a dialect or protocol; nil for none.
 func formatOf(name string) *wireFormat {
-	i := slices.IndexFunc(wireFormats, func(f wireFormat) bool { return f.dialect == name || f.protocol == name })
-	if i < 0 {
-		return nil
+	for i, f := range wireFormats {
+		if f.dialect == name || f.protocol == name {
+			return &wireFormats[i]
+		}
 	}
-	return &wireFormats[i]
+	return nil
 }
 
 // viaFormat runs do on the format of name, or refuses an unknown one with code
@@ -249,8 +266,7 @@ func refuseInvalid(format string, args ...any) *apiError {
 	return refuse("invalid_request", format, args...)
 }
 
-// decodeCallerJSON unmarshals data into v; an error is an invalid_request naming the
-// member at fault under what ("" for the body), quoting nothing (SPEC §7.6).
+// decodeCallerJSON unmarshals data into v; an error is an invalid_request naming the member at fault under what ("" for the body), quoting nothing (SPEC §7.6).
 func decodeCallerJSON(data []byte, v any, what string) error {
 	err := json.Unmarshal(data, v)
 	var se *json.SyntaxError
@@ -270,8 +286,7 @@ func decodeCallerJSON(data []byte, v any, what string) error {
 	return refuseInvalid("%s: got %s, not the type it takes", field, truncateUTF8(te.Value, 32)).because(err)
 }
 
-// dropUnknown names in d, in the body's order, every member of the JSON
-// object raw not in known (space-separated); a non-object names nothing.
+// dropUnknown names in d, in the body's order, every member of the JSON object raw not in known (space-separated); a non-object names nothing.
 func dropUnknown(d *[]string, raw json.RawMessage, known string) {
 	o, _ := splitRaw(raw, '{', nil)
 	for _, m := range o.members {
@@ -282,7 +297,7 @@ func dropUnknown(d *[]string, raw json.RawMessage, known string) {
 	}
 }
 
-// callerHead holds the members every format's request body shares.
+// callerHead holds the members every format's request body shares (passthrough.go reads its own).
 type callerHead struct {
 	Model       string   `json:"model"`
 	Temperature *float64 `json:"temperature,omitempty"`
@@ -323,9 +338,8 @@ func (req *chatRequest) setLimit(name string, v *int) error {
 	return nil
 }
 
-// callerParts reads content in every format: a string (one text part), or an array of parts (kind)
-// that read turns into neutral ones, given each one's raw JSON and path, with the path of the URL
-// to check; a part it leaves untyped is dropped and named.
+// callerParts reads content in every format: a string (one text part), or an array of parts (kind) that read turns into neutral ones,
+// given each one's raw JSON and path, with the path of the URL to check; a part it leaves untyped is dropped and named.
 func callerParts[T any](req *chatRequest, raw json.RawMessage, what, kind string,
 	read func(T, json.RawMessage, string) (part, string, error)) ([]part, error) {
 	var items []T
@@ -459,8 +473,7 @@ func eachItem[T any](items []T, list json.RawMessage, what string, add func(T, j
 }
 
 // callerTextOf reads content that may only be text: a string, or an array of
-// {"type":textType,"text":…} parts, joined with sep, their other members
-// (cache_control) dropped and named.
+// {"type":textType,"text":…} parts, joined with sep, their other members (cache_control) dropped and named.
 func (req *chatRequest) callerTextOf(raw json.RawMessage, what, textType, sep string) (string, error) {
 	var texts []string
 	read := func(p chatPart, raw json.RawMessage, pw string) (part, string, error) {
@@ -472,10 +485,10 @@ func (req *chatRequest) callerTextOf(raw json.RawMessage, what, textType, sep st
 		return part{Type: partText, Text: *p.Text}, "", nil
 	}
 	parts, err := callerParts(req, raw, what, textType+" parts", read)
-	if err != nil || rawShape(raw) == '"' {
-		return textOf(parts), err
+	if rawShape(raw) == '"' {
+		texts = []string{textOf(parts)}
 	}
-	return strings.Join(texts, sep), nil
+	return strings.Join(texts, sep), err
 }
 
 // resultText is a tool result's text, and its media, which chat drops (droppedFor).
@@ -537,8 +550,7 @@ func (req *chatRequest) addOpenAITool(t openAITool, raw json.RawMessage, what st
 	return nil
 }
 
-// setOpenAIToolChoice reads tool_choice: a mode or one tool (nested in chat, flat
-// in responses); other objects (allowed_tools, a hosted tool) are dropped.
+// setOpenAIToolChoice reads tool_choice: a mode or one tool (nested in chat, flat in responses); other objects (allowed_tools, a hosted tool) are dropped.
 func (req *chatRequest) setOpenAIToolChoice(raw json.RawMessage, nested bool) error {
 	type named struct {
 		Name string `json:"name"`

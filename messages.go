@@ -11,8 +11,7 @@ import (
 	"strings"
 )
 
-// Anthropic Messages (caller POST /v1/messages, provider {base}/v1/messages):
-// both directions, buffered and streamed. The wire shapes serve both.
+// Anthropic Messages (caller POST /v1/messages, provider {base}/v1/messages): both directions, buffered and streamed. The wire shapes serve both.
 type (
 	messagesRequestBody struct {
 		callerHead
@@ -104,9 +103,8 @@ type (
 
 const messagesKnown = "model max_tokens system messages tools tool_choice temperature top_p stop_sequences thinking output_config output_format stream"
 
-// Tables: tool_choice types as neutral modes; stop reasons as finishes (any other, as end_turn,
-// stop_sequence, pause_turn: a stop) and back (else end_turn); effort names as thinking budgets
-// (a budget maps back to the nearest effort at or above it, SPEC §7.6).
+// Tables: tool_choice types as neutral modes; stop reasons as finishes (any other, as end_turn, stop_sequence, pause_turn: a stop) and
+// back (else end_turn); effort names as thinking budgets (a budget maps back to the nearest effort at or above it, SPEC §7.6).
 var (
 	messagesChoices  = map[string]string{"auto": toolChoiceAuto, "none": toolChoiceNone, "any": toolChoiceRequired, "tool": toolChoiceTool}
 	messagesFinishes = map[string]string{"max_tokens": finishLength, "tool_use": finishToolCalls,
@@ -204,8 +202,7 @@ func (req *chatRequest) addMessagesTurn(m messagesTurn, _ json.RawMessage, what 
 	return refuseInvalid("%s.role %s is not user, assistant or system", what, quoteCallerToken(m.Role))
 }
 
-// addMessagesTool adds a client tool, naming raw's unknown members; a server tool
-// (web_search_…, bash_…, …) is dropped and named.
+// addMessagesTool adds a client tool, naming raw's unknown members; a server tool (web_search_…, bash_…, …) is dropped and named.
 func (req *chatRequest) addMessagesTool(t messagesTool, raw json.RawMessage, what string) error {
 	if t.Type != "" && t.Type != "custom" {
 		req.Dropped = append(req.Dropped, t.Type)
@@ -220,8 +217,7 @@ func (req *chatRequest) addMessagesTool(t messagesTool, raw json.RawMessage, wha
 	return err // on an error the whole request is refused
 }
 
-// messagesParts reads a turn's content: a string or blocks; other blocks (thinking,
-// a file) and members (cache_control, citations) are dropped and named.
+// messagesParts reads a turn's content: a string or blocks; other blocks (thinking, a file) and members (cache_control, citations) are dropped and named.
 func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what string) ([]part, error) {
 	read := func(bl messagesBlock, rb json.RawMessage, bw string) (p part, _ string, err error) {
 		known := "type"
@@ -277,8 +273,7 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 	return parts, err
 }
 
-// messagesSourceURL is a source as the neutral URL: base64 data and text a
-// data URL, a url source itself; a file reference (no counterpart) is "".
+// messagesSourceURL is a source as the neutral URL: base64 data and text a data URL, a url source itself; a file reference (no counterpart) is "".
 func messagesSourceURL(src *messagesSource, what string) (string, error) {
 	switch {
 	case src == nil:
@@ -295,8 +290,7 @@ func messagesSourceURL(src *messagesSource, what string) (string, error) {
 	return "", refuseInvalid("%s must be base64 data with a media_type, text, a url or a file", what)
 }
 
-// messagesContent is text, image and document parts as blocks, no empty text; a data URL
-// is base64 data (text for text/plain), anything else a url source.
+// messagesContent is text, image and document parts as blocks, no empty text; a data URL is base64 data (text for text/plain), anything else a url source.
 func messagesContent(ps ...part) ([]messagesBlock, error) {
 	var blocks []messagesBlock
 	for _, p := range ps {
@@ -424,8 +418,7 @@ func messagesToolID(id string) string { return notToolID.ReplaceAllString(id, "_
 
 var notToolID = regexp.MustCompile(`[^a-zA-Z0-9_-]`)
 
-// toolArguments is a call's arguments as the JSON object anthropic embeds:
-// empty is {}, anything but an object is refused, never approximated.
+// toolArguments is a call's arguments as the JSON object anthropic embeds: empty is {}, anything but an object is refused, never approximated.
 func toolArguments(args string) (json.RawMessage, error) {
 	if strings.TrimSpace(args) == "" {
 		return json.RawMessage(`{}`), nil
@@ -463,9 +456,8 @@ func (req chatRequest) thinkingBudget() int {
 	return budget
 }
 
-// adaptiveThinking: a Claude 4.6 or later model (claude-opus-4-7, claude-opus-5, claude-haiku-5-1) takes
-// thinking as adaptive with output_config.effort and refuses a budget (Claude Code 2.1.332 decides so
-// too); an earlier, dated (claude-opus-4-20250514) or unknown model takes a budget.
+// adaptiveThinking: a Claude 4.6 or later model (claude-opus-4-7, claude-opus-5, claude-haiku-5-1) takes thinking as adaptive with
+// output_config.effort and refuses a budget (Claude Code 2.1.332 decides so too); an earlier, dated (claude-opus-4-20250514) or unknown model takes a budget.
 func adaptiveThinking(model string) bool { return adaptiveModels.MatchString(model) }
 
 var adaptiveModels = regexp.MustCompile(`^claude-(?:opus|sonnet|haiku)-(?:0?[5-9]|[1-9]\d|0?4-(?:0?[6-9]|[1-9]\d))(?:-|$)`)
@@ -475,8 +467,7 @@ func (req chatRequest) adaptiveEffort(model string) bool {
 	return req.thinkingBudget() > 0 && adaptiveThinking(model)
 }
 
-// usage is u in Brama's terms: Anthropic reports cached input apart, the neutral count
-// (like OpenAI's prompt_tokens) includes it.
+// usage is u in Brama's terms: Anthropic reports cached input apart, the neutral count (like OpenAI's prompt_tokens) includes it.
 func (u *messagesUsage) usage() usage {
 	return usage{InputTokens: u.InputTokens + u.CacheCreationInputTokens + u.CacheReadInputTokens, OutputTokens: u.OutputTokens, Reported: true}
 }
@@ -513,8 +504,7 @@ func decodeMessages(body []byte) (chatAnswer, error) {
 	return a, nil
 }
 
-// renderMessages is the message the stream that would carry a builds; usage
-// is always present (zeros when unreported): Anthropic's SDKs require it.
+// renderMessages is the message the stream that would carry a builds; usage is always present (zeros when unreported): Anthropic's SDKs require it.
 func renderMessages(req chatRequest, a chatAnswer) (any, error) {
 	bw, err := wholeAnswerThrough(req, a, newMessagesCallerStream)
 	return bw.(*messagesCallerStream).msg, err
@@ -533,8 +523,7 @@ func newMessagesCallerStream(sse *callerStream, _ chatRequest, model string) blo
 
 func (s *messagesCallerStream) emit(ev messagesEvent) error { return s.sse.frame(ev.Type, ev) }
 
-// begin writes message_start. Input tokens go out as 0 (providers report
-// usage at the end) and for real in message_delta, which the SDKs take over.
+// begin writes message_start. Input tokens go out as 0 (providers report usage at the end) and for real in message_delta, which the SDKs take over.
 func (s *messagesCallerStream) begin() error {
 	m := s.msg
 	return s.emit(messagesEvent{Type: "message_start", Message: &m})
@@ -549,8 +538,7 @@ func (s *messagesCallerStream) open(i int, b *streamBlock) error {
 	return s.emit(messagesEvent{Type: "content_block_start", Index: &i, ContentBlock: &cb})
 }
 
-// delta writes a text or input_json delta. The kept block is filled at its
-// close, not per delta, and anew for a block closed (interleaved calls).
+// delta writes a text or input_json delta. The kept block is filled at its close, not per delta, and anew for a block closed (interleaved calls).
 func (s *messagesCallerStream) delta(i int, b *streamBlock, d string) error {
 	delta := &messagesDelta{Type: "text_delta", Text: &d}
 	if !b.text {

@@ -54,26 +54,6 @@ func answerIDOr(id, prefix string) string { return cmp.Or(id, newAnswerID(prefix
 
 func answerFinish(f string) string { return cmp.Or(f, finishStop) }
 
-// callerTool is a provider's call as the caller declared it: its name in its
-// group, whether custom; a custom call made as a function gets its input back.
-func (req chatRequest) callerTool(tc toolCall) (name, args string, custom bool) {
-	t := req.findTool(tc.Name)
-	if t == nil {
-		return tc.Name, tc.Arguments, tc.Custom
-	}
-	if args = tc.Arguments; t.Kind == toolCustom && !tc.Custom {
-		args = customInput(args)
-	}
-	return t.memberName(), args, t.Kind == toolCustom
-}
-
-// customInput is the "input" member of a custom call made as a function (toward messages).
-func customInput(args string) string {
-	var in struct{ Input string }
-	json.Unmarshal([]byte(args), &in)
-	return in.Input
-}
-
 // Stream event kinds, from a provider protocol to a caller dialect.
 const (
 	eventText          = "text"            // Text
@@ -108,8 +88,7 @@ type sseReader struct {
 	buf       [16<<10 - 256]byte // the scanner's first buffer: with the reader, one 16 KiB allocation
 }
 
-// newSSEReader reads blocks from r, lines ending at a byte of ends: translation's
-// "\r\n" (WHATWG), passthrough's "\n" (README: a bare "\r" is no line end).
+// newSSEReader reads blocks from r, lines ending at a byte of ends: translation's "\r\n" (WHATWG), passthrough's "\n" (README: a bare "\r" is no line end).
 func newSSEReader(r io.Reader, ends string) *sseReader {
 	s := &sseReader{sc: *bufio.NewScanner(r), ends: ends, data: []byte{}} // data: non-nil, see next
 	s.sc.Buffer(s.buf[:], math.MaxInt)
@@ -117,9 +96,8 @@ func newSSEReader(r io.Reader, ends string) *sseReader {
 	return s
 }
 
-// split cuts one line with its terminator ("\r\n", or one byte of ends); a final line
-// without one is io.ErrUnexpectedEOF (the body was cut). A long line comes a read at
-// a time: the search resumes where the last one ended.
+// split cuts one line with its terminator ("\r\n", or one byte of ends); a final line without one is
+// io.ErrUnexpectedEOF (the body was cut). A long line comes a read at a time: the search resumes where the last one ended.
 func (s *sseReader) split(data []byte, atEOF bool) (int, []byte, error) {
 	i := bytes.IndexAny(data[s.searched:], s.ends)
 	if i >= 0 {
@@ -266,8 +244,7 @@ func answerOf(run func(emit func(streamEvent) error) error) (chatAnswer, error) 
 	return a, nil
 }
 
-// upstreamStreamError is an in-band error's cause: its redacted code, and the
-// refusalRate or refusalQuota class the dispatcher records a block for (SPEC §6.2).
+// upstreamStreamError is an in-band error's cause: its redacted code, and the refusalRate or refusalQuota class the dispatcher records a block for (SPEC §6.2).
 type upstreamStreamError struct{ Code, Class string }
 
 func (e *upstreamStreamError) Error() string { return "provider stream error " + e.Code }
@@ -278,8 +255,7 @@ var streamErrorCodes = map[string]string{"rate_limit_exceeded": refusalRate, "ra
 
 const inBandMessage = "the provider stream failed with error %q"
 
-// inBandError is provider_incomplete: the caller cannot know what was billed
-// (SPEC §6.2, §7.5); the dispatcher redacts the credential (apiError.redactedFor).
+// inBandError is provider_incomplete: the caller cannot know what was billed (SPEC §6.2, §7.5); the dispatcher redacts the credential (apiError.redactedFor).
 func inBandError(code string) *apiError {
 	class := streamErrorCodes[code]
 	if quotaCodes[code] {
@@ -350,8 +326,7 @@ type blockWriter interface {
 	fail(e *apiError) error
 }
 
-// streamBlock is one block: text, or a tool call named as the caller declared
-// it; a custom call made as a function is wrapped, its input held to the close.
+// streamBlock is one block: text, or a tool call named as the caller declared it; a custom call made as a function is wrapped, its input held to the close.
 type streamBlock struct {
 	text            bool
 	index           int // the call's index among calls
@@ -366,17 +341,15 @@ func newCallerStream(dialect string, req chatRequest, w io.Writer, flush func(),
 	return newBlockStream(w, flush, req, model, formatOf(dialect).callerStream)
 }
 
-func newBlockStream(w io.Writer, flush func(), req chatRequest, model string,
-	newWriter func(*callerStream, chatRequest, string) blockWriter) *callerStream {
+func newBlockStream(w io.Writer, flush func(), req chatRequest, model string, newWriter func(*callerStream, chatRequest, string) blockWriter) *callerStream {
 	s := &callerStream{w: w, flush: flush, req: req, open: -1, toolBlock: map[int]int{}}
 	s.bw = newWriter(s, req, model)
 	return s
 }
 
-// wholeAnswerThrough writes a through newWriter's block writer, frames discarded, and returns
-// it, holding the whole answer, with the first refusal a block met (messages: arguments not an object).
-func wholeAnswerThrough(req chatRequest, a chatAnswer,
-	newWriter func(*callerStream, chatRequest, string) blockWriter) (blockWriter, error) {
+// wholeAnswerThrough writes a through newWriter's block writer, frames discarded, and returns it,
+// holding the whole answer, with the first refusal a block met (messages: arguments not an object).
+func wholeAnswerThrough(req chatRequest, a chatAnswer, newWriter func(*callerStream, chatRequest, string) blockWriter) (blockWriter, error) {
 	s := newBlockStream(io.Discard, nil, req, a.Model, newWriter)
 	err := s.event(streamEvent{Kind: eventText, Text: a.Text})
 	if err == nil {
@@ -399,8 +372,7 @@ func (s *callerStream) start() error {
 	return s.bw.begin()
 }
 
-// event writes one neutral event. Arguments for a call whose block closed (a
-// provider interleaving calls) still go to its index, where SDKs gather them.
+// event writes one neutral event. Arguments for a call whose block closed (a provider interleaving calls) still go to its index, where SDKs gather them.
 func (s *callerStream) event(ev streamEvent) error {
 	if s.done {
 		return errCallerStreamDone
@@ -532,49 +504,36 @@ func (s *callerStream) write(frame string) error {
 // droppedFor names every caller member the request to p loses, each once: those with no
 // counterpart in any other format, and those p's format or p itself lacks (SPEC §7.6).
 func (req chatRequest) droppedFor(p providerInfo) []string {
+	d := slices.Clone(req.Dropped)
+	add := func(cond bool, names ...string) {
+		if cond {
+			d = append(d, names...)
+		}
+	}
 	sampling := slices.DeleteFunc([]string{"temperature", "top_p"}, func(n string) bool {
 		return n == "temperature" && req.Temperature == nil || n == "top_p" && req.TopP == nil
 	})
-	d := slices.Clone(req.Dropped)
-	switch budget := req.thinkingBudget(); {
-	case p.protocol == protoAnthropic:
-		d = append(d, req.Shared.names()...)
-		if req.Effort != "" && budget == 0 {
-			d = append(d, req.EffortName)
-		}
-		if budget > 0 {
-			d = append(d, sampling...)
-		}
-		if req.Verbosity != "" {
-			d = append(d, "verbosity")
-		}
-		for _, t := range req.Tools {
-			if t.Kind == toolCustom && t.Format != nil {
-				d = append(d, "format")
-			}
-		}
-	case p.protocol == protoOpenAIResponses && len(req.Stop) > 0:
-		d = append(d, req.StopName)
+	anthropic, budget := p.protocol == protoAnthropic, req.thinkingBudget()
+	add(anthropic, req.Shared.names()...)
+	add(anthropic && req.Effort != "" && budget == 0, req.EffortName)
+	add(anthropic && budget > 0, sampling...)
+	add(anthropic && req.Verbosity != "", "verbosity")
+	for _, t := range req.Tools {
+		add(anthropic && t.Kind == toolCustom && t.Format != nil, "format")
 	}
+	add(p.protocol == protoOpenAIResponses && len(req.Stop) > 0, req.StopName)
 	for _, m := range req.Messages {
 		for _, pt := range m.Parts {
 			for _, q := range append([]part{pt}, pt.Media...) {
-				switch {
-				case p.protocol == protoAnthropic && q.Detail != "":
-					d = append(d, "detail")
-				case p.protocol == protoOpenAIChat && q.Type != pt.Type: // a tool message holds only text
-					d = append(d, q.Type)
-				}
+				add(anthropic && q.Detail != "", "detail")
+				add(p.protocol == protoOpenAIChat && q.Type != pt.Type, q.Type) // a tool message holds only text
 			}
 		}
 	}
-	if p.id == "codex" { // it never gets an output limit, and its backend refuses these (SPEC §6.2)
-		if req.LimitName != "" {
-			d = append(d, req.LimitName)
-		}
-		d = append(d, sampling...)
-		d = append(d, openAIShared{Metadata: req.Shared.Metadata, SafetyIdentifier: req.Shared.SafetyIdentifier, User: req.Shared.User}.names()...)
-	}
+	codex := p.id == "codex" // it never gets an output limit, and its backend refuses these (SPEC §6.2)
+	add(codex && req.LimitName != "", req.LimitName)
+	add(codex, sampling...)
+	add(codex, openAIShared{Metadata: req.Shared.Metadata, SafetyIdentifier: req.Shared.SafetyIdentifier, User: req.Shared.User}.names()...)
 	seen := map[string]bool{}
 	return slices.DeleteFunc(d, func(n string) bool { dup := seen[n]; seen[n] = true; return dup })
 }
