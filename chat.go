@@ -106,7 +106,9 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 	if err := req.setLimit("max_completion_tokens", b.MaxCompletionTokens); err != nil { // the newer name wins
 		return chatRequest{}, err
 	}
-	if err := eachItem(b.Messages, rawMember(body, "messages"), "messages", req.addChatMessage); err != nil {
+	var raw struct{ Messages, Tools json.RawMessage } // one more decode: the items' own members, to name unknown ones
+	json.Unmarshal(body, &raw)
+	if err := eachItem(b.Messages, raw.Messages, "messages", req.addChatMessage); err != nil {
 		return chatRequest{}, err
 	}
 	if len(req.Messages) == 0 {
@@ -127,7 +129,7 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 		b.Stop = json.RawMessage("null")
 	}
 	err = cmp.Or( // each step reads its own members; the first refusal wins
-		eachItem(b.Tools, rawMember(body, "tools"), "tools", req.addChatTool),
+		eachItem(b.Tools, raw.Tools, "tools", req.addChatTool),
 		req.setOpenAIToolChoice(b.ToolChoice, true),
 		decodeCallerJSON(b.Stop, &req.Stop, "stop"),
 		req.setOutput(output, "response_format"),
@@ -345,9 +347,6 @@ var chatFinishes = map[string]string{finishLength: finishLength, "model_length":
 func chatFinish(r string) string { return cmp.Or(chatFinishes[r], finishStop) }
 
 func (u *chatUsage) neutral() usage {
-	if u == nil {
-		return usage{}
-	}
 	return usage{InputTokens: u.PromptTokens, OutputTokens: u.CompletionTokens, Reported: true}
 }
 

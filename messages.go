@@ -140,7 +140,9 @@ func parseMessages(body []byte) (chatRequest, error) {
 	if len(req.Messages) == 0 {
 		return chatRequest{}, refuseInvalid("messages must hold at least one user or assistant turn")
 	}
-	if err := eachItem(b.Tools, rawMember(body, "tools"), "tools", req.addMessagesTool); err != nil {
+	var raw struct{ Tools json.RawMessage }
+	json.Unmarshal(body, &raw)
+	if err := eachItem(b.Tools, raw.Tools, "tools", req.addMessagesTool); err != nil {
 		return chatRequest{}, err
 	}
 	if tc := b.ToolChoice; tc != nil {

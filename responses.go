@@ -577,10 +577,7 @@ func (r *responsesUpstreamStream) completed(resp *responsesObject, emit func(str
 			}
 		}
 	}
-	finish, u := finishStop, usage{}
-	if r.tools > 0 {
-		finish = finishToolCalls
-	}
+	finish, u := map[bool]string{false: finishStop, true: finishToolCalls}[r.tools > 0], usage{}
 	if r.refusal {
 		finish = finishContentFilter
 	}
