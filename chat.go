@@ -9,8 +9,7 @@ import (
 	"time"
 )
 
-// OpenAI Chat Completions (caller POST /v1/chat/completions, provider
-// {base}/chat/completions): both directions, buffered and streamed.
+// OpenAI Chat Completions (caller POST /v1/chat/completions, provider {base}/chat/completions): both directions, buffered and streamed.
 
 // Chat Completions wire shapes, for the caller's body and the provider's.
 type (
@@ -51,24 +50,20 @@ type (
 		Filename string `json:"filename,omitempty"`
 	}
 	chatToolCall struct {
-		Index    *int          `json:"index,omitempty"` // stream deltas only
-		ID       string        `json:"id,omitempty"`
-		Type     string        `json:"type,omitempty"`
-		Function *chatFunction `json:"function,omitempty"`
-		Custom   *chatCustom   `json:"custom,omitempty"`
+		Index    *int      `json:"index,omitempty"` // stream deltas only
+		ID       string    `json:"id,omitempty"`
+		Type     string    `json:"type,omitempty"`
+		Function *chatFunc `json:"function,omitempty"`
+		Custom   *chatFunc `json:"custom,omitempty"`
 	}
-	chatFunction struct {
+	chatFunc struct { // a function's or a custom tool's, in a tool or a call
 		Name        string          `json:"name,omitempty"`
 		Description string          `json:"description,omitempty"` // tools only
-		Parameters  json.RawMessage `json:"parameters,omitempty"`  // tools only
-		Strict      *bool           `json:"strict,omitempty"`      // tools only
-		Arguments   *string         `json:"arguments,omitempty"`   // calls only
-	}
-	chatCustom struct {
-		Name        string          `json:"name,omitempty"`
-		Description string          `json:"description,omitempty"` // tools only
-		Format      json.RawMessage `json:"format,omitempty"`      // tools only
-		Input       *string         `json:"input,omitempty"`       // calls only
+		Parameters  json.RawMessage `json:"parameters,omitempty"`  // function tools only
+		Strict      *bool           `json:"strict,omitempty"`      // function tools only
+		Format      json.RawMessage `json:"format,omitempty"`      // custom tools only
+		Arguments   *string         `json:"arguments,omitempty"`   // function calls only
+		Input       *string         `json:"input,omitempty"`       // custom calls only
 	}
 	chatTool   = chatToolCall // a tool definition: type and function or custom
 	chatFormat struct {
@@ -108,13 +103,10 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 		return chatRequest{}, err
 	}
 	req.Shared, req.ParallelToolCalls = b.openAIShared, b.ParallelToolCalls
-	if b.MaxCompletionTokens != nil { // the newer name wins when both are sent
-		if req.MaxTokens, err = checkCallerMaxTokens("max_completion_tokens", b.MaxCompletionTokens); err != nil {
-			return chatRequest{}, err
-		}
-		req.LimitName = "max_completion_tokens"
+	if err := req.setLimit("max_completion_tokens", b.MaxCompletionTokens); err != nil { // the newer name wins
+		return chatRequest{}, err
 	}
-	var raw struct{ Messages, Tools json.RawMessage }
+	var raw struct{ Messages, Tools json.RawMessage } // one more decode: the items' own members, to name unknown ones
 	json.Unmarshal(body, &raw)
 	if err := eachItem(b.Messages, raw.Messages, "messages", req.addChatMessage); err != nil {
 		return chatRequest{}, err
@@ -130,33 +122,26 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 		output = ptrTo(valueOr(f.JSONSchema, outputFormat{}))
 		output.Type = f.Type
 	}
+	switch rawShape(b.Stop) {
+	case '"':
+		b.Stop = slices.Concat([]byte("["), b.Stop, []byte("]"))
+	case 0:
+		b.Stop = json.RawMessage("null")
+	}
 	err = cmp.Or( // each step reads its own members; the first refusal wins
 		eachItem(b.Tools, raw.Tools, "tools", req.addChatTool),
 		req.setOpenAIToolChoice(b.ToolChoice, true),
-		req.setChatStop(b.Stop),
+		decodeCallerJSON(b.Stop, &req.Stop, "stop"),
 		req.setOutput(output, "response_format"),
 	)
 	if err != nil {
 		return chatRequest{}, err
 	}
+	if req.StopName = "stop"; len(req.Stop) == 0 {
+		req.Stop, req.StopName = nil, "" // [] asks for nothing
+	}
 	req.linkCalls()
 	return req, nil
-}
-
-// setChatStop reads stop sequences: a string or an array of strings.
-func (req *chatRequest) setChatStop(raw json.RawMessage) (err error) {
-	if rawShape(raw) == '"' {
-		raw = slices.Concat([]byte("["), raw, []byte("]"))
-	}
-	if !rawIsNull(raw) {
-		err = decodeCallerJSON(raw, &req.Stop, "stop")
-	}
-	if len(req.Stop) > 0 {
-		req.StopName = "stop"
-	} else {
-		req.Stop = nil // [] asks for nothing
-	}
-	return err
 }
 
 // addChatMessage adds one Chat Completions message to req, naming raw's unknown members.
@@ -198,13 +183,13 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 			case c.ID == "" || c.Name == "":
 				return refuseInvalid("%s.tool_calls[%d] needs an id and a name", what, i)
 			}
-			parts = append(parts, part{Type: partToolCall, ToolCallID: c.ID, ToolName: c.Name,
-				Arguments: c.Arguments, Custom: c.Custom})
+			parts = append(parts, part{Type: partToolCall, ToolCallID: c.ID, ToolName: c.Name, Arguments: c.Arguments, Custom: c.Custom})
 		}
 		if len(parts) == 0 {
 			return refuseInvalid("%s needs content or tool_calls", what)
 		}
 		req.Messages = append(req.Messages, message{Role: "assistant", Parts: parts})
+		return nil
 	case "tool":
 		if m.ToolCallID == "" {
 			return refuseInvalid("%s.tool_call_id is required", what)
@@ -212,69 +197,59 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 		text, err := req.callerTextOf(m.Content, what+".content", "text", "\n")
 		req.Messages = appendPart(req.Messages, "user", part{Type: partToolResult, ToolCallID: m.ToolCallID, Text: text})
 		return err
-	default:
-		return refuseInvalid("%s.role %s is not one of system, developer, user, assistant, tool", what, quoteCallerToken(m.Role))
 	}
-	return nil
+	return refuseInvalid("%s.role %s is not one of system, developer, user, assistant, tool", what, quoteCallerToken(m.Role))
 }
 
-// chatParts reads content: a string or text, image_url and file parts;
-// others (audio, an earlier refusal) are dropped and named.
-func (req *chatRequest) chatParts(raw json.RawMessage, what string) ([]part, error) {
-	read := func(cp chatPart, raw json.RawMessage, pw string) (part, string, error) {
-		p, urlPath, err := chatPartOf(cp, pw)
-		if err == nil && p.Type != "" {
-			req.dropUnknownPart(raw, cp.Type, chatMembers)
-		}
-		return p, urlPath, err
-	}
-	return callerParts(req, raw, what, "content parts", read)
-}
-
-// chatMembers names the members Brama carries of each chat part and tool
-// type, and of its nested object.
+// chatMembers names the members Brama carries of each chat part and tool type, and of its nested object.
 var chatMembers = map[string][2]string{"text": {"type text"}, "image_url": {"type image_url", "url detail"},
 	"file": {"type file", "file_data filename"}, "function": {"type function", "name description parameters strict"},
 	"custom": {"type custom", "name description format"}}
 
-// chatPartOf is one content part as a neutral part with the path of its URL;
-// an untyped part is one Brama does not carry.
-func chatPartOf(cp chatPart, pw string) (part, string, error) {
-	switch {
-	case cp.Type == "text" && cp.Text != nil:
-		return part{Type: partText, Text: *cp.Text}, "", nil
-	case cp.Type == "text":
-		return part{}, "", refuseInvalid("%s.text is required", pw)
-	case cp.Type == "image_url" && cp.ImageURL == nil:
-		return part{}, "", refuseInvalid("%s.image_url must be an object with a url", pw)
-	case cp.Type == "image_url":
-		return part{Type: partImage, ImageURL: cp.ImageURL.URL, Detail: cp.ImageURL.Detail}, pw + ".image_url.url", nil
-	case cp.Type == "file" && cp.File != nil && cp.File.FileData != "":
-		f := cp.File
-		return part{Type: partDocument, FileURL: f.FileData, Filename: f.Filename}, pw + ".file.file_data", nil
+// dropUnknownChat names raw's members not in chatMembers[typ], then its nested typ object's.
+func (req *chatRequest) dropUnknownChat(raw json.RawMessage, typ string) {
+	dropUnknown(&req.Dropped, raw, chatMembers[typ][0])
+	dropUnknown(&req.Dropped, rawMember(raw, typ), chatMembers[typ][1])
+}
+
+// chatParts reads content: a string or text, image_url and file parts; others (audio, an earlier refusal) are dropped and named.
+func (req *chatRequest) chatParts(raw json.RawMessage, what string) ([]part, error) {
+	read := func(cp chatPart, raw json.RawMessage, pw string) (p part, urlPath string, err error) {
+		switch {
+		case cp.Type == "text" && cp.Text != nil:
+			p = part{Type: partText, Text: *cp.Text}
+		case cp.Type == "text":
+			return p, "", refuseInvalid("%s.text is required", pw)
+		case cp.Type == "image_url" && cp.ImageURL == nil:
+			return p, "", refuseInvalid("%s.image_url must be an object with a url", pw)
+		case cp.Type == "image_url":
+			p, urlPath = part{Type: partImage, ImageURL: cp.ImageURL.URL, Detail: cp.ImageURL.Detail}, pw+".image_url.url"
+		case cp.Type == "file" && cp.File != nil && cp.File.FileData != "":
+			p, urlPath = part{Type: partDocument, FileURL: cp.File.FileData, Filename: cp.File.Filename}, pw+".file.file_data"
+		default: // a part Brama does not carry
+			return p, "", nil
+		}
+		req.dropUnknownChat(raw, cp.Type)
+		return p, urlPath, nil
 	}
-	return part{}, "", nil
+	return callerParts(req, raw, what, "content parts", read)
 }
 
 // addChatTool adds a chat tool, read in the flat shape Responses declares it.
 func (req *chatRequest) addChatTool(t chatTool, raw json.RawMessage, what string) error {
 	flat := openAITool{Type: "hosted"}
-	if t.Type == "function" || t.Type == "custom" {
-		req.dropUnknownPart(raw, t.Type, chatMembers)
-	}
-	switch {
-	case t.Type == "function" && t.Function != nil:
-		flat = openAITool{Type: t.Type, Name: t.Function.Name, Description: t.Function.Description, Parameters: t.Function.Parameters, Strict: t.Function.Strict}
-	case t.Type == "custom" && t.Custom != nil:
-		flat = openAITool{Type: t.Type, Name: t.Custom.Name, Description: t.Custom.Description, Format: t.Custom.Format}
-	case t.Type == "function" || t.Type == "custom":
-		flat = openAITool{Type: t.Type}
+	if f := map[string]*chatFunc{"function": t.Function, "custom": t.Custom}; t.Type == "function" || t.Type == "custom" {
+		req.dropUnknownChat(raw, t.Type)
+		f := valueOr(f[t.Type], chatFunc{})
+		flat = openAITool{Type: t.Type, Name: f.Name, Description: f.Description, Parameters: f.Parameters, Strict: f.Strict}
+		if t.Type == "custom" { // its members as the custom shape has them
+			flat = openAITool{Type: t.Type, Name: f.Name, Description: f.Description, Format: f.Format}
+		}
 	}
 	return req.addOpenAITool(flat, nil, what)
 }
 
-// encodeChat builds a Chat Completions body; tool results become role "tool"
-// messages placed first, right after the assistant turn that called them.
+// encodeChat builds a Chat Completions body; tool results become role "tool" messages placed first, right after the assistant turn that called them.
 func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
 	out := chatRequestBody{callerHead: req.head(model, o), ParallelToolCalls: req.ParallelToolCalls,
 		ReasoningEffort: req.Effort, Verbosity: req.Verbosity, Messages: []chatMessage{}, openAIShared: req.Shared}
@@ -291,11 +266,8 @@ func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
 		out.Messages = append(out.Messages, chatMessage{Role: "system", Content: jsonText(req.System)})
 	}
 	for _, m := range req.Messages {
-		var (
-			parts []chatPart
-			calls []chatToolCall
-			plain = true // only text: content goes as one string
-		)
+		msg, plain := chatMessage{Role: m.Role, Content: json.RawMessage("null")}, true // plain: only text, one string
+		var parts []chatPart
 		for _, p := range m.Parts {
 			switch p.Type {
 			case partText:
@@ -303,31 +275,29 @@ func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
 			case partImage:
 				plain, parts = false, append(parts, chatPart{Type: "image_url", ImageURL: &chatURL{p.ImageURL, p.Detail}})
 			case partDocument:
-				f := &chatFile{FileData: p.FileURL, Filename: p.Filename}
-				plain, parts = false, append(parts, chatPart{Type: "file", File: f})
+				plain, parts = false, append(parts, chatPart{Type: "file", File: &chatFile{FileData: p.FileURL, Filename: p.Filename}})
 			case partToolCall:
-				calls = append(calls, chatCall(p.ToolCallID, p.ToolName, p.Arguments, p.Custom))
+				msg.ToolCalls = append(msg.ToolCalls, chatCall(p.ToolCallID, p.ToolName, p.Arguments, p.Custom))
 			case partToolResult:
 				out.Messages = append(out.Messages, chatMessage{Role: "tool", ToolCallID: p.ToolCallID, Content: jsonText(p.Text)})
 			}
 		}
-		msg := chatMessage{Role: m.Role, ToolCalls: calls, Content: json.RawMessage("null")}
 		switch {
-		case len(parts) == 0 && len(calls) == 0:
+		case len(parts) == 0 && len(msg.ToolCalls) == 0:
 			continue // only tool results: already sent as role "tool"
 		case !plain && m.Role == "user":
-			msg.Content, _ = json.Marshal(parts)
+			msg.Content = must(json.Marshal(parts))
 		case len(parts) > 0:
 			msg.Content = jsonText(textOf(m.Parts))
 		}
 		out.Messages = append(out.Messages, msg)
 	}
 	for _, t := range req.Tools {
+		tc := chatTool{Type: "function", Function: &chatFunc{Name: t.Name, Description: t.Description, Parameters: t.Parameters, Strict: t.Strict}}
 		if t.Kind == toolCustom {
-			out.Tools = append(out.Tools, chatTool{Type: "custom", Custom: &chatCustom{Name: t.Name, Description: t.Description, Format: t.Format}})
-		} else {
-			out.Tools = append(out.Tools, chatTool{Type: "function", Function: &chatFunction{Name: t.Name, Description: t.Description, Parameters: t.Parameters, Strict: t.Strict}})
+			tc = chatTool{Type: "custom", Custom: &chatFunc{Name: t.Name, Description: t.Description, Format: t.Format}}
 		}
+		out.Tools = append(out.Tools, tc)
 	}
 	if c := req.ToolChoice; c != nil && c.Mode == toolChoiceTool {
 		kind := req.toolKind(c.Name)
@@ -349,18 +319,16 @@ func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
 
 func chatCall(id, name, args string, custom bool) chatToolCall {
 	if custom {
-		return chatToolCall{ID: id, Type: "custom", Custom: &chatCustom{Name: name, Input: &args}}
+		return chatToolCall{ID: id, Type: "custom", Custom: &chatFunc{Name: name, Input: &args}}
 	}
 	args = argumentsText(args)
-	return chatToolCall{ID: id, Type: "function", Function: &chatFunction{Name: name, Arguments: &args}}
+	return chatToolCall{ID: id, Type: "function", Function: &chatFunc{Name: name, Arguments: &args}}
 }
 
-// call is tc as a neutral call: a custom call when it carries custom, else
-// a function call; ok is false when it carries neither.
+// call is tc as a neutral call: a custom call when it carries custom, else a function call; ok is false when it carries neither.
 func (tc chatToolCall) call() (c toolCall, ok bool) {
-	c = toolCall{ID: tc.ID, Custom: tc.Custom != nil}
-	in := (*string)(nil)
-	switch {
+	var in *string
+	switch c = (toolCall{ID: tc.ID, Custom: tc.Custom != nil}); {
 	case c.Custom:
 		c.Name, in = tc.Custom.Name, tc.Custom.Input
 	case tc.Function != nil:
@@ -372,26 +340,17 @@ func (tc chatToolCall) call() (c toolCall, ok bool) {
 	return c, !c.Custom || in != nil
 }
 
-// chatFinishes maps Chat Completions finish reasons to neutral ones; any
-// other is a stop.
+// chatFinishes maps Chat Completions finish reasons to neutral ones; any other is a stop.
 var chatFinishes = map[string]string{finishLength: finishLength, "model_length": finishLength,
 	finishToolCalls: finishToolCalls, "function_call": finishToolCalls, finishContentFilter: finishContentFilter}
 
 func chatFinish(r string) string { return cmp.Or(chatFinishes[r], finishStop) }
 
 func (u *chatUsage) neutral() usage {
-	if u == nil {
-		return usage{}
-	}
 	return usage{InputTokens: u.PromptTokens, OutputTokens: u.CompletionTokens, Reported: true}
 }
 
-func chatUsageOf(u usage) *chatUsage {
-	return &chatUsage{u.InputTokens, u.OutputTokens, u.InputTokens + u.OutputTokens}
-}
-
-// chatContentText is an answer's or a chunk's content as text: a string,
-// or the text of its parts, as some compatible providers send it.
+// chatContentText is an answer's or a chunk's content as text: a string, or the text of its parts, as some compatible providers send it.
 func chatContentText(content json.RawMessage) (string, error) {
 	var t string
 	if rawIsNull(content) || json.Unmarshal(content, &t) == nil {
@@ -407,44 +366,34 @@ func chatContentText(content json.RawMessage) (string, error) {
 	return t, err
 }
 
-// decodeChat reads a complete Chat Completions answer.
+// decodeChat reads a complete Chat Completions answer as a stream of its one chunk: a custom call
+// without input is read as a function call, no finish_reason is tool_calls beside calls, else stop.
 func decodeChat(body []byte) (chatAnswer, error) {
 	var r chatCompletion
-	if err := json.Unmarshal(body, &r); err != nil {
+	if err := json.Unmarshal(body, &r); err != nil || len(r.Choices) == 0 || r.Choices[0].Message == nil || !rawIsNull(r.Error) {
 		return chatAnswer{}, malformedAnswer(protoOpenAIChat, err)
 	}
-	if len(r.Choices) == 0 || r.Choices[0].Message == nil || !rawIsNull(r.Error) {
-		return chatAnswer{}, malformedAnswer(protoOpenAIChat, nil)
-	}
-	c := r.Choices[0]
-	a := chatAnswer{Usage: r.Usage.neutral(), Finish: finishStop}
-	var err error
-	if a.Text, err = chatContentText(c.Message.Content); err != nil {
-		return chatAnswer{}, malformedAnswer(protoOpenAIChat, err)
-	}
-	for _, tc := range c.Message.ToolCalls {
+	c := &r.Choices[0]
+	c.Index, c.Delta = 0, c.Message
+	for i, tc := range c.Message.ToolCalls {
 		if tc.Custom != nil && tc.Custom.Input == nil {
-			tc.Custom = nil // then read as a function call
+			c.Message.ToolCalls[i].Custom = nil
 		}
-		call, _ := tc.call()
-		if call.Name == "" {
-			return chatAnswer{}, malformedAnswer(protoOpenAIChat, nil)
+	}
+	if valueOr(c.FinishReason, "") == "" {
+		c.FinishReason = ptrTo(map[bool]string{false: finishStop, true: finishToolCalls}[len(c.Message.ToolCalls) > 0])
+	}
+	return answerOf(func(emit func(streamEvent) error) error {
+		u := &chatUpstreamStream{tools: map[int]int{}}
+		err := u.chunk(&r, emit)
+		if err == nil {
+			_, err = u.ended(emit)
 		}
-		a.ToolCalls = append(a.ToolCalls, call)
-	}
-	switch a.Text += c.Message.Refusal; {
-	case c.Message.Refusal != "": // a refusal is its text, finished as Anthropic's refusal is
-		a.Finish = finishContentFilter
-	case c.FinishReason != nil && *c.FinishReason != "":
-		a.Finish = chatFinish(*c.FinishReason)
-	case len(a.ToolCalls) > 0:
-		a.Finish = finishToolCalls
-	}
-	return a, nil
+		return err
+	})
 }
 
-// renderChat is the chat.completion for a: content null beside only tool
-// calls, as OpenAI sends it; usage left out, not zeros, when unreported.
+// renderChat is the chat.completion for a: content null beside only tool calls, as OpenAI sends it; usage left out, not zeros, when unreported.
 func renderChat(req chatRequest, a chatAnswer) (any, error) {
 	m := chatMessage{Role: "assistant", Content: json.RawMessage("null")}
 	if a.Text != "" || len(a.ToolCalls) == 0 {
@@ -454,22 +403,23 @@ func renderChat(req chatRequest, a chatAnswer) (any, error) {
 		name, args, custom := req.callerTool(tc)
 		m.ToolCalls = append(m.ToolCalls, chatCall(answerIDOr(tc.ID, "call_"), name, args, custom))
 	}
-	f := answerFinish(a.Finish)
 	out := chatCompletion{ID: newAnswerID("chatcmpl-"), Object: "chat.completion", Created: time.Now().Unix(), Model: a.Model,
-		Choices: []chatChoice{{Message: &m, FinishReason: &f}}}
+		Choices: []chatChoice{{Message: &m, FinishReason: ptrTo(answerFinish(a.Finish))}}}
 	if a.Usage.Reported {
 		out.Usage = chatUsageOf(a.Usage)
 	}
 	return out, nil
 }
 
-// chatCallerStream writes chat.completion.chunk frames. Chat has no block
-// framing: a tool call's deltas carry its call index.
+func chatUsageOf(u usage) *chatUsage {
+	return &chatUsage{u.InputTokens, u.OutputTokens, u.InputTokens + u.OutputTokens}
+}
+
+// chatCallerStream writes chat.completion.chunk frames. Chat has no block framing: a tool call's deltas carry its call index.
 type chatCallerStream struct {
 	sse        *callerStream
-	id         string
+	id, model  string
 	created    int64
-	model      string
 	finishSent bool
 }
 
@@ -495,28 +445,26 @@ func (s *chatCallerStream) open(_ int, b *streamBlock) error {
 		return nil
 	}
 	tc := chatCall(answerIDOr(b.id, "call_"), b.name, "", b.custom)
-	tc.Index = &b.index
-	if tc.Function != nil {
+	if tc.Index = &b.index; tc.Function != nil {
 		tc.Function.Arguments = ptrTo("")
 	}
 	return s.chunk(&chatMessage{ToolCalls: []chatToolCall{tc}}, nil, nil)
 }
 
 func (s *chatCallerStream) delta(_ int, b *streamBlock, d string) error {
-	if b.text {
+	tc := chatToolCall{Index: &b.index, Function: &chatFunc{Arguments: &d}}
+	switch {
+	case b.text:
 		return s.chunk(&chatMessage{Content: jsonText(d)}, nil, nil)
-	}
-	tc := chatToolCall{Index: &b.index, Function: &chatFunction{Arguments: &d}}
-	if b.custom {
-		tc = chatToolCall{Index: &b.index, Custom: &chatCustom{Input: &d}}
+	case b.custom:
+		tc = chatToolCall{Index: &b.index, Custom: &chatFunc{Input: &d}}
 	}
 	return s.chunk(&chatMessage{ToolCalls: []chatToolCall{tc}}, nil, nil)
 }
 
 func (s *chatCallerStream) close(int, *streamBlock, string) error { return nil }
 
-// finishNow writes the chunk carrying finish_reason, once: when the finish
-// event arrives, or at the end.
+// finishNow writes the chunk carrying finish_reason, once: when the finish event arrives, or at the end.
 func (s *chatCallerStream) finishNow(finish string) error {
 	if s.finishSent {
 		return nil
@@ -525,16 +473,14 @@ func (s *chatCallerStream) finishNow(finish string) error {
 	return s.chunk(&chatMessage{}, ptrTo(answerFinish(finish)), nil)
 }
 
-// end writes the finish chunk if not yet sent, the usage chunk (choices:
-// []) when the caller asked and usage was reported, then [DONE].
+// end writes the finish chunk if not yet sent, the usage chunk (choices: []) when the caller asked and usage was reported, then [DONE].
 func (s *chatCallerStream) end(finish string, u usage) error {
-	if err := s.finishNow(finish); err != nil {
-		return err
+	err := s.finishNow(finish)
+	if err == nil && s.sse.req.StreamUsage && u.Reported {
+		err = s.chunk(nil, nil, chatUsageOf(u))
 	}
-	if s.sse.req.StreamUsage && u.Reported {
-		if err := s.chunk(nil, nil, chatUsageOf(u)); err != nil {
-			return err
-		}
+	if err != nil {
+		return err
 	}
 	return s.sse.write("data: [DONE]\n\n")
 }
@@ -572,29 +518,34 @@ func (c *chatUpstreamStream) handle(ev sseEvent, emit func(streamEvent) error) (
 		e, _ := errorObject(ch.Error)
 		return false, inBandError(cmp.Or(e.code, e.typ))
 	}
+	return false, c.chunk(&ch, emit)
+}
+
+// chunk emits a chunk's text and tool call pieces of choice 0 (Brama never asks for n > 1).
+func (c *chatUpstreamStream) chunk(ch *chatCompletion, emit func(streamEvent) error) error {
 	if ch.Usage != nil {
 		c.usage = ch.Usage.neutral()
 	}
 	for _, choice := range ch.Choices {
 		if choice.Index != 0 {
-			continue // Brama never asks for n > 1
+			continue
 		}
 		if d := choice.Delta; d != nil {
 			t, err := chatContentText(d.Content)
 			if err != nil {
-				return false, malformedEvent(protoOpenAIChat, err)
+				return malformedEvent(protoOpenAIChat, err)
 			}
 			if d.Refusal != "" {
 				t, c.refusal = t+d.Refusal, true
 			}
 			if t != "" {
 				if err := emit(streamEvent{Kind: eventText, Text: t}); err != nil {
-					return false, err
+					return err
 				}
 			}
 			for i, tc := range d.ToolCalls {
 				if err := c.toolDelta(i, tc, emit); err != nil {
-					return false, err
+					return err
 				}
 			}
 		}
@@ -602,7 +553,7 @@ func (c *chatUpstreamStream) handle(ev sseEvent, emit func(streamEvent) error) (
 			c.finish = chatFinish(*f)
 		}
 	}
-	return false, nil
+	return nil
 }
 
 // toolDelta emits the start of a call new at its index, or carrying another id at

@@ -3,44 +3,41 @@ package main
 import (
 	"bytes"
 	"cmp"
-	"crypto/rand"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 )
 
-// What the three wire formats (chat.go, messages.go, responses.go) share (SPEC §7.5, §7.6): the
-// neutral request and answer and their table; parse.go reads a caller's body, sse.go the streams.
+// The request side of the wire formats (chat.go, messages.go, responses.go; SPEC §7.6): the neutral
+// request, the table of formats, reading a caller's body. sse.go holds the answer side and streams.
 
 // chatRequest is one chat request in no particular format.
 type chatRequest struct {
 	Model             string // as the caller named it: alias, route, selector or best
-	System            string // the leading system and developer text, "" when none
+	System            string // the leading system and developer text
 	Messages          []message
 	Tools             []tool
 	ToolChoice        *toolChoice // nil: the provider's default
 	ParallelToolCalls *bool
 	MaxTokens         int    // 0: the caller gave none (SPEC §6.4 decides)
-	LimitName         string // the caller's member for its own MaxTokens, "" when it gave none
+	LimitName         string // the caller's member for MaxTokens
 	Temperature       *float64
 	TopP              *float64
 	Stop              []string
 	Output            *outputFormat // structured output; nil: free text
-	Effort            string        // reasoning effort (low, medium, high, …); "" the provider's default
+	Effort            string        // reasoning effort; "" the provider's default
 	EffortName        string        // the caller's member for Effort
-	Verbosity         string        // the OpenAI formats' verbosity; "" the provider's default
-	StopName          string        // the caller's member for Stop: responses has none
+	Verbosity         string
+	StopName          string // the caller's member for Stop: responses has none
 	Shared            openAIShared
 	Stream            bool
 	StreamUsage       bool     // a chat caller sent stream_options.include_usage: true
 	Dropped           []string // caller member names with no counterpart in any other format
 }
 
-// openAIShared holds the members Chat Completions and Responses share under
-// one name and shape: carried between them as sent, dropped toward messages.
+// openAIShared holds the members Chat Completions and Responses share under one name and shape: carried between them as sent, dropped toward messages.
 type openAIShared struct {
 	Store            json.RawMessage `json:"store,omitempty"`
 	Metadata         json.RawMessage `json:"metadata,omitempty"`
@@ -52,8 +49,7 @@ type openAIShared struct {
 
 const openAISharedNames = "store metadata service_tier prompt_cache_key safety_identifier user"
 
-func (o openAIShared) names() []string {
-	var n []string
+func (o openAIShared) names() (n []string) {
 	for i, v := range []json.RawMessage{o.Store, o.Metadata, o.ServiceTier, o.PromptCacheKey, o.SafetyIdentifier, o.User} {
 		if !rawIsNull(v) {
 			n = append(n, strings.Fields(openAISharedNames)[i])
@@ -81,7 +77,7 @@ type part struct {
 	Type       string
 	Text       string // text; tool_result: its text content
 	ImageURL   string // image: an https URL or a data URL
-	Detail     string // image: the OpenAI formats' detail (low, high, auto)
+	Detail     string // image: the OpenAI formats' detail
 	FileURL    string // document: an https URL or a data URL
 	Filename   string
 	ToolCallID string // tool_call and tool_result
@@ -97,8 +93,7 @@ const (
 	toolCustom   = "custom" // free-form input, no JSON schema
 )
 
-// tool is one tool the model may call. Name is what providers see: a tool
-// of a namespaced group is flattened to <namespace>__<name> (SPEC §7.6).
+// tool is one tool the model may call. Name is what providers see: a tool of a namespaced group is flattened to <namespace>__<name> (SPEC §7.6).
 type tool struct {
 	Kind        string
 	Name        string
@@ -123,6 +118,25 @@ func (req *chatRequest) findTool(name string) *tool {
 	return nil
 }
 
+// callerTool is a provider's call as the caller declared it: its name in its group, whether custom; a custom call made as a function gets its input back.
+func (req chatRequest) callerTool(tc toolCall) (name, args string, custom bool) {
+	t := req.findTool(tc.Name)
+	if t == nil {
+		return tc.Name, tc.Arguments, tc.Custom
+	}
+	if args = tc.Arguments; t.Kind == toolCustom && !tc.Custom {
+		args = customInput(args)
+	}
+	return t.memberName(), args, t.Kind == toolCustom
+}
+
+// customInput is the "input" member of a custom call made as a function (toward messages).
+func customInput(args string) string {
+	var in struct{ Input string }
+	json.Unmarshal([]byte(args), &in)
+	return in.Input
+}
+
 // toolKind is the OpenAI type of the tool named name: function or custom.
 func (req *chatRequest) toolKind(name string) string {
 	if t := req.findTool(name); t != nil && t.Kind == toolCustom {
@@ -139,70 +153,15 @@ const (
 )
 
 // toolChoice says whether and which tool the model must call.
-type toolChoice struct {
-	Mode string
-	Name string // with toolChoiceTool
-}
+type toolChoice struct{ Mode, Name string }
 
-// outputFormat is structured output as the formats write it: json_schema with
-// a Schema, or json_object for any JSON, which messages cannot express.
+// outputFormat is structured output as the formats write it: json_schema with a Schema, or json_object for any JSON, which messages cannot express.
 type outputFormat struct {
 	Type        string          `json:"type,omitempty"`
 	Name        string          `json:"name,omitempty"`
 	Description string          `json:"description,omitempty"`
 	Schema      json.RawMessage `json:"schema,omitempty"`
 	Strict      *bool           `json:"strict,omitempty"`
-}
-
-// Finish reasons, in the neutral (OpenAI chat) vocabulary.
-const (
-	finishStop          = "stop"
-	finishLength        = "length"
-	finishToolCalls     = "tool_calls"
-	finishContentFilter = "content_filter"
-)
-
-// chatAnswer is one complete answer in no particular format.
-type chatAnswer struct {
-	Model     string // the name reported to the caller (SPEC §7.6)
-	Text      string
-	ToolCalls []toolCall
-	Finish    string
-	Usage     usage
-}
-
-// toolCall is one tool call the model made.
-type toolCall struct {
-	ID        string
-	Name      string // as the provider saw it (flattened)
-	Arguments string // JSON text, or a custom tool's free-form input
-	Custom    bool   // the provider called it as a custom tool
-}
-
-// usage counts tokens as the provider reported them.
-type usage struct {
-	InputTokens  int
-	OutputTokens int
-	Reported     bool // the provider sent usage at all
-}
-
-// Stream event kinds, from a provider protocol to a caller dialect.
-const (
-	eventText          = "text"            // Text: the next piece of output text
-	eventToolCallStart = "tool_call_start" // Index, ToolCall.ID, ToolCall.Name, ToolCall.Custom
-	eventToolCallArgs  = "tool_call_args"  // Index, Text: the next piece of arguments (or custom input)
-	eventFinish        = "finish"
-	eventUsage         = "usage"
-)
-
-// streamEvent is one translated piece of a stream; finish and usage only after its terminal signal (SPEC §7.5).
-type streamEvent struct {
-	Kind     string
-	Text     string
-	Index    int // tool call index, 0-based, in call order
-	ToolCall toolCall
-	Finish   string
-	Usage    usage
 }
 
 // Caller dialects, one per public chat endpoint.
@@ -239,6 +198,7 @@ var wireFormats = []wireFormat{
 	{dialectResponses, protoOpenAIResponses, "/responses", parseResponses, encodeResponses, decodeResponses, renderResponses, newResponsesCallerStream, newResponsesUpstreamStream},
 }
 
+// formatOf is the row of a dialect or protocol; nil for none.
 func formatOf(name string) *wireFormat {
 	for i, f := range wireFormats {
 		if f.dialect == name || f.protocol == name {
@@ -248,146 +208,39 @@ func formatOf(name string) *wireFormat {
 	return nil
 }
 
-func errUnknownFormat(name string) *apiError {
-	return refuse("internal_error", "internal error").because(fmt.Errorf("unknown wire format %q", name))
+// viaFormat runs do on the format of name, or refuses an unknown one with code
+// (internal_error for a dialect Brama routes itself, provider_failure for a protocol).
+func viaFormat[T any](name, code string, do func(*wireFormat) (T, error)) (T, error) {
+	if f := formatOf(name); f != nil {
+		return do(f)
+	}
+	var zero T
+	return zero, refuse(code, "unknown wire format %q", name)
 }
 
 // parseRequest parses body as dialect; every error is an invalid_request *apiError.
 func parseRequest(dialect string, body []byte) (chatRequest, error) {
-	if f := formatOf(dialect); f != nil {
-		return f.parse(body)
-	}
-	return chatRequest{}, errUnknownFormat(dialect)
+	return viaFormat(dialect, "internal_error", func(f *wireFormat) (chatRequest, error) { return f.parse(body) })
 }
 
 // renderAnswer is a buffered answer as dialect's body; req's tools name the calls.
 func renderAnswer(dialect string, req chatRequest, a chatAnswer) ([]byte, error) {
-	f := formatOf(dialect)
-	if f == nil {
-		return nil, errUnknownFormat(dialect)
-	}
-	v, err := f.render(req, a)
-	if err != nil {
-		return nil, err
-	}
-	return json.Marshal(v)
+	return viaFormat(dialect, "internal_error", func(f *wireFormat) ([]byte, error) {
+		v, err := f.render(req, a)
+		if err != nil {
+			return nil, err
+		}
+		return json.Marshal(v)
+	})
 }
 
 // decodeUpstreamAnswer decodes a 2xx non-stream body; Model is the dispatcher's (SPEC §7.6).
 func decodeUpstreamAnswer(protocol string, body []byte) (chatAnswer, error) {
-	if f := formatOf(protocol); f != nil {
-		return f.decode(body)
-	}
-	return chatAnswer{}, refuse("provider_failure", "unknown provider protocol %q", protocol)
-}
-
-// droppedFor names every caller member the request to p loses, each once:
-// those with no counterpart in any other format, and those p's format or p
-// itself lacks (SPEC §7.6).
-func (req chatRequest) droppedFor(p providerInfo) []string {
-	var sampling []string // the sampling members sent
-	if req.Temperature != nil {
-		sampling = append(sampling, "temperature")
-	}
-	if req.TopP != nil {
-		sampling = append(sampling, "top_p")
-	}
-	d := slices.Clone(req.Dropped)
-	switch {
-	case p.protocol == protoAnthropic:
-		d = append(d, req.Shared.names()...)
-		if req.Effort != "" && req.thinkingBudget() == 0 {
-			d = append(d, req.EffortName)
-		}
-		if req.thinkingBudget() > 0 {
-			d = append(d, sampling...)
-		}
-		if req.Verbosity != "" {
-			d = append(d, "verbosity")
-		}
-		for _, t := range req.Tools {
-			if t.Kind == toolCustom && t.Format != nil {
-				d = append(d, "format")
-			}
-		}
-	case p.protocol == protoOpenAIResponses && len(req.Stop) > 0:
-		d = append(d, req.StopName)
-	}
-	for _, m := range req.Messages {
-		for _, pt := range m.Parts {
-			for _, q := range append([]part{pt}, pt.Media...) {
-				switch {
-				case p.protocol == protoAnthropic && q.Detail != "":
-					d = append(d, "detail")
-				case p.protocol == protoOpenAIChat && q.Type != pt.Type: // a tool message holds only text
-					d = append(d, q.Type)
-				}
-			}
-		}
-	}
-	if p.id == "codex" { // it never gets an output limit, and its backend refuses these (SPEC §6.2)
-		if req.LimitName != "" {
-			d = append(d, req.LimitName)
-		}
-		d = append(d, sampling...)
-		d = append(d, openAIShared{Metadata: req.Shared.Metadata, SafetyIdentifier: req.Shared.SafetyIdentifier, User: req.Shared.User}.names()...)
-	}
-	seen := map[string]bool{} // each once, in linear time: a caller names its own members
-	return slices.DeleteFunc(d, func(n string) bool { dup := seen[n]; seen[n] = true; return dup })
-}
-
-func newAnswerID(prefix string) string { return prefix + rand.Text() }
-
-func answerIDOr(id, prefix string) string { return cmp.Or(id, newAnswerID(prefix)) }
-
-func answerFinish(f string) string { return cmp.Or(f, finishStop) }
-
-func textOf(ps []part) string {
-	var b strings.Builder
-	for _, p := range ps {
-		if p.Type == partText {
-			b.WriteString(p.Text)
-		}
-	}
-	return b.String()
-}
-
-// responsesContent is parts as Responses input (an assistant's text: output) parts, no empty text.
-func responsesContent(ps []part, assistant bool) []responsesPart {
-	var out []responsesPart
-	for _, p := range ps {
-		switch {
-		case p.Type == partText && p.Text != "":
-			out = append(out, responsesPart{Type: map[bool]string{false: "input_text", true: "output_text"}[assistant], Text: ptrTo(p.Text)})
-		case p.Type == partImage:
-			out = append(out, responsesPart{Type: "input_image", ImageURL: ptrTo(p.ImageURL), Detail: p.Detail})
-		case p.Type == partDocument && strings.HasPrefix(p.FileURL, "data:"):
-			out = append(out, responsesPart{Type: "input_file", FileData: p.FileURL, Filename: p.Filename})
-		case p.Type == partDocument:
-			out = append(out, responsesPart{Type: "input_file", FileURL: p.FileURL, Filename: p.Filename})
-		}
-	}
-	return out
+	return viaFormat(protocol, "provider_failure", func(f *wireFormat) (chatAnswer, error) { return f.decode(body) })
 }
 
 // emptySchema stands in for a tool without parameters where the protocol requires a schema.
 var emptySchema = json.RawMessage(`{"type":"object","properties":{}}`)
-
-// customInputSchema is the one-string-member function a custom tool becomes toward messages (SPEC §7.6).
-var customInputSchema = json.RawMessage(`{"type":"object","properties":{"input":{"type":"string"}},"required":["input"]}`)
-
-// toolArguments is a call's arguments as the JSON object anthropic embeds:
-// empty is {}, anything but an object is refused, never approximated.
-func toolArguments(args string) (json.RawMessage, error) {
-	if strings.TrimSpace(args) == "" {
-		return json.RawMessage(`{}`), nil
-	}
-	var buf bytes.Buffer
-	if err := json.Compact(&buf, []byte(args)); err != nil || buf.Bytes()[0] != '{' {
-		return nil, refuse("invalid_request", "a tool call's arguments are not a JSON object")
-	}
-	return buf.Bytes(), nil
-}
 
 // argumentsText is a tool call's arguments as JSON text; empty becomes "{}".
 func argumentsText(args string) string {
@@ -396,97 +249,6 @@ func argumentsText(args string) string {
 	}
 	return args
 }
-
-// effortBudgets maps reasoning effort names to a thinking budget toward
-// messages; a budget maps back to the nearest effort at or above it (SPEC §7.6).
-var effortBudgets = []effortBudget{{"minimal", 1024}, {"low", 2048}, {"medium", 8192}, {"high", 24576}, {"xhigh", 32768}}
-
-type effortBudget struct {
-	effort string
-	budget int
-}
-
-func effortOfBudget(b int) string {
-	for _, e := range effortBudgets {
-		if b <= e.budget {
-			return e.effort
-		}
-	}
-	return "xhigh"
-}
-
-// adaptiveThinking: a Claude 4.6 or later model takes thinking as adaptive
-// with output_config.effort and refuses a budget (Claude Code 2.1.332 decides
-// so too); an earlier, dated or unknown model takes a budget.
-func adaptiveThinking(model string) bool {
-	m := claudeVersion.FindStringSubmatch(model)
-	if m == nil {
-		return false
-	}
-	major, _ := strconv.Atoi(m[1])
-	minor, _ := strconv.Atoi(m[2]) // "" when absent: 0
-	return major > 4 || major == 4 && minor >= 6
-}
-
-// adaptiveEffort: toward model, req's effort goes as output_config.effort and its beta, not a budget.
-func (req chatRequest) adaptiveEffort(model string) bool {
-	return req.thinkingBudget() > 0 && adaptiveThinking(model)
-}
-
-// claudeVersion reads a Claude model's version: claude-opus-4-7, claude-sonnet-4-5-20250929, claude-opus-5.
-var claudeVersion = regexp.MustCompile(`^claude-(?:opus|sonnet|haiku)-(\d{1,2})(?:-(\d{1,2}))?(?:-|$)`)
-
-// Anthropic-beta values: output_config.effort's, and a JSON Schema output format's (SPEC §7.6).
-const (
-	effortBeta            = "effort-2025-11-24"
-	structuredOutputsBeta = "structured-outputs-2025-11-13"
-)
-
-// thinkingBudget is the budget toward messages: below max_tokens, at least 1024, and
-// 0 in a tool loop, where Anthropic wants back thinking blocks no format carries.
-func (req chatRequest) thinkingBudget() int {
-	budget := 0 // "none" and unknown names: no thinking
-	if i := slices.IndexFunc(effortBudgets, func(e effortBudget) bool { return e.effort == req.Effort }); i >= 0 {
-		budget = effortBudgets[i].budget
-	}
-	if req.MaxTokens > 0 && budget >= req.MaxTokens {
-		budget = req.MaxTokens - 1
-	}
-	for _, m := range slices.Backward(req.Messages) {
-		if m.Role == "assistant" {
-			if slices.ContainsFunc(m.Parts, func(p part) bool { return p.Type == partToolCall }) {
-				return 0
-			}
-			break
-		}
-	}
-	if budget < 1024 {
-		return 0
-	}
-	return budget
-}
-
-// callerTool is a provider's call as the caller declared it: its name in its
-// group, whether custom; a custom call made as a function gets its input back.
-func (req chatRequest) callerTool(tc toolCall) (name, args string, custom bool) {
-	t := req.findTool(tc.Name)
-	if t == nil {
-		return tc.Name, tc.Arguments, tc.Custom
-	}
-	if args = tc.Arguments; t.Kind == toolCustom && !tc.Custom {
-		args = customInput(args)
-	}
-	return t.memberName(), args, t.Kind == toolCustom
-}
-
-// customInput is the "input" member of a custom call made as a function (toward messages).
-func customInput(args string) string {
-	var in struct{ Input string }
-	json.Unmarshal([]byte(args), &in)
-	return in.Input
-}
-
-func jsonText(s string) json.RawMessage { return must(json.Marshal(s)) }
 
 // schemaOutput is a json_schema output named as the OpenAI formats require; nil for JSON mode.
 func schemaOutput(f *outputFormat) *outputFormat {
@@ -498,19 +260,338 @@ func schemaOutput(f *outputFormat) *outputFormat {
 	return &s
 }
 
-func ptrTo[T any](v T) *T { return &v }
-
-func valueOr[T any](p *T, or T) T {
-	if p == nil {
-		return or
-	}
-	return *p
+// refuseInvalid refuses a caller's body: a member with no counterpart elsewhere is dropped
+// and named (chatRequest.Dropped), one unreadable refused as invalid_request, never quoted.
+func refuseInvalid(format string, args ...any) *apiError {
+	return refuse("invalid_request", format, args...)
 }
 
-// must is v for marshalling that cannot fail (plain values).
-func must(v []byte, err error) json.RawMessage {
-	if err != nil {
-		panic(err)
+// decodeCallerJSON unmarshals data into v; an error is an invalid_request naming the member at fault under what ("" for the body), quoting nothing (SPEC §7.6).
+func decodeCallerJSON(data []byte, v any, what string) error {
+	err := json.Unmarshal(data, v)
+	var se *json.SyntaxError
+	var te *json.UnmarshalTypeError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &se):
+		return refuseInvalid("malformed JSON at byte %d", se.Offset).because(err)
+	case !errors.As(err, &te):
+		return refuseInvalid("malformed JSON").because(err)
 	}
-	return v
+	field := strings.Trim(what+"."+te.Field, ".")
+	if field == "" {
+		return refuseInvalid("the request body must be a JSON object").because(err)
+	}
+	return refuseInvalid("%s: got %s, not the type it takes", field, truncateUTF8(te.Value, 32)).because(err)
+}
+
+// dropUnknown names in d, in the body's order, every member of the JSON object raw not in known (space-separated); a non-object names nothing.
+func dropUnknown(d *[]string, raw json.RawMessage, known string) {
+	o, _ := splitRaw(raw, '{', nil)
+	for _, m := range o.members {
+		// encoding/json matches member names without regard to case.
+		if k := string(m.key); !slices.ContainsFunc(strings.Fields(known), func(n string) bool { return strings.EqualFold(n, k) }) {
+			*d = append(*d, k)
+		}
+	}
+}
+
+// callerHead holds the members every format's request body shares (passthrough.go reads its own).
+type callerHead struct {
+	Model       string   `json:"model"`
+	Temperature *float64 `json:"temperature,omitempty"`
+	TopP        *float64 `json:"top_p,omitempty"`
+	Stream      bool     `json:"stream,omitempty"`
+}
+
+// head is the shared members of a provider body for model.
+func (req chatRequest) head(model string, o upstreamOptions) callerHead {
+	return callerHead{Model: model, Temperature: req.Temperature, TopP: req.TopP, Stream: o.stream}
+}
+
+// newCallerRequest decodes body into b (embedding h), checks the shared members, names the unknown ones.
+func newCallerRequest(body []byte, b any, h *callerHead, known, limitName string, limit **int) (chatRequest, error) {
+	if err := decodeCallerJSON(body, b, ""); err != nil {
+		return chatRequest{}, err
+	}
+	if h.Model == "" {
+		return chatRequest{}, refuseInvalid("model is required and must be a non-empty string")
+	}
+	req := chatRequest{Model: h.Model, Temperature: h.Temperature, TopP: h.TopP, Stream: h.Stream}
+	if err := req.setLimit(limitName, *limit); err != nil {
+		return chatRequest{}, err
+	}
+	dropUnknown(&req.Dropped, body, known)
+	return req, nil
+}
+
+// setLimit reads the caller's output limit named name, refused below 1 (SPEC §8.2 "bad limits").
+func (req *chatRequest) setLimit(name string, v *int) error {
+	switch {
+	case v == nil:
+		return nil
+	case *v < 1:
+		return refuseInvalid("%s must be at least 1", name)
+	}
+	req.MaxTokens, req.LimitName = *v, name
+	return nil
+}
+
+// callerParts reads content in every format: a string (one text part), or an array of parts (kind) that read turns into neutral ones,
+// given each one's raw JSON and path, with the path of the URL to check; a part it leaves untyped is dropped and named.
+func callerParts[T any](req *chatRequest, raw json.RawMessage, what, kind string,
+	read func(T, json.RawMessage, string) (part, string, error)) ([]part, error) {
+	var items []T
+	switch rawShape(raw) {
+	case '"':
+		var s string
+		err := decodeCallerJSON(raw, &s, what)
+		return []part{{Type: partText, Text: s}}, err
+	case '[':
+		if err := decodeCallerJSON(raw, &items, what); err != nil {
+			return nil, err
+		}
+	default:
+		return nil, refuseInvalid("%s must be a string or an array of %s", what, kind)
+	}
+	var parts []part
+	raws := rawItems(raw)
+	for i, it := range items {
+		pw := fmt.Sprintf("%s[%d]", what, i)
+		p, urlPath, err := read(it, raws[i], pw)
+		if err == nil && (p.Type == partImage || p.Type == partDocument) {
+			err = checkCallerURL(p.ImageURL+p.FileURL, urlPath)
+		}
+		switch {
+		case err != nil:
+			return nil, err
+		case p.Type == "": // named by its type, else by the array's member
+			var it struct{ Type string }
+			json.Unmarshal(raws[i], &it)
+			member, _, _ := strings.Cut(what[strings.LastIndex(what, ".")+1:], "[")
+			req.Dropped = append(req.Dropped, cmp.Or(it.Type, member))
+		default:
+			parts = append(parts, p)
+		}
+	}
+	return parts, nil
+}
+
+// parseCallerSchema reads a JSON Schema member: null is nil, an object kept compacted, the rest refused.
+func parseCallerSchema(raw json.RawMessage, what string) (json.RawMessage, error) {
+	if rawIsNull(raw) {
+		return nil, nil
+	}
+	if rawShape(raw) != '{' {
+		return nil, refuseInvalid("%s must be a JSON Schema object", what)
+	}
+	var b bytes.Buffer
+	json.Compact(&b, raw)
+	return b.Bytes(), nil
+}
+
+// checkCallerURL accepts what every protocol carries for an image or a document: https or data URLs.
+func checkCallerURL(url, what string) error {
+	if strings.HasPrefix(url, "https://") || strings.HasPrefix(url, "data:") {
+		return nil
+	}
+	return refuseInvalid("%s must be an https URL or a data URL", what)
+}
+
+// quoteCallerToken quotes a caller-chosen token (a role, a part type), bounded.
+func quoteCallerToken(s string) string { return fmt.Sprintf("%q", truncateUTF8(s, 64)) }
+
+// appendPart adds p to the last message when it has role, else a new turn: tool
+// results in a row are one user turn (SPEC §7.6), a call joins its assistant turn.
+func appendPart(msgs []message, role string, p part) []message {
+	n := len(msgs)
+	if n > 0 && msgs[n-1].Role == role && (role != "user" || len(msgs[n-1].Parts) > 0 &&
+		!slices.ContainsFunc(msgs[n-1].Parts, func(q part) bool { return q.Type != partToolResult })) {
+		msgs[n-1].Parts = append(msgs[n-1].Parts, p)
+		return msgs
+	}
+	return append(msgs, message{Role: role, Parts: []part{p}})
+}
+
+// addSystem adds instruction text to the leading System before any turn, else as a system turn.
+func (req *chatRequest) addSystem(text string) {
+	if len(req.Messages) == 0 {
+		req.System = joinText(req.System, text)
+		return
+	}
+	req.Messages = append(req.Messages, message{Role: "system", Parts: []part{{Type: partText, Text: text}}})
+}
+
+// joinText appends one more piece of text, "\n\n" between pieces.
+func joinText(sys, more string) string {
+	return strings.Join(slices.DeleteFunc([]string{sys, more}, func(s string) bool { return s == "" }), "\n\n")
+}
+
+// linkCalls marks calls to custom tools and their results, whichever format they came from.
+func (req *chatRequest) linkCalls() {
+	custom := map[string]bool{}
+	for i := range req.Messages {
+		for j := range req.Messages[i].Parts {
+			switch p := &req.Messages[i].Parts[j]; p.Type {
+			case partToolCall:
+				p.Custom = p.Custom || req.toolKind(p.ToolName) == toolCustom
+				custom[p.ToolCallID] = p.Custom
+			case partToolResult:
+				p.Custom = p.Custom || custom[p.ToolCallID]
+			}
+		}
+	}
+}
+
+// setOutput reads structured output: text is none, json_object any JSON, json_schema needs its schema.
+func (req *chatRequest) setOutput(o *outputFormat, what string) error {
+	switch {
+	case o == nil || o.Type == "" || o.Type == "text":
+	case o.Type == "json_object":
+		req.Output = &outputFormat{Type: o.Type}
+	case o.Type != "json_schema":
+		return refuseInvalid("%s.type %s is not text, json_object or json_schema", what, quoteCallerToken(o.Type))
+	case rawShape(o.Schema) != '{':
+		return refuseInvalid("%s needs a JSON Schema object", what)
+	default:
+		req.Output = o
+	}
+	return nil
+}
+
+// eachItem runs add on every element of a caller's array, with its raw JSON from
+// list (nil when the caller needs none) and its path; the first refusal stops it.
+func eachItem[T any](items []T, list json.RawMessage, what string, add func(T, json.RawMessage, string) error) error {
+	raws := append(rawItems(list), make([]json.RawMessage, len(items))...) // nil past the list
+	for i, it := range items {
+		if err := add(it, raws[i], fmt.Sprintf("%s[%d]", what, i)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// callerTextOf reads content that may only be text: a string, or an array of
+// {"type":textType,"text":…} parts, joined with sep, their other members (cache_control) dropped and named.
+func (req *chatRequest) callerTextOf(raw json.RawMessage, what, textType, sep string) (string, error) {
+	var texts []string
+	read := func(p chatPart, raw json.RawMessage, pw string) (part, string, error) {
+		dropUnknown(&req.Dropped, raw, "type text")
+		if p.Type != textType || p.Text == nil {
+			return part{}, "", refuseInvalid("%s must be a %s part with text", pw, textType)
+		}
+		texts = append(texts, *p.Text)
+		return part{Type: partText, Text: *p.Text}, "", nil
+	}
+	parts, err := callerParts(req, raw, what, textType+" parts", read)
+	if rawShape(raw) == '"' {
+		texts = []string{textOf(parts)}
+	}
+	return strings.Join(texts, sep), err
+}
+
+// resultText is a tool result's text, and its media, which chat drops (droppedFor).
+func resultText(parts []part) (string, []part) {
+	var texts []string
+	var media []part
+	for _, p := range parts {
+		if p.Type == partText {
+			texts = append(texts, p.Text)
+		} else {
+			media = append(media, p)
+		}
+	}
+	return strings.Join(texts, "\n"), media
+}
+
+// openAITool is one tool in Responses' flat shape, into which chat's nested one is flattened.
+type openAITool struct {
+	Type        string          `json:"type"`
+	Name        string          `json:"name,omitempty"`
+	Description string          `json:"description,omitempty"`
+	Parameters  json.RawMessage `json:"parameters,omitempty"`
+	Strict      *bool           `json:"strict,omitempty"`
+	Format      json.RawMessage `json:"format,omitempty"`
+	Tools       []openAITool    `json:"tools,omitempty"` // a namespace's members
+}
+
+// addOpenAITool adds a function, custom or namespace tool, naming the unknown members
+// of raw (nil: none); any other (a hosted tool: web_search, …) is dropped and named.
+func (req *chatRequest) addOpenAITool(t openAITool, raw json.RawMessage, what string) error {
+	if t.Name == "" && slices.Contains([]string{"function", "custom", "namespace"}, t.Type) {
+		return refuseInvalid("%s needs a name", what)
+	}
+	switch t.Type {
+	case "function", "custom":
+		dropUnknown(&req.Dropped, raw, "type name description parameters strict format")
+		params, err := parseCallerSchema(t.Parameters, what+".parameters")
+		if err != nil {
+			return err
+		}
+		nt := tool{Name: t.Name, Description: t.Description, Parameters: params, Strict: t.Strict}
+		if t.Type == "custom" {
+			nt = tool{Kind: toolCustom, Name: t.Name, Description: t.Description, Format: t.Format}
+		}
+		req.Tools = append(req.Tools, nt)
+	case "namespace":
+		if t.Description != "" {
+			req.Dropped = append(req.Dropped, "description")
+		}
+		n := len(req.Tools)
+		err := eachItem(t.Tools, rawMember(raw, "tools"), what+".tools", req.addOpenAITool)
+		for j := n; j < len(req.Tools); j++ {
+			req.Tools[j].Namespace, req.Tools[j].Name = t.Name, t.Name+"__"+req.Tools[j].Name
+		}
+		return err
+	default:
+		req.Dropped = append(req.Dropped, cmp.Or(t.Type, "tools"))
+	}
+	return nil
+}
+
+// setOpenAIToolChoice reads tool_choice: a mode or one tool (nested in chat, flat in responses); other objects (allowed_tools, a hosted tool) are dropped.
+func (req *chatRequest) setOpenAIToolChoice(raw json.RawMessage, nested bool) error {
+	type named struct {
+		Name string `json:"name"`
+	}
+	var tc struct {
+		Type      string `json:"type"`
+		Name      string `json:"name"`
+		Namespace string `json:"namespace"`
+		Function  named  `json:"function"`
+		Custom    named  `json:"custom"`
+	}
+	switch rawShape(raw) {
+	case 0, 'n': // absent, or null
+		return nil
+	case '"':
+		json.Unmarshal(raw, &tc.Type)
+		if !slices.Contains([]string{toolChoiceAuto, toolChoiceNone, toolChoiceRequired}, tc.Type) {
+			return refuseInvalid("tool_choice must be \"auto\", \"none\", \"required\" or a tool")
+		}
+		req.ToolChoice = &toolChoice{Mode: tc.Type}
+		return nil
+	case '{':
+		if err := decodeCallerJSON(raw, &tc, "tool_choice"); err != nil {
+			return err
+		}
+	default:
+		return refuseInvalid("tool_choice must be a string or an object")
+	}
+	if tc.Type != "function" && tc.Type != "custom" {
+		req.Dropped = append(req.Dropped, "tool_choice")
+		return nil
+	}
+	if nested {
+		tc.Name = tc.Function.Name + tc.Custom.Name
+	}
+	if tc.Name == "" {
+		return refuseInvalid("tool_choice must name a tool: {\"type\":\"function\",…}")
+	}
+	if tc.Namespace != "" {
+		tc.Name = tc.Namespace + "__" + tc.Name
+	}
+	req.ToolChoice = &toolChoice{Mode: toolChoiceTool, Name: tc.Name}
+	return nil
 }

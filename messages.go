@@ -6,13 +6,12 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"regexp"
+	"slices"
 	"strings"
 )
 
-// Anthropic Messages (caller POST /v1/messages, provider {base}/v1/messages):
-// both directions, buffered and streamed.
-
-// Messages wire shapes, for the caller's body and the provider's.
+// Anthropic Messages (caller POST /v1/messages, provider {base}/v1/messages): both directions, buffered and streamed. The wire shapes serve both.
 type (
 	messagesRequestBody struct {
 		callerHead
@@ -104,6 +103,25 @@ type (
 
 const messagesKnown = "model max_tokens system messages tools tool_choice temperature top_p stop_sequences thinking output_config output_format stream"
 
+// Tables: tool_choice types as neutral modes; stop reasons as finishes (any other, as end_turn, stop_sequence, pause_turn: a stop) and
+// back (else end_turn); effort names as thinking budgets (a budget maps back to the nearest effort at or above it, SPEC §7.6).
+var (
+	messagesChoices  = map[string]string{"auto": toolChoiceAuto, "none": toolChoiceNone, "any": toolChoiceRequired, "tool": toolChoiceTool}
+	messagesFinishes = map[string]string{"max_tokens": finishLength, "tool_use": finishToolCalls,
+		"refusal": finishContentFilter, "model_context_window_exceeded": finishLength}
+	messagesStopReasons = map[string]string{finishLength: "max_tokens", finishToolCalls: "tool_use", finishContentFilter: "refusal"}
+	effortBudgets       = []struct {
+		effort string
+		budget int
+	}{{"minimal", 1024}, {"low", 2048}, {"medium", 8192}, {"high", 24576}, {"xhigh", 32768}}
+)
+
+// Anthropic-beta values: output_config.effort's, and a JSON Schema output format's (SPEC §7.6).
+const (
+	effortBeta            = "effort-2025-11-24"
+	structuredOutputsBeta = "structured-outputs-2025-11-13"
+)
+
 // parseMessages parses an Anthropic Messages request body.
 func parseMessages(body []byte) (chatRequest, error) {
 	var b messagesRequestBody
@@ -112,7 +130,7 @@ func parseMessages(body []byte) (chatRequest, error) {
 		return chatRequest{}, err
 	}
 	if !rawIsNull(b.System) {
-		if req.System, err = req.messagesText(b.System, "system"); err != nil {
+		if req.System, err = req.callerTextOf(b.System, "system", "text", "\n\n"); err != nil {
 			return chatRequest{}, err
 		}
 	}
@@ -128,14 +146,14 @@ func parseMessages(body []byte) (chatRequest, error) {
 		return chatRequest{}, err
 	}
 	if tc := b.ToolChoice; tc != nil {
-		mode := messagesChoices[tc.Type]
-		switch {
+		switch mode := messagesChoices[tc.Type]; {
 		case mode == "":
 			return chatRequest{}, refuseInvalid("tool_choice.type must be auto, any, tool or none")
 		case mode == toolChoiceTool && tc.Name == "":
 			return chatRequest{}, refuseInvalid("tool_choice.name is required with type \"tool\"")
+		default:
+			req.ToolChoice = &toolChoice{Mode: mode, Name: tc.Name}
 		}
-		req.ToolChoice = &toolChoice{Mode: mode, Name: tc.Name}
 		if p := tc.DisableParallelToolUse; p != nil {
 			req.ParallelToolCalls = ptrTo(!*p)
 		}
@@ -145,7 +163,12 @@ func parseMessages(body []byte) (chatRequest, error) {
 	}
 	switch t := b.Thinking; {
 	case t != nil && t.Type == "enabled":
-		req.Effort, req.EffortName = effortOfBudget(t.BudgetTokens), "thinking"
+		req.Effort, req.EffortName = "xhigh", "thinking"
+		for _, e := range slices.Backward(effortBudgets) {
+			if t.BudgetTokens <= e.budget {
+				req.Effort = e.effort
+			}
+		}
 	case t != nil && t.Type != "disabled": // adaptive: no effort of its own to carry
 		req.Dropped = append(req.Dropped, "thinking")
 	}
@@ -170,7 +193,7 @@ func parseMessages(body []byte) (chatRequest, error) {
 func (req *chatRequest) addMessagesTurn(m messagesTurn, _ json.RawMessage, what string) error {
 	switch m.Role {
 	case "system":
-		text, err := req.messagesText(m.Content, what+".content")
+		text, err := req.callerTextOf(m.Content, what+".content", "text", "\n\n")
 		req.addSystem(text) // on an error the whole request is refused
 		return err
 	case "user", "assistant":
@@ -181,8 +204,7 @@ func (req *chatRequest) addMessagesTurn(m messagesTurn, _ json.RawMessage, what 
 	return refuseInvalid("%s.role %s is not user, assistant or system", what, quoteCallerToken(m.Role))
 }
 
-// addMessagesTool adds a client tool, naming raw's unknown members; a server tool
-// (web_search_…, bash_…, …) is dropped and named.
+// addMessagesTool adds a client tool, naming raw's unknown members; a server tool (web_search_…, bash_…, …) is dropped and named.
 func (req *chatRequest) addMessagesTool(t messagesTool, raw json.RawMessage, what string) error {
 	if t.Type != "" && t.Type != "custom" {
 		req.Dropped = append(req.Dropped, t.Type)
@@ -197,20 +219,9 @@ func (req *chatRequest) addMessagesTool(t messagesTool, raw json.RawMessage, wha
 	return err // on an error the whole request is refused
 }
 
-// messagesChoices maps tool_choice types to neutral modes.
-var messagesChoices = map[string]string{"auto": toolChoiceAuto, "none": toolChoiceNone, "any": toolChoiceRequired, "tool": toolChoiceTool}
-
-// messagesText reads content that may only be text (a system prompt): a
-// string or text blocks, whose cache_control is dropped and named.
-func (req *chatRequest) messagesText(raw json.RawMessage, what string) (string, error) {
-	return req.callerTextOf(raw, what, "text", "\n\n")
-}
-
-// messagesParts reads a turn's content: a string or blocks; other blocks (thinking,
-// a file) and members (cache_control, citations) are dropped and named.
+// messagesParts reads a turn's content: a string or blocks; other blocks (thinking, a file) and members (cache_control, citations) are dropped and named.
 func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what string) ([]part, error) {
-	read := func(bl messagesBlock, rb json.RawMessage, bw string) (part, string, error) {
-		var p part
+	read := func(bl messagesBlock, rb json.RawMessage, bw string) (p part, _ string, err error) {
 		known := "type"
 		switch {
 		case bl.Type == "text" && bl.Text != nil:
@@ -227,19 +238,12 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 				p, known = part{Type: partDocument, FileURL: url, Filename: bl.Title}, "type source title"
 			}
 		case bl.Type == "tool_use" && role == "assistant":
-			args, err := "{}", error(nil)
-			if !rawIsNull(bl.Input) {
-				var in json.RawMessage
-				in, err = parseCallerSchema(bl.Input, bw+".input") // the same rule: a JSON object, compacted
-				args = string(in)
-			}
+			var in json.RawMessage
+			in, err = parseCallerSchema(bl.Input, bw+".input") // the same rule: a JSON object, compacted
 			if err == nil && (bl.ID == "" || bl.Name == "") {
 				err = refuseInvalid("%s needs an id and a name", bw)
 			}
-			if err != nil {
-				return p, "", err
-			}
-			p, known = part{Type: partToolCall, ToolCallID: bl.ID, ToolName: bl.Name, Arguments: args}, "type id name input"
+			p, known = part{Type: partToolCall, ToolCallID: bl.ID, ToolName: bl.Name, Arguments: cmp.Or(string(in), "{}")}, "type id name input"
 		case bl.Type == "tool_result" && role == "user":
 			if bl.ToolUseID == "" {
 				return p, "", refuseInvalid("%s.tool_use_id is required", bw)
@@ -252,13 +256,14 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 				}
 				p.Text, p.Media = resultText(inner)
 			}
-			if known = "type tool_use_id content is_error"; bl.IsError { // no OpenAI format has the flag
-				known = "type tool_use_id content"
-			}
+			known = "type tool_use_id content" + map[bool]string{false: " is_error"}[bl.IsError] // no OpenAI format has the flag
 		case bl.Type == "tool_use" || bl.Type == "tool_result":
 			return p, "", refuseInvalid("%s.type %s is not allowed in a %s turn", bw, quoteCallerToken(bl.Type), role)
 		default: // thinking, …: dropped
 			return p, "", nil
+		}
+		if err != nil {
+			return part{}, "", err
 		}
 		dropUnknown(&req.Dropped, rb, known)
 		return p, bw + ".source", nil // its URL was checked already
@@ -270,8 +275,7 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 	return parts, err
 }
 
-// messagesSourceURL is a source as the neutral URL: base64 data and text a
-// data URL, a url source itself; a file reference (no counterpart) is "".
+// messagesSourceURL is a source as the neutral URL: base64 data and text a data URL, a url source itself; a file reference (no counterpart) is "".
 func messagesSourceURL(src *messagesSource, what string) (string, error) {
 	switch {
 	case src == nil:
@@ -288,22 +292,31 @@ func messagesSourceURL(src *messagesSource, what string) (string, error) {
 	return "", refuseInvalid("%s must be base64 data with a media_type, text, a url or a file", what)
 }
 
-// messagesSourceOf is a neutral URL as a source: a data URL base64 data (or
-// text for text/plain), anything else a url source.
-func messagesSourceOf(u string) (*messagesSource, error) {
-	rest, isData := strings.CutPrefix(u, "data:")
-	if !isData {
-		return &messagesSource{Type: "url", URL: u}, nil
+// messagesContent is text, image and document parts as blocks, no empty text; a data URL is base64 data (text for text/plain), anything else a url source.
+func messagesContent(ps ...part) ([]messagesBlock, error) {
+	var blocks []messagesBlock
+	for _, p := range ps {
+		if p.Type == partText {
+			if p.Text != "" {
+				blocks = append(blocks, messagesBlock{Type: "text", Text: &p.Text})
+			}
+			continue
+		}
+		src := &messagesSource{Type: "url", URL: p.ImageURL + p.FileURL}
+		if rest, isData := strings.CutPrefix(src.URL, "data:"); isData {
+			meta, data, ok := strings.Cut(rest, ",")
+			media, isBase64 := strings.CutSuffix(meta, ";base64")
+			if !ok || !isBase64 || media == "" || data == "" {
+				return nil, refuseInvalid("an image or file data URL must be base64 with a media type")
+			}
+			src = &messagesSource{Type: "base64", MediaType: media, Data: data}
+			if text, err := base64.StdEncoding.DecodeString(data); media == "text/plain" && err == nil {
+				src = &messagesSource{Type: "text", MediaType: media, Data: string(text)}
+			}
+		}
+		blocks = append(blocks, messagesBlock{Type: p.Type, Source: src, Title: p.Filename})
 	}
-	meta, data, ok := strings.Cut(rest, ",")
-	media, isBase64 := strings.CutSuffix(meta, ";base64")
-	if !ok || !isBase64 || media == "" || data == "" {
-		return nil, refuse("invalid_request", "an image or file data URL must be base64 with a media type")
-	}
-	if text, err := base64.StdEncoding.DecodeString(data); media == "text/plain" && err == nil {
-		return &messagesSource{Type: "text", MediaType: media, Data: string(text)}, nil
-	}
-	return &messagesSource{Type: "base64", MediaType: media, Data: data}, nil
+	return blocks, nil
 }
 
 // encodeMessages builds a Messages body: tool results first, no empty text (the
@@ -330,35 +343,31 @@ func encodeMessages(req chatRequest, model string, o upstreamOptions) (any, erro
 		}
 		var results, rest []messagesBlock
 		for _, p := range m.Parts {
+			var blocks []messagesBlock
+			var err error
 			switch p.Type {
-			case partText, partImage, partDocument:
-				blocks, err := messagesContent([]part{p})
-				if err != nil {
-					return nil, err
-				}
-				rest = append(rest, blocks...)
 			case partToolCall:
 				args := p.Arguments
 				if p.Custom {
 					args = string(must(json.Marshal(map[string]string{"input": args})))
 				}
-				in, err := toolArguments(args)
-				if err != nil {
-					return nil, err
-				}
-				rest = append(rest, messagesBlock{Type: "tool_use", ID: messagesToolID(p.ToolCallID), Name: p.ToolName, Input: in})
+				in, aerr := toolArguments(args)
+				blocks, err = []messagesBlock{{Type: "tool_use", ID: messagesToolID(p.ToolCallID), Name: p.ToolName, Input: in}}, aerr
 			case partToolResult:
-				content, err := jsonText(p.Text), error(nil)
+				b := messagesBlock{Type: "tool_result", ToolUseID: messagesToolID(p.ToolCallID), Content: jsonText(p.Text), IsError: p.IsError}
 				if len(p.Media) > 0 { // images and documents: blocks
-					var blocks []messagesBlock
-					blocks, err = messagesContent(append([]part{{Type: partText, Text: p.Text}}, p.Media...))
-					content = must(json.Marshal(blocks))
+					var inner []messagesBlock
+					inner, err = messagesContent(append([]part{{Type: partText, Text: p.Text}}, p.Media...)...)
+					b.Content = must(json.Marshal(inner))
 				}
-				if err != nil {
-					return nil, err
-				}
-				results = append(results, messagesBlock{Type: "tool_result", ToolUseID: messagesToolID(p.ToolCallID), Content: content, IsError: p.IsError})
+				results = append(results, b)
+			default:
+				blocks, err = messagesContent(p)
 			}
+			if err != nil {
+				return nil, err
+			}
+			rest = append(rest, blocks...)
 		}
 		if len(results)+len(rest) > 0 { // only empty text: the API refuses an empty turn
 			out.Messages = append(out.Messages, messagesTurn{Role: m.Role, Content: must(json.Marshal(append(results, rest...)))})
@@ -366,11 +375,11 @@ func encodeMessages(req chatRequest, model string, o upstreamOptions) (any, erro
 	}
 	for _, t := range req.Tools {
 		schema := t.Parameters
-		switch {
-		case t.Kind == toolCustom:
-			schema = customInputSchema
-		case len(schema) == 0:
+		if len(schema) == 0 {
 			schema = emptySchema
+		}
+		if t.Kind == toolCustom { // the one-string-member function a custom tool becomes (SPEC §7.6)
+			schema = json.RawMessage(`{"type":"object","properties":{"input":{"type":"string"}},"required":["input"]}`)
 		}
 		out.Tools = append(out.Tools, messagesTool{Name: t.Name, Description: t.Description, InputSchema: schema, Strict: t.Strict})
 	}
@@ -395,7 +404,7 @@ func encodeMessages(req chatRequest, model string, o upstreamOptions) (any, erro
 	}
 	if f := req.Output; f != nil {
 		if f.Type != "json_schema" {
-			return nil, refuse("invalid_request", "structured output without a JSON Schema (JSON mode) cannot be expressed to an anthropic-messages provider; send a JSON Schema")
+			return nil, refuseInvalid("structured output without a JSON Schema (JSON mode) cannot be expressed to an anthropic-messages provider; send a JSON Schema")
 		}
 		cfg.Format = &outputFormat{Type: f.Type, Schema: f.Schema}
 	}
@@ -405,48 +414,65 @@ func encodeMessages(req chatRequest, model string, o upstreamOptions) (any, erro
 	return out, nil
 }
 
-// messagesContent is text, image and document parts as blocks, no empty text.
-func messagesContent(ps []part) ([]messagesBlock, error) {
-	var blocks []messagesBlock
-	for _, p := range ps {
-		if p.Type == partText && p.Text != "" {
-			blocks = append(blocks, messagesBlock{Type: "text", Text: &p.Text})
-		} else if p.Type != partText {
-			src, err := messagesSourceOf(p.ImageURL + p.FileURL)
-			if err != nil {
-				return nil, err
-			}
-			blocks = append(blocks, messagesBlock{Type: p.Type, Source: src, Title: p.Filename})
-		}
-	}
-	return blocks, nil
-}
-
 // messagesToolID is a call id as Anthropic takes it (^[a-zA-Z0-9_-]+$): another
 // provider's (kimi's "functions.f:0") with every other character "_", in a call and its result alike.
-func messagesToolID(id string) string {
-	return strings.Map(func(r rune) rune {
-		if r == '_' || r == '-' || '0' <= r && r <= '9' || 'a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' {
-			return r
+func messagesToolID(id string) string { return notToolID.ReplaceAllString(id, "_") }
+
+var notToolID = regexp.MustCompile(`[^a-zA-Z0-9_-]`)
+
+// toolArguments is a call's arguments as the JSON object anthropic embeds: empty is {}, anything but an object is refused, never approximated.
+func toolArguments(args string) (json.RawMessage, error) {
+	if strings.TrimSpace(args) == "" {
+		return json.RawMessage(`{}`), nil
+	}
+	var buf bytes.Buffer
+	if err := json.Compact(&buf, []byte(args)); err != nil || buf.Bytes()[0] != '{' {
+		return nil, refuseInvalid("a tool call's arguments are not a JSON object")
+	}
+	return buf.Bytes(), nil
+}
+
+// thinkingBudget is the budget toward messages: below max_tokens, at least 1024, and
+// 0 in a tool loop, where Anthropic wants back thinking blocks no format carries.
+func (req chatRequest) thinkingBudget() int {
+	budget := 0 // "none" and unknown names: no thinking
+	for _, e := range effortBudgets {
+		if e.effort == req.Effort {
+			budget = e.budget
 		}
-		return '_'
-	}, id)
+	}
+	if req.MaxTokens > 0 && budget >= req.MaxTokens {
+		budget = req.MaxTokens - 1
+	}
+	for _, m := range slices.Backward(req.Messages) {
+		if m.Role == "assistant" {
+			if slices.ContainsFunc(m.Parts, func(p part) bool { return p.Type == partToolCall }) {
+				return 0
+			}
+			break
+		}
+	}
+	if budget < 1024 {
+		return 0
+	}
+	return budget
 }
 
-// input counts every input token: Anthropic reports cached ones apart, the
-// neutral count (like OpenAI's prompt_tokens) includes them.
-func (u messagesUsage) input() int {
-	return u.InputTokens + u.CacheCreationInputTokens + u.CacheReadInputTokens
+// adaptiveThinking: a Claude 4.6 or later model (claude-opus-4-7, claude-opus-5, claude-haiku-5-1) takes thinking as adaptive with
+// output_config.effort and refuses a budget (Claude Code 2.1.332 decides so too); an earlier, dated (claude-opus-4-20250514) or unknown model takes a budget.
+func adaptiveThinking(model string) bool { return adaptiveModels.MatchString(model) }
+
+var adaptiveModels = regexp.MustCompile(`^claude-(?:opus|sonnet|haiku)-(?:0?[5-9]|[1-9]\d|0?4-(?:0?[6-9]|[1-9]\d))(?:-|$)`)
+
+// adaptiveEffort: toward model, req's effort goes as output_config.effort and its beta, not a budget.
+func (req chatRequest) adaptiveEffort(model string) bool {
+	return req.thinkingBudget() > 0 && adaptiveThinking(model)
 }
 
-// messagesFinishes maps stop reasons to finishes, any other (end_turn,
-// stop_sequence, pause_turn) a stop; messagesStopReasons maps back, else end_turn.
-var (
-	messagesFinishes = map[string]string{"max_tokens": finishLength, "tool_use": finishToolCalls,
-		"refusal": finishContentFilter, "model_context_window_exceeded": finishLength}
-	messagesStopReasons = map[string]string{finishLength: "max_tokens", finishToolCalls: "tool_use",
-		finishContentFilter: "refusal"}
-)
+// usage is u in Brama's terms: Anthropic reports cached input apart, the neutral count (like OpenAI's prompt_tokens) includes it.
+func (u *messagesUsage) usage() usage {
+	return usage{InputTokens: u.InputTokens + u.CacheCreationInputTokens + u.CacheReadInputTokens, OutputTokens: u.OutputTokens, Reported: true}
+}
 
 func messagesFinish(reason string) string { return cmp.Or(messagesFinishes[reason], finishStop) }
 
@@ -474,14 +500,13 @@ func decodeMessages(body []byte) (chatAnswer, error) {
 			a.ToolCalls = append(a.ToolCalls, toolCall{ID: b.ID, Name: b.Name, Arguments: args.String()})
 		}
 	}
-	if u := r.Usage; u != nil {
-		a.Usage = usage{InputTokens: u.input(), OutputTokens: u.OutputTokens, Reported: true}
+	if r.Usage != nil {
+		a.Usage = r.Usage.usage()
 	}
 	return a, nil
 }
 
-// renderMessages is the message the stream that would carry a builds; usage
-// is always present (zeros when unreported): Anthropic's SDKs require it.
+// renderMessages is the message the stream that would carry a builds; usage is always present (zeros when unreported): Anthropic's SDKs require it.
 func renderMessages(req chatRequest, a chatAnswer) (any, error) {
 	bw, err := wholeAnswerThrough(req, a, newMessagesCallerStream)
 	return bw.(*messagesCallerStream).msg, err
@@ -500,8 +525,7 @@ func newMessagesCallerStream(sse *callerStream, _ chatRequest, model string) blo
 
 func (s *messagesCallerStream) emit(ev messagesEvent) error { return s.sse.frame(ev.Type, ev) }
 
-// begin writes message_start. Input tokens go out as 0 (providers report
-// usage at the end) and for real in message_delta, which the SDKs take over.
+// begin writes message_start. Input tokens go out as 0 (providers report usage at the end) and for real in message_delta, which the SDKs take over.
 func (s *messagesCallerStream) begin() error {
 	m := s.msg
 	return s.emit(messagesEvent{Type: "message_start", Message: &m})
@@ -516,8 +540,7 @@ func (s *messagesCallerStream) open(i int, b *streamBlock) error {
 	return s.emit(messagesEvent{Type: "content_block_start", Index: &i, ContentBlock: &cb})
 }
 
-// delta writes a text or input_json delta. The kept block is filled at its
-// close, not per delta, and anew for a block closed (interleaved calls).
+// delta writes a text or input_json delta. The kept block is filled at its close, not per delta, and anew for a block closed (interleaved calls).
 func (s *messagesCallerStream) delta(i int, b *streamBlock, d string) error {
 	delta := &messagesDelta{Type: "text_delta", Text: &d}
 	if !b.text {
@@ -536,12 +559,12 @@ func (s *messagesCallerStream) close(i int, b *streamBlock, _ string) error {
 	return s.emit(messagesEvent{Type: "content_block_stop", Index: &i})
 }
 
-// keep fills kept block i with b's whole text or arguments.
+// keep fills kept block i with b's whole text or arguments (nil until a JSON object).
 func (s *messagesCallerStream) keep(i int, b *streamBlock) {
 	if cb := &s.msg.Content[i]; b.text {
 		cb.Text = ptrTo(b.buf.String())
 	} else {
-		cb.Input, _ = toolArguments(b.buf.String()) // nil until a JSON object
+		cb.Input, _ = toolArguments(b.buf.String())
 	}
 }
 
@@ -598,7 +621,7 @@ func (a *messagesUpstreamStream) handle(ev sseEvent, emit func(streamEvent) erro
 			return missing("message")
 		}
 		if u := e.Message.Usage; u != nil { // emitted now too: a stream cut later still records it (SPEC §7.5)
-			a.usage = usage{InputTokens: u.input(), OutputTokens: u.OutputTokens, Reported: true}
+			a.usage = u.usage()
 			return false, emit(streamEvent{Kind: eventUsage, Usage: a.usage})
 		}
 	case "content_block_start":
@@ -637,13 +660,12 @@ func (a *messagesUpstreamStream) handle(ev sseEvent, emit func(streamEvent) erro
 		if u := e.Usage; u != nil {
 			a.usage.Reported, a.usage.OutputTokens = true, u.OutputTokens
 			if u.InputTokens > 0 { // newer message_delta events repeat the cumulative input counts
-				a.usage.InputTokens = u.input()
+				a.usage.InputTokens = u.usage().InputTokens
 			}
 		}
 	case "message_stop":
 		return true, emitTail(emit, answerFinish(a.finish), a.usage)
-	}
-	// ping and event types added later carry nothing Brama translates.
+	} // ping and event types added later carry nothing Brama translates
 	return false, nil
 }
 

@@ -8,8 +8,7 @@ import (
 	"time"
 )
 
-// OpenAI Responses (caller POST /v1/responses, provider {base}/responses):
-// both directions, buffered and streamed. The wire shapes serve both.
+// OpenAI Responses (caller POST /v1/responses, provider {base}/responses): both directions, buffered and streamed. The wire shapes serve both.
 type (
 	responsesRequestBody struct {
 		callerHead
@@ -104,8 +103,7 @@ type (
 
 const responsesKnown = "model instructions input tools tool_choice parallel_tool_calls max_output_tokens temperature top_p reasoning text stream " + openAISharedNames
 
-// parseResponses parses a Responses body: a tool call joins the assistant
-// turn before it, consecutive tool outputs are one user turn.
+// parseResponses parses a Responses body: a tool call joins the assistant turn before it, consecutive tool outputs are one user turn.
 func parseResponses(body []byte) (chatRequest, error) {
 	var b responsesRequestBody
 	req, err := newCallerRequest(body, &b, &b.callerHead, responsesKnown, "max_output_tokens", &b.MaxOutputTokens)
@@ -217,7 +215,7 @@ func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, 
 			Text: text, Media: media, Custom: it.Type == "custom_tool_call_output"})
 		return err
 	case "additional_tools": // tools declared in the input, as the Codex CLI sends them
-		return eachItem(it.Tools, toolsOf(raw), what+".tools", req.addOpenAITool)
+		return eachItem(it.Tools, rawMember(raw, "tools"), what+".tools", req.addOpenAITool)
 	case "item_reference": // an earlier answer's text or reasoning, by the id Brama or OpenAI gave it, is dropped and named as the items are
 		if !strings.HasPrefix(it.ID, "msg_") && !strings.HasPrefix(it.ID, "rs_") {
 			return refuseInvalid("%s: item references are not supported but to an earlier answer's text or reasoning; send the items themselves", what)
@@ -227,8 +225,7 @@ func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, 
 	return nil
 }
 
-// responsesParts reads content: a string or text, image and file parts;
-// others (a refusal, a file id) are dropped and named.
+// responsesParts reads content: a string or text, image and file parts; others (a refusal, a file id) are dropped and named.
 func (req *chatRequest) responsesParts(raw json.RawMessage, what string) ([]part, error) {
 	partOf := func(rp responsesPart, pw string) (part, string, error) {
 		switch {
@@ -257,8 +254,7 @@ func (req *chatRequest) responsesParts(raw json.RawMessage, what string) ([]part
 var responsesPartMembers = map[string]string{"input_text": "type text", "output_text": "type text annotations",
 	"input_image": "type image_url detail", "input_file": "type file_data file_url filename"}
 
-// encodeResponses builds a Responses body: text, images and files in message
-// items, tool calls and results items of their own; codex gets SPEC §6.2's body.
+// encodeResponses builds a Responses body: text, images and files in message items, tool calls and results items of their own; codex gets SPEC §6.2's body.
 func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, error) {
 	out := responsesRequestBody{callerHead: req.head(model, o), ParallelToolCalls: req.ParallelToolCalls, openAIShared: req.Shared}
 	if req.System != "" {
@@ -388,8 +384,7 @@ func renderResponses(req chatRequest, a chatAnswer) (any, error) {
 	return bw.(*responsesCallerStream).resp, err
 }
 
-// responsesCallerStream writes Responses events, one output item at a
-// time, and keeps the whole response for response.completed.
+// responsesCallerStream writes Responses events, one output item at a time, and keeps the whole response for response.completed.
 type responsesCallerStream struct {
 	sse  *callerStream
 	req  chatRequest
@@ -437,8 +432,7 @@ var responsesEvents = map[string][2]string{"message": {"response.output_text.del
 	"function_call":    {"response.function_call_arguments.delta", "response.function_call_arguments.done"},
 	"custom_tool_call": {"response.custom_tool_call_input.delta", "response.custom_tool_call_input.done"}}
 
-// delta writes the next piece; an item already done (a provider
-// interleaving calls) gets its final input updated.
+// delta writes the next piece; an item already done (a provider interleaving calls) gets its final input updated.
 func (s *responsesCallerStream) delta(i int, b *streamBlock, d string) error {
 	it, zero := s.resp.Output[i], 0
 	if it.Status == "completed" {
@@ -509,8 +503,7 @@ type responsesStreamItem struct {
 	streamed bool // text or argument deltas emitted: done emits the rest
 }
 
-// responsesUpstreamStream translates Responses events, items keyed by
-// output_index; response.completed (or .incomplete) is terminal.
+// responsesUpstreamStream translates Responses events, items keyed by output_index; response.completed (or .incomplete) is terminal.
 type responsesUpstreamStream struct {
 	items   map[int]*responsesStreamItem
 	tools   int
@@ -575,8 +568,7 @@ func (r *responsesUpstreamStream) handle(ev sseEvent, emit func(streamEvent) err
 	return false, nil
 }
 
-// completed emits the final response's items the stream never showed (a
-// minimal stream, a buffered answer), then the tail.
+// completed emits the final response's items the stream never showed (a minimal stream, a buffered answer), then the tail.
 func (r *responsesUpstreamStream) completed(resp *responsesObject, emit func(streamEvent) error) error {
 	for i, it := range resp.Output {
 		if _, seen := r.items[i]; !seen && it != nil {
@@ -585,10 +577,7 @@ func (r *responsesUpstreamStream) completed(resp *responsesObject, emit func(str
 			}
 		}
 	}
-	finish, u := finishStop, usage{}
-	if r.tools > 0 {
-		finish = finishToolCalls
-	}
+	finish, u := map[bool]string{false: finishStop, true: finishToolCalls}[r.tools > 0], usage{}
 	if r.refusal {
 		finish = finishContentFilter
 	}
@@ -646,3 +635,21 @@ func (r *responsesUpstreamStream) done(i int, item *responsesItem, emit func(str
 }
 
 func (r *responsesUpstreamStream) ended(func(streamEvent) error) (bool, error) { return false, nil }
+
+// responsesContent is parts as Responses input (an assistant's text: output) parts, no empty text.
+func responsesContent(ps []part, assistant bool) []responsesPart {
+	var out []responsesPart
+	for _, p := range ps {
+		switch {
+		case p.Type == partText && p.Text != "":
+			out = append(out, responsesPart{Type: map[bool]string{false: "input_text", true: "output_text"}[assistant], Text: ptrTo(p.Text)})
+		case p.Type == partImage:
+			out = append(out, responsesPart{Type: "input_image", ImageURL: ptrTo(p.ImageURL), Detail: p.Detail})
+		case p.Type == partDocument && strings.HasPrefix(p.FileURL, "data:"):
+			out = append(out, responsesPart{Type: "input_file", FileData: p.FileURL, Filename: p.Filename})
+		case p.Type == partDocument:
+			out = append(out, responsesPart{Type: "input_file", FileURL: p.FileURL, Filename: p.Filename})
+		}
+	}
+	return out
+}

@@ -4,16 +4,74 @@ import (
 	"bufio"
 	"bytes"
 	"cmp"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strings"
 )
 
-// Streams (SPEC §7.5), what the three formats share: the provider side's SSE
-// reader and translator loop, the caller side's SSE writer and block driver.
+// The answer side of the three wire formats (SPEC §7.5, §7.6): the neutral answer, the provider
+// side's SSE reader and translator loop, the caller side's stream writer.
+
+// Finish reasons, in the neutral (OpenAI chat) vocabulary.
+const (
+	finishStop          = "stop"
+	finishLength        = "length"
+	finishToolCalls     = "tool_calls"
+	finishContentFilter = "content_filter"
+)
+
+// chatAnswer is one complete answer in no particular format.
+type chatAnswer struct {
+	Model     string // the name reported to the caller (SPEC §7.6)
+	Text      string
+	ToolCalls []toolCall
+	Finish    string
+	Usage     usage
+}
+
+// toolCall is one tool call the model made.
+type toolCall struct {
+	ID        string
+	Name      string // as the provider saw it (flattened)
+	Arguments string // JSON text, or a custom tool's free-form input
+	Custom    bool   // the provider called it as a custom tool
+}
+
+// usage counts tokens as the provider reported them.
+type usage struct {
+	InputTokens, OutputTokens int
+	Reported                  bool // the provider sent usage at all
+}
+
+func newAnswerID(prefix string) string { return prefix + rand.Text() }
+
+func answerIDOr(id, prefix string) string { return cmp.Or(id, newAnswerID(prefix)) }
+
+func answerFinish(f string) string { return cmp.Or(f, finishStop) }
+
+// Stream event kinds, from a provider protocol to a caller dialect.
+const (
+	eventText          = "text"            // Text
+	eventToolCallStart = "tool_call_start" // Index, ToolCall's ID, Name and Custom
+	eventToolCallArgs  = "tool_call_args"  // Index, Text: the next piece of arguments
+	eventFinish        = "finish"
+	eventUsage         = "usage"
+)
+
+// streamEvent is one translated piece of a stream; finish and usage only after its terminal signal (SPEC §7.5).
+type streamEvent struct {
+	Kind     string
+	Text     string
+	Index    int // tool call index, 0-based, in call order
+	ToolCall toolCall
+	Finish   string
+	Usage    usage
+}
 
 // sseEvent is one dispatched server-sent event: its event name and its data lines joined with "\n".
 type sseEvent struct{ Event, Data string }
@@ -30,8 +88,7 @@ type sseReader struct {
 	buf       [16<<10 - 256]byte // the scanner's first buffer: with the reader, one 16 KiB allocation
 }
 
-// newSSEReader reads blocks from r, lines ending at a byte of ends: translation's
-// "\r\n" (WHATWG), passthrough's "\n" (README: a bare "\r" is no line end).
+// newSSEReader reads blocks from r, lines ending at a byte of ends: translation's "\r\n" (WHATWG), passthrough's "\n" (README: a bare "\r" is no line end).
 func newSSEReader(r io.Reader, ends string) *sseReader {
 	s := &sseReader{sc: *bufio.NewScanner(r), ends: ends, data: []byte{}} // data: non-nil, see next
 	s.sc.Buffer(s.buf[:], math.MaxInt)
@@ -39,9 +96,8 @@ func newSSEReader(r io.Reader, ends string) *sseReader {
 	return s
 }
 
-// split cuts one line with its terminator ("\r\n", or one byte of ends); a
-// final line without one is io.ErrUnexpectedEOF (the body was cut). A long
-// line comes a read at a time: the search resumes where the last one ended.
+// split cuts one line with its terminator ("\r\n", or one byte of ends); a final line without one is
+// io.ErrUnexpectedEOF (the body was cut). A long line comes a read at a time: the search resumes where the last one ended.
 func (s *sseReader) split(data []byte, atEOF bool) (int, []byte, error) {
 	i := bytes.IndexAny(data[s.searched:], s.ends)
 	if i >= 0 {
@@ -128,7 +184,7 @@ type streamTranslator interface {
 func readUpstreamStream(protocol string, body io.Reader, emit func(streamEvent) error) error {
 	f := formatOf(protocol)
 	if f == nil {
-		return refuse("provider_failure", "unknown provider protocol %q", protocol)
+		return refuse("provider_failure", "unknown wire format %q", protocol)
 	}
 	t, r := f.upstreamStream(), newSSEReader(body, "\r\n")
 	for {
@@ -188,8 +244,7 @@ func answerOf(run func(emit func(streamEvent) error) error) (chatAnswer, error) 
 	return a, nil
 }
 
-// upstreamStreamError is an in-band error's cause: its redacted code, and the
-// refusalRate or refusalQuota class the dispatcher records a block for (SPEC §6.2).
+// upstreamStreamError is an in-band error's cause: its redacted code, and the refusalRate or refusalQuota class the dispatcher records a block for (SPEC §6.2).
 type upstreamStreamError struct{ Code, Class string }
 
 func (e *upstreamStreamError) Error() string { return "provider stream error " + e.Code }
@@ -200,8 +255,7 @@ var streamErrorCodes = map[string]string{"rate_limit_exceeded": refusalRate, "ra
 
 const inBandMessage = "the provider stream failed with error %q"
 
-// inBandError is provider_incomplete: the caller cannot know what was billed
-// (SPEC §6.2, §7.5); the dispatcher redacts the credential (apiError.redactedFor).
+// inBandError is provider_incomplete: the caller cannot know what was billed (SPEC §6.2, §7.5); the dispatcher redacts the credential (apiError.redactedFor).
 func inBandError(code string) *apiError {
 	class := streamErrorCodes[code]
 	if quotaCodes[code] {
@@ -272,8 +326,7 @@ type blockWriter interface {
 	fail(e *apiError) error
 }
 
-// streamBlock is one block: text, or a tool call named as the caller declared
-// it; a custom call made as a function is wrapped, its input held to the close.
+// streamBlock is one block: text, or a tool call named as the caller declared it; a custom call made as a function is wrapped, its input held to the close.
 type streamBlock struct {
 	text            bool
 	index           int // the call's index among calls
@@ -285,24 +338,18 @@ type streamBlock struct {
 
 // newCallerStream writes dialect to w, flushing every frame (flush may be nil), reporting model (SPEC §7.6).
 func newCallerStream(dialect string, req chatRequest, w io.Writer, flush func(), model string) *callerStream {
-	f := formatOf(dialect)
-	if f == nil {
-		panic("brama: unknown dialect " + dialect)
-	}
-	return newBlockStream(w, flush, req, model, f.callerStream)
+	return newBlockStream(w, flush, req, model, formatOf(dialect).callerStream)
 }
 
-func newBlockStream(w io.Writer, flush func(), req chatRequest, model string,
-	newWriter func(*callerStream, chatRequest, string) blockWriter) *callerStream {
+func newBlockStream(w io.Writer, flush func(), req chatRequest, model string, newWriter func(*callerStream, chatRequest, string) blockWriter) *callerStream {
 	s := &callerStream{w: w, flush: flush, req: req, open: -1, toolBlock: map[int]int{}}
 	s.bw = newWriter(s, req, model)
 	return s
 }
 
-// wholeAnswerThrough writes a through newWriter's block writer, frames discarded, and returns
-// it, holding the whole answer, with the first refusal a block met (messages: arguments not an object).
-func wholeAnswerThrough(req chatRequest, a chatAnswer,
-	newWriter func(*callerStream, chatRequest, string) blockWriter) (blockWriter, error) {
+// wholeAnswerThrough writes a through newWriter's block writer, frames discarded, and returns it,
+// holding the whole answer, with the first refusal a block met (messages: arguments not an object).
+func wholeAnswerThrough(req chatRequest, a chatAnswer, newWriter func(*callerStream, chatRequest, string) blockWriter) (blockWriter, error) {
 	s := newBlockStream(io.Discard, nil, req, a.Model, newWriter)
 	err := s.event(streamEvent{Kind: eventText, Text: a.Text})
 	if err == nil {
@@ -325,8 +372,7 @@ func (s *callerStream) start() error {
 	return s.bw.begin()
 }
 
-// event writes one neutral event. Arguments for a call whose block closed (a
-// provider interleaving calls) still go to its index, where SDKs gather them.
+// event writes one neutral event. Arguments for a call whose block closed (a provider interleaving calls) still go to its index, where SDKs gather them.
 func (s *callerStream) event(ev streamEvent) error {
 	if s.done {
 		return errCallerStreamDone
@@ -342,8 +388,7 @@ func (s *callerStream) event(ev streamEvent) error {
 		}
 		return s.bw.finishNow(s.finishReason)
 	case eventUsage:
-		s.usage = ev.Usage
-		s.usage.Reported = true
+		s.usage, s.usage.Reported = ev.Usage, true
 		return nil
 	case eventText:
 		if ev.Text == "" {
@@ -369,8 +414,7 @@ func (s *callerStream) event(ev streamEvent) error {
 			return fmt.Errorf("arguments for tool call %d before its start", ev.Index)
 		}
 		b := s.blocks[i]
-		b.buf.WriteString(ev.Text)
-		if ev.Text == "" || b.wrapped {
+		if b.buf.WriteString(ev.Text); ev.Text == "" || b.wrapped {
 			return nil
 		}
 		return s.bw.delta(i, b, ev.Text)
@@ -408,14 +452,10 @@ func (s *callerStream) closeOpen() error {
 
 // finish writes the dialect's terminal sequence.
 func (s *callerStream) finish() error {
-	if err := s.end(); err != nil {
-		return err
-	}
-	if err := s.start(); err != nil {
-		return err
-	}
-	if err := s.closeOpen(); err != nil {
-		return err
+	for _, step := range []func() error{s.end, s.start, s.closeOpen} {
+		if err := step(); err != nil {
+			return err
+		}
 	}
 	return s.bw.end(s.finishReason, s.usage)
 }
@@ -459,4 +499,98 @@ func (s *callerStream) write(frame string) error {
 		s.flush()
 	}
 	return s.err
+}
+
+// droppedFor names every caller member the request to p loses, each once: those with no
+// counterpart in any other format, and those p's format or p itself lacks (SPEC §7.6).
+func (req chatRequest) droppedFor(p providerInfo) []string {
+	d := slices.Clone(req.Dropped)
+	add := func(cond bool, names ...string) {
+		if cond {
+			d = append(d, names...)
+		}
+	}
+	sampling := slices.DeleteFunc([]string{"temperature", "top_p"}, func(n string) bool {
+		return n == "temperature" && req.Temperature == nil || n == "top_p" && req.TopP == nil
+	})
+	anthropic, budget := p.protocol == protoAnthropic, req.thinkingBudget()
+	add(anthropic, req.Shared.names()...)
+	add(anthropic && req.Effort != "" && budget == 0, req.EffortName)
+	add(anthropic && budget > 0, sampling...)
+	add(anthropic && req.Verbosity != "", "verbosity")
+	for _, t := range req.Tools {
+		add(anthropic && t.Kind == toolCustom && t.Format != nil, "format")
+	}
+	add(p.protocol == protoOpenAIResponses && len(req.Stop) > 0, req.StopName)
+	for _, m := range req.Messages {
+		for _, pt := range m.Parts {
+			for _, q := range append([]part{pt}, pt.Media...) {
+				add(anthropic && q.Detail != "", "detail")
+				add(p.protocol == protoOpenAIChat && q.Type != pt.Type, q.Type) // a tool message holds only text
+			}
+		}
+	}
+	codex := p.id == "codex" // it never gets an output limit, and its backend refuses these (SPEC §6.2)
+	add(codex && req.LimitName != "", req.LimitName)
+	add(codex, sampling...)
+	add(codex, openAIShared{Metadata: req.Shared.Metadata, SafetyIdentifier: req.Shared.SafetyIdentifier, User: req.Shared.User}.names()...)
+	seen := map[string]bool{}
+	return slices.DeleteFunc(d, func(n string) bool { dup := seen[n]; seen[n] = true; return dup })
+}
+
+func textOf(ps []part) string {
+	var b strings.Builder
+	for _, p := range ps {
+		if p.Type == partText {
+			b.WriteString(p.Text)
+		}
+	}
+	return b.String()
+}
+
+func jsonText(s string) json.RawMessage { return must(json.Marshal(s)) }
+
+func ptrTo[T any](v T) *T { return &v }
+
+func valueOr[T any](p *T, or T) T {
+	if p == nil {
+		return or
+	}
+	return *p
+}
+
+// must is v for marshalling that cannot fail (plain values).
+func must(v []byte, err error) json.RawMessage {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
+// rawIsNull reports an absent or null value (raw is valid JSON: only null starts with n).
+func rawIsNull(raw json.RawMessage) bool { s := rawShape(raw); return s == 0 || s == 'n' }
+
+// rawShape is the first byte of a JSON value ('"', '[', '{', …); 0 when absent.
+func rawShape(raw json.RawMessage) byte {
+	if raw = bytes.TrimSpace(raw); len(raw) == 0 {
+		return 0
+	}
+	return raw[0]
+}
+
+func rawItems(raw json.RawMessage) (items []json.RawMessage) {
+	json.Unmarshal(raw, &items)
+	return items
+}
+
+// rawMember is raw's member name (any case, as encoding/json matches), nil when none.
+func rawMember(raw json.RawMessage, name string) json.RawMessage {
+	var m map[string]json.RawMessage
+	json.Unmarshal(raw, &m)
+	for k, v := range m {
+		if strings.EqualFold(k, name) {
+			return v
+		}
+	}
+	return nil
 }

@@ -39,9 +39,9 @@ var layers = [][]string{
 	{"state", "errors", "journal"}, // ground
 	{"providers", "registry", "subscriptions", "ledger", // domain
 		"oauth", "catalog"},
-	{"formats", "parse", "sse", "chat", "messages", "responses", "passthrough", "relay"}, // wire
-	{"dispatch", "pool", "answers", "replay", "maintain"},                                // flow
-	{"main", "cli", "onboard", "server"},                                                 // faces
+	{"formats", "sse", "chat", "messages", "responses", "passthrough", "relay"}, // wire
+	{"dispatch", "pool", "answers", "replay", "maintain"},                       // flow
+	{"main", "cli", "onboard", "server"},                                        // faces
 }
 
 // layerOf is a file's layer (its index in layers), -1 for none.
