@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 func TestCheckKeysDepth(t *testing.T) {
@@ -28,7 +29,7 @@ func TestCheckKeysDepth(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			err := checkKeys(json.NewDecoder(strings.NewReader(tc.doc)), nil, 0)
+			err := decodeStrict("doc", []byte(tc.doc), new(any))
 			if tc.wantErr == "" && err != nil || tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)) {
 				t.Errorf("err = %v, want %q", err, tc.wantErr)
 			}
@@ -85,9 +86,8 @@ func FuzzCheckNesting(f *testing.F) {
 		if deep := jsonDepth(b) > maxJSONDepth; deep != (err != nil) {
 			t.Fatalf("checkNesting = %v for a document %d deep", err, jsonDepth(b))
 		}
-		dup := checkKeys(json.NewDecoder(bytes.NewReader(b)), nil, 0)
-		if errors.Is(dup, errTooDeep) != (err != nil) {
-			t.Fatalf("checkKeys (%v) and checkNesting (%v) disagree on depth", dup, err)
+		if dup := decodeStrict("doc", b, new(any)); utf8.Valid(b) && errors.Is(dup, errTooDeep) != (err != nil) {
+			t.Fatalf("decodeStrict (%v) and checkNesting (%v) disagree on depth", dup, err)
 		}
 	})
 }

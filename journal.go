@@ -11,10 +11,12 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
 	"syscall"
+	"unicode/utf8"
 )
 
 // journalTimeFormat is every state time (SPEC §9 "at"): RFC 3339 UTC with
@@ -39,8 +41,8 @@ type journalRecord struct {
 	By             string  `json:"by,omitempty"`
 }
 
-// journalFields are journalRecord's names, kind and at first. A line's keys
-// match them exactly (encoding/json folds case), so a record re-encodes as read.
+// journalFields are journalRecord's names in its order. A line's keys match
+// them exactly (encoding/json folds case), so a record re-encodes as read.
 var journalFields = strings.Fields("kind at subscription_id reason provider result detail alias from to by")
 
 // MarshalJSON writes from and to (null when nil) on route_change only, where
@@ -335,31 +337,124 @@ func parseJournalLine(line []byte) (r journalRecord, reason string) {
 	case m == nil: // valid JSON: an array, a scalar or null
 		return r, "not a JSON object"
 	}
-	var head [2]string // kind and at: non-empty strings
-	for i, name := range journalFields[:2] {
-		switch raw, ok := m[name]; {
-		case !ok:
-			return r, "missing " + name
-		case string(raw) == "null" || json.Unmarshal(raw, &head[i]) != nil:
-			return r, name + " is not a string"
-		case head[i] == "":
-			return r, name + " is empty"
+	fields := []any{&r.Kind, &r.At, &r.SubscriptionID, &r.Reason, &r.Provider, &r.Result, &r.Detail, &r.Alias, &r.From, &r.To, &r.By}
+	for i, name := range journalFields { // kind and at first: non-empty strings
+		raw, ok := m[name]
+		switch {
+		case i < 2 && !ok:
+			return journalRecord{}, "missing " + name
+		case i < 2 && (string(raw) == "null" || json.Unmarshal(raw, fields[i]) != nil):
+			return journalRecord{}, name + " is not a string"
+		case i < 2 && *fields[i].(*string) == "":
+			return journalRecord{}, name + " is empty"
+		case !ok || (name == "from" || name == "to") && r.Kind != "route_change":
+		case json.Unmarshal(raw, fields[i]) != nil:
+			return journalRecord{}, "field " + name + " has the wrong type"
 		}
-	}
-	exact := line // decodes as m unless a key must be dropped
-	maps.DeleteFunc(m, func(k string, _ json.RawMessage) bool {
-		drop := !slices.Contains(journalFields, k) || (k == "from" || k == "to") && head[0] != "route_change"
-		if drop {
-			exact = nil
-		}
-		return drop
-	})
-	if exact == nil {
-		exact, _ = json.Marshal(m)
-	}
-	var wrong *json.UnmarshalTypeError
-	if errors.As(json.Unmarshal(exact, &r), &wrong) {
-		return journalRecord{}, "field " + wrong.Field + " has the wrong type"
 	}
 	return r, ""
+}
+
+// validator is a document with rules beyond its shape; validate may fill in sections.
+type validator interface{ validate() error }
+
+// decodeStrict is the one strict decoder of state files and admin bodies (SPEC
+// §2.2): no bad UTF-8, duplicate or unknown key, or trailing data; then validate.
+func decodeStrict(role string, b []byte, v any) error {
+	if !utf8.Valid(b) {
+		return fmt.Errorf("%s is not valid UTF-8", role)
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	err := checkNesting(b)
+	if err == nil {
+		err = checkKeys(json.NewDecoder(bytes.NewReader(b)), reflect.TypeOf(v))
+	}
+	if err == nil {
+		err = dec.Decode(v)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", role, err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return fmt.Errorf("%s: data after the JSON document", role)
+	}
+	if d, ok := v.(validator); ok {
+		return d.validate()
+	}
+	return nil
+}
+
+// maxJSONDepth is the deepest JSON nesting Brama reads (SPEC §8.2).
+const maxJSONDepth = 1000
+
+var errTooDeep = fmt.Errorf("JSON nests deeper than %d levels", maxJSONDepth)
+
+// checkNesting refuses b too deep before any parser runs, without allocating
+// (issue 10: 3,000,000 deep took the stack).
+func checkNesting(b []byte) error {
+	depth, inString, escaped := 0, false, false
+	for _, c := range b {
+		switch {
+		case escaped:
+			escaped = false
+		case inString:
+			escaped, inString = c == '\\', c != '"'
+		case c == '"':
+			inString = true
+		case c == '[' || c == '{':
+			if depth++; depth > maxJSONDepth {
+				return errTooDeep
+			}
+		case c == ']' || c == '}':
+			depth--
+		}
+	}
+	return nil
+}
+
+// checkKeys refuses, in the value dec reads next (decoded as t; nil:
+// unchecked), a key named twice (encoding/json keeps the last) and a struct
+// member named in another case (encoding/json would take it; SPEC §2.2:
+// members are exact). Its caller has bounded the depth with checkNesting.
+func checkKeys(dec *json.Decoder, t reflect.Type) error {
+	open, err := dec.Token()
+	if err != nil || open != json.Delim('{') && open != json.Delim('[') {
+		return err
+	}
+	for t != nil && t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	var items reflect.Type // a map's members' or an array's items'
+	if t != nil && (t.Kind() == reflect.Map || t.Kind() == reflect.Slice || t.Kind() == reflect.Array) {
+		items = t.Elem()
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		elem := items
+		if open == json.Delim('{') {
+			tok, err := dec.Token() // the decoder allows only a string here
+			if err != nil {
+				return err
+			}
+			key := tok.(string)
+			if seen[key] {
+				return fmt.Errorf("duplicate key %q", key)
+			}
+			seen[key] = true
+			for i := 0; t != nil && t.Kind() == reflect.Struct && i < t.NumField(); i++ {
+				if name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ","); name == key {
+					elem = t.Field(i).Type
+					break
+				} else if strings.EqualFold(name, key) {
+					return fmt.Errorf("unknown member %q (member names are exact: %q)", key, name)
+				}
+			}
+		}
+		if err := checkKeys(dec, elem); err != nil {
+			return err
+		}
+	}
+	_, err = dec.Token() // the closing delimiter
+	return err
 }

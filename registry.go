@@ -91,20 +91,14 @@ func parseRegistry(b []byte) (*routesDoc, error) {
 	return doc, err
 }
 
-// registryTooBig is SPEC §4.1's 1 MiB bound, checked on a file's size before it is read.
-func registryTooBig(size int64) error {
-	if size > maxRegistryBytes {
-		return invalidf("registry is %d bytes; the limit is 1 MiB (%d bytes)", size, maxRegistryBytes)
-	}
-	return nil
-}
-
 // readRegistry is parseRegistry; to migrate, it drops the top-level members schema 1 lacks, and refuses an empty document.
 func readRegistry(b []byte, migrate bool) (doc *routesDoc, dropped []string, err error) {
 	blank := len(bytes.Trim(b, " \t\r\n")) == 0 // JSON's whitespace, not Unicode's
 	var top map[string]json.RawMessage
-	if err := registryTooBig(int64(len(b))); err != nil || blank && !migrate {
-		return emptyRoutesDoc(), nil, err
+	if len(b) > maxRegistryBytes { // SPEC §4.1
+		return emptyRoutesDoc(), nil, invalidf("registry is %d bytes; the limit is 1 MiB (%d bytes)", len(b), maxRegistryBytes)
+	} else if blank && !migrate {
+		return emptyRoutesDoc(), nil, nil
 	}
 	var te *json.UnmarshalTypeError
 	switch err := decodeStrict("registry", b, &top); {
@@ -316,7 +310,7 @@ type registry struct {
 func newRegistry(path string, pathErr error, j *journal, log *slog.Logger) *registry {
 	r := &registry{j: j, log: log}
 	r.stateFile = stateFile[*routesDoc]{role: registryRole, path: path, pathErr: pathErr,
-		keepErr: true, tooBig: registryTooBig, parse: func(b []byte) (*routesDoc, error) {
+		keepErr: true, parse: func(b []byte) (*routesDoc, error) {
 			if b != nil { // nil: the file is absent
 				r.parses.Add(1)
 			}
@@ -447,7 +441,7 @@ func migrateRegistry(path string) (committed []byte, dropped []string, doc *rout
 		return nil, nil, nil, err // before the lock: an absent file gets no lock file either
 	}
 	err = withFileLock(path, func() error {
-		f := stateFile[*routesDoc]{role: registryRole, path: path, absentErr: true, tooBig: registryTooBig,
+		f := stateFile[*routesDoc]{role: registryRole, path: path, absentErr: true,
 			parse: func(b []byte) (d *routesDoc, err error) { d, dropped, err = readRegistry(b, true); return d, err }}
 		if doc, err = f.fresh(); err != nil {
 			return err

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,7 +10,6 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
-	"reflect"
 	"regexp"
 	"slices"
 	"strconv"
@@ -19,7 +17,6 @@ import (
 	"sync"
 	"syscall"
 	"time"
-	"unicode/utf8"
 )
 
 // sys is the logger and clock Brama's parts take; no constructor has a default.
@@ -81,6 +78,7 @@ func (s state) fileOrState(getenv func(string) string, env, what, file string) (
 }
 
 // envWhole reads name as a whole number of unit ≥ least in bits: unset is def, a bad value def and an error.
+// (envWhole and envSeconds stay here: catalog.go and subscriptions.go, below main.go, read their settings too.)
 func envWhole(getenv func(string) string, name, unit string, least, def int64, bits int) (int64, error) {
 	v := strings.TrimSpace(getenv(name))
 	if v == "" {
@@ -146,18 +144,20 @@ func openGuarded(role, name string) (*os.File, fileIdentity, error) {
 	id, err := checkFileInfo(role, name, fi, err)
 	if err != nil {
 		f.Close()
-		return nil, id, err
+		f = nil
 	}
-	return f, id, nil
+	return f, id, err
 }
 
-func readGuarded(role, name string) (b []byte, id fileIdentity, err error) {
+func readGuarded(role, name string) ([]byte, fileIdentity, error) {
 	f, id, err := openGuarded(role, name)
-	if err == nil {
-		defer f.Close()
-		if b, err = io.ReadAll(f); err != nil {
-			err = fmt.Errorf("%s: %w", role, err)
-		}
+	if err != nil {
+		return nil, id, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(f)
+	if err != nil {
+		err = fmt.Errorf("%s: %w", role, err)
 	}
 	return b, id, err
 }
@@ -169,8 +169,7 @@ type stateFile[T any] struct {
 	pathErr    error // why there is no file (no state directory), else nil
 	parse      func([]byte) (T, error)
 	absentErr  bool
-	keepErr    bool                   // a parse failure is kept too: an unchanged bad file is not parsed again
-	tooBig     func(size int64) error // refuses a file by its size before it is read; nil: any size
+	keepErr    bool // a parse failure is kept too: an unchanged bad file is not parsed again
 
 	mu  sync.Mutex // guards doc, err, id
 	doc T
@@ -202,15 +201,7 @@ func (f *stateFile[T]) readNow() (doc T, id fileIdentity, err error) {
 	if f.pathErr != nil {
 		return doc, id, f.pathErr
 	}
-	var b []byte
-	if f.tooBig != nil {
-		if id, err = guardFile(f.role, f.path); err == nil {
-			err = f.tooBig(id.size)
-		}
-	}
-	if err == nil {
-		b, id, err = readGuarded(f.role, f.path)
-	}
+	b, id, err := readGuarded(f.role, f.path)
 	if errors.Is(err, errFileAbsent) && !f.absentErr {
 		b, err = nil, nil // a present file is never nil, if empty
 	}
@@ -240,10 +231,10 @@ func (f *stateFile[T]) update(change func(T) error) error {
 		if v, ok := any(doc).(validator); ok && err == nil {
 			err = v.validate()
 		}
-		if err != nil {
-			return err
+		if err == nil {
+			err = writeState(f.path, doc)
 		}
-		return writeState(f.path, doc)
+		return err
 	})
 }
 
@@ -301,10 +292,10 @@ func marshalState(v any) ([]byte, error) {
 
 func writeState(name string, v any) error {
 	b, err := marshalState(v)
-	if err == nil {
-		err = writeFileAtomic(name, b)
+	if err != nil {
+		return err
 	}
-	return err
+	return writeFileAtomic(name, b)
 }
 
 // snapshotFile drops a snapshot older than the file's: racing flushes never put old over new.
@@ -319,11 +310,11 @@ func (f *snapshotFile) write(name string, seq uint64, data []byte) error {
 	if seq <= f.written {
 		return nil
 	}
-	if err := writeFileAtomic(name, data); err != nil {
-		return err
+	err := writeFileAtomic(name, data)
+	if err == nil {
+		f.written = seq
 	}
-	f.written = seq
-	return nil
+	return err
 }
 
 // withFileLock runs fn holding the flock on name+".lock" (SPEC §2.3).
@@ -373,145 +364,42 @@ var staleTempName = regexp.MustCompile(`^\.(.+)\.tmp[0-9]+$`)
 // elsewhere outside dir, that file's only. The caller holds serve.lock; beside
 // a <file>.lock, that lock too, not to cut a CLI's write.
 func removeStaleTemps(dir string, elsewhere ...string) (n int, err error) {
-	places := [][2]string{{dir, ""}} // a directory, and the one file whose temps go there ("": every file's)
-	answers, _ := os.ReadDir(filepath.Join(dir, "answers"))
-	for _, e := range answers {
-		if e.IsDir() {
-			places = append(places, [2]string{filepath.Join(dir, "answers", e.Name()), ""})
-		}
-	}
-	for _, f := range elsewhere {
-		if f != "" && filepath.Dir(f) != filepath.Clean(dir) {
-			places = append(places, [2]string{filepath.Dir(f), filepath.Base(f)})
-		}
-	}
-	for _, p := range places {
-		entries, err := os.ReadDir(p[0])
+	sweep := func(d, only string) error { // only: the one file whose temps go there; "": every file's
+		entries, err := os.ReadDir(d)
 		if err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return n, err
+			return err
 		}
 		for _, e := range entries {
 			m := staleTempName.FindStringSubmatch(e.Name())
-			if !e.Type().IsRegular() || m == nil || p[1] != "" && m[1] != p[1] {
+			if !e.Type().IsRegular() || m == nil || only != "" && m[1] != only {
 				continue
 			}
-			target, remove := filepath.Join(p[0], m[1]), func() error { return os.Remove(filepath.Join(p[0], e.Name())) }
+			target, remove := filepath.Join(d, m[1]), func() error { return os.Remove(filepath.Join(d, e.Name())) }
 			if _, err = os.Lstat(target + ".lock"); err == nil {
 				err = withFileLock(target, remove)
 			} else {
 				err = remove()
 			}
 			if err != nil && !errors.Is(err, fs.ErrNotExist) {
-				return n, err
+				return err
 			}
 			n++
 		}
+		return nil
 	}
-	return n, nil
-}
-
-// validator is a document with rules beyond its shape; validate may fill in sections.
-type validator interface{ validate() error }
-
-// decodeStrict is the one strict decoder of state files and admin bodies (SPEC
-// §2.2): no bad UTF-8, duplicate or unknown key, or trailing data; then validate.
-func decodeStrict(role string, b []byte, v any) error {
-	if !utf8.Valid(b) {
-		return fmt.Errorf("%s is not valid UTF-8", role)
-	}
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	err := checkKeys(json.NewDecoder(bytes.NewReader(b)), reflect.TypeOf(v), 0)
-	if err == nil {
-		err = dec.Decode(v)
-	}
-	if err != nil {
-		return fmt.Errorf("%s: %w", role, err)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return fmt.Errorf("%s: data after the JSON document", role)
-	}
-	if d, ok := v.(validator); ok {
-		return d.validate()
-	}
-	return nil
-}
-
-// maxJSONDepth is the deepest JSON nesting Brama reads (SPEC §8.2).
-const maxJSONDepth = 1000
-
-var errTooDeep = fmt.Errorf("JSON nests deeper than %d levels", maxJSONDepth)
-
-// checkNesting refuses b too deep before any parser runs, without allocating
-// (issue 10: 3,000,000 deep took the stack).
-func checkNesting(b []byte) error {
-	depth, inString, escaped := 0, false, false
-	for _, c := range b {
-		switch {
-		case escaped:
-			escaped = false
-		case inString:
-			escaped, inString = c == '\\', c != '"'
-		case c == '"':
-			inString = true
-		case c == '[' || c == '{':
-			if depth++; depth > maxJSONDepth {
-				return errTooDeep
-			}
-		case c == ']' || c == '}':
-			depth--
+	err = sweep(dir, "")
+	answers, _ := os.ReadDir(filepath.Join(dir, "answers"))
+	for _, e := range answers {
+		if e.IsDir() && err == nil {
+			err = sweep(filepath.Join(dir, "answers", e.Name()), "")
 		}
 	}
-	return nil
-}
-
-// checkKeys refuses, in the value dec reads next (decoded as t; nil:
-// unchecked), a key named twice (encoding/json keeps the last), a struct
-// member named in another case (encoding/json would take it; SPEC §2.2:
-// members are exact) and nesting deeper than maxJSONDepth.
-func checkKeys(dec *json.Decoder, t reflect.Type, depth int) error {
-	open, err := dec.Token()
-	if err != nil || open != json.Delim('{') && open != json.Delim('[') {
-		return err
-	}
-	if depth == maxJSONDepth {
-		return errTooDeep
-	}
-	for t != nil && t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
-	var items reflect.Type // a map's members' or an array's items'
-	if t != nil && (t.Kind() == reflect.Map || t.Kind() == reflect.Slice || t.Kind() == reflect.Array) {
-		items = t.Elem()
-	}
-	seen := map[string]bool{}
-	for dec.More() {
-		elem := items
-		if open == json.Delim('{') {
-			tok, err := dec.Token() // the decoder allows only a string here
-			if err != nil {
-				return err
-			}
-			key := tok.(string)
-			if seen[key] {
-				return fmt.Errorf("duplicate key %q", key)
-			}
-			seen[key] = true
-			for i := 0; t != nil && t.Kind() == reflect.Struct && i < t.NumField(); i++ {
-				if name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ","); name == key {
-					elem = t.Field(i).Type
-					break
-				} else if strings.EqualFold(name, key) {
-					return fmt.Errorf("unknown member %q (member names are exact: %q)", key, name)
-				}
-			}
-		}
-		if err := checkKeys(dec, elem, depth+1); err != nil {
-			return err
+	for _, f := range elsewhere {
+		if f != "" && filepath.Dir(f) != filepath.Clean(dir) && err == nil {
+			err = sweep(filepath.Dir(f), filepath.Base(f))
 		}
 	}
-	_, err = dec.Token() // the closing delimiter
-	return err
+	return n, err
 }
 
 // vaultDoc is vault.json (SPEC §2.2), the only file that holds secrets.
@@ -567,10 +455,7 @@ func parseVault(b []byte) (*vaultDoc, error) {
 	if len(b) == 0 {
 		return doc, doc.validate()
 	}
-	if err := decodeStrict("vault", b, doc); err != nil {
-		return nil, err
-	}
-	return doc, nil
+	return doc, decodeStrict("vault", b, doc)
 }
 
 // validate refuses another schema and makes every section non-nil.
@@ -606,39 +491,40 @@ func (v *vault) keepUnwritten(id string, old, g oauthGrant) {
 	v.unwritten[id] = unwrittenGrant{from, g}
 }
 
-func (v *vault) unwrittenCopy() map[string]unwrittenGrant {
+// withUnwritten is the unwritten grants now, each put into d (if any) where it still applies.
+func (v *vault) withUnwritten(d *vaultDoc) map[string]unwrittenGrant {
 	v.umu.Lock()
-	defer v.umu.Unlock()
-	return maps.Clone(v.unwritten)
-}
-func (v *vault) unwrittenIDs() []string { return slices.Sorted(maps.Keys(v.unwrittenCopy())) }
-
-// withUnwritten puts each unwritten grant into d where it still applies.
-func withUnwritten(d *vaultDoc, unwritten map[string]unwrittenGrant) {
+	unwritten := maps.Clone(v.unwritten)
+	v.umu.Unlock()
 	for id, u := range unwritten {
 		if c := d.Subscriptions[id].OAuth; c != nil && c.RefreshToken == u.from {
 			d.Subscriptions[id] = vaultCredential{OAuth: &u.grant}
 		}
 	}
+	return unwritten
+}
+
+func (v *vault) unwrittenIDs() []string {
+	return slices.Sorted(maps.Keys(v.withUnwritten(&vaultDoc{})))
 }
 
 // load is the vault's document with the unwritten grants in place.
 func (v *vault) load() (*vaultDoc, error) {
 	doc, err := v.stateFile.load()
-	if unwritten := v.unwrittenCopy(); err == nil && len(unwritten) > 0 {
-		out := *doc // the shared cache: changed only in a copy
-		out.Subscriptions = maps.Clone(doc.Subscriptions)
-		withUnwritten(&out, unwritten)
-		return &out, nil
+	if err != nil || len(v.unwrittenIDs()) == 0 {
+		return doc, err
 	}
-	return doc, err
+	out := *doc // the shared cache: changed only in a copy
+	out.Subscriptions = maps.Clone(doc.Subscriptions)
+	v.withUnwritten(&out)
+	return &out, nil
 }
 
 // update writes the unwritten grants with change.
 func (v *vault) update(change func(*vaultDoc) error) error {
-	unwritten := v.unwrittenCopy()
+	var unwritten map[string]unwrittenGrant
 	err := v.stateFile.update(func(d *vaultDoc) error {
-		withUnwritten(d, unwritten)
+		unwritten = v.withUnwritten(d)
 		return change(d)
 	})
 	if err == nil { // written: memory's no longer
