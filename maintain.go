@@ -18,13 +18,10 @@ import (
 	"time"
 )
 
-// Maintenance (SPEC §11.2): a pass reads the usage reports, then refreshes
-// the grants that fell due, never on a period of Brama's own.
-
 var errMaintenanceStopped = errors.New("the maintenance scheduler is not running")
 
-// maintainer runs one daemon's passes one at a time on loop's goroutine;
-// passes asked for while one runs become exactly one more.
+// maintainer runs one daemon's passes (SPEC §11.2: read the usage reports, then refresh the grants
+// that fell due, never on a period of Brama's own) one at a time on loop's goroutine.
 type maintainer struct {
 	inv    *inventory
 	l      *ledger
@@ -392,13 +389,6 @@ func (p *pass) count(f func(*passReport)) {
 	}
 }
 
-// usageDue applies SPEC §11.2's "read once when": no reading yet, a failed
-// last read, a window whose reset has passed, or a reading naming no reset.
-func usageDue(e ledgerEntry, now time.Time) bool {
-	return e.UsageRead.AtMs == 0 || !e.UsageRead.OK || len(e.Windows) == 0 ||
-		slices.ContainsFunc(e.Windows, func(w planWindow) bool { return w.ResetsAtMs == 0 || w.ResetsAtMs <= now.UnixMilli() })
-}
-
 // readUsage reads s's due report into the ledger, nothing when ctx ended; a
 // grant expired by the request path's rule is first refreshed: s's one attempt.
 func (p *pass) readUsage(s *passSub) {
@@ -439,12 +429,6 @@ func (p *pass) readUsage(s *passSub) {
 		m.log.Info("usage_read_ok", "subscription_id", id, "provider", provider, "windows", len(ws))
 		p.count(func(r *passReport) { r.Usage.Read++ })
 	}
-}
-
-// refreshDue is SPEC §11.2's rule: expired (now ≥ expires_at_ms, not the
-// request path's minute early), or expiry unknown and never refreshed.
-func refreshDue(g oauthGrant, refreshedAtMs int64, now time.Time) bool {
-	return g.ExpiresAtMs == 0 && refreshedAtMs == 0 || g.ExpiresAtMs != 0 && now.UnixMilli() >= g.ExpiresAtMs
 }
 
 // refreshIfDue makes s's one attempt when its grant is due, unless its read
@@ -604,52 +588,10 @@ func codexUsage(r struct {
 	return ws
 }
 
-// kimiCounters are a Kimi usage entry's counters; Kimi names the reset resetTime, SPEC reset_time.
-type kimiCounters struct {
-	Limit, Used, Remaining number
-	ResetTime              instant `json:"resetTime"`
-	ResetTimeSpec          instant `json:"reset_time"`
-}
-
-// fraction is used/limit (limit > 0), or else 1 − remaining/limit.
-func (c *kimiCounters) fraction() (float64, bool) {
-	if !c.Limit.ok || c.Limit.v <= 0 {
-		return 0, false
+// jsonErrorKind says what was wrong with a JSON document without quoting a fragment of it.
+func jsonErrorKind(err error) string {
+	if se := (*json.SyntaxError)(nil); errors.As(err, &se) {
+		return "syntax error at byte " + strconv.FormatInt(se.Offset, 10)
 	}
-	if c.Used.ok {
-		return c.Used.v / c.Limit.v, true
-	}
-	return (c.Limit.v - c.Remaining.v) / c.Limit.v, c.Remaining.ok
-}
-
-func (c *kimiCounters) reset() int64 { return cmp.Or(c.ResetTime.ms, c.ResetTimeSpec.ms) }
-
-// kimiTimeUnits is minutes per window.timeUnit of a Kimi limit.
-var kimiTimeUnits = map[string]float64{
-	"TIME_UNIT_SECOND": 1.0 / 60, "TIME_UNIT_MINUTE": 1, "TIME_UNIT_HOUR": 60, "TIME_UNIT_DAY": 24 * 60,
-}
-
-// kimiUsage reads {base}/usages (SPEC §11.2); a limit's detail counters win over its top level's.
-func kimiUsage(r struct {
-	Usage  kimiCounters
-	Limits []struct {
-		kimiCounters
-		Detail *kimiCounters
-		Window struct {
-			Duration number
-			TimeUnit string
-		}
-	}
-}, now time.Time) (ws []planWindow) {
-	if f, ok := r.Usage.fraction(); ok {
-		ws = append(ws, newWindow("kimi:usage", "plan usage", f, r.Usage.reset(), now, windowSourceReport))
-	}
-	for i, l := range r.Limits {
-		c := cmp.Or(l.Detail, &l.kimiCounters)
-		if f, ok := c.fraction(); ok {
-			label := windowLabel(l.Window.Duration.v*kimiTimeUnits[l.Window.TimeUnit], "limit "+strconv.Itoa(i))
-			ws = append(ws, newWindow("kimi:limit-"+strconv.Itoa(i), label, f, cmp.Or(c.reset(), l.reset()), now, windowSourceReport))
-		}
-	}
-	return ws
+	return "unexpected shape"
 }
