@@ -2,7 +2,6 @@ package main
 
 import (
 	"cmp"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -16,19 +15,14 @@ import (
 	"time"
 )
 
-// The ledger (SPEC §10.3): per subscription its plan windows, block, credential
-// state, measured use, last usage read and probe; dispatch orders by it.
-
 const (
 	ledgerFile       = "ledger.json"
 	ledgerWriteEvery = time.Second        // SPEC §10.3: coalesced changes are written at most once per second
 	ledgerMaxBlock   = 7 * 24 * time.Hour // SPEC §7.2.4: a reset stated months away parks no subscription for months
-
 	// Credential states (SPEC §10.3); credDisabled is shown for retired rows, never stored.
 	credActive      = "active"
 	credNeedsReauth = "needs_reauthorization"
 	credDisabled    = "disabled"
-
 	// Where a plan window's reading came from: an answer's headers (SPEC §6.3) or a usage report (§11.2).
 	windowSourceTraffic = "traffic"
 	windowSourceReport  = "usage_report"
@@ -117,7 +111,8 @@ func nudge(ch chan struct{}) {
 	}
 }
 
-// ledger is the in-memory ledger and its file, written at once for credential,
+// ledger is the in-memory ledger (SPEC §10.3: per subscription its plan windows, block, credential
+// state, measured use, last usage read and probe; dispatch orders by it) and its file, written at once for credential,
 // block and probe changes, else at most once per second (SPEC §10.3).
 type ledger struct {
 	log        *slog.Logger
@@ -166,10 +161,8 @@ func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
 // member refused; empty bytes are an empty ledger.
 func parseLedger(role string, b []byte) (map[string]*ledgerEntry, error) {
 	doc := ledgerDoc{SchemaVersion: 1}
-	if len(b) > 0 {
-		if err := decodeStrict(role, b, &doc); err != nil {
-			return nil, err
-		}
+	if err := decodeStrict(role, b, &doc); err != nil && len(b) > 0 {
+		return nil, err
 	}
 	if doc.SchemaVersion != 1 {
 		return nil, fmt.Errorf("%s: schema_version %d is not 1", role, doc.SchemaVersion)
@@ -178,9 +171,7 @@ func parseLedger(role string, b []byte) (map[string]*ledgerEntry, error) {
 		if !isSubscriptionID(id) {
 			return nil, fmt.Errorf("%s: subscriptions member %q is not sub_<16 hex>", role, id)
 		}
-		if e == nil { // null: refused as a missing credential state
-			e = &ledgerEntry{}
-		}
+		e = cmp.Or(e, &ledgerEntry{}) // null: refused as a missing credential state
 		if s := e.Credential.State; s != credActive && s != credNeedsReauth {
 			return nil, fmt.Errorf("%s: subscriptions.%s.credential.state %q is not %q or %q", role, id, s, credActive, credNeedsReauth)
 		}
@@ -314,9 +305,19 @@ func (l *ledger) fullness(id string, now time.Time) (full float64) {
 	return full
 }
 
-// nextDue is the earliest moment after now that the ledger states something falls due (SPEC
-// §11.2), zero if none: a grant's expiry, a window's reset, a block's end, unless retired (§9)
-// or refused until a sign-in replaces the credential.
+// usageDue is SPEC §11.2's "read once when": no reading, a failed one, a reset passed or unnamed.
+func usageDue(e ledgerEntry, now time.Time) bool {
+	return e.UsageRead.AtMs == 0 || !e.UsageRead.OK || len(e.Windows) == 0 ||
+		slices.ContainsFunc(e.Windows, func(w planWindow) bool { return w.ResetsAtMs == 0 || w.ResetsAtMs <= now.UnixMilli() })
+}
+
+// refreshDue is SPEC §11.2's: expired (not the request path's minute early), or unknown and never refreshed.
+func refreshDue(g oauthGrant, refreshedAtMs int64, now time.Time) bool {
+	return g.ExpiresAtMs == 0 && refreshedAtMs == 0 || g.ExpiresAtMs != 0 && now.UnixMilli() >= g.ExpiresAtMs
+}
+
+// nextDue is the earliest moment after now the ledger states something falls due (SPEC §11.2), zero if none: a grant's
+// expiry, a window's reset, a block's end, unless retired (§9) or refused until a sign-in replaces the credential.
 func (l *ledger) nextDue(now time.Time, retired map[string]bool) (best time.Time) {
 	consider := func(ms int64) {
 		if at := time.UnixMilli(ms); at.After(now) && (best.IsZero() || at.Before(best)) {
@@ -554,18 +555,45 @@ func windowLabel(mins float64, fallback string) string {
 	return strconv.FormatInt(n, 10) + " " + unit
 }
 
-// report is one JSON object of a provider answer read leniently (oauth.go's token answers).
-type report map[string]json.RawMessage
-
-func (r report) str(key string) string {
-	s, _ := jsonString(r[key])
-	return s
+// kimiCounters are a Kimi usage entry's counters; Kimi names the reset resetTime, SPEC reset_time.
+type kimiCounters struct {
+	Limit, Used, Remaining number
+	ResetTime              instant `json:"resetTime"`
+	ResetTimeSpec          instant `json:"reset_time"`
 }
 
-// jsonErrorKind says what was wrong with a JSON document without quoting a fragment of it.
-func jsonErrorKind(err error) string {
-	if se := (*json.SyntaxError)(nil); errors.As(err, &se) {
-		return "syntax error at byte " + strconv.FormatInt(se.Offset, 10)
+// fraction is used/limit (limit > 0), or else 1 − remaining/limit.
+func (c *kimiCounters) fraction() (float64, bool) {
+	used := cmp.Or(c.Used, number{c.Limit.v - c.Remaining.v, c.Remaining.ok})
+	return used.v / c.Limit.v, c.Limit.v > 0 && used.ok
+}
+
+func (c *kimiCounters) reset() int64 { return cmp.Or(c.ResetTime.ms, c.ResetTimeSpec.ms) }
+
+// kimiTimeUnits is minutes per window.timeUnit of a Kimi limit.
+var kimiTimeUnits = map[string]float64{"TIME_UNIT_SECOND": 1.0 / 60, "TIME_UNIT_MINUTE": 1, "TIME_UNIT_HOUR": 60, "TIME_UNIT_DAY": 24 * 60}
+
+// kimiUsage reads {base}/usages (SPEC §11.2); a limit's detail counters win over its top level's.
+func kimiUsage(r struct {
+	Usage  kimiCounters
+	Limits []struct {
+		kimiCounters
+		Detail *kimiCounters
+		Window struct {
+			Duration number
+			TimeUnit string
+		}
 	}
-	return "unexpected shape"
+}, now time.Time) (ws []planWindow) {
+	if f, ok := r.Usage.fraction(); ok {
+		ws = append(ws, newWindow("kimi:usage", "plan usage", f, r.Usage.reset(), now, windowSourceReport))
+	}
+	for i, l := range r.Limits {
+		c := cmp.Or(l.Detail, &l.kimiCounters)
+		if f, ok := c.fraction(); ok {
+			label := windowLabel(l.Window.Duration.v*kimiTimeUnits[l.Window.TimeUnit], "limit "+strconv.Itoa(i))
+			ws = append(ws, newWindow("kimi:limit-"+strconv.Itoa(i), label, f, cmp.Or(c.reset(), l.reset()), now, windowSourceReport))
+		}
+	}
+	return ws
 }

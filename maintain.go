@@ -18,13 +18,10 @@ import (
 	"time"
 )
 
-// Maintenance (SPEC §11.2): a pass reads the usage reports, then refreshes
-// the grants that fell due, never on a period of Brama's own.
-
 var errMaintenanceStopped = errors.New("the maintenance scheduler is not running")
 
-// maintainer runs one daemon's passes one at a time on loop's goroutine;
-// passes asked for while one runs become exactly one more.
+// maintainer runs one daemon's passes (SPEC §11.2: read the usage reports, then refresh the grants
+// that fell due, never on a period of Brama's own) one at a time on loop's goroutine.
 type maintainer struct {
 	inv    *inventory
 	l      *ledger
@@ -40,8 +37,7 @@ type maintainer struct {
 
 	mu      sync.Mutex        // guards the fields below
 	looping bool              // loop runs, so passNow can be answered
-	pending string            // reason of the pass over everyone asked for and not yet started; "" none
-	agents  map[string]string // agent → reason of a refusal's pass over its subscriptions, not yet started (SPEC §17)
+	asked   map[string]string // agent ("": everyone) → reason of a pass over its subscriptions asked for, not yet started (SPEC §17)
 	waiting *passTicket       // what passNow callers wait for: the next pass over everyone to start
 	running bool              // a pass is running
 	fresh   map[string]bool   // agents ("": everyone) a pass covered since the last inventory or credential change
@@ -87,20 +83,17 @@ type credentialSummary struct {
 
 // newMaintainer builds the maintainer; nothing runs until run.
 func newMaintainer(inv *inventory, l *ledger, o *oauthClient, client *http.Client, getenv func(string) string, log *slog.Logger, now func() time.Time) *maintainer {
-	return &maintainer{inv: inv, l: l, o: o, client: client, getenv: getenv, log: log, clock: now, agents: map[string]string{}, fresh: map[string]bool{}}
+	return &maintainer{inv: inv, l: l, o: o, client: client, getenv: getenv, log: log, clock: now, asked: map[string]string{}, fresh: map[string]bool{}}
 }
 
 // run starts loop, counted in wg, with the start pass pending (the listener is up).
 func (m *maintainer) run(ctx context.Context, wg *sync.WaitGroup) {
 	m.mu.Lock()
 	m.looping = true
-	m.pending = cmp.Or(m.pending, "start")
+	m.asked[""] = cmp.Or(m.asked[""], "start")
 	m.mu.Unlock()
 	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		m.loop(ctx)
-	}()
+	go func() { defer wg.Done(); m.loop(ctx) }()
 }
 
 // loop runs loopOnce until ctx ends, waiting between turns for a nudge of
@@ -125,19 +118,17 @@ func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
 	m.mu.Lock()                     // first: the journal read must not come between now and the pending check
 	retired, _ := m.inv.j.retired() // unreadable: no moment is skipped
 	due := m.l.nextDue(now, retired)
-	if m.pending == "" && m.timer != nil && !m.timerAt.After(now) {
+	if m.asked[""] == "" && m.timer != nil && !m.timerAt.After(now) {
 		m.disarmLocked()
-		m.pending = "due"
+		m.asked[""] = "due"
 	}
-	reason, agent, t := m.pending, "", m.waiting
-	if reason != "" {
-		clear(m.agents) // a pass over everyone covers their refusals
+	agent, t := "", m.waiting
+	for a := range m.asked {
+		if agent = a; a == "" {
+			break
+		}
 	}
-	for a, r := range m.agents {
-		reason, agent = r, a
-		delete(m.agents, a)
-		break
-	}
+	reason := m.asked[agent]
 	if reason == "" {
 		if m.timer == nil || !due.Equal(m.timerAt) {
 			m.armLocked(due, now)
@@ -146,8 +137,10 @@ func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
 		return false
 	}
 	if agent == "" {
-		m.pending, m.waiting = "", nil
+		clear(m.asked) // a pass over everyone covers the agents' refusals
+		m.waiting = nil
 	} else {
+		delete(m.asked, agent)
 		t = nil
 	}
 	m.running, m.fresh[agent] = true, true
@@ -159,7 +152,7 @@ func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
 	m.mu.Lock()
 	m.running = false
 	if missed := m.l.nextDue(now, retired); !missed.IsZero() && !missed.After(m.clock()) {
-		m.pending = cmp.Or(m.pending, "due") // it passed during the pass
+		m.asked[""] = cmp.Or(m.asked[""], "due") // it passed during the pass
 	}
 	m.lastOK, m.lastAt = rep.OK, [2]time.Time{now, m.clock()}
 	m.mu.Unlock()
@@ -185,7 +178,7 @@ func (m *maintainer) armLocked(due, now time.Time) {
 		m.mu.Lock()
 		defer m.mu.Unlock()
 		if m.timer == t { // fired: the next turn arms afresh
-			m.timer, m.pending = nil, cmp.Or(m.pending, "due")
+			m.timer, m.asked[""] = nil, cmp.Or(m.asked[""], "due")
 			nudge(m.l.changed)
 		}
 	})
@@ -205,7 +198,8 @@ func (m *maintainer) stop() {
 	m.looping = false
 	m.disarmLocked()
 	t := m.waiting
-	m.waiting, m.pending = nil, ""
+	m.waiting = nil
+	delete(m.asked, "")
 	m.mu.Unlock()
 	if t != nil {
 		t.rep.err = errMaintenanceStopped
@@ -226,7 +220,7 @@ func (m *maintainer) request(reason, agent string) {
 		m.log.Debug("maintenance_request_dropped", "reason", reason, "agent_id", agent)
 		return
 	}
-	m.agents[agent] = cmp.Or(m.agents[agent], reason)
+	m.asked[agent] = cmp.Or(m.asked[agent], reason)
 	m.log.Info("maintenance_requested", "reason", reason, "agent_id", agent)
 	nudge(m.l.changed)
 }
@@ -269,7 +263,7 @@ func (m *maintainer) ask(reason string) (*passTicket, error) {
 	if m.waiting == nil {
 		m.waiting = &passTicket{done: make(chan struct{})}
 	}
-	m.pending = cmp.Or(m.pending, reason)
+	m.asked[""] = cmp.Or(m.asked[""], reason)
 	return m.waiting, nil
 }
 
@@ -282,7 +276,7 @@ func (m *maintainer) metrics() map[string]float64 {
 	defer m.mu.Unlock()
 	flag := map[bool]float64{true: 1}
 	out := map[string]float64{"brama_maintenance_passes_total": float64(m.passes), "brama_maintenance_requests_dropped_total": float64(m.dropped),
-		"brama_maintenance_running": flag[m.running], "brama_maintenance_pending": flag[m.pending != "" || len(m.agents) > 0]}
+		"brama_maintenance_running": flag[m.running], "brama_maintenance_pending": flag[len(m.asked) > 0]}
 	for name, t := range map[string]time.Time{"next_due": m.timerAt, "last_pass_started": m.lastAt[0], "last_pass_finished": m.lastAt[1]} {
 		if !t.IsZero() {
 			out["brama_maintenance_"+name+"_timestamp_seconds"] = float64(t.UnixMilli()) / 1000
@@ -294,59 +288,62 @@ func (m *maintainer) metrics() map[string]float64 {
 	return out
 }
 
-// passSub is one non-retired subscription as a pass found it, and how its
-// usage read and refresh attempt of the pass went.
-type passSub struct {
-	it      overlayItem
-	cred    vaultCredential
-	credErr error // the vault holds no usable credential for it
-	entry   ledgerEntry
-	read    bool  // its report was read this pass (or the refresh before failed)
-	readErr error // why that read failed
-	tried   bool  // a refresh was attempted this pass
-	err     error // how it ended
+// pass is one pass's run: its subscriptions and the report its steps fill in.
+type pass struct {
+	m    *maintainer
+	ctx  context.Context
+	subs []*passSub
+	mu   sync.Mutex // guards rep
+	rep  passReport
 }
 
-// passOnce runs one pass over agent's subscriptions ("": everyone's): per
-// subscription at most one usage read and one refresh attempt, none retried;
-// ctx alone ends it (SPEC §7.4).
+// passSub is one non-retired subscription as a pass found it.
+type passSub struct {
+	it         overlayItem
+	cred       vaultCredential
+	credErr    error // the vault holds no usable credential for it
+	entry      ledgerEntry
+	reportable bool // active, of a provider whose report its credential reads
+	oauth      bool // active, with a grant of an OAuth provider
+	tried      bool // its one refresh attempt of the pass was made
+}
+
+// passOnce runs one pass over agent's subscriptions ("": everyone's): the
+// usage report pass, then the refresh pass (SPEC §11.2); per subscription at
+// most one read and one refresh attempt, none retried; ctx alone ends it (§7.4).
 func (m *maintainer) passOnce(ctx context.Context, agent string) passReport {
 	start := m.clock()
 	m.o.vault.writeUnwritten(m.o.log)
-	var rep passReport
-	rep.Usage.Failed = []usageFailure{}
-	var subs []*passSub
+	p := &pass{m: m, ctx: ctx}
+	p.rep.Usage.Failed = []usageFailure{}
 	items, retired, err := m.inv.view() // none when err: the counts stay 0 and OK false
 	for _, it := range items {
 		if !retired[it.ID] && (agent == "" || it.AgentID == agent) {
 			s := &passSub{it: it}
 			s.cred, s.credErr = m.inv.credential(it.ID)
 			s.entry, _ = m.l.entry(it.ID)
-			subs = append(subs, s)
+			_, published := usageReports[it.Provider]
+			_, oauthErr := lookupOAuth(it.Provider)
+			active := s.entry.Credential.State == credActive
+			s.reportable = active && published && (s.credErr != nil || usageReportable(it.Provider, s.cred))
+			s.oauth = active && oauthErr == nil && s.credErr == nil && s.cred.OAuth != nil
+			if s.reportable {
+				p.rep.Usage.Subscriptions++
+			}
+			if s.oauth {
+				p.rep.Credentials.Subscriptions++
+			}
+			p.subs = append(p.subs, s)
 		}
 	}
-	m.usagePass(ctx, subs, &rep)
-	m.refreshPass(ctx, subs, &rep)
+	// Reads run one at a time per provider, providers side by side (SPEC §17); refreshes side by side.
+	p.sideBySide(func(s *passSub) string { return s.it.Provider }, p.readUsage)
+	p.sideBySide(func(s *passSub) string { return s.it.ID }, p.refreshIfDue)
 	if err == nil && ctx.Err() != nil { // what it skipped is neither read nor failed: not ok
 		err = fmt.Errorf("%w: the server is stopping, so this pass ended before its reads and refreshes", errMaintenanceStopped)
 	}
 	m.inv.invalidate(false) // the listing shows the pass at once (SPEC §10.2)
-	for _, s := range subs {
-		switch {
-		case !s.read:
-		case s.readErr == nil:
-			rep.Usage.Read++
-		default:
-			rep.Usage.Failed = append(rep.Usage.Failed, usageFailure{SubscriptionID: s.it.ID, Provider: s.it.Provider, Error: s.readErr.Error()})
-		}
-		switch {
-		case !s.tried || errors.Is(s.err, errRefreshSuperseded): // a sign-in replaced the grant: nothing failed
-		case s.err == nil:
-			rep.Credentials.Refreshed++
-		default:
-			rep.Credentials.Refused++
-		}
-	}
+	rep := p.rep
 	rep.OK = err == nil && len(rep.Usage.Failed) == 0 && rep.Credentials.Refused == 0
 	if due := m.l.nextDue(m.clock(), retired); !due.IsZero() {
 		rep.NextDueAt = new(string)
@@ -363,50 +360,46 @@ func (m *maintainer) passOnce(ctx context.Context, agent string) passReport {
 	return rep
 }
 
-// usagePass reads each due report once into the ledger: one read at a time
-// per provider, providers side by side (SPEC §17).
-func (m *maintainer) usagePass(ctx context.Context, subs []*passSub, rep *passReport) {
-	now := m.clock()
-	due := map[string][]*passSub{}
-	for _, s := range subs {
-		_, published := usageReports[s.it.Provider]
-		if s.entry.Credential.State != credActive || !published || (s.credErr == nil && !usageReportable(s.it.Provider, s.cred)) {
-			continue
-		}
-		rep.Usage.Subscriptions++
-		if usageDue(s.entry, now) {
-			due[s.it.Provider] = append(due[s.it.Provider], s)
-		}
+// sideBySide runs step on each subscription, one at a time per key, keys
+// side by side, and returns when all have ended (each ends at ctx's end).
+func (p *pass) sideBySide(key func(*passSub) string, step func(*passSub)) {
+	groups := map[string][]*passSub{}
+	for _, s := range p.subs {
+		groups[key(s)] = append(groups[key(s)], s)
 	}
 	var wg sync.WaitGroup
-	for _, ss := range due {
+	for _, ss := range groups {
 		wg.Add(1)
-		go func() { // exits when its reads (and refreshes before them) end; ctx ends each
+		go func() {
 			defer wg.Done()
 			for _, s := range ss {
-				m.readOnce(ctx, s)
+				step(s)
 			}
 		}()
 	}
 	wg.Wait()
 }
 
-// usageDue applies SPEC §11.2's "read once when": no reading yet, a failed
-// last read, a window whose reset has passed, or a reading naming no reset.
-func usageDue(e ledgerEntry, now time.Time) bool {
-	return e.UsageRead.AtMs == 0 || !e.UsageRead.OK || len(e.Windows) == 0 ||
-		slices.ContainsFunc(e.Windows, func(w planWindow) bool { return w.ResetsAtMs == 0 || w.ResetsAtMs <= now.UnixMilli() })
+// count records an outcome in the report, none once ctx ended: what a stopped pass skipped is not counted.
+func (p *pass) count(f func(*passReport)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ctx.Err() == nil {
+		f(&p.rep)
+	}
 }
 
-// readOnce reads s's report into the ledger, nothing when ctx ended; a grant
-// expired by the request path's rule is first refreshed: s's one attempt.
-func (m *maintainer) readOnce(ctx context.Context, s *passSub) {
-	id, provider := s.it.ID, s.it.Provider
+// readUsage reads s's due report into the ledger, nothing when ctx ended; a
+// grant expired by the request path's rule is first refreshed: s's one attempt.
+func (p *pass) readUsage(s *passSub) {
+	m, id, provider := p.m, s.it.ID, s.it.Provider
+	if !s.reportable || !usageDue(s.entry, m.clock()) {
+		return
+	}
 	cred, err := s.cred, s.credErr
 	if err == nil && cred.OAuth != nil && expiredForRequest(*cred.OAuth, m.clock()) {
 		var g oauthGrant
-		g, err = m.o.refresh(ctx, id, provider, "")
-		s.tried, s.err = true, err
+		g, err = p.refresh(s)
 		if errors.Is(err, errRefreshSuperseded) { // a sign-in replaced it meanwhile: read with that (SPEC §11.1)
 			cred, err = m.inv.credential(id)
 		} else if err != nil {
@@ -417,10 +410,10 @@ func (m *maintainer) readOnce(ctx context.Context, s *passSub) {
 	}
 	var ws []planWindow
 	if err == nil {
-		ws, err = m.fetchUsage(ctx, provider, cred)
+		ws, err = m.fetchUsage(p.ctx, provider, cred)
 	}
 	switch {
-	case ctx.Err() != nil:
+	case p.ctx.Err() != nil:
 	case err != nil:
 		secrets := []string{cred.APIKey}
 		if g := cred.OAuth; g != nil {
@@ -429,71 +422,59 @@ func (m *maintainer) readOnce(ctx context.Context, s *passSub) {
 		msg := ledgerSentence(redact(err.Error(), secrets...))
 		m.l.recordUsageRead(id, provider, false, msg)
 		m.log.Warn("usage_read_failed", "subscription_id", id, "provider", provider, "error", msg)
-		s.read, s.readErr = true, errors.New(msg)
+		p.count(func(r *passReport) { r.Usage.Failed = append(r.Usage.Failed, usageFailure{id, provider, msg}) })
 	default:
 		m.l.recordWindows(id, provider, ws)
 		m.l.recordUsageRead(id, provider, true, strconv.Itoa(len(ws))+" window(s) read")
 		m.log.Info("usage_read_ok", "subscription_id", id, "provider", provider, "windows", len(ws))
-		s.read = true
+		p.count(func(r *passReport) { r.Usage.Read++ })
 	}
 }
 
-// refreshDue is SPEC §11.2's rule: expired (now ≥ expires_at_ms, not the
-// request path's minute early), or expiry unknown and never refreshed.
-func refreshDue(g oauthGrant, refreshedAtMs int64, now time.Time) bool {
-	return g.ExpiresAtMs == 0 && refreshedAtMs == 0 || g.ExpiresAtMs != 0 && now.UnixMilli() >= g.ExpiresAtMs
+// refreshIfDue makes s's one attempt when its grant is due, unless its read
+// spent it; needs_reauthorization (set meanwhile too) waits for sign-in.
+func (p *pass) refreshIfDue(s *passSub) {
+	if !s.oauth || s.tried {
+		return
+	}
+	e, _ := p.m.l.entry(s.it.ID)
+	cur, err := p.m.inv.credential(s.it.ID) // the usage pass or a request may have refreshed it
+	if e.Credential.State == credActive && err == nil && cur.OAuth != nil && refreshDue(*cur.OAuth, e.Credential.RefreshedAtMs, p.m.clock()) {
+		p.refresh(s)
+	}
 }
 
-// refreshPass makes one attempt per active OAuth subscription whose grant
-// is due, unless its read spent it; needs_reauthorization waits for sign-in.
-func (m *maintainer) refreshPass(ctx context.Context, subs []*passSub, rep *passReport) {
-	now := m.clock()
-	var wg sync.WaitGroup
-	for _, s := range subs {
-		if _, err := lookupOAuth(s.it.Provider); err != nil || s.credErr != nil || s.cred.OAuth == nil || s.entry.Credential.State != credActive {
-			continue
+// refresh is s's one refresh attempt of the pass; one a sign-in superseded failed nothing.
+func (p *pass) refresh(s *passSub) (oauthGrant, error) {
+	s.tried = true
+	g, err := p.m.o.refresh(p.ctx, s.it.ID, s.it.Provider, "")
+	p.count(func(r *passReport) {
+		switch {
+		case err == nil:
+			r.Credentials.Refreshed++
+		case !errors.Is(err, errRefreshSuperseded):
+			r.Credentials.Refused++
 		}
-		rep.Credentials.Subscriptions++
-		e, _ := m.l.entry(s.it.ID)
-		if s.tried || e.Credential.State != credActive {
-			continue
-		}
-		cur, err := m.inv.credential(s.it.ID) // the usage pass or a request may have refreshed it
-		if err != nil || cur.OAuth == nil || !refreshDue(*cur.OAuth, e.Credential.RefreshedAtMs, now) {
-			continue
-		}
-		wg.Add(1)
-		go func() { // exits when this one refresh ends (oauth.refresh returns at ctx's end)
-			defer wg.Done()
-			_, err := m.o.refresh(ctx, s.it.ID, s.it.Provider, "")
-			if ctx.Err() == nil {
-				s.tried, s.err = true, err
-			}
-		}()
-	}
-	wg.Wait()
+	})
+	return g, err
 }
 
 // usageReport is one provider's report (SPEC §11.2): where it is read (below the base URL, or at
-// codex's own address that env alone overrides), its reader, what a report naming no window lacks,
-// whether an API key reads it, whether the grant's account goes in chatgpt-account-id, the GET's headers.
+// codex's own address that env alone overrides), its reader, whether an API key reads it, whether
+// the grant's account goes in chatgpt-account-id, the GET's headers.
 type usageReport struct {
 	path, url, env  string
 	read            func(body []byte, now time.Time) ([]planWindow, error)
-	none            string
 	apiKey, account bool
 	headers         [][2]string
 }
 
 var usageReports = map[string]usageReport{
 	"claude-code": {path: "/api/oauth/usage", read: reportReader(claudeCodeUsage),
-		none:    "no member with utilization and resets_at",
 		headers: [][2]string{{"anthropic-version", "2023-06-01"}, {"anthropic-beta", "oauth-2025-04-20"}}},
 	"codex": {url: "https://chatgpt.com/backend-api/wham/usage", env: "BRAMA_PROVIDER_CODEX_USAGE_URL", read: reportReader(codexUsage), account: true,
-		none:    "no rate_limit with a primary_window or secondary_window with used_percent",
 		headers: [][2]string{{"OpenAI-Beta", "responses=experimental"}, {"originator", "codex_cli_rs"}}},
-	"kimi": {path: "/usages", read: reportReader(kimiUsage), apiKey: true,
-		none: "no usage or limits entry with a limit above 0"},
+	"kimi": {path: "/usages", read: reportReader(kimiUsage), apiKey: true},
 }
 
 func usageReportable(provider string, cred vaultCredential) bool {
@@ -520,7 +501,7 @@ func (m *maintainer) usageEndpoint(provider string) (string, error) {
 	return base + r.path, nil
 }
 
-// fetchUsage GETs and parses provider's report; it sets the headers itself,
+// fetchUsage GETs and reads provider's report; it sets the headers itself,
 // as setProviderHeaders would add a Content-Type to this GET.
 func (m *maintainer) fetchUsage(ctx context.Context, provider string, cred vaultCredential) ([]planWindow, error) {
 	endpoint, err := m.usageEndpoint(provider)
@@ -536,37 +517,24 @@ func (m *maintainer) fetchUsage(ctx context.Context, provider string, cred vault
 		}
 	}
 	status, body, err := callEndpoint(ctx, m.client, http.MethodGet, endpoint, nil, append(h, [2]string{"Authorization", "Bearer " + token})...)
-	re := &endpointError{Op: "usage report GET", Endpoint: endpointName(endpoint), Status: status, Received: len(body), Err: err}
-	switch {
-	case err != nil && status != 0:
-		re.Err = fmt.Errorf("the body ended early: %w", err)
-	case err == nil && status/100 == 2:
-		ws, err := parseUsage(provider, body, m.clock())
-		if err == nil {
+	if err == nil && status/100 == 2 {
+		var ws []planWindow
+		if ws, err = r.read(body, m.clock()); err == nil {
 			return ws, nil
 		}
-		re.Err = err
+	} else if err != nil && status != 0 {
+		err = fmt.Errorf("the body ended early: %w", err)
 	}
-	return nil, re
+	return nil, &endpointError{Op: "usage report GET", Endpoint: endpointName(endpoint), Status: status, Received: len(body), Err: err}
 }
 
 // errUsageReport classifies every refused report body: the readers take what
 // they recognize of the providers' undocumented shapes, never a guessed number.
 var errUsageReport = errors.New("the usage report is not usable")
 
-// parseUsage reads the report of provider (one in usageReports): a JSON object
-// naming a window, else errUsageReport saying why without quoting the body.
-func parseUsage(provider string, body []byte, now time.Time) ([]planWindow, error) {
-	u := usageReports[provider]
-	ws, err := u.read(body, now)
-	if err == nil && len(ws) == 0 {
-		err = fmt.Errorf("%w: it names no plan window (%s)", errUsageReport, u.none)
-	}
-	return ws, err
-}
-
-// reportReader reads a report as T leniently: a member of another type than T
-// says is absent (its number and instant members take any JSON value).
+// reportReader reads a report as T leniently (a member of another type than T says is absent;
+// its number and instant members take any JSON value): a JSON object naming a window, else
+// errUsageReport saying why without quoting the body.
 func reportReader[T any](read func(T, time.Time) []planWindow) func([]byte, time.Time) ([]planWindow, error) {
 	return func(body []byte, now time.Time) ([]planWindow, error) {
 		var doc T
@@ -577,7 +545,10 @@ func reportReader[T any](read func(T, time.Time) []planWindow) func([]byte, time
 		if err != nil || !bytes.HasPrefix(bytes.TrimSpace(body), []byte("{")) {
 			return nil, fmt.Errorf("%w: the body is not a JSON object (%s)", errUsageReport, jsonErrorKind(err))
 		}
-		return read(doc, now), nil
+		if ws := read(doc, now); len(ws) > 0 {
+			return ws, nil
+		}
+		return nil, fmt.Errorf("%w: it names no plan window", errUsageReport)
 	}
 }
 
@@ -617,52 +588,10 @@ func codexUsage(r struct {
 	return ws
 }
 
-// kimiCounters are a Kimi usage entry's counters; Kimi names the reset resetTime, SPEC reset_time.
-type kimiCounters struct {
-	Limit, Used, Remaining number
-	ResetTime              instant `json:"resetTime"`
-	ResetTimeSpec          instant `json:"reset_time"`
-}
-
-// fraction is used/limit (limit > 0), or else 1 − remaining/limit.
-func (c *kimiCounters) fraction() (float64, bool) {
-	if !c.Limit.ok || c.Limit.v <= 0 {
-		return 0, false
+// jsonErrorKind says what was wrong with a JSON document without quoting a fragment of it.
+func jsonErrorKind(err error) string {
+	if se := (*json.SyntaxError)(nil); errors.As(err, &se) {
+		return "syntax error at byte " + strconv.FormatInt(se.Offset, 10)
 	}
-	if c.Used.ok {
-		return c.Used.v / c.Limit.v, true
-	}
-	return (c.Limit.v - c.Remaining.v) / c.Limit.v, c.Remaining.ok
-}
-
-func (c *kimiCounters) reset() int64 { return cmp.Or(c.ResetTime.ms, c.ResetTimeSpec.ms) }
-
-// kimiTimeUnits is minutes per window.timeUnit of a Kimi limit.
-var kimiTimeUnits = map[string]float64{
-	"TIME_UNIT_SECOND": 1.0 / 60, "TIME_UNIT_MINUTE": 1, "TIME_UNIT_HOUR": 60, "TIME_UNIT_DAY": 24 * 60,
-}
-
-// kimiUsage reads {base}/usages (SPEC §11.2); a limit's detail counters win over its top level's.
-func kimiUsage(r struct {
-	Usage  kimiCounters
-	Limits []struct {
-		kimiCounters
-		Detail *kimiCounters
-		Window struct {
-			Duration number
-			TimeUnit string
-		}
-	}
-}, now time.Time) (ws []planWindow) {
-	if f, ok := r.Usage.fraction(); ok {
-		ws = append(ws, newWindow("kimi:usage", "plan usage", f, r.Usage.reset(), now, windowSourceReport))
-	}
-	for i, l := range r.Limits {
-		c := cmp.Or(l.Detail, &l.kimiCounters)
-		if f, ok := c.fraction(); ok {
-			label := windowLabel(l.Window.Duration.v*kimiTimeUnits[l.Window.TimeUnit], "limit "+strconv.Itoa(i))
-			ws = append(ws, newWindow("kimi:limit-"+strconv.Itoa(i), label, f, cmp.Or(c.reset(), l.reset()), now, windowSourceReport))
-		}
-	}
-	return ws
+	return "unexpected shape"
 }

@@ -467,7 +467,7 @@ func TestParseUsageReports(t *testing.T) {
 		{name: "codex bad resets are unknown", provider: "codex",
 			body: `{"rate_limit":{"primary_window":{"used_percent":50,"reset_at":-5,"reset_after_seconds":-1}}}`,
 			want: []planWindow{uw("codex:primary", "primary window", 0.5, 0)}},
-		{name: "codex no rate_limit", provider: "codex", body: `{"detail":"Unauthorized"}`, wantErr: "no rate_limit"},
+		{name: "codex no rate_limit", provider: "codex", body: `{"detail":"Unauthorized"}`, wantErr: "names no plan window"},
 		{name: "codex windows without used_percent", provider: "codex", body: `{"rate_limit":{"primary_window":{"limit_window_seconds":18000}}}`, wantErr: "names no plan window"},
 
 		{name: "kimi published shape", provider: "kimi", body: `{
@@ -499,7 +499,7 @@ func TestParseUsageReports(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := parseUsage(tc.provider, []byte(tc.body), usageT0)
+			got, err := usageReports[tc.provider].read([]byte(tc.body), usageT0)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("err = %v, want one containing %q", err, tc.wantErr)
@@ -559,7 +559,7 @@ func TestUsageInstant(t *testing.T) {
 // panic, every error classified, every accepted window well-formed and
 // re-encodable.
 func checkUsageParse(t *testing.T, provider, prefix string, data []byte) {
-	ws, err := parseUsage(provider, data, usageT0)
+	ws, err := usageReports[provider].read(data, usageT0)
 	if err != nil {
 		if !errors.Is(err, errUsageReport) {
 			t.Fatalf("unclassified error: %v", err)
