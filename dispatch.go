@@ -452,7 +452,7 @@ func (e *engine) attemptRoute(ctx context.Context, j *job, c call, req *callerRe
 		case len(subs) == 0:
 			return refuse("subscription_reauthorization_required", "no %q subscription of agent %q has an active credential; sign in again", p, e.agent).withAttempts(0)
 		}
-		cand.key, cand.pool = nil, e.order(e.agent, p, subs)
+		cand.key, cand.pool = nil, subs
 	}
 	if out, ae := e.attemptCandidate(ctx, j, cand); out == routeAnswered {
 		return ae
@@ -623,30 +623,23 @@ func (e *engine) serveEmbeddings(ctx context.Context, w http.ResponseWriter, mod
 }
 
 // eligible is the agent's non-retired subscriptions of provider with an
-// active credential, and whether it has any non-retired one (SPEC §2.3).
+// active credential, in order: blocked last, then freest first, the pinned
+// one first among equals, ties in overlay order (SPEC §2.3, §7.2.2); and
+// whether the agent has any non-retired one.
 func (e *engine) eligible(agent, provider string) (active []overlayItem, any bool, err error) {
 	pool, err := e.inv.pool(agent, provider)
-	for _, it := range pool {
-		if e.ledger.credentialState(it.ID) == credActive {
-			active = append(active, it)
-		}
-	}
-	return active, len(pool) > 0, err
-}
-
-// order sorts eligible subscriptions: blocked last, then freest first, the
-// pinned one first among equals; ties keep overlay order (SPEC §7.2.2).
-func (e *engine) order(agent, provider string, subs []overlayItem) []overlayItem {
 	now, pinned, free := e.now(), "", map[string][]float64{}
 	if pn, ok := e.pins.Load(agent + "\x00" + provider); ok && now.Before(pn.(pin).until) {
 		pinned = pn.(pin).id
 	}
-	for _, it := range subs {
-		free[it.ID] = append(e.freedomOf(it.ID, now), b2f(it.ID != pinned))
+	for _, it := range pool {
+		if e.ledger.credentialState(it.ID) == credActive {
+			active = append(active, it)
+			free[it.ID] = append(e.freedomOf(it.ID, now), b2f(it.ID != pinned))
+		}
 	}
-	out := slices.Clone(subs)
-	slices.SortStableFunc(out, func(a, b overlayItem) int { return slices.Compare(free[a.ID], free[b.ID]) })
-	return out
+	slices.SortStableFunc(active, func(a, b overlayItem) int { return slices.Compare(free[a.ID], free[b.ID]) })
+	return active, len(pool) > 0, err
 }
 
 // freedomOf is how free a subscription is, compared in order (SPEC §7.2.2).
@@ -804,7 +797,7 @@ func (e *engine) candidates(res resolution) ([]resolution, error) {
 			return nil, err
 		}
 		if len(subs) > 0 {
-			free[it.Provider] = e.freedomOf(e.order(e.agent, it.Provider, subs)[0].ID, now)
+			free[it.Provider] = e.freedomOf(subs[0].ID, now)
 			provs = append(provs, it.Provider)
 		}
 	}
@@ -868,7 +861,7 @@ func (e *engine) walkSelector(ctx context.Context, j *job, req *callerRequest, c
 			wk.note(cand.Route, "skipped: "+asAPIError(err).Message)
 			continue
 		}
-		c := &candidate{res: cand, pool: e.order(e.agent, p, subs), req: req.withLimit(head.MaxTokens), model: cand.Route}
+		c := &candidate{res: cand, pool: subs, req: req.withLimit(head.MaxTokens), model: cand.Route}
 		switch out, ae := e.attemptCandidate(ctx, j, c); out {
 		case routeAnswered:
 			return ae
