@@ -142,11 +142,10 @@ func (e *engine) planChat(cl client, req *callerRequest) (c call, cands []resolu
 		}
 	}
 	targets := []resolution{c.res}
-	switch c.res.Mode {
-	case modeDirect, modeAlias, modeSubscription:
+	if c.res.Mode == modeDirect || c.res.Mode == modeAlias || c.res.Mode == modeSubscription {
 		err = e.applyMaxTokens(&req.head, c.res)
-	default:
-		cands, err = e.candidates(c.res, e.agent)
+	} else {
+		cands, err = e.candidates(c.res)
 		targets = cands
 	}
 	if err == nil && slices.ContainsFunc(targets, func(t resolution) bool { return req.translates(t.Provider) }) {
@@ -370,9 +369,9 @@ func (e *engine) attemptRoute(ctx context.Context, j *job, c call, req *callerRe
 	if req != nil {
 		cand.model = req.head.Model
 	}
-	if c.res.Mode == modeSubscription {
-		subs, anyPool, err := e.eligible(e.agent, c.res.Provider.id)
-		switch p := c.res.Provider.id; {
+	if p := c.res.Provider.id; c.res.Mode == modeSubscription {
+		subs, anyPool, err := e.eligible(e.agent, p)
+		switch {
 		case err != nil:
 			return asAPIError(err)
 		case !anyPool:
@@ -380,7 +379,7 @@ func (e *engine) attemptRoute(ctx context.Context, j *job, c call, req *callerRe
 		case len(subs) == 0:
 			return refuse("subscription_reauthorization_required", "no %q subscription of agent %q has an active credential; sign in again", p, e.agent).withAttempts(0)
 		}
-		cand.key, cand.pool = nil, e.order(e.agent, c.res.Provider.id, subs)
+		cand.key, cand.pool = nil, subs
 	}
 	if out, ae := e.attemptCandidate(ctx, j, cand); out == routeAnswered {
 		return ae

@@ -89,33 +89,23 @@ func (e *engine) exhausted() *apiError {
 }
 
 // eligible is the agent's non-retired subscriptions of provider with an
-// active credential, and whether it has any non-retired one (SPEC §2.3).
+// active credential, in order: blocked last, then freest first, the pinned
+// one first among equals, ties in overlay order (SPEC §2.3, §7.2.2); and
+// whether the agent has any non-retired one.
 func (e *engine) eligible(agent, provider string) (active []overlayItem, any bool, err error) {
 	pool, err := e.inv.pool(agent, provider)
-	if err != nil {
-		return nil, false, err
-	}
-	for _, it := range pool {
-		if e.ledger.credentialState(it.ID) == credActive {
-			active = append(active, it)
-		}
-	}
-	return active, len(pool) > 0, nil
-}
-
-// order sorts eligible subscriptions: blocked last, then freest first, the
-// pinned one first among equals; ties keep overlay order (SPEC §7.2.2).
-func (e *engine) order(agent, provider string, subs []overlayItem) []overlayItem {
 	now, pinned, free := e.now(), "", map[string][]float64{}
 	if pn, ok := e.pins.Load(agent + "\x00" + provider); ok && now.Before(pn.(pin).until) {
 		pinned = pn.(pin).id
 	}
-	for _, it := range subs {
-		free[it.ID] = append(e.freedomOf(it.ID, now), b2f(it.ID != pinned))
+	for _, it := range pool {
+		if e.ledger.credentialState(it.ID) == credActive {
+			active = append(active, it)
+			free[it.ID] = append(e.freedomOf(it.ID, now), b2f(it.ID != pinned))
+		}
 	}
-	out := slices.Clone(subs)
-	slices.SortStableFunc(out, func(a, b overlayItem) int { return slices.Compare(free[a.ID], free[b.ID]) })
-	return out
+	slices.SortStableFunc(active, func(a, b overlayItem) int { return slices.Compare(free[a.ID], free[b.ID]) })
+	return active, len(pool) > 0, err
 }
 
 // freedomOf is how free a subscription is, compared in order (SPEC §7.2.2).
@@ -131,59 +121,55 @@ func b2f(b bool) float64 {
 	return 0
 }
 
-// errSkipSubscription: a grant could not be refreshed; the walk noted why.
+// errSkipSubscription: no call on this subscription; the walk noted why.
 var errSkipSubscription = errors.New("subscription skipped")
 
 // subscriptionCredential is what a call on sub presents, an expired grant
-// or a just refusedToken refreshed first (SPEC §7.2.3, §11.1).
+// or a just refusedToken refreshed first (SPEC §7.2.3, §11.1). One no header
+// could carry (a vault edited by hand) is skipped like a blocked one and
+// marked for a sign-in (SPEC §17).
 func (e *engine) subscriptionCredential(ctx context.Context, sub overlayItem, refusedToken string) (upstreamCredential, error) {
 	wk := &e.wk
 	vc, err := e.inv.credential(sub.ID) // its refusal is SPEC §2.2's
-	switch {
-	case err != nil:
+	if err != nil {
 		return upstreamCredential{}, err
-	case vc.OAuth == nil:
-		return e.sendable(sub, upstreamCredential{APIKey: vc.APIKey})
-	case slices.Contains(wk.skipped, sub.ID): // a later candidate of the same provider walks this pool again
-		return upstreamCredential{}, errSkipSubscription
 	}
-	g := *vc.OAuth
-	if refusedToken != "" || (expiredForRequest(g, e.now()) && !slices.Contains(wk.refreshed, sub.ID)) {
-		wk.refreshed = append(wk.refreshed, sub.ID)
-		ng, err := e.oauth.refresh(ctx, sub.ID, sub.Provider, refusedToken)
-		var re *endpointError
-		switch {
-		case errors.Is(err, errRefreshSuperseded): // a sign-in replaced the grant meanwhile: the call uses its (SPEC §11.1)
-			return e.subscriptionCredential(ctx, sub, "")
-		case err != nil && ctx.Err() != nil: // the caller hung up while it waited: no skip, no call (SPEC §7.4)
-			return upstreamCredential{}, refuse("client_cancelled", "the caller went away during a grant refresh").because(err)
-		case errors.As(err, &re) && !re.Definitive:
-			if wk.refreshTransport == nil {
-				wk.refreshTransport = refuse("dependency_unavailable", "%s", redact(re.Error())).because(err)
-			}
-			e.maint.request("credential_refresh_transport_failure", e.agent)
-		}
-		if err != nil {
-			wk.note(sub.ID, "grant refresh failed: "+redact(err.Error()))
-			wk.skipped = append(wk.skipped, sub.ID)
+	cred := upstreamCredential{APIKey: vc.APIKey}
+	if g := vc.OAuth; g != nil {
+		if slices.Contains(wk.skipped, sub.ID) { // a later candidate of the same provider walks this pool again
 			return upstreamCredential{}, errSkipSubscription
 		}
-		g = ng
+		if refusedToken != "" || (expiredForRequest(*g, e.now()) && !slices.Contains(wk.refreshed, sub.ID)) {
+			wk.refreshed = append(wk.refreshed, sub.ID)
+			ng, err := e.oauth.refresh(ctx, sub.ID, sub.Provider, refusedToken)
+			var re *endpointError
+			switch {
+			case errors.Is(err, errRefreshSuperseded): // a sign-in replaced the grant meanwhile: the call uses its (SPEC §11.1)
+				return e.subscriptionCredential(ctx, sub, "")
+			case err != nil && ctx.Err() != nil: // the caller hung up while it waited: no skip, no call (SPEC §7.4)
+				return upstreamCredential{}, refuse("client_cancelled", "the caller went away during a grant refresh").because(err)
+			case errors.As(err, &re) && !re.Definitive:
+				if wk.refreshTransport == nil {
+					wk.refreshTransport = refuse("dependency_unavailable", "%s", redact(re.Error())).because(err)
+				}
+				e.maint.request("credential_refresh_transport_failure", e.agent)
+			}
+			if err != nil {
+				wk.note(sub.ID, "grant refresh failed: "+redact(err.Error()))
+				wk.skipped = append(wk.skipped, sub.ID)
+				return upstreamCredential{}, errSkipSubscription
+			}
+			g = &ng
+		}
+		cred = upstreamCredential{AccessToken: g.AccessToken, AccountID: g.AccountID}
 	}
-	return e.sendable(sub, upstreamCredential{AccessToken: g.AccessToken, AccountID: g.AccountID})
-}
-
-// sendable passes cred, or skips sub like a blocked one (no call, no attempt)
-// when no header could carry it (a vault edited by hand), marking it for a
-// sign-in (SPEC §17).
-func (e *engine) sendable(sub overlayItem, cred upstreamCredential) (upstreamCredential, error) {
-	if controlAt(cred.APIKey+cred.AccessToken+cred.AccountID) < 0 {
-		return cred, nil
+	if controlAt(cred.APIKey+cred.AccessToken+cred.AccountID) >= 0 {
+		const why = "the vault's credential holds a control character and cannot be sent; sign in again"
+		e.ledger.setCredential(sub.ID, sub.Provider, credNeedsReauth, why)
+		wk.note(sub.ID, why)
+		return upstreamCredential{}, errSkipSubscription
 	}
-	const why = "the vault's credential holds a control character and cannot be sent; sign in again"
-	e.ledger.setCredential(sub.ID, sub.Provider, credNeedsReauth, why)
-	e.wk.note(sub.ID, why)
-	return upstreamCredential{}, errSkipSubscription
+	return cred, nil
 }
 
 // credentialReplaced: the vault no longer holds what a call on sub presented
@@ -244,14 +230,9 @@ func (e *engine) windowWait(id string, now time.Time) (wait time.Duration) {
 // blockFor blocks sub after a rate or quota refusal until the stated reset
 // (none: a used-up window's, else 15 min; at most 7 days).
 func (e *engine) blockFor(sub overlayItem, provider string, ref *providerRefusal) {
-	now := e.now()
-	d := ref.retryAfter
-	if d <= 0 {
-		d = cmp.Or(e.windowWait(sub.ID, now), defaultBlock)
-	}
-	until := now.Add(min(d, maxBlock))
+	now, wk, rate := e.now(), &e.wk, ref.class == refusalRate
+	until := now.Add(min(cmp.Or(max(ref.retryAfter, 0), e.windowWait(sub.ID, now), defaultBlock), maxBlock))
 	e.ledger.block(sub.ID, provider, until, ref.sentence)
-	wk, rate := &e.wk, ref.class == refusalRate
 	wk.noteBlock(until)
 	wk.rate, wk.quota = wk.rate || rate, wk.quota || !rate
 	wk.note(sub.ID, map[bool]string{true: "rate limited: ", false: "quota exhausted: "}[rate]+ref.sentence)
@@ -262,12 +243,12 @@ func (e *engine) blockFor(sub overlayItem, provider string, ref *providerRefusal
 // eligible subscription, freest first (ties by id): every alias's P/…
 // destination (alias-name order), then the catalogue's three newest text
 // models of P's vendor; any-vision-capable keeps those taking images.
-func (e *engine) candidates(res resolution, agent string) ([]resolution, error) {
+func (e *engine) candidates(res resolution) ([]resolution, error) {
 	var aliases map[string]string // an invalid registry offers none
 	if doc, err := e.reg.current(); err == nil && doc != nil {
 		aliases = doc.Routes
 	}
-	items, err := e.inv.agentItems(agent)
+	items, err := e.inv.agentItems(e.agent)
 	if err != nil {
 		return nil, err
 	}
@@ -277,12 +258,12 @@ func (e *engine) candidates(res resolution, agent string) ([]resolution, error) 
 		if _, seen := free[it.Provider]; seen {
 			continue
 		}
-		subs, _, err := e.eligible(agent, it.Provider)
+		subs, _, err := e.eligible(e.agent, it.Provider)
 		if err != nil {
 			return nil, err
 		}
 		if len(subs) > 0 {
-			free[it.Provider] = e.freedomOf(e.order(agent, it.Provider, subs)[0].ID, now)
+			free[it.Provider] = e.freedomOf(subs[0].ID, now)
 			provs = append(provs, it.Provider)
 		}
 	}
@@ -337,17 +318,16 @@ func (e *engine) walkSelector(ctx context.Context, j *job, req *callerRequest, c
 		if err != nil {
 			return asAPIError(err).withAttempts(e.t.attempts)
 		}
+		head := req.head
 		if len(subs) == 0 {
 			wk.note(cand.Route, fmt.Sprintf("no usable %q subscription", p))
 			continue
-		}
-		head := req.head
-		if err := e.applyMaxTokens(&head, cand); err != nil {
+		} else if err := e.applyMaxTokens(&head, cand); err != nil {
 			unfit = err
 			wk.note(cand.Route, "skipped: "+asAPIError(err).Message)
 			continue
 		}
-		c := &candidate{res: cand, pool: e.order(e.agent, p, subs), req: req.withLimit(head.MaxTokens), model: cand.Route}
+		c := &candidate{res: cand, pool: subs, req: req.withLimit(head.MaxTokens), model: cand.Route}
 		switch out, ae := e.attemptCandidate(ctx, j, c); out {
 		case routeAnswered:
 			return ae
@@ -360,10 +340,9 @@ func (e *engine) walkSelector(ctx context.Context, j *job, req *callerRequest, c
 		}
 		hadEligible = true
 	}
-	switch {
-	case hadEligible:
+	if hadEligible {
 		return e.exhausted()
-	case unfit != nil: // every usable candidate needs a max_tokens nobody knows (SPEC §6.4) or another format
+	} else if unfit != nil { // every usable candidate needs a max_tokens nobody knows (SPEC §6.4) or another format
 		return asAPIError(unfit)
 	}
 	// No candidate at all: sign in again when every subscription of the agent needs it.
@@ -414,9 +393,9 @@ func (e *engine) probe(ctx context.Context, it overlayItem, model string) (probe
 			if err != nil {
 				e.blockInBand(it, p.id, resp, err, e.now()) // an in-band limit, as a request's
 				detail = "the answer could not be read: " + asAPIError(err).Message
-				return usage{}, nil, false
+			} else {
+				ok, detail = true, fmt.Sprintf("%s answered (%d output tokens)", c.res.Route, ans.Usage.OutputTokens)
 			}
-			ok, detail = true, fmt.Sprintf("%s answered (%d output tokens)", c.res.Route, ans.Usage.OutputTokens)
 			return ans.Usage, nil, false
 		},
 	}
