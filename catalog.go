@@ -528,7 +528,6 @@ func formatMetric(v float64) string {
 	return strconv.FormatFloat(v, 'g', -1, 64)
 }
 
-
 // listedModel is one entry of GET /v1/models, in OpenAI's list shape.
 type listedModel struct {
 	ID      string `json:"id"`
