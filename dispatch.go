@@ -609,3 +609,19 @@ func (c *core) mayHaveDirect(provider string) bool {
 	_, err := c.vault.load()
 	return c.hasDirect(provider) || c.localCreds == nil && err != nil && !errors.As(err, new(*noStateError))
 }
+
+// anyDirectPayer reports whether something could serve without an agent
+// (SPEC §13, §14): a direct credential or a declared deployment.
+func (c *core) anyDirectPayer() bool {
+	if doc, err := c.reg.current(); len(c.localCreds) > 0 || (err == nil && len(doc.Deployments) > 0) {
+		return true
+	}
+	if vd, err := c.vault.load(); c.localCreds == nil && err == nil {
+		for _, k := range vd.Direct {
+			if k.APIKey != "" {
+				return true
+			}
+		}
+	}
+	return false
+}

@@ -379,10 +379,7 @@ func parseClients(b []byte) (*clientsDoc, error) {
 func (doc *clientsDoc) validate() error {
 	ids, digests := map[string]bool{}, map[string]bool{}
 	for i, c := range doc.Clients {
-		for _, rule := range []struct {
-			bad bool
-			why string
-		}{
+		if err := firstBroken([]rule{
 			{!idPattern.MatchString(c.ID), "id must match [a-z0-9-]{1,64}"},
 			{ids[c.ID], "duplicate client id"},
 			{!isHexDigest(c.TokenSHA256), "token_sha256 must be 64 lower-case hex characters"},
@@ -391,10 +388,8 @@ func (doc *clientsDoc) validate() error {
 			{c.AgentID != "" && !idPattern.MatchString(c.AgentID), "agent_id must match [a-z0-9-]{1,64}"},
 			{slices.ContainsFunc(c.AllowedModels, func(m string) bool { return strings.TrimSpace(m) == "" || strings.Contains(m, "*") }),
 				"allowed_models entries must be exact names (no empty or wildcard entry)"},
-		} {
-			if rule.bad {
-				return fmt.Errorf("clients file: client %d (%q): %s", i, c.ID, rule.why)
-			}
+		}); err != nil {
+			return fmt.Errorf("clients file: client %d (%q): %v", i, c.ID, err)
 		}
 		ids[c.ID], digests[c.TokenSHA256] = true, true
 	}
@@ -533,22 +528,6 @@ func (g transportGuard) allows(r *http.Request) bool {
 	}
 	https := func(proto string) bool { return proto == "" || strings.EqualFold(proto, "https") }
 	return xfp+fwd != "" && https(xfp) && https(fwd)
-}
-
-// anyDirectPayer reports whether something could serve without an agent
-// (SPEC §13, §14): a direct credential or a declared deployment.
-func (s *server) anyDirectPayer() bool {
-	if doc, err := s.reg.current(); len(s.localCreds) > 0 || (err == nil && len(doc.Deployments) > 0) {
-		return true
-	}
-	if vd, err := s.vault.load(); s.localCreds == nil && err == nil {
-		for _, k := range vd.Direct {
-			if k.APIKey != "" {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 func (s *server) handleHealth(w http.ResponseWriter, r *http.Request) {
@@ -715,30 +694,6 @@ func (s *server) handleMetrics(w http.ResponseWriter, r *http.Request) {
 	extra := s.maint.metrics()
 	extra["brama_attempts_total"], extra["brama_journal_bytes"] = float64(s.attempts.Load()), float64(size)
 	writeMetrics(w, s.perf.snapshot(), extra)
-}
-
-// donation is the strict body (and the CLI's request) of POST …/subscriptions/{agent_id}.
-type donation struct {
-	Provider string      `json:"provider"`
-	Label    string      `json:"label"`
-	APIKey   string      `json:"api_key"`
-	OAuth    *oauthGrant `json:"oauth"`
-}
-
-// donatedSubscription is the 201 answer: metadata only, never the secret.
-type donatedSubscription struct {
-	ID       string `json:"id"`
-	Provider string `json:"provider"`
-	AgentID  string `json:"agent_id"`
-	Label    string `json:"label"`
-	Status   string `json:"status"`
-}
-
-// credentialBody is the strict body of PUT …/credential: exactly one of
-// an OAuth grant or an API key (checkCredential enforces "exactly").
-type credentialBody struct {
-	OAuth  *oauthGrant `json:"oauth"`
-	APIKey string      `json:"api_key"`
 }
 
 var okBody = map[string]bool{"ok": true}

@@ -566,6 +566,30 @@ func (inv *inventory) readiness() (reasons, warnings []string, payer bool) {
 	return reasons, warnings, payer
 }
 
+// donation is the strict body (and the CLI's request) of POST …/subscriptions/{agent_id}.
+type donation struct {
+	Provider string      `json:"provider"`
+	Label    string      `json:"label"`
+	APIKey   string      `json:"api_key"`
+	OAuth    *oauthGrant `json:"oauth"`
+}
+
+// donatedSubscription is the 201 answer: metadata only, never the secret.
+type donatedSubscription struct {
+	ID       string `json:"id"`
+	Provider string `json:"provider"`
+	AgentID  string `json:"agent_id"`
+	Label    string `json:"label"`
+	Status   string `json:"status"`
+}
+
+// credentialBody is the strict body of PUT …/credential: exactly one of
+// an OAuth grant or an API key (checkCredential enforces "exactly").
+type credentialBody struct {
+	OAuth  *oauthGrant `json:"oauth"`
+	APIKey string      `json:"api_key"`
+}
+
 // signInVia is the query a sign-in's donation carries on POST
 // /v1/admin/subscriptions/{agent_id}, so the daemon journals it as a sign-in.
 const signInVia = "sign-in"
