@@ -527,3 +527,32 @@ func formatMetric(v float64) string {
 	}
 	return strconv.FormatFloat(v, 'g', -1, 64)
 }
+
+// listedModel is one entry of GET /v1/models, in OpenAI's list shape.
+type listedModel struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+	State   string `json:"brama_state,omitempty"`
+}
+
+// modelList is GET /v1/models's data: the aliases, then the catalogue models
+// of the providers serves says can serve, each only if mayUse (SPEC §3.1).
+func (c *catalog) modelList(aliases []aliasRow, serves func(providerInfo) bool, mayUse func(string) bool) []listedModel {
+	data := []listedModel{}
+	for _, a := range aliases {
+		if !strings.HasSuffix(a.Alias, "*") { // a prefix alias is a family of names, not a model id
+			data = append(data, listedModel{ID: a.Alias, Object: "model", OwnedBy: "brama", State: a.State})
+		}
+	}
+	for _, p := range providerTable {
+		if !serves(p) {
+			continue
+		}
+		for _, m := range c.models(p.id) {
+			data = append(data, listedModel{ID: p.id + "/" + m.ID, Object: "model", OwnedBy: p.id})
+		}
+	}
+	return slices.DeleteFunc(data, func(m listedModel) bool { return !mayUse(m.ID) })
+}

@@ -319,15 +319,6 @@ var testingOnlyNow func() time.Time
 // testingOnlyKeepAlive shortens the stream keep-alive interval in tests.
 var testingOnlyKeepAlive time.Duration
 
-// deps are the state-backed parts every command and the server share.
-type deps struct {
-	st      state
-	clients *clientStore
-	vault   *vault
-	journal *journal
-	reg     *registry
-}
-
 // openDeps resolves every state file path (SPEC §2.1, §2.2); nothing is
 // read yet.
 func openDeps(getenv func(string) string, sy sys) deps {
@@ -336,7 +327,13 @@ func openDeps(getenv func(string) string, sy sys) deps {
 	vpath, verr := st.fileOrState(getenv, "BRAMA_VAULT_FILE", "vault", "vault.json")
 	rpath, rerr := registryPath(st, getenv)
 	j := newJournal(st, sy)
-	return deps{st, newClientStore(cpath, cerr), newVault(vpath, verr), j, newRegistry(rpath, rerr, j, sy.log)}
+	return deps{stores{st, newVault(vpath, verr), j, newRegistry(rpath, rerr, j, sy.log)}, newClientStore(cpath, cerr)}
+}
+
+// deps are the state files every command and the server share.
+type deps struct {
+	stores
+	clients *clientStore
 }
 
 // newLogger makes the JSON slog logger at BRAMA_LOG_LEVEL.
@@ -387,7 +384,7 @@ func serve(e *cliEnv, o opts, _ []string) error {
 		}
 	}
 	client := newProviderClient()
-	s := &server{core: core{deps: d, sys: sy, getenv: e.getenv, client: client, keepAlive: testingOnlyKeepAlive,
+	s := &server{clients: d.clients, core: core{stores: d.stores, sys: sy, getenv: e.getenv, client: client, keepAlive: testingOnlyKeepAlive,
 		catalog: newCatalog(d.st, e.getenv, client, log, now), perf: newPerfRegistry(d.st, sy), ledger: newLedger(d.st, log, now)},
 		guard: guard, maxBody: maxBody, answers: newAnswerStore(d.st, log, now), replay: newReplayGuard(e.getenv, log, now)}
 	defer s.ledger.flush()
@@ -535,47 +532,5 @@ func ensureFirstClient(c *clientStore, stderr io.Writer) error {
 	if err == nil && created {
 		fmt.Fprintf(stderr, "brama: created admin client \"local\"; bearer token (shown once): %s\n", tok)
 	}
-	return err
-}
-
-// signInVia is the query a sign-in's donation carries on POST
-// /v1/admin/subscriptions/{agent_id}, so the daemon journals it as a sign-in.
-const signInVia = "sign-in"
-
-// replaceSubscriptionCredential replaces agent's subscription id's credential and
-// journals subscription_sign_in, refusing first what the journal or owner forbid.
-func (s *server) replaceSubscriptionCredential(agent, id string, cred vaultCredential, by string) (overlayItem, error) {
-	if err := s.journal.ready(); err != nil {
-		return overlayItem{}, refuse("dependency_unavailable", "credential not replaced: the journal cannot record a sign-in: %v", err).because(err)
-	}
-	kind := map[bool]string{false: "api key", true: "oauth grant"}[cred.OAuth != nil]
-	it, err := s.inv.replaceCredential(agent, id, cred)
-	if err != nil {
-		if ae := asAPIError(err); ae.Status() >= 500 && it.ID != "" {
-			s.journalSignIn(it, "failed", fmt.Sprintf("the %s from client %s was not stored: %s", kind, by, ae.Message))
-		}
-		return overlayItem{}, err
-	}
-	s.maint.changed()
-	s.replay.forget("", it.Provider) // SPEC §17: the provider's routes may serve now
-	if err := s.journalSignIn(it, "signed_in", fmt.Sprintf("%s replaced by client %s", kind, by)); err != nil {
-		return overlayItem{}, refuse("dependency_unavailable", "the credential of %s was replaced, but the journal refused the sign-in record: %v", id, err).because(err)
-	}
-	return it, nil
-}
-
-// journalSignIn appends one subscription_sign_in record and logs it (Warn
-// unless signed in and journaled).
-func (s *server) journalSignIn(it overlayItem, result, detail string) error {
-	detail = ledgerSentence(detail)
-	err := s.journal.append(journalRecord{Kind: "subscription_sign_in", SubscriptionID: it.ID, Provider: it.Provider, Result: result, Detail: detail})
-	level, args := slog.LevelInfo, []any{"subscription_id", it.ID, "agent_id", it.AgentID, "provider", it.Provider, "result", result, "detail", detail}
-	if err != nil {
-		args = append(args, "journal_error", err.Error())
-	}
-	if result != "signed_in" || err != nil {
-		level = slog.LevelWarn
-	}
-	s.log.Log(context.Background(), level, "subscription_sign_in", args...)
 	return err
 }

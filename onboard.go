@@ -82,7 +82,7 @@ func onboard(e *cliEnv, o opts, _ []string) error {
 	if err != nil {
 		return fmt.Errorf("the state directory is not usable: %w", err)
 	}
-	s := &server{core: core{deps: d, sys: sy, getenv: e.getenv, client: newProviderClient()}}
+	s := &server{core: core{stores: d.stores, sys: sy, getenv: e.getenv, client: newProviderClient()}}
 	s.catalog = newCatalog(d.st, e.getenv, s.client, sy.log, sy.now)
 	var c call
 	var req chatRequest

@@ -520,6 +520,18 @@ func (r *registry) aliases(hasDirect func(provider string) bool) (aliasTable, er
 	return t, nil
 }
 
+// usableBy is t with only the aliases mayUse allows (SPEC §3.1), counted again.
+func (t aliasTable) usableBy(mayUse func(string) bool) aliasTable {
+	u := aliasTable{Aliases: []aliasRow{}}
+	for _, a := range t.Aliases {
+		if mayUse(a.Alias) {
+			u.Aliases = append(u.Aliases, a)
+			u.Unserviceable += map[bool]int{true: 1}[a.State != stateServing]
+		}
+	}
+	return u
+}
+
 // withAlias gives e SPEC §5.2's alias details.
 func withAlias(e *apiError, alias, state string, route *string) *apiError {
 	e.Details = &aliasDetails{Alias: alias, State: state, Route: route}

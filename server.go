@@ -22,7 +22,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -30,6 +29,7 @@ import (
 // server is the HTTP face of Brama: what the handlers share.
 type server struct {
 	core
+	clients *clientStore
 	guard   transportGuard
 	mux     *http.ServeMux
 	answers *answerStore // signed answers (SPEC §12)
@@ -38,27 +38,6 @@ type server struct {
 	// inflight is read-held by every request being served, so serve can wait
 	// for their log lines at shutdown (a WaitGroup may not grow while waited on).
 	inflight sync.RWMutex
-}
-
-// core is the daemon's parts that the server and every request's engine
-// share, built once by serve.
-type core struct {
-	deps   // st, clients, vault, journal, reg
-	sys    // log, now
-	getenv func(string) string
-	// localCreds holds -local-credentials-stdin keys; when non-nil it is the
-	// only source of direct credentials (SPEC §16).
-	localCreds map[string]string
-	client     *http.Client // provider calls: no timeout, no redirects, no proxy
-	catalog    *catalog
-	perf       *perfRegistry
-	keepAlive  time.Duration // 0: keepAliveEvery; tests shorten it
-	attempts   atomic.Int64  // provider calls made since start, for /metrics
-	ledger     *ledger
-	inv        *inventory
-	oauth      *oauthClient
-	pins       sync.Map // agent "\x00" provider → the subscription that last served it (pin)
-	maint      *maintainer
 }
 
 // routes is the only place URL patterns appear.
@@ -379,20 +358,6 @@ const (
 	roleCaller = "caller"
 )
 
-// client is one bearer-token holder. Only the token's SHA-256 is kept.
-type client struct {
-	ID            string   `json:"id"`
-	TokenSHA256   string   `json:"token_sha256"`
-	Role          string   `json:"role"`
-	AgentID       string   `json:"agent_id,omitempty"`
-	AllowedModels []string `json:"allowed_models,omitempty"`
-}
-
-// mayUse applies allowed_models (SPEC §3.1): none listed, any model.
-func (c client) mayUse(model string) bool {
-	return c.AllowedModels == nil || slices.Contains(c.AllowedModels, model)
-}
-
 // clientsDoc is clients.json.
 type clientsDoc struct {
 	Clients []client `json:"clients"`
@@ -414,10 +379,7 @@ func parseClients(b []byte) (*clientsDoc, error) {
 func (doc *clientsDoc) validate() error {
 	ids, digests := map[string]bool{}, map[string]bool{}
 	for i, c := range doc.Clients {
-		for _, rule := range []struct {
-			bad bool
-			why string
-		}{
+		if err := firstBroken([]rule{
 			{!idPattern.MatchString(c.ID), "id must match [a-z0-9-]{1,64}"},
 			{ids[c.ID], "duplicate client id"},
 			{!isHexDigest(c.TokenSHA256), "token_sha256 must be 64 lower-case hex characters"},
@@ -426,10 +388,8 @@ func (doc *clientsDoc) validate() error {
 			{c.AgentID != "" && !idPattern.MatchString(c.AgentID), "agent_id must match [a-z0-9-]{1,64}"},
 			{slices.ContainsFunc(c.AllowedModels, func(m string) bool { return strings.TrimSpace(m) == "" || strings.Contains(m, "*") }),
 				"allowed_models entries must be exact names (no empty or wildcard entry)"},
-		} {
-			if rule.bad {
-				return fmt.Errorf("clients file: client %d (%q): %s", i, c.ID, rule.why)
-			}
+		}); err != nil {
+			return fmt.Errorf("clients file: client %d (%q): %v", i, c.ID, err)
 		}
 		ids[c.ID], digests[c.TokenSHA256] = true, true
 	}
@@ -570,37 +530,6 @@ func (g transportGuard) allows(r *http.Request) bool {
 	return xfp+fwd != "" && https(xfp) && https(fwd)
 }
 
-// hasDirect reports whether a direct credential exists for provider.
-func (c *core) hasDirect(provider string) bool {
-	if c.localCreds != nil {
-		return c.localCreds[provider] != ""
-	}
-	return c.vault.directKey(provider) != ""
-}
-
-// mayHaveDirect is hasDirect, and true when the vault is unreadable: a request
-// then meets the vault's refusal, not "no direct credential" (SPEC §2.2).
-func (c *core) mayHaveDirect(provider string) bool {
-	_, err := c.vault.load()
-	return c.hasDirect(provider) || c.localCreds == nil && err != nil && !errors.As(err, new(*noStateError))
-}
-
-// anyDirectPayer reports whether something could serve without an agent
-// (SPEC §13, §14): a direct credential or a declared deployment.
-func (s *server) anyDirectPayer() bool {
-	if doc, err := s.reg.current(); len(s.localCreds) > 0 || (err == nil && len(doc.Deployments) > 0) {
-		return true
-	}
-	if vd, err := s.vault.load(); s.localCreds == nil && err == nil {
-		for _, k := range vd.Direct {
-			if k.APIKey != "" {
-				return true
-			}
-		}
-	}
-	return false
-}
-
 func (s *server) handleHealth(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "version": version})
 }
@@ -696,22 +625,14 @@ func (s *server) hidePath(msg, path string) string {
 	return strings.ReplaceAll(msg, path, "(named by environment)")
 }
 
+// handleAliases serves GET /v1/aliases: as /v1/models, only the names the caller may use (SPEC §3.1).
 func (s *server) handleAliases(w http.ResponseWriter, r *http.Request) {
 	t, err := s.reg.aliases(s.hasDirect)
 	if err != nil {
 		s.fail(w, r, refuse("dependency_unavailable", "the route registry is unusable: %s", s.hidePath(err.Error(), s.reg.path)).because(err))
 		return
 	}
-	if cl := infoFrom(r.Context()).client; cl.AllowedModels != nil { // as /v1/models: only the names it may use (SPEC §3.1)
-		t.Aliases = slices.DeleteFunc(t.Aliases, func(a aliasRow) bool { return !cl.mayUse(a.Alias) })
-		t.Unserviceable = 0
-		for _, a := range t.Aliases {
-			if a.State != stateServing {
-				t.Unserviceable++
-			}
-		}
-	}
-	writeJSON(w, http.StatusOK, t)
+	writeJSON(w, http.StatusOK, t.usableBy(infoFrom(r.Context()).client.mayUse))
 }
 
 func (s *server) handleRoutesGet(w http.ResponseWriter, r *http.Request) {
@@ -751,40 +672,18 @@ func (s *server) handleRoutesWrite(w http.ResponseWriter, r *http.Request) {
 	writeRaw(w, http.StatusOK, fmt.Appendf(nil, "{\"ok\":true,\"routes\":%s}\n", bytes.TrimSpace(encodeRegistry(doc))))
 }
 
-// handleModels serves GET /v1/models in OpenAI's list shape: the aliases,
-// then the catalogue models of providers that can serve (a direct key, or
-// the caller's agent's subscription), each only if the caller may use it (SPEC §3.1).
+// handleModels serves GET /v1/models: a provider's catalogue models are listed
+// when a direct key, or the caller's agent's subscription, can serve them.
 func (s *server) handleModels(w http.ResponseWriter, r *http.Request) {
-	type model struct {
-		ID      string `json:"id"`
-		Object  string `json:"object"`
-		Created int64  `json:"created"`
-		OwnedBy string `json:"owned_by"`
-		State   string `json:"brama_state,omitempty"`
-	}
-	data := []model{}
-	if t, err := s.reg.aliases(s.hasDirect); err == nil {
-		for _, a := range t.Aliases {
-			if !strings.HasSuffix(a.Alias, "*") { // a prefix alias is a family of names, not a model id
-				data = append(data, model{ID: a.Alias, Object: "model", OwnedBy: "brama", State: a.State})
-			}
-		}
-	}
 	ri := infoFrom(r.Context())
-	for _, p := range providerTable {
-		serves := p.cred == credDirect && s.hasDirect(p.id)
-		if p.cred == credSubscription && ri.agentID != "" { // the caller's agent's own subscriptions
+	t, _ := s.reg.aliases(s.hasDirect)
+	data := s.catalog.modelList(t.Aliases, func(p providerInfo) bool {
+		if p.cred == credSubscription && ri.agentID != "" {
 			subs, _, err := s.engine(ri).eligible(ri.agentID, p.id)
-			serves = err == nil && len(subs) > 0
+			return err == nil && len(subs) > 0
 		}
-		if !serves {
-			continue
-		}
-		for _, m := range s.catalog.models(p.id) {
-			data = append(data, model{ID: p.id + "/" + m.ID, Object: "model", OwnedBy: p.id})
-		}
-	}
-	data = slices.DeleteFunc(data, func(m model) bool { return !ri.client.mayUse(m.ID) })
+		return p.cred == credDirect && s.hasDirect(p.id)
+	}, ri.client.mayUse)
 	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
 }
 
@@ -797,30 +696,6 @@ func (s *server) handleMetrics(w http.ResponseWriter, r *http.Request) {
 	writeMetrics(w, s.perf.snapshot(), extra)
 }
 
-// donation is the strict body (and the CLI's request) of POST …/subscriptions/{agent_id}.
-type donation struct {
-	Provider string      `json:"provider"`
-	Label    string      `json:"label"`
-	APIKey   string      `json:"api_key"`
-	OAuth    *oauthGrant `json:"oauth"`
-}
-
-// donatedSubscription is the 201 answer: metadata only, never the secret.
-type donatedSubscription struct {
-	ID       string `json:"id"`
-	Provider string `json:"provider"`
-	AgentID  string `json:"agent_id"`
-	Label    string `json:"label"`
-	Status   string `json:"status"`
-}
-
-// credentialBody is the strict body of PUT …/credential: exactly one of
-// an OAuth grant or an API key (checkCredential enforces "exactly").
-type credentialBody struct {
-	OAuth  *oauthGrant `json:"oauth"`
-	APIKey string      `json:"api_key"`
-}
-
 var okBody = map[string]bool{"ok": true}
 
 func (s *server) listSubscriptions(r *http.Request, _ *struct{}) (any, error) {
@@ -831,27 +706,29 @@ func (s *server) listSubscriptions(r *http.Request, _ *struct{}) (any, error) {
 // donateSubscription serves POST …/subscriptions/{agent_id}; on the admin
 // route ?via=sign-in is journaled as a sign-in (SPEC §11.1).
 func (s *server) donateSubscription(r *http.Request, body *donation) (any, error) {
-	signIn := strings.HasPrefix(r.URL.Path, "/v1/admin/") && r.URL.Query().Get("via") == signInVia
-	if signIn {
-		if err := s.journal.ready(); err != nil {
-			return nil, refuse("dependency_unavailable", "subscription not donated: the journal cannot record a sign-in: %v", err).because(err)
-		}
-	}
-	it, err := s.inv.donate(r.PathValue("agent_id"), body.Provider, body.Label, vaultCredential{APIKey: body.APIKey, OAuth: body.OAuth})
-	if err != nil {
+	agent, cred := r.PathValue("agent_id"), vaultCredential{APIKey: body.APIKey, OAuth: body.OAuth}
+	var it overlayItem
+	var err error
+	if strings.HasPrefix(r.URL.Path, "/v1/admin/") && r.URL.Query().Get("via") == signInVia {
+		it, err = s.inv.donateSignedIn(agent, body.Provider, body.Label, cred, infoFrom(r.Context()).client.ID)
+	} else if it, err = s.inv.donate(agent, body.Provider, body.Label, cred); err != nil {
 		return nil, err
 	}
-	s.maint.changed()
-	s.replay.forget("", it.Provider) // SPEC §17: a new credential of the provider
-	if signIn {
-		by := infoFrom(r.Context()).client.ID
-		if err := s.journalSignIn(it, "signed_in", "new subscription donated by sign-in from client "+by); err != nil {
-			return nil, refuse("dependency_unavailable", "subscription %s was donated, but the journal refused the sign-in record: %v", it.ID, err).because(err)
-		}
+	if s.credentialChanged(it); err != nil {
+		return nil, err
 	}
 	return map[string]donatedSubscription{
 		"subscription": {ID: it.ID, Provider: it.Provider, AgentID: it.AgentID, Label: it.Label, Status: "active"},
 	}, nil
+}
+
+// credentialChanged tells maintenance and the replay guard (SPEC §17) of
+// it's new credential; it.ID "" is no change.
+func (s *server) credentialChanged(it overlayItem) {
+	if it.ID != "" {
+		s.maint.changed()
+		s.replay.forget("", it.Provider)
+	}
 }
 
 // retireSubscription serves DELETE …/{subscription_id}[?reason=TEXT].
@@ -874,9 +751,9 @@ func (s *server) reinstateSubscription(r *http.Request, body *struct {
 // replaceCredential serves PUT …/{subscription_id}/credential. The answer
 // carries the row, never the secret.
 func (s *server) replaceCredential(r *http.Request, body *credentialBody) (any, error) {
-	it, err := s.replaceSubscriptionCredential(r.PathValue("agent_id"), r.PathValue("subscription_id"),
+	it, err := s.inv.replaceSignedIn(r.PathValue("agent_id"), r.PathValue("subscription_id"),
 		vaultCredential{OAuth: body.OAuth, APIKey: body.APIKey}, infoFrom(r.Context()).client.ID)
-	if err != nil {
+	if s.credentialChanged(it); err != nil {
 		return nil, err
 	}
 	return map[string]any{"ok": true, "subscription": s.inv.row(it, false, s.now())}, nil

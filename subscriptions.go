@@ -2,9 +2,11 @@ package main
 
 import (
 	"cmp"
+	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"path/filepath"
 	"regexp"
@@ -562,4 +564,85 @@ func (inv *inventory) readiness() (reasons, warnings []string, payer bool) {
 		warnings = append(warnings, fmt.Sprintf("%d subscription(s) need reauthorization (brama subscription sign-in)", reauth))
 	}
 	return reasons, warnings, payer
+}
+
+// donation is the strict body (and the CLI's request) of POST …/subscriptions/{agent_id}.
+type donation struct {
+	Provider string      `json:"provider"`
+	Label    string      `json:"label"`
+	APIKey   string      `json:"api_key"`
+	OAuth    *oauthGrant `json:"oauth"`
+}
+
+// donatedSubscription is the 201 answer: metadata only, never the secret.
+type donatedSubscription struct {
+	ID       string `json:"id"`
+	Provider string `json:"provider"`
+	AgentID  string `json:"agent_id"`
+	Label    string `json:"label"`
+	Status   string `json:"status"`
+}
+
+// credentialBody is the strict body of PUT …/credential: exactly one of
+// an OAuth grant or an API key (checkCredential enforces "exactly").
+type credentialBody struct {
+	OAuth  *oauthGrant `json:"oauth"`
+	APIKey string      `json:"api_key"`
+}
+
+// signInVia is the query a sign-in's donation carries on POST
+// /v1/admin/subscriptions/{agent_id}, so the daemon journals it as a sign-in.
+const signInVia = "sign-in"
+
+// donateSignedIn is donate journaled as client by's sign-in (SPEC §11.1),
+// refused first when the journal cannot record one.
+func (inv *inventory) donateSignedIn(agent, provider, label string, cred vaultCredential, by string) (overlayItem, error) {
+	if err := inv.j.ready(); err != nil {
+		return overlayItem{}, refuse("dependency_unavailable", "subscription not donated: the journal cannot record a sign-in: %v", err).because(err)
+	}
+	it, err := inv.donate(agent, provider, label, cred)
+	if err != nil {
+		return overlayItem{}, err
+	}
+	if err := inv.signIn(it, "signed_in", "new subscription donated by sign-in from client "+by); err != nil {
+		return it, refuse("dependency_unavailable", "subscription %s was donated, but the journal refused the sign-in record: %v", it.ID, err).because(err)
+	}
+	return it, nil
+}
+
+// replaceSignedIn replaces agent's subscription id's credential and journals
+// subscription_sign_in, refusing first what the journal or owner forbid. The
+// item is set when the credential was replaced.
+func (inv *inventory) replaceSignedIn(agent, id string, cred vaultCredential, by string) (overlayItem, error) {
+	if err := inv.j.ready(); err != nil {
+		return overlayItem{}, refuse("dependency_unavailable", "credential not replaced: the journal cannot record a sign-in: %v", err).because(err)
+	}
+	kind := map[bool]string{false: "api key", true: "oauth grant"}[cred.OAuth != nil]
+	it, err := inv.replaceCredential(agent, id, cred)
+	if err != nil {
+		if ae := asAPIError(err); ae.Status() >= 500 && it.ID != "" {
+			inv.signIn(it, "failed", fmt.Sprintf("the %s from client %s was not stored: %s", kind, by, ae.Message))
+		}
+		return overlayItem{}, err
+	}
+	if err := inv.signIn(it, "signed_in", fmt.Sprintf("%s replaced by client %s", kind, by)); err != nil {
+		return it, refuse("dependency_unavailable", "the credential of %s was replaced, but the journal refused the sign-in record: %v", id, err).because(err)
+	}
+	return it, nil
+}
+
+// signIn appends one subscription_sign_in record and logs it (Warn unless
+// signed in and journaled).
+func (inv *inventory) signIn(it overlayItem, result, detail string) error {
+	detail = ledgerSentence(detail)
+	err := inv.j.append(journalRecord{Kind: "subscription_sign_in", SubscriptionID: it.ID, Provider: it.Provider, Result: result, Detail: detail})
+	level, args := slog.LevelInfo, []any{"subscription_id", it.ID, "agent_id", it.AgentID, "provider", it.Provider, "result", result, "detail", detail}
+	if err != nil {
+		args = append(args, "journal_error", err.Error())
+	}
+	if result != "signed_in" || err != nil {
+		level = slog.LevelWarn
+	}
+	inv.log.Log(context.Background(), level, "subscription_sign_in", args...)
+	return err
 }
