@@ -163,30 +163,18 @@ func (c *catalog) start(ctx context.Context, wg *sync.WaitGroup) {
 // memory. Errors quote neither the body nor the URL, whose query may hold a key.
 func (c *catalog) readOnce(ctx context.Context) {
 	var data catalogData
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.url, nil)
-	what, resp := "catalogue URL", (*http.Response)(nil)
-	if err == nil {
-		req.Header.Set("Accept", "application/json")
-		what = "catalogue read"
-		resp, err = c.client.Do(req)
-	}
+	status, b, err := callEndpoint(ctx, c.client, http.MethodGet, c.url, nil)
 	if ue := (*url.Error)(nil); errors.As(err, &ue) {
 		err = ue.Err
 	}
-	if err == nil {
-		b, rerr := io.ReadAll(resp.Body) // even after an error status, so the connection is reused
-		resp.Body.Close()
-		switch {
-		case resp.StatusCode/100 != 2:
-			err = fmt.Errorf("HTTP status %d", resp.StatusCode)
-		case rerr != nil:
-			err = rerr
-		default:
-			data, err = parseCatalog(b)
-		}
+	switch {
+	case status/100 != 2 && status != 0:
+		err = fmt.Errorf("HTTP status %d", status)
+	case err == nil:
+		data, err = parseCatalog(b)
 	}
 	if err != nil {
-		err = fmt.Errorf("%s: %w", what, err)
+		err = fmt.Errorf("catalogue read: %w", err)
 	}
 	now := c.now()
 	c.mu.Lock()
