@@ -112,14 +112,12 @@ func newCatalog(st state, getenv func(string) string, client *http.Client, log *
 		c.url = ""
 	}
 	var cc catalogCache
-	var data catalogData
+	var b []byte
 	if c.cachePath, err = st.path("model metadata cache", "model-metadata.json"); err != nil {
 		log.Warn("model_metadata_cache_unplaced", "cause", err.Error())
-	} else if b, _, rerr := readGuarded("model metadata cache", c.cachePath); rerr != nil {
-		err = rerr
-	} else {
+	} else if b, _, err = readGuarded("model metadata cache", c.cachePath); err == nil {
 		if err = decodeStrict("model metadata cache", b, &cc); err == nil {
-			data, err = parseCatalog(cc.Body)
+			c.data, err = parseCatalog(cc.Body)
 		}
 	}
 	switch {
@@ -131,7 +129,7 @@ func newCatalog(st state, getenv func(string) string, client *http.Client, log *
 	case err == nil && !cc.FetchedAt.After(now()): // a fetch time from the future has no usable age
 		c.nextTry = cc.FetchedAt.Add(ttl)
 	}
-	if c.data = data; c.url == "" && err != nil {
+	if c.url == "" && err != nil {
 		c.data, c.why = nil, "live reads are off (BRAMA_MODEL_CATALOG_URL=off) and "+err.Error()
 	}
 	return c
@@ -213,9 +211,13 @@ func (c *catalog) current() (catalogData, string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	due := !now.Before(c.nextTry)
+	fileID := "" // a file's size and modification time tell it changed
+	if fi, err := os.Stat(c.path); c.path != "" && err == nil {
+		fileID = fmt.Sprint(fi.Size(), fi.ModTime().UnixNano())
+	}
 	switch {
-	case c.path != "" && (due || c.data == nil && fileID(c.path) != c.fileID):
-		c.fileID = fileID(c.path)
+	case c.path != "" && (due || c.data == nil && fileID != c.fileID):
+		c.fileID = fileID
 		b, err := os.ReadFile(c.path)
 		var data catalogData
 		if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
@@ -232,14 +234,6 @@ func (c *catalog) current() (catalogData, string) {
 		return nil, "the model catalogue is unavailable: " + c.why
 	}
 	return c.data, ""
-}
-
-// fileID tells a changed file: its size and modification time ("" unreadable).
-func fileID(path string) string {
-	if fi, err := os.Stat(path); err == nil {
-		return fmt.Sprint(fi.Size(), fi.ModTime().UnixNano())
-	}
-	return ""
 }
 
 // lookup is the entry for model of provider's vendor, or a short cause.
@@ -391,12 +385,12 @@ func newPerfRegistry(st state, sy sys) *perfRegistry {
 	if err == nil {
 		err = decodeStrict("perf telemetry", b, &doc)
 	}
-	if err == nil && doc.SchemaVersion != 1 {
-		err = fmt.Errorf("perf telemetry: schema_version %d, want 1", doc.SchemaVersion)
-	}
-	if err == nil {
+	switch {
+	case err == nil && doc.SchemaVersion != 1:
+		sy.log.Warn("perf_stats_unreadable", "cause", fmt.Sprintf("perf telemetry: schema_version %d, want 1", doc.SchemaVersion))
+	case err == nil:
 		maps.Copy(p.routes, doc.Routes)
-	} else if !errors.Is(err, errFileAbsent) {
+	case !errors.Is(err, errFileAbsent):
 		sy.log.Warn("perf_stats_unreadable", "cause", err.Error())
 	}
 	return p

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math"
 	"net/http"
 	"net/url"
@@ -31,8 +32,8 @@ type oauthProvider struct {
 	echoState              bool   // the sign-in's exchange sends the state back
 	accountID              bool   // the grant carries the id_token's chatgpt_account_id (SPEC §6.2)
 
-	authorizeURL, redirectURI, scope string   // authorizeURL "": no sign-in
-	extra                            []string // further authorize parameters: name, value, …
+	authorizeURL, redirectURI, scope string     // authorizeURL "": no sign-in
+	extra                            url.Values // further authorize parameters, none named by authorizeURL
 }
 
 var oauthProviders = []oauthProvider{
@@ -40,10 +41,10 @@ var oauthProviders = []oauthProvider{
 		clientID: "9d1c250a-e61b-44d9-88ed-5944d1962f5e", echoState: true,
 		authorizeURL: "https://claude.com/cai/oauth/authorize",          // claude.ai's refuses every grant now
 		redirectURI:  "https://platform.claude.com/oauth/code/callback", // the only one still registered
-		scope:        "org:create_api_key user:profile user:inference", extra: []string{"code", "true"}},
+		scope:        "org:create_api_key user:profile user:inference", extra: url.Values{"code": {"true"}}},
 	{id: "codex", tokenURL: "https://auth.openai.com/oauth/token", clientID: "app_EMoamEEZ73f0CkXaXp7hrann", form: true, accountID: true,
 		authorizeURL: "https://auth.openai.com/oauth/authorize", redirectURI: "http://localhost:1455/auth/callback",
-		scope: "openid profile email offline_access", extra: []string{"id_token_add_organizations", "true", "codex_cli_simplified_flow", "true"}},
+		scope: "openid profile email offline_access", extra: url.Values{"id_token_add_organizations": {"true"}, "codex_cli_simplified_flow": {"true"}}},
 	{id: "kimi", tokenURL: "https://auth.kimi.com/api/oauth/token", clientID: "17e5f671-d194-4dfb-9706-5516cb48c098", form: true},
 }
 
@@ -495,9 +496,7 @@ func authorizeURL(provider, state, challenge string) (string, error) {
 	}
 	q := url.Values{"response_type": {"code"}, "client_id": {p.clientID}, "redirect_uri": {p.redirectURI},
 		"scope": {p.scope}, "code_challenge": {challenge}, "code_challenge_method": {"S256"}, "state": {state}}
-	for i := 0; i+1 < len(p.extra); i += 2 {
-		q.Set(p.extra[i], p.extra[i+1]) // none names a parameter above
-	}
+	maps.Copy(q, p.extra)
 	return p.authorizeURL + "?" + q.Encode(), nil
 }
 
