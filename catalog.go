@@ -112,14 +112,12 @@ func newCatalog(st state, getenv func(string) string, client *http.Client, log *
 		c.url = ""
 	}
 	var cc catalogCache
-	var data catalogData
+	var b []byte
 	if c.cachePath, err = st.path("model metadata cache", "model-metadata.json"); err != nil {
 		log.Warn("model_metadata_cache_unplaced", "cause", err.Error())
-	} else if b, _, rerr := readGuarded("model metadata cache", c.cachePath); rerr != nil {
-		err = rerr
-	} else {
+	} else if b, _, err = readGuarded("model metadata cache", c.cachePath); err == nil {
 		if err = decodeStrict("model metadata cache", b, &cc); err == nil {
-			data, err = parseCatalog(cc.Body)
+			c.data, err = parseCatalog(cc.Body)
 		}
 	}
 	switch {
@@ -131,7 +129,7 @@ func newCatalog(st state, getenv func(string) string, client *http.Client, log *
 	case err == nil && !cc.FetchedAt.After(now()): // a fetch time from the future has no usable age
 		c.nextTry = cc.FetchedAt.Add(ttl)
 	}
-	if c.data = data; c.url == "" && err != nil {
+	if c.url == "" && err != nil {
 		c.data, c.why = nil, "live reads are off (BRAMA_MODEL_CATALOG_URL=off) and "+err.Error()
 	}
 	return c
@@ -163,30 +161,18 @@ func (c *catalog) start(ctx context.Context, wg *sync.WaitGroup) {
 // memory. Errors quote neither the body nor the URL, whose query may hold a key.
 func (c *catalog) readOnce(ctx context.Context) {
 	var data catalogData
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.url, nil)
-	what, resp := "catalogue URL", (*http.Response)(nil)
-	if err == nil {
-		req.Header.Set("Accept", "application/json")
-		what = "catalogue read"
-		resp, err = c.client.Do(req)
-	}
+	status, b, err := callEndpoint(ctx, c.client, http.MethodGet, c.url, nil)
 	if ue := (*url.Error)(nil); errors.As(err, &ue) {
 		err = ue.Err
 	}
-	if err == nil {
-		b, rerr := io.ReadAll(resp.Body) // even after an error status, so the connection is reused
-		resp.Body.Close()
-		switch {
-		case resp.StatusCode/100 != 2:
-			err = fmt.Errorf("HTTP status %d", resp.StatusCode)
-		case rerr != nil:
-			err = rerr
-		default:
-			data, err = parseCatalog(b)
-		}
+	switch {
+	case status/100 != 2 && status != 0:
+		err = fmt.Errorf("HTTP status %d", status)
+	case err == nil:
+		data, err = parseCatalog(b)
 	}
 	if err != nil {
-		err = fmt.Errorf("%s: %w", what, err)
+		err = fmt.Errorf("catalogue read: %w", err)
 	}
 	now := c.now()
 	c.mu.Lock()
@@ -225,9 +211,13 @@ func (c *catalog) current() (catalogData, string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	due := !now.Before(c.nextTry)
+	fileID := "" // a file's size and modification time tell it changed
+	if fi, err := os.Stat(c.path); c.path != "" && err == nil {
+		fileID = fmt.Sprint(fi.Size(), fi.ModTime().UnixNano())
+	}
 	switch {
-	case c.path != "" && (due || c.data == nil && fileID(c.path) != c.fileID):
-		c.fileID = fileID(c.path)
+	case c.path != "" && (due || c.data == nil && fileID != c.fileID):
+		c.fileID = fileID
 		b, err := os.ReadFile(c.path)
 		var data catalogData
 		if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
@@ -244,14 +234,6 @@ func (c *catalog) current() (catalogData, string) {
 		return nil, "the model catalogue is unavailable: " + c.why
 	}
 	return c.data, ""
-}
-
-// fileID tells a changed file: its size and modification time ("" unreadable).
-func fileID(path string) string {
-	if fi, err := os.Stat(path); err == nil {
-		return fmt.Sprint(fi.Size(), fi.ModTime().UnixNano())
-	}
-	return ""
 }
 
 // lookup is the entry for model of provider's vendor, or a short cause.
@@ -403,12 +385,12 @@ func newPerfRegistry(st state, sy sys) *perfRegistry {
 	if err == nil {
 		err = decodeStrict("perf telemetry", b, &doc)
 	}
-	if err == nil && doc.SchemaVersion != 1 {
-		err = fmt.Errorf("perf telemetry: schema_version %d, want 1", doc.SchemaVersion)
-	}
-	if err == nil {
+	switch {
+	case err == nil && doc.SchemaVersion != 1:
+		sy.log.Warn("perf_stats_unreadable", "cause", fmt.Sprintf("perf telemetry: schema_version %d, want 1", doc.SchemaVersion))
+	case err == nil:
 		maps.Copy(p.routes, doc.Routes)
-	} else if !errors.Is(err, errFileAbsent) {
+	case !errors.Is(err, errFileAbsent):
 		sy.log.Warn("perf_stats_unreadable", "cause", err.Error())
 	}
 	return p

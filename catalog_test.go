@@ -693,7 +693,7 @@ func TestCatalogURLFailureQuotesNoQuery(t *testing.T) {
 	const planted = "planted-catalog-key-0123"
 	for _, tc := range []struct{ name, url, shown string }{
 		{"refused connection", "http://127.0.0.1:9/api.json?key=" + planted, "catalogue read:"},
-		{"unparsable port", "http://127.0.0.1:notaport/api.json?key=" + planted, "catalogue URL:"},
+		{"unparsable port", "http://127.0.0.1:notaport/api.json?key=" + planted, "catalogue read:"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			env := stateEnv(t)

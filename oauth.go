@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math"
 	"net/http"
 	"net/url"
@@ -23,9 +24,6 @@ import (
 	"time"
 )
 
-// OAuth grants (SPEC §11.1): refreshed in one flight per subscription, the
-// token answer classified, and obtained by the PKCE sign-in exchange.
-
 // oauthProvider is one row of SPEC §11.1's token and sign-in tables: every
 // fact that differs between the OAuth providers, so no code asks which one it is.
 type oauthProvider struct {
@@ -34,8 +32,8 @@ type oauthProvider struct {
 	echoState              bool   // the sign-in's exchange sends the state back
 	accountID              bool   // the grant carries the id_token's chatgpt_account_id (SPEC §6.2)
 
-	authorizeURL, redirectURI, scope string   // authorizeURL "": no sign-in
-	extra                            []string // further authorize parameters: name, value, …
+	authorizeURL, redirectURI, scope string     // authorizeURL "": no sign-in
+	extra                            url.Values // further authorize parameters, none named by authorizeURL
 }
 
 var oauthProviders = []oauthProvider{
@@ -43,10 +41,10 @@ var oauthProviders = []oauthProvider{
 		clientID: "9d1c250a-e61b-44d9-88ed-5944d1962f5e", echoState: true,
 		authorizeURL: "https://claude.com/cai/oauth/authorize",          // claude.ai's refuses every grant now
 		redirectURI:  "https://platform.claude.com/oauth/code/callback", // the only one still registered
-		scope:        "org:create_api_key user:profile user:inference", extra: []string{"code", "true"}},
+		scope:        "org:create_api_key user:profile user:inference", extra: url.Values{"code": {"true"}}},
 	{id: "codex", tokenURL: "https://auth.openai.com/oauth/token", clientID: "app_EMoamEEZ73f0CkXaXp7hrann", form: true, accountID: true,
 		authorizeURL: "https://auth.openai.com/oauth/authorize", redirectURI: "http://localhost:1455/auth/callback",
-		scope: "openid profile email offline_access", extra: []string{"id_token_add_organizations", "true", "codex_cli_simplified_flow", "true"}},
+		scope: "openid profile email offline_access", extra: url.Values{"id_token_add_organizations": {"true"}, "codex_cli_simplified_flow": {"true"}}},
 	{id: "kimi", tokenURL: "https://auth.kimi.com/api/oauth/token", clientID: "17e5f671-d194-4dfb-9706-5516cb48c098", form: true},
 }
 
@@ -71,9 +69,8 @@ func lookupOAuth(provider string) (oauthProvider, error) {
 }
 
 // signInProvider is provider's row when it has a sign-in.
-func signInProvider(provider string) (oauthProvider, error) {
-	p, err := lookupOAuth(provider)
-	if err == nil && p.authorizeURL == "" {
+func signInProvider(provider string) (p oauthProvider, err error) {
+	if p, err = lookupOAuth(provider); err == nil && p.authorizeURL == "" {
 		err = fmt.Errorf("provider %q: %w", provider, errNoSignIn)
 	}
 	return p, err
@@ -97,15 +94,15 @@ type oauthClient struct {
 	testingOnlyJoined func(id string) // runs once a caller joined id's flight (nil in production)
 }
 
-// refreshCall is one flight; grant and err are set before done closes.
+// refreshCall is one flight; grant and err are set before done closes;
+// cancel ends the flight at serve's second stop signal only.
 type refreshCall struct {
 	done   chan struct{}
-	cancel context.CancelFunc // ends the flight at serve's second stop signal only
+	cancel context.CancelFunc
 	grant  oauthGrant
 	err    error
 }
 
-// newOAuth builds the OAuth client; the sign-in exchange needs neither v nor l.
 func newOAuth(getenv func(string) string, client *http.Client, v *vault, l *ledger, log *slog.Logger, now func() time.Time) *oauthClient {
 	return &oauthClient{getenv: getenv, client: client, vault: v, ledger: l, log: log, now: now, inflight: map[string]*refreshCall{}}
 }
@@ -265,32 +262,32 @@ func (o *oauthClient) ended(id, provider string, err error) error {
 	return err
 }
 
-// endpointError is a failed token call or usage read (Op names it), never quoting
-// a body (SPEC §11.1: endpoint, status, bytes); Definitive: the grant was disowned.
+// endpointError is a failed token call or usage read (Op names it; "" a token call), never
+// quoting a body (SPEC §11.1: endpoint, status, bytes); Definitive: the grant was disowned,
+// and Sentence (redacted, ≤200 bytes) is the provider's word. Status 0: none was received.
 type endpointError struct {
-	Op         string // "usage report GET"; "" for a token call
+	Op         string
 	Definitive bool
 	Endpoint   string // scheme, host and path; never a query
-	Status     int    // 0: no HTTP status was received
-	Received   int    // body bytes received
-	Sentence   string // the provider's sentence, redacted, ≤200 bytes (definitive only)
-	Err        error  // the cause; nil for a plain non-2xx usage answer
+	Status     int
+	Received   int
+	Sentence   string
+	Err        error // nil for a plain non-2xx usage answer
 }
 
 func (e *endpointError) Error() string {
-	got := fmt.Sprintf("HTTP %d", e.Status)
-	if e.Status == 0 {
-		got = "no status"
+	got, cause := "no status", e.Err
+	if e.Status != 0 {
+		got = fmt.Sprintf("HTTP %d", e.Status)
+	}
+	if ue := (*url.Error)(nil); errors.As(e.Err, &ue) { // its "Post <url>:" repeats the endpoint
+		cause = ue.Err
 	}
 	msg := fmt.Sprintf("%s %s: %s, %d bytes received", cmp.Or(e.Op, "OAuth token POST"), e.Endpoint, got, e.Received)
-	var ue *url.Error
-	switch {
-	case e.Definitive: // the sentence says it all
+	if e.Definitive {
 		return msg + ": " + e.Sentence
-	case errors.As(e.Err, &ue): // its "Post <url>:" repeats what msg names
-		return msg + ": " + ue.Err.Error()
-	case e.Err != nil:
-		return msg + ": " + e.Err.Error()
+	} else if cause != nil {
+		return msg + ": " + cause.Error()
 	}
 	return msg
 }
@@ -319,11 +316,10 @@ func callEndpoint(ctx context.Context, client *http.Client, method, endpoint str
 
 // endpointName is raw without user info, query or fragment, for messages.
 func endpointName(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "(unparsable URL)"
+	if u, err := url.Parse(raw); err == nil {
+		return (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}).String()
 	}
-	return (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}).String()
+	return "(unparsable URL)"
 }
 
 // tokenCall POSTs fields in p's body format and classifies the answer.
@@ -383,18 +379,16 @@ func classifyTokenAnswer(endpoint string, status int, body []byte, readErr error
 	return ans, re
 }
 
-// tokenAnswer is what Brama reads from a token endpoint's JSON answer.
+// tokenAnswer is what Brama reads from a token endpoint's JSON answer; ExpiresIn is
+// seconds, 0 when absent or unusable.
 type tokenAnswer struct {
 	AccessToken  string `json:"access_token,omitempty"`
 	RefreshToken string `json:"refresh_token,omitempty"`
 	IDToken      string `json:"id_token,omitempty"`
-	ExpiresIn    int64  `json:"expires_in,omitempty"` // seconds; 0 when absent or unusable
+	ExpiresIn    int64  `json:"expires_in,omitempty"`
 	Error        string `json:"error,omitempty"`
 	Description  string `json:"error_description,omitempty"`
 }
-
-// maxExpiresIn bounds expires_in (100 years): more is unusable, not an overflow.
-const maxExpiresIn = 100 * 365 * 24 * 3600
 
 // parseTokenAnswer reads a token answer leniently (a member of another type
 // is absent): an access_token and no error, else errTokenRefused (RFC 6749
@@ -410,10 +404,9 @@ func parseTokenAnswer(body []byte) (tokenAnswer, error) {
 		return tokenAnswer{}, fmt.Errorf("%w: not a JSON object", errTokenMalformed)
 	}
 	ans := raw.tokenAnswer
-	if n, ok := jsonScalar(raw.Expires); ok {
-		if f, err := strconv.ParseFloat(n, 64); err == nil && f >= 1 && f <= maxExpiresIn {
-			ans.ExpiresIn = int64(f)
-		}
+	n, _ := jsonScalar(raw.Expires)
+	if f, err := strconv.ParseFloat(n, 64); err == nil && f >= 1 && f <= 100*365*24*3600 { // more is unusable, not an overflow
+		ans.ExpiresIn = int64(f)
 	}
 	ans.Error, _ = jsonString(raw.Err)
 	if e, ok := errorObject(raw.Err); ok {
@@ -474,9 +467,8 @@ type claims struct {
 // checks its own token on use); what is no JWT or unreadable stays zero.
 func jwtClaims(token string) (c claims) {
 	if parts := strings.Split(token, "."); len(parts) == 3 {
-		if b, err := base64.RawURLEncoding.DecodeString(strings.TrimRight(parts[1], "=")); err == nil {
-			json.Unmarshal(b, &c) // a member of another type stays zero
-		}
+		b, _ := base64.RawURLEncoding.DecodeString(strings.TrimRight(parts[1], "="))
+		json.Unmarshal(b, &c) // a member of another type stays zero
 	}
 	return c
 }
@@ -504,9 +496,7 @@ func authorizeURL(provider, state, challenge string) (string, error) {
 	}
 	q := url.Values{"response_type": {"code"}, "client_id": {p.clientID}, "redirect_uri": {p.redirectURI},
 		"scope": {p.scope}, "code_challenge": {challenge}, "code_challenge_method": {"S256"}, "state": {state}}
-	for i := 0; i+1 < len(p.extra); i += 2 {
-		q.Set(p.extra[i], p.extra[i+1]) // none names a parameter above
-	}
+	maps.Copy(q, p.extra)
 	return p.authorizeURL + "?" + q.Encode(), nil
 }
 
