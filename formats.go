@@ -252,7 +252,7 @@ func argumentsText(args string) string {
 
 // schemaOutput is a json_schema output named as the OpenAI formats require; nil for JSON mode.
 func schemaOutput(f *outputFormat) *outputFormat {
-	if f.Type != "json_schema" {
+	if f == nil || f.Type != "json_schema" {
 		return nil
 	}
 	s := *f

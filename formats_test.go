@@ -487,8 +487,8 @@ func TestAdaptiveThinking(t *testing.T) {
 		"claude-sonnet-4-5-20250929": false, "claude-opus-4-20250514": false, "claude-haiku-4-5": false, "claude-opus-4-1": false,
 		"claude-3-7-sonnet-latest": false, "claude-test": false, "kimi-for-coding": false, "": false,
 	} {
-		if got := adaptiveThinking(model); got != want {
-			t.Errorf("adaptiveThinking(%q) = %v, want %v", model, got, want)
+		if got := adaptiveModels.MatchString(model); got != want {
+			t.Errorf("adaptiveModels.MatchString(%q) = %v, want %v", model, got, want)
 		}
 	}
 }

@@ -122,7 +122,6 @@ const (
 	structuredOutputsBeta = "structured-outputs-2025-11-13"
 )
 
-// parseMessages parses an Anthropic Messages request body.
 func parseMessages(body []byte) (chatRequest, error) {
 	var b messagesRequestBody
 	req, err := newCallerRequest(body, &b, &b.callerHead, messagesKnown, "max_tokens", &b.MaxTokens)
@@ -189,7 +188,6 @@ func parseMessages(body []byte) (chatRequest, error) {
 	return req, nil
 }
 
-// addMessagesTurn adds one Messages turn to req.
 func (req *chatRequest) addMessagesTurn(m messagesTurn, _ json.RawMessage, what string) error {
 	switch m.Role {
 	case "system":
@@ -292,35 +290,58 @@ func messagesSourceURL(src *messagesSource, what string) (string, error) {
 	return "", refuseInvalid("%s must be base64 data with a media_type, text, a url or a file", what)
 }
 
-// messagesContent is text, image and document parts as blocks, no empty text; a data URL is base64 data (text for text/plain), anything else a url source.
-func messagesContent(ps ...part) ([]messagesBlock, error) {
-	var blocks []messagesBlock
+// messagesContent is parts as blocks, tool results first and no empty text (the API requires both); a data URL is base64 data
+// (text for text/plain), any other URL a url source; a custom tool's call is the one-string-member object (SPEC §7.6).
+func messagesContent(ps []part) ([]messagesBlock, error) {
+	var results, rest []messagesBlock
 	for _, p := range ps {
-		if p.Type == partText {
-			if p.Text != "" {
-				blocks = append(blocks, messagesBlock{Type: "text", Text: &p.Text})
+		b, err := messagesBlock{Type: p.Type, Title: p.Filename}, error(nil)
+		switch p.Type {
+		case partText:
+			if p.Text == "" {
+				continue
 			}
-			continue
+			b = messagesBlock{Type: "text", Text: &p.Text}
+		case partToolCall:
+			if p.Custom {
+				p.Arguments = string(must(json.Marshal(map[string]string{"input": p.Arguments})))
+			}
+			b = messagesBlock{Type: "tool_use", ID: messagesToolID(p.ToolCallID), Name: p.ToolName}
+			b.Input, err = toolArguments(p.Arguments)
+		case partToolResult:
+			b = messagesBlock{Type: "tool_result", ToolUseID: messagesToolID(p.ToolCallID), Content: jsonText(p.Text), IsError: p.IsError}
+			if len(p.Media) > 0 { // images and documents: blocks
+				var inner []messagesBlock
+				inner, err = messagesContent(append([]part{{Type: partText, Text: p.Text}}, p.Media...))
+				b.Content = must(json.Marshal(inner))
+			}
+		default:
+			b.Source = &messagesSource{Type: "url", URL: p.ImageURL + p.FileURL}
+			if rest, isData := strings.CutPrefix(b.Source.URL, "data:"); isData {
+				meta, data, ok := strings.Cut(rest, ",")
+				media, isBase64 := strings.CutSuffix(meta, ";base64")
+				if !ok || !isBase64 || media == "" || data == "" {
+					return nil, refuseInvalid("an image or file data URL must be base64 with a media type")
+				}
+				b.Source = &messagesSource{Type: "base64", MediaType: media, Data: data}
+				if text, err := base64.StdEncoding.DecodeString(data); media == "text/plain" && err == nil {
+					b.Source = &messagesSource{Type: "text", MediaType: media, Data: string(text)}
+				}
+			}
 		}
-		src := &messagesSource{Type: "url", URL: p.ImageURL + p.FileURL}
-		if rest, isData := strings.CutPrefix(src.URL, "data:"); isData {
-			meta, data, ok := strings.Cut(rest, ",")
-			media, isBase64 := strings.CutSuffix(meta, ";base64")
-			if !ok || !isBase64 || media == "" || data == "" {
-				return nil, refuseInvalid("an image or file data URL must be base64 with a media type")
-			}
-			src = &messagesSource{Type: "base64", MediaType: media, Data: data}
-			if text, err := base64.StdEncoding.DecodeString(data); media == "text/plain" && err == nil {
-				src = &messagesSource{Type: "text", MediaType: media, Data: string(text)}
-			}
+		if err != nil {
+			return nil, err
 		}
-		blocks = append(blocks, messagesBlock{Type: p.Type, Source: src, Title: p.Filename})
+		if b.Type == "tool_result" {
+			results = append(results, b)
+		} else {
+			rest = append(rest, b)
+		}
 	}
-	return blocks, nil
+	return append(results, rest...), nil
 }
 
-// encodeMessages builds a Messages body: tool results first, no empty text (the
-// API requires both), claude-code's identity first, custom tools as functions (SPEC §7.6).
+// encodeMessages builds a Messages body: claude-code's identity first, custom tools as functions (SPEC §7.6).
 func encodeMessages(req chatRequest, model string, o upstreamOptions) (any, error) {
 	out := messagesRequestBody{callerHead: req.head(model, o), StopSequences: req.Stop, Messages: []messagesTurn{}}
 	if req.MaxTokens > 0 {
@@ -328,10 +349,7 @@ func encodeMessages(req chatRequest, model string, o upstreamOptions) (any, erro
 	}
 	switch {
 	case o.oauth:
-		sys := []messagesBlock{{Type: "text", Text: ptrTo(claudeCodeIdentity)}}
-		if req.System != "" {
-			sys = append(sys, messagesBlock{Type: "text", Text: &req.System})
-		}
+		sys, _ := messagesContent([]part{{Type: partText, Text: claudeCodeIdentity}, {Type: partText, Text: req.System}})
 		out.System = must(json.Marshal(sys))
 	case req.System != "":
 		out.System = jsonText(req.System)
@@ -341,36 +359,12 @@ func encodeMessages(req chatRequest, model string, o upstreamOptions) (any, erro
 			out.Messages = append(out.Messages, messagesTurn{Role: "system", Content: jsonText(textOf(m.Parts))})
 			continue
 		}
-		var results, rest []messagesBlock
-		for _, p := range m.Parts {
-			var blocks []messagesBlock
-			var err error
-			switch p.Type {
-			case partToolCall:
-				args := p.Arguments
-				if p.Custom {
-					args = string(must(json.Marshal(map[string]string{"input": args})))
-				}
-				in, aerr := toolArguments(args)
-				blocks, err = []messagesBlock{{Type: "tool_use", ID: messagesToolID(p.ToolCallID), Name: p.ToolName, Input: in}}, aerr
-			case partToolResult:
-				b := messagesBlock{Type: "tool_result", ToolUseID: messagesToolID(p.ToolCallID), Content: jsonText(p.Text), IsError: p.IsError}
-				if len(p.Media) > 0 { // images and documents: blocks
-					var inner []messagesBlock
-					inner, err = messagesContent(append([]part{{Type: partText, Text: p.Text}}, p.Media...)...)
-					b.Content = must(json.Marshal(inner))
-				}
-				results = append(results, b)
-			default:
-				blocks, err = messagesContent(p)
-			}
-			if err != nil {
-				return nil, err
-			}
-			rest = append(rest, blocks...)
+		blocks, err := messagesContent(m.Parts)
+		if err != nil {
+			return nil, err
 		}
-		if len(results)+len(rest) > 0 { // only empty text: the API refuses an empty turn
-			out.Messages = append(out.Messages, messagesTurn{Role: m.Role, Content: must(json.Marshal(append(results, rest...)))})
+		if len(blocks) > 0 { // only empty text: the API refuses an empty turn
+			out.Messages = append(out.Messages, messagesTurn{Role: m.Role, Content: must(json.Marshal(blocks))})
 		}
 	}
 	for _, t := range req.Tools {
@@ -458,15 +452,13 @@ func (req chatRequest) thinkingBudget() int {
 	return budget
 }
 
-// adaptiveThinking: a Claude 4.6 or later model (claude-opus-4-7, claude-opus-5, claude-haiku-5-1) takes thinking as adaptive with
+// adaptiveModels: a Claude 4.6 or later model (claude-opus-4-7, claude-opus-5, claude-haiku-5-1) takes thinking as adaptive with
 // output_config.effort and refuses a budget (Claude Code 2.1.332 decides so too); an earlier, dated (claude-opus-4-20250514) or unknown model takes a budget.
-func adaptiveThinking(model string) bool { return adaptiveModels.MatchString(model) }
-
 var adaptiveModels = regexp.MustCompile(`^claude-(?:opus|sonnet|haiku)-(?:0?[5-9]|[1-9]\d|0?4-(?:0?[6-9]|[1-9]\d))(?:-|$)`)
 
 // adaptiveEffort: toward model, req's effort goes as output_config.effort and its beta, not a budget.
 func (req chatRequest) adaptiveEffort(model string) bool {
-	return req.thinkingBudget() > 0 && adaptiveThinking(model)
+	return req.thinkingBudget() > 0 && adaptiveModels.MatchString(model)
 }
 
 // usage is u in Brama's terms: Anthropic reports cached input apart, the neutral count (like OpenAI's prompt_tokens) includes it.
@@ -478,7 +470,6 @@ func messagesFinish(reason string) string { return cmp.Or(messagesFinishes[reaso
 
 func messagesStopReason(f string) *string { return ptrTo(cmp.Or(messagesStopReasons[f], "end_turn")) }
 
-// decodeMessages reads a complete Messages answer.
 func decodeMessages(body []byte) (chatAnswer, error) {
 	var r messagesAnswer
 	if err := json.Unmarshal(body, &r); err != nil || r.Type != "message" {
@@ -570,7 +561,6 @@ func (s *messagesCallerStream) keep(i int, b *streamBlock) {
 
 func (s *messagesCallerStream) finishNow(string) error { return nil }
 
-// end writes message_delta with the stop reason and usage, then message_stop.
 func (s *messagesCallerStream) end(finish string, u usage) error {
 	s.msg.StopReason = messagesStopReason(answerFinish(finish))
 	s.msg.Usage = &messagesUsage{InputTokens: u.InputTokens, OutputTokens: u.OutputTokens}
@@ -581,7 +571,6 @@ func (s *messagesCallerStream) end(finish string, u usage) error {
 	return s.emit(messagesEvent{Type: "message_stop"})
 }
 
-// fail writes Anthropic's error event carrying the envelope's members.
 func (s *messagesCallerStream) fail(e *apiError) error {
 	return s.emit(messagesEvent{Type: "error", Error: must(json.Marshal(e.body().Error))})
 }

@@ -227,27 +227,22 @@ func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, 
 
 // responsesParts reads content: a string or text, image and file parts; others (a refusal, a file id) are dropped and named.
 func (req *chatRequest) responsesParts(raw json.RawMessage, what string) ([]part, error) {
-	partOf := func(rp responsesPart, pw string) (part, string, error) {
+	return callerParts(req, raw, what, "content parts", func(rp responsesPart, raw json.RawMessage, pw string) (p part, urlPath string, _ error) {
 		switch {
 		case (rp.Type == "input_text" || rp.Type == "output_text") && rp.Text == nil:
-			return part{}, "", refuseInvalid("%s.text is required", pw)
+			return p, "", refuseInvalid("%s.text is required", pw)
 		case rp.Type == "input_text" || rp.Type == "output_text":
-			return part{Type: partText, Text: *rp.Text}, "", nil
+			p = part{Type: partText, Text: *rp.Text}
 		case rp.Type == "input_image" && rp.ImageURL != nil:
-			return part{Type: partImage, ImageURL: *rp.ImageURL, Detail: rp.Detail}, pw + ".image_url", nil
+			p, urlPath = part{Type: partImage, ImageURL: *rp.ImageURL, Detail: rp.Detail}, pw+".image_url"
 		case rp.Type == "input_file" && rp.FileData+rp.FileURL != "":
-			return part{Type: partDocument, FileURL: rp.FileData + rp.FileURL, Filename: rp.Filename}, pw, nil
+			p, urlPath = part{Type: partDocument, FileURL: rp.FileData + rp.FileURL, Filename: rp.Filename}, pw
+		default:
+			return p, "", nil
 		}
-		return part{}, "", nil
-	}
-	read := func(rp responsesPart, raw json.RawMessage, pw string) (part, string, error) {
-		p, urlPath, err := partOf(rp, pw)
-		if err == nil && p.Type != "" {
-			dropUnknown(&req.Dropped, raw, responsesPartMembers[rp.Type])
-		}
-		return p, urlPath, err
-	}
-	return callerParts(req, raw, what, "content parts", read)
+		dropUnknown(&req.Dropped, raw, responsesPartMembers[rp.Type])
+		return p, urlPath, nil
+	})
 }
 
 // responsesPartMembers names the members Brama carries of each part type.
@@ -265,8 +260,7 @@ func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, err
 	}
 	if o.codex {
 		out.Store, out.Instructions = json.RawMessage("false"), ptrTo(cmp.Or(req.System, codexDefaultInstructions))
-		out.MaxOutputTokens, out.Temperature, out.TopP = nil, nil, nil
-		out.Metadata, out.SafetyIdentifier, out.User = nil, nil, nil
+		out.MaxOutputTokens, out.Temperature, out.TopP, out.Metadata, out.SafetyIdentifier, out.User = nil, nil, nil, nil, nil, nil
 	}
 	if req.Effort != "" {
 		out.Reasoning = &responsesReasoning{req.Effort}
@@ -319,15 +313,11 @@ func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, err
 		out.ToolChoice = jsonText(c.Mode)
 	}
 	if req.Output != nil || req.Verbosity != "" {
-		out.Text = &responsesText{Verbosity: req.Verbosity}
-		if req.Output != nil {
-			out.Text.Format = schemaOutput(req.Output)
-		}
+		out.Text = &responsesText{Format: schemaOutput(req.Output), Verbosity: req.Verbosity}
 	}
 	return out, nil
 }
 
-// responsesCall is a function_call (in its group) or custom_tool_call item.
 func responsesCall(req chatRequest, id, callID, name, args string, custom bool) *responsesItem {
 	ns, member := "", name
 	if t := req.findTool(name); t != nil {
@@ -360,14 +350,10 @@ func (it *responsesItem) call() (toolCall, bool) {
 // responsesIncompletes maps finishes to incomplete_details.reason, both ways.
 var responsesIncompletes = map[string]string{finishLength: "max_output_tokens", finishContentFilter: "content_filter"}
 
-// decodeResponses reads a complete Responses answer as a stream's end.
 func decodeResponses(body []byte) (chatAnswer, error) {
 	var r responsesObject
-	if err := json.Unmarshal(body, &r); err != nil {
+	if err := json.Unmarshal(body, &r); err != nil || r.Status != "completed" && r.Status != "incomplete" {
 		return chatAnswer{}, malformedAnswer(protoOpenAIResponses, err)
-	}
-	if r.Status != "completed" && r.Status != "incomplete" {
-		return chatAnswer{}, malformedAnswer(protoOpenAIResponses, nil)
 	}
 	return answerOf(func(emit func(streamEvent) error) error {
 		return newResponsesUpstreamStream().(*responsesUpstreamStream).completed(&r, emit)
@@ -456,7 +442,6 @@ func (s *responsesCallerStream) fill(it *responsesItem, full string) {
 	}
 }
 
-// close writes the done events of an item and fills it in.
 func (s *responsesCallerStream) close(i int, _ *streamBlock, full string) error {
 	it, zero, p := s.resp.Output[i], 0, outputText(full)
 	it.Status = "completed"
@@ -490,7 +475,6 @@ func (s *responsesCallerStream) end(finish string, u usage) error {
 	return s.emit(responsesEvent{Type: "response.completed", Response: &s.resp})
 }
 
-// fail writes response.failed with response.error {code, message}.
 func (s *responsesCallerStream) fail(e *apiError) error {
 	b := e.body().Error
 	r := s.resp
@@ -526,15 +510,10 @@ func (r *responsesUpstreamStream) handle(ev sseEvent, emit func(streamEvent) err
 		return false, malformedEvent(protoOpenAIResponses, errors.New("event without a type"))
 	case "error":
 		code, _ := jsonScalar(e.Code)
-		if f, _ := errorObject(e.Error); code == "" {
-			code = cmp.Or(f.code, f.typ)
-		}
-		return false, inBandError(code)
+		f, _ := errorObject(e.Error)
+		return false, inBandError(cmp.Or(code, f.code, f.typ))
 	case "response.failed":
-		if e.Response == nil || e.Response.Error == nil {
-			return false, inBandError("")
-		}
-		return false, inBandError(e.Response.Error.Code)
+		return false, inBandError(valueOr(valueOr(e.Response, responsesObject{}).Error, responsesError{}).Code)
 	case "response.output_item.added", "response.output_item.done":
 		if e.Item == nil {
 			return false, malformedEvent(protoOpenAIResponses, errors.New("output item event without item"))
@@ -582,12 +561,12 @@ func (r *responsesUpstreamStream) completed(resp *responsesObject, emit func(str
 		finish = finishContentFilter
 	}
 	for f, reason := range responsesIncompletes {
-		if d := resp.IncompleteDetails; d != nil && d.Reason == reason {
+		if valueOr(resp.IncompleteDetails, responsesIncomplete{}).Reason == reason {
 			finish = f
 		}
 	}
-	if resp.Usage != nil {
-		u = usage{InputTokens: resp.Usage.InputTokens, OutputTokens: resp.Usage.OutputTokens, Reported: true}
+	if ru := resp.Usage; ru != nil {
+		u = usage{InputTokens: ru.InputTokens, OutputTokens: ru.OutputTokens, Reported: true}
 	}
 	return emitTail(emit, finish, u)
 }
