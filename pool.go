@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -442,4 +444,102 @@ func pingRequest(route string, p providerInfo) chatRequest {
 		req.MaxTokens = probeMaxTokens
 	}
 	return req
+}
+
+// donation is the strict body (and the CLI's request) of POST …/subscriptions/{agent_id}.
+type donation struct {
+	Provider string      `json:"provider"`
+	Label    string      `json:"label"`
+	APIKey   string      `json:"api_key"`
+	OAuth    *oauthGrant `json:"oauth"`
+}
+
+// donatedSubscription is the 201 answer: metadata only, never the secret.
+type donatedSubscription struct {
+	ID       string `json:"id"`
+	Provider string `json:"provider"`
+	AgentID  string `json:"agent_id"`
+	Label    string `json:"label"`
+	Status   string `json:"status"`
+}
+
+// credentialBody is the strict body of PUT …/credential: exactly one of
+// an OAuth grant or an API key (checkCredential enforces "exactly").
+type credentialBody struct {
+	OAuth  *oauthGrant `json:"oauth"`
+	APIKey string      `json:"api_key"`
+}
+
+// stores are the state files an engine reads (main.go's deps adds the clients file).
+type stores struct {
+	st      state
+	vault   *vault
+	journal *journal
+	reg     *registry
+}
+
+// core is the daemon's parts that the server and every request's engine
+// share, built once by serve.
+type core struct {
+	stores // st, vault, journal, reg
+	sys    // log, now
+	getenv func(string) string
+	// localCreds holds -local-credentials-stdin keys; when non-nil it is the
+	// only source of direct credentials (SPEC §16).
+	localCreds map[string]string
+	client     *http.Client // provider calls: no timeout, no redirects, no proxy
+	catalog    *catalog
+	perf       *perfRegistry
+	keepAlive  time.Duration // 0: keepAliveEvery; tests shorten it
+	attempts   atomic.Int64  // provider calls made since start, for /metrics
+	ledger     *ledger
+	inv        *inventory
+	oauth      *oauthClient
+	pins       sync.Map // agent "\x00" provider → the subscription that last served it (pin)
+	maint      *maintainer
+}
+
+// client is one bearer-token holder. Only the token's SHA-256 is kept.
+type client struct {
+	ID            string   `json:"id"`
+	TokenSHA256   string   `json:"token_sha256"`
+	Role          string   `json:"role"`
+	AgentID       string   `json:"agent_id,omitempty"`
+	AllowedModels []string `json:"allowed_models,omitempty"`
+}
+
+// mayUse applies allowed_models (SPEC §3.1): none listed, any model.
+func (c client) mayUse(model string) bool {
+	return c.AllowedModels == nil || slices.Contains(c.AllowedModels, model)
+}
+
+// hasDirect reports whether a direct credential exists for provider.
+func (c *core) hasDirect(provider string) bool {
+	if c.localCreds != nil {
+		return c.localCreds[provider] != ""
+	}
+	return c.vault.directKey(provider) != ""
+}
+
+// mayHaveDirect is hasDirect, and true when the vault is unreadable: a request
+// then meets the vault's refusal, not "no direct credential" (SPEC §2.2).
+func (c *core) mayHaveDirect(provider string) bool {
+	_, err := c.vault.load()
+	return c.hasDirect(provider) || c.localCreds == nil && err != nil && !errors.As(err, new(*noStateError))
+}
+
+// anyDirectPayer reports whether something could serve without an agent
+// (SPEC §13, §14): a direct credential or a declared deployment.
+func (c *core) anyDirectPayer() bool {
+	if doc, err := c.reg.current(); len(c.localCreds) > 0 || (err == nil && len(doc.Deployments) > 0) {
+		return true
+	}
+	if vd, err := c.vault.load(); c.localCreds == nil && err == nil {
+		for _, k := range vd.Direct {
+			if k.APIKey != "" {
+				return true
+			}
+		}
+	}
+	return false
 }

@@ -116,9 +116,7 @@ func readRegistry(b []byte, migrate bool) (doc *routesDoc, dropped []string, err
 	if len(dropped) > 0 && !migrate {
 		return nil, nil, invalidf("registry field %s is not part of schema 1; run brama routes migrate", strconv.Quote(clipName(dropped[0])))
 	}
-	for _, k := range dropped {
-		delete(top, k)
-	}
+	maps.DeleteFunc(top, func(k string, _ json.RawMessage) bool { return !known(k) })
 	b, _ = json.Marshal(top) // raw members always marshal
 	doc = emptyRoutesDoc()
 	switch err := decodeStrict("registry", b, doc); {
@@ -242,8 +240,8 @@ func checkRoute(doc *routesDoc, alias, dest string) error {
 	}, clipName(alias), dest, len(dest), n)
 }
 
-// match is what name declares (SPEC §4.1, §5.1): its exact alias's destination, else the longest matching prefix alias's,
-// <provider>/* as <provider>/name. A name with "/" or "*" matches no prefix alias: "o*" must not take over openai/….
+// match is name's exact alias's destination, else the longest prefix alias's, <provider>/* as <provider>/name (SPEC §5.1);
+// a name with "/" or "*" matches no prefix alias: "o*" must not take over openai/….
 func (doc *routesDoc) match(name string) (dest string, ok bool) {
 	if dest, ok = doc.Routes[name]; ok && !strings.HasSuffix(name, "*") {
 		return dest, true
@@ -392,8 +390,7 @@ func (r *registry) setDeployment(d deployment, remove bool) (*routesDoc, error) 
 	})
 }
 
-// commit is SPEC §4.4's read-modify-rename under the mutex and flock; change returns the record to journal
-// after the rename, if any: a failed append is only logged, as it cannot undo the rename.
+// commit is SPEC §4.4's read-modify-rename under mutex and flock, journaling change's record after: a failed append is only logged.
 func (r *registry) commit(change func(doc *routesDoc) (*journalRecord, error)) (*routesDoc, error) {
 	if err := r.pathErr; err != nil {
 		return nil, refuse("dependency_unavailable", "the route registry cannot be written: %v", err).because(err)
@@ -560,9 +557,7 @@ func resolveModel(name string, doc *routesDoc, docErr error, hasDirect func(stri
 	case name == modeBest:
 		return resolution{Mode: modeBest}, nil
 	}
-	if doc == nil {
-		doc = emptyRoutesDoc()
-	}
+	doc = cmp.Or(doc, emptyRoutesDoc())
 	p, model, known := destProvider(name)                             // §5.1 rule 4: a known provider before the first "/"
 	known = known && strings.Contains(name, "/") && validModel(model) // else §5.1 rule 5: never declared
 	dest, declared := doc.match(name)
@@ -581,10 +576,7 @@ func resolveModel(name string, doc *routesDoc, docErr error, hasDirect func(stri
 		}
 		res.Mode, res.Alias = modeAlias, name
 	case !known:
-		fix := "NAME"
-		if checkAlias(name) == nil {
-			fix = name
-		}
+		fix := map[bool]string{true: name, false: "NAME"}[checkAlias(name) == nil]
 		e := refuse("alias_unknown", "model %q is not a declared alias, a selector, best or a canonical route of a known provider; "+
 			"declare it: brama routes set %s ROUTE, or a prefix alias for a family: brama routes set 'claude-*' 'anthropic/*'", quoted, fix)
 		return resolution{}, withAlias(e, name, stateNoRoute, nil)

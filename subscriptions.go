@@ -18,8 +18,7 @@ import (
 	"unicode/utf8"
 )
 
-// The subscription inventory (SPEC §10.1): the overlay says which exist and
-// whose, the vault holds their credentials, the journal which are retired.
+// The subscription inventory (SPEC §10.1): the overlay says which exist and whose, the vault holds their credentials.
 
 // idPattern is the rule for client and agent ids.
 var idPattern = regexp.MustCompile(`^[a-z0-9-]{1,64}$`)
@@ -83,18 +82,16 @@ func (doc *overlayDoc) validate() error {
 	return nil
 }
 
-// printable: valid UTF-8 of printable runes (space included, tabs and newlines not),
-// so no control character reaches a terminal or a log line.
+// printable: valid UTF-8 of printable runes, so no control character reaches a terminal or a log line.
 func printable(s string) bool {
 	return utf8.ValidString(s) && strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }) < 0
 }
 
 // checkText bounds a label or a retire or reinstate reason: printable, at most limit bytes.
 func checkText(what, s string, limit int) error {
-	switch {
-	case len(s) > limit:
+	if len(s) > limit {
 		return fmt.Errorf("%s is %d bytes; the limit is %d", what, len(s), limit)
-	case !printable(s):
+	} else if !printable(s) {
 		return fmt.Errorf("%s must be printable UTF-8 text on one line", what)
 	}
 	return nil
@@ -109,8 +106,7 @@ func checkReason(reason string) error {
 	return checkText("the reason", reason, 512)
 }
 
-// checkCredential applies SPEC §6.1 and §10.1 to a donated or replacing
-// credential, never quoting it, and completes its grant (on a copy).
+// checkCredential applies SPEC §6.1 and §10.1 to a credential, never quoting it, and completes its grant (on a copy).
 func checkCredential(provider string, cred vaultCredential) (vaultCredential, error) {
 	p, ok := lookupProvider(provider)
 	k, g, isKey := cred.APIKey, cmp.Or(cred.OAuth, &oauthGrant{}), cred.APIKey != ""
@@ -132,24 +128,20 @@ func checkCredential(provider string, cred vaultCredential) (vaultCredential, er
 	return cred, nil
 }
 
-// inventory is the serving process's subscription inventory, the only
-// writer of the overlay and the vault's subscriptions (SPEC §2.3), under wmu.
+// inventory is the only writer of the overlay and the vault's subscriptions (SPEC §2.3), under wmu.
 type inventory struct {
 	sys
 	overlay stateFile[*overlayDoc]
 	vault   *vault
 	j       *journal
 	l       *ledger
-	ttl     time.Duration // listing cache lifetime; 0 disables the cache
-
-	wmu sync.Mutex // serializes the inventory's writes
-
-	mu    sync.Mutex         // guards cache
-	cache map[string]listing // by agent id
+	ttl     time.Duration      // listing cache lifetime; 0 disables the cache
+	wmu     sync.Mutex         // serializes the inventory's writes
+	mu      sync.Mutex         // guards cache
+	cache   map[string]listing // by agent id
 }
 
-// listing is one agent's cached rows, when they were computed and from
-// which ledger status (a request's credential or block change shows at once).
+// listing is one agent's cached rows, when and from which ledger status (a block change shows at once).
 type listing struct {
 	rows   []subscriptionRow
 	at     time.Time
@@ -168,8 +160,7 @@ func newInventory(st state, v *vault, j *journal, l *ledger, getenv func(string)
 	return inv
 }
 
-// unavailable is a state file's read failure as a 503 naming the file and the rule,
-// a missing state directory as its own cause.
+// unavailable is a state file's read failure as a 503; a missing state directory keeps its own cause.
 func unavailable(format string, err error) *apiError {
 	if errors.As(err, new(*noStateError)) {
 		return asAPIError(err)
@@ -199,8 +190,7 @@ func (inv *inventory) view() ([]overlayItem, map[string]bool, error) {
 	return items, retired, nil
 }
 
-// pool is agent's non-retired items of provider ("": all) in overlay order (SPEC
-// §7.2), retirement read from the journal, never the listing cache (§2.3).
+// pool is agent's non-retired items of provider ("": all) from the journal, never the cache (SPEC §7.2, §2.3).
 func (inv *inventory) pool(agent, provider string) ([]overlayItem, error) {
 	items, retired, err := inv.view()
 	return slices.DeleteFunc(items, func(it overlayItem) bool {
@@ -211,8 +201,7 @@ func (inv *inventory) pool(agent, provider string) ([]overlayItem, error) {
 // agentItems is agent's non-retired items, all providers (SPEC §7.3).
 func (inv *inventory) agentItems(agent string) ([]overlayItem, error) { return inv.pool(agent, "") }
 
-// owned is agent's subscription id, else 404 (an agent learns nothing of
-// others'); when ifRetired says why, a retired one is 409 state_conflict.
+// owned is agent's subscription id, else 404; when ifRetired says why, a retired one is 409.
 func (inv *inventory) owned(agent, id, ifRetired string) (overlayItem, error) {
 	items, retired, err := inv.view()
 	i := slices.IndexFunc(items, func(it overlayItem) bool { return it.ID == id && it.AgentID == agent })
@@ -227,8 +216,7 @@ func (inv *inventory) owned(agent, id, ifRetired string) (overlayItem, error) {
 	return items[i], nil
 }
 
-// write runs one change under wmu, then drops every cached listing and the
-// parsed overlay (SPEC §10.2: a local mutation shows at once).
+// write runs one change under wmu, then drops the caches (SPEC §10.2: a local mutation shows at once).
 func (inv *inventory) write(change func() error) error {
 	inv.wmu.Lock()
 	defer inv.wmu.Unlock()
@@ -254,8 +242,7 @@ func (inv *inventory) writeVault(what string, change func(*vaultDoc)) error {
 	return nil
 }
 
-// donate stores a new subscription (SPEC §10.1): vault first, overlay second;
-// a failure between takes the vault entry back (or pruneOrphans does).
+// donate stores a new subscription (SPEC §10.1): vault first, overlay second; a failure between takes it back.
 func (inv *inventory) donate(agent, provider, label string, cred vaultCredential) (it overlayItem, err error) {
 	if err := firstBroken([]rule{{!idPattern.MatchString(agent), fmt.Sprintf("agent id %q must match [a-z0-9-]{1,64}", agent)},
 		{checkLabel(label) != nil, fmt.Sprint(checkLabel(label))}}); err != nil {
@@ -310,8 +297,7 @@ func (inv *inventory) donate(agent, provider, label string, cred vaultCredential
 	return it, nil
 }
 
-// invalidate drops every cached listing (SPEC §10.2: every local mutation
-// invalidates at once) and, when overlayChanged, the parsed overlay.
+// invalidate drops every cached listing and, when overlayChanged, the parsed overlay.
 func (inv *inventory) invalidate(overlayChanged bool) {
 	if overlayChanged {
 		inv.overlay.forget()
@@ -321,9 +307,8 @@ func (inv *inventory) invalidate(overlayChanged bool) {
 	clear(inv.cache)
 }
 
-// retire and reinstate journal agent's subscription id out of and back into service (SPEC §9)
-// with a reason, unless the fold already says so; the journal is asked first: nothing is
-// claimed that cannot be recorded.
+// retire and reinstate journal agent's id out of and back into service (SPEC §9), unless
+// the fold already says so; nothing is claimed that cannot be recorded.
 func (inv *inventory) retire(agent, id, why string) error {
 	return inv.journalStatus("retire", agent, id, why)
 }
@@ -354,8 +339,7 @@ func (inv *inventory) journalStatus(kind, agent, id, reason string) error {
 	})
 }
 
-// replaceCredential swaps the vault credential of agent's non-retired subscription id and
-// marks the ledger credential active; the item comes back once known, for the sign-in journal.
+// replaceCredential swaps the credential of agent's non-retired id; the item comes back once known.
 func (inv *inventory) replaceCredential(agent, id string, cred vaultCredential) (it overlayItem, err error) {
 	err = inv.write(func() error {
 		var doc *vaultDoc
@@ -380,8 +364,7 @@ func (inv *inventory) replaceCredential(agent, id string, cred vaultCredential) 
 	return it, err
 }
 
-// grantHeld refuses cred when a subscription other than except holds its
-// OAuth refresh token: a refresh by one would spend the other's rotating token.
+// grantHeld refuses cred when another subscription holds its refresh token: one would spend the other's.
 func grantHeld(doc *vaultDoc, cred vaultCredential, except string) error {
 	for id, c := range doc.Subscriptions {
 		if cred.OAuth != nil && c.OAuth != nil && c.OAuth.RefreshToken == cred.OAuth.RefreshToken && id != except {
@@ -391,8 +374,7 @@ func grantHeld(doc *vaultDoc, cred vaultCredential, except string) error {
 	return nil
 }
 
-// credential is id's credential from the vault, a copy; an unreadable vault
-// or a missing entry is 503 credential_unauthorized (SPEC §2.2).
+// credential is a copy of id's credential; an unreadable vault or none is 503 (SPEC §2.2).
 func (inv *inventory) credential(id string) (vaultCredential, error) {
 	doc, err := inv.vault.load()
 	if err != nil {
@@ -424,8 +406,7 @@ type subscriptionRow struct {
 	Stale      bool              `json:"stale"`
 }
 
-// list is agent's rows (SPEC §10.4), retired ones included, in overlay
-// order, cached per agent that has any for the TTL (eligibility calls pool instead).
+// list is agent's rows (SPEC §10.4), retired ones included, cached per agent for the TTL.
 func (inv *inventory) list(agent string) ([]subscriptionRow, error) {
 	now := inv.now()
 	inv.mu.Lock() // held while computing: an invalidation waits, so no listing outlives one
@@ -450,8 +431,7 @@ func (inv *inventory) list(agent string) ([]subscriptionRow, error) {
 	return slices.Clone(rows), nil
 }
 
-// row builds item's row from its ledger record (SPEC §10.4): block null
-// unless in force, usage_read and probe null until they happened.
+// row builds item's row from its ledger record (SPEC §10.4): null what is not in force or never happened.
 func (inv *inventory) row(item overlayItem, retired bool, now time.Time) subscriptionRow {
 	e, _ := inv.l.entry(item.ID)
 	ms := now.UnixMilli()
@@ -504,10 +484,10 @@ func (inv *inventory) overlayLost(doc *vaultDoc) error {
 func (inv *inventory) pruneOrphans() (orphans []string, err error) {
 	err = inv.write(func() error {
 		doc, err := inv.loadVault()
-		if err == nil {
-			orphans, err = inv.orphans()
+		if err != nil {
+			return err
 		}
-		if err == nil {
+		if orphans, err = inv.orphans(); err == nil {
 			err = inv.overlayLost(doc)
 		}
 		if err == nil && filepath.Dir(inv.vault.path) != filepath.Dir(inv.overlay.path) {
@@ -566,67 +546,39 @@ func (inv *inventory) readiness() (reasons, warnings []string, payer bool) {
 	return reasons, warnings, payer
 }
 
-// donation is the strict body (and the CLI's request) of POST …/subscriptions/{agent_id}.
-type donation struct {
-	Provider string      `json:"provider"`
-	Label    string      `json:"label"`
-	APIKey   string      `json:"api_key"`
-	OAuth    *oauthGrant `json:"oauth"`
-}
-
-// donatedSubscription is the 201 answer: metadata only, never the secret.
-type donatedSubscription struct {
-	ID       string `json:"id"`
-	Provider string `json:"provider"`
-	AgentID  string `json:"agent_id"`
-	Label    string `json:"label"`
-	Status   string `json:"status"`
-}
-
-// credentialBody is the strict body of PUT …/credential: exactly one of
-// an OAuth grant or an API key (checkCredential enforces "exactly").
-type credentialBody struct {
-	OAuth  *oauthGrant `json:"oauth"`
-	APIKey string      `json:"api_key"`
-}
-
-// signInVia is the query a sign-in's donation carries on POST
-// /v1/admin/subscriptions/{agent_id}, so the daemon journals it as a sign-in.
+// signInVia is the query by which a sign-in's donation is journaled as a sign-in.
 const signInVia = "sign-in"
 
-// donateSignedIn is donate journaled as client by's sign-in (SPEC §11.1),
-// refused first when the journal cannot record one.
+// donateSignedIn and replaceSignedIn store a signed-in credential, a new
+// subscription or agent's id's, through signedIn (SPEC §11.1).
 func (inv *inventory) donateSignedIn(agent, provider, label string, cred vaultCredential, by string) (overlayItem, error) {
-	if err := inv.j.ready(); err != nil {
-		return overlayItem{}, refuse("dependency_unavailable", "subscription not donated: the journal cannot record a sign-in: %v", err).because(err)
-	}
-	it, err := inv.donate(agent, provider, label, cred)
-	if err != nil {
-		return overlayItem{}, err
-	}
-	if err := inv.signIn(it, "signed_in", "new subscription donated by sign-in from client "+by); err != nil {
-		return it, refuse("dependency_unavailable", "subscription %s was donated, but the journal refused the sign-in record: %v", it.ID, err).because(err)
-	}
-	return it, nil
+	return inv.signedIn("subscription not donated", "new subscription donated by sign-in from client "+by, by, func() (overlayItem, error) {
+		return inv.donate(agent, provider, label, cred)
+	})
+}
+func (inv *inventory) replaceSignedIn(agent, id string, cred vaultCredential, by string) (overlayItem, error) {
+	kind := map[bool]string{false: "api key", true: "oauth grant"}[cred.OAuth != nil]
+	return inv.signedIn("credential not replaced", kind+" replaced by client "+by, by, func() (overlayItem, error) {
+		return inv.replaceCredential(agent, id, cred)
+	})
 }
 
-// replaceSignedIn replaces agent's subscription id's credential and journals
-// subscription_sign_in, refusing first what the journal or owner forbid. The
-// item is set when the credential was replaced.
-func (inv *inventory) replaceSignedIn(agent, id string, cred vaultCredential, by string) (overlayItem, error) {
+// signedIn runs store and journals subscription_sign_in, refused first when the
+// journal cannot record one; a stored item that failed later (5xx) is journaled
+// failed. The item is set once stored.
+func (inv *inventory) signedIn(what, done, by string, store func() (overlayItem, error)) (overlayItem, error) {
 	if err := inv.j.ready(); err != nil {
-		return overlayItem{}, refuse("dependency_unavailable", "credential not replaced: the journal cannot record a sign-in: %v", err).because(err)
+		return overlayItem{}, refuse("dependency_unavailable", "%s: the journal cannot record a sign-in: %v", what, err).because(err)
 	}
-	kind := map[bool]string{false: "api key", true: "oauth grant"}[cred.OAuth != nil]
-	it, err := inv.replaceCredential(agent, id, cred)
+	it, err := store()
 	if err != nil {
 		if ae := asAPIError(err); ae.Status() >= 500 && it.ID != "" {
-			inv.signIn(it, "failed", fmt.Sprintf("the %s from client %s was not stored: %s", kind, by, ae.Message))
+			inv.signIn(it, "failed", fmt.Sprintf("%s (client %s): %s", what, by, ae.Message))
 		}
 		return overlayItem{}, err
 	}
-	if err := inv.signIn(it, "signed_in", fmt.Sprintf("%s replaced by client %s", kind, by)); err != nil {
-		return it, refuse("dependency_unavailable", "the credential of %s was replaced, but the journal refused the sign-in record: %v", id, err).because(err)
+	if err := inv.signIn(it, "signed_in", done); err != nil {
+		return it, refuse("dependency_unavailable", "%s was stored, but the journal refused the sign-in record: %v", it.ID, err).because(err)
 	}
 	return it, nil
 }
