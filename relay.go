@@ -11,8 +11,9 @@ import (
 
 // By LAYOUT.md this file's parts belong to files another helper is
 // rewriting; they wait here: the usage reader, the stream watcher per
-// protocol and streamCut go to formats.go (one reader per protocol for
-// translation and passthrough alike), the count_tokens estimate to messages.go.
+// protocol, the upstream Messages and Responses translators and streamCut go
+// to formats.go (one reader per protocol for translation and passthrough
+// alike), the count_tokens estimate to messages.go.
 
 // passthroughUsage holds the usage members of all three formats (flat: the
 // wire types embedded cost an allocation per event).
@@ -47,6 +48,17 @@ func (u *passthroughUsage) count(protocol string) usage {
 		return usage{InputTokens: u.PromptTokens, OutputTokens: u.CompletionTokens, Reported: true}
 	}
 	return usage{InputTokens: u.InputTokens + u.CacheCreationInputTokens + u.CacheReadInputTokens, OutputTokens: u.OutputTokens, Reported: true}
+}
+
+// addDelta folds a message_delta's usage d into u: its output count is the
+// whole, and newer streams repeat the cumulative input count.
+func (u *usage) addDelta(d usage) {
+	if d.InputTokens > 0 {
+		u.InputTokens = d.InputTokens
+	}
+	if d.Reported {
+		u.OutputTokens, u.Reported = d.OutputTokens, true
+	}
 }
 
 // passthroughWatch reads a relayed stream's events as far as SPEC §7.5 and
@@ -146,12 +158,7 @@ func (pw *passthroughWatch) messagesEvent(typ string, e rawObject) (relay, end b
 		}
 	case "message_delta":
 		u, err := usageOf(pw.protocol, e.value("usage"))
-		if u.InputTokens > 0 { // newer streams repeat the input count
-			pw.usage.InputTokens = u.InputTokens
-		}
-		if u.Reported {
-			pw.usage.OutputTokens, pw.usage.Reported = u.OutputTokens, true
-		}
+		pw.usage.addDelta(u)
 		return err == nil, false, err
 	case "message_stop":
 		pw.finished = true
@@ -345,10 +352,7 @@ func (a *messagesUpstreamStream) handle(ev sseEvent, emit func(streamEvent) erro
 			a.finish = messagesFinish(e.Delta.StopReason)
 		}
 		if u := e.Usage; u != nil {
-			a.usage.Reported, a.usage.OutputTokens = true, u.OutputTokens
-			if u.InputTokens > 0 { // newer message_delta events repeat the cumulative input counts
-				a.usage.InputTokens = u.usage().InputTokens
-			}
+			a.usage.addDelta(u.usage())
 		}
 	case "message_stop":
 		return true, emitTail(emit, answerFinish(a.finish), a.usage)
