@@ -335,13 +335,9 @@ func (it *responsesItem) call() (toolCall, bool) {
 	if it.Namespace != "" {
 		tc.Name = it.Namespace + "__" + it.Name
 	}
-	in := it.Arguments
+	tc.Arguments = argumentsText(valueOr(it.Arguments, ""))
 	if tc.Custom {
-		in = it.Input
-	}
-	tc.Arguments = valueOr(in, "")
-	if !tc.Custom {
-		tc.Arguments = argumentsText(tc.Arguments)
+		tc.Arguments = valueOr(it.Input, "")
 	}
 	return tc, tc.Custom || it.Type == "function_call"
 }
