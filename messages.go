@@ -5,7 +5,6 @@ import (
 	"cmp"
 	"encoding/base64"
 	"encoding/json"
-	"errors"
 	"regexp"
 	"slices"
 	"strings"
@@ -574,88 +573,3 @@ func (s *messagesCallerStream) end(finish string, u usage) error {
 func (s *messagesCallerStream) fail(e *apiError) error {
 	return s.emit(messagesEvent{Type: "error", Error: must(json.Marshal(e.body().Error))})
 }
-
-// messagesUpstreamStream translates Messages events; message_stop is terminal.
-type messagesUpstreamStream struct {
-	finish   string
-	usage    usage
-	blocks   map[int]int  // content block index → neutral tool index, tool_use blocks only
-	argsSeen map[int]bool // neutral tool index → some non-empty arguments were emitted
-}
-
-func newMessagesUpstreamStream() streamTranslator {
-	return &messagesUpstreamStream{blocks: map[int]int{}, argsSeen: map[int]bool{}}
-}
-
-func (a *messagesUpstreamStream) handle(ev sseEvent, emit func(streamEvent) error) (bool, error) {
-	var e messagesEvent
-	if err := json.Unmarshal([]byte(ev.Data), &e); err != nil {
-		return false, malformedEvent(protoAnthropic, err)
-	}
-	e.Type = cmp.Or(e.Type, ev.Event) // data without a type: the event line's, as passthrough reads it
-	if ev.Event == "error" || e.Type == "error" {
-		f, _ := errorObject(e.Error)
-		return false, inBandError(f.typ)
-	}
-	index := valueOr(e.Index, 0)
-	ni, isTool := a.blocks[index]
-	missing := func(what string) (bool, error) {
-		return false, malformedEvent(protoAnthropic, errors.New(e.Type+" without "+what))
-	}
-	switch e.Type {
-	case "":
-		return missing("a type")
-	case "message_start":
-		if e.Message == nil {
-			return missing("message")
-		}
-		if u := e.Message.Usage; u != nil { // emitted now too: a stream cut later still records it (SPEC §7.5)
-			a.usage = u.usage()
-			return false, emit(streamEvent{Kind: eventUsage, Usage: a.usage})
-		}
-	case "content_block_start":
-		switch b := e.ContentBlock; {
-		case b == nil:
-			return missing("content_block")
-		case b.Type == "text" && b.Text != nil && *b.Text != "":
-			return false, emit(streamEvent{Kind: eventText, Text: *b.Text})
-		case b.Type == "tool_use" && (b.Name == "" || isTool):
-			return missing("a fresh index and a name")
-		case b.Type == "tool_use":
-			a.blocks[index] = len(a.blocks)
-			return false, emit(streamEvent{Kind: eventToolCallStart, Index: a.blocks[index], ToolCall: toolCall{ID: b.ID, Name: b.Name}})
-		}
-	case "content_block_delta":
-		switch d := e.Delta; {
-		case d == nil:
-			return missing("delta")
-		case d.Type == "text_delta" && d.Text != nil && *d.Text != "":
-			return false, emit(streamEvent{Kind: eventText, Text: *d.Text})
-		case d.Type == "input_json_delta" && !isTool:
-			return missing("a tool_use block")
-		case d.Type == "input_json_delta" && d.PartialJSON != nil && *d.PartialJSON != "":
-			a.argsSeen[ni] = true
-			return false, emit(streamEvent{Kind: eventToolCallArgs, Index: ni, Text: *d.PartialJSON})
-		}
-	case "content_block_stop":
-		if isTool && !a.argsSeen[ni] { // a tool without parameters streams no arguments; callers expect "{}"
-			a.argsSeen[ni] = true
-			return false, emit(streamEvent{Kind: eventToolCallArgs, Index: ni, Text: "{}"})
-		}
-	case "message_delta":
-		if e.Delta != nil && e.Delta.StopReason != "" {
-			a.finish = messagesFinish(e.Delta.StopReason)
-		}
-		if u := e.Usage; u != nil {
-			a.usage.Reported, a.usage.OutputTokens = true, u.OutputTokens
-			if u.InputTokens > 0 { // newer message_delta events repeat the cumulative input counts
-				a.usage.InputTokens = u.usage().InputTokens
-			}
-		}
-	case "message_stop":
-		return true, emitTail(emit, answerFinish(a.finish), a.usage)
-	} // ping and event types added later carry nothing Brama translates
-	return false, nil
-}
-
-func (a *messagesUpstreamStream) ended(func(streamEvent) error) (bool, error) { return false, nil }

@@ -11,8 +11,9 @@ import (
 
 // By LAYOUT.md this file's parts belong to files another helper is
 // rewriting; they wait here: the usage reader, the stream watcher per
-// protocol and streamCut go to formats.go (one reader per protocol for
-// translation and passthrough alike), the count_tokens estimate to messages.go.
+// protocol, the upstream Messages and Responses translators and streamCut go
+// to formats.go (one reader per protocol for translation and passthrough
+// alike), the count_tokens estimate to messages.go.
 
 // passthroughUsage holds the usage members of all three formats (flat: the
 // wire types embedded cost an allocation per event).
@@ -47,6 +48,17 @@ func (u *passthroughUsage) count(protocol string) usage {
 		return usage{InputTokens: u.PromptTokens, OutputTokens: u.CompletionTokens, Reported: true}
 	}
 	return usage{InputTokens: u.InputTokens + u.CacheCreationInputTokens + u.CacheReadInputTokens, OutputTokens: u.OutputTokens, Reported: true}
+}
+
+// addDelta folds a message_delta's usage d into u: its output count is the
+// whole, and newer streams repeat the cumulative input count.
+func (u *usage) addDelta(d usage) {
+	if d.InputTokens > 0 {
+		u.InputTokens = d.InputTokens
+	}
+	if d.Reported {
+		u.OutputTokens, u.Reported = d.OutputTokens, true
+	}
 }
 
 // passthroughWatch reads a relayed stream's events as far as SPEC §7.5 and
@@ -146,12 +158,7 @@ func (pw *passthroughWatch) messagesEvent(typ string, e rawObject) (relay, end b
 		}
 	case "message_delta":
 		u, err := usageOf(pw.protocol, e.value("usage"))
-		if u.InputTokens > 0 { // newer streams repeat the input count
-			pw.usage.InputTokens = u.InputTokens
-		}
-		if u.Reported {
-			pw.usage.OutputTokens, pw.usage.Reported = u.OutputTokens, true
-		}
+		pw.usage.addDelta(u)
 		return err == nil, false, err
 	case "message_stop":
 		pw.finished = true
@@ -261,3 +268,226 @@ func estimateInputTokens(o rawObject) int {
 	}
 	return (n + 3) / 4
 }
+
+// decodeEvent decodes a translated stream's event into e; data without a type
+// takes the event line's (as passthrough reads it), and no type at all is malformed.
+func decodeEvent(protocol string, ev sseEvent, e any, typ *string) error {
+	if err := json.Unmarshal([]byte(ev.Data), e); err != nil {
+		return malformedEvent(protocol, err)
+	}
+	if *typ = cmp.Or(*typ, ev.Event); *typ == "" {
+		return eventWithout(protocol, "event", "a type")
+	}
+	return nil
+}
+
+// eventWithout is the failure of a typ event lacking what it must carry.
+func eventWithout(protocol, typ, what string) *apiError {
+	return malformedEvent(protocol, errors.New(typ+" without "+what))
+}
+
+// messagesUpstreamStream translates Messages events; message_stop is terminal.
+type messagesUpstreamStream struct {
+	finish   string
+	usage    usage
+	blocks   map[int]int  // content block index → neutral tool index, tool_use blocks only
+	argsSeen map[int]bool // neutral tool index → some non-empty arguments were emitted
+}
+
+func newMessagesUpstreamStream() streamTranslator {
+	return &messagesUpstreamStream{blocks: map[int]int{}, argsSeen: map[int]bool{}}
+}
+
+func (a *messagesUpstreamStream) handle(ev sseEvent, emit func(streamEvent) error) (bool, error) {
+	var e messagesEvent
+	if err := decodeEvent(protoAnthropic, ev, &e, &e.Type); err != nil {
+		return false, err
+	}
+	if ev.Event == "error" || e.Type == "error" {
+		f, _ := errorObject(e.Error)
+		return false, inBandError(f.typ)
+	}
+	index := valueOr(e.Index, 0)
+	ni, isTool := a.blocks[index]
+	switch e.Type {
+	case "message_start":
+		if e.Message == nil {
+			return false, eventWithout(protoAnthropic, e.Type, "message")
+		}
+		if u := e.Message.Usage; u != nil { // emitted now too: a stream cut later still records it (SPEC §7.5)
+			a.usage = u.usage()
+			return false, emit(streamEvent{Kind: eventUsage, Usage: a.usage})
+		}
+	case "content_block_start":
+		switch b := e.ContentBlock; {
+		case b == nil:
+			return false, eventWithout(protoAnthropic, e.Type, "content_block")
+		case b.Type == "text" && b.Text != nil && *b.Text != "":
+			return false, emit(streamEvent{Kind: eventText, Text: *b.Text})
+		case b.Type == "tool_use" && (b.Name == "" || isTool):
+			return false, eventWithout(protoAnthropic, e.Type, "a fresh index and a name")
+		case b.Type == "tool_use":
+			a.blocks[index] = len(a.blocks)
+			return false, emit(streamEvent{Kind: eventToolCallStart, Index: a.blocks[index], ToolCall: toolCall{ID: b.ID, Name: b.Name}})
+		}
+	case "content_block_delta":
+		switch d := e.Delta; {
+		case d == nil:
+			return false, eventWithout(protoAnthropic, e.Type, "delta")
+		case d.Type == "text_delta" && d.Text != nil && *d.Text != "":
+			return false, emit(streamEvent{Kind: eventText, Text: *d.Text})
+		case d.Type == "input_json_delta" && !isTool:
+			return false, eventWithout(protoAnthropic, e.Type, "a tool_use block")
+		case d.Type == "input_json_delta" && d.PartialJSON != nil && *d.PartialJSON != "":
+			a.argsSeen[ni] = true
+			return false, emit(streamEvent{Kind: eventToolCallArgs, Index: ni, Text: *d.PartialJSON})
+		}
+	case "content_block_stop":
+		if isTool && !a.argsSeen[ni] { // a tool without parameters streams no arguments; callers expect "{}"
+			a.argsSeen[ni] = true
+			return false, emit(streamEvent{Kind: eventToolCallArgs, Index: ni, Text: "{}"})
+		}
+	case "message_delta":
+		if e.Delta != nil && e.Delta.StopReason != "" {
+			a.finish = messagesFinish(e.Delta.StopReason)
+		}
+		if u := e.Usage; u != nil {
+			a.usage.addDelta(u.usage())
+		}
+	case "message_stop":
+		return true, emitTail(emit, answerFinish(a.finish), a.usage)
+	} // ping and event types added later carry nothing Brama translates
+	return false, nil
+}
+
+func (a *messagesUpstreamStream) ended(func(streamEvent) error) (bool, error) { return false, nil }
+
+type responsesStreamItem struct {
+	tool     int  // neutral tool index, -1 for a message
+	streamed bool // text or argument deltas emitted: done emits the rest
+}
+
+// responsesUpstreamStream translates Responses events, items keyed by output_index; response.completed (or .incomplete) is terminal.
+type responsesUpstreamStream struct {
+	items   map[int]*responsesStreamItem
+	tools   int
+	refusal bool // a refusal came: the finish is content_filter
+}
+
+func newResponsesUpstreamStream() streamTranslator {
+	return &responsesUpstreamStream{items: map[int]*responsesStreamItem{}}
+}
+
+func (r *responsesUpstreamStream) handle(ev sseEvent, emit func(streamEvent) error) (bool, error) {
+	var e responsesEvent
+	if err := decodeEvent(protoOpenAIResponses, ev, &e, &e.Type); err != nil {
+		return false, err
+	}
+	idx := valueOr(e.OutputIndex, 0)
+	switch e.Type {
+	case "error":
+		code, _ := jsonScalar(e.Code)
+		f, _ := errorObject(e.Error)
+		return false, inBandError(cmp.Or(code, f.code, f.typ))
+	case "response.failed":
+		return false, inBandError(valueOr(valueOr(e.Response, responsesObject{}).Error, responsesError{}).Code)
+	case "response.output_item.added", "response.output_item.done":
+		if e.Item == nil {
+			return false, eventWithout(protoOpenAIResponses, e.Type, "item")
+		}
+		if e.Type == "response.output_item.added" {
+			_, err := r.item(idx, e.Item, emit)
+			return false, err
+		}
+		return false, r.done(idx, e.Item, emit)
+	case "response.output_text.delta", "response.refusal.delta", "response.function_call_arguments.delta", "response.custom_tool_call_input.delta":
+		it, _ := r.item(idx, &responsesItem{}, emit)
+		ev := streamEvent{Kind: eventText}
+		r.refusal = r.refusal || e.Type == "response.refusal.delta"
+		if e.Type != "response.output_text.delta" && e.Type != "response.refusal.delta" {
+			if it.tool < 0 {
+				return false, eventWithout(protoOpenAIResponses, e.Type, "a call item")
+			}
+			ev.Kind, ev.Index = eventToolCallArgs, it.tool
+		}
+		if e.Delta == nil || *e.Delta == "" {
+			return false, nil
+		}
+		it.streamed, ev.Text = true, *e.Delta
+		return false, emit(ev)
+	case "response.completed", "response.incomplete":
+		if e.Response == nil {
+			return false, eventWithout(protoOpenAIResponses, e.Type, "response")
+		}
+		return true, r.completed(e.Response, emit)
+	}
+	return false, nil
+}
+
+// completed emits the final response's items the stream never showed (a minimal stream, a buffered answer), then the tail.
+func (r *responsesUpstreamStream) completed(resp *responsesObject, emit func(streamEvent) error) error {
+	for i, it := range resp.Output {
+		if _, seen := r.items[i]; !seen && it != nil {
+			if err := r.done(i, it, emit); err != nil {
+				return err
+			}
+		}
+	}
+	finish, u := map[bool]string{false: finishStop, true: finishToolCalls}[r.tools > 0], usage{}
+	if r.refusal {
+		finish = finishContentFilter
+	}
+	for f, reason := range responsesIncompletes {
+		if valueOr(resp.IncompleteDetails, responsesIncomplete{}).Reason == reason {
+			finish = f
+		}
+	}
+	if ru := resp.Usage; ru != nil {
+		u = usage{InputTokens: ru.InputTokens, OutputTokens: ru.OutputTokens, Reported: true}
+	}
+	return emitTail(emit, finish, u)
+}
+
+// item is the state of output index i: a tool call once seen as one.
+func (r *responsesUpstreamStream) item(i int, item *responsesItem, emit func(streamEvent) error) (*responsesStreamItem, error) {
+	it, ok := r.items[i]
+	if !ok {
+		it = &responsesStreamItem{tool: -1}
+		r.items[i] = it
+	}
+	if tc, isCall := item.call(); isCall && it.tool < 0 {
+		if item.Name == "" {
+			return nil, eventWithout(protoOpenAIResponses, "a call item", "a name")
+		}
+		it.tool, r.tools, tc.Arguments = r.tools, r.tools+1, ""
+		return it, emit(streamEvent{Kind: eventToolCallStart, Index: it.tool, ToolCall: tc})
+	}
+	return it, nil
+}
+
+// done completes an output item, emitting whatever its deltas did not.
+func (r *responsesUpstreamStream) done(i int, item *responsesItem, emit func(streamEvent) error) error {
+	it, err := r.item(i, item, emit)
+	if err != nil || it.streamed {
+		return err
+	}
+	it.streamed = true
+	if tc, ok := item.call(); ok && tc.Arguments != "" {
+		return emit(streamEvent{Kind: eventToolCallArgs, Index: it.tool, Text: tc.Arguments})
+	}
+	var scratch chatRequest // a message item's text, a refusal's too
+	parts, _ := scratch.responsesParts(item.Content, "")
+	text := textOf(parts)
+	for _, p := range rawItems(item.Content) {
+		var rp responsesPart
+		if json.Unmarshal(p, &rp); rp.Type == "refusal" {
+			text, r.refusal = text+rp.Refusal, true
+		}
+	}
+	if item.Type == "message" && text != "" {
+		return emit(streamEvent{Kind: eventText, Text: text})
+	}
+	return nil
+}
+
+func (r *responsesUpstreamStream) ended(func(streamEvent) error) (bool, error) { return false, nil }

@@ -3,7 +3,6 @@ package main
 import (
 	"cmp"
 	"encoding/json"
-	"errors"
 	"strings"
 	"time"
 )
@@ -336,13 +335,9 @@ func (it *responsesItem) call() (toolCall, bool) {
 	if it.Namespace != "" {
 		tc.Name = it.Namespace + "__" + it.Name
 	}
-	in := it.Arguments
+	tc.Arguments = argumentsText(valueOr(it.Arguments, ""))
 	if tc.Custom {
-		in = it.Input
-	}
-	tc.Arguments = valueOr(in, "")
-	if !tc.Custom {
-		tc.Arguments = argumentsText(tc.Arguments)
+		tc.Arguments = valueOr(it.Input, "")
 	}
 	return tc, tc.Custom || it.Type == "function_call"
 }
@@ -481,139 +476,6 @@ func (s *responsesCallerStream) fail(e *apiError) error {
 	r.Status, r.Error = "failed", &responsesError{Code: b.Code, Message: b.Message}
 	return s.emit(responsesEvent{Type: "response.failed", Response: &r})
 }
-
-type responsesStreamItem struct {
-	tool     int  // neutral tool index, -1 for a message
-	streamed bool // text or argument deltas emitted: done emits the rest
-}
-
-// responsesUpstreamStream translates Responses events, items keyed by output_index; response.completed (or .incomplete) is terminal.
-type responsesUpstreamStream struct {
-	items   map[int]*responsesStreamItem
-	tools   int
-	refusal bool // a refusal came: the finish is content_filter
-}
-
-func newResponsesUpstreamStream() streamTranslator {
-	return &responsesUpstreamStream{items: map[int]*responsesStreamItem{}}
-}
-
-func (r *responsesUpstreamStream) handle(ev sseEvent, emit func(streamEvent) error) (bool, error) {
-	var e responsesEvent
-	if err := json.Unmarshal([]byte(ev.Data), &e); err != nil {
-		return false, malformedEvent(protoOpenAIResponses, err)
-	}
-	e.Type = cmp.Or(e.Type, ev.Event) // data without a type: the event line's, as passthrough reads it
-	idx := valueOr(e.OutputIndex, 0)
-	switch e.Type {
-	case "":
-		return false, malformedEvent(protoOpenAIResponses, errors.New("event without a type"))
-	case "error":
-		code, _ := jsonScalar(e.Code)
-		f, _ := errorObject(e.Error)
-		return false, inBandError(cmp.Or(code, f.code, f.typ))
-	case "response.failed":
-		return false, inBandError(valueOr(valueOr(e.Response, responsesObject{}).Error, responsesError{}).Code)
-	case "response.output_item.added", "response.output_item.done":
-		if e.Item == nil {
-			return false, malformedEvent(protoOpenAIResponses, errors.New("output item event without item"))
-		}
-		if e.Type == "response.output_item.added" {
-			_, err := r.item(idx, e.Item, emit)
-			return false, err
-		}
-		return false, r.done(idx, e.Item, emit)
-	case "response.output_text.delta", "response.refusal.delta", "response.function_call_arguments.delta", "response.custom_tool_call_input.delta":
-		it, _ := r.item(idx, &responsesItem{}, emit)
-		ev := streamEvent{Kind: eventText}
-		r.refusal = r.refusal || e.Type == "response.refusal.delta"
-		if e.Type != "response.output_text.delta" && e.Type != "response.refusal.delta" {
-			if it.tool < 0 {
-				return false, malformedEvent(protoOpenAIResponses, errors.New("arguments outside a call item"))
-			}
-			ev.Kind, ev.Index = eventToolCallArgs, it.tool
-		}
-		if e.Delta == nil || *e.Delta == "" {
-			return false, nil
-		}
-		it.streamed, ev.Text = true, *e.Delta
-		return false, emit(ev)
-	case "response.completed", "response.incomplete":
-		if e.Response == nil {
-			return false, malformedEvent(protoOpenAIResponses, errors.New(e.Type+" without response"))
-		}
-		return true, r.completed(e.Response, emit)
-	}
-	return false, nil
-}
-
-// completed emits the final response's items the stream never showed (a minimal stream, a buffered answer), then the tail.
-func (r *responsesUpstreamStream) completed(resp *responsesObject, emit func(streamEvent) error) error {
-	for i, it := range resp.Output {
-		if _, seen := r.items[i]; !seen && it != nil {
-			if err := r.done(i, it, emit); err != nil {
-				return err
-			}
-		}
-	}
-	finish, u := map[bool]string{false: finishStop, true: finishToolCalls}[r.tools > 0], usage{}
-	if r.refusal {
-		finish = finishContentFilter
-	}
-	for f, reason := range responsesIncompletes {
-		if valueOr(resp.IncompleteDetails, responsesIncomplete{}).Reason == reason {
-			finish = f
-		}
-	}
-	if ru := resp.Usage; ru != nil {
-		u = usage{InputTokens: ru.InputTokens, OutputTokens: ru.OutputTokens, Reported: true}
-	}
-	return emitTail(emit, finish, u)
-}
-
-// item is the state of output index i: a tool call once seen as one.
-func (r *responsesUpstreamStream) item(i int, item *responsesItem, emit func(streamEvent) error) (*responsesStreamItem, error) {
-	it, ok := r.items[i]
-	if !ok {
-		it = &responsesStreamItem{tool: -1}
-		r.items[i] = it
-	}
-	if tc, isCall := item.call(); isCall && it.tool < 0 {
-		if item.Name == "" {
-			return nil, malformedEvent(protoOpenAIResponses, errors.New("call item without a name"))
-		}
-		it.tool, r.tools, tc.Arguments = r.tools, r.tools+1, ""
-		return it, emit(streamEvent{Kind: eventToolCallStart, Index: it.tool, ToolCall: tc})
-	}
-	return it, nil
-}
-
-// done completes an output item, emitting whatever its deltas did not.
-func (r *responsesUpstreamStream) done(i int, item *responsesItem, emit func(streamEvent) error) error {
-	it, err := r.item(i, item, emit)
-	if err != nil || it.streamed {
-		return err
-	}
-	it.streamed = true
-	if tc, ok := item.call(); ok && tc.Arguments != "" {
-		return emit(streamEvent{Kind: eventToolCallArgs, Index: it.tool, Text: tc.Arguments})
-	}
-	var scratch chatRequest // a message item's text, a refusal's too
-	parts, _ := scratch.responsesParts(item.Content, "")
-	text := textOf(parts)
-	for _, p := range rawItems(item.Content) {
-		var rp responsesPart
-		if json.Unmarshal(p, &rp); rp.Type == "refusal" {
-			text, r.refusal = text+rp.Refusal, true
-		}
-	}
-	if item.Type == "message" && text != "" {
-		return emit(streamEvent{Kind: eventText, Text: text})
-	}
-	return nil
-}
-
-func (r *responsesUpstreamStream) ended(func(streamEvent) error) (bool, error) { return false, nil }
 
 // responsesContent is parts as Responses input (an assistant's text: output) parts, no empty text.
 func responsesContent(ps []part, assistant bool) []responsesPart {
