@@ -366,11 +366,10 @@ type clientsDoc struct {
 // parseClients strictly parses clients.json; nil, no file, is no clients.
 func parseClients(b []byte) (*clientsDoc, error) {
 	doc := &clientsDoc{Clients: []client{}}
-	if b == nil {
-		return doc, nil
-	}
-	if err := decodeStrict("clients file", b, doc); err != nil {
-		return nil, err
+	if b != nil {
+		if err := decodeStrict("clients file", b, doc); err != nil {
+			return nil, err
+		}
 	}
 	return doc, nil
 }
@@ -403,22 +402,19 @@ func newToken() string {
 	return "brama_" + base64.RawURLEncoding.EncodeToString(b)
 }
 
-// tokenDigest is the stored form of a token.
 func tokenDigest(token string) string { return hexSHA256([]byte(token)) }
 
 // clientStore is the clients file, re-read on change (SPEC §2.3), or the
-// process-only client when there is no state directory.
+// process-only clients (memory, set before serving) when there is no state directory.
 type clientStore struct {
 	stateFile[*clientsDoc]
-	memory *clientsDoc // process-only clients (no state directory); set before serving
+	memory *clientsDoc
 }
 
-// newClientStore opens the clients file at path; pathErr says why there is none.
 func newClientStore(path string, pathErr error) *clientStore {
 	return &clientStore{stateFile: stateFile[*clientsDoc]{role: "clients file", path: path, pathErr: pathErr, parse: parseClients, absentErr: true}}
 }
 
-// load returns the current clients, re-reading on change.
 func (c *clientStore) load() (*clientsDoc, error) {
 	if c.memory != nil {
 		return c.memory, nil
@@ -428,13 +424,12 @@ func (c *clientStore) load() (*clientsDoc, error) {
 
 // authenticate finds token's client, comparing every digest in constant
 // time; a refusal never says whose a token is (SPEC §3.1).
-func (c *clientStore) authenticate(token string) (client, error) {
+func (c *clientStore) authenticate(token string) (found client, err error) {
 	doc, err := c.load()
 	if err != nil {
-		return client{}, refuse("unauthenticated", "the clients file is unusable, so no token can be checked (GET /readyz says why)").because(err)
+		return found, refuse("unauthenticated", "the clients file is unusable, so no token can be checked (GET /readyz says why)").because(err)
 	}
 	want := []byte(tokenDigest(token))
-	var found client
 	for _, cl := range doc.Clients {
 		if subtle.ConstantTimeCompare(want, []byte(cl.TokenSHA256)) == 1 {
 			found = cl
@@ -448,8 +443,7 @@ func (c *clientStore) authenticate(token string) (client, error) {
 
 // updateClients changes the clients file under its lock (SPEC §2.3).
 func updateClients(path string, fn func(d *clientsDoc) error) error {
-	f := stateFile[*clientsDoc]{role: "clients file", path: path, parse: parseClients}
-	return f.update(fn)
+	return (&stateFile[*clientsDoc]{role: "clients file", path: path, parse: parseClients}).update(fn)
 }
 
 // notAClient is the 401 of a token no client holds (SPEC §3.1).
@@ -459,36 +453,36 @@ const notAClient = "this token is not one of this gateway's clients"
 // (SPEC §3.1; both carrying the same one count as one), or the 401 saying
 // what was wrong without quoting it.
 func presentedToken(h http.Header) (string, error) {
-	twoTokens := refuse("unauthenticated", "two tokens: send one (ANTHROPIC_API_KEY and ANTHROPIC_AUTH_TOKEN both set?)")
-	auth, toks := h.Values("Authorization"), slices.Clone(h.Values("X-Api-Key")) // never edit r.Header
-	if len(auth) > 1 || len(toks) > 1 {
-		return "", twoTokens
+	auth, keys := h.Values("Authorization"), h.Values("X-Api-Key")
+	toks := map[string]bool{}
+	for i, v := range append(slices.Clone(auth), keys...) { // never edit r.Header
+		if scheme, tok, ok := strings.Cut(v, " "); i < len(auth) && (!ok || !strings.EqualFold(scheme, "Bearer")) {
+			continue // another scheme carries no token of Brama's
+		} else if i < len(auth) {
+			v = tok
+		}
+		if v = strings.TrimSpace(v); v != "" {
+			toks[v] = true
+		}
 	}
-	for _, a := range auth {
-		if scheme, tok, ok := strings.Cut(a, " "); ok && strings.EqualFold(scheme, "Bearer") {
-			toks = append(toks, tok)
-		} // another scheme carries no token of Brama's
+	tok := ""
+	for t := range toks {
+		tok = t
 	}
-	for i := range toks {
-		toks[i] = strings.TrimSpace(toks[i])
-	}
-	toks = slices.Compact(slices.DeleteFunc(toks, func(t string) bool { return t == "" }))
 	switch {
-	case len(toks) == 0:
+	case len(auth) > 1 || len(keys) > 1 || len(toks) > 1 || strings.Contains(tok, ","): // one token, never a list
+		return "", refuse("unauthenticated", "two tokens: send one (ANTHROPIC_API_KEY and ANTHROPIC_AUTH_TOKEN both set?)")
+	case tok == "":
 		return "", refuse("unauthenticated", "no token: send Authorization: Bearer <token> or x-api-key")
-	case len(toks) > 1 || strings.Contains(toks[0], ","): // one token, never a list
-		return "", twoTokens
-	case strings.ContainsAny(toks[0], " \t"): // e.g. x-api-key: Bearer …
+	case strings.ContainsAny(tok, " \t"): // e.g. x-api-key: Bearer …
 		return "", refuse("unauthenticated", notAClient)
 	}
-	return toks[0], nil
+	return tok, nil
 }
 
 // transportGuard decides whether a peer may speak plain HTTP (SPEC §3.3):
-// loopback always, a trusted proxy that says the client used https.
-type transportGuard struct {
-	trusted map[string]bool // canonical IP strings from BRAMA_TRUSTED_PROXY_IPS
-}
+// loopback always, a trusted proxy (by canonical IP) that says the client used https.
+type transportGuard struct{ trusted map[string]bool }
 
 func newTransportGuard(list string) (transportGuard, error) {
 	g := transportGuard{trusted: map[string]bool{}}
@@ -508,13 +502,10 @@ func newTransportGuard(list string) (transportGuard, error) {
 // header it does not set as the client wrote it.
 func (g transportGuard) allows(r *http.Request) bool {
 	host, _, _ := net.SplitHostPort(r.RemoteAddr)
-	switch ip := net.ParseIP(host); { // nil when RemoteAddr is not host:port
-	case ip == nil:
+	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() && !g.trusted[ip.String()] {
 		return false
-	case ip.IsLoopback():
+	} else if ip.IsLoopback() {
 		return true
-	case !g.trusted[ip.String()]:
-		return false
 	}
 	last := func(name string) string {
 		v := strings.Join(r.Header.Values(name), ",")
@@ -548,8 +539,11 @@ func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 	warn := func(msg ...string) { rd.Warnings = append(rd.Warnings, strings.Join(msg, "")) }
 	if s.st.dir == "" {
 		warn("no state directory: ", s.st.cause.Error())
-	} else if why := dirExposure(s.st.dir); why != "" {
-		warn("the state directory ", why)
+	} else if fi, err := os.Stat(s.st.dir); err != nil { // unreadable: its files say why
+	} else if uid := fi.Sys().(*syscall.Stat_t).Uid; int(uid) != os.Geteuid() { // the files' own guards cannot see this
+		warn(fmt.Sprintf("the state directory is owned by uid %d, not this process's uid %d, who may remove or replace its files", uid, os.Geteuid()))
+	} else if perm := fi.Mode().Perm(); perm&0o022 != 0 {
+		warn(fmt.Sprintf("the state directory has mode %#o: group or other may remove or replace its files, the journal too (chmod 700)", perm))
 	}
 	noState := func(err error) bool { return errors.As(err, new(*noStateError)) }
 	_, regErr := s.reg.current()
@@ -600,24 +594,8 @@ func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, map[bool]int{true: http.StatusOK, false: http.StatusServiceUnavailable}[rd.Ready], rd)
 }
 
-// dirExposure is why another user may remove or replace the files in dir,
-// which their own guards cannot see; "" when none may (or dir is unreadable).
-func dirExposure(dir string) string {
-	fi, err := os.Stat(dir)
-	if err != nil {
-		return ""
-	}
-	if uid := fi.Sys().(*syscall.Stat_t).Uid; int(uid) != os.Geteuid() {
-		return fmt.Sprintf("is owned by uid %d, not this process's uid %d, who may remove or replace its files", uid, os.Geteuid())
-	}
-	if perm := fi.Mode().Perm(); perm&0o022 != 0 {
-		return fmt.Sprintf("has mode %#o: group or other may remove or replace its files, the journal too (chmod 700)", perm)
-	}
-	return ""
-}
-
-// hidePath keeps a file's location out of a /readyz sentence unless it lies
-// inside the state directory.
+// hidePath keeps a file's location out of a sentence unless it lies inside
+// the state directory.
 func (s *server) hidePath(msg, path string) string {
 	if path == "" || (s.st.dir != "" && strings.HasPrefix(path, s.st.dir+"/")) {
 		return msg
@@ -636,12 +614,11 @@ func (s *server) handleAliases(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) handleRoutesGet(w http.ResponseWriter, r *http.Request) {
-	doc, err := s.reg.current()
-	if err != nil {
+	if doc, err := s.reg.current(); err != nil {
 		s.fail(w, r, refuse("state_conflict", "the route registry on disk is invalid: %s", s.hidePath(err.Error(), s.reg.path)).because(err))
-		return
+	} else {
+		writeRaw(w, http.StatusOK, encodeRegistry(doc))
 	}
-	writeRaw(w, http.StatusOK, encodeRegistry(doc))
 }
 
 // handleRoutesWrite serves PUT {"alias","route"} and DELETE {"alias"} on
@@ -759,8 +736,8 @@ func (s *server) replaceCredential(r *http.Request, body *credentialBody) (any, 
 	return map[string]any{"ok": true, "subscription": s.inv.row(it, false, s.now())}, nil
 }
 
-// maintainNow serves POST /v1/admin/maintain (body empty or {}): one pass
-// now; one that could not list the subscriptions is refused 503 with why.
+// maintainNow serves POST /v1/admin/maintain: one pass now; one that could
+// not list the subscriptions is refused 503 with why.
 func (s *server) maintainNow(r *http.Request, _ *struct{}) (any, error) {
 	rep, err := s.maint.passNow(r.Context())
 	if errors.Is(err, errMaintenanceStopped) {
@@ -769,8 +746,8 @@ func (s *server) maintainNow(r *http.Request, _ *struct{}) (any, error) {
 	return rep, err
 }
 
-// pruneOrphans serves POST /v1/admin/vault/prune-orphans (body empty or {}):
-// the vault's credentials no subscription names are removed (SPEC §17).
+// pruneOrphans serves POST /v1/admin/vault/prune-orphans: the vault's
+// credentials no subscription names are removed (SPEC §17).
 func (s *server) pruneOrphans(r *http.Request, _ *struct{}) (any, error) {
 	ids, err := s.inv.pruneOrphans()
 	return map[string]any{"ok": true, "removed": ids}, err
@@ -781,13 +758,12 @@ func (s *server) pruneOrphans(r *http.Request, _ *struct{}) (any, error) {
 func (s *server) probeSubscription(r *http.Request, body *struct {
 	Model string `json:"model"`
 }) (any, error) {
-	agent := r.PathValue("agent_id")
-	it, err := s.inv.owned(agent, r.PathValue("subscription_id"), "a retired subscription is never probed")
+	it, err := s.inv.owned(r.PathValue("agent_id"), r.PathValue("subscription_id"), "a retired subscription is never probed")
 	if err != nil {
 		return nil, err
 	}
 	e := s.engine(infoFrom(r.Context()))
-	e.agent = agent
+	e.agent = r.PathValue("agent_id")
 	return e.probe(r.Context(), it, body.Model)
 }
 
@@ -809,7 +785,7 @@ func (s *server) handleChat(dialect string) http.HandlerFunc {
 			s.fail(w, r, err)
 			return
 		}
-		route := func(w http.ResponseWriter, r *http.Request) {
+		route := func(w http.ResponseWriter) {
 			if ae := e.serveChat(r.Context(), w, req, c, cands); ae != nil {
 				s.fail(w, r, ae)
 			}
@@ -819,7 +795,7 @@ func (s *server) handleChat(dialect string) http.HandlerFunc {
 		if keys, asked := r.Header["Idempotency-Key"]; asked {
 			replayed, err := s.answers.serve(r.Context(), w, signedCall{client: ri.client.ID, route: ri.route, keys: keys,
 				stream: req.head.Stream, body: ri.body, t: &ri.tally, envelope: func(w http.ResponseWriter, err error) *apiError { return writeAPIError(w, r, err) },
-			}, func(w http.ResponseWriter) { route(w, r) })
+			}, route)
 			ri.counted = ri.counted || replayed
 			if err != nil {
 				s.fail(w, r, err)
@@ -833,7 +809,7 @@ func (s *server) handleChat(dialect string) http.HandlerFunc {
 			return
 		}
 		e.t.remember = s.replay.rememberer(ri.client.ID, scope, req.body, c, cands)
-		route(w, r)
+		route(w)
 	}
 }
 
@@ -842,16 +818,13 @@ func (s *server) handleChat(dialect string) http.HandlerFunc {
 func (s *server) handleEmbeddings(w http.ResponseWriter, r *http.Request) {
 	var body map[string]json.RawMessage
 	var req chatRequest
-	switch {
-	case json.Unmarshal(infoFrom(r.Context()).body, &body) != nil || body == nil:
-		s.fail(w, r, refuse("invalid_request", "the body must be a JSON object"))
-	case json.Unmarshal(body["model"], &req.Model) != nil || req.Model == "":
-		s.fail(w, r, refuse("invalid_request", "model must be a non-empty string"))
-	default:
-		s.serveModel(w, r, &req, func(e *engine, c call) error {
-			return e.serveEmbeddings(r.Context(), w, req.Model, body, c)
-		})
+	var err error
+	if json.Unmarshal(infoFrom(r.Context()).body, &body) != nil || body == nil {
+		err = refuse("invalid_request", "the body must be a JSON object")
+	} else if json.Unmarshal(body["model"], &req.Model) != nil || req.Model == "" {
+		err = refuse("invalid_request", "model must be a non-empty string")
 	}
+	s.serveModel(w, r, &req, err, func(e *engine, c call) error { return e.serveEmbeddings(r.Context(), w, req.Model, body, c) })
 }
 
 // handleCountTokens serves POST /v1/messages/count_tokens (SPEC §15),
@@ -862,21 +835,22 @@ func (s *server) handleCountTokens(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	s.serveModel(w, r, &req.head, func(e *engine, c call) error {
-		return e.countTokens(r.Context(), w, req, c)
-	})
+	s.serveModel(w, r, &req.head, nil, func(e *engine, c call) error { return e.countTokens(r.Context(), w, req, c) })
 }
 
-// serveModel plans req's model and runs serve: the engine call of a route
-// outside chat (embeddings, count_tokens).
-func (s *server) serveModel(w http.ResponseWriter, r *http.Request, req *chatRequest, serve func(*engine, call) error) {
+// serveModel plans req's model and runs serve, unless reading failed (err):
+// the engine call of a route outside chat.
+func (s *server) serveModel(w http.ResponseWriter, r *http.Request, req *chatRequest, err error, serve func(*engine, call) error) {
 	ri := infoFrom(r.Context())
-	ri.requestedModel = req.Model
-	e := s.engine(ri)
-	c, err := e.plan(ri.client, ri.agentID, req)
-	ri.routingMode, ri.route = c.res.Mode, c.res.Route
 	if err == nil {
-		err = serve(e, c)
+		ri.requestedModel = req.Model
+		e := s.engine(ri)
+		var c call
+		c, err = e.plan(ri.client, ri.agentID, req)
+		ri.routingMode, ri.route = c.res.Mode, c.res.Route
+		if err == nil {
+			err = serve(e, c)
+		}
 	}
 	if err != nil {
 		s.fail(w, r, err)
