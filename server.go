@@ -40,33 +40,72 @@ type server struct {
 	inflight sync.RWMutex
 }
 
-// routes is the only place URL patterns appear.
+// routes is the only place URL patterns appear; the admin subscription
+// routes are answered here, over plain inventory calls.
 func (s *server) routes() {
 	s.mux = http.NewServeMux()
-	s.mux.HandleFunc("GET /health", s.handleHealth)
+	s.mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "version": version})
+	})
 	s.mux.HandleFunc("GET /readyz", s.handleReady)
 	s.mux.Handle("POST /v1/chat/completions", s.caller("", s.handleChat(dialectChat)))
 	s.mux.Handle("POST /v1/messages", s.caller("", s.handleChat(dialectMessages)))
 	s.mux.Handle("POST /v1/messages/count_tokens", s.caller("", s.handleCountTokens))
 	s.mux.Handle("POST /v1/responses", s.caller("", s.handleChat(dialectResponses)))
 	s.mux.Handle("POST /v1/embeddings", s.caller("", s.handleEmbeddings))
-	s.mux.Handle("GET /v1/models", s.caller("", s.handleModels))
-	s.mux.Handle("GET /v1/aliases", s.caller("", s.handleAliases))
+	s.mux.Handle("GET /v1/models", s.caller("", reply(s, 200, noBody, s.models)))
+	s.mux.Handle("GET /v1/aliases", s.caller("", reply(s, 200, noBody, func(r *http.Request, _ *struct{}) (any, error) {
+		t, err := s.reg.aliases(s.hasDirect)
+		if err != nil {
+			return nil, refuse("dependency_unavailable", "the route registry is unusable: %s", s.hidePath(err.Error(), s.reg.path)).because(err)
+		}
+		return t.usableBy(infoFrom(r.Context()).client.mayUse), nil // as /v1/models (SPEC §3.1)
+	})))
 	s.mux.Handle("GET /metrics", s.caller("", s.handleMetrics))
-	s.mux.Handle("GET /v1/admin/routes", s.caller(roleAdmin, s.handleRoutesGet))
-	s.mux.Handle("PUT /v1/admin/routes", s.caller(roleAdmin, s.handleRoutesWrite))
-	s.mux.Handle("DELETE /v1/admin/routes", s.caller(roleAdmin, s.handleRoutesWrite))
+	s.mux.Handle("GET /v1/admin/routes", s.caller(roleAdmin, s.handleRoutes))
+	s.mux.Handle("PUT /v1/admin/routes", s.caller(roleAdmin, s.handleRoutes))
+	s.mux.Handle("DELETE /v1/admin/routes", s.caller(roleAdmin, s.handleRoutes))
 	for _, role := range []string{"", roleAdmin} {
 		p := map[string]string{"": "/v1/subscriptions/", roleAdmin: "/v1/admin/subscriptions/"}[role] + "{agent_id}"
-		s.mux.Handle("GET "+p, s.caller(role, reply(s, 200, noBody, s.listSubscriptions)))
+		s.mux.Handle("GET "+p, s.caller(role, reply(s, 200, noBody, func(r *http.Request, _ *struct{}) (any, error) {
+			rows, err := s.inv.list(r.PathValue("agent_id"))
+			return map[string]any{"subscriptions": rows}, err
+		})))
 		s.mux.Handle("POST "+p, s.caller(role, reply(s, 201, requiredBody, s.donateSubscription)))
-		s.mux.Handle("DELETE "+p+"/{subscription_id}", s.caller(role, reply(s, 200, noBody, s.retireSubscription)))
+		s.mux.Handle("DELETE "+p+"/{subscription_id}", s.caller(role, reply(s, 200, noBody, func(r *http.Request, _ *struct{}) (any, error) {
+			reason := cmp.Or(r.URL.Query().Get("reason"), "retired by "+infoFrom(r.Context()).client.ID)
+			return okBody, s.inv.retire(r.PathValue("agent_id"), r.PathValue("subscription_id"), reason)
+		})))
 	}
-	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/reinstate", s.caller(roleAdmin, reply(s, 200, requiredBody, s.reinstateSubscription)))
-	s.mux.Handle("POST /v1/admin/maintain", s.caller(roleAdmin, reply(s, 200, optionalBody, s.maintainNow)))
-	s.mux.Handle("POST /v1/admin/vault/prune-orphans", s.caller(roleAdmin, reply(s, 200, optionalBody, s.pruneOrphans)))
-	s.mux.Handle("PUT /v1/admin/subscriptions/{agent_id}/{subscription_id}/credential", s.caller(roleAdmin, reply(s, 200, requiredBody, s.replaceCredential)))
+	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/reinstate", s.caller(roleAdmin, reply(s, 200, requiredBody, func(r *http.Request, body *struct {
+		Reason string `json:"reason"`
+	}) (any, error) {
+		err := s.inv.reinstate(r.PathValue("agent_id"), r.PathValue("subscription_id"), body.Reason)
+		if err == nil {
+			s.maint.changed()
+		}
+		return okBody, err
+	})))
+	s.mux.Handle("PUT /v1/admin/subscriptions/{agent_id}/{subscription_id}/credential", s.caller(roleAdmin, reply(s, 200, requiredBody, func(r *http.Request, body *credentialBody) (any, error) {
+		it, err := s.inv.replaceSignedIn(r.PathValue("agent_id"), r.PathValue("subscription_id"),
+			vaultCredential{OAuth: body.OAuth, APIKey: body.APIKey}, infoFrom(r.Context()).client.ID)
+		if s.credentialChanged(it); err != nil {
+			return nil, err
+		}
+		return map[string]any{"ok": true, "subscription": s.inv.row(it, false, s.now())}, nil // the row, never the secret
+	})))
 	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/probe", s.caller(roleAdmin, reply(s, 200, optionalBody, s.probeSubscription)))
+	s.mux.Handle("POST /v1/admin/maintain", s.caller(roleAdmin, reply(s, 200, optionalBody, func(r *http.Request, _ *struct{}) (any, error) {
+		rep, err := s.maint.passNow(r.Context())
+		if errors.Is(err, errMaintenanceStopped) { // it could not list the subscriptions
+			return nil, refuse("dependency_unavailable", "no pass can run: %v", err).because(err)
+		}
+		return rep, err
+	})))
+	s.mux.Handle("POST /v1/admin/vault/prune-orphans", s.caller(roleAdmin, reply(s, 200, optionalBody, func(r *http.Request, _ *struct{}) (any, error) {
+		ids, err := s.inv.pruneOrphans() // the vault's credentials no subscription names (SPEC §17)
+		return map[string]any{"ok": true, "removed": ids}, err
+	})))
 }
 
 // requestInfo is the one record of a request that its log line reports
@@ -314,13 +353,6 @@ func decodeBody(r *http.Request, v any, optional bool) error {
 	return nil
 }
 
-// writeRaw writes already-encoded JSON.
-func writeRaw(w http.ResponseWriter, status int, b []byte) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	w.Write(b)
-}
-
 // How an admin handler reads its request body.
 const (
 	noBody       = iota // not read
@@ -521,10 +553,6 @@ func (g transportGuard) allows(r *http.Request) bool {
 	return xfp+fwd != "" && https(xfp) && https(fwd)
 }
 
-func (s *server) handleHealth(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "version": version})
-}
-
 // readiness is the body of GET /readyz.
 type readiness struct {
 	Ready    bool     `json:"ready"`
@@ -603,55 +631,9 @@ func (s *server) hidePath(msg, path string) string {
 	return strings.ReplaceAll(msg, path, "(named by environment)")
 }
 
-// handleAliases serves GET /v1/aliases: as /v1/models, only the names the caller may use (SPEC §3.1).
-func (s *server) handleAliases(w http.ResponseWriter, r *http.Request) {
-	t, err := s.reg.aliases(s.hasDirect)
-	if err != nil {
-		s.fail(w, r, refuse("dependency_unavailable", "the route registry is unusable: %s", s.hidePath(err.Error(), s.reg.path)).because(err))
-		return
-	}
-	writeJSON(w, http.StatusOK, t.usableBy(infoFrom(r.Context()).client.mayUse))
-}
-
-func (s *server) handleRoutesGet(w http.ResponseWriter, r *http.Request) {
-	if doc, err := s.reg.current(); err != nil {
-		s.fail(w, r, refuse("state_conflict", "the route registry on disk is invalid: %s", s.hidePath(err.Error(), s.reg.path)).because(err))
-	} else {
-		writeRaw(w, http.StatusOK, encodeRegistry(doc))
-	}
-}
-
-// handleRoutesWrite serves PUT {"alias","route"} and DELETE {"alias"} on
-// /v1/admin/routes, answering with the committed document.
-func (s *server) handleRoutesWrite(w http.ResponseWriter, r *http.Request) {
-	var set struct {
-		Alias string `json:"alias"`
-		Route string `json:"route"`
-	}
-	var rm struct {
-		Alias string `json:"alias"`
-	}
-	var doc *routesDoc
-	by, put := infoFrom(r.Context()).client.ID, r.Method == http.MethodPut
-	err := decodeBody(r, map[bool]any{true: &set, false: &rm}[put], false)
-	switch {
-	case err != nil:
-	case put:
-		doc, err = s.reg.set(set.Alias, set.Route, by)
-	default:
-		doc, err = s.reg.remove(rm.Alias, by)
-	}
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	s.replay.forget(cmp.Or(set.Alias, rm.Alias), "") // SPEC §17: the alias written may serve now
-	writeRaw(w, http.StatusOK, fmt.Appendf(nil, "{\"ok\":true,\"routes\":%s}\n", bytes.TrimSpace(encodeRegistry(doc))))
-}
-
-// handleModels serves GET /v1/models: a provider's catalogue models are listed
+// models answers GET /v1/models: a provider's catalogue models are listed
 // when a direct key, or the caller's agent's subscription, can serve them.
-func (s *server) handleModels(w http.ResponseWriter, r *http.Request) {
+func (s *server) models(r *http.Request, _ *struct{}) (any, error) {
 	ri := infoFrom(r.Context())
 	t, _ := s.reg.aliases(s.hasDirect)
 	data := s.catalog.modelList(t.Aliases, func(p providerInfo) bool {
@@ -661,7 +643,7 @@ func (s *server) handleModels(w http.ResponseWriter, r *http.Request) {
 		}
 		return p.cred == credDirect && s.hasDirect(p.id)
 	}, ri.client.mayUse)
-	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
+	return map[string]any{"object": "list", "data": data}, nil
 }
 
 // handleMetrics serves GET /metrics, the one exposition (SPEC §13).
@@ -674,11 +656,6 @@ func (s *server) handleMetrics(w http.ResponseWriter, r *http.Request) {
 }
 
 var okBody = map[string]bool{"ok": true}
-
-func (s *server) listSubscriptions(r *http.Request, _ *struct{}) (any, error) {
-	rows, err := s.inv.list(r.PathValue("agent_id"))
-	return map[string]any{"subscriptions": rows}, err
-}
 
 // donateSubscription serves POST …/subscriptions/{agent_id}; on the admin
 // route ?via=sign-in is journaled as a sign-in (SPEC §11.1).
@@ -708,51 +685,6 @@ func (s *server) credentialChanged(it overlayItem) {
 	}
 }
 
-// retireSubscription serves DELETE …/{subscription_id}[?reason=TEXT].
-func (s *server) retireSubscription(r *http.Request, _ *struct{}) (any, error) {
-	reason := cmp.Or(r.URL.Query().Get("reason"), "retired by "+infoFrom(r.Context()).client.ID)
-	return okBody, s.inv.retire(r.PathValue("agent_id"), r.PathValue("subscription_id"), reason)
-}
-
-// reinstateSubscription serves POST …/{subscription_id}/reinstate {"reason"}.
-func (s *server) reinstateSubscription(r *http.Request, body *struct {
-	Reason string `json:"reason"`
-}) (any, error) {
-	if err := s.inv.reinstate(r.PathValue("agent_id"), r.PathValue("subscription_id"), body.Reason); err != nil {
-		return nil, err
-	}
-	s.maint.changed()
-	return okBody, nil
-}
-
-// replaceCredential serves PUT …/{subscription_id}/credential. The answer
-// carries the row, never the secret.
-func (s *server) replaceCredential(r *http.Request, body *credentialBody) (any, error) {
-	it, err := s.inv.replaceSignedIn(r.PathValue("agent_id"), r.PathValue("subscription_id"),
-		vaultCredential{OAuth: body.OAuth, APIKey: body.APIKey}, infoFrom(r.Context()).client.ID)
-	if s.credentialChanged(it); err != nil {
-		return nil, err
-	}
-	return map[string]any{"ok": true, "subscription": s.inv.row(it, false, s.now())}, nil
-}
-
-// maintainNow serves POST /v1/admin/maintain: one pass now; one that could
-// not list the subscriptions is refused 503 with why.
-func (s *server) maintainNow(r *http.Request, _ *struct{}) (any, error) {
-	rep, err := s.maint.passNow(r.Context())
-	if errors.Is(err, errMaintenanceStopped) {
-		return nil, refuse("dependency_unavailable", "no pass can run: %v", err).because(err)
-	}
-	return rep, err
-}
-
-// pruneOrphans serves POST /v1/admin/vault/prune-orphans: the vault's
-// credentials no subscription names are removed (SPEC §17).
-func (s *server) pruneOrphans(r *http.Request, _ *struct{}) (any, error) {
-	ids, err := s.inv.pruneOrphans()
-	return map[string]any{"ok": true, "removed": ids}, err
-}
-
 // probeSubscription serves POST …/{subscription_id}/probe, body optional
 // {"model"}. A provider's refusal is a 200 too: probe.ok false.
 func (s *server) probeSubscription(r *http.Request, body *struct {
@@ -765,6 +697,45 @@ func (s *server) probeSubscription(r *http.Request, body *struct {
 	e := s.engine(infoFrom(r.Context()))
 	e.agent = r.PathValue("agent_id")
 	return e.probe(r.Context(), it, body.Model)
+}
+
+// handleRoutes serves /v1/admin/routes: GET the document, PUT {"alias","route"}
+// and DELETE {"alias"} answering with the committed one.
+func (s *server) handleRoutes(w http.ResponseWriter, r *http.Request) {
+	var set struct {
+		Alias string `json:"alias"`
+		Route string `json:"route"`
+	}
+	var rm struct {
+		Alias string `json:"alias"`
+	}
+	var doc *routesDoc
+	var err error
+	switch by := infoFrom(r.Context()).client.ID; r.Method {
+	case http.MethodGet:
+		if doc, err = s.reg.current(); err != nil {
+			err = refuse("state_conflict", "the route registry on disk is invalid: %s", s.hidePath(err.Error(), s.reg.path)).because(err)
+		}
+	case http.MethodPut:
+		if err = decodeBody(r, &set, false); err == nil {
+			doc, err = s.reg.set(set.Alias, set.Route, by)
+		}
+	default:
+		if err = decodeBody(r, &rm, false); err == nil {
+			doc, err = s.reg.remove(rm.Alias, by)
+		}
+	}
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	body := encodeRegistry(doc)
+	if r.Method != http.MethodGet {
+		s.replay.forget(cmp.Or(set.Alias, rm.Alias), "") // SPEC §17: the alias written may serve now
+		body = fmt.Appendf(nil, "{\"ok\":true,\"routes\":%s}\n", bytes.TrimSpace(body))
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Write(body)
 }
 
 // handleChat serves the three chat routes for one caller dialect: read the
