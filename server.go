@@ -108,9 +108,8 @@ func (s *server) routes() {
 	})))
 }
 
-// requestInfo is the one record of a request that its log line reports
-// (SPEC §13): who called and what they asked here, and the engine's tally,
-// which the engine writes in place.
+// requestInfo is what a request's log line reports (SPEC §13): who called,
+// what they asked, and the engine's tally, written in place.
 type requestInfo struct {
 	tally
 	client         client
@@ -179,7 +178,6 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// testingOnlyBeforeLog runs before a request's log line (nil in production).
 var testingOnlyBeforeLog func(*http.Request)
 
 // ServeHTTP gives every response an X-Request-Id, applies the transport
@@ -210,7 +208,19 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if ri.outcome == "client_cancelled" && context.Cause(r.Context()) == errServerShutdown {
 			ri.outcome = "server_shutdown"
 		}
-		s.logRequest(r, ri, sw.status, time.Since(start))
+		// SPEC §13's one line per request: never a prompt, a completion or a credential.
+		attrs := []slog.Attr{
+			slog.String("request_id", ri.requestID), slog.String("method", r.Method), slog.String("path", r.URL.Path),
+			slog.Int("status", sw.status), slog.String("client_id", ri.client.ID), slog.String("agent_id", ri.agentID),
+			slog.String("routing_mode", ri.routingMode), slog.String("requested_model", ri.requestedModel),
+			slog.String("route", ri.route), slog.String("outcome", ri.outcome), slog.Bool("retryable", ri.retryable),
+			slog.Int64("latency_ms", time.Since(start).Milliseconds()), slog.Int("input_tokens", ri.input), slog.Int("output_tokens", ri.output),
+			slog.String("dropped", strings.Join(ri.dropped, ", ")), slog.Bool("streamed", ri.streamed),
+		}
+		if n := ri.attemptsKey(); n != nil {
+			attrs = append(attrs, slog.Int("attempts", *n))
+		}
+		s.log.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
 	}()
 	switch h, pattern := s.mux.Handler(r); {
 	case !s.guard.allows(r):
@@ -221,29 +231,19 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// An unclean path (//, ., ..) would get the mux's own 307 with an
 		// HTML body; every non-success answer is an envelope (SPEC §8.1).
 		s.fail(sw, r, refuse("not_found", "no route for %s", r.URL.Path))
-	case pattern == "":
-		s.notRouted(sw, r, h)
+	case pattern == "": // say in the envelope what the mux would answer: 404, or 405 with Allow
+		rec, hint := httptest.NewRecorder(), ""
+		if h.ServeHTTP(rec, r); rec.Code == http.StatusMethodNotAllowed {
+			sw.Header()["Allow"] = rec.Header()["Allow"]
+			s.fail(sw, r, refuse("method_not_allowed", "%s is not allowed on %s", r.Method, r.URL.Path))
+			break
+		} else if strings.HasPrefix(r.URL.Path, "/v1/v1/") {
+			hint = "; the client's base URL likely ends in /v1 and should not (e.g. ANTHROPIC_BASE_URL=http://127.0.0.1:8080, without /v1)"
+		}
+		s.fail(sw, r, refuse("not_found", "no route for %s%s", r.URL.Path, hint))
 	default:
 		s.mux.ServeHTTP(sw, r) // not h.ServeHTTP: only the mux sets r.PathValue
 	}
-}
-
-// notRouted says in the envelope what the mux would answer (404, or 405 with Allow).
-func (s *server) notRouted(w http.ResponseWriter, r *http.Request, h http.Handler) {
-	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, r)
-	if rec.Code == http.StatusMethodNotAllowed {
-		if allow := rec.Header().Get("Allow"); allow != "" {
-			w.Header().Set("Allow", allow)
-		}
-		s.fail(w, r, refuse("method_not_allowed", "%s is not allowed on %s", r.Method, r.URL.Path))
-		return
-	}
-	hint := ""
-	if strings.HasPrefix(r.URL.Path, "/v1/v1/") {
-		hint = "; the client's base URL likely ends in /v1 and should not (e.g. ANTHROPIC_BASE_URL=http://127.0.0.1:8080, without /v1)"
-	}
-	s.fail(w, r, refuse("not_found", "no route for %s%s", r.URL.Path, hint))
 }
 
 // fail writes err in the envelope and records its outcome for the log line;
@@ -261,23 +261,6 @@ func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	if ae.Err != nil {
 		s.log.LogAttrs(r.Context(), slog.LevelWarn, "request_refused", slog.String("request_id", ri.requestID), slog.String("code", ae.Code), slog.String("cause", redact(ae.Err.Error())))
 	}
-}
-
-// logRequest writes SPEC §13's one line per request: never a prompt, a
-// completion or a credential.
-func (s *server) logRequest(r *http.Request, ri *requestInfo, status int, d time.Duration) {
-	attrs := []slog.Attr{
-		slog.String("request_id", ri.requestID), slog.String("method", r.Method), slog.String("path", r.URL.Path),
-		slog.Int("status", status), slog.String("client_id", ri.client.ID), slog.String("agent_id", ri.agentID),
-		slog.String("routing_mode", ri.routingMode), slog.String("requested_model", ri.requestedModel),
-		slog.String("route", ri.route), slog.String("outcome", ri.outcome), slog.Bool("retryable", ri.retryable),
-		slog.Int64("latency_ms", d.Milliseconds()), slog.Int("input_tokens", ri.input), slog.Int("output_tokens", ri.output),
-		slog.String("dropped", strings.Join(ri.dropped, ", ")), slog.Bool("streamed", ri.streamed),
-	}
-	if n := ri.attemptsKey(); n != nil {
-		attrs = append(attrs, slog.Int("attempts", *n))
-	}
-	s.log.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
 }
 
 // caller wraps h so it runs only once authenticate accepts the request for
@@ -337,7 +320,6 @@ func (s *server) authenticate(w http.ResponseWriter, r *http.Request, role strin
 	return nil
 }
 
-// defaultMaxRequestBytes is BRAMA_MAX_REQUEST_BYTES unset (SPEC §7.4).
 const defaultMaxRequestBytes = 64 << 20
 
 // decodeBody strictly decodes an admin body (optional: an empty one too):
