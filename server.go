@@ -53,7 +53,19 @@ func (s *server) routes() {
 	s.mux.Handle("POST /v1/messages/count_tokens", s.caller("", s.handleCountTokens))
 	s.mux.Handle("POST /v1/responses", s.caller("", s.handleChat(dialectResponses)))
 	s.mux.Handle("POST /v1/embeddings", s.caller("", s.handleEmbeddings))
-	s.mux.Handle("GET /v1/models", s.caller("", reply(s, 200, noBody, s.models)))
+	// A provider's catalogue models are listed when a direct key, or the caller's agent's subscription, can serve them.
+	s.mux.Handle("GET /v1/models", s.caller("", reply(s, 200, noBody, func(r *http.Request, _ *struct{}) (any, error) {
+		ri := infoFrom(r.Context())
+		t, _ := s.reg.aliases(s.hasDirect)
+		data := s.catalog.modelList(t.Aliases, func(p providerInfo) bool {
+			if p.cred == credSubscription && ri.agentID != "" {
+				subs, _, err := s.engine(ri).eligible(ri.agentID, p.id)
+				return err == nil && len(subs) > 0
+			}
+			return p.cred == credDirect && s.hasDirect(p.id)
+		}, ri.client.mayUse)
+		return map[string]any{"object": "list", "data": data}, nil
+	})))
 	s.mux.Handle("GET /v1/aliases", s.caller("", reply(s, 200, noBody, func(r *http.Request, _ *struct{}) (any, error) {
 		t, err := s.reg.aliases(s.hasDirect)
 		if err != nil {
@@ -61,7 +73,13 @@ func (s *server) routes() {
 		}
 		return t.usableBy(infoFrom(r.Context()).client.mayUse), nil // as /v1/models (SPEC §3.1)
 	})))
-	s.mux.Handle("GET /metrics", s.caller("", s.handleMetrics))
+	s.mux.Handle("GET /metrics", s.caller("", func(w http.ResponseWriter, r *http.Request) {
+		size, _ := s.journal.size()
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+		extra := s.maint.metrics()
+		extra["brama_attempts_total"], extra["brama_journal_bytes"] = float64(s.attempts.Load()), float64(size)
+		writeMetrics(w, s.perf.snapshot(), extra)
+	}))
 	s.mux.Handle("GET /v1/admin/routes", s.caller(roleAdmin, s.handleRoutes))
 	s.mux.Handle("PUT /v1/admin/routes", s.caller(roleAdmin, s.handleRoutes))
 	s.mux.Handle("DELETE /v1/admin/routes", s.caller(roleAdmin, s.handleRoutes))
@@ -94,7 +112,18 @@ func (s *server) routes() {
 		}
 		return map[string]any{"ok": true, "subscription": s.inv.row(it, false, s.now())}, nil // the row, never the secret
 	})))
-	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/probe", s.caller(roleAdmin, reply(s, 200, optionalBody, s.probeSubscription)))
+	// A provider's refusal of a probe is a 200 too: probe.ok false.
+	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/probe", s.caller(roleAdmin, reply(s, 200, optionalBody, func(r *http.Request, body *struct {
+		Model string `json:"model"`
+	}) (any, error) {
+		it, err := s.inv.owned(r.PathValue("agent_id"), r.PathValue("subscription_id"), "a retired subscription is never probed")
+		if err != nil {
+			return nil, err
+		}
+		e := s.engine(infoFrom(r.Context()))
+		e.agent = r.PathValue("agent_id")
+		return e.probe(r.Context(), it, body.Model)
+	})))
 	s.mux.Handle("POST /v1/admin/maintain", s.caller(roleAdmin, reply(s, 200, optionalBody, func(r *http.Request, _ *struct{}) (any, error) {
 		rep, err := s.maint.passNow(r.Context())
 		if errors.Is(err, errMaintenanceStopped) { // it could not list the subscriptions
@@ -121,8 +150,7 @@ type requestInfo struct {
 	body           []byte // the raw request body, read once by authenticate (nil: not yet)
 }
 
-// attemptsKey is the attempts the log line and a kept answer report; nil
-// before dispatch (SPEC §8.1).
+// attemptsKey is the attempts to report; nil before dispatch (SPEC §8.1).
 func (ri *requestInfo) attemptsKey() *int {
 	if n := ri.attempts; n > 0 || ri.counted {
 		return &n
@@ -139,7 +167,6 @@ func infoFrom(ctx context.Context) *requestInfo {
 	return &requestInfo{}
 }
 
-// engine is the attempt engine (dispatch.go) for one request, tallying into ri.
 func (s *server) engine(ri *requestInfo) *engine {
 	return &engine{core: &s.core, agent: ri.agentID, t: &ri.tally}
 }
@@ -366,13 +393,12 @@ func reply[B any](s *server, status, mode int, f func(*http.Request, *B) (any, e
 	}
 }
 
-// Roles a client may hold (SPEC §3.1).
+// Roles of a client (SPEC §3.1).
 const (
 	roleAdmin  = "admin"
 	roleCaller = "caller"
 )
 
-// clientsDoc is clients.json.
 type clientsDoc struct {
 	Clients []client `json:"clients"`
 }
@@ -535,7 +561,6 @@ func (g transportGuard) allows(r *http.Request) bool {
 	return xfp+fwd != "" && https(xfp) && https(fwd)
 }
 
-// readiness is the body of GET /readyz.
 type readiness struct {
 	Ready    bool     `json:"ready"`
 	Reasons  []string `json:"reasons"`
@@ -613,30 +638,6 @@ func (s *server) hidePath(msg, path string) string {
 	return strings.ReplaceAll(msg, path, "(named by environment)")
 }
 
-// models answers GET /v1/models: a provider's catalogue models are listed
-// when a direct key, or the caller's agent's subscription, can serve them.
-func (s *server) models(r *http.Request, _ *struct{}) (any, error) {
-	ri := infoFrom(r.Context())
-	t, _ := s.reg.aliases(s.hasDirect)
-	data := s.catalog.modelList(t.Aliases, func(p providerInfo) bool {
-		if p.cred == credSubscription && ri.agentID != "" {
-			subs, _, err := s.engine(ri).eligible(ri.agentID, p.id)
-			return err == nil && len(subs) > 0
-		}
-		return p.cred == credDirect && s.hasDirect(p.id)
-	}, ri.client.mayUse)
-	return map[string]any{"object": "list", "data": data}, nil
-}
-
-// handleMetrics serves GET /metrics, the one exposition (SPEC §13).
-func (s *server) handleMetrics(w http.ResponseWriter, r *http.Request) {
-	size, _ := s.journal.size()
-	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-	extra := s.maint.metrics()
-	extra["brama_attempts_total"], extra["brama_journal_bytes"] = float64(s.attempts.Load()), float64(size)
-	writeMetrics(w, s.perf.snapshot(), extra)
-}
-
 var okBody = map[string]bool{"ok": true}
 
 // donateSubscription serves POST …/subscriptions/{agent_id}; on the admin
@@ -665,20 +666,6 @@ func (s *server) credentialChanged(it overlayItem) {
 		s.maint.changed()
 		s.replay.forget("", it.Provider)
 	}
-}
-
-// probeSubscription serves POST …/{subscription_id}/probe, body optional
-// {"model"}. A provider's refusal is a 200 too: probe.ok false.
-func (s *server) probeSubscription(r *http.Request, body *struct {
-	Model string `json:"model"`
-}) (any, error) {
-	it, err := s.inv.owned(r.PathValue("agent_id"), r.PathValue("subscription_id"), "a retired subscription is never probed")
-	if err != nil {
-		return nil, err
-	}
-	e := s.engine(infoFrom(r.Context()))
-	e.agent = r.PathValue("agent_id")
-	return e.probe(r.Context(), it, body.Model)
 }
 
 // handleRoutes serves /v1/admin/routes: GET the document, PUT {"alias","route"}
