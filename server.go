@@ -50,9 +50,9 @@ func (s *server) routes() {
 	s.mux.HandleFunc("GET /readyz", s.handleReady)
 	s.mux.Handle("POST /v1/chat/completions", s.caller("", s.handleChat(dialectChat)))
 	s.mux.Handle("POST /v1/messages", s.caller("", s.handleChat(dialectMessages)))
-	s.mux.Handle("POST /v1/messages/count_tokens", s.caller("", s.handleCountTokens))
+	s.mux.Handle("POST /v1/messages/count_tokens", s.caller("", s.handleModelCall(false)))
 	s.mux.Handle("POST /v1/responses", s.caller("", s.handleChat(dialectResponses)))
-	s.mux.Handle("POST /v1/embeddings", s.caller("", s.handleEmbeddings))
+	s.mux.Handle("POST /v1/embeddings", s.caller("", s.handleModelCall(true)))
 	// A provider's catalogue models are listed when a direct key, or the caller's agent's subscription, can serve them.
 	s.mux.Handle("GET /v1/models", s.caller("", reply(s, 200, noBody, func(r *http.Request, _ *struct{}) (any, error) {
 		ri := infoFrom(r.Context())
@@ -753,46 +753,35 @@ func (s *server) handleChat(dialect string) http.HandlerFunc {
 	}
 }
 
-// handleEmbeddings serves POST /v1/embeddings: a direct or alias route to an
-// openai-chat provider, one call, the provider's JSON returned as is.
-func (s *server) handleEmbeddings(w http.ResponseWriter, r *http.Request) {
-	var body map[string]json.RawMessage
-	var req chatRequest
-	var err error
-	if json.Unmarshal(infoFrom(r.Context()).body, &body) != nil || body == nil {
-		err = refuse("invalid_request", "the body must be a JSON object")
-	} else if json.Unmarshal(body["model"], &req.Model) != nil || req.Model == "" {
-		err = refuse("invalid_request", "model must be a non-empty string")
-	}
-	s.serveModel(w, r, &req, err, func(e *engine, c call) error { return e.serveEmbeddings(r.Context(), w, req.Model, body, c) })
-}
-
-// handleCountTokens serves POST /v1/messages/count_tokens (SPEC §15),
-// resolving model as /v1/messages does (§6.4's max_tokens rule aside).
-func (s *server) handleCountTokens(w http.ResponseWriter, r *http.Request) {
-	req, err := readCallerRequest(dialectMessages, r, infoFrom(r.Context()).body)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	s.serveModel(w, r, &req.head, nil, func(e *engine, c call) error { return e.countTokens(r.Context(), w, req, c) })
-}
-
-// serveModel plans req's model and runs serve, unless reading failed (err):
-// the engine call of a route outside chat.
-func (s *server) serveModel(w http.ResponseWriter, r *http.Request, req *chatRequest, err error, serve func(*engine, call) error) {
-	ri := infoFrom(r.Context())
-	if err == nil {
-		ri.requestedModel = req.Model
-		e := s.engine(ri)
-		var c call
-		c, err = e.plan(ri.client, ri.agentID, req)
-		ri.routingMode, ri.route = c.res.Mode, c.res.Route
-		if err == nil {
-			err = serve(e, c)
+// handleModelCall serves the routes outside chat: POST /v1/embeddings (a
+// direct or alias route to an openai-chat provider, one call, the provider's
+// JSON returned as is) and POST /v1/messages/count_tokens (SPEC §15, resolving
+// model as /v1/messages does, §6.4's max_tokens rule aside).
+func (s *server) handleModelCall(embeddings bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		ri, req, body := infoFrom(r.Context()), &callerRequest{}, map[string]json.RawMessage(nil)
+		var err error
+		if !embeddings {
+			req, err = readCallerRequest(dialectMessages, r, ri.body)
+		} else if json.Unmarshal(ri.body, &body) != nil || body == nil {
+			err = refuse("invalid_request", "the body must be a JSON object")
+		} else if json.Unmarshal(body["model"], &req.head.Model) != nil || req.head.Model == "" {
+			err = refuse("invalid_request", "model must be a non-empty string")
 		}
-	}
-	if err != nil {
-		s.fail(w, r, err)
+		var c call
+		e := s.engine(ri)
+		if err == nil {
+			ri.requestedModel = req.head.Model
+			c, err = e.plan(ri.client, ri.agentID, &req.head)
+			ri.routingMode, ri.route = c.res.Mode, c.res.Route
+		}
+		if err == nil && embeddings {
+			err = e.serveEmbeddings(r.Context(), w, req.head.Model, body, c)
+		} else if err == nil {
+			err = e.countTokens(r.Context(), w, req, c)
+		}
+		if err != nil {
+			s.fail(w, r, err)
+		}
 	}
 }
