@@ -92,7 +92,7 @@ func (s *server) routes() {
 		s.mux.Handle("POST "+p, s.caller(role, reply(s, 201, requiredBody, s.donateSubscription)))
 		s.mux.Handle("DELETE "+p+"/{subscription_id}", s.caller(role, reply(s, 200, noBody, func(r *http.Request, _ *struct{}) (any, error) {
 			reason := cmp.Or(r.URL.Query().Get("reason"), "retired by "+infoFrom(r.Context()).client.ID)
-			return okBody, s.inv.retire(r.PathValue("agent_id"), r.PathValue("subscription_id"), reason)
+			return map[string]bool{"ok": true}, s.inv.retire(r.PathValue("agent_id"), r.PathValue("subscription_id"), reason)
 		})))
 	}
 	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/reinstate", s.caller(roleAdmin, reply(s, 200, requiredBody, func(r *http.Request, body *struct {
@@ -102,7 +102,7 @@ func (s *server) routes() {
 		if err == nil {
 			s.maint.changed()
 		}
-		return okBody, err
+		return map[string]bool{"ok": true}, err
 	})))
 	s.mux.Handle("PUT /v1/admin/subscriptions/{agent_id}/{subscription_id}/credential", s.caller(roleAdmin, reply(s, 200, requiredBody, func(r *http.Request, body *credentialBody) (any, error) {
 		it, err := s.inv.replaceSignedIn(r.PathValue("agent_id"), r.PathValue("subscription_id"),
@@ -141,13 +141,11 @@ func (s *server) routes() {
 // what they asked, and the engine's tally, written in place.
 type requestInfo struct {
 	tally
-	client         client
-	agentID        string
-	routingMode    string
-	requestedModel string
-	streamed       bool
-	counted        bool   // the attempts key is logged even at 0: the request reached dispatch
-	body           []byte // the raw request body, read once by authenticate (nil: not yet)
+	client                               client
+	agentID, routingMode, requestedModel string
+	streamed                             bool
+	counted                              bool   // the attempts key is logged even at 0: the request reached dispatch
+	body                                 []byte // the raw request body, read once by authenticate (nil: not yet)
 }
 
 // attemptsKey is the attempts to report; nil before dispatch (SPEC §8.1).
@@ -581,10 +579,8 @@ func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 		warn(fmt.Sprintf("the state directory has mode %#o: group or other may remove or replace its files, the journal too (chmod 700)", perm))
 	}
 	noState := func(err error) bool { return errors.As(err, new(*noStateError)) }
-	_, regErr := s.reg.current()
-	_, vaultErr := s.vault.load()
-	_, clientsErr := s.clients.load()
-	_, journalErr := s.journal.size()
+	errOf := func(_ any, err error) error { return err }
+	regErr, vaultErr, clientsErr, journalErr := errOf(s.reg.current()), errOf(s.vault.load()), errOf(s.clients.load()), errOf(s.journal.size())
 	_, _, keyErr := readAnswerKey(s.st)
 	for _, f := range []struct {
 		what, env, path string
@@ -637,8 +633,6 @@ func (s *server) hidePath(msg, path string) string {
 	}
 	return strings.ReplaceAll(msg, path, "(named by environment)")
 }
-
-var okBody = map[string]bool{"ok": true}
 
 // donateSubscription serves POST …/subscriptions/{agent_id}; on the admin
 // route ?via=sign-in is journaled as a sign-in (SPEC §11.1).
