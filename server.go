@@ -492,20 +492,14 @@ const notAClient = "this token is not one of this gateway's clients"
 // what was wrong without quoting it.
 func presentedToken(h http.Header) (string, error) {
 	auth, keys := h.Values("Authorization"), h.Values("X-Api-Key")
-	toks := map[string]bool{}
-	for i, v := range append(slices.Clone(auth), keys...) { // never edit r.Header
-		if scheme, tok, ok := strings.Cut(v, " "); i < len(auth) && (!ok || !strings.EqualFold(scheme, "Bearer")) {
-			continue // another scheme carries no token of Brama's
-		} else if i < len(auth) {
-			v = tok
+	toks, tok := map[string]bool{}, ""
+	for i, v := range append(slices.Clone(keys), auth...) { // never edit r.Header
+		if scheme, t, ok := strings.Cut(v, " "); i >= len(keys) { // another scheme than Bearer carries no token of Brama's
+			v = map[bool]string{true: t}[ok && strings.EqualFold(scheme, "Bearer")]
 		}
 		if v = strings.TrimSpace(v); v != "" {
-			toks[v] = true
+			toks[v], tok = true, v
 		}
-	}
-	tok := ""
-	for t := range toks {
-		tok = t
 	}
 	switch {
 	case len(auth) > 1 || len(keys) > 1 || len(toks) > 1 || strings.Contains(tok, ","): // one token, never a list
