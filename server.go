@@ -40,51 +40,115 @@ type server struct {
 	inflight sync.RWMutex
 }
 
-// routes is the only place URL patterns appear.
+// routes is the only place URL patterns appear; the admin subscription
+// routes are answered here, over plain inventory calls.
 func (s *server) routes() {
 	s.mux = http.NewServeMux()
-	s.mux.HandleFunc("GET /health", s.handleHealth)
+	s.mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "version": version})
+	})
 	s.mux.HandleFunc("GET /readyz", s.handleReady)
 	s.mux.Handle("POST /v1/chat/completions", s.caller("", s.handleChat(dialectChat)))
 	s.mux.Handle("POST /v1/messages", s.caller("", s.handleChat(dialectMessages)))
-	s.mux.Handle("POST /v1/messages/count_tokens", s.caller("", s.handleCountTokens))
+	s.mux.Handle("POST /v1/messages/count_tokens", s.caller("", s.handleModelCall(false)))
 	s.mux.Handle("POST /v1/responses", s.caller("", s.handleChat(dialectResponses)))
-	s.mux.Handle("POST /v1/embeddings", s.caller("", s.handleEmbeddings))
-	s.mux.Handle("GET /v1/models", s.caller("", s.handleModels))
-	s.mux.Handle("GET /v1/aliases", s.caller("", s.handleAliases))
-	s.mux.Handle("GET /metrics", s.caller("", s.handleMetrics))
-	s.mux.Handle("GET /v1/admin/routes", s.caller(roleAdmin, s.handleRoutesGet))
-	s.mux.Handle("PUT /v1/admin/routes", s.caller(roleAdmin, s.handleRoutesWrite))
-	s.mux.Handle("DELETE /v1/admin/routes", s.caller(roleAdmin, s.handleRoutesWrite))
+	s.mux.Handle("POST /v1/embeddings", s.caller("", s.handleModelCall(true)))
+	// A provider's catalogue models are listed when a direct key, or the caller's agent's subscription, can serve them.
+	s.mux.Handle("GET /v1/models", s.caller("", reply(s, 200, noBody, func(r *http.Request, _ *struct{}) (any, error) {
+		ri := infoFrom(r.Context())
+		t, _ := s.reg.aliases(s.hasDirect)
+		data := s.catalog.modelList(t.Aliases, func(p providerInfo) bool {
+			if p.cred == credSubscription && ri.agentID != "" {
+				subs, _, err := s.engine(ri).eligible(ri.agentID, p.id)
+				return err == nil && len(subs) > 0
+			}
+			return p.cred == credDirect && s.hasDirect(p.id)
+		}, ri.client.mayUse)
+		return map[string]any{"object": "list", "data": data}, nil
+	})))
+	s.mux.Handle("GET /v1/aliases", s.caller("", reply(s, 200, noBody, func(r *http.Request, _ *struct{}) (any, error) {
+		t, err := s.reg.aliases(s.hasDirect)
+		if err != nil {
+			return nil, refuse("dependency_unavailable", "the route registry is unusable: %s", s.hidePath(err.Error(), s.reg.path)).because(err)
+		}
+		return t.usableBy(infoFrom(r.Context()).client.mayUse), nil // as /v1/models (SPEC §3.1)
+	})))
+	s.mux.Handle("GET /metrics", s.caller("", func(w http.ResponseWriter, r *http.Request) {
+		size, _ := s.journal.size()
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+		extra := s.maint.metrics()
+		extra["brama_attempts_total"], extra["brama_journal_bytes"] = float64(s.attempts.Load()), float64(size)
+		writeMetrics(w, s.perf.snapshot(), extra)
+	}))
+	s.mux.Handle("GET /v1/admin/routes", s.caller(roleAdmin, s.handleRoutes))
+	s.mux.Handle("PUT /v1/admin/routes", s.caller(roleAdmin, s.handleRoutes))
+	s.mux.Handle("DELETE /v1/admin/routes", s.caller(roleAdmin, s.handleRoutes))
 	for _, role := range []string{"", roleAdmin} {
 		p := map[string]string{"": "/v1/subscriptions/", roleAdmin: "/v1/admin/subscriptions/"}[role] + "{agent_id}"
-		s.mux.Handle("GET "+p, s.caller(role, reply(s, 200, noBody, s.listSubscriptions)))
+		s.mux.Handle("GET "+p, s.caller(role, reply(s, 200, noBody, func(r *http.Request, _ *struct{}) (any, error) {
+			rows, err := s.inv.list(r.PathValue("agent_id"))
+			return map[string]any{"subscriptions": rows}, err
+		})))
 		s.mux.Handle("POST "+p, s.caller(role, reply(s, 201, requiredBody, s.donateSubscription)))
-		s.mux.Handle("DELETE "+p+"/{subscription_id}", s.caller(role, reply(s, 200, noBody, s.retireSubscription)))
+		s.mux.Handle("DELETE "+p+"/{subscription_id}", s.caller(role, reply(s, 200, noBody, func(r *http.Request, _ *struct{}) (any, error) {
+			reason := cmp.Or(r.URL.Query().Get("reason"), "retired by "+infoFrom(r.Context()).client.ID)
+			return map[string]bool{"ok": true}, s.inv.retire(r.PathValue("agent_id"), r.PathValue("subscription_id"), reason)
+		})))
 	}
-	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/reinstate", s.caller(roleAdmin, reply(s, 200, requiredBody, s.reinstateSubscription)))
-	s.mux.Handle("POST /v1/admin/maintain", s.caller(roleAdmin, reply(s, 200, optionalBody, s.maintainNow)))
-	s.mux.Handle("POST /v1/admin/vault/prune-orphans", s.caller(roleAdmin, reply(s, 200, optionalBody, s.pruneOrphans)))
-	s.mux.Handle("PUT /v1/admin/subscriptions/{agent_id}/{subscription_id}/credential", s.caller(roleAdmin, reply(s, 200, requiredBody, s.replaceCredential)))
-	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/probe", s.caller(roleAdmin, reply(s, 200, optionalBody, s.probeSubscription)))
+	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/reinstate", s.caller(roleAdmin, reply(s, 200, requiredBody, func(r *http.Request, body *struct {
+		Reason string `json:"reason"`
+	}) (any, error) {
+		err := s.inv.reinstate(r.PathValue("agent_id"), r.PathValue("subscription_id"), body.Reason)
+		if err == nil {
+			s.maint.changed()
+		}
+		return map[string]bool{"ok": true}, err
+	})))
+	s.mux.Handle("PUT /v1/admin/subscriptions/{agent_id}/{subscription_id}/credential", s.caller(roleAdmin, reply(s, 200, requiredBody, func(r *http.Request, body *credentialBody) (any, error) {
+		it, err := s.inv.replaceSignedIn(r.PathValue("agent_id"), r.PathValue("subscription_id"),
+			vaultCredential{OAuth: body.OAuth, APIKey: body.APIKey}, infoFrom(r.Context()).client.ID)
+		if s.credentialChanged(it); err != nil {
+			return nil, err
+		}
+		return map[string]any{"ok": true, "subscription": s.inv.row(it, false, s.now())}, nil // the row, never the secret
+	})))
+	// A provider's refusal of a probe is a 200 too: probe.ok false.
+	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/probe", s.caller(roleAdmin, reply(s, 200, optionalBody, func(r *http.Request, body *struct {
+		Model string `json:"model"`
+	}) (any, error) {
+		it, err := s.inv.owned(r.PathValue("agent_id"), r.PathValue("subscription_id"), "a retired subscription is never probed")
+		if err != nil {
+			return nil, err
+		}
+		e := s.engine(infoFrom(r.Context()))
+		e.agent = r.PathValue("agent_id")
+		return e.probe(r.Context(), it, body.Model)
+	})))
+	s.mux.Handle("POST /v1/admin/maintain", s.caller(roleAdmin, reply(s, 200, optionalBody, func(r *http.Request, _ *struct{}) (any, error) {
+		rep, err := s.maint.passNow(r.Context())
+		if errors.Is(err, errMaintenanceStopped) { // it could not list the subscriptions
+			return nil, refuse("dependency_unavailable", "no pass can run: %v", err).because(err)
+		}
+		return rep, err
+	})))
+	s.mux.Handle("POST /v1/admin/vault/prune-orphans", s.caller(roleAdmin, reply(s, 200, optionalBody, func(r *http.Request, _ *struct{}) (any, error) {
+		ids, err := s.inv.pruneOrphans() // the vault's credentials no subscription names (SPEC §17)
+		return map[string]any{"ok": true, "removed": ids}, err
+	})))
 }
 
-// requestInfo is the one record of a request that its log line reports
-// (SPEC §13): who called and what they asked here, and the engine's tally,
-// which the engine writes in place.
+// requestInfo is what a request's log line reports (SPEC §13): who called,
+// what they asked, and the engine's tally, written in place.
 type requestInfo struct {
 	tally
-	client         client
-	agentID        string
-	routingMode    string
-	requestedModel string
-	streamed       bool
-	counted        bool   // the attempts key is logged even at 0: the request reached dispatch
-	body           []byte // the raw request body, read once by authenticate (nil: not yet)
+	client                               client
+	agentID, routingMode, requestedModel string
+	streamed                             bool
+	counted                              bool   // the attempts key is logged even at 0: the request reached dispatch
+	body                                 []byte // the raw request body, read once by authenticate (nil: not yet)
 }
 
-// attemptsKey is the attempts the log line and a kept answer report; nil
-// before dispatch (SPEC §8.1).
+// attemptsKey is the attempts to report; nil before dispatch (SPEC §8.1).
 func (ri *requestInfo) attemptsKey() *int {
 	if n := ri.attempts; n > 0 || ri.counted {
 		return &n
@@ -101,7 +165,6 @@ func infoFrom(ctx context.Context) *requestInfo {
 	return &requestInfo{}
 }
 
-// engine is the attempt engine (dispatch.go) for one request, tallying into ri.
 func (s *server) engine(ri *requestInfo) *engine {
 	return &engine{core: &s.core, agent: ri.agentID, t: &ri.tally}
 }
@@ -140,7 +203,6 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// testingOnlyBeforeLog runs before a request's log line (nil in production).
 var testingOnlyBeforeLog func(*http.Request)
 
 // ServeHTTP gives every response an X-Request-Id, applies the transport
@@ -171,7 +233,19 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if ri.outcome == "client_cancelled" && context.Cause(r.Context()) == errServerShutdown {
 			ri.outcome = "server_shutdown"
 		}
-		s.logRequest(r, ri, sw.status, time.Since(start))
+		// SPEC §13's one line per request: never a prompt, a completion or a credential.
+		attrs := []slog.Attr{
+			slog.String("request_id", ri.requestID), slog.String("method", r.Method), slog.String("path", r.URL.Path),
+			slog.Int("status", sw.status), slog.String("client_id", ri.client.ID), slog.String("agent_id", ri.agentID),
+			slog.String("routing_mode", ri.routingMode), slog.String("requested_model", ri.requestedModel),
+			slog.String("route", ri.route), slog.String("outcome", ri.outcome), slog.Bool("retryable", ri.retryable),
+			slog.Int64("latency_ms", time.Since(start).Milliseconds()), slog.Int("input_tokens", ri.input), slog.Int("output_tokens", ri.output),
+			slog.String("dropped", strings.Join(ri.dropped, ", ")), slog.Bool("streamed", ri.streamed),
+		}
+		if n := ri.attemptsKey(); n != nil {
+			attrs = append(attrs, slog.Int("attempts", *n))
+		}
+		s.log.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
 	}()
 	switch h, pattern := s.mux.Handler(r); {
 	case !s.guard.allows(r):
@@ -182,29 +256,19 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// An unclean path (//, ., ..) would get the mux's own 307 with an
 		// HTML body; every non-success answer is an envelope (SPEC §8.1).
 		s.fail(sw, r, refuse("not_found", "no route for %s", r.URL.Path))
-	case pattern == "":
-		s.notRouted(sw, r, h)
+	case pattern == "": // say in the envelope what the mux would answer: 404, or 405 with Allow
+		rec, hint := httptest.NewRecorder(), ""
+		if h.ServeHTTP(rec, r); rec.Code == http.StatusMethodNotAllowed {
+			sw.Header()["Allow"] = rec.Header()["Allow"]
+			s.fail(sw, r, refuse("method_not_allowed", "%s is not allowed on %s", r.Method, r.URL.Path))
+			break
+		} else if strings.HasPrefix(r.URL.Path, "/v1/v1/") {
+			hint = "; the client's base URL likely ends in /v1 and should not (e.g. ANTHROPIC_BASE_URL=http://127.0.0.1:8080, without /v1)"
+		}
+		s.fail(sw, r, refuse("not_found", "no route for %s%s", r.URL.Path, hint))
 	default:
 		s.mux.ServeHTTP(sw, r) // not h.ServeHTTP: only the mux sets r.PathValue
 	}
-}
-
-// notRouted says in the envelope what the mux would answer (404, or 405 with Allow).
-func (s *server) notRouted(w http.ResponseWriter, r *http.Request, h http.Handler) {
-	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, r)
-	if rec.Code == http.StatusMethodNotAllowed {
-		if allow := rec.Header().Get("Allow"); allow != "" {
-			w.Header().Set("Allow", allow)
-		}
-		s.fail(w, r, refuse("method_not_allowed", "%s is not allowed on %s", r.Method, r.URL.Path))
-		return
-	}
-	hint := ""
-	if strings.HasPrefix(r.URL.Path, "/v1/v1/") {
-		hint = "; the client's base URL likely ends in /v1 and should not (e.g. ANTHROPIC_BASE_URL=http://127.0.0.1:8080, without /v1)"
-	}
-	s.fail(w, r, refuse("not_found", "no route for %s%s", r.URL.Path, hint))
 }
 
 // fail writes err in the envelope and records its outcome for the log line;
@@ -222,23 +286,6 @@ func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	if ae.Err != nil {
 		s.log.LogAttrs(r.Context(), slog.LevelWarn, "request_refused", slog.String("request_id", ri.requestID), slog.String("code", ae.Code), slog.String("cause", redact(ae.Err.Error())))
 	}
-}
-
-// logRequest writes SPEC §13's one line per request: never a prompt, a
-// completion or a credential.
-func (s *server) logRequest(r *http.Request, ri *requestInfo, status int, d time.Duration) {
-	attrs := []slog.Attr{
-		slog.String("request_id", ri.requestID), slog.String("method", r.Method), slog.String("path", r.URL.Path),
-		slog.Int("status", status), slog.String("client_id", ri.client.ID), slog.String("agent_id", ri.agentID),
-		slog.String("routing_mode", ri.routingMode), slog.String("requested_model", ri.requestedModel),
-		slog.String("route", ri.route), slog.String("outcome", ri.outcome), slog.Bool("retryable", ri.retryable),
-		slog.Int64("latency_ms", d.Milliseconds()), slog.Int("input_tokens", ri.input), slog.Int("output_tokens", ri.output),
-		slog.String("dropped", strings.Join(ri.dropped, ", ")), slog.Bool("streamed", ri.streamed),
-	}
-	if n := ri.attemptsKey(); n != nil {
-		attrs = append(attrs, slog.Int("attempts", *n))
-	}
-	s.log.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
 }
 
 // caller wraps h so it runs only once authenticate accepts the request for
@@ -298,7 +345,6 @@ func (s *server) authenticate(w http.ResponseWriter, r *http.Request, role strin
 	return nil
 }
 
-// defaultMaxRequestBytes is BRAMA_MAX_REQUEST_BYTES unset (SPEC §7.4).
 const defaultMaxRequestBytes = 64 << 20
 
 // decodeBody strictly decodes an admin body (optional: an empty one too):
@@ -312,13 +358,6 @@ func decodeBody(r *http.Request, v any, optional bool) error {
 		return refuse("invalid_request", "%s", err.Error())
 	}
 	return nil
-}
-
-// writeRaw writes already-encoded JSON.
-func writeRaw(w http.ResponseWriter, status int, b []byte) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	w.Write(b)
 }
 
 // How an admin handler reads its request body.
@@ -352,13 +391,12 @@ func reply[B any](s *server, status, mode int, f func(*http.Request, *B) (any, e
 	}
 }
 
-// Roles a client may hold (SPEC §3.1).
+// Roles of a client (SPEC §3.1).
 const (
 	roleAdmin  = "admin"
 	roleCaller = "caller"
 )
 
-// clientsDoc is clients.json.
 type clientsDoc struct {
 	Clients []client `json:"clients"`
 }
@@ -366,11 +404,10 @@ type clientsDoc struct {
 // parseClients strictly parses clients.json; nil, no file, is no clients.
 func parseClients(b []byte) (*clientsDoc, error) {
 	doc := &clientsDoc{Clients: []client{}}
-	if b == nil {
-		return doc, nil
-	}
-	if err := decodeStrict("clients file", b, doc); err != nil {
-		return nil, err
+	if b != nil {
+		if err := decodeStrict("clients file", b, doc); err != nil {
+			return nil, err
+		}
 	}
 	return doc, nil
 }
@@ -403,22 +440,19 @@ func newToken() string {
 	return "brama_" + base64.RawURLEncoding.EncodeToString(b)
 }
 
-// tokenDigest is the stored form of a token.
 func tokenDigest(token string) string { return hexSHA256([]byte(token)) }
 
 // clientStore is the clients file, re-read on change (SPEC §2.3), or the
-// process-only client when there is no state directory.
+// process-only clients (memory, set before serving) when there is no state directory.
 type clientStore struct {
 	stateFile[*clientsDoc]
-	memory *clientsDoc // process-only clients (no state directory); set before serving
+	memory *clientsDoc
 }
 
-// newClientStore opens the clients file at path; pathErr says why there is none.
 func newClientStore(path string, pathErr error) *clientStore {
 	return &clientStore{stateFile: stateFile[*clientsDoc]{role: "clients file", path: path, pathErr: pathErr, parse: parseClients, absentErr: true}}
 }
 
-// load returns the current clients, re-reading on change.
 func (c *clientStore) load() (*clientsDoc, error) {
 	if c.memory != nil {
 		return c.memory, nil
@@ -428,13 +462,12 @@ func (c *clientStore) load() (*clientsDoc, error) {
 
 // authenticate finds token's client, comparing every digest in constant
 // time; a refusal never says whose a token is (SPEC §3.1).
-func (c *clientStore) authenticate(token string) (client, error) {
+func (c *clientStore) authenticate(token string) (found client, err error) {
 	doc, err := c.load()
 	if err != nil {
-		return client{}, refuse("unauthenticated", "the clients file is unusable, so no token can be checked (GET /readyz says why)").because(err)
+		return found, refuse("unauthenticated", "the clients file is unusable, so no token can be checked (GET /readyz says why)").because(err)
 	}
 	want := []byte(tokenDigest(token))
-	var found client
 	for _, cl := range doc.Clients {
 		if subtle.ConstantTimeCompare(want, []byte(cl.TokenSHA256)) == 1 {
 			found = cl
@@ -448,8 +481,7 @@ func (c *clientStore) authenticate(token string) (client, error) {
 
 // updateClients changes the clients file under its lock (SPEC §2.3).
 func updateClients(path string, fn func(d *clientsDoc) error) error {
-	f := stateFile[*clientsDoc]{role: "clients file", path: path, parse: parseClients}
-	return f.update(fn)
+	return (&stateFile[*clientsDoc]{role: "clients file", path: path, parse: parseClients}).update(fn)
 }
 
 // notAClient is the 401 of a token no client holds (SPEC §3.1).
@@ -459,36 +491,30 @@ const notAClient = "this token is not one of this gateway's clients"
 // (SPEC §3.1; both carrying the same one count as one), or the 401 saying
 // what was wrong without quoting it.
 func presentedToken(h http.Header) (string, error) {
-	twoTokens := refuse("unauthenticated", "two tokens: send one (ANTHROPIC_API_KEY and ANTHROPIC_AUTH_TOKEN both set?)")
-	auth, toks := h.Values("Authorization"), slices.Clone(h.Values("X-Api-Key")) // never edit r.Header
-	if len(auth) > 1 || len(toks) > 1 {
-		return "", twoTokens
+	auth, keys := h.Values("Authorization"), h.Values("X-Api-Key")
+	toks, tok := map[string]bool{}, ""
+	for i, v := range append(slices.Clone(keys), auth...) { // never edit r.Header
+		if scheme, t, ok := strings.Cut(v, " "); i >= len(keys) { // another scheme than Bearer carries no token of Brama's
+			v = map[bool]string{true: t}[ok && strings.EqualFold(scheme, "Bearer")]
+		}
+		if v = strings.TrimSpace(v); v != "" {
+			toks[v], tok = true, v
+		}
 	}
-	for _, a := range auth {
-		if scheme, tok, ok := strings.Cut(a, " "); ok && strings.EqualFold(scheme, "Bearer") {
-			toks = append(toks, tok)
-		} // another scheme carries no token of Brama's
-	}
-	for i := range toks {
-		toks[i] = strings.TrimSpace(toks[i])
-	}
-	toks = slices.Compact(slices.DeleteFunc(toks, func(t string) bool { return t == "" }))
 	switch {
-	case len(toks) == 0:
+	case len(auth) > 1 || len(keys) > 1 || len(toks) > 1 || strings.Contains(tok, ","): // one token, never a list
+		return "", refuse("unauthenticated", "two tokens: send one (ANTHROPIC_API_KEY and ANTHROPIC_AUTH_TOKEN both set?)")
+	case tok == "":
 		return "", refuse("unauthenticated", "no token: send Authorization: Bearer <token> or x-api-key")
-	case len(toks) > 1 || strings.Contains(toks[0], ","): // one token, never a list
-		return "", twoTokens
-	case strings.ContainsAny(toks[0], " \t"): // e.g. x-api-key: Bearer …
+	case strings.ContainsAny(tok, " \t"): // e.g. x-api-key: Bearer …
 		return "", refuse("unauthenticated", notAClient)
 	}
-	return toks[0], nil
+	return tok, nil
 }
 
 // transportGuard decides whether a peer may speak plain HTTP (SPEC §3.3):
-// loopback always, a trusted proxy that says the client used https.
-type transportGuard struct {
-	trusted map[string]bool // canonical IP strings from BRAMA_TRUSTED_PROXY_IPS
-}
+// loopback always, a trusted proxy (by canonical IP) that says the client used https.
+type transportGuard struct{ trusted map[string]bool }
 
 func newTransportGuard(list string) (transportGuard, error) {
 	g := transportGuard{trusted: map[string]bool{}}
@@ -508,13 +534,10 @@ func newTransportGuard(list string) (transportGuard, error) {
 // header it does not set as the client wrote it.
 func (g transportGuard) allows(r *http.Request) bool {
 	host, _, _ := net.SplitHostPort(r.RemoteAddr)
-	switch ip := net.ParseIP(host); { // nil when RemoteAddr is not host:port
-	case ip == nil:
+	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() && !g.trusted[ip.String()] {
 		return false
-	case ip.IsLoopback():
+	} else if ip.IsLoopback() {
 		return true
-	case !g.trusted[ip.String()]:
-		return false
 	}
 	last := func(name string) string {
 		v := strings.Join(r.Header.Values(name), ",")
@@ -530,11 +553,6 @@ func (g transportGuard) allows(r *http.Request) bool {
 	return xfp+fwd != "" && https(xfp) && https(fwd)
 }
 
-func (s *server) handleHealth(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "version": version})
-}
-
-// readiness is the body of GET /readyz.
 type readiness struct {
 	Ready    bool     `json:"ready"`
 	Reasons  []string `json:"reasons"`
@@ -548,14 +566,15 @@ func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 	warn := func(msg ...string) { rd.Warnings = append(rd.Warnings, strings.Join(msg, "")) }
 	if s.st.dir == "" {
 		warn("no state directory: ", s.st.cause.Error())
-	} else if why := dirExposure(s.st.dir); why != "" {
-		warn("the state directory ", why)
+	} else if fi, err := os.Stat(s.st.dir); err != nil { // unreadable: its files say why
+	} else if uid := fi.Sys().(*syscall.Stat_t).Uid; int(uid) != os.Geteuid() { // the files' own guards cannot see this
+		warn(fmt.Sprintf("the state directory is owned by uid %d, not this process's uid %d, who may remove or replace its files", uid, os.Geteuid()))
+	} else if perm := fi.Mode().Perm(); perm&0o022 != 0 {
+		warn(fmt.Sprintf("the state directory has mode %#o: group or other may remove or replace its files, the journal too (chmod 700)", perm))
 	}
 	noState := func(err error) bool { return errors.As(err, new(*noStateError)) }
-	_, regErr := s.reg.current()
-	_, vaultErr := s.vault.load()
-	_, clientsErr := s.clients.load()
-	_, journalErr := s.journal.size()
+	errOf := func(_ any, err error) error { return err }
+	regErr, vaultErr, clientsErr, journalErr := errOf(s.reg.current()), errOf(s.vault.load()), errOf(s.clients.load()), errOf(s.journal.size())
 	_, _, keyErr := readAnswerKey(s.st)
 	for _, f := range []struct {
 		what, env, path string
@@ -600,107 +619,13 @@ func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, map[bool]int{true: http.StatusOK, false: http.StatusServiceUnavailable}[rd.Ready], rd)
 }
 
-// dirExposure is why another user may remove or replace the files in dir,
-// which their own guards cannot see; "" when none may (or dir is unreadable).
-func dirExposure(dir string) string {
-	fi, err := os.Stat(dir)
-	if err != nil {
-		return ""
-	}
-	if uid := fi.Sys().(*syscall.Stat_t).Uid; int(uid) != os.Geteuid() {
-		return fmt.Sprintf("is owned by uid %d, not this process's uid %d, who may remove or replace its files", uid, os.Geteuid())
-	}
-	if perm := fi.Mode().Perm(); perm&0o022 != 0 {
-		return fmt.Sprintf("has mode %#o: group or other may remove or replace its files, the journal too (chmod 700)", perm)
-	}
-	return ""
-}
-
-// hidePath keeps a file's location out of a /readyz sentence unless it lies
-// inside the state directory.
+// hidePath keeps a file's location out of a sentence unless it lies inside
+// the state directory.
 func (s *server) hidePath(msg, path string) string {
 	if path == "" || (s.st.dir != "" && strings.HasPrefix(path, s.st.dir+"/")) {
 		return msg
 	}
 	return strings.ReplaceAll(msg, path, "(named by environment)")
-}
-
-// handleAliases serves GET /v1/aliases: as /v1/models, only the names the caller may use (SPEC §3.1).
-func (s *server) handleAliases(w http.ResponseWriter, r *http.Request) {
-	t, err := s.reg.aliases(s.hasDirect)
-	if err != nil {
-		s.fail(w, r, refuse("dependency_unavailable", "the route registry is unusable: %s", s.hidePath(err.Error(), s.reg.path)).because(err))
-		return
-	}
-	writeJSON(w, http.StatusOK, t.usableBy(infoFrom(r.Context()).client.mayUse))
-}
-
-func (s *server) handleRoutesGet(w http.ResponseWriter, r *http.Request) {
-	doc, err := s.reg.current()
-	if err != nil {
-		s.fail(w, r, refuse("state_conflict", "the route registry on disk is invalid: %s", s.hidePath(err.Error(), s.reg.path)).because(err))
-		return
-	}
-	writeRaw(w, http.StatusOK, encodeRegistry(doc))
-}
-
-// handleRoutesWrite serves PUT {"alias","route"} and DELETE {"alias"} on
-// /v1/admin/routes, answering with the committed document.
-func (s *server) handleRoutesWrite(w http.ResponseWriter, r *http.Request) {
-	var set struct {
-		Alias string `json:"alias"`
-		Route string `json:"route"`
-	}
-	var rm struct {
-		Alias string `json:"alias"`
-	}
-	var doc *routesDoc
-	by, put := infoFrom(r.Context()).client.ID, r.Method == http.MethodPut
-	err := decodeBody(r, map[bool]any{true: &set, false: &rm}[put], false)
-	switch {
-	case err != nil:
-	case put:
-		doc, err = s.reg.set(set.Alias, set.Route, by)
-	default:
-		doc, err = s.reg.remove(rm.Alias, by)
-	}
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	s.replay.forget(cmp.Or(set.Alias, rm.Alias), "") // SPEC §17: the alias written may serve now
-	writeRaw(w, http.StatusOK, fmt.Appendf(nil, "{\"ok\":true,\"routes\":%s}\n", bytes.TrimSpace(encodeRegistry(doc))))
-}
-
-// handleModels serves GET /v1/models: a provider's catalogue models are listed
-// when a direct key, or the caller's agent's subscription, can serve them.
-func (s *server) handleModels(w http.ResponseWriter, r *http.Request) {
-	ri := infoFrom(r.Context())
-	t, _ := s.reg.aliases(s.hasDirect)
-	data := s.catalog.modelList(t.Aliases, func(p providerInfo) bool {
-		if p.cred == credSubscription && ri.agentID != "" {
-			subs, _, err := s.engine(ri).eligible(ri.agentID, p.id)
-			return err == nil && len(subs) > 0
-		}
-		return p.cred == credDirect && s.hasDirect(p.id)
-	}, ri.client.mayUse)
-	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
-}
-
-// handleMetrics serves GET /metrics, the one exposition (SPEC §13).
-func (s *server) handleMetrics(w http.ResponseWriter, r *http.Request) {
-	size, _ := s.journal.size()
-	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-	extra := s.maint.metrics()
-	extra["brama_attempts_total"], extra["brama_journal_bytes"] = float64(s.attempts.Load()), float64(size)
-	writeMetrics(w, s.perf.snapshot(), extra)
-}
-
-var okBody = map[string]bool{"ok": true}
-
-func (s *server) listSubscriptions(r *http.Request, _ *struct{}) (any, error) {
-	rows, err := s.inv.list(r.PathValue("agent_id"))
-	return map[string]any{"subscriptions": rows}, err
 }
 
 // donateSubscription serves POST …/subscriptions/{agent_id}; on the admin
@@ -731,64 +656,43 @@ func (s *server) credentialChanged(it overlayItem) {
 	}
 }
 
-// retireSubscription serves DELETE …/{subscription_id}[?reason=TEXT].
-func (s *server) retireSubscription(r *http.Request, _ *struct{}) (any, error) {
-	reason := cmp.Or(r.URL.Query().Get("reason"), "retired by "+infoFrom(r.Context()).client.ID)
-	return okBody, s.inv.retire(r.PathValue("agent_id"), r.PathValue("subscription_id"), reason)
-}
-
-// reinstateSubscription serves POST …/{subscription_id}/reinstate {"reason"}.
-func (s *server) reinstateSubscription(r *http.Request, body *struct {
-	Reason string `json:"reason"`
-}) (any, error) {
-	if err := s.inv.reinstate(r.PathValue("agent_id"), r.PathValue("subscription_id"), body.Reason); err != nil {
-		return nil, err
+// handleRoutes serves /v1/admin/routes: GET the document, PUT {"alias","route"}
+// and DELETE {"alias"} answering with the committed one.
+func (s *server) handleRoutes(w http.ResponseWriter, r *http.Request) {
+	var set struct {
+		Alias string `json:"alias"`
+		Route string `json:"route"`
 	}
-	s.maint.changed()
-	return okBody, nil
-}
-
-// replaceCredential serves PUT …/{subscription_id}/credential. The answer
-// carries the row, never the secret.
-func (s *server) replaceCredential(r *http.Request, body *credentialBody) (any, error) {
-	it, err := s.inv.replaceSignedIn(r.PathValue("agent_id"), r.PathValue("subscription_id"),
-		vaultCredential{OAuth: body.OAuth, APIKey: body.APIKey}, infoFrom(r.Context()).client.ID)
-	if s.credentialChanged(it); err != nil {
-		return nil, err
+	var rm struct {
+		Alias string `json:"alias"`
 	}
-	return map[string]any{"ok": true, "subscription": s.inv.row(it, false, s.now())}, nil
-}
-
-// maintainNow serves POST /v1/admin/maintain (body empty or {}): one pass
-// now; one that could not list the subscriptions is refused 503 with why.
-func (s *server) maintainNow(r *http.Request, _ *struct{}) (any, error) {
-	rep, err := s.maint.passNow(r.Context())
-	if errors.Is(err, errMaintenanceStopped) {
-		return nil, refuse("dependency_unavailable", "no pass can run: %v", err).because(err)
+	var doc *routesDoc
+	var err error
+	switch by := infoFrom(r.Context()).client.ID; r.Method {
+	case http.MethodGet:
+		if doc, err = s.reg.current(); err != nil {
+			err = refuse("state_conflict", "the route registry on disk is invalid: %s", s.hidePath(err.Error(), s.reg.path)).because(err)
+		}
+	case http.MethodPut:
+		if err = decodeBody(r, &set, false); err == nil {
+			doc, err = s.reg.set(set.Alias, set.Route, by)
+		}
+	default:
+		if err = decodeBody(r, &rm, false); err == nil {
+			doc, err = s.reg.remove(rm.Alias, by)
+		}
 	}
-	return rep, err
-}
-
-// pruneOrphans serves POST /v1/admin/vault/prune-orphans (body empty or {}):
-// the vault's credentials no subscription names are removed (SPEC §17).
-func (s *server) pruneOrphans(r *http.Request, _ *struct{}) (any, error) {
-	ids, err := s.inv.pruneOrphans()
-	return map[string]any{"ok": true, "removed": ids}, err
-}
-
-// probeSubscription serves POST …/{subscription_id}/probe, body optional
-// {"model"}. A provider's refusal is a 200 too: probe.ok false.
-func (s *server) probeSubscription(r *http.Request, body *struct {
-	Model string `json:"model"`
-}) (any, error) {
-	agent := r.PathValue("agent_id")
-	it, err := s.inv.owned(agent, r.PathValue("subscription_id"), "a retired subscription is never probed")
 	if err != nil {
-		return nil, err
+		s.fail(w, r, err)
+		return
 	}
-	e := s.engine(infoFrom(r.Context()))
-	e.agent = agent
-	return e.probe(r.Context(), it, body.Model)
+	body := encodeRegistry(doc)
+	if r.Method != http.MethodGet {
+		s.replay.forget(cmp.Or(set.Alias, rm.Alias), "") // SPEC §17: the alias written may serve now
+		body = fmt.Appendf(nil, "{\"ok\":true,\"routes\":%s}\n", bytes.TrimSpace(body))
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Write(body)
 }
 
 // handleChat serves the three chat routes for one caller dialect: read the
@@ -809,7 +713,7 @@ func (s *server) handleChat(dialect string) http.HandlerFunc {
 			s.fail(w, r, err)
 			return
 		}
-		route := func(w http.ResponseWriter, r *http.Request) {
+		route := func(w http.ResponseWriter) {
 			if ae := e.serveChat(r.Context(), w, req, c, cands); ae != nil {
 				s.fail(w, r, ae)
 			}
@@ -819,7 +723,7 @@ func (s *server) handleChat(dialect string) http.HandlerFunc {
 		if keys, asked := r.Header["Idempotency-Key"]; asked {
 			replayed, err := s.answers.serve(r.Context(), w, signedCall{client: ri.client.ID, route: ri.route, keys: keys,
 				stream: req.head.Stream, body: ri.body, t: &ri.tally, envelope: func(w http.ResponseWriter, err error) *apiError { return writeAPIError(w, r, err) },
-			}, func(w http.ResponseWriter) { route(w, r) })
+			}, route)
 			ri.counted = ri.counted || replayed
 			if err != nil {
 				s.fail(w, r, err)
@@ -833,52 +737,39 @@ func (s *server) handleChat(dialect string) http.HandlerFunc {
 			return
 		}
 		e.t.remember = s.replay.rememberer(ri.client.ID, scope, req.body, c, cands)
-		route(w, r)
+		route(w)
 	}
 }
 
-// handleEmbeddings serves POST /v1/embeddings: a direct or alias route to an
-// openai-chat provider, one call, the provider's JSON returned as is.
-func (s *server) handleEmbeddings(w http.ResponseWriter, r *http.Request) {
-	var body map[string]json.RawMessage
-	var req chatRequest
-	switch {
-	case json.Unmarshal(infoFrom(r.Context()).body, &body) != nil || body == nil:
-		s.fail(w, r, refuse("invalid_request", "the body must be a JSON object"))
-	case json.Unmarshal(body["model"], &req.Model) != nil || req.Model == "":
-		s.fail(w, r, refuse("invalid_request", "model must be a non-empty string"))
-	default:
-		s.serveModel(w, r, &req, func(e *engine, c call) error {
-			return e.serveEmbeddings(r.Context(), w, req.Model, body, c)
-		})
-	}
-}
-
-// handleCountTokens serves POST /v1/messages/count_tokens (SPEC §15),
-// resolving model as /v1/messages does (§6.4's max_tokens rule aside).
-func (s *server) handleCountTokens(w http.ResponseWriter, r *http.Request) {
-	req, err := readCallerRequest(dialectMessages, r, infoFrom(r.Context()).body)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	s.serveModel(w, r, &req.head, func(e *engine, c call) error {
-		return e.countTokens(r.Context(), w, req, c)
-	})
-}
-
-// serveModel plans req's model and runs serve: the engine call of a route
-// outside chat (embeddings, count_tokens).
-func (s *server) serveModel(w http.ResponseWriter, r *http.Request, req *chatRequest, serve func(*engine, call) error) {
-	ri := infoFrom(r.Context())
-	ri.requestedModel = req.Model
-	e := s.engine(ri)
-	c, err := e.plan(ri.client, ri.agentID, req)
-	ri.routingMode, ri.route = c.res.Mode, c.res.Route
-	if err == nil {
-		err = serve(e, c)
-	}
-	if err != nil {
-		s.fail(w, r, err)
+// handleModelCall serves the routes outside chat: POST /v1/embeddings (a
+// direct or alias route to an openai-chat provider, one call, the provider's
+// JSON returned as is) and POST /v1/messages/count_tokens (SPEC §15, resolving
+// model as /v1/messages does, §6.4's max_tokens rule aside).
+func (s *server) handleModelCall(embeddings bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		ri, req, body := infoFrom(r.Context()), &callerRequest{}, map[string]json.RawMessage(nil)
+		var err error
+		if !embeddings {
+			req, err = readCallerRequest(dialectMessages, r, ri.body)
+		} else if json.Unmarshal(ri.body, &body) != nil || body == nil {
+			err = refuse("invalid_request", "the body must be a JSON object")
+		} else if json.Unmarshal(body["model"], &req.head.Model) != nil || req.head.Model == "" {
+			err = refuse("invalid_request", "model must be a non-empty string")
+		}
+		var c call
+		e := s.engine(ri)
+		if err == nil {
+			ri.requestedModel = req.head.Model
+			c, err = e.plan(ri.client, ri.agentID, &req.head)
+			ri.routingMode, ri.route = c.res.Mode, c.res.Route
+		}
+		if err == nil && embeddings {
+			err = e.serveEmbeddings(r.Context(), w, req.head.Model, body, c)
+		} else if err == nil {
+			err = e.countTokens(r.Context(), w, req, c)
+		}
+		if err != nil {
+			s.fail(w, r, err)
+		}
 	}
 }
