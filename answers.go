@@ -508,15 +508,3 @@ func pruneAnswers(dir string, cutoff time.Time, skip func(name string, err error
 	})
 	return removed, err
 }
-
-// hexSHA256 is b's SHA-256 in lower-case hex.
-func hexSHA256(b []byte) string {
-	d := sha256.Sum256(b)
-	return hex.EncodeToString(d[:])
-}
-
-// isHexDigest reports whether s is a SHA-256 in lower-case hex.
-func isHexDigest(s string) bool {
-	_, err := hex.DecodeString(s)
-	return len(s) == 64 && err == nil && strings.ToLower(s) == s
-}

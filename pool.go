@@ -499,20 +499,6 @@ type core struct {
 	maint      *maintainer
 }
 
-// client is one bearer-token holder. Only the token's SHA-256 is kept.
-type client struct {
-	ID            string   `json:"id"`
-	TokenSHA256   string   `json:"token_sha256"`
-	Role          string   `json:"role"`
-	AgentID       string   `json:"agent_id,omitempty"`
-	AllowedModels []string `json:"allowed_models,omitempty"`
-}
-
-// mayUse applies allowed_models (SPEC §3.1): none listed, any model.
-func (c client) mayUse(model string) bool {
-	return c.AllowedModels == nil || slices.Contains(c.AllowedModels, model)
-}
-
 // hasDirect reports whether a direct credential exists for provider.
 func (c *core) hasDirect(provider string) bool {
 	if c.localCreds != nil {
