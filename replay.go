@@ -196,11 +196,11 @@ func (g *replayGuard) size() int {
 
 // refusalFor is the refusal a request of client repeats, nil for none: its
 // status and code, not retryable, with no call made.
-func (g *replayGuard) refusalFor(client, scope string, body rawObject) *apiError {
+func (g *replayGuard) refusalFor(client string, scope func() string, body rawObject) *apiError {
 	if g == nil || g.window <= 0 || !g.holds(client) { // the digest is taken only when it can match
 		return nil
 	}
-	e, ok := g.lookupRequest(client, scope, body)
+	e, ok := g.lookupRequest(client, scope(), body)
 	if !ok {
 		return nil
 	}
@@ -221,7 +221,7 @@ func (g *replayGuard) refusalFor(client, scope string, body rawObject) *apiError
 // cands; nil when the guard is off. Remembered is a non-retryable refusal
 // after a call, not subscription_reauthorization_required: signing in must
 // pass; a stream's was met in-band, under a 200.
-func (g *replayGuard) rememberer(client, scope string, body rawObject, c call, cands []resolution) func(ae *apiError, attempts int, hungUp, streamed bool) {
+func (g *replayGuard) rememberer(client string, scope func() string, body rawObject, c call, cands []resolution) func(ae *apiError, attempts int, hungUp, streamed bool) {
 	if g == nil || g.window <= 0 {
 		return nil
 	}
@@ -238,6 +238,6 @@ func (g *replayGuard) rememberer(client, scope string, body rawObject, c call, c
 				e.providers = append(e.providers, cand.Provider.id)
 			}
 		}
-		g.rememberRequest(client, scope, body, e)
+		g.rememberRequest(client, scope(), body, e)
 	}
 }
