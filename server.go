@@ -632,7 +632,7 @@ func (s *server) handleChat(dialect string) http.HandlerFunc {
 			}
 			return
 		}
-		scope := func() string { return replayScope(ri.agentID, r.Header, c) } // taken only when the guard can use it
+		scope := func() string { return replayScope(ri.agentID, r.Header, c) }   // taken only when the guard can use it
 		if ae := s.replay.refusalFor(ri.client.ID, scope, req.body); ae != nil { // SPEC §8.1
 			w.Header().Set("Brama-Replay-Refused", "true")
 			s.fail(w, r, ae)
