@@ -16,7 +16,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"path"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -78,9 +77,26 @@ func (s *server) routes() {
 		extra["brama_attempts_total"], extra["brama_journal_bytes"] = float64(s.attempts.Load()), float64(size)
 		writeMetrics(w, s.perf.snapshot(), extra)
 	}))
-	s.mux.Handle("GET /v1/admin/routes", s.caller(roleAdmin, s.handleRoutes))
-	s.mux.Handle("PUT /v1/admin/routes", s.caller(roleAdmin, s.handleRoutes))
-	s.mux.Handle("DELETE /v1/admin/routes", s.caller(roleAdmin, s.handleRoutes))
+	s.mux.Handle("GET /v1/admin/routes", s.caller(roleAdmin, reply(s, 200, noBody, func(r *http.Request, _ *struct{}) (any, error) {
+		doc, err := s.reg.current()
+		if err != nil {
+			return nil, refuse("state_conflict", "the route registry on disk is invalid: %s", s.hidePath(err.Error(), s.reg.path)).because(err)
+		}
+		return encodeRegistry(doc), nil
+	})))
+	s.mux.Handle("PUT /v1/admin/routes", s.caller(roleAdmin, reply(s, 200, requiredBody, func(r *http.Request, b *struct {
+		Alias string `json:"alias"`
+		Route string `json:"route"`
+	}) (any, error) {
+		doc, err := s.reg.set(b.Alias, b.Route, infoFrom(r.Context()).client.ID)
+		return s.routesWritten(b.Alias, doc, err)
+	})))
+	s.mux.Handle("DELETE /v1/admin/routes", s.caller(roleAdmin, reply(s, 200, requiredBody, func(r *http.Request, b *struct {
+		Alias string `json:"alias"`
+	}) (any, error) {
+		doc, err := s.reg.remove(b.Alias, infoFrom(r.Context()).client.ID)
+		return s.routesWritten(b.Alias, doc, err)
+	})))
 	for _, role := range []string{"", roleAdmin} {
 		p := map[string]string{"": "/v1/subscriptions/", roleAdmin: "/v1/admin/subscriptions/"}[role] + "{agent_id}"
 		s.mux.Handle("GET "+p, s.caller(role, reply(s, 200, noBody, func(r *http.Request, _ *struct{}) (any, error) {
@@ -177,16 +193,14 @@ type statusWriter struct {
 	broken bool        // a write failed: the answer did not reach the caller whole
 }
 
+// Without a read deadline net/http would still read up to 256 KiB of an
+// unread body after the answer, at the sender's pace.
 func (w *statusWriter) WriteHeader(code int) {
-	if w.status == 0 {
-		w.status = code
-		if w.unread != nil && w.unread() {
-			w.Header().Set("Connection", "close")
-			// Without a read deadline net/http would still read up to 256 KiB
-			// of the body after the answer, at the sender's pace.
-			http.NewResponseController(w.ResponseWriter).SetReadDeadline(time.Now())
-		}
+	if w.status == 0 && w.unread != nil && w.unread() {
+		w.Header().Set("Connection", "close")
+		http.NewResponseController(w.ResponseWriter).SetReadDeadline(time.Now())
 	}
+	w.status = cmp.Or(w.status, code)
 	w.ResponseWriter.WriteHeader(code)
 }
 
@@ -289,12 +303,12 @@ func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 // caller wraps h so it runs only once authenticate accepts the request for
 // role ("": any client; roleAdmin for /v1/admin/*, SPEC §3.1).
 func (s *server) caller(role string, h http.HandlerFunc) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if err := s.authenticate(w, r, role); err != nil {
-			s.fail(w, r, err)
-			return
+	return s.failing(func(w http.ResponseWriter, r *http.Request) error {
+		err := s.authenticate(w, r, role)
+		if err == nil {
+			h(w, r)
 		}
-		h(w, r)
+		return err
 	})
 }
 
@@ -322,17 +336,17 @@ func (s *server) authenticate(w http.ResponseWriter, r *http.Request, role strin
 		return refuse("forbidden", "this request acts for agent %q, not %q", agent, p)
 	}
 	limit := cmp.Or(s.maxBody, defaultMaxRequestBytes) // 0 outside serve
-	tooLarge := refuse("invalid_request", "the request body is larger than BRAMA_MAX_REQUEST_BYTES (%d bytes)", limit).withStatus(http.StatusRequestEntityTooLarge)
-	if r.ContentLength > limit {
-		return tooLarge
-	}
-	if ce := r.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
+	if ce := r.Header.Get("Content-Encoding"); r.ContentLength <= limit && ce != "" && !strings.EqualFold(ce, "identity") {
 		return refuse("invalid_request", "a compressed request body (Content-Encoding) is not read; send it uncompressed")
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
-	if errors.As(err, new(*http.MaxBytesError)) {
-		return tooLarge
-	} else if err != nil {
+	var body []byte
+	if r.ContentLength <= limit {
+		body, err = io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	}
+	switch {
+	case r.ContentLength > limit || errors.As(err, new(*http.MaxBytesError)):
+		return refuse("invalid_request", "the request body is larger than BRAMA_MAX_REQUEST_BYTES (%d bytes)", limit).withStatus(http.StatusRequestEntityTooLarge)
+	case err != nil:
 		return refuse("invalid_request", "the request body could not be read").because(err)
 	}
 	ri.body = body // not nil: io.ReadAll returns an empty slice for an empty body
@@ -345,48 +359,50 @@ func (s *server) authenticate(w http.ResponseWriter, r *http.Request, role strin
 
 const defaultMaxRequestBytes = 64 << 20
 
-// decodeBody strictly decodes an admin body (optional: an empty one too):
-// malformed JSON or an unknown member is 400 invalid_request naming it.
-func decodeBody(r *http.Request, v any, optional bool) error {
+// How an admin handler reads its request body: not at all, empty or a
+// strict JSON document, a strict JSON document.
+const (
+	noBody = iota
+	optionalBody
+	requiredBody
+)
+
+// decodeBody strictly decodes an admin body as mode says: malformed JSON or
+// an unknown member is 400 invalid_request naming it.
+func decodeBody(r *http.Request, v any, mode int) error {
 	body := infoFrom(r.Context()).body
-	if optional && len(bytes.TrimSpace(body)) == 0 {
+	if mode == noBody || mode == optionalBody && len(bytes.TrimSpace(body)) == 0 {
 		return nil
-	}
-	if err := decodeStrict("request body", body, v); err != nil {
+	} else if err := decodeStrict("request body", body, v); err != nil {
 		return refuse("invalid_request", "%s", err.Error())
 	}
 	return nil
 }
 
-// How an admin handler reads its request body.
-const (
-	noBody       = iota // not read
-	optionalBody        // empty, or a strict JSON document
-	requiredBody
-)
-
 // reply makes f a handler: the body decoded into B as mode says, f's value
-// written with status, an error in the envelope.
+// written with status (a []byte as is), an error in the envelope.
 func reply[B any](s *server, status, mode int, f func(*http.Request, *B) (any, error)) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
+	return s.failing(func(w http.ResponseWriter, r *http.Request) error {
 		var b B
-		var v any
-		var err error
-		if mode != noBody {
-			err = decodeBody(r, &b, mode == optionalBody)
+		if err := decodeBody(r, &b, mode); err != nil {
+			return err
 		}
-		if err == nil {
-			v, err = f(r, &b)
-		}
+		v, err := f(r, &b)
 		if err != nil {
-			s.fail(w, r, err)
-			return
+			return err
 		}
 		if n := infoFrom(r.Context()).attemptsKey(); n != nil { // a probe's calls (SPEC §7.4)
 			w.Header().Set("Brama-Attempts", strconv.Itoa(*n))
 		}
-		writeJSON(w, status, v)
-	}
+		if raw, ok := v.([]byte); ok {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(status)
+			w.Write(raw)
+		} else {
+			writeJSON(w, status, v)
+		}
+		return nil
+	})
 }
 
 // presentedToken is the one `Authorization: Bearer` or `x-api-key` token
@@ -395,7 +411,7 @@ func reply[B any](s *server, status, mode int, f func(*http.Request, *B) (any, e
 func presentedToken(h http.Header) (string, error) {
 	auth, keys := h.Values("Authorization"), h.Values("X-Api-Key")
 	toks, tok := map[string]bool{}, ""
-	for i, v := range append(slices.Clone(keys), auth...) { // never edit r.Header
+	for i, v := range append(keys[:len(keys):len(keys)], auth...) { // a copy: never edit r.Header
 		if scheme, t, ok := strings.Cut(v, " "); i >= len(keys) { // another scheme than Bearer carries no token of Brama's
 			v = map[bool]string{true: t}[ok && strings.EqualFold(scheme, "Bearer")]
 		}
@@ -465,14 +481,14 @@ type readiness struct {
 // path outside the state directory.
 func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 	rd := readiness{Reasons: []string{}, Warnings: []string{}}
-	warn := func(msg ...string) { rd.Warnings = append(rd.Warnings, strings.Join(msg, "")) }
+	warn := func(format string, args ...any) { rd.Warnings = append(rd.Warnings, fmt.Sprintf(format, args...)) }
 	if s.st.dir == "" {
-		warn("no state directory: ", s.st.cause.Error())
+		warn("no state directory: %v", s.st.cause)
 	} else if fi, err := os.Stat(s.st.dir); err != nil { // unreadable: its files say why
 	} else if uid := fi.Sys().(*syscall.Stat_t).Uid; int(uid) != os.Geteuid() { // the files' own guards cannot see this
-		warn(fmt.Sprintf("the state directory is owned by uid %d, not this process's uid %d, who may remove or replace its files", uid, os.Geteuid()))
+		warn("the state directory is owned by uid %d, not this process's uid %d, who may remove or replace its files", uid, os.Geteuid())
 	} else if perm := fi.Mode().Perm(); perm&0o022 != 0 {
-		warn(fmt.Sprintf("the state directory has mode %#o: group or other may remove or replace its files, the journal too (chmod 700)", perm))
+		warn("the state directory has mode %#o: group or other may remove or replace its files, the journal too (chmod 700)", perm)
 	}
 	noState := func(err error) bool { return errors.As(err, new(*noStateError)) }
 	errOf := func(_ any, err error) error { return err }
@@ -491,25 +507,24 @@ func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 		{"answer key unusable (every signed answer is refused): ", "", "", nil, keyErr, errors.Is(keyErr, errFileAbsent) || noState(keyErr)},
 	} {
 		if f.pathErr != nil && !errors.Is(f.pathErr, s.st.cause) { // not the value: it may lie outside the state directory
-			warn(f.env, " is not an absolute path, so that file has no place (§2.1's no state directory)")
+			warn("%s is not an absolute path, so that file has no place (§2.1's no state directory)", f.env)
 		}
 		if f.err != nil && !f.expected {
 			rd.Reasons = append(rd.Reasons, f.what+s.hidePath(f.err.Error(), f.path))
 		}
 	}
 	if ids := s.vault.unwrittenIDs(); len(ids) > 0 {
-		warn("the vault refused to keep the rotated OAuth grant of ", strings.Join(ids, ", "),
-			": it is used from memory and written again at the next maintenance pass (a restart before that loses it)")
+		warn("the vault refused to keep the rotated OAuth grant of %s: it is used from memory and written again at the next maintenance pass (a restart before that loses it)", strings.Join(ids, ", "))
 	}
 	if data, cause := s.catalog.current(); data == nil {
-		warn(cause)
+		warn("%s", cause)
 	}
 	if bad, n, err := s.journal.badLines(); err == nil {
 		for _, b := range bad {
-			warn("journal line ", strconv.Itoa(b.Line), " is unreadable: ", b.Reason)
+			warn("journal line %d is unreadable: %s", b.Line, b.Reason)
 		}
 		if n > len(bad) {
-			warn(fmt.Sprintf("the journal holds %d more unreadable lines (brama journal check lists them)", n-len(bad)))
+			warn("the journal holds %d more unreadable lines (brama journal check lists them)", n-len(bad))
 		}
 	}
 	invReasons, invWarnings, subPayer := s.inv.readiness()
@@ -558,62 +573,30 @@ func (s *server) credentialChanged(it overlayItem) {
 	}
 }
 
-// handleRoutes serves /v1/admin/routes: GET the document, PUT {"alias","route"}
-// and DELETE {"alias"} answering with the committed one.
-func (s *server) handleRoutes(w http.ResponseWriter, r *http.Request) {
-	var set struct {
-		Alias string `json:"alias"`
-		Route string `json:"route"`
-	}
-	var rm struct {
-		Alias string `json:"alias"`
-	}
-	var doc *routesDoc
-	var err error
-	switch by := infoFrom(r.Context()).client.ID; r.Method {
-	case http.MethodGet:
-		if doc, err = s.reg.current(); err != nil {
-			err = refuse("state_conflict", "the route registry on disk is invalid: %s", s.hidePath(err.Error(), s.reg.path)).because(err)
-		}
-	case http.MethodPut:
-		if err = decodeBody(r, &set, false); err == nil {
-			doc, err = s.reg.set(set.Alias, set.Route, by)
-		}
-	default:
-		if err = decodeBody(r, &rm, false); err == nil {
-			doc, err = s.reg.remove(rm.Alias, by)
-		}
-	}
+// routesWritten answers a PUT or DELETE of /v1/admin/routes with the
+// committed document; the alias written may serve now (SPEC §17).
+func (s *server) routesWritten(alias string, doc *routesDoc, err error) (any, error) {
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return nil, err
 	}
-	body := encodeRegistry(doc)
-	if r.Method != http.MethodGet {
-		s.replay.forget(cmp.Or(set.Alias, rm.Alias), "") // SPEC §17: the alias written may serve now
-		body = fmt.Appendf(nil, "{\"ok\":true,\"routes\":%s}\n", bytes.TrimSpace(body))
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Write(body)
+	s.replay.forget(alias, "")
+	return fmt.Appendf(nil, "{\"ok\":true,\"routes\":%s}\n", bytes.TrimSpace(encodeRegistry(doc))), nil
 }
 
 // handleChat serves the three chat routes for one caller dialect: read the
 // head, resolve, pay, call; the whole body is parsed only to translate (SPEC §7.6).
 func (s *server) handleChat(dialect string) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
+	return s.failing(func(w http.ResponseWriter, r *http.Request) error {
 		ri := infoFrom(r.Context())
 		req, err := readCallerRequest(dialect, r, ri.body)
 		if err != nil {
-			s.fail(w, r, err)
-			return
+			return err
 		}
 		ri.requestedModel, ri.streamed = req.head.Model, req.head.Stream
 		e := s.engine(ri)
 		c, cands, err := e.planChat(ri.client, req)
-		ri.routingMode, ri.route = c.res.Mode, c.res.Route
-		if err != nil {
-			s.fail(w, r, err)
-			return
+		if ri.routingMode, ri.route = c.res.Mode, c.res.Route; err != nil {
+			return err
 		}
 		route := func(w http.ResponseWriter) {
 			if ae := e.serveChat(r.Context(), w, req, c, cands); ae != nil {
@@ -627,20 +610,17 @@ func (s *server) handleChat(dialect string) http.HandlerFunc {
 				stream: req.head.Stream, body: ri.body, t: &ri.tally, envelope: func(w http.ResponseWriter, err error) *apiError { return writeAPIError(w, r, err) },
 			}, route)
 			ri.counted = ri.counted || replayed
-			if err != nil {
-				s.fail(w, r, err)
-			}
-			return
+			return err
 		}
 		scope := func() string { return replayScope(ri.agentID, r.Header, c) }   // taken only when the guard can use it
 		if ae := s.replay.refusalFor(ri.client.ID, scope, req.body); ae != nil { // SPEC §8.1
 			w.Header().Set("Brama-Replay-Refused", "true")
-			s.fail(w, r, ae)
-			return
+			return ae
 		}
 		e.t.remember = s.replay.rememberer(ri.client.ID, scope, req.body, c, cands)
 		route(w)
-	}
+		return nil
+	})
 }
 
 // handleModelCall serves the routes outside chat: POST /v1/embeddings (a
@@ -648,29 +628,33 @@ func (s *server) handleChat(dialect string) http.HandlerFunc {
 // JSON returned as is) and POST /v1/messages/count_tokens (SPEC §15, resolving
 // model as /v1/messages does, §6.4's max_tokens rule aside).
 func (s *server) handleModelCall(embeddings bool) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
+	return s.failing(func(w http.ResponseWriter, r *http.Request) (err error) {
 		ri, req, body := infoFrom(r.Context()), &callerRequest{}, map[string]json.RawMessage(nil)
-		var err error
 		if !embeddings {
-			req, err = readCallerRequest(dialectMessages, r, ri.body)
+			if req, err = readCallerRequest(dialectMessages, r, ri.body); err != nil {
+				return err
+			}
 		} else if json.Unmarshal(ri.body, &body) != nil || body == nil {
-			err = refuse("invalid_request", "the body must be a JSON object")
+			return refuse("invalid_request", "the body must be a JSON object")
 		} else if json.Unmarshal(body["model"], &req.head.Model) != nil || req.head.Model == "" {
-			err = refuse("invalid_request", "model must be a non-empty string")
+			return refuse("invalid_request", "model must be a non-empty string")
 		}
-		var c call
 		e := s.engine(ri)
-		if err == nil {
-			ri.requestedModel = req.head.Model
-			c, err = e.plan(ri.client, ri.agentID, &req.head)
-			ri.routingMode, ri.route = c.res.Mode, c.res.Route
+		ri.requestedModel = req.head.Model
+		c, err := e.plan(ri.client, ri.agentID, &req.head)
+		if ri.routingMode, ri.route = c.res.Mode, c.res.Route; err != nil {
+			return err
+		} else if embeddings {
+			return e.serveEmbeddings(r.Context(), w, req.head.Model, body, c)
 		}
-		if err == nil && embeddings {
-			err = e.serveEmbeddings(r.Context(), w, req.head.Model, body, c)
-		} else if err == nil {
-			err = e.countTokens(r.Context(), w, req, c)
-		}
-		if err != nil {
+		return e.countTokens(r.Context(), w, req, c)
+	})
+}
+
+// failing makes h a handler that writes h's error in the envelope.
+func (s *server) failing(h func(http.ResponseWriter, *http.Request) error) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if err := h(w, r); err != nil {
 			s.fail(w, r, err)
 		}
 	}
