@@ -37,8 +37,7 @@ type server struct {
 	inflight sync.RWMutex
 }
 
-// routes is the only place URL patterns appear; the admin subscription
-// routes are answered here, over plain inventory calls.
+// routes is the only place URL patterns appear; admin routes are thin closures over inventory calls.
 func (s *server) routes() {
 	s.mux = http.NewServeMux()
 	s.mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
@@ -151,8 +150,7 @@ func (s *server) routes() {
 	})))
 }
 
-// requestInfo is what a request's log line reports (SPEC §13): who called,
-// what they asked, and the engine's tally, written in place.
+// requestInfo is what a request's log line reports (SPEC §13), the engine's tally written in place.
 type requestInfo struct {
 	tally
 	client                               client
@@ -183,20 +181,19 @@ func (s *server) engine(ri *requestInfo) *engine {
 	return &engine{core: &s.core, agent: ri.agentID, t: &ri.tally}
 }
 
-// statusWriter remembers the status for the log line (Unwrap keeps Flush
-// reachable). An answer written before the body was read closes the
-// connection (SPEC §7.4), so a slow body cannot hold it.
+// statusWriter remembers the status for the log line (Unwrap keeps Flush reachable). An answer
+// written before the body was read closes the connection (SPEC §7.4): a slow body cannot hold it.
 type statusWriter struct {
 	http.ResponseWriter
+	ri     *requestInfo // ri.body nil: a body not read yet
 	status int
-	unread func() bool // the request has a body not read (nil: none)
-	broken bool        // a write failed: the answer did not reach the caller whole
+	broken bool // a write failed: the answer did not reach the caller whole
 }
 
 // Without a read deadline net/http would still read up to 256 KiB of an
 // unread body after the answer, at the sender's pace.
 func (w *statusWriter) WriteHeader(code int) {
-	if w.status == 0 && w.unread != nil && w.unread() {
+	if w.status == 0 && w.ri.body == nil {
 		w.Header().Set("Connection", "close")
 		http.NewResponseController(w.ResponseWriter).SetReadDeadline(time.Now())
 	}
@@ -217,8 +214,7 @@ func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 var testingOnlyBeforeLog func(*http.Request)
 
-// ServeHTTP gives every response an X-Request-Id, applies the transport
-// guard, turns the mux's own 404/405 into envelopes and logs one line.
+// ServeHTTP gives every response an X-Request-Id, applies the transport guard, turns the mux's own 404/405 into envelopes and logs one line.
 func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.inflight.RLock()
 	defer s.inflight.RUnlock()
@@ -227,10 +223,10 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ri := &requestInfo{tally: tally{requestID: hex.EncodeToString(id)}}
 	w.Header().Set("X-Request-Id", ri.requestID)
 	w.Header().Set("Cache-Control", "no-store") // every answer is one caller's
-	sw := &statusWriter{ResponseWriter: w}
-	if r.Body != nil && r.Body != http.NoBody {
-		sw.unread = func() bool { return ri.body == nil }
+	if r.Body == nil || r.Body == http.NoBody {
+		ri.body = []byte{} // nothing to read
 	}
+	sw := &statusWriter{ResponseWriter: w, ri: ri}
 	r = r.WithContext(context.WithValue(r.Context(), infoKey{}, ri))
 	defer func() {
 		if testingOnlyBeforeLog != nil {
@@ -283,8 +279,8 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// fail writes err in the envelope and records its outcome for the log line;
-// a refusal for want of a signed-in subscription asks for a pass (SPEC §11.2).
+// fail writes err in the envelope and records its outcome for the log line; a refusal for
+// want of a signed-in subscription asks for a pass (SPEC §11.2).
 func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	ri := infoFrom(r.Context())
 	ae := writeAPIError(w, r, err)
@@ -300,8 +296,7 @@ func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	}
 }
 
-// caller wraps h so it runs only once authenticate accepts the request for
-// role ("": any client; roleAdmin for /v1/admin/*, SPEC §3.1).
+// caller runs h once authenticate accepts r for role ("": any client; roleAdmin for /v1/admin/*).
 func (s *server) caller(role string, h http.HandlerFunc) http.Handler {
 	return s.failing(func(w http.ResponseWriter, r *http.Request) error {
 		err := s.authenticate(w, r, role)
@@ -312,8 +307,7 @@ func (s *server) caller(role string, h http.HandlerFunc) http.Handler {
 	})
 }
 
-// authenticate applies SPEC §3.1 and §3.2 to r and records who called
-// before any body is read; then it reads the body (SPEC §7.4).
+// authenticate applies SPEC §3.1 and §3.2, recording who called, before it reads the body (SPEC §7.4).
 func (s *server) authenticate(w http.ResponseWriter, r *http.Request, role string) error {
 	ri := infoFrom(r.Context())
 	tok, err := presentedToken(r.Header)
@@ -359,16 +353,14 @@ func (s *server) authenticate(w http.ResponseWriter, r *http.Request, role strin
 
 const defaultMaxRequestBytes = 64 << 20
 
-// How an admin handler reads its request body: not at all, empty or a
-// strict JSON document, a strict JSON document.
+// How an admin handler reads its body: not at all, empty or strict JSON, strict JSON.
 const (
 	noBody = iota
 	optionalBody
 	requiredBody
 )
 
-// decodeBody strictly decodes an admin body as mode says: malformed JSON or
-// an unknown member is 400 invalid_request naming it.
+// decodeBody decodes an admin body as mode says; malformed JSON or an unknown member is 400 naming it.
 func decodeBody(r *http.Request, v any, mode int) error {
 	body := infoFrom(r.Context()).body
 	if mode == noBody || mode == optionalBody && len(bytes.TrimSpace(body)) == 0 {
@@ -379,8 +371,7 @@ func decodeBody(r *http.Request, v any, mode int) error {
 	return nil
 }
 
-// reply makes f a handler: the body decoded into B as mode says, f's value
-// written with status (a []byte as is), an error in the envelope.
+// reply makes f a handler: the body decoded into B, f's value written with status (a []byte as is).
 func reply[B any](s *server, status, mode int, f func(*http.Request, *B) (any, error)) http.HandlerFunc {
 	return s.failing(func(w http.ResponseWriter, r *http.Request) error {
 		var b B
@@ -405,9 +396,8 @@ func reply[B any](s *server, status, mode int, f func(*http.Request, *B) (any, e
 	})
 }
 
-// presentedToken is the one `Authorization: Bearer` or `x-api-key` token
-// (SPEC §3.1; both carrying the same one count as one), or the 401 saying
-// what was wrong without quoting it.
+// presentedToken is the one `Authorization: Bearer` or `x-api-key` token (SPEC §3.1; both carrying
+// the same one count as one), or the 401 saying what was wrong without quoting it.
 func presentedToken(h http.Header) (string, error) {
 	auth, keys := h.Values("Authorization"), h.Values("X-Api-Key")
 	toks, tok := map[string]bool{}, ""
@@ -430,18 +420,17 @@ func presentedToken(h http.Header) (string, error) {
 	return tok, nil
 }
 
-// transportGuard decides whether a peer may speak plain HTTP (SPEC §3.3):
-// loopback always, a trusted proxy (by canonical IP) that says the client used https.
+// transportGuard lets loopback, or a trusted proxy (by canonical IP) saying the client used https, speak plain HTTP (SPEC §3.3).
 type transportGuard struct{ trusted map[string]bool }
 
 func newTransportGuard(list string) (transportGuard, error) {
 	g := transportGuard{trusted: map[string]bool{}}
 	for _, f := range strings.FieldsFunc(list, func(r rune) bool { return r == ',' || r == ' ' }) {
-		ip := net.ParseIP(f)
-		if ip == nil {
+		if ip := net.ParseIP(f); ip != nil {
+			g.trusted[ip.String()] = true
+		} else {
 			return g, fmt.Errorf("BRAMA_TRUSTED_PROXY_IPS: %q is not an IP address", f)
 		}
-		g.trusted[ip.String()] = true
 	}
 	return g, nil
 }
@@ -452,10 +441,9 @@ func newTransportGuard(list string) (transportGuard, error) {
 // header it does not set as the client wrote it.
 func (g transportGuard) allows(r *http.Request) bool {
 	host, _, _ := net.SplitHostPort(r.RemoteAddr)
-	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() && !g.trusted[ip.String()] {
+	ip := net.ParseIP(host)
+	if ip == nil || !ip.IsLoopback() && !g.trusted[ip.String()] {
 		return false
-	} else if ip.IsLoopback() {
-		return true
 	}
 	last := func(name string) string {
 		v := strings.Join(r.Header.Values(name), ",")
@@ -468,7 +456,7 @@ func (g transportGuard) allows(r *http.Request) bool {
 		}
 	}
 	https := func(proto string) bool { return proto == "" || strings.EqualFold(proto, "https") }
-	return xfp+fwd != "" && https(xfp) && https(fwd)
+	return ip.IsLoopback() || xfp+fwd != "" && https(xfp) && https(fwd)
 }
 
 type readiness struct {
@@ -477,8 +465,7 @@ type readiness struct {
 	Warnings []string `json:"warnings"`
 }
 
-// handleReady applies SPEC §13. Sentences name files by role, never by a
-// path outside the state directory.
+// handleReady applies SPEC §13; sentences name files by role, never by a path outside the state directory.
 func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 	rd := readiness{Reasons: []string{}, Warnings: []string{}}
 	warn := func(format string, args ...any) { rd.Warnings = append(rd.Warnings, fmt.Sprintf(format, args...)) }
@@ -536,8 +523,7 @@ func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, map[bool]int{true: http.StatusOK, false: http.StatusServiceUnavailable}[rd.Ready], rd)
 }
 
-// hidePath keeps a file's location out of a sentence unless it lies inside
-// the state directory.
+// hidePath keeps a file's location out of a sentence unless it lies inside the state directory.
 func (s *server) hidePath(msg, path string) string {
 	if path == "" || (s.st.dir != "" && strings.HasPrefix(path, s.st.dir+"/")) {
 		return msg
@@ -545,8 +531,7 @@ func (s *server) hidePath(msg, path string) string {
 	return strings.ReplaceAll(msg, path, "(named by environment)")
 }
 
-// donateSubscription serves POST …/subscriptions/{agent_id}; on the admin
-// route ?via=sign-in is journaled as a sign-in (SPEC §11.1).
+// donateSubscription serves POST …/subscriptions/{agent_id}; on the admin route ?via=sign-in is a sign-in (SPEC §11.1).
 func (s *server) donateSubscription(r *http.Request, body *donation) (any, error) {
 	agent, cred := r.PathValue("agent_id"), vaultCredential{APIKey: body.APIKey, OAuth: body.OAuth}
 	var it overlayItem
@@ -564,8 +549,7 @@ func (s *server) donateSubscription(r *http.Request, body *donation) (any, error
 	}, nil
 }
 
-// credentialChanged tells maintenance and the replay guard (SPEC §17) of
-// it's new credential; it.ID "" is no change.
+// credentialChanged tells maintenance and the replay guard (SPEC §17) of it's new credential; it.ID "" is no change.
 func (s *server) credentialChanged(it overlayItem) {
 	if it.ID != "" {
 		s.maint.changed()
@@ -573,8 +557,7 @@ func (s *server) credentialChanged(it overlayItem) {
 	}
 }
 
-// routesWritten answers a PUT or DELETE of /v1/admin/routes with the
-// committed document; the alias written may serve now (SPEC §17).
+// routesWritten answers a write of /v1/admin/routes with the committed document; the alias may serve now (SPEC §17).
 func (s *server) routesWritten(alias string, doc *routesDoc, err error) (any, error) {
 	if err != nil {
 		return nil, err
@@ -583,8 +566,7 @@ func (s *server) routesWritten(alias string, doc *routesDoc, err error) (any, er
 	return fmt.Appendf(nil, "{\"ok\":true,\"routes\":%s}\n", bytes.TrimSpace(encodeRegistry(doc))), nil
 }
 
-// handleChat serves the three chat routes for one caller dialect: read the
-// head, resolve, pay, call; the whole body is parsed only to translate (SPEC §7.6).
+// handleChat serves a chat route: read the head, resolve, pay, call; the whole body is parsed only to translate (SPEC §7.6).
 func (s *server) handleChat(dialect string) http.HandlerFunc {
 	return s.failing(func(w http.ResponseWriter, r *http.Request) error {
 		ri := infoFrom(r.Context())
@@ -623,10 +605,8 @@ func (s *server) handleChat(dialect string) http.HandlerFunc {
 	})
 }
 
-// handleModelCall serves the routes outside chat: POST /v1/embeddings (a
-// direct or alias route to an openai-chat provider, one call, the provider's
-// JSON returned as is) and POST /v1/messages/count_tokens (SPEC §15, resolving
-// model as /v1/messages does, §6.4's max_tokens rule aside).
+// handleModelCall serves POST /v1/embeddings (an openai-chat provider's JSON returned as is) and
+// /v1/messages/count_tokens (SPEC §15, resolving as /v1/messages does, §6.4's max_tokens rule aside).
 func (s *server) handleModelCall(embeddings bool) http.HandlerFunc {
 	return s.failing(func(w http.ResponseWriter, r *http.Request) (err error) {
 		ri, req, body := infoFrom(r.Context()), &callerRequest{}, map[string]json.RawMessage(nil)
