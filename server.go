@@ -233,8 +233,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			testingOnlyBeforeLog(r)
 		}
 		ri.outcome = cmp.Or(ri.outcome, "ok")
-		// A hang-up after the whole answer was written (the Codex CLI's after
-		// response.completed) leaves it ok.
+		// A hang-up after the whole answer was written (the Codex CLI's after response.completed) leaves it ok.
 		if ri.outcome == "ok" && ri.attemptsKey() != nil && sw.broken && r.Context().Err() != nil {
 			ri.outcome = "client_cancelled"
 		}
@@ -261,19 +260,17 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case r.RequestURI == "*": // OPTIONS * (RFC 9110 §9.3.7) names the server, not a route
 		s.fail(sw, r, refuse("not_found", "no route for %s *", r.Method))
 	case r.URL.EscapedPath() != path.Clean(r.URL.EscapedPath()):
-		// An unclean path (//, ., ..) would get the mux's own 307 with an
-		// HTML body; every non-success answer is an envelope (SPEC §8.1).
+		// An unclean path (//, ., ..) would get the mux's own 307 in HTML; every non-success is an envelope (SPEC §8.1).
 		s.fail(sw, r, refuse("not_found", "no route for %s", r.URL.Path))
 	case pattern == "": // say in the envelope what the mux would answer: 404, or 405 with Allow
-		rec, hint := httptest.NewRecorder(), ""
+		rec, err := httptest.NewRecorder(), refuse("not_found", "no route for %s", r.URL.Path)
 		if h.ServeHTTP(rec, r); rec.Code == http.StatusMethodNotAllowed {
 			sw.Header()["Allow"] = rec.Header()["Allow"]
-			s.fail(sw, r, refuse("method_not_allowed", "%s is not allowed on %s", r.Method, r.URL.Path))
-			break
+			err = refuse("method_not_allowed", "%s is not allowed on %s", r.Method, r.URL.Path)
 		} else if strings.HasPrefix(r.URL.Path, "/v1/v1/") {
-			hint = "; the client's base URL likely ends in /v1 and should not (e.g. ANTHROPIC_BASE_URL=http://127.0.0.1:8080, without /v1)"
+			err = refuse("not_found", "no route for %s; the client's base URL likely ends in /v1 and should not (e.g. ANTHROPIC_BASE_URL=http://127.0.0.1:8080, without /v1)", r.URL.Path)
 		}
-		s.fail(sw, r, refuse("not_found", "no route for %s%s", r.URL.Path, hint))
+		s.fail(sw, r, err)
 	default:
 		s.mux.ServeHTTP(sw, r) // not h.ServeHTTP: only the mux sets r.PathValue
 	}
@@ -585,8 +582,7 @@ func (s *server) handleChat(dialect string) http.HandlerFunc {
 				s.fail(w, r, ae)
 			}
 		}
-		// SPEC §12: a signed answer reserves its key only now, after every
-		// check plan made. An empty header value is refused, not ignored.
+		// SPEC §12: a signed answer reserves its key only now, after plan's checks; an empty value is refused.
 		if keys, asked := r.Header["Idempotency-Key"]; asked {
 			replayed, err := s.answers.serve(r.Context(), w, signedCall{client: ri.client.ID, route: ri.route, keys: keys,
 				stream: req.head.Stream, body: ri.body, t: &ri.tally, envelope: func(w http.ResponseWriter, err error) *apiError { return writeAPIError(w, r, err) },
