@@ -293,59 +293,51 @@ func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	}
 }
 
-// caller runs h once authenticate accepts r for role ("": any client; roleAdmin for /v1/admin/*).
+// caller runs h once r passes SPEC §3.1 and §3.2 for role ("": any client; roleAdmin for /v1/admin/*),
+// recording who called before the body is read (SPEC §7.4).
 func (s *server) caller(role string, h http.HandlerFunc) http.Handler {
 	return s.failing(func(w http.ResponseWriter, r *http.Request) error {
-		err := s.authenticate(w, r, role)
-		if err == nil {
-			h(w, r)
+		ri := infoFrom(r.Context())
+		tok, err := presentedToken(r.Header)
+		if err != nil {
+			return err
+		} else if ri.client, err = s.clients.authenticate(tok); err != nil {
+			return err
 		}
-		return err
+		ri.agentID = ri.client.AgentID
+		switch agent, p := ri.agentID, r.PathValue("agent_id"); {
+		case role != "" && ri.client.Role != role:
+			return refuse("forbidden", "this route needs an admin client")
+		case p == "": // not a route acting for an agent (SPEC §3.2)
+		case !idPattern.MatchString(p): // e.g. %2e%2e
+			return refuse("invalid_request", "agent id %q in the path must match [a-z0-9-]{1,64}", p)
+		case agent == "" && role != roleAdmin:
+			return refuse("forbidden", "this route acts for agent %q; use a bearer bound to it: brama clients add ID -agent %s", p, p)
+		case agent != "" && agent != p:
+			return refuse("forbidden", "this request acts for agent %q, not %q", agent, p)
+		}
+		limit := cmp.Or(s.maxBody, defaultMaxRequestBytes) // 0 outside serve
+		if ce := r.Header.Get("Content-Encoding"); r.ContentLength <= limit && ce != "" && !strings.EqualFold(ce, "identity") {
+			return refuse("invalid_request", "a compressed request body (Content-Encoding) is not read; send it uncompressed")
+		}
+		var body []byte
+		if r.ContentLength <= limit {
+			body, err = io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+		}
+		switch {
+		case r.ContentLength > limit || errors.As(err, new(*http.MaxBytesError)):
+			return refuse("invalid_request", "the request body is larger than BRAMA_MAX_REQUEST_BYTES (%d bytes)", limit).withStatus(http.StatusRequestEntityTooLarge)
+		case err != nil:
+			return refuse("invalid_request", "the request body could not be read").because(err)
+		}
+		ri.body = body // not nil: io.ReadAll returns an empty slice for an empty body
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		if err := checkNesting(body); err != nil {
+			return refuse("invalid_request", "the request body %v", err)
+		}
+		h(w, r)
+		return nil
 	})
-}
-
-// authenticate applies SPEC §3.1 and §3.2, recording who called, before it reads the body (SPEC §7.4).
-func (s *server) authenticate(w http.ResponseWriter, r *http.Request, role string) error {
-	ri := infoFrom(r.Context())
-	tok, err := presentedToken(r.Header)
-	if err != nil {
-		return err
-	}
-	if ri.client, err = s.clients.authenticate(tok); err != nil {
-		return err
-	}
-	ri.agentID = ri.client.AgentID
-	switch agent, p := ri.agentID, r.PathValue("agent_id"); {
-	case role != "" && ri.client.Role != role:
-		return refuse("forbidden", "this route needs an admin client")
-	case p == "": // not a route acting for an agent (SPEC §3.2)
-	case !idPattern.MatchString(p): // e.g. %2e%2e
-		return refuse("invalid_request", "agent id %q in the path must match [a-z0-9-]{1,64}", p)
-	case agent == "" && role != roleAdmin:
-		return refuse("forbidden", "this route acts for agent %q; use a bearer bound to it: brama clients add ID -agent %s", p, p)
-	case agent != "" && agent != p:
-		return refuse("forbidden", "this request acts for agent %q, not %q", agent, p)
-	}
-	limit := cmp.Or(s.maxBody, defaultMaxRequestBytes) // 0 outside serve
-	if ce := r.Header.Get("Content-Encoding"); r.ContentLength <= limit && ce != "" && !strings.EqualFold(ce, "identity") {
-		return refuse("invalid_request", "a compressed request body (Content-Encoding) is not read; send it uncompressed")
-	}
-	var body []byte
-	if r.ContentLength <= limit {
-		body, err = io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
-	}
-	switch {
-	case r.ContentLength > limit || errors.As(err, new(*http.MaxBytesError)):
-		return refuse("invalid_request", "the request body is larger than BRAMA_MAX_REQUEST_BYTES (%d bytes)", limit).withStatus(http.StatusRequestEntityTooLarge)
-	case err != nil:
-		return refuse("invalid_request", "the request body could not be read").because(err)
-	}
-	ri.body = body // not nil: io.ReadAll returns an empty slice for an empty body
-	r.Body = io.NopCloser(bytes.NewReader(body))
-	if err := checkNesting(body); err != nil {
-		return refuse("invalid_request", "the request body %v", err)
-	}
-	return nil
 }
 
 const defaultMaxRequestBytes = 64 << 20
