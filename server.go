@@ -133,8 +133,7 @@ func (s *server) routes() {
 		if err != nil {
 			return nil, err
 		}
-		e := s.engine(infoFrom(r.Context()))
-		e.agent = r.PathValue("agent_id")
+		e := &engine{core: &s.core, agent: r.PathValue("agent_id"), t: &infoFrom(r.Context()).tally}
 		return e.probe(r.Context(), it, body.Model)
 	})))
 	s.mux.Handle("POST /v1/admin/maintain", s.caller(roleAdmin, reply(s, 200, optionalBody, func(r *http.Request, _ *struct{}) (any, error) {
@@ -171,10 +170,8 @@ func (ri *requestInfo) attemptsKey() *int {
 type infoKey struct{}
 
 func infoFrom(ctx context.Context) *requestInfo {
-	if ri, ok := ctx.Value(infoKey{}).(*requestInfo); ok {
-		return ri
-	}
-	return &requestInfo{}
+	ri, _ := ctx.Value(infoKey{}).(*requestInfo)
+	return cmp.Or(ri, &requestInfo{})
 }
 
 func (s *server) engine(ri *requestInfo) *engine {
@@ -349,23 +346,15 @@ const (
 	requiredBody
 )
 
-// decodeBody decodes an admin body as mode says; malformed JSON or an unknown member is 400 naming it.
-func decodeBody(r *http.Request, v any, mode int) error {
-	body := infoFrom(r.Context()).body
-	if mode == noBody || mode == optionalBody && len(bytes.TrimSpace(body)) == 0 {
-		return nil
-	} else if err := decodeStrict("request body", body, v); err != nil {
-		return refuse("invalid_request", "%s", err.Error())
-	}
-	return nil
-}
-
-// reply makes f a handler: the body decoded into B, f's value written with status (a []byte as is).
+// reply makes f a handler: the body strictly decoded into B as mode says (malformed JSON or an
+// unknown member is a 400 naming it), f's value written with status (a []byte as is).
 func reply[B any](s *server, status, mode int, f func(*http.Request, *B) (any, error)) http.HandlerFunc {
 	return s.failing(func(w http.ResponseWriter, r *http.Request) error {
 		var b B
-		if err := decodeBody(r, &b, mode); err != nil {
-			return err
+		if body := infoFrom(r.Context()).body; mode == requiredBody || mode == optionalBody && len(bytes.TrimSpace(body)) > 0 {
+			if err := decodeStrict("request body", body, &b); err != nil {
+				return refuse("invalid_request", "%s", err.Error())
+			}
 		}
 		v, err := f(r, &b)
 		if err != nil {
