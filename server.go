@@ -512,8 +512,7 @@ func (s *server) hidePath(msg, path string) string {
 // donateSubscription serves POST …/subscriptions/{agent_id}; on the admin route ?via=sign-in is a sign-in (SPEC §11.1).
 func (s *server) donateSubscription(r *http.Request, body *donation) (any, error) {
 	agent, cred := r.PathValue("agent_id"), vaultCredential{APIKey: body.APIKey, OAuth: body.OAuth}
-	var it overlayItem
-	var err error
+	it, err := overlayItem{}, error(nil)
 	if strings.HasPrefix(r.URL.Path, "/v1/admin/") && r.URL.Query().Get("via") == signInVia {
 		it, err = s.inv.donateSignedIn(agent, body.Provider, body.Label, cred, infoFrom(r.Context()).client.ID)
 	} else if it, err = s.inv.donate(agent, body.Provider, body.Label, cred); err != nil {
@@ -522,9 +521,7 @@ func (s *server) donateSubscription(r *http.Request, body *donation) (any, error
 	if s.credentialChanged(it); err != nil {
 		return nil, err
 	}
-	return map[string]donatedSubscription{
-		"subscription": {ID: it.ID, Provider: it.Provider, AgentID: it.AgentID, Label: it.Label, Status: "active"},
-	}, nil
+	return map[string]donatedSubscription{"subscription": {ID: it.ID, Provider: it.Provider, AgentID: it.AgentID, Label: it.Label, Status: "active"}}, nil
 }
 
 // credentialChanged tells maintenance and the replay guard (SPEC §17) of it's new credential; it.ID "" is no change.
