@@ -154,8 +154,7 @@ type requestInfo struct {
 	tally
 	client                               client
 	agentID, routingMode, requestedModel string
-	streamed                             bool
-	counted                              bool   // the attempts key is logged even at 0: the request reached dispatch
+	streamed, counted                    bool   // counted: the attempts key is logged even at 0, the request reached dispatch
 	body                                 []byte // the raw request body, read once by authenticate (nil: not yet)
 }
 
@@ -337,11 +336,10 @@ func (s *server) caller(role string, h http.HandlerFunc) http.Handler {
 	})
 }
 
-const defaultMaxRequestBytes = 64 << 20
-
-// How an admin handler reads its body: not at all, empty or strict JSON, strict JSON.
+// The body limit's default; how an admin handler reads its body: not at all, empty or strict JSON, strict JSON.
 const (
-	noBody = iota
+	defaultMaxRequestBytes = 64 << 20
+	noBody                 = iota
 	optionalBody
 	requiredBody
 )
@@ -459,25 +457,20 @@ func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 	errOf := func(_ any, err error) error { return err }
 	regErr, vaultErr, clientsErr, journalErr := errOf(s.reg.current()), errOf(s.vault.load()), errOf(s.clients.load()), errOf(s.journal.size())
 	_, _, keyErr := readAnswerKey(s.st)
-	for _, f := range []struct {
-		what, env, path string
-		pathErr, err    error
-		expected        bool
-	}{
-		{"route registry unusable: ", "BRAMA_ROUTES_FILE", s.reg.path, s.reg.pathErr, regErr, noState(regErr)},
-		{"vault unusable: ", "BRAMA_VAULT_FILE", s.vault.path, s.vault.pathErr, vaultErr, noState(vaultErr)},
-		{"clients file unusable: ", "BRAMA_CLIENTS_FILE", s.clients.path, s.clients.pathErr, clientsErr, errors.Is(clientsErr, errFileAbsent)},
-		{"ledger unusable (served empty, never overwritten): ", "", "", nil, s.ledger.unreadable, false},
-		{"journal unusable: ", "", "", nil, journalErr, noState(journalErr)},
-		{"answer key unusable (every signed answer is refused): ", "", "", nil, keyErr, errors.Is(keyErr, errFileAbsent) || noState(keyErr)},
-	} {
-		if f.pathErr != nil && !errors.Is(f.pathErr, s.st.cause) { // not the value: it may lie outside the state directory
-			warn("%s is not an absolute path, so that file has no place (§2.1's no state directory)", f.env)
+	check := func(what, env, path string, pathErr, err error, expected bool) {
+		if pathErr != nil && !errors.Is(pathErr, s.st.cause) { // not the value: it may lie outside the state directory
+			warn("%s is not an absolute path, so that file has no place (§2.1's no state directory)", env)
 		}
-		if f.err != nil && !f.expected {
-			rd.Reasons = append(rd.Reasons, f.what+s.hidePath(f.err.Error(), f.path))
+		if err != nil && !expected {
+			rd.Reasons = append(rd.Reasons, what+s.hidePath(err.Error(), path))
 		}
 	}
+	check("route registry unusable: ", "BRAMA_ROUTES_FILE", s.reg.path, s.reg.pathErr, regErr, noState(regErr))
+	check("vault unusable: ", "BRAMA_VAULT_FILE", s.vault.path, s.vault.pathErr, vaultErr, noState(vaultErr))
+	check("clients file unusable: ", "BRAMA_CLIENTS_FILE", s.clients.path, s.clients.pathErr, clientsErr, errors.Is(clientsErr, errFileAbsent))
+	check("ledger unusable (served empty, never overwritten): ", "", "", nil, s.ledger.unreadable, false)
+	check("journal unusable: ", "", "", nil, journalErr, noState(journalErr))
+	check("answer key unusable (every signed answer is refused): ", "", "", nil, keyErr, errors.Is(keyErr, errFileAbsent) || noState(keyErr))
 	if ids := s.vault.unwrittenIDs(); len(ids) > 0 {
 		warn("the vault refused to keep the rotated OAuth grant of %s: it is used from memory and written again at the next maintenance pass (a restart before that loses it)", strings.Join(ids, ", "))
 	}
