@@ -5,7 +5,6 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,7 +15,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"path"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -32,8 +30,7 @@ type server struct {
 	answers *answerStore // signed answers (SPEC §12)
 	replay  *replayGuard // SPEC §8.1; nil: off
 	maxBody int64        // BRAMA_MAX_REQUEST_BYTES; 0: the default
-	// inflight is read-held by every request being served, so serve can wait
-	// for their log lines at shutdown (a WaitGroup may not grow while waited on).
+	// inflight is read-held by every request, so serve can wait for their log lines (a WaitGroup may not grow while waited on).
 	inflight sync.RWMutex
 }
 
@@ -111,11 +108,11 @@ func (s *server) routes() {
 	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/reinstate", s.caller(roleAdmin, reply(s, 200, requiredBody, func(r *http.Request, body *struct {
 		Reason string `json:"reason"`
 	}) (any, error) {
-		err := s.inv.reinstate(r.PathValue("agent_id"), r.PathValue("subscription_id"), body.Reason)
-		if err == nil {
-			s.maint.changed()
+		if err := s.inv.reinstate(r.PathValue("agent_id"), r.PathValue("subscription_id"), body.Reason); err != nil {
+			return nil, err
 		}
-		return map[string]bool{"ok": true}, err
+		s.maint.changed()
+		return map[string]bool{"ok": true}, nil
 	})))
 	s.mux.Handle("PUT /v1/admin/subscriptions/{agent_id}/{subscription_id}/credential", s.caller(roleAdmin, reply(s, 200, requiredBody, func(r *http.Request, body *credentialBody) (any, error) {
 		it, err := s.inv.replaceSignedIn(r.PathValue("agent_id"), r.PathValue("subscription_id"),
@@ -216,7 +213,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer s.inflight.RUnlock()
 	start, id := time.Now(), make([]byte, 12)
 	rand.Read(id)
-	ri := &requestInfo{tally: tally{requestID: hex.EncodeToString(id)}}
+	ri := &requestInfo{tally: tally{requestID: fmt.Sprintf("%x", id)}}
 	w.Header().Set("X-Request-Id", ri.requestID)
 	w.Header().Set("Cache-Control", "no-store") // every answer is one caller's
 	if r.Body == nil || r.Body == http.NoBody {
@@ -272,8 +269,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// fail writes err in the envelope and records its outcome for the log line; a refusal for
-// want of a signed-in subscription asks for a pass (SPEC §11.2).
+// fail writes err in the envelope and records its outcome for the log line; a refusal for want of a signed-in subscription asks for a pass (SPEC §11.2).
 func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	ri := infoFrom(r.Context())
 	ae := writeAPIError(w, r, err)
@@ -359,7 +355,7 @@ func reply[B any](s *server, status, mode int, f func(*http.Request, *B) (any, e
 			return err
 		}
 		if n := infoFrom(r.Context()).attemptsKey(); n != nil { // a probe's calls (SPEC §7.4)
-			w.Header().Set("Brama-Attempts", strconv.Itoa(*n))
+			w.Header().Set("Brama-Attempts", fmt.Sprint(*n))
 		}
 		if raw, ok := v.([]byte); ok {
 			w.Header().Set("Content-Type", "application/json")
