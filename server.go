@@ -37,8 +37,8 @@ type server struct {
 // routes is the only place URL patterns appear; admin routes are thin closures over inventory calls.
 func (s *server) routes() {
 	s.mux = http.NewServeMux()
-	s.mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "version": version})
+	s.mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, 200, map[string]string{"status": "ok", "version": version})
 	})
 	s.mux.HandleFunc("GET /readyz", s.handleReady)
 	s.mux.Handle("POST /v1/chat/completions", s.caller("", s.handleChat(dialectChat)))
@@ -130,8 +130,7 @@ func (s *server) routes() {
 		if err != nil {
 			return nil, err
 		}
-		e := &engine{core: &s.core, agent: r.PathValue("agent_id"), t: &infoFrom(r.Context()).tally}
-		return e.probe(r.Context(), it, body.Model)
+		return (&engine{core: &s.core, agent: r.PathValue("agent_id"), t: &infoFrom(r.Context()).tally}).probe(r.Context(), it, body.Model)
 	})))
 	s.mux.Handle("POST /v1/admin/maintain", s.caller(roleAdmin, reply(s, 200, optionalBody, func(r *http.Request, _ *struct{}) (any, error) {
 		rep, err := s.maint.passNow(r.Context())
@@ -163,8 +162,7 @@ func (ri *requestInfo) attemptsKey() *int {
 	return nil
 }
 
-type infoKey struct{}
-
+type infoKey struct{} // infoFrom's key; outside ServeHTTP it gives a zero requestInfo
 func infoFrom(ctx context.Context) *requestInfo {
 	ri, _ := ctx.Value(infoKey{}).(*requestInfo)
 	return cmp.Or(ri, &requestInfo{})
@@ -233,8 +231,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if ri.outcome == "client_cancelled" && context.Cause(r.Context()) == errServerShutdown {
 			ri.outcome = "server_shutdown"
 		}
-		// SPEC §13's one line per request: never a prompt, a completion or a credential.
-		attrs := []slog.Attr{
+		attrs := []slog.Attr{ // SPEC §13's one line per request: never a prompt, a completion or a credential
 			slog.String("request_id", ri.requestID), slog.String("method", r.Method), slog.String("path", r.URL.Path),
 			slog.Int("status", sw.status), slog.String("client_id", ri.client.ID), slog.String("agent_id", ri.agentID),
 			slog.String("routing_mode", ri.routingMode), slog.String("requested_model", ri.requestedModel),
@@ -271,8 +268,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // fail writes err in the envelope and records its outcome for the log line; a refusal for want of a signed-in subscription asks for a pass (SPEC §11.2).
 func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
-	ri := infoFrom(r.Context())
-	ae := writeAPIError(w, r, err)
+	ri, ae := infoFrom(r.Context()), writeAPIError(w, r, err)
 	if ae.Code == "subscription_reauthorization_required" {
 		s.maint.request(ae.Code, cmp.Or(ri.agentID, r.PathValue("agent_id")))
 	}
@@ -449,24 +445,23 @@ func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 	} else if perm := fi.Mode().Perm(); perm&0o022 != 0 {
 		warn("the state directory has mode %#o: group or other may remove or replace its files, the journal too (chmod 700)", perm)
 	}
-	noState := func(err error) bool { return errors.As(err, new(*noStateError)) }
+	noState, absent := func(err error) bool { return errors.As(err, new(*noStateError)) }, func(err error) bool { return errors.Is(err, errFileAbsent) }
 	errOf := func(_ any, err error) error { return err }
-	regErr, vaultErr, clientsErr, journalErr := errOf(s.reg.current()), errOf(s.vault.load()), errOf(s.clients.load()), errOf(s.journal.size())
 	_, _, keyErr := readAnswerKey(s.st)
-	check := func(what, env, path string, pathErr, err error, expected bool) {
+	check := func(what, env, path string, pathErr, err error, expected func(error) bool) { // expected nil: none is
 		if pathErr != nil && !errors.Is(pathErr, s.st.cause) { // not the value: it may lie outside the state directory
 			warn("%s is not an absolute path, so that file has no place (§2.1's no state directory)", env)
 		}
-		if err != nil && !expected {
+		if err != nil && (expected == nil || !expected(err)) {
 			rd.Reasons = append(rd.Reasons, what+s.hidePath(err.Error(), path))
 		}
 	}
-	check("route registry unusable: ", "BRAMA_ROUTES_FILE", s.reg.path, s.reg.pathErr, regErr, noState(regErr))
-	check("vault unusable: ", "BRAMA_VAULT_FILE", s.vault.path, s.vault.pathErr, vaultErr, noState(vaultErr))
-	check("clients file unusable: ", "BRAMA_CLIENTS_FILE", s.clients.path, s.clients.pathErr, clientsErr, errors.Is(clientsErr, errFileAbsent))
-	check("ledger unusable (served empty, never overwritten): ", "", "", nil, s.ledger.unreadable, false)
-	check("journal unusable: ", "", "", nil, journalErr, noState(journalErr))
-	check("answer key unusable (every signed answer is refused): ", "", "", nil, keyErr, errors.Is(keyErr, errFileAbsent) || noState(keyErr))
+	check("route registry unusable: ", "BRAMA_ROUTES_FILE", s.reg.path, s.reg.pathErr, errOf(s.reg.current()), noState)
+	check("vault unusable: ", "BRAMA_VAULT_FILE", s.vault.path, s.vault.pathErr, errOf(s.vault.load()), noState)
+	check("clients file unusable: ", "BRAMA_CLIENTS_FILE", s.clients.path, s.clients.pathErr, errOf(s.clients.load()), absent)
+	check("ledger unusable (served empty, never overwritten): ", "", "", nil, s.ledger.unreadable, nil)
+	check("journal unusable: ", "", "", nil, errOf(s.journal.size()), noState)
+	check("answer key unusable (every signed answer is refused): ", "", "", nil, keyErr, func(err error) bool { return absent(err) || noState(err) })
 	if ids := s.vault.unwrittenIDs(); len(ids) > 0 {
 		warn("the vault refused to keep the rotated OAuth grant of %s: it is used from memory and written again at the next maintenance pass (a restart before that loses it)", strings.Join(ids, ", "))
 	}
