@@ -82,17 +82,7 @@ func BenchmarkReadyzJournal300k(b *testing.B) {
 		b.Fatal(err)
 	}
 	d := startDaemon(b, env, `{"openai":"k"}`, "-local-credentials-stdin")
-	probe := func() {
-		resp, err := http.Get(d.url + "/readyz")
-		if err != nil {
-			b.Fatal(err)
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 200 {
-			b.Fatalf("status %d", resp.StatusCode)
-		}
-	}
+	probe := func() { readyOK(b, d.url) }
 	probe() // the first probe after start reads the journal once, whatever the code
 	for b.Loop() {
 		probe()
@@ -133,22 +123,25 @@ func BenchmarkReadyzSubscriptions(b *testing.B) {
 			env["BRAMA_LOG_LEVEL"] = "error"
 			writeSubscriptions(b, env["BRAMA_STATE_DIR"], n)
 			d := startDaemon(b, env, "")
-			probe := func() {
-				resp, err := http.Get(d.url + "/readyz")
-				if err != nil {
-					b.Fatal(err)
-				}
-				io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				if resp.StatusCode != 200 {
-					b.Fatalf("status %d", resp.StatusCode)
-				}
-			}
+			probe := func() { readyOK(b, d.url) }
 			probe() // the first probe reads the files once, whatever the code
 			for b.Loop() {
 				probe()
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/subscription")
 		})
+	}
+}
+
+// readyOK probes GET /readyz once and fails b unless it answers 200.
+func readyOK(b *testing.B, url string) {
+	resp, err := http.Get(url + "/readyz")
+	if err != nil {
+		b.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		b.Fatalf("status %d", resp.StatusCode)
 	}
 }
