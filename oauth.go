@@ -242,6 +242,7 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 	o.log.Info("credential_refresh_ok", "subscription_id", id, "provider", provider, "expires_at_ms", g.ExpiresAtMs)
 	return g, nil
 }
+
 // ended logs how a failed flight ended and returns err; a definitive refusal
 // also records that the credential needs a sign-in, a superseded one changes nothing.
 func (o *oauthClient) ended(id, provider string, err error) error {

@@ -251,36 +251,6 @@ func upstreamStreams(p providerInfo, req chatRequest) bool {
 	return req.Stream || p.id == "codex"
 }
 
-// buildUpstreamRequest builds the request for req to p, in p's protocol
-// with p's wire details (SPEC §6.2); model is the upstream model name.
-func buildUpstreamRequest(ctx context.Context, p providerInfo, baseURL string, cred upstreamCredential, req chatRequest, model string) (*http.Request, error) {
-	stream := upstreamStreams(p, req)
-	f := formatOf(p.protocol) // never nil: TestEveryProviderHasAWireFormat
-	opts := upstreamOptions{stream: stream, oauth: p.id == "claude-code" && cred.AccessToken != "", codex: p.id == "codex", openai: p.id == "openai"}
-	body, err := f.encode(req, model, opts)
-	if err != nil {
-		return nil, err
-	}
-	b, err := json.Marshal(body)
-	if err != nil {
-		return nil, refuse("invalid_request", "the request cannot be encoded for provider %q", p.id).because(err)
-	}
-	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, baseURL+f.path, bytes.NewReader(b))
-	if err != nil {
-		return nil, refuse("internal_error", "internal error").because(err)
-	}
-	options := http.Header{} // the format's own options a translation needs
-	// SPEC §7.6: the structured-outputs beta, for a JSON Schema output format or a tool's strict, true or false.
-	if p.protocol == protoAnthropic && (req.Output != nil || slices.ContainsFunc(req.Tools, func(t tool) bool { return t.Strict != nil })) {
-		options.Add("Anthropic-Beta", structuredOutputsBeta)
-	}
-	if p.protocol == protoAnthropic && req.adaptiveEffort(model) {
-		options.Add("Anthropic-Beta", effortBeta)
-	}
-	setProviderHeaders(hr.Header, p, cred, options, stream)
-	return hr, nil
-}
-
 // setProviderHeaders sets what a call to p carries (SPEC §6.2, §7.6): the
 // credential and the format's version and beta headers, the caller's merged
 // with p's; no other caller header is ever copied.
