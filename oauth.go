@@ -60,7 +60,6 @@ var (
 	errShuttingDown      = errors.New("brama is shutting down")
 )
 
-// lookupOAuth is provider's row, errNoOAuth without one.
 func lookupOAuth(provider string) (oauthProvider, error) {
 	if i := slices.IndexFunc(oauthProviders, func(p oauthProvider) bool { return p.id == provider }); i >= 0 {
 		return oauthProviders[i], nil
@@ -107,7 +106,6 @@ func newOAuth(getenv func(string) string, client *http.Client, v *vault, l *ledg
 	return &oauthClient{getenv: getenv, client: client, vault: v, ledger: l, log: log, now: now, inflight: map[string]*refreshCall{}}
 }
 
-// tokenURL is p's token endpoint, BRAMA_OAUTH_<ID>_TOKEN_URL overriding.
 func (o *oauthClient) tokenURL(p oauthProvider) (string, error) {
 	return envURL(o.getenv, "OAUTH", p.id, "TOKEN_URL", p.tokenURL, errTokenURL)
 }
@@ -122,10 +120,7 @@ func (o *oauthClient) shutdown(cut <-chan struct{}) {
 	}
 	o.mu.Unlock()
 	done := make(chan struct{})
-	go func() {
-		o.wg.Wait()
-		close(done)
-	}()
+	go func() { o.wg.Wait(); close(done) }()
 	select {
 	case <-done:
 	case <-cut:
@@ -408,8 +403,7 @@ func parseTokenAnswer(body []byte) (tokenAnswer, error) {
 // token not sent again is kept; the expiry is expires_in, else the JWT's exp.
 func answerGrant(provider string, g oauthGrant, ans tokenAnswer, now time.Time) oauthGrant {
 	g.AccessToken, g.ExpiresAtMs = ans.AccessToken, 0
-	g.RefreshToken = cmp.Or(ans.RefreshToken, g.RefreshToken)
-	g.IDToken = cmp.Or(ans.IDToken, g.IDToken)
+	g.RefreshToken, g.IDToken = cmp.Or(ans.RefreshToken, g.RefreshToken), cmp.Or(ans.IDToken, g.IDToken)
 	if ans.ExpiresIn > 0 {
 		g.ExpiresAtMs = now.UnixMilli() + ans.ExpiresIn*1000
 	}

@@ -62,7 +62,6 @@ var providerTable = []providerInfo{
 	{"kimi", protoOpenAIChat, credSubscription, "https://api.kimi.com/coding/v1"},
 }
 
-// lookupProvider finds a provider by id.
 func lookupProvider(id string) (providerInfo, bool) {
 	i := slices.IndexFunc(providerTable, func(p providerInfo) bool { return p.id == id })
 	if i < 0 {
@@ -165,7 +164,6 @@ type upstreamCredential struct {
 	AccountID   string // codex chatgpt-account-id
 }
 
-// bearer is the token an Authorization: Bearer header carries.
 func (c upstreamCredential) bearer() string { return cmp.Or(c.AccessToken, c.APIKey) }
 
 // claudeCodeIdentity must be the first system block of OAuth traffic to
@@ -436,13 +434,12 @@ func errorObject(raw json.RawMessage) (errorFields, bool) {
 	return errorFields{typ, code, msg}, true
 }
 
-// jsonString decodes raw when it is a JSON string.
+// jsonString decodes raw when it is a JSON string; jsonScalar also a number, as text.
 func jsonString(raw json.RawMessage) (s string, ok bool) {
 	ok = len(raw) > 0 && raw[0] == '"' && json.Unmarshal(raw, &s) == nil
 	return s, ok
 }
 
-// jsonScalar decodes a JSON string or number as text.
 func jsonScalar(raw json.RawMessage) (string, bool) {
 	var n json.Number
 	if s, ok := jsonString(raw); ok || len(raw) == 0 || json.Unmarshal(raw, &n) != nil {
@@ -473,17 +470,16 @@ func retryAfter(h http.Header, now time.Time) time.Duration {
 		}
 	}
 	var d time.Duration
-	// OpenAI: x-ratelimit-{remaining,reset}-{requests,tokens}, reset as "6m0s".
-	for _, k := range []string{"requests", "tokens"} {
-		if x, err := time.ParseDuration(hv("X-Ratelimit-Reset-" + k)); err == nil && hv("X-Ratelimit-Remaining-"+k) == "0" {
-			d = max(d, clampWait(x.Seconds()))
-		}
-	}
+	// OpenAI: x-ratelimit-{remaining,reset}-{requests,tokens}, reset as "6m0s";
 	// Anthropic: anthropic-ratelimit-<limit>-{remaining,reset}, reset RFC 3339.
-	for _, k := range []string{"requests", "tokens", "input-tokens", "output-tokens"} {
-		p := "Anthropic-Ratelimit-" + k
-		if t, err := time.Parse(time.RFC3339, hv(p+"-Reset")); err == nil && hv(p+"-Remaining") == "0" {
-			d = max(d, clampWait(t.Sub(now).Seconds()))
+	for _, k := range []string{"X-Ratelimit-%s-requests", "X-Ratelimit-%s-tokens", "Anthropic-Ratelimit-requests-%s",
+		"Anthropic-Ratelimit-tokens-%s", "Anthropic-Ratelimit-input-tokens-%s", "Anthropic-Ratelimit-output-tokens-%s"} {
+		x, err := time.ParseDuration(hv(fmt.Sprintf(k, "Reset")))
+		if t, terr := time.Parse(time.RFC3339, hv(fmt.Sprintf(k, "Reset"))); terr == nil {
+			x, err = t.Sub(now), nil
+		}
+		if err == nil && hv(fmt.Sprintf(k, "Remaining")) == "0" {
+			d = max(d, clampWait(x.Seconds()))
 		}
 	}
 	// claude-code plan windows (SPEC §6.3): reset in unix seconds.
