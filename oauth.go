@@ -202,7 +202,8 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 		return oauthGrant{}, err
 	}
 	if old.RefreshToken == "" { // only a sign-in or a new grant helps
-		return oauthGrant{}, &endpointError{Definitive: true, Endpoint: endpointName(endpoint), Sentence: errNoRefreshToken.Error(), Err: errNoRefreshToken}
+		return oauthGrant{}, &endpointError{Definitive: true, Endpoint: endpointName(endpoint),
+			Sentence: errNoRefreshToken.Error(), Err: errNoRefreshToken}
 	}
 	fields := map[string]string{"grant_type": "refresh_token", "refresh_token": old.RefreshToken, "client_id": p.clientID}
 	ans, re := o.tokenCall(ctx, p, endpoint, fields, old.RefreshToken, old.AccessToken)

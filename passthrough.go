@@ -572,10 +572,9 @@ func (sa *streamAnswer) translate(protocol string, body io.Reader) (usage, error
 
 // buildUpstreamRequest is req's call to p in p's protocol and wire details (SPEC §6.2), for model.
 func buildUpstreamRequest(ctx context.Context, p providerInfo, baseURL string, cred upstreamCredential, req chatRequest, model string) (*http.Request, error) {
-	stream := upstreamStreams(p, req)
-	f := formatOf(p.protocol) // never nil: TestEveryProviderHasAWireFormat
-	opts := upstreamOptions{stream: stream, oauth: p.id == "claude-code" && cred.AccessToken != "", codex: p.id == "codex", openai: p.id == "openai"}
-	body, err := f.encode(req, model, opts)
+	stream, f := upstreamStreams(p, req), formatOf(p.protocol) // f is never nil: TestEveryProviderHasAWireFormat
+	oauth := p.id == "claude-code" && cred.AccessToken != ""
+	body, err := f.encode(req, model, upstreamOptions{stream: stream, oauth: oauth, codex: p.id == "codex", openai: p.id == "openai"})
 	if err != nil {
 		return nil, err
 	}
@@ -588,8 +587,9 @@ func buildUpstreamRequest(ctx context.Context, p providerInfo, baseURL string, c
 		return nil, refuse("internal_error", "internal error").because(err)
 	}
 	options := http.Header{} // the format's own options a translation needs
+	strict := slices.ContainsFunc(req.Tools, func(t tool) bool { return t.Strict != nil })
 	// SPEC §7.6: the structured-outputs beta, for a JSON Schema output format or a tool's strict, true or false.
-	if p.protocol == protoAnthropic && (req.Output != nil || slices.ContainsFunc(req.Tools, func(t tool) bool { return t.Strict != nil })) {
+	if p.protocol == protoAnthropic && (req.Output != nil || strict) {
 		options.Add("Anthropic-Beta", structuredOutputsBeta)
 	}
 	if p.protocol == protoAnthropic && req.adaptiveEffort(model) {
