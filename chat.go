@@ -88,7 +88,7 @@ const chatKnown = "model messages tools tool_choice parallel_tool_calls max_toke
 var chatNested = map[string]string{"text": "", "image_url": "url detail", "file": "file_data filename",
 	"function": "name description parameters strict", "custom": "name description format"}
 
-// parseChatCompletions parses an OpenAI Chat Completions request body.
+// parseChatCompletions parses a caller's body; a refusal refuses the whole request, whatever req holds then.
 func parseChatCompletions(body []byte) (chatRequest, error) {
 	var b chatRequestBody
 	req, err := newCallerRequest(body, &b, &b.callerHead, chatKnown, "max_tokens", &b.MaxTokens)
@@ -432,7 +432,6 @@ func (s *chatCallerStream) delta(_ int, b *streamBlock, d string) error {
 	return s.call(b, chatToolCall{Function: &openAITool{Arguments: &d}})
 }
 
-// call writes a piece of the call of b, at its index.
 func (s *chatCallerStream) call(b *streamBlock, tc chatToolCall) error {
 	tc.Index = &b.index
 	return s.chunk(&chatMessage{ToolCalls: []chatToolCall{tc}}, nil, nil)

@@ -64,15 +64,27 @@ type message struct {
 	Parts []part
 }
 
+// Neutral names: part types, tool kinds, tool_choice modes, and caller dialects (one per public chat endpoint).
 const (
 	partText       = "text"
 	partImage      = "image"
 	partDocument   = "document"
 	partToolCall   = "tool_call"
 	partToolResult = "tool_result"
+
+	toolFunction = ""       // JSON arguments under a schema
+	toolCustom   = "custom" // free-form input, no JSON schema
+
+	toolChoiceAuto     = "auto"
+	toolChoiceNone     = "none"
+	toolChoiceRequired = "required" // any tool
+	toolChoiceTool     = "tool"     // the named tool
+
+	dialectChat      = "chat"      // POST /v1/chat/completions
+	dialectMessages  = "messages"  // POST /v1/messages
+	dialectResponses = "responses" // POST /v1/responses
 )
 
-// part is one piece of a message.
 type part struct {
 	Type       string
 	Text       string // text; tool_result: its text content
@@ -87,11 +99,6 @@ type part struct {
 	IsError    bool   // tool_result
 	Media      []part // tool_result: its image and document parts (chat has none: named dropped)
 }
-
-const (
-	toolFunction = ""       // JSON arguments under a schema
-	toolCustom   = "custom" // free-form input, no JSON schema
-)
 
 // tool is one tool the model may call. Name is what providers see: a tool of a namespaced group is flattened to <namespace>__<name> (SPEC §7.6).
 type tool struct {
@@ -137,20 +144,9 @@ func customInput(args string) string {
 	return in.Input
 }
 
-// toolKind is the OpenAI type of the tool named name: function or custom.
 func (req *chatRequest) toolKind(name string) string {
-	if t := req.findTool(name); t != nil && t.Kind == toolCustom {
-		return toolCustom
-	}
-	return "function"
+	return cmp.Or(valueOr(req.findTool(name), tool{}).Kind, "function")
 }
-
-const (
-	toolChoiceAuto     = "auto"
-	toolChoiceNone     = "none"
-	toolChoiceRequired = "required" // any tool
-	toolChoiceTool     = "tool"     // the named tool
-)
 
 // toolChoice says whether and which tool the model must call.
 type toolChoice struct{ Mode, Name string }
@@ -163,13 +159,6 @@ type outputFormat struct {
 	Schema      json.RawMessage `json:"schema,omitempty"`
 	Strict      *bool           `json:"strict,omitempty"`
 }
-
-// Caller dialects, one per public chat endpoint.
-const (
-	dialectChat      = "chat"      // POST /v1/chat/completions
-	dialectMessages  = "messages"  // POST /v1/messages
-	dialectResponses = "responses" // POST /v1/responses
-)
 
 // upstreamOptions are the per-provider rules an encoder applies (SPEC §6.2).
 type upstreamOptions struct {
@@ -208,35 +197,26 @@ func formatOf(name string) *wireFormat {
 	return nil
 }
 
-// viaFormat runs do on the format of name, or refuses an unknown one with code
-// (internal_error for a dialect Brama routes itself, provider_failure for a protocol).
-func viaFormat[T any](name, code string, do func(*wireFormat) (T, error)) (T, error) {
-	if f := formatOf(name); f != nil {
-		return do(f)
-	}
-	var zero T
-	return zero, refuse(code, "unknown wire format %q", name)
-}
-
-// parseRequest parses body as dialect; every error is an invalid_request *apiError.
+// parseRequest parses body as dialect (the server routes only the table's); every error is an invalid_request *apiError.
 func parseRequest(dialect string, body []byte) (chatRequest, error) {
-	return viaFormat(dialect, "internal_error", func(f *wireFormat) (chatRequest, error) { return f.parse(body) })
+	return formatOf(dialect).parse(body)
 }
 
 // renderAnswer is a buffered answer as dialect's body; req's tools name the calls.
 func renderAnswer(dialect string, req chatRequest, a chatAnswer) ([]byte, error) {
-	return viaFormat(dialect, "internal_error", func(f *wireFormat) ([]byte, error) {
-		v, err := f.render(req, a)
-		if err != nil {
-			return nil, err
-		}
-		return json.Marshal(v)
-	})
+	v, err := formatOf(dialect).render(req, a)
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(v)
 }
 
-// decodeUpstreamAnswer decodes a 2xx non-stream body; Model is the dispatcher's (SPEC §7.6).
+// decodeUpstreamAnswer decodes a 2xx non-stream body (Model is the dispatcher's, SPEC §7.6); an unknown protocol fails.
 func decodeUpstreamAnswer(protocol string, body []byte) (chatAnswer, error) {
-	return viaFormat(protocol, "provider_failure", func(f *wireFormat) (chatAnswer, error) { return f.decode(body) })
+	if f := formatOf(protocol); f != nil {
+		return f.decode(body)
+	}
+	return chatAnswer{}, refuse("provider_failure", "unknown wire format %q", protocol)
 }
 
 // emptySchema stands in for a tool without parameters where the protocol requires a schema.
@@ -305,7 +285,6 @@ type callerHead struct {
 	Stream      bool     `json:"stream,omitempty"`
 }
 
-// head is the shared members of a provider body for model.
 func (req chatRequest) head(model string, o upstreamOptions) callerHead {
 	return callerHead{Model: model, Temperature: req.Temperature, TopP: req.TopP, Stream: o.stream}
 }
@@ -422,7 +401,6 @@ func checkCallerURL(url, what string) error {
 	return refuseInvalid("%s must be an https URL or a data URL", what)
 }
 
-// quoteCallerToken quotes a caller-chosen token (a role, a part type), bounded.
 func quoteCallerToken(s string) string { return fmt.Sprintf("%q", truncateUTF8(s, 64)) }
 
 // appendPart adds p to the last message when it has role, else a new turn: tool
