@@ -95,8 +95,8 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 	if err != nil {
 		return chatRequest{}, err
 	}
-	req.Shared, req.ParallelToolCalls, req.Effort, req.Verbosity = b.openAIShared, b.ParallelToolCalls, b.ReasoningEffort, b.Verbosity
-	if req.Effort != "" {
+	req.Shared, req.ParallelToolCalls = b.openAIShared, b.ParallelToolCalls
+	if req.Effort, req.Verbosity = b.ReasoningEffort, b.Verbosity; req.Effort != "" {
 		req.EffortName = "reasoning_effort"
 	}
 	var raw struct{ Messages, Tools json.RawMessage } // one more decode: the items' own members, to name unknown ones

@@ -475,7 +475,7 @@ func resultText(parts []part) (string, []part) {
 	return strings.Join(texts, "\n"), media
 }
 
-// openAITool is one tool in Responses' flat shape, into which chat's nested one is flattened; in chat, a call's function or custom object.
+// openAITool is a tool in Responses' flat shape (chat's nested one is read into it), and a chat call's function or custom object.
 type openAITool struct {
 	Type        string          `json:"type,omitempty"`
 	Name        string          `json:"name,omitempty"`
