@@ -1,8 +1,8 @@
 package main
 
 import (
-	"bytes"
 	"cmp"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -50,17 +50,13 @@ func commands() []command {
 			flags: []flagSpec{{"admin", false, "give the client the admin role (reaches /v1/admin/*)"}, agent("bind the client's bearer to `agent`"), {"allow", []string(nil), "allow only this model `name` (repeatable; exact names)"}}},
 		{name: "clients rm", args: "ID", pos: 1, purpose: "remove a client", example: "brama clients rm app",
 			run: func(e *cliEnv, _ opts, p []string) error {
-				c := e.deps().clients
-				if c.pathErr != nil {
-					return c.pathErr
-				}
-				return e.wrote(c.path, updateClients(c.path, func(d *clientsDoc) error {
+				return e.editClients(func(d *clientsDoc) error {
 					n := len(d.Clients)
 					if d.Clients = slices.DeleteFunc(d.Clients, func(x client) bool { return x.ID == p[0] }); len(d.Clients) == n {
 						return fmt.Errorf("no client %q", p[0])
 					}
 					return nil
-				}), "removed client %s\n", p[0])
+				}, "removed client %s\n", p[0])
 			}},
 		{name: "clients list", purpose: "each client's id, role, agent and allowlist (never a token or digest)", example: "brama clients list",
 			run: func(e *cliEnv, _ opts, _ []string) error {
@@ -145,12 +141,8 @@ func commands() []command {
 			run: subscriptionList, flags: []flagSpec{agent("the `agent` whose subscriptions to list"), {"json", false, "print the body of GET /v1/subscriptions/{agent_id}"}}},
 		{name: "subscription retire", args: "-agent A [-reason R] ID", pos: 1, need: []string{"agent"}, gateway: true, purpose: "retire a subscription (journaled)", example: "brama subscription retire -agent a1 sub_0123456789abcdef",
 			flags: []flagSpec{agent("the `agent` that owns the subscription"), {"reason", "", `why (journaled; default "retired by <client id>")`}},
-			run: func(e *cliEnv, o opts, p []string) error {
-				query := ""
-				if o.s("reason") != "" {
-					query = "?reason=" + url.QueryEscape(o.s("reason"))
-				}
-				_, err := e.call("DELETE", subscriptionPath(o.s("agent"), p[0])+query, nil, nil)
+			run: func(e *cliEnv, o opts, p []string) error { // an empty reason is the daemon's default
+				_, err := e.call("DELETE", subscriptionPath(o.s("agent"), p[0])+"?reason="+url.QueryEscape(o.s("reason")), nil, nil)
 				return e.say(err, "retired %s\n", p[0])
 			}},
 		{name: "subscription reinstate", args: "-agent A -reason R ID", pos: 1, need: []string{"agent", "reason"}, gateway: true, purpose: "put a retired subscription back", example: `brama subscription reinstate -agent a1 -reason "back" sub_0123456789abcdef`,
@@ -199,19 +191,34 @@ func commands() []command {
 	}
 }
 
-// editVault changes the vault under its lock.
+// editVault and editClients change the file under its lock and report the write.
 func (e *cliEnv) editVault(fn func(*vaultDoc) error, format string, args ...any) error {
 	v := e.deps().vault
 	return e.wrote(v.path, v.update(fn), format, args...)
 }
 
-// table prints the rows rows yields aligned under header (cells tab-separated), unless err.
+func (e *cliEnv) editClients(fn func(*clientsDoc) error, format string, args ...any) error {
+	c := e.deps().clients
+	if c.pathErr != nil {
+		return c.pathErr
+	}
+	return e.wrote(c.path, updateClients(c.path, fn), format, args...)
+}
+
+// table prints the rows rows yields aligned under header ("": none), cells tab-separated.
+func table(w io.Writer, header string, rows func(yield func(...string))) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	if header != "" {
+		fmt.Fprintln(tw, header)
+	}
+	rows(func(cells ...string) { fmt.Fprintln(tw, strings.Join(cells, "\t")) })
+	tw.Flush()
+}
+
+// table prints a command's table on stdout, unless err.
 func (e *cliEnv) table(err error, header string, rows func(yield func(...string))) error {
 	if err == nil {
-		tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, header)
-		rows(func(cells ...string) { fmt.Fprintln(tw, strings.Join(cells, "\t")) })
-		tw.Flush()
+		table(e.stdout, header, rows)
 	}
 	return err
 }
@@ -239,53 +246,45 @@ func (e *cliEnv) printAliases(d deps, asJSON bool, err error) error {
 	return e.say(nil, "%d alias(es), %d cannot serve\n", len(t.Aliases), t.Unserviceable)
 }
 
+// routesMigrate commits the registry without its retired fields (SPEC §5) and prints what it committed.
 func routesMigrate(e *cliEnv, o opts, _ []string) error {
 	path, err := o.s("file"), error(nil)
 	if path == "" {
 		path, err = registryPath(resolveState(e.getenv), e.getenv)
 	}
-	var committed []byte
+	var out []byte
 	var dropped []string
 	if err == nil {
-		committed, dropped, _, err = migrateRegistry(path)
+		out, dropped, _, err = migrateRegistry(path)
 	}
 	if err != nil {
 		fmt.Fprintf(e.stderr, "route migration error: %v\n", err)
 		return errRefused
 	}
-	if !o.b("json") {
-		return e.wrote(path, nil, "%s", committed)
+	if o.b("json") {
+		out, _ = json.Marshal(map[string]any{"ok": true, "file": path, "dropped": append([]string{}, dropped...), "document": json.RawMessage(out)})
+		out = append(out, '\n')
 	}
-	b, _ := json.Marshal(struct {
-		OK       bool            `json:"ok"`
-		File     string          `json:"file"`
-		Dropped  []string        `json:"dropped"`
-		Document json.RawMessage `json:"document"`
-	}{true, path, append([]string{}, dropped...), committed})
-	return e.wrote(path, nil, "%s\n", b)
+	return e.wrote(path, nil, "%s", out)
 }
 
 func clientsAdd(e *cliEnv, o opts, p []string) error {
-	role := roleCaller
+	role, tok := roleCaller, newToken()
 	if o.b("admin") {
 		role = roleAdmin
 	}
-	tok := newToken()
-	c, store := client{ID: p[0], TokenSHA256: tokenDigest(tok), Role: role, AgentID: o.s("agent"), AllowedModels: *o["allow"].(*[]string)}, e.deps().clients
-	err := store.pathErr
-	if err == nil {
-		err = updateClients(store.path, func(d *clientsDoc) error {
-			if slices.ContainsFunc(d.Clients, func(x client) bool { return x.ID == c.ID }) {
-				return fmt.Errorf("client %q already exists; rm it first", c.ID)
-			}
-			d.Clients = append(d.Clients, c)
-			return nil
-		})
-	}
+	c := client{ID: p[0], TokenSHA256: tokenDigest(tok), Role: role, AgentID: o.s("agent"), AllowedModels: *o["allow"].(*[]string)}
+	err := e.editClients(func(d *clientsDoc) error {
+		if slices.ContainsFunc(d.Clients, func(x client) bool { return x.ID == c.ID }) {
+			return fmt.Errorf("client %q already exists; rm it first", c.ID)
+		}
+		d.Clients = append(d.Clients, c)
+		return nil
+	}, "")
 	if err == nil {
 		fmt.Fprintf(e.stderr, "brama: created %s client %q; bearer token (shown once) on stdout\n", role, c.ID)
 	}
-	return e.wrote(store.path, err, "%s\n", tok)
+	return e.say(err, "%s\n", tok)
 }
 
 // answersPrune removes complete kept answers older than -older-than.
@@ -303,61 +302,6 @@ func answersPrune(e *cliEnv, o opts, _ []string) error {
 	})
 	fmt.Fprintf(e.stdout, "removed %d complete answers older than %s\n", removed, age)
 	return err
-}
-
-// dial checks -gateway and takes the bearer from BRAMA_TOKEN, else stdin's
-// first line. No time limit of Brama's own (a maintenance pass may wait on
-// token endpoints); one SIGINT ends the command (SPEC §17).
-func (e *cliEnv) dial(raw string) error {
-	u, err := url.Parse(strings.TrimSpace(raw))
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" {
-		return &usageError{msg: fmt.Sprintf("-gateway %q is not an http:// or https:// URL", raw)}
-	}
-	if u.Scheme == "http" && !isLoopbackHost(u.Hostname()) { // the bearer and credentials would cross in clear text
-		return &usageError{msg: fmt.Sprintf("-gateway %q: http:// is allowed only to a loopback host; use https://", raw)}
-	}
-	if e.gateway, e.auth = strings.TrimRight(u.String(), "/"), strings.TrimSpace(e.getenv("BRAMA_TOKEN")); e.auth == "" {
-		e.auth = e.line()
-	}
-	if e.auth == "" {
-		return errors.New("no bearer token: set BRAMA_TOKEN or give the token as stdin's first line")
-	}
-	return nil
-}
-
-// call sends one admin request with body (nil for none) and returns the
-// success body, decoded into out unless out is nil; a non-2xx answer is an
-// error quoting the envelope.
-func (e *cliEnv) call(method, path string, body, out any) ([]byte, error) {
-	var rd io.Reader
-	if body != nil {
-		b, _ := json.Marshal(body) // a donation, credentialBody or map of strings cannot fail
-		rd = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(e.ctx, method, e.gateway+path, rd)
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Authorization", "Bearer "+e.auth)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("cannot reach the gateway at %s: %w", e.gateway, errors.Unwrap(err))
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	var env envelope
-	switch {
-	case err != nil:
-		return nil, fmt.Errorf("reading the gateway's answer: %w", err)
-	case resp.StatusCode/100 == 2 && (out == nil || json.Unmarshal(b, out) == nil):
-		return b, nil
-	case resp.StatusCode/100 == 2:
-		return nil, fmt.Errorf("the gateway's answer is not what %s %s answers: %s", method, path, truncateUTF8(string(b), 200))
-	case json.Unmarshal(b, &env) != nil || env.Error.Code == "":
-		env.Error.Code, env.Error.Message = "unknown", "the answer is not a Brama error envelope"
-	}
-	return nil, fmt.Errorf("the gateway refused (%d %s): %s", resp.StatusCode, env.Error.Code, env.Error.Message)
 }
 
 // subscriptionPath is the admin path for agent and the segments after it, each escaped.
@@ -395,10 +339,7 @@ func (e *cliEnv) donate(agent, query string, body donation) error {
 	if _, err := e.call("POST", subscriptionPath(agent)+query, body, &ans); err != nil || ans.Subscription.ID == "" {
 		return cmp.Or(err, errors.New("the gateway's answer names no subscription"))
 	}
-	how := "donated"
-	if query != "" {
-		how = "signed in; donated"
-	}
+	how := map[bool]string{false: "donated", true: "signed in; donated"}[query != ""]
 	fmt.Fprintf(e.stderr, "brama: %s %s subscription %s to agent %s\n", how, ans.Subscription.Provider, ans.Subscription.ID, agent)
 	return e.say(nil, "%s\n", ans.Subscription.ID)
 }
@@ -412,7 +353,7 @@ func subscriptionList(e *cliEnv, o opts, _ []string) error {
 		return e.say(err, "%s", b)
 	}
 	retired := 0
-	err = e.table(err, "ID\tPROVIDER\tSTATUS\tCREDENTIAL\tUSED\tLABEL", func(yield func(...string)) {
+	e.table(nil, "ID\tPROVIDER\tSTATUS\tCREDENTIAL\tUSED\tLABEL", func(yield func(...string)) {
 		for _, r := range l.Subscriptions {
 			cred, used, top := "-", "-", 0.0
 			if r.Credential != nil {
@@ -431,7 +372,7 @@ func subscriptionList(e *cliEnv, o opts, _ []string) error {
 			yield(r.ID, r.Provider, r.Status, cred, used, cmp.Or(r.Label, "-"))
 		}
 	})
-	return e.say(err, "%d subscription(s), %d retired\n", len(l.Subscriptions), retired)
+	return e.say(nil, "%d subscription(s), %d retired\n", len(l.Subscriptions), retired)
 }
 
 // importTool names the tool whose credential file import reads.
@@ -591,4 +532,165 @@ func subscriptionSignIn(e *cliEnv, o opts, _ []string) error {
 		fmt.Fprintf(e.stderr, "brama: signed in; subscription %s of agent %s has a new %s grant\n", id, agent, provider)
 	}
 	return e.say(err, "%s\n", id)
+}
+
+// Onboarding (SPEC §14) walks the first-use journey in-process, no daemon or
+// bearer, in onboardSteps' order; onboarding.json keeps the steps done.
+const (
+	stepStateDir = "state-directory"
+	stepClient   = "client"
+	stepRoute    = "route"
+	stepAnswer   = "answer"
+	onboardFile  = "onboarding.json"
+	onboardRole  = "onboarding progress"
+)
+
+var onboardSteps = []string{stepStateDir, stepClient, stepRoute, stepAnswer}
+
+// onboardProgress is onboarding.json: each step done, when first done (RFC
+// 3339 UTC, milliseconds), and (route, answer) the model it named.
+type onboardProgress struct {
+	SchemaVersion int                    `json:"schema_version"`
+	Steps         map[string]onboardStep `json:"steps"`
+}
+
+type onboardStep struct {
+	DoneAt string `json:"done_at"`
+	Model  string `json:"model,omitempty"`
+}
+
+// errOnboardingInvalid wraps every refusal of parseOnboarding.
+var errOnboardingInvalid = errors.New("onboarding progress is invalid")
+
+// parseOnboarding is decodeStrict on onboarding.json; empty is no progress.
+func parseOnboarding(b []byte) (*onboardProgress, error) {
+	prog := &onboardProgress{SchemaVersion: 1, Steps: map[string]onboardStep{}}
+	if err := decodeStrict(onboardFile, b, prog); len(b) > 0 && err != nil {
+		return nil, fmt.Errorf("%w: %w (remove the file to start the journey again)", errOnboardingInvalid, err)
+	}
+	return prog, nil
+}
+
+// validate refuses another schema, unknown steps and unreadable times.
+func (prog *onboardProgress) validate() error {
+	if prog.SchemaVersion != 1 {
+		return fmt.Errorf("schema_version %d is not 1", prog.SchemaVersion)
+	}
+	for name, st := range prog.Steps {
+		if !slices.Contains(onboardSteps, name) {
+			return fmt.Errorf("unknown step %q", truncateUTF8(name, 64))
+		} else if _, err := time.Parse(time.RFC3339Nano, st.DoneAt); err != nil {
+			return fmt.Errorf("step %s: done_at is not an RFC 3339 time", name)
+		}
+	}
+	if prog.Steps == nil {
+		prog.Steps = map[string]onboardStep{}
+	}
+	return nil
+}
+
+// onboard runs the steps in order. A step returns the model it names, or the
+// command to run next ("next: …", and the step is not done; err says whether
+// that is a refusal). The one billable call is made only with
+// -allow-provider-cost, and only ctx cancels it (SPEC §7.4).
+func onboard(e *cliEnv, o opts, _ []string) error {
+	model, sy := o.s("model"), e.sys()
+	d := openDeps(e.getenv, sy)
+	path, err := d.st.path(onboardRole, onboardFile)
+	if err != nil {
+		return err
+	}
+	f := stateFile[*onboardProgress]{role: onboardRole, path: path, parse: parseOnboarding}
+	prog, err := f.fresh() // a file failing the guards is refused, never overwritten
+	if err != nil {
+		return fmt.Errorf("the state directory is not usable: %w", err)
+	}
+	s := &server{core: core{stores: d.stores, sys: sy, getenv: e.getenv, client: newProviderClient()}}
+	s.catalog = newCatalog(d.st, e.getenv, s.client, sy.log, sy.now)
+	var c call
+	var req chatRequest
+	steps := map[string]func() (model, next string, err error){
+		stepStateDir: func() (string, string, error) { return "", "", nil },
+		stepClient: func() (string, string, error) { // serve makes the first admin client
+			doc, err := d.clients.load()
+			if errors.Is(err, errFileAbsent) || err == nil && len(doc.Clients) == 0 {
+				return "", "brama clients add <id> -admin", errRefused
+			} else if err != nil {
+				return "", "", fmt.Errorf("the clients file is unusable: %w", err)
+			}
+			return "", "", nil
+		},
+		stepRoute: func() (_, next string, err error) {
+			c, req, next, err = s.onboardPlan(model)
+			return c.res.Route, next, err
+		},
+		stepAnswer: func() (string, string, error) {
+			if _, done := prog.Steps[stepAnswer]; done && model == "" {
+				return "", "", nil // done on an earlier run
+			} else if model == "" || !o.b("allow-provider-cost") {
+				return "", "brama onboard -model " + cmp.Or(model, "<route>") + " -allow-provider-cost", nil
+			}
+			j := &job{kind: kindProbe, // one ping, as the probe's (SPEC §11.3)
+				build: func(ctx context.Context, _ *candidate, c call) (*http.Request, error) {
+					return buildUpstreamRequest(ctx, c.res.Provider, c.baseURL, c.cred, req, c.res.Model)
+				},
+				commit: func(_ context.Context, _ *candidate, c call, _ *overlayItem, resp *http.Response, _ int) (usage, *apiError, bool) {
+					a, err := readProviderAnswer(c.res.Provider, req, resp)
+					if err != nil {
+						return usage{}, asAPIError(err), false
+					}
+					return a.Usage, nil, false
+				}}
+			if ae := s.engine(&requestInfo{}).attemptRoute(e.ctx, j, c, nil); ae != nil {
+				return "", "", fmt.Errorf("no model answer: %s", ae.Message)
+			}
+			return c.res.Route, "", nil
+		},
+	}
+	for _, name := range onboardSteps {
+		m, next, err := steps[name]()
+		if next != "" {
+			fmt.Fprintf(e.stdout, "next: %s\n", next)
+		}
+		if err != nil || next != "" {
+			return err
+		}
+		if _, done := prog.Steps[name]; !done {
+			prog.Steps[name] = onboardStep{DoneAt: sy.now().UTC().Format(journalTimeFormat), Model: m}
+		}
+		if err := writeState(path, prog); err != nil {
+			return fmt.Errorf("the state directory is not usable: %s cannot be written: %w", onboardRole, err)
+		}
+		fmt.Fprintf(e.stdout, "done %s\n", name)
+	}
+	return nil
+}
+
+// onboardPlan plans model's call as the daemon would (a bare deployment as local-openai/<name>),
+// refusing subscription routes and selectors: their ledger is the daemon's (SPEC §2.3, §14).
+// With no model it only asks that some direct credential or deployment can pay.
+func (s *server) onboardPlan(model string) (c call, req chatRequest, next string, err error) {
+	if model == "" && !s.anyDirectPayer() {
+		return c, req, "brama credentials set <provider>", errRefused
+	} else if model == "" {
+		return c, req, "", nil
+	}
+	doc, docErr := s.reg.current()
+	if docErr == nil && doc.Routes[model] == "" {
+		if _, _, n := doc.lookupLocal(model); n == 1 {
+			model = "local-openai/" + model
+		}
+	}
+	req = pingRequest(model, providerInfo{})
+	c, err = s.engine(&requestInfo{}).plan(client{}, "", &req)
+	switch ae := asAPIError(err); {
+	case err == nil && (c.res.Mode == modeDirect || c.res.Mode == modeAlias):
+		return c, req, "", nil
+	case err == nil || ae.Code == "forbidden": // plan wants an agent: subscription, selector or best
+		return call{}, req, "", fmt.Errorf("-model %q is paid by an agent's subscription; onboarding calls a direct route, a deployment or an alias to one", model)
+	case ae.Code == "credential_unauthorized":
+		res, _ := resolveModel(model, doc, docErr, s.hasDirect)
+		next = "brama credentials set " + cmp.Or(res.Provider.id, "<provider>")
+	}
+	return call{}, req, next, fmt.Errorf("-model %q cannot serve: %s", model, asAPIError(err).Message)
 }

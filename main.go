@@ -3,30 +3,16 @@
 // endpoint; Brama resolves the model name, decides which account pays, makes
 // a strictly bounded number of provider calls and answers with the result or
 // exactly one classified refusal. It is not a load balancer, a cache of
-// answers, or a retry engine.
-//
-// Run it, and test it:
-//
-//	go run . serve    # listens on 127.0.0.1:8080; brama help lists the commands
-//	go test ./...
-//
-// State lives in BRAMA_STATE_DIR, else ~/.brama (0700, files 0600). With
-// neither, Brama still serves and every state reader and writer refuses
-// naming the cause.
-//
-// Reading order, as a request meets the files: main.go (run, parsing, help,
-// exit codes, serve) and cli.go (the command table); server.go (routes, who
-// may call, handlers); answers.go, replay.go (signed answers); dispatch.go,
-// pool.go (plan, the attempt engine, who pays); providers.go, passthrough.go,
-// formats.go and one file per wire format, relay.go, sse.go; errors.go;
-// subscriptions.go, ledger.go, oauth.go; maintain.go; catalog.go, perf.go,
-// onboard.go; journal.go, state.go at the ground.
+// answers, or a retry engine. README's "Reading the code" gives the files in
+// the order a request meets them.
 package main
 
 import (
 	"bufio"
+	"bytes"
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -34,6 +20,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -41,7 +28,6 @@ import (
 	"strings"
 	"sync"
 	"syscall"
-	"text/tabwriter"
 	"time"
 )
 
@@ -183,11 +169,11 @@ func lookup(args []string) (command, []string, error) {
 // help lists every command with its purpose.
 func help(w io.Writer) {
 	fmt.Fprint(w, "usage: brama COMMAND [flags] [arguments]; brama COMMAND -h prints its flags and an example\n\n")
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	for _, c := range commands() {
-		fmt.Fprintf(tw, "  %s\t%s\n", c.name, c.purpose)
-	}
-	tw.Flush()
+	table(w, "", func(yield func(...string)) {
+		for _, c := range commands() {
+			yield("  "+c.name, c.purpose)
+		}
+	})
 }
 
 // runCommand parses args for c, flags and positionals in either order (SPEC
@@ -239,11 +225,10 @@ func (e *cliEnv) runCommand(c command, args []string, err error) error {
 	if len(pos) != c.pos {
 		return &usageError{c.name, "want " + cmp.Or(c.args, "no arguments")}
 	}
-	var missing []string
+	set, missing := map[string]bool{}, []string{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = strings.TrimSpace(f.Value.String()) != "" })
 	for _, name := range c.need {
-		set := false
-		fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
-		if !set || strings.TrimSpace(fs.Lookup(name).Value.String()) == "" {
+		if !set[name] {
 			missing = append(missing, "-"+name)
 		}
 	}
@@ -313,6 +298,61 @@ func (e *cliEnv) line() string {
 	return strings.TrimSpace(s)
 }
 
+// dial checks -gateway and takes the bearer from BRAMA_TOKEN, else stdin's
+// first line. No time limit of Brama's own (a maintenance pass may wait on
+// token endpoints); one SIGINT ends the command (SPEC §17).
+func (e *cliEnv) dial(raw string) error {
+	u, err := url.Parse(strings.TrimSpace(raw))
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" {
+		return &usageError{msg: fmt.Sprintf("-gateway %q is not an http:// or https:// URL", raw)}
+	}
+	if u.Scheme == "http" && !isLoopbackHost(u.Hostname()) { // the bearer and credentials would cross in clear text
+		return &usageError{msg: fmt.Sprintf("-gateway %q: http:// is allowed only to a loopback host; use https://", raw)}
+	}
+	if e.gateway, e.auth = strings.TrimRight(u.String(), "/"), strings.TrimSpace(e.getenv("BRAMA_TOKEN")); e.auth == "" {
+		e.auth = e.line()
+	}
+	if e.auth == "" {
+		return errors.New("no bearer token: set BRAMA_TOKEN or give the token as stdin's first line")
+	}
+	return nil
+}
+
+// call sends one admin request with body (nil for none) and returns the
+// success body, decoded into out unless out is nil; a non-2xx answer is an
+// error quoting the envelope.
+func (e *cliEnv) call(method, path string, body, out any) ([]byte, error) {
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body) // a donation, credentialBody or map of strings cannot fail
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(e.ctx, method, e.gateway+path, rd)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+e.auth)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("cannot reach the gateway at %s: %w", e.gateway, errors.Unwrap(err))
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	var env envelope
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("reading the gateway's answer: %w", err)
+	case resp.StatusCode/100 == 2 && (out == nil || json.Unmarshal(b, out) == nil):
+		return b, nil
+	case resp.StatusCode/100 == 2:
+		return nil, fmt.Errorf("the gateway's answer is not what %s %s answers: %s", method, path, truncateUTF8(string(b), 200))
+	case json.Unmarshal(b, &env) != nil || env.Error.Code == "":
+		env.Error.Code, env.Error.Message = "unknown", "the answer is not a Brama error envelope"
+	}
+	return nil, fmt.Errorf("the gateway refused (%d %s): %s", resp.StatusCode, env.Error.Code, env.Error.Message)
+}
+
 // testingOnlyNow replaces the serving process's clock in tests.
 var testingOnlyNow func() time.Time
 
@@ -355,22 +395,16 @@ func newLogger(w io.Writer, level string) *slog.Logger {
 // or e.cut closes.
 func serve(e *cliEnv, o opts, _ []string) error {
 	addr, sy := o.s("addr"), e.sys()
-	if err := checkListenAddr(addr); err != nil {
-		return err
-	}
-	signal.Ignore(syscall.SIGPIPE) // a log reader gone (`serve 2>&1 | logger`) ends no generation: its lines are lost
 	if testingOnlyNow != nil {
 		sy.now = testingOnlyNow
 	}
 	log, now := sy.log, sy.now
-	maxBody, err := envWhole(e.getenv, "BRAMA_MAX_REQUEST_BYTES", "bytes", 1, defaultMaxRequestBytes, 64)
-	if err != nil {
+	maxBody, bodyErr := envWhole(e.getenv, "BRAMA_MAX_REQUEST_BYTES", "bytes", 1, defaultMaxRequestBytes, 64)
+	guard, guardErr := newTransportGuard(e.getenv("BRAMA_TRUSTED_PROXY_IPS"))
+	if err := cmp.Or(checkListenAddr(addr), bodyErr, guardErr); err != nil {
 		return err
 	}
-	guard, err := newTransportGuard(e.getenv("BRAMA_TRUSTED_PROXY_IPS"))
-	if err != nil {
-		return err
-	}
+	signal.Ignore(syscall.SIGPIPE) // a log reader gone (`serve 2>&1 | logger`) ends no generation: its lines are lost
 	d := openDeps(e.getenv, sy)
 	lock, err := lockServe(d.st)
 	if err != nil {
@@ -478,8 +512,7 @@ func checkListenAddr(addr string) error {
 	_, port, err := net.SplitHostPort(addr)
 	if err == nil && port == "" {
 		err = errors.New("no port")
-	}
-	if err == nil {
+	} else if err == nil {
 		_, err = net.LookupPort("tcp", port)
 	}
 	if err != nil {
@@ -513,24 +546,21 @@ func readLocalCredentials(r io.Reader) (map[string]string, error) {
 // once, when no clients file exists (SPEC §3.1); in memory with no state (§2.1).
 func ensureFirstClient(c *clientStore, stderr io.Writer) error {
 	tok := newToken()
-	local := client{ID: "local", TokenSHA256: tokenDigest(tok), Role: roleAdmin}
-	if c.pathErr != nil {
-		c.memory = &clientsDoc{Clients: []client{local}}
-		fmt.Fprintf(stderr, "brama: created admin client \"local\" for this process only (not kept: %v); bearer token (shown once): %s\n", c.pathErr, tok)
-		return nil
-	}
-	if _, err := c.load(); !errors.Is(err, errFileAbsent) {
+	local, kept, created := client{ID: "local", TokenSHA256: tokenDigest(tok), Role: roleAdmin}, "", c.pathErr != nil
+	if created {
+		c.memory, kept = &clientsDoc{Clients: []client{local}}, fmt.Sprintf(" for this process only (not kept: %v)", c.pathErr)
+	} else if _, err := c.load(); !errors.Is(err, errFileAbsent) {
 		return err // nil, or a clients file that must be repaired before serving
-	}
-	created := false
-	err := updateClients(c.path, func(d *clientsDoc) error {
+	} else if err := updateClients(c.path, func(d *clientsDoc) error {
 		if created = len(d.Clients) == 0; created {
 			d.Clients = append(d.Clients, local)
 		}
 		return nil
-	})
-	if err == nil && created {
-		fmt.Fprintf(stderr, "brama: created admin client \"local\"; bearer token (shown once): %s\n", tok)
+	}); err != nil {
+		return err
 	}
-	return err
+	if created {
+		fmt.Fprintf(stderr, "brama: created admin client \"local\"%s; bearer token (shown once): %s\n", kept, tok)
+	}
+	return nil
 }
