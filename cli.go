@@ -15,13 +15,12 @@ import (
 	"slices"
 	"strings"
 	"text/tabwriter"
+	"text/template"
 	"time"
 )
 
-// The CLI (SPEC §16.1) is one table, commands(). State edits run in-process under each file's lock
-// (SPEC §2.3); `subscription …` and `maintain` call the daemon's admin API, the overlay's only writer.
-
-// commands is the CLI, in the order `brama help` lists it.
+// commands is the CLI (SPEC §16.1), in the order `brama help` lists it. State edits run in-process under each
+// file's lock (SPEC §2.3); `subscription …` and `maintain` call the daemon's admin API, the overlay's only writer.
 func commands() []command {
 	agent := func(help string) flagSpec { return flagSpec{"agent", "", help} }
 	label := flagSpec{"label", "", "an optional `label` (printable, at most 128 bytes)"}
@@ -46,8 +45,26 @@ func commands() []command {
 			}},
 		{name: "routes migrate", args: "[-file F] [-json]", purpose: "drop retired top-level fields, commit, print the committed document (idempotent)", example: "brama routes migrate",
 			run: routesMigrate, flags: []flagSpec{{"file", "", "registry `file` to migrate (default: the registry Brama reads)"}, {"json", false, `print {"ok":true,"file":F,"dropped":[…],"document":{…}}`}}},
-		{name: "clients add", args: "ID [-admin] [-agent A] [-allow NAME]...", pos: 1, purpose: "make a client; its token is printed once on stdout", example: "brama clients add app -allow chat", run: clientsAdd,
-			flags: []flagSpec{{"admin", false, "give the client the admin role (reaches /v1/admin/*)"}, agent("bind the client's bearer to `agent`"), {"allow", []string(nil), "allow only this model `name` (repeatable; exact names)"}}},
+		{name: "clients add", args: "ID [-admin] [-agent A] [-allow NAME]...", pos: 1, purpose: "make a client; its token is printed once on stdout", example: "brama clients add app -allow chat",
+			flags: []flagSpec{{"admin", false, "give the client the admin role (reaches /v1/admin/*)"}, agent("bind the client's bearer to `agent`"), {"allow", []string(nil), "allow only this model `name` (repeatable; exact names)"}},
+			run: func(e *cliEnv, o opts, p []string) error {
+				role, tok := roleCaller, newToken()
+				if o.b("admin") {
+					role = roleAdmin
+				}
+				c := client{ID: p[0], TokenSHA256: tokenDigest(tok), Role: role, AgentID: o.s("agent"), AllowedModels: *o["allow"].(*[]string)}
+				err := e.editClients(func(d *clientsDoc) error {
+					if slices.ContainsFunc(d.Clients, func(x client) bool { return x.ID == c.ID }) {
+						return fmt.Errorf("client %q already exists; rm it first", c.ID)
+					}
+					d.Clients = append(d.Clients, c)
+					return nil
+				}, "")
+				if err == nil {
+					fmt.Fprintf(e.stderr, "brama: created %s client %q; bearer token (shown once) on stdout\n", role, c.ID)
+				}
+				return e.say(err, "%s\n", tok)
+			}},
 		{name: "clients rm", args: "ID", pos: 1, purpose: "remove a client", example: "brama clients rm app",
 			run: func(e *cliEnv, _ opts, p []string) error {
 				return e.editClients(func(d *clientsDoc) error {
@@ -64,7 +81,7 @@ func commands() []command {
 				if errors.Is(err, errFileAbsent) {
 					doc, err = &clientsDoc{}, nil
 				}
-				return e.table(err, "ID\tROLE\tAGENT\tALLOWED", func(yield func(...string)) {
+				return table(e.stdout, err, "ID\tROLE\tAGENT\tALLOWED", func(yield func(...string)) {
 					for _, c := range doc.Clients {
 						allow := "(any model)"
 						if c.AllowedModels != nil {
@@ -75,8 +92,7 @@ func commands() []command {
 				})
 			}},
 		{name: "deployments add", args: "NAME -port PORT [-host H] [-model M]", pos: 1, purpose: "declare a local OpenAI-compatible server", example: "brama deployments add ollama -port 11434 -model llama3.2",
-			flags: []flagSpec{{"host", "127.0.0.1", "the server's IPv4 loopback or 100.64.0.0/10 `address`"}, {"port", 0, "the server's `port` (required)"},
-				{"model", "", "the upstream `model` name (default: NAME)"}},
+			flags: []flagSpec{{"host", "127.0.0.1", "the server's IPv4 loopback or 100.64.0.0/10 `address`"}, {"port", 0, "the server's `port` (required)"}, {"model", "", "the upstream `model` name (default: NAME)"}},
 			run: func(e *cliEnv, o opts, p []string) error {
 				d := deployment{Name: p[0], Model: o.s("model"), Endpoint: deploymentEndpoint{Host: o.s("host"), Port: *o["port"].(*int)}}
 				reg := e.deps().reg
@@ -92,7 +108,7 @@ func commands() []command {
 		{name: "deployments list", purpose: "one row per deployment: name, endpoint, model, adapters", example: "brama deployments list",
 			run: func(e *cliEnv, _ opts, _ []string) error {
 				doc, err := e.deps().reg.current()
-				return e.table(err, "NAME\tENDPOINT\tMODEL\tADAPTERS", func(yield func(...string)) {
+				return table(e.stdout, err, "NAME\tENDPOINT\tMODEL\tADAPTERS", func(yield func(...string)) {
 					for _, d := range doc.Deployments {
 						var names []string
 						for _, a := range d.Adapters {
@@ -135,8 +151,24 @@ func commands() []command {
 		{name: "subscription add", args: "-provider P -agent A [-label L] [-oauth-file F]", need: []string{"provider", "agent"}, gateway: true,
 			purpose: "donate a subscription through the daemon (the API key on stdin after the bearer line, or a grant file); prints the new id",
 			example: `printf '%s\n' "$KEY" | BRAMA_TOKEN=$T brama subscription add -provider kimi -agent a1`,
-			run:     subscriptionAdd, flags: []flagSpec{{"provider", "", "the `provider` of the subscription (claude-code, codex, kimi, openai, …)"}, agent("the `agent` that receives it"), label,
-				{"oauth-file", "", "read an OAuth grant {\"access_token\",\"refresh_token\",\"expires_at_ms\",…} from `file` instead of an API key on stdin"}}},
+			flags: []flagSpec{{"provider", "", "the `provider` of the subscription (claude-code, codex, kimi, openai, …)"}, agent("the `agent` that receives it"), label,
+				{"oauth-file", "", "read an OAuth grant {\"access_token\",\"refresh_token\",\"expires_at_ms\",…} from `file` instead of an API key on stdin"}},
+			run: func(e *cliEnv, o opts, _ []string) error {
+				body := donation{Provider: o.s("provider"), Label: o.s("label")}
+				if o.s("oauth-file") != "" {
+					b, err := os.ReadFile(o.s("oauth-file"))
+					if err == nil {
+						body.OAuth = &oauthGrant{}
+						err = decodeStrict("-oauth-file", b, body.OAuth)
+					}
+					if err != nil {
+						return err
+					}
+				} else if body.APIKey = e.line(); body.APIKey == "" {
+					return errors.New("no API key on stdin (the line after the bearer token, or the first line when BRAMA_TOKEN is set); use -oauth-file for a grant")
+				}
+				return e.donate(o.s("agent"), "", body)
+			}},
 		{name: "subscription list", args: "-agent A [-json]", need: []string{"agent"}, gateway: true, purpose: "one aligned row per subscription", example: "BRAMA_TOKEN=$T brama subscription list -agent a1",
 			run: subscriptionList, flags: []flagSpec{agent("the `agent` whose subscriptions to list"), {"json", false, "print the body of GET /v1/subscriptions/{agent_id}"}}},
 		{name: "subscription retire", args: "-agent A [-reason R] ID", pos: 1, need: []string{"agent"}, gateway: true, purpose: "retire a subscription (journaled)", example: "brama subscription retire -agent a1 sub_0123456789abcdef",
@@ -156,8 +188,7 @@ func commands() []command {
 			check: checkImport, run: subscriptionImport, flags: []flagSpec{signIn, {"from", "", "the tool's credential `file` (~/.claude/.credentials.json, ~/.codex/auth.json)"}, agent("the `agent` that receives the grant"), label}},
 		{name: "subscription sign-in", args: "-provider claude-code|codex -agent A [-id ID | -label L]", need: []string{"provider", "agent"}, gateway: true,
 			purpose: "sign in with the provider (PKCE): the URL on stderr, the pasted code from stdin; replaces -id's grant or donates a new subscription",
-			example: "BRAMA_TOKEN=$T brama subscription sign-in -provider claude-code -agent a1",
-			check:   checkSignIn, run: subscriptionSignIn, flags: []flagSpec{signIn, agent("the `agent` that owns (or receives) the subscription"),
+			example: "BRAMA_TOKEN=$T brama subscription sign-in -provider claude-code -agent a1", check: checkSignIn, run: subscriptionSignIn, flags: []flagSpec{signIn, agent("the `agent` that owns (or receives) the subscription"),
 				{"id", "", "replace the credential of this subscription `id` instead of donating a new one"}, {"label", "", "a `label` for a new subscription"}}},
 		{name: "subscription prune-orphans", args: "[-gateway URL]", gateway: true, purpose: "remove the vault's subscription credentials no subscription names", example: "BRAMA_TOKEN=$T brama subscription prune-orphans",
 			run: func(e *cliEnv, _ opts, _ []string) error {
@@ -168,8 +199,7 @@ func commands() []command {
 		{name: "maintain", args: "[-gateway URL] [-json]", gateway: true, purpose: "run one maintenance pass now; exit 0 only when it was ok", example: "BRAMA_TOKEN=$T brama maintain",
 			flags: []flagSpec{{"json", false, "print the body of POST /v1/admin/maintain"}}, run: maintain},
 		{name: "onboard", args: "[-model ROUTE] [-allow-provider-cost]", purpose: "walk the first-use journey in-process: state directory, client, a route that can serve, one real answer",
-			example: "brama onboard -model openai/gpt-4o-mini -allow-provider-cost",
-			run:     onboard, flags: []flagSpec{{"model", "", "the `route` of the one real call: a direct route, a deployment, or an alias to one"}, {"allow-provider-cost", false, "make the one real (billable) model call"}}},
+			example: "brama onboard -model openai/gpt-4o-mini -allow-provider-cost", run: onboard, flags: []flagSpec{{"model", "", "the `route` of the one real call: a direct route, a deployment, or an alias to one"}, {"allow-provider-cost", false, "make the one real (billable) model call"}}},
 		{name: "answers verify", args: "[-signature v1=HEX] FILE", pos: 1, purpose: "check a kept answer's signature (or a raw body against -signature); prints ok", example: "brama answers verify ~/.brama/answers/local/3f….json",
 			flags: []flagSpec{{"signature", "", "check `v1=HEX` (a Brama-Answer-Signature) over FILE's raw bytes instead of reading FILE as a kept answer"}},
 			run: func(e *cliEnv, o opts, p []string) error {
@@ -179,7 +209,21 @@ func commands() []command {
 				return e.say(verifyAnswerFile(resolveState(e.getenv), p[0], strings.ToLower(o.s("signature"))), "ok\n")
 			}},
 		{name: "answers prune", args: "-older-than DURATION", need: []string{"older-than"}, purpose: "remove complete kept answers older than that (never one in progress)", example: "brama answers prune -older-than 720h",
-			run: answersPrune, flags: []flagSpec{{"older-than", time.Duration(0), "remove complete answers kept longer ago than this `duration` (e.g. 720h)"}}},
+			flags: []flagSpec{{"older-than", time.Duration(0), "remove complete answers kept longer ago than this `duration` (e.g. 720h)"}},
+			run: func(e *cliEnv, o opts, _ []string) error {
+				age := *o["older-than"].(*time.Duration)
+				dir, err := resolveState(e.getenv).path("signed answers", "answers")
+				if age < 0 {
+					return &usageError{msg: "want a -older-than of zero or more"}
+				} else if err != nil {
+					return err
+				}
+				removed, err := pruneAnswers(dir, time.Now().Add(-age), func(name string, err error) {
+					fmt.Fprintf(e.stderr, "brama: skipped %s: %v\n", name, err)
+				})
+				fmt.Fprintf(e.stdout, "removed %d complete answers older than %s\n", removed, age)
+				return err
+			}},
 		{name: "journal check", purpose: "print each unreadable journal line; exit 1 when a non-final line is unreadable", example: "brama journal check",
 			run: func(e *cliEnv, _ opts, _ []string) error {
 				ok, err := checkJournal(newJournal(resolveState(e.getenv), e.sys()), e.stdout)
@@ -205,22 +249,17 @@ func (e *cliEnv) editClients(fn func(*clientsDoc) error, format string, args ...
 	return e.wrote(c.path, updateClients(c.path, fn), format, args...)
 }
 
-// table prints the rows rows yields aligned under header ("": none), cells tab-separated.
-func table(w io.Writer, header string, rows func(yield func(...string))) {
+// table prints the rows rows yields aligned under header ("": none), cells tab-separated, unless err.
+func table(w io.Writer, err error, header string, rows func(yield func(...string))) error {
+	if err != nil {
+		return err
+	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	if header != "" {
 		fmt.Fprintln(tw, header)
 	}
 	rows(func(cells ...string) { fmt.Fprintln(tw, strings.Join(cells, "\t")) })
-	tw.Flush()
-}
-
-// table prints a command's table on stdout, unless err.
-func (e *cliEnv) table(err error, header string, rows func(yield func(...string))) error {
-	if err == nil {
-		table(e.stdout, header, rows)
-	}
-	return err
+	return tw.Flush()
 }
 
 // printAliases prints the alias table (GET /v1/aliases), unless err: one
@@ -234,7 +273,7 @@ func (e *cliEnv) printAliases(d deps, asJSON bool, err error) error {
 		b, _ := json.Marshal(t)
 		return e.say(err, "%s\n", b)
 	}
-	e.table(nil, "ALIAS\tSTATE\tROUTE\tREASON", func(yield func(...string)) {
+	table(e.stdout, nil, "ALIAS\tSTATE\tROUTE\tREASON", func(yield func(...string)) {
 		for _, a := range t.Aliases {
 			route := "-"
 			if a.Route != nil {
@@ -268,42 +307,6 @@ func routesMigrate(e *cliEnv, o opts, _ []string) error {
 	return e.wrote(path, nil, "%s", out)
 }
 
-func clientsAdd(e *cliEnv, o opts, p []string) error {
-	role, tok := roleCaller, newToken()
-	if o.b("admin") {
-		role = roleAdmin
-	}
-	c := client{ID: p[0], TokenSHA256: tokenDigest(tok), Role: role, AgentID: o.s("agent"), AllowedModels: *o["allow"].(*[]string)}
-	err := e.editClients(func(d *clientsDoc) error {
-		if slices.ContainsFunc(d.Clients, func(x client) bool { return x.ID == c.ID }) {
-			return fmt.Errorf("client %q already exists; rm it first", c.ID)
-		}
-		d.Clients = append(d.Clients, c)
-		return nil
-	}, "")
-	if err == nil {
-		fmt.Fprintf(e.stderr, "brama: created %s client %q; bearer token (shown once) on stdout\n", role, c.ID)
-	}
-	return e.say(err, "%s\n", tok)
-}
-
-// answersPrune removes complete kept answers older than -older-than.
-func answersPrune(e *cliEnv, o opts, _ []string) error {
-	age := *o["older-than"].(*time.Duration)
-	if age < 0 {
-		return &usageError{msg: "want a -older-than of zero or more"}
-	}
-	dir, err := resolveState(e.getenv).path("signed answers", "answers")
-	if err != nil {
-		return err
-	}
-	removed, err := pruneAnswers(dir, time.Now().Add(-age), func(name string, err error) {
-		fmt.Fprintf(e.stderr, "brama: skipped %s: %v\n", name, err)
-	})
-	fmt.Fprintf(e.stdout, "removed %d complete answers older than %s\n", removed, age)
-	return err
-}
-
 // subscriptionPath is the admin path for agent and the segments after it, each escaped.
 func subscriptionPath(agent string, rest ...string) string {
 	p := "/v1/admin/subscriptions/" + url.PathEscape(agent)
@@ -311,25 +314,6 @@ func subscriptionPath(agent string, rest ...string) string {
 		p += "/" + url.PathEscape(r)
 	}
 	return p
-}
-
-// subscriptionAdd donates an API key from stdin (after the bearer) or an
-// OAuth grant from -oauth-file to -agent.
-func subscriptionAdd(e *cliEnv, o opts, _ []string) error {
-	body := donation{Provider: o.s("provider"), Label: o.s("label")}
-	if o.s("oauth-file") != "" {
-		b, err := os.ReadFile(o.s("oauth-file"))
-		if err == nil {
-			body.OAuth = &oauthGrant{}
-			err = decodeStrict("-oauth-file", b, body.OAuth)
-		}
-		if err != nil {
-			return err
-		}
-	} else if body.APIKey = e.line(); body.APIKey == "" {
-		return errors.New("no API key on stdin (the line after the bearer token, or the first line when BRAMA_TOKEN is set); use -oauth-file for a grant")
-	}
-	return e.donate(o.s("agent"), "", body)
 }
 
 // donate posts body for agent (query "?via=sign-in" marks a sign-in's) and
@@ -353,7 +337,7 @@ func subscriptionList(e *cliEnv, o opts, _ []string) error {
 		return e.say(err, "%s", b)
 	}
 	retired := 0
-	e.table(nil, "ID\tPROVIDER\tSTATUS\tCREDENTIAL\tUSED\tLABEL", func(yield func(...string)) {
+	table(e.stdout, nil, "ID\tPROVIDER\tSTATUS\tCREDENTIAL\tUSED\tLABEL", func(yield func(...string)) {
 		for _, r := range l.Subscriptions {
 			cred, used, top := "-", "-", 0.0
 			if r.Credential != nil {
@@ -375,12 +359,12 @@ func subscriptionList(e *cliEnv, o opts, _ []string) error {
 	return e.say(nil, "%d subscription(s), %d retired\n", len(l.Subscriptions), retired)
 }
 
-// importTool names the tool whose credential file import reads.
-var importTool = map[string]string{"claude-code": "Claude Code", "codex": "the Codex CLI"}
+// importFiles are the credential files import reads: the tool that keeps one, the object holding the grant.
+var importFiles = map[string]struct{ tool, object string }{"claude-code": {"Claude Code", "claudeAiOauth"}, "codex": {"the Codex CLI", "tokens"}}
 
 // checkImport reads -from's grant before the bearer is read; o keeps it.
 func checkImport(o opts) error {
-	if importTool[o.s("provider")] == "" {
+	if importFiles[o.s("provider")].tool == "" {
 		return &usageError{msg: fmt.Sprintf("-provider %q: import reads claude-code or codex credential files", o.s("provider"))}
 	}
 	b, err := os.ReadFile(o.s("from"))
@@ -399,7 +383,7 @@ func checkImport(o opts) error {
 // grant, locking out whichever refreshes second.
 func subscriptionImport(e *cliEnv, o opts, _ []string) error {
 	err := e.donate(o.s("agent"), "", donation{Provider: o.s("provider"), Label: o.s("label"), OAuth: o["grant"].(*oauthGrant)})
-	if tool := importTool[o.s("provider")]; err == nil {
+	if tool := importFiles[o.s("provider")].tool; err == nil {
 		fmt.Fprintf(e.stderr, "brama: %s and Brama now share one grant: after Brama's first refresh, %[1]s will need to sign in again; "+
 			"and if %[1]s refreshes first, Brama's copy stops working until `brama subscription sign-in` replaces it.\n", tool)
 	}
@@ -421,10 +405,8 @@ func parseImportFile(provider string, b []byte) (oauthGrant, error) {
 		} `json:"claudeAiOauth"`
 		T *oauthGrant `json:"tokens"` // access_token, refresh_token, id_token, account_id
 	}
-	object := map[string]string{"claude-code": "claudeAiOauth", "codex": "tokens"}[provider]
-	err := json.Unmarshal(b, &f)
-	var g *oauthGrant
-	var te *json.UnmarshalTypeError
+	object, err := importFiles[provider].object, json.Unmarshal(b, &f)
+	g, te := (*oauthGrant)(nil), (*json.UnmarshalTypeError)(nil)
 	if f.C != nil && provider == "claude-code" {
 		g = &oauthGrant{AccessToken: f.C.AccessToken, RefreshToken: f.C.RefreshToken, ExpiresAtMs: f.C.ExpiresAt}
 	} else if f.T != nil && provider == "codex" {
@@ -449,32 +431,26 @@ func parseImportFile(provider string, b []byte) (oauthGrant, error) {
 	return oauthGrant{}, fmt.Errorf("%w: %w", errImportFile, err)
 }
 
-// maintain runs one pass by the daemon (SPEC §11.2) and prints its report
-// as text or JSON; it exits 0 only when the pass was ok.
+// maintainReport is maintain's text: the pass's verdict, usage reads and refreshes (SPEC §11.2).
+var maintainReport = template.Must(template.New("maintain").Parse(`maintenance pass: {{if .OK}}ok{{else}}not ok{{end}}
+usage reports: {{.Usage.Subscriptions}} subscription(s), {{.Usage.Read}} read, {{len .Usage.Failed}} failed
+{{range .Usage.Failed}}  failed {{.SubscriptionID}} ({{.Provider}}): {{.Error}}
+{{end}}credentials: {{.Credentials.Subscriptions}} subscription(s), {{.Credentials.Refreshed}} refreshed, {{.Credentials.Refused}} refused or failed
+next due: {{with .NextDueAt}}{{.}}{{else}}nothing due{{end}}
+`))
+
+// maintain runs one pass by the daemon and prints its report as text or JSON; it exits 0 only when the pass was ok.
 func maintain(e *cliEnv, o opts, _ []string) error {
 	var rep passReport
 	b, err := e.call("POST", "/v1/admin/maintain", nil, &rep)
-	if err != nil {
-		return err
+	if err == nil && o.b("json") {
+		_, err = e.stdout.Write(b)
+	} else if err == nil {
+		err = maintainReport.Execute(e.stdout, rep)
 	}
-	verdict, next := "ok", "nothing due"
-	if !rep.OK {
-		verdict, err = "not ok", errRefused
+	if err == nil && !rep.OK {
+		err = errRefused
 	}
-	if o.b("json") {
-		e.stdout.Write(b)
-		return err
-	}
-	if rep.NextDueAt != nil {
-		next = *rep.NextDueAt
-	}
-	fmt.Fprintf(e.stdout, "maintenance pass: %s\nusage reports: %d subscription(s), %d read, %d failed\n",
-		verdict, rep.Usage.Subscriptions, rep.Usage.Read, len(rep.Usage.Failed))
-	for _, f := range rep.Usage.Failed {
-		fmt.Fprintf(e.stdout, "  failed %s (%s): %s\n", f.SubscriptionID, f.Provider, f.Error)
-	}
-	fmt.Fprintf(e.stdout, "credentials: %d subscription(s), %d refreshed, %d refused or failed\nnext due: %s\n",
-		rep.Credentials.Subscriptions, rep.Credentials.Refreshed, rep.Credentials.Refused, next)
 	return err
 }
 
@@ -534,61 +510,6 @@ func subscriptionSignIn(e *cliEnv, o opts, _ []string) error {
 	return e.say(err, "%s\n", id)
 }
 
-// Onboarding (SPEC §14) walks the first-use journey in-process, no daemon or
-// bearer, in onboardSteps' order; onboarding.json keeps the steps done.
-const (
-	stepStateDir = "state-directory"
-	stepClient   = "client"
-	stepRoute    = "route"
-	stepAnswer   = "answer"
-	onboardFile  = "onboarding.json"
-	onboardRole  = "onboarding progress"
-)
-
-var onboardSteps = []string{stepStateDir, stepClient, stepRoute, stepAnswer}
-
-// onboardProgress is onboarding.json: each step done, when first done (RFC
-// 3339 UTC, milliseconds), and (route, answer) the model it named.
-type onboardProgress struct {
-	SchemaVersion int                    `json:"schema_version"`
-	Steps         map[string]onboardStep `json:"steps"`
-}
-
-type onboardStep struct {
-	DoneAt string `json:"done_at"`
-	Model  string `json:"model,omitempty"`
-}
-
-// errOnboardingInvalid wraps every refusal of parseOnboarding.
-var errOnboardingInvalid = errors.New("onboarding progress is invalid")
-
-// parseOnboarding is decodeStrict on onboarding.json; empty is no progress.
-func parseOnboarding(b []byte) (*onboardProgress, error) {
-	prog := &onboardProgress{SchemaVersion: 1, Steps: map[string]onboardStep{}}
-	if err := decodeStrict(onboardFile, b, prog); len(b) > 0 && err != nil {
-		return nil, fmt.Errorf("%w: %w (remove the file to start the journey again)", errOnboardingInvalid, err)
-	}
-	return prog, nil
-}
-
-// validate refuses another schema, unknown steps and unreadable times.
-func (prog *onboardProgress) validate() error {
-	if prog.SchemaVersion != 1 {
-		return fmt.Errorf("schema_version %d is not 1", prog.SchemaVersion)
-	}
-	for name, st := range prog.Steps {
-		if !slices.Contains(onboardSteps, name) {
-			return fmt.Errorf("unknown step %q", truncateUTF8(name, 64))
-		} else if _, err := time.Parse(time.RFC3339Nano, st.DoneAt); err != nil {
-			return fmt.Errorf("step %s: done_at is not an RFC 3339 time", name)
-		}
-	}
-	if prog.Steps == nil {
-		prog.Steps = map[string]onboardStep{}
-	}
-	return nil
-}
-
 // onboard runs the steps in order. A step returns the model it names, or the
 // command to run next ("next: …", and the step is not done; err says whether
 // that is a refusal). The one billable call is made only with
@@ -620,9 +541,32 @@ func onboard(e *cliEnv, o opts, _ []string) error {
 			}
 			return "", "", nil
 		},
-		stepRoute: func() (_, next string, err error) {
-			c, req, next, err = s.onboardPlan(model)
-			return c.res.Route, next, err
+		// The call planned as the daemon would (a bare deployment as local-openai/<name>), refusing subscription
+		// routes and selectors: their ledger is the daemon's (SPEC §2.3, §14). No model: some payer must exist.
+		stepRoute: func() (string, string, error) {
+			if m := model; m == "" && !s.anyDirectPayer() {
+				return "", "brama credentials set <provider>", errRefused
+			} else if m != "" {
+				doc, docErr := s.reg.current()
+				if docErr == nil && doc.Routes[m] == "" {
+					if _, _, n := doc.lookupLocal(m); n == 1 {
+						m = "local-openai/" + m
+					}
+				}
+				req = pingRequest(m, providerInfo{})
+				c, err = s.engine(&requestInfo{}).plan(client{}, "", &req)
+				switch ae := asAPIError(err); {
+				case err == nil && (c.res.Mode == modeDirect || c.res.Mode == modeAlias):
+				case err == nil || ae.Code == "forbidden": // plan wants an agent: subscription, selector or best
+					return "", "", fmt.Errorf("-model %q is paid by an agent's subscription; onboarding calls a direct route, a deployment or an alias to one", m)
+				case ae.Code == "credential_unauthorized":
+					res, _ := resolveModel(m, doc, docErr, s.hasDirect)
+					return "", "brama credentials set " + cmp.Or(res.Provider.id, "<provider>"), fmt.Errorf("-model %q cannot serve: %s", m, ae.Message)
+				default:
+					return "", "", fmt.Errorf("-model %q cannot serve: %s", m, ae.Message)
+				}
+			}
+			return c.res.Route, "", nil
 		},
 		stepAnswer: func() (string, string, error) {
 			if _, done := prog.Steps[stepAnswer]; done && model == "" {
@@ -664,33 +608,4 @@ func onboard(e *cliEnv, o opts, _ []string) error {
 		fmt.Fprintf(e.stdout, "done %s\n", name)
 	}
 	return nil
-}
-
-// onboardPlan plans model's call as the daemon would (a bare deployment as local-openai/<name>),
-// refusing subscription routes and selectors: their ledger is the daemon's (SPEC §2.3, §14).
-// With no model it only asks that some direct credential or deployment can pay.
-func (s *server) onboardPlan(model string) (c call, req chatRequest, next string, err error) {
-	if model == "" && !s.anyDirectPayer() {
-		return c, req, "brama credentials set <provider>", errRefused
-	} else if model == "" {
-		return c, req, "", nil
-	}
-	doc, docErr := s.reg.current()
-	if docErr == nil && doc.Routes[model] == "" {
-		if _, _, n := doc.lookupLocal(model); n == 1 {
-			model = "local-openai/" + model
-		}
-	}
-	req = pingRequest(model, providerInfo{})
-	c, err = s.engine(&requestInfo{}).plan(client{}, "", &req)
-	switch ae := asAPIError(err); {
-	case err == nil && (c.res.Mode == modeDirect || c.res.Mode == modeAlias):
-		return c, req, "", nil
-	case err == nil || ae.Code == "forbidden": // plan wants an agent: subscription, selector or best
-		return call{}, req, "", fmt.Errorf("-model %q is paid by an agent's subscription; onboarding calls a direct route, a deployment or an alias to one", model)
-	case ae.Code == "credential_unauthorized":
-		res, _ := resolveModel(model, doc, docErr, s.hasDirect)
-		next = "brama credentials set " + cmp.Or(res.Provider.id, "<provider>")
-	}
-	return call{}, req, next, fmt.Errorf("-model %q cannot serve: %s", model, asAPIError(err).Message)
 }

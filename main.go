@@ -34,11 +34,10 @@ import (
 // version is reported by /health and `brama version`.
 const version = "0.1.0-dev"
 
-// main: a CLI command keeps the signals' default effect, so one SIGINT ends
-// it wherever it waits, reading stdin included (SPEC §17). For serve the first
-// SIGINT, SIGTERM or SIGHUP (a closed terminal) ends ctx (serve stops taking
-// requests and lets the running ones end), the second closes cut (serve cuts
-// what still runs). A SIGHUP ignored at start (nohup) stays ignored.
+// main: a CLI command keeps the signals' default effect, so one SIGINT ends it wherever it waits,
+// reading stdin included (SPEC §17). For serve the first SIGINT, SIGTERM or SIGHUP (a closed terminal)
+// ends ctx (serve stops taking requests and lets the running ones end), the second closes cut (serve
+// cuts what still runs). A SIGHUP ignored at start (nohup) stays ignored.
 func main() {
 	ctx, drain := context.WithCancel(context.Background())
 	cut := make(chan struct{})
@@ -59,8 +58,7 @@ func main() {
 	os.Exit(exitCode(run(ctx, cut, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr), os.Stderr))
 }
 
-// run is the whole program: it runs one command of the table and returns
-// only after every goroutine it started has exited (cut: see cliEnv).
+// run is the whole program: one command of the table, returning once every goroutine it started has.
 func run(ctx context.Context, cut <-chan struct{}, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) error {
 	e := &cliEnv{ctx: ctx, cut: cut, getenv: getenv, in: bufio.NewReader(stdin), stdout: stdout, stderr: stderr}
 	switch {
@@ -76,8 +74,7 @@ func run(ctx context.Context, cut <-chan struct{}, args []string, getenv func(st
 	return e.runCommand(lookup(args))
 }
 
-// command is one row of the CLI: `brama help` prints its name and purpose;
-// `brama NAME -h` its usage line, purpose, flags and example.
+// command is one row of the CLI: `brama help` prints its name and purpose; -h all of it.
 type command struct {
 	name, args, purpose, example string             // name: one or two words; args: the usage line after it
 	pos                          int                // positionals it takes
@@ -88,8 +85,7 @@ type command struct {
 	run                          func(e *cliEnv, o opts, pos []string) error
 }
 
-// flagSpec is one flag; its default's type picks the kind: string, bool,
-// int, time.Duration, or []string for a repeatable one.
+// flagSpec is one flag; its default's type picks the kind (a []string is repeatable).
 type flagSpec struct {
 	name string
 	def  any
@@ -141,8 +137,7 @@ func exitCode(err error, stderr io.Writer) int {
 	return 1
 }
 
-// lookup finds args' command: two words, else one; else a usage error
-// naming the group's commands.
+// lookup finds args' command: two words, else one; else a usage error naming the group's commands.
 func lookup(args []string) (command, []string, error) {
 	cmds := commands()
 	for n := min(2, len(args)); n > 0; n-- {
@@ -169,15 +164,15 @@ func lookup(args []string) (command, []string, error) {
 // help lists every command with its purpose.
 func help(w io.Writer) {
 	fmt.Fprint(w, "usage: brama COMMAND [flags] [arguments]; brama COMMAND -h prints its flags and an example\n\n")
-	table(w, "", func(yield func(...string)) {
+	table(w, nil, "", func(yield func(...string)) {
 		for _, c := range commands() {
 			yield("  "+c.name, c.purpose)
 		}
 	})
 }
 
-// runCommand parses args for c, flags and positionals in either order (SPEC
-// §16.1): -h prints c's help on stdout; a usage error names c's help.
+// runCommand parses args for c, flags and positionals in either order (SPEC §16.1): -h prints
+// c's help on stdout; a usage error names c's help.
 func (e *cliEnv) runCommand(c command, args []string, err error) error {
 	if err != nil {
 		return err
@@ -250,10 +245,9 @@ func (e *cliEnv) runCommand(c command, args []string, err error) error {
 	return err
 }
 
-// deps opens the state files, with the command's logger and clock.
+// deps opens the state files; sys is a command's logger (to stderr, at BRAMA_LOG_LEVEL) and clock.
 func (e *cliEnv) deps() deps { return openDeps(e.getenv, e.sys()) }
 
-// sys is a command's logger (to stderr, at BRAMA_LOG_LEVEL) and clock.
 func (e *cliEnv) sys() sys {
 	return sys{log: newLogger(e.stderr, e.getenv("BRAMA_LOG_LEVEL")), now: time.Now}
 }
@@ -266,9 +260,8 @@ func (e *cliEnv) say(err error, format string, args ...any) error {
 	return err
 }
 
-// wrote reports a write, unless err: which file changed, and a warning when
-// no serve holds the state directory (nothing serves the change until one
-// starts), on stderr; the success line on stdout.
+// wrote reports a write, unless err: the file, and a warning when no serve holds the state
+// directory (nothing serves the change until one starts), on stderr; the success line on stdout.
 func (e *cliEnv) wrote(path string, err error, format string, args ...any) error {
 	if err != nil {
 		return err
@@ -281,8 +274,7 @@ func (e *cliEnv) wrote(path string, err error, format string, args ...any) error
 	return e.say(nil, format, args...)
 }
 
-// serveHolds says whether a brama serve holds s's serve.lock; it creates no
-// file, and its shared try-lock ends as it returns.
+// serveHolds says whether a brama serve holds s's serve.lock; it creates no file.
 func serveHolds(s state) bool {
 	f, err := os.OpenFile(filepath.Join(s.dir, "serve.lock"), os.O_RDONLY|syscall.O_NOFOLLOW, 0)
 	if err != nil {
@@ -292,15 +284,13 @@ func serveHolds(s state) bool {
 	return errors.Is(syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB), syscall.EWOULDBLOCK)
 }
 
-// line is stdin's next line, trimmed.
 func (e *cliEnv) line() string {
 	s, _ := e.in.ReadString('\n')
 	return strings.TrimSpace(s)
 }
 
-// dial checks -gateway and takes the bearer from BRAMA_TOKEN, else stdin's
-// first line. No time limit of Brama's own (a maintenance pass may wait on
-// token endpoints); one SIGINT ends the command (SPEC §17).
+// dial checks -gateway and takes the bearer from BRAMA_TOKEN, else stdin's first line. No time limit
+// of Brama's own (a pass may wait on token endpoints); one SIGINT ends the command (SPEC §17).
 func (e *cliEnv) dial(raw string) error {
 	u, err := url.Parse(strings.TrimSpace(raw))
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" {
@@ -318,9 +308,8 @@ func (e *cliEnv) dial(raw string) error {
 	return nil
 }
 
-// call sends one admin request with body (nil for none) and returns the
-// success body, decoded into out unless out is nil; a non-2xx answer is an
-// error quoting the envelope.
+// call sends one admin request (body nil: none) and returns the success body, decoded into out
+// unless out is nil; a non-2xx answer is an error quoting the envelope.
 func (e *cliEnv) call(method, path string, body, out any) ([]byte, error) {
 	var rd io.Reader
 	if body != nil {
@@ -353,14 +342,13 @@ func (e *cliEnv) call(method, path string, body, out any) ([]byte, error) {
 	return nil, fmt.Errorf("the gateway refused (%d %s): %s", resp.StatusCode, env.Error.Code, env.Error.Message)
 }
 
-// testingOnlyNow replaces the serving process's clock in tests.
-var testingOnlyNow func() time.Time
+// Tests replace the serving process's clock and shorten the stream keep-alive interval.
+var (
+	testingOnlyNow       func() time.Time
+	testingOnlyKeepAlive time.Duration
+)
 
-// testingOnlyKeepAlive shortens the stream keep-alive interval in tests.
-var testingOnlyKeepAlive time.Duration
-
-// openDeps resolves every state file path (SPEC §2.1, §2.2); nothing is
-// read yet.
+// openDeps resolves every state file path (SPEC §2.1, §2.2); nothing is read yet.
 func openDeps(getenv func(string) string, sy sys) deps {
 	st := resolveState(getenv)
 	cpath, cerr := st.fileOrState(getenv, "BRAMA_CLIENTS_FILE", "clients file", "clients.json")
@@ -378,12 +366,9 @@ type deps struct {
 
 // newLogger makes the JSON slog logger at BRAMA_LOG_LEVEL.
 func newLogger(w io.Writer, level string) *slog.Logger {
-	var lv slog.Level
+	var lv slog.Level // info, unless level names another
 	level = strings.TrimSpace(level)
 	err := lv.UnmarshalText([]byte(level))
-	if err != nil {
-		lv = slog.LevelInfo
-	}
 	log := slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: lv}))
 	if err != nil && level != "" {
 		log.Warn("log_level_invalid", "value", level, "using", "info")
@@ -391,8 +376,7 @@ func newLogger(w io.Writer, level string) *slog.Logger {
 	return log
 }
 
-// serve runs the daemon until ctx ends, then drains until its requests end
-// or e.cut closes.
+// serve runs the daemon until ctx ends, then drains until its requests end or e.cut closes.
 func serve(e *cliEnv, o opts, _ []string) error {
 	addr, sy := o.s("addr"), e.sys()
 	if testingOnlyNow != nil {
@@ -443,8 +427,7 @@ func serve(e *cliEnv, o opts, _ []string) error {
 		return err
 	}
 	s.routes()
-	// Every request context descends from base, so requests still running at
-	// the second signal are cancelled with errServerShutdown.
+	// Requests still running at the second signal are cancelled through base with errServerShutdown.
 	base, stopRequests := context.WithCancelCause(context.WithoutCancel(e.ctx))
 	defer stopRequests(nil)
 	srv := &http.Server{Handler: s, BaseContext: func(net.Listener) context.Context { return base },
@@ -473,8 +456,7 @@ func serve(e *cliEnv, o opts, _ []string) error {
 	case err = <-serveErr:
 		return err
 	}
-	// No grace period of Brama's own (SPEC §7.4): the running requests end
-	// when their providers finish, or at the second signal.
+	// No grace period of Brama's own (SPEC §7.4): requests end when their providers finish, or at the second signal.
 	log.Info("serve_draining")
 	drained := make(chan error, 1)
 	go func() { drained <- srv.Shutdown(context.WithoutCancel(e.ctx)) }()
@@ -490,8 +472,8 @@ func serve(e *cliEnv, o opts, _ []string) error {
 	return nil
 }
 
-// serveNotes is what serve prints under its address: the state directory, and
-// the one step to run next while nothing can pay for a call yet.
+// serveNotes is what serve prints under its address: the state directory, and the one step
+// to run next while nothing can pay for a call yet.
 func serveNotes(s *server) string {
 	where := "state: " + s.st.dir
 	if s.st.dir == "" {
@@ -506,8 +488,8 @@ func serveNotes(s *server) string {
 		"; or a local model: brama deployments add NAME -port 11434"
 }
 
-// checkListenAddr refuses an -addr net.Listen would misread: empty (every
-// interface), no port or an empty one (a random port), or a bad port.
+// checkListenAddr refuses an -addr net.Listen would misread: empty (every interface), no
+// port or an empty one (a random port), or a bad port.
 func checkListenAddr(addr string) error {
 	_, port, err := net.SplitHostPort(addr)
 	if err == nil && port == "" {
@@ -521,8 +503,7 @@ func checkListenAddr(addr string) error {
 	return nil
 }
 
-// readLocalCredentials reads `{"provider":"api key",…}` from stdin; a key's
-// surrounding space goes, as credentials set trims it.
+// readLocalCredentials reads `{"provider":"api key",…}` from stdin, keys trimmed as credentials set trims them.
 func readLocalCredentials(r io.Reader) (map[string]string, error) {
 	b, err := io.ReadAll(r)
 	creds := map[string]string{}
@@ -542,8 +523,8 @@ func readLocalCredentials(r io.Reader) (map[string]string, error) {
 	return creds, err
 }
 
-// ensureFirstClient creates the admin client "local", its token printed
-// once, when no clients file exists (SPEC §3.1); in memory with no state (§2.1).
+// ensureFirstClient creates the admin client "local", its token printed once, when no clients
+// file exists (SPEC §3.1); in memory with no state (§2.1).
 func ensureFirstClient(c *clientStore, stderr io.Writer) error {
 	tok := newToken()
 	local, kept, created := client{ID: "local", TokenSHA256: tokenDigest(tok), Role: roleAdmin}, "", c.pathErr != nil
@@ -561,6 +542,61 @@ func ensureFirstClient(c *clientStore, stderr io.Writer) error {
 	}
 	if created {
 		fmt.Fprintf(stderr, "brama: created admin client \"local\"%s; bearer token (shown once): %s\n", kept, tok)
+	}
+	return nil
+}
+
+// Onboarding (SPEC §14) walks the first-use journey in-process, no daemon or
+// bearer, in onboardSteps' order; onboarding.json keeps the steps done.
+const (
+	stepStateDir = "state-directory"
+	stepClient   = "client"
+	stepRoute    = "route"
+	stepAnswer   = "answer"
+	onboardFile  = "onboarding.json"
+	onboardRole  = "onboarding progress"
+)
+
+var onboardSteps = []string{stepStateDir, stepClient, stepRoute, stepAnswer}
+
+// onboardProgress is onboarding.json: each step done, when first done (RFC
+// 3339 UTC, milliseconds), and (route, answer) the model it named.
+type onboardProgress struct {
+	SchemaVersion int                    `json:"schema_version"`
+	Steps         map[string]onboardStep `json:"steps"`
+}
+
+type onboardStep struct {
+	DoneAt string `json:"done_at"`
+	Model  string `json:"model,omitempty"`
+}
+
+// errOnboardingInvalid wraps every refusal of parseOnboarding.
+var errOnboardingInvalid = errors.New("onboarding progress is invalid")
+
+// parseOnboarding is decodeStrict on onboarding.json; empty is no progress.
+func parseOnboarding(b []byte) (*onboardProgress, error) {
+	prog := &onboardProgress{SchemaVersion: 1, Steps: map[string]onboardStep{}}
+	if err := decodeStrict(onboardFile, b, prog); len(b) > 0 && err != nil {
+		return nil, fmt.Errorf("%w: %w (remove the file to start the journey again)", errOnboardingInvalid, err)
+	}
+	return prog, nil
+}
+
+// validate refuses another schema, unknown steps and unreadable times.
+func (prog *onboardProgress) validate() error {
+	if prog.SchemaVersion != 1 {
+		return fmt.Errorf("schema_version %d is not 1", prog.SchemaVersion)
+	}
+	for name, st := range prog.Steps {
+		if !slices.Contains(onboardSteps, name) {
+			return fmt.Errorf("unknown step %q", truncateUTF8(name, 64))
+		} else if _, err := time.Parse(time.RFC3339Nano, st.DoneAt); err != nil {
+			return fmt.Errorf("step %s: done_at is not an RFC 3339 time", name)
+		}
+	}
+	if prog.Steps == nil {
+		prog.Steps = map[string]onboardStep{}
 	}
 	return nil
 }
