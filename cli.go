@@ -19,8 +19,8 @@ import (
 	"time"
 )
 
-// commands is the CLI (SPEC §16.1), in the order `brama help` lists it. State edits run in-process under each
-// file's lock (SPEC §2.3); `subscription …` and `maintain` call the daemon's admin API, the overlay's only writer.
+// commands is the CLI (SPEC §16.1), in the order `brama help` lists it. State edits run in-process under each file's
+// lock (SPEC §2.3); `subscription …` and `maintain` call the daemon's admin API, the overlay's only writer.
 func commands() []command {
 	agent := func(help string) flagSpec { return flagSpec{"agent", "", help} }
 	label := flagSpec{"label", "", "an optional `label` (printable, at most 128 bytes)"}
@@ -185,7 +185,29 @@ func commands() []command {
 			}},
 		{name: "subscription import", args: "-provider claude-code|codex -from FILE -agent A [-label L]", need: []string{"provider", "from", "agent"}, gateway: true,
 			purpose: "hand a Claude Code or Codex CLI grant over to Brama", example: "brama subscription import -provider claude-code -from ~/.claude/.credentials.json -agent a1",
-			check: checkImport, run: subscriptionImport, flags: []flagSpec{signIn, {"from", "", "the tool's credential `file` (~/.claude/.credentials.json, ~/.codex/auth.json)"}, agent("the `agent` that receives the grant"), label}},
+			flags: []flagSpec{signIn, {"from", "", "the tool's credential `file` (~/.claude/.credentials.json, ~/.codex/auth.json)"}, agent("the `agent` that receives the grant"), label},
+			check: func(o opts) error { // the grant is read before the bearer; o keeps it
+				if importFiles[o.s("provider")].tool == "" {
+					return &usageError{msg: fmt.Sprintf("-provider %q: import reads claude-code or codex credential files", o.s("provider"))}
+				}
+				b, err := os.ReadFile(o.s("from"))
+				if err == nil {
+					var g oauthGrant
+					if g, err = parseImportFile(o.s("provider"), b); err != nil {
+						err = fmt.Errorf("%s: %w", o.s("from"), err)
+					}
+					o["grant"] = &g
+				}
+				return err
+			},
+			run: func(e *cliEnv, o opts, _ []string) error { // and the handover: a refresh rotates the shared grant
+				err := e.donate(o.s("agent"), "", donation{Provider: o.s("provider"), Label: o.s("label"), OAuth: o["grant"].(*oauthGrant)})
+				if tool := importFiles[o.s("provider")].tool; err == nil {
+					fmt.Fprintf(e.stderr, "brama: %s and Brama now share one grant: after Brama's first refresh, %[1]s will need to sign in again; "+
+						"and if %[1]s refreshes first, Brama's copy stops working until `brama subscription sign-in` replaces it.\n", tool)
+				}
+				return err
+			}},
 		{name: "subscription sign-in", args: "-provider claude-code|codex -agent A [-id ID | -label L]", need: []string{"provider", "agent"}, gateway: true,
 			purpose: "sign in with the provider (PKCE): the URL on stderr, the pasted code from stdin; replaces -id's grant or donates a new subscription",
 			example: "BRAMA_TOKEN=$T brama subscription sign-in -provider claude-code -agent a1", check: checkSignIn, run: subscriptionSignIn, flags: []flagSpec{signIn, agent("the `agent` that owns (or receives) the subscription"),
@@ -226,11 +248,10 @@ func commands() []command {
 			}},
 		{name: "journal check", purpose: "print each unreadable journal line; exit 1 when a non-final line is unreadable", example: "brama journal check",
 			run: func(e *cliEnv, _ opts, _ []string) error {
-				ok, err := checkJournal(newJournal(resolveState(e.getenv), e.sys()), e.stdout)
-				if err == nil && !ok {
-					err = errRefused
+				if ok, err := checkJournal(newJournal(resolveState(e.getenv), e.sys()), e.stdout); err != nil || ok {
+					return err
 				}
-				return err
+				return errRefused
 			}},
 	}
 }
@@ -262,8 +283,8 @@ func table(w io.Writer, err error, header string, rows func(yield func(...string
 	return tw.Flush()
 }
 
-// printAliases prints the alias table (GET /v1/aliases), unless err: one
-// aligned row per alias and the unserviceable count, or with asJSON the body.
+// printAliases prints the alias table (GET /v1/aliases), unless err: one aligned row per alias and the unserviceable
+// count, or with asJSON the body.
 func (e *cliEnv) printAliases(d deps, asJSON bool, err error) error {
 	if err != nil {
 		return err
@@ -291,8 +312,7 @@ func routesMigrate(e *cliEnv, o opts, _ []string) error {
 	if path == "" {
 		path, err = registryPath(resolveState(e.getenv), e.getenv)
 	}
-	var out []byte
-	var dropped []string
+	out, dropped := []byte(nil), []string(nil)
 	if err == nil {
 		out, dropped, _, err = migrateRegistry(path)
 	}
@@ -316,8 +336,8 @@ func subscriptionPath(agent string, rest ...string) string {
 	return p
 }
 
-// donate posts body for agent (query "?via=sign-in" marks a sign-in's) and
-// prints the new id alone on stdout, for scripts.
+// donate posts body for agent (query "?via=sign-in" marks a sign-in's) and prints the new id alone on stdout, for
+// scripts.
 func (e *cliEnv) donate(agent, query string, body donation) error {
 	var ans struct{ Subscription donatedSubscription }
 	if _, err := e.call("POST", subscriptionPath(agent)+query, body, &ans); err != nil || ans.Subscription.ID == "" {
@@ -328,8 +348,8 @@ func (e *cliEnv) donate(agent, query string, body donation) error {
 	return e.say(nil, "%s\n", ans.Subscription.ID)
 }
 
-// subscriptionList prints one aligned row per subscription and a count
-// (SPEC §16.1; USED is the fullest window's share), or with -json the body.
+// subscriptionList prints one aligned row per subscription and a count (SPEC §16.1; USED is the fullest window's
+// share), or with -json the body.
 func subscriptionList(e *cliEnv, o opts, _ []string) error {
 	var l struct{ Subscriptions []subscriptionRow }
 	b, err := e.call("GET", subscriptionPath(o.s("agent")), nil, &l)
@@ -362,40 +382,11 @@ func subscriptionList(e *cliEnv, o opts, _ []string) error {
 // importFiles are the credential files import reads: the tool that keeps one, the object holding the grant.
 var importFiles = map[string]struct{ tool, object string }{"claude-code": {"Claude Code", "claudeAiOauth"}, "codex": {"the Codex CLI", "tokens"}}
 
-// checkImport reads -from's grant before the bearer is read; o keeps it.
-func checkImport(o opts) error {
-	if importFiles[o.s("provider")].tool == "" {
-		return &usageError{msg: fmt.Sprintf("-provider %q: import reads claude-code or codex credential files", o.s("provider"))}
-	}
-	b, err := os.ReadFile(o.s("from"))
-	if err == nil {
-		var g oauthGrant
-		if g, err = parseImportFile(o.s("provider"), b); err != nil {
-			err = fmt.Errorf("%s: %w", o.s("from"), err)
-		}
-		o["grant"] = &g
-	}
-	return err
-}
-
-// subscriptionImport donates the grant another tool keeps to -agent, and
-// prints the handover (README repeats it): a refresh rotates the shared
-// grant, locking out whichever refreshes second.
-func subscriptionImport(e *cliEnv, o opts, _ []string) error {
-	err := e.donate(o.s("agent"), "", donation{Provider: o.s("provider"), Label: o.s("label"), OAuth: o["grant"].(*oauthGrant)})
-	if tool := importFiles[o.s("provider")].tool; err == nil {
-		fmt.Fprintf(e.stderr, "brama: %s and Brama now share one grant: after Brama's first refresh, %[1]s will need to sign in again; "+
-			"and if %[1]s refreshes first, Brama's copy stops working until `brama subscription sign-in` replaces it.\n", tool)
-	}
-	return err
-}
-
 // errImportFile marks a credential file import cannot use.
 var errImportFile = errors.New("not a usable credential file")
 
-// parseImportFile reads the grant from the file claude-code or codex keeps
-// (SPEC §10.1), ignoring their tools' other members; fillGrant adds what the
-// JWT claims say (SPEC §6.2). Errors wrap errImportFile, never quote a token.
+// parseImportFile reads the grant from the file claude-code or codex keeps (SPEC §10.1), ignoring their tools' other
+// members; fillGrant adds what the JWT claims say (SPEC §6.2). Errors wrap errImportFile, never quote a token.
 func parseImportFile(provider string, b []byte) (oauthGrant, error) {
 	var f struct {
 		C *struct {
@@ -465,10 +456,9 @@ func checkSignIn(o opts) error {
 	return nil
 }
 
-// subscriptionSignIn prints the authorize URL on stderr, reads the pasted
-// code from stdin, exchanges it here, then hands the grant to the daemon;
-// the verifier, the code and the tokens are never printed. The gateway, the
-// bearer and -id are checked first: a code is good once and for minutes only.
+// subscriptionSignIn prints the authorize URL on stderr, reads the pasted code from stdin, exchanges it here, then
+// hands the grant to the daemon; the verifier, the code and the tokens are never printed. The gateway, the bearer and
+// -id are checked first: a code is good once and for minutes only.
 func subscriptionSignIn(e *cliEnv, o opts, _ []string) error {
 	provider, agent, id := o.s("provider"), o.s("agent"), o.s("id")
 	var l struct{ Subscriptions []subscriptionRow }
@@ -510,9 +500,8 @@ func subscriptionSignIn(e *cliEnv, o opts, _ []string) error {
 	return e.say(err, "%s\n", id)
 }
 
-// onboard runs the steps in order. A step returns the model it names, or the
-// command to run next ("next: …", and the step is not done; err says whether
-// that is a refusal). The one billable call is made only with
+// onboard runs the steps in order. A step returns the model it names, or the command to run next ("next: …", and the
+// step is not done; err says whether that is a refusal). The one billable call is made only with
 // -allow-provider-cost, and only ctx cancels it (SPEC §7.4).
 func onboard(e *cliEnv, o opts, _ []string) error {
 	model, sy := o.s("model"), e.sys()

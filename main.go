@@ -1,10 +1,7 @@
-// Brama is a small LLM gateway daemon. Callers send OpenAI Chat
-// Completions, Anthropic Messages or OpenAI Responses requests to one
-// endpoint; Brama resolves the model name, decides which account pays, makes
-// a strictly bounded number of provider calls and answers with the result or
-// exactly one classified refusal. It is not a load balancer, a cache of
-// answers, or a retry engine. README's "Reading the code" gives the files in
-// the order a request meets them.
+// Brama is a small LLM gateway daemon. Callers send OpenAI Chat Completions, Anthropic Messages or OpenAI Responses
+// requests to one endpoint; Brama resolves the model name, decides which account pays, makes a strictly bounded
+// number of provider calls and answers with the result or exactly one classified refusal. It is not a load balancer,
+// a cache of answers, or a retry engine. README's "Reading the code" gives the reading order.
 package main
 
 import (
@@ -34,10 +31,10 @@ import (
 // version is reported by /health and `brama version`.
 const version = "0.1.0-dev"
 
-// main: a CLI command keeps the signals' default effect, so one SIGINT ends it wherever it waits,
-// reading stdin included (SPEC §17). For serve the first SIGINT, SIGTERM or SIGHUP (a closed terminal)
-// ends ctx (serve stops taking requests and lets the running ones end), the second closes cut (serve
-// cuts what still runs). A SIGHUP ignored at start (nohup) stays ignored.
+// main: a CLI command keeps the signals' default effect, so one SIGINT ends it wherever it waits, reading stdin
+// included (SPEC §17). For serve the first SIGINT, SIGTERM or SIGHUP (a closed terminal) ends ctx (serve stops taking
+// requests and lets the running ones end), the second closes cut (serve cuts what still runs). A SIGHUP ignored at
+// start (nohup) stays ignored.
 func main() {
 	ctx, drain := context.WithCancel(context.Background())
 	cut := make(chan struct{})
@@ -171,8 +168,8 @@ func help(w io.Writer) {
 	})
 }
 
-// runCommand parses args for c, flags and positionals in either order (SPEC §16.1): -h prints
-// c's help on stdout; a usage error names c's help.
+// runCommand parses args for c, flags and positionals in either order (SPEC §16.1): -h prints c's help on stdout; a
+// usage error names c's help.
 func (e *cliEnv) runCommand(c command, args []string, err error) error {
 	if err != nil {
 		return err
@@ -260,8 +257,8 @@ func (e *cliEnv) say(err error, format string, args ...any) error {
 	return err
 }
 
-// wrote reports a write, unless err: the file, and a warning when no serve holds the state
-// directory (nothing serves the change until one starts), on stderr; the success line on stdout.
+// wrote reports a write, unless err: the file, and a warning when no serve holds the state directory (nothing serves
+// the change until one starts), on stderr; the success line on stdout.
 func (e *cliEnv) wrote(path string, err error, format string, args ...any) error {
 	if err != nil {
 		return err
@@ -289,8 +286,8 @@ func (e *cliEnv) line() string {
 	return strings.TrimSpace(s)
 }
 
-// dial checks -gateway and takes the bearer from BRAMA_TOKEN, else stdin's first line. No time limit
-// of Brama's own (a pass may wait on token endpoints); one SIGINT ends the command (SPEC §17).
+// dial checks -gateway and takes the bearer from BRAMA_TOKEN, else stdin's first line. No time limit of Brama's own
+// (a pass may wait on token endpoints); one SIGINT ends the command (SPEC §17).
 func (e *cliEnv) dial(raw string) error {
 	u, err := url.Parse(strings.TrimSpace(raw))
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" {
@@ -308,8 +305,8 @@ func (e *cliEnv) dial(raw string) error {
 	return nil
 }
 
-// call sends one admin request (body nil: none) and returns the success body, decoded into out
-// unless out is nil; a non-2xx answer is an error quoting the envelope.
+// call sends one admin request (body nil: none) and returns the success body, decoded into out unless out is nil; a
+// non-2xx answer is an error quoting the envelope.
 func (e *cliEnv) call(method, path string, body, out any) ([]byte, error) {
 	var rd io.Reader
 	if body != nil {
@@ -456,7 +453,7 @@ func serve(e *cliEnv, o opts, _ []string) error {
 	case err = <-serveErr:
 		return err
 	}
-	// No grace period of Brama's own (SPEC §7.4): requests end when their providers finish, or at the second signal.
+	// No grace period of Brama's own (SPEC §7.4): requests end when their providers do, or at the second signal.
 	log.Info("serve_draining")
 	drained := make(chan error, 1)
 	go func() { drained <- srv.Shutdown(context.WithoutCancel(e.ctx)) }()
@@ -472,8 +469,8 @@ func serve(e *cliEnv, o opts, _ []string) error {
 	return nil
 }
 
-// serveNotes is what serve prints under its address: the state directory, and the one step
-// to run next while nothing can pay for a call yet.
+// serveNotes is what serve prints under its address: the state directory, and the one step to run next while nothing
+// can pay for a call yet.
 func serveNotes(s *server) string {
 	where := "state: " + s.st.dir
 	if s.st.dir == "" {
@@ -488,8 +485,8 @@ func serveNotes(s *server) string {
 		"; or a local model: brama deployments add NAME -port 11434"
 }
 
-// checkListenAddr refuses an -addr net.Listen would misread: empty (every interface), no
-// port or an empty one (a random port), or a bad port.
+// checkListenAddr refuses an -addr net.Listen would misread: empty (every interface), no port or an empty one (a
+// random port), or a bad port.
 func checkListenAddr(addr string) error {
 	_, port, err := net.SplitHostPort(addr)
 	if err == nil && port == "" {
@@ -523,8 +520,8 @@ func readLocalCredentials(r io.Reader) (map[string]string, error) {
 	return creds, err
 }
 
-// ensureFirstClient creates the admin client "local", its token printed once, when no clients
-// file exists (SPEC §3.1); in memory with no state (§2.1).
+// ensureFirstClient creates the admin client "local", its token printed once, when no clients file exists (SPEC
+// §3.1); in memory with no state (§2.1).
 func ensureFirstClient(c *clientStore, stderr io.Writer) error {
 	tok := newToken()
 	local, kept, created := client{ID: "local", TokenSHA256: tokenDigest(tok), Role: roleAdmin}, "", c.pathErr != nil
@@ -546,8 +543,8 @@ func ensureFirstClient(c *clientStore, stderr io.Writer) error {
 	return nil
 }
 
-// Onboarding (SPEC §14) walks the first-use journey in-process, no daemon or
-// bearer, in onboardSteps' order; onboarding.json keeps the steps done.
+// Onboarding (SPEC §14) walks the first-use journey in-process, no daemon or bearer, in onboardSteps' order;
+// onboarding.json keeps the steps done.
 const (
 	stepStateDir = "state-directory"
 	stepClient   = "client"
@@ -559,8 +556,8 @@ const (
 
 var onboardSteps = []string{stepStateDir, stepClient, stepRoute, stepAnswer}
 
-// onboardProgress is onboarding.json: each step done, when first done (RFC
-// 3339 UTC, milliseconds), and (route, answer) the model it named.
+// onboardProgress is onboarding.json: each step done, when first done (RFC 3339 UTC, milliseconds), and (route,
+// answer) the model it named.
 type onboardProgress struct {
 	SchemaVersion int                    `json:"schema_version"`
 	Steps         map[string]onboardStep `json:"steps"`
