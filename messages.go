@@ -21,7 +21,7 @@ type (
 		ToolChoice    *messagesOption `json:"tool_choice,omitempty"`
 		StopSequences []string        `json:"stop_sequences,omitempty"`
 		Thinking      *messagesOption `json:"thinking,omitempty"`
-		OutputConfig  *messagesOutput `json:"output_config,omitempty"`
+		OutputConfig  *messagesOption `json:"output_config,omitempty"`
 		OutputFormat  *outputFormat   `json:"output_format,omitempty"` // the beta name, read from callers
 	}
 	messagesTurn struct {
@@ -57,15 +57,13 @@ type (
 		InputSchema json.RawMessage `json:"input_schema,omitempty"`
 		Strict      *bool           `json:"strict,omitempty"`
 	}
-	messagesOption struct { // tool_choice's and thinking's object: a type and its members
-		Type                   string `json:"type"`
-		Name                   string `json:"name,omitempty"`
-		DisableParallelToolUse *bool  `json:"disable_parallel_tool_use,omitempty"`
-		BudgetTokens           int    `json:"budget_tokens,omitempty"`
-	}
-	messagesOutput struct {
-		Format *outputFormat `json:"format,omitempty"`
-		Effort string        `json:"effort,omitempty"`
+	messagesOption struct { // tool_choice, thinking and output_config share one shape, each its own members
+		Type                   string        `json:"type,omitempty"`
+		Name                   string        `json:"name,omitempty"`
+		DisableParallelToolUse *bool         `json:"disable_parallel_tool_use,omitempty"`
+		BudgetTokens           int           `json:"budget_tokens,omitempty"`
+		Format                 *outputFormat `json:"format,omitempty"`
+		Effort                 string        `json:"effort,omitempty"`
 	}
 	messagesAnswer struct { // the answer, and message_start's message
 		ID           string          `json:"id"`
@@ -150,7 +148,7 @@ func parseMessages(body []byte) (chatRequest, error) {
 	default: // adaptive: no effort of its own to carry
 		req.Dropped = append(req.Dropped, "thinking")
 	}
-	o := valueOr(b.OutputConfig, messagesOutput{})
+	o := valueOr(b.OutputConfig, messagesOption{})
 	if o.Effort != "" {
 		req.Effort, req.EffortName = o.Effort, "effort"
 	}
@@ -369,7 +367,7 @@ func encodeMessages(req chatRequest, model string, o upstreamOptions) (any, erro
 			out.ToolChoice.DisableParallelToolUse = ptrTo(true)
 		}
 	}
-	var cfg messagesOutput
+	var cfg messagesOption
 	if budget := req.thinkingBudget(); budget > 0 { // the API refuses temperature and top_p beside thinking
 		out.Thinking, out.Temperature, out.TopP = &messagesOption{Type: "enabled", BudgetTokens: budget}, nil, nil
 		if req.adaptiveEffort(model) { // an effort, not a budget; Anthropic has no "minimal"
@@ -382,7 +380,7 @@ func encodeMessages(req chatRequest, model string, o upstreamOptions) (any, erro
 		}
 		cfg.Format = &outputFormat{Type: f.Type, Schema: f.Schema}
 	}
-	if cfg != (messagesOutput{}) {
+	if cfg != (messagesOption{}) {
 		out.OutputConfig = &cfg
 	}
 	return out, nil

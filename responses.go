@@ -11,20 +11,18 @@ import (
 type (
 	responsesRequestBody struct {
 		callerHead
-		Instructions      *string             `json:"instructions,omitempty"`
-		Input             json.RawMessage     `json:"input"`
-		Tools             []openAITool        `json:"tools,omitempty"`
-		ToolChoice        json.RawMessage     `json:"tool_choice,omitempty"`
-		ParallelToolCalls *bool               `json:"parallel_tool_calls,omitempty"`
-		MaxOutputTokens   *int                `json:"max_output_tokens,omitempty"`
-		Reasoning         *responsesReasoning `json:"reasoning,omitempty"`
-		Text              *responsesText      `json:"text,omitempty"`
+		Instructions      *string          `json:"instructions,omitempty"`
+		Input             json.RawMessage  `json:"input"`
+		Tools             []openAITool     `json:"tools,omitempty"`
+		ToolChoice        json.RawMessage  `json:"tool_choice,omitempty"`
+		ParallelToolCalls *bool            `json:"parallel_tool_calls,omitempty"`
+		MaxOutputTokens   *int             `json:"max_output_tokens,omitempty"`
+		Reasoning         *responsesOption `json:"reasoning,omitempty"`
+		Text              *responsesOption `json:"text,omitempty"`
 		openAIShared
 	}
-	responsesReasoning struct {
-		Effort string `json:"effort,omitempty"`
-	}
-	responsesText struct {
+	responsesOption struct { // reasoning and text share one shape, each its own members
+		Effort    string        `json:"effort,omitempty"`
 		Format    *outputFormat `json:"format,omitempty"`
 		Verbosity string        `json:"verbosity,omitempty"`
 	}
@@ -142,7 +140,7 @@ func parseResponses(body []byte) (chatRequest, error) {
 	if b.Reasoning != nil && b.Reasoning.Effort != "" {
 		req.Effort, req.EffortName = b.Reasoning.Effort, "effort"
 	}
-	text := valueOr(b.Text, responsesText{})
+	text := valueOr(b.Text, responsesOption{})
 	req.Verbosity = text.Verbosity
 	err = cmp.Or(err, eachItem(b.Tools, raw.Tools, "tools", req.addOpenAITool), req.setOpenAIToolChoice(b.ToolChoice, false),
 		req.setOutput(text.Format, "text.format"))
@@ -255,7 +253,7 @@ func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, err
 		out.MaxOutputTokens, out.Temperature, out.TopP, out.Metadata, out.SafetyIdentifier, out.User = nil, nil, nil, nil, nil, nil
 	}
 	if req.Effort != "" {
-		out.Reasoning = &responsesReasoning{req.Effort}
+		out.Reasoning = &responsesOption{Effort: req.Effort}
 	}
 	items := []responsesItem{}
 	for _, m := range req.Messages {
@@ -293,7 +291,7 @@ func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, err
 		out.ToolChoice = jsonText(c.Mode)
 	}
 	if req.Output != nil || req.Verbosity != "" {
-		out.Text = &responsesText{Format: schemaOutput(req.Output), Verbosity: req.Verbosity}
+		out.Text = &responsesOption{Format: schemaOutput(req.Output), Verbosity: req.Verbosity}
 	}
 	return out, nil
 }
