@@ -191,7 +191,8 @@ func (req *chatRequest) addMessagesTool(t messagesTool, raw json.RawMessage, wha
 	return err // on an error the whole request is refused
 }
 
-// messagesBlockMembers names the members Brama carries of each block type it reads; is_error only while false (no OpenAI format has the flag).
+// messagesBlockMembers names the members Brama carries of each block type it reads;
+// is_error only while false (no OpenAI format has the flag).
 var messagesBlockMembers = map[string]string{"text": "type text", "image": "type source", "document": "type source title",
 	"tool_use": "type id name input", "tool_result": "type tool_use_id content is_error"}
 
@@ -305,7 +306,8 @@ func messagesContent(ps []part) ([]messagesBlock, error) {
 	return append(results, rest...), nil
 }
 
-// messagesSourceOf is an image's or document's URL as a source: a data URL base64 data (text for text/plain), any other a url source.
+// messagesSourceOf is an image's or document's URL as a source: a data URL base64 data
+// (text for text/plain), any other a url source.
 func messagesSourceOf(url string) (*messagesSource, error) {
 	rest, isData := strings.CutPrefix(url, "data:")
 	if !isData {
@@ -353,7 +355,8 @@ func encodeMessages(req chatRequest, model string, o upstreamOptions) (any, erro
 		if t.Kind == toolCustom { // the one-string-member function a custom tool becomes (SPEC §7.6)
 			schema = `{"type":"object","properties":{"input":{"type":"string"}},"required":["input"]}`
 		}
-		out.Tools = append(out.Tools, messagesTool{Name: t.Name, Description: t.Description, InputSchema: json.RawMessage(schema), Strict: t.Strict})
+		out.Tools = append(out.Tools,
+			messagesTool{Name: t.Name, Description: t.Description, InputSchema: json.RawMessage(schema), Strict: t.Strict})
 	}
 	serial := req.ParallelToolCalls != nil && !*req.ParallelToolCalls && len(req.Tools) > 0
 	if c := valueOr(req.ToolChoice, toolChoice{Mode: toolChoiceAuto}); req.ToolChoice != nil || serial {
@@ -533,7 +536,8 @@ func (s *messagesCallerStream) end(finish string, u usage) error {
 	s.msg.StopReason = messagesStopReason(answerFinish(finish))
 	s.msg.Usage = &messagesUsage{InputTokens: u.InputTokens, OutputTokens: u.OutputTokens}
 	delta := &messagesBlock{StopReason: *s.msg.StopReason, StopSequence: json.RawMessage("null")}
-	return cmp.Or(s.emit(messagesEvent{Type: "message_delta", Delta: delta, Usage: s.msg.Usage}), s.emit(messagesEvent{Type: "message_stop"}))
+	err := s.emit(messagesEvent{Type: "message_delta", Delta: delta, Usage: s.msg.Usage})
+	return cmp.Or(err, s.emit(messagesEvent{Type: "message_stop"}))
 }
 
 func (s *messagesCallerStream) fail(e *apiError) error {

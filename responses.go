@@ -165,29 +165,28 @@ func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, 
 	}
 	switch it.Type {
 	case "", "message":
-		switch it.Role {
-		case "system", "developer":
+		if it.Role == "system" || it.Role == "developer" {
 			text, err := req.callerTextOf(it.Content, what+".content", "input_text", "\n\n")
 			req.addSystem(text)
 			return err
-		case "user", "assistant":
-			parts, err := req.responsesParts(it.Content, what+".content")
-			switch {
-			case err == nil && len(parts) == 0 && it.Role == "user":
-				err = refuseInvalid("%s.content must hold at least one text, image or file part", what)
-			case len(parts) == 0: // an earlier answer of only a refusal: its parts are named
-				return err
-			}
-			req.Messages = append(req.Messages, message{Role: it.Role, Parts: parts})
-			return err
 		}
-		return refuseInvalid("%s.role %s is not one of user, assistant, system, developer", what, quoteCallerToken(it.Role))
+		if it.Role != "user" && it.Role != "assistant" {
+			return refuseInvalid("%s.role %s is not one of user, assistant, system, developer", what, quoteCallerToken(it.Role))
+		}
+		parts, err := req.responsesParts(it.Content, what+".content")
+		if err == nil && len(parts) == 0 && it.Role == "user" {
+			err = refuseInvalid("%s.content must hold at least one text, image or file part", what)
+		}
+		if len(parts) > 0 { // an earlier answer of only a refusal adds no turn: its parts are named
+			req.Messages = append(req.Messages, message{Role: it.Role, Parts: parts})
+		}
+		return err
 	case "function_call", "custom_tool_call":
 		tc, _ := it.call()
 		if it.CallID == "" || it.Name == "" {
 			return refuseInvalid("%s needs a call_id and a name", what)
 		}
-		if !tc.Custom && (it.Arguments == nil || *it.Arguments == "") {
+		if !tc.Custom && valueOr(it.Arguments, "") == "" {
 			tc.Arguments = "" // absent arguments stay absent
 		}
 		req.Messages = appendPart(req.Messages, "assistant", part{Type: partToolCall, ToolCallID: tc.ID, ToolName: tc.Name, Arguments: tc.Arguments, Custom: tc.Custom})
@@ -302,19 +301,23 @@ func responsesResult(p part) responsesItem {
 	if len(p.Media) > 0 {
 		output = must(json.Marshal(responsesContent(append([]part{{Type: partText, Text: p.Text}}, p.Media...), false)))
 	}
-	return responsesItem{Type: map[bool]string{false: "function_call_output", true: "custom_tool_call_output"}[p.Custom], CallID: p.ToolCallID, Output: output}
+	return responsesItem{Type: responsesCallTypes[p.Custom] + "_output", CallID: p.ToolCallID, Output: output}
 }
 
+// responsesCallTypes are a call's item type, a custom tool's or a function's; "_output" makes its result's.
+var responsesCallTypes = map[bool]string{false: "function_call", true: "custom_tool_call"}
+
+// responsesCall is a call as its item, named in its namespace as the caller declared it.
 func responsesCall(req chatRequest, id, callID, name, args string, custom bool) *responsesItem {
-	ns, member := "", name
+	it := &responsesItem{Type: responsesCallTypes[custom], ID: id, CallID: callID, Name: name}
 	if t := req.findTool(name); t != nil {
-		ns, member = t.Namespace, t.memberName()
+		it.Namespace, it.Name = t.Namespace, t.memberName()
 	}
-	if custom {
-		return &responsesItem{Type: "custom_tool_call", ID: id, CallID: callID, Namespace: ns, Name: member, Input: &args}
+	if !custom {
+		args = argumentsText(args)
 	}
-	args = argumentsText(args)
-	return &responsesItem{Type: "function_call", ID: id, CallID: callID, Namespace: ns, Name: member, Arguments: &args}
+	it.fill(args)
+	return it
 }
 
 // call is a call item as a neutral call, its name flattened.
@@ -394,7 +397,7 @@ func (s *responsesCallerStream) open(i int, b *streamBlock) error {
 	if err := s.emit(responsesEvent{Type: "response.output_item.added", OutputIndex: &i, Item: it}); err != nil || !b.text {
 		return err
 	}
-	return s.emit(responsesEvent{Type: "response.content_part.added", ItemID: it.ID, OutputIndex: &i, ContentIndex: ptrTo(0), Part: ptrTo(outputText(""))})
+	return s.emit(partEvent("response.content_part.added", it.ID, i, ""))
 }
 
 // responsesEvents names each item type's delta and done events.
@@ -432,14 +435,19 @@ func (s *responsesCallerStream) close(i int, _ *streamBlock, full string) error 
 	it := s.resp.Output[i]
 	it.Status = "completed"
 	it.fill(full)
-	done := responsesEvent{Type: responsesEvents[it.Type][1], ItemID: it.ID, OutputIndex: &i, Arguments: it.Arguments, Input: it.Input}
-	evs := []responsesEvent{done, {Type: "response.output_item.done", OutputIndex: &i, Item: it}}
-	if it.Type == "message" {
-		done.ContentIndex, done.Text = ptrTo(0), &full
-		part := responsesEvent{Type: "response.content_part.done", ItemID: it.ID, OutputIndex: &i, ContentIndex: ptrTo(0), Part: ptrTo(outputText(full))}
-		evs = []responsesEvent{done, part, evs[1]}
+	done := responsesEvent{Type: responsesEvents[it.Type][1], ItemID: it.ID, OutputIndex: &i,
+		Arguments: it.Arguments, Input: it.Input}
+	itemDone := responsesEvent{Type: "response.output_item.done", OutputIndex: &i, Item: it}
+	if it.Type != "message" {
+		return s.emit(done, itemDone)
 	}
-	return s.emit(evs...)
+	done.ContentIndex, done.Text = ptrTo(0), &full
+	return s.emit(done, partEvent("response.content_part.done", it.ID, i, full), itemDone)
+}
+
+// partEvent is an event of message item i's one content part, its text so far.
+func partEvent(typ, itemID string, i int, text string) responsesEvent {
+	return responsesEvent{Type: typ, ItemID: itemID, OutputIndex: &i, ContentIndex: ptrTo(0), Part: ptrTo(outputText(text))}
 }
 
 func (s *responsesCallerStream) finishNow(string) error { return nil }
