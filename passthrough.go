@@ -358,7 +358,7 @@ func relayBuffered(w http.ResponseWriter, cr *callerRequest, c call, resp *http.
 	var body []byte
 	var err error
 	if upstreamStreams(p, cr.head) {
-		pw := &passthroughWatch{protocol: p.protocol, items: map[int][]byte{}}
+		pw := &streamReader{protocol: p.protocol, raw: map[int][]byte{}}
 		if err = relayWatched(pw, resp.Body, nil); err == nil {
 			body = assembledResponse(pw)
 		}
@@ -385,43 +385,16 @@ func relayBuffered(w http.ResponseWriter, cr *callerRequest, c call, resp *http.
 
 // assembledResponse is a watched codex stream's final response, its output
 // the output_item.done items in output_index order when any.
-func assembledResponse(pw *passthroughWatch) []byte {
-	if len(pw.items) == 0 {
-		return pw.completed
+func assembledResponse(pw *streamReader) []byte {
+	if len(pw.raw) == 0 {
+		return pw.final
 	}
 	var items [][]byte
-	for _, i := range slices.Sorted(maps.Keys(pw.items)) {
-		items = append(items, pw.items[i])
+	for _, i := range slices.Sorted(maps.Keys(pw.raw)) {
+		items = append(items, pw.raw[i])
 	}
-	o, _ := splitRaw(pw.completed, '{', nil)
+	o, _ := splitRaw(pw.final, '{', nil)
 	return o.edit(memberEdit{"output", append(append([]byte("["), bytes.Join(items, []byte(","))...), ']')})
-}
-
-// relayWatched reads a committed stream through pw, relaying each event to
-// emit (nil: a buffered caller); a chat stream ended without [DONE] gets it.
-func relayWatched(pw *passthroughWatch, body io.Reader, emit func(event []byte, flush bool) error) error {
-	rd := newSSEReader(body, "\n")
-	for {
-		raw, event, data, err := rd.next()
-		switch {
-		case err != nil && !pw.finished:
-			return streamCut(err)
-		case err != nil && emit != nil && pw.protocol == protoOpenAIChat && !pw.sawDone:
-			return emit([]byte("data: [DONE]\n\n"), false)
-		case err != nil:
-			return nil
-		}
-		relay, end, err := pw.watch(event, data)
-		if !relay {
-			raw = nil
-		}
-		if err == nil && emit != nil { // flush if the next read may wait on the provider
-			err = emit(raw, !end && !rd.ready())
-		}
-		if err != nil || end {
-			return err
-		}
-	}
 }
 
 // call is one planned provider call: where, with what, as which model.
@@ -568,4 +541,50 @@ func (sa *streamAnswer) translate(protocol string, body io.Reader) (usage, error
 		err = sa.do(sa.cs.finish)
 	}
 	return u, err
+}
+
+// countTokensAnswer is the body of every count_tokens answer.
+type countTokensAnswer struct {
+	InputTokens *int `json:"input_tokens"`
+}
+
+// estimateInputTokens is SPEC §15's local estimate: the bytes of the system
+// text, every text part, tool_use input and tool_result content, and the
+// tools as sent, ÷ 4 rounded up.
+func estimateInputTokens(o rawObject) int {
+	type block struct {
+		Type, Text     string
+		Input, Content json.RawMessage
+	}
+	var textOf func(raw json.RawMessage) int
+	textOf = func(raw json.RawMessage) int { // a string, or blocks
+		var s string
+		if json.Unmarshal(raw, &s) == nil {
+			return len(s)
+		}
+		var blocks []block
+		json.Unmarshal(raw, &blocks)
+		n := 0
+		for _, b := range blocks {
+			switch b.Type {
+			case "text":
+				n += len(b.Text)
+			case "tool_use":
+				n += len(b.Input)
+			case "tool_result":
+				n += textOf(b.Content)
+			}
+		}
+		return n
+	}
+	n := textOf(o.value("system"))
+	var msgs []block // only their content counts
+	json.Unmarshal(o.value("messages"), &msgs)
+	for _, m := range msgs {
+		n += textOf(m.Content)
+	}
+	if t := o.value("tools"); !rawIsNull(t) {
+		n += len(t)
+	}
+	return (n + 3) / 4
 }

@@ -11,6 +11,7 @@ import (
 	"io"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -172,12 +173,59 @@ func (s *sseReader) event() (sseEvent, error) {
 	}
 }
 
-// streamTranslator turns one protocol's events into neutral ones; handle and ended
-// (at the body's end) report true once the terminal signal came and the tail went out.
+// streamReader is the one reader of a provider stream per protocol (SPEC §7.5): the terminal signal,
+// the in-band error, usage and malformed events for every path, and, when translating, the text and
+// tool calls as neutral events. Passthrough relays the bytes and runs it for that bookkeeping only.
+type streamReader struct {
+	protocol  string
+	translate bool // emit text and tool calls; passthrough skips decoding them
+	dropUsage bool // chat passthrough: Brama asked for usage itself, so the usage chunk is not relayed
+	finished  bool // the terminal signal came (chat: every choice's finish_reason)
+	finish    string
+	usage     usage
+	refusal   bool // a refusal came: the finish is content_filter
+	// chat: the choice indexes seen and finished (n ≤ 128), data: [DONE], the tool calls by the
+	// provider's index, their ids, and the calls after the first, held to the end
+	choices [2][2]uint64
+	sawDone bool
+	tools   map[int]int
+	ids     []string
+	held    []toolCall
+	// messages: content block index → neutral tool index, and which tools streamed arguments
+	blocks   map[int]int
+	argsSeen map[int]bool
+	// responses: items by output_index, tool calls so far
+	items map[int]*responsesStreamItem
+	ntool int
+	// a buffered codex caller (non-nil raw): output_item.done items by output_index, the final response
+	raw     map[int][]byte
+	final   json.RawMessage
+	scratch [2][16]jsonMember // member storage for an event and one of its members
+	elems   [2]jsonMember     // element storage for an event's choices
+}
+
+// Names other files still use for the reader: decodeChat's and decodeResponses' buffered answers, dispatch's relay.
+type (
+	chatUpstreamStream      = streamReader
+	responsesUpstreamStream = streamReader
+	passthroughWatch        = streamReader
+)
+
+// streamTranslator is formats.go's constructor type for a translating reader.
 type streamTranslator interface {
-	handle(ev sseEvent, emit func(streamEvent) error) (bool, error)
 	ended(emit func(streamEvent) error) (bool, error)
 }
+
+func newStreamReader(protocol string, translate bool) *streamReader {
+	return &streamReader{protocol: protocol, translate: translate, tools: map[int]int{}, blocks: map[int]int{},
+		argsSeen: map[int]bool{}, items: map[int]*responsesStreamItem{}}
+}
+
+func newChatUpstreamStream() streamTranslator      { return newStreamReader(protoOpenAIChat, true) }
+func newMessagesUpstreamStream() streamTranslator  { return newStreamReader(protoAnthropic, true) }
+func newResponsesUpstreamStream() streamTranslator { return newStreamReader(protoOpenAIResponses, true) }
+
+var errEventNotObject = errors.New("the event data is not one JSON object")
 
 // readUpstreamStream emits a provider stream's neutral events, nil only after its terminal
 // signal (SPEC §7.5): a cut or in-band error is provider_incomplete, a malformed event provider_failure.
@@ -186,19 +234,447 @@ func readUpstreamStream(protocol string, body io.Reader, emit func(streamEvent) 
 	if f == nil {
 		return refuse("provider_failure", "unknown wire format %q", protocol)
 	}
-	t, r := f.upstreamStream(), newSSEReader(body, "\r\n")
+	return f.upstreamStream().(*streamReader).run(body, emit, nil)
+}
+
+// relayWatched relays a committed stream's blocks to relay (nil: a buffered caller) as received,
+// r reading them for its bookkeeping; a chat stream ended without [DONE] gets it.
+func relayWatched(r *streamReader, body io.Reader, relay func(block []byte, flush bool) error) error {
+	return r.run(body, func(streamEvent) error { return nil }, relay)
+}
+
+// run reads body's events to the terminal signal: translation's lines end at "\r\n" (WHATWG),
+// passthrough's at "\n" (README: a bare "\r" is no line end, the caller reads what was sent).
+func (r *streamReader) run(body io.Reader, emit func(streamEvent) error, relay func([]byte, bool) error) error {
+	ends := "\n"
+	if r.translate {
+		ends = "\r\n"
+	}
+	rd := newSSEReader(body, ends)
 	for {
-		ev, err := r.event()
-		if err != nil {
-			if done, terr := t.ended(emit); done || terr != nil {
-				return terr
-			}
+		raw, event, data, err := rd.next()
+		switch {
+		case err != nil && !r.finished:
 			return streamCut(err)
+		case err != nil && r.protocol == protoOpenAIChat && !r.sawDone:
+			if _, err := r.ended(emit); err != nil || relay == nil {
+				return err
+			}
+			return relay([]byte("data: [DONE]\n\n"), false)
+		case err != nil:
+			return nil
 		}
-		if done, err := t.handle(ev, emit); err != nil || done {
+		keep, end, err := r.read(event, data, emit)
+		if !keep {
+			raw = nil
+		}
+		if err == nil && relay != nil { // flush if the next read may wait on the provider
+			err = relay(raw, !end && !rd.ready())
+		}
+		if err != nil || end {
 			return err
 		}
 	}
+}
+
+// read takes one event: whether to relay it, whether it ends the stream, or the failure; only
+// the members named here are decoded, the rest only checked valid.
+func (r *streamReader) read(event string, data []byte, emit func(streamEvent) error) (keep, end bool, err error) {
+	if data == nil {
+		return true, false, nil // no data line dispatches nothing (WHATWG)
+	}
+	if r.protocol == protoOpenAIChat && string(data) == "[DONE]" {
+		if !r.finished {
+			return false, false, streamCut(io.EOF)
+		}
+		r.sawDone = true
+		_, err := r.ended(emit)
+		return true, true, err
+	}
+	if !json.Valid(data) {
+		return false, false, malformedEvent(r.protocol, errEventNotObject)
+	}
+	e, ok := splitRaw(data, '{', r.scratch[0][:])
+	if !ok {
+		return false, false, malformedEvent(r.protocol, errEventNotObject)
+	}
+	typ := cmp.Or(string(rawText(e.value("type"))), event) // a switch on it allocates nothing
+	switch {
+	case r.protocol == protoOpenAIChat:
+		keep, err = r.chatEvent(event, e, emit)
+	case typ == "":
+		err = eventWithout(r.protocol, "event", "a type")
+	case r.protocol == protoAnthropic:
+		if event == "error" {
+			typ = event
+		}
+		keep, end, err = r.messagesEvent(typ, e, emit)
+	default:
+		keep, end, err = r.responsesEvent(typ, e, emit)
+	}
+	return keep, end, err
+}
+
+// decode decodes o's member key into v (absent or null leaves v as it is); a failure is a malformed event.
+func (r *streamReader) decode(o rawObject, key string, v any) error {
+	if raw := o.value(key); !rawIsNull(raw) && json.Unmarshal(raw, v) != nil {
+		return eventWithout(r.protocol, "event", "a valid "+key)
+	}
+	return nil
+}
+
+// chatEvent: each choice's finish_reason is the terminal signal (n > 1: the last choice's); usage may follow alone.
+func (r *streamReader) chatEvent(event string, e rawObject, emit func(streamEvent) error) (keep bool, err error) {
+	if event == "error" || !rawIsNull(e.value("error")) {
+		f, _ := errorObject(e.value("error"))
+		return false, inBandError(cmp.Or(f.code, f.typ))
+	}
+	u, err := usageOf(r.protocol, e.value("usage"))
+	if err != nil {
+		return false, err
+	}
+	if u.Reported {
+		r.usage = u
+	}
+	choices, ok := splitRaw(e.value("choices"), '[', r.elems[:])
+	if !ok && !rawIsNull(e.value("choices")) {
+		return false, eventWithout(r.protocol, "chunk", "a choices array")
+	}
+	for _, c := range choices.members {
+		co, ok := splitRaw(choices.src[c.val:c.end], '{', r.scratch[1][:])
+		if !ok {
+			continue
+		}
+		n, _ := strconv.Atoi(string(co.value("index"))) // absent: choice 0
+		if r.translate && n == 0 { // Brama never asks a translated call for n > 1
+			var d chatMessage
+			if err := r.decode(co, "delta", &d); err != nil {
+				return false, err
+			}
+			if err := r.delta(&d, emit); err != nil {
+				return false, err
+			}
+		}
+		i := n & 127
+		r.choices[0][i/64] |= 1 << (i % 64)
+		if f := rawText(co.value("finish_reason")); len(f) > 0 {
+			r.choices[1][i/64] |= 1 << (i % 64)
+			if n == 0 {
+				r.finish = chatFinish(string(f))
+			}
+		}
+		r.finished = r.choices[0] == r.choices[1]
+	}
+	return !(r.dropUsage && u.Reported && len(choices.members) == 0), nil
+}
+
+// chunk reads a whole chat answer's choice 0 (decodeChat's), as a stream's last chunk.
+func (r *streamReader) chunk(ch *chatCompletion, emit func(streamEvent) error) error {
+	if ch.Usage != nil {
+		r.usage = ch.Usage.neutral()
+	}
+	r.finish = chatFinish(valueOr(ch.Choices[0].FinishReason, ""))
+	return r.delta(ch.Choices[0].Delta, emit)
+}
+
+// delta emits a chat delta's text (a refusal's too) and tool call pieces.
+func (r *streamReader) delta(d *chatMessage, emit func(streamEvent) error) error {
+	t, err := chatContentText(d.Content)
+	if err != nil {
+		return malformedEvent(protoOpenAIChat, err)
+	}
+	if d.Refusal != "" {
+		t, r.refusal = t+d.Refusal, true
+	}
+	if t != "" {
+		if err := emit(streamEvent{Kind: eventText, Text: t}); err != nil {
+			return err
+		}
+	}
+	for i, tc := range d.ToolCalls {
+		if err := r.toolDelta(i, tc, emit); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// toolDelta emits the start of a call new at its index, or carrying another id at
+// it (Ollama's parallel calls all at 0, servers that send no index), then any arguments.
+func (r *streamReader) toolDelta(i int, tc chatToolCall, emit func(streamEvent) error) error {
+	i = valueOr(tc.Index, i)
+	call, _ := tc.call()
+	ni, ok := r.tools[i]
+	if !ok || call.ID != "" && r.ids[ni] != "" && call.ID != r.ids[ni] { // an id after an id-less start is that call's
+		if call.Name == "" {
+			return malformedEvent(protoOpenAIChat, errors.New("tool call without a name"))
+		}
+		ni, r.tools[i], r.ids = len(r.ids), len(r.ids), append(r.ids, call.ID)
+		start := toolCall{ID: call.ID, Name: call.Name, Custom: call.Custom}
+		if ni > 0 {
+			r.held = append(r.held, start)
+		} else if err := emit(streamEvent{Kind: eventToolCallStart, Index: ni, ToolCall: start}); err != nil {
+			return err
+		}
+	}
+	switch {
+	case call.Arguments == "":
+		return nil
+	case ni > 0:
+		r.held[ni-1].Arguments += call.Arguments
+		return nil
+	}
+	return emit(streamEvent{Kind: eventToolCallArgs, Index: ni, Text: call.Arguments})
+}
+
+// ended closes a chat answer whose choice 0 finished: the held calls, then the tail.
+func (r *streamReader) ended(emit func(streamEvent) error) (bool, error) {
+	if r.finish == "" {
+		return false, nil
+	}
+	if r.refusal {
+		r.finish = finishContentFilter
+	}
+	if err := emitCalls(emit, 1, r.held); err != nil {
+		return true, err
+	}
+	return true, emitTail(emit, r.finish, r.usage)
+}
+
+// messagesEvent: message_stop ends; usage comes in message_start (emitted at once: a stream cut
+// later still records it) and message_delta, whose output count is the whole.
+func (r *streamReader) messagesEvent(typ string, e rawObject, emit func(streamEvent) error) (keep, end bool, err error) {
+	switch typ {
+	case "error":
+		f, _ := errorObject(e.value("error"))
+		return false, false, inBandError(cmp.Or(f.typ, f.code))
+	case "message_start":
+		m, ok := splitRaw(e.value("message"), '{', r.scratch[1][:])
+		if !ok {
+			return false, false, eventWithout(protoAnthropic, typ, "message")
+		}
+		if r.usage, err = usageOf(r.protocol, m.value("usage")); err == nil && r.usage.Reported {
+			err = emit(streamEvent{Kind: eventUsage, Usage: r.usage})
+		}
+	case "message_delta":
+		var d struct {
+			StopReason string `json:"stop_reason"`
+		}
+		err = r.decode(e, "delta", &d)
+		u, uerr := usageOf(r.protocol, e.value("usage"))
+		if d.StopReason != "" {
+			r.finish = messagesFinish(d.StopReason)
+		}
+		if u.InputTokens > 0 { // newer streams repeat the cumulative input count
+			r.usage.InputTokens = u.InputTokens
+		}
+		if u.Reported {
+			r.usage.OutputTokens, r.usage.Reported = u.OutputTokens, true
+		}
+		err = cmp.Or(err, uerr)
+	case "message_stop":
+		r.finished = true
+		return true, true, emitTail(emit, answerFinish(r.finish), r.usage)
+	case "content_block_start", "content_block_delta", "content_block_stop":
+		if r.translate {
+			err = r.messagesBlock(typ, e, emit)
+		}
+	} // ping and event types added later carry nothing Brama reads
+	return err == nil, false, err
+}
+
+// messagesBlock translates a content block's start, delta and stop.
+func (r *streamReader) messagesBlock(typ string, e rawObject, emit func(streamEvent) error) error {
+	var (
+		index int
+		b     *messagesBlock
+		d     *messagesDelta
+	)
+	if err := cmp.Or(r.decode(e, "index", &index), r.decode(e, "content_block", &b), r.decode(e, "delta", &d)); err != nil {
+		return err
+	}
+	ni, isTool := r.blocks[index]
+	switch {
+	case typ == "content_block_start" && b == nil:
+		return eventWithout(protoAnthropic, typ, "content_block")
+	case typ == "content_block_start" && b.Type == "text" && valueOr(b.Text, "") != "":
+		return emit(streamEvent{Kind: eventText, Text: *b.Text})
+	case typ == "content_block_start" && b.Type == "tool_use" && (b.Name == "" || isTool):
+		return eventWithout(protoAnthropic, typ, "a fresh index and a name")
+	case typ == "content_block_start" && b.Type == "tool_use":
+		r.blocks[index] = len(r.blocks)
+		return emit(streamEvent{Kind: eventToolCallStart, Index: r.blocks[index], ToolCall: toolCall{ID: b.ID, Name: b.Name}})
+	case typ == "content_block_delta" && d == nil:
+		return eventWithout(protoAnthropic, typ, "delta")
+	case typ == "content_block_delta" && d.Type == "text_delta" && valueOr(d.Text, "") != "":
+		return emit(streamEvent{Kind: eventText, Text: *d.Text})
+	case typ == "content_block_delta" && d.Type == "input_json_delta" && !isTool:
+		return eventWithout(protoAnthropic, typ, "a tool_use block")
+	case typ == "content_block_delta" && d.Type == "input_json_delta" && valueOr(d.PartialJSON, "") != "":
+		r.argsSeen[ni] = true
+		return emit(streamEvent{Kind: eventToolCallArgs, Index: ni, Text: *d.PartialJSON})
+	case typ == "content_block_stop" && isTool && !r.argsSeen[ni]: // a tool without parameters streams no arguments; callers expect "{}"
+		r.argsSeen[ni] = true
+		return emit(streamEvent{Kind: eventToolCallArgs, Index: ni, Text: "{}"})
+	}
+	return nil
+}
+
+// responsesEvent: response.completed (or .incomplete) ends, with usage; items are keyed by output_index.
+func (r *streamReader) responsesEvent(typ string, e rawObject, emit func(streamEvent) error) (keep, end bool, err error) {
+	var idx int
+	switch typ {
+	case "error":
+		code, _ := jsonScalar(e.value("code"))
+		f, _ := errorObject(e.value("error"))
+		return false, false, inBandError(cmp.Or(code, f.code, f.typ))
+	case "response.failed":
+		resp, _ := splitRaw(e.value("response"), '{', r.scratch[1][:])
+		f, _ := errorObject(resp.value("error"))
+		return false, false, inBandError(f.code)
+	case "response.output_item.added", "response.output_item.done":
+		if !r.translate && r.raw == nil {
+			break
+		}
+		var item *responsesItem
+		if err := r.decode(e, "output_index", &idx); err != nil || rawShape(e.value("item")) != '{' {
+			return false, false, eventWithout(protoOpenAIResponses, typ, "an index and an item")
+		}
+		if r.raw != nil && typ == "response.output_item.done" {
+			r.raw[idx] = bytes.Clone(e.value("item")) // the reader reuses its buffer
+		}
+		if !r.translate {
+			break
+		}
+		if err := r.decode(e, "item", &item); err != nil {
+			return false, false, err
+		}
+		if typ == "response.output_item.added" {
+			_, err = r.item(idx, item, emit)
+		} else {
+			err = r.done(idx, item, emit)
+		}
+	case "response.output_text.delta", "response.refusal.delta", "response.function_call_arguments.delta", "response.custom_tool_call_input.delta":
+		if r.translate {
+			err = r.itemDelta(typ, e, emit)
+		}
+	case "response.completed", "response.incomplete":
+		if rawShape(e.value("response")) != '{' {
+			return false, false, eventWithout(protoOpenAIResponses, typ, "response")
+		}
+		resp, _ := splitRaw(e.value("response"), '{', r.scratch[1][:])
+		if r.usage, err = usageOf(r.protocol, resp.value("usage")); err != nil {
+			return false, false, err
+		}
+		if r.raw != nil {
+			r.final = bytes.Clone(e.value("response"))
+		}
+		if r.finished = true; r.translate {
+			var ro responsesObject
+			if err := r.decode(e, "response", &ro); err != nil {
+				return false, false, err
+			}
+			err = r.completed(&ro, emit)
+		}
+		return true, true, err
+	}
+	return err == nil, false, err
+}
+
+type responsesStreamItem struct {
+	tool     int  // neutral tool index, -1 for a message
+	streamed bool // text or argument deltas emitted: done emits the rest
+}
+
+// itemDelta emits a text, refusal or arguments delta of its item.
+func (r *streamReader) itemDelta(typ string, e rawObject, emit func(streamEvent) error) error {
+	var (
+		idx   int
+		delta string
+	)
+	if err := cmp.Or(r.decode(e, "output_index", &idx), r.decode(e, "delta", &delta)); err != nil {
+		return err
+	}
+	it, _ := r.item(idx, &responsesItem{}, emit)
+	ev := streamEvent{Kind: eventText, Text: delta}
+	r.refusal = r.refusal || typ == "response.refusal.delta"
+	if typ != "response.output_text.delta" && typ != "response.refusal.delta" {
+		if it.tool < 0 {
+			return eventWithout(protoOpenAIResponses, typ, "a call item")
+		}
+		ev.Kind, ev.Index = eventToolCallArgs, it.tool
+	}
+	if delta == "" {
+		return nil
+	}
+	it.streamed = true
+	return emit(ev)
+}
+
+// completed emits the final response's items the stream never showed (a minimal stream, a buffered answer), then the tail.
+func (r *streamReader) completed(resp *responsesObject, emit func(streamEvent) error) error {
+	for i, it := range resp.Output {
+		if _, seen := r.items[i]; !seen && it != nil {
+			if err := r.done(i, it, emit); err != nil {
+				return err
+			}
+		}
+	}
+	finish := map[bool]string{false: finishStop, true: finishToolCalls}[r.ntool > 0]
+	if r.refusal {
+		finish = finishContentFilter
+	}
+	for f, reason := range responsesIncompletes {
+		if valueOr(resp.IncompleteDetails, responsesIncomplete{}).Reason == reason {
+			finish = f
+		}
+	}
+	if ru := resp.Usage; ru != nil {
+		r.usage = usage{InputTokens: ru.InputTokens, OutputTokens: ru.OutputTokens, Reported: true}
+	}
+	return emitTail(emit, finish, r.usage)
+}
+
+// item is the state of output index i: a tool call once seen as one.
+func (r *streamReader) item(i int, item *responsesItem, emit func(streamEvent) error) (*responsesStreamItem, error) {
+	it, ok := r.items[i]
+	if !ok {
+		it = &responsesStreamItem{tool: -1}
+		r.items[i] = it
+	}
+	if tc, isCall := item.call(); isCall && it.tool < 0 {
+		if item.Name == "" {
+			return nil, eventWithout(protoOpenAIResponses, "a call item", "a name")
+		}
+		it.tool, r.ntool, tc.Arguments = r.ntool, r.ntool+1, ""
+		return it, emit(streamEvent{Kind: eventToolCallStart, Index: it.tool, ToolCall: tc})
+	}
+	return it, nil
+}
+
+// done completes an output item, emitting whatever its deltas did not.
+func (r *streamReader) done(i int, item *responsesItem, emit func(streamEvent) error) error {
+	it, err := r.item(i, item, emit)
+	if err != nil || it.streamed {
+		return err
+	}
+	it.streamed = true
+	if tc, ok := item.call(); ok && tc.Arguments != "" {
+		return emit(streamEvent{Kind: eventToolCallArgs, Index: it.tool, Text: tc.Arguments})
+	}
+	var scratch chatRequest // a message item's text, a refusal's too
+	parts, _ := scratch.responsesParts(item.Content, "")
+	text := textOf(parts)
+	for _, p := range rawItems(item.Content) {
+		var rp responsesPart
+		if json.Unmarshal(p, &rp); rp.Type == "refusal" {
+			text, r.refusal = text+rp.Refusal, true
+		}
+	}
+	if item.Type == "message" && text != "" {
+		return emit(streamEvent{Kind: eventText, Text: text})
+	}
+	return nil
 }
 
 // assembleStream is a whole stream as one answer: a buffered caller of codex, which only streams (SPEC §6.2).
@@ -272,6 +748,59 @@ func malformedEvent(protocol string, cause error) *apiError {
 // malformedAnswer refuses a 2xx body that is not the protocol's answer, never quoted.
 func malformedAnswer(protocol string, cause error) *apiError {
 	return refuse("provider_failure", "the provider answered with a malformed %s body", protocol).because(cause)
+}
+
+// streamCut is the failure of a stream cut before its terminal signal: the
+// provider may have generated and billed (SPEC §7.5, §8.2).
+func streamCut(err error) *apiError {
+	if errors.Is(err, io.EOF) {
+		return refuse("provider_incomplete", "the provider stream ended before its terminal signal")
+	}
+	if ae := classifyTransport(err); ae.Code == "client_cancelled" {
+		return ae
+	}
+	return refuse("provider_incomplete", "the provider stream failed before its terminal signal: %s",
+		cleanQuoted(err.Error(), "", 300)).because(err)
+}
+
+// eventWithout is the failure of a typ event lacking what it must carry.
+func eventWithout(protocol, typ, what string) *apiError {
+	return malformedEvent(protocol, errors.New(typ+" without "+what))
+}
+
+// passthroughUsage holds the usage members of all three formats (flat: the
+// wire types embedded cost an allocation per event).
+type passthroughUsage struct {
+	PromptTokens             int `json:"prompt_tokens"`
+	CompletionTokens         int `json:"completion_tokens"`
+	InputTokens              int `json:"input_tokens"`
+	OutputTokens             int `json:"output_tokens"`
+	CacheCreationInputTokens int `json:"cache_creation_input_tokens"`
+	CacheReadInputTokens     int `json:"cache_read_input_tokens"`
+}
+
+// usageOf reads a stream event's usage member; absent or null is unreported.
+func usageOf(protocol string, raw json.RawMessage) (usage, error) {
+	if rawIsNull(raw) {
+		return usage{}, nil
+	}
+	u := new(passthroughUsage) // after the null test: it escapes, an allocation per event
+	if err := json.Unmarshal(raw, u); err != nil {
+		return usage{}, malformedEvent(protocol, err)
+	}
+	return u.count(protocol), nil
+}
+
+// count is the usage in Brama's terms (nil: unreported); Anthropic's cached
+// input counts, as OpenAI's does.
+func (u *passthroughUsage) count(protocol string) usage {
+	switch {
+	case u == nil:
+		return usage{}
+	case protocol == protoOpenAIChat:
+		return usage{InputTokens: u.PromptTokens, OutputTokens: u.CompletionTokens, Reported: true}
+	}
+	return usage{InputTokens: u.InputTokens + u.CacheCreationInputTokens + u.CacheReadInputTokens, OutputTokens: u.OutputTokens, Reported: true}
 }
 
 // emitCalls emits whole calls, their neutral indexes from first on.

@@ -39,7 +39,7 @@ var layers = [][]string{
 	{"state", "errors", "journal"}, // ground
 	{"providers", "clients", "registry", "subscriptions", "ledger", // domain
 		"oauth", "catalog"},
-	{"formats", "sse", "chat", "messages", "responses", "passthrough", "relay"}, // wire
+	{"formats", "sse", "chat", "messages", "responses", "passthrough"}, // wire
 	{"dispatch", "pool", "answers", "replay", "maintain"},                       // flow
 	{"main", "cli", "onboard", "server"},                                        // faces
 }
