@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"encoding/json"
 	"slices"
+	"strconv"
 	"time"
 )
 
@@ -485,3 +486,109 @@ func (s *chatCallerStream) end(finish string, u usage) error {
 
 // fail writes the envelope of SPEC §8.1 as a final data frame.
 func (s *chatCallerStream) fail(e *apiError) error { return s.sse.frame("", e.body()) }
+
+// The chat part of the one stream reader (sse.go's streamReader).
+
+// chatEvent: each choice's finish_reason is the terminal signal (n > 1: the last choice's); usage may follow alone.
+func (r *streamReader) chatEvent(event string, e rawObject, emit func(streamEvent) error) (keep bool, err error) {
+	if event == "error" || !rawIsNull(e.value("error")) {
+		f, _ := errorObject(e.value("error"))
+		return false, inBandError(cmp.Or(f.code, f.typ))
+	}
+	u, err := usageOf(r.protocol, e.value("usage"))
+	choices, ok := splitRaw(e.value("choices"), '[', r.elems[:])
+	if err == nil && !ok && !rawIsNull(e.value("choices")) {
+		err = eventWithout(r.protocol, "chunk", "a choices array")
+	}
+	if err != nil {
+		return false, err
+	}
+	if u.Reported {
+		r.usage = u
+	}
+	for _, c := range choices.members {
+		co, ok := splitRaw(choices.src[c.val:c.end], '{', r.scratch[1][:])
+		if !ok {
+			continue
+		}
+		n, _ := strconv.Atoi(string(co.value("index"))) // absent: choice 0
+		if r.translate && n == 0 {                      // Brama never asks a translated call for n > 1
+			var d chatMessage
+			if err := r.decode(co, "delta", &d); err != nil {
+				return false, err
+			}
+			if err := r.delta(&d, emit); err != nil {
+				return false, err
+			}
+		}
+		i := n & 127
+		r.choices[0][i/64] |= 1 << (i % 64)
+		if f := rawText(co.value("finish_reason")); len(f) > 0 {
+			r.choices[1][i/64] |= 1 << (i % 64)
+			if n == 0 {
+				r.finish = chatFinish(string(f))
+			}
+		}
+		r.finished = r.choices[0] == r.choices[1]
+	}
+	return !(r.dropUsage && u.Reported && len(choices.members) == 0), nil
+}
+
+// chunk reads a whole chat answer's choice 0 (decodeChat's), as a stream's last chunk.
+func (r *streamReader) chunk(ch *chatCompletion, emit func(streamEvent) error) error {
+	if ch.Usage != nil {
+		r.usage = ch.Usage.neutral()
+	}
+	r.finish = chatFinish(valueOr(ch.Choices[0].FinishReason, ""))
+	return r.delta(ch.Choices[0].Delta, emit)
+}
+
+// delta emits a chat delta's text (a refusal's too) and tool call pieces.
+func (r *streamReader) delta(d *chatMessage, emit func(streamEvent) error) error {
+	t, err := chatContentText(d.Content)
+	if err != nil {
+		return malformedEvent(protoOpenAIChat, err)
+	}
+	if d.Refusal != "" {
+		t, r.refusal = t+d.Refusal, true
+	}
+	if t != "" {
+		if err := emit(streamEvent{Kind: eventText, Text: t}); err != nil {
+			return err
+		}
+	}
+	for i, tc := range d.ToolCalls {
+		if err := r.toolDelta(i, tc, emit); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// toolDelta emits the start of a call new at its index, or carrying another id at
+// it (Ollama's parallel calls all at 0, servers that send no index), then any arguments.
+func (r *streamReader) toolDelta(i int, tc chatToolCall, emit func(streamEvent) error) error {
+	i = valueOr(tc.Index, i)
+	call, _ := tc.call()
+	ni, ok := r.tools[i]
+	if !ok || call.ID != "" && r.ids[ni] != "" && call.ID != r.ids[ni] { // an id after an id-less start is that call's
+		if call.Name == "" {
+			return eventWithout(protoOpenAIChat, "tool call", "a name")
+		}
+		ni, r.tools[i], r.ids = len(r.ids), len(r.ids), append(r.ids, call.ID)
+		start := toolCall{ID: call.ID, Name: call.Name, Custom: call.Custom}
+		if ni > 0 {
+			r.held = append(r.held, start)
+		} else if err := emit(streamEvent{Kind: eventToolCallStart, Index: ni, ToolCall: start}); err != nil {
+			return err
+		}
+	}
+	switch {
+	case call.Arguments == "":
+		return nil
+	case ni > 0:
+		r.held[ni-1].Arguments += call.Arguments
+		return nil
+	}
+	return emit(streamEvent{Kind: eventToolCallArgs, Index: ni, Text: call.Arguments})
+}

@@ -11,7 +11,6 @@ import (
 	"io"
 	"math"
 	"slices"
-	"strconv"
 	"strings"
 )
 
@@ -221,9 +220,11 @@ func newStreamReader(protocol string, translate bool) *streamReader {
 		argsSeen: map[int]bool{}, items: map[int]*responsesStreamItem{}}
 }
 
-func newChatUpstreamStream() streamTranslator      { return newStreamReader(protoOpenAIChat, true) }
-func newMessagesUpstreamStream() streamTranslator  { return newStreamReader(protoAnthropic, true) }
-func newResponsesUpstreamStream() streamTranslator { return newStreamReader(protoOpenAIResponses, true) }
+func newChatUpstreamStream() streamTranslator     { return newStreamReader(protoOpenAIChat, true) }
+func newMessagesUpstreamStream() streamTranslator { return newStreamReader(protoAnthropic, true) }
+func newResponsesUpstreamStream() streamTranslator {
+	return newStreamReader(protoOpenAIResponses, true)
+}
 
 var errEventNotObject = errors.New("the event data is not one JSON object")
 
@@ -321,110 +322,6 @@ func (r *streamReader) decode(o rawObject, key string, v any) error {
 		return eventWithout(r.protocol, "event", "a valid "+key)
 	}
 	return nil
-}
-
-// chatEvent: each choice's finish_reason is the terminal signal (n > 1: the last choice's); usage may follow alone.
-func (r *streamReader) chatEvent(event string, e rawObject, emit func(streamEvent) error) (keep bool, err error) {
-	if event == "error" || !rawIsNull(e.value("error")) {
-		f, _ := errorObject(e.value("error"))
-		return false, inBandError(cmp.Or(f.code, f.typ))
-	}
-	u, err := usageOf(r.protocol, e.value("usage"))
-	if err != nil {
-		return false, err
-	}
-	if u.Reported {
-		r.usage = u
-	}
-	choices, ok := splitRaw(e.value("choices"), '[', r.elems[:])
-	if !ok && !rawIsNull(e.value("choices")) {
-		return false, eventWithout(r.protocol, "chunk", "a choices array")
-	}
-	for _, c := range choices.members {
-		co, ok := splitRaw(choices.src[c.val:c.end], '{', r.scratch[1][:])
-		if !ok {
-			continue
-		}
-		n, _ := strconv.Atoi(string(co.value("index"))) // absent: choice 0
-		if r.translate && n == 0 { // Brama never asks a translated call for n > 1
-			var d chatMessage
-			if err := r.decode(co, "delta", &d); err != nil {
-				return false, err
-			}
-			if err := r.delta(&d, emit); err != nil {
-				return false, err
-			}
-		}
-		i := n & 127
-		r.choices[0][i/64] |= 1 << (i % 64)
-		if f := rawText(co.value("finish_reason")); len(f) > 0 {
-			r.choices[1][i/64] |= 1 << (i % 64)
-			if n == 0 {
-				r.finish = chatFinish(string(f))
-			}
-		}
-		r.finished = r.choices[0] == r.choices[1]
-	}
-	return !(r.dropUsage && u.Reported && len(choices.members) == 0), nil
-}
-
-// chunk reads a whole chat answer's choice 0 (decodeChat's), as a stream's last chunk.
-func (r *streamReader) chunk(ch *chatCompletion, emit func(streamEvent) error) error {
-	if ch.Usage != nil {
-		r.usage = ch.Usage.neutral()
-	}
-	r.finish = chatFinish(valueOr(ch.Choices[0].FinishReason, ""))
-	return r.delta(ch.Choices[0].Delta, emit)
-}
-
-// delta emits a chat delta's text (a refusal's too) and tool call pieces.
-func (r *streamReader) delta(d *chatMessage, emit func(streamEvent) error) error {
-	t, err := chatContentText(d.Content)
-	if err != nil {
-		return malformedEvent(protoOpenAIChat, err)
-	}
-	if d.Refusal != "" {
-		t, r.refusal = t+d.Refusal, true
-	}
-	if t != "" {
-		if err := emit(streamEvent{Kind: eventText, Text: t}); err != nil {
-			return err
-		}
-	}
-	for i, tc := range d.ToolCalls {
-		if err := r.toolDelta(i, tc, emit); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// toolDelta emits the start of a call new at its index, or carrying another id at
-// it (Ollama's parallel calls all at 0, servers that send no index), then any arguments.
-func (r *streamReader) toolDelta(i int, tc chatToolCall, emit func(streamEvent) error) error {
-	i = valueOr(tc.Index, i)
-	call, _ := tc.call()
-	ni, ok := r.tools[i]
-	if !ok || call.ID != "" && r.ids[ni] != "" && call.ID != r.ids[ni] { // an id after an id-less start is that call's
-		if call.Name == "" {
-			return malformedEvent(protoOpenAIChat, errors.New("tool call without a name"))
-		}
-		ni, r.tools[i], r.ids = len(r.ids), len(r.ids), append(r.ids, call.ID)
-		start := toolCall{ID: call.ID, Name: call.Name, Custom: call.Custom}
-		if ni > 0 {
-			r.held = append(r.held, start)
-		} else if err := emit(streamEvent{Kind: eventToolCallStart, Index: ni, ToolCall: start}); err != nil {
-			return err
-		}
-	}
-	switch {
-	case call.Arguments == "":
-		return nil
-	case ni > 0:
-		r.held[ni-1].Arguments += call.Arguments
-		return nil
-	}
-	return emit(streamEvent{Kind: eventToolCallArgs, Index: ni, Text: call.Arguments})
 }
 
 // ended closes a chat answer whose choice 0 finished: the held calls, then the tail.
