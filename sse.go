@@ -4,74 +4,15 @@ import (
 	"bufio"
 	"bytes"
 	"cmp"
-	"crypto/rand"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"math"
-	"slices"
 	"strings"
 )
 
-// The answer side of the three wire formats (SPEC §7.5, §7.6): the neutral answer, the provider
-// side's SSE reader and translator loop, the caller side's stream writer.
-
-// Finish reasons, in the neutral (OpenAI chat) vocabulary.
-const (
-	finishStop          = "stop"
-	finishLength        = "length"
-	finishToolCalls     = "tool_calls"
-	finishContentFilter = "content_filter"
-)
-
-// chatAnswer is one complete answer in no particular format.
-type chatAnswer struct {
-	Model     string // the name reported to the caller (SPEC §7.6)
-	Text      string
-	ToolCalls []toolCall
-	Finish    string
-	Usage     usage
-}
-
-// toolCall is one tool call the model made.
-type toolCall struct {
-	ID        string
-	Name      string // as the provider saw it (flattened)
-	Arguments string // JSON text, or a custom tool's free-form input
-	Custom    bool   // the provider called it as a custom tool
-}
-
-// usage counts tokens as the provider reported them.
-type usage struct {
-	InputTokens, OutputTokens int
-	Reported                  bool // the provider sent usage at all
-}
-
-func newAnswerID(prefix string) string { return prefix + rand.Text() }
-
-func answerIDOr(id, prefix string) string { return cmp.Or(id, newAnswerID(prefix)) }
-
-func answerFinish(f string) string { return cmp.Or(f, finishStop) }
-
-// Stream event kinds, from a provider protocol to a caller dialect.
-const (
-	eventText          = "text"            // Text
-	eventToolCallStart = "tool_call_start" // Index, ToolCall's ID, Name and Custom
-	eventToolCallArgs  = "tool_call_args"  // Index, Text: the next piece of arguments
-	eventFinish        = "finish"
-	eventUsage         = "usage"
-)
-
-// streamEvent is one translated piece of a stream; finish and usage only after its terminal signal (SPEC §7.5).
-type streamEvent struct {
-	Kind     string
-	Text     string
-	Index    int // tool call index, 0-based, in call order
-	ToolCall toolCall
-	Finish   string
-	Usage    usage
-}
+// The provider side of a stream (SPEC §7.5): the SSE reader, and the one reader per protocol that
+// translation and passthrough share.
 
 // sseEvent is one dispatched server-sent event: its event name and its data lines joined with "\n".
 type sseEvent struct{ Event, Data string }
@@ -160,16 +101,6 @@ func (s *sseReader) next() (raw []byte, event string, data []byte, err error) {
 func (s *sseReader) ready() bool {
 	b := bytes.TrimLeft(s.rest, "\r\n") // blank lines before a block are skipped, not an end
 	return bytes.Contains(b, []byte("\n\n")) || bytes.Contains(b, []byte("\n\r\n"))
-}
-
-// event returns the next event for translation: a block without data dispatches nothing.
-func (s *sseReader) event() (sseEvent, error) {
-	for {
-		_, event, data, err := s.next()
-		if err != nil || data != nil {
-			return sseEvent{event, string(data)}, err
-		}
-	}
 }
 
 // streamReader is the one reader of a provider stream per protocol (SPEC §7.5): the terminal signal,
@@ -419,7 +350,6 @@ func (r *streamReader) messagesBlock(typ string, e rawObject, emit func(streamEv
 
 // responsesEvent: response.completed (or .incomplete) ends, with usage; items are keyed by output_index.
 func (r *streamReader) responsesEvent(typ string, e rawObject, emit func(streamEvent) error) (keep, end bool, err error) {
-	var idx int
 	switch typ {
 	case "error":
 		code, _ := jsonScalar(e.value("code"))
@@ -429,51 +359,27 @@ func (r *streamReader) responsesEvent(typ string, e rawObject, emit func(streamE
 		resp, _ := splitRaw(e.value("response"), '{', r.scratch[1][:])
 		f, _ := errorObject(resp.value("error"))
 		return false, false, inBandError(f.code)
-	case "response.output_item.added", "response.output_item.done":
-		if !r.translate && r.raw == nil {
-			break
-		}
-		var item *responsesItem
-		if err := r.decode(e, "output_index", &idx); err != nil || rawShape(e.value("item")) != '{' {
-			return false, false, eventWithout(protoOpenAIResponses, typ, "an index and an item")
-		}
-		if r.raw != nil && typ == "response.output_item.done" {
-			r.raw[idx] = bytes.Clone(e.value("item")) // the reader reuses its buffer
-		}
-		if !r.translate {
-			break
-		}
-		if err := r.decode(e, "item", &item); err != nil {
-			return false, false, err
-		}
-		if typ == "response.output_item.added" {
-			_, err = r.item(idx, item, emit)
-		} else {
-			err = r.done(idx, item, emit)
-		}
-	case "response.output_text.delta", "response.refusal.delta", "response.function_call_arguments.delta", "response.custom_tool_call_input.delta":
-		if r.translate {
-			err = r.itemDelta(typ, e, emit)
+	case "response.output_item.added", "response.output_item.done", "response.output_text.delta", "response.refusal.delta",
+		"response.function_call_arguments.delta", "response.custom_tool_call_input.delta":
+		if r.translate || r.raw != nil && typ == "response.output_item.done" {
+			err = r.itemEvent(typ, e, emit)
 		}
 	case "response.completed", "response.incomplete":
-		if rawShape(e.value("response")) != '{' {
+		resp, ok := splitRaw(e.value("response"), '{', r.scratch[1][:])
+		if !ok {
 			return false, false, eventWithout(protoOpenAIResponses, typ, "response")
 		}
-		resp, _ := splitRaw(e.value("response"), '{', r.scratch[1][:])
-		if r.usage, err = usageOf(r.protocol, resp.value("usage")); err != nil {
-			return false, false, err
-		}
-		if r.raw != nil {
+		r.usage, err = usageOf(r.protocol, resp.value("usage"))
+		if r.finished = true; r.raw != nil {
 			r.final = bytes.Clone(e.value("response"))
 		}
-		if r.finished = true; r.translate {
+		if err == nil && r.translate {
 			var ro responsesObject
-			if err := r.decode(e, "response", &ro); err != nil {
-				return false, false, err
+			if err = r.decode(e, "response", &ro); err == nil {
+				err = r.completed(&ro, emit)
 			}
-			err = r.completed(&ro, emit)
 		}
-		return true, true, err
+		return err == nil, true, err
 	}
 	return err == nil, false, err
 }
@@ -483,29 +389,41 @@ type responsesStreamItem struct {
 	streamed bool // text or argument deltas emitted: done emits the rest
 }
 
-// itemDelta emits a text, refusal or arguments delta of its item.
-func (r *streamReader) itemDelta(typ string, e rawObject, emit func(streamEvent) error) error {
-	var (
-		idx   int
-		delta string
-	)
-	if err := cmp.Or(r.decode(e, "output_index", &idx), r.decode(e, "delta", &delta)); err != nil {
+// itemEvent reads an output item's start, deltas and end; a buffered codex caller keeps each ended item as sent.
+func (r *streamReader) itemEvent(typ string, e rawObject, emit func(streamEvent) error) error {
+	var ev struct {
+		OutputIndex int            `json:"output_index"`
+		Item        *responsesItem `json:"item"`
+		Delta       string         `json:"delta"`
+	}
+	if json.Unmarshal(e.src, &ev) != nil || strings.HasPrefix(typ, "response.output_item.") && ev.Item == nil {
+		return eventWithout(protoOpenAIResponses, typ, "an index and an item")
+	}
+	if r.raw != nil && typ == "response.output_item.done" {
+		r.raw[ev.OutputIndex] = bytes.Clone(e.value("item")) // the reader reuses its buffer
+	}
+	if !r.translate {
+		return nil
+	}
+	it, err := r.item(ev.OutputIndex, cmp.Or(ev.Item, &responsesItem{}), emit)
+	out := streamEvent{Kind: eventText, Text: ev.Delta}
+	switch {
+	case err != nil || typ == "response.output_item.added":
 		return err
+	case typ == "response.output_item.done":
+		return r.done(ev.OutputIndex, ev.Item, emit)
+	case typ == "response.refusal.delta":
+		r.refusal = true
+	case typ != "response.output_text.delta" && it.tool < 0:
+		return eventWithout(protoOpenAIResponses, typ, "a call item")
+	case typ != "response.output_text.delta":
+		out.Kind, out.Index = eventToolCallArgs, it.tool
 	}
-	it, _ := r.item(idx, &responsesItem{}, emit)
-	ev := streamEvent{Kind: eventText, Text: delta}
-	r.refusal = r.refusal || typ == "response.refusal.delta"
-	if typ != "response.output_text.delta" && typ != "response.refusal.delta" {
-		if it.tool < 0 {
-			return eventWithout(protoOpenAIResponses, typ, "a call item")
-		}
-		ev.Kind, ev.Index = eventToolCallArgs, it.tool
-	}
-	if delta == "" {
+	if ev.Delta == "" {
 		return nil
 	}
 	it.streamed = true
-	return emit(ev)
+	return emit(out)
 }
 
 // completed emits the final response's items the stream never showed (a minimal stream, a buffered answer), then the tail.
@@ -572,49 +490,6 @@ func (r *streamReader) done(i int, item *responsesItem, emit func(streamEvent) e
 		return emit(streamEvent{Kind: eventText, Text: text})
 	}
 	return nil
-}
-
-// assembleStream is a whole stream as one answer: a buffered caller of codex, which only streams (SPEC §6.2).
-func assembleStream(protocol string, body io.Reader) (chatAnswer, error) {
-	return answerOf(func(emit func(streamEvent) error) error { return readUpstreamStream(protocol, body, emit) })
-}
-
-// answerOf builds one answer from the neutral events run emits.
-func answerOf(run func(emit func(streamEvent) error) error) (chatAnswer, error) {
-	var (
-		a    chatAnswer
-		text strings.Builder
-		args []strings.Builder
-	)
-	err := run(func(ev streamEvent) error {
-		switch ev.Kind {
-		case eventText:
-			text.WriteString(ev.Text)
-		case eventToolCallStart:
-			for len(a.ToolCalls) <= ev.Index {
-				a.ToolCalls, args = append(a.ToolCalls, toolCall{}), append(args, strings.Builder{})
-			}
-			a.ToolCalls[ev.Index] = ev.ToolCall
-		case eventToolCallArgs:
-			if ev.Index >= len(args) {
-				return refuse("provider_failure", "the provider stream sent arguments for a tool call it never started")
-			}
-			args[ev.Index].WriteString(ev.Text)
-		case eventFinish:
-			a.Finish = ev.Finish
-		case eventUsage:
-			a.Usage = ev.Usage
-		}
-		return nil
-	})
-	if err != nil {
-		return chatAnswer{}, err
-	}
-	a.Text = text.String()
-	for i := range a.ToolCalls {
-		a.ToolCalls[i].Arguments = args[i].String()
-	}
-	return a, nil
 }
 
 // upstreamStreamError is an in-band error's cause: its redacted code, and the refusalRate or refusalQuota class the dispatcher records a block for (SPEC §6.2).
@@ -698,325 +573,4 @@ func (u *passthroughUsage) count(protocol string) usage {
 		return usage{InputTokens: u.PromptTokens, OutputTokens: u.CompletionTokens, Reported: true}
 	}
 	return usage{InputTokens: u.InputTokens + u.CacheCreationInputTokens + u.CacheReadInputTokens, OutputTokens: u.OutputTokens, Reported: true}
-}
-
-// emitCalls emits whole calls, their neutral indexes from first on.
-func emitCalls(emit func(streamEvent) error, first int, calls []toolCall) error {
-	for i, tc := range calls {
-		start := toolCall{ID: tc.ID, Name: tc.Name, Custom: tc.Custom}
-		if err := emit(streamEvent{Kind: eventToolCallStart, Index: first + i, ToolCall: start}); err != nil {
-			return err
-		}
-		if err := emit(streamEvent{Kind: eventToolCallArgs, Index: first + i, Text: tc.Arguments}); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func emitTail(emit func(streamEvent) error, finish string, u usage) error {
-	if err := emit(streamEvent{Kind: eventFinish, Finish: finish}); err != nil || !u.Reported {
-		return err
-	}
-	return emit(streamEvent{Kind: eventUsage, Usage: u})
-}
-
-// errCallerStreamDone is returned by a callerStream used after finish or fail.
-var errCallerStreamDone = errors.New("caller stream already ended")
-
-// callerStream writes a streamed answer in the caller's dialect (SPEC §7.5), one
-// block at a time, framed by the dialect's blockWriter; the first write error sticks.
-type callerStream struct {
-	w            io.Writer
-	flush        func()
-	err          error
-	bw           blockWriter
-	req          chatRequest
-	started      bool
-	done         bool   // finish or fail ran
-	finishReason string // the tail: finish and usage arrive in either order, usage maybe never
-	usage        usage
-	open         int // index of the open block, -1 when none
-	blocks       []*streamBlock
-	toolBlock    map[int]int // neutral tool call index → block index
-}
-
-// blockWriter is one dialect's framing of a streamed answer's blocks, in order.
-type blockWriter interface {
-	begin() error
-	open(i int, b *streamBlock) error
-	delta(i int, b *streamBlock, s string) error
-	close(i int, b *streamBlock, full string) error
-	finishNow(finish string) error    // the finish event arrived (chat writes its finish chunk)
-	end(finish string, u usage) error // the terminal sequence
-	fail(e *apiError) error
-}
-
-// streamBlock is one block: text, or a tool call named as the caller declared it; a custom call made as a function is wrapped, its input held to the close.
-type streamBlock struct {
-	text            bool
-	index           int // the call's index among calls
-	id, name        string
-	flat            string // the name providers saw
-	custom, wrapped bool
-	buf             strings.Builder
-}
-
-// newCallerStream writes dialect to w, flushing every frame (flush may be nil), reporting model (SPEC §7.6).
-func newCallerStream(dialect string, req chatRequest, w io.Writer, flush func(), model string) *callerStream {
-	return newBlockStream(w, flush, req, model, formatOf(dialect).callerStream)
-}
-
-func newBlockStream(w io.Writer, flush func(), req chatRequest, model string, newWriter func(*callerStream, chatRequest, string) blockWriter) *callerStream {
-	s := &callerStream{w: w, flush: flush, req: req, open: -1, toolBlock: map[int]int{}}
-	s.bw = newWriter(s, req, model)
-	return s
-}
-
-// wholeAnswerThrough writes a through newWriter's block writer, frames discarded, and returns it,
-// holding the whole answer, with the first refusal a block met (messages: arguments not an object).
-func wholeAnswerThrough(req chatRequest, a chatAnswer, newWriter func(*callerStream, chatRequest, string) blockWriter) (blockWriter, error) {
-	s := newBlockStream(io.Discard, nil, req, a.Model, newWriter)
-	err := s.event(streamEvent{Kind: eventText, Text: a.Text})
-	if err == nil {
-		err = emitCalls(s.event, 0, a.ToolCalls)
-	}
-	if err == nil {
-		err = emitTail(s.event, a.Finish, a.Usage)
-	}
-	if err != nil {
-		return s.bw, err
-	}
-	return s.bw, s.finish()
-}
-
-func (s *callerStream) start() error {
-	if s.started {
-		return nil
-	}
-	s.started = true
-	return s.bw.begin()
-}
-
-// event writes one neutral event. Arguments for a call whose block closed (a provider interleaving calls) still go to its index, where SDKs gather them.
-func (s *callerStream) event(ev streamEvent) error {
-	if s.done {
-		return errCallerStreamDone
-	}
-	if err := s.start(); err != nil {
-		return err
-	}
-	switch ev.Kind {
-	case eventFinish:
-		s.finishReason = ev.Finish
-		if err := s.closeOpen(); err != nil {
-			return err
-		}
-		return s.bw.finishNow(s.finishReason)
-	case eventUsage:
-		s.usage, s.usage.Reported = ev.Usage, true
-		return nil
-	case eventText:
-		if ev.Text == "" {
-			return nil
-		}
-		if s.open < 0 || !s.blocks[s.open].text {
-			if _, err := s.openBlock(&streamBlock{text: true}); err != nil {
-				return err
-			}
-		}
-		b := s.blocks[s.open]
-		b.buf.WriteString(ev.Text)
-		return s.bw.delta(s.open, b, ev.Text)
-	case eventToolCallStart:
-		name, _, custom := s.req.callerTool(ev.ToolCall)
-		i, err := s.openBlock(&streamBlock{index: ev.Index, id: ev.ToolCall.ID, name: name,
-			flat: ev.ToolCall.Name, custom: custom, wrapped: custom && !ev.ToolCall.Custom})
-		s.toolBlock[ev.Index] = i
-		return err
-	case eventToolCallArgs:
-		i, ok := s.toolBlock[ev.Index]
-		if !ok {
-			return fmt.Errorf("arguments for tool call %d before its start", ev.Index)
-		}
-		b := s.blocks[i]
-		if b.buf.WriteString(ev.Text); ev.Text == "" || b.wrapped {
-			return nil
-		}
-		return s.bw.delta(i, b, ev.Text)
-	}
-	return fmt.Errorf("unknown stream event kind %q", ev.Kind)
-}
-
-func (s *callerStream) openBlock(b *streamBlock) (int, error) {
-	if err := s.closeOpen(); err != nil {
-		return 0, err
-	}
-	s.open, s.blocks = len(s.blocks), append(s.blocks, b)
-	return s.open, s.bw.open(s.open, b)
-}
-
-// closeOpen closes the open block; a wrapped call's input goes out first.
-func (s *callerStream) closeOpen() error {
-	i := s.open
-	if i < 0 {
-		return nil
-	}
-	s.open = -1
-	b := s.blocks[i]
-	full := b.buf.String()
-	if b.wrapped {
-		full = customInput(full)
-		b.buf.Reset()
-		b.buf.WriteString(full)
-		if err := s.bw.delta(i, b, full); err != nil {
-			return err
-		}
-	}
-	return s.bw.close(i, b, full)
-}
-
-// finish writes the dialect's terminal sequence.
-func (s *callerStream) finish() error {
-	for _, step := range []func() error{s.end, s.start, s.closeOpen} {
-		if err := step(); err != nil {
-			return err
-		}
-	}
-	return s.bw.end(s.finishReason, s.usage)
-}
-
-// fail writes the dialect's in-band error, never a terminal success event.
-func (s *callerStream) fail(e *apiError) error {
-	if err := s.end(); err != nil {
-		return err
-	}
-	return s.bw.fail(e)
-}
-
-func (s *callerStream) end() error {
-	if s.done {
-		return errCallerStreamDone
-	}
-	s.done = true
-	return s.err
-}
-
-// keepAlive writes the SSE comment sent after 15 s without an event.
-func (s *callerStream) keepAlive() error { return s.write(": keep-alive\n\n") }
-
-// frame writes one event: "event: <name>\n" when name is set, then the data.
-func (s *callerStream) frame(name string, v any) error {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-	if name != "" {
-		name = "event: " + name + "\n"
-	}
-	return s.write(name + "data: " + string(b) + "\n\n")
-}
-
-func (s *callerStream) write(frame string) error {
-	if s.err != nil {
-		return s.err
-	}
-	if _, s.err = io.WriteString(s.w, frame); s.err == nil && s.flush != nil {
-		s.flush()
-	}
-	return s.err
-}
-
-// droppedFor names every caller member the request to p loses, each once: those with no
-// counterpart in any other format, and those p's format or p itself lacks (SPEC §7.6).
-func (req chatRequest) droppedFor(p providerInfo) []string {
-	d := slices.Clone(req.Dropped)
-	add := func(cond bool, names ...string) {
-		if cond {
-			d = append(d, names...)
-		}
-	}
-	sampling := slices.DeleteFunc([]string{"temperature", "top_p"}, func(n string) bool {
-		return n == "temperature" && req.Temperature == nil || n == "top_p" && req.TopP == nil
-	})
-	anthropic, budget := p.protocol == protoAnthropic, req.thinkingBudget()
-	add(anthropic, req.Shared.names()...)
-	add(anthropic && req.Effort != "" && budget == 0, req.EffortName)
-	add(anthropic && budget > 0, sampling...)
-	add(anthropic && req.Verbosity != "", "verbosity")
-	for _, t := range req.Tools {
-		add(anthropic && t.Kind == toolCustom && t.Format != nil, "format")
-	}
-	add(p.protocol == protoOpenAIResponses && len(req.Stop) > 0, req.StopName)
-	for _, m := range req.Messages {
-		for _, pt := range m.Parts {
-			for _, q := range append([]part{pt}, pt.Media...) {
-				add(anthropic && q.Detail != "", "detail")
-				add(p.protocol == protoOpenAIChat && q.Type != pt.Type, q.Type) // a tool message holds only text
-			}
-		}
-	}
-	codex := p.id == "codex" // it never gets an output limit, and its backend refuses these (SPEC §6.2)
-	add(codex && req.LimitName != "", req.LimitName)
-	add(codex, sampling...)
-	add(codex, openAIShared{Metadata: req.Shared.Metadata, SafetyIdentifier: req.Shared.SafetyIdentifier, User: req.Shared.User}.names()...)
-	seen := map[string]bool{}
-	return slices.DeleteFunc(d, func(n string) bool { dup := seen[n]; seen[n] = true; return dup })
-}
-
-func textOf(ps []part) string {
-	var b strings.Builder
-	for _, p := range ps {
-		if p.Type == partText {
-			b.WriteString(p.Text)
-		}
-	}
-	return b.String()
-}
-
-func jsonText(s string) json.RawMessage { return must(json.Marshal(s)) }
-
-func ptrTo[T any](v T) *T { return &v }
-
-func valueOr[T any](p *T, or T) T {
-	if p == nil {
-		return or
-	}
-	return *p
-}
-
-// must is v for marshalling that cannot fail (plain values).
-func must(v []byte, err error) json.RawMessage {
-	if err != nil {
-		panic(err)
-	}
-	return v
-}
-
-// rawIsNull reports an absent or null value (raw is valid JSON: only null starts with n).
-func rawIsNull(raw json.RawMessage) bool { s := rawShape(raw); return s == 0 || s == 'n' }
-
-// rawShape is the first byte of a JSON value ('"', '[', '{', …); 0 when absent.
-func rawShape(raw json.RawMessage) byte {
-	if raw = bytes.TrimSpace(raw); len(raw) == 0 {
-		return 0
-	}
-	return raw[0]
-}
-
-func rawItems(raw json.RawMessage) (items []json.RawMessage) {
-	json.Unmarshal(raw, &items)
-	return items
-}
-
-// rawMember is raw's member name (any case, as encoding/json matches), nil when none.
-func rawMember(raw json.RawMessage, name string) json.RawMessage {
-	var m map[string]json.RawMessage
-	json.Unmarshal(raw, &m)
-	for k, v := range m {
-		if strings.EqualFold(k, name) {
-			return v
-		}
-	}
-	return nil
 }

@@ -39,9 +39,9 @@ var layers = [][]string{
 	{"state", "errors", "journal"}, // ground
 	{"providers", "clients", "registry", "subscriptions", "ledger", // domain
 		"oauth", "catalog"},
-	{"formats", "sse", "chat", "messages", "responses", "passthrough"}, // wire
-	{"dispatch", "pool", "answers", "replay", "maintain"},              // flow
-	{"main", "cli", "onboard", "server"},                               // faces
+	{"formats", "sse", "chat", "messages", "responses", "passthrough", "relay"}, // wire
+	{"dispatch", "pool", "answers", "replay", "maintain"},                       // flow
+	{"main", "cli", "onboard", "server"},                                        // faces
 }
 
 // layerOf is a file's layer (its index in layers), -1 for none.

@@ -1,0 +1,534 @@
+package main
+
+import (
+	"bytes"
+	"cmp"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// The answer (SPEC §7.5, §7.6): the neutral answer and stream events, a same-format answer relayed as
+// received, a translated stream written block by block in the caller's dialect, the keep-alive.
+
+// Finish reasons, in the neutral (OpenAI chat) vocabulary.
+const (
+	finishStop          = "stop"
+	finishLength        = "length"
+	finishToolCalls     = "tool_calls"
+	finishContentFilter = "content_filter"
+)
+
+// chatAnswer is one complete answer in no particular format.
+type chatAnswer struct {
+	Model     string // the name reported to the caller (SPEC §7.6)
+	Text      string
+	ToolCalls []toolCall
+	Finish    string
+	Usage     usage
+}
+
+// toolCall is one tool call the model made.
+type toolCall struct {
+	ID        string
+	Name      string // as the provider saw it (flattened)
+	Arguments string // JSON text, or a custom tool's free-form input
+	Custom    bool   // the provider called it as a custom tool
+}
+
+// usage counts tokens as the provider reported them.
+type usage struct {
+	InputTokens, OutputTokens int
+	Reported                  bool // the provider sent usage at all
+}
+
+func newAnswerID(prefix string) string { return prefix + rand.Text() }
+
+func answerIDOr(id, prefix string) string { return cmp.Or(id, newAnswerID(prefix)) }
+
+func answerFinish(f string) string { return cmp.Or(f, finishStop) }
+
+// Stream event kinds, from a provider protocol to a caller dialect.
+const (
+	eventText          = "text"            // Text
+	eventToolCallStart = "tool_call_start" // Index, ToolCall's ID, Name and Custom
+	eventToolCallArgs  = "tool_call_args"  // Index, Text: the next piece of arguments
+	eventFinish        = "finish"
+	eventUsage         = "usage"
+)
+
+// streamEvent is one translated piece of a stream; finish and usage only after its terminal signal (SPEC §7.5).
+type streamEvent struct {
+	Kind     string
+	Text     string
+	Index    int // tool call index, 0-based, in call order
+	ToolCall toolCall
+	Finish   string
+	Usage    usage
+}
+
+// assembleStream is a whole stream as one answer: a buffered caller of codex, which only streams (SPEC §6.2).
+func assembleStream(protocol string, body io.Reader) (chatAnswer, error) {
+	return answerOf(func(emit func(streamEvent) error) error { return readUpstreamStream(protocol, body, emit) })
+}
+
+// answerOf builds one answer from the neutral events run emits.
+func answerOf(run func(emit func(streamEvent) error) error) (chatAnswer, error) {
+	var (
+		a    chatAnswer
+		text strings.Builder
+		args []strings.Builder
+	)
+	err := run(func(ev streamEvent) error {
+		switch ev.Kind {
+		case eventText:
+			text.WriteString(ev.Text)
+		case eventToolCallStart:
+			for len(a.ToolCalls) <= ev.Index {
+				a.ToolCalls, args = append(a.ToolCalls, toolCall{}), append(args, strings.Builder{})
+			}
+			a.ToolCalls[ev.Index] = ev.ToolCall
+		case eventToolCallArgs:
+			if ev.Index >= len(args) {
+				return refuse("provider_failure", "the provider stream sent arguments for a tool call it never started")
+			}
+			args[ev.Index].WriteString(ev.Text)
+		case eventFinish:
+			a.Finish = ev.Finish
+		case eventUsage:
+			a.Usage = ev.Usage
+		}
+		return nil
+	})
+	if err != nil {
+		return chatAnswer{}, err
+	}
+	a.Text = text.String()
+	for i := range a.ToolCalls {
+		a.ToolCalls[i].Arguments = args[i].String()
+	}
+	return a, nil
+}
+
+// emitCalls emits whole calls, their neutral indexes from first on.
+func emitCalls(emit func(streamEvent) error, first int, calls []toolCall) error {
+	for i, tc := range calls {
+		start := toolCall{ID: tc.ID, Name: tc.Name, Custom: tc.Custom}
+		if err := emit(streamEvent{Kind: eventToolCallStart, Index: first + i, ToolCall: start}); err != nil {
+			return err
+		}
+		if err := emit(streamEvent{Kind: eventToolCallArgs, Index: first + i, Text: tc.Arguments}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func emitTail(emit func(streamEvent) error, finish string, u usage) error {
+	if err := emit(streamEvent{Kind: eventFinish, Finish: finish}); err != nil || !u.Reported {
+		return err
+	}
+	return emit(streamEvent{Kind: eventUsage, Usage: u})
+}
+
+// relayBuffered answers a buffered passthrough call with the provider's
+// body; a codex stream (SPEC §6.2) is read whole and assembled. A body that
+// is not a JSON object is no answer of the format (provider_failure).
+func relayBuffered(w http.ResponseWriter, cr *callerRequest, c call, resp *http.Response, attempts int) (u usage, _ *apiError) {
+	p := c.res.Provider
+	ct := cmp.Or(resp.Header.Get("Content-Type"), "application/json")
+	var body []byte
+	var err error
+	if upstreamStreams(p, cr.head) {
+		pw := &streamReader{protocol: p.protocol, raw: map[int][]byte{}}
+		if err = relayWatched(pw, resp.Body, nil); err == nil {
+			body = assembledResponse(pw)
+		}
+		u, ct = pw.usage, "application/json" // an assembled answer is Brama's JSON
+	} else if body, err = io.ReadAll(resp.Body); err != nil {
+		err = refuse("provider_incomplete", "provider %q answer was cut after %d bytes", p.id, len(body)).because(err)
+	} else {
+		var b struct {
+			Usage *passthroughUsage `json:"usage"`
+		}
+		if err = json.Unmarshal(body, &b); err != nil || rawShape(body) != '{' {
+			err = malformedAnswer(p.protocol, err)
+		} else {
+			u = b.Usage.count(p.protocol)
+		}
+	}
+	if err != nil {
+		return u, asAPIError(err).redactedFor(c.cred.bearer()).withAttempts(attempts)
+	}
+	providerFacts(w.Header(), resp.Header, true)
+	writeAnswer(w, ct, attempts, body)
+	return u, nil
+}
+
+// assembledResponse is a watched codex stream's final response, its output
+// the output_item.done items in output_index order when any.
+func assembledResponse(pw *streamReader) []byte {
+	if len(pw.raw) == 0 {
+		return pw.final
+	}
+	var items [][]byte
+	for _, i := range slices.Sorted(maps.Keys(pw.raw)) {
+		items = append(items, pw.raw[i])
+	}
+	o, _ := splitRaw(pw.final, '{', nil)
+	return o.edit(memberEdit{"output", append(append([]byte("["), bytes.Join(items, []byte(","))...), ']')})
+}
+
+// writeAnswer writes a buffered 200 answer with its attempts.
+func writeAnswer(w http.ResponseWriter, contentType string, attempts int, body []byte) {
+	w.Header().Set("Content-Type", contentType)
+	w.Header().Set("Brama-Attempts", strconv.Itoa(attempts))
+	w.WriteHeader(http.StatusOK)
+	w.Write(body)
+}
+
+// readProviderAnswer reads and closes a committed buffered answer.
+func readProviderAnswer(p providerInfo, req chatRequest, resp *http.Response) (chatAnswer, error) {
+	defer resp.Body.Close()
+	if upstreamStreams(p, req) {
+		return assembleStream(p.protocol, resp.Body)
+	}
+	body, err := readWhole(p, resp)
+	if err != nil {
+		return chatAnswer{}, err
+	}
+	return decodeUpstreamAnswer(p.protocol, body)
+}
+
+// readWhole reads a committed answer's body, or SPEC §8.2's refusal of one
+// cut mid-body.
+func readWhole(p providerInfo, resp *http.Response) ([]byte, error) {
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, refuse("provider_incomplete", "provider %q answer was cut after %d bytes", p.id, len(body)).because(err)
+	}
+	return body, nil
+}
+
+// providerFacts gives the caller what SPEC §17 lets a provider's answer
+// tell: its request id as request-id (X-Request-Id is Brama's own) and, for
+// a same-format answer, its rate-limit headers as received; nothing else
+// (no cookie, nothing naming the provider account).
+func providerFacts(h, provider http.Header, same bool) {
+	if id := cmp.Or(provider.Get("Request-Id"), provider.Get("X-Request-Id")); id != "" {
+		h.Set("Request-Id", id)
+	}
+	for name, vs := range provider {
+		if same && (name == "Retry-After" || strings.HasPrefix(name, "Anthropic-Ratelimit-") || strings.HasPrefix(name, "X-Ratelimit-")) {
+			h[name] = vs
+		}
+	}
+}
+
+// keepAliveEvery is how long a stream may be silent before Brama writes an
+// SSE comment (SPEC §7.5). It writes; it never cuts.
+const keepAliveEvery = 15 * time.Second
+
+// streamAnswer is the caller side of a committed stream: one lock for the
+// relay and the keep-alive timer, and the dialect's writer (SPEC §7.5).
+type streamAnswer struct {
+	mu        sync.Mutex // guards cs, w, unflushed and ended
+	w         io.Writer
+	flush     func()
+	cs        *callerStream
+	unflushed bool // relay wrote bytes not yet flushed
+	ended     bool
+	every     time.Duration
+	timer     *time.Timer
+}
+
+// openStreamAnswer sends the 200 and starts the keep-alive timer, a
+// comment after every silence of every; model is what the dialect's events
+// report, req's tools name translated calls.
+func openStreamAnswer(w http.ResponseWriter, dialect string, req chatRequest, model string, attempts int, every time.Duration) *streamAnswer {
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("X-Accel-Buffering", "no")
+	h.Set("Brama-Attempts", strconv.Itoa(attempts))
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	flush := func() { rc.Flush() }
+	flush() // committed: the caller has its 200 now, however long the provider stays silent
+	sa := &streamAnswer{w: w, flush: flush, cs: newCallerStream(dialect, req, w, flush, model), every: every}
+	sa.mu.Lock() // the timer's first run reads sa.timer, under mu
+	defer sa.mu.Unlock()
+	sa.timer = time.AfterFunc(sa.every, func() { sa.do(sa.cs.keepAlive) })
+	return sa
+}
+
+// do runs f under the lock, unless closed, and restarts the silence timer.
+func (sa *streamAnswer) do(f func() error) error {
+	sa.mu.Lock()
+	defer sa.mu.Unlock()
+	if sa.ended {
+		return nil
+	}
+	sa.timer.Reset(sa.every)
+	return f()
+}
+
+// relay writes one event (nil: none) and, when the relay may wait next,
+// flushes what was written (SPEC §7.5) and restarts the silence timer; not
+// per event: a timer reset per event costs CPU.
+func (sa *streamAnswer) relay(b []byte, flush bool) error {
+	sa.mu.Lock()
+	defer sa.mu.Unlock()
+	if sa.ended {
+		return nil
+	}
+	_, err := sa.w.Write(b)
+	sa.unflushed = sa.unflushed || len(b) > 0
+	if flush && sa.unflushed {
+		sa.flush()
+		sa.unflushed = false
+		sa.timer.Reset(sa.every)
+	}
+	return err
+}
+
+// close stops the timer: nothing more is written.
+func (sa *streamAnswer) close() {
+	sa.mu.Lock()
+	defer sa.mu.Unlock()
+	sa.ended = true
+	sa.timer.Stop()
+}
+
+// translate relays a committed stream of protocol translated to the
+// caller's dialect.
+func (sa *streamAnswer) translate(protocol string, body io.Reader) (usage, error) {
+	var u usage
+	err := sa.do(sa.cs.start)
+	if err == nil {
+		err = readUpstreamStream(protocol, body, func(ev streamEvent) error {
+			if ev.Kind == eventUsage {
+				u = ev.Usage
+			}
+			return sa.do(func() error { return sa.cs.event(ev) })
+		})
+	}
+	if err == nil {
+		err = sa.do(sa.cs.finish)
+	}
+	return u, err
+}
+
+// errCallerStreamDone is returned by a callerStream used after finish or fail.
+var errCallerStreamDone = errors.New("caller stream already ended")
+
+// callerStream writes a streamed answer in the caller's dialect (SPEC §7.5), one
+// block at a time, framed by the dialect's blockWriter; the first write error sticks.
+type callerStream struct {
+	w            io.Writer
+	flush        func()
+	err          error
+	bw           blockWriter
+	req          chatRequest
+	started      bool
+	done         bool   // finish or fail ran
+	finishReason string // the tail: finish and usage arrive in either order, usage maybe never
+	usage        usage
+	open         int // index of the open block, -1 when none
+	blocks       []*streamBlock
+	toolBlock    map[int]int // neutral tool call index → block index
+}
+
+// blockWriter is one dialect's framing of a streamed answer's blocks, in order.
+type blockWriter interface {
+	begin() error
+	open(i int, b *streamBlock) error
+	delta(i int, b *streamBlock, s string) error
+	close(i int, b *streamBlock, full string) error
+	finishNow(finish string) error    // the finish event arrived (chat writes its finish chunk)
+	end(finish string, u usage) error // the terminal sequence
+	fail(e *apiError) error
+}
+
+// streamBlock is one block: text, or a tool call named as the caller declared it; a custom call made as a function is wrapped, its input held to the close.
+type streamBlock struct {
+	text            bool
+	index           int // the call's index among calls
+	id, name        string
+	flat            string // the name providers saw
+	custom, wrapped bool
+	buf             strings.Builder
+}
+
+// newCallerStream writes dialect to w, flushing every frame (flush may be nil), reporting model (SPEC §7.6).
+func newCallerStream(dialect string, req chatRequest, w io.Writer, flush func(), model string) *callerStream {
+	return newBlockStream(w, flush, req, model, formatOf(dialect).callerStream)
+}
+
+func newBlockStream(w io.Writer, flush func(), req chatRequest, model string, newWriter func(*callerStream, chatRequest, string) blockWriter) *callerStream {
+	s := &callerStream{w: w, flush: flush, req: req, open: -1, toolBlock: map[int]int{}}
+	s.bw = newWriter(s, req, model)
+	return s
+}
+
+// wholeAnswerThrough writes a through newWriter's block writer, frames discarded, and returns it,
+// holding the whole answer, with the first refusal a block met (messages: arguments not an object).
+func wholeAnswerThrough(req chatRequest, a chatAnswer, newWriter func(*callerStream, chatRequest, string) blockWriter) (blockWriter, error) {
+	s := newBlockStream(io.Discard, nil, req, a.Model, newWriter)
+	err := s.event(streamEvent{Kind: eventText, Text: a.Text})
+	if err == nil {
+		err = emitCalls(s.event, 0, a.ToolCalls)
+	}
+	if err == nil {
+		err = emitTail(s.event, a.Finish, a.Usage)
+	}
+	if err != nil {
+		return s.bw, err
+	}
+	return s.bw, s.finish()
+}
+
+func (s *callerStream) start() error {
+	if s.started {
+		return nil
+	}
+	s.started = true
+	return s.bw.begin()
+}
+
+// event writes one neutral event. Arguments for a call whose block closed (a provider interleaving calls) still go to its index, where SDKs gather them.
+func (s *callerStream) event(ev streamEvent) error {
+	if s.done {
+		return errCallerStreamDone
+	}
+	if err := s.start(); err != nil {
+		return err
+	}
+	switch ev.Kind {
+	case eventFinish:
+		s.finishReason = ev.Finish
+		if err := s.closeOpen(); err != nil {
+			return err
+		}
+		return s.bw.finishNow(s.finishReason)
+	case eventUsage:
+		s.usage, s.usage.Reported = ev.Usage, true
+		return nil
+	case eventText:
+		if ev.Text == "" {
+			return nil
+		}
+		if s.open < 0 || !s.blocks[s.open].text {
+			if _, err := s.openBlock(&streamBlock{text: true}); err != nil {
+				return err
+			}
+		}
+		b := s.blocks[s.open]
+		b.buf.WriteString(ev.Text)
+		return s.bw.delta(s.open, b, ev.Text)
+	case eventToolCallStart:
+		name, _, custom := s.req.callerTool(ev.ToolCall)
+		i, err := s.openBlock(&streamBlock{index: ev.Index, id: ev.ToolCall.ID, name: name,
+			flat: ev.ToolCall.Name, custom: custom, wrapped: custom && !ev.ToolCall.Custom})
+		s.toolBlock[ev.Index] = i
+		return err
+	case eventToolCallArgs:
+		i, ok := s.toolBlock[ev.Index]
+		if !ok {
+			return fmt.Errorf("arguments for tool call %d before its start", ev.Index)
+		}
+		b := s.blocks[i]
+		if b.buf.WriteString(ev.Text); ev.Text == "" || b.wrapped {
+			return nil
+		}
+		return s.bw.delta(i, b, ev.Text)
+	}
+	return fmt.Errorf("unknown stream event kind %q", ev.Kind)
+}
+
+func (s *callerStream) openBlock(b *streamBlock) (int, error) {
+	if err := s.closeOpen(); err != nil {
+		return 0, err
+	}
+	s.open, s.blocks = len(s.blocks), append(s.blocks, b)
+	return s.open, s.bw.open(s.open, b)
+}
+
+// closeOpen closes the open block; a wrapped call's input goes out first.
+func (s *callerStream) closeOpen() error {
+	i := s.open
+	if i < 0 {
+		return nil
+	}
+	s.open = -1
+	b := s.blocks[i]
+	full := b.buf.String()
+	if b.wrapped {
+		full = customInput(full)
+		b.buf.Reset()
+		b.buf.WriteString(full)
+		if err := s.bw.delta(i, b, full); err != nil {
+			return err
+		}
+	}
+	return s.bw.close(i, b, full)
+}
+
+// finish writes the dialect's terminal sequence.
+func (s *callerStream) finish() error {
+	for _, step := range []func() error{s.end, s.start, s.closeOpen} {
+		if err := step(); err != nil {
+			return err
+		}
+	}
+	return s.bw.end(s.finishReason, s.usage)
+}
+
+// fail writes the dialect's in-band error, never a terminal success event.
+func (s *callerStream) fail(e *apiError) error {
+	if err := s.end(); err != nil {
+		return err
+	}
+	return s.bw.fail(e)
+}
+
+func (s *callerStream) end() error {
+	if s.done {
+		return errCallerStreamDone
+	}
+	s.done = true
+	return s.err
+}
+
+// keepAlive writes the SSE comment sent after 15 s without an event.
+func (s *callerStream) keepAlive() error { return s.write(": keep-alive\n\n") }
+
+// frame writes one event: "event: <name>\n" when name is set, then the data.
+func (s *callerStream) frame(name string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	if name != "" {
+		name = "event: " + name + "\n"
+	}
+	return s.write(name + "data: " + string(b) + "\n\n")
+}
+
+func (s *callerStream) write(frame string) error {
+	if s.err != nil {
+		return s.err
+	}
+	if _, s.err = io.WriteString(s.w, frame); s.err == nil && s.flush != nil {
+		s.flush()
+	}
+	return s.err
+}
