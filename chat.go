@@ -529,7 +529,7 @@ func (r *streamReader) chatEvent(event string, e rawObject, emit func(streamEven
 				r.finish = chatFinish(string(f))
 			}
 		}
-		r.finished = r.choices[0] == r.choices[1]
+		r.finished = r.choices[0] == r.choices[1] && (r.finish != "" || !r.translate) // translation reads choice 0
 	}
 	return !(r.dropUsage && u.Reported && len(choices.members) == 0), nil
 }

@@ -13,8 +13,9 @@ import (
 
 // Native first (SPEC §7.6): a same-format call sends the caller's body as
 // received but for the few top-level members §6.2 and §6.4 name, edited by
-// their byte spans, never re-encoded; its answer is relayed as received,
-// read only for usage (§13), the terminal signal and the in-band error (§7.5).
+// their byte spans, never re-encoded; its answer is relayed as received
+// (relay.go), read by the stream reader only for usage (§13), the terminal
+// signal and the in-band error (§7.5).
 
 // jsonMember is one member of a rawObject: key (rawText), sep where its
 // segment starts (just past the previous value or the '{': it holds the

@@ -26,8 +26,9 @@ func readAllRaw(in []byte) (blocks [][]byte, evs []sseEvent, err error) {
 
 // FuzzPassthroughStream checks the passthrough stream parser: blocks are
 // whole (each ends with a line terminator), relaying them frames the same
-// events again, and the watch of every format classifies every event
-// without panicking: a refusal is provider_incomplete or provider_failure.
+// events again, and the reader of every format, relaying or translating,
+// classifies every event without panicking: a refusal is provider_incomplete
+// or provider_failure.
 func FuzzPassthroughStream(f *testing.F) {
 	f.Add([]byte("data: {\"choices\":[{\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n"))
 	f.Add([]byte("event: message_stop\r\ndata: {\"type\":\"message_stop\"}\r\n\r\n"))
@@ -50,8 +51,9 @@ func FuzzPassthroughStream(f *testing.F) {
 		if diff := cmp.Diff(evs, again); diff != "" {
 			t.Fatalf("relayed blocks frame other events (-first +second):\n%s", diff)
 		}
-		for _, proto := range []string{protoOpenAIChat, protoAnthropic, protoOpenAIResponses} {
-			pw := &streamReader{protocol: proto, dropUsage: true, raw: map[int][]byte{}}
+		for i, proto := range []string{protoOpenAIChat, protoAnthropic, protoOpenAIResponses, protoOpenAIChat, protoAnthropic, protoOpenAIResponses} {
+			pw := newStreamReader(proto, i >= 3) // the same reader translating too
+			pw.dropUsage, pw.raw = true, map[int][]byte{}
 			for _, ev := range evs {
 				_, end, err := pw.read(ev.Event, []byte(ev.Data), noEmit)
 				var ae *apiError

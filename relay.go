@@ -154,17 +154,14 @@ func relayBuffered(w http.ResponseWriter, cr *callerRequest, c call, resp *http.
 			body = assembledResponse(pw)
 		}
 		u, ct = pw.usage, "application/json" // an assembled answer is Brama's JSON
-	} else if body, err = io.ReadAll(resp.Body); err != nil {
-		err = refuse("provider_incomplete", "provider %q answer was cut after %d bytes", p.id, len(body)).because(err)
-	} else {
+	} else if body, err = readWhole(p, resp); err == nil {
 		var b struct {
 			Usage *passthroughUsage `json:"usage"`
 		}
 		if err = json.Unmarshal(body, &b); err != nil || rawShape(body) != '{' {
 			err = malformedAnswer(p.protocol, err)
-		} else {
-			u = b.Usage.count(p.protocol)
 		}
+		u = b.Usage.count(p.protocol)
 	}
 	if err != nil {
 		return u, asAPIError(err).redactedFor(c.cred.bearer()).withAttempts(attempts)

@@ -392,26 +392,28 @@ type responsesStreamItem struct {
 // itemEvent reads an output item's start, deltas and end; a buffered codex caller keeps each ended item as sent.
 func (r *streamReader) itemEvent(typ string, e rawObject, emit func(streamEvent) error) error {
 	var ev struct {
-		OutputIndex int            `json:"output_index"`
-		Item        *responsesItem `json:"item"`
-		Delta       string         `json:"delta"`
+		OutputIndex int             `json:"output_index"`
+		Item        json.RawMessage `json:"item"`
+		Delta       string          `json:"delta"`
 	}
-	if json.Unmarshal(e.src, &ev) != nil || strings.HasPrefix(typ, "response.output_item.") && ev.Item == nil {
+	var item responsesItem
+	isItem := strings.HasPrefix(typ, "response.output_item.")
+	if json.Unmarshal(e.src, &ev) != nil || isItem && (rawShape(ev.Item) != '{' || r.translate && json.Unmarshal(ev.Item, &item) != nil) {
 		return eventWithout(protoOpenAIResponses, typ, "an index and an item")
 	}
 	if r.raw != nil && typ == "response.output_item.done" {
-		r.raw[ev.OutputIndex] = bytes.Clone(e.value("item")) // the reader reuses its buffer
+		r.raw[ev.OutputIndex] = ev.Item // decoding copied it out of the reader's buffer
 	}
 	if !r.translate {
 		return nil
 	}
-	it, err := r.item(ev.OutputIndex, cmp.Or(ev.Item, &responsesItem{}), emit)
+	it, err := r.item(ev.OutputIndex, &item, emit)
 	out := streamEvent{Kind: eventText, Text: ev.Delta}
 	switch {
 	case err != nil || typ == "response.output_item.added":
 		return err
 	case typ == "response.output_item.done":
-		return r.done(ev.OutputIndex, ev.Item, emit)
+		return r.done(ev.OutputIndex, &item, emit)
 	case typ == "response.refusal.delta":
 		r.refusal = true
 	case typ != "response.output_text.delta" && it.tool < 0:
