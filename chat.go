@@ -489,8 +489,8 @@ func (s *chatCallerStream) fail(e *apiError) error { return s.sse.frame("", e.bo
 
 // The chat part of the one stream reader (sse.go's streamReader).
 
-// chatEvent: each choice's finish_reason is the terminal signal (n > 1: the last choice's); usage may follow alone.
-func (r *streamReader) chatEvent(event string, e rawObject, emit func(streamEvent) error) (keep bool, err error) {
+// readChat: each choice's finish_reason is the terminal signal (n > 1: the last choice's); usage may follow alone.
+func (r *streamReader) readChat(event string, e rawObject, emit func(streamEvent) error) (keep bool, err error) {
 	if event == "error" || !rawIsNull(e.value("error")) {
 		f, _ := errorObject(e.value("error"))
 		return false, inBandError(cmp.Or(f.code, f.typ))

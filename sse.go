@@ -233,16 +233,16 @@ func (r *streamReader) read(event string, data []byte, emit func(streamEvent) er
 	typ := cmp.Or(string(rawText(e.value("type"))), event) // a switch on it allocates nothing
 	switch {
 	case r.protocol == protoOpenAIChat:
-		keep, err = r.chatEvent(event, e, emit)
+		keep, err = r.readChat(event, e, emit)
 	case typ == "":
 		err = eventWithout(r.protocol, "event", "a type")
 	case r.protocol == protoAnthropic:
 		if event == "error" {
 			typ = event
 		}
-		keep, end, err = r.messagesEvent(typ, e, emit)
+		keep, end, err = r.readMessages(typ, e, emit)
 	default:
-		keep, end, err = r.responsesEvent(typ, e, emit)
+		keep, end, err = r.readResponses(typ, e, emit)
 	}
 	return keep, end, err
 }
@@ -269,9 +269,9 @@ func (r *streamReader) ended(emit func(streamEvent) error) (bool, error) {
 	return true, emitTail(emit, r.finish, r.usage)
 }
 
-// messagesEvent: message_stop ends; usage comes in message_start (emitted at once: a stream cut
+// readMessages: message_stop ends; usage comes in message_start (emitted at once: a stream cut
 // later still records it) and message_delta, whose output count is the whole.
-func (r *streamReader) messagesEvent(typ string, e rawObject, emit func(streamEvent) error) (keep, end bool, err error) {
+func (r *streamReader) readMessages(typ string, e rawObject, emit func(streamEvent) error) (keep, end bool, err error) {
 	switch typ {
 	case "error":
 		f, _ := errorObject(e.value("error"))
@@ -305,14 +305,14 @@ func (r *streamReader) messagesEvent(typ string, e rawObject, emit func(streamEv
 		return true, true, emitTail(emit, answerFinish(r.finish), r.usage)
 	case "content_block_start", "content_block_delta", "content_block_stop":
 		if r.translate {
-			err = r.messagesBlock(typ, e, emit)
+			err = r.readBlock(typ, e, emit)
 		}
 	} // ping and event types added later carry nothing Brama reads
 	return err == nil, false, err
 }
 
-// messagesBlock translates a content block's start, delta and stop.
-func (r *streamReader) messagesBlock(typ string, e rawObject, emit func(streamEvent) error) error {
+// readBlock translates a content block's start, delta and stop.
+func (r *streamReader) readBlock(typ string, e rawObject, emit func(streamEvent) error) error {
 	var (
 		index int
 		b     *messagesBlock
@@ -341,15 +341,15 @@ func (r *streamReader) messagesBlock(typ string, e rawObject, emit func(streamEv
 	case typ == "content_block_delta" && d.Type == "input_json_delta" && valueOr(d.PartialJSON, "") != "":
 		r.argsSeen[ni] = true
 		return emit(streamEvent{Kind: eventToolCallArgs, Index: ni, Text: *d.PartialJSON})
-	case typ == "content_block_stop" && isTool && !r.argsSeen[ni]: // a tool without parameters streams no arguments; callers expect "{}"
+	case typ == "content_block_stop" && isTool && !r.argsSeen[ni]: // a tool without parameters streamed none; callers expect "{}"
 		r.argsSeen[ni] = true
 		return emit(streamEvent{Kind: eventToolCallArgs, Index: ni, Text: "{}"})
 	}
 	return nil
 }
 
-// responsesEvent: response.completed (or .incomplete) ends, with usage; items are keyed by output_index.
-func (r *streamReader) responsesEvent(typ string, e rawObject, emit func(streamEvent) error) (keep, end bool, err error) {
+// readResponses: response.completed (or .incomplete) ends, with usage; items are keyed by output_index.
+func (r *streamReader) readResponses(typ string, e rawObject, emit func(streamEvent) error) (keep, end bool, err error) {
 	switch typ {
 	case "error":
 		code, _ := jsonScalar(e.value("code"))
@@ -362,7 +362,7 @@ func (r *streamReader) responsesEvent(typ string, e rawObject, emit func(streamE
 	case "response.output_item.added", "response.output_item.done", "response.output_text.delta", "response.refusal.delta",
 		"response.function_call_arguments.delta", "response.custom_tool_call_input.delta":
 		if r.translate || r.raw != nil && typ == "response.output_item.done" {
-			err = r.itemEvent(typ, e, emit)
+			err = r.readItem(typ, e, emit)
 		}
 	case "response.completed", "response.incomplete":
 		resp, ok := splitRaw(e.value("response"), '{', r.scratch[1][:])
@@ -389,8 +389,8 @@ type responsesStreamItem struct {
 	streamed bool // text or argument deltas emitted: done emits the rest
 }
 
-// itemEvent reads an output item's start, deltas and end; a buffered codex caller keeps each ended item as sent.
-func (r *streamReader) itemEvent(typ string, e rawObject, emit func(streamEvent) error) error {
+// readItem reads an output item's start, deltas and end; a buffered codex caller keeps each ended item as sent.
+func (r *streamReader) readItem(typ string, e rawObject, emit func(streamEvent) error) error {
 	var ev struct {
 		OutputIndex int             `json:"output_index"`
 		Item        json.RawMessage `json:"item"`
@@ -398,7 +398,11 @@ func (r *streamReader) itemEvent(typ string, e rawObject, emit func(streamEvent)
 	}
 	var item responsesItem
 	isItem := strings.HasPrefix(typ, "response.output_item.")
-	if json.Unmarshal(e.src, &ev) != nil || isItem && (rawShape(ev.Item) != '{' || r.translate && json.Unmarshal(ev.Item, &item) != nil) {
+	err := json.Unmarshal(e.src, &ev)
+	if err == nil && isItem && r.translate {
+		err = json.Unmarshal(ev.Item, &item)
+	}
+	if err != nil || isItem && rawShape(ev.Item) != '{' {
 		return eventWithout(protoOpenAIResponses, typ, "an index and an item")
 	}
 	if r.raw != nil && typ == "response.output_item.done" {
