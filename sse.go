@@ -316,7 +316,7 @@ func (r *streamReader) readBlock(typ string, e rawObject, emit func(streamEvent)
 	var (
 		index int
 		b     *messagesBlock
-		d     *messagesDelta
+		d     *messagesBlock
 	)
 	if err := cmp.Or(r.decode(e, "index", &index), r.decode(e, "content_block", &b), r.decode(e, "delta", &d)); err != nil {
 		return err
