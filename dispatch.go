@@ -7,19 +7,24 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 )
 
-// The attempt engine (SPEC §7): plan checks a request before dispatch; the
-// budget table bounds each candidate; attemptCandidate is the one loop over
-// a direct key or a subscription pool, walkSelector the one walk over a
-// selector's candidates; send makes and counts the one call; commit is the
-// one abort after commit; settle records spend once. count_tokens,
-// embeddings and the probe go through the same loop.
+// The attempt engine (SPEC §7): plan checks a request before dispatch;
+// attemptRoute walks a route's candidates, each with who pays it (a direct
+// key or the agent's pool of its provider); attemptCandidate is the one
+// loop over one candidate's credentials within the budget table; send makes
+// and counts the one call; commit is the one abort after commit and keeps
+// the ledger; settle records spend once. count_tokens, embeddings and the
+// probe go through the same loop.
 
 // routeKind is what the budget table is keyed by.
 type routeKind int
@@ -37,7 +42,7 @@ const (
 type budget struct {
 	calls  int  // the attempt limit on one candidate
 	rotate bool // a refusal proving nothing was generated moves the walk on (§7.2.4); else every refusal is answered at once
-	spends bool // the call's spend is recorded (perf registry, the log line's tokens)
+	spends bool // the call's spend is recorded (perf registry, the log line's tokens, the ledger's use)
 }
 
 // budgets is the one table of attempt limits (SPEC §7.1–§7.3, §11.3, §15).
@@ -49,6 +54,14 @@ var budgets = map[routeKind]budget{
 	kindEmbeddings:   {calls: 1, spends: true},
 	kindCountTokens:  {calls: 1},
 }
+
+// Block lengths (SPEC §7.2.4) and the probe's output limit (§11.3).
+const (
+	defaultBlock   = 15 * time.Minute
+	maxBlock       = 7 * 24 * time.Hour
+	maxPin         = 24 * time.Hour
+	probeMaxTokens = 16
+)
 
 // engine is one request's attempt engine: the daemon's parts and the
 // request's account (tally) for the log line. It knows no server.
@@ -71,7 +84,7 @@ type tally struct {
 	remember      func(ae *apiError, attempts int, hungUp, streamed bool) // the replay guard's (SPEC §8.1); nil: none
 }
 
-// candidate is one route with its credentials: a direct key or a pool.
+// candidate is one route with who pays it: a direct key or a pool.
 type candidate struct {
 	res     resolution
 	baseURL string              // a direct route's; a pool's is the provider's
@@ -81,13 +94,40 @@ type candidate struct {
 	model   string         // the name a chat answer reports
 }
 
-// job is how a request's calls are built and a committed one is answered.
+// job is how a request's calls are built and a committed one is answered;
+// commit's streamed says a failure was written in-band.
 type job struct {
-	kind  routeKind
-	build func(ctx context.Context, cand *candidate, c call) (*http.Request, error)
-	// commit answers from a committed call paid by sub (nil: a direct key);
-	// streamed says a failure was written in-band.
-	commit func(ctx context.Context, cand *candidate, c call, sub *overlayItem, resp *http.Response, attempts int) (u usage, failure *apiError, streamed bool)
+	kind   routeKind
+	build  func(ctx context.Context, cand *candidate, c call) (*http.Request, error)
+	commit func(ctx context.Context, cand *candidate, c call, resp *http.Response) (u usage, failure *apiError, streamed bool)
+}
+
+// walk is a request's account of its calls and skips, from which an
+// exhausted walk's one refusal is chosen (SPEC §7.2.5).
+type walk struct {
+	reasons            []string // "<subscription id or route>: <reason>"
+	rate, quota, auth  bool     // a call was refused 429, for quota, 401/403
+	blocked            bool     // a subscription was skipped as blocked
+	rejectedStatus     int      // (selectors) the last 400, 404, 413 or 422 (SPEC §7.2.5 e)
+	refreshTransport   *apiError
+	earliestBlockEnd   time.Time
+	refreshed, skipped []string         // grants refreshed in this request; those whose refresh failed (SPEC §7.2.3)
+	last               *providerRefusal // the last call's refusal (the probe records a 401 or 403)
+	route              string           // (selectors) the candidate being walked, which every note names (SPEC §7.3)
+}
+
+func (wk *walk) note(who, reason string) {
+	if wk.route != "" && who != wk.route {
+		who, reason = wk.route, who+" "+reason
+	}
+	wk.reasons = append(wk.reasons, who+": "+reason)
+}
+
+// pin is the subscription that last served an agent's provider, until its
+// earliest window reset (at most 24 h); the engine's pins, memory only.
+type pin struct {
+	id    string
+	until time.Time
 }
 
 // plan resolves a request's head and makes every check before dispatch but
@@ -186,6 +226,344 @@ func (e *engine) directCredential(provider string) (string, error) {
 	return key, nil
 }
 
+// candidates lists the routes a selector or best walks, in order (SPEC
+// §7.3): best's, then each model of each provider where the agent has an
+// eligible subscription, freest first (ties by id): every alias's P/…
+// destination (alias-name order), then the catalogue's three newest text
+// models of P's vendor; any-vision-capable keeps those taking images.
+func (e *engine) candidates(res resolution) ([]resolution, error) {
+	var aliases map[string]string // an invalid registry offers none
+	if doc, err := e.reg.current(); err == nil && doc != nil {
+		aliases = doc.Routes
+	}
+	items, err := e.inv.agentItems(e.agent)
+	if err != nil {
+		return nil, err
+	}
+	var provs []string
+	free, now := map[string][]float64{}, e.now() // a provider's freest eligible subscription's
+	for _, it := range items {
+		if _, seen := free[it.Provider]; seen {
+			continue
+		}
+		subs, err := e.eligible(e.agent, it.Provider)
+		if err != nil {
+			return nil, err
+		}
+		if len(subs) > 0 {
+			free[it.Provider] = e.freedomOf(subs[0].ID, now)
+			provs = append(provs, it.Provider)
+		}
+	}
+	slices.SortFunc(provs, func(a, b string) int { return cmp.Or(slices.Compare(free[a], free[b]), strings.Compare(a, b)) })
+	var routes []string
+	if res.Mode == modeBest {
+		routes = append(routes, aliases["best"])
+	}
+	for _, p := range provs {
+		for _, alias := range slices.Sorted(maps.Keys(aliases)) {
+			if strings.HasPrefix(aliases[alias], p+"/") {
+				routes = append(routes, aliases[alias])
+			}
+		}
+		n := 0
+		for _, m := range e.catalog.models(p) {
+			if n < 3 && slices.Contains(m.Modalities.Output, "text") {
+				routes, n = append(routes, p+"/"+m.ID), n+1
+			}
+		}
+	}
+	var out []resolution
+	for _, route := range routes {
+		pid, model, _ := strings.Cut(route, "/")
+		p, known := lookupProvider(pid)
+		if !known || model == "" || p.cred == credNone || slices.ContainsFunc(out, func(r resolution) bool { return r.Route == route }) {
+			continue
+		}
+		if res.Mode == modeAnyVision {
+			if info, ok, _ := e.catalog.lookup(pid, model); !ok || !slices.Contains(info.Modalities.Input, "image") {
+				continue
+			}
+		}
+		out = append(out, resolution{Mode: modeSubscription, Route: route, Provider: p, Model: model})
+	}
+	return out, nil
+}
+
+// eligible is the agent's non-retired subscriptions of provider with an
+// active credential, in order: blocked last, then freest first, the pinned
+// one first among equals, ties in overlay order (SPEC §2.3, §7.2.2).
+func (e *engine) eligible(agent, provider string) (active []overlayItem, err error) {
+	pool, err := e.inv.pool(agent, provider)
+	now, pinned, free := e.now(), "", map[string][]float64{}
+	if pn, ok := e.pins.Load(agent + "\x00" + provider); ok && now.Before(pn.(pin).until) {
+		pinned = pn.(pin).id
+	}
+	for _, it := range pool {
+		if e.ledger.credentialState(it.ID) == credActive {
+			active = append(active, it)
+			free[it.ID] = append(e.freedomOf(it.ID, now), b2f(it.ID != pinned))
+		}
+	}
+	slices.SortStableFunc(active, func(a, b overlayItem) int { return slices.Compare(free[a.ID], free[b.ID]) })
+	return active, err
+}
+
+// freedomOf is how free a subscription is, compared in order (SPEC §7.2.2).
+func (e *engine) freedomOf(id string, now time.Time) []float64 {
+	return []float64{b2f(!e.ledger.blockedUntil(id).IsZero()), e.ledger.fullness(id, now)}
+}
+
+// b2f is 1 for true, so that false sorts first.
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// routeOutcome says how one candidate's calls ended.
+type routeOutcome int
+
+const (
+	routeAnswered routeOutcome = iota // the caller has its answer (success or the returned refusal)
+	routeRefused                      // every credential of the pool refused or was skipped
+	routeNext                         // the budget spent, a credential untried; or (selectors) the request refused
+	routeUnfit                        // (selectors) no call: the candidate's format cannot express the request
+)
+
+// attemptRoute serves c with j (SPEC §7.1–§7.3): a direct route on its one
+// key; else each candidate (the subscription route itself, or a selector's
+// routes in order, each with its own output limit) on the agent's pool of
+// its provider, read as it is reached, skipping a provider whose pool
+// refused. Its answer, or the walk's one refusal (§7.2.5).
+func (e *engine) attemptRoute(ctx context.Context, j *job, c call, req *callerRequest, sels []resolution) *apiError {
+	model, wk := "", &e.wk
+	if req != nil {
+		model = req.head.Model
+	}
+	if c.res.Mode == modeDirect || c.res.Mode == modeAlias { // one call on one key: always answered
+		_, ae := e.attemptCandidate(ctx, j, &candidate{res: c.res, baseURL: c.baseURL, key: &c.cred, req: req, model: model})
+		return ae
+	}
+	selecting, provider := c.res.Mode != modeSubscription, ""
+	if !selecting {
+		sels, provider = []resolution{c.res}, c.res.Provider.id
+	}
+	poolRefused, tried := map[string]bool{}, false
+	var unfit *apiError // a candidate skipped: no max_tokens known, or a request its format cannot express
+	for _, res := range sels {
+		p, cand := res.Provider.id, &candidate{res: res, req: req, model: model}
+		if selecting {
+			wk.route, cand.model = res.Route, res.Route
+		}
+		if poolRefused[p] {
+			wk.note(res.Route, "skipped: every "+p+" subscription already refused")
+			continue
+		}
+		pool, err := e.eligible(e.agent, p)
+		if err != nil {
+			return asAPIError(err).withAttempts(e.t.attempts)
+		} else if cand.pool = pool; len(pool) == 0 {
+			wk.note(res.Route, fmt.Sprintf("no usable %q subscription", p))
+			continue
+		}
+		if selecting {
+			head := req.head
+			err = e.applyMaxTokens(&head, res)
+			cand.req = req.withLimit(head.MaxTokens)
+		}
+		out, ae := routeUnfit, (*apiError)(nil)
+		if err == nil {
+			out, ae = e.attemptCandidate(ctx, j, cand)
+		}
+		switch out {
+		case routeAnswered:
+			return ae
+		case routeUnfit:
+			unfit = cmp.Or(ae, asAPIError(err))
+			wk.note(res.Route, "skipped: "+unfit.Message)
+			continue
+		case routeRefused:
+			poolRefused[p] = true
+		}
+		tried = true
+	}
+	if tried {
+		return e.exhausted()
+	} else if unfit != nil { // every usable candidate needs a max_tokens nobody knows (SPEC §6.4) or another format
+		return unfit
+	}
+	items, err := e.inv.pool(e.agent, provider) // no call at all: sign in again when every subscription needs it
+	if err == nil && len(items) > 0 && !slices.ContainsFunc(items, func(it overlayItem) bool { return e.ledger.credentialState(it.ID) == credActive }) {
+		return refuse("subscription_reauthorization_required", "no subscription of agent %q for %s has an active credential; sign in again", e.agent, cmp.Or(c.res.Route, c.res.Mode)).withAttempts(0)
+	}
+	return refuse("credential_unauthorized", "no subscription of agent %q can serve %s", e.agent, cmp.Or(c.res.Route, c.res.Mode)).withAttempts(0)
+}
+
+// attemptCandidate makes one candidate's calls within its budget (SPEC
+// §7.1–§7.3). A rotating kind moves on only after a refusal proving nothing
+// was generated: a second call could double cost or tool effects.
+func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate) (out routeOutcome, _ *apiError) {
+	b, p, wk := budgets[j.kind], cand.res.Provider, &e.wk
+	begin, before := e.now(), e.t.attempts
+	defer func() { // calls all refused count as one failure of the route, as an answered refusal (SPEC §13)
+		if out != routeAnswered && e.t.attempts > before && b.spends {
+			e.perf.record(cand.res.Route, false, e.now().Sub(begin), 0)
+		}
+	}()
+	c, queue := call{res: cand.res, baseURL: cand.baseURL}, []overlayItem{{}} // a direct route: one call on its key
+	if cand.key == nil {
+		var err error
+		if c.baseURL, err = e.baseURL(p); err != nil {
+			return routeAnswered, asAPIError(err)
+		}
+		queue = slices.Clone(cand.pool) // without rotation, the first usable credential makes the one call
+	}
+	for calls := 0; len(queue) > 0 && calls < b.calls; {
+		sub := &queue[0]
+		queue = queue[1:]
+		var err error
+		if cand.key != nil {
+			c.cred, sub = *cand.key, nil
+		} else if c.cred, err = e.subscriptionCredential(ctx, j.kind, *sub, ""); errors.Is(err, errSkipSubscription) {
+			continue
+		} else if err != nil {
+			return routeAnswered, asAPIError(err).withAttempts(e.t.attempts)
+		}
+		start := e.now()
+		hr, err := j.build(ctx, cand, c)
+		if err != nil { // the request could not be built: nothing was called
+			ae := asAPIError(err)
+			if j.kind == kindSelector && ae.Code == "invalid_request" { // its format cannot express the request (SPEC §7.6)
+				return routeUnfit, ae
+			}
+			if e.t.attempts > 0 {
+				ae = ae.withAttempts(e.t.attempts)
+			}
+			return routeAnswered, ae
+		}
+		made := e.t.attempts
+		resp, ref, failure := e.send(hr, c, sub)
+		calls++
+		if resp != nil {
+			return routeAnswered, e.commit(ctx, j, cand, c, sub, resp, start)
+		}
+		if sub != nil && b.rotate && e.t.attempts > made { // none once the caller hung up: no use of sub
+			e.ledger.recordUse(sub.ID, p.id, false, 0, 0)
+		}
+		wk.last = ref
+		switch {
+		case !b.rotate || ref == nil: // a transport failure or cut body is potentially billable
+		case ref.class == refusalAuth:
+			wk.auth = true
+			if (c.cred.AccessToken == "" || slices.Contains(wk.refreshed, sub.ID)) && !e.credentialReplaced(*sub, c.cred) {
+				e.ledger.setCredential(sub.ID, p.id, credNeedsReauth, ref.sentence)
+				wk.note(sub.ID, "authentication refused: "+ref.sentence)
+				continue
+			}
+			// Refresh a grant not yet refreshed here, retry if a call remains.
+			_, err := e.subscriptionCredential(ctx, j.kind, *sub, c.cred.AccessToken)
+			if err != nil && !errors.Is(err, errSkipSubscription) {
+				return routeAnswered, asAPIError(err).withAttempts(e.t.attempts)
+			}
+			if err == nil {
+				wk.note(sub.ID, "refused the access token; refreshed")
+				if calls < b.calls {
+					queue = append([]overlayItem{*sub}, queue...)
+				}
+			}
+			continue
+		case ref.class == refusalRate || ref.class == refusalQuota:
+			e.blockFor(*sub, ref)
+			continue
+		case ref.class == refusalModel && j.kind == kindSelector:
+			wk.rejectedStatus = ref.err.Status()
+			wk.note(cand.res.Route, "refused the request: "+ref.sentence)
+			return routeNext, nil
+		}
+		return routeAnswered, e.settle(ctx, j, cand, start, usage{}, failure.withAttempts(e.t.attempts))
+	}
+	if len(queue) > 0 {
+		return routeNext, nil
+	}
+	return routeRefused, nil
+}
+
+// errSkipSubscription: no call on this subscription; the walk noted why.
+var errSkipSubscription = errors.New("subscription skipped")
+
+// subscriptionCredential is what a call of kind on sub presents, an expired
+// grant or a just refusedToken refreshed first (SPEC §7.2.3, §11.1). A
+// blocked sub is skipped when the kind rotates, one marked since the pool
+// was read unless probed; one no header could carry (a vault edited by
+// hand) is skipped and marked for a sign-in (SPEC §17).
+func (e *engine) subscriptionCredential(ctx context.Context, kind routeKind, sub overlayItem, refusedToken string) (upstreamCredential, error) {
+	wk := &e.wk
+	if until := e.ledger.blockedUntil(sub.ID); budgets[kind].rotate && !until.IsZero() {
+		wk.blocked = true
+		if wk.earliestBlockEnd.IsZero() || until.Before(wk.earliestBlockEnd) {
+			wk.earliestBlockEnd = until
+		}
+		wk.note(sub.ID, "blocked until "+until.UTC().Format(time.RFC3339))
+		return upstreamCredential{}, errSkipSubscription
+	} else if kind != kindProbe && e.ledger.credentialState(sub.ID) != credActive { // the probe may revive it
+		wk.note(sub.ID, "credential refused meanwhile; sign in again")
+		return upstreamCredential{}, errSkipSubscription
+	}
+	vc, err := e.inv.credential(sub.ID) // its refusal is SPEC §2.2's
+	if err != nil {
+		return upstreamCredential{}, err
+	}
+	cred := upstreamCredential{APIKey: vc.APIKey}
+	if g := vc.OAuth; g != nil {
+		if slices.Contains(wk.skipped, sub.ID) { // a later candidate of the same provider walks this pool again
+			return upstreamCredential{}, errSkipSubscription
+		}
+		if refusedToken != "" || (expiredForRequest(*g, e.now()) && !slices.Contains(wk.refreshed, sub.ID)) {
+			wk.refreshed = append(wk.refreshed, sub.ID)
+			ng, err := e.oauth.refresh(ctx, sub.ID, sub.Provider, refusedToken)
+			var re *endpointError
+			switch {
+			case errors.Is(err, errRefreshSuperseded): // a sign-in replaced the grant meanwhile: the call uses its (SPEC §11.1)
+				return e.subscriptionCredential(ctx, kind, sub, "")
+			case err != nil && ctx.Err() != nil: // the caller hung up while it waited: no skip, no call (SPEC §7.4)
+				return upstreamCredential{}, refuse("client_cancelled", "the caller went away during a grant refresh").because(err)
+			case errors.As(err, &re) && !re.Definitive:
+				if wk.refreshTransport == nil {
+					wk.refreshTransport = refuse("dependency_unavailable", "%s", redact(re.Error())).because(err)
+				}
+				e.maint.request("credential_refresh_transport_failure", e.agent)
+			}
+			if err != nil {
+				wk.note(sub.ID, "grant refresh failed: "+redact(err.Error()))
+				wk.skipped = append(wk.skipped, sub.ID)
+				return upstreamCredential{}, errSkipSubscription
+			}
+			g = &ng
+		}
+		cred = upstreamCredential{AccessToken: g.AccessToken, AccountID: g.AccountID}
+	}
+	if controlAt(cred.APIKey+cred.AccessToken+cred.AccountID) >= 0 {
+		const why = "the vault's credential holds a control character and cannot be sent; sign in again"
+		e.ledger.setCredential(sub.ID, sub.Provider, credNeedsReauth, why)
+		wk.note(sub.ID, why)
+		return upstreamCredential{}, errSkipSubscription
+	}
+	return cred, nil
+}
+
+// credentialReplaced: the vault no longer holds what a call on sub presented
+// (a sign-in or refresh landed meanwhile), so its 401 or 403 marks nothing
+// and the current credential gets the next call (SPEC §10.3, §11.1).
+func (e *engine) credentialReplaced(sub overlayItem, used upstreamCredential) bool {
+	vc, err := e.inv.credential(sub.ID)
+	if err != nil || vc.OAuth == nil {
+		return err == nil && vc.APIKey != used.APIKey
+	}
+	return vc.OAuth.AccessToken != used.AccessToken
+}
+
 // testingOnlyBeforeCall runs as send starts a call (nil in production).
 var testingOnlyBeforeCall func(context.Context)
 
@@ -226,119 +604,34 @@ func (e *engine) send(hr *http.Request, c call, sub *overlayItem) (*http.Respons
 	return nil, &ref, ref.err
 }
 
-// routeOutcome says how one candidate's calls ended.
-type routeOutcome int
-
-const (
-	routeAnswered routeOutcome = iota // the caller has its answer (success or the returned refusal)
-	routeRefused                      // every credential of the pool refused or was skipped
-	routeNext                         // the budget spent, a credential untried; or (selectors) the request refused
-	routeUnfit                        // (selectors) no call: the candidate's format cannot express the request
-)
-
-// attemptCandidate makes one candidate's calls within its budget (SPEC
-// §7.1–§7.3). A rotating kind moves on only after a refusal proving nothing
-// was generated: a second call could double cost or tool effects.
-func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate) (out routeOutcome, _ *apiError) {
-	b, p, wk := budgets[j.kind], cand.res.Provider, &e.wk
-	begin, before := e.now(), e.t.attempts
-	defer func() { // calls all refused count as one failure of the route, as an answered refusal (SPEC §13)
-		if out != routeAnswered && e.t.attempts > before && b.spends {
-			e.perf.record(cand.res.Route, false, e.now().Sub(begin), 0)
-		}
-	}()
-	c, queue := call{res: cand.res, baseURL: cand.baseURL}, []overlayItem{{}} // a direct route: one call on its key
-	if cand.key == nil {
-		var err error
-		if c.baseURL, err = e.baseURL(p); err != nil {
-			return routeAnswered, asAPIError(err)
-		}
-		queue = slices.Clone(cand.pool) // without rotation, the first usable credential makes the one call
-	}
-	for calls := 0; len(queue) > 0 && calls < b.calls; {
-		sub := &queue[0]
-		queue = queue[1:]
-		if cand.key != nil {
-			c.cred, sub = *cand.key, nil
-		} else if until := e.ledger.blockedUntil(sub.ID); b.rotate && !until.IsZero() {
-			wk.blocked = true
-			wk.noteBlock(until)
-			wk.note(sub.ID, "blocked until "+until.UTC().Format(time.RFC3339))
-			continue
-		} else if j.kind != kindProbe && e.ledger.credentialState(sub.ID) != credActive { // marked since the pool was read; the probe may revive it
-			wk.note(sub.ID, "credential refused meanwhile; sign in again")
-			continue
-		} else if cred, err := e.subscriptionCredential(ctx, *sub, ""); errors.Is(err, errSkipSubscription) {
-			continue
-		} else if err != nil {
-			return routeAnswered, asAPIError(err).withAttempts(e.t.attempts)
-		} else {
-			c.cred = cred
-		}
-		start := e.now()
-		hr, err := j.build(ctx, cand, c)
-		if err != nil { // the request could not be built: nothing was called
-			ae := asAPIError(err)
-			if j.kind == kindSelector && ae.Code == "invalid_request" { // its format cannot express the request (SPEC §7.6)
-				return routeUnfit, ae
-			}
-			if e.t.attempts > 0 {
-				ae = ae.withAttempts(e.t.attempts)
-			}
-			return routeAnswered, ae
-		}
-		made := e.t.attempts
-		resp, ref, failure := e.send(hr, c, sub)
-		calls++
-		if resp != nil {
-			return routeAnswered, e.commit(ctx, j, cand, c, sub, resp, start)
-		}
-		if sub != nil && b.rotate && e.t.attempts > made { // none once the caller hung up: no use of sub
-			e.ledger.recordUse(sub.ID, p.id, false, 0, 0)
-		}
-		wk.last = ref
-		switch {
-		case !b.rotate || ref == nil: // a transport failure or cut body is potentially billable
-		case ref.class == refusalAuth:
-			wk.auth = true
-			if (c.cred.AccessToken == "" || slices.Contains(wk.refreshed, sub.ID)) && !e.credentialReplaced(*sub, c.cred) {
-				e.ledger.setCredential(sub.ID, p.id, credNeedsReauth, ref.sentence)
-				wk.note(sub.ID, "authentication refused: "+ref.sentence)
-				continue
-			}
-			// Refresh a grant not yet refreshed here, retry if a call remains.
-			_, err := e.subscriptionCredential(ctx, *sub, c.cred.AccessToken)
-			if err != nil && !errors.Is(err, errSkipSubscription) {
-				return routeAnswered, asAPIError(err).withAttempts(e.t.attempts)
-			}
-			if err == nil {
-				wk.note(sub.ID, "refused the access token; refreshed")
-				if calls < b.calls {
-					queue = append([]overlayItem{*sub}, queue...)
-				}
-			}
-			continue
-		case ref.class == refusalRate || ref.class == refusalQuota:
-			e.blockFor(*sub, p.id, ref)
-			continue
-		case ref.class == refusalModel && j.kind == kindSelector:
-			wk.rejectedStatus = ref.err.Status()
-			wk.note(cand.res.Route, "refused the request: "+ref.sentence)
-			return routeNext, nil
-		}
-		return routeAnswered, e.settle(ctx, j, cand, start, usage{}, failure.withAttempts(e.t.attempts))
-	}
-	if len(queue) > 0 {
-		return routeNext, nil
-	}
-	return routeRefused, nil
-}
-
-// commit answers from a committed call, never retried (SPEC §7.5); a failed
-// stream, its in-band error written, aborts the response: the one abort.
+// commit answers from a committed call, never retried (SPEC §7.5), and
+// keeps sub's ledger: plan windows, spend, a success's pin until the
+// earliest window reset, a block after an in-band rate or quota error. A
+// failed stream, its in-band error written, aborts the response: the one abort.
 func (e *engine) commit(ctx context.Context, j *job, cand *candidate, c call, sub *overlayItem, resp *http.Response, start time.Time) *apiError {
 	defer resp.Body.Close()
-	u, ae, streamed := j.commit(ctx, cand, c, sub, resp, e.t.attempts)
+	p, now, until := c.res.Provider.id, e.now(), time.Time{}
+	if sub != nil {
+		e.ledger.recordWindows(sub.ID, p, parsePlanWindows(p, resp.Header, now))
+		led, _ := e.ledger.entry(sub.ID) // its windows: this answer's and a usage report's (SPEC §7.2.2)
+		until = now.Add(maxPin)
+		for _, win := range led.Windows {
+			if at := time.UnixMilli(win.ResetsAtMs); win.ResetsAtMs > 0 && at.After(now) && at.Before(until) {
+				until = at
+			}
+		}
+	}
+	u, ae, streamed := j.commit(ctx, cand, c, resp)
+	if sub != nil && budgets[j.kind].spends {
+		e.ledger.recordUse(sub.ID, p, ae == nil, u.InputTokens, u.OutputTokens)
+		if ae == nil { // only a success pins (SPEC §7.2.4)
+			e.pins.Store(e.agent+"\x00"+p, pin{sub.ID, until})
+		}
+	}
+	var se *upstreamStreamError
+	if sub != nil && ae != nil && errors.As(ae, &se) && (se.Class == refusalRate || se.Class == refusalQuota) {
+		e.block(*sub, retryAfter(resp.Header, now), "the provider ended a committed answer with "+se.Code)
+	}
 	if ae = e.settle(ctx, j, cand, start, u, ae); ae != nil && streamed {
 		panic(http.ErrAbortHandler)
 	}
@@ -362,60 +655,82 @@ func (e *engine) settle(ctx context.Context, j *job, cand *candidate, start time
 	return failure
 }
 
-// attemptRoute serves a direct or subscription route (req nil: a direct
-// one's): its answer, or the walk's one refusal (SPEC §7.2.5).
-func (e *engine) attemptRoute(ctx context.Context, j *job, c call, req *callerRequest) *apiError {
-	cand := &candidate{res: c.res, baseURL: c.baseURL, key: &c.cred, req: req}
-	if req != nil {
-		cand.model = req.head.Model
-	}
-	if p := c.res.Provider.id; c.res.Mode == modeSubscription {
-		subs, anyPool, err := e.eligible(e.agent, p)
-		switch {
-		case err != nil:
-			return asAPIError(err)
-		case !anyPool:
-			return refuse("credential_unauthorized", "no %q subscription for agent %q", p, e.agent).withAttempts(0)
-		case len(subs) == 0:
-			return refuse("subscription_reauthorization_required", "no %q subscription of agent %q has an active credential; sign in again", p, e.agent).withAttempts(0)
+// block blocks sub until the stated wait, else the last reset of a window
+// the ledger holds as used up, else 15 min; at most 7 days (SPEC §7.2.4).
+func (e *engine) block(sub overlayItem, stated time.Duration, why string) time.Time {
+	now, wait := e.now(), time.Duration(0)
+	led, _ := e.ledger.entry(sub.ID)
+	for _, w := range led.Windows {
+		if at := time.UnixMilli(w.ResetsAtMs); w.UsedFraction >= 1 && w.ResetsAtMs > 0 && at.After(now) {
+			wait = max(wait, at.Sub(now))
 		}
-		cand.key, cand.pool = nil, subs
 	}
-	if out, ae := e.attemptCandidate(ctx, j, cand); out == routeAnswered {
-		return ae
-	}
-	return e.exhausted()
+	until := now.Add(min(cmp.Or(max(stated, 0), wait, defaultBlock), maxBlock))
+	e.ledger.block(sub.ID, sub.Provider, until, why)
+	return until
 }
 
-// serveChat answers a planned chat request on w, or returns the refusal,
-// told first to the replay guard (SPEC §8.1).
+// blockFor blocks sub after a rate or quota refusal, as the walk records.
+func (e *engine) blockFor(sub overlayItem, ref *providerRefusal) {
+	wk, rate := &e.wk, ref.class == refusalRate
+	until := e.block(sub, ref.retryAfter, ref.sentence)
+	if wk.earliestBlockEnd.IsZero() || until.Before(wk.earliestBlockEnd) {
+		wk.earliestBlockEnd = until
+	}
+	wk.rate, wk.quota = wk.rate || rate, wk.quota || !rate
+	wk.note(sub.ID, map[bool]string{true: "rate limited: ", false: "quota exhausted: "}[rate]+ref.sentence)
+}
+
+// exhausted is the one refusal of a walk without success (SPEC §7.2.5).
+func (e *engine) exhausted() *apiError {
+	wk, n := &e.wk, e.t.attempts
+	list := strings.Join(wk.reasons, "; ")
+	var ae *apiError
+	switch {
+	case n == 0 && wk.refreshTransport != nil:
+		ae = refuse("dependency_unavailable", "%s", wk.refreshTransport.Message).because(wk.refreshTransport.Err)
+	case n == 0 && wk.blocked:
+		ae = refuse("subscription_unavailable", "every eligible subscription is blocked: %s", list)
+	case n == 0:
+		ae = refuse("subscription_reauthorization_required", "no subscription could be refreshed; sign in again: %s", list)
+	case wk.rate:
+		ae = refuse("provider_rate_limited", "the provider refused for rate: %s", list)
+	case wk.quota:
+		ae = refuse("provider_quota_exhausted", "the provider says the quota is spent: %s", list)
+	case wk.auth:
+		ae = refuse("subscription_reauthorization_required", "the provider refused the credentials; sign in again: %s", list)
+	case wk.rejectedStatus != 0: // a selector's calls all refused the request: the last status
+		ae = refuse("provider_rejected", "every candidate refused the request: %s", list).withStatus(wk.rejectedStatus)
+	default:
+		ae = refuse("provider_failure", "every candidate was refused: %s", list)
+	}
+	if ae.Status() == http.StatusTooManyRequests && !wk.earliestBlockEnd.IsZero() { // SPEC §7.2.5
+		ae.RetryAfter = max(wk.earliestBlockEnd.Sub(e.now()), time.Second)
+	}
+	return ae.withAttempts(n)
+}
+
+// serveChat answers a planned chat request on w, passthrough or translated
+// (SPEC §7.6), or returns the refusal, told first to the replay guard (§8.1).
 func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *callerRequest, c call, cands []resolution) *apiError {
-	j := &job{ // passthrough or translated (SPEC §7.6), a paying subscription's ledger kept
-		kind: kindSelector,
+	j := &job{kind: kindSelector,
 		build: func(ctx context.Context, cand *candidate, c call) (*http.Request, error) {
 			if cand.req.translates(c.res.Provider) {
 				return buildUpstreamRequest(ctx, c.res.Provider, c.baseURL, c.cred, cand.req.translated(), c.res.Model)
 			}
 			return buildPassthroughRequest(ctx, c, cand.req)
 		},
-		commit: func(ctx context.Context, cand *candidate, c call, sub *overlayItem, resp *http.Response, attempts int) (usage, *apiError, bool) {
-			if sub == nil {
-				return e.deliver(ctx, w, cand.model, cand.req, c, resp, attempts)
-			}
-			return e.answerSubscription(ctx, w, cand, c, *sub, resp, attempts)
+		commit: func(ctx context.Context, cand *candidate, c call, resp *http.Response) (usage, *apiError, bool) {
+			return e.deliver(ctx, w, cand, c, resp)
 		},
 	}
-	var ae *apiError
 	switch c.res.Mode {
 	case modeDirect, modeAlias:
 		j.kind = kindDirect
-		ae = e.attemptRoute(ctx, j, c, req)
 	case modeSubscription:
 		j.kind = kindSubscription
-		ae = e.attemptRoute(ctx, j, c, req)
-	default:
-		ae = e.walkSelector(ctx, j, req, cands)
 	}
+	ae := e.attemptRoute(ctx, j, c, req, cands)
 	e.refused(ae, ctx.Err() != nil, false)
 	return ae
 }
@@ -429,10 +744,10 @@ func (e *engine) refused(ae *apiError, hungUp, streamed bool) {
 
 // deliver answers from a committed call, passthrough or translated naming
 // model; a stream's failure is written in-band (streamed), a buffered one not.
-func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, model string, req *callerRequest, c call, resp *http.Response, attempts int) (u usage, failure *apiError, streamed bool) {
+func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, cand *candidate, c call, resp *http.Response) (u usage, failure *apiError, streamed bool) {
 	w.Header().Set("Brama-Route", c.res.Route)
 	e.t.route = c.res.Route
-	p := c.res.Provider
+	p, req, model, attempts := c.res.Provider, cand.req, cand.model, e.t.attempts
 	pass, tr := !req.translates(p), chatRequest{}
 	if !pass {
 		tr = req.translated()
@@ -485,21 +800,6 @@ func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, model strin
 	return a.Usage, nil, false
 }
 
-// attemptOne serves a route outside chat: one call of kind, answered
-// buffered by commit; a nil refusal is a nil error.
-func (e *engine) attemptOne(ctx context.Context, kind routeKind, c call, build func(context.Context, call) (*http.Request, error), commit func(call, *http.Response, int) (usage, *apiError)) error {
-	j := &job{kind: kind,
-		build: func(ctx context.Context, _ *candidate, c call) (*http.Request, error) { return build(ctx, c) },
-		commit: func(_ context.Context, _ *candidate, c call, _ *overlayItem, resp *http.Response, attempts int) (usage, *apiError, bool) {
-			u, ae := commit(c, resp, attempts)
-			return u, ae, false
-		}}
-	if ae := e.attemptRoute(ctx, j, c, nil); ae != nil {
-		return ae
-	}
-	return nil
-}
-
 // countTokens answers POST /v1/messages/count_tokens (SPEC §15): the
 // anthropic-messages provider's own count (one call), else a local estimate.
 func (e *engine) countTokens(ctx context.Context, w http.ResponseWriter, req *callerRequest, c call) error {
@@ -511,23 +811,29 @@ func (e *engine) countTokens(ctx context.Context, w http.ResponseWriter, req *ca
 		writeJSON(w, http.StatusOK, countTokensAnswer{ptrTo(estimateInputTokens(req.body))})
 		return nil
 	}
-	return e.attemptOne(ctx, kindCountTokens, c, func(ctx context.Context, c call) (*http.Request, error) {
-		return req.passthrough(ctx, c, "/v1/messages/count_tokens", false)
-	}, func(c call, resp *http.Response, attempts int) (usage, *apiError) {
-		var ans countTokensAnswer
-		b, err := readWhole(c.res.Provider, resp)
-		if err != nil {
-			return usage{}, asAPIError(err).withAttempts(attempts)
-		}
-		if err := json.Unmarshal(b, &ans); err != nil || ans.InputTokens == nil {
-			return usage{}, malformedAnswer(protoAnthropic, err).withAttempts(attempts)
-		}
-		w.Header().Set("Brama-Route", c.res.Route)
-		w.Header().Set("Brama-Attempts", strconv.Itoa(attempts))
-		providerFacts(w.Header(), resp.Header, true)
-		writeJSON(w, http.StatusOK, ans)
-		return usage{}, nil
-	})
+	j := &job{kind: kindCountTokens,
+		build: func(ctx context.Context, _ *candidate, c call) (*http.Request, error) {
+			return req.passthrough(ctx, c, "/v1/messages/count_tokens", false)
+		},
+		commit: func(_ context.Context, _ *candidate, c call, resp *http.Response) (usage, *apiError, bool) {
+			var ans countTokensAnswer
+			b, err := readWhole(c.res.Provider, resp)
+			if err != nil {
+				return usage{}, asAPIError(err).withAttempts(e.t.attempts), false
+			}
+			if err := json.Unmarshal(b, &ans); err != nil || ans.InputTokens == nil {
+				return usage{}, malformedAnswer(protoAnthropic, err).withAttempts(e.t.attempts), false
+			}
+			w.Header().Set("Brama-Route", c.res.Route)
+			w.Header().Set("Brama-Attempts", strconv.Itoa(e.t.attempts))
+			providerFacts(w.Header(), resp.Header, true)
+			writeJSON(w, http.StatusOK, ans)
+			return usage{}, nil, false
+		}}
+	if ae := e.attemptRoute(ctx, j, c, nil, nil); ae != nil {
+		return ae
+	}
+	return nil
 }
 
 // serveEmbeddings makes the one call of POST /v1/embeddings (SPEC §15) on a
@@ -541,10 +847,190 @@ func (e *engine) serveEmbeddings(ctx context.Context, w http.ResponseWriter, mod
 	}
 	body["model"], _ = json.Marshal(c.res.Model)
 	out, _ := json.Marshal(body)
-	return e.attemptOne(ctx, kindEmbeddings, c, func(ctx context.Context, c call) (*http.Request, error) {
-		return newPassthroughRequest(ctx, c, nil, "/embeddings", out, false)
-	}, func(c call, resp *http.Response, attempts int) (usage, *apiError) {
-		w.Header().Set("Brama-Route", c.res.Route)
-		return relayBuffered(w, &callerRequest{}, c, resp, attempts) // a JSON object as received, else provider_failure
-	})
+	j := &job{kind: kindEmbeddings,
+		build: func(ctx context.Context, _ *candidate, c call) (*http.Request, error) {
+			return newPassthroughRequest(ctx, c, nil, "/embeddings", out, false)
+		},
+		commit: func(_ context.Context, _ *candidate, c call, resp *http.Response) (usage, *apiError, bool) {
+			w.Header().Set("Brama-Route", c.res.Route)
+			u, ae := relayBuffered(w, &callerRequest{}, c, resp, e.t.attempts) // a JSON object as received, else provider_failure
+			return u, ae, false
+		}}
+	if ae := e.attemptRoute(ctx, j, c, nil, nil); ae != nil {
+		return ae
+	}
+	return nil
+}
+
+// probeOutcome answers POST …/probe: the probe recorded and the row after it.
+type probeOutcome struct {
+	OK           bool            `json:"ok"`
+	Probe        ledgerCheck     `json:"probe"`
+	Subscription subscriptionRow `json:"subscription"`
+}
+
+// probe runs one completion probe on the live subscription it with model
+// ("": the built-in one) through the engine, as a request would meet it,
+// never timed, never retried (SPEC §11.3); 409 before any call when blocked
+// or model-less.
+func (e *engine) probe(ctx context.Context, it overlayItem, model string) (probeOutcome, error) {
+	if until := e.ledger.blockedUntil(it.ID); !until.IsZero() {
+		return probeOutcome{}, refuse("state_conflict", "subscription %s is blocked until %s; a probe is not sent inside a recorded block", it.ID, until.UTC().Format(time.RFC3339))
+	}
+	model = cmp.Or(strings.TrimPrefix(strings.TrimSpace(model), it.Provider+"/"), probeModels[it.Provider])
+	if model == "" {
+		return probeOutcome{}, refuse("state_conflict", "name a model for this probe: provider %q has no built-in probe model", it.Provider)
+	}
+	res, err := resolveModel(it.Provider+"/"+model, nil, nil, nil)
+	if err != nil {
+		return probeOutcome{}, err
+	}
+	res.Mode = modeSubscription // paid by the probed subscription, whatever its provider
+	p, req := res.Provider, pingRequest(res.Route, res.Provider)
+	ok, detail := false, ""
+	j := &job{kind: kindProbe,
+		build: func(ctx context.Context, _ *candidate, c call) (*http.Request, error) {
+			hr, err := buildUpstreamRequest(ctx, p, c.baseURL, c.cred, req, c.res.Model)
+			if err != nil { // the ping could not be encoded: a failed probe, as before any call
+				detail = asAPIError(err).Message
+			}
+			return hr, err
+		},
+		commit: func(_ context.Context, _ *candidate, c call, resp *http.Response) (usage, *apiError, bool) {
+			ans, err := readProviderAnswer(p, req, resp)
+			if err != nil { // an in-band limit blocks, as a request's
+				detail = "the answer could not be read: " + asAPIError(err).Message
+				return usage{}, asAPIError(err), false
+			}
+			ok, detail = true, fmt.Sprintf("%s answered (%d output tokens)", c.res.Route, ans.Usage.OutputTokens)
+			return ans.Usage, nil, false
+		},
+	}
+	out, ae := e.attemptCandidate(ctx, j, &candidate{res: res, pool: []overlayItem{it}})
+	switch r := e.wk.last; { // recorded, not retried
+	case r == nil:
+	case r.class == refusalAuth: // a 401 or 403
+		e.ledger.setCredential(it.ID, p.id, credNeedsReauth, cmp.Or(r.sentence, r.err.Message))
+	case r.class == refusalRate || r.class == refusalQuota: // a block, as a request's would be
+		e.blockFor(it, r)
+	}
+	switch {
+	case detail != "":
+	case out == routeRefused: // the grant could not be refreshed
+		detail = "no call was made: " + strings.Join(e.wk.reasons, "; ")
+	case e.t.attempts > 0: // the provider refused, or no answer came
+		detail = ae.Message
+	default: // refused before any call, as a probe's own refusal
+		ae.Attempts = nil
+		return probeOutcome{}, ae
+	}
+	e.ledger.recordProbe(it.ID, p.id, ok, detail)
+	if ok && e.ledger.credentialState(it.ID) != credActive {
+		e.ledger.setCredential(it.ID, p.id, credActive, "") // SPEC §10.3: a successful probe reactivates
+	}
+	e.inv.invalidate(false) // the listing shows the probe at once (SPEC §10.2)
+	msg, level := "usage_probe_ok", slog.LevelInfo
+	if !ok {
+		msg, level = "usage_probe_failed", slog.LevelWarn
+	}
+	e.log.Log(ctx, level, msg, "request_id", e.t.requestID, "subscription_id", it.ID, "agent_id", e.agent,
+		"provider", p.id, "route", res.Route, "detail", ledgerSentence(detail))
+	o := probeOutcome{OK: true, Subscription: e.inv.row(it, false, e.now())}
+	if o.Subscription.Probe != nil {
+		o.Probe = *o.Subscription.Probe
+	}
+	return o, nil
+}
+
+// pingRequest is the probe's and onboarding's completion (SPEC §6.2, §11.3).
+func pingRequest(route string, p providerInfo) chatRequest {
+	req := chatRequest{Model: route, Messages: []message{{Role: "user", Parts: []part{{Type: partText, Text: "ping"}}}}}
+	if p.id != "codex" {
+		req.MaxTokens = probeMaxTokens
+	}
+	return req
+}
+
+// donation is the strict body (and the CLI's request) of POST …/subscriptions/{agent_id}.
+type donation struct {
+	Provider string      `json:"provider"`
+	Label    string      `json:"label"`
+	APIKey   string      `json:"api_key"`
+	OAuth    *oauthGrant `json:"oauth"`
+}
+
+// donatedSubscription is the 201 answer: metadata only, never the secret.
+type donatedSubscription struct {
+	ID       string `json:"id"`
+	Provider string `json:"provider"`
+	AgentID  string `json:"agent_id"`
+	Label    string `json:"label"`
+	Status   string `json:"status"`
+}
+
+// credentialBody is the strict body of PUT …/credential: exactly one of
+// an OAuth grant or an API key (checkCredential enforces "exactly").
+type credentialBody struct {
+	OAuth  *oauthGrant `json:"oauth"`
+	APIKey string      `json:"api_key"`
+}
+
+// stores are the state files an engine reads (main.go's deps adds the clients file).
+type stores struct {
+	st      state
+	vault   *vault
+	journal *journal
+	reg     *registry
+}
+
+// core is the daemon's parts that the server and every request's engine
+// share, built once by serve.
+type core struct {
+	stores // st, vault, journal, reg
+	sys    // log, now
+	getenv func(string) string
+	// localCreds holds -local-credentials-stdin keys; when non-nil it is the
+	// only source of direct credentials (SPEC §16).
+	localCreds map[string]string
+	client     *http.Client // provider calls: no timeout, no redirects, no proxy
+	catalog    *catalog
+	perf       *perfRegistry
+	keepAlive  time.Duration // 0: keepAliveEvery; tests shorten it
+	attempts   atomic.Int64  // provider calls made since start, for /metrics
+	ledger     *ledger
+	inv        *inventory
+	oauth      *oauthClient
+	pins       sync.Map // agent "\x00" provider → the subscription that last served it (pin)
+	maint      *maintainer
+}
+
+// hasDirect reports whether a direct credential exists for provider.
+func (c *core) hasDirect(provider string) bool {
+	if c.localCreds != nil {
+		return c.localCreds[provider] != ""
+	}
+	return c.vault.directKey(provider) != ""
+}
+
+// mayHaveDirect is hasDirect, and true when the vault is unreadable: a request
+// then meets the vault's refusal, not "no direct credential" (SPEC §2.2).
+func (c *core) mayHaveDirect(provider string) bool {
+	_, err := c.vault.load()
+	return c.hasDirect(provider) || c.localCreds == nil && err != nil && !errors.As(err, new(*noStateError))
+}
+
+// anyDirectPayer reports whether something could serve without an agent
+// (SPEC §13, §14): a direct credential or a declared deployment.
+func (c *core) anyDirectPayer() bool {
+	if doc, err := c.reg.current(); len(c.localCreds) > 0 || (err == nil && len(doc.Deployments) > 0) {
+		return true
+	}
+	if vd, err := c.vault.load(); c.localCreds == nil && err == nil {
+		for _, k := range vd.Direct {
+			if k.APIKey != "" {
+				return true
+			}
+		}
+	}
+	return false
 }
