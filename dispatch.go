@@ -18,13 +18,11 @@ import (
 	"time"
 )
 
-// The attempt engine (SPEC §7): plan checks a request before dispatch;
-// attemptRoute walks a route's candidates, each with who pays it (a direct
-// key or the agent's pool of its provider); attemptCandidate is the one
-// loop over one candidate's credentials within the budget table; send makes
-// and counts the one call; commit is the one abort after commit and keeps
-// the ledger; settle records spend once. count_tokens, embeddings and the
-// probe go through the same loop.
+// The attempt engine (SPEC §7): plan checks before dispatch; attemptRoute
+// walks a route's candidates, each with who pays it; attemptCandidate is the
+// one loop over a candidate's credentials within the budget table; send
+// makes and counts the one call; commit is the one abort after commit;
+// settle records spend once. count_tokens, embeddings and the probe too.
 
 // routeKind is what the budget table is keyed by.
 type routeKind int
@@ -84,20 +82,19 @@ type tally struct {
 	remember      func(ae *apiError, attempts int, hungUp, streamed bool) // the replay guard's (SPEC §8.1); nil: none
 }
 
-// candidate is one route with who pays it: a direct key or a pool.
+// candidate is one route with who pays it: its pool, else the call's direct key.
 type candidate struct {
-	res     resolution
-	baseURL string              // a direct route's; a pool's is the provider's
-	key     *upstreamCredential // a direct route's one credential
-	pool    []overlayItem
-	req     *callerRequest // a chat call's request (a selector's with its limit)
-	model   string         // the name a chat answer reports
+	call
+	pool  []overlayItem
+	req   *callerRequest // a chat call's request (a selector's with its limit)
+	model string         // the name a chat answer reports
 }
 
 // job is how a request's calls are built and a committed one is answered;
 // commit's streamed says a failure was written in-band.
 type job struct {
 	kind   routeKind
+	pool   []overlayItem // the probe's one subscription; nil: the agent's eligible pool
 	build  func(ctx context.Context, cand *candidate, c call) (*http.Request, error)
 	commit func(ctx context.Context, cand *candidate, c call, resp *http.Response) (u usage, failure *apiError, streamed bool)
 }
@@ -107,10 +104,9 @@ type job struct {
 type walk struct {
 	reasons            []string // "<subscription id or route>: <reason>"
 	rate, quota, auth  bool     // a call was refused 429, for quota, 401/403
-	blocked            bool     // a subscription was skipped as blocked
 	rejectedStatus     int      // (selectors) the last 400, 404, 413 or 422 (SPEC §7.2.5 e)
 	refreshTransport   *apiError
-	earliestBlockEnd   time.Time
+	blockEnd           time.Time // the earliest end of a block met
 	refreshed, skipped []string         // grants refreshed in this request; those whose refresh failed (SPEC §7.2.3)
 	last               *providerRefusal // the last call's refusal (the probe records a 401 or 403)
 	route              string           // (selectors) the candidate being walked, which every note names (SPEC §7.3)
@@ -121,6 +117,12 @@ func (wk *walk) note(who, reason string) {
 		who, reason = wk.route, who+" "+reason
 	}
 	wk.reasons = append(wk.reasons, who+": "+reason)
+}
+
+func (wk *walk) metBlock(until time.Time) {
+	if wk.blockEnd.IsZero() || until.Before(wk.blockEnd) {
+		wk.blockEnd = until
+	}
 }
 
 // pin is the subscription that last served an agent's provider, until its
@@ -148,7 +150,14 @@ func (e *engine) plan(cl client, agent string, req *chatRequest) (call, error) {
 			err = refuse("forbidden", "this route is paid by an agent's subscriptions; use a bearer bound to an agent: brama clients add ID -agent AGENT")
 		}
 	case res.Provider.cred == credDirect:
-		if c.cred.APIKey, err = e.directCredential(res.Provider.id); err == nil {
+		key, vaultErr := e.directKey(res.Provider.id)
+		switch {
+		case vaultErr != nil:
+			err = vaultUnreadable(vaultErr).withAttempts(0)
+		case key == "":
+			err = refuse("credential_unauthorized", "no direct credential for provider %q", res.Provider.id).withAttempts(0)
+		default:
+			c.cred.APIKey = key
 			c.baseURL, err = e.baseURL(res.Provider)
 		}
 	}
@@ -208,24 +217,6 @@ func (e *engine) applyMaxTokens(req *chatRequest, res resolution) error {
 	return nil
 }
 
-// directCredential is the deployment's API key for provider (SPEC §7.1).
-func (e *engine) directCredential(provider string) (string, error) {
-	key := e.localCreds[provider]
-	if e.localCreds == nil {
-		doc, err := e.vault.load()
-		if err != nil && !errors.As(err, new(*noStateError)) {
-			return "", vaultUnreadable(err).withAttempts(0)
-		}
-		if doc != nil {
-			key = doc.Direct[provider].APIKey
-		}
-	}
-	if key == "" {
-		return "", refuse("credential_unauthorized", "no direct credential for provider %q", provider).withAttempts(0)
-	}
-	return key, nil
-}
-
 // candidates lists the routes a selector or best walks, in order (SPEC
 // §7.3): best's, then each model of each provider where the agent has an
 // eligible subscription, freest first (ties by id): every alias's P/…
@@ -237,257 +228,214 @@ func (e *engine) candidates(res resolution) ([]resolution, error) {
 		aliases = doc.Routes
 	}
 	items, err := e.inv.agentItems(e.agent)
-	if err != nil {
-		return nil, err
-	}
 	var provs []string
-	free, now := map[string][]float64{}, e.now() // a provider's freest eligible subscription's
+	free := map[string][]float64{} // each provider with an eligible subscription: its freest one's
 	for _, it := range items {
-		if _, seen := free[it.Provider]; seen {
+		if _, seen := free[it.Provider]; seen || err != nil {
 			continue
 		}
-		subs, err := e.eligible(e.agent, it.Provider)
-		if err != nil {
-			return nil, err
-		}
-		if len(subs) > 0 {
-			free[it.Provider] = e.freedomOf(subs[0].ID, now)
-			provs = append(provs, it.Provider)
+		var subs []overlayItem
+		if subs, err = e.eligible(e.agent, it.Provider); len(subs) > 0 {
+			free[it.Provider], provs = e.freedomOf(subs[0].ID, e.now()), append(provs, it.Provider)
 		}
 	}
 	slices.SortFunc(provs, func(a, b string) int { return cmp.Or(slices.Compare(free[a], free[b]), strings.Compare(a, b)) })
-	var routes []string
+	var out []resolution
+	add := func(route string) {
+		pid, model, _ := strings.Cut(route, "/")
+		p, known := lookupProvider(pid)
+		vision := func() bool {
+			info, ok, _ := e.catalog.lookup(pid, model)
+			return ok && slices.Contains(info.Modalities.Input, "image")
+		}
+		if known && model != "" && p.cred != credNone && !slices.ContainsFunc(out, func(r resolution) bool { return r.Route == route }) &&
+			(res.Mode != modeAnyVision || vision()) {
+			out = append(out, resolution{Mode: modeSubscription, Route: route, Provider: p, Model: model})
+		}
+	}
 	if res.Mode == modeBest {
-		routes = append(routes, aliases["best"])
+		add(aliases["best"])
 	}
 	for _, p := range provs {
 		for _, alias := range slices.Sorted(maps.Keys(aliases)) {
 			if strings.HasPrefix(aliases[alias], p+"/") {
-				routes = append(routes, aliases[alias])
+				add(aliases[alias])
 			}
 		}
 		n := 0
 		for _, m := range e.catalog.models(p) {
 			if n < 3 && slices.Contains(m.Modalities.Output, "text") {
-				routes, n = append(routes, p+"/"+m.ID), n+1
+				add(p + "/" + m.ID)
+				n++
 			}
 		}
 	}
-	var out []resolution
-	for _, route := range routes {
-		pid, model, _ := strings.Cut(route, "/")
-		p, known := lookupProvider(pid)
-		if !known || model == "" || p.cred == credNone || slices.ContainsFunc(out, func(r resolution) bool { return r.Route == route }) {
-			continue
-		}
-		if res.Mode == modeAnyVision {
-			if info, ok, _ := e.catalog.lookup(pid, model); !ok || !slices.Contains(info.Modalities.Input, "image") {
-				continue
-			}
-		}
-		out = append(out, resolution{Mode: modeSubscription, Route: route, Provider: p, Model: model})
-	}
-	return out, nil
+	return out, err
 }
 
 // eligible is the agent's non-retired subscriptions of provider with an
 // active credential, in order: blocked last, then freest first, the pinned
 // one first among equals, ties in overlay order (SPEC §2.3, §7.2.2).
-func (e *engine) eligible(agent, provider string) (active []overlayItem, err error) {
+func (e *engine) eligible(agent, provider string) ([]overlayItem, error) {
 	pool, err := e.inv.pool(agent, provider)
-	now, pinned, free := e.now(), "", map[string][]float64{}
-	if pn, ok := e.pins.Load(agent + "\x00" + provider); ok && now.Before(pn.(pin).until) {
-		pinned = pn.(pin).id
-	}
+	now, free := e.now(), map[string][]float64{}
+	pool = slices.DeleteFunc(pool, func(it overlayItem) bool { return e.ledger.credentialState(it.ID) != credActive })
 	for _, it := range pool {
-		if e.ledger.credentialState(it.ID) == credActive {
-			active = append(active, it)
-			free[it.ID] = append(e.freedomOf(it.ID, now), b2f(it.ID != pinned))
-		}
+		free[it.ID] = e.freedomOf(it.ID, now)
 	}
-	slices.SortStableFunc(active, func(a, b overlayItem) int { return slices.Compare(free[a.ID], free[b.ID]) })
-	return active, err
+	if pn, ok := e.pins.Load(agent + "\x00" + provider); ok && now.Before(pn.(pin).until) {
+		slices.SortStableFunc(pool, func(a, b overlayItem) int { return b2i(b.ID == pn.(pin).id) - b2i(a.ID == pn.(pin).id) })
+	}
+	slices.SortStableFunc(pool, func(a, b overlayItem) int { return slices.Compare(free[a.ID], free[b.ID]) })
+	return pool, err
 }
 
 // freedomOf is how free a subscription is, compared in order (SPEC §7.2.2).
 func (e *engine) freedomOf(id string, now time.Time) []float64 {
-	return []float64{b2f(!e.ledger.blockedUntil(id).IsZero()), e.ledger.fullness(id, now)}
+	return []float64{float64(b2i(!e.ledger.blockedUntil(id).IsZero())), e.ledger.fullness(id, now)}
 }
 
-// b2f is 1 for true, so that false sorts first.
-func b2f(b bool) float64 {
+// b2i is 1 for true, so that false sorts first.
+func b2i(b bool) int {
 	if b {
 		return 1
 	}
 	return 0
 }
 
-// routeOutcome says how one candidate's calls ended.
-type routeOutcome int
-
-const (
-	routeAnswered routeOutcome = iota // the caller has its answer (success or the returned refusal)
-	routeRefused                      // every credential of the pool refused or was skipped
-	routeNext                         // the budget spent, a credential untried; or (selectors) the request refused
-	routeUnfit                        // (selectors) no call: the candidate's format cannot express the request
-)
-
-// attemptRoute serves c with j (SPEC §7.1–§7.3): a direct route on its one
-// key; else each candidate (the subscription route itself, or a selector's
-// routes in order, each with its own output limit) on the agent's pool of
-// its provider, read as it is reached, skipping a provider whose pool
-// refused. Its answer, or the walk's one refusal (§7.2.5).
+// attemptRoute serves c with j (SPEC §7.1–§7.3): each candidate (c's route,
+// or a selector's routes in order, each with its own output limit) with who
+// pays it: a direct key, the probed subscription, or the agent's pool of its
+// provider, read as it is reached, skipping a provider whose pool refused. A
+// rotating kind moves on only after a refusal proving nothing was generated:
+// a second call could double cost or tool effects. Its answer, or the walk's
+// one refusal (§7.2.5).
 func (e *engine) attemptRoute(ctx context.Context, j *job, c call, req *callerRequest, sels []resolution) *apiError {
-	model, wk := "", &e.wk
-	if req != nil {
-		model = req.head.Model
-	}
-	if c.res.Mode == modeDirect || c.res.Mode == modeAlias { // one call on one key: always answered
-		_, ae := e.attemptCandidate(ctx, j, &candidate{res: c.res, baseURL: c.baseURL, key: &c.cred, req: req, model: model})
-		return ae
-	}
-	selecting, provider := c.res.Mode != modeSubscription, ""
+	b, wk, selecting := budgets[j.kind], &e.wk, j.kind == kindSelector
 	if !selecting {
-		sels, provider = []resolution{c.res}, c.res.Provider.id
+		sels = []resolution{c.res}
 	}
 	poolRefused, tried := map[string]bool{}, false
 	var unfit *apiError // a candidate skipped: no max_tokens known, or a request its format cannot express
+candidates:
 	for _, res := range sels {
-		p, cand := res.Provider.id, &candidate{res: res, req: req, model: model}
-		if selecting {
-			wk.route, cand.model = res.Route, res.Route
-		}
-		if poolRefused[p] {
-			wk.note(res.Route, "skipped: every "+p+" subscription already refused")
-			continue
-		}
-		pool, err := e.eligible(e.agent, p)
-		if err != nil {
-			return asAPIError(err).withAttempts(e.t.attempts)
-		} else if cand.pool = pool; len(pool) == 0 {
-			wk.note(res.Route, fmt.Sprintf("no usable %q subscription", p))
-			continue
+		p, cand, queue := res.Provider, &candidate{call: c, pool: j.pool, req: req}, []overlayItem{{}}
+		if req != nil {
+			cand.model = req.head.Model
 		}
 		if selecting {
-			head := req.head
-			err = e.applyMaxTokens(&head, res)
-			cand.req = req.withLimit(head.MaxTokens)
+			wk.route, cand.res, cand.model = res.Route, res, res.Route
 		}
-		out, ae := routeUnfit, (*apiError)(nil)
-		if err == nil {
-			out, ae = e.attemptCandidate(ctx, j, cand)
+		if res.Mode != modeDirect && res.Mode != modeAlias { // a pool pays
+			var err error
+			if cand.pool == nil && poolRefused[p.id] {
+				wk.note(res.Route, "skipped: every "+p.id+" subscription already refused")
+				continue
+			} else if cand.pool == nil {
+				if cand.pool, err = e.eligible(e.agent, p.id); err != nil {
+					return asAPIError(err).withAttempts(e.t.attempts)
+				}
+			}
+			if len(cand.pool) == 0 {
+				wk.note(res.Route, fmt.Sprintf("no usable %q subscription", p.id))
+				continue
+			}
+			if selecting {
+				head := req.head
+				if err = e.applyMaxTokens(&head, res); err != nil {
+					unfit = asAPIError(err)
+					wk.note(res.Route, "skipped: "+unfit.Message)
+					continue
+				}
+				cand.req = req.withLimit(head.MaxTokens)
+			}
+			if cand.baseURL, err = e.baseURL(p); err != nil {
+				return asAPIError(err)
+			}
+			queue = slices.Clone(cand.pool) // without rotation, the first usable credential makes the one call
 		}
-		switch out {
-		case routeAnswered:
-			return ae
-		case routeUnfit:
-			unfit = cmp.Or(ae, asAPIError(err))
-			wk.note(res.Route, "skipped: "+unfit.Message)
-			continue
-		case routeRefused:
-			poolRefused[p] = true
+		begin, before, rejected := e.now(), e.t.attempts, false
+		for calls := 0; len(queue) > 0 && calls < b.calls && !rejected; {
+			c, sub := cand.call, &queue[0]
+			queue = queue[1:]
+			var err error
+			if cand.pool == nil {
+				sub = nil
+			} else if c.cred, err = e.subscriptionCredential(ctx, j.kind, *sub, ""); errors.Is(err, errSkipSubscription) {
+				continue
+			} else if err != nil {
+				return asAPIError(err).withAttempts(e.t.attempts)
+			}
+			start := e.now()
+			hr, err := j.build(ctx, cand, c)
+			if ae := asAPIError(err); err != nil && selecting && ae.Code == "invalid_request" { // its format cannot express the request (SPEC §7.6)
+				unfit = ae
+				wk.note(res.Route, "skipped: "+ae.Message)
+				continue candidates
+			} else if err != nil { // the request could not be built: nothing was called
+				if e.t.attempts > 0 {
+					ae = ae.withAttempts(e.t.attempts)
+				}
+				return ae
+			}
+			made := e.t.attempts
+			resp, ref, failure := e.send(hr, c, sub)
+			calls++
+			if resp != nil {
+				return e.commit(ctx, j, cand, c, sub, resp, start)
+			}
+			if sub != nil && b.rotate && e.t.attempts > made { // none once the caller hung up: no use of sub
+				e.ledger.recordUse(sub.ID, p.id, false, 0, 0)
+			}
+			wk.last = ref
+			switch {
+			case !b.rotate || ref == nil: // a transport failure or cut body is potentially billable
+			case ref.class == refusalAuth:
+				wk.auth = true
+				if (c.cred.AccessToken == "" || slices.Contains(wk.refreshed, sub.ID)) && !e.credentialReplaced(*sub, c.cred) {
+					e.ledger.setCredential(sub.ID, p.id, credNeedsReauth, ref.sentence)
+					wk.note(sub.ID, "authentication refused: "+ref.sentence)
+					continue
+				}
+				// Refresh a grant not yet refreshed here, retry if a call remains.
+				_, err := e.subscriptionCredential(ctx, j.kind, *sub, c.cred.AccessToken)
+				if err != nil && !errors.Is(err, errSkipSubscription) {
+					return asAPIError(err).withAttempts(e.t.attempts)
+				}
+				if err == nil {
+					wk.note(sub.ID, "refused the access token; refreshed")
+					if calls < b.calls {
+						queue = append([]overlayItem{*sub}, queue...)
+					}
+				}
+				continue
+			case ref.class == refusalRate || ref.class == refusalQuota:
+				e.blockFor(*sub, ref)
+				continue
+			case ref.class == refusalModel && selecting: // the next candidate may take the request
+				wk.rejectedStatus, rejected = ref.err.Status(), true
+				wk.note(res.Route, "refused the request: "+ref.sentence)
+				continue
+			}
+			return e.settle(ctx, j, cand, start, usage{}, failure.withAttempts(e.t.attempts))
 		}
-		tried = true
+		if e.t.attempts > before && b.spends { // calls all refused count as one failure of the route (SPEC §13)
+			e.perf.record(res.Route, false, e.now().Sub(begin), 0)
+		}
+		poolRefused[p.id], tried = len(queue) == 0 && !rejected, true
 	}
-	if tried {
+	switch {
+	case tried:
 		return e.exhausted()
-	} else if unfit != nil { // every usable candidate needs a max_tokens nobody knows (SPEC §6.4) or another format
+	case unfit != nil: // every usable candidate needs a max_tokens nobody knows (SPEC §6.4) or another format
 		return unfit
 	}
+	provider := map[bool]string{false: c.res.Provider.id}[selecting]
 	items, err := e.inv.pool(e.agent, provider) // no call at all: sign in again when every subscription needs it
 	if err == nil && len(items) > 0 && !slices.ContainsFunc(items, func(it overlayItem) bool { return e.ledger.credentialState(it.ID) == credActive }) {
 		return refuse("subscription_reauthorization_required", "no subscription of agent %q for %s has an active credential; sign in again", e.agent, cmp.Or(c.res.Route, c.res.Mode)).withAttempts(0)
 	}
 	return refuse("credential_unauthorized", "no subscription of agent %q can serve %s", e.agent, cmp.Or(c.res.Route, c.res.Mode)).withAttempts(0)
-}
-
-// attemptCandidate makes one candidate's calls within its budget (SPEC
-// §7.1–§7.3). A rotating kind moves on only after a refusal proving nothing
-// was generated: a second call could double cost or tool effects.
-func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate) (out routeOutcome, _ *apiError) {
-	b, p, wk := budgets[j.kind], cand.res.Provider, &e.wk
-	begin, before := e.now(), e.t.attempts
-	defer func() { // calls all refused count as one failure of the route, as an answered refusal (SPEC §13)
-		if out != routeAnswered && e.t.attempts > before && b.spends {
-			e.perf.record(cand.res.Route, false, e.now().Sub(begin), 0)
-		}
-	}()
-	c, queue := call{res: cand.res, baseURL: cand.baseURL}, []overlayItem{{}} // a direct route: one call on its key
-	if cand.key == nil {
-		var err error
-		if c.baseURL, err = e.baseURL(p); err != nil {
-			return routeAnswered, asAPIError(err)
-		}
-		queue = slices.Clone(cand.pool) // without rotation, the first usable credential makes the one call
-	}
-	for calls := 0; len(queue) > 0 && calls < b.calls; {
-		sub := &queue[0]
-		queue = queue[1:]
-		var err error
-		if cand.key != nil {
-			c.cred, sub = *cand.key, nil
-		} else if c.cred, err = e.subscriptionCredential(ctx, j.kind, *sub, ""); errors.Is(err, errSkipSubscription) {
-			continue
-		} else if err != nil {
-			return routeAnswered, asAPIError(err).withAttempts(e.t.attempts)
-		}
-		start := e.now()
-		hr, err := j.build(ctx, cand, c)
-		if err != nil { // the request could not be built: nothing was called
-			ae := asAPIError(err)
-			if j.kind == kindSelector && ae.Code == "invalid_request" { // its format cannot express the request (SPEC §7.6)
-				return routeUnfit, ae
-			}
-			if e.t.attempts > 0 {
-				ae = ae.withAttempts(e.t.attempts)
-			}
-			return routeAnswered, ae
-		}
-		made := e.t.attempts
-		resp, ref, failure := e.send(hr, c, sub)
-		calls++
-		if resp != nil {
-			return routeAnswered, e.commit(ctx, j, cand, c, sub, resp, start)
-		}
-		if sub != nil && b.rotate && e.t.attempts > made { // none once the caller hung up: no use of sub
-			e.ledger.recordUse(sub.ID, p.id, false, 0, 0)
-		}
-		wk.last = ref
-		switch {
-		case !b.rotate || ref == nil: // a transport failure or cut body is potentially billable
-		case ref.class == refusalAuth:
-			wk.auth = true
-			if (c.cred.AccessToken == "" || slices.Contains(wk.refreshed, sub.ID)) && !e.credentialReplaced(*sub, c.cred) {
-				e.ledger.setCredential(sub.ID, p.id, credNeedsReauth, ref.sentence)
-				wk.note(sub.ID, "authentication refused: "+ref.sentence)
-				continue
-			}
-			// Refresh a grant not yet refreshed here, retry if a call remains.
-			_, err := e.subscriptionCredential(ctx, j.kind, *sub, c.cred.AccessToken)
-			if err != nil && !errors.Is(err, errSkipSubscription) {
-				return routeAnswered, asAPIError(err).withAttempts(e.t.attempts)
-			}
-			if err == nil {
-				wk.note(sub.ID, "refused the access token; refreshed")
-				if calls < b.calls {
-					queue = append([]overlayItem{*sub}, queue...)
-				}
-			}
-			continue
-		case ref.class == refusalRate || ref.class == refusalQuota:
-			e.blockFor(*sub, ref)
-			continue
-		case ref.class == refusalModel && j.kind == kindSelector:
-			wk.rejectedStatus = ref.err.Status()
-			wk.note(cand.res.Route, "refused the request: "+ref.sentence)
-			return routeNext, nil
-		}
-		return routeAnswered, e.settle(ctx, j, cand, start, usage{}, failure.withAttempts(e.t.attempts))
-	}
-	if len(queue) > 0 {
-		return routeNext, nil
-	}
-	return routeRefused, nil
 }
 
 // errSkipSubscription: no call on this subscription; the walk noted why.
@@ -501,10 +449,7 @@ var errSkipSubscription = errors.New("subscription skipped")
 func (e *engine) subscriptionCredential(ctx context.Context, kind routeKind, sub overlayItem, refusedToken string) (upstreamCredential, error) {
 	wk := &e.wk
 	if until := e.ledger.blockedUntil(sub.ID); budgets[kind].rotate && !until.IsZero() {
-		wk.blocked = true
-		if wk.earliestBlockEnd.IsZero() || until.Before(wk.earliestBlockEnd) {
-			wk.earliestBlockEnd = until
-		}
+		wk.metBlock(until)
 		wk.note(sub.ID, "blocked until "+until.UTC().Format(time.RFC3339))
 		return upstreamCredential{}, errSkipSubscription
 	} else if kind != kindProbe && e.ledger.credentialState(sub.ID) != credActive { // the probe may revive it
@@ -674,9 +619,7 @@ func (e *engine) block(sub overlayItem, stated time.Duration, why string) time.T
 func (e *engine) blockFor(sub overlayItem, ref *providerRefusal) {
 	wk, rate := &e.wk, ref.class == refusalRate
 	until := e.block(sub, ref.retryAfter, ref.sentence)
-	if wk.earliestBlockEnd.IsZero() || until.Before(wk.earliestBlockEnd) {
-		wk.earliestBlockEnd = until
-	}
+	wk.metBlock(until)
 	wk.rate, wk.quota = wk.rate || rate, wk.quota || !rate
 	wk.note(sub.ID, map[bool]string{true: "rate limited: ", false: "quota exhausted: "}[rate]+ref.sentence)
 }
@@ -689,7 +632,7 @@ func (e *engine) exhausted() *apiError {
 	switch {
 	case n == 0 && wk.refreshTransport != nil:
 		ae = refuse("dependency_unavailable", "%s", wk.refreshTransport.Message).because(wk.refreshTransport.Err)
-	case n == 0 && wk.blocked:
+	case n == 0 && !wk.blockEnd.IsZero(): // no call, so every block met was a skip
 		ae = refuse("subscription_unavailable", "every eligible subscription is blocked: %s", list)
 	case n == 0:
 		ae = refuse("subscription_reauthorization_required", "no subscription could be refreshed; sign in again: %s", list)
@@ -704,8 +647,8 @@ func (e *engine) exhausted() *apiError {
 	default:
 		ae = refuse("provider_failure", "every candidate was refused: %s", list)
 	}
-	if ae.Status() == http.StatusTooManyRequests && !wk.earliestBlockEnd.IsZero() { // SPEC §7.2.5
-		ae.RetryAfter = max(wk.earliestBlockEnd.Sub(e.now()), time.Second)
+	if ae.Status() == http.StatusTooManyRequests && !wk.blockEnd.IsZero() { // SPEC §7.2.5
+		ae.RetryAfter = max(wk.blockEnd.Sub(e.now()), time.Second)
 	}
 	return ae.withAttempts(n)
 }
@@ -888,7 +831,7 @@ func (e *engine) probe(ctx context.Context, it overlayItem, model string) (probe
 	res.Mode = modeSubscription // paid by the probed subscription, whatever its provider
 	p, req := res.Provider, pingRequest(res.Route, res.Provider)
 	ok, detail := false, ""
-	j := &job{kind: kindProbe,
+	j := &job{kind: kindProbe, pool: []overlayItem{it},
 		build: func(ctx context.Context, _ *candidate, c call) (*http.Request, error) {
 			hr, err := buildUpstreamRequest(ctx, p, c.baseURL, c.cred, req, c.res.Model)
 			if err != nil { // the ping could not be encoded: a failed probe, as before any call
@@ -906,7 +849,7 @@ func (e *engine) probe(ctx context.Context, it overlayItem, model string) (probe
 			return ans.Usage, nil, false
 		},
 	}
-	out, ae := e.attemptCandidate(ctx, j, &candidate{res: res, pool: []overlayItem{it}})
+	ae := e.attemptRoute(ctx, j, call{res: res}, nil, nil)
 	switch r := e.wk.last; { // recorded, not retried
 	case r == nil:
 	case r.class == refusalAuth: // a 401 or 403
@@ -916,10 +859,10 @@ func (e *engine) probe(ctx context.Context, it overlayItem, model string) (probe
 	}
 	switch {
 	case detail != "":
-	case out == routeRefused: // the grant could not be refreshed
-		detail = "no call was made: " + strings.Join(e.wk.reasons, "; ")
 	case e.t.attempts > 0: // the provider refused, or no answer came
 		detail = ae.Message
+	case len(e.wk.reasons) > 0: // the grant could not be refreshed
+		detail = "no call was made: " + strings.Join(e.wk.reasons, "; ")
 	default: // refused before any call, as a probe's own refusal
 		ae.Attempts = nil
 		return probeOutcome{}, ae
@@ -1004,19 +947,32 @@ type core struct {
 	maint      *maintainer
 }
 
+// directKey is provider's direct API key (SPEC §7.1): -local-credentials-stdin's
+// when given (the only source then, §16), else the vault's, whose read may fail.
+func (c *core) directKey(provider string) (string, error) {
+	if c.localCreds != nil {
+		return c.localCreds[provider], nil
+	}
+	doc, err := c.vault.load()
+	if errors.As(err, new(*noStateError)) { // no state directory: no key
+		return "", nil
+	} else if err != nil {
+		return "", err
+	}
+	return doc.Direct[provider].APIKey, nil
+}
+
 // hasDirect reports whether a direct credential exists for provider.
 func (c *core) hasDirect(provider string) bool {
-	if c.localCreds != nil {
-		return c.localCreds[provider] != ""
-	}
-	return c.vault.directKey(provider) != ""
+	key, _ := c.directKey(provider)
+	return key != ""
 }
 
 // mayHaveDirect is hasDirect, and true when the vault is unreadable: a request
 // then meets the vault's refusal, not "no direct credential" (SPEC §2.2).
 func (c *core) mayHaveDirect(provider string) bool {
-	_, err := c.vault.load()
-	return c.hasDirect(provider) || c.localCreds == nil && err != nil && !errors.As(err, new(*noStateError))
+	key, err := c.directKey(provider)
+	return key != "" || err != nil
 }
 
 // anyDirectPayer reports whether something could serve without an agent
