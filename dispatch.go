@@ -106,7 +106,7 @@ type walk struct {
 	rate, quota, auth  bool     // a call was refused 429, for quota, 401/403
 	rejectedStatus     int      // (selectors) the last 400, 404, 413 or 422 (SPEC §7.2.5 e)
 	refreshTransport   *apiError
-	blockEnd           time.Time // the earliest end of a block met
+	blockEnd           time.Time        // the earliest end of a block met
 	refreshed, skipped []string         // grants refreshed in this request; those whose refresh failed (SPEC §7.2.3)
 	last               *providerRefusal // the last call's refusal (the probe records a 401 or 403)
 	route              string           // (selectors) the candidate being walked, which every note names (SPEC §7.3)
