@@ -18,11 +18,10 @@ import (
 	"time"
 )
 
-// The attempt engine (SPEC §7): plan checks before dispatch; attemptRoute
-// walks a route's candidates, each with who pays it; attemptCandidate is the
-// one loop over a candidate's credentials within the budget table; send
-// makes and counts the one call; commit is the one abort after commit;
-// settle records spend once. count_tokens, embeddings and the probe too.
+// The attempt engine (SPEC §7): plan checks before dispatch; attemptRoute is
+// the one walk over a route's candidates and their credentials within the
+// budget table; send makes and counts the one call; commit is the one abort
+// after commit; settle records spend once. Every kind of call goes through it.
 
 // routeKind is what the budget table is keyed by.
 type routeKind int
@@ -106,10 +105,9 @@ type walk struct {
 	rate, quota, auth  bool     // a call was refused 429, for quota, 401/403
 	rejectedStatus     int      // (selectors) the last 400, 404, 413 or 422 (SPEC §7.2.5 e)
 	refreshTransport   *apiError
-	blockEnd           time.Time        // the earliest end of a block met
-	refreshed, skipped []string         // grants refreshed in this request; those whose refresh failed (SPEC §7.2.3)
-	last               *providerRefusal // the last call's refusal (the probe records a 401 or 403)
-	route              string           // (selectors) the candidate being walked, which every note names (SPEC §7.3)
+	blockEnd           time.Time // the earliest end of a block met
+	refreshed, skipped []string  // grants refreshed in this request; those whose refresh failed (SPEC §7.2.3)
+	route              string    // (selectors) the candidate being walked, which every note names (SPEC §7.3)
 }
 
 func (wk *walk) note(who, reason string) {
@@ -320,11 +318,12 @@ func (e *engine) attemptRoute(ctx context.Context, j *job, c call, req *callerRe
 candidates:
 	for _, res := range sels {
 		p, cand, queue := res.Provider, &candidate{call: c, pool: j.pool, req: req}, []overlayItem{{}}
-		if req != nil {
-			cand.model = req.head.Model
-		}
 		if selecting {
 			wk.route, cand.res, cand.model = res.Route, res, res.Route
+		}
+		skip := func(ae *apiError) {
+			unfit = ae
+			wk.note(res.Route, "skipped: "+ae.Message)
 		}
 		if res.Mode != modeDirect && res.Mode != modeAlias { // a pool pays
 			var err error
@@ -343,8 +342,7 @@ candidates:
 			if selecting {
 				head := req.head
 				if err = e.applyMaxTokens(&head, res); err != nil {
-					unfit = asAPIError(err)
-					wk.note(res.Route, "skipped: "+unfit.Message)
+					skip(asAPIError(err))
 					continue
 				}
 				cand.req = req.withLimit(head.MaxTokens)
@@ -369,8 +367,7 @@ candidates:
 			start := e.now()
 			hr, err := j.build(ctx, cand, c)
 			if ae := asAPIError(err); err != nil && selecting && ae.Code == "invalid_request" { // its format cannot express the request (SPEC §7.6)
-				unfit = ae
-				wk.note(res.Route, "skipped: "+ae.Message)
+				skip(ae)
 				continue candidates
 			} else if err != nil { // the request could not be built: nothing was called
 				if e.t.attempts > 0 {
@@ -387,13 +384,12 @@ candidates:
 			if sub != nil && b.rotate && e.t.attempts > made { // none once the caller hung up: no use of sub
 				e.ledger.recordUse(sub.ID, p.id, false, 0, 0)
 			}
-			wk.last = ref
 			switch {
-			case !b.rotate || ref == nil: // a transport failure or cut body is potentially billable
-			case ref.class == refusalAuth:
+			case ref == nil || !b.rotate && j.pool == nil: // a transport failure or cut body is potentially billable
+			case ref.class == refusalAuth: // the probe's is recorded, not retried
 				wk.auth = true
-				if (c.cred.AccessToken == "" || slices.Contains(wk.refreshed, sub.ID)) && !e.credentialReplaced(*sub, c.cred) {
-					e.ledger.setCredential(sub.ID, p.id, credNeedsReauth, ref.sentence)
+				if (!b.rotate || c.cred.AccessToken == "" || slices.Contains(wk.refreshed, sub.ID)) && !e.credentialReplaced(*sub, c.cred) {
+					e.ledger.setCredential(sub.ID, p.id, credNeedsReauth, cmp.Or(ref.sentence, ref.err.Message))
 					wk.note(sub.ID, "authentication refused: "+ref.sentence)
 					continue
 				}
@@ -430,8 +426,11 @@ candidates:
 	case unfit != nil: // every usable candidate needs a max_tokens nobody knows (SPEC §6.4) or another format
 		return unfit
 	}
-	provider := map[bool]string{false: c.res.Provider.id}[selecting]
-	items, err := e.inv.pool(e.agent, provider) // no call at all: sign in again when every subscription needs it
+	provider := c.res.Provider.id // no call at all: sign in again when every subscription (of a selector: any) needs it
+	if selecting {
+		provider = ""
+	}
+	items, err := e.inv.pool(e.agent, provider)
 	if err == nil && len(items) > 0 && !slices.ContainsFunc(items, func(it overlayItem) bool { return e.ledger.credentialState(it.ID) == credActive }) {
 		return refuse("subscription_reauthorization_required", "no subscription of agent %q for %s has an active credential; sign in again", e.agent, cmp.Or(c.res.Route, c.res.Mode)).withAttempts(0)
 	}
@@ -690,7 +689,8 @@ func (e *engine) refused(ae *apiError, hungUp, streamed bool) {
 func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, cand *candidate, c call, resp *http.Response) (u usage, failure *apiError, streamed bool) {
 	w.Header().Set("Brama-Route", c.res.Route)
 	e.t.route = c.res.Route
-	p, req, model, attempts := c.res.Provider, cand.req, cand.model, e.t.attempts
+	p, req, attempts := c.res.Provider, cand.req, e.t.attempts
+	model := cmp.Or(cand.model, req.head.Model)
 	pass, tr := !req.translates(p), chatRequest{}
 	if !pass {
 		tr = req.translated()
@@ -850,13 +850,6 @@ func (e *engine) probe(ctx context.Context, it overlayItem, model string) (probe
 		},
 	}
 	ae := e.attemptRoute(ctx, j, call{res: res}, nil, nil)
-	switch r := e.wk.last; { // recorded, not retried
-	case r == nil:
-	case r.class == refusalAuth: // a 401 or 403
-		e.ledger.setCredential(it.ID, p.id, credNeedsReauth, cmp.Or(r.sentence, r.err.Message))
-	case r.class == refusalRate || r.class == refusalQuota: // a block, as a request's would be
-		e.blockFor(it, r)
-	}
 	switch {
 	case detail != "":
 	case e.t.attempts > 0: // the provider refused, or no answer came
