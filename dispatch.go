@@ -23,9 +23,9 @@ import (
 type routeKind int
 
 const (
-	kindDirect       routeKind = iota // a direct or alias route (SPEC §7.1)
+	kindSelector     routeKind = iota // one candidate of any, any-vision-capable or best (§7.3)
+	kindDirect                        // a direct or alias route (SPEC §7.1)
 	kindSubscription                  // an explicit subscription route (§7.2)
-	kindSelector                      // one candidate of any, any-vision-capable or best (§7.3)
 	kindProbe                         // the completion probe (§11.3)
 	kindEmbeddings                    // POST /v1/embeddings (§15)
 	kindCountTokens                   // POST /v1/messages/count_tokens (§15)
@@ -404,7 +404,8 @@ func (e *engine) settle(ctx context.Context, j *job, cand *candidate, start time
 // serveChat answers a planned chat request on w, passthrough or translated
 // (SPEC §7.6), or returns the refusal, told first to the replay guard (§8.1).
 func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *callerRequest, c call, cands []resolution) *apiError {
-	j := &job{kind: kindSelector,
+	chatKinds := map[string]routeKind{modeDirect: kindDirect, modeAlias: kindDirect, modeSubscription: kindSubscription}
+	j := &job{kind: chatKinds[c.res.Mode], // else a selector's
 		build: func(ctx context.Context, cand *candidate, c call) (*http.Request, error) {
 			if cand.req.translates(c.res.Provider) {
 				return buildUpstreamRequest(ctx, c.res.Provider, c.baseURL, c.cred, cand.req.translated(), c.res.Model)
@@ -414,12 +415,6 @@ func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *call
 		commit: func(ctx context.Context, cand *candidate, c call, resp *http.Response) (usage, *apiError, bool) {
 			return e.deliver(ctx, w, cand, c, resp)
 		},
-	}
-	switch c.res.Mode {
-	case modeDirect, modeAlias:
-		j.kind = kindDirect
-	case modeSubscription:
-		j.kind = kindSubscription
 	}
 	ae := e.attemptRoute(ctx, j, c, req, cands)
 	e.refused(ae, ctx.Err() != nil, false)
