@@ -125,8 +125,11 @@ func (e *engine) eligible(agent, provider string) ([]overlayItem, error) {
 	for _, it := range pool {
 		free[it.ID] = e.freedomOf(it.ID, now)
 	}
-	if pn, ok := e.pins.Load(agent + "\x00" + provider); ok && now.Before(pn.(pin).until) {
-		slices.SortStableFunc(pool, func(a, b overlayItem) int { return b2i(b.ID == pn.(pin).id) - b2i(a.ID == pn.(pin).id) })
+	if pn, ok := e.pins.Load(agent + "\x00" + provider); ok && now.Before(pn.(pin).until) { // first among equals
+		if i := slices.IndexFunc(pool, func(it overlayItem) bool { return it.ID == pn.(pin).id }); i > 0 {
+			pinned := pool[i]
+			pool = slices.Insert(slices.Delete(pool, i, i+1), 0, pinned)
+		}
 	}
 	slices.SortStableFunc(pool, func(a, b overlayItem) int { return slices.Compare(free[a.ID], free[b.ID]) })
 	return pool, err
@@ -134,15 +137,11 @@ func (e *engine) eligible(agent, provider string) ([]overlayItem, error) {
 
 // freedomOf is how free a subscription is, compared in order (SPEC §7.2.2).
 func (e *engine) freedomOf(id string, now time.Time) []float64 {
-	return []float64{float64(b2i(!e.ledger.blockedUntil(id).IsZero())), e.ledger.fullness(id, now)}
-}
-
-// b2i is 1 for true, so that false sorts first.
-func b2i(b bool) int {
-	if b {
-		return 1
+	blocked := 0.0
+	if !e.ledger.blockedUntil(id).IsZero() {
+		blocked = 1
 	}
-	return 0
+	return []float64{blocked, e.ledger.fullness(id, now)}
 }
 
 // errSkipSubscription: no call on this subscription; the walk noted why.
