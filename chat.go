@@ -11,12 +11,13 @@ import (
 
 // OpenAI Chat Completions (caller POST /v1/chat/completions, provider {base}/chat/completions): both directions, buffered and streamed.
 
-// Chat Completions wire shapes, for the caller's body and the provider's.
+// Chat Completions wire shapes, for the caller's body and the provider's. A tool is declared in the shape a call is
+// made (type, then its function or custom object), whose members are Responses' flat tool's (openAITool).
 type (
 	chatRequestBody struct {
 		callerHead
 		Messages            []chatMessage   `json:"messages"`
-		Tools               []chatTool      `json:"tools,omitempty"`
+		Tools               []chatToolCall  `json:"tools,omitempty"`
 		ToolChoice          json.RawMessage `json:"tool_choice,omitempty"`
 		ParallelToolCalls   *bool           `json:"parallel_tool_calls,omitempty"`
 		MaxTokens           *int            `json:"max_tokens,omitempty"`
@@ -36,36 +37,24 @@ type (
 		Refusal    string          `json:"refusal,omitempty"` // answers only: the model refused
 	}
 	chatPart struct {
-		Type     string    `json:"type"`
-		Text     *string   `json:"text,omitempty"`
-		ImageURL *chatURL  `json:"image_url,omitempty"`
-		File     *chatFile `json:"file,omitempty"`
+		Type     string   `json:"type"`
+		Text     *string  `json:"text,omitempty"`
+		ImageURL *chatURL `json:"image_url,omitempty"`
+		File     *chatURL `json:"file,omitempty"`
 	}
-	chatURL struct {
-		URL    string `json:"url"`
-		Detail string `json:"detail,omitempty"`
-	}
-	chatFile struct {
+	chatURL struct { // an image_url's members, or a file's
+		URL      string `json:"url,omitempty"`
+		Detail   string `json:"detail,omitempty"`
 		FileData string `json:"file_data,omitempty"`
 		Filename string `json:"filename,omitempty"`
 	}
-	chatToolCall struct {
-		Index    *int      `json:"index,omitempty"` // stream deltas only
-		ID       string    `json:"id,omitempty"`
-		Type     string    `json:"type,omitempty"`
-		Function *chatFunc `json:"function,omitempty"`
-		Custom   *chatFunc `json:"custom,omitempty"`
+	chatToolCall struct { // a call, or a tool's declaration
+		Index    *int        `json:"index,omitempty"` // stream deltas only
+		ID       string      `json:"id,omitempty"`
+		Type     string      `json:"type,omitempty"`
+		Function *openAITool `json:"function,omitempty"`
+		Custom   *openAITool `json:"custom,omitempty"`
 	}
-	chatFunc struct { // a function's or a custom tool's, in a tool or a call
-		Name        string          `json:"name,omitempty"`
-		Description string          `json:"description,omitempty"` // tools only
-		Parameters  json.RawMessage `json:"parameters,omitempty"`  // function tools only
-		Strict      *bool           `json:"strict,omitempty"`      // function tools only
-		Format      json.RawMessage `json:"format,omitempty"`      // custom tools only
-		Arguments   *string         `json:"arguments,omitempty"`   // function calls only
-		Input       *string         `json:"input,omitempty"`       // custom calls only
-	}
-	chatTool   = chatToolCall // a tool definition: type and function or custom
 	chatFormat struct {
 		Type       string        `json:"type"`
 		JSONSchema *outputFormat `json:"json_schema,omitempty"`
@@ -95,7 +84,11 @@ type (
 
 const chatKnown = "model messages tools tool_choice parallel_tool_calls max_tokens max_completion_tokens temperature top_p stop response_format reasoning_effort verbosity stream stream_options " + openAISharedNames
 
-// parseChatCompletions parses an OpenAI Chat Completions request body.
+// chatNested names the members Brama carries of the object a part or a tool nests under its type.
+var chatNested = map[string]string{"text": "", "image_url": "url detail", "file": "file_data filename",
+	"function": "name description parameters strict", "custom": "name description format"}
+
+// parseChatCompletions parses a caller's body; a refusal refuses the whole request, whatever req holds then.
 func parseChatCompletions(body []byte) (chatRequest, error) {
 	var b chatRequestBody
 	req, err := newCallerRequest(body, &b, &b.callerHead, chatKnown, "max_tokens", &b.MaxTokens)
@@ -103,19 +96,15 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 		return chatRequest{}, err
 	}
 	req.Shared, req.ParallelToolCalls = b.openAIShared, b.ParallelToolCalls
-	if err := req.setLimit("max_completion_tokens", b.MaxCompletionTokens); err != nil { // the newer name wins
-		return chatRequest{}, err
+	if req.Effort, req.Verbosity = b.ReasoningEffort, b.Verbosity; req.Effort != "" {
+		req.EffortName = "reasoning_effort"
 	}
 	var raw struct{ Messages, Tools json.RawMessage } // one more decode: the items' own members, to name unknown ones
 	json.Unmarshal(body, &raw)
-	if err := eachItem(b.Messages, raw.Messages, "messages", req.addChatMessage); err != nil {
-		return chatRequest{}, err
-	}
-	if len(req.Messages) == 0 {
-		return chatRequest{}, refuseInvalid("messages must hold at least one user, assistant or tool message")
-	}
-	if req.Effort, req.Verbosity = b.ReasoningEffort, b.Verbosity; req.Effort != "" {
-		req.EffortName = "reasoning_effort"
+	err = cmp.Or(req.setLimit("max_completion_tokens", b.MaxCompletionTokens), // the newer name wins
+		eachItem(b.Messages, raw.Messages, "messages", req.addChatMessage))
+	if err == nil && len(req.Messages) == 0 {
+		err = refuseInvalid("messages must hold at least one user, assistant or tool message")
 	}
 	var output *outputFormat
 	if f := b.ResponseFormat; f != nil {
@@ -128,68 +117,29 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 	case 0:
 		b.Stop = json.RawMessage("null")
 	}
-	err = cmp.Or( // each step reads its own members; the first refusal wins
+	err = cmp.Or(err, // each step reads its own members; the first refusal wins
 		eachItem(b.Tools, raw.Tools, "tools", req.addChatTool),
 		req.setOpenAIToolChoice(b.ToolChoice, true),
 		decodeCallerJSON(b.Stop, &req.Stop, "stop"),
 		req.setOutput(output, "response_format"),
 	)
-	if err != nil {
-		return chatRequest{}, err
-	}
 	if req.StopName = "stop"; len(req.Stop) == 0 {
 		req.Stop, req.StopName = nil, "" // [] asks for nothing
 	}
 	req.linkCalls()
-	return req, nil
+	return req, err
 }
 
-// addChatMessage adds one Chat Completions message to req, naming raw's unknown members.
+// addChatMessage adds one Chat Completions message to req, naming raw's unknown members; "" beside tool calls is no text.
 func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what string) error {
 	dropUnknown(&req.Dropped, raw, "role content tool_calls tool_call_id")
+	var parts []part
+	var err error
 	switch m.Role {
 	case "system", "developer":
 		text, err := req.callerTextOf(m.Content, what+".content", "text", "\n\n")
 		req.addSystem(text) // on an error the whole request is refused
 		return err
-	case "user":
-		parts, err := req.chatParts(m.Content, what+".content")
-		if err == nil && len(parts) == 0 {
-			err = refuseInvalid("%s.content must hold a text, image or file part", what)
-		}
-		req.Messages = append(req.Messages, message{Role: "user", Parts: parts})
-		return err
-	case "assistant":
-		var parts []part
-		if !rawIsNull(m.Content) {
-			var err error
-			if parts, err = req.chatParts(m.Content, what+".content"); err != nil {
-				return err
-			}
-			if len(parts) == 1 && parts[0].Text == "" && len(m.ToolCalls) > 0 {
-				parts = nil // "" beside tool calls is no text
-			}
-		}
-		for i, tc := range m.ToolCalls {
-			if tc.Type == "custom" {
-				tc.Function = nil
-			} else {
-				tc.Custom = nil
-			}
-			c, ok := tc.call()
-			switch {
-			case !ok || tc.Type != "" && tc.Type != "function" && tc.Type != "custom":
-				return refuseInvalid("%s.tool_calls[%d] must be a function or custom call", what, i)
-			case c.ID == "" || c.Name == "":
-				return refuseInvalid("%s.tool_calls[%d] needs an id and a name", what, i)
-			}
-			parts = append(parts, part{Type: partToolCall, ToolCallID: c.ID, ToolName: c.Name, Arguments: c.Arguments, Custom: c.Custom})
-		}
-		if len(parts) == 0 {
-			return refuseInvalid("%s needs content or tool_calls", what)
-		}
-		req.Messages = append(req.Messages, message{Role: "assistant", Parts: parts})
-		return nil
 	case "tool":
 		if m.ToolCallID == "" {
 			return refuseInvalid("%s.tool_call_id is required", what)
@@ -197,19 +147,38 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 		text, err := req.callerTextOf(m.Content, what+".content", "text", "\n")
 		req.Messages = appendPart(req.Messages, "user", part{Type: partToolResult, ToolCallID: m.ToolCallID, Text: text})
 		return err
+	case "user":
+		parts, err = req.chatParts(m.Content, what+".content")
+	case "assistant":
+		if !rawIsNull(m.Content) {
+			parts, err = req.chatParts(m.Content, what+".content")
+		}
+		if len(parts) == 1 && parts[0].Text == "" && len(m.ToolCalls) > 0 {
+			parts = nil
+		}
+		for i, tc := range m.ToolCalls {
+			if tc.Type == "custom" { // a custom call reads no function, nor a function call custom
+				tc.Function = nil
+			} else {
+				tc.Custom = nil
+			}
+			c, ok := tc.call()
+			switch {
+			case !ok || !slices.Contains([]string{"", "function", "custom"}, tc.Type):
+				return refuseInvalid("%s.tool_calls[%d] must be a function or custom call", what, i)
+			case c.ID == "" || c.Name == "":
+				return refuseInvalid("%s.tool_calls[%d] needs an id and a name", what, i)
+			}
+			parts = append(parts, part{Type: partToolCall, ToolCallID: c.ID, ToolName: c.Name, Arguments: c.Arguments, Custom: c.Custom})
+		}
+	default:
+		return refuseInvalid("%s.role %s is not one of system, developer, user, assistant, tool", what, quoteCallerToken(m.Role))
 	}
-	return refuseInvalid("%s.role %s is not one of system, developer, user, assistant, tool", what, quoteCallerToken(m.Role))
-}
-
-// chatMembers names the members Brama carries of each chat part and tool type, and of its nested object.
-var chatMembers = map[string][2]string{"text": {"type text"}, "image_url": {"type image_url", "url detail"},
-	"file": {"type file", "file_data filename"}, "function": {"type function", "name description parameters strict"},
-	"custom": {"type custom", "name description format"}}
-
-// dropUnknownChat names raw's members not in chatMembers[typ], then its nested typ object's.
-func (req *chatRequest) dropUnknownChat(raw json.RawMessage, typ string) {
-	dropUnknown(&req.Dropped, raw, chatMembers[typ][0])
-	dropUnknown(&req.Dropped, rawMember(raw, typ), chatMembers[typ][1])
+	if err == nil && len(parts) == 0 {
+		err = refuseInvalid("%s needs content (text, image or file parts) or tool_calls", what)
+	}
+	req.Messages = append(req.Messages, message{Role: m.Role, Parts: parts})
+	return err
 }
 
 // chatParts reads content: a string or text, image_url and file parts; others (audio, an earlier refusal) are dropped and named.
@@ -235,17 +204,21 @@ func (req *chatRequest) chatParts(raw json.RawMessage, what string) ([]part, err
 	return callerParts(req, raw, what, "content parts", read)
 }
 
-// addChatTool adds a chat tool, read in the flat shape Responses declares it.
-func (req *chatRequest) addChatTool(t chatTool, raw json.RawMessage, what string) error {
-	flat := openAITool{Type: "hosted"}
-	if f := map[string]*chatFunc{"function": t.Function, "custom": t.Custom}; t.Type == "function" || t.Type == "custom" {
-		req.dropUnknownChat(raw, t.Type)
-		f := valueOr(f[t.Type], chatFunc{})
-		flat = openAITool{Type: t.Type, Name: f.Name, Description: f.Description, Parameters: f.Parameters, Strict: f.Strict}
-		if t.Type == "custom" { // its members as the custom shape has them
-			flat = openAITool{Type: t.Type, Name: f.Name, Description: f.Description, Format: f.Format}
-		}
+// dropUnknownChat names raw's members other than type and its typ object, then that object's not in chatNested.
+func (req *chatRequest) dropUnknownChat(raw json.RawMessage, typ string) {
+	dropUnknown(&req.Dropped, raw, "type "+typ)
+	dropUnknown(&req.Dropped, rawMember(raw, typ), chatNested[typ])
+}
+
+// addChatTool adds a function or custom tool as Responses' flat one; another type is dropped and named.
+func (req *chatRequest) addChatTool(t chatToolCall, raw json.RawMessage, what string) error {
+	if t.Type != "function" && t.Type != "custom" {
+		req.Dropped = append(req.Dropped, cmp.Or(t.Type, "tools"))
+		return nil
 	}
+	req.dropUnknownChat(raw, t.Type)
+	flat := valueOr(map[string]*openAITool{"function": t.Function, "custom": t.Custom}[t.Type], openAITool{})
+	flat.Type = t.Type
 	return req.addOpenAITool(flat, nil, what)
 }
 
@@ -266,16 +239,16 @@ func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
 		out.Messages = append(out.Messages, chatMessage{Role: "system", Content: jsonText(req.System)})
 	}
 	for _, m := range req.Messages {
-		msg, plain := chatMessage{Role: m.Role, Content: json.RawMessage("null")}, true // plain: only text, one string
+		msg := chatMessage{Role: m.Role, Content: json.RawMessage("null")}
 		var parts []chatPart
 		for _, p := range m.Parts {
 			switch p.Type {
 			case partText:
 				parts = append(parts, chatPart{Type: "text", Text: &p.Text})
 			case partImage:
-				plain, parts = false, append(parts, chatPart{Type: "image_url", ImageURL: &chatURL{p.ImageURL, p.Detail}})
+				parts = append(parts, chatPart{Type: "image_url", ImageURL: &chatURL{URL: p.ImageURL, Detail: p.Detail}})
 			case partDocument:
-				plain, parts = false, append(parts, chatPart{Type: "file", File: &chatFile{FileData: p.FileURL, Filename: p.Filename}})
+				parts = append(parts, chatPart{Type: "file", File: &chatURL{FileData: p.FileURL, Filename: p.Filename}})
 			case partToolCall:
 				msg.ToolCalls = append(msg.ToolCalls, chatCall(p.ToolCallID, p.ToolName, p.Arguments, p.Custom))
 			case partToolResult:
@@ -285,17 +258,18 @@ func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
 		switch {
 		case len(parts) == 0 && len(msg.ToolCalls) == 0:
 			continue // only tool results: already sent as role "tool"
-		case !plain && m.Role == "user":
-			msg.Content = must(json.Marshal(parts))
+		case m.Role == "user" && slices.ContainsFunc(parts, func(c chatPart) bool { return c.Text == nil }):
+			msg.Content = must(json.Marshal(parts)) // images or files: parts, else one string
 		case len(parts) > 0:
 			msg.Content = jsonText(textOf(m.Parts))
 		}
 		out.Messages = append(out.Messages, msg)
 	}
 	for _, t := range req.Tools {
-		tc := chatTool{Type: "function", Function: &chatFunc{Name: t.Name, Description: t.Description, Parameters: t.Parameters, Strict: t.Strict}}
+		f := &openAITool{Name: t.Name, Description: t.Description, Parameters: t.Parameters, Strict: t.Strict, Format: t.Format}
+		tc := chatToolCall{Type: "function", Function: f}
 		if t.Kind == toolCustom {
-			tc = chatTool{Type: "custom", Custom: &chatFunc{Name: t.Name, Description: t.Description, Format: t.Format}}
+			tc = chatToolCall{Type: "custom", Custom: f}
 		}
 		out.Tools = append(out.Tools, tc)
 	}
@@ -317,26 +291,22 @@ func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
 	return out, nil
 }
 
+// chatCall is a call as Chat Completions writes it: a custom one's input, a function's arguments ("{}" for none).
 func chatCall(id, name, args string, custom bool) chatToolCall {
 	if custom {
-		return chatToolCall{ID: id, Type: "custom", Custom: &chatFunc{Name: name, Input: &args}}
+		return chatToolCall{ID: id, Type: "custom", Custom: &openAITool{Name: name, Input: &args}}
 	}
-	args = argumentsText(args)
-	return chatToolCall{ID: id, Type: "function", Function: &chatFunc{Name: name, Arguments: &args}}
+	return chatToolCall{ID: id, Type: "function", Function: &openAITool{Name: name, Arguments: ptrTo(argumentsText(args))}}
 }
 
 // call is tc as a neutral call: a custom call when it carries custom, else a function call; ok is false when it carries neither.
-func (tc chatToolCall) call() (c toolCall, ok bool) {
-	var in *string
-	switch c = (toolCall{ID: tc.ID, Custom: tc.Custom != nil}); {
-	case c.Custom:
-		c.Name, in = tc.Custom.Name, tc.Custom.Input
-	case tc.Function != nil:
-		c.Name, in = tc.Function.Name, tc.Function.Arguments
-	default:
+func (tc chatToolCall) call() (toolCall, bool) {
+	c, f := toolCall{ID: tc.ID, Custom: tc.Custom != nil}, cmp.Or(tc.Custom, tc.Function)
+	if f == nil {
 		return c, false
 	}
-	c.Arguments = valueOr(in, "")
+	in := map[bool]*string{false: f.Arguments, true: f.Input}[c.Custom]
+	c.Name, c.Arguments = f.Name, valueOr(in, "")
 	return c, !c.Custom || in != nil
 }
 
@@ -403,15 +373,15 @@ func renderChat(req chatRequest, a chatAnswer) (any, error) {
 		name, args, custom := req.callerTool(tc)
 		m.ToolCalls = append(m.ToolCalls, chatCall(answerIDOr(tc.ID, "call_"), name, args, custom))
 	}
-	out := chatCompletion{ID: newAnswerID("chatcmpl-"), Object: "chat.completion", Created: time.Now().Unix(), Model: a.Model,
-		Choices: []chatChoice{{Message: &m, FinishReason: ptrTo(answerFinish(a.Finish))}}}
-	if a.Usage.Reported {
-		out.Usage = chatUsageOf(a.Usage)
-	}
-	return out, nil
+	return chatCompletion{ID: newAnswerID("chatcmpl-"), Object: "chat.completion", Created: time.Now().Unix(), Model: a.Model,
+		Choices: []chatChoice{{Message: &m, FinishReason: ptrTo(answerFinish(a.Finish))}}, Usage: chatUsageOf(a.Usage)}, nil
 }
 
+// chatUsageOf is u as chat writes it; nil (left out, not zeros) when unreported.
 func chatUsageOf(u usage) *chatUsage {
+	if !u.Reported {
+		return nil
+	}
 	return &chatUsage{u.InputTokens, u.OutputTokens, u.InputTokens + u.OutputTokens}
 }
 
@@ -440,25 +410,30 @@ func (s *chatCallerStream) begin() error {
 	return s.chunk(&chatMessage{Role: "assistant", Content: jsonText("")}, nil, nil)
 }
 
+// open starts a call: its id, type and name, a function's arguments empty.
 func (s *chatCallerStream) open(_ int, b *streamBlock) error {
 	if b.text {
 		return nil
 	}
 	tc := chatCall(answerIDOr(b.id, "call_"), b.name, "", b.custom)
-	if tc.Index = &b.index; tc.Function != nil {
+	if tc.Function != nil {
 		tc.Function.Arguments = ptrTo("")
 	}
-	return s.chunk(&chatMessage{ToolCalls: []chatToolCall{tc}}, nil, nil)
+	return s.call(b, tc)
 }
 
 func (s *chatCallerStream) delta(_ int, b *streamBlock, d string) error {
-	tc := chatToolCall{Index: &b.index, Function: &chatFunc{Arguments: &d}}
 	switch {
 	case b.text:
 		return s.chunk(&chatMessage{Content: jsonText(d)}, nil, nil)
 	case b.custom:
-		tc = chatToolCall{Index: &b.index, Custom: &chatFunc{Input: &d}}
+		return s.call(b, chatToolCall{Custom: &openAITool{Input: &d}})
 	}
+	return s.call(b, chatToolCall{Function: &openAITool{Arguments: &d}})
+}
+
+func (s *chatCallerStream) call(b *streamBlock, tc chatToolCall) error {
+	tc.Index = &b.index
 	return s.chunk(&chatMessage{ToolCalls: []chatToolCall{tc}}, nil, nil)
 }
 

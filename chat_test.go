@@ -89,6 +89,11 @@ func TestParseChatCompletions(t *testing.T) {
 			want: chatRequest{Model: "m", Messages: []message{{Role: "assistant", Parts: []part{{Type: partText, Text: "a"}}}, dialectUserText("q")},
 				Dropped: []string{"refusal"}},
 		},
+		{
+			name: "a tool of another type is named by its type",
+			body: `{"model":"m","messages":[{"role":"user","content":"q"}],"tools":[{"type":"web_search"},{"function":{"name":"f"}}]}`,
+			want: chatRequest{Model: "m", Messages: []message{dialectUserText("q")}, Dropped: []string{"web_search", "tools"}},
+		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

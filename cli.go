@@ -1,8 +1,8 @@
 package main
 
 import (
-	"bytes"
 	"cmp"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,13 +15,12 @@ import (
 	"slices"
 	"strings"
 	"text/tabwriter"
+	"text/template"
 	"time"
 )
 
-// The CLI (SPEC §16.1) is one table, commands(). State edits run in-process under each file's lock
-// (SPEC §2.3); `subscription …` and `maintain` call the daemon's admin API, the overlay's only writer.
-
-// commands is the CLI, in the order `brama help` lists it.
+// commands is the CLI (SPEC §16.1), in the order `brama help` lists it. State edits run in-process under each file's
+// lock (SPEC §2.3); `subscription …` and `maintain` call the daemon's admin API, the overlay's only writer.
 func commands() []command {
 	agent := func(help string) flagSpec { return flagSpec{"agent", "", help} }
 	label := flagSpec{"label", "", "an optional `label` (printable, at most 128 bytes)"}
@@ -46,21 +45,35 @@ func commands() []command {
 			}},
 		{name: "routes migrate", args: "[-file F] [-json]", purpose: "drop retired top-level fields, commit, print the committed document (idempotent)", example: "brama routes migrate",
 			run: routesMigrate, flags: []flagSpec{{"file", "", "registry `file` to migrate (default: the registry Brama reads)"}, {"json", false, `print {"ok":true,"file":F,"dropped":[…],"document":{…}}`}}},
-		{name: "clients add", args: "ID [-admin] [-agent A] [-allow NAME]...", pos: 1, purpose: "make a client; its token is printed once on stdout", example: "brama clients add app -allow chat", run: clientsAdd,
-			flags: []flagSpec{{"admin", false, "give the client the admin role (reaches /v1/admin/*)"}, agent("bind the client's bearer to `agent`"), {"allow", []string(nil), "allow only this model `name` (repeatable; exact names)"}}},
+		{name: "clients add", args: "ID [-admin] [-agent A] [-allow NAME]...", pos: 1, purpose: "make a client; its token is printed once on stdout", example: "brama clients add app -allow chat",
+			flags: []flagSpec{{"admin", false, "give the client the admin role (reaches /v1/admin/*)"}, agent("bind the client's bearer to `agent`"), {"allow", []string(nil), "allow only this model `name` (repeatable; exact names)"}},
+			run: func(e *cliEnv, o opts, p []string) error {
+				role, tok := roleCaller, newToken()
+				if o.b("admin") {
+					role = roleAdmin
+				}
+				c := client{ID: p[0], TokenSHA256: tokenDigest(tok), Role: role, AgentID: o.s("agent"), AllowedModels: *o["allow"].(*[]string)}
+				err := e.editClients(func(d *clientsDoc) error {
+					if slices.ContainsFunc(d.Clients, func(x client) bool { return x.ID == c.ID }) {
+						return fmt.Errorf("client %q already exists; rm it first", c.ID)
+					}
+					d.Clients = append(d.Clients, c)
+					return nil
+				}, "")
+				if err == nil {
+					fmt.Fprintf(e.stderr, "brama: created %s client %q; bearer token (shown once) on stdout\n", role, c.ID)
+				}
+				return e.say(err, "%s\n", tok)
+			}},
 		{name: "clients rm", args: "ID", pos: 1, purpose: "remove a client", example: "brama clients rm app",
 			run: func(e *cliEnv, _ opts, p []string) error {
-				c := e.deps().clients
-				if c.pathErr != nil {
-					return c.pathErr
-				}
-				return e.wrote(c.path, updateClients(c.path, func(d *clientsDoc) error {
+				return e.editClients(func(d *clientsDoc) error {
 					n := len(d.Clients)
 					if d.Clients = slices.DeleteFunc(d.Clients, func(x client) bool { return x.ID == p[0] }); len(d.Clients) == n {
 						return fmt.Errorf("no client %q", p[0])
 					}
 					return nil
-				}), "removed client %s\n", p[0])
+				}, "removed client %s\n", p[0])
 			}},
 		{name: "clients list", purpose: "each client's id, role, agent and allowlist (never a token or digest)", example: "brama clients list",
 			run: func(e *cliEnv, _ opts, _ []string) error {
@@ -68,7 +81,7 @@ func commands() []command {
 				if errors.Is(err, errFileAbsent) {
 					doc, err = &clientsDoc{}, nil
 				}
-				return e.table(err, "ID\tROLE\tAGENT\tALLOWED", func(yield func(...string)) {
+				return table(e.stdout, err, "ID\tROLE\tAGENT\tALLOWED", func(yield func(...string)) {
 					for _, c := range doc.Clients {
 						allow := "(any model)"
 						if c.AllowedModels != nil {
@@ -79,8 +92,7 @@ func commands() []command {
 				})
 			}},
 		{name: "deployments add", args: "NAME -port PORT [-host H] [-model M]", pos: 1, purpose: "declare a local OpenAI-compatible server", example: "brama deployments add ollama -port 11434 -model llama3.2",
-			flags: []flagSpec{{"host", "127.0.0.1", "the server's IPv4 loopback or 100.64.0.0/10 `address`"}, {"port", 0, "the server's `port` (required)"},
-				{"model", "", "the upstream `model` name (default: NAME)"}},
+			flags: []flagSpec{{"host", "127.0.0.1", "the server's IPv4 loopback or 100.64.0.0/10 `address`"}, {"port", 0, "the server's `port` (required)"}, {"model", "", "the upstream `model` name (default: NAME)"}},
 			run: func(e *cliEnv, o opts, p []string) error {
 				d := deployment{Name: p[0], Model: o.s("model"), Endpoint: deploymentEndpoint{Host: o.s("host"), Port: *o["port"].(*int)}}
 				reg := e.deps().reg
@@ -96,7 +108,7 @@ func commands() []command {
 		{name: "deployments list", purpose: "one row per deployment: name, endpoint, model, adapters", example: "brama deployments list",
 			run: func(e *cliEnv, _ opts, _ []string) error {
 				doc, err := e.deps().reg.current()
-				return e.table(err, "NAME\tENDPOINT\tMODEL\tADAPTERS", func(yield func(...string)) {
+				return table(e.stdout, err, "NAME\tENDPOINT\tMODEL\tADAPTERS", func(yield func(...string)) {
 					for _, d := range doc.Deployments {
 						var names []string
 						for _, a := range d.Adapters {
@@ -139,18 +151,30 @@ func commands() []command {
 		{name: "subscription add", args: "-provider P -agent A [-label L] [-oauth-file F]", need: []string{"provider", "agent"}, gateway: true,
 			purpose: "donate a subscription through the daemon (the API key on stdin after the bearer line, or a grant file); prints the new id",
 			example: `printf '%s\n' "$KEY" | BRAMA_TOKEN=$T brama subscription add -provider kimi -agent a1`,
-			run:     subscriptionAdd, flags: []flagSpec{{"provider", "", "the `provider` of the subscription (claude-code, codex, kimi, openai, …)"}, agent("the `agent` that receives it"), label,
-				{"oauth-file", "", "read an OAuth grant {\"access_token\",\"refresh_token\",\"expires_at_ms\",…} from `file` instead of an API key on stdin"}}},
+			flags: []flagSpec{{"provider", "", "the `provider` of the subscription (claude-code, codex, kimi, openai, …)"}, agent("the `agent` that receives it"), label,
+				{"oauth-file", "", "read an OAuth grant {\"access_token\",\"refresh_token\",\"expires_at_ms\",…} from `file` instead of an API key on stdin"}},
+			run: func(e *cliEnv, o opts, _ []string) error {
+				body := donation{Provider: o.s("provider"), Label: o.s("label")}
+				if o.s("oauth-file") != "" {
+					b, err := os.ReadFile(o.s("oauth-file"))
+					if err == nil {
+						body.OAuth = &oauthGrant{}
+						err = decodeStrict("-oauth-file", b, body.OAuth)
+					}
+					if err != nil {
+						return err
+					}
+				} else if body.APIKey = e.line(); body.APIKey == "" {
+					return errors.New("no API key on stdin (the line after the bearer token, or the first line when BRAMA_TOKEN is set); use -oauth-file for a grant")
+				}
+				return e.donate(o.s("agent"), "", body)
+			}},
 		{name: "subscription list", args: "-agent A [-json]", need: []string{"agent"}, gateway: true, purpose: "one aligned row per subscription", example: "BRAMA_TOKEN=$T brama subscription list -agent a1",
 			run: subscriptionList, flags: []flagSpec{agent("the `agent` whose subscriptions to list"), {"json", false, "print the body of GET /v1/subscriptions/{agent_id}"}}},
 		{name: "subscription retire", args: "-agent A [-reason R] ID", pos: 1, need: []string{"agent"}, gateway: true, purpose: "retire a subscription (journaled)", example: "brama subscription retire -agent a1 sub_0123456789abcdef",
 			flags: []flagSpec{agent("the `agent` that owns the subscription"), {"reason", "", `why (journaled; default "retired by <client id>")`}},
-			run: func(e *cliEnv, o opts, p []string) error {
-				query := ""
-				if o.s("reason") != "" {
-					query = "?reason=" + url.QueryEscape(o.s("reason"))
-				}
-				_, err := e.call("DELETE", subscriptionPath(o.s("agent"), p[0])+query, nil, nil)
+			run: func(e *cliEnv, o opts, p []string) error { // an empty reason is the daemon's default
+				_, err := e.call("DELETE", subscriptionPath(o.s("agent"), p[0])+"?reason="+url.QueryEscape(o.s("reason")), nil, nil)
 				return e.say(err, "retired %s\n", p[0])
 			}},
 		{name: "subscription reinstate", args: "-agent A -reason R ID", pos: 1, need: []string{"agent", "reason"}, gateway: true, purpose: "put a retired subscription back", example: `brama subscription reinstate -agent a1 -reason "back" sub_0123456789abcdef`,
@@ -161,11 +185,32 @@ func commands() []command {
 			}},
 		{name: "subscription import", args: "-provider claude-code|codex -from FILE -agent A [-label L]", need: []string{"provider", "from", "agent"}, gateway: true,
 			purpose: "hand a Claude Code or Codex CLI grant over to Brama", example: "brama subscription import -provider claude-code -from ~/.claude/.credentials.json -agent a1",
-			check: checkImport, run: subscriptionImport, flags: []flagSpec{signIn, {"from", "", "the tool's credential `file` (~/.claude/.credentials.json, ~/.codex/auth.json)"}, agent("the `agent` that receives the grant"), label}},
+			flags: []flagSpec{signIn, {"from", "", "the tool's credential `file` (~/.claude/.credentials.json, ~/.codex/auth.json)"}, agent("the `agent` that receives the grant"), label},
+			check: func(o opts) error { // the grant is read before the bearer; o keeps it
+				if importFiles[o.s("provider")].tool == "" {
+					return &usageError{msg: fmt.Sprintf("-provider %q: import reads claude-code or codex credential files", o.s("provider"))}
+				}
+				b, err := os.ReadFile(o.s("from"))
+				if err == nil {
+					var g oauthGrant
+					if g, err = parseImportFile(o.s("provider"), b); err != nil {
+						err = fmt.Errorf("%s: %w", o.s("from"), err)
+					}
+					o["grant"] = &g
+				}
+				return err
+			},
+			run: func(e *cliEnv, o opts, _ []string) error { // and the handover: a refresh rotates the shared grant
+				err := e.donate(o.s("agent"), "", donation{Provider: o.s("provider"), Label: o.s("label"), OAuth: o["grant"].(*oauthGrant)})
+				if tool := importFiles[o.s("provider")].tool; err == nil {
+					fmt.Fprintf(e.stderr, "brama: %s and Brama now share one grant: after Brama's first refresh, %[1]s will need to sign in again; "+
+						"and if %[1]s refreshes first, Brama's copy stops working until `brama subscription sign-in` replaces it.\n", tool)
+				}
+				return err
+			}},
 		{name: "subscription sign-in", args: "-provider claude-code|codex -agent A [-id ID | -label L]", need: []string{"provider", "agent"}, gateway: true,
 			purpose: "sign in with the provider (PKCE): the URL on stderr, the pasted code from stdin; replaces -id's grant or donates a new subscription",
-			example: "BRAMA_TOKEN=$T brama subscription sign-in -provider claude-code -agent a1",
-			check:   checkSignIn, run: subscriptionSignIn, flags: []flagSpec{signIn, agent("the `agent` that owns (or receives) the subscription"),
+			example: "BRAMA_TOKEN=$T brama subscription sign-in -provider claude-code -agent a1", check: checkSignIn, run: subscriptionSignIn, flags: []flagSpec{signIn, agent("the `agent` that owns (or receives) the subscription"),
 				{"id", "", "replace the credential of this subscription `id` instead of donating a new one"}, {"label", "", "a `label` for a new subscription"}}},
 		{name: "subscription prune-orphans", args: "[-gateway URL]", gateway: true, purpose: "remove the vault's subscription credentials no subscription names", example: "BRAMA_TOKEN=$T brama subscription prune-orphans",
 			run: func(e *cliEnv, _ opts, _ []string) error {
@@ -176,8 +221,7 @@ func commands() []command {
 		{name: "maintain", args: "[-gateway URL] [-json]", gateway: true, purpose: "run one maintenance pass now; exit 0 only when it was ok", example: "BRAMA_TOKEN=$T brama maintain",
 			flags: []flagSpec{{"json", false, "print the body of POST /v1/admin/maintain"}}, run: maintain},
 		{name: "onboard", args: "[-model ROUTE] [-allow-provider-cost]", purpose: "walk the first-use journey in-process: state directory, client, a route that can serve, one real answer",
-			example: "brama onboard -model openai/gpt-4o-mini -allow-provider-cost",
-			run:     onboard, flags: []flagSpec{{"model", "", "the `route` of the one real call: a direct route, a deployment, or an alias to one"}, {"allow-provider-cost", false, "make the one real (billable) model call"}}},
+			example: "brama onboard -model openai/gpt-4o-mini -allow-provider-cost", run: onboard, flags: []flagSpec{{"model", "", "the `route` of the one real call: a direct route, a deployment, or an alias to one"}, {"allow-provider-cost", false, "make the one real (billable) model call"}}},
 		{name: "answers verify", args: "[-signature v1=HEX] FILE", pos: 1, purpose: "check a kept answer's signature (or a raw body against -signature); prints ok", example: "brama answers verify ~/.brama/answers/local/3f….json",
 			flags: []flagSpec{{"signature", "", "check `v1=HEX` (a Brama-Answer-Signature) over FILE's raw bytes instead of reading FILE as a kept answer"}},
 			run: func(e *cliEnv, o opts, p []string) error {
@@ -187,37 +231,60 @@ func commands() []command {
 				return e.say(verifyAnswerFile(resolveState(e.getenv), p[0], strings.ToLower(o.s("signature"))), "ok\n")
 			}},
 		{name: "answers prune", args: "-older-than DURATION", need: []string{"older-than"}, purpose: "remove complete kept answers older than that (never one in progress)", example: "brama answers prune -older-than 720h",
-			run: answersPrune, flags: []flagSpec{{"older-than", time.Duration(0), "remove complete answers kept longer ago than this `duration` (e.g. 720h)"}}},
+			flags: []flagSpec{{"older-than", time.Duration(0), "remove complete answers kept longer ago than this `duration` (e.g. 720h)"}},
+			run: func(e *cliEnv, o opts, _ []string) error {
+				age := *o["older-than"].(*time.Duration)
+				dir, err := resolveState(e.getenv).path("signed answers", "answers")
+				if age < 0 {
+					return &usageError{msg: "want a -older-than of zero or more"}
+				} else if err != nil {
+					return err
+				}
+				removed, err := pruneAnswers(dir, time.Now().Add(-age), func(name string, err error) {
+					fmt.Fprintf(e.stderr, "brama: skipped %s: %v\n", name, err)
+				})
+				fmt.Fprintf(e.stdout, "removed %d complete answers older than %s\n", removed, age)
+				return err
+			}},
 		{name: "journal check", purpose: "print each unreadable journal line; exit 1 when a non-final line is unreadable", example: "brama journal check",
 			run: func(e *cliEnv, _ opts, _ []string) error {
-				ok, err := checkJournal(newJournal(resolveState(e.getenv), e.sys()), e.stdout)
-				if err == nil && !ok {
-					err = errRefused
+				if ok, err := checkJournal(newJournal(resolveState(e.getenv), e.sys()), e.stdout); err != nil || ok {
+					return err
 				}
-				return err
+				return errRefused
 			}},
 	}
 }
 
-// editVault changes the vault under its lock.
+// editVault and editClients change the file under its lock and report the write.
 func (e *cliEnv) editVault(fn func(*vaultDoc) error, format string, args ...any) error {
 	v := e.deps().vault
 	return e.wrote(v.path, v.update(fn), format, args...)
 }
 
-// table prints the rows rows yields aligned under header (cells tab-separated), unless err.
-func (e *cliEnv) table(err error, header string, rows func(yield func(...string))) error {
-	if err == nil {
-		tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, header)
-		rows(func(cells ...string) { fmt.Fprintln(tw, strings.Join(cells, "\t")) })
-		tw.Flush()
+func (e *cliEnv) editClients(fn func(*clientsDoc) error, format string, args ...any) error {
+	c := e.deps().clients
+	if c.pathErr != nil {
+		return c.pathErr
 	}
-	return err
+	return e.wrote(c.path, updateClients(c.path, fn), format, args...)
 }
 
-// printAliases prints the alias table (GET /v1/aliases), unless err: one
-// aligned row per alias and the unserviceable count, or with asJSON the body.
+// table prints the rows rows yields aligned under header ("": none), cells tab-separated, unless err.
+func table(w io.Writer, err error, header string, rows func(yield func(...string))) error {
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	if header != "" {
+		fmt.Fprintln(tw, header)
+	}
+	rows(func(cells ...string) { fmt.Fprintln(tw, strings.Join(cells, "\t")) })
+	return tw.Flush()
+}
+
+// printAliases prints the alias table (GET /v1/aliases), unless err: one aligned row per alias and the unserviceable
+// count, or with asJSON the body.
 func (e *cliEnv) printAliases(d deps, asJSON bool, err error) error {
 	if err != nil {
 		return err
@@ -227,7 +294,7 @@ func (e *cliEnv) printAliases(d deps, asJSON bool, err error) error {
 		b, _ := json.Marshal(t)
 		return e.say(err, "%s\n", b)
 	}
-	e.table(nil, "ALIAS\tSTATE\tROUTE\tREASON", func(yield func(...string)) {
+	table(e.stdout, nil, "ALIAS\tSTATE\tROUTE\tREASON", func(yield func(...string)) {
 		for _, a := range t.Aliases {
 			route := "-"
 			if a.Route != nil {
@@ -239,125 +306,25 @@ func (e *cliEnv) printAliases(d deps, asJSON bool, err error) error {
 	return e.say(nil, "%d alias(es), %d cannot serve\n", len(t.Aliases), t.Unserviceable)
 }
 
+// routesMigrate commits the registry without its retired fields (SPEC §5) and prints what it committed.
 func routesMigrate(e *cliEnv, o opts, _ []string) error {
 	path, err := o.s("file"), error(nil)
 	if path == "" {
 		path, err = registryPath(resolveState(e.getenv), e.getenv)
 	}
-	var committed []byte
-	var dropped []string
+	out, dropped := []byte(nil), []string(nil)
 	if err == nil {
-		committed, dropped, _, err = migrateRegistry(path)
+		out, dropped, _, err = migrateRegistry(path)
 	}
 	if err != nil {
 		fmt.Fprintf(e.stderr, "route migration error: %v\n", err)
 		return errRefused
 	}
-	if !o.b("json") {
-		return e.wrote(path, nil, "%s", committed)
+	if o.b("json") {
+		out, _ = json.Marshal(map[string]any{"ok": true, "file": path, "dropped": append([]string{}, dropped...), "document": json.RawMessage(out)})
+		out = append(out, '\n')
 	}
-	b, _ := json.Marshal(struct {
-		OK       bool            `json:"ok"`
-		File     string          `json:"file"`
-		Dropped  []string        `json:"dropped"`
-		Document json.RawMessage `json:"document"`
-	}{true, path, append([]string{}, dropped...), committed})
-	return e.wrote(path, nil, "%s\n", b)
-}
-
-func clientsAdd(e *cliEnv, o opts, p []string) error {
-	role := roleCaller
-	if o.b("admin") {
-		role = roleAdmin
-	}
-	tok := newToken()
-	c, store := client{ID: p[0], TokenSHA256: tokenDigest(tok), Role: role, AgentID: o.s("agent"), AllowedModels: *o["allow"].(*[]string)}, e.deps().clients
-	err := store.pathErr
-	if err == nil {
-		err = updateClients(store.path, func(d *clientsDoc) error {
-			if slices.ContainsFunc(d.Clients, func(x client) bool { return x.ID == c.ID }) {
-				return fmt.Errorf("client %q already exists; rm it first", c.ID)
-			}
-			d.Clients = append(d.Clients, c)
-			return nil
-		})
-	}
-	if err == nil {
-		fmt.Fprintf(e.stderr, "brama: created %s client %q; bearer token (shown once) on stdout\n", role, c.ID)
-	}
-	return e.wrote(store.path, err, "%s\n", tok)
-}
-
-// answersPrune removes complete kept answers older than -older-than.
-func answersPrune(e *cliEnv, o opts, _ []string) error {
-	age := *o["older-than"].(*time.Duration)
-	if age < 0 {
-		return &usageError{msg: "want a -older-than of zero or more"}
-	}
-	dir, err := resolveState(e.getenv).path("signed answers", "answers")
-	if err != nil {
-		return err
-	}
-	removed, err := pruneAnswers(dir, time.Now().Add(-age), func(name string, err error) {
-		fmt.Fprintf(e.stderr, "brama: skipped %s: %v\n", name, err)
-	})
-	fmt.Fprintf(e.stdout, "removed %d complete answers older than %s\n", removed, age)
-	return err
-}
-
-// dial checks -gateway and takes the bearer from BRAMA_TOKEN, else stdin's
-// first line. No time limit of Brama's own (a maintenance pass may wait on
-// token endpoints); one SIGINT ends the command (SPEC §17).
-func (e *cliEnv) dial(raw string) error {
-	u, err := url.Parse(strings.TrimSpace(raw))
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" {
-		return &usageError{msg: fmt.Sprintf("-gateway %q is not an http:// or https:// URL", raw)}
-	}
-	if u.Scheme == "http" && !isLoopbackHost(u.Hostname()) { // the bearer and credentials would cross in clear text
-		return &usageError{msg: fmt.Sprintf("-gateway %q: http:// is allowed only to a loopback host; use https://", raw)}
-	}
-	if e.gateway, e.auth = strings.TrimRight(u.String(), "/"), strings.TrimSpace(e.getenv("BRAMA_TOKEN")); e.auth == "" {
-		e.auth = e.line()
-	}
-	if e.auth == "" {
-		return errors.New("no bearer token: set BRAMA_TOKEN or give the token as stdin's first line")
-	}
-	return nil
-}
-
-// call sends one admin request with body (nil for none) and returns the
-// success body, decoded into out unless out is nil; a non-2xx answer is an
-// error quoting the envelope.
-func (e *cliEnv) call(method, path string, body, out any) ([]byte, error) {
-	var rd io.Reader
-	if body != nil {
-		b, _ := json.Marshal(body) // a donation, credentialBody or map of strings cannot fail
-		rd = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(e.ctx, method, e.gateway+path, rd)
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Authorization", "Bearer "+e.auth)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("cannot reach the gateway at %s: %w", e.gateway, errors.Unwrap(err))
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	var env envelope
-	switch {
-	case err != nil:
-		return nil, fmt.Errorf("reading the gateway's answer: %w", err)
-	case resp.StatusCode/100 == 2 && (out == nil || json.Unmarshal(b, out) == nil):
-		return b, nil
-	case resp.StatusCode/100 == 2:
-		return nil, fmt.Errorf("the gateway's answer is not what %s %s answers: %s", method, path, truncateUTF8(string(b), 200))
-	case json.Unmarshal(b, &env) != nil || env.Error.Code == "":
-		env.Error.Code, env.Error.Message = "unknown", "the answer is not a Brama error envelope"
-	}
-	return nil, fmt.Errorf("the gateway refused (%d %s): %s", resp.StatusCode, env.Error.Code, env.Error.Message)
+	return e.wrote(path, nil, "%s", out)
 }
 
 // subscriptionPath is the admin path for agent and the segments after it, each escaped.
@@ -369,42 +336,20 @@ func subscriptionPath(agent string, rest ...string) string {
 	return p
 }
 
-// subscriptionAdd donates an API key from stdin (after the bearer) or an
-// OAuth grant from -oauth-file to -agent.
-func subscriptionAdd(e *cliEnv, o opts, _ []string) error {
-	body := donation{Provider: o.s("provider"), Label: o.s("label")}
-	if o.s("oauth-file") != "" {
-		b, err := os.ReadFile(o.s("oauth-file"))
-		if err == nil {
-			body.OAuth = &oauthGrant{}
-			err = decodeStrict("-oauth-file", b, body.OAuth)
-		}
-		if err != nil {
-			return err
-		}
-	} else if body.APIKey = e.line(); body.APIKey == "" {
-		return errors.New("no API key on stdin (the line after the bearer token, or the first line when BRAMA_TOKEN is set); use -oauth-file for a grant")
-	}
-	return e.donate(o.s("agent"), "", body)
-}
-
-// donate posts body for agent (query "?via=sign-in" marks a sign-in's) and
-// prints the new id alone on stdout, for scripts.
+// donate posts body for agent (query "?via=sign-in" marks a sign-in's) and prints the new id alone on stdout, for
+// scripts.
 func (e *cliEnv) donate(agent, query string, body donation) error {
 	var ans struct{ Subscription donatedSubscription }
 	if _, err := e.call("POST", subscriptionPath(agent)+query, body, &ans); err != nil || ans.Subscription.ID == "" {
 		return cmp.Or(err, errors.New("the gateway's answer names no subscription"))
 	}
-	how := "donated"
-	if query != "" {
-		how = "signed in; donated"
-	}
+	how := map[bool]string{false: "donated", true: "signed in; donated"}[query != ""]
 	fmt.Fprintf(e.stderr, "brama: %s %s subscription %s to agent %s\n", how, ans.Subscription.Provider, ans.Subscription.ID, agent)
 	return e.say(nil, "%s\n", ans.Subscription.ID)
 }
 
-// subscriptionList prints one aligned row per subscription and a count
-// (SPEC §16.1; USED is the fullest window's share), or with -json the body.
+// subscriptionList prints one aligned row per subscription and a count (SPEC §16.1; USED is the fullest window's
+// share), or with -json the body.
 func subscriptionList(e *cliEnv, o opts, _ []string) error {
 	var l struct{ Subscriptions []subscriptionRow }
 	b, err := e.call("GET", subscriptionPath(o.s("agent")), nil, &l)
@@ -412,7 +357,7 @@ func subscriptionList(e *cliEnv, o opts, _ []string) error {
 		return e.say(err, "%s", b)
 	}
 	retired := 0
-	err = e.table(err, "ID\tPROVIDER\tSTATUS\tCREDENTIAL\tUSED\tLABEL", func(yield func(...string)) {
+	table(e.stdout, nil, "ID\tPROVIDER\tSTATUS\tCREDENTIAL\tUSED\tLABEL", func(yield func(...string)) {
 		for _, r := range l.Subscriptions {
 			cred, used, top := "-", "-", 0.0
 			if r.Credential != nil {
@@ -431,46 +376,17 @@ func subscriptionList(e *cliEnv, o opts, _ []string) error {
 			yield(r.ID, r.Provider, r.Status, cred, used, cmp.Or(r.Label, "-"))
 		}
 	})
-	return e.say(err, "%d subscription(s), %d retired\n", len(l.Subscriptions), retired)
+	return e.say(nil, "%d subscription(s), %d retired\n", len(l.Subscriptions), retired)
 }
 
-// importTool names the tool whose credential file import reads.
-var importTool = map[string]string{"claude-code": "Claude Code", "codex": "the Codex CLI"}
-
-// checkImport reads -from's grant before the bearer is read; o keeps it.
-func checkImport(o opts) error {
-	if importTool[o.s("provider")] == "" {
-		return &usageError{msg: fmt.Sprintf("-provider %q: import reads claude-code or codex credential files", o.s("provider"))}
-	}
-	b, err := os.ReadFile(o.s("from"))
-	if err == nil {
-		var g oauthGrant
-		if g, err = parseImportFile(o.s("provider"), b); err != nil {
-			err = fmt.Errorf("%s: %w", o.s("from"), err)
-		}
-		o["grant"] = &g
-	}
-	return err
-}
-
-// subscriptionImport donates the grant another tool keeps to -agent, and
-// prints the handover (README repeats it): a refresh rotates the shared
-// grant, locking out whichever refreshes second.
-func subscriptionImport(e *cliEnv, o opts, _ []string) error {
-	err := e.donate(o.s("agent"), "", donation{Provider: o.s("provider"), Label: o.s("label"), OAuth: o["grant"].(*oauthGrant)})
-	if tool := importTool[o.s("provider")]; err == nil {
-		fmt.Fprintf(e.stderr, "brama: %s and Brama now share one grant: after Brama's first refresh, %[1]s will need to sign in again; "+
-			"and if %[1]s refreshes first, Brama's copy stops working until `brama subscription sign-in` replaces it.\n", tool)
-	}
-	return err
-}
+// importFiles are the credential files import reads: the tool that keeps one, the object holding the grant.
+var importFiles = map[string]struct{ tool, object string }{"claude-code": {"Claude Code", "claudeAiOauth"}, "codex": {"the Codex CLI", "tokens"}}
 
 // errImportFile marks a credential file import cannot use.
 var errImportFile = errors.New("not a usable credential file")
 
-// parseImportFile reads the grant from the file claude-code or codex keeps
-// (SPEC §10.1), ignoring their tools' other members; fillGrant adds what the
-// JWT claims say (SPEC §6.2). Errors wrap errImportFile, never quote a token.
+// parseImportFile reads the grant from the file claude-code or codex keeps (SPEC §10.1), ignoring their tools' other
+// members; fillGrant adds what the JWT claims say (SPEC §6.2). Errors wrap errImportFile, never quote a token.
 func parseImportFile(provider string, b []byte) (oauthGrant, error) {
 	var f struct {
 		C *struct {
@@ -480,10 +396,8 @@ func parseImportFile(provider string, b []byte) (oauthGrant, error) {
 		} `json:"claudeAiOauth"`
 		T *oauthGrant `json:"tokens"` // access_token, refresh_token, id_token, account_id
 	}
-	object := map[string]string{"claude-code": "claudeAiOauth", "codex": "tokens"}[provider]
-	err := json.Unmarshal(b, &f)
-	var g *oauthGrant
-	var te *json.UnmarshalTypeError
+	object, err := importFiles[provider].object, json.Unmarshal(b, &f)
+	g, te := (*oauthGrant)(nil), (*json.UnmarshalTypeError)(nil)
 	if f.C != nil && provider == "claude-code" {
 		g = &oauthGrant{AccessToken: f.C.AccessToken, RefreshToken: f.C.RefreshToken, ExpiresAtMs: f.C.ExpiresAt}
 	} else if f.T != nil && provider == "codex" {
@@ -508,32 +422,26 @@ func parseImportFile(provider string, b []byte) (oauthGrant, error) {
 	return oauthGrant{}, fmt.Errorf("%w: %w", errImportFile, err)
 }
 
-// maintain runs one pass by the daemon (SPEC §11.2) and prints its report
-// as text or JSON; it exits 0 only when the pass was ok.
+// maintainReport is maintain's text: the pass's verdict, usage reads and refreshes (SPEC §11.2).
+var maintainReport = template.Must(template.New("maintain").Parse(`maintenance pass: {{if .OK}}ok{{else}}not ok{{end}}
+usage reports: {{.Usage.Subscriptions}} subscription(s), {{.Usage.Read}} read, {{len .Usage.Failed}} failed
+{{range .Usage.Failed}}  failed {{.SubscriptionID}} ({{.Provider}}): {{.Error}}
+{{end}}credentials: {{.Credentials.Subscriptions}} subscription(s), {{.Credentials.Refreshed}} refreshed, {{.Credentials.Refused}} refused or failed
+next due: {{with .NextDueAt}}{{.}}{{else}}nothing due{{end}}
+`))
+
+// maintain runs one pass by the daemon and prints its report as text or JSON; it exits 0 only when the pass was ok.
 func maintain(e *cliEnv, o opts, _ []string) error {
 	var rep passReport
 	b, err := e.call("POST", "/v1/admin/maintain", nil, &rep)
-	if err != nil {
-		return err
+	if err == nil && o.b("json") {
+		_, err = e.stdout.Write(b)
+	} else if err == nil {
+		err = maintainReport.Execute(e.stdout, rep)
 	}
-	verdict, next := "ok", "nothing due"
-	if !rep.OK {
-		verdict, err = "not ok", errRefused
+	if err == nil && !rep.OK {
+		err = errRefused
 	}
-	if o.b("json") {
-		e.stdout.Write(b)
-		return err
-	}
-	if rep.NextDueAt != nil {
-		next = *rep.NextDueAt
-	}
-	fmt.Fprintf(e.stdout, "maintenance pass: %s\nusage reports: %d subscription(s), %d read, %d failed\n",
-		verdict, rep.Usage.Subscriptions, rep.Usage.Read, len(rep.Usage.Failed))
-	for _, f := range rep.Usage.Failed {
-		fmt.Fprintf(e.stdout, "  failed %s (%s): %s\n", f.SubscriptionID, f.Provider, f.Error)
-	}
-	fmt.Fprintf(e.stdout, "credentials: %d subscription(s), %d refreshed, %d refused or failed\nnext due: %s\n",
-		rep.Credentials.Subscriptions, rep.Credentials.Refreshed, rep.Credentials.Refused, next)
 	return err
 }
 
@@ -548,10 +456,9 @@ func checkSignIn(o opts) error {
 	return nil
 }
 
-// subscriptionSignIn prints the authorize URL on stderr, reads the pasted
-// code from stdin, exchanges it here, then hands the grant to the daemon;
-// the verifier, the code and the tokens are never printed. The gateway, the
-// bearer and -id are checked first: a code is good once and for minutes only.
+// subscriptionSignIn prints the authorize URL on stderr, reads the pasted code from stdin, exchanges it here, then
+// hands the grant to the daemon; the verifier, the code and the tokens are never printed. The gateway, the bearer and
+// -id are checked first: a code is good once and for minutes only.
 func subscriptionSignIn(e *cliEnv, o opts, _ []string) error {
 	provider, agent, id := o.s("provider"), o.s("agent"), o.s("id")
 	var l struct{ Subscriptions []subscriptionRow }
@@ -591,4 +498,103 @@ func subscriptionSignIn(e *cliEnv, o opts, _ []string) error {
 		fmt.Fprintf(e.stderr, "brama: signed in; subscription %s of agent %s has a new %s grant\n", id, agent, provider)
 	}
 	return e.say(err, "%s\n", id)
+}
+
+// onboard runs the steps in order. A step returns the model it names, or the command to run next ("next: …", and the
+// step is not done; err says whether that is a refusal). The one billable call is made only with
+// -allow-provider-cost, and only ctx cancels it (SPEC §7.4).
+func onboard(e *cliEnv, o opts, _ []string) error {
+	model, sy := o.s("model"), e.sys()
+	d := openDeps(e.getenv, sy)
+	path, err := d.st.path(onboardRole, onboardFile)
+	if err != nil {
+		return err
+	}
+	f := stateFile[*onboardProgress]{role: onboardRole, path: path, parse: parseOnboarding}
+	prog, err := f.fresh() // a file failing the guards is refused, never overwritten
+	if err != nil {
+		return fmt.Errorf("the state directory is not usable: %w", err)
+	}
+	s := &server{core: core{stores: d.stores, sys: sy, getenv: e.getenv, client: newProviderClient()}}
+	s.catalog = newCatalog(d.st, e.getenv, s.client, sy.log, sy.now)
+	var c call
+	var req chatRequest
+	steps := map[string]func() (model, next string, err error){
+		stepStateDir: func() (string, string, error) { return "", "", nil },
+		stepClient: func() (string, string, error) { // serve makes the first admin client
+			doc, err := d.clients.load()
+			if errors.Is(err, errFileAbsent) || err == nil && len(doc.Clients) == 0 {
+				return "", "brama clients add <id> -admin", errRefused
+			} else if err != nil {
+				return "", "", fmt.Errorf("the clients file is unusable: %w", err)
+			}
+			return "", "", nil
+		},
+		// The call planned as the daemon would (a bare deployment as local-openai/<name>), refusing subscription
+		// routes and selectors: their ledger is the daemon's (SPEC §2.3, §14). No model: some payer must exist.
+		stepRoute: func() (string, string, error) {
+			if m := model; m == "" && !s.anyDirectPayer() {
+				return "", "brama credentials set <provider>", errRefused
+			} else if m != "" {
+				doc, docErr := s.reg.current()
+				if docErr == nil && doc.Routes[m] == "" {
+					if _, _, n := doc.lookupLocal(m); n == 1 {
+						m = "local-openai/" + m
+					}
+				}
+				req = pingRequest(m, providerInfo{})
+				c, err = s.engine(&requestInfo{}).plan(client{}, "", &req)
+				switch ae := asAPIError(err); {
+				case err == nil && (c.res.Mode == modeDirect || c.res.Mode == modeAlias):
+				case err == nil || ae.Code == "forbidden": // plan wants an agent: subscription, selector or best
+					return "", "", fmt.Errorf("-model %q is paid by an agent's subscription; onboarding calls a direct route, a deployment or an alias to one", m)
+				case ae.Code == "credential_unauthorized":
+					res, _ := resolveModel(m, doc, docErr, s.hasDirect)
+					return "", "brama credentials set " + cmp.Or(res.Provider.id, "<provider>"), fmt.Errorf("-model %q cannot serve: %s", m, ae.Message)
+				default:
+					return "", "", fmt.Errorf("-model %q cannot serve: %s", m, ae.Message)
+				}
+			}
+			return c.res.Route, "", nil
+		},
+		stepAnswer: func() (string, string, error) {
+			if _, done := prog.Steps[stepAnswer]; done && model == "" {
+				return "", "", nil // done on an earlier run
+			} else if model == "" || !o.b("allow-provider-cost") {
+				return "", "brama onboard -model " + cmp.Or(model, "<route>") + " -allow-provider-cost", nil
+			}
+			j := &job{kind: kindProbe, // one ping, as the probe's (SPEC §11.3)
+				build: func(ctx context.Context, _ *candidate, c call) (*http.Request, error) {
+					return buildUpstreamRequest(ctx, c.res.Provider, c.baseURL, c.cred, req, c.res.Model)
+				},
+				commit: func(_ context.Context, _ *candidate, c call, resp *http.Response) (usage, *apiError, bool) {
+					a, err := readProviderAnswer(c.res.Provider, req, resp)
+					if err != nil {
+						return usage{}, asAPIError(err), false
+					}
+					return a.Usage, nil, false
+				}}
+			if ae := s.engine(&requestInfo{}).attemptRoute(e.ctx, j, c, nil, nil); ae != nil {
+				return "", "", fmt.Errorf("no model answer: %s", ae.Message)
+			}
+			return c.res.Route, "", nil
+		},
+	}
+	for _, name := range onboardSteps {
+		m, next, err := steps[name]()
+		if next != "" {
+			fmt.Fprintf(e.stdout, "next: %s\n", next)
+		}
+		if err != nil || next != "" {
+			return err
+		}
+		if _, done := prog.Steps[name]; !done {
+			prog.Steps[name] = onboardStep{DoneAt: sy.now().UTC().Format(journalTimeFormat), Model: m}
+		}
+		if err := writeState(path, prog); err != nil {
+			return fmt.Errorf("the state directory is not usable: %s cannot be written: %w", onboardRole, err)
+		}
+		fmt.Fprintf(e.stdout, "done %s\n", name)
+	}
+	return nil
 }

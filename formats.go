@@ -13,7 +13,7 @@ import (
 // The request side of the wire formats (chat.go, messages.go, responses.go; SPEC §7.6): the neutral
 // request, the table of formats, reading a caller's body. sse.go holds the answer side and streams.
 
-// chatRequest is one chat request in no particular format.
+// chatRequest is one chat request in no particular format; a *Name field is the caller's member for the one before it.
 type chatRequest struct {
 	Model             string // as the caller named it: alias, route, selector or best
 	System            string // the leading system and developer text
@@ -21,16 +21,16 @@ type chatRequest struct {
 	Tools             []tool
 	ToolChoice        *toolChoice // nil: the provider's default
 	ParallelToolCalls *bool
-	MaxTokens         int    // 0: the caller gave none (SPEC §6.4 decides)
-	LimitName         string // the caller's member for MaxTokens
+	MaxTokens         int // 0: the caller gave none (SPEC §6.4 decides)
+	LimitName         string
 	Temperature       *float64
 	TopP              *float64
 	Stop              []string
+	StopName          string        // responses has none
 	Output            *outputFormat // structured output; nil: free text
 	Effort            string        // reasoning effort; "" the provider's default
-	EffortName        string        // the caller's member for Effort
+	EffortName        string
 	Verbosity         string
-	StopName          string // the caller's member for Stop: responses has none
 	Shared            openAIShared
 	Stream            bool
 	StreamUsage       bool     // a chat caller sent stream_options.include_usage: true
@@ -64,15 +64,27 @@ type message struct {
 	Parts []part
 }
 
+// Neutral names: part types, tool kinds, tool_choice modes, and caller dialects (one per public chat endpoint).
 const (
 	partText       = "text"
 	partImage      = "image"
 	partDocument   = "document"
 	partToolCall   = "tool_call"
 	partToolResult = "tool_result"
+
+	toolFunction = ""       // JSON arguments under a schema
+	toolCustom   = "custom" // free-form input, no JSON schema
+
+	toolChoiceAuto     = "auto"
+	toolChoiceNone     = "none"
+	toolChoiceRequired = "required" // any tool
+	toolChoiceTool     = "tool"     // the named tool
+
+	dialectChat      = "chat"      // POST /v1/chat/completions
+	dialectMessages  = "messages"  // POST /v1/messages
+	dialectResponses = "responses" // POST /v1/responses
 )
 
-// part is one piece of a message.
 type part struct {
 	Type       string
 	Text       string // text; tool_result: its text content
@@ -87,11 +99,6 @@ type part struct {
 	IsError    bool   // tool_result
 	Media      []part // tool_result: its image and document parts (chat has none: named dropped)
 }
-
-const (
-	toolFunction = ""       // JSON arguments under a schema
-	toolCustom   = "custom" // free-form input, no JSON schema
-)
 
 // tool is one tool the model may call. Name is what providers see: a tool of a namespaced group is flattened to <namespace>__<name> (SPEC §7.6).
 type tool struct {
@@ -120,14 +127,14 @@ func (req *chatRequest) findTool(name string) *tool {
 
 // callerTool is a provider's call as the caller declared it: its name in its group, whether custom; a custom call made as a function gets its input back.
 func (req chatRequest) callerTool(tc toolCall) (name, args string, custom bool) {
-	t := req.findTool(tc.Name)
-	if t == nil {
+	switch t := req.findTool(tc.Name); {
+	case t == nil:
 		return tc.Name, tc.Arguments, tc.Custom
+	case t.Kind == toolCustom && !tc.Custom:
+		return t.memberName(), customInput(tc.Arguments), true
+	default:
+		return t.memberName(), tc.Arguments, t.Kind == toolCustom
 	}
-	if args = tc.Arguments; t.Kind == toolCustom && !tc.Custom {
-		args = customInput(args)
-	}
-	return t.memberName(), args, t.Kind == toolCustom
 }
 
 // customInput is the "input" member of a custom call made as a function (toward messages).
@@ -137,20 +144,9 @@ func customInput(args string) string {
 	return in.Input
 }
 
-// toolKind is the OpenAI type of the tool named name: function or custom.
 func (req *chatRequest) toolKind(name string) string {
-	if t := req.findTool(name); t != nil && t.Kind == toolCustom {
-		return toolCustom
-	}
-	return "function"
+	return cmp.Or(valueOr(req.findTool(name), tool{}).Kind, "function")
 }
-
-const (
-	toolChoiceAuto     = "auto"
-	toolChoiceNone     = "none"
-	toolChoiceRequired = "required" // any tool
-	toolChoiceTool     = "tool"     // the named tool
-)
 
 // toolChoice says whether and which tool the model must call.
 type toolChoice struct{ Mode, Name string }
@@ -163,13 +159,6 @@ type outputFormat struct {
 	Schema      json.RawMessage `json:"schema,omitempty"`
 	Strict      *bool           `json:"strict,omitempty"`
 }
-
-// Caller dialects, one per public chat endpoint.
-const (
-	dialectChat      = "chat"      // POST /v1/chat/completions
-	dialectMessages  = "messages"  // POST /v1/messages
-	dialectResponses = "responses" // POST /v1/responses
-)
 
 // upstreamOptions are the per-provider rules an encoder applies (SPEC §6.2).
 type upstreamOptions struct {
@@ -208,35 +197,26 @@ func formatOf(name string) *wireFormat {
 	return nil
 }
 
-// viaFormat runs do on the format of name, or refuses an unknown one with code
-// (internal_error for a dialect Brama routes itself, provider_failure for a protocol).
-func viaFormat[T any](name, code string, do func(*wireFormat) (T, error)) (T, error) {
-	if f := formatOf(name); f != nil {
-		return do(f)
-	}
-	var zero T
-	return zero, refuse(code, "unknown wire format %q", name)
-}
-
-// parseRequest parses body as dialect; every error is an invalid_request *apiError.
+// parseRequest parses body as dialect (the server routes only the table's); every error is an invalid_request *apiError.
 func parseRequest(dialect string, body []byte) (chatRequest, error) {
-	return viaFormat(dialect, "internal_error", func(f *wireFormat) (chatRequest, error) { return f.parse(body) })
+	return formatOf(dialect).parse(body)
 }
 
 // renderAnswer is a buffered answer as dialect's body; req's tools name the calls.
 func renderAnswer(dialect string, req chatRequest, a chatAnswer) ([]byte, error) {
-	return viaFormat(dialect, "internal_error", func(f *wireFormat) ([]byte, error) {
-		v, err := f.render(req, a)
-		if err != nil {
-			return nil, err
-		}
-		return json.Marshal(v)
-	})
+	v, err := formatOf(dialect).render(req, a)
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(v)
 }
 
-// decodeUpstreamAnswer decodes a 2xx non-stream body; Model is the dispatcher's (SPEC §7.6).
+// decodeUpstreamAnswer decodes a 2xx non-stream body (Model is the dispatcher's, SPEC §7.6); an unknown protocol fails.
 func decodeUpstreamAnswer(protocol string, body []byte) (chatAnswer, error) {
-	return viaFormat(protocol, "provider_failure", func(f *wireFormat) (chatAnswer, error) { return f.decode(body) })
+	if f := formatOf(protocol); f != nil {
+		return f.decode(body)
+	}
+	return chatAnswer{}, refuse("provider_failure", "unknown wire format %q", protocol)
 }
 
 // emptySchema stands in for a tool without parameters where the protocol requires a schema.
@@ -305,7 +285,6 @@ type callerHead struct {
 	Stream      bool     `json:"stream,omitempty"`
 }
 
-// head is the shared members of a provider body for model.
 func (req chatRequest) head(model string, o upstreamOptions) callerHead {
 	return callerHead{Model: model, Temperature: req.Temperature, TopP: req.TopP, Stream: o.stream}
 }
@@ -319,11 +298,8 @@ func newCallerRequest(body []byte, b any, h *callerHead, known, limitName string
 		return chatRequest{}, refuseInvalid("model is required and must be a non-empty string")
 	}
 	req := chatRequest{Model: h.Model, Temperature: h.Temperature, TopP: h.TopP, Stream: h.Stream}
-	if err := req.setLimit(limitName, *limit); err != nil {
-		return chatRequest{}, err
-	}
 	dropUnknown(&req.Dropped, body, known)
-	return req, nil
+	return req, req.setLimit(limitName, *limit)
 }
 
 // setLimit reads the caller's output limit named name, refused below 1 (SPEC §8.2 "bad limits").
@@ -335,6 +311,18 @@ func (req *chatRequest) setLimit(name string, v *int) error {
 		return refuseInvalid("%s must be at least 1", name)
 	}
 	req.MaxTokens, req.LimitName = *v, name
+	return nil
+}
+
+// eachItem runs add on every element of a caller's array, with its raw JSON from
+// list (nil when the caller needs none) and its path; the first refusal stops it.
+func eachItem[T any](items []T, list json.RawMessage, what string, add func(T, json.RawMessage, string) error) error {
+	raws := append(rawItems(list), make([]json.RawMessage, len(items))...) // nil past the list
+	for i, it := range items {
+		if err := add(it, raws[i], fmt.Sprintf("%s[%d]", what, i)); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -356,26 +344,40 @@ func callerParts[T any](req *chatRequest, raw json.RawMessage, what, kind string
 		return nil, refuseInvalid("%s must be a string or an array of %s", what, kind)
 	}
 	var parts []part
-	raws := rawItems(raw)
-	for i, it := range items {
-		pw := fmt.Sprintf("%s[%d]", what, i)
-		p, urlPath, err := read(it, raws[i], pw)
-		if err == nil && (p.Type == partImage || p.Type == partDocument) {
-			err = checkCallerURL(p.ImageURL+p.FileURL, urlPath)
-		}
+	err := eachItem(items, raw, what, func(it T, raw json.RawMessage, pw string) error {
+		p, urlPath, err := read(it, raw, pw)
 		switch {
-		case err != nil:
-			return nil, err
-		case p.Type == "": // named by its type, else by the array's member
+		case err == nil && (p.Type == partImage || p.Type == partDocument):
+			err = checkCallerURL(p.ImageURL+p.FileURL, urlPath)
+		case err == nil && p.Type == "": // named by its type, else by the array's member
 			var it struct{ Type string }
-			json.Unmarshal(raws[i], &it)
+			json.Unmarshal(raw, &it)
 			member, _, _ := strings.Cut(what[strings.LastIndex(what, ".")+1:], "[")
 			req.Dropped = append(req.Dropped, cmp.Or(it.Type, member))
-		default:
-			parts = append(parts, p)
+			return nil
 		}
+		parts = append(parts, p)
+		return err
+	})
+	return parts, err
+}
+
+// callerTextOf reads content that may only be text: a string, or an array of
+// {"type":textType,"text":…} parts, joined with sep, their other members (cache_control) dropped and named.
+func (req *chatRequest) callerTextOf(raw json.RawMessage, what, textType, sep string) (string, error) {
+	read := func(p chatPart, raw json.RawMessage, pw string) (part, string, error) {
+		dropUnknown(&req.Dropped, raw, "type text")
+		if p.Type != textType || p.Text == nil {
+			return part{}, "", refuseInvalid("%s must be a %s part with text", pw, textType)
+		}
+		return part{Type: partText, Text: *p.Text}, "", nil
 	}
-	return parts, nil
+	parts, err := callerParts(req, raw, what, textType+" parts", read)
+	texts := make([]string, len(parts))
+	for i, p := range parts {
+		texts[i] = p.Text
+	}
+	return strings.Join(texts, sep), err
 }
 
 // parseCallerSchema reads a JSON Schema member: null is nil, an object kept compacted, the rest refused.
@@ -399,7 +401,6 @@ func checkCallerURL(url, what string) error {
 	return refuseInvalid("%s must be an https URL or a data URL", what)
 }
 
-// quoteCallerToken quotes a caller-chosen token (a role, a part type), bounded.
 func quoteCallerToken(s string) string { return fmt.Sprintf("%q", truncateUTF8(s, 64)) }
 
 // appendPart adds p to the last message when it has role, else a new turn: tool
@@ -460,37 +461,6 @@ func (req *chatRequest) setOutput(o *outputFormat, what string) error {
 	return nil
 }
 
-// eachItem runs add on every element of a caller's array, with its raw JSON from
-// list (nil when the caller needs none) and its path; the first refusal stops it.
-func eachItem[T any](items []T, list json.RawMessage, what string, add func(T, json.RawMessage, string) error) error {
-	raws := append(rawItems(list), make([]json.RawMessage, len(items))...) // nil past the list
-	for i, it := range items {
-		if err := add(it, raws[i], fmt.Sprintf("%s[%d]", what, i)); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// callerTextOf reads content that may only be text: a string, or an array of
-// {"type":textType,"text":…} parts, joined with sep, their other members (cache_control) dropped and named.
-func (req *chatRequest) callerTextOf(raw json.RawMessage, what, textType, sep string) (string, error) {
-	var texts []string
-	read := func(p chatPart, raw json.RawMessage, pw string) (part, string, error) {
-		dropUnknown(&req.Dropped, raw, "type text")
-		if p.Type != textType || p.Text == nil {
-			return part{}, "", refuseInvalid("%s must be a %s part with text", pw, textType)
-		}
-		texts = append(texts, *p.Text)
-		return part{Type: partText, Text: *p.Text}, "", nil
-	}
-	parts, err := callerParts(req, raw, what, textType+" parts", read)
-	if rawShape(raw) == '"' {
-		texts = []string{textOf(parts)}
-	}
-	return strings.Join(texts, sep), err
-}
-
 // resultText is a tool result's text, and its media, which chat drops (droppedFor).
 func resultText(parts []part) (string, []part) {
 	var texts []string
@@ -505,15 +475,17 @@ func resultText(parts []part) (string, []part) {
 	return strings.Join(texts, "\n"), media
 }
 
-// openAITool is one tool in Responses' flat shape, into which chat's nested one is flattened.
+// openAITool is a tool in Responses' flat shape (chat's nested one is read into it), and a chat call's function or custom object.
 type openAITool struct {
-	Type        string          `json:"type"`
+	Type        string          `json:"type,omitempty"`
 	Name        string          `json:"name,omitempty"`
 	Description string          `json:"description,omitempty"`
 	Parameters  json.RawMessage `json:"parameters,omitempty"`
 	Strict      *bool           `json:"strict,omitempty"`
 	Format      json.RawMessage `json:"format,omitempty"`
-	Tools       []openAITool    `json:"tools,omitempty"` // a namespace's members
+	Tools       []openAITool    `json:"tools,omitempty"`     // a namespace's members
+	Arguments   *string         `json:"arguments,omitempty"` // a chat function call's
+	Input       *string         `json:"input,omitempty"`     // a chat custom call's
 }
 
 // addOpenAITool adds a function, custom or namespace tool, naming the unknown members
@@ -526,14 +498,12 @@ func (req *chatRequest) addOpenAITool(t openAITool, raw json.RawMessage, what st
 	case "function", "custom":
 		dropUnknown(&req.Dropped, raw, "type name description parameters strict format")
 		params, err := parseCallerSchema(t.Parameters, what+".parameters")
-		if err != nil {
-			return err
-		}
 		nt := tool{Name: t.Name, Description: t.Description, Parameters: params, Strict: t.Strict}
 		if t.Type == "custom" {
 			nt = tool{Kind: toolCustom, Name: t.Name, Description: t.Description, Format: t.Format}
 		}
 		req.Tools = append(req.Tools, nt)
+		return err // on an error the whole request is refused
 	case "namespace":
 		if t.Description != "" {
 			req.Dropped = append(req.Dropped, "description")
@@ -544,30 +514,22 @@ func (req *chatRequest) addOpenAITool(t openAITool, raw json.RawMessage, what st
 			req.Tools[j].Namespace, req.Tools[j].Name = t.Name, t.Name+"__"+req.Tools[j].Name
 		}
 		return err
-	default:
-		req.Dropped = append(req.Dropped, cmp.Or(t.Type, "tools"))
 	}
+	req.Dropped = append(req.Dropped, cmp.Or(t.Type, "tools"))
 	return nil
 }
 
 // setOpenAIToolChoice reads tool_choice: a mode or one tool (nested in chat, flat in responses); other objects (allowed_tools, a hosted tool) are dropped.
 func (req *chatRequest) setOpenAIToolChoice(raw json.RawMessage, nested bool) error {
-	type named struct {
-		Name string `json:"name"`
-	}
 	var tc struct {
-		Type      string `json:"type"`
-		Name      string `json:"name"`
-		Namespace string `json:"namespace"`
-		Function  named  `json:"function"`
-		Custom    named  `json:"custom"`
+		Type, Name, Namespace string
+		Function, Custom      struct{ Name string }
 	}
 	switch rawShape(raw) {
 	case 0, 'n': // absent, or null
 		return nil
 	case '"':
-		json.Unmarshal(raw, &tc.Type)
-		if !slices.Contains([]string{toolChoiceAuto, toolChoiceNone, toolChoiceRequired}, tc.Type) {
+		if json.Unmarshal(raw, &tc.Type); !slices.Contains([]string{toolChoiceAuto, toolChoiceNone, toolChoiceRequired}, tc.Type) {
 			return refuseInvalid("tool_choice must be \"auto\", \"none\", \"required\" or a tool")
 		}
 		req.ToolChoice = &toolChoice{Mode: tc.Type}

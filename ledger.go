@@ -28,8 +28,7 @@ const (
 	windowSourceReport  = "usage_report"
 )
 
-// planWindow is one plan window's latest reading; traffic and reports share
-// an id, so either replaces the other.
+// planWindow is one plan window's latest reading; traffic and reports share an id, so either replaces the other.
 type planWindow struct {
 	ID           string  `json:"id"` // anthropic:5h, anthropic:7d, codex:primary, codex:secondary, kimi:usage, kimi:limit-<i>
 	Label        string  `json:"label"`
@@ -43,14 +42,13 @@ type planWindow struct {
 type ledgerEntry struct {
 	Provider   string           `json:"provider"`
 	Windows    []planWindow     `json:"windows"`
-	Block      ledgerBlock      `json:"block"`
+	Block      ledgerBlock      `json:"block"` // the block a 429 or quota refusal left
 	Credential ledgerCredential `json:"credential"`
 	Measured   ledgerMeasured   `json:"measured"` // what Brama itself saw of the subscription's use
 	UsageRead  ledgerCheck      `json:"usage_read"`
 	Probe      ledgerCheck      `json:"probe"`
 }
 
-// ledgerBlock is the block a 429 or quota refusal left.
 type ledgerBlock struct {
 	UntilMs      int64  `json:"until_ms"`
 	Reason       string `json:"reason"`
@@ -111,16 +109,15 @@ func nudge(ch chan struct{}) {
 	}
 }
 
-// ledger is the in-memory ledger (SPEC §10.3: per subscription its plan windows, block, credential
-// state, measured use, last usage read and probe; dispatch orders by it) and its file, written at once for credential,
-// block and probe changes, else at most once per second (SPEC §10.3).
+// ledger is the in-memory ledger dispatch orders by (SPEC §10.3) and its file, written at once for
+// credential, block and probe changes (the "immediate" ones), else at most once per second.
 type ledger struct {
 	log        *slog.Logger
 	now        func() time.Time
 	name       string        // ledger.json; "" when there is no state directory
-	unplaced   error         // why there is no file (set when name is ""); never changes
-	unreadable error         // why ledger.json could not be read; set once in newLedger, never changes
-	changed    chan struct{} // signalled (buffered 1, never blocking) after every change: maintenance re-arms
+	unplaced   error         // why there is no file (set when name is "")
+	unreadable error         // why ledger.json could not be read: it is then never written
+	changed    chan struct{} // nudged after every change: maintenance re-arms
 	warned     sync.Once     // ledger_unplaced is logged once
 
 	testingOnlyAfterFunc func(d time.Duration, f func()) ledgerStopper // the write-behind's time.AfterFunc
@@ -128,19 +125,17 @@ type ledger struct {
 	mu        sync.Mutex // guards entries, seq, statusSeq, lastWrite, timer
 	entries   map[string]*ledgerEntry
 	seq       uint64        // mutations applied so far
-	statusSeq uint64        // of them, the immediate ones (credential, grant times, block, probe)
+	statusSeq uint64        // of them, the immediate ones: a listing's cache key
 	lastWrite time.Time     // injected-clock moment of the last snapshot taken for the file
 	timer     ledgerStopper // the armed write-behind, nil when none
-
-	file snapshotFile // ledger.json, written in snapshot order
+	file      snapshotFile
 }
 
-// newLedger loads ledger.json; an unreadable one is served empty, logged
-// without its bytes and never overwritten, so an operator can repair it.
+// newLedger loads ledger.json; an unreadable one is served empty, logged without its bytes and never
+// overwritten, so an operator can repair it.
 func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
 	l := &ledger{log: log, now: now, entries: map[string]*ledgerEntry{}, changed: make(chan struct{}, 1)}
-	l.name, l.unplaced = st.path("ledger", ledgerFile)
-	if l.unplaced != nil {
+	if l.name, l.unplaced = st.path("ledger", ledgerFile); l.unplaced != nil {
 		return l // ledger_unplaced is logged at the first mutation
 	}
 	b, _, err := readGuarded("ledger", l.name)
@@ -157,10 +152,9 @@ func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
 	return l
 }
 
-// parseLedger strictly parses ledger.json (SPEC §2.2), naming role and the
-// member refused; empty bytes are an empty ledger.
+// parseLedger strictly parses ledger.json (SPEC §2.2), naming role and the member refused; empty bytes are empty.
 func parseLedger(role string, b []byte) (map[string]*ledgerEntry, error) {
-	doc := ledgerDoc{SchemaVersion: 1}
+	doc := ledgerDoc{SchemaVersion: 1, Subscriptions: map[string]*ledgerEntry{}}
 	if err := decodeStrict(role, b, &doc); err != nil && len(b) > 0 {
 		return nil, err
 	}
@@ -168,20 +162,17 @@ func parseLedger(role string, b []byte) (map[string]*ledgerEntry, error) {
 		return nil, fmt.Errorf("%s: schema_version %d is not 1", role, doc.SchemaVersion)
 	}
 	for id, e := range doc.Subscriptions {
-		if !isSubscriptionID(id) {
-			return nil, fmt.Errorf("%s: subscriptions member %q is not sub_<16 hex>", role, id)
-		}
 		e = cmp.Or(e, &ledgerEntry{}) // null: refused as a missing credential state
-		if s := e.Credential.State; s != credActive && s != credNeedsReauth {
-			return nil, fmt.Errorf("%s: subscriptions.%s.credential.state %q is not %q or %q", role, id, s, credActive, credNeedsReauth)
-		}
-		for i, w := range e.Windows {
-			if !(w.UsedFraction >= 0 && w.UsedFraction <= 1) {
-				return nil, fmt.Errorf("%s: subscriptions.%s.windows[%d].used_fraction %v is outside [0,1]", role, id, i, w.UsedFraction)
-			}
+		bad := slices.IndexFunc(e.Windows, func(w planWindow) bool { return !(w.UsedFraction >= 0 && w.UsedFraction <= 1) })
+		if err := firstBroken([]rule{
+			{!isSubscriptionID(id), fmt.Sprintf("subscriptions member %q is not sub_<16 hex>", id)},
+			{e.Credential.State != credActive && e.Credential.State != credNeedsReauth,
+				fmt.Sprintf("subscriptions.%s.credential.state %q is not %q or %q", id, e.Credential.State, credActive, credNeedsReauth)},
+			{bad >= 0, fmt.Sprintf("subscriptions.%s.windows[%d].used_fraction is outside [0,1]", id, bad)}}); err != nil {
+			return nil, fmt.Errorf("%s: %w", role, err)
 		}
 	}
-	if doc.Subscriptions == nil { // absent or null: none (a nil map would panic at the first mutation)
+	if doc.Subscriptions == nil { // null: none (a nil map would panic at the first mutation)
 		doc.Subscriptions = map[string]*ledgerEntry{}
 	}
 	return doc.Subscriptions, nil
@@ -208,11 +199,10 @@ func (l *ledger) credentialState(id string) string {
 // ledgerSentence is how a cause, reason or detail is kept (SPEC §10.3).
 func ledgerSentence(s string) string { return truncateUTF8(redact(s), maxSentenceBytes) }
 
-// recordWindows replaces the windows with the same ids and appends new ones (coalesced write).
+// recordWindows replaces the windows with the same ids and appends new ones. A usage report is a whole
+// reading: a window it no longer names is gone (kept, it would make the subscription due forever).
 func (l *ledger) recordWindows(id, provider string, ws []planWindow) {
 	l.mutate(id, provider, false, func(e *ledgerEntry, _ time.Time) {
-		// A usage report is a whole reading: a window it no longer names is
-		// gone, and keeping it would make the subscription due forever.
 		if len(ws) > 0 && ws[0].Source == windowSourceReport {
 			e.Windows = slices.DeleteFunc(e.Windows, func(old planWindow) bool {
 				return old.Source == windowSourceReport && !slices.ContainsFunc(ws, func(w planWindow) bool { return w.ID == old.ID })
@@ -229,8 +219,8 @@ func (l *ledger) recordWindows(id, provider string, ws []planWindow) {
 	})
 }
 
-// block records a block until until, capped at 7 days from now (immediate write);
-// a block ends when the last one stated has (two racing refusals).
+// block records a block until until, capped at 7 days from now; it ends when the last one stated has
+// (two racing refusals).
 func (l *ledger) block(id, provider string, until time.Time, reason string) {
 	l.mutate(id, provider, true, func(e *ledgerEntry, now time.Time) {
 		if ms := min(until.UnixMilli(), now.Add(ledgerMaxBlock).UnixMilli()); ms >= e.Block.UntilMs {
@@ -247,8 +237,8 @@ func (l *ledger) blockedUntil(id string) time.Time {
 	return time.Time{}
 }
 
-// setCredential records the credential state and cause (immediate write); another
-// state is a caller's bug, logged and ignored so the file stays parseable.
+// setCredential records the credential state and cause; another state is a caller's bug, logged and
+// ignored so the file stays parseable.
 func (l *ledger) setCredential(id, provider, state, cause string) {
 	if state != credActive && state != credNeedsReauth {
 		l.log.Error("ledger_bad_state", "subscription_id", id, "state", state)
@@ -259,14 +249,14 @@ func (l *ledger) setCredential(id, provider, state, cause string) {
 	})
 }
 
-// setGrantTimes records the grant's expiry and last refresh, 0 unknown or never (immediate write).
+// setGrantTimes records the grant's expiry and last refresh, 0 unknown or never.
 func (l *ledger) setGrantTimes(id, provider string, expiresAtMs, refreshedAtMs int64) {
 	l.mutate(id, provider, true, func(e *ledgerEntry, _ time.Time) {
 		e.Credential.ExpiresAtMs, e.Credential.RefreshedAtMs = expiresAtMs, refreshedAtMs
 	})
 }
 
-// recordUse counts one call on id (coalesced write).
+// recordUse counts one call on id.
 func (l *ledger) recordUse(id, provider string, ok bool, in, out int) {
 	l.mutate(id, provider, false, func(e *ledgerEntry, now time.Time) {
 		m := &e.Measured
@@ -280,14 +270,12 @@ func (l *ledger) recordUse(id, provider string, ok bool, in, out int) {
 	})
 }
 
-// recordUsageRead records a usage read's outcome (coalesced write); a refused one keeps the windows.
+// recordUsageRead and recordProbe record a check's outcome; a refused usage read keeps the windows.
 func (l *ledger) recordUsageRead(id, provider string, ok bool, detail string) {
 	l.mutate(id, provider, false, func(e *ledgerEntry, now time.Time) {
 		e.UsageRead = ledgerCheck{now.UnixMilli(), ok, ledgerSentence(detail)}
 	})
 }
-
-// recordProbe records a completion probe's outcome (immediate write).
 func (l *ledger) recordProbe(id, provider string, ok bool, detail string) {
 	l.mutate(id, provider, true, func(e *ledgerEntry, now time.Time) {
 		e.Probe = ledgerCheck{now.UnixMilli(), ok, ledgerSentence(detail)}
@@ -319,21 +307,20 @@ func refreshDue(g oauthGrant, refreshedAtMs int64, now time.Time) bool {
 // nextDue is the earliest moment after now the ledger states something falls due (SPEC §11.2), zero if none: a grant's
 // expiry, a window's reset, a block's end, unless retired (§9) or refused until a sign-in replaces the credential.
 func (l *ledger) nextDue(now time.Time, retired map[string]bool) (best time.Time) {
-	consider := func(ms int64) {
-		if at := time.UnixMilli(ms); at.After(now) && (best.IsZero() || at.Before(best)) {
-			best = at
-		}
-	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for id, e := range l.entries {
 		if e.Credential.State == credNeedsReauth || retired[id] {
 			continue
 		}
-		consider(e.Credential.ExpiresAtMs)
-		consider(e.Block.UntilMs)
+		moments := []int64{e.Credential.ExpiresAtMs, e.Block.UntilMs}
 		for _, w := range e.Windows {
-			consider(w.ResetsAtMs)
+			moments = append(moments, w.ResetsAtMs)
+		}
+		for _, ms := range moments {
+			if at := time.UnixMilli(ms); at.After(now) && (best.IsZero() || at.Before(best)) {
+				best = at
+			}
 		}
 	}
 	return best
@@ -346,29 +333,30 @@ func (l *ledger) statusVersion() uint64 {
 	return l.statusSeq
 }
 
-// mutate applies fn to id's record (created active), then writes: now when
-// immediate or the last write is a second old, else by one write-behind.
+// mutate applies fn to id's record (created active), then writes: now when immediate or the last write
+// is a second old, else by one write-behind.
 func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEntry, now time.Time)) {
+	defer nudge(l.changed)
 	now := l.now()
 	l.mu.Lock()
-	e := l.entries[id]
-	if e == nil {
-		e = &ledgerEntry{Credential: ledgerCredential{State: credActive}}
-		l.entries[id] = e
+	if l.entries[id] == nil {
+		l.entries[id] = &ledgerEntry{Credential: ledgerCredential{State: credActive}}
 	}
+	e := l.entries[id]
 	e.Provider = cmp.Or(provider, e.Provider)
 	fn(e, now)
 	l.seq++
 	if immediate {
 		l.statusSeq++
 	}
-	write := false
 	switch {
 	case l.name == "":
 		l.warned.Do(func() { l.log.Warn("ledger_unplaced", "cause", l.unplaced.Error()) })
 	case l.unreadable != nil: // never overwrite a file an operator may still recover
-	case immediate || l.lastWrite.IsZero() || now.Sub(l.lastWrite) >= ledgerWriteEvery:
-		write = true
+	case immediate || now.Sub(l.lastWrite) >= ledgerWriteEvery: // a zero lastWrite is long ago
+		l.mu.Unlock()
+		l.writeIf(func() bool { return true })
+		return
 	case l.timer == nil:
 		var t ledgerStopper
 		t = afterFunc(l.testingOnlyAfterFunc, ledgerWriteEvery-now.Sub(l.lastWrite), func() {
@@ -377,10 +365,6 @@ func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEn
 		l.timer = t
 	}
 	l.mu.Unlock()
-	if write {
-		l.writeIf(func() bool { return true })
-	}
-	nudge(l.changed)
 }
 
 // flush writes pending changes now (at shutdown), unless there is no file to write.
@@ -388,9 +372,9 @@ func (l *ledger) flush() error {
 	return l.writeIf(func() bool { return l.name != "" && l.unreadable == nil })
 }
 
-// writeIf, when ok (asked under l.mu) holds, writes a snapshot and stops any write-behind
-// (the snapshot holds its changes); l.file keeps a newer snapshot, so writes racing outside
-// l.mu never leave older state. Ids not sub_<16 hex> stay in memory: the file always parses.
+// writeIf, when ok (asked under l.mu) holds, writes a snapshot and stops any write-behind (the snapshot
+// holds its changes); l.file keeps a newer snapshot, so writes racing outside l.mu never leave older state.
+// Ids not sub_<16 hex> stay in memory: the file always parses.
 func (l *ledger) writeIf(ok func() bool) error {
 	l.mu.Lock()
 	if !ok() {
@@ -415,12 +399,11 @@ func (l *ledger) writeIf(ok func() bool) error {
 	return nil
 }
 
-// newWindow is a window read at now, its fraction clamped to [0,1].
+// newWindow is a window read at now, its fraction clamped to [0,1] (NaN reads as 0).
 func newWindow(id, label string, fraction float64, resetMs int64, now time.Time, source string) planWindow {
 	return planWindow{ID: id, Label: label, UsedFraction: planFraction(fraction), ResetsAtMs: resetMs, RecordedAtMs: now.UnixMilli(), Source: source}
 }
 
-// planFraction keeps a fraction in [0,1]; NaN reads as 0.
 func planFraction(f float64) float64 {
 	if !(f >= 0) {
 		return 0
@@ -431,28 +414,27 @@ func planFraction(f float64) float64 {
 // planMaxResetSeconds bounds a reset delay or a window's length (about year 5138), so ms cannot overflow.
 const planMaxResetSeconds = 1e11
 
-// anthropicWindows are the claude-code windows traffic headers (by key) and
-// the usage report (by member) both state, under one id.
+// anthropicWindows are the claude-code windows traffic headers (by key) and the usage report (by member)
+// both state, under one id.
 var anthropicWindows = []struct{ header, member, id, label string }{
 	{"5h", "five_hour", "anthropic:5h", "5 hours"},
 	{"7d", "seven_day", "anthropic:7d", "7 days"},
 }
 
-// parsePlanWindows reads the plan windows an answer's headers state (SPEC
-// §6.3); a value that does not parse is skipped, never guessed.
-func parsePlanWindows(provider string, h http.Header, now time.Time) []planWindow {
-	var ws []planWindow
+// parsePlanWindows reads the plan windows an answer's headers state (SPEC §6.3); a value that does not
+// parse is skipped, never guessed.
+func parsePlanWindows(provider string, h http.Header, now time.Time) (ws []planWindow) {
+	get := func(key string) number { return numberOf(h.Get(key)) }
 	for _, k := range anthropicWindows {
 		key := "anthropic-ratelimit-unified-" + k.header
-		if util := numberOf(h.Get(key + "-utilization")); provider == "claude-code" && util.ok {
+		if util := get(key + "-utilization"); provider == "claude-code" && util.ok {
 			ws = append(ws, newWindow(k.id, k.label, util.v, instantOf(h.Get(key+"-reset")).ms, now, windowSourceTraffic))
 		}
 	}
 	for _, which := range []string{"primary", "secondary"} {
 		key := "x-codex-" + which + "-"
-		mins := numberOf(h.Get(key + "window-minutes"))
-		r := codexReading{numberOf(h.Get(key + "used-percent")), number{mins.v * 60, mins.ok},
-			numberOf(h.Get(key + "reset-after-seconds")), instantOf(h.Get(key + "reset-at"))}
+		mins := get(key + "window-minutes")
+		r := codexReading{get(key + "used-percent"), number{mins.v * 60, mins.ok}, get(key + "reset-after-seconds"), instantOf(h.Get(key + "reset-at"))}
 		if w, ok := r.window(which, now, windowSourceTraffic); provider == "codex" && ok {
 			ws = append(ws, w)
 		}

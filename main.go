@@ -1,32 +1,15 @@
-// Brama is a small LLM gateway daemon. Callers send OpenAI Chat
-// Completions, Anthropic Messages or OpenAI Responses requests to one
-// endpoint; Brama resolves the model name, decides which account pays, makes
-// a strictly bounded number of provider calls and answers with the result or
-// exactly one classified refusal. It is not a load balancer, a cache of
-// answers, or a retry engine.
-//
-// Run it, and test it:
-//
-//	go run . serve    # listens on 127.0.0.1:8080; brama help lists the commands
-//	go test ./...
-//
-// State lives in BRAMA_STATE_DIR, else ~/.brama (0700, files 0600). With
-// neither, Brama still serves and every state reader and writer refuses
-// naming the cause.
-//
-// Reading order, as a request meets the files: main.go (run, parsing, help,
-// exit codes, serve) and cli.go (the command table); server.go (routes, who
-// may call, handlers); answers.go, replay.go (signed answers); dispatch.go,
-// pool.go (plan, the attempt engine, who pays); providers.go, passthrough.go,
-// formats.go and one file per wire format, relay.go, sse.go; errors.go;
-// subscriptions.go, ledger.go, oauth.go; maintain.go; catalog.go, perf.go,
-// onboard.go; journal.go, state.go at the ground.
+// Brama is a small LLM gateway daemon. Callers send OpenAI Chat Completions, Anthropic Messages or OpenAI Responses
+// requests to one endpoint; Brama resolves the model name, decides which account pays, makes a strictly bounded
+// number of provider calls and answers with the result or exactly one classified refusal. It is not a load balancer,
+// a cache of answers, or a retry engine. README's "Reading the code" gives the reading order.
 package main
 
 import (
 	"bufio"
+	"bytes"
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -34,6 +17,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -41,18 +25,16 @@ import (
 	"strings"
 	"sync"
 	"syscall"
-	"text/tabwriter"
 	"time"
 )
 
 // version is reported by /health and `brama version`.
 const version = "0.1.0-dev"
 
-// main: a CLI command keeps the signals' default effect, so one SIGINT ends
-// it wherever it waits, reading stdin included (SPEC §17). For serve the first
-// SIGINT, SIGTERM or SIGHUP (a closed terminal) ends ctx (serve stops taking
-// requests and lets the running ones end), the second closes cut (serve cuts
-// what still runs). A SIGHUP ignored at start (nohup) stays ignored.
+// main: a CLI command keeps the signals' default effect, so one SIGINT ends it wherever it waits, reading stdin
+// included (SPEC §17). For serve the first SIGINT, SIGTERM or SIGHUP (a closed terminal) ends ctx (serve stops taking
+// requests and lets the running ones end), the second closes cut (serve cuts what still runs). A SIGHUP ignored at
+// start (nohup) stays ignored.
 func main() {
 	ctx, drain := context.WithCancel(context.Background())
 	cut := make(chan struct{})
@@ -73,8 +55,7 @@ func main() {
 	os.Exit(exitCode(run(ctx, cut, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr), os.Stderr))
 }
 
-// run is the whole program: it runs one command of the table and returns
-// only after every goroutine it started has exited (cut: see cliEnv).
+// run is the whole program: one command of the table, returning once every goroutine it started has.
 func run(ctx context.Context, cut <-chan struct{}, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) error {
 	e := &cliEnv{ctx: ctx, cut: cut, getenv: getenv, in: bufio.NewReader(stdin), stdout: stdout, stderr: stderr}
 	switch {
@@ -90,8 +71,7 @@ func run(ctx context.Context, cut <-chan struct{}, args []string, getenv func(st
 	return e.runCommand(lookup(args))
 }
 
-// command is one row of the CLI: `brama help` prints its name and purpose;
-// `brama NAME -h` its usage line, purpose, flags and example.
+// command is one row of the CLI: `brama help` prints its name and purpose; -h all of it.
 type command struct {
 	name, args, purpose, example string             // name: one or two words; args: the usage line after it
 	pos                          int                // positionals it takes
@@ -102,8 +82,7 @@ type command struct {
 	run                          func(e *cliEnv, o opts, pos []string) error
 }
 
-// flagSpec is one flag; its default's type picks the kind: string, bool,
-// int, time.Duration, or []string for a repeatable one.
+// flagSpec is one flag; its default's type picks the kind (a []string is repeatable).
 type flagSpec struct {
 	name string
 	def  any
@@ -155,8 +134,7 @@ func exitCode(err error, stderr io.Writer) int {
 	return 1
 }
 
-// lookup finds args' command: two words, else one; else a usage error
-// naming the group's commands.
+// lookup finds args' command: two words, else one; else a usage error naming the group's commands.
 func lookup(args []string) (command, []string, error) {
 	cmds := commands()
 	for n := min(2, len(args)); n > 0; n-- {
@@ -183,15 +161,15 @@ func lookup(args []string) (command, []string, error) {
 // help lists every command with its purpose.
 func help(w io.Writer) {
 	fmt.Fprint(w, "usage: brama COMMAND [flags] [arguments]; brama COMMAND -h prints its flags and an example\n\n")
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	for _, c := range commands() {
-		fmt.Fprintf(tw, "  %s\t%s\n", c.name, c.purpose)
-	}
-	tw.Flush()
+	table(w, nil, "", func(yield func(...string)) {
+		for _, c := range commands() {
+			yield("  "+c.name, c.purpose)
+		}
+	})
 }
 
-// runCommand parses args for c, flags and positionals in either order (SPEC
-// §16.1): -h prints c's help on stdout; a usage error names c's help.
+// runCommand parses args for c, flags and positionals in either order (SPEC §16.1): -h prints c's help on stdout; a
+// usage error names c's help.
 func (e *cliEnv) runCommand(c command, args []string, err error) error {
 	if err != nil {
 		return err
@@ -239,11 +217,10 @@ func (e *cliEnv) runCommand(c command, args []string, err error) error {
 	if len(pos) != c.pos {
 		return &usageError{c.name, "want " + cmp.Or(c.args, "no arguments")}
 	}
-	var missing []string
+	set, missing := map[string]bool{}, []string{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = strings.TrimSpace(f.Value.String()) != "" })
 	for _, name := range c.need {
-		set := false
-		fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
-		if !set || strings.TrimSpace(fs.Lookup(name).Value.String()) == "" {
+		if !set[name] {
 			missing = append(missing, "-"+name)
 		}
 	}
@@ -265,10 +242,9 @@ func (e *cliEnv) runCommand(c command, args []string, err error) error {
 	return err
 }
 
-// deps opens the state files, with the command's logger and clock.
+// deps opens the state files; sys is a command's logger (to stderr, at BRAMA_LOG_LEVEL) and clock.
 func (e *cliEnv) deps() deps { return openDeps(e.getenv, e.sys()) }
 
-// sys is a command's logger (to stderr, at BRAMA_LOG_LEVEL) and clock.
 func (e *cliEnv) sys() sys {
 	return sys{log: newLogger(e.stderr, e.getenv("BRAMA_LOG_LEVEL")), now: time.Now}
 }
@@ -281,9 +257,8 @@ func (e *cliEnv) say(err error, format string, args ...any) error {
 	return err
 }
 
-// wrote reports a write, unless err: which file changed, and a warning when
-// no serve holds the state directory (nothing serves the change until one
-// starts), on stderr; the success line on stdout.
+// wrote reports a write, unless err: the file, and a warning when no serve holds the state directory (nothing serves
+// the change until one starts), on stderr; the success line on stdout.
 func (e *cliEnv) wrote(path string, err error, format string, args ...any) error {
 	if err != nil {
 		return err
@@ -296,8 +271,7 @@ func (e *cliEnv) wrote(path string, err error, format string, args ...any) error
 	return e.say(nil, format, args...)
 }
 
-// serveHolds says whether a brama serve holds s's serve.lock; it creates no
-// file, and its shared try-lock ends as it returns.
+// serveHolds says whether a brama serve holds s's serve.lock; it creates no file.
 func serveHolds(s state) bool {
 	f, err := os.OpenFile(filepath.Join(s.dir, "serve.lock"), os.O_RDONLY|syscall.O_NOFOLLOW, 0)
 	if err != nil {
@@ -307,20 +281,71 @@ func serveHolds(s state) bool {
 	return errors.Is(syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB), syscall.EWOULDBLOCK)
 }
 
-// line is stdin's next line, trimmed.
 func (e *cliEnv) line() string {
 	s, _ := e.in.ReadString('\n')
 	return strings.TrimSpace(s)
 }
 
-// testingOnlyNow replaces the serving process's clock in tests.
-var testingOnlyNow func() time.Time
+// dial checks -gateway and takes the bearer from BRAMA_TOKEN, else stdin's first line. No time limit of Brama's own
+// (a pass may wait on token endpoints); one SIGINT ends the command (SPEC §17).
+func (e *cliEnv) dial(raw string) error {
+	u, err := url.Parse(strings.TrimSpace(raw))
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" {
+		return &usageError{msg: fmt.Sprintf("-gateway %q is not an http:// or https:// URL", raw)}
+	}
+	if u.Scheme == "http" && !isLoopbackHost(u.Hostname()) { // the bearer and credentials would cross in clear text
+		return &usageError{msg: fmt.Sprintf("-gateway %q: http:// is allowed only to a loopback host; use https://", raw)}
+	}
+	if e.gateway, e.auth = strings.TrimRight(u.String(), "/"), strings.TrimSpace(e.getenv("BRAMA_TOKEN")); e.auth == "" {
+		e.auth = e.line()
+	}
+	if e.auth == "" {
+		return errors.New("no bearer token: set BRAMA_TOKEN or give the token as stdin's first line")
+	}
+	return nil
+}
 
-// testingOnlyKeepAlive shortens the stream keep-alive interval in tests.
-var testingOnlyKeepAlive time.Duration
+// call sends one admin request (body nil: none) and returns the success body, decoded into out unless out is nil; a
+// non-2xx answer is an error quoting the envelope.
+func (e *cliEnv) call(method, path string, body, out any) ([]byte, error) {
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body) // a donation, credentialBody or map of strings cannot fail
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(e.ctx, method, e.gateway+path, rd)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+e.auth)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("cannot reach the gateway at %s: %w", e.gateway, errors.Unwrap(err))
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	var env envelope
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("reading the gateway's answer: %w", err)
+	case resp.StatusCode/100 == 2 && (out == nil || json.Unmarshal(b, out) == nil):
+		return b, nil
+	case resp.StatusCode/100 == 2:
+		return nil, fmt.Errorf("the gateway's answer is not what %s %s answers: %s", method, path, truncateUTF8(string(b), 200))
+	case json.Unmarshal(b, &env) != nil || env.Error.Code == "":
+		env.Error.Code, env.Error.Message = "unknown", "the answer is not a Brama error envelope"
+	}
+	return nil, fmt.Errorf("the gateway refused (%d %s): %s", resp.StatusCode, env.Error.Code, env.Error.Message)
+}
 
-// openDeps resolves every state file path (SPEC §2.1, §2.2); nothing is
-// read yet.
+// Tests replace the serving process's clock and shorten the stream keep-alive interval.
+var (
+	testingOnlyNow       func() time.Time
+	testingOnlyKeepAlive time.Duration
+)
+
+// openDeps resolves every state file path (SPEC §2.1, §2.2); nothing is read yet.
 func openDeps(getenv func(string) string, sy sys) deps {
 	st := resolveState(getenv)
 	cpath, cerr := st.fileOrState(getenv, "BRAMA_CLIENTS_FILE", "clients file", "clients.json")
@@ -338,12 +363,9 @@ type deps struct {
 
 // newLogger makes the JSON slog logger at BRAMA_LOG_LEVEL.
 func newLogger(w io.Writer, level string) *slog.Logger {
-	var lv slog.Level
+	var lv slog.Level // info, unless level names another
 	level = strings.TrimSpace(level)
 	err := lv.UnmarshalText([]byte(level))
-	if err != nil {
-		lv = slog.LevelInfo
-	}
 	log := slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: lv}))
 	if err != nil && level != "" {
 		log.Warn("log_level_invalid", "value", level, "using", "info")
@@ -351,26 +373,19 @@ func newLogger(w io.Writer, level string) *slog.Logger {
 	return log
 }
 
-// serve runs the daemon until ctx ends, then drains until its requests end
-// or e.cut closes.
+// serve runs the daemon until ctx ends, then drains until its requests end or e.cut closes.
 func serve(e *cliEnv, o opts, _ []string) error {
 	addr, sy := o.s("addr"), e.sys()
-	if err := checkListenAddr(addr); err != nil {
-		return err
-	}
-	signal.Ignore(syscall.SIGPIPE) // a log reader gone (`serve 2>&1 | logger`) ends no generation: its lines are lost
 	if testingOnlyNow != nil {
 		sy.now = testingOnlyNow
 	}
 	log, now := sy.log, sy.now
-	maxBody, err := envWhole(e.getenv, "BRAMA_MAX_REQUEST_BYTES", "bytes", 1, defaultMaxRequestBytes, 64)
-	if err != nil {
+	maxBody, bodyErr := envWhole(e.getenv, "BRAMA_MAX_REQUEST_BYTES", "bytes", 1, defaultMaxRequestBytes, 64)
+	guard, guardErr := newTransportGuard(e.getenv("BRAMA_TRUSTED_PROXY_IPS"))
+	if err := cmp.Or(checkListenAddr(addr), bodyErr, guardErr); err != nil {
 		return err
 	}
-	guard, err := newTransportGuard(e.getenv("BRAMA_TRUSTED_PROXY_IPS"))
-	if err != nil {
-		return err
-	}
+	signal.Ignore(syscall.SIGPIPE) // a log reader gone (`serve 2>&1 | logger`) ends no generation: its lines are lost
 	d := openDeps(e.getenv, sy)
 	lock, err := lockServe(d.st)
 	if err != nil {
@@ -409,8 +424,7 @@ func serve(e *cliEnv, o opts, _ []string) error {
 		return err
 	}
 	s.routes()
-	// Every request context descends from base, so requests still running at
-	// the second signal are cancelled with errServerShutdown.
+	// Requests still running at the second signal are cancelled through base with errServerShutdown.
 	base, stopRequests := context.WithCancelCause(context.WithoutCancel(e.ctx))
 	defer stopRequests(nil)
 	srv := &http.Server{Handler: s, BaseContext: func(net.Listener) context.Context { return base },
@@ -439,8 +453,7 @@ func serve(e *cliEnv, o opts, _ []string) error {
 	case err = <-serveErr:
 		return err
 	}
-	// No grace period of Brama's own (SPEC §7.4): the running requests end
-	// when their providers finish, or at the second signal.
+	// No grace period of Brama's own (SPEC §7.4): requests end when their providers do, or at the second signal.
 	log.Info("serve_draining")
 	drained := make(chan error, 1)
 	go func() { drained <- srv.Shutdown(context.WithoutCancel(e.ctx)) }()
@@ -456,8 +469,8 @@ func serve(e *cliEnv, o opts, _ []string) error {
 	return nil
 }
 
-// serveNotes is what serve prints under its address: the state directory, and
-// the one step to run next while nothing can pay for a call yet.
+// serveNotes is what serve prints under its address: the state directory, and the one step to run next while nothing
+// can pay for a call yet.
 func serveNotes(s *server) string {
 	where := "state: " + s.st.dir
 	if s.st.dir == "" {
@@ -472,14 +485,13 @@ func serveNotes(s *server) string {
 		"; or a local model: brama deployments add NAME -port 11434"
 }
 
-// checkListenAddr refuses an -addr net.Listen would misread: empty (every
-// interface), no port or an empty one (a random port), or a bad port.
+// checkListenAddr refuses an -addr net.Listen would misread: empty (every interface), no port or an empty one (a
+// random port), or a bad port.
 func checkListenAddr(addr string) error {
 	_, port, err := net.SplitHostPort(addr)
 	if err == nil && port == "" {
 		err = errors.New("no port")
-	}
-	if err == nil {
+	} else if err == nil {
 		_, err = net.LookupPort("tcp", port)
 	}
 	if err != nil {
@@ -488,8 +500,7 @@ func checkListenAddr(addr string) error {
 	return nil
 }
 
-// readLocalCredentials reads `{"provider":"api key",…}` from stdin; a key's
-// surrounding space goes, as credentials set trims it.
+// readLocalCredentials reads `{"provider":"api key",…}` from stdin, keys trimmed as credentials set trims them.
 func readLocalCredentials(r io.Reader) (map[string]string, error) {
 	b, err := io.ReadAll(r)
 	creds := map[string]string{}
@@ -509,28 +520,80 @@ func readLocalCredentials(r io.Reader) (map[string]string, error) {
 	return creds, err
 }
 
-// ensureFirstClient creates the admin client "local", its token printed
-// once, when no clients file exists (SPEC §3.1); in memory with no state (§2.1).
+// ensureFirstClient creates the admin client "local", its token printed once, when no clients file exists (SPEC
+// §3.1); in memory with no state (§2.1).
 func ensureFirstClient(c *clientStore, stderr io.Writer) error {
 	tok := newToken()
-	local := client{ID: "local", TokenSHA256: tokenDigest(tok), Role: roleAdmin}
-	if c.pathErr != nil {
-		c.memory = &clientsDoc{Clients: []client{local}}
-		fmt.Fprintf(stderr, "brama: created admin client \"local\" for this process only (not kept: %v); bearer token (shown once): %s\n", c.pathErr, tok)
-		return nil
-	}
-	if _, err := c.load(); !errors.Is(err, errFileAbsent) {
+	local, kept, created := client{ID: "local", TokenSHA256: tokenDigest(tok), Role: roleAdmin}, "", c.pathErr != nil
+	if created {
+		c.memory, kept = &clientsDoc{Clients: []client{local}}, fmt.Sprintf(" for this process only (not kept: %v)", c.pathErr)
+	} else if _, err := c.load(); !errors.Is(err, errFileAbsent) {
 		return err // nil, or a clients file that must be repaired before serving
-	}
-	created := false
-	err := updateClients(c.path, func(d *clientsDoc) error {
+	} else if err := updateClients(c.path, func(d *clientsDoc) error {
 		if created = len(d.Clients) == 0; created {
 			d.Clients = append(d.Clients, local)
 		}
 		return nil
-	})
-	if err == nil && created {
-		fmt.Fprintf(stderr, "brama: created admin client \"local\"; bearer token (shown once): %s\n", tok)
+	}); err != nil {
+		return err
 	}
-	return err
+	if created {
+		fmt.Fprintf(stderr, "brama: created admin client \"local\"%s; bearer token (shown once): %s\n", kept, tok)
+	}
+	return nil
+}
+
+// Onboarding (SPEC §14) walks the first-use journey in-process, no daemon or bearer, in onboardSteps' order;
+// onboarding.json keeps the steps done.
+const (
+	stepStateDir = "state-directory"
+	stepClient   = "client"
+	stepRoute    = "route"
+	stepAnswer   = "answer"
+	onboardFile  = "onboarding.json"
+	onboardRole  = "onboarding progress"
+)
+
+var onboardSteps = []string{stepStateDir, stepClient, stepRoute, stepAnswer}
+
+// onboardProgress is onboarding.json: each step done, when first done (RFC 3339 UTC, milliseconds), and (route,
+// answer) the model it named.
+type onboardProgress struct {
+	SchemaVersion int                    `json:"schema_version"`
+	Steps         map[string]onboardStep `json:"steps"`
+}
+
+type onboardStep struct {
+	DoneAt string `json:"done_at"`
+	Model  string `json:"model,omitempty"`
+}
+
+// errOnboardingInvalid wraps every refusal of parseOnboarding.
+var errOnboardingInvalid = errors.New("onboarding progress is invalid")
+
+// parseOnboarding is decodeStrict on onboarding.json; empty is no progress.
+func parseOnboarding(b []byte) (*onboardProgress, error) {
+	prog := &onboardProgress{SchemaVersion: 1, Steps: map[string]onboardStep{}}
+	if err := decodeStrict(onboardFile, b, prog); len(b) > 0 && err != nil {
+		return nil, fmt.Errorf("%w: %w (remove the file to start the journey again)", errOnboardingInvalid, err)
+	}
+	return prog, nil
+}
+
+// validate refuses another schema, unknown steps and unreadable times.
+func (prog *onboardProgress) validate() error {
+	if prog.SchemaVersion != 1 {
+		return fmt.Errorf("schema_version %d is not 1", prog.SchemaVersion)
+	}
+	for name, st := range prog.Steps {
+		if !slices.Contains(onboardSteps, name) {
+			return fmt.Errorf("unknown step %q", truncateUTF8(name, 64))
+		} else if _, err := time.Parse(time.RFC3339Nano, st.DoneAt); err != nil {
+			return fmt.Errorf("step %s: done_at is not an RFC 3339 time", name)
+		}
+	}
+	if prog.Steps == nil {
+		prog.Steps = map[string]onboardStep{}
+	}
+	return nil
 }

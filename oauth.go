@@ -10,7 +10,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"maps"
 	"math"
@@ -107,15 +106,8 @@ func newOAuth(getenv func(string) string, client *http.Client, v *vault, l *ledg
 	return &oauthClient{getenv: getenv, client: client, vault: v, ledger: l, log: log, now: now, inflight: map[string]*refreshCall{}}
 }
 
-// tokenURL is p's token endpoint under checkBaseURL's rule, so a typo in
-// BRAMA_OAUTH_<ID>_TOKEN_URL cannot send a refresh token in clear text.
 func (o *oauthClient) tokenURL(p oauthProvider) (string, error) {
-	env := "BRAMA_OAUTH_" + strings.ToUpper(strings.ReplaceAll(p.id, "-", "_")) + "_TOKEN_URL"
-	raw := cmp.Or(strings.TrimSpace(o.getenv(env)), p.tokenURL)
-	if err := checkBaseURL(raw); err != nil {
-		return "", fmt.Errorf("%s: %w: %v", env, errTokenURL, err)
-	}
-	return raw, nil
+	return envURL(o.getenv, "OAUTH", p.id, "TOKEN_URL", p.tokenURL, errTokenURL)
 }
 
 // shutdown waits for every flight to end, so a token the provider rotated is
@@ -159,6 +151,9 @@ func (o *oauthClient) refresh(ctx context.Context, id, provider, refusedAccessTo
 			defer o.wg.Done()
 			defer cancel()
 			c.grant, c.err = o.refreshOnce(fctx, id, provider, refusedAccessToken)
+			if c.err != nil {
+				c.err = o.ended(id, provider, c.err)
+			}
 			o.mu.Lock()
 			delete(o.inflight, id)
 			o.mu.Unlock()
@@ -186,7 +181,7 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 	}
 	doc, err := o.vault.load()
 	if err != nil {
-		return oauthGrant{}, o.ended(id, provider, fmt.Errorf("refresh %s: vault: %w", id, err))
+		return oauthGrant{}, fmt.Errorf("refresh %s: vault: %w", id, err)
 	}
 	cur := doc.Subscriptions[id].OAuth
 	if cur == nil {
@@ -202,14 +197,13 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 		c := d.Subscriptions[id].OAuth
 		return c != nil && c.RefreshToken == old.RefreshToken
 	}
-	superseded := fmt.Errorf("refresh %s: %w", id, errRefreshSuperseded)
 	endpoint, err := o.tokenURL(p)
 	if err != nil {
-		return oauthGrant{}, o.ended(id, provider, err)
+		return oauthGrant{}, err
 	}
 	if old.RefreshToken == "" { // only a sign-in or a new grant helps
-		return oauthGrant{}, o.ended(id, provider, &endpointError{Definitive: true, Endpoint: endpointName(endpoint),
-			Sentence: errNoRefreshToken.Error(), Err: errNoRefreshToken})
+		return oauthGrant{}, &endpointError{Definitive: true, Endpoint: endpointName(endpoint),
+			Sentence: errNoRefreshToken.Error(), Err: errNoRefreshToken}
 	}
 	fields := map[string]string{"grant_type": "refresh_token", "refresh_token": old.RefreshToken, "client_id": p.clientID}
 	ans, re := o.tokenCall(ctx, p, endpoint, fields, old.RefreshToken, old.AccessToken)
@@ -217,9 +211,9 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 		// A refusal is a result too: if a sign-in replaced the grant while
 		// the call was on the wire, the refusal is about a grant nobody uses.
 		if d, err := o.vault.load(); re.Definitive && err == nil && !holds(d) {
-			return oauthGrant{}, o.ended(id, provider, superseded)
+			return oauthGrant{}, fmt.Errorf("refresh %s: %w", id, errRefreshSuperseded)
 		}
-		return oauthGrant{}, o.ended(id, provider, re)
+		return oauthGrant{}, re
 	}
 	now := o.now()
 	g := answerGrant(provider, old, ans, now)
@@ -232,7 +226,7 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 	})
 	switch {
 	case errors.Is(err, errRefreshSuperseded):
-		return oauthGrant{}, o.ended(id, provider, superseded)
+		return oauthGrant{}, fmt.Errorf("refresh %s: %w", id, err)
 	case err != nil:
 		// The provider may already have retired the refresh token the vault
 		// still holds: the new grant is used and kept until written (SPEC §17).
@@ -293,26 +287,6 @@ func (e *endpointError) Error() string {
 }
 
 func (e *endpointError) Unwrap() error { return e.Err }
-
-// callEndpoint sends one request with headers and reads the answer whole; status is 0 when none came.
-func callEndpoint(ctx context.Context, client *http.Client, method, endpoint string, body []byte,
-	headers ...[2]string) (status int, b []byte, err error) {
-	req, err := http.NewRequestWithContext(ctx, method, endpoint, bytes.NewReader(body))
-	if err != nil {
-		return 0, nil, err
-	}
-	req.Header.Set("Accept", "application/json")
-	for _, kv := range headers {
-		req.Header.Set(kv[0], kv[1])
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer resp.Body.Close()
-	b, err = io.ReadAll(resp.Body)
-	return resp.StatusCode, b, err
-}
 
 // endpointName is raw without user info, query or fragment, for messages.
 func endpointName(raw string) string {
@@ -430,8 +404,7 @@ func parseTokenAnswer(body []byte) (tokenAnswer, error) {
 // token not sent again is kept; the expiry is expires_in, else the JWT's exp.
 func answerGrant(provider string, g oauthGrant, ans tokenAnswer, now time.Time) oauthGrant {
 	g.AccessToken, g.ExpiresAtMs = ans.AccessToken, 0
-	g.RefreshToken = cmp.Or(ans.RefreshToken, g.RefreshToken)
-	g.IDToken = cmp.Or(ans.IDToken, g.IDToken)
+	g.RefreshToken, g.IDToken = cmp.Or(ans.RefreshToken, g.RefreshToken), cmp.Or(ans.IDToken, g.IDToken)
 	if ans.ExpiresIn > 0 {
 		g.ExpiresAtMs = now.UnixMilli() + ans.ExpiresIn*1000
 	}

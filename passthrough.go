@@ -569,3 +569,32 @@ func (sa *streamAnswer) translate(protocol string, body io.Reader) (usage, error
 	}
 	return u, err
 }
+
+// buildUpstreamRequest is req's call to p in p's protocol and wire details (SPEC §6.2), for model.
+func buildUpstreamRequest(ctx context.Context, p providerInfo, baseURL string, cred upstreamCredential, req chatRequest, model string) (*http.Request, error) {
+	stream, f := upstreamStreams(p, req), formatOf(p.protocol) // f is never nil: TestEveryProviderHasAWireFormat
+	oauth := p.id == "claude-code" && cred.AccessToken != ""
+	body, err := f.encode(req, model, upstreamOptions{stream: stream, oauth: oauth, codex: p.id == "codex", openai: p.id == "openai"})
+	if err != nil {
+		return nil, err
+	}
+	b, err := json.Marshal(body)
+	if err != nil {
+		return nil, refuse("invalid_request", "the request cannot be encoded for provider %q", p.id).because(err)
+	}
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, baseURL+f.path, bytes.NewReader(b))
+	if err != nil {
+		return nil, refuse("internal_error", "internal error").because(err)
+	}
+	options := http.Header{} // the format's own options a translation needs
+	strict := slices.ContainsFunc(req.Tools, func(t tool) bool { return t.Strict != nil })
+	// SPEC §7.6: the structured-outputs beta, for a JSON Schema output format or a tool's strict, true or false.
+	if p.protocol == protoAnthropic && (req.Output != nil || strict) {
+		options.Add("Anthropic-Beta", structuredOutputsBeta)
+	}
+	if p.protocol == protoAnthropic && req.adaptiveEffort(model) {
+		options.Add("Anthropic-Beta", effortBeta)
+	}
+	setProviderHeaders(hr.Header, p, cred, options, stream)
+	return hr, nil
+}

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net"
 	"net/http"
@@ -61,31 +62,35 @@ var providerTable = []providerInfo{
 	{"kimi", protoOpenAIChat, credSubscription, "https://api.kimi.com/coding/v1"},
 }
 
-// lookupProvider finds a provider by id.
 func lookupProvider(id string) (providerInfo, bool) {
-	for _, p := range providerTable {
-		if p.id == id {
-			return p, true
-		}
+	i := slices.IndexFunc(providerTable, func(p providerInfo) bool { return p.id == id })
+	if i < 0 {
+		return providerInfo{}, false
 	}
-	return providerInfo{}, false
+	return providerTable[i], true
 }
 
 // errBaseURL marks a base URL override Brama refuses to call (SPEC §6.1).
 var errBaseURL = errors.New("unusable provider base URL")
 
-// providerBaseURL is BRAMA_PROVIDER_<ID>_BASE_URL, else p's built-in base
-// URL; checkBaseURL keeps a typo from sending a credential in clear text.
+// providerBaseURL is BRAMA_PROVIDER_<ID>_BASE_URL, else p's built-in base URL.
 func providerBaseURL(p providerInfo, getenv func(string) string) (string, error) {
 	if p.cred == credNone {
 		return "", fmt.Errorf("provider %q: %w: its endpoint comes from the registry deployment", p.id, errBaseURL)
 	}
-	env := "BRAMA_PROVIDER_" + strings.ToUpper(strings.ReplaceAll(p.id, "-", "_")) + "_BASE_URL"
-	raw := cmp.Or(strings.TrimSpace(getenv(env)), p.baseURL)
+	raw, err := envURL(getenv, "PROVIDER", p.id, "BASE_URL", p.baseURL, errBaseURL)
+	return strings.TrimRight(raw, "/"), err
+}
+
+// envURL is BRAMA_<kind>_<ID>_<what>, else builtin, under checkBaseURL's
+// rule, so a typo cannot send a credential in clear text; failures wrap sentinel.
+func envURL(getenv func(string) string, kind, id, what, builtin string, sentinel error) (string, error) {
+	env := "BRAMA_" + kind + "_" + strings.ToUpper(strings.ReplaceAll(id, "-", "_")) + "_" + what
+	raw := cmp.Or(strings.TrimSpace(getenv(env)), builtin)
 	if err := checkBaseURL(raw); err != nil {
-		return "", fmt.Errorf("%s: %w: %v", env, errBaseURL, err)
+		return "", fmt.Errorf("%s: %w: %v", env, sentinel, err)
 	}
-	return strings.TrimRight(raw, "/"), nil
+	return raw, nil
 }
 
 // checkBaseURL accepts https:// anywhere and http:// only to loopback. It
@@ -93,24 +98,18 @@ func providerBaseURL(p providerInfo, getenv func(string) string) (string, error)
 // query and a fragment (paths are appended to the base).
 func checkBaseURL(raw string) error {
 	u, err := url.Parse(raw)
-	if err != nil {
-		return errors.New("not a URL")
-	}
 	switch {
+	case err != nil:
+		return errors.New("not a URL")
 	case u.Host == "" || u.Opaque != "":
 		return errors.New("no host")
 	case u.User != nil:
 		return errors.New("user info is not allowed")
 	case u.RawQuery != "" || u.ForceQuery || u.Fragment != "":
 		return errors.New("a query or fragment is not allowed")
-	}
-	switch u.Scheme {
-	case "https":
+	case u.Scheme == "https" || u.Scheme == "http" && isLoopbackHost(u.Hostname()):
 		return nil
-	case "http":
-		if isLoopbackHost(u.Hostname()) {
-			return nil
-		}
+	case u.Scheme == "http":
 		return errors.New("http:// is allowed only to a loopback host")
 	}
 	return errors.New("scheme must be https or http to loopback")
@@ -119,11 +118,8 @@ func checkBaseURL(raw string) error {
 // isLoopbackHost reports whether host is localhost or a loopback address
 // (127.0.0.0/8, ::1). It resolves no names: "localhost" is the only name.
 func isLoopbackHost(host string) bool {
-	if strings.EqualFold(host, "localhost") {
-		return true
-	}
 	ip, err := netip.ParseAddr(host)
-	return err == nil && ip.Unmap().IsLoopback()
+	return strings.EqualFold(host, "localhost") || err == nil && ip.Unmap().IsLoopback()
 }
 
 // newProviderClient is the one HTTP client for provider calls: no redirects
@@ -134,16 +130,31 @@ func newProviderClient() *http.Client {
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.Proxy, t.DisableCompression = nil, true
 	t.DialContext = (&net.Dialer{KeepAlive: 30 * time.Second}).DialContext
-	t.TLSHandshakeTimeout = 0
-	t.ExpectContinueTimeout = 0
-	t.MaxIdleConns = 256
-	t.MaxIdleConnsPerHost = 64 // IdleConnTimeout stays the default 90 s
-	return &http.Client{
-		Transport: t,
-		CheckRedirect: func(*http.Request, []*http.Request) error {
-			return http.ErrUseLastResponse
-		},
+	t.TLSHandshakeTimeout, t.ExpectContinueTimeout = 0, 0
+	t.MaxIdleConns, t.MaxIdleConnsPerHost = 256, 64 // IdleConnTimeout stays the default 90 s
+	noRedirect := func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	return &http.Client{Transport: t, CheckRedirect: noRedirect}
+}
+
+// callEndpoint sends one request with headers through client and reads the
+// answer whole (OAuth, usage reports, the catalogue); status is 0 when none came.
+func callEndpoint(ctx context.Context, client *http.Client, method, endpoint string, body []byte,
+	headers ...[2]string) (status int, b []byte, err error) {
+	req, err := http.NewRequestWithContext(ctx, method, endpoint, bytes.NewReader(body))
+	if err != nil {
+		return 0, nil, err
 	}
+	req.Header.Set("Accept", "application/json")
+	for _, kv := range headers {
+		req.Header.Set(kv[0], kv[1])
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	b, err = io.ReadAll(resp.Body)
+	return resp.StatusCode, b, err
 }
 
 // upstreamCredential is what a call presents.
@@ -153,13 +164,7 @@ type upstreamCredential struct {
 	AccountID   string // codex chatgpt-account-id
 }
 
-// bearer is the token an Authorization: Bearer header carries.
-func (c upstreamCredential) bearer() string {
-	if c.AccessToken != "" {
-		return c.AccessToken
-	}
-	return c.APIKey
-}
+func (c upstreamCredential) bearer() string { return cmp.Or(c.AccessToken, c.APIKey) }
 
 // claudeCodeIdentity must be the first system block of OAuth traffic to
 // Anthropic; the provider refuses such traffic without it (SPEC §6.2).
@@ -170,18 +175,17 @@ const claudeCodeIdentity = "You are Claude Code, Anthropic's official CLI for Cl
 const codexDefaultInstructions = "You are a helpful assistant."
 
 // probeModels is SPEC §11.3's built-in probe model per provider.
-var probeModels = map[string]string{
-	"claude-code": "claude-haiku-4-5",
-	"anthropic":   "claude-haiku-4-5",
-	"codex":       "gpt-5.3-codex-spark",
-	"kimi":        "kimi-for-coding",
-	"deepseek":    "deepseek-chat",
-}
+var probeModels = map[string]string{"claude-code": "claude-haiku-4-5", "anthropic": "claude-haiku-4-5",
+	"codex": "gpt-5.3-codex-spark", "kimi": "kimi-for-coding", "deepseek": "deepseek-chat"}
 
 // claudeCodeSystem is OAuth traffic's system: the Claude Code identity, then
 // the caller's blocks byte for byte (cache_control); nil if already so.
 func claudeCodeSystem(raw json.RawMessage) ([]byte, error) {
-	blocks, _ := json.Marshal([]map[string]string{{"type": "text", "text": claudeCodeIdentity}})
+	text := func(s string) string {
+		b, _ := json.Marshal(s)
+		return `{"text":` + string(b) + `,"type":"text"}`
+	}
+	identity := text(claudeCodeIdentity)
 	var s string
 	var own []struct{ Type, Text string }
 	switch {
@@ -189,21 +193,19 @@ func claudeCodeSystem(raw json.RawMessage) ([]byte, error) {
 	case json.Unmarshal(raw, &s) == nil:
 		if s == claudeCodeIdentity {
 			return nil, nil
-		}
-		if s != "" {
-			blocks, _ = json.Marshal([]map[string]string{{"type": "text", "text": claudeCodeIdentity}, {"type": "text", "text": s}})
+		} else if s != "" {
+			return []byte(`[` + identity + `,` + text(s) + `]`), nil
 		}
 	case json.Unmarshal(raw, &own) == nil:
 		if len(own) > 0 && own[0].Type == "text" && own[0].Text == claudeCodeIdentity {
 			return nil, nil
-		}
-		if inner := bytes.TrimSpace(raw); len(own) > 0 {
-			blocks = append(append(blocks[:len(blocks)-1:len(blocks)-1], ','), inner[1:]...)
+		} else if len(own) > 0 {
+			return append([]byte(`[`+identity+`,`), bytes.TrimSpace(raw)[1:]...), nil
 		}
 	default:
 		return nil, refuse("invalid_request", "system must be a string or an array of content blocks")
 	}
-	return blocks, nil
+	return []byte(`[` + identity + `]`), nil
 }
 
 // codexInstructions is a codex body's instructions (SPEC §6.2): nil to keep
@@ -247,37 +249,6 @@ func upstreamStreams(p providerInfo, req chatRequest) bool {
 	return req.Stream || p.id == "codex"
 }
 
-// buildUpstreamRequest builds the request for req to p, in p's protocol
-// with p's wire details (SPEC §6.2); model is the upstream model name.
-func buildUpstreamRequest(ctx context.Context, p providerInfo, baseURL string, cred upstreamCredential, req chatRequest, model string) (*http.Request, error) {
-	stream := upstreamStreams(p, req)
-	oauth := cred.AccessToken != ""
-	f := formatOf(p.protocol) // never nil: TestEveryProviderHasAWireFormat
-	body, err := f.encode(req, model, upstreamOptions{stream: stream, oauth: p.id == "claude-code" && oauth, codex: p.id == "codex", openai: p.id == "openai"})
-	if err != nil {
-		return nil, err
-	}
-	b, err := json.Marshal(body)
-	if err != nil {
-		return nil, refuse("invalid_request", "the request cannot be encoded for provider %q", p.id).because(err)
-	}
-	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, baseURL+f.path, bytes.NewReader(b))
-	if err != nil {
-		return nil, refuse("internal_error", "internal error").because(err)
-	}
-	options := http.Header{} // the format's own options a translation needs
-	// SPEC §7.6: the structured-outputs beta, for a JSON Schema output format or a tool's strict, true or false.
-	strict := slices.ContainsFunc(req.Tools, func(t tool) bool { return t.Strict != nil })
-	if (req.Output != nil || strict) && p.protocol == protoAnthropic {
-		options.Add("Anthropic-Beta", structuredOutputsBeta)
-	}
-	if p.protocol == protoAnthropic && req.adaptiveEffort(model) {
-		options.Add("Anthropic-Beta", effortBeta)
-	}
-	setProviderHeaders(hr.Header, p, cred, options, stream)
-	return hr, nil
-}
-
 // setProviderHeaders sets what a call to p carries (SPEC §6.2, §7.6): the
 // credential and the format's version and beta headers, the caller's merged
 // with p's; no other caller header is ever copied.
@@ -289,20 +260,16 @@ func setProviderHeaders(h http.Header, p providerInfo, cred upstreamCredential, 
 		}
 	}
 	h.Set("Content-Type", "application/json")
-	h.Set("Accept", "application/json")
-	if stream {
-		h.Set("Accept", "text/event-stream")
-	}
-	oauth := cred.AccessToken != ""
+	h.Set("Accept", map[bool]string{false: "application/json", true: "text/event-stream"}[stream])
 	beta, need, bearer := "openai-beta", []string(nil), cred.bearer()
 	switch {
 	case p.protocol == protoAnthropic:
 		h.Set("anthropic-version", cmp.Or(caller.Get("anthropic-version"), "2023-06-01"))
 		beta, bearer = "anthropic-beta", cred.AccessToken
-		if oauth && p.id == "claude-code" {
+		if bearer != "" && p.id == "claude-code" {
 			need = []string{"oauth-2025-04-20"}
 		}
-		if !oauth && cred.APIKey != "" {
+		if bearer == "" && cred.APIKey != "" {
 			h.Set("x-api-key", cred.APIKey)
 		}
 	case p.id == "codex":
@@ -323,12 +290,7 @@ func setProviderHeaders(h http.Header, p providerInfo, cred upstreamCredential, 
 // controlAt is the index of s's first control character but a tab, which
 // no header value may hold (RFC 9110 §5.5), or -1.
 func controlAt(s string) int {
-	for i := range len(s) {
-		if s[i] < ' ' && s[i] != '\t' || s[i] == 0x7f {
-			return i
-		}
-	}
-	return -1
+	return strings.IndexFunc(s, func(r rune) bool { return r < ' ' && r != '\t' || r == 0x7f })
 }
 
 // headerText is s with each control character escaped as JSON writes it:
@@ -344,11 +306,9 @@ func headerText(s string) string {
 // in order, each once.
 func mergeTokens(values []string, required ...string) string {
 	var out []string
-	for _, v := range append(values, required...) {
-		for _, t := range strings.Split(v, ",") {
-			if t = strings.TrimSpace(t); t != "" && !slices.Contains(out, t) {
-				out = append(out, t)
-			}
+	for _, t := range strings.Split(strings.Join(append(values, required...), ","), ",") {
+		if t = strings.TrimSpace(t); t != "" && !slices.Contains(out, t) {
+			out = append(out, t)
 		}
 	}
 	return strings.Join(out, ",")
@@ -382,10 +342,10 @@ var quotaCodes = map[string]bool{"insufficient_quota": true, "billing_hard_limit
 // refusal of the request itself (SPEC §8.2); 0 when status is not one.
 func rejectedStatus(status int) int {
 	switch {
+	case status < 400 || status > 499 || slices.Contains([]int{401, 403, 408, 409, 429}, status):
+		return 0
 	case status == 400 || status == 404 || status == 413 || status == 422:
 		return status
-	case status == 401 || status == 403 || status == 408 || status == 409 || status == 429 || status < 400 || status > 499:
-		return 0
 	}
 	return 400
 }
@@ -400,24 +360,22 @@ func classifyRefusal(protocol string, status int, header http.Header, body []byt
 	}
 	typ, code, msg := providerErrorFields(body)
 	r := providerRefusal{class: refusalOther, status: status, sentence: cleanQuoted(msg, presented, maxSentenceBytes)}
-	ec := "provider_failure" // a malformed answer, 408, 409, a direct route's 401/403
+	rejected, ec := rejectedStatus(status), "provider_failure" // a malformed answer, 408, 409, a direct route's 401/403
 	switch {
-	case rejectedStatus(status) != 0:
+	case status == http.StatusUnauthorized || status == http.StatusForbidden:
+		r.class = refusalAuth
+	case status/100 == 4 && (status == http.StatusPaymentRequired || !byStatus && (quotaCodes[typ] || quotaCodes[code])):
+		r.class, ec, rejected = refusalQuota, "provider_quota_exhausted", 0 // a quota refusal keeps its 502
+	case status == http.StatusTooManyRequests:
+		r.class, ec = refusalRate, "provider_rate_limited"
+	case rejected == status:
+		r.class, ec = refusalModel, "provider_rejected"
+	case rejected != 0:
 		ec = "provider_rejected"
 	case status == http.StatusGatewayTimeout:
 		ec = "dependency_timeout"
 	case status >= 500:
 		ec = "dependency_unavailable"
-	}
-	switch {
-	case status == http.StatusUnauthorized || status == http.StatusForbidden:
-		r.class = refusalAuth
-	case status >= 400 && status < 500 && (status == http.StatusPaymentRequired || !byStatus && (quotaCodes[typ] || quotaCodes[code])):
-		r.class, ec = refusalQuota, "provider_quota_exhausted"
-	case status == http.StatusTooManyRequests:
-		r.class, ec = refusalRate, "provider_rate_limited"
-	case status == 400 || status == 404 || status == 413 || status == 422:
-		r.class = refusalModel
 	}
 	wait := retryAfter(header, now)
 	if r.class == refusalRate || r.class == refusalQuota {
@@ -431,8 +389,8 @@ func classifyRefusal(protocol string, status int, header http.Header, body []byt
 		m += ": " + quoted
 	}
 	r.err = refuse(ec, "%s", m)
-	if ec == "provider_rejected" { // the provider's own 4xx; a quota refusal keeps its 502
-		r.err.withStatus(rejectedStatus(status))
+	if rejected != 0 {
+		r.err.withStatus(rejected)
 	}
 	if r.err.retryable() {
 		r.err.RetryAfter = wait // the provider's own wait, on any route (SPEC §8.1)
@@ -451,14 +409,14 @@ func providerErrorFields(body []byte) (typ, code, msg string) {
 	if e, ok := errorObject(b.Error); ok {
 		return e.typ, e.code, e.msg
 	}
-	// codex: {"detail": "text"} or {"detail": {"message": …}}; status decides.
-	for _, raw := range []json.RawMessage{b.Error, b.Detail} {
-		if s, ok := jsonString(raw); ok {
-			return "", "", s
-		}
+	if s, ok := jsonString(b.Error); ok {
+		return "", "", s
 	}
-	e, _ := errorObject(b.Detail)
-	return "", "", e.msg
+	s, ok := jsonString(b.Detail) // codex: {"detail": "text"} or {"detail": {"message": …}}; status decides
+	if e, _ := errorObject(b.Detail); !ok {
+		s = e.msg
+	}
+	return "", "", s
 }
 
 type errorFields struct{ typ, code, msg string }
@@ -476,23 +434,16 @@ func errorObject(raw json.RawMessage) (errorFields, bool) {
 	return errorFields{typ, code, msg}, true
 }
 
-// jsonString decodes raw when it is a JSON string.
-func jsonString(raw json.RawMessage) (string, bool) {
-	var s string
-	if len(raw) == 0 || raw[0] != '"' || json.Unmarshal(raw, &s) != nil {
-		return "", false
-	}
-	return s, true
+// jsonString decodes raw when it is a JSON string; jsonScalar also a number, as text.
+func jsonString(raw json.RawMessage) (s string, ok bool) {
+	ok = len(raw) > 0 && raw[0] == '"' && json.Unmarshal(raw, &s) == nil
+	return s, ok
 }
 
-// jsonScalar decodes a JSON string or number as text.
 func jsonScalar(raw json.RawMessage) (string, bool) {
-	if s, ok := jsonString(raw); ok {
-		return s, true
-	}
 	var n json.Number
-	if len(raw) == 0 || json.Unmarshal(raw, &n) != nil {
-		return "", false
+	if s, ok := jsonString(raw); ok || len(raw) == 0 || json.Unmarshal(raw, &n) != nil {
+		return s, ok
 	}
 	return n.String(), true
 }
@@ -505,7 +456,8 @@ const maxRetryAfter = 7 * 24 * time.Hour
 // headers show as exhausted. 0 when nothing is stated.
 func retryAfter(h http.Header, now time.Time) time.Duration {
 	hv := func(k string) string { return strings.TrimSpace(h.Get(k)) }
-	if ms, err := strconv.ParseFloat(hv("Retry-After-Ms"), 64); err == nil && ms > 0 && !math.IsInf(ms, 0) {
+	num := func(k string) (float64, error) { return strconv.ParseFloat(hv(k), 64) }
+	if ms, err := num("Retry-After-Ms"); err == nil && ms > 0 && !math.IsInf(ms, 0) {
 		return clampWait(ms / 1000)
 	}
 	if v := hv("Retry-After"); v != "" {
@@ -518,33 +470,32 @@ func retryAfter(h http.Header, now time.Time) time.Duration {
 		}
 	}
 	var d time.Duration
-	// OpenAI: x-ratelimit-{remaining,reset}-{requests,tokens}, reset as "6m0s".
-	for _, k := range []string{"requests", "tokens"} {
-		if x, err := time.ParseDuration(hv("X-Ratelimit-Reset-" + k)); err == nil && hv("X-Ratelimit-Remaining-"+k) == "0" {
-			d = max(d, clampWait(x.Seconds()))
-		}
-	}
+	// OpenAI: x-ratelimit-{remaining,reset}-{requests,tokens}, reset as "6m0s";
 	// Anthropic: anthropic-ratelimit-<limit>-{remaining,reset}, reset RFC 3339.
-	for _, k := range []string{"requests", "tokens", "input-tokens", "output-tokens"} {
-		p := "Anthropic-Ratelimit-" + k
-		if t, err := time.Parse(time.RFC3339, hv(p+"-Reset")); err == nil && hv(p+"-Remaining") == "0" {
-			d = max(d, clampWait(t.Sub(now).Seconds()))
+	for _, k := range []string{"X-Ratelimit-%s-requests", "X-Ratelimit-%s-tokens", "Anthropic-Ratelimit-requests-%s",
+		"Anthropic-Ratelimit-tokens-%s", "Anthropic-Ratelimit-input-tokens-%s", "Anthropic-Ratelimit-output-tokens-%s"} {
+		x, err := time.ParseDuration(hv(fmt.Sprintf(k, "Reset")))
+		if t, terr := time.Parse(time.RFC3339, hv(fmt.Sprintf(k, "Reset"))); terr == nil {
+			x, err = t.Sub(now), nil
+		}
+		if err == nil && hv(fmt.Sprintf(k, "Remaining")) == "0" {
+			d = max(d, clampWait(x.Seconds()))
 		}
 	}
 	// claude-code plan windows (SPEC §6.3): reset in unix seconds.
 	for _, k := range []string{"", "5h-", "7d-"} {
 		p := "Anthropic-Ratelimit-Unified-" + k
-		u, _ := strconv.ParseFloat(hv(p+"Utilization"), 64)
+		u, _ := num(p + "Utilization")
 		if s, err := strconv.ParseInt(hv(p+"Reset"), 10, 64); err == nil && (hv(p+"Status") == "rejected" || u >= 1) {
 			d = max(d, clampWait(float64(s-now.Unix())))
 		}
 	}
-	// codex plan windows (SPEC §6.3).
+	// codex plan windows (SPEC §6.3): a countdown, else an epoch second.
 	for _, k := range []string{"Primary", "Secondary"} {
 		p := "X-Codex-" + k + "-"
-		u, uerr := strconv.ParseFloat(hv(p+"Used-Percent"), 64)
-		s, err := strconv.ParseFloat(hv(p+"Reset-After-Seconds"), 64)
-		if at, aerr := strconv.ParseFloat(hv(p+"Reset-At"), 64); err != nil && aerr == nil { // epoch seconds, without the countdown
+		u, uerr := num(p + "Used-Percent")
+		s, err := num(p + "Reset-After-Seconds")
+		if at, aerr := num(p + "Reset-At"); err != nil && aerr == nil {
 			s, err = at-float64(now.Unix()), nil
 		}
 		if err == nil && uerr == nil && u >= 100 {
@@ -567,11 +518,9 @@ func clampWait(s float64) time.Duration {
 // provider_incomplete once the request may have been sent (and billed).
 func classifyTransport(err error) *apiError {
 	cause := err
-	var ue *url.Error
-	if errors.As(err, &ue) {
+	if ue := (*url.Error)(nil); errors.As(err, &ue) {
 		cause = ue.Err // drop "Post <url>:"; the URL says nothing new
 	}
-	text := cleanQuoted(cause.Error(), "", 300)
 	var op *net.OpError
 	var dns *net.DNSError
 	dial := errors.As(err, &op) && op.Op == "dial"
@@ -588,5 +537,5 @@ func classifyTransport(err error) *apiError {
 		errors.As(err, new(x509.HostnameError)), errors.As(err, new(x509.CertificateInvalidError)):
 		code, m = "dependency_unavailable", "TLS handshake with the provider failed, nothing was sent: %s"
 	}
-	return refuse(code, m, text).because(err)
+	return refuse(code, m, cleanQuoted(cause.Error(), "", 300)).because(err)
 }

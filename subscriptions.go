@@ -47,19 +47,14 @@ const (
 // errOverlayInvalid wraps every refusal of parseOverlay: a bad file, not an I/O failure.
 var errOverlayInvalid = errors.New("donated-subscription overlay is invalid")
 
-// parseOverlay strictly parses the overlay; an empty file is an empty overlay.
+// parseOverlay strictly parses the overlay and refuses what no writer produces; an empty file is an empty overlay.
 func parseOverlay(b []byte) (*overlayDoc, error) {
 	doc := &overlayDoc{SchemaVersion: 1, Items: []overlayItem{}}
 	if err := decodeStrict(overlayFile, b, doc); len(b) > 0 && err != nil {
 		return nil, fmt.Errorf("%w: %w", errOverlayInvalid, err)
 	}
-	return doc, nil
-}
-
-// validate refuses what no writer produces: another schema, a bad item or a repeated id.
-func (doc *overlayDoc) validate() error {
 	if doc.SchemaVersion != 1 {
-		return fmt.Errorf("schema_version %d is not 1", doc.SchemaVersion)
+		return nil, fmt.Errorf("%w: schema_version %d is not 1", errOverlayInvalid, doc.SchemaVersion)
 	}
 	if doc.Items == nil {
 		doc.Items = []overlayItem{}
@@ -75,11 +70,11 @@ func (doc *overlayDoc) validate() error {
 			{checkLabel(it.Label) != nil, fmt.Sprint(checkLabel(it.Label))},
 			{timeErr != nil, fmt.Sprintf("created_at %q is not an RFC 3339 time", it.CreatedAt)},
 			{seen[it.ID], fmt.Sprintf("id %q appears twice", it.ID)}}); err != nil {
-			return fmt.Errorf("items[%d]: %s", i, err)
+			return nil, fmt.Errorf("%w: items[%d]: %s", errOverlayInvalid, i, err)
 		}
 		seen[it.ID] = true
 	}
-	return nil
+	return doc, nil
 }
 
 // printable: valid UTF-8 of printable runes, so no control character reaches a terminal or a log line.
@@ -216,85 +211,117 @@ func (inv *inventory) owned(agent, id, ifRetired string) (overlayItem, error) {
 	return items[i], nil
 }
 
-// write runs one change under wmu, then drops the caches (SPEC §10.2: a local mutation shows at once).
-func (inv *inventory) write(change func() error) error {
+// write runs one change of the overlay, the vault or the journal under wmu, given the vault read before
+// any file is touched (unreadable: nothing is written), then drops the caches (SPEC §10.2).
+func (inv *inventory) write(change func(*vaultDoc) error) error {
 	inv.wmu.Lock()
 	defer inv.wmu.Unlock()
 	defer inv.invalidate(true)
-	return change()
-}
-
-// loadVault is the vault read before a write of it: unreadable, nothing is written.
-func (inv *inventory) loadVault() (*vaultDoc, error) {
 	doc, err := inv.vault.load()
 	if err != nil {
-		return nil, unavailable("the vault is unreadable: %v", err)
+		return unavailable("the vault is unreadable: %v", err)
 	}
-	return doc, nil
+	return change(doc)
 }
 
 // writeVault is one vault write of a change named by what; a failure is 500 naming it.
 func (inv *inventory) writeVault(what string, change func(*vaultDoc)) error {
-	err := inv.vault.update(func(d *vaultDoc) error { change(d); return nil })
-	if err != nil {
+	if err := inv.vault.update(func(d *vaultDoc) error { change(d); return nil }); err != nil {
 		return refuse("internal_error", "%s: the vault was not written: %v", what, err).because(err)
 	}
 	return nil
 }
 
-// donate stores a new subscription (SPEC §10.1): vault first, overlay second; a failure between takes it back.
-func (inv *inventory) donate(agent, provider, label string, cred vaultCredential) (it overlayItem, err error) {
+// donate stores a new subscription (SPEC §10.1) under a fresh id.
+func (inv *inventory) donate(agent, provider, label string, cred vaultCredential) (overlayItem, error) {
 	if err := firstBroken([]rule{{!idPattern.MatchString(agent), fmt.Sprintf("agent id %q must match [a-z0-9-]{1,64}", agent)},
 		{checkLabel(label) != nil, fmt.Sprint(checkLabel(label))}}); err != nil {
-		return it, refuse("invalid_request", "%s", err)
-	}
-	if cred, err = checkCredential(provider, cred); err != nil {
-		return it, err
+		return overlayItem{}, refuse("invalid_request", "%s", err)
 	}
 	rnd := make([]byte, 8)
 	rand.Read(rnd)
-	it = overlayItem{ID: fmt.Sprintf("sub_%x", rnd), Provider: provider, AgentID: agent, Label: label,
+	it := overlayItem{ID: fmt.Sprintf("sub_%x", rnd), Provider: provider, AgentID: agent, Label: label,
 		CreatedAt: inv.now().UTC().Format(journalTimeFormat)}
-	err = inv.write(func() error {
-		pool, err := inv.pool(agent, provider) // the overlay, the journal and the vault read before either file is touched
-		items, ierr := inv.items()
-		doc, verr := inv.loadVault()
-		if err := cmp.Or(err, ierr, verr); err != nil {
+	return inv.store(agent, it.ID, &it, cred)
+}
+
+// replaceCredential swaps the credential of agent's non-retired id.
+func (inv *inventory) replaceCredential(agent, id string, cred vaultCredential) (overlayItem, error) {
+	return inv.store(agent, id, nil, cred)
+}
+
+// store is the one credential write (SPEC §10.1), every file read before either is touched. A donation (fresh,
+// the new item) writes the vault, then the overlay, and takes the secret back if the overlay write fails: the
+// vault never keeps a secret no subscription names. A replacement comes back with the item once it is known.
+func (inv *inventory) store(agent, id string, fresh *overlayItem, cred vaultCredential) (it overlayItem, err error) {
+	what := map[bool]string{false: "credential not replaced", true: "subscription not donated"}[fresh != nil]
+	err = inv.write(func(doc *vaultDoc) error {
+		items, retired, err := inv.view()
+		if fresh != nil {
+			it = *fresh
+		} else if err == nil {
+			it, err = inv.owned(agent, id, "reinstate it before replacing its credential")
+		}
+		if err != nil {
 			return err
 		}
-		switch _, taken := doc.Subscriptions[it.ID]; {
+		if cred, err = checkCredential(it.Provider, cred); err != nil {
+			return err
+		}
+		pool := slices.DeleteFunc(slices.Clone(items), func(x overlayItem) bool {
+			return retired[x.ID] || x.AgentID != agent || x.Provider != it.Provider
+		})
+		_, taken := doc.Subscriptions[id]
+		switch lost := inv.overlayLost(doc); {
+		case fresh == nil:
 		case len(pool) >= maxPoolSize:
-			return refuse("invalid_request", "agent %q holds %d non-retired %s subscriptions, the limit; retire one first", agent, len(pool), provider)
-		case taken || slices.ContainsFunc(items, func(x overlayItem) bool { return x.ID == it.ID }):
-			return refuse("internal_error", "subscription id %s is taken; donate again", it.ID)
+			return refuse("invalid_request", "agent %q holds %d non-retired %s subscriptions, the limit; retire one first",
+				agent, len(pool), it.Provider)
+		case taken || slices.ContainsFunc(items, func(x overlayItem) bool { return x.ID == id }):
+			return refuse("internal_error", "subscription id %s is taken; donate again", id)
+		case lost != nil:
+			return lost
 		}
-		if err := cmp.Or(inv.overlayLost(doc), grantHeld(doc, cred, "")); err != nil {
+		if err := grantHeld(doc, cred, id); err != nil {
 			return err
 		}
-		if err := inv.writeVault("subscription not donated", func(d *vaultDoc) { d.Subscriptions[it.ID] = cred }); err != nil {
+		if err := inv.writeVault(what, func(d *vaultDoc) { d.Subscriptions[id] = cred }); err != nil || fresh == nil {
 			return err
 		}
-		err = writeState(inv.overlay.path, &overlayDoc{SchemaVersion: 1, Items: append(items, it)})
-		if err == nil {
+		if err = writeState(inv.overlay.path, &overlayDoc{SchemaVersion: 1, Items: append(items, it)}); err == nil {
 			return nil
 		}
-		// The secret is stored but no subscription names it: take it back, so
-		// the vault never keeps a secret without a subscription.
 		note := "its credential was removed from the vault"
-		if verr := inv.vault.update(func(d *vaultDoc) error { delete(d.Subscriptions, it.ID); return nil }); verr != nil {
+		if verr := inv.vault.update(func(d *vaultDoc) error { delete(d.Subscriptions, id); return nil }); verr != nil {
 			note = "its credential stays in the vault until brama subscription prune-orphans: " + verr.Error()
 		}
-		inv.log.Error("subscription_overlay_write_failed", "subscription_id", it.ID, "agent_id", agent, "cause", err.Error(), "note", note)
-		return refuse("internal_error", "subscription not donated: the overlay was not written: %v", err).because(err)
+		inv.log.Error("subscription_overlay_write_failed", "subscription_id", id, "agent_id", agent, "cause", err.Error(), "note", note)
+		return refuse("internal_error", "%s: the overlay was not written: %v", what, err).because(err)
 	})
-	if err != nil {
+	switch {
+	case err != nil && fresh != nil:
 		return overlayItem{}, err
+	case err != nil:
+		return it, err // signedIn journals a failed replacement of a known item
+	case fresh != nil:
+		inv.log.Info("subscription_donated", "subscription_id", id, "provider", it.Provider, "agent_id", agent)
+	default:
+		inv.l.setCredential(id, it.Provider, credActive, "")
 	}
-	if cred.OAuth != nil {
-		inv.l.setGrantTimes(it.ID, provider, cred.OAuth.ExpiresAtMs, 0)
+	if fresh == nil || cred.OAuth != nil {
+		inv.l.setGrantTimes(id, it.Provider, cmp.Or(cred.OAuth, &oauthGrant{}).ExpiresAtMs, 0) // an API key: none
 	}
-	inv.log.Info("subscription_donated", "subscription_id", it.ID, "provider", provider, "agent_id", agent)
 	return it, nil
+}
+
+// grantHeld refuses cred when another subscription holds its refresh token: one would spend the other's.
+func grantHeld(doc *vaultDoc, cred vaultCredential, except string) error {
+	for id, c := range doc.Subscriptions {
+		if cred.OAuth != nil && c.OAuth != nil && c.OAuth.RefreshToken == cred.OAuth.RefreshToken && id != except {
+			return refuse("state_conflict", "this OAuth grant is already held by another subscription (a retired one keeps it too); sign in for a new grant")
+		}
+	}
+	return nil
 }
 
 // invalidate drops every cached listing and, when overlayChanged, the parsed overlay.
@@ -307,70 +334,34 @@ func (inv *inventory) invalidate(overlayChanged bool) {
 	clear(inv.cache)
 }
 
-// retire and reinstate journal agent's id out of and back into service (SPEC §9), unless
-// the fold already says so; nothing is claimed that cannot be recorded.
+// retire and reinstate journal agent's id out of and back into service (SPEC §9), unless the fold already
+// says so; nothing is claimed that cannot be recorded.
 func (inv *inventory) retire(agent, id, why string) error {
-	return inv.journalStatus("retire", agent, id, why)
+	return inv.setRetired("retire", agent, id, why)
 }
 func (inv *inventory) reinstate(agent, id, why string) error {
-	return inv.journalStatus("reinstate", agent, id, why)
+	return inv.setRetired("reinstate", agent, id, why)
 }
 
-func (inv *inventory) journalStatus(kind, agent, id, reason string) error {
+func (inv *inventory) setRetired(kind, agent, id, reason string) error {
 	if err := checkReason(reason); err != nil {
 		return refuse("invalid_request", "%v", err)
 	}
 	if err := inv.j.ready(); err != nil {
 		return refuse("dependency_unavailable", "subscription not changed: the journal cannot record a %s: %v", kind, err).because(err)
 	}
-	return inv.write(func() error {
-		if _, err := inv.owned(agent, id, ""); err != nil {
-			return err
-		}
-		if _, retired, err := inv.view(); err != nil || retired[id] == (kind == "retire") {
-			return err
-		}
-		if err := inv.j.append(journalRecord{Kind: kind, SubscriptionID: id, Reason: reason}); err != nil {
-			return refuse("dependency_unavailable", "subscription not changed: the journal refused the %s: %v", kind, err).because(err)
-		}
-		inv.log.Info("subscription_"+kind, "subscription_id", id, "agent_id", agent)
-		nudge(inv.l.changed) // its ledger moments count again, or no longer (SPEC §11.2)
-		return nil
-	})
-}
-
-// replaceCredential swaps the credential of agent's non-retired id; the item comes back once known.
-func (inv *inventory) replaceCredential(agent, id string, cred vaultCredential) (it overlayItem, err error) {
-	err = inv.write(func() error {
-		var doc *vaultDoc
-		if it, err = inv.owned(agent, id, "reinstate it before replacing its credential"); err != nil {
-			return err
-		}
-		if doc, err = inv.loadVault(); err != nil {
-			return err
-		}
-		if cred, err = checkCredential(it.Provider, cred); err != nil {
-			return err
-		}
-		if err := grantHeld(doc, cred, id); err != nil {
-			return err
-		}
-		return inv.writeVault("credential not replaced", func(d *vaultDoc) { d.Subscriptions[id] = cred })
-	})
-	if err == nil {
-		inv.l.setCredential(id, it.Provider, credActive, "")
-		inv.l.setGrantTimes(id, it.Provider, cmp.Or(cred.OAuth, &oauthGrant{}).ExpiresAtMs, 0) // an API key: none
+	inv.wmu.Lock()
+	defer inv.wmu.Unlock()
+	defer inv.invalidate(true)
+	_, retired, err := inv.view()
+	if _, oerr := inv.owned(agent, id, ""); oerr != nil || err != nil || retired[id] == (kind == "retire") {
+		return cmp.Or(oerr, err)
 	}
-	return it, err
-}
-
-// grantHeld refuses cred when another subscription holds its refresh token: one would spend the other's.
-func grantHeld(doc *vaultDoc, cred vaultCredential, except string) error {
-	for id, c := range doc.Subscriptions {
-		if cred.OAuth != nil && c.OAuth != nil && c.OAuth.RefreshToken == cred.OAuth.RefreshToken && id != except {
-			return refuse("state_conflict", "this OAuth grant is already held by another subscription (a retired one keeps it too); sign in for a new grant")
-		}
+	if err := inv.j.append(journalRecord{Kind: kind, SubscriptionID: id, Reason: reason}); err != nil {
+		return refuse("dependency_unavailable", "subscription not changed: the journal refused the %s: %v", kind, err).because(err)
 	}
+	inv.log.Info("subscription_"+kind, "subscription_id", id, "agent_id", agent)
+	nudge(inv.l.changed) // its ledger moments count again, or no longer (SPEC §11.2)
 	return nil
 }
 
@@ -461,16 +452,13 @@ func (inv *inventory) orphans() ([]string, error) {
 	if err = cmp.Or(err, verr); err != nil {
 		return nil, err
 	}
-	named := make(map[string]bool, len(items))
-	for _, it := range items {
-		named[it.ID] = true
-	}
-	return slices.DeleteFunc(slices.Sorted(maps.Keys(doc.Subscriptions)), func(id string) bool { return named[id] }), nil
+	return slices.DeleteFunc(slices.Sorted(maps.Keys(doc.Subscriptions)), func(id string) bool {
+		return slices.ContainsFunc(items, func(it overlayItem) bool { return it.ID == id })
+	}), nil
 }
 
-// overlayLost refuses a write while the overlay is missing or empty (0 bytes: a restore
-// cut short; Brama never writes one) but vault doc holds subscription credentials:
-// every one would look orphaned (SPEC §17).
+// overlayLost refuses a write while the overlay is missing or empty (0 bytes: a restore cut short; Brama
+// never writes one) but vault doc holds subscription credentials: every one would look orphaned (SPEC §17).
 func (inv *inventory) overlayLost(doc *vaultDoc) error {
 	if id, err := guardFile(overlayRole, inv.overlay.path); len(doc.Subscriptions) > 0 && (errors.Is(err, errFileAbsent) || err == nil && id.size == 0) {
 		return refuse("dependency_unavailable", "the vault holds %d subscription credential(s) but %s is missing or empty: restore donated-subscriptions.json from a backup", len(doc.Subscriptions), overlayFile)
@@ -478,15 +466,10 @@ func (inv *inventory) overlayLost(doc *vaultDoc) error {
 	return nil
 }
 
-// pruneOrphans deletes the orphans from the vault (brama subscription prune-orphans,
-// SPEC §17), never while the overlay is lost, nor from a vault outside the state
-// directory: it may hold another state directory's subscriptions.
+// pruneOrphans deletes the orphans from the vault (brama subscription prune-orphans, SPEC §17), never while the
+// overlay is lost, nor from a vault outside the state directory: it may hold another one's subscriptions.
 func (inv *inventory) pruneOrphans() (orphans []string, err error) {
-	err = inv.write(func() error {
-		doc, err := inv.loadVault()
-		if err != nil {
-			return err
-		}
+	err = inv.write(func(doc *vaultDoc) (err error) {
 		if orphans, err = inv.orphans(); err == nil {
 			err = inv.overlayLost(doc)
 		}
@@ -509,15 +492,14 @@ func (inv *inventory) pruneOrphans() (orphans []string, err error) {
 	return orphans, nil
 }
 
-// readiness is the inventory's part of /readyz (SPEC §13): an unreadable overlay
-// is a reason, orphans and reauthorizations warnings; payer: some credential is active.
+// readiness is the inventory's part of /readyz (SPEC §13): an unreadable overlay is a reason, orphans and
+// reauthorizations warnings; payer: some credential is active.
 func (inv *inventory) readiness() (reasons, warnings []string, payer bool) {
 	items, err := inv.items()
-	if err != nil {
-		if inv.overlay.pathErr == nil {
-			reasons = append(reasons, asAPIError(err).Message) // names the overlay and the rule
-		}
-		return reasons, nil, false
+	if err != nil && inv.overlay.pathErr == nil {
+		return []string{asAPIError(err).Message}, nil, false // names the overlay and the rule
+	} else if err != nil {
+		return nil, nil, false
 	}
 	if orphans, err := inv.orphans(); err == nil && len(orphans) > 0 {
 		fix := "brama subscription prune-orphans removes them"
@@ -528,7 +510,7 @@ func (inv *inventory) readiness() (reasons, warnings []string, payer bool) {
 	}
 	retired, err := inv.j.retired()
 	if err != nil {
-		return reasons, warnings, false // the journal's own trouble is reported by the server
+		return nil, warnings, false // the journal's own trouble is reported by the server
 	}
 	reauth := 0
 	for _, it := range items {
@@ -543,14 +525,14 @@ func (inv *inventory) readiness() (reasons, warnings []string, payer bool) {
 	if reauth > 0 {
 		warnings = append(warnings, fmt.Sprintf("%d subscription(s) need reauthorization (brama subscription sign-in)", reauth))
 	}
-	return reasons, warnings, payer
+	return nil, warnings, payer
 }
 
 // signInVia is the query by which a sign-in's donation is journaled as a sign-in.
 const signInVia = "sign-in"
 
-// donateSignedIn and replaceSignedIn store a signed-in credential, a new
-// subscription or agent's id's, through signedIn (SPEC §11.1).
+// donateSignedIn and replaceSignedIn store a signed-in credential, a new subscription or agent's id's,
+// through signedIn (SPEC §11.1).
 func (inv *inventory) donateSignedIn(agent, provider, label string, cred vaultCredential, by string) (overlayItem, error) {
 	return inv.signedIn("subscription not donated", "new subscription donated by sign-in from client "+by, by, func() (overlayItem, error) {
 		return inv.donate(agent, provider, label, cred)
@@ -563,38 +545,33 @@ func (inv *inventory) replaceSignedIn(agent, id string, cred vaultCredential, by
 	})
 }
 
-// signedIn runs store and journals subscription_sign_in, refused first when the
-// journal cannot record one; a stored item that failed later (5xx) is journaled
-// failed. The item is set once stored.
+// signedIn runs store and journals subscription_sign_in (logged at Warn unless signed in and journaled),
+// refused first when the journal cannot record one; a known item whose store failed (5xx) is journaled failed.
 func (inv *inventory) signedIn(what, done, by string, store func() (overlayItem, error)) (overlayItem, error) {
 	if err := inv.j.ready(); err != nil {
 		return overlayItem{}, refuse("dependency_unavailable", "%s: the journal cannot record a sign-in: %v", what, err).because(err)
 	}
 	it, err := store()
-	if err != nil {
-		if ae := asAPIError(err); ae.Status() >= 500 && it.ID != "" {
-			inv.signIn(it, "failed", fmt.Sprintf("%s (client %s): %s", what, by, ae.Message))
+	result, detail := "signed_in", ledgerSentence(done)
+	if ae := asAPIError(err); err != nil {
+		if ae.Status() < 500 || it.ID == "" {
+			return overlayItem{}, err
 		}
-		return overlayItem{}, err
+		result, detail = "failed", ledgerSentence(fmt.Sprintf("%s (client %s): %s", what, by, ae.Message))
 	}
-	if err := inv.signIn(it, "signed_in", done); err != nil {
-		return it, refuse("dependency_unavailable", "%s was stored, but the journal refused the sign-in record: %v", it.ID, err).because(err)
-	}
-	return it, nil
-}
-
-// signIn appends one subscription_sign_in record and logs it (Warn unless
-// signed in and journaled).
-func (inv *inventory) signIn(it overlayItem, result, detail string) error {
-	detail = ledgerSentence(detail)
-	err := inv.j.append(journalRecord{Kind: "subscription_sign_in", SubscriptionID: it.ID, Provider: it.Provider, Result: result, Detail: detail})
-	level, args := slog.LevelInfo, []any{"subscription_id", it.ID, "agent_id", it.AgentID, "provider", it.Provider, "result", result, "detail", detail}
-	if err != nil {
-		args = append(args, "journal_error", err.Error())
-	}
-	if result != "signed_in" || err != nil {
-		level = slog.LevelWarn
+	jerr := inv.j.append(journalRecord{Kind: "subscription_sign_in", SubscriptionID: it.ID, Provider: it.Provider, Result: result, Detail: detail})
+	level, args := slog.LevelWarn, []any{"subscription_id", it.ID, "agent_id", it.AgentID, "provider", it.Provider, "result", result, "detail", detail}
+	if jerr != nil {
+		args = append(args, "journal_error", jerr.Error())
+	} else if err == nil {
+		level = slog.LevelInfo
 	}
 	inv.log.Log(context.Background(), level, "subscription_sign_in", args...)
-	return err
+	switch {
+	case err != nil:
+		return overlayItem{}, err
+	case jerr != nil:
+		return it, refuse("dependency_unavailable", "%s was stored, but the journal refused the sign-in record: %v", it.ID, jerr).because(jerr)
+	}
+	return it, nil
 }

@@ -41,7 +41,7 @@ var layers = [][]string{
 		"oauth", "catalog"},
 	{"formats", "sse", "chat", "messages", "responses", "passthrough", "relay"}, // wire
 	{"dispatch", "pool", "answers", "replay", "maintain"},                       // flow
-	{"main", "cli", "onboard", "server"},                                        // faces
+	{"main", "cli", "server"}, // faces
 }
 
 // layerOf is a file's layer (its index in layers), -1 for none.
