@@ -567,14 +567,14 @@ func onboard(e *cliEnv, o opts, _ []string) error {
 				build: func(ctx context.Context, _ *candidate, c call) (*http.Request, error) {
 					return buildUpstreamRequest(ctx, c.res.Provider, c.baseURL, c.cred, req, c.res.Model)
 				},
-				commit: func(_ context.Context, _ *candidate, c call, _ *overlayItem, resp *http.Response, _ int) (usage, *apiError, bool) {
+				commit: func(_ context.Context, _ *candidate, c call, resp *http.Response) (usage, *apiError, bool) {
 					a, err := readProviderAnswer(c.res.Provider, req, resp)
 					if err != nil {
 						return usage{}, asAPIError(err), false
 					}
 					return a.Usage, nil, false
 				}}
-			if ae := s.engine(&requestInfo{}).attemptRoute(e.ctx, j, c, nil); ae != nil {
+			if ae := s.engine(&requestInfo{}).attemptRoute(e.ctx, j, c, nil, nil); ae != nil {
 				return "", "", fmt.Errorf("no model answer: %s", ae.Message)
 			}
 			return c.res.Route, "", nil

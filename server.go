@@ -52,7 +52,7 @@ func (s *server) routes() {
 		t, _ := s.reg.aliases(s.hasDirect)
 		data := s.catalog.modelList(t.Aliases, func(p providerInfo) bool {
 			if p.cred == credSubscription && ri.agentID != "" {
-				subs, _, err := s.engine(ri).eligible(ri.agentID, p.id)
+				subs, err := s.engine(ri).eligible(ri.agentID, p.id)
 				return err == nil && len(subs) > 0
 			}
 			return p.cred == credDirect && s.hasDirect(p.id)
