@@ -3,6 +3,11 @@ package main
 import (
 	"bytes"
 	"cmp"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,7 +25,8 @@ import (
 	"unicode/utf8"
 )
 
-// The route registry (SPEC §4): document, guards, cached read, writes, migrate, alias states, resolution (§5).
+// The route registry (SPEC §4): document, guards, cached read, writes, migrate, alias states, resolution (§5);
+// and the clients file (§3.1), who may call.
 
 const (
 	registryRole        = "route registry" // names the file in guard errors
@@ -85,31 +91,28 @@ func invalidf(format string, args ...any) error {
 	return &routesInvalidError{fmt.Errorf(format, args...)}
 }
 
-// parseRegistry reads a document under SPEC §4.1's guards; an unknown provider passes (capability_absent): only writers refuse it.
 func parseRegistry(b []byte) (*routesDoc, error) {
 	doc, _, err := readRegistry(b, false)
 	return doc, err
 }
 
-// readRegistry is parseRegistry; to migrate, it drops the top-level members schema 1 lacks, and refuses an empty document.
+// readRegistry reads a document under SPEC §4.1's guards (an unknown provider passes: only writers refuse it);
+// to migrate, it drops the top-level members schema 1 lacks, and refuses an empty document.
 func readRegistry(b []byte, migrate bool) (doc *routesDoc, dropped []string, err error) {
 	blank := len(bytes.Trim(b, " \t\r\n")) == 0 // JSON's whitespace, not Unicode's
-	var top map[string]json.RawMessage
-	if len(b) > maxRegistryBytes { // SPEC §4.1
-		return emptyRoutesDoc(), nil, invalidf("registry is %d bytes; the limit is 1 MiB (%d bytes)", len(b), maxRegistryBytes)
-	} else if blank && !migrate {
+	switch {
+	case len(b) > maxRegistryBytes: // SPEC §4.1
+		return nil, nil, invalidf("registry is %d bytes; the limit is 1 MiB (%d bytes)", len(b), maxRegistryBytes)
+	case blank && !migrate:
 		return emptyRoutesDoc(), nil, nil
-	}
-	var te *json.UnmarshalTypeError
-	switch err := decodeStrict("registry", b, &top); {
 	case blank:
 		return nil, nil, invalidf("registry is empty; there is no document to migrate")
 	case utf8.Valid(b) && !json.Valid(b):
 		return nil, nil, invalidf("registry is not valid JSON: %v", json.Unmarshal(b, new(any)))
-	case err == nil && top == nil || errors.As(err, &te):
-		return nil, nil, invalidf("registry must be one JSON object")
-	case err != nil:
-		return nil, nil, invalidf("%s", clipName(err.Error()))
+	}
+	var top map[string]json.RawMessage
+	if err := decodeRegistry(b, &top); err != nil || top == nil {
+		return nil, nil, cmp.Or(err, invalidf("registry must be one JSON object"))
 	}
 	known := func(k string) bool { return k == "schema_version" || k == "deployments" || k == "routes" }
 	dropped = slices.DeleteFunc(append([]string{}, slices.Sorted(maps.Keys(top))...), known)
@@ -119,49 +122,54 @@ func readRegistry(b []byte, migrate bool) (doc *routesDoc, dropped []string, err
 	maps.DeleteFunc(top, func(k string, _ json.RawMessage) bool { return !known(k) })
 	b, _ = json.Marshal(top) // raw members always marshal
 	doc = emptyRoutesDoc()
-	switch err := decodeStrict("registry", b, doc); {
-	case errors.As(err, &te):
-		return nil, nil, invalidf("registry field %q cannot be %s (see SPEC §4.1; a destination is one string)", te.Field, clipName(te.Value))
-	case errors.As(err, new(*routesInvalidError)):
+	if err := decodeRegistry(b, doc); err != nil {
 		return nil, nil, err
-	case err != nil:
-		return nil, nil, invalidf("%s", clipName(err.Error()))
 	}
 	// The typed decode takes null, and a model's "", for absent; schema 1 refuses them.
 	var deps []struct{ Name, Model, Adapters json.RawMessage }
-	json.Unmarshal(top["deployments"], &deps) // decodeStrict took these bytes
-	if string(top["schema_version"]) == "null" {
+	json.Unmarshal(top["deployments"], &deps) // decodeRegistry took these bytes
+	nulled := slices.IndexFunc(deps, func(d struct{ Name, Model, Adapters json.RawMessage }) bool {
+		return string(d.Model) == "null" || string(d.Model) == `""` || string(d.Adapters) == "null"
+	})
+	switch {
+	case string(top["schema_version"]) == "null":
 		return nil, nil, invalidf(`registry field "schema_version" must be 1, not null`)
-	}
-	for _, d := range deps {
-		if m := string(d.Model); m == "null" || m == `""` || string(d.Adapters) == "null" {
-			return nil, nil, invalidf(`registry deployment %s member "model" must be a non-empty string, and "adapters" an array, when present`, clipName(string(d.Name)))
-		}
+	case nulled >= 0:
+		return nil, nil, invalidf(`registry deployment %s member "model" must be a non-empty string, and "adapters" an array, when present`,
+			clipName(string(deps[nulled].Name)))
 	}
 	return doc, dropped, nil
 }
 
-// validate applies SPEC §4.1's guards to a decoded document; decodeStrict calls it.
-func (doc *routesDoc) validate() error {
-	switch {
-	case doc.SchemaVersion != 1:
-		return invalidf(`registry field "schema_version" must be 1, not %d`, doc.SchemaVersion)
-	case doc.Deployments == nil:
-		return invalidf(`registry field "deployments" must be an array of deployments, not null`)
-	case doc.Routes == nil:
-		return invalidf(`registry field "routes" must be an object mapping each alias to one destination, not null`)
+// decodeRegistry is decodeStrict (which calls validate) with its failures as routesInvalidErrors.
+func decodeRegistry(b []byte, v any) error {
+	var te *json.UnmarshalTypeError
+	switch err := decodeStrict("registry", b, v); {
+	case errors.As(err, &te) && te.Field == "":
+		return invalidf("registry must be one JSON object")
+	case errors.As(err, &te):
+		return invalidf("registry field %q cannot be %s (see SPEC §4.1; a destination is one string)", te.Field, clipName(te.Value))
+	case err != nil && !errors.As(err, new(*routesInvalidError)):
+		return invalidf("%s", clipName(err.Error()))
+	default:
+		return err
 	}
+}
+
+// validate applies SPEC §4.1's guards to a decoded document, refusing with the first broken one.
+func (doc *routesDoc) validate() error {
+	errs := []error{firstBroken([]rule{
+		{doc.SchemaVersion != 1, fmt.Sprintf(`registry field "schema_version" must be 1, not %d`, doc.SchemaVersion)},
+		{doc.Deployments == nil, `registry field "deployments" must be an array of deployments, not null`},
+		{doc.Routes == nil, `registry field "routes" must be an object mapping each alias to one destination, not null`},
+	})}
 	for i := range doc.Deployments {
-		if err := checkDeployment(&doc.Deployments[i], doc.Deployments[:i]); err != nil {
-			return err
-		}
+		errs = append(errs, checkDeployment(&doc.Deployments[i], doc.Deployments[:i]))
 	}
 	for _, alias := range slices.Sorted(maps.Keys(doc.Routes)) {
-		if err := checkRoute(doc, alias, doc.Routes[alias]); err != nil {
-			return err
-		}
+		errs = append(errs, checkRoute(doc, alias, doc.Routes[alias]))
 	}
-	return nil
+	return cmp.Or(errs...)
 }
 
 // rule is one guard of a table: when bad, why (a format over the table's arguments) refuses the document.
@@ -170,14 +178,16 @@ type rule struct {
 	why string
 }
 
-// firstBroken is the refusal of the first broken rule, formatted with args, or nil.
+// firstBroken is the refusal of the first broken rule, formatted with args (none: why is already formatted), or nil.
 func firstBroken(rules []rule, args ...any) error {
-	if i := slices.IndexFunc(rules, func(r rule) bool { return r.bad }); i >= 0 && len(args) > 0 {
-		return invalidf(rules[i].why, args...)
-	} else if i >= 0 {
-		return invalidf("%s", rules[i].why) // already formatted
+	i := slices.IndexFunc(rules, func(r rule) bool { return r.bad })
+	switch {
+	case i < 0:
+		return nil
+	case len(args) == 0:
+		return invalidf("%s", rules[i].why)
 	}
-	return nil
+	return invalidf(rules[i].why, args...)
 }
 
 // checkDeployment guards d, declared after before; its endpoint must never point unauthenticated calls at the internet.
@@ -185,19 +195,19 @@ func checkDeployment(d *deployment, before []deployment) error {
 	if len(d.Adapters) == 0 {
 		d.Adapters = nil // [] and absent are one document
 	}
-	for _, a := range d.Adapters {
-		if !namePattern.MatchString(a.Name) {
-			return invalidf("registry deployment %q adapter %q: an adapter name must match [a-z0-9._-]{1,128}", clipName(d.Name), clipName(a.Name))
-		}
+	badAdapter := ""
+	if i := slices.IndexFunc(d.Adapters, func(a adapter) bool { return !namePattern.MatchString(a.Name) }); i >= 0 {
+		badAdapter = clipName(d.Adapters[i].Name)
 	}
 	addr, err := netip.ParseAddr(d.Endpoint.Host)
-	return firstBroken([]rule{ // arguments: name, host, port, model
+	return firstBroken([]rule{ // arguments: name, host, port, model, the first bad adapter
+		{badAdapter != "", "registry deployment %[1]q adapter %[5]q: an adapter name must match [a-z0-9._-]{1,128}"},
 		{!namePattern.MatchString(d.Name), "registry deployment %[1]q: a deployment name must match [a-z0-9._-]{1,128}"},
 		{slices.ContainsFunc(before, func(o deployment) bool { return o.Name == d.Name }), "registry deployment %[1]q is declared twice; deployment names must be unique"},
 		{err != nil || !addr.Is4() || !(addr.IsLoopback() || cgnatPrefix.Contains(addr)), "registry deployment %[1]q: endpoint host %[2]q is not an IPv4 loopback or 100.64.0.0/10 literal"},
 		{d.Endpoint.Port < 1 || d.Endpoint.Port > 65535, "registry deployment %[1]q: endpoint port %[3]d is not a port (1-65535)"},
 		{d.Model != "" && !validModel(d.Model), "registry deployment %[1]q: model %[4]q is not 1-512 bytes without control characters"},
-	}, clipName(d.Name), clipName(d.Endpoint.Host), d.Endpoint.Port, clipName(d.Model))
+	}, clipName(d.Name), clipName(d.Endpoint.Host), d.Endpoint.Port, clipName(d.Model), badAdapter)
 }
 
 // validModel is §5.1's rule for a canonical route's model, and a deployment's.
@@ -205,23 +215,14 @@ func validModel(m string) bool {
 	return m != "" && len(m) <= maxDestinationBytes && strings.IndexFunc(m, unicode.IsControl) < 0
 }
 
-// checkAlias is the alias guard of SPEC §4.1; no alias may shadow a selector.
-func checkAlias(alias string) error {
-	return firstBroken([]rule{
-		{!aliasPattern.MatchString(alias), "registry alias %q must match [a-z0-9._/-]{1,128}, or [a-z0-9._-]{1,128} then * for a prefix alias"},
-		{alias == modeAny || alias == modeAnyVision, "registry alias %q is a selector name and cannot be declared"},
-	}, clipName(alias))
-}
-
-// checkRoute applies §4.1's guards to one route; an unknown provider passes.
+// checkRoute applies §4.1's guards to one route, the alias's first; no alias may shadow a selector.
 func checkRoute(doc *routesDoc, alias, dest string) error {
-	if err := checkAlias(alias); err != nil {
-		return err
-	}
 	provider, model, canonical := strings.Cut(dest, "/")
 	local := !canonical && dest != modeBest // a deployment or adapter
 	_, _, n := doc.lookupLocal(dest)
 	return firstBroken([]rule{ // arguments: alias, destination, its length, n
+		{!aliasPattern.MatchString(alias), "registry alias %[1]q must match [a-z0-9._/-]{1,128}, or [a-z0-9._-]{1,128} then * for a prefix alias"},
+		{alias == modeAny || alias == modeAnyVision, "registry alias %[1]q is a selector name and cannot be declared"},
 		{dest == "", "registry route %[1]q: the destination is empty"},
 		{!utf8.ValidString(dest), "registry route %[1]q: the destination is not valid UTF-8"},
 		{len(dest) > maxDestinationBytes, "registry route %[1]q: the destination is %[3]d bytes; the limit is 512"},
@@ -307,8 +308,8 @@ type registry struct {
 
 func newRegistry(path string, pathErr error, j *journal, log *slog.Logger) *registry {
 	r := &registry{j: j, log: log}
-	r.stateFile = stateFile[*routesDoc]{role: registryRole, path: path, pathErr: pathErr,
-		keepErr: true, parse: func(b []byte) (*routesDoc, error) {
+	r.stateFile = stateFile[*routesDoc]{role: registryRole, path: path, pathErr: pathErr, keepErr: true,
+		parse: func(b []byte) (*routesDoc, error) {
 			if b != nil { // nil: the file is absent
 				r.parses.Add(1)
 			}
@@ -337,11 +338,7 @@ func (r *registry) current() (*routesDoc, error) {
 
 // set points alias at destination (SPEC §4.4); by is the client id or "cli".
 func (r *registry) set(alias, destination, by string) (*routesDoc, error) {
-	if err := checkAlias(alias); err != nil {
-		return nil, refuse("invalid_request", "%v", err)
-	}
-	dest := strings.TrimSpace(destination)
-	return r.write(alias, &dest, by)
+	return r.write(alias, &destination, by)
 }
 
 func (r *registry) remove(alias, by string) (*routesDoc, error) { return r.write(alias, nil, by) }
@@ -360,9 +357,10 @@ func (r *registry) write(alias string, to *string, by string) (*routesDoc, error
 			delete(doc.Routes, alias)
 			return &rec, nil
 		}
+		*to = strings.TrimSpace(*to)
 		err := checkRoute(doc, alias, *to)
 		// Every credential assumed, capability_absent is an unknown provider or deployment: writers refuse it.
-		if st, reason := aliasState(doc, *to, func(string) bool { return true }); err == nil && st != stateServing {
+		if _, st, reason := doc.destination(*to, func(string) bool { return true }); err == nil && st != stateServing {
 			err = fmt.Errorf("registry route %q: %s", alias, reason)
 		}
 		if err != nil {
@@ -438,13 +436,15 @@ func migrateRegistry(path string) (committed []byte, dropped []string, doc *rout
 		return nil, nil, nil, err // before the lock: an absent file gets no lock file either
 	}
 	err = withFileLock(path, func() error {
-		f := stateFile[*routesDoc]{role: registryRole, path: path, absentErr: true,
-			parse: func(b []byte) (d *routesDoc, err error) { d, dropped, err = readRegistry(b, true); return d, err }}
-		if doc, err = f.fresh(); err != nil {
-			return err
+		b, _, err := readGuarded(registryRole, path)
+		if err == nil {
+			doc, dropped, err = readRegistry(b, true)
 		}
-		committed = encodeRegistry(doc)
-		return writeFileAtomic(path, committed)
+		if err == nil {
+			committed = encodeRegistry(doc)
+			err = writeFileAtomic(path, committed)
+		}
+		return err
 	})
 	return committed, dropped, doc, err // callers read err first
 }
@@ -463,39 +463,6 @@ type aliasTable struct {
 	Unserviceable int        `json:"unserviceable"`
 }
 
-// aliasState is the SPEC §4.3 state of an alias routed to dest, and its reason.
-func aliasState(doc *routesDoc, dest string, hasDirect func(provider string) bool) (st, reason string) {
-	if dest == modeBest {
-		return stateServing, "Routes to best: the operator's preferred subscription route, then the agent's other subscription models."
-	}
-	p, model, ok := destProvider(dest)
-	switch d, _, n := doc.lookupLocal(model); {
-	case !ok:
-		return stateCapabilityAbsent, fmt.Sprintf("Provider %q is not one Brama knows.", p.id)
-	case p.cred == credNone && n != 1:
-		return stateCapabilityAbsent, fmt.Sprintf("No single deployment or adapter named %q is declared.", model)
-	case p.cred == credNone:
-		return stateServing, fmt.Sprintf("Served by local deployment %q at %s.", d.Name, d.baseURL())
-	case p.cred == credSubscription:
-		return stateServing, fmt.Sprintf("Paid by the calling agent's %s subscriptions.", p.id)
-	case hasDirect != nil && hasDirect(p.id):
-		return stateServing, fmt.Sprintf("Paid by the deployment's direct %s credential.", p.id)
-	}
-	return stateCapabilityAbsent, fmt.Sprintf("No direct %s credential is configured.", p.id)
-}
-
-// destProvider is the provider and model dest names, a bare name a local one (SPEC §4.1); an unknown provider's row holds its id.
-func destProvider(dest string) (p providerInfo, model string, ok bool) {
-	provider, model, canonical := strings.Cut(dest, "/")
-	if !canonical {
-		provider, model = "local-openai", dest
-	}
-	if p, ok = lookupProvider(provider); !ok {
-		p.id = provider
-	}
-	return p, model, ok
-}
-
 // aliases lists every declared alias with its state; an unreadable registry is an error.
 func (r *registry) aliases(hasDirect func(provider string) bool) (aliasTable, error) {
 	doc, err := r.current()
@@ -505,19 +472,16 @@ func (r *registry) aliases(hasDirect func(provider string) bool) (aliasTable, er
 	}
 	for _, alias := range slices.Sorted(maps.Keys(doc.Routes)) {
 		dest := doc.Routes[alias]
-		st, reason := aliasState(doc, dest, hasDirect)
+		_, st, reason := doc.destination(dest, hasDirect)
 		if prefix, ok := strings.CutSuffix(alias, "*"); ok {
 			reason = fmt.Sprintf("Every name starting with %q that no exact alias declares. %s", prefix, reason)
 		}
 		t.Aliases = append(t.Aliases, aliasRow{Alias: alias, State: st, Route: &dest, Reason: reason})
-		if st != stateServing {
-			t.Unserviceable++
-		}
 	}
-	return t, nil
+	return t.usableBy(func(string) bool { return true }), nil
 }
 
-// usableBy is t with only the aliases mayUse allows (SPEC §3.1), counted again.
+// usableBy is t with only the aliases mayUse allows (SPEC §3.1), the unserviceable ones counted.
 func (t aliasTable) usableBy(mayUse func(string) bool) aliasTable {
 	u := aliasTable{Aliases: []aliasRow{}}
 	for _, a := range t.Aliases {
@@ -545,6 +509,35 @@ type resolution struct {
 	BaseURL  string       // local-openai only: "http://host:port/v1"
 }
 
+// destination is where dest (best, a canonical route, or a bare local name) leads, with its SPEC §4.3 state and reason:
+// the one reading of a destination that alias states, writers and resolution share.
+func (doc *routesDoc) destination(dest string, hasDirect func(provider string) bool) (res resolution, st, reason string) {
+	if dest == modeBest {
+		return resolution{Mode: modeBest}, stateServing, "Routes to best: the operator's preferred subscription route, then the agent's other subscription models."
+	}
+	provider, model, canonical := strings.Cut(dest, "/")
+	if !canonical {
+		provider, model = "local-openai", dest
+	}
+	p, known := lookupProvider(provider)
+	res = resolution{Mode: modeDirect, Route: provider + "/" + model, Provider: p, Model: model}
+	switch d, upstream, n := doc.lookupLocal(model); {
+	case !known:
+		return res, stateCapabilityAbsent, fmt.Sprintf("Provider %q is not one Brama knows.", provider)
+	case p.cred == credNone && n != 1:
+		return res, stateCapabilityAbsent, fmt.Sprintf("No single deployment or adapter named %q is declared.", model)
+	case p.cred == credNone:
+		res.Model, res.BaseURL = upstream, d.baseURL()
+		return res, stateServing, fmt.Sprintf("Served by local deployment %q at %s.", d.Name, res.BaseURL)
+	case p.cred == credSubscription:
+		res.Mode = modeSubscription
+		return res, stateServing, fmt.Sprintf("Paid by the calling agent's %s subscriptions.", p.id)
+	case hasDirect != nil && hasDirect(p.id):
+		return res, stateServing, fmt.Sprintf("Paid by the deployment's direct %s credential.", p.id)
+	}
+	return res, stateCapabilityAbsent, fmt.Sprintf("No direct %s credential is configured.", p.id)
+}
+
 // resolveModel applies SPEC §5.1 and picks the §5.3 mode; with docErr, only selectors, best and known canonical routes resolve.
 func resolveModel(name string, doc *routesDoc, docErr error, hasDirect func(string) bool) (resolution, error) {
 	switch {
@@ -558,42 +551,152 @@ func resolveModel(name string, doc *routesDoc, docErr error, hasDirect func(stri
 		return resolution{Mode: modeBest}, nil
 	}
 	doc = cmp.Or(doc, emptyRoutesDoc())
-	p, model, known := destProvider(name)                             // §5.1 rule 4: a known provider before the first "/"
-	known = known && strings.Contains(name, "/") && validModel(model) // else §5.1 rule 5: never declared
+	provider, model, _ := strings.Cut(name, "/")
+	p, known := lookupProvider(provider)
+	known = known && validModel(model) // §5.1 rule 4: a known provider before the first "/"; else rule 5: never declared
 	dest, declared := doc.match(name)
-	res, quoted := resolution{Mode: modeDirect}, truncateUTF8(name, 200)
+	quoted := truncateUTF8(name, 200)
 	switch {
 	case docErr != nil && known && p.cred != credNone: // needs no registry
-		dest = name
+		dest, declared = name, false
 	case docErr != nil:
 		e := refuse("alias_unserviceable", "model %q cannot be resolved: the route registry is invalid: %v", quoted, docErr)
 		return resolution{}, withAlias(e.because(docErr), name, stateRoutesInvalid, nil)
-	case declared:
-		if st, reason := aliasState(doc, dest, hasDirect); st != stateServing {
-			return resolution{}, withAlias(refuse("alias_unserviceable", "alias %q cannot serve: %s", name, reason), name, st, &dest)
-		} else if dest == modeBest {
-			return resolution{Mode: modeBest, Alias: name}, nil
-		}
-		res.Mode, res.Alias = modeAlias, name
-	case !known:
-		fix := map[bool]string{true: name, false: "NAME"}[checkAlias(name) == nil]
+	case !declared && !known:
+		fix := map[bool]string{true: name, false: "NAME"}[aliasPattern.MatchString(name)]
 		e := refuse("alias_unknown", "model %q is not a declared alias, a selector, best or a canonical route of a known provider; "+
 			"declare it: brama routes set %s ROUTE, or a prefix alias for a family: brama routes set 'claude-*' 'anthropic/*'", quoted, fix)
 		return resolution{}, withAlias(e, name, stateNoRoute, nil)
-	default:
+	case !declared:
 		dest = name
 	}
-	p, res.Model, _ = destProvider(dest) // a serving destination: a known provider
-	res.Provider, res.Route = p, p.id+"/"+res.Model
+	res, st, reason := doc.destination(dest, hasDirect)
 	switch {
-	case p.cred == credSubscription:
-		res.Mode = modeSubscription
-	case p.cred == credNone: // local-openai needs the deployment the model names, for its endpoint
-		d, upstream, n := doc.lookupLocal(res.Model)
-		if n != 1 {
-			return resolution{}, refuse("invalid_request", "model %q names no single deployment or adapter in the route registry", truncateUTF8(res.Route, 200))
-		}
-		res.Model, res.BaseURL = upstream, d.baseURL()
+	case declared && st != stateServing:
+		return resolution{}, withAlias(refuse("alias_unserviceable", "alias %q cannot serve: %s", name, reason), name, st, &dest)
+	case !declared && res.Provider.cred == credNone && res.BaseURL == "": // local-openai needs the deployment, for its endpoint
+		return resolution{}, refuse("invalid_request", "model %q names no single deployment or adapter in the route registry", truncateUTF8(res.Route, 200))
+	case declared && res.Mode == modeDirect:
+		res.Mode = modeAlias
+	}
+	if declared {
+		res.Alias = name
 	}
 	return res, nil
+}
+
+// client is one bearer-token holder (SPEC §3.1), kept in clients.json; only the token's SHA-256 is kept.
+type client struct {
+	ID            string   `json:"id"`
+	TokenSHA256   string   `json:"token_sha256"`
+	Role          string   `json:"role"`
+	AgentID       string   `json:"agent_id,omitempty"`
+	AllowedModels []string `json:"allowed_models,omitempty"`
+}
+
+// mayUse applies allowed_models (SPEC §3.1): none listed, any model.
+func (c client) mayUse(model string) bool {
+	return c.AllowedModels == nil || slices.Contains(c.AllowedModels, model)
+}
+
+// Roles of a client (SPEC §3.1), and the 401 of a token no client holds.
+const (
+	roleAdmin, roleCaller = "admin", "caller"
+	notAClient            = "this token is not one of this gateway's clients"
+)
+
+type clientsDoc struct {
+	Clients []client `json:"clients"`
+}
+
+// parseClients strictly parses clients.json; nil, no file, is no clients.
+func parseClients(b []byte) (*clientsDoc, error) {
+	doc := &clientsDoc{Clients: []client{}}
+	if b == nil {
+		return doc, nil
+	}
+	return doc, decodeStrict("clients file", b, doc)
+}
+
+// validate applies SPEC §3.1's rules, naming the first one a client breaks.
+func (doc *clientsDoc) validate() error {
+	ids, digests := map[string]bool{}, map[string]bool{}
+	for i, c := range doc.Clients {
+		if err := firstBroken([]rule{
+			{!idPattern.MatchString(c.ID), "id must match [a-z0-9-]{1,64}"},
+			{ids[c.ID], "duplicate client id"},
+			{!isHexDigest(c.TokenSHA256), "token_sha256 must be 64 lower-case hex characters"},
+			{digests[c.TokenSHA256], "duplicate token digest"},
+			{c.Role != roleAdmin && c.Role != roleCaller, "role must be admin or caller"},
+			{c.AgentID != "" && !idPattern.MatchString(c.AgentID), "agent_id must match [a-z0-9-]{1,64}"},
+			{slices.ContainsFunc(c.AllowedModels, func(m string) bool { return strings.TrimSpace(m) == "" || strings.Contains(m, "*") }),
+				"allowed_models entries must be exact names (no empty or wildcard entry)"},
+		}); err != nil {
+			return fmt.Errorf("clients file: client %d (%q): %v", i, c.ID, err)
+		}
+		ids[c.ID], digests[c.TokenSHA256] = true, true
+	}
+	return nil
+}
+
+// newToken makes a bearer token: "brama_" and 43 base64url characters.
+func newToken() string {
+	b := make([]byte, 32)
+	rand.Read(b)
+	return "brama_" + base64.RawURLEncoding.EncodeToString(b)
+}
+
+func tokenDigest(token string) string { return hexSHA256([]byte(token)) }
+
+// clientStore is the clients file, re-read on change (SPEC §2.3), or the
+// process-only clients (memory, set before serving) when there is no state directory.
+type clientStore struct {
+	stateFile[*clientsDoc]
+	memory *clientsDoc
+}
+
+func newClientStore(path string, pathErr error) *clientStore {
+	return &clientStore{stateFile: stateFile[*clientsDoc]{role: "clients file", path: path, pathErr: pathErr, parse: parseClients, absentErr: true}}
+}
+
+func (c *clientStore) load() (*clientsDoc, error) {
+	if c.memory != nil {
+		return c.memory, nil
+	}
+	return c.stateFile.load()
+}
+
+// authenticate finds token's client, comparing every digest in constant time; a refusal never says whose a token is (SPEC §3.1).
+func (c *clientStore) authenticate(token string) (found client, err error) {
+	doc, err := c.load()
+	if err != nil {
+		return found, refuse("unauthenticated", "the clients file is unusable, so no token can be checked (GET /readyz says why)").because(err)
+	}
+	want := []byte(tokenDigest(token))
+	for _, cl := range doc.Clients {
+		if subtle.ConstantTimeCompare(want, []byte(cl.TokenSHA256)) == 1 {
+			found = cl
+		}
+	}
+	if found.ID == "" { // every client has an id
+		return found, refuse("unauthenticated", notAClient)
+	}
+	return found, nil
+}
+
+// updateClients changes the clients file under its lock (SPEC §2.3).
+func updateClients(path string, fn func(d *clientsDoc) error) error {
+	return (&stateFile[*clientsDoc]{role: "clients file", path: path, parse: parseClients}).update(fn)
+}
+
+// hexSHA256 is b's SHA-256 in lower-case hex.
+func hexSHA256(b []byte) string {
+	d := sha256.Sum256(b)
+	return hex.EncodeToString(d[:])
+}
+
+// isHexDigest reports whether s is a SHA-256 in lower-case hex.
+func isHexDigest(s string) bool {
+	_, err := hex.DecodeString(s)
+	return len(s) == 64 && err == nil && strings.ToLower(s) == s
 }
