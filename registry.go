@@ -13,11 +13,9 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"net"
 	"net/netip"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -111,49 +109,38 @@ func readRegistry(b []byte, migrate bool) (doc *routesDoc, dropped []string, err
 		return nil, nil, invalidf("registry is not valid JSON: %v", json.Unmarshal(b, new(any)))
 	}
 	var top map[string]json.RawMessage
-	if err := decodeRegistry(b, &top); err != nil || top == nil {
-		return nil, nil, cmp.Or(err, invalidf("registry must be one JSON object"))
+	var te *json.UnmarshalTypeError
+	if err := decodeStrict("registry", b, &top); errors.As(err, &te) || err == nil && top == nil {
+		return nil, nil, invalidf("registry must be one JSON object")
+	} else if err != nil {
+		return nil, nil, invalidf("%s", clipName(err.Error()))
 	}
 	known := func(k string) bool { return k == "schema_version" || k == "deployments" || k == "routes" }
 	dropped = slices.DeleteFunc(append([]string{}, slices.Sorted(maps.Keys(top))...), known)
 	if len(dropped) > 0 && !migrate {
-		return nil, nil, invalidf("registry field %s is not part of schema 1; run brama routes migrate", strconv.Quote(clipName(dropped[0])))
+		return nil, nil, invalidf("registry field %q is not part of schema 1; run brama routes migrate", clipName(dropped[0]))
 	}
 	maps.DeleteFunc(top, func(k string, _ json.RawMessage) bool { return !known(k) })
 	b, _ = json.Marshal(top) // raw members always marshal
 	doc = emptyRoutesDoc()
-	if err := decodeRegistry(b, doc); err != nil {
+	switch err := decodeStrict("registry", b, doc); { // decodeStrict calls validate
+	case errors.As(err, &te):
+		return nil, nil, invalidf("registry field %q cannot be %s (see SPEC §4.1; a destination is one string)", te.Field, clipName(te.Value))
+	case errors.As(err, new(*routesInvalidError)):
 		return nil, nil, err
-	}
-	// The typed decode takes null, and a model's "", for absent; schema 1 refuses them.
-	var deps []struct{ Name, Model, Adapters json.RawMessage }
-	json.Unmarshal(top["deployments"], &deps) // decodeRegistry took these bytes
-	nulled := slices.IndexFunc(deps, func(d struct{ Name, Model, Adapters json.RawMessage }) bool {
-		return string(d.Model) == "null" || string(d.Model) == `""` || string(d.Adapters) == "null"
-	})
-	switch {
-	case string(top["schema_version"]) == "null":
+	case err != nil:
+		return nil, nil, invalidf("%s", clipName(err.Error()))
+	case string(top["schema_version"]) == "null": // the typed decode takes null, and a model's "", for absent; schema 1 refuses them
 		return nil, nil, invalidf(`registry field "schema_version" must be 1, not null`)
-	case nulled >= 0:
-		return nil, nil, invalidf(`registry deployment %s member "model" must be a non-empty string, and "adapters" an array, when present`,
-			clipName(string(deps[nulled].Name)))
+	}
+	var deps []struct{ Name, Model, Adapters json.RawMessage }
+	json.Unmarshal(top["deployments"], &deps) // decodeStrict took these bytes
+	for _, d := range deps {
+		if m := string(d.Model); m == "null" || m == `""` || string(d.Adapters) == "null" {
+			return nil, nil, invalidf(`registry deployment %s member "model" must be a non-empty string, and "adapters" an array, when present`, clipName(string(d.Name)))
+		}
 	}
 	return doc, dropped, nil
-}
-
-// decodeRegistry is decodeStrict (which calls validate) with its failures as routesInvalidErrors.
-func decodeRegistry(b []byte, v any) error {
-	var te *json.UnmarshalTypeError
-	switch err := decodeStrict("registry", b, v); {
-	case errors.As(err, &te) && te.Field == "":
-		return invalidf("registry must be one JSON object")
-	case errors.As(err, &te):
-		return invalidf("registry field %q cannot be %s (see SPEC §4.1; a destination is one string)", te.Field, clipName(te.Value))
-	case err != nil && !errors.As(err, new(*routesInvalidError)):
-		return invalidf("%s", clipName(err.Error()))
-	default:
-		return err
-	}
 }
 
 // validate applies SPEC §4.1's guards to a decoded document, refusing with the first broken one.
@@ -279,7 +266,7 @@ func (doc *routesDoc) lookupLocal(name string) (dep deployment, upstream string,
 
 // baseURL is the deployment's OpenAI-compatible endpoint (SPEC §4.1).
 func (d deployment) baseURL() string {
-	return "http://" + net.JoinHostPort(d.Endpoint.Host, strconv.Itoa(d.Endpoint.Port)) + "/v1"
+	return fmt.Sprintf("http://%s:%d/v1", d.Endpoint.Host, d.Endpoint.Port) // an IPv4 literal: no brackets
 }
 
 // clipName shortens a name before an error quotes it: the reason is logged and may reach a client.
@@ -300,7 +287,6 @@ type registry struct {
 	stateFile[*routesDoc] // path "" when pathErr is set; keeps a parse failure
 	j                     *journal
 	log                   *slog.Logger
-	writeMu               sync.Mutex   // serializes writes within this process
 	logMu                 sync.Mutex   // held by current, guards lastLogged
 	lastLogged            string       // the failure last logged as inference_routes_invalid
 	parses                atomic.Int32 // files parsed so far; lets tests prove an unchanged file costs none
@@ -388,13 +374,11 @@ func (r *registry) setDeployment(d deployment, remove bool) (*routesDoc, error) 
 	})
 }
 
-// commit is SPEC §4.4's read-modify-rename under mutex and flock, journaling change's record after: a failed append is only logged.
+// commit is SPEC §4.4's read-modify-rename under the flock (a file description of its own: writers of this process wait too), journaling change's record after: a failed append is only logged.
 func (r *registry) commit(change func(doc *routesDoc) (*journalRecord, error)) (*routesDoc, error) {
 	if err := r.pathErr; err != nil {
 		return nil, refuse("dependency_unavailable", "the route registry cannot be written: %v", err).because(err)
 	}
-	r.writeMu.Lock()
-	defer r.writeMu.Unlock()
 	var committed *routesDoc
 	err := withFileLock(r.path, func() error {
 		doc, err := r.fresh() // parsed just now; nobody else holds it
@@ -463,8 +447,8 @@ type aliasTable struct {
 	Unserviceable int        `json:"unserviceable"`
 }
 
-// aliases lists every declared alias with its state; an unreadable registry is an error.
-func (r *registry) aliases(hasDirect func(provider string) bool) (aliasTable, error) {
+// aliases lists the declared aliases mayUse allows (nil: all; SPEC §3.1) with their states; an unreadable registry is an error.
+func (r *registry) aliases(hasDirect, mayUse func(string) bool) (aliasTable, error) {
 	doc, err := r.current()
 	t := aliasTable{Aliases: []aliasRow{}}
 	if err != nil {
@@ -476,21 +460,12 @@ func (r *registry) aliases(hasDirect func(provider string) bool) (aliasTable, er
 		if prefix, ok := strings.CutSuffix(alias, "*"); ok {
 			reason = fmt.Sprintf("Every name starting with %q that no exact alias declares. %s", prefix, reason)
 		}
-		t.Aliases = append(t.Aliases, aliasRow{Alias: alias, State: st, Route: &dest, Reason: reason})
-	}
-	return t.usableBy(func(string) bool { return true }), nil
-}
-
-// usableBy is t with only the aliases mayUse allows (SPEC §3.1), the unserviceable ones counted.
-func (t aliasTable) usableBy(mayUse func(string) bool) aliasTable {
-	u := aliasTable{Aliases: []aliasRow{}}
-	for _, a := range t.Aliases {
-		if mayUse(a.Alias) {
-			u.Aliases = append(u.Aliases, a)
-			u.Unserviceable += map[bool]int{true: 1}[a.State != stateServing]
+		if mayUse == nil || mayUse(alias) {
+			t.Aliases = append(t.Aliases, aliasRow{Alias: alias, State: st, Route: &dest, Reason: reason})
+			t.Unserviceable += map[bool]int{true: 1}[st != stateServing]
 		}
 	}
-	return u
+	return t, nil
 }
 
 // withAlias gives e SPEC §5.2's alias details.
@@ -540,46 +515,37 @@ func (doc *routesDoc) destination(dest string, hasDirect func(provider string) b
 
 // resolveModel applies SPEC §5.1 and picks the §5.3 mode; with docErr, only selectors, best and known canonical routes resolve.
 func resolveModel(name string, doc *routesDoc, docErr error, hasDirect func(string) bool) (resolution, error) {
-	switch {
-	case name == "":
+	if name == "" {
 		return resolution{}, refuse("invalid_request", "model is required")
-	case strings.EqualFold(name, modeAny):
-		return resolution{Mode: modeAny}, nil
-	case strings.EqualFold(name, modeAnyVision):
-		return resolution{Mode: modeAnyVision}, nil
-	case name == modeBest:
-		return resolution{Mode: modeBest}, nil
+	} else if strings.EqualFold(name, modeAny) || strings.EqualFold(name, modeAnyVision) || name == modeBest {
+		return resolution{Mode: strings.ToLower(name)}, nil
 	}
-	doc = cmp.Or(doc, emptyRoutesDoc())
 	provider, model, _ := strings.Cut(name, "/")
 	p, known := lookupProvider(provider)
 	known = known && validModel(model) // §5.1 rule 4: a known provider before the first "/"; else rule 5: never declared
+	doc = cmp.Or(doc, emptyRoutesDoc())
 	dest, declared := doc.match(name)
-	quoted := truncateUTF8(name, 200)
-	switch {
-	case docErr != nil && known && p.cred != credNone: // needs no registry
-		dest, declared = name, false
-	case docErr != nil:
+	switch quoted := truncateUTF8(name, 200); {
+	case docErr != nil && (!known || p.cred == credNone): // local-openai needs the registry's deployments
 		e := refuse("alias_unserviceable", "model %q cannot be resolved: the route registry is invalid: %v", quoted, docErr)
 		return resolution{}, withAlias(e.because(docErr), name, stateRoutesInvalid, nil)
-	case !declared && !known:
+	case docErr != nil || !declared && known:
+		dest, declared = name, false
+	case !declared:
 		fix := map[bool]string{true: name, false: "NAME"}[aliasPattern.MatchString(name)]
 		e := refuse("alias_unknown", "model %q is not a declared alias, a selector, best or a canonical route of a known provider; "+
 			"declare it: brama routes set %s ROUTE, or a prefix alias for a family: brama routes set 'claude-*' 'anthropic/*'", quoted, fix)
 		return resolution{}, withAlias(e, name, stateNoRoute, nil)
-	case !declared:
-		dest = name
 	}
 	res, st, reason := doc.destination(dest, hasDirect)
 	switch {
 	case declared && st != stateServing:
 		return resolution{}, withAlias(refuse("alias_unserviceable", "alias %q cannot serve: %s", name, reason), name, st, &dest)
-	case !declared && res.Provider.cred == credNone && res.BaseURL == "": // local-openai needs the deployment, for its endpoint
+	case res.Provider.cred == credNone && res.BaseURL == "": // undeclared: local-openai needs the deployment, for its endpoint
 		return resolution{}, refuse("invalid_request", "model %q names no single deployment or adapter in the route registry", truncateUTF8(res.Route, 200))
 	case declared && res.Mode == modeDirect:
-		res.Mode = modeAlias
-	}
-	if declared {
+		res.Mode, res.Alias = modeAlias, name
+	case declared:
 		res.Alias = name
 	}
 	return res, nil

@@ -245,7 +245,7 @@ func TestRegistryCurrentRefusesSymlink(t *testing.T) {
 	if _, err := f.reg.current(); err == nil || !strings.Contains(err.Error(), "symlink") {
 		t.Fatalf("err = %v, want the symlink rule", err)
 	}
-	if _, err := f.reg.aliases(nil); err == nil {
+	if _, err := f.reg.aliases(nil, nil); err == nil {
 		t.Fatal("aliases of an unreadable registry: want an error")
 	}
 }
