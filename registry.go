@@ -36,7 +36,7 @@ var (
 	aliasPattern    = regexp.MustCompile(`^([a-z0-9._/-]{1,128}|[a-z0-9._-]{1,128}\*)$`) // exact, or a prefix alias
 	namePattern     = regexp.MustCompile(`^[a-z0-9._-]{1,128}$`)                         // deployments and adapters
 	providerPattern = regexp.MustCompile(`^[a-z0-9._-]{1,64}$`)
-	cgnatPrefix     = netip.MustParsePrefix("100.64.0.0/10")
+	cgnatPrefix     = netip.MustParsePrefix("100.64.0.0/10") // with loopback, where a deployment may listen
 )
 
 // Routing modes (SPEC §5.3) and alias states (SPEC §4.3).
@@ -167,14 +167,14 @@ type rule struct {
 
 // firstBroken is the refusal of the first broken rule, formatted with args (none: why is already formatted), or nil.
 func firstBroken(rules []rule, args ...any) error {
-	i := slices.IndexFunc(rules, func(r rule) bool { return r.bad })
-	switch {
-	case i < 0:
-		return nil
-	case len(args) == 0:
-		return invalidf("%s", rules[i].why)
+	for _, r := range rules {
+		if r.bad && len(args) == 0 {
+			return invalidf("%s", r.why)
+		} else if r.bad {
+			return invalidf(r.why, args...)
+		}
 	}
-	return invalidf(rules[i].why, args...)
+	return nil
 }
 
 // checkDeployment guards d, declared after before; its endpoint must never point unauthenticated calls at the internet.
@@ -217,12 +217,10 @@ func checkRoute(doc *routesDoc, alias, dest string) error {
 		{strings.Contains(dest, "*") && !(strings.HasSuffix(alias, "*") && canonical && model == "*"),
 			`registry route %[1]q: destination %[2]q contains "*"; only a prefix alias (ending in *) may route to <provider>/*`},
 		{strings.IndexFunc(dest, unicode.IsControl) >= 0, "registry route %[1]q: destination %[2]q contains a control character"},
-		{dest == modeBest && alias == modeBest, "registry route %[1]q must name a canonical route (provider/model), not best"},
 		{canonical && !providerPattern.MatchString(provider), "registry route %[1]q: destination %[2]q is not a canonical route: the provider must match [a-z0-9._-]{1,64}"},
 		{canonical && model == "", "registry route %[1]q: destination %[2]q is not a canonical route: the model is empty"},
-		{canonical && alias == modeBest && provider == "local-openai", // best is paid by subscriptions
-			"registry route %[1]q must name a canonical route of a subscription-capable provider, not deployment %[2]q"},
-		{local && alias == modeBest, "registry route %[1]q must name a canonical route (provider/model), not deployment %[2]q"},
+		{alias == modeBest && (dest == modeBest || local || provider == "local-openai"), // best is paid by subscriptions
+			"registry route %[1]q must name a canonical route of a subscription-capable provider, not %[2]q"},
 		{local && n == 0, "registry route %[1]q: destination %[2]q names no deployment or adapter"},
 		{local && n > 1, "registry route %[1]q: destination %[2]q names %[4]d deployments or adapters; a bare name must name exactly one"},
 	}, clipName(alias), dest, len(dest), n)
@@ -311,25 +309,24 @@ func (r *registry) current() (*routesDoc, error) {
 	}
 	r.logMu.Lock()
 	defer r.logMu.Unlock()
-	doc, err := r.load()
-	if err == nil {
-		r.lastLogged = ""
-		return doc, nil
-	} else if reason := err.Error(); reason != r.lastLogged {
-		r.log.Warn("inference_routes_invalid", "reason", reason)
-		r.lastLogged = reason
+	doc, err := r.load() // nil on a failure
+	reason := ""
+	if err != nil {
+		reason = err.Error()
 	}
-	return nil, err
+	if reason != "" && reason != r.lastLogged {
+		r.log.Warn("inference_routes_invalid", "reason", reason)
+	}
+	r.lastLogged = reason
+	return doc, err
 }
 
-// set points alias at destination (SPEC §4.4); by is the client id or "cli".
 func (r *registry) set(alias, destination, by string) (*routesDoc, error) {
 	return r.write(alias, &destination, by)
 }
-
 func (r *registry) remove(alias, by string) (*routesDoc, error) { return r.write(alias, nil, by) }
 
-// write points alias at *to or, nil, removes it (SPEC §4.4), journaling the change.
+// write points alias at *to or, nil, removes it (SPEC §4.4), journaling the change; by is the client id or "cli".
 func (r *registry) write(alias string, to *string, by string) (*routesDoc, error) {
 	return r.commit(func(doc *routesDoc) (*journalRecord, error) {
 		rec := journalRecord{Kind: "route_change", Alias: alias, To: to, By: cmp.Or(by, "cli")}
@@ -374,7 +371,8 @@ func (r *registry) setDeployment(d deployment, remove bool) (*routesDoc, error) 
 	})
 }
 
-// commit is SPEC §4.4's read-modify-rename under the flock (a file description of its own: writers of this process wait too), journaling change's record after: a failed append is only logged.
+// commit is SPEC §4.4's read-modify-rename under the flock (its own file description: writers of this process wait too),
+// journaling change's record after it: a failed append is only logged.
 func (r *registry) commit(change func(doc *routesDoc) (*journalRecord, error)) (*routesDoc, error) {
 	if err := r.pathErr; err != nil {
 		return nil, refuse("dependency_unavailable", "the route registry cannot be written: %v", err).because(err)
@@ -389,22 +387,20 @@ func (r *registry) commit(change func(doc *routesDoc) (*journalRecord, error)) (
 		if err != nil {
 			return err
 		}
-		staged := encodeRegistry(doc)
-		if err := r.j.ready(); rec != nil && err != nil {
-			return refuse("dependency_unavailable", "route registry not changed: the journal cannot record it: %v", err).because(err)
+		staged, unjournaled := encodeRegistry(doc), r.j.ready()
+		if committed, err = parseRegistry(staged); rec != nil && unjournaled != nil {
+			return refuse("dependency_unavailable", "route registry not changed: the journal cannot record it: %v", unjournaled).because(unjournaled)
 		} else if len(staged) > maxRegistryBytes {
 			return refuse("state_conflict", "the route registry would be %d bytes; the limit is 1 MiB (%d bytes)", len(staged), maxRegistryBytes)
-		}
-		if committed, err = parseRegistry(staged); err != nil {
+		} else if err != nil {
 			return refuse("invalid_request", "route registry not changed: %v", err).because(err)
-		}
-		if err := writeFileAtomic(r.path, staged); err != nil {
+		} else if err := writeFileAtomic(r.path, staged); err != nil {
 			return refuse("internal_error", "route registry not changed: %v", err).because(err)
+		} else if rec == nil {
+			return nil
 		}
-		if rec != nil { // journaled under the flock, so records follow the renames
-			if err := r.j.append(*rec); err != nil {
-				r.log.Error("journal_append_failed", "kind", rec.Kind, "alias", rec.Alias, "cause", err.Error())
-			}
+		if err := r.j.append(*rec); err != nil { // under the flock, so records follow the renames
+			r.log.Error("journal_append_failed", "kind", rec.Kind, "alias", rec.Alias, "cause", err.Error())
 		}
 		return nil
 	})
@@ -655,14 +651,9 @@ func updateClients(path string, fn func(d *clientsDoc) error) error {
 	return (&stateFile[*clientsDoc]{role: "clients file", path: path, parse: parseClients}).update(fn)
 }
 
-// hexSHA256 is b's SHA-256 in lower-case hex.
 func hexSHA256(b []byte) string {
 	d := sha256.Sum256(b)
 	return hex.EncodeToString(d[:])
 }
 
-// isHexDigest reports whether s is a SHA-256 in lower-case hex.
-func isHexDigest(s string) bool {
-	_, err := hex.DecodeString(s)
-	return len(s) == 64 && err == nil && strings.ToLower(s) == s
-}
+func isHexDigest(s string) bool { return len(s) == 64 && strings.Trim(s, "0123456789abcdef") == "" }
