@@ -1,13 +1,11 @@
 package main
 
 import (
-	"bytes"
 	"cmp"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,7 +15,6 @@ import (
 	"regexp"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"unicode"
 	"unicode/utf8"
@@ -97,7 +94,7 @@ func parseRegistry(b []byte) (*routesDoc, error) {
 // readRegistry reads a document under SPEC §4.1's guards (an unknown provider passes: only writers refuse it);
 // to migrate, it drops the top-level members schema 1 lacks, and refuses an empty document.
 func readRegistry(b []byte, migrate bool) (doc *routesDoc, dropped []string, err error) {
-	blank := len(bytes.Trim(b, " \t\r\n")) == 0 // JSON's whitespace, not Unicode's
+	blank := strings.Trim(string(b), " \t\r\n") == "" // JSON's whitespace, not Unicode's
 	switch {
 	case len(b) > maxRegistryBytes: // SPEC §4.1
 		return nil, nil, invalidf("registry is %d bytes; the limit is 1 MiB (%d bytes)", len(b), maxRegistryBytes)
@@ -229,11 +226,10 @@ func checkRoute(doc *routesDoc, alias, dest string) error {
 // match is name's exact alias's destination, else the longest prefix alias's, <provider>/* as <provider>/name (SPEC §5.1);
 // a name with "/" or "*" matches no prefix alias: "o*" must not take over openai/….
 func (doc *routesDoc) match(name string) (dest string, ok bool) {
-	if dest, ok = doc.Routes[name]; ok && !strings.HasSuffix(name, "*") {
-		return dest, true
-	}
-	if strings.ContainsAny(name, "/*") || !validModel(name) {
+	if strings.Contains(name, "*") { // only a prefix alias holds one, and its own name is no model
 		return "", false
+	} else if dest, ok = doc.Routes[name]; ok || strings.Contains(name, "/") || !validModel(name) {
+		return dest, ok
 	}
 	longest := ""
 	for alias, d := range doc.Routes {
@@ -285,8 +281,7 @@ type registry struct {
 	stateFile[*routesDoc] // path "" when pathErr is set; keeps a parse failure
 	j                     *journal
 	log                   *slog.Logger
-	logMu                 sync.Mutex   // held by current, guards lastLogged
-	lastLogged            string       // the failure last logged as inference_routes_invalid
+	lastLogged            atomic.Value // string: the failure last logged as inference_routes_invalid, "" after a success
 	parses                atomic.Int32 // files parsed so far; lets tests prove an unchanged file costs none
 }
 
@@ -307,17 +302,14 @@ func (r *registry) current() (*routesDoc, error) {
 	if r.pathErr != nil {
 		return emptyRoutesDoc(), nil
 	}
-	r.logMu.Lock()
-	defer r.logMu.Unlock()
 	doc, err := r.load() // nil on a failure
 	reason := ""
 	if err != nil {
 		reason = err.Error()
 	}
-	if reason != "" && reason != r.lastLogged {
+	if last, _ := r.lastLogged.Swap(reason).(string); reason != "" && reason != last {
 		r.log.Warn("inference_routes_invalid", "reason", reason)
 	}
-	r.lastLogged = reason
 	return doc, err
 }
 
@@ -641,9 +633,9 @@ func (c *clientStore) authenticate(token string) (found client, err error) {
 		}
 	}
 	if found.ID == "" { // every client has an id
-		return found, refuse("unauthenticated", notAClient)
+		err = refuse("unauthenticated", notAClient)
 	}
-	return found, nil
+	return found, err
 }
 
 // updateClients changes the clients file under its lock (SPEC §2.3).
@@ -652,8 +644,7 @@ func updateClients(path string, fn func(d *clientsDoc) error) error {
 }
 
 func hexSHA256(b []byte) string {
-	d := sha256.Sum256(b)
-	return hex.EncodeToString(d[:])
+	return fmt.Sprintf("%x", sha256.Sum256(b))
 }
 
 func isHexDigest(s string) bool { return len(s) == 64 && strings.Trim(s, "0123456789abcdef") == "" }
