@@ -140,7 +140,8 @@ func readRegistry(b []byte, migrate bool) (doc *routesDoc, dropped []string, err
 	return doc, dropped, nil
 }
 
-// validate applies SPEC §4.1's guards to a decoded document, refusing with the first broken one.
+// validate applies SPEC §4.1's guards to a decoded document, refusing with the first broken one: a deployment's endpoint
+// must never point unauthenticated calls at the internet, and no alias may shadow a selector.
 func (doc *routesDoc) validate() error {
 	errs := []error{firstBroken([]rule{
 		{doc.SchemaVersion != 1, fmt.Sprintf(`registry field "schema_version" must be 1, not %d`, doc.SchemaVersion)},
@@ -148,10 +149,46 @@ func (doc *routesDoc) validate() error {
 		{doc.Routes == nil, `registry field "routes" must be an object mapping each alias to one destination, not null`},
 	})}
 	for i := range doc.Deployments {
-		errs = append(errs, checkDeployment(&doc.Deployments[i], doc.Deployments[:i]))
+		d := &doc.Deployments[i]
+		if len(d.Adapters) == 0 {
+			d.Adapters = nil // [] and absent are one document
+		}
+		badAdapter := ""
+		if i := slices.IndexFunc(d.Adapters, func(a adapter) bool { return !namePattern.MatchString(a.Name) }); i >= 0 {
+			badAdapter = clipName(d.Adapters[i].Name)
+		}
+		addr, err := netip.ParseAddr(d.Endpoint.Host)
+		errs = append(errs, firstBroken([]rule{ // arguments: name, host, port, model, the first bad adapter
+			{badAdapter != "", "registry deployment %[1]q adapter %[5]q: an adapter name must match [a-z0-9._-]{1,128}"},
+			{!namePattern.MatchString(d.Name), "registry deployment %[1]q: a deployment name must match [a-z0-9._-]{1,128}"},
+			{slices.ContainsFunc(doc.Deployments[:i], func(o deployment) bool { return o.Name == d.Name }), "registry deployment %[1]q is declared twice; deployment names must be unique"},
+			{err != nil || !addr.Is4() || !(addr.IsLoopback() || cgnatPrefix.Contains(addr)), "registry deployment %[1]q: endpoint host %[2]q is not an IPv4 loopback or 100.64.0.0/10 literal"},
+			{d.Endpoint.Port < 1 || d.Endpoint.Port > 65535, "registry deployment %[1]q: endpoint port %[3]d is not a port (1-65535)"},
+			{d.Model != "" && !validModel(d.Model), "registry deployment %[1]q: model %[4]q is not 1-512 bytes without control characters"},
+		}, clipName(d.Name), clipName(d.Endpoint.Host), d.Endpoint.Port, clipName(d.Model), badAdapter))
 	}
 	for _, alias := range slices.Sorted(maps.Keys(doc.Routes)) {
-		errs = append(errs, checkRoute(doc, alias, doc.Routes[alias]))
+		dest := doc.Routes[alias]
+		provider, model, canonical := strings.Cut(dest, "/")
+		local := !canonical && dest != modeBest // a deployment or adapter
+		_, _, n := doc.lookupLocal(dest)
+		errs = append(errs, firstBroken([]rule{ // arguments: alias, destination, its length, n
+			{!aliasPattern.MatchString(alias), "registry alias %[1]q must match [a-z0-9._/-]{1,128}, or [a-z0-9._-]{1,128} then * for a prefix alias"},
+			{alias == modeAny || alias == modeAnyVision, "registry alias %[1]q is a selector name and cannot be declared"},
+			{dest == "", "registry route %[1]q: the destination is empty"},
+			{!utf8.ValidString(dest), "registry route %[1]q: the destination is not valid UTF-8"},
+			{len(dest) > maxDestinationBytes, "registry route %[1]q: the destination is %[3]d bytes; the limit is 512"},
+			{dest != strings.TrimSpace(dest), "registry route %[1]q: destination %[2]q has leading or trailing space"},
+			{strings.Contains(dest, "*") && !(strings.HasSuffix(alias, "*") && canonical && model == "*"),
+				`registry route %[1]q: destination %[2]q contains "*"; only a prefix alias (ending in *) may route to <provider>/*`},
+			{strings.IndexFunc(dest, unicode.IsControl) >= 0, "registry route %[1]q: destination %[2]q contains a control character"},
+			{canonical && !providerPattern.MatchString(provider), "registry route %[1]q: destination %[2]q is not a canonical route: the provider must match [a-z0-9._-]{1,64}"},
+			{canonical && model == "", "registry route %[1]q: destination %[2]q is not a canonical route: the model is empty"},
+			{alias == modeBest && (dest == modeBest || local || provider == "local-openai"), // best is paid by subscriptions
+				"registry route %[1]q must name a canonical route of a subscription-capable provider, not %[2]q"},
+			{local && n == 0, "registry route %[1]q: destination %[2]q names no deployment or adapter"},
+			{local && n > 1, "registry route %[1]q: destination %[2]q names %[4]d deployments or adapters; a bare name must name exactly one"},
+		}, clipName(alias), dest, len(dest), n))
 	}
 	return cmp.Or(errs...)
 }
@@ -174,53 +211,9 @@ func firstBroken(rules []rule, args ...any) error {
 	return nil
 }
 
-// checkDeployment guards d, declared after before; its endpoint must never point unauthenticated calls at the internet.
-func checkDeployment(d *deployment, before []deployment) error {
-	if len(d.Adapters) == 0 {
-		d.Adapters = nil // [] and absent are one document
-	}
-	badAdapter := ""
-	if i := slices.IndexFunc(d.Adapters, func(a adapter) bool { return !namePattern.MatchString(a.Name) }); i >= 0 {
-		badAdapter = clipName(d.Adapters[i].Name)
-	}
-	addr, err := netip.ParseAddr(d.Endpoint.Host)
-	return firstBroken([]rule{ // arguments: name, host, port, model, the first bad adapter
-		{badAdapter != "", "registry deployment %[1]q adapter %[5]q: an adapter name must match [a-z0-9._-]{1,128}"},
-		{!namePattern.MatchString(d.Name), "registry deployment %[1]q: a deployment name must match [a-z0-9._-]{1,128}"},
-		{slices.ContainsFunc(before, func(o deployment) bool { return o.Name == d.Name }), "registry deployment %[1]q is declared twice; deployment names must be unique"},
-		{err != nil || !addr.Is4() || !(addr.IsLoopback() || cgnatPrefix.Contains(addr)), "registry deployment %[1]q: endpoint host %[2]q is not an IPv4 loopback or 100.64.0.0/10 literal"},
-		{d.Endpoint.Port < 1 || d.Endpoint.Port > 65535, "registry deployment %[1]q: endpoint port %[3]d is not a port (1-65535)"},
-		{d.Model != "" && !validModel(d.Model), "registry deployment %[1]q: model %[4]q is not 1-512 bytes without control characters"},
-	}, clipName(d.Name), clipName(d.Endpoint.Host), d.Endpoint.Port, clipName(d.Model), badAdapter)
-}
-
 // validModel is §5.1's rule for a canonical route's model, and a deployment's.
 func validModel(m string) bool {
 	return m != "" && len(m) <= maxDestinationBytes && strings.IndexFunc(m, unicode.IsControl) < 0
-}
-
-// checkRoute applies §4.1's guards to one route, the alias's first; no alias may shadow a selector.
-func checkRoute(doc *routesDoc, alias, dest string) error {
-	provider, model, canonical := strings.Cut(dest, "/")
-	local := !canonical && dest != modeBest // a deployment or adapter
-	_, _, n := doc.lookupLocal(dest)
-	return firstBroken([]rule{ // arguments: alias, destination, its length, n
-		{!aliasPattern.MatchString(alias), "registry alias %[1]q must match [a-z0-9._/-]{1,128}, or [a-z0-9._-]{1,128} then * for a prefix alias"},
-		{alias == modeAny || alias == modeAnyVision, "registry alias %[1]q is a selector name and cannot be declared"},
-		{dest == "", "registry route %[1]q: the destination is empty"},
-		{!utf8.ValidString(dest), "registry route %[1]q: the destination is not valid UTF-8"},
-		{len(dest) > maxDestinationBytes, "registry route %[1]q: the destination is %[3]d bytes; the limit is 512"},
-		{dest != strings.TrimSpace(dest), "registry route %[1]q: destination %[2]q has leading or trailing space"},
-		{strings.Contains(dest, "*") && !(strings.HasSuffix(alias, "*") && canonical && model == "*"),
-			`registry route %[1]q: destination %[2]q contains "*"; only a prefix alias (ending in *) may route to <provider>/*`},
-		{strings.IndexFunc(dest, unicode.IsControl) >= 0, "registry route %[1]q: destination %[2]q contains a control character"},
-		{canonical && !providerPattern.MatchString(provider), "registry route %[1]q: destination %[2]q is not a canonical route: the provider must match [a-z0-9._-]{1,64}"},
-		{canonical && model == "", "registry route %[1]q: destination %[2]q is not a canonical route: the model is empty"},
-		{alias == modeBest && (dest == modeBest || local || provider == "local-openai"), // best is paid by subscriptions
-			"registry route %[1]q must name a canonical route of a subscription-capable provider, not %[2]q"},
-		{local && n == 0, "registry route %[1]q: destination %[2]q names no deployment or adapter"},
-		{local && n > 1, "registry route %[1]q: destination %[2]q names %[4]d deployments or adapters; a bare name must name exactly one"},
-	}, clipName(alias), dest, len(dest), n)
 }
 
 // match is name's exact alias's destination, else the longest prefix alias's, <provider>/* as <provider>/name (SPEC §5.1);
@@ -333,15 +326,12 @@ func (r *registry) write(alias string, to *string, by string) (*routesDoc, error
 			return &rec, nil
 		}
 		*to = strings.TrimSpace(*to)
-		err := checkRoute(doc, alias, *to)
-		// Every credential assumed, capability_absent is an unknown provider or deployment: writers refuse it.
-		if _, st, reason := doc.destination(*to, func(string) bool { return true }); err == nil && st != stateServing {
-			err = fmt.Errorf("registry route %q: %s", alias, reason)
-		}
-		if err != nil {
-			return nil, refuse("invalid_request", "%v", err)
-		}
 		doc.Routes[alias] = *to
+		// Every credential assumed, capability_absent is an unknown provider or deployment: writers refuse it.
+		_, st, reason := doc.destination(*to, func(string) bool { return true })
+		if err := doc.validate(); err != nil || st != stateServing { // the document was valid: a refusal is this route's
+			return nil, refuse("invalid_request", "%v", cmp.Or(err, fmt.Errorf("registry route %q: %s", alias, reason)))
+		}
 		return &rec, nil
 	})
 }
