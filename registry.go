@@ -23,12 +23,6 @@ import (
 // The route registry (SPEC §4): document, guards, cached read, writes, migrate, alias states, resolution (§5);
 // and the clients file (§3.1), who may call.
 
-const (
-	registryRole        = "route registry" // names the file in guard errors
-	maxRegistryBytes    = 1 << 20
-	maxDestinationBytes = 512 // a destination, and the model of a canonical route (§4.1, §5.1)
-)
-
 var (
 	aliasPattern    = regexp.MustCompile(`^([a-z0-9._/-]{1,128}|[a-z0-9._-]{1,128}\*)$`) // exact, or a prefix alias
 	namePattern     = regexp.MustCompile(`^[a-z0-9._-]{1,128}$`)                         // deployments and adapters
@@ -36,8 +30,10 @@ var (
 	cgnatPrefix     = netip.MustParsePrefix("100.64.0.0/10") // with loopback, where a deployment may listen
 )
 
-// Routing modes (SPEC §5.3) and alias states (SPEC §4.3).
+// The registry's limits (SPEC §4.1: a destination's, and a canonical route's model's, is 512 bytes), routing modes (§5.3)
+// and alias states (§4.3); registryRole names the file in guard errors.
 const (
+	registryRole, maxRegistryBytes, maxDestinationBytes                       = "route registry", 1 << 20, 512
 	modeAny, modeAnyVision, modeBest, modeSubscription, modeAlias, modeDirect = "any", "any-vision-capable", "best", "subscription", "alias", "direct"
 	stateServing, stateNoRoute, stateCapabilityAbsent, stateRoutesInvalid     = "serving", "no_route", "capability_absent", "routes_file_invalid"
 )
@@ -251,18 +247,13 @@ func (doc *routesDoc) lookupLocal(name string) (dep deployment, upstream string,
 	return dep, upstream, n
 }
 
-// baseURL is the deployment's OpenAI-compatible endpoint (SPEC §4.1).
+// baseURL is the deployment's OpenAI-compatible endpoint (SPEC §4.1); the host is an IPv4 literal, needing no brackets.
 func (d deployment) baseURL() string {
-	return fmt.Sprintf("http://%s:%d/v1", d.Endpoint.Host, d.Endpoint.Port) // an IPv4 literal: no brackets
+	return fmt.Sprintf("http://%s:%d/v1", d.Endpoint.Host, d.Endpoint.Port)
 }
 
 // clipName shortens a name before an error quotes it: the reason is logged and may reach a client.
-func clipName(s string) string {
-	if len(s) <= 128 {
-		return s
-	}
-	return truncateUTF8(s, 128) + "…"
-}
+func clipName(s string) string { return truncateUTF8(s, 128) }
 
 // registryPath is BRAMA_ROUTES_FILE, else $STATE/routes.json, else the *noStateError (SPEC §2.1).
 func registryPath(st state, getenv func(string) string) (string, error) {
@@ -274,7 +265,7 @@ type registry struct {
 	stateFile[*routesDoc] // path "" when pathErr is set; keeps a parse failure
 	j                     *journal
 	log                   *slog.Logger
-	lastLogged            atomic.Value // string: the failure last logged as inference_routes_invalid, "" after a success
+	lastLogged            atomic.Value // string: the failure last logged as inference_routes_invalid
 	parses                atomic.Int32 // files parsed so far; lets tests prove an unchanged file costs none
 }
 
@@ -295,12 +286,8 @@ func (r *registry) current() (*routesDoc, error) {
 	if r.pathErr != nil {
 		return emptyRoutesDoc(), nil
 	}
-	doc, err := r.load() // nil on a failure
-	reason := ""
-	if err != nil {
-		reason = err.Error()
-	}
-	if last, _ := r.lastLogged.Swap(reason).(string); reason != "" && reason != last {
+	doc, err := r.load()                                                              // nil on a failure
+	if reason := fmt.Sprint(err); r.lastLogged.Swap(reason) != reason && err != nil { // a success stores "<nil>"
 		r.log.Warn("inference_routes_invalid", "reason", reason)
 	}
 	return doc, err
@@ -592,8 +579,7 @@ func newToken() string {
 
 func tokenDigest(token string) string { return hexSHA256([]byte(token)) }
 
-// clientStore is the clients file, re-read on change (SPEC §2.3), or the
-// process-only clients (memory, set before serving) when there is no state directory.
+// clientStore is the clients file, re-read on change (SPEC §2.3), or without a state directory the process's memory.
 type clientStore struct {
 	stateFile[*clientsDoc]
 	memory *clientsDoc
@@ -633,8 +619,6 @@ func updateClients(path string, fn func(d *clientsDoc) error) error {
 	return (&stateFile[*clientsDoc]{role: "clients file", path: path, parse: parseClients}).update(fn)
 }
 
-func hexSHA256(b []byte) string {
-	return fmt.Sprintf("%x", sha256.Sum256(b))
-}
+func hexSHA256(b []byte) string { return fmt.Sprintf("%x", sha256.Sum256(b)) }
 
 func isHexDigest(s string) bool { return len(s) == 64 && strings.Trim(s, "0123456789abcdef") == "" }
