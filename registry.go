@@ -2,10 +2,6 @@ package main
 
 import (
 	"cmp"
-	"crypto/rand"
-	"crypto/sha256"
-	"crypto/subtle"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,8 +16,7 @@ import (
 	"unicode/utf8"
 )
 
-// The route registry (SPEC §4): document, guards, cached read, writes, migrate, alias states, resolution (§5);
-// and the clients file (§3.1), who may call.
+// The route registry (SPEC §4): document, guards, cached read, writes, migrate, alias states, resolution (§5).
 
 var (
 	aliasPattern    = regexp.MustCompile(`^([a-z0-9._/-]{1,128}|[a-z0-9._-]{1,128}\*)$`) // exact, or a prefix alias
@@ -286,19 +281,21 @@ func (r *registry) current() (*routesDoc, error) {
 	if r.pathErr != nil {
 		return emptyRoutesDoc(), nil
 	}
-	doc, err := r.load()                                                              // nil on a failure
+	doc, err := r.load()
 	if reason := fmt.Sprint(err); r.lastLogged.Swap(reason) != reason && err != nil { // a success stores "<nil>"
 		r.log.Warn("inference_routes_invalid", "reason", reason)
 	}
 	return doc, err
 }
 
+// set points alias at destination, and remove deletes it (SPEC §4.4); by is the client id or "cli".
 func (r *registry) set(alias, destination, by string) (*routesDoc, error) {
 	return r.write(alias, &destination, by)
 }
+
 func (r *registry) remove(alias, by string) (*routesDoc, error) { return r.write(alias, nil, by) }
 
-// write points alias at *to or, nil, removes it (SPEC §4.4), journaling the change; by is the client id or "cli".
+// write points alias at *to or, nil, removes it, journaling the change.
 func (r *registry) write(alias string, to *string, by string) (*routesDoc, error) {
 	return r.commit(func(doc *routesDoc) (*journalRecord, error) {
 		rec := journalRecord{Kind: "route_change", Alias: alias, To: to, By: cmp.Or(by, "cli")}
@@ -379,23 +376,19 @@ func (r *registry) commit(change func(doc *routesDoc) (*journalRecord, error)) (
 	return committed, err // callers read err first
 }
 
-// migrateRegistry is `brama routes migrate` (SPEC §4.4): drop what schema 1 lacks, commit the rest.
+// migrateRegistry is `brama routes migrate` (SPEC §4.4): drop what schema 1 lacks, commit the rest under the lock.
 func migrateRegistry(path string) (committed []byte, dropped []string, doc *routesDoc, err error) {
 	if _, err := guardFile(registryRole, path); err != nil {
 		return nil, nil, nil, err // before the lock: an absent file gets no lock file either
 	}
-	err = withFileLock(path, func() error {
-		b, _, err := readGuarded(registryRole, path)
-		if err == nil {
-			doc, dropped, err = readRegistry(b, true)
-		}
-		if err == nil {
-			committed = encodeRegistry(doc)
-			err = writeFileAtomic(path, committed)
-		}
-		return err
-	})
-	return committed, dropped, doc, err // callers read err first
+	f := stateFile[*routesDoc]{role: registryRole, path: path, absentErr: true, parse: func(b []byte) (*routesDoc, error) {
+		doc, dropped, err = readRegistry(b, true)
+		return doc, err
+	}}
+	if err := f.update(func(*routesDoc) error { return nil }); err != nil {
+		return nil, nil, nil, err
+	}
+	return encodeRegistry(doc), dropped, doc, nil // what update wrote: marshalState of a parsed document
 }
 
 // aliasRow is one line of GET /v1/aliases and `brama routes list`.
@@ -515,110 +508,3 @@ func resolveModel(name string, doc *routesDoc, docErr error, hasDirect func(stri
 	}
 	return res, nil
 }
-
-// client is one bearer-token holder (SPEC §3.1), kept in clients.json; only the token's SHA-256 is kept.
-type client struct {
-	ID            string   `json:"id"`
-	TokenSHA256   string   `json:"token_sha256"`
-	Role          string   `json:"role"`
-	AgentID       string   `json:"agent_id,omitempty"`
-	AllowedModels []string `json:"allowed_models,omitempty"`
-}
-
-// mayUse applies allowed_models (SPEC §3.1): none listed, any model.
-func (c client) mayUse(model string) bool {
-	return c.AllowedModels == nil || slices.Contains(c.AllowedModels, model)
-}
-
-// Roles of a client (SPEC §3.1), and the 401 of a token no client holds.
-const (
-	roleAdmin, roleCaller = "admin", "caller"
-	notAClient            = "this token is not one of this gateway's clients"
-)
-
-type clientsDoc struct {
-	Clients []client `json:"clients"`
-}
-
-// parseClients strictly parses clients.json; nil, no file, is no clients.
-func parseClients(b []byte) (*clientsDoc, error) {
-	doc := &clientsDoc{Clients: []client{}}
-	if b == nil {
-		return doc, nil
-	}
-	return doc, decodeStrict("clients file", b, doc)
-}
-
-// validate applies SPEC §3.1's rules, naming the first one a client breaks.
-func (doc *clientsDoc) validate() error {
-	ids, digests := map[string]bool{}, map[string]bool{}
-	for i, c := range doc.Clients {
-		if err := firstBroken([]rule{
-			{!idPattern.MatchString(c.ID), "id must match [a-z0-9-]{1,64}"},
-			{ids[c.ID], "duplicate client id"},
-			{!isHexDigest(c.TokenSHA256), "token_sha256 must be 64 lower-case hex characters"},
-			{digests[c.TokenSHA256], "duplicate token digest"},
-			{c.Role != roleAdmin && c.Role != roleCaller, "role must be admin or caller"},
-			{c.AgentID != "" && !idPattern.MatchString(c.AgentID), "agent_id must match [a-z0-9-]{1,64}"},
-			{slices.ContainsFunc(c.AllowedModels, func(m string) bool { return strings.TrimSpace(m) == "" || strings.Contains(m, "*") }),
-				"allowed_models entries must be exact names (no empty or wildcard entry)"},
-		}); err != nil {
-			return fmt.Errorf("clients file: client %d (%q): %v", i, c.ID, err)
-		}
-		ids[c.ID], digests[c.TokenSHA256] = true, true
-	}
-	return nil
-}
-
-// newToken makes a bearer token: "brama_" and 43 base64url characters.
-func newToken() string {
-	b := make([]byte, 32)
-	rand.Read(b)
-	return "brama_" + base64.RawURLEncoding.EncodeToString(b)
-}
-
-func tokenDigest(token string) string { return hexSHA256([]byte(token)) }
-
-// clientStore is the clients file, re-read on change (SPEC §2.3), or without a state directory the process's memory.
-type clientStore struct {
-	stateFile[*clientsDoc]
-	memory *clientsDoc
-}
-
-func newClientStore(path string, pathErr error) *clientStore {
-	return &clientStore{stateFile: stateFile[*clientsDoc]{role: "clients file", path: path, pathErr: pathErr, parse: parseClients, absentErr: true}}
-}
-
-func (c *clientStore) load() (*clientsDoc, error) {
-	if c.memory != nil {
-		return c.memory, nil
-	}
-	return c.stateFile.load()
-}
-
-// authenticate finds token's client, comparing every digest in constant time; a refusal never says whose a token is (SPEC §3.1).
-func (c *clientStore) authenticate(token string) (found client, err error) {
-	doc, err := c.load()
-	if err != nil {
-		return found, refuse("unauthenticated", "the clients file is unusable, so no token can be checked (GET /readyz says why)").because(err)
-	}
-	want := []byte(tokenDigest(token))
-	for _, cl := range doc.Clients {
-		if subtle.ConstantTimeCompare(want, []byte(cl.TokenSHA256)) == 1 {
-			found = cl
-		}
-	}
-	if found.ID == "" { // every client has an id
-		err = refuse("unauthenticated", notAClient)
-	}
-	return found, err
-}
-
-// updateClients changes the clients file under its lock (SPEC §2.3).
-func updateClients(path string, fn func(d *clientsDoc) error) error {
-	return (&stateFile[*clientsDoc]{role: "clients file", path: path, parse: parseClients}).update(fn)
-}
-
-func hexSHA256(b []byte) string { return fmt.Sprintf("%x", sha256.Sum256(b)) }
-
-func isHexDigest(s string) bool { return len(s) == 64 && strings.Trim(s, "0123456789abcdef") == "" }
