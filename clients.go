@@ -33,6 +33,7 @@ const (
 	notAClient            = "this token is not one of this gateway's clients"
 )
 
+// clientsDoc is clients.json: every client, each with its token's digest only.
 type clientsDoc struct {
 	Clients []client `json:"clients"`
 }
