@@ -320,7 +320,7 @@ func (r *registry) write(alias string, to *string, by string) (*routesDoc, error
 	})
 }
 
-// setDeployment declares d or removes d.Name; an alias still routed to it keeps it. Nothing is journaled.
+// setDeployment declares d or removes d.Name (refused while an alias routes to it: commit re-parses). Nothing is journaled.
 func (r *registry) setDeployment(d deployment, remove bool) (*routesDoc, error) {
 	return r.commit(func(doc *routesDoc) (*journalRecord, error) {
 		n := len(doc.Deployments)
@@ -331,7 +331,7 @@ func (r *registry) setDeployment(d deployment, remove bool) (*routesDoc, error) 
 		case !remove && len(doc.Deployments) != n:
 			return nil, refuse("invalid_request", "deployment %q is already declared; rm it first", d.Name)
 		case !remove:
-			doc.Deployments = append(doc.Deployments, d) // commit re-parses: the reader's own guards
+			doc.Deployments = append(doc.Deployments, d)
 		}
 		return nil, nil
 	})
@@ -353,9 +353,10 @@ func (r *registry) commit(change func(doc *routesDoc) (*journalRecord, error)) (
 		if err != nil {
 			return err
 		}
-		staged, unjournaled := encodeRegistry(doc), r.j.ready()
-		if committed, err = parseRegistry(staged); rec != nil && unjournaled != nil {
-			return refuse("dependency_unavailable", "route registry not changed: the journal cannot record it: %v", unjournaled).because(unjournaled)
+		staged, journalErr := encodeRegistry(doc), r.j.ready()
+		if committed, err = parseRegistry(staged); rec != nil && journalErr != nil {
+			e := refuse("dependency_unavailable", "route registry not changed: the journal cannot record it: %v", journalErr)
+			return e.because(journalErr)
 		} else if len(staged) > maxRegistryBytes {
 			return refuse("state_conflict", "the route registry would be %d bytes; the limit is 1 MiB (%d bytes)", len(staged), maxRegistryBytes)
 		} else if err != nil {
@@ -446,7 +447,8 @@ type resolution struct {
 // the one reading of a destination that alias states, writers and resolution share.
 func (doc *routesDoc) destination(dest string, hasDirect func(provider string) bool) (res resolution, st, reason string) {
 	if dest == modeBest {
-		return resolution{Mode: modeBest}, stateServing, "Routes to best: the operator's preferred subscription route, then the agent's other subscription models."
+		reason = "Routes to best: the operator's preferred subscription route, then the agent's other subscription models."
+		return resolution{Mode: modeBest}, stateServing, reason
 	}
 	provider, model, canonical := strings.Cut(dest, "/")
 	if !canonical {
@@ -500,7 +502,8 @@ func resolveModel(name string, doc *routesDoc, docErr error, hasDirect func(stri
 	case declared && st != stateServing:
 		return resolution{}, withAlias(refuse("alias_unserviceable", "alias %q cannot serve: %s", name, reason), name, st, &dest)
 	case res.Provider.cred == credNone && res.BaseURL == "": // undeclared: local-openai needs the deployment, for its endpoint
-		return resolution{}, refuse("invalid_request", "model %q names no single deployment or adapter in the route registry", truncateUTF8(res.Route, 200))
+		e := refuse("invalid_request", "model %q names no single deployment or adapter in the route registry", truncateUTF8(res.Route, 200))
+		return resolution{}, e
 	case declared && res.Mode == modeDirect:
 		res.Mode, res.Alias = modeAlias, name
 	case declared:
