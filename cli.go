@@ -289,7 +289,7 @@ func (e *cliEnv) printAliases(d deps, asJSON bool, err error) error {
 	if err != nil {
 		return err
 	}
-	t, err := d.reg.aliases(func(p string) bool { return d.vault.directKey(p) != "" })
+	t, err := d.reg.aliases(func(p string) bool { return d.vault.directKey(p) != "" }, nil)
 	if err != nil || asJSON {
 		b, _ := json.Marshal(t)
 		return e.say(err, "%s\n", b)

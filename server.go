@@ -49,7 +49,7 @@ func (s *server) routes() {
 	// A provider's catalogue models are listed when a direct key, or the caller's agent's subscription, can serve them.
 	s.mux.Handle("GET /v1/models", s.caller("", reply(s, 200, noBody, func(r *http.Request, _ *struct{}) (any, error) {
 		ri := infoFrom(r.Context())
-		t, _ := s.reg.aliases(s.hasDirect)
+		t, _ := s.reg.aliases(s.hasDirect, nil)
 		data := s.catalog.modelList(t.Aliases, func(p providerInfo) bool {
 			if p.cred == credSubscription && ri.agentID != "" {
 				subs, err := s.engine(ri).eligible(ri.agentID, p.id)
@@ -60,11 +60,11 @@ func (s *server) routes() {
 		return map[string]any{"object": "list", "data": data}, nil
 	})))
 	s.mux.Handle("GET /v1/aliases", s.caller("", reply(s, 200, noBody, func(r *http.Request, _ *struct{}) (any, error) {
-		t, err := s.reg.aliases(s.hasDirect)
+		t, err := s.reg.aliases(s.hasDirect, infoFrom(r.Context()).client.mayUse) // as /v1/models (SPEC §3.1)
 		if err != nil {
 			return nil, refuse("dependency_unavailable", "the route registry is unusable: %s", s.hidePath(err.Error(), s.reg.path)).because(err)
 		}
-		return t.usableBy(infoFrom(r.Context()).client.mayUse), nil // as /v1/models (SPEC §3.1)
+		return t, nil
 	})))
 	s.mux.Handle("GET /metrics", s.caller("", func(w http.ResponseWriter, r *http.Request) {
 		size, _ := s.journal.size()
