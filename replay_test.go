@@ -395,7 +395,7 @@ func BenchmarkReplayDigest(b *testing.B) {
 		body := replayBenchBody(mib << 20)
 		b.Run(fmt.Sprintf("%dMiB", mib), func(b *testing.B) {
 			g := newReplayGuard(testEnv(nil), nil, time.Now)
-			g.rememberRequest("c", "", rawBody(b, `{"model":"m"}`), replayEntry{status: 400, code: "provider_rejected"})
+			g.remember("c", replayKeyOf("c", "", rawBody(b, `{"model":"m"}`), false), replayEntry{status: 400, code: "provider_rejected"})
 			b.ReportAllocs()
 			b.SetBytes(int64(len(body)))
 			var m0, m1 runtime.MemStats
