@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"net/http"
 	"regexp"
 	"slices"
@@ -39,14 +40,14 @@ type maintainer struct {
 	looping bool              // loop runs, so passNow can be answered
 	asked   map[string]string // agent ("": everyone) → reason of a pass over its subscriptions asked for, not yet started (SPEC §17)
 	waiting *passTicket       // what passNow callers wait for: the next pass over everyone to start
-	running bool              // a pass is running
-	fresh   map[string]bool   // agents ("": everyone) a pass covered since the last inventory or credential change
-	passes  int64             // passes started
-	dropped int64             // requests dropped by the SPEC §11.2 rule
-	lastOK  bool              // the last pass ended ok
-	lastAt  [2]time.Time      // when the last pass started and ended; zero before the first ends
-	timer   ledgerStopper     // the armed due timer; nil when none or it fired
-	timerAt time.Time         // the moment it is armed for; zero none
+	running bool
+	fresh   map[string]bool // agents ("": everyone) a pass covered since the last inventory or credential change
+	passes  int64           // passes started
+	dropped int64           // requests dropped by the SPEC §11.2 rule
+	lastOK  bool            // the last pass ended ok
+	lastAt  [2]time.Time    // when the last pass started and ended; zero before the first ends
+	timer   ledgerStopper   // the armed due timer; nil when none or it fired
+	timerAt time.Time       // the moment it is armed for; zero none
 }
 
 // passTicket is one pass's answer for its waiters (rep.err the refusal), set before done closes.
@@ -55,7 +56,7 @@ type passTicket struct {
 	rep  passReport
 }
 
-// passReport is the body of POST /v1/admin/maintain (SPEC §11.2).
+// passReport is the body of POST /v1/admin/maintain (SPEC §11.2); err (never sent): the pass could not list the subscriptions.
 type passReport struct {
 	OK    bool `json:"ok"`
 	Usage struct {
@@ -65,8 +66,7 @@ type passReport struct {
 	} `json:"usage"`
 	Credentials credentialSummary `json:"credentials"`
 	NextDueAt   *string           `json:"next_due_at"` // RFC 3339, or null when nothing is due
-
-	err error // the pass could not list the subscriptions at all; never sent
+	err         error
 }
 
 type usageFailure struct { // one failed read, its error redacted
@@ -81,7 +81,6 @@ type credentialSummary struct {
 	Refused       int `json:"refused"` // attempts that gave no grant (the credential_refresh_* line says why)
 }
 
-// newMaintainer builds the maintainer; nothing runs until run.
 func newMaintainer(inv *inventory, l *ledger, o *oauthClient, client *http.Client, getenv func(string) string, log *slog.Logger, now func() time.Time) *maintainer {
 	return &maintainer{inv: inv, l: l, o: o, client: client, getenv: getenv, log: log, clock: now, asked: map[string]string{}, fresh: map[string]bool{}}
 }
@@ -93,33 +92,30 @@ func (m *maintainer) run(ctx context.Context, wg *sync.WaitGroup) {
 	m.asked[""] = cmp.Or(m.asked[""], "start")
 	m.mu.Unlock()
 	wg.Add(1)
-	go func() { defer wg.Done(); m.loop(ctx) }()
+	go func() {
+		defer wg.Done()
+		defer m.stop()
+		for ctx.Err() == nil {
+			if m.loopOnce(ctx, m.clock()) {
+				continue // a pass asked for meanwhile runs next
+			}
+			select { // a requested pass, the due timer or a ledger change nudges m.l.changed
+			case <-ctx.Done():
+			case <-m.l.changed:
+			}
+		}
+	}()
 }
 
-// loop runs loopOnce until ctx ends, waiting between turns for a nudge of
-// m.l.changed (a requested pass, the due timer or a ledger change).
-func (m *maintainer) loop(ctx context.Context) {
-	defer m.stop()
-	for ctx.Err() == nil {
-		if m.loopOnce(ctx, m.clock()) {
-			continue // a pass asked for meanwhile runs next
-		}
-		select {
-		case <-ctx.Done():
-		case <-m.l.changed:
-		}
-	}
-}
-
-// loopOnce, at now, runs the pending pass (true): over everyone, else over
-// one agent's subscriptions, or else arms the one timer at the ledger's next
-// due moment (false); a moment passed before its timer fired is due now.
+// loopOnce, at now, runs the pending pass (true): over everyone, else over one agent's subscriptions,
+// or else arms the one timer at the ledger's next due moment (false); a moment passed before its timer
+// fired is due now.
 func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
 	m.mu.Lock()                     // first: the journal read must not come between now and the pending check
 	retired, _ := m.inv.j.retired() // unreadable: no moment is skipped
 	due := m.l.nextDue(now, retired)
 	if m.asked[""] == "" && m.timer != nil && !m.timerAt.After(now) {
-		m.disarmLocked()
+		m.arm(time.Time{}, now)
 		m.asked[""] = "due"
 	}
 	agent, t := "", m.waiting
@@ -131,7 +127,7 @@ func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
 	reason := m.asked[agent]
 	if reason == "" {
 		if m.timer == nil || !due.Equal(m.timerAt) {
-			m.armLocked(due, now)
+			m.arm(due, now)
 		}
 		m.mu.Unlock()
 		return false
@@ -166,10 +162,13 @@ func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
 	return true
 }
 
-// armLocked replaces the due timer with one for due (none when zero); a
-// timer firing after it was replaced or stopped does nothing. m.mu is held.
-func (m *maintainer) armLocked(due, now time.Time) {
-	m.disarmLocked()
+// arm replaces the due timer with one for due (none when zero); a timer firing after it was replaced
+// or stopped does nothing. m.mu is held.
+func (m *maintainer) arm(due, now time.Time) {
+	if m.timer != nil {
+		m.timer.Stop()
+	}
+	m.timer, m.timerAt = nil, due
 	if due.IsZero() {
 		return
 	}
@@ -182,21 +181,14 @@ func (m *maintainer) armLocked(due, now time.Time) {
 			nudge(m.l.changed)
 		}
 	})
-	m.timer, m.timerAt = t, due
-}
-
-func (m *maintainer) disarmLocked() {
-	if m.timer != nil {
-		m.timer.Stop()
-	}
-	m.timer, m.timerAt = nil, time.Time{}
+	m.timer = t
 }
 
 // stop marks the loop gone, stops its timer and answers anyone waiting.
 func (m *maintainer) stop() {
 	m.mu.Lock()
 	m.looping = false
-	m.disarmLocked()
+	m.arm(time.Time{}, time.Time{})
 	t := m.waiting
 	m.waiting = nil
 	delete(m.asked, "")
@@ -234,8 +226,8 @@ func (m *maintainer) changed() {
 	}
 }
 
-// passNow answers POST /v1/admin/maintain from a pass that starts after the
-// call (a running one may predate the change the operator wants seen).
+// passNow answers POST /v1/admin/maintain from a pass that starts after the call (a running one may
+// predate the change the operator wants seen).
 func (m *maintainer) passNow(ctx context.Context) (passReport, error) {
 	t, err := m.ask("maintain")
 	if err != nil {
@@ -249,7 +241,7 @@ func (m *maintainer) passNow(ctx context.Context) (passReport, error) {
 	}
 }
 
-// ask asks for the next pass and returns the ticket it will answer.
+// ask asks for the next pass over everyone and returns the ticket it will answer.
 func (m *maintainer) ask(reason string) (*passTicket, error) {
 	if m == nil {
 		return nil, errMaintenanceStopped
@@ -297,20 +289,20 @@ type pass struct {
 	rep  passReport
 }
 
-// passSub is one non-retired subscription as a pass found it.
+// passSub is one non-retired subscription as a pass found it. reportable: active, of a provider whose
+// report its credential reads; oauth: active, with a grant of an OAuth provider; tried: its one refresh
+// attempt of the pass was made.
 type passSub struct {
-	it         overlayItem
-	cred       vaultCredential
-	credErr    error // the vault holds no usable credential for it
-	entry      ledgerEntry
-	reportable bool // active, of a provider whose report its credential reads
-	oauth      bool // active, with a grant of an OAuth provider
-	tried      bool // its one refresh attempt of the pass was made
+	it                       overlayItem
+	cred                     vaultCredential
+	credErr                  error // the vault holds no usable credential for it
+	entry                    ledgerEntry
+	reportable, oauth, tried bool
 }
 
-// passOnce runs one pass over agent's subscriptions ("": everyone's): the
-// usage report pass, then the refresh pass (SPEC §11.2); per subscription at
-// most one read and one refresh attempt, none retried; ctx alone ends it (§7.4).
+// passOnce runs one pass over agent's subscriptions ("": everyone's): the usage report pass, then the
+// refresh pass (SPEC §11.2); per subscription at most one read and one refresh attempt, none retried;
+// ctx alone ends it (§7.4).
 func (m *maintainer) passOnce(ctx context.Context, agent string) passReport {
 	start := m.clock()
 	m.o.vault.writeUnwritten(m.o.log)
@@ -318,23 +310,20 @@ func (m *maintainer) passOnce(ctx context.Context, agent string) passReport {
 	p.rep.Usage.Failed = []usageFailure{}
 	items, retired, err := m.inv.view() // none when err: the counts stay 0 and OK false
 	for _, it := range items {
-		if !retired[it.ID] && (agent == "" || it.AgentID == agent) {
-			s := &passSub{it: it}
-			s.cred, s.credErr = m.inv.credential(it.ID)
-			s.entry, _ = m.l.entry(it.ID)
-			_, published := usageReports[it.Provider]
-			_, oauthErr := lookupOAuth(it.Provider)
-			active := s.entry.Credential.State == credActive
-			s.reportable = active && published && (s.credErr != nil || usageReportable(it.Provider, s.cred))
-			s.oauth = active && oauthErr == nil && s.credErr == nil && s.cred.OAuth != nil
-			if s.reportable {
-				p.rep.Usage.Subscriptions++
-			}
-			if s.oauth {
-				p.rep.Credentials.Subscriptions++
-			}
-			p.subs = append(p.subs, s)
+		if retired[it.ID] || agent != "" && it.AgentID != agent {
+			continue
 		}
+		s := &passSub{it: it}
+		s.cred, s.credErr = m.inv.credential(it.ID)
+		s.entry, _ = m.l.entry(it.ID)
+		_, oauthErr := lookupOAuth(it.Provider)
+		active := s.entry.Credential.State == credActive
+		_, published := usageReports[it.Provider]
+		s.reportable = active && published && (s.credErr != nil || usageReportable(it.Provider, s.cred))
+		s.oauth = active && oauthErr == nil && s.credErr == nil && s.cred.OAuth != nil
+		p.rep.Usage.Subscriptions += boolCount(s.reportable)
+		p.rep.Credentials.Subscriptions += boolCount(s.oauth)
+		p.subs = append(p.subs, s)
 	}
 	// Reads run one at a time per provider, providers side by side (SPEC §17); refreshes side by side.
 	p.sideBySide(func(s *passSub) string { return s.it.Provider }, p.readUsage)
@@ -346,11 +335,9 @@ func (m *maintainer) passOnce(ctx context.Context, agent string) passReport {
 	rep := p.rep
 	rep.OK = err == nil && len(rep.Usage.Failed) == 0 && rep.Credentials.Refused == 0
 	if due := m.l.nextDue(m.clock(), retired); !due.IsZero() {
-		rep.NextDueAt = new(string)
-		*rep.NextDueAt = due.UTC().Format(time.RFC3339)
+		rep.NextDueAt = ptrTo(due.UTC().Format(time.RFC3339))
 	}
-	if err != nil {
-		rep.err = err
+	if rep.err = err; err != nil {
 		m.log.Warn("maintenance_pass_failed", "cause", redact(err.Error()))
 		return rep
 	}
@@ -360,8 +347,15 @@ func (m *maintainer) passOnce(ctx context.Context, agent string) passReport {
 	return rep
 }
 
-// sideBySide runs step on each subscription, one at a time per key, keys
-// side by side, and returns when all have ended (each ends at ctx's end).
+func boolCount(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// sideBySide runs step on each subscription, one at a time per key, keys side by side, and returns
+// when all have ended (each ends at ctx's end).
 func (p *pass) sideBySide(key func(*passSub) string, step func(*passSub)) {
 	groups := map[string][]*passSub{}
 	for _, s := range p.subs {
@@ -389,8 +383,8 @@ func (p *pass) count(f func(*passReport)) {
 	}
 }
 
-// readUsage reads s's due report into the ledger, nothing when ctx ended; a
-// grant expired by the request path's rule is first refreshed: s's one attempt.
+// readUsage reads s's due report into the ledger, nothing when ctx ended; a grant expired by the request
+// path's rule is first refreshed: s's one attempt.
 func (p *pass) readUsage(s *passSub) {
 	m, id, provider := p.m, s.it.ID, s.it.Provider
 	if !s.reportable || !usageDue(s.entry, m.clock()) {
@@ -431,14 +425,14 @@ func (p *pass) readUsage(s *passSub) {
 	}
 }
 
-// refreshIfDue makes s's one attempt when its grant is due, unless its read
-// spent it; needs_reauthorization (set meanwhile too) waits for sign-in.
+// refreshIfDue makes s's one attempt when its grant is due, unless its read spent it (the usage pass or
+// a request may have refreshed it meanwhile); needs_reauthorization (set meanwhile too) waits for sign-in.
 func (p *pass) refreshIfDue(s *passSub) {
 	if !s.oauth || s.tried {
 		return
 	}
 	e, _ := p.m.l.entry(s.it.ID)
-	cur, err := p.m.inv.credential(s.it.ID) // the usage pass or a request may have refreshed it
+	cur, err := p.m.inv.credential(s.it.ID)
 	if e.Credential.State == credActive && err == nil && cur.OAuth != nil && refreshDue(*cur.OAuth, e.Credential.RefreshedAtMs, p.m.clock()) {
 		p.refresh(s)
 	}
@@ -449,19 +443,15 @@ func (p *pass) refresh(s *passSub) (oauthGrant, error) {
 	s.tried = true
 	g, err := p.m.o.refresh(p.ctx, s.it.ID, s.it.Provider, "")
 	p.count(func(r *passReport) {
-		switch {
-		case err == nil:
-			r.Credentials.Refreshed++
-		case !errors.Is(err, errRefreshSuperseded):
-			r.Credentials.Refused++
-		}
+		r.Credentials.Refreshed += boolCount(err == nil)
+		r.Credentials.Refused += boolCount(err != nil && !errors.Is(err, errRefreshSuperseded))
 	})
 	return g, err
 }
 
-// usageReport is one provider's report (SPEC §11.2): where it is read (below the base URL, or at
-// codex's own address that env alone overrides), its reader, whether an API key reads it, whether
-// the grant's account goes in chatgpt-account-id, the GET's headers.
+// usageReport is one provider's report (SPEC §11.2): where it is read (below the base URL, or at codex's
+// own address that env alone overrides), its reader, whether an API key reads it, whether the grant's
+// account goes in chatgpt-account-id, the GET's headers.
 type usageReport struct {
 	path, url, env  string
 	read            func(body []byte, now time.Time) ([]planWindow, error)
@@ -501,8 +491,8 @@ func (m *maintainer) usageEndpoint(provider string) (string, error) {
 	return base + r.path, nil
 }
 
-// fetchUsage GETs and reads provider's report; it sets the headers itself,
-// as setProviderHeaders would add a Content-Type to this GET.
+// fetchUsage GETs and reads provider's report; it sets the headers itself, as setProviderHeaders would
+// add a Content-Type to this GET.
 func (m *maintainer) fetchUsage(ctx context.Context, provider string, cred vaultCredential) ([]planWindow, error) {
 	endpoint, err := m.usageEndpoint(provider)
 	if err != nil {
@@ -528,13 +518,13 @@ func (m *maintainer) fetchUsage(ctx context.Context, provider string, cred vault
 	return nil, &endpointError{Op: "usage report GET", Endpoint: endpointName(endpoint), Status: status, Received: len(body), Err: err}
 }
 
-// errUsageReport classifies every refused report body: the readers take what
-// they recognize of the providers' undocumented shapes, never a guessed number.
+// errUsageReport classifies every refused report body: the readers take what they recognize of the
+// providers' undocumented shapes, never a guessed number.
 var errUsageReport = errors.New("the usage report is not usable")
 
-// reportReader reads a report as T leniently (a member of another type than T says is absent;
-// its number and instant members take any JSON value): a JSON object naming a window, else
-// errUsageReport saying why without quoting the body.
+// reportReader reads a report as T leniently (a member of another type than T says is absent; its number
+// and instant members take any JSON value): a JSON object naming a window, else errUsageReport saying why
+// without quoting the body.
 func reportReader[T any](read func(T, time.Time) []planWindow) func([]byte, time.Time) ([]planWindow, error) {
 	return func(body []byte, now time.Time) ([]planWindow, error) {
 		var doc T
@@ -552,11 +542,19 @@ func reportReader[T any](read func(T, time.Time) []planWindow) func([]byte, time
 	}
 }
 
+// jsonErrorKind says what was wrong with a JSON document without quoting a fragment of it.
+func jsonErrorKind(err error) string {
+	if se := (*json.SyntaxError)(nil); errors.As(err, &se) {
+		return "syntax error at byte " + strconv.FormatInt(se.Offset, 10)
+	}
+	return "unexpected shape"
+}
+
 // claudeWindowKey is the shape of a member kept as a window id.
 var claudeWindowKey = regexp.MustCompile(`^[a-z0-9_]{1,64}$`)
 
-// claudeCodeUsage reads {base}/api/oauth/usage: a member with "utilization" percent and "resets_at"
-// is a window, anthropicWindows first under their traffic ids, then anthropic:<member> by name.
+// claudeCodeUsage reads {base}/api/oauth/usage: a member with "utilization" percent and "resets_at" is a
+// window, anthropicWindows first under their traffic ids, then anthropic:<member> by name.
 func claudeCodeUsage(r map[string]struct {
 	Utilization number
 	ResetsAt    instant `json:"resets_at"`
@@ -588,10 +586,175 @@ func codexUsage(r struct {
 	return ws
 }
 
-// jsonErrorKind says what was wrong with a JSON document without quoting a fragment of it.
-func jsonErrorKind(err error) string {
-	if se := (*json.SyntaxError)(nil); errors.As(err, &se) {
-		return "syntax error at byte " + strconv.FormatInt(se.Offset, 10)
+// kimiCounters are a Kimi usage entry's counters; Kimi names the reset resetTime, SPEC reset_time.
+type kimiCounters struct {
+	Limit, Used, Remaining number
+	ResetTime              instant `json:"resetTime"`
+	ResetTimeSpec          instant `json:"reset_time"`
+}
+
+// window is c as a window: used/limit (limit > 0), or else 1 − remaining/limit; its reset, else reset.
+func (c *kimiCounters) window(id, label string, reset int64, now time.Time) (planWindow, bool) {
+	used := cmp.Or(c.Used, number{c.Limit.v - c.Remaining.v, c.Remaining.ok})
+	reset = cmp.Or(c.ResetTime.ms, c.ResetTimeSpec.ms, reset)
+	return newWindow(id, label, used.v/c.Limit.v, reset, now, windowSourceReport), c.Limit.v > 0 && used.ok
+}
+
+// kimiTimeUnits is minutes per window.timeUnit of a Kimi limit.
+var kimiTimeUnits = map[string]float64{"TIME_UNIT_SECOND": 1.0 / 60, "TIME_UNIT_MINUTE": 1, "TIME_UNIT_HOUR": 60, "TIME_UNIT_DAY": 24 * 60}
+
+// kimiUsage reads {base}/usages (SPEC §11.2); a limit's detail counters win over its top level's.
+func kimiUsage(r struct {
+	Usage  kimiCounters
+	Limits []struct {
+		kimiCounters
+		Detail *kimiCounters
+		Window struct {
+			Duration number
+			TimeUnit string
+		}
 	}
-	return "unexpected shape"
+}, now time.Time) (ws []planWindow) {
+	if w, ok := r.Usage.window("kimi:usage", "plan usage", 0, now); ok {
+		ws = append(ws, w)
+	}
+	for i, l := range r.Limits {
+		n := strconv.Itoa(i)
+		label := windowLabel(l.Window.Duration.v*kimiTimeUnits[l.Window.TimeUnit], "limit "+n)
+		if w, ok := cmp.Or(l.Detail, &l.kimiCounters).window("kimi:limit-"+n, label, cmp.Or(l.ResetTime.ms, l.ResetTimeSpec.ms), now); ok {
+			ws = append(ws, w)
+		}
+	}
+	return ws
+}
+
+// newWindow is a window read at now, its fraction clamped to [0,1] (NaN reads as 0).
+func newWindow(id, label string, fraction float64, resetMs int64, now time.Time, source string) planWindow {
+	return planWindow{ID: id, Label: label, UsedFraction: planFraction(fraction), ResetsAtMs: resetMs, RecordedAtMs: now.UnixMilli(), Source: source}
+}
+
+// planMaxResetSeconds bounds a reset delay or a window's length (about year 5138), so ms cannot overflow.
+const planMaxResetSeconds = 1e11
+
+// anthropicWindows are the claude-code windows traffic headers (by key) and the usage report (by member)
+// both state, under one id.
+var anthropicWindows = []struct{ header, member, id, label string }{
+	{"5h", "five_hour", "anthropic:5h", "5 hours"},
+	{"7d", "seven_day", "anthropic:7d", "7 days"},
+}
+
+// parsePlanWindows reads the plan windows an answer's headers state (SPEC §6.3); a value that does not
+// parse is skipped, never guessed.
+func parsePlanWindows(provider string, h http.Header, now time.Time) (ws []planWindow) {
+	get := func(key string) number { return numberOf(h.Get(key)) }
+	for _, k := range anthropicWindows {
+		key := "anthropic-ratelimit-unified-" + k.header
+		if util := get(key + "-utilization"); provider == "claude-code" && util.ok {
+			ws = append(ws, newWindow(k.id, k.label, util.v, instantOf(h.Get(key+"-reset")).ms, now, windowSourceTraffic))
+		}
+	}
+	for _, which := range []string{"primary", "secondary"} {
+		key := "x-codex-" + which + "-"
+		mins := get(key + "window-minutes")
+		r := codexReading{get(key + "used-percent"), number{mins.v * 60, mins.ok}, get(key + "reset-after-seconds"), instantOf(h.Get(key + "reset-at"))}
+		if w, ok := r.window(which, now, windowSourceTraffic); provider == "codex" && ok {
+			ws = append(ws, w)
+		}
+	}
+	return ws
+}
+
+// codexReading is one codex window as its headers or its usage report state it.
+type codexReading struct {
+	UsedPercent number  `json:"used_percent"`
+	Seconds     number  `json:"limit_window_seconds"`
+	After       number  `json:"reset_after_seconds"`
+	At          instant `json:"reset_at"`
+}
+
+// window is r as window which, if it states a percent: headers' countdown wins over reset-at, a report's
+// reset_at over its countdown, whose 0 there is an untouched window's (no moment, or every pass would fall
+// due inside itself); a window the plan lacks (length 0) states no reset.
+func (r codexReading) window(which string, now time.Time, source string) (planWindow, bool) {
+	w := newWindow("codex:"+which, windowLabel(r.Seconds.v/60, which+" window"), r.UsedPercent.v/100, r.At.ms, now, source)
+	traffic, after := source == windowSourceTraffic, r.After.v
+	switch {
+	case r.Seconds.ok && r.Seconds.v == 0:
+		w.ResetsAtMs = 0
+	case r.After.ok && (after > 0 || traffic && after == 0) && after < planMaxResetSeconds && (traffic || r.At.ms == 0):
+		w.ResetsAtMs = epochMs(float64(now.UnixMilli()) + after*1000)
+	}
+	return w, r.UsedPercent.ok
+}
+
+// number is a finite number: JSON's, or a string holding one (Kimi's counters, headers); v is 0 unless ok.
+type number struct {
+	v  float64
+	ok bool
+}
+
+func (n *number) UnmarshalJSON(b []byte) error {
+	s, _ := jsonString(b)
+	*n = numberOf(cmp.Or(s, string(b)))
+	return nil
+}
+
+func numberOf(s string) number {
+	f, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
+	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
+		return number{}
+	}
+	return number{f, true}
+}
+
+// instant is a moment a report or header states (SPEC §11.2): RFC 3339, epoch seconds, or epoch ms from
+// 1e12 on (1e12 s would be year 33658); ms is 0 for none; set even when the member states none (null).
+type instant struct {
+	ms  int64
+	set bool
+}
+
+func (t *instant) UnmarshalJSON(b []byte) error {
+	s, _ := jsonString(b)
+	*t = instantOf(cmp.Or(s, string(b)))
+	if tm, err := time.Parse(time.RFC3339Nano, strings.TrimSpace(s)); err == nil {
+		t.ms = epochMs(float64(tm.UnixMilli()))
+	}
+	t.set = true
+	return nil
+}
+
+func instantOf(s string) instant {
+	n := numberOf(s)
+	if n.v < 1e12 {
+		n.v *= 1000
+	}
+	return instant{ms: epochMs(n.v)}
+}
+
+// epochMs keeps epoch milliseconds after the epoch and within planMaxResetSeconds; else 0.
+func epochMs(f float64) int64 {
+	if !(f > 0 && f <= planMaxResetSeconds*1000) {
+		return 0
+	}
+	return int64(f)
+}
+
+// windowLabel names a window of mins minutes in whole days, hours or minutes ("5 hours"), or is fallback
+// when mins is no whole number in range.
+func windowLabel(mins float64, fallback string) string {
+	if !(mins >= 1) || mins >= planMaxResetSeconds || mins != math.Trunc(mins) {
+		return fallback
+	}
+	n, unit := int64(mins), "minute"
+	switch {
+	case n%(24*60) == 0:
+		n, unit = n/(24*60), "day"
+	case n%60 == 0:
+		n, unit = n/60, "hour"
+	}
+	if n != 1 {
+		unit += "s"
+	}
+	return strconv.FormatInt(n, 10) + " " + unit
 }
