@@ -231,16 +231,14 @@ func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signed
 	if err != nil || kept != nil {
 		return kept != nil, err
 	}
-	rec := &httptest.ResponseRecorder{HeaderMap: http.Header{}, Body: new(bytes.Buffer)} // Code 0 until written
-	func() {
-		defer func() {
-			if p := recover(); p != nil {
-				a.settle(ctx, c, t, rec, true) // keep or release; the connection is lost anyway
-				panic(p)
-			}
-		}()
-		dispatch(rec)
+	rec, panicked := &httptest.ResponseRecorder{HeaderMap: http.Header{}, Body: new(bytes.Buffer)}, true // Code 0 until written
+	defer func() {
+		if panicked { // keep or release; the panic goes on, and the connection is lost anyway
+			a.settle(ctx, c, t, rec, true)
+		}
 	}()
+	dispatch(rec)
+	panicked = false
 	rec, sig := a.settle(ctx, c, t, rec, false)
 	maps.Copy(w.Header(), rec.HeaderMap)
 	if sig != "" {
@@ -469,7 +467,10 @@ func pruneAnswers(dir string, cutoff time.Time, skip func(name string, err error
 			skip(name, err)
 			return nil
 		}
-		if done, _ := time.Parse(journalTimeFormat, *cmp.Or(rec.CompletedAt, new(string))); rec.State != answerComplete || !done.Before(cutoff) {
+		if rec.State != answerComplete {
+			return nil
+		}
+		if done, _ := time.Parse(journalTimeFormat, *rec.CompletedAt); !done.Before(cutoff) {
 			return nil
 		}
 		if err := os.Remove(name); err != nil {
@@ -569,16 +570,6 @@ func mayHaveGenerated(code string) bool {
 	return code == "provider_incomplete" || code == "provider_failure"
 }
 
-// lookupRequest is the refusal remembered for a request under either key.
-func (g *replayGuard) lookupRequest(client, scope string, body rawObject) (replayEntry, bool) {
-	e, ok := g.lookup(replayKeyOf(client, scope, body, false))
-	if !ok {
-		e, ok = g.lookup(replayKeyOf(client, scope, body, true))
-		ok = ok && mayHaveGenerated(e.code)
-	}
-	return e, ok
-}
-
 // lock takes mu and forgets every entry whose time has passed.
 func (g *replayGuard) lock() time.Time {
 	now := g.now()
@@ -599,11 +590,18 @@ func (g *replayGuard) lock() time.Time {
 	return now
 }
 
-func (g *replayGuard) lookup(k replayKey) (replayEntry, bool) {
-	now := g.lock()
-	defer g.mu.Unlock()
-	e, ok := g.refused[k]
-	return e, ok && now.Before(e.until)
+// lookup is the refusal remembered for a request under its key, or under its loose key for one that may have generated.
+func (g *replayGuard) lookup(client, scope string, body rawObject) (replayEntry, bool) {
+	for _, loose := range []bool{false, true} {
+		k := replayKeyOf(client, scope, body, loose)
+		now := g.lock()
+		e, ok := g.refused[k]
+		g.mu.Unlock()
+		if ok && now.Before(e.until) && (!loose || mayHaveGenerated(e.code)) {
+			return e, true
+		}
+	}
+	return replayEntry{}, false
 }
 
 // holds reports whether any refusal of client is remembered: else no digest is taken.
@@ -613,13 +611,20 @@ func (g *replayGuard) holds(client string) bool {
 	return g.byClient[client] > 0
 }
 
-func (g *replayGuard) remember(client string, k replayKey, e replayEntry) {
+// remember keeps e for client's request until the window ends, under both keys when it may have generated.
+func (g *replayGuard) remember(client, scope string, body rawObject, e replayEntry) {
+	keys := []replayKey{replayKeyOf(client, scope, body, false)}
+	if mayHaveGenerated(e.code) {
+		keys = append(keys, replayKeyOf(client, scope, body, true))
+	}
 	now := g.lock()
 	defer g.mu.Unlock()
 	e.at, e.until = now, now.Add(g.window)
-	g.refused[k] = e
-	g.queue = append(g.queue, replayQueued{k, client, e.until})
-	g.byClient[client]++
+	for _, k := range keys {
+		g.refused[k] = e
+		g.queue = append(g.queue, replayQueued{k, client, e.until})
+		g.byClient[client]++
+	}
 }
 
 // forget drops every refusal remembered for a request through alias or provider ("" names none): the
@@ -647,7 +652,7 @@ func (g *replayGuard) refusalFor(client string, scope func() string, body rawObj
 	if g == nil || g.window <= 0 || !g.holds(client) {
 		return nil
 	}
-	e, ok := g.lookupRequest(client, scope(), body)
+	e, ok := g.lookup(client, scope(), body)
 	if !ok {
 		return nil
 	}
@@ -684,10 +689,6 @@ func (g *replayGuard) rememberer(client string, scope func() string, body rawObj
 				e.providers = append(e.providers, cand.Provider.id)
 			}
 		}
-		s := scope()
-		g.remember(client, replayKeyOf(client, s, body, false), e)
-		if mayHaveGenerated(e.code) {
-			g.remember(client, replayKeyOf(client, s, body, true), e)
-		}
+		g.remember(client, scope(), body, e)
 	}
 }

@@ -36,10 +36,9 @@ type maintainer struct {
 	testingOnlyAfterFunc func(d time.Duration, f func()) ledgerStopper
 	testingOnlyPassDone  func(reason string, started time.Time, rep passReport)
 
-	mu      sync.Mutex        // guards the fields below
-	looping bool              // loop runs, so passNow can be answered
-	asked   map[string]string // agent ("": everyone) → reason of a pass over its subscriptions asked for, not yet started (SPEC §17)
-	waiting *passTicket       // what passNow callers wait for: the next pass over everyone to start
+	mu      sync.Mutex             // guards the fields below
+	looping bool                   // loop runs, so passNow can be answered
+	asked   map[string]*passTicket // agent ("": everyone) → the pass over its subscriptions asked for, not yet started (SPEC §17)
 	running bool
 	fresh   map[string]bool // agents ("": everyone) a pass covered since the last inventory or credential change
 	passes  int64           // passes started
@@ -50,10 +49,11 @@ type maintainer struct {
 	timerAt time.Time       // the moment it is armed for; zero none
 }
 
-// passTicket is one pass's answer for its waiters (rep.err the refusal), set before done closes.
+// passTicket is one asked pass: why, and its answer for its waiters (rep.err the refusal), set before done closes.
 type passTicket struct {
-	done chan struct{}
-	rep  passReport
+	reason string
+	done   chan struct{}
+	rep    passReport
 }
 
 // passReport is the body of POST /v1/admin/maintain (SPEC §11.2); err (never sent): the pass could not list the subscriptions.
@@ -82,14 +82,15 @@ type credentialSummary struct {
 }
 
 func newMaintainer(inv *inventory, l *ledger, o *oauthClient, client *http.Client, getenv func(string) string, log *slog.Logger, now func() time.Time) *maintainer {
-	return &maintainer{inv: inv, l: l, o: o, client: client, getenv: getenv, log: log, clock: now, asked: map[string]string{}, fresh: map[string]bool{}}
+	return &maintainer{inv: inv, l: l, o: o, client: client, getenv: getenv, log: log, clock: now,
+		asked: map[string]*passTicket{}, fresh: map[string]bool{}}
 }
 
 // run starts loop, counted in wg, with the start pass pending (the listener is up).
 func (m *maintainer) run(ctx context.Context, wg *sync.WaitGroup) {
 	m.mu.Lock()
 	m.looping = true
-	m.asked[""] = cmp.Or(m.asked[""], "start")
+	m.want("", "start")
 	m.mu.Unlock()
 	wg.Add(1)
 	go func() {
@@ -114,52 +115,56 @@ func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
 	m.mu.Lock()                     // first: the journal read must not come between now and the pending check
 	retired, _ := m.inv.j.retired() // unreadable: no moment is skipped
 	due := m.l.nextDue(now, retired)
-	if m.asked[""] == "" && m.timer != nil && !m.timerAt.After(now) {
+	if m.asked[""] == nil && m.timer != nil && !m.timerAt.After(now) {
 		m.arm(time.Time{}, now)
-		m.asked[""] = "due"
+		m.want("", "due")
 	}
-	agent, t := "", m.waiting
+	agent := ""
 	for a := range m.asked {
 		if agent = a; a == "" {
 			break
 		}
 	}
-	reason := m.asked[agent]
-	if reason == "" {
+	t := m.asked[agent]
+	if t == nil {
 		if m.timer == nil || !due.Equal(m.timerAt) {
 			m.arm(due, now)
 		}
 		m.mu.Unlock()
 		return false
 	}
+	delete(m.asked, agent)
 	if agent == "" {
 		clear(m.asked) // a pass over everyone covers the agents' refusals
-		m.waiting = nil
-	} else {
-		delete(m.asked, agent)
-		t = nil
 	}
 	m.running, m.fresh[agent] = true, true
 	m.passes++
 	m.mu.Unlock()
 
-	m.log.Info("maintenance_pass_started", "reason", reason, "agent_id", agent)
+	m.log.Info("maintenance_pass_started", "reason", t.reason, "agent_id", agent)
 	rep := m.passOnce(ctx, agent)
 	m.mu.Lock()
 	m.running = false
 	if missed := m.l.nextDue(now, retired); !missed.IsZero() && !missed.After(m.clock()) {
-		m.asked[""] = cmp.Or(m.asked[""], "due") // it passed during the pass
+		m.want("", "due") // it passed during the pass
 	}
 	m.lastOK, m.lastAt = rep.OK, [2]time.Time{now, m.clock()}
 	m.mu.Unlock()
 	if m.testingOnlyPassDone != nil {
-		m.testingOnlyPassDone(reason, now, rep)
+		m.testingOnlyPassDone(t.reason, now, rep)
 	}
-	if t != nil {
-		t.rep = rep
-		close(t.done)
-	}
+	t.rep = rep
+	close(t.done)
 	return true
+}
+
+// want asks for a pass over agent's subscriptions ("": everyone's) unless one is asked already,
+// and returns the ticket it will answer. m.mu is held.
+func (m *maintainer) want(agent, reason string) *passTicket {
+	if m.asked[agent] == nil {
+		m.asked[agent] = &passTicket{reason: reason, done: make(chan struct{})}
+	}
+	return m.asked[agent]
 }
 
 // arm replaces the due timer with one for due (none when zero); a timer firing after it was replaced
@@ -177,7 +182,8 @@ func (m *maintainer) arm(due, now time.Time) {
 		m.mu.Lock()
 		defer m.mu.Unlock()
 		if m.timer == t { // fired: the next turn arms afresh
-			m.timer, m.asked[""] = nil, cmp.Or(m.asked[""], "due")
+			m.timer = nil
+			m.want("", "due")
 			nudge(m.l.changed)
 		}
 	})
@@ -189,8 +195,7 @@ func (m *maintainer) stop() {
 	m.mu.Lock()
 	m.looping = false
 	m.arm(time.Time{}, time.Time{})
-	t := m.waiting
-	m.waiting = nil
+	t := m.asked[""]
 	delete(m.asked, "")
 	m.mu.Unlock()
 	if t != nil {
@@ -212,7 +217,7 @@ func (m *maintainer) request(reason, agent string) {
 		m.log.Debug("maintenance_request_dropped", "reason", reason, "agent_id", agent)
 		return
 	}
-	m.asked[agent] = cmp.Or(m.asked[agent], reason)
+	m.want(agent, reason)
 	m.log.Info("maintenance_requested", "reason", reason, "agent_id", agent)
 	nudge(m.l.changed)
 }
@@ -252,11 +257,7 @@ func (m *maintainer) ask(reason string) (*passTicket, error) {
 	if !m.looping {
 		return nil, errMaintenanceStopped
 	}
-	if m.waiting == nil {
-		m.waiting = &passTicket{done: make(chan struct{})}
-	}
-	m.asked[""] = cmp.Or(m.asked[""], reason)
-	return m.waiting, nil
+	return m.want("", reason), nil
 }
 
 // metrics is the maintenance state as /metrics numbers (SPEC §13). Nil-safe.
@@ -621,7 +622,8 @@ func kimiUsage(r struct {
 	for i, l := range r.Limits {
 		n := strconv.Itoa(i)
 		label := windowLabel(l.Window.Duration.v*kimiTimeUnits[l.Window.TimeUnit], "limit "+n)
-		if w, ok := cmp.Or(l.Detail, &l.kimiCounters).window("kimi:limit-"+n, label, cmp.Or(l.ResetTime.ms, l.ResetTimeSpec.ms), now); ok {
+		c, reset := cmp.Or(l.Detail, &l.kimiCounters), cmp.Or(l.ResetTime.ms, l.ResetTimeSpec.ms)
+		if w, ok := c.window("kimi:limit-"+n, label, reset, now); ok {
 			ws = append(ws, w)
 		}
 	}
