@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
+	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -401,4 +404,135 @@ func planFraction(f float64) float64 {
 		return 0
 	}
 	return min(f, 1)
+}
+
+// newWindow is a window read at now, its fraction clamped to [0,1] (NaN reads as 0).
+func newWindow(id, label string, fraction float64, resetMs int64, now time.Time, source string) planWindow {
+	return planWindow{ID: id, Label: label, UsedFraction: planFraction(fraction), ResetsAtMs: resetMs, RecordedAtMs: now.UnixMilli(), Source: source}
+}
+
+// planMaxResetSeconds bounds a reset delay or a window's length (about year 5138), so ms cannot overflow.
+const planMaxResetSeconds = 1e11
+
+// anthropicWindows are the claude-code windows traffic headers (by key) and the usage report (by member)
+// both state, under one id.
+var anthropicWindows = []struct{ header, member, id, label string }{
+	{"5h", "five_hour", "anthropic:5h", "5 hours"},
+	{"7d", "seven_day", "anthropic:7d", "7 days"},
+}
+
+// parsePlanWindows reads the plan windows an answer's headers state (SPEC §6.3); a value that does not
+// parse is skipped, never guessed.
+func parsePlanWindows(provider string, h http.Header, now time.Time) (ws []planWindow) {
+	get := func(key string) number { return numberOf(h.Get(key)) }
+	for _, k := range anthropicWindows {
+		key := "anthropic-ratelimit-unified-" + k.header
+		if util := get(key + "-utilization"); provider == "claude-code" && util.ok {
+			ws = append(ws, newWindow(k.id, k.label, util.v, instantOf(h.Get(key+"-reset")).ms, now, windowSourceTraffic))
+		}
+	}
+	for _, which := range []string{"primary", "secondary"} {
+		key := "x-codex-" + which + "-"
+		mins := get(key + "window-minutes")
+		r := codexReading{get(key + "used-percent"), number{mins.v * 60, mins.ok}, get(key + "reset-after-seconds"), instantOf(h.Get(key + "reset-at"))}
+		if w, ok := r.window(which, now, windowSourceTraffic); provider == "codex" && ok {
+			ws = append(ws, w)
+		}
+	}
+	return ws
+}
+
+// codexReading is one codex window as its headers or its usage report state it.
+type codexReading struct {
+	UsedPercent number  `json:"used_percent"`
+	Seconds     number  `json:"limit_window_seconds"`
+	After       number  `json:"reset_after_seconds"`
+	At          instant `json:"reset_at"`
+}
+
+// window is r as window which, if it states a percent: headers' countdown wins over reset-at, a report's
+// reset_at over its countdown, whose 0 there is an untouched window's (no moment, or every pass would fall
+// due inside itself); a window the plan lacks (length 0) states no reset.
+func (r codexReading) window(which string, now time.Time, source string) (planWindow, bool) {
+	w := newWindow("codex:"+which, windowLabel(r.Seconds.v/60, which+" window"), r.UsedPercent.v/100, r.At.ms, now, source)
+	traffic, after := source == windowSourceTraffic, r.After.v
+	switch {
+	case r.Seconds.ok && r.Seconds.v == 0:
+		w.ResetsAtMs = 0
+	case r.After.ok && (after > 0 || traffic && after == 0) && after < planMaxResetSeconds && (traffic || r.At.ms == 0):
+		w.ResetsAtMs = epochMs(float64(now.UnixMilli()) + after*1000)
+	}
+	return w, r.UsedPercent.ok
+}
+
+// number is a finite number: JSON's, or a string holding one (Kimi's counters, headers); v is 0 unless ok.
+type number struct {
+	v  float64
+	ok bool
+}
+
+func (n *number) UnmarshalJSON(b []byte) error {
+	s, _ := jsonString(b)
+	*n = numberOf(cmp.Or(s, string(b)))
+	return nil
+}
+
+func numberOf(s string) number {
+	f, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
+	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
+		return number{}
+	}
+	return number{f, true}
+}
+
+// instant is a moment a report or header states (SPEC §11.2): RFC 3339, epoch seconds, or epoch ms from
+// 1e12 on (1e12 s would be year 33658); ms is 0 for none; set even when the member states none (null).
+type instant struct {
+	ms  int64
+	set bool
+}
+
+func (t *instant) UnmarshalJSON(b []byte) error {
+	s, _ := jsonString(b)
+	*t = instantOf(cmp.Or(s, string(b)))
+	if tm, err := time.Parse(time.RFC3339Nano, strings.TrimSpace(s)); err == nil {
+		t.ms = epochMs(float64(tm.UnixMilli()))
+	}
+	t.set = true
+	return nil
+}
+
+func instantOf(s string) instant {
+	n := numberOf(s)
+	if n.v < 1e12 {
+		n.v *= 1000
+	}
+	return instant{ms: epochMs(n.v)}
+}
+
+// epochMs keeps epoch milliseconds after the epoch and within planMaxResetSeconds; else 0.
+func epochMs(f float64) int64 {
+	if !(f > 0 && f <= planMaxResetSeconds*1000) {
+		return 0
+	}
+	return int64(f)
+}
+
+// windowLabel names a window of mins minutes in whole days, hours or minutes ("5 hours"), or is fallback
+// when mins is no whole number in range.
+func windowLabel(mins float64, fallback string) string {
+	if !(mins >= 1) || mins >= planMaxResetSeconds || mins != math.Trunc(mins) {
+		return fallback
+	}
+	n, unit := int64(mins), "minute"
+	switch {
+	case n%(24*60) == 0:
+		n, unit = n/(24*60), "day"
+	case n%60 == 0:
+		n, unit = n/60, "hour"
+	}
+	if n != 1 {
+		unit += "s"
+	}
+	return strconv.FormatInt(n, 10) + " " + unit
 }
