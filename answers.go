@@ -19,16 +19,15 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 )
 
-// Signed answers (SPEC §12): one provider spend per (client, Idempotency-Key). The first request
-// publishes an in-progress record (os.Link), dispatches and completes it with the answer and its HMAC;
-// later ones replay it. Requests without a key meet the replay guard (SPEC §8.1, below) instead.
+// Signed answers (SPEC §12): one provider spend per (client, Idempotency-Key). The first request publishes an in-progress record
+// (os.Link), dispatches and completes it with the answer and its HMAC; later ones replay it. Requests without a key meet the
+// replay guard (SPEC §8.1, below) instead.
 
 const (
 	answerInProgress = "in_progress" // record states (SPEC §12 item 4)
@@ -40,13 +39,13 @@ const (
 var (
 	errAnswerCorrupt     = errors.New("not a kept answer")  // wraps every decode error: not SPEC §12's shape
 	errSignatureMismatch = errors.New("signature mismatch") // `brama answers verify`'s refusal
-	// errServerShutdown cancels the requests running at serve's second signal:
-	// their log lines say server_shutdown, their kept answers item 2's refusal.
+	// errServerShutdown cancels the requests running at serve's second signal: their log lines say server_shutdown, their kept
+	// answers item 2's refusal.
 	errServerShutdown = errors.New("the server is shutting down")
 )
 
-// answerRecord is one kept-answer file, members in SPEC §12's order; while in progress the members
-// only completion knows are null.
+// answerRecord is one kept-answer file, members in SPEC §12's order; while in progress the members only completion knows are
+// null.
 type answerRecord struct {
 	SchemaVersion int     `json:"schema_version"`
 	State         string  `json:"state"`
@@ -132,8 +131,8 @@ func checkIdempotencyKey(key string) error {
 	return nil
 }
 
-// answerStore keeps the signed answers of one state directory; only serve and `brama answers prune`
-// write them (SPEC §2.3). bootID, drawn once per process, tells our records from a stopped process's.
+// answerStore keeps the signed answers of one state directory; only serve and `brama answers prune` write them (SPEC §2.3).
+// bootID, drawn once per process, tells our records from a stopped process's.
 type answerStore struct {
 	sys
 	st     state
@@ -186,8 +185,8 @@ func readAnswerKey(st state) (key []byte, name string, err error) {
 	return key, name, err
 }
 
-// recordPath names the record for (client, key); answers/ and answers/<client>/
-// are directories, never a planted symlink out of the state directory.
+// recordPath names the record for (client, key); answers/ and answers/<client>/ are directories, never a planted symlink out of
+// the state directory.
 func (a *answerStore) recordPath(client, key string) (string, error) {
 	if !idPattern.MatchString(client) {
 		return "", fmt.Errorf("client id %q cannot name a directory", client)
@@ -201,8 +200,8 @@ func (a *answerStore) recordPath(client, key string) (string, error) {
 	return path, err
 }
 
-// signedCall is a chat request carrying an Idempotency-Key as the store sees
-// it: who asked, what, the route planned, and the engine's tally of calls.
+// signedCall is a chat request carrying an Idempotency-Key as the store sees it: who asked, what, the route planned, and the
+// engine's tally of calls.
 type signedCall struct {
 	client, route string
 	keys          []string // the header's values: exactly one is allowed
@@ -212,8 +211,8 @@ type signedCall struct {
 	envelope      func(http.ResponseWriter, error) *apiError // a refusal in the caller's dialect
 }
 
-// serve answers c (SPEC §12): reserving is the last step before dispatch runs the provider calls; a kept
-// answer is replayed without one. The error is a refusal made before any reservation, for the caller to write.
+// serve answers c (SPEC §12): reserving is the last step before dispatch runs the provider calls; a kept answer is replayed
+// without one. The error is a refusal made before any reservation, for the caller to write.
 func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signedCall, dispatch func(http.ResponseWriter)) (replayed bool, err error) {
 	if err = checkIdempotencyKey(c.keys[0]); len(c.keys) > 1 {
 		err = refuse("invalid_request", "send one Idempotency-Key header")
@@ -249,8 +248,8 @@ func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signed
 	return false, nil
 }
 
-// reserve, the last step before the first provider call (SPEC §12 item 1), returns this request's
-// ticket, the record to replay, or item 2's refusal; no place: §2.1's.
+// reserve, the last step before the first provider call (SPEC §12 item 1), returns this request's ticket, the record to replay,
+// or item 2's refusal; no place: §2.1's.
 func (a *answerStore) reserve(c signedCall) (*answerTicket, *answerRecord, error) {
 	path, err := a.recordPath(c.client, c.keys[0])
 	if err == nil {
@@ -263,8 +262,8 @@ func (a *answerStore) reserve(c signedCall) (*answerTicket, *answerRecord, error
 		KeySHA256: hexSHA256([]byte(c.keys[0])), RequestSHA256: hexSHA256(c.body),
 		StartedAt: a.now().UTC().Format(journalTimeFormat), Route: c.route}}
 	data, _ := marshalState(&t.rec) // strings and ints always encode
-	// A record removed between our failed link and our read (a released retryable refusal, or a prune)
-	// frees the key: try again, a few times.
+	// A record removed between our failed link and our read (a released retryable refusal, or a prune) frees the key: try again,
+	// a few times.
 	for range 3 {
 		if err := publishFile(path, data); err == nil {
 			return t, nil, nil
@@ -285,8 +284,7 @@ func answerBusy() *apiError {
 	return ae
 }
 
-// taken applies SPEC §12 item 2 to the record at path, checking a complete record's signature.
-// A missing record is errFileAbsent.
+// taken applies SPEC §12 item 2 to the record at path, checking a complete record's signature. A missing record is errFileAbsent.
 func (a *answerStore) taken(c signedCall, path, requestSHA string) (*answerRecord, error) {
 	rec, err := readAnswerFile(path)
 	if errors.Is(err, errFileAbsent) {
@@ -325,9 +323,9 @@ func readAnswerFile(name string) (*answerRecord, error) {
 	return f.fresh()
 }
 
-// settle keeps or releases the reservation after dispatch (SPEC §12 item 3) and returns what the caller
-// gets, signed when kept. After a provider call started, a hang-up or panic is kept (499, 500) so the key
-// never spends twice; a retryable refusal, or one made before dispatch, is released.
+// settle keeps or releases the reservation after dispatch (SPEC §12 item 3) and returns what the caller gets, signed when kept.
+// After a provider call started, a hang-up or panic is kept (499, 500) so the key never spends twice; a retryable refusal, or one
+// made before dispatch, is released.
 func (a *answerStore) settle(ctx context.Context, c signedCall, t *answerTicket, rec *httptest.ResponseRecorder, panicked bool) (*httptest.ResponseRecorder, string) {
 	calls, attempts := c.t.attempts, (*int)(nil)
 	if calls > 0 {
@@ -366,8 +364,8 @@ func (a *answerStore) settle(ctx context.Context, c signedCall, t *answerTicket,
 	rec.Body = bytes.NewBuffer(withoutPromptEcho(rec.Body.Bytes())) // the first answer is the kept body (item 7)
 	kept, err := a.complete(t, rec.Code, rec.Body.Bytes(), attempts, route)
 	if err != nil {
-		// The answer exists and was paid for: give it unsigned rather than lose it. The record stays in
-		// progress, so the key never spends twice; sent again it is refused, after a restart it reads as abandoned.
+		// The answer exists and was paid for: give it unsigned rather than lose it. The record stays in progress, so the key
+		// never spends twice; sent again it is refused, after a restart it reads as abandoned.
 		a.unkept.Store(t.path, true)
 		a.log.Error("answer_unkept", "request_id", c.t.requestID, "err", err)
 		return rec, ""
@@ -408,8 +406,8 @@ func (a *answerStore) replay(w http.ResponseWriter, t *tally, rec *answerRecord)
 	w.Write(body)
 }
 
-// withoutPromptEcho is body with each member that repeats the caller's input (OpenAI Responses echoes
-// instructions) set to null (SPEC §12 item 7); any other byte, and a body that is no JSON object, stays.
+// withoutPromptEcho is body with each member that repeats the caller's input (OpenAI Responses echoes instructions) set to null
+// (SPEC §12 item 7); any other byte, and a body that is no JSON object, stays.
 func withoutPromptEcho(body []byte) []byte {
 	o, err := parseRawObject(body)
 	if err != nil {
@@ -449,8 +447,8 @@ func verifyAnswerFile(st state, file, sig string) error {
 	return nil
 }
 
-// pruneAnswers removes the complete records under dir completed before cutoff (SPEC §12 item 7);
-// serve may run, as they never change again.
+// pruneAnswers removes the complete records under dir completed before cutoff (SPEC §12 item 7); serve may run, as they never
+// change again.
 func pruneAnswers(dir string, cutoff time.Time, skip func(name string, err error)) (int, error) {
 	removed := 0
 	err := filepath.WalkDir(dir, func(name string, d fs.DirEntry, err error) error {
@@ -480,215 +478,4 @@ func pruneAnswers(dir string, cutoff time.Time, skip func(name string, err error
 		return syncDir(filepath.Dir(name))
 	})
 	return removed, err
-}
-
-const maxReplayMessage = 256 // message bytes kept per entry: 10,000 entries stay a few MB
-
-// errReplayRefused is the logged cause of a replay guard refusal.
-var errReplayRefused = errors.New("replay guard: the same request was refused after a provider call")
-
-// replayGuard remembers refusals after a provider call (SPEC §8.1: the Codex CLI and the official SDKs
-// re-send a refused request, each re-send maybe billed again), in memory only. Every entry lives the
-// same window, so queue is in expiry order and forgetting walks its front.
-type replayGuard struct {
-	window time.Duration // 0: off
-	now    func() time.Time
-
-	mu       sync.Mutex // guards refused, queue, byClient
-	refused  map[replayKey]replayEntry
-	queue    []replayQueued
-	byClient map[string]int // queued entries per client id: none, no digest to take
-}
-
-type replayKey [sha256.Size]byte
-
-// replayEntry is one remembered refusal: its status (a stream's: its code's), code and message (cut; ""
-// for a stream), the alias the request named and the providers its route could call (SPEC §17: a fix forgets it).
-type replayEntry struct {
-	status        int
-	code, message string
-	alias         string
-	providers     []string
-	at, until     time.Time
-}
-
-type replayQueued struct {
-	key    replayKey
-	client string
-	until  time.Time
-}
-
-// newReplayGuard reads BRAMA_REPLAY_GUARD_SECS: unset is 120 s, 0 turns the guard off; anything unreadable is logged and 120 s.
-func newReplayGuard(getenv func(string) string, log *slog.Logger, now func() time.Time) *replayGuard {
-	const name, def = "BRAMA_REPLAY_GUARD_SECS", 120 * time.Second
-	window, err := envSeconds(getenv, name, 0, def)
-	if err != nil {
-		log.Warn("replay_guard_secs_invalid", "value", strings.TrimSpace(getenv(name)), "using_secs", int(def/time.Second))
-	}
-	return &replayGuard{window: window, now: now, refused: map[replayKey]replayEntry{}, byClient: map[string]int{}}
-}
-
-// The top-level members a digest leaves out: the stream members (SPEC §17: a buffered fallback from a failed
-// stream asks the same request), and for the loose key the output limit too (Claude Code's fallback asks 64000 of 128000).
-var (
-	streamMembers = []memberEdit{{key: "stream"}, {key: "stream_options"}}
-	looseMembers  = append(streamMembers[:2:2], memberEdit{key: "max_tokens"}, memberEdit{key: "max_completion_tokens"}, memberEdit{key: "max_output_tokens"})
-)
-
-// replayKeyOf digests client, scope and the body's bytes without the members above. The Codex CLI
-// re-sends client_metadata from a hash map: its members go in key order.
-func replayKeyOf(clientID, scope string, body rawObject, loose bool) replayKey {
-	leftOut := streamMembers
-	if loose {
-		leftOut = looseMembers
-	}
-	h := sha256.New()
-	fmt.Fprintf(h, "%d:%s%d:%s%t:", len(clientID), clientID, len(scope), scope, loose)
-	if meta, ok := splitRaw(body.value("client_metadata"), '{', nil); ok {
-		slices.SortFunc(meta.members, func(a, b jsonMember) int { return bytes.Compare(a.key, b.key) })
-		for _, m := range meta.members {
-			fmt.Fprintf(h, "%d:%s", len(m.key), m.key)
-			h.Write(meta.src[m.val:m.end])
-		}
-		leftOut = append(leftOut[:len(leftOut):len(leftOut)], memberEdit{key: "client_metadata"})
-	}
-	body.writeEdited(h, leftOut...)
-	return replayKey(h.Sum(nil))
-}
-
-// replayScope is what reaches a provider beside the body: the route c resolved to and its direct key's
-// fingerprint (SPEC §17: a registry or key change is a new request, whichever process wrote it), the
-// caller's agent and the version and beta headers it sets (SPEC §6.2).
-func replayScope(agent string, h http.Header, c call) string {
-	return fmt.Sprintf("%q", []string{agent, c.res.Route, c.res.BaseURL, fmt.Sprintf("%x", sha256.Sum256([]byte(c.cred.APIKey))),
-		strings.Join(h.Values("anthropic-version"), ","), strings.Join(h.Values("anthropic-beta"), ","), strings.Join(h.Values("openai-beta"), ",")})
-}
-
-// mayHaveGenerated: such a refusal is also kept under the loose key, as a caller that fixes its output
-// limit after provider_rejected asks a new request.
-func mayHaveGenerated(code string) bool {
-	return code == "provider_incomplete" || code == "provider_failure"
-}
-
-// lock takes mu and forgets every entry whose time has passed.
-func (g *replayGuard) lock() time.Time {
-	now := g.now()
-	g.mu.Lock()
-	for len(g.queue) > 0 && !now.Before(g.queue[0].until) {
-		q := g.queue[0]
-		g.queue = g.queue[1:]
-		if g.byClient[q.client]--; g.byClient[q.client] <= 0 {
-			delete(g.byClient, q.client)
-		}
-		if e, ok := g.refused[q.key]; ok && e.until.Equal(q.until) {
-			delete(g.refused, q.key)
-		}
-	}
-	if len(g.queue) == 0 {
-		g.queue = nil // let the backing array go
-	}
-	return now
-}
-
-// lookup is the refusal remembered for a request under its key, or under its loose key for one that may have generated.
-func (g *replayGuard) lookup(client, scope string, body rawObject) (replayEntry, bool) {
-	for _, loose := range []bool{false, true} {
-		k := replayKeyOf(client, scope, body, loose)
-		now := g.lock()
-		e, ok := g.refused[k]
-		g.mu.Unlock()
-		if ok && now.Before(e.until) && (!loose || mayHaveGenerated(e.code)) {
-			return e, true
-		}
-	}
-	return replayEntry{}, false
-}
-
-// holds reports whether any refusal of client is remembered: else no digest is taken.
-func (g *replayGuard) holds(client string) bool {
-	g.lock()
-	defer g.mu.Unlock()
-	return g.byClient[client] > 0
-}
-
-// remember keeps e for client's request until the window ends, under both keys when it may have generated.
-func (g *replayGuard) remember(client, scope string, body rawObject, e replayEntry) {
-	keys := []replayKey{replayKeyOf(client, scope, body, false)}
-	if mayHaveGenerated(e.code) {
-		keys = append(keys, replayKeyOf(client, scope, body, true))
-	}
-	now := g.lock()
-	defer g.mu.Unlock()
-	e.at, e.until = now, now.Add(g.window)
-	for _, k := range keys {
-		g.refused[k] = e
-		g.queue = append(g.queue, replayQueued{k, client, e.until})
-		g.byClient[client]++
-	}
-}
-
-// forget drops every refusal remembered for a request through alias or provider ("" names none): the
-// operator's fix is dispatched (SPEC §17). Their queue entries stay until their time passes.
-func (g *replayGuard) forget(alias, provider string) {
-	if g == nil {
-		return
-	}
-	g.lock()
-	defer g.mu.Unlock()
-	maps.DeleteFunc(g.refused, func(_ replayKey, e replayEntry) bool {
-		return alias != "" && e.alias == alias || provider != "" && slices.Contains(e.providers, provider)
-	})
-}
-
-func (g *replayGuard) size() int {
-	g.lock()
-	defer g.mu.Unlock()
-	return len(g.refused)
-}
-
-// refusalFor is the refusal a request of client repeats, nil for none: its status and code, not
-// retryable, with no call made. The digest is taken only when it can match.
-func (g *replayGuard) refusalFor(client string, scope func() string, body rawObject) *apiError {
-	if g == nil || g.window <= 0 || !g.holds(client) {
-		return nil
-	}
-	e, ok := g.lookup(client, scope(), body)
-	if !ok {
-		return nil
-	}
-	why := e.code
-	if e.message != "" {
-		why += ": " + e.message
-	}
-	ae := refuse(e.code, "this request repeats one refused at %s after a provider call (%s); the same request is refused without a provider call until %s (BRAMA_REPLAY_GUARD_SECS)",
-		e.at.UTC().Format(time.RFC3339), why, e.until.UTC().Format(time.RFC3339))
-	if e.code == "provider_rejected" {
-		ae.withStatus(e.status)
-	}
-	ae.Retryable = ptrTo(false)
-	return ae.because(errReplayRefused).withAttempts(0)
-}
-
-// rememberer is tally.remember for a request of client planned as c over cands; nil when the guard is off.
-// Remembered is a non-retryable refusal after a call, not subscription_reauthorization_required (signing in
-// must pass); a stream's was met in-band, under a 200.
-func (g *replayGuard) rememberer(client string, scope func() string, body rawObject, c call, cands []resolution) func(ae *apiError, attempts int, hungUp, streamed bool) {
-	if g == nil || g.window <= 0 {
-		return nil
-	}
-	return func(ae *apiError, attempts int, hungUp, streamed bool) {
-		if attempts == 0 || hungUp || ae.Code == "client_cancelled" || ae.Code == "subscription_reauthorization_required" || ae.retryable() {
-			return
-		}
-		e := replayEntry{status: ae.Status(), code: ae.Code, message: truncateUTF8(ae.Message, maxReplayMessage), alias: c.res.Alias}
-		if streamed {
-			e.status, e.message = codes[ae.Code].status, ""
-		}
-		for _, cand := range append([]resolution{c.res}, cands...) {
-			if !slices.Contains(e.providers, cand.Provider.id) {
-				e.providers = append(e.providers, cand.Provider.id)
-			}
-		}
-		g.remember(client, scope(), body, e)
-	}
 }

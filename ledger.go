@@ -536,3 +536,46 @@ func windowLabel(mins float64, fallback string) string {
 	}
 	return strconv.FormatInt(n, 10) + " " + unit
 }
+
+// kimiCounters are a Kimi usage entry's counters; Kimi names the reset resetTime, SPEC reset_time.
+type kimiCounters struct {
+	Limit, Used, Remaining number
+	ResetTime              instant `json:"resetTime"`
+	ResetTimeSpec          instant `json:"reset_time"`
+}
+
+// window is c as a window: used/limit (limit > 0), or else 1 − remaining/limit; its reset, else reset.
+func (c *kimiCounters) window(id, label string, reset int64, now time.Time) (planWindow, bool) {
+	used := cmp.Or(c.Used, number{c.Limit.v - c.Remaining.v, c.Remaining.ok})
+	reset = cmp.Or(c.ResetTime.ms, c.ResetTimeSpec.ms, reset)
+	return newWindow(id, label, used.v/c.Limit.v, reset, now, windowSourceReport), c.Limit.v > 0 && used.ok
+}
+
+// kimiTimeUnits is minutes per window.timeUnit of a Kimi limit.
+var kimiTimeUnits = map[string]float64{"TIME_UNIT_SECOND": 1.0 / 60, "TIME_UNIT_MINUTE": 1, "TIME_UNIT_HOUR": 60, "TIME_UNIT_DAY": 24 * 60}
+
+// kimiUsage reads {base}/usages (SPEC §11.2); a limit's detail counters win over its top level's.
+func kimiUsage(r struct {
+	Usage  kimiCounters
+	Limits []struct {
+		kimiCounters
+		Detail *kimiCounters
+		Window struct {
+			Duration number
+			TimeUnit string
+		}
+	}
+}, now time.Time) (ws []planWindow) {
+	if w, ok := r.Usage.window("kimi:usage", "plan usage", 0, now); ok {
+		ws = append(ws, w)
+	}
+	for i, l := range r.Limits {
+		n := strconv.Itoa(i)
+		label := windowLabel(l.Window.Duration.v*kimiTimeUnits[l.Window.TimeUnit], "limit "+n)
+		c, reset := cmp.Or(l.Detail, &l.kimiCounters), cmp.Or(l.ResetTime.ms, l.ResetTimeSpec.ms)
+		if w, ok := c.window("kimi:limit-"+n, label, reset, now); ok {
+			ws = append(ws, w)
+		}
+	}
+	return ws
+}

@@ -16,7 +16,7 @@
 //
 // Reading order, as a request meets the files: main.go (run, parsing, help,
 // exit codes, serve) and cli.go (the command table); server.go (routes, who
-// may call, handlers); answers.go (signed answers, the replay guard); dispatch.go,
+// may call, handlers); answers.go, replay.go (signed answers); dispatch.go,
 // pool.go (plan, the attempt engine, who pays); providers.go, passthrough.go,
 // formats.go and one file per wire format, relay.go, sse.go; errors.go;
 // subscriptions.go, ledger.go, oauth.go; maintain.go; catalog.go, perf.go,

@@ -20,8 +20,8 @@ import (
 
 var errMaintenanceStopped = errors.New("the maintenance scheduler is not running")
 
-// maintainer runs one daemon's passes (SPEC §11.2: read the usage reports, then refresh the grants
-// that fell due, never on a period of Brama's own) one at a time on loop's goroutine.
+// maintainer runs one daemon's passes (SPEC §11.2: read the usage reports, then refresh the grants that fell due, never on a
+// period of Brama's own) one at a time on loop's goroutine.
 type maintainer struct {
 	inv    *inventory
 	l      *ledger
@@ -107,9 +107,8 @@ func (m *maintainer) run(ctx context.Context, wg *sync.WaitGroup) {
 	}()
 }
 
-// loopOnce, at now, runs the pending pass (true): over everyone, else over one agent's subscriptions,
-// or else arms the one timer at the ledger's next due moment (false); a moment passed before its timer
-// fired is due now.
+// loopOnce, at now, runs the pending pass (true): over everyone, else over one agent's subscriptions, or else arms the one timer
+// at the ledger's next due moment (false); a moment passed before its timer fired is due now.
 func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
 	m.mu.Lock()                     // first: the journal read must not come between now and the pending check
 	retired, _ := m.inv.j.retired() // unreadable: no moment is skipped
@@ -157,8 +156,8 @@ func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
 	return true
 }
 
-// want asks for a pass over agent's subscriptions ("": everyone's) unless one is asked already,
-// and returns the ticket it will answer. m.mu is held.
+// want asks for a pass over agent's subscriptions ("": everyone's) unless one is asked already, and returns the ticket it will
+// answer. m.mu is held.
 func (m *maintainer) want(agent, reason string) *passTicket {
 	if m.asked[agent] == nil {
 		m.asked[agent] = &passTicket{reason: reason, done: make(chan struct{})}
@@ -166,8 +165,8 @@ func (m *maintainer) want(agent, reason string) *passTicket {
 	return m.asked[agent]
 }
 
-// arm replaces the due timer with one for due (none when zero); a timer firing after it was replaced
-// or stopped does nothing. m.mu is held.
+// arm replaces the due timer with one for due (none when zero); a timer firing after it was replaced or stopped does nothing.
+// m.mu is held.
 func (m *maintainer) arm(due, now time.Time) {
 	if m.timer != nil {
 		m.timer.Stop()
@@ -203,8 +202,8 @@ func (m *maintainer) stop() {
 	}
 }
 
-// request asks for a pass over agent's subscriptions after its refusal for want of a signed-in
-// subscription, dropped when one covering agent started since the last change (SPEC §11.2, §17). Nil-safe.
+// request asks for a pass over agent's subscriptions after its refusal for want of a signed-in subscription, dropped when one
+// covering agent started since the last change (SPEC §11.2, §17). Nil-safe.
 func (m *maintainer) request(reason, agent string) {
 	if m == nil || agent == "" {
 		return
@@ -230,8 +229,8 @@ func (m *maintainer) changed() {
 	}
 }
 
-// passNow answers POST /v1/admin/maintain from a pass that starts after the call (a running one may
-// predate the change the operator wants seen).
+// passNow answers POST /v1/admin/maintain from a pass that starts after the call (a running one may predate the change the
+// operator wants seen).
 func (m *maintainer) passNow(ctx context.Context) (passReport, error) {
 	t, err := m.ask("maintain")
 	if err != nil {
@@ -289,9 +288,8 @@ type pass struct {
 	rep  passReport
 }
 
-// passSub is one non-retired subscription as a pass found it. reportable: active, of a provider whose
-// report its credential reads; oauth: active, with a grant of an OAuth provider; tried: its one refresh
-// attempt of the pass was made.
+// passSub is one non-retired subscription as a pass found it. reportable: active, of a provider whose report its credential
+// reads; oauth: active, with a grant of an OAuth provider; tried: its one refresh attempt of the pass was made.
 type passSub struct {
 	it                       overlayItem
 	cred                     vaultCredential
@@ -300,9 +298,8 @@ type passSub struct {
 	reportable, oauth, tried bool
 }
 
-// passOnce runs one pass over agent's subscriptions ("": everyone's): the usage report pass, then the
-// refresh pass (SPEC §11.2); per subscription at most one read and one refresh attempt, none retried;
-// ctx alone ends it (§7.4).
+// passOnce runs one pass over agent's subscriptions ("": everyone's): the usage report pass, then the refresh pass (SPEC §11.2);
+// per subscription at most one read and one refresh attempt, none retried; ctx alone ends it (§7.4).
 func (m *maintainer) passOnce(ctx context.Context, agent string) passReport {
 	start := m.clock()
 	m.o.vault.writeUnwritten(m.o.log)
@@ -354,8 +351,8 @@ func boolCount(b bool) int {
 	return 0
 }
 
-// sideBySide runs step on each subscription, one at a time per key, keys side by side, and returns
-// when all have ended (each ends at ctx's end).
+// sideBySide runs step on each subscription, one at a time per key, keys side by side, and returns when all have ended (each ends
+// at ctx's end).
 func (p *pass) sideBySide(key func(*passSub) string, step func(*passSub)) {
 	groups := map[string][]*passSub{}
 	for _, s := range p.subs {
@@ -383,8 +380,8 @@ func (p *pass) count(f func(*passReport)) {
 	}
 }
 
-// readUsage reads s's due report into the ledger, nothing when ctx ended; a grant expired by the request
-// path's rule is first refreshed: s's one attempt.
+// readUsage reads s's due report into the ledger, nothing when ctx ended; a grant expired by the request path's rule is first
+// refreshed: s's one attempt.
 func (p *pass) readUsage(s *passSub) {
 	m, id, provider := p.m, s.it.ID, s.it.Provider
 	if !s.reportable || !usageDue(s.entry, m.clock()) {
@@ -425,8 +422,8 @@ func (p *pass) readUsage(s *passSub) {
 	}
 }
 
-// refreshIfDue makes s's one attempt when its grant is due, unless its read spent it (the usage pass or
-// a request may have refreshed it meanwhile); needs_reauthorization (set meanwhile too) waits for sign-in.
+// refreshIfDue makes s's one attempt when its grant is due, unless its read spent it (the usage pass or a request may have
+// refreshed it meanwhile); needs_reauthorization (set meanwhile too) waits for sign-in.
 func (p *pass) refreshIfDue(s *passSub) {
 	if !s.oauth || s.tried {
 		return
@@ -449,9 +446,9 @@ func (p *pass) refresh(s *passSub) (oauthGrant, error) {
 	return g, err
 }
 
-// usageReport is one provider's report (SPEC §11.2): where it is read (below the base URL, or at codex's
-// own address that env alone overrides), its reader, whether an API key reads it, whether the grant's
-// account goes in chatgpt-account-id, the GET's headers.
+// usageReport is one provider's report (SPEC §11.2): where it is read (below the base URL, or at codex's own address that env
+// alone overrides), its reader, whether an API key reads it, whether the grant's account goes in chatgpt-account-id, the GET's
+// headers.
 type usageReport struct {
 	path, url, env  string
 	read            func(body []byte, now time.Time) ([]planWindow, error)
@@ -491,8 +488,8 @@ func (m *maintainer) usageEndpoint(provider string) (string, error) {
 	return base + r.path, nil
 }
 
-// fetchUsage GETs and reads provider's report; it sets the headers itself, as setProviderHeaders would
-// add a Content-Type to this GET.
+// fetchUsage GETs and reads provider's report; it sets the headers itself, as setProviderHeaders would add a Content-Type to this
+// GET.
 func (m *maintainer) fetchUsage(ctx context.Context, provider string, cred vaultCredential) ([]planWindow, error) {
 	endpoint, err := m.usageEndpoint(provider)
 	if err != nil {
@@ -518,13 +515,12 @@ func (m *maintainer) fetchUsage(ctx context.Context, provider string, cred vault
 	return nil, &endpointError{Op: "usage report GET", Endpoint: endpointName(endpoint), Status: status, Received: len(body), Err: err}
 }
 
-// errUsageReport classifies every refused report body: the readers take what they recognize of the
-// providers' undocumented shapes, never a guessed number.
+// errUsageReport classifies every refused report body: the readers take what they recognize of the providers' undocumented
+// shapes, never a guessed number.
 var errUsageReport = errors.New("the usage report is not usable")
 
-// reportReader reads a report as T leniently (a member of another type than T says is absent; its number
-// and instant members take any JSON value): a JSON object naming a window, else errUsageReport saying why
-// without quoting the body.
+// reportReader reads a report as T leniently (a member of another type than T says is absent; its number and instant members take
+// any JSON value): a JSON object naming a window, else errUsageReport saying why without quoting the body.
 func reportReader[T any](read func(T, time.Time) []planWindow) func([]byte, time.Time) ([]planWindow, error) {
 	return func(body []byte, now time.Time) ([]planWindow, error) {
 		var doc T
@@ -553,8 +549,8 @@ func jsonErrorKind(err error) string {
 // claudeWindowKey is the shape of a member kept as a window id.
 var claudeWindowKey = regexp.MustCompile(`^[a-z0-9_]{1,64}$`)
 
-// claudeCodeUsage reads {base}/api/oauth/usage: a member with "utilization" percent and "resets_at" is a
-// window, anthropicWindows first under their traffic ids, then anthropic:<member> by name.
+// claudeCodeUsage reads {base}/api/oauth/usage: a member with "utilization" percent and "resets_at" is a window, anthropicWindows
+// first under their traffic ids, then anthropic:<member> by name.
 func claudeCodeUsage(r map[string]struct {
 	Utilization number
 	ResetsAt    instant `json:"resets_at"`
@@ -580,49 +576,6 @@ func codexUsage(r struct {
 }, now time.Time) (ws []planWindow) {
 	for _, which := range []string{"primary", "secondary"} {
 		if w, ok := r.RateLimit[which+"_window"].window(which, now, windowSourceReport); ok {
-			ws = append(ws, w)
-		}
-	}
-	return ws
-}
-
-// kimiCounters are a Kimi usage entry's counters; Kimi names the reset resetTime, SPEC reset_time.
-type kimiCounters struct {
-	Limit, Used, Remaining number
-	ResetTime              instant `json:"resetTime"`
-	ResetTimeSpec          instant `json:"reset_time"`
-}
-
-// window is c as a window: used/limit (limit > 0), or else 1 − remaining/limit; its reset, else reset.
-func (c *kimiCounters) window(id, label string, reset int64, now time.Time) (planWindow, bool) {
-	used := cmp.Or(c.Used, number{c.Limit.v - c.Remaining.v, c.Remaining.ok})
-	reset = cmp.Or(c.ResetTime.ms, c.ResetTimeSpec.ms, reset)
-	return newWindow(id, label, used.v/c.Limit.v, reset, now, windowSourceReport), c.Limit.v > 0 && used.ok
-}
-
-// kimiTimeUnits is minutes per window.timeUnit of a Kimi limit.
-var kimiTimeUnits = map[string]float64{"TIME_UNIT_SECOND": 1.0 / 60, "TIME_UNIT_MINUTE": 1, "TIME_UNIT_HOUR": 60, "TIME_UNIT_DAY": 24 * 60}
-
-// kimiUsage reads {base}/usages (SPEC §11.2); a limit's detail counters win over its top level's.
-func kimiUsage(r struct {
-	Usage  kimiCounters
-	Limits []struct {
-		kimiCounters
-		Detail *kimiCounters
-		Window struct {
-			Duration number
-			TimeUnit string
-		}
-	}
-}, now time.Time) (ws []planWindow) {
-	if w, ok := r.Usage.window("kimi:usage", "plan usage", 0, now); ok {
-		ws = append(ws, w)
-	}
-	for i, l := range r.Limits {
-		n := strconv.Itoa(i)
-		label := windowLabel(l.Window.Duration.v*kimiTimeUnits[l.Window.TimeUnit], "limit "+n)
-		c, reset := cmp.Or(l.Detail, &l.kimiCounters), cmp.Or(l.ResetTime.ms, l.ResetTimeSpec.ms)
-		if w, ok := c.window("kimi:limit-"+n, label, reset, now); ok {
 			ws = append(ws, w)
 		}
 	}
