@@ -238,11 +238,8 @@ func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signed
 	}()
 	dispatch(rec)
 	panicked = false
-	rec, sig := a.settle(ctx, c, t, rec, false)
+	rec = a.settle(ctx, c, t, rec, false)
 	maps.Copy(w.Header(), rec.HeaderMap)
-	if sig != "" {
-		w.Header().Set("Brama-Answer-Signature", sig)
-	}
 	w.WriteHeader(cmp.Or(rec.Code, http.StatusOK))
 	w.Write(rec.Body.Bytes())
 	return false, nil
@@ -326,7 +323,7 @@ func readAnswerFile(name string) (*answerRecord, error) {
 // settle keeps or releases the reservation after dispatch (SPEC §12 item 3) and returns what the caller gets, signed when kept.
 // After a provider call started, a hang-up or panic is kept (499, 500) so the key never spends twice; a retryable refusal, or one
 // made before dispatch, is released.
-func (a *answerStore) settle(ctx context.Context, c signedCall, t *answerTicket, rec *httptest.ResponseRecorder, panicked bool) (*httptest.ResponseRecorder, string) {
+func (a *answerStore) settle(ctx context.Context, c signedCall, t *answerTicket, rec *httptest.ResponseRecorder, panicked bool) *httptest.ResponseRecorder {
 	calls, attempts := c.t.attempts, (*int)(nil)
 	if calls > 0 {
 		attempts = &calls
@@ -353,7 +350,7 @@ func (a *answerStore) settle(ctx context.Context, c signedCall, t *answerTicket,
 		if err != nil {
 			a.log.Error("answer_release_failed", "request_id", c.t.requestID, "err", err)
 		}
-		return rec, ""
+		return rec
 	}
 	route := cmp.Or(rec.HeaderMap.Get("Brama-Route"), c.route) // a selector's: the candidate that answered
 	if cut != nil {
@@ -368,9 +365,10 @@ func (a *answerStore) settle(ctx context.Context, c signedCall, t *answerTicket,
 		// never spends twice; sent again it is refused, after a restart it reads as abandoned.
 		a.unkept.Store(t.path, true)
 		a.log.Error("answer_unkept", "request_id", c.t.requestID, "err", err)
-		return rec, ""
+		return rec
 	}
-	return rec, *kept.Signature
+	rec.HeaderMap.Set("Brama-Answer-Signature", *kept.Signature)
+	return rec
 }
 
 // complete keeps an answer (SPEC §12 item 3) in place of the reservation t.
