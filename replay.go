@@ -170,12 +170,6 @@ func (g *replayGuard) forget(alias, provider string) {
 	})
 }
 
-func (g *replayGuard) size() int {
-	g.lock()
-	defer g.mu.Unlock()
-	return len(g.refused)
-}
-
 // refusalFor is the refusal a request of client repeats, nil for none: its status and code, not retryable, with no call made. The
 // digest is taken only when it can match.
 func (g *replayGuard) refusalFor(client string, scope func() string, body rawObject) *apiError {

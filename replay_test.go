@@ -418,3 +418,10 @@ func BenchmarkReplayDigest(b *testing.B) {
 		})
 	}
 }
+
+// size is the number of refusals remembered now.
+func (g *replayGuard) size() int {
+	g.lock()
+	defer g.mu.Unlock()
+	return len(g.refused)
+}
