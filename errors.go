@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -50,9 +51,9 @@ const (
 	maxSentenceBytes = 200
 )
 
-// apiError is the only error body a client ever sees. Status, type and
-// retryable follow from Code; Attempts is set exactly when the request
-// reached dispatch; Details only on alias refusals.
+// apiError is the only error a client ever sees. Status, type and retryable
+// follow from Code; Attempts is set exactly when the request reached
+// dispatch; Details only on alias refusals.
 type apiError struct {
 	Code       string
 	Message    string // client-safe: no secrets, no prompts, no raw provider bodies
@@ -71,8 +72,7 @@ type aliasDetails struct {
 	Route *string `json:"route"`
 }
 
-// refuse builds an apiError for code with a formatted client-safe message;
-// it is how every refusal is made.
+// refuse is how every refusal is made: code and a client-safe message.
 func refuse(code, format string, args ...any) *apiError {
 	if _, ok := codes[code]; !ok {
 		panic("brama: unknown error code " + code)
@@ -89,12 +89,7 @@ func (e *apiError) Error() string { return e.Code + ": " + e.Message }
 func (e *apiError) Unwrap() error { return e.Err }
 
 // Status is the HTTP status the code fixes, unless withStatus chose another.
-func (e *apiError) Status() int {
-	if e.status != 0 {
-		return e.status
-	}
-	return codes[e.Code].status
-}
+func (e *apiError) Status() int { return cmp.Or(e.status, codes[e.Code].status) }
 
 // withStatus answers e with status (0: the table's), for a code SPEC §8.2
 // lists under more than one: invalid_request's 413, provider_rejected's 4xx.
@@ -103,7 +98,7 @@ func (e *apiError) withStatus(status int) *apiError {
 	return e
 }
 
-// retryable is the envelope's retryable member.
+// retryable is the envelope's retryable member, stated on every refusal.
 func (e *apiError) retryable() bool {
 	if e.Retryable != nil {
 		return *e.Retryable
@@ -111,7 +106,7 @@ func (e *apiError) retryable() bool {
 	return codes[e.Code].retryable
 }
 
-// withAttempts returns e marked as a refusal made after dispatch began.
+// withAttempts marks e as a refusal made after dispatch began.
 func (e *apiError) withAttempts(n int) *apiError {
 	e.Attempts = &n
 	return e
@@ -123,6 +118,17 @@ func (e *apiError) because(err error) *apiError {
 	return e
 }
 
+// redactedFor redacts the presented credential from the provider code an
+// in-band stream error quotes: its stream reader does not know it (SPEC §8.1).
+func (e *apiError) redactedFor(presented string) *apiError {
+	var se *upstreamStreamError
+	if presented != "" && errors.As(e.Err, &se) {
+		se.Code = redact(se.Code, presented)
+		e.Message = fmt.Sprintf(inBandMessage, se.Code)
+	}
+	return e
+}
+
 // envelope is the wire shape of SPEC §8.1, members in the documented order;
 // Type is "error" on the messages dialect, whose clients expect it.
 type envelope struct {
@@ -130,7 +136,6 @@ type envelope struct {
 	Error envelopeBody `json:"error"`
 }
 
-// envelopeBody is the "error" member of an envelope.
 type envelopeBody struct {
 	Message   string        `json:"message"`
 	Type      string        `json:"type"`
@@ -211,39 +216,23 @@ func truncateUTF8(s string, n int) string {
 var secretShaped = regexp.MustCompile(`(sk-(ant-)?|brama_)[A-Za-z0-9_\-]{6,}`)
 
 // redact replaces each presented secret, however its whitespace was changed
-// (SPEC §17), and every secret-shaped token in s with [redacted] before s is
-// quoted anywhere.
+// (SPEC §17), and every secret-shaped token in s with [redacted].
 func redact(s string, presented ...string) string {
 	for _, p := range presented {
-		var pat strings.Builder
+		var runes []string
 		for _, r := range strings.Join(strings.Fields(p), "") {
-			if pat.Len() > 0 {
-				pat.WriteString(`[\s\v\x{85}\p{Z}]*`)
-			}
-			pat.WriteString(regexp.QuoteMeta(string(r)))
+			runes = append(runes, regexp.QuoteMeta(string(r)))
 		}
-		if pat.Len() > 0 {
-			s = regexp.MustCompile(pat.String()).ReplaceAllLiteralString(s, "[redacted]")
+		if len(runes) > 0 {
+			s = regexp.MustCompile(strings.Join(runes, `[\s\v\x{85}\p{Z}]*`)).ReplaceAllLiteralString(s, "[redacted]")
 		}
 	}
 	return secretShaped.ReplaceAllString(s, "[redacted]")
 }
 
 // cleanQuoted makes provider text safe to quote: valid UTF-8, one line,
-// the presented credential and secret-shaped tokens redacted, then cut to
-// max bytes (redacting first so a cut cannot leave part of a secret).
+// redacted, then cut to max bytes (after redacting, so a cut cannot leave part of a secret).
 func cleanQuoted(s, presented string, max int) string {
 	s = strings.Join(strings.Fields(strings.ToValidUTF8(s, "\uFFFD")), " ")
 	return truncateUTF8(redact(s, presented), max)
-}
-
-// redactedFor redacts the presented credential from the provider code an
-// in-band stream error quotes: its stream reader does not know it (SPEC §8.1).
-func (e *apiError) redactedFor(presented string) *apiError {
-	var se *upstreamStreamError
-	if presented != "" && errors.As(e.Err, &se) {
-		se.Code = redact(se.Code, presented)
-		e.Message = fmt.Sprintf(inBandMessage, se.Code)
-	}
-	return e
 }

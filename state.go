@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strconv"
@@ -17,6 +19,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unicode/utf8"
 )
 
 // sys is the logger and clock Brama's parts take; no constructor has a default.
@@ -55,7 +58,7 @@ func resolveState(getenv func(string) string) state {
 	if what == "$HOME" {
 		d = filepath.Join(d, ".brama")
 	}
-	return state{dir: filepath.Clean(d)} // "/var/lib/brama/" is the same directory
+	return state{dir: filepath.Clean(d)}
 }
 
 func (s state) path(what, file string) (string, error) {
@@ -78,7 +81,6 @@ func (s state) fileOrState(getenv func(string) string, env, what, file string) (
 }
 
 // envWhole reads name as a whole number of unit ≥ least in bits: unset is def, a bad value def and an error.
-// (envWhole and envSeconds stay here: catalog.go and subscriptions.go, below main.go, read their settings too.)
 func envWhole(getenv func(string) string, name, unit string, least, def int64, bits int) (int64, error) {
 	v := strings.TrimSpace(getenv(name))
 	if v == "" {
@@ -133,9 +135,10 @@ func checkFileInfo(role, name string, fi fs.FileInfo, err error) (fileIdentity, 
 	return fileIdentity{}, fmt.Errorf("%s %s %s", role, name, why)
 }
 
-// openGuarded guards the open file, so a name swapped after a check cannot slip through.
+// openGuarded guards the open file, so a name swapped after a check cannot
+// slip through; O_NONBLOCK: a planted FIFO must not hang the reader.
 func openGuarded(role, name string) (*os.File, fileIdentity, error) {
-	f, err := os.OpenFile(name, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0) // O_NONBLOCK: a planted FIFO must not hang the reader
+	f, err := os.OpenFile(name, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		_, err = checkFileInfo(role, name, nil, err)
 		return nil, fileIdentity{}, err
@@ -171,9 +174,9 @@ type stateFile[T any] struct {
 	absentErr  bool
 	keepErr    bool // a parse failure is kept too: an unchanged bad file is not parsed again
 
-	mu  sync.Mutex // guards doc, err, id
+	mu  sync.Mutex
 	doc T
-	err error        // nil, or with keepErr the parse failure kept with doc
+	err error        // with keepErr, the parse failure kept with doc
 	id  fileIdentity // of the file doc and err came from; zero: nothing kept
 }
 
@@ -183,21 +186,20 @@ func (f *stateFile[T]) load() (T, error) {
 	if id, err := guardFile(f.role, f.path); f.pathErr == nil && err == nil && id == f.id {
 		return f.doc, f.err
 	}
-	doc, id, err := f.readNow()
-	if err != nil && !f.keepErr {
-		id = fileIdentity{} // an absent or bad file is not kept
+	f.doc, f.id, f.err = f.read()
+	if f.err != nil && !f.keepErr {
+		f.id = fileIdentity{} // an absent or bad file is not kept
 	}
-	f.doc, f.err, f.id = doc, err, id
-	return doc, err
+	return f.doc, f.err
 }
 
 func (f *stateFile[T]) fresh() (T, error) {
-	doc, _, err := f.readNow()
+	doc, _, err := f.read()
 	return doc, err
 }
 
-// readNow reads and parses the file; the identity is zero unless bytes reached parse.
-func (f *stateFile[T]) readNow() (doc T, id fileIdentity, err error) {
+// read reads and parses the file; the identity is zero unless bytes reached parse.
+func (f *stateFile[T]) read() (doc T, id fileIdentity, err error) {
 	if f.pathErr != nil {
 		return doc, id, f.pathErr
 	}
@@ -300,7 +302,7 @@ func writeState(name string, v any) error {
 
 // snapshotFile drops a snapshot older than the file's: racing flushes never put old over new.
 type snapshotFile struct {
-	mu      sync.Mutex // guards written; serializes the file's writes
+	mu      sync.Mutex // serializes the file's writes
 	written uint64     // seq of the newest snapshot on disk
 }
 
@@ -327,20 +329,19 @@ func withFileLock(name string, fn func() error) error {
 	return fn()
 }
 
-// flockFile opens (0600) and flocks the lock file name; nb is 0 or LOCK_NB.
+// flockFile opens (0600, never through a planted symlink) and flocks the lock file name; nb is 0 or LOCK_NB.
 func flockFile(name string, nb int) (*os.File, error) {
 	if err := os.MkdirAll(filepath.Dir(name), 0o700); err != nil {
 		return nil, err
 	}
-	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW, 0o600) // a planted symlink points outside the directory
-	if err != nil {
-		return nil, err
+	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW, 0o600)
+	if err == nil {
+		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|nb)
 	}
-	if err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|nb); err != nil {
+	if err != nil && f != nil {
 		f.Close()
-		return nil, err
 	}
-	return f, nil
+	return f, err
 }
 
 // lockServe takes the one-serve-per-state-directory lock (SPEC §2.3).
@@ -402,6 +403,110 @@ func removeStaleTemps(dir string, elsewhere ...string) (n int, err error) {
 	return n, err
 }
 
+// validator is a document with rules beyond its shape; validate may fill in sections.
+type validator interface{ validate() error }
+
+// decodeStrict is the one strict decoder of state files and admin bodies (SPEC
+// §2.2): no bad UTF-8, duplicate or unknown key, or trailing data; then validate.
+func decodeStrict(role string, b []byte, v any) error {
+	if !utf8.Valid(b) {
+		return fmt.Errorf("%s is not valid UTF-8", role)
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	err := checkNesting(b)
+	if err == nil {
+		err = checkKeys(json.NewDecoder(bytes.NewReader(b)), reflect.TypeOf(v))
+	}
+	if err == nil {
+		err = dec.Decode(v)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", role, err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return fmt.Errorf("%s: data after the JSON document", role)
+	}
+	if d, ok := v.(validator); ok {
+		return d.validate()
+	}
+	return nil
+}
+
+// maxJSONDepth is the deepest JSON nesting Brama reads (SPEC §8.2).
+const maxJSONDepth = 1000
+
+var errTooDeep = fmt.Errorf("JSON nests deeper than %d levels", maxJSONDepth)
+
+// checkNesting refuses b too deep before any parser runs, without allocating
+// (issue 10: 3,000,000 deep took the stack).
+func checkNesting(b []byte) error {
+	depth, inString, escaped := 0, false, false
+	for _, c := range b {
+		switch {
+		case escaped:
+			escaped = false
+		case inString:
+			escaped, inString = c == '\\', c != '"'
+		case c == '"':
+			inString = true
+		case c == '[' || c == '{':
+			if depth++; depth > maxJSONDepth {
+				return errTooDeep
+			}
+		case c == ']' || c == '}':
+			depth--
+		}
+	}
+	return nil
+}
+
+// checkKeys refuses, in the value dec reads next (decoded as t; nil:
+// unchecked), a key named twice (encoding/json keeps the last) and a struct
+// member named in another case (encoding/json would take it; SPEC §2.2:
+// members are exact). Its caller has bounded the depth with checkNesting.
+func checkKeys(dec *json.Decoder, t reflect.Type) error {
+	open, err := dec.Token()
+	if err != nil || open != json.Delim('{') && open != json.Delim('[') {
+		return err
+	}
+	for t != nil && t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	var items reflect.Type // a map's members' or an array's items'
+	if t != nil && (t.Kind() == reflect.Map || t.Kind() == reflect.Slice || t.Kind() == reflect.Array) {
+		items = t.Elem()
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		elem := items
+		if open == json.Delim('{') {
+			tok, err := dec.Token() // the decoder allows only a string here
+			if err != nil {
+				return err
+			}
+			key := tok.(string)
+			if seen[key] {
+				return fmt.Errorf("duplicate key %q", key)
+			}
+			seen[key] = true
+			for i := 0; t != nil && t.Kind() == reflect.Struct && i < t.NumField(); i++ {
+				if name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ","); name == key {
+					elem = t.Field(i).Type
+					break
+				} else if strings.EqualFold(name, key) {
+					return fmt.Errorf("unknown member %q (member names are exact: %q)", key, name)
+				}
+			}
+		}
+		if err := checkKeys(dec, elem); err != nil {
+			return err
+		}
+	}
+	_, err = dec.Token() // the closing delimiter
+	return err
+}
+
 // vaultDoc is vault.json (SPEC §2.2), the only file that holds secrets.
 type vaultDoc struct {
 	SchemaVersion int                        `json:"schema_version"`
@@ -431,12 +536,12 @@ type oauthGrant struct {
 
 // vault is vault.json, re-read on change so a CLI's edit reaches the daemon.
 // A rotated grant the vault refuses to keep (disk full, EACCES) is not lost
-// (SPEC §17): unwritten keeps it, reads show it while the vault still holds
-// the refresh token it came from, and every vault write takes it along.
+// (SPEC §17): unwritten keeps it, each parse puts it in while the vault still
+// holds the refresh token it came from, so every vault write takes it along.
 type vault struct {
 	stateFile[*vaultDoc]
-	umu       sync.Mutex                // guards unwritten
-	unwritten map[string]unwrittenGrant // by subscription id
+	umu       sync.Mutex // guards unwritten; taken under stateFile's mu, never around it
+	unwritten map[string]unwrittenGrant
 }
 
 // unwrittenGrant is a rotated grant only memory holds, and the refresh token it replaces.
@@ -446,7 +551,20 @@ type unwrittenGrant struct {
 }
 
 func newVault(path string, pathErr error) *vault {
-	return &vault{stateFile: stateFile[*vaultDoc]{role: "vault", path: path, pathErr: pathErr, parse: parseVault}, unwritten: map[string]unwrittenGrant{}}
+	v := &vault{unwritten: map[string]unwrittenGrant{}}
+	v.role, v.path, v.pathErr = "vault", path, pathErr
+	v.parse = func(b []byte) (*vaultDoc, error) {
+		doc, err := parseVault(b)
+		v.umu.Lock()
+		defer v.umu.Unlock()
+		for id, u := range v.unwritten {
+			if c := doc.Subscriptions[id].OAuth; err == nil && c != nil && c.RefreshToken == u.from {
+				doc.Subscriptions[id] = vaultCredential{OAuth: &u.grant}
+			}
+		}
+		return doc, err
+	}
+	return v
 }
 
 // parseVault strictly parses vault bytes; an empty file is an empty vault.
@@ -483,53 +601,30 @@ func (v *vault) directKey(provider string) string {
 // keepUnwritten keeps g, the rotation of old, until a vault write takes it.
 func (v *vault) keepUnwritten(id string, old, g oauthGrant) {
 	v.umu.Lock()
-	defer v.umu.Unlock()
 	from := old.RefreshToken
 	if u := v.unwritten[id]; u.grant.RefreshToken == from {
 		from = u.from // old was itself unwritten
 	}
 	v.unwritten[id] = unwrittenGrant{from, g}
-}
-
-// withUnwritten is the unwritten grants now, each put into d (if any) where it still applies.
-func (v *vault) withUnwritten(d *vaultDoc) map[string]unwrittenGrant {
-	v.umu.Lock()
-	unwritten := maps.Clone(v.unwritten)
 	v.umu.Unlock()
-	for id, u := range unwritten {
-		if c := d.Subscriptions[id].OAuth; c != nil && c.RefreshToken == u.from {
-			d.Subscriptions[id] = vaultCredential{OAuth: &u.grant}
-		}
-	}
-	return unwritten
+	v.forget() // the next load parses again, putting g in
 }
 
 func (v *vault) unwrittenIDs() []string {
-	return slices.Sorted(maps.Keys(v.withUnwritten(&vaultDoc{})))
+	v.umu.Lock()
+	defer v.umu.Unlock()
+	return slices.Sorted(maps.Keys(v.unwritten))
 }
 
-// load is the vault's document with the unwritten grants in place.
-func (v *vault) load() (*vaultDoc, error) {
-	doc, err := v.stateFile.load()
-	if err != nil || len(v.unwrittenIDs()) == 0 {
-		return doc, err
-	}
-	out := *doc // the shared cache: changed only in a copy
-	out.Subscriptions = maps.Clone(doc.Subscriptions)
-	v.withUnwritten(&out)
-	return &out, nil
-}
-
-// update writes the unwritten grants with change.
+// update writes change and the unwritten grants, which memory then forgets.
 func (v *vault) update(change func(*vaultDoc) error) error {
-	var unwritten map[string]unwrittenGrant
-	err := v.stateFile.update(func(d *vaultDoc) error {
-		unwritten = v.withUnwritten(d)
-		return change(d)
-	})
-	if err == nil { // written: memory's no longer
+	v.umu.Lock()
+	taken := maps.Clone(v.unwritten)
+	v.umu.Unlock()
+	err := v.stateFile.update(change)
+	if err == nil {
 		v.umu.Lock()
-		maps.DeleteFunc(v.unwritten, func(id string, u unwrittenGrant) bool { return unwritten[id] == u })
+		maps.DeleteFunc(v.unwritten, func(id string, u unwrittenGrant) bool { return taken[id] == u })
 		v.umu.Unlock()
 	}
 	return err
