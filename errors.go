@@ -51,17 +51,18 @@ const (
 	maxSentenceBytes = 200
 )
 
-// apiError is the only error a client ever sees. Status, type and retryable
-// follow from Code; Attempts is set exactly when the request reached
-// dispatch; Details only on alias refusals.
+// apiError is the only error a client ever sees, and the "error" member of
+// its envelope: refuse fills type and retryable from the code; Attempts is
+// set exactly when the request reached dispatch; Details only on alias refusals.
 type apiError struct {
-	Code       string
-	Message    string // client-safe: no secrets, no prompts, no raw provider bodies
-	Attempts   *int   // nil: refused before dispatch, so no "attempts" key
-	Details    *aliasDetails
-	Retryable  *bool         // nil: from the code table; set only for SPEC §12's in-progress 409
-	RetryAfter time.Duration // a retryable refusal's known wait, sent as Retry-After (SPEC §8.1)
-	Err        error         // cause: logged, never sent
+	Message    string        `json:"message"` // client-safe: no secrets, no prompts, no raw provider bodies
+	Type       string        `json:"type"`
+	Code       string        `json:"code"`
+	Retryable  bool          `json:"retryable"`          // the code's, but for SPEC §12's in-progress 409
+	Attempts   *int          `json:"attempts,omitempty"` // nil: refused before dispatch, so no "attempts" key
+	Details    *aliasDetails `json:"details,omitempty"`
+	RetryAfter time.Duration `json:"-"` // a retryable refusal's known wait, sent as Retry-After (SPEC §8.1)
+	Err        error         `json:"-"` // cause: logged, never sent
 	status     int           // 0: from the code table; set only by withStatus
 }
 
@@ -74,10 +75,11 @@ type aliasDetails struct {
 
 // refuse is how every refusal is made: code and a client-safe message.
 func refuse(code, format string, args ...any) *apiError {
-	if _, ok := codes[code]; !ok {
+	c, ok := codes[code]
+	if !ok {
 		panic("brama: unknown error code " + code)
 	}
-	return &apiError{Code: code, Message: fmt.Sprintf(format, args...)}
+	return &apiError{Code: code, Message: fmt.Sprintf(format, args...), Type: c.typ, Retryable: c.retryable}
 }
 
 // vaultUnreadable is SPEC §2.2's refusal wherever a credential is needed.
@@ -99,12 +101,7 @@ func (e *apiError) withStatus(status int) *apiError {
 }
 
 // retryable is the envelope's retryable member, stated on every refusal.
-func (e *apiError) retryable() bool {
-	if e.Retryable != nil {
-		return *e.Retryable
-	}
-	return codes[e.Code].retryable
-}
+func (e *apiError) retryable() bool { return e.Retryable }
 
 // withAttempts marks e as a refusal made after dispatch began.
 func (e *apiError) withAttempts(n int) *apiError {
@@ -132,22 +129,15 @@ func (e *apiError) redactedFor(presented string) *apiError {
 // envelope is the wire shape of SPEC §8.1, members in the documented order;
 // Type is "error" on the messages dialect, whose clients expect it.
 type envelope struct {
-	Type  string       `json:"type,omitempty"`
-	Error envelopeBody `json:"error"`
-}
-
-type envelopeBody struct {
-	Message   string        `json:"message"`
-	Type      string        `json:"type"`
-	Code      string        `json:"code"`
-	Retryable bool          `json:"retryable"`
-	Attempts  *int          `json:"attempts,omitempty"`
-	Details   *aliasDetails `json:"details,omitempty"`
+	Type  string   `json:"type,omitempty"`
+	Error apiError `json:"error"`
 }
 
 // body is the envelope a client receives for e.
 func (e *apiError) body() envelope {
-	return envelope{Error: envelopeBody{truncateUTF8(e.Message, maxMessageBytes), codes[e.Code].typ, e.Code, e.retryable(), e.Attempts, e.Details}}
+	env := envelope{Error: *e}
+	env.Error.Message = truncateUTF8(e.Message, maxMessageBytes)
+	return env
 }
 
 // asAPIError classifies any error: an apiError as itself, a missing state

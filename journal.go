@@ -103,8 +103,8 @@ func newJournal(st state, sy sys) *journal {
 }
 
 // ready reports, changing nothing, whether an append could be made now (SPEC
-// §2.1, §4.4): the journal opens, or its nearest existing ancestor lets this
-// process create files.
+// §2.1, §4.4): the guarded journal is writable, or its nearest existing
+// ancestor lets this process create files (access(2): W_OK, W_OK|X_OK).
 func (j *journal) ready() error {
 	j.mu.Lock()
 	err := j.broken
@@ -112,35 +112,19 @@ func (j *journal) ready() error {
 	if err != nil {
 		return err
 	}
-	f, err := j.open(0)
-	if err == nil {
-		return f.Close()
-	} else if !errors.Is(err, errFileAbsent) {
-		return err
-	}
-	dir := filepath.Dir(j.name)
-	for _, err = os.Stat(dir); errors.Is(err, fs.ErrNotExist) && filepath.Dir(dir) != dir; _, err = os.Stat(dir) {
-		dir = filepath.Dir(dir)
+	path, mode := j.name, uint32(0x2)
+	_, err = guardFile("journal", path)
+	for errors.Is(err, errFileAbsent) || errors.Is(err, fs.ErrNotExist) && filepath.Dir(path) != path {
+		path, mode = filepath.Dir(path), 0x2|0x1 // a plain file fails X_OK
+		_, err = os.Stat(path)
 	}
 	if err == nil {
-		err = syscall.Access(dir, 0x2|0x1) // access(2)'s W_OK|X_OK; a plain file fails X_OK
+		err = syscall.Access(path, mode)
 	}
 	if err != nil {
-		return fmt.Errorf("journal: cannot create files in %s: %w", dir, err)
+		return fmt.Errorf("journal: cannot write %s: %w", path, err)
 	}
 	return nil
-}
-
-// open opens the guarded journal O_APPEND; create (0 or os.O_CREATE) makes a missing one 0600.
-func (j *journal) open(create int) (*os.File, error) {
-	if _, err := guardFile("journal", j.name); err != nil && !(create != 0 && errors.Is(err, errFileAbsent)) {
-		return nil, err
-	}
-	f, err := os.OpenFile(j.name, os.O_RDWR|os.O_APPEND|syscall.O_NOFOLLOW|create, 0o600) // no symlink since the Lstat
-	if err != nil {
-		return nil, fmt.Errorf("journal: %w", err)
-	}
-	return f, nil
 }
 
 // append adds rec as one line, nil only once on disk (SPEC §9, STYLE B7):
@@ -157,17 +141,14 @@ func (j *journal) append(rec journalRecord) error {
 	}
 	rec.At = cmp.Or(rec.At, j.now().UTC().Format(journalTimeFormat))
 	line, _ := json.Marshal(rec) // strings only: it always marshals
-	if err := os.MkdirAll(filepath.Dir(j.name), 0o700); err != nil {
-		return fmt.Errorf("journal: %w", err)
-	}
-	f, err := j.open(os.O_CREATE)
-	if err != nil {
+	if _, err := guardFile("journal", j.name); err != nil && !errors.Is(err, errFileAbsent) {
 		return err
 	}
-	defer f.Close() // also unlocks after a failed write
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
-		return fmt.Errorf("journal: lock: %w", err)
+	f, err := flockFile(j.name, os.O_APPEND, syscall.LOCK_EX) // no symlink since the guard
+	if err != nil {
+		return fmt.Errorf("journal: %w", err)
 	}
+	defer f.Close() // also unlocks after a failed write
 	last := []byte{'\n'}
 	fi, err := f.Stat()
 	if err == nil && fi.Size() > 0 {

@@ -48,17 +48,17 @@ func (e *noStateError) Unwrap() error { return e.cause }
 func resolveState(getenv func(string) string) state {
 	d, what := strings.TrimSpace(getenv("BRAMA_STATE_DIR")), "BRAMA_STATE_DIR"
 	if d == "" {
-		if d, what = strings.TrimSpace(getenv("HOME")), "$HOME"; d == "" {
-			return state{cause: errors.New("$HOME is not defined")} // os.UserHomeDir's words on Unix
-		}
+		d, what = strings.TrimSpace(getenv("HOME")), "$HOME"
 	}
-	if !filepath.IsAbs(d) { // it would be the working directory's
+	switch {
+	case d == "":
+		return state{cause: errors.New("$HOME is not defined")} // os.UserHomeDir's words on Unix
+	case !filepath.IsAbs(d): // it would be the working directory's
 		return state{cause: fmt.Errorf("%s %q is not an absolute path", what, d)}
+	case what == "$HOME":
+		return state{dir: filepath.Join(d, ".brama")}
 	}
-	if what == "$HOME" {
-		d = filepath.Join(d, ".brama")
-	}
-	return state{dir: filepath.Clean(d)}
+	return state{dir: filepath.Clean(d)} // "/var/lib/brama/" is the same directory
 }
 
 func (s state) path(what, file string) (string, error) {
@@ -321,7 +321,7 @@ func (f *snapshotFile) write(name string, seq uint64, data []byte) error {
 
 // withFileLock runs fn holding the flock on name+".lock" (SPEC §2.3).
 func withFileLock(name string, fn func() error) error {
-	lf, err := flockFile(name+".lock", 0)
+	lf, err := flockFile(name+".lock", 0, syscall.LOCK_EX)
 	if err != nil {
 		return fmt.Errorf("lock %s: %w", filepath.Base(name)+".lock", err)
 	}
@@ -329,17 +329,19 @@ func withFileLock(name string, fn func() error) error {
 	return fn()
 }
 
-// flockFile opens (0600, never through a planted symlink) and flocks the lock file name; nb is 0 or LOCK_NB.
-func flockFile(name string, nb int) (*os.File, error) {
+// flockFile opens name with flag (0600, created with its directory, never
+// through a planted symlink) and flocks it how (LOCK_EX, perhaps |LOCK_NB).
+func flockFile(name string, flag, how int) (*os.File, error) {
 	if err := os.MkdirAll(filepath.Dir(name), 0o700); err != nil {
 		return nil, err
 	}
-	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW, 0o600)
+	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW|flag, 0o600)
 	if err == nil {
-		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|nb)
+		err = syscall.Flock(int(f.Fd()), how)
 	}
 	if err != nil && f != nil {
 		f.Close()
+		f = nil
 	}
 	return f, err
 }
@@ -350,7 +352,7 @@ func lockServe(s state) (*os.File, error) {
 		return nil, nil
 	}
 	name := filepath.Join(s.dir, "serve.lock")
-	f, err := flockFile(name, syscall.LOCK_NB)
+	f, err := flockFile(name, 0, syscall.LOCK_EX|syscall.LOCK_NB)
 	if errors.Is(err, syscall.EWOULDBLOCK) {
 		return nil, fmt.Errorf("another brama serve holds %s", name)
 	}
@@ -365,42 +367,41 @@ var staleTempName = regexp.MustCompile(`^\.(.+)\.tmp[0-9]+$`)
 // elsewhere outside dir, that file's only. The caller holds serve.lock; beside
 // a <file>.lock, that lock too, not to cut a CLI's write.
 func removeStaleTemps(dir string, elsewhere ...string) (n int, err error) {
-	sweep := func(d, only string) error { // only: the one file whose temps go there; "": every file's
-		entries, err := os.ReadDir(d)
+	sweeps := [][2]string{{dir, ""}} // a directory, and the one file whose temps go there ("": every file's)
+	answers, _ := os.ReadDir(filepath.Join(dir, "answers"))
+	for _, e := range answers {
+		if e.IsDir() {
+			sweeps = append(sweeps, [2]string{filepath.Join(dir, "answers", e.Name()), ""})
+		}
+	}
+	for _, f := range elsewhere {
+		if f != "" && filepath.Dir(f) != filepath.Clean(dir) {
+			sweeps = append(sweeps, [2]string{filepath.Dir(f), filepath.Base(f)})
+		}
+	}
+	for _, sw := range sweeps {
+		entries, err := os.ReadDir(sw[0])
 		if err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return err
+			return n, err
 		}
 		for _, e := range entries {
 			m := staleTempName.FindStringSubmatch(e.Name())
-			if !e.Type().IsRegular() || m == nil || only != "" && m[1] != only {
+			if !e.Type().IsRegular() || m == nil || sw[1] != "" && m[1] != sw[1] {
 				continue
 			}
-			target, remove := filepath.Join(d, m[1]), func() error { return os.Remove(filepath.Join(d, e.Name())) }
+			target, remove := filepath.Join(sw[0], m[1]), func() error { return os.Remove(filepath.Join(sw[0], e.Name())) }
 			if _, err = os.Lstat(target + ".lock"); err == nil {
 				err = withFileLock(target, remove)
 			} else {
 				err = remove()
 			}
 			if err != nil && !errors.Is(err, fs.ErrNotExist) {
-				return err
+				return n, err
 			}
 			n++
 		}
-		return nil
 	}
-	err = sweep(dir, "")
-	answers, _ := os.ReadDir(filepath.Join(dir, "answers"))
-	for _, e := range answers {
-		if e.IsDir() && err == nil {
-			err = sweep(filepath.Join(dir, "answers", e.Name()), "")
-		}
-	}
-	for _, f := range elsewhere {
-		if f != "" && filepath.Dir(f) != filepath.Clean(dir) && err == nil {
-			err = sweep(filepath.Dir(f), filepath.Base(f))
-		}
-	}
-	return n, err
+	return n, nil
 }
 
 // validator is a document with rules beyond its shape; validate may fill in sections.
@@ -510,16 +511,11 @@ func checkKeys(dec *json.Decoder, t reflect.Type) error {
 // vaultDoc is vault.json (SPEC §2.2), the only file that holds secrets.
 type vaultDoc struct {
 	SchemaVersion int                        `json:"schema_version"`
-	Direct        map[string]vaultKey        `json:"direct"`
+	Direct        map[string]vaultCredential `json:"direct"`
 	Subscriptions map[string]vaultCredential `json:"subscriptions"`
 }
 
-// vaultKey is a direct API key for one provider.
-type vaultKey struct {
-	APIKey string `json:"api_key"`
-}
-
-// vaultCredential is one subscription's API key or OAuth grant, never both.
+// vaultCredential is a direct key (APIKey only) or one subscription's API key or OAuth grant, never both.
 type vaultCredential struct {
 	APIKey string      `json:"api_key,omitempty"`
 	OAuth  *oauthGrant `json:"oauth,omitempty"`
@@ -582,7 +578,7 @@ func (d *vaultDoc) validate() error {
 		return fmt.Errorf("vault: schema_version %d is not 1", d.SchemaVersion)
 	}
 	if d.Direct == nil {
-		d.Direct = map[string]vaultKey{}
+		d.Direct = map[string]vaultCredential{}
 	}
 	if d.Subscriptions == nil {
 		d.Subscriptions = map[string]vaultCredential{}
