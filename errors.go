@@ -14,8 +14,7 @@ import (
 	"unicode/utf8"
 )
 
-// codes is the one table of SPEC §8.2: a code fixes the HTTP status, the
-// type and whether a caller may retry; nothing else chooses these.
+// codes is the one table of SPEC §8.2: a code fixes the HTTP status, the type and whether a caller may retry.
 var codes = map[string]struct {
 	status    int
 	typ       string
@@ -44,16 +43,14 @@ var codes = map[string]struct {
 	"dependency_timeout":                    {504, "dependency_error", true},
 }
 
-// Bounds on quoted text (SPEC §8.1): an envelope message, and the provider
-// sentence kept for ledger causes and log lines.
+// Bounds on quoted text (SPEC §8.1): an envelope message, and the provider sentence kept for ledger causes and logs.
 const (
 	maxMessageBytes  = 2048
 	maxSentenceBytes = 200
 )
 
-// apiError is the only error a client ever sees, and the "error" member of
-// its envelope: refuse fills type and retryable from the code; Attempts is
-// set exactly when the request reached dispatch; Details only on alias refusals.
+// apiError is the only error a client sees, and its envelope's "error" member: refuse fills type and retryable from
+// the code; Attempts is set exactly when the request reached dispatch; Details only on alias refusals.
 type apiError struct {
 	Message    string        `json:"message"` // client-safe: no secrets, no prompts, no raw provider bodies
 	Type       string        `json:"type"`
@@ -93,8 +90,7 @@ func (e *apiError) Unwrap() error { return e.Err }
 // Status is the HTTP status the code fixes, unless withStatus chose another.
 func (e *apiError) Status() int { return cmp.Or(e.status, codes[e.Code].status) }
 
-// withStatus answers e with status (0: the table's), for a code SPEC §8.2
-// lists under more than one: invalid_request's 413, provider_rejected's 4xx.
+// withStatus answers e with status (0: the table's), for invalid_request's 413 and provider_rejected's 4xx (SPEC §8.2).
 func (e *apiError) withStatus(status int) *apiError {
 	e.status = status
 	return e
@@ -115,8 +111,7 @@ func (e *apiError) because(err error) *apiError {
 	return e
 }
 
-// redactedFor redacts the presented credential from the provider code an
-// in-band stream error quotes: its stream reader does not know it (SPEC §8.1).
+// redactedFor redacts the presented credential from an in-band stream error's code: its reader does not know it (SPEC §8.1).
 func (e *apiError) redactedFor(presented string) *apiError {
 	var se *upstreamStreamError
 	if presented != "" && errors.As(e.Err, &se) {
@@ -126,8 +121,7 @@ func (e *apiError) redactedFor(presented string) *apiError {
 	return e
 }
 
-// envelope is the wire shape of SPEC §8.1, members in the documented order;
-// Type is "error" on the messages dialect, whose clients expect it.
+// envelope is SPEC §8.1's wire shape; Type is "error" on the messages dialect, whose clients expect it.
 type envelope struct {
 	Type  string   `json:"type,omitempty"`
 	Error apiError `json:"error"`
@@ -140,8 +134,7 @@ func (e *apiError) body() envelope {
 	return env
 }
 
-// asAPIError classifies any error: an apiError as itself, a missing state
-// directory as dependency_unavailable, anything else as internal_error.
+// asAPIError classifies any error: an apiError as itself, no state directory as dependency_unavailable, else internal_error.
 func asAPIError(err error) *apiError {
 	var ae *apiError
 	var ns *noStateError
@@ -154,8 +147,7 @@ func asAPIError(err error) *apiError {
 	return refuse("internal_error", "internal error").because(err)
 }
 
-// writeJSON writes v as the JSON body with status; `<` stays `<` (a 401
-// says `Bearer <token>`), as no body is HTML.
+// writeJSON writes v as the JSON body with status; `<` stays `<` (a 401 says `Bearer <token>`): no body is HTML.
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	var b bytes.Buffer
 	enc := json.NewEncoder(&b)
@@ -170,8 +162,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Write(b.Bytes())
 }
 
-// writeAPIError writes err in the envelope for r, with x-should-retry and
-// Retry-After (SPEC §8.1) and Brama-Attempts (SPEC §7.4).
+// writeAPIError writes err's envelope for r, with x-should-retry, Retry-After (SPEC §8.1) and Brama-Attempts (SPEC §7.4).
 func writeAPIError(w http.ResponseWriter, r *http.Request, err error) *apiError {
 	ae := asAPIError(err)
 	h := w.Header()
@@ -201,12 +192,10 @@ func truncateUTF8(s string, n int) string {
 	return s[:n]
 }
 
-// secretShaped matches API-key-shaped tokens (sk-…, sk-ant-…, brama_…) that
-// must never be quoted back (SPEC §8.1).
+// secretShaped matches API-key-shaped tokens (sk-…, sk-ant-…, brama_…), never quoted back (SPEC §8.1).
 var secretShaped = regexp.MustCompile(`(sk-(ant-)?|brama_)[A-Za-z0-9_\-]{6,}`)
 
-// redact replaces each presented secret, however its whitespace was changed
-// (SPEC §17), and every secret-shaped token in s with [redacted].
+// redact replaces each presented secret, however its whitespace changed (SPEC §17), and each secret-shaped token.
 func redact(s string, presented ...string) string {
 	for _, p := range presented {
 		var runes []string
@@ -220,8 +209,7 @@ func redact(s string, presented ...string) string {
 	return secretShaped.ReplaceAllString(s, "[redacted]")
 }
 
-// cleanQuoted makes provider text safe to quote: valid UTF-8, one line,
-// redacted, then cut to max bytes (after redacting, so a cut cannot leave part of a secret).
+// cleanQuoted makes provider text safe to quote: valid UTF-8, one line, redacted, then cut (no half secret survives).
 func cleanQuoted(s, presented string, max int) string {
 	s = strings.Join(strings.Fields(strings.ToValidUTF8(s, "\uFFFD")), " ")
 	return truncateUTF8(redact(s, presented), max)

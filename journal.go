@@ -19,8 +19,7 @@ import (
 	"syscall"
 )
 
-// journalTimeFormat is every state time (SPEC §9 "at"): RFC 3339 UTC with
-// milliseconds, so times sort as text.
+// journalTimeFormat is every state time (SPEC §9 "at"): RFC 3339 UTC with milliseconds, so times sort as text.
 const journalTimeFormat = "2006-01-02T15:04:05.000Z"
 
 // journalRecord is one journal line (SPEC §9). A field never changes meaning
@@ -40,12 +39,10 @@ type journalRecord struct {
 	By             string  `json:"by,omitempty"`
 }
 
-// journalFields are journalRecord's keys in its order; a line's keys must
-// match them exactly, where encoding/json would fold case.
+// journalFields are journalRecord's keys in its order: a line's keys match exactly (encoding/json would fold case).
 var journalFields = strings.Fields("kind at subscription_id reason provider result detail alias from to by")
 
-// MarshalJSON writes from and to (null when nil) on route_change only, where
-// their presence says "created" or "deleted" (SPEC §9).
+// MarshalJSON writes from and to (null when nil) on route_change only, where they say "created" or "deleted" (SPEC §9).
 func (r journalRecord) MarshalJSON() ([]byte, error) {
 	type plain journalRecord // without this method
 	if r.Kind == "route_change" {
@@ -64,8 +61,7 @@ type journalBadLine struct {
 	Reason string
 }
 
-// journal is SPEC §9's append-only $STATE/journal.jsonl. Any process may
-// append, so it keeps no file open.
+// journal is SPEC §9's append-only $STATE/journal.jsonl; any process may append, so it keeps no file open.
 type journal struct {
 	sys
 	name            string                 // "" when there is no state directory
@@ -77,8 +73,7 @@ type journal struct {
 	fold            journalFold
 }
 
-// journalFold is what the complete lines of one file say so far, kept so
-// that requests read only new lines (issue 10: rereading took 5 GB).
+// journalFold is what one file's complete lines said so far: requests read only new lines (issue 10: rereading took 5 GB).
 type journalFold struct {
 	file   fileIdentity    // dev and ino only
 	off    int64           // bytes folded, always just after a '\n'
@@ -93,8 +88,7 @@ const maxReportedBadLines = 100 // unreadable lines /readyz names; the rest it c
 // errJournalUnusable: a retried fsync can report success for lost bytes.
 var errJournalUnusable = errors.New("journal unusable after a failed fsync")
 
-// newJournal places the journal in st; without a state directory every
-// operation refuses with the *noStateError (SPEC §2.1).
+// newJournal places the journal in st; without a state directory every operation refuses with the cause (SPEC §2.1).
 func newJournal(st state, sy sys) *journal {
 	j := &journal{sys: sy}
 	j.name, j.noState = st.path("journal", "journal.jsonl")
@@ -127,9 +121,8 @@ func (j *journal) ready() error {
 	return nil
 }
 
-// append adds rec as one line, nil only once on disk (SPEC §9, STYLE B7):
-// open O_APPEND, flock (two appenders never both mark one torn tail), one
-// write, unlock, fsync, and fsync the directory of a new file.
+// append adds rec as one line, nil only once on disk (SPEC §9, STYLE B7): O_APPEND, flock (two appenders never
+// both mark one torn tail), one write, unlock, fsync, and fsync the directory of a new file.
 func (j *journal) append(rec journalRecord) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
@@ -191,8 +184,7 @@ func (j *journal) size() (int64, error) {
 	return id.size, err
 }
 
-// retired is the set of retired subscription ids: per subscription, the
-// later of retire and reinstate in file order decides (SPEC §9).
+// retired is the retired subscription ids: the later of retire and reinstate in file order decides (SPEC §9).
 func (j *journal) retired() (map[string]bool, error) {
 	fo, err := j.folded()
 	return fo.retire, err
@@ -204,8 +196,7 @@ func (j *journal) badLines() ([]journalBadLine, int, error) {
 	return fo.bad, fo.badN, err
 }
 
-// folded folds the lines completed since the last call, logging each bad
-// one, and returns a copy of the fold.
+// folded folds the lines completed since the last call, logging each bad one, and returns a copy.
 func (j *journal) folded() (journalFold, error) {
 	j.readMu.Lock()
 	defer j.readMu.Unlock()
@@ -230,8 +221,7 @@ func (j *journal) folded() (journalFold, error) {
 	return journalFold{retire: maps.Clone(fo.retire), bad: slices.Clone(fo.bad), badN: fo.badN}, nil
 }
 
-// checkJournal is `brama journal check` (SPEC §16.1): it prints each
-// unreadable line's number and reason; ok is false when there is one.
+// checkJournal is `brama journal check` (SPEC §16.1): each unreadable line's number and reason; ok when none.
 func checkJournal(j *journal, stdout io.Writer) (ok bool, err error) {
 	var fo journalFold
 	ok = true
@@ -247,8 +237,7 @@ func checkJournal(j *journal, stdout io.Writer) (ok bool, err error) {
 	return ok && err == nil, err
 }
 
-// scan visits the guarded journal's lines after fo, from the start when fo
-// is of another file, a longer one or none (an absent file has no lines).
+// scan visits the journal's lines after fo, from the start when fo is of another file, a longer one or none.
 func (j *journal) scan(fo *journalFold, visit func(journalRecord, string)) (torn bool, err error) {
 	if j.noState != nil {
 		return false, j.noState
@@ -267,9 +256,8 @@ func (j *journal) scan(fo *journalFold, visit func(journalRecord, string)) (torn
 	return fo.readLines(io.NewSectionReader(f, fo.off, full.size-fo.off), visit)
 }
 
-// readLines counts each complete line of r into fo and visits it parsed,
-// holding one line in memory. A final line without '\n' (torn, or still
-// being written) is not a line: torn says it is there.
+// readLines counts each complete line of r into fo and visits it parsed; a final line without '\n'
+// (torn, or still being written) is not a line: torn says it is there.
 func (fo *journalFold) readLines(r io.Reader, visit func(rec journalRecord, reason string)) (torn bool, err error) {
 	br := bufio.NewReader(r)
 	for {
@@ -285,9 +273,8 @@ func (fo *journalFold) readLines(r io.Reader, visit func(rec journalRecord, reas
 	}
 }
 
-// parseJournalLine reads one line or says why not (SPEC §9). Unknown kinds
-// and fields are skipped, so it is not decodeStrict; from and to count on
-// route_change only.
+// parseJournalLine reads one line or says why not (SPEC §9); unlike decodeStrict it skips unknown kinds and
+// fields, and reads from and to on route_change only.
 func parseJournalLine(line []byte) (r journalRecord, reason string) {
 	var m map[string]json.RawMessage
 	err := json.Unmarshal(line, &m)

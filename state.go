@@ -28,8 +28,7 @@ type sys struct {
 	now func() time.Time
 }
 
-// state is where Brama keeps its files (SPEC §2.1); with none, dir is empty
-// and every reader and writer refuses with cause (a *noStateError).
+// state is where Brama keeps its files (SPEC §2.1); with none, every reader and writer refuses with cause.
 type state struct {
 	dir   string
 	cause error
@@ -135,8 +134,7 @@ func checkFileInfo(role, name string, fi fs.FileInfo, err error) (fileIdentity, 
 	return fileIdentity{}, fmt.Errorf("%s %s %s", role, name, why)
 }
 
-// openGuarded guards the open file, so a name swapped after a check cannot
-// slip through; O_NONBLOCK: a planted FIFO must not hang the reader.
+// openGuarded guards the open file (a name swapped after a check cannot slip through); a planted FIFO cannot hang it.
 func openGuarded(role, name string) (*os.File, fileIdentity, error) {
 	f, err := os.OpenFile(name, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if err != nil {
@@ -165,8 +163,7 @@ func readGuarded(role, name string) ([]byte, fileIdentity, error) {
 	return b, id, err
 }
 
-// stateFile is one strict state file, re-read only when its identity
-// changes (SPEC §2.3); an absent file is parse(nil), or errFileAbsent.
+// stateFile is one strict state file, re-read only when its identity changes (SPEC §2.3); absent: parse(nil) or errFileAbsent.
 type stateFile[T any] struct {
 	role, path string
 	pathErr    error // why there is no file (no state directory), else nil
@@ -254,8 +251,7 @@ func writeFileAtomic(name string, data []byte) error {
 // publishFile creates name only if it does not exist (fs.ErrExist): a reservation (SPEC §12).
 func publishFile(name string, data []byte) error { return placeFile(name, data, os.Link) }
 
-// placeFile puts data at name by place (rename or link) of a synced 0600
-// sibling temporary file, then syncs the directory; failing, it changes nothing.
+// placeFile puts data at name by place (rename or link) of a synced 0600 sibling temporary, then syncs the directory.
 func placeFile(name string, data []byte, place func(oldpath, newpath string) error) error {
 	dir := filepath.Dir(name)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -329,8 +325,7 @@ func withFileLock(name string, fn func() error) error {
 	return fn()
 }
 
-// flockFile opens name with flag (0600, created with its directory, never
-// through a planted symlink) and flocks it how (LOCK_EX, perhaps |LOCK_NB).
+// flockFile opens name with flag (0600, never through a planted symlink) and flocks it how (LOCK_EX, perhaps |LOCK_NB).
 func flockFile(name string, flag, how int) (*os.File, error) {
 	if err := os.MkdirAll(filepath.Dir(name), 0o700); err != nil {
 		return nil, err
@@ -407,26 +402,26 @@ func removeStaleTemps(dir string, elsewhere ...string) (n int, err error) {
 // validator is a document with rules beyond its shape; validate may fill in sections.
 type validator interface{ validate() error }
 
-// decodeStrict is the one strict decoder of state files and admin bodies (SPEC
-// §2.2): no bad UTF-8, duplicate or unknown key, or trailing data; then validate.
+// decodeStrict is the one strict decoder of state files and admin bodies (SPEC §2.2): no bad UTF-8, deep nesting,
+// duplicate, unknown or case-folded key, or trailing data; then validate.
 func decodeStrict(role string, b []byte, v any) error {
-	if !utf8.Valid(b) {
-		return fmt.Errorf("%s is not valid UTF-8", role)
-	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	err := checkNesting(b)
+	if !utf8.Valid(b) {
+		err = errors.New("not valid UTF-8")
+	}
 	if err == nil {
 		err = checkKeys(json.NewDecoder(bytes.NewReader(b)), reflect.TypeOf(v))
 	}
 	if err == nil {
 		err = dec.Decode(v)
 	}
+	if _, end := dec.Token(); err == nil && end != io.EOF {
+		err = errors.New("data after the JSON document")
+	}
 	if err != nil {
 		return fmt.Errorf("%s: %w", role, err)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return fmt.Errorf("%s: data after the JSON document", role)
 	}
 	if d, ok := v.(validator); ok {
 		return d.validate()
@@ -439,8 +434,7 @@ const maxJSONDepth = 1000
 
 var errTooDeep = fmt.Errorf("JSON nests deeper than %d levels", maxJSONDepth)
 
-// checkNesting refuses b too deep before any parser runs, without allocating
-// (issue 10: 3,000,000 deep took the stack).
+// checkNesting refuses b too deep before any parser runs, without allocating (issue 10: 3,000,000 deep took the stack).
 func checkNesting(b []byte) error {
 	depth, inString, escaped := 0, false, false
 	for _, c := range b {
@@ -462,10 +456,8 @@ func checkNesting(b []byte) error {
 	return nil
 }
 
-// checkKeys refuses, in the value dec reads next (decoded as t; nil:
-// unchecked), a key named twice (encoding/json keeps the last) and a struct
-// member named in another case (encoding/json would take it; SPEC §2.2:
-// members are exact). Its caller has bounded the depth with checkNesting.
+// checkKeys refuses, in the value dec reads next (decoded as t; nil: unchecked), a key named twice (encoding/json keeps
+// the last) and a struct member in another case (encoding/json takes it; SPEC §2.2). checkNesting bounded the depth.
 func checkKeys(dec *json.Decoder, t reflect.Type) error {
 	open, err := dec.Token()
 	if err != nil || open != json.Delim('{') && open != json.Delim('[') {
@@ -530,10 +522,9 @@ type oauthGrant struct {
 	AccountID    string `json:"account_id,omitempty"`
 }
 
-// vault is vault.json, re-read on change so a CLI's edit reaches the daemon.
-// A rotated grant the vault refuses to keep (disk full, EACCES) is not lost
-// (SPEC §17): unwritten keeps it, each parse puts it in while the vault still
-// holds the refresh token it came from, so every vault write takes it along.
+// vault is vault.json, re-read on change so a CLI's edit reaches the daemon. A rotated grant the vault refused (disk
+// full, EACCES) is not lost (SPEC §17): unwritten keeps it, and each parse puts it in while the vault still holds the
+// refresh token it came from, so every vault write takes it along.
 type vault struct {
 	stateFile[*vaultDoc]
 	umu       sync.Mutex // guards unwritten; taken under stateFile's mu, never around it
