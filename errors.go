@@ -76,7 +76,8 @@ func refuse(code, format string, args ...any) *apiError {
 	if !ok {
 		panic("brama: unknown error code " + code)
 	}
-	return &apiError{Code: code, Message: fmt.Sprintf(format, args...), Type: c.typ, Retryable: c.retryable}
+	msg := truncateUTF8(fmt.Sprintf(format, args...), maxMessageBytes)
+	return &apiError{Code: code, Message: msg, Type: c.typ, Retryable: c.retryable}
 }
 
 // vaultUnreadable is SPEC §2.2's refusal wherever a credential is needed.
@@ -116,7 +117,7 @@ func (e *apiError) redactedFor(presented string) *apiError {
 	var se *upstreamStreamError
 	if presented != "" && errors.As(e.Err, &se) {
 		se.Code = redact(se.Code, presented)
-		e.Message = fmt.Sprintf(inBandMessage, se.Code)
+		e.Message = truncateUTF8(fmt.Sprintf(inBandMessage, se.Code), maxMessageBytes)
 	}
 	return e
 }
@@ -128,11 +129,7 @@ type envelope struct {
 }
 
 // body is the envelope a client receives for e.
-func (e *apiError) body() envelope {
-	env := envelope{Error: *e}
-	env.Error.Message = truncateUTF8(e.Message, maxMessageBytes)
-	return env
-}
+func (e *apiError) body() envelope { return envelope{Error: *e} }
 
 // asAPIError classifies any error: an apiError as itself, no state directory as dependency_unavailable, else internal_error.
 func asAPIError(err error) *apiError {
