@@ -154,9 +154,9 @@ func readGuarded(role, name string) ([]byte, fileIdentity, error) {
 	defer f.Close()
 	b, err := io.ReadAll(f)
 	if err != nil {
-		err = fmt.Errorf("%s: %w", role, err)
+		return nil, fileIdentity{}, fmt.Errorf("%s: %w", role, err)
 	}
-	return b, id, err
+	return b, id, nil
 }
 
 // stateFile is one strict state file, re-read only when its identity changes (SPEC §2.3); absent: parse(nil) or errFileAbsent.
@@ -200,10 +200,9 @@ func (f *stateFile[T]) read() (doc T, id fileIdentity, err error) {
 	if errors.Is(err, errFileAbsent) && !f.absentErr {
 		b, err = nil, nil // a present file is never nil, if empty
 	}
-	if err != nil {
-		return doc, fileIdentity{}, err
+	if err == nil {
+		doc, err = f.parse(b)
 	}
-	doc, err = f.parse(b)
 	return doc, id, err
 }
 
