@@ -277,7 +277,7 @@ func (a *answerStore) reserve(c signedCall) (*answerTicket, *answerRecord, error
 // answerBusy is the 409 of a key whose answer is still being produced, the one retryable state_conflict (SPEC §8.1).
 func answerBusy() *apiError {
 	ae := refuse("state_conflict", "the answer for this Idempotency-Key is still being produced; retry later")
-	ae.Retryable = ptrTo(true)
+	ae.Retryable = true
 	return ae
 }
 

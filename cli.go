@@ -125,7 +125,7 @@ func commands() []command {
 					return fmt.Errorf("%q is not a provider that takes a direct API key", p[0])
 				}
 				if key := e.line(); key != "" {
-					return e.editVault(func(d *vaultDoc) error { d.Direct[info.id] = vaultKey{APIKey: key}; return nil },
+					return e.editVault(func(d *vaultDoc) error { d.Direct[info.id] = vaultCredential{APIKey: key}; return nil },
 						"stored the direct credential for %s in the vault\n", info.id)
 				}
 				return errors.New("no API key on stdin (an empty line)")

@@ -187,8 +187,8 @@ func TestStreamFail(t *testing.T) {
 		{"chat", dialectChat, func(t *testing.T, last testSSEFrame) {
 			var got envelope
 			mustUnmarshalDialect(t, last.Data, &got)
-			want := envelope{Error: envelopeBody{Message: "stream ended early", Type: "provider_error", Code: "provider_incomplete", Attempts: dialectIntPtr(2)}}
-			if last.Event != "" || !cmp.Equal(want, got) {
+			want := envelope{Error: apiError{Message: "stream ended early", Type: "provider_error", Code: "provider_incomplete", Attempts: dialectIntPtr(2)}}
+			if last.Event != "" || !cmp.Equal(want, got, cmp.AllowUnexported(apiError{})) {
 				t.Errorf("in-band error = %q %+v, want %+v", last.Event, got, want)
 			}
 		}},

@@ -189,7 +189,7 @@ func (g *replayGuard) refusalFor(client string, scope func() string, body rawObj
 	if e.code == "provider_rejected" {
 		ae.withStatus(e.status)
 	}
-	ae.Retryable = ptrTo(false)
+	ae.Retryable = false
 	return ae.because(errReplayRefused).withAttempts(0)
 }
 
