@@ -40,8 +40,7 @@ type planWindow struct {
 	Source       string  `json:"source"` // windowSourceTraffic or windowSourceReport
 }
 
-// ledgerEntry is one subscription's record (SPEC §10.3), its parts named as the listing shows them; a time 0 is
-// unknown, none or never.
+// ledgerEntry is one subscription's record (SPEC §10.3); a time 0 is unknown, none or never.
 type ledgerEntry struct {
 	Provider   string           `json:"provider"`
 	Windows    []planWindow     `json:"windows"`
@@ -94,7 +93,6 @@ func isSubscriptionID(id string) bool {
 // ledgerStopper is a timer at a ledger moment (the write-behind, maintenance's due timer).
 type ledgerStopper interface{ Stop() bool }
 
-// afterFunc is time.AfterFunc, or testingOnly when a test set it.
 func afterFunc(testingOnly func(time.Duration, func()) ledgerStopper, d time.Duration, f func()) ledgerStopper {
 	if testingOnly != nil {
 		return testingOnly(d, f)
@@ -110,8 +108,8 @@ func nudge(ch chan struct{}) {
 	}
 }
 
-// ledger is the in-memory ledger dispatch orders by (SPEC §10.3) and its file, written at once for
-// credential, block and probe changes (the "immediate" ones), else at most once per second.
+// ledger is the ledger dispatch orders by (SPEC §10.3) and its file, written at once for credential, block and probe changes
+// (the "immediate" ones), else at most once per second.
 type ledger struct {
 	log        *slog.Logger
 	now        func() time.Time
@@ -132,8 +130,7 @@ type ledger struct {
 	file      snapshotFile
 }
 
-// newLedger loads ledger.json; an unreadable one is served empty, logged without its bytes and never
-// overwritten, so an operator can repair it.
+// newLedger loads ledger.json; an unreadable one is served empty, logged without its bytes and never overwritten (to repair).
 func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
 	l := &ledger{log: log, now: now, entries: map[string]*ledgerEntry{}, changed: make(chan struct{}, 1)}
 	if l.name, l.unplaced = st.path("ledger", ledgerFile); l.unplaced != nil {
@@ -200,8 +197,8 @@ func (l *ledger) credentialState(id string) string {
 // ledgerSentence is how a cause, reason or detail is kept (SPEC §10.3).
 func ledgerSentence(s string) string { return truncateUTF8(redact(s), maxSentenceBytes) }
 
-// recordWindows replaces the windows with the same ids and appends new ones. A usage report is a whole
-// reading: a window it no longer names is gone (kept, it would make the subscription due forever).
+// recordWindows replaces the windows with the same ids and appends new ones. A usage report is a whole reading: a window it
+// no longer names is gone (kept, it would make the subscription due forever).
 func (l *ledger) recordWindows(id, provider string, ws []planWindow) {
 	l.mutate(id, provider, false, func(e *ledgerEntry, _ time.Time) {
 		if len(ws) > 0 && ws[0].Source == windowSourceReport {
@@ -220,8 +217,7 @@ func (l *ledger) recordWindows(id, provider string, ws []planWindow) {
 	})
 }
 
-// block records a block until until, capped at 7 days from now; it ends when the last one stated has
-// (two racing refusals).
+// block records a block until until, capped at 7 days from now; it ends when the last one stated has (two racing refusals).
 func (l *ledger) block(id, provider string, until time.Time, reason string) {
 	l.mutate(id, provider, true, func(e *ledgerEntry, now time.Time) {
 		if ms := min(until.UnixMilli(), now.Add(ledgerMaxBlock).UnixMilli()); ms >= e.Block.UntilMs {
@@ -238,8 +234,7 @@ func (l *ledger) blockedUntil(id string) time.Time {
 	return time.Time{}
 }
 
-// setCredential records the credential state and cause; another state is a caller's bug, logged and
-// ignored so the file stays parseable.
+// setCredential records the credential state and cause; another state is a caller's bug, logged and ignored (the file parses).
 func (l *ledger) setCredential(id, provider, state, cause string) {
 	if state != credActive && state != credNeedsReauth {
 		l.log.Error("ledger_bad_state", "subscription_id", id, "state", state)
@@ -257,7 +252,6 @@ func (l *ledger) setGrantTimes(id, provider string, expiresAtMs, refreshedAtMs i
 	})
 }
 
-// recordUse counts one call on id.
 func (l *ledger) recordUse(id, provider string, ok bool, in, out int) {
 	l.mutate(id, provider, false, func(e *ledgerEntry, now time.Time) {
 		m := &e.Measured
@@ -269,10 +263,14 @@ func (l *ledger) recordUse(id, provider string, ok bool, in, out int) {
 
 // recordUsageRead and recordProbe record a check's outcome; a refused usage read keeps the windows.
 func (l *ledger) recordUsageRead(id, provider string, ok bool, detail string) {
-	l.mutate(id, provider, false, func(e *ledgerEntry, now time.Time) { e.UsageRead = ledgerCheck{now.UnixMilli(), ok, ledgerSentence(detail)} })
+	l.mutate(id, provider, false, func(e *ledgerEntry, now time.Time) {
+		e.UsageRead = ledgerCheck{now.UnixMilli(), ok, ledgerSentence(detail)}
+	})
 }
 func (l *ledger) recordProbe(id, provider string, ok bool, detail string) {
-	l.mutate(id, provider, true, func(e *ledgerEntry, now time.Time) { e.Probe = ledgerCheck{now.UnixMilli(), ok, ledgerSentence(detail)} })
+	l.mutate(id, provider, true, func(e *ledgerEntry, now time.Time) {
+		e.Probe = ledgerCheck{now.UnixMilli(), ok, ledgerSentence(detail)}
+	})
 }
 
 // fullness is the highest used_fraction of id's windows not yet reset (SPEC §7.2 step 2).
@@ -326,8 +324,8 @@ func (l *ledger) statusVersion() uint64 {
 	return l.statusSeq
 }
 
-// mutate applies fn to id's record (created active), then writes: now when immediate or the last write
-// is a second old, else by one write-behind.
+// mutate applies fn to id's record (created active), then writes: now when immediate or the last write is a second old, else
+// by one write-behind.
 func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEntry, now time.Time)) {
 	defer nudge(l.changed)
 	now := l.now()
@@ -363,9 +361,8 @@ func (l *ledger) flush() error {
 	return l.writeIf(func() bool { return l.name != "" && l.unreadable == nil })
 }
 
-// writeIf, when ok (asked under l.mu) holds, writes a snapshot and stops any write-behind (the snapshot
-// holds its changes); l.file keeps a newer snapshot, so writes racing outside l.mu never leave older state.
-// Ids not sub_<16 hex> stay in memory: the file always parses.
+// writeIf, when ok (asked under l.mu) holds, writes a snapshot and stops any write-behind (the snapshot holds its changes);
+// l.file keeps a newer snapshot, so racing writes never leave older state. Ids not sub_<16 hex> stay in memory (the file parses).
 func (l *ledger) writeIf(ok func() bool) error {
 	l.mu.Lock()
 	if !ok() {
@@ -405,20 +402,17 @@ func planFraction(f float64) float64 {
 	return min(f, 1)
 }
 
-// newWindow is a window read at now.
 func newWindow(id, label string, fraction float64, resetMs int64, now time.Time, source string) planWindow {
 	return planWindow{id, label, planFraction(fraction), resetMs, now.UnixMilli(), source}
 }
 
-// anthropicWindows are the claude-code windows traffic headers (by key) and the usage report (by member)
-// both state, under one id.
+// anthropicWindows are the claude-code windows traffic headers (by key) and the usage report (by member) state under one id.
 var anthropicWindows = []struct{ header, member, id, label string }{
 	{"5h", "five_hour", "anthropic:5h", "5 hours"},
 	{"7d", "seven_day", "anthropic:7d", "7 days"},
 }
 
-// parsePlanWindows reads the plan windows an answer's headers state (SPEC §6.3); a value that does not
-// parse is skipped, never guessed.
+// parsePlanWindows reads the plan windows an answer's headers state (SPEC §6.3); a value that does not parse is skipped.
 func parsePlanWindows(provider string, h http.Header, now time.Time) (ws []planWindow) {
 	get := func(key string) number { return numberOf(h.Get(key)) }
 	for _, k := range anthropicWindows {
@@ -439,8 +433,7 @@ func parsePlanWindows(provider string, h http.Header, now time.Time) (ws []planW
 	return ws
 }
 
-// reading is one window as headers or a usage report member state it; each provider reads its own members:
-// claude-code utilization and resets_at, codex the rest of the first group, kimi the counters.
+// reading is one window as headers or a report member state it: claude-code's, codex's, then kimi's members.
 type reading struct {
 	Utilization number
 	ResetsAt    instant `json:"resets_at"`
@@ -459,9 +452,9 @@ type reading struct {
 	}
 }
 
-// codexWindow is r as window which, if it states a percent: headers' countdown wins over reset-at, a report's
-// reset_at over its countdown, whose 0 there is an untouched window's (no moment, or every pass would fall
-// due inside itself); a window the plan lacks (length 0) states no reset.
+// codexWindow is r as window which, if it states a percent: headers' countdown wins over reset-at, a report's reset_at over
+// its countdown, whose 0 there is an untouched window's (no moment, or every pass would fall due inside itself); a window
+// the plan lacks (length 0) states no reset.
 func (r reading) codexWindow(which string, now time.Time, source string) (planWindow, bool) {
 	w := newWindow("codex:"+which, windowLabel(r.Seconds.v/60, which+" window"), r.UsedPercent.v/100, r.ResetAt.ms, now, source)
 	traffic, after := source == windowSourceTraffic, r.After.v
@@ -494,8 +487,8 @@ func numberOf(s string) number {
 	return number{f, true}
 }
 
-// instant is a moment a report or header states (SPEC §11.2): RFC 3339, epoch seconds, or epoch ms from
-// 1e12 on (1e12 s would be year 33658); ms is 0 for none; set even when the member states none (null).
+// instant is a moment a report or header states (SPEC §11.2): RFC 3339, epoch seconds, or epoch ms from 1e12 on (1e12 s
+// would be year 33658); ms is 0 for none; set even when the member states none (null).
 type instant struct {
 	ms  int64
 	set bool
@@ -527,8 +520,7 @@ func epochMs(f float64) int64 {
 	return int64(f)
 }
 
-// windowLabel names a window of mins minutes in whole days, hours or minutes ("5 hours"), or is fallback
-// when mins is no whole number in range.
+// windowLabel names a window of mins minutes in whole days, hours or minutes ("5 hours"), else fallback.
 func windowLabel(mins float64, fallback string) string {
 	if !(mins >= 1) || mins >= planMaxResetSeconds || mins != math.Trunc(mins) {
 		return fallback

@@ -35,17 +35,15 @@ type maintainer struct {
 	testingOnlyAfterFunc func(d time.Duration, f func()) ledgerStopper
 	testingOnlyPassDone  func(reason string, started time.Time, rep passReport)
 
-	mu      sync.Mutex             // guards the fields below
-	looping bool                   // loop runs, so passNow can be answered
-	asked   map[string]*passTicket // agent ("": everyone) → the pass over its subscriptions asked for, not yet started (SPEC §17)
-	running bool
-	fresh   map[string]bool // agents ("": everyone) a pass covered since the last inventory or credential change
-	passes  int64           // passes started
-	dropped int64           // requests dropped by the SPEC §11.2 rule
-	lastOK  bool            // the last pass ended ok
-	lastAt  [2]time.Time    // when the last pass started and ended; zero before the first ends
-	timer   ledgerStopper   // the armed due timer; nil when none or it fired
-	timerAt time.Time       // the moment it is armed for; zero none
+	mu               sync.Mutex             // guards the fields below
+	looping, running bool                   // loop runs (so passNow can be answered); a pass runs
+	asked            map[string]*passTicket // agent ("": everyone) → the pass asked over its subscriptions, not yet started (§17)
+	fresh            map[string]bool        // agents ("": everyone) a pass covered since the last inventory or credential change
+	passes, dropped  int64                  // passes started; requests dropped by the SPEC §11.2 rule
+	lastOK           bool                   // the last pass ended ok
+	lastAt           [2]time.Time           // when the last pass started and ended; zero before the first ends
+	timer            ledgerStopper          // the armed due timer; nil when none or it fired
+	timerAt          time.Time              // the moment it is armed for; zero none
 }
 
 // passTicket is one asked pass: why, and its answer for its waiters (rep.err the refusal), set before done closes.
@@ -341,8 +339,7 @@ func (m *maintainer) passOnce(ctx context.Context, agent string) passReport {
 	return rep
 }
 
-// sideBySide runs step on each subscription, one at a time per key, keys side by side, and returns when all have ended (each ends
-// at ctx's end).
+// sideBySide runs step on each subscription, one at a time per key, keys side by side, until all have ended (at ctx's end too).
 func (p *pass) sideBySide(key func(*passSub) string, step func(*passSub)) {
 	groups := map[string][]*passSub{}
 	for _, s := range p.subs {
@@ -478,8 +475,7 @@ func (m *maintainer) usageEndpoint(provider string) (string, error) {
 	return base + r.path, nil
 }
 
-// fetchUsage GETs and reads provider's report; it sets the headers itself, as setProviderHeaders would add a Content-Type to this
-// GET.
+// fetchUsage GETs and reads provider's report; it sets the headers itself (setProviderHeaders would add a Content-Type).
 func (m *maintainer) fetchUsage(ctx context.Context, provider string, cred vaultCredential) ([]planWindow, error) {
 	endpoint, err := m.usageEndpoint(provider)
 	if err != nil {
@@ -580,8 +576,8 @@ func kimiUsage(r struct {
 }, now time.Time) (ws []planWindow) {
 	add := func(c *reading, id, label string, reset int64) {
 		used := cmp.Or(c.Used, number{c.Limit.v - c.Remaining.v, c.Remaining.ok})
-		if c.Limit.v > 0 && used.ok {
-			ws = append(ws, newWindow(id, label, used.v/c.Limit.v, cmp.Or(c.ResetTime.ms, c.ResetTimeSpec.ms, reset), now, windowSourceReport))
+		if reset = cmp.Or(c.ResetTime.ms, c.ResetTimeSpec.ms, reset); c.Limit.v > 0 && used.ok {
+			ws = append(ws, newWindow(id, label, used.v/c.Limit.v, reset, now, windowSourceReport))
 		}
 	}
 	add(&r.Usage, "kimi:usage", "plan usage", 0)
