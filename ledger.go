@@ -433,16 +433,16 @@ func parsePlanWindows(provider string, h http.Header, now time.Time) (ws []planW
 	return ws
 }
 
-// reading is one window as headers or a report member state it: claude-code's, codex's, then kimi's members.
+// reading is one window as headers or a usage report member state it, for all three providers (each reads its own members).
 type reading struct {
-	Utilization number
+	Utilization number  // claude-code's percent
 	ResetsAt    instant `json:"resets_at"`
-	UsedPercent number  `json:"used_percent"`
+	UsedPercent number  `json:"used_percent"` // codex's percent
 	Seconds     number  `json:"limit_window_seconds"`
 	After       number  `json:"reset_after_seconds"`
 	ResetAt     instant `json:"reset_at"`
 
-	Limit, Used, Remaining number
+	Limit, Used, Remaining number  // kimi's counters
 	ResetTime              instant `json:"resetTime"`  // Kimi's name
 	ResetTimeSpec          instant `json:"reset_time"` // SPEC's
 	Detail                 *reading
