@@ -35,17 +35,15 @@ type maintainer struct {
 	testingOnlyAfterFunc func(d time.Duration, f func()) ledgerStopper
 	testingOnlyPassDone  func(reason string, started time.Time, rep passReport)
 
-	mu      sync.Mutex             // guards the fields below
-	looping bool                   // loop runs, so passNow can be answered
-	asked   map[string]*passTicket // agent ("": everyone) → the pass over its subscriptions asked for, not yet started (SPEC §17)
-	running bool
-	fresh   map[string]bool // agents ("": everyone) a pass covered since the last inventory or credential change
-	passes  int64           // passes started
-	dropped int64           // requests dropped by the SPEC §11.2 rule
-	lastOK  bool            // the last pass ended ok
-	lastAt  [2]time.Time    // when the last pass started and ended; zero before the first ends
-	timer   ledgerStopper   // the armed due timer; nil when none or it fired
-	timerAt time.Time       // the moment it is armed for; zero none
+	mu               sync.Mutex             // guards the fields below
+	looping, running bool                   // loop runs (so passNow can be answered); a pass runs
+	asked            map[string]*passTicket // agent ("": everyone) → the pass asked over its subscriptions, not yet started (§17)
+	fresh            map[string]bool        // agents ("": everyone) a pass covered since the last inventory or credential change
+	passes, dropped  int64                  // passes started; requests dropped by the SPEC §11.2 rule
+	lastOK           bool                   // the last pass ended ok
+	lastAt           [2]time.Time           // when the last pass started and ended; zero before the first ends
+	timer            ledgerStopper          // the armed due timer; nil when none or it fired
+	timerAt          time.Time              // the moment it is armed for; zero none
 }
 
 // passTicket is one asked pass: why, and its answer for its waiters (rep.err the refusal), set before done closes.
@@ -68,24 +66,27 @@ type passReport struct {
 	err         error
 }
 
-type usageFailure struct { // one failed read, its error redacted
-	SubscriptionID string `json:"subscription_id"`
-	Provider       string `json:"provider"`
-	Error          string `json:"error"`
-}
+type (
+	usageFailure struct { // one failed read, its error redacted
+		SubscriptionID string `json:"subscription_id"`
+		Provider       string `json:"provider"`
+		Error          string `json:"error"`
+	}
+	credentialSummary struct {
+		Subscriptions int `json:"subscriptions"` // active OAuth ones
+		Refreshed     int `json:"refreshed"`
+		Refused       int `json:"refused"` // attempts that gave no grant (the credential_refresh_* line says why)
+	}
+)
 
-type credentialSummary struct {
-	Subscriptions int `json:"subscriptions"` // active OAuth ones
-	Refreshed     int `json:"refreshed"`
-	Refused       int `json:"refused"` // attempts that gave no grant (the credential_refresh_* line says why)
-}
-
-func newMaintainer(inv *inventory, l *ledger, o *oauthClient, client *http.Client, getenv func(string) string, log *slog.Logger, now func() time.Time) *maintainer {
+func newMaintainer(inv *inventory, l *ledger, o *oauthClient, client *http.Client, getenv func(string) string, log *slog.Logger,
+	now func() time.Time) *maintainer {
 	return &maintainer{inv: inv, l: l, o: o, client: client, getenv: getenv, log: log, clock: now,
 		asked: map[string]*passTicket{}, fresh: map[string]bool{}}
 }
 
-// run starts loop, counted in wg, with the start pass pending (the listener is up).
+// run starts the loop, counted in wg, with the start pass pending (the listener is up); at its end it stops the timer and
+// answers anyone waiting.
 func (m *maintainer) run(ctx context.Context, wg *sync.WaitGroup) {
 	m.mu.Lock()
 	m.looping = true
@@ -94,15 +95,23 @@ func (m *maintainer) run(ctx context.Context, wg *sync.WaitGroup) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		defer m.stop()
 		for ctx.Err() == nil {
-			if m.loopOnce(ctx, m.clock()) {
-				continue // a pass asked for meanwhile runs next
+			if !m.loopOnce(ctx, m.clock()) { // true: a pass asked for meanwhile runs next
+				select { // a requested pass, the due timer or a ledger change nudges m.l.changed
+				case <-ctx.Done():
+				case <-m.l.changed:
+				}
 			}
-			select { // a requested pass, the due timer or a ledger change nudges m.l.changed
-			case <-ctx.Done():
-			case <-m.l.changed:
-			}
+		}
+		m.mu.Lock()
+		m.looping = false
+		m.arm(time.Time{}, time.Time{})
+		t := m.asked[""]
+		delete(m.asked, "")
+		m.mu.Unlock()
+		if t != nil {
+			t.rep.err = errMaintenanceStopped
+			close(t.done)
 		}
 	}()
 }
@@ -188,20 +197,6 @@ func (m *maintainer) arm(due, now time.Time) {
 	m.timer = t
 }
 
-// stop marks the loop gone, stops its timer and answers anyone waiting.
-func (m *maintainer) stop() {
-	m.mu.Lock()
-	m.looping = false
-	m.arm(time.Time{}, time.Time{})
-	t := m.asked[""]
-	delete(m.asked, "")
-	m.mu.Unlock()
-	if t != nil {
-		t.rep.err = errMaintenanceStopped
-		close(t.done)
-	}
-}
-
 // request asks for a pass over agent's subscriptions after its refusal for want of a signed-in subscription, dropped when one
 // covering agent started since the last change (SPEC §11.2, §17). Nil-safe.
 func (m *maintainer) request(reason, agent string) {
@@ -279,12 +274,12 @@ func (m *maintainer) metrics() map[string]float64 {
 	return out
 }
 
-// pass is one pass's run: its subscriptions and the report its steps fill in.
+// pass is one pass's run: its subscriptions and the report its steps fill in (under mu).
 type pass struct {
 	m    *maintainer
 	ctx  context.Context
 	subs []*passSub
-	mu   sync.Mutex // guards rep
+	mu   sync.Mutex
 	rep  passReport
 }
 
@@ -344,15 +339,7 @@ func (m *maintainer) passOnce(ctx context.Context, agent string) passReport {
 	return rep
 }
 
-func boolCount(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
-}
-
-// sideBySide runs step on each subscription, one at a time per key, keys side by side, and returns when all have ended (each ends
-// at ctx's end).
+// sideBySide runs step on each subscription, one at a time per key, keys side by side, until all have ended (at ctx's end too).
 func (p *pass) sideBySide(key func(*passSub) string, step func(*passSub)) {
 	groups := map[string][]*passSub{}
 	for _, s := range p.subs {
@@ -488,8 +475,7 @@ func (m *maintainer) usageEndpoint(provider string) (string, error) {
 	return base + r.path, nil
 }
 
-// fetchUsage GETs and reads provider's report; it sets the headers itself, as setProviderHeaders would add a Content-Type to this
-// GET.
+// fetchUsage GETs and reads provider's report; it sets the headers itself (setProviderHeaders would add a Content-Type).
 func (m *maintainer) fetchUsage(ctx context.Context, provider string, cred vaultCredential) ([]planWindow, error) {
 	endpoint, err := m.usageEndpoint(provider)
 	if err != nil {
@@ -551,10 +537,7 @@ var claudeWindowKey = regexp.MustCompile(`^[a-z0-9_]{1,64}$`)
 
 // claudeCodeUsage reads {base}/api/oauth/usage: a member with "utilization" percent and "resets_at" is a window, anthropicWindows
 // first under their traffic ids, then anthropic:<member> by name.
-func claudeCodeUsage(r map[string]struct {
-	Utilization number
-	ResetsAt    instant `json:"resets_at"`
-}, now time.Time) (ws []planWindow) {
+func claudeCodeUsage(r map[string]reading, now time.Time) (ws []planWindow) {
 	add := func(k, id, label string) {
 		if m := r[k]; m.Utilization.ok && m.ResetsAt.set && claudeWindowKey.MatchString(k) {
 			ws = append(ws, newWindow(id, label, m.Utilization.v/100, m.ResetsAt.ms, now, windowSourceReport))
@@ -572,12 +555,36 @@ func claudeCodeUsage(r map[string]struct {
 
 // codexUsage reads rate_limit's primary_window and secondary_window (SPEC §11.2).
 func codexUsage(r struct {
-	RateLimit map[string]codexReading `json:"rate_limit"`
+	RateLimit map[string]reading `json:"rate_limit"`
 }, now time.Time) (ws []planWindow) {
 	for _, which := range []string{"primary", "secondary"} {
-		if w, ok := r.RateLimit[which+"_window"].window(which, now, windowSourceReport); ok {
+		if w, ok := r.RateLimit[which+"_window"].codexWindow(which, now, windowSourceReport); ok {
 			ws = append(ws, w)
 		}
+	}
+	return ws
+}
+
+// kimiTimeUnits is minutes per window.timeUnit of a Kimi limit.
+var kimiTimeUnits = map[string]float64{"TIME_UNIT_SECOND": 1.0 / 60, "TIME_UNIT_MINUTE": 1, "TIME_UNIT_HOUR": 60, "TIME_UNIT_DAY": 24 * 60}
+
+// kimiUsage reads {base}/usages (SPEC §11.2): a window is used/limit (limit > 0), or else 1 − remaining/limit; a limit's detail
+// counters win over its top level's, and so does their reset.
+func kimiUsage(r struct {
+	Usage  reading
+	Limits []reading
+}, now time.Time) (ws []planWindow) {
+	add := func(c *reading, id, label string, reset int64) {
+		used := cmp.Or(c.Used, number{c.Limit.v - c.Remaining.v, c.Remaining.ok})
+		if reset = cmp.Or(c.ResetTime.ms, c.ResetTimeSpec.ms, reset); c.Limit.v > 0 && used.ok {
+			ws = append(ws, newWindow(id, label, used.v/c.Limit.v, reset, now, windowSourceReport))
+		}
+	}
+	add(&r.Usage, "kimi:usage", "plan usage", 0)
+	for i, l := range r.Limits {
+		n := strconv.Itoa(i)
+		label := windowLabel(l.Window.Duration.v*kimiTimeUnits[l.Window.TimeUnit], "limit "+n)
+		add(cmp.Or(l.Detail, &l), "kimi:limit-"+n, label, cmp.Or(l.ResetTime.ms, l.ResetTimeSpec.ms))
 	}
 	return ws
 }
