@@ -44,8 +44,7 @@ type modelInfo struct {
 type catalogLimit struct{ Context, Output float64 }
 type catalogModalities struct{ Input, Output []string }
 
-// catalogData is a catalogue in memory: vendor → model id → info.
-type catalogData = map[string]map[string]modelInfo
+type catalogData = map[string]map[string]modelInfo // vendor → model id → info
 
 // catalogVendors maps a provider id to the catalogue's vendor key where they differ (SPEC §7.3,
 // models.dev's keys); local-openai serves whatever a deployment runs: none.
@@ -101,8 +100,7 @@ func newCatalog(st state, getenv func(string) string, client *http.Client, log *
 	if c.url = cmp.Or(strings.TrimSpace(getenv("BRAMA_MODEL_CATALOG_URL")), defaultCatalogURL); strings.EqualFold(c.url, "off") {
 		c.url = ""
 	}
-	var cc catalogCache
-	var b []byte
+	cc, b := catalogCache{}, []byte(nil)
 	if c.cachePath, err = st.path("model metadata cache", "model-metadata.json"); err != nil {
 		log.Warn("model_metadata_cache_unplaced", "cause", err.Error())
 	} else if b, _, err = readGuarded("model metadata cache", c.cachePath); err == nil {
@@ -460,7 +458,6 @@ func (p *perfRegistry) write(force bool) error {
 	return err
 }
 
-// snapshot copies the registry for /metrics.
 func (p *perfRegistry) snapshot() map[string]perfEntry {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -45,7 +45,7 @@ const (
 // (SPEC §3.1), an admin one under /v1/admin/; the admin routes are thin closures over inventory calls.
 func (s *server) routes() {
 	s.mux = http.NewServeMux()
-	handle := func(pattern string, h http.HandlerFunc) {
+	handle := func(pattern string, h func(http.ResponseWriter, *http.Request) error) {
 		s.mux.Handle(pattern, s.caller(map[bool]string{true: roleAdmin}[strings.Contains(pattern, " /v1/admin/")], h))
 	}
 	ok := map[string]bool{"ok": true}
@@ -78,12 +78,13 @@ func (s *server) routes() {
 		}
 		return t.usableBy(infoFrom(r.Context()).client.mayUse), nil // as /v1/models (SPEC §3.1)
 	}))
-	handle("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
+	handle("GET /metrics", func(w http.ResponseWriter, r *http.Request) error {
 		size, _ := s.journal.size()
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 		extra := s.maint.metrics()
 		extra["brama_attempts_total"], extra["brama_journal_bytes"] = float64(s.attempts.Load()), float64(size)
 		writeMetrics(w, s.perf.snapshot(), extra)
+		return nil
 	})
 	handle("GET /v1/admin/routes", reply(s, 200, noBody, func(r *http.Request, _ *struct{}) (any, error) {
 		doc, err := s.reg.current()
@@ -289,66 +290,68 @@ func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	}
 }
 
-// failing makes h a handler that writes h's error in the envelope.
-func (s *server) failing(h func(http.ResponseWriter, *http.Request) error) http.HandlerFunc {
+// caller runs h once r passes SPEC §3.1 and §3.2 for role ("": any client; roleAdmin for /v1/admin/*),
+// recording who called before the body is read (SPEC §7.4), then reads the body whole within the limit;
+// an error of either is written in the envelope.
+func (s *server) caller(role string, h func(http.ResponseWriter, *http.Request) error) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if err := h(w, r); err != nil {
+		err := s.admit(role, w, r)
+		if err == nil {
+			err = h(w, r)
+		}
+		if err != nil {
 			s.fail(w, r, err)
 		}
 	}
 }
 
-// caller runs h once r passes SPEC §3.1 and §3.2 for role ("": any client; roleAdmin for /v1/admin/*),
-// recording who called before the body is read (SPEC §7.4), then reads the body whole within the limit.
-func (s *server) caller(role string, h http.HandlerFunc) http.Handler {
-	return s.failing(func(w http.ResponseWriter, r *http.Request) error {
-		ri := infoFrom(r.Context())
-		tok, err := presentedToken(r.Header)
-		if err != nil {
-			return err
-		} else if ri.client, err = s.clients.authenticate(tok); err != nil {
-			return err
-		}
-		ri.agentID = ri.client.AgentID
-		switch agent, p := ri.agentID, r.PathValue("agent_id"); {
-		case role != "" && ri.client.Role != role:
-			return refuse("forbidden", "this route needs an admin client")
-		case p == "": // not a route acting for an agent (SPEC §3.2)
-		case !idPattern.MatchString(p): // e.g. %2e%2e
-			return refuse("invalid_request", "agent id %q in the path must match [a-z0-9-]{1,64}", p)
-		case agent == "" && role != roleAdmin:
-			return refuse("forbidden", "this route acts for agent %q; use a bearer bound to it: brama clients add ID -agent %s", p, p)
-		case agent != "" && agent != p:
-			return refuse("forbidden", "this request acts for agent %q, not %q", agent, p)
-		}
-		limit := cmp.Or(s.maxBody, defaultMaxRequestBytes) // 0 outside serve
-		if ce := r.Header.Get("Content-Encoding"); r.ContentLength <= limit && ce != "" && !strings.EqualFold(ce, "identity") {
-			return refuse("invalid_request", "a compressed request body (Content-Encoding) is not read; send it uncompressed")
-		}
-		var body []byte
-		if r.ContentLength <= limit {
-			body, err = io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
-		}
-		switch {
-		case r.ContentLength > limit || errors.As(err, new(*http.MaxBytesError)):
-			return refuse("invalid_request", "the request body is larger than BRAMA_MAX_REQUEST_BYTES (%d bytes)", limit).withStatus(413)
-		case err != nil:
-			return refuse("invalid_request", "the request body could not be read").because(err)
-		}
-		ri.body = body // not nil: io.ReadAll returns an empty slice for an empty body
-		r.Body = io.NopCloser(bytes.NewReader(body))
-		if err := checkNesting(body); err != nil {
-			return refuse("invalid_request", "the request body %v", err)
-		}
-		h(w, r)
-		return nil
-	})
+// admit authenticates r for role and reads its body.
+func (s *server) admit(role string, w http.ResponseWriter, r *http.Request) error {
+	ri := infoFrom(r.Context())
+	tok, err := presentedToken(r.Header)
+	if err != nil {
+		return err
+	} else if ri.client, err = s.clients.authenticate(tok); err != nil {
+		return err
+	}
+	ri.agentID = ri.client.AgentID
+	switch agent, p := ri.agentID, r.PathValue("agent_id"); {
+	case role != "" && ri.client.Role != role:
+		return refuse("forbidden", "this route needs an admin client")
+	case p == "": // not a route acting for an agent (SPEC §3.2)
+	case !idPattern.MatchString(p): // e.g. %2e%2e
+		return refuse("invalid_request", "agent id %q in the path must match [a-z0-9-]{1,64}", p)
+	case agent == "" && role != roleAdmin:
+		return refuse("forbidden", "this route acts for agent %q; use a bearer bound to it: brama clients add ID -agent %s", p, p)
+	case agent != "" && agent != p:
+		return refuse("forbidden", "this request acts for agent %q, not %q", agent, p)
+	}
+	limit := cmp.Or(s.maxBody, defaultMaxRequestBytes) // 0 outside serve
+	if ce := r.Header.Get("Content-Encoding"); r.ContentLength <= limit && ce != "" && !strings.EqualFold(ce, "identity") {
+		return refuse("invalid_request", "a compressed request body (Content-Encoding) is not read; send it uncompressed")
+	}
+	var body []byte
+	if r.ContentLength <= limit {
+		body, err = io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	}
+	switch {
+	case r.ContentLength > limit || errors.As(err, new(*http.MaxBytesError)):
+		return refuse("invalid_request", "the request body is larger than BRAMA_MAX_REQUEST_BYTES (%d bytes)", limit).withStatus(413)
+	case err != nil:
+		return refuse("invalid_request", "the request body could not be read").because(err)
+	}
+	ri.body = body // not nil: io.ReadAll returns an empty slice for an empty body
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	if err := checkNesting(body); err != nil {
+		return refuse("invalid_request", "the request body %v", err)
+	}
+	return nil
 }
 
 // reply makes f a handler: the body strictly decoded into B as mode says (malformed JSON or an
 // unknown member is a 400 naming it), f's value written with status (a []byte as is).
-func reply[B any](s *server, status, mode int, f func(*http.Request, *B) (any, error)) http.HandlerFunc {
-	return s.failing(func(w http.ResponseWriter, r *http.Request) error {
+func reply[B any](s *server, status, mode int, f func(*http.Request, *B) (any, error)) func(http.ResponseWriter, *http.Request) error {
+	return func(w http.ResponseWriter, r *http.Request) error {
 		var b B
 		if body := infoFrom(r.Context()).body; mode == requiredBody || mode == optionalBody && len(bytes.TrimSpace(body)) > 0 {
 			if err := decodeStrict("request body", body, &b); err != nil {
@@ -370,7 +373,7 @@ func reply[B any](s *server, status, mode int, f func(*http.Request, *B) (any, e
 			writeJSON(w, status, v)
 		}
 		return nil
-	})
+	}
 }
 
 // presentedToken is the one `Authorization: Bearer` or `x-api-key` token (SPEC §3.1; both carrying
@@ -536,8 +539,8 @@ func (s *server) routesWritten(alias string, doc *routesDoc, err error) (any, er
 }
 
 // handleChat serves a chat route: read the head, resolve, pay, call; the whole body is parsed only to translate (SPEC §7.6).
-func (s *server) handleChat(dialect string) http.HandlerFunc {
-	return s.failing(func(w http.ResponseWriter, r *http.Request) error {
+func (s *server) handleChat(dialect string) func(http.ResponseWriter, *http.Request) error {
+	return func(w http.ResponseWriter, r *http.Request) error {
 		ri := infoFrom(r.Context())
 		req, err := readCallerRequest(dialect, r, ri.body)
 		if err != nil {
@@ -570,13 +573,13 @@ func (s *server) handleChat(dialect string) http.HandlerFunc {
 		e.t.remember = s.replay.rememberer(ri.client.ID, scope, req.body, c, cands)
 		route(w)
 		return nil
-	})
+	}
 }
 
 // handleModelCall serves POST /v1/embeddings (an openai-chat provider's JSON returned as is) and
 // /v1/messages/count_tokens (SPEC §15, resolving as /v1/messages does, §6.4's max_tokens rule aside).
-func (s *server) handleModelCall(embeddings bool) http.HandlerFunc {
-	return s.failing(func(w http.ResponseWriter, r *http.Request) (err error) {
+func (s *server) handleModelCall(embeddings bool) func(http.ResponseWriter, *http.Request) error {
+	return func(w http.ResponseWriter, r *http.Request) (err error) {
 		ri, req, body := infoFrom(r.Context()), &callerRequest{}, map[string]json.RawMessage(nil)
 		if !embeddings {
 			if req, err = readCallerRequest(dialectMessages, r, ri.body); err != nil {
@@ -596,5 +599,5 @@ func (s *server) handleModelCall(embeddings bool) http.HandlerFunc {
 			return e.serveEmbeddings(r.Context(), w, req.head.Model, body, c)
 		}
 		return e.countTokens(r.Context(), w, req, c)
-	})
+	}
 }
