@@ -23,9 +23,7 @@ import (
 	"time"
 )
 
-// Advisory data no request waits on (SPEC §6.4, §13): the model catalogue, a file read on demand or
-// a URL read in the background and kept in the model metadata cache; and the perf registry, one
-// entry per route ever served, rendered by /metrics.
+// Advisory data no request waits on (SPEC §6.4, §13): the model catalogue and the perf registry.
 
 const ( // SPEC §16, §2.2
 	defaultCatalogURL = "https://models.dev/api.json"
@@ -33,8 +31,7 @@ const ( // SPEC §16, §2.2
 	perfFlushEvery    = 30 * time.Second
 )
 
-// modelInfo is what Brama keeps of a catalogue model: limits 0 and modalities nil when unknown.
-// Slices are shared with memory (replaced whole): callers must not modify them.
+// modelInfo is what Brama keeps of a catalogue model (0 and nil: unknown); callers must not modify its slices.
 type modelInfo struct {
 	ID          string            `json:"id"`
 	ReleaseDate string            `json:"release_date,omitempty"` // "YYYY-MM-DD" or "YYYY-MM"; "" unknown
@@ -60,23 +57,21 @@ func catalogVendor(provider string) string {
 
 // catalog is the model metadata of SPEC §6.4 and its source.
 type catalog struct {
-	path, url string       // BRAMA_MODEL_CATALOG_PATH (it wins), else the live URL; "" none
-	cachePath string       // the model metadata cache; "" without a state directory or for a file
-	client    *http.Client // the provider client: no timeout of Brama's own (SPEC §7.4)
-	log       *slog.Logger
-	now       func() time.Time
-	ttl       time.Duration
-
-	testingOnlyReadDone func() // runs after each background read settled; nil in production
-
-	mu         sync.Mutex    // guards the fields below
-	data       catalogData   // nil when absent
-	why        string        // why data is nil
-	nextTry    time.Time     // a TTL after the last read, good or bad, or the cache's fetch
-	fileID     string        // a file source's size and mtime at the last read
-	reads      int           // source reads settled, for tests
-	kick       chan struct{} // wakes the background reader; nil until start
-	refreshing bool          // a background read is queued or running (single flight)
+	path, url           string       // BRAMA_MODEL_CATALOG_PATH (it wins), else the live URL; "" none
+	cachePath           string       // the model metadata cache; "" without a state directory or for a file
+	client              *http.Client // the provider client: no timeout of Brama's own (SPEC §7.4)
+	log                 *slog.Logger
+	now                 func() time.Time
+	ttl                 time.Duration
+	testingOnlyReadDone func()        // runs after each background read settled; nil in production
+	mu                  sync.Mutex    // guards the fields below
+	data                catalogData   // nil when absent
+	why                 string        // why data is nil
+	nextTry             time.Time     // a TTL after the last read, good or bad, or the cache's fetch
+	fileID              string        // a file source's size and mtime at the last read
+	reads               int           // source reads settled, for tests
+	kick                chan struct{} // wakes the background reader; nil until start
+	refreshing          bool          // a background read is queued or running (single flight)
 }
 
 // catalogCache is $STATE/model-metadata.json: the last good catalogue (marshalCatalog) and its fetch time.
@@ -85,8 +80,7 @@ type catalogCache struct {
 	Body      json.RawMessage `json:"body"`
 }
 
-// newCatalog configures the catalogue (SPEC §16) and, for a URL, fills memory from the cache;
-// a file is read by the first lookup, a URL by start.
+// newCatalog configures the catalogue (SPEC §16); for a URL, memory starts from the cache until start reads it.
 func newCatalog(st state, getenv func(string) string, client *http.Client, log *slog.Logger, now func() time.Time) *catalog {
 	ttl, err := envSeconds(getenv, "BRAMA_MODEL_CATALOG_TTL_SECS", 1, defaultCatalogTTL)
 	if err != nil {
@@ -123,8 +117,7 @@ func newCatalog(st state, getenv func(string) string, client *http.Client, log *
 	return c
 }
 
-// start runs the background reader of a URL source until ctx (its only cancel, SPEC §7.4)
-// is done: one read, then one per kick from a stale lookup.
+// start reads a URL source in the background until ctx (its only cancel, SPEC §7.4): once, then per stale lookup.
 func (c *catalog) start(ctx context.Context, wg *sync.WaitGroup) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -145,8 +138,7 @@ func (c *catalog) start(ctx context.Context, wg *sync.WaitGroup) {
 	}(c.kick)
 }
 
-// readURL reads the URL whole into memory and, when good, the cache; a failure keeps memory.
-// Errors quote neither the body nor the URL, whose query may hold a key.
+// readURL reads the URL into memory and the cache; errors quote neither the body nor the URL (its query may hold a key).
 func (c *catalog) readURL(ctx context.Context) {
 	var data catalogData
 	status, b, err := callEndpoint(ctx, c.client, http.MethodGet, c.url, nil)
@@ -243,20 +235,15 @@ func (c *catalog) outputLimit(provider, model string) (int, string) {
 	return int(info.Limit.Output), cause
 }
 
-// models lists the models of provider's vendor, newest release first, then by id (SPEC §7.3);
-// unknown release dates sort last.
+// models lists provider's vendor's models, newest release first (unknown last), then by id (SPEC §7.3).
 func (c *catalog) models(provider string) []modelInfo {
-	if catalogVendor(provider) == "" {
-		return nil
-	}
-	data, _ := c.current()
+	data, _ := c.current() // parseCatalog leaves no vendor "": local-openai has none
 	return slices.SortedFunc(maps.Values(data[catalogVendor(provider)]), func(a, b modelInfo) int {
 		return cmp.Or(strings.Compare(b.ReleaseDate, a.ReleaseDate), strings.Compare(a.ID, b.ID))
 	})
 }
 
-// errCatalogShape marks a catalogue whose top level is not a JSON object of vendor objects;
-// parseCatalog wraps it in every error it returns.
+// errCatalogShape is wrapped by every error of parseCatalog: the top level is not an object of vendor objects.
 var errCatalogShape = errors.New("the model catalogue is not a JSON object of provider objects")
 
 // parseCatalog reads api.json, vendor → {"models": {id → model}}, strict only at the top: the document
@@ -330,8 +317,7 @@ type listedModel struct {
 	State   string `json:"brama_state,omitempty"`
 }
 
-// modelList is GET /v1/models's data: the aliases, then the catalogue models of the providers
-// serves says can serve, each only if mayUse (SPEC §3.1).
+// modelList is GET /v1/models's data: aliases, then the models of providers serves accepts, if mayUse (SPEC §3.1).
 func (c *catalog) modelList(aliases []aliasRow, serves func(providerInfo) bool, mayUse func(string) bool) []listedModel {
 	data := []listedModel{}
 	for _, a := range aliases {
@@ -367,24 +353,20 @@ type perfDocument struct {
 	Routes        map[string]perfEntry `json:"routes"`
 }
 
-// perfRegistry keeps one entry per route ever served, written to perf.json by record (at most
-// every 30 s) and flush: no timer, so idle writes nothing.
+// perfRegistry keeps one entry per route ever served; record (at most every 30 s) and flush write perf.json, so idle writes nothing.
 type perfRegistry struct {
 	sys
-	path     string    // perf.json; "" when pathErr is set
-	pathErr  error     // no state directory: the numbers live in memory only
-	unplaced sync.Once // logs perf_stats_unplaced at the first record
-
+	path      string     // perf.json; "" when pathErr is set
+	pathErr   error      // no state directory: the numbers live in memory only
+	unplaced  sync.Once  // logs perf_stats_unplaced at the first record
 	mu        sync.Mutex // guards routes, lastFlush, seq
 	routes    map[string]perfEntry
-	lastFlush time.Time // zero: never flushed, so the first record flushes
-	seq       uint64    // snapshots taken for writing, in order
-
-	file snapshotFile // perf.json, written in snapshot order
+	lastFlush time.Time
+	seq       uint64       // snapshots taken for writing, in order
+	file      snapshotFile // perf.json, written in snapshot order
 }
 
-// newPerfRegistry starts from perf.json. A file failing the guards or the parse is logged and
-// replaced at the next flush: telemetry never stops serving.
+// newPerfRegistry starts from perf.json; a bad one is logged and replaced at the next flush: telemetry never stops serving.
 func newPerfRegistry(st state, sy sys) *perfRegistry {
 	p := &perfRegistry{sys: sy, routes: map[string]perfEntry{}}
 	if p.path, p.pathErr = st.path("perf telemetry", "perf.json"); p.pathErr != nil {
@@ -426,11 +408,11 @@ func (p *perfRegistry) record(route string, ok bool, latency time.Duration, outp
 	p.write(false)
 }
 
-// flush writes perf.json now (at shutdown); without a state directory the numbers were only ever in memory.
+// flush writes perf.json now (at shutdown); without a state directory the numbers are only in memory.
 func (p *perfRegistry) flush() error { return p.write(true) }
 
-// write snapshots the registry into perf.json 30 s after the last flush (even a failed one), or
-// now with force; numbered, so racing writes never leave older numbers.
+// write snapshots the registry into perf.json 30 s after the last flush (even a failed one), or now with force;
+// numbered, so racing writes never leave older numbers.
 func (p *perfRegistry) write(force bool) error {
 	if p.pathErr != nil {
 		if !force {
@@ -440,7 +422,7 @@ func (p *perfRegistry) write(force bool) error {
 	}
 	now := p.now()
 	p.mu.Lock()
-	if !force && !p.lastFlush.IsZero() && now.Sub(p.lastFlush) < perfFlushEvery {
+	if !force && now.Sub(p.lastFlush) < perfFlushEvery { // a zero lastFlush is long ago: the first record flushes
 		p.mu.Unlock()
 		return nil
 	}
@@ -505,8 +487,7 @@ func writeMetrics(w io.Writer, perf map[string]perfEntry, extra map[string]float
 	io.WriteString(w, b.String())
 }
 
-// formatMetric is a sample value as Prometheus parses it; counters read as integers, and
-// FormatFloat already spells NaN, +Inf and -Inf that way.
+// formatMetric is a value as Prometheus parses it: integers whole; FormatFloat spells NaN, +Inf and -Inf so.
 func formatMetric(v float64) string {
 	if v == math.Trunc(v) && math.Abs(v) < 1e15 {
 		return strconv.FormatFloat(v, 'f', -1, 64)

@@ -42,11 +42,20 @@ const (
 )
 
 // routes is the only place URL patterns appear. Every route but /health and /readyz needs a client
-// (SPEC §3.1), an admin one under /v1/admin/; the admin routes are thin closures over inventory calls.
+// (SPEC §3.1), an admin one under /v1/admin/; a handler's error is written in the envelope.
 func (s *server) routes() {
 	s.mux = http.NewServeMux()
 	handle := func(pattern string, h func(http.ResponseWriter, *http.Request) error) {
-		s.mux.Handle(pattern, s.caller(map[bool]string{true: roleAdmin}[strings.Contains(pattern, " /v1/admin/")], h))
+		role := map[bool]string{true: roleAdmin}[strings.Contains(pattern, " /v1/admin/")]
+		s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+			err := s.caller(role, w, r)
+			if err == nil {
+				err = h(w, r)
+			}
+			if err != nil {
+				s.fail(w, r, err)
+			}
+		})
 	}
 	ok := map[string]bool{"ok": true}
 	s.mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
@@ -290,23 +299,9 @@ func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	}
 }
 
-// caller runs h once r passes SPEC §3.1 and §3.2 for role ("": any client; roleAdmin for /v1/admin/*),
-// recording who called before the body is read (SPEC §7.4), then reads the body whole within the limit;
-// an error of either is written in the envelope.
-func (s *server) caller(role string, h func(http.ResponseWriter, *http.Request) error) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		err := s.admit(role, w, r)
-		if err == nil {
-			err = h(w, r)
-		}
-		if err != nil {
-			s.fail(w, r, err)
-		}
-	}
-}
-
-// admit authenticates r for role and reads its body.
-func (s *server) admit(role string, w http.ResponseWriter, r *http.Request) error {
+// caller admits r for role ("": any client; roleAdmin for /v1/admin/*) by SPEC §3.1 and §3.2, recording
+// who called before the body is read (SPEC §7.4), then reads the body whole within the limit.
+func (s *server) caller(role string, w http.ResponseWriter, r *http.Request) error {
 	ri := infoFrom(r.Context())
 	tok, err := presentedToken(r.Header)
 	if err != nil {
