@@ -33,6 +33,8 @@ type server struct {
 	inflight sync.RWMutex
 }
 
+type handler func(http.ResponseWriter, *http.Request) error // a route's function; routes writes its error in the envelope
+
 // The body limit's default; how reply reads a body: not at all, empty or strict JSON, strict JSON.
 const (
 	defaultMaxRequestBytes = 64 << 20
@@ -45,19 +47,16 @@ const (
 // (SPEC §3.1), an admin one under /v1/admin/; a handler's error is written in the envelope.
 func (s *server) routes() {
 	s.mux = http.NewServeMux()
-	handle := func(pattern string, h func(http.ResponseWriter, *http.Request) error) {
+	handle := func(pattern string, h handler) {
 		role := map[bool]string{true: roleAdmin}[strings.Contains(pattern, " /v1/admin/")]
 		s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
-			err := s.caller(role, w, r)
-			if err == nil {
-				err = h(w, r)
-			}
-			if err != nil {
+			if err := s.caller(role, w, r); err != nil {
+				s.fail(w, r, err)
+			} else if err := h(w, r); err != nil {
 				s.fail(w, r, err)
 			}
 		})
 	}
-	ok := map[string]bool{"ok": true}
 	s.mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, 200, map[string]string{"status": "ok", "version": version})
 	})
@@ -73,7 +72,7 @@ func (s *server) routes() {
 		t, _ := s.reg.aliases(s.hasDirect)
 		data := s.catalog.modelList(t.Aliases, func(p providerInfo) bool {
 			if p.cred == credSubscription && ri.agentID != "" {
-				subs, _, err := s.engine(ri).eligible(ri.agentID, p.id)
+				subs, _, err := s.engine(ri.agentID, &ri.tally).eligible(ri.agentID, p.id)
 				return err == nil && len(subs) > 0
 			}
 			return p.cred == credDirect && s.hasDirect(p.id)
@@ -123,36 +122,39 @@ func (s *server) routes() {
 		handle("POST "+p, reply(s, 201, requiredBody, s.donateSubscription))
 		handle("DELETE "+p+"/{subscription_id}", reply(s, 200, noBody, func(r *http.Request, _ *struct{}) (any, error) {
 			reason := cmp.Or(r.URL.Query().Get("reason"), "retired by "+infoFrom(r.Context()).client.ID)
-			return ok, s.inv.retire(r.PathValue("agent_id"), r.PathValue("subscription_id"), reason)
+			return map[string]bool{"ok": true}, s.inv.retire(r.PathValue("agent_id"), r.PathValue("subscription_id"), reason)
 		}))
 	}
-	handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/reinstate", reply(s, 200, requiredBody, func(r *http.Request, b *struct {
-		Reason string `json:"reason"`
-	}) (any, error) {
-		err := s.inv.reinstate(r.PathValue("agent_id"), r.PathValue("subscription_id"), b.Reason)
-		if err == nil {
-			s.maint.changed()
-		}
-		return ok, err
-	}))
-	handle("PUT /v1/admin/subscriptions/{agent_id}/{subscription_id}/credential", reply(s, 200, requiredBody, func(r *http.Request, b *credentialBody) (any, error) {
-		it, err := s.inv.replaceSignedIn(r.PathValue("agent_id"), r.PathValue("subscription_id"),
-			vaultCredential{OAuth: b.OAuth, APIKey: b.APIKey}, infoFrom(r.Context()).client.ID)
-		if s.credentialChanged(it); err != nil {
-			return nil, err
-		}
-		return map[string]any{"ok": true, "subscription": s.inv.row(it, false, s.now())}, nil // the row, never the secret
-	}))
+	handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/reinstate",
+		reply(s, 200, requiredBody, func(r *http.Request, b *struct {
+			Reason string `json:"reason"`
+		}) (any, error) {
+			err := s.inv.reinstate(r.PathValue("agent_id"), r.PathValue("subscription_id"), b.Reason)
+			if err == nil {
+				s.maint.changed()
+			}
+			return map[string]bool{"ok": true}, err
+		}))
+	handle("PUT /v1/admin/subscriptions/{agent_id}/{subscription_id}/credential",
+		reply(s, 200, requiredBody, func(r *http.Request, b *credentialBody) (any, error) {
+			it, err := s.inv.replaceSignedIn(r.PathValue("agent_id"), r.PathValue("subscription_id"),
+				vaultCredential{OAuth: b.OAuth, APIKey: b.APIKey}, infoFrom(r.Context()).client.ID)
+			if s.credentialChanged(it); err != nil {
+				return nil, err
+			}
+			return map[string]any{"ok": true, "subscription": s.inv.row(it, false, s.now())}, nil // the row, never the secret
+		}))
 	// A provider's refusal of a probe is a 200 too: probe.ok false.
-	handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/probe", reply(s, 200, optionalBody, func(r *http.Request, b *struct {
-		Model string `json:"model"`
-	}) (any, error) {
-		it, err := s.inv.owned(r.PathValue("agent_id"), r.PathValue("subscription_id"), "a retired subscription is never probed")
-		if err != nil {
-			return nil, err
-		}
-		return (&engine{core: &s.core, agent: r.PathValue("agent_id"), t: &infoFrom(r.Context()).tally}).probe(r.Context(), it, b.Model)
-	}))
+	handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/probe",
+		reply(s, 200, optionalBody, func(r *http.Request, b *struct {
+			Model string `json:"model"`
+		}) (any, error) {
+			it, err := s.inv.owned(r.PathValue("agent_id"), r.PathValue("subscription_id"), "a retired subscription is never probed")
+			if err != nil {
+				return nil, err
+			}
+			return s.engine(r.PathValue("agent_id"), &infoFrom(r.Context()).tally).probe(r.Context(), it, b.Model)
+		}))
 	handle("POST /v1/admin/maintain", reply(s, 200, optionalBody, func(r *http.Request, _ *struct{}) (any, error) {
 		rep, err := s.maint.passNow(r.Context())
 		if errors.Is(err, errMaintenanceStopped) { // it could not list the subscriptions
@@ -189,13 +191,12 @@ func infoFrom(ctx context.Context) *requestInfo {
 	return cmp.Or(ri, &requestInfo{})
 }
 
-func (s *server) engine(ri *requestInfo) *engine {
-	return &engine{core: &s.core, agent: ri.agentID, t: &ri.tally}
+func (s *server) engine(agent string, t *tally) *engine {
+	return &engine{core: &s.core, agent: agent, t: t}
 }
 
-// statusWriter remembers the status for the log line (Unwrap keeps Flush reachable). An answer
-// written before the body was read closes the connection (SPEC §7.4): a slow body cannot hold it.
-// Without a read deadline net/http would still read up to 256 KiB of it, at the sender's pace.
+// statusWriter remembers the status for the log line (Unwrap keeps Flush reachable). An answer written before the body
+// was read closes the connection (SPEC §7.4): without a read deadline net/http would still read 256 KiB of it, slowly.
 type statusWriter struct {
 	http.ResponseWriter
 	ri     *requestInfo // ri.body nil: a body not read yet
@@ -345,7 +346,7 @@ func (s *server) caller(role string, w http.ResponseWriter, r *http.Request) err
 
 // reply makes f a handler: the body strictly decoded into B as mode says (malformed JSON or an
 // unknown member is a 400 naming it), f's value written with status (a []byte as is).
-func reply[B any](s *server, status, mode int, f func(*http.Request, *B) (any, error)) func(http.ResponseWriter, *http.Request) error {
+func reply[B any](s *server, status, mode int, f func(*http.Request, *B) (any, error)) handler {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		var b B
 		if body := infoFrom(r.Context()).body; mode == requiredBody || mode == optionalBody && len(bytes.TrimSpace(body)) > 0 {
@@ -401,11 +402,11 @@ type transportGuard map[string]bool
 func newTransportGuard(list string) (transportGuard, error) {
 	g := transportGuard{}
 	for _, f := range strings.FieldsFunc(list, func(r rune) bool { return r == ',' || r == ' ' }) {
-		ip := net.ParseIP(f)
-		if ip == nil {
+		if ip := net.ParseIP(f); ip != nil {
+			g[ip.String()] = true
+		} else {
 			return g, fmt.Errorf("BRAMA_TRUSTED_PROXY_IPS: %q is not an IP address", f)
 		}
-		g[ip.String()] = true
 	}
 	return g, nil
 }
@@ -452,8 +453,7 @@ func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 	} else if perm := fi.Mode().Perm(); perm&0o022 != 0 {
 		warn("the state directory has mode %#o: group or other may remove or replace its files, the journal too (chmod 700)", perm)
 	}
-	noState := func(err error) bool { return errors.As(err, new(*noStateError)) }
-	absent := func(err error) bool { return errors.Is(err, errFileAbsent) }
+	noState, absent := func(err error) bool { return errors.As(err, new(*noStateError)) }, func(err error) bool { return errors.Is(err, errFileAbsent) }
 	errOf := func(_ any, err error) error { return err }
 	_, _, keyErr := readAnswerKey(s.st)
 	check := func(what, env, path string, pathErr, err error, expected func(error) bool) { // expected nil: none is
@@ -534,7 +534,7 @@ func (s *server) routesWritten(alias string, doc *routesDoc, err error) (any, er
 }
 
 // handleChat serves a chat route: read the head, resolve, pay, call; the whole body is parsed only to translate (SPEC §7.6).
-func (s *server) handleChat(dialect string) func(http.ResponseWriter, *http.Request) error {
+func (s *server) handleChat(dialect string) handler {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		ri := infoFrom(r.Context())
 		req, err := readCallerRequest(dialect, r, ri.body)
@@ -542,7 +542,7 @@ func (s *server) handleChat(dialect string) func(http.ResponseWriter, *http.Requ
 			return err
 		}
 		ri.requestedModel, ri.streamed = req.head.Model, req.head.Stream
-		e := s.engine(ri)
+		e := s.engine(ri.agentID, &ri.tally)
 		c, cands, err := e.planChat(ri.client, req)
 		if ri.routingMode, ri.route = c.res.Mode, c.res.Route; err != nil {
 			return err
@@ -573,7 +573,7 @@ func (s *server) handleChat(dialect string) func(http.ResponseWriter, *http.Requ
 
 // handleModelCall serves POST /v1/embeddings (an openai-chat provider's JSON returned as is) and
 // /v1/messages/count_tokens (SPEC §15, resolving as /v1/messages does, §6.4's max_tokens rule aside).
-func (s *server) handleModelCall(embeddings bool) func(http.ResponseWriter, *http.Request) error {
+func (s *server) handleModelCall(embeddings bool) handler {
 	return func(w http.ResponseWriter, r *http.Request) (err error) {
 		ri, req, body := infoFrom(r.Context()), &callerRequest{}, map[string]json.RawMessage(nil)
 		if !embeddings {
@@ -585,7 +585,7 @@ func (s *server) handleModelCall(embeddings bool) func(http.ResponseWriter, *htt
 		} else if json.Unmarshal(body["model"], &req.head.Model) != nil || req.head.Model == "" {
 			return refuse("invalid_request", "model must be a non-empty string")
 		}
-		e := s.engine(ri)
+		e := s.engine(ri.agentID, &ri.tally)
 		ri.requestedModel = req.head.Model
 		c, err := e.plan(ri.client, ri.agentID, &req.head)
 		if ri.routingMode, ri.route = c.res.Mode, c.res.Route; err != nil {
