@@ -3,9 +3,8 @@ package main
 import (
 	"cmp"
 	"encoding/json"
-	"errors"
-	"io"
 	"slices"
+	"strconv"
 	"time"
 )
 
@@ -463,69 +462,79 @@ func (s *chatCallerStream) end(finish string, u usage) error {
 // fail writes the envelope of SPEC §8.1 as a final data frame.
 func (s *chatCallerStream) fail(e *apiError) error { return s.sse.frame("", e.body()) }
 
-// chatUpstreamStream translates chunks. finish_reason is the terminal signal
-// but usage follows it, so the tail goes out at [DONE] or the body's end.
-// Calls after the first go out whole at the end (a provider may interleave
-// arguments; messages and responses callers read a call at its block's end).
-type chatUpstreamStream struct {
-	finish  string      // set once a chunk carried finish_reason
-	usage   usage       // the latest usage reported
-	refusal bool        // a refusal delta came: the finish is content_filter
-	tools   map[int]int // provider tool-call index → neutral index of its latest call
-	ids     []string    // by neutral index, each call's id
-	held    []toolCall  // by neutral index - 1, the calls after the first
-}
+// The chat part of the one stream reader (sse.go's streamReader).
 
-func newChatUpstreamStream() streamTranslator { return &chatUpstreamStream{tools: map[int]int{}} }
-
-func (c *chatUpstreamStream) handle(ev sseEvent, emit func(streamEvent) error) (bool, error) {
-	if ev.Data == "[DONE]" { // the stream's end: before a finish, a cut
-		if c.finish == "" {
-			return false, streamCut(io.EOF)
-		}
-		return c.ended(emit)
+// readChat: each choice's finish_reason is the terminal signal (n > 1: the last choice's); usage may follow alone.
+func (r *streamReader) readChat(event string, e rawObject, emit func(streamEvent) error) (keep bool, err error) {
+	if event == "error" || !rawIsNull(e.value("error")) {
+		f, _ := errorObject(e.value("error"))
+		return false, inBandError(cmp.Or(f.code, f.typ))
 	}
-	var ch chatCompletion
-	if err := json.Unmarshal([]byte(ev.Data), &ch); err != nil || rawShape([]byte(ev.Data)) != '{' { // null decodes without error
-		return false, malformedEvent(protoOpenAIChat, cmp.Or(err, errEventNotObject))
+	u, err := usageOf(r.protocol, e.value("usage"))
+	choices, ok := splitRaw(e.value("choices"), '[', r.elems[:])
+	if err == nil && !ok && !rawIsNull(e.value("choices")) {
+		err = eventWithout(r.protocol, "chunk", "a choices array")
 	}
-	if ev.Event == "error" || !rawIsNull(ch.Error) {
-		e, _ := errorObject(ch.Error)
-		return false, inBandError(cmp.Or(e.code, e.typ))
+	if err != nil {
+		return false, err
 	}
-	return false, c.chunk(&ch, emit)
-}
-
-// chunk emits a chunk's text and tool call pieces of choice 0 (Brama never asks for n > 1).
-func (c *chatUpstreamStream) chunk(ch *chatCompletion, emit func(streamEvent) error) error {
-	if ch.Usage != nil {
-		c.usage = ch.Usage.neutral()
+	if u.Reported {
+		r.usage = u
 	}
-	for _, choice := range ch.Choices {
-		if choice.Index != 0 {
+	for _, c := range choices.members {
+		co, ok := splitRaw(choices.src[c.val:c.end], '{', r.scratch[1][:])
+		if !ok {
 			continue
 		}
-		if d := choice.Delta; d != nil {
-			t, err := chatContentText(d.Content)
-			if err != nil {
-				return malformedEvent(protoOpenAIChat, err)
+		n, _ := strconv.Atoi(string(co.value("index"))) // absent: choice 0
+		if r.translate && n == 0 {                      // Brama never asks a translated call for n > 1
+			var d chatMessage
+			if err := r.decode(co, "delta", &d); err != nil {
+				return false, err
 			}
-			if d.Refusal != "" {
-				t, c.refusal = t+d.Refusal, true
-			}
-			if t != "" {
-				if err := emit(streamEvent{Kind: eventText, Text: t}); err != nil {
-					return err
-				}
-			}
-			for i, tc := range d.ToolCalls {
-				if err := c.toolDelta(i, tc, emit); err != nil {
-					return err
-				}
+			if err := r.delta(&d, emit); err != nil {
+				return false, err
 			}
 		}
-		if f := choice.FinishReason; f != nil && *f != "" {
-			c.finish = chatFinish(*f)
+		i := n & 127
+		r.choices[0][i/64] |= 1 << (i % 64)
+		if f := rawText(co.value("finish_reason")); len(f) > 0 {
+			r.choices[1][i/64] |= 1 << (i % 64)
+			if n == 0 {
+				r.finish = chatFinish(string(f))
+			}
+		}
+		r.finished = r.choices[0] == r.choices[1] && (r.finish != "" || !r.translate) // translation reads choice 0
+	}
+	return !(r.dropUsage && u.Reported && len(choices.members) == 0), nil
+}
+
+// chunk reads a whole chat answer's choice 0 (decodeChat's), as a stream's last chunk.
+func (r *streamReader) chunk(ch *chatCompletion, emit func(streamEvent) error) error {
+	if ch.Usage != nil {
+		r.usage = ch.Usage.neutral()
+	}
+	r.finish = chatFinish(valueOr(ch.Choices[0].FinishReason, ""))
+	return r.delta(ch.Choices[0].Delta, emit)
+}
+
+// delta emits a chat delta's text (a refusal's too) and tool call pieces.
+func (r *streamReader) delta(d *chatMessage, emit func(streamEvent) error) error {
+	t, err := chatContentText(d.Content)
+	if err != nil {
+		return malformedEvent(protoOpenAIChat, err)
+	}
+	if d.Refusal != "" {
+		t, r.refusal = t+d.Refusal, true
+	}
+	if t != "" {
+		if err := emit(streamEvent{Kind: eventText, Text: t}); err != nil {
+			return err
+		}
+	}
+	for i, tc := range d.ToolCalls {
+		if err := r.toolDelta(i, tc, emit); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -533,18 +542,18 @@ func (c *chatUpstreamStream) chunk(ch *chatCompletion, emit func(streamEvent) er
 
 // toolDelta emits the start of a call new at its index, or carrying another id at
 // it (Ollama's parallel calls all at 0, servers that send no index), then any arguments.
-func (c *chatUpstreamStream) toolDelta(i int, tc chatToolCall, emit func(streamEvent) error) error {
+func (r *streamReader) toolDelta(i int, tc chatToolCall, emit func(streamEvent) error) error {
 	i = valueOr(tc.Index, i)
 	call, _ := tc.call()
-	ni, ok := c.tools[i]
-	if !ok || call.ID != "" && c.ids[ni] != "" && call.ID != c.ids[ni] { // an id after an id-less start is that call's
+	ni, ok := r.tools[i]
+	if !ok || call.ID != "" && r.ids[ni] != "" && call.ID != r.ids[ni] { // an id after an id-less start is that call's
 		if call.Name == "" {
-			return malformedEvent(protoOpenAIChat, errors.New("tool call without a name"))
+			return eventWithout(protoOpenAIChat, "tool call", "a name")
 		}
-		ni, c.tools[i], c.ids = len(c.ids), len(c.ids), append(c.ids, call.ID)
+		ni, r.tools[i], r.ids = len(r.ids), len(r.ids), append(r.ids, call.ID)
 		start := toolCall{ID: call.ID, Name: call.Name, Custom: call.Custom}
 		if ni > 0 {
-			c.held = append(c.held, start)
+			r.held = append(r.held, start)
 		} else if err := emit(streamEvent{Kind: eventToolCallStart, Index: ni, ToolCall: start}); err != nil {
 			return err
 		}
@@ -553,21 +562,8 @@ func (c *chatUpstreamStream) toolDelta(i int, tc chatToolCall, emit func(streamE
 	case call.Arguments == "":
 		return nil
 	case ni > 0:
-		c.held[ni-1].Arguments += call.Arguments
+		r.held[ni-1].Arguments += call.Arguments
 		return nil
 	}
 	return emit(streamEvent{Kind: eventToolCallArgs, Index: ni, Text: call.Arguments})
-}
-
-func (c *chatUpstreamStream) ended(emit func(streamEvent) error) (bool, error) {
-	if c.finish == "" {
-		return false, nil
-	}
-	if c.refusal {
-		c.finish = finishContentFilter
-	}
-	if err := emitCalls(emit, 1, c.held); err != nil {
-		return true, err
-	}
-	return true, emitTail(emit, c.finish, c.usage)
 }

@@ -289,7 +289,7 @@ func (e *cliEnv) printAliases(d deps, asJSON bool, err error) error {
 	if err != nil {
 		return err
 	}
-	t, err := d.reg.aliases(func(p string) bool { return d.vault.directKey(p) != "" })
+	t, err := d.reg.aliases(func(p string) bool { return d.vault.directKey(p) != "" }, nil)
 	if err != nil || asJSON {
 		b, _ := json.Marshal(t)
 		return e.say(err, "%s\n", b)
@@ -567,14 +567,14 @@ func onboard(e *cliEnv, o opts, _ []string) error {
 				build: func(ctx context.Context, _ *candidate, c call) (*http.Request, error) {
 					return buildUpstreamRequest(ctx, c.res.Provider, c.baseURL, c.cred, req, c.res.Model)
 				},
-				commit: func(_ context.Context, _ *candidate, c call, _ *overlayItem, resp *http.Response, _ int) (usage, *apiError, bool) {
+				commit: func(_ context.Context, _ *candidate, c call, resp *http.Response) (usage, *apiError, bool) {
 					a, err := readProviderAnswer(c.res.Provider, req, resp)
 					if err != nil {
 						return usage{}, asAPIError(err), false
 					}
 					return a.Usage, nil, false
 				}}
-			if ae := s.engine("", &tally{}).attemptRoute(e.ctx, j, c, nil); ae != nil {
+			if ae := s.engine("", &tally{}).attemptRoute(e.ctx, j, c, nil, nil); ae != nil {
 				return "", "", fmt.Errorf("no model answer: %s", ae.Message)
 			}
 			return c.res.Route, "", nil

@@ -8,13 +8,12 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
-	"encoding/hex"
 	"fmt"
 	"slices"
 	"strings"
 )
 
-// client is one bearer-token holder. Only the token's SHA-256 is kept.
+// client is one bearer-token holder (SPEC §3.1), kept in clients.json; only the token's SHA-256 is kept.
 type client struct {
 	ID            string   `json:"id"`
 	TokenSHA256   string   `json:"token_sha256"`
@@ -28,12 +27,13 @@ func (c client) mayUse(model string) bool {
 	return c.AllowedModels == nil || slices.Contains(c.AllowedModels, model)
 }
 
-// Roles of a client (SPEC §3.1).
+// Roles of a client (SPEC §3.1), and the 401 of a token no client holds.
 const (
-	roleAdmin  = "admin"
-	roleCaller = "caller"
+	roleAdmin, roleCaller = "admin", "caller"
+	notAClient            = "this token is not one of this gateway's clients"
 )
 
+// clientsDoc is clients.json: every client, each with its token's digest only.
 type clientsDoc struct {
 	Clients []client `json:"clients"`
 }
@@ -41,12 +41,10 @@ type clientsDoc struct {
 // parseClients strictly parses clients.json; nil, no file, is no clients.
 func parseClients(b []byte) (*clientsDoc, error) {
 	doc := &clientsDoc{Clients: []client{}}
-	if b != nil {
-		if err := decodeStrict("clients file", b, doc); err != nil {
-			return nil, err
-		}
+	if b == nil {
+		return doc, nil
 	}
-	return doc, nil
+	return doc, decodeStrict("clients file", b, doc)
 }
 
 // validate applies SPEC §3.1's rules, naming the first one a client breaks.
@@ -79,8 +77,7 @@ func newToken() string {
 
 func tokenDigest(token string) string { return hexSHA256([]byte(token)) }
 
-// clientStore is the clients file, re-read on change (SPEC §2.3), or the
-// process-only clients (memory, set before serving) when there is no state directory.
+// clientStore is the clients file, re-read on change (SPEC §2.3), or without a state directory the process's memory.
 type clientStore struct {
 	stateFile[*clientsDoc]
 	memory *clientsDoc
@@ -97,8 +94,7 @@ func (c *clientStore) load() (*clientsDoc, error) {
 	return c.stateFile.load()
 }
 
-// authenticate finds token's client, comparing every digest in constant
-// time; a refusal never says whose a token is (SPEC §3.1).
+// authenticate finds token's client, comparing every digest in constant time; a refusal never says whose a token is (SPEC §3.1).
 func (c *clientStore) authenticate(token string) (found client, err error) {
 	doc, err := c.load()
 	if err != nil {
@@ -111,9 +107,9 @@ func (c *clientStore) authenticate(token string) (found client, err error) {
 		}
 	}
 	if found.ID == "" { // every client has an id
-		return found, refuse("unauthenticated", notAClient)
+		err = refuse("unauthenticated", notAClient)
 	}
-	return found, nil
+	return found, err
 }
 
 // updateClients changes the clients file under its lock (SPEC §2.3).
@@ -121,17 +117,6 @@ func updateClients(path string, fn func(d *clientsDoc) error) error {
 	return (&stateFile[*clientsDoc]{role: "clients file", path: path, parse: parseClients}).update(fn)
 }
 
-// notAClient is the 401 of a token no client holds (SPEC §3.1).
-const notAClient = "this token is not one of this gateway's clients"
+func hexSHA256(b []byte) string { return fmt.Sprintf("%x", sha256.Sum256(b)) }
 
-// hexSHA256 is b's SHA-256 in lower-case hex.
-func hexSHA256(b []byte) string {
-	d := sha256.Sum256(b)
-	return hex.EncodeToString(d[:])
-}
-
-// isHexDigest reports whether s is a SHA-256 in lower-case hex.
-func isHexDigest(s string) bool {
-	_, err := hex.DecodeString(s)
-	return len(s) == 64 && err == nil && strings.ToLower(s) == s
-}
+func isHexDigest(s string) bool { return len(s) == 64 && strings.Trim(s, "0123456789abcdef") == "" }

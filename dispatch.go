@@ -14,20 +14,18 @@ import (
 	"time"
 )
 
-// The attempt engine (SPEC §7): plan checks a request before dispatch; the
-// budget table bounds each candidate; attemptCandidate is the one loop over
-// a direct key or a subscription pool, walkSelector the one walk over a
-// selector's candidates; send makes and counts the one call; commit is the
-// one abort after commit; settle records spend once. count_tokens,
-// embeddings and the probe go through the same loop.
+// The attempt engine (SPEC §7): plan checks before dispatch; attemptRoute is
+// the one walk over a route's candidates and their credentials within the
+// budget table; send makes and counts the one call; commit is the one abort
+// after commit; settle records spend once. Every kind of call goes through it.
 
 // routeKind is what the budget table is keyed by.
 type routeKind int
 
 const (
-	kindDirect       routeKind = iota // a direct or alias route (SPEC §7.1)
+	kindSelector     routeKind = iota // one candidate of any, any-vision-capable or best (§7.3)
+	kindDirect                        // a direct or alias route (SPEC §7.1)
 	kindSubscription                  // an explicit subscription route (§7.2)
-	kindSelector                      // one candidate of any, any-vision-capable or best (§7.3)
 	kindProbe                         // the completion probe (§11.3)
 	kindEmbeddings                    // POST /v1/embeddings (§15)
 	kindCountTokens                   // POST /v1/messages/count_tokens (§15)
@@ -37,7 +35,7 @@ const (
 type budget struct {
 	calls  int  // the attempt limit on one candidate
 	rotate bool // a refusal proving nothing was generated moves the walk on (§7.2.4); else every refusal is answered at once
-	spends bool // the call's spend is recorded (perf registry, the log line's tokens)
+	spends bool // the call's spend is recorded (perf registry, the log line's tokens, the ledger's use)
 }
 
 // budgets is the one table of attempt limits (SPEC §7.1–§7.3, §11.3, §15).
@@ -71,23 +69,21 @@ type tally struct {
 	remember      func(ae *apiError, attempts int, hungUp, streamed bool) // the replay guard's (SPEC §8.1); nil: none
 }
 
-// candidate is one route with its credentials: a direct key or a pool.
+// candidate is one route with who pays it: its pool, else the call's direct key.
 type candidate struct {
-	res     resolution
-	baseURL string              // a direct route's; a pool's is the provider's
-	key     *upstreamCredential // a direct route's one credential
-	pool    []overlayItem
-	req     *callerRequest // a chat call's request (a selector's with its limit)
-	model   string         // the name a chat answer reports
+	call
+	pool  []overlayItem
+	req   *callerRequest // a chat call's request (a selector's with its limit)
+	model string         // the name a chat answer reports
 }
 
-// job is how a request's calls are built and a committed one is answered.
+// job is how a request's calls are built and a committed one is answered;
+// commit's streamed says a failure was written in-band.
 type job struct {
-	kind  routeKind
-	build func(ctx context.Context, cand *candidate, c call) (*http.Request, error)
-	// commit answers from a committed call paid by sub (nil: a direct key);
-	// streamed says a failure was written in-band.
-	commit func(ctx context.Context, cand *candidate, c call, sub *overlayItem, resp *http.Response, attempts int) (u usage, failure *apiError, streamed bool)
+	kind   routeKind
+	pool   []overlayItem // the probe's one subscription; nil: the agent's eligible pool
+	build  func(ctx context.Context, cand *candidate, c call) (*http.Request, error)
+	commit func(ctx context.Context, cand *candidate, c call, resp *http.Response) (u usage, failure *apiError, streamed bool)
 }
 
 // plan resolves a request's head and makes every check before dispatch but
@@ -108,7 +104,14 @@ func (e *engine) plan(cl client, agent string, req *chatRequest) (call, error) {
 			err = refuse("forbidden", "this route is paid by an agent's subscriptions; use a bearer bound to an agent: brama clients add ID -agent AGENT")
 		}
 	case res.Provider.cred == credDirect:
-		if c.cred.APIKey, err = e.directCredential(res.Provider.id); err == nil {
+		key, vaultErr := e.directKey(res.Provider.id)
+		switch {
+		case vaultErr != nil:
+			err = vaultUnreadable(vaultErr).withAttempts(0)
+		case key == "":
+			err = refuse("credential_unauthorized", "no direct credential for provider %q", res.Provider.id).withAttempts(0)
+		default:
+			c.cred.APIKey = key
 			c.baseURL, err = e.baseURL(res.Provider)
 		}
 	}
@@ -168,22 +171,143 @@ func (e *engine) applyMaxTokens(req *chatRequest, res resolution) error {
 	return nil
 }
 
-// directCredential is the deployment's API key for provider (SPEC §7.1).
-func (e *engine) directCredential(provider string) (string, error) {
-	key := e.localCreds[provider]
-	if e.localCreds == nil {
-		doc, err := e.vault.load()
-		if err != nil && !errors.As(err, new(*noStateError)) {
-			return "", vaultUnreadable(err).withAttempts(0)
-		}
-		if doc != nil {
-			key = doc.Direct[provider].APIKey
-		}
+// attemptRoute serves c with j (SPEC §7.1–§7.3): each candidate (c's route,
+// or a selector's routes in order, each with its own output limit) with who
+// pays it: a direct key, the probed subscription, or the agent's pool of its
+// provider, read as it is reached, skipping a provider whose pool refused. A
+// rotating kind moves on only after a refusal proving nothing was generated:
+// a second call could double cost or tool effects. Its answer, or the walk's
+// one refusal (§7.2.5).
+func (e *engine) attemptRoute(ctx context.Context, j *job, c call, req *callerRequest, sels []resolution) *apiError {
+	b, wk, selecting := budgets[j.kind], &e.wk, j.kind == kindSelector
+	if !selecting {
+		sels = []resolution{c.res}
 	}
-	if key == "" {
-		return "", refuse("credential_unauthorized", "no direct credential for provider %q", provider).withAttempts(0)
+	poolRefused, tried := map[string]bool{}, false
+	var unfit *apiError // a candidate skipped: no max_tokens known, or a request its format cannot express
+candidates:
+	for _, res := range sels {
+		p, cand, queue := res.Provider, &candidate{call: c, pool: j.pool, req: req}, []overlayItem{{}}
+		if selecting {
+			wk.route, cand.res, cand.model = res.Route, res, res.Route
+		}
+		skip := func(ae *apiError) {
+			unfit = ae
+			wk.note(res.Route, "skipped: "+ae.Message)
+		}
+		if res.Mode != modeDirect && res.Mode != modeAlias { // a pool pays
+			var err error
+			if cand.pool == nil && poolRefused[p.id] {
+				wk.note(res.Route, "skipped: every "+p.id+" subscription already refused")
+				continue
+			} else if cand.pool == nil {
+				if cand.pool, err = e.eligible(e.agent, p.id); err != nil {
+					return asAPIError(err).withAttempts(e.t.attempts)
+				}
+			}
+			if len(cand.pool) == 0 {
+				wk.note(res.Route, fmt.Sprintf("no usable %q subscription", p.id))
+				continue
+			}
+			if selecting {
+				head := req.head
+				if err = e.applyMaxTokens(&head, res); err != nil {
+					skip(asAPIError(err))
+					continue
+				}
+				cand.req = req.withLimit(head.MaxTokens)
+			}
+			if cand.baseURL, err = e.baseURL(p); err != nil {
+				return asAPIError(err)
+			}
+			queue = slices.Clone(cand.pool) // without rotation, the first usable credential makes the one call
+		}
+		begin, before, rejected := e.now(), e.t.attempts, false
+		for calls := 0; len(queue) > 0 && calls < b.calls && !rejected; {
+			c, sub := cand.call, &queue[0]
+			queue = queue[1:]
+			var err error
+			if cand.pool == nil {
+				sub = nil
+			} else if c.cred, err = e.subscriptionCredential(ctx, j.kind, *sub, ""); errors.Is(err, errSkipSubscription) {
+				continue
+			} else if err != nil {
+				return asAPIError(err).withAttempts(e.t.attempts)
+			}
+			start := e.now()
+			hr, err := j.build(ctx, cand, c)
+			if ae := asAPIError(err); err != nil && selecting && ae.Code == "invalid_request" {
+				skip(ae) // its format cannot express the request (SPEC §7.6)
+				continue candidates
+			} else if err != nil { // the request could not be built: nothing was called
+				if e.t.attempts > 0 {
+					ae = ae.withAttempts(e.t.attempts)
+				}
+				return ae
+			}
+			made := e.t.attempts
+			resp, ref, failure := e.send(hr, c, sub)
+			calls++
+			if resp != nil {
+				return e.commit(ctx, j, cand, c, sub, resp, start)
+			}
+			if sub != nil && b.rotate && e.t.attempts > made { // none once the caller hung up: no use of sub
+				e.ledger.recordUse(sub.ID, p.id, false, 0, 0)
+			}
+			switch {
+			case ref == nil || !b.rotate && j.pool == nil: // a transport failure or cut body is potentially billable
+			case ref.class == refusalAuth: // the probe's is recorded, not retried
+				wk.auth = true
+				if (!b.rotate || c.cred.AccessToken == "" || slices.Contains(wk.refreshed, sub.ID)) && !e.credentialReplaced(*sub, c.cred) {
+					e.ledger.setCredential(sub.ID, p.id, credNeedsReauth, cmp.Or(ref.sentence, ref.err.Message))
+					wk.note(sub.ID, "authentication refused: "+ref.sentence)
+					continue
+				}
+				// Refresh a grant not yet refreshed here, retry if a call remains.
+				_, err := e.subscriptionCredential(ctx, j.kind, *sub, c.cred.AccessToken)
+				if err != nil && !errors.Is(err, errSkipSubscription) {
+					return asAPIError(err).withAttempts(e.t.attempts)
+				}
+				if err == nil {
+					wk.note(sub.ID, "refused the access token; refreshed")
+					if calls < b.calls {
+						queue = append([]overlayItem{*sub}, queue...)
+					}
+				}
+				continue
+			case ref.class == refusalRate || ref.class == refusalQuota:
+				e.blockFor(*sub, ref)
+				continue
+			case ref.class == refusalModel && selecting: // the next candidate may take the request
+				wk.rejectedStatus, rejected = ref.err.Status(), true
+				wk.note(res.Route, "refused the request: "+ref.sentence)
+				continue
+			}
+			return e.settle(ctx, j, cand, start, usage{}, failure.withAttempts(e.t.attempts))
+		}
+		if e.t.attempts > before && b.spends { // calls all refused count as one failure of the route (SPEC §13)
+			e.perf.record(res.Route, false, e.now().Sub(begin), 0)
+		}
+		poolRefused[p.id], tried = len(queue) == 0 && !rejected, true
 	}
-	return key, nil
+	switch {
+	case tried:
+		return e.exhausted()
+	case unfit != nil: // every usable candidate needs a max_tokens nobody knows (SPEC §6.4) or another format
+		return unfit
+	}
+	provider := c.res.Provider.id // no call at all: sign in again when every subscription (of a selector: any) needs it
+	if selecting {
+		provider = ""
+	}
+	items, err := e.inv.pool(e.agent, provider)
+	active := func(it overlayItem) bool { return e.ledger.credentialState(it.ID) == credActive }
+	route := cmp.Or(c.res.Route, c.res.Mode)
+	if err == nil && len(items) > 0 && !slices.ContainsFunc(items, active) {
+		return refuse("subscription_reauthorization_required", "no subscription of agent %q for %s is active; sign in again",
+			e.agent, route).withAttempts(0)
+	}
+	return refuse("credential_unauthorized", "no subscription of agent %q can serve %s", e.agent, route).withAttempts(0)
 }
 
 // testingOnlyBeforeCall runs as send starts a call (nil in production).
@@ -226,119 +350,34 @@ func (e *engine) send(hr *http.Request, c call, sub *overlayItem) (*http.Respons
 	return nil, &ref, ref.err
 }
 
-// routeOutcome says how one candidate's calls ended.
-type routeOutcome int
-
-const (
-	routeAnswered routeOutcome = iota // the caller has its answer (success or the returned refusal)
-	routeRefused                      // every credential of the pool refused or was skipped
-	routeNext                         // the budget spent, a credential untried; or (selectors) the request refused
-	routeUnfit                        // (selectors) no call: the candidate's format cannot express the request
-)
-
-// attemptCandidate makes one candidate's calls within its budget (SPEC
-// §7.1–§7.3). A rotating kind moves on only after a refusal proving nothing
-// was generated: a second call could double cost or tool effects.
-func (e *engine) attemptCandidate(ctx context.Context, j *job, cand *candidate) (out routeOutcome, _ *apiError) {
-	b, p, wk := budgets[j.kind], cand.res.Provider, &e.wk
-	begin, before := e.now(), e.t.attempts
-	defer func() { // calls all refused count as one failure of the route, as an answered refusal (SPEC §13)
-		if out != routeAnswered && e.t.attempts > before && b.spends {
-			e.perf.record(cand.res.Route, false, e.now().Sub(begin), 0)
-		}
-	}()
-	c, queue := call{res: cand.res, baseURL: cand.baseURL}, []overlayItem{{}} // a direct route: one call on its key
-	if cand.key == nil {
-		var err error
-		if c.baseURL, err = e.baseURL(p); err != nil {
-			return routeAnswered, asAPIError(err)
-		}
-		queue = slices.Clone(cand.pool) // without rotation, the first usable credential makes the one call
-	}
-	for calls := 0; len(queue) > 0 && calls < b.calls; {
-		sub := &queue[0]
-		queue = queue[1:]
-		if cand.key != nil {
-			c.cred, sub = *cand.key, nil
-		} else if until := e.ledger.blockedUntil(sub.ID); b.rotate && !until.IsZero() {
-			wk.blocked = true
-			wk.noteBlock(until)
-			wk.note(sub.ID, "blocked until "+until.UTC().Format(time.RFC3339))
-			continue
-		} else if j.kind != kindProbe && e.ledger.credentialState(sub.ID) != credActive { // marked since the pool was read; the probe may revive it
-			wk.note(sub.ID, "credential refused meanwhile; sign in again")
-			continue
-		} else if cred, err := e.subscriptionCredential(ctx, *sub, ""); errors.Is(err, errSkipSubscription) {
-			continue
-		} else if err != nil {
-			return routeAnswered, asAPIError(err).withAttempts(e.t.attempts)
-		} else {
-			c.cred = cred
-		}
-		start := e.now()
-		hr, err := j.build(ctx, cand, c)
-		if err != nil { // the request could not be built: nothing was called
-			ae := asAPIError(err)
-			if j.kind == kindSelector && ae.Code == "invalid_request" { // its format cannot express the request (SPEC §7.6)
-				return routeUnfit, ae
-			}
-			if e.t.attempts > 0 {
-				ae = ae.withAttempts(e.t.attempts)
-			}
-			return routeAnswered, ae
-		}
-		made := e.t.attempts
-		resp, ref, failure := e.send(hr, c, sub)
-		calls++
-		if resp != nil {
-			return routeAnswered, e.commit(ctx, j, cand, c, sub, resp, start)
-		}
-		if sub != nil && b.rotate && e.t.attempts > made { // none once the caller hung up: no use of sub
-			e.ledger.recordUse(sub.ID, p.id, false, 0, 0)
-		}
-		wk.last = ref
-		switch {
-		case !b.rotate || ref == nil: // a transport failure or cut body is potentially billable
-		case ref.class == refusalAuth:
-			wk.auth = true
-			if (c.cred.AccessToken == "" || slices.Contains(wk.refreshed, sub.ID)) && !e.credentialReplaced(*sub, c.cred) {
-				e.ledger.setCredential(sub.ID, p.id, credNeedsReauth, ref.sentence)
-				wk.note(sub.ID, "authentication refused: "+ref.sentence)
-				continue
-			}
-			// Refresh a grant not yet refreshed here, retry if a call remains.
-			_, err := e.subscriptionCredential(ctx, *sub, c.cred.AccessToken)
-			if err != nil && !errors.Is(err, errSkipSubscription) {
-				return routeAnswered, asAPIError(err).withAttempts(e.t.attempts)
-			}
-			if err == nil {
-				wk.note(sub.ID, "refused the access token; refreshed")
-				if calls < b.calls {
-					queue = append([]overlayItem{*sub}, queue...)
-				}
-			}
-			continue
-		case ref.class == refusalRate || ref.class == refusalQuota:
-			e.blockFor(*sub, p.id, ref)
-			continue
-		case ref.class == refusalModel && j.kind == kindSelector:
-			wk.rejectedStatus = ref.err.Status()
-			wk.note(cand.res.Route, "refused the request: "+ref.sentence)
-			return routeNext, nil
-		}
-		return routeAnswered, e.settle(ctx, j, cand, start, usage{}, failure.withAttempts(e.t.attempts))
-	}
-	if len(queue) > 0 {
-		return routeNext, nil
-	}
-	return routeRefused, nil
-}
-
-// commit answers from a committed call, never retried (SPEC §7.5); a failed
-// stream, its in-band error written, aborts the response: the one abort.
+// commit answers from a committed call, never retried (SPEC §7.5), and
+// keeps sub's ledger: plan windows, spend, a success's pin until the
+// earliest window reset, a block after an in-band rate or quota error. A
+// failed stream, its in-band error written, aborts the response: the one abort.
 func (e *engine) commit(ctx context.Context, j *job, cand *candidate, c call, sub *overlayItem, resp *http.Response, start time.Time) *apiError {
 	defer resp.Body.Close()
-	u, ae, streamed := j.commit(ctx, cand, c, sub, resp, e.t.attempts)
+	p, now, until := c.res.Provider.id, e.now(), time.Time{}
+	if sub != nil {
+		e.ledger.recordWindows(sub.ID, p, parsePlanWindows(p, resp.Header, now))
+		led, _ := e.ledger.entry(sub.ID) // its windows: this answer's and a usage report's (SPEC §7.2.2)
+		until = now.Add(maxPin)
+		for _, win := range led.Windows {
+			if at := time.UnixMilli(win.ResetsAtMs); win.ResetsAtMs > 0 && at.After(now) && at.Before(until) {
+				until = at
+			}
+		}
+	}
+	u, ae, streamed := j.commit(ctx, cand, c, resp)
+	if sub != nil && budgets[j.kind].spends {
+		e.ledger.recordUse(sub.ID, p, ae == nil, u.InputTokens, u.OutputTokens)
+		if ae == nil { // only a success pins (SPEC §7.2.4)
+			e.pins.Store(e.agent+"\x00"+p, pin{sub.ID, until})
+		}
+	}
+	var se *upstreamStreamError
+	if sub != nil && ae != nil && errors.As(ae, &se) && (se.Class == refusalRate || se.Class == refusalQuota) {
+		e.block(*sub, retryAfter(resp.Header, now), "the provider ended a committed answer with "+se.Code)
+	}
 	if ae = e.settle(ctx, j, cand, start, u, ae); ae != nil && streamed {
 		panic(http.ErrAbortHandler)
 	}
@@ -362,60 +401,22 @@ func (e *engine) settle(ctx context.Context, j *job, cand *candidate, start time
 	return failure
 }
 
-// attemptRoute serves a direct or subscription route (req nil: a direct
-// one's): its answer, or the walk's one refusal (SPEC §7.2.5).
-func (e *engine) attemptRoute(ctx context.Context, j *job, c call, req *callerRequest) *apiError {
-	cand := &candidate{res: c.res, baseURL: c.baseURL, key: &c.cred, req: req}
-	if req != nil {
-		cand.model = req.head.Model
-	}
-	if p := c.res.Provider.id; c.res.Mode == modeSubscription {
-		subs, anyPool, err := e.eligible(e.agent, p)
-		switch {
-		case err != nil:
-			return asAPIError(err)
-		case !anyPool:
-			return refuse("credential_unauthorized", "no %q subscription for agent %q", p, e.agent).withAttempts(0)
-		case len(subs) == 0:
-			return refuse("subscription_reauthorization_required", "no %q subscription of agent %q has an active credential; sign in again", p, e.agent).withAttempts(0)
-		}
-		cand.key, cand.pool = nil, subs
-	}
-	if out, ae := e.attemptCandidate(ctx, j, cand); out == routeAnswered {
-		return ae
-	}
-	return e.exhausted()
-}
-
-// serveChat answers a planned chat request on w, or returns the refusal,
-// told first to the replay guard (SPEC §8.1).
+// serveChat answers a planned chat request on w, passthrough or translated
+// (SPEC §7.6), or returns the refusal, told first to the replay guard (§8.1).
 func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *callerRequest, c call, cands []resolution) *apiError {
-	j := &job{ // passthrough or translated (SPEC §7.6), a paying subscription's ledger kept
-		kind: kindSelector,
+	chatKinds := map[string]routeKind{modeDirect: kindDirect, modeAlias: kindDirect, modeSubscription: kindSubscription}
+	j := &job{kind: chatKinds[c.res.Mode], // else a selector's
 		build: func(ctx context.Context, cand *candidate, c call) (*http.Request, error) {
 			if cand.req.translates(c.res.Provider) {
 				return buildUpstreamRequest(ctx, c.res.Provider, c.baseURL, c.cred, cand.req.translated(), c.res.Model)
 			}
 			return buildPassthroughRequest(ctx, c, cand.req)
 		},
-		commit: func(ctx context.Context, cand *candidate, c call, sub *overlayItem, resp *http.Response, attempts int) (usage, *apiError, bool) {
-			if sub == nil {
-				return e.deliver(ctx, w, cand.model, cand.req, c, resp, attempts)
-			}
-			return e.answerSubscription(ctx, w, cand, c, *sub, resp, attempts)
+		commit: func(ctx context.Context, cand *candidate, c call, resp *http.Response) (usage, *apiError, bool) {
+			return e.deliver(ctx, w, cand, c, resp)
 		},
 	}
-	var ae *apiError
-	switch c.res.Mode {
-	case modeDirect, modeAlias:
-		j.kind = kindDirect
-		ae = e.attemptRoute(ctx, j, c, req)
-	case modeSubscription:
-		j.kind = kindSubscription
-		ae = e.attemptRoute(ctx, j, c, req)
-	default:
-		ae = e.walkSelector(ctx, j, req, cands)
-	}
+	ae := e.attemptRoute(ctx, j, c, req, cands)
 	e.refused(ae, ctx.Err() != nil, false)
 	return ae
 }
@@ -429,10 +430,11 @@ func (e *engine) refused(ae *apiError, hungUp, streamed bool) {
 
 // deliver answers from a committed call, passthrough or translated naming
 // model; a stream's failure is written in-band (streamed), a buffered one not.
-func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, model string, req *callerRequest, c call, resp *http.Response, attempts int) (u usage, failure *apiError, streamed bool) {
+func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, cand *candidate, c call, resp *http.Response) (u usage, failure *apiError, streamed bool) {
 	w.Header().Set("Brama-Route", c.res.Route)
 	e.t.route = c.res.Route
-	p := c.res.Provider
+	p, req, attempts := c.res.Provider, cand.req, e.t.attempts
+	model := cmp.Or(cand.model, req.head.Model)
 	pass, tr := !req.translates(p), chatRequest{}
 	if !pass {
 		tr = req.translated()
@@ -485,21 +487,6 @@ func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, model strin
 	return a.Usage, nil, false
 }
 
-// attemptOne serves a route outside chat: one call of kind, answered
-// buffered by commit; a nil refusal is a nil error.
-func (e *engine) attemptOne(ctx context.Context, kind routeKind, c call, build func(context.Context, call) (*http.Request, error), commit func(call, *http.Response, int) (usage, *apiError)) error {
-	j := &job{kind: kind,
-		build: func(ctx context.Context, _ *candidate, c call) (*http.Request, error) { return build(ctx, c) },
-		commit: func(_ context.Context, _ *candidate, c call, _ *overlayItem, resp *http.Response, attempts int) (usage, *apiError, bool) {
-			u, ae := commit(c, resp, attempts)
-			return u, ae, false
-		}}
-	if ae := e.attemptRoute(ctx, j, c, nil); ae != nil {
-		return ae
-	}
-	return nil
-}
-
 // countTokens answers POST /v1/messages/count_tokens (SPEC §15): the
 // anthropic-messages provider's own count (one call), else a local estimate.
 func (e *engine) countTokens(ctx context.Context, w http.ResponseWriter, req *callerRequest, c call) error {
@@ -511,23 +498,29 @@ func (e *engine) countTokens(ctx context.Context, w http.ResponseWriter, req *ca
 		writeJSON(w, http.StatusOK, countTokensAnswer{ptrTo(estimateInputTokens(req.body))})
 		return nil
 	}
-	return e.attemptOne(ctx, kindCountTokens, c, func(ctx context.Context, c call) (*http.Request, error) {
-		return req.passthrough(ctx, c, "/v1/messages/count_tokens", false)
-	}, func(c call, resp *http.Response, attempts int) (usage, *apiError) {
-		var ans countTokensAnswer
-		b, err := readWhole(c.res.Provider, resp)
-		if err != nil {
-			return usage{}, asAPIError(err).withAttempts(attempts)
-		}
-		if err := json.Unmarshal(b, &ans); err != nil || ans.InputTokens == nil {
-			return usage{}, malformedAnswer(protoAnthropic, err).withAttempts(attempts)
-		}
-		w.Header().Set("Brama-Route", c.res.Route)
-		w.Header().Set("Brama-Attempts", strconv.Itoa(attempts))
-		providerFacts(w.Header(), resp.Header, true)
-		writeJSON(w, http.StatusOK, ans)
-		return usage{}, nil
-	})
+	j := &job{kind: kindCountTokens,
+		build: func(ctx context.Context, _ *candidate, c call) (*http.Request, error) {
+			return req.passthrough(ctx, c, "/v1/messages/count_tokens", false)
+		},
+		commit: func(_ context.Context, _ *candidate, c call, resp *http.Response) (usage, *apiError, bool) {
+			var ans countTokensAnswer
+			b, err := readWhole(c.res.Provider, resp)
+			if err != nil {
+				return usage{}, asAPIError(err).withAttempts(e.t.attempts), false
+			}
+			if err := json.Unmarshal(b, &ans); err != nil || ans.InputTokens == nil {
+				return usage{}, malformedAnswer(protoAnthropic, err).withAttempts(e.t.attempts), false
+			}
+			w.Header().Set("Brama-Route", c.res.Route)
+			w.Header().Set("Brama-Attempts", strconv.Itoa(e.t.attempts))
+			providerFacts(w.Header(), resp.Header, true)
+			writeJSON(w, http.StatusOK, ans)
+			return usage{}, nil, false
+		}}
+	if ae := e.attemptRoute(ctx, j, c, nil, nil); ae != nil {
+		return ae
+	}
+	return nil
 }
 
 // serveEmbeddings makes the one call of POST /v1/embeddings (SPEC §15) on a
@@ -541,10 +534,17 @@ func (e *engine) serveEmbeddings(ctx context.Context, w http.ResponseWriter, mod
 	}
 	body["model"], _ = json.Marshal(c.res.Model)
 	out, _ := json.Marshal(body)
-	return e.attemptOne(ctx, kindEmbeddings, c, func(ctx context.Context, c call) (*http.Request, error) {
-		return newPassthroughRequest(ctx, c, nil, "/embeddings", out, false)
-	}, func(c call, resp *http.Response, attempts int) (usage, *apiError) {
-		w.Header().Set("Brama-Route", c.res.Route)
-		return relayBuffered(w, &callerRequest{}, c, resp, attempts) // a JSON object as received, else provider_failure
-	})
+	j := &job{kind: kindEmbeddings,
+		build: func(ctx context.Context, _ *candidate, c call) (*http.Request, error) {
+			return newPassthroughRequest(ctx, c, nil, "/embeddings", out, false)
+		},
+		commit: func(_ context.Context, _ *candidate, c call, resp *http.Response) (usage, *apiError, bool) {
+			w.Header().Set("Brama-Route", c.res.Route)
+			u, ae := relayBuffered(w, &callerRequest{}, c, resp, e.t.attempts) // a JSON object as received, else provider_failure
+			return u, ae, false
+		}}
+	if ae := e.attemptRoute(ctx, j, c, nil, nil); ae != nil {
+		return ae
+	}
+	return nil
 }

@@ -399,16 +399,16 @@ func (l *ledger) writeIf(ok func() bool) error {
 	return nil
 }
 
-// newWindow is a window read at now, its fraction clamped to [0,1] (NaN reads as 0).
-func newWindow(id, label string, fraction float64, resetMs int64, now time.Time, source string) planWindow {
-	return planWindow{ID: id, Label: label, UsedFraction: planFraction(fraction), ResetsAtMs: resetMs, RecordedAtMs: now.UnixMilli(), Source: source}
-}
-
 func planFraction(f float64) float64 {
 	if !(f >= 0) {
 		return 0
 	}
 	return min(f, 1)
+}
+
+// newWindow is a window read at now, its fraction clamped to [0,1] (NaN reads as 0).
+func newWindow(id, label string, fraction float64, resetMs int64, now time.Time, source string) planWindow {
+	return planWindow{ID: id, Label: label, UsedFraction: planFraction(fraction), ResetsAtMs: resetMs, RecordedAtMs: now.UnixMilli(), Source: source}
 }
 
 // planMaxResetSeconds bounds a reset delay or a window's length (about year 5138), so ms cannot overflow.
@@ -465,9 +465,9 @@ func (r codexReading) window(which string, now time.Time, source string) (planWi
 	return w, r.UsedPercent.ok
 }
 
-// number is a finite number: JSON's, or a string holding one (Kimi's counters, headers).
+// number is a finite number: JSON's, or a string holding one (Kimi's counters, headers); v is 0 unless ok.
 type number struct {
-	v  float64 // 0 unless ok
+	v  float64
 	ok bool
 }
 
@@ -485,10 +485,10 @@ func numberOf(s string) number {
 	return number{f, true}
 }
 
-// instant is a moment a report or header states (SPEC §11.2): RFC 3339, epoch seconds, or epoch ms
-// from 1e12 on (1e12 s would be year 33658); set even when the member states none (null).
+// instant is a moment a report or header states (SPEC §11.2): RFC 3339, epoch seconds, or epoch ms from
+// 1e12 on (1e12 s would be year 33658); ms is 0 for none; set even when the member states none (null).
 type instant struct {
-	ms  int64 // 0 none
+	ms  int64
 	set bool
 }
 
@@ -518,8 +518,8 @@ func epochMs(f float64) int64 {
 	return int64(f)
 }
 
-// windowLabel names a window of mins minutes in whole days, hours or
-// minutes ("5 hours"), or is fallback when mins is no whole number in range.
+// windowLabel names a window of mins minutes in whole days, hours or minutes ("5 hours"), or is fallback
+// when mins is no whole number in range.
 func windowLabel(mins float64, fallback string) string {
 	if !(mins >= 1) || mins >= planMaxResetSeconds || mins != math.Trunc(mins) {
 		return fallback
@@ -544,13 +544,12 @@ type kimiCounters struct {
 	ResetTimeSpec          instant `json:"reset_time"`
 }
 
-// fraction is used/limit (limit > 0), or else 1 − remaining/limit.
-func (c *kimiCounters) fraction() (float64, bool) {
+// window is c as a window: used/limit (limit > 0), or else 1 − remaining/limit; its reset, else reset.
+func (c *kimiCounters) window(id, label string, reset int64, now time.Time) (planWindow, bool) {
 	used := cmp.Or(c.Used, number{c.Limit.v - c.Remaining.v, c.Remaining.ok})
-	return used.v / c.Limit.v, c.Limit.v > 0 && used.ok
+	reset = cmp.Or(c.ResetTime.ms, c.ResetTimeSpec.ms, reset)
+	return newWindow(id, label, used.v/c.Limit.v, reset, now, windowSourceReport), c.Limit.v > 0 && used.ok
 }
-
-func (c *kimiCounters) reset() int64 { return cmp.Or(c.ResetTime.ms, c.ResetTimeSpec.ms) }
 
 // kimiTimeUnits is minutes per window.timeUnit of a Kimi limit.
 var kimiTimeUnits = map[string]float64{"TIME_UNIT_SECOND": 1.0 / 60, "TIME_UNIT_MINUTE": 1, "TIME_UNIT_HOUR": 60, "TIME_UNIT_DAY": 24 * 60}
@@ -567,14 +566,15 @@ func kimiUsage(r struct {
 		}
 	}
 }, now time.Time) (ws []planWindow) {
-	if f, ok := r.Usage.fraction(); ok {
-		ws = append(ws, newWindow("kimi:usage", "plan usage", f, r.Usage.reset(), now, windowSourceReport))
+	if w, ok := r.Usage.window("kimi:usage", "plan usage", 0, now); ok {
+		ws = append(ws, w)
 	}
 	for i, l := range r.Limits {
-		c := cmp.Or(l.Detail, &l.kimiCounters)
-		if f, ok := c.fraction(); ok {
-			label := windowLabel(l.Window.Duration.v*kimiTimeUnits[l.Window.TimeUnit], "limit "+strconv.Itoa(i))
-			ws = append(ws, newWindow("kimi:limit-"+strconv.Itoa(i), label, f, cmp.Or(c.reset(), l.reset()), now, windowSourceReport))
+		n := strconv.Itoa(i)
+		label := windowLabel(l.Window.Duration.v*kimiTimeUnits[l.Window.TimeUnit], "limit "+n)
+		c, reset := cmp.Or(l.Detail, &l.kimiCounters), cmp.Or(l.ResetTime.ms, l.ResetTimeSpec.ms)
+		if w, ok := c.window("kimi:limit-"+n, label, reset, now); ok {
+			ws = append(ws, w)
 		}
 	}
 	return ws

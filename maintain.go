@@ -20,8 +20,8 @@ import (
 
 var errMaintenanceStopped = errors.New("the maintenance scheduler is not running")
 
-// maintainer runs one daemon's passes (SPEC §11.2: read the usage reports, then refresh the grants
-// that fell due, never on a period of Brama's own) one at a time on loop's goroutine.
+// maintainer runs one daemon's passes (SPEC §11.2: read the usage reports, then refresh the grants that fell due, never on a
+// period of Brama's own) one at a time on loop's goroutine.
 type maintainer struct {
 	inv    *inventory
 	l      *ledger
@@ -35,27 +35,27 @@ type maintainer struct {
 	testingOnlyAfterFunc func(d time.Duration, f func()) ledgerStopper
 	testingOnlyPassDone  func(reason string, started time.Time, rep passReport)
 
-	mu      sync.Mutex        // guards the fields below
-	looping bool              // loop runs, so passNow can be answered
-	asked   map[string]string // agent ("": everyone) → reason of a pass over its subscriptions asked for, not yet started (SPEC §17)
-	waiting *passTicket       // what passNow callers wait for: the next pass over everyone to start
-	running bool              // a pass is running
-	fresh   map[string]bool   // agents ("": everyone) a pass covered since the last inventory or credential change
-	passes  int64             // passes started
-	dropped int64             // requests dropped by the SPEC §11.2 rule
-	lastOK  bool              // the last pass ended ok
-	lastAt  [2]time.Time      // when the last pass started and ended; zero before the first ends
-	timer   ledgerStopper     // the armed due timer; nil when none or it fired
-	timerAt time.Time         // the moment it is armed for; zero none
+	mu      sync.Mutex             // guards the fields below
+	looping bool                   // loop runs, so passNow can be answered
+	asked   map[string]*passTicket // agent ("": everyone) → the pass over its subscriptions asked for, not yet started (SPEC §17)
+	running bool
+	fresh   map[string]bool // agents ("": everyone) a pass covered since the last inventory or credential change
+	passes  int64           // passes started
+	dropped int64           // requests dropped by the SPEC §11.2 rule
+	lastOK  bool            // the last pass ended ok
+	lastAt  [2]time.Time    // when the last pass started and ended; zero before the first ends
+	timer   ledgerStopper   // the armed due timer; nil when none or it fired
+	timerAt time.Time       // the moment it is armed for; zero none
 }
 
-// passTicket is one pass's answer for its waiters (rep.err the refusal), set before done closes.
+// passTicket is one asked pass: why, and its answer for its waiters (rep.err the refusal), set before done closes.
 type passTicket struct {
-	done chan struct{}
-	rep  passReport
+	reason string
+	done   chan struct{}
+	rep    passReport
 }
 
-// passReport is the body of POST /v1/admin/maintain (SPEC §11.2).
+// passReport is the body of POST /v1/admin/maintain (SPEC §11.2); err (never sent): the pass could not list the subscriptions.
 type passReport struct {
 	OK    bool `json:"ok"`
 	Usage struct {
@@ -65,8 +65,7 @@ type passReport struct {
 	} `json:"usage"`
 	Credentials credentialSummary `json:"credentials"`
 	NextDueAt   *string           `json:"next_due_at"` // RFC 3339, or null when nothing is due
-
-	err error // the pass could not list the subscriptions at all; never sent
+	err         error
 }
 
 type usageFailure struct { // one failed read, its error redacted
@@ -81,95 +80,98 @@ type credentialSummary struct {
 	Refused       int `json:"refused"` // attempts that gave no grant (the credential_refresh_* line says why)
 }
 
-// newMaintainer builds the maintainer; nothing runs until run.
 func newMaintainer(inv *inventory, l *ledger, o *oauthClient, client *http.Client, getenv func(string) string, log *slog.Logger, now func() time.Time) *maintainer {
-	return &maintainer{inv: inv, l: l, o: o, client: client, getenv: getenv, log: log, clock: now, asked: map[string]string{}, fresh: map[string]bool{}}
+	return &maintainer{inv: inv, l: l, o: o, client: client, getenv: getenv, log: log, clock: now,
+		asked: map[string]*passTicket{}, fresh: map[string]bool{}}
 }
 
 // run starts loop, counted in wg, with the start pass pending (the listener is up).
 func (m *maintainer) run(ctx context.Context, wg *sync.WaitGroup) {
 	m.mu.Lock()
 	m.looping = true
-	m.asked[""] = cmp.Or(m.asked[""], "start")
+	m.want("", "start")
 	m.mu.Unlock()
 	wg.Add(1)
-	go func() { defer wg.Done(); m.loop(ctx) }()
+	go func() {
+		defer wg.Done()
+		defer m.stop()
+		for ctx.Err() == nil {
+			if m.loopOnce(ctx, m.clock()) {
+				continue // a pass asked for meanwhile runs next
+			}
+			select { // a requested pass, the due timer or a ledger change nudges m.l.changed
+			case <-ctx.Done():
+			case <-m.l.changed:
+			}
+		}
+	}()
 }
 
-// loop runs loopOnce until ctx ends, waiting between turns for a nudge of
-// m.l.changed (a requested pass, the due timer or a ledger change).
-func (m *maintainer) loop(ctx context.Context) {
-	defer m.stop()
-	for ctx.Err() == nil {
-		if m.loopOnce(ctx, m.clock()) {
-			continue // a pass asked for meanwhile runs next
-		}
-		select {
-		case <-ctx.Done():
-		case <-m.l.changed:
-		}
-	}
-}
-
-// loopOnce, at now, runs the pending pass (true): over everyone, else over
-// one agent's subscriptions, or else arms the one timer at the ledger's next
-// due moment (false); a moment passed before its timer fired is due now.
+// loopOnce, at now, runs the pending pass (true): over everyone, else over one agent's subscriptions, or else arms the one timer
+// at the ledger's next due moment (false); a moment passed before its timer fired is due now.
 func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
 	m.mu.Lock()                     // first: the journal read must not come between now and the pending check
 	retired, _ := m.inv.j.retired() // unreadable: no moment is skipped
 	due := m.l.nextDue(now, retired)
-	if m.asked[""] == "" && m.timer != nil && !m.timerAt.After(now) {
-		m.disarmLocked()
-		m.asked[""] = "due"
+	if m.asked[""] == nil && m.timer != nil && !m.timerAt.After(now) {
+		m.arm(time.Time{}, now)
+		m.want("", "due")
 	}
-	agent, t := "", m.waiting
+	agent := ""
 	for a := range m.asked {
 		if agent = a; a == "" {
 			break
 		}
 	}
-	reason := m.asked[agent]
-	if reason == "" {
+	t := m.asked[agent]
+	if t == nil {
 		if m.timer == nil || !due.Equal(m.timerAt) {
-			m.armLocked(due, now)
+			m.arm(due, now)
 		}
 		m.mu.Unlock()
 		return false
 	}
+	delete(m.asked, agent)
 	if agent == "" {
 		clear(m.asked) // a pass over everyone covers the agents' refusals
-		m.waiting = nil
-	} else {
-		delete(m.asked, agent)
-		t = nil
 	}
 	m.running, m.fresh[agent] = true, true
 	m.passes++
 	m.mu.Unlock()
 
-	m.log.Info("maintenance_pass_started", "reason", reason, "agent_id", agent)
+	m.log.Info("maintenance_pass_started", "reason", t.reason, "agent_id", agent)
 	rep := m.passOnce(ctx, agent)
 	m.mu.Lock()
 	m.running = false
 	if missed := m.l.nextDue(now, retired); !missed.IsZero() && !missed.After(m.clock()) {
-		m.asked[""] = cmp.Or(m.asked[""], "due") // it passed during the pass
+		m.want("", "due") // it passed during the pass
 	}
 	m.lastOK, m.lastAt = rep.OK, [2]time.Time{now, m.clock()}
 	m.mu.Unlock()
 	if m.testingOnlyPassDone != nil {
-		m.testingOnlyPassDone(reason, now, rep)
+		m.testingOnlyPassDone(t.reason, now, rep)
 	}
-	if t != nil {
-		t.rep = rep
-		close(t.done)
-	}
+	t.rep = rep
+	close(t.done)
 	return true
 }
 
-// armLocked replaces the due timer with one for due (none when zero); a
-// timer firing after it was replaced or stopped does nothing. m.mu is held.
-func (m *maintainer) armLocked(due, now time.Time) {
-	m.disarmLocked()
+// want asks for a pass over agent's subscriptions ("": everyone's) unless one is asked already, and returns the ticket it will
+// answer. m.mu is held.
+func (m *maintainer) want(agent, reason string) *passTicket {
+	if m.asked[agent] == nil {
+		m.asked[agent] = &passTicket{reason: reason, done: make(chan struct{})}
+	}
+	return m.asked[agent]
+}
+
+// arm replaces the due timer with one for due (none when zero); a timer firing after it was replaced or stopped does nothing.
+// m.mu is held.
+func (m *maintainer) arm(due, now time.Time) {
+	if m.timer != nil {
+		m.timer.Stop()
+	}
+	m.timer, m.timerAt = nil, due
 	if due.IsZero() {
 		return
 	}
@@ -178,27 +180,20 @@ func (m *maintainer) armLocked(due, now time.Time) {
 		m.mu.Lock()
 		defer m.mu.Unlock()
 		if m.timer == t { // fired: the next turn arms afresh
-			m.timer, m.asked[""] = nil, cmp.Or(m.asked[""], "due")
+			m.timer = nil
+			m.want("", "due")
 			nudge(m.l.changed)
 		}
 	})
-	m.timer, m.timerAt = t, due
-}
-
-func (m *maintainer) disarmLocked() {
-	if m.timer != nil {
-		m.timer.Stop()
-	}
-	m.timer, m.timerAt = nil, time.Time{}
+	m.timer = t
 }
 
 // stop marks the loop gone, stops its timer and answers anyone waiting.
 func (m *maintainer) stop() {
 	m.mu.Lock()
 	m.looping = false
-	m.disarmLocked()
-	t := m.waiting
-	m.waiting = nil
+	m.arm(time.Time{}, time.Time{})
+	t := m.asked[""]
 	delete(m.asked, "")
 	m.mu.Unlock()
 	if t != nil {
@@ -207,8 +202,8 @@ func (m *maintainer) stop() {
 	}
 }
 
-// request asks for a pass over agent's subscriptions after its refusal for want of a signed-in
-// subscription, dropped when one covering agent started since the last change (SPEC §11.2, §17). Nil-safe.
+// request asks for a pass over agent's subscriptions after its refusal for want of a signed-in subscription, dropped when one
+// covering agent started since the last change (SPEC §11.2, §17). Nil-safe.
 func (m *maintainer) request(reason, agent string) {
 	if m == nil || agent == "" {
 		return
@@ -220,7 +215,7 @@ func (m *maintainer) request(reason, agent string) {
 		m.log.Debug("maintenance_request_dropped", "reason", reason, "agent_id", agent)
 		return
 	}
-	m.asked[agent] = cmp.Or(m.asked[agent], reason)
+	m.want(agent, reason)
 	m.log.Info("maintenance_requested", "reason", reason, "agent_id", agent)
 	nudge(m.l.changed)
 }
@@ -234,8 +229,8 @@ func (m *maintainer) changed() {
 	}
 }
 
-// passNow answers POST /v1/admin/maintain from a pass that starts after the
-// call (a running one may predate the change the operator wants seen).
+// passNow answers POST /v1/admin/maintain from a pass that starts after the call (a running one may predate the change the
+// operator wants seen).
 func (m *maintainer) passNow(ctx context.Context) (passReport, error) {
 	t, err := m.ask("maintain")
 	if err != nil {
@@ -249,7 +244,7 @@ func (m *maintainer) passNow(ctx context.Context) (passReport, error) {
 	}
 }
 
-// ask asks for the next pass and returns the ticket it will answer.
+// ask asks for the next pass over everyone and returns the ticket it will answer.
 func (m *maintainer) ask(reason string) (*passTicket, error) {
 	if m == nil {
 		return nil, errMaintenanceStopped
@@ -260,11 +255,7 @@ func (m *maintainer) ask(reason string) (*passTicket, error) {
 	if !m.looping {
 		return nil, errMaintenanceStopped
 	}
-	if m.waiting == nil {
-		m.waiting = &passTicket{done: make(chan struct{})}
-	}
-	m.asked[""] = cmp.Or(m.asked[""], reason)
-	return m.waiting, nil
+	return m.want("", reason), nil
 }
 
 // metrics is the maintenance state as /metrics numbers (SPEC §13). Nil-safe.
@@ -297,20 +288,18 @@ type pass struct {
 	rep  passReport
 }
 
-// passSub is one non-retired subscription as a pass found it.
+// passSub is one non-retired subscription as a pass found it. reportable: active, of a provider whose report its credential
+// reads; oauth: active, with a grant of an OAuth provider; tried: its one refresh attempt of the pass was made.
 type passSub struct {
-	it         overlayItem
-	cred       vaultCredential
-	credErr    error // the vault holds no usable credential for it
-	entry      ledgerEntry
-	reportable bool // active, of a provider whose report its credential reads
-	oauth      bool // active, with a grant of an OAuth provider
-	tried      bool // its one refresh attempt of the pass was made
+	it                       overlayItem
+	cred                     vaultCredential
+	credErr                  error // the vault holds no usable credential for it
+	entry                    ledgerEntry
+	reportable, oauth, tried bool
 }
 
-// passOnce runs one pass over agent's subscriptions ("": everyone's): the
-// usage report pass, then the refresh pass (SPEC §11.2); per subscription at
-// most one read and one refresh attempt, none retried; ctx alone ends it (§7.4).
+// passOnce runs one pass over agent's subscriptions ("": everyone's): the usage report pass, then the refresh pass (SPEC §11.2);
+// per subscription at most one read and one refresh attempt, none retried; ctx alone ends it (§7.4).
 func (m *maintainer) passOnce(ctx context.Context, agent string) passReport {
 	start := m.clock()
 	m.o.vault.writeUnwritten(m.o.log)
@@ -318,23 +307,20 @@ func (m *maintainer) passOnce(ctx context.Context, agent string) passReport {
 	p.rep.Usage.Failed = []usageFailure{}
 	items, retired, err := m.inv.view() // none when err: the counts stay 0 and OK false
 	for _, it := range items {
-		if !retired[it.ID] && (agent == "" || it.AgentID == agent) {
-			s := &passSub{it: it}
-			s.cred, s.credErr = m.inv.credential(it.ID)
-			s.entry, _ = m.l.entry(it.ID)
-			_, published := usageReports[it.Provider]
-			_, oauthErr := lookupOAuth(it.Provider)
-			active := s.entry.Credential.State == credActive
-			s.reportable = active && published && (s.credErr != nil || usageReportable(it.Provider, s.cred))
-			s.oauth = active && oauthErr == nil && s.credErr == nil && s.cred.OAuth != nil
-			if s.reportable {
-				p.rep.Usage.Subscriptions++
-			}
-			if s.oauth {
-				p.rep.Credentials.Subscriptions++
-			}
-			p.subs = append(p.subs, s)
+		if retired[it.ID] || agent != "" && it.AgentID != agent {
+			continue
 		}
+		s := &passSub{it: it}
+		s.cred, s.credErr = m.inv.credential(it.ID)
+		s.entry, _ = m.l.entry(it.ID)
+		_, oauthErr := lookupOAuth(it.Provider)
+		active := s.entry.Credential.State == credActive
+		_, published := usageReports[it.Provider]
+		s.reportable = active && published && (s.credErr != nil || usageReportable(it.Provider, s.cred))
+		s.oauth = active && oauthErr == nil && s.credErr == nil && s.cred.OAuth != nil
+		p.rep.Usage.Subscriptions += boolCount(s.reportable)
+		p.rep.Credentials.Subscriptions += boolCount(s.oauth)
+		p.subs = append(p.subs, s)
 	}
 	// Reads run one at a time per provider, providers side by side (SPEC §17); refreshes side by side.
 	p.sideBySide(func(s *passSub) string { return s.it.Provider }, p.readUsage)
@@ -346,11 +332,9 @@ func (m *maintainer) passOnce(ctx context.Context, agent string) passReport {
 	rep := p.rep
 	rep.OK = err == nil && len(rep.Usage.Failed) == 0 && rep.Credentials.Refused == 0
 	if due := m.l.nextDue(m.clock(), retired); !due.IsZero() {
-		rep.NextDueAt = new(string)
-		*rep.NextDueAt = due.UTC().Format(time.RFC3339)
+		rep.NextDueAt = ptrTo(due.UTC().Format(time.RFC3339))
 	}
-	if err != nil {
-		rep.err = err
+	if rep.err = err; err != nil {
 		m.log.Warn("maintenance_pass_failed", "cause", redact(err.Error()))
 		return rep
 	}
@@ -360,8 +344,15 @@ func (m *maintainer) passOnce(ctx context.Context, agent string) passReport {
 	return rep
 }
 
-// sideBySide runs step on each subscription, one at a time per key, keys
-// side by side, and returns when all have ended (each ends at ctx's end).
+func boolCount(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// sideBySide runs step on each subscription, one at a time per key, keys side by side, and returns when all have ended (each ends
+// at ctx's end).
 func (p *pass) sideBySide(key func(*passSub) string, step func(*passSub)) {
 	groups := map[string][]*passSub{}
 	for _, s := range p.subs {
@@ -389,8 +380,8 @@ func (p *pass) count(f func(*passReport)) {
 	}
 }
 
-// readUsage reads s's due report into the ledger, nothing when ctx ended; a
-// grant expired by the request path's rule is first refreshed: s's one attempt.
+// readUsage reads s's due report into the ledger, nothing when ctx ended; a grant expired by the request path's rule is first
+// refreshed: s's one attempt.
 func (p *pass) readUsage(s *passSub) {
 	m, id, provider := p.m, s.it.ID, s.it.Provider
 	if !s.reportable || !usageDue(s.entry, m.clock()) {
@@ -431,14 +422,14 @@ func (p *pass) readUsage(s *passSub) {
 	}
 }
 
-// refreshIfDue makes s's one attempt when its grant is due, unless its read
-// spent it; needs_reauthorization (set meanwhile too) waits for sign-in.
+// refreshIfDue makes s's one attempt when its grant is due, unless its read spent it (the usage pass or a request may have
+// refreshed it meanwhile); needs_reauthorization (set meanwhile too) waits for sign-in.
 func (p *pass) refreshIfDue(s *passSub) {
 	if !s.oauth || s.tried {
 		return
 	}
 	e, _ := p.m.l.entry(s.it.ID)
-	cur, err := p.m.inv.credential(s.it.ID) // the usage pass or a request may have refreshed it
+	cur, err := p.m.inv.credential(s.it.ID)
 	if e.Credential.State == credActive && err == nil && cur.OAuth != nil && refreshDue(*cur.OAuth, e.Credential.RefreshedAtMs, p.m.clock()) {
 		p.refresh(s)
 	}
@@ -449,19 +440,15 @@ func (p *pass) refresh(s *passSub) (oauthGrant, error) {
 	s.tried = true
 	g, err := p.m.o.refresh(p.ctx, s.it.ID, s.it.Provider, "")
 	p.count(func(r *passReport) {
-		switch {
-		case err == nil:
-			r.Credentials.Refreshed++
-		case !errors.Is(err, errRefreshSuperseded):
-			r.Credentials.Refused++
-		}
+		r.Credentials.Refreshed += boolCount(err == nil)
+		r.Credentials.Refused += boolCount(err != nil && !errors.Is(err, errRefreshSuperseded))
 	})
 	return g, err
 }
 
-// usageReport is one provider's report (SPEC §11.2): where it is read (below the base URL, or at
-// codex's own address that env alone overrides), its reader, whether an API key reads it, whether
-// the grant's account goes in chatgpt-account-id, the GET's headers.
+// usageReport is one provider's report (SPEC §11.2): where it is read (below the base URL, or at codex's own address that env
+// alone overrides), its reader, whether an API key reads it, whether the grant's account goes in chatgpt-account-id, the GET's
+// headers.
 type usageReport struct {
 	path, url, env  string
 	read            func(body []byte, now time.Time) ([]planWindow, error)
@@ -501,8 +488,8 @@ func (m *maintainer) usageEndpoint(provider string) (string, error) {
 	return base + r.path, nil
 }
 
-// fetchUsage GETs and reads provider's report; it sets the headers itself,
-// as setProviderHeaders would add a Content-Type to this GET.
+// fetchUsage GETs and reads provider's report; it sets the headers itself, as setProviderHeaders would add a Content-Type to this
+// GET.
 func (m *maintainer) fetchUsage(ctx context.Context, provider string, cred vaultCredential) ([]planWindow, error) {
 	endpoint, err := m.usageEndpoint(provider)
 	if err != nil {
@@ -528,13 +515,12 @@ func (m *maintainer) fetchUsage(ctx context.Context, provider string, cred vault
 	return nil, &endpointError{Op: "usage report GET", Endpoint: endpointName(endpoint), Status: status, Received: len(body), Err: err}
 }
 
-// errUsageReport classifies every refused report body: the readers take what
-// they recognize of the providers' undocumented shapes, never a guessed number.
+// errUsageReport classifies every refused report body: the readers take what they recognize of the providers' undocumented
+// shapes, never a guessed number.
 var errUsageReport = errors.New("the usage report is not usable")
 
-// reportReader reads a report as T leniently (a member of another type than T says is absent;
-// its number and instant members take any JSON value): a JSON object naming a window, else
-// errUsageReport saying why without quoting the body.
+// reportReader reads a report as T leniently (a member of another type than T says is absent; its number and instant members take
+// any JSON value): a JSON object naming a window, else errUsageReport saying why without quoting the body.
 func reportReader[T any](read func(T, time.Time) []planWindow) func([]byte, time.Time) ([]planWindow, error) {
 	return func(body []byte, now time.Time) ([]planWindow, error) {
 		var doc T
@@ -552,11 +538,19 @@ func reportReader[T any](read func(T, time.Time) []planWindow) func([]byte, time
 	}
 }
 
+// jsonErrorKind says what was wrong with a JSON document without quoting a fragment of it.
+func jsonErrorKind(err error) string {
+	if se := (*json.SyntaxError)(nil); errors.As(err, &se) {
+		return "syntax error at byte " + strconv.FormatInt(se.Offset, 10)
+	}
+	return "unexpected shape"
+}
+
 // claudeWindowKey is the shape of a member kept as a window id.
 var claudeWindowKey = regexp.MustCompile(`^[a-z0-9_]{1,64}$`)
 
-// claudeCodeUsage reads {base}/api/oauth/usage: a member with "utilization" percent and "resets_at"
-// is a window, anthropicWindows first under their traffic ids, then anthropic:<member> by name.
+// claudeCodeUsage reads {base}/api/oauth/usage: a member with "utilization" percent and "resets_at" is a window, anthropicWindows
+// first under their traffic ids, then anthropic:<member> by name.
 func claudeCodeUsage(r map[string]struct {
 	Utilization number
 	ResetsAt    instant `json:"resets_at"`
@@ -586,12 +580,4 @@ func codexUsage(r struct {
 		}
 	}
 	return ws
-}
-
-// jsonErrorKind says what was wrong with a JSON document without quoting a fragment of it.
-func jsonErrorKind(err error) string {
-	if se := (*json.SyntaxError)(nil); errors.As(err, &se) {
-		return "syntax error at byte " + strconv.FormatInt(se.Offset, 10)
-	}
-	return "unexpected shape"
 }

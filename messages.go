@@ -14,15 +14,15 @@ import (
 type (
 	messagesRequestBody struct {
 		callerHead
-		MaxTokens     *int                `json:"max_tokens,omitempty"`
-		System        json.RawMessage     `json:"system,omitempty"` // string, or text blocks
-		Messages      []messagesTurn      `json:"messages"`
-		Tools         []messagesTool      `json:"tools,omitempty"`
-		ToolChoice    *messagesToolChoice `json:"tool_choice,omitempty"`
-		StopSequences []string            `json:"stop_sequences,omitempty"`
-		Thinking      *messagesThinking   `json:"thinking,omitempty"`
-		OutputConfig  *messagesOutput     `json:"output_config,omitempty"`
-		OutputFormat  *outputFormat       `json:"output_format,omitempty"` // the beta name, read from callers
+		MaxTokens     *int            `json:"max_tokens,omitempty"`
+		System        json.RawMessage `json:"system,omitempty"` // string, or text blocks
+		Messages      []messagesTurn  `json:"messages"`
+		Tools         []messagesTool  `json:"tools,omitempty"`
+		ToolChoice    *messagesOption `json:"tool_choice,omitempty"`
+		StopSequences []string        `json:"stop_sequences,omitempty"`
+		Thinking      *messagesOption `json:"thinking,omitempty"`
+		OutputConfig  *messagesOption `json:"output_config,omitempty"`
+		OutputFormat  *outputFormat   `json:"output_format,omitempty"` // the beta name, read from callers
 	}
 	messagesTurn struct {
 		Role    string          `json:"role"`
@@ -39,6 +39,10 @@ type (
 		ToolUseID string          `json:"tool_use_id,omitempty"`
 		Content   json.RawMessage `json:"content,omitempty"`
 		IsError   bool            `json:"is_error,omitempty"`
+		// a delta's members (content_block_delta, message_delta)
+		PartialJSON  *string         `json:"partial_json,omitempty"`
+		StopReason   string          `json:"stop_reason,omitempty"`
+		StopSequence json.RawMessage `json:"stop_sequence,omitempty"`
 	}
 	messagesSource struct {
 		Type      string `json:"type"`
@@ -53,18 +57,13 @@ type (
 		InputSchema json.RawMessage `json:"input_schema,omitempty"`
 		Strict      *bool           `json:"strict,omitempty"`
 	}
-	messagesToolChoice struct {
-		Type                   string `json:"type"`
-		Name                   string `json:"name,omitempty"`
-		DisableParallelToolUse *bool  `json:"disable_parallel_tool_use,omitempty"`
-	}
-	messagesThinking struct {
-		Type         string `json:"type"`
-		BudgetTokens int    `json:"budget_tokens,omitempty"`
-	}
-	messagesOutput struct {
-		Format *outputFormat `json:"format,omitempty"`
-		Effort string        `json:"effort,omitempty"`
+	messagesOption struct { // tool_choice, thinking and output_config share one shape, each its own members
+		Type                   string        `json:"type,omitempty"`
+		Name                   string        `json:"name,omitempty"`
+		DisableParallelToolUse *bool         `json:"disable_parallel_tool_use,omitempty"`
+		BudgetTokens           int           `json:"budget_tokens,omitempty"`
+		Format                 *outputFormat `json:"format,omitempty"`
+		Effort                 string        `json:"effort,omitempty"`
 	}
 	messagesAnswer struct { // the answer, and message_start's message
 		ID           string          `json:"id"`
@@ -87,16 +86,9 @@ type (
 		Index        *int            `json:"index,omitempty"`
 		Message      *messagesAnswer `json:"message,omitempty"`
 		ContentBlock *messagesBlock  `json:"content_block,omitempty"`
-		Delta        *messagesDelta  `json:"delta,omitempty"`
+		Delta        *messagesBlock  `json:"delta,omitempty"`
 		Usage        *messagesUsage  `json:"usage,omitempty"`
 		Error        json.RawMessage `json:"error,omitempty"`
-	}
-	messagesDelta struct {
-		Type         string          `json:"type,omitempty"`
-		Text         *string         `json:"text,omitempty"`
-		PartialJSON  *string         `json:"partial_json,omitempty"`
-		StopReason   string          `json:"stop_reason,omitempty"`
-		StopSequence json.RawMessage `json:"stop_sequence,omitempty"`
 	}
 )
 
@@ -109,10 +101,8 @@ var (
 	messagesFinishes = map[string]string{"max_tokens": finishLength, "tool_use": finishToolCalls,
 		"refusal": finishContentFilter, "model_context_window_exceeded": finishLength}
 	messagesStopReasons = map[string]string{finishLength: "max_tokens", finishToolCalls: "tool_use", finishContentFilter: "refusal"}
-	effortBudgets       = []struct {
-		effort string
-		budget int
-	}{{"minimal", 1024}, {"low", 2048}, {"medium", 8192}, {"high", 24576}, {"xhigh", 32768}}
+	effortNames         = []string{"minimal", "low", "medium", "high", "xhigh"}
+	effortBudgets       = []int{1024, 2048, 8192, 24576, 32768}
 )
 
 // Anthropic-beta values: output_config.effort's, and a JSON Schema output format's (SPEC §7.6).
@@ -121,6 +111,7 @@ const (
 	structuredOutputsBeta = "structured-outputs-2025-11-13"
 )
 
+// parseMessages reads a caller's Messages body; every step runs and the first refusal wins.
 func parseMessages(body []byte) (chatRequest, error) {
 	var b messagesRequestBody
 	req, err := newCallerRequest(body, &b, &b.callerHead, messagesKnown, "max_tokens", &b.MaxTokens)
@@ -128,29 +119,19 @@ func parseMessages(body []byte) (chatRequest, error) {
 		return chatRequest{}, err
 	}
 	if !rawIsNull(b.System) {
-		if req.System, err = req.callerTextOf(b.System, "system", "text", "\n\n"); err != nil {
-			return chatRequest{}, err
-		}
+		req.System, err = req.callerTextOf(b.System, "system", "text", "\n\n")
 	}
-	if err := eachItem(b.Messages, nil, "messages", req.addMessagesTurn); err != nil {
-		return chatRequest{}, err
-	}
-	if len(req.Messages) == 0 {
-		return chatRequest{}, refuseInvalid("messages must hold at least one user or assistant turn")
+	err = cmp.Or(err, eachItem(b.Messages, nil, "messages", req.addMessagesTurn))
+	if err == nil && len(req.Messages) == 0 {
+		err = refuseInvalid("messages must hold at least one user or assistant turn")
 	}
 	var raw struct{ Tools json.RawMessage }
 	json.Unmarshal(body, &raw)
-	if err := eachItem(b.Tools, raw.Tools, "tools", req.addMessagesTool); err != nil {
-		return chatRequest{}, err
-	}
+	err = cmp.Or(err, eachItem(b.Tools, raw.Tools, "tools", req.addMessagesTool))
 	if tc := b.ToolChoice; tc != nil {
-		switch mode := messagesChoices[tc.Type]; {
-		case mode == "":
-			return chatRequest{}, refuseInvalid("tool_choice.type must be auto, any, tool or none")
-		case mode == toolChoiceTool && tc.Name == "":
-			return chatRequest{}, refuseInvalid("tool_choice.name is required with type \"tool\"")
-		default:
-			req.ToolChoice = &toolChoice{Mode: mode, Name: tc.Name}
+		req.ToolChoice = &toolChoice{Mode: messagesChoices[tc.Type], Name: tc.Name}
+		if req.ToolChoice.Mode == "" || req.ToolChoice.Mode == toolChoiceTool && tc.Name == "" {
+			err = cmp.Or(err, error(refuseInvalid(`tool_choice.type must be auto, any or none, or tool with a name`)))
 		}
 		if p := tc.DisableParallelToolUse; p != nil {
 			req.ParallelToolCalls = ptrTo(!*p)
@@ -159,28 +140,22 @@ func parseMessages(body []byte) (chatRequest, error) {
 	if len(b.StopSequences) > 0 { // [] asks for nothing
 		req.Stop, req.StopName = b.StopSequences, "stop_sequences"
 	}
-	switch t := b.Thinking; {
-	case t != nil && t.Type == "enabled":
-		req.Effort, req.EffortName = "xhigh", "thinking"
-		for _, e := range slices.Backward(effortBudgets) {
-			if t.BudgetTokens <= e.budget {
-				req.Effort = e.effort
-			}
-		}
-	case t != nil && t.Type != "disabled": // adaptive: no effort of its own to carry
+	switch t := valueOr(b.Thinking, messagesOption{Type: "disabled"}); t.Type {
+	case "enabled":
+		i, _ := slices.BinarySearch(effortBudgets, t.BudgetTokens) // the nearest effort at or above the budget
+		req.Effort, req.EffortName = effortNames[min(i, len(effortNames)-1)], "thinking"
+	case "disabled":
+	default: // adaptive: no effort of its own to carry
 		req.Dropped = append(req.Dropped, "thinking")
 	}
-	f := b.OutputFormat
-	if o := b.OutputConfig; o != nil {
-		if o.Effort != "" {
-			req.Effort, req.EffortName = o.Effort, "effort"
-		}
-		f = cmp.Or(o.Format, f)
+	o := valueOr(b.OutputConfig, messagesOption{})
+	if o.Effort != "" {
+		req.Effort, req.EffortName = o.Effort, "effort"
 	}
-	if f != nil {
-		f = &outputFormat{Type: f.Type, Schema: f.Schema}
+	if f := cmp.Or(o.Format, b.OutputFormat); f != nil { // its type and schema: a name and strict are OpenAI's
+		err = cmp.Or(err, req.setOutput(&outputFormat{Type: f.Type, Schema: f.Schema}, "output_config.format"))
 	}
-	if err := req.setOutput(f, "output_config.format"); err != nil {
+	if err != nil {
 		return chatRequest{}, err
 	}
 	req.linkCalls()
@@ -216,54 +191,54 @@ func (req *chatRequest) addMessagesTool(t messagesTool, raw json.RawMessage, wha
 	return err // on an error the whole request is refused
 }
 
+// messagesBlockMembers names the members Brama carries of each block type it reads;
+// is_error only while false (no OpenAI format has the flag).
+var messagesBlockMembers = map[string]string{"text": "type text", "image": "type source", "document": "type source title",
+	"tool_use": "type id name input", "tool_result": "type tool_use_id content is_error"}
+
 // messagesParts reads a turn's content: a string or blocks; other blocks (thinking, a file) and members (cache_control, citations) are dropped and named.
 func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what string) ([]part, error) {
 	read := func(bl messagesBlock, rb json.RawMessage, bw string) (p part, _ string, err error) {
-		known := "type"
-		switch {
-		case bl.Type == "text" && bl.Text != nil:
-			p, known = part{Type: partText, Text: *bl.Text}, "type text"
+		switch allowed := bl.Type == "tool_use" && role == "assistant" || bl.Type == "tool_result" && role == "user"; {
+		case bl.Type == "text" && bl.Text == nil:
+			err = refuseInvalid("%s.text is required", bw)
 		case bl.Type == "text":
-			return p, "", refuseInvalid("%s.text is required", bw)
+			p = part{Type: partText, Text: *bl.Text}
 		case bl.Type == "image" || bl.Type == "document":
-			url, err := messagesSourceURL(bl.Source, bw+".source")
-			if err != nil || url == "" { // a file reference: dropped
-				return p, "", err
-			}
-			p, known = part{Type: partImage, ImageURL: url}, "type source"
+			url, serr := messagesSourceURL(bl.Source, bw+".source")
+			p, err = part{Type: partImage, ImageURL: url}, serr
 			if bl.Type == "document" {
-				p, known = part{Type: partDocument, FileURL: url, Filename: bl.Title}, "type source title"
+				p = part{Type: partDocument, FileURL: url, Filename: bl.Title}
 			}
-		case bl.Type == "tool_use" && role == "assistant":
-			var in json.RawMessage
-			in, err = parseCallerSchema(bl.Input, bw+".input") // the same rule: a JSON object, compacted
+			if url == "" { // a file reference: dropped
+				p = part{}
+			}
+		case bl.Type == "tool_use" && allowed:
+			in, serr := parseCallerSchema(bl.Input, bw+".input") // the same rule: a JSON object, compacted
+			p, err = part{Type: partToolCall, ToolCallID: bl.ID, ToolName: bl.Name, Arguments: cmp.Or(string(in), "{}")}, serr
 			if err == nil && (bl.ID == "" || bl.Name == "") {
 				err = refuseInvalid("%s needs an id and a name", bw)
 			}
-			p, known = part{Type: partToolCall, ToolCallID: bl.ID, ToolName: bl.Name, Arguments: cmp.Or(string(in), "{}")}, "type id name input"
-		case bl.Type == "tool_result" && role == "user":
-			if bl.ToolUseID == "" {
-				return p, "", refuseInvalid("%s.tool_use_id is required", bw)
-			}
+		case bl.Type == "tool_result" && allowed && bl.ToolUseID == "":
+			err = refuseInvalid("%s.tool_use_id is required", bw)
+		case bl.Type == "tool_result" && allowed:
 			p = part{Type: partToolResult, ToolCallID: bl.ToolUseID, IsError: bl.IsError}
 			if !rawIsNull(bl.Content) {
-				inner, err := req.messagesParts("result", bl.Content, bw+".content")
-				if err != nil {
-					return p, "", err
-				}
+				var inner []part
+				inner, err = req.messagesParts("result", bl.Content, bw+".content")
 				p.Text, p.Media = resultText(inner)
 			}
-			known = "type tool_use_id content" + map[bool]string{false: " is_error"}[bl.IsError] // no OpenAI format has the flag
 		case bl.Type == "tool_use" || bl.Type == "tool_result":
-			return p, "", refuseInvalid("%s.type %s is not allowed in a %s turn", bw, quoteCallerToken(bl.Type), role)
-		default: // thinking, …: dropped
-			return p, "", nil
+			err = refuseInvalid("%s.type %s is not allowed in a %s turn", bw, quoteCallerToken(bl.Type), role)
+		} // thinking, …: dropped
+		if err == nil && p.Type != "" {
+			known := messagesBlockMembers[bl.Type]
+			if bl.IsError {
+				known = strings.TrimSuffix(known, " is_error")
+			}
+			dropUnknown(&req.Dropped, rb, known)
 		}
-		if err != nil {
-			return part{}, "", err
-		}
-		dropUnknown(&req.Dropped, rb, known)
-		return p, bw + ".source", nil // its URL was checked already
+		return p, bw + ".source", err // a source's URL was checked already
 	}
 	parts, err := callerParts(req, raw, what, "content blocks", read)
 	if err == nil && len(parts) == 0 && role != "result" {
@@ -289,12 +264,13 @@ func messagesSourceURL(src *messagesSource, what string) (string, error) {
 	return "", refuseInvalid("%s must be base64 data with a media_type, text, a url or a file", what)
 }
 
-// messagesContent is parts as blocks, tool results first and no empty text (the API requires both); a data URL is base64 data
-// (text for text/plain), any other URL a url source; a custom tool's call is the one-string-member object (SPEC §7.6).
+// messagesContent is parts as blocks, tool results first and no empty text (the API requires both); a custom tool's call
+// is the one-string-member object (SPEC §7.6).
 func messagesContent(ps []part) ([]messagesBlock, error) {
 	var results, rest []messagesBlock
 	for _, p := range ps {
-		b, err := messagesBlock{Type: p.Type, Title: p.Filename}, error(nil)
+		var b messagesBlock
+		var err error
 		switch p.Type {
 		case partText:
 			if p.Text == "" {
@@ -315,18 +291,8 @@ func messagesContent(ps []part) ([]messagesBlock, error) {
 				b.Content = must(json.Marshal(inner))
 			}
 		default:
-			b.Source = &messagesSource{Type: "url", URL: p.ImageURL + p.FileURL}
-			if rest, isData := strings.CutPrefix(b.Source.URL, "data:"); isData {
-				meta, data, ok := strings.Cut(rest, ",")
-				media, isBase64 := strings.CutSuffix(meta, ";base64")
-				if !ok || !isBase64 || media == "" || data == "" {
-					return nil, refuseInvalid("an image or file data URL must be base64 with a media type")
-				}
-				b.Source = &messagesSource{Type: "base64", MediaType: media, Data: data}
-				if text, err := base64.StdEncoding.DecodeString(data); media == "text/plain" && err == nil {
-					b.Source = &messagesSource{Type: "text", MediaType: media, Data: string(text)}
-				}
-			}
+			b = messagesBlock{Type: p.Type, Title: p.Filename}
+			b.Source, err = messagesSourceOf(p.ImageURL + p.FileURL)
 		}
 		if err != nil {
 			return nil, err
@@ -338,6 +304,24 @@ func messagesContent(ps []part) ([]messagesBlock, error) {
 		}
 	}
 	return append(results, rest...), nil
+}
+
+// messagesSourceOf is an image's or document's URL as a source: a data URL base64 data
+// (text for text/plain), any other a url source.
+func messagesSourceOf(url string) (*messagesSource, error) {
+	rest, isData := strings.CutPrefix(url, "data:")
+	if !isData {
+		return &messagesSource{Type: "url", URL: url}, nil
+	}
+	meta, data, ok := strings.Cut(rest, ",")
+	media, isBase64 := strings.CutSuffix(meta, ";base64")
+	if !ok || !isBase64 || media == "" || data == "" {
+		return nil, refuseInvalid("an image or file data URL must be base64 with a media type")
+	}
+	if text, err := base64.StdEncoding.DecodeString(data); media == "text/plain" && err == nil {
+		return &messagesSource{Type: "text", MediaType: media, Data: string(text)}, nil
+	}
+	return &messagesSource{Type: "base64", MediaType: media, Data: data}, nil
 }
 
 // encodeMessages builds a Messages body: claude-code's identity first, custom tools as functions (SPEC §7.6).
@@ -367,32 +351,30 @@ func encodeMessages(req chatRequest, model string, o upstreamOptions) (any, erro
 		}
 	}
 	for _, t := range req.Tools {
-		schema := t.Parameters
-		if len(schema) == 0 {
-			schema = emptySchema
-		}
+		schema := cmp.Or(string(t.Parameters), string(emptySchema))
 		if t.Kind == toolCustom { // the one-string-member function a custom tool becomes (SPEC §7.6)
-			schema = json.RawMessage(`{"type":"object","properties":{"input":{"type":"string"}},"required":["input"]}`)
+			schema = `{"type":"object","properties":{"input":{"type":"string"}},"required":["input"]}`
 		}
-		out.Tools = append(out.Tools, messagesTool{Name: t.Name, Description: t.Description, InputSchema: schema, Strict: t.Strict})
+		out.Tools = append(out.Tools,
+			messagesTool{Name: t.Name, Description: t.Description, InputSchema: json.RawMessage(schema), Strict: t.Strict})
 	}
 	serial := req.ParallelToolCalls != nil && !*req.ParallelToolCalls && len(req.Tools) > 0
-	if c := req.ToolChoice; c != nil || serial {
-		out.ToolChoice = &messagesToolChoice{Type: "auto"}
+	if c := valueOr(req.ToolChoice, toolChoice{Mode: toolChoiceAuto}); req.ToolChoice != nil || serial {
+		out.ToolChoice = &messagesOption{Name: c.Name}
 		for typ, mode := range messagesChoices {
-			if c != nil && c.Mode == mode {
-				out.ToolChoice = &messagesToolChoice{Type: typ, Name: c.Name}
+			if c.Mode == mode {
+				out.ToolChoice.Type = typ
 			}
 		}
-		if serial && out.ToolChoice.Type != "none" {
+		if serial && c.Mode != toolChoiceNone {
 			out.ToolChoice.DisableParallelToolUse = ptrTo(true)
 		}
 	}
-	var cfg messagesOutput
+	var cfg messagesOption
 	if budget := req.thinkingBudget(); budget > 0 { // the API refuses temperature and top_p beside thinking
-		out.Thinking, out.Temperature, out.TopP = &messagesThinking{Type: "enabled", BudgetTokens: budget}, nil, nil
+		out.Thinking, out.Temperature, out.TopP = &messagesOption{Type: "enabled", BudgetTokens: budget}, nil, nil
 		if req.adaptiveEffort(model) { // an effort, not a budget; Anthropic has no "minimal"
-			out.Thinking, cfg.Effort = &messagesThinking{Type: "adaptive"}, strings.Replace(req.Effort, "minimal", "low", 1)
+			out.Thinking, cfg.Effort = &messagesOption{Type: "adaptive"}, strings.Replace(req.Effort, "minimal", "low", 1)
 		}
 	}
 	if f := req.Output; f != nil {
@@ -401,7 +383,7 @@ func encodeMessages(req chatRequest, model string, o upstreamOptions) (any, erro
 		}
 		cfg.Format = &outputFormat{Type: f.Type, Schema: f.Schema}
 	}
-	if cfg != (messagesOutput{}) {
+	if cfg != (messagesOption{}) {
 		out.OutputConfig = &cfg
 	}
 	return out, nil
@@ -428,24 +410,19 @@ func toolArguments(args string) (json.RawMessage, error) {
 // thinkingBudget is the budget toward messages: below max_tokens, at least 1024, and
 // 0 in a tool loop, where Anthropic wants back thinking blocks no format carries.
 func (req chatRequest) thinkingBudget() int {
-	budget := 0 // "none" and unknown names: no thinking
-	for _, e := range effortBudgets {
-		if e.effort == req.Effort {
-			budget = e.budget
-		}
+	budget, inLoop := 0, false // "none" and unknown names: no thinking
+	if i := slices.Index(effortNames, req.Effort); i >= 0 {
+		budget = effortBudgets[i]
 	}
-	if req.MaxTokens > 0 && budget >= req.MaxTokens {
-		budget = req.MaxTokens - 1
+	if req.MaxTokens > 0 {
+		budget = min(budget, req.MaxTokens-1)
 	}
-	for _, m := range slices.Backward(req.Messages) {
+	for _, m := range req.Messages {
 		if m.Role == "assistant" {
-			if slices.ContainsFunc(m.Parts, func(p part) bool { return p.Type == partToolCall }) {
-				return 0
-			}
-			break
+			inLoop = slices.ContainsFunc(m.Parts, func(p part) bool { return p.Type == partToolCall })
 		}
 	}
-	if budget < 1024 {
+	if budget < 1024 || inLoop {
 		return 0
 	}
 	return budget
@@ -502,7 +479,8 @@ func renderMessages(req chatRequest, a chatAnswer) (any, error) {
 	return bw.(*messagesCallerStream).msg, err
 }
 
-// messagesCallerStream writes Anthropic's events a block at a time, keeping the message.
+// messagesCallerStream writes Anthropic's events a block at a time; the message it keeps gets the blocks' whole
+// text and arguments at the end, when the arguments of calls a provider interleaved are all in.
 type messagesCallerStream struct {
 	sse *callerStream
 	msg messagesAnswer
@@ -517,8 +495,7 @@ func (s *messagesCallerStream) emit(ev messagesEvent) error { return s.sse.frame
 
 // begin writes message_start. Input tokens go out as 0 (providers report usage at the end) and for real in message_delta, which the SDKs take over.
 func (s *messagesCallerStream) begin() error {
-	m := s.msg
-	return s.emit(messagesEvent{Type: "message_start", Message: &m})
+	return s.emit(messagesEvent{Type: "message_start", Message: &s.msg})
 }
 
 func (s *messagesCallerStream) open(i int, b *streamBlock) error {
@@ -530,44 +507,37 @@ func (s *messagesCallerStream) open(i int, b *streamBlock) error {
 	return s.emit(messagesEvent{Type: "content_block_start", Index: &i, ContentBlock: &cb})
 }
 
-// delta writes a text or input_json delta. The kept block is filled at its close, not per delta, and anew for a block closed (interleaved calls).
 func (s *messagesCallerStream) delta(i int, b *streamBlock, d string) error {
-	delta := &messagesDelta{Type: "text_delta", Text: &d}
+	delta := &messagesBlock{Type: "text_delta", Text: &d}
 	if !b.text {
-		delta = &messagesDelta{Type: "input_json_delta", PartialJSON: &d}
-	}
-	if s.sse.open != i {
-		s.keep(i, b)
+		delta = &messagesBlock{Type: "input_json_delta", PartialJSON: &d}
 	}
 	return s.emit(messagesEvent{Type: "content_block_delta", Index: &i, Delta: delta})
 }
 
-func (s *messagesCallerStream) close(i int, b *streamBlock, _ string) error {
-	if s.keep(i, b); !b.text && s.msg.Content[i].Input == nil { // {} would run the tool on nothing (SPEC §17)
+func (s *messagesCallerStream) close(i int, b *streamBlock, full string) error {
+	if _, err := toolArguments(full); !b.text && err != nil { // {} would run the tool on nothing (SPEC §17)
 		return refuse("provider_incomplete", "the provider's answer holds a tool call whose arguments are not a JSON object, which a tool_use input must be")
 	}
 	return s.emit(messagesEvent{Type: "content_block_stop", Index: &i})
 }
 
-// keep fills kept block i with b's whole text or arguments (nil until a JSON object).
-func (s *messagesCallerStream) keep(i int, b *streamBlock) {
-	if cb := &s.msg.Content[i]; b.text {
-		cb.Text = ptrTo(b.buf.String())
-	} else {
-		cb.Input, _ = toolArguments(b.buf.String())
-	}
-}
-
 func (s *messagesCallerStream) finishNow(string) error { return nil }
 
+// end fills the kept blocks, then writes message_delta and message_stop (a write error sticks: the second writes nothing).
 func (s *messagesCallerStream) end(finish string, u usage) error {
+	for i, b := range s.sse.blocks {
+		if b.text {
+			s.msg.Content[i].Text = ptrTo(b.buf.String())
+		} else {
+			s.msg.Content[i].Input, _ = toolArguments(b.buf.String()) // nil, left out, when no JSON object
+		}
+	}
 	s.msg.StopReason = messagesStopReason(answerFinish(finish))
 	s.msg.Usage = &messagesUsage{InputTokens: u.InputTokens, OutputTokens: u.OutputTokens}
-	err := s.emit(messagesEvent{Type: "message_delta", Delta: &messagesDelta{StopReason: *s.msg.StopReason, StopSequence: json.RawMessage("null")}, Usage: s.msg.Usage})
-	if err != nil {
-		return err
-	}
-	return s.emit(messagesEvent{Type: "message_stop"})
+	delta := &messagesBlock{StopReason: *s.msg.StopReason, StopSequence: json.RawMessage("null")}
+	err := s.emit(messagesEvent{Type: "message_delta", Delta: delta, Usage: s.msg.Usage})
+	return cmp.Or(err, s.emit(messagesEvent{Type: "message_stop"}))
 }
 
 func (s *messagesCallerStream) fail(e *apiError) error {

@@ -2,23 +2,20 @@ package main
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"encoding/json"
 	"io"
-	"maps"
 	"net/http"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"time"
 )
 
 // Native first (SPEC §7.6): a same-format call sends the caller's body as
 // received but for the few top-level members §6.2 and §6.4 name, edited by
-// their byte spans, never re-encoded; its answer is relayed as received,
-// read only for usage (§13), the terminal signal and the in-band error (§7.5).
+// their byte spans, never re-encoded; its answer is relayed as received
+// (relay.go), read by the stream reader only for usage (§13), the terminal
+// signal and the in-band error (§7.5).
 
 // jsonMember is one member of a rawObject: key (rawText), sep where its
 // segment starts (just past the previous value or the '{': it holds the
@@ -349,81 +346,6 @@ func (cr *callerRequest) asksUsage() bool {
 	return string(o.value("include_usage")) == "true"
 }
 
-// relayBuffered answers a buffered passthrough call with the provider's
-// body; a codex stream (SPEC §6.2) is read whole and assembled. A body that
-// is not a JSON object is no answer of the format (provider_failure).
-func relayBuffered(w http.ResponseWriter, cr *callerRequest, c call, resp *http.Response, attempts int) (u usage, _ *apiError) {
-	p := c.res.Provider
-	ct := cmp.Or(resp.Header.Get("Content-Type"), "application/json")
-	var body []byte
-	var err error
-	if upstreamStreams(p, cr.head) {
-		pw := &passthroughWatch{protocol: p.protocol, items: map[int][]byte{}}
-		if err = relayWatched(pw, resp.Body, nil); err == nil {
-			body = assembledResponse(pw)
-		}
-		u, ct = pw.usage, "application/json" // an assembled answer is Brama's JSON
-	} else if body, err = io.ReadAll(resp.Body); err != nil {
-		err = refuse("provider_incomplete", "provider %q answer was cut after %d bytes", p.id, len(body)).because(err)
-	} else {
-		var b struct {
-			Usage *passthroughUsage `json:"usage"`
-		}
-		if err = json.Unmarshal(body, &b); err != nil || rawShape(body) != '{' {
-			err = malformedAnswer(p.protocol, err)
-		} else {
-			u = b.Usage.count(p.protocol)
-		}
-	}
-	if err != nil {
-		return u, asAPIError(err).redactedFor(c.cred.bearer()).withAttempts(attempts)
-	}
-	providerFacts(w.Header(), resp.Header, true)
-	writeAnswer(w, ct, attempts, body)
-	return u, nil
-}
-
-// assembledResponse is a watched codex stream's final response, its output
-// the output_item.done items in output_index order when any.
-func assembledResponse(pw *passthroughWatch) []byte {
-	if len(pw.items) == 0 {
-		return pw.completed
-	}
-	var items [][]byte
-	for _, i := range slices.Sorted(maps.Keys(pw.items)) {
-		items = append(items, pw.items[i])
-	}
-	o, _ := splitRaw(pw.completed, '{', nil)
-	return o.edit(memberEdit{"output", append(append([]byte("["), bytes.Join(items, []byte(","))...), ']')})
-}
-
-// relayWatched reads a committed stream through pw, relaying each event to
-// emit (nil: a buffered caller); a chat stream ended without [DONE] gets it.
-func relayWatched(pw *passthroughWatch, body io.Reader, emit func(event []byte, flush bool) error) error {
-	rd := newSSEReader(body, "\n")
-	for {
-		raw, event, data, err := rd.next()
-		switch {
-		case err != nil && !pw.finished:
-			return streamCut(err)
-		case err != nil && emit != nil && pw.protocol == protoOpenAIChat && !pw.sawDone:
-			return emit([]byte("data: [DONE]\n\n"), false)
-		case err != nil:
-			return nil
-		}
-		relay, end, err := pw.watch(event, data)
-		if !relay {
-			raw = nil
-		}
-		if err == nil && emit != nil { // flush if the next read may wait on the provider
-			err = emit(raw, !end && !rd.ready())
-		}
-		if err != nil || end {
-			return err
-		}
-	}
-}
-
 // call is one planned provider call: where, with what, as which model.
 type call struct {
 	res     resolution
@@ -431,143 +353,144 @@ type call struct {
 	cred    upstreamCredential
 }
 
-// writeAnswer writes a buffered 200 answer with its attempts.
-func writeAnswer(w http.ResponseWriter, contentType string, attempts int, body []byte) {
-	w.Header().Set("Content-Type", contentType)
-	w.Header().Set("Brama-Attempts", strconv.Itoa(attempts))
-	w.WriteHeader(http.StatusOK)
-	w.Write(body)
+// countTokensAnswer is the body of every count_tokens answer.
+type countTokensAnswer struct {
+	InputTokens *int `json:"input_tokens"`
 }
 
-// readProviderAnswer reads and closes a committed buffered answer.
-func readProviderAnswer(p providerInfo, req chatRequest, resp *http.Response) (chatAnswer, error) {
-	defer resp.Body.Close()
-	if upstreamStreams(p, req) {
-		return assembleStream(p.protocol, resp.Body)
+// estimateInputTokens is SPEC §15's local estimate: the bytes of the system
+// text, every text part, tool_use input and tool_result content, and the
+// tools as sent, ÷ 4 rounded up.
+func estimateInputTokens(o rawObject) int {
+	type block struct {
+		Type, Text     string
+		Input, Content json.RawMessage
 	}
-	body, err := readWhole(p, resp)
-	if err != nil {
-		return chatAnswer{}, err
+	var textOf func(raw json.RawMessage) int
+	textOf = func(raw json.RawMessage) int { // a string, or blocks
+		var s string
+		if json.Unmarshal(raw, &s) == nil {
+			return len(s)
+		}
+		var blocks []block
+		json.Unmarshal(raw, &blocks)
+		n := 0
+		for _, b := range blocks {
+			switch b.Type {
+			case "text":
+				n += len(b.Text)
+			case "tool_use":
+				n += len(b.Input)
+			case "tool_result":
+				n += textOf(b.Content)
+			}
+		}
+		return n
 	}
-	return decodeUpstreamAnswer(p.protocol, body)
+	n := textOf(o.value("system"))
+	var msgs []block // only their content counts
+	json.Unmarshal(o.value("messages"), &msgs)
+	for _, m := range msgs {
+		n += textOf(m.Content)
+	}
+	if t := o.value("tools"); !rawIsNull(t) {
+		n += len(t)
+	}
+	return (n + 3) / 4
 }
 
-// readWhole reads a committed answer's body, or SPEC §8.2's refusal of one
-// cut mid-body.
-func readWhole(p providerInfo, resp *http.Response) ([]byte, error) {
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, refuse("provider_incomplete", "provider %q answer was cut after %d bytes", p.id, len(body)).because(err)
-	}
-	return body, nil
-}
-
-// providerFacts gives the caller what SPEC §17 lets a provider's answer
-// tell: its request id as request-id (X-Request-Id is Brama's own) and, for
-// a same-format answer, its rate-limit headers as received; nothing else
-// (no cookie, nothing naming the provider account).
-func providerFacts(h, provider http.Header, same bool) {
-	if id := cmp.Or(provider.Get("Request-Id"), provider.Get("X-Request-Id")); id != "" {
-		h.Set("Request-Id", id)
-	}
-	for name, vs := range provider {
-		if same && (name == "Retry-After" || strings.HasPrefix(name, "Anthropic-Ratelimit-") || strings.HasPrefix(name, "X-Ratelimit-")) {
-			h[name] = vs
+// droppedFor names every caller member the request to p loses, each once: those with no
+// counterpart in any other format, and those p's format or p itself lacks (SPEC §7.6).
+func (req chatRequest) droppedFor(p providerInfo) []string {
+	d := slices.Clone(req.Dropped)
+	add := func(cond bool, names ...string) {
+		if cond {
+			d = append(d, names...)
 		}
 	}
-}
-
-// keepAliveEvery is how long a stream may be silent before Brama writes an
-// SSE comment (SPEC §7.5). It writes; it never cuts.
-const keepAliveEvery = 15 * time.Second
-
-// streamAnswer is the caller side of a committed stream: one lock for the
-// relay and the keep-alive timer, and the dialect's writer (SPEC §7.5).
-type streamAnswer struct {
-	mu        sync.Mutex // guards cs, w, unflushed and ended
-	w         io.Writer
-	flush     func()
-	cs        *callerStream
-	unflushed bool // relay wrote bytes not yet flushed
-	ended     bool
-	every     time.Duration
-	timer     *time.Timer
-}
-
-// openStreamAnswer sends the 200 and starts the keep-alive timer, a
-// comment after every silence of every; model is what the dialect's events
-// report, req's tools name translated calls.
-func openStreamAnswer(w http.ResponseWriter, dialect string, req chatRequest, model string, attempts int, every time.Duration) *streamAnswer {
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("X-Accel-Buffering", "no")
-	h.Set("Brama-Attempts", strconv.Itoa(attempts))
-	w.WriteHeader(http.StatusOK)
-	rc := http.NewResponseController(w)
-	flush := func() { rc.Flush() }
-	flush() // committed: the caller has its 200 now, however long the provider stays silent
-	sa := &streamAnswer{w: w, flush: flush, cs: newCallerStream(dialect, req, w, flush, model), every: every}
-	sa.mu.Lock() // the timer's first run reads sa.timer, under mu
-	defer sa.mu.Unlock()
-	sa.timer = time.AfterFunc(sa.every, func() { sa.do(sa.cs.keepAlive) })
-	return sa
-}
-
-// do runs f under the lock, unless closed, and restarts the silence timer.
-func (sa *streamAnswer) do(f func() error) error {
-	sa.mu.Lock()
-	defer sa.mu.Unlock()
-	if sa.ended {
-		return nil
+	sampling := slices.DeleteFunc([]string{"temperature", "top_p"}, func(n string) bool {
+		return n == "temperature" && req.Temperature == nil || n == "top_p" && req.TopP == nil
+	})
+	anthropic, budget := p.protocol == protoAnthropic, req.thinkingBudget()
+	add(anthropic, req.Shared.names()...)
+	add(anthropic && req.Effort != "" && budget == 0, req.EffortName)
+	add(anthropic && budget > 0, sampling...)
+	add(anthropic && req.Verbosity != "", "verbosity")
+	for _, t := range req.Tools {
+		add(anthropic && t.Kind == toolCustom && t.Format != nil, "format")
 	}
-	sa.timer.Reset(sa.every)
-	return f()
-}
-
-// relay writes one event (nil: none) and, when the relay may wait next,
-// flushes what was written (SPEC §7.5) and restarts the silence timer; not
-// per event: a timer reset per event costs CPU.
-func (sa *streamAnswer) relay(b []byte, flush bool) error {
-	sa.mu.Lock()
-	defer sa.mu.Unlock()
-	if sa.ended {
-		return nil
-	}
-	_, err := sa.w.Write(b)
-	sa.unflushed = sa.unflushed || len(b) > 0
-	if flush && sa.unflushed {
-		sa.flush()
-		sa.unflushed = false
-		sa.timer.Reset(sa.every)
-	}
-	return err
-}
-
-// close stops the timer: nothing more is written.
-func (sa *streamAnswer) close() {
-	sa.mu.Lock()
-	defer sa.mu.Unlock()
-	sa.ended = true
-	sa.timer.Stop()
-}
-
-// translate relays a committed stream of protocol translated to the
-// caller's dialect.
-func (sa *streamAnswer) translate(protocol string, body io.Reader) (usage, error) {
-	var u usage
-	err := sa.do(sa.cs.start)
-	if err == nil {
-		err = readUpstreamStream(protocol, body, func(ev streamEvent) error {
-			if ev.Kind == eventUsage {
-				u = ev.Usage
+	add(p.protocol == protoOpenAIResponses && len(req.Stop) > 0, req.StopName)
+	for _, m := range req.Messages {
+		for _, pt := range m.Parts {
+			for _, q := range append([]part{pt}, pt.Media...) {
+				add(anthropic && q.Detail != "", "detail")
+				add(p.protocol == protoOpenAIChat && q.Type != pt.Type, q.Type) // a tool message holds only text
 			}
-			return sa.do(func() error { return sa.cs.event(ev) })
-		})
+		}
 	}
-	if err == nil {
-		err = sa.do(sa.cs.finish)
+	codex := p.id == "codex" // it never gets an output limit, and its backend refuses these (SPEC §6.2)
+	add(codex && req.LimitName != "", req.LimitName)
+	add(codex, sampling...)
+	add(codex, openAIShared{Metadata: req.Shared.Metadata, SafetyIdentifier: req.Shared.SafetyIdentifier, User: req.Shared.User}.names()...)
+	seen := map[string]bool{}
+	return slices.DeleteFunc(d, func(n string) bool { dup := seen[n]; seen[n] = true; return dup })
+}
+
+func textOf(ps []part) string {
+	var b strings.Builder
+	for _, p := range ps {
+		if p.Type == partText {
+			b.WriteString(p.Text)
+		}
 	}
-	return u, err
+	return b.String()
+}
+
+func jsonText(s string) json.RawMessage { return must(json.Marshal(s)) }
+
+func ptrTo[T any](v T) *T { return &v }
+
+func valueOr[T any](p *T, or T) T {
+	if p == nil {
+		return or
+	}
+	return *p
+}
+
+// must is v for marshalling that cannot fail (plain values).
+func must(v []byte, err error) json.RawMessage {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
+// rawIsNull reports an absent or null value (raw is valid JSON: only null starts with n).
+func rawIsNull(raw json.RawMessage) bool { s := rawShape(raw); return s == 0 || s == 'n' }
+
+// rawShape is the first byte of a JSON value ('"', '[', '{', …); 0 when absent.
+func rawShape(raw json.RawMessage) byte {
+	if raw = bytes.TrimSpace(raw); len(raw) == 0 {
+		return 0
+	}
+	return raw[0]
+}
+
+func rawItems(raw json.RawMessage) (items []json.RawMessage) {
+	json.Unmarshal(raw, &items)
+	return items
+}
+
+// rawMember is raw's member name (any case, as encoding/json matches), nil when none.
+func rawMember(raw json.RawMessage, name string) json.RawMessage {
+	var m map[string]json.RawMessage
+	json.Unmarshal(raw, &m)
+	for k, v := range m {
+		if strings.EqualFold(k, name) {
+			return v
+		}
+	}
+	return nil
 }
 
 // buildUpstreamRequest is req's call to p in p's protocol and wire details (SPEC §6.2), for model.

@@ -10,6 +10,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 )
 
+func noEmit(streamEvent) error { return nil }
+
 // readAllRaw reads every block of a passthrough stream.
 func readAllRaw(in []byte) (blocks [][]byte, evs []sseEvent, err error) {
 	rd := newSSEReader(bytes.NewReader(in), "\n")
@@ -24,8 +26,9 @@ func readAllRaw(in []byte) (blocks [][]byte, evs []sseEvent, err error) {
 
 // FuzzPassthroughStream checks the passthrough stream parser: blocks are
 // whole (each ends with a line terminator), relaying them frames the same
-// events again, and the watch of every format classifies every event
-// without panicking: a refusal is provider_incomplete or provider_failure.
+// events again, and the reader of every format, relaying or translating,
+// classifies every event without panicking: a refusal is provider_incomplete
+// or provider_failure.
 func FuzzPassthroughStream(f *testing.F) {
 	f.Add([]byte("data: {\"choices\":[{\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n"))
 	f.Add([]byte("event: message_stop\r\ndata: {\"type\":\"message_stop\"}\r\n\r\n"))
@@ -48,10 +51,11 @@ func FuzzPassthroughStream(f *testing.F) {
 		if diff := cmp.Diff(evs, again); diff != "" {
 			t.Fatalf("relayed blocks frame other events (-first +second):\n%s", diff)
 		}
-		for _, proto := range []string{protoOpenAIChat, protoAnthropic, protoOpenAIResponses} {
-			pw := &passthroughWatch{protocol: proto, dropUsage: true, items: map[int][]byte{}}
+		for i, proto := range []string{protoOpenAIChat, protoAnthropic, protoOpenAIResponses, protoOpenAIChat, protoAnthropic, protoOpenAIResponses} {
+			pw := newStreamReader(proto, i >= 3) // the same reader translating too
+			pw.dropUsage, pw.raw = true, map[int][]byte{}
 			for _, ev := range evs {
-				_, end, err := pw.watch(ev.Event, []byte(ev.Data))
+				_, end, err := pw.read(ev.Event, []byte(ev.Data), noEmit)
 				var ae *apiError
 				if err != nil && (!errors.As(err, &ae) || (ae.Code != "provider_incomplete" && ae.Code != "provider_failure")) {
 					t.Fatalf("%s: unclassified refusal %v", proto, err)
@@ -60,7 +64,7 @@ func FuzzPassthroughStream(f *testing.F) {
 					break
 				}
 			}
-			if pw.completed != nil {
+			if pw.final != nil {
 				assembledResponse(pw) // must not panic whatever the items are
 			}
 		}
@@ -122,14 +126,14 @@ func BenchmarkPassthroughWatchEvent(b *testing.B) {
 		{protoOpenAIResponses, `{"type":"response.output_text.delta","item_id":"x","output_index":0,"content_index":0,"delta":"hello"}`},
 	} {
 		b.Run(tc.proto, func(b *testing.B) {
-			pw, data := &passthroughWatch{protocol: tc.proto}, []byte(tc.data)
+			pw, data := &streamReader{protocol: tc.proto}, []byte(tc.data)
 			b.ReportAllocs()
 			for b.Loop() {
-				if _, _, err := pw.watch("", data); err != nil {
+				if _, _, err := pw.read("", data, noEmit); err != nil {
 					b.Fatal(err)
 				}
 			}
-			b.ReportMetric(float64(testing.AllocsPerRun(100, func() { pw.watch("", data) })), "allocs/event")
+			b.ReportMetric(float64(testing.AllocsPerRun(100, func() { pw.read("", data, noEmit) })), "allocs/event")
 		})
 	}
 }

@@ -16,8 +16,8 @@ import (
 )
 
 // Who pays (SPEC §7.2, §7.3, §11.3): a subscription pool's order, refresh,
-// blocks and the walk's one refusal; the selectors' candidates and walk;
-// the probe of one subscription. The loop is dispatch.go's attemptCandidate.
+// blocks and the walk's one refusal; the selectors' candidates; the probe
+// of one subscription; the daemon's parts the engine works with.
 
 // Block lengths (SPEC §7.2.4) and the probe's output limit (§11.3).
 const (
@@ -32,13 +32,11 @@ const (
 type walk struct {
 	reasons            []string // "<subscription id or route>: <reason>"
 	rate, quota, auth  bool     // a call was refused 429, for quota, 401/403
-	blocked            bool     // a subscription was skipped as blocked
 	rejectedStatus     int      // (selectors) the last 400, 404, 413 or 422 (SPEC §7.2.5 e)
 	refreshTransport   *apiError
-	earliestBlockEnd   time.Time
-	refreshed, skipped []string         // grants refreshed in this request; those whose refresh failed (SPEC §7.2.3)
-	last               *providerRefusal // the last call's refusal (the probe records a 401 or 403)
-	route              string           // (selectors) the candidate being walked, which every note names (SPEC §7.3)
+	blockEnd           time.Time // the earliest end of a block met
+	refreshed, skipped []string  // grants refreshed in this request; those whose refresh failed (SPEC §7.2.3)
+	route              string    // (selectors) the candidate being walked, which every note names (SPEC §7.3)
 }
 
 func (wk *walk) note(who, reason string) {
@@ -48,9 +46,9 @@ func (wk *walk) note(who, reason string) {
 	wk.reasons = append(wk.reasons, who+": "+reason)
 }
 
-func (wk *walk) noteBlock(until time.Time) {
-	if wk.earliestBlockEnd.IsZero() || until.Before(wk.earliestBlockEnd) {
-		wk.earliestBlockEnd = until
+func (wk *walk) metBlock(until time.Time) {
+	if wk.blockEnd.IsZero() || until.Before(wk.blockEnd) {
+		wk.blockEnd = until
 	}
 }
 
@@ -61,77 +59,109 @@ type pin struct {
 	until time.Time
 }
 
-// exhausted is the one refusal of a walk without success (SPEC §7.2.5).
-func (e *engine) exhausted() *apiError {
-	wk, n := &e.wk, e.t.attempts
-	list := strings.Join(wk.reasons, "; ")
-	var ae *apiError
-	switch {
-	case n == 0 && wk.refreshTransport != nil:
-		ae = refuse("dependency_unavailable", "%s", wk.refreshTransport.Message).because(wk.refreshTransport.Err)
-	case n == 0 && wk.blocked:
-		ae = refuse("subscription_unavailable", "every eligible subscription is blocked: %s", list)
-	case n == 0:
-		ae = refuse("subscription_reauthorization_required", "no subscription could be refreshed; sign in again: %s", list)
-	case wk.rate:
-		ae = refuse("provider_rate_limited", "the provider refused for rate: %s", list)
-	case wk.quota:
-		ae = refuse("provider_quota_exhausted", "the provider says the quota is spent: %s", list)
-	case wk.auth:
-		ae = refuse("subscription_reauthorization_required", "the provider refused the credentials; sign in again: %s", list)
-	case wk.rejectedStatus != 0: // a selector's calls all refused the request: the last status
-		ae = refuse("provider_rejected", "every candidate refused the request: %s", list).withStatus(wk.rejectedStatus)
-	default:
-		ae = refuse("provider_failure", "every candidate was refused: %s", list)
+// candidates lists the routes a selector or best walks, in order (SPEC
+// §7.3): best's, then each model of each provider where the agent has an
+// eligible subscription, freest first (ties by id): every alias's P/…
+// destination (alias-name order), then the catalogue's three newest text
+// models of P's vendor; any-vision-capable keeps those taking images.
+func (e *engine) candidates(res resolution) ([]resolution, error) {
+	var aliases map[string]string // an invalid registry offers none
+	if doc, err := e.reg.current(); err == nil && doc != nil {
+		aliases = doc.Routes
 	}
-	if ae.Status() == http.StatusTooManyRequests && !wk.earliestBlockEnd.IsZero() { // SPEC §7.2.5
-		ae.RetryAfter = max(wk.earliestBlockEnd.Sub(e.now()), time.Second)
+	items, err := e.inv.agentItems(e.agent)
+	var provs []string
+	free := map[string][]float64{} // each provider with an eligible subscription: its freest one's
+	for _, it := range items {
+		if _, seen := free[it.Provider]; seen || err != nil {
+			continue
+		}
+		var subs []overlayItem
+		if subs, err = e.eligible(e.agent, it.Provider); len(subs) > 0 {
+			free[it.Provider], provs = e.freedomOf(subs[0].ID, e.now()), append(provs, it.Provider)
+		}
 	}
-	return ae.withAttempts(n)
+	slices.SortFunc(provs, func(a, b string) int { return cmp.Or(slices.Compare(free[a], free[b]), strings.Compare(a, b)) })
+	var out []resolution
+	add := func(route string) {
+		pid, model, _ := strings.Cut(route, "/")
+		p, known := lookupProvider(pid)
+		vision := func() bool {
+			info, ok, _ := e.catalog.lookup(pid, model)
+			return ok && slices.Contains(info.Modalities.Input, "image")
+		}
+		seen := slices.ContainsFunc(out, func(r resolution) bool { return r.Route == route })
+		if known && model != "" && p.cred != credNone && !seen && (res.Mode != modeAnyVision || vision()) {
+			out = append(out, resolution{Mode: modeSubscription, Route: route, Provider: p, Model: model})
+		}
+	}
+	if res.Mode == modeBest {
+		add(aliases["best"])
+	}
+	for _, p := range provs {
+		for _, alias := range slices.Sorted(maps.Keys(aliases)) {
+			if strings.HasPrefix(aliases[alias], p+"/") {
+				add(aliases[alias])
+			}
+		}
+		n := 0
+		for _, m := range e.catalog.models(p) {
+			if n < 3 && slices.Contains(m.Modalities.Output, "text") {
+				add(p + "/" + m.ID)
+				n++
+			}
+		}
+	}
+	return out, err
 }
 
 // eligible is the agent's non-retired subscriptions of provider with an
 // active credential, in order: blocked last, then freest first, the pinned
-// one first among equals, ties in overlay order (SPEC §2.3, §7.2.2); and
-// whether the agent has any non-retired one.
-func (e *engine) eligible(agent, provider string) (active []overlayItem, any bool, err error) {
+// one first among equals, ties in overlay order (SPEC §2.3, §7.2.2).
+func (e *engine) eligible(agent, provider string) ([]overlayItem, error) {
 	pool, err := e.inv.pool(agent, provider)
-	now, pinned, free := e.now(), "", map[string][]float64{}
-	if pn, ok := e.pins.Load(agent + "\x00" + provider); ok && now.Before(pn.(pin).until) {
-		pinned = pn.(pin).id
-	}
+	now, free := e.now(), map[string][]float64{}
+	pool = slices.DeleteFunc(pool, func(it overlayItem) bool { return e.ledger.credentialState(it.ID) != credActive })
 	for _, it := range pool {
-		if e.ledger.credentialState(it.ID) == credActive {
-			active = append(active, it)
-			free[it.ID] = append(e.freedomOf(it.ID, now), b2f(it.ID != pinned))
+		free[it.ID] = e.freedomOf(it.ID, now)
+	}
+	if pn, ok := e.pins.Load(agent + "\x00" + provider); ok && now.Before(pn.(pin).until) { // first among equals
+		if i := slices.IndexFunc(pool, func(it overlayItem) bool { return it.ID == pn.(pin).id }); i > 0 {
+			pinned := pool[i]
+			pool = slices.Insert(slices.Delete(pool, i, i+1), 0, pinned)
 		}
 	}
-	slices.SortStableFunc(active, func(a, b overlayItem) int { return slices.Compare(free[a.ID], free[b.ID]) })
-	return active, len(pool) > 0, err
+	slices.SortStableFunc(pool, func(a, b overlayItem) int { return slices.Compare(free[a.ID], free[b.ID]) })
+	return pool, err
 }
 
 // freedomOf is how free a subscription is, compared in order (SPEC §7.2.2).
 func (e *engine) freedomOf(id string, now time.Time) []float64 {
-	return []float64{b2f(!e.ledger.blockedUntil(id).IsZero()), e.ledger.fullness(id, now)}
-}
-
-// b2f is 1 for true, so that false sorts first.
-func b2f(b bool) float64 {
-	if b {
-		return 1
+	blocked := 0.0
+	if !e.ledger.blockedUntil(id).IsZero() {
+		blocked = 1
 	}
-	return 0
+	return []float64{blocked, e.ledger.fullness(id, now)}
 }
 
 // errSkipSubscription: no call on this subscription; the walk noted why.
 var errSkipSubscription = errors.New("subscription skipped")
 
-// subscriptionCredential is what a call on sub presents, an expired grant
-// or a just refusedToken refreshed first (SPEC §7.2.3, §11.1). One no header
-// could carry (a vault edited by hand) is skipped like a blocked one and
-// marked for a sign-in (SPEC §17).
-func (e *engine) subscriptionCredential(ctx context.Context, sub overlayItem, refusedToken string) (upstreamCredential, error) {
+// subscriptionCredential is what a call of kind on sub presents, an expired
+// grant or a just refusedToken refreshed first (SPEC §7.2.3, §11.1). A
+// blocked sub is skipped when the kind rotates, one marked since the pool
+// was read unless probed; one no header could carry (a vault edited by
+// hand) is skipped and marked for a sign-in (SPEC §17).
+func (e *engine) subscriptionCredential(ctx context.Context, kind routeKind, sub overlayItem, refusedToken string) (upstreamCredential, error) {
 	wk := &e.wk
+	if until := e.ledger.blockedUntil(sub.ID); budgets[kind].rotate && !until.IsZero() {
+		wk.metBlock(until)
+		wk.note(sub.ID, "blocked until "+until.UTC().Format(time.RFC3339))
+		return upstreamCredential{}, errSkipSubscription
+	} else if kind != kindProbe && e.ledger.credentialState(sub.ID) != credActive { // the probe may revive it
+		wk.note(sub.ID, "credential refused meanwhile; sign in again")
+		return upstreamCredential{}, errSkipSubscription
+	}
 	vc, err := e.inv.credential(sub.ID) // its refusal is SPEC §2.2's
 	if err != nil {
 		return upstreamCredential{}, err
@@ -147,7 +177,7 @@ func (e *engine) subscriptionCredential(ctx context.Context, sub overlayItem, re
 			var re *endpointError
 			switch {
 			case errors.Is(err, errRefreshSuperseded): // a sign-in replaced the grant meanwhile: the call uses its (SPEC §11.1)
-				return e.subscriptionCredential(ctx, sub, "")
+				return e.subscriptionCredential(ctx, kind, sub, "")
 			case err != nil && ctx.Err() != nil: // the caller hung up while it waited: no skip, no call (SPEC §7.4)
 				return upstreamCredential{}, refuse("client_cancelled", "the caller went away during a grant refresh").because(err)
 			case errors.As(err, &re) && !re.Definitive:
@@ -185,174 +215,57 @@ func (e *engine) credentialReplaced(sub overlayItem, used upstreamCredential) bo
 	return vc.OAuth.AccessToken != used.AccessToken
 }
 
-// answerSubscription delivers a committed subscription call and keeps the
-// ledger: plan windows, spend, a success's pin, a block after an in-band 429.
-func (e *engine) answerSubscription(ctx context.Context, w http.ResponseWriter, cand *candidate, c call, sub overlayItem, resp *http.Response, attempts int) (usage, *apiError, bool) {
-	p, now := c.res.Provider.id, e.now()
-	e.ledger.recordWindows(sub.ID, p, parsePlanWindows(p, resp.Header, now))
-	led, _ := e.ledger.entry(sub.ID) // its windows: this answer's and a usage report's (SPEC §7.2.2)
-	until := now.Add(maxPin)
-	for _, win := range led.Windows {
-		if at := time.UnixMilli(win.ResetsAtMs); win.ResetsAtMs > 0 && at.After(now) && at.Before(until) {
-			until = at
-		}
-	}
-	u, ae, streamed := e.deliver(ctx, w, cand.model, cand.req, c, resp, attempts)
-	e.ledger.recordUse(sub.ID, p, ae == nil, u.InputTokens, u.OutputTokens)
-	if ae == nil { // only a success pins (SPEC §7.2.4)
-		e.pins.Store(e.agent+"\x00"+p, pin{sub.ID, until})
-	} else {
-		e.blockInBand(sub, p, resp, ae, now)
-	}
-	return u, ae, streamed
-}
-
-// blockInBand blocks sub after a rate or quota error ending its committed
-// answer, until the reset the answer's headers state (SPEC §7.2.4).
-func (e *engine) blockInBand(sub overlayItem, provider string, resp *http.Response, err error, now time.Time) {
-	var se *upstreamStreamError
-	if errors.As(err, &se) && (se.Class == refusalRate || se.Class == refusalQuota) {
-		wait := cmp.Or(retryAfter(resp.Header, now), e.windowWait(sub.ID, now), defaultBlock)
-		e.ledger.block(sub.ID, provider, now.Add(wait), "the provider ended a committed answer with "+se.Code)
-	}
-}
-
-// windowWait is how long until the last reset of sub's windows the ledger
-// holds as used up: SPEC §7.2.4's "or the window reset"; 0 when none is.
-func (e *engine) windowWait(id string, now time.Time) (wait time.Duration) {
-	led, _ := e.ledger.entry(id)
+// block blocks sub until the stated wait, else the last reset of a window
+// the ledger holds as used up, else 15 min; at most 7 days (SPEC §7.2.4).
+func (e *engine) block(sub overlayItem, stated time.Duration, why string) time.Time {
+	now, wait := e.now(), time.Duration(0)
+	led, _ := e.ledger.entry(sub.ID)
 	for _, w := range led.Windows {
 		if at := time.UnixMilli(w.ResetsAtMs); w.UsedFraction >= 1 && w.ResetsAtMs > 0 && at.After(now) {
 			wait = max(wait, at.Sub(now))
 		}
 	}
-	return wait
+	until := now.Add(min(cmp.Or(max(stated, 0), wait, defaultBlock), maxBlock))
+	e.ledger.block(sub.ID, sub.Provider, until, why)
+	return until
 }
 
-// blockFor blocks sub after a rate or quota refusal until the stated reset
-// (none: a used-up window's, else 15 min; at most 7 days).
-func (e *engine) blockFor(sub overlayItem, provider string, ref *providerRefusal) {
-	now, wk, rate := e.now(), &e.wk, ref.class == refusalRate
-	until := now.Add(min(cmp.Or(max(ref.retryAfter, 0), e.windowWait(sub.ID, now), defaultBlock), maxBlock))
-	e.ledger.block(sub.ID, provider, until, ref.sentence)
-	wk.noteBlock(until)
+// blockFor blocks sub after a rate or quota refusal, as the walk records.
+func (e *engine) blockFor(sub overlayItem, ref *providerRefusal) {
+	wk, rate := &e.wk, ref.class == refusalRate
+	until := e.block(sub, ref.retryAfter, ref.sentence)
+	wk.metBlock(until)
 	wk.rate, wk.quota = wk.rate || rate, wk.quota || !rate
 	wk.note(sub.ID, map[bool]string{true: "rate limited: ", false: "quota exhausted: "}[rate]+ref.sentence)
 }
 
-// candidates lists the routes a selector or best walks, in order (SPEC
-// §7.3): best's, then each model of each provider where the agent has an
-// eligible subscription, freest first (ties by id): every alias's P/…
-// destination (alias-name order), then the catalogue's three newest text
-// models of P's vendor; any-vision-capable keeps those taking images.
-func (e *engine) candidates(res resolution) ([]resolution, error) {
-	var aliases map[string]string // an invalid registry offers none
-	if doc, err := e.reg.current(); err == nil && doc != nil {
-		aliases = doc.Routes
+// exhausted is the one refusal of a walk without success (SPEC §7.2.5).
+func (e *engine) exhausted() *apiError {
+	wk, n := &e.wk, e.t.attempts
+	list := strings.Join(wk.reasons, "; ")
+	var ae *apiError
+	switch {
+	case n == 0 && wk.refreshTransport != nil:
+		ae = refuse("dependency_unavailable", "%s", wk.refreshTransport.Message).because(wk.refreshTransport.Err)
+	case n == 0 && !wk.blockEnd.IsZero(): // no call, so every block met was a skip
+		ae = refuse("subscription_unavailable", "every eligible subscription is blocked: %s", list)
+	case n == 0:
+		ae = refuse("subscription_reauthorization_required", "no subscription could be refreshed; sign in again: %s", list)
+	case wk.rate:
+		ae = refuse("provider_rate_limited", "the provider refused for rate: %s", list)
+	case wk.quota:
+		ae = refuse("provider_quota_exhausted", "the provider says the quota is spent: %s", list)
+	case wk.auth:
+		ae = refuse("subscription_reauthorization_required", "the provider refused the credentials; sign in again: %s", list)
+	case wk.rejectedStatus != 0: // a selector's calls all refused the request: the last status
+		ae = refuse("provider_rejected", "every candidate refused the request: %s", list).withStatus(wk.rejectedStatus)
+	default:
+		ae = refuse("provider_failure", "every candidate was refused: %s", list)
 	}
-	items, err := e.inv.agentItems(e.agent)
-	if err != nil {
-		return nil, err
+	if ae.Status() == http.StatusTooManyRequests && !wk.blockEnd.IsZero() { // SPEC §7.2.5
+		ae.RetryAfter = max(wk.blockEnd.Sub(e.now()), time.Second)
 	}
-	var provs []string
-	free, now := map[string][]float64{}, e.now() // a provider's freest eligible subscription's
-	for _, it := range items {
-		if _, seen := free[it.Provider]; seen {
-			continue
-		}
-		subs, _, err := e.eligible(e.agent, it.Provider)
-		if err != nil {
-			return nil, err
-		}
-		if len(subs) > 0 {
-			free[it.Provider] = e.freedomOf(subs[0].ID, now)
-			provs = append(provs, it.Provider)
-		}
-	}
-	slices.SortFunc(provs, func(a, b string) int { return cmp.Or(slices.Compare(free[a], free[b]), strings.Compare(a, b)) })
-	var routes []string
-	if res.Mode == modeBest {
-		routes = append(routes, aliases["best"])
-	}
-	for _, p := range provs {
-		for _, alias := range slices.Sorted(maps.Keys(aliases)) {
-			if strings.HasPrefix(aliases[alias], p+"/") {
-				routes = append(routes, aliases[alias])
-			}
-		}
-		n := 0
-		for _, m := range e.catalog.models(p) {
-			if n < 3 && slices.Contains(m.Modalities.Output, "text") {
-				routes, n = append(routes, p+"/"+m.ID), n+1
-			}
-		}
-	}
-	var out []resolution
-	for _, route := range routes {
-		pid, model, _ := strings.Cut(route, "/")
-		p, known := lookupProvider(pid)
-		if !known || model == "" || p.cred == credNone || slices.ContainsFunc(out, func(r resolution) bool { return r.Route == route }) {
-			continue
-		}
-		if res.Mode == modeAnyVision {
-			if info, ok, _ := e.catalog.lookup(pid, model); !ok || !slices.Contains(info.Modalities.Input, "image") {
-				continue
-			}
-		}
-		out = append(out, resolution{Mode: modeSubscription, Route: route, Provider: p, Model: model})
-	}
-	return out, nil
-}
-
-// walkSelector serves any, any-vision-capable and best (SPEC §7.3), each
-// candidate with its own output limit, skipping a provider whose pool refused.
-func (e *engine) walkSelector(ctx context.Context, j *job, req *callerRequest, cands []resolution) *apiError {
-	wk, poolRefused, hadEligible := &e.wk, map[string]bool{}, false
-	var unfit error // set when a candidate was skipped: no max_tokens known, or a request its format cannot express
-	for _, cand := range cands {
-		p := cand.Provider.id
-		wk.route = cand.Route
-		if poolRefused[p] {
-			wk.note(cand.Route, "skipped: every "+p+" subscription already refused")
-			continue
-		}
-		subs, _, err := e.eligible(e.agent, p)
-		if err != nil {
-			return asAPIError(err).withAttempts(e.t.attempts)
-		}
-		head := req.head
-		if len(subs) == 0 {
-			wk.note(cand.Route, fmt.Sprintf("no usable %q subscription", p))
-			continue
-		} else if err := e.applyMaxTokens(&head, cand); err != nil {
-			unfit = err
-			wk.note(cand.Route, "skipped: "+asAPIError(err).Message)
-			continue
-		}
-		c := &candidate{res: cand, pool: subs, req: req.withLimit(head.MaxTokens), model: cand.Route}
-		switch out, ae := e.attemptCandidate(ctx, j, c); out {
-		case routeAnswered:
-			return ae
-		case routeRefused:
-			poolRefused[p] = true
-		case routeUnfit:
-			unfit = ae
-			wk.note(cand.Route, "skipped: "+ae.Message)
-			continue
-		}
-		hadEligible = true
-	}
-	if hadEligible {
-		return e.exhausted()
-	} else if unfit != nil { // every usable candidate needs a max_tokens nobody knows (SPEC §6.4) or another format
-		return asAPIError(unfit)
-	}
-	// No candidate at all: sign in again when every subscription of the agent needs it.
-	items, err := e.inv.agentItems(e.agent)
-	if err == nil && len(items) > 0 && !slices.ContainsFunc(items, func(it overlayItem) bool { return e.ledger.credentialState(it.ID) == credActive }) {
-		return refuse("subscription_reauthorization_required", "agent %q has subscriptions but none has an active credential; sign in again", e.agent).withAttempts(0)
-	}
-	return refuse("credential_unauthorized", "no subscription model can serve agent %q", e.agent).withAttempts(0)
+	return ae.withAttempts(n)
 }
 
 // probeOutcome answers POST …/probe: the probe recorded and the row after it.
@@ -381,7 +294,7 @@ func (e *engine) probe(ctx context.Context, it overlayItem, model string) (probe
 	res.Mode = modeSubscription // paid by the probed subscription, whatever its provider
 	p, req := res.Provider, pingRequest(res.Route, res.Provider)
 	ok, detail := false, ""
-	j := &job{kind: kindProbe,
+	j := &job{kind: kindProbe, pool: []overlayItem{it},
 		build: func(ctx context.Context, _ *candidate, c call) (*http.Request, error) {
 			hr, err := buildUpstreamRequest(ctx, p, c.baseURL, c.cred, req, c.res.Model)
 			if err != nil { // the ping could not be encoded: a failed probe, as before any call
@@ -389,32 +302,23 @@ func (e *engine) probe(ctx context.Context, it overlayItem, model string) (probe
 			}
 			return hr, err
 		},
-		commit: func(_ context.Context, _ *candidate, c call, _ *overlayItem, resp *http.Response, _ int) (usage, *apiError, bool) {
-			e.ledger.recordWindows(it.ID, p.id, parsePlanWindows(p.id, resp.Header, e.now()))
+		commit: func(_ context.Context, _ *candidate, c call, resp *http.Response) (usage, *apiError, bool) {
 			ans, err := readProviderAnswer(p, req, resp)
-			if err != nil {
-				e.blockInBand(it, p.id, resp, err, e.now()) // an in-band limit, as a request's
+			if err != nil { // an in-band limit blocks, as a request's
 				detail = "the answer could not be read: " + asAPIError(err).Message
-			} else {
-				ok, detail = true, fmt.Sprintf("%s answered (%d output tokens)", c.res.Route, ans.Usage.OutputTokens)
+				return usage{}, asAPIError(err), false
 			}
+			ok, detail = true, fmt.Sprintf("%s answered (%d output tokens)", c.res.Route, ans.Usage.OutputTokens)
 			return ans.Usage, nil, false
 		},
 	}
-	out, ae := e.attemptCandidate(ctx, j, &candidate{res: res, pool: []overlayItem{it}})
-	switch r := e.wk.last; { // recorded, not retried
-	case r == nil:
-	case r.class == refusalAuth: // a 401 or 403
-		e.ledger.setCredential(it.ID, p.id, credNeedsReauth, cmp.Or(r.sentence, r.err.Message))
-	case r.class == refusalRate || r.class == refusalQuota: // a block, as a request's would be
-		e.blockFor(it, p.id, r)
-	}
+	ae := e.attemptRoute(ctx, j, call{res: res}, nil, nil)
 	switch {
 	case detail != "":
-	case out == routeRefused: // the grant could not be refreshed
-		detail = "no call was made: " + strings.Join(e.wk.reasons, "; ")
 	case e.t.attempts > 0: // the provider refused, or no answer came
 		detail = ae.Message
+	case len(e.wk.reasons) > 0: // the grant could not be refreshed
+		detail = "no call was made: " + strings.Join(e.wk.reasons, "; ")
 	default: // refused before any call, as a probe's own refusal
 		ae.Attempts = nil
 		return probeOutcome{}, ae
@@ -499,19 +403,32 @@ type core struct {
 	maint      *maintainer
 }
 
+// directKey is provider's direct API key (SPEC §7.1): -local-credentials-stdin's
+// when given (the only source then, §16), else the vault's, whose read may fail.
+func (c *core) directKey(provider string) (string, error) {
+	if c.localCreds != nil {
+		return c.localCreds[provider], nil
+	}
+	doc, err := c.vault.load()
+	if errors.As(err, new(*noStateError)) { // no state directory: no key
+		return "", nil
+	} else if err != nil {
+		return "", err
+	}
+	return doc.Direct[provider].APIKey, nil
+}
+
 // hasDirect reports whether a direct credential exists for provider.
 func (c *core) hasDirect(provider string) bool {
-	if c.localCreds != nil {
-		return c.localCreds[provider] != ""
-	}
-	return c.vault.directKey(provider) != ""
+	key, _ := c.directKey(provider)
+	return key != ""
 }
 
 // mayHaveDirect is hasDirect, and true when the vault is unreadable: a request
 // then meets the vault's refusal, not "no direct credential" (SPEC §2.2).
 func (c *core) mayHaveDirect(provider string) bool {
-	_, err := c.vault.load()
-	return c.hasDirect(provider) || c.localCreds == nil && err != nil && !errors.As(err, new(*noStateError))
+	key, err := c.directKey(provider)
+	return key != "" || err != nil
 }
 
 // anyDirectPayer reports whether something could serve without an agent

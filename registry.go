@@ -1,20 +1,16 @@
 package main
 
 import (
-	"bytes"
 	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
-	"net"
 	"net/netip"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"unicode"
 	"unicode/utf8"
@@ -22,21 +18,17 @@ import (
 
 // The route registry (SPEC §4): document, guards, cached read, writes, migrate, alias states, resolution (§5).
 
-const (
-	registryRole        = "route registry" // names the file in guard errors
-	maxRegistryBytes    = 1 << 20
-	maxDestinationBytes = 512 // a destination, and the model of a canonical route (§4.1, §5.1)
-)
-
 var (
 	aliasPattern    = regexp.MustCompile(`^([a-z0-9._/-]{1,128}|[a-z0-9._-]{1,128}\*)$`) // exact, or a prefix alias
 	namePattern     = regexp.MustCompile(`^[a-z0-9._-]{1,128}$`)                         // deployments and adapters
 	providerPattern = regexp.MustCompile(`^[a-z0-9._-]{1,64}$`)
-	cgnatPrefix     = netip.MustParsePrefix("100.64.0.0/10")
+	cgnatPrefix     = netip.MustParsePrefix("100.64.0.0/10") // with loopback, where a deployment may listen
 )
 
-// Routing modes (SPEC §5.3) and alias states (SPEC §4.3).
+// The registry's limits (SPEC §4.1: a destination's, and a canonical route's model's, is 512 bytes), routing modes (§5.3)
+// and alias states (§4.3); registryRole names the file in guard errors.
 const (
+	registryRole, maxRegistryBytes, maxDestinationBytes                       = "route registry", 1 << 20, 512
 	modeAny, modeAnyVision, modeBest, modeSubscription, modeAlias, modeDirect = "any", "any-vision-capable", "best", "subscription", "alias", "direct"
 	stateServing, stateNoRoute, stateCapabilityAbsent, stateRoutesInvalid     = "serving", "no_route", "capability_absent", "routes_file_invalid"
 )
@@ -85,54 +77,52 @@ func invalidf(format string, args ...any) error {
 	return &routesInvalidError{fmt.Errorf(format, args...)}
 }
 
-// parseRegistry reads a document under SPEC §4.1's guards; an unknown provider passes (capability_absent): only writers refuse it.
 func parseRegistry(b []byte) (*routesDoc, error) {
 	doc, _, err := readRegistry(b, false)
 	return doc, err
 }
 
-// readRegistry is parseRegistry; to migrate, it drops the top-level members schema 1 lacks, and refuses an empty document.
+// readRegistry reads a document under SPEC §4.1's guards (an unknown provider passes: only writers refuse it);
+// to migrate, it drops the top-level members schema 1 lacks, and refuses an empty document.
 func readRegistry(b []byte, migrate bool) (doc *routesDoc, dropped []string, err error) {
-	blank := len(bytes.Trim(b, " \t\r\n")) == 0 // JSON's whitespace, not Unicode's
-	var top map[string]json.RawMessage
-	if len(b) > maxRegistryBytes { // SPEC §4.1
-		return emptyRoutesDoc(), nil, invalidf("registry is %d bytes; the limit is 1 MiB (%d bytes)", len(b), maxRegistryBytes)
-	} else if blank && !migrate {
+	blank := strings.Trim(string(b), " \t\r\n") == "" // JSON's whitespace, not Unicode's
+	switch {
+	case len(b) > maxRegistryBytes: // SPEC §4.1
+		return nil, nil, invalidf("registry is %d bytes; the limit is 1 MiB (%d bytes)", len(b), maxRegistryBytes)
+	case blank && !migrate:
 		return emptyRoutesDoc(), nil, nil
-	}
-	var te *json.UnmarshalTypeError
-	switch err := decodeStrict("registry", b, &top); {
 	case blank:
 		return nil, nil, invalidf("registry is empty; there is no document to migrate")
 	case utf8.Valid(b) && !json.Valid(b):
 		return nil, nil, invalidf("registry is not valid JSON: %v", json.Unmarshal(b, new(any)))
-	case err == nil && top == nil || errors.As(err, &te):
+	}
+	var top map[string]json.RawMessage
+	var te *json.UnmarshalTypeError
+	if err := decodeStrict("registry", b, &top); errors.As(err, &te) || err == nil && top == nil {
 		return nil, nil, invalidf("registry must be one JSON object")
-	case err != nil:
+	} else if err != nil {
 		return nil, nil, invalidf("%s", clipName(err.Error()))
 	}
 	known := func(k string) bool { return k == "schema_version" || k == "deployments" || k == "routes" }
 	dropped = slices.DeleteFunc(append([]string{}, slices.Sorted(maps.Keys(top))...), known)
 	if len(dropped) > 0 && !migrate {
-		return nil, nil, invalidf("registry field %s is not part of schema 1; run brama routes migrate", strconv.Quote(clipName(dropped[0])))
+		return nil, nil, invalidf("registry field %q is not part of schema 1; run brama routes migrate", clipName(dropped[0]))
 	}
 	maps.DeleteFunc(top, func(k string, _ json.RawMessage) bool { return !known(k) })
 	b, _ = json.Marshal(top) // raw members always marshal
 	doc = emptyRoutesDoc()
-	switch err := decodeStrict("registry", b, doc); {
+	switch err := decodeStrict("registry", b, doc); { // decodeStrict calls validate
 	case errors.As(err, &te):
 		return nil, nil, invalidf("registry field %q cannot be %s (see SPEC §4.1; a destination is one string)", te.Field, clipName(te.Value))
 	case errors.As(err, new(*routesInvalidError)):
 		return nil, nil, err
 	case err != nil:
 		return nil, nil, invalidf("%s", clipName(err.Error()))
-	}
-	// The typed decode takes null, and a model's "", for absent; schema 1 refuses them.
-	var deps []struct{ Name, Model, Adapters json.RawMessage }
-	json.Unmarshal(top["deployments"], &deps) // decodeStrict took these bytes
-	if string(top["schema_version"]) == "null" {
+	case string(top["schema_version"]) == "null": // the typed decode takes null, and a model's "", for absent; schema 1 refuses them
 		return nil, nil, invalidf(`registry field "schema_version" must be 1, not null`)
 	}
+	var deps []struct{ Name, Model, Adapters json.RawMessage }
+	json.Unmarshal(top["deployments"], &deps) // decodeStrict took these bytes
 	for _, d := range deps {
 		if m := string(d.Model); m == "null" || m == `""` || string(d.Adapters) == "null" {
 			return nil, nil, invalidf(`registry deployment %s member "model" must be a non-empty string, and "adapters" an array, when present`, clipName(string(d.Name)))
@@ -141,27 +131,57 @@ func readRegistry(b []byte, migrate bool) (doc *routesDoc, dropped []string, err
 	return doc, dropped, nil
 }
 
-// validate applies SPEC §4.1's guards to a decoded document; decodeStrict calls it.
+// validate applies SPEC §4.1's guards to a decoded document, refusing with the first broken one: a deployment's endpoint
+// must never point unauthenticated calls at the internet, and no alias may shadow a selector.
 func (doc *routesDoc) validate() error {
-	switch {
-	case doc.SchemaVersion != 1:
-		return invalidf(`registry field "schema_version" must be 1, not %d`, doc.SchemaVersion)
-	case doc.Deployments == nil:
-		return invalidf(`registry field "deployments" must be an array of deployments, not null`)
-	case doc.Routes == nil:
-		return invalidf(`registry field "routes" must be an object mapping each alias to one destination, not null`)
-	}
+	errs := []error{firstBroken([]rule{
+		{doc.SchemaVersion != 1, fmt.Sprintf(`registry field "schema_version" must be 1, not %d`, doc.SchemaVersion)},
+		{doc.Deployments == nil, `registry field "deployments" must be an array of deployments, not null`},
+		{doc.Routes == nil, `registry field "routes" must be an object mapping each alias to one destination, not null`},
+	})}
 	for i := range doc.Deployments {
-		if err := checkDeployment(&doc.Deployments[i], doc.Deployments[:i]); err != nil {
-			return err
+		d := &doc.Deployments[i]
+		if len(d.Adapters) == 0 {
+			d.Adapters = nil // [] and absent are one document
 		}
+		badAdapter := ""
+		if i := slices.IndexFunc(d.Adapters, func(a adapter) bool { return !namePattern.MatchString(a.Name) }); i >= 0 {
+			badAdapter = clipName(d.Adapters[i].Name)
+		}
+		addr, err := netip.ParseAddr(d.Endpoint.Host)
+		errs = append(errs, firstBroken([]rule{ // arguments: name, host, port, model, the first bad adapter
+			{badAdapter != "", "registry deployment %[1]q adapter %[5]q: an adapter name must match [a-z0-9._-]{1,128}"},
+			{!namePattern.MatchString(d.Name), "registry deployment %[1]q: a deployment name must match [a-z0-9._-]{1,128}"},
+			{slices.ContainsFunc(doc.Deployments[:i], func(o deployment) bool { return o.Name == d.Name }), "registry deployment %[1]q is declared twice; deployment names must be unique"},
+			{err != nil || !addr.Is4() || !(addr.IsLoopback() || cgnatPrefix.Contains(addr)), "registry deployment %[1]q: endpoint host %[2]q is not an IPv4 loopback or 100.64.0.0/10 literal"},
+			{d.Endpoint.Port < 1 || d.Endpoint.Port > 65535, "registry deployment %[1]q: endpoint port %[3]d is not a port (1-65535)"},
+			{d.Model != "" && !validModel(d.Model), "registry deployment %[1]q: model %[4]q is not 1-512 bytes without control characters"},
+		}, clipName(d.Name), clipName(d.Endpoint.Host), d.Endpoint.Port, clipName(d.Model), badAdapter))
 	}
 	for _, alias := range slices.Sorted(maps.Keys(doc.Routes)) {
-		if err := checkRoute(doc, alias, doc.Routes[alias]); err != nil {
-			return err
-		}
+		dest := doc.Routes[alias]
+		provider, model, canonical := strings.Cut(dest, "/")
+		local := !canonical && dest != modeBest // a deployment or adapter
+		_, _, n := doc.lookupLocal(dest)
+		errs = append(errs, firstBroken([]rule{ // arguments: alias, destination, its length, n
+			{!aliasPattern.MatchString(alias), "registry alias %[1]q must match [a-z0-9._/-]{1,128}, or [a-z0-9._-]{1,128} then * for a prefix alias"},
+			{alias == modeAny || alias == modeAnyVision, "registry alias %[1]q is a selector name and cannot be declared"},
+			{dest == "", "registry route %[1]q: the destination is empty"},
+			{!utf8.ValidString(dest), "registry route %[1]q: the destination is not valid UTF-8"},
+			{len(dest) > maxDestinationBytes, "registry route %[1]q: the destination is %[3]d bytes; the limit is 512"},
+			{dest != strings.TrimSpace(dest), "registry route %[1]q: destination %[2]q has leading or trailing space"},
+			{strings.Contains(dest, "*") && !(strings.HasSuffix(alias, "*") && canonical && model == "*"),
+				`registry route %[1]q: destination %[2]q contains "*"; only a prefix alias (ending in *) may route to <provider>/*`},
+			{strings.IndexFunc(dest, unicode.IsControl) >= 0, "registry route %[1]q: destination %[2]q contains a control character"},
+			{canonical && !providerPattern.MatchString(provider), "registry route %[1]q: destination %[2]q is not a canonical route: the provider must match [a-z0-9._-]{1,64}"},
+			{canonical && model == "", "registry route %[1]q: destination %[2]q is not a canonical route: the model is empty"},
+			{alias == modeBest && (dest == modeBest || local || provider == "local-openai"), // best is paid by subscriptions
+				"registry route %[1]q must name a canonical route of a subscription-capable provider, not %[2]q"},
+			{local && n == 0, "registry route %[1]q: destination %[2]q names no deployment or adapter"},
+			{local && n > 1, "registry route %[1]q: destination %[2]q names %[4]d deployments or adapters; a bare name must name exactly one"},
+		}, clipName(alias), dest, len(dest), n))
 	}
-	return nil
+	return cmp.Or(errs...)
 }
 
 // rule is one guard of a table: when bad, why (a format over the table's arguments) refuses the document.
@@ -170,34 +190,16 @@ type rule struct {
 	why string
 }
 
-// firstBroken is the refusal of the first broken rule, formatted with args, or nil.
+// firstBroken is the refusal of the first broken rule, formatted with args (none: why is already formatted), or nil.
 func firstBroken(rules []rule, args ...any) error {
-	if i := slices.IndexFunc(rules, func(r rule) bool { return r.bad }); i >= 0 && len(args) > 0 {
-		return invalidf(rules[i].why, args...)
-	} else if i >= 0 {
-		return invalidf("%s", rules[i].why) // already formatted
-	}
-	return nil
-}
-
-// checkDeployment guards d, declared after before; its endpoint must never point unauthenticated calls at the internet.
-func checkDeployment(d *deployment, before []deployment) error {
-	if len(d.Adapters) == 0 {
-		d.Adapters = nil // [] and absent are one document
-	}
-	for _, a := range d.Adapters {
-		if !namePattern.MatchString(a.Name) {
-			return invalidf("registry deployment %q adapter %q: an adapter name must match [a-z0-9._-]{1,128}", clipName(d.Name), clipName(a.Name))
+	for _, r := range rules {
+		if r.bad && len(args) == 0 {
+			return invalidf("%s", r.why)
+		} else if r.bad {
+			return invalidf(r.why, args...)
 		}
 	}
-	addr, err := netip.ParseAddr(d.Endpoint.Host)
-	return firstBroken([]rule{ // arguments: name, host, port, model
-		{!namePattern.MatchString(d.Name), "registry deployment %[1]q: a deployment name must match [a-z0-9._-]{1,128}"},
-		{slices.ContainsFunc(before, func(o deployment) bool { return o.Name == d.Name }), "registry deployment %[1]q is declared twice; deployment names must be unique"},
-		{err != nil || !addr.Is4() || !(addr.IsLoopback() || cgnatPrefix.Contains(addr)), "registry deployment %[1]q: endpoint host %[2]q is not an IPv4 loopback or 100.64.0.0/10 literal"},
-		{d.Endpoint.Port < 1 || d.Endpoint.Port > 65535, "registry deployment %[1]q: endpoint port %[3]d is not a port (1-65535)"},
-		{d.Model != "" && !validModel(d.Model), "registry deployment %[1]q: model %[4]q is not 1-512 bytes without control characters"},
-	}, clipName(d.Name), clipName(d.Endpoint.Host), d.Endpoint.Port, clipName(d.Model))
+	return nil
 }
 
 // validModel is §5.1's rule for a canonical route's model, and a deployment's.
@@ -205,49 +207,13 @@ func validModel(m string) bool {
 	return m != "" && len(m) <= maxDestinationBytes && strings.IndexFunc(m, unicode.IsControl) < 0
 }
 
-// checkAlias is the alias guard of SPEC §4.1; no alias may shadow a selector.
-func checkAlias(alias string) error {
-	return firstBroken([]rule{
-		{!aliasPattern.MatchString(alias), "registry alias %q must match [a-z0-9._/-]{1,128}, or [a-z0-9._-]{1,128} then * for a prefix alias"},
-		{alias == modeAny || alias == modeAnyVision, "registry alias %q is a selector name and cannot be declared"},
-	}, clipName(alias))
-}
-
-// checkRoute applies §4.1's guards to one route; an unknown provider passes.
-func checkRoute(doc *routesDoc, alias, dest string) error {
-	if err := checkAlias(alias); err != nil {
-		return err
-	}
-	provider, model, canonical := strings.Cut(dest, "/")
-	local := !canonical && dest != modeBest // a deployment or adapter
-	_, _, n := doc.lookupLocal(dest)
-	return firstBroken([]rule{ // arguments: alias, destination, its length, n
-		{dest == "", "registry route %[1]q: the destination is empty"},
-		{!utf8.ValidString(dest), "registry route %[1]q: the destination is not valid UTF-8"},
-		{len(dest) > maxDestinationBytes, "registry route %[1]q: the destination is %[3]d bytes; the limit is 512"},
-		{dest != strings.TrimSpace(dest), "registry route %[1]q: destination %[2]q has leading or trailing space"},
-		{strings.Contains(dest, "*") && !(strings.HasSuffix(alias, "*") && canonical && model == "*"),
-			`registry route %[1]q: destination %[2]q contains "*"; only a prefix alias (ending in *) may route to <provider>/*`},
-		{strings.IndexFunc(dest, unicode.IsControl) >= 0, "registry route %[1]q: destination %[2]q contains a control character"},
-		{dest == modeBest && alias == modeBest, "registry route %[1]q must name a canonical route (provider/model), not best"},
-		{canonical && !providerPattern.MatchString(provider), "registry route %[1]q: destination %[2]q is not a canonical route: the provider must match [a-z0-9._-]{1,64}"},
-		{canonical && model == "", "registry route %[1]q: destination %[2]q is not a canonical route: the model is empty"},
-		{canonical && alias == modeBest && provider == "local-openai", // best is paid by subscriptions
-			"registry route %[1]q must name a canonical route of a subscription-capable provider, not deployment %[2]q"},
-		{local && alias == modeBest, "registry route %[1]q must name a canonical route (provider/model), not deployment %[2]q"},
-		{local && n == 0, "registry route %[1]q: destination %[2]q names no deployment or adapter"},
-		{local && n > 1, "registry route %[1]q: destination %[2]q names %[4]d deployments or adapters; a bare name must name exactly one"},
-	}, clipName(alias), dest, len(dest), n)
-}
-
 // match is name's exact alias's destination, else the longest prefix alias's, <provider>/* as <provider>/name (SPEC §5.1);
 // a name with "/" or "*" matches no prefix alias: "o*" must not take over openai/….
 func (doc *routesDoc) match(name string) (dest string, ok bool) {
-	if dest, ok = doc.Routes[name]; ok && !strings.HasSuffix(name, "*") {
-		return dest, true
-	}
-	if strings.ContainsAny(name, "/*") || !validModel(name) {
+	if strings.Contains(name, "*") { // only a prefix alias holds one, and its own name is no model
 		return "", false
+	} else if dest, ok = doc.Routes[name]; ok || strings.Contains(name, "/") || !validModel(name) {
+		return dest, ok
 	}
 	longest := ""
 	for alias, d := range doc.Routes {
@@ -276,18 +242,13 @@ func (doc *routesDoc) lookupLocal(name string) (dep deployment, upstream string,
 	return dep, upstream, n
 }
 
-// baseURL is the deployment's OpenAI-compatible endpoint (SPEC §4.1).
+// baseURL is the deployment's OpenAI-compatible endpoint (SPEC §4.1); the host is an IPv4 literal, needing no brackets.
 func (d deployment) baseURL() string {
-	return "http://" + net.JoinHostPort(d.Endpoint.Host, strconv.Itoa(d.Endpoint.Port)) + "/v1"
+	return fmt.Sprintf("http://%s:%d/v1", d.Endpoint.Host, d.Endpoint.Port)
 }
 
 // clipName shortens a name before an error quotes it: the reason is logged and may reach a client.
-func clipName(s string) string {
-	if len(s) <= 128 {
-		return s
-	}
-	return truncateUTF8(s, 128) + "…"
-}
+func clipName(s string) string { return truncateUTF8(s, 128) }
 
 // registryPath is BRAMA_ROUTES_FILE, else $STATE/routes.json, else the *noStateError (SPEC §2.1).
 func registryPath(st state, getenv func(string) string) (string, error) {
@@ -299,16 +260,14 @@ type registry struct {
 	stateFile[*routesDoc] // path "" when pathErr is set; keeps a parse failure
 	j                     *journal
 	log                   *slog.Logger
-	writeMu               sync.Mutex   // serializes writes within this process
-	logMu                 sync.Mutex   // held by current, guards lastLogged
-	lastLogged            string       // the failure last logged as inference_routes_invalid
+	lastLogged            atomic.Value // string: the failure last logged as inference_routes_invalid
 	parses                atomic.Int32 // files parsed so far; lets tests prove an unchanged file costs none
 }
 
 func newRegistry(path string, pathErr error, j *journal, log *slog.Logger) *registry {
 	r := &registry{j: j, log: log}
-	r.stateFile = stateFile[*routesDoc]{role: registryRole, path: path, pathErr: pathErr,
-		keepErr: true, parse: func(b []byte) (*routesDoc, error) {
+	r.stateFile = stateFile[*routesDoc]{role: registryRole, path: path, pathErr: pathErr, keepErr: true,
+		parse: func(b []byte) (*routesDoc, error) {
 			if b != nil { // nil: the file is absent
 				r.parses.Add(1)
 			}
@@ -322,31 +281,21 @@ func (r *registry) current() (*routesDoc, error) {
 	if r.pathErr != nil {
 		return emptyRoutesDoc(), nil
 	}
-	r.logMu.Lock()
-	defer r.logMu.Unlock()
 	doc, err := r.load()
-	if err == nil {
-		r.lastLogged = ""
-		return doc, nil
-	} else if reason := err.Error(); reason != r.lastLogged {
+	if reason := fmt.Sprint(err); r.lastLogged.Swap(reason) != reason && err != nil { // a success stores "<nil>"
 		r.log.Warn("inference_routes_invalid", "reason", reason)
-		r.lastLogged = reason
 	}
-	return nil, err
+	return doc, err
 }
 
-// set points alias at destination (SPEC §4.4); by is the client id or "cli".
+// set points alias at destination, and remove deletes it (SPEC §4.4); by is the client id or "cli".
 func (r *registry) set(alias, destination, by string) (*routesDoc, error) {
-	if err := checkAlias(alias); err != nil {
-		return nil, refuse("invalid_request", "%v", err)
-	}
-	dest := strings.TrimSpace(destination)
-	return r.write(alias, &dest, by)
+	return r.write(alias, &destination, by)
 }
 
 func (r *registry) remove(alias, by string) (*routesDoc, error) { return r.write(alias, nil, by) }
 
-// write points alias at *to or, nil, removes it (SPEC §4.4), journaling the change.
+// write points alias at *to or, nil, removes it, journaling the change.
 func (r *registry) write(alias string, to *string, by string) (*routesDoc, error) {
 	return r.commit(func(doc *routesDoc) (*journalRecord, error) {
 		rec := journalRecord{Kind: "route_change", Alias: alias, To: to, By: cmp.Or(by, "cli")}
@@ -360,20 +309,18 @@ func (r *registry) write(alias string, to *string, by string) (*routesDoc, error
 			delete(doc.Routes, alias)
 			return &rec, nil
 		}
-		err := checkRoute(doc, alias, *to)
-		// Every credential assumed, capability_absent is an unknown provider or deployment: writers refuse it.
-		if st, reason := aliasState(doc, *to, func(string) bool { return true }); err == nil && st != stateServing {
-			err = fmt.Errorf("registry route %q: %s", alias, reason)
-		}
-		if err != nil {
-			return nil, refuse("invalid_request", "%v", err)
-		}
+		*to = strings.TrimSpace(*to)
 		doc.Routes[alias] = *to
+		// Every credential assumed, capability_absent is an unknown provider or deployment: writers refuse it.
+		_, st, reason := doc.destination(*to, func(string) bool { return true })
+		if err := doc.validate(); err != nil || st != stateServing { // the document was valid: a refusal is this route's
+			return nil, refuse("invalid_request", "%v", cmp.Or(err, fmt.Errorf("registry route %q: %s", alias, reason)))
+		}
 		return &rec, nil
 	})
 }
 
-// setDeployment declares d or removes d.Name; an alias still routed to it keeps it. Nothing is journaled.
+// setDeployment declares d or removes d.Name (refused while an alias routes to it: commit re-parses). Nothing is journaled.
 func (r *registry) setDeployment(d deployment, remove bool) (*routesDoc, error) {
 	return r.commit(func(doc *routesDoc) (*journalRecord, error) {
 		n := len(doc.Deployments)
@@ -384,19 +331,18 @@ func (r *registry) setDeployment(d deployment, remove bool) (*routesDoc, error) 
 		case !remove && len(doc.Deployments) != n:
 			return nil, refuse("invalid_request", "deployment %q is already declared; rm it first", d.Name)
 		case !remove:
-			doc.Deployments = append(doc.Deployments, d) // commit re-parses: the reader's own guards
+			doc.Deployments = append(doc.Deployments, d)
 		}
 		return nil, nil
 	})
 }
 
-// commit is SPEC §4.4's read-modify-rename under mutex and flock, journaling change's record after: a failed append is only logged.
+// commit is SPEC §4.4's read-modify-rename under the flock (its own file description: writers of this process wait too),
+// journaling change's record after it: a failed append is only logged.
 func (r *registry) commit(change func(doc *routesDoc) (*journalRecord, error)) (*routesDoc, error) {
 	if err := r.pathErr; err != nil {
 		return nil, refuse("dependency_unavailable", "the route registry cannot be written: %v", err).because(err)
 	}
-	r.writeMu.Lock()
-	defer r.writeMu.Unlock()
 	var committed *routesDoc
 	err := withFileLock(r.path, func() error {
 		doc, err := r.fresh() // parsed just now; nobody else holds it
@@ -407,22 +353,21 @@ func (r *registry) commit(change func(doc *routesDoc) (*journalRecord, error)) (
 		if err != nil {
 			return err
 		}
-		staged := encodeRegistry(doc)
-		if err := r.j.ready(); rec != nil && err != nil {
-			return refuse("dependency_unavailable", "route registry not changed: the journal cannot record it: %v", err).because(err)
+		staged, journalErr := encodeRegistry(doc), r.j.ready()
+		if committed, err = parseRegistry(staged); rec != nil && journalErr != nil {
+			e := refuse("dependency_unavailable", "route registry not changed: the journal cannot record it: %v", journalErr)
+			return e.because(journalErr)
 		} else if len(staged) > maxRegistryBytes {
 			return refuse("state_conflict", "the route registry would be %d bytes; the limit is 1 MiB (%d bytes)", len(staged), maxRegistryBytes)
-		}
-		if committed, err = parseRegistry(staged); err != nil {
+		} else if err != nil {
 			return refuse("invalid_request", "route registry not changed: %v", err).because(err)
-		}
-		if err := writeFileAtomic(r.path, staged); err != nil {
+		} else if err := writeFileAtomic(r.path, staged); err != nil {
 			return refuse("internal_error", "route registry not changed: %v", err).because(err)
+		} else if rec == nil {
+			return nil
 		}
-		if rec != nil { // journaled under the flock, so records follow the renames
-			if err := r.j.append(*rec); err != nil {
-				r.log.Error("journal_append_failed", "kind", rec.Kind, "alias", rec.Alias, "cause", err.Error())
-			}
+		if err := r.j.append(*rec); err != nil { // under the flock, so records follow the renames
+			r.log.Error("journal_append_failed", "kind", rec.Kind, "alias", rec.Alias, "cause", err.Error())
 		}
 		return nil
 	})
@@ -432,21 +377,19 @@ func (r *registry) commit(change func(doc *routesDoc) (*journalRecord, error)) (
 	return committed, err // callers read err first
 }
 
-// migrateRegistry is `brama routes migrate` (SPEC §4.4): drop what schema 1 lacks, commit the rest.
+// migrateRegistry is `brama routes migrate` (SPEC §4.4): drop what schema 1 lacks, commit the rest under the lock.
 func migrateRegistry(path string) (committed []byte, dropped []string, doc *routesDoc, err error) {
 	if _, err := guardFile(registryRole, path); err != nil {
 		return nil, nil, nil, err // before the lock: an absent file gets no lock file either
 	}
-	err = withFileLock(path, func() error {
-		f := stateFile[*routesDoc]{role: registryRole, path: path, absentErr: true,
-			parse: func(b []byte) (d *routesDoc, err error) { d, dropped, err = readRegistry(b, true); return d, err }}
-		if doc, err = f.fresh(); err != nil {
-			return err
-		}
-		committed = encodeRegistry(doc)
-		return writeFileAtomic(path, committed)
-	})
-	return committed, dropped, doc, err // callers read err first
+	f := stateFile[*routesDoc]{role: registryRole, path: path, absentErr: true, parse: func(b []byte) (*routesDoc, error) {
+		doc, dropped, err = readRegistry(b, true)
+		return doc, err
+	}}
+	if err := f.update(func(*routesDoc) error { return nil }); err != nil {
+		return nil, nil, nil, err
+	}
+	return encodeRegistry(doc), dropped, doc, nil // what update wrote: marshalState of a parsed document
 }
 
 // aliasRow is one line of GET /v1/aliases and `brama routes list`.
@@ -463,41 +406,8 @@ type aliasTable struct {
 	Unserviceable int        `json:"unserviceable"`
 }
 
-// aliasState is the SPEC §4.3 state of an alias routed to dest, and its reason.
-func aliasState(doc *routesDoc, dest string, hasDirect func(provider string) bool) (st, reason string) {
-	if dest == modeBest {
-		return stateServing, "Routes to best: the operator's preferred subscription route, then the agent's other subscription models."
-	}
-	p, model, ok := destProvider(dest)
-	switch d, _, n := doc.lookupLocal(model); {
-	case !ok:
-		return stateCapabilityAbsent, fmt.Sprintf("Provider %q is not one Brama knows.", p.id)
-	case p.cred == credNone && n != 1:
-		return stateCapabilityAbsent, fmt.Sprintf("No single deployment or adapter named %q is declared.", model)
-	case p.cred == credNone:
-		return stateServing, fmt.Sprintf("Served by local deployment %q at %s.", d.Name, d.baseURL())
-	case p.cred == credSubscription:
-		return stateServing, fmt.Sprintf("Paid by the calling agent's %s subscriptions.", p.id)
-	case hasDirect != nil && hasDirect(p.id):
-		return stateServing, fmt.Sprintf("Paid by the deployment's direct %s credential.", p.id)
-	}
-	return stateCapabilityAbsent, fmt.Sprintf("No direct %s credential is configured.", p.id)
-}
-
-// destProvider is the provider and model dest names, a bare name a local one (SPEC §4.1); an unknown provider's row holds its id.
-func destProvider(dest string) (p providerInfo, model string, ok bool) {
-	provider, model, canonical := strings.Cut(dest, "/")
-	if !canonical {
-		provider, model = "local-openai", dest
-	}
-	if p, ok = lookupProvider(provider); !ok {
-		p.id = provider
-	}
-	return p, model, ok
-}
-
-// aliases lists every declared alias with its state; an unreadable registry is an error.
-func (r *registry) aliases(hasDirect func(provider string) bool) (aliasTable, error) {
+// aliases lists the declared aliases mayUse allows (nil: all; SPEC §3.1) with their states; an unreadable registry is an error.
+func (r *registry) aliases(hasDirect, mayUse func(string) bool) (aliasTable, error) {
 	doc, err := r.current()
 	t := aliasTable{Aliases: []aliasRow{}}
 	if err != nil {
@@ -505,28 +415,16 @@ func (r *registry) aliases(hasDirect func(provider string) bool) (aliasTable, er
 	}
 	for _, alias := range slices.Sorted(maps.Keys(doc.Routes)) {
 		dest := doc.Routes[alias]
-		st, reason := aliasState(doc, dest, hasDirect)
+		_, st, reason := doc.destination(dest, hasDirect)
 		if prefix, ok := strings.CutSuffix(alias, "*"); ok {
 			reason = fmt.Sprintf("Every name starting with %q that no exact alias declares. %s", prefix, reason)
 		}
-		t.Aliases = append(t.Aliases, aliasRow{Alias: alias, State: st, Route: &dest, Reason: reason})
-		if st != stateServing {
-			t.Unserviceable++
+		if mayUse == nil || mayUse(alias) {
+			t.Aliases = append(t.Aliases, aliasRow{Alias: alias, State: st, Route: &dest, Reason: reason})
+			t.Unserviceable += map[bool]int{true: 1}[st != stateServing]
 		}
 	}
 	return t, nil
-}
-
-// usableBy is t with only the aliases mayUse allows (SPEC §3.1), counted again.
-func (t aliasTable) usableBy(mayUse func(string) bool) aliasTable {
-	u := aliasTable{Aliases: []aliasRow{}}
-	for _, a := range t.Aliases {
-		if mayUse(a.Alias) {
-			u.Aliases = append(u.Aliases, a)
-			u.Unserviceable += map[bool]int{true: 1}[a.State != stateServing]
-		}
-	}
-	return u
 }
 
 // withAlias gives e SPEC §5.2's alias details.
@@ -545,55 +443,71 @@ type resolution struct {
 	BaseURL  string       // local-openai only: "http://host:port/v1"
 }
 
+// destination is where dest (best, a canonical route, or a bare local name) leads, with its SPEC §4.3 state and reason:
+// the one reading of a destination that alias states, writers and resolution share.
+func (doc *routesDoc) destination(dest string, hasDirect func(provider string) bool) (res resolution, st, reason string) {
+	if dest == modeBest {
+		reason = "Routes to best: the operator's preferred subscription route, then the agent's other subscription models."
+		return resolution{Mode: modeBest}, stateServing, reason
+	}
+	provider, model, canonical := strings.Cut(dest, "/")
+	if !canonical {
+		provider, model = "local-openai", dest
+	}
+	p, known := lookupProvider(provider)
+	res = resolution{Mode: modeDirect, Route: provider + "/" + model, Provider: p, Model: model}
+	switch d, upstream, n := doc.lookupLocal(model); {
+	case !known:
+		return res, stateCapabilityAbsent, fmt.Sprintf("Provider %q is not one Brama knows.", provider)
+	case p.cred == credNone && n != 1:
+		return res, stateCapabilityAbsent, fmt.Sprintf("No single deployment or adapter named %q is declared.", model)
+	case p.cred == credNone:
+		res.Model, res.BaseURL = upstream, d.baseURL()
+		return res, stateServing, fmt.Sprintf("Served by local deployment %q at %s.", d.Name, res.BaseURL)
+	case p.cred == credSubscription:
+		res.Mode = modeSubscription
+		return res, stateServing, fmt.Sprintf("Paid by the calling agent's %s subscriptions.", p.id)
+	case hasDirect != nil && hasDirect(p.id):
+		return res, stateServing, fmt.Sprintf("Paid by the deployment's direct %s credential.", p.id)
+	}
+	return res, stateCapabilityAbsent, fmt.Sprintf("No direct %s credential is configured.", p.id)
+}
+
 // resolveModel applies SPEC §5.1 and picks the §5.3 mode; with docErr, only selectors, best and known canonical routes resolve.
 func resolveModel(name string, doc *routesDoc, docErr error, hasDirect func(string) bool) (resolution, error) {
-	switch {
-	case name == "":
+	if name == "" {
 		return resolution{}, refuse("invalid_request", "model is required")
-	case strings.EqualFold(name, modeAny):
-		return resolution{Mode: modeAny}, nil
-	case strings.EqualFold(name, modeAnyVision):
-		return resolution{Mode: modeAnyVision}, nil
-	case name == modeBest:
-		return resolution{Mode: modeBest}, nil
+	} else if strings.EqualFold(name, modeAny) || strings.EqualFold(name, modeAnyVision) || name == modeBest {
+		return resolution{Mode: strings.ToLower(name)}, nil
 	}
+	provider, model, _ := strings.Cut(name, "/")
+	p, known := lookupProvider(provider)
+	known = known && validModel(model) // §5.1 rule 4: a known provider before the first "/"; else rule 5: never declared
 	doc = cmp.Or(doc, emptyRoutesDoc())
-	p, model, known := destProvider(name)                             // §5.1 rule 4: a known provider before the first "/"
-	known = known && strings.Contains(name, "/") && validModel(model) // else §5.1 rule 5: never declared
 	dest, declared := doc.match(name)
-	res, quoted := resolution{Mode: modeDirect}, truncateUTF8(name, 200)
-	switch {
-	case docErr != nil && known && p.cred != credNone: // needs no registry
-		dest = name
-	case docErr != nil:
+	switch quoted := truncateUTF8(name, 200); {
+	case docErr != nil && (!known || p.cred == credNone): // local-openai needs the registry's deployments
 		e := refuse("alias_unserviceable", "model %q cannot be resolved: the route registry is invalid: %v", quoted, docErr)
 		return resolution{}, withAlias(e.because(docErr), name, stateRoutesInvalid, nil)
-	case declared:
-		if st, reason := aliasState(doc, dest, hasDirect); st != stateServing {
-			return resolution{}, withAlias(refuse("alias_unserviceable", "alias %q cannot serve: %s", name, reason), name, st, &dest)
-		} else if dest == modeBest {
-			return resolution{Mode: modeBest, Alias: name}, nil
-		}
-		res.Mode, res.Alias = modeAlias, name
-	case !known:
-		fix := map[bool]string{true: name, false: "NAME"}[checkAlias(name) == nil]
+	case docErr != nil || !declared && known:
+		dest, declared = name, false
+	case !declared:
+		fix := map[bool]string{true: name, false: "NAME"}[aliasPattern.MatchString(name)]
 		e := refuse("alias_unknown", "model %q is not a declared alias, a selector, best or a canonical route of a known provider; "+
 			"declare it: brama routes set %s ROUTE, or a prefix alias for a family: brama routes set 'claude-*' 'anthropic/*'", quoted, fix)
 		return resolution{}, withAlias(e, name, stateNoRoute, nil)
-	default:
-		dest = name
 	}
-	p, res.Model, _ = destProvider(dest) // a serving destination: a known provider
-	res.Provider, res.Route = p, p.id+"/"+res.Model
+	res, st, reason := doc.destination(dest, hasDirect)
 	switch {
-	case p.cred == credSubscription:
-		res.Mode = modeSubscription
-	case p.cred == credNone: // local-openai needs the deployment the model names, for its endpoint
-		d, upstream, n := doc.lookupLocal(res.Model)
-		if n != 1 {
-			return resolution{}, refuse("invalid_request", "model %q names no single deployment or adapter in the route registry", truncateUTF8(res.Route, 200))
-		}
-		res.Model, res.BaseURL = upstream, d.baseURL()
+	case declared && st != stateServing:
+		return resolution{}, withAlias(refuse("alias_unserviceable", "alias %q cannot serve: %s", name, reason), name, st, &dest)
+	case res.Provider.cred == credNone && res.BaseURL == "": // undeclared: local-openai needs the deployment, for its endpoint
+		e := refuse("invalid_request", "model %q names no single deployment or adapter in the route registry", truncateUTF8(res.Route, 200))
+		return resolution{}, e
+	case declared && res.Mode == modeDirect:
+		res.Mode, res.Alias = modeAlias, name
+	case declared:
+		res.Alias = name
 	}
 	return res, nil
 }

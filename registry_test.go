@@ -245,7 +245,7 @@ func TestRegistryCurrentRefusesSymlink(t *testing.T) {
 	if _, err := f.reg.current(); err == nil || !strings.Contains(err.Error(), "symlink") {
 		t.Fatalf("err = %v, want the symlink rule", err)
 	}
-	if _, err := f.reg.aliases(nil); err == nil {
+	if _, err := f.reg.aliases(nil, nil); err == nil {
 		t.Fatal("aliases of an unreadable registry: want an error")
 	}
 }
@@ -682,8 +682,8 @@ func TestParseRegistry(t *testing.T) {
 		{name: "alias any", in: regDoc(`{"any":"best"}`), wantErr: `alias "any" is a selector name`},
 		{name: "alias any-vision-capable", in: regDoc(`{"any-vision-capable":"best"}`), wantErr: `alias "any-vision-capable" is a selector name`},
 		{name: "alias best to best", in: regDoc(`{"best":"best"}`), wantErr: `route "best" must name a canonical route`},
-		{name: "alias best to deployment", in: regDoc(`{"best":"qwen-local"}`), wantErr: `route "best" must name a canonical route (provider/model), not deployment "qwen-local"`},
-		{name: "alias best to a deployment's canonical form", in: regDoc(`{"best":"local-openai/qwen-local"}`), wantErr: `route "best" must name a canonical route of a subscription-capable provider, not deployment "local-openai/qwen-local"`},
+		{name: "alias best to deployment", in: regDoc(`{"best":"qwen-local"}`), wantErr: `route "best" must name a canonical route of a subscription-capable provider, not "qwen-local"`},
+		{name: "alias best to a deployment's canonical form", in: regDoc(`{"best":"local-openai/qwen-local"}`), wantErr: `route "best" must name a canonical route of a subscription-capable provider, not "local-openai/qwen-local"`},
 		{name: "destination empty", in: regDoc(`{"a":""}`), wantErr: `route "a": the destination is empty`},
 		{name: "destination untrimmed", in: regDoc(`{"a":" openai/x"}`), wantErr: `route "a": destination " openai/x" has leading or trailing space`},
 		{name: "destination wildcard", in: regDoc(`{"a":"openai/*"}`), wantErr: `route "a": destination "openai/*" contains "*"`},

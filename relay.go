@@ -3,491 +3,529 @@ package main
 import (
 	"bytes"
 	"cmp"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
+	"maps"
+	"net/http"
+	"slices"
 	"strconv"
+	"strings"
+	"sync"
+	"time"
 )
 
-// By LAYOUT.md this file's parts belong to files another helper is
-// rewriting; they wait here: the usage reader, the stream watcher per
-// protocol, the upstream Messages and Responses translators and streamCut go
-// to formats.go (one reader per protocol for translation and passthrough
-// alike), the count_tokens estimate to messages.go.
+// The answer (SPEC §7.5, §7.6): the neutral answer and stream events, a same-format answer relayed as
+// received, a translated stream written block by block in the caller's dialect, the keep-alive.
 
-// passthroughUsage holds the usage members of all three formats (flat: the
-// wire types embedded cost an allocation per event).
-type passthroughUsage struct {
-	PromptTokens             int `json:"prompt_tokens"`
-	CompletionTokens         int `json:"completion_tokens"`
-	InputTokens              int `json:"input_tokens"`
-	OutputTokens             int `json:"output_tokens"`
-	CacheCreationInputTokens int `json:"cache_creation_input_tokens"`
-	CacheReadInputTokens     int `json:"cache_read_input_tokens"`
+// Finish reasons, in the neutral (OpenAI chat) vocabulary.
+const (
+	finishStop          = "stop"
+	finishLength        = "length"
+	finishToolCalls     = "tool_calls"
+	finishContentFilter = "content_filter"
+)
+
+// chatAnswer is one complete answer in no particular format.
+type chatAnswer struct {
+	Model     string // the name reported to the caller (SPEC §7.6)
+	Text      string
+	ToolCalls []toolCall
+	Finish    string
+	Usage     usage
 }
 
-// usageOf reads a stream event's usage member; absent or null is unreported.
-func usageOf(protocol string, raw json.RawMessage) (usage, error) {
-	if rawIsNull(raw) {
-		return usage{}, nil
-	}
-	u := new(passthroughUsage) // after the null test: it escapes, an allocation per event
-	if err := json.Unmarshal(raw, u); err != nil {
-		return usage{}, err
-	}
-	return u.count(protocol), nil
+// toolCall is one tool call the model made.
+type toolCall struct {
+	ID        string
+	Name      string // as the provider saw it (flattened)
+	Arguments string // JSON text, or a custom tool's free-form input
+	Custom    bool   // the provider called it as a custom tool
 }
 
-// count is the usage in Brama's terms (nil: unreported); Anthropic's cached
-// input counts, as OpenAI's does.
-func (u *passthroughUsage) count(protocol string) usage {
-	switch {
-	case u == nil:
-		return usage{}
-	case protocol == protoOpenAIChat:
-		return usage{InputTokens: u.PromptTokens, OutputTokens: u.CompletionTokens, Reported: true}
-	}
-	return usage{InputTokens: u.InputTokens + u.CacheCreationInputTokens + u.CacheReadInputTokens, OutputTokens: u.OutputTokens, Reported: true}
+// usage counts tokens as the provider reported them.
+type usage struct {
+	InputTokens, OutputTokens int
+	Reported                  bool // the provider sent usage at all
 }
 
-// addDelta folds a message_delta's usage d into u: its output count is the
-// whole, and newer streams repeat the cumulative input count.
-func (u *usage) addDelta(d usage) {
-	if d.InputTokens > 0 {
-		u.InputTokens = d.InputTokens
-	}
-	if d.Reported {
-		u.OutputTokens, u.Reported = d.OutputTokens, true
-	}
+func newAnswerID(prefix string) string { return prefix + rand.Text() }
+
+func answerIDOr(id, prefix string) string { return cmp.Or(id, newAnswerID(prefix)) }
+
+func answerFinish(f string) string { return cmp.Or(f, finishStop) }
+
+// Stream event kinds, from a provider protocol to a caller dialect.
+const (
+	eventText          = "text"            // Text
+	eventToolCallStart = "tool_call_start" // Index, ToolCall's ID, Name and Custom
+	eventToolCallArgs  = "tool_call_args"  // Index, Text: the next piece of arguments
+	eventFinish        = "finish"
+	eventUsage         = "usage"
+)
+
+// streamEvent is one translated piece of a stream; finish and usage only after its terminal signal (SPEC §7.5).
+type streamEvent struct {
+	Kind     string
+	Text     string
+	Index    int // tool call index, 0-based, in call order
+	ToolCall toolCall
+	Finish   string
+	Usage    usage
 }
 
-// passthroughWatch reads a relayed stream's events as far as SPEC §7.5 and
-// §13 need, and a codex stream's output items for a buffered caller.
-type passthroughWatch struct {
-	protocol  string
-	dropUsage bool // chat: Brama asked for usage itself, so the usage chunk is not relayed
-	usage     usage
-	finished  bool              // the provider sent its terminal signal (chat: every choice's finish_reason)
-	choices   [2][2]uint64      // chat: the choice indexes seen, and those finished (n ≤ 128)
-	sawDone   bool              // chat: data: [DONE] arrived
-	items     map[int][]byte    // non-nil for a buffered codex caller: output_item.done items by output_index
-	completed json.RawMessage   // with items: the final response object
-	scratch   [2][16]jsonMember // member storage for an event and one of its members
-	elems     [2]jsonMember     // element storage for an event's choices
+// assembleStream is a whole stream as one answer: a buffered caller of codex, which only streams (SPEC §6.2).
+func assembleStream(protocol string, body io.Reader) (chatAnswer, error) {
+	return answerOf(func(emit func(streamEvent) error) error { return readUpstreamStream(protocol, body, emit) })
 }
 
-var errEventNotObject = errors.New("the event data is not one JSON object")
-
-// watch reads one event: relay it or not, end of stream, or the failure;
-// only the members named here are decoded, the rest only checked valid.
-func (pw *passthroughWatch) watch(event string, data []byte) (relay, end bool, err error) {
-	if data == nil {
-		return true, false, nil // no data line dispatches nothing (WHATWG): a comment, the provider's keep-alive
-	}
-	if pw.protocol == protoOpenAIChat && string(data) == "[DONE]" {
-		if !pw.finished {
-			return false, false, streamCut(io.EOF)
-		}
-		pw.sawDone = true
-		return true, true, nil
-	}
-	if !json.Valid(data) {
-		return false, false, malformedEvent(pw.protocol, errEventNotObject)
-	}
-	e, ok := splitRaw(data, '{', pw.scratch[0][:])
-	if !ok {
-		return false, false, malformedEvent(pw.protocol, errEventNotObject)
-	}
-	typ := cmp.Or(string(rawText(e.value("type"))), event) // a switch on it allocates nothing
-	switch pw.protocol {
-	case protoOpenAIChat:
-		relay, end, err = pw.chatEvent(event, e)
-	case protoAnthropic:
-		relay, end, err = pw.messagesEvent(typ, e)
-	default:
-		relay, end, err = pw.responsesEvent(typ, e)
-	}
-	if _, ok := err.(*apiError); err != nil && !ok {
-		err = malformedEvent(pw.protocol, err)
-	}
-	return relay, end, err
-}
-
-// chatEvent: finish_reason is the terminal signal; usage follows alone.
-func (pw *passthroughWatch) chatEvent(event string, e rawObject) (relay, end bool, err error) {
-	if event == "error" || !rawIsNull(e.value("error")) {
-		f, _ := errorObject(e.value("error"))
-		return false, false, inBandError(cmp.Or(f.code, f.typ))
-	}
-	u, err := usageOf(pw.protocol, e.value("usage"))
-	if err != nil {
-		return false, false, err
-	}
-	if u.Reported {
-		pw.usage = u
-	}
-	choices, _ := splitRaw(e.value("choices"), '[', pw.elems[:])
-	for _, c := range choices.members {
-		co, ok := splitRaw(choices.src[c.val:c.end], '{', pw.scratch[1][:])
-		if !ok {
-			continue
-		}
-		i, _ := strconv.Atoi(string(co.value("index"))) // absent: choice 0
-		i &= 127
-		pw.choices[0][i/64] |= 1 << (i % 64)
-		if len(rawText(co.value("finish_reason"))) > 0 {
-			pw.choices[1][i/64] |= 1 << (i % 64)
-		}
-		pw.finished = pw.choices[0] == pw.choices[1] // n > 1: a stream ends with its last choice
-	}
-	return !(pw.dropUsage && u.Reported && len(choices.members) == 0), false, nil
-}
-
-// messagesEvent: message_stop ends; usage comes in message_start and _delta.
-func (pw *passthroughWatch) messagesEvent(typ string, e rawObject) (relay, end bool, err error) {
-	switch typ {
-	case "":
-		return false, false, errors.New("event without a type")
-	case "error":
-		f, _ := errorObject(e.value("error"))
-		return false, false, inBandError(cmp.Or(f.typ, f.code))
-	case "message_start":
-		if m, ok := splitRaw(e.value("message"), '{', pw.scratch[1][:]); ok {
-			pw.usage, err = usageOf(pw.protocol, m.value("usage"))
-			return err == nil, false, err
-		}
-	case "message_delta":
-		u, err := usageOf(pw.protocol, e.value("usage"))
-		pw.usage.addDelta(u)
-		return err == nil, false, err
-	case "message_stop":
-		pw.finished = true
-		return true, true, nil
-	}
-	return true, false, nil
-}
-
-// responsesEvent: response.completed (or .incomplete) ends, with usage.
-func (pw *passthroughWatch) responsesEvent(typ string, e rawObject) (relay, end bool, err error) {
-	switch typ {
-	case "":
-		return false, false, errors.New("event without a type")
-	case "error":
-		code, _ := jsonScalar(e.value("code"))
-		if f, ok := errorObject(e.value("error")); ok && code == "" {
-			code = cmp.Or(f.code, f.typ)
-		}
-		return false, false, inBandError(code)
-	case "response.failed":
-		var f errorFields
-		if r, ok := splitRaw(e.value("response"), '{', pw.scratch[1][:]); ok {
-			f, _ = errorObject(r.value("error"))
-		}
-		return false, false, inBandError(f.code)
-	case "response.output_item.done":
-		if pw.items == nil {
-			break
-		}
-		var i int
-		if json.Unmarshal(e.value("output_index"), &i) != nil || rawShape(e.value("item")) != '{' {
-			return false, false, errors.New("output item without index or item")
-		}
-		pw.items[i] = bytes.Clone(e.value("item")) // the reader reuses its buffer
-	case "response.completed", "response.incomplete":
-		r, ok := splitRaw(e.value("response"), '{', pw.scratch[1][:])
-		if !ok {
-			return false, false, errors.New(typ + " without response")
-		}
-		if pw.usage, err = usageOf(pw.protocol, r.value("usage")); err != nil {
-			return false, false, err
-		}
-		pw.finished = true
-		if pw.items != nil {
-			pw.completed = bytes.Clone(e.value("response"))
-		}
-		return true, true, nil
-	}
-	return true, false, nil
-}
-
-// streamCut is the failure of a stream cut before its terminal signal: the
-// provider may have generated and billed (SPEC §7.5, §8.2).
-func streamCut(err error) *apiError {
-	if errors.Is(err, io.EOF) {
-		return refuse("provider_incomplete", "the provider stream ended before its terminal signal")
-	}
-	if ae := classifyTransport(err); ae.Code == "client_cancelled" {
-		return ae
-	}
-	return refuse("provider_incomplete", "the provider stream failed before its terminal signal: %s",
-		cleanQuoted(err.Error(), "", 300)).because(err)
-}
-
-// countTokensAnswer is the body of every count_tokens answer.
-type countTokensAnswer struct {
-	InputTokens *int `json:"input_tokens"`
-}
-
-// estimateInputTokens is SPEC §15's local estimate: the bytes of the system
-// text, every text part, tool_use input and tool_result content, and the
-// tools as sent, ÷ 4 rounded up.
-func estimateInputTokens(o rawObject) int {
-	type block struct {
-		Type, Text     string
-		Input, Content json.RawMessage
-	}
-	var textOf func(raw json.RawMessage) int
-	textOf = func(raw json.RawMessage) int { // a string, or blocks
-		var s string
-		if json.Unmarshal(raw, &s) == nil {
-			return len(s)
-		}
-		var blocks []block
-		json.Unmarshal(raw, &blocks)
-		n := 0
-		for _, b := range blocks {
-			switch b.Type {
-			case "text":
-				n += len(b.Text)
-			case "tool_use":
-				n += len(b.Input)
-			case "tool_result":
-				n += textOf(b.Content)
+// answerOf builds one answer from the neutral events run emits.
+func answerOf(run func(emit func(streamEvent) error) error) (chatAnswer, error) {
+	var (
+		a    chatAnswer
+		text strings.Builder
+		args []strings.Builder
+	)
+	err := run(func(ev streamEvent) error {
+		switch ev.Kind {
+		case eventText:
+			text.WriteString(ev.Text)
+		case eventToolCallStart:
+			for len(a.ToolCalls) <= ev.Index {
+				a.ToolCalls, args = append(a.ToolCalls, toolCall{}), append(args, strings.Builder{})
 			}
+			a.ToolCalls[ev.Index] = ev.ToolCall
+		case eventToolCallArgs:
+			if ev.Index >= len(args) {
+				return refuse("provider_failure", "the provider stream sent arguments for a tool call it never started")
+			}
+			args[ev.Index].WriteString(ev.Text)
+		case eventFinish:
+			a.Finish = ev.Finish
+		case eventUsage:
+			a.Usage = ev.Usage
 		}
-		return n
+		return nil
+	})
+	if err != nil {
+		return chatAnswer{}, err
 	}
-	n := textOf(o.value("system"))
-	var msgs []block // only their content counts
-	json.Unmarshal(o.value("messages"), &msgs)
-	for _, m := range msgs {
-		n += textOf(m.Content)
+	a.Text = text.String()
+	for i := range a.ToolCalls {
+		a.ToolCalls[i].Arguments = args[i].String()
 	}
-	if t := o.value("tools"); !rawIsNull(t) {
-		n += len(t)
-	}
-	return (n + 3) / 4
+	return a, nil
 }
 
-// decodeEvent decodes a translated stream's event into e; data without a type
-// takes the event line's (as passthrough reads it), and no type at all is malformed.
-func decodeEvent(protocol string, ev sseEvent, e any, typ *string) error {
-	if err := json.Unmarshal([]byte(ev.Data), e); err != nil {
-		return malformedEvent(protocol, err)
-	}
-	if *typ = cmp.Or(*typ, ev.Event); *typ == "" {
-		return eventWithout(protocol, "event", "a type")
+// emitCalls emits whole calls, their neutral indexes from first on.
+func emitCalls(emit func(streamEvent) error, first int, calls []toolCall) error {
+	for i, tc := range calls {
+		start := toolCall{ID: tc.ID, Name: tc.Name, Custom: tc.Custom}
+		if err := emit(streamEvent{Kind: eventToolCallStart, Index: first + i, ToolCall: start}); err != nil {
+			return err
+		}
+		if err := emit(streamEvent{Kind: eventToolCallArgs, Index: first + i, Text: tc.Arguments}); err != nil {
+			return err
+		}
 	}
 	return nil
 }
 
-// eventWithout is the failure of a typ event lacking what it must carry.
-func eventWithout(protocol, typ, what string) *apiError {
-	return malformedEvent(protocol, errors.New(typ+" without "+what))
-}
-
-// messagesUpstreamStream translates Messages events; message_stop is terminal.
-type messagesUpstreamStream struct {
-	finish   string
-	usage    usage
-	blocks   map[int]int  // content block index → neutral tool index, tool_use blocks only
-	argsSeen map[int]bool // neutral tool index → some non-empty arguments were emitted
-}
-
-func newMessagesUpstreamStream() streamTranslator {
-	return &messagesUpstreamStream{blocks: map[int]int{}, argsSeen: map[int]bool{}}
-}
-
-func (a *messagesUpstreamStream) handle(ev sseEvent, emit func(streamEvent) error) (bool, error) {
-	var e messagesEvent
-	if err := decodeEvent(protoAnthropic, ev, &e, &e.Type); err != nil {
-		return false, err
+func emitTail(emit func(streamEvent) error, finish string, u usage) error {
+	if err := emit(streamEvent{Kind: eventFinish, Finish: finish}); err != nil || !u.Reported {
+		return err
 	}
-	if ev.Event == "error" || e.Type == "error" {
-		f, _ := errorObject(e.Error)
-		return false, inBandError(f.typ)
+	return emit(streamEvent{Kind: eventUsage, Usage: u})
+}
+
+// relayBuffered answers a buffered passthrough call with the provider's
+// body; a codex stream (SPEC §6.2) is read whole and assembled. A body that
+// is not a JSON object is no answer of the format (provider_failure).
+func relayBuffered(w http.ResponseWriter, cr *callerRequest, c call, resp *http.Response, attempts int) (u usage, _ *apiError) {
+	p := c.res.Provider
+	ct := cmp.Or(resp.Header.Get("Content-Type"), "application/json")
+	var body []byte
+	var err error
+	if upstreamStreams(p, cr.head) {
+		pw := &streamReader{protocol: p.protocol, raw: map[int][]byte{}}
+		if err = relayWatched(pw, resp.Body, nil); err == nil {
+			body = assembledResponse(pw)
+		}
+		u, ct = pw.usage, "application/json" // an assembled answer is Brama's JSON
+	} else if body, err = readWhole(p, resp); err == nil {
+		var b struct {
+			Usage *passthroughUsage `json:"usage"`
+		}
+		if err = json.Unmarshal(body, &b); err != nil || rawShape(body) != '{' {
+			err = malformedAnswer(p.protocol, err)
+		}
+		u = b.Usage.count(p.protocol)
 	}
-	index := valueOr(e.Index, 0)
-	ni, isTool := a.blocks[index]
-	switch e.Type {
-	case "message_start":
-		if e.Message == nil {
-			return false, eventWithout(protoAnthropic, e.Type, "message")
-		}
-		if u := e.Message.Usage; u != nil { // emitted now too: a stream cut later still records it (SPEC §7.5)
-			a.usage = u.usage()
-			return false, emit(streamEvent{Kind: eventUsage, Usage: a.usage})
-		}
-	case "content_block_start":
-		switch b := e.ContentBlock; {
-		case b == nil:
-			return false, eventWithout(protoAnthropic, e.Type, "content_block")
-		case b.Type == "text" && b.Text != nil && *b.Text != "":
-			return false, emit(streamEvent{Kind: eventText, Text: *b.Text})
-		case b.Type == "tool_use" && (b.Name == "" || isTool):
-			return false, eventWithout(protoAnthropic, e.Type, "a fresh index and a name")
-		case b.Type == "tool_use":
-			a.blocks[index] = len(a.blocks)
-			return false, emit(streamEvent{Kind: eventToolCallStart, Index: a.blocks[index], ToolCall: toolCall{ID: b.ID, Name: b.Name}})
-		}
-	case "content_block_delta":
-		switch d := e.Delta; {
-		case d == nil:
-			return false, eventWithout(protoAnthropic, e.Type, "delta")
-		case d.Type == "text_delta" && d.Text != nil && *d.Text != "":
-			return false, emit(streamEvent{Kind: eventText, Text: *d.Text})
-		case d.Type == "input_json_delta" && !isTool:
-			return false, eventWithout(protoAnthropic, e.Type, "a tool_use block")
-		case d.Type == "input_json_delta" && d.PartialJSON != nil && *d.PartialJSON != "":
-			a.argsSeen[ni] = true
-			return false, emit(streamEvent{Kind: eventToolCallArgs, Index: ni, Text: *d.PartialJSON})
-		}
-	case "content_block_stop":
-		if isTool && !a.argsSeen[ni] { // a tool without parameters streams no arguments; callers expect "{}"
-			a.argsSeen[ni] = true
-			return false, emit(streamEvent{Kind: eventToolCallArgs, Index: ni, Text: "{}"})
-		}
-	case "message_delta":
-		if e.Delta != nil && e.Delta.StopReason != "" {
-			a.finish = messagesFinish(e.Delta.StopReason)
-		}
-		if u := e.Usage; u != nil {
-			a.usage.addDelta(u.usage())
-		}
-	case "message_stop":
-		return true, emitTail(emit, answerFinish(a.finish), a.usage)
-	} // ping and event types added later carry nothing Brama translates
-	return false, nil
-}
-
-func (a *messagesUpstreamStream) ended(func(streamEvent) error) (bool, error) { return false, nil }
-
-type responsesStreamItem struct {
-	tool     int  // neutral tool index, -1 for a message
-	streamed bool // text or argument deltas emitted: done emits the rest
-}
-
-// responsesUpstreamStream translates Responses events, items keyed by output_index; response.completed (or .incomplete) is terminal.
-type responsesUpstreamStream struct {
-	items   map[int]*responsesStreamItem
-	tools   int
-	refusal bool // a refusal came: the finish is content_filter
-}
-
-func newResponsesUpstreamStream() streamTranslator {
-	return &responsesUpstreamStream{items: map[int]*responsesStreamItem{}}
-}
-
-func (r *responsesUpstreamStream) handle(ev sseEvent, emit func(streamEvent) error) (bool, error) {
-	var e responsesEvent
-	if err := decodeEvent(protoOpenAIResponses, ev, &e, &e.Type); err != nil {
-		return false, err
+	if err != nil {
+		return u, asAPIError(err).redactedFor(c.cred.bearer()).withAttempts(attempts)
 	}
-	idx := valueOr(e.OutputIndex, 0)
-	switch e.Type {
-	case "error":
-		code, _ := jsonScalar(e.Code)
-		f, _ := errorObject(e.Error)
-		return false, inBandError(cmp.Or(code, f.code, f.typ))
-	case "response.failed":
-		return false, inBandError(valueOr(valueOr(e.Response, responsesObject{}).Error, responsesError{}).Code)
-	case "response.output_item.added", "response.output_item.done":
-		if e.Item == nil {
-			return false, eventWithout(protoOpenAIResponses, e.Type, "item")
+	providerFacts(w.Header(), resp.Header, true)
+	writeAnswer(w, ct, attempts, body)
+	return u, nil
+}
+
+// assembledResponse is a watched codex stream's final response, its output
+// the output_item.done items in output_index order when any.
+func assembledResponse(pw *streamReader) []byte {
+	if len(pw.raw) == 0 {
+		return pw.final
+	}
+	var items [][]byte
+	for _, i := range slices.Sorted(maps.Keys(pw.raw)) {
+		items = append(items, pw.raw[i])
+	}
+	o, _ := splitRaw(pw.final, '{', nil)
+	return o.edit(memberEdit{"output", append(append([]byte("["), bytes.Join(items, []byte(","))...), ']')})
+}
+
+// writeAnswer writes a buffered 200 answer with its attempts.
+func writeAnswer(w http.ResponseWriter, contentType string, attempts int, body []byte) {
+	w.Header().Set("Content-Type", contentType)
+	w.Header().Set("Brama-Attempts", strconv.Itoa(attempts))
+	w.WriteHeader(http.StatusOK)
+	w.Write(body)
+}
+
+// readProviderAnswer reads and closes a committed buffered answer.
+func readProviderAnswer(p providerInfo, req chatRequest, resp *http.Response) (chatAnswer, error) {
+	defer resp.Body.Close()
+	if upstreamStreams(p, req) {
+		return assembleStream(p.protocol, resp.Body)
+	}
+	body, err := readWhole(p, resp)
+	if err != nil {
+		return chatAnswer{}, err
+	}
+	return decodeUpstreamAnswer(p.protocol, body)
+}
+
+// readWhole reads a committed answer's body, or SPEC §8.2's refusal of one
+// cut mid-body.
+func readWhole(p providerInfo, resp *http.Response) ([]byte, error) {
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, refuse("provider_incomplete", "provider %q answer was cut after %d bytes", p.id, len(body)).because(err)
+	}
+	return body, nil
+}
+
+// providerFacts gives the caller what SPEC §17 lets a provider's answer
+// tell: its request id as request-id (X-Request-Id is Brama's own) and, for
+// a same-format answer, its rate-limit headers as received; nothing else
+// (no cookie, nothing naming the provider account).
+func providerFacts(h, provider http.Header, same bool) {
+	if id := cmp.Or(provider.Get("Request-Id"), provider.Get("X-Request-Id")); id != "" {
+		h.Set("Request-Id", id)
+	}
+	for name, vs := range provider {
+		if same && (name == "Retry-After" || strings.HasPrefix(name, "Anthropic-Ratelimit-") || strings.HasPrefix(name, "X-Ratelimit-")) {
+			h[name] = vs
 		}
-		if e.Type == "response.output_item.added" {
-			_, err := r.item(idx, e.Item, emit)
-			return false, err
-		}
-		return false, r.done(idx, e.Item, emit)
-	case "response.output_text.delta", "response.refusal.delta", "response.function_call_arguments.delta", "response.custom_tool_call_input.delta":
-		it, _ := r.item(idx, &responsesItem{}, emit)
-		ev := streamEvent{Kind: eventText}
-		r.refusal = r.refusal || e.Type == "response.refusal.delta"
-		if e.Type != "response.output_text.delta" && e.Type != "response.refusal.delta" {
-			if it.tool < 0 {
-				return false, eventWithout(protoOpenAIResponses, e.Type, "a call item")
+	}
+}
+
+// keepAliveEvery is how long a stream may be silent before Brama writes an
+// SSE comment (SPEC §7.5). It writes; it never cuts.
+const keepAliveEvery = 15 * time.Second
+
+// streamAnswer is the caller side of a committed stream: one lock for the
+// relay and the keep-alive timer, and the dialect's writer (SPEC §7.5).
+type streamAnswer struct {
+	mu        sync.Mutex // guards cs, w, unflushed and ended
+	w         io.Writer
+	flush     func()
+	cs        *callerStream
+	unflushed bool // relay wrote bytes not yet flushed
+	ended     bool
+	every     time.Duration
+	timer     *time.Timer
+}
+
+// openStreamAnswer sends the 200 and starts the keep-alive timer, a
+// comment after every silence of every; model is what the dialect's events
+// report, req's tools name translated calls.
+func openStreamAnswer(w http.ResponseWriter, dialect string, req chatRequest, model string, attempts int, every time.Duration) *streamAnswer {
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("X-Accel-Buffering", "no")
+	h.Set("Brama-Attempts", strconv.Itoa(attempts))
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	flush := func() { rc.Flush() }
+	flush() // committed: the caller has its 200 now, however long the provider stays silent
+	sa := &streamAnswer{w: w, flush: flush, cs: newCallerStream(dialect, req, w, flush, model), every: every}
+	sa.mu.Lock() // the timer's first run reads sa.timer, under mu
+	defer sa.mu.Unlock()
+	sa.timer = time.AfterFunc(sa.every, func() { sa.do(sa.cs.keepAlive) })
+	return sa
+}
+
+// do runs f under the lock, unless closed, and restarts the silence timer.
+func (sa *streamAnswer) do(f func() error) error {
+	sa.mu.Lock()
+	defer sa.mu.Unlock()
+	if sa.ended {
+		return nil
+	}
+	sa.timer.Reset(sa.every)
+	return f()
+}
+
+// relay writes one event (nil: none) and, when the relay may wait next,
+// flushes what was written (SPEC §7.5) and restarts the silence timer; not
+// per event: a timer reset per event costs CPU.
+func (sa *streamAnswer) relay(b []byte, flush bool) error {
+	sa.mu.Lock()
+	defer sa.mu.Unlock()
+	if sa.ended {
+		return nil
+	}
+	_, err := sa.w.Write(b)
+	sa.unflushed = sa.unflushed || len(b) > 0
+	if flush && sa.unflushed {
+		sa.flush()
+		sa.unflushed = false
+		sa.timer.Reset(sa.every)
+	}
+	return err
+}
+
+// close stops the timer: nothing more is written.
+func (sa *streamAnswer) close() {
+	sa.mu.Lock()
+	defer sa.mu.Unlock()
+	sa.ended = true
+	sa.timer.Stop()
+}
+
+// translate relays a committed stream of protocol translated to the
+// caller's dialect.
+func (sa *streamAnswer) translate(protocol string, body io.Reader) (usage, error) {
+	var u usage
+	err := sa.do(sa.cs.start)
+	if err == nil {
+		err = readUpstreamStream(protocol, body, func(ev streamEvent) error {
+			if ev.Kind == eventUsage {
+				u = ev.Usage
 			}
-			ev.Kind, ev.Index = eventToolCallArgs, it.tool
-		}
-		if e.Delta == nil || *e.Delta == "" {
-			return false, nil
-		}
-		it.streamed, ev.Text = true, *e.Delta
-		return false, emit(ev)
-	case "response.completed", "response.incomplete":
-		if e.Response == nil {
-			return false, eventWithout(protoOpenAIResponses, e.Type, "response")
-		}
-		return true, r.completed(e.Response, emit)
+			return sa.do(func() error { return sa.cs.event(ev) })
+		})
 	}
-	return false, nil
+	if err == nil {
+		err = sa.do(sa.cs.finish)
+	}
+	return u, err
 }
 
-// completed emits the final response's items the stream never showed (a minimal stream, a buffered answer), then the tail.
-func (r *responsesUpstreamStream) completed(resp *responsesObject, emit func(streamEvent) error) error {
-	for i, it := range resp.Output {
-		if _, seen := r.items[i]; !seen && it != nil {
-			if err := r.done(i, it, emit); err != nil {
+// errCallerStreamDone is returned by a callerStream used after finish or fail.
+var errCallerStreamDone = errors.New("caller stream already ended")
+
+// callerStream writes a streamed answer in the caller's dialect (SPEC §7.5), one
+// block at a time, framed by the dialect's blockWriter; the first write error sticks.
+type callerStream struct {
+	w            io.Writer
+	flush        func()
+	err          error
+	bw           blockWriter
+	req          chatRequest
+	started      bool
+	done         bool   // finish or fail ran
+	finishReason string // the tail: finish and usage arrive in either order, usage maybe never
+	usage        usage
+	open         int // index of the open block, -1 when none
+	blocks       []*streamBlock
+	toolBlock    map[int]int // neutral tool call index → block index
+}
+
+// blockWriter is one dialect's framing of a streamed answer's blocks, in order.
+type blockWriter interface {
+	begin() error
+	open(i int, b *streamBlock) error
+	delta(i int, b *streamBlock, s string) error
+	close(i int, b *streamBlock, full string) error
+	finishNow(finish string) error    // the finish event arrived (chat writes its finish chunk)
+	end(finish string, u usage) error // the terminal sequence
+	fail(e *apiError) error
+}
+
+// streamBlock is one block: text, or a tool call named as the caller declared it; a custom call made as a function is wrapped, its input held to the close.
+type streamBlock struct {
+	text            bool
+	index           int // the call's index among calls
+	id, name        string
+	flat            string // the name providers saw
+	custom, wrapped bool
+	buf             strings.Builder
+}
+
+// newCallerStream writes dialect to w, flushing every frame (flush may be nil), reporting model (SPEC §7.6).
+func newCallerStream(dialect string, req chatRequest, w io.Writer, flush func(), model string) *callerStream {
+	return newBlockStream(w, flush, req, model, formatOf(dialect).callerStream)
+}
+
+func newBlockStream(w io.Writer, flush func(), req chatRequest, model string, newWriter func(*callerStream, chatRequest, string) blockWriter) *callerStream {
+	s := &callerStream{w: w, flush: flush, req: req, open: -1, toolBlock: map[int]int{}}
+	s.bw = newWriter(s, req, model)
+	return s
+}
+
+// wholeAnswerThrough writes a through newWriter's block writer, frames discarded, and returns it,
+// holding the whole answer, with the first refusal a block met (messages: arguments not an object).
+func wholeAnswerThrough(req chatRequest, a chatAnswer, newWriter func(*callerStream, chatRequest, string) blockWriter) (blockWriter, error) {
+	s := newBlockStream(io.Discard, nil, req, a.Model, newWriter)
+	err := s.event(streamEvent{Kind: eventText, Text: a.Text})
+	if err == nil {
+		err = emitCalls(s.event, 0, a.ToolCalls)
+	}
+	if err == nil {
+		err = emitTail(s.event, a.Finish, a.Usage)
+	}
+	if err != nil {
+		return s.bw, err
+	}
+	return s.bw, s.finish()
+}
+
+func (s *callerStream) start() error {
+	if s.started {
+		return nil
+	}
+	s.started = true
+	return s.bw.begin()
+}
+
+// event writes one neutral event. Arguments for a call whose block closed (a provider interleaving calls) still go to its index, where SDKs gather them.
+func (s *callerStream) event(ev streamEvent) error {
+	if s.done {
+		return errCallerStreamDone
+	}
+	if err := s.start(); err != nil {
+		return err
+	}
+	switch ev.Kind {
+	case eventFinish:
+		s.finishReason = ev.Finish
+		if err := s.closeOpen(); err != nil {
+			return err
+		}
+		return s.bw.finishNow(s.finishReason)
+	case eventUsage:
+		s.usage, s.usage.Reported = ev.Usage, true
+		return nil
+	case eventText:
+		if ev.Text == "" {
+			return nil
+		}
+		if s.open < 0 || !s.blocks[s.open].text {
+			if _, err := s.openBlock(&streamBlock{text: true}); err != nil {
 				return err
 			}
 		}
-	}
-	finish, u := map[bool]string{false: finishStop, true: finishToolCalls}[r.tools > 0], usage{}
-	if r.refusal {
-		finish = finishContentFilter
-	}
-	for f, reason := range responsesIncompletes {
-		if valueOr(resp.IncompleteDetails, responsesIncomplete{}).Reason == reason {
-			finish = f
+		b := s.blocks[s.open]
+		b.buf.WriteString(ev.Text)
+		return s.bw.delta(s.open, b, ev.Text)
+	case eventToolCallStart:
+		name, _, custom := s.req.callerTool(ev.ToolCall)
+		i, err := s.openBlock(&streamBlock{index: ev.Index, id: ev.ToolCall.ID, name: name,
+			flat: ev.ToolCall.Name, custom: custom, wrapped: custom && !ev.ToolCall.Custom})
+		s.toolBlock[ev.Index] = i
+		return err
+	case eventToolCallArgs:
+		i, ok := s.toolBlock[ev.Index]
+		if !ok {
+			return fmt.Errorf("arguments for tool call %d before its start", ev.Index)
 		}
+		b := s.blocks[i]
+		if b.buf.WriteString(ev.Text); ev.Text == "" || b.wrapped {
+			return nil
+		}
+		return s.bw.delta(i, b, ev.Text)
 	}
-	if ru := resp.Usage; ru != nil {
-		u = usage{InputTokens: ru.InputTokens, OutputTokens: ru.OutputTokens, Reported: true}
-	}
-	return emitTail(emit, finish, u)
+	return fmt.Errorf("unknown stream event kind %q", ev.Kind)
 }
 
-// item is the state of output index i: a tool call once seen as one.
-func (r *responsesUpstreamStream) item(i int, item *responsesItem, emit func(streamEvent) error) (*responsesStreamItem, error) {
-	it, ok := r.items[i]
-	if !ok {
-		it = &responsesStreamItem{tool: -1}
-		r.items[i] = it
+func (s *callerStream) openBlock(b *streamBlock) (int, error) {
+	if err := s.closeOpen(); err != nil {
+		return 0, err
 	}
-	if tc, isCall := item.call(); isCall && it.tool < 0 {
-		if item.Name == "" {
-			return nil, eventWithout(protoOpenAIResponses, "a call item", "a name")
-		}
-		it.tool, r.tools, tc.Arguments = r.tools, r.tools+1, ""
-		return it, emit(streamEvent{Kind: eventToolCallStart, Index: it.tool, ToolCall: tc})
-	}
-	return it, nil
+	s.open, s.blocks = len(s.blocks), append(s.blocks, b)
+	return s.open, s.bw.open(s.open, b)
 }
 
-// done completes an output item, emitting whatever its deltas did not.
-func (r *responsesUpstreamStream) done(i int, item *responsesItem, emit func(streamEvent) error) error {
-	it, err := r.item(i, item, emit)
-	if err != nil || it.streamed {
+// closeOpen closes the open block; a wrapped call's input goes out first.
+func (s *callerStream) closeOpen() error {
+	i := s.open
+	if i < 0 {
+		return nil
+	}
+	s.open = -1
+	b := s.blocks[i]
+	full := b.buf.String()
+	if b.wrapped {
+		full = customInput(full)
+		b.buf.Reset()
+		b.buf.WriteString(full)
+		if err := s.bw.delta(i, b, full); err != nil {
+			return err
+		}
+	}
+	return s.bw.close(i, b, full)
+}
+
+// finish writes the dialect's terminal sequence.
+func (s *callerStream) finish() error {
+	for _, step := range []func() error{s.end, s.start, s.closeOpen} {
+		if err := step(); err != nil {
+			return err
+		}
+	}
+	return s.bw.end(s.finishReason, s.usage)
+}
+
+// fail writes the dialect's in-band error, never a terminal success event.
+func (s *callerStream) fail(e *apiError) error {
+	if err := s.end(); err != nil {
 		return err
 	}
-	it.streamed = true
-	if tc, ok := item.call(); ok && tc.Arguments != "" {
-		return emit(streamEvent{Kind: eventToolCallArgs, Index: it.tool, Text: tc.Arguments})
-	}
-	var scratch chatRequest // a message item's text, a refusal's too
-	parts, _ := scratch.responsesParts(item.Content, "")
-	text := textOf(parts)
-	for _, p := range rawItems(item.Content) {
-		var rp responsesPart
-		if json.Unmarshal(p, &rp); rp.Type == "refusal" {
-			text, r.refusal = text+rp.Refusal, true
-		}
-	}
-	if item.Type == "message" && text != "" {
-		return emit(streamEvent{Kind: eventText, Text: text})
-	}
-	return nil
+	return s.bw.fail(e)
 }
 
-func (r *responsesUpstreamStream) ended(func(streamEvent) error) (bool, error) { return false, nil }
+func (s *callerStream) end() error {
+	if s.done {
+		return errCallerStreamDone
+	}
+	s.done = true
+	return s.err
+}
+
+// keepAlive writes the SSE comment sent after 15 s without an event.
+func (s *callerStream) keepAlive() error { return s.write(": keep-alive\n\n") }
+
+// frame writes one event: "event: <name>\n" when name is set, then the data.
+func (s *callerStream) frame(name string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	if name != "" {
+		name = "event: " + name + "\n"
+	}
+	return s.write(name + "data: " + string(b) + "\n\n")
+}
+
+func (s *callerStream) write(frame string) error {
+	if s.err != nil {
+		return s.err
+	}
+	if _, s.err = io.WriteString(s.w, frame); s.err == nil && s.flush != nil {
+		s.flush()
+	}
+	return s.err
+}

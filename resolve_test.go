@@ -54,7 +54,7 @@ func regProvider(t *testing.T, id string) providerInfo {
 func TestAliases(t *testing.T) {
 	f := newRegFixture(t)
 	regWrite(t, f.path, resolveDoc)
-	table, err := f.reg.aliases(resolveDirect)
+	table, err := f.reg.aliases(resolveDirect, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +87,7 @@ func TestAliases(t *testing.T) {
 	}
 
 	// Without any direct credential, anthropic and groq cannot serve either.
-	table, err = f.reg.aliases(nil)
+	table, err = f.reg.aliases(nil, nil)
 	if err != nil || table.Unserviceable != 4 {
 		t.Errorf("no credentials: unserviceable = %d, %v; want 4", table.Unserviceable, err)
 	}
@@ -95,12 +95,12 @@ func TestAliases(t *testing.T) {
 
 func TestAliasesEmptyAndInvalid(t *testing.T) {
 	f := newRegFixture(t)
-	table, err := f.reg.aliases(nil)
+	table, err := f.reg.aliases(nil, nil)
 	if err != nil || table.Aliases == nil || len(table.Aliases) != 0 {
 		t.Fatalf("absent registry: %#v, %v; want an empty (non-nil) table", table, err)
 	}
 	regWrite(t, f.path, `{"routes":{"a":"best"},"fallbacks":{}}`)
-	if _, err := f.reg.aliases(nil); err == nil || !strings.Contains(err.Error(), `"fallbacks"`) {
+	if _, err := f.reg.aliases(nil, nil); err == nil || !strings.Contains(err.Error(), `"fallbacks"`) {
 		t.Fatalf("invalid registry: err = %v, want the reason", err)
 	}
 }

@@ -11,20 +11,18 @@ import (
 type (
 	responsesRequestBody struct {
 		callerHead
-		Instructions      *string             `json:"instructions,omitempty"`
-		Input             json.RawMessage     `json:"input"`
-		Tools             []openAITool        `json:"tools,omitempty"`
-		ToolChoice        json.RawMessage     `json:"tool_choice,omitempty"`
-		ParallelToolCalls *bool               `json:"parallel_tool_calls,omitempty"`
-		MaxOutputTokens   *int                `json:"max_output_tokens,omitempty"`
-		Reasoning         *responsesReasoning `json:"reasoning,omitempty"`
-		Text              *responsesText      `json:"text,omitempty"`
+		Instructions      *string          `json:"instructions,omitempty"`
+		Input             json.RawMessage  `json:"input"`
+		Tools             []openAITool     `json:"tools,omitempty"`
+		ToolChoice        json.RawMessage  `json:"tool_choice,omitempty"`
+		ParallelToolCalls *bool            `json:"parallel_tool_calls,omitempty"`
+		MaxOutputTokens   *int             `json:"max_output_tokens,omitempty"`
+		Reasoning         *responsesOption `json:"reasoning,omitempty"`
+		Text              *responsesOption `json:"text,omitempty"`
 		openAIShared
 	}
-	responsesReasoning struct {
-		Effort string `json:"effort,omitempty"`
-	}
-	responsesText struct {
+	responsesOption struct { // reasoning and text share one shape, each its own members
+		Effort    string        `json:"effort,omitempty"`
 		Format    *outputFormat `json:"format,omitempty"`
 		Verbosity string        `json:"verbosity,omitempty"`
 	}
@@ -102,7 +100,7 @@ type (
 
 const responsesKnown = "model instructions input tools tool_choice parallel_tool_calls max_output_tokens temperature top_p reasoning text stream " + openAISharedNames
 
-// parseResponses parses a Responses body: a tool call joins the assistant turn before it, consecutive tool outputs are one user turn.
+// parseResponses reads a caller's Responses body; every step runs and the first refusal wins.
 func parseResponses(body []byte) (chatRequest, error) {
 	var b responsesRequestBody
 	req, err := newCallerRequest(body, &b, &b.callerHead, responsesKnown, "max_output_tokens", &b.MaxOutputTokens)
@@ -122,37 +120,30 @@ func parseResponses(body []byte) (chatRequest, error) {
 	}
 	dropUnknown(&req.Dropped, raw.Reasoning, "effort")
 	dropUnknown(&req.Dropped, raw.Text, "format verbosity")
-	req.Shared, req.ParallelToolCalls = b.openAIShared, b.ParallelToolCalls
-	req.System = valueOr(b.Instructions, "")
+	req.Shared, req.ParallelToolCalls, req.System = b.openAIShared, b.ParallelToolCalls, valueOr(b.Instructions, "")
 	var items []responsesItem
 	switch rawShape(b.Input) {
 	case '"':
-		if string(b.Input) == `""` {
-			return chatRequest{}, refuseInvalid("input must not be empty")
-		}
 		items = []responsesItem{{Role: "user", Content: b.Input}}
-	case '[':
-		if err := decodeCallerJSON(b.Input, &items, "input"); err != nil {
-			return chatRequest{}, err
+		if string(b.Input) == `""` {
+			err = refuseInvalid("input must not be empty")
 		}
+	case '[':
+		err = decodeCallerJSON(b.Input, &items, "input")
 	default:
-		return chatRequest{}, refuseInvalid("input is required: a string or an array of items")
+		err = refuseInvalid("input is required: a string or an array of items")
 	}
-	if err := eachItem(items, b.Input, "input", req.addResponsesItem); err != nil {
-		return chatRequest{}, err
-	}
-	if len(req.Messages) == 0 {
-		return chatRequest{}, refuseInvalid("input must hold at least one user, assistant or tool item")
+	err = cmp.Or(err, eachItem(items, b.Input, "input", req.addResponsesItem))
+	if err == nil && len(req.Messages) == 0 {
+		err = refuseInvalid("input must hold at least one user, assistant or tool item")
 	}
 	if b.Reasoning != nil && b.Reasoning.Effort != "" {
 		req.Effort, req.EffortName = b.Reasoning.Effort, "effort"
 	}
-	req.Verbosity = valueOr(b.Text, responsesText{}).Verbosity
-	err = cmp.Or( // each step reads its own members; the first refusal wins
-		eachItem(b.Tools, raw.Tools, "tools", req.addOpenAITool),
-		req.setOpenAIToolChoice(b.ToolChoice, false),
-		req.setOutput(valueOr(b.Text, responsesText{}).Format, "text.format"),
-	)
+	text := valueOr(b.Text, responsesOption{})
+	req.Verbosity = text.Verbosity
+	err = cmp.Or(err, eachItem(b.Tools, raw.Tools, "tools", req.addOpenAITool), req.setOpenAIToolChoice(b.ToolChoice, false),
+		req.setOutput(text.Format, "text.format"))
 	if err != nil {
 		return chatRequest{}, err
 	}
@@ -174,29 +165,28 @@ func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, 
 	}
 	switch it.Type {
 	case "", "message":
-		switch it.Role {
-		case "system", "developer":
+		if it.Role == "system" || it.Role == "developer" {
 			text, err := req.callerTextOf(it.Content, what+".content", "input_text", "\n\n")
 			req.addSystem(text)
 			return err
-		case "user", "assistant":
-			parts, err := req.responsesParts(it.Content, what+".content")
-			switch {
-			case err == nil && len(parts) == 0 && it.Role == "user":
-				err = refuseInvalid("%s.content must hold at least one text, image or file part", what)
-			case len(parts) == 0: // an earlier answer of only a refusal: its parts are named
-				return err
-			}
-			req.Messages = append(req.Messages, message{Role: it.Role, Parts: parts})
-			return err
 		}
-		return refuseInvalid("%s.role %s is not one of user, assistant, system, developer", what, quoteCallerToken(it.Role))
+		if it.Role != "user" && it.Role != "assistant" {
+			return refuseInvalid("%s.role %s is not one of user, assistant, system, developer", what, quoteCallerToken(it.Role))
+		}
+		parts, err := req.responsesParts(it.Content, what+".content")
+		if err == nil && len(parts) == 0 && it.Role == "user" {
+			err = refuseInvalid("%s.content must hold at least one text, image or file part", what)
+		}
+		if len(parts) > 0 { // an earlier answer of only a refusal adds no turn: its parts are named
+			req.Messages = append(req.Messages, message{Role: it.Role, Parts: parts})
+		}
+		return err
 	case "function_call", "custom_tool_call":
 		tc, _ := it.call()
 		if it.CallID == "" || it.Name == "" {
 			return refuseInvalid("%s needs a call_id and a name", what)
 		}
-		if !tc.Custom && (it.Arguments == nil || *it.Arguments == "") {
+		if !tc.Custom && valueOr(it.Arguments, "") == "" {
 			tc.Arguments = "" // absent arguments stay absent
 		}
 		req.Messages = appendPart(req.Messages, "assistant", part{Type: partToolCall, ToolCallID: tc.ID, ToolName: tc.Name, Arguments: tc.Arguments, Custom: tc.Custom})
@@ -262,39 +252,27 @@ func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, err
 		out.MaxOutputTokens, out.Temperature, out.TopP, out.Metadata, out.SafetyIdentifier, out.User = nil, nil, nil, nil, nil, nil
 	}
 	if req.Effort != "" {
-		out.Reasoning = &responsesReasoning{req.Effort}
+		out.Reasoning = &responsesOption{Effort: req.Effort}
 	}
 	items := []responsesItem{}
 	for _, m := range req.Messages {
-		var content []responsesPart
 		role := m.Role
 		if role == "system" && o.codex { // its backend refuses system items: "developer", as the Codex CLI sends
 			role = "developer"
 		}
-		flush := func() {
-			if len(content) > 0 {
-				items = append(items, responsesItem{Type: "message", Role: role, Content: must(json.Marshal(content))})
-				content = nil
+		var content []responsesPart
+		for i, p := range m.Parts {
+			content = append(content, responsesContent([]part{p}, m.Role == "assistant")...) // none for a call or a result
+			call := p.Type == partToolCall || p.Type == partToolResult
+			if len(content) > 0 && (call || i == len(m.Parts)-1) { // the content so far is one message item
+				items, content = append(items, responsesItem{Type: "message", Role: role, Content: must(json.Marshal(content))}), nil
 			}
-		}
-		for _, p := range m.Parts {
-			switch p.Type {
-			case partText, partImage, partDocument:
-				content = append(content, responsesContent([]part{p}, m.Role == "assistant")...)
-			case partToolCall:
-				flush()
+			if p.Type == partToolCall {
 				items = append(items, *responsesCall(req, "", p.ToolCallID, p.ToolName, p.Arguments, p.Custom))
-			case partToolResult:
-				flush()
-				kind := map[bool]string{false: "function_call_output", true: "custom_tool_call_output"}[p.Custom]
-				output := jsonText(p.Text)
-				if len(p.Media) > 0 { // images and documents: parts
-					output = must(json.Marshal(responsesContent(append([]part{{Type: partText, Text: p.Text}}, p.Media...), false)))
-				}
-				items = append(items, responsesItem{Type: kind, CallID: p.ToolCallID, Output: output})
+			} else if p.Type == partToolResult {
+				items = append(items, responsesResult(p))
 			}
 		}
-		flush()
 	}
 	out.Input = must(json.Marshal(items))
 	for _, t := range req.Tools { // a namespaced tool goes flattened: no provider sees a group
@@ -312,21 +290,34 @@ func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, err
 		out.ToolChoice = jsonText(c.Mode)
 	}
 	if req.Output != nil || req.Verbosity != "" {
-		out.Text = &responsesText{Format: schemaOutput(req.Output), Verbosity: req.Verbosity}
+		out.Text = &responsesOption{Format: schemaOutput(req.Output), Verbosity: req.Verbosity}
 	}
 	return out, nil
 }
 
+// responsesResult is a tool result as its output item: its text, or parts with its images and documents.
+func responsesResult(p part) responsesItem {
+	output := jsonText(p.Text)
+	if len(p.Media) > 0 {
+		output = must(json.Marshal(responsesContent(append([]part{{Type: partText, Text: p.Text}}, p.Media...), false)))
+	}
+	return responsesItem{Type: responsesCallTypes[p.Custom] + "_output", CallID: p.ToolCallID, Output: output}
+}
+
+// responsesCallTypes are a call's item type, a custom tool's or a function's; "_output" makes its result's.
+var responsesCallTypes = map[bool]string{false: "function_call", true: "custom_tool_call"}
+
+// responsesCall is a call as its item, named in its namespace as the caller declared it.
 func responsesCall(req chatRequest, id, callID, name, args string, custom bool) *responsesItem {
-	ns, member := "", name
+	it := &responsesItem{Type: responsesCallTypes[custom], ID: id, CallID: callID, Name: name}
 	if t := req.findTool(name); t != nil {
-		ns, member = t.Namespace, t.memberName()
+		it.Namespace, it.Name = t.Namespace, t.memberName()
 	}
-	if custom {
-		return &responsesItem{Type: "custom_tool_call", ID: id, CallID: callID, Namespace: ns, Name: member, Input: &args}
+	if !custom {
+		args = argumentsText(args)
 	}
-	args = argumentsText(args)
-	return &responsesItem{Type: "function_call", ID: id, CallID: callID, Namespace: ns, Name: member, Arguments: &args}
+	it.fill(args)
+	return it
 }
 
 // call is a call item as a neutral call, its name flattened.
@@ -378,34 +369,35 @@ func newResponsesCallerStream(sse *callerStream, req chatRequest, model string) 
 	return &responsesCallerStream{sse: sse, req: req, resp: resp}
 }
 
-func (s *responsesCallerStream) emit(ev responsesEvent) error {
-	ev.SequenceNumber = s.seq
-	s.seq++
-	return s.sse.frame(ev.Type, ev)
+// emit writes events, numbered in order.
+func (s *responsesCallerStream) emit(evs ...responsesEvent) error {
+	for _, ev := range evs {
+		ev.SequenceNumber = s.seq
+		s.seq++
+		if err := s.sse.frame(ev.Type, ev); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (s *responsesCallerStream) begin() error {
-	r := s.resp
-	r.Status = "in_progress"
-	return s.emit(responsesEvent{Type: "response.created", Response: &r})
+	s.resp.Status = "in_progress"
+	return s.emit(responsesEvent{Type: "response.created", Response: &s.resp})
 }
 
 func (s *responsesCallerStream) open(i int, b *streamBlock) error {
-	it := &responsesItem{Type: "message", ID: newAnswerID("msg_"), Status: "in_progress", Role: "assistant", Content: json.RawMessage("[]")}
+	it := &responsesItem{Type: "message", ID: newAnswerID("msg_"), Role: "assistant", Content: json.RawMessage("[]")}
 	if !b.text {
 		it = responsesCall(s.req, newAnswerID("fc_"), answerIDOr(b.id, "call_"), b.flat, "", b.custom)
-		it.Status = "in_progress"
-		if !b.custom {
-			it.Arguments = ptrTo("")
-		}
+		it.fill("")
 	}
+	it.Status = "in_progress"
 	s.resp.Output = append(s.resp.Output, it)
-	added := *it
-	if err := s.emit(responsesEvent{Type: "response.output_item.added", OutputIndex: &i, Item: &added}); err != nil || !b.text {
+	if err := s.emit(responsesEvent{Type: "response.output_item.added", OutputIndex: &i, Item: it}); err != nil || !b.text {
 		return err
 	}
-	zero, p := 0, outputText("")
-	return s.emit(responsesEvent{Type: "response.content_part.added", ItemID: it.ID, OutputIndex: &i, ContentIndex: &zero, Part: &p})
+	return s.emit(partEvent("response.content_part.added", it.ID, i, ""))
 }
 
 // responsesEvents names each item type's delta and done events.
@@ -415,18 +407,19 @@ var responsesEvents = map[string][2]string{"message": {"response.output_text.del
 
 // delta writes the next piece; an item already done (a provider interleaving calls) gets its final input updated.
 func (s *responsesCallerStream) delta(i int, b *streamBlock, d string) error {
-	it, zero := s.resp.Output[i], 0
+	it := s.resp.Output[i]
 	if it.Status == "completed" {
-		s.fill(it, b.buf.String())
+		it.fill(b.buf.String())
 	}
 	ev := responsesEvent{Type: responsesEvents[it.Type][0], ItemID: it.ID, OutputIndex: &i, Delta: &d}
 	if b.text {
-		ev.ContentIndex = &zero
+		ev.ContentIndex = ptrTo(0)
 	}
 	return s.emit(ev)
 }
 
-func (s *responsesCallerStream) fill(it *responsesItem, full string) {
+// fill sets an item's whole text, arguments or input.
+func (it *responsesItem) fill(full string) {
 	switch it.Type {
 	case "message":
 		it.Content = must(json.Marshal([]responsesPart{outputText(full)}))
@@ -437,22 +430,24 @@ func (s *responsesCallerStream) fill(it *responsesItem, full string) {
 	}
 }
 
+// close writes the item's done events: its text's (and its part's) or its call's, then the item's.
 func (s *responsesCallerStream) close(i int, _ *streamBlock, full string) error {
-	it, zero, p := s.resp.Output[i], 0, outputText(full)
+	it := s.resp.Output[i]
 	it.Status = "completed"
-	s.fill(it, full)
-	done := []responsesEvent{{Type: responsesEvents[it.Type][1], ItemID: it.ID, OutputIndex: &i, Arguments: it.Arguments, Input: it.Input},
-		{Type: "response.output_item.done", OutputIndex: &i, Item: it}}
-	if it.Type == "message" {
-		done = append([]responsesEvent{{Type: done[0].Type, ItemID: it.ID, OutputIndex: &i, ContentIndex: &zero, Text: &full},
-			{Type: "response.content_part.done", ItemID: it.ID, OutputIndex: &i, ContentIndex: &zero, Part: &p}}, done[1])
+	it.fill(full)
+	done := responsesEvent{Type: responsesEvents[it.Type][1], ItemID: it.ID, OutputIndex: &i,
+		Arguments: it.Arguments, Input: it.Input}
+	itemDone := responsesEvent{Type: "response.output_item.done", OutputIndex: &i, Item: it}
+	if it.Type != "message" {
+		return s.emit(done, itemDone)
 	}
-	for _, ev := range done {
-		if err := s.emit(ev); err != nil {
-			return err
-		}
-	}
-	return nil
+	done.ContentIndex, done.Text = ptrTo(0), &full
+	return s.emit(done, partEvent("response.content_part.done", it.ID, i, full), itemDone)
+}
+
+// partEvent is an event of message item i's one content part, its text so far.
+func partEvent(typ, itemID string, i int, text string) responsesEvent {
+	return responsesEvent{Type: typ, ItemID: itemID, OutputIndex: &i, ContentIndex: ptrTo(0), Part: ptrTo(outputText(text))}
 }
 
 func (s *responsesCallerStream) finishNow(string) error { return nil }
@@ -472,9 +467,8 @@ func (s *responsesCallerStream) end(finish string, u usage) error {
 
 func (s *responsesCallerStream) fail(e *apiError) error {
 	b := e.body().Error
-	r := s.resp
-	r.Status, r.Error = "failed", &responsesError{Code: b.Code, Message: b.Message}
-	return s.emit(responsesEvent{Type: "response.failed", Response: &r})
+	s.resp.Status, s.resp.Error = "failed", &responsesError{Code: b.Code, Message: b.Message}
+	return s.emit(responsesEvent{Type: "response.failed", Response: &s.resp})
 }
 
 // responsesContent is parts as Responses input (an assistant's text: output) parts, no empty text.

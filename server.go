@@ -69,10 +69,10 @@ func (s *server) routes() {
 	// A provider's catalogue models are listed when a direct key, or the caller's agent's subscription, can serve them.
 	handle("GET /v1/models", reply(s, 200, noBody, func(r *http.Request, _ *struct{}) (any, error) {
 		ri := infoFrom(r.Context())
-		t, _ := s.reg.aliases(s.hasDirect)
+		t, _ := s.reg.aliases(s.hasDirect, nil)
 		data := s.catalog.modelList(t.Aliases, func(p providerInfo) bool {
 			if p.cred == credSubscription && ri.agentID != "" {
-				subs, _, err := s.engine(ri.agentID, &ri.tally).eligible(ri.agentID, p.id)
+				subs, err := s.engine(ri.agentID, &ri.tally).eligible(ri.agentID, p.id)
 				return err == nil && len(subs) > 0
 			}
 			return p.cred == credDirect && s.hasDirect(p.id)
@@ -80,11 +80,11 @@ func (s *server) routes() {
 		return map[string]any{"object": "list", "data": data}, nil
 	}))
 	handle("GET /v1/aliases", reply(s, 200, noBody, func(r *http.Request, _ *struct{}) (any, error) {
-		t, err := s.reg.aliases(s.hasDirect)
+		t, err := s.reg.aliases(s.hasDirect, infoFrom(r.Context()).client.mayUse) // as /v1/models (SPEC §3.1)
 		if err != nil {
 			return nil, refuse("dependency_unavailable", "the route registry is unusable: %s", s.hidePath(err.Error(), s.reg.path)).because(err)
 		}
-		return t.usableBy(infoFrom(r.Context()).client.mayUse), nil // as /v1/models (SPEC §3.1)
+		return t, nil
 	}))
 	handle("GET /metrics", func(w http.ResponseWriter, r *http.Request) error {
 		size, _ := s.journal.size()

@@ -4,74 +4,15 @@ import (
 	"bufio"
 	"bytes"
 	"cmp"
-	"crypto/rand"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"math"
-	"slices"
 	"strings"
 )
 
-// The answer side of the three wire formats (SPEC §7.5, §7.6): the neutral answer, the provider
-// side's SSE reader and translator loop, the caller side's stream writer.
-
-// Finish reasons, in the neutral (OpenAI chat) vocabulary.
-const (
-	finishStop          = "stop"
-	finishLength        = "length"
-	finishToolCalls     = "tool_calls"
-	finishContentFilter = "content_filter"
-)
-
-// chatAnswer is one complete answer in no particular format.
-type chatAnswer struct {
-	Model     string // the name reported to the caller (SPEC §7.6)
-	Text      string
-	ToolCalls []toolCall
-	Finish    string
-	Usage     usage
-}
-
-// toolCall is one tool call the model made.
-type toolCall struct {
-	ID        string
-	Name      string // as the provider saw it (flattened)
-	Arguments string // JSON text, or a custom tool's free-form input
-	Custom    bool   // the provider called it as a custom tool
-}
-
-// usage counts tokens as the provider reported them.
-type usage struct {
-	InputTokens, OutputTokens int
-	Reported                  bool // the provider sent usage at all
-}
-
-func newAnswerID(prefix string) string { return prefix + rand.Text() }
-
-func answerIDOr(id, prefix string) string { return cmp.Or(id, newAnswerID(prefix)) }
-
-func answerFinish(f string) string { return cmp.Or(f, finishStop) }
-
-// Stream event kinds, from a provider protocol to a caller dialect.
-const (
-	eventText          = "text"            // Text
-	eventToolCallStart = "tool_call_start" // Index, ToolCall's ID, Name and Custom
-	eventToolCallArgs  = "tool_call_args"  // Index, Text: the next piece of arguments
-	eventFinish        = "finish"
-	eventUsage         = "usage"
-)
-
-// streamEvent is one translated piece of a stream; finish and usage only after its terminal signal (SPEC §7.5).
-type streamEvent struct {
-	Kind     string
-	Text     string
-	Index    int // tool call index, 0-based, in call order
-	ToolCall toolCall
-	Finish   string
-	Usage    usage
-}
+// The provider side of a stream (SPEC §7.5): the SSE reader, and the one reader per protocol that
+// translation and passthrough share.
 
 // sseEvent is one dispatched server-sent event: its event name and its data lines joined with "\n".
 type sseEvent struct{ Event, Data string }
@@ -162,22 +103,61 @@ func (s *sseReader) ready() bool {
 	return bytes.Contains(b, []byte("\n\n")) || bytes.Contains(b, []byte("\n\r\n"))
 }
 
-// event returns the next event for translation: a block without data dispatches nothing.
-func (s *sseReader) event() (sseEvent, error) {
-	for {
-		_, event, data, err := s.next()
-		if err != nil || data != nil {
-			return sseEvent{event, string(data)}, err
-		}
-	}
+// streamReader is the one reader of a provider stream per protocol (SPEC §7.5): the terminal signal,
+// the in-band error, usage and malformed events for every path, and, when translating, the text and
+// tool calls as neutral events. Passthrough relays the bytes and runs it for that bookkeeping only.
+type streamReader struct {
+	protocol  string
+	translate bool // emit text and tool calls; passthrough skips decoding them
+	dropUsage bool // chat passthrough: Brama asked for usage itself, so the usage chunk is not relayed
+	finished  bool // the terminal signal came (chat: every choice's finish_reason)
+	finish    string
+	usage     usage
+	refusal   bool // a refusal came: the finish is content_filter
+	// chat: the choice indexes seen and finished (n ≤ 128), data: [DONE], the tool calls by the
+	// provider's index, their ids, and the calls after the first, held to the end
+	choices [2][2]uint64
+	sawDone bool
+	tools   map[int]int
+	ids     []string
+	held    []toolCall
+	// messages: content block index → neutral tool index, and which tools streamed arguments
+	blocks   map[int]int
+	argsSeen map[int]bool
+	// responses: items by output_index, tool calls so far
+	items map[int]*responsesStreamItem
+	ntool int
+	// a buffered codex caller (non-nil raw): output_item.done items by output_index, the final response
+	raw     map[int][]byte
+	final   json.RawMessage
+	scratch [2][16]jsonMember // member storage for an event and one of its members
+	elems   [2]jsonMember     // element storage for an event's choices
 }
 
-// streamTranslator turns one protocol's events into neutral ones; handle and ended
-// (at the body's end) report true once the terminal signal came and the tail went out.
+// Names other files still use for the reader: decodeChat's and decodeResponses' buffered answers, dispatch's relay.
+type (
+	chatUpstreamStream      = streamReader
+	responsesUpstreamStream = streamReader
+	passthroughWatch        = streamReader
+)
+
+// streamTranslator is formats.go's constructor type for a translating reader.
 type streamTranslator interface {
-	handle(ev sseEvent, emit func(streamEvent) error) (bool, error)
 	ended(emit func(streamEvent) error) (bool, error)
 }
+
+func newStreamReader(protocol string, translate bool) *streamReader {
+	return &streamReader{protocol: protocol, translate: translate, tools: map[int]int{}, blocks: map[int]int{},
+		argsSeen: map[int]bool{}, items: map[int]*responsesStreamItem{}}
+}
+
+func newChatUpstreamStream() streamTranslator     { return newStreamReader(protoOpenAIChat, true) }
+func newMessagesUpstreamStream() streamTranslator { return newStreamReader(protoAnthropic, true) }
+func newResponsesUpstreamStream() streamTranslator {
+	return newStreamReader(protoOpenAIResponses, true)
+}
+
+var errEventNotObject = errors.New("the event data is not one JSON object")
 
 // readUpstreamStream emits a provider stream's neutral events, nil only after its terminal
 // signal (SPEC §7.5): a cut or in-band error is provider_incomplete, a malformed event provider_failure.
@@ -186,62 +166,336 @@ func readUpstreamStream(protocol string, body io.Reader, emit func(streamEvent) 
 	if f == nil {
 		return refuse("provider_failure", "unknown wire format %q", protocol)
 	}
-	t, r := f.upstreamStream(), newSSEReader(body, "\r\n")
+	return f.upstreamStream().(*streamReader).run(body, emit, nil)
+}
+
+// relayWatched relays a committed stream's blocks to relay (nil: a buffered caller) as received,
+// r reading them for its bookkeeping; a chat stream ended without [DONE] gets it.
+func relayWatched(r *streamReader, body io.Reader, relay func(block []byte, flush bool) error) error {
+	return r.run(body, func(streamEvent) error { return nil }, relay)
+}
+
+// run reads body's events to the terminal signal: translation's lines end at "\r\n" (WHATWG),
+// passthrough's at "\n" (README: a bare "\r" is no line end, the caller reads what was sent).
+func (r *streamReader) run(body io.Reader, emit func(streamEvent) error, relay func([]byte, bool) error) error {
+	ends := "\n"
+	if r.translate {
+		ends = "\r\n"
+	}
+	rd := newSSEReader(body, ends)
 	for {
-		ev, err := r.event()
-		if err != nil {
-			if done, terr := t.ended(emit); done || terr != nil {
-				return terr
-			}
+		raw, event, data, err := rd.next()
+		switch {
+		case err != nil && !r.finished:
 			return streamCut(err)
+		case err != nil && r.protocol == protoOpenAIChat && !r.sawDone:
+			if _, err := r.ended(emit); err != nil || relay == nil {
+				return err
+			}
+			return relay([]byte("data: [DONE]\n\n"), false)
+		case err != nil:
+			return nil
 		}
-		if done, err := t.handle(ev, emit); err != nil || done {
+		keep, end, err := r.read(event, data, emit)
+		if !keep {
+			raw = nil
+		}
+		if err == nil && relay != nil { // flush if the next read may wait on the provider
+			err = relay(raw, !end && !rd.ready())
+		}
+		if err != nil || end {
 			return err
 		}
 	}
 }
 
-// assembleStream is a whole stream as one answer: a buffered caller of codex, which only streams (SPEC §6.2).
-func assembleStream(protocol string, body io.Reader) (chatAnswer, error) {
-	return answerOf(func(emit func(streamEvent) error) error { return readUpstreamStream(protocol, body, emit) })
+// read takes one event: whether to relay it, whether it ends the stream, or the failure; only
+// the members named here are decoded, the rest only checked valid.
+func (r *streamReader) read(event string, data []byte, emit func(streamEvent) error) (keep, end bool, err error) {
+	if data == nil {
+		return true, false, nil // no data line dispatches nothing (WHATWG)
+	}
+	if r.protocol == protoOpenAIChat && string(data) == "[DONE]" {
+		if !r.finished {
+			return false, false, streamCut(io.EOF)
+		}
+		r.sawDone = true
+		_, err := r.ended(emit)
+		return true, true, err
+	}
+	if !json.Valid(data) {
+		return false, false, malformedEvent(r.protocol, errEventNotObject)
+	}
+	e, ok := splitRaw(data, '{', r.scratch[0][:])
+	if !ok {
+		return false, false, malformedEvent(r.protocol, errEventNotObject)
+	}
+	typ := cmp.Or(string(rawText(e.value("type"))), event) // a switch on it allocates nothing
+	switch {
+	case r.protocol == protoOpenAIChat:
+		keep, err = r.readChat(event, e, emit)
+	case typ == "":
+		err = eventWithout(r.protocol, "event", "a type")
+	case r.protocol == protoAnthropic:
+		if event == "error" {
+			typ = event
+		}
+		keep, end, err = r.readMessages(typ, e, emit)
+	default:
+		keep, end, err = r.readResponses(typ, e, emit)
+	}
+	return keep, end, err
 }
 
-// answerOf builds one answer from the neutral events run emits.
-func answerOf(run func(emit func(streamEvent) error) error) (chatAnswer, error) {
-	var (
-		a    chatAnswer
-		text strings.Builder
-		args []strings.Builder
-	)
-	err := run(func(ev streamEvent) error {
-		switch ev.Kind {
-		case eventText:
-			text.WriteString(ev.Text)
-		case eventToolCallStart:
-			for len(a.ToolCalls) <= ev.Index {
-				a.ToolCalls, args = append(a.ToolCalls, toolCall{}), append(args, strings.Builder{})
-			}
-			a.ToolCalls[ev.Index] = ev.ToolCall
-		case eventToolCallArgs:
-			if ev.Index >= len(args) {
-				return refuse("provider_failure", "the provider stream sent arguments for a tool call it never started")
-			}
-			args[ev.Index].WriteString(ev.Text)
-		case eventFinish:
-			a.Finish = ev.Finish
-		case eventUsage:
-			a.Usage = ev.Usage
+// decode decodes o's member key into v (absent or null leaves v as it is); a failure is a malformed event.
+func (r *streamReader) decode(o rawObject, key string, v any) error {
+	if raw := o.value(key); !rawIsNull(raw) && json.Unmarshal(raw, v) != nil {
+		return eventWithout(r.protocol, "event", "a valid "+key)
+	}
+	return nil
+}
+
+// ended closes a chat answer whose choice 0 finished: the held calls, then the tail.
+func (r *streamReader) ended(emit func(streamEvent) error) (bool, error) {
+	if r.finish == "" {
+		return false, nil
+	}
+	if r.refusal {
+		r.finish = finishContentFilter
+	}
+	if err := emitCalls(emit, 1, r.held); err != nil {
+		return true, err
+	}
+	return true, emitTail(emit, r.finish, r.usage)
+}
+
+// readMessages: message_stop ends; usage comes in message_start (emitted at once: a stream cut
+// later still records it) and message_delta, whose output count is the whole.
+func (r *streamReader) readMessages(typ string, e rawObject, emit func(streamEvent) error) (keep, end bool, err error) {
+	switch typ {
+	case "error":
+		f, _ := errorObject(e.value("error"))
+		return false, false, inBandError(cmp.Or(f.typ, f.code))
+	case "message_start":
+		m, ok := splitRaw(e.value("message"), '{', r.scratch[1][:])
+		if !ok {
+			return false, false, eventWithout(protoAnthropic, typ, "message")
 		}
+		if r.usage, err = usageOf(r.protocol, m.value("usage")); err == nil && r.usage.Reported {
+			err = emit(streamEvent{Kind: eventUsage, Usage: r.usage})
+		}
+	case "message_delta":
+		var d struct {
+			StopReason string `json:"stop_reason"`
+		}
+		err = r.decode(e, "delta", &d)
+		u, uerr := usageOf(r.protocol, e.value("usage"))
+		if d.StopReason != "" {
+			r.finish = messagesFinish(d.StopReason)
+		}
+		if u.InputTokens > 0 { // newer streams repeat the cumulative input count
+			r.usage.InputTokens = u.InputTokens
+		}
+		if u.Reported {
+			r.usage.OutputTokens, r.usage.Reported = u.OutputTokens, true
+		}
+		err = cmp.Or(err, uerr)
+	case "message_stop":
+		r.finished = true
+		return true, true, emitTail(emit, answerFinish(r.finish), r.usage)
+	case "content_block_start", "content_block_delta", "content_block_stop":
+		if r.translate {
+			err = r.readBlock(typ, e, emit)
+		}
+	} // ping and event types added later carry nothing Brama reads
+	return err == nil, false, err
+}
+
+// readBlock translates a content block's start, delta and stop.
+func (r *streamReader) readBlock(typ string, e rawObject, emit func(streamEvent) error) error {
+	var (
+		index int
+		b     *messagesBlock
+		d     *messagesBlock
+	)
+	if err := cmp.Or(r.decode(e, "index", &index), r.decode(e, "content_block", &b), r.decode(e, "delta", &d)); err != nil {
+		return err
+	}
+	ni, isTool := r.blocks[index]
+	switch {
+	case typ == "content_block_start" && b == nil:
+		return eventWithout(protoAnthropic, typ, "content_block")
+	case typ == "content_block_start" && b.Type == "text" && valueOr(b.Text, "") != "":
+		return emit(streamEvent{Kind: eventText, Text: *b.Text})
+	case typ == "content_block_start" && b.Type == "tool_use" && (b.Name == "" || isTool):
+		return eventWithout(protoAnthropic, typ, "a fresh index and a name")
+	case typ == "content_block_start" && b.Type == "tool_use":
+		r.blocks[index] = len(r.blocks)
+		return emit(streamEvent{Kind: eventToolCallStart, Index: r.blocks[index], ToolCall: toolCall{ID: b.ID, Name: b.Name}})
+	case typ == "content_block_delta" && d == nil:
+		return eventWithout(protoAnthropic, typ, "delta")
+	case typ == "content_block_delta" && d.Type == "text_delta" && valueOr(d.Text, "") != "":
+		return emit(streamEvent{Kind: eventText, Text: *d.Text})
+	case typ == "content_block_delta" && d.Type == "input_json_delta" && !isTool:
+		return eventWithout(protoAnthropic, typ, "a tool_use block")
+	case typ == "content_block_delta" && d.Type == "input_json_delta" && valueOr(d.PartialJSON, "") != "":
+		r.argsSeen[ni] = true
+		return emit(streamEvent{Kind: eventToolCallArgs, Index: ni, Text: *d.PartialJSON})
+	case typ == "content_block_stop" && isTool && !r.argsSeen[ni]: // a tool without parameters streamed none; callers expect "{}"
+		r.argsSeen[ni] = true
+		return emit(streamEvent{Kind: eventToolCallArgs, Index: ni, Text: "{}"})
+	}
+	return nil
+}
+
+// readResponses: response.completed (or .incomplete) ends, with usage; items are keyed by output_index.
+func (r *streamReader) readResponses(typ string, e rawObject, emit func(streamEvent) error) (keep, end bool, err error) {
+	switch typ {
+	case "error":
+		code, _ := jsonScalar(e.value("code"))
+		f, _ := errorObject(e.value("error"))
+		return false, false, inBandError(cmp.Or(code, f.code, f.typ))
+	case "response.failed":
+		resp, _ := splitRaw(e.value("response"), '{', r.scratch[1][:])
+		f, _ := errorObject(resp.value("error"))
+		return false, false, inBandError(f.code)
+	case "response.output_item.added", "response.output_item.done", "response.output_text.delta", "response.refusal.delta",
+		"response.function_call_arguments.delta", "response.custom_tool_call_input.delta":
+		if r.translate || r.raw != nil && typ == "response.output_item.done" {
+			err = r.readItem(typ, e, emit)
+		}
+	case "response.completed", "response.incomplete":
+		resp, ok := splitRaw(e.value("response"), '{', r.scratch[1][:])
+		if !ok {
+			return false, false, eventWithout(protoOpenAIResponses, typ, "response")
+		}
+		r.usage, err = usageOf(r.protocol, resp.value("usage"))
+		if r.finished = true; r.raw != nil {
+			r.final = bytes.Clone(e.value("response"))
+		}
+		if err == nil && r.translate {
+			var ro responsesObject
+			if err = r.decode(e, "response", &ro); err == nil {
+				err = r.completed(&ro, emit)
+			}
+		}
+		return err == nil, true, err
+	}
+	return err == nil, false, err
+}
+
+type responsesStreamItem struct {
+	tool     int  // neutral tool index, -1 for a message
+	streamed bool // text or argument deltas emitted: done emits the rest
+}
+
+// readItem reads an output item's start, deltas and end; a buffered codex caller keeps each ended item as sent.
+func (r *streamReader) readItem(typ string, e rawObject, emit func(streamEvent) error) error {
+	var ev struct {
+		OutputIndex int             `json:"output_index"`
+		Item        json.RawMessage `json:"item"`
+		Delta       string          `json:"delta"`
+	}
+	var item responsesItem
+	isItem := strings.HasPrefix(typ, "response.output_item.")
+	err := json.Unmarshal(e.src, &ev)
+	if err == nil && isItem && r.translate {
+		err = json.Unmarshal(ev.Item, &item)
+	}
+	if err != nil || isItem && rawShape(ev.Item) != '{' {
+		return eventWithout(protoOpenAIResponses, typ, "an index and an item")
+	}
+	if r.raw != nil && typ == "response.output_item.done" {
+		r.raw[ev.OutputIndex] = ev.Item // decoding copied it out of the reader's buffer
+	}
+	if !r.translate {
 		return nil
-	})
-	if err != nil {
-		return chatAnswer{}, err
 	}
-	a.Text = text.String()
-	for i := range a.ToolCalls {
-		a.ToolCalls[i].Arguments = args[i].String()
+	it, err := r.item(ev.OutputIndex, &item, emit)
+	out := streamEvent{Kind: eventText, Text: ev.Delta}
+	switch {
+	case err != nil || typ == "response.output_item.added":
+		return err
+	case typ == "response.output_item.done":
+		return r.done(ev.OutputIndex, &item, emit)
+	case typ == "response.refusal.delta":
+		r.refusal = true
+	case typ != "response.output_text.delta" && it.tool < 0:
+		return eventWithout(protoOpenAIResponses, typ, "a call item")
+	case typ != "response.output_text.delta":
+		out.Kind, out.Index = eventToolCallArgs, it.tool
 	}
-	return a, nil
+	if ev.Delta == "" {
+		return nil
+	}
+	it.streamed = true
+	return emit(out)
+}
+
+// completed emits the final response's items the stream never showed (a minimal stream, a buffered answer), then the tail.
+func (r *streamReader) completed(resp *responsesObject, emit func(streamEvent) error) error {
+	for i, it := range resp.Output {
+		if _, seen := r.items[i]; !seen && it != nil {
+			if err := r.done(i, it, emit); err != nil {
+				return err
+			}
+		}
+	}
+	finish := map[bool]string{false: finishStop, true: finishToolCalls}[r.ntool > 0]
+	if r.refusal {
+		finish = finishContentFilter
+	}
+	for f, reason := range responsesIncompletes {
+		if valueOr(resp.IncompleteDetails, responsesIncomplete{}).Reason == reason {
+			finish = f
+		}
+	}
+	if ru := resp.Usage; ru != nil {
+		r.usage = usage{InputTokens: ru.InputTokens, OutputTokens: ru.OutputTokens, Reported: true}
+	}
+	return emitTail(emit, finish, r.usage)
+}
+
+// item is the state of output index i: a tool call once seen as one.
+func (r *streamReader) item(i int, item *responsesItem, emit func(streamEvent) error) (*responsesStreamItem, error) {
+	it, ok := r.items[i]
+	if !ok {
+		it = &responsesStreamItem{tool: -1}
+		r.items[i] = it
+	}
+	if tc, isCall := item.call(); isCall && it.tool < 0 {
+		if item.Name == "" {
+			return nil, eventWithout(protoOpenAIResponses, "a call item", "a name")
+		}
+		it.tool, r.ntool, tc.Arguments = r.ntool, r.ntool+1, ""
+		return it, emit(streamEvent{Kind: eventToolCallStart, Index: it.tool, ToolCall: tc})
+	}
+	return it, nil
+}
+
+// done completes an output item, emitting whatever its deltas did not.
+func (r *streamReader) done(i int, item *responsesItem, emit func(streamEvent) error) error {
+	it, err := r.item(i, item, emit)
+	if err != nil || it.streamed {
+		return err
+	}
+	it.streamed = true
+	if tc, ok := item.call(); ok && tc.Arguments != "" {
+		return emit(streamEvent{Kind: eventToolCallArgs, Index: it.tool, Text: tc.Arguments})
+	}
+	var scratch chatRequest // a message item's text, a refusal's too
+	parts, _ := scratch.responsesParts(item.Content, "")
+	text := textOf(parts)
+	for _, p := range rawItems(item.Content) {
+		var rp responsesPart
+		if json.Unmarshal(p, &rp); rp.Type == "refusal" {
+			text, r.refusal = text+rp.Refusal, true
+		}
+	}
+	if item.Type == "message" && text != "" {
+		return emit(streamEvent{Kind: eventText, Text: text})
+	}
+	return nil
 }
 
 // upstreamStreamError is an in-band error's cause: its redacted code, and the refusalRate or refusalQuota class the dispatcher records a block for (SPEC §6.2).
@@ -274,323 +528,55 @@ func malformedAnswer(protocol string, cause error) *apiError {
 	return refuse("provider_failure", "the provider answered with a malformed %s body", protocol).because(cause)
 }
 
-// emitCalls emits whole calls, their neutral indexes from first on.
-func emitCalls(emit func(streamEvent) error, first int, calls []toolCall) error {
-	for i, tc := range calls {
-		start := toolCall{ID: tc.ID, Name: tc.Name, Custom: tc.Custom}
-		if err := emit(streamEvent{Kind: eventToolCallStart, Index: first + i, ToolCall: start}); err != nil {
-			return err
-		}
-		if err := emit(streamEvent{Kind: eventToolCallArgs, Index: first + i, Text: tc.Arguments}); err != nil {
-			return err
-		}
+// streamCut is the failure of a stream cut before its terminal signal: the
+// provider may have generated and billed (SPEC §7.5, §8.2).
+func streamCut(err error) *apiError {
+	if errors.Is(err, io.EOF) {
+		return refuse("provider_incomplete", "the provider stream ended before its terminal signal")
 	}
-	return nil
+	if ae := classifyTransport(err); ae.Code == "client_cancelled" {
+		return ae
+	}
+	return refuse("provider_incomplete", "the provider stream failed before its terminal signal: %s",
+		cleanQuoted(err.Error(), "", 300)).because(err)
 }
 
-func emitTail(emit func(streamEvent) error, finish string, u usage) error {
-	if err := emit(streamEvent{Kind: eventFinish, Finish: finish}); err != nil || !u.Reported {
-		return err
-	}
-	return emit(streamEvent{Kind: eventUsage, Usage: u})
+// eventWithout is the failure of a typ event lacking what it must carry.
+func eventWithout(protocol, typ, what string) *apiError {
+	return malformedEvent(protocol, errors.New(typ+" without "+what))
 }
 
-// errCallerStreamDone is returned by a callerStream used after finish or fail.
-var errCallerStreamDone = errors.New("caller stream already ended")
-
-// callerStream writes a streamed answer in the caller's dialect (SPEC §7.5), one
-// block at a time, framed by the dialect's blockWriter; the first write error sticks.
-type callerStream struct {
-	w            io.Writer
-	flush        func()
-	err          error
-	bw           blockWriter
-	req          chatRequest
-	started      bool
-	done         bool   // finish or fail ran
-	finishReason string // the tail: finish and usage arrive in either order, usage maybe never
-	usage        usage
-	open         int // index of the open block, -1 when none
-	blocks       []*streamBlock
-	toolBlock    map[int]int // neutral tool call index → block index
+// passthroughUsage holds the usage members of all three formats (flat: the
+// wire types embedded cost an allocation per event).
+type passthroughUsage struct {
+	PromptTokens             int `json:"prompt_tokens"`
+	CompletionTokens         int `json:"completion_tokens"`
+	InputTokens              int `json:"input_tokens"`
+	OutputTokens             int `json:"output_tokens"`
+	CacheCreationInputTokens int `json:"cache_creation_input_tokens"`
+	CacheReadInputTokens     int `json:"cache_read_input_tokens"`
 }
 
-// blockWriter is one dialect's framing of a streamed answer's blocks, in order.
-type blockWriter interface {
-	begin() error
-	open(i int, b *streamBlock) error
-	delta(i int, b *streamBlock, s string) error
-	close(i int, b *streamBlock, full string) error
-	finishNow(finish string) error    // the finish event arrived (chat writes its finish chunk)
-	end(finish string, u usage) error // the terminal sequence
-	fail(e *apiError) error
+// usageOf reads a stream event's usage member; absent or null is unreported.
+func usageOf(protocol string, raw json.RawMessage) (usage, error) {
+	if rawIsNull(raw) {
+		return usage{}, nil
+	}
+	u := new(passthroughUsage) // after the null test: it escapes, an allocation per event
+	if err := json.Unmarshal(raw, u); err != nil {
+		return usage{}, malformedEvent(protocol, err)
+	}
+	return u.count(protocol), nil
 }
 
-// streamBlock is one block: text, or a tool call named as the caller declared it; a custom call made as a function is wrapped, its input held to the close.
-type streamBlock struct {
-	text            bool
-	index           int // the call's index among calls
-	id, name        string
-	flat            string // the name providers saw
-	custom, wrapped bool
-	buf             strings.Builder
-}
-
-// newCallerStream writes dialect to w, flushing every frame (flush may be nil), reporting model (SPEC §7.6).
-func newCallerStream(dialect string, req chatRequest, w io.Writer, flush func(), model string) *callerStream {
-	return newBlockStream(w, flush, req, model, formatOf(dialect).callerStream)
-}
-
-func newBlockStream(w io.Writer, flush func(), req chatRequest, model string, newWriter func(*callerStream, chatRequest, string) blockWriter) *callerStream {
-	s := &callerStream{w: w, flush: flush, req: req, open: -1, toolBlock: map[int]int{}}
-	s.bw = newWriter(s, req, model)
-	return s
-}
-
-// wholeAnswerThrough writes a through newWriter's block writer, frames discarded, and returns it,
-// holding the whole answer, with the first refusal a block met (messages: arguments not an object).
-func wholeAnswerThrough(req chatRequest, a chatAnswer, newWriter func(*callerStream, chatRequest, string) blockWriter) (blockWriter, error) {
-	s := newBlockStream(io.Discard, nil, req, a.Model, newWriter)
-	err := s.event(streamEvent{Kind: eventText, Text: a.Text})
-	if err == nil {
-		err = emitCalls(s.event, 0, a.ToolCalls)
+// count is the usage in Brama's terms (nil: unreported); Anthropic's cached
+// input counts, as OpenAI's does.
+func (u *passthroughUsage) count(protocol string) usage {
+	switch {
+	case u == nil:
+		return usage{}
+	case protocol == protoOpenAIChat:
+		return usage{InputTokens: u.PromptTokens, OutputTokens: u.CompletionTokens, Reported: true}
 	}
-	if err == nil {
-		err = emitTail(s.event, a.Finish, a.Usage)
-	}
-	if err != nil {
-		return s.bw, err
-	}
-	return s.bw, s.finish()
-}
-
-func (s *callerStream) start() error {
-	if s.started {
-		return nil
-	}
-	s.started = true
-	return s.bw.begin()
-}
-
-// event writes one neutral event. Arguments for a call whose block closed (a provider interleaving calls) still go to its index, where SDKs gather them.
-func (s *callerStream) event(ev streamEvent) error {
-	if s.done {
-		return errCallerStreamDone
-	}
-	if err := s.start(); err != nil {
-		return err
-	}
-	switch ev.Kind {
-	case eventFinish:
-		s.finishReason = ev.Finish
-		if err := s.closeOpen(); err != nil {
-			return err
-		}
-		return s.bw.finishNow(s.finishReason)
-	case eventUsage:
-		s.usage, s.usage.Reported = ev.Usage, true
-		return nil
-	case eventText:
-		if ev.Text == "" {
-			return nil
-		}
-		if s.open < 0 || !s.blocks[s.open].text {
-			if _, err := s.openBlock(&streamBlock{text: true}); err != nil {
-				return err
-			}
-		}
-		b := s.blocks[s.open]
-		b.buf.WriteString(ev.Text)
-		return s.bw.delta(s.open, b, ev.Text)
-	case eventToolCallStart:
-		name, _, custom := s.req.callerTool(ev.ToolCall)
-		i, err := s.openBlock(&streamBlock{index: ev.Index, id: ev.ToolCall.ID, name: name,
-			flat: ev.ToolCall.Name, custom: custom, wrapped: custom && !ev.ToolCall.Custom})
-		s.toolBlock[ev.Index] = i
-		return err
-	case eventToolCallArgs:
-		i, ok := s.toolBlock[ev.Index]
-		if !ok {
-			return fmt.Errorf("arguments for tool call %d before its start", ev.Index)
-		}
-		b := s.blocks[i]
-		if b.buf.WriteString(ev.Text); ev.Text == "" || b.wrapped {
-			return nil
-		}
-		return s.bw.delta(i, b, ev.Text)
-	}
-	return fmt.Errorf("unknown stream event kind %q", ev.Kind)
-}
-
-func (s *callerStream) openBlock(b *streamBlock) (int, error) {
-	if err := s.closeOpen(); err != nil {
-		return 0, err
-	}
-	s.open, s.blocks = len(s.blocks), append(s.blocks, b)
-	return s.open, s.bw.open(s.open, b)
-}
-
-// closeOpen closes the open block; a wrapped call's input goes out first.
-func (s *callerStream) closeOpen() error {
-	i := s.open
-	if i < 0 {
-		return nil
-	}
-	s.open = -1
-	b := s.blocks[i]
-	full := b.buf.String()
-	if b.wrapped {
-		full = customInput(full)
-		b.buf.Reset()
-		b.buf.WriteString(full)
-		if err := s.bw.delta(i, b, full); err != nil {
-			return err
-		}
-	}
-	return s.bw.close(i, b, full)
-}
-
-// finish writes the dialect's terminal sequence.
-func (s *callerStream) finish() error {
-	for _, step := range []func() error{s.end, s.start, s.closeOpen} {
-		if err := step(); err != nil {
-			return err
-		}
-	}
-	return s.bw.end(s.finishReason, s.usage)
-}
-
-// fail writes the dialect's in-band error, never a terminal success event.
-func (s *callerStream) fail(e *apiError) error {
-	if err := s.end(); err != nil {
-		return err
-	}
-	return s.bw.fail(e)
-}
-
-func (s *callerStream) end() error {
-	if s.done {
-		return errCallerStreamDone
-	}
-	s.done = true
-	return s.err
-}
-
-// keepAlive writes the SSE comment sent after 15 s without an event.
-func (s *callerStream) keepAlive() error { return s.write(": keep-alive\n\n") }
-
-// frame writes one event: "event: <name>\n" when name is set, then the data.
-func (s *callerStream) frame(name string, v any) error {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-	if name != "" {
-		name = "event: " + name + "\n"
-	}
-	return s.write(name + "data: " + string(b) + "\n\n")
-}
-
-func (s *callerStream) write(frame string) error {
-	if s.err != nil {
-		return s.err
-	}
-	if _, s.err = io.WriteString(s.w, frame); s.err == nil && s.flush != nil {
-		s.flush()
-	}
-	return s.err
-}
-
-// droppedFor names every caller member the request to p loses, each once: those with no
-// counterpart in any other format, and those p's format or p itself lacks (SPEC §7.6).
-func (req chatRequest) droppedFor(p providerInfo) []string {
-	d := slices.Clone(req.Dropped)
-	add := func(cond bool, names ...string) {
-		if cond {
-			d = append(d, names...)
-		}
-	}
-	sampling := slices.DeleteFunc([]string{"temperature", "top_p"}, func(n string) bool {
-		return n == "temperature" && req.Temperature == nil || n == "top_p" && req.TopP == nil
-	})
-	anthropic, budget := p.protocol == protoAnthropic, req.thinkingBudget()
-	add(anthropic, req.Shared.names()...)
-	add(anthropic && req.Effort != "" && budget == 0, req.EffortName)
-	add(anthropic && budget > 0, sampling...)
-	add(anthropic && req.Verbosity != "", "verbosity")
-	for _, t := range req.Tools {
-		add(anthropic && t.Kind == toolCustom && t.Format != nil, "format")
-	}
-	add(p.protocol == protoOpenAIResponses && len(req.Stop) > 0, req.StopName)
-	for _, m := range req.Messages {
-		for _, pt := range m.Parts {
-			for _, q := range append([]part{pt}, pt.Media...) {
-				add(anthropic && q.Detail != "", "detail")
-				add(p.protocol == protoOpenAIChat && q.Type != pt.Type, q.Type) // a tool message holds only text
-			}
-		}
-	}
-	codex := p.id == "codex" // it never gets an output limit, and its backend refuses these (SPEC §6.2)
-	add(codex && req.LimitName != "", req.LimitName)
-	add(codex, sampling...)
-	add(codex, openAIShared{Metadata: req.Shared.Metadata, SafetyIdentifier: req.Shared.SafetyIdentifier, User: req.Shared.User}.names()...)
-	seen := map[string]bool{}
-	return slices.DeleteFunc(d, func(n string) bool { dup := seen[n]; seen[n] = true; return dup })
-}
-
-func textOf(ps []part) string {
-	var b strings.Builder
-	for _, p := range ps {
-		if p.Type == partText {
-			b.WriteString(p.Text)
-		}
-	}
-	return b.String()
-}
-
-func jsonText(s string) json.RawMessage { return must(json.Marshal(s)) }
-
-func ptrTo[T any](v T) *T { return &v }
-
-func valueOr[T any](p *T, or T) T {
-	if p == nil {
-		return or
-	}
-	return *p
-}
-
-// must is v for marshalling that cannot fail (plain values).
-func must(v []byte, err error) json.RawMessage {
-	if err != nil {
-		panic(err)
-	}
-	return v
-}
-
-// rawIsNull reports an absent or null value (raw is valid JSON: only null starts with n).
-func rawIsNull(raw json.RawMessage) bool { s := rawShape(raw); return s == 0 || s == 'n' }
-
-// rawShape is the first byte of a JSON value ('"', '[', '{', …); 0 when absent.
-func rawShape(raw json.RawMessage) byte {
-	if raw = bytes.TrimSpace(raw); len(raw) == 0 {
-		return 0
-	}
-	return raw[0]
-}
-
-func rawItems(raw json.RawMessage) (items []json.RawMessage) {
-	json.Unmarshal(raw, &items)
-	return items
-}
-
-// rawMember is raw's member name (any case, as encoding/json matches), nil when none.
-func rawMember(raw json.RawMessage, name string) json.RawMessage {
-	var m map[string]json.RawMessage
-	json.Unmarshal(raw, &m)
-	for k, v := range m {
-		if strings.EqualFold(k, name) {
-			return v
-		}
-	}
-	return nil
+	return usage{InputTokens: u.InputTokens + u.CacheCreationInputTokens + u.CacheReadInputTokens, OutputTokens: u.OutputTokens, Reported: true}
 }

@@ -16,11 +16,13 @@ func readAllSSE(r io.Reader) ([]sseEvent, error) {
 	s := newSSEReader(r, "\r\n")
 	var evs []sseEvent
 	for {
-		ev, err := s.event()
+		_, event, data, err := s.next()
 		if err != nil {
 			return evs, err
 		}
-		evs = append(evs, ev)
+		if data != nil { // a block without data dispatches nothing
+			evs = append(evs, sseEvent{event, string(data)})
+		}
 	}
 }
 

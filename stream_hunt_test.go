@@ -208,7 +208,7 @@ func BenchmarkSSEReaderLongLine(b *testing.B) {
 			b.Run(fmt.Sprintf("%dMiB/ends=%q", size>>20, ends), func(b *testing.B) {
 				b.SetBytes(int64(len(body)))
 				for b.Loop() {
-					if _, err := newSSEReader(&chunkReader{strings.NewReader(body), 16 << 10}, ends).event(); err != nil {
+					if _, _, _, err := newSSEReader(&chunkReader{strings.NewReader(body), 16 << 10}, ends).next(); err != nil {
 						b.Fatal(err)
 					}
 				}
