@@ -516,7 +516,7 @@ func (s *server) donateSubscription(r *http.Request, b *donation) (any, error) {
 	return map[string]donatedSubscription{"subscription": {ID: it.ID, Provider: it.Provider, AgentID: it.AgentID, Label: it.Label, Status: "active"}}, nil
 }
 
-// credentialChanged tells maintenance and the replay guard (SPEC §17) of it's new credential; it.ID "" is no change.
+// credentialChanged tells maintenance and the replay guard (SPEC §17) of its new credential; it.ID "" is no change.
 func (s *server) credentialChanged(it overlayItem) {
 	if it.ID != "" {
 		s.maint.changed()
