@@ -429,10 +429,8 @@ func (p *perfRegistry) write(force bool) error {
 	p.lastFlush, p.seq = now, p.seq+1
 	seq, doc := p.seq, perfDocument{SchemaVersion: 1, FlushedAt: now.UTC(), Routes: maps.Clone(p.routes)}
 	p.mu.Unlock()
-	b, err := marshalState(doc)
-	if err == nil {
-		err = p.file.write(p.path, seq, b)
-	}
+	b, _ := marshalState(doc) // whole and finite numbers: it cannot fail
+	err := p.file.write(p.path, seq, b)
 	if err != nil {
 		err = fmt.Errorf("write perf telemetry: %w", err)
 		p.log.Warn("perf_stats_flush_failed", "cause", err.Error())
