@@ -543,7 +543,7 @@ func onboard(e *cliEnv, o opts, _ []string) error {
 					}
 				}
 				req = pingRequest(m, providerInfo{})
-				c, err = s.engine(&requestInfo{}).plan(client{}, "", &req)
+				c, err = s.engine("", &tally{}).plan(client{}, "", &req)
 				switch ae := asAPIError(err); {
 				case err == nil && (c.res.Mode == modeDirect || c.res.Mode == modeAlias):
 				case err == nil || ae.Code == "forbidden": // plan wants an agent: subscription, selector or best
@@ -574,7 +574,7 @@ func onboard(e *cliEnv, o opts, _ []string) error {
 					}
 					return a.Usage, nil, false
 				}}
-			if ae := s.engine(&requestInfo{}).attemptRoute(e.ctx, j, c, nil, nil); ae != nil {
+			if ae := s.engine("", &tally{}).attemptRoute(e.ctx, j, c, nil, nil); ae != nil {
 				return "", "", fmt.Errorf("no model answer: %s", ae.Message)
 			}
 			return c.res.Route, "", nil
