@@ -419,7 +419,7 @@ func roundTripNeutral(req chatRequest) chatRequest {
 	req.Tools = slices.Clone(req.Tools)
 	for i, tl := range req.Tools {
 		req.Tools[i].Namespace = "" // flattened toward every provider
-		if tl.Kind == toolFunction && tl.Parameters == nil {
+		if tl.Type == toolFunction && tl.Parameters == nil {
 			req.Tools[i].Parameters = emptySchema // the schema a protocol that requires one gets
 		}
 		if !valueOr(tl.Strict, false) {
