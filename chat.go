@@ -132,9 +132,7 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 	req.dropUnknown(raw, "role content tool_calls tool_call_id")
 	switch m.Role {
 	case "system", "developer":
-		text, err := req.callerTextOf(m.Content, what+".content", "text", "\n\n")
-		req.addSystem(text) // on an error the whole request is refused
-		return err
+		return req.addSystemOf(m.Content, what+".content", "text")
 	case "tool":
 		if m.ToolCallID == "" {
 			return refuseInvalid("%s.tool_call_id is required", what)

@@ -225,10 +225,7 @@ func decodeUpstreamAnswer(protocol string, body []byte) (chatAnswer, error) {
 var emptySchema = json.RawMessage(`{"type":"object","properties":{}}`)
 
 func orEmptySchema(schema json.RawMessage) json.RawMessage {
-	if len(schema) == 0 {
-		return emptySchema
-	}
-	return schema
+	return json.RawMessage(cmp.Or(string(schema), string(emptySchema)))
 }
 
 // argumentsText is a tool call's arguments as JSON text; empty becomes "{}".
@@ -275,12 +272,10 @@ func decodeCallerJSON(data []byte, v any, what string) error {
 		return refuseInvalid("malformed JSON at byte %d", se.Offset).because(err)
 	case !errors.As(err, &te):
 		return refuseInvalid("malformed JSON").because(err)
-	}
-	field := strings.Trim(what+"."+te.Field, ".")
-	if field == "" {
+	case what+te.Field == "":
 		return refuseInvalid("the request body must be a JSON object").because(err)
 	}
-	return refuseInvalid("%s: got %s, not the type it takes", field, truncateUTF8(te.Value, 32)).because(err)
+	return refuseInvalid("%s: got %s, not the type it takes", strings.Trim(what+"."+te.Field, "."), truncateUTF8(te.Value, 32)).because(err)
 }
 
 // dropUnknown names, in the body's order, every member of the JSON object raw not in known (space-separated); a non-object names nothing.
@@ -323,11 +318,11 @@ func newCallerRequest(body []byte, b any, h *callerHead, known, limitName string
 func (req *chatRequest) setLimit(name string, v *int) error {
 	switch {
 	case v == nil:
-		return nil
 	case *v < 1:
 		return refuseInvalid("%s must be at least 1", name)
+	default:
+		req.MaxTokens, req.LimitName = *v, name
 	}
-	req.MaxTokens, req.LimitName = *v, name
 	return nil
 }
 
@@ -338,50 +333,51 @@ func readList[T any](raw json.RawMessage, what string, add func(T, json.RawMessa
 	if rawIsNull(raw) {
 		return nil
 	}
-	if err := decodeCallerJSON(raw, &raws, what); err != nil {
-		return err
-	}
-	for i, r := range raws {
+	err := decodeCallerJSON(raw, &raws, what)
+	for i := 0; err == nil && i < len(raws); i++ {
 		var it T
 		path := fmt.Sprintf("%s[%d]", what, i)
-		if err := decodeCallerJSON(r, &it, path); err != nil {
-			return err
-		}
-		if err := add(it, r, path); err != nil {
-			return err
+		if err = decodeCallerJSON(raws[i], &it, path); err == nil {
+			err = add(it, raws[i], path)
 		}
 	}
-	return nil
+	return err
 }
 
 // callerParts reads content in every format: a string (one text part), or an array of parts (kind) that read turns
 // into neutral ones; a part it leaves untyped is dropped and named by its type, else by the content's member.
 func callerParts[T any](req *chatRequest, raw json.RawMessage, what, kind string, read func(T, json.RawMessage, string) (part, error)) ([]part, error) {
-	if rawShape(raw) == '"' {
+	var parts []part
+	switch rawShape(raw) {
+	case '"':
 		var s string
 		err := decodeCallerJSON(raw, &s, what)
 		return []part{{Type: partText, Text: s}}, err
+	case '[':
+		return parts, readList(raw, what, func(it T, raw json.RawMessage, path string) error {
+			p, err := read(it, raw, path)
+			if err == nil && p.Type == "" {
+				var it struct{ Type string }
+				json.Unmarshal(raw, &it)
+				req.Dropped = append(req.Dropped, cmp.Or(it.Type, what[strings.LastIndex(what, ".")+1:]))
+				return nil
+			}
+			parts = append(parts, p)
+			return err
+		})
 	}
-	if rawShape(raw) != '[' {
-		return nil, refuseInvalid("%s must be a string or an array of %s", what, kind)
-	}
-	var parts []part
-	err := readList(raw, what, func(it T, raw json.RawMessage, path string) error {
-		p, err := read(it, raw, path)
-		if err == nil && p.Type == "" {
-			var it struct{ Type string }
-			json.Unmarshal(raw, &it)
-			req.Dropped = append(req.Dropped, cmp.Or(it.Type, what[strings.LastIndex(what, ".")+1:]))
-			return nil
-		}
-		parts = append(parts, p)
-		return err
-	})
-	return parts, err
+	return nil, refuseInvalid("%s must be a string or an array of %s", what, kind)
 }
 
-// callerTextOf reads content that may only be text: a string, or an array of
-// {"type":textType,"text":…} parts, joined with sep, their other members (cache_control) dropped and named.
+// addSystemOf adds content that may only be text as instructions (addSystem): a string, or an array of
+// {"type":textType,"text":…} parts, joined with "\n\n", their other members (cache_control) dropped and named.
+func (req *chatRequest) addSystemOf(raw json.RawMessage, what, textType string) error {
+	text, err := req.callerTextOf(raw, what, textType, "\n\n")
+	req.addSystem(text) // on an error the whole request is refused
+	return err
+}
+
+// callerTextOf reads content that may only be text, joined with sep.
 func (req *chatRequest) callerTextOf(raw json.RawMessage, what, textType, sep string) (string, error) {
 	parts, err := callerParts(req, raw, what, textType+" parts", func(p chatPart, raw json.RawMessage, path string) (part, error) {
 		req.dropUnknown(raw, "type text")
@@ -402,11 +398,10 @@ func checkSchema(raw json.RawMessage, what string) (json.RawMessage, error) {
 	if rawIsNull(raw) {
 		return nil, nil
 	}
-	if rawShape(raw) != '{' {
+	var b bytes.Buffer
+	if rawShape(raw) != '{' || json.Compact(&b, raw) != nil {
 		return nil, refuseInvalid("%s must be a JSON Schema object", what)
 	}
-	var b bytes.Buffer
-	json.Compact(&b, raw)
 	return b.Bytes(), nil
 }
 
@@ -436,9 +431,9 @@ func appendPart(msgs []message, role string, p part) []message {
 func (req *chatRequest) addSystem(text string) {
 	if len(req.Messages) == 0 {
 		req.System = joinText(req.System, text)
-		return
+	} else {
+		req.Messages = append(req.Messages, message{Role: "system", Parts: []part{{Type: partText, Text: text}}})
 	}
-	req.Messages = append(req.Messages, message{Role: "system", Parts: []part{{Type: partText, Text: text}}})
 }
 
 // joinText appends one more piece of text, "\n\n" between pieces.
@@ -456,9 +451,9 @@ func (req *chatRequest) finish(err error, refusal string) (chatRequest, error) {
 		return chatRequest{}, err
 	}
 	custom := map[string]bool{}
-	for i := range req.Messages {
-		for j := range req.Messages[i].Parts {
-			switch p := &req.Messages[i].Parts[j]; p.Type {
+	for _, m := range req.Messages {
+		for j := range m.Parts {
+			switch p := &m.Parts[j]; p.Type {
 			case partToolCall:
 				p.Custom = p.Custom || req.toolKind(p.ToolName) == toolCustom
 				custom[p.ToolCallID] = p.Custom
@@ -511,8 +506,7 @@ func (req *chatRequest) addOpenAITool(t tool, raw json.RawMessage, what string) 
 	case toolFunction, toolCustom:
 		req.dropUnknown(raw, "type name description parameters strict format")
 		params, err := checkSchema(t.Parameters, what+".parameters")
-		t.Tools, t.Parameters = nil, params
-		if t.Type == toolCustom {
+		if t.Tools, t.Parameters = nil, params; t.Type == toolCustom {
 			t.Parameters, t.Strict = nil, nil
 		} else {
 			t.Format = nil
@@ -556,20 +550,19 @@ func (req *chatRequest) setOpenAIToolChoice(raw json.RawMessage, nested bool) er
 	default:
 		return refuseInvalid("tool_choice must be a string or an object")
 	}
-	if tc.Type != toolFunction && tc.Type != toolCustom {
-		req.Dropped = append(req.Dropped, "tool_choice")
-		return nil
-	}
 	if nested {
 		tc.Name = tc.Function.Name + tc.Custom.Name
 	}
-	if tc.Name == "" {
+	switch {
+	case tc.Type != toolFunction && tc.Type != toolCustom:
+		req.Dropped = append(req.Dropped, "tool_choice")
+	case tc.Name == "":
 		return refuseInvalid("tool_choice must name a tool: {\"type\":\"function\",…}")
+	case tc.Namespace != "":
+		req.ToolChoice = &toolChoice{Mode: toolChoiceTool, Name: tc.Namespace + "__" + tc.Name}
+	default:
+		req.ToolChoice = &toolChoice{Mode: toolChoiceTool, Name: tc.Name}
 	}
-	if tc.Namespace != "" {
-		tc.Name = tc.Namespace + "__" + tc.Name
-	}
-	req.ToolChoice = &toolChoice{Mode: toolChoiceTool, Name: tc.Name}
 	return nil
 }
 

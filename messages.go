@@ -119,7 +119,7 @@ func parseMessages(body []byte) (chatRequest, error) {
 		return chatRequest{}, err
 	}
 	if !rawIsNull(b.System) {
-		req.System, err = req.callerTextOf(b.System, "system", "text", "\n\n")
+		err = req.addSystemOf(b.System, "system", "text")
 	}
 	err = cmp.Or(err, readList(b.Messages, "messages", req.addMessagesTurn), readList(b.Tools, "tools", req.addMessagesTool))
 	if tc := b.ToolChoice; tc != nil {
@@ -155,9 +155,7 @@ func parseMessages(body []byte) (chatRequest, error) {
 func (req *chatRequest) addMessagesTurn(m messagesTurn, _ json.RawMessage, what string) error {
 	switch m.Role {
 	case "system":
-		text, err := req.callerTextOf(m.Content, what+".content", "text", "\n\n")
-		req.addSystem(text) // on an error the whole request is refused
-		return err
+		return req.addSystemOf(m.Content, what+".content", "text")
 	case "user", "assistant":
 		parts, err := req.messagesParts(m.Role, m.Content, what+".content")
 		req.Messages = append(req.Messages, message{Role: m.Role, Parts: parts})

@@ -157,9 +157,7 @@ func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, 
 	switch it.Type {
 	case "", "message":
 		if it.Role == "system" || it.Role == "developer" {
-			text, err := req.callerTextOf(it.Content, what+".content", "input_text", "\n\n")
-			req.addSystem(text)
-			return err
+			return req.addSystemOf(it.Content, what+".content", "input_text")
 		}
 		if it.Role != "user" && it.Role != "assistant" {
 			return refuseInvalid("%s.role %s is not one of user, assistant, system, developer", what, quoteCallerToken(it.Role))
