@@ -189,7 +189,7 @@ var wireFormats = []wireFormat{
 	{dialectResponses, protoOpenAIResponses, "/responses", parseResponses, encodeResponses, decodeResponses, renderResponses, newResponsesCallerStream, newResponsesUpstreamStream},
 }
 
-// formatOf is the row of a dialect or protocol; nil for none.
+// formatOf is the row of a dialect or protocol (every error its parse returns is an invalid_request *apiError).
 func formatOf(name string) *wireFormat {
 	for i, f := range wireFormats {
 		if f.dialect == name || f.protocol == name {
@@ -197,11 +197,6 @@ func formatOf(name string) *wireFormat {
 		}
 	}
 	return nil
-}
-
-// parseRequest parses body as dialect (the server routes only the table's); every error is an invalid_request *apiError.
-func parseRequest(dialect string, body []byte) (chatRequest, error) {
-	return formatOf(dialect).parse(body)
 }
 
 // renderAnswer is a buffered answer as dialect's body; req's tools name the calls.
@@ -236,7 +231,7 @@ func argumentsText(args string) string {
 	return args
 }
 
-// jsonArray is items as a JSON array; nil (left out) for none.
+// jsonArray is nil (left out) for no items.
 func jsonArray[T any](items []T) json.RawMessage {
 	if len(items) == 0 {
 		return nil
@@ -393,14 +388,14 @@ func (req *chatRequest) callerTextOf(raw json.RawMessage, what, textType, sep st
 	return strings.Join(texts, sep), err
 }
 
-// checkSchema reads a JSON Schema member: null is nil, an object kept compacted, the rest refused.
+// checkSchema reads a JSON Schema member (or a tool_use input): null is nil, an object kept compacted, the rest refused.
 func checkSchema(raw json.RawMessage, what string) (json.RawMessage, error) {
-	if rawIsNull(raw) {
-		return nil, nil
-	}
 	var b bytes.Buffer
-	if rawShape(raw) != '{' || json.Compact(&b, raw) != nil {
-		return nil, refuseInvalid("%s must be a JSON Schema object", what)
+	switch {
+	case rawIsNull(raw):
+		return nil, nil
+	case rawShape(raw) != '{' || json.Compact(&b, raw) != nil:
+		return nil, refuseInvalid("%s must be a JSON object", what)
 	}
 	return b.Bytes(), nil
 }
@@ -436,7 +431,6 @@ func (req *chatRequest) addSystem(text string) {
 	}
 }
 
-// joinText appends one more piece of text, "\n\n" between pieces.
 func joinText(sys, more string) string {
 	return strings.Join(slices.DeleteFunc([]string{sys, more}, func(s string) bool { return s == "" }), "\n\n")
 }

@@ -357,12 +357,7 @@ func encodeMessages(req chatRequest, model string, o upstreamOptions) (any, erro
 	out.Tools = jsonArray(tools)
 	serial := req.ParallelToolCalls != nil && !*req.ParallelToolCalls && len(req.Tools) > 0
 	if c := valueOr(req.ToolChoice, toolChoice{Mode: toolChoiceAuto}); req.ToolChoice != nil || serial {
-		out.ToolChoice = &messagesOption{Name: c.Name}
-		for typ, mode := range messagesChoices {
-			if c.Mode == mode {
-				out.ToolChoice.Type = typ
-			}
-		}
+		out.ToolChoice = &messagesOption{Type: strings.Replace(c.Mode, toolChoiceRequired, "any", 1), Name: c.Name}
 		if serial && c.Mode != toolChoiceNone {
 			out.ToolChoice.DisableParallelToolUse = ptrTo(true)
 		}

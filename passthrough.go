@@ -255,7 +255,7 @@ func (cr *callerRequest) parseForTranslation() error {
 	if cr.neutral != nil {
 		return nil
 	}
-	req, err := parseRequest(cr.dialect, cr.body.src)
+	req, err := formatOf(cr.dialect).parse(cr.body.src)
 	if err == nil {
 		cr.neutral = &req
 	}
