@@ -100,7 +100,8 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 	if err != nil {
 		return chatRequest{}, err
 	}
-	req.Shared, req.ParallelToolCalls, req.Effort, req.Verbosity = b.openAIShared, b.ParallelToolCalls, b.ReasoningEffort, b.Verbosity
+	req.Shared, req.ParallelToolCalls = b.openAIShared, b.ParallelToolCalls
+	req.Effort, req.Verbosity = b.ReasoningEffort, b.Verbosity
 	if req.Effort != "" {
 		req.EffortName = "reasoning_effort"
 	}
@@ -286,7 +287,8 @@ func chatCall(id, name, args string, custom bool) chatToolCall {
 	if custom {
 		return chatToolCall{ID: id, Type: toolCustom, Custom: &chatFunction{tool: tool{Name: name}, Input: &args}}
 	}
-	return chatToolCall{ID: id, Type: toolFunction, Function: &chatFunction{tool: tool{Name: name}, Arguments: ptrTo(argumentsText(args))}}
+	f := &chatFunction{tool: tool{Name: name}, Arguments: ptrTo(argumentsText(args))}
+	return chatToolCall{ID: id, Type: toolFunction, Function: f}
 }
 
 // call is tc as a neutral call: a custom call when it carries custom, else a function call; ok is false when it carries neither.

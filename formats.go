@@ -270,10 +270,12 @@ func decodeCallerJSON(data []byte, v any, what string) error {
 	case what+te.Field == "":
 		return refuseInvalid("the request body must be a JSON object").because(err)
 	}
-	return refuseInvalid("%s: got %s, not the type it takes", strings.Trim(what+"."+te.Field, "."), truncateUTF8(te.Value, 32)).because(err)
+	field := strings.Trim(what+"."+te.Field, ".")
+	return refuseInvalid("%s: got %s, not the type it takes", field, truncateUTF8(te.Value, 32)).because(err)
 }
 
-// dropUnknown names, in the body's order, every member of the JSON object raw not in known (space-separated); a non-object names nothing.
+// dropUnknown names, in the body's order, every member of the JSON object raw not in known
+// (space-separated); a non-object names nothing.
 func (req *chatRequest) dropUnknown(raw json.RawMessage, known string) {
 	o, _ := splitRaw(raw, '{', nil)
 	for _, m := range o.members {
@@ -341,7 +343,8 @@ func readList[T any](raw json.RawMessage, what string, add func(T, json.RawMessa
 
 // callerParts reads content in every format: a string (one text part), or an array of parts (kind) that read turns
 // into neutral ones; a part it leaves untyped is dropped and named by its type, else by the content's member.
-func callerParts[T any](req *chatRequest, raw json.RawMessage, what, kind string, read func(T, json.RawMessage, string) (part, error)) ([]part, error) {
+func callerParts[T any](req *chatRequest, raw json.RawMessage, what, kind string,
+	read func(T, json.RawMessage, string) (part, error)) ([]part, error) {
 	var parts []part
 	switch rawShape(raw) {
 	case '"':

@@ -175,7 +175,8 @@ func (req *chatRequest) addMessagesTool(t messagesTool, raw json.RawMessage, wha
 	if err == nil && t.Name == "" {
 		err = refuseInvalid("%s.name is required", what)
 	}
-	req.Tools = append(req.Tools, tool{Type: toolFunction, Name: t.Name, Description: t.Description, Parameters: schema, Strict: t.Strict})
+	nt := tool{Type: toolFunction, Name: t.Name, Description: t.Description, Parameters: schema, Strict: t.Strict}
+	req.Tools = append(req.Tools, nt)
 	return err // on an error the whole request is refused
 }
 

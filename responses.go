@@ -203,7 +203,7 @@ func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, 
 
 // responsesParts reads content: a string or text, image and file parts; others (a refusal, a file id) are dropped and named.
 func (req *chatRequest) responsesParts(raw json.RawMessage, what string) ([]part, error) {
-	return callerParts(req, raw, what, "content parts", func(rp responsesPart, raw json.RawMessage, path string) (p part, err error) {
+	read := func(rp responsesPart, raw json.RawMessage, path string) (p part, err error) {
 		switch {
 		case (rp.Type == "input_text" || rp.Type == "output_text") && rp.Text == nil:
 			return p, refuseInvalid("%s.text is required", path)
@@ -219,7 +219,8 @@ func (req *chatRequest) responsesParts(raw json.RawMessage, what string) ([]part
 		}
 		req.dropUnknown(raw, responsesPartMembers[rp.Type])
 		return p, err
-	})
+	}
+	return callerParts(req, raw, what, "content parts", read)
 }
 
 // responsesPartMembers names the members Brama carries of each part type.
