@@ -125,7 +125,7 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 	if req.StopName = "stop"; len(req.Stop) == 0 {
 		req.Stop, req.StopName = nil, "" // [] asks for nothing
 	}
-	return req.finish(err, "messages must hold at least one user, assistant or tool message")
+	return req.finishParse(err, "messages must hold at least one user, assistant or tool message")
 }
 
 // addChatMessage adds one Chat Completions message, naming raw's unknown members; "" beside tool calls is no text.

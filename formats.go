@@ -438,9 +438,9 @@ func joinText(sys, more string) string {
 	return strings.Join(slices.DeleteFunc([]string{sys, more}, func(s string) bool { return s == "" }), "\n\n")
 }
 
-// finish refuses a request without a turn (refusal: the text saying so), else links calls to custom tools
+// finishParse refuses a request without a turn (refusal: the text saying so), else links calls to custom tools
 // and their results, whichever format they came from.
-func (req *chatRequest) finish(err error, refusal string) (chatRequest, error) {
+func (req *chatRequest) finishParse(err error, refusal string) (chatRequest, error) {
 	if err == nil && len(req.Messages) == 0 {
 		err = refuseInvalid("%s", refusal)
 	}

@@ -50,12 +50,9 @@ type (
 		Data      string `json:"data,omitempty"`
 		URL       string `json:"url,omitempty"`
 	}
-	messagesTool struct {
-		Type        string          `json:"type,omitempty"`
-		Name        string          `json:"name"`
-		Description string          `json:"description,omitempty"`
+	messagesTool struct { // the neutral tool's members, its schema named input_schema
+		tool
 		InputSchema json.RawMessage `json:"input_schema,omitempty"`
-		Strict      *bool           `json:"strict,omitempty"`
 	}
 	messagesOption struct { // tool_choice, thinking and output_config share one shape, each its own members
 		Type                   string        `json:"type,omitempty"`
@@ -149,7 +146,7 @@ func parseMessages(body []byte) (chatRequest, error) {
 	if f := cmp.Or(o.Format, b.OutputFormat); f != nil { // its type and schema: a name and strict are OpenAI's
 		err = cmp.Or(err, req.setOutput(&outputFormat{Type: f.Type, Schema: f.Schema}, "output_config.format"))
 	}
-	return req.finish(err, "messages must hold at least one user or assistant turn")
+	return req.finishParse(err, "messages must hold at least one user or assistant turn")
 }
 
 func (req *chatRequest) addMessagesTurn(m messagesTurn, _ json.RawMessage, what string) error {
@@ -353,7 +350,7 @@ func encodeMessages(req chatRequest, model string, o upstreamOptions) (any, erro
 		if t.Type == toolCustom { // the one-string-member function a custom tool becomes (SPEC §7.6)
 			schema = json.RawMessage(`{"type":"object","properties":{"input":{"type":"string"}},"required":["input"]}`)
 		}
-		tools = append(tools, messagesTool{Name: t.Name, Description: t.Description, InputSchema: schema, Strict: t.Strict})
+		tools = append(tools, messagesTool{tool{Name: t.Name, Description: t.Description, Strict: t.Strict}, schema})
 	}
 	out.Tools = jsonArray(tools)
 	serial := req.ParallelToolCalls != nil && !*req.ParallelToolCalls && len(req.Tools) > 0

@@ -139,7 +139,7 @@ func parseResponses(body []byte) (chatRequest, error) {
 	req.Verbosity = text.Verbosity
 	err = cmp.Or(err, readList(b.Tools, "tools", req.addOpenAITool), req.setOpenAIToolChoice(b.ToolChoice, false),
 		req.setOutput(text.Format, "text.format"))
-	return req.finish(err, "input must hold at least one user, assistant or tool item")
+	return req.finishParse(err, "input must hold at least one user, assistant or tool item")
 }
 
 // carriedItems are the input item types Brama carries, whose unknown members it names.
