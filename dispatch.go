@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"slices"
 	"strconv"
@@ -15,9 +16,9 @@ import (
 )
 
 // The attempt engine (SPEC §7): plan checks before dispatch; attemptRoute is
-// the one walk over a route's candidates and their credentials within the
-// budget table; send makes and counts the one call; commit is the one abort
-// after commit; settle records spend once. Every kind of call goes through it.
+// the one walk over a route's candidates and who pays them within the budget
+// table; send makes and counts each call; commit is the one abort after
+// commit; settle records spend once. Every kind of call goes through it.
 
 // routeKind is what the budget table is keyed by.
 type routeKind int
@@ -48,13 +49,20 @@ var budgets = map[routeKind]budget{
 	kindCountTokens:  {calls: 1},
 }
 
-// engine is one request's attempt engine: the daemon's parts and the
-// request's account (tally) for the log line. It knows no server.
+// engine is one request's attempt engine: the daemon's parts, the request's
+// account (tally) for the log line, and the walk's account of its calls and
+// skips, from which a walk without an answer chooses its one refusal (§7.2.5).
 type engine struct {
 	*core
-	agent string // the paying agent of this request ("" for a direct route)
-	t     *tally // the request's record (server.go's requestInfo) written in place
-	wk    walk   // the request's one walk over candidates and credentials
+	agent              string   // the paying agent of this request ("" for a direct route)
+	t                  *tally   // the request's record (server.go's requestInfo) written in place
+	reasons            []string // "<subscription id or route>: <reason>"
+	rate, quota, auth  bool     // a call was refused 429, for quota, 401/403
+	rejectedStatus     int      // (selectors) the last 400, 404, 413 or 422 (SPEC §7.2.5 e)
+	refreshTransport   *apiError
+	blockEnd           time.Time // the earliest end of a block met
+	refreshed, skipped []string  // grants refreshed in this request; those whose refresh failed (SPEC §7.2.3)
+	route              string    // (selectors) the candidate being walked, which every note names (SPEC §7.3)
 }
 
 // tally is one request's account: what the log line learns from the engine.
@@ -69,21 +77,13 @@ type tally struct {
 	remember      func(ae *apiError, attempts int, hungUp, streamed bool) // the replay guard's (SPEC §8.1); nil: none
 }
 
-// candidate is one route with who pays it: its pool, else the call's direct key.
-type candidate struct {
-	call
-	pool  []overlayItem
-	req   *callerRequest // a chat call's request (a selector's with its limit)
-	model string         // the name a chat answer reports
-}
-
 // job is how a request's calls are built and a committed one is answered;
 // commit's streamed says a failure was written in-band.
 type job struct {
 	kind   routeKind
 	pool   []overlayItem // the probe's one subscription; nil: the agent's eligible pool
-	build  func(ctx context.Context, cand *candidate, c call) (*http.Request, error)
-	commit func(ctx context.Context, cand *candidate, c call, resp *http.Response) (u usage, failure *apiError, streamed bool)
+	build  func(ctx context.Context, c call, req *callerRequest) (*http.Request, error)
+	commit func(ctx context.Context, c call, req *callerRequest, resp *http.Response) (u usage, failure *apiError, streamed bool)
 }
 
 // plan resolves a request's head and makes every check before dispatch but
@@ -93,7 +93,10 @@ func (e *engine) plan(cl client, agent string, req *chatRequest) (call, error) {
 		return call{}, refuse("forbidden", "this client may not use model %q", req.Model)
 	}
 	doc, docErr := e.reg.current()
-	res, err := resolveModel(req.Model, doc, docErr, e.mayHaveDirect)
+	res, err := resolveModel(req.Model, doc, docErr, func(p string) bool { // an unreadable vault: its refusal (SPEC §2.2)
+		key, err := e.directKey(p)
+		return key != "" || err != nil
+	})
 	if err != nil {
 		return call{}, err
 	}
@@ -138,10 +141,8 @@ func (e *engine) planChat(cl client, req *callerRequest) (c call, cands []resolu
 		if json.Unmarshal(models, &names) != nil {
 			return c, nil, refuse("forbidden", "this client may not use models: it must be a list of model names")
 		}
-		for _, m := range names {
-			if !cl.mayUse("openrouter/" + m) {
-				return c, nil, refuse("forbidden", "this client may not use model %q (named in models)", "openrouter/"+m)
-			}
+		if i := slices.IndexFunc(names, func(m string) bool { return !cl.mayUse("openrouter/" + m) }); i >= 0 {
+			return c, nil, refuse("forbidden", "this client may not use model %q (named in models)", "openrouter/"+names[i])
 		}
 	}
 	targets := []resolution{c.res}
@@ -179,7 +180,7 @@ func (e *engine) applyMaxTokens(req *chatRequest, res resolution) error {
 // a second call could double cost or tool effects. Its answer, or the walk's
 // one refusal (§7.2.5).
 func (e *engine) attemptRoute(ctx context.Context, j *job, c call, req *callerRequest, sels []resolution) *apiError {
-	b, wk, selecting := budgets[j.kind], &e.wk, j.kind == kindSelector
+	b, selecting := budgets[j.kind], j.kind == kindSelector
 	if !selecting {
 		sels = []resolution{c.res}
 	}
@@ -187,26 +188,27 @@ func (e *engine) attemptRoute(ctx context.Context, j *job, c call, req *callerRe
 	var unfit *apiError // a candidate skipped: no max_tokens known, or a request its format cannot express
 candidates:
 	for _, res := range sels {
-		p, cand, queue := res.Provider, &candidate{call: c, pool: j.pool, req: req}, []overlayItem{{}}
+		p, pool, queue := res.Provider, j.pool, []overlayItem{{}} // a direct key makes the one call
+		cand, creq := c, req
 		if selecting {
-			wk.route, cand.res, cand.model = res.Route, res, res.Route
+			e.route, cand.res = res.Route, res
 		}
 		skip := func(ae *apiError) {
 			unfit = ae
-			wk.note(res.Route, "skipped: "+ae.Message)
+			e.note(res.Route, "skipped: "+ae.Message)
 		}
 		if res.Mode != modeDirect && res.Mode != modeAlias { // a pool pays
 			var err error
-			if cand.pool == nil && poolRefused[p.id] {
-				wk.note(res.Route, "skipped: every "+p.id+" subscription already refused")
+			if pool == nil && poolRefused[p.id] {
+				e.note(res.Route, "skipped: every "+p.id+" subscription already refused")
 				continue
-			} else if cand.pool == nil {
-				if cand.pool, err = e.eligible(e.agent, p.id); err != nil {
+			} else if pool == nil {
+				if pool, err = e.eligible(e.agent, p.id); err != nil {
 					return asAPIError(err).withAttempts(e.t.attempts)
 				}
 			}
-			if len(cand.pool) == 0 {
-				wk.note(res.Route, fmt.Sprintf("no usable %q subscription", p.id))
+			if len(pool) == 0 {
+				e.note(res.Route, fmt.Sprintf("no usable %q subscription", p.id))
 				continue
 			}
 			if selecting {
@@ -215,19 +217,19 @@ candidates:
 					skip(asAPIError(err))
 					continue
 				}
-				cand.req = req.withLimit(head.MaxTokens)
+				creq = req.withLimit(head.MaxTokens)
 			}
 			if cand.baseURL, err = e.baseURL(p); err != nil {
 				return asAPIError(err)
 			}
-			queue = slices.Clone(cand.pool) // without rotation, the first usable credential makes the one call
+			queue = slices.Clone(pool)
 		}
 		begin, before, rejected := e.now(), e.t.attempts, false
 		for calls := 0; len(queue) > 0 && calls < b.calls && !rejected; {
-			c, sub := cand.call, &queue[0]
+			c, sub := cand, &queue[0]
 			queue = queue[1:]
 			var err error
-			if cand.pool == nil {
+			if pool == nil {
 				sub = nil
 			} else if c.cred, err = e.subscriptionCredential(ctx, j.kind, *sub, ""); errors.Is(err, errSkipSubscription) {
 				continue
@@ -235,21 +237,20 @@ candidates:
 				return asAPIError(err).withAttempts(e.t.attempts)
 			}
 			start := e.now()
-			hr, err := j.build(ctx, cand, c)
+			hr, err := j.build(ctx, c, creq)
 			if ae := asAPIError(err); err != nil && selecting && ae.Code == "invalid_request" {
 				skip(ae) // its format cannot express the request (SPEC §7.6)
 				continue candidates
-			} else if err != nil { // the request could not be built: nothing was called
-				if e.t.attempts > 0 {
-					ae = ae.withAttempts(e.t.attempts)
-				}
+			} else if err != nil && e.t.attempts > 0 { // the request could not be built: nothing was called
+				return ae.withAttempts(e.t.attempts)
+			} else if err != nil {
 				return ae
 			}
 			made := e.t.attempts
 			resp, ref, failure := e.send(hr, c, sub)
 			calls++
 			if resp != nil {
-				return e.commit(ctx, j, cand, c, sub, resp, start)
+				return e.commit(ctx, j, c, creq, sub, resp, start)
 			}
 			if sub != nil && b.rotate && e.t.attempts > made { // none once the caller hung up: no use of sub
 				e.ledger.recordUse(sub.ID, p.id, false, 0, 0)
@@ -257,57 +258,93 @@ candidates:
 			switch {
 			case ref == nil || !b.rotate && j.pool == nil: // a transport failure or cut body is potentially billable
 			case ref.class == refusalAuth: // the probe's is recorded, not retried
-				wk.auth = true
-				if (!b.rotate || c.cred.AccessToken == "" || slices.Contains(wk.refreshed, sub.ID)) && !e.credentialReplaced(*sub, c.cred) {
+				e.auth = true
+				if (!b.rotate || c.cred.AccessToken == "" || slices.Contains(e.refreshed, sub.ID)) && !e.credentialReplaced(*sub, c.cred) {
 					e.ledger.setCredential(sub.ID, p.id, credNeedsReauth, cmp.Or(ref.sentence, ref.err.Message))
-					wk.note(sub.ID, "authentication refused: "+ref.sentence)
+					e.note(sub.ID, "authentication refused: "+ref.sentence)
 					continue
 				}
 				// Refresh a grant not yet refreshed here, retry if a call remains.
 				_, err := e.subscriptionCredential(ctx, j.kind, *sub, c.cred.AccessToken)
 				if err != nil && !errors.Is(err, errSkipSubscription) {
 					return asAPIError(err).withAttempts(e.t.attempts)
-				}
-				if err == nil {
-					wk.note(sub.ID, "refused the access token; refreshed")
+				} else if err == nil {
+					e.note(sub.ID, "refused the access token; refreshed")
 					if calls < b.calls {
 						queue = append([]overlayItem{*sub}, queue...)
 					}
 				}
 				continue
 			case ref.class == refusalRate || ref.class == refusalQuota:
-				e.blockFor(*sub, ref)
+				e.metBlock(e.block(*sub, ref.retryAfter, ref.sentence))
+				e.rate, e.quota = e.rate || ref.class == refusalRate, e.quota || ref.class == refusalQuota
+				e.note(sub.ID, map[bool]string{true: "rate limited: ", false: "quota exhausted: "}[ref.class == refusalRate]+ref.sentence)
 				continue
 			case ref.class == refusalModel && selecting: // the next candidate may take the request
-				wk.rejectedStatus, rejected = ref.err.Status(), true
-				wk.note(res.Route, "refused the request: "+ref.sentence)
+				e.rejectedStatus, rejected = ref.err.Status(), true
+				e.note(res.Route, "refused the request: "+ref.sentence)
 				continue
 			}
-			return e.settle(ctx, j, cand, start, usage{}, failure.withAttempts(e.t.attempts))
+			return e.settle(ctx, j, c, start, usage{}, failure.withAttempts(e.t.attempts))
 		}
 		if e.t.attempts > before && b.spends { // calls all refused count as one failure of the route (SPEC §13)
 			e.perf.record(res.Route, false, e.now().Sub(begin), 0)
 		}
 		poolRefused[p.id], tried = len(queue) == 0 && !rejected, true
 	}
-	switch {
-	case tried:
-		return e.exhausted()
-	case unfit != nil: // every usable candidate needs a max_tokens nobody knows (SPEC §6.4) or another format
-		return unfit
+	return e.exhausted(c.res, tried, unfit)
+}
+
+// note records why the walk skipped or left who (a selector's: under its route).
+func (e *engine) note(who, reason string) {
+	if e.route != "" && who != e.route {
+		who, reason = e.route, who+" "+reason
 	}
-	provider := c.res.Provider.id // no call at all: sign in again when every subscription (of a selector: any) needs it
-	if selecting {
+	e.reasons = append(e.reasons, who+": "+reason)
+}
+
+// exhausted is the one refusal of a walk without an answer (SPEC §7.2.5):
+// after calls, chosen from what they met; with none, from why not.
+func (e *engine) exhausted(res resolution, tried bool, unfit *apiError) *apiError {
+	n, list, route := e.t.attempts, strings.Join(e.reasons, "; "), cmp.Or(res.Route, res.Mode)
+	provider := res.Provider.id // no call at all: sign in again when every subscription (of a selector: any) needs it
+	if res.Mode != modeSubscription {
 		provider = ""
 	}
-	items, err := e.inv.pool(e.agent, provider)
-	active := func(it overlayItem) bool { return e.ledger.credentialState(it.ID) == credActive }
-	route := cmp.Or(c.res.Route, c.res.Mode)
-	if err == nil && len(items) > 0 && !slices.ContainsFunc(items, active) {
-		return refuse("subscription_reauthorization_required", "no subscription of agent %q for %s is active; sign in again",
-			e.agent, route).withAttempts(0)
+	needsSignIn := func() bool { // no subscription of provider (of a selector: any) is active
+		items, err := e.inv.pool(e.agent, provider)
+		active := func(it overlayItem) bool { return e.ledger.credentialState(it.ID) == credActive }
+		return err == nil && len(items) > 0 && !slices.ContainsFunc(items, active)
 	}
-	return refuse("credential_unauthorized", "no subscription of agent %q can serve %s", e.agent, route).withAttempts(0)
+	var ae *apiError
+	switch {
+	case !tried && unfit != nil: // every usable candidate needs a max_tokens nobody knows (SPEC §6.4) or another format
+		return unfit
+	case !tried && needsSignIn():
+		ae = refuse("subscription_reauthorization_required", "no subscription of agent %q for %s is active; sign in again", e.agent, route)
+	case !tried:
+		ae = refuse("credential_unauthorized", "no subscription of agent %q can serve %s", e.agent, route)
+	case n == 0 && e.refreshTransport != nil:
+		ae = refuse("dependency_unavailable", "%s", e.refreshTransport.Message).because(e.refreshTransport.Err)
+	case n == 0 && !e.blockEnd.IsZero(): // no call, so every block met was a skip
+		ae = refuse("subscription_unavailable", "every eligible subscription is blocked: %s", list)
+	case n == 0:
+		ae = refuse("subscription_reauthorization_required", "no subscription could be refreshed; sign in again: %s", list)
+	case e.rate:
+		ae = refuse("provider_rate_limited", "the provider refused for rate: %s", list)
+	case e.quota:
+		ae = refuse("provider_quota_exhausted", "the provider says the quota is spent: %s", list)
+	case e.auth:
+		ae = refuse("subscription_reauthorization_required", "the provider refused the credentials; sign in again: %s", list)
+	case e.rejectedStatus != 0: // a selector's calls all refused the request: the last status
+		ae = refuse("provider_rejected", "every candidate refused the request: %s", list).withStatus(e.rejectedStatus)
+	default:
+		ae = refuse("provider_failure", "every candidate was refused: %s", list)
+	}
+	if ae.Status() == http.StatusTooManyRequests && !e.blockEnd.IsZero() { // SPEC §7.2.5
+		ae.RetryAfter = max(e.blockEnd.Sub(e.now()), time.Second)
+	}
+	return ae.withAttempts(n)
 }
 
 // testingOnlyBeforeCall runs as send starts a call (nil in production).
@@ -334,8 +371,7 @@ func (e *engine) send(hr *http.Request, c call, sub *overlayItem) (*http.Respons
 	resp, err := e.client.Do(hr)
 	if err != nil {
 		return nil, nil, classifyTransport(err)
-	}
-	if resp.StatusCode/100 == 2 {
+	} else if resp.StatusCode/100 == 2 {
 		return resp, nil, nil
 	}
 	if sub != nil {
@@ -354,20 +390,20 @@ func (e *engine) send(hr *http.Request, c call, sub *overlayItem) (*http.Respons
 // keeps sub's ledger: plan windows, spend, a success's pin until the
 // earliest window reset, a block after an in-band rate or quota error. A
 // failed stream, its in-band error written, aborts the response: the one abort.
-func (e *engine) commit(ctx context.Context, j *job, cand *candidate, c call, sub *overlayItem, resp *http.Response, start time.Time) *apiError {
+func (e *engine) commit(ctx context.Context, j *job, c call, req *callerRequest, sub *overlayItem, resp *http.Response, start time.Time) *apiError {
 	defer resp.Body.Close()
-	p, now, until := c.res.Provider.id, e.now(), time.Time{}
+	p, now := c.res.Provider.id, e.now()
+	until := now.Add(maxPin)
 	if sub != nil {
 		e.ledger.recordWindows(sub.ID, p, parsePlanWindows(p, resp.Header, now))
 		led, _ := e.ledger.entry(sub.ID) // its windows: this answer's and a usage report's (SPEC §7.2.2)
-		until = now.Add(maxPin)
 		for _, win := range led.Windows {
 			if at := time.UnixMilli(win.ResetsAtMs); win.ResetsAtMs > 0 && at.After(now) && at.Before(until) {
 				until = at
 			}
 		}
 	}
-	u, ae, streamed := j.commit(ctx, cand, c, resp)
+	u, ae, streamed := j.commit(ctx, c, req, resp)
 	if sub != nil && budgets[j.kind].spends {
 		e.ledger.recordUse(sub.ID, p, ae == nil, u.InputTokens, u.OutputTokens)
 		if ae == nil { // only a success pins (SPEC §7.2.4)
@@ -378,7 +414,7 @@ func (e *engine) commit(ctx context.Context, j *job, cand *candidate, c call, su
 	if sub != nil && ae != nil && errors.As(ae, &se) && (se.Class == refusalRate || se.Class == refusalQuota) {
 		e.block(*sub, retryAfter(resp.Header, now), "the provider ended a committed answer with "+se.Code)
 	}
-	if ae = e.settle(ctx, j, cand, start, u, ae); ae != nil && streamed {
+	if ae = e.settle(ctx, j, c, start, u, ae); ae != nil && streamed {
 		panic(http.ErrAbortHandler)
 	}
 	return ae
@@ -386,7 +422,7 @@ func (e *engine) commit(ctx context.Context, j *job, cand *candidate, c call, su
 
 // settle records a request's spend and outcome once, however it ended, and
 // returns its refusal: client_cancelled when the caller hung up (SPEC §7.4).
-func (e *engine) settle(ctx context.Context, j *job, cand *candidate, start time.Time, u usage, failure *apiError) *apiError {
+func (e *engine) settle(ctx context.Context, j *job, c call, start time.Time, u usage, failure *apiError) *apiError {
 	if failure != nil && ctx.Err() != nil && failure.Code != "client_cancelled" {
 		failure = refuse("client_cancelled", "the caller went away while the provider answered").because(failure).withAttempts(e.t.attempts)
 	}
@@ -394,7 +430,7 @@ func (e *engine) settle(ctx context.Context, j *job, cand *candidate, start time
 		return failure
 	}
 	e.t.input, e.t.output = u.InputTokens, u.OutputTokens
-	e.perf.record(cand.res.Route, failure == nil, e.now().Sub(start), u.OutputTokens)
+	e.perf.record(c.res.Route, failure == nil, e.now().Sub(start), u.OutputTokens)
 	if failure != nil {
 		e.t.outcome, e.t.retryable = failure.Code, failure.retryable()
 	}
@@ -406,14 +442,14 @@ func (e *engine) settle(ctx context.Context, j *job, cand *candidate, start time
 func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *callerRequest, c call, cands []resolution) *apiError {
 	chatKinds := map[string]routeKind{modeDirect: kindDirect, modeAlias: kindDirect, modeSubscription: kindSubscription}
 	j := &job{kind: chatKinds[c.res.Mode], // else a selector's
-		build: func(ctx context.Context, cand *candidate, c call) (*http.Request, error) {
-			if cand.req.translates(c.res.Provider) {
-				return buildUpstreamRequest(ctx, c.res.Provider, c.baseURL, c.cred, cand.req.translated(), c.res.Model)
+		build: func(ctx context.Context, c call, req *callerRequest) (*http.Request, error) {
+			if req.translates(c.res.Provider) {
+				return buildUpstreamRequest(ctx, c.res.Provider, c.baseURL, c.cred, req.translated(), c.res.Model)
 			}
-			return buildPassthroughRequest(ctx, c, cand.req)
+			return buildPassthroughRequest(ctx, c, req)
 		},
-		commit: func(ctx context.Context, cand *candidate, c call, resp *http.Response) (usage, *apiError, bool) {
-			return e.deliver(ctx, w, cand, c, resp)
+		commit: func(ctx context.Context, c call, req *callerRequest, resp *http.Response) (usage, *apiError, bool) {
+			return e.deliver(ctx, w, c, req, resp)
 		},
 	}
 	ae := e.attemptRoute(ctx, j, c, req, cands)
@@ -428,13 +464,13 @@ func (e *engine) refused(ae *apiError, hungUp, streamed bool) {
 	}
 }
 
-// deliver answers from a committed call, passthrough or translated naming
-// model; a stream's failure is written in-band (streamed), a buffered one not.
-func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, cand *candidate, c call, resp *http.Response) (u usage, failure *apiError, streamed bool) {
+// deliver answers from a committed call, passthrough or translated, naming
+// the model asked (a selector's: its candidate's route); a stream's failure
+// is written in-band (streamed), a buffered one not.
+func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, c call, req *callerRequest, resp *http.Response) (u usage, failure *apiError, streamed bool) {
 	w.Header().Set("Brama-Route", c.res.Route)
+	p, attempts, model := c.res.Provider, e.t.attempts, cmp.Or(e.route, req.head.Model)
 	e.t.route = c.res.Route
-	p, req, attempts := c.res.Provider, cand.req, e.t.attempts
-	model := cmp.Or(cand.model, req.head.Model)
 	pass, tr := !req.translates(p), chatRequest{}
 	if !pass {
 		tr = req.translated()
@@ -498,29 +534,27 @@ func (e *engine) countTokens(ctx context.Context, w http.ResponseWriter, req *ca
 		writeJSON(w, http.StatusOK, countTokensAnswer{ptrTo(estimateInputTokens(req.body))})
 		return nil
 	}
-	j := &job{kind: kindCountTokens,
-		build: func(ctx context.Context, _ *candidate, c call) (*http.Request, error) {
+	return e.once(ctx, c, req, &job{kind: kindCountTokens,
+		build: func(ctx context.Context, c call, req *callerRequest) (*http.Request, error) {
 			return req.passthrough(ctx, c, "/v1/messages/count_tokens", false)
 		},
-		commit: func(_ context.Context, _ *candidate, c call, resp *http.Response) (usage, *apiError, bool) {
+		commit: func(_ context.Context, c call, _ *callerRequest, resp *http.Response) (usage, *apiError, bool) {
 			var ans countTokensAnswer
 			b, err := readWhole(c.res.Provider, resp)
+			if err == nil {
+				if err = json.Unmarshal(b, &ans); err != nil || ans.InputTokens == nil {
+					err = malformedAnswer(protoAnthropic, err)
+				}
+			}
 			if err != nil {
 				return usage{}, asAPIError(err).withAttempts(e.t.attempts), false
-			}
-			if err := json.Unmarshal(b, &ans); err != nil || ans.InputTokens == nil {
-				return usage{}, malformedAnswer(protoAnthropic, err).withAttempts(e.t.attempts), false
 			}
 			w.Header().Set("Brama-Route", c.res.Route)
 			w.Header().Set("Brama-Attempts", strconv.Itoa(e.t.attempts))
 			providerFacts(w.Header(), resp.Header, true)
 			writeJSON(w, http.StatusOK, ans)
 			return usage{}, nil, false
-		}}
-	if ae := e.attemptRoute(ctx, j, c, nil, nil); ae != nil {
-		return ae
-	}
-	return nil
+		}})
 }
 
 // serveEmbeddings makes the one call of POST /v1/embeddings (SPEC §15) on a
@@ -534,17 +568,110 @@ func (e *engine) serveEmbeddings(ctx context.Context, w http.ResponseWriter, mod
 	}
 	body["model"], _ = json.Marshal(c.res.Model)
 	out, _ := json.Marshal(body)
-	j := &job{kind: kindEmbeddings,
-		build: func(ctx context.Context, _ *candidate, c call) (*http.Request, error) {
+	return e.once(ctx, c, &callerRequest{}, &job{kind: kindEmbeddings,
+		build: func(ctx context.Context, c call, _ *callerRequest) (*http.Request, error) {
 			return newPassthroughRequest(ctx, c, nil, "/embeddings", out, false)
 		},
-		commit: func(_ context.Context, _ *candidate, c call, resp *http.Response) (usage, *apiError, bool) {
+		commit: func(_ context.Context, c call, req *callerRequest, resp *http.Response) (usage, *apiError, bool) {
 			w.Header().Set("Brama-Route", c.res.Route)
-			u, ae := relayBuffered(w, &callerRequest{}, c, resp, e.t.attempts) // a JSON object as received, else provider_failure
+			u, ae := relayBuffered(w, req, c, resp, e.t.attempts) // a JSON object as received, else provider_failure
 			return u, ae, false
-		}}
-	if ae := e.attemptRoute(ctx, j, c, nil, nil); ae != nil {
+		}})
+}
+
+// once is attemptRoute for count_tokens and embeddings: nil when answered.
+func (e *engine) once(ctx context.Context, c call, req *callerRequest, j *job) error {
+	if ae := e.attemptRoute(ctx, j, c, req, nil); ae != nil {
 		return ae
 	}
 	return nil
+}
+
+// probeOutcome answers POST …/probe: the probe recorded and the row after it.
+type probeOutcome struct {
+	OK           bool            `json:"ok"`
+	Probe        ledgerCheck     `json:"probe"`
+	Subscription subscriptionRow `json:"subscription"`
+}
+
+// probe runs one completion probe on the live subscription it with model
+// ("": the built-in one) through the engine, as a request would meet it,
+// never timed, never retried (SPEC §11.3); 409 before any call when blocked
+// or model-less.
+func (e *engine) probe(ctx context.Context, it overlayItem, model string) (probeOutcome, error) {
+	if until := e.ledger.blockedUntil(it.ID); !until.IsZero() {
+		return probeOutcome{}, refuse("state_conflict", "subscription %s is blocked until %s; a probe is not sent inside a recorded block", it.ID, until.UTC().Format(time.RFC3339))
+	}
+	model = cmp.Or(strings.TrimPrefix(strings.TrimSpace(model), it.Provider+"/"), probeModels[it.Provider])
+	if model == "" {
+		return probeOutcome{}, refuse("state_conflict", "name a model for this probe: provider %q has no built-in probe model", it.Provider)
+	}
+	res, err := resolveModel(it.Provider+"/"+model, nil, nil, nil)
+	if err != nil {
+		return probeOutcome{}, err
+	}
+	res.Mode = modeSubscription // paid by the probed subscription, whatever its provider
+	detail, ae := e.ping(ctx, call{res: res}, []overlayItem{it})
+	ok := ae == nil
+	switch {
+	case detail != "":
+	case e.t.attempts > 0: // the provider refused, or no answer came
+		detail = ae.Message
+	case len(e.reasons) > 0: // the grant could not be refreshed
+		detail = "no call was made: " + strings.Join(e.reasons, "; ")
+	default: // refused before any call, as a probe's own refusal
+		ae.Attempts = nil
+		return probeOutcome{}, ae
+	}
+	e.ledger.recordProbe(it.ID, res.Provider.id, ok, detail)
+	if ok && e.ledger.credentialState(it.ID) != credActive {
+		e.ledger.setCredential(it.ID, res.Provider.id, credActive, "") // SPEC §10.3: a successful probe reactivates
+	}
+	e.inv.invalidate(false) // the listing shows the probe at once (SPEC §10.2)
+	msg, level := "usage_probe_ok", slog.LevelInfo
+	if !ok {
+		msg, level = "usage_probe_failed", slog.LevelWarn
+	}
+	e.log.Log(ctx, level, msg, "request_id", e.t.requestID, "subscription_id", it.ID, "agent_id", e.agent,
+		"provider", res.Provider.id, "route", res.Route, "detail", ledgerSentence(detail))
+	o := probeOutcome{OK: true, Subscription: e.inv.row(it, false, e.now())}
+	if o.Subscription.Probe != nil {
+		o.Probe = *o.Subscription.Probe
+	}
+	return o, nil
+}
+
+// ping makes the probe's and onboarding's one completion on c (SPEC §11.3),
+// paid by pool when given; detail says how it ended ("" when no call answered
+// and the ping was encodable).
+func (e *engine) ping(ctx context.Context, c call, pool []overlayItem) (detail string, ae *apiError) {
+	req := pingRequest(c.res.Route, c.res.Provider)
+	ae = e.attemptRoute(ctx, &job{kind: kindProbe, pool: pool,
+		build: func(ctx context.Context, c call, _ *callerRequest) (*http.Request, error) {
+			hr, err := buildUpstreamRequest(ctx, c.res.Provider, c.baseURL, c.cred, req, c.res.Model)
+			if err != nil { // the ping could not be encoded: a failed probe, as before any call
+				detail = asAPIError(err).Message
+			}
+			return hr, err
+		},
+		commit: func(_ context.Context, c call, _ *callerRequest, resp *http.Response) (usage, *apiError, bool) {
+			a, err := readProviderAnswer(c.res.Provider, req, resp)
+			if err != nil { // an in-band limit blocks, as a request's
+				detail = "the answer could not be read: " + asAPIError(err).Message
+				return usage{}, asAPIError(err), false
+			}
+			detail = fmt.Sprintf("%s answered (%d output tokens)", c.res.Route, a.Usage.OutputTokens)
+			return a.Usage, nil, false
+		},
+	}, c, nil, nil)
+	return detail, ae
+}
+
+// pingRequest is the probe's and onboarding's completion (SPEC §6.2, §11.3).
+func pingRequest(route string, p providerInfo) chatRequest {
+	req := chatRequest{Model: route, Messages: []message{{Role: "user", Parts: []part{{Type: partText, Text: "ping"}}}}}
+	if p.id != "codex" {
+		req.MaxTokens = probeMaxTokens
+	}
+	return req
 }
