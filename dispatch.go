@@ -10,15 +10,13 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 )
 
-// The attempt engine (SPEC §7): plan checks before dispatch; attemptRoute is
-// the one walk over a route's candidates and who pays them within the budget
-// table; send makes and counts each call; commit is the one abort after
-// commit; settle records spend once. Every kind of call goes through it.
+// The attempt engine (SPEC §7): plan checks before dispatch, attemptRoute
+// walks candidates and payers within the budget table, send counts each call,
+// commit holds the one abort, settle records spend once. Every call kind uses it.
 
 // routeKind is what the budget table is keyed by.
 type routeKind int
@@ -59,7 +57,7 @@ type engine struct {
 	reasons            []string // "<subscription id or route>: <reason>"
 	rate, quota, auth  bool     // a call was refused 429, for quota, 401/403
 	rejectedStatus     int      // (selectors) the last 400, 404, 413 or 422 (SPEC §7.2.5 e)
-	refreshTransport   *apiError
+	refreshTransport   *apiError // the first refresh that met no answer (SPEC §7.2.3)
 	blockEnd           time.Time // the earliest end of a block met
 	refreshed, skipped []string  // grants refreshed in this request; those whose refresh failed (SPEC §7.2.3)
 	route              string    // (selectors) the candidate being walked, which every note names (SPEC §7.3)
@@ -172,13 +170,11 @@ func (e *engine) applyMaxTokens(req *chatRequest, res resolution) error {
 	return nil
 }
 
-// attemptRoute serves c with j (SPEC §7.1–§7.3): each candidate (c's route,
-// or a selector's routes in order, each with its own output limit) with who
-// pays it: a direct key, the probed subscription, or the agent's pool of its
-// provider, read as it is reached, skipping a provider whose pool refused. A
-// rotating kind moves on only after a refusal proving nothing was generated:
-// a second call could double cost or tool effects. Its answer, or the walk's
-// one refusal (§7.2.5).
+// attemptRoute serves c with j (SPEC §7.1–§7.3): c's route, or a selector's
+// candidates each with its own output limit, paid by a direct key, the probed
+// subscription or the agent's pool (read when reached; one that refused all is
+// skipped after). A rotating kind moves on only after a refusal proving nothing
+// was generated: a second call could double cost or tool effects.
 func (e *engine) attemptRoute(ctx context.Context, j *job, c call, req *callerRequest, sels []resolution) *apiError {
 	b, selecting := budgets[j.kind], j.kind == kindSelector
 	if !selecting {
@@ -325,7 +321,7 @@ func (e *engine) exhausted(res resolution, tried bool, unfit *apiError) *apiErro
 	case !tried:
 		ae = refuse("credential_unauthorized", "no subscription of agent %q can serve %s", e.agent, route)
 	case n == 0 && e.refreshTransport != nil:
-		ae = refuse("dependency_unavailable", "%s", e.refreshTransport.Message).because(e.refreshTransport.Err)
+		ae = e.refreshTransport
 	case n == 0 && !e.blockEnd.IsZero(): // no call, so every block met was a skip
 		ae = refuse("subscription_unavailable", "every eligible subscription is blocked: %s", list)
 	case n == 0:
@@ -550,9 +546,8 @@ func (e *engine) countTokens(ctx context.Context, w http.ResponseWriter, req *ca
 				return usage{}, asAPIError(err).withAttempts(e.t.attempts), false
 			}
 			w.Header().Set("Brama-Route", c.res.Route)
-			w.Header().Set("Brama-Attempts", strconv.Itoa(e.t.attempts))
 			providerFacts(w.Header(), resp.Header, true)
-			writeJSON(w, http.StatusOK, ans)
+			writeAnswer(w, "application/json", e.t.attempts, fmt.Appendf(nil, "{\"input_tokens\":%d}\n", *ans.InputTokens))
 			return usage{}, nil, false
 		}})
 }
@@ -587,41 +582,33 @@ func (e *engine) once(ctx context.Context, c call, req *callerRequest, j *job) e
 	return nil
 }
 
-// probeOutcome answers POST …/probe: the probe recorded and the row after it.
-type probeOutcome struct {
-	OK           bool            `json:"ok"`
-	Probe        ledgerCheck     `json:"probe"`
-	Subscription subscriptionRow `json:"subscription"`
-}
-
 // probe runs one completion probe on the live subscription it with model
-// ("": the built-in one) through the engine, as a request would meet it,
-// never timed, never retried (SPEC §11.3); 409 before any call when blocked
-// or model-less.
-func (e *engine) probe(ctx context.Context, it overlayItem, model string) (probeOutcome, error) {
+// ("": the built-in one), as a request would meet it (SPEC §11.3); 409 before
+// any call when blocked or model-less. Its answer: the probe and the row after it.
+func (e *engine) probe(ctx context.Context, it overlayItem, model string) (any, error) {
 	if until := e.ledger.blockedUntil(it.ID); !until.IsZero() {
-		return probeOutcome{}, refuse("state_conflict", "subscription %s is blocked until %s; a probe is not sent inside a recorded block", it.ID, until.UTC().Format(time.RFC3339))
+		return nil, refuse("state_conflict", "subscription %s is blocked until %s; a probe is not sent inside a recorded block", it.ID, until.UTC().Format(time.RFC3339))
 	}
 	model = cmp.Or(strings.TrimPrefix(strings.TrimSpace(model), it.Provider+"/"), probeModels[it.Provider])
 	if model == "" {
-		return probeOutcome{}, refuse("state_conflict", "name a model for this probe: provider %q has no built-in probe model", it.Provider)
+		return nil, refuse("state_conflict", "name a model for this probe: provider %q has no built-in probe model", it.Provider)
 	}
 	res, err := resolveModel(it.Provider+"/"+model, nil, nil, nil)
 	if err != nil {
-		return probeOutcome{}, err
+		return nil, err
 	}
 	res.Mode = modeSubscription // paid by the probed subscription, whatever its provider
-	detail, ae := e.ping(ctx, call{res: res}, []overlayItem{it})
-	ok := ae == nil
+	u, ae := e.ping(ctx, call{res: res}, []overlayItem{it})
+	ok, detail := ae == nil, fmt.Sprintf("%s answered (%d output tokens)", res.Route, u.OutputTokens)
 	switch {
-	case detail != "":
-	case e.t.attempts > 0: // the provider refused, or no answer came
+	case ok:
+	case e.t.attempts > 0: // the provider refused, or its answer could not be read
 		detail = ae.Message
 	case len(e.reasons) > 0: // the grant could not be refreshed
 		detail = "no call was made: " + strings.Join(e.reasons, "; ")
 	default: // refused before any call, as a probe's own refusal
 		ae.Attempts = nil
-		return probeOutcome{}, ae
+		return nil, ae
 	}
 	e.ledger.recordProbe(it.ID, res.Provider.id, ok, detail)
 	if ok && e.ledger.credentialState(it.ID) != credActive {
@@ -634,37 +621,27 @@ func (e *engine) probe(ctx context.Context, it overlayItem, model string) (probe
 	}
 	e.log.Log(ctx, level, msg, "request_id", e.t.requestID, "subscription_id", it.ID, "agent_id", e.agent,
 		"provider", res.Provider.id, "route", res.Route, "detail", ledgerSentence(detail))
-	o := probeOutcome{OK: true, Subscription: e.inv.row(it, false, e.now())}
-	if o.Subscription.Probe != nil {
-		o.Probe = *o.Subscription.Probe
-	}
-	return o, nil
+	row := e.inv.row(it, false, e.now())
+	return map[string]any{"ok": true, "probe": cmp.Or(row.Probe, &ledgerCheck{}), "subscription": row}, nil
 }
 
 // ping makes the probe's and onboarding's one completion on c (SPEC §11.3),
-// paid by pool when given; detail says how it ended ("" when no call answered
-// and the ping was encodable).
-func (e *engine) ping(ctx context.Context, c call, pool []overlayItem) (detail string, ae *apiError) {
+// paid by pool when given: its usage, or the refusal.
+func (e *engine) ping(ctx context.Context, c call, pool []overlayItem) (u usage, ae *apiError) {
 	req := pingRequest(c.res.Route, c.res.Provider)
 	ae = e.attemptRoute(ctx, &job{kind: kindProbe, pool: pool,
 		build: func(ctx context.Context, c call, _ *callerRequest) (*http.Request, error) {
-			hr, err := buildUpstreamRequest(ctx, c.res.Provider, c.baseURL, c.cred, req, c.res.Model)
-			if err != nil { // the ping could not be encoded: a failed probe, as before any call
-				detail = asAPIError(err).Message
-			}
-			return hr, err
+			return buildUpstreamRequest(ctx, c.res.Provider, c.baseURL, c.cred, req, c.res.Model)
 		},
 		commit: func(_ context.Context, c call, _ *callerRequest, resp *http.Response) (usage, *apiError, bool) {
 			a, err := readProviderAnswer(c.res.Provider, req, resp)
-			if err != nil { // an in-band limit blocks, as a request's
-				detail = "the answer could not be read: " + asAPIError(err).Message
-				return usage{}, asAPIError(err), false
+			if u = a.Usage; err != nil { // an in-band limit blocks, as a request's
+				return u, asAPIError(err), false
 			}
-			detail = fmt.Sprintf("%s answered (%d output tokens)", c.res.Route, a.Usage.OutputTokens)
-			return a.Usage, nil, false
+			return u, nil, false
 		},
 	}, c, nil, nil)
-	return detail, ae
+	return u, ae
 }
 
 // pingRequest is the probe's and onboarding's completion (SPEC §6.2, §11.3).

@@ -13,8 +13,8 @@ import (
 	"time"
 )
 
-// Who pays (SPEC §7.2, §7.3): a subscription pool's order, refresh and
-// blocks; the selectors' candidates; the daemon's parts the engine works with.
+// Who pays (SPEC §7.2, §7.3): pools, refresh, blocks, selectors' candidates;
+// the daemon's parts the engine works with.
 
 // Block lengths (SPEC §7.2.4) and the probe's output limit (§11.3).
 const (
@@ -58,12 +58,9 @@ func (e *engine) candidates(res resolution) ([]resolution, error) {
 	add := func(route string) {
 		pid, model, _ := strings.Cut(route, "/")
 		p, known := lookupProvider(pid)
-		vision := func() bool {
-			info, ok, _ := e.catalog.lookup(pid, model)
-			return ok && slices.Contains(info.Modalities.Input, "image")
-		}
+		info, _, _ := e.catalog.lookup(pid, model)
 		seen := slices.ContainsFunc(out, func(r resolution) bool { return r.Route == route })
-		if known && model != "" && p.cred != credNone && !seen && (res.Mode != modeAnyVision || vision()) {
+		if known && model != "" && p.cred != credNone && !seen && (res.Mode != modeAnyVision || slices.Contains(info.Modalities.Input, "image")) {
 			out = append(out, resolution{Mode: modeSubscription, Route: route, Provider: p, Model: model})
 		}
 	}
@@ -76,12 +73,9 @@ func (e *engine) candidates(res resolution) ([]resolution, error) {
 				add(aliases[alias])
 			}
 		}
-		n := 0
-		for _, m := range e.catalog.models(p) {
-			if n < 3 && slices.Contains(m.Modalities.Output, "text") {
-				add(p + "/" + m.ID)
-				n++
-			}
+		texts := slices.DeleteFunc(e.catalog.models(p), func(m modelInfo) bool { return !slices.Contains(m.Modalities.Output, "text") })
+		for _, m := range texts[:min(3, len(texts))] {
+			add(p + "/" + m.ID)
 		}
 	}
 	return out, err
@@ -266,14 +260,12 @@ type core struct {
 func (c *core) directKey(provider string) (string, error) {
 	if c.localCreds != nil {
 		return c.localCreds[provider], nil
-	}
-	doc, err := c.vault.load()
-	if errors.As(err, new(*noStateError)) { // no state directory: no key
-		return "", nil
-	} else if err != nil {
+	} else if doc, err := c.vault.load(); err == nil {
+		return doc.Direct[provider].APIKey, nil
+	} else if !errors.As(err, new(*noStateError)) { // no state directory: no key
 		return "", err
 	}
-	return doc.Direct[provider].APIKey, nil
+	return "", nil
 }
 
 // hasDirect reports whether a direct credential exists for provider.
