@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"slices"
 	"strings"
@@ -52,11 +51,11 @@ var budgets = map[routeKind]budget{
 // skips, from which a walk without an answer chooses its one refusal (§7.2.5).
 type engine struct {
 	*core
-	agent              string   // the paying agent of this request ("" for a direct route)
-	t                  *tally   // the request's record (server.go's requestInfo) written in place
-	reasons            []string // "<subscription id or route>: <reason>"
-	rate, quota, auth  bool     // a call was refused 429, for quota, 401/403
-	rejectedStatus     int      // (selectors) the last 400, 404, 413 or 422 (SPEC §7.2.5 e)
+	agent              string    // the paying agent of this request ("" for a direct route)
+	t                  *tally    // the request's record (server.go's requestInfo) written in place
+	reasons            []string  // "<subscription id or route>: <reason>"
+	rate, quota, auth  bool      // a call was refused 429, for quota, 401/403
+	rejectedStatus     int       // (selectors) the last 400, 404, 413 or 422 (SPEC §7.2.5 e)
 	refreshTransport   *apiError // the first refresh that met no answer (SPEC §7.2.3)
 	blockEnd           time.Time // the earliest end of a block met
 	refreshed, skipped []string  // grants refreshed in this request; those whose refresh failed (SPEC §7.2.3)
@@ -303,12 +302,8 @@ func (e *engine) note(who, reason string) {
 // after calls, chosen from what they met; with none, from why not.
 func (e *engine) exhausted(res resolution, tried bool, unfit *apiError) *apiError {
 	n, list, route := e.t.attempts, strings.Join(e.reasons, "; "), cmp.Or(res.Route, res.Mode)
-	provider := res.Provider.id // no call at all: sign in again when every subscription (of a selector: any) needs it
-	if res.Mode != modeSubscription {
-		provider = ""
-	}
-	needsSignIn := func() bool { // no subscription of provider (of a selector: any) is active
-		items, err := e.inv.pool(e.agent, provider)
+	needsSignIn := func() bool { // no subscription of the route's provider (of a selector's: any) is active
+		items, err := e.inv.pool(e.agent, map[bool]string{true: res.Provider.id}[res.Mode == modeSubscription])
 		active := func(it overlayItem) bool { return e.ledger.credentialState(it.ID) == credActive }
 		return err == nil && len(items) > 0 && !slices.ContainsFunc(items, active)
 	}
@@ -348,7 +343,7 @@ var testingOnlyBeforeCall func(context.Context)
 
 // send makes one provider call, the one place an attempt is counted: a 2xx
 // with its body unread, else the failure (and a whole non-2xx's refusal);
-// a refusal's plan windows reach sub's ledger as an answer's do (SPEC §6.3).
+// plan windows reach sub's ledger from every answer (SPEC §6.3).
 func (e *engine) send(hr *http.Request, c call, sub *overlayItem) (*http.Response, *providerRefusal, *apiError) {
 	p := c.res.Provider
 	if testingOnlyBeforeCall != nil {
@@ -367,11 +362,11 @@ func (e *engine) send(hr *http.Request, c call, sub *overlayItem) (*http.Respons
 	resp, err := e.client.Do(hr)
 	if err != nil {
 		return nil, nil, classifyTransport(err)
-	} else if resp.StatusCode/100 == 2 {
-		return resp, nil, nil
-	}
-	if sub != nil {
+	} else if sub != nil {
 		e.ledger.recordWindows(sub.ID, p.id, parsePlanWindows(p.id, resp.Header, e.now()))
+	}
+	if resp.StatusCode/100 == 2 {
+		return resp, nil, nil
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
@@ -391,7 +386,6 @@ func (e *engine) commit(ctx context.Context, j *job, c call, req *callerRequest,
 	p, now := c.res.Provider.id, e.now()
 	until := now.Add(maxPin)
 	if sub != nil {
-		e.ledger.recordWindows(sub.ID, p, parsePlanWindows(p, resp.Header, now))
 		led, _ := e.ledger.entry(sub.ID) // its windows: this answer's and a usage report's (SPEC §7.2.2)
 		for _, win := range led.Windows {
 			if at := time.UnixMilli(win.ResetsAtMs); win.ResetsAtMs > 0 && at.After(now) && at.Before(until) {
@@ -449,15 +443,10 @@ func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *call
 		},
 	}
 	ae := e.attemptRoute(ctx, j, c, req, cands)
-	e.refused(ae, ctx.Err() != nil, false)
-	return ae
-}
-
-// refused tells the replay guard of a refusal before the caller reads it.
-func (e *engine) refused(ae *apiError, hungUp, streamed bool) {
-	if e.t.remember != nil && ae != nil {
-		e.t.remember(ae, e.t.attempts, hungUp, streamed)
+	if ae != nil && e.t.remember != nil { // the replay guard learns a refusal before the caller reads it
+		e.t.remember(ae, e.t.attempts, ctx.Err() != nil, false)
 	}
+	return ae
 }
 
 // deliver answers from a committed call, passthrough or translated, naming
@@ -496,7 +485,9 @@ func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, c call, req
 			if ctx.Err() != nil {
 				failure = refuse("client_cancelled", "the caller hung up during the stream").because(err).withAttempts(attempts)
 			}
-			e.refused(failure, false, true) // before the caller can read it and fall back
+			if e.t.remember != nil { // before the caller can read it and fall back
+				e.t.remember(failure, attempts, false, true)
+			}
 			sa.do(func() error { return sa.cs.fail(failure) })
 			e.log.Warn("stream_failed_after_commit", "request_id", e.t.requestID, "code", failure.Code, "cause", redact(fmt.Sprint(failure.Err), c.cred.bearer()))
 		}
@@ -580,75 +571,4 @@ func (e *engine) once(ctx context.Context, c call, req *callerRequest, j *job) e
 		return ae
 	}
 	return nil
-}
-
-// probe runs one completion probe on the live subscription it with model
-// ("": the built-in one), as a request would meet it (SPEC §11.3); 409 before
-// any call when blocked or model-less. Its answer: the probe and the row after it.
-func (e *engine) probe(ctx context.Context, it overlayItem, model string) (any, error) {
-	if until := e.ledger.blockedUntil(it.ID); !until.IsZero() {
-		return nil, refuse("state_conflict", "subscription %s is blocked until %s; a probe is not sent inside a recorded block", it.ID, until.UTC().Format(time.RFC3339))
-	}
-	model = cmp.Or(strings.TrimPrefix(strings.TrimSpace(model), it.Provider+"/"), probeModels[it.Provider])
-	if model == "" {
-		return nil, refuse("state_conflict", "name a model for this probe: provider %q has no built-in probe model", it.Provider)
-	}
-	res, err := resolveModel(it.Provider+"/"+model, nil, nil, nil)
-	if err != nil {
-		return nil, err
-	}
-	res.Mode = modeSubscription // paid by the probed subscription, whatever its provider
-	u, ae := e.ping(ctx, call{res: res}, []overlayItem{it})
-	ok, detail := ae == nil, fmt.Sprintf("%s answered (%d output tokens)", res.Route, u.OutputTokens)
-	switch {
-	case ok:
-	case e.t.attempts > 0: // the provider refused, or its answer could not be read
-		detail = ae.Message
-	case len(e.reasons) > 0: // the grant could not be refreshed
-		detail = "no call was made: " + strings.Join(e.reasons, "; ")
-	default: // refused before any call, as a probe's own refusal
-		ae.Attempts = nil
-		return nil, ae
-	}
-	e.ledger.recordProbe(it.ID, res.Provider.id, ok, detail)
-	if ok && e.ledger.credentialState(it.ID) != credActive {
-		e.ledger.setCredential(it.ID, res.Provider.id, credActive, "") // SPEC §10.3: a successful probe reactivates
-	}
-	e.inv.invalidate(false) // the listing shows the probe at once (SPEC §10.2)
-	msg, level := "usage_probe_ok", slog.LevelInfo
-	if !ok {
-		msg, level = "usage_probe_failed", slog.LevelWarn
-	}
-	e.log.Log(ctx, level, msg, "request_id", e.t.requestID, "subscription_id", it.ID, "agent_id", e.agent,
-		"provider", res.Provider.id, "route", res.Route, "detail", ledgerSentence(detail))
-	row := e.inv.row(it, false, e.now())
-	return map[string]any{"ok": true, "probe": cmp.Or(row.Probe, &ledgerCheck{}), "subscription": row}, nil
-}
-
-// ping makes the probe's and onboarding's one completion on c (SPEC §11.3),
-// paid by pool when given: its usage, or the refusal.
-func (e *engine) ping(ctx context.Context, c call, pool []overlayItem) (u usage, ae *apiError) {
-	req := pingRequest(c.res.Route, c.res.Provider)
-	ae = e.attemptRoute(ctx, &job{kind: kindProbe, pool: pool,
-		build: func(ctx context.Context, c call, _ *callerRequest) (*http.Request, error) {
-			return buildUpstreamRequest(ctx, c.res.Provider, c.baseURL, c.cred, req, c.res.Model)
-		},
-		commit: func(_ context.Context, c call, _ *callerRequest, resp *http.Response) (usage, *apiError, bool) {
-			a, err := readProviderAnswer(c.res.Provider, req, resp)
-			if u = a.Usage; err != nil { // an in-band limit blocks, as a request's
-				return u, asAPIError(err), false
-			}
-			return u, nil, false
-		},
-	}, c, nil, nil)
-	return u, ae
-}
-
-// pingRequest is the probe's and onboarding's completion (SPEC §6.2, §11.3).
-func pingRequest(route string, p providerInfo) chatRequest {
-	req := chatRequest{Model: route, Messages: []message{{Role: "user", Parts: []part{{Type: partText, Text: "ping"}}}}}
-	if p.id != "codex" {
-		req.MaxTokens = probeMaxTokens
-	}
-	return req
 }

@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
 	"maps"
 	"net/http"
 	"slices"
@@ -13,8 +15,8 @@ import (
 	"time"
 )
 
-// Who pays (SPEC §7.2, §7.3): pools, refresh, blocks, selectors' candidates;
-// the daemon's parts the engine works with.
+// Who pays (SPEC §7.2, §7.3, §11.3): pools, refresh, blocks, selectors'
+// candidates, the probe; the daemon's parts the engine works with.
 
 // Block lengths (SPEC §7.2.4) and the probe's output limit (§11.3).
 const (
@@ -200,6 +202,77 @@ func (e *engine) metBlock(until time.Time) {
 	if e.blockEnd.IsZero() || until.Before(e.blockEnd) {
 		e.blockEnd = until
 	}
+}
+
+// probe runs one completion probe on the live subscription it with model
+// ("": the built-in one), as a request would meet it (SPEC §11.3); 409 before
+// any call when blocked or model-less. Its answer: the probe and the row after it.
+func (e *engine) probe(ctx context.Context, it overlayItem, model string) (any, error) {
+	if until := e.ledger.blockedUntil(it.ID); !until.IsZero() {
+		return nil, refuse("state_conflict", "subscription %s is blocked until %s; a probe is not sent inside a recorded block", it.ID, until.UTC().Format(time.RFC3339))
+	}
+	model = cmp.Or(strings.TrimPrefix(strings.TrimSpace(model), it.Provider+"/"), probeModels[it.Provider])
+	if model == "" {
+		return nil, refuse("state_conflict", "name a model for this probe: provider %q has no built-in probe model", it.Provider)
+	}
+	res, err := resolveModel(it.Provider+"/"+model, nil, nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	res.Mode = modeSubscription // paid by the probed subscription, whatever its provider
+	u, ae := e.ping(ctx, call{res: res}, []overlayItem{it})
+	ok, detail := ae == nil, fmt.Sprintf("%s answered (%d output tokens)", res.Route, u.OutputTokens)
+	switch {
+	case ok:
+	case e.t.attempts > 0: // the provider refused, or its answer could not be read
+		detail = ae.Message
+	case len(e.reasons) > 0: // the grant could not be refreshed
+		detail = "no call was made: " + strings.Join(e.reasons, "; ")
+	default: // refused before any call, as a probe's own refusal
+		ae.Attempts = nil
+		return nil, ae
+	}
+	e.ledger.recordProbe(it.ID, res.Provider.id, ok, detail)
+	if ok && e.ledger.credentialState(it.ID) != credActive {
+		e.ledger.setCredential(it.ID, res.Provider.id, credActive, "") // SPEC §10.3: a successful probe reactivates
+	}
+	e.inv.invalidate(false) // the listing shows the probe at once (SPEC §10.2)
+	msg, level := "usage_probe_ok", slog.LevelInfo
+	if !ok {
+		msg, level = "usage_probe_failed", slog.LevelWarn
+	}
+	e.log.Log(ctx, level, msg, "request_id", e.t.requestID, "subscription_id", it.ID, "agent_id", e.agent,
+		"provider", res.Provider.id, "route", res.Route, "detail", ledgerSentence(detail))
+	row := e.inv.row(it, false, e.now())
+	return map[string]any{"ok": true, "probe": cmp.Or(row.Probe, &ledgerCheck{}), "subscription": row}, nil
+}
+
+// ping makes the probe's and onboarding's one completion on c (SPEC §11.3),
+// paid by pool when given: its usage, or the refusal.
+func (e *engine) ping(ctx context.Context, c call, pool []overlayItem) (u usage, ae *apiError) {
+	req := pingRequest(c.res.Route, c.res.Provider)
+	ae = e.attemptRoute(ctx, &job{kind: kindProbe, pool: pool,
+		build: func(ctx context.Context, c call, _ *callerRequest) (*http.Request, error) {
+			return buildUpstreamRequest(ctx, c.res.Provider, c.baseURL, c.cred, req, c.res.Model)
+		},
+		commit: func(_ context.Context, c call, _ *callerRequest, resp *http.Response) (usage, *apiError, bool) {
+			a, err := readProviderAnswer(c.res.Provider, req, resp)
+			if u = a.Usage; err != nil { // an in-band limit blocks, as a request's
+				return u, asAPIError(err), false
+			}
+			return u, nil, false
+		},
+	}, c, nil, nil)
+	return u, ae
+}
+
+// pingRequest is the probe's and onboarding's completion (SPEC §6.2, §11.3).
+func pingRequest(route string, p providerInfo) chatRequest {
+	req := chatRequest{Model: route, Messages: []message{{Role: "user", Parts: []part{{Type: partText, Text: "ping"}}}}}
+	if p.id != "codex" {
+		req.MaxTokens = probeMaxTokens
+	}
+	return req
 }
 
 // donation is the strict body (and the CLI's request) of POST …/subscriptions/{agent_id}.
