@@ -188,10 +188,6 @@ candidates:
 		if selecting {
 			e.route, cand.res = res.Route, res
 		}
-		skip := func(ae *apiError) {
-			unfit = ae
-			e.note(res.Route, "skipped: "+ae.Message)
-		}
 		if res.Mode != modeDirect && res.Mode != modeAlias { // a pool pays
 			var err error
 			if pool == nil && poolRefused[p.id] {
@@ -209,7 +205,8 @@ candidates:
 			if selecting {
 				head := req.head
 				if err = e.applyMaxTokens(&head, res); err != nil {
-					skip(asAPIError(err))
+					unfit = asAPIError(err)
+					e.note(res.Route, "skipped: "+unfit.Message)
 					continue
 				}
 				creq = req.withLimit(head.MaxTokens)
@@ -234,7 +231,8 @@ candidates:
 			start := e.now()
 			hr, err := j.build(ctx, c, creq)
 			if ae := asAPIError(err); err != nil && selecting && ae.Code == "invalid_request" {
-				skip(ae) // its format cannot express the request (SPEC §7.6)
+				unfit = ae // its format cannot express the request (SPEC §7.6)
+				e.note(res.Route, "skipped: "+ae.Message)
 				continue candidates
 			} else if err != nil && e.t.attempts > 0 { // the request could not be built: nothing was called
 				return ae.withAttempts(e.t.attempts)
@@ -312,7 +310,8 @@ func (e *engine) exhausted(res resolution, tried bool, unfit *apiError) *apiErro
 	case !tried && unfit != nil: // every usable candidate needs a max_tokens nobody knows (SPEC §6.4) or another format
 		return unfit
 	case !tried && needsSignIn():
-		ae = refuse("subscription_reauthorization_required", "no subscription of agent %q for %s is active; sign in again", e.agent, route)
+		ae = refuse("subscription_reauthorization_required", "no subscription of agent %q for %s is active; sign in again",
+			e.agent, route)
 	case !tried:
 		ae = refuse("credential_unauthorized", "no subscription of agent %q can serve %s", e.agent, route)
 	case n == 0 && e.refreshTransport != nil:
@@ -381,7 +380,8 @@ func (e *engine) send(hr *http.Request, c call, sub *overlayItem) (*http.Respons
 // keeps sub's ledger: plan windows, spend, a success's pin until the
 // earliest window reset, a block after an in-band rate or quota error. A
 // failed stream, its in-band error written, aborts the response: the one abort.
-func (e *engine) commit(ctx context.Context, j *job, c call, req *callerRequest, sub *overlayItem, resp *http.Response, start time.Time) *apiError {
+func (e *engine) commit(ctx context.Context, j *job, c call, req *callerRequest, sub *overlayItem, resp *http.Response,
+	start time.Time) *apiError {
 	defer resp.Body.Close()
 	p, now := c.res.Provider.id, e.now()
 	until := now.Add(maxPin)
@@ -452,7 +452,8 @@ func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *call
 // deliver answers from a committed call, passthrough or translated, naming
 // the model asked (a selector's: its candidate's route); a stream's failure
 // is written in-band (streamed), a buffered one not.
-func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, c call, req *callerRequest, resp *http.Response) (u usage, failure *apiError, streamed bool) {
+func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, c call, req *callerRequest, resp *http.Response) (
+	u usage, failure *apiError, streamed bool) {
 	w.Header().Set("Brama-Route", c.res.Route)
 	p, attempts, model := c.res.Provider, e.t.attempts, cmp.Or(e.route, req.head.Model)
 	e.t.route = c.res.Route

@@ -62,7 +62,8 @@ func (e *engine) candidates(res resolution) ([]resolution, error) {
 		p, known := lookupProvider(pid)
 		info, _, _ := e.catalog.lookup(pid, model)
 		seen := slices.ContainsFunc(out, func(r resolution) bool { return r.Route == route })
-		if known && model != "" && p.cred != credNone && !seen && (res.Mode != modeAnyVision || slices.Contains(info.Modalities.Input, "image")) {
+		sees := res.Mode != modeAnyVision || slices.Contains(info.Modalities.Input, "image")
+		if known && model != "" && p.cred != credNone && !seen && sees {
 			out = append(out, resolution{Mode: modeSubscription, Route: route, Provider: p, Model: model})
 		}
 	}
@@ -91,13 +92,10 @@ func (e *engine) eligible(agent, provider string) ([]overlayItem, error) {
 	now, free := e.now(), map[string][]float64{}
 	pool = slices.DeleteFunc(pool, func(it overlayItem) bool { return e.ledger.credentialState(it.ID) != credActive })
 	for _, it := range pool {
-		free[it.ID] = e.freedomOf(it.ID, now)
+		free[it.ID] = append(e.freedomOf(it.ID, now), 1)
 	}
-	if pn, ok := e.pins.Load(agent + "\x00" + provider); ok && now.Before(pn.(pin).until) { // first among equals
-		if i := slices.IndexFunc(pool, func(it overlayItem) bool { return it.ID == pn.(pin).id }); i > 0 {
-			pinned := pool[i]
-			pool = slices.Insert(slices.Delete(pool, i, i+1), 0, pinned)
-		}
+	if pn, ok := e.pins.Load(agent + "\x00" + provider); ok && now.Before(pn.(pin).until) && free[pn.(pin).id] != nil {
+		free[pn.(pin).id][2] = 0 // first among equals
 	}
 	slices.SortStableFunc(pool, func(a, b overlayItem) int { return slices.Compare(free[a.ID], free[b.ID]) })
 	return pool, err
@@ -209,7 +207,8 @@ func (e *engine) metBlock(until time.Time) {
 // any call when blocked or model-less. Its answer: the probe and the row after it.
 func (e *engine) probe(ctx context.Context, it overlayItem, model string) (any, error) {
 	if until := e.ledger.blockedUntil(it.ID); !until.IsZero() {
-		return nil, refuse("state_conflict", "subscription %s is blocked until %s; a probe is not sent inside a recorded block", it.ID, until.UTC().Format(time.RFC3339))
+		return nil, refuse("state_conflict", "subscription %s is blocked until %s; a probe is not sent inside a recorded block",
+			it.ID, until.UTC().Format(time.RFC3339))
 	}
 	model = cmp.Or(strings.TrimPrefix(strings.TrimSpace(model), it.Provider+"/"), probeModels[it.Provider])
 	if model == "" {
@@ -224,13 +223,11 @@ func (e *engine) probe(ctx context.Context, it overlayItem, model string) (any, 
 	ok, detail := ae == nil, fmt.Sprintf("%s answered (%d output tokens)", res.Route, u.OutputTokens)
 	switch {
 	case ok:
-	case e.t.attempts > 0: // the provider refused, or its answer could not be read
-		detail = ae.Message
-	case len(e.reasons) > 0: // the grant could not be refreshed
-		detail = "no call was made: " + strings.Join(e.reasons, "; ")
-	default: // refused before any call, as a probe's own refusal
+	case e.t.attempts == 0 && len(e.reasons) == 0: // refused before any call, as a probe's own refusal
 		ae.Attempts = nil
 		return nil, ae
+	default: // the provider refused, its answer could not be read, or the grant could not be refreshed
+		detail = ae.Message
 	}
 	e.ledger.recordProbe(it.ID, res.Provider.id, ok, detail)
 	if ok && e.ledger.credentialState(it.ID) != credActive {
