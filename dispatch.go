@@ -301,7 +301,7 @@ func (e *engine) note(who, reason string) {
 func (e *engine) exhausted(res resolution, tried bool, unfit *apiError) *apiError {
 	n, list, route := e.t.attempts, strings.Join(e.reasons, "; "), cmp.Or(res.Route, res.Mode)
 	needsSignIn := func() bool { // no subscription of the route's provider (of a selector's: any) is active
-		items, err := e.inv.pool(e.agent, map[bool]string{true: res.Provider.id}[res.Mode == modeSubscription])
+		items, err := e.inv.pool(e.agent, res.Provider.id) // a selector's has none: every provider
 		active := func(it overlayItem) bool { return e.ledger.credentialState(it.ID) == credActive }
 		return err == nil && len(items) > 0 && !slices.ContainsFunc(items, active)
 	}

@@ -307,13 +307,11 @@ type stores struct {
 // core is the daemon's parts that the server and every request's engine
 // share, built once by serve.
 type core struct {
-	stores // st, vault, journal, reg
-	sys    // log, now
-	getenv func(string) string
-	// localCreds holds -local-credentials-stdin keys; when non-nil it is the
-	// only source of direct credentials (SPEC §16).
-	localCreds map[string]string
-	client     *http.Client // provider calls: no timeout, no redirects, no proxy
+	stores     // st, vault, journal, reg
+	sys        // log, now
+	getenv     func(string) string
+	localCreds map[string]string // -local-credentials-stdin's keys; non-nil: the only direct ones (SPEC §16)
+	client     *http.Client      // provider calls: no timeout, no redirects, no proxy
 	catalog    *catalog
 	perf       *perfRegistry
 	keepAlive  time.Duration // 0: keepAliveEvery; tests shorten it
