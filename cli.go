@@ -2,14 +2,12 @@ package main
 
 import (
 	"cmp"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"maps"
-	"net/http"
 	"net/url"
 	"os"
 	"slices"
@@ -563,18 +561,7 @@ func onboard(e *cliEnv, o opts, _ []string) error {
 			} else if model == "" || !o.b("allow-provider-cost") {
 				return "", "brama onboard -model " + cmp.Or(model, "<route>") + " -allow-provider-cost", nil
 			}
-			j := &job{kind: kindProbe, // one ping, as the probe's (SPEC §11.3)
-				build: func(ctx context.Context, _ *candidate, c call) (*http.Request, error) {
-					return buildUpstreamRequest(ctx, c.res.Provider, c.baseURL, c.cred, req, c.res.Model)
-				},
-				commit: func(_ context.Context, _ *candidate, c call, resp *http.Response) (usage, *apiError, bool) {
-					a, err := readProviderAnswer(c.res.Provider, req, resp)
-					if err != nil {
-						return usage{}, asAPIError(err), false
-					}
-					return a.Usage, nil, false
-				}}
-			if ae := s.engine("", &tally{}).attemptRoute(e.ctx, j, c, nil, nil); ae != nil {
+			if _, ae := s.engine("", &tally{}).ping(e.ctx, c, nil); ae != nil { // one ping, as the probe's (SPEC §11.3)
 				return "", "", fmt.Errorf("no model answer: %s", ae.Message)
 			}
 			return c.res.Route, "", nil

@@ -9,15 +9,13 @@ import (
 	"io"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 )
 
-// The attempt engine (SPEC §7): plan checks before dispatch; attemptRoute is
-// the one walk over a route's candidates and their credentials within the
-// budget table; send makes and counts the one call; commit is the one abort
-// after commit; settle records spend once. Every kind of call goes through it.
+// The attempt engine (SPEC §7): plan checks before dispatch, attemptRoute
+// walks candidates and payers within the budget table, send counts each call,
+// commit holds the one abort, settle records spend once. Every call kind uses it.
 
 // routeKind is what the budget table is keyed by.
 type routeKind int
@@ -48,13 +46,20 @@ var budgets = map[routeKind]budget{
 	kindCountTokens:  {calls: 1},
 }
 
-// engine is one request's attempt engine: the daemon's parts and the
-// request's account (tally) for the log line. It knows no server.
+// engine is one request's attempt engine: the daemon's parts, the request's
+// account (tally) for the log line, and the walk's account of its calls and
+// skips, from which a walk without an answer chooses its one refusal (§7.2.5).
 type engine struct {
 	*core
-	agent string // the paying agent of this request ("" for a direct route)
-	t     *tally // the request's record (server.go's requestInfo) written in place
-	wk    walk   // the request's one walk over candidates and credentials
+	agent              string    // the paying agent of this request ("" for a direct route)
+	t                  *tally    // the request's record (server.go's requestInfo) written in place
+	reasons            []string  // "<subscription id or route>: <reason>"
+	rate, quota, auth  bool      // a call was refused 429, for quota, 401/403
+	rejectedStatus     int       // (selectors) the last 400, 404, 413 or 422 (SPEC §7.2.5 e)
+	refreshTransport   *apiError // the first refresh that met no answer (SPEC §7.2.3)
+	blockEnd           time.Time // the earliest end of a block met
+	refreshed, skipped []string  // grants refreshed in this request; those whose refresh failed (SPEC §7.2.3)
+	route              string    // (selectors) the candidate being walked, which every note names (SPEC §7.3)
 }
 
 // tally is one request's account: what the log line learns from the engine.
@@ -69,21 +74,13 @@ type tally struct {
 	remember      func(ae *apiError, attempts int, hungUp, streamed bool) // the replay guard's (SPEC §8.1); nil: none
 }
 
-// candidate is one route with who pays it: its pool, else the call's direct key.
-type candidate struct {
-	call
-	pool  []overlayItem
-	req   *callerRequest // a chat call's request (a selector's with its limit)
-	model string         // the name a chat answer reports
-}
-
 // job is how a request's calls are built and a committed one is answered;
 // commit's streamed says a failure was written in-band.
 type job struct {
 	kind   routeKind
 	pool   []overlayItem // the probe's one subscription; nil: the agent's eligible pool
-	build  func(ctx context.Context, cand *candidate, c call) (*http.Request, error)
-	commit func(ctx context.Context, cand *candidate, c call, resp *http.Response) (u usage, failure *apiError, streamed bool)
+	build  func(ctx context.Context, c call, req *callerRequest) (*http.Request, error)
+	commit func(ctx context.Context, c call, req *callerRequest, resp *http.Response) (u usage, failure *apiError, streamed bool)
 }
 
 // plan resolves a request's head and makes every check before dispatch but
@@ -93,7 +90,10 @@ func (e *engine) plan(cl client, agent string, req *chatRequest) (call, error) {
 		return call{}, refuse("forbidden", "this client may not use model %q", req.Model)
 	}
 	doc, docErr := e.reg.current()
-	res, err := resolveModel(req.Model, doc, docErr, e.mayHaveDirect)
+	res, err := resolveModel(req.Model, doc, docErr, func(p string) bool { // an unreadable vault: its refusal (SPEC §2.2)
+		key, err := e.directKey(p)
+		return key != "" || err != nil
+	})
 	if err != nil {
 		return call{}, err
 	}
@@ -138,10 +138,8 @@ func (e *engine) planChat(cl client, req *callerRequest) (c call, cands []resolu
 		if json.Unmarshal(models, &names) != nil {
 			return c, nil, refuse("forbidden", "this client may not use models: it must be a list of model names")
 		}
-		for _, m := range names {
-			if !cl.mayUse("openrouter/" + m) {
-				return c, nil, refuse("forbidden", "this client may not use model %q (named in models)", "openrouter/"+m)
-			}
+		if i := slices.IndexFunc(names, func(m string) bool { return !cl.mayUse("openrouter/" + m) }); i >= 0 {
+			return c, nil, refuse("forbidden", "this client may not use model %q (named in models)", "openrouter/"+names[i])
 		}
 	}
 	targets := []resolution{c.res}
@@ -171,15 +169,13 @@ func (e *engine) applyMaxTokens(req *chatRequest, res resolution) error {
 	return nil
 }
 
-// attemptRoute serves c with j (SPEC §7.1–§7.3): each candidate (c's route,
-// or a selector's routes in order, each with its own output limit) with who
-// pays it: a direct key, the probed subscription, or the agent's pool of its
-// provider, read as it is reached, skipping a provider whose pool refused. A
-// rotating kind moves on only after a refusal proving nothing was generated:
-// a second call could double cost or tool effects. Its answer, or the walk's
-// one refusal (§7.2.5).
+// attemptRoute serves c with j (SPEC §7.1–§7.3): c's route, or a selector's
+// candidates each with its own output limit, paid by a direct key, the probed
+// subscription or the agent's pool (read when reached; one that refused all is
+// skipped after). A rotating kind moves on only after a refusal proving nothing
+// was generated: a second call could double cost or tool effects.
 func (e *engine) attemptRoute(ctx context.Context, j *job, c call, req *callerRequest, sels []resolution) *apiError {
-	b, wk, selecting := budgets[j.kind], &e.wk, j.kind == kindSelector
+	b, selecting := budgets[j.kind], j.kind == kindSelector
 	if !selecting {
 		sels = []resolution{c.res}
 	}
@@ -187,47 +183,45 @@ func (e *engine) attemptRoute(ctx context.Context, j *job, c call, req *callerRe
 	var unfit *apiError // a candidate skipped: no max_tokens known, or a request its format cannot express
 candidates:
 	for _, res := range sels {
-		p, cand, queue := res.Provider, &candidate{call: c, pool: j.pool, req: req}, []overlayItem{{}}
+		p, pool, queue := res.Provider, j.pool, []overlayItem{{}} // a direct key makes the one call
+		cand, creq := c, req
 		if selecting {
-			wk.route, cand.res, cand.model = res.Route, res, res.Route
-		}
-		skip := func(ae *apiError) {
-			unfit = ae
-			wk.note(res.Route, "skipped: "+ae.Message)
+			e.route, cand.res = res.Route, res
 		}
 		if res.Mode != modeDirect && res.Mode != modeAlias { // a pool pays
 			var err error
-			if cand.pool == nil && poolRefused[p.id] {
-				wk.note(res.Route, "skipped: every "+p.id+" subscription already refused")
+			if pool == nil && poolRefused[p.id] {
+				e.note(res.Route, "skipped: every "+p.id+" subscription already refused")
 				continue
-			} else if cand.pool == nil {
-				if cand.pool, err = e.eligible(e.agent, p.id); err != nil {
+			} else if pool == nil {
+				if pool, err = e.eligible(e.agent, p.id); err != nil {
 					return asAPIError(err).withAttempts(e.t.attempts)
 				}
 			}
-			if len(cand.pool) == 0 {
-				wk.note(res.Route, fmt.Sprintf("no usable %q subscription", p.id))
+			if len(pool) == 0 {
+				e.note(res.Route, fmt.Sprintf("no usable %q subscription", p.id))
 				continue
 			}
 			if selecting {
 				head := req.head
 				if err = e.applyMaxTokens(&head, res); err != nil {
-					skip(asAPIError(err))
+					unfit = asAPIError(err)
+					e.note(res.Route, "skipped: "+unfit.Message)
 					continue
 				}
-				cand.req = req.withLimit(head.MaxTokens)
+				creq = req.withLimit(head.MaxTokens)
 			}
 			if cand.baseURL, err = e.baseURL(p); err != nil {
 				return asAPIError(err)
 			}
-			queue = slices.Clone(cand.pool) // without rotation, the first usable credential makes the one call
+			queue = slices.Clone(pool)
 		}
 		begin, before, rejected := e.now(), e.t.attempts, false
 		for calls := 0; len(queue) > 0 && calls < b.calls && !rejected; {
-			c, sub := cand.call, &queue[0]
+			c, sub := cand, &queue[0]
 			queue = queue[1:]
 			var err error
-			if cand.pool == nil {
+			if pool == nil {
 				sub = nil
 			} else if c.cred, err = e.subscriptionCredential(ctx, j.kind, *sub, ""); errors.Is(err, errSkipSubscription) {
 				continue
@@ -235,21 +229,21 @@ candidates:
 				return asAPIError(err).withAttempts(e.t.attempts)
 			}
 			start := e.now()
-			hr, err := j.build(ctx, cand, c)
+			hr, err := j.build(ctx, c, creq)
 			if ae := asAPIError(err); err != nil && selecting && ae.Code == "invalid_request" {
-				skip(ae) // its format cannot express the request (SPEC §7.6)
+				unfit = ae // its format cannot express the request (SPEC §7.6)
+				e.note(res.Route, "skipped: "+ae.Message)
 				continue candidates
-			} else if err != nil { // the request could not be built: nothing was called
-				if e.t.attempts > 0 {
-					ae = ae.withAttempts(e.t.attempts)
-				}
+			} else if err != nil && e.t.attempts > 0 { // the request could not be built: nothing was called
+				return ae.withAttempts(e.t.attempts)
+			} else if err != nil {
 				return ae
 			}
 			made := e.t.attempts
 			resp, ref, failure := e.send(hr, c, sub)
 			calls++
 			if resp != nil {
-				return e.commit(ctx, j, cand, c, sub, resp, start)
+				return e.commit(ctx, j, c, creq, sub, resp, start)
 			}
 			if sub != nil && b.rotate && e.t.attempts > made { // none once the caller hung up: no use of sub
 				e.ledger.recordUse(sub.ID, p.id, false, 0, 0)
@@ -257,57 +251,90 @@ candidates:
 			switch {
 			case ref == nil || !b.rotate && j.pool == nil: // a transport failure or cut body is potentially billable
 			case ref.class == refusalAuth: // the probe's is recorded, not retried
-				wk.auth = true
-				if (!b.rotate || c.cred.AccessToken == "" || slices.Contains(wk.refreshed, sub.ID)) && !e.credentialReplaced(*sub, c.cred) {
+				e.auth = true
+				if (!b.rotate || c.cred.AccessToken == "" || slices.Contains(e.refreshed, sub.ID)) && !e.credentialReplaced(*sub, c.cred) {
 					e.ledger.setCredential(sub.ID, p.id, credNeedsReauth, cmp.Or(ref.sentence, ref.err.Message))
-					wk.note(sub.ID, "authentication refused: "+ref.sentence)
+					e.note(sub.ID, "authentication refused: "+ref.sentence)
 					continue
 				}
 				// Refresh a grant not yet refreshed here, retry if a call remains.
 				_, err := e.subscriptionCredential(ctx, j.kind, *sub, c.cred.AccessToken)
 				if err != nil && !errors.Is(err, errSkipSubscription) {
 					return asAPIError(err).withAttempts(e.t.attempts)
-				}
-				if err == nil {
-					wk.note(sub.ID, "refused the access token; refreshed")
+				} else if err == nil {
+					e.note(sub.ID, "refused the access token; refreshed")
 					if calls < b.calls {
 						queue = append([]overlayItem{*sub}, queue...)
 					}
 				}
 				continue
 			case ref.class == refusalRate || ref.class == refusalQuota:
-				e.blockFor(*sub, ref)
+				e.metBlock(e.block(*sub, ref.retryAfter, ref.sentence))
+				e.rate, e.quota = e.rate || ref.class == refusalRate, e.quota || ref.class == refusalQuota
+				e.note(sub.ID, map[bool]string{true: "rate limited: ", false: "quota exhausted: "}[ref.class == refusalRate]+ref.sentence)
 				continue
 			case ref.class == refusalModel && selecting: // the next candidate may take the request
-				wk.rejectedStatus, rejected = ref.err.Status(), true
-				wk.note(res.Route, "refused the request: "+ref.sentence)
+				e.rejectedStatus, rejected = ref.err.Status(), true
+				e.note(res.Route, "refused the request: "+ref.sentence)
 				continue
 			}
-			return e.settle(ctx, j, cand, start, usage{}, failure.withAttempts(e.t.attempts))
+			return e.settle(ctx, j, c, start, usage{}, failure.withAttempts(e.t.attempts))
 		}
 		if e.t.attempts > before && b.spends { // calls all refused count as one failure of the route (SPEC §13)
 			e.perf.record(res.Route, false, e.now().Sub(begin), 0)
 		}
 		poolRefused[p.id], tried = len(queue) == 0 && !rejected, true
 	}
+	return e.exhausted(c.res, tried, unfit)
+}
+
+// note records why the walk skipped or left who (a selector's: under its route).
+func (e *engine) note(who, reason string) {
+	if e.route != "" && who != e.route {
+		who, reason = e.route, who+" "+reason
+	}
+	e.reasons = append(e.reasons, who+": "+reason)
+}
+
+// exhausted is the one refusal of a walk without an answer (SPEC §7.2.5):
+// after calls, chosen from what they met; with none, from why not.
+func (e *engine) exhausted(res resolution, tried bool, unfit *apiError) *apiError {
+	n, list, route := e.t.attempts, strings.Join(e.reasons, "; "), cmp.Or(res.Route, res.Mode)
+	needsSignIn := func() bool { // no subscription of the route's provider (of a selector's: any) is active
+		items, err := e.inv.pool(e.agent, res.Provider.id) // a selector's has none: every provider
+		active := func(it overlayItem) bool { return e.ledger.credentialState(it.ID) == credActive }
+		return err == nil && len(items) > 0 && !slices.ContainsFunc(items, active)
+	}
+	var ae *apiError
 	switch {
-	case tried:
-		return e.exhausted()
-	case unfit != nil: // every usable candidate needs a max_tokens nobody knows (SPEC §6.4) or another format
+	case !tried && unfit != nil: // every usable candidate needs a max_tokens nobody knows (SPEC §6.4) or another format
 		return unfit
+	case !tried && needsSignIn():
+		ae = refuse("subscription_reauthorization_required", "no subscription of agent %q for %s is active; sign in again",
+			e.agent, route)
+	case !tried:
+		ae = refuse("credential_unauthorized", "no subscription of agent %q can serve %s", e.agent, route)
+	case n == 0 && e.refreshTransport != nil:
+		ae = e.refreshTransport
+	case n == 0 && !e.blockEnd.IsZero(): // no call, so every block met was a skip
+		ae = refuse("subscription_unavailable", "every eligible subscription is blocked: %s", list)
+	case n == 0:
+		ae = refuse("subscription_reauthorization_required", "no subscription could be refreshed; sign in again: %s", list)
+	case e.rate:
+		ae = refuse("provider_rate_limited", "the provider refused for rate: %s", list)
+	case e.quota:
+		ae = refuse("provider_quota_exhausted", "the provider says the quota is spent: %s", list)
+	case e.auth:
+		ae = refuse("subscription_reauthorization_required", "the provider refused the credentials; sign in again: %s", list)
+	case e.rejectedStatus != 0: // a selector's calls all refused the request: the last status
+		ae = refuse("provider_rejected", "every candidate refused the request: %s", list).withStatus(e.rejectedStatus)
+	default:
+		ae = refuse("provider_failure", "every candidate was refused: %s", list)
 	}
-	provider := c.res.Provider.id // no call at all: sign in again when every subscription (of a selector: any) needs it
-	if selecting {
-		provider = ""
+	if ae.Status() == http.StatusTooManyRequests && !e.blockEnd.IsZero() { // SPEC §7.2.5
+		ae.RetryAfter = max(e.blockEnd.Sub(e.now()), time.Second)
 	}
-	items, err := e.inv.pool(e.agent, provider)
-	active := func(it overlayItem) bool { return e.ledger.credentialState(it.ID) == credActive }
-	route := cmp.Or(c.res.Route, c.res.Mode)
-	if err == nil && len(items) > 0 && !slices.ContainsFunc(items, active) {
-		return refuse("subscription_reauthorization_required", "no subscription of agent %q for %s is active; sign in again",
-			e.agent, route).withAttempts(0)
-	}
-	return refuse("credential_unauthorized", "no subscription of agent %q can serve %s", e.agent, route).withAttempts(0)
+	return ae.withAttempts(n)
 }
 
 // testingOnlyBeforeCall runs as send starts a call (nil in production).
@@ -315,7 +342,7 @@ var testingOnlyBeforeCall func(context.Context)
 
 // send makes one provider call, the one place an attempt is counted: a 2xx
 // with its body unread, else the failure (and a whole non-2xx's refusal);
-// a refusal's plan windows reach sub's ledger as an answer's do (SPEC §6.3).
+// plan windows reach sub's ledger from every answer (SPEC §6.3).
 func (e *engine) send(hr *http.Request, c call, sub *overlayItem) (*http.Response, *providerRefusal, *apiError) {
 	p := c.res.Provider
 	if testingOnlyBeforeCall != nil {
@@ -334,12 +361,11 @@ func (e *engine) send(hr *http.Request, c call, sub *overlayItem) (*http.Respons
 	resp, err := e.client.Do(hr)
 	if err != nil {
 		return nil, nil, classifyTransport(err)
+	} else if sub != nil {
+		e.ledger.recordWindows(sub.ID, p.id, parsePlanWindows(p.id, resp.Header, e.now()))
 	}
 	if resp.StatusCode/100 == 2 {
 		return resp, nil, nil
-	}
-	if sub != nil {
-		e.ledger.recordWindows(sub.ID, p.id, parsePlanWindows(p.id, resp.Header, e.now()))
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
@@ -354,20 +380,20 @@ func (e *engine) send(hr *http.Request, c call, sub *overlayItem) (*http.Respons
 // keeps sub's ledger: plan windows, spend, a success's pin until the
 // earliest window reset, a block after an in-band rate or quota error. A
 // failed stream, its in-band error written, aborts the response: the one abort.
-func (e *engine) commit(ctx context.Context, j *job, cand *candidate, c call, sub *overlayItem, resp *http.Response, start time.Time) *apiError {
+func (e *engine) commit(ctx context.Context, j *job, c call, req *callerRequest, sub *overlayItem, resp *http.Response,
+	start time.Time) *apiError {
 	defer resp.Body.Close()
-	p, now, until := c.res.Provider.id, e.now(), time.Time{}
+	p, now := c.res.Provider.id, e.now()
+	until := now.Add(maxPin)
 	if sub != nil {
-		e.ledger.recordWindows(sub.ID, p, parsePlanWindows(p, resp.Header, now))
 		led, _ := e.ledger.entry(sub.ID) // its windows: this answer's and a usage report's (SPEC §7.2.2)
-		until = now.Add(maxPin)
 		for _, win := range led.Windows {
 			if at := time.UnixMilli(win.ResetsAtMs); win.ResetsAtMs > 0 && at.After(now) && at.Before(until) {
 				until = at
 			}
 		}
 	}
-	u, ae, streamed := j.commit(ctx, cand, c, resp)
+	u, ae, streamed := j.commit(ctx, c, req, resp)
 	if sub != nil && budgets[j.kind].spends {
 		e.ledger.recordUse(sub.ID, p, ae == nil, u.InputTokens, u.OutputTokens)
 		if ae == nil { // only a success pins (SPEC §7.2.4)
@@ -378,7 +404,7 @@ func (e *engine) commit(ctx context.Context, j *job, cand *candidate, c call, su
 	if sub != nil && ae != nil && errors.As(ae, &se) && (se.Class == refusalRate || se.Class == refusalQuota) {
 		e.block(*sub, retryAfter(resp.Header, now), "the provider ended a committed answer with "+se.Code)
 	}
-	if ae = e.settle(ctx, j, cand, start, u, ae); ae != nil && streamed {
+	if ae = e.settle(ctx, j, c, start, u, ae); ae != nil && streamed {
 		panic(http.ErrAbortHandler)
 	}
 	return ae
@@ -386,7 +412,7 @@ func (e *engine) commit(ctx context.Context, j *job, cand *candidate, c call, su
 
 // settle records a request's spend and outcome once, however it ended, and
 // returns its refusal: client_cancelled when the caller hung up (SPEC §7.4).
-func (e *engine) settle(ctx context.Context, j *job, cand *candidate, start time.Time, u usage, failure *apiError) *apiError {
+func (e *engine) settle(ctx context.Context, j *job, c call, start time.Time, u usage, failure *apiError) *apiError {
 	if failure != nil && ctx.Err() != nil && failure.Code != "client_cancelled" {
 		failure = refuse("client_cancelled", "the caller went away while the provider answered").because(failure).withAttempts(e.t.attempts)
 	}
@@ -394,7 +420,7 @@ func (e *engine) settle(ctx context.Context, j *job, cand *candidate, start time
 		return failure
 	}
 	e.t.input, e.t.output = u.InputTokens, u.OutputTokens
-	e.perf.record(cand.res.Route, failure == nil, e.now().Sub(start), u.OutputTokens)
+	e.perf.record(c.res.Route, failure == nil, e.now().Sub(start), u.OutputTokens)
 	if failure != nil {
 		e.t.outcome, e.t.retryable = failure.Code, failure.retryable()
 	}
@@ -406,35 +432,31 @@ func (e *engine) settle(ctx context.Context, j *job, cand *candidate, start time
 func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *callerRequest, c call, cands []resolution) *apiError {
 	chatKinds := map[string]routeKind{modeDirect: kindDirect, modeAlias: kindDirect, modeSubscription: kindSubscription}
 	j := &job{kind: chatKinds[c.res.Mode], // else a selector's
-		build: func(ctx context.Context, cand *candidate, c call) (*http.Request, error) {
-			if cand.req.translates(c.res.Provider) {
-				return buildUpstreamRequest(ctx, c.res.Provider, c.baseURL, c.cred, cand.req.translated(), c.res.Model)
+		build: func(ctx context.Context, c call, req *callerRequest) (*http.Request, error) {
+			if req.translates(c.res.Provider) {
+				return buildUpstreamRequest(ctx, c.res.Provider, c.baseURL, c.cred, req.translated(), c.res.Model)
 			}
-			return buildPassthroughRequest(ctx, c, cand.req)
+			return buildPassthroughRequest(ctx, c, req)
 		},
-		commit: func(ctx context.Context, cand *candidate, c call, resp *http.Response) (usage, *apiError, bool) {
-			return e.deliver(ctx, w, cand, c, resp)
+		commit: func(ctx context.Context, c call, req *callerRequest, resp *http.Response) (usage, *apiError, bool) {
+			return e.deliver(ctx, w, c, req, resp)
 		},
 	}
 	ae := e.attemptRoute(ctx, j, c, req, cands)
-	e.refused(ae, ctx.Err() != nil, false)
+	if ae != nil && e.t.remember != nil { // the replay guard learns a refusal before the caller reads it
+		e.t.remember(ae, e.t.attempts, ctx.Err() != nil, false)
+	}
 	return ae
 }
 
-// refused tells the replay guard of a refusal before the caller reads it.
-func (e *engine) refused(ae *apiError, hungUp, streamed bool) {
-	if e.t.remember != nil && ae != nil {
-		e.t.remember(ae, e.t.attempts, hungUp, streamed)
-	}
-}
-
-// deliver answers from a committed call, passthrough or translated naming
-// model; a stream's failure is written in-band (streamed), a buffered one not.
-func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, cand *candidate, c call, resp *http.Response) (u usage, failure *apiError, streamed bool) {
+// deliver answers from a committed call, passthrough or translated, naming
+// the model asked (a selector's: its candidate's route); a stream's failure
+// is written in-band (streamed), a buffered one not.
+func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, c call, req *callerRequest, resp *http.Response) (
+	u usage, failure *apiError, streamed bool) {
 	w.Header().Set("Brama-Route", c.res.Route)
+	p, attempts, model := c.res.Provider, e.t.attempts, cmp.Or(e.route, req.head.Model)
 	e.t.route = c.res.Route
-	p, req, attempts := c.res.Provider, cand.req, e.t.attempts
-	model := cmp.Or(cand.model, req.head.Model)
 	pass, tr := !req.translates(p), chatRequest{}
 	if !pass {
 		tr = req.translated()
@@ -464,7 +486,9 @@ func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, cand *candi
 			if ctx.Err() != nil {
 				failure = refuse("client_cancelled", "the caller hung up during the stream").because(err).withAttempts(attempts)
 			}
-			e.refused(failure, false, true) // before the caller can read it and fall back
+			if e.t.remember != nil { // before the caller can read it and fall back
+				e.t.remember(failure, attempts, false, true)
+			}
 			sa.do(func() error { return sa.cs.fail(failure) })
 			e.log.Warn("stream_failed_after_commit", "request_id", e.t.requestID, "code", failure.Code, "cause", redact(fmt.Sprint(failure.Err), c.cred.bearer()))
 		}
@@ -498,29 +522,26 @@ func (e *engine) countTokens(ctx context.Context, w http.ResponseWriter, req *ca
 		writeJSON(w, http.StatusOK, countTokensAnswer{ptrTo(estimateInputTokens(req.body))})
 		return nil
 	}
-	j := &job{kind: kindCountTokens,
-		build: func(ctx context.Context, _ *candidate, c call) (*http.Request, error) {
+	return e.once(ctx, c, req, &job{kind: kindCountTokens,
+		build: func(ctx context.Context, c call, req *callerRequest) (*http.Request, error) {
 			return req.passthrough(ctx, c, "/v1/messages/count_tokens", false)
 		},
-		commit: func(_ context.Context, _ *candidate, c call, resp *http.Response) (usage, *apiError, bool) {
+		commit: func(_ context.Context, c call, _ *callerRequest, resp *http.Response) (usage, *apiError, bool) {
 			var ans countTokensAnswer
 			b, err := readWhole(c.res.Provider, resp)
+			if err == nil {
+				if err = json.Unmarshal(b, &ans); err != nil || ans.InputTokens == nil {
+					err = malformedAnswer(protoAnthropic, err)
+				}
+			}
 			if err != nil {
 				return usage{}, asAPIError(err).withAttempts(e.t.attempts), false
 			}
-			if err := json.Unmarshal(b, &ans); err != nil || ans.InputTokens == nil {
-				return usage{}, malformedAnswer(protoAnthropic, err).withAttempts(e.t.attempts), false
-			}
 			w.Header().Set("Brama-Route", c.res.Route)
-			w.Header().Set("Brama-Attempts", strconv.Itoa(e.t.attempts))
 			providerFacts(w.Header(), resp.Header, true)
-			writeJSON(w, http.StatusOK, ans)
+			writeAnswer(w, "application/json", e.t.attempts, fmt.Appendf(nil, "{\"input_tokens\":%d}\n", *ans.InputTokens))
 			return usage{}, nil, false
-		}}
-	if ae := e.attemptRoute(ctx, j, c, nil, nil); ae != nil {
-		return ae
-	}
-	return nil
+		}})
 }
 
 // serveEmbeddings makes the one call of POST /v1/embeddings (SPEC §15) on a
@@ -534,16 +555,20 @@ func (e *engine) serveEmbeddings(ctx context.Context, w http.ResponseWriter, mod
 	}
 	body["model"], _ = json.Marshal(c.res.Model)
 	out, _ := json.Marshal(body)
-	j := &job{kind: kindEmbeddings,
-		build: func(ctx context.Context, _ *candidate, c call) (*http.Request, error) {
+	return e.once(ctx, c, &callerRequest{}, &job{kind: kindEmbeddings,
+		build: func(ctx context.Context, c call, _ *callerRequest) (*http.Request, error) {
 			return newPassthroughRequest(ctx, c, nil, "/embeddings", out, false)
 		},
-		commit: func(_ context.Context, _ *candidate, c call, resp *http.Response) (usage, *apiError, bool) {
+		commit: func(_ context.Context, c call, req *callerRequest, resp *http.Response) (usage, *apiError, bool) {
 			w.Header().Set("Brama-Route", c.res.Route)
-			u, ae := relayBuffered(w, &callerRequest{}, c, resp, e.t.attempts) // a JSON object as received, else provider_failure
+			u, ae := relayBuffered(w, req, c, resp, e.t.attempts) // a JSON object as received, else provider_failure
 			return u, ae, false
-		}}
-	if ae := e.attemptRoute(ctx, j, c, nil, nil); ae != nil {
+		}})
+}
+
+// once is attemptRoute for count_tokens and embeddings: nil when answered.
+func (e *engine) once(ctx context.Context, c call, req *callerRequest, j *job) error {
+	if ae := e.attemptRoute(ctx, j, c, req, nil); ae != nil {
 		return ae
 	}
 	return nil

@@ -15,9 +15,8 @@ import (
 	"time"
 )
 
-// Who pays (SPEC §7.2, §7.3, §11.3): a subscription pool's order, refresh,
-// blocks and the walk's one refusal; the selectors' candidates; the probe
-// of one subscription; the daemon's parts the engine works with.
+// Who pays (SPEC §7.2, §7.3, §11.3): pools, refresh, blocks, selectors'
+// candidates, the probe; the daemon's parts the engine works with.
 
 // Block lengths (SPEC §7.2.4) and the probe's output limit (§11.3).
 const (
@@ -26,31 +25,6 @@ const (
 	maxPin         = 24 * time.Hour
 	probeMaxTokens = 16
 )
-
-// walk is a request's account of its calls and skips, from which an
-// exhausted walk's one refusal is chosen (SPEC §7.2.5).
-type walk struct {
-	reasons            []string // "<subscription id or route>: <reason>"
-	rate, quota, auth  bool     // a call was refused 429, for quota, 401/403
-	rejectedStatus     int      // (selectors) the last 400, 404, 413 or 422 (SPEC §7.2.5 e)
-	refreshTransport   *apiError
-	blockEnd           time.Time // the earliest end of a block met
-	refreshed, skipped []string  // grants refreshed in this request; those whose refresh failed (SPEC §7.2.3)
-	route              string    // (selectors) the candidate being walked, which every note names (SPEC §7.3)
-}
-
-func (wk *walk) note(who, reason string) {
-	if wk.route != "" && who != wk.route {
-		who, reason = wk.route, who+" "+reason
-	}
-	wk.reasons = append(wk.reasons, who+": "+reason)
-}
-
-func (wk *walk) metBlock(until time.Time) {
-	if wk.blockEnd.IsZero() || until.Before(wk.blockEnd) {
-		wk.blockEnd = until
-	}
-}
 
 // pin is the subscription that last served an agent's provider, until its
 // earliest window reset (at most 24 h); the engine's pins, memory only.
@@ -86,12 +60,10 @@ func (e *engine) candidates(res resolution) ([]resolution, error) {
 	add := func(route string) {
 		pid, model, _ := strings.Cut(route, "/")
 		p, known := lookupProvider(pid)
-		vision := func() bool {
-			info, ok, _ := e.catalog.lookup(pid, model)
-			return ok && slices.Contains(info.Modalities.Input, "image")
-		}
+		info, _, _ := e.catalog.lookup(pid, model)
 		seen := slices.ContainsFunc(out, func(r resolution) bool { return r.Route == route })
-		if known && model != "" && p.cred != credNone && !seen && (res.Mode != modeAnyVision || vision()) {
+		sees := res.Mode != modeAnyVision || slices.Contains(info.Modalities.Input, "image")
+		if known && model != "" && p.cred != credNone && !seen && sees {
 			out = append(out, resolution{Mode: modeSubscription, Route: route, Provider: p, Model: model})
 		}
 	}
@@ -104,12 +76,9 @@ func (e *engine) candidates(res resolution) ([]resolution, error) {
 				add(aliases[alias])
 			}
 		}
-		n := 0
-		for _, m := range e.catalog.models(p) {
-			if n < 3 && slices.Contains(m.Modalities.Output, "text") {
-				add(p + "/" + m.ID)
-				n++
-			}
+		texts := slices.DeleteFunc(e.catalog.models(p), func(m modelInfo) bool { return !slices.Contains(m.Modalities.Output, "text") })
+		for _, m := range texts[:min(3, len(texts))] {
+			add(p + "/" + m.ID)
 		}
 	}
 	return out, err
@@ -123,13 +92,10 @@ func (e *engine) eligible(agent, provider string) ([]overlayItem, error) {
 	now, free := e.now(), map[string][]float64{}
 	pool = slices.DeleteFunc(pool, func(it overlayItem) bool { return e.ledger.credentialState(it.ID) != credActive })
 	for _, it := range pool {
-		free[it.ID] = e.freedomOf(it.ID, now)
+		free[it.ID] = append(e.freedomOf(it.ID, now), 1)
 	}
-	if pn, ok := e.pins.Load(agent + "\x00" + provider); ok && now.Before(pn.(pin).until) { // first among equals
-		if i := slices.IndexFunc(pool, func(it overlayItem) bool { return it.ID == pn.(pin).id }); i > 0 {
-			pinned := pool[i]
-			pool = slices.Insert(slices.Delete(pool, i, i+1), 0, pinned)
-		}
+	if pn, ok := e.pins.Load(agent + "\x00" + provider); ok && now.Before(pn.(pin).until) && free[pn.(pin).id] != nil {
+		free[pn.(pin).id][2] = 0 // first among equals
 	}
 	slices.SortStableFunc(pool, func(a, b overlayItem) int { return slices.Compare(free[a.ID], free[b.ID]) })
 	return pool, err
@@ -153,13 +119,12 @@ var errSkipSubscription = errors.New("subscription skipped")
 // was read unless probed; one no header could carry (a vault edited by
 // hand) is skipped and marked for a sign-in (SPEC §17).
 func (e *engine) subscriptionCredential(ctx context.Context, kind routeKind, sub overlayItem, refusedToken string) (upstreamCredential, error) {
-	wk := &e.wk
 	if until := e.ledger.blockedUntil(sub.ID); budgets[kind].rotate && !until.IsZero() {
-		wk.metBlock(until)
-		wk.note(sub.ID, "blocked until "+until.UTC().Format(time.RFC3339))
+		e.metBlock(until)
+		e.note(sub.ID, "blocked until "+until.UTC().Format(time.RFC3339))
 		return upstreamCredential{}, errSkipSubscription
 	} else if kind != kindProbe && e.ledger.credentialState(sub.ID) != credActive { // the probe may revive it
-		wk.note(sub.ID, "credential refused meanwhile; sign in again")
+		e.note(sub.ID, "credential refused meanwhile; sign in again")
 		return upstreamCredential{}, errSkipSubscription
 	}
 	vc, err := e.inv.credential(sub.ID) // its refusal is SPEC §2.2's
@@ -168,11 +133,11 @@ func (e *engine) subscriptionCredential(ctx context.Context, kind routeKind, sub
 	}
 	cred := upstreamCredential{APIKey: vc.APIKey}
 	if g := vc.OAuth; g != nil {
-		if slices.Contains(wk.skipped, sub.ID) { // a later candidate of the same provider walks this pool again
+		if slices.Contains(e.skipped, sub.ID) { // a later candidate of the same provider walks this pool again
 			return upstreamCredential{}, errSkipSubscription
 		}
-		if refusedToken != "" || (expiredForRequest(*g, e.now()) && !slices.Contains(wk.refreshed, sub.ID)) {
-			wk.refreshed = append(wk.refreshed, sub.ID)
+		if refusedToken != "" || (expiredForRequest(*g, e.now()) && !slices.Contains(e.refreshed, sub.ID)) {
+			e.refreshed = append(e.refreshed, sub.ID)
 			ng, err := e.oauth.refresh(ctx, sub.ID, sub.Provider, refusedToken)
 			var re *endpointError
 			switch {
@@ -181,14 +146,14 @@ func (e *engine) subscriptionCredential(ctx context.Context, kind routeKind, sub
 			case err != nil && ctx.Err() != nil: // the caller hung up while it waited: no skip, no call (SPEC §7.4)
 				return upstreamCredential{}, refuse("client_cancelled", "the caller went away during a grant refresh").because(err)
 			case errors.As(err, &re) && !re.Definitive:
-				if wk.refreshTransport == nil {
-					wk.refreshTransport = refuse("dependency_unavailable", "%s", redact(re.Error())).because(err)
+				if e.refreshTransport == nil {
+					e.refreshTransport = refuse("dependency_unavailable", "%s", redact(re.Error())).because(err)
 				}
 				e.maint.request("credential_refresh_transport_failure", e.agent)
 			}
 			if err != nil {
-				wk.note(sub.ID, "grant refresh failed: "+redact(err.Error()))
-				wk.skipped = append(wk.skipped, sub.ID)
+				e.note(sub.ID, "grant refresh failed: "+redact(err.Error()))
+				e.skipped = append(e.skipped, sub.ID)
 				return upstreamCredential{}, errSkipSubscription
 			}
 			g = &ng
@@ -198,7 +163,7 @@ func (e *engine) subscriptionCredential(ctx context.Context, kind routeKind, sub
 	if controlAt(cred.APIKey+cred.AccessToken+cred.AccountID) >= 0 {
 		const why = "the vault's credential holds a control character and cannot be sent; sign in again"
 		e.ledger.setCredential(sub.ID, sub.Provider, credNeedsReauth, why)
-		wk.note(sub.ID, why)
+		e.note(sub.ID, why)
 		return upstreamCredential{}, errSkipSubscription
 	}
 	return cred, nil
@@ -230,102 +195,43 @@ func (e *engine) block(sub overlayItem, stated time.Duration, why string) time.T
 	return until
 }
 
-// blockFor blocks sub after a rate or quota refusal, as the walk records.
-func (e *engine) blockFor(sub overlayItem, ref *providerRefusal) {
-	wk, rate := &e.wk, ref.class == refusalRate
-	until := e.block(sub, ref.retryAfter, ref.sentence)
-	wk.metBlock(until)
-	wk.rate, wk.quota = wk.rate || rate, wk.quota || !rate
-	wk.note(sub.ID, map[bool]string{true: "rate limited: ", false: "quota exhausted: "}[rate]+ref.sentence)
-}
-
-// exhausted is the one refusal of a walk without success (SPEC §7.2.5).
-func (e *engine) exhausted() *apiError {
-	wk, n := &e.wk, e.t.attempts
-	list := strings.Join(wk.reasons, "; ")
-	var ae *apiError
-	switch {
-	case n == 0 && wk.refreshTransport != nil:
-		ae = refuse("dependency_unavailable", "%s", wk.refreshTransport.Message).because(wk.refreshTransport.Err)
-	case n == 0 && !wk.blockEnd.IsZero(): // no call, so every block met was a skip
-		ae = refuse("subscription_unavailable", "every eligible subscription is blocked: %s", list)
-	case n == 0:
-		ae = refuse("subscription_reauthorization_required", "no subscription could be refreshed; sign in again: %s", list)
-	case wk.rate:
-		ae = refuse("provider_rate_limited", "the provider refused for rate: %s", list)
-	case wk.quota:
-		ae = refuse("provider_quota_exhausted", "the provider says the quota is spent: %s", list)
-	case wk.auth:
-		ae = refuse("subscription_reauthorization_required", "the provider refused the credentials; sign in again: %s", list)
-	case wk.rejectedStatus != 0: // a selector's calls all refused the request: the last status
-		ae = refuse("provider_rejected", "every candidate refused the request: %s", list).withStatus(wk.rejectedStatus)
-	default:
-		ae = refuse("provider_failure", "every candidate was refused: %s", list)
+// metBlock keeps the earliest end of a block the walk met.
+func (e *engine) metBlock(until time.Time) {
+	if e.blockEnd.IsZero() || until.Before(e.blockEnd) {
+		e.blockEnd = until
 	}
-	if ae.Status() == http.StatusTooManyRequests && !wk.blockEnd.IsZero() { // SPEC §7.2.5
-		ae.RetryAfter = max(wk.blockEnd.Sub(e.now()), time.Second)
-	}
-	return ae.withAttempts(n)
-}
-
-// probeOutcome answers POST …/probe: the probe recorded and the row after it.
-type probeOutcome struct {
-	OK           bool            `json:"ok"`
-	Probe        ledgerCheck     `json:"probe"`
-	Subscription subscriptionRow `json:"subscription"`
 }
 
 // probe runs one completion probe on the live subscription it with model
-// ("": the built-in one) through the engine, as a request would meet it,
-// never timed, never retried (SPEC §11.3); 409 before any call when blocked
-// or model-less.
-func (e *engine) probe(ctx context.Context, it overlayItem, model string) (probeOutcome, error) {
+// ("": the built-in one), as a request would meet it (SPEC §11.3); 409 before
+// any call when blocked or model-less. Its answer: the probe and the row after it.
+func (e *engine) probe(ctx context.Context, it overlayItem, model string) (any, error) {
 	if until := e.ledger.blockedUntil(it.ID); !until.IsZero() {
-		return probeOutcome{}, refuse("state_conflict", "subscription %s is blocked until %s; a probe is not sent inside a recorded block", it.ID, until.UTC().Format(time.RFC3339))
+		return nil, refuse("state_conflict", "subscription %s is blocked until %s; a probe is not sent inside a recorded block",
+			it.ID, until.UTC().Format(time.RFC3339))
 	}
 	model = cmp.Or(strings.TrimPrefix(strings.TrimSpace(model), it.Provider+"/"), probeModels[it.Provider])
 	if model == "" {
-		return probeOutcome{}, refuse("state_conflict", "name a model for this probe: provider %q has no built-in probe model", it.Provider)
+		return nil, refuse("state_conflict", "name a model for this probe: provider %q has no built-in probe model", it.Provider)
 	}
 	res, err := resolveModel(it.Provider+"/"+model, nil, nil, nil)
 	if err != nil {
-		return probeOutcome{}, err
+		return nil, err
 	}
 	res.Mode = modeSubscription // paid by the probed subscription, whatever its provider
-	p, req := res.Provider, pingRequest(res.Route, res.Provider)
-	ok, detail := false, ""
-	j := &job{kind: kindProbe, pool: []overlayItem{it},
-		build: func(ctx context.Context, _ *candidate, c call) (*http.Request, error) {
-			hr, err := buildUpstreamRequest(ctx, p, c.baseURL, c.cred, req, c.res.Model)
-			if err != nil { // the ping could not be encoded: a failed probe, as before any call
-				detail = asAPIError(err).Message
-			}
-			return hr, err
-		},
-		commit: func(_ context.Context, _ *candidate, c call, resp *http.Response) (usage, *apiError, bool) {
-			ans, err := readProviderAnswer(p, req, resp)
-			if err != nil { // an in-band limit blocks, as a request's
-				detail = "the answer could not be read: " + asAPIError(err).Message
-				return usage{}, asAPIError(err), false
-			}
-			ok, detail = true, fmt.Sprintf("%s answered (%d output tokens)", c.res.Route, ans.Usage.OutputTokens)
-			return ans.Usage, nil, false
-		},
-	}
-	ae := e.attemptRoute(ctx, j, call{res: res}, nil, nil)
+	u, ae := e.ping(ctx, call{res: res}, []overlayItem{it})
+	ok, detail := ae == nil, fmt.Sprintf("%s answered (%d output tokens)", res.Route, u.OutputTokens)
 	switch {
-	case detail != "":
-	case e.t.attempts > 0: // the provider refused, or no answer came
-		detail = ae.Message
-	case len(e.wk.reasons) > 0: // the grant could not be refreshed
-		detail = "no call was made: " + strings.Join(e.wk.reasons, "; ")
-	default: // refused before any call, as a probe's own refusal
+	case ok:
+	case e.t.attempts == 0 && len(e.reasons) == 0: // refused before any call, as a probe's own refusal
 		ae.Attempts = nil
-		return probeOutcome{}, ae
+		return nil, ae
+	default: // the provider refused, its answer could not be read, or the grant could not be refreshed
+		detail = ae.Message
 	}
-	e.ledger.recordProbe(it.ID, p.id, ok, detail)
+	e.ledger.recordProbe(it.ID, res.Provider.id, ok, detail)
 	if ok && e.ledger.credentialState(it.ID) != credActive {
-		e.ledger.setCredential(it.ID, p.id, credActive, "") // SPEC §10.3: a successful probe reactivates
+		e.ledger.setCredential(it.ID, res.Provider.id, credActive, "") // SPEC §10.3: a successful probe reactivates
 	}
 	e.inv.invalidate(false) // the listing shows the probe at once (SPEC §10.2)
 	msg, level := "usage_probe_ok", slog.LevelInfo
@@ -333,12 +239,28 @@ func (e *engine) probe(ctx context.Context, it overlayItem, model string) (probe
 		msg, level = "usage_probe_failed", slog.LevelWarn
 	}
 	e.log.Log(ctx, level, msg, "request_id", e.t.requestID, "subscription_id", it.ID, "agent_id", e.agent,
-		"provider", p.id, "route", res.Route, "detail", ledgerSentence(detail))
-	o := probeOutcome{OK: true, Subscription: e.inv.row(it, false, e.now())}
-	if o.Subscription.Probe != nil {
-		o.Probe = *o.Subscription.Probe
-	}
-	return o, nil
+		"provider", res.Provider.id, "route", res.Route, "detail", ledgerSentence(detail))
+	row := e.inv.row(it, false, e.now())
+	return map[string]any{"ok": true, "probe": cmp.Or(row.Probe, &ledgerCheck{}), "subscription": row}, nil
+}
+
+// ping makes the probe's and onboarding's one completion on c (SPEC §11.3),
+// paid by pool when given: its usage, or the refusal.
+func (e *engine) ping(ctx context.Context, c call, pool []overlayItem) (u usage, ae *apiError) {
+	req := pingRequest(c.res.Route, c.res.Provider)
+	ae = e.attemptRoute(ctx, &job{kind: kindProbe, pool: pool,
+		build: func(ctx context.Context, c call, _ *callerRequest) (*http.Request, error) {
+			return buildUpstreamRequest(ctx, c.res.Provider, c.baseURL, c.cred, req, c.res.Model)
+		},
+		commit: func(_ context.Context, c call, _ *callerRequest, resp *http.Response) (usage, *apiError, bool) {
+			a, err := readProviderAnswer(c.res.Provider, req, resp)
+			if u = a.Usage; err != nil { // an in-band limit blocks, as a request's
+				return u, asAPIError(err), false
+			}
+			return u, nil, false
+		},
+	}, c, nil, nil)
+	return u, ae
 }
 
 // pingRequest is the probe's and onboarding's completion (SPEC §6.2, §11.3).
@@ -385,13 +307,11 @@ type stores struct {
 // core is the daemon's parts that the server and every request's engine
 // share, built once by serve.
 type core struct {
-	stores // st, vault, journal, reg
-	sys    // log, now
-	getenv func(string) string
-	// localCreds holds -local-credentials-stdin keys; when non-nil it is the
-	// only source of direct credentials (SPEC §16).
-	localCreds map[string]string
-	client     *http.Client // provider calls: no timeout, no redirects, no proxy
+	stores     // st, vault, journal, reg
+	sys        // log, now
+	getenv     func(string) string
+	localCreds map[string]string // -local-credentials-stdin's keys; non-nil: the only direct ones (SPEC §16)
+	client     *http.Client      // provider calls: no timeout, no redirects, no proxy
 	catalog    *catalog
 	perf       *perfRegistry
 	keepAlive  time.Duration // 0: keepAliveEvery; tests shorten it
@@ -408,14 +328,12 @@ type core struct {
 func (c *core) directKey(provider string) (string, error) {
 	if c.localCreds != nil {
 		return c.localCreds[provider], nil
-	}
-	doc, err := c.vault.load()
-	if errors.As(err, new(*noStateError)) { // no state directory: no key
-		return "", nil
-	} else if err != nil {
+	} else if doc, err := c.vault.load(); err == nil {
+		return doc.Direct[provider].APIKey, nil
+	} else if !errors.As(err, new(*noStateError)) { // no state directory: no key
 		return "", err
 	}
-	return doc.Direct[provider].APIKey, nil
+	return "", nil
 }
 
 // hasDirect reports whether a direct credential exists for provider.
@@ -424,25 +342,14 @@ func (c *core) hasDirect(provider string) bool {
 	return key != ""
 }
 
-// mayHaveDirect is hasDirect, and true when the vault is unreadable: a request
-// then meets the vault's refusal, not "no direct credential" (SPEC §2.2).
-func (c *core) mayHaveDirect(provider string) bool {
-	key, err := c.directKey(provider)
-	return key != "" || err != nil
-}
-
 // anyDirectPayer reports whether something could serve without an agent
 // (SPEC §13, §14): a direct credential or a declared deployment.
 func (c *core) anyDirectPayer() bool {
 	if doc, err := c.reg.current(); len(c.localCreds) > 0 || (err == nil && len(doc.Deployments) > 0) {
 		return true
 	}
-	if vd, err := c.vault.load(); c.localCreds == nil && err == nil {
-		for _, k := range vd.Direct {
-			if k.APIKey != "" {
-				return true
-			}
-		}
-	}
-	return false
+	vd, err := c.vault.load()
+	return c.localCreds == nil && err == nil && slices.ContainsFunc(slices.Collect(maps.Values(vd.Direct)), func(k vaultCredential) bool {
+		return k.APIKey != ""
+	})
 }
