@@ -250,7 +250,7 @@ func (e *engine) candidates(res resolution) ([]resolution, error) {
 	if doc, err := e.reg.current(); err == nil && doc != nil {
 		aliases = doc.Routes
 	}
-	items, err := e.inv.agentItems(e.agent)
+	items, err := e.inv.pool(e.agent, "")
 	if err != nil {
 		return nil, err
 	}
@@ -348,7 +348,7 @@ func (e *engine) walkSelector(ctx context.Context, j *job, req *callerRequest, c
 		return asAPIError(unfit)
 	}
 	// No candidate at all: sign in again when every subscription of the agent needs it.
-	items, err := e.inv.agentItems(e.agent)
+	items, err := e.inv.pool(e.agent, "")
 	if err == nil && len(items) > 0 && !slices.ContainsFunc(items, func(it overlayItem) bool { return e.ledger.credentialState(it.ID) == credActive }) {
 		return refuse("subscription_reauthorization_required", "agent %q has subscriptions but none has an active credential; sign in again", e.agent).withAttempts(0)
 	}

@@ -115,7 +115,7 @@ func (s *server) routes() {
 		return map[string]bool{"ok": true}, nil
 	})))
 	s.mux.Handle("PUT /v1/admin/subscriptions/{agent_id}/{subscription_id}/credential", s.caller(roleAdmin, reply(s, 200, requiredBody, func(r *http.Request, body *credentialBody) (any, error) {
-		it, err := s.inv.replaceSignedIn(r.PathValue("agent_id"), r.PathValue("subscription_id"),
+		it, err := s.inv.replaceCredential(r.PathValue("agent_id"), r.PathValue("subscription_id"),
 			vaultCredential{OAuth: body.OAuth, APIKey: body.APIKey}, infoFrom(r.Context()).client.ID)
 		if s.credentialChanged(it); err != nil {
 			return nil, err
@@ -495,13 +495,11 @@ func (s *server) hidePath(msg, path string) string {
 
 // donateSubscription serves POST …/subscriptions/{agent_id}; on the admin route ?via=sign-in is a sign-in (SPEC §11.1).
 func (s *server) donateSubscription(r *http.Request, body *donation) (any, error) {
-	agent, cred := r.PathValue("agent_id"), vaultCredential{APIKey: body.APIKey, OAuth: body.OAuth}
-	it, err := overlayItem{}, error(nil)
+	by := "" // a sign-in is journaled as one
 	if strings.HasPrefix(r.URL.Path, "/v1/admin/") && r.URL.Query().Get("via") == signInVia {
-		it, err = s.inv.donateSignedIn(agent, body.Provider, body.Label, cred, infoFrom(r.Context()).client.ID)
-	} else if it, err = s.inv.donate(agent, body.Provider, body.Label, cred); err != nil {
-		return nil, err
+		by = infoFrom(r.Context()).client.ID
 	}
+	it, err := s.inv.donate(r.PathValue("agent_id"), body.Provider, body.Label, vaultCredential{APIKey: body.APIKey, OAuth: body.OAuth}, by)
 	if s.credentialChanged(it); err != nil {
 		return nil, err
 	}
