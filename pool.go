@@ -423,7 +423,7 @@ func (e *engine) probe(ctx context.Context, it overlayItem, model string) (probe
 	if ok && e.ledger.credentialState(it.ID) != credActive {
 		e.ledger.setCredential(it.ID, p.id, credActive, "") // SPEC §10.3: a successful probe reactivates
 	}
-	e.inv.invalidate(false) // the listing shows the probe at once (SPEC §10.2)
+	e.inv.invalidate() // the listing shows the probe at once (SPEC §10.2)
 	msg, level := "usage_probe_ok", slog.LevelInfo
 	if !ok {
 		msg, level = "usage_probe_failed", slog.LevelWarn

@@ -102,13 +102,13 @@ func (s *server) routes() {
 		s.mux.Handle("POST "+p, s.caller(role, reply(s, 201, requiredBody, s.donateSubscription)))
 		s.mux.Handle("DELETE "+p+"/{subscription_id}", s.caller(role, reply(s, 200, noBody, func(r *http.Request, _ *struct{}) (any, error) {
 			reason := cmp.Or(r.URL.Query().Get("reason"), "retired by "+infoFrom(r.Context()).client.ID)
-			return map[string]bool{"ok": true}, s.inv.retire(r.PathValue("agent_id"), r.PathValue("subscription_id"), reason)
+			return map[string]bool{"ok": true}, s.inv.setRetired("retire", r.PathValue("agent_id"), r.PathValue("subscription_id"), reason)
 		})))
 	}
 	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/reinstate", s.caller(roleAdmin, reply(s, 200, requiredBody, func(r *http.Request, body *struct {
 		Reason string `json:"reason"`
 	}) (any, error) {
-		if err := s.inv.reinstate(r.PathValue("agent_id"), r.PathValue("subscription_id"), body.Reason); err != nil {
+		if err := s.inv.setRetired("reinstate", r.PathValue("agent_id"), r.PathValue("subscription_id"), body.Reason); err != nil {
 			return nil, err
 		}
 		s.maint.changed()
@@ -499,7 +499,8 @@ func (s *server) donateSubscription(r *http.Request, body *donation) (any, error
 	if strings.HasPrefix(r.URL.Path, "/v1/admin/") && r.URL.Query().Get("via") == signInVia {
 		by = infoFrom(r.Context()).client.ID
 	}
-	it, err := s.inv.donate(r.PathValue("agent_id"), body.Provider, body.Label, vaultCredential{APIKey: body.APIKey, OAuth: body.OAuth}, by)
+	cred := vaultCredential{APIKey: body.APIKey, OAuth: body.OAuth}
+	it, err := s.inv.donate(r.PathValue("agent_id"), body.Provider, body.Label, cred, by)
 	if s.credentialChanged(it); err != nil {
 		return nil, err
 	}

@@ -28,7 +28,7 @@ const (
 )
 
 var (
-	idPattern         = regexp.MustCompile(`^[a-z0-9-]{1,64}$`)                  // client and agent ids
+	idPattern         = regexp.MustCompile(`^[a-z0-9-]{1,64}$`)               // client and agent ids
 	errOverlayInvalid = errors.New("donated-subscription overlay is invalid") // a bad file, not an I/O failure
 )
 
@@ -156,19 +156,11 @@ func newInventory(st state, v *vault, j *journal, l *ledger, getenv func(string)
 	return inv
 }
 
-// unavailable is a state file's read failure as a 503; a missing state directory keeps its own cause.
-func unavailable(format string, err error) *apiError {
-	if errors.As(err, new(*noStateError)) {
-		return asAPIError(err)
-	}
-	return refuse("dependency_unavailable", format, err).because(err)
-}
-
 // items is every overlay item, retired ones too, in overlay order, as the caller's own slice.
 func (inv *inventory) items() ([]overlayItem, error) {
 	doc, err := inv.overlay.load()
 	if err != nil {
-		return nil, unavailable("%v", err)
+		return nil, refuse("dependency_unavailable", "%v", err).because(err)
 	}
 	return slices.Clone(doc.Items), nil
 }
@@ -181,7 +173,7 @@ func (inv *inventory) view() ([]overlayItem, map[string]bool, error) {
 	}
 	retired, err := inv.j.retired()
 	if err != nil {
-		return nil, nil, unavailable("the journal cannot be read: %v", err)
+		return nil, nil, refuse("dependency_unavailable", "the journal cannot be read: %v", err).because(err)
 	}
 	return items, retired, nil
 }
@@ -227,14 +219,14 @@ func (inv *inventory) credential(id string) (vaultCredential, error) {
 }
 
 // write runs one change under wmu, given the vault read before any file is touched (unreadable: nothing is
-// written), then drops the caches: the listing shows the change at once (SPEC §10.2).
+// written), then drops the cached listings: they show the change at once (SPEC §10.2).
 func (inv *inventory) write(change func(doc *vaultDoc) error) error {
 	inv.wmu.Lock()
 	defer inv.wmu.Unlock()
-	defer inv.invalidate(true)
+	defer inv.invalidate()
 	doc, err := inv.vault.load()
 	if err != nil {
-		return unavailable("the vault is unreadable: %v", err)
+		return refuse("dependency_unavailable", "the vault is unreadable: %v", err).because(err)
 	}
 	return change(doc)
 }
@@ -247,15 +239,13 @@ func (inv *inventory) saveVault(what string, edit func(*vaultDoc)) error {
 	return nil
 }
 
-// invalidate drops every cached listing and, when overlayChanged, the parsed overlay.
-func (inv *inventory) invalidate(overlayChanged bool) {
-	if overlayChanged {
-		inv.overlay.forget()
-	}
+// invalidate drops every cached listing (the overlay itself is re-read when its file changes).
+func (inv *inventory) invalidate() {
 	inv.mu.Lock()
 	defer inv.mu.Unlock()
 	clear(inv.cache)
 }
+
 // donate stores a new subscription under a fresh id (SPEC §10.1); by, when set, is the client that signed in.
 func (inv *inventory) donate(agent, provider, label string, cred vaultCredential, by string) (overlayItem, error) {
 	rnd := make([]byte, 8)
@@ -280,45 +270,44 @@ func (inv *inventory) store(it overlayItem, fresh bool, cred vaultCredential, by
 	if err := inv.j.ready(); by != "" && err != nil {
 		return overlayItem{}, refuse("dependency_unavailable", "%s: the journal cannot record a sign-in: %v", what, err).because(err)
 	}
-	err := inv.write(func(doc *vaultDoc) error {
-		items, _, err := inv.view()
-		if err == nil && !fresh {
+	err := inv.write(func(doc *vaultDoc) (err error) {
+		if !fresh {
 			it, err = inv.owned(it.AgentID, it.ID, "reinstate it before replacing its credential")
 		}
 		if err == nil {
 			cred, err = checkCredential(it.Provider, cred)
 		}
-		pool, _ := inv.pool(it.AgentID, it.Provider)
-		_, taken := doc.Subscriptions[it.ID]
-		switch lost := inv.overlayLost(len(doc.Subscriptions)); {
-		case err != nil || !fresh:
-		case len(pool) >= maxPoolSize:
-			err = refuse("invalid_request", "agent %q holds %d non-retired %s subscriptions, the limit; retire one first",
-				it.AgentID, len(pool), it.Provider)
-		case taken || slices.ContainsFunc(items, func(x overlayItem) bool { return x.ID == it.ID }):
-			err = refuse("internal_error", "subscription id %s is taken; donate again", it.ID)
-		case lost != nil:
-			err = lost
+		pool, perr := inv.pool(it.AgentID, it.Provider)
+		held := false // two holders of one grant would spend each other's refresh token
+		for other, c := range doc.Subscriptions {
+			held = held || cred.OAuth != nil && c.OAuth != nil && c.OAuth.RefreshToken == cred.OAuth.RefreshToken && other != it.ID
 		}
-		for other, c := range doc.Subscriptions { // one would spend the other's refresh token
-			if err == nil && cred.OAuth != nil && c.OAuth != nil && c.OAuth.RefreshToken == cred.OAuth.RefreshToken && other != it.ID {
-				err = refuse("state_conflict", "this OAuth grant is already held by another subscription (a retired one keeps it too); sign in for a new grant")
-			}
-		}
-		if err != nil {
+		switch {
+		case err != nil:
 			return err
+		case fresh && len(pool) >= maxPoolSize:
+			return refuse("invalid_request", "agent %q holds %d non-retired %s subscriptions, the limit; retire one first",
+				it.AgentID, len(pool), it.Provider)
+		case fresh && (perr != nil || inv.overlayLost(len(doc.Subscriptions)) != nil):
+			return cmp.Or(perr, inv.overlayLost(len(doc.Subscriptions)))
+		case held:
+			return refuse("state_conflict", "this OAuth grant is held by another subscription (a retired one too); sign in anew")
 		}
 		if err := inv.saveVault(what, func(d *vaultDoc) { d.Subscriptions[it.ID] = cred }); err != nil || !fresh {
 			return err
 		}
-		if err = writeState(inv.overlay.path, &overlayDoc{SchemaVersion: 1, Items: append(items, it)}); err == nil {
+		items, err := inv.items()
+		if err == nil {
+			err = writeState(inv.overlay.path, &overlayDoc{SchemaVersion: 1, Items: append(items, it)})
+		}
+		if err == nil {
 			return nil
 		}
-		note := "its credential was removed from the vault"
+		note := "its credential was taken back from the vault"
 		if verr := inv.vault.update(func(d *vaultDoc) error { delete(d.Subscriptions, it.ID); return nil }); verr != nil {
 			note = "its credential stays in the vault until brama subscription prune-orphans: " + verr.Error()
 		}
-		inv.log.Error("subscription_overlay_write_failed", "subscription_id", it.ID, "agent_id", it.AgentID, "cause", err.Error(), "note", note)
+		inv.log.Error("subscription_overlay_write_failed", "subscription_id", it.ID, "cause", err.Error(), "note", note)
 		return refuse("internal_error", "%s: the overlay was not written: %v", what, err).because(err)
 	})
 	if err == nil && fresh {
@@ -330,48 +319,35 @@ func (inv *inventory) store(it overlayItem, fresh bool, cred vaultCredential, by
 		inv.l.setGrantTimes(it.ID, it.Provider, cmp.Or(cred.OAuth, &oauthGrant{}).ExpiresAtMs, 0) // an API key: none
 	}
 	if by != "" {
-		return inv.signedIn(it, fresh, cred, by, err)
+		return inv.signedIn(it, fresh, by, err)
 	}
 	return map[bool]overlayItem{true: it}[err == nil], err
 }
 
-// signedIn journals a store by sign-in as subscription_sign_in (SPEC §11.1), logged at Warn unless stored and
-// journaled. A replacement of a known item that failed on Brama's side (5xx) is journaled as failed.
-func (inv *inventory) signedIn(it overlayItem, fresh bool, cred vaultCredential, by string, err error) (overlayItem, error) {
-	result, detail := "signed_in", map[bool]string{false: "api key", true: "oauth grant"}[cred.OAuth != nil]+" replaced by client "+by
-	if fresh {
-		detail = "new subscription donated by sign-in from client " + by
-	}
+// signedIn journals a store by sign-in (SPEC §11.1), logged at Warn unless stored and journaled; a replacement
+// of a known subscription that failed on Brama's side (5xx) is journaled as failed.
+func (inv *inventory) signedIn(it overlayItem, fresh bool, by string, err error) (overlayItem, error) {
+	rec := journalRecord{Kind: "subscription_sign_in", SubscriptionID: it.ID, Provider: it.Provider, Result: "signed_in",
+		Detail: map[bool]string{false: "credential replaced", true: "new subscription donated"}[fresh] + " by sign-in of client " + by}
 	if ae := asAPIError(err); err != nil {
 		if ae.Status() < 500 || fresh || it.Provider == "" {
 			return overlayItem{}, err
 		}
-		result, detail = "failed", fmt.Sprintf("credential not replaced (client %s): %s", by, ae.Message)
+		rec.Result, rec.Detail = "failed", "credential not replaced (client "+by+"): "+ae.Message
 	}
-	detail = ledgerSentence(detail)
-	jerr := inv.j.append(journalRecord{Kind: "subscription_sign_in", SubscriptionID: it.ID, Provider: it.Provider, Result: result, Detail: detail})
-	level, args := slog.LevelInfo, []any{"subscription_id", it.ID, "agent_id", it.AgentID, "provider", it.Provider, "result", result, "detail", detail}
-	if jerr != nil {
-		args = append(args, "journal_error", jerr.Error())
+	rec.Detail = ledgerSentence(rec.Detail)
+	jerr := inv.j.append(rec)
+	level := map[bool]slog.Level{false: slog.LevelWarn, true: slog.LevelInfo}[err == nil && jerr == nil]
+	inv.log.Log(context.Background(), level, "subscription_sign_in", "subscription_id", it.ID, "agent_id", it.AgentID,
+		"provider", it.Provider, "result", rec.Result, "detail", rec.Detail, "journal_error", jerr)
+	if jerr != nil && err == nil {
+		return it, refuse("dependency_unavailable", "%s was stored, but the journal refused the sign-in: %v", it.ID, jerr).because(jerr)
 	}
-	if jerr != nil || err != nil {
-		level = slog.LevelWarn
-	}
-	inv.log.Log(context.Background(), level, "subscription_sign_in", args...)
-	switch {
-	case err != nil:
-		return overlayItem{}, err
-	case jerr != nil:
-		return it, refuse("dependency_unavailable", "%s was stored, but the journal refused the sign-in record: %v", it.ID, jerr).because(jerr)
-	}
-	return it, nil
+	return map[bool]overlayItem{true: it}[err == nil], err
 }
 
-// retire and reinstate journal agent's id out of and back into service (SPEC §9), unless the fold already
-// says so; nothing is claimed that the journal cannot record.
-func (inv *inventory) retire(agent, id, why string) error    { return inv.setRetired("retire", agent, id, why) }
-func (inv *inventory) reinstate(agent, id, why string) error { return inv.setRetired("reinstate", agent, id, why) }
-
+// setRetired journals agent's id out of ("retire") or back into ("reinstate") service (SPEC §9), unless the fold
+// already says so; nothing is claimed that the journal cannot record.
 func (inv *inventory) setRetired(kind, agent, id, reason string) error {
 	if err := checkReason(reason); err != nil {
 		return refuse("invalid_request", "%v", err)
@@ -381,7 +357,7 @@ func (inv *inventory) setRetired(kind, agent, id, reason string) error {
 	}
 	inv.wmu.Lock()
 	defer inv.wmu.Unlock()
-	defer inv.invalidate(true)
+	defer inv.invalidate()
 	_, retired, err := inv.view()
 	if _, oerr := inv.owned(agent, id, ""); oerr != nil || err != nil || retired[id] == (kind == "retire") {
 		return cmp.Or(oerr, err)
@@ -419,9 +395,6 @@ func (inv *inventory) list(agent string) ([]subscriptionRow, error) {
 		return slices.Clone(c.rows), nil
 	}
 	items, retired, err := inv.view()
-	if err != nil {
-		return nil, err
-	}
 	rows := []subscriptionRow{}
 	for _, it := range items {
 		if it.AgentID == agent {
@@ -431,7 +404,7 @@ func (inv *inventory) list(agent string) ([]subscriptionRow, error) {
 	if inv.ttl > 0 && len(rows) > 0 { // an unknown id an admin reads leaves no entry
 		inv.cache[agent] = listing{rows: rows, at: now, status: status}
 	}
-	return slices.Clone(rows), nil
+	return slices.Clone(rows), err
 }
 
 // row builds item's row from its ledger record (SPEC §10.4): null what is not in force or never happened.
@@ -439,25 +412,26 @@ func (inv *inventory) row(item overlayItem, retired bool, now time.Time) subscri
 	e, _ := inv.l.entry(item.ID)
 	ms := now.UnixMilli()
 	r := subscriptionRow{ID: item.ID, Provider: item.Provider, Label: item.Label, Status: "active",
-		Windows: append([]planWindow{}, e.Windows...), Measured: e.Measured, Credential: &e.Credential}
+		Windows: append([]planWindow{}, e.Windows...), Measured: e.Measured, Credential: &e.Credential,
+		Block: ifSet(&e.Block, e.Block.UntilMs > ms), UsageRead: ifSet(&e.UsageRead, e.UsageRead.AtMs != 0),
+		Probe: ifSet(&e.Probe, e.Probe.AtMs != 0)}
 	if retired {
 		r.Status, r.Credential.State = "retired", credDisabled
-	}
-	if e.Block.UntilMs > ms {
-		r.Block = &e.Block
-	}
-	if e.UsageRead.AtMs != 0 {
-		r.UsageRead = &e.UsageRead
-	}
-	if e.Probe.AtMs != 0 {
-		r.Probe = &e.Probe
 	}
 	r.Stale = (r.UsageRead != nil && !e.UsageRead.OK) ||
 		slices.ContainsFunc(e.Windows, func(w planWindow) bool { return w.ResetsAtMs != 0 && w.ResetsAtMs <= ms })
 	return r
 }
 
-// orphans lists, sorted, the vault's subscription ids no overlay item names.
+// ifSet is p when set, else nil: a row's null.
+func ifSet[T any](p *T, set bool) *T {
+	if set {
+		return p
+	}
+	return nil
+}
+
+// orphans lists, sorted, the vault's subscription ids no overlay item names (SPEC §17).
 func (inv *inventory) orphans() ([]string, error) {
 	items, err := inv.items()
 	doc, verr := inv.vault.load()
@@ -472,24 +446,25 @@ func (inv *inventory) orphans() ([]string, error) {
 }
 
 // overlayLost refuses a write while the overlay is missing or empty (0 bytes: a restore cut short; Brama never
-// writes one) but the vault holds held credentials: every one would look orphaned (SPEC §17).
+// writes one) but the vault holds credentials: every one would look orphaned (SPEC §17).
 func (inv *inventory) overlayLost(held int) error {
 	id, err := guardFile(inv.overlay.role, inv.overlay.path)
-	if held == 0 || !errors.Is(err, errFileAbsent) && (err != nil || id.size != 0) {
+	if lost := errors.Is(err, errFileAbsent) || err == nil && id.size == 0; held == 0 || !lost {
 		return nil
 	}
-	return refuse("dependency_unavailable", "the vault holds %d subscription credential(s) but %s is missing or empty: restore donated-subscriptions.json from a backup", held, overlayFile)
+	return refuse("dependency_unavailable", "the vault holds %d subscription credential(s) but %s is missing or empty: "+
+		"restore donated-subscriptions.json from a backup", held, overlayFile)
 }
 
 // pruneOrphans deletes the orphans from the vault (brama subscription prune-orphans, SPEC §17), never while the
 // overlay is lost, nor from a vault outside the state directory: it may hold another one's subscriptions.
-func (inv *inventory) pruneOrphans() (orphans []string, err error) {
-	err = inv.write(func(doc *vaultDoc) (err error) {
-		if orphans, err = inv.orphans(); err == nil {
-			err = inv.overlayLost(len(doc.Subscriptions))
-		}
+func (inv *inventory) pruneOrphans() ([]string, error) {
+	var orphans []string
+	err := inv.write(func(doc *vaultDoc) (err error) {
+		orphans, err = inv.orphans()
+		err = cmp.Or(err, inv.overlayLost(len(doc.Subscriptions)))
 		if err == nil && filepath.Dir(inv.vault.path) != filepath.Dir(inv.overlay.path) {
-			err = refuse("state_conflict", "BRAMA_VAULT_FILE lies outside the state directory and may hold another one's subscriptions: nothing removed")
+			err = refuse("state_conflict", "BRAMA_VAULT_FILE lies outside the state directory, maybe shared: nothing removed")
 		}
 		if err != nil || len(orphans) == 0 {
 			return err
@@ -508,27 +483,28 @@ func (inv *inventory) pruneOrphans() (orphans []string, err error) {
 }
 
 // readiness is the inventory's part of /readyz (SPEC §13): an unreadable overlay is a reason, orphans and
-// reauthorizations warnings; payer: some credential is active.
+// reauthorizations warnings; payer: some credential is active. The journal's own trouble is the server's.
 func (inv *inventory) readiness() (reasons, warnings []string, payer bool) {
 	items, err := inv.items()
 	if err != nil && inv.overlay.pathErr == nil {
 		return []string{asAPIError(err).Message}, nil, false // names the overlay and the rule
-	} else if err != nil {
-		return nil, nil, false
 	}
-	if orphans, err := inv.orphans(); err == nil && len(orphans) > 0 {
+	if orphans, _ := inv.orphans(); len(orphans) > 0 {
 		fix := "brama subscription prune-orphans removes them"
 		if inv.overlayLost(len(orphans)) != nil {
 			fix = overlayFile + " is missing or empty: restore it from a backup (donations are refused until then)"
 		}
-		warnings = append(warnings, fmt.Sprintf("the vault holds %d subscription credential(s) with no overlay entry, unused: %s; %s", len(orphans), strings.Join(orphans, ", "), fix))
+		warnings = append(warnings, fmt.Sprintf("the vault holds %d subscription credential(s) with no overlay entry, unused: %s; %s",
+			len(orphans), strings.Join(orphans, ", "), fix))
 	}
 	retired, err := inv.j.retired()
 	reauth := 0
 	for _, it := range items {
-		if err == nil && !retired[it.ID] && inv.l.credentialState(it.ID) == credActive {
+		switch {
+		case err != nil || retired[it.ID]:
+		case inv.l.credentialState(it.ID) == credActive:
 			payer = true
-		} else if err == nil && !retired[it.ID] {
+		default:
 			reauth++
 		}
 	}

@@ -219,7 +219,7 @@ func TestInventoryListingCache(t *testing.T) {
 		do   func() error
 		want string
 	}{
-		{"reinstate", func() error { return inv.reinstate("a1", a.ID, "back") }, "active"},
+		{"reinstate", func() error { return inv.setRetired("reinstate", "a1", a.ID, "back") }, "active"},
 		{"donate", func() error {
 			_, err := inv.donate("a1", "openai", "", vaultCredential{APIKey: "sk-cache-two-0123456789"}, "")
 			return err
@@ -229,7 +229,7 @@ func TestInventoryListingCache(t *testing.T) {
 			_, err := inv.replaceCredential("a1", a.ID, vaultCredential{APIKey: "sk-cache-new-0123456789"}, "")
 			return err
 		}, "active,active"},
-		{"retire", func() error { return inv.retire("a1", a.ID, "gone") }, "retired,active"},
+		{"retire", func() error { return inv.setRetired("retire", "a1", a.ID, "gone") }, "retired,active"},
 	}
 	for _, st := range steps {
 		t.Run(st.name, func(t *testing.T) {
@@ -316,7 +316,7 @@ func TestInventoryQueries(t *testing.T) {
 		return it.ID
 	}
 	k1, o1, k2, b1 := donate("a1", "kimi"), donate("a1", "openai"), donate("a1", "kimi"), donate("b1", "kimi")
-	if err := inv.retire("a1", k1, "x"); err != nil {
+	if err := inv.setRetired("retire", "a1", k1, "x"); err != nil {
 		t.Fatal(err)
 	}
 	ids := func(items []overlayItem, err error) string {
@@ -358,7 +358,7 @@ func TestInventoryQueries(t *testing.T) {
 	if _, err := inv.credential("sub_ffffffffffffffff"); asAPIError(err).Code != "credential_unauthorized" {
 		t.Errorf("credential of an unknown id: %v", err)
 	}
-	if err := inv.retire("b1", k2, "x"); asAPIError(err).Code != "not_found" {
+	if err := inv.setRetired("retire", "b1", k2, "x"); asAPIError(err).Code != "not_found" {
 		t.Errorf("retire of another agent's id: %v, want not_found", err)
 	}
 	// A hand-broken overlay is 503 for every reader, eligibility included.
@@ -381,8 +381,8 @@ func TestInventoryWithoutStateDir(t *testing.T) {
 		"list":      func() error { _, err := inv.list("a1"); return err }(),
 		"pool":      func() error { _, err := inv.pool("a1", "kimi"); return err }(),
 		"donate":    func() error { _, err := inv.donate("a1", "kimi", "", vaultCredential{APIKey: "k"}, ""); return err }(),
-		"retire":    inv.retire("a1", "sub_0123456789abcdef", "x"),
-		"reinstate": inv.reinstate("a1", "sub_0123456789abcdef", "x"),
+		"retire":    inv.setRetired("retire", "a1", "sub_0123456789abcdef", "x"),
+		"reinstate": inv.setRetired("reinstate", "a1", "sub_0123456789abcdef", "x"),
 	}
 	for name, err := range calls {
 		ae := asAPIError(err)
