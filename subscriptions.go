@@ -218,25 +218,20 @@ func (inv *inventory) credential(id string) (vaultCredential, error) {
 	return c, nil
 }
 
-// write runs one change under wmu, given the vault read before any file is touched (unreadable: nothing is
-// written), then drops the cached listings: they show the change at once (SPEC §10.2).
-func (inv *inventory) write(change func(doc *vaultDoc) error) error {
+// write runs one change under wmu, then drops the cached listings: they show it at once (SPEC §10.2).
+func (inv *inventory) write(change func() error) error {
 	inv.wmu.Lock()
 	defer inv.wmu.Unlock()
 	defer inv.invalidate()
-	doc, err := inv.vault.load()
-	if err != nil {
-		return refuse("dependency_unavailable", "the vault is unreadable: %v", err).because(err)
-	}
-	return change(doc)
+	return change()
 }
 
-// saveVault is one vault write; a failure is 500 saying what was not done.
-func (inv *inventory) saveVault(what string, edit func(*vaultDoc)) error {
-	if err := inv.vault.update(func(d *vaultDoc) error { edit(d); return nil }); err != nil {
-		return refuse("internal_error", "%s: the vault was not written: %v", what, err).because(err)
+// vaultRefusal is a vault update's failure as a caller sees it: a guard's refusal as itself, else 503.
+func vaultRefusal(err error) error {
+	if _, guard := err.(*apiError); err == nil || guard {
+		return err
 	}
-	return nil
+	return refuse("dependency_unavailable", "the vault cannot be read or written: %v", err).because(err)
 }
 
 // invalidate drops every cached listing (the overlay itself is re-read when its file changes).
@@ -266,11 +261,10 @@ func (inv *inventory) replaceCredential(agent, id string, cred vaultCredential, 
 // writes the vault, then the overlay, and takes the secret back if the overlay write fails: the vault never keeps
 // a secret no subscription names. A sign-in (by set) is refused first when the journal cannot record it.
 func (inv *inventory) store(it overlayItem, fresh bool, cred vaultCredential, by string) (overlayItem, error) {
-	what := map[bool]string{false: "credential not replaced", true: "subscription not donated"}[fresh]
 	if err := inv.j.ready(); by != "" && err != nil {
-		return overlayItem{}, refuse("dependency_unavailable", "%s: the journal cannot record a sign-in: %v", what, err).because(err)
+		return overlayItem{}, refuse("dependency_unavailable", "the journal cannot record a sign-in: %v", err).because(err)
 	}
-	err := inv.write(func(doc *vaultDoc) (err error) {
+	err := inv.write(func() (err error) {
 		if !fresh {
 			it, err = inv.owned(it.AgentID, it.ID, "reinstate it before replacing its credential")
 		}
@@ -278,22 +272,26 @@ func (inv *inventory) store(it overlayItem, fresh bool, cred vaultCredential, by
 			cred, err = checkCredential(it.Provider, cred)
 		}
 		pool, perr := inv.pool(it.AgentID, it.Provider)
-		held := false // two holders of one grant would spend each other's refresh token
-		for other, c := range doc.Subscriptions {
-			held = held || cred.OAuth != nil && c.OAuth != nil && c.OAuth.RefreshToken == cred.OAuth.RefreshToken && other != it.ID
-		}
-		switch {
-		case err != nil:
-			return err
-		case fresh && len(pool) >= maxPoolSize:
-			return refuse("invalid_request", "agent %q holds %d non-retired %s subscriptions, the limit; retire one first",
+		if err = cmp.Or(err, perr); err == nil && fresh && len(pool) >= maxPoolSize {
+			err = refuse("invalid_request", "agent %q holds %d non-retired %s subscriptions, the limit; retire one first",
 				it.AgentID, len(pool), it.Provider)
-		case fresh && (perr != nil || inv.overlayLost(len(doc.Subscriptions)) != nil):
-			return cmp.Or(perr, inv.overlayLost(len(doc.Subscriptions)))
-		case held:
-			return refuse("state_conflict", "this OAuth grant is held by another subscription (a retired one too); sign in anew")
 		}
-		if err := inv.saveVault(what, func(d *vaultDoc) { d.Subscriptions[it.ID] = cred }); err != nil || !fresh {
+		if err != nil {
+			return err
+		}
+		err = vaultRefusal(inv.vault.update(func(doc *vaultDoc) error { // the guards see the document written
+			for other, c := range doc.Subscriptions { // two holders of one grant would spend each other's refresh token
+				if cred.OAuth != nil && c.OAuth != nil && c.OAuth.RefreshToken == cred.OAuth.RefreshToken && other != it.ID {
+					return refuse("state_conflict", "this OAuth grant is held by another subscription (a retired one too); sign in anew")
+				}
+			}
+			if lost := inv.overlayLost(len(doc.Subscriptions)); fresh && lost != nil {
+				return lost
+			}
+			doc.Subscriptions[it.ID] = cred
+			return nil
+		}))
+		if err != nil || !fresh {
 			return err
 		}
 		items, err := inv.items()
@@ -308,7 +306,7 @@ func (inv *inventory) store(it overlayItem, fresh bool, cred vaultCredential, by
 			note = "its credential stays in the vault until brama subscription prune-orphans: " + verr.Error()
 		}
 		inv.log.Error("subscription_overlay_write_failed", "subscription_id", it.ID, "cause", err.Error(), "note", note)
-		return refuse("internal_error", "%s: the overlay was not written: %v", what, err).because(err)
+		return refuse("internal_error", "the overlay was not written: %v", err).because(err)
 	})
 	if err == nil && fresh {
 		inv.log.Info("subscription_donated", "subscription_id", it.ID, "provider", it.Provider, "agent_id", it.AgentID)
@@ -324,18 +322,16 @@ func (inv *inventory) store(it overlayItem, fresh bool, cred vaultCredential, by
 	return map[bool]overlayItem{true: it}[err == nil], err
 }
 
-// signedIn journals a store by sign-in (SPEC §11.1), logged at Warn unless stored and journaled; a replacement
-// of a known subscription that failed on Brama's side (5xx) is journaled as failed.
+// signedIn journals a store by sign-in (SPEC §11.1): stored, or a known subscription's replacement that failed on
+// Brama's side (5xx); logged at Warn unless both stored and journaled.
 func (inv *inventory) signedIn(it overlayItem, fresh bool, by string, err error) (overlayItem, error) {
-	rec := journalRecord{Kind: "subscription_sign_in", SubscriptionID: it.ID, Provider: it.Provider, Result: "signed_in",
-		Detail: map[bool]string{false: "credential replaced", true: "new subscription donated"}[fresh] + " by sign-in of client " + by}
-	if ae := asAPIError(err); err != nil {
-		if ae.Status() < 500 || fresh || it.Provider == "" {
-			return overlayItem{}, err
-		}
-		rec.Result, rec.Detail = "failed", "credential not replaced (client "+by+"): "+ae.Message
+	ae, rec := asAPIError(err), journalRecord{Kind: "subscription_sign_in", SubscriptionID: it.ID, Provider: it.Provider,
+		Result: "signed_in", Detail: map[bool]string{false: "credential replaced", true: "donated"}[fresh] + " by sign-in of client " + by}
+	if err != nil && (ae.Status() < 500 || fresh || it.Provider == "") {
+		return overlayItem{}, err
+	} else if err != nil {
+		rec.Result, rec.Detail = "failed", ledgerSentence("credential not replaced (client "+by+"): "+ae.Message)
 	}
-	rec.Detail = ledgerSentence(rec.Detail)
 	jerr := inv.j.append(rec)
 	level := map[bool]slog.Level{false: slog.LevelWarn, true: slog.LevelInfo}[err == nil && jerr == nil]
 	inv.log.Log(context.Background(), level, "subscription_sign_in", "subscription_id", it.ID, "agent_id", it.AgentID,
@@ -352,22 +348,18 @@ func (inv *inventory) setRetired(kind, agent, id, reason string) error {
 	if err := checkReason(reason); err != nil {
 		return refuse("invalid_request", "%v", err)
 	}
-	if err := inv.j.ready(); err != nil {
-		return refuse("dependency_unavailable", "subscription not changed: the journal cannot record a %s: %v", kind, err).because(err)
-	}
-	inv.wmu.Lock()
-	defer inv.wmu.Unlock()
-	defer inv.invalidate()
-	_, retired, err := inv.view()
-	if _, oerr := inv.owned(agent, id, ""); oerr != nil || err != nil || retired[id] == (kind == "retire") {
-		return cmp.Or(oerr, err)
-	}
-	if err := inv.j.append(journalRecord{Kind: kind, SubscriptionID: id, Reason: reason}); err != nil {
-		return refuse("dependency_unavailable", "subscription not changed: the journal refused the %s: %v", kind, err).because(err)
-	}
-	inv.log.Info("subscription_"+kind, "subscription_id", id, "agent_id", agent)
-	nudge(inv.l.changed) // its ledger moments count again, or no longer (SPEC §11.2)
-	return nil
+	return inv.write(func() error {
+		_, retired, err := inv.view()
+		if _, oerr := inv.owned(agent, id, ""); oerr != nil || err != nil || retired[id] == (kind == "retire") {
+			return cmp.Or(oerr, err)
+		}
+		if err := inv.j.append(journalRecord{Kind: kind, SubscriptionID: id, Reason: reason}); err != nil {
+			return refuse("dependency_unavailable", "subscription not changed: the journal refused the %s: %v", kind, err).because(err)
+		}
+		inv.log.Info("subscription_"+kind, "subscription_id", id, "agent_id", agent)
+		nudge(inv.l.changed) // its ledger moments count again, or no longer (SPEC §11.2)
+		return nil
+	})
 }
 
 // subscriptionRow is one subscription in a listing (SPEC §10.4).
@@ -435,7 +427,7 @@ func ifSet[T any](p *T, set bool) *T {
 func (inv *inventory) orphans() ([]string, error) {
 	items, err := inv.items()
 	doc, verr := inv.vault.load()
-	if err = cmp.Or(err, verr); err != nil {
+	if err = cmp.Or(err, vaultRefusal(verr)); err != nil {
 		return nil, err
 	}
 	named := map[string]bool{}
@@ -460,20 +452,23 @@ func (inv *inventory) overlayLost(held int) error {
 // overlay is lost, nor from a vault outside the state directory: it may hold another one's subscriptions.
 func (inv *inventory) pruneOrphans() ([]string, error) {
 	var orphans []string
-	err := inv.write(func(doc *vaultDoc) (err error) {
-		orphans, err = inv.orphans()
-		err = cmp.Or(err, inv.overlayLost(len(doc.Subscriptions)))
+	err := inv.write(func() (err error) {
+		if orphans, err = inv.orphans(); err != nil || len(orphans) == 0 {
+			return err
+		}
+		err = inv.overlayLost(len(orphans)) // the overlay lost, every credential is an orphan
 		if err == nil && filepath.Dir(inv.vault.path) != filepath.Dir(inv.overlay.path) {
 			err = refuse("state_conflict", "BRAMA_VAULT_FILE lies outside the state directory, maybe shared: nothing removed")
 		}
-		if err != nil || len(orphans) == 0 {
+		if err != nil {
 			return err
 		}
-		return inv.saveVault("no orphan removed", func(d *vaultDoc) {
+		return vaultRefusal(inv.vault.update(func(d *vaultDoc) error {
 			for _, id := range orphans {
 				delete(d.Subscriptions, id)
 			}
-		})
+			return nil
+		}))
 	})
 	if err != nil || len(orphans) == 0 {
 		return []string{}, err
