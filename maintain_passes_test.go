@@ -171,7 +171,7 @@ func TestRefreshPassDefinitiveRefusal(t *testing.T) {
 	// expired) exactly once.
 	fx.fake.handle("/token/claude-code", nil)
 	signIn := grant("CC2", fx.clock.now().Add(-time.Second))
-	if _, err := fx.inv.replaceCredential("a1", cc, signIn, ""); err != nil {
+	if _, err := fx.inv.store(overlayItem{AgentID: "a1", ID: cc}, signIn, ""); err != nil {
 		t.Fatal(err)
 	}
 	rep = fx.m.passOnce(context.Background(), "")

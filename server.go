@@ -115,7 +115,7 @@ func (s *server) routes() {
 		return map[string]bool{"ok": true}, nil
 	})))
 	s.mux.Handle("PUT /v1/admin/subscriptions/{agent_id}/{subscription_id}/credential", s.caller(roleAdmin, reply(s, 200, requiredBody, func(r *http.Request, body *credentialBody) (any, error) {
-		it, err := s.inv.replaceCredential(r.PathValue("agent_id"), r.PathValue("subscription_id"),
+		it, err := s.inv.store(overlayItem{AgentID: r.PathValue("agent_id"), ID: r.PathValue("subscription_id")},
 			vaultCredential{OAuth: body.OAuth, APIKey: body.APIKey}, infoFrom(r.Context()).client.ID)
 		if s.credentialChanged(it); err != nil {
 			return nil, err
@@ -500,7 +500,7 @@ func (s *server) donateSubscription(r *http.Request, body *donation) (any, error
 		by = infoFrom(r.Context()).client.ID
 	}
 	cred := vaultCredential{APIKey: body.APIKey, OAuth: body.OAuth}
-	it, err := s.inv.donate(r.PathValue("agent_id"), body.Provider, body.Label, cred, by)
+	it, err := s.inv.store(overlayItem{AgentID: r.PathValue("agent_id"), Provider: body.Provider, Label: body.Label}, cred, by)
 	if s.credentialChanged(it); err != nil {
 		return nil, err
 	}

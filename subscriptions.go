@@ -156,26 +156,17 @@ func newInventory(st state, v *vault, j *journal, l *ledger, getenv func(string)
 	return inv
 }
 
-// items is every overlay item, retired ones too, in overlay order, as the caller's own slice.
-func (inv *inventory) items() ([]overlayItem, error) {
+// view is every overlay item (the caller's own slice, in overlay order) and the journal's retired set (SPEC §9).
+func (inv *inventory) view() ([]overlayItem, map[string]bool, error) {
 	doc, err := inv.overlay.load()
 	if err != nil {
-		return nil, refuse("dependency_unavailable", "%v", err).because(err)
-	}
-	return slices.Clone(doc.Items), nil
-}
-
-// view is every overlay item and the journal's retired set (SPEC §9).
-func (inv *inventory) view() ([]overlayItem, map[string]bool, error) {
-	items, err := inv.items()
-	if err != nil {
-		return nil, nil, err
+		return nil, nil, unusable(err)
 	}
 	retired, err := inv.j.retired()
 	if err != nil {
 		return nil, nil, refuse("dependency_unavailable", "the journal cannot be read: %v", err).because(err)
 	}
-	return items, retired, nil
+	return slices.Clone(doc.Items), retired, nil
 }
 
 // pool is agent's non-retired items of provider ("": all) from the journal, never the cache (SPEC §7.2, §2.3).
@@ -226,12 +217,12 @@ func (inv *inventory) write(change func() error) error {
 	return change()
 }
 
-// vaultRefusal is a vault update's failure as a caller sees it: a guard's refusal as itself, else 503.
-func vaultRefusal(err error) error {
+// unusable is a state file's failure as a caller sees it: a guard's refusal as itself, else 503 naming the file.
+func unusable(err error) error {
 	if _, guard := err.(*apiError); err == nil || guard {
 		return err
 	}
-	return refuse("dependency_unavailable", "the vault cannot be read or written: %v", err).because(err)
+	return refuse("dependency_unavailable", "%v", err).because(err)
 }
 
 // invalidate drops every cached listing (the overlay itself is re-read when its file changes).
@@ -241,26 +232,21 @@ func (inv *inventory) invalidate() {
 	clear(inv.cache)
 }
 
-// donate stores a new subscription under a fresh id (SPEC §10.1); by, when set, is the client that signed in.
-func (inv *inventory) donate(agent, provider, label string, cred vaultCredential, by string) (overlayItem, error) {
-	rnd := make([]byte, 8)
-	rand.Read(rnd)
-	it := overlayItem{fmt.Sprintf("sub_%x", rnd), provider, agent, label, inv.now().UTC().Format(journalTimeFormat)}
-	if err := checkItem(it, false); err != nil {
+// store is the one credential write (SPEC §10.1): it without an ID is a donation under a fresh id, else the
+// replacement of agent's non-retired it's credential; by, when set, is the client that signed in (SPEC §11.1).
+// Every file is read before either is touched. A donation writes the vault, then the overlay, and takes the secret
+// back if the overlay write fails: the vault never keeps a secret no subscription names. A sign-in is refused
+// first when the journal cannot record it.
+func (inv *inventory) store(it overlayItem, cred vaultCredential, by string) (overlayItem, error) {
+	fresh := it.ID == ""
+	if fresh {
+		rnd := make([]byte, 8)
+		rand.Read(rnd)
+		it.ID, it.CreatedAt = fmt.Sprintf("sub_%x", rnd), inv.now().UTC().Format(journalTimeFormat)
+	}
+	if err := checkItem(it, false); fresh && err != nil {
 		return overlayItem{}, refuse("invalid_request", "%s", err)
 	}
-	return inv.store(it, true, cred, by)
-}
-
-// replaceCredential swaps the credential of agent's non-retired id; by, when set, is the client that signed in.
-func (inv *inventory) replaceCredential(agent, id string, cred vaultCredential, by string) (overlayItem, error) {
-	return inv.store(overlayItem{ID: id, AgentID: agent}, false, cred, by)
-}
-
-// store is the one credential write (SPEC §10.1), every file read before either is touched. A donation (fresh)
-// writes the vault, then the overlay, and takes the secret back if the overlay write fails: the vault never keeps
-// a secret no subscription names. A sign-in (by set) is refused first when the journal cannot record it.
-func (inv *inventory) store(it overlayItem, fresh bool, cred vaultCredential, by string) (overlayItem, error) {
 	if err := inv.j.ready(); by != "" && err != nil {
 		return overlayItem{}, refuse("dependency_unavailable", "the journal cannot record a sign-in: %v", err).because(err)
 	}
@@ -279,7 +265,7 @@ func (inv *inventory) store(it overlayItem, fresh bool, cred vaultCredential, by
 		if err != nil {
 			return err
 		}
-		err = vaultRefusal(inv.vault.update(func(doc *vaultDoc) error { // the guards see the document written
+		err = unusable(inv.vault.update(func(doc *vaultDoc) error { // the guards see the document written
 			for other, c := range doc.Subscriptions { // two holders of one grant would spend each other's refresh token
 				if cred.OAuth != nil && c.OAuth != nil && c.OAuth.RefreshToken == cred.OAuth.RefreshToken && other != it.ID {
 					return refuse("state_conflict", "this OAuth grant is held by another subscription (a retired one too); sign in anew")
@@ -294,9 +280,9 @@ func (inv *inventory) store(it overlayItem, fresh bool, cred vaultCredential, by
 		if err != nil || !fresh {
 			return err
 		}
-		items, err := inv.items()
+		doc, err := inv.overlay.load()
 		if err == nil {
-			err = writeState(inv.overlay.path, &overlayDoc{SchemaVersion: 1, Items: append(items, it)})
+			err = writeState(inv.overlay.path, &overlayDoc{SchemaVersion: 1, Items: append(slices.Clone(doc.Items), it)})
 		}
 		if err == nil {
 			return nil
@@ -425,13 +411,13 @@ func ifSet[T any](p *T, set bool) *T {
 
 // orphans lists, sorted, the vault's subscription ids no overlay item names (SPEC §17).
 func (inv *inventory) orphans() ([]string, error) {
-	items, err := inv.items()
+	overlay, err := inv.overlay.load()
 	doc, verr := inv.vault.load()
-	if err = cmp.Or(err, vaultRefusal(verr)); err != nil {
+	if err = unusable(cmp.Or(err, verr)); err != nil {
 		return nil, err
 	}
 	named := map[string]bool{}
-	for _, it := range items {
+	for _, it := range overlay.Items {
 		named[it.ID] = true
 	}
 	return slices.DeleteFunc(slices.Sorted(maps.Keys(doc.Subscriptions)), func(id string) bool { return named[id] }), nil
@@ -463,7 +449,7 @@ func (inv *inventory) pruneOrphans() ([]string, error) {
 		if err != nil {
 			return err
 		}
-		return vaultRefusal(inv.vault.update(func(d *vaultDoc) error {
+		return unusable(inv.vault.update(func(d *vaultDoc) error {
 			for _, id := range orphans {
 				delete(d.Subscriptions, id)
 			}
@@ -480,9 +466,11 @@ func (inv *inventory) pruneOrphans() ([]string, error) {
 // readiness is the inventory's part of /readyz (SPEC §13): an unreadable overlay is a reason, orphans and
 // reauthorizations warnings; payer: some credential is active. The journal's own trouble is the server's.
 func (inv *inventory) readiness() (reasons, warnings []string, payer bool) {
-	items, err := inv.items()
+	overlay, err := inv.overlay.load()
 	if err != nil && inv.overlay.pathErr == nil {
-		return []string{asAPIError(err).Message}, nil, false // names the overlay and the rule
+		return []string{err.Error()}, nil, false // names the overlay and the rule
+	} else if err != nil {
+		return nil, nil, false
 	}
 	if orphans, _ := inv.orphans(); len(orphans) > 0 {
 		fix := "brama subscription prune-orphans removes them"
@@ -494,7 +482,7 @@ func (inv *inventory) readiness() (reasons, warnings []string, payer bool) {
 	}
 	retired, err := inv.j.retired()
 	reauth := 0
-	for _, it := range items {
+	for _, it := range overlay.Items {
 		switch {
 		case err != nil || retired[it.ID]:
 		case inv.l.credentialState(it.ID) == credActive:

@@ -170,7 +170,7 @@ func TestInventoryListingCache(t *testing.T) {
 	env["BRAMA_SUBSCRIPTION_CACHE_TTL_SECS"] = "30"
 	clock := &testClock{t: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
 	inv, j := newTestInventory(t, env, clock)
-	a, err := inv.donate("a1", "kimi", "one", vaultCredential{APIKey: "sk-cache-one-0123456789"}, "")
+	a, err := inv.store(overlayItem{AgentID: "a1", Provider: "kimi", Label: "one"}, vaultCredential{APIKey: "sk-cache-one-0123456789"}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,12 +221,12 @@ func TestInventoryListingCache(t *testing.T) {
 	}{
 		{"reinstate", func() error { return inv.setRetired("reinstate", "a1", a.ID, "back") }, "active"},
 		{"donate", func() error {
-			_, err := inv.donate("a1", "openai", "", vaultCredential{APIKey: "sk-cache-two-0123456789"}, "")
+			_, err := inv.store(overlayItem{AgentID: "a1", Provider: "openai"}, vaultCredential{APIKey: "sk-cache-two-0123456789"}, "")
 			return err
 		}, "active,active"},
 		{"replace credential", func() error { // before the retire: a retired one's is refused
 			inv.l.setCredential(a.ID, "kimi", credNeedsReauth, "refused")
-			_, err := inv.replaceCredential("a1", a.ID, vaultCredential{APIKey: "sk-cache-new-0123456789"}, "")
+			_, err := inv.store(overlayItem{AgentID: "a1", ID: a.ID}, vaultCredential{APIKey: "sk-cache-new-0123456789"}, "")
 			return err
 		}, "active,active"},
 		{"retire", func() error { return inv.setRetired("retire", "a1", a.ID, "gone") }, "retired,active"},
@@ -271,7 +271,7 @@ func TestInventoryListingCacheKeepsOnlyAgentsWithSubscriptions(t *testing.T) {
 	env := stateEnv(t)
 	clock := &testClock{t: time.Unix(1_800_000_000, 0)}
 	inv, _ := newTestInventory(t, env, clock)
-	if _, err := inv.donate("a1", "kimi", "", vaultCredential{APIKey: "sk-cached-0123456789"}, ""); err != nil {
+	if _, err := inv.store(overlayItem{AgentID: "a1", Provider: "kimi"}, vaultCredential{APIKey: "sk-cached-0123456789"}, ""); err != nil {
 		t.Fatal(err)
 	}
 	for _, agent := range []string{"a1", "nobody-0", "nobody-1", "nobody-2"} {
@@ -291,7 +291,7 @@ func TestInventoryTTLZeroDisablesCache(t *testing.T) {
 	env["BRAMA_SUBSCRIPTION_CACHE_TTL_SECS"] = "0"
 	clock := &testClock{t: time.Unix(1_800_000_000, 0)}
 	inv, _ := newTestInventory(t, env, clock)
-	it, err := inv.donate("a1", "kimi", "", vaultCredential{APIKey: "sk-ttl0-0123456789"}, "")
+	it, err := inv.store(overlayItem{AgentID: "a1", Provider: "kimi"}, vaultCredential{APIKey: "sk-ttl0-0123456789"}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -309,7 +309,7 @@ func TestInventoryQueries(t *testing.T) {
 	inv, _ := newTestInventory(t, env, clock)
 	donate := func(agent, provider string) string {
 		t.Helper()
-		it, err := inv.donate(agent, provider, "", vaultCredential{APIKey: "sk-q-0123456789"}, "")
+		it, err := inv.store(overlayItem{AgentID: agent, Provider: provider}, vaultCredential{APIKey: "sk-q-0123456789"}, "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -336,7 +336,7 @@ func TestInventoryQueries(t *testing.T) {
 		{"pool b1 kimi", ids(inv.pool("b1", "kimi")), b1},
 		{"pool b1 openai", ids(inv.pool("b1", "openai")), ""},
 		{"agentItems a1", ids(inv.pool("a1", "")), o1 + "," + k2},
-		{"items", ids(inv.items()), strings.Join([]string{k1, o1, k2, b1}, ",")},
+		{"items", ids(func() ([]overlayItem, error) { items, _, err := inv.view(); return items, err }()), strings.Join([]string{k1, o1, k2, b1}, ",")},
 	}
 	for _, tc := range tests {
 		if tc.got != tc.want {
@@ -380,7 +380,7 @@ func TestInventoryWithoutStateDir(t *testing.T) {
 	calls := map[string]error{
 		"list":      func() error { _, err := inv.list("a1"); return err }(),
 		"pool":      func() error { _, err := inv.pool("a1", "kimi"); return err }(),
-		"donate":    func() error { _, err := inv.donate("a1", "kimi", "", vaultCredential{APIKey: "k"}, ""); return err }(),
+		"donate":    func() error { _, err := inv.store(overlayItem{AgentID: "a1", Provider: "kimi"}, vaultCredential{APIKey: "k"}, ""); return err }(),
 		"retire":    inv.setRetired("retire", "a1", "sub_0123456789abcdef", "x"),
 		"reinstate": inv.setRetired("reinstate", "a1", "sub_0123456789abcdef", "x"),
 	}
@@ -403,7 +403,7 @@ func TestInventoryDonationFillsGrant(t *testing.T) {
 		RefreshToken: "rt-fill-0123456789",
 		IDToken:      fakeJWT(`{"https://api.openai.com/auth":{"chatgpt_account_id":"acct-9"}}`),
 	}
-	it, err := inv.donate("a1", "codex", "", vaultCredential{OAuth: &g}, "")
+	it, err := inv.store(overlayItem{AgentID: "a1", Provider: "codex"}, vaultCredential{OAuth: &g}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
