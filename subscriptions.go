@@ -18,9 +18,6 @@ import (
 	"unicode/utf8"
 )
 
-// The subscription inventory (SPEC §10.1): the overlay says which subscriptions exist and whose, the vault holds
-// their credentials, the journal which are retired.
-
 const (
 	overlayFile = "donated-subscriptions.json"
 	maxPoolSize = 64        // non-retired subscriptions of one agent and provider (SPEC §17)
@@ -85,8 +82,7 @@ func checkItem(it overlayItem, twice bool) error {
 		{!isSubscriptionID(it.ID), fmt.Sprintf("id %q is not sub_ followed by 16 lower-case hex digits", it.ID)},
 		{!known || p.cred == credNone, fmt.Sprintf("provider %q takes no subscription", it.Provider)},
 		{!idPattern.MatchString(it.AgentID), fmt.Sprintf("agent_id %q must match [a-z0-9-]{1,64}", it.AgentID)},
-		{len(it.Label) > 128, fmt.Sprintf("label is %d bytes; the limit is 128", len(it.Label))},
-		{!printable(it.Label), "label must be printable UTF-8 text on one line"},
+		{len(it.Label) > 128 || !printable(it.Label), "label must be printable UTF-8 text on one line, at most 128 bytes"},
 		{timeErr != nil, fmt.Sprintf("created_at %q is not an RFC 3339 time", it.CreatedAt)},
 		{twice, fmt.Sprintf("id %q appears twice", it.ID)}})
 }
@@ -94,8 +90,7 @@ func checkItem(it overlayItem, twice bool) error {
 // checkReason bounds a retire or reinstate reason: required, printable, at most 512 bytes.
 func checkReason(reason string) error {
 	return firstBroken([]rule{{strings.TrimSpace(reason) == "", "a reason is required"},
-		{len(reason) > 512, fmt.Sprintf("the reason is %d bytes; the limit is 512", len(reason))},
-		{!printable(reason), "the reason must be printable UTF-8 text on one line"}})
+		{len(reason) > 512 || !printable(reason), "the reason must be printable UTF-8 text on one line, at most 512 bytes"}})
 }
 
 // printable: valid UTF-8 of printable runes, so no control character reaches a terminal or a log line.
@@ -112,8 +107,7 @@ func checkCredential(provider string, cred vaultCredential) (vaultCredential, er
 		{isKey == (cred.OAuth != nil), "give exactly one of api_key or oauth"},
 		{isKey && (strings.TrimSpace(k) != k || !printable(k) || len(k) > 8192), "api_key must be one line of printable text (at most 8192 bytes) without surrounding spaces"},
 		{!isKey && p.cred != credSubscription, fmt.Sprintf("provider %q takes an api_key, not an oauth grant (oauth is for claude-code, codex and kimi)", provider)},
-		{!isKey && (g.AccessToken == "" || g.RefreshToken == ""), "oauth needs access_token and refresh_token"},
-		{!printable(g.AccessToken) || !printable(g.RefreshToken), "oauth access_token and refresh_token must be printable text (no newline or other control character)"},
+		{!isKey && (g.AccessToken == "" || g.RefreshToken == "" || !printable(g.AccessToken) || !printable(g.RefreshToken)), "oauth needs a printable access_token and refresh_token (no newline or other control character)"},
 		{g.ExpiresAtMs < 0, "oauth expires_at_ms must not be negative"}}); err != nil {
 		return cred, refuse("invalid_request", "%s", err)
 	}
@@ -124,7 +118,9 @@ func checkCredential(provider string, cred vaultCredential) (vaultCredential, er
 	return cred, nil
 }
 
-// inventory is the only writer of the overlay and of the vault's subscriptions (SPEC §2.3), under wmu.
+// inventory is the subscriptions (SPEC §10.1): the overlay says which exist and whose, the vault holds their
+// credentials, the journal which are retired. It is the only writer of the overlay and of the vault's
+// subscriptions (SPEC §2.3).
 type inventory struct {
 	sys
 	overlay stateFile[*overlayDoc]
@@ -132,8 +128,7 @@ type inventory struct {
 	j       *journal
 	l       *ledger
 	ttl     time.Duration      // the listing cache's lifetime; 0 turns it off
-	wmu     sync.Mutex         // serializes the inventory's writes
-	mu      sync.Mutex         // guards cache
+	mu      sync.Mutex         // serializes the inventory's writes and guards cache
 	cache   map[string]listing // by agent id
 }
 
@@ -211,9 +206,9 @@ func (inv *inventory) credential(id string) (vaultCredential, error) {
 
 // write runs one change under wmu, then drops the cached listings: they show it at once (SPEC §10.2).
 func (inv *inventory) write(change func() error) error {
-	inv.wmu.Lock()
-	defer inv.wmu.Unlock()
-	defer inv.invalidate()
+	inv.mu.Lock()
+	defer inv.mu.Unlock()
+	defer clear(inv.cache)
 	return change()
 }
 
@@ -225,7 +220,7 @@ func unusable(err error) error {
 	return refuse("dependency_unavailable", "%v", err).because(err)
 }
 
-// invalidate drops every cached listing (the overlay itself is re-read when its file changes).
+// invalidate drops every cached listing: a pass or a probe changed the rows (the overlay is re-read on change).
 func (inv *inventory) invalidate() {
 	inv.mu.Lock()
 	defer inv.mu.Unlock()
@@ -287,11 +282,9 @@ func (inv *inventory) store(it overlayItem, cred vaultCredential, by string) (ov
 		if err == nil {
 			return nil
 		}
-		note := "its credential was taken back from the vault"
-		if verr := inv.vault.update(func(d *vaultDoc) error { delete(d.Subscriptions, it.ID); return nil }); verr != nil {
-			note = "its credential stays in the vault until brama subscription prune-orphans: " + verr.Error()
-		}
-		inv.log.Error("subscription_overlay_write_failed", "subscription_id", it.ID, "cause", err.Error(), "note", note)
+		verr := inv.vault.update(func(d *vaultDoc) error { delete(d.Subscriptions, it.ID); return nil })
+		inv.log.Error("subscription_overlay_write_failed", "subscription_id", it.ID, "cause", err.Error(),
+			"vault_rollback_error", verr) // null: taken back; else kept until brama subscription prune-orphans
 		return refuse("internal_error", "the overlay was not written: %v", err).because(err)
 	})
 	if err == nil && fresh {
@@ -366,7 +359,7 @@ type subscriptionRow struct {
 // list is agent's rows (SPEC §10.4), retired ones included, cached per agent for the TTL.
 func (inv *inventory) list(agent string) ([]subscriptionRow, error) {
 	now := inv.now()
-	inv.mu.Lock() // held while computing: an invalidation waits, so no listing outlives one
+	inv.mu.Lock() // held while computing: a write or an invalidation waits, so no listing outlives one
 	defer inv.mu.Unlock()
 	status := inv.l.statusVersion()
 	if c, hit := inv.cache[agent]; hit && now.Sub(c.at) >= 0 && now.Sub(c.at) < inv.ttl && c.status == status {
@@ -401,7 +394,6 @@ func (inv *inventory) row(item overlayItem, retired bool, now time.Time) subscri
 	return r
 }
 
-// ifSet is p when set, else nil: a row's null.
 func ifSet[T any](p *T, set bool) *T {
 	if set {
 		return p
