@@ -87,12 +87,6 @@ func checkItem(it overlayItem, twice bool) error {
 		{twice, fmt.Sprintf("id %q appears twice", it.ID)}})
 }
 
-// checkReason bounds a retire or reinstate reason: required, printable, at most 512 bytes.
-func checkReason(reason string) error {
-	return firstBroken([]rule{{strings.TrimSpace(reason) == "", "a reason is required"},
-		{len(reason) > 512 || !printable(reason), "the reason must be printable UTF-8 text on one line, at most 512 bytes"}})
-}
-
 // printable: valid UTF-8 of printable runes, so no control character reaches a terminal or a log line.
 func printable(s string) bool {
 	return utf8.ValidString(s) && strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }) < 0
@@ -231,7 +225,7 @@ func (inv *inventory) invalidate() {
 // replacement of agent's non-retired it's credential; by, when set, is the client that signed in (SPEC §11.1).
 // Every file is read before either is touched. A donation writes the vault, then the overlay, and takes the secret
 // back if the overlay write fails: the vault never keeps a secret no subscription names. A sign-in is refused
-// first when the journal cannot record it.
+// first when the journal cannot record it, and journaled (SPEC §11.1), logged at Warn unless stored and journaled.
 func (inv *inventory) store(it overlayItem, cred vaultCredential, by string) (overlayItem, error) {
 	fresh := it.ID == ""
 	if fresh {
@@ -295,21 +289,13 @@ func (inv *inventory) store(it overlayItem, cred vaultCredential, by string) (ov
 	if err == nil && (!fresh || cred.OAuth != nil) {
 		inv.l.setGrantTimes(it.ID, it.Provider, cmp.Or(cred.OAuth, &oauthGrant{}).ExpiresAtMs, 0) // an API key: none
 	}
-	if by != "" {
-		return inv.signedIn(it, fresh, by, err)
+	if by == "" || err != nil && (asAPIError(err).Status() < 500 || fresh || it.Provider == "") {
+		return map[bool]overlayItem{true: it}[err == nil], err
 	}
-	return map[bool]overlayItem{true: it}[err == nil], err
-}
-
-// signedIn journals a store by sign-in (SPEC §11.1): stored, or a known subscription's replacement that failed on
-// Brama's side (5xx); logged at Warn unless both stored and journaled.
-func (inv *inventory) signedIn(it overlayItem, fresh bool, by string, err error) (overlayItem, error) {
-	ae, rec := asAPIError(err), journalRecord{Kind: "subscription_sign_in", SubscriptionID: it.ID, Provider: it.Provider,
-		Result: "signed_in", Detail: map[bool]string{false: "credential replaced", true: "donated"}[fresh] + " by sign-in of client " + by}
-	if err != nil && (ae.Status() < 500 || fresh || it.Provider == "") {
-		return overlayItem{}, err
-	} else if err != nil {
-		rec.Result, rec.Detail = "failed", ledgerSentence("credential not replaced (client "+by+"): "+ae.Message)
+	rec := journalRecord{Kind: "subscription_sign_in", SubscriptionID: it.ID, Provider: it.Provider, Result: "signed_in",
+		Detail: map[bool]string{false: "credential replaced", true: "donated"}[fresh] + " by sign-in of client " + by}
+	if err != nil { // a known subscription's replacement that failed on Brama's side
+		rec.Result, rec.Detail = "failed", ledgerSentence("credential not replaced (client "+by+"): "+asAPIError(err).Message)
 	}
 	jerr := inv.j.append(rec)
 	level := map[bool]slog.Level{false: slog.LevelWarn, true: slog.LevelInfo}[err == nil && jerr == nil]
@@ -324,7 +310,8 @@ func (inv *inventory) signedIn(it overlayItem, fresh bool, by string, err error)
 // setRetired journals agent's id out of ("retire") or back into ("reinstate") service (SPEC §9), unless the fold
 // already says so; nothing is claimed that the journal cannot record.
 func (inv *inventory) setRetired(kind, agent, id, reason string) error {
-	if err := checkReason(reason); err != nil {
+	if err := firstBroken([]rule{{strings.TrimSpace(reason) == "", "a reason is required"},
+		{len(reason) > 512 || !printable(reason), "the reason must be printable UTF-8 text on one line, at most 512 bytes"}}); err != nil {
 		return refuse("invalid_request", "%v", err)
 	}
 	return inv.write(func() error {

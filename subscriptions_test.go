@@ -107,14 +107,17 @@ func TestCheckLabelAndReason(t *testing.T) {
 		{name: "blank reason", text: "   ", label: true, reason: false},
 		{name: "long reason", text: strings.Repeat("y", 513), label: false, reason: false},
 	}
+	// A reason is checked before the subscription is looked up: an accepted one reaches the 404.
+	inv, _ := newTestInventory(t, stateEnv(t), &testClock{t: time.Unix(1_800_000_000, 0)})
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			item := overlayItem{ID: "sub_0123456789abcdef", Provider: "kimi", AgentID: "a1", Label: tc.text, CreatedAt: "2026-01-02T03:04:05.000Z"}
 			if got := checkItem(item, false) == nil; got != tc.label {
 				t.Errorf("label accepted = %v, want %v", got, tc.label)
 			}
-			if got := checkReason(tc.text) == nil; got != tc.reason {
-				t.Errorf("reason accepted = %v, want %v", got, tc.reason)
+			err := inv.setRetired("retire", "a1", "sub_0123456789abcdef", tc.text)
+			if got := asAPIError(err).Code != "invalid_request"; got != tc.reason {
+				t.Errorf("reason accepted = %v (%v), want %v", got, err, tc.reason)
 			}
 		})
 	}
