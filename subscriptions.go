@@ -101,7 +101,8 @@ func checkCredential(provider string, cred vaultCredential) (vaultCredential, er
 		{isKey == (cred.OAuth != nil), "give exactly one of api_key or oauth"},
 		{isKey && (strings.TrimSpace(k) != k || !printable(k) || len(k) > 8192), "api_key must be one line of printable text (at most 8192 bytes) without surrounding spaces"},
 		{!isKey && p.cred != credSubscription, fmt.Sprintf("provider %q takes an api_key, not an oauth grant (oauth is for claude-code, codex and kimi)", provider)},
-		{!isKey && (g.AccessToken == "" || g.RefreshToken == "" || !printable(g.AccessToken) || !printable(g.RefreshToken)), "oauth needs a printable access_token and refresh_token (no newline or other control character)"},
+		{!isKey && (g.AccessToken == "" || g.RefreshToken == ""), "oauth needs access_token and refresh_token"},
+		{!printable(g.AccessToken) || !printable(g.RefreshToken), "oauth tokens must be printable text (no newline or other control character)"},
 		{g.ExpiresAtMs < 0, "oauth expires_at_ms must not be negative"}}); err != nil {
 		return cred, refuse("invalid_request", "%s", err)
 	}
@@ -121,21 +122,17 @@ type inventory struct {
 	vault   *vault
 	j       *journal
 	l       *ledger
-	ttl     time.Duration      // the listing cache's lifetime; 0 turns it off
-	mu      sync.Mutex         // serializes the inventory's writes and guards cache
-	cache   map[string]listing // by agent id
-}
+	ttl     time.Duration // the listing cache's lifetime; 0 turns it off
+	mu      sync.Mutex    // serializes the inventory's writes and guards the cache
 
-// listing is one agent's cached rows, when and at which ledger status they were made (a block shows at once).
-type listing struct {
-	rows   []subscriptionRow
-	at     time.Time
-	status uint64
+	cache       map[string][]subscriptionRow // agents' rows, made since cachedAt at ledger status cacheStatus
+	cachedAt    time.Time
+	cacheStatus uint64 // a block or a credential change shows at once
 }
 
 // newInventory places the overlay in st and reads the listing cache's TTL (SPEC §10.2).
 func newInventory(st state, v *vault, j *journal, l *ledger, getenv func(string) string, sy sys) *inventory {
-	inv := &inventory{sys: sy, vault: v, j: j, l: l, cache: map[string]listing{}}
+	inv := &inventory{sys: sy, vault: v, j: j, l: l, cache: map[string][]subscriptionRow{}}
 	inv.overlay = stateFile[*overlayDoc]{role: "donated-subscription overlay", parse: parseOverlay}
 	inv.overlay.path, inv.overlay.pathErr = st.path(inv.overlay.role, overlayFile)
 	var err error // unset or unreadable (logged) is 60 s
@@ -198,7 +195,7 @@ func (inv *inventory) credential(id string) (vaultCredential, error) {
 	return c, nil
 }
 
-// write runs one change under wmu, then drops the cached listings: they show it at once (SPEC §10.2).
+// write runs one change under mu, then drops the cached listings: they show it at once (SPEC §10.2).
 func (inv *inventory) write(change func() error) error {
 	inv.mu.Lock()
 	defer inv.mu.Unlock()
@@ -311,7 +308,7 @@ func (inv *inventory) store(it overlayItem, cred vaultCredential, by string) (ov
 // already says so; nothing is claimed that the journal cannot record.
 func (inv *inventory) setRetired(kind, agent, id, reason string) error {
 	if err := firstBroken([]rule{{strings.TrimSpace(reason) == "", "a reason is required"},
-		{len(reason) > 512 || !printable(reason), "the reason must be printable UTF-8 text on one line, at most 512 bytes"}}); err != nil {
+		{len(reason) > 512 || !printable(reason), "the reason must be printable text on one line, at most 512 bytes"}}); err != nil {
 		return refuse("invalid_request", "%v", err)
 	}
 	return inv.write(func() error {
@@ -343,14 +340,16 @@ type subscriptionRow struct {
 	Stale      bool              `json:"stale"`
 }
 
-// list is agent's rows (SPEC §10.4), retired ones included, cached per agent for the TTL.
+// list is agent's rows (SPEC §10.4), retired ones included, cached for at most the TTL.
 func (inv *inventory) list(agent string) ([]subscriptionRow, error) {
 	now := inv.now()
 	inv.mu.Lock() // held while computing: a write or an invalidation waits, so no listing outlives one
 	defer inv.mu.Unlock()
-	status := inv.l.statusVersion()
-	if c, hit := inv.cache[agent]; hit && now.Sub(c.at) >= 0 && now.Sub(c.at) < inv.ttl && c.status == status {
-		return slices.Clone(c.rows), nil
+	if status := inv.l.statusVersion(); status != inv.cacheStatus || now.Sub(inv.cachedAt) < 0 || now.Sub(inv.cachedAt) >= inv.ttl {
+		clear(inv.cache)
+		inv.cachedAt, inv.cacheStatus = now, status
+	} else if rows, hit := inv.cache[agent]; hit {
+		return slices.Clone(rows), nil
 	}
 	items, retired, err := inv.view()
 	rows := []subscriptionRow{}
@@ -360,7 +359,7 @@ func (inv *inventory) list(agent string) ([]subscriptionRow, error) {
 		}
 	}
 	if inv.ttl > 0 && len(rows) > 0 { // an unknown id an admin reads leaves no entry
-		inv.cache[agent] = listing{rows: rows, at: now, status: status}
+		inv.cache[agent] = rows
 	}
 	return slices.Clone(rows), err
 }
