@@ -459,6 +459,7 @@ func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 	check("route registry unusable: ", "BRAMA_ROUTES_FILE", s.reg.path, s.reg.pathErr, errOf(s.reg.current()), noState)
 	check("vault unusable: ", "BRAMA_VAULT_FILE", s.vault.path, s.vault.pathErr, errOf(s.vault.load()), noState)
 	check("clients file unusable: ", "BRAMA_CLIENTS_FILE", s.clients.path, s.clients.pathErr, errOf(s.clients.load()), absent)
+	check("", "", "", nil, errOf(s.inv.overlay.load()), noState) // the error names the overlay and the rule
 	check("ledger unusable (served empty, never overwritten): ", "", "", nil, s.ledger.unreadable, nil)
 	check("journal unusable: ", "", "", nil, errOf(s.journal.size()), noState)
 	check("answer key unusable (every signed answer is refused): ", "", "", nil, keyErr, func(err error) bool { return absent(err) || noState(err) })
@@ -476,8 +477,8 @@ func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 			warn("the journal holds %d more unreadable lines (brama journal check lists them)", n-len(bad))
 		}
 	}
-	invReasons, invWarnings, subPayer := s.inv.readiness()
-	rd.Reasons, rd.Warnings = append(rd.Reasons, invReasons...), append(rd.Warnings, invWarnings...)
+	invWarnings, subPayer := s.inv.readiness()
+	rd.Warnings = append(rd.Warnings, invWarnings...)
 	if !subPayer && !s.anyDirectPayer() {
 		rd.Reasons = append(rd.Reasons, "no payer: no direct credential, declared deployment or active subscription")
 	}

@@ -441,14 +441,12 @@ func (inv *inventory) pruneOrphans() ([]string, error) {
 	return orphans, nil
 }
 
-// readiness is the inventory's part of /readyz (SPEC §13): an unreadable overlay is a reason, orphans and
-// reauthorizations warnings; payer: some credential is active. The journal's own trouble is the server's.
-func (inv *inventory) readiness() (reasons, warnings []string, payer bool) {
+// readiness is the inventory's part of /readyz (SPEC §13): orphans and reauthorizations are warnings; payer: some
+// credential is active. An unusable overlay or journal is a reason the server names.
+func (inv *inventory) readiness() (warnings []string, payer bool) {
 	overlay, err := inv.overlay.load()
-	if err != nil && inv.overlay.pathErr == nil {
-		return []string{err.Error()}, nil, false // names the overlay and the rule
-	} else if err != nil {
-		return nil, nil, false
+	if err != nil {
+		return nil, false
 	}
 	if orphans, _ := inv.orphans(); len(orphans) > 0 {
 		fix := "brama subscription prune-orphans removes them"
@@ -472,5 +470,5 @@ func (inv *inventory) readiness() (reasons, warnings []string, payer bool) {
 	if reauth > 0 {
 		warnings = append(warnings, fmt.Sprintf("%d subscription(s) need reauthorization (brama subscription sign-in)", reauth))
 	}
-	return nil, warnings, payer
+	return warnings, payer
 }
