@@ -145,12 +145,9 @@ func newInventory(st state, v *vault, j *journal, l *ledger, getenv func(string)
 // view is every overlay item (the caller's own slice, in overlay order) and the journal's retired set (SPEC §9).
 func (inv *inventory) view() ([]overlayItem, map[string]bool, error) {
 	doc, err := inv.overlay.load()
-	if err != nil {
-		return nil, nil, unusable(err)
-	}
-	retired, err := inv.j.retired()
-	if err != nil {
-		return nil, nil, refuse("dependency_unavailable", "the journal cannot be read: %v", err).because(err)
+	retired, jerr := inv.j.retired()
+	if err = unusable(cmp.Or(err, jerr)); err != nil { // each names its file
+		return nil, nil, err
 	}
 	return slices.Clone(doc.Items), retired, nil
 }
@@ -212,11 +209,7 @@ func unusable(err error) error {
 }
 
 // invalidate drops every cached listing: a pass or a probe changed the rows (the overlay is re-read on change).
-func (inv *inventory) invalidate() {
-	inv.mu.Lock()
-	defer inv.mu.Unlock()
-	clear(inv.cache)
-}
+func (inv *inventory) invalidate() { inv.write(func() error { return nil }) }
 
 // store is the one credential write (SPEC §10.1): it without an ID is a donation under a fresh id, else the
 // replacement of agent's non-retired it's credential; by, when set, is the client that signed in (SPEC §11.1).
@@ -394,11 +387,11 @@ func (inv *inventory) orphans() ([]string, error) {
 	if err = unusable(cmp.Or(err, verr)); err != nil {
 		return nil, err
 	}
-	named := map[string]bool{}
+	orphans := maps.Clone(doc.Subscriptions)
 	for _, it := range overlay.Items {
-		named[it.ID] = true
+		delete(orphans, it.ID)
 	}
-	return slices.DeleteFunc(slices.Sorted(maps.Keys(doc.Subscriptions)), func(id string) bool { return named[id] }), nil
+	return slices.Sorted(maps.Keys(orphans)), nil
 }
 
 // overlayLost refuses a write while the overlay is missing or empty (0 bytes: a restore cut short; Brama never
@@ -444,7 +437,7 @@ func (inv *inventory) pruneOrphans() ([]string, error) {
 // readiness is the inventory's part of /readyz (SPEC §13): orphans and reauthorizations are warnings; payer: some
 // credential is active. An unusable overlay or journal is a reason the server names.
 func (inv *inventory) readiness() (warnings []string, payer bool) {
-	overlay, err := inv.overlay.load()
+	items, retired, err := inv.view()
 	if err != nil {
 		return nil, false
 	}
@@ -456,11 +449,10 @@ func (inv *inventory) readiness() (warnings []string, payer bool) {
 		warnings = append(warnings, fmt.Sprintf("the vault holds %d subscription credential(s) with no overlay entry, unused: %s; %s",
 			len(orphans), strings.Join(orphans, ", "), fix))
 	}
-	retired, err := inv.j.retired()
 	reauth := 0
-	for _, it := range overlay.Items {
+	for _, it := range items {
 		switch {
-		case err != nil || retired[it.ID]:
+		case retired[it.ID]:
 		case inv.l.credentialState(it.ID) == credActive:
 			payer = true
 		default:
