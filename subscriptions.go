@@ -338,7 +338,8 @@ func (inv *inventory) list(agent string) ([]subscriptionRow, error) {
 	now := inv.now()
 	inv.mu.Lock() // held while computing: a write or an invalidation waits, so no listing outlives one
 	defer inv.mu.Unlock()
-	if status := inv.l.statusVersion(); status != inv.cacheStatus || now.Sub(inv.cachedAt) < 0 || now.Sub(inv.cachedAt) >= inv.ttl {
+	status, age := inv.l.statusVersion(), now.Sub(inv.cachedAt)
+	if status != inv.cacheStatus || age < 0 || age >= inv.ttl {
 		clear(inv.cache)
 		inv.cachedAt, inv.cacheStatus = now, status
 	} else if rows, hit := inv.cache[agent]; hit {

@@ -381,9 +381,12 @@ func TestInventoryWithoutStateDir(t *testing.T) {
 	clock := &testClock{t: time.Unix(1_800_000_000, 0)}
 	inv, _ := newTestInventory(t, env, clock)
 	calls := map[string]error{
-		"list":      func() error { _, err := inv.list("a1"); return err }(),
-		"pool":      func() error { _, err := inv.pool("a1", "kimi"); return err }(),
-		"donate":    func() error { _, err := inv.store(overlayItem{AgentID: "a1", Provider: "kimi"}, vaultCredential{APIKey: "k"}, ""); return err }(),
+		"list": func() error { _, err := inv.list("a1"); return err }(),
+		"pool": func() error { _, err := inv.pool("a1", "kimi"); return err }(),
+		"donate": func() error {
+			_, err := inv.store(overlayItem{AgentID: "a1", Provider: "kimi"}, vaultCredential{APIKey: "k"}, "")
+			return err
+		}(),
 		"retire":    inv.setRetired("retire", "a1", "sub_0123456789abcdef", "x"),
 		"reinstate": inv.setRetired("reinstate", "a1", "sub_0123456789abcdef", "x"),
 	}
