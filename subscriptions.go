@@ -230,19 +230,16 @@ func (inv *inventory) store(it overlayItem, cred vaultCredential, by string) (ov
 		return overlayItem{}, refuse("dependency_unavailable", "the journal cannot record a sign-in: %v", err).because(err)
 	}
 	err := inv.write(func() (err error) {
-		if !fresh {
+		pool, err := inv.pool(it.AgentID, it.Provider)
+		if err == nil && !fresh {
 			it, err = inv.owned(it.AgentID, it.ID, "reinstate it before replacing its credential")
 		}
 		if err == nil {
 			cred, err = checkCredential(it.Provider, cred)
 		}
-		pool, perr := inv.pool(it.AgentID, it.Provider)
-		if err = cmp.Or(err, perr); err == nil && fresh && len(pool) >= maxPoolSize {
-			err = refuse("invalid_request", "agent %q holds %d non-retired %s subscriptions, the limit; retire one first",
-				it.AgentID, len(pool), it.Provider)
-		}
-		if err != nil {
-			return err
+		if err != nil || fresh && len(pool) >= maxPoolSize {
+			return cmp.Or[error](err, refuse("invalid_request",
+				"agent %q holds %d non-retired %s subscriptions, the limit; retire one first", it.AgentID, len(pool), it.Provider))
 		}
 		err = unusable(inv.vault.update(func(doc *vaultDoc) error { // the guards see the document written
 			for other, c := range doc.Subscriptions { // two holders of one grant would spend each other's refresh token
