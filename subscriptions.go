@@ -211,8 +211,8 @@ func unusable(err error) error {
 // invalidate drops every cached listing: a pass or a probe changed the rows (the overlay is re-read on change).
 func (inv *inventory) invalidate() { inv.write(func() error { return nil }) }
 
-// store is the one credential write (SPEC §10.1): it without an ID is a donation under a fresh id, else the
-// replacement of agent's non-retired it's credential; by, when set, is the client that signed in (SPEC §11.1).
+// store is the one credential write (SPEC §10.1): an item without an ID is a donation under a fresh id, one with
+// an ID replaces the credential of the agent's non-retired subscription; by, when set, is the client that signed in.
 // Every file is read before either is touched. A donation writes the vault, then the overlay, and takes the secret
 // back if the overlay write fails: the vault never keeps a secret no subscription names. A sign-in is refused
 // first when the journal cannot record it, and journaled (SPEC §11.1), logged at Warn unless stored and journaled.
