@@ -412,11 +412,9 @@ func (inv *inventory) pruneOrphans() ([]string, error) {
 			return err
 		}
 		err = inv.overlayLost(len(orphans)) // the overlay lost, every credential is an orphan
-		if err == nil && filepath.Dir(inv.vault.path) != filepath.Dir(inv.overlay.path) {
-			err = refuse("state_conflict", "BRAMA_VAULT_FILE lies outside the state directory, maybe shared: nothing removed")
-		}
-		if err != nil {
-			return err
+		if shared := filepath.Dir(inv.vault.path) != filepath.Dir(inv.overlay.path); err != nil || shared {
+			return cmp.Or[error](err, refuse("state_conflict",
+				"BRAMA_VAULT_FILE lies outside the state directory, maybe shared: nothing removed"))
 		}
 		return unusable(inv.vault.update(func(d *vaultDoc) error {
 			for _, id := range orphans {
@@ -440,10 +438,9 @@ func (inv *inventory) readiness() (warnings []string, payer bool) {
 		return nil, false
 	}
 	if orphans, _ := inv.orphans(); len(orphans) > 0 {
-		fix := "brama subscription prune-orphans removes them"
-		if inv.overlayLost(len(orphans)) != nil {
-			fix = overlayFile + " is missing or empty: restore it from a backup (donations are refused until then)"
-		}
+		fix := map[bool]string{false: "brama subscription prune-orphans removes them",
+			true: overlayFile + " is missing or empty: restore it from a backup (donations are refused until then)",
+		}[inv.overlayLost(len(orphans)) != nil]
 		warnings = append(warnings, fmt.Sprintf("the vault holds %d subscription credential(s) with no overlay entry, unused: %s; %s",
 			len(orphans), strings.Join(orphans, ", "), fix))
 	}
