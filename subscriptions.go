@@ -261,6 +261,7 @@ func (inv *inventory) store(it overlayItem, cred vaultCredential, by string) (ov
 			err = writeState(inv.overlay.path, &overlayDoc{SchemaVersion: 1, Items: append(slices.Clone(doc.Items), it)})
 		}
 		if err == nil {
+			inv.log.Info("subscription_donated", "subscription_id", it.ID, "provider", it.Provider, "agent_id", it.AgentID)
 			return nil
 		}
 		verr := inv.vault.update(func(d *vaultDoc) error { delete(d.Subscriptions, it.ID); return nil })
@@ -268,9 +269,7 @@ func (inv *inventory) store(it overlayItem, cred vaultCredential, by string) (ov
 			"vault_rollback_error", verr) // null: taken back; else kept until brama subscription prune-orphans
 		return refuse("internal_error", "the overlay was not written: %v", err).because(err)
 	})
-	if err == nil && fresh {
-		inv.log.Info("subscription_donated", "subscription_id", it.ID, "provider", it.Provider, "agent_id", it.AgentID)
-	} else if err == nil {
+	if err == nil && !fresh {
 		inv.l.setCredential(it.ID, it.Provider, credActive, "")
 	}
 	if err == nil && (!fresh || cred.OAuth != nil) {
