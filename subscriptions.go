@@ -46,11 +46,8 @@ type overlayDoc struct {
 
 // parseOverlay strictly parses the overlay; an empty file is an empty overlay.
 func parseOverlay(b []byte) (*overlayDoc, error) {
-	doc := &overlayDoc{SchemaVersion: 1}
-	if len(b) == 0 {
-		return doc, doc.validate()
-	}
-	if err := decodeStrict(overlayFile, b, doc); err != nil {
+	doc := &overlayDoc{SchemaVersion: 1, Items: []overlayItem{}}
+	if err := decodeStrict(overlayFile, b, doc); len(b) > 0 && err != nil {
 		return nil, fmt.Errorf("%w: %w", errOverlayInvalid, err)
 	}
 	return doc, nil
@@ -118,13 +115,12 @@ func checkCredential(provider string, cred vaultCredential) (vaultCredential, er
 // subscriptions (SPEC §2.3).
 type inventory struct {
 	sys
-	overlay stateFile[*overlayDoc]
-	vault   *vault
-	j       *journal
-	l       *ledger
-	ttl     time.Duration // the listing cache's lifetime; 0 turns it off
-	mu      sync.Mutex    // serializes the inventory's writes and guards the cache
-
+	overlay     stateFile[*overlayDoc]
+	vault       *vault
+	j           *journal
+	l           *ledger
+	ttl         time.Duration                // the listing cache's lifetime; 0 turns it off
+	mu          sync.Mutex                   // serializes the inventory's writes and guards the cache
 	cache       map[string][]subscriptionRow // agents' rows, made since cachedAt at ledger status cacheStatus
 	cachedAt    time.Time
 	cacheStatus uint64 // a block or a credential change shows at once
