@@ -323,7 +323,7 @@ func (m *maintainer) passOnce(ctx context.Context, agent string) passReport {
 	if err == nil && ctx.Err() != nil { // what it skipped is neither read nor failed: not ok
 		err = fmt.Errorf("%w: the server is stopping, so this pass ended before its reads and refreshes", errMaintenanceStopped)
 	}
-	m.inv.invalidate(false) // the listing shows the pass at once (SPEC §10.2)
+	m.inv.invalidate() // the listing shows the pass at once (SPEC §10.2)
 	rep := p.rep
 	rep.OK = err == nil && len(rep.Usage.Failed) == 0 && rep.Credentials.Refused == 0
 	if due := m.l.nextDue(m.clock(), retired); !due.IsZero() {

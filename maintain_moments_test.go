@@ -76,7 +76,7 @@ func TestMaintainIgnoresMomentsOfRetiredSubscriptions(t *testing.T) {
 	fx := newMaintFixture(t)
 	retiredAt, liveAt := maintT0.Add(time.Hour), maintT0.Add(2*time.Hour)
 	gone := fx.donate(t, "claude-code", grant("GONE", retiredAt))
-	if err := fx.inv.retire("a1", gone, "left the team"); err != nil {
+	if err := fx.inv.setRetired("retire", "a1", gone, "left the team"); err != nil {
 		t.Fatal(err)
 	}
 	fx.donate(t, "claude-code", grant("LIVE", liveAt))
@@ -109,7 +109,7 @@ func TestMaintainRearmsWhenASubscriptionRetires(t *testing.T) {
 	if at := fx.timers.nextArmed(t); !at.Equal(soonAt) {
 		t.Fatalf("timer armed for %s, want %s", at, soonAt)
 	}
-	if err := fx.inv.retire("a1", soon, "left the team"); err != nil {
+	if err := fx.inv.setRetired("retire", "a1", soon, "left the team"); err != nil {
 		t.Fatal(err)
 	}
 	if at := fx.timers.nextArmed(t); !at.Equal(laterAt) {

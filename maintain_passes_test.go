@@ -56,7 +56,7 @@ func TestUsagePassReadsOnlyWhenDue(t *testing.T) {
 		{name: "no reading yet", reads: 1, setup: func(string) {}},
 		{name: "failing provider", reads: 1, setup: func(id string) { fx.seedReading(id, "kimi", true, now.Add(-time.Minute)) }},
 		{name: "retired", reads: 0, setup: func(id string) {
-			if err := fx.inv.retire("a1", id, "gone"); err != nil {
+			if err := fx.inv.setRetired("retire", "a1", id, "gone"); err != nil {
 				t.Fatal(err)
 			}
 		}},
@@ -171,7 +171,7 @@ func TestRefreshPassDefinitiveRefusal(t *testing.T) {
 	// expired) exactly once.
 	fx.fake.handle("/token/claude-code", nil)
 	signIn := grant("CC2", fx.clock.now().Add(-time.Second))
-	if _, err := fx.inv.replaceCredential("a1", cc, signIn); err != nil {
+	if _, err := fx.inv.store(overlayItem{AgentID: "a1", ID: cc}, signIn, ""); err != nil {
 		t.Fatal(err)
 	}
 	rep = fx.m.passOnce(context.Background(), "")

@@ -264,7 +264,7 @@ func (fx *maintFixture) start(t *testing.T) {
 // donate adds a subscription of provider for agent a1.
 func (fx *maintFixture) donate(t *testing.T, provider string, cred vaultCredential) string {
 	t.Helper()
-	it, err := fx.inv.donate("a1", provider, "", cred)
+	it, err := fx.inv.store(overlayItem{AgentID: "a1", Provider: provider}, cred, "")
 	if err != nil {
 		t.Fatalf("donate %s: %v", provider, err)
 	}

@@ -43,7 +43,7 @@ func (e *engine) candidates(res resolution) ([]resolution, error) {
 	if doc, err := e.reg.current(); err == nil && doc != nil {
 		aliases = doc.Routes
 	}
-	items, err := e.inv.agentItems(e.agent)
+	items, err := e.inv.pool(e.agent, "")
 	var provs []string
 	free := map[string][]float64{} // each provider with an eligible subscription: its freest one's
 	for _, it := range items {
@@ -233,7 +233,7 @@ func (e *engine) probe(ctx context.Context, it overlayItem, model string) (any, 
 	if ok && e.ledger.credentialState(it.ID) != credActive {
 		e.ledger.setCredential(it.ID, res.Provider.id, credActive, "") // SPEC §10.3: a successful probe reactivates
 	}
-	e.inv.invalidate(false) // the listing shows the probe at once (SPEC §10.2)
+	e.inv.invalidate() // the listing shows the probe at once (SPEC §10.2)
 	msg, level := "usage_probe_ok", slog.LevelInfo
 	if !ok {
 		msg, level = "usage_probe_failed", slog.LevelWarn

@@ -122,14 +122,14 @@ func (s *server) routes() {
 		handle("POST "+p, reply(s, 201, requiredBody, s.donateSubscription))
 		handle("DELETE "+p+"/{subscription_id}", reply(s, 200, noBody, func(r *http.Request, _ *struct{}) (any, error) {
 			reason := cmp.Or(r.URL.Query().Get("reason"), "retired by "+infoFrom(r.Context()).client.ID)
-			return map[string]bool{"ok": true}, s.inv.retire(r.PathValue("agent_id"), r.PathValue("subscription_id"), reason)
+			return map[string]bool{"ok": true}, s.inv.setRetired("retire", r.PathValue("agent_id"), r.PathValue("subscription_id"), reason)
 		}))
 	}
 	handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/reinstate",
 		reply(s, 200, requiredBody, func(r *http.Request, b *struct {
 			Reason string `json:"reason"`
 		}) (any, error) {
-			err := s.inv.reinstate(r.PathValue("agent_id"), r.PathValue("subscription_id"), b.Reason)
+			err := s.inv.setRetired("reinstate", r.PathValue("agent_id"), r.PathValue("subscription_id"), b.Reason)
 			if err == nil {
 				s.maint.changed()
 			}
@@ -137,7 +137,7 @@ func (s *server) routes() {
 		}))
 	handle("PUT /v1/admin/subscriptions/{agent_id}/{subscription_id}/credential",
 		reply(s, 200, requiredBody, func(r *http.Request, b *credentialBody) (any, error) {
-			it, err := s.inv.replaceSignedIn(r.PathValue("agent_id"), r.PathValue("subscription_id"),
+			it, err := s.inv.store(overlayItem{AgentID: r.PathValue("agent_id"), ID: r.PathValue("subscription_id")},
 				vaultCredential{OAuth: b.OAuth, APIKey: b.APIKey}, infoFrom(r.Context()).client.ID)
 			if s.credentialChanged(it); err != nil {
 				return nil, err
@@ -467,6 +467,7 @@ func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 	check("route registry unusable: ", "BRAMA_ROUTES_FILE", s.reg.path, s.reg.pathErr, errOf(s.reg.current()), noState)
 	check("vault unusable: ", "BRAMA_VAULT_FILE", s.vault.path, s.vault.pathErr, errOf(s.vault.load()), noState)
 	check("clients file unusable: ", "BRAMA_CLIENTS_FILE", s.clients.path, s.clients.pathErr, errOf(s.clients.load()), absent)
+	check("", "", "", nil, errOf(s.inv.overlay.load()), noState) // the error names the overlay and the rule
 	check("ledger unusable (served empty, never overwritten): ", "", "", nil, s.ledger.unreadable, nil)
 	check("journal unusable: ", "", "", nil, errOf(s.journal.size()), noState)
 	check("answer key unusable (every signed answer is refused): ", "", "", nil, keyErr, func(err error) bool { return absent(err) || noState(err) })
@@ -484,8 +485,8 @@ func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 			warn("the journal holds %d more unreadable lines (brama journal check lists them)", n-len(bad))
 		}
 	}
-	invReasons, invWarnings, subPayer := s.inv.readiness()
-	rd.Reasons, rd.Warnings = append(rd.Reasons, invReasons...), append(rd.Warnings, invWarnings...)
+	invWarnings, subPayer := s.inv.readiness()
+	rd.Warnings = append(rd.Warnings, invWarnings...)
 	if !subPayer && !s.anyDirectPayer() {
 		rd.Reasons = append(rd.Reasons, "no payer: no direct credential, declared deployment or active subscription")
 	}
@@ -503,13 +504,12 @@ func (s *server) hidePath(msg, path string) string {
 
 // donateSubscription serves POST …/subscriptions/{agent_id}; on the admin route ?via=sign-in is a sign-in (SPEC §11.1).
 func (s *server) donateSubscription(r *http.Request, b *donation) (any, error) {
-	agent, cred := r.PathValue("agent_id"), vaultCredential{APIKey: b.APIKey, OAuth: b.OAuth}
-	it, err := overlayItem{}, error(nil)
+	by := "" // a sign-in is journaled as one
 	if strings.HasPrefix(r.URL.Path, "/v1/admin/") && r.URL.Query().Get("via") == signInVia {
-		it, err = s.inv.donateSignedIn(agent, b.Provider, b.Label, cred, infoFrom(r.Context()).client.ID)
-	} else if it, err = s.inv.donate(agent, b.Provider, b.Label, cred); err != nil {
-		return nil, err
+		by = infoFrom(r.Context()).client.ID
 	}
+	cred := vaultCredential{APIKey: b.APIKey, OAuth: b.OAuth}
+	it, err := s.inv.store(overlayItem{AgentID: r.PathValue("agent_id"), Provider: b.Provider, Label: b.Label}, cred, by)
 	if s.credentialChanged(it); err != nil {
 		return nil, err
 	}

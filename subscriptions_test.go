@@ -107,13 +107,17 @@ func TestCheckLabelAndReason(t *testing.T) {
 		{name: "blank reason", text: "   ", label: true, reason: false},
 		{name: "long reason", text: strings.Repeat("y", 513), label: false, reason: false},
 	}
+	// A reason is checked before the subscription is looked up: an accepted one reaches the 404.
+	inv, _ := newTestInventory(t, stateEnv(t), &testClock{t: time.Unix(1_800_000_000, 0)})
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := checkLabel(tc.text) == nil; got != tc.label {
+			item := overlayItem{ID: "sub_0123456789abcdef", Provider: "kimi", AgentID: "a1", Label: tc.text, CreatedAt: "2026-01-02T03:04:05.000Z"}
+			if got := checkItem(item, false) == nil; got != tc.label {
 				t.Errorf("label accepted = %v, want %v", got, tc.label)
 			}
-			if got := checkReason(tc.text) == nil; got != tc.reason {
-				t.Errorf("reason accepted = %v, want %v", got, tc.reason)
+			err := inv.setRetired("retire", "a1", "sub_0123456789abcdef", tc.text)
+			if got := asAPIError(err).Code != "invalid_request"; got != tc.reason {
+				t.Errorf("reason accepted = %v (%v), want %v", got, err, tc.reason)
 			}
 		})
 	}
@@ -169,7 +173,7 @@ func TestInventoryListingCache(t *testing.T) {
 	env["BRAMA_SUBSCRIPTION_CACHE_TTL_SECS"] = "30"
 	clock := &testClock{t: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
 	inv, j := newTestInventory(t, env, clock)
-	a, err := inv.donate("a1", "kimi", "one", vaultCredential{APIKey: "sk-cache-one-0123456789"})
+	a, err := inv.store(overlayItem{AgentID: "a1", Provider: "kimi", Label: "one"}, vaultCredential{APIKey: "sk-cache-one-0123456789"}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,17 +222,17 @@ func TestInventoryListingCache(t *testing.T) {
 		do   func() error
 		want string
 	}{
-		{"reinstate", func() error { return inv.reinstate("a1", a.ID, "back") }, "active"},
+		{"reinstate", func() error { return inv.setRetired("reinstate", "a1", a.ID, "back") }, "active"},
 		{"donate", func() error {
-			_, err := inv.donate("a1", "openai", "", vaultCredential{APIKey: "sk-cache-two-0123456789"})
+			_, err := inv.store(overlayItem{AgentID: "a1", Provider: "openai"}, vaultCredential{APIKey: "sk-cache-two-0123456789"}, "")
 			return err
 		}, "active,active"},
 		{"replace credential", func() error { // before the retire: a retired one's is refused
 			inv.l.setCredential(a.ID, "kimi", credNeedsReauth, "refused")
-			_, err := inv.replaceCredential("a1", a.ID, vaultCredential{APIKey: "sk-cache-new-0123456789"})
+			_, err := inv.store(overlayItem{AgentID: "a1", ID: a.ID}, vaultCredential{APIKey: "sk-cache-new-0123456789"}, "")
 			return err
 		}, "active,active"},
-		{"retire", func() error { return inv.retire("a1", a.ID, "gone") }, "retired,active"},
+		{"retire", func() error { return inv.setRetired("retire", "a1", a.ID, "gone") }, "retired,active"},
 	}
 	for _, st := range steps {
 		t.Run(st.name, func(t *testing.T) {
@@ -270,7 +274,7 @@ func TestInventoryListingCacheKeepsOnlyAgentsWithSubscriptions(t *testing.T) {
 	env := stateEnv(t)
 	clock := &testClock{t: time.Unix(1_800_000_000, 0)}
 	inv, _ := newTestInventory(t, env, clock)
-	if _, err := inv.donate("a1", "kimi", "", vaultCredential{APIKey: "sk-cached-0123456789"}); err != nil {
+	if _, err := inv.store(overlayItem{AgentID: "a1", Provider: "kimi"}, vaultCredential{APIKey: "sk-cached-0123456789"}, ""); err != nil {
 		t.Fatal(err)
 	}
 	for _, agent := range []string{"a1", "nobody-0", "nobody-1", "nobody-2"} {
@@ -290,7 +294,7 @@ func TestInventoryTTLZeroDisablesCache(t *testing.T) {
 	env["BRAMA_SUBSCRIPTION_CACHE_TTL_SECS"] = "0"
 	clock := &testClock{t: time.Unix(1_800_000_000, 0)}
 	inv, _ := newTestInventory(t, env, clock)
-	it, err := inv.donate("a1", "kimi", "", vaultCredential{APIKey: "sk-ttl0-0123456789"})
+	it, err := inv.store(overlayItem{AgentID: "a1", Provider: "kimi"}, vaultCredential{APIKey: "sk-ttl0-0123456789"}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -308,14 +312,14 @@ func TestInventoryQueries(t *testing.T) {
 	inv, _ := newTestInventory(t, env, clock)
 	donate := func(agent, provider string) string {
 		t.Helper()
-		it, err := inv.donate(agent, provider, "", vaultCredential{APIKey: "sk-q-0123456789"})
+		it, err := inv.store(overlayItem{AgentID: agent, Provider: provider}, vaultCredential{APIKey: "sk-q-0123456789"}, "")
 		if err != nil {
 			t.Fatal(err)
 		}
 		return it.ID
 	}
 	k1, o1, k2, b1 := donate("a1", "kimi"), donate("a1", "openai"), donate("a1", "kimi"), donate("b1", "kimi")
-	if err := inv.retire("a1", k1, "x"); err != nil {
+	if err := inv.setRetired("retire", "a1", k1, "x"); err != nil {
 		t.Fatal(err)
 	}
 	ids := func(items []overlayItem, err error) string {
@@ -334,8 +338,8 @@ func TestInventoryQueries(t *testing.T) {
 		{"pool a1 openai", ids(inv.pool("a1", "openai")), o1},
 		{"pool b1 kimi", ids(inv.pool("b1", "kimi")), b1},
 		{"pool b1 openai", ids(inv.pool("b1", "openai")), ""},
-		{"agentItems a1", ids(inv.agentItems("a1")), o1 + "," + k2},
-		{"items", ids(inv.items()), strings.Join([]string{k1, o1, k2, b1}, ",")},
+		{"agentItems a1", ids(inv.pool("a1", "")), o1 + "," + k2},
+		{"items", ids(func() ([]overlayItem, error) { items, _, err := inv.view(); return items, err }()), strings.Join([]string{k1, o1, k2, b1}, ",")},
 	}
 	for _, tc := range tests {
 		if tc.got != tc.want {
@@ -357,7 +361,7 @@ func TestInventoryQueries(t *testing.T) {
 	if _, err := inv.credential("sub_ffffffffffffffff"); asAPIError(err).Code != "credential_unauthorized" {
 		t.Errorf("credential of an unknown id: %v", err)
 	}
-	if err := inv.retire("b1", k2, "x"); asAPIError(err).Code != "not_found" {
+	if err := inv.setRetired("retire", "b1", k2, "x"); asAPIError(err).Code != "not_found" {
 		t.Errorf("retire of another agent's id: %v, want not_found", err)
 	}
 	// A hand-broken overlay is 503 for every reader, eligibility included.
@@ -377,11 +381,14 @@ func TestInventoryWithoutStateDir(t *testing.T) {
 	clock := &testClock{t: time.Unix(1_800_000_000, 0)}
 	inv, _ := newTestInventory(t, env, clock)
 	calls := map[string]error{
-		"list":      func() error { _, err := inv.list("a1"); return err }(),
-		"pool":      func() error { _, err := inv.pool("a1", "kimi"); return err }(),
-		"donate":    func() error { _, err := inv.donate("a1", "kimi", "", vaultCredential{APIKey: "k"}); return err }(),
-		"retire":    inv.retire("a1", "sub_0123456789abcdef", "x"),
-		"reinstate": inv.reinstate("a1", "sub_0123456789abcdef", "x"),
+		"list": func() error { _, err := inv.list("a1"); return err }(),
+		"pool": func() error { _, err := inv.pool("a1", "kimi"); return err }(),
+		"donate": func() error {
+			_, err := inv.store(overlayItem{AgentID: "a1", Provider: "kimi"}, vaultCredential{APIKey: "k"}, "")
+			return err
+		}(),
+		"retire":    inv.setRetired("retire", "a1", "sub_0123456789abcdef", "x"),
+		"reinstate": inv.setRetired("reinstate", "a1", "sub_0123456789abcdef", "x"),
 	}
 	for name, err := range calls {
 		ae := asAPIError(err)
@@ -402,7 +409,7 @@ func TestInventoryDonationFillsGrant(t *testing.T) {
 		RefreshToken: "rt-fill-0123456789",
 		IDToken:      fakeJWT(`{"https://api.openai.com/auth":{"chatgpt_account_id":"acct-9"}}`),
 	}
-	it, err := inv.donate("a1", "codex", "", vaultCredential{OAuth: &g})
+	it, err := inv.store(overlayItem{AgentID: "a1", Provider: "codex"}, vaultCredential{OAuth: &g}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
