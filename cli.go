@@ -1,10 +1,13 @@
 package main
 
 import (
+	"bufio"
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -12,25 +15,62 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"text/template"
 	"time"
 )
 
+// command is one row of the CLI: `brama help` prints its name and purpose; -h all of it.
+type command struct {
+	name, args, purpose, example string     // name: one or two words; args: the usage line after it
+	pos                          int        // positionals it takes
+	need                         []string   // flags that must be given, not blank
+	gateway                      bool       // calls the daemon's admin API: -gateway, then the bearer
+	flags                        []flagSpec // declared in this order
+	run                          func(e *cliEnv, o opts, pos []string) error
+}
+
+// flagSpec is one flag; its default's type picks the kind (a []string is repeatable).
+type flagSpec struct {
+	name string
+	def  any
+	help string
+}
+
+// opts is a command line's flag values by name, each a pointer of its kind.
+type opts map[string]any
+
+func (o opts) s(name string) string { return *o[name].(*string) }
+func (o opts) b(name string) bool   { return *o[name].(*bool) }
+
+// cliEnv is what every command reads and writes besides its arguments.
+type cliEnv struct {
+	ctx            context.Context // serve's first stop signal; a CLI command ends on a signal (main)
+	cut            <-chan struct{} // closed on the second signal: serve cuts its running requests
+	getenv         func(string) string
+	in             *bufio.Reader // stdin: the bearer, then an API key or a pasted code, by lines
+	stdout, stderr io.Writer
+	gateway, auth  string // a gateway command's daemon URL, and its bearer once read
+}
+
 // commands is the CLI (SPEC §16.1), in the order `brama help` lists it. State edits run in-process under each file's
 // lock (SPEC §2.3); `subscription …` and `maintain` call the daemon's admin API, the overlay's only writer.
 func commands() []command {
 	agent := func(help string) flagSpec { return flagSpec{"agent", "", help} }
+	asJSON := func(body string) flagSpec { return flagSpec{"json", false, "print the body of " + body} }
 	label := flagSpec{"label", "", "an optional `label` (printable, at most 128 bytes)"}
 	signIn := flagSpec{"provider", "", "claude-code or codex"}
 	return []command{
 		{name: "serve", args: "[-addr ADDR] [-local-credentials-stdin]", purpose: "run the daemon", example: "brama serve -addr 127.0.0.1:8080", run: serve,
 			flags: []flagSpec{{"addr", "127.0.0.1:8080", "`address` to listen on"}, {"local-credentials-stdin", false, "read a JSON object provider → API key from stdin and keep it in memory only; it becomes the only source of direct credentials"}}},
-		{name: "version", purpose: "print the version /health reports", example: "brama version", run: func(e *cliEnv, _ opts, _ []string) error { return e.say(nil, "brama %s\n", version) }},
+		{name: "version", purpose: "print the version /health reports", example: "brama version",
+			run: func(e *cliEnv, _ opts, _ []string) error { return e.say(nil, "brama %s\n", version) }},
 		{name: "routes list", args: "[-json]", purpose: "one aligned row per alias, then the count that cannot serve", example: "brama routes list",
-			flags: []flagSpec{{"json", false, "print the body of GET /v1/aliases"}}, run: func(e *cliEnv, o opts, _ []string) error { return e.printAliases(e.deps(), o.b("json"), nil) }},
+			flags: []flagSpec{asJSON("GET /v1/aliases")}, run: func(e *cliEnv, o opts, _ []string) error { return e.printAliases(e.deps(), o.b("json"), nil) }},
 		{name: "routes set", args: "ALIAS DESTINATION", pos: 2, purpose: "set an alias (journaled route_change, by cli)", example: "brama routes set chat openai/gpt-4o",
 			run: func(e *cliEnv, _ opts, p []string) error {
 				d := e.deps()
@@ -48,22 +88,16 @@ func commands() []command {
 		{name: "clients add", args: "ID [-admin] [-agent A] [-allow NAME]...", pos: 1, purpose: "make a client; its token is printed once on stdout", example: "brama clients add app -allow chat",
 			flags: []flagSpec{{"admin", false, "give the client the admin role (reaches /v1/admin/*)"}, agent("bind the client's bearer to `agent`"), {"allow", []string(nil), "allow only this model `name` (repeatable; exact names)"}},
 			run: func(e *cliEnv, o opts, p []string) error {
-				role, tok := roleCaller, newToken()
-				if o.b("admin") {
-					role = roleAdmin
-				}
+				tok, role := newToken(), map[bool]string{false: roleCaller, true: roleAdmin}[o.b("admin")]
 				c := client{ID: p[0], TokenSHA256: tokenDigest(tok), Role: role, AgentID: o.s("agent"), AllowedModels: *o["allow"].(*[]string)}
-				err := e.editClients(func(d *clientsDoc) error {
-					if slices.ContainsFunc(d.Clients, func(x client) bool { return x.ID == c.ID }) {
-						return fmt.Errorf("client %q already exists; rm it first", c.ID)
-					}
+				err := e.editClients(func(d *clientsDoc) error { // validate refuses a second client of that id
 					d.Clients = append(d.Clients, c)
 					return nil
-				}, "")
+				}, "%s\n", tok)
 				if err == nil {
 					fmt.Fprintf(e.stderr, "brama: created %s client %q; bearer token (shown once) on stdout\n", role, c.ID)
 				}
-				return e.say(err, "%s\n", tok)
+				return err
 			}},
 		{name: "clients rm", args: "ID", pos: 1, purpose: "remove a client", example: "brama clients rm app",
 			run: func(e *cliEnv, _ opts, p []string) error {
@@ -123,10 +157,11 @@ func commands() []command {
 				info, ok := lookupProvider(p[0])
 				if !ok || info.cred != credDirect {
 					return fmt.Errorf("%q is not a provider that takes a direct API key", p[0])
-				}
-				if key := e.line(); key != "" {
-					return e.editVault(func(d *vaultDoc) error { d.Direct[info.id] = vaultKey{APIKey: key}; return nil },
-						"stored the direct credential for %s in the vault\n", info.id)
+				} else if key := e.line(); key != "" {
+					return e.editVault(func(d *vaultDoc) error {
+						d.Direct[info.id] = vaultKey{APIKey: key}
+						return nil
+					}, "stored the direct credential for %s in the vault\n", info.id)
 				}
 				return errors.New("no API key on stdin (an empty line)")
 			}},
@@ -143,10 +178,11 @@ func commands() []command {
 		{name: "credentials list", purpose: "the providers the vault holds a direct key for (names only, never a key)", example: "brama credentials list",
 			run: func(e *cliEnv, _ opts, _ []string) error {
 				doc, err := e.deps().vault.load()
-				if err == nil {
-					err = e.say(nil, "%s", strings.Join(append(slices.Sorted(maps.Keys(doc.Direct)), ""), "\n"))
-				}
-				return err
+				return table(e.stdout, err, "", func(yield func(...string)) {
+					for _, p := range slices.Sorted(maps.Keys(doc.Direct)) {
+						yield(p)
+					}
+				})
 			}},
 		{name: "subscription add", args: "-provider P -agent A [-label L] [-oauth-file F]", need: []string{"provider", "agent"}, gateway: true,
 			purpose: "donate a subscription through the daemon (the API key on stdin after the bearer line, or a grant file); prints the new id",
@@ -155,10 +191,11 @@ func commands() []command {
 				{"oauth-file", "", "read an OAuth grant {\"access_token\",\"refresh_token\",\"expires_at_ms\",…} from `file` instead of an API key on stdin"}},
 			run: func(e *cliEnv, o opts, _ []string) error {
 				body := donation{Provider: o.s("provider"), Label: o.s("label")}
-				if o.s("oauth-file") != "" {
-					b, err := os.ReadFile(o.s("oauth-file"))
-					if err == nil {
-						body.OAuth = &oauthGrant{}
+				if err := e.bearer(); err != nil { // the bearer line comes first
+					return err
+				} else if file := o.s("oauth-file"); file != "" {
+					b, err := os.ReadFile(file)
+					if body.OAuth = (&oauthGrant{}); err == nil {
 						err = decodeStrict("-oauth-file", b, body.OAuth)
 					}
 					if err != nil {
@@ -170,7 +207,7 @@ func commands() []command {
 				return e.donate(o.s("agent"), "", body)
 			}},
 		{name: "subscription list", args: "-agent A [-json]", need: []string{"agent"}, gateway: true, purpose: "one aligned row per subscription", example: "BRAMA_TOKEN=$T brama subscription list -agent a1",
-			run: subscriptionList, flags: []flagSpec{agent("the `agent` whose subscriptions to list"), {"json", false, "print the body of GET /v1/subscriptions/{agent_id}"}}},
+			run: subscriptionList, flags: []flagSpec{agent("the `agent` whose subscriptions to list"), asJSON("GET /v1/subscriptions/{agent_id}")}},
 		{name: "subscription retire", args: "-agent A [-reason R] ID", pos: 1, need: []string{"agent"}, gateway: true, purpose: "retire a subscription (journaled)", example: "brama subscription retire -agent a1 sub_0123456789abcdef",
 			flags: []flagSpec{agent("the `agent` that owns the subscription"), {"reason", "", `why (journaled; default "retired by <client id>")`}},
 			run: func(e *cliEnv, o opts, p []string) error { // an empty reason is the daemon's default
@@ -186,31 +223,10 @@ func commands() []command {
 		{name: "subscription import", args: "-provider claude-code|codex -from FILE -agent A [-label L]", need: []string{"provider", "from", "agent"}, gateway: true,
 			purpose: "hand a Claude Code or Codex CLI grant over to Brama", example: "brama subscription import -provider claude-code -from ~/.claude/.credentials.json -agent a1",
 			flags: []flagSpec{signIn, {"from", "", "the tool's credential `file` (~/.claude/.credentials.json, ~/.codex/auth.json)"}, agent("the `agent` that receives the grant"), label},
-			check: func(o opts) error { // the grant is read before the bearer; o keeps it
-				if importFiles[o.s("provider")].tool == "" {
-					return &usageError{msg: fmt.Sprintf("-provider %q: import reads claude-code or codex credential files", o.s("provider"))}
-				}
-				b, err := os.ReadFile(o.s("from"))
-				if err == nil {
-					var g oauthGrant
-					if g, err = parseImportFile(o.s("provider"), b); err != nil {
-						err = fmt.Errorf("%s: %w", o.s("from"), err)
-					}
-					o["grant"] = &g
-				}
-				return err
-			},
-			run: func(e *cliEnv, o opts, _ []string) error { // and the handover: a refresh rotates the shared grant
-				err := e.donate(o.s("agent"), "", donation{Provider: o.s("provider"), Label: o.s("label"), OAuth: o["grant"].(*oauthGrant)})
-				if tool := importFiles[o.s("provider")].tool; err == nil {
-					fmt.Fprintf(e.stderr, "brama: %s and Brama now share one grant: after Brama's first refresh, %[1]s will need to sign in again; "+
-						"and if %[1]s refreshes first, Brama's copy stops working until `brama subscription sign-in` replaces it.\n", tool)
-				}
-				return err
-			}},
+			run:   subscriptionImport},
 		{name: "subscription sign-in", args: "-provider claude-code|codex -agent A [-id ID | -label L]", need: []string{"provider", "agent"}, gateway: true,
 			purpose: "sign in with the provider (PKCE): the URL on stderr, the pasted code from stdin; replaces -id's grant or donates a new subscription",
-			example: "BRAMA_TOKEN=$T brama subscription sign-in -provider claude-code -agent a1", check: checkSignIn, run: subscriptionSignIn, flags: []flagSpec{signIn, agent("the `agent` that owns (or receives) the subscription"),
+			example: "BRAMA_TOKEN=$T brama subscription sign-in -provider claude-code -agent a1", run: subscriptionSignIn, flags: []flagSpec{signIn, agent("the `agent` that owns (or receives) the subscription"),
 				{"id", "", "replace the credential of this subscription `id` instead of donating a new one"}, {"label", "", "a `label` for a new subscription"}}},
 		{name: "subscription prune-orphans", args: "[-gateway URL]", gateway: true, purpose: "remove the vault's subscription credentials no subscription names", example: "BRAMA_TOKEN=$T brama subscription prune-orphans",
 			run: func(e *cliEnv, _ opts, _ []string) error {
@@ -219,7 +235,20 @@ func commands() []command {
 				return e.say(err, "removed %d orphaned credential(s) from the vault: %s\n", len(body.Removed), strings.Join(body.Removed, " "))
 			}},
 		{name: "maintain", args: "[-gateway URL] [-json]", gateway: true, purpose: "run one maintenance pass now; exit 0 only when it was ok", example: "BRAMA_TOKEN=$T brama maintain",
-			flags: []flagSpec{{"json", false, "print the body of POST /v1/admin/maintain"}}, run: maintain},
+			flags: []flagSpec{asJSON("POST /v1/admin/maintain")},
+			run: func(e *cliEnv, o opts, _ []string) error {
+				var rep passReport
+				b, err := e.call("POST", "/v1/admin/maintain", nil, &rep)
+				if err == nil && o.b("json") {
+					_, err = e.stdout.Write(b)
+				} else if err == nil {
+					err = maintainReport.Execute(e.stdout, rep)
+				}
+				if err == nil && !rep.OK {
+					err = errRefused
+				}
+				return err
+			}},
 		{name: "onboard", args: "[-model ROUTE] [-allow-provider-cost]", purpose: "walk the first-use journey in-process: state directory, client, a route that can serve, one real answer",
 			example: "brama onboard -model openai/gpt-4o-mini -allow-provider-cost", run: onboard, flags: []flagSpec{{"model", "", "the `route` of the one real call: a direct route, a deployment, or an alias to one"}, {"allow-provider-cost", false, "make the one real (billable) model call"}}},
 		{name: "answers verify", args: "[-signature v1=HEX] FILE", pos: 1, purpose: "check a kept answer's signature (or a raw body against -signature); prints ok", example: "brama answers verify ~/.brama/answers/local/3f….json",
@@ -231,13 +260,14 @@ func commands() []command {
 				return e.say(verifyAnswerFile(resolveState(e.getenv), p[0], strings.ToLower(o.s("signature"))), "ok\n")
 			}},
 		{name: "answers prune", args: "-older-than DURATION", need: []string{"older-than"}, purpose: "remove complete kept answers older than that (never one in progress)", example: "brama answers prune -older-than 720h",
-			flags: []flagSpec{{"older-than", time.Duration(0), "remove complete answers kept longer ago than this `duration` (e.g. 720h)"}},
+			flags: []flagSpec{{"older-than", "", "remove complete answers kept longer ago than this `duration` (e.g. 720h)"}},
 			run: func(e *cliEnv, o opts, _ []string) error {
-				age := *o["older-than"].(*time.Duration)
+				age, err := time.ParseDuration(o.s("older-than"))
+				if err != nil || age < 0 {
+					return &usageError{msg: "want a -older-than of zero or more (a duration such as 720h)"}
+				}
 				dir, err := resolveState(e.getenv).path("signed answers", "answers")
-				if age < 0 {
-					return &usageError{msg: "want a -older-than of zero or more"}
-				} else if err != nil {
+				if err != nil {
 					return err
 				}
 				removed, err := pruneAnswers(dir, time.Now().Add(-age), func(name string, err error) {
@@ -256,6 +286,147 @@ func commands() []command {
 	}
 }
 
+// lookup finds args' command: two words, else one; else a usage error naming the group's commands.
+func lookup(args []string) (command, []string, error) {
+	cmds := commands()
+	for n := min(2, len(args)); n > 0; n-- {
+		if i := slices.IndexFunc(cmds, func(c command) bool { return c.name == strings.Join(args[:n], " ") }); i >= 0 {
+			return cmds[i], args[n:], nil
+		}
+	}
+	var subs []string
+	for _, c := range cmds {
+		if group, sub, ok := strings.Cut(c.name, " "); ok && group == args[0] {
+			subs = append(subs, sub)
+		}
+	}
+	msg := fmt.Sprintf("unknown command %q; see brama help", args[0])
+	if len(subs) > 0 {
+		msg = fmt.Sprintf("%s wants one of %s; see brama help", args[0], strings.Join(subs, ", "))
+		if len(args) > 1 && !strings.HasPrefix(args[1], "-") {
+			msg = fmt.Sprintf("unknown command %q: %s", args[0]+" "+args[1], msg)
+		}
+	}
+	return command{}, nil, &usageError{msg: msg}
+}
+
+// help lists every command with its purpose.
+func help(w io.Writer) {
+	fmt.Fprint(w, "usage: brama COMMAND [flags] [arguments]; brama COMMAND -h prints its flags and an example\n\n")
+	table(w, nil, "", func(yield func(...string)) {
+		for _, c := range commands() {
+			yield("  "+c.name, c.purpose)
+		}
+	})
+}
+
+// runCommand runs args' command, its flags and positionals in either order (SPEC §16.1): -h prints its help on
+// stdout; a usage error names its help.
+func (e *cliEnv) runCommand(args []string) error {
+	c, args, err := lookup(args)
+	if err != nil {
+		return err
+	}
+	fs, o := flag.NewFlagSet("brama "+c.name, flag.ContinueOnError), opts{}
+	fs.SetOutput(io.Discard)
+	if c.gateway {
+		c.flags = append(c.flags, flagSpec{"gateway", "http://127.0.0.1:8080", "the brama serve `URL` to call"})
+	}
+	for _, f := range c.flags {
+		switch d := f.def.(type) {
+		case string:
+			o[f.name] = fs.String(f.name, d, f.help)
+		case bool:
+			o[f.name] = fs.Bool(f.name, d, f.help)
+		case int:
+			o[f.name] = fs.Int(f.name, d, f.help)
+		case []string:
+			list := new([]string)
+			o[f.name] = list
+			fs.Func(f.name, f.help, func(v string) error {
+				*list = append(*list, v)
+				return nil
+			})
+		}
+	}
+	var pos []string
+	for err = fs.Parse(args); err == nil && fs.NArg() > 0; err = fs.Parse(fs.Args()[1:]) {
+		pos = append(pos, fs.Arg(0))
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprintf(e.stdout, "usage: brama %s %s\n\n%s.\n", c.name, c.args, c.purpose)
+		if len(c.flags) > 0 {
+			fmt.Fprintln(e.stdout, "\nflags:")
+			fs.SetOutput(e.stdout)
+			fs.PrintDefaults()
+		}
+		fmt.Fprintf(e.stdout, "\nexample:\n  %s\n", c.example)
+		return err
+	}
+	var missing []string
+	for _, name := range c.need {
+		if strings.TrimSpace(o.s(name)) == "" {
+			missing = append(missing, "-"+name)
+		}
+	}
+	switch {
+	case err != nil:
+		err = &usageError{c.name, err.Error()}
+	case len(pos) != c.pos:
+		err = &usageError{c.name, "want " + cmp.Or(c.args, "no arguments")}
+	case len(missing) > 0:
+		err = &usageError{c.name, "want " + strings.Join(missing, " and ")}
+	case c.gateway:
+		e.gateway, err = gatewayURL(o.s("gateway"))
+	}
+	if err == nil {
+		err = c.run(e, o, pos)
+	}
+	if ue := (*usageError)(nil); errors.As(err, &ue) && ue.cmd == "" {
+		ue.cmd = c.name
+	}
+	return err
+}
+
+// deps opens the state files; sys is a command's logger (to stderr, at BRAMA_LOG_LEVEL) and clock.
+func (e *cliEnv) deps() deps { return openDeps(e.getenv, e.sys()) }
+
+func (e *cliEnv) sys() sys {
+	return sys{log: newLogger(e.stderr, e.getenv("BRAMA_LOG_LEVEL")), now: time.Now}
+}
+
+// say prints a command's success line, unless err.
+func (e *cliEnv) say(err error, format string, args ...any) error {
+	if err == nil {
+		fmt.Fprintf(e.stdout, format, args...)
+	}
+	return err
+}
+
+// wrote reports a write, unless err: the file, and a warning when no serve holds the state directory (nothing serves
+// the change until one starts), on stderr; the success line on stdout.
+func (e *cliEnv) wrote(path string, err error, format string, args ...any) error {
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stderr, "brama: wrote %s\n", path)
+	if st := resolveState(e.getenv); st.dir != "" && !serveHolds(st) {
+		fmt.Fprintf(e.stderr, "brama: warning: no brama serve holds %s; the change serves once one starts: brama serve\n",
+			filepath.Join(st.dir, "serve.lock"))
+	}
+	return e.say(nil, format, args...)
+}
+
+// serveHolds says whether a brama serve holds s's serve.lock; it creates no file.
+func serveHolds(s state) bool {
+	f, err := os.OpenFile(filepath.Join(s.dir, "serve.lock"), os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	return errors.Is(syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB), syscall.EWOULDBLOCK)
+}
+
 // editVault and editClients change the file under its lock and report the write.
 func (e *cliEnv) editVault(fn func(*vaultDoc) error, format string, args ...any) error {
 	v := e.deps().vault
@@ -264,10 +435,78 @@ func (e *cliEnv) editVault(fn func(*vaultDoc) error, format string, args ...any)
 
 func (e *cliEnv) editClients(fn func(*clientsDoc) error, format string, args ...any) error {
 	c := e.deps().clients
-	if c.pathErr != nil {
-		return c.pathErr
+	err := c.pathErr
+	if err == nil {
+		err = updateClients(c.path, fn)
 	}
-	return e.wrote(c.path, updateClients(c.path, fn), format, args...)
+	return e.wrote(c.path, err, format, args...)
+}
+
+func (e *cliEnv) line() string {
+	s, _ := e.in.ReadString('\n')
+	return strings.TrimSpace(s)
+}
+
+// gatewayURL checks -gateway: the bearer and credentials never cross in clear text but to a loopback host.
+func gatewayURL(raw string) (string, error) {
+	u, err := url.Parse(strings.TrimSpace(raw))
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" {
+		return "", &usageError{msg: fmt.Sprintf("-gateway %q is not an http:// or https:// URL", raw)}
+	} else if u.Scheme == "http" && !isLoopbackHost(u.Hostname()) {
+		return "", &usageError{msg: fmt.Sprintf("-gateway %q: http:// is allowed only to a loopback host; use https://", raw)}
+	}
+	return strings.TrimRight(u.String(), "/"), nil
+}
+
+// bearer reads the daemon's bearer once: BRAMA_TOKEN, else stdin's first line.
+func (e *cliEnv) bearer() error {
+	if e.auth == "" {
+		if e.auth = strings.TrimSpace(e.getenv("BRAMA_TOKEN")); e.auth == "" {
+			e.auth = e.line()
+		}
+	}
+	if e.auth == "" {
+		return errors.New("no bearer token: set BRAMA_TOKEN or give the token as stdin's first line")
+	}
+	return nil
+}
+
+// call sends one admin request (body nil: none) and returns the success body, decoded into out unless out is nil; a
+// non-2xx answer is an error quoting the envelope. No time limit of Brama's own (a pass may wait on token
+// endpoints); one SIGINT ends the command (SPEC §17).
+func (e *cliEnv) call(method, path string, body, out any) ([]byte, error) {
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body) // a donation, credentialBody or map of strings cannot fail
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(e.ctx, method, e.gateway+path, rd)
+	if err == nil {
+		err = e.bearer()
+	}
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+e.auth)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("cannot reach the gateway at %s: %w", e.gateway, errors.Unwrap(err))
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	var env envelope
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("reading the gateway's answer: %w", err)
+	case resp.StatusCode/100 == 2 && (out == nil || json.Unmarshal(b, out) == nil):
+		return b, nil
+	case resp.StatusCode/100 == 2:
+		return nil, fmt.Errorf("the gateway's answer is not what %s %s answers: %s", method, path, truncateUTF8(string(b), 200))
+	case json.Unmarshal(b, &env) != nil || env.Error.Code == "":
+		env.Error.Code, env.Error.Message = "unknown", "the answer is not a Brama error envelope"
+	}
+	return nil, fmt.Errorf("the gateway refused (%d %s): %s", resp.StatusCode, env.Error.Code, env.Error.Message)
 }
 
 // table prints the rows rows yields aligned under header ("": none), cells tab-separated, unless err.
@@ -296,11 +535,7 @@ func (e *cliEnv) printAliases(d deps, asJSON bool, err error) error {
 	}
 	table(e.stdout, nil, "ALIAS\tSTATE\tROUTE\tREASON", func(yield func(...string)) {
 		for _, a := range t.Aliases {
-			route := "-"
-			if a.Route != nil {
-				route = *a.Route
-			}
-			yield(a.Alias, a.State, route, a.Reason)
+			yield(a.Alias, a.State, valueOr(a.Route, "-"), a.Reason)
 		}
 	})
 	return e.say(nil, "%d alias(es), %d cannot serve\n", len(t.Aliases), t.Unserviceable)
@@ -327,13 +562,12 @@ func routesMigrate(e *cliEnv, o opts, _ []string) error {
 	return e.wrote(path, nil, "%s", out)
 }
 
-// subscriptionPath is the admin path for agent and the segments after it, each escaped.
-func subscriptionPath(agent string, rest ...string) string {
-	p := "/v1/admin/subscriptions/" + url.PathEscape(agent)
-	for _, r := range rest {
-		p += "/" + url.PathEscape(r)
+// subscriptionPath is the admin path of an agent's subscriptions, then the segments after it, each escaped.
+func subscriptionPath(segments ...string) string {
+	for i, s := range segments {
+		segments[i] = url.PathEscape(s)
 	}
-	return p
+	return "/v1/admin/subscriptions/" + strings.Join(segments, "/")
 }
 
 // donate posts body for agent (query "?via=sign-in" marks a sign-in's) and prints the new id alone on stdout, for
@@ -379,8 +613,37 @@ func subscriptionList(e *cliEnv, o opts, _ []string) error {
 	return e.say(nil, "%d subscription(s), %d retired\n", len(l.Subscriptions), retired)
 }
 
+// maintainReport is maintain's text: the pass's verdict, usage reads and refreshes (SPEC §11.2).
+var maintainReport = template.Must(template.New("maintain").Parse(`maintenance pass: {{if .OK}}ok{{else}}not ok{{end}}
+usage reports: {{.Usage.Subscriptions}} subscription(s), {{.Usage.Read}} read, {{len .Usage.Failed}} failed
+{{range .Usage.Failed}}  failed {{.SubscriptionID}} ({{.Provider}}): {{.Error}}
+{{end}}credentials: {{.Credentials.Subscriptions}} subscription(s), {{.Credentials.Refreshed}} refreshed, {{.Credentials.Refused}} refused or failed
+next due: {{with .NextDueAt}}{{.}}{{else}}nothing due{{end}}
+`))
+
 // importFiles are the credential files import reads: the tool that keeps one, the object holding the grant.
 var importFiles = map[string]struct{ tool, object string }{"claude-code": {"Claude Code", "claudeAiOauth"}, "codex": {"the Codex CLI", "tokens"}}
+
+// subscriptionImport donates the grant of a Claude Code or Codex CLI credential file, read before the bearer.
+func subscriptionImport(e *cliEnv, o opts, _ []string) error {
+	provider, tool := o.s("provider"), importFiles[o.s("provider")].tool
+	if tool == "" {
+		return &usageError{msg: fmt.Sprintf("-provider %q: import reads claude-code or codex credential files", provider)}
+	}
+	b, err := os.ReadFile(o.s("from"))
+	if err != nil {
+		return err
+	}
+	g, err := parseImportFile(provider, b)
+	if err != nil {
+		return fmt.Errorf("%s: %w", o.s("from"), err)
+	}
+	if err = e.donate(o.s("agent"), "", donation{Provider: provider, Label: o.s("label"), OAuth: &g}); err == nil { // a refresh rotates the shared grant
+		fmt.Fprintf(e.stderr, "brama: %s and Brama now share one grant: after Brama's first refresh, %[1]s will need to sign in again; "+
+			"and if %[1]s refreshes first, Brama's copy stops working until `brama subscription sign-in` replaces it.\n", tool)
+	}
+	return err
+}
 
 // errImportFile marks a credential file import cannot use.
 var errImportFile = errors.New("not a usable credential file")
@@ -422,45 +685,16 @@ func parseImportFile(provider string, b []byte) (oauthGrant, error) {
 	return oauthGrant{}, fmt.Errorf("%w: %w", errImportFile, err)
 }
 
-// maintainReport is maintain's text: the pass's verdict, usage reads and refreshes (SPEC §11.2).
-var maintainReport = template.Must(template.New("maintain").Parse(`maintenance pass: {{if .OK}}ok{{else}}not ok{{end}}
-usage reports: {{.Usage.Subscriptions}} subscription(s), {{.Usage.Read}} read, {{len .Usage.Failed}} failed
-{{range .Usage.Failed}}  failed {{.SubscriptionID}} ({{.Provider}}): {{.Error}}
-{{end}}credentials: {{.Credentials.Subscriptions}} subscription(s), {{.Credentials.Refreshed}} refreshed, {{.Credentials.Refused}} refused or failed
-next due: {{with .NextDueAt}}{{.}}{{else}}nothing due{{end}}
-`))
-
-// maintain runs one pass by the daemon and prints its report as text or JSON; it exits 0 only when the pass was ok.
-func maintain(e *cliEnv, o opts, _ []string) error {
-	var rep passReport
-	b, err := e.call("POST", "/v1/admin/maintain", nil, &rep)
-	if err == nil && o.b("json") {
-		_, err = e.stdout.Write(b)
-	} else if err == nil {
-		err = maintainReport.Execute(e.stdout, rep)
-	}
-	if err == nil && !rep.OK {
-		err = errRefused
-	}
-	return err
-}
-
-// checkSignIn refuses a sign-in command line before the bearer is read.
-func checkSignIn(o opts) error {
-	if o.s("id") != "" && o.s("label") != "" {
-		return &usageError{msg: "-label names a new subscription; with -id the subscription keeps its label"}
-	}
-	if _, err := signInProvider(o.s("provider")); err != nil {
-		return &usageError{msg: fmt.Sprintf("-provider %q has no sign-in (claude-code or codex); donate its grant or replace it with PUT …/credential", o.s("provider"))}
-	}
-	return nil
-}
-
 // subscriptionSignIn prints the authorize URL on stderr, reads the pasted code from stdin, exchanges it here, then
-// hands the grant to the daemon; the verifier, the code and the tokens are never printed. The gateway, the bearer and
-// -id are checked first: a code is good once and for minutes only.
+// hands the grant to the daemon; the verifier, the code and the tokens are never printed. The command line, the
+// gateway, the bearer and -id are checked first: a code is good once and for minutes only.
 func subscriptionSignIn(e *cliEnv, o opts, _ []string) error {
 	provider, agent, id := o.s("provider"), o.s("agent"), o.s("id")
+	if _, err := signInProvider(provider); err != nil {
+		return &usageError{msg: fmt.Sprintf("-provider %q has no sign-in (claude-code or codex); donate its grant or replace it with PUT …/credential", provider)}
+	} else if id != "" && o.s("label") != "" {
+		return &usageError{msg: "-label names a new subscription; with -id the subscription keeps its label"}
+	}
 	var l struct{ Subscriptions []subscriptionRow }
 	if _, err := e.call("GET", subscriptionPath(agent), nil, &l); err != nil {
 		return err
@@ -490,8 +724,7 @@ func subscriptionSignIn(e *cliEnv, o opts, _ []string) error {
 	grant, err := oa.exchangeCode(e.ctx, provider, code, verifier, state)
 	if err != nil {
 		return fmt.Errorf("sign-in failed, nothing was stored: %w", err)
-	}
-	if id == "" {
+	} else if id == "" {
 		return e.donate(agent, "?via="+signInVia, donation{Provider: provider, Label: o.s("label"), OAuth: &grant})
 	}
 	if _, err = e.call("PUT", subscriptionPath(agent, id, "credential"), credentialBody{OAuth: &grant}, nil); err == nil {
@@ -500,9 +733,59 @@ func subscriptionSignIn(e *cliEnv, o opts, _ []string) error {
 	return e.say(err, "%s\n", id)
 }
 
-// onboard runs the steps in order. A step returns the model it names, or the command to run next ("next: …", and the
-// step is not done; err says whether that is a refusal). The one billable call is made only with
-// -allow-provider-cost, and only ctx cancels it (SPEC §7.4).
+// onboardSteps are the first-use journey (SPEC §14) in order; onboarding.json keeps the steps done.
+var onboardSteps = []string{"state-directory", "client", "route", "answer"}
+
+const (
+	onboardFile = "onboarding.json"
+	onboardRole = "onboarding progress"
+)
+
+// onboardProgress is onboarding.json: each step done, when first done (RFC 3339 UTC, milliseconds), and (route,
+// answer) the model it named.
+type onboardProgress struct {
+	SchemaVersion int                    `json:"schema_version"`
+	Steps         map[string]onboardStep `json:"steps"`
+}
+
+type onboardStep struct {
+	DoneAt string `json:"done_at"`
+	Model  string `json:"model,omitempty"`
+}
+
+// errOnboardingInvalid wraps every refusal of parseOnboarding.
+var errOnboardingInvalid = errors.New("onboarding progress is invalid")
+
+// parseOnboarding is decodeStrict on onboarding.json; empty is no progress.
+func parseOnboarding(b []byte) (*onboardProgress, error) {
+	prog := &onboardProgress{SchemaVersion: 1, Steps: map[string]onboardStep{}}
+	if err := decodeStrict(onboardFile, b, prog); len(b) > 0 && err != nil {
+		return nil, fmt.Errorf("%w: %w (remove the file to start the journey again)", errOnboardingInvalid, err)
+	}
+	return prog, nil
+}
+
+// validate refuses another schema, unknown steps and unreadable times.
+func (prog *onboardProgress) validate() error {
+	if prog.SchemaVersion != 1 {
+		return fmt.Errorf("schema_version %d is not 1", prog.SchemaVersion)
+	}
+	for name, st := range prog.Steps {
+		if !slices.Contains(onboardSteps, name) {
+			return fmt.Errorf("unknown step %q", truncateUTF8(name, 64))
+		} else if _, err := time.Parse(time.RFC3339Nano, st.DoneAt); err != nil {
+			return fmt.Errorf("step %s: done_at is not an RFC 3339 time", name)
+		}
+	}
+	if prog.Steps == nil {
+		prog.Steps = map[string]onboardStep{}
+	}
+	return nil
+}
+
+// onboard walks the first-use journey in-process, no daemon or bearer: each step passed is recorded and printed
+// ("done …"); the first that is not prints the command to run next ("next: …") and ends the walk. The one billable
+// call is made only with -allow-provider-cost, and only ctx cancels it (SPEC §7.4).
 func onboard(e *cliEnv, o opts, _ []string) error {
 	model, sy := o.s("model"), e.sys()
 	d := openDeps(e.getenv, sy)
@@ -510,91 +793,82 @@ func onboard(e *cliEnv, o opts, _ []string) error {
 	if err != nil {
 		return err
 	}
-	f := stateFile[*onboardProgress]{role: onboardRole, path: path, parse: parseOnboarding}
-	prog, err := f.fresh() // a file failing the guards is refused, never overwritten
-	if err != nil {
+	prog, err := (&stateFile[*onboardProgress]{role: onboardRole, path: path, parse: parseOnboarding}).fresh()
+	if err != nil { // a file failing the guards is refused, never overwritten
 		return fmt.Errorf("the state directory is not usable: %w", err)
 	}
-	s := &server{core: core{stores: d.stores, sys: sy, getenv: e.getenv, client: newProviderClient()}}
-	s.catalog = newCatalog(d.st, e.getenv, s.client, sy.log, sy.now)
-	var c call
-	var req chatRequest
-	steps := map[string]func() (model, next string, err error){
-		stepStateDir: func() (string, string, error) { return "", "", nil },
-		stepClient: func() (string, string, error) { // serve makes the first admin client
-			doc, err := d.clients.load()
-			if errors.Is(err, errFileAbsent) || err == nil && len(doc.Clients) == 0 {
-				return "", "brama clients add <id> -admin", errRefused
-			} else if err != nil {
-				return "", "", fmt.Errorf("the clients file is unusable: %w", err)
-			}
-			return "", "", nil
-		},
-		// The call planned as the daemon would (a bare deployment as local-openai/<name>), refusing subscription
-		// routes and selectors: their ledger is the daemon's (SPEC §2.3, §14). No model: some payer must exist.
-		stepRoute: func() (string, string, error) {
-			if m := model; m == "" && !s.anyDirectPayer() {
-				return "", "brama credentials set <provider>", errRefused
-			} else if m != "" {
-				doc, docErr := s.reg.current()
-				if docErr == nil && doc.Routes[m] == "" {
-					if _, _, n := doc.lookupLocal(m); n == 1 {
-						m = "local-openai/" + m
-					}
-				}
-				req = pingRequest(m, providerInfo{})
-				c, err = s.engine(&requestInfo{}).plan(client{}, "", &req)
-				switch ae := asAPIError(err); {
-				case err == nil && (c.res.Mode == modeDirect || c.res.Mode == modeAlias):
-				case err == nil || ae.Code == "forbidden": // plan wants an agent: subscription, selector or best
-					return "", "", fmt.Errorf("-model %q is paid by an agent's subscription; onboarding calls a direct route, a deployment or an alias to one", m)
-				case ae.Code == "credential_unauthorized":
-					res, _ := resolveModel(m, doc, docErr, s.hasDirect)
-					return "", "brama credentials set " + cmp.Or(res.Provider.id, "<provider>"), fmt.Errorf("-model %q cannot serve: %s", m, ae.Message)
-				default:
-					return "", "", fmt.Errorf("-model %q cannot serve: %s", m, ae.Message)
-				}
-			}
-			return c.res.Route, "", nil
-		},
-		stepAnswer: func() (string, string, error) {
-			if _, done := prog.Steps[stepAnswer]; done && model == "" {
-				return "", "", nil // done on an earlier run
-			} else if model == "" || !o.b("allow-provider-cost") {
-				return "", "brama onboard -model " + cmp.Or(model, "<route>") + " -allow-provider-cost", nil
-			}
-			j := &job{kind: kindProbe, // one ping, as the probe's (SPEC §11.3)
-				build: func(ctx context.Context, _ *candidate, c call) (*http.Request, error) {
-					return buildUpstreamRequest(ctx, c.res.Provider, c.baseURL, c.cred, req, c.res.Model)
-				},
-				commit: func(_ context.Context, _ *candidate, c call, resp *http.Response) (usage, *apiError, bool) {
-					a, err := readProviderAnswer(c.res.Provider, req, resp)
-					if err != nil {
-						return usage{}, asAPIError(err), false
-					}
-					return a.Usage, nil, false
-				}}
-			if ae := s.engine(&requestInfo{}).attemptRoute(e.ctx, j, c, nil, nil); ae != nil {
-				return "", "", fmt.Errorf("no model answer: %s", ae.Message)
-			}
-			return c.res.Route, "", nil
-		},
-	}
-	for _, name := range onboardSteps {
-		m, next, err := steps[name]()
-		if next != "" {
-			fmt.Fprintf(e.stdout, "next: %s\n", next)
-		}
-		if err != nil || next != "" {
-			return err
-		}
-		if _, done := prog.Steps[name]; !done {
-			prog.Steps[name] = onboardStep{DoneAt: sy.now().UTC().Format(journalTimeFormat), Model: m}
+	done := func(step, model string) error {
+		if _, ok := prog.Steps[step]; !ok {
+			prog.Steps[step] = onboardStep{DoneAt: sy.now().UTC().Format(journalTimeFormat), Model: model}
 		}
 		if err := writeState(path, prog); err != nil {
 			return fmt.Errorf("the state directory is not usable: %s cannot be written: %w", onboardRole, err)
 		}
-		fmt.Fprintf(e.stdout, "done %s\n", name)
+		return e.say(nil, "done %s\n", step)
 	}
-	return nil
+	next := func(cmd string, err error) error {
+		fmt.Fprintf(e.stdout, "next: %s\n", cmd)
+		return err
+	}
+	if err := done("state-directory", ""); err != nil {
+		return err
+	}
+	switch doc, err := d.clients.load(); { // serve makes the first admin client
+	case errors.Is(err, errFileAbsent) || err == nil && len(doc.Clients) == 0:
+		return next("brama clients add <id> -admin", errRefused)
+	case err != nil:
+		return fmt.Errorf("the clients file is unusable: %w", err)
+	}
+	if err := done("client", ""); err != nil {
+		return err
+	}
+	// The call planned as the daemon would (a bare deployment as local-openai/<name>), refusing subscription routes
+	// and selectors: their ledger is the daemon's (SPEC §2.3, §14). No model: some payer must exist.
+	s := &server{core: core{stores: d.stores, sys: sy, getenv: e.getenv, client: newProviderClient()}}
+	s.catalog = newCatalog(d.st, e.getenv, s.client, sy.log, sy.now)
+	c, req := call{}, pingRequest(model, providerInfo{})
+	if model == "" && !s.anyDirectPayer() {
+		return next("brama credentials set <provider>", errRefused)
+	} else if model != "" {
+		doc, docErr := s.reg.current()
+		if docErr == nil && doc.Routes[model] == "" {
+			if _, _, n := doc.lookupLocal(model); n == 1 {
+				req.Model = "local-openai/" + model
+			}
+		}
+		c, err = s.engine(&requestInfo{}).plan(client{}, "", &req)
+		switch ae := asAPIError(err); {
+		case err == nil && (c.res.Mode == modeDirect || c.res.Mode == modeAlias):
+		case err == nil || ae.Code == "forbidden": // plan wants an agent: subscription, selector or best
+			return fmt.Errorf("-model %q is paid by an agent's subscription; onboarding calls a direct route, a deployment or an alias to one", req.Model)
+		case ae.Code == "credential_unauthorized":
+			res, _ := resolveModel(req.Model, doc, docErr, s.hasDirect)
+			return next("brama credentials set "+cmp.Or(res.Provider.id, "<provider>"), fmt.Errorf("-model %q cannot serve: %s", req.Model, ae.Message))
+		default:
+			return fmt.Errorf("-model %q cannot serve: %s", req.Model, ae.Message)
+		}
+	}
+	if err := done("route", c.res.Route); err != nil {
+		return err
+	}
+	if _, ok := prog.Steps["answer"]; ok && model == "" {
+		return done("answer", "") // done on an earlier run
+	} else if model == "" || !o.b("allow-provider-cost") {
+		return next("brama onboard -model "+cmp.Or(model, "<route>")+" -allow-provider-cost", nil)
+	}
+	j := &job{kind: kindProbe, // one ping, as the probe's (SPEC §11.3)
+		build: func(ctx context.Context, _ *candidate, c call) (*http.Request, error) {
+			return buildUpstreamRequest(ctx, c.res.Provider, c.baseURL, c.cred, req, c.res.Model)
+		},
+		commit: func(_ context.Context, _ *candidate, c call, resp *http.Response) (usage, *apiError, bool) {
+			a, err := readProviderAnswer(c.res.Provider, req, resp)
+			if err != nil {
+				return usage{}, asAPIError(err), false
+			}
+			return a.Usage, nil, false
+		}}
+	if ae := s.engine(&requestInfo{}).attemptRoute(e.ctx, j, c, nil, nil); ae != nil {
+		return fmt.Errorf("no model answer: %s", ae.Message)
+	}
+	return done("answer", c.res.Route)
 }
