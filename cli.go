@@ -64,13 +64,13 @@ func commands() []command {
 	asJSON := func(body string) flagSpec { return flagSpec{"json", false, "print the body of " + body} }
 	label := flagSpec{"label", "", "an optional `label` (printable, at most 128 bytes)"}
 	signIn := flagSpec{"provider", "", "claude-code or codex"}
+	reason := func(help string) flagSpec { return flagSpec{"reason", "", help} }
 	return []command{
-		{name: "serve", args: "[-addr ADDR] [-local-credentials-stdin]", purpose: "run the daemon", example: "brama serve -addr 127.0.0.1:8080", run: serve,
-			flags: []flagSpec{{"addr", "127.0.0.1:8080", "`address` to listen on"}, {"local-credentials-stdin", false, "read a JSON object provider → API key from stdin and keep it in memory only; it becomes the only source of direct credentials"}}},
+		{name: "serve", args: "[-addr ADDR] [-local-credentials-stdin]", purpose: "run the daemon", example: "brama serve -addr 127.0.0.1:8080", run: serve, flags: []flagSpec{{"addr", "127.0.0.1:8080", "`address` to listen on"}, {"local-credentials-stdin", false, "read a JSON object provider → API key from stdin and keep it in memory only; it becomes the only source of direct credentials"}}},
 		{name: "version", purpose: "print the version /health reports", example: "brama version",
 			run: func(e *cliEnv, _ opts, _ []string) error { return e.say(nil, "brama %s\n", version) }},
-		{name: "routes list", args: "[-json]", purpose: "one aligned row per alias, then the count that cannot serve", example: "brama routes list",
-			flags: []flagSpec{asJSON("GET /v1/aliases")}, run: func(e *cliEnv, o opts, _ []string) error { return e.printAliases(e.deps(), o.b("json"), nil) }},
+		{name: "routes list", args: "[-json]", purpose: "one aligned row per alias, then the count that cannot serve", example: "brama routes list", flags: []flagSpec{asJSON("GET /v1/aliases")},
+			run: func(e *cliEnv, o opts, _ []string) error { return e.printAliases(e.deps(), o.b("json"), nil) }},
 		{name: "routes set", args: "ALIAS DESTINATION", pos: 2, purpose: "set an alias (journaled route_change, by cli)", example: "brama routes set chat openai/gpt-4o",
 			run: func(e *cliEnv, _ opts, p []string) error {
 				d := e.deps()
@@ -83,10 +83,8 @@ func commands() []command {
 				_, err := d.reg.remove(p[0], "cli")
 				return e.printAliases(d, false, e.wrote(d.reg.path, err, "removed %s\n", p[0]))
 			}},
-		{name: "routes migrate", args: "[-file F] [-json]", purpose: "drop retired top-level fields, commit, print the committed document (idempotent)", example: "brama routes migrate",
-			run: routesMigrate, flags: []flagSpec{{"file", "", "registry `file` to migrate (default: the registry Brama reads)"}, {"json", false, `print {"ok":true,"file":F,"dropped":[…],"document":{…}}`}}},
-		{name: "clients add", args: "ID [-admin] [-agent A] [-allow NAME]...", pos: 1, purpose: "make a client; its token is printed once on stdout", example: "brama clients add app -allow chat",
-			flags: []flagSpec{{"admin", false, "give the client the admin role (reaches /v1/admin/*)"}, agent("bind the client's bearer to `agent`"), {"allow", []string(nil), "allow only this model `name` (repeatable; exact names)"}},
+		{name: "routes migrate", args: "[-file F] [-json]", purpose: "drop retired top-level fields, commit, print the committed document (idempotent)", example: "brama routes migrate", run: routesMigrate, flags: []flagSpec{{"file", "", "registry `file` to migrate (default: the registry Brama reads)"}, {"json", false, `print {"ok":true,"file":F,"dropped":[…],"document":{…}}`}}},
+		{name: "clients add", args: "ID [-admin] [-agent A] [-allow NAME]...", pos: 1, purpose: "make a client; its token is printed once on stdout", example: "brama clients add app -allow chat", flags: []flagSpec{{"admin", false, "give the client the admin role (reaches /v1/admin/*)"}, agent("bind the client's bearer to `agent`"), {"allow", []string(nil), "allow only this model `name` (repeatable; exact names)"}},
 			run: func(e *cliEnv, o opts, p []string) error {
 				tok, role := newToken(), map[bool]string{false: roleCaller, true: roleAdmin}[o.b("admin")]
 				c := client{ID: p[0], TokenSHA256: tokenDigest(tok), Role: role, AgentID: o.s("agent"), AllowedModels: *o["allow"].(*[]string)}
@@ -125,11 +123,9 @@ func commands() []command {
 					}
 				})
 			}},
-		{name: "deployments add", args: "NAME -port PORT [-host H] [-model M]", pos: 1, purpose: "declare a local OpenAI-compatible server", example: "brama deployments add ollama -port 11434 -model llama3.2",
-			flags: []flagSpec{{"host", "127.0.0.1", "the server's IPv4 loopback or 100.64.0.0/10 `address`"}, {"port", 0, "the server's `port` (required)"}, {"model", "", "the upstream `model` name (default: NAME)"}},
+		{name: "deployments add", args: "NAME -port PORT [-host H] [-model M]", pos: 1, purpose: "declare a local OpenAI-compatible server", example: "brama deployments add ollama -port 11434 -model llama3.2", flags: []flagSpec{{"host", "127.0.0.1", "the server's IPv4 loopback or 100.64.0.0/10 `address`"}, {"port", 0, "the server's `port` (required)"}, {"model", "", "the upstream `model` name (default: NAME)"}},
 			run: func(e *cliEnv, o opts, p []string) error {
-				d := deployment{Name: p[0], Model: o.s("model"), Endpoint: deploymentEndpoint{Host: o.s("host"), Port: *o["port"].(*int)}}
-				reg := e.deps().reg
+				d, reg := deployment{Name: p[0], Model: o.s("model"), Endpoint: deploymentEndpoint{Host: o.s("host"), Port: *o["port"].(*int)}}, e.deps().reg
 				_, err := reg.setDeployment(d, false)
 				return e.wrote(reg.path, err, "added deployment %s at %s; route to it: brama routes set ALIAS %s\n", d.Name, d.baseURL(), d.Name)
 			}},
@@ -184,11 +180,7 @@ func commands() []command {
 					}
 				})
 			}},
-		{name: "subscription add", args: "-provider P -agent A [-label L] [-oauth-file F]", need: []string{"provider", "agent"}, gateway: true,
-			purpose: "donate a subscription through the daemon (the API key on stdin after the bearer line, or a grant file); prints the new id",
-			example: `printf '%s\n' "$KEY" | BRAMA_TOKEN=$T brama subscription add -provider kimi -agent a1`,
-			flags: []flagSpec{{"provider", "", "the `provider` of the subscription (claude-code, codex, kimi, openai, …)"}, agent("the `agent` that receives it"), label,
-				{"oauth-file", "", "read an OAuth grant {\"access_token\",\"refresh_token\",\"expires_at_ms\",…} from `file` instead of an API key on stdin"}},
+		{name: "subscription add", args: "-provider P -agent A [-label L] [-oauth-file F]", need: []string{"provider", "agent"}, gateway: true, purpose: "donate a subscription through the daemon (the API key on stdin after the bearer line, or a grant file); prints the new id", example: `printf '%s\n' "$KEY" | BRAMA_TOKEN=$T brama subscription add -provider kimi -agent a1`, flags: []flagSpec{{"provider", "", "the `provider` of the subscription (claude-code, codex, kimi, openai, …)"}, agent("the `agent` that receives it"), label, {"oauth-file", "", "read an OAuth grant {\"access_token\",\"refresh_token\",\"expires_at_ms\",…} from `file` instead of an API key on stdin"}},
 			run: func(e *cliEnv, o opts, _ []string) error {
 				body := donation{Provider: o.s("provider"), Label: o.s("label")}
 				if err := e.bearer(); err != nil { // the bearer line comes first
@@ -206,36 +198,26 @@ func commands() []command {
 				}
 				return e.donate(o.s("agent"), "", body)
 			}},
-		{name: "subscription list", args: "-agent A [-json]", need: []string{"agent"}, gateway: true, purpose: "one aligned row per subscription", example: "BRAMA_TOKEN=$T brama subscription list -agent a1",
-			run: subscriptionList, flags: []flagSpec{agent("the `agent` whose subscriptions to list"), asJSON("GET /v1/subscriptions/{agent_id}")}},
-		{name: "subscription retire", args: "-agent A [-reason R] ID", pos: 1, need: []string{"agent"}, gateway: true, purpose: "retire a subscription (journaled)", example: "brama subscription retire -agent a1 sub_0123456789abcdef",
-			flags: []flagSpec{agent("the `agent` that owns the subscription"), {"reason", "", `why (journaled; default "retired by <client id>")`}},
+		{name: "subscription list", args: "-agent A [-json]", need: []string{"agent"}, gateway: true, purpose: "one aligned row per subscription", example: "BRAMA_TOKEN=$T brama subscription list -agent a1", run: subscriptionList, flags: []flagSpec{agent("the `agent` whose subscriptions to list"), asJSON("GET /v1/subscriptions/{agent_id}")}},
+		{name: "subscription retire", args: "-agent A [-reason R] ID", pos: 1, need: []string{"agent"}, gateway: true, purpose: "retire a subscription (journaled)", example: "brama subscription retire -agent a1 sub_0123456789abcdef", flags: []flagSpec{agent("the `agent` that owns the subscription"), reason(`why (journaled; default "retired by <client id>")`)},
 			run: func(e *cliEnv, o opts, p []string) error { // an empty reason is the daemon's default
 				_, err := e.call("DELETE", subscriptionPath(o.s("agent"), p[0])+"?reason="+url.QueryEscape(o.s("reason")), nil, nil)
 				return e.say(err, "retired %s\n", p[0])
 			}},
-		{name: "subscription reinstate", args: "-agent A -reason R ID", pos: 1, need: []string{"agent", "reason"}, gateway: true, purpose: "put a retired subscription back", example: `brama subscription reinstate -agent a1 -reason "back" sub_0123456789abcdef`,
-			flags: []flagSpec{agent("the `agent` that owns the subscription"), {"reason", "", "why (required; journaled)"}},
+		{name: "subscription reinstate", args: "-agent A -reason R ID", pos: 1, need: []string{"agent", "reason"}, gateway: true, purpose: "put a retired subscription back", example: `brama subscription reinstate -agent a1 -reason "back" sub_0123456789abcdef`, flags: []flagSpec{agent("the `agent` that owns the subscription"), reason("why (required; journaled)")},
 			run: func(e *cliEnv, o opts, p []string) error {
 				_, err := e.call("POST", subscriptionPath(o.s("agent"), p[0], "reinstate"), map[string]string{"reason": o.s("reason")}, nil)
 				return e.say(err, "reinstated %s\n", p[0])
 			}},
-		{name: "subscription import", args: "-provider claude-code|codex -from FILE -agent A [-label L]", need: []string{"provider", "from", "agent"}, gateway: true,
-			purpose: "hand a Claude Code or Codex CLI grant over to Brama", example: "brama subscription import -provider claude-code -from ~/.claude/.credentials.json -agent a1",
-			flags: []flagSpec{signIn, {"from", "", "the tool's credential `file` (~/.claude/.credentials.json, ~/.codex/auth.json)"}, agent("the `agent` that receives the grant"), label},
-			run:   subscriptionImport},
-		{name: "subscription sign-in", args: "-provider claude-code|codex -agent A [-id ID | -label L]", need: []string{"provider", "agent"}, gateway: true,
-			purpose: "sign in with the provider (PKCE): the URL on stderr, the pasted code from stdin; replaces -id's grant or donates a new subscription",
-			example: "BRAMA_TOKEN=$T brama subscription sign-in -provider claude-code -agent a1", run: subscriptionSignIn, flags: []flagSpec{signIn, agent("the `agent` that owns (or receives) the subscription"),
-				{"id", "", "replace the credential of this subscription `id` instead of donating a new one"}, {"label", "", "a `label` for a new subscription"}}},
+		{name: "subscription import", args: "-provider claude-code|codex -from FILE -agent A [-label L]", need: []string{"provider", "from", "agent"}, gateway: true, purpose: "hand a Claude Code or Codex CLI grant over to Brama", example: "brama subscription import -provider claude-code -from ~/.claude/.credentials.json -agent a1", run: subscriptionImport, flags: []flagSpec{signIn, {"from", "", "the tool's credential `file` (~/.claude/.credentials.json, ~/.codex/auth.json)"}, agent("the `agent` that receives the grant"), label}},
+		{name: "subscription sign-in", args: "-provider claude-code|codex -agent A [-id ID | -label L]", need: []string{"provider", "agent"}, gateway: true, purpose: "sign in with the provider (PKCE): the URL on stderr, the pasted code from stdin; replaces -id's grant or donates a new subscription", example: "BRAMA_TOKEN=$T brama subscription sign-in -provider claude-code -agent a1", run: subscriptionSignIn, flags: []flagSpec{signIn, agent("the `agent` that owns (or receives) the subscription"), {"id", "", "replace the credential of this subscription `id` instead of donating a new one"}, {"label", "", "a `label` for a new subscription"}}},
 		{name: "subscription prune-orphans", args: "[-gateway URL]", gateway: true, purpose: "remove the vault's subscription credentials no subscription names", example: "BRAMA_TOKEN=$T brama subscription prune-orphans",
 			run: func(e *cliEnv, _ opts, _ []string) error {
 				var body struct{ Removed []string }
 				_, err := e.call("POST", "/v1/admin/vault/prune-orphans", nil, &body)
 				return e.say(err, "removed %d orphaned credential(s) from the vault: %s\n", len(body.Removed), strings.Join(body.Removed, " "))
 			}},
-		{name: "maintain", args: "[-gateway URL] [-json]", gateway: true, purpose: "run one maintenance pass now; exit 0 only when it was ok", example: "BRAMA_TOKEN=$T brama maintain",
-			flags: []flagSpec{asJSON("POST /v1/admin/maintain")},
+		{name: "maintain", args: "[-gateway URL] [-json]", gateway: true, purpose: "run one maintenance pass now; exit 0 only when it was ok", example: "BRAMA_TOKEN=$T brama maintain", flags: []flagSpec{asJSON("POST /v1/admin/maintain")},
 			run: func(e *cliEnv, o opts, _ []string) error {
 				var rep passReport
 				b, err := e.call("POST", "/v1/admin/maintain", nil, &rep)
@@ -249,18 +231,15 @@ func commands() []command {
 				}
 				return err
 			}},
-		{name: "onboard", args: "[-model ROUTE] [-allow-provider-cost]", purpose: "walk the first-use journey in-process: state directory, client, a route that can serve, one real answer",
-			example: "brama onboard -model openai/gpt-4o-mini -allow-provider-cost", run: onboard, flags: []flagSpec{{"model", "", "the `route` of the one real call: a direct route, a deployment, or an alias to one"}, {"allow-provider-cost", false, "make the one real (billable) model call"}}},
-		{name: "answers verify", args: "[-signature v1=HEX] FILE", pos: 1, purpose: "check a kept answer's signature (or a raw body against -signature); prints ok", example: "brama answers verify ~/.brama/answers/local/3f….json",
-			flags: []flagSpec{{"signature", "", "check `v1=HEX` (a Brama-Answer-Signature) over FILE's raw bytes instead of reading FILE as a kept answer"}},
+		{name: "onboard", args: "[-model ROUTE] [-allow-provider-cost]", purpose: "walk the first-use journey in-process: state directory, client, a route that can serve, one real answer", example: "brama onboard -model openai/gpt-4o-mini -allow-provider-cost", run: onboard, flags: []flagSpec{{"model", "", "the `route` of the one real call: a direct route, a deployment, or an alias to one"}, {"allow-provider-cost", false, "make the one real (billable) model call"}}},
+		{name: "answers verify", args: "[-signature v1=HEX] FILE", pos: 1, purpose: "check a kept answer's signature (or a raw body against -signature); prints ok", example: "brama answers verify ~/.brama/answers/local/3f….json", flags: []flagSpec{{"signature", "", "check `v1=HEX` (a Brama-Answer-Signature) over FILE's raw bytes instead of reading FILE as a kept answer"}},
 			run: func(e *cliEnv, o opts, p []string) error {
 				if sig := strings.ToLower(o.s("signature")); sig != "" && !isAnswerSignature(sig) {
 					return &usageError{msg: "-signature must be v1= followed by 64 hex digits"}
 				}
 				return e.say(verifyAnswerFile(resolveState(e.getenv), p[0], strings.ToLower(o.s("signature"))), "ok\n")
 			}},
-		{name: "answers prune", args: "-older-than DURATION", need: []string{"older-than"}, purpose: "remove complete kept answers older than that (never one in progress)", example: "brama answers prune -older-than 720h",
-			flags: []flagSpec{{"older-than", "", "remove complete answers kept longer ago than this `duration` (e.g. 720h)"}},
+		{name: "answers prune", args: "-older-than DURATION", need: []string{"older-than"}, purpose: "remove complete kept answers older than that (never one in progress)", example: "brama answers prune -older-than 720h", flags: []flagSpec{{"older-than", "", "remove complete answers kept longer ago than this `duration` (e.g. 720h)"}},
 			run: func(e *cliEnv, o opts, _ []string) error {
 				age, err := time.ParseDuration(o.s("older-than"))
 				if err != nil || age < 0 {
@@ -300,12 +279,12 @@ func lookup(args []string) (command, []string, error) {
 			subs = append(subs, sub)
 		}
 	}
-	msg := fmt.Sprintf("unknown command %q; see brama help", args[0])
-	if len(subs) > 0 {
-		msg = fmt.Sprintf("%s wants one of %s; see brama help", args[0], strings.Join(subs, ", "))
-		if len(args) > 1 && !strings.HasPrefix(args[1], "-") {
-			msg = fmt.Sprintf("unknown command %q: %s", args[0]+" "+args[1], msg)
-		}
+	if len(subs) == 0 {
+		return command{}, nil, &usageError{msg: fmt.Sprintf("unknown command %q; see brama help", args[0])}
+	}
+	msg := fmt.Sprintf("%s wants one of %s; see brama help", args[0], strings.Join(subs, ", "))
+	if len(args) > 1 && !strings.HasPrefix(args[1], "-") {
+		msg = fmt.Sprintf("unknown command %q: %s", args[0]+" "+args[1], msg)
 	}
 	return command{}, nil, &usageError{msg: msg}
 }
@@ -340,11 +319,10 @@ func (e *cliEnv) runCommand(args []string) error {
 			o[f.name] = fs.Bool(f.name, d, f.help)
 		case int:
 			o[f.name] = fs.Int(f.name, d, f.help)
-		case []string:
-			list := new([]string)
-			o[f.name] = list
+		case []string: // repeatable
+			o[f.name] = &d
 			fs.Func(f.name, f.help, func(v string) error {
-				*list = append(*list, v)
+				d = append(d, v)
 				return nil
 			})
 		}
@@ -363,21 +341,19 @@ func (e *cliEnv) runCommand(args []string) error {
 		fmt.Fprintf(e.stdout, "\nexample:\n  %s\n", c.example)
 		return err
 	}
-	var missing []string
-	for _, name := range c.need {
-		if strings.TrimSpace(o.s(name)) == "" {
-			missing = append(missing, "-"+name)
-		}
-	}
+	missing := slices.DeleteFunc(slices.Clone(c.need), func(name string) bool { return strings.TrimSpace(o.s(name)) != "" })
 	switch {
 	case err != nil:
 		err = &usageError{c.name, err.Error()}
 	case len(pos) != c.pos:
 		err = &usageError{c.name, "want " + cmp.Or(c.args, "no arguments")}
 	case len(missing) > 0:
-		err = &usageError{c.name, "want " + strings.Join(missing, " and ")}
-	case c.gateway:
-		e.gateway, err = gatewayURL(o.s("gateway"))
+		err = &usageError{c.name, "want -" + strings.Join(missing, " and -")}
+	case c.gateway: // the bearer and credentials never cross in clear text but to a loopback host
+		e.gateway = strings.TrimRight(strings.TrimSpace(o.s("gateway")), "/")
+		if err = checkBaseURL(e.gateway); err != nil {
+			err = &usageError{c.name, fmt.Sprintf("-gateway %q: %v", o.s("gateway"), err)}
+		}
 	}
 	if err == nil {
 		err = c.run(e, o, pos)
@@ -447,23 +423,10 @@ func (e *cliEnv) line() string {
 	return strings.TrimSpace(s)
 }
 
-// gatewayURL checks -gateway: the bearer and credentials never cross in clear text but to a loopback host.
-func gatewayURL(raw string) (string, error) {
-	u, err := url.Parse(strings.TrimSpace(raw))
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" {
-		return "", &usageError{msg: fmt.Sprintf("-gateway %q is not an http:// or https:// URL", raw)}
-	} else if u.Scheme == "http" && !isLoopbackHost(u.Hostname()) {
-		return "", &usageError{msg: fmt.Sprintf("-gateway %q: http:// is allowed only to a loopback host; use https://", raw)}
-	}
-	return strings.TrimRight(u.String(), "/"), nil
-}
-
 // bearer reads the daemon's bearer once: BRAMA_TOKEN, else stdin's first line.
 func (e *cliEnv) bearer() error {
-	if e.auth == "" {
-		if e.auth = strings.TrimSpace(e.getenv("BRAMA_TOKEN")); e.auth == "" {
-			e.auth = e.line()
-		}
+	if e.auth = cmp.Or(e.auth, strings.TrimSpace(e.getenv("BRAMA_TOKEN"))); e.auth == "" {
+		e.auth = e.line()
 	}
 	if e.auth == "" {
 		return errors.New("no bearer token: set BRAMA_TOKEN or give the token as stdin's first line")
@@ -741,15 +704,15 @@ const (
 	onboardRole = "onboarding progress"
 )
 
-// onboardProgress is onboarding.json: each step done, when first done (RFC 3339 UTC, milliseconds), and (route,
-// answer) the model it named.
+// onboardProgress is onboarding.json: each step done, when first done (RFC 3339 UTC), and (route, answer) the model
+// it named.
 type onboardProgress struct {
 	SchemaVersion int                    `json:"schema_version"`
 	Steps         map[string]onboardStep `json:"steps"`
 }
 
 type onboardStep struct {
-	DoneAt string `json:"done_at"`
+	DoneAt time.Time `json:"done_at"`
 	Model  string `json:"model,omitempty"`
 }
 
@@ -765,16 +728,14 @@ func parseOnboarding(b []byte) (*onboardProgress, error) {
 	return prog, nil
 }
 
-// validate refuses another schema, unknown steps and unreadable times.
+// validate refuses another schema and unknown steps (the decoder refuses an unreadable time).
 func (prog *onboardProgress) validate() error {
 	if prog.SchemaVersion != 1 {
 		return fmt.Errorf("schema_version %d is not 1", prog.SchemaVersion)
 	}
-	for name, st := range prog.Steps {
+	for name := range prog.Steps {
 		if !slices.Contains(onboardSteps, name) {
 			return fmt.Errorf("unknown step %q", truncateUTF8(name, 64))
-		} else if _, err := time.Parse(time.RFC3339Nano, st.DoneAt); err != nil {
-			return fmt.Errorf("step %s: done_at is not an RFC 3339 time", name)
 		}
 	}
 	if prog.Steps == nil {
@@ -799,7 +760,7 @@ func onboard(e *cliEnv, o opts, _ []string) error {
 	}
 	done := func(step, model string) error {
 		if _, ok := prog.Steps[step]; !ok {
-			prog.Steps[step] = onboardStep{DoneAt: sy.now().UTC().Format(journalTimeFormat), Model: model}
+			prog.Steps[step] = onboardStep{DoneAt: sy.now().UTC().Truncate(time.Millisecond), Model: model}
 		}
 		if err := writeState(path, prog); err != nil {
 			return fmt.Errorf("the state directory is not usable: %s cannot be written: %w", onboardRole, err)
@@ -825,7 +786,6 @@ func onboard(e *cliEnv, o opts, _ []string) error {
 	// The call planned as the daemon would (a bare deployment as local-openai/<name>), refusing subscription routes
 	// and selectors: their ledger is the daemon's (SPEC §2.3, §14). No model: some payer must exist.
 	s := &server{core: core{stores: d.stores, sys: sy, getenv: e.getenv, client: newProviderClient()}}
-	s.catalog = newCatalog(d.st, e.getenv, s.client, sy.log, sy.now)
 	c, req := call{}, pingRequest(model, providerInfo{})
 	if model == "" && !s.anyDirectPayer() {
 		return next("brama credentials set <provider>", errRefused)
@@ -838,12 +798,11 @@ func onboard(e *cliEnv, o opts, _ []string) error {
 		}
 		c, err = s.engine(&requestInfo{}).plan(client{}, "", &req)
 		switch ae := asAPIError(err); {
-		case err == nil && (c.res.Mode == modeDirect || c.res.Mode == modeAlias):
-		case err == nil || ae.Code == "forbidden": // plan wants an agent: subscription, selector or best
+		case err == nil:
+		case ae.Code == "forbidden": // plan wants an agent: a subscription route, a selector or best
 			return fmt.Errorf("-model %q is paid by an agent's subscription; onboarding calls a direct route, a deployment or an alias to one", req.Model)
-		case ae.Code == "credential_unauthorized":
-			res, _ := resolveModel(req.Model, doc, docErr, s.hasDirect)
-			return next("brama credentials set "+cmp.Or(res.Provider.id, "<provider>"), fmt.Errorf("-model %q cannot serve: %s", req.Model, ae.Message))
+		case ae.Code == "credential_unauthorized": // plan names the route's provider
+			return next("brama credentials set "+c.res.Provider.id, fmt.Errorf("-model %q cannot serve: %s", req.Model, ae.Message))
 		default:
 			return fmt.Errorf("-model %q cannot serve: %s", req.Model, ae.Message)
 		}

@@ -116,7 +116,7 @@ func TestOnboardJourney(t *testing.T) {
 				t.Errorf("progress holds %v, want %v", got, tc.wantSteps)
 			}
 			for _, s := range tc.wantSteps {
-				if got[s].DoneAt == "" {
+				if got[s].DoneAt.IsZero() {
 					t.Errorf("progress lacks step %s: %v", s, got)
 				}
 			}
