@@ -562,10 +562,7 @@ func subscriptionList(e *cliEnv, o opts, _ []string) error {
 			}
 			for _, w := range r.Windows {
 				top = max(top, w.UsedFraction)
-				used = fmt.Sprintf("%.0f%%", top*100)
-			}
-			if r.Stale && len(r.Windows) > 0 {
-				used += " (stale)"
+				used = fmt.Sprintf("%.0f%%", top*100) + map[bool]string{true: " (stale)"}[r.Stale]
 			}
 			if r.Status == "retired" {
 				retired++
@@ -750,11 +747,8 @@ func (prog *onboardProgress) validate() error {
 func onboard(e *cliEnv, o opts, _ []string) error {
 	model, sy := o.s("model"), e.sys()
 	d := openDeps(e.getenv, sy)
-	path, err := d.st.path(onboardRole, onboardFile)
-	if err != nil {
-		return err
-	}
-	prog, err := (&stateFile[*onboardProgress]{role: onboardRole, path: path, parse: parseOnboarding}).fresh()
+	path, pathErr := d.st.path(onboardRole, onboardFile)
+	prog, err := (&stateFile[*onboardProgress]{role: onboardRole, path: path, pathErr: pathErr, parse: parseOnboarding}).fresh()
 	if err != nil { // a file failing the guards is refused, never overwritten
 		return fmt.Errorf("the state directory is not usable: %w", err)
 	}

@@ -139,10 +139,7 @@ func serve(e *cliEnv, o opts, _ []string) error {
 	log, now := sy.log, sy.now
 	maxBody, bodyErr := envWhole(e.getenv, "BRAMA_MAX_REQUEST_BYTES", "bytes", 1, defaultMaxRequestBytes, 64)
 	guard, guardErr := newTransportGuard(e.getenv("BRAMA_TRUSTED_PROXY_IPS"))
-	localCreds, credsErr := map[string]string(nil), error(nil)
-	if o.b("local-credentials-stdin") {
-		localCreds, credsErr = readLocalCredentials(e.in)
-	}
+	localCreds, credsErr := readLocalCredentials(o.b("local-credentials-stdin"), e.in)
 	if err := cmp.Or(checkListenAddr(o.s("addr")), bodyErr, guardErr, credsErr); err != nil {
 		return err
 	}
@@ -234,9 +231,7 @@ func serveNotes(s *server) string {
 	if s.st.dir == "" {
 		where = fmt.Sprintf("state: none (%v): nothing is kept", s.st.cause)
 	}
-	v, _ := s.vault.load()
-	doc, _ := s.reg.current()
-	if len(s.localCreds) > 0 || v != nil && len(v.Direct)+len(v.Subscriptions) > 0 || doc != nil && len(doc.Deployments) > 0 {
+	if v, _ := s.vault.load(); s.anyDirectPayer() || v != nil && len(v.Subscriptions) > 0 {
 		return where + "\nready: brama routes list shows what each alias serves"
 	}
 	return where + "\nnext: brama credentials set anthropic (the API key on stdin), then brama routes set 'claude-*' 'anthropic/*'" +
@@ -258,8 +253,12 @@ func checkListenAddr(addr string) error {
 	return nil
 }
 
-// readLocalCredentials reads `{"provider":"api key",…}` from stdin, keys trimmed as credentials set trims them.
-func readLocalCredentials(r io.Reader) (map[string]string, error) {
+// readLocalCredentials reads `{"provider":"api key",…}` from stdin when asked, keys trimmed as credentials set trims
+// them; nil when not asked (the vault's keys are read).
+func readLocalCredentials(asked bool, r io.Reader) (map[string]string, error) {
+	if !asked {
+		return nil, nil
+	}
 	b, err := io.ReadAll(r)
 	creds := map[string]string{}
 	if err == nil {
