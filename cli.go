@@ -1,10 +1,7 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
 	"cmp"
-	"context"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -12,13 +9,10 @@ import (
 	"io"
 	"log/slog"
 	"maps"
-	"net/http"
 	"net/url"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"text/template"
 	"time"
@@ -46,16 +40,6 @@ type opts map[string]any
 
 func (o opts) s(name string) string { return *o[name].(*string) }
 func (o opts) b(name string) bool   { return *o[name].(*bool) }
-
-// cliEnv is what every command reads and writes besides its arguments.
-type cliEnv struct {
-	ctx            context.Context // serve's first stop signal; a CLI command ends on a signal (main)
-	cut            <-chan struct{} // closed on the second signal: serve cuts its running requests
-	getenv         func(string) string
-	in             *bufio.Reader // stdin: the bearer, then an API key or a pasted code, by lines
-	stdout, stderr io.Writer
-	gateway, auth  string // a gateway command's daemon URL, and its bearer once read
-}
 
 // commands is the CLI (SPEC §16.1), in the order `brama help` lists it. State edits run in-process under each file's
 // lock (SPEC §2.3); `subscription …` and `maintain` call the daemon's admin API, the overlay's only writer.
@@ -364,114 +348,6 @@ func (e *cliEnv) runCommand(args []string) error {
 	return err
 }
 
-// deps opens the state files; sys is a command's logger (to stderr, at BRAMA_LOG_LEVEL) and clock.
-func (e *cliEnv) deps() deps { return openDeps(e.getenv, e.sys()) }
-
-func (e *cliEnv) sys() sys {
-	return sys{log: newLogger(e.stderr, e.getenv("BRAMA_LOG_LEVEL")), now: time.Now}
-}
-
-// say prints a command's success line, unless err.
-func (e *cliEnv) say(err error, format string, args ...any) error {
-	if err == nil {
-		fmt.Fprintf(e.stdout, format, args...)
-	}
-	return err
-}
-
-// wrote reports a write, unless err: the file, and a warning when no serve holds the state directory (nothing serves
-// the change until one starts), on stderr; the success line on stdout.
-func (e *cliEnv) wrote(path string, err error, format string, args ...any) error {
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(e.stderr, "brama: wrote %s\n", path)
-	if st := resolveState(e.getenv); st.dir != "" && !serveHolds(st) {
-		fmt.Fprintf(e.stderr, "brama: warning: no brama serve holds %s; the change serves once one starts: brama serve\n",
-			filepath.Join(st.dir, "serve.lock"))
-	}
-	return e.say(nil, format, args...)
-}
-
-// serveHolds says whether a brama serve holds s's serve.lock; it creates no file.
-func serveHolds(s state) bool {
-	f, err := os.OpenFile(filepath.Join(s.dir, "serve.lock"), os.O_RDONLY|syscall.O_NOFOLLOW, 0)
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	return errors.Is(syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB), syscall.EWOULDBLOCK)
-}
-
-// editVault and editClients change the file under its lock and report the write.
-func (e *cliEnv) editVault(fn func(*vaultDoc) error, format string, args ...any) error {
-	v := e.deps().vault
-	return e.wrote(v.path, v.update(fn), format, args...)
-}
-
-func (e *cliEnv) editClients(fn func(*clientsDoc) error, format string, args ...any) error {
-	c := e.deps().clients
-	err := c.pathErr
-	if err == nil {
-		err = updateClients(c.path, fn)
-	}
-	return e.wrote(c.path, err, format, args...)
-}
-
-func (e *cliEnv) line() string {
-	s, _ := e.in.ReadString('\n')
-	return strings.TrimSpace(s)
-}
-
-// bearer reads the daemon's bearer once: BRAMA_TOKEN, else stdin's first line.
-func (e *cliEnv) bearer() error {
-	if e.auth = cmp.Or(e.auth, strings.TrimSpace(e.getenv("BRAMA_TOKEN"))); e.auth == "" {
-		e.auth = e.line()
-	}
-	if e.auth == "" {
-		return errors.New("no bearer token: set BRAMA_TOKEN or give the token as stdin's first line")
-	}
-	return nil
-}
-
-// call sends one admin request (body nil: none) and returns the success body, decoded into out unless out is nil; a
-// non-2xx answer is an error quoting the envelope. No time limit of Brama's own (a pass may wait on token
-// endpoints); one SIGINT ends the command (SPEC §17).
-func (e *cliEnv) call(method, path string, body, out any) ([]byte, error) {
-	var rd io.Reader
-	if body != nil {
-		b, _ := json.Marshal(body) // a donation, credentialBody or map of strings cannot fail
-		rd = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(e.ctx, method, e.gateway+path, rd)
-	if err == nil {
-		err = e.bearer()
-	}
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Authorization", "Bearer "+e.auth)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("cannot reach the gateway at %s: %w", e.gateway, errors.Unwrap(err))
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	var env envelope
-	switch {
-	case err != nil:
-		return nil, fmt.Errorf("reading the gateway's answer: %w", err)
-	case resp.StatusCode/100 == 2 && (out == nil || json.Unmarshal(b, out) == nil):
-		return b, nil
-	case resp.StatusCode/100 == 2:
-		return nil, fmt.Errorf("the gateway's answer is not what %s %s answers: %s", method, path, truncateUTF8(string(b), 200))
-	case json.Unmarshal(b, &env) != nil || env.Error.Code == "":
-		env.Error.Code, env.Error.Message = "unknown", "the answer is not a Brama error envelope"
-	}
-	return nil, fmt.Errorf("the gateway refused (%d %s): %s", resp.StatusCode, env.Error.Code, env.Error.Message)
-}
-
 // table prints the rows rows yields aligned under header ("": none), cells tab-separated, unless err.
 func table(w io.Writer, err error, header string, rows func(yield func(...string))) error {
 	if err != nil {
@@ -691,137 +567,4 @@ func subscriptionSignIn(e *cliEnv, o opts, _ []string) error {
 		fmt.Fprintf(e.stderr, "brama: signed in; subscription %s of agent %s has a new %s grant\n", id, agent, provider)
 	}
 	return e.say(err, "%s\n", id)
-}
-
-// onboardSteps are the first-use journey (SPEC §14) in order; onboarding.json keeps the steps done.
-var onboardSteps = []string{"state-directory", "client", "route", "answer"}
-
-const (
-	onboardFile = "onboarding.json"
-	onboardRole = "onboarding progress"
-)
-
-// onboardProgress is onboarding.json: each step done, when first done (RFC 3339 UTC), and (route, answer) the model
-// it named.
-type onboardProgress struct {
-	SchemaVersion int                    `json:"schema_version"`
-	Steps         map[string]onboardStep `json:"steps"`
-}
-
-type onboardStep struct {
-	DoneAt time.Time `json:"done_at"`
-	Model  string `json:"model,omitempty"`
-}
-
-// errOnboardingInvalid wraps every refusal of parseOnboarding.
-var errOnboardingInvalid = errors.New("onboarding progress is invalid")
-
-// parseOnboarding is decodeStrict on onboarding.json; empty is no progress.
-func parseOnboarding(b []byte) (*onboardProgress, error) {
-	prog := &onboardProgress{SchemaVersion: 1, Steps: map[string]onboardStep{}}
-	if err := decodeStrict(onboardFile, b, prog); len(b) > 0 && err != nil {
-		return nil, fmt.Errorf("%w: %w (remove the file to start the journey again)", errOnboardingInvalid, err)
-	}
-	return prog, nil
-}
-
-// validate refuses another schema and unknown steps (the decoder refuses an unreadable time).
-func (prog *onboardProgress) validate() error {
-	if prog.SchemaVersion != 1 {
-		return fmt.Errorf("schema_version %d is not 1", prog.SchemaVersion)
-	}
-	for name := range prog.Steps {
-		if !slices.Contains(onboardSteps, name) {
-			return fmt.Errorf("unknown step %q", truncateUTF8(name, 64))
-		}
-	}
-	if prog.Steps == nil {
-		prog.Steps = map[string]onboardStep{}
-	}
-	return nil
-}
-
-// onboard walks the first-use journey in-process, no daemon or bearer: each step passed is recorded and printed
-// ("done …"); the first that is not prints the command to run next ("next: …") and ends the walk. The one billable
-// call is made only with -allow-provider-cost, and only ctx cancels it (SPEC §7.4).
-func onboard(e *cliEnv, o opts, _ []string) error {
-	model, sy := o.s("model"), e.sys()
-	d := openDeps(e.getenv, sy)
-	path, pathErr := d.st.path(onboardRole, onboardFile)
-	prog, err := (&stateFile[*onboardProgress]{role: onboardRole, path: path, pathErr: pathErr, parse: parseOnboarding}).fresh()
-	if err != nil { // a file failing the guards is refused, never overwritten
-		return fmt.Errorf("the state directory is not usable: %w", err)
-	}
-	done := func(step, model string) error {
-		if _, ok := prog.Steps[step]; !ok {
-			prog.Steps[step] = onboardStep{DoneAt: sy.now().UTC().Truncate(time.Millisecond), Model: model}
-		}
-		if err := writeState(path, prog); err != nil {
-			return fmt.Errorf("the state directory is not usable: %s cannot be written: %w", onboardRole, err)
-		}
-		return e.say(nil, "done %s\n", step)
-	}
-	next := func(cmd string, err error) error {
-		fmt.Fprintf(e.stdout, "next: %s\n", cmd)
-		return err
-	}
-	if err := done("state-directory", ""); err != nil {
-		return err
-	}
-	switch doc, err := d.clients.load(); { // serve makes the first admin client
-	case errors.Is(err, errFileAbsent) || err == nil && len(doc.Clients) == 0:
-		return next("brama clients add <id> -admin", errRefused)
-	case err != nil:
-		return fmt.Errorf("the clients file is unusable: %w", err)
-	}
-	if err := done("client", ""); err != nil {
-		return err
-	}
-	// The call planned as the daemon would (a bare deployment as local-openai/<name>), refusing subscription routes
-	// and selectors: their ledger is the daemon's (SPEC §2.3, §14). No model: some payer must exist.
-	s := &server{core: core{stores: d.stores, sys: sy, getenv: e.getenv, client: newProviderClient()}}
-	c, req := call{}, pingRequest(model, providerInfo{})
-	if model == "" && !s.anyDirectPayer() {
-		return next("brama credentials set <provider>", errRefused)
-	} else if model != "" {
-		doc, docErr := s.reg.current()
-		if docErr == nil && doc.Routes[model] == "" {
-			if _, _, n := doc.lookupLocal(model); n == 1 {
-				req.Model = "local-openai/" + model
-			}
-		}
-		c, err = s.engine(&requestInfo{}).plan(client{}, "", &req)
-		switch ae := asAPIError(err); {
-		case err == nil:
-		case ae.Code == "forbidden": // plan wants an agent: a subscription route, a selector or best
-			return fmt.Errorf("-model %q is paid by an agent's subscription; onboarding calls a direct route, a deployment or an alias to one", req.Model)
-		case ae.Code == "credential_unauthorized": // plan names the route's provider
-			return next("brama credentials set "+c.res.Provider.id, fmt.Errorf("-model %q cannot serve: %s", req.Model, ae.Message))
-		default:
-			return fmt.Errorf("-model %q cannot serve: %s", req.Model, ae.Message)
-		}
-	}
-	if err := done("route", c.res.Route); err != nil {
-		return err
-	}
-	if _, ok := prog.Steps["answer"]; ok && model == "" {
-		return done("answer", "") // done on an earlier run
-	} else if model == "" || !o.b("allow-provider-cost") {
-		return next("brama onboard -model "+cmp.Or(model, "<route>")+" -allow-provider-cost", nil)
-	}
-	j := &job{kind: kindProbe, // one ping, as the probe's (SPEC §11.3)
-		build: func(ctx context.Context, _ *candidate, c call) (*http.Request, error) {
-			return buildUpstreamRequest(ctx, c.res.Provider, c.baseURL, c.cred, req, c.res.Model)
-		},
-		commit: func(_ context.Context, _ *candidate, c call, resp *http.Response) (usage, *apiError, bool) {
-			a, err := readProviderAnswer(c.res.Provider, req, resp)
-			if err != nil {
-				return usage{}, asAPIError(err), false
-			}
-			return a.Usage, nil, false
-		}}
-	if ae := s.engine(&requestInfo{}).attemptRoute(e.ctx, j, c, nil, nil); ae != nil {
-		return fmt.Errorf("no model answer: %s", ae.Message)
-	}
-	return done("answer", c.res.Route)
 }
