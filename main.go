@@ -438,7 +438,7 @@ type onboardProgress struct {
 
 type onboardStep struct {
 	DoneAt time.Time `json:"done_at"`
-	Model  string `json:"model,omitempty"`
+	Model  string    `json:"model,omitempty"`
 }
 
 // errOnboardingInvalid wraps every refusal of parseOnboarding.
