@@ -534,16 +534,10 @@ func subscriptionSignIn(e *cliEnv, o opts, _ []string) error {
 	var l struct{ Subscriptions []subscriptionRow }
 	if _, err := e.call("GET", subscriptionPath(agent), nil, &l); err != nil {
 		return err
-	}
-	i := slices.IndexFunc(l.Subscriptions, func(r subscriptionRow) bool { return r.ID == id })
-	switch {
-	case id == "":
-	case i < 0:
-		return fmt.Errorf("agent %q has no subscription %q; nothing to sign in", agent, id)
-	case l.Subscriptions[i].Provider != provider:
-		return fmt.Errorf("subscription %s is a %s subscription, not %s", id, l.Subscriptions[i].Provider, provider)
-	case l.Subscriptions[i].Status == "retired":
-		return fmt.Errorf("subscription %s is retired; reinstate it before signing in", id)
+	} else if id != "" && !slices.ContainsFunc(l.Subscriptions, func(r subscriptionRow) bool {
+		return r.ID == id && r.Provider == provider && r.Status != "retired"
+	}) {
+		return fmt.Errorf("agent %q has no %s subscription %q that is not retired; nothing to sign in", agent, provider, id)
 	}
 	verifier, challenge := newPKCE()
 	state := randomToken()

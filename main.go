@@ -256,53 +256,6 @@ func checkListenAddr(addr string) error {
 	return nil
 }
 
-// readLocalCredentials reads `{"provider":"api key",…}` from stdin when asked, keys trimmed as credentials set trims
-// them; nil when not asked (the vault's keys are read).
-func readLocalCredentials(asked bool, r io.Reader) (map[string]string, error) {
-	if !asked {
-		return nil, nil
-	}
-	b, err := io.ReadAll(r)
-	creds := map[string]string{}
-	if err == nil {
-		err = decodeStrict("-local-credentials-stdin", b, &creds)
-	}
-	if err == nil && creds == nil { // null: no map, and the vault's keys would be read
-		err = errors.New("-local-credentials-stdin: not a JSON object")
-	}
-	for p, key := range creds {
-		if info, ok := lookupProvider(p); err == nil && (!ok || info.cred != credDirect) {
-			err = fmt.Errorf("-local-credentials-stdin: %q is not a provider that takes a direct API key", p)
-		} else if creds[p] = strings.TrimSpace(key); err == nil && (creds[p] == "" || !printable(creds[p])) {
-			err = fmt.Errorf("-local-credentials-stdin: the API key for %q is empty or not one line of printable text", p)
-		}
-	}
-	return creds, err
-}
-
-// ensureFirstClient creates the admin client "local", its token printed once, when no clients file exists (SPEC
-// §3.1); in memory with no state (§2.1).
-func ensureFirstClient(c *clientStore, stderr io.Writer) error {
-	tok := newToken()
-	local, kept, created := client{ID: "local", TokenSHA256: tokenDigest(tok), Role: roleAdmin}, "", c.pathErr != nil
-	if created {
-		c.memory, kept = &clientsDoc{Clients: []client{local}}, fmt.Sprintf(" for this process only (not kept: %v)", c.pathErr)
-	} else if _, err := c.load(); !errors.Is(err, errFileAbsent) {
-		return err // nil, or a clients file that must be repaired before serving
-	} else if err := updateClients(c.path, func(d *clientsDoc) error {
-		if created = len(d.Clients) == 0; created {
-			d.Clients = append(d.Clients, local)
-		}
-		return nil
-	}); err != nil {
-		return err
-	}
-	if created {
-		fmt.Fprintf(stderr, "brama: created admin client \"local\"%s; bearer token (shown once): %s\n", kept, tok)
-	}
-	return nil
-}
-
 // cliEnv is what every command reads and writes besides its arguments.
 type cliEnv struct {
 	ctx            context.Context // serve's first stop signal; a CLI command ends on a signal (main)
@@ -360,11 +313,7 @@ func (e *cliEnv) editVault(fn func(*vaultDoc) error, format string, args ...any)
 
 func (e *cliEnv) editClients(fn func(*clientsDoc) error, format string, args ...any) error {
 	c := e.deps().clients
-	err := c.pathErr
-	if err == nil {
-		err = updateClients(c.path, fn)
-	}
-	return e.wrote(c.path, err, format, args...)
+	return e.wrote(c.path, c.update(fn), format, args...)
 }
 
 func (e *cliEnv) line() string {
@@ -392,11 +341,8 @@ func (e *cliEnv) call(method, path string, body, out any) ([]byte, error) {
 		b, _ := json.Marshal(body) // a donation, credentialBody or map of strings cannot fail
 		rd = bytes.NewReader(b)
 	}
-	req, err := http.NewRequestWithContext(e.ctx, method, e.gateway+path, rd)
-	if err == nil {
-		err = e.bearer()
-	}
-	if err != nil {
+	req, _ := http.NewRequestWithContext(e.ctx, method, e.gateway+path, rd) // the gateway is checked, the path escaped
+	if err := e.bearer(); err != nil {
 		return nil, err
 	}
 	req.Header.Set("Authorization", "Bearer "+e.auth)
