@@ -537,7 +537,7 @@ func subscriptionSignIn(e *cliEnv, o opts, _ []string) error {
 	} else if id != "" && !slices.ContainsFunc(l.Subscriptions, func(r subscriptionRow) bool {
 		return r.ID == id && r.Provider == provider && r.Status != "retired"
 	}) {
-		return fmt.Errorf("agent %q has no %s subscription %q that is not retired; nothing to sign in", agent, provider, id)
+		return fmt.Errorf("agent %q has no subscription %q that is %s and not retired; nothing to sign in", agent, id, provider)
 	}
 	verifier, challenge := newPKCE()
 	state := randomToken()
