@@ -72,10 +72,11 @@ func commands() []command {
 			run: func(e *cliEnv, o opts, p []string) error {
 				tok, role := newToken(), map[bool]string{false: roleCaller, true: roleAdmin}[o.b("admin")]
 				c := client{ID: p[0], TokenSHA256: tokenDigest(tok), Role: role, AgentID: o.s("agent"), AllowedModels: *o["allow"].(*[]string)}
-				err := e.editClients(func(d *clientsDoc) error { // validate refuses a second client of that id
+				cs := e.deps().clients
+				err := e.wrote(cs.path, cs.update(func(d *clientsDoc) error { // validate refuses a second client of that id
 					d.Clients = append(d.Clients, c)
 					return nil
-				}, "%s\n", tok)
+				}), "%s\n", tok)
 				if err == nil {
 					fmt.Fprintf(e.stderr, "brama: created %s client %q; bearer token (shown once) on stdout\n", role, c.ID)
 				}
@@ -83,13 +84,14 @@ func commands() []command {
 			}},
 		{name: "clients rm", args: "ID", pos: 1, purpose: "remove a client", example: "brama clients rm app",
 			run: func(e *cliEnv, _ opts, p []string) error {
-				return e.editClients(func(d *clientsDoc) error {
+				cs := e.deps().clients
+				return e.wrote(cs.path, cs.update(func(d *clientsDoc) error {
 					n := len(d.Clients)
 					if d.Clients = slices.DeleteFunc(d.Clients, func(x client) bool { return x.ID == p[0] }); len(d.Clients) == n {
 						return fmt.Errorf("no client %q", p[0])
 					}
 					return nil
-				}, "removed client %s\n", p[0])
+				}), "removed client %s\n", p[0])
 			}},
 		{name: "clients list", purpose: "each client's id, role, agent and allowlist (never a token or digest)", example: "brama clients list",
 			run: func(e *cliEnv, _ opts, _ []string) error {
@@ -138,22 +140,24 @@ func commands() []command {
 				if !ok || info.cred != credDirect {
 					return fmt.Errorf("%q is not a provider that takes a direct API key", p[0])
 				} else if key := e.line(); key != "" {
-					return e.editVault(func(d *vaultDoc) error {
+					v := e.deps().vault
+					return e.wrote(v.path, v.update(func(d *vaultDoc) error {
 						d.Direct[info.id] = vaultKey{APIKey: key}
 						return nil
-					}, "stored the direct credential for %s in the vault\n", info.id)
+					}), "stored the direct credential for %s in the vault\n", info.id)
 				}
 				return errors.New("no API key on stdin (an empty line)")
 			}},
 		{name: "credentials rm", args: "PROVIDER", pos: 1, purpose: "remove a direct key from the vault", example: "brama credentials rm openai",
 			run: func(e *cliEnv, _ opts, p []string) error {
-				return e.editVault(func(d *vaultDoc) error {
+				v := e.deps().vault
+				return e.wrote(v.path, v.update(func(d *vaultDoc) error {
 					if _, ok := d.Direct[p[0]]; !ok {
 						return fmt.Errorf("the vault holds no direct credential for %q", p[0])
 					}
 					delete(d.Direct, p[0])
 					return nil
-				}, "removed the direct credential for %s\n", p[0])
+				}), "removed the direct credential for %s\n", p[0])
 			}},
 		{name: "credentials list", purpose: "the providers the vault holds a direct key for (names only, never a key)", example: "brama credentials list",
 			run: func(e *cliEnv, _ opts, _ []string) error {

@@ -305,17 +305,6 @@ func serveHolds(s state) bool {
 	return errors.Is(syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB), syscall.EWOULDBLOCK)
 }
 
-// editVault and editClients change the file under its lock and report the write.
-func (e *cliEnv) editVault(fn func(*vaultDoc) error, format string, args ...any) error {
-	v := e.deps().vault
-	return e.wrote(v.path, v.update(fn), format, args...)
-}
-
-func (e *cliEnv) editClients(fn func(*clientsDoc) error, format string, args ...any) error {
-	c := e.deps().clients
-	return e.wrote(c.path, c.update(fn), format, args...)
-}
-
 func (e *cliEnv) line() string {
 	s, _ := e.in.ReadString('\n')
 	return strings.TrimSpace(s)
