@@ -25,10 +25,9 @@ import (
 	"time"
 )
 
-// Signed answers (SPEC §12): one provider spend per (client, Idempotency-Key).
-// The first request publishes an in-progress record (os.Link), dispatches and
-// completes it with the answer and its HMAC; later ones replay it. Requests
-// without a key meet the replay guard (replay.go) instead.
+// Signed answers (SPEC §12): one provider spend per (client, Idempotency-Key). The first request publishes an in-progress record
+// (os.Link), dispatches and completes it with the answer and its HMAC; later ones replay it. Requests without a key meet the
+// replay guard (SPEC §8.1, below) instead.
 
 const (
 	answerInProgress = "in_progress" // record states (SPEC §12 item 4)
@@ -40,13 +39,13 @@ const (
 var (
 	errAnswerCorrupt     = errors.New("not a kept answer")  // wraps every decode error: not SPEC §12's shape
 	errSignatureMismatch = errors.New("signature mismatch") // `brama answers verify`'s refusal
-	// errServerShutdown cancels the requests running at serve's second signal:
-	// their log lines say server_shutdown, their kept answers item 2's refusal.
+	// errServerShutdown cancels the requests running at serve's second signal: their log lines say server_shutdown, their kept
+	// answers item 2's refusal.
 	errServerShutdown = errors.New("the server is shutting down")
 )
 
-// answerRecord is one kept-answer file, members in SPEC §12's order. While
-// in progress the members that only completion knows are null.
+// answerRecord is one kept-answer file, members in SPEC §12's order; while in progress the members only completion knows are
+// null.
 type answerRecord struct {
 	SchemaVersion int     `json:"schema_version"`
 	State         string  `json:"state"`
@@ -63,6 +62,12 @@ type answerRecord struct {
 	Signature     *string `json:"signature"`
 }
 
+// answerTicket is a reservation this process holds for one key.
+type answerTicket struct {
+	path string
+	rec  answerRecord
+}
+
 // decodeAnswerRecord strictly parses a kept-answer file; every error wraps errAnswerCorrupt.
 func decodeAnswerRecord(b []byte) (*answerRecord, error) {
 	rec := &answerRecord{}
@@ -75,22 +80,25 @@ func decodeAnswerRecord(b []byte) (*answerRecord, error) {
 // validate checks that the record's members agree with its state; the first rule broken is named.
 func (rec *answerRecord) validate() error {
 	open, done := rec.State == answerInProgress, rec.State == answerComplete
-	for _, c := range []struct {
-		bad bool
-		why string
-	}{
+	isTime := func(s *string) bool {
+		t, err := time.Parse(journalTimeFormat, *cmp.Or(s, new(string)))
+		return err == nil && t.Format(journalTimeFormat) == *s
+	}
+	_, b64Err := base64.StdEncoding.Strict().DecodeString(*cmp.Or(rec.BodyBase64, new(string)))
+	for _, c := range []rule{
 		{rec.SchemaVersion != 1, "schema_version is not 1"},
 		{rec.BootID == "", "boot_id is empty"},
 		{!idPattern.MatchString(rec.Client), "client is not a client id"},
 		{!isHexDigest(rec.KeySHA256), "key_sha256 is not 64 lower-case hex digits"},
 		{!isHexDigest(rec.RequestSHA256), "request_sha256 is not 64 lower-case hex digits"},
-		{!isAnswerTime(&rec.StartedAt), "started_at is not RFC 3339 UTC with milliseconds"},
+		{!isTime(&rec.StartedAt), "started_at is not RFC 3339 UTC with milliseconds"},
 		{rec.Attempts != nil && *rec.Attempts < 0, "attempts is negative"},
-		{open && (rec.CompletedAt != nil || rec.Status != nil || rec.BodyBase64 != nil || rec.Attempts != nil || rec.Signature != nil), "an answer in progress has completion members"},
+		{open && (rec.CompletedAt != nil || rec.Status != nil || rec.BodyBase64 != nil || rec.Attempts != nil || rec.Signature != nil),
+			"an answer in progress has completion members"},
 		{!open && !done, "state is neither in_progress nor complete"},
-		{done && !isAnswerTime(rec.CompletedAt), "completed_at is not RFC 3339 UTC with milliseconds"},
+		{done && !isTime(rec.CompletedAt), "completed_at is not RFC 3339 UTC with milliseconds"},
 		{done && (rec.Status == nil || *rec.Status < 100 || *rec.Status > 999), "status is not an HTTP status"},
-		{done && (rec.BodyBase64 == nil || base64Bad(*rec.BodyBase64)), "body_base64 is not standard base64"},
+		{done && (rec.BodyBase64 == nil || b64Err != nil), "body_base64 is not standard base64"},
 		{done && (rec.Signature == nil || !isAnswerSignature(*rec.Signature)), "signature is not v1=<64 hex>"},
 	} {
 		if c.bad {
@@ -100,23 +108,10 @@ func (rec *answerRecord) validate() error {
 	return nil
 }
 
-func base64Bad(s string) bool {
-	_, err := base64.StdEncoding.Strict().DecodeString(s)
-	return err != nil
-}
-
 // body is a complete record's exact body bytes (validate vouched for them).
 func (rec *answerRecord) body() []byte {
 	b, _ := base64.StdEncoding.DecodeString(*rec.BodyBase64)
 	return b
-}
-
-func isAnswerTime(s *string) bool {
-	if s == nil {
-		return false
-	}
-	t, err := time.Parse(journalTimeFormat, *s)
-	return err == nil && t.Format(journalTimeFormat) == *s
 }
 
 func isAnswerSignature(s string) bool { return strings.HasPrefix(s, "v1=") && isHexDigest(s[3:]) }
@@ -136,12 +131,12 @@ func checkIdempotencyKey(key string) error {
 	return nil
 }
 
-// answerStore keeps the signed answers of one state directory; only serve and
-// `brama answers prune` write them (SPEC §2.3).
+// answerStore keeps the signed answers of one state directory; only serve and `brama answers prune` write them (SPEC §2.3).
+// bootID, drawn once per process, tells our records from a stopped process's.
 type answerStore struct {
 	sys
 	st     state
-	bootID string   // drawn once per process: tells our records from a stopped process's
+	bootID string
 	unkept sync.Map // record path → true: left in progress because completing it failed
 
 	mu  sync.Mutex // guards key
@@ -149,9 +144,7 @@ type answerStore struct {
 }
 
 func newAnswerStore(st state, log *slog.Logger, now func() time.Time) *answerStore {
-	b := make([]byte, 16)
-	rand.Read(b)
-	return &answerStore{sys: sys{log: log, now: now}, st: st, bootID: hex.EncodeToString(b)}
+	return &answerStore{sys: sys{log: log, now: now}, st: st, bootID: rand.Text()}
 }
 
 // answerUnplaced is SPEC §2.1's refusal when an answer cannot be kept.
@@ -192,14 +185,8 @@ func readAnswerKey(st state) (key []byte, name string, err error) {
 	return key, name, err
 }
 
-// answerTicket is a reservation this process holds for one key.
-type answerTicket struct {
-	path string
-	rec  answerRecord
-}
-
-// recordPath names the record for (client, key); answers/ and answers/<client>/
-// are directories, never a planted symlink out of the state directory.
+// recordPath names the record for (client, key); answers/ and answers/<client>/ are directories, never a planted symlink out of
+// the state directory.
 func (a *answerStore) recordPath(client, key string) (string, error) {
 	if !idPattern.MatchString(client) {
 		return "", fmt.Errorf("client id %q cannot name a directory", client)
@@ -213,8 +200,8 @@ func (a *answerStore) recordPath(client, key string) (string, error) {
 	return path, err
 }
 
-// signedCall is a chat request carrying an Idempotency-Key as the store sees
-// it: who asked, what, the route planned, and the engine's tally of calls.
+// signedCall is a chat request carrying an Idempotency-Key as the store sees it: who asked, what, the route planned, and the
+// engine's tally of calls.
 type signedCall struct {
 	client, route string
 	keys          []string // the header's values: exactly one is allowed
@@ -224,9 +211,8 @@ type signedCall struct {
 	envelope      func(http.ResponseWriter, error) *apiError // a refusal in the caller's dialect
 }
 
-// serve answers c (SPEC §12): reserving is the last step before dispatch
-// runs the provider calls; a kept answer is replayed without one. The error
-// is a refusal made before any reservation, for the caller to write.
+// serve answers c (SPEC §12): reserving is the last step before dispatch runs the provider calls; a kept answer is replayed
+// without one. The error is a refusal made before any reservation, for the caller to write.
 func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signedCall, dispatch func(http.ResponseWriter)) (replayed bool, err error) {
 	if err = checkIdempotencyKey(c.keys[0]); len(c.keys) > 1 {
 		err = refuse("invalid_request", "send one Idempotency-Key header")
@@ -244,33 +230,23 @@ func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signed
 	if err != nil || kept != nil {
 		return kept != nil, err
 	}
-	rec := newCapture()
-	func() {
-		defer func() {
-			if p := recover(); p != nil {
-				a.settle(ctx, c, t, rec, true) // keep or release; the connection is lost anyway
-				panic(p)
-			}
-		}()
-		dispatch(rec)
+	rec, panicked := &httptest.ResponseRecorder{HeaderMap: http.Header{}, Body: new(bytes.Buffer)}, true // Code 0 until written
+	defer func() {
+		if panicked { // keep or release; the panic goes on, and the connection is lost anyway
+			a.settle(ctx, c, t, rec, true)
+		}
 	}()
-	rec, sig := a.settle(ctx, c, t, rec, false)
+	dispatch(rec)
+	panicked = false
+	rec = a.settle(ctx, c, t, rec, false)
 	maps.Copy(w.Header(), rec.HeaderMap)
-	if sig != "" {
-		w.Header().Set("Brama-Answer-Signature", sig)
-	}
 	w.WriteHeader(cmp.Or(rec.Code, http.StatusOK))
 	w.Write(rec.Body.Bytes())
 	return false, nil
 }
 
-// newCapture holds a buffered answer until it is kept; Code stays 0 until something is written.
-func newCapture() *httptest.ResponseRecorder {
-	return &httptest.ResponseRecorder{HeaderMap: http.Header{}, Body: new(bytes.Buffer)}
-}
-
-// reserve, the last step before the first provider call (SPEC §12 item 1), returns this
-// request's ticket, the record to replay, or item 2's refusal; no place: §2.1's.
+// reserve, the last step before the first provider call (SPEC §12 item 1), returns this request's ticket, the record to replay,
+// or item 2's refusal; no place: §2.1's.
 func (a *answerStore) reserve(c signedCall) (*answerTicket, *answerRecord, error) {
 	path, err := a.recordPath(c.client, c.keys[0])
 	if err == nil {
@@ -279,14 +255,12 @@ func (a *answerStore) reserve(c signedCall) (*answerTicket, *answerRecord, error
 	if err != nil {
 		return nil, nil, answerUnplaced(err)
 	}
-	t := &answerTicket{path: path, rec: answerRecord{
-		SchemaVersion: 1, State: answerInProgress, BootID: a.bootID, Client: c.client,
+	t := &answerTicket{path, answerRecord{SchemaVersion: 1, State: answerInProgress, BootID: a.bootID, Client: c.client,
 		KeySHA256: hexSHA256([]byte(c.keys[0])), RequestSHA256: hexSHA256(c.body),
-		StartedAt: a.now().UTC().Format(journalTimeFormat), Route: c.route,
-	}}
+		StartedAt: a.now().UTC().Format(journalTimeFormat), Route: c.route}}
 	data, _ := marshalState(&t.rec) // strings and ints always encode
-	// A record removed between our failed link and our read (a released
-	// retryable refusal, or a prune) frees the key: try again, a few times.
+	// A record removed between our failed link and our read (a released retryable refusal, or a prune) frees the key: try again,
+	// a few times.
 	for range 3 {
 		if err := publishFile(path, data); err == nil {
 			return t, nil, nil
@@ -300,16 +274,14 @@ func (a *answerStore) reserve(c signedCall) (*answerTicket, *answerRecord, error
 	return nil, nil, answerBusy()
 }
 
-// answerBusy is the 409 of a key whose answer is still being produced, the
-// one retryable state_conflict (SPEC §8.1).
+// answerBusy is the 409 of a key whose answer is still being produced, the one retryable state_conflict (SPEC §8.1).
 func answerBusy() *apiError {
 	ae := refuse("state_conflict", "the answer for this Idempotency-Key is still being produced; retry later")
-	ae.Retryable = ptrTo(true)
+	ae.Retryable = true
 	return ae
 }
 
-// taken applies SPEC §12 item 2 to the record at path, checking a complete
-// record's signature. A missing record is errFileAbsent.
+// taken applies SPEC §12 item 2 to the record at path, checking a complete record's signature. A missing record is errFileAbsent.
 func (a *answerStore) taken(c signedCall, path, requestSHA string) (*answerRecord, error) {
 	rec, err := readAnswerFile(path)
 	if errors.Is(err, errFileAbsent) {
@@ -328,9 +300,9 @@ func (a *answerStore) taken(c signedCall, path, requestSHA string) (*answerRecor
 	case rec.RequestSHA256 != requestSHA:
 		return nil, refuse("state_conflict", "this Idempotency-Key was used with another request body")
 	case open && rec.BootID != a.bootID: // a stopped process's: kept as item 2's refusal, attempts unknown
-		e := newCapture()
+		e := httptest.NewRecorder()
 		ae := c.envelope(e, refuse("internal_error", abandonedMessage))
-		if rec, err = a.complete(&answerTicket{path: path, rec: *rec}, ae.Status(), e.Body.Bytes(), nil, rec.Route); err != nil {
+		if rec, err = a.complete(&answerTicket{path, *rec}, ae.Status(), e.Body.Bytes(), nil, rec.Route); err != nil {
 			return nil, refuse("internal_error", "the abandoned answer for this Idempotency-Key could not be kept").because(err)
 		}
 		a.log.Warn("answer_abandoned", "client", rec.Client, "key_sha256", rec.KeySHA256, "boot_id", rec.BootID)
@@ -348,11 +320,10 @@ func readAnswerFile(name string) (*answerRecord, error) {
 	return f.fresh()
 }
 
-// settle keeps or releases the reservation after dispatch (SPEC §12 item 3)
-// and returns what the caller gets, signed when kept. After a provider call
-// started, a hang-up or panic is kept (499, 500) so the key never spends
-// twice; a retryable refusal, or one made before dispatch, is released.
-func (a *answerStore) settle(ctx context.Context, c signedCall, t *answerTicket, rec *httptest.ResponseRecorder, panicked bool) (*httptest.ResponseRecorder, string) {
+// settle keeps or releases the reservation after dispatch (SPEC §12 item 3) and returns what the caller gets, signed when kept.
+// After a provider call started, a hang-up or panic is kept (499, 500) so the key never spends twice; a retryable refusal, or one
+// made before dispatch, is released.
+func (a *answerStore) settle(ctx context.Context, c signedCall, t *answerTicket, rec *httptest.ResponseRecorder, panicked bool) *httptest.ResponseRecorder {
 	calls, attempts := c.t.attempts, (*int)(nil)
 	if calls > 0 {
 		attempts = &calls
@@ -379,28 +350,28 @@ func (a *answerStore) settle(ctx context.Context, c signedCall, t *answerTicket,
 		if err != nil {
 			a.log.Error("answer_release_failed", "request_id", c.t.requestID, "err", err)
 		}
-		return rec, ""
+		return rec
 	}
 	route := cmp.Or(rec.HeaderMap.Get("Brama-Route"), c.route) // a selector's: the candidate that answered
 	if cut != nil {
-		rec, attempts = newCapture(), &calls
+		rec, attempts = httptest.NewRecorder(), &calls
 		c.envelope(rec, cut.withAttempts(calls))
 		c.t.outcome, c.t.retryable = cut.Code, false
 	}
 	rec.Body = bytes.NewBuffer(withoutPromptEcho(rec.Body.Bytes())) // the first answer is the kept body (item 7)
 	kept, err := a.complete(t, rec.Code, rec.Body.Bytes(), attempts, route)
 	if err != nil {
-		// The answer exists and was paid for: give it unsigned rather than
-		// lose it. The record stays in progress, so the key never spends
-		// twice; sent again it is refused, and after a restart it reads as abandoned.
+		// The answer exists and was paid for: give it unsigned rather than lose it. The record stays in progress, so the key
+		// never spends twice; sent again it is refused, after a restart it reads as abandoned.
 		a.unkept.Store(t.path, true)
 		a.log.Error("answer_unkept", "request_id", c.t.requestID, "err", err)
-		return rec, ""
+		return rec
 	}
-	return rec, *kept.Signature
+	rec.HeaderMap.Set("Brama-Answer-Signature", *kept.Signature)
+	return rec
 }
 
-// complete keeps an answer (SPEC §12 item 3) in place of the reservation.
+// complete keeps an answer (SPEC §12 item 3) in place of the reservation t.
 func (a *answerStore) complete(t *answerTicket, status int, body []byte, attempts *int, route string) (*answerRecord, error) {
 	key, err := a.signingKey()
 	if err != nil {
@@ -433,9 +404,8 @@ func (a *answerStore) replay(w http.ResponseWriter, t *tally, rec *answerRecord)
 	w.Write(body)
 }
 
-// withoutPromptEcho is body with each member that repeats the caller's input
-// (OpenAI Responses echoes instructions) set to null (SPEC §12 item 7); any
-// other byte, and a body that is no JSON object, stays as it was.
+// withoutPromptEcho is body with each member that repeats the caller's input (OpenAI Responses echoes instructions) set to null
+// (SPEC §12 item 7); any other byte, and a body that is no JSON object, stays.
 func withoutPromptEcho(body []byte) []byte {
 	o, err := parseRawObject(body)
 	if err != nil {
@@ -450,8 +420,7 @@ func withoutPromptEcho(body []byte) []byte {
 	return o.edit(edits...)
 }
 
-// verifyAnswerFile is `brama answers verify` (SPEC §12 item 6): sig over
-// file, or a kept answer's own signature over its body.
+// verifyAnswerFile is `brama answers verify` (SPEC §12 item 6): sig over file, or a kept answer's own signature over its body.
 func verifyAnswerFile(st state, file, sig string) error {
 	key, _, err := readAnswerKey(st)
 	if err != nil {
@@ -476,8 +445,8 @@ func verifyAnswerFile(st state, file, sig string) error {
 	return nil
 }
 
-// pruneAnswers removes the complete records under dir completed before
-// cutoff (SPEC §12 item 7); serve may run, as they never change again.
+// pruneAnswers removes the complete records under dir completed before cutoff (SPEC §12 item 7); serve may run, as they never
+// change again.
 func pruneAnswers(dir string, cutoff time.Time, skip func(name string, err error)) (int, error) {
 	removed := 0
 	err := filepath.WalkDir(dir, func(name string, d fs.DirEntry, err error) error {

@@ -23,9 +23,7 @@ import (
 	"time"
 )
 
-// Advisory data no request waits on (SPEC §6.4, §13): the model catalogue, a file
-// read on demand or a URL read in the background and kept in the model metadata
-// cache; and the perf registry, one entry per route ever served.
+// Advisory data no request waits on (SPEC §6.4, §13): the model catalogue and the perf registry.
 
 const ( // SPEC §16, §2.2
 	defaultCatalogURL = "https://models.dev/api.json"
@@ -33,28 +31,17 @@ const ( // SPEC §16, §2.2
 	perfFlushEvery    = 30 * time.Second
 )
 
-// modelInfo is what Brama keeps of a catalogue model. Slices are shared with
-// memory (replaced whole): callers must not modify them.
+// modelInfo is what Brama keeps of a catalogue model (0 and nil: unknown); callers must not modify its slices.
 type modelInfo struct {
 	ID          string            `json:"id"`
 	ReleaseDate string            `json:"release_date,omitempty"` // "YYYY-MM-DD" or "YYYY-MM"; "" unknown
 	Limit       catalogLimit      `json:"limit"`
 	Modalities  catalogModalities `json:"modalities"`
 }
+type catalogLimit struct{ Context, Output float64 }
+type catalogModalities struct{ Input, Output []string }
 
-// catalogLimit is a model's token limits, 0 unknown; catalogModalities what it takes
-// and gives, nil unknown. Both keep api.json's member names, for the cache.
-type catalogLimit struct {
-	Context int `json:"context,omitempty"`
-	Output  int `json:"output,omitempty"`
-}
-type catalogModalities struct {
-	Input  []string `json:"input,omitempty"`
-	Output []string `json:"output,omitempty"`
-}
-
-// catalogData is a catalogue in memory: vendor → model id → info.
-type catalogData = map[string]map[string]modelInfo
+type catalogData = map[string]map[string]modelInfo // vendor → model id → info
 
 // catalogVendors maps a provider id to the catalogue's vendor key where they differ (SPEC §7.3,
 // models.dev's keys); local-openai serves whatever a deployment runs: none.
@@ -70,34 +57,30 @@ func catalogVendor(provider string) string {
 
 // catalog is the model metadata of SPEC §6.4 and its source.
 type catalog struct {
-	path, url string       // BRAMA_MODEL_CATALOG_PATH (it wins), else the live URL; "" none
-	cachePath string       // the model metadata cache; "" without a state directory or for a file
-	client    *http.Client // the provider client: no timeout of Brama's own (SPEC §7.4)
-	log       *slog.Logger
-	now       func() time.Time
-	ttl       time.Duration
-
-	testingOnlyReadDone func() // runs after each background read settled; nil in production
-
-	mu         sync.Mutex    // guards the fields below
-	data       catalogData   // nil when absent
-	why        string        // why data is nil
-	nextTry    time.Time     // a TTL after the last read, good or bad, or the cache's fetch
-	fileID     string        // a file source's size and mtime at the last read
-	reads      int           // source reads settled, for tests
-	kick       chan struct{} // wakes the background reader; nil until start
-	refreshing bool          // a background read is queued or running (single flight)
+	path, url           string       // BRAMA_MODEL_CATALOG_PATH (it wins), else the live URL; "" none
+	cachePath           string       // the model metadata cache; "" without a state directory or for a file
+	client              *http.Client // the provider client: no timeout of Brama's own (SPEC §7.4)
+	log                 *slog.Logger
+	now                 func() time.Time
+	ttl                 time.Duration
+	testingOnlyReadDone func()        // runs after each background read settled; nil in production
+	mu                  sync.Mutex    // guards the fields below
+	data                catalogData   // nil when absent
+	why                 string        // why data is nil
+	nextTry             time.Time     // a TTL after the last read, good or bad, or the cache's fetch
+	fileID              string        // a file source's size and mtime at the last read
+	reads               int           // source reads settled, for tests
+	kick                chan struct{} // wakes the background reader; nil until start
+	refreshing          bool          // a background read is queued or running (single flight)
 }
 
-// catalogCache is $STATE/model-metadata.json: the last good catalogue in api.json's
-// shape (marshalCatalog) and its fetch time.
+// catalogCache is $STATE/model-metadata.json: the last good catalogue (marshalCatalog) and its fetch time.
 type catalogCache struct {
 	FetchedAt time.Time       `json:"fetched_at"`
 	Body      json.RawMessage `json:"body"`
 }
 
-// newCatalog configures the catalogue (SPEC §16) and, for a URL, fills memory from the
-// cache; a file is read by the first lookup, a URL by start.
+// newCatalog configures the catalogue (SPEC §16); for a URL, memory starts from the cache until start reads it.
 func newCatalog(st state, getenv func(string) string, client *http.Client, log *slog.Logger, now func() time.Time) *catalog {
 	ttl, err := envSeconds(getenv, "BRAMA_MODEL_CATALOG_TTL_SECS", 1, defaultCatalogTTL)
 	if err != nil {
@@ -111,8 +94,7 @@ func newCatalog(st state, getenv func(string) string, client *http.Client, log *
 	if c.url = cmp.Or(strings.TrimSpace(getenv("BRAMA_MODEL_CATALOG_URL")), defaultCatalogURL); strings.EqualFold(c.url, "off") {
 		c.url = ""
 	}
-	var cc catalogCache
-	var b []byte
+	cc, b := catalogCache{}, []byte(nil)
 	if c.cachePath, err = st.path("model metadata cache", "model-metadata.json"); err != nil {
 		log.Warn("model_metadata_cache_unplaced", "cause", err.Error())
 	} else if b, _, err = readGuarded("model metadata cache", c.cachePath); err == nil {
@@ -135,8 +117,7 @@ func newCatalog(st state, getenv func(string) string, client *http.Client, log *
 	return c
 }
 
-// start runs the background reader of a URL source until ctx (its only
-// cancel, SPEC §7.4) is done: one read, then one per kick from a stale lookup.
+// start reads a URL source in the background until ctx (its only cancel, SPEC §7.4): once, then per stale lookup.
 func (c *catalog) start(ctx context.Context, wg *sync.WaitGroup) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -148,7 +129,7 @@ func (c *catalog) start(ctx context.Context, wg *sync.WaitGroup) {
 	go func(kick <-chan struct{}) {
 		defer wg.Done()
 		for ctx.Err() == nil {
-			c.readOnce(ctx)
+			c.readURL(ctx)
 			select {
 			case <-ctx.Done():
 			case <-kick:
@@ -157,18 +138,16 @@ func (c *catalog) start(ctx context.Context, wg *sync.WaitGroup) {
 	}(c.kick)
 }
 
-// readOnce reads the URL whole into memory and, when good, the cache; a failure keeps
-// memory. Errors quote neither the body nor the URL, whose query may hold a key.
-func (c *catalog) readOnce(ctx context.Context) {
+// readURL reads the URL into memory and the cache; errors quote neither the body nor the URL (its query may hold a key).
+func (c *catalog) readURL(ctx context.Context) {
 	var data catalogData
 	status, b, err := callEndpoint(ctx, c.client, http.MethodGet, c.url, nil)
 	if ue := (*url.Error)(nil); errors.As(err, &ue) {
 		err = ue.Err
 	}
-	switch {
-	case status/100 != 2 && status != 0:
+	if status/100 != 2 && status != 0 {
 		err = fmt.Errorf("HTTP status %d", status)
-	case err == nil:
+	} else if err == nil {
 		data, err = parseCatalog(b)
 	}
 	if err != nil {
@@ -190,8 +169,7 @@ func (c *catalog) readOnce(ctx context.Context) {
 	}
 }
 
-// settleLocked records a read of source that ended at now: a good one replaces memory, a
-// failed one keeps it; either waits one TTL.
+// settleLocked records a read of source that ended at now: a good one replaces memory, a failed one keeps it; either waits one TTL.
 func (c *catalog) settleLocked(source string, data catalogData, err error, now time.Time) {
 	c.reads++
 	c.nextTry = now.Add(c.ttl)
@@ -204,14 +182,13 @@ func (c *catalog) settleLocked(source string, data catalogData, err error, now t
 	c.log.Info("model_catalog_read", "source", source, "vendors", len(data))
 }
 
-// current is the catalogue usable now, or nil with the cause. A file is read on demand
-// (SPEC §6.4), at once when changed while memory is empty; a URL due kicks one background read.
+// current is the catalogue usable now, or nil with the cause. A file is read on demand (SPEC §6.4),
+// at once when changed while memory is empty; a URL due kicks one background read.
 func (c *catalog) current() (catalogData, string) {
 	now := c.now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	due := !now.Before(c.nextTry)
-	fileID := "" // a file's size and modification time tell it changed
+	due, fileID := !now.Before(c.nextTry), "" // a file's size and modification time tell it changed
 	if fi, err := os.Stat(c.path); c.path != "" && err == nil {
 		fileID = fmt.Sprint(fi.Size(), fi.ModTime().UnixNano())
 	}
@@ -255,58 +232,50 @@ func (c *catalog) outputLimit(provider, model string) (int, string) {
 	if ok && info.Limit.Output <= 0 {
 		cause = fmt.Sprintf("the catalogue has no output limit for %s/%s", catalogVendor(provider), model)
 	}
-	return info.Limit.Output, cause
+	return int(info.Limit.Output), cause
 }
 
-// models lists the models of provider's vendor, newest release first, then
-// by id (SPEC §7.3); unknown release dates sort last.
+// models lists provider's vendor's models, newest release first (unknown last), then by id (SPEC §7.3).
 func (c *catalog) models(provider string) []modelInfo {
-	if catalogVendor(provider) == "" {
-		return nil
-	}
-	data, _ := c.current()
+	data, _ := c.current() // parseCatalog leaves no vendor "": local-openai has none
 	return slices.SortedFunc(maps.Values(data[catalogVendor(provider)]), func(a, b modelInfo) int {
 		return cmp.Or(strings.Compare(b.ReleaseDate, a.ReleaseDate), strings.Compare(a.ID, b.ID))
 	})
 }
 
-// errCatalogShape marks a catalogue whose top level is not a JSON object of
-// vendor objects; parseCatalog wraps it in every error it returns.
+// errCatalogShape is wrapped by every error of parseCatalog: the top level is not an object of vendor objects.
 var errCatalogShape = errors.New("the model catalogue is not a JSON object of provider objects")
 
-// parseCatalog reads api.json, vendor → {"models": {id → model}}, strict only at the top: the
-// document grows, so what Brama does not understand is left out. The key is a model's id.
+// parseCatalog reads api.json, vendor → {"models": {id → model}}, strict only at the top: the document
+// grows, so what Brama does not understand (a member of the wrong type too) is left out.
 func parseCatalog(b []byte) (catalogData, error) {
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(b, &top); err != nil || top == nil {
 		return nil, fmt.Errorf("%w: %v", errCatalogShape, cmp.Or(err, errors.New("null")))
 	}
+	isObject := func(raw json.RawMessage) bool { return bytes.HasPrefix(raw, []byte("{")) } // a RawMessage starts at its value
 	out := make(catalogData, len(top))
 	for vendor, raw := range top {
-		var v, models map[string]json.RawMessage
-		if json.Unmarshal(raw, &v) != nil || v == nil {
+		var v struct{ Models map[string]json.RawMessage }
+		if !isObject(raw) {
 			return nil, fmt.Errorf("%w: provider %q is not an object", errCatalogShape, truncateUTF8(vendor, 64))
 		}
-		json.Unmarshal(v["models"], &models) // not an object: no models
+		json.Unmarshal(raw, &v)
 		out[vendor] = map[string]modelInfo{}
-		for id, raw := range models {
-			var m struct {
-				ReleaseDate string `json:"release_date"`
-				Limit       struct{ Context, Output float64 }
-				Modalities  struct{ Input, Output []string }
-			}
-			if id == "" || !bytes.HasPrefix(raw, []byte("{")) { // a RawMessage starts at its value
+		for id, raw := range v.Models {
+			var m modelInfo
+			if id == "" || !isObject(raw) {
 				continue
 			}
-			json.Unmarshal(raw, &m) // a member of the wrong type is left out, the rest still read
+			json.Unmarshal(raw, &m)
 			if _, err := time.Parse("2006-01-02", m.ReleaseDate); err != nil {
 				if _, err := time.Parse("2006-01", m.ReleaseDate); err != nil { // some carry only the month
 					m.ReleaseDate = ""
 				}
 			}
-			out[vendor][id] = modelInfo{ID: id, ReleaseDate: m.ReleaseDate,
-				Limit:      catalogLimit{tokenCount(m.Limit.Context), tokenCount(m.Limit.Output)},
-				Modalities: catalogModalities{someStrings(m.Modalities.Input), someStrings(m.Modalities.Output)}}
+			m.ID, m.Limit = id, catalogLimit{tokenCount(m.Limit.Context), tokenCount(m.Limit.Output)}
+			m.Modalities = catalogModalities{someStrings(m.Modalities.Input), someStrings(m.Modalities.Output)}
+			out[vendor][id] = m
 		}
 	}
 	delete(out, "")
@@ -314,11 +283,11 @@ func parseCatalog(b []byte) (catalogData, error) {
 }
 
 // tokenCount is a positive whole token count, else 0 (unknown).
-func tokenCount(f float64) int {
+func tokenCount(f float64) float64 {
 	if f <= 0 || f > math.MaxInt32 || f != math.Trunc(f) {
 		return 0
 	}
-	return int(f)
+	return f
 }
 
 // someStrings drops what was not a string (decoded as ""); nil when none is left.
@@ -329,15 +298,42 @@ func someStrings(s []string) []string {
 	return s
 }
 
-// marshalCatalog encodes data back into api.json's shape with only the fields Brama
-// keeps, for the model metadata cache; parseCatalog reads it back.
+// marshalCatalog encodes data back into api.json's shape for the model metadata cache; parseCatalog reads it back.
 func marshalCatalog(data catalogData) []byte {
 	out := map[string]map[string]map[string]modelInfo{} // vendor → "models" → id → model
 	for vendor, models := range data {
 		out[vendor] = map[string]map[string]modelInfo{"models": models}
 	}
-	b, _ := json.Marshal(out) // only maps, strings, ints and string slices: it cannot fail
+	b, _ := json.Marshal(out) // only maps, strings, numbers and string slices: it cannot fail
 	return b
+}
+
+// listedModel is one entry of GET /v1/models, in OpenAI's list shape.
+type listedModel struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+	State   string `json:"brama_state,omitempty"`
+}
+
+// modelList is GET /v1/models's data: aliases, then the models of providers serves accepts, if mayUse (SPEC §3.1).
+func (c *catalog) modelList(aliases []aliasRow, serves func(providerInfo) bool, mayUse func(string) bool) []listedModel {
+	data := []listedModel{}
+	for _, a := range aliases {
+		if !strings.HasSuffix(a.Alias, "*") { // a prefix alias is a family of names, not a model id
+			data = append(data, listedModel{ID: a.Alias, Object: "model", OwnedBy: "brama", State: a.State})
+		}
+	}
+	for _, p := range providerTable {
+		if !serves(p) {
+			continue
+		}
+		for _, m := range c.models(p.id) {
+			data = append(data, listedModel{ID: p.id + "/" + m.ID, Object: "model", OwnedBy: p.id})
+		}
+	}
+	return slices.DeleteFunc(data, func(m listedModel) bool { return !mayUse(m.ID) })
 }
 
 // perfEntry is one route's counters in the perf registry (SPEC §13).
@@ -357,24 +353,20 @@ type perfDocument struct {
 	Routes        map[string]perfEntry `json:"routes"`
 }
 
-// perfRegistry keeps one entry per route ever served, written to perf.json
-// by record (at most every 30 s) and flush: no timer, so idle writes nothing.
+// perfRegistry keeps one entry per route ever served; record (at most every 30 s) and flush write perf.json, so idle writes nothing.
 type perfRegistry struct {
 	sys
-	path     string    // perf.json; "" when pathErr is set
-	pathErr  error     // no state directory: the numbers live in memory only
-	unplaced sync.Once // logs perf_stats_unplaced at the first record
-
+	path      string     // perf.json; "" when pathErr is set
+	pathErr   error      // no state directory: the numbers live in memory only
+	unplaced  sync.Once  // logs perf_stats_unplaced at the first record
 	mu        sync.Mutex // guards routes, lastFlush, seq
 	routes    map[string]perfEntry
-	lastFlush time.Time // zero: never flushed, so the first record flushes
-	seq       uint64    // snapshots taken for writing, in order
-
-	file snapshotFile // perf.json, written in snapshot order
+	lastFlush time.Time
+	seq       uint64       // snapshots taken for writing, in order
+	file      snapshotFile // perf.json, written in snapshot order
 }
 
-// newPerfRegistry starts from perf.json. A file failing the guards or the
-// parse is logged and replaced at the next flush: telemetry never stops serving.
+// newPerfRegistry starts from perf.json; a bad one is logged and replaced at the next flush: telemetry never stops serving.
 func newPerfRegistry(st state, sy sys) *perfRegistry {
 	p := &perfRegistry{sys: sy, routes: map[string]perfEntry{}}
 	if p.path, p.pathErr = st.path("perf telemetry", "perf.json"); p.pathErr != nil {
@@ -385,12 +377,12 @@ func newPerfRegistry(st state, sy sys) *perfRegistry {
 	if err == nil {
 		err = decodeStrict("perf telemetry", b, &doc)
 	}
-	switch {
-	case err == nil && doc.SchemaVersion != 1:
-		sy.log.Warn("perf_stats_unreadable", "cause", fmt.Sprintf("perf telemetry: schema_version %d, want 1", doc.SchemaVersion))
-	case err == nil:
+	if err == nil && doc.SchemaVersion != 1 {
+		err = fmt.Errorf("perf telemetry: schema_version %d, want 1", doc.SchemaVersion)
+	}
+	if err == nil {
 		maps.Copy(p.routes, doc.Routes)
-	case !errors.Is(err, errFileAbsent):
+	} else if !errors.Is(err, errFileAbsent) {
 		sy.log.Warn("perf_stats_unreadable", "cause", err.Error())
 	}
 	return p
@@ -399,13 +391,11 @@ func newPerfRegistry(st state, sy sys) *perfRegistry {
 // record adds one request for route. A failure counts only on a route that has served, so
 // invented names leave nothing (SPEC §13; issue 10: 20,000 of them made /metrics 54 MB).
 func (p *perfRegistry) record(route string, ok bool, latency time.Duration, outputTokens int) {
-	ms, now := max(latency.Milliseconds(), 0), p.now()
+	ms := max(latency.Milliseconds(), 0)
 	p.mu.Lock()
 	if e, served := p.routes[route]; served || ok {
 		e.Count++
-		if !ok {
-			e.Failures++
-		}
+		e.Failures += map[bool]int64{false: 1}[ok]
 		e.TotalLatencyMs += ms
 		e.LastLatencyMs = ms
 		e.OutputTokens += int64(max(outputTokens, 0))
@@ -415,35 +405,32 @@ func (p *perfRegistry) record(route string, ok bool, latency time.Duration, outp
 		p.routes[route] = e
 	}
 	p.mu.Unlock()
-	p.write(now, false)
+	p.write(false)
 }
 
-// flush writes perf.json now (at shutdown); without a state directory the
-// numbers were only ever in memory.
-func (p *perfRegistry) flush() error { return p.write(p.now(), true) }
+// flush writes perf.json now (at shutdown); without a state directory the numbers are only in memory.
+func (p *perfRegistry) flush() error { return p.write(true) }
 
-// write snapshots the registry into perf.json 30 s after the last flush (even a failed
-// one), or now with force; numbered, so racing writes never leave older numbers.
-func (p *perfRegistry) write(now time.Time, force bool) error {
+// write snapshots the registry into perf.json 30 s after the last flush (even a failed one), or now with force;
+// numbered, so racing writes never leave older numbers.
+func (p *perfRegistry) write(force bool) error {
 	if p.pathErr != nil {
 		if !force {
 			p.unplaced.Do(func() { p.log.Warn("perf_stats_unplaced", "cause", p.pathErr.Error()) })
 		}
 		return nil
 	}
+	now := p.now()
 	p.mu.Lock()
-	if !force && !p.lastFlush.IsZero() && now.Sub(p.lastFlush) < perfFlushEvery {
+	if !force && now.Sub(p.lastFlush) < perfFlushEvery { // a zero lastFlush is long ago: the first record flushes
 		p.mu.Unlock()
 		return nil
 	}
-	p.lastFlush = now
-	p.seq++
+	p.lastFlush, p.seq = now, p.seq+1
 	seq, doc := p.seq, perfDocument{SchemaVersion: 1, FlushedAt: now.UTC(), Routes: maps.Clone(p.routes)}
 	p.mu.Unlock()
-	b, err := marshalState(doc)
-	if err == nil {
-		err = p.file.write(p.path, seq, b)
-	}
+	b, _ := marshalState(doc) // whole and finite numbers: it cannot fail
+	err := p.file.write(p.path, seq, b)
 	if err != nil {
 		err = fmt.Errorf("write perf telemetry: %w", err)
 		p.log.Warn("perf_stats_flush_failed", "cause", err.Error())
@@ -451,7 +438,6 @@ func (p *perfRegistry) write(now time.Time, force bool) error {
 	return err
 }
 
-// snapshot copies the registry for /metrics.
 func (p *perfRegistry) snapshot() map[string]perfEntry {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -474,11 +460,11 @@ var perfFamilies = []struct {
 // promMetricName is the Prometheus metric name grammar.
 var promMetricName = regexp.MustCompile(`^[a-zA-Z_:][a-zA-Z0-9_:]*$`)
 
-// writeMetrics renders the perf registry, then the extras (_total: a counter) in Prometheus
-// text format 0.0.4, skipping a name outside the grammar or taken by a route family.
+// writeMetrics renders the perf registry, then the extras (_total: a counter) in Prometheus text format 0.0.4,
+// skipping a name outside the grammar or taken by a route family. Label values escape \, " and newline
+// and must be valid UTF-8 (the exposition format).
 func writeMetrics(w io.Writer, perf map[string]perfEntry, extra map[string]float64) {
 	var b strings.Builder
-	// Label values escape \, " and newline, and must be valid UTF-8 (the exposition format).
 	label := strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`)
 	routes, extra := slices.Sorted(maps.Keys(perf)), maps.Clone(extra)
 	for _, f := range perfFamilies {
@@ -491,50 +477,18 @@ func writeMetrics(w io.Writer, perf map[string]perfEntry, extra map[string]float
 		delete(extra, f.name)
 	}
 	for _, n := range slices.Sorted(maps.Keys(extra)) {
-		if typ := "gauge"; promMetricName.MatchString(n) {
-			if strings.HasSuffix(n, "_total") {
-				typ = "counter"
-			}
+		if promMetricName.MatchString(n) {
+			typ := map[bool]string{true: "counter", false: "gauge"}[strings.HasSuffix(n, "_total")]
 			fmt.Fprintf(&b, "# TYPE %s %s\n%s %s\n", n, typ, n, formatMetric(extra[n]))
 		}
 	}
 	io.WriteString(w, b.String())
 }
 
-// formatMetric is a sample value as Prometheus parses it; counters read as
-// integers, and FormatFloat already spells NaN, +Inf and -Inf that way.
+// formatMetric is a value as Prometheus parses it: integers whole; FormatFloat spells NaN, +Inf and -Inf so.
 func formatMetric(v float64) string {
 	if v == math.Trunc(v) && math.Abs(v) < 1e15 {
 		return strconv.FormatFloat(v, 'f', -1, 64)
 	}
 	return strconv.FormatFloat(v, 'g', -1, 64)
-}
-
-// listedModel is one entry of GET /v1/models, in OpenAI's list shape.
-type listedModel struct {
-	ID      string `json:"id"`
-	Object  string `json:"object"`
-	Created int64  `json:"created"`
-	OwnedBy string `json:"owned_by"`
-	State   string `json:"brama_state,omitempty"`
-}
-
-// modelList is GET /v1/models's data: the aliases, then the catalogue models
-// of the providers serves says can serve, each only if mayUse (SPEC §3.1).
-func (c *catalog) modelList(aliases []aliasRow, serves func(providerInfo) bool, mayUse func(string) bool) []listedModel {
-	data := []listedModel{}
-	for _, a := range aliases {
-		if !strings.HasSuffix(a.Alias, "*") { // a prefix alias is a family of names, not a model id
-			data = append(data, listedModel{ID: a.Alias, Object: "model", OwnedBy: "brama", State: a.State})
-		}
-	}
-	for _, p := range providerTable {
-		if !serves(p) {
-			continue
-		}
-		for _, m := range c.models(p.id) {
-			data = append(data, listedModel{ID: p.id + "/" + m.ID, Object: "model", OwnedBy: p.id})
-		}
-	}
-	return slices.DeleteFunc(data, func(m listedModel) bool { return !mayUse(m.ID) })
 }

@@ -11,12 +11,12 @@ import (
 // OpenAI Chat Completions (caller POST /v1/chat/completions, provider {base}/chat/completions): both directions, buffered and streamed.
 
 // Chat Completions wire shapes, for the caller's body and the provider's. A tool is declared in the shape a call is
-// made (type, then its function or custom object), whose members are Responses' flat tool's (openAITool).
+// made: its type, then under it the members of Responses' flat tool (tool).
 type (
 	chatRequestBody struct {
 		callerHead
-		Messages            []chatMessage   `json:"messages"`
-		Tools               []chatToolCall  `json:"tools,omitempty"`
+		Messages            json.RawMessage `json:"messages"`
+		Tools               json.RawMessage `json:"tools,omitempty"`
 		ToolChoice          json.RawMessage `json:"tool_choice,omitempty"`
 		ParallelToolCalls   *bool           `json:"parallel_tool_calls,omitempty"`
 		MaxTokens           *int            `json:"max_tokens,omitempty"`
@@ -48,11 +48,16 @@ type (
 		Filename string `json:"filename,omitempty"`
 	}
 	chatToolCall struct { // a call, or a tool's declaration
-		Index    *int        `json:"index,omitempty"` // stream deltas only
-		ID       string      `json:"id,omitempty"`
-		Type     string      `json:"type,omitempty"`
-		Function *openAITool `json:"function,omitempty"`
-		Custom   *openAITool `json:"custom,omitempty"`
+		Index    *int          `json:"index,omitempty"` // stream deltas only
+		ID       string        `json:"id,omitempty"`
+		Type     string        `json:"type,omitempty"`
+		Function *chatFunction `json:"function,omitempty"`
+		Custom   *chatFunction `json:"custom,omitempty"`
+	}
+	chatFunction struct { // what a declaration or a call nests under its type
+		tool
+		Arguments *string `json:"arguments,omitempty"` // a function call's
+		Input     *string `json:"input,omitempty"`     // a custom call's
 	}
 	chatFormat struct {
 		Type       string        `json:"type"`
@@ -87,7 +92,7 @@ const chatKnown = "model messages tools tool_choice parallel_tool_calls max_toke
 var chatNested = map[string]string{"text": "", "image_url": "url detail", "file": "file_data filename",
 	"function": "name description parameters strict", "custom": "name description format"}
 
-// parseChatCompletions parses a caller's body; a refusal refuses the whole request, whatever req holds then.
+// parseChatCompletions parses a caller's body; every step runs and the first refusal wins.
 func parseChatCompletions(body []byte) (chatRequest, error) {
 	var b chatRequestBody
 	req, err := newCallerRequest(body, &b, &b.callerHead, chatKnown, "max_tokens", &b.MaxTokens)
@@ -95,15 +100,9 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 		return chatRequest{}, err
 	}
 	req.Shared, req.ParallelToolCalls = b.openAIShared, b.ParallelToolCalls
-	if req.Effort, req.Verbosity = b.ReasoningEffort, b.Verbosity; req.Effort != "" {
+	req.Effort, req.Verbosity = b.ReasoningEffort, b.Verbosity
+	if req.Effort != "" {
 		req.EffortName = "reasoning_effort"
-	}
-	var raw struct{ Messages, Tools json.RawMessage } // one more decode: the items' own members, to name unknown ones
-	json.Unmarshal(body, &raw)
-	err = cmp.Or(req.setLimit("max_completion_tokens", b.MaxCompletionTokens), // the newer name wins
-		eachItem(b.Messages, raw.Messages, "messages", req.addChatMessage))
-	if err == nil && len(req.Messages) == 0 {
-		err = refuseInvalid("messages must hold at least one user, assistant or tool message")
 	}
 	var output *outputFormat
 	if f := b.ResponseFormat; f != nil {
@@ -116,29 +115,24 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 	case 0:
 		b.Stop = json.RawMessage("null")
 	}
-	err = cmp.Or(err, // each step reads its own members; the first refusal wins
-		eachItem(b.Tools, raw.Tools, "tools", req.addChatTool),
+	err = cmp.Or(req.setLimit("max_completion_tokens", b.MaxCompletionTokens), // the newer name wins
+		readList(b.Messages, "messages", req.addChatMessage),
+		readList(b.Tools, "tools", req.addChatTool),
 		req.setOpenAIToolChoice(b.ToolChoice, true),
 		decodeCallerJSON(b.Stop, &req.Stop, "stop"),
-		req.setOutput(output, "response_format"),
-	)
+		req.setOutput(output, "response_format"))
 	if req.StopName = "stop"; len(req.Stop) == 0 {
 		req.Stop, req.StopName = nil, "" // [] asks for nothing
 	}
-	req.linkCalls()
-	return req, err
+	return req.finishParse(err, "messages must hold at least one user, assistant or tool message")
 }
 
-// addChatMessage adds one Chat Completions message to req, naming raw's unknown members; "" beside tool calls is no text.
+// addChatMessage adds one Chat Completions message, naming raw's unknown members; "" beside tool calls is no text.
 func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what string) error {
-	dropUnknown(&req.Dropped, raw, "role content tool_calls tool_call_id")
-	var parts []part
-	var err error
+	req.dropUnknown(raw, "role content tool_calls tool_call_id")
 	switch m.Role {
 	case "system", "developer":
-		text, err := req.callerTextOf(m.Content, what+".content", "text", "\n\n")
-		req.addSystem(text) // on an error the whole request is refused
-		return err
+		return req.addSystemOf(m.Content, what+".content", "text")
 	case "tool":
 		if m.ToolCallID == "" {
 			return refuseInvalid("%s.tool_call_id is required", what)
@@ -146,32 +140,32 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 		text, err := req.callerTextOf(m.Content, what+".content", "text", "\n")
 		req.Messages = appendPart(req.Messages, "user", part{Type: partToolResult, ToolCallID: m.ToolCallID, Text: text})
 		return err
-	case "user":
-		parts, err = req.chatParts(m.Content, what+".content")
-	case "assistant":
-		if !rawIsNull(m.Content) {
-			parts, err = req.chatParts(m.Content, what+".content")
-		}
-		if len(parts) == 1 && parts[0].Text == "" && len(m.ToolCalls) > 0 {
-			parts = nil
-		}
-		for i, tc := range m.ToolCalls {
-			if tc.Type == "custom" { // a custom call reads no function, nor a function call custom
-				tc.Function = nil
-			} else {
-				tc.Custom = nil
-			}
-			c, ok := tc.call()
-			switch {
-			case !ok || !slices.Contains([]string{"", "function", "custom"}, tc.Type):
-				return refuseInvalid("%s.tool_calls[%d] must be a function or custom call", what, i)
-			case c.ID == "" || c.Name == "":
-				return refuseInvalid("%s.tool_calls[%d] needs an id and a name", what, i)
-			}
-			parts = append(parts, part{Type: partToolCall, ToolCallID: c.ID, ToolName: c.Name, Arguments: c.Arguments, Custom: c.Custom})
-		}
+	case "user", "assistant":
 	default:
 		return refuseInvalid("%s.role %s is not one of system, developer, user, assistant, tool", what, quoteCallerToken(m.Role))
+	}
+	var parts []part
+	var err error
+	if m.Role == "user" || !rawIsNull(m.Content) {
+		parts, err = req.chatParts(m.Content, what+".content")
+	}
+	if len(parts) == 1 && parts[0].Text == "" && len(m.ToolCalls) > 0 {
+		parts = nil
+	}
+	for i, tc := range m.ToolCalls {
+		if tc.Type == toolCustom { // a custom call reads no function, nor a function call custom
+			tc.Function = nil
+		} else {
+			tc.Custom = nil
+		}
+		c, ok := tc.call()
+		switch {
+		case !ok || !slices.Contains([]string{"", toolFunction, toolCustom}, tc.Type):
+			return refuseInvalid("%s.tool_calls[%d] must be a function or custom call", what, i)
+		case c.ID == "" || c.Name == "":
+			return refuseInvalid("%s.tool_calls[%d] needs an id and a name", what, i)
+		}
+		parts = append(parts, part{Type: partToolCall, ToolCallID: c.ID, ToolName: c.Name, Arguments: c.Arguments, Custom: c.Custom})
 	}
 	if err == nil && len(parts) == 0 {
 		err = refuseInvalid("%s needs content (text, image or file parts) or tool_calls", what)
@@ -182,49 +176,50 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 
 // chatParts reads content: a string or text, image_url and file parts; others (audio, an earlier refusal) are dropped and named.
 func (req *chatRequest) chatParts(raw json.RawMessage, what string) ([]part, error) {
-	read := func(cp chatPart, raw json.RawMessage, pw string) (p part, urlPath string, err error) {
+	return callerParts(req, raw, what, "content parts", func(cp chatPart, raw json.RawMessage, path string) (p part, err error) {
 		switch {
-		case cp.Type == "text" && cp.Text != nil:
-			p = part{Type: partText, Text: *cp.Text}
+		case cp.Type == "text" && cp.Text == nil:
+			return p, refuseInvalid("%s.text is required", path)
 		case cp.Type == "text":
-			return p, "", refuseInvalid("%s.text is required", pw)
+			p = part{Type: partText, Text: *cp.Text}
 		case cp.Type == "image_url" && cp.ImageURL == nil:
-			return p, "", refuseInvalid("%s.image_url must be an object with a url", pw)
+			return p, refuseInvalid("%s.image_url must be an object with a url", path)
 		case cp.Type == "image_url":
-			p, urlPath = part{Type: partImage, ImageURL: cp.ImageURL.URL, Detail: cp.ImageURL.Detail}, pw+".image_url.url"
+			p = part{Type: partImage, ImageURL: cp.ImageURL.URL, Detail: cp.ImageURL.Detail}
+			err = checkCallerURL(p.ImageURL, path+".image_url.url")
 		case cp.Type == "file" && cp.File != nil && cp.File.FileData != "":
-			p, urlPath = part{Type: partDocument, FileURL: cp.File.FileData, Filename: cp.File.Filename}, pw+".file.file_data"
+			p = part{Type: partDocument, FileURL: cp.File.FileData, Filename: cp.File.Filename}
+			err = checkCallerURL(p.FileURL, path+".file.file_data")
 		default: // a part Brama does not carry
-			return p, "", nil
+			return p, nil
 		}
 		req.dropUnknownChat(raw, cp.Type)
-		return p, urlPath, nil
-	}
-	return callerParts(req, raw, what, "content parts", read)
+		return p, err
+	})
 }
 
 // dropUnknownChat names raw's members other than type and its typ object, then that object's not in chatNested.
 func (req *chatRequest) dropUnknownChat(raw json.RawMessage, typ string) {
-	dropUnknown(&req.Dropped, raw, "type "+typ)
-	dropUnknown(&req.Dropped, rawMember(raw, typ), chatNested[typ])
+	req.dropUnknown(raw, "type "+typ)
+	req.dropUnknown(rawMember(raw, typ), chatNested[typ])
 }
 
 // addChatTool adds a function or custom tool as Responses' flat one; another type is dropped and named.
 func (req *chatRequest) addChatTool(t chatToolCall, raw json.RawMessage, what string) error {
-	if t.Type != "function" && t.Type != "custom" {
+	if t.Type != toolFunction && t.Type != toolCustom {
 		req.Dropped = append(req.Dropped, cmp.Or(t.Type, "tools"))
 		return nil
 	}
 	req.dropUnknownChat(raw, t.Type)
-	flat := valueOr(map[string]*openAITool{"function": t.Function, "custom": t.Custom}[t.Type], openAITool{})
+	flat := valueOr(map[string]*chatFunction{toolFunction: t.Function, toolCustom: t.Custom}[t.Type], chatFunction{}).tool
 	flat.Type = t.Type
 	return req.addOpenAITool(flat, nil, what)
 }
 
 // encodeChat builds a Chat Completions body; tool results become role "tool" messages placed first, right after the assistant turn that called them.
 func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
-	out := chatRequestBody{callerHead: req.head(model, o), ParallelToolCalls: req.ParallelToolCalls,
-		ReasoningEffort: req.Effort, Verbosity: req.Verbosity, Messages: []chatMessage{}, openAIShared: req.Shared}
+	out := chatRequestBody{callerHead: req.head(model, o), ParallelToolCalls: req.ParallelToolCalls, ReasoningEffort: req.Effort,
+		Verbosity: req.Verbosity, ToolChoice: req.openAIToolChoice(true), Stop: jsonArray(req.Stop), openAIShared: req.Shared}
 	switch {
 	case req.MaxTokens > 0 && o.openai: // as a passthrough call to it is (passthrough.go)
 		out.MaxCompletionTokens = &req.MaxTokens
@@ -234,8 +229,9 @@ func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
 	if o.stream {
 		out.StreamOptions = json.RawMessage(`{"include_usage":true}`)
 	}
+	msgs := []chatMessage{}
 	if req.System != "" {
-		out.Messages = append(out.Messages, chatMessage{Role: "system", Content: jsonText(req.System)})
+		msgs = append(msgs, chatMessage{Role: "system", Content: jsonText(req.System)})
 	}
 	for _, m := range req.Messages {
 		msg := chatMessage{Role: m.Role, Content: json.RawMessage("null")}
@@ -251,7 +247,7 @@ func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
 			case partToolCall:
 				msg.ToolCalls = append(msg.ToolCalls, chatCall(p.ToolCallID, p.ToolName, p.Arguments, p.Custom))
 			case partToolResult:
-				out.Messages = append(out.Messages, chatMessage{Role: "tool", ToolCallID: p.ToolCallID, Content: jsonText(p.Text)})
+				msgs = append(msgs, chatMessage{Role: "tool", ToolCallID: p.ToolCallID, Content: jsonText(p.Text)})
 			}
 		}
 		switch {
@@ -262,25 +258,20 @@ func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
 		case len(parts) > 0:
 			msg.Content = jsonText(textOf(m.Parts))
 		}
-		out.Messages = append(out.Messages, msg)
+		msgs = append(msgs, msg)
 	}
+	out.Messages = must(json.Marshal(msgs))
+	var tools []chatToolCall
 	for _, t := range req.Tools {
-		f := &openAITool{Name: t.Name, Description: t.Description, Parameters: t.Parameters, Strict: t.Strict, Format: t.Format}
-		tc := chatToolCall{Type: "function", Function: f}
-		if t.Kind == toolCustom {
-			tc = chatToolCall{Type: "custom", Custom: f}
+		f := &chatFunction{tool: t}
+		f.Type = ""
+		tc := chatToolCall{Type: t.Type, Function: f}
+		if t.Type == toolCustom {
+			tc.Function, tc.Custom = nil, f
 		}
-		out.Tools = append(out.Tools, tc)
+		tools = append(tools, tc)
 	}
-	if c := req.ToolChoice; c != nil && c.Mode == toolChoiceTool {
-		kind := req.toolKind(c.Name)
-		out.ToolChoice = must(json.Marshal(map[string]any{"type": kind, kind: map[string]string{"name": c.Name}}))
-	} else if c != nil {
-		out.ToolChoice = jsonText(c.Mode)
-	}
-	if len(req.Stop) > 0 {
-		out.Stop = must(json.Marshal(req.Stop))
-	}
+	out.Tools = jsonArray(tools)
 	if f := req.Output; f != nil {
 		out.ResponseFormat = &chatFormat{Type: f.Type}
 		if s := schemaOutput(f); s != nil {
@@ -293,9 +284,10 @@ func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
 // chatCall is a call as Chat Completions writes it: a custom one's input, a function's arguments ("{}" for none).
 func chatCall(id, name, args string, custom bool) chatToolCall {
 	if custom {
-		return chatToolCall{ID: id, Type: "custom", Custom: &openAITool{Name: name, Input: &args}}
+		return chatToolCall{ID: id, Type: toolCustom, Custom: &chatFunction{tool: tool{Name: name}, Input: &args}}
 	}
-	return chatToolCall{ID: id, Type: "function", Function: &openAITool{Name: name, Arguments: ptrTo(argumentsText(args))}}
+	f := &chatFunction{tool: tool{Name: name}, Arguments: ptrTo(argumentsText(args))}
+	return chatToolCall{ID: id, Type: toolFunction, Function: f}
 }
 
 // call is tc as a neutral call: a custom call when it carries custom, else a function call; ok is false when it carries neither.
@@ -426,9 +418,9 @@ func (s *chatCallerStream) delta(_ int, b *streamBlock, d string) error {
 	case b.text:
 		return s.chunk(&chatMessage{Content: jsonText(d)}, nil, nil)
 	case b.custom:
-		return s.call(b, chatToolCall{Custom: &openAITool{Input: &d}})
+		return s.call(b, chatToolCall{Custom: &chatFunction{Input: &d}})
 	}
-	return s.call(b, chatToolCall{Function: &openAITool{Arguments: &d}})
+	return s.call(b, chatToolCall{Function: &chatFunction{Arguments: &d}})
 }
 
 func (s *chatCallerStream) call(b *streamBlock, tc chatToolCall) error {

@@ -49,7 +49,7 @@ func TestParseChatCompletions(t *testing.T) {
 				"tools":[{"type":"function","function":{"name":"get_weather","description":"Weather now","parameters":{ "type": "object", "properties": {} }}},
 				{"type":"function","function":{"name":"noargs"}}]}`,
 			want: chatRequest{Model: "m", Messages: []message{dialectUserText("q")}, ToolChoice: &toolChoice{Mode: toolChoiceRequired},
-				Tools: []tool{{Name: "get_weather", Description: "Weather now", Parameters: json.RawMessage(`{"type":"object","properties":{}}`)}, {Name: "noargs"}}},
+				Tools: []tool{{Type: toolFunction, Name: "get_weather", Description: "Weather now", Parameters: json.RawMessage(`{"type":"object","properties":{}}`)}, {Type: toolFunction, Name: "noargs"}}},
 		},
 		{
 			name: "tool calls and tool results",

@@ -142,7 +142,7 @@ func commands() []command {
 				} else if key := e.line(); key != "" {
 					v := e.deps().vault
 					return e.wrote(v.path, v.update(func(d *vaultDoc) error {
-						d.Direct[info.id] = vaultKey{APIKey: key}
+						d.Direct[info.id] = vaultCredential{APIKey: key}
 						return nil
 					}), "stored the direct credential for %s in the vault\n", info.id)
 				}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,8 +14,7 @@ import (
 	"unicode/utf8"
 )
 
-// codes is the one table of SPEC §8.2: a code fixes the HTTP status, the
-// type and whether a caller may retry; nothing else chooses these.
+// codes is the one table of SPEC §8.2: a code fixes the HTTP status, the type and whether a caller may retry.
 var codes = map[string]struct {
 	status    int
 	typ       string
@@ -43,24 +43,23 @@ var codes = map[string]struct {
 	"dependency_timeout":                    {504, "dependency_error", true},
 }
 
-// Bounds on quoted text (SPEC §8.1): an envelope message, and the provider
-// sentence kept for ledger causes and log lines.
+// Bounds on quoted text (SPEC §8.1): an envelope message, and the provider sentence kept for ledger causes and logs.
 const (
 	maxMessageBytes  = 2048
 	maxSentenceBytes = 200
 )
 
-// apiError is the only error body a client ever sees. Status, type and
-// retryable follow from Code; Attempts is set exactly when the request
-// reached dispatch; Details only on alias refusals.
+// apiError is the only error a client sees, and its envelope's "error" member: refuse fills type and retryable from
+// the code; Attempts is set exactly when the request reached dispatch; Details only on alias refusals.
 type apiError struct {
-	Code       string
-	Message    string // client-safe: no secrets, no prompts, no raw provider bodies
-	Attempts   *int   // nil: refused before dispatch, so no "attempts" key
-	Details    *aliasDetails
-	Retryable  *bool         // nil: from the code table; set only for SPEC §12's in-progress 409
-	RetryAfter time.Duration // a retryable refusal's known wait, sent as Retry-After (SPEC §8.1)
-	Err        error         // cause: logged, never sent
+	Message    string        `json:"message"` // client-safe: no secrets, no prompts, no raw provider bodies
+	Type       string        `json:"type"`
+	Code       string        `json:"code"`
+	Retryable  bool          `json:"retryable"`          // the code's, but for SPEC §12's in-progress 409
+	Attempts   *int          `json:"attempts,omitempty"` // nil: refused before dispatch, so no "attempts" key
+	Details    *aliasDetails `json:"details,omitempty"`
+	RetryAfter time.Duration `json:"-"` // a retryable refusal's known wait, sent as Retry-After (SPEC §8.1)
+	Err        error         `json:"-"` // cause: logged, never sent
 	status     int           // 0: from the code table; set only by withStatus
 }
 
@@ -71,13 +70,14 @@ type aliasDetails struct {
 	Route *string `json:"route"`
 }
 
-// refuse builds an apiError for code with a formatted client-safe message;
-// it is how every refusal is made.
+// refuse is how every refusal is made: code and a client-safe message.
 func refuse(code, format string, args ...any) *apiError {
-	if _, ok := codes[code]; !ok {
+	c, ok := codes[code]
+	if !ok {
 		panic("brama: unknown error code " + code)
 	}
-	return &apiError{Code: code, Message: fmt.Sprintf(format, args...)}
+	msg := truncateUTF8(fmt.Sprintf(format, args...), maxMessageBytes)
+	return &apiError{Code: code, Message: msg, Type: c.typ, Retryable: c.retryable}
 }
 
 // vaultUnreadable is SPEC §2.2's refusal wherever a credential is needed.
@@ -89,29 +89,18 @@ func (e *apiError) Error() string { return e.Code + ": " + e.Message }
 func (e *apiError) Unwrap() error { return e.Err }
 
 // Status is the HTTP status the code fixes, unless withStatus chose another.
-func (e *apiError) Status() int {
-	if e.status != 0 {
-		return e.status
-	}
-	return codes[e.Code].status
-}
+func (e *apiError) Status() int { return cmp.Or(e.status, codes[e.Code].status) }
 
-// withStatus answers e with status (0: the table's), for a code SPEC §8.2
-// lists under more than one: invalid_request's 413, provider_rejected's 4xx.
+// withStatus answers e with status (0: the table's), for invalid_request's 413 and provider_rejected's 4xx (SPEC §8.2).
 func (e *apiError) withStatus(status int) *apiError {
 	e.status = status
 	return e
 }
 
-// retryable is the envelope's retryable member.
-func (e *apiError) retryable() bool {
-	if e.Retryable != nil {
-		return *e.Retryable
-	}
-	return codes[e.Code].retryable
-}
+// retryable is the envelope's retryable member, stated on every refusal.
+func (e *apiError) retryable() bool { return e.Retryable }
 
-// withAttempts returns e marked as a refusal made after dispatch began.
+// withAttempts marks e as a refusal made after dispatch began.
 func (e *apiError) withAttempts(n int) *apiError {
 	e.Attempts = &n
 	return e
@@ -123,30 +112,26 @@ func (e *apiError) because(err error) *apiError {
 	return e
 }
 
-// envelope is the wire shape of SPEC §8.1, members in the documented order;
-// Type is "error" on the messages dialect, whose clients expect it.
-type envelope struct {
-	Type  string       `json:"type,omitempty"`
-	Error envelopeBody `json:"error"`
+// redactedFor redacts the presented credential from an in-band stream error's code: its reader does not know it (SPEC §8.1).
+func (e *apiError) redactedFor(presented string) *apiError {
+	var se *upstreamStreamError
+	if presented != "" && errors.As(e.Err, &se) {
+		se.Code = redact(se.Code, presented)
+		e.Message = truncateUTF8(fmt.Sprintf(inBandMessage, se.Code), maxMessageBytes)
+	}
+	return e
 }
 
-// envelopeBody is the "error" member of an envelope.
-type envelopeBody struct {
-	Message   string        `json:"message"`
-	Type      string        `json:"type"`
-	Code      string        `json:"code"`
-	Retryable bool          `json:"retryable"`
-	Attempts  *int          `json:"attempts,omitempty"`
-	Details   *aliasDetails `json:"details,omitempty"`
+// envelope is SPEC §8.1's wire shape; Type is "error" on the messages dialect, whose clients expect it.
+type envelope struct {
+	Type  string   `json:"type,omitempty"`
+	Error apiError `json:"error"`
 }
 
 // body is the envelope a client receives for e.
-func (e *apiError) body() envelope {
-	return envelope{Error: envelopeBody{truncateUTF8(e.Message, maxMessageBytes), codes[e.Code].typ, e.Code, e.retryable(), e.Attempts, e.Details}}
-}
+func (e *apiError) body() envelope { return envelope{Error: *e} }
 
-// asAPIError classifies any error: an apiError as itself, a missing state
-// directory as dependency_unavailable, anything else as internal_error.
+// asAPIError classifies any error: an apiError as itself, no state directory as dependency_unavailable, else internal_error.
 func asAPIError(err error) *apiError {
 	var ae *apiError
 	var ns *noStateError
@@ -159,8 +144,7 @@ func asAPIError(err error) *apiError {
 	return refuse("internal_error", "internal error").because(err)
 }
 
-// writeJSON writes v as the JSON body with status; `<` stays `<` (a 401
-// says `Bearer <token>`), as no body is HTML.
+// writeJSON writes v as the JSON body with status; `<` stays `<` (a 401 says `Bearer <token>`): no body is HTML.
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	var b bytes.Buffer
 	enc := json.NewEncoder(&b)
@@ -175,8 +159,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Write(b.Bytes())
 }
 
-// writeAPIError writes err in the envelope for r, with x-should-retry and
-// Retry-After (SPEC §8.1) and Brama-Attempts (SPEC §7.4).
+// writeAPIError writes err's envelope for r, with x-should-retry, Retry-After (SPEC §8.1) and Brama-Attempts (SPEC §7.4).
 func writeAPIError(w http.ResponseWriter, r *http.Request, err error) *apiError {
 	ae := asAPIError(err)
 	h := w.Header()
@@ -206,44 +189,25 @@ func truncateUTF8(s string, n int) string {
 	return s[:n]
 }
 
-// secretShaped matches API-key-shaped tokens (sk-…, sk-ant-…, brama_…) that
-// must never be quoted back (SPEC §8.1).
+// secretShaped matches API-key-shaped tokens (sk-…, sk-ant-…, brama_…), never quoted back (SPEC §8.1).
 var secretShaped = regexp.MustCompile(`(sk-(ant-)?|brama_)[A-Za-z0-9_\-]{6,}`)
 
-// redact replaces each presented secret, however its whitespace was changed
-// (SPEC §17), and every secret-shaped token in s with [redacted] before s is
-// quoted anywhere.
+// redact replaces each presented secret, however its whitespace changed (SPEC §17), and each secret-shaped token.
 func redact(s string, presented ...string) string {
 	for _, p := range presented {
-		var pat strings.Builder
+		var runes []string
 		for _, r := range strings.Join(strings.Fields(p), "") {
-			if pat.Len() > 0 {
-				pat.WriteString(`[\s\v\x{85}\p{Z}]*`)
-			}
-			pat.WriteString(regexp.QuoteMeta(string(r)))
+			runes = append(runes, regexp.QuoteMeta(string(r)))
 		}
-		if pat.Len() > 0 {
-			s = regexp.MustCompile(pat.String()).ReplaceAllLiteralString(s, "[redacted]")
+		if len(runes) > 0 {
+			s = regexp.MustCompile(strings.Join(runes, `[\s\v\x{85}\p{Z}]*`)).ReplaceAllLiteralString(s, "[redacted]")
 		}
 	}
 	return secretShaped.ReplaceAllString(s, "[redacted]")
 }
 
-// cleanQuoted makes provider text safe to quote: valid UTF-8, one line,
-// the presented credential and secret-shaped tokens redacted, then cut to
-// max bytes (redacting first so a cut cannot leave part of a secret).
+// cleanQuoted makes provider text safe to quote: valid UTF-8, one line, redacted, then cut (no half secret survives).
 func cleanQuoted(s, presented string, max int) string {
 	s = strings.Join(strings.Fields(strings.ToValidUTF8(s, "\uFFFD")), " ")
 	return truncateUTF8(redact(s, presented), max)
-}
-
-// redactedFor redacts the presented credential from the provider code an
-// in-band stream error quotes: its stream reader does not know it (SPEC §8.1).
-func (e *apiError) redactedFor(presented string) *apiError {
-	var se *upstreamStreamError
-	if presented != "" && errors.As(e.Err, &se) {
-		se.Code = redact(se.Code, presented)
-		e.Message = fmt.Sprintf(inBandMessage, se.Code)
-	}
-	return e
 }

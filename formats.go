@@ -72,8 +72,8 @@ const (
 	partToolCall   = "tool_call"
 	partToolResult = "tool_result"
 
-	toolFunction = ""       // JSON arguments under a schema
-	toolCustom   = "custom" // free-form input, no JSON schema
+	toolFunction = "function" // JSON arguments under a schema
+	toolCustom   = "custom"   // free-form input, no JSON schema
 
 	toolChoiceAuto     = "auto"
 	toolChoiceNone     = "none"
@@ -100,15 +100,17 @@ type part struct {
 	Media      []part // tool_result: its image and document parts (chat has none: named dropped)
 }
 
-// tool is one tool the model may call. Name is what providers see: a tool of a namespaced group is flattened to <namespace>__<name> (SPEC §7.6).
+// tool is one tool the model may call, in the shape Responses declares it (chat nests the same members under
+// its type). Name is what providers see: a namespace member is flattened to <namespace>__<name> (SPEC §7.6).
 type tool struct {
-	Kind        string
-	Name        string
-	Namespace   string // "" outside a group
-	Description string
-	Parameters  json.RawMessage // function: JSON Schema object; nil when none given
-	Strict      *bool
-	Format      json.RawMessage // custom: the grammar or text format
+	Type        string          `json:"type,omitempty"` // function or custom
+	Name        string          `json:"name,omitempty"`
+	Description string          `json:"description,omitempty"`
+	Parameters  json.RawMessage `json:"parameters,omitempty"` // function: JSON Schema object; nil when none given
+	Strict      *bool           `json:"strict,omitempty"`
+	Format      json.RawMessage `json:"format,omitempty"` // custom: the grammar or text format
+	Tools       json.RawMessage `json:"tools,omitempty"`  // a caller's namespace: its members, read into tools of their own
+	Namespace   string          `json:"-"`                // "" outside a group
 }
 
 func (t tool) memberName() string {
@@ -130,10 +132,10 @@ func (req chatRequest) callerTool(tc toolCall) (name, args string, custom bool) 
 	switch t := req.findTool(tc.Name); {
 	case t == nil:
 		return tc.Name, tc.Arguments, tc.Custom
-	case t.Kind == toolCustom && !tc.Custom:
+	case t.Type == toolCustom && !tc.Custom:
 		return t.memberName(), customInput(tc.Arguments), true
 	default:
-		return t.memberName(), tc.Arguments, t.Kind == toolCustom
+		return t.memberName(), tc.Arguments, t.Type == toolCustom
 	}
 }
 
@@ -145,7 +147,7 @@ func customInput(args string) string {
 }
 
 func (req *chatRequest) toolKind(name string) string {
-	return cmp.Or(valueOr(req.findTool(name), tool{}).Kind, "function")
+	return valueOr(req.findTool(name), tool{Type: toolFunction}).Type
 }
 
 // toolChoice says whether and which tool the model must call.
@@ -187,7 +189,7 @@ var wireFormats = []wireFormat{
 	{dialectResponses, protoOpenAIResponses, "/responses", parseResponses, encodeResponses, decodeResponses, renderResponses, newResponsesCallerStream, newResponsesUpstreamStream},
 }
 
-// formatOf is the row of a dialect or protocol; nil for none.
+// formatOf is the row of a dialect or protocol (every error its parse returns is an invalid_request *apiError).
 func formatOf(name string) *wireFormat {
 	for i, f := range wireFormats {
 		if f.dialect == name || f.protocol == name {
@@ -195,11 +197,6 @@ func formatOf(name string) *wireFormat {
 		}
 	}
 	return nil
-}
-
-// parseRequest parses body as dialect (the server routes only the table's); every error is an invalid_request *apiError.
-func parseRequest(dialect string, body []byte) (chatRequest, error) {
-	return formatOf(dialect).parse(body)
 }
 
 // renderAnswer is a buffered answer as dialect's body; req's tools name the calls.
@@ -222,12 +219,24 @@ func decodeUpstreamAnswer(protocol string, body []byte) (chatAnswer, error) {
 // emptySchema stands in for a tool without parameters where the protocol requires a schema.
 var emptySchema = json.RawMessage(`{"type":"object","properties":{}}`)
 
+func orEmptySchema(schema json.RawMessage) json.RawMessage {
+	return json.RawMessage(cmp.Or(string(schema), string(emptySchema)))
+}
+
 // argumentsText is a tool call's arguments as JSON text; empty becomes "{}".
 func argumentsText(args string) string {
 	if strings.TrimSpace(args) == "" {
 		return "{}"
 	}
 	return args
+}
+
+// jsonArray is nil (left out) for no items.
+func jsonArray[T any](items []T) json.RawMessage {
+	if len(items) == 0 {
+		return nil
+	}
+	return must(json.Marshal(items))
 }
 
 // schemaOutput is a json_schema output named as the OpenAI formats require; nil for JSON mode.
@@ -258,21 +267,21 @@ func decodeCallerJSON(data []byte, v any, what string) error {
 		return refuseInvalid("malformed JSON at byte %d", se.Offset).because(err)
 	case !errors.As(err, &te):
 		return refuseInvalid("malformed JSON").because(err)
-	}
-	field := strings.Trim(what+"."+te.Field, ".")
-	if field == "" {
+	case what+te.Field == "":
 		return refuseInvalid("the request body must be a JSON object").because(err)
 	}
+	field := strings.Trim(what+"."+te.Field, ".")
 	return refuseInvalid("%s: got %s, not the type it takes", field, truncateUTF8(te.Value, 32)).because(err)
 }
 
-// dropUnknown names in d, in the body's order, every member of the JSON object raw not in known (space-separated); a non-object names nothing.
-func dropUnknown(d *[]string, raw json.RawMessage, known string) {
+// dropUnknown names, in the body's order, every member of the JSON object raw not in known
+// (space-separated); a non-object names nothing.
+func (req *chatRequest) dropUnknown(raw json.RawMessage, known string) {
 	o, _ := splitRaw(raw, '{', nil)
 	for _, m := range o.members {
 		// encoding/json matches member names without regard to case.
 		if k := string(m.key); !slices.ContainsFunc(strings.Fields(known), func(n string) bool { return strings.EqualFold(n, k) }) {
-			*d = append(*d, k)
+			req.Dropped = append(req.Dropped, k)
 		}
 	}
 }
@@ -298,7 +307,7 @@ func newCallerRequest(body []byte, b any, h *callerHead, known, limitName string
 		return chatRequest{}, refuseInvalid("model is required and must be a non-empty string")
 	}
 	req := chatRequest{Model: h.Model, Temperature: h.Temperature, TopP: h.TopP, Stream: h.Stream}
-	dropUnknown(&req.Dropped, body, known)
+	req.dropUnknown(body, known)
 	return req, req.setLimit(limitName, *limit)
 }
 
@@ -306,73 +315,75 @@ func newCallerRequest(body []byte, b any, h *callerHead, known, limitName string
 func (req *chatRequest) setLimit(name string, v *int) error {
 	switch {
 	case v == nil:
-		return nil
 	case *v < 1:
 		return refuseInvalid("%s must be at least 1", name)
+	default:
+		req.MaxTokens, req.LimitName = *v, name
 	}
-	req.MaxTokens, req.LimitName = *v, name
 	return nil
 }
 
-// eachItem runs add on every element of a caller's array, with its raw JSON from
-// list (nil when the caller needs none) and its path; the first refusal stops it.
-func eachItem[T any](items []T, list json.RawMessage, what string, add func(T, json.RawMessage, string) error) error {
-	raws := append(rawItems(list), make([]json.RawMessage, len(items))...) // nil past the list
-	for i, it := range items {
-		if err := add(it, raws[i], fmt.Sprintf("%s[%d]", what, i)); err != nil {
-			return err
+// readList reads the caller's array raw at path what: each element decoded into a T, then given with its
+// raw JSON and path to add. Absent or null is no element; the first refusal stops it.
+func readList[T any](raw json.RawMessage, what string, add func(T, json.RawMessage, string) error) error {
+	var raws []json.RawMessage
+	if rawIsNull(raw) {
+		return nil
+	}
+	err := decodeCallerJSON(raw, &raws, what)
+	for i := 0; err == nil && i < len(raws); i++ {
+		var it T
+		path := fmt.Sprintf("%s[%d]", what, i)
+		if err = decodeCallerJSON(raws[i], &it, path); err == nil {
+			err = add(it, raws[i], path)
 		}
 	}
-	return nil
+	return err
 }
 
-// callerParts reads content in every format: a string (one text part), or an array of parts (kind) that read turns into neutral ones,
-// given each one's raw JSON and path, with the path of the URL to check; a part it leaves untyped is dropped and named.
+// callerParts reads content in every format: a string (one text part), or an array of parts (kind) that read turns
+// into neutral ones; a part it leaves untyped is dropped and named by its type, else by the content's member.
 func callerParts[T any](req *chatRequest, raw json.RawMessage, what, kind string,
-	read func(T, json.RawMessage, string) (part, string, error)) ([]part, error) {
-	var items []T
+	read func(T, json.RawMessage, string) (part, error)) ([]part, error) {
+	var parts []part
 	switch rawShape(raw) {
 	case '"':
 		var s string
 		err := decodeCallerJSON(raw, &s, what)
 		return []part{{Type: partText, Text: s}}, err
 	case '[':
-		if err := decodeCallerJSON(raw, &items, what); err != nil {
-			return nil, err
-		}
-	default:
-		return nil, refuseInvalid("%s must be a string or an array of %s", what, kind)
+		return parts, readList(raw, what, func(it T, raw json.RawMessage, path string) error {
+			p, err := read(it, raw, path)
+			if err == nil && p.Type == "" {
+				var it struct{ Type string }
+				json.Unmarshal(raw, &it)
+				req.Dropped = append(req.Dropped, cmp.Or(it.Type, what[strings.LastIndex(what, ".")+1:]))
+				return nil
+			}
+			parts = append(parts, p)
+			return err
+		})
 	}
-	var parts []part
-	err := eachItem(items, raw, what, func(it T, raw json.RawMessage, pw string) error {
-		p, urlPath, err := read(it, raw, pw)
-		switch {
-		case err == nil && (p.Type == partImage || p.Type == partDocument):
-			err = checkCallerURL(p.ImageURL+p.FileURL, urlPath)
-		case err == nil && p.Type == "": // named by its type, else by the array's member
-			var it struct{ Type string }
-			json.Unmarshal(raw, &it)
-			member, _, _ := strings.Cut(what[strings.LastIndex(what, ".")+1:], "[")
-			req.Dropped = append(req.Dropped, cmp.Or(it.Type, member))
-			return nil
-		}
-		parts = append(parts, p)
-		return err
-	})
-	return parts, err
+	return nil, refuseInvalid("%s must be a string or an array of %s", what, kind)
 }
 
-// callerTextOf reads content that may only be text: a string, or an array of
-// {"type":textType,"text":…} parts, joined with sep, their other members (cache_control) dropped and named.
+// addSystemOf adds content that may only be text as instructions (addSystem): a string, or an array of
+// {"type":textType,"text":…} parts, joined with "\n\n", their other members (cache_control) dropped and named.
+func (req *chatRequest) addSystemOf(raw json.RawMessage, what, textType string) error {
+	text, err := req.callerTextOf(raw, what, textType, "\n\n")
+	req.addSystem(text) // on an error the whole request is refused
+	return err
+}
+
+// callerTextOf reads content that may only be text, joined with sep.
 func (req *chatRequest) callerTextOf(raw json.RawMessage, what, textType, sep string) (string, error) {
-	read := func(p chatPart, raw json.RawMessage, pw string) (part, string, error) {
-		dropUnknown(&req.Dropped, raw, "type text")
+	parts, err := callerParts(req, raw, what, textType+" parts", func(p chatPart, raw json.RawMessage, path string) (part, error) {
+		req.dropUnknown(raw, "type text")
 		if p.Type != textType || p.Text == nil {
-			return part{}, "", refuseInvalid("%s must be a %s part with text", pw, textType)
+			return part{}, refuseInvalid("%s must be a %s part with text", path, textType)
 		}
-		return part{Type: partText, Text: *p.Text}, "", nil
-	}
-	parts, err := callerParts(req, raw, what, textType+" parts", read)
+		return part{Type: partText, Text: *p.Text}, nil
+	})
 	texts := make([]string, len(parts))
 	for i, p := range parts {
 		texts[i] = p.Text
@@ -380,16 +391,15 @@ func (req *chatRequest) callerTextOf(raw json.RawMessage, what, textType, sep st
 	return strings.Join(texts, sep), err
 }
 
-// parseCallerSchema reads a JSON Schema member: null is nil, an object kept compacted, the rest refused.
-func parseCallerSchema(raw json.RawMessage, what string) (json.RawMessage, error) {
-	if rawIsNull(raw) {
-		return nil, nil
-	}
-	if rawShape(raw) != '{' {
-		return nil, refuseInvalid("%s must be a JSON Schema object", what)
-	}
+// checkSchema reads a JSON Schema member (or a tool_use input): null is nil, an object kept compacted, the rest refused.
+func checkSchema(raw json.RawMessage, what string) (json.RawMessage, error) {
 	var b bytes.Buffer
-	json.Compact(&b, raw)
+	switch {
+	case rawIsNull(raw):
+		return nil, nil
+	case rawShape(raw) != '{' || json.Compact(&b, raw) != nil:
+		return nil, refuseInvalid("%s must be a JSON object", what)
+	}
 	return b.Bytes(), nil
 }
 
@@ -419,22 +429,28 @@ func appendPart(msgs []message, role string, p part) []message {
 func (req *chatRequest) addSystem(text string) {
 	if len(req.Messages) == 0 {
 		req.System = joinText(req.System, text)
-		return
+	} else {
+		req.Messages = append(req.Messages, message{Role: "system", Parts: []part{{Type: partText, Text: text}}})
 	}
-	req.Messages = append(req.Messages, message{Role: "system", Parts: []part{{Type: partText, Text: text}}})
 }
 
-// joinText appends one more piece of text, "\n\n" between pieces.
 func joinText(sys, more string) string {
 	return strings.Join(slices.DeleteFunc([]string{sys, more}, func(s string) bool { return s == "" }), "\n\n")
 }
 
-// linkCalls marks calls to custom tools and their results, whichever format they came from.
-func (req *chatRequest) linkCalls() {
+// finishParse refuses a request without a turn (refusal: the text saying so), else links calls to custom tools
+// and their results, whichever format they came from.
+func (req *chatRequest) finishParse(err error, refusal string) (chatRequest, error) {
+	if err == nil && len(req.Messages) == 0 {
+		err = refuseInvalid("%s", refusal)
+	}
+	if err != nil {
+		return chatRequest{}, err
+	}
 	custom := map[string]bool{}
-	for i := range req.Messages {
-		for j := range req.Messages[i].Parts {
-			switch p := &req.Messages[i].Parts[j]; p.Type {
+	for _, m := range req.Messages {
+		for j := range m.Parts {
+			switch p := &m.Parts[j]; p.Type {
 			case partToolCall:
 				p.Custom = p.Custom || req.toolKind(p.ToolName) == toolCustom
 				custom[p.ToolCallID] = p.Custom
@@ -443,6 +459,7 @@ func (req *chatRequest) linkCalls() {
 			}
 		}
 	}
+	return *req, nil
 }
 
 // setOutput reads structured output: text is none, json_object any JSON, json_schema needs its schema.
@@ -461,55 +478,44 @@ func (req *chatRequest) setOutput(o *outputFormat, what string) error {
 	return nil
 }
 
-// resultText is a tool result's text, and its media, which chat drops (droppedFor).
-func resultText(parts []part) (string, []part) {
+// toolResult is a tool result of parts: its text, and its media, which chat drops (droppedFor).
+func toolResult(id string, parts []part, custom bool) part {
+	r := part{Type: partToolResult, ToolCallID: id, Custom: custom}
 	var texts []string
-	var media []part
 	for _, p := range parts {
 		if p.Type == partText {
 			texts = append(texts, p.Text)
 		} else {
-			media = append(media, p)
+			r.Media = append(r.Media, p)
 		}
 	}
-	return strings.Join(texts, "\n"), media
+	r.Text = strings.Join(texts, "\n")
+	return r
 }
 
-// openAITool is a tool in Responses' flat shape (chat's nested one is read into it), and a chat call's function or custom object.
-type openAITool struct {
-	Type        string          `json:"type,omitempty"`
-	Name        string          `json:"name,omitempty"`
-	Description string          `json:"description,omitempty"`
-	Parameters  json.RawMessage `json:"parameters,omitempty"`
-	Strict      *bool           `json:"strict,omitempty"`
-	Format      json.RawMessage `json:"format,omitempty"`
-	Tools       []openAITool    `json:"tools,omitempty"`     // a namespace's members
-	Arguments   *string         `json:"arguments,omitempty"` // a chat function call's
-	Input       *string         `json:"input,omitempty"`     // a chat custom call's
-}
-
-// addOpenAITool adds a function, custom or namespace tool, naming the unknown members
-// of raw (nil: none); any other (a hosted tool: web_search, …) is dropped and named.
-func (req *chatRequest) addOpenAITool(t openAITool, raw json.RawMessage, what string) error {
-	if t.Name == "" && slices.Contains([]string{"function", "custom", "namespace"}, t.Type) {
+// addOpenAITool adds a function, custom or namespace tool (raw: its members); any other
+// (a hosted tool: web_search, …) is dropped and named.
+func (req *chatRequest) addOpenAITool(t tool, raw json.RawMessage, what string) error {
+	if t.Name == "" && slices.Contains([]string{toolFunction, toolCustom, "namespace"}, t.Type) {
 		return refuseInvalid("%s needs a name", what)
 	}
 	switch t.Type {
-	case "function", "custom":
-		dropUnknown(&req.Dropped, raw, "type name description parameters strict format")
-		params, err := parseCallerSchema(t.Parameters, what+".parameters")
-		nt := tool{Name: t.Name, Description: t.Description, Parameters: params, Strict: t.Strict}
-		if t.Type == "custom" {
-			nt = tool{Kind: toolCustom, Name: t.Name, Description: t.Description, Format: t.Format}
+	case toolFunction, toolCustom:
+		req.dropUnknown(raw, "type name description parameters strict format")
+		params, err := checkSchema(t.Parameters, what+".parameters")
+		if t.Tools, t.Parameters = nil, params; t.Type == toolCustom {
+			t.Parameters, t.Strict = nil, nil
+		} else {
+			t.Format = nil
 		}
-		req.Tools = append(req.Tools, nt)
+		req.Tools = append(req.Tools, t)
 		return err // on an error the whole request is refused
 	case "namespace":
 		if t.Description != "" {
 			req.Dropped = append(req.Dropped, "description")
 		}
 		n := len(req.Tools)
-		err := eachItem(t.Tools, rawMember(raw, "tools"), what+".tools", req.addOpenAITool)
+		err := readList(t.Tools, what+".tools", req.addOpenAITool)
 		for j := n; j < len(req.Tools); j++ {
 			req.Tools[j].Namespace, req.Tools[j].Name = t.Name, t.Name+"__"+req.Tools[j].Name
 		}
@@ -541,19 +547,33 @@ func (req *chatRequest) setOpenAIToolChoice(raw json.RawMessage, nested bool) er
 	default:
 		return refuseInvalid("tool_choice must be a string or an object")
 	}
-	if tc.Type != "function" && tc.Type != "custom" {
-		req.Dropped = append(req.Dropped, "tool_choice")
-		return nil
-	}
 	if nested {
 		tc.Name = tc.Function.Name + tc.Custom.Name
 	}
-	if tc.Name == "" {
+	switch {
+	case tc.Type != toolFunction && tc.Type != toolCustom:
+		req.Dropped = append(req.Dropped, "tool_choice")
+	case tc.Name == "":
 		return refuseInvalid("tool_choice must name a tool: {\"type\":\"function\",…}")
+	case tc.Namespace != "":
+		req.ToolChoice = &toolChoice{Mode: toolChoiceTool, Name: tc.Namespace + "__" + tc.Name}
+	default:
+		req.ToolChoice = &toolChoice{Mode: toolChoiceTool, Name: tc.Name}
 	}
-	if tc.Namespace != "" {
-		tc.Name = tc.Namespace + "__" + tc.Name
-	}
-	req.ToolChoice = &toolChoice{Mode: toolChoiceTool, Name: tc.Name}
 	return nil
+}
+
+// openAIToolChoice is req's tool_choice as the OpenAI formats write it; a named tool's name nested under its type in chat.
+func (req chatRequest) openAIToolChoice(nested bool) json.RawMessage {
+	c := req.ToolChoice
+	switch kind := req.toolKind(valueOr(c, toolChoice{}).Name); {
+	case c == nil:
+		return nil
+	case c.Mode != toolChoiceTool:
+		return jsonText(c.Mode)
+	case nested:
+		return must(json.Marshal(map[string]any{"type": kind, kind: map[string]string{"name": c.Name}}))
+	default:
+		return must(json.Marshal(map[string]string{"type": kind, "name": c.Name}))
+	}
 }

@@ -187,8 +187,8 @@ func TestStreamFail(t *testing.T) {
 		{"chat", dialectChat, func(t *testing.T, last testSSEFrame) {
 			var got envelope
 			mustUnmarshalDialect(t, last.Data, &got)
-			want := envelope{Error: envelopeBody{Message: "stream ended early", Type: "provider_error", Code: "provider_incomplete", Attempts: dialectIntPtr(2)}}
-			if last.Event != "" || !cmp.Equal(want, got) {
+			want := envelope{Error: apiError{Message: "stream ended early", Type: "provider_error", Code: "provider_incomplete", Attempts: dialectIntPtr(2)}}
+			if last.Event != "" || !cmp.Equal(want, got, cmp.AllowUnexported(apiError{})) {
 				t.Errorf("in-band error = %q %+v, want %+v", last.Event, got, want)
 			}
 		}},
@@ -298,7 +298,7 @@ func (w *dialectBrokenWriter) Write(p []byte) (int, error) {
 	return 0, errDialectBrokenPipe
 }
 
-// TestParseRequestDispatch checks parseRequest routes each dialect to its
+// TestParseRequestDispatch checks formatOf routes each dialect to its
 // parser (the server routes only the table's dialects).
 func TestParseRequestDispatch(t *testing.T) {
 	tests := []struct {
@@ -311,7 +311,7 @@ func TestParseRequestDispatch(t *testing.T) {
 	}
 	want := []message{{Role: "user", Parts: []part{{Type: partText, Text: "hi"}}}}
 	for _, tc := range tests {
-		req, err := parseRequest(tc.dialect, []byte(tc.body))
+		req, err := formatOf(tc.dialect).parse([]byte(tc.body))
 		if err != nil {
 			t.Fatalf("%s: %v", tc.dialect, err)
 		}
@@ -419,7 +419,7 @@ func roundTripNeutral(req chatRequest) chatRequest {
 	req.Tools = slices.Clone(req.Tools)
 	for i, tl := range req.Tools {
 		req.Tools[i].Namespace = "" // flattened toward every provider
-		if tl.Kind == toolFunction && tl.Parameters == nil {
+		if tl.Type == toolFunction && tl.Parameters == nil {
 			req.Tools[i].Parameters = emptySchema // the schema a protocol that requires one gets
 		}
 		if !valueOr(tl.Strict, false) {

@@ -33,7 +33,7 @@ func bodyRoutes(t *testing.T) []struct{ method, path string } {
 	}
 	fill := strings.NewReplacer("{agent_id}", "a1", "{subscription_id}", "sub_0123456789abcdef", "{key}", "k1", "{id}", "m1")
 	var out []struct{ method, path string }
-	for _, m := range regexp.MustCompile(`s\.mux\.Handle(?:Func)?\("(POST|PUT|PATCH|DELETE) ([^"]+)"`).FindAllStringSubmatch(string(src), -1) {
+	for _, m := range regexp.MustCompile(`(?:s\.mux\.Handle(?:Func)?|handle)\("(POST|PUT|PATCH|DELETE) ([^"]+)"`).FindAllStringSubmatch(string(src), -1) {
 		out = append(out, struct{ method, path string }{m[1], fill.Replace(m[2])})
 	}
 	if len(out) < 10 {

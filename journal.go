@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"maps"
 	"os"
 	"path/filepath"
@@ -19,14 +20,12 @@ import (
 	"unicode/utf8"
 )
 
-// journalTimeFormat is every state time (SPEC §9 "at"): RFC 3339 UTC with
-// milliseconds, so times sort as text.
+// journalTimeFormat is every state time (SPEC §9 "at"): RFC 3339 UTC with milliseconds, so times sort as text.
 const journalTimeFormat = "2006-01-02T15:04:05.000Z"
 
 // journalRecord is one journal line (SPEC §9). A field never changes meaning
 // once written: kinds and fields are only ever added. Lines of the retired
-// kinds (check, subscription_refresh) stay readable: kinds the fold ignores,
-// their other fields skipped as every unknown field is.
+// kinds (check, subscription_refresh) stay readable, their fields skipped.
 type journalRecord struct {
 	Kind           string  `json:"kind"`
 	At             string  `json:"at"` // journalTimeFormat
@@ -41,12 +40,10 @@ type journalRecord struct {
 	By             string  `json:"by,omitempty"`
 }
 
-// journalFields are journalRecord's names in its order. A line's keys match
-// them exactly (encoding/json folds case), so a record re-encodes as read.
+// journalFields are journalRecord's keys in its order: a line's keys match exactly (encoding/json would fold case).
 var journalFields = strings.Fields("kind at subscription_id reason provider result detail alias from to by")
 
-// MarshalJSON writes from and to (null when nil) on route_change only, where
-// their presence says "created" or "deleted" (SPEC §9).
+// MarshalJSON writes from and to (null when nil) on route_change only, where they say "created" or "deleted" (SPEC §9).
 func (r journalRecord) MarshalJSON() ([]byte, error) {
 	type plain journalRecord // without this method
 	if r.Kind == "route_change" {
@@ -65,122 +62,87 @@ type journalBadLine struct {
 	Reason string
 }
 
-// journal is SPEC §9's append-only $STATE/journal.jsonl. Any process may
-// append, so it keeps no file open.
+// journal is SPEC §9's append-only $STATE/journal.jsonl; any process may append, so it keeps no file open.
 type journal struct {
 	sys
-	name            string                 // the journal file; "" when there is no state directory
-	noState         error                  // why name is "" (a *noStateError), else nil
-	testingOnlySync func(f *os.File) error // replaces f.Sync's result in append (nil in production)
-	mu              sync.Mutex             // guards broken; held across one append so this process's appends queue
-	broken          error                  // the fsync failure that made the journal unusable; never cleared
+	name            string                 // "" when there is no state directory
+	noState         error                  // why name is "" (a *noStateError)
+	testingOnlySync func(f *os.File) error // replaces f.Sync's result in append
+	mu              sync.Mutex             // guards broken; held across an append so this process's appends queue
+	broken          error                  // noState, or the fsync failure after which nothing is appended
 	readMu          sync.Mutex             // guards fold
-	fold            journalFold            // what the journal's complete lines say so far
+	fold            journalFold
 }
 
-// journalFold is the journal read up to a line end: retirement and bad lines.
+// journalFold is what one file's complete lines said so far: requests read only new lines (issue 10: rereading took 5 GB).
 type journalFold struct {
-	file   fileIdentity     // dev and ino of the file folded
-	off    int64            // bytes of file folded: always just after a '\n'
-	lines  int              // complete lines in those bytes, for line numbers
-	retire map[string]bool  // subscription ids whose last retire/reinstate is retire
-	bad    []journalBadLine // the first maxReportedBadLines unreadable lines
-	badN   int              // unreadable lines in all
+	file   fileIdentity    // dev and ino only
+	off    int64           // bytes folded, always just after a '\n'
+	lines  int             // lines folded, for line numbers
+	retire map[string]bool // subscription ids whose last retire/reinstate is retire
+	bad    []journalBadLine
+	badN   int
 }
 
 const maxReportedBadLines = 100 // unreadable lines /readyz names; the rest it counts
 
-// errJournalUnusable wraps the fsync failure after which this process appends
-// nothing: a retried fsync can report success for lost bytes.
+// errJournalUnusable: a retried fsync can report success for lost bytes.
 var errJournalUnusable = errors.New("journal unusable after a failed fsync")
 
-// newJournal places the journal in st; without a state directory every
-// operation refuses with the *noStateError (SPEC §2.1).
+// newJournal places the journal in st; without a state directory every operation refuses with the cause (SPEC §2.1).
 func newJournal(st state, sy sys) *journal {
 	j := &journal{sys: sy}
 	j.name, j.noState = st.path("journal", "journal.jsonl")
+	j.broken = j.noState
 	return j
 }
 
-// unusable says why no append can be made at all. Callers hold mu.
-func (j *journal) unusable() error {
-	if j.broken != nil {
-		return fmt.Errorf("%w: %w", errJournalUnusable, j.broken)
-	}
-	return j.noState
-}
-
 // ready reports, changing nothing, whether an append could be made now (SPEC
-// §2.1, §4.4): the journal opens, or else its nearest existing ancestor
-// directory is one this process may write and search.
+// §2.1, §4.4): the guarded journal is writable, or its nearest existing
+// ancestor lets this process create files (access(2): W_OK, W_OK|X_OK).
 func (j *journal) ready() error {
 	j.mu.Lock()
-	err := j.unusable()
+	err := j.broken
 	j.mu.Unlock()
 	if err != nil {
 		return err
 	}
-	f, err := j.open(0)
+	path, mode := j.name, uint32(0x2)
+	_, err = guardFile("journal", path)
+	for errors.Is(err, errFileAbsent) || errors.Is(err, fs.ErrNotExist) && filepath.Dir(path) != path {
+		path, mode = filepath.Dir(path), 0x2|0x1 // a plain file fails X_OK
+		_, err = os.Stat(path)
+	}
 	if err == nil {
-		return f.Close()
-	} else if !errors.Is(err, errFileAbsent) {
-		return err
-	}
-	dir, fi := filepath.Dir(j.name), os.FileInfo(nil)
-	for fi, err = os.Stat(dir); errors.Is(err, os.ErrNotExist) && filepath.Dir(dir) != dir; fi, err = os.Stat(dir) {
-		dir = filepath.Dir(dir)
-	}
-	if err == nil && !fi.IsDir() {
-		err = fmt.Errorf("%s is not a directory", dir)
-	} else if err == nil {
-		if aerr := syscall.Access(dir, 0x2|0x1); aerr != nil { // access(2)'s W_OK|X_OK
-			err = fmt.Errorf("cannot create files in %s: %w", dir, aerr)
-		}
+		err = syscall.Access(path, mode)
 	}
 	if err != nil {
-		return fmt.Errorf("journal: %w", err)
+		return fmt.Errorf("journal: cannot write %s: %w", path, err)
 	}
 	return nil
 }
 
-// open opens the guarded journal O_APPEND; create (0 or os.O_CREATE) makes a missing one 0600.
-func (j *journal) open(create int) (*os.File, error) {
-	if _, err := guardFile("journal", j.name); err != nil && !(create != 0 && errors.Is(err, errFileAbsent)) {
-		return nil, err
-	}
-	f, err := os.OpenFile(j.name, os.O_RDWR|os.O_APPEND|syscall.O_NOFOLLOW|create, 0o600) // O_NOFOLLOW: no symlink since the Lstat
-	if err != nil {
-		return nil, fmt.Errorf("journal: %w", err)
-	}
-	return f, nil
-}
-
-// append adds rec as one line, nil only once on disk (SPEC §9, STYLE B7): open
-// O_APPEND, flock, one write, unlock, fsync, and fsync the directory.
+// append adds rec as one line, nil only once on disk (SPEC §9, STYLE B7): O_APPEND, flock (two appenders never
+// both mark one torn tail), one write, unlock, fsync, and fsync the directory of a new file.
 func (j *journal) append(rec journalRecord) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	if err := j.unusable(); err != nil {
-		return err
+	if j.broken != nil {
+		return j.broken
 	}
 	if rec.Kind == "" {
 		return errors.New("journal record has no kind")
 	}
 	rec.At = cmp.Or(rec.At, j.now().UTC().Format(journalTimeFormat))
 	line, _ := json.Marshal(rec) // strings only: it always marshals
-	if err := os.MkdirAll(filepath.Dir(j.name), 0o700); err != nil {
-		return fmt.Errorf("journal: %w", err)
-	}
-	f, err := j.open(os.O_CREATE)
-	if err != nil {
+	if _, err := guardFile("journal", j.name); err != nil && !errors.Is(err, errFileAbsent) {
 		return err
 	}
-	defer f.Close() // also unlocks after a failed write
-	// Flocked, so that two appenders never both mark one torn tail (the
-	// second mark would be a line of its own).
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
-		return fmt.Errorf("journal: lock: %w", err)
+	f, err := flockFile(j.name, os.O_APPEND, syscall.LOCK_EX) // no symlink since the guard
+	if err != nil {
+		return fmt.Errorf("journal: %w", err)
 	}
+	defer f.Close() // also unlocks after a failed write
 	last := []byte{'\n'}
 	fi, err := f.Stat()
 	if err == nil && fi.Size() > 0 {
@@ -200,14 +162,13 @@ func (j *journal) append(rec journalRecord) error {
 		err = j.testingOnlySync(f)
 	}
 	if err != nil {
-		j.broken = err // never retry fsync; the page cache may be lying
-		return j.unusable()
+		j.broken = fmt.Errorf("%w: %w", errJournalUnusable, err) // never retry fsync; the page cache may be lying
+		return j.broken
 	}
-	if fi.Size() > 0 {
-		return nil
-	}
-	if err := syncDir(filepath.Dir(j.name)); err != nil { // this append may have created the file
-		return fmt.Errorf("journal: make the new file durable: %w", err)
+	if fi.Size() == 0 {
+		if err := syncDir(filepath.Dir(j.name)); err != nil {
+			return fmt.Errorf("journal: make the new file durable: %w", err)
+		}
 	}
 	return nil
 }
@@ -224,8 +185,7 @@ func (j *journal) size() (int64, error) {
 	return id.size, err
 }
 
-// retired is the set of retired subscription ids: per subscription, the
-// later of retire and reinstate in file order decides (SPEC §9).
+// retired is the retired subscription ids: the later of retire and reinstate in file order decides (SPEC §9).
 func (j *journal) retired() (map[string]bool, error) {
 	fo, err := j.folded()
 	return fo.retire, err
@@ -237,9 +197,7 @@ func (j *journal) badLines() ([]journalBadLine, int, error) {
 	return fo.bad, fo.badN, err
 }
 
-// folded folds the lines completed since the last call, logging each bad
-// line as it folds it, and returns a copy of the fold. Requests and probes
-// ask often, so it reads only new lines (issue 10: rereading took 5 GB).
+// folded folds the lines completed since the last call, logging each bad one, and returns a copy.
 func (j *journal) folded() (journalFold, error) {
 	j.readMu.Lock()
 	defer j.readMu.Unlock()
@@ -264,8 +222,7 @@ func (j *journal) folded() (journalFold, error) {
 	return journalFold{retire: maps.Clone(fo.retire), bad: slices.Clone(fo.bad), badN: fo.badN}, nil
 }
 
-// checkJournal is `brama journal check` (SPEC §16.1): it prints each
-// unreadable line's number and reason; ok is false when there is one.
+// checkJournal is `brama journal check` (SPEC §16.1): each unreadable line's number and reason; ok when none.
 func checkJournal(j *journal, stdout io.Writer) (ok bool, err error) {
 	var fo journalFold
 	ok = true
@@ -281,13 +238,12 @@ func checkJournal(j *journal, stdout io.Writer) (ok bool, err error) {
 	return ok && err == nil, err
 }
 
-// scan reads the guarded journal's lines after fo, from the start when fo
-// is of another file, a longer one or none (an absent file has no lines).
+// scan visits the journal's lines after fo, from the start when fo is of another file, a longer one or none.
 func (j *journal) scan(fo *journalFold, visit func(journalRecord, string)) (torn bool, err error) {
 	if j.noState != nil {
 		return false, j.noState
 	}
-	f, full, err := openGuarded("journal", j.name) // full is zero when absent
+	f, full, err := openGuarded("journal", j.name)
 	if err != nil && !errors.Is(err, errFileAbsent) {
 		return false, err
 	}
@@ -301,10 +257,8 @@ func (j *journal) scan(fo *journalFold, visit func(journalRecord, string)) (torn
 	return fo.readLines(io.NewSectionReader(f, fo.off, full.size-fo.off), visit)
 }
 
-// readLines calls visit with each complete line of r, parsed, after counting
-// it into fo. Line by line, so it takes a line's memory, not the file's. A
-// final line without '\n' (a torn write, or one still being written) is not
-// a line: torn says it is there.
+// readLines counts each complete line of r into fo and visits it parsed; a final line without '\n'
+// (torn, or still being written) is not a line: torn says it is there.
 func (fo *journalFold) readLines(r io.Reader, visit func(rec journalRecord, reason string)) (torn bool, err error) {
 	br := bufio.NewReader(r)
 	for {
@@ -320,9 +274,8 @@ func (fo *journalFold) readLines(r io.Reader, visit func(rec journalRecord, reas
 	}
 }
 
-// parseJournalLine reads one line or says why not (SPEC §9). Unknown kinds
-// and fields are skipped, so it is not decodeStrict; from and to count on
-// route_change only.
+// parseJournalLine reads one line or says why not (SPEC §9); unlike decodeStrict it skips unknown kinds and
+// fields, and reads from and to on route_change only.
 func parseJournalLine(line []byte) (r journalRecord, reason string) {
 	var m map[string]json.RawMessage
 	err := json.Unmarshal(line, &m)
@@ -337,18 +290,18 @@ func parseJournalLine(line []byte) (r journalRecord, reason string) {
 	case m == nil: // valid JSON: an array, a scalar or null
 		return r, "not a JSON object"
 	}
-	fields := []any{&r.Kind, &r.At, &r.SubscriptionID, &r.Reason, &r.Provider, &r.Result, &r.Detail, &r.Alias, &r.From, &r.To, &r.By}
 	for i, name := range journalFields { // kind and at first: non-empty strings
 		raw, ok := m[name]
+		field := reflect.ValueOf(&r).Elem().Field(i).Addr().Interface()
 		switch {
 		case i < 2 && !ok:
 			return journalRecord{}, "missing " + name
-		case i < 2 && (string(raw) == "null" || json.Unmarshal(raw, fields[i]) != nil):
+		case i < 2 && (string(raw) == "null" || json.Unmarshal(raw, field) != nil):
 			return journalRecord{}, name + " is not a string"
-		case i < 2 && *fields[i].(*string) == "":
+		case i < 2 && *field.(*string) == "":
 			return journalRecord{}, name + " is empty"
 		case !ok || (name == "from" || name == "to") && r.Kind != "route_change":
-		case json.Unmarshal(raw, fields[i]) != nil:
+		case json.Unmarshal(raw, field) != nil:
 			return journalRecord{}, "field " + name + " has the wrong type"
 		}
 	}
@@ -358,26 +311,26 @@ func parseJournalLine(line []byte) (r journalRecord, reason string) {
 // validator is a document with rules beyond its shape; validate may fill in sections.
 type validator interface{ validate() error }
 
-// decodeStrict is the one strict decoder of state files and admin bodies (SPEC
-// §2.2): no bad UTF-8, duplicate or unknown key, or trailing data; then validate.
+// decodeStrict is the one strict decoder of state files and admin bodies (SPEC §2.2): no bad UTF-8, deep nesting,
+// duplicate, unknown or case-folded key, or trailing data; then validate.
 func decodeStrict(role string, b []byte, v any) error {
-	if !utf8.Valid(b) {
-		return fmt.Errorf("%s is not valid UTF-8", role)
-	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	err := checkNesting(b)
+	if !utf8.Valid(b) {
+		err = errors.New("not valid UTF-8")
+	}
 	if err == nil {
 		err = checkKeys(json.NewDecoder(bytes.NewReader(b)), reflect.TypeOf(v))
 	}
 	if err == nil {
 		err = dec.Decode(v)
 	}
+	if _, end := dec.Token(); err == nil && end != io.EOF {
+		err = errors.New("data after the JSON document")
+	}
 	if err != nil {
 		return fmt.Errorf("%s: %w", role, err)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return fmt.Errorf("%s: data after the JSON document", role)
 	}
 	if d, ok := v.(validator); ok {
 		return d.validate()
@@ -390,8 +343,7 @@ const maxJSONDepth = 1000
 
 var errTooDeep = fmt.Errorf("JSON nests deeper than %d levels", maxJSONDepth)
 
-// checkNesting refuses b too deep before any parser runs, without allocating
-// (issue 10: 3,000,000 deep took the stack).
+// checkNesting refuses b too deep before any parser runs, without allocating (issue 10: 3,000,000 deep took the stack).
 func checkNesting(b []byte) error {
 	depth, inString, escaped := 0, false, false
 	for _, c := range b {
@@ -413,10 +365,8 @@ func checkNesting(b []byte) error {
 	return nil
 }
 
-// checkKeys refuses, in the value dec reads next (decoded as t; nil:
-// unchecked), a key named twice (encoding/json keeps the last) and a struct
-// member named in another case (encoding/json would take it; SPEC §2.2:
-// members are exact). Its caller has bounded the depth with checkNesting.
+// checkKeys refuses, in the value dec reads next (decoded as t; nil: unchecked), a key named twice (encoding/json keeps
+// the last) and a struct member in another case (encoding/json takes it; SPEC §2.2). checkNesting bounded the depth.
 func checkKeys(dec *json.Decoder, t reflect.Type) error {
 	open, err := dec.Token()
 	if err != nil || open != json.Delim('{') && open != json.Delim('[') {

@@ -26,6 +26,8 @@ const (
 	// Where a plan window's reading came from: an answer's headers (SPEC §6.3) or a usage report (§11.2).
 	windowSourceTraffic = "traffic"
 	windowSourceReport  = "usage_report"
+	// planMaxResetSeconds bounds a reset delay or a window's length (about year 5138), so ms cannot overflow.
+	planMaxResetSeconds = 1e11
 )
 
 // planWindow is one plan window's latest reading; traffic and reports share an id, so either replaces the other.
@@ -38,7 +40,7 @@ type planWindow struct {
 	Source       string  `json:"source"` // windowSourceTraffic or windowSourceReport
 }
 
-// ledgerEntry is one subscription's ledger record (SPEC §10.3); a time 0 is unknown, none or never.
+// ledgerEntry is one subscription's record (SPEC §10.3); a time 0 is unknown, none or never.
 type ledgerEntry struct {
 	Provider   string           `json:"provider"`
 	Windows    []planWindow     `json:"windows"`
@@ -49,40 +51,38 @@ type ledgerEntry struct {
 	Probe      ledgerCheck      `json:"probe"`
 }
 
-type ledgerBlock struct {
-	UntilMs      int64  `json:"until_ms"`
-	Reason       string `json:"reason"`
-	RecordedAtMs int64  `json:"recorded_at_ms"`
-}
-
-type ledgerCredential struct {
-	State         string `json:"state"`
-	Cause         string `json:"cause"`
-	RecordedAtMs  int64  `json:"recorded_at_ms"`
-	ExpiresAtMs   int64  `json:"expires_at_ms"`   // the grant's
-	RefreshedAtMs int64  `json:"refreshed_at_ms"` // the grant's
-}
-
-type ledgerMeasured struct {
-	Requests     int64 `json:"requests"`
-	Failures     int64 `json:"failures"`
-	InputTokens  int64 `json:"input_tokens"`
-	OutputTokens int64 `json:"output_tokens"`
-	LastUsedMs   int64 `json:"last_used_ms"`
-}
-
-// ledgerCheck is the last usage read's or probe's outcome.
-type ledgerCheck struct {
-	AtMs   int64  `json:"at_ms"`
-	OK     bool   `json:"ok"`
-	Detail string `json:"detail"`
-}
-
-// ledgerDoc is ledger.json (SPEC §2.2).
-type ledgerDoc struct {
-	SchemaVersion int                     `json:"schema_version"`
-	Subscriptions map[string]*ledgerEntry `json:"subscriptions"`
-}
+type (
+	ledgerBlock struct {
+		UntilMs      int64  `json:"until_ms"`
+		Reason       string `json:"reason"`
+		RecordedAtMs int64  `json:"recorded_at_ms"`
+	}
+	ledgerCredential struct {
+		State         string `json:"state"`
+		Cause         string `json:"cause"`
+		RecordedAtMs  int64  `json:"recorded_at_ms"`
+		ExpiresAtMs   int64  `json:"expires_at_ms"`   // the grant's
+		RefreshedAtMs int64  `json:"refreshed_at_ms"` // the grant's
+	}
+	ledgerMeasured struct {
+		Requests     int64 `json:"requests"`
+		Failures     int64 `json:"failures"`
+		InputTokens  int64 `json:"input_tokens"`
+		OutputTokens int64 `json:"output_tokens"`
+		LastUsedMs   int64 `json:"last_used_ms"`
+	}
+	// ledgerCheck is the last usage read's or probe's outcome.
+	ledgerCheck struct {
+		AtMs   int64  `json:"at_ms"`
+		OK     bool   `json:"ok"`
+		Detail string `json:"detail"`
+	}
+	// ledgerDoc is ledger.json (SPEC §2.2).
+	ledgerDoc struct {
+		SchemaVersion int                     `json:"schema_version"`
+		Subscriptions map[string]*ledgerEntry `json:"subscriptions"`
+	}
+)
 
 // isSubscriptionID: sub_ and 16 lower-case hex digits (SPEC §2.2).
 func isSubscriptionID(id string) bool {
@@ -93,7 +93,6 @@ func isSubscriptionID(id string) bool {
 // ledgerStopper is a timer at a ledger moment (the write-behind, maintenance's due timer).
 type ledgerStopper interface{ Stop() bool }
 
-// afterFunc is time.AfterFunc, or testingOnly when a test set it.
 func afterFunc(testingOnly func(time.Duration, func()) ledgerStopper, d time.Duration, f func()) ledgerStopper {
 	if testingOnly != nil {
 		return testingOnly(d, f)
@@ -109,8 +108,8 @@ func nudge(ch chan struct{}) {
 	}
 }
 
-// ledger is the in-memory ledger dispatch orders by (SPEC §10.3) and its file, written at once for
-// credential, block and probe changes (the "immediate" ones), else at most once per second.
+// ledger is the ledger dispatch orders by (SPEC §10.3) and its file, written at once for credential, block and probe changes
+// (the "immediate" ones), else at most once per second.
 type ledger struct {
 	log        *slog.Logger
 	now        func() time.Time
@@ -131,8 +130,7 @@ type ledger struct {
 	file      snapshotFile
 }
 
-// newLedger loads ledger.json; an unreadable one is served empty, logged without its bytes and never
-// overwritten, so an operator can repair it.
+// newLedger loads ledger.json; an unreadable one is served empty, logged without its bytes and never overwritten (to repair).
 func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
 	l := &ledger{log: log, now: now, entries: map[string]*ledgerEntry{}, changed: make(chan struct{}, 1)}
 	if l.name, l.unplaced = st.path("ledger", ledgerFile); l.unplaced != nil {
@@ -154,7 +152,7 @@ func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
 
 // parseLedger strictly parses ledger.json (SPEC §2.2), naming role and the member refused; empty bytes are empty.
 func parseLedger(role string, b []byte) (map[string]*ledgerEntry, error) {
-	doc := ledgerDoc{SchemaVersion: 1, Subscriptions: map[string]*ledgerEntry{}}
+	doc := ledgerDoc{SchemaVersion: 1}
 	if err := decodeStrict(role, b, &doc); err != nil && len(b) > 0 {
 		return nil, err
 	}
@@ -172,7 +170,7 @@ func parseLedger(role string, b []byte) (map[string]*ledgerEntry, error) {
 			return nil, fmt.Errorf("%s: %w", role, err)
 		}
 	}
-	if doc.Subscriptions == nil { // null: none (a nil map would panic at the first mutation)
+	if doc.Subscriptions == nil { // null or absent: none (a nil map would panic at the first mutation)
 		doc.Subscriptions = map[string]*ledgerEntry{}
 	}
 	return doc.Subscriptions, nil
@@ -199,8 +197,8 @@ func (l *ledger) credentialState(id string) string {
 // ledgerSentence is how a cause, reason or detail is kept (SPEC §10.3).
 func ledgerSentence(s string) string { return truncateUTF8(redact(s), maxSentenceBytes) }
 
-// recordWindows replaces the windows with the same ids and appends new ones. A usage report is a whole
-// reading: a window it no longer names is gone (kept, it would make the subscription due forever).
+// recordWindows replaces the windows with the same ids and appends new ones. A usage report is a whole reading: a window it
+// no longer names is gone (kept, it would make the subscription due forever).
 func (l *ledger) recordWindows(id, provider string, ws []planWindow) {
 	l.mutate(id, provider, false, func(e *ledgerEntry, _ time.Time) {
 		if len(ws) > 0 && ws[0].Source == windowSourceReport {
@@ -219,8 +217,7 @@ func (l *ledger) recordWindows(id, provider string, ws []planWindow) {
 	})
 }
 
-// block records a block until until, capped at 7 days from now; it ends when the last one stated has
-// (two racing refusals).
+// block records a block until until, capped at 7 days from now; it ends when the last one stated has (two racing refusals).
 func (l *ledger) block(id, provider string, until time.Time, reason string) {
 	l.mutate(id, provider, true, func(e *ledgerEntry, now time.Time) {
 		if ms := min(until.UnixMilli(), now.Add(ledgerMaxBlock).UnixMilli()); ms >= e.Block.UntilMs {
@@ -237,8 +234,7 @@ func (l *ledger) blockedUntil(id string) time.Time {
 	return time.Time{}
 }
 
-// setCredential records the credential state and cause; another state is a caller's bug, logged and
-// ignored so the file stays parseable.
+// setCredential records the credential state and cause; another state is a caller's bug, logged and ignored (the file parses).
 func (l *ledger) setCredential(id, provider, state, cause string) {
 	if state != credActive && state != credNeedsReauth {
 		l.log.Error("ledger_bad_state", "subscription_id", id, "state", state)
@@ -256,16 +252,11 @@ func (l *ledger) setGrantTimes(id, provider string, expiresAtMs, refreshedAtMs i
 	})
 }
 
-// recordUse counts one call on id.
 func (l *ledger) recordUse(id, provider string, ok bool, in, out int) {
 	l.mutate(id, provider, false, func(e *ledgerEntry, now time.Time) {
 		m := &e.Measured
-		m.Requests++
-		if !ok {
-			m.Failures++
-		}
-		m.InputTokens += int64(max(in, 0))
-		m.OutputTokens += int64(max(out, 0))
+		m.Requests, m.Failures = m.Requests+1, m.Failures+int64(boolCount(!ok))
+		m.InputTokens, m.OutputTokens = m.InputTokens+int64(max(in, 0)), m.OutputTokens+int64(max(out, 0))
 		m.LastUsedMs = now.UnixMilli()
 	})
 }
@@ -333,8 +324,8 @@ func (l *ledger) statusVersion() uint64 {
 	return l.statusSeq
 }
 
-// mutate applies fn to id's record (created active), then writes: now when immediate or the last write
-// is a second old, else by one write-behind.
+// mutate applies fn to id's record (created active), then writes: now when immediate or the last write is a second old, else
+// by one write-behind.
 func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEntry, now time.Time)) {
 	defer nudge(l.changed)
 	now := l.now()
@@ -346,9 +337,7 @@ func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEn
 	e.Provider = cmp.Or(provider, e.Provider)
 	fn(e, now)
 	l.seq++
-	if immediate {
-		l.statusSeq++
-	}
+	l.statusSeq += uint64(boolCount(immediate))
 	switch {
 	case l.name == "":
 		l.warned.Do(func() { l.log.Warn("ledger_unplaced", "cause", l.unplaced.Error()) })
@@ -372,9 +361,8 @@ func (l *ledger) flush() error {
 	return l.writeIf(func() bool { return l.name != "" && l.unreadable == nil })
 }
 
-// writeIf, when ok (asked under l.mu) holds, writes a snapshot and stops any write-behind (the snapshot
-// holds its changes); l.file keeps a newer snapshot, so writes racing outside l.mu never leave older state.
-// Ids not sub_<16 hex> stay in memory: the file always parses.
+// writeIf, when ok (asked under l.mu) holds, writes a snapshot and stops any write-behind (the snapshot holds its changes);
+// l.file keeps a newer snapshot, so racing writes never leave older state. Ids not sub_<16 hex> stay in memory (the file parses).
 func (l *ledger) writeIf(ok func() bool) error {
 	l.mu.Lock()
 	if !ok() {
@@ -399,11 +387,14 @@ func (l *ledger) writeIf(ok func() bool) error {
 	return nil
 }
 
-// newWindow is a window read at now, its fraction clamped to [0,1] (NaN reads as 0).
-func newWindow(id, label string, fraction float64, resetMs int64, now time.Time, source string) planWindow {
-	return planWindow{ID: id, Label: label, UsedFraction: planFraction(fraction), ResetsAtMs: resetMs, RecordedAtMs: now.UnixMilli(), Source: source}
+func boolCount(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
+// planFraction clamps f to [0,1]; NaN reads as 0.
 func planFraction(f float64) float64 {
 	if !(f >= 0) {
 		return 0
@@ -411,18 +402,17 @@ func planFraction(f float64) float64 {
 	return min(f, 1)
 }
 
-// planMaxResetSeconds bounds a reset delay or a window's length (about year 5138), so ms cannot overflow.
-const planMaxResetSeconds = 1e11
+func newWindow(id, label string, fraction float64, resetMs int64, now time.Time, source string) planWindow {
+	return planWindow{id, label, planFraction(fraction), resetMs, now.UnixMilli(), source}
+}
 
-// anthropicWindows are the claude-code windows traffic headers (by key) and the usage report (by member)
-// both state, under one id.
+// anthropicWindows are the claude-code windows traffic headers (by key) and the usage report (by member) state under one id.
 var anthropicWindows = []struct{ header, member, id, label string }{
 	{"5h", "five_hour", "anthropic:5h", "5 hours"},
 	{"7d", "seven_day", "anthropic:7d", "7 days"},
 }
 
-// parsePlanWindows reads the plan windows an answer's headers state (SPEC §6.3); a value that does not
-// parse is skipped, never guessed.
+// parsePlanWindows reads the plan windows an answer's headers state (SPEC §6.3); a value that does not parse is skipped.
 func parsePlanWindows(provider string, h http.Header, now time.Time) (ws []planWindow) {
 	get := func(key string) number { return numberOf(h.Get(key)) }
 	for _, k := range anthropicWindows {
@@ -434,40 +424,52 @@ func parsePlanWindows(provider string, h http.Header, now time.Time) (ws []planW
 	for _, which := range []string{"primary", "secondary"} {
 		key := "x-codex-" + which + "-"
 		mins := get(key + "window-minutes")
-		r := codexReading{get(key + "used-percent"), number{mins.v * 60, mins.ok}, get(key + "reset-after-seconds"), instantOf(h.Get(key + "reset-at"))}
-		if w, ok := r.window(which, now, windowSourceTraffic); provider == "codex" && ok {
+		r := reading{UsedPercent: get(key + "used-percent"), Seconds: number{mins.v * 60, mins.ok},
+			After: get(key + "reset-after-seconds"), ResetAt: instantOf(h.Get(key + "reset-at"))}
+		if w, ok := r.codexWindow(which, now, windowSourceTraffic); provider == "codex" && ok {
 			ws = append(ws, w)
 		}
 	}
 	return ws
 }
 
-// codexReading is one codex window as its headers or its usage report state it.
-type codexReading struct {
-	UsedPercent number  `json:"used_percent"`
+// reading is one window as headers or a usage report member state it, for all three providers (each reads its own members).
+type reading struct {
+	Utilization number  // claude-code's percent
+	ResetsAt    instant `json:"resets_at"`
+	UsedPercent number  `json:"used_percent"` // codex's percent
 	Seconds     number  `json:"limit_window_seconds"`
 	After       number  `json:"reset_after_seconds"`
-	At          instant `json:"reset_at"`
+	ResetAt     instant `json:"reset_at"`
+
+	Limit, Used, Remaining number  // kimi's counters
+	ResetTime              instant `json:"resetTime"`  // Kimi's name
+	ResetTimeSpec          instant `json:"reset_time"` // SPEC's
+	Detail                 *reading
+	Window                 struct {
+		Duration number
+		TimeUnit string
+	}
 }
 
-// window is r as window which, if it states a percent: headers' countdown wins over reset-at, a report's
-// reset_at over its countdown, whose 0 there is an untouched window's (no moment, or every pass would fall
-// due inside itself); a window the plan lacks (length 0) states no reset.
-func (r codexReading) window(which string, now time.Time, source string) (planWindow, bool) {
-	w := newWindow("codex:"+which, windowLabel(r.Seconds.v/60, which+" window"), r.UsedPercent.v/100, r.At.ms, now, source)
+// codexWindow is r as window which, if it states a percent: headers' countdown wins over reset-at, a report's reset_at over
+// its countdown, whose 0 there is an untouched window's (no moment, or every pass would fall due inside itself); a window
+// the plan lacks (length 0) states no reset.
+func (r reading) codexWindow(which string, now time.Time, source string) (planWindow, bool) {
+	w := newWindow("codex:"+which, windowLabel(r.Seconds.v/60, which+" window"), r.UsedPercent.v/100, r.ResetAt.ms, now, source)
 	traffic, after := source == windowSourceTraffic, r.After.v
 	switch {
 	case r.Seconds.ok && r.Seconds.v == 0:
 		w.ResetsAtMs = 0
-	case r.After.ok && (after > 0 || traffic && after == 0) && after < planMaxResetSeconds && (traffic || r.At.ms == 0):
+	case r.After.ok && (after > 0 || traffic && after == 0) && after < planMaxResetSeconds && (traffic || r.ResetAt.ms == 0):
 		w.ResetsAtMs = epochMs(float64(now.UnixMilli()) + after*1000)
 	}
 	return w, r.UsedPercent.ok
 }
 
-// number is a finite number: JSON's, or a string holding one (Kimi's counters, headers).
+// number is a finite number: JSON's, or a string holding one (Kimi's counters, headers); v is 0 unless ok.
 type number struct {
-	v  float64 // 0 unless ok
+	v  float64
 	ok bool
 }
 
@@ -485,10 +487,10 @@ func numberOf(s string) number {
 	return number{f, true}
 }
 
-// instant is a moment a report or header states (SPEC §11.2): RFC 3339, epoch seconds, or epoch ms
-// from 1e12 on (1e12 s would be year 33658); set even when the member states none (null).
+// instant is a moment a report or header states (SPEC §11.2): RFC 3339, epoch seconds, or epoch ms from 1e12 on (1e12 s
+// would be year 33658); ms is 0 for none; set even when the member states none (null).
 type instant struct {
-	ms  int64 // 0 none
+	ms  int64
 	set bool
 }
 
@@ -518,8 +520,7 @@ func epochMs(f float64) int64 {
 	return int64(f)
 }
 
-// windowLabel names a window of mins minutes in whole days, hours or
-// minutes ("5 hours"), or is fallback when mins is no whole number in range.
+// windowLabel names a window of mins minutes in whole days, hours or minutes ("5 hours"), else fallback.
 func windowLabel(mins float64, fallback string) string {
 	if !(mins >= 1) || mins >= planMaxResetSeconds || mins != math.Trunc(mins) {
 		return fallback
@@ -535,47 +536,4 @@ func windowLabel(mins float64, fallback string) string {
 		unit += "s"
 	}
 	return strconv.FormatInt(n, 10) + " " + unit
-}
-
-// kimiCounters are a Kimi usage entry's counters; Kimi names the reset resetTime, SPEC reset_time.
-type kimiCounters struct {
-	Limit, Used, Remaining number
-	ResetTime              instant `json:"resetTime"`
-	ResetTimeSpec          instant `json:"reset_time"`
-}
-
-// fraction is used/limit (limit > 0), or else 1 − remaining/limit.
-func (c *kimiCounters) fraction() (float64, bool) {
-	used := cmp.Or(c.Used, number{c.Limit.v - c.Remaining.v, c.Remaining.ok})
-	return used.v / c.Limit.v, c.Limit.v > 0 && used.ok
-}
-
-func (c *kimiCounters) reset() int64 { return cmp.Or(c.ResetTime.ms, c.ResetTimeSpec.ms) }
-
-// kimiTimeUnits is minutes per window.timeUnit of a Kimi limit.
-var kimiTimeUnits = map[string]float64{"TIME_UNIT_SECOND": 1.0 / 60, "TIME_UNIT_MINUTE": 1, "TIME_UNIT_HOUR": 60, "TIME_UNIT_DAY": 24 * 60}
-
-// kimiUsage reads {base}/usages (SPEC §11.2); a limit's detail counters win over its top level's.
-func kimiUsage(r struct {
-	Usage  kimiCounters
-	Limits []struct {
-		kimiCounters
-		Detail *kimiCounters
-		Window struct {
-			Duration number
-			TimeUnit string
-		}
-	}
-}, now time.Time) (ws []planWindow) {
-	if f, ok := r.Usage.fraction(); ok {
-		ws = append(ws, newWindow("kimi:usage", "plan usage", f, r.Usage.reset(), now, windowSourceReport))
-	}
-	for i, l := range r.Limits {
-		c := cmp.Or(l.Detail, &l.kimiCounters)
-		if f, ok := c.fraction(); ok {
-			label := windowLabel(l.Window.Duration.v*kimiTimeUnits[l.Window.TimeUnit], "limit "+strconv.Itoa(i))
-			ws = append(ws, newWindow("kimi:limit-"+strconv.Itoa(i), label, f, cmp.Or(c.reset(), l.reset()), now, windowSourceReport))
-		}
-	}
-	return ws
 }

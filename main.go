@@ -453,7 +453,7 @@ func onboard(e *cliEnv, o opts, _ []string) error {
 				req.Model = "local-openai/" + model
 			}
 		}
-		c, err = s.engine(&requestInfo{}).plan(client{}, "", &req)
+		c, err = s.engine("", &tally{}).plan(client{}, "", &req)
 		switch ae := asAPIError(err); {
 		case err == nil:
 		case ae.Code == "forbidden": // plan wants an agent: a subscription route, a selector or best
@@ -483,7 +483,7 @@ func onboard(e *cliEnv, o opts, _ []string) error {
 			}
 			return a.Usage, nil, false
 		}}
-	if ae := s.engine(&requestInfo{}).attemptRoute(e.ctx, j, c, nil, nil); ae != nil {
+	if ae := s.engine("", &tally{}).attemptRoute(e.ctx, j, c, nil, nil); ae != nil {
 		return fmt.Errorf("no model answer: %s", ae.Message)
 	}
 	return done("answer", c.res.Route)

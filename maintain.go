@@ -20,8 +20,8 @@ import (
 
 var errMaintenanceStopped = errors.New("the maintenance scheduler is not running")
 
-// maintainer runs one daemon's passes (SPEC §11.2: read the usage reports, then refresh the grants
-// that fell due, never on a period of Brama's own) one at a time on loop's goroutine.
+// maintainer runs one daemon's passes (SPEC §11.2: read the usage reports, then refresh the grants that fell due, never on a
+// period of Brama's own) one at a time on loop's goroutine.
 type maintainer struct {
 	inv    *inventory
 	l      *ledger
@@ -35,27 +35,25 @@ type maintainer struct {
 	testingOnlyAfterFunc func(d time.Duration, f func()) ledgerStopper
 	testingOnlyPassDone  func(reason string, started time.Time, rep passReport)
 
-	mu      sync.Mutex        // guards the fields below
-	looping bool              // loop runs, so passNow can be answered
-	asked   map[string]string // agent ("": everyone) → reason of a pass over its subscriptions asked for, not yet started (SPEC §17)
-	waiting *passTicket       // what passNow callers wait for: the next pass over everyone to start
-	running bool              // a pass is running
-	fresh   map[string]bool   // agents ("": everyone) a pass covered since the last inventory or credential change
-	passes  int64             // passes started
-	dropped int64             // requests dropped by the SPEC §11.2 rule
-	lastOK  bool              // the last pass ended ok
-	lastAt  [2]time.Time      // when the last pass started and ended; zero before the first ends
-	timer   ledgerStopper     // the armed due timer; nil when none or it fired
-	timerAt time.Time         // the moment it is armed for; zero none
+	mu               sync.Mutex             // guards the fields below
+	looping, running bool                   // loop runs (so passNow can be answered); a pass runs
+	asked            map[string]*passTicket // agent ("": everyone) → the pass asked over its subscriptions, not yet started (§17)
+	fresh            map[string]bool        // agents ("": everyone) a pass covered since the last inventory or credential change
+	passes, dropped  int64                  // passes started; requests dropped by the SPEC §11.2 rule
+	lastOK           bool                   // the last pass ended ok
+	lastAt           [2]time.Time           // when the last pass started and ended; zero before the first ends
+	timer            ledgerStopper          // the armed due timer; nil when none or it fired
+	timerAt          time.Time              // the moment it is armed for; zero none
 }
 
-// passTicket is one pass's answer for its waiters (rep.err the refusal), set before done closes.
+// passTicket is one asked pass: why, and its answer for its waiters (rep.err the refusal), set before done closes.
 type passTicket struct {
-	done chan struct{}
-	rep  passReport
+	reason string
+	done   chan struct{}
+	rep    passReport
 }
 
-// passReport is the body of POST /v1/admin/maintain (SPEC §11.2).
+// passReport is the body of POST /v1/admin/maintain (SPEC §11.2); err (never sent): the pass could not list the subscriptions.
 type passReport struct {
 	OK    bool `json:"ok"`
 	Usage struct {
@@ -65,111 +63,124 @@ type passReport struct {
 	} `json:"usage"`
 	Credentials credentialSummary `json:"credentials"`
 	NextDueAt   *string           `json:"next_due_at"` // RFC 3339, or null when nothing is due
-
-	err error // the pass could not list the subscriptions at all; never sent
+	err         error
 }
 
-type usageFailure struct { // one failed read, its error redacted
-	SubscriptionID string `json:"subscription_id"`
-	Provider       string `json:"provider"`
-	Error          string `json:"error"`
+type (
+	usageFailure struct { // one failed read, its error redacted
+		SubscriptionID string `json:"subscription_id"`
+		Provider       string `json:"provider"`
+		Error          string `json:"error"`
+	}
+	credentialSummary struct {
+		Subscriptions int `json:"subscriptions"` // active OAuth ones
+		Refreshed     int `json:"refreshed"`
+		Refused       int `json:"refused"` // attempts that gave no grant (the credential_refresh_* line says why)
+	}
+)
+
+func newMaintainer(inv *inventory, l *ledger, o *oauthClient, client *http.Client, getenv func(string) string, log *slog.Logger,
+	now func() time.Time) *maintainer {
+	return &maintainer{inv: inv, l: l, o: o, client: client, getenv: getenv, log: log, clock: now,
+		asked: map[string]*passTicket{}, fresh: map[string]bool{}}
 }
 
-type credentialSummary struct {
-	Subscriptions int `json:"subscriptions"` // active OAuth ones
-	Refreshed     int `json:"refreshed"`
-	Refused       int `json:"refused"` // attempts that gave no grant (the credential_refresh_* line says why)
-}
-
-// newMaintainer builds the maintainer; nothing runs until run.
-func newMaintainer(inv *inventory, l *ledger, o *oauthClient, client *http.Client, getenv func(string) string, log *slog.Logger, now func() time.Time) *maintainer {
-	return &maintainer{inv: inv, l: l, o: o, client: client, getenv: getenv, log: log, clock: now, asked: map[string]string{}, fresh: map[string]bool{}}
-}
-
-// run starts loop, counted in wg, with the start pass pending (the listener is up).
+// run starts the loop, counted in wg, with the start pass pending (the listener is up); at its end it stops the timer and
+// answers anyone waiting.
 func (m *maintainer) run(ctx context.Context, wg *sync.WaitGroup) {
 	m.mu.Lock()
 	m.looping = true
-	m.asked[""] = cmp.Or(m.asked[""], "start")
+	m.want("", "start")
 	m.mu.Unlock()
 	wg.Add(1)
-	go func() { defer wg.Done(); m.loop(ctx) }()
+	go func() {
+		defer wg.Done()
+		for ctx.Err() == nil {
+			if !m.loopOnce(ctx, m.clock()) { // true: a pass asked for meanwhile runs next
+				select { // a requested pass, the due timer or a ledger change nudges m.l.changed
+				case <-ctx.Done():
+				case <-m.l.changed:
+				}
+			}
+		}
+		m.mu.Lock()
+		m.looping = false
+		m.arm(time.Time{}, time.Time{})
+		t := m.asked[""]
+		delete(m.asked, "")
+		m.mu.Unlock()
+		if t != nil {
+			t.rep.err = errMaintenanceStopped
+			close(t.done)
+		}
+	}()
 }
 
-// loop runs loopOnce until ctx ends, waiting between turns for a nudge of
-// m.l.changed (a requested pass, the due timer or a ledger change).
-func (m *maintainer) loop(ctx context.Context) {
-	defer m.stop()
-	for ctx.Err() == nil {
-		if m.loopOnce(ctx, m.clock()) {
-			continue // a pass asked for meanwhile runs next
-		}
-		select {
-		case <-ctx.Done():
-		case <-m.l.changed:
-		}
-	}
-}
-
-// loopOnce, at now, runs the pending pass (true): over everyone, else over
-// one agent's subscriptions, or else arms the one timer at the ledger's next
-// due moment (false); a moment passed before its timer fired is due now.
+// loopOnce, at now, runs the pending pass (true): over everyone, else over one agent's subscriptions, or else arms the one timer
+// at the ledger's next due moment (false); a moment passed before its timer fired is due now.
 func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
 	m.mu.Lock()                     // first: the journal read must not come between now and the pending check
 	retired, _ := m.inv.j.retired() // unreadable: no moment is skipped
 	due := m.l.nextDue(now, retired)
-	if m.asked[""] == "" && m.timer != nil && !m.timerAt.After(now) {
-		m.disarmLocked()
-		m.asked[""] = "due"
+	if m.asked[""] == nil && m.timer != nil && !m.timerAt.After(now) {
+		m.arm(time.Time{}, now)
+		m.want("", "due")
 	}
-	agent, t := "", m.waiting
+	agent := ""
 	for a := range m.asked {
 		if agent = a; a == "" {
 			break
 		}
 	}
-	reason := m.asked[agent]
-	if reason == "" {
+	t := m.asked[agent]
+	if t == nil {
 		if m.timer == nil || !due.Equal(m.timerAt) {
-			m.armLocked(due, now)
+			m.arm(due, now)
 		}
 		m.mu.Unlock()
 		return false
 	}
+	delete(m.asked, agent)
 	if agent == "" {
 		clear(m.asked) // a pass over everyone covers the agents' refusals
-		m.waiting = nil
-	} else {
-		delete(m.asked, agent)
-		t = nil
 	}
 	m.running, m.fresh[agent] = true, true
 	m.passes++
 	m.mu.Unlock()
 
-	m.log.Info("maintenance_pass_started", "reason", reason, "agent_id", agent)
+	m.log.Info("maintenance_pass_started", "reason", t.reason, "agent_id", agent)
 	rep := m.passOnce(ctx, agent)
 	m.mu.Lock()
 	m.running = false
 	if missed := m.l.nextDue(now, retired); !missed.IsZero() && !missed.After(m.clock()) {
-		m.asked[""] = cmp.Or(m.asked[""], "due") // it passed during the pass
+		m.want("", "due") // it passed during the pass
 	}
 	m.lastOK, m.lastAt = rep.OK, [2]time.Time{now, m.clock()}
 	m.mu.Unlock()
 	if m.testingOnlyPassDone != nil {
-		m.testingOnlyPassDone(reason, now, rep)
+		m.testingOnlyPassDone(t.reason, now, rep)
 	}
-	if t != nil {
-		t.rep = rep
-		close(t.done)
-	}
+	t.rep = rep
+	close(t.done)
 	return true
 }
 
-// armLocked replaces the due timer with one for due (none when zero); a
-// timer firing after it was replaced or stopped does nothing. m.mu is held.
-func (m *maintainer) armLocked(due, now time.Time) {
-	m.disarmLocked()
+// want asks for a pass over agent's subscriptions ("": everyone's) unless one is asked already, and returns the ticket it will
+// answer. m.mu is held.
+func (m *maintainer) want(agent, reason string) *passTicket {
+	if m.asked[agent] == nil {
+		m.asked[agent] = &passTicket{reason: reason, done: make(chan struct{})}
+	}
+	return m.asked[agent]
+}
+
+// arm replaces the due timer with one for due (none when zero); a timer firing after it was replaced or stopped does nothing.
+// m.mu is held.
+func (m *maintainer) arm(due, now time.Time) {
+	if m.timer != nil {
+		m.timer.Stop()
+	}
+	m.timer, m.timerAt = nil, due
 	if due.IsZero() {
 		return
 	}
@@ -178,37 +189,16 @@ func (m *maintainer) armLocked(due, now time.Time) {
 		m.mu.Lock()
 		defer m.mu.Unlock()
 		if m.timer == t { // fired: the next turn arms afresh
-			m.timer, m.asked[""] = nil, cmp.Or(m.asked[""], "due")
+			m.timer = nil
+			m.want("", "due")
 			nudge(m.l.changed)
 		}
 	})
-	m.timer, m.timerAt = t, due
+	m.timer = t
 }
 
-func (m *maintainer) disarmLocked() {
-	if m.timer != nil {
-		m.timer.Stop()
-	}
-	m.timer, m.timerAt = nil, time.Time{}
-}
-
-// stop marks the loop gone, stops its timer and answers anyone waiting.
-func (m *maintainer) stop() {
-	m.mu.Lock()
-	m.looping = false
-	m.disarmLocked()
-	t := m.waiting
-	m.waiting = nil
-	delete(m.asked, "")
-	m.mu.Unlock()
-	if t != nil {
-		t.rep.err = errMaintenanceStopped
-		close(t.done)
-	}
-}
-
-// request asks for a pass over agent's subscriptions after its refusal for want of a signed-in
-// subscription, dropped when one covering agent started since the last change (SPEC §11.2, §17). Nil-safe.
+// request asks for a pass over agent's subscriptions after its refusal for want of a signed-in subscription, dropped when one
+// covering agent started since the last change (SPEC §11.2, §17). Nil-safe.
 func (m *maintainer) request(reason, agent string) {
 	if m == nil || agent == "" {
 		return
@@ -220,7 +210,7 @@ func (m *maintainer) request(reason, agent string) {
 		m.log.Debug("maintenance_request_dropped", "reason", reason, "agent_id", agent)
 		return
 	}
-	m.asked[agent] = cmp.Or(m.asked[agent], reason)
+	m.want(agent, reason)
 	m.log.Info("maintenance_requested", "reason", reason, "agent_id", agent)
 	nudge(m.l.changed)
 }
@@ -234,8 +224,8 @@ func (m *maintainer) changed() {
 	}
 }
 
-// passNow answers POST /v1/admin/maintain from a pass that starts after the
-// call (a running one may predate the change the operator wants seen).
+// passNow answers POST /v1/admin/maintain from a pass that starts after the call (a running one may predate the change the
+// operator wants seen).
 func (m *maintainer) passNow(ctx context.Context) (passReport, error) {
 	t, err := m.ask("maintain")
 	if err != nil {
@@ -249,7 +239,7 @@ func (m *maintainer) passNow(ctx context.Context) (passReport, error) {
 	}
 }
 
-// ask asks for the next pass and returns the ticket it will answer.
+// ask asks for the next pass over everyone and returns the ticket it will answer.
 func (m *maintainer) ask(reason string) (*passTicket, error) {
 	if m == nil {
 		return nil, errMaintenanceStopped
@@ -260,11 +250,7 @@ func (m *maintainer) ask(reason string) (*passTicket, error) {
 	if !m.looping {
 		return nil, errMaintenanceStopped
 	}
-	if m.waiting == nil {
-		m.waiting = &passTicket{done: make(chan struct{})}
-	}
-	m.asked[""] = cmp.Or(m.asked[""], reason)
-	return m.waiting, nil
+	return m.want("", reason), nil
 }
 
 // metrics is the maintenance state as /metrics numbers (SPEC §13). Nil-safe.
@@ -288,29 +274,27 @@ func (m *maintainer) metrics() map[string]float64 {
 	return out
 }
 
-// pass is one pass's run: its subscriptions and the report its steps fill in.
+// pass is one pass's run: its subscriptions and the report its steps fill in (under mu).
 type pass struct {
 	m    *maintainer
 	ctx  context.Context
 	subs []*passSub
-	mu   sync.Mutex // guards rep
+	mu   sync.Mutex
 	rep  passReport
 }
 
-// passSub is one non-retired subscription as a pass found it.
+// passSub is one non-retired subscription as a pass found it. reportable: active, of a provider whose report its credential
+// reads; oauth: active, with a grant of an OAuth provider; tried: its one refresh attempt of the pass was made.
 type passSub struct {
-	it         overlayItem
-	cred       vaultCredential
-	credErr    error // the vault holds no usable credential for it
-	entry      ledgerEntry
-	reportable bool // active, of a provider whose report its credential reads
-	oauth      bool // active, with a grant of an OAuth provider
-	tried      bool // its one refresh attempt of the pass was made
+	it                       overlayItem
+	cred                     vaultCredential
+	credErr                  error // the vault holds no usable credential for it
+	entry                    ledgerEntry
+	reportable, oauth, tried bool
 }
 
-// passOnce runs one pass over agent's subscriptions ("": everyone's): the
-// usage report pass, then the refresh pass (SPEC §11.2); per subscription at
-// most one read and one refresh attempt, none retried; ctx alone ends it (§7.4).
+// passOnce runs one pass over agent's subscriptions ("": everyone's): the usage report pass, then the refresh pass (SPEC §11.2);
+// per subscription at most one read and one refresh attempt, none retried; ctx alone ends it (§7.4).
 func (m *maintainer) passOnce(ctx context.Context, agent string) passReport {
 	start := m.clock()
 	m.o.vault.writeUnwritten(m.o.log)
@@ -318,23 +302,20 @@ func (m *maintainer) passOnce(ctx context.Context, agent string) passReport {
 	p.rep.Usage.Failed = []usageFailure{}
 	items, retired, err := m.inv.view() // none when err: the counts stay 0 and OK false
 	for _, it := range items {
-		if !retired[it.ID] && (agent == "" || it.AgentID == agent) {
-			s := &passSub{it: it}
-			s.cred, s.credErr = m.inv.credential(it.ID)
-			s.entry, _ = m.l.entry(it.ID)
-			_, published := usageReports[it.Provider]
-			_, oauthErr := lookupOAuth(it.Provider)
-			active := s.entry.Credential.State == credActive
-			s.reportable = active && published && (s.credErr != nil || usageReportable(it.Provider, s.cred))
-			s.oauth = active && oauthErr == nil && s.credErr == nil && s.cred.OAuth != nil
-			if s.reportable {
-				p.rep.Usage.Subscriptions++
-			}
-			if s.oauth {
-				p.rep.Credentials.Subscriptions++
-			}
-			p.subs = append(p.subs, s)
+		if retired[it.ID] || agent != "" && it.AgentID != agent {
+			continue
 		}
+		s := &passSub{it: it}
+		s.cred, s.credErr = m.inv.credential(it.ID)
+		s.entry, _ = m.l.entry(it.ID)
+		_, oauthErr := lookupOAuth(it.Provider)
+		active := s.entry.Credential.State == credActive
+		_, published := usageReports[it.Provider]
+		s.reportable = active && published && (s.credErr != nil || usageReportable(it.Provider, s.cred))
+		s.oauth = active && oauthErr == nil && s.credErr == nil && s.cred.OAuth != nil
+		p.rep.Usage.Subscriptions += boolCount(s.reportable)
+		p.rep.Credentials.Subscriptions += boolCount(s.oauth)
+		p.subs = append(p.subs, s)
 	}
 	// Reads run one at a time per provider, providers side by side (SPEC §17); refreshes side by side.
 	p.sideBySide(func(s *passSub) string { return s.it.Provider }, p.readUsage)
@@ -346,11 +327,9 @@ func (m *maintainer) passOnce(ctx context.Context, agent string) passReport {
 	rep := p.rep
 	rep.OK = err == nil && len(rep.Usage.Failed) == 0 && rep.Credentials.Refused == 0
 	if due := m.l.nextDue(m.clock(), retired); !due.IsZero() {
-		rep.NextDueAt = new(string)
-		*rep.NextDueAt = due.UTC().Format(time.RFC3339)
+		rep.NextDueAt = ptrTo(due.UTC().Format(time.RFC3339))
 	}
-	if err != nil {
-		rep.err = err
+	if rep.err = err; err != nil {
 		m.log.Warn("maintenance_pass_failed", "cause", redact(err.Error()))
 		return rep
 	}
@@ -360,8 +339,7 @@ func (m *maintainer) passOnce(ctx context.Context, agent string) passReport {
 	return rep
 }
 
-// sideBySide runs step on each subscription, one at a time per key, keys
-// side by side, and returns when all have ended (each ends at ctx's end).
+// sideBySide runs step on each subscription, one at a time per key, keys side by side, until all have ended (at ctx's end too).
 func (p *pass) sideBySide(key func(*passSub) string, step func(*passSub)) {
 	groups := map[string][]*passSub{}
 	for _, s := range p.subs {
@@ -389,8 +367,8 @@ func (p *pass) count(f func(*passReport)) {
 	}
 }
 
-// readUsage reads s's due report into the ledger, nothing when ctx ended; a
-// grant expired by the request path's rule is first refreshed: s's one attempt.
+// readUsage reads s's due report into the ledger, nothing when ctx ended; a grant expired by the request path's rule is first
+// refreshed: s's one attempt.
 func (p *pass) readUsage(s *passSub) {
 	m, id, provider := p.m, s.it.ID, s.it.Provider
 	if !s.reportable || !usageDue(s.entry, m.clock()) {
@@ -431,14 +409,14 @@ func (p *pass) readUsage(s *passSub) {
 	}
 }
 
-// refreshIfDue makes s's one attempt when its grant is due, unless its read
-// spent it; needs_reauthorization (set meanwhile too) waits for sign-in.
+// refreshIfDue makes s's one attempt when its grant is due, unless its read spent it (the usage pass or a request may have
+// refreshed it meanwhile); needs_reauthorization (set meanwhile too) waits for sign-in.
 func (p *pass) refreshIfDue(s *passSub) {
 	if !s.oauth || s.tried {
 		return
 	}
 	e, _ := p.m.l.entry(s.it.ID)
-	cur, err := p.m.inv.credential(s.it.ID) // the usage pass or a request may have refreshed it
+	cur, err := p.m.inv.credential(s.it.ID)
 	if e.Credential.State == credActive && err == nil && cur.OAuth != nil && refreshDue(*cur.OAuth, e.Credential.RefreshedAtMs, p.m.clock()) {
 		p.refresh(s)
 	}
@@ -449,19 +427,15 @@ func (p *pass) refresh(s *passSub) (oauthGrant, error) {
 	s.tried = true
 	g, err := p.m.o.refresh(p.ctx, s.it.ID, s.it.Provider, "")
 	p.count(func(r *passReport) {
-		switch {
-		case err == nil:
-			r.Credentials.Refreshed++
-		case !errors.Is(err, errRefreshSuperseded):
-			r.Credentials.Refused++
-		}
+		r.Credentials.Refreshed += boolCount(err == nil)
+		r.Credentials.Refused += boolCount(err != nil && !errors.Is(err, errRefreshSuperseded))
 	})
 	return g, err
 }
 
-// usageReport is one provider's report (SPEC §11.2): where it is read (below the base URL, or at
-// codex's own address that env alone overrides), its reader, whether an API key reads it, whether
-// the grant's account goes in chatgpt-account-id, the GET's headers.
+// usageReport is one provider's report (SPEC §11.2): where it is read (below the base URL, or at codex's own address that env
+// alone overrides), its reader, whether an API key reads it, whether the grant's account goes in chatgpt-account-id, the GET's
+// headers.
 type usageReport struct {
 	path, url, env  string
 	read            func(body []byte, now time.Time) ([]planWindow, error)
@@ -501,8 +475,7 @@ func (m *maintainer) usageEndpoint(provider string) (string, error) {
 	return base + r.path, nil
 }
 
-// fetchUsage GETs and reads provider's report; it sets the headers itself,
-// as setProviderHeaders would add a Content-Type to this GET.
+// fetchUsage GETs and reads provider's report; it sets the headers itself (setProviderHeaders would add a Content-Type).
 func (m *maintainer) fetchUsage(ctx context.Context, provider string, cred vaultCredential) ([]planWindow, error) {
 	endpoint, err := m.usageEndpoint(provider)
 	if err != nil {
@@ -528,13 +501,12 @@ func (m *maintainer) fetchUsage(ctx context.Context, provider string, cred vault
 	return nil, &endpointError{Op: "usage report GET", Endpoint: endpointName(endpoint), Status: status, Received: len(body), Err: err}
 }
 
-// errUsageReport classifies every refused report body: the readers take what
-// they recognize of the providers' undocumented shapes, never a guessed number.
+// errUsageReport classifies every refused report body: the readers take what they recognize of the providers' undocumented
+// shapes, never a guessed number.
 var errUsageReport = errors.New("the usage report is not usable")
 
-// reportReader reads a report as T leniently (a member of another type than T says is absent;
-// its number and instant members take any JSON value): a JSON object naming a window, else
-// errUsageReport saying why without quoting the body.
+// reportReader reads a report as T leniently (a member of another type than T says is absent; its number and instant members take
+// any JSON value): a JSON object naming a window, else errUsageReport saying why without quoting the body.
 func reportReader[T any](read func(T, time.Time) []planWindow) func([]byte, time.Time) ([]planWindow, error) {
 	return func(body []byte, now time.Time) ([]planWindow, error) {
 		var doc T
@@ -552,15 +524,20 @@ func reportReader[T any](read func(T, time.Time) []planWindow) func([]byte, time
 	}
 }
 
+// jsonErrorKind says what was wrong with a JSON document without quoting a fragment of it.
+func jsonErrorKind(err error) string {
+	if se := (*json.SyntaxError)(nil); errors.As(err, &se) {
+		return "syntax error at byte " + strconv.FormatInt(se.Offset, 10)
+	}
+	return "unexpected shape"
+}
+
 // claudeWindowKey is the shape of a member kept as a window id.
 var claudeWindowKey = regexp.MustCompile(`^[a-z0-9_]{1,64}$`)
 
-// claudeCodeUsage reads {base}/api/oauth/usage: a member with "utilization" percent and "resets_at"
-// is a window, anthropicWindows first under their traffic ids, then anthropic:<member> by name.
-func claudeCodeUsage(r map[string]struct {
-	Utilization number
-	ResetsAt    instant `json:"resets_at"`
-}, now time.Time) (ws []planWindow) {
+// claudeCodeUsage reads {base}/api/oauth/usage: a member with "utilization" percent and "resets_at" is a window, anthropicWindows
+// first under their traffic ids, then anthropic:<member> by name.
+func claudeCodeUsage(r map[string]reading, now time.Time) (ws []planWindow) {
 	add := func(k, id, label string) {
 		if m := r[k]; m.Utilization.ok && m.ResetsAt.set && claudeWindowKey.MatchString(k) {
 			ws = append(ws, newWindow(id, label, m.Utilization.v/100, m.ResetsAt.ms, now, windowSourceReport))
@@ -578,20 +555,36 @@ func claudeCodeUsage(r map[string]struct {
 
 // codexUsage reads rate_limit's primary_window and secondary_window (SPEC §11.2).
 func codexUsage(r struct {
-	RateLimit map[string]codexReading `json:"rate_limit"`
+	RateLimit map[string]reading `json:"rate_limit"`
 }, now time.Time) (ws []planWindow) {
 	for _, which := range []string{"primary", "secondary"} {
-		if w, ok := r.RateLimit[which+"_window"].window(which, now, windowSourceReport); ok {
+		if w, ok := r.RateLimit[which+"_window"].codexWindow(which, now, windowSourceReport); ok {
 			ws = append(ws, w)
 		}
 	}
 	return ws
 }
 
-// jsonErrorKind says what was wrong with a JSON document without quoting a fragment of it.
-func jsonErrorKind(err error) string {
-	if se := (*json.SyntaxError)(nil); errors.As(err, &se) {
-		return "syntax error at byte " + strconv.FormatInt(se.Offset, 10)
+// kimiTimeUnits is minutes per window.timeUnit of a Kimi limit.
+var kimiTimeUnits = map[string]float64{"TIME_UNIT_SECOND": 1.0 / 60, "TIME_UNIT_MINUTE": 1, "TIME_UNIT_HOUR": 60, "TIME_UNIT_DAY": 24 * 60}
+
+// kimiUsage reads {base}/usages (SPEC §11.2): a window is used/limit (limit > 0), or else 1 − remaining/limit; a limit's detail
+// counters win over its top level's, and so does their reset.
+func kimiUsage(r struct {
+	Usage  reading
+	Limits []reading
+}, now time.Time) (ws []planWindow) {
+	add := func(c *reading, id, label string, reset int64) {
+		used := cmp.Or(c.Used, number{c.Limit.v - c.Remaining.v, c.Remaining.ok})
+		if reset = cmp.Or(c.ResetTime.ms, c.ResetTimeSpec.ms, reset); c.Limit.v > 0 && used.ok {
+			ws = append(ws, newWindow(id, label, used.v/c.Limit.v, reset, now, windowSourceReport))
+		}
 	}
-	return "unexpected shape"
+	add(&r.Usage, "kimi:usage", "plan usage", 0)
+	for i, l := range r.Limits {
+		n := strconv.Itoa(i)
+		label := windowLabel(l.Window.Duration.v*kimiTimeUnits[l.Window.TimeUnit], "limit "+n)
+		add(cmp.Or(l.Detail, &l), "kimi:limit-"+n, label, cmp.Or(l.ResetTime.ms, l.ResetTimeSpec.ms))
+	}
+	return ws
 }

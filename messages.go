@@ -16,8 +16,8 @@ type (
 		callerHead
 		MaxTokens     *int            `json:"max_tokens,omitempty"`
 		System        json.RawMessage `json:"system,omitempty"` // string, or text blocks
-		Messages      []messagesTurn  `json:"messages"`
-		Tools         []messagesTool  `json:"tools,omitempty"`
+		Messages      json.RawMessage `json:"messages"`
+		Tools         json.RawMessage `json:"tools,omitempty"`
 		ToolChoice    *messagesOption `json:"tool_choice,omitempty"`
 		StopSequences []string        `json:"stop_sequences,omitempty"`
 		Thinking      *messagesOption `json:"thinking,omitempty"`
@@ -50,12 +50,9 @@ type (
 		Data      string `json:"data,omitempty"`
 		URL       string `json:"url,omitempty"`
 	}
-	messagesTool struct {
-		Type        string          `json:"type,omitempty"`
-		Name        string          `json:"name"`
-		Description string          `json:"description,omitempty"`
+	messagesTool struct { // the neutral tool's members, its schema named input_schema
+		tool
 		InputSchema json.RawMessage `json:"input_schema,omitempty"`
-		Strict      *bool           `json:"strict,omitempty"`
 	}
 	messagesOption struct { // tool_choice, thinking and output_config share one shape, each its own members
 		Type                   string        `json:"type,omitempty"`
@@ -119,15 +116,9 @@ func parseMessages(body []byte) (chatRequest, error) {
 		return chatRequest{}, err
 	}
 	if !rawIsNull(b.System) {
-		req.System, err = req.callerTextOf(b.System, "system", "text", "\n\n")
+		err = req.addSystemOf(b.System, "system", "text")
 	}
-	err = cmp.Or(err, eachItem(b.Messages, nil, "messages", req.addMessagesTurn))
-	if err == nil && len(req.Messages) == 0 {
-		err = refuseInvalid("messages must hold at least one user or assistant turn")
-	}
-	var raw struct{ Tools json.RawMessage }
-	json.Unmarshal(body, &raw)
-	err = cmp.Or(err, eachItem(b.Tools, raw.Tools, "tools", req.addMessagesTool))
+	err = cmp.Or(err, readList(b.Messages, "messages", req.addMessagesTurn), readList(b.Tools, "tools", req.addMessagesTool))
 	if tc := b.ToolChoice; tc != nil {
 		req.ToolChoice = &toolChoice{Mode: messagesChoices[tc.Type], Name: tc.Name}
 		if req.ToolChoice.Mode == "" || req.ToolChoice.Mode == toolChoiceTool && tc.Name == "" {
@@ -155,19 +146,13 @@ func parseMessages(body []byte) (chatRequest, error) {
 	if f := cmp.Or(o.Format, b.OutputFormat); f != nil { // its type and schema: a name and strict are OpenAI's
 		err = cmp.Or(err, req.setOutput(&outputFormat{Type: f.Type, Schema: f.Schema}, "output_config.format"))
 	}
-	if err != nil {
-		return chatRequest{}, err
-	}
-	req.linkCalls()
-	return req, nil
+	return req.finishParse(err, "messages must hold at least one user or assistant turn")
 }
 
 func (req *chatRequest) addMessagesTurn(m messagesTurn, _ json.RawMessage, what string) error {
 	switch m.Role {
 	case "system":
-		text, err := req.callerTextOf(m.Content, what+".content", "text", "\n\n")
-		req.addSystem(text) // on an error the whole request is refused
-		return err
+		return req.addSystemOf(m.Content, what+".content", "text")
 	case "user", "assistant":
 		parts, err := req.messagesParts(m.Role, m.Content, what+".content")
 		req.Messages = append(req.Messages, message{Role: m.Role, Parts: parts})
@@ -178,16 +163,17 @@ func (req *chatRequest) addMessagesTurn(m messagesTurn, _ json.RawMessage, what 
 
 // addMessagesTool adds a client tool, naming raw's unknown members; a server tool (web_search_…, bash_…, …) is dropped and named.
 func (req *chatRequest) addMessagesTool(t messagesTool, raw json.RawMessage, what string) error {
-	if t.Type != "" && t.Type != "custom" {
+	if t.Type != "" && t.Type != toolCustom {
 		req.Dropped = append(req.Dropped, t.Type)
 		return nil
 	}
-	dropUnknown(&req.Dropped, raw, "type name description input_schema strict")
-	schema, err := parseCallerSchema(t.InputSchema, what+".input_schema")
+	req.dropUnknown(raw, "type name description input_schema strict")
+	schema, err := checkSchema(t.InputSchema, what+".input_schema")
 	if err == nil && t.Name == "" {
 		err = refuseInvalid("%s.name is required", what)
 	}
-	req.Tools = append(req.Tools, tool{Name: t.Name, Description: t.Description, Parameters: schema, Strict: t.Strict})
+	nt := tool{Type: toolFunction, Name: t.Name, Description: t.Description, Parameters: schema, Strict: t.Strict}
+	req.Tools = append(req.Tools, nt)
 	return err // on an error the whole request is refused
 }
 
@@ -196,49 +182,56 @@ func (req *chatRequest) addMessagesTool(t messagesTool, raw json.RawMessage, wha
 var messagesBlockMembers = map[string]string{"text": "type text", "image": "type source", "document": "type source title",
 	"tool_use": "type id name input", "tool_result": "type tool_use_id content is_error"}
 
-// messagesParts reads a turn's content: a string or blocks; other blocks (thinking, a file) and members (cache_control, citations) are dropped and named.
+// messagesParts reads a turn's content (role "result": a tool result's): a string or blocks; other blocks
+// (thinking, a file) and members (cache_control, citations) are dropped and named.
 func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what string) ([]part, error) {
-	read := func(bl messagesBlock, rb json.RawMessage, bw string) (p part, _ string, err error) {
-		switch allowed := bl.Type == "tool_use" && role == "assistant" || bl.Type == "tool_result" && role == "user"; {
-		case bl.Type == "text" && bl.Text == nil:
-			err = refuseInvalid("%s.text is required", bw)
-		case bl.Type == "text":
+	read := func(bl messagesBlock, rb json.RawMessage, path string) (p part, err error) {
+		if bl.Type == "tool_use" && role != "assistant" || bl.Type == "tool_result" && role != "user" {
+			return p, refuseInvalid("%s.type %s is not allowed in a %s turn", path, quoteCallerToken(bl.Type), role)
+		}
+		switch bl.Type {
+		case "text":
+			if bl.Text == nil {
+				return p, refuseInvalid("%s.text is required", path)
+			}
 			p = part{Type: partText, Text: *bl.Text}
-		case bl.Type == "image" || bl.Type == "document":
-			url, serr := messagesSourceURL(bl.Source, bw+".source")
-			p, err = part{Type: partImage, ImageURL: url}, serr
+		case "image", "document":
+			url, err := messagesSourceURL(bl.Source, path+".source")
+			if err != nil || url == "" { // a file reference: dropped
+				return p, err
+			}
+			p = part{Type: partImage, ImageURL: url}
 			if bl.Type == "document" {
 				p = part{Type: partDocument, FileURL: url, Filename: bl.Title}
 			}
-			if url == "" { // a file reference: dropped
-				p = part{}
-			}
-		case bl.Type == "tool_use" && allowed:
-			in, serr := parseCallerSchema(bl.Input, bw+".input") // the same rule: a JSON object, compacted
-			p, err = part{Type: partToolCall, ToolCallID: bl.ID, ToolName: bl.Name, Arguments: cmp.Or(string(in), "{}")}, serr
+		case "tool_use":
+			in, err := checkSchema(bl.Input, path+".input") // the same rule: a JSON object, compacted
 			if err == nil && (bl.ID == "" || bl.Name == "") {
-				err = refuseInvalid("%s needs an id and a name", bw)
+				err = refuseInvalid("%s needs an id and a name", path)
 			}
-		case bl.Type == "tool_result" && allowed && bl.ToolUseID == "":
-			err = refuseInvalid("%s.tool_use_id is required", bw)
-		case bl.Type == "tool_result" && allowed:
-			p = part{Type: partToolResult, ToolCallID: bl.ToolUseID, IsError: bl.IsError}
+			if err != nil {
+				return p, err
+			}
+			p = part{Type: partToolCall, ToolCallID: bl.ID, ToolName: bl.Name, Arguments: cmp.Or(string(in), "{}")}
+		case "tool_result":
+			if bl.ToolUseID == "" {
+				return p, refuseInvalid("%s.tool_use_id is required", path)
+			}
+			var inner []part
 			if !rawIsNull(bl.Content) {
-				var inner []part
-				inner, err = req.messagesParts("result", bl.Content, bw+".content")
-				p.Text, p.Media = resultText(inner)
+				inner, err = req.messagesParts("result", bl.Content, path+".content")
 			}
-		case bl.Type == "tool_use" || bl.Type == "tool_result":
-			err = refuseInvalid("%s.type %s is not allowed in a %s turn", bw, quoteCallerToken(bl.Type), role)
-		} // thinking, …: dropped
-		if err == nil && p.Type != "" {
-			known := messagesBlockMembers[bl.Type]
-			if bl.IsError {
-				known = strings.TrimSuffix(known, " is_error")
-			}
-			dropUnknown(&req.Dropped, rb, known)
+			p = toolResult(bl.ToolUseID, inner, false)
+			p.IsError = bl.IsError
+		default: // thinking, …: dropped
+			return p, nil
 		}
-		return p, bw + ".source", err // a source's URL was checked already
+		known := messagesBlockMembers[bl.Type]
+		if bl.IsError {
+			known = strings.TrimSuffix(known, " is_error")
+		}
+		req.dropUnknown(rb, known)
+		return p, err
 	}
 	parts, err := callerParts(req, raw, what, "content blocks", read)
 	if err == nil && len(parts) == 0 && role != "result" {
@@ -326,7 +319,7 @@ func messagesSourceOf(url string) (*messagesSource, error) {
 
 // encodeMessages builds a Messages body: claude-code's identity first, custom tools as functions (SPEC §7.6).
 func encodeMessages(req chatRequest, model string, o upstreamOptions) (any, error) {
-	out := messagesRequestBody{callerHead: req.head(model, o), StopSequences: req.Stop, Messages: []messagesTurn{}}
+	out, turns := messagesRequestBody{callerHead: req.head(model, o), StopSequences: req.Stop}, []messagesTurn{}
 	if req.MaxTokens > 0 {
 		out.MaxTokens = &req.MaxTokens
 	}
@@ -339,7 +332,7 @@ func encodeMessages(req chatRequest, model string, o upstreamOptions) (any, erro
 	}
 	for _, m := range req.Messages {
 		if m.Role == "system" {
-			out.Messages = append(out.Messages, messagesTurn{Role: "system", Content: jsonText(textOf(m.Parts))})
+			turns = append(turns, messagesTurn{Role: "system", Content: jsonText(textOf(m.Parts))})
 			continue
 		}
 		blocks, err := messagesContent(m.Parts)
@@ -347,25 +340,22 @@ func encodeMessages(req chatRequest, model string, o upstreamOptions) (any, erro
 			return nil, err
 		}
 		if len(blocks) > 0 { // only empty text: the API refuses an empty turn
-			out.Messages = append(out.Messages, messagesTurn{Role: m.Role, Content: must(json.Marshal(blocks))})
+			turns = append(turns, messagesTurn{Role: m.Role, Content: must(json.Marshal(blocks))})
 		}
 	}
+	out.Messages = must(json.Marshal(turns))
+	var tools []messagesTool
 	for _, t := range req.Tools {
-		schema := cmp.Or(string(t.Parameters), string(emptySchema))
-		if t.Kind == toolCustom { // the one-string-member function a custom tool becomes (SPEC §7.6)
-			schema = `{"type":"object","properties":{"input":{"type":"string"}},"required":["input"]}`
+		schema := orEmptySchema(t.Parameters)
+		if t.Type == toolCustom { // the one-string-member function a custom tool becomes (SPEC §7.6)
+			schema = json.RawMessage(`{"type":"object","properties":{"input":{"type":"string"}},"required":["input"]}`)
 		}
-		out.Tools = append(out.Tools,
-			messagesTool{Name: t.Name, Description: t.Description, InputSchema: json.RawMessage(schema), Strict: t.Strict})
+		tools = append(tools, messagesTool{tool{Name: t.Name, Description: t.Description, Strict: t.Strict}, schema})
 	}
+	out.Tools = jsonArray(tools)
 	serial := req.ParallelToolCalls != nil && !*req.ParallelToolCalls && len(req.Tools) > 0
 	if c := valueOr(req.ToolChoice, toolChoice{Mode: toolChoiceAuto}); req.ToolChoice != nil || serial {
-		out.ToolChoice = &messagesOption{Name: c.Name}
-		for typ, mode := range messagesChoices {
-			if c.Mode == mode {
-				out.ToolChoice.Type = typ
-			}
-		}
+		out.ToolChoice = &messagesOption{Type: strings.Replace(c.Mode, toolChoiceRequired, "any", 1), Name: c.Name}
 		if serial && c.Mode != toolChoiceNone {
 			out.ToolChoice.DisableParallelToolUse = ptrTo(true)
 		}

@@ -51,7 +51,7 @@ func TestParseMessages(t *testing.T) {
 					{"type":"tool_result","tool_use_id":"toolu_2","content":[{"type":"text","text":"rain"},{"type":"text","text":"cold"}],"is_error":true},
 					{"type":"text","text":"and?"}]}]}`,
 			want: chatRequest{Model: "m",
-				Tools:      []tool{{Name: "get_weather", Description: "Weather", Parameters: json.RawMessage(`{"type":"object","properties":{"city":{"type":"string"}}}`)}},
+				Tools:      []tool{{Type: toolFunction, Name: "get_weather", Description: "Weather", Parameters: json.RawMessage(`{"type":"object","properties":{"city":{"type":"string"}}}`)}},
 				ToolChoice: &toolChoice{Mode: toolChoiceRequired},
 				Messages: []message{
 					dialectUserText("weather?"),

@@ -252,7 +252,7 @@ func (cr *callerRequest) parseForTranslation() error {
 	if cr.neutral != nil {
 		return nil
 	}
-	req, err := parseRequest(cr.dialect, cr.body.src)
+	req, err := formatOf(cr.dialect).parse(cr.body.src)
 	if err == nil {
 		cr.neutral = &req
 	}
@@ -417,7 +417,7 @@ func (req chatRequest) droppedFor(p providerInfo) []string {
 	add(anthropic && budget > 0, sampling...)
 	add(anthropic && req.Verbosity != "", "verbosity")
 	for _, t := range req.Tools {
-		add(anthropic && t.Kind == toolCustom && t.Format != nil, "format")
+		add(anthropic && t.Type == toolCustom && t.Format != nil, "format")
 	}
 	add(p.protocol == protoOpenAIResponses && len(req.Stop) > 0, req.StopName)
 	for _, m := range req.Messages {

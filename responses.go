@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"encoding/json"
+	"slices"
 	"strings"
 	"time"
 )
@@ -13,7 +14,7 @@ type (
 		callerHead
 		Instructions      *string          `json:"instructions,omitempty"`
 		Input             json.RawMessage  `json:"input"`
-		Tools             []openAITool     `json:"tools,omitempty"`
+		Tools             json.RawMessage  `json:"tools,omitempty"`
 		ToolChoice        json.RawMessage  `json:"tool_choice,omitempty"`
 		ParallelToolCalls *bool            `json:"parallel_tool_calls,omitempty"`
 		MaxOutputTokens   *int             `json:"max_output_tokens,omitempty"`
@@ -38,7 +39,7 @@ type (
 		Arguments *string         `json:"arguments,omitempty"` // function_call
 		Input     *string         `json:"input,omitempty"`     // custom_tool_call
 		Output    json.RawMessage `json:"output,omitempty"`    // string or parts
-		Tools     []openAITool    `json:"tools,omitempty"`     // additional_tools (the Codex CLI's tools)
+		Tools     json.RawMessage `json:"tools,omitempty"`     // additional_tools (the Codex CLI's tools)
 	}
 	responsesPart struct {
 		Type        string          `json:"type"`
@@ -108,8 +109,8 @@ func parseResponses(body []byte) (chatRequest, error) {
 		return chatRequest{}, err
 	}
 	var raw struct {
-		Reasoning, Text, Tools, Conversation, Prompt json.RawMessage
-		Previous                                     json.RawMessage `json:"previous_response_id"`
+		Reasoning, Text, Conversation, Prompt json.RawMessage
+		Previous                              json.RawMessage `json:"previous_response_id"`
 	}
 	json.Unmarshal(body, &raw)
 	for i, ref := range []json.RawMessage{raw.Previous, raw.Conversation, raw.Prompt} { // refused as item_reference is
@@ -118,37 +119,27 @@ func parseResponses(body []byte) (chatRequest, error) {
 				[]string{"previous_response_id", "conversation", "prompt"}[i])
 		}
 	}
-	dropUnknown(&req.Dropped, raw.Reasoning, "effort")
-	dropUnknown(&req.Dropped, raw.Text, "format verbosity")
+	req.dropUnknown(raw.Reasoning, "effort")
+	req.dropUnknown(raw.Text, "format verbosity")
 	req.Shared, req.ParallelToolCalls, req.System = b.openAIShared, b.ParallelToolCalls, valueOr(b.Instructions, "")
-	var items []responsesItem
 	switch rawShape(b.Input) {
 	case '"':
-		items = []responsesItem{{Role: "user", Content: b.Input}}
-		if string(b.Input) == `""` {
+		if err = req.addResponsesItem(responsesItem{Role: "user", Content: b.Input}, nil, "input"); string(b.Input) == `""` {
 			err = refuseInvalid("input must not be empty")
 		}
 	case '[':
-		err = decodeCallerJSON(b.Input, &items, "input")
+		err = readList(b.Input, "input", req.addResponsesItem)
 	default:
 		err = refuseInvalid("input is required: a string or an array of items")
-	}
-	err = cmp.Or(err, eachItem(items, b.Input, "input", req.addResponsesItem))
-	if err == nil && len(req.Messages) == 0 {
-		err = refuseInvalid("input must hold at least one user, assistant or tool item")
 	}
 	if b.Reasoning != nil && b.Reasoning.Effort != "" {
 		req.Effort, req.EffortName = b.Reasoning.Effort, "effort"
 	}
 	text := valueOr(b.Text, responsesOption{})
 	req.Verbosity = text.Verbosity
-	err = cmp.Or(err, eachItem(b.Tools, raw.Tools, "tools", req.addOpenAITool), req.setOpenAIToolChoice(b.ToolChoice, false),
+	err = cmp.Or(err, readList(b.Tools, "tools", req.addOpenAITool), req.setOpenAIToolChoice(b.ToolChoice, false),
 		req.setOutput(text.Format, "text.format"))
-	if err != nil {
-		return chatRequest{}, err
-	}
-	req.linkCalls()
-	return req, nil
+	return req.finishParse(err, "input must hold at least one user, assistant or tool item")
 }
 
 // carriedItems are the input item types Brama carries, whose unknown members it names.
@@ -161,14 +152,12 @@ var carriedItems = map[string]bool{"message": true, "function_call": true, "cust
 // is refused: Brama keeps no responses.
 func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, what string) error {
 	if carriedItems[cmp.Or(it.Type, "message")] {
-		dropUnknown(&req.Dropped, raw, "type id status role content call_id namespace name arguments input output tools")
+		req.dropUnknown(raw, "type id status role content call_id namespace name arguments input output tools")
 	}
 	switch it.Type {
 	case "", "message":
 		if it.Role == "system" || it.Role == "developer" {
-			text, err := req.callerTextOf(it.Content, what+".content", "input_text", "\n\n")
-			req.addSystem(text)
-			return err
+			return req.addSystemOf(it.Content, what+".content", "input_text")
 		}
 		if it.Role != "user" && it.Role != "assistant" {
 			return refuseInvalid("%s.role %s is not one of user, assistant, system, developer", what, quoteCallerToken(it.Role))
@@ -199,12 +188,10 @@ func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, 
 			return refuseInvalid("%s.output must be a string or an array of parts", what)
 		}
 		parts, err := req.responsesParts(it.Output, what+".output")
-		text, media := resultText(parts)
-		req.Messages = appendPart(req.Messages, "user", part{Type: partToolResult, ToolCallID: it.CallID,
-			Text: text, Media: media, Custom: it.Type == "custom_tool_call_output"})
+		req.Messages = appendPart(req.Messages, "user", toolResult(it.CallID, parts, it.Type == "custom_tool_call_output"))
 		return err
 	case "additional_tools": // tools declared in the input, as the Codex CLI sends them
-		return eachItem(it.Tools, rawMember(raw, "tools"), what+".tools", req.addOpenAITool)
+		return readList(it.Tools, what+".tools", req.addOpenAITool)
 	case "item_reference": // an earlier answer's text or reasoning, by the id Brama or OpenAI gave it, is dropped and named as the items are
 		if !strings.HasPrefix(it.ID, "msg_") && !strings.HasPrefix(it.ID, "rs_") {
 			return refuseInvalid("%s: item references are not supported but to an earlier answer's text or reasoning; send the items themselves", what)
@@ -216,22 +203,24 @@ func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, 
 
 // responsesParts reads content: a string or text, image and file parts; others (a refusal, a file id) are dropped and named.
 func (req *chatRequest) responsesParts(raw json.RawMessage, what string) ([]part, error) {
-	return callerParts(req, raw, what, "content parts", func(rp responsesPart, raw json.RawMessage, pw string) (p part, urlPath string, _ error) {
+	read := func(rp responsesPart, raw json.RawMessage, path string) (p part, err error) {
 		switch {
 		case (rp.Type == "input_text" || rp.Type == "output_text") && rp.Text == nil:
-			return p, "", refuseInvalid("%s.text is required", pw)
+			return p, refuseInvalid("%s.text is required", path)
 		case rp.Type == "input_text" || rp.Type == "output_text":
 			p = part{Type: partText, Text: *rp.Text}
 		case rp.Type == "input_image" && rp.ImageURL != nil:
-			p, urlPath = part{Type: partImage, ImageURL: *rp.ImageURL, Detail: rp.Detail}, pw+".image_url"
+			p, err = part{Type: partImage, ImageURL: *rp.ImageURL, Detail: rp.Detail}, checkCallerURL(*rp.ImageURL, path+".image_url")
 		case rp.Type == "input_file" && rp.FileData+rp.FileURL != "":
-			p, urlPath = part{Type: partDocument, FileURL: rp.FileData + rp.FileURL, Filename: rp.Filename}, pw
+			p = part{Type: partDocument, FileURL: rp.FileData + rp.FileURL, Filename: rp.Filename}
+			err = checkCallerURL(p.FileURL, path)
 		default:
-			return p, "", nil
+			return p, nil
 		}
-		dropUnknown(&req.Dropped, raw, responsesPartMembers[rp.Type])
-		return p, urlPath, nil
-	})
+		req.dropUnknown(raw, responsesPartMembers[rp.Type])
+		return p, err
+	}
+	return callerParts(req, raw, what, "content parts", read)
 }
 
 // responsesPartMembers names the members Brama carries of each part type.
@@ -275,20 +264,13 @@ func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, err
 		}
 	}
 	out.Input = must(json.Marshal(items))
-	for _, t := range req.Tools { // a namespaced tool goes flattened: no provider sees a group
-		rt := openAITool{Type: "function", Name: t.Name, Description: t.Description, Parameters: t.Parameters, Strict: cmp.Or(t.Strict, ptrTo(false))}
-		if t.Kind == toolCustom {
-			rt = openAITool{Type: "custom", Name: t.Name, Description: t.Description, Format: t.Format}
-		} else if len(rt.Parameters) == 0 {
-			rt.Parameters = emptySchema
+	tools := slices.Clone(req.Tools) // a namespaced tool goes flattened: no provider sees a group
+	for i, t := range tools {
+		if t.Type == toolFunction {
+			tools[i].Strict, tools[i].Parameters = cmp.Or(t.Strict, ptrTo(false)), orEmptySchema(t.Parameters)
 		}
-		out.Tools = append(out.Tools, rt)
 	}
-	if c := req.ToolChoice; c != nil && c.Mode == toolChoiceTool {
-		out.ToolChoice = must(json.Marshal(map[string]string{"type": req.toolKind(c.Name), "name": c.Name}))
-	} else if c != nil {
-		out.ToolChoice = jsonText(c.Mode)
-	}
+	out.Tools, out.ToolChoice = jsonArray(tools), req.openAIToolChoice(false)
 	if req.Output != nil || req.Verbosity != "" {
 		out.Text = &responsesOption{Format: schemaOutput(req.Output), Verbosity: req.Verbosity}
 	}

@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -34,115 +33,139 @@ type server struct {
 	inflight sync.RWMutex
 }
 
-// routes is the only place URL patterns appear; admin routes are thin closures over inventory calls.
+type handler func(http.ResponseWriter, *http.Request) error // a route's function; routes writes its error in the envelope
+
+// The body limit's default; how reply reads a body: not at all, empty or strict JSON, strict JSON.
+const (
+	defaultMaxRequestBytes = 64 << 20
+	noBody                 = iota
+	optionalBody
+	requiredBody
+)
+
+// routes is the only place URL patterns appear. Every route but /health and /readyz needs a client
+// (SPEC §3.1), an admin one under /v1/admin/; a handler's error is written in the envelope.
 func (s *server) routes() {
 	s.mux = http.NewServeMux()
+	handle := func(pattern string, h handler) {
+		role := map[bool]string{true: roleAdmin}[strings.Contains(pattern, " /v1/admin/")]
+		s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+			if err := s.caller(role, w, r); err != nil {
+				s.fail(w, r, err)
+			} else if err := h(w, r); err != nil {
+				s.fail(w, r, err)
+			}
+		})
+	}
 	s.mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, 200, map[string]string{"status": "ok", "version": version})
 	})
 	s.mux.HandleFunc("GET /readyz", s.handleReady)
-	s.mux.Handle("POST /v1/chat/completions", s.caller("", s.handleChat(dialectChat)))
-	s.mux.Handle("POST /v1/messages", s.caller("", s.handleChat(dialectMessages)))
-	s.mux.Handle("POST /v1/messages/count_tokens", s.caller("", s.handleModelCall(false)))
-	s.mux.Handle("POST /v1/responses", s.caller("", s.handleChat(dialectResponses)))
-	s.mux.Handle("POST /v1/embeddings", s.caller("", s.handleModelCall(true)))
+	handle("POST /v1/chat/completions", s.handleChat(dialectChat))
+	handle("POST /v1/messages", s.handleChat(dialectMessages))
+	handle("POST /v1/messages/count_tokens", s.handleModelCall(false))
+	handle("POST /v1/responses", s.handleChat(dialectResponses))
+	handle("POST /v1/embeddings", s.handleModelCall(true))
 	// A provider's catalogue models are listed when a direct key, or the caller's agent's subscription, can serve them.
-	s.mux.Handle("GET /v1/models", s.caller("", reply(s, 200, noBody, func(r *http.Request, _ *struct{}) (any, error) {
+	handle("GET /v1/models", reply(s, 200, noBody, func(r *http.Request, _ *struct{}) (any, error) {
 		ri := infoFrom(r.Context())
 		t, _ := s.reg.aliases(s.hasDirect, nil)
 		data := s.catalog.modelList(t.Aliases, func(p providerInfo) bool {
 			if p.cred == credSubscription && ri.agentID != "" {
-				subs, err := s.engine(ri).eligible(ri.agentID, p.id)
+				subs, err := s.engine(ri.agentID, &ri.tally).eligible(ri.agentID, p.id)
 				return err == nil && len(subs) > 0
 			}
 			return p.cred == credDirect && s.hasDirect(p.id)
 		}, ri.client.mayUse)
 		return map[string]any{"object": "list", "data": data}, nil
-	})))
-	s.mux.Handle("GET /v1/aliases", s.caller("", reply(s, 200, noBody, func(r *http.Request, _ *struct{}) (any, error) {
+	}))
+	handle("GET /v1/aliases", reply(s, 200, noBody, func(r *http.Request, _ *struct{}) (any, error) {
 		t, err := s.reg.aliases(s.hasDirect, infoFrom(r.Context()).client.mayUse) // as /v1/models (SPEC §3.1)
 		if err != nil {
 			return nil, refuse("dependency_unavailable", "the route registry is unusable: %s", s.hidePath(err.Error(), s.reg.path)).because(err)
 		}
 		return t, nil
-	})))
-	s.mux.Handle("GET /metrics", s.caller("", func(w http.ResponseWriter, r *http.Request) {
+	}))
+	handle("GET /metrics", func(w http.ResponseWriter, r *http.Request) error {
 		size, _ := s.journal.size()
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 		extra := s.maint.metrics()
 		extra["brama_attempts_total"], extra["brama_journal_bytes"] = float64(s.attempts.Load()), float64(size)
 		writeMetrics(w, s.perf.snapshot(), extra)
-	}))
-	s.mux.Handle("GET /v1/admin/routes", s.caller(roleAdmin, reply(s, 200, noBody, func(r *http.Request, _ *struct{}) (any, error) {
+		return nil
+	})
+	handle("GET /v1/admin/routes", reply(s, 200, noBody, func(r *http.Request, _ *struct{}) (any, error) {
 		doc, err := s.reg.current()
 		if err != nil {
 			return nil, refuse("state_conflict", "the route registry on disk is invalid: %s", s.hidePath(err.Error(), s.reg.path)).because(err)
 		}
 		return encodeRegistry(doc), nil
-	})))
-	s.mux.Handle("PUT /v1/admin/routes", s.caller(roleAdmin, reply(s, 200, requiredBody, func(r *http.Request, b *struct {
+	}))
+	handle("PUT /v1/admin/routes", reply(s, 200, requiredBody, func(r *http.Request, b *struct {
 		Alias string `json:"alias"`
 		Route string `json:"route"`
 	}) (any, error) {
 		doc, err := s.reg.set(b.Alias, b.Route, infoFrom(r.Context()).client.ID)
 		return s.routesWritten(b.Alias, doc, err)
-	})))
-	s.mux.Handle("DELETE /v1/admin/routes", s.caller(roleAdmin, reply(s, 200, requiredBody, func(r *http.Request, b *struct {
+	}))
+	handle("DELETE /v1/admin/routes", reply(s, 200, requiredBody, func(r *http.Request, b *struct {
 		Alias string `json:"alias"`
 	}) (any, error) {
 		doc, err := s.reg.remove(b.Alias, infoFrom(r.Context()).client.ID)
 		return s.routesWritten(b.Alias, doc, err)
-	})))
-	for _, role := range []string{"", roleAdmin} {
-		p := map[string]string{"": "/v1/subscriptions/", roleAdmin: "/v1/admin/subscriptions/"}[role] + "{agent_id}"
-		s.mux.Handle("GET "+p, s.caller(role, reply(s, 200, noBody, func(r *http.Request, _ *struct{}) (any, error) {
+	}))
+	for _, p := range []string{"/v1/subscriptions/{agent_id}", "/v1/admin/subscriptions/{agent_id}"} {
+		handle("GET "+p, reply(s, 200, noBody, func(r *http.Request, _ *struct{}) (any, error) {
 			rows, err := s.inv.list(r.PathValue("agent_id"))
 			return map[string]any{"subscriptions": rows}, err
-		})))
-		s.mux.Handle("POST "+p, s.caller(role, reply(s, 201, requiredBody, s.donateSubscription)))
-		s.mux.Handle("DELETE "+p+"/{subscription_id}", s.caller(role, reply(s, 200, noBody, func(r *http.Request, _ *struct{}) (any, error) {
+		}))
+		handle("POST "+p, reply(s, 201, requiredBody, s.donateSubscription))
+		handle("DELETE "+p+"/{subscription_id}", reply(s, 200, noBody, func(r *http.Request, _ *struct{}) (any, error) {
 			reason := cmp.Or(r.URL.Query().Get("reason"), "retired by "+infoFrom(r.Context()).client.ID)
 			return map[string]bool{"ok": true}, s.inv.retire(r.PathValue("agent_id"), r.PathValue("subscription_id"), reason)
-		})))
+		}))
 	}
-	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/reinstate", s.caller(roleAdmin, reply(s, 200, requiredBody, func(r *http.Request, body *struct {
-		Reason string `json:"reason"`
-	}) (any, error) {
-		if err := s.inv.reinstate(r.PathValue("agent_id"), r.PathValue("subscription_id"), body.Reason); err != nil {
-			return nil, err
-		}
-		s.maint.changed()
-		return map[string]bool{"ok": true}, nil
-	})))
-	s.mux.Handle("PUT /v1/admin/subscriptions/{agent_id}/{subscription_id}/credential", s.caller(roleAdmin, reply(s, 200, requiredBody, func(r *http.Request, body *credentialBody) (any, error) {
-		it, err := s.inv.replaceSignedIn(r.PathValue("agent_id"), r.PathValue("subscription_id"),
-			vaultCredential{OAuth: body.OAuth, APIKey: body.APIKey}, infoFrom(r.Context()).client.ID)
-		if s.credentialChanged(it); err != nil {
-			return nil, err
-		}
-		return map[string]any{"ok": true, "subscription": s.inv.row(it, false, s.now())}, nil // the row, never the secret
-	})))
+	handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/reinstate",
+		reply(s, 200, requiredBody, func(r *http.Request, b *struct {
+			Reason string `json:"reason"`
+		}) (any, error) {
+			err := s.inv.reinstate(r.PathValue("agent_id"), r.PathValue("subscription_id"), b.Reason)
+			if err == nil {
+				s.maint.changed()
+			}
+			return map[string]bool{"ok": true}, err
+		}))
+	handle("PUT /v1/admin/subscriptions/{agent_id}/{subscription_id}/credential",
+		reply(s, 200, requiredBody, func(r *http.Request, b *credentialBody) (any, error) {
+			it, err := s.inv.replaceSignedIn(r.PathValue("agent_id"), r.PathValue("subscription_id"),
+				vaultCredential{OAuth: b.OAuth, APIKey: b.APIKey}, infoFrom(r.Context()).client.ID)
+			if s.credentialChanged(it); err != nil {
+				return nil, err
+			}
+			return map[string]any{"ok": true, "subscription": s.inv.row(it, false, s.now())}, nil // the row, never the secret
+		}))
 	// A provider's refusal of a probe is a 200 too: probe.ok false.
-	s.mux.Handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/probe", s.caller(roleAdmin, reply(s, 200, optionalBody, func(r *http.Request, body *struct {
-		Model string `json:"model"`
-	}) (any, error) {
-		it, err := s.inv.owned(r.PathValue("agent_id"), r.PathValue("subscription_id"), "a retired subscription is never probed")
-		if err != nil {
-			return nil, err
-		}
-		return (&engine{core: &s.core, agent: r.PathValue("agent_id"), t: &infoFrom(r.Context()).tally}).probe(r.Context(), it, body.Model)
-	})))
-	s.mux.Handle("POST /v1/admin/maintain", s.caller(roleAdmin, reply(s, 200, optionalBody, func(r *http.Request, _ *struct{}) (any, error) {
+	handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/probe",
+		reply(s, 200, optionalBody, func(r *http.Request, b *struct {
+			Model string `json:"model"`
+		}) (any, error) {
+			it, err := s.inv.owned(r.PathValue("agent_id"), r.PathValue("subscription_id"), "a retired subscription is never probed")
+			if err != nil {
+				return nil, err
+			}
+			return s.engine(r.PathValue("agent_id"), &infoFrom(r.Context()).tally).probe(r.Context(), it, b.Model)
+		}))
+	handle("POST /v1/admin/maintain", reply(s, 200, optionalBody, func(r *http.Request, _ *struct{}) (any, error) {
 		rep, err := s.maint.passNow(r.Context())
 		if errors.Is(err, errMaintenanceStopped) { // it could not list the subscriptions
 			return nil, refuse("dependency_unavailable", "no pass can run: %v", err).because(err)
 		}
 		return rep, err
-	})))
-	s.mux.Handle("POST /v1/admin/vault/prune-orphans", s.caller(roleAdmin, reply(s, 200, optionalBody, func(r *http.Request, _ *struct{}) (any, error) {
+	}))
+	handle("POST /v1/admin/vault/prune-orphans", reply(s, 200, optionalBody, func(r *http.Request, _ *struct{}) (any, error) {
 		ids, err := s.inv.pruneOrphans() // the vault's credentials no subscription names (SPEC §17)
 		return map[string]any{"ok": true, "removed": ids}, err
-	})))
+	}))
 }
 
 // requestInfo is what a request's log line reports (SPEC §13), the engine's tally written in place.
@@ -151,7 +174,7 @@ type requestInfo struct {
 	client                               client
 	agentID, routingMode, requestedModel string
 	streamed, counted                    bool   // counted: the attempts key is logged even at 0, the request reached dispatch
-	body                                 []byte // the raw request body, read once by authenticate (nil: not yet)
+	body                                 []byte // the raw request body, read once by caller (nil: not yet)
 }
 
 // attemptsKey is the attempts to report; nil before dispatch (SPEC §8.1).
@@ -168,12 +191,12 @@ func infoFrom(ctx context.Context) *requestInfo {
 	return cmp.Or(ri, &requestInfo{})
 }
 
-func (s *server) engine(ri *requestInfo) *engine {
-	return &engine{core: &s.core, agent: ri.agentID, t: &ri.tally}
+func (s *server) engine(agent string, t *tally) *engine {
+	return &engine{core: &s.core, agent: agent, t: t}
 }
 
-// statusWriter remembers the status for the log line (Unwrap keeps Flush reachable). An answer
-// written before the body was read closes the connection (SPEC §7.4): a slow body cannot hold it.
+// statusWriter remembers the status for the log line (Unwrap keeps Flush reachable). An answer written before the body
+// was read closes the connection (SPEC §7.4): without a read deadline net/http would still read 256 KiB of it, slowly.
 type statusWriter struct {
 	http.ResponseWriter
 	ri     *requestInfo // ri.body nil: a body not read yet
@@ -181,8 +204,6 @@ type statusWriter struct {
 	broken bool // a write failed: the answer did not reach the caller whole
 }
 
-// Without a read deadline net/http would still read up to 256 KiB of an
-// unread body after the answer, at the sender's pace.
 func (w *statusWriter) WriteHeader(code int) {
 	if w.status == 0 && w.ri.body == nil {
 		w.Header().Set("Connection", "close")
@@ -205,7 +226,8 @@ func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 var testingOnlyBeforeLog func(*http.Request)
 
-// ServeHTTP gives every response an X-Request-Id, applies the transport guard, turns the mux's own 404/405 into envelopes and logs one line.
+// ServeHTTP gives every response an X-Request-Id, applies the transport guard, turns the mux's own 404/405 into
+// envelopes and logs SPEC §13's one line per request: never a prompt, a completion or a credential.
 func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.inflight.RLock()
 	defer s.inflight.RUnlock()
@@ -231,18 +253,15 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if ri.outcome == "client_cancelled" && context.Cause(r.Context()) == errServerShutdown {
 			ri.outcome = "server_shutdown"
 		}
-		attrs := []slog.Attr{ // SPEC §13's one line per request: never a prompt, a completion or a credential
-			slog.String("request_id", ri.requestID), slog.String("method", r.Method), slog.String("path", r.URL.Path),
-			slog.Int("status", sw.status), slog.String("client_id", ri.client.ID), slog.String("agent_id", ri.agentID),
-			slog.String("routing_mode", ri.routingMode), slog.String("requested_model", ri.requestedModel),
-			slog.String("route", ri.route), slog.String("outcome", ri.outcome), slog.Bool("retryable", ri.retryable),
-			slog.Int64("latency_ms", time.Since(start).Milliseconds()), slog.Int("input_tokens", ri.input), slog.Int("output_tokens", ri.output),
-			slog.String("dropped", strings.Join(ri.dropped, ", ")), slog.Bool("streamed", ri.streamed),
-		}
+		args := []any{"request_id", ri.requestID, "method", r.Method, "path", r.URL.Path, "status", sw.status,
+			"client_id", ri.client.ID, "agent_id", ri.agentID, "routing_mode", ri.routingMode,
+			"requested_model", ri.requestedModel, "route", ri.route, "outcome", ri.outcome, "retryable", ri.retryable,
+			"latency_ms", time.Since(start).Milliseconds(), "input_tokens", ri.input, "output_tokens", ri.output,
+			"dropped", strings.Join(ri.dropped, ", "), "streamed", ri.streamed}
 		if n := ri.attemptsKey(); n != nil {
-			attrs = append(attrs, slog.Int("attempts", *n))
+			args = append(args, "attempts", *n)
 		}
-		s.log.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
+		s.log.InfoContext(r.Context(), "request", args...)
 	}()
 	switch h, pattern := s.mux.Handler(r); {
 	case !s.guard.allows(r):
@@ -272,74 +291,63 @@ func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	if ae.Code == "subscription_reauthorization_required" {
 		s.maint.request(ae.Code, cmp.Or(ri.agentID, r.PathValue("agent_id")))
 	}
-	ri.outcome, ri.retryable = ae.Code, ae.body().Error.Retryable
+	ri.outcome, ri.retryable = ae.Code, ae.retryable()
 	if ae.Attempts != nil { // the engine's own count, when it made calls, wins
 		ri.counted, ri.attempts = true, cmp.Or(ri.attempts, *ae.Attempts)
 	}
 	if ae.Err != nil {
-		s.log.LogAttrs(r.Context(), slog.LevelWarn, "request_refused", slog.String("request_id", ri.requestID), slog.String("code", ae.Code), slog.String("cause", redact(ae.Err.Error())))
+		s.log.WarnContext(r.Context(), "request_refused", "request_id", ri.requestID, "code", ae.Code, "cause", redact(ae.Err.Error()))
 	}
 }
 
-// caller runs h once r passes SPEC §3.1 and §3.2 for role ("": any client; roleAdmin for /v1/admin/*),
-// recording who called before the body is read (SPEC §7.4).
-func (s *server) caller(role string, h http.HandlerFunc) http.Handler {
-	return s.failing(func(w http.ResponseWriter, r *http.Request) error {
-		ri := infoFrom(r.Context())
-		tok, err := presentedToken(r.Header)
-		if err != nil {
-			return err
-		} else if ri.client, err = s.clients.authenticate(tok); err != nil {
-			return err
-		}
-		ri.agentID = ri.client.AgentID
-		switch agent, p := ri.agentID, r.PathValue("agent_id"); {
-		case role != "" && ri.client.Role != role:
-			return refuse("forbidden", "this route needs an admin client")
-		case p == "": // not a route acting for an agent (SPEC §3.2)
-		case !idPattern.MatchString(p): // e.g. %2e%2e
-			return refuse("invalid_request", "agent id %q in the path must match [a-z0-9-]{1,64}", p)
-		case agent == "" && role != roleAdmin:
-			return refuse("forbidden", "this route acts for agent %q; use a bearer bound to it: brama clients add ID -agent %s", p, p)
-		case agent != "" && agent != p:
-			return refuse("forbidden", "this request acts for agent %q, not %q", agent, p)
-		}
-		limit := cmp.Or(s.maxBody, defaultMaxRequestBytes) // 0 outside serve
-		if ce := r.Header.Get("Content-Encoding"); r.ContentLength <= limit && ce != "" && !strings.EqualFold(ce, "identity") {
-			return refuse("invalid_request", "a compressed request body (Content-Encoding) is not read; send it uncompressed")
-		}
-		var body []byte
-		if r.ContentLength <= limit {
-			body, err = io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
-		}
-		switch {
-		case r.ContentLength > limit || errors.As(err, new(*http.MaxBytesError)):
-			return refuse("invalid_request", "the request body is larger than BRAMA_MAX_REQUEST_BYTES (%d bytes)", limit).withStatus(http.StatusRequestEntityTooLarge)
-		case err != nil:
-			return refuse("invalid_request", "the request body could not be read").because(err)
-		}
-		ri.body = body // not nil: io.ReadAll returns an empty slice for an empty body
-		r.Body = io.NopCloser(bytes.NewReader(body))
-		if err := checkNesting(body); err != nil {
-			return refuse("invalid_request", "the request body %v", err)
-		}
-		h(w, r)
-		return nil
-	})
+// caller admits r for role ("": any client; roleAdmin for /v1/admin/*) by SPEC §3.1 and §3.2, recording
+// who called before the body is read (SPEC §7.4), then reads the body whole within the limit.
+func (s *server) caller(role string, w http.ResponseWriter, r *http.Request) error {
+	ri := infoFrom(r.Context())
+	tok, err := presentedToken(r.Header)
+	if err != nil {
+		return err
+	} else if ri.client, err = s.clients.authenticate(tok); err != nil {
+		return err
+	}
+	ri.agentID = ri.client.AgentID
+	switch agent, p := ri.agentID, r.PathValue("agent_id"); {
+	case role != "" && ri.client.Role != role:
+		return refuse("forbidden", "this route needs an admin client")
+	case p == "": // not a route acting for an agent (SPEC §3.2)
+	case !idPattern.MatchString(p): // e.g. %2e%2e
+		return refuse("invalid_request", "agent id %q in the path must match [a-z0-9-]{1,64}", p)
+	case agent == "" && role != roleAdmin:
+		return refuse("forbidden", "this route acts for agent %q; use a bearer bound to it: brama clients add ID -agent %s", p, p)
+	case agent != "" && agent != p:
+		return refuse("forbidden", "this request acts for agent %q, not %q", agent, p)
+	}
+	limit := cmp.Or(s.maxBody, defaultMaxRequestBytes) // 0 outside serve
+	if ce := r.Header.Get("Content-Encoding"); r.ContentLength <= limit && ce != "" && !strings.EqualFold(ce, "identity") {
+		return refuse("invalid_request", "a compressed request body (Content-Encoding) is not read; send it uncompressed")
+	}
+	var body []byte
+	if r.ContentLength <= limit {
+		body, err = io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	}
+	switch {
+	case r.ContentLength > limit || errors.As(err, new(*http.MaxBytesError)):
+		return refuse("invalid_request", "the request body is larger than BRAMA_MAX_REQUEST_BYTES (%d bytes)", limit).withStatus(413)
+	case err != nil:
+		return refuse("invalid_request", "the request body could not be read").because(err)
+	}
+	ri.body = body // not nil: io.ReadAll returns an empty slice for an empty body
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	if err := checkNesting(body); err != nil {
+		return refuse("invalid_request", "the request body %v", err)
+	}
+	return nil
 }
-
-// The body limit's default; how an admin handler reads its body: not at all, empty or strict JSON, strict JSON.
-const (
-	defaultMaxRequestBytes = 64 << 20
-	noBody                 = iota
-	optionalBody
-	requiredBody
-)
 
 // reply makes f a handler: the body strictly decoded into B as mode says (malformed JSON or an
 // unknown member is a 400 naming it), f's value written with status (a []byte as is).
-func reply[B any](s *server, status, mode int, f func(*http.Request, *B) (any, error)) http.HandlerFunc {
-	return s.failing(func(w http.ResponseWriter, r *http.Request) error {
+func reply[B any](s *server, status, mode int, f func(*http.Request, *B) (any, error)) handler {
+	return func(w http.ResponseWriter, r *http.Request) error {
 		var b B
 		if body := infoFrom(r.Context()).body; mode == requiredBody || mode == optionalBody && len(bytes.TrimSpace(body)) > 0 {
 			if err := decodeStrict("request body", body, &b); err != nil {
@@ -361,7 +369,7 @@ func reply[B any](s *server, status, mode int, f func(*http.Request, *B) (any, e
 			writeJSON(w, status, v)
 		}
 		return nil
-	})
+	}
 }
 
 // presentedToken is the one `Authorization: Bearer` or `x-api-key` token (SPEC §3.1; both carrying
@@ -388,14 +396,14 @@ func presentedToken(h http.Header) (string, error) {
 	return tok, nil
 }
 
-// transportGuard lets loopback, or a trusted proxy (by canonical IP) saying the client used https, speak plain HTTP (SPEC §3.3).
-type transportGuard struct{ trusted map[string]bool }
+// transportGuard holds the trusted proxies by canonical IP: they, or loopback, may speak plain HTTP (SPEC §3.3).
+type transportGuard map[string]bool
 
 func newTransportGuard(list string) (transportGuard, error) {
-	g := transportGuard{trusted: map[string]bool{}}
+	g := transportGuard{}
 	for _, f := range strings.FieldsFunc(list, func(r rune) bool { return r == ',' || r == ' ' }) {
 		if ip := net.ParseIP(f); ip != nil {
-			g.trusted[ip.String()] = true
+			g[ip.String()] = true
 		} else {
 			return g, fmt.Errorf("BRAMA_TRUSTED_PROXY_IPS: %q is not an IP address", f)
 		}
@@ -403,14 +411,13 @@ func newTransportGuard(list string) (transportGuard, error) {
 	return g, nil
 }
 
-// allows reports whether r came over an acceptable transport. A forwarded
-// header counts by its last element, the trusted proxy's own (RFC 7239 §4),
-// and every one that names a proto must say https: a proxy passes on the
-// header it does not set as the client wrote it.
+// allows reports whether r came over an acceptable transport. A forwarded header counts by its last
+// element, the trusted proxy's own (RFC 7239 §4), and every one that names a proto must say https:
+// a proxy passes on the header it does not set as the client wrote it.
 func (g transportGuard) allows(r *http.Request) bool {
 	host, _, _ := net.SplitHostPort(r.RemoteAddr)
 	ip := net.ParseIP(host)
-	if ip == nil || !ip.IsLoopback() && !g.trusted[ip.String()] {
+	if ip == nil || !ip.IsLoopback() && !g[ip.String()] {
 		return false
 	}
 	last := func(name string) string {
@@ -427,6 +434,7 @@ func (g transportGuard) allows(r *http.Request) bool {
 	return ip.IsLoopback() || xfp+fwd != "" && https(xfp) && https(fwd)
 }
 
+// readiness is GET /readyz's body.
 type readiness struct {
 	Ready    bool     `json:"ready"`
 	Reasons  []string `json:"reasons"`
@@ -482,7 +490,7 @@ func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 		rd.Reasons = append(rd.Reasons, "no payer: no direct credential, declared deployment or active subscription")
 	}
 	rd.Ready = len(rd.Reasons) == 0
-	writeJSON(w, map[bool]int{true: http.StatusOK, false: http.StatusServiceUnavailable}[rd.Ready], rd)
+	writeJSON(w, map[bool]int{true: 200, false: 503}[rd.Ready], rd)
 }
 
 // hidePath keeps a file's location out of a sentence unless it lies inside the state directory.
@@ -494,12 +502,12 @@ func (s *server) hidePath(msg, path string) string {
 }
 
 // donateSubscription serves POST …/subscriptions/{agent_id}; on the admin route ?via=sign-in is a sign-in (SPEC §11.1).
-func (s *server) donateSubscription(r *http.Request, body *donation) (any, error) {
-	agent, cred := r.PathValue("agent_id"), vaultCredential{APIKey: body.APIKey, OAuth: body.OAuth}
+func (s *server) donateSubscription(r *http.Request, b *donation) (any, error) {
+	agent, cred := r.PathValue("agent_id"), vaultCredential{APIKey: b.APIKey, OAuth: b.OAuth}
 	it, err := overlayItem{}, error(nil)
 	if strings.HasPrefix(r.URL.Path, "/v1/admin/") && r.URL.Query().Get("via") == signInVia {
-		it, err = s.inv.donateSignedIn(agent, body.Provider, body.Label, cred, infoFrom(r.Context()).client.ID)
-	} else if it, err = s.inv.donate(agent, body.Provider, body.Label, cred); err != nil {
+		it, err = s.inv.donateSignedIn(agent, b.Provider, b.Label, cred, infoFrom(r.Context()).client.ID)
+	} else if it, err = s.inv.donate(agent, b.Provider, b.Label, cred); err != nil {
 		return nil, err
 	}
 	if s.credentialChanged(it); err != nil {
@@ -508,7 +516,7 @@ func (s *server) donateSubscription(r *http.Request, body *donation) (any, error
 	return map[string]donatedSubscription{"subscription": {ID: it.ID, Provider: it.Provider, AgentID: it.AgentID, Label: it.Label, Status: "active"}}, nil
 }
 
-// credentialChanged tells maintenance and the replay guard (SPEC §17) of it's new credential; it.ID "" is no change.
+// credentialChanged tells maintenance and the replay guard (SPEC §17) of its new credential; it.ID "" is no change.
 func (s *server) credentialChanged(it overlayItem) {
 	if it.ID != "" {
 		s.maint.changed()
@@ -526,15 +534,15 @@ func (s *server) routesWritten(alias string, doc *routesDoc, err error) (any, er
 }
 
 // handleChat serves a chat route: read the head, resolve, pay, call; the whole body is parsed only to translate (SPEC §7.6).
-func (s *server) handleChat(dialect string) http.HandlerFunc {
-	return s.failing(func(w http.ResponseWriter, r *http.Request) error {
+func (s *server) handleChat(dialect string) handler {
+	return func(w http.ResponseWriter, r *http.Request) error {
 		ri := infoFrom(r.Context())
 		req, err := readCallerRequest(dialect, r, ri.body)
 		if err != nil {
 			return err
 		}
 		ri.requestedModel, ri.streamed = req.head.Model, req.head.Stream
-		e := s.engine(ri)
+		e := s.engine(ri.agentID, &ri.tally)
 		c, cands, err := e.planChat(ri.client, req)
 		if ri.routingMode, ri.route = c.res.Mode, c.res.Route; err != nil {
 			return err
@@ -546,9 +554,9 @@ func (s *server) handleChat(dialect string) http.HandlerFunc {
 		}
 		// SPEC §12: a signed answer reserves its key only now, after plan's checks; an empty value is refused.
 		if keys, asked := r.Header["Idempotency-Key"]; asked {
+			envelope := func(w http.ResponseWriter, err error) *apiError { return writeAPIError(w, r, err) }
 			replayed, err := s.answers.serve(r.Context(), w, signedCall{client: ri.client.ID, route: ri.route, keys: keys,
-				stream: req.head.Stream, body: ri.body, t: &ri.tally, envelope: func(w http.ResponseWriter, err error) *apiError { return writeAPIError(w, r, err) },
-			}, route)
+				stream: req.head.Stream, body: ri.body, t: &ri.tally, envelope: envelope}, route)
 			ri.counted = ri.counted || replayed
 			return err
 		}
@@ -560,13 +568,13 @@ func (s *server) handleChat(dialect string) http.HandlerFunc {
 		e.t.remember = s.replay.rememberer(ri.client.ID, scope, req.body, c, cands)
 		route(w)
 		return nil
-	})
+	}
 }
 
 // handleModelCall serves POST /v1/embeddings (an openai-chat provider's JSON returned as is) and
 // /v1/messages/count_tokens (SPEC §15, resolving as /v1/messages does, §6.4's max_tokens rule aside).
-func (s *server) handleModelCall(embeddings bool) http.HandlerFunc {
-	return s.failing(func(w http.ResponseWriter, r *http.Request) (err error) {
+func (s *server) handleModelCall(embeddings bool) handler {
+	return func(w http.ResponseWriter, r *http.Request) (err error) {
 		ri, req, body := infoFrom(r.Context()), &callerRequest{}, map[string]json.RawMessage(nil)
 		if !embeddings {
 			if req, err = readCallerRequest(dialectMessages, r, ri.body); err != nil {
@@ -577,7 +585,7 @@ func (s *server) handleModelCall(embeddings bool) http.HandlerFunc {
 		} else if json.Unmarshal(body["model"], &req.head.Model) != nil || req.head.Model == "" {
 			return refuse("invalid_request", "model must be a non-empty string")
 		}
-		e := s.engine(ri)
+		e := s.engine(ri.agentID, &ri.tally)
 		ri.requestedModel = req.head.Model
 		c, err := e.plan(ri.client, ri.agentID, &req.head)
 		if ri.routingMode, ri.route = c.res.Mode, c.res.Route; err != nil {
@@ -586,14 +594,5 @@ func (s *server) handleModelCall(embeddings bool) http.HandlerFunc {
 			return e.serveEmbeddings(r.Context(), w, req.head.Model, body, c)
 		}
 		return e.countTokens(r.Context(), w, req, c)
-	})
-}
-
-// failing makes h a handler that writes h's error in the envelope.
-func (s *server) failing(h func(http.ResponseWriter, *http.Request) error) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		if err := h(w, r); err != nil {
-			s.fail(w, r, err)
-		}
 	}
 }

@@ -25,8 +25,7 @@ type sys struct {
 	now func() time.Time
 }
 
-// state is where Brama keeps its files (SPEC §2.1); with none, dir is empty
-// and every reader and writer refuses with cause (a *noStateError).
+// state is where Brama keeps its files (SPEC §2.1); with none, every reader and writer refuses with cause.
 type state struct {
 	dir   string
 	cause error
@@ -45,15 +44,15 @@ func (e *noStateError) Unwrap() error { return e.cause }
 func resolveState(getenv func(string) string) state {
 	d, what := strings.TrimSpace(getenv("BRAMA_STATE_DIR")), "BRAMA_STATE_DIR"
 	if d == "" {
-		if d, what = strings.TrimSpace(getenv("HOME")), "$HOME"; d == "" {
-			return state{cause: errors.New("$HOME is not defined")} // os.UserHomeDir's words on Unix
-		}
+		d, what = strings.TrimSpace(getenv("HOME")), "$HOME"
 	}
-	if !filepath.IsAbs(d) { // it would be the working directory's
+	switch {
+	case d == "":
+		return state{cause: errors.New("$HOME is not defined")} // os.UserHomeDir's words on Unix
+	case !filepath.IsAbs(d): // it would be the working directory's
 		return state{cause: fmt.Errorf("%s %q is not an absolute path", what, d)}
-	}
-	if what == "$HOME" {
-		d = filepath.Join(d, ".brama")
+	case what == "$HOME":
+		return state{dir: filepath.Join(d, ".brama")}
 	}
 	return state{dir: filepath.Clean(d)} // "/var/lib/brama/" is the same directory
 }
@@ -78,7 +77,6 @@ func (s state) fileOrState(getenv func(string) string, env, what, file string) (
 }
 
 // envWhole reads name as a whole number of unit ≥ least in bits: unset is def, a bad value def and an error.
-// (envWhole and envSeconds stay here: catalog.go and subscriptions.go, below main.go, read their settings too.)
 func envWhole(getenv func(string) string, name, unit string, least, def int64, bits int) (int64, error) {
 	v := strings.TrimSpace(getenv(name))
 	if v == "" {
@@ -133,16 +131,15 @@ func checkFileInfo(role, name string, fi fs.FileInfo, err error) (fileIdentity, 
 	return fileIdentity{}, fmt.Errorf("%s %s %s", role, name, why)
 }
 
-// openGuarded guards the open file, so a name swapped after a check cannot slip through.
+// openGuarded guards the open file (a name swapped after a check cannot slip through); a planted FIFO cannot hang it.
 func openGuarded(role, name string) (*os.File, fileIdentity, error) {
-	f, err := os.OpenFile(name, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0) // O_NONBLOCK: a planted FIFO must not hang the reader
-	if err != nil {
-		_, err = checkFileInfo(role, name, nil, err)
-		return nil, fileIdentity{}, err
+	f, err := os.OpenFile(name, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	var fi fs.FileInfo
+	if err == nil {
+		fi, err = f.Stat()
 	}
-	fi, err := f.Stat()
 	id, err := checkFileInfo(role, name, fi, err)
-	if err != nil {
+	if err != nil && f != nil {
 		f.Close()
 		f = nil
 	}
@@ -157,13 +154,12 @@ func readGuarded(role, name string) ([]byte, fileIdentity, error) {
 	defer f.Close()
 	b, err := io.ReadAll(f)
 	if err != nil {
-		err = fmt.Errorf("%s: %w", role, err)
+		return nil, fileIdentity{}, fmt.Errorf("%s: %w", role, err)
 	}
-	return b, id, err
+	return b, id, nil
 }
 
-// stateFile is one strict state file, re-read only when its identity
-// changes (SPEC §2.3); an absent file is parse(nil), or errFileAbsent.
+// stateFile is one strict state file, re-read only when its identity changes (SPEC §2.3); absent: parse(nil) or errFileAbsent.
 type stateFile[T any] struct {
 	role, path string
 	pathErr    error // why there is no file (no state directory), else nil
@@ -171,9 +167,9 @@ type stateFile[T any] struct {
 	absentErr  bool
 	keepErr    bool // a parse failure is kept too: an unchanged bad file is not parsed again
 
-	mu  sync.Mutex // guards doc, err, id
+	mu  sync.Mutex
 	doc T
-	err error        // nil, or with keepErr the parse failure kept with doc
+	err error        // with keepErr, the parse failure kept with doc
 	id  fileIdentity // of the file doc and err came from; zero: nothing kept
 }
 
@@ -183,21 +179,20 @@ func (f *stateFile[T]) load() (T, error) {
 	if id, err := guardFile(f.role, f.path); f.pathErr == nil && err == nil && id == f.id {
 		return f.doc, f.err
 	}
-	doc, id, err := f.readNow()
-	if err != nil && !f.keepErr {
-		id = fileIdentity{} // an absent or bad file is not kept
+	f.doc, f.id, f.err = f.read()
+	if f.err != nil && !f.keepErr {
+		f.id = fileIdentity{} // an absent or bad file is not kept
 	}
-	f.doc, f.err, f.id = doc, err, id
-	return doc, err
+	return f.doc, f.err
 }
 
 func (f *stateFile[T]) fresh() (T, error) {
-	doc, _, err := f.readNow()
+	doc, _, err := f.read()
 	return doc, err
 }
 
-// readNow reads and parses the file; the identity is zero unless bytes reached parse.
-func (f *stateFile[T]) readNow() (doc T, id fileIdentity, err error) {
+// read reads and parses the file; the identity is zero unless bytes reached parse.
+func (f *stateFile[T]) read() (doc T, id fileIdentity, err error) {
 	if f.pathErr != nil {
 		return doc, id, f.pathErr
 	}
@@ -205,10 +200,9 @@ func (f *stateFile[T]) readNow() (doc T, id fileIdentity, err error) {
 	if errors.Is(err, errFileAbsent) && !f.absentErr {
 		b, err = nil, nil // a present file is never nil, if empty
 	}
-	if err != nil {
-		return doc, fileIdentity{}, err
+	if err == nil {
+		doc, err = f.parse(b)
 	}
-	doc, err = f.parse(b)
 	return doc, id, err
 }
 
@@ -252,8 +246,7 @@ func writeFileAtomic(name string, data []byte) error {
 // publishFile creates name only if it does not exist (fs.ErrExist): a reservation (SPEC §12).
 func publishFile(name string, data []byte) error { return placeFile(name, data, os.Link) }
 
-// placeFile puts data at name by place (rename or link) of a synced 0600
-// sibling temporary file, then syncs the directory; failing, it changes nothing.
+// placeFile puts data at name by place (rename or link) of a synced 0600 sibling temporary, then syncs the directory.
 func placeFile(name string, data []byte, place func(oldpath, newpath string) error) error {
 	dir := filepath.Dir(name)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -300,7 +293,7 @@ func writeState(name string, v any) error {
 
 // snapshotFile drops a snapshot older than the file's: racing flushes never put old over new.
 type snapshotFile struct {
-	mu      sync.Mutex // guards written; serializes the file's writes
+	mu      sync.Mutex // serializes the file's writes
 	written uint64     // seq of the newest snapshot on disk
 }
 
@@ -319,7 +312,7 @@ func (f *snapshotFile) write(name string, seq uint64, data []byte) error {
 
 // withFileLock runs fn holding the flock on name+".lock" (SPEC §2.3).
 func withFileLock(name string, fn func() error) error {
-	lf, err := flockFile(name+".lock", 0)
+	lf, err := flockFile(name+".lock", 0, syscall.LOCK_EX)
 	if err != nil {
 		return fmt.Errorf("lock %s: %w", filepath.Base(name)+".lock", err)
 	}
@@ -327,20 +320,20 @@ func withFileLock(name string, fn func() error) error {
 	return fn()
 }
 
-// flockFile opens (0600) and flocks the lock file name; nb is 0 or LOCK_NB.
-func flockFile(name string, nb int) (*os.File, error) {
+// flockFile opens name with flag (0600, never through a planted symlink) and flocks it how (LOCK_EX, perhaps |LOCK_NB).
+func flockFile(name string, flag, how int) (*os.File, error) {
 	if err := os.MkdirAll(filepath.Dir(name), 0o700); err != nil {
 		return nil, err
 	}
-	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW, 0o600) // a planted symlink points outside the directory
-	if err != nil {
-		return nil, err
+	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW|flag, 0o600)
+	if err == nil {
+		err = syscall.Flock(int(f.Fd()), how)
 	}
-	if err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|nb); err != nil {
+	if err != nil && f != nil {
 		f.Close()
-		return nil, err
+		f = nil
 	}
-	return f, nil
+	return f, err
 }
 
 // lockServe takes the one-serve-per-state-directory lock (SPEC §2.3).
@@ -349,7 +342,7 @@ func lockServe(s state) (*os.File, error) {
 		return nil, nil
 	}
 	name := filepath.Join(s.dir, "serve.lock")
-	f, err := flockFile(name, syscall.LOCK_NB)
+	f, err := flockFile(name, 0, syscall.LOCK_EX|syscall.LOCK_NB)
 	if errors.Is(err, syscall.EWOULDBLOCK) {
 		return nil, fmt.Errorf("another brama serve holds %s", name)
 	}
@@ -364,57 +357,51 @@ var staleTempName = regexp.MustCompile(`^\.(.+)\.tmp[0-9]+$`)
 // elsewhere outside dir, that file's only. The caller holds serve.lock; beside
 // a <file>.lock, that lock too, not to cut a CLI's write.
 func removeStaleTemps(dir string, elsewhere ...string) (n int, err error) {
-	sweep := func(d, only string) error { // only: the one file whose temps go there; "": every file's
-		entries, err := os.ReadDir(d)
+	sweeps := [][2]string{{dir, ""}} // a directory, and the one file whose temps go there ("": every file's)
+	answers, _ := os.ReadDir(filepath.Join(dir, "answers"))
+	for _, e := range answers {
+		if e.IsDir() {
+			sweeps = append(sweeps, [2]string{filepath.Join(dir, "answers", e.Name()), ""})
+		}
+	}
+	for _, f := range elsewhere {
+		if f != "" && filepath.Dir(f) != filepath.Clean(dir) {
+			sweeps = append(sweeps, [2]string{filepath.Dir(f), filepath.Base(f)})
+		}
+	}
+	for _, sw := range sweeps {
+		entries, err := os.ReadDir(sw[0])
 		if err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return err
+			return n, err
 		}
 		for _, e := range entries {
 			m := staleTempName.FindStringSubmatch(e.Name())
-			if !e.Type().IsRegular() || m == nil || only != "" && m[1] != only {
+			if !e.Type().IsRegular() || m == nil || sw[1] != "" && m[1] != sw[1] {
 				continue
 			}
-			target, remove := filepath.Join(d, m[1]), func() error { return os.Remove(filepath.Join(d, e.Name())) }
+			target, remove := filepath.Join(sw[0], m[1]), func() error { return os.Remove(filepath.Join(sw[0], e.Name())) }
 			if _, err = os.Lstat(target + ".lock"); err == nil {
 				err = withFileLock(target, remove)
 			} else {
 				err = remove()
 			}
 			if err != nil && !errors.Is(err, fs.ErrNotExist) {
-				return err
+				return n, err
 			}
 			n++
 		}
-		return nil
 	}
-	err = sweep(dir, "")
-	answers, _ := os.ReadDir(filepath.Join(dir, "answers"))
-	for _, e := range answers {
-		if e.IsDir() && err == nil {
-			err = sweep(filepath.Join(dir, "answers", e.Name()), "")
-		}
-	}
-	for _, f := range elsewhere {
-		if f != "" && filepath.Dir(f) != filepath.Clean(dir) && err == nil {
-			err = sweep(filepath.Dir(f), filepath.Base(f))
-		}
-	}
-	return n, err
+	return n, nil
 }
 
 // vaultDoc is vault.json (SPEC §2.2), the only file that holds secrets.
 type vaultDoc struct {
 	SchemaVersion int                        `json:"schema_version"`
-	Direct        map[string]vaultKey        `json:"direct"`
+	Direct        map[string]vaultCredential `json:"direct"`
 	Subscriptions map[string]vaultCredential `json:"subscriptions"`
 }
 
-// vaultKey is a direct API key for one provider.
-type vaultKey struct {
-	APIKey string `json:"api_key"`
-}
-
-// vaultCredential is one subscription's API key or OAuth grant, never both.
+// vaultCredential is a direct key (APIKey only) or one subscription's API key or OAuth grant, never both.
 type vaultCredential struct {
 	APIKey string      `json:"api_key,omitempty"`
 	OAuth  *oauthGrant `json:"oauth,omitempty"`
@@ -429,14 +416,13 @@ type oauthGrant struct {
 	AccountID    string `json:"account_id,omitempty"`
 }
 
-// vault is vault.json, re-read on change so a CLI's edit reaches the daemon.
-// A rotated grant the vault refuses to keep (disk full, EACCES) is not lost
-// (SPEC §17): unwritten keeps it, reads show it while the vault still holds
-// the refresh token it came from, and every vault write takes it along.
+// vault is vault.json, re-read on change so a CLI's edit reaches the daemon. A rotated grant the vault refused (disk
+// full, EACCES) is not lost (SPEC §17): unwritten keeps it, and each parse puts it in while the vault still holds the
+// refresh token it came from, so every vault write takes it along.
 type vault struct {
 	stateFile[*vaultDoc]
-	umu       sync.Mutex                // guards unwritten
-	unwritten map[string]unwrittenGrant // by subscription id
+	umu       sync.Mutex // guards unwritten; taken under stateFile's mu, never around it
+	unwritten map[string]unwrittenGrant
 }
 
 // unwrittenGrant is a rotated grant only memory holds, and the refresh token it replaces.
@@ -446,7 +432,20 @@ type unwrittenGrant struct {
 }
 
 func newVault(path string, pathErr error) *vault {
-	return &vault{stateFile: stateFile[*vaultDoc]{role: "vault", path: path, pathErr: pathErr, parse: parseVault}, unwritten: map[string]unwrittenGrant{}}
+	v := &vault{unwritten: map[string]unwrittenGrant{}}
+	v.role, v.path, v.pathErr = "vault", path, pathErr
+	v.parse = func(b []byte) (*vaultDoc, error) {
+		doc, err := parseVault(b)
+		v.umu.Lock()
+		defer v.umu.Unlock()
+		for id, u := range v.unwritten {
+			if c := doc.Subscriptions[id].OAuth; err == nil && c != nil && c.RefreshToken == u.from {
+				doc.Subscriptions[id] = vaultCredential{OAuth: &u.grant}
+			}
+		}
+		return doc, err
+	}
+	return v
 }
 
 // parseVault strictly parses vault bytes; an empty file is an empty vault.
@@ -464,7 +463,7 @@ func (d *vaultDoc) validate() error {
 		return fmt.Errorf("vault: schema_version %d is not 1", d.SchemaVersion)
 	}
 	if d.Direct == nil {
-		d.Direct = map[string]vaultKey{}
+		d.Direct = map[string]vaultCredential{}
 	}
 	if d.Subscriptions == nil {
 		d.Subscriptions = map[string]vaultCredential{}
@@ -483,53 +482,30 @@ func (v *vault) directKey(provider string) string {
 // keepUnwritten keeps g, the rotation of old, until a vault write takes it.
 func (v *vault) keepUnwritten(id string, old, g oauthGrant) {
 	v.umu.Lock()
-	defer v.umu.Unlock()
 	from := old.RefreshToken
 	if u := v.unwritten[id]; u.grant.RefreshToken == from {
 		from = u.from // old was itself unwritten
 	}
 	v.unwritten[id] = unwrittenGrant{from, g}
-}
-
-// withUnwritten is the unwritten grants now, each put into d (if any) where it still applies.
-func (v *vault) withUnwritten(d *vaultDoc) map[string]unwrittenGrant {
-	v.umu.Lock()
-	unwritten := maps.Clone(v.unwritten)
 	v.umu.Unlock()
-	for id, u := range unwritten {
-		if c := d.Subscriptions[id].OAuth; c != nil && c.RefreshToken == u.from {
-			d.Subscriptions[id] = vaultCredential{OAuth: &u.grant}
-		}
-	}
-	return unwritten
+	v.forget() // the next load parses again, putting g in
 }
 
 func (v *vault) unwrittenIDs() []string {
-	return slices.Sorted(maps.Keys(v.withUnwritten(&vaultDoc{})))
+	v.umu.Lock()
+	defer v.umu.Unlock()
+	return slices.Sorted(maps.Keys(v.unwritten))
 }
 
-// load is the vault's document with the unwritten grants in place.
-func (v *vault) load() (*vaultDoc, error) {
-	doc, err := v.stateFile.load()
-	if err != nil || len(v.unwrittenIDs()) == 0 {
-		return doc, err
-	}
-	out := *doc // the shared cache: changed only in a copy
-	out.Subscriptions = maps.Clone(doc.Subscriptions)
-	v.withUnwritten(&out)
-	return &out, nil
-}
-
-// update writes the unwritten grants with change.
+// update writes change and the unwritten grants, which memory then forgets.
 func (v *vault) update(change func(*vaultDoc) error) error {
-	var unwritten map[string]unwrittenGrant
-	err := v.stateFile.update(func(d *vaultDoc) error {
-		unwritten = v.withUnwritten(d)
-		return change(d)
-	})
-	if err == nil { // written: memory's no longer
+	v.umu.Lock()
+	taken := maps.Clone(v.unwritten)
+	v.umu.Unlock()
+	err := v.stateFile.update(change)
+	if err == nil {
 		v.umu.Lock()
-		maps.DeleteFunc(v.unwritten, func(id string, u unwrittenGrant) bool { return unwritten[id] == u })
+		maps.DeleteFunc(v.unwritten, func(id string, u unwrittenGrant) bool { return taken[id] == u })
 		v.umu.Unlock()
 	}
 	return err

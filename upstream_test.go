@@ -34,8 +34,8 @@ func everyPart(stream bool) chatRequest {
 			}},
 		},
 		Tools: []tool{
-			{Name: "get_weather", Description: "Weather for a city", Parameters: json.RawMessage(`{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}`)},
-			{Name: "get_time"},
+			{Type: toolFunction, Name: "get_weather", Description: "Weather for a city", Parameters: json.RawMessage(`{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}`)},
+			{Type: toolFunction, Name: "get_time"},
 		},
 		ToolChoice:  &toolChoice{Mode: toolChoiceTool, Name: "get_weather"},
 		MaxTokens:   256,
