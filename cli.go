@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -17,18 +18,43 @@ import (
 	"time"
 )
 
+// command is one row of the CLI: `brama help` prints its name and purpose; -h all of it.
+type command struct {
+	name, args, purpose, example string     // name: one or two words; args: the usage line after it
+	pos                          int        // positionals it takes
+	need                         []string   // flags that must be given, not blank
+	gateway                      bool       // calls the daemon's admin API: -gateway, then the bearer
+	flags                        []flagSpec // declared in this order
+	run                          func(e *cliEnv, o opts, pos []string) error
+}
+
+// flagSpec is one flag; its default's type picks the kind (a []string is repeatable).
+type flagSpec struct {
+	name string
+	def  any
+	help string
+}
+
+// opts is a command line's flag values by name, each a pointer of its kind.
+type opts map[string]any
+
+func (o opts) s(name string) string { return *o[name].(*string) }
+func (o opts) b(name string) bool   { return *o[name].(*bool) }
+
 // commands is the CLI (SPEC §16.1), in the order `brama help` lists it. State edits run in-process under each file's
 // lock (SPEC §2.3); `subscription …` and `maintain` call the daemon's admin API, the overlay's only writer.
 func commands() []command {
 	agent := func(help string) flagSpec { return flagSpec{"agent", "", help} }
+	asJSON := func(body string) flagSpec { return flagSpec{"json", false, "print the body of " + body} }
 	label := flagSpec{"label", "", "an optional `label` (printable, at most 128 bytes)"}
 	signIn := flagSpec{"provider", "", "claude-code or codex"}
+	reason := func(help string) flagSpec { return flagSpec{"reason", "", help} }
 	return []command{
-		{name: "serve", args: "[-addr ADDR] [-local-credentials-stdin]", purpose: "run the daemon", example: "brama serve -addr 127.0.0.1:8080", run: serve,
-			flags: []flagSpec{{"addr", "127.0.0.1:8080", "`address` to listen on"}, {"local-credentials-stdin", false, "read a JSON object provider → API key from stdin and keep it in memory only; it becomes the only source of direct credentials"}}},
-		{name: "version", purpose: "print the version /health reports", example: "brama version", run: func(e *cliEnv, _ opts, _ []string) error { return e.say(nil, "brama %s\n", version) }},
-		{name: "routes list", args: "[-json]", purpose: "one aligned row per alias, then the count that cannot serve", example: "brama routes list",
-			flags: []flagSpec{{"json", false, "print the body of GET /v1/aliases"}}, run: func(e *cliEnv, o opts, _ []string) error { return e.printAliases(e.deps(), o.b("json"), nil) }},
+		{name: "serve", args: "[-addr ADDR] [-local-credentials-stdin]", purpose: "run the daemon", example: "brama serve -addr 127.0.0.1:8080", run: serve, flags: []flagSpec{{"addr", "127.0.0.1:8080", "`address` to listen on"}, {"local-credentials-stdin", false, "read a JSON object provider → API key from stdin and keep it in memory only; it becomes the only source of direct credentials"}}},
+		{name: "version", purpose: "print the version /health reports", example: "brama version",
+			run: func(e *cliEnv, _ opts, _ []string) error { return e.say(nil, "brama %s\n", version) }},
+		{name: "routes list", args: "[-json]", purpose: "one aligned row per alias, then the count that cannot serve", example: "brama routes list", flags: []flagSpec{asJSON("GET /v1/aliases")},
+			run: func(e *cliEnv, o opts, _ []string) error { return e.printAliases(e.deps(), o.b("json"), nil) }},
 		{name: "routes set", args: "ALIAS DESTINATION", pos: 2, purpose: "set an alias (journaled route_change, by cli)", example: "brama routes set chat openai/gpt-4o",
 			run: func(e *cliEnv, _ opts, p []string) error {
 				d := e.deps()
@@ -41,37 +67,31 @@ func commands() []command {
 				_, err := d.reg.remove(p[0], "cli")
 				return e.printAliases(d, false, e.wrote(d.reg.path, err, "removed %s\n", p[0]))
 			}},
-		{name: "routes migrate", args: "[-file F] [-json]", purpose: "drop retired top-level fields, commit, print the committed document (idempotent)", example: "brama routes migrate",
-			run: routesMigrate, flags: []flagSpec{{"file", "", "registry `file` to migrate (default: the registry Brama reads)"}, {"json", false, `print {"ok":true,"file":F,"dropped":[…],"document":{…}}`}}},
-		{name: "clients add", args: "ID [-admin] [-agent A] [-allow NAME]...", pos: 1, purpose: "make a client; its token is printed once on stdout", example: "brama clients add app -allow chat",
-			flags: []flagSpec{{"admin", false, "give the client the admin role (reaches /v1/admin/*)"}, agent("bind the client's bearer to `agent`"), {"allow", []string(nil), "allow only this model `name` (repeatable; exact names)"}},
+		{name: "routes migrate", args: "[-file F] [-json]", purpose: "drop retired top-level fields, commit, print the committed document (idempotent)", example: "brama routes migrate", run: routesMigrate, flags: []flagSpec{{"file", "", "registry `file` to migrate (default: the registry Brama reads)"}, {"json", false, `print {"ok":true,"file":F,"dropped":[…],"document":{…}}`}}},
+		{name: "clients add", args: "ID [-admin] [-agent A] [-allow NAME]...", pos: 1, purpose: "make a client; its token is printed once on stdout", example: "brama clients add app -allow chat", flags: []flagSpec{{"admin", false, "give the client the admin role (reaches /v1/admin/*)"}, agent("bind the client's bearer to `agent`"), {"allow", []string(nil), "allow only this model `name` (repeatable; exact names)"}},
 			run: func(e *cliEnv, o opts, p []string) error {
-				role, tok := roleCaller, newToken()
-				if o.b("admin") {
-					role = roleAdmin
-				}
+				tok, role := newToken(), map[bool]string{false: roleCaller, true: roleAdmin}[o.b("admin")]
 				c := client{ID: p[0], TokenSHA256: tokenDigest(tok), Role: role, AgentID: o.s("agent"), AllowedModels: *o["allow"].(*[]string)}
-				err := e.editClients(func(d *clientsDoc) error {
-					if slices.ContainsFunc(d.Clients, func(x client) bool { return x.ID == c.ID }) {
-						return fmt.Errorf("client %q already exists; rm it first", c.ID)
-					}
+				cs := e.deps().clients
+				err := e.wrote(cs.path, cs.update(func(d *clientsDoc) error { // validate refuses a second client of that id
 					d.Clients = append(d.Clients, c)
 					return nil
-				}, "")
+				}), "%s\n", tok)
 				if err == nil {
 					fmt.Fprintf(e.stderr, "brama: created %s client %q; bearer token (shown once) on stdout\n", role, c.ID)
 				}
-				return e.say(err, "%s\n", tok)
+				return err
 			}},
 		{name: "clients rm", args: "ID", pos: 1, purpose: "remove a client", example: "brama clients rm app",
 			run: func(e *cliEnv, _ opts, p []string) error {
-				return e.editClients(func(d *clientsDoc) error {
+				cs := e.deps().clients
+				return e.wrote(cs.path, cs.update(func(d *clientsDoc) error {
 					n := len(d.Clients)
 					if d.Clients = slices.DeleteFunc(d.Clients, func(x client) bool { return x.ID == p[0] }); len(d.Clients) == n {
 						return fmt.Errorf("no client %q", p[0])
 					}
 					return nil
-				}, "removed client %s\n", p[0])
+				}), "removed client %s\n", p[0])
 			}},
 		{name: "clients list", purpose: "each client's id, role, agent and allowlist (never a token or digest)", example: "brama clients list",
 			run: func(e *cliEnv, _ opts, _ []string) error {
@@ -89,11 +109,9 @@ func commands() []command {
 					}
 				})
 			}},
-		{name: "deployments add", args: "NAME -port PORT [-host H] [-model M]", pos: 1, purpose: "declare a local OpenAI-compatible server", example: "brama deployments add ollama -port 11434 -model llama3.2",
-			flags: []flagSpec{{"host", "127.0.0.1", "the server's IPv4 loopback or 100.64.0.0/10 `address`"}, {"port", 0, "the server's `port` (required)"}, {"model", "", "the upstream `model` name (default: NAME)"}},
+		{name: "deployments add", args: "NAME -port PORT [-host H] [-model M]", pos: 1, purpose: "declare a local OpenAI-compatible server", example: "brama deployments add ollama -port 11434 -model llama3.2", flags: []flagSpec{{"host", "127.0.0.1", "the server's IPv4 loopback or 100.64.0.0/10 `address`"}, {"port", 0, "the server's `port` (required)"}, {"model", "", "the upstream `model` name (default: NAME)"}},
 			run: func(e *cliEnv, o opts, p []string) error {
-				d := deployment{Name: p[0], Model: o.s("model"), Endpoint: deploymentEndpoint{Host: o.s("host"), Port: *o["port"].(*int)}}
-				reg := e.deps().reg
+				d, reg := deployment{Name: p[0], Model: o.s("model"), Endpoint: deploymentEndpoint{Host: o.s("host"), Port: *o["port"].(*int)}}, e.deps().reg
 				_, err := reg.setDeployment(d, false)
 				return e.wrote(reg.path, err, "added deployment %s at %s; route to it: brama routes set ALIAS %s\n", d.Name, d.baseURL(), d.Name)
 			}},
@@ -121,42 +139,43 @@ func commands() []command {
 				info, ok := lookupProvider(p[0])
 				if !ok || info.cred != credDirect {
 					return fmt.Errorf("%q is not a provider that takes a direct API key", p[0])
-				}
-				if key := e.line(); key != "" {
-					return e.editVault(func(d *vaultDoc) error { d.Direct[info.id] = vaultCredential{APIKey: key}; return nil },
-						"stored the direct credential for %s in the vault\n", info.id)
+				} else if key := e.line(); key != "" {
+					v := e.deps().vault
+					return e.wrote(v.path, v.update(func(d *vaultDoc) error {
+						d.Direct[info.id] = vaultCredential{APIKey: key}
+						return nil
+					}), "stored the direct credential for %s in the vault\n", info.id)
 				}
 				return errors.New("no API key on stdin (an empty line)")
 			}},
 		{name: "credentials rm", args: "PROVIDER", pos: 1, purpose: "remove a direct key from the vault", example: "brama credentials rm openai",
 			run: func(e *cliEnv, _ opts, p []string) error {
-				return e.editVault(func(d *vaultDoc) error {
+				v := e.deps().vault
+				return e.wrote(v.path, v.update(func(d *vaultDoc) error {
 					if _, ok := d.Direct[p[0]]; !ok {
 						return fmt.Errorf("the vault holds no direct credential for %q", p[0])
 					}
 					delete(d.Direct, p[0])
 					return nil
-				}, "removed the direct credential for %s\n", p[0])
+				}), "removed the direct credential for %s\n", p[0])
 			}},
 		{name: "credentials list", purpose: "the providers the vault holds a direct key for (names only, never a key)", example: "brama credentials list",
 			run: func(e *cliEnv, _ opts, _ []string) error {
 				doc, err := e.deps().vault.load()
-				if err == nil {
-					err = e.say(nil, "%s", strings.Join(append(slices.Sorted(maps.Keys(doc.Direct)), ""), "\n"))
-				}
-				return err
+				return table(e.stdout, err, "", func(yield func(...string)) {
+					for _, p := range slices.Sorted(maps.Keys(doc.Direct)) {
+						yield(p)
+					}
+				})
 			}},
-		{name: "subscription add", args: "-provider P -agent A [-label L] [-oauth-file F]", need: []string{"provider", "agent"}, gateway: true,
-			purpose: "donate a subscription through the daemon (the API key on stdin after the bearer line, or a grant file); prints the new id",
-			example: `printf '%s\n' "$KEY" | BRAMA_TOKEN=$T brama subscription add -provider kimi -agent a1`,
-			flags: []flagSpec{{"provider", "", "the `provider` of the subscription (claude-code, codex, kimi, openai, …)"}, agent("the `agent` that receives it"), label,
-				{"oauth-file", "", "read an OAuth grant {\"access_token\",\"refresh_token\",\"expires_at_ms\",…} from `file` instead of an API key on stdin"}},
+		{name: "subscription add", args: "-provider P -agent A [-label L] [-oauth-file F]", need: []string{"provider", "agent"}, gateway: true, purpose: "donate a subscription through the daemon (the API key on stdin after the bearer line, or a grant file); prints the new id", example: `printf '%s\n' "$KEY" | BRAMA_TOKEN=$T brama subscription add -provider kimi -agent a1`, flags: []flagSpec{{"provider", "", "the `provider` of the subscription (claude-code, codex, kimi, openai, …)"}, agent("the `agent` that receives it"), label, {"oauth-file", "", "read an OAuth grant {\"access_token\",\"refresh_token\",\"expires_at_ms\",…} from `file` instead of an API key on stdin"}},
 			run: func(e *cliEnv, o opts, _ []string) error {
 				body := donation{Provider: o.s("provider"), Label: o.s("label")}
-				if o.s("oauth-file") != "" {
-					b, err := os.ReadFile(o.s("oauth-file"))
-					if err == nil {
-						body.OAuth = &oauthGrant{}
+				if err := e.bearer(); err != nil { // the bearer line comes first
+					return err
+				} else if file := o.s("oauth-file"); file != "" {
+					b, err := os.ReadFile(file)
+					if body.OAuth = (&oauthGrant{}); err == nil {
 						err = decodeStrict("-oauth-file", b, body.OAuth)
 					}
 					if err != nil {
@@ -167,75 +186,55 @@ func commands() []command {
 				}
 				return e.donate(o.s("agent"), "", body)
 			}},
-		{name: "subscription list", args: "-agent A [-json]", need: []string{"agent"}, gateway: true, purpose: "one aligned row per subscription", example: "BRAMA_TOKEN=$T brama subscription list -agent a1",
-			run: subscriptionList, flags: []flagSpec{agent("the `agent` whose subscriptions to list"), {"json", false, "print the body of GET /v1/subscriptions/{agent_id}"}}},
-		{name: "subscription retire", args: "-agent A [-reason R] ID", pos: 1, need: []string{"agent"}, gateway: true, purpose: "retire a subscription (journaled)", example: "brama subscription retire -agent a1 sub_0123456789abcdef",
-			flags: []flagSpec{agent("the `agent` that owns the subscription"), {"reason", "", `why (journaled; default "retired by <client id>")`}},
+		{name: "subscription list", args: "-agent A [-json]", need: []string{"agent"}, gateway: true, purpose: "one aligned row per subscription", example: "BRAMA_TOKEN=$T brama subscription list -agent a1", run: subscriptionList, flags: []flagSpec{agent("the `agent` whose subscriptions to list"), asJSON("GET /v1/subscriptions/{agent_id}")}},
+		{name: "subscription retire", args: "-agent A [-reason R] ID", pos: 1, need: []string{"agent"}, gateway: true, purpose: "retire a subscription (journaled)", example: "brama subscription retire -agent a1 sub_0123456789abcdef", flags: []flagSpec{agent("the `agent` that owns the subscription"), reason(`why (journaled; default "retired by <client id>")`)},
 			run: func(e *cliEnv, o opts, p []string) error { // an empty reason is the daemon's default
 				_, err := e.call("DELETE", subscriptionPath(o.s("agent"), p[0])+"?reason="+url.QueryEscape(o.s("reason")), nil, nil)
 				return e.say(err, "retired %s\n", p[0])
 			}},
-		{name: "subscription reinstate", args: "-agent A -reason R ID", pos: 1, need: []string{"agent", "reason"}, gateway: true, purpose: "put a retired subscription back", example: `brama subscription reinstate -agent a1 -reason "back" sub_0123456789abcdef`,
-			flags: []flagSpec{agent("the `agent` that owns the subscription"), {"reason", "", "why (required; journaled)"}},
+		{name: "subscription reinstate", args: "-agent A -reason R ID", pos: 1, need: []string{"agent", "reason"}, gateway: true, purpose: "put a retired subscription back", example: `brama subscription reinstate -agent a1 -reason "back" sub_0123456789abcdef`, flags: []flagSpec{agent("the `agent` that owns the subscription"), reason("why (required; journaled)")},
 			run: func(e *cliEnv, o opts, p []string) error {
 				_, err := e.call("POST", subscriptionPath(o.s("agent"), p[0], "reinstate"), map[string]string{"reason": o.s("reason")}, nil)
 				return e.say(err, "reinstated %s\n", p[0])
 			}},
-		{name: "subscription import", args: "-provider claude-code|codex -from FILE -agent A [-label L]", need: []string{"provider", "from", "agent"}, gateway: true,
-			purpose: "hand a Claude Code or Codex CLI grant over to Brama", example: "brama subscription import -provider claude-code -from ~/.claude/.credentials.json -agent a1",
-			flags: []flagSpec{signIn, {"from", "", "the tool's credential `file` (~/.claude/.credentials.json, ~/.codex/auth.json)"}, agent("the `agent` that receives the grant"), label},
-			check: func(o opts) error { // the grant is read before the bearer; o keeps it
-				if importFiles[o.s("provider")].tool == "" {
-					return &usageError{msg: fmt.Sprintf("-provider %q: import reads claude-code or codex credential files", o.s("provider"))}
-				}
-				b, err := os.ReadFile(o.s("from"))
-				if err == nil {
-					var g oauthGrant
-					if g, err = parseImportFile(o.s("provider"), b); err != nil {
-						err = fmt.Errorf("%s: %w", o.s("from"), err)
-					}
-					o["grant"] = &g
-				}
-				return err
-			},
-			run: func(e *cliEnv, o opts, _ []string) error { // and the handover: a refresh rotates the shared grant
-				err := e.donate(o.s("agent"), "", donation{Provider: o.s("provider"), Label: o.s("label"), OAuth: o["grant"].(*oauthGrant)})
-				if tool := importFiles[o.s("provider")].tool; err == nil {
-					fmt.Fprintf(e.stderr, "brama: %s and Brama now share one grant: after Brama's first refresh, %[1]s will need to sign in again; "+
-						"and if %[1]s refreshes first, Brama's copy stops working until `brama subscription sign-in` replaces it.\n", tool)
-				}
-				return err
-			}},
-		{name: "subscription sign-in", args: "-provider claude-code|codex -agent A [-id ID | -label L]", need: []string{"provider", "agent"}, gateway: true,
-			purpose: "sign in with the provider (PKCE): the URL on stderr, the pasted code from stdin; replaces -id's grant or donates a new subscription",
-			example: "BRAMA_TOKEN=$T brama subscription sign-in -provider claude-code -agent a1", check: checkSignIn, run: subscriptionSignIn, flags: []flagSpec{signIn, agent("the `agent` that owns (or receives) the subscription"),
-				{"id", "", "replace the credential of this subscription `id` instead of donating a new one"}, {"label", "", "a `label` for a new subscription"}}},
+		{name: "subscription import", args: "-provider claude-code|codex -from FILE -agent A [-label L]", need: []string{"provider", "from", "agent"}, gateway: true, purpose: "hand a Claude Code or Codex CLI grant over to Brama", example: "brama subscription import -provider claude-code -from ~/.claude/.credentials.json -agent a1", run: subscriptionImport, flags: []flagSpec{signIn, {"from", "", "the tool's credential `file` (~/.claude/.credentials.json, ~/.codex/auth.json)"}, agent("the `agent` that receives the grant"), label}},
+		{name: "subscription sign-in", args: "-provider claude-code|codex -agent A [-id ID | -label L]", need: []string{"provider", "agent"}, gateway: true, purpose: "sign in with the provider (PKCE): the URL on stderr, the pasted code from stdin; replaces -id's grant or donates a new subscription", example: "BRAMA_TOKEN=$T brama subscription sign-in -provider claude-code -agent a1", run: subscriptionSignIn, flags: []flagSpec{signIn, agent("the `agent` that owns (or receives) the subscription"), {"id", "", "replace the credential of this subscription `id` instead of donating a new one"}, {"label", "", "a `label` for a new subscription"}}},
 		{name: "subscription prune-orphans", args: "[-gateway URL]", gateway: true, purpose: "remove the vault's subscription credentials no subscription names", example: "BRAMA_TOKEN=$T brama subscription prune-orphans",
 			run: func(e *cliEnv, _ opts, _ []string) error {
 				var body struct{ Removed []string }
 				_, err := e.call("POST", "/v1/admin/vault/prune-orphans", nil, &body)
 				return e.say(err, "removed %d orphaned credential(s) from the vault: %s\n", len(body.Removed), strings.Join(body.Removed, " "))
 			}},
-		{name: "maintain", args: "[-gateway URL] [-json]", gateway: true, purpose: "run one maintenance pass now; exit 0 only when it was ok", example: "BRAMA_TOKEN=$T brama maintain",
-			flags: []flagSpec{{"json", false, "print the body of POST /v1/admin/maintain"}}, run: maintain},
-		{name: "onboard", args: "[-model ROUTE] [-allow-provider-cost]", purpose: "walk the first-use journey in-process: state directory, client, a route that can serve, one real answer",
-			example: "brama onboard -model openai/gpt-4o-mini -allow-provider-cost", run: onboard, flags: []flagSpec{{"model", "", "the `route` of the one real call: a direct route, a deployment, or an alias to one"}, {"allow-provider-cost", false, "make the one real (billable) model call"}}},
-		{name: "answers verify", args: "[-signature v1=HEX] FILE", pos: 1, purpose: "check a kept answer's signature (or a raw body against -signature); prints ok", example: "brama answers verify ~/.brama/answers/local/3f….json",
-			flags: []flagSpec{{"signature", "", "check `v1=HEX` (a Brama-Answer-Signature) over FILE's raw bytes instead of reading FILE as a kept answer"}},
+		{name: "maintain", args: "[-gateway URL] [-json]", gateway: true, purpose: "run one maintenance pass now; exit 0 only when it was ok", example: "BRAMA_TOKEN=$T brama maintain", flags: []flagSpec{asJSON("POST /v1/admin/maintain")},
+			run: func(e *cliEnv, o opts, _ []string) error {
+				var rep passReport
+				b, err := e.call("POST", "/v1/admin/maintain", nil, &rep)
+				if err == nil && o.b("json") {
+					_, err = e.stdout.Write(b)
+				} else if err == nil {
+					err = maintainReport.Execute(e.stdout, rep)
+				}
+				if err == nil && !rep.OK {
+					err = errRefused
+				}
+				return err
+			}},
+		{name: "onboard", args: "[-model ROUTE] [-allow-provider-cost]", purpose: "walk the first-use journey in-process: state directory, client, a route that can serve, one real answer", example: "brama onboard -model openai/gpt-4o-mini -allow-provider-cost", run: onboard, flags: []flagSpec{{"model", "", "the `route` of the one real call: a direct route, a deployment, or an alias to one"}, {"allow-provider-cost", false, "make the one real (billable) model call"}}},
+		{name: "answers verify", args: "[-signature v1=HEX] FILE", pos: 1, purpose: "check a kept answer's signature (or a raw body against -signature); prints ok", example: "brama answers verify ~/.brama/answers/local/3f….json", flags: []flagSpec{{"signature", "", "check `v1=HEX` (a Brama-Answer-Signature) over FILE's raw bytes instead of reading FILE as a kept answer"}},
 			run: func(e *cliEnv, o opts, p []string) error {
 				if sig := strings.ToLower(o.s("signature")); sig != "" && !isAnswerSignature(sig) {
 					return &usageError{msg: "-signature must be v1= followed by 64 hex digits"}
 				}
 				return e.say(verifyAnswerFile(resolveState(e.getenv), p[0], strings.ToLower(o.s("signature"))), "ok\n")
 			}},
-		{name: "answers prune", args: "-older-than DURATION", need: []string{"older-than"}, purpose: "remove complete kept answers older than that (never one in progress)", example: "brama answers prune -older-than 720h",
-			flags: []flagSpec{{"older-than", time.Duration(0), "remove complete answers kept longer ago than this `duration` (e.g. 720h)"}},
+		{name: "answers prune", args: "-older-than DURATION", need: []string{"older-than"}, purpose: "remove complete kept answers older than that (never one in progress)", example: "brama answers prune -older-than 720h", flags: []flagSpec{{"older-than", "", "remove complete answers kept longer ago than this `duration` (e.g. 720h)"}},
 			run: func(e *cliEnv, o opts, _ []string) error {
-				age := *o["older-than"].(*time.Duration)
+				age, err := time.ParseDuration(o.s("older-than"))
+				if err != nil || age < 0 {
+					return &usageError{msg: "want a -older-than of zero or more (a duration such as 720h)"}
+				}
 				dir, err := resolveState(e.getenv).path("signed answers", "answers")
-				if age < 0 {
-					return &usageError{msg: "want a -older-than of zero or more"}
-				} else if err != nil {
+				if err != nil {
 					return err
 				}
 				removed, err := pruneAnswers(dir, time.Now().Add(-age), func(name string, err error) {
@@ -254,18 +253,103 @@ func commands() []command {
 	}
 }
 
-// editVault and editClients change the file under its lock and report the write.
-func (e *cliEnv) editVault(fn func(*vaultDoc) error, format string, args ...any) error {
-	v := e.deps().vault
-	return e.wrote(v.path, v.update(fn), format, args...)
+// lookup finds args' command: two words, else one; else a usage error naming the group's commands.
+func lookup(args []string) (command, []string, error) {
+	cmds := commands()
+	for n := min(2, len(args)); n > 0; n-- {
+		if i := slices.IndexFunc(cmds, func(c command) bool { return c.name == strings.Join(args[:n], " ") }); i >= 0 {
+			return cmds[i], args[n:], nil
+		}
+	}
+	var subs []string
+	for _, c := range cmds {
+		if group, sub, ok := strings.Cut(c.name, " "); ok && group == args[0] {
+			subs = append(subs, sub)
+		}
+	}
+	if len(subs) == 0 {
+		return command{}, nil, &usageError{msg: fmt.Sprintf("unknown command %q; see brama help", args[0])}
+	}
+	msg := fmt.Sprintf("%s wants one of %s; see brama help", args[0], strings.Join(subs, ", "))
+	if len(args) > 1 && !strings.HasPrefix(args[1], "-") {
+		msg = fmt.Sprintf("unknown command %q: %s", args[0]+" "+args[1], msg)
+	}
+	return command{}, nil, &usageError{msg: msg}
 }
 
-func (e *cliEnv) editClients(fn func(*clientsDoc) error, format string, args ...any) error {
-	c := e.deps().clients
-	if c.pathErr != nil {
-		return c.pathErr
+// help lists every command with its purpose.
+func help(w io.Writer) {
+	fmt.Fprint(w, "usage: brama COMMAND [flags] [arguments]; brama COMMAND -h prints its flags and an example\n\n")
+	table(w, nil, "", func(yield func(...string)) {
+		for _, c := range commands() {
+			yield("  "+c.name, c.purpose)
+		}
+	})
+}
+
+// runCommand runs args' command, its flags and positionals in either order (SPEC §16.1): -h prints its help on
+// stdout; a usage error names its help.
+func (e *cliEnv) runCommand(args []string) error {
+	c, args, err := lookup(args)
+	if err != nil {
+		return err
 	}
-	return e.wrote(c.path, updateClients(c.path, fn), format, args...)
+	fs, o := flag.NewFlagSet("brama "+c.name, flag.ContinueOnError), opts{}
+	fs.SetOutput(io.Discard)
+	if c.gateway {
+		c.flags = append(c.flags, flagSpec{"gateway", "http://127.0.0.1:8080", "the brama serve `URL` to call"})
+	}
+	for _, f := range c.flags {
+		switch d := f.def.(type) {
+		case string:
+			o[f.name] = fs.String(f.name, d, f.help)
+		case bool:
+			o[f.name] = fs.Bool(f.name, d, f.help)
+		case int:
+			o[f.name] = fs.Int(f.name, d, f.help)
+		case []string: // repeatable
+			o[f.name] = &d
+			fs.Func(f.name, f.help, func(v string) error {
+				d = append(d, v)
+				return nil
+			})
+		}
+	}
+	var pos []string
+	for err = fs.Parse(args); err == nil && fs.NArg() > 0; err = fs.Parse(fs.Args()[1:]) {
+		pos = append(pos, fs.Arg(0))
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprintf(e.stdout, "usage: brama %s %s\n\n%s.\n", c.name, c.args, c.purpose)
+		if len(c.flags) > 0 {
+			fmt.Fprintln(e.stdout, "\nflags:")
+			fs.SetOutput(e.stdout)
+			fs.PrintDefaults()
+		}
+		fmt.Fprintf(e.stdout, "\nexample:\n  %s\n", c.example)
+		return err
+	}
+	missing := slices.DeleteFunc(slices.Clone(c.need), func(name string) bool { return strings.TrimSpace(o.s(name)) != "" })
+	switch {
+	case err != nil:
+		err = &usageError{c.name, err.Error()}
+	case len(pos) != c.pos:
+		err = &usageError{c.name, "want " + cmp.Or(c.args, "no arguments")}
+	case len(missing) > 0:
+		err = &usageError{c.name, "want -" + strings.Join(missing, " and -")}
+	case c.gateway: // the bearer and credentials never cross in clear text but to a loopback host
+		e.gateway = strings.TrimRight(strings.TrimSpace(o.s("gateway")), "/")
+		if err = checkBaseURL(e.gateway); err != nil {
+			err = &usageError{c.name, fmt.Sprintf("-gateway %q: %v", o.s("gateway"), err)}
+		}
+	}
+	if err == nil {
+		err = c.run(e, o, pos)
+	}
+	if ue := (*usageError)(nil); errors.As(err, &ue) && ue.cmd == "" {
+		ue.cmd = c.name
+	}
+	return err
 }
 
 // table prints the rows rows yields aligned under header ("": none), cells tab-separated, unless err.
@@ -294,11 +378,7 @@ func (e *cliEnv) printAliases(d deps, asJSON bool, err error) error {
 	}
 	table(e.stdout, nil, "ALIAS\tSTATE\tROUTE\tREASON", func(yield func(...string)) {
 		for _, a := range t.Aliases {
-			route := "-"
-			if a.Route != nil {
-				route = *a.Route
-			}
-			yield(a.Alias, a.State, route, a.Reason)
+			yield(a.Alias, a.State, valueOr(a.Route, "-"), a.Reason)
 		}
 	})
 	return e.say(nil, "%d alias(es), %d cannot serve\n", len(t.Aliases), t.Unserviceable)
@@ -325,13 +405,12 @@ func routesMigrate(e *cliEnv, o opts, _ []string) error {
 	return e.wrote(path, nil, "%s", out)
 }
 
-// subscriptionPath is the admin path for agent and the segments after it, each escaped.
-func subscriptionPath(agent string, rest ...string) string {
-	p := "/v1/admin/subscriptions/" + url.PathEscape(agent)
-	for _, r := range rest {
-		p += "/" + url.PathEscape(r)
+// subscriptionPath is the admin path of an agent's subscriptions, then the segments after it, each escaped.
+func subscriptionPath(segments ...string) string {
+	for i, s := range segments {
+		segments[i] = url.PathEscape(s)
 	}
-	return p
+	return "/v1/admin/subscriptions/" + strings.Join(segments, "/")
 }
 
 // donate posts body for agent (query "?via=sign-in" marks a sign-in's) and prints the new id alone on stdout, for
@@ -363,10 +442,7 @@ func subscriptionList(e *cliEnv, o opts, _ []string) error {
 			}
 			for _, w := range r.Windows {
 				top = max(top, w.UsedFraction)
-				used = fmt.Sprintf("%.0f%%", top*100)
-			}
-			if r.Stale && len(r.Windows) > 0 {
-				used += " (stale)"
+				used = fmt.Sprintf("%.0f%%", top*100) + map[bool]string{true: " (stale)"}[r.Stale]
 			}
 			if r.Status == "retired" {
 				retired++
@@ -377,8 +453,37 @@ func subscriptionList(e *cliEnv, o opts, _ []string) error {
 	return e.say(nil, "%d subscription(s), %d retired\n", len(l.Subscriptions), retired)
 }
 
+// maintainReport is maintain's text: the pass's verdict, usage reads and refreshes (SPEC §11.2).
+var maintainReport = template.Must(template.New("maintain").Parse(`maintenance pass: {{if .OK}}ok{{else}}not ok{{end}}
+usage reports: {{.Usage.Subscriptions}} subscription(s), {{.Usage.Read}} read, {{len .Usage.Failed}} failed
+{{range .Usage.Failed}}  failed {{.SubscriptionID}} ({{.Provider}}): {{.Error}}
+{{end}}credentials: {{.Credentials.Subscriptions}} subscription(s), {{.Credentials.Refreshed}} refreshed, {{.Credentials.Refused}} refused or failed
+next due: {{with .NextDueAt}}{{.}}{{else}}nothing due{{end}}
+`))
+
 // importFiles are the credential files import reads: the tool that keeps one, the object holding the grant.
 var importFiles = map[string]struct{ tool, object string }{"claude-code": {"Claude Code", "claudeAiOauth"}, "codex": {"the Codex CLI", "tokens"}}
+
+// subscriptionImport donates the grant of a Claude Code or Codex CLI credential file, read before the bearer.
+func subscriptionImport(e *cliEnv, o opts, _ []string) error {
+	provider, tool := o.s("provider"), importFiles[o.s("provider")].tool
+	if tool == "" {
+		return &usageError{msg: fmt.Sprintf("-provider %q: import reads claude-code or codex credential files", provider)}
+	}
+	b, err := os.ReadFile(o.s("from"))
+	if err != nil {
+		return err
+	}
+	g, err := parseImportFile(provider, b)
+	if err != nil {
+		return fmt.Errorf("%s: %w", o.s("from"), err)
+	}
+	if err = e.donate(o.s("agent"), "", donation{Provider: provider, Label: o.s("label"), OAuth: &g}); err == nil { // a refresh rotates the shared grant
+		fmt.Fprintf(e.stderr, "brama: %s and Brama now share one grant: after Brama's first refresh, %[1]s will need to sign in again; "+
+			"and if %[1]s refreshes first, Brama's copy stops working until `brama subscription sign-in` replaces it.\n", tool)
+	}
+	return err
+}
 
 // errImportFile marks a credential file import cannot use.
 var errImportFile = errors.New("not a usable credential file")
@@ -420,58 +525,23 @@ func parseImportFile(provider string, b []byte) (oauthGrant, error) {
 	return oauthGrant{}, fmt.Errorf("%w: %w", errImportFile, err)
 }
 
-// maintainReport is maintain's text: the pass's verdict, usage reads and refreshes (SPEC §11.2).
-var maintainReport = template.Must(template.New("maintain").Parse(`maintenance pass: {{if .OK}}ok{{else}}not ok{{end}}
-usage reports: {{.Usage.Subscriptions}} subscription(s), {{.Usage.Read}} read, {{len .Usage.Failed}} failed
-{{range .Usage.Failed}}  failed {{.SubscriptionID}} ({{.Provider}}): {{.Error}}
-{{end}}credentials: {{.Credentials.Subscriptions}} subscription(s), {{.Credentials.Refreshed}} refreshed, {{.Credentials.Refused}} refused or failed
-next due: {{with .NextDueAt}}{{.}}{{else}}nothing due{{end}}
-`))
-
-// maintain runs one pass by the daemon and prints its report as text or JSON; it exits 0 only when the pass was ok.
-func maintain(e *cliEnv, o opts, _ []string) error {
-	var rep passReport
-	b, err := e.call("POST", "/v1/admin/maintain", nil, &rep)
-	if err == nil && o.b("json") {
-		_, err = e.stdout.Write(b)
-	} else if err == nil {
-		err = maintainReport.Execute(e.stdout, rep)
-	}
-	if err == nil && !rep.OK {
-		err = errRefused
-	}
-	return err
-}
-
-// checkSignIn refuses a sign-in command line before the bearer is read.
-func checkSignIn(o opts) error {
-	if o.s("id") != "" && o.s("label") != "" {
-		return &usageError{msg: "-label names a new subscription; with -id the subscription keeps its label"}
-	}
-	if _, err := signInProvider(o.s("provider")); err != nil {
-		return &usageError{msg: fmt.Sprintf("-provider %q has no sign-in (claude-code or codex); donate its grant or replace it with PUT …/credential", o.s("provider"))}
-	}
-	return nil
-}
-
 // subscriptionSignIn prints the authorize URL on stderr, reads the pasted code from stdin, exchanges it here, then
-// hands the grant to the daemon; the verifier, the code and the tokens are never printed. The gateway, the bearer and
-// -id are checked first: a code is good once and for minutes only.
+// hands the grant to the daemon; the verifier, the code and the tokens are never printed. The command line, the
+// gateway, the bearer and -id are checked first: a code is good once and for minutes only.
 func subscriptionSignIn(e *cliEnv, o opts, _ []string) error {
 	provider, agent, id := o.s("provider"), o.s("agent"), o.s("id")
+	if _, err := signInProvider(provider); err != nil {
+		return &usageError{msg: fmt.Sprintf("-provider %q has no sign-in (claude-code or codex); donate its grant or replace it with PUT …/credential", provider)}
+	} else if id != "" && o.s("label") != "" {
+		return &usageError{msg: "-label names a new subscription; with -id the subscription keeps its label"}
+	}
 	var l struct{ Subscriptions []subscriptionRow }
 	if _, err := e.call("GET", subscriptionPath(agent), nil, &l); err != nil {
 		return err
-	}
-	i := slices.IndexFunc(l.Subscriptions, func(r subscriptionRow) bool { return r.ID == id })
-	switch {
-	case id == "":
-	case i < 0:
-		return fmt.Errorf("agent %q has no subscription %q; nothing to sign in", agent, id)
-	case l.Subscriptions[i].Provider != provider:
-		return fmt.Errorf("subscription %s is a %s subscription, not %s", id, l.Subscriptions[i].Provider, provider)
-	case l.Subscriptions[i].Status == "retired":
-		return fmt.Errorf("subscription %s is retired; reinstate it before signing in", id)
+	} else if id != "" && !slices.ContainsFunc(l.Subscriptions, func(r subscriptionRow) bool {
+		return r.ID == id && r.Provider == provider && r.Status != "retired"
+	}) {
+		return fmt.Errorf("agent %q has no subscription %q that is %s and not retired; nothing to sign in", agent, id, provider)
 	}
 	verifier, challenge := newPKCE()
 	state := randomToken()
@@ -488,100 +558,11 @@ func subscriptionSignIn(e *cliEnv, o opts, _ []string) error {
 	grant, err := oa.exchangeCode(e.ctx, provider, code, verifier, state)
 	if err != nil {
 		return fmt.Errorf("sign-in failed, nothing was stored: %w", err)
-	}
-	if id == "" {
+	} else if id == "" {
 		return e.donate(agent, "?via="+signInVia, donation{Provider: provider, Label: o.s("label"), OAuth: &grant})
 	}
 	if _, err = e.call("PUT", subscriptionPath(agent, id, "credential"), credentialBody{OAuth: &grant}, nil); err == nil {
 		fmt.Fprintf(e.stderr, "brama: signed in; subscription %s of agent %s has a new %s grant\n", id, agent, provider)
 	}
 	return e.say(err, "%s\n", id)
-}
-
-// onboard runs the steps in order. A step returns the model it names, or the command to run next ("next: …", and the
-// step is not done; err says whether that is a refusal). The one billable call is made only with
-// -allow-provider-cost, and only ctx cancels it (SPEC §7.4).
-func onboard(e *cliEnv, o opts, _ []string) error {
-	model, sy := o.s("model"), e.sys()
-	d := openDeps(e.getenv, sy)
-	path, err := d.st.path(onboardRole, onboardFile)
-	if err != nil {
-		return err
-	}
-	f := stateFile[*onboardProgress]{role: onboardRole, path: path, parse: parseOnboarding}
-	prog, err := f.fresh() // a file failing the guards is refused, never overwritten
-	if err != nil {
-		return fmt.Errorf("the state directory is not usable: %w", err)
-	}
-	s := &server{core: core{stores: d.stores, sys: sy, getenv: e.getenv, client: newProviderClient()}}
-	s.catalog = newCatalog(d.st, e.getenv, s.client, sy.log, sy.now)
-	var c call
-	var req chatRequest
-	steps := map[string]func() (model, next string, err error){
-		stepStateDir: func() (string, string, error) { return "", "", nil },
-		stepClient: func() (string, string, error) { // serve makes the first admin client
-			doc, err := d.clients.load()
-			if errors.Is(err, errFileAbsent) || err == nil && len(doc.Clients) == 0 {
-				return "", "brama clients add <id> -admin", errRefused
-			} else if err != nil {
-				return "", "", fmt.Errorf("the clients file is unusable: %w", err)
-			}
-			return "", "", nil
-		},
-		// The call planned as the daemon would (a bare deployment as local-openai/<name>), refusing subscription
-		// routes and selectors: their ledger is the daemon's (SPEC §2.3, §14). No model: some payer must exist.
-		stepRoute: func() (string, string, error) {
-			if m := model; m == "" && !s.anyDirectPayer() {
-				return "", "brama credentials set <provider>", errRefused
-			} else if m != "" {
-				doc, docErr := s.reg.current()
-				if docErr == nil && doc.Routes[m] == "" {
-					if _, _, n := doc.lookupLocal(m); n == 1 {
-						m = "local-openai/" + m
-					}
-				}
-				req = pingRequest(m, providerInfo{})
-				c, err = s.engine("", &tally{}).plan(client{}, "", &req)
-				switch ae := asAPIError(err); {
-				case err == nil && (c.res.Mode == modeDirect || c.res.Mode == modeAlias):
-				case err == nil || ae.Code == "forbidden": // plan wants an agent: subscription, selector or best
-					return "", "", fmt.Errorf("-model %q is paid by an agent's subscription; onboarding calls a direct route, a deployment or an alias to one", m)
-				case ae.Code == "credential_unauthorized":
-					res, _ := resolveModel(m, doc, docErr, s.hasDirect)
-					return "", "brama credentials set " + cmp.Or(res.Provider.id, "<provider>"), fmt.Errorf("-model %q cannot serve: %s", m, ae.Message)
-				default:
-					return "", "", fmt.Errorf("-model %q cannot serve: %s", m, ae.Message)
-				}
-			}
-			return c.res.Route, "", nil
-		},
-		stepAnswer: func() (string, string, error) {
-			if _, done := prog.Steps[stepAnswer]; done && model == "" {
-				return "", "", nil // done on an earlier run
-			} else if model == "" || !o.b("allow-provider-cost") {
-				return "", "brama onboard -model " + cmp.Or(model, "<route>") + " -allow-provider-cost", nil
-			}
-			if _, ae := s.engine("", &tally{}).ping(e.ctx, c, nil); ae != nil { // one ping, as the probe's (SPEC §11.3)
-				return "", "", fmt.Errorf("no model answer: %s", ae.Message)
-			}
-			return c.res.Route, "", nil
-		},
-	}
-	for _, name := range onboardSteps {
-		m, next, err := steps[name]()
-		if next != "" {
-			fmt.Fprintf(e.stdout, "next: %s\n", next)
-		}
-		if err != nil || next != "" {
-			return err
-		}
-		if _, done := prog.Steps[name]; !done {
-			prog.Steps[name] = onboardStep{DoneAt: sy.now().UTC().Format(journalTimeFormat), Model: m}
-		}
-		if err := writeState(path, prog); err != nil {
-			return fmt.Errorf("the state directory is not usable: %s cannot be written: %w", onboardRole, err)
-		}
-		fmt.Fprintf(e.stdout, "done %s\n", name)
-	}
-	return nil
 }

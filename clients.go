@@ -8,7 +8,9 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
+	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 )
@@ -112,9 +114,32 @@ func (c *clientStore) authenticate(token string) (found client, err error) {
 	return found, err
 }
 
-// updateClients changes the clients file under its lock (SPEC §2.3).
-func updateClients(path string, fn func(d *clientsDoc) error) error {
-	return (&stateFile[*clientsDoc]{role: "clients file", path: path, parse: parseClients}).update(fn)
+// update changes the clients file under its lock (SPEC §2.3); an absent file is an empty one.
+func (c *clientStore) update(fn func(d *clientsDoc) error) error {
+	return (&stateFile[*clientsDoc]{role: "clients file", path: c.path, pathErr: c.pathErr, parse: parseClients}).update(fn)
+}
+
+// ensureFirstClient creates the admin client "local", its token printed once, when no clients file exists (SPEC
+// §3.1); in memory with no state (§2.1).
+func ensureFirstClient(c *clientStore, stderr io.Writer) error {
+	tok := newToken()
+	local, kept, created := client{ID: "local", TokenSHA256: tokenDigest(tok), Role: roleAdmin}, "", c.pathErr != nil
+	if created {
+		c.memory, kept = &clientsDoc{Clients: []client{local}}, fmt.Sprintf(" for this process only (not kept: %v)", c.pathErr)
+	} else if _, err := c.load(); !errors.Is(err, errFileAbsent) {
+		return err // nil, or a clients file that must be repaired before serving
+	} else if err := c.update(func(d *clientsDoc) error {
+		if created = len(d.Clients) == 0; created {
+			d.Clients = append(d.Clients, local)
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	if created {
+		fmt.Fprintf(stderr, "brama: created admin client \"local\"%s; bearer token (shown once): %s\n", kept, tok)
+	}
+	return nil
 }
 
 func hexSHA256(b []byte) string { return fmt.Sprintf("%x", sha256.Sum256(b)) }

@@ -17,7 +17,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -68,41 +67,7 @@ func run(ctx context.Context, cut <-chan struct{}, args []string, getenv func(st
 	case args[0] == "-version" || args[0] == "--version":
 		args = append([]string{"version"}, args[1:]...)
 	}
-	return e.runCommand(lookup(args))
-}
-
-// command is one row of the CLI: `brama help` prints its name and purpose; -h all of it.
-type command struct {
-	name, args, purpose, example string             // name: one or two words; args: the usage line after it
-	pos                          int                // positionals it takes
-	need                         []string           // flags that must be given, not blank
-	gateway                      bool               // calls the daemon: -gateway, then the bearer
-	flags                        []flagSpec         // declared in this order
-	check                        func(o opts) error // before the bearer is read
-	run                          func(e *cliEnv, o opts, pos []string) error
-}
-
-// flagSpec is one flag; its default's type picks the kind (a []string is repeatable).
-type flagSpec struct {
-	name string
-	def  any
-	help string
-}
-
-// opts is a command line's flag values by name, each a pointer of its kind.
-type opts map[string]any
-
-func (o opts) s(name string) string { return *o[name].(*string) }
-func (o opts) b(name string) bool   { return *o[name].(*bool) }
-
-// cliEnv is what every command reads and writes besides its arguments.
-type cliEnv struct {
-	ctx            context.Context // serve's first stop signal; a CLI command ends on a signal (main)
-	cut            <-chan struct{} // closed on the second signal: serve cuts its running requests
-	getenv         func(string) string
-	in             *bufio.Reader // stdin: the bearer, then an API key or a pasted code, by lines
-	stdout, stderr io.Writer
-	gateway, auth  string // a gateway command's daemon URL and bearer
+	return e.runCommand(args)
 }
 
 // usageError is a command line Brama could not understand (exit 2).
@@ -134,216 +99,11 @@ func exitCode(err error, stderr io.Writer) int {
 	return 1
 }
 
-// lookup finds args' command: two words, else one; else a usage error naming the group's commands.
-func lookup(args []string) (command, []string, error) {
-	cmds := commands()
-	for n := min(2, len(args)); n > 0; n-- {
-		if i := slices.IndexFunc(cmds, func(c command) bool { return c.name == strings.Join(args[:n], " ") }); i >= 0 {
-			return cmds[i], args[n:], nil
-		}
-	}
-	var subs []string
-	for _, c := range cmds {
-		if group, sub, ok := strings.Cut(c.name, " "); ok && group == args[0] {
-			subs = append(subs, sub)
-		}
-	}
-	msg := fmt.Sprintf("unknown command %q; see brama help", args[0])
-	if len(subs) > 0 {
-		msg = fmt.Sprintf("%s wants one of %s; see brama help", args[0], strings.Join(subs, ", "))
-		if len(args) > 1 && !strings.HasPrefix(args[1], "-") {
-			msg = fmt.Sprintf("unknown command %q: %s", args[0]+" "+args[1], msg)
-		}
-	}
-	return command{}, nil, &usageError{msg: msg}
+// deps are the state files every command and the server share.
+type deps struct {
+	stores
+	clients *clientStore
 }
-
-// help lists every command with its purpose.
-func help(w io.Writer) {
-	fmt.Fprint(w, "usage: brama COMMAND [flags] [arguments]; brama COMMAND -h prints its flags and an example\n\n")
-	table(w, nil, "", func(yield func(...string)) {
-		for _, c := range commands() {
-			yield("  "+c.name, c.purpose)
-		}
-	})
-}
-
-// runCommand parses args for c, flags and positionals in either order (SPEC §16.1): -h prints c's help on stdout; a
-// usage error names c's help.
-func (e *cliEnv) runCommand(c command, args []string, err error) error {
-	if err != nil {
-		return err
-	}
-	fs, o := flag.NewFlagSet("brama "+c.name, flag.ContinueOnError), opts{}
-	fs.SetOutput(io.Discard)
-	if c.gateway {
-		c.flags = append(c.flags, flagSpec{"gateway", "http://127.0.0.1:8080", "the brama serve `URL` to call"})
-	}
-	for _, f := range c.flags {
-		switch d := f.def.(type) {
-		case string:
-			o[f.name] = fs.String(f.name, d, f.help)
-		case bool:
-			o[f.name] = fs.Bool(f.name, d, f.help)
-		case int:
-			o[f.name] = fs.Int(f.name, d, f.help)
-		case time.Duration:
-			o[f.name] = fs.Duration(f.name, d, f.help)
-		case []string:
-			p := new([]string)
-			o[f.name] = p
-			fs.Func(f.name, f.help, func(v string) error { *p = append(*p, v); return nil })
-		}
-	}
-	var pos []string
-	for {
-		if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintf(e.stdout, "usage: brama %s %s\n\n%s.\n", c.name, c.args, c.purpose)
-			if len(c.flags) > 0 {
-				fmt.Fprintln(e.stdout, "\nflags:")
-				fs.SetOutput(e.stdout)
-				fs.PrintDefaults()
-			}
-			fmt.Fprintf(e.stdout, "\nexample:\n  %s\n", c.example)
-			return err
-		} else if err != nil {
-			return &usageError{c.name, err.Error()}
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		pos, args = append(pos, fs.Arg(0)), fs.Args()[1:]
-	}
-	if len(pos) != c.pos {
-		return &usageError{c.name, "want " + cmp.Or(c.args, "no arguments")}
-	}
-	set, missing := map[string]bool{}, []string{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = strings.TrimSpace(f.Value.String()) != "" })
-	for _, name := range c.need {
-		if !set[name] {
-			missing = append(missing, "-"+name)
-		}
-	}
-	if len(missing) > 0 {
-		return &usageError{c.name, "want " + strings.Join(missing, " and ")}
-	}
-	if c.check != nil {
-		err = c.check(o)
-	}
-	if err == nil && c.gateway {
-		err = e.dial(o.s("gateway"))
-	}
-	if err == nil {
-		err = c.run(e, o, pos)
-	}
-	if ue := (*usageError)(nil); errors.As(err, &ue) && ue.cmd == "" {
-		ue.cmd = c.name
-	}
-	return err
-}
-
-// deps opens the state files; sys is a command's logger (to stderr, at BRAMA_LOG_LEVEL) and clock.
-func (e *cliEnv) deps() deps { return openDeps(e.getenv, e.sys()) }
-
-func (e *cliEnv) sys() sys {
-	return sys{log: newLogger(e.stderr, e.getenv("BRAMA_LOG_LEVEL")), now: time.Now}
-}
-
-// say prints a command's success line, unless err.
-func (e *cliEnv) say(err error, format string, args ...any) error {
-	if err == nil {
-		fmt.Fprintf(e.stdout, format, args...)
-	}
-	return err
-}
-
-// wrote reports a write, unless err: the file, and a warning when no serve holds the state directory (nothing serves
-// the change until one starts), on stderr; the success line on stdout.
-func (e *cliEnv) wrote(path string, err error, format string, args ...any) error {
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(e.stderr, "brama: wrote %s\n", path)
-	if st := resolveState(e.getenv); st.dir != "" && !serveHolds(st) {
-		fmt.Fprintf(e.stderr, "brama: warning: no brama serve holds %s; the change serves once one starts: brama serve\n",
-			filepath.Join(st.dir, "serve.lock"))
-	}
-	return e.say(nil, format, args...)
-}
-
-// serveHolds says whether a brama serve holds s's serve.lock; it creates no file.
-func serveHolds(s state) bool {
-	f, err := os.OpenFile(filepath.Join(s.dir, "serve.lock"), os.O_RDONLY|syscall.O_NOFOLLOW, 0)
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	return errors.Is(syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB), syscall.EWOULDBLOCK)
-}
-
-func (e *cliEnv) line() string {
-	s, _ := e.in.ReadString('\n')
-	return strings.TrimSpace(s)
-}
-
-// dial checks -gateway and takes the bearer from BRAMA_TOKEN, else stdin's first line. No time limit of Brama's own
-// (a pass may wait on token endpoints); one SIGINT ends the command (SPEC §17).
-func (e *cliEnv) dial(raw string) error {
-	u, err := url.Parse(strings.TrimSpace(raw))
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" {
-		return &usageError{msg: fmt.Sprintf("-gateway %q is not an http:// or https:// URL", raw)}
-	}
-	if u.Scheme == "http" && !isLoopbackHost(u.Hostname()) { // the bearer and credentials would cross in clear text
-		return &usageError{msg: fmt.Sprintf("-gateway %q: http:// is allowed only to a loopback host; use https://", raw)}
-	}
-	if e.gateway, e.auth = strings.TrimRight(u.String(), "/"), strings.TrimSpace(e.getenv("BRAMA_TOKEN")); e.auth == "" {
-		e.auth = e.line()
-	}
-	if e.auth == "" {
-		return errors.New("no bearer token: set BRAMA_TOKEN or give the token as stdin's first line")
-	}
-	return nil
-}
-
-// call sends one admin request (body nil: none) and returns the success body, decoded into out unless out is nil; a
-// non-2xx answer is an error quoting the envelope.
-func (e *cliEnv) call(method, path string, body, out any) ([]byte, error) {
-	var rd io.Reader
-	if body != nil {
-		b, _ := json.Marshal(body) // a donation, credentialBody or map of strings cannot fail
-		rd = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(e.ctx, method, e.gateway+path, rd)
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Authorization", "Bearer "+e.auth)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("cannot reach the gateway at %s: %w", e.gateway, errors.Unwrap(err))
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	var env envelope
-	switch {
-	case err != nil:
-		return nil, fmt.Errorf("reading the gateway's answer: %w", err)
-	case resp.StatusCode/100 == 2 && (out == nil || json.Unmarshal(b, out) == nil):
-		return b, nil
-	case resp.StatusCode/100 == 2:
-		return nil, fmt.Errorf("the gateway's answer is not what %s %s answers: %s", method, path, truncateUTF8(string(b), 200))
-	case json.Unmarshal(b, &env) != nil || env.Error.Code == "":
-		env.Error.Code, env.Error.Message = "unknown", "the answer is not a Brama error envelope"
-	}
-	return nil, fmt.Errorf("the gateway refused (%d %s): %s", resp.StatusCode, env.Error.Code, env.Error.Message)
-}
-
-// Tests replace the serving process's clock and shorten the stream keep-alive interval.
-var (
-	testingOnlyNow       func() time.Time
-	testingOnlyKeepAlive time.Duration
-)
 
 // openDeps resolves every state file path (SPEC §2.1, §2.2); nothing is read yet.
 func openDeps(getenv func(string) string, sy sys) deps {
@@ -355,15 +115,9 @@ func openDeps(getenv func(string) string, sy sys) deps {
 	return deps{stores{st, newVault(vpath, verr), j, newRegistry(rpath, rerr, j, sy.log)}, newClientStore(cpath, cerr)}
 }
 
-// deps are the state files every command and the server share.
-type deps struct {
-	stores
-	clients *clientStore
-}
-
-// newLogger makes the JSON slog logger at BRAMA_LOG_LEVEL.
+// newLogger makes the JSON slog logger at BRAMA_LOG_LEVEL (info unless level names another).
 func newLogger(w io.Writer, level string) *slog.Logger {
-	var lv slog.Level // info, unless level names another
+	var lv slog.Level
 	level = strings.TrimSpace(level)
 	err := lv.UnmarshalText([]byte(level))
 	log := slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: lv}))
@@ -373,16 +127,23 @@ func newLogger(w io.Writer, level string) *slog.Logger {
 	return log
 }
 
+// Tests replace the serving process's clock and shorten the stream keep-alive interval.
+var (
+	testingOnlyNow       func() time.Time
+	testingOnlyKeepAlive time.Duration
+)
+
 // serve runs the daemon until ctx ends, then drains until its requests end or e.cut closes.
 func serve(e *cliEnv, o opts, _ []string) error {
-	addr, sy := o.s("addr"), e.sys()
+	sy := e.sys()
 	if testingOnlyNow != nil {
 		sy.now = testingOnlyNow
 	}
 	log, now := sy.log, sy.now
 	maxBody, bodyErr := envWhole(e.getenv, "BRAMA_MAX_REQUEST_BYTES", "bytes", 1, defaultMaxRequestBytes, 64)
 	guard, guardErr := newTransportGuard(e.getenv("BRAMA_TRUSTED_PROXY_IPS"))
-	if err := cmp.Or(checkListenAddr(addr), bodyErr, guardErr); err != nil {
+	localCreds, credsErr := readLocalCredentials(o.b("local-credentials-stdin"), e.in)
+	if err := cmp.Or(checkListenAddr(o.s("addr")), bodyErr, guardErr, credsErr); err != nil {
 		return err
 	}
 	signal.Ignore(syscall.SIGPIPE) // a log reader gone (`serve 2>&1 | logger`) ends no generation: its lines are lost
@@ -392,30 +153,27 @@ func serve(e *cliEnv, o opts, _ []string) error {
 		return err
 	} else if lock != nil {
 		defer lock.Close()
-		if n, err := removeStaleTemps(d.st.dir, d.vault.path, d.reg.path, d.clients.path); err != nil {
+		n, err := removeStaleTemps(d.st.dir, d.vault.path, d.reg.path, d.clients.path)
+		if err != nil {
 			log.Warn("state_temp_files_unremoved", "removed", n, "cause", err.Error())
 		} else if n > 0 {
 			log.Info("state_temp_files_removed", "count", n)
 		}
 	}
-	client := newProviderClient()
-	s := &server{clients: d.clients, core: core{stores: d.stores, sys: sy, getenv: e.getenv, client: client, keepAlive: testingOnlyKeepAlive,
-		catalog: newCatalog(d.st, e.getenv, client, log, now), perf: newPerfRegistry(d.st, sy), ledger: newLedger(d.st, log, now)},
-		guard: guard, maxBody: maxBody, answers: newAnswerStore(d.st, log, now), replay: newReplayGuard(e.getenv, log, now)}
-	defer s.ledger.flush()
-	s.inv = newInventory(d.st, s.vault, s.journal, s.ledger, e.getenv, sy)
-	if ids, _ := s.inv.orphans(); len(ids) > 0 { // kept: /readyz names them (SPEC §17)
+	client, ledger := newProviderClient(), newLedger(d.st, log, now)
+	defer ledger.flush()
+	inv := newInventory(d.st, d.vault, d.journal, ledger, e.getenv, sy)
+	if ids, _ := inv.orphans(); len(ids) > 0 { // kept: /readyz names them (SPEC §17)
 		log.Warn("vault_orphans_unremoved", "count", len(ids), "remove_with", "brama subscription prune-orphans")
 	}
-	s.oauth = newOAuth(e.getenv, client, s.vault, s.ledger, log, now)
-	defer s.oauth.shutdown(e.cut)
-	s.maint = newMaintainer(s.inv, s.ledger, s.oauth, client, e.getenv, log, now)
-	if o.b("local-credentials-stdin") {
-		if s.localCreds, err = readLocalCredentials(e.in); err != nil {
-			return err
-		}
-	}
-	ln, err := net.Listen("tcp", addr) // before the first client: its token is shown once, not to a start that fails
+	oauth := newOAuth(e.getenv, client, d.vault, ledger, log, now)
+	defer oauth.shutdown(e.cut)
+	s := &server{clients: d.clients, guard: guard, maxBody: maxBody, answers: newAnswerStore(d.st, log, now),
+		replay: newReplayGuard(e.getenv, log, now), core: core{stores: d.stores, sys: sy, getenv: e.getenv, client: client,
+			keepAlive: testingOnlyKeepAlive, catalog: newCatalog(d.st, e.getenv, client, log, now), perf: newPerfRegistry(d.st, sy),
+			ledger: ledger, inv: inv, oauth: oauth, maint: newMaintainer(inv, ledger, oauth, client, e.getenv, log, now),
+			localCreds: localCreds}}
+	ln, err := net.Listen("tcp", o.s("addr")) // before the first client: its token is shown once, not to a start that fails
 	if err != nil {
 		return err
 	}
@@ -476,9 +234,7 @@ func serveNotes(s *server) string {
 	if s.st.dir == "" {
 		where = fmt.Sprintf("state: none (%v): nothing is kept", s.st.cause)
 	}
-	v, _ := s.vault.load()
-	doc, _ := s.reg.current()
-	if len(s.localCreds) > 0 || v != nil && len(v.Direct)+len(v.Subscriptions) > 0 || doc != nil && len(doc.Deployments) > 0 {
+	if v, _ := s.vault.load(); s.anyDirectPayer() || v != nil && len(v.Subscriptions) > 0 {
 		return where + "\nready: brama routes list shows what each alias serves"
 	}
 	return where + "\nnext: brama credentials set anthropic (the API key on stdin), then brama routes set 'claude-*' 'anthropic/*'" +
@@ -500,72 +256,124 @@ func checkListenAddr(addr string) error {
 	return nil
 }
 
-// readLocalCredentials reads `{"provider":"api key",…}` from stdin, keys trimmed as credentials set trims them.
-func readLocalCredentials(r io.Reader) (map[string]string, error) {
-	b, err := io.ReadAll(r)
-	creds := map[string]string{}
-	if err == nil {
-		err = decodeStrict("-local-credentials-stdin", b, &creds)
-	}
-	if err == nil && creds == nil { // null: no map, and the vault's keys would be read
-		err = errors.New("-local-credentials-stdin: not a JSON object")
-	}
-	for p, key := range creds {
-		if info, ok := lookupProvider(p); err == nil && (!ok || info.cred != credDirect) {
-			err = fmt.Errorf("-local-credentials-stdin: %q is not a provider that takes a direct API key", p)
-		} else if creds[p] = strings.TrimSpace(key); err == nil && (creds[p] == "" || !printable(creds[p])) {
-			err = fmt.Errorf("-local-credentials-stdin: the API key for %q is empty or not one line of printable text", p)
-		}
-	}
-	return creds, err
+// cliEnv is what every command reads and writes besides its arguments.
+type cliEnv struct {
+	ctx            context.Context // serve's first stop signal; a CLI command ends on a signal (main)
+	cut            <-chan struct{} // closed on the second signal: serve cuts its running requests
+	getenv         func(string) string
+	in             *bufio.Reader // stdin: the bearer, then an API key or a pasted code, by lines
+	stdout, stderr io.Writer
+	gateway, auth  string // a gateway command's daemon URL, and its bearer once read
 }
 
-// ensureFirstClient creates the admin client "local", its token printed once, when no clients file exists (SPEC
-// §3.1); in memory with no state (§2.1).
-func ensureFirstClient(c *clientStore, stderr io.Writer) error {
-	tok := newToken()
-	local, kept, created := client{ID: "local", TokenSHA256: tokenDigest(tok), Role: roleAdmin}, "", c.pathErr != nil
-	if created {
-		c.memory, kept = &clientsDoc{Clients: []client{local}}, fmt.Sprintf(" for this process only (not kept: %v)", c.pathErr)
-	} else if _, err := c.load(); !errors.Is(err, errFileAbsent) {
-		return err // nil, or a clients file that must be repaired before serving
-	} else if err := updateClients(c.path, func(d *clientsDoc) error {
-		if created = len(d.Clients) == 0; created {
-			d.Clients = append(d.Clients, local)
-		}
-		return nil
-	}); err != nil {
+// deps opens the state files; sys is a command's logger (to stderr, at BRAMA_LOG_LEVEL) and clock.
+func (e *cliEnv) deps() deps { return openDeps(e.getenv, e.sys()) }
+
+func (e *cliEnv) sys() sys {
+	return sys{log: newLogger(e.stderr, e.getenv("BRAMA_LOG_LEVEL")), now: time.Now}
+}
+
+// say prints a command's success line, unless err.
+func (e *cliEnv) say(err error, format string, args ...any) error {
+	if err == nil {
+		fmt.Fprintf(e.stdout, format, args...)
+	}
+	return err
+}
+
+// wrote reports a write, unless err: the file, and a warning when no serve holds the state directory (nothing serves
+// the change until one starts), on stderr; the success line on stdout.
+func (e *cliEnv) wrote(path string, err error, format string, args ...any) error {
+	if err != nil {
 		return err
 	}
-	if created {
-		fmt.Fprintf(stderr, "brama: created admin client \"local\"%s; bearer token (shown once): %s\n", kept, tok)
+	fmt.Fprintf(e.stderr, "brama: wrote %s\n", path)
+	if st := resolveState(e.getenv); st.dir != "" && !serveHolds(st) {
+		fmt.Fprintf(e.stderr, "brama: warning: no brama serve holds %s; the change serves once one starts: brama serve\n",
+			filepath.Join(st.dir, "serve.lock"))
+	}
+	return e.say(nil, format, args...)
+}
+
+// serveHolds says whether a brama serve holds s's serve.lock; it creates no file.
+func serveHolds(s state) bool {
+	f, err := os.OpenFile(filepath.Join(s.dir, "serve.lock"), os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	return errors.Is(syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB), syscall.EWOULDBLOCK)
+}
+
+func (e *cliEnv) line() string {
+	s, _ := e.in.ReadString('\n')
+	return strings.TrimSpace(s)
+}
+
+// bearer reads the daemon's bearer once: BRAMA_TOKEN, else stdin's first line.
+func (e *cliEnv) bearer() error {
+	if e.auth = cmp.Or(e.auth, strings.TrimSpace(e.getenv("BRAMA_TOKEN"))); e.auth == "" {
+		e.auth = e.line()
+	}
+	if e.auth == "" {
+		return errors.New("no bearer token: set BRAMA_TOKEN or give the token as stdin's first line")
 	}
 	return nil
 }
 
-// Onboarding (SPEC §14) walks the first-use journey in-process, no daemon or bearer, in onboardSteps' order;
-// onboarding.json keeps the steps done.
+// call sends one admin request (body nil: none) and returns the success body, decoded into out unless out is nil; a
+// non-2xx answer is an error quoting the envelope. No time limit of Brama's own (a pass may wait on token
+// endpoints); one SIGINT ends the command (SPEC §17).
+func (e *cliEnv) call(method, path string, body, out any) ([]byte, error) {
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body) // a donation, credentialBody or map of strings cannot fail
+		rd = bytes.NewReader(b)
+	}
+	req, _ := http.NewRequestWithContext(e.ctx, method, e.gateway+path, rd) // the gateway is checked, the path escaped
+	if err := e.bearer(); err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+e.auth)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("cannot reach the gateway at %s: %w", e.gateway, errors.Unwrap(err))
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	var env envelope
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("reading the gateway's answer: %w", err)
+	case resp.StatusCode/100 == 2 && (out == nil || json.Unmarshal(b, out) == nil):
+		return b, nil
+	case resp.StatusCode/100 == 2:
+		return nil, fmt.Errorf("the gateway's answer is not what %s %s answers: %s", method, path, truncateUTF8(string(b), 200))
+	case json.Unmarshal(b, &env) != nil || env.Error.Code == "":
+		env.Error.Code, env.Error.Message = "unknown", "the answer is not a Brama error envelope"
+	}
+	return nil, fmt.Errorf("the gateway refused (%d %s): %s", resp.StatusCode, env.Error.Code, env.Error.Message)
+}
+
+// onboardSteps are the first-use journey (SPEC §14) in order; onboarding.json keeps the steps done.
+var onboardSteps = []string{"state-directory", "client", "route", "answer"}
+
 const (
-	stepStateDir = "state-directory"
-	stepClient   = "client"
-	stepRoute    = "route"
-	stepAnswer   = "answer"
-	onboardFile  = "onboarding.json"
-	onboardRole  = "onboarding progress"
+	onboardFile = "onboarding.json"
+	onboardRole = "onboarding progress"
 )
 
-var onboardSteps = []string{stepStateDir, stepClient, stepRoute, stepAnswer}
-
-// onboardProgress is onboarding.json: each step done, when first done (RFC 3339 UTC, milliseconds), and (route,
-// answer) the model it named.
+// onboardProgress is onboarding.json: each step done, when first done (RFC 3339 UTC), and (route, answer) the model
+// it named.
 type onboardProgress struct {
 	SchemaVersion int                    `json:"schema_version"`
 	Steps         map[string]onboardStep `json:"steps"`
 }
 
 type onboardStep struct {
-	DoneAt string `json:"done_at"`
-	Model  string `json:"model,omitempty"`
+	DoneAt time.Time `json:"done_at"`
+	Model  string    `json:"model,omitempty"`
 }
 
 // errOnboardingInvalid wraps every refusal of parseOnboarding.
@@ -580,20 +388,92 @@ func parseOnboarding(b []byte) (*onboardProgress, error) {
 	return prog, nil
 }
 
-// validate refuses another schema, unknown steps and unreadable times.
+// validate refuses another schema and unknown steps (the decoder refuses an unreadable time).
 func (prog *onboardProgress) validate() error {
 	if prog.SchemaVersion != 1 {
 		return fmt.Errorf("schema_version %d is not 1", prog.SchemaVersion)
 	}
-	for name, st := range prog.Steps {
+	for name := range prog.Steps {
 		if !slices.Contains(onboardSteps, name) {
 			return fmt.Errorf("unknown step %q", truncateUTF8(name, 64))
-		} else if _, err := time.Parse(time.RFC3339Nano, st.DoneAt); err != nil {
-			return fmt.Errorf("step %s: done_at is not an RFC 3339 time", name)
 		}
 	}
 	if prog.Steps == nil {
 		prog.Steps = map[string]onboardStep{}
 	}
 	return nil
+}
+
+// onboard walks the first-use journey in-process, no daemon or bearer: each step passed is recorded and printed
+// ("done …"); the first that is not prints the command to run next ("next: …") and ends the walk. The one billable
+// call is made only with -allow-provider-cost, and only ctx cancels it (SPEC §7.4).
+func onboard(e *cliEnv, o opts, _ []string) error {
+	model, sy := o.s("model"), e.sys()
+	d := openDeps(e.getenv, sy)
+	path, pathErr := d.st.path(onboardRole, onboardFile)
+	prog, err := (&stateFile[*onboardProgress]{role: onboardRole, path: path, pathErr: pathErr, parse: parseOnboarding}).fresh()
+	if err != nil { // a file failing the guards is refused, never overwritten
+		return fmt.Errorf("the state directory is not usable: %w", err)
+	}
+	done := func(step, model string) error {
+		if _, ok := prog.Steps[step]; !ok {
+			prog.Steps[step] = onboardStep{DoneAt: sy.now().UTC().Truncate(time.Millisecond), Model: model}
+		}
+		if err := writeState(path, prog); err != nil {
+			return fmt.Errorf("the state directory is not usable: %s cannot be written: %w", onboardRole, err)
+		}
+		return e.say(nil, "done %s\n", step)
+	}
+	next := func(cmd string, err error) error {
+		fmt.Fprintf(e.stdout, "next: %s\n", cmd)
+		return err
+	}
+	if err := done("state-directory", ""); err != nil {
+		return err
+	}
+	switch doc, err := d.clients.load(); { // serve makes the first admin client
+	case errors.Is(err, errFileAbsent) || err == nil && len(doc.Clients) == 0:
+		return next("brama clients add <id> -admin", errRefused)
+	case err != nil:
+		return fmt.Errorf("the clients file is unusable: %w", err)
+	}
+	if err := done("client", ""); err != nil {
+		return err
+	}
+	// The call planned as the daemon would (a bare deployment as local-openai/<name>), refusing subscription routes
+	// and selectors: their ledger is the daemon's (SPEC §2.3, §14). No model: some payer must exist.
+	s := &server{core: core{stores: d.stores, sys: sy, getenv: e.getenv, client: newProviderClient()}}
+	c, req := call{}, pingRequest(model, providerInfo{})
+	if model == "" && !s.anyDirectPayer() {
+		return next("brama credentials set <provider>", errRefused)
+	} else if model != "" {
+		doc, docErr := s.reg.current()
+		if docErr == nil && doc.Routes[model] == "" {
+			if _, _, n := doc.lookupLocal(model); n == 1 {
+				req.Model = "local-openai/" + model
+			}
+		}
+		c, err = s.engine("", &tally{}).plan(client{}, "", &req)
+		switch ae := asAPIError(err); {
+		case err == nil:
+		case ae.Code == "forbidden": // plan wants an agent: a subscription route, a selector or best
+			return fmt.Errorf("-model %q is paid by an agent's subscription; onboarding calls a direct route, a deployment or an alias to one", req.Model)
+		case ae.Code == "credential_unauthorized": // plan names the route's provider
+			return next("brama credentials set "+c.res.Provider.id, fmt.Errorf("-model %q cannot serve: %s", req.Model, ae.Message))
+		default:
+			return fmt.Errorf("-model %q cannot serve: %s", req.Model, ae.Message)
+		}
+	}
+	if err := done("route", c.res.Route); err != nil {
+		return err
+	}
+	if _, ok := prog.Steps["answer"]; ok && model == "" {
+		return done("answer", "") // done on an earlier run
+	} else if model == "" || !o.b("allow-provider-cost") {
+		return next("brama onboard -model "+cmp.Or(model, "<route>")+" -allow-provider-cost", nil)
+	}
+	if _, ae := s.engine("", &tally{}).ping(e.ctx, c, nil); ae != nil { // one ping, as the probe's (SPEC §11.3)
+		return fmt.Errorf("no model answer: %s", ae.Message)
+	}
+	return done("answer", c.res.Route)
 }

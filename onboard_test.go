@@ -63,40 +63,40 @@ func TestOnboardJourney(t *testing.T) {
 	}{
 		{name: "no client", args: nil, code: 1,
 			out:       "done state-directory\nnext: brama clients add <id> -admin\n",
-			wantSteps: []string{stepStateDir}},
+			wantSteps: []string{"state-directory"}},
 		{name: "no credential", setup: func(t *testing.T) { addClient(t, env, "local", "-admin") }, code: 1,
 			out:       "done state-directory\ndone client\nnext: brama credentials set <provider>\n",
-			wantSteps: []string{stepStateDir, stepClient}},
+			wantSteps: []string{"state-directory", "client"}},
 		{name: "stops before the billable step", setup: func(t *testing.T) {
 			if _, errOut, code := runCLI(t, env, plantedOpenAIKey+"\n", "credentials", "set", "openai"); code != 0 {
 				t.Fatal(errOut)
 			}
 		}, code: 0, out: "done state-directory\ndone client\ndone route\n" + billable,
-			wantSteps: []string{stepStateDir, stepClient, stepRoute}},
+			wantSteps: []string{"state-directory", "client", "route"}},
 		{name: "a model without permission", args: []string{"-model", "openai/gpt-test"}, code: 0,
 			out:       "done state-directory\ndone client\ndone route\nnext: brama onboard -model openai/gpt-test -allow-provider-cost\n",
-			wantSteps: []string{stepStateDir, stepClient, stepRoute}},
+			wantSteps: []string{"state-directory", "client", "route"}},
 		{name: "permission without a model", args: []string{"-allow-provider-cost"}, code: 0,
 			out:       "done state-directory\ndone client\ndone route\n" + billable,
-			wantSteps: []string{stepStateDir, stepClient, stepRoute}},
+			wantSteps: []string{"state-directory", "client", "route"}},
 		{name: "a subscription route is refused", args: []string{"-model", "claude-code/claude-test", "-allow-provider-cost"}, code: 1,
 			out: "done state-directory\ndone client\n", errHas: "paid by an agent's subscription",
-			wantSteps: []string{stepStateDir, stepClient, stepRoute}},
+			wantSteps: []string{"state-directory", "client", "route"}},
 		{name: "a selector is refused", args: []string{"-model", "any", "-allow-provider-cost"}, code: 1,
 			out: "done state-directory\ndone client\n", errHas: "paid by an agent's subscription",
-			wantSteps: []string{stepStateDir, stepClient, stepRoute}},
+			wantSteps: []string{"state-directory", "client", "route"}},
 		{name: "no key for the named route", args: []string{"-model", "anthropic/claude-test", "-allow-provider-cost"}, code: 1,
 			out: "done state-directory\ndone client\nnext: brama credentials set anthropic\n", errHas: "no direct credential",
-			wantSteps: []string{stepStateDir, stepClient, stepRoute}},
+			wantSteps: []string{"state-directory", "client", "route"}},
 		{name: "the provider refuses", setup: func(*testing.T) { fail.Store(true) }, args: []string{"-model", "openai/gpt-test", "-allow-provider-cost"}, code: 1,
 			out: "done state-directory\ndone client\ndone route\n", errHas: "no model answer", calls: 1,
-			wantSteps: []string{stepStateDir, stepClient, stepRoute}},
+			wantSteps: []string{"state-directory", "client", "route"}},
 		{name: "one real answer completes", setup: func(*testing.T) { fail.Store(false) }, args: []string{"-model", "openai/gpt-test", "-allow-provider-cost"}, code: 0,
 			out: "done state-directory\ndone client\ndone route\ndone answer\n", calls: 1,
-			wantSteps: []string{stepStateDir, stepClient, stepRoute, stepAnswer}},
+			wantSteps: []string{"state-directory", "client", "route", "answer"}},
 		{name: "complete stays complete", code: 0,
 			out:       "done state-directory\ndone client\ndone route\ndone answer\n",
-			wantSteps: []string{stepStateDir, stepClient, stepRoute, stepAnswer}},
+			wantSteps: []string{"state-directory", "client", "route", "answer"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -116,7 +116,7 @@ func TestOnboardJourney(t *testing.T) {
 				t.Errorf("progress holds %v, want %v", got, tc.wantSteps)
 			}
 			for _, s := range tc.wantSteps {
-				if got[s].DoneAt == "" {
+				if got[s].DoneAt.IsZero() {
 					t.Errorf("progress lacks step %s: %v", s, got)
 				}
 			}
@@ -125,7 +125,7 @@ func TestOnboardJourney(t *testing.T) {
 			}
 		})
 	}
-	if m := steps(t)[stepAnswer].Model; m != "openai/gpt-test" {
+	if m := steps(t)["answer"].Model; m != "openai/gpt-test" {
 		t.Errorf("answer step model = %q", m)
 	}
 	if fi, err := os.Stat(progress); err != nil || fi.Mode().Perm() != 0o600 {

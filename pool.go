@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"net/http"
@@ -334,6 +335,30 @@ func (c *core) directKey(provider string) (string, error) {
 		return "", err
 	}
 	return "", nil
+}
+
+// readLocalCredentials reads `{"provider":"api key",…}` from stdin when asked, keys trimmed as credentials set trims
+// them; nil when not asked (the vault's keys are read).
+func readLocalCredentials(asked bool, r io.Reader) (map[string]string, error) {
+	if !asked {
+		return nil, nil
+	}
+	b, err := io.ReadAll(r)
+	creds := map[string]string{}
+	if err == nil {
+		err = decodeStrict("-local-credentials-stdin", b, &creds)
+	}
+	if err == nil && creds == nil { // null: no map, and the vault's keys would be read
+		err = errors.New("-local-credentials-stdin: not a JSON object")
+	}
+	for p, key := range creds {
+		if info, ok := lookupProvider(p); err == nil && (!ok || info.cred != credDirect) {
+			err = fmt.Errorf("-local-credentials-stdin: %q is not a provider that takes a direct API key", p)
+		} else if creds[p] = strings.TrimSpace(key); err == nil && (creds[p] == "" || !printable(creds[p])) {
+			err = fmt.Errorf("-local-credentials-stdin: the API key for %q is empty or not one line of printable text", p)
+		}
+	}
+	return creds, err
 }
 
 // hasDirect reports whether a direct credential exists for provider.
