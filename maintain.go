@@ -323,10 +323,10 @@ func (m *maintainer) passOnce(ctx context.Context, agent string) passReport {
 			s.cred, s.credErr = m.inv.credential(it.ID)
 			s.entry, _ = m.l.entry(it.ID)
 			_, published := usageReports[it.Provider]
-			_, oauthErr := lookupOAuth(it.Provider)
+			row, _ := lookupProvider(it.Provider)
 			active := s.entry.Credential.State == credActive
 			s.reportable = active && published && (s.credErr != nil || usageReportable(it.Provider, s.cred))
-			s.oauth = active && oauthErr == nil && s.credErr == nil && s.cred.OAuth != nil
+			s.oauth = active && row.tokenURL != "" && s.credErr == nil && s.cred.OAuth != nil
 			if s.reportable {
 				p.rep.Usage.Subscriptions++
 			}

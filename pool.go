@@ -283,7 +283,8 @@ func (e *engine) probe(ctx context.Context, it overlayItem, model string) (probe
 	if until := e.ledger.blockedUntil(it.ID); !until.IsZero() {
 		return probeOutcome{}, refuse("state_conflict", "subscription %s is blocked until %s; a probe is not sent inside a recorded block", it.ID, until.UTC().Format(time.RFC3339))
 	}
-	model = cmp.Or(strings.TrimPrefix(strings.TrimSpace(model), it.Provider+"/"), probeModels[it.Provider])
+	builtin, _ := lookupProvider(it.Provider)
+	model = cmp.Or(strings.TrimPrefix(strings.TrimSpace(model), it.Provider+"/"), builtin.probe)
 	if model == "" {
 		return probeOutcome{}, refuse("state_conflict", "name a model for this probe: provider %q has no built-in probe model", it.Provider)
 	}
