@@ -55,23 +55,25 @@ type oauthClient struct {
 
 	mu       sync.Mutex // guards inflight, closed
 	inflight map[string]*refreshCall
-	closed   bool           // shutdown began: no new flight starts
-	wg       sync.WaitGroup // counts refreshes running detached from their callers
+	closed   bool               // shutdown began: no new flight starts
+	wg       sync.WaitGroup     // counts flights, which run detached from their callers
+	flights  context.Context    // every flight's context: cancelled at serve's second stop signal only
+	cut      context.CancelFunc // cancels flights
 
 	testingOnlyJoined func(id string) // runs once a caller joined id's flight (nil in production)
 }
 
-// refreshCall is one flight; grant and err are set before done closes;
-// cancel ends the flight at serve's second stop signal only.
+// refreshCall is one flight; grant and err are set before done closes.
 type refreshCall struct {
-	done   chan struct{}
-	cancel context.CancelFunc
-	grant  oauthGrant
-	err    error
+	done  chan struct{}
+	grant oauthGrant
+	err   error
 }
 
 func newOAuth(getenv func(string) string, client *http.Client, v *vault, l *ledger, log *slog.Logger, now func() time.Time) *oauthClient {
-	return &oauthClient{getenv: getenv, client: client, vault: v, ledger: l, log: log, now: now, inflight: map[string]*refreshCall{}}
+	flights, cut := context.WithCancel(context.Background())
+	return &oauthClient{getenv: getenv, client: client, vault: v, ledger: l, log: log, now: now,
+		inflight: map[string]*refreshCall{}, flights: flights, cut: cut}
 }
 
 func (o *oauthClient) tokenURL(p providerInfo) (string, error) {
@@ -92,17 +94,13 @@ func (o *oauthClient) shutdown(cut <-chan struct{}) {
 	select {
 	case <-done:
 	case <-cut:
-		o.mu.Lock()
-		for _, c := range o.inflight {
-			c.cancel()
-		}
-		o.mu.Unlock()
+		o.cut()
 		<-done
 	}
 }
 
 // refresh returns id's refreshed grant (the vault's when refusedAccessToken is no longer it)
-// from one flight shared by concurrent calls, run under context.WithoutCancel (STYLE B8).
+// from one flight shared by concurrent calls, which a caller's hang-up does not end (STYLE B8).
 func (o *oauthClient) refresh(ctx context.Context, id, provider, refusedAccessToken string) (oauthGrant, error) {
 	o.mu.Lock()
 	if o.closed {
@@ -111,14 +109,12 @@ func (o *oauthClient) refresh(ctx context.Context, id, provider, refusedAccessTo
 	}
 	c, ok := o.inflight[id]
 	if !ok {
-		fctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-		c = &refreshCall{done: make(chan struct{}), cancel: cancel}
+		c = &refreshCall{done: make(chan struct{})}
 		o.inflight[id] = c
 		o.wg.Add(1)
-		go func() { // exits when the token call ends or shutdown cancels it; callers wait on c.done
+		go func() { // exits when the token call ends or shutdown cuts it; callers wait on c.done
 			defer o.wg.Done()
-			defer cancel()
-			c.grant, c.err = o.refreshOnce(fctx, id, provider, refusedAccessToken)
+			c.grant, c.err = o.refreshOnce(o.flights, id, provider, refusedAccessToken)
 			o.mu.Lock()
 			delete(o.inflight, id)
 			o.mu.Unlock()
@@ -137,9 +133,9 @@ func (o *oauthClient) refresh(ctx context.Context, id, provider, refusedAccessTo
 	}
 }
 
-// refreshOnce is one flight from the vault's current grant, committed only while the vault
-// still holds the refresh token it started from. A definitive refusal records that the
-// credential needs a sign-in, unless a sign-in replaced the grant meanwhile: then it changes nothing.
+// refreshOnce is one flight from the vault's current grant, committed only while the vault still
+// holds its refresh token; a definitive refusal marks the credential for a sign-in unless one
+// replaced the grant meanwhile.
 func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused string) (g oauthGrant, err error) {
 	log := o.log.With("subscription_id", id, "provider", provider)
 	var old oauthGrant
@@ -206,14 +202,13 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 	return g, nil
 }
 
-// endpointError is a failed token call or usage read (Op names it; "" a token call), never
-// quoting a body (SPEC §11.1: endpoint, status, bytes); Definitive: the grant was disowned,
-// and Sentence (redacted, ≤200 bytes) is the provider's word. Status 0: none was received.
+// endpointError is a failed token call or usage read, naming endpoint, status and bytes, never
+// quoting a body (SPEC §11.1).
 type endpointError struct {
-	Op         string
-	Definitive bool
+	Op         string // "": a token call
+	Definitive bool   // the grant was disowned; Sentence (redacted, ≤200 bytes) is the provider's word
 	Endpoint   string // scheme, host and path; never a query
-	Status     int
+	Status     int    // 0: none was received
 	Received   int
 	Sentence   string
 	Err        error // nil for a plain non-2xx usage answer
@@ -246,9 +241,8 @@ func endpointName(raw string) string {
 	return "(unparsable URL)"
 }
 
-// tokenCall POSTs fields to p's token endpoint in p's body format and reads
-// the answer; secrets are never quoted. A refresh without a refresh token is
-// refused unsent: only a sign-in or a new grant helps.
+// tokenCall POSTs fields to p's token endpoint in p's body format and reads the answer, quoting
+// no secret; a refresh without a refresh token is refused unsent: only a sign-in helps.
 func (o *oauthClient) tokenCall(ctx context.Context, p providerInfo, fields map[string]string, secrets ...string) (tokenAnswer, error) {
 	endpoint, err := o.tokenURL(p)
 	if err != nil {
@@ -274,9 +268,8 @@ func (o *oauthClient) tokenCall(ctx context.Context, p providerInfo, fields map[
 	return ans, nil
 }
 
-// definitiveErrors say the grant or client is no good (RFC 6749 §5.2, RFC 6750 §3.1;
-// OpenAI's auth server names a dead refresh token in its error object's code,
-// which the Codex CLI also takes as final).
+// definitiveErrors say the grant or client is no good (RFC 6749 §5.2, RFC 6750 §3.1; OpenAI
+// names a dead refresh token in its error object's code, which the Codex CLI takes as final).
 var definitiveErrors = map[string]bool{
 	"invalid_grant": true, "invalid_token": true, "invalid_client": true, "unauthorized_client": true,
 	"refresh_token_reused": true, "refresh_token_expired": true, "refresh_token_invalidated": true,
@@ -285,8 +278,7 @@ var definitiveErrors = map[string]bool{
 // oauthErrorCode is a code worth quoting (RFC 6749 §5.2's short words); prose could carry a secret.
 var oauthErrorCode = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,64}$`)
 
-// tokenAnswer is what Brama reads from a token endpoint's JSON answer; ExpiresIn is
-// seconds, 0 when absent or unusable.
+// tokenAnswer is what Brama reads of a token answer; ExpiresIn is seconds, 0 when absent or unusable.
 type tokenAnswer struct {
 	AccessToken  string `json:"access_token,omitempty"`
 	RefreshToken string `json:"refresh_token,omitempty"`
@@ -296,12 +288,10 @@ type tokenAnswer struct {
 	Description  string `json:"error_description,omitempty"`
 }
 
-// readTokenAnswer reads a token answer leniently (a member of another type is
-// absent) and sorts it (SPEC §11.1): a 2xx with a usable access token and no
-// error is used; a complete invalid_grant-class refusal (RFC 6749 §5.2, or
-// Anthropic's and OpenAI's "error" object) or 401/403 is definitive; all else
-// is a transport failure, even a 401 whose body ended early (readErr): no
-// evidence the grant was disowned (seed, "Cancellation and retry").
+// readTokenAnswer reads a token answer leniently (a member of another type is absent) and sorts it
+// (SPEC §11.1): a 2xx with a usable access token is used; a complete invalid_grant-class refusal or
+// 401/403 is definitive; all else is a transport failure, even a 401 whose body ended early
+// (readErr): no evidence the grant was disowned (seed, "Cancellation and retry").
 func readTokenAnswer(endpoint string, status int, body []byte, readErr error, secrets ...string) (tokenAnswer, *endpointError) {
 	re := &endpointError{Endpoint: endpoint, Status: status, Received: len(body), Err: readErr}
 	if readErr != nil {
@@ -353,8 +343,7 @@ func readTokenAnswer(endpoint string, status int, body []byte, readErr error, se
 	return ans, re
 }
 
-// answerGrant is g renewed by a token answer (SPEC §11.1): a refresh or id
-// token not sent again is kept; the expiry is expires_in, else the JWT's exp.
+// answerGrant is g renewed by ans (SPEC §11.1): a refresh or id token not sent again is kept.
 func answerGrant(provider string, g oauthGrant, ans tokenAnswer, now time.Time) oauthGrant {
 	g.AccessToken, g.ExpiresAtMs = ans.AccessToken, 0
 	g.RefreshToken, g.IDToken = cmp.Or(ans.RefreshToken, g.RefreshToken), cmp.Or(ans.IDToken, g.IDToken)
@@ -369,8 +358,8 @@ func expiredForRequest(g oauthGrant, now time.Time) bool {
 	return g.ExpiresAtMs != 0 && now.UnixMilli() >= g.ExpiresAtMs-60_000
 }
 
-// fillGrant completes a grant: expiry from the access token's JWT exp, the
-// account id from the id_token where the provider's row says so (SPEC §6.2).
+// fillGrant completes g: expiry from the access token's JWT exp, the account id from the id_token
+// where the provider's row says so (SPEC §6.2).
 func fillGrant(provider string, g oauthGrant) oauthGrant {
 	if exp := jwtClaims(g.AccessToken).Exp; g.ExpiresAtMs == 0 && exp >= 1 && exp <= math.MaxInt64/1000/2 {
 		g.ExpiresAtMs = int64(exp) * 1000
@@ -389,8 +378,7 @@ type claims struct {
 	} `json:"https://api.openai.com/auth"`
 }
 
-// jwtClaims decodes a JWT's payload (RFC 7519 §3) unchecked (the provider
-// checks its own token on use); what is no JWT or unreadable stays zero.
+// jwtClaims decodes a JWT's payload (RFC 7519 §3) unchecked: the provider checks its own token.
 func jwtClaims(token string) (c claims) {
 	if parts := strings.Split(token, "."); len(parts) == 3 {
 		b, _ := base64.RawURLEncoding.DecodeString(strings.TrimRight(parts[1], "="))
@@ -399,8 +387,7 @@ func jwtClaims(token string) (c claims) {
 	return c
 }
 
-// randomToken is 32 random bytes, base64url (43 characters): a PKCE
-// verifier, or a sign-in's state (RFC 6749 §10.12: another's code is refused).
+// randomToken is a PKCE verifier or a sign-in's state (RFC 6749 §10.12: another's code is refused).
 func randomToken() string {
 	b := make([]byte, 32)
 	rand.Read(b) // never fails (crypto/rand, Go 1.24)
@@ -426,8 +413,8 @@ func authorizeURL(provider, state, challenge string) (string, error) {
 	return p.authorizeURL + "?" + q.Encode(), nil
 }
 
-// exchangeCode is the sign-in's exchange (SPEC §11.1, RFC 6749 §4.1.3 with
-// PKCE): what the user pasted for a grant, which the CLI hands to the daemon.
+// exchangeCode is the sign-in's exchange of what the user pasted for a grant (SPEC §11.1, RFC 6749
+// §4.1.3 with PKCE).
 func (o *oauthClient) exchangeCode(ctx context.Context, provider, code, verifier, state string) (oauthGrant, error) {
 	p, err := signInProvider(provider)
 	if err != nil {

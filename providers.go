@@ -35,8 +35,7 @@ const (
 	credSubscription = "subscription" // an agent's OAuth grant or API key
 )
 
-// providerInfo is one row of SPEC §6.1's table with every fact that differs
-// between providers, so no code asks which provider it holds.
+// providerInfo is one row of SPEC §6.1's table: every fact that differs between providers.
 type providerInfo struct {
 	id, protocol, cred string
 	baseURL            string   // built in; BRAMA_PROVIDER_<ID>_BASE_URL overrides
@@ -109,8 +108,7 @@ func providerBaseURL(p providerInfo, getenv func(string) string) (string, error)
 	return strings.TrimRight(raw, "/"), err
 }
 
-// envURL is BRAMA_<kind>_<ID>_<what>, else builtin, under checkBaseURL's
-// rule, so a typo cannot send a credential in clear text; failures wrap sentinel.
+// envURL is BRAMA_<kind>_<ID>_<what>, else builtin, under checkBaseURL's rule; failures wrap sentinel.
 func envURL(getenv func(string) string, kind, id, what, builtin string, sentinel error) (string, error) {
 	env := "BRAMA_" + kind + "_" + strings.ToUpper(strings.ReplaceAll(id, "-", "_")) + "_" + what
 	raw := cmp.Or(strings.TrimSpace(getenv(env)), builtin)
@@ -120,37 +118,30 @@ func envURL(getenv func(string) string, kind, id, what, builtin string, sentinel
 	return raw, nil
 }
 
-// checkBaseURL accepts https:// anywhere and http:// only to loopback. It
-// refuses user info (a password would be quoted in transport errors), a
-// query and a fragment (paths are appended to the base).
+// checkBaseURL accepts https:// anywhere and http:// only to loopback, so a typo cannot send a
+// credential in clear text; no user info (transport errors would quote it), query or fragment.
 func checkBaseURL(raw string) error {
 	u, err := url.Parse(raw)
 	switch {
-	case err != nil:
-		return errors.New("not a URL")
-	case u.Host == "" || u.Opaque != "":
-		return errors.New("no host")
-	case u.User != nil:
-		return errors.New("user info is not allowed")
-	case u.RawQuery != "" || u.ForceQuery || u.Fragment != "":
-		return errors.New("a query or fragment is not allowed")
+	case err != nil || u.Host == "" || u.Opaque != "":
+		return errors.New("not a URL with a host")
+	case u.User != nil || u.RawQuery != "" || u.ForceQuery || u.Fragment != "":
+		return errors.New("user info, a query or a fragment is not allowed")
 	case u.Scheme == "https" || u.Scheme == "http" && isLoopbackHost(u.Hostname()):
 		return nil
 	}
 	return errors.New("scheme must be https, or http to a loopback host")
 }
 
-// isLoopbackHost reports whether host is localhost or a loopback address;
-// it resolves no names.
+// isLoopbackHost reports whether host is localhost or a loopback address; it resolves no names.
 func isLoopbackHost(host string) bool {
 	ip, err := netip.ParseAddr(host)
 	return strings.EqualFold(host, "localhost") || err == nil && ip.Unmap().IsLoopback()
 }
 
-// newProviderClient is the one HTTP client for provider calls: no redirects
-// (one could carry a credential elsewhere), no ambient proxy (SPEC §6.1), no
-// elapsed-time cutoff, not even for dialing (SPEC §7.4), no compression
-// offered: the bytes held are the bytes sent (SPEC §17).
+// newProviderClient is the one client for provider calls: no redirects (one could carry a credential
+// elsewhere), no ambient proxy (SPEC §6.1), no elapsed-time cutoff, not even for dialing (SPEC §7.4),
+// no compression offered: the bytes held are the bytes sent (SPEC §17).
 func newProviderClient() *http.Client {
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.Proxy, t.DisableCompression = nil, true
@@ -161,8 +152,8 @@ func newProviderClient() *http.Client {
 	return &http.Client{Transport: t, CheckRedirect: noRedirect}
 }
 
-// callEndpoint sends one request with headers through client and reads the
-// answer whole (OAuth, usage reports, the catalogue); status is 0 when none came.
+// callEndpoint sends one request and reads the answer whole (OAuth, usage reports, the catalogue);
+// status is 0 when none came.
 func callEndpoint(ctx context.Context, client *http.Client, method, endpoint string, body []byte,
 	headers ...[2]string) (status int, b []byte, err error) {
 	req, err := http.NewRequestWithContext(ctx, method, endpoint, bytes.NewReader(body))
@@ -191,13 +182,12 @@ type upstreamCredential struct {
 
 func (c upstreamCredential) bearer() string { return cmp.Or(c.AccessToken, c.APIKey) }
 
-// claudeCodeIdentity must be the first system block of OAuth traffic to
-// Anthropic; the provider refuses such traffic without it (SPEC §6.2).
-const claudeCodeIdentity = "You are Claude Code, Anthropic's official CLI for Claude."
-
-// codexDefaultInstructions stands in for an empty system text: the codex
-// backend refuses a request without instructions (SPEC §6.2).
-const codexDefaultInstructions = "You are a helpful assistant."
+// The system texts SPEC §6.2 requires: Anthropic refuses OAuth traffic whose first system block
+// is not claudeCodeIdentity; the codex backend refuses a request without instructions.
+const (
+	claudeCodeIdentity       = "You are Claude Code, Anthropic's official CLI for Claude."
+	codexDefaultInstructions = "You are a helpful assistant."
+)
 
 // claudeCodeSystem is OAuth traffic's system: the Claude Code identity, then
 // the caller's blocks byte for byte (cache_control); nil if already so.
@@ -255,15 +245,13 @@ func codexInstructions(instructions, input json.RawMessage) []byte {
 	return jsonText(cmp.Or(strings.TrimSpace(strings.Join(texts, "\n\n")), codexDefaultInstructions))
 }
 
-// upstreamStreams reports whether the call to p streams: when the caller
-// asked for a stream, and always for codex, whose backend only streams.
+// upstreamStreams reports whether the call to p streams: when asked, and always for codex.
 func upstreamStreams(p providerInfo, req chatRequest) bool {
 	return req.Stream || p.byStatus
 }
 
-// setProviderHeaders sets what a call to p carries (SPEC §6.2, §7.6): the
-// credential, p's fixed header and the format's version and beta headers, the
-// caller's merged with p's; no other caller header is ever copied.
+// setProviderHeaders sets what a call to p carries (SPEC §6.2, §7.6): the credential, p's header,
+// the format's version and beta headers, the caller's merged with p's; no other caller header.
 func setProviderHeaders(h http.Header, p providerInfo, cred upstreamCredential, caller http.Header, stream bool) {
 	if named := caller.Values("Connection"); len(named) > 0 { // hop-by-hop fields (RFC 9110 §7.6.1)
 		caller = caller.Clone()
@@ -290,38 +278,31 @@ func setProviderHeaders(h http.Header, p providerInfo, cred upstreamCredential, 
 	if len(p.header) == 2 {
 		h.Set(p.header[0], p.header[1])
 	}
-	if v := mergeTokens(caller.Values(betaName), need); v != "" {
-		h.Set(betaName, v)
+	var beta []string // the caller's tokens and p's, in order, each once
+	for _, t := range strings.Split(strings.Join(caller.Values(betaName), ",")+","+need, ",") {
+		if t = strings.TrimSpace(t); t != "" && !slices.Contains(beta, t) {
+			beta = append(beta, t)
+		}
+	}
+	if len(beta) > 0 {
+		h.Set(betaName, strings.Join(beta, ","))
 	}
 	if bearer != "" {
 		h.Set("Authorization", "Bearer "+bearer)
 	}
 }
 
-// controlAt is the index of s's first control character but a tab, which
-// no header value may hold (RFC 9110 §5.5), or -1.
+// controlAt is the index of s's first control character but a tab (RFC 9110 §5.5: no header holds one), or -1.
 func controlAt(s string) int {
 	return strings.IndexFunc(s, func(r rune) bool { return r < ' ' && r != '\t' || r == 0x7f })
 }
 
-// headerText is s with each control character escaped as JSON writes it:
-// a caller's member name may hold any.
+// headerText is s with each control character escaped as JSON writes it.
 func headerText(s string) string {
 	if i := controlAt(s); i >= 0 {
 		return s[:i] + fmt.Sprintf(`\u%04x`, s[i]) + headerText(s[i+1:])
 	}
 	return s
-}
-
-// mergeTokens joins comma-separated header values and a required token, in order, each once.
-func mergeTokens(values []string, required string) string {
-	var out []string
-	for _, t := range strings.Split(strings.Join(values, ",")+","+required, ",") {
-		if t = strings.TrimSpace(t); t != "" && !slices.Contains(out, t) {
-			out = append(out, t)
-		}
-	}
-	return strings.Join(out, ",")
 }
 
 // Refusal classes of a non-2xx provider answer (SPEC §7.2 step 4).
@@ -333,8 +314,7 @@ const (
 	refusalOther = "other" // everything else: answered at once, no rotation
 )
 
-// providerRefusal is a classified non-2xx provider answer (SPEC §8.2,
-// §7.2.4): from the status and the error's type/code, never its text.
+// providerRefusal is a non-2xx provider answer classified by its status and type/code, never its text.
 type providerRefusal struct {
 	err        *apiError     // the code the caller gets on a direct/alias route (no attempts set here)
 	class      string        // one of the refusal classes
@@ -343,14 +323,11 @@ type providerRefusal struct {
 	sentence   string        // the provider's own error message, redacted, ≤ maxSentenceBytes
 }
 
-// quotaCodes are the provider error types/codes that say the account's
-// credit or quota is spent: OpenAI's insufficient_quota (sent with 429)
-// and its older billing codes, Anthropic's billing_error (sent with 402).
+// quotaCodes say the account's credit is spent: OpenAI's (insufficient_quota comes with 429), Anthropic's.
 var quotaCodes = map[string]bool{"insufficient_quota": true, "billing_hard_limit_reached": true, "billing_not_active": true, "billing_error": true}
 
-// classifyRefusal classifies a non-2xx answer of a provider (an id, else a
-// protocol). presented is redacted from what is quoted, only after the
-// class was decided: a short key must not change what a code says.
+// classifyRefusal classifies a non-2xx answer of a provider (an id, else a protocol); presented is
+// redacted from what is quoted only after the class was decided: a short key must not change a code.
 func classifyRefusal(protocol string, status int, header http.Header, body []byte, presented string, now time.Time) providerRefusal {
 	p, known := lookupProvider(protocol)
 	typ, code, msg := providerErrorFields(body)
@@ -396,9 +373,8 @@ func classifyRefusal(protocol string, status int, header http.Header, body []byt
 	return r
 }
 
-// providerErrorFields pulls type, code and message out of the error bodies
-// providers send ({"error":{…}}, {"error":"text"}, codex's {"detail":…},
-// whose status decides); any other body yields nothing: a raw body is never quoted.
+// providerErrorFields reads {"error":{…}}, {"error":"text"} and codex's {"detail":…} (its status
+// decides); any other body yields nothing: a raw body is never quoted.
 func providerErrorFields(body []byte) (typ, code, msg string) {
 	var b struct{ Error, Detail json.RawMessage }
 	if json.Unmarshal(body, &b) != nil {
@@ -416,8 +392,7 @@ func providerErrorFields(body []byte) (typ, code, msg string) {
 
 type errorFields struct{ typ, code, msg string }
 
-// errorObject reads {"type","code","message"}; code may be a string or a
-// number (OpenRouter sends the HTTP status there).
+// errorObject reads {"type","code","message"}; code may be a number (OpenRouter's HTTP status).
 func errorObject(raw json.RawMessage) (errorFields, bool) {
 	var e struct{ Type, Code, Message json.RawMessage }
 	if len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &e) != nil {
@@ -446,8 +421,8 @@ func jsonScalar(raw json.RawMessage) (string, bool) {
 // maxRetryAfter bounds a stated reset; a block never outlasts it (SPEC §7.2).
 const maxRetryAfter = 7 * 24 * time.Hour
 
-// retryAfter is the wait the provider stated: retry-after-ms, retry-after,
-// else the latest reset among the limits its headers show as spent. 0 when none is stated.
+// retryAfter is the wait stated by retry-after-ms, retry-after, else the latest reset among the
+// limits the headers show as spent; 0 when none is.
 func retryAfter(h http.Header, now time.Time) time.Duration {
 	ms, err := strconv.ParseFloat(strings.TrimSpace(h.Get("Retry-After-Ms")), 64)
 	if d := clampWait(ms / 1000); err == nil && !math.IsInf(ms, 0) && d > 0 {
@@ -505,8 +480,7 @@ func statedWait(h http.Header, k string, now time.Time) time.Duration {
 	return clampWait(s)
 }
 
-// clampWait turns seconds into a wait within (0, maxRetryAfter]; a wait
-// already over (or not a number) is 0, "none stated".
+// clampWait is seconds as a wait within (0, maxRetryAfter]; one already over (or NaN) is 0, none.
 func clampWait(s float64) time.Duration {
 	if !(s > 0) {
 		return 0
@@ -514,8 +488,8 @@ func clampWait(s float64) time.Duration {
 	return time.Duration(min(s, maxRetryAfter.Seconds()) * float64(time.Second))
 }
 
-// classifyTransport maps a failed provider call to its code (SPEC §8.2):
-// provider_incomplete once the request may have been sent (and billed).
+// classifyTransport maps a failed provider call to its code (SPEC §8.2): provider_incomplete once
+// the request may have been sent (and billed).
 func classifyTransport(err error) *apiError {
 	cause := err
 	if ue := (*url.Error)(nil); errors.As(err, &ue) {
