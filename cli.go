@@ -476,7 +476,7 @@ func subscriptionSignIn(e *cliEnv, o opts, _ []string) error {
 		return fmt.Errorf("subscription %s is retired; reinstate it before signing in", id)
 	}
 	verifier, challenge := newPKCE()
-	state := randomToken()
+	state, _ := newPKCE() // a fresh verifier is a fine state (RFC 6749 §10.12)
 	authURL, err := authorizeURL(provider, state, challenge)
 	if err != nil {
 		return err

@@ -261,11 +261,7 @@ func (o *oauthClient) tokenCall(ctx context.Context, p providerInfo, fields map[
 		body, ctype = []byte(vals.Encode()), "application/x-www-form-urlencoded"
 	}
 	status, b, err := callEndpoint(ctx, o.client, http.MethodPost, endpoint, body, [2]string{"Content-Type", ctype})
-	ans, re := readTokenAnswer(endpointName(endpoint), status, b, err, secrets...)
-	if re != nil {
-		return ans, re
-	}
-	return ans, nil
+	return readTokenAnswer(endpointName(endpoint), status, b, err, secrets...)
 }
 
 // definitiveErrors say the grant or client is no good (RFC 6749 §5.2, RFC 6750 §3.1; OpenAI
@@ -292,7 +288,7 @@ type tokenAnswer struct {
 // (SPEC §11.1): a 2xx with a usable access token is used; a complete invalid_grant-class refusal or
 // 401/403 is definitive; all else is a transport failure, even a 401 whose body ended early
 // (readErr): no evidence the grant was disowned (seed, "Cancellation and retry").
-func readTokenAnswer(endpoint string, status int, body []byte, readErr error, secrets ...string) (tokenAnswer, *endpointError) {
+func readTokenAnswer(endpoint string, status int, body []byte, readErr error, secrets ...string) (tokenAnswer, error) {
 	re := &endpointError{Endpoint: endpoint, Status: status, Received: len(body), Err: readErr}
 	if readErr != nil {
 		return tokenAnswer{}, re
@@ -387,16 +383,11 @@ func jwtClaims(token string) (c claims) {
 	return c
 }
 
-// randomToken is a PKCE verifier or a sign-in's state (RFC 6749 §10.12: another's code is refused).
-func randomToken() string {
+// newPKCE is a fresh verifier, 32 random bytes, and its S256 challenge (RFC 7636 §4.1–4.2).
+func newPKCE() (verifier, challenge string) {
 	b := make([]byte, 32)
 	rand.Read(b) // never fails (crypto/rand, Go 1.24)
-	return base64.RawURLEncoding.EncodeToString(b)
-}
-
-// newPKCE is a fresh verifier and its S256 challenge (RFC 7636 §4.1–4.2).
-func newPKCE() (verifier, challenge string) {
-	verifier = randomToken()
+	verifier = base64.RawURLEncoding.EncodeToString(b)
 	sum := sha256.Sum256([]byte(verifier))
 	return verifier, base64.RawURLEncoding.EncodeToString(sum[:])
 }

@@ -102,15 +102,20 @@ func FuzzTokenAnswer(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
+		var re *endpointError
 		// A body that ended early is never a refusal, whatever it held (SPEC §11.1).
 		for _, status := range []int{200, 401, 403} {
-			if _, re := readTokenAnswer("https://e/t", status, data, io.ErrUnexpectedEOF); re == nil || re.Definitive || !errors.Is(re, io.ErrUnexpectedEOF) {
+			_, err := readTokenAnswer("https://e/t", status, data, io.ErrUnexpectedEOF)
+			if !errors.As(err, &re) || re.Definitive || !errors.Is(re, io.ErrUnexpectedEOF) {
 				t.Fatalf("a partial %d answer classified as %+v", status, re)
 			}
 		}
 		jwtClaims(string(data)) // must not panic on anything
-		ans, re := readTokenAnswer("https://e/t", 200, data, nil)
-		if re != nil {
+		ans, err := readTokenAnswer("https://e/t", 200, data, nil)
+		if err != nil {
+			if !errors.As(err, &re) {
+				t.Fatalf("not an endpointError: %v", err)
+			}
 			if !errors.Is(re, errTokenMalformed) && !errors.Is(re, errTokenRefused) {
 				t.Fatalf("unclassified error: %v", re)
 			}
@@ -118,8 +123,8 @@ func FuzzTokenAnswer(f *testing.F) {
 				t.Fatalf("refusal without an error code: %v", re)
 			}
 			for _, status := range []int{200, 400, 401, 503} {
-				_, re := readTokenAnswer("https://e/t", status, data, nil, "secret-refresh-token")
-				if re == nil || (re.Definitive && re.Sentence == "") || strings.Contains(re.Error(), "secret-refresh-token") {
+				_, err := readTokenAnswer("https://e/t", status, data, nil, "secret-refresh-token")
+				if !errors.As(err, &re) || (re.Definitive && re.Sentence == "") || strings.Contains(re.Error(), "secret-refresh-token") {
 					t.Fatalf("classify of a refused answer with status %d = %+v", status, re)
 				}
 			}
@@ -132,9 +137,9 @@ func FuzzTokenAnswer(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		again, re := readTokenAnswer("https://e/t", 200, b, nil)
-		if re != nil || again != ans {
-			t.Fatalf("round trip: %+v, %v; want %+v", again, re, ans)
+		again, err := readTokenAnswer("https://e/t", 200, b, nil)
+		if err != nil || again != ans {
+			t.Fatalf("round trip: %+v, %v; want %+v", again, err, ans)
 		}
 	})
 }
