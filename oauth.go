@@ -89,14 +89,15 @@ func (o *oauthClient) shutdown(cut <-chan struct{}) {
 		o.log.Info("serve_waiting_for_refreshes", "flights", n)
 	}
 	o.mu.Unlock()
-	done := make(chan struct{})
-	go func() { o.wg.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-cut:
+	go func() {
+		select {
+		case <-cut:
+		case <-o.flights.Done():
+		}
 		o.cut()
-		<-done
-	}
+	}()
+	o.wg.Wait()
+	o.cut() // ends the goroutine above
 }
 
 // refresh returns id's refreshed grant (the vault's when refusedAccessToken is no longer it)
@@ -311,9 +312,8 @@ func readTokenAnswer(endpoint string, status int, body []byte, readErr error, se
 			ans.Error = e.code
 		}
 	}
-	secrets = slices.DeleteFunc(slices.Clone(secrets), func(s string) bool {
-		return len(s) < 8 // no real token is this short; replacing it would garble the sentence
-	})
+	// No real token is shorter than 8 bytes; replacing a shorter one would garble the sentence.
+	secrets = slices.DeleteFunc(slices.Clone(secrets), func(s string) bool { return len(s) < 8 })
 	quote := func(s string) string { return cleanQuoted(redact(s, secrets...), "", maxSentenceBytes) }
 	switch {
 	case !bytes.HasPrefix(bytes.TrimSpace(body), []byte("{")) || err != nil && !errors.As(err, new(*json.UnmarshalTypeError)):

@@ -345,7 +345,7 @@ func (e *engine) probe(ctx context.Context, it overlayItem, model string) (probe
 // pingRequest is the probe's and onboarding's completion (SPEC §6.2, §11.3).
 func pingRequest(route string, p providerInfo) chatRequest {
 	req := chatRequest{Model: route, Messages: []message{{Role: "user", Parts: []part{{Type: partText, Text: "ping"}}}}}
-	if p.id != "codex" {
+	if !p.codex {
 		req.MaxTokens = probeMaxTokens
 	}
 	return req

@@ -42,7 +42,7 @@ type providerInfo struct {
 	probe              string   // SPEC §11.3's built-in probe model
 	beta               string   // the beta token its calls need (SPEC §6.2); on anthropic-messages only with OAuth
 	header             []string // a fixed header name and value its calls carry
-	byStatus           bool     // refusals are classified by status alone (SPEC §6.2: codex)
+	codex              bool     // SPEC §6.2's codex rules: always streamed, never stored, no output limit, refusals by status
 	oauthFacts                  // zero without OAuth grants
 }
 
@@ -79,7 +79,7 @@ var providerTable = []providerInfo{
 			redirectURI:  "https://platform.claude.com/oauth/code/callback", // the only one still registered
 			scope:        "org:create_api_key user:profile user:inference", extra: url.Values{"code": {"true"}}}},
 	{id: "codex", protocol: protoOpenAIResponses, cred: credSubscription, baseURL: "https://chatgpt.com/backend-api/codex",
-		probe: "gpt-5.3-codex-spark", beta: "responses=experimental", header: []string{"originator", "codex_cli_rs"}, byStatus: true,
+		probe: "gpt-5.3-codex-spark", beta: "responses=experimental", header: []string{"originator", "codex_cli_rs"}, codex: true,
 		oauthFacts: oauthFacts{tokenURL: "https://auth.openai.com/oauth/token", clientID: "app_EMoamEEZ73f0CkXaXp7hrann",
 			form: true, accountID: true, authorizeURL: "https://auth.openai.com/oauth/authorize",
 			redirectURI: "http://localhost:1455/auth/callback", scope: "openid profile email offline_access",
@@ -247,7 +247,7 @@ func codexInstructions(instructions, input json.RawMessage) []byte {
 
 // upstreamStreams reports whether the call to p streams: when asked, and always for codex.
 func upstreamStreams(p providerInfo, req chatRequest) bool {
-	return req.Stream || p.byStatus
+	return req.Stream || p.codex
 }
 
 // setProviderHeaders sets what a call to p carries (SPEC §6.2, §7.6): the credential, p's header,
@@ -330,13 +330,25 @@ var quotaCodes = map[string]bool{"insufficient_quota": true, "billing_hard_limit
 // redacted from what is quoted only after the class was decided: a short key must not change a code.
 func classifyRefusal(protocol string, status int, header http.Header, body []byte, presented string, now time.Time) providerRefusal {
 	p, known := lookupProvider(protocol)
-	typ, code, msg := providerErrorFields(body)
+	// {"error":{…}}, {"error":"text"} or codex's {"detail":…} (its status decides); no other body is quoted.
+	var b struct{ Error, Detail json.RawMessage }
+	json.Unmarshal(body, &b) // a body of another shape leaves both empty
+	f, ok := errorObject(b.Error)
+	if !ok {
+		d, _ := errorObject(b.Detail)
+		s, ok := jsonString(b.Error)
+		if !ok {
+			s, _ = jsonString(b.Detail)
+		}
+		f = errorFields{msg: cmp.Or(s, d.msg)}
+	}
+	typ, code, msg := f.typ, f.code, f.msg
 	r := providerRefusal{class: refusalOther, status: status, sentence: cleanQuoted(msg, presented, maxSentenceBytes)}
 	ec, rejected := "provider_failure", 0 // a malformed answer, 408, 409, a direct route's 401/403
 	switch {
 	case status == http.StatusUnauthorized || status == http.StatusForbidden:
 		r.class = refusalAuth
-	case status/100 == 4 && (status == http.StatusPaymentRequired || !p.byStatus && (quotaCodes[typ] || quotaCodes[code])):
+	case status/100 == 4 && (status == http.StatusPaymentRequired || !p.codex && (quotaCodes[typ] || quotaCodes[code])):
 		r.class, ec = refusalQuota, "provider_quota_exhausted" // a quota refusal keeps its 502
 	case status == http.StatusTooManyRequests:
 		r.class, ec = refusalRate, "provider_rate_limited"
@@ -371,23 +383,6 @@ func classifyRefusal(protocol string, status int, header http.Header, body []byt
 		r.err.RetryAfter = wait // the provider's own wait, on any route (SPEC §8.1)
 	}
 	return r
-}
-
-// providerErrorFields reads {"error":{…}}, {"error":"text"} and codex's {"detail":…} (its status
-// decides); any other body yields nothing: a raw body is never quoted.
-func providerErrorFields(body []byte) (typ, code, msg string) {
-	var b struct{ Error, Detail json.RawMessage }
-	if json.Unmarshal(body, &b) != nil {
-		return "", "", ""
-	} else if e, ok := errorObject(b.Error); ok {
-		return e.typ, e.code, e.msg
-	} else if s, ok := jsonString(b.Error); ok {
-		return "", "", s
-	} else if s, ok := jsonString(b.Detail); ok {
-		return "", "", s
-	}
-	e, _ := errorObject(b.Detail)
-	return "", "", e.msg
 }
 
 type errorFields struct{ typ, code, msg string }
