@@ -244,7 +244,8 @@ func endpointName(raw string) string {
 
 // tokenCall POSTs fields to p's token endpoint in p's body format and reads the answer, quoting
 // no secret; a refresh without a refresh token is refused unsent: only a sign-in helps.
-func (o *oauthClient) tokenCall(ctx context.Context, p providerInfo, fields map[string]string, secrets ...string) (tokenAnswer, error) {
+func (o *oauthClient) tokenCall(ctx context.Context, p providerInfo, fields map[string]string,
+	secrets ...string) (tokenAnswer, error) {
 	endpoint, err := o.tokenURL(p)
 	if err != nil {
 		return tokenAnswer{}, err

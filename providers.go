@@ -217,8 +217,7 @@ func claudeCodeSystem(raw json.RawMessage) ([]byte, error) {
 // codexInstructions is a codex body's instructions (SPEC §6.2): nil to keep
 // the caller's, else its system and developer items' text, else the default.
 func codexInstructions(instructions, input json.RawMessage) []byte {
-	var own string
-	if json.Unmarshal(instructions, &own) == nil && strings.TrimSpace(own) != "" {
+	if own, _ := jsonString(instructions); strings.TrimSpace(own) != "" {
 		return nil
 	}
 	var items []struct {
@@ -231,15 +230,15 @@ func codexInstructions(instructions, input json.RawMessage) []byte {
 	}
 	for _, it := range items {
 		var parts []struct{ Text string }
-		if it.Role != "system" && it.Role != "developer" {
-			continue
-		} else if s, ok := jsonString(it.Content); ok {
+		if s, ok := jsonString(it.Content); ok {
 			parts = append(parts, struct{ Text string }{s})
 		} else {
 			json.Unmarshal(it.Content, &parts)
 		}
 		for _, p := range parts {
-			texts = append(texts, p.Text)
+			if it.Role == "system" || it.Role == "developer" {
+				texts = append(texts, p.Text)
+			}
 		}
 	}
 	return jsonText(cmp.Or(strings.TrimSpace(strings.Join(texts, "\n\n")), codexDefaultInstructions))
