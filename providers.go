@@ -38,12 +38,12 @@ const (
 // providerInfo is one row of SPEC §6.1's table: every fact that differs between providers.
 type providerInfo struct {
 	id, protocol, cred string
-	baseURL            string   // built in; BRAMA_PROVIDER_<ID>_BASE_URL overrides
-	probe              string   // SPEC §11.3's built-in probe model
-	beta               string   // the beta token its calls need (SPEC §6.2); on anthropic-messages only with OAuth
-	header             []string // a fixed header name and value its calls carry
-	codex              bool     // SPEC §6.2's codex rules: always streamed, never stored, no output limit, refusals by status
-	oauthFacts                  // zero without OAuth grants
+	baseURL            string    // built in; BRAMA_PROVIDER_<ID>_BASE_URL overrides
+	probe              string    // SPEC §11.3's built-in probe model
+	beta               string    // the beta token its calls need (SPEC §6.2); on anthropic-messages only with OAuth
+	header             [2]string // a fixed header name and value its calls carry
+	codex              bool      // SPEC §6.2's codex rules: always streamed, never stored, no output limit, refusals by status
+	oauthFacts                   // zero without OAuth grants
 }
 
 // oauthFacts is a provider's row of SPEC §11.1's token and sign-in tables.
@@ -79,7 +79,7 @@ var providerTable = []providerInfo{
 			redirectURI:  "https://platform.claude.com/oauth/code/callback", // the only one still registered
 			scope:        "org:create_api_key user:profile user:inference", extra: url.Values{"code": {"true"}}}},
 	{id: "codex", protocol: protoOpenAIResponses, cred: credSubscription, baseURL: "https://chatgpt.com/backend-api/codex",
-		probe: "gpt-5.3-codex-spark", beta: "responses=experimental", header: []string{"originator", "codex_cli_rs"}, codex: true,
+		probe: "gpt-5.3-codex-spark", beta: "responses=experimental", header: [2]string{"originator", "codex_cli_rs"}, codex: true,
 		oauthFacts: oauthFacts{tokenURL: "https://auth.openai.com/oauth/token", clientID: "app_EMoamEEZ73f0CkXaXp7hrann",
 			form: true, accountID: true, authorizeURL: "https://auth.openai.com/oauth/authorize",
 			redirectURI: "http://localhost:1455/auth/callback", scope: "openid profile email offline_access",
@@ -274,7 +274,7 @@ func setProviderHeaders(h http.Header, p providerInfo, cred upstreamCredential, 
 	if p.accountID && cred.AccountID != "" {
 		h.Set("chatgpt-account-id", cred.AccountID)
 	}
-	if len(p.header) == 2 {
+	if p.header[0] != "" {
 		h.Set(p.header[0], p.header[1])
 	}
 	var beta []string // the caller's tokens and p's, in order, each once
@@ -329,17 +329,14 @@ var quotaCodes = map[string]bool{"insufficient_quota": true, "billing_hard_limit
 // redacted from what is quoted only after the class was decided: a short key must not change a code.
 func classifyRefusal(protocol string, status int, header http.Header, body []byte, presented string, now time.Time) providerRefusal {
 	p, known := lookupProvider(protocol)
-	// {"error":{…}}, {"error":"text"} or codex's {"detail":…} (its status decides); no other body is quoted.
-	var b struct{ Error, Detail json.RawMessage }
-	json.Unmarshal(body, &b) // a body of another shape leaves both empty
+	var b struct{ Error, Detail json.RawMessage } // no other shape is quoted: a raw body never is
+	json.Unmarshal(body, &b)                      // a body of another shape leaves both empty
 	f, ok := errorObject(b.Error)
-	if !ok {
+	if !ok { // {"error":"text"}, or codex's {"detail":"text"} or {"detail":{"message":…}} (its status decides)
+		s, _ := jsonString(b.Error)
+		detail, _ := jsonString(b.Detail)
 		d, _ := errorObject(b.Detail)
-		s, ok := jsonString(b.Error)
-		if !ok {
-			s, _ = jsonString(b.Detail)
-		}
-		f = errorFields{msg: cmp.Or(s, d.msg)}
+		f.msg = cmp.Or(s, detail, d.msg)
 	}
 	typ, code, msg := f.typ, f.code, f.msg
 	r := providerRefusal{class: refusalOther, status: status, sentence: cleanQuoted(msg, presented, maxSentenceBytes)}
@@ -418,9 +415,8 @@ const maxRetryAfter = 7 * 24 * time.Hour
 // retryAfter is the wait stated by retry-after-ms, retry-after, else the latest reset among the
 // limits the headers show as spent; 0 when none is.
 func retryAfter(h http.Header, now time.Time) time.Duration {
-	ms, err := strconv.ParseFloat(strings.TrimSpace(h.Get("Retry-After-Ms")), 64)
-	if d := clampWait(ms / 1000); err == nil && !math.IsInf(ms, 0) && d > 0 {
-		return d
+	if ms, err := strconv.ParseFloat(strings.TrimSpace(h.Get("Retry-After-Ms")), 64); err == nil && ms > 0 && !math.IsInf(ms, 0) {
+		return time.Duration(min(ms, maxRetryAfter.Seconds()*1000) * float64(time.Millisecond))
 	}
 	if d := statedWait(h, "Retry-After", now); d > 0 {
 		return d // a wait already over states none: the reset headers below may
@@ -450,8 +446,8 @@ func retryAfter(h http.Header, now time.Time) time.Duration {
 	return d
 }
 
-// statedWait is the wait header k states: seconds, an epoch second (from 1e9), a
-// Go duration (OpenAI's "6m0s"), RFC 3339 (Anthropic) or an HTTP date (retry-after).
+// statedWait is the wait header k states, at most maxRetryAfter: seconds, an epoch second (from 1e9),
+// a Go duration (OpenAI's "6m0s"), RFC 3339 (Anthropic) or an HTTP date (retry-after).
 func statedWait(h http.Header, k string, now time.Time) time.Duration {
 	v := strings.TrimSpace(h.Get(k))
 	s, err := strconv.ParseFloat(v, 64)
@@ -468,15 +464,7 @@ func statedWait(h http.Header, k string, now time.Time) time.Duration {
 	if err != nil && terr == nil {
 		s, err = t.Sub(now).Seconds(), nil
 	}
-	if err != nil {
-		return 0
-	}
-	return clampWait(s)
-}
-
-// clampWait is seconds as a wait within (0, maxRetryAfter]; one already over (or NaN) is 0, none.
-func clampWait(s float64) time.Duration {
-	if !(s > 0) {
+	if err != nil || !(s > 0) { // one already over (or NaN) states none
 		return 0
 	}
 	return time.Duration(min(s, maxRetryAfter.Seconds()) * float64(time.Second))
