@@ -317,7 +317,6 @@ const (
 type providerRefusal struct {
 	err        *apiError     // the code the caller gets on a direct/alias route (no attempts set here)
 	class      string        // one of the refusal classes
-	status     int           // the provider's HTTP status
 	retryAfter time.Duration // from retry-after or reset headers; 0 when none stated
 	sentence   string        // the provider's own error message, redacted, ≤ maxSentenceBytes
 }
@@ -339,7 +338,7 @@ func classifyRefusal(protocol string, status int, header http.Header, body []byt
 		f.msg = cmp.Or(s, detail, d.msg)
 	}
 	typ, code, msg := f.typ, f.code, f.msg
-	r := providerRefusal{class: refusalOther, status: status, sentence: cleanQuoted(msg, presented, maxSentenceBytes)}
+	r := providerRefusal{class: refusalOther, sentence: cleanQuoted(msg, presented, maxSentenceBytes)}
 	ec, rejected := "provider_failure", 0 // a malformed answer, 408, 409, a direct route's 401/403
 	switch {
 	case status == http.StatusUnauthorized || status == http.StatusForbidden:
