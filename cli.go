@@ -544,7 +544,7 @@ func subscriptionSignIn(e *cliEnv, o opts, _ []string) error {
 		return fmt.Errorf("agent %q has no subscription %q that is %s and not retired; nothing to sign in", agent, id, provider)
 	}
 	verifier, challenge := newPKCE()
-	state := randomToken()
+	state, _ := newPKCE() // a fresh verifier is a fine state (RFC 6749 §10.12)
 	authURL, err := authorizeURL(provider, state, challenge)
 	if err != nil {
 		return err

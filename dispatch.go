@@ -158,7 +158,7 @@ func (e *engine) planChat(cl client, req *callerRequest) (c call, cands []resolu
 // applyMaxTokens is SPEC §6.4's rule: the caller's limit, else the model's,
 // else none but on anthropic-messages (refused); codex never gets one.
 func (e *engine) applyMaxTokens(req *chatRequest, res resolution) error {
-	if req.MaxTokens != 0 || res.Provider.id == "codex" {
+	if req.MaxTokens != 0 || res.Provider.codex {
 		return nil
 	}
 	limit, cause := e.catalog.outputLimit(res.Provider.id, res.Model)

@@ -308,11 +308,11 @@ func (m *maintainer) passOnce(ctx context.Context, agent string) passReport {
 		s := &passSub{it: it}
 		s.cred, s.credErr = m.inv.credential(it.ID)
 		s.entry, _ = m.l.entry(it.ID)
-		_, oauthErr := lookupOAuth(it.Provider)
+		row, _ := lookupProvider(it.Provider)
 		active := s.entry.Credential.State == credActive
 		_, published := usageReports[it.Provider]
 		s.reportable = active && published && (s.credErr != nil || usageReportable(it.Provider, s.cred))
-		s.oauth = active && oauthErr == nil && s.credErr == nil && s.cred.OAuth != nil
+		s.oauth = active && row.tokenURL != "" && s.credErr == nil && s.cred.OAuth != nil
 		p.rep.Usage.Subscriptions += boolCount(s.reportable)
 		p.rep.Credentials.Subscriptions += boolCount(s.oauth)
 		p.subs = append(p.subs, s)

@@ -23,33 +23,8 @@ import (
 	"time"
 )
 
-// oauthProvider is one row of SPEC §11.1's token and sign-in tables: every
-// fact that differs between the OAuth providers, so no code asks which one it is.
-type oauthProvider struct {
-	id, tokenURL, clientID string // tokenURL: BRAMA_OAUTH_<ID>_TOKEN_URL overrides
-	form                   bool   // the token endpoint takes a form body, not JSON
-	echoState              bool   // the sign-in's exchange sends the state back
-	accountID              bool   // the grant carries the id_token's chatgpt_account_id (SPEC §6.2)
-
-	authorizeURL, redirectURI, scope string     // authorizeURL "": no sign-in
-	extra                            url.Values // further authorize parameters, none named by authorizeURL
-}
-
-var oauthProviders = []oauthProvider{
-	{id: "claude-code", tokenURL: "https://platform.claude.com/v1/oauth/token", // console.anthropic.com's now answers 404
-		clientID: "9d1c250a-e61b-44d9-88ed-5944d1962f5e", echoState: true,
-		authorizeURL: "https://claude.com/cai/oauth/authorize",          // claude.ai's refuses every grant now
-		redirectURI:  "https://platform.claude.com/oauth/code/callback", // the only one still registered
-		scope:        "org:create_api_key user:profile user:inference", extra: url.Values{"code": {"true"}}},
-	{id: "codex", tokenURL: "https://auth.openai.com/oauth/token", clientID: "app_EMoamEEZ73f0CkXaXp7hrann", form: true, accountID: true,
-		authorizeURL: "https://auth.openai.com/oauth/authorize", redirectURI: "http://localhost:1455/auth/callback",
-		scope: "openid profile email offline_access", extra: url.Values{"id_token_add_organizations": {"true"}, "codex_cli_simplified_flow": {"true"}}},
-	{id: "kimi", tokenURL: "https://auth.kimi.com/api/oauth/token", clientID: "17e5f671-d194-4dfb-9706-5516cb48c098", form: true},
-}
-
 // What an *endpointError or another failure of this file wraps.
 var (
-	errNoOAuth           = errors.New("provider has no OAuth grants")
 	errNoSignIn          = errors.New("provider has no sign-in; donate its grant or replace it with PUT …/credential")
 	errTokenURL          = errors.New("unusable OAuth token URL")
 	errTokenMalformed    = errors.New("token endpoint answer is not a usable token answer")
@@ -60,19 +35,12 @@ var (
 	errShuttingDown      = errors.New("brama is shutting down")
 )
 
-func lookupOAuth(provider string) (oauthProvider, error) {
-	if i := slices.IndexFunc(oauthProviders, func(p oauthProvider) bool { return p.id == provider }); i >= 0 {
-		return oauthProviders[i], nil
-	}
-	return oauthProvider{}, fmt.Errorf("provider %q: %w", provider, errNoOAuth)
-}
-
 // signInProvider is provider's row when it has a sign-in.
-func signInProvider(provider string) (p oauthProvider, err error) {
-	if p, err = lookupOAuth(provider); err == nil && p.authorizeURL == "" {
-		err = fmt.Errorf("provider %q: %w", provider, errNoSignIn)
+func signInProvider(provider string) (providerInfo, error) {
+	if p, _ := lookupProvider(provider); p.authorizeURL != "" {
+		return p, nil
 	}
-	return p, err
+	return providerInfo{}, fmt.Errorf("provider %q: %w", provider, errNoSignIn)
 }
 
 // oauthClient refreshes and exchanges grants, one refresh per subscription
@@ -87,26 +55,28 @@ type oauthClient struct {
 
 	mu       sync.Mutex // guards inflight, closed
 	inflight map[string]*refreshCall
-	closed   bool           // shutdown began: no new flight starts
-	wg       sync.WaitGroup // counts refreshes running detached from their callers
+	closed   bool               // shutdown began: no new flight starts
+	wg       sync.WaitGroup     // counts flights, which run detached from their callers
+	flights  context.Context    // every flight's context: cancelled at serve's second stop signal only
+	cut      context.CancelFunc // cancels flights
 
 	testingOnlyJoined func(id string) // runs once a caller joined id's flight (nil in production)
 }
 
-// refreshCall is one flight; grant and err are set before done closes;
-// cancel ends the flight at serve's second stop signal only.
+// refreshCall is one flight; grant and err are set before done closes.
 type refreshCall struct {
-	done   chan struct{}
-	cancel context.CancelFunc
-	grant  oauthGrant
-	err    error
+	done  chan struct{}
+	grant oauthGrant
+	err   error
 }
 
 func newOAuth(getenv func(string) string, client *http.Client, v *vault, l *ledger, log *slog.Logger, now func() time.Time) *oauthClient {
-	return &oauthClient{getenv: getenv, client: client, vault: v, ledger: l, log: log, now: now, inflight: map[string]*refreshCall{}}
+	flights, cut := context.WithCancel(context.Background())
+	return &oauthClient{getenv: getenv, client: client, vault: v, ledger: l, log: log, now: now,
+		inflight: map[string]*refreshCall{}, flights: flights, cut: cut}
 }
 
-func (o *oauthClient) tokenURL(p oauthProvider) (string, error) {
+func (o *oauthClient) tokenURL(p providerInfo) (string, error) {
 	return envURL(o.getenv, "OAUTH", p.id, "TOKEN_URL", p.tokenURL, errTokenURL)
 }
 
@@ -119,22 +89,19 @@ func (o *oauthClient) shutdown(cut <-chan struct{}) {
 		o.log.Info("serve_waiting_for_refreshes", "flights", n)
 	}
 	o.mu.Unlock()
-	done := make(chan struct{})
-	go func() { o.wg.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-cut:
-		o.mu.Lock()
-		for _, c := range o.inflight {
-			c.cancel()
+	go func() {
+		select {
+		case <-cut:
+		case <-o.flights.Done():
 		}
-		o.mu.Unlock()
-		<-done
-	}
+		o.cut()
+	}()
+	o.wg.Wait()
+	o.cut() // ends the goroutine above
 }
 
 // refresh returns id's refreshed grant (the vault's when refusedAccessToken is no longer it)
-// from one flight shared by concurrent calls, run under context.WithoutCancel (STYLE B8).
+// from one flight shared by concurrent calls, which a caller's hang-up does not end (STYLE B8).
 func (o *oauthClient) refresh(ctx context.Context, id, provider, refusedAccessToken string) (oauthGrant, error) {
 	o.mu.Lock()
 	if o.closed {
@@ -143,17 +110,12 @@ func (o *oauthClient) refresh(ctx context.Context, id, provider, refusedAccessTo
 	}
 	c, ok := o.inflight[id]
 	if !ok {
-		fctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-		c = &refreshCall{done: make(chan struct{}), cancel: cancel}
+		c = &refreshCall{done: make(chan struct{})}
 		o.inflight[id] = c
 		o.wg.Add(1)
-		go func() { // exits when the token call ends or shutdown cancels it; callers wait on c.done
+		go func() { // exits when the token call ends or shutdown cuts it; callers wait on c.done
 			defer o.wg.Done()
-			defer cancel()
-			c.grant, c.err = o.refreshOnce(fctx, id, provider, refusedAccessToken)
-			if c.err != nil {
-				c.err = o.ended(id, provider, c.err)
-			}
+			c.grant, c.err = o.refreshOnce(o.flights, id, provider, refusedAccessToken)
 			o.mu.Lock()
 			delete(o.inflight, id)
 			o.mu.Unlock()
@@ -172,51 +134,54 @@ func (o *oauthClient) refresh(ctx context.Context, id, provider, refusedAccessTo
 	}
 }
 
-// refreshOnce is one flight from the vault's current grant, committed only
-// while the vault still holds the refresh token it started from.
-func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused string) (oauthGrant, error) {
-	p, err := lookupOAuth(provider)
-	if err != nil {
-		return oauthGrant{}, err
-	}
-	doc, err := o.vault.load()
-	if err != nil {
-		return oauthGrant{}, fmt.Errorf("refresh %s: vault: %w", id, err)
-	}
-	cur := doc.Subscriptions[id].OAuth
-	if cur == nil {
-		return oauthGrant{}, fmt.Errorf("refresh %s: the vault holds no OAuth grant for it: %w", id, errNoOAuth)
-	}
-	old := *cur // doc is the vault's shared cache: copy, never write into it
-	// Another token is current: the caller retries with it, unless it lapsed too.
-	if refused != "" && old.AccessToken != refused && !expiredForRequest(old, o.now()) {
-		o.log.Debug("credential_refresh_skipped", "subscription_id", id, "provider", provider)
-		return old, nil
-	}
+// refreshOnce is one flight from the vault's current grant, committed only while the vault still
+// holds its refresh token; a definitive refusal marks the credential for a sign-in unless one
+// replaced the grant meanwhile.
+func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused string) (g oauthGrant, err error) {
+	log := o.log.With("subscription_id", id, "provider", provider)
+	var old oauthGrant
 	holds := func(d *vaultDoc) bool { // the vault still has the grant this flight started from
 		c := d.Subscriptions[id].OAuth
 		return c != nil && c.RefreshToken == old.RefreshToken
 	}
-	endpoint, err := o.tokenURL(p)
+	defer func() {
+		var re *endpointError
+		if errors.As(err, &re) && re.Definitive {
+			if d, lerr := o.vault.load(); lerr == nil && !holds(d) {
+				err = fmt.Errorf("refresh %s: %w", id, errRefreshSuperseded)
+			}
+		}
+		switch {
+		case err == nil:
+		case errors.Is(err, errRefreshSuperseded):
+			log.Info("credential_refresh_superseded")
+		case errors.As(err, &re) && re.Definitive:
+			o.ledger.setCredential(id, provider, credNeedsReauth, re.Sentence)
+			log.Warn("credential_refresh_refused", "endpoint", re.Endpoint, "status", re.Status, "cause", re.Sentence)
+		default:
+			log.Warn("credential_refresh_failed", "error", err.Error())
+		}
+	}()
+	doc, err := o.vault.load()
+	if err != nil {
+		return oauthGrant{}, fmt.Errorf("refresh %s: vault: %w", id, err)
+	} else if doc.Subscriptions[id].OAuth == nil {
+		return oauthGrant{}, fmt.Errorf("refresh %s: the vault holds no OAuth grant for it", id)
+	}
+	old = *doc.Subscriptions[id].OAuth // doc is the vault's shared cache: copy, never write into it
+	// Another token is current: the caller retries with it, unless it lapsed too.
+	if refused != "" && old.AccessToken != refused && !expiredForRequest(old, o.now()) {
+		log.Debug("credential_refresh_skipped")
+		return old, nil
+	}
+	p, _ := lookupProvider(provider)
+	fields := map[string]string{"grant_type": "refresh_token", "refresh_token": old.RefreshToken, "client_id": p.clientID}
+	ans, err := o.tokenCall(ctx, p, fields, old.RefreshToken, old.AccessToken)
 	if err != nil {
 		return oauthGrant{}, err
 	}
-	if old.RefreshToken == "" { // only a sign-in or a new grant helps
-		return oauthGrant{}, &endpointError{Definitive: true, Endpoint: endpointName(endpoint),
-			Sentence: errNoRefreshToken.Error(), Err: errNoRefreshToken}
-	}
-	fields := map[string]string{"grant_type": "refresh_token", "refresh_token": old.RefreshToken, "client_id": p.clientID}
-	ans, re := o.tokenCall(ctx, p, endpoint, fields, old.RefreshToken, old.AccessToken)
-	if re != nil {
-		// A refusal is a result too: if a sign-in replaced the grant while
-		// the call was on the wire, the refusal is about a grant nobody uses.
-		if d, err := o.vault.load(); re.Definitive && err == nil && !holds(d) {
-			return oauthGrant{}, fmt.Errorf("refresh %s: %w", id, errRefreshSuperseded)
-		}
-		return oauthGrant{}, re
-	}
 	now := o.now()
-	g := answerGrant(provider, old, ans, now)
+	g = answerGrant(provider, old, ans, now)
 	err = o.vault.update(func(d *vaultDoc) error {
 		if !holds(d) {
 			return errRefreshSuperseded
@@ -224,46 +189,27 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 		d.Subscriptions[id] = vaultCredential{OAuth: &g}
 		return nil
 	})
-	switch {
-	case errors.Is(err, errRefreshSuperseded):
+	if errors.Is(err, errRefreshSuperseded) {
 		return oauthGrant{}, fmt.Errorf("refresh %s: %w", id, err)
-	case err != nil:
+	} else if err != nil {
 		// The provider may already have retired the refresh token the vault
 		// still holds: the new grant is used and kept until written (SPEC §17).
 		o.vault.keepUnwritten(id, old, g)
-		o.log.Error("credential_refresh_unwritten", "subscription_id", id, "provider", provider, "error", redact(err.Error()))
+		log.Error("credential_refresh_unwritten", "error", redact(err.Error()))
 	}
 	o.ledger.setCredential(id, provider, credActive, "")
 	o.ledger.setGrantTimes(id, provider, g.ExpiresAtMs, now.UnixMilli())
-	o.log.Info("credential_refresh_ok", "subscription_id", id, "provider", provider, "expires_at_ms", g.ExpiresAtMs)
+	log.Info("credential_refresh_ok", "expires_at_ms", g.ExpiresAtMs)
 	return g, nil
 }
 
-// ended logs how a failed flight ended and returns err; a definitive refusal
-// also records that the credential needs a sign-in, a superseded one changes nothing.
-func (o *oauthClient) ended(id, provider string, err error) error {
-	var re *endpointError
-	switch {
-	case errors.Is(err, errRefreshSuperseded):
-		o.log.Info("credential_refresh_superseded", "subscription_id", id, "provider", provider)
-	case errors.As(err, &re) && re.Definitive:
-		o.ledger.setCredential(id, provider, credNeedsReauth, re.Sentence)
-		o.log.Warn("credential_refresh_refused", "subscription_id", id, "provider", provider,
-			"endpoint", re.Endpoint, "status", re.Status, "cause", re.Sentence)
-	default:
-		o.log.Warn("credential_refresh_failed", "subscription_id", id, "provider", provider, "error", err.Error())
-	}
-	return err
-}
-
-// endpointError is a failed token call or usage read (Op names it; "" a token call), never
-// quoting a body (SPEC §11.1: endpoint, status, bytes); Definitive: the grant was disowned,
-// and Sentence (redacted, ≤200 bytes) is the provider's word. Status 0: none was received.
+// endpointError is a failed token call or usage read, naming endpoint, status and bytes, never
+// quoting a body (SPEC §11.1).
 type endpointError struct {
-	Op         string
-	Definitive bool
+	Op         string // "": a token call
+	Definitive bool   // the grant was disowned; Sentence (redacted, ≤200 bytes) is the provider's word
 	Endpoint   string // scheme, host and path; never a query
-	Status     int
+	Status     int    // 0: none was received
 	Received   int
 	Sentence   string
 	Err        error // nil for a plain non-2xx usage answer
@@ -296,10 +242,19 @@ func endpointName(raw string) string {
 	return "(unparsable URL)"
 }
 
-// tokenCall POSTs fields in p's body format and classifies the answer.
-func (o *oauthClient) tokenCall(ctx context.Context, p oauthProvider, endpoint string, fields map[string]string, secrets ...string) (tokenAnswer, *endpointError) {
-	body, _ := json.Marshal(fields) // a map of strings always encodes
-	ctype := "application/json"
+// tokenCall POSTs fields to p's token endpoint in p's body format and reads the answer, quoting
+// no secret; a refresh without a refresh token is refused unsent: only a sign-in helps.
+func (o *oauthClient) tokenCall(ctx context.Context, p providerInfo, fields map[string]string,
+	secrets ...string) (tokenAnswer, error) {
+	endpoint, err := o.tokenURL(p)
+	if err != nil {
+		return tokenAnswer{}, err
+	}
+	if v, ok := fields["refresh_token"]; ok && v == "" {
+		return tokenAnswer{}, &endpointError{Definitive: true, Endpoint: endpointName(endpoint),
+			Sentence: errNoRefreshToken.Error(), Err: errNoRefreshToken}
+	}
+	body, ctype := must(json.Marshal(fields)), "application/json"
 	if p.form {
 		vals := url.Values{}
 		for k, v := range fields {
@@ -308,12 +263,11 @@ func (o *oauthClient) tokenCall(ctx context.Context, p oauthProvider, endpoint s
 		body, ctype = []byte(vals.Encode()), "application/x-www-form-urlencoded"
 	}
 	status, b, err := callEndpoint(ctx, o.client, http.MethodPost, endpoint, body, [2]string{"Content-Type", ctype})
-	return classifyTokenAnswer(endpointName(endpoint), status, b, err, secrets...)
+	return readTokenAnswer(endpointName(endpoint), status, b, err, secrets...)
 }
 
-// definitiveErrors say the grant or client is no good (RFC 6749 §5.2, RFC 6750 §3.1;
-// OpenAI's auth server names a dead refresh token in its error object's code,
-// which the Codex CLI also takes as final).
+// definitiveErrors say the grant or client is no good (RFC 6749 §5.2, RFC 6750 §3.1; OpenAI
+// names a dead refresh token in its error object's code, which the Codex CLI takes as final).
 var definitiveErrors = map[string]bool{
 	"invalid_grant": true, "invalid_token": true, "invalid_client": true, "unauthorized_client": true,
 	"refresh_token_reused": true, "refresh_token_expired": true, "refresh_token_invalidated": true,
@@ -322,39 +276,7 @@ var definitiveErrors = map[string]bool{
 // oauthErrorCode is a code worth quoting (RFC 6749 §5.2's short words); prose could carry a secret.
 var oauthErrorCode = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,64}$`)
 
-// classifyTokenAnswer sorts a token answer (SPEC §11.1): a 2xx with an
-// access token is used; a complete invalid_grant-class refusal or 401/403 is
-// definitive; all else is a transport failure, even a 401 whose body ended
-// early (readErr): no evidence the grant was disowned (seed, "Cancellation and retry").
-func classifyTokenAnswer(endpoint string, status int, body []byte, readErr error, secrets ...string) (tokenAnswer, *endpointError) {
-	re := &endpointError{Endpoint: endpoint, Status: status, Received: len(body), Err: readErr}
-	if readErr != nil {
-		return tokenAnswer{}, re
-	}
-	ans, err := parseTokenAnswer(body)
-	if err == nil && status/100 == 2 {
-		return ans, nil
-	}
-	secrets = slices.DeleteFunc(slices.Clone(secrets), func(s string) bool {
-		return len(s) < 8 // no real token is this short; replacing it would garble the sentence
-	})
-	quote := func(s string) string { return cleanQuoted(redact(s, secrets...), "", maxSentenceBytes) }
-	switch re.Err = err; {
-	case err == nil:
-		re.Err = fmt.Errorf("%w: an access token with HTTP %d", errTokenMalformed, status)
-	case errors.Is(err, errTokenRefused) && oauthErrorCode.MatchString(ans.Error):
-		re.Err = fmt.Errorf("%w: %s", err, quote(ans.Error))
-	}
-	if definitiveErrors[ans.Error] || status == http.StatusUnauthorized || status == http.StatusForbidden {
-		re.Definitive, re.Err = true, errTokenRefused
-		re.Sentence = cmp.Or(quote(ans.Description), quote(ans.Error),
-			fmt.Sprintf("the token endpoint answered %d %s", status, http.StatusText(status)))
-	}
-	return ans, re
-}
-
-// tokenAnswer is what Brama reads from a token endpoint's JSON answer; ExpiresIn is
-// seconds, 0 when absent or unusable.
+// tokenAnswer is what Brama reads of a token answer; ExpiresIn is seconds, 0 when absent or unusable.
 type tokenAnswer struct {
 	AccessToken  string `json:"access_token,omitempty"`
 	RefreshToken string `json:"refresh_token,omitempty"`
@@ -364,19 +286,21 @@ type tokenAnswer struct {
 	Description  string `json:"error_description,omitempty"`
 }
 
-// parseTokenAnswer reads a token answer leniently (a member of another type
-// is absent): an access_token and no error, else errTokenRefused (RFC 6749
-// §5.2, or Anthropic's and OpenAI's "error" object) or errTokenMalformed.
-func parseTokenAnswer(body []byte) (tokenAnswer, error) {
+// readTokenAnswer reads a token answer leniently (a member of another type is absent) and sorts it
+// (SPEC §11.1): a 2xx with a usable access token is used; a complete invalid_grant-class refusal or
+// 401/403 is definitive; all else is a transport failure, even a 401 whose body ended early
+// (readErr): no evidence the grant was disowned (seed, "Cancellation and retry").
+func readTokenAnswer(endpoint string, status int, body []byte, readErr error, secrets ...string) (tokenAnswer, error) {
+	re := &endpointError{Endpoint: endpoint, Status: status, Received: len(body), Err: readErr}
+	if readErr != nil {
+		return tokenAnswer{}, re
+	}
 	var raw struct {
 		tokenAnswer
 		Expires json.RawMessage `json:"expires_in"` // a number, or a string holding one
 		Err     json.RawMessage `json:"error"`      // a string, or {"type","code","message"}
 	}
 	err := json.Unmarshal(body, &raw)
-	if !bytes.HasPrefix(bytes.TrimSpace(body), []byte("{")) || err != nil && !errors.As(err, new(*json.UnmarshalTypeError)) {
-		return tokenAnswer{}, fmt.Errorf("%w: not a JSON object", errTokenMalformed)
-	}
 	ans := raw.tokenAnswer
 	n, _ := jsonScalar(raw.Expires)
 	if f, err := strconv.ParseFloat(n, 64); err == nil && f >= 1 && f <= 100*365*24*3600 { // more is unusable, not an overflow
@@ -389,19 +313,34 @@ func parseTokenAnswer(body []byte) (tokenAnswer, error) {
 			ans.Error = e.code
 		}
 	}
+	// No real token is shorter than 8 bytes; replacing a shorter one would garble the sentence.
+	secrets = slices.DeleteFunc(slices.Clone(secrets), func(s string) bool { return len(s) < 8 })
+	quote := func(s string) string { return cleanQuoted(redact(s, secrets...), "", maxSentenceBytes) }
 	switch {
+	case !bytes.HasPrefix(bytes.TrimSpace(body), []byte("{")) || err != nil && !errors.As(err, new(*json.UnmarshalTypeError)):
+		ans, re.Err = tokenAnswer{}, fmt.Errorf("%w: not a JSON object", errTokenMalformed)
+	case ans.Error != "" && oauthErrorCode.MatchString(ans.Error):
+		re.Err = fmt.Errorf("%w: %s", errTokenRefused, quote(ans.Error))
 	case ans.Error != "":
-		return ans, errTokenRefused // the code is quoted only by classifyTokenAnswer, which can redact
+		re.Err = errTokenRefused
 	case ans.AccessToken == "":
-		return ans, fmt.Errorf("%w: no access_token", errTokenMalformed)
+		re.Err = fmt.Errorf("%w: no access_token", errTokenMalformed)
 	case controlAt(ans.AccessToken) >= 0: // no header could carry it (SPEC §17)
-		return ans, fmt.Errorf("%w: the access_token holds a control character", errTokenMalformed)
+		re.Err = fmt.Errorf("%w: the access_token holds a control character", errTokenMalformed)
+	case status/100 != 2:
+		re.Err = fmt.Errorf("%w: an access token with HTTP %d", errTokenMalformed, status)
+	default:
+		return ans, nil
 	}
-	return ans, nil
+	if definitiveErrors[ans.Error] || status == http.StatusUnauthorized || status == http.StatusForbidden {
+		re.Definitive, re.Err = true, errTokenRefused
+		re.Sentence = cmp.Or(quote(ans.Description), quote(ans.Error),
+			fmt.Sprintf("the token endpoint answered %d %s", status, http.StatusText(status)))
+	}
+	return ans, re
 }
 
-// answerGrant is g renewed by a token answer (SPEC §11.1): a refresh or id
-// token not sent again is kept; the expiry is expires_in, else the JWT's exp.
+// answerGrant is g renewed by ans (SPEC §11.1): a refresh or id token not sent again is kept.
 func answerGrant(provider string, g oauthGrant, ans tokenAnswer, now time.Time) oauthGrant {
 	g.AccessToken, g.ExpiresAtMs = ans.AccessToken, 0
 	g.RefreshToken, g.IDToken = cmp.Or(ans.RefreshToken, g.RefreshToken), cmp.Or(ans.IDToken, g.IDToken)
@@ -416,13 +355,13 @@ func expiredForRequest(g oauthGrant, now time.Time) bool {
 	return g.ExpiresAtMs != 0 && now.UnixMilli() >= g.ExpiresAtMs-60_000
 }
 
-// fillGrant completes a grant: expiry from the access token's JWT exp, the
-// account id from the id_token where the provider's row says so (SPEC §6.2).
+// fillGrant completes g: expiry from the access token's JWT exp, the account id from the id_token
+// where the provider's row says so (SPEC §6.2).
 func fillGrant(provider string, g oauthGrant) oauthGrant {
 	if exp := jwtClaims(g.AccessToken).Exp; g.ExpiresAtMs == 0 && exp >= 1 && exp <= math.MaxInt64/1000/2 {
 		g.ExpiresAtMs = int64(exp) * 1000
 	}
-	if p, _ := lookupOAuth(provider); p.accountID && g.AccountID == "" {
+	if p, _ := lookupProvider(provider); p.accountID && g.AccountID == "" {
 		g.AccountID = jwtClaims(g.IDToken).Auth.AccountID
 	}
 	return g
@@ -436,8 +375,7 @@ type claims struct {
 	} `json:"https://api.openai.com/auth"`
 }
 
-// jwtClaims decodes a JWT's payload (RFC 7519 §3) unchecked (the provider
-// checks its own token on use); what is no JWT or unreadable stays zero.
+// jwtClaims decodes a JWT's payload (RFC 7519 §3) unchecked: the provider checks its own token.
 func jwtClaims(token string) (c claims) {
 	if parts := strings.Split(token, "."); len(parts) == 3 {
 		b, _ := base64.RawURLEncoding.DecodeString(strings.TrimRight(parts[1], "="))
@@ -446,17 +384,11 @@ func jwtClaims(token string) (c claims) {
 	return c
 }
 
-// randomToken is 32 random bytes, base64url (43 characters): a PKCE
-// verifier, or a sign-in's state (RFC 6749 §10.12: another's code is refused).
-func randomToken() string {
+// newPKCE is a fresh verifier, 32 random bytes, and its S256 challenge (RFC 7636 §4.1–4.2).
+func newPKCE() (verifier, challenge string) {
 	b := make([]byte, 32)
 	rand.Read(b) // never fails (crypto/rand, Go 1.24)
-	return base64.RawURLEncoding.EncodeToString(b)
-}
-
-// newPKCE is a fresh verifier and its S256 challenge (RFC 7636 §4.1–4.2).
-func newPKCE() (verifier, challenge string) {
-	verifier = randomToken()
+	verifier = base64.RawURLEncoding.EncodeToString(b)
 	sum := sha256.Sum256([]byte(verifier))
 	return verifier, base64.RawURLEncoding.EncodeToString(sum[:])
 }
@@ -473,8 +405,8 @@ func authorizeURL(provider, state, challenge string) (string, error) {
 	return p.authorizeURL + "?" + q.Encode(), nil
 }
 
-// exchangeCode is the sign-in's exchange (SPEC §11.1, RFC 6749 §4.1.3 with
-// PKCE): what the user pasted for a grant, which the CLI hands to the daemon.
+// exchangeCode is the sign-in's exchange of what the user pasted for a grant (SPEC §11.1, RFC 6749
+// §4.1.3 with PKCE).
 func (o *oauthClient) exchangeCode(ctx context.Context, provider, code, verifier, state string) (oauthGrant, error) {
 	p, err := signInProvider(provider)
 	if err != nil {
@@ -493,18 +425,14 @@ func (o *oauthClient) exchangeCode(ctx context.Context, provider, code, verifier
 	case code == "":
 		return oauthGrant{}, fmt.Errorf("%w: no authorization code in what was pasted", errTokenMalformed)
 	}
-	endpoint, err := o.tokenURL(p)
-	if err != nil {
-		return oauthGrant{}, err
-	}
 	fields := map[string]string{"grant_type": "authorization_code", "code": code, "redirect_uri": p.redirectURI,
 		"client_id": p.clientID, "code_verifier": verifier}
 	if p.echoState {
 		fields["state"] = state
 	}
-	ans, re := o.tokenCall(ctx, p, endpoint, fields, code, verifier)
-	if re != nil {
-		return oauthGrant{}, re
+	ans, err := o.tokenCall(ctx, p, fields, code, verifier)
+	if err != nil {
+		return oauthGrant{}, err
 	}
 	return answerGrant(p.id, oauthGrant{}, ans, o.now()), nil
 }

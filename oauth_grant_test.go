@@ -28,10 +28,7 @@ func TestTokenURLOverride(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			env := map[string]string{"BRAMA_OAUTH_" + strings.ToUpper(strings.ReplaceAll(tc.provider, "-", "_")) + "_TOKEN_URL": tc.value}
 			o := &oauthClient{getenv: testEnv(env)}
-			p, err := lookupOAuth(tc.provider)
-			if err != nil {
-				t.Fatal(err)
-			}
+			p, _ := lookupProvider(tc.provider)
 			got, err := o.tokenURL(p)
 			if (err == nil) != tc.ok || got != tc.want {
 				t.Errorf("tokenURL = %q, %v; want %q, ok %v", got, err, tc.want, tc.ok)
@@ -105,24 +102,29 @@ func FuzzTokenAnswer(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
+		var re *endpointError
 		// A body that ended early is never a refusal, whatever it held (SPEC §11.1).
 		for _, status := range []int{200, 401, 403} {
-			if _, re := classifyTokenAnswer("https://e/t", status, data, io.ErrUnexpectedEOF); re == nil || re.Definitive || !errors.Is(re, io.ErrUnexpectedEOF) {
+			_, err := readTokenAnswer("https://e/t", status, data, io.ErrUnexpectedEOF)
+			if !errors.As(err, &re) || re.Definitive || !errors.Is(re, io.ErrUnexpectedEOF) {
 				t.Fatalf("a partial %d answer classified as %+v", status, re)
 			}
 		}
 		jwtClaims(string(data)) // must not panic on anything
-		ans, err := parseTokenAnswer(data)
+		ans, err := readTokenAnswer("https://e/t", 200, data, nil)
 		if err != nil {
-			if !errors.Is(err, errTokenMalformed) && !errors.Is(err, errTokenRefused) {
-				t.Fatalf("unclassified error: %v", err)
+			if !errors.As(err, &re) {
+				t.Fatalf("not an endpointError: %v", err)
 			}
-			if errors.Is(err, errTokenRefused) && ans.Error == "" {
-				t.Fatalf("refusal without an error code: %v", err)
+			if !errors.Is(re, errTokenMalformed) && !errors.Is(re, errTokenRefused) {
+				t.Fatalf("unclassified error: %v", re)
+			}
+			if errors.Is(re, errTokenRefused) && ans.Error == "" {
+				t.Fatalf("refusal without an error code: %v", re)
 			}
 			for _, status := range []int{200, 400, 401, 503} {
-				_, re := classifyTokenAnswer("https://e/t", status, data, nil, "secret-refresh-token")
-				if re == nil || (re.Definitive && re.Sentence == "") || strings.Contains(re.Error(), "secret-refresh-token") {
+				_, err := readTokenAnswer("https://e/t", status, data, nil, "secret-refresh-token")
+				if !errors.As(err, &re) || (re.Definitive && re.Sentence == "") || strings.Contains(re.Error(), "secret-refresh-token") {
 					t.Fatalf("classify of a refused answer with status %d = %+v", status, re)
 				}
 			}
@@ -135,7 +137,7 @@ func FuzzTokenAnswer(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		again, err := parseTokenAnswer(b)
+		again, err := readTokenAnswer("https://e/t", 200, b, nil)
 		if err != nil || again != ans {
 			t.Fatalf("round trip: %+v, %v; want %+v", again, err, ans)
 		}

@@ -180,7 +180,7 @@ func TestRefreshSuccess(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			p, _ := lookupOAuth(tc.provider)
+			p, _ := lookupProvider(tc.provider)
 			srv := fakeTokenEndpoint(t, func(w http.ResponseWriter, r *http.Request) {
 				ctype, fields := tokenRequest(t, r)
 				if ctype != tc.wantCtype || r.URL.Path != "/token" || r.Method != http.MethodPost {

@@ -279,7 +279,7 @@ func (cr *callerRequest) translated() chatRequest {
 func buildPassthroughRequest(ctx context.Context, c call, cr *callerRequest) (*http.Request, error) {
 	p := c.res.Provider
 	var edits []memberEdit
-	if cr.head.MaxTokens > 0 && !cr.callerLimit && p.id != "codex" {
+	if cr.head.MaxTokens > 0 && !cr.callerLimit && !p.codex {
 		names := outputLimitNames[formatOf(p.protocol).dialect]
 		name := names[len(names)-1]
 		if p.id == "openai" { // its reasoning models refuse max_tokens
@@ -294,7 +294,7 @@ func buildPassthroughRequest(ctx context.Context, c call, cr *callerRequest) (*h
 		}
 		edits = append(edits, memberEdit{"stream_options", opts})
 	}
-	if p.id == "codex" { // SPEC §6.2: always streamed, never stored, never an output limit
+	if p.codex { // SPEC §6.2: always streamed, never stored, never an output limit
 		edits = append(edits, memberEdit{"stream", []byte("true")}, memberEdit{"store", []byte("false")}, memberEdit{"max_output_tokens", nil})
 		if ins := codexInstructions(cr.body.value("instructions"), cr.body.value("input")); ins != nil {
 			edits = append(edits, memberEdit{"instructions", ins})
@@ -428,7 +428,7 @@ func (req chatRequest) droppedFor(p providerInfo) []string {
 			}
 		}
 	}
-	codex := p.id == "codex" // it never gets an output limit, and its backend refuses these (SPEC §6.2)
+	codex := p.codex // it never gets an output limit, and its backend refuses these (SPEC §6.2)
 	add(codex && req.LimitName != "", req.LimitName)
 	add(codex, sampling...)
 	add(codex, openAIShared{Metadata: req.Shared.Metadata, SafetyIdentifier: req.Shared.SafetyIdentifier, User: req.Shared.User}.names()...)
@@ -497,7 +497,7 @@ func rawMember(raw json.RawMessage, name string) json.RawMessage {
 func buildUpstreamRequest(ctx context.Context, p providerInfo, baseURL string, cred upstreamCredential, req chatRequest, model string) (*http.Request, error) {
 	stream, f := upstreamStreams(p, req), formatOf(p.protocol) // f is never nil: TestEveryProviderHasAWireFormat
 	oauth := p.id == "claude-code" && cred.AccessToken != ""
-	body, err := f.encode(req, model, upstreamOptions{stream: stream, oauth: oauth, codex: p.id == "codex", openai: p.id == "openai"})
+	body, err := f.encode(req, model, upstreamOptions{stream: stream, oauth: oauth, codex: p.codex, openai: p.id == "openai"})
 	if err != nil {
 		return nil, err
 	}

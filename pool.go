@@ -211,7 +211,8 @@ func (e *engine) probe(ctx context.Context, it overlayItem, model string) (any, 
 		return nil, refuse("state_conflict", "subscription %s is blocked until %s; a probe is not sent inside a recorded block",
 			it.ID, until.UTC().Format(time.RFC3339))
 	}
-	model = cmp.Or(strings.TrimPrefix(strings.TrimSpace(model), it.Provider+"/"), probeModels[it.Provider])
+	builtin, _ := lookupProvider(it.Provider)
+	model = cmp.Or(strings.TrimPrefix(strings.TrimSpace(model), it.Provider+"/"), builtin.probe)
 	if model == "" {
 		return nil, refuse("state_conflict", "name a model for this probe: provider %q has no built-in probe model", it.Provider)
 	}
@@ -267,7 +268,7 @@ func (e *engine) ping(ctx context.Context, c call, pool []overlayItem) (u usage,
 // pingRequest is the probe's and onboarding's completion (SPEC §6.2, §11.3).
 func pingRequest(route string, p providerInfo) chatRequest {
 	req := chatRequest{Model: route, Messages: []message{{Role: "user", Parts: []part{{Type: partText, Text: "ping"}}}}}
-	if p.id != "codex" {
+	if !p.codex {
 		req.MaxTokens = probeMaxTokens
 	}
 	return req

@@ -35,31 +35,57 @@ const (
 	credSubscription = "subscription" // an agent's OAuth grant or API key
 )
 
-// providerInfo is one row of SPEC §6.1's table.
+// providerInfo is one row of SPEC §6.1's table: every fact that differs between providers.
 type providerInfo struct {
-	id       string
-	protocol string
-	cred     string
-	baseURL  string // built in; BRAMA_PROVIDER_<ID>_BASE_URL overrides
+	id, protocol, cred string
+	baseURL            string    // built in; BRAMA_PROVIDER_<ID>_BASE_URL overrides
+	probe              string    // SPEC §11.3's built-in probe model
+	beta               string    // the beta token its calls need (SPEC §6.2); on anthropic-messages only with OAuth
+	header             [2]string // a fixed header name and value its calls carry
+	codex              bool      // SPEC §6.2's codex rules: always streamed, never stored, no output limit, refusals by status
+	oauthFacts                   // zero without OAuth grants
+}
+
+// oauthFacts is a provider's row of SPEC §11.1's token and sign-in tables.
+type oauthFacts struct {
+	tokenURL, clientID string // tokenURL: BRAMA_OAUTH_<ID>_TOKEN_URL overrides
+	form               bool   // the token endpoint takes a form body, not JSON
+	echoState          bool   // the sign-in's exchange sends the state back
+	accountID          bool   // the grant carries the id_token's chatgpt_account_id (SPEC §6.2)
+
+	authorizeURL, redirectURI, scope string     // authorizeURL "": no sign-in
+	extra                            url.Values // further authorize parameters
 }
 
 // providerTable lists every provider Brama knows, and nothing else does.
 var providerTable = []providerInfo{
-	{"openai", protoOpenAIChat, credDirect, "https://api.openai.com/v1"},
-	{"openai-responses", protoOpenAIResponses, credDirect, "https://api.openai.com/v1"},
-	{"anthropic", protoAnthropic, credDirect, "https://api.anthropic.com"},
-	{"openrouter", protoOpenAIChat, credDirect, "https://openrouter.ai/api/v1"},
-	{"groq", protoOpenAIChat, credDirect, "https://api.groq.com/openai/v1"},
-	{"mistral", protoOpenAIChat, credDirect, "https://api.mistral.ai/v1"},
-	{"deepseek", protoOpenAIChat, credDirect, "https://api.deepseek.com/v1"},
-	{"xai", protoOpenAIChat, credDirect, "https://api.x.ai/v1"},
-	{"together", protoOpenAIChat, credDirect, "https://api.together.xyz/v1"},
-	{"fireworks", protoOpenAIChat, credDirect, "https://api.fireworks.ai/inference/v1"},
-	{"cerebras", protoOpenAIChat, credDirect, "https://api.cerebras.ai/v1"},
-	{"local-openai", protoOpenAIChat, credNone, ""},
-	{"claude-code", protoAnthropic, credSubscription, "https://api.anthropic.com"},
-	{"codex", protoOpenAIResponses, credSubscription, "https://chatgpt.com/backend-api/codex"},
-	{"kimi", protoOpenAIChat, credSubscription, "https://api.kimi.com/coding/v1"},
+	{id: "openai", protocol: protoOpenAIChat, cred: credDirect, baseURL: "https://api.openai.com/v1"},
+	{id: "openai-responses", protocol: protoOpenAIResponses, cred: credDirect, baseURL: "https://api.openai.com/v1"},
+	{id: "anthropic", protocol: protoAnthropic, cred: credDirect, baseURL: "https://api.anthropic.com", probe: "claude-haiku-4-5"},
+	{id: "openrouter", protocol: protoOpenAIChat, cred: credDirect, baseURL: "https://openrouter.ai/api/v1"},
+	{id: "groq", protocol: protoOpenAIChat, cred: credDirect, baseURL: "https://api.groq.com/openai/v1"},
+	{id: "mistral", protocol: protoOpenAIChat, cred: credDirect, baseURL: "https://api.mistral.ai/v1"},
+	{id: "deepseek", protocol: protoOpenAIChat, cred: credDirect, baseURL: "https://api.deepseek.com/v1", probe: "deepseek-chat"},
+	{id: "xai", protocol: protoOpenAIChat, cred: credDirect, baseURL: "https://api.x.ai/v1"},
+	{id: "together", protocol: protoOpenAIChat, cred: credDirect, baseURL: "https://api.together.xyz/v1"},
+	{id: "fireworks", protocol: protoOpenAIChat, cred: credDirect, baseURL: "https://api.fireworks.ai/inference/v1"},
+	{id: "cerebras", protocol: protoOpenAIChat, cred: credDirect, baseURL: "https://api.cerebras.ai/v1"},
+	{id: "local-openai", protocol: protoOpenAIChat, cred: credNone},
+	{id: "claude-code", protocol: protoAnthropic, cred: credSubscription, baseURL: "https://api.anthropic.com",
+		probe: "claude-haiku-4-5", beta: "oauth-2025-04-20", oauthFacts: oauthFacts{
+			tokenURL: "https://platform.claude.com/v1/oauth/token", // console.anthropic.com's now answers 404
+			clientID: "9d1c250a-e61b-44d9-88ed-5944d1962f5e", echoState: true,
+			authorizeURL: "https://claude.com/cai/oauth/authorize",          // claude.ai's refuses every grant now
+			redirectURI:  "https://platform.claude.com/oauth/code/callback", // the only one still registered
+			scope:        "org:create_api_key user:profile user:inference", extra: url.Values{"code": {"true"}}}},
+	{id: "codex", protocol: protoOpenAIResponses, cred: credSubscription, baseURL: "https://chatgpt.com/backend-api/codex",
+		probe: "gpt-5.3-codex-spark", beta: "responses=experimental", header: [2]string{"originator", "codex_cli_rs"}, codex: true,
+		oauthFacts: oauthFacts{tokenURL: "https://auth.openai.com/oauth/token", clientID: "app_EMoamEEZ73f0CkXaXp7hrann",
+			form: true, accountID: true, authorizeURL: "https://auth.openai.com/oauth/authorize",
+			redirectURI: "http://localhost:1455/auth/callback", scope: "openid profile email offline_access",
+			extra: url.Values{"id_token_add_organizations": {"true"}, "codex_cli_simplified_flow": {"true"}}}},
+	{id: "kimi", protocol: protoOpenAIChat, cred: credSubscription, baseURL: "https://api.kimi.com/coding/v1", probe: "kimi-for-coding",
+		oauthFacts: oauthFacts{tokenURL: "https://auth.kimi.com/api/oauth/token", clientID: "17e5f671-d194-4dfb-9706-5516cb48c098", form: true}},
 }
 
 func lookupProvider(id string) (providerInfo, bool) {
@@ -82,8 +108,7 @@ func providerBaseURL(p providerInfo, getenv func(string) string) (string, error)
 	return strings.TrimRight(raw, "/"), err
 }
 
-// envURL is BRAMA_<kind>_<ID>_<what>, else builtin, under checkBaseURL's
-// rule, so a typo cannot send a credential in clear text; failures wrap sentinel.
+// envURL is BRAMA_<kind>_<ID>_<what>, else builtin, under checkBaseURL's rule; failures wrap sentinel.
 func envURL(getenv func(string) string, kind, id, what, builtin string, sentinel error) (string, error) {
 	env := "BRAMA_" + kind + "_" + strings.ToUpper(strings.ReplaceAll(id, "-", "_")) + "_" + what
 	raw := cmp.Or(strings.TrimSpace(getenv(env)), builtin)
@@ -93,39 +118,30 @@ func envURL(getenv func(string) string, kind, id, what, builtin string, sentinel
 	return raw, nil
 }
 
-// checkBaseURL accepts https:// anywhere and http:// only to loopback. It
-// refuses user info (a password would be quoted in transport errors), a
-// query and a fragment (paths are appended to the base).
+// checkBaseURL accepts https:// anywhere and http:// only to loopback, so a typo cannot send a
+// credential in clear text; no user info (transport errors would quote it), query or fragment.
 func checkBaseURL(raw string) error {
 	u, err := url.Parse(raw)
 	switch {
-	case err != nil:
-		return errors.New("not a URL")
-	case u.Host == "" || u.Opaque != "":
-		return errors.New("no host")
-	case u.User != nil:
-		return errors.New("user info is not allowed")
-	case u.RawQuery != "" || u.ForceQuery || u.Fragment != "":
-		return errors.New("a query or fragment is not allowed")
+	case err != nil || u.Host == "" || u.Opaque != "":
+		return errors.New("not a URL with a host")
+	case u.User != nil || u.RawQuery != "" || u.ForceQuery || u.Fragment != "":
+		return errors.New("user info, a query or a fragment is not allowed")
 	case u.Scheme == "https" || u.Scheme == "http" && isLoopbackHost(u.Hostname()):
 		return nil
-	case u.Scheme == "http":
-		return errors.New("http:// is allowed only to a loopback host")
 	}
-	return errors.New("scheme must be https or http to loopback")
+	return errors.New("scheme must be https, or http to a loopback host")
 }
 
-// isLoopbackHost reports whether host is localhost or a loopback address
-// (127.0.0.0/8, ::1). It resolves no names: "localhost" is the only name.
+// isLoopbackHost reports whether host is localhost or a loopback address; it resolves no names.
 func isLoopbackHost(host string) bool {
 	ip, err := netip.ParseAddr(host)
 	return strings.EqualFold(host, "localhost") || err == nil && ip.Unmap().IsLoopback()
 }
 
-// newProviderClient is the one HTTP client for provider calls: no redirects
-// (one could carry a credential elsewhere), no ambient proxy (SPEC §6.1), no
-// elapsed-time cutoff, not even for dialing (SPEC §7.4), no compression
-// offered: the bytes held are the bytes sent (SPEC §17).
+// newProviderClient is the one client for provider calls: no redirects (one could carry a credential
+// elsewhere), no ambient proxy (SPEC §6.1), no elapsed-time cutoff, not even for dialing (SPEC §7.4),
+// no compression offered: the bytes held are the bytes sent (SPEC §17).
 func newProviderClient() *http.Client {
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.Proxy, t.DisableCompression = nil, true
@@ -136,8 +152,8 @@ func newProviderClient() *http.Client {
 	return &http.Client{Transport: t, CheckRedirect: noRedirect}
 }
 
-// callEndpoint sends one request with headers through client and reads the
-// answer whole (OAuth, usage reports, the catalogue); status is 0 when none came.
+// callEndpoint sends one request and reads the answer whole (OAuth, usage reports, the catalogue);
+// status is 0 when none came.
 func callEndpoint(ctx context.Context, client *http.Client, method, endpoint string, body []byte,
 	headers ...[2]string) (status int, b []byte, err error) {
 	req, err := http.NewRequestWithContext(ctx, method, endpoint, bytes.NewReader(body))
@@ -166,44 +182,34 @@ type upstreamCredential struct {
 
 func (c upstreamCredential) bearer() string { return cmp.Or(c.AccessToken, c.APIKey) }
 
-// claudeCodeIdentity must be the first system block of OAuth traffic to
-// Anthropic; the provider refuses such traffic without it (SPEC §6.2).
-const claudeCodeIdentity = "You are Claude Code, Anthropic's official CLI for Claude."
-
-// codexDefaultInstructions stands in for an empty system text: the codex
-// backend refuses a request without instructions (SPEC §6.2).
-const codexDefaultInstructions = "You are a helpful assistant."
-
-// probeModels is SPEC §11.3's built-in probe model per provider.
-var probeModels = map[string]string{"claude-code": "claude-haiku-4-5", "anthropic": "claude-haiku-4-5",
-	"codex": "gpt-5.3-codex-spark", "kimi": "kimi-for-coding", "deepseek": "deepseek-chat"}
+// The system texts SPEC §6.2 requires: Anthropic refuses OAuth traffic whose first system block
+// is not claudeCodeIdentity; the codex backend refuses a request without instructions.
+const (
+	claudeCodeIdentity       = "You are Claude Code, Anthropic's official CLI for Claude."
+	codexDefaultInstructions = "You are a helpful assistant."
+)
 
 // claudeCodeSystem is OAuth traffic's system: the Claude Code identity, then
 // the caller's blocks byte for byte (cache_control); nil if already so.
 func claudeCodeSystem(raw json.RawMessage) ([]byte, error) {
-	text := func(s string) string {
-		b, _ := json.Marshal(s)
-		return `{"text":` + string(b) + `,"type":"text"}`
-	}
+	text := func(s string) string { return `{"text":` + string(jsonText(s)) + `,"type":"text"}` }
 	identity := text(claudeCodeIdentity)
 	var s string
 	var own []struct{ Type, Text string }
+	isString := json.Unmarshal(raw, &s) == nil // JSON null too
 	switch {
-	case raw == nil || string(raw) == "null":
-	case json.Unmarshal(raw, &s) == nil:
-		if s == claudeCodeIdentity {
-			return nil, nil
-		} else if s != "" {
-			return []byte(`[` + identity + `,` + text(s) + `]`), nil
-		}
-	case json.Unmarshal(raw, &own) == nil:
-		if len(own) > 0 && own[0].Type == "text" && own[0].Text == claudeCodeIdentity {
-			return nil, nil
-		} else if len(own) > 0 {
-			return append([]byte(`[`+identity+`,`), bytes.TrimSpace(raw)[1:]...), nil
-		}
-	default:
+	case raw == nil || isString && s == "":
+	case s == claudeCodeIdentity:
+		return nil, nil
+	case isString:
+		return []byte(`[` + identity + `,` + text(s) + `]`), nil
+	case json.Unmarshal(raw, &own) != nil:
 		return nil, refuse("invalid_request", "system must be a string or an array of content blocks")
+	case len(own) == 0:
+	case own[0].Type == "text" && own[0].Text == claudeCodeIdentity:
+		return nil, nil
+	default:
+		return append([]byte(`[`+identity+`,`), bytes.TrimSpace(raw)[1:]...), nil
 	}
 	return []byte(`[` + identity + `]`), nil
 }
@@ -211,8 +217,7 @@ func claudeCodeSystem(raw json.RawMessage) ([]byte, error) {
 // codexInstructions is a codex body's instructions (SPEC §6.2): nil to keep
 // the caller's, else its system and developer items' text, else the default.
 func codexInstructions(instructions, input json.RawMessage) []byte {
-	var own string
-	if json.Unmarshal(instructions, &own) == nil && strings.TrimSpace(own) != "" {
+	if own, _ := jsonString(instructions); strings.TrimSpace(own) != "" {
 		return nil
 	}
 	var items []struct {
@@ -224,34 +229,28 @@ func codexInstructions(instructions, input json.RawMessage) []byte {
 		items = nil // anything but an array of objects has none
 	}
 	for _, it := range items {
-		var s string
-		var parts []struct {
-			Text string `json:"text"`
-		}
-		switch {
-		case it.Role != "system" && it.Role != "developer":
-		case json.Unmarshal(it.Content, &s) == nil:
-			texts = append(texts, s)
-		default:
+		var parts []struct{ Text string }
+		if s, ok := jsonString(it.Content); ok {
+			parts = append(parts, struct{ Text string }{s})
+		} else {
 			json.Unmarshal(it.Content, &parts)
-			for _, p := range parts {
+		}
+		for _, p := range parts {
+			if it.Role == "system" || it.Role == "developer" {
 				texts = append(texts, p.Text)
 			}
 		}
 	}
-	b, _ := json.Marshal(cmp.Or(strings.TrimSpace(strings.Join(texts, "\n\n")), codexDefaultInstructions))
-	return b
+	return jsonText(cmp.Or(strings.TrimSpace(strings.Join(texts, "\n\n")), codexDefaultInstructions))
 }
 
-// upstreamStreams reports whether the call to p streams: when the caller
-// asked for a stream, and always for codex, whose backend only streams.
+// upstreamStreams reports whether the call to p streams: when asked, and always for codex.
 func upstreamStreams(p providerInfo, req chatRequest) bool {
-	return req.Stream || p.id == "codex"
+	return req.Stream || p.codex
 }
 
-// setProviderHeaders sets what a call to p carries (SPEC §6.2, §7.6): the
-// credential and the format's version and beta headers, the caller's merged
-// with p's; no other caller header is ever copied.
+// setProviderHeaders sets what a call to p carries (SPEC §6.2, §7.6): the credential, p's header,
+// the format's version and beta headers, the caller's merged with p's; no other caller header.
 func setProviderHeaders(h http.Header, p providerInfo, cred upstreamCredential, caller http.Header, stream bool) {
 	if named := caller.Values("Connection"); len(named) > 0 { // hop-by-hop fields (RFC 9110 §7.6.1)
 		caller = caller.Clone()
@@ -261,57 +260,48 @@ func setProviderHeaders(h http.Header, p providerInfo, cred upstreamCredential, 
 	}
 	h.Set("Content-Type", "application/json")
 	h.Set("Accept", map[bool]string{false: "application/json", true: "text/event-stream"}[stream])
-	beta, need, bearer := "openai-beta", []string(nil), cred.bearer()
-	switch {
-	case p.protocol == protoAnthropic:
+	betaName, need, bearer := "openai-beta", p.beta, cred.bearer()
+	if p.protocol == protoAnthropic {
 		h.Set("anthropic-version", cmp.Or(caller.Get("anthropic-version"), "2023-06-01"))
-		beta, bearer = "anthropic-beta", cred.AccessToken
-		if bearer != "" && p.id == "claude-code" {
-			need = []string{"oauth-2025-04-20"}
+		betaName, bearer = "anthropic-beta", cred.AccessToken
+		if bearer == "" {
+			need = ""
 		}
 		if bearer == "" && cred.APIKey != "" {
 			h.Set("x-api-key", cred.APIKey)
 		}
-	case p.id == "codex":
-		need = []string{"responses=experimental"}
-		if cred.AccountID != "" {
-			h.Set("chatgpt-account-id", cred.AccountID)
-		}
-		h.Set("originator", "codex_cli_rs")
 	}
-	if v := mergeTokens(caller.Values(beta), need...); v != "" {
-		h.Set(beta, v)
+	if p.accountID && cred.AccountID != "" {
+		h.Set("chatgpt-account-id", cred.AccountID)
+	}
+	if p.header[0] != "" {
+		h.Set(p.header[0], p.header[1])
+	}
+	var beta []string // the caller's tokens and p's, in order, each once
+	for _, t := range strings.Split(strings.Join(caller.Values(betaName), ",")+","+need, ",") {
+		if t = strings.TrimSpace(t); t != "" && !slices.Contains(beta, t) {
+			beta = append(beta, t)
+		}
+	}
+	if len(beta) > 0 {
+		h.Set(betaName, strings.Join(beta, ","))
 	}
 	if bearer != "" {
 		h.Set("Authorization", "Bearer "+bearer)
 	}
 }
 
-// controlAt is the index of s's first control character but a tab, which
-// no header value may hold (RFC 9110 §5.5), or -1.
+// controlAt is the index of s's first control character but a tab (RFC 9110 §5.5: no header holds one), or -1.
 func controlAt(s string) int {
 	return strings.IndexFunc(s, func(r rune) bool { return r < ' ' && r != '\t' || r == 0x7f })
 }
 
-// headerText is s with each control character escaped as JSON writes it:
-// a caller's member name may hold any.
+// headerText is s with each control character escaped as JSON writes it.
 func headerText(s string) string {
 	if i := controlAt(s); i >= 0 {
 		return s[:i] + fmt.Sprintf(`\u%04x`, s[i]) + headerText(s[i+1:])
 	}
 	return s
-}
-
-// mergeTokens joins comma-separated header values and the required tokens,
-// in order, each once.
-func mergeTokens(values []string, required ...string) string {
-	var out []string
-	for _, t := range strings.Split(strings.Join(append(values, required...), ","), ",") {
-		if t = strings.TrimSpace(t); t != "" && !slices.Contains(out, t) {
-			out = append(out, t)
-		}
-	}
-	return strings.Join(out, ",")
 }
 
 // Refusal classes of a non-2xx provider answer (SPEC §7.2 step 4).
@@ -323,55 +313,44 @@ const (
 	refusalOther = "other" // everything else: answered at once, no rotation
 )
 
-// providerRefusal is a classified non-2xx provider answer (SPEC §8.2,
-// §7.2.4): from the status and the error's type/code, never its text.
+// providerRefusal is a non-2xx provider answer classified by its status and type/code, never its text.
 type providerRefusal struct {
 	err        *apiError     // the code the caller gets on a direct/alias route (no attempts set here)
-	class      string        // refusalAuth, refusalRate, refusalQuota, refusalModel or refusalOther
-	status     int           // the provider's HTTP status
+	class      string        // one of the refusal classes
 	retryAfter time.Duration // from retry-after or reset headers; 0 when none stated
 	sentence   string        // the provider's own error message, redacted, ≤ maxSentenceBytes
 }
 
-// quotaCodes are the provider error types/codes that say the account's
-// credit or quota is spent: OpenAI's insufficient_quota (sent with 429)
-// and its older billing codes, Anthropic's billing_error (sent with 402).
+// quotaCodes say the account's credit is spent: OpenAI's (insufficient_quota comes with 429), Anthropic's.
 var quotaCodes = map[string]bool{"insufficient_quota": true, "billing_hard_limit_reached": true, "billing_not_active": true, "billing_error": true}
 
-// rejectedStatus is provider_rejected's status for a provider's 4xx
-// refusal of the request itself (SPEC §8.2); 0 when status is not one.
-func rejectedStatus(status int) int {
-	switch {
-	case status < 400 || status > 499 || slices.Contains([]int{401, 403, 408, 409, 429}, status):
-		return 0
-	case status == 400 || status == 404 || status == 413 || status == 422:
-		return status
-	}
-	return 400
-}
-
-// classifyRefusal classifies a non-2xx answer of a provider (an id, else a
-// protocol). presented is redacted from what is quoted, only after the
-// class was decided: a short key must not change what a code says.
+// classifyRefusal classifies a non-2xx answer of a provider (an id, else a protocol); presented is
+// redacted from what is quoted only after the class was decided: a short key must not change a code.
 func classifyRefusal(protocol string, status int, header http.Header, body []byte, presented string, now time.Time) providerRefusal {
-	who, byStatus := "provider", false
-	if p, ok := lookupProvider(protocol); ok {
-		who, byStatus = fmt.Sprintf("provider %q", p.id), p.id == "codex" // SPEC §6.2: codex errors are classified by status alone
+	p, known := lookupProvider(protocol)
+	var b struct{ Error, Detail json.RawMessage } // no other shape is quoted: a raw body never is
+	json.Unmarshal(body, &b)                      // a body of another shape leaves both empty
+	f, ok := errorObject(b.Error)
+	if !ok { // {"error":"text"}, or codex's {"detail":"text"} or {"detail":{"message":…}} (its status decides)
+		s, _ := jsonString(b.Error)
+		detail, _ := jsonString(b.Detail)
+		d, _ := errorObject(b.Detail)
+		f.msg = cmp.Or(s, detail, d.msg)
 	}
-	typ, code, msg := providerErrorFields(body)
-	r := providerRefusal{class: refusalOther, status: status, sentence: cleanQuoted(msg, presented, maxSentenceBytes)}
-	rejected, ec := rejectedStatus(status), "provider_failure" // a malformed answer, 408, 409, a direct route's 401/403
+	typ, code, msg := f.typ, f.code, f.msg
+	r := providerRefusal{class: refusalOther, sentence: cleanQuoted(msg, presented, maxSentenceBytes)}
+	ec, rejected := "provider_failure", 0 // a malformed answer, 408, 409, a direct route's 401/403
 	switch {
 	case status == http.StatusUnauthorized || status == http.StatusForbidden:
 		r.class = refusalAuth
-	case status/100 == 4 && (status == http.StatusPaymentRequired || !byStatus && (quotaCodes[typ] || quotaCodes[code])):
-		r.class, ec, rejected = refusalQuota, "provider_quota_exhausted", 0 // a quota refusal keeps its 502
+	case status/100 == 4 && (status == http.StatusPaymentRequired || !p.codex && (quotaCodes[typ] || quotaCodes[code])):
+		r.class, ec = refusalQuota, "provider_quota_exhausted" // a quota refusal keeps its 502
 	case status == http.StatusTooManyRequests:
 		r.class, ec = refusalRate, "provider_rate_limited"
-	case rejected == status:
-		r.class, ec = refusalModel, "provider_rejected"
-	case rejected != 0:
-		ec = "provider_rejected"
+	case status == 400 || status == 404 || status == 413 || status == 422: // the request itself (SPEC §8.2)
+		r.class, ec, rejected = refusalModel, "provider_rejected", status
+	case status/100 == 4 && status != http.StatusRequestTimeout && status != http.StatusConflict:
+		ec, rejected = "provider_rejected", http.StatusBadRequest
 	case status == http.StatusGatewayTimeout:
 		ec = "dependency_timeout"
 	case status >= 500:
@@ -381,7 +360,10 @@ func classifyRefusal(protocol string, status int, header http.Header, body []byt
 	if r.class == refusalRate || r.class == refusalQuota {
 		r.retryAfter = wait
 	}
-	m := fmt.Sprintf("%s answered %d", who, status)
+	m := fmt.Sprintf("provider answered %d", status)
+	if known {
+		m = fmt.Sprintf("provider %q answered %d", p.id, status)
+	}
 	if label := cmp.Or(cleanQuoted(code, presented, 64), cleanQuoted(typ, presented, 64)); label != "" {
 		m += " (" + label + ")"
 	}
@@ -398,31 +380,9 @@ func classifyRefusal(protocol string, status int, header http.Header, body []byt
 	return r
 }
 
-// providerErrorFields pulls type, code and message out of the error bodies
-// providers send ({"error":{…}}, {"error":"text"}, codex's {"detail":…});
-// any other body yields nothing: a raw body is never quoted.
-func providerErrorFields(body []byte) (typ, code, msg string) {
-	var b struct{ Error, Detail json.RawMessage }
-	if json.Unmarshal(body, &b) != nil {
-		return "", "", ""
-	}
-	if e, ok := errorObject(b.Error); ok {
-		return e.typ, e.code, e.msg
-	}
-	if s, ok := jsonString(b.Error); ok {
-		return "", "", s
-	}
-	s, ok := jsonString(b.Detail) // codex: {"detail": "text"} or {"detail": {"message": …}}; status decides
-	if e, _ := errorObject(b.Detail); !ok {
-		s = e.msg
-	}
-	return "", "", s
-}
-
 type errorFields struct{ typ, code, msg string }
 
-// errorObject reads {"type","code","message"}; code may be a string or a
-// number (OpenRouter sends the HTTP status there).
+// errorObject reads {"type","code","message"}; code may be a number (OpenRouter's HTTP status).
 func errorObject(raw json.RawMessage) (errorFields, bool) {
 	var e struct{ Type, Code, Message json.RawMessage }
 	if len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &e) != nil {
@@ -451,71 +411,66 @@ func jsonScalar(raw json.RawMessage) (string, bool) {
 // maxRetryAfter bounds a stated reset; a block never outlasts it (SPEC §7.2).
 const maxRetryAfter = 7 * 24 * time.Hour
 
-// retryAfter is the wait the provider stated: retry-after-ms, retry-after
-// (seconds or an HTTP date), else the latest reset among the limits its
-// headers show as exhausted. 0 when nothing is stated.
+// retryAfter is the wait stated by retry-after-ms, retry-after, else the latest reset among the
+// limits the headers show as spent; 0 when none is.
 func retryAfter(h http.Header, now time.Time) time.Duration {
-	hv := func(k string) string { return strings.TrimSpace(h.Get(k)) }
-	num := func(k string) (float64, error) { return strconv.ParseFloat(hv(k), 64) }
-	if ms, err := num("Retry-After-Ms"); err == nil && ms > 0 && !math.IsInf(ms, 0) {
-		return clampWait(ms / 1000)
+	if ms, err := strconv.ParseFloat(strings.TrimSpace(h.Get("Retry-After-Ms")), 64); err == nil && ms > 0 && !math.IsInf(ms, 0) {
+		return time.Duration(min(ms, maxRetryAfter.Seconds()*1000) * float64(time.Millisecond))
 	}
-	if v := hv("Retry-After"); v != "" {
-		s, err := strconv.ParseFloat(v, 64)
-		if t, terr := http.ParseTime(v); err != nil && terr == nil {
-			s, err = t.Sub(now).Seconds(), nil
-		}
-		if d := clampWait(s); err == nil && d > 0 {
-			return d // a wait already over states none: the reset headers below may
-		}
+	if d := statedWait(h, "Retry-After", now); d > 0 {
+		return d // a wait already over states none: the reset headers below may
 	}
 	var d time.Duration
-	// OpenAI: x-ratelimit-{remaining,reset}-{requests,tokens}, reset as "6m0s";
-	// Anthropic: anthropic-ratelimit-<limit>-{remaining,reset}, reset RFC 3339.
+	spent := func(k string, full float64) bool {
+		f, err := strconv.ParseFloat(strings.TrimSpace(h.Get(k)), 64)
+		return err == nil && f >= full
+	}
+	// OpenAI's x-ratelimit-{remaining,reset}-<limit>, Anthropic's anthropic-ratelimit-<limit>-{remaining,reset}.
 	for _, k := range []string{"X-Ratelimit-%s-requests", "X-Ratelimit-%s-tokens", "Anthropic-Ratelimit-requests-%s",
 		"Anthropic-Ratelimit-tokens-%s", "Anthropic-Ratelimit-input-tokens-%s", "Anthropic-Ratelimit-output-tokens-%s"} {
-		x, err := time.ParseDuration(hv(fmt.Sprintf(k, "Reset")))
-		if t, terr := time.Parse(time.RFC3339, hv(fmt.Sprintf(k, "Reset"))); terr == nil {
-			x, err = t.Sub(now), nil
-		}
-		if err == nil && hv(fmt.Sprintf(k, "Remaining")) == "0" {
-			d = max(d, clampWait(x.Seconds()))
+		if strings.TrimSpace(h.Get(fmt.Sprintf(k, "Remaining"))) == "0" {
+			d = max(d, statedWait(h, fmt.Sprintf(k, "Reset"), now))
 		}
 	}
-	// claude-code plan windows (SPEC §6.3): reset in unix seconds.
-	for _, k := range []string{"", "5h-", "7d-"} {
-		p := "Anthropic-Ratelimit-Unified-" + k
-		u, _ := num(p + "Utilization")
-		if s, err := strconv.ParseInt(hv(p+"Reset"), 10, 64); err == nil && (hv(p+"Status") == "rejected" || u >= 1) {
-			d = max(d, clampWait(float64(s-now.Unix())))
+	for _, k := range []string{"", "5h-", "7d-"} { // claude-code's plan windows (SPEC §6.3)
+		if p := "Anthropic-Ratelimit-Unified-" + k; h.Get(p+"Status") == "rejected" || spent(p+"Utilization", 1) {
+			d = max(d, statedWait(h, p+"Reset", now))
 		}
 	}
-	// codex plan windows (SPEC §6.3): a countdown, else an epoch second.
-	for _, k := range []string{"Primary", "Secondary"} {
-		p := "X-Codex-" + k + "-"
-		u, uerr := num(p + "Used-Percent")
-		s, err := num(p + "Reset-After-Seconds")
-		if at, aerr := num(p + "Reset-At"); err != nil && aerr == nil {
-			s, err = at-float64(now.Unix()), nil
-		}
-		if err == nil && uerr == nil && u >= 100 {
-			d = max(d, clampWait(s))
+	for _, k := range []string{"Primary", "Secondary"} { // codex's plan windows (SPEC §6.3)
+		if p := "X-Codex-" + k + "-"; spent(p+"Used-Percent", 100) {
+			d = max(d, statedWait(h, p+"Reset-After-Seconds", now), statedWait(h, p+"Reset-At", now))
 		}
 	}
 	return d
 }
 
-// clampWait turns seconds into a wait within (0, maxRetryAfter]; a wait
-// already over (or not a number) is 0, "none stated".
-func clampWait(s float64) time.Duration {
-	if !(s > 0) {
+// statedWait is the wait header k states, at most maxRetryAfter: seconds, an epoch second (from 1e9),
+// a Go duration (OpenAI's "6m0s"), RFC 3339 (Anthropic) or an HTTP date (retry-after).
+func statedWait(h http.Header, k string, now time.Time) time.Duration {
+	v := strings.TrimSpace(h.Get(k))
+	s, err := strconv.ParseFloat(v, 64)
+	if s > 1e9 {
+		s -= float64(now.Unix())
+	}
+	if d, derr := time.ParseDuration(v); err != nil && derr == nil {
+		s, err = d.Seconds(), nil
+	}
+	t, terr := time.Parse(time.RFC3339, v)
+	if terr != nil {
+		t, terr = http.ParseTime(v)
+	}
+	if err != nil && terr == nil {
+		s, err = t.Sub(now).Seconds(), nil
+	}
+	if err != nil || !(s > 0) { // one already over (or NaN) states none
 		return 0
 	}
 	return time.Duration(min(s, maxRetryAfter.Seconds()) * float64(time.Second))
 }
 
-// classifyTransport maps a failed provider call to its code (SPEC §8.2):
-// provider_incomplete once the request may have been sent (and billed).
+// classifyTransport maps a failed provider call to its code (SPEC §8.2): provider_incomplete once
+// the request may have been sent (and billed).
 func classifyTransport(err error) *apiError {
 	cause := err
 	if ue := (*url.Error)(nil); errors.As(err, &ue) {
