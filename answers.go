@@ -19,33 +19,37 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 )
 
-// Signed answers (SPEC §12): one provider spend per (client, Idempotency-Key). The first request publishes an in-progress record
-// (os.Link), dispatches and completes it with the answer and its HMAC; later ones replay it. Requests without a key meet the
-// replay guard (SPEC §8.1, below) instead.
+// Two guards keep a request from spending twice. A signed answer (SPEC §12): the first request with an Idempotency-Key
+// publishes an in-progress record (os.Link), dispatches and completes it with the answer and its HMAC; later ones replay it.
+// A request without a key meets the replay guard (SPEC §8.1, §17): a re-send of one refused after a provider call is refused
+// again without one.
 
 const (
 	answerInProgress = "in_progress" // record states (SPEC §12 item 4)
 	answerComplete   = "complete"
 	abandonedMessage = "this answer's process stopped before it was kept; a provider call may have been made" // SPEC §12 item 2
 	unkeptMessage    = "this answer was given once but could not be kept (see the log's answer_unkept); a provider call was made"
+	maxReplayMessage = 256 // message bytes a replay entry keeps: 10,000 entries stay a few MB
 )
 
 var (
 	errAnswerCorrupt     = errors.New("not a kept answer")  // wraps every decode error: not SPEC §12's shape
 	errSignatureMismatch = errors.New("signature mismatch") // `brama answers verify`'s refusal
-	// errServerShutdown cancels the requests running at serve's second signal: their log lines say server_shutdown, their kept
-	// answers item 2's refusal.
+	// errServerShutdown cancels the requests running at serve's second signal: their log lines say server_shutdown, their
+	// kept answers item 2's refusal.
 	errServerShutdown = errors.New("the server is shutting down")
+	errReplayRefused  = errors.New("replay guard: the same request was refused after a provider call") // the log's cause
 )
 
-// answerRecord is one kept-answer file, members in SPEC §12's order; while in progress the members only completion knows are
-// null.
+// answerRecord is one kept-answer file, members in SPEC §12's order; while in progress the members only completion knows
+// are null.
 type answerRecord struct {
 	SchemaVersion int     `json:"schema_version"`
 	State         string  `json:"state"`
@@ -62,13 +66,13 @@ type answerRecord struct {
 	Signature     *string `json:"signature"`
 }
 
-// answerTicket is a reservation this process holds for one key.
+// answerTicket is a reservation this process holds: the record it published and where.
 type answerTicket struct {
 	path string
 	rec  answerRecord
 }
 
-// decodeAnswerRecord strictly parses a kept-answer file; every error wraps errAnswerCorrupt.
+// decodeAnswerRecord strictly parses a kept-answer file (decodeStrict runs validate); every error wraps errAnswerCorrupt.
 func decodeAnswerRecord(b []byte) (*answerRecord, error) {
 	rec := &answerRecord{}
 	if err := decodeStrict("kept answer", b, rec); err != nil {
@@ -77,7 +81,13 @@ func decodeAnswerRecord(b []byte) (*answerRecord, error) {
 	return rec, nil
 }
 
-// validate checks that the record's members agree with its state; the first rule broken is named.
+// readAnswerFile reads, guards and decodes the record at name.
+func readAnswerFile(name string) (*answerRecord, error) {
+	f := stateFile[*answerRecord]{role: "kept answer", path: name, parse: decodeAnswerRecord, absentErr: true}
+	return f.fresh()
+}
+
+// validate checks that the record's members agree with its state, so a replay never meets a missing member.
 func (rec *answerRecord) validate() error {
 	open, done := rec.State == answerInProgress, rec.State == answerComplete
 	isTime := func(s *string) bool {
@@ -85,7 +95,7 @@ func (rec *answerRecord) validate() error {
 		return err == nil && t.Format(journalTimeFormat) == *s
 	}
 	_, b64Err := base64.StdEncoding.Strict().DecodeString(*cmp.Or(rec.BodyBase64, new(string)))
-	for _, c := range []rule{
+	return firstBroken([]rule{
 		{rec.SchemaVersion != 1, "schema_version is not 1"},
 		{rec.BootID == "", "boot_id is empty"},
 		{!idPattern.MatchString(rec.Client), "client is not a client id"},
@@ -100,12 +110,7 @@ func (rec *answerRecord) validate() error {
 		{done && (rec.Status == nil || *rec.Status < 100 || *rec.Status > 999), "status is not an HTTP status"},
 		{done && (rec.BodyBase64 == nil || b64Err != nil), "body_base64 is not standard base64"},
 		{done && (rec.Signature == nil || !isAnswerSignature(*rec.Signature)), "signature is not v1=<64 hex>"},
-	} {
-		if c.bad {
-			return errors.New(c.why)
-		}
-	}
-	return nil
+	})
 }
 
 // body is a complete record's exact body bytes (validate vouched for them).
@@ -131,6 +136,19 @@ func checkIdempotencyKey(key string) error {
 	return nil
 }
 
+// readAnswerKey reads and guards $STATE/answer-key.
+func readAnswerKey(st state) ([]byte, error) {
+	name, err := st.path("answer key", "answer-key")
+	var key []byte
+	if err == nil {
+		key, _, err = readGuarded("answer key", name)
+	}
+	if err == nil && len(key) != 32 {
+		return nil, fmt.Errorf("answer key %s holds %d bytes, want 32", name, len(key))
+	}
+	return key, err
+}
+
 // answerStore keeps the signed answers of one state directory; only serve and `brama answers prune` write them (SPEC §2.3).
 // bootID, drawn once per process, tells our records from a stopped process's.
 type answerStore struct {
@@ -147,6 +165,26 @@ func newAnswerStore(st state, log *slog.Logger, now func() time.Time) *answerSto
 	return &answerStore{sys: sys{log: log, now: now}, st: st, bootID: rand.Text()}
 }
 
+// signingKey reads the answer key, creating it once with publishFile, so of two creators one wins.
+func (a *answerStore) signingKey() ([]byte, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.key != nil {
+		return a.key, nil
+	}
+	key, err := readAnswerKey(a.st)
+	if errors.Is(err, errFileAbsent) {
+		fresh := make([]byte, 32)
+		rand.Read(fresh)
+		name, _ := a.st.path("answer key", "answer-key") // absent: the path was good
+		if err = publishFile(name, fresh); err == nil || errors.Is(err, fs.ErrExist) {
+			key, err = readAnswerKey(a.st)
+		}
+	}
+	a.key = key
+	return key, err
+}
+
 // answerUnplaced is SPEC §2.1's refusal when an answer cannot be kept.
 func answerUnplaced(cause error) *apiError {
 	if ns := (*noStateError)(nil); errors.As(cause, &ns) {
@@ -155,38 +193,15 @@ func answerUnplaced(cause error) *apiError {
 	return refuse("internal_error", "this request's one signed answer has no place to be kept: %v", cause).because(cause)
 }
 
-// signingKey reads $STATE/answer-key, creating it once with publishFile, so of two creators one wins.
-func (a *answerStore) signingKey() ([]byte, error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.key != nil {
-		return a.key, nil
-	}
-	key, name, err := readAnswerKey(a.st)
-	if errors.Is(err, errFileAbsent) {
-		fresh := make([]byte, 32)
-		rand.Read(fresh)
-		if err = publishFile(name, fresh); err == nil || errors.Is(err, fs.ErrExist) {
-			key, _, err = readAnswerKey(a.st)
-		}
-	}
-	a.key = key
-	return key, err
+// answerBusy is the 409 of a key whose answer is still being produced, the one retryable state_conflict (SPEC §8.1).
+func answerBusy() *apiError {
+	ae := refuse("state_conflict", "the answer for this Idempotency-Key is still being produced; retry later")
+	ae.Retryable = true
+	return ae
 }
 
-// readAnswerKey reads and guards $STATE/answer-key, and names it.
-func readAnswerKey(st state) (key []byte, name string, err error) {
-	if name, err = st.path("answer key", "answer-key"); err == nil {
-		key, _, err = readGuarded("answer key", name)
-	}
-	if err == nil && len(key) != 32 {
-		key, err = nil, fmt.Errorf("answer key %s holds %d bytes, want 32", name, len(key))
-	}
-	return key, name, err
-}
-
-// recordPath names the record for (client, key); answers/ and answers/<client>/ are directories, never a planted symlink out of
-// the state directory.
+// recordPath names the record for (client, key); answers/ and answers/<client>/ are directories, never a planted symlink
+// out of the state directory.
 func (a *answerStore) recordPath(client, key string) (string, error) {
 	if !idPattern.MatchString(client) {
 		return "", fmt.Errorf("client id %q cannot name a directory", client)
@@ -200,8 +215,8 @@ func (a *answerStore) recordPath(client, key string) (string, error) {
 	return path, err
 }
 
-// signedCall is a chat request carrying an Idempotency-Key as the store sees it: who asked, what, the route planned, and the
-// engine's tally of calls.
+// signedCall is a chat request carrying an Idempotency-Key as the store sees it: who asked, what, the route planned, and
+// the engine's tally of calls.
 type signedCall struct {
 	client, route string
 	keys          []string // the header's values: exactly one is allowed
@@ -211,8 +226,8 @@ type signedCall struct {
 	envelope      func(http.ResponseWriter, error) *apiError // a refusal in the caller's dialect
 }
 
-// serve answers c (SPEC §12): reserving is the last step before dispatch runs the provider calls; a kept answer is replayed
-// without one. The error is a refusal made before any reservation, for the caller to write.
+// serve answers c (SPEC §12): reserving is the last step before dispatch runs the provider calls; a kept answer is
+// replayed without one. The error is a refusal made before any reservation, for the caller to write.
 func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signedCall, dispatch func(http.ResponseWriter)) (replayed bool, err error) {
 	if err = checkIdempotencyKey(c.keys[0]); len(c.keys) > 1 {
 		err = refuse("invalid_request", "send one Idempotency-Key header")
@@ -227,7 +242,7 @@ func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signed
 	if kept != nil {
 		a.replay(w, c.t, kept)
 	}
-	if err != nil || kept != nil {
+	if t == nil {
 		return kept != nil, err
 	}
 	rec, panicked := &httptest.ResponseRecorder{HeaderMap: http.Header{}, Body: new(bytes.Buffer)}, true // Code 0 until written
@@ -245,8 +260,9 @@ func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signed
 	return false, nil
 }
 
-// reserve, the last step before the first provider call (SPEC §12 item 1), returns this request's ticket, the record to replay,
-// or item 2's refusal; no place: §2.1's.
+// reserve, the last step before the first provider call (SPEC §12 item 1), returns this request's ticket, the record to
+// replay, or item 2's refusal; no place: §2.1's. A record removed between our failed link and our read (a released
+// retryable refusal, or a prune) frees the key: it tries again, a few times.
 func (a *answerStore) reserve(c signedCall) (*answerTicket, *answerRecord, error) {
 	path, err := a.recordPath(c.client, c.keys[0])
 	if err == nil {
@@ -259,8 +275,6 @@ func (a *answerStore) reserve(c signedCall) (*answerTicket, *answerRecord, error
 		KeySHA256: hexSHA256([]byte(c.keys[0])), RequestSHA256: hexSHA256(c.body),
 		StartedAt: a.now().UTC().Format(journalTimeFormat), Route: c.route}}
 	data, _ := marshalState(&t.rec) // strings and ints always encode
-	// A record removed between our failed link and our read (a released retryable refusal, or a prune) frees the key: try again,
-	// a few times.
 	for range 3 {
 		if err := publishFile(path, data); err == nil {
 			return t, nil, nil
@@ -274,22 +288,16 @@ func (a *answerStore) reserve(c signedCall) (*answerTicket, *answerRecord, error
 	return nil, nil, answerBusy()
 }
 
-// answerBusy is the 409 of a key whose answer is still being produced, the one retryable state_conflict (SPEC §8.1).
-func answerBusy() *apiError {
-	ae := refuse("state_conflict", "the answer for this Idempotency-Key is still being produced; retry later")
-	ae.Retryable = true
-	return ae
-}
-
-// taken applies SPEC §12 item 2 to the record at path, checking a complete record's signature. A missing record is errFileAbsent.
+// taken applies SPEC §12 item 2 to the record at path, checking a complete record's signature. A missing record is
+// errFileAbsent.
 func (a *answerStore) taken(c signedCall, path, requestSHA string) (*answerRecord, error) {
 	rec, err := readAnswerFile(path)
 	if errors.Is(err, errFileAbsent) {
 		return nil, err
 	}
 	if err == nil && rec.State == answerComplete {
-		var key []byte
-		if key, err = a.signingKey(); err == nil && !hmac.Equal([]byte(signAnswer(key, rec.body())), []byte(*rec.Signature)) {
+		key, kerr := a.signingKey()
+		if err = kerr; err == nil && !hmac.Equal([]byte(signAnswer(key, rec.body())), []byte(*rec.Signature)) {
 			err = errSignatureMismatch
 		}
 	}
@@ -314,15 +322,9 @@ func (a *answerStore) taken(c signedCall, path, requestSHA string) (*answerRecor
 	return rec, nil
 }
 
-// readAnswerFile reads, guards and decodes the record at name.
-func readAnswerFile(name string) (*answerRecord, error) {
-	f := stateFile[*answerRecord]{role: "kept answer", path: name, parse: decodeAnswerRecord, absentErr: true}
-	return f.fresh()
-}
-
-// settle keeps or releases the reservation after dispatch (SPEC §12 item 3) and returns what the caller gets, signed when kept.
-// After a provider call started, a hang-up or panic is kept (499, 500) so the key never spends twice; a retryable refusal, or one
-// made before dispatch, is released.
+// settle keeps or releases the reservation after dispatch (SPEC §12 item 3) and returns what the caller gets, signed when
+// kept. After a provider call started, a hang-up or panic is kept (499, 500) so the key never spends twice; a retryable
+// refusal, or one made before dispatch, is released.
 func (a *answerStore) settle(ctx context.Context, c signedCall, t *answerTicket, rec *httptest.ResponseRecorder, panicked bool) *httptest.ResponseRecorder {
 	calls, attempts := c.t.attempts, (*int)(nil)
 	if calls > 0 {
@@ -343,11 +345,7 @@ func (a *answerStore) settle(ctx context.Context, c signedCall, t *answerTicket,
 	case calls > 0 && ctx.Err() != nil:
 		cut = refuse("client_cancelled", "the caller hung up after a provider call started")
 	case panicked, ctx.Err() != nil, env.Error.Retryable, attempts == nil:
-		err := os.Remove(t.path)
-		if err == nil {
-			err = syncDir(filepath.Dir(t.path))
-		}
-		if err != nil {
+		if err := errors.Join(os.Remove(t.path), syncDir(filepath.Dir(t.path))); err != nil {
 			a.log.Error("answer_release_failed", "request_id", c.t.requestID, "err", err)
 		}
 		return rec
@@ -404,8 +402,8 @@ func (a *answerStore) replay(w http.ResponseWriter, t *tally, rec *answerRecord)
 	w.Write(body)
 }
 
-// withoutPromptEcho is body with each member that repeats the caller's input (OpenAI Responses echoes instructions) set to null
-// (SPEC §12 item 7); any other byte, and a body that is no JSON object, stays.
+// withoutPromptEcho is body with each member that repeats the caller's input (OpenAI Responses echoes instructions) set to
+// null (SPEC §12 item 7); any other byte, and a body that is no JSON object, stays.
 func withoutPromptEcho(body []byte) []byte {
 	o, err := parseRawObject(body)
 	if err != nil {
@@ -420,22 +418,20 @@ func withoutPromptEcho(body []byte) []byte {
 	return o.edit(edits...)
 }
 
-// verifyAnswerFile is `brama answers verify` (SPEC §12 item 6): sig over file, or a kept answer's own signature over its body.
+// verifyAnswerFile is `brama answers verify` (SPEC §12 item 6): sig over file, or a kept answer's own signature.
 func verifyAnswerFile(st state, file, sig string) error {
-	key, _, err := readAnswerKey(st)
-	if err != nil {
-		return err
-	}
-	body, err := os.ReadFile(file)
-	if err != nil {
+	key, err := readAnswerKey(st)
+	body, rerr := os.ReadFile(file)
+	if err = cmp.Or(err, rerr); err != nil {
 		return err
 	}
 	if sig == "" {
 		rec, err := decodeAnswerRecord(body)
+		if err == nil && rec.State != answerComplete {
+			err = errors.New("the answer is still in progress; there is no signature to check")
+		}
 		if err != nil {
 			return fmt.Errorf("%s: %w", file, err)
-		} else if rec.State != answerComplete {
-			return fmt.Errorf("%s: the answer is still in progress; there is no signature to check", file)
 		}
 		body, sig = rec.body(), *rec.Signature
 	}
@@ -445,35 +441,226 @@ func verifyAnswerFile(st state, file, sig string) error {
 	return nil
 }
 
-// pruneAnswers removes the complete records under dir completed before cutoff (SPEC §12 item 7); serve may run, as they never
-// change again.
-func pruneAnswers(dir string, cutoff time.Time, skip func(name string, err error)) (int, error) {
-	removed := 0
-	err := filepath.WalkDir(dir, func(name string, d fs.DirEntry, err error) error {
-		switch {
-		case errors.Is(err, fs.ErrNotExist) && name == dir:
-			return filepath.SkipDir
-		case err != nil:
-			return err
-		case d.IsDir() || !strings.HasSuffix(name, ".json") || strings.HasPrefix(d.Name(), "."):
-			return nil // temporary files are not records
+// pruneAnswers removes the records answers/<client>/<key>.json under dir completed before cutoff (SPEC §12 item 7); serve
+// may run, as they never change again. Temporary files end otherwise.
+func pruneAnswers(dir string, cutoff time.Time, skip func(name string, err error)) (removed int, err error) {
+	names, _ := fs.Glob(os.DirFS(dir), "*/*.json") // the state directory's path is no pattern
+	for _, name := range names {
+		name = filepath.Join(dir, name)
+		rec, rerr := readAnswerFile(name)
+		if rerr != nil {
+			skip(name, rerr)
+			continue
 		}
-		rec, err := readAnswerFile(name)
-		if err != nil {
-			skip(name, err)
-			return nil
+		if done, _ := time.Parse(journalTimeFormat, *cmp.Or(rec.CompletedAt, new(string))); !done.Before(cutoff) || rec.State != answerComplete {
+			continue
 		}
-		if rec.State != answerComplete {
-			return nil
-		}
-		if done, _ := time.Parse(journalTimeFormat, *rec.CompletedAt); !done.Before(cutoff) {
-			return nil
-		}
-		if err := os.Remove(name); err != nil {
-			return err
+		if err = errors.Join(os.Remove(name), syncDir(filepath.Dir(name))); err != nil {
+			return removed, err
 		}
 		removed++
-		return syncDir(filepath.Dir(name))
-	})
-	return removed, err
+	}
+	return removed, nil
+}
+
+// replayGuard remembers refusals after a provider call (SPEC §8.1: the Codex CLI and the official SDKs re-send a refused
+// request, each re-send maybe billed again), in memory only. Every entry lives one window, so queue is in expiry order and
+// forgetting walks its front.
+type replayGuard struct {
+	window time.Duration // 0: off
+	now    func() time.Time
+
+	mu      sync.Mutex                            // guards refused and queue
+	refused map[string]map[replayKey]*replayEntry // client id → digest → refusal; a client with none takes no digest
+	queue   []*replayEntry                        // a forgotten entry stays queued until its time passes
+}
+
+type replayKey [sha256.Size]byte
+
+// replayEntry is one remembered refusal: its status (a stream's: its code's), code and message (cut; "" for a stream), the
+// alias the request named and the providers its route could call (SPEC §17: a fix forgets it).
+type replayEntry struct {
+	status        int
+	code, message string
+	alias         string
+	providers     []string
+	until         time.Time
+	client        string
+	key           replayKey
+}
+
+// newReplayGuard reads BRAMA_REPLAY_GUARD_SECS: unset is 120 s, 0 turns the guard off; anything unreadable is logged and 120 s.
+func newReplayGuard(getenv func(string) string, log *slog.Logger, now func() time.Time) *replayGuard {
+	const name, def = "BRAMA_REPLAY_GUARD_SECS", 120 * time.Second
+	window, err := envSeconds(getenv, name, 0, def)
+	if err != nil {
+		log.Warn("replay_guard_secs_invalid", "value", strings.TrimSpace(getenv(name)), "using_secs", int(def/time.Second))
+	}
+	return &replayGuard{window: window, now: now, refused: map[string]map[replayKey]*replayEntry{}}
+}
+
+// replayLeftOut is what a digest leaves out of the body, strict and loose: the stream members (SPEC §17: a buffered fallback
+// from a failed stream asks the same request), client_metadata (digested apart, in key order: the Codex CLI re-sends it from
+// a hash map), and for the loose key the output limit too (Claude Code's fallback asks 64000 of 128000).
+var replayLeftOut = map[bool][]memberEdit{
+	false: {{key: "stream"}, {key: "stream_options"}, {key: "client_metadata"}},
+	true:  {{key: "stream"}, {key: "stream_options"}, {key: "client_metadata"}, {key: "max_tokens"}, {key: "max_completion_tokens"}, {key: "max_output_tokens"}},
+}
+
+// replayKeyOf digests client, scope and the body's bytes without replayLeftOut: no generic decode, so the cost is the body's.
+func replayKeyOf(clientID, scope string, body rawObject, loose bool) replayKey {
+	h := sha256.New()
+	fmt.Fprintf(h, "%d:%s%d:%s%t:", len(clientID), clientID, len(scope), scope, loose)
+	meta := body.value("client_metadata")
+	if o, ok := splitRaw(meta, '{', nil); ok {
+		slices.SortFunc(o.members, func(a, b jsonMember) int { return bytes.Compare(a.key, b.key) })
+		for _, m := range o.members {
+			fmt.Fprintf(h, "%d:%s", len(m.key), m.key)
+			h.Write(o.src[m.val:m.end])
+		}
+	} else {
+		h.Write(meta) // not an object: its bytes as they are
+	}
+	body.writeEdited(h, replayLeftOut[loose]...)
+	return replayKey(h.Sum(nil))
+}
+
+// replayScope is what reaches a provider beside the body: the route c resolved to and its direct key's fingerprint (SPEC
+// §17: a registry or key change is a new request, whichever process wrote it), the caller's agent and the version and beta
+// headers it sets (SPEC §6.2).
+func replayScope(agent string, h http.Header, c call) string {
+	return fmt.Sprintf("%q", []string{agent, c.res.Route, c.res.BaseURL, fmt.Sprintf("%x", sha256.Sum256([]byte(c.cred.APIKey))),
+		strings.Join(h.Values("anthropic-version"), ","), strings.Join(h.Values("anthropic-beta"), ","), strings.Join(h.Values("openai-beta"), ",")})
+}
+
+// mayHaveGenerated: such a refusal is also kept under the loose key, as a caller that fixes its output limit after
+// provider_rejected asks a new request.
+func mayHaveGenerated(code string) bool {
+	return code == "provider_incomplete" || code == "provider_failure"
+}
+
+// lock takes mu and forgets every entry whose time has passed, so the map holds only live ones.
+func (g *replayGuard) lock() {
+	now := g.now()
+	g.mu.Lock()
+	for len(g.queue) > 0 && !now.Before(g.queue[0].until) {
+		q := g.queue[0]
+		g.queue = g.queue[1:]
+		if m := g.refused[q.client]; m[q.key] == q {
+			delete(m, q.key)
+		}
+		if len(g.refused[q.client]) == 0 {
+			delete(g.refused, q.client)
+		}
+	}
+	if len(g.queue) == 0 {
+		g.queue = nil // let the backing array go
+	}
+}
+
+// holds reports whether any refusal of client is remembered: else no digest is taken.
+func (g *replayGuard) holds(client string) bool {
+	g.lock()
+	defer g.mu.Unlock()
+	return len(g.refused[client]) > 0
+}
+
+// lookup is the refusal remembered for a request under its key, or under its loose key for one that may have generated.
+func (g *replayGuard) lookup(client, scope string, body rawObject) (replayEntry, bool) {
+	for _, loose := range []bool{false, true} {
+		k := replayKeyOf(client, scope, body, loose)
+		g.lock()
+		e := g.refused[client][k]
+		g.mu.Unlock()
+		if e != nil && (!loose || mayHaveGenerated(e.code)) {
+			return *e, true
+		}
+	}
+	return replayEntry{}, false
+}
+
+// remember keeps e for client's request until the window ends, under both keys when it may have generated; each key's
+// entry leaves with its own queue item.
+func (g *replayGuard) remember(client, scope string, body rawObject, e replayEntry) {
+	keys := []replayKey{replayKeyOf(client, scope, body, false)}
+	if mayHaveGenerated(e.code) {
+		keys = append(keys, replayKeyOf(client, scope, body, true))
+	}
+	g.lock()
+	defer g.mu.Unlock()
+	e.until, e.client = g.now().Add(g.window), client
+	if g.refused[client] == nil {
+		g.refused[client] = map[replayKey]*replayEntry{}
+	}
+	for _, k := range keys {
+		q := e
+		q.key = k
+		g.refused[client][k] = &q
+		g.queue = append(g.queue, &q)
+	}
+}
+
+// forget drops every refusal remembered for a request through alias or provider ("" names none): the operator's fix is
+// dispatched (SPEC §17). Their queue items stay until their time passes.
+func (g *replayGuard) forget(alias, provider string) {
+	if g == nil {
+		return
+	}
+	g.lock()
+	defer g.mu.Unlock()
+	for client, m := range g.refused {
+		maps.DeleteFunc(m, func(_ replayKey, e *replayEntry) bool {
+			return alias != "" && e.alias == alias || provider != "" && slices.Contains(e.providers, provider)
+		})
+		if len(m) == 0 {
+			delete(g.refused, client)
+		}
+	}
+}
+
+// refusalFor is the refusal a request of client repeats, nil for none: its status and code, not retryable, with no call
+// made. The digest is taken only when it can match.
+func (g *replayGuard) refusalFor(client string, scope func() string, body rawObject) *apiError {
+	if g == nil || g.window <= 0 || !g.holds(client) {
+		return nil
+	}
+	e, ok := g.lookup(client, scope(), body)
+	if !ok {
+		return nil
+	}
+	why := e.code
+	if e.message != "" {
+		why += ": " + e.message
+	}
+	ae := refuse(e.code, "this request repeats one refused at %s after a provider call (%s); the same request is refused without a provider call until %s (BRAMA_REPLAY_GUARD_SECS)",
+		e.until.Add(-g.window).UTC().Format(time.RFC3339), why, e.until.UTC().Format(time.RFC3339))
+	if e.code == "provider_rejected" {
+		ae.withStatus(e.status)
+	}
+	ae.Retryable = false
+	return ae.because(errReplayRefused).withAttempts(0)
+}
+
+// rememberer is tally.remember for a request of client planned as c over cands; nil when the guard is off. Remembered is a
+// non-retryable refusal after a call, not subscription_reauthorization_required (signing in must pass); a stream's was
+// met in-band, under a 200.
+func (g *replayGuard) rememberer(client string, scope func() string, body rawObject, c call, cands []resolution) func(ae *apiError, attempts int, hungUp, streamed bool) {
+	if g == nil || g.window <= 0 {
+		return nil
+	}
+	return func(ae *apiError, attempts int, hungUp, streamed bool) {
+		if attempts == 0 || hungUp || ae.Code == "client_cancelled" || ae.Code == "subscription_reauthorization_required" || ae.retryable() {
+			return
+		}
+		e := replayEntry{status: ae.Status(), code: ae.Code, message: truncateUTF8(ae.Message, maxReplayMessage), alias: c.res.Alias}
+		if streamed {
+			e.status, e.message = codes[ae.Code].status, ""
+		}
+		for _, cand := range append([]resolution{c.res}, cands...) {
+			if !slices.Contains(e.providers, cand.Provider.id) {
+				e.providers = append(e.providers, cand.Provider.id)
+			}
+		}
+		g.remember(client, scope(), body, e)
+	}
 }
