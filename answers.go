@@ -260,66 +260,53 @@ func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signed
 	return false, nil
 }
 
-// reserve, the last step before the first provider call (SPEC §12 item 1), returns this request's ticket, the record to
-// replay, or item 2's refusal; no place: §2.1's. A record removed between our failed link and our read (a released
-// retryable refusal, or a prune) frees the key: it tries again, a few times.
+// reserve, the last step before the first provider call (SPEC §12 item 1), returns this request's ticket, or the record to
+// replay, or item 2's refusal (a complete record's signature checked); no place: §2.1's.
 func (a *answerStore) reserve(c signedCall) (*answerTicket, *answerRecord, error) {
 	path, err := a.recordPath(c.client, c.keys[0])
-	if err == nil {
-		_, err = a.signingKey()
-	}
-	if err != nil {
+	key, kerr := a.signingKey()
+	if err = cmp.Or(err, kerr); err != nil {
 		return nil, nil, answerUnplaced(err)
 	}
 	t := &answerTicket{path, answerRecord{SchemaVersion: 1, State: answerInProgress, BootID: a.bootID, Client: c.client,
 		KeySHA256: hexSHA256([]byte(c.keys[0])), RequestSHA256: hexSHA256(c.body),
 		StartedAt: a.now().UTC().Format(journalTimeFormat), Route: c.route}}
 	data, _ := marshalState(&t.rec) // strings and ints always encode
+	// A record removed between our failed link and our read (a released retryable refusal, or a prune) frees the key: try
+	// again, a few times.
 	for range 3 {
 		if err := publishFile(path, data); err == nil {
 			return t, nil, nil
 		} else if !errors.Is(err, fs.ErrExist) {
 			return nil, nil, answerUnplaced(err)
 		}
-		if rec, err := a.taken(c, path, t.rec.RequestSHA256); !errors.Is(err, errFileAbsent) {
-			return nil, rec, err
-		}
-	}
-	return nil, nil, answerBusy()
-}
-
-// taken applies SPEC §12 item 2 to the record at path, checking a complete record's signature. A missing record is
-// errFileAbsent.
-func (a *answerStore) taken(c signedCall, path, requestSHA string) (*answerRecord, error) {
-	rec, err := readAnswerFile(path)
-	if errors.Is(err, errFileAbsent) {
-		return nil, err
-	}
-	if err == nil && rec.State == answerComplete {
-		key, kerr := a.signingKey()
-		if err = kerr; err == nil && !hmac.Equal([]byte(signAnswer(key, rec.body())), []byte(*rec.Signature)) {
+		rec, err := readAnswerFile(path)
+		if errors.Is(err, errFileAbsent) {
+			continue
+		} else if err == nil && rec.State == answerComplete && !hmac.Equal([]byte(signAnswer(key, rec.body())), []byte(*rec.Signature)) {
 			err = errSignatureMismatch
 		}
-	}
-	_, unkept := a.unkept.Load(path)
-	switch open := err == nil && rec.State == answerInProgress; {
-	case err != nil:
-		return nil, refuse("internal_error", "the kept answer for this Idempotency-Key is unreadable").because(err)
-	case rec.RequestSHA256 != requestSHA:
-		return nil, refuse("state_conflict", "this Idempotency-Key was used with another request body")
-	case open && rec.BootID != a.bootID: // a stopped process's: kept as item 2's refusal, attempts unknown
-		e := httptest.NewRecorder()
-		ae := c.envelope(e, refuse("internal_error", abandonedMessage))
-		if rec, err = a.complete(&answerTicket{path, *rec}, ae.Status(), e.Body.Bytes(), nil, rec.Route); err != nil {
-			return nil, refuse("internal_error", "the abandoned answer for this Idempotency-Key could not be kept").because(err)
+		_, unkept := a.unkept.Load(path)
+		switch open := err == nil && rec.State == answerInProgress; {
+		case err != nil:
+			return nil, nil, refuse("internal_error", "the kept answer for this Idempotency-Key is unreadable").because(err)
+		case rec.RequestSHA256 != t.rec.RequestSHA256:
+			return nil, nil, refuse("state_conflict", "this Idempotency-Key was used with another request body")
+		case open && rec.BootID != a.bootID: // a stopped process's: kept as item 2's refusal, attempts unknown
+			e := httptest.NewRecorder()
+			ae := c.envelope(e, refuse("internal_error", abandonedMessage))
+			if rec, err = a.complete(&answerTicket{path, *rec}, ae.Status(), e.Body.Bytes(), nil, rec.Route); err != nil {
+				return nil, nil, refuse("internal_error", "the abandoned answer for this Idempotency-Key could not be kept").because(err)
+			}
+			a.log.Warn("answer_abandoned", "client", rec.Client, "key_sha256", rec.KeySHA256, "boot_id", rec.BootID)
+		case open && unkept:
+			return nil, nil, refuse("internal_error", unkeptMessage)
+		case open:
+			return nil, nil, answerBusy()
 		}
-		a.log.Warn("answer_abandoned", "client", rec.Client, "key_sha256", rec.KeySHA256, "boot_id", rec.BootID)
-	case open && unkept:
-		return nil, refuse("internal_error", unkeptMessage)
-	case open:
-		return nil, answerBusy()
+		return nil, rec, nil
 	}
-	return rec, nil
+	return nil, nil, answerBusy()
 }
 
 // settle keeps or releases the reservation after dispatch (SPEC §12 item 3) and returns what the caller gets, signed when
@@ -464,8 +451,7 @@ func pruneAnswers(dir string, cutoff time.Time, skip func(name string, err error
 }
 
 // replayGuard remembers refusals after a provider call (SPEC §8.1: the Codex CLI and the official SDKs re-send a refused
-// request, each re-send maybe billed again), in memory only. Every entry lives one window, so queue is in expiry order and
-// forgetting walks its front.
+// request, each re-send maybe billed again), in memory only. Every entry lives one window, so queue is in expiry order.
 type replayGuard struct {
 	window time.Duration // 0: off
 	now    func() time.Time
@@ -507,7 +493,7 @@ var replayLeftOut = map[bool][]memberEdit{
 	true:  {{key: "stream"}, {key: "stream_options"}, {key: "client_metadata"}, {key: "max_tokens"}, {key: "max_completion_tokens"}, {key: "max_output_tokens"}},
 }
 
-// replayKeyOf digests client, scope and the body's bytes without replayLeftOut: no generic decode, so the cost is the body's.
+// replayKeyOf digests client, scope and the body's bytes but replayLeftOut: no generic decode, so the cost is the body's.
 func replayKeyOf(clientID, scope string, body rawObject, loose bool) replayKey {
 	h := sha256.New()
 	fmt.Fprintf(h, "%d:%s%d:%s%t:", len(clientID), clientID, len(scope), scope, loose)
@@ -533,21 +519,15 @@ func replayScope(agent string, h http.Header, c call) string {
 		strings.Join(h.Values("anthropic-version"), ","), strings.Join(h.Values("anthropic-beta"), ","), strings.Join(h.Values("openai-beta"), ",")})
 }
 
-// mayHaveGenerated: such a refusal is also kept under the loose key, as a caller that fixes its output limit after
-// provider_rejected asks a new request.
-func mayHaveGenerated(code string) bool {
-	return code == "provider_incomplete" || code == "provider_failure"
-}
-
-// lock takes mu and forgets every entry whose time has passed, so the map holds only live ones.
-func (g *replayGuard) lock() {
+// lock takes mu and forgets every entry whose time has passed, so refused holds only live ones.
+func (g *replayGuard) lock() time.Time {
 	now := g.now()
 	g.mu.Lock()
 	for len(g.queue) > 0 && !now.Before(g.queue[0].until) {
 		q := g.queue[0]
 		g.queue = g.queue[1:]
-		if m := g.refused[q.client]; m[q.key] == q {
-			delete(m, q.key)
+		if g.refused[q.client][q.key] == q {
+			delete(g.refused[q.client], q.key)
 		}
 		if len(g.refused[q.client]) == 0 {
 			delete(g.refused, q.client)
@@ -556,6 +536,7 @@ func (g *replayGuard) lock() {
 	if len(g.queue) == 0 {
 		g.queue = nil // let the backing array go
 	}
+	return now
 }
 
 // holds reports whether any refusal of client is remembered: else no digest is taken.
@@ -565,39 +546,29 @@ func (g *replayGuard) holds(client string) bool {
 	return len(g.refused[client]) > 0
 }
 
-// lookup is the refusal remembered for a request under its key, or under its loose key for one that may have generated.
+// lookup is the refusal remembered for a request, under its strict key or its loose one.
 func (g *replayGuard) lookup(client, scope string, body rawObject) (replayEntry, bool) {
-	for _, loose := range []bool{false, true} {
-		k := replayKeyOf(client, scope, body, loose)
-		g.lock()
-		e := g.refused[client][k]
-		g.mu.Unlock()
-		if e != nil && (!loose || mayHaveGenerated(e.code)) {
-			return *e, true
-		}
+	strict, loose := replayKeyOf(client, scope, body, false), replayKeyOf(client, scope, body, true)
+	g.lock()
+	defer g.mu.Unlock()
+	if e := cmp.Or(g.refused[client][strict], g.refused[client][loose]); e != nil {
+		return *e, true
 	}
 	return replayEntry{}, false
 }
 
-// remember keeps e for client's request until the window ends, under both keys when it may have generated; each key's
-// entry leaves with its own queue item.
+// remember keeps e for client's request until the window ends. A refusal that may have generated is kept under the loose
+// key, which the same request also has: a caller that fixes its output limit after provider_rejected asks a new request.
 func (g *replayGuard) remember(client, scope string, body rawObject, e replayEntry) {
-	keys := []replayKey{replayKeyOf(client, scope, body, false)}
-	if mayHaveGenerated(e.code) {
-		keys = append(keys, replayKeyOf(client, scope, body, true))
-	}
-	g.lock()
+	e.key = replayKeyOf(client, scope, body, e.code == "provider_incomplete" || e.code == "provider_failure")
+	now := g.lock()
 	defer g.mu.Unlock()
-	e.until, e.client = g.now().Add(g.window), client
+	e.until, e.client = now.Add(g.window), client
 	if g.refused[client] == nil {
 		g.refused[client] = map[replayKey]*replayEntry{}
 	}
-	for _, k := range keys {
-		q := e
-		q.key = k
-		g.refused[client][k] = &q
-		g.queue = append(g.queue, &q)
-	}
+	g.refused[client][e.key] = &e
+	g.queue = append(g.queue, &e)
 }
 
 // forget drops every refusal remembered for a request through alias or provider ("" names none): the operator's fix is
@@ -656,10 +627,8 @@ func (g *replayGuard) rememberer(client string, scope func() string, body rawObj
 		if streamed {
 			e.status, e.message = codes[ae.Code].status, ""
 		}
-		for _, cand := range append([]resolution{c.res}, cands...) {
-			if !slices.Contains(e.providers, cand.Provider.id) {
-				e.providers = append(e.providers, cand.Provider.id)
-			}
+		for _, cand := range append([]resolution{c.res}, cands...) { // a provider twice does no harm
+			e.providers = append(e.providers, cand.Provider.id)
 		}
 		g.remember(client, scope(), body, e)
 	}
