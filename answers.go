@@ -26,10 +26,8 @@ import (
 	"time"
 )
 
-// Two guards keep a request from spending twice. A signed answer (SPEC §12): the first request with an Idempotency-Key
-// publishes an in-progress record (os.Link), dispatches and completes it with the answer and its HMAC; later ones replay it.
-// A request without a key meets the replay guard (SPEC §8.1, §17): a re-send of one refused after a provider call is refused
-// again without one.
+// Two guards keep a request from spending twice: a signed answer (SPEC §12) for a request with an Idempotency-Key, the
+// replay guard (SPEC §8.1, §17) for one without.
 
 const (
 	answerInProgress = "in_progress" // record states (SPEC §12 item 4)
@@ -40,16 +38,13 @@ const (
 )
 
 var (
-	errAnswerCorrupt     = errors.New("not a kept answer")  // wraps every decode error: not SPEC §12's shape
-	errSignatureMismatch = errors.New("signature mismatch") // `brama answers verify`'s refusal
-	// errServerShutdown cancels the requests running at serve's second signal: their log lines say server_shutdown, their
-	// kept answers item 2's refusal.
-	errServerShutdown = errors.New("the server is shutting down")
-	errReplayRefused  = errors.New("replay guard: the same request was refused after a provider call") // the log's cause
+	errAnswerCorrupt     = errors.New("not a kept answer")                                                // wraps every decode error: not SPEC §12's shape
+	errSignatureMismatch = errors.New("signature mismatch")                                               // `brama answers verify`'s refusal
+	errServerShutdown    = errors.New("the server is shutting down")                                      // serve's second signal: kept answers get item 2's refusal
+	errReplayRefused     = errors.New("replay guard: the same request was refused after a provider call") // the log's cause
 )
 
-// answerRecord is one kept-answer file, members in SPEC §12's order; while in progress the members only completion knows
-// are null.
+// answerRecord is one kept-answer file (SPEC §12); in progress, the members only completion knows are null.
 type answerRecord struct {
 	SchemaVersion int     `json:"schema_version"`
 	State         string  `json:"state"`
@@ -66,7 +61,7 @@ type answerRecord struct {
 	Signature     *string `json:"signature"`
 }
 
-// answerTicket is a reservation this process holds: the record it published and where.
+// answerTicket is a reservation this process holds.
 type answerTicket struct {
 	path string
 	rec  answerRecord
@@ -137,9 +132,8 @@ func checkIdempotencyKey(key string) error {
 }
 
 // readAnswerKey reads and guards $STATE/answer-key.
-func readAnswerKey(st state) ([]byte, error) {
+func readAnswerKey(st state) (key []byte, err error) {
 	name, err := st.path("answer key", "answer-key")
-	var key []byte
 	if err == nil {
 		key, _, err = readGuarded("answer key", name)
 	}
@@ -149,8 +143,7 @@ func readAnswerKey(st state) ([]byte, error) {
 	return key, err
 }
 
-// answerStore keeps the signed answers of one state directory; only serve and `brama answers prune` write them (SPEC §2.3).
-// bootID, drawn once per process, tells our records from a stopped process's.
+// answerStore keeps the signed answers; bootID, drawn once per process, tells our records from a stopped process's.
 type answerStore struct {
 	sys
 	st     state
@@ -200,8 +193,7 @@ func answerBusy() *apiError {
 	return ae
 }
 
-// recordPath names the record for (client, key); answers/ and answers/<client>/ are directories, never a planted symlink
-// out of the state directory.
+// recordPath names the record for (client, key); answers/ and answers/<client>/ are no planted symlinks.
 func (a *answerStore) recordPath(client, key string) (string, error) {
 	if !idPattern.MatchString(client) {
 		return "", fmt.Errorf("client id %q cannot name a directory", client)
@@ -215,8 +207,7 @@ func (a *answerStore) recordPath(client, key string) (string, error) {
 	return path, err
 }
 
-// signedCall is a chat request carrying an Idempotency-Key as the store sees it: who asked, what, the route planned, and
-// the engine's tally of calls.
+// signedCall is a chat request carrying an Idempotency-Key as the store sees it.
 type signedCall struct {
 	client, route string
 	keys          []string // the header's values: exactly one is allowed
@@ -226,8 +217,7 @@ type signedCall struct {
 	envelope      func(http.ResponseWriter, error) *apiError // a refusal in the caller's dialect
 }
 
-// serve answers c (SPEC §12): reserving is the last step before dispatch runs the provider calls; a kept answer is
-// replayed without one. The error is a refusal made before any reservation, for the caller to write.
+// serve answers c (SPEC §12), replaying a kept answer or keeping dispatch's; the error is a refusal for the caller to write.
 func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signedCall, dispatch func(http.ResponseWriter)) (replayed bool, err error) {
 	if err = checkIdempotencyKey(c.keys[0]); len(c.keys) > 1 {
 		err = refuse("invalid_request", "send one Idempotency-Key header")
@@ -272,8 +262,7 @@ func (a *answerStore) reserve(c signedCall) (*answerTicket, *answerRecord, error
 		KeySHA256: hexSHA256([]byte(c.keys[0])), RequestSHA256: hexSHA256(c.body),
 		StartedAt: a.now().UTC().Format(journalTimeFormat), Route: c.route}}
 	data, _ := marshalState(&t.rec) // strings and ints always encode
-	// A record removed between our failed link and our read (a released retryable refusal, or a prune) frees the key: try
-	// again, a few times.
+	// A record removed between our failed link and our read (released, or pruned) frees the key: try again, a few times.
 	for range 3 {
 		if err := publishFile(path, data); err == nil {
 			return t, nil, nil
@@ -309,9 +298,8 @@ func (a *answerStore) reserve(c signedCall) (*answerTicket, *answerRecord, error
 	return nil, nil, answerBusy()
 }
 
-// settle keeps or releases the reservation after dispatch (SPEC §12 item 3) and returns what the caller gets, signed when
-// kept. After a provider call started, a hang-up or panic is kept (499, 500) so the key never spends twice; a retryable
-// refusal, or one made before dispatch, is released.
+// settle keeps (signed) or releases the reservation after dispatch (SPEC §12 item 3). After a provider call started, a
+// hang-up or panic is kept (499, 500) so the key never spends twice; a retryable refusal, or one before dispatch, is released.
 func (a *answerStore) settle(ctx context.Context, c signedCall, t *answerTicket, rec *httptest.ResponseRecorder, panicked bool) *httptest.ResponseRecorder {
 	calls, attempts := c.t.attempts, (*int)(nil)
 	if calls > 0 {
@@ -346,8 +334,7 @@ func (a *answerStore) settle(ctx context.Context, c signedCall, t *answerTicket,
 	rec.Body = bytes.NewBuffer(withoutPromptEcho(rec.Body.Bytes())) // the first answer is the kept body (item 7)
 	kept, err := a.complete(t, rec.Code, rec.Body.Bytes(), attempts, route)
 	if err != nil {
-		// The answer exists and was paid for: give it unsigned rather than lose it. The record stays in progress, so the key
-		// never spends twice; sent again it is refused, after a restart it reads as abandoned.
+		// Paid for: given unsigned rather than lost. In progress, the key never spends twice (refused; abandoned after a restart).
 		a.unkept.Store(t.path, true)
 		a.log.Error("answer_unkept", "request_id", c.t.requestID, "err", err)
 		return rec
@@ -378,19 +365,17 @@ func (a *answerStore) replay(w http.ResponseWriter, t *tally, rec *answerRecord)
 		h.Set("X-Should-Retry", strconv.FormatBool(env.Error.Retryable)) // SPEC §8.1
 	}
 	t.attempts = 0
-	h.Set("Brama-Answer-Signature", *rec.Signature)
-	h.Set("Brama-Answer-Replayed", "true")
-	h.Set("Brama-Attempts", "0")
+	maps.Copy(h, http.Header{"Brama-Answer-Signature": {*rec.Signature}, "Brama-Answer-Replayed": {"true"}, "Brama-Attempts": {"0"},
+		"Content-Type": {"application/json"}})
 	if rec.Route != "" { // README: every answer names its route
 		h.Set("Brama-Route", rec.Route)
 	}
-	h.Set("Content-Type", "application/json")
 	w.WriteHeader(*rec.Status)
 	w.Write(body)
 }
 
-// withoutPromptEcho is body with each member that repeats the caller's input (OpenAI Responses echoes instructions) set to
-// null (SPEC §12 item 7); any other byte, and a body that is no JSON object, stays.
+// withoutPromptEcho nulls each member of body that repeats the caller's input (OpenAI Responses echoes instructions), SPEC
+// §12 item 7; any other byte, and a body that is no JSON object, stays.
 func withoutPromptEcho(body []byte) []byte {
 	o, err := parseRawObject(body)
 	if err != nil {
@@ -428,8 +413,7 @@ func verifyAnswerFile(st state, file, sig string) error {
 	return nil
 }
 
-// pruneAnswers removes the records answers/<client>/<key>.json under dir completed before cutoff (SPEC §12 item 7); serve
-// may run, as they never change again. Temporary files end otherwise.
+// pruneAnswers removes the records <client>/<key>.json under dir completed before cutoff (SPEC §12 item 7); serve may run.
 func pruneAnswers(dir string, cutoff time.Time, skip func(name string, err error)) (removed int, err error) {
 	names, _ := fs.Glob(os.DirFS(dir), "*/*.json") // the state directory's path is no pattern
 	for _, name := range names {
@@ -450,8 +434,8 @@ func pruneAnswers(dir string, cutoff time.Time, skip func(name string, err error
 	return removed, nil
 }
 
-// replayGuard remembers refusals after a provider call (SPEC §8.1: the Codex CLI and the official SDKs re-send a refused
-// request, each re-send maybe billed again), in memory only. Every entry lives one window, so queue is in expiry order.
+// replayGuard remembers refusals after a provider call, in memory (SPEC §8.1: the Codex CLI and the official SDKs re-send a
+// refused request, each maybe billed again). Every entry lives one window, so queue is in expiry order.
 type replayGuard struct {
 	window time.Duration // 0: off
 	now    func() time.Time
@@ -463,8 +447,8 @@ type replayGuard struct {
 
 type replayKey [sha256.Size]byte
 
-// replayEntry is one remembered refusal: its status (a stream's: its code's), code and message (cut; "" for a stream), the
-// alias the request named and the providers its route could call (SPEC §17: a fix forgets it).
+// replayEntry is one remembered refusal (a stream's: its code's status, no message); a fix of its alias or providers forgets
+// it (SPEC §17).
 type replayEntry struct {
 	status        int
 	code, message string
@@ -511,9 +495,8 @@ func replayKeyOf(clientID, scope string, body rawObject, loose bool) replayKey {
 	return replayKey(h.Sum(nil))
 }
 
-// replayScope is what reaches a provider beside the body: the route c resolved to and its direct key's fingerprint (SPEC
-// §17: a registry or key change is a new request, whichever process wrote it), the caller's agent and the version and beta
-// headers it sets (SPEC §6.2).
+// replayScope is what reaches a provider beside the body: the route, its direct key's fingerprint (SPEC §17: a registry or
+// key change is a new request), the caller's agent and its version and beta headers (SPEC §6.2).
 func replayScope(agent string, h http.Header, c call) string {
 	return fmt.Sprintf("%q", []string{agent, c.res.Route, c.res.BaseURL, fmt.Sprintf("%x", sha256.Sum256([]byte(c.cred.APIKey))),
 		strings.Join(h.Values("anthropic-version"), ","), strings.Join(h.Values("anthropic-beta"), ","), strings.Join(h.Values("openai-beta"), ",")})
@@ -539,16 +522,16 @@ func (g *replayGuard) lock() time.Time {
 	return now
 }
 
-// holds reports whether any refusal of client is remembered: else no digest is taken.
-func (g *replayGuard) holds(client string) bool {
+// lookup is the refusal remembered for a request, under its strict key or its loose one; a client with none remembered
+// takes no digest.
+func (g *replayGuard) lookup(client string, scope func() string, body rawObject) (replayEntry, bool) {
 	g.lock()
-	defer g.mu.Unlock()
-	return len(g.refused[client]) > 0
-}
-
-// lookup is the refusal remembered for a request, under its strict key or its loose one.
-func (g *replayGuard) lookup(client, scope string, body rawObject) (replayEntry, bool) {
-	strict, loose := replayKeyOf(client, scope, body, false), replayKeyOf(client, scope, body, true)
+	held := len(g.refused[client]) > 0
+	g.mu.Unlock()
+	if !held {
+		return replayEntry{}, false
+	}
+	strict, loose := replayKeyOf(client, scope(), body, false), replayKeyOf(client, scope(), body, true)
 	g.lock()
 	defer g.mu.Unlock()
 	if e := cmp.Or(g.refused[client][strict], g.refused[client][loose]); e != nil {
@@ -571,8 +554,7 @@ func (g *replayGuard) remember(client, scope string, body rawObject, e replayEnt
 	g.queue = append(g.queue, &e)
 }
 
-// forget drops every refusal remembered for a request through alias or provider ("" names none): the operator's fix is
-// dispatched (SPEC §17). Their queue items stay until their time passes.
+// forget drops every refusal of a request through alias or provider ("" names none): the operator's fix (SPEC §17).
 func (g *replayGuard) forget(alias, provider string) {
 	if g == nil {
 		return
@@ -589,20 +571,16 @@ func (g *replayGuard) forget(alias, provider string) {
 	}
 }
 
-// refusalFor is the refusal a request of client repeats, nil for none: its status and code, not retryable, with no call
-// made. The digest is taken only when it can match.
+// refusalFor is the refusal a request of client repeats, nil for none: its status and code, not retryable, no call made.
 func (g *replayGuard) refusalFor(client string, scope func() string, body rawObject) *apiError {
-	if g == nil || g.window <= 0 || !g.holds(client) {
+	if g == nil || g.window <= 0 {
 		return nil
 	}
-	e, ok := g.lookup(client, scope(), body)
+	e, ok := g.lookup(client, scope, body)
 	if !ok {
 		return nil
 	}
-	why := e.code
-	if e.message != "" {
-		why += ": " + e.message
-	}
+	why := strings.TrimSuffix(e.code+": "+e.message, ": ")
 	ae := refuse(e.code, "this request repeats one refused at %s after a provider call (%s); the same request is refused without a provider call until %s (BRAMA_REPLAY_GUARD_SECS)",
 		e.until.Add(-g.window).UTC().Format(time.RFC3339), why, e.until.UTC().Format(time.RFC3339))
 	if e.code == "provider_rejected" {
@@ -612,9 +590,8 @@ func (g *replayGuard) refusalFor(client string, scope func() string, body rawObj
 	return ae.because(errReplayRefused).withAttempts(0)
 }
 
-// rememberer is tally.remember for a request of client planned as c over cands; nil when the guard is off. Remembered is a
-// non-retryable refusal after a call, not subscription_reauthorization_required (signing in must pass); a stream's was
-// met in-band, under a 200.
+// rememberer is tally.remember for a request planned as c over cands; nil: the guard is off. It keeps a non-retryable
+// refusal after a call, not subscription_reauthorization_required (signing in must pass).
 func (g *replayGuard) rememberer(client string, scope func() string, body rawObject, c call, cands []resolution) func(ae *apiError, attempts int, hungUp, streamed bool) {
 	if g == nil || g.window <= 0 {
 		return nil
