@@ -301,15 +301,7 @@ func (a *answerStore) reserve(c signedCall) (*answerTicket, *answerRecord, error
 // settle keeps (signed) or releases the reservation after dispatch (SPEC §12 item 3). After a provider call started, a
 // hang-up or panic is kept (499, 500) so the key never spends twice; a retryable refusal, or one before dispatch, is released.
 func (a *answerStore) settle(ctx context.Context, c signedCall, t *answerTicket, rec *httptest.ResponseRecorder, panicked bool) *httptest.ResponseRecorder {
-	calls, attempts := c.t.attempts, (*int)(nil)
-	if calls > 0 {
-		attempts = &calls
-	}
-	if n, err := strconv.Atoi(rec.HeaderMap.Get("Brama-Attempts")); err == nil {
-		attempts = &n
-	}
-	var env envelope
-	json.Unmarshal(rec.Body.Bytes(), &env)
+	calls, dispatched := c.t.attempts, c.t.attempts > 0 || rec.HeaderMap.Get("Brama-Attempts") != ""
 	var cut *apiError
 	switch {
 	case rec.Code >= 200 && rec.Code <= 299 && !panicked:
@@ -319,7 +311,7 @@ func (a *answerStore) settle(ctx context.Context, c signedCall, t *answerTicket,
 		cut = refuse("internal_error", abandonedMessage)
 	case calls > 0 && ctx.Err() != nil:
 		cut = refuse("client_cancelled", "the caller hung up after a provider call started")
-	case panicked, ctx.Err() != nil, env.Error.Retryable, attempts == nil:
+	case panicked, ctx.Err() != nil, rec.HeaderMap.Get("X-Should-Retry") == "true", !dispatched:
 		if err := errors.Join(os.Remove(t.path), syncDir(filepath.Dir(t.path))); err != nil {
 			a.log.Error("answer_release_failed", "request_id", c.t.requestID, "err", err)
 		}
@@ -327,12 +319,12 @@ func (a *answerStore) settle(ctx context.Context, c signedCall, t *answerTicket,
 	}
 	route := cmp.Or(rec.HeaderMap.Get("Brama-Route"), c.route) // a selector's: the candidate that answered
 	if cut != nil {
-		rec, attempts = httptest.NewRecorder(), &calls
+		rec = httptest.NewRecorder()
 		c.envelope(rec, cut.withAttempts(calls))
 		c.t.outcome, c.t.retryable = cut.Code, false
 	}
 	rec.Body = bytes.NewBuffer(withoutPromptEcho(rec.Body.Bytes())) // the first answer is the kept body (item 7)
-	kept, err := a.complete(t, rec.Code, rec.Body.Bytes(), attempts, route)
+	kept, err := a.complete(t, rec.Code, rec.Body.Bytes(), &calls, route)
 	if err != nil {
 		// Paid for: given unsigned rather than lost. In progress, the key never spends twice (refused; abandoned after a restart).
 		a.unkept.Store(t.path, true)
