@@ -38,10 +38,11 @@ const (
 )
 
 var (
-	errAnswerCorrupt     = errors.New("not a kept answer")                                                // wraps every decode error: not SPEC §12's shape
-	errSignatureMismatch = errors.New("signature mismatch")                                               // `brama answers verify`'s refusal
-	errServerShutdown    = errors.New("the server is shutting down")                                      // serve's second signal: kept answers get item 2's refusal
-	errReplayRefused     = errors.New("replay guard: the same request was refused after a provider call") // the log's cause
+	errAnswerCorrupt     = errors.New("not a kept answer")  // wraps every decode error: not SPEC §12's shape
+	errSignatureMismatch = errors.New("signature mismatch") // `brama answers verify`'s refusal
+	// errServerShutdown is serve's second signal: the requests it cancels keep item 2's refusal.
+	errServerShutdown = errors.New("the server is shutting down")
+	errReplayRefused  = errors.New("replay guard: the same request was refused after a provider call") // the log's cause
 )
 
 // answerRecord is one kept-answer file (SPEC §12); in progress, the members only completion knows are null.
@@ -131,11 +132,17 @@ func checkIdempotencyKey(key string) error {
 	return nil
 }
 
-// readAnswerKey reads and guards $STATE/answer-key.
-func readAnswerKey(st state) (key []byte, err error) {
+// readAnswerKey reads and guards $STATE/answer-key; create makes an absent one with publishFile, so of two creators one wins.
+func readAnswerKey(st state, create bool) (key []byte, err error) {
 	name, err := st.path("answer key", "answer-key")
 	if err == nil {
 		key, _, err = readGuarded("answer key", name)
+	}
+	if fresh := make([]byte, 32); create && errors.Is(err, errFileAbsent) {
+		rand.Read(fresh)
+		if err = publishFile(name, fresh); err == nil || errors.Is(err, fs.ErrExist) {
+			return readAnswerKey(st, false)
+		}
 	}
 	if err == nil && len(key) != 32 {
 		return nil, fmt.Errorf("answer key %s holds %d bytes, want 32", name, len(key))
@@ -149,33 +156,10 @@ type answerStore struct {
 	st     state
 	bootID string
 	unkept sync.Map // record path → true: left in progress because completing it failed
-
-	mu  sync.Mutex // guards key
-	key []byte     // the answer key, once read or created
 }
 
 func newAnswerStore(st state, log *slog.Logger, now func() time.Time) *answerStore {
 	return &answerStore{sys: sys{log: log, now: now}, st: st, bootID: rand.Text()}
-}
-
-// signingKey reads the answer key, creating it once with publishFile, so of two creators one wins.
-func (a *answerStore) signingKey() ([]byte, error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.key != nil {
-		return a.key, nil
-	}
-	key, err := readAnswerKey(a.st)
-	if errors.Is(err, errFileAbsent) {
-		fresh := make([]byte, 32)
-		rand.Read(fresh)
-		name, _ := a.st.path("answer key", "answer-key") // absent: the path was good
-		if err = publishFile(name, fresh); err == nil || errors.Is(err, fs.ErrExist) {
-			key, err = readAnswerKey(a.st)
-		}
-	}
-	a.key = key
-	return key, err
 }
 
 // answerUnplaced is SPEC §2.1's refusal when an answer cannot be kept.
@@ -254,7 +238,7 @@ func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signed
 // replay, or item 2's refusal (a complete record's signature checked); no place: §2.1's.
 func (a *answerStore) reserve(c signedCall) (*answerTicket, *answerRecord, error) {
 	path, err := a.recordPath(c.client, c.keys[0])
-	key, kerr := a.signingKey()
+	key, kerr := readAnswerKey(a.st, true)
 	if err = cmp.Or(err, kerr); err != nil {
 		return nil, nil, answerUnplaced(err)
 	}
@@ -337,7 +321,7 @@ func (a *answerStore) settle(ctx context.Context, c signedCall, t *answerTicket,
 
 // complete keeps an answer (SPEC §12 item 3) in place of the reservation t.
 func (a *answerStore) complete(t *answerTicket, status int, body []byte, attempts *int, route string) (*answerRecord, error) {
-	key, err := a.signingKey()
+	key, err := readAnswerKey(a.st, true)
 	if err != nil {
 		return nil, err
 	}
@@ -384,7 +368,7 @@ func withoutPromptEcho(body []byte) []byte {
 
 // verifyAnswerFile is `brama answers verify` (SPEC §12 item 6): sig over file, or a kept answer's own signature.
 func verifyAnswerFile(st state, file, sig string) error {
-	key, err := readAnswerKey(st)
+	key, err := readAnswerKey(st, false)
 	body, rerr := os.ReadFile(file)
 	if err = cmp.Or(err, rerr); err != nil {
 		return err
