@@ -62,10 +62,11 @@ type answerRecord struct {
 	Signature     *string `json:"signature"`
 }
 
-// answerTicket is a reservation this process holds.
+// answerTicket is a reservation this process holds, with the key that will sign it.
 type answerTicket struct {
 	path string
 	rec  answerRecord
+	key  []byte
 }
 
 // decodeAnswerRecord strictly parses a kept-answer file (decodeStrict runs validate); every error wraps errAnswerCorrupt.
@@ -124,10 +125,15 @@ func signAnswer(key, body []byte) string {
 	return "v1=" + hex.EncodeToString(m.Sum(nil))
 }
 
-// checkIdempotencyKey applies SPEC §12: 1..255 printable ASCII characters.
-func checkIdempotencyKey(key string) error {
-	if len(key) < 1 || len(key) > 255 || strings.ContainsFunc(key, func(r rune) bool { return r < 0x20 || r > 0x7e }) {
+// checkIdempotencyKey applies SPEC §12: one header of 1..255 printable ASCII characters, on a buffered request.
+func checkIdempotencyKey(keys []string, stream bool) error {
+	switch k := keys[0]; {
+	case len(keys) > 1:
+		return refuse("invalid_request", "send one Idempotency-Key header")
+	case len(k) < 1 || len(k) > 255 || strings.ContainsFunc(k, func(r rune) bool { return r < 0x20 || r > 0x7e }):
 		return refuse("invalid_request", "Idempotency-Key must be 1 to 255 printable ASCII characters")
+	case stream:
+		return refuse("invalid_request", "Idempotency-Key keeps one buffered answer; it cannot be used with stream: true")
 	}
 	return nil
 }
@@ -172,9 +178,8 @@ func answerUnplaced(cause error) *apiError {
 
 // answerBusy is the 409 of a key whose answer is still being produced, the one retryable state_conflict (SPEC §8.1).
 func answerBusy() *apiError {
-	ae := refuse("state_conflict", "the answer for this Idempotency-Key is still being produced; retry later")
-	ae.Retryable = true
-	return ae
+	const msg = "the answer for this Idempotency-Key is still being produced; retry later"
+	return &apiError{Code: "state_conflict", Type: codes["state_conflict"].typ, Message: msg, Retryable: true}
 }
 
 // recordPath names the record for (client, key); answers/ and answers/<client>/ are no planted symlinks.
@@ -203,16 +208,7 @@ type signedCall struct {
 
 // serve answers c (SPEC §12), replaying a kept answer or keeping dispatch's; the error is a refusal for the caller to write.
 func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signedCall, dispatch func(http.ResponseWriter)) (replayed bool, err error) {
-	if err = checkIdempotencyKey(c.keys[0]); len(c.keys) > 1 {
-		err = refuse("invalid_request", "send one Idempotency-Key header")
-	} else if err == nil && c.stream {
-		err = refuse("invalid_request", "Idempotency-Key keeps one buffered answer; it cannot be used with stream: true")
-	}
-	var t *answerTicket
-	var kept *answerRecord
-	if err == nil {
-		t, kept, err = a.reserve(c)
-	}
+	t, kept, err := a.reserve(c)
 	if kept != nil {
 		a.replay(w, c.t, kept)
 	}
@@ -235,8 +231,11 @@ func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signed
 }
 
 // reserve, the last step before the first provider call (SPEC §12 item 1), returns this request's ticket, or the record to
-// replay, or item 2's refusal (a complete record's signature checked); no place: §2.1's.
+// replay, or the refusal of a bad key, of item 2 (a complete record's signature checked) or, with no place, of §2.1.
 func (a *answerStore) reserve(c signedCall) (*answerTicket, *answerRecord, error) {
+	if err := checkIdempotencyKey(c.keys, c.stream); err != nil {
+		return nil, nil, err
+	}
 	path, err := a.recordPath(c.client, c.keys[0])
 	key, kerr := readAnswerKey(a.st, true)
 	if err = cmp.Or(err, kerr); err != nil {
@@ -244,7 +243,7 @@ func (a *answerStore) reserve(c signedCall) (*answerTicket, *answerRecord, error
 	}
 	t := &answerTicket{path, answerRecord{SchemaVersion: 1, State: answerInProgress, BootID: a.bootID, Client: c.client,
 		KeySHA256: hexSHA256([]byte(c.keys[0])), RequestSHA256: hexSHA256(c.body),
-		StartedAt: a.now().UTC().Format(journalTimeFormat), Route: c.route}}
+		StartedAt: a.now().UTC().Format(journalTimeFormat), Route: c.route}, key}
 	data, _ := marshalState(&t.rec) // strings and ints always encode
 	// A record removed between our failed link and our read (released, or pruned) frees the key: try again, a few times.
 	for range 3 {
@@ -268,7 +267,7 @@ func (a *answerStore) reserve(c signedCall) (*answerTicket, *answerRecord, error
 		case open && rec.BootID != a.bootID: // a stopped process's: kept as item 2's refusal, attempts unknown
 			e := httptest.NewRecorder()
 			ae := c.envelope(e, refuse("internal_error", abandonedMessage))
-			if rec, err = a.complete(&answerTicket{path, *rec}, ae.Status(), e.Body.Bytes(), nil, rec.Route); err != nil {
+			if rec, err = a.complete(&answerTicket{path, *rec, key}, ae.Status(), e.Body.Bytes(), nil, rec.Route); err != nil {
 				return nil, nil, refuse("internal_error", "the abandoned answer for this Idempotency-Key could not be kept").because(err)
 			}
 			a.log.Warn("answer_abandoned", "client", rec.Client, "key_sha256", rec.KeySHA256, "boot_id", rec.BootID)
@@ -321,14 +320,9 @@ func (a *answerStore) settle(ctx context.Context, c signedCall, t *answerTicket,
 
 // complete keeps an answer (SPEC §12 item 3) in place of the reservation t.
 func (a *answerStore) complete(t *answerTicket, status int, body []byte, attempts *int, route string) (*answerRecord, error) {
-	key, err := readAnswerKey(a.st, true)
-	if err != nil {
-		return nil, err
-	}
-	rec := t.rec
-	done, b64, sig := a.now().UTC().Format(journalTimeFormat), base64.StdEncoding.EncodeToString(body), signAnswer(key, body)
-	rec.State, rec.CompletedAt, rec.Status, rec.BodyBase64, rec.Attempts, rec.Signature = answerComplete, &done, &status, &b64, attempts, &sig
-	rec.Route = cmp.Or(route, rec.Route)
+	rec, done, b64, sig := t.rec, a.now().UTC().Format(journalTimeFormat), base64.StdEncoding.EncodeToString(body), signAnswer(t.key, body)
+	rec.State, rec.CompletedAt, rec.Status, rec.BodyBase64, rec.Signature = answerComplete, &done, &status, &b64, &sig
+	rec.Attempts, rec.Route = attempts, cmp.Or(route, rec.Route)
 	return &rec, writeState(t.path, &rec)
 }
 

@@ -127,7 +127,7 @@ func TestCheckIdempotencyKey(t *testing.T) {
 		{name: "UTF-8", key: "ключ"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if err := checkIdempotencyKey(tc.key); (err == nil) != tc.ok {
+			if err := checkIdempotencyKey([]string{tc.key}, false); (err == nil) != tc.ok {
 				t.Errorf("checkIdempotencyKey(%q) = %v, want ok %v", tc.key, err, tc.ok)
 			}
 		})
