@@ -125,6 +125,10 @@ func signAnswer(key, body []byte) string {
 	return "v1=" + hex.EncodeToString(m.Sum(nil))
 }
 
+func signedBy(key, body []byte, sig string) bool {
+	return hmac.Equal([]byte(signAnswer(key, body)), []byte(sig))
+}
+
 // checkIdempotencyKey applies SPEC §12: one header of 1..255 printable ASCII characters, on a buffered request.
 func checkIdempotencyKey(keys []string, stream bool) error {
 	switch k := keys[0]; {
@@ -255,7 +259,7 @@ func (a *answerStore) reserve(c signedCall) (*answerTicket, *answerRecord, error
 		rec, err := readAnswerFile(path)
 		if errors.Is(err, errFileAbsent) {
 			continue
-		} else if err == nil && rec.State == answerComplete && !hmac.Equal([]byte(signAnswer(key, rec.body())), []byte(*rec.Signature)) {
+		} else if err == nil && rec.State == answerComplete && !signedBy(key, rec.body(), *rec.Signature) {
 			err = errSignatureMismatch
 		}
 		_, unkept := a.unkept.Load(path)
@@ -320,7 +324,8 @@ func (a *answerStore) settle(ctx context.Context, c signedCall, t *answerTicket,
 
 // complete keeps an answer (SPEC §12 item 3) in place of the reservation t.
 func (a *answerStore) complete(t *answerTicket, status int, body []byte, attempts *int, route string) (*answerRecord, error) {
-	rec, done, b64, sig := t.rec, a.now().UTC().Format(journalTimeFormat), base64.StdEncoding.EncodeToString(body), signAnswer(t.key, body)
+	rec, done, sig := t.rec, a.now().UTC().Format(journalTimeFormat), signAnswer(t.key, body)
+	b64 := base64.StdEncoding.EncodeToString(body)
 	rec.State, rec.CompletedAt, rec.Status, rec.BodyBase64, rec.Signature = answerComplete, &done, &status, &b64, &sig
 	rec.Attempts, rec.Route = attempts, cmp.Or(route, rec.Route)
 	return &rec, writeState(t.path, &rec)
@@ -377,7 +382,7 @@ func verifyAnswerFile(st state, file, sig string) error {
 		}
 		body, sig = rec.body(), *rec.Signature
 	}
-	if !hmac.Equal([]byte(signAnswer(key, body)), []byte(sig)) {
+	if !signedBy(key, body, sig) {
 		return errSignatureMismatch
 	}
 	return nil
@@ -393,7 +398,8 @@ func pruneAnswers(dir string, cutoff time.Time, skip func(name string, err error
 			skip(name, rerr)
 			continue
 		}
-		if done, _ := time.Parse(journalTimeFormat, *cmp.Or(rec.CompletedAt, new(string))); !done.Before(cutoff) || rec.State != answerComplete {
+		done, _ := time.Parse(journalTimeFormat, *cmp.Or(rec.CompletedAt, new(string)))
+		if rec.State != answerComplete || !done.Before(cutoff) {
 			continue
 		}
 		if err = errors.Join(os.Remove(name), syncDir(filepath.Dir(name))); err != nil {
@@ -444,7 +450,8 @@ func newReplayGuard(getenv func(string) string, log *slog.Logger, now func() tim
 // a hash map), and for the loose key the output limit too (Claude Code's fallback asks 64000 of 128000).
 var replayLeftOut = map[bool][]memberEdit{
 	false: {{key: "stream"}, {key: "stream_options"}, {key: "client_metadata"}},
-	true:  {{key: "stream"}, {key: "stream_options"}, {key: "client_metadata"}, {key: "max_tokens"}, {key: "max_completion_tokens"}, {key: "max_output_tokens"}},
+	true: {{key: "stream"}, {key: "stream_options"}, {key: "client_metadata"},
+		{key: "max_tokens"}, {key: "max_completion_tokens"}, {key: "max_output_tokens"}},
 }
 
 // replayKeyOf digests client, scope and the body's bytes but replayLeftOut: no generic decode, so the cost is the body's.
@@ -531,13 +538,10 @@ func (g *replayGuard) forget(alias, provider string) {
 	}
 	g.lock()
 	defer g.mu.Unlock()
-	for client, m := range g.refused {
+	for _, m := range g.refused { // a map left empty goes with its client's next queue item
 		maps.DeleteFunc(m, func(_ replayKey, e *replayEntry) bool {
 			return alias != "" && e.alias == alias || provider != "" && slices.Contains(e.providers, provider)
 		})
-		if len(m) == 0 {
-			delete(g.refused, client)
-		}
 	}
 }
 
