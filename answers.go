@@ -7,8 +7,6 @@ import (
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
-	"encoding/base64"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -56,8 +54,8 @@ type answerRecord struct {
 	StartedAt     string  `json:"started_at"`
 	CompletedAt   *string `json:"completed_at"`
 	Status        *int    `json:"status"`
-	BodyBase64    *string `json:"body_base64"`
-	Attempts      *int    `json:"attempts"` // null: unknown (an abandoned answer)
+	Body          []byte  `json:"body_base64"` // encoding/json's standard base64
+	Attempts      *int    `json:"attempts"`    // null: unknown (an abandoned answer)
 	Route         string  `json:"route"`
 	Signature     *string `json:"signature"`
 }
@@ -91,7 +89,6 @@ func (rec *answerRecord) validate() error {
 		t, err := time.Parse(journalTimeFormat, *cmp.Or(s, new(string)))
 		return err == nil && t.Format(journalTimeFormat) == *s
 	}
-	_, b64Err := base64.StdEncoding.Strict().DecodeString(*cmp.Or(rec.BodyBase64, new(string)))
 	return firstBroken([]rule{
 		{rec.SchemaVersion != 1, "schema_version is not 1"},
 		{rec.BootID == "", "boot_id is empty"},
@@ -100,20 +97,14 @@ func (rec *answerRecord) validate() error {
 		{!isHexDigest(rec.RequestSHA256), "request_sha256 is not 64 lower-case hex digits"},
 		{!isTime(&rec.StartedAt), "started_at is not RFC 3339 UTC with milliseconds"},
 		{rec.Attempts != nil && *rec.Attempts < 0, "attempts is negative"},
-		{open && (rec.CompletedAt != nil || rec.Status != nil || rec.BodyBase64 != nil || rec.Attempts != nil || rec.Signature != nil),
+		{open && (rec.CompletedAt != nil || rec.Status != nil || rec.Body != nil || rec.Attempts != nil || rec.Signature != nil),
 			"an answer in progress has completion members"},
 		{!open && !done, "state is neither in_progress nor complete"},
 		{done && !isTime(rec.CompletedAt), "completed_at is not RFC 3339 UTC with milliseconds"},
 		{done && (rec.Status == nil || *rec.Status < 100 || *rec.Status > 999), "status is not an HTTP status"},
-		{done && (rec.BodyBase64 == nil || b64Err != nil), "body_base64 is not standard base64"},
+		{done && rec.Body == nil, "body_base64 is null"},
 		{done && (rec.Signature == nil || !isAnswerSignature(*rec.Signature)), "signature is not v1=<64 hex>"},
 	})
-}
-
-// body is a complete record's exact body bytes (validate vouched for them).
-func (rec *answerRecord) body() []byte {
-	b, _ := base64.StdEncoding.DecodeString(*rec.BodyBase64)
-	return b
 }
 
 func isAnswerSignature(s string) bool { return strings.HasPrefix(s, "v1=") && isHexDigest(s[3:]) }
@@ -122,7 +113,7 @@ func isAnswerSignature(s string) bool { return strings.HasPrefix(s, "v1=") && is
 func signAnswer(key, body []byte) string {
 	m := hmac.New(sha256.New, key)
 	m.Write(body)
-	return "v1=" + hex.EncodeToString(m.Sum(nil))
+	return fmt.Sprintf("v1=%x", m.Sum(nil))
 }
 
 func signedBy(key, body []byte, sig string) bool {
@@ -259,7 +250,7 @@ func (a *answerStore) reserve(c signedCall) (*answerTicket, *answerRecord, error
 		rec, err := readAnswerFile(path)
 		if errors.Is(err, errFileAbsent) {
 			continue
-		} else if err == nil && rec.State == answerComplete && !signedBy(key, rec.body(), *rec.Signature) {
+		} else if err == nil && rec.State == answerComplete && !signedBy(key, rec.Body, *rec.Signature) {
 			err = errSignatureMismatch
 		}
 		_, unkept := a.unkept.Load(path)
@@ -325,15 +316,14 @@ func (a *answerStore) settle(ctx context.Context, c signedCall, t *answerTicket,
 // complete keeps an answer (SPEC §12 item 3) in place of the reservation t.
 func (a *answerStore) complete(t *answerTicket, status int, body []byte, attempts *int, route string) (*answerRecord, error) {
 	rec, done, sig := t.rec, a.now().UTC().Format(journalTimeFormat), signAnswer(t.key, body)
-	b64 := base64.StdEncoding.EncodeToString(body)
-	rec.State, rec.CompletedAt, rec.Status, rec.BodyBase64, rec.Signature = answerComplete, &done, &status, &b64, &sig
+	rec.State, rec.CompletedAt, rec.Status, rec.Body, rec.Signature = answerComplete, &done, &status, body, &sig
 	rec.Attempts, rec.Route = attempts, cmp.Or(route, rec.Route)
 	return &rec, writeState(t.path, &rec)
 }
 
 // replay answers from a complete record, with no provider call.
 func (a *answerStore) replay(w http.ResponseWriter, t *tally, rec *answerRecord) {
-	body, h := rec.body(), w.Header()
+	body, h := rec.Body, w.Header()
 	var env envelope
 	if json.Unmarshal(body, &env) == nil && env.Error.Code != "" {
 		t.outcome, t.retryable = env.Error.Code, env.Error.Retryable
@@ -380,7 +370,7 @@ func verifyAnswerFile(st state, file, sig string) error {
 		if err != nil {
 			return fmt.Errorf("%s: %w", file, err)
 		}
-		body, sig = rec.body(), *rec.Signature
+		body, sig = rec.Body, *rec.Signature
 	}
 	if !signedBy(key, body, sig) {
 		return errSignatureMismatch

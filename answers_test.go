@@ -60,11 +60,11 @@ func TestSignedAnswerHangUp(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			e := envelopeOf(t, rec.body())
+			e := envelopeOf(t, rec.Body)
 			if *rec.Status != 499 || e["code"] != "client_cancelled" || e["retryable"] != false || e["attempts"] != float64(tc.calls) || *rec.Attempts != tc.calls {
-				t.Errorf("kept %d %s attempts %d", *rec.Status, rec.body(), *rec.Attempts)
+				t.Errorf("kept %d %s attempts %d", *rec.Status, rec.Body, *rec.Attempts)
 			}
-			if w.Code != 499 || !bytes.Equal(w.Body.Bytes(), rec.body()) {
+			if w.Code != 499 || !bytes.Equal(w.Body.Bytes(), rec.Body) {
 				t.Errorf("answered %d %s", w.Code, w.Body.Bytes())
 			}
 		})
@@ -195,7 +195,7 @@ func FuzzAnswerRecord(f *testing.F) {
 			t.Fatalf("round trip changed the record (-first +again):\n%s", diff)
 		}
 		if rec.State == answerComplete {
-			if _, err := json.Marshal(rec.body()); err != nil {
+			if _, err := json.Marshal(rec.Body); err != nil {
 				t.Fatal(err)
 			}
 		}
