@@ -93,14 +93,12 @@ func (rec *answerRecord) validate() error {
 		{rec.SchemaVersion != 1, "schema_version is not 1"},
 		{rec.BootID == "", "boot_id is empty"},
 		{!idPattern.MatchString(rec.Client), "client is not a client id"},
-		{!isHexDigest(rec.KeySHA256), "key_sha256 is not 64 lower-case hex digits"},
-		{!isHexDigest(rec.RequestSHA256), "request_sha256 is not 64 lower-case hex digits"},
-		{!isTime(&rec.StartedAt), "started_at is not RFC 3339 UTC with milliseconds"},
+		{!isHexDigest(rec.KeySHA256) || !isHexDigest(rec.RequestSHA256), "key_sha256 or request_sha256 is not 64 lower-case hex digits"},
+		{!isTime(&rec.StartedAt) || done && !isTime(rec.CompletedAt), "started_at or completed_at is not RFC 3339 UTC with milliseconds"},
 		{rec.Attempts != nil && *rec.Attempts < 0, "attempts is negative"},
 		{open && (rec.CompletedAt != nil || rec.Status != nil || rec.Body != nil || rec.Attempts != nil || rec.Signature != nil),
 			"an answer in progress has completion members"},
 		{!open && !done, "state is neither in_progress nor complete"},
-		{done && !isTime(rec.CompletedAt), "completed_at is not RFC 3339 UTC with milliseconds"},
 		{done && (rec.Status == nil || *rec.Status < 100 || *rec.Status > 999), "status is not an HTTP status"},
 		{done && rec.Body == nil, "body_base64 is null"},
 		{done && (rec.Signature == nil || !isAnswerSignature(*rec.Signature)), "signature is not v1=<64 hex>"},
@@ -177,20 +175,6 @@ func answerBusy() *apiError {
 	return &apiError{Code: "state_conflict", Type: codes["state_conflict"].typ, Message: msg, Retryable: true}
 }
 
-// recordPath names the record for (client, key); answers/ and answers/<client>/ are no planted symlinks.
-func (a *answerStore) recordPath(client, key string) (string, error) {
-	if !idPattern.MatchString(client) {
-		return "", fmt.Errorf("client id %q cannot name a directory", client)
-	}
-	path, err := a.st.path("signed answers", filepath.Join("answers", client, hexSHA256([]byte(key))+".json"))
-	for _, d := range []string{filepath.Dir(filepath.Dir(path)), filepath.Dir(path)} {
-		if fi, lerr := os.Lstat(d); err == nil && lerr == nil && !fi.IsDir() {
-			err = fmt.Errorf("%s is a symlink or not a directory", d)
-		}
-	}
-	return path, err
-}
-
 // signedCall is a chat request carrying an Idempotency-Key as the store sees it.
 type signedCall struct {
 	client, route string
@@ -231,7 +215,15 @@ func (a *answerStore) reserve(c signedCall) (*answerTicket, *answerRecord, error
 	if err := checkIdempotencyKey(c.keys, c.stream); err != nil {
 		return nil, nil, err
 	}
-	path, err := a.recordPath(c.client, c.keys[0])
+	path, err := a.st.path("signed answers", filepath.Join("answers", c.client, hexSHA256([]byte(c.keys[0]))+".json"))
+	if !idPattern.MatchString(c.client) {
+		err = fmt.Errorf("client id %q cannot name a directory", c.client)
+	}
+	for _, d := range []string{filepath.Dir(filepath.Dir(path)), filepath.Dir(path)} { // never a planted symlink
+		if fi, lerr := os.Lstat(d); err == nil && lerr == nil && !fi.IsDir() {
+			err = fmt.Errorf("%s is a symlink or not a directory", d)
+		}
+	}
 	key, kerr := readAnswerKey(a.st, true)
 	if err = cmp.Or(err, kerr); err != nil {
 		return nil, nil, answerUnplaced(err)
@@ -403,26 +395,22 @@ func pruneAnswers(dir string, cutoff time.Time, skip func(name string, err error
 // replayGuard remembers refusals after a provider call, in memory (SPEC §8.1: the Codex CLI and the official SDKs re-send a
 // refused request, each maybe billed again). Every entry lives one window, so queue is in expiry order.
 type replayGuard struct {
-	window time.Duration // 0: off
-	now    func() time.Time
-
-	mu      sync.Mutex                            // guards refused and queue
-	refused map[string]map[replayKey]*replayEntry // client id → digest → refusal; a client with none takes no digest
-	queue   []*replayEntry                        // a forgotten entry stays queued until its time passes
+	window  time.Duration // 0: off
+	now     func() time.Time
+	mu      sync.Mutex                                    // guards refused and queue
+	refused map[string]map[[sha256.Size]byte]*replayEntry // client id → digest → refusal; a client with none takes no digest
+	queue   []*replayEntry                                // a forgotten entry stays queued until its time passes
 }
-
-type replayKey [sha256.Size]byte
 
 // replayEntry is one remembered refusal (a stream's: its code's status, no message); a fix of its alias or providers forgets
 // it (SPEC §17).
 type replayEntry struct {
 	status        int
 	code, message string
-	alias         string
+	alias, client string
 	providers     []string
 	until         time.Time
-	client        string
-	key           replayKey
+	key           [sha256.Size]byte
 }
 
 // newReplayGuard reads BRAMA_REPLAY_GUARD_SECS: unset is 120 s, 0 turns the guard off; anything unreadable is logged and 120 s.
@@ -432,7 +420,7 @@ func newReplayGuard(getenv func(string) string, log *slog.Logger, now func() tim
 	if err != nil {
 		log.Warn("replay_guard_secs_invalid", "value", strings.TrimSpace(getenv(name)), "using_secs", int(def/time.Second))
 	}
-	return &replayGuard{window: window, now: now, refused: map[string]map[replayKey]*replayEntry{}}
+	return &replayGuard{window: window, now: now, refused: map[string]map[[sha256.Size]byte]*replayEntry{}}
 }
 
 // replayLeftOut is what a digest leaves out of the body, strict and loose: the stream members (SPEC §17: a buffered fallback
@@ -445,7 +433,7 @@ var replayLeftOut = map[bool][]memberEdit{
 }
 
 // replayKeyOf digests client, scope and the body's bytes but replayLeftOut: no generic decode, so the cost is the body's.
-func replayKeyOf(clientID, scope string, body rawObject, loose bool) replayKey {
+func replayKeyOf(clientID, scope string, body rawObject, loose bool) [sha256.Size]byte {
 	h := sha256.New()
 	fmt.Fprintf(h, "%d:%s%d:%s%t:", len(clientID), clientID, len(scope), scope, loose)
 	meta := body.value("client_metadata")
@@ -459,7 +447,7 @@ func replayKeyOf(clientID, scope string, body rawObject, loose bool) replayKey {
 		h.Write(meta) // not an object: its bytes as they are
 	}
 	body.writeEdited(h, replayLeftOut[loose]...)
-	return replayKey(h.Sum(nil))
+	return [sha256.Size]byte(h.Sum(nil))
 }
 
 // replayScope is what reaches a provider beside the body: the route, its direct key's fingerprint (SPEC §17: a registry or
@@ -515,7 +503,7 @@ func (g *replayGuard) remember(client, scope string, body rawObject, e replayEnt
 	defer g.mu.Unlock()
 	e.until, e.client = now.Add(g.window), client
 	if g.refused[client] == nil {
-		g.refused[client] = map[replayKey]*replayEntry{}
+		g.refused[client] = map[[sha256.Size]byte]*replayEntry{}
 	}
 	g.refused[client][e.key] = &e
 	g.queue = append(g.queue, &e)
@@ -529,7 +517,7 @@ func (g *replayGuard) forget(alias, provider string) {
 	g.lock()
 	defer g.mu.Unlock()
 	for _, m := range g.refused { // a map left empty goes with its client's next queue item
-		maps.DeleteFunc(m, func(_ replayKey, e *replayEntry) bool {
+		maps.DeleteFunc(m, func(_ [sha256.Size]byte, e *replayEntry) bool {
 			return alias != "" && e.alias == alias || provider != "" && slices.Contains(e.providers, provider)
 		})
 	}

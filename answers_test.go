@@ -48,7 +48,7 @@ func TestSignedAnswerHangUp(t *testing.T) {
 				cancel()               // the caller hangs up while the call is in flight
 				writeAPIError(w, r, refuse("provider_incomplete", "cut").withAttempts(tc.calls))
 			})
-			path, _ := a.recordPath("local", "k")
+			path := filepath.Join(a.st.dir, "answers", "local", hexSHA256([]byte("k"))+".json")
 			raw, err := os.ReadFile(path)
 			if !tc.kept {
 				if !errors.Is(err, os.ErrNotExist) {
