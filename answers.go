@@ -24,8 +24,7 @@ import (
 	"time"
 )
 
-// Two guards keep a request from spending twice: a signed answer (SPEC §12) for a request with an Idempotency-Key, the
-// replay guard (SPEC §8.1, §17) for one without.
+// Two guards against spending twice: signed answers (SPEC §12) under an Idempotency-Key, else the replay guard (§8.1, §17).
 
 const (
 	answerInProgress = "in_progress" // record states (SPEC §12 item 4)
@@ -76,7 +75,6 @@ func decodeAnswerRecord(b []byte) (*answerRecord, error) {
 	return rec, nil
 }
 
-// readAnswerFile reads, guards and decodes the record at name.
 func readAnswerFile(name string) (*answerRecord, error) {
 	f := stateFile[*answerRecord]{role: "kept answer", path: name, parse: decodeAnswerRecord, absentErr: true}
 	return f.fresh()
@@ -91,8 +89,7 @@ func (rec *answerRecord) validate() error {
 	}
 	return firstBroken([]rule{
 		{rec.SchemaVersion != 1, "schema_version is not 1"},
-		{rec.BootID == "", "boot_id is empty"},
-		{!idPattern.MatchString(rec.Client), "client is not a client id"},
+		{rec.BootID == "" || !idPattern.MatchString(rec.Client), "boot_id is empty or client is not a client id"},
 		{!isHexDigest(rec.KeySHA256) || !isHexDigest(rec.RequestSHA256), "key_sha256 or request_sha256 is not 64 lower-case hex digits"},
 		{!isTime(&rec.StartedAt) || done && !isTime(rec.CompletedAt), "started_at or completed_at is not RFC 3339 UTC with milliseconds"},
 		{rec.Attempts != nil && *rec.Attempts < 0, "attempts is negative"},
@@ -209,8 +206,8 @@ func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signed
 	return false, nil
 }
 
-// reserve, the last step before the first provider call (SPEC §12 item 1), returns this request's ticket, or the record to
-// replay, or the refusal of a bad key, of item 2 (a complete record's signature checked) or, with no place, of §2.1.
+// reserve, the last step before the first provider call (SPEC §12 item 1), returns this request's ticket, a record to
+// replay (its signature checked), or a refusal: a bad key, item 2's, or, with no place, §2.1's.
 func (a *answerStore) reserve(c signedCall) (*answerTicket, *answerRecord, error) {
 	if err := checkIdempotencyKey(c.keys, c.stream); err != nil {
 		return nil, nil, err
@@ -331,8 +328,7 @@ func (a *answerStore) replay(w http.ResponseWriter, t *tally, rec *answerRecord)
 	w.Write(body)
 }
 
-// withoutPromptEcho nulls each member of body that repeats the caller's input (OpenAI Responses echoes instructions), SPEC
-// §12 item 7; any other byte, and a body that is no JSON object, stays.
+// withoutPromptEcho nulls the members that repeat the caller's input, as OpenAI Responses' instructions (SPEC §12 item 7).
 func withoutPromptEcho(body []byte) []byte {
 	o, err := parseRawObject(body)
 	if err != nil {
@@ -402,8 +398,7 @@ type replayGuard struct {
 	queue   []*replayEntry                                // a forgotten entry stays queued until its time passes
 }
 
-// replayEntry is one remembered refusal (a stream's: its code's status, no message); a fix of its alias or providers forgets
-// it (SPEC §17).
+// replayEntry is one remembered refusal (a stream's: no message); a fix of its alias or providers forgets it (SPEC §17).
 type replayEntry struct {
 	status        int
 	code, message string
@@ -450,8 +445,7 @@ func replayKeyOf(clientID, scope string, body rawObject, loose bool) [sha256.Siz
 	return [sha256.Size]byte(h.Sum(nil))
 }
 
-// replayScope is what reaches a provider beside the body: the route, its direct key's fingerprint (SPEC §17: a registry or
-// key change is a new request), the caller's agent and its version and beta headers (SPEC §6.2).
+// replayScope is what reaches a provider beside the body: route, key fingerprint (SPEC §17), agent, version headers (§6.2).
 func replayScope(agent string, h http.Header, c call) string {
 	return fmt.Sprintf("%q", []string{agent, c.res.Route, c.res.BaseURL, fmt.Sprintf("%x", sha256.Sum256([]byte(c.cred.APIKey))),
 		strings.Join(h.Values("anthropic-version"), ","), strings.Join(h.Values("anthropic-beta"), ","), strings.Join(h.Values("openai-beta"), ",")})
@@ -475,24 +469,6 @@ func (g *replayGuard) lock() time.Time {
 		g.queue = nil // let the backing array go
 	}
 	return now
-}
-
-// lookup is the refusal remembered for a request, under its strict key or its loose one; a client with none remembered
-// takes no digest.
-func (g *replayGuard) lookup(client string, scope func() string, body rawObject) (replayEntry, bool) {
-	g.lock()
-	held := len(g.refused[client]) > 0
-	g.mu.Unlock()
-	if !held {
-		return replayEntry{}, false
-	}
-	strict, loose := replayKeyOf(client, scope(), body, false), replayKeyOf(client, scope(), body, true)
-	g.lock()
-	defer g.mu.Unlock()
-	if e := cmp.Or(g.refused[client][strict], g.refused[client][loose]); e != nil {
-		return *e, true
-	}
-	return replayEntry{}, false
 }
 
 // remember keeps e for client's request until the window ends. A refusal that may have generated is kept under the loose
@@ -523,13 +499,24 @@ func (g *replayGuard) forget(alias, provider string) {
 	}
 }
 
-// refusalFor is the refusal a request of client repeats, nil for none: its status and code, not retryable, no call made.
+// refusalFor is the refusal a request of client repeats, nil for none: the status and code of the one remembered under its
+// strict or its loose key, not retryable, no call made. A client with none remembered takes no digest.
 func (g *replayGuard) refusalFor(client string, scope func() string, body rawObject) *apiError {
 	if g == nil || g.window <= 0 {
 		return nil
 	}
-	e, ok := g.lookup(client, scope, body)
-	if !ok {
+	g.lock()
+	held := len(g.refused[client]) > 0
+	g.mu.Unlock()
+	if !held {
+		return nil
+	}
+	s := scope()
+	strict, loose := replayKeyOf(client, s, body, false), replayKeyOf(client, s, body, true)
+	g.lock()
+	e := cmp.Or(g.refused[client][strict], g.refused[client][loose])
+	g.mu.Unlock()
+	if e == nil {
 		return nil
 	}
 	why := strings.TrimSuffix(e.code+": "+e.message, ": ")
@@ -542,8 +529,7 @@ func (g *replayGuard) refusalFor(client string, scope func() string, body rawObj
 	return ae.because(errReplayRefused).withAttempts(0)
 }
 
-// rememberer is tally.remember for a request planned as c over cands; nil: the guard is off. It keeps a non-retryable
-// refusal after a call, not subscription_reauthorization_required (signing in must pass).
+// rememberer is tally.remember (nil: off): a non-retryable refusal after a call, but not a reauthorization (signing in must pass).
 func (g *replayGuard) rememberer(client string, scope func() string, body rawObject, c call, cands []resolution) func(ae *apiError, attempts int, hungUp, streamed bool) {
 	if g == nil || g.window <= 0 {
 		return nil

@@ -267,10 +267,10 @@ func TestReplayGuardForgets(t *testing.T) {
 	clock.advance(30 * time.Second)
 	g.remember("c", "", body(0), replayEntry{status: 400, code: "provider_rejected"}) // refused again (two were in flight)
 	clock.advance(30 * time.Second)
-	if _, ok := g.lookup("c", noScope, body(1)); ok {
+	if g.refusalFor("c", noScope, body(1)) != nil {
 		t.Error("an entry outlived its window")
 	}
-	if _, ok := g.lookup("c", noScope, body(0)); !ok {
+	if g.refusalFor("c", noScope, body(0)) == nil {
 		t.Error("the later refusal of key 0 was forgotten with its first entry")
 	}
 	if n, q := g.size(), len(g.queue); n != 1 || q != 1 {
@@ -406,7 +406,7 @@ func BenchmarkReplayDigest(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				if _, ok := g.lookup("c", noScope, o); ok {
+				if g.refusalFor("c", noScope, o) != nil {
 					b.Fatal("a different body matched")
 				}
 			}
