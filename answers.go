@@ -76,8 +76,7 @@ func decodeAnswerRecord(b []byte) (*answerRecord, error) {
 }
 
 func readAnswerFile(name string) (*answerRecord, error) {
-	f := stateFile[*answerRecord]{role: "kept answer", path: name, parse: decodeAnswerRecord, absentErr: true}
-	return f.fresh()
+	return (&stateFile[*answerRecord]{role: "kept answer", path: name, parse: decodeAnswerRecord, absentErr: true}).fresh()
 }
 
 // validate checks that the record's members agree with its state, so a replay never meets a missing member.
@@ -111,8 +110,12 @@ func signAnswer(key, body []byte) string {
 	return fmt.Sprintf("v1=%x", m.Sum(nil))
 }
 
-func signedBy(key, body []byte, sig string) bool {
-	return hmac.Equal([]byte(signAnswer(key, body)), []byte(sig))
+// checkSignature is errSignatureMismatch unless sig is key's signature of body (compared in constant time).
+func checkSignature(key, body []byte, sig string) error {
+	if !hmac.Equal([]byte(signAnswer(key, body)), []byte(sig)) {
+		return errSignatureMismatch
+	}
+	return nil
 }
 
 // checkIdempotencyKey applies SPEC §12: one header of 1..255 printable ASCII characters, on a buffered request.
@@ -192,17 +195,15 @@ func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signed
 		return kept != nil, err
 	}
 	rec, panicked := &httptest.ResponseRecorder{HeaderMap: http.Header{}, Body: new(bytes.Buffer)}, true // Code 0 until written
-	defer func() {
-		if panicked { // keep or release; the panic goes on, and the connection is lost anyway
-			a.settle(ctx, c, t, rec, true)
+	defer func() {                                                                                       // after a panic too: kept or released, while the panic goes on (the connection is lost anyway)
+		if rec = a.settle(ctx, c, t, rec, panicked); !panicked {
+			maps.Copy(w.Header(), rec.HeaderMap)
+			w.WriteHeader(cmp.Or(rec.Code, http.StatusOK))
+			w.Write(rec.Body.Bytes())
 		}
 	}()
 	dispatch(rec)
 	panicked = false
-	rec = a.settle(ctx, c, t, rec, false)
-	maps.Copy(w.Header(), rec.HeaderMap)
-	w.WriteHeader(cmp.Or(rec.Code, http.StatusOK))
-	w.Write(rec.Body.Bytes())
 	return false, nil
 }
 
@@ -239,8 +240,8 @@ func (a *answerStore) reserve(c signedCall) (*answerTicket, *answerRecord, error
 		rec, err := readAnswerFile(path)
 		if errors.Is(err, errFileAbsent) {
 			continue
-		} else if err == nil && rec.State == answerComplete && !signedBy(key, rec.Body, *rec.Signature) {
-			err = errSignatureMismatch
+		} else if err == nil && rec.State == answerComplete {
+			err = checkSignature(key, rec.Body, *rec.Signature)
 		}
 		_, unkept := a.unkept.Load(path)
 		switch open := err == nil && rec.State == answerInProgress; {
@@ -360,10 +361,7 @@ func verifyAnswerFile(st state, file, sig string) error {
 		}
 		body, sig = rec.Body, *rec.Signature
 	}
-	if !signedBy(key, body, sig) {
-		return errSignatureMismatch
-	}
-	return nil
+	return checkSignature(key, body, sig)
 }
 
 // pruneAnswers removes the records <client>/<key>.json under dir completed before cutoff (SPEC §12 item 7); serve may run.
@@ -398,7 +396,7 @@ type replayGuard struct {
 	queue   []*replayEntry                                // a forgotten entry stays queued until its time passes
 }
 
-// replayEntry is one remembered refusal (a stream's: no message); a fix of its alias or providers forgets it (SPEC §17).
+// replayEntry is one remembered refusal (status 0: its code's); a fix of its alias or providers forgets it (SPEC §17).
 type replayEntry struct {
 	status        int
 	code, message string
@@ -418,9 +416,9 @@ func newReplayGuard(getenv func(string) string, log *slog.Logger, now func() tim
 	return &replayGuard{window: window, now: now, refused: map[string]map[[sha256.Size]byte]*replayEntry{}}
 }
 
-// replayLeftOut is what a digest leaves out of the body, strict and loose: the stream members (SPEC §17: a buffered fallback
-// from a failed stream asks the same request), client_metadata (digested apart, in key order: the Codex CLI re-sends it from
-// a hash map), and for the loose key the output limit too (Claude Code's fallback asks 64000 of 128000).
+// replayLeftOut is what a digest leaves out, strict and loose: stream members (SPEC §17: a buffered fallback from a failed stream
+// asks the same request), client_metadata (digested apart in key order: the Codex CLI re-sends it from a hash map), and for the
+// loose key the output limit (Claude Code's fallback asks 64000 of 128000).
 var replayLeftOut = map[bool][]memberEdit{
 	false: {{key: "stream"}, {key: "stream_options"}, {key: "client_metadata"}},
 	true: {{key: "stream"}, {key: "stream_options"}, {key: "client_metadata"},
@@ -519,14 +517,10 @@ func (g *replayGuard) refusalFor(client string, scope func() string, body rawObj
 	if e == nil {
 		return nil
 	}
-	why := strings.TrimSuffix(e.code+": "+e.message, ": ")
 	ae := refuse(e.code, "this request repeats one refused at %s after a provider call (%s); the same request is refused without a provider call until %s (BRAMA_REPLAY_GUARD_SECS)",
-		e.until.Add(-g.window).UTC().Format(time.RFC3339), why, e.until.UTC().Format(time.RFC3339))
-	if e.code == "provider_rejected" {
-		ae.withStatus(e.status)
-	}
+		e.until.Add(-g.window).UTC().Format(time.RFC3339), strings.TrimSuffix(e.code+": "+e.message, ": "), e.until.UTC().Format(time.RFC3339))
 	ae.Retryable = false
-	return ae.because(errReplayRefused).withAttempts(0)
+	return ae.withStatus(e.status).because(errReplayRefused).withAttempts(0)
 }
 
 // rememberer is tally.remember (nil: off): a non-retryable refusal after a call, but not a reauthorization (signing in must pass).
@@ -539,8 +533,8 @@ func (g *replayGuard) rememberer(client string, scope func() string, body rawObj
 			return
 		}
 		e := replayEntry{status: ae.Status(), code: ae.Code, message: truncateUTF8(ae.Message, maxReplayMessage), alias: c.res.Alias}
-		if streamed {
-			e.status, e.message = codes[ae.Code].status, ""
+		if streamed { // met in-band under a 200: its code's status, no message
+			e.status, e.message = 0, ""
 		}
 		for _, cand := range append([]resolution{c.res}, cands...) { // a provider twice does no harm
 			e.providers = append(e.providers, cand.Provider.id)
