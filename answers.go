@@ -110,12 +110,8 @@ func signAnswer(key, body []byte) string {
 	return fmt.Sprintf("v1=%x", m.Sum(nil))
 }
 
-// checkSignature is errSignatureMismatch unless sig is key's signature of body (compared in constant time).
-func checkSignature(key, body []byte, sig string) error {
-	if !hmac.Equal([]byte(signAnswer(key, body)), []byte(sig)) {
-		return errSignatureMismatch
-	}
-	return nil
+func signedBy(key, body []byte, sig string) bool {
+	return hmac.Equal([]byte(signAnswer(key, body)), []byte(sig))
 }
 
 // checkIdempotencyKey applies SPEC §12: one header of 1..255 printable ASCII characters, on a buffered request.
@@ -195,7 +191,8 @@ func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signed
 		return kept != nil, err
 	}
 	rec, panicked := &httptest.ResponseRecorder{HeaderMap: http.Header{}, Body: new(bytes.Buffer)}, true // Code 0 until written
-	defer func() {                                                                                       // after a panic too: kept or released, while the panic goes on (the connection is lost anyway)
+	// Deferred, so that after a panic too the key is kept or released; the panic goes on (the connection is lost anyway).
+	defer func() {
 		if rec = a.settle(ctx, c, t, rec, panicked); !panicked {
 			maps.Copy(w.Header(), rec.HeaderMap)
 			w.WriteHeader(cmp.Or(rec.Code, http.StatusOK))
@@ -240,8 +237,8 @@ func (a *answerStore) reserve(c signedCall) (*answerTicket, *answerRecord, error
 		rec, err := readAnswerFile(path)
 		if errors.Is(err, errFileAbsent) {
 			continue
-		} else if err == nil && rec.State == answerComplete {
-			err = checkSignature(key, rec.Body, *rec.Signature)
+		} else if err == nil && rec.State == answerComplete && !signedBy(key, rec.Body, *rec.Signature) {
+			err = errSignatureMismatch
 		}
 		_, unkept := a.unkept.Load(path)
 		switch open := err == nil && rec.State == answerInProgress; {
@@ -361,27 +358,26 @@ func verifyAnswerFile(st state, file, sig string) error {
 		}
 		body, sig = rec.Body, *rec.Signature
 	}
-	return checkSignature(key, body, sig)
+	if !signedBy(key, body, sig) {
+		return errSignatureMismatch
+	}
+	return nil
 }
 
 // pruneAnswers removes the records <client>/<key>.json under dir completed before cutoff (SPEC §12 item 7); serve may run.
 func pruneAnswers(dir string, cutoff time.Time, skip func(name string, err error)) (removed int, err error) {
-	names, _ := fs.Glob(os.DirFS(dir), "*/*.json") // the state directory's path is no pattern
+	names, _ := fs.Glob(os.DirFS(dir), "*/*.json")   // the state directory's path is no pattern
+	before := cutoff.UTC().Format(journalTimeFormat) // state times sort as text
 	for _, name := range names {
 		name = filepath.Join(dir, name)
-		rec, rerr := readAnswerFile(name)
-		if rerr != nil {
+		if rec, rerr := readAnswerFile(name); rerr != nil {
 			skip(name, rerr)
-			continue
+		} else if rec.State == answerComplete && *rec.CompletedAt < before {
+			if err = errors.Join(os.Remove(name), syncDir(filepath.Dir(name))); err != nil {
+				return removed, err
+			}
+			removed++
 		}
-		done, _ := time.Parse(journalTimeFormat, *cmp.Or(rec.CompletedAt, new(string)))
-		if rec.State != answerComplete || !done.Before(cutoff) {
-			continue
-		}
-		if err = errors.Join(os.Remove(name), syncDir(filepath.Dir(name))); err != nil {
-			return removed, err
-		}
-		removed++
 	}
 	return removed, nil
 }
