@@ -89,8 +89,8 @@ func (rec *answerRecord) validate() error {
 	return firstBroken([]rule{
 		{rec.SchemaVersion != 1, "schema_version is not 1"},
 		{rec.BootID == "" || !idPattern.MatchString(rec.Client), "boot_id is empty or client is not a client id"},
-		{!isHexDigest(rec.KeySHA256) || !isHexDigest(rec.RequestSHA256), "key_sha256 or request_sha256 is not 64 lower-case hex digits"},
-		{!isTime(&rec.StartedAt) || done && !isTime(rec.CompletedAt), "started_at or completed_at is not RFC 3339 UTC with milliseconds"},
+		{!isHexDigest(rec.KeySHA256) || !isHexDigest(rec.RequestSHA256), "key_sha256 or request_sha256 is not lower-case hex"},
+		{!isTime(&rec.StartedAt) || done && !isTime(rec.CompletedAt), "started_at or completed_at is not RFC 3339 UTC with ms"},
 		{rec.Attempts != nil && *rec.Attempts < 0, "attempts is negative"},
 		{open && (rec.CompletedAt != nil || rec.Status != nil || rec.Body != nil || rec.Attempts != nil || rec.Signature != nil),
 			"an answer in progress has completion members"},
@@ -398,7 +398,7 @@ type replayEntry struct {
 	code, message string
 	alias, client string
 	providers     []string
-	until         time.Time
+	at, until     time.Time
 	key           [sha256.Size]byte
 }
 
@@ -412,9 +412,9 @@ func newReplayGuard(getenv func(string) string, log *slog.Logger, now func() tim
 	return &replayGuard{window: window, now: now, refused: map[string]map[[sha256.Size]byte]*replayEntry{}}
 }
 
-// replayLeftOut is what a digest leaves out, strict and loose: stream members (SPEC §17: a buffered fallback from a failed stream
-// asks the same request), client_metadata (digested apart in key order: the Codex CLI re-sends it from a hash map), and for the
-// loose key the output limit (Claude Code's fallback asks 64000 of 128000).
+// replayLeftOut is what a digest leaves out, strict and loose: stream members (SPEC §17: a buffered fallback from a failed
+// stream asks the same request), client_metadata (digested apart in key order: the Codex CLI re-sends it from a hash map),
+// and for the loose key the output limit (Claude Code's fallback asks 64000 of 128000).
 var replayLeftOut = map[bool][]memberEdit{
 	false: {{key: "stream"}, {key: "stream_options"}, {key: "client_metadata"}},
 	true: {{key: "stream"}, {key: "stream_options"}, {key: "client_metadata"},
@@ -471,7 +471,7 @@ func (g *replayGuard) remember(client, scope string, body rawObject, e replayEnt
 	e.key = replayKeyOf(client, scope, body, e.code == "provider_incomplete" || e.code == "provider_failure")
 	now := g.lock()
 	defer g.mu.Unlock()
-	e.until, e.client = now.Add(g.window), client
+	e.at, e.until, e.client = now, now.Add(g.window), client
 	if g.refused[client] == nil {
 		g.refused[client] = map[[sha256.Size]byte]*replayEntry{}
 	}
@@ -514,12 +514,12 @@ func (g *replayGuard) refusalFor(client string, scope func() string, body rawObj
 		return nil
 	}
 	ae := refuse(e.code, "this request repeats one refused at %s after a provider call (%s); the same request is refused without a provider call until %s (BRAMA_REPLAY_GUARD_SECS)",
-		e.until.Add(-g.window).UTC().Format(time.RFC3339), strings.TrimSuffix(e.code+": "+e.message, ": "), e.until.UTC().Format(time.RFC3339))
+		e.at.UTC().Format(time.RFC3339), strings.TrimSuffix(e.code+": "+e.message, ": "), e.until.UTC().Format(time.RFC3339))
 	ae.Retryable = false
 	return ae.withStatus(e.status).because(errReplayRefused).withAttempts(0)
 }
 
-// rememberer is tally.remember (nil: off): a non-retryable refusal after a call, but not a reauthorization (signing in must pass).
+// rememberer is tally.remember (nil: off): a non-retryable refusal after a call, not a reauthorization (signing in must pass).
 func (g *replayGuard) rememberer(client string, scope func() string, body rawObject, c call, cands []resolution) func(ae *apiError, attempts int, hungUp, streamed bool) {
 	if g == nil || g.window <= 0 {
 		return nil
