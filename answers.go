@@ -303,7 +303,7 @@ func (a *answerStore) settle(ctx context.Context, c signedCall, t *answerTicket,
 // complete keeps an answer (SPEC §12 item 3) in place of the reservation t.
 func (a *answerStore) complete(t *answerTicket, status int, body []byte, attempts *int, route string) (*answerRecord, error) {
 	rec, done, sig := t.rec, a.now().UTC().Format(journalTimeFormat), signAnswer(t.key, body)
-	rec.State, rec.CompletedAt, rec.Status, rec.Body, rec.Signature = answerComplete, &done, &status, body, &sig
+	rec.State, rec.CompletedAt, rec.Status, rec.Body, rec.Signature = answerComplete, &done, &status, append([]byte{}, body...), &sig
 	rec.Attempts, rec.Route = attempts, cmp.Or(route, rec.Route)
 	return &rec, writeState(t.path, &rec)
 }

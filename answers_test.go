@@ -201,3 +201,19 @@ func FuzzAnswerRecord(f *testing.F) {
 		}
 	})
 }
+
+// TestSignedAnswerEmptyBodyKept: an answer with no body bytes is kept as
+// body_base64 "" (not null), so the record stays readable and replayable.
+func TestSignedAnswerEmptyBodyKept(t *testing.T) {
+	a := newAnswerStore(state{dir: t.TempDir()}, slog.New(slog.DiscardHandler), time.Now)
+	tk, _, err := a.reserve(signedCall{client: "local", keys: []string{"k"}, body: []byte("{}"), route: "r"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.complete(tk, 204, nil, new(int), "r"); err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := readAnswerFile(tk.path); err != nil || rec.Body == nil || len(rec.Body) != 0 {
+		t.Fatalf("kept empty answer: %+v, %v", rec, err)
+	}
+}
