@@ -7,8 +7,6 @@ import (
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
-	"encoding/base64"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,33 +17,32 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 )
 
-// Signed answers (SPEC §12): one provider spend per (client, Idempotency-Key). The first request publishes an in-progress record
-// (os.Link), dispatches and completes it with the answer and its HMAC; later ones replay it. Requests without a key meet the
-// replay guard (SPEC §8.1, below) instead.
+// Two guards against spending twice: signed answers (SPEC §12) under an Idempotency-Key, else the replay guard (§8.1, §17).
 
 const (
 	answerInProgress = "in_progress" // record states (SPEC §12 item 4)
 	answerComplete   = "complete"
 	abandonedMessage = "this answer's process stopped before it was kept; a provider call may have been made" // SPEC §12 item 2
 	unkeptMessage    = "this answer was given once but could not be kept (see the log's answer_unkept); a provider call was made"
+	maxReplayMessage = 256 // message bytes a replay entry keeps: 10,000 entries stay a few MB
 )
 
 var (
 	errAnswerCorrupt     = errors.New("not a kept answer")  // wraps every decode error: not SPEC §12's shape
 	errSignatureMismatch = errors.New("signature mismatch") // `brama answers verify`'s refusal
-	// errServerShutdown cancels the requests running at serve's second signal: their log lines say server_shutdown, their kept
-	// answers item 2's refusal.
+	// errServerShutdown is serve's second signal: the requests it cancels keep item 2's refusal.
 	errServerShutdown = errors.New("the server is shutting down")
+	errReplayRefused  = errors.New("replay guard: the same request was refused after a provider call") // the log's cause
 )
 
-// answerRecord is one kept-answer file, members in SPEC §12's order; while in progress the members only completion knows are
-// null.
+// answerRecord is one kept-answer file (SPEC §12); in progress, the members only completion knows are null.
 type answerRecord struct {
 	SchemaVersion int     `json:"schema_version"`
 	State         string  `json:"state"`
@@ -56,19 +53,20 @@ type answerRecord struct {
 	StartedAt     string  `json:"started_at"`
 	CompletedAt   *string `json:"completed_at"`
 	Status        *int    `json:"status"`
-	BodyBase64    *string `json:"body_base64"`
-	Attempts      *int    `json:"attempts"` // null: unknown (an abandoned answer)
+	Body          []byte  `json:"body_base64"` // encoding/json's standard base64
+	Attempts      *int    `json:"attempts"`    // null: unknown (an abandoned answer)
 	Route         string  `json:"route"`
 	Signature     *string `json:"signature"`
 }
 
-// answerTicket is a reservation this process holds for one key.
+// answerTicket is a reservation this process holds, with the key that will sign it.
 type answerTicket struct {
 	path string
 	rec  answerRecord
+	key  []byte
 }
 
-// decodeAnswerRecord strictly parses a kept-answer file; every error wraps errAnswerCorrupt.
+// decodeAnswerRecord strictly parses a kept-answer file (decodeStrict runs validate); every error wraps errAnswerCorrupt.
 func decodeAnswerRecord(b []byte) (*answerRecord, error) {
 	rec := &answerRecord{}
 	if err := decodeStrict("kept answer", b, rec); err != nil {
@@ -77,41 +75,30 @@ func decodeAnswerRecord(b []byte) (*answerRecord, error) {
 	return rec, nil
 }
 
-// validate checks that the record's members agree with its state; the first rule broken is named.
+func readAnswerFile(name string) (*answerRecord, error) {
+	return (&stateFile[*answerRecord]{role: "kept answer", path: name, parse: decodeAnswerRecord, absentErr: true}).fresh()
+}
+
+// validate checks that the record's members agree with its state, so a replay never meets a missing member.
 func (rec *answerRecord) validate() error {
 	open, done := rec.State == answerInProgress, rec.State == answerComplete
 	isTime := func(s *string) bool {
 		t, err := time.Parse(journalTimeFormat, *cmp.Or(s, new(string)))
 		return err == nil && t.Format(journalTimeFormat) == *s
 	}
-	_, b64Err := base64.StdEncoding.Strict().DecodeString(*cmp.Or(rec.BodyBase64, new(string)))
-	for _, c := range []rule{
+	return firstBroken([]rule{
 		{rec.SchemaVersion != 1, "schema_version is not 1"},
-		{rec.BootID == "", "boot_id is empty"},
-		{!idPattern.MatchString(rec.Client), "client is not a client id"},
-		{!isHexDigest(rec.KeySHA256), "key_sha256 is not 64 lower-case hex digits"},
-		{!isHexDigest(rec.RequestSHA256), "request_sha256 is not 64 lower-case hex digits"},
-		{!isTime(&rec.StartedAt), "started_at is not RFC 3339 UTC with milliseconds"},
+		{rec.BootID == "" || !idPattern.MatchString(rec.Client), "boot_id is empty or client is not a client id"},
+		{!isHexDigest(rec.KeySHA256) || !isHexDigest(rec.RequestSHA256), "key_sha256 or request_sha256 is not lower-case hex"},
+		{!isTime(&rec.StartedAt) || done && !isTime(rec.CompletedAt), "started_at or completed_at is not RFC 3339 UTC with ms"},
 		{rec.Attempts != nil && *rec.Attempts < 0, "attempts is negative"},
-		{open && (rec.CompletedAt != nil || rec.Status != nil || rec.BodyBase64 != nil || rec.Attempts != nil || rec.Signature != nil),
+		{open && (rec.CompletedAt != nil || rec.Status != nil || rec.Body != nil || rec.Attempts != nil || rec.Signature != nil),
 			"an answer in progress has completion members"},
 		{!open && !done, "state is neither in_progress nor complete"},
-		{done && !isTime(rec.CompletedAt), "completed_at is not RFC 3339 UTC with milliseconds"},
 		{done && (rec.Status == nil || *rec.Status < 100 || *rec.Status > 999), "status is not an HTTP status"},
-		{done && (rec.BodyBase64 == nil || b64Err != nil), "body_base64 is not standard base64"},
+		{done && rec.Body == nil, "body_base64 is null"},
 		{done && (rec.Signature == nil || !isAnswerSignature(*rec.Signature)), "signature is not v1=<64 hex>"},
-	} {
-		if c.bad {
-			return errors.New(c.why)
-		}
-	}
-	return nil
-}
-
-// body is a complete record's exact body bytes (validate vouched for them).
-func (rec *answerRecord) body() []byte {
-	b, _ := base64.StdEncoding.DecodeString(*rec.BodyBase64)
-	return b
+	})
 }
 
 func isAnswerSignature(s string) bool { return strings.HasPrefix(s, "v1=") && isHexDigest(s[3:]) }
@@ -120,27 +107,50 @@ func isAnswerSignature(s string) bool { return strings.HasPrefix(s, "v1=") && is
 func signAnswer(key, body []byte) string {
 	m := hmac.New(sha256.New, key)
 	m.Write(body)
-	return "v1=" + hex.EncodeToString(m.Sum(nil))
+	return fmt.Sprintf("v1=%x", m.Sum(nil))
 }
 
-// checkIdempotencyKey applies SPEC §12: 1..255 printable ASCII characters.
-func checkIdempotencyKey(key string) error {
-	if len(key) < 1 || len(key) > 255 || strings.ContainsFunc(key, func(r rune) bool { return r < 0x20 || r > 0x7e }) {
+func signedBy(key, body []byte, sig string) bool {
+	return hmac.Equal([]byte(signAnswer(key, body)), []byte(sig))
+}
+
+// checkIdempotencyKey applies SPEC §12: one header of 1..255 printable ASCII characters, on a buffered request.
+func checkIdempotencyKey(keys []string, stream bool) error {
+	switch k := keys[0]; {
+	case len(keys) > 1:
+		return refuse("invalid_request", "send one Idempotency-Key header")
+	case len(k) < 1 || len(k) > 255 || strings.ContainsFunc(k, func(r rune) bool { return r < 0x20 || r > 0x7e }):
 		return refuse("invalid_request", "Idempotency-Key must be 1 to 255 printable ASCII characters")
+	case stream:
+		return refuse("invalid_request", "Idempotency-Key keeps one buffered answer; it cannot be used with stream: true")
 	}
 	return nil
 }
 
-// answerStore keeps the signed answers of one state directory; only serve and `brama answers prune` write them (SPEC §2.3).
-// bootID, drawn once per process, tells our records from a stopped process's.
+// readAnswerKey reads and guards $STATE/answer-key; create makes an absent one with publishFile, so of two creators one wins.
+func readAnswerKey(st state, create bool) (key []byte, err error) {
+	name, err := st.path("answer key", "answer-key")
+	if err == nil {
+		key, _, err = readGuarded("answer key", name)
+	}
+	if fresh := make([]byte, 32); create && errors.Is(err, errFileAbsent) {
+		rand.Read(fresh)
+		if err = publishFile(name, fresh); err == nil || errors.Is(err, fs.ErrExist) {
+			return readAnswerKey(st, false)
+		}
+	}
+	if err == nil && len(key) != 32 {
+		return nil, fmt.Errorf("answer key %s holds %d bytes, want 32", name, len(key))
+	}
+	return key, err
+}
+
+// answerStore keeps the signed answers; bootID, drawn once per process, tells our records from a stopped process's.
 type answerStore struct {
 	sys
 	st     state
 	bootID string
 	unkept sync.Map // record path → true: left in progress because completing it failed
-
-	mu  sync.Mutex // guards key
-	key []byte     // the answer key, once read or created
 }
 
 func newAnswerStore(st state, log *slog.Logger, now func() time.Time) *answerStore {
@@ -155,53 +165,13 @@ func answerUnplaced(cause error) *apiError {
 	return refuse("internal_error", "this request's one signed answer has no place to be kept: %v", cause).because(cause)
 }
 
-// signingKey reads $STATE/answer-key, creating it once with publishFile, so of two creators one wins.
-func (a *answerStore) signingKey() ([]byte, error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.key != nil {
-		return a.key, nil
-	}
-	key, name, err := readAnswerKey(a.st)
-	if errors.Is(err, errFileAbsent) {
-		fresh := make([]byte, 32)
-		rand.Read(fresh)
-		if err = publishFile(name, fresh); err == nil || errors.Is(err, fs.ErrExist) {
-			key, _, err = readAnswerKey(a.st)
-		}
-	}
-	a.key = key
-	return key, err
+// answerBusy is the 409 of a key whose answer is still being produced, the one retryable state_conflict (SPEC §8.1).
+func answerBusy() *apiError {
+	const msg = "the answer for this Idempotency-Key is still being produced; retry later"
+	return &apiError{Code: "state_conflict", Type: codes["state_conflict"].typ, Message: msg, Retryable: true}
 }
 
-// readAnswerKey reads and guards $STATE/answer-key, and names it.
-func readAnswerKey(st state) (key []byte, name string, err error) {
-	if name, err = st.path("answer key", "answer-key"); err == nil {
-		key, _, err = readGuarded("answer key", name)
-	}
-	if err == nil && len(key) != 32 {
-		key, err = nil, fmt.Errorf("answer key %s holds %d bytes, want 32", name, len(key))
-	}
-	return key, name, err
-}
-
-// recordPath names the record for (client, key); answers/ and answers/<client>/ are directories, never a planted symlink out of
-// the state directory.
-func (a *answerStore) recordPath(client, key string) (string, error) {
-	if !idPattern.MatchString(client) {
-		return "", fmt.Errorf("client id %q cannot name a directory", client)
-	}
-	path, err := a.st.path("signed answers", filepath.Join("answers", client, hexSHA256([]byte(key))+".json"))
-	for _, d := range []string{filepath.Dir(filepath.Dir(path)), filepath.Dir(path)} {
-		if fi, lerr := os.Lstat(d); err == nil && lerr == nil && !fi.IsDir() {
-			err = fmt.Errorf("%s is a symlink or not a directory", d)
-		}
-	}
-	return path, err
-}
-
-// signedCall is a chat request carrying an Idempotency-Key as the store sees it: who asked, what, the route planned, and the
-// engine's tally of calls.
+// signedCall is a chat request carrying an Idempotency-Key as the store sees it.
 type signedCall struct {
 	client, route string
 	keys          []string // the header's values: exactly one is allowed
@@ -211,128 +181,92 @@ type signedCall struct {
 	envelope      func(http.ResponseWriter, error) *apiError // a refusal in the caller's dialect
 }
 
-// serve answers c (SPEC §12): reserving is the last step before dispatch runs the provider calls; a kept answer is replayed
-// without one. The error is a refusal made before any reservation, for the caller to write.
+// serve answers c (SPEC §12), replaying a kept answer or keeping dispatch's; the error is a refusal for the caller to write.
 func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signedCall, dispatch func(http.ResponseWriter)) (replayed bool, err error) {
-	if err = checkIdempotencyKey(c.keys[0]); len(c.keys) > 1 {
-		err = refuse("invalid_request", "send one Idempotency-Key header")
-	} else if err == nil && c.stream {
-		err = refuse("invalid_request", "Idempotency-Key keeps one buffered answer; it cannot be used with stream: true")
-	}
-	var t *answerTicket
-	var kept *answerRecord
-	if err == nil {
-		t, kept, err = a.reserve(c)
-	}
+	t, kept, err := a.reserve(c)
 	if kept != nil {
 		a.replay(w, c.t, kept)
 	}
-	if err != nil || kept != nil {
+	if t == nil {
 		return kept != nil, err
 	}
 	rec, panicked := &httptest.ResponseRecorder{HeaderMap: http.Header{}, Body: new(bytes.Buffer)}, true // Code 0 until written
+	// Deferred, so that after a panic too the key is kept or released; the panic goes on (the connection is lost anyway).
 	defer func() {
-		if panicked { // keep or release; the panic goes on, and the connection is lost anyway
-			a.settle(ctx, c, t, rec, true)
+		if rec = a.settle(ctx, c, t, rec, panicked); !panicked {
+			maps.Copy(w.Header(), rec.HeaderMap)
+			w.WriteHeader(cmp.Or(rec.Code, http.StatusOK))
+			w.Write(rec.Body.Bytes())
 		}
 	}()
 	dispatch(rec)
 	panicked = false
-	rec = a.settle(ctx, c, t, rec, false)
-	maps.Copy(w.Header(), rec.HeaderMap)
-	w.WriteHeader(cmp.Or(rec.Code, http.StatusOK))
-	w.Write(rec.Body.Bytes())
 	return false, nil
 }
 
-// reserve, the last step before the first provider call (SPEC §12 item 1), returns this request's ticket, the record to replay,
-// or item 2's refusal; no place: §2.1's.
+// reserve, the last step before the first provider call (SPEC §12 item 1), returns this request's ticket, a record to
+// replay (its signature checked), or a refusal: a bad key, item 2's, or, with no place, §2.1's.
 func (a *answerStore) reserve(c signedCall) (*answerTicket, *answerRecord, error) {
-	path, err := a.recordPath(c.client, c.keys[0])
-	if err == nil {
-		_, err = a.signingKey()
+	if err := checkIdempotencyKey(c.keys, c.stream); err != nil {
+		return nil, nil, err
 	}
-	if err != nil {
+	path, err := a.st.path("signed answers", filepath.Join("answers", c.client, hexSHA256([]byte(c.keys[0]))+".json"))
+	if !idPattern.MatchString(c.client) {
+		err = fmt.Errorf("client id %q cannot name a directory", c.client)
+	}
+	for _, d := range []string{filepath.Dir(filepath.Dir(path)), filepath.Dir(path)} { // never a planted symlink
+		if fi, lerr := os.Lstat(d); err == nil && lerr == nil && !fi.IsDir() {
+			err = fmt.Errorf("%s is a symlink or not a directory", d)
+		}
+	}
+	key, kerr := readAnswerKey(a.st, true)
+	if err = cmp.Or(err, kerr); err != nil {
 		return nil, nil, answerUnplaced(err)
 	}
 	t := &answerTicket{path, answerRecord{SchemaVersion: 1, State: answerInProgress, BootID: a.bootID, Client: c.client,
 		KeySHA256: hexSHA256([]byte(c.keys[0])), RequestSHA256: hexSHA256(c.body),
-		StartedAt: a.now().UTC().Format(journalTimeFormat), Route: c.route}}
+		StartedAt: a.now().UTC().Format(journalTimeFormat), Route: c.route}, key}
 	data, _ := marshalState(&t.rec) // strings and ints always encode
-	// A record removed between our failed link and our read (a released retryable refusal, or a prune) frees the key: try again,
-	// a few times.
+	// A record removed between our failed link and our read (released, or pruned) frees the key: try again, a few times.
 	for range 3 {
 		if err := publishFile(path, data); err == nil {
 			return t, nil, nil
 		} else if !errors.Is(err, fs.ErrExist) {
 			return nil, nil, answerUnplaced(err)
 		}
-		if rec, err := a.taken(c, path, t.rec.RequestSHA256); !errors.Is(err, errFileAbsent) {
-			return nil, rec, err
+		rec, err := readAnswerFile(path)
+		if errors.Is(err, errFileAbsent) {
+			continue
+		} else if err == nil && rec.State == answerComplete && !signedBy(key, rec.Body, *rec.Signature) {
+			err = errSignatureMismatch
 		}
+		_, unkept := a.unkept.Load(path)
+		switch open := err == nil && rec.State == answerInProgress; {
+		case err != nil:
+			return nil, nil, refuse("internal_error", "the kept answer for this Idempotency-Key is unreadable").because(err)
+		case rec.RequestSHA256 != t.rec.RequestSHA256:
+			return nil, nil, refuse("state_conflict", "this Idempotency-Key was used with another request body")
+		case open && rec.BootID != a.bootID: // a stopped process's: kept as item 2's refusal, attempts unknown
+			e := httptest.NewRecorder()
+			ae := c.envelope(e, refuse("internal_error", abandonedMessage))
+			if rec, err = a.complete(&answerTicket{path, *rec, key}, ae.Status(), e.Body.Bytes(), nil, rec.Route); err != nil {
+				return nil, nil, refuse("internal_error", "the abandoned answer for this Idempotency-Key could not be kept").because(err)
+			}
+			a.log.Warn("answer_abandoned", "client", rec.Client, "key_sha256", rec.KeySHA256, "boot_id", rec.BootID)
+		case open && unkept:
+			return nil, nil, refuse("internal_error", unkeptMessage)
+		case open:
+			return nil, nil, answerBusy()
+		}
+		return nil, rec, nil
 	}
 	return nil, nil, answerBusy()
 }
 
-// answerBusy is the 409 of a key whose answer is still being produced, the one retryable state_conflict (SPEC §8.1).
-func answerBusy() *apiError {
-	ae := refuse("state_conflict", "the answer for this Idempotency-Key is still being produced; retry later")
-	ae.Retryable = true
-	return ae
-}
-
-// taken applies SPEC §12 item 2 to the record at path, checking a complete record's signature. A missing record is errFileAbsent.
-func (a *answerStore) taken(c signedCall, path, requestSHA string) (*answerRecord, error) {
-	rec, err := readAnswerFile(path)
-	if errors.Is(err, errFileAbsent) {
-		return nil, err
-	}
-	if err == nil && rec.State == answerComplete {
-		var key []byte
-		if key, err = a.signingKey(); err == nil && !hmac.Equal([]byte(signAnswer(key, rec.body())), []byte(*rec.Signature)) {
-			err = errSignatureMismatch
-		}
-	}
-	_, unkept := a.unkept.Load(path)
-	switch open := err == nil && rec.State == answerInProgress; {
-	case err != nil:
-		return nil, refuse("internal_error", "the kept answer for this Idempotency-Key is unreadable").because(err)
-	case rec.RequestSHA256 != requestSHA:
-		return nil, refuse("state_conflict", "this Idempotency-Key was used with another request body")
-	case open && rec.BootID != a.bootID: // a stopped process's: kept as item 2's refusal, attempts unknown
-		e := httptest.NewRecorder()
-		ae := c.envelope(e, refuse("internal_error", abandonedMessage))
-		if rec, err = a.complete(&answerTicket{path, *rec}, ae.Status(), e.Body.Bytes(), nil, rec.Route); err != nil {
-			return nil, refuse("internal_error", "the abandoned answer for this Idempotency-Key could not be kept").because(err)
-		}
-		a.log.Warn("answer_abandoned", "client", rec.Client, "key_sha256", rec.KeySHA256, "boot_id", rec.BootID)
-	case open && unkept:
-		return nil, refuse("internal_error", unkeptMessage)
-	case open:
-		return nil, answerBusy()
-	}
-	return rec, nil
-}
-
-// readAnswerFile reads, guards and decodes the record at name.
-func readAnswerFile(name string) (*answerRecord, error) {
-	f := stateFile[*answerRecord]{role: "kept answer", path: name, parse: decodeAnswerRecord, absentErr: true}
-	return f.fresh()
-}
-
-// settle keeps or releases the reservation after dispatch (SPEC §12 item 3) and returns what the caller gets, signed when kept.
-// After a provider call started, a hang-up or panic is kept (499, 500) so the key never spends twice; a retryable refusal, or one
-// made before dispatch, is released.
+// settle keeps (signed) or releases the reservation after dispatch (SPEC §12 item 3). After a provider call started, a
+// hang-up or panic is kept (499, 500) so the key never spends twice; a retryable refusal, or one before dispatch, is released.
 func (a *answerStore) settle(ctx context.Context, c signedCall, t *answerTicket, rec *httptest.ResponseRecorder, panicked bool) *httptest.ResponseRecorder {
-	calls, attempts := c.t.attempts, (*int)(nil)
-	if calls > 0 {
-		attempts = &calls
-	}
-	if n, err := strconv.Atoi(rec.HeaderMap.Get("Brama-Attempts")); err == nil {
-		attempts = &n
-	}
-	var env envelope
-	json.Unmarshal(rec.Body.Bytes(), &env)
+	calls, dispatched := c.t.attempts, c.t.attempts > 0 || rec.HeaderMap.Get("Brama-Attempts") != ""
 	var cut *apiError
 	switch {
 	case rec.Code >= 200 && rec.Code <= 299 && !panicked:
@@ -342,27 +276,22 @@ func (a *answerStore) settle(ctx context.Context, c signedCall, t *answerTicket,
 		cut = refuse("internal_error", abandonedMessage)
 	case calls > 0 && ctx.Err() != nil:
 		cut = refuse("client_cancelled", "the caller hung up after a provider call started")
-	case panicked, ctx.Err() != nil, env.Error.Retryable, attempts == nil:
-		err := os.Remove(t.path)
-		if err == nil {
-			err = syncDir(filepath.Dir(t.path))
-		}
-		if err != nil {
+	case panicked, ctx.Err() != nil, rec.HeaderMap.Get("X-Should-Retry") == "true", !dispatched:
+		if err := errors.Join(os.Remove(t.path), syncDir(filepath.Dir(t.path))); err != nil {
 			a.log.Error("answer_release_failed", "request_id", c.t.requestID, "err", err)
 		}
 		return rec
 	}
 	route := cmp.Or(rec.HeaderMap.Get("Brama-Route"), c.route) // a selector's: the candidate that answered
 	if cut != nil {
-		rec, attempts = httptest.NewRecorder(), &calls
+		rec = httptest.NewRecorder()
 		c.envelope(rec, cut.withAttempts(calls))
 		c.t.outcome, c.t.retryable = cut.Code, false
 	}
 	rec.Body = bytes.NewBuffer(withoutPromptEcho(rec.Body.Bytes())) // the first answer is the kept body (item 7)
-	kept, err := a.complete(t, rec.Code, rec.Body.Bytes(), attempts, route)
+	kept, err := a.complete(t, rec.Code, rec.Body.Bytes(), &calls, route)
 	if err != nil {
-		// The answer exists and was paid for: give it unsigned rather than lose it. The record stays in progress, so the key
-		// never spends twice; sent again it is refused, after a restart it reads as abandoned.
+		// Paid for: given unsigned rather than lost. In progress, the key never spends twice (refused; abandoned after a restart).
 		a.unkept.Store(t.path, true)
 		a.log.Error("answer_unkept", "request_id", c.t.requestID, "err", err)
 		return rec
@@ -373,39 +302,31 @@ func (a *answerStore) settle(ctx context.Context, c signedCall, t *answerTicket,
 
 // complete keeps an answer (SPEC §12 item 3) in place of the reservation t.
 func (a *answerStore) complete(t *answerTicket, status int, body []byte, attempts *int, route string) (*answerRecord, error) {
-	key, err := a.signingKey()
-	if err != nil {
-		return nil, err
-	}
-	rec := t.rec
-	done, b64, sig := a.now().UTC().Format(journalTimeFormat), base64.StdEncoding.EncodeToString(body), signAnswer(key, body)
-	rec.State, rec.CompletedAt, rec.Status, rec.BodyBase64, rec.Attempts, rec.Signature = answerComplete, &done, &status, &b64, attempts, &sig
-	rec.Route = cmp.Or(route, rec.Route)
+	rec, done, sig := t.rec, a.now().UTC().Format(journalTimeFormat), signAnswer(t.key, body)
+	rec.State, rec.CompletedAt, rec.Status, rec.Body, rec.Signature = answerComplete, &done, &status, append([]byte{}, body...), &sig
+	rec.Attempts, rec.Route = attempts, cmp.Or(route, rec.Route)
 	return &rec, writeState(t.path, &rec)
 }
 
 // replay answers from a complete record, with no provider call.
 func (a *answerStore) replay(w http.ResponseWriter, t *tally, rec *answerRecord) {
-	body, h := rec.body(), w.Header()
+	body, h := rec.Body, w.Header()
 	var env envelope
 	if json.Unmarshal(body, &env) == nil && env.Error.Code != "" {
 		t.outcome, t.retryable = env.Error.Code, env.Error.Retryable
 		h.Set("X-Should-Retry", strconv.FormatBool(env.Error.Retryable)) // SPEC §8.1
 	}
 	t.attempts = 0
-	h.Set("Brama-Answer-Signature", *rec.Signature)
-	h.Set("Brama-Answer-Replayed", "true")
-	h.Set("Brama-Attempts", "0")
+	maps.Copy(h, http.Header{"Brama-Answer-Signature": {*rec.Signature}, "Brama-Answer-Replayed": {"true"}, "Brama-Attempts": {"0"},
+		"Content-Type": {"application/json"}})
 	if rec.Route != "" { // README: every answer names its route
 		h.Set("Brama-Route", rec.Route)
 	}
-	h.Set("Content-Type", "application/json")
 	w.WriteHeader(*rec.Status)
 	w.Write(body)
 }
 
-// withoutPromptEcho is body with each member that repeats the caller's input (OpenAI Responses echoes instructions) set to null
-// (SPEC §12 item 7); any other byte, and a body that is no JSON object, stays.
+// withoutPromptEcho nulls the members that repeat the caller's input, as OpenAI Responses' instructions (SPEC §12 item 7).
 func withoutPromptEcho(body []byte) []byte {
 	o, err := parseRawObject(body)
 	if err != nil {
@@ -420,60 +341,200 @@ func withoutPromptEcho(body []byte) []byte {
 	return o.edit(edits...)
 }
 
-// verifyAnswerFile is `brama answers verify` (SPEC §12 item 6): sig over file, or a kept answer's own signature over its body.
+// verifyAnswerFile is `brama answers verify` (SPEC §12 item 6): sig over file, or a kept answer's own signature.
 func verifyAnswerFile(st state, file, sig string) error {
-	key, _, err := readAnswerKey(st)
-	if err != nil {
-		return err
-	}
-	body, err := os.ReadFile(file)
-	if err != nil {
+	key, err := readAnswerKey(st, false)
+	body, rerr := os.ReadFile(file)
+	if err = cmp.Or(err, rerr); err != nil {
 		return err
 	}
 	if sig == "" {
 		rec, err := decodeAnswerRecord(body)
+		if err == nil && rec.State != answerComplete {
+			err = errors.New("the answer is still in progress; there is no signature to check")
+		}
 		if err != nil {
 			return fmt.Errorf("%s: %w", file, err)
-		} else if rec.State != answerComplete {
-			return fmt.Errorf("%s: the answer is still in progress; there is no signature to check", file)
 		}
-		body, sig = rec.body(), *rec.Signature
+		body, sig = rec.Body, *rec.Signature
 	}
-	if !hmac.Equal([]byte(signAnswer(key, body)), []byte(sig)) {
+	if !signedBy(key, body, sig) {
 		return errSignatureMismatch
 	}
 	return nil
 }
 
-// pruneAnswers removes the complete records under dir completed before cutoff (SPEC §12 item 7); serve may run, as they never
-// change again.
-func pruneAnswers(dir string, cutoff time.Time, skip func(name string, err error)) (int, error) {
-	removed := 0
-	err := filepath.WalkDir(dir, func(name string, d fs.DirEntry, err error) error {
-		switch {
-		case errors.Is(err, fs.ErrNotExist) && name == dir:
-			return filepath.SkipDir
-		case err != nil:
-			return err
-		case d.IsDir() || !strings.HasSuffix(name, ".json") || strings.HasPrefix(d.Name(), "."):
-			return nil // temporary files are not records
+// pruneAnswers removes the records <client>/<key>.json under dir completed before cutoff (SPEC §12 item 7); serve may run.
+func pruneAnswers(dir string, cutoff time.Time, skip func(name string, err error)) (removed int, err error) {
+	names, _ := fs.Glob(os.DirFS(dir), "*/*.json")   // the state directory's path is no pattern
+	before := cutoff.UTC().Format(journalTimeFormat) // state times sort as text
+	for _, name := range names {
+		name = filepath.Join(dir, name)
+		if rec, rerr := readAnswerFile(name); rerr != nil {
+			skip(name, rerr)
+		} else if rec.State == answerComplete && *rec.CompletedAt < before {
+			if err = errors.Join(os.Remove(name), syncDir(filepath.Dir(name))); err != nil {
+				return removed, err
+			}
+			removed++
 		}
-		rec, err := readAnswerFile(name)
-		if err != nil {
-			skip(name, err)
-			return nil
+	}
+	return removed, nil
+}
+
+// replayGuard remembers refusals after a provider call, in memory (SPEC §8.1: the Codex CLI and the official SDKs re-send a
+// refused request, each maybe billed again). Every entry lives one window, so queue is in expiry order.
+type replayGuard struct {
+	window  time.Duration // 0: off
+	now     func() time.Time
+	mu      sync.Mutex                                    // guards refused and queue
+	refused map[string]map[[sha256.Size]byte]*replayEntry // client id → digest → refusal; a client with none takes no digest
+	queue   []*replayEntry                                // a forgotten entry stays queued until its time passes
+}
+
+// replayEntry is one remembered refusal (status 0: its code's); a fix of its alias or providers forgets it (SPEC §17).
+type replayEntry struct {
+	status        int
+	code, message string
+	alias, client string
+	providers     []string
+	at, until     time.Time
+	key           [sha256.Size]byte
+}
+
+// newReplayGuard reads BRAMA_REPLAY_GUARD_SECS: unset is 120 s, 0 turns the guard off; anything unreadable is logged and 120 s.
+func newReplayGuard(getenv func(string) string, log *slog.Logger, now func() time.Time) *replayGuard {
+	const name, def = "BRAMA_REPLAY_GUARD_SECS", 120 * time.Second
+	window, err := envSeconds(getenv, name, 0, def)
+	if err != nil {
+		log.Warn("replay_guard_secs_invalid", "value", strings.TrimSpace(getenv(name)), "using_secs", int(def/time.Second))
+	}
+	return &replayGuard{window: window, now: now, refused: map[string]map[[sha256.Size]byte]*replayEntry{}}
+}
+
+// replayLeftOut is what a digest leaves out, strict and loose: stream members (SPEC §17: a buffered fallback from a failed
+// stream asks the same request), client_metadata (digested apart in key order: the Codex CLI re-sends it from a hash map),
+// and for the loose key the output limit (Claude Code's fallback asks 64000 of 128000).
+var replayLeftOut = map[bool][]memberEdit{
+	false: {{key: "stream"}, {key: "stream_options"}, {key: "client_metadata"}},
+	true: {{key: "stream"}, {key: "stream_options"}, {key: "client_metadata"},
+		{key: "max_tokens"}, {key: "max_completion_tokens"}, {key: "max_output_tokens"}},
+}
+
+// replayKeyOf digests client, scope and the body's bytes but replayLeftOut: no generic decode, so the cost is the body's.
+func replayKeyOf(clientID, scope string, body rawObject, loose bool) [sha256.Size]byte {
+	h := sha256.New()
+	fmt.Fprintf(h, "%d:%s%d:%s%t:", len(clientID), clientID, len(scope), scope, loose)
+	meta := body.value("client_metadata")
+	if o, ok := splitRaw(meta, '{', nil); ok {
+		slices.SortFunc(o.members, func(a, b jsonMember) int { return bytes.Compare(a.key, b.key) })
+		for _, m := range o.members {
+			fmt.Fprintf(h, "%d:%s", len(m.key), m.key)
+			h.Write(o.src[m.val:m.end])
 		}
-		if rec.State != answerComplete {
-			return nil
+	} else {
+		h.Write(meta) // not an object: its bytes as they are
+	}
+	body.writeEdited(h, replayLeftOut[loose]...)
+	return [sha256.Size]byte(h.Sum(nil))
+}
+
+// replayScope is what reaches a provider beside the body: route, key fingerprint (SPEC §17), agent, version headers (§6.2).
+func replayScope(agent string, h http.Header, c call) string {
+	return fmt.Sprintf("%q", []string{agent, c.res.Route, c.res.BaseURL, fmt.Sprintf("%x", sha256.Sum256([]byte(c.cred.APIKey))),
+		strings.Join(h.Values("anthropic-version"), ","), strings.Join(h.Values("anthropic-beta"), ","), strings.Join(h.Values("openai-beta"), ",")})
+}
+
+// lock takes mu and forgets every entry whose time has passed, so refused holds only live ones.
+func (g *replayGuard) lock() time.Time {
+	now := g.now()
+	g.mu.Lock()
+	for len(g.queue) > 0 && !now.Before(g.queue[0].until) {
+		q := g.queue[0]
+		g.queue = g.queue[1:]
+		if g.refused[q.client][q.key] == q {
+			delete(g.refused[q.client], q.key)
 		}
-		if done, _ := time.Parse(journalTimeFormat, *rec.CompletedAt); !done.Before(cutoff) {
-			return nil
+		if len(g.refused[q.client]) == 0 {
+			delete(g.refused, q.client)
 		}
-		if err := os.Remove(name); err != nil {
-			return err
+	}
+	if len(g.queue) == 0 {
+		g.queue = nil // let the backing array go
+	}
+	return now
+}
+
+// remember keeps e for client's request until the window ends. A refusal that may have generated is kept under the loose
+// key, which the same request also has: a caller that fixes its output limit after provider_rejected asks a new request.
+func (g *replayGuard) remember(client, scope string, body rawObject, e replayEntry) {
+	e.key = replayKeyOf(client, scope, body, e.code == "provider_incomplete" || e.code == "provider_failure")
+	now := g.lock()
+	defer g.mu.Unlock()
+	e.at, e.until, e.client = now, now.Add(g.window), client
+	if g.refused[client] == nil {
+		g.refused[client] = map[[sha256.Size]byte]*replayEntry{}
+	}
+	g.refused[client][e.key] = &e
+	g.queue = append(g.queue, &e)
+}
+
+// forget drops every refusal of a request through alias or provider ("" names none): the operator's fix (SPEC §17).
+func (g *replayGuard) forget(alias, provider string) {
+	if g == nil {
+		return
+	}
+	g.lock()
+	defer g.mu.Unlock()
+	for _, m := range g.refused { // a map left empty goes with its client's next queue item
+		maps.DeleteFunc(m, func(_ [sha256.Size]byte, e *replayEntry) bool {
+			return alias != "" && e.alias == alias || provider != "" && slices.Contains(e.providers, provider)
+		})
+	}
+}
+
+// refusalFor is the refusal a request of client repeats, nil for none: the status and code of the one remembered under its
+// strict or its loose key, not retryable, no call made. A client with none remembered takes no digest.
+func (g *replayGuard) refusalFor(client string, scope func() string, body rawObject) *apiError {
+	if g == nil || g.window <= 0 {
+		return nil
+	}
+	g.lock()
+	held := len(g.refused[client]) > 0
+	g.mu.Unlock()
+	if !held {
+		return nil
+	}
+	s := scope()
+	strict, loose := replayKeyOf(client, s, body, false), replayKeyOf(client, s, body, true)
+	g.lock()
+	e := cmp.Or(g.refused[client][strict], g.refused[client][loose])
+	g.mu.Unlock()
+	if e == nil {
+		return nil
+	}
+	ae := refuse(e.code, "this request repeats one refused at %s after a provider call (%s); the same request is refused without a provider call until %s (BRAMA_REPLAY_GUARD_SECS)",
+		e.at.UTC().Format(time.RFC3339), strings.TrimSuffix(e.code+": "+e.message, ": "), e.until.UTC().Format(time.RFC3339))
+	ae.Retryable = false
+	return ae.withStatus(e.status).because(errReplayRefused).withAttempts(0)
+}
+
+// rememberer is tally.remember (nil: off): a non-retryable refusal after a call, not a reauthorization (signing in must pass).
+func (g *replayGuard) rememberer(client string, scope func() string, body rawObject, c call, cands []resolution) func(ae *apiError, attempts int, hungUp, streamed bool) {
+	if g == nil || g.window <= 0 {
+		return nil
+	}
+	return func(ae *apiError, attempts int, hungUp, streamed bool) {
+		if attempts == 0 || hungUp || ae.Code == "client_cancelled" || ae.Code == "subscription_reauthorization_required" || ae.retryable() {
+			return
 		}
-		removed++
-		return syncDir(filepath.Dir(name))
-	})
-	return removed, err
+		e := replayEntry{status: ae.Status(), code: ae.Code, message: truncateUTF8(ae.Message, maxReplayMessage), alias: c.res.Alias}
+		if streamed { // met in-band under a 200: its code's status, no message
+			e.status, e.message = 0, ""
+		}
+		for _, cand := range append([]resolution{c.res}, cands...) { // a provider twice does no harm
+			e.providers = append(e.providers, cand.Provider.id)
+		}
+		g.remember(client, scope(), body, e)
+	}
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -131,19 +130,18 @@ func TestSignedAnswerOneSpend(t *testing.T) {
 		t.Fatal(err)
 	}
 	if rec.State != answerComplete || *rec.Status != 200 || *rec.Attempts != 1 || rec.Route != "openai/gpt-test" || *rec.Signature != sig ||
-		rec.RequestSHA256 != hexSHA256([]byte(body)) || rec.KeySHA256 != hexSHA256([]byte(key)) || !bytes.Equal(rec.body(), first.body) {
+		rec.RequestSHA256 != hexSHA256([]byte(body)) || rec.KeySHA256 != hexSHA256([]byte(key)) || !bytes.Equal(rec.Body, first.body) {
 		t.Errorf("kept record: %+v", rec)
 	}
 
 	// brama answers verify: the kept file and the raw body, then one changed byte.
 	dir := t.TempDir()
-	changed := append([]byte(nil), rec.body()...)
+	changed := append([]byte(nil), rec.Body...)
 	changed[len(changed)/2] ^= 1
 	tampered := *rec
-	b64 := base64.StdEncoding.EncodeToString(changed)
-	tampered.BodyBase64 = &b64
+	tampered.Body = changed
 	tamperedFile, _ := marshalState(&tampered)
-	files := map[string][]byte{"body": rec.body(), "changed": changed, "tampered.json": tamperedFile}
+	files := map[string][]byte{"body": rec.Body, "changed": changed, "tampered.json": tamperedFile}
 	for name, b := range files {
 		os.WriteFile(filepath.Join(dir, name), b, 0o600)
 	}
@@ -471,7 +469,7 @@ func TestSignedAnswerCutByShutdown(t *testing.T) {
 	if err := json.Unmarshal(b, &rec); err != nil || rec.Status == nil || *rec.Status != 500 || rec.Attempts == nil || *rec.Attempts != 1 {
 		t.Fatalf("kept record %s, want status 500 after 1 attempt", b)
 	}
-	if body := string(rec.body()); !strings.Contains(body, `"code":"internal_error"`) || !strings.Contains(body, abandonedMessage) {
+	if body := string(rec.Body); !strings.Contains(body, `"code":"internal_error"`) || !strings.Contains(body, abandonedMessage) {
 		t.Errorf("kept body %s, want SPEC §12 item 2's internal_error", body)
 	}
 	if fake.calls.Load() != 1 {
@@ -549,7 +547,7 @@ func TestSignedAnswerDropsEchoedPrompt(t *testing.T) {
 		t.Errorf("the first answer's signature does not verify its bytes: exit %d %q %q", code, out, errOut)
 	}
 	kept, err := os.ReadFile(answerFile(env, "local", "echo-1"))
-	if rec, derr := decodeAnswerRecord(kept); err != nil || derr != nil || !bytes.Equal(rec.body(), first) {
+	if rec, derr := decodeAnswerRecord(kept); err != nil || derr != nil || !bytes.Equal(rec.Body, first) {
 		t.Errorf("the kept body is not the first answer: %v %v", err, derr)
 	}
 	if out, errOut, code := runCLI(t, env, "", "answers", "verify", answerFile(env, "local", "echo-1")); code != 0 || out != "ok\n" {

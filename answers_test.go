@@ -48,7 +48,7 @@ func TestSignedAnswerHangUp(t *testing.T) {
 				cancel()               // the caller hangs up while the call is in flight
 				writeAPIError(w, r, refuse("provider_incomplete", "cut").withAttempts(tc.calls))
 			})
-			path, _ := a.recordPath("local", "k")
+			path := filepath.Join(a.st.dir, "answers", "local", hexSHA256([]byte("k"))+".json")
 			raw, err := os.ReadFile(path)
 			if !tc.kept {
 				if !errors.Is(err, os.ErrNotExist) {
@@ -60,11 +60,11 @@ func TestSignedAnswerHangUp(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			e := envelopeOf(t, rec.body())
+			e := envelopeOf(t, rec.Body)
 			if *rec.Status != 499 || e["code"] != "client_cancelled" || e["retryable"] != false || e["attempts"] != float64(tc.calls) || *rec.Attempts != tc.calls {
-				t.Errorf("kept %d %s attempts %d", *rec.Status, rec.body(), *rec.Attempts)
+				t.Errorf("kept %d %s attempts %d", *rec.Status, rec.Body, *rec.Attempts)
 			}
-			if w.Code != 499 || !bytes.Equal(w.Body.Bytes(), rec.body()) {
+			if w.Code != 499 || !bytes.Equal(w.Body.Bytes(), rec.Body) {
 				t.Errorf("answered %d %s", w.Code, w.Body.Bytes())
 			}
 		})
@@ -127,7 +127,7 @@ func TestCheckIdempotencyKey(t *testing.T) {
 		{name: "UTF-8", key: "ключ"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if err := checkIdempotencyKey(tc.key); (err == nil) != tc.ok {
+			if err := checkIdempotencyKey([]string{tc.key}, false); (err == nil) != tc.ok {
 				t.Errorf("checkIdempotencyKey(%q) = %v, want ok %v", tc.key, err, tc.ok)
 			}
 		})
@@ -195,9 +195,25 @@ func FuzzAnswerRecord(f *testing.F) {
 			t.Fatalf("round trip changed the record (-first +again):\n%s", diff)
 		}
 		if rec.State == answerComplete {
-			if _, err := json.Marshal(rec.body()); err != nil {
+			if _, err := json.Marshal(rec.Body); err != nil {
 				t.Fatal(err)
 			}
 		}
 	})
+}
+
+// TestSignedAnswerEmptyBodyKept: an answer with no body bytes is kept as
+// body_base64 "" (not null), so the record stays readable and replayable.
+func TestSignedAnswerEmptyBodyKept(t *testing.T) {
+	a := newAnswerStore(state{dir: t.TempDir()}, slog.New(slog.DiscardHandler), time.Now)
+	tk, _, err := a.reserve(signedCall{client: "local", keys: []string{"k"}, body: []byte("{}"), route: "r"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.complete(tk, 204, nil, new(int), "r"); err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := readAnswerFile(tk.path); err != nil || rec.Body == nil || len(rec.Body) != 0 {
+		t.Fatalf("kept empty answer: %+v, %v", rec, err)
+	}
 }

@@ -267,21 +267,21 @@ func TestReplayGuardForgets(t *testing.T) {
 	clock.advance(30 * time.Second)
 	g.remember("c", "", body(0), replayEntry{status: 400, code: "provider_rejected"}) // refused again (two were in flight)
 	clock.advance(30 * time.Second)
-	if _, ok := g.lookup("c", "", body(1)); ok {
+	if g.refusalFor("c", noScope, body(1)) != nil {
 		t.Error("an entry outlived its window")
 	}
-	if _, ok := g.lookup("c", "", body(0)); !ok {
+	if g.refusalFor("c", noScope, body(0)) == nil {
 		t.Error("the later refusal of key 0 was forgotten with its first entry")
 	}
 	if n, q := g.size(), len(g.queue); n != 1 || q != 1 {
 		t.Errorf("after the window: %d entries, %d queued; want 1, 1", n, q)
 	}
-	if !g.holds("c") || g.holds("other") {
-		t.Errorf("holds: c %v (want true), other %v (want false)", g.holds("c"), g.holds("other"))
+	if len(g.refused["c"]) == 0 || len(g.refused["other"]) != 0 {
+		t.Errorf("held per client: %v", g.refused)
 	}
 	clock.advance(30 * time.Second)
-	if n := g.size(); n != 0 || g.queue != nil || g.holds("c") || len(g.byClient) != 0 {
-		t.Errorf("after every window: %d entries, queue %v, per client %v", n, g.queue, g.byClient)
+	if n := g.size(); n != 0 || g.queue != nil || len(g.refused) != 0 {
+		t.Errorf("after every window: %d entries, queue %v, per client %v", n, g.queue, g.refused)
 	}
 }
 
@@ -406,7 +406,7 @@ func BenchmarkReplayDigest(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				if _, ok := g.lookup("c", "", o); ok {
+				if g.refusalFor("c", noScope, o) != nil {
 					b.Fatal("a different body matched")
 				}
 			}
@@ -419,9 +419,15 @@ func BenchmarkReplayDigest(b *testing.B) {
 	}
 }
 
+func noScope() string { return "" }
+
 // size is the number of refusals remembered now.
 func (g *replayGuard) size() int {
 	g.lock()
 	defer g.mu.Unlock()
-	return len(g.refused)
+	n := 0
+	for _, m := range g.refused {
+		n += len(m)
+	}
+	return n
 }

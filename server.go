@@ -455,7 +455,7 @@ func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 	}
 	noState, absent := func(err error) bool { return errors.As(err, new(*noStateError)) }, func(err error) bool { return errors.Is(err, errFileAbsent) }
 	errOf := func(_ any, err error) error { return err }
-	_, _, keyErr := readAnswerKey(s.st)
+	_, keyErr := readAnswerKey(s.st, false)
 	check := func(what, env, path string, pathErr, err error, expected func(error) bool) { // expected nil: none is
 		if pathErr != nil && !errors.Is(pathErr, s.st.cause) { // not the value: it may lie outside the state directory
 			warn("%s is not an absolute path, so that file has no place (§2.1's no state directory)", env)

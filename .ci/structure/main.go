@@ -40,8 +40,8 @@ var layers = [][]string{
 	{"providers", "clients", "registry", "subscriptions", "ledger", // domain
 		"oauth", "catalog"},
 	{"formats", "sse", "chat", "messages", "responses", "passthrough", "relay"}, // wire
-	{"dispatch", "pool", "answers", "replay", "maintain"},                       // flow
-	{"main", "cli", "server"}, // faces
+	{"dispatch", "pool", "answers", "maintain"},                                 // flow
+	{"main", "cli", "server"},                                                   // faces
 }
 
 // layerOf is a file's layer (its index in layers), -1 for none.
