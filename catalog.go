@@ -317,25 +317,6 @@ type listedModel struct {
 	State   string `json:"brama_state,omitempty"`
 }
 
-// modelList is GET /v1/models's data: aliases, then the models of providers serves accepts, if mayUse (SPEC §3.1).
-func (c *catalog) modelList(aliases []aliasRow, serves func(providerInfo) bool, mayUse func(string) bool) []listedModel {
-	data := []listedModel{}
-	for _, a := range aliases {
-		if !strings.HasSuffix(a.Alias, "*") { // a prefix alias is a family of names, not a model id
-			data = append(data, listedModel{ID: a.Alias, Object: "model", OwnedBy: "brama", State: a.State})
-		}
-	}
-	for _, p := range providerTable {
-		if !serves(p) {
-			continue
-		}
-		for _, m := range c.models(p.id) {
-			data = append(data, listedModel{ID: p.id + "/" + m.ID, Object: "model", OwnedBy: p.id})
-		}
-	}
-	return slices.DeleteFunc(data, func(m listedModel) bool { return !mayUse(m.ID) })
-}
-
 // perfEntry is one route's counters in the perf registry (SPEC §13).
 type perfEntry struct {
 	Count          int64   `json:"count"`

@@ -66,17 +66,27 @@ func (s *server) routes() {
 	handle("POST /v1/messages/count_tokens", s.handleModelCall(false))
 	handle("POST /v1/responses", s.handleChat(dialectResponses))
 	handle("POST /v1/embeddings", s.handleModelCall(true))
-	// A provider's catalogue models are listed when a direct key, or the caller's agent's subscription, can serve them.
+	// Aliases, then a provider's catalogue models when a direct key, or the caller's agent's subscription, can serve them.
 	handle("GET /v1/models", reply(s, 200, noBody, func(r *http.Request, _ *struct{}) (any, error) {
-		ri := infoFrom(r.Context())
-		t, _ := s.reg.aliases(s.hasDirect, nil)
-		data := s.catalog.modelList(t.Aliases, func(p providerInfo) bool {
+		ri, data := infoFrom(r.Context()), []listedModel{}
+		t, _ := s.reg.aliases(s.hasDirect, ri.client.mayUse)
+		for _, a := range t.Aliases {
+			if !strings.HasSuffix(a.Alias, "*") { // a prefix alias is a family of names, not a model id
+				data = append(data, listedModel{ID: a.Alias, Object: "model", OwnedBy: "brama", State: a.State})
+			}
+		}
+		for _, p := range providerTable {
+			serves := p.cred == credDirect && s.hasDirect(p.id)
 			if p.cred == credSubscription && ri.agentID != "" {
 				subs, err := s.engine(ri.agentID, &ri.tally).eligible(ri.agentID, p.id)
-				return err == nil && len(subs) > 0
+				serves = err == nil && len(subs) > 0
 			}
-			return p.cred == credDirect && s.hasDirect(p.id)
-		}, ri.client.mayUse)
+			for _, m := range s.catalog.models(p.id) {
+				if id := p.id + "/" + m.ID; serves && ri.client.mayUse(id) {
+					data = append(data, listedModel{ID: id, Object: "model", OwnedBy: p.id})
+				}
+			}
+		}
 		return map[string]any{"object": "list", "data": data}, nil
 	}))
 	handle("GET /v1/aliases", reply(s, 200, noBody, func(r *http.Request, _ *struct{}) (any, error) {
