@@ -55,7 +55,8 @@ func catalogVendor(provider string) string {
 	return provider
 }
 
-// catalog is the model metadata of SPEC §6.4 and its source.
+// catalog is the model metadata of SPEC §6.4. Its source is a file (read on demand) or a URL (read in the
+// background, each good read kept in the model metadata cache); either read settles memory for one TTL.
 type catalog struct {
 	path, url           string       // BRAMA_MODEL_CATALOG_PATH (it wins), else the live URL; "" none
 	cachePath           string       // the model metadata cache; "" without a state directory or for a file
@@ -129,7 +130,20 @@ func (c *catalog) start(ctx context.Context, wg *sync.WaitGroup) {
 	go func(kick <-chan struct{}) {
 		defer wg.Done()
 		for ctx.Err() == nil {
-			c.readURL(ctx)
+			data, err := c.read(ctx)
+			c.mu.Lock()
+			if c.refreshing = false; err == nil || ctx.Err() == nil { // shutting down is no catalogue failure
+				c.settleLocked(data, err)
+			}
+			c.mu.Unlock()
+			if err == nil && c.cachePath != "" { // outside the lock: no lookup waits on the disk
+				if err := writeState(c.cachePath, catalogCache{c.now().UTC(), marshalCatalog(data)}); err != nil {
+					c.log.Warn("model_metadata_cache_write_failed", "cause", err.Error())
+				}
+			}
+			if c.testingOnlyReadDone != nil {
+				c.testingOnlyReadDone()
+			}
 			select {
 			case <-ctx.Done():
 			case <-kick:
@@ -138,71 +152,57 @@ func (c *catalog) start(ctx context.Context, wg *sync.WaitGroup) {
 	}(c.kick)
 }
 
-// readURL reads the URL into memory and the cache; errors quote neither the body nor the URL (its query may hold a key).
-func (c *catalog) readURL(ctx context.Context) {
-	var data catalogData
-	status, b, err := callEndpoint(ctx, c.client, http.MethodGet, c.url, nil)
-	if ue := (*url.Error)(nil); errors.As(err, &ue) {
-		err = ue.Err
-	}
-	if status/100 != 2 && status != 0 {
-		err = fmt.Errorf("HTTP status %d", status)
-	} else if err == nil {
-		data, err = parseCatalog(b)
-	}
-	if err != nil {
-		err = fmt.Errorf("catalogue read: %w", err)
-	}
-	now := c.now()
-	c.mu.Lock()
-	if c.refreshing = false; err == nil || ctx.Err() == nil { // shutting down is no catalogue failure
-		c.settleLocked("url", data, err, now)
-	}
-	c.mu.Unlock()
-	if err == nil && c.cachePath != "" {
-		if err := writeState(c.cachePath, catalogCache{now.UTC(), marshalCatalog(data)}); err != nil {
-			c.log.Warn("model_metadata_cache_write_failed", "cause", err.Error())
+// read reads and parses the source. Errors quote neither the body, nor the path (it may lie outside the
+// state directory, and /readyz shows them) nor the URL (its query may hold a key).
+func (c *catalog) read(ctx context.Context) (catalogData, error) {
+	var b []byte
+	var err error
+	if c.path != "" {
+		b, err = os.ReadFile(c.path)
+	} else {
+		var status int
+		if status, b, err = callEndpoint(ctx, c.client, http.MethodGet, c.url, nil); err == nil && status/100 != 2 {
+			err = fmt.Errorf("HTTP status %d", status)
 		}
 	}
-	if c.testingOnlyReadDone != nil {
-		c.testingOnlyReadDone()
+	pe, ue := (*fs.PathError)(nil), (*url.Error)(nil)
+	if errors.As(err, &pe) {
+		err = pe.Err
+	} else if errors.As(err, &ue) {
+		err = ue.Err
 	}
+	if err != nil {
+		return nil, fmt.Errorf("catalogue read: %w", err)
+	}
+	return parseCatalog(b)
 }
 
-// settleLocked records a read of source that ended at now: a good one replaces memory, a failed one keeps it; either waits one TTL.
-func (c *catalog) settleLocked(source string, data catalogData, err error, now time.Time) {
+// settleLocked records a read that ended now: a good one replaces memory, a failed one keeps it; either waits one TTL.
+func (c *catalog) settleLocked(data catalogData, err error) {
 	c.reads++
-	c.nextTry = now.Add(c.ttl)
+	c.nextTry = c.now().Add(c.ttl)
 	if err != nil {
 		c.why = err.Error()
-		c.log.Warn("model_catalog_read_failed", "source", source, "cause", err.Error())
-		return
+		c.log.Warn("model_catalog_read_failed", "cause", err.Error())
+	} else {
+		c.data = data
+		c.log.Info("model_catalog_read", "vendors", len(data))
 	}
-	c.data = data
-	c.log.Info("model_catalog_read", "source", source, "vendors", len(data))
 }
 
 // current is the catalogue usable now, or nil with the cause. A file is read on demand (SPEC §6.4),
 // at once when changed while memory is empty; a URL due kicks one background read.
 func (c *catalog) current() (catalogData, string) {
-	now := c.now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	due, fileID := !now.Before(c.nextTry), "" // a file's size and modification time tell it changed
+	due, fileID := !c.now().Before(c.nextTry), "" // a file's size and modification time tell it changed
 	if fi, err := os.Stat(c.path); c.path != "" && err == nil {
 		fileID = fmt.Sprint(fi.Size(), fi.ModTime().UnixNano())
 	}
 	switch {
 	case c.path != "" && (due || c.data == nil && fileID != c.fileID):
 		c.fileID = fileID
-		b, err := os.ReadFile(c.path)
-		var data catalogData
-		if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
-			err = fmt.Errorf("BRAMA_MODEL_CATALOG_PATH: %w", pe.Err) // the path is outside the state directory; /readyz must not show it
-		} else if err == nil {
-			data, err = parseCatalog(b)
-		}
-		c.settleLocked("file", data, err, now)
+		c.settleLocked(c.read(context.Background()))
 	case c.kick != nil && !c.refreshing && due:
 		c.refreshing = true
 		c.kick <- struct{}{} // never blocks: refreshing admits one kick at a time to its one slot
@@ -317,25 +317,6 @@ type listedModel struct {
 	State   string `json:"brama_state,omitempty"`
 }
 
-// modelList is GET /v1/models's data: aliases, then the models of providers serves accepts, if mayUse (SPEC §3.1).
-func (c *catalog) modelList(aliases []aliasRow, serves func(providerInfo) bool, mayUse func(string) bool) []listedModel {
-	data := []listedModel{}
-	for _, a := range aliases {
-		if !strings.HasSuffix(a.Alias, "*") { // a prefix alias is a family of names, not a model id
-			data = append(data, listedModel{ID: a.Alias, Object: "model", OwnedBy: "brama", State: a.State})
-		}
-	}
-	for _, p := range providerTable {
-		if !serves(p) {
-			continue
-		}
-		for _, m := range c.models(p.id) {
-			data = append(data, listedModel{ID: p.id + "/" + m.ID, Object: "model", OwnedBy: p.id})
-		}
-	}
-	return slices.DeleteFunc(data, func(m listedModel) bool { return !mayUse(m.ID) })
-}
-
 // perfEntry is one route's counters in the perf registry (SPEC §13).
 type perfEntry struct {
 	Count          int64   `json:"count"`
@@ -353,7 +334,8 @@ type perfDocument struct {
 	Routes        map[string]perfEntry `json:"routes"`
 }
 
-// perfRegistry keeps one entry per route ever served; record (at most every 30 s) and flush write perf.json, so idle writes nothing.
+// perfRegistry keeps one entry per route ever served; the first record, then one at most every 30 s, and
+// flush (at shutdown) write perf.json, so idle writes nothing.
 type perfRegistry struct {
 	sys
 	path      string     // perf.json; "" when pathErr is set
@@ -363,7 +345,7 @@ type perfRegistry struct {
 	routes    map[string]perfEntry
 	lastFlush time.Time
 	seq       uint64       // snapshots taken for writing, in order
-	file      snapshotFile // perf.json, written in snapshot order
+	file      snapshotFile // perf.json, written in snapshot order: racing writes never leave older numbers
 }
 
 // newPerfRegistry starts from perf.json; a bad one is logged and replaced at the next flush: telemetry never stops serving.
@@ -404,38 +386,30 @@ func (p *perfRegistry) record(route string, ok bool, latency time.Duration, outp
 		}
 		p.routes[route] = e
 	}
+	due := p.now().Sub(p.lastFlush) >= perfFlushEvery // a zero lastFlush is long ago
 	p.mu.Unlock()
-	p.write(false)
+	if p.pathErr != nil {
+		p.unplaced.Do(func() { p.log.Warn("perf_stats_unplaced", "cause", p.pathErr.Error()) })
+	} else if due {
+		p.flush()
+	}
 }
 
-// flush writes perf.json now (at shutdown); without a state directory the numbers are only in memory.
-func (p *perfRegistry) flush() error { return p.write(true) }
-
-// write snapshots the registry into perf.json 30 s after the last flush (even a failed one), or now with force;
-// numbered, so racing writes never leave older numbers.
-func (p *perfRegistry) write(force bool) error {
+// flush writes a snapshot of the registry into perf.json now; without a state directory the numbers are only in memory.
+func (p *perfRegistry) flush() error {
 	if p.pathErr != nil {
-		if !force {
-			p.unplaced.Do(func() { p.log.Warn("perf_stats_unplaced", "cause", p.pathErr.Error()) })
-		}
 		return nil
 	}
-	now := p.now()
 	p.mu.Lock()
-	if !force && now.Sub(p.lastFlush) < perfFlushEvery { // a zero lastFlush is long ago: the first record flushes
-		p.mu.Unlock()
-		return nil
-	}
-	p.lastFlush, p.seq = now, p.seq+1
-	seq, doc := p.seq, perfDocument{SchemaVersion: 1, FlushedAt: now.UTC(), Routes: maps.Clone(p.routes)}
+	p.lastFlush, p.seq = p.now(), p.seq+1
+	seq, doc := p.seq, perfDocument{SchemaVersion: 1, FlushedAt: p.lastFlush.UTC(), Routes: maps.Clone(p.routes)}
 	p.mu.Unlock()
 	b, _ := marshalState(doc) // whole and finite numbers: it cannot fail
-	err := p.file.write(p.path, seq, b)
-	if err != nil {
-		err = fmt.Errorf("write perf telemetry: %w", err)
-		p.log.Warn("perf_stats_flush_failed", "cause", err.Error())
+	if err := p.file.write(p.path, seq, b); err != nil {
+		p.log.Warn("perf_stats_flush_failed", "cause", "write perf telemetry: "+err.Error())
+		return fmt.Errorf("write perf telemetry: %w", err)
 	}
-	return err
+	return nil
 }
 
 func (p *perfRegistry) snapshot() map[string]perfEntry {

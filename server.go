@@ -66,17 +66,27 @@ func (s *server) routes() {
 	handle("POST /v1/messages/count_tokens", s.handleModelCall(false))
 	handle("POST /v1/responses", s.handleChat(dialectResponses))
 	handle("POST /v1/embeddings", s.handleModelCall(true))
-	// A provider's catalogue models are listed when a direct key, or the caller's agent's subscription, can serve them.
+	// Aliases, then a provider's catalogue models when a direct key, or the caller's agent's subscription, can serve them.
 	handle("GET /v1/models", reply(s, 200, noBody, func(r *http.Request, _ *struct{}) (any, error) {
-		ri := infoFrom(r.Context())
-		t, _ := s.reg.aliases(s.hasDirect, nil)
-		data := s.catalog.modelList(t.Aliases, func(p providerInfo) bool {
+		ri, data := infoFrom(r.Context()), []listedModel{}
+		t, _ := s.reg.aliases(s.hasDirect, ri.client.mayUse)
+		for _, a := range t.Aliases {
+			if !strings.HasSuffix(a.Alias, "*") { // a prefix alias is a family of names, not a model id
+				data = append(data, listedModel{ID: a.Alias, Object: "model", OwnedBy: "brama", State: a.State})
+			}
+		}
+		for _, p := range providerTable {
+			serves := p.cred == credDirect && s.hasDirect(p.id)
 			if p.cred == credSubscription && ri.agentID != "" {
 				subs, err := s.engine(ri.agentID, &ri.tally).eligible(ri.agentID, p.id)
-				return err == nil && len(subs) > 0
+				serves = err == nil && len(subs) > 0
 			}
-			return p.cred == credDirect && s.hasDirect(p.id)
-		}, ri.client.mayUse)
+			for _, m := range s.catalog.models(p.id) {
+				if id := p.id + "/" + m.ID; serves && ri.client.mayUse(id) {
+					data = append(data, listedModel{ID: id, Object: "model", OwnedBy: p.id})
+				}
+			}
+		}
 		return map[string]any{"object": "list", "data": data}, nil
 	}))
 	handle("GET /v1/aliases", reply(s, 200, noBody, func(r *http.Request, _ *struct{}) (any, error) {
@@ -94,13 +104,15 @@ func (s *server) routes() {
 		writeMetrics(w, s.perf.snapshot(), extra)
 		return nil
 	})
-	handle("GET /v1/admin/routes", reply(s, 200, noBody, func(r *http.Request, _ *struct{}) (any, error) {
+	handle("GET /v1/admin/routes", func(w http.ResponseWriter, r *http.Request) error {
 		doc, err := s.reg.current()
 		if err != nil {
-			return nil, refuse("state_conflict", "the route registry on disk is invalid: %s", s.hidePath(err.Error(), s.reg.path)).because(err)
+			return refuse("state_conflict", "the route registry on disk is invalid: %s", s.hidePath(err.Error(), s.reg.path)).because(err)
 		}
-		return encodeRegistry(doc), nil
-	}))
+		w.Header().Set("Content-Type", "application/json")
+		w.Write(encodeRegistry(doc)) // the committed file's bytes
+		return nil
+	})
 	handle("PUT /v1/admin/routes", reply(s, 200, requiredBody, func(r *http.Request, b *struct {
 		Alias string `json:"alias"`
 		Route string `json:"route"`
@@ -231,9 +243,7 @@ var testingOnlyBeforeLog func(*http.Request)
 func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.inflight.RLock()
 	defer s.inflight.RUnlock()
-	start, id := time.Now(), make([]byte, 12)
-	rand.Read(id)
-	ri := &requestInfo{tally: tally{requestID: fmt.Sprintf("%x", id)}}
+	start, ri := time.Now(), &requestInfo{tally: tally{requestID: rand.Text()}}
 	w.Header().Set("X-Request-Id", ri.requestID)
 	w.Header().Set("Cache-Control", "no-store") // every answer is one caller's
 	if r.Body == nil || r.Body == http.NoBody {
@@ -266,10 +276,8 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch h, pattern := s.mux.Handler(r); {
 	case !s.guard.allows(r):
 		s.fail(sw, r, refuse("secure_transport_required", "this listener accepts plain HTTP only from loopback or a trusted proxy that received https"))
-	case r.RequestURI == "*": // OPTIONS * (RFC 9110 §9.3.7) names the server, not a route
-		s.fail(sw, r, refuse("not_found", "no route for %s *", r.Method))
-	case r.URL.EscapedPath() != path.Clean(r.URL.EscapedPath()):
-		// An unclean path (//, ., ..) would get the mux's own 307 in HTML; every non-success is an envelope (SPEC §8.1).
+	case r.RequestURI == "*" || r.URL.EscapedPath() != path.Clean(r.URL.EscapedPath()):
+		// OPTIONS * names the server (RFC 9110 §9.3.7); an unclean path (//, ., ..) would get the mux's own 307 in HTML.
 		s.fail(sw, r, refuse("not_found", "no route for %s", r.URL.Path))
 	case pattern == "": // say in the envelope what the mux would answer: 404, or 405 with Allow
 		rec, err := httptest.NewRecorder(), refuse("not_found", "no route for %s", r.URL.Path)
@@ -345,7 +353,7 @@ func (s *server) caller(role string, w http.ResponseWriter, r *http.Request) err
 }
 
 // reply makes f a handler: the body strictly decoded into B as mode says (malformed JSON or an
-// unknown member is a 400 naming it), f's value written with status (a []byte as is).
+// unknown member is a 400 naming it), f's value written with status.
 func reply[B any](s *server, status, mode int, f func(*http.Request, *B) (any, error)) handler {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		var b B
@@ -361,13 +369,7 @@ func reply[B any](s *server, status, mode int, f func(*http.Request, *B) (any, e
 		if n := infoFrom(r.Context()).attemptsKey(); n != nil { // a probe's calls (SPEC §7.4)
 			w.Header().Set("Brama-Attempts", fmt.Sprint(*n))
 		}
-		if raw, ok := v.([]byte); ok {
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(status)
-			w.Write(raw)
-		} else {
-			writeJSON(w, status, v)
-		}
+		writeJSON(w, status, v)
 		return nil
 	}
 }
@@ -530,7 +532,7 @@ func (s *server) routesWritten(alias string, doc *routesDoc, err error) (any, er
 		return nil, err
 	}
 	s.replay.forget(alias, "")
-	return fmt.Appendf(nil, "{\"ok\":true,\"routes\":%s}\n", bytes.TrimSpace(encodeRegistry(doc))), nil
+	return map[string]any{"ok": true, "routes": json.RawMessage(encodeRegistry(doc))}, nil
 }
 
 // handleChat serves a chat route: read the head, resolve, pay, call; the whole body is parsed only to translate (SPEC §7.6).
