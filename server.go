@@ -291,7 +291,7 @@ func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	if ae.Code == "subscription_reauthorization_required" {
 		s.maint.request(ae.Code, cmp.Or(ri.agentID, r.PathValue("agent_id")))
 	}
-	ri.outcome, ri.retryable = ae.Code, ae.retryable()
+	ri.outcome, ri.retryable = ae.Code, ae.Retryable
 	if ae.Attempts != nil { // the engine's own count, when it made calls, wins
 		ri.counted, ri.attempts = true, cmp.Or(ri.attempts, *ae.Attempts)
 	}

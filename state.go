@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strconv"
@@ -17,6 +19,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unicode/utf8"
 )
 
 // sys is the logger and clock Brama's parts take; no constructor has a default.
@@ -518,4 +521,105 @@ func (v *vault) writeUnwritten(log *slog.Logger) {
 			log.Error("credential_refresh_unwritten", "subscriptions", ids, "error", redact(err.Error()))
 		}
 	}
+}
+
+// validator is a document with rules beyond its shape; validate may fill in sections.
+type validator interface{ validate() error }
+
+// decodeStrict is the one strict decoder of state files and admin bodies (SPEC §2.2): no bad UTF-8, deep nesting,
+// duplicate, unknown or case-folded key, or trailing data; then validate.
+func decodeStrict(role string, b []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	err := checkNesting(b)
+	if !utf8.Valid(b) {
+		err = errors.New("not valid UTF-8")
+	}
+	if err == nil {
+		err = checkKeys(json.NewDecoder(bytes.NewReader(b)), reflect.TypeOf(v))
+	}
+	if err == nil {
+		err = dec.Decode(v)
+	}
+	if _, end := dec.Token(); err == nil && end != io.EOF {
+		err = errors.New("data after the JSON document")
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", role, err)
+	}
+	if d, ok := v.(validator); ok {
+		return d.validate()
+	}
+	return nil
+}
+
+// maxJSONDepth is the deepest JSON nesting Brama reads (SPEC §8.2).
+const maxJSONDepth = 1000
+
+var errTooDeep = fmt.Errorf("JSON nests deeper than %d levels", maxJSONDepth)
+
+// checkNesting refuses b too deep before any parser runs, without allocating (issue 10: 3,000,000 deep took the stack).
+func checkNesting(b []byte) error {
+	depth, inString, escaped := 0, false, false
+	for _, c := range b {
+		switch {
+		case escaped:
+			escaped = false
+		case inString:
+			escaped, inString = c == '\\', c != '"'
+		case c == '"':
+			inString = true
+		case c == '[' || c == '{':
+			if depth++; depth > maxJSONDepth {
+				return errTooDeep
+			}
+		case c == ']' || c == '}':
+			depth--
+		}
+	}
+	return nil
+}
+
+// checkKeys refuses, in the value dec reads next (decoded as t; nil: unchecked), a key named twice (encoding/json keeps
+// the last) and a struct member in another case (encoding/json takes it; SPEC §2.2). checkNesting bounded the depth.
+func checkKeys(dec *json.Decoder, t reflect.Type) error {
+	open, err := dec.Token()
+	if err != nil || open != json.Delim('{') && open != json.Delim('[') {
+		return err
+	}
+	for t != nil && t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	var items reflect.Type // a map's members' or an array's items'
+	if t != nil && (t.Kind() == reflect.Map || t.Kind() == reflect.Slice || t.Kind() == reflect.Array) {
+		items = t.Elem()
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		elem := items
+		if open == json.Delim('{') {
+			tok, err := dec.Token() // the decoder allows only a string here
+			if err != nil {
+				return err
+			}
+			key := tok.(string)
+			if seen[key] {
+				return fmt.Errorf("duplicate key %q", key)
+			}
+			seen[key] = true
+			for i := 0; t != nil && t.Kind() == reflect.Struct && i < t.NumField(); i++ {
+				if name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ","); name == key {
+					elem = t.Field(i).Type
+					break
+				} else if strings.EqualFold(name, key) {
+					return fmt.Errorf("unknown member %q (member names are exact: %q)", key, name)
+				}
+			}
+		}
+		if err := checkKeys(dec, elem); err != nil {
+			return err
+		}
+	}
+	_, err = dec.Token() // the closing delimiter
+	return err
 }
