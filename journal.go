@@ -27,9 +27,8 @@ import (
 // journalTimeFormat is every state time (SPEC §9 "at"): RFC 3339 UTC with milliseconds, so times sort as text.
 const journalTimeFormat = "2006-01-02T15:04:05.000Z"
 
-// journalRecord is one journal line (SPEC §9). A field never changes meaning
-// once written: kinds and fields are only ever added. Lines of the retired
-// kinds (check, subscription_refresh) stay readable, their fields skipped.
+// journalRecord is one journal line (SPEC §9). A field never changes meaning once written: kinds and fields are only
+// ever added. Lines of the retired kinds (check, subscription_refresh) stay readable, their fields skipped.
 type journalRecord struct {
 	Kind           string  `json:"kind"`
 	At             string  `json:"at"` // journalTimeFormat
@@ -101,9 +100,8 @@ func newJournal(st state, sy sys) *journal {
 	return j
 }
 
-// ready reports, changing nothing, whether an append could be made now (SPEC
-// §2.1, §4.4): the guarded journal is writable, or its nearest existing
-// ancestor lets this process create files (access(2): W_OK, W_OK|X_OK).
+// ready reports, changing nothing, whether an append could be made now (SPEC §2.1, §4.4): the guarded journal is
+// writable, or its nearest existing ancestor lets this process create files (access(2): W_OK, W_OK|X_OK).
 func (j *journal) ready() error {
 	j.mu.Lock()
 	err := j.broken
@@ -195,12 +193,6 @@ func (j *journal) retired() (map[string]bool, error) {
 	return fo.retire, err
 }
 
-// badLines returns the first unreadable lines and their number, for /readyz.
-func (j *journal) badLines() ([]journalBadLine, int, error) {
-	fo, err := j.folded()
-	return fo.bad, fo.badN, err
-}
-
 // folded folds the lines completed since the last call, logging each bad one, and returns a copy.
 func (j *journal) folded() (journalFold, error) {
 	j.readMu.Lock()
@@ -261,8 +253,7 @@ func (j *journal) scan(fo *journalFold, visit func(journalRecord, string)) (torn
 	return fo.readLines(io.NewSectionReader(f, fo.off, full.size-fo.off), visit)
 }
 
-// readLines counts each complete line of r into fo and visits it parsed; a final line without '\n'
-// (torn, or still being written) is not a line: torn says it is there.
+// readLines visits each complete line of r, parsed; a final line without '\n' (torn, or being written) is only reported.
 func (fo *journalFold) readLines(r io.Reader, visit func(rec journalRecord, reason string)) (torn bool, err error) {
 	br := bufio.NewReader(r)
 	for {
@@ -278,8 +269,7 @@ func (fo *journalFold) readLines(r io.Reader, visit func(rec journalRecord, reas
 	}
 }
 
-// parseJournalLine reads one line or says why not (SPEC §9); unlike decodeStrict it skips unknown kinds and
-// fields, and reads from and to on route_change only.
+// parseJournalLine reads one line or says why not (SPEC §9), skipping unknown fields; from and to on route_change only.
 func parseJournalLine(line []byte) (r journalRecord, reason string) {
 	var m map[string]json.RawMessage
 	err := json.Unmarshal(line, &m)
@@ -310,6 +300,107 @@ func parseJournalLine(line []byte) (r journalRecord, reason string) {
 		}
 	}
 	return r, ""
+}
+
+// validator is a document with rules beyond its shape; validate may fill in sections.
+type validator interface{ validate() error }
+
+// decodeStrict is the one strict decoder of state files and admin bodies (SPEC §2.2): no bad UTF-8, deep nesting,
+// duplicate, unknown or case-folded key, or trailing data; then validate.
+func decodeStrict(role string, b []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	err := checkNesting(b)
+	if !utf8.Valid(b) {
+		err = errors.New("not valid UTF-8")
+	}
+	if err == nil {
+		err = checkKeys(json.NewDecoder(bytes.NewReader(b)), reflect.TypeOf(v))
+	}
+	if err == nil {
+		err = dec.Decode(v)
+	}
+	if _, end := dec.Token(); err == nil && end != io.EOF {
+		err = errors.New("data after the JSON document")
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", role, err)
+	}
+	if d, ok := v.(validator); ok {
+		return d.validate()
+	}
+	return nil
+}
+
+// maxJSONDepth is the deepest JSON nesting Brama reads (SPEC §8.2).
+const maxJSONDepth = 1000
+
+var errTooDeep = fmt.Errorf("JSON nests deeper than %d levels", maxJSONDepth)
+
+// checkNesting refuses b too deep before any parser runs, without allocating (issue 10: 3,000,000 deep took the stack).
+func checkNesting(b []byte) error {
+	depth, inString, escaped := 0, false, false
+	for _, c := range b {
+		switch {
+		case escaped:
+			escaped = false
+		case inString:
+			escaped, inString = c == '\\', c != '"'
+		case c == '"':
+			inString = true
+		case c == '[' || c == '{':
+			if depth++; depth > maxJSONDepth {
+				return errTooDeep
+			}
+		case c == ']' || c == '}':
+			depth--
+		}
+	}
+	return nil
+}
+
+// checkKeys refuses, in the value dec reads next (decoded as t; nil: unchecked), a key named twice (encoding/json keeps
+// the last) and a struct member in another case (encoding/json takes it; SPEC §2.2). checkNesting bounded the depth.
+func checkKeys(dec *json.Decoder, t reflect.Type) error {
+	open, err := dec.Token()
+	if err != nil || open != json.Delim('{') && open != json.Delim('[') {
+		return err
+	}
+	for t != nil && t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	var items reflect.Type // a map's members' or an array's items'
+	if t != nil && (t.Kind() == reflect.Map || t.Kind() == reflect.Slice || t.Kind() == reflect.Array) {
+		items = t.Elem()
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		elem := items
+		if open == json.Delim('{') {
+			tok, err := dec.Token() // the decoder allows only a string here
+			if err != nil {
+				return err
+			}
+			key := tok.(string)
+			if seen[key] {
+				return fmt.Errorf("duplicate key %q", key)
+			}
+			seen[key] = true
+			for i := 0; t != nil && t.Kind() == reflect.Struct && i < t.NumField(); i++ {
+				if name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ","); name == key {
+					elem = t.Field(i).Type
+					break
+				} else if strings.EqualFold(name, key) {
+					return fmt.Errorf("unknown member %q (member names are exact: %q)", key, name)
+				}
+			}
+		}
+		if err := checkKeys(dec, elem); err != nil {
+			return err
+		}
+	}
+	_, err = dec.Token() // the closing delimiter
+	return err
 }
 
 // codes is the one table of SPEC §8.2: a code fixes the HTTP status, the type and whether a caller may retry.

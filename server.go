@@ -477,12 +477,12 @@ func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 	if data, cause := s.catalog.current(); data == nil {
 		warn("%s", cause)
 	}
-	if bad, n, err := s.journal.badLines(); err == nil {
-		for _, b := range bad {
+	if fo, err := s.journal.folded(); err == nil {
+		for _, b := range fo.bad {
 			warn("journal line %d is unreadable: %s", b.Line, b.Reason)
 		}
-		if n > len(bad) {
-			warn("the journal holds %d more unreadable lines (brama journal check lists them)", n-len(bad))
+		if fo.badN > len(fo.bad) {
+			warn("the journal holds %d more unreadable lines (brama journal check lists them)", fo.badN-len(fo.bad))
 		}
 	}
 	invWarnings, subPayer := s.inv.readiness()

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,7 +10,6 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
-	"reflect"
 	"regexp"
 	"slices"
 	"strconv"
@@ -19,7 +17,6 @@ import (
 	"sync"
 	"syscall"
 	"time"
-	"unicode/utf8"
 )
 
 // sys is the logger and clock Brama's parts take; no constructor has a default.
@@ -209,12 +206,6 @@ func (f *stateFile[T]) read() (doc T, id fileIdentity, err error) {
 	return doc, id, err
 }
 
-func (f *stateFile[T]) forget() {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.id = fileIdentity{}
-}
-
 // update is the flocked read-modify-rename (SPEC §2.3); the result must validate.
 func (f *stateFile[T]) update(change func(T) error) error {
 	if f.pathErr != nil {
@@ -239,19 +230,17 @@ func (f *stateFile[T]) update(change func(T) error) error {
 var testingOnlyRename func(oldpath, newpath string) error
 
 // writeFileAtomic is every whole-file writer's owner-only atomic replacement (SPEC §2.2).
-func writeFileAtomic(name string, data []byte) error {
-	if rename := testingOnlyRename; rename != nil {
-		return placeFile(name, data, rename)
-	}
-	return placeFile(name, data, os.Rename)
-}
+func writeFileAtomic(name string, data []byte) error { return placeFile(name, data, testingOnlyRename) }
 
 // publishFile creates name only if it does not exist (fs.ErrExist): a reservation (SPEC §12).
 func publishFile(name string, data []byte) error { return placeFile(name, data, os.Link) }
 
-// placeFile puts data at name by place (rename or link) of a synced 0600 sibling temporary, then syncs the directory.
+// placeFile puts data at name by place (link, else rename) of a synced 0600 sibling temporary, then syncs the directory.
 func placeFile(name string, data []byte, place func(oldpath, newpath string) error) error {
 	dir := filepath.Dir(name)
+	if place == nil {
+		place = os.Rename
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
@@ -355,10 +344,8 @@ func lockServe(s state) (*os.File, error) {
 // staleTempName matches placeFile's temporary names: "." + base + ".tmp" + digits.
 var staleTempName = regexp.MustCompile(`^\.(.+)\.tmp[0-9]+$`)
 
-// removeStaleTemps removes and counts the temporary files a crash left (one
-// may copy the vault's old secrets) in dir, answers/*/, and beside each file of
-// elsewhere outside dir, that file's only. The caller holds serve.lock; beside
-// a <file>.lock, that lock too, not to cut a CLI's write.
+// removeStaleTemps removes and counts a crash's temporary files (one may copy old secrets) in dir, answers/*/, and
+// beside each file of elsewhere outside dir, that file's only. The caller holds serve.lock; beside a <file>.lock, that too.
 func removeStaleTemps(dir string, elsewhere ...string) (n int, err error) {
 	sweeps := [][2]string{{dir, ""}} // a directory, and the one file whose temps go there ("": every file's)
 	answers, _ := os.ReadDir(filepath.Join(dir, "answers"))
@@ -419,9 +406,8 @@ type oauthGrant struct {
 	AccountID    string `json:"account_id,omitempty"`
 }
 
-// vault is vault.json, re-read on change so a CLI's edit reaches the daemon. A rotated grant the vault refused (disk
-// full, EACCES) is not lost (SPEC §17): unwritten keeps it, and each parse puts it in while the vault still holds the
-// refresh token it came from, so every vault write takes it along.
+// vault is vault.json, re-read on change so a CLI's edit reaches the daemon. A rotated grant the vault refused is kept
+// (SPEC §17): each parse puts it in while the vault holds the refresh token it replaced, so every vault write takes it.
 type vault struct {
 	stateFile[*vaultDoc]
 	umu       sync.Mutex // guards unwritten; taken under stateFile's mu, never around it
@@ -491,7 +477,9 @@ func (v *vault) keepUnwritten(id string, old, g oauthGrant) {
 	}
 	v.unwritten[id] = unwrittenGrant{from, g}
 	v.umu.Unlock()
-	v.forget() // the next load parses again, putting g in
+	v.mu.Lock()
+	v.id = fileIdentity{} // the next load parses again, putting g in
+	v.mu.Unlock()
 }
 
 func (v *vault) unwrittenIDs() []string {
@@ -521,105 +509,4 @@ func (v *vault) writeUnwritten(log *slog.Logger) {
 			log.Error("credential_refresh_unwritten", "subscriptions", ids, "error", redact(err.Error()))
 		}
 	}
-}
-
-// validator is a document with rules beyond its shape; validate may fill in sections.
-type validator interface{ validate() error }
-
-// decodeStrict is the one strict decoder of state files and admin bodies (SPEC §2.2): no bad UTF-8, deep nesting,
-// duplicate, unknown or case-folded key, or trailing data; then validate.
-func decodeStrict(role string, b []byte, v any) error {
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	err := checkNesting(b)
-	if !utf8.Valid(b) {
-		err = errors.New("not valid UTF-8")
-	}
-	if err == nil {
-		err = checkKeys(json.NewDecoder(bytes.NewReader(b)), reflect.TypeOf(v))
-	}
-	if err == nil {
-		err = dec.Decode(v)
-	}
-	if _, end := dec.Token(); err == nil && end != io.EOF {
-		err = errors.New("data after the JSON document")
-	}
-	if err != nil {
-		return fmt.Errorf("%s: %w", role, err)
-	}
-	if d, ok := v.(validator); ok {
-		return d.validate()
-	}
-	return nil
-}
-
-// maxJSONDepth is the deepest JSON nesting Brama reads (SPEC §8.2).
-const maxJSONDepth = 1000
-
-var errTooDeep = fmt.Errorf("JSON nests deeper than %d levels", maxJSONDepth)
-
-// checkNesting refuses b too deep before any parser runs, without allocating (issue 10: 3,000,000 deep took the stack).
-func checkNesting(b []byte) error {
-	depth, inString, escaped := 0, false, false
-	for _, c := range b {
-		switch {
-		case escaped:
-			escaped = false
-		case inString:
-			escaped, inString = c == '\\', c != '"'
-		case c == '"':
-			inString = true
-		case c == '[' || c == '{':
-			if depth++; depth > maxJSONDepth {
-				return errTooDeep
-			}
-		case c == ']' || c == '}':
-			depth--
-		}
-	}
-	return nil
-}
-
-// checkKeys refuses, in the value dec reads next (decoded as t; nil: unchecked), a key named twice (encoding/json keeps
-// the last) and a struct member in another case (encoding/json takes it; SPEC §2.2). checkNesting bounded the depth.
-func checkKeys(dec *json.Decoder, t reflect.Type) error {
-	open, err := dec.Token()
-	if err != nil || open != json.Delim('{') && open != json.Delim('[') {
-		return err
-	}
-	for t != nil && t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
-	var items reflect.Type // a map's members' or an array's items'
-	if t != nil && (t.Kind() == reflect.Map || t.Kind() == reflect.Slice || t.Kind() == reflect.Array) {
-		items = t.Elem()
-	}
-	seen := map[string]bool{}
-	for dec.More() {
-		elem := items
-		if open == json.Delim('{') {
-			tok, err := dec.Token() // the decoder allows only a string here
-			if err != nil {
-				return err
-			}
-			key := tok.(string)
-			if seen[key] {
-				return fmt.Errorf("duplicate key %q", key)
-			}
-			seen[key] = true
-			for i := 0; t != nil && t.Kind() == reflect.Struct && i < t.NumField(); i++ {
-				if name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ","); name == key {
-					elem = t.Field(i).Type
-					break
-				} else if strings.EqualFold(name, key) {
-					return fmt.Errorf("unknown member %q (member names are exact: %q)", key, name)
-				}
-			}
-		}
-		if err := checkKeys(dec, elem); err != nil {
-			return err
-		}
-	}
-	_, err = dec.Token() // the closing delimiter
-	return err
 }
