@@ -525,7 +525,7 @@ func (g *replayGuard) rememberer(client string, scope func() string, body rawObj
 		return nil
 	}
 	return func(ae *apiError, attempts int, hungUp, streamed bool) {
-		if attempts == 0 || hungUp || ae.Code == "client_cancelled" || ae.Code == "subscription_reauthorization_required" || ae.retryable() {
+		if attempts == 0 || hungUp || ae.Code == "client_cancelled" || ae.Code == "subscription_reauthorization_required" || ae.Retryable {
 			return
 		}
 		e := replayEntry{status: ae.Status(), code: ae.Code, message: truncateUTF8(ae.Message, maxReplayMessage), alias: c.res.Alias}

@@ -422,7 +422,7 @@ func (e *engine) settle(ctx context.Context, j *job, c call, start time.Time, u 
 	e.t.input, e.t.output = u.InputTokens, u.OutputTokens
 	e.perf.record(c.res.Route, failure == nil, e.now().Sub(start), u.OutputTokens)
 	if failure != nil {
-		e.t.outcome, e.t.retryable = failure.Code, failure.retryable()
+		e.t.outcome, e.t.retryable = failure.Code, failure.Retryable
 	}
 	return failure
 }

@@ -374,7 +374,7 @@ func classifyRefusal(protocol string, status int, header http.Header, body []byt
 	if rejected != 0 {
 		r.err.withStatus(rejected)
 	}
-	if r.err.retryable() {
+	if r.err.Retryable {
 		r.err.RetryAfter = wait // the provider's own wait, on any route (SPEC §8.1)
 	}
 	return r

@@ -299,7 +299,7 @@ func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	if ae.Code == "subscription_reauthorization_required" {
 		s.maint.request(ae.Code, cmp.Or(ri.agentID, r.PathValue("agent_id")))
 	}
-	ri.outcome, ri.retryable = ae.Code, ae.retryable()
+	ri.outcome, ri.retryable = ae.Code, ae.Retryable
 	if ae.Attempts != nil { // the engine's own count, when it made calls, wins
 		ri.counted, ri.attempts = true, cmp.Or(ri.attempts, *ae.Attempts)
 	}
@@ -479,12 +479,12 @@ func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 	if data, cause := s.catalog.current(); data == nil {
 		warn("%s", cause)
 	}
-	if bad, n, err := s.journal.badLines(); err == nil {
-		for _, b := range bad {
+	if fo, err := s.journal.folded(); err == nil {
+		for _, b := range fo.bad {
 			warn("journal line %d is unreadable: %s", b.Line, b.Reason)
 		}
-		if n > len(bad) {
-			warn("the journal holds %d more unreadable lines (brama journal check lists them)", n-len(bad))
+		if fo.badN > len(fo.bad) {
+			warn("the journal holds %d more unreadable lines (brama journal check lists them)", fo.badN-len(fo.bad))
 		}
 	}
 	invWarnings, subPayer := s.inv.readiness()

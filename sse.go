@@ -519,6 +519,16 @@ func inBandError(code string) *apiError {
 	return refuse("provider_incomplete", inBandMessage, code).because(&upstreamStreamError{Code: code, Class: class})
 }
 
+// redactedFor redacts the presented credential from an in-band stream error's code: its reader does not know it (SPEC §8.1).
+func (e *apiError) redactedFor(presented string) *apiError {
+	var se *upstreamStreamError
+	if presented != "" && errors.As(e.Err, &se) {
+		se.Code = redact(se.Code, presented)
+		e.Message = refuse("provider_incomplete", inBandMessage, se.Code).Message
+	}
+	return e
+}
+
 func malformedEvent(protocol string, cause error) *apiError {
 	return refuse("provider_failure", "the provider sent a malformed %s stream event", protocol).because(cause)
 }

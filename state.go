@@ -206,12 +206,6 @@ func (f *stateFile[T]) read() (doc T, id fileIdentity, err error) {
 	return doc, id, err
 }
 
-func (f *stateFile[T]) forget() {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.id = fileIdentity{}
-}
-
 // update is the flocked read-modify-rename (SPEC §2.3); the result must validate.
 func (f *stateFile[T]) update(change func(T) error) error {
 	if f.pathErr != nil {
@@ -236,19 +230,17 @@ func (f *stateFile[T]) update(change func(T) error) error {
 var testingOnlyRename func(oldpath, newpath string) error
 
 // writeFileAtomic is every whole-file writer's owner-only atomic replacement (SPEC §2.2).
-func writeFileAtomic(name string, data []byte) error {
-	if rename := testingOnlyRename; rename != nil {
-		return placeFile(name, data, rename)
-	}
-	return placeFile(name, data, os.Rename)
-}
+func writeFileAtomic(name string, data []byte) error { return placeFile(name, data, testingOnlyRename) }
 
 // publishFile creates name only if it does not exist (fs.ErrExist): a reservation (SPEC §12).
 func publishFile(name string, data []byte) error { return placeFile(name, data, os.Link) }
 
-// placeFile puts data at name by place (rename or link) of a synced 0600 sibling temporary, then syncs the directory.
+// placeFile puts data at name by place (link, else rename) of a synced 0600 sibling temporary, then syncs the directory.
 func placeFile(name string, data []byte, place func(oldpath, newpath string) error) error {
 	dir := filepath.Dir(name)
+	if place == nil {
+		place = os.Rename
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
@@ -352,10 +344,8 @@ func lockServe(s state) (*os.File, error) {
 // staleTempName matches placeFile's temporary names: "." + base + ".tmp" + digits.
 var staleTempName = regexp.MustCompile(`^\.(.+)\.tmp[0-9]+$`)
 
-// removeStaleTemps removes and counts the temporary files a crash left (one
-// may copy the vault's old secrets) in dir, answers/*/, and beside each file of
-// elsewhere outside dir, that file's only. The caller holds serve.lock; beside
-// a <file>.lock, that lock too, not to cut a CLI's write.
+// removeStaleTemps removes and counts a crash's temporary files (one may copy old secrets) in dir, answers/*/, and
+// beside each file of elsewhere outside dir, that file's only. The caller holds serve.lock; beside a <file>.lock, that too.
 func removeStaleTemps(dir string, elsewhere ...string) (n int, err error) {
 	sweeps := [][2]string{{dir, ""}} // a directory, and the one file whose temps go there ("": every file's)
 	answers, _ := os.ReadDir(filepath.Join(dir, "answers"))
@@ -416,9 +406,8 @@ type oauthGrant struct {
 	AccountID    string `json:"account_id,omitempty"`
 }
 
-// vault is vault.json, re-read on change so a CLI's edit reaches the daemon. A rotated grant the vault refused (disk
-// full, EACCES) is not lost (SPEC §17): unwritten keeps it, and each parse puts it in while the vault still holds the
-// refresh token it came from, so every vault write takes it along.
+// vault is vault.json, re-read on change so a CLI's edit reaches the daemon. A rotated grant the vault refused is kept
+// (SPEC §17): each parse puts it in while the vault holds the refresh token it replaced, so every vault write takes it.
 type vault struct {
 	stateFile[*vaultDoc]
 	umu       sync.Mutex // guards unwritten; taken under stateFile's mu, never around it
@@ -488,7 +477,9 @@ func (v *vault) keepUnwritten(id string, old, g oauthGrant) {
 	}
 	v.unwritten[id] = unwrittenGrant{from, g}
 	v.umu.Unlock()
-	v.forget() // the next load parses again, putting g in
+	v.mu.Lock()
+	v.id = fileIdentity{} // the next load parses again, putting g in
+	v.mu.Unlock()
 }
 
 func (v *vault) unwrittenIDs() []string {

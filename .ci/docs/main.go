@@ -1,5 +1,5 @@
 // Command docs checks that TESTING.md accounts for every supported outcome
-// (issue 12): every error code of errors.go's code table and every rule the
+// (issue 12): every error code of journal.go's code table and every rule the
 // seed page states has a row, and every example script and test a row
 // names exists. It prints one line per finding and exits 1 when there is
 // any. Run it from the repository root: go run ./.ci/docs
@@ -67,7 +67,7 @@ var (
 )
 
 func check(dir string) ([]string, error) {
-	codes, err := codeTable(filepath.Join(dir, "errors.go"))
+	codes, err := codeTable(filepath.Join(dir, "journal.go"))
 	if err != nil {
 		return nil, err
 	}
@@ -253,7 +253,7 @@ func slug(h string) string {
 	return b.String()
 }
 
-// codeTable is the keys of errors.go's `codes` map: the one code table.
+// codeTable is the keys of journal.go's `codes` map: the one code table.
 func codeTable(path string) ([]string, error) {
 	f, err := parser.ParseFile(token.NewFileSet(), path, nil, 0)
 	if err != nil {

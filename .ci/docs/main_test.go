@@ -10,7 +10,7 @@ import (
 // TestCheck builds a small repository and shows the check passing on it,
 // then failing for each kind of gap it exists to catch.
 func TestCheck(t *testing.T) {
-	const errorsGo = "package main\n\nvar codes = map[string]int{\n\t\"invalid_request\": 400,\n\t\"not_found\": 404,\n}\n"
+	const journalGo = "package main\n\nvar codes = map[string]int{\n\t\"invalid_request\": 400,\n\t\"not_found\": 404,\n}\n"
 	const testGo = "package main\n\nimport \"testing\"\n\nfunc TestRefusals(t *testing.T) {}\n"
 	complete := "| outcome | example | test | run |\n|---|---|---|---|\n" +
 		"| `invalid_request` | `examples/12-refusals.sh` | `TestRefusals` | `go test -run TestRefusals .` |\n" +
@@ -46,8 +46,8 @@ func TestCheck(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := t.TempDir()
-			md, errs := tt.edit(complete, errorsGo)
-			write(t, dir, "errors.go", errs)
+			md, errs := tt.edit(complete, journalGo)
+			write(t, dir, "journal.go", errs)
 			write(t, dir, "refusals_test.go", testGo)
 			write(t, dir, "TESTING.md", md)
 			write(t, dir, "examples/12-refusals.sh", "#!/bin/sh\n")

@@ -36,7 +36,7 @@ import (
 // layers are the package's files by layer, lowest first (LAYOUT.md): a file
 // may use names of its own layer and the layers below, never above.
 var layers = [][]string{
-	{"state", "errors", "journal"}, // ground
+	{"state", "journal"}, // ground
 	{"providers", "clients", "registry", "subscriptions", "ledger", // domain
 		"oauth", "catalog"},
 	{"formats", "sse", "chat", "messages", "responses", "passthrough", "relay"}, // wire
