@@ -184,7 +184,7 @@ func (j *journal) size() (int64, error) {
 	if errors.Is(err, errFileAbsent) {
 		err = nil
 	}
-	return id.size, err
+	return max(id.size, 0), err // an absent file's identity has size -1
 }
 
 // retired is the retired subscription ids: the later of retire and reinstate in file order decides (SPEC §9).

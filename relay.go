@@ -155,13 +155,10 @@ func relayBuffered(w http.ResponseWriter, cr *callerRequest, c call, resp *http.
 		}
 		u, ct = pw.usage, "application/json" // an assembled answer is Brama's JSON
 	} else if body, err = readWhole(p, resp); err == nil {
-		var b struct {
-			Usage *passthroughUsage `json:"usage"`
+		o, notObject := parseRawObject(body) // not decoded: only its usage is read
+		if u, err = usageOf(p.protocol, o.value("usage")); notObject != nil || err != nil {
+			err = malformedAnswer(p.protocol, cmp.Or(notObject, err))
 		}
-		if err = json.Unmarshal(body, &b); err != nil || rawShape(body) != '{' {
-			err = malformedAnswer(p.protocol, err)
-		}
-		u = b.Usage.count(p.protocol)
 	}
 	if err != nil {
 		return u, asAPIError(err).redactedFor(c.cred.bearer()).withAttempts(attempts)

@@ -112,8 +112,8 @@ func guardFile(role, name string) (fileIdentity, error) {
 func checkFileInfo(role, name string, fi fs.FileInfo, err error) (fileIdentity, error) {
 	why := ""
 	switch {
-	case errors.Is(err, fs.ErrNotExist):
-		return fileIdentity{}, fmt.Errorf("%s %s: %w", role, name, errFileAbsent)
+	case errors.Is(err, fs.ErrNotExist): // size -1: absence is an identity too, kept by a stateFile
+		return fileIdentity{size: -1}, fmt.Errorf("%s %s: %w", role, name, errFileAbsent)
 	case errors.Is(err, syscall.ELOOP) || err == nil && fi.Mode()&fs.ModeSymlink != 0:
 		why = "is a symlink; refusing to follow it"
 	case err != nil:
@@ -176,7 +176,7 @@ type stateFile[T any] struct {
 func (f *stateFile[T]) load() (T, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if id, err := guardFile(f.role, f.path); f.pathErr == nil && err == nil && id == f.id {
+	if id, _ := guardFile(f.role, f.path); f.id != (fileIdentity{}) && id == f.id {
 		return f.doc, f.err
 	}
 	f.doc, f.id, f.err = f.read()
@@ -191,7 +191,7 @@ func (f *stateFile[T]) fresh() (T, error) {
 	return doc, err
 }
 
-// read reads and parses the file; the identity is zero unless bytes reached parse.
+// read reads and parses the file; the identity is zero unless parse ran.
 func (f *stateFile[T]) read() (doc T, id fileIdentity, err error) {
 	if f.pathErr != nil {
 		return doc, id, f.pathErr

@@ -2,6 +2,8 @@ package main
 
 import (
 	"log/slog"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 )
@@ -28,4 +30,28 @@ func (w testLogWriter) Write(p []byte) (int, error) {
 func readVault(path string) (*vaultDoc, fileIdentity, error) {
 	doc, err := newVault(path, nil).fresh()
 	return doc, fileIdentity{}, err
+}
+
+// TestStateFileKeepsAbsence: an absent file's document is kept like a present one's (SPEC §2.3), so a
+// request does not open and parse a routes file that is not there; the file appearing is read at once.
+func TestStateFileKeepsAbsence(t *testing.T) {
+	path, parses := filepath.Join(t.TempDir(), "routes.json"), 0
+	f := stateFile[int]{role: "test file", path: path, parse: func(b []byte) (int, error) {
+		parses++
+		return len(b), nil
+	}}
+	for range 3 {
+		if n, err := f.load(); n != 0 || err != nil {
+			t.Fatalf("absent: %d, %v", n, err)
+		}
+	}
+	if parses != 1 {
+		t.Errorf("absent file parsed %d times in 3 loads, want once", parses)
+	}
+	if err := os.WriteFile(path, []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := f.load(); n != 2 || err != nil || parses != 2 {
+		t.Errorf("after the file appeared: %d, %v after %d parses, want its 2 bytes read at once", n, err, parses)
+	}
 }
