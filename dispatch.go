@@ -51,15 +51,15 @@ var budgets = map[routeKind]budget{
 // skips, from which a walk without an answer chooses its one refusal (§7.2.5).
 type engine struct {
 	*core
-	agent              string    // the paying agent of this request ("" for a direct route)
-	t                  *tally    // the request's record (server.go's requestInfo) written in place
-	reasons            []string  // "<subscription id or route>: <reason>"
-	rate, quota, auth  bool      // a call was refused 429, for quota, 401/403
-	rejectedStatus     int       // (selectors) the last 400, 404, 413 or 422 (SPEC §7.2.5 e)
-	refreshTransport   *apiError // the first refresh that met no answer (SPEC §7.2.3)
-	blockEnd           time.Time // the earliest end of a block met
-	refreshed, skipped []string  // grants refreshed in this request; those whose refresh failed (SPEC §7.2.3)
-	route              string    // (selectors) the candidate being walked, which every note names (SPEC §7.3)
+	agent              string      // the paying agent of this request ("" for a direct route)
+	t                  *tally      // the request's record (server.go's requestInfo) written in place
+	reasons            []string    // "<subscription id or route>: <reason>"
+	rate, quota, auth  bool        // a call was refused 429, for quota, 401/403
+	rejectedStatus     int         // (selectors) the last 400, 404, 413 or 422 (SPEC §7.2.5 e)
+	refreshTransport   *apiError   // the first refresh that met no answer (SPEC §7.2.3)
+	blocks             []time.Time // the ends of the blocks met
+	refreshed, skipped []string    // grants refreshed in this request; those whose refresh failed (SPEC §7.2.3)
+	route              string      // (selectors) the candidate being walked, which every note names (SPEC §7.3)
 }
 
 // tally is one request's account: what the log line learns from the engine.
@@ -85,7 +85,7 @@ type job struct {
 
 // plan resolves a request's head and makes every check before dispatch but
 // §6.4's output limit: allowlist, model, who pays, direct key.
-func (e *engine) plan(cl client, agent string, req *chatRequest) (call, error) {
+func (e *engine) plan(cl client, req *chatRequest) (call, error) {
 	if !cl.mayUse(req.Model) { // SPEC §3.1
 		return call{}, refuse("forbidden", "this client may not use model %q", req.Model)
 	}
@@ -100,7 +100,7 @@ func (e *engine) plan(cl client, agent string, req *chatRequest) (call, error) {
 	c := call{res: res, baseURL: res.BaseURL}
 	switch {
 	case res.Mode != modeDirect && res.Mode != modeAlias:
-		if agent == "" {
+		if e.agent == "" {
 			err = refuse("forbidden", "this route is paid by an agent's subscriptions; use a bearer bound to an agent: brama clients add ID -agent AGENT")
 		}
 	case res.Provider.cred == credDirect:
@@ -130,7 +130,7 @@ func (e *engine) baseURL(p providerInfo) (string, error) {
 // planChat is plan plus a chat call's output limit (SPEC §6.4), a
 // selector's candidates, and the translation parse if a call crosses formats.
 func (e *engine) planChat(cl client, req *callerRequest) (c call, cands []resolution, err error) {
-	if c, err = e.plan(cl, e.agent, &req.head); err != nil {
+	if c, err = e.plan(cl, &req.head); err != nil {
 		return c, nil, err
 	}
 	if models := req.body.value("models"); cl.AllowedModels != nil && c.res.Provider.id == "openrouter" && models != nil {
@@ -269,7 +269,7 @@ candidates:
 				}
 				continue
 			case ref.class == refusalRate || ref.class == refusalQuota:
-				e.metBlock(e.block(*sub, ref.retryAfter, ref.sentence))
+				e.blocks = append(e.blocks, e.block(*sub, ref.retryAfter, ref.sentence))
 				e.rate, e.quota = e.rate || ref.class == refusalRate, e.quota || ref.class == refusalQuota
 				e.note(sub.ID, map[bool]string{true: "rate limited: ", false: "quota exhausted: "}[ref.class == refusalRate]+ref.sentence)
 				continue
@@ -316,7 +316,7 @@ func (e *engine) exhausted(res resolution, tried bool, unfit *apiError) *apiErro
 		ae = refuse("credential_unauthorized", "no subscription of agent %q can serve %s", e.agent, route)
 	case n == 0 && e.refreshTransport != nil:
 		ae = e.refreshTransport
-	case n == 0 && !e.blockEnd.IsZero(): // no call, so every block met was a skip
+	case n == 0 && len(e.blocks) > 0: // no call, so every block met was a skip
 		ae = refuse("subscription_unavailable", "every eligible subscription is blocked: %s", list)
 	case n == 0:
 		ae = refuse("subscription_reauthorization_required", "no subscription could be refreshed; sign in again: %s", list)
@@ -331,8 +331,8 @@ func (e *engine) exhausted(res resolution, tried bool, unfit *apiError) *apiErro
 	default:
 		ae = refuse("provider_failure", "every candidate was refused: %s", list)
 	}
-	if ae.Status() == http.StatusTooManyRequests && !e.blockEnd.IsZero() { // SPEC §7.2.5
-		ae.RetryAfter = max(e.blockEnd.Sub(e.now()), time.Second)
+	if ae.Status() == http.StatusTooManyRequests && len(e.blocks) > 0 { // SPEC §7.2.5
+		ae.RetryAfter = max(slices.MinFunc(e.blocks, time.Time.Compare).Sub(e.now()), time.Second)
 	}
 	return ae.withAttempts(n)
 }
@@ -482,12 +482,9 @@ func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, c call, req
 			u, err = sa.translate(p.protocol, resp.Body)
 		}
 		if err != nil {
-			failure = asAPIError(err).redactedFor(c.cred.bearer()).withAttempts(attempts)
-			if ctx.Err() != nil {
-				failure = refuse("client_cancelled", "the caller hung up during the stream").because(err).withAttempts(attempts)
-			}
-			if e.t.remember != nil { // before the caller can read it and fall back
-				e.t.remember(failure, attempts, false, true)
+			failure = asAPIError(err).redactedFor(c.cred.bearer()).withAttempts(attempts) // a hang-up's is settle's
+			if e.t.remember != nil {                                                      // before the caller can read it and fall back
+				e.t.remember(failure, attempts, ctx.Err() != nil, true)
 			}
 			sa.do(func() error { return sa.cs.fail(failure) })
 			e.log.Warn("stream_failed_after_commit", "request_id", e.t.requestID, "code", failure.Code, "cause", redact(fmt.Sprint(failure.Err), c.cred.bearer()))

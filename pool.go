@@ -44,16 +44,13 @@ func (e *engine) candidates(res resolution) ([]resolution, error) {
 	if doc, err := e.reg.current(); err == nil && doc != nil {
 		aliases = doc.Routes
 	}
-	items, err := e.inv.pool(e.agent, "")
 	var provs []string
 	free := map[string][]float64{} // each provider with an eligible subscription: its freest one's
-	for _, it := range items {
-		if _, seen := free[it.Provider]; seen || err != nil {
-			continue
-		}
-		var subs []overlayItem
-		if subs, err = e.eligible(e.agent, it.Provider); len(subs) > 0 {
-			free[it.Provider], provs = e.freedomOf(subs[0].ID, e.now()), append(provs, it.Provider)
+	for _, p := range providerTable {
+		if subs, err := e.eligible(e.agent, p.id); err != nil {
+			return nil, err
+		} else if len(subs) > 0 {
+			free[p.id], provs = e.freedomOf(subs[0].ID, e.now()), append(provs, p.id)
 		}
 	}
 	slices.SortFunc(provs, func(a, b string) int { return cmp.Or(slices.Compare(free[a], free[b]), strings.Compare(a, b)) })
@@ -82,7 +79,7 @@ func (e *engine) candidates(res resolution) ([]resolution, error) {
 			add(p + "/" + m.ID)
 		}
 	}
-	return out, err
+	return out, nil
 }
 
 // eligible is the agent's non-retired subscriptions of provider with an
@@ -121,7 +118,7 @@ var errSkipSubscription = errors.New("subscription skipped")
 // hand) is skipped and marked for a sign-in (SPEC §17).
 func (e *engine) subscriptionCredential(ctx context.Context, kind routeKind, sub overlayItem, refusedToken string) (upstreamCredential, error) {
 	if until := e.ledger.blockedUntil(sub.ID); budgets[kind].rotate && !until.IsZero() {
-		e.metBlock(until)
+		e.blocks = append(e.blocks, until)
 		e.note(sub.ID, "blocked until "+until.UTC().Format(time.RFC3339))
 		return upstreamCredential{}, errSkipSubscription
 	} else if kind != kindProbe && e.ledger.credentialState(sub.ID) != credActive { // the probe may revive it
@@ -196,13 +193,6 @@ func (e *engine) block(sub overlayItem, stated time.Duration, why string) time.T
 	return until
 }
 
-// metBlock keeps the earliest end of a block the walk met.
-func (e *engine) metBlock(until time.Time) {
-	if e.blockEnd.IsZero() || until.Before(e.blockEnd) {
-		e.blockEnd = until
-	}
-}
-
 // probe runs one completion probe on the live subscription it with model
 // ("": the built-in one), as a request would meet it (SPEC §11.3); 409 before
 // any call when blocked or model-less. Its answer: the probe and the row after it.
@@ -223,12 +213,10 @@ func (e *engine) probe(ctx context.Context, it overlayItem, model string) (any, 
 	res.Mode = modeSubscription // paid by the probed subscription, whatever its provider
 	u, ae := e.ping(ctx, call{res: res}, []overlayItem{it})
 	ok, detail := ae == nil, fmt.Sprintf("%s answered (%d output tokens)", res.Route, u.OutputTokens)
-	switch {
-	case ok:
-	case e.t.attempts == 0 && len(e.reasons) == 0: // refused before any call, as a probe's own refusal
+	if !ok && e.t.attempts == 0 && len(e.reasons) == 0 { // refused before any call, as a probe's own refusal
 		ae.Attempts = nil
 		return nil, ae
-	default: // the provider refused, its answer could not be read, or the grant could not be refreshed
+	} else if !ok { // the provider refused, its answer could not be read, or the grant could not be refreshed
 		detail = ae.Message
 	}
 	e.ledger.recordProbe(it.ID, res.Provider.id, ok, detail)
@@ -236,12 +224,9 @@ func (e *engine) probe(ctx context.Context, it overlayItem, model string) (any, 
 		e.ledger.setCredential(it.ID, res.Provider.id, credActive, "") // SPEC §10.3: a successful probe reactivates
 	}
 	e.inv.invalidate() // the listing shows the probe at once (SPEC §10.2)
-	msg, level := "usage_probe_ok", slog.LevelInfo
-	if !ok {
-		msg, level = "usage_probe_failed", slog.LevelWarn
-	}
-	e.log.Log(ctx, level, msg, "request_id", e.t.requestID, "subscription_id", it.ID, "agent_id", e.agent,
-		"provider", res.Provider.id, "route", res.Route, "detail", ledgerSentence(detail))
+	level := map[bool]slog.Level{true: slog.LevelInfo, false: slog.LevelWarn}[ok]
+	e.log.Log(ctx, level, map[bool]string{true: "usage_probe_ok", false: "usage_probe_failed"}[ok], "request_id", e.t.requestID,
+		"subscription_id", it.ID, "agent_id", e.agent, "provider", res.Provider.id, "route", res.Route, "detail", ledgerSentence(detail))
 	row := e.inv.row(it, false, e.now())
 	return map[string]any{"ok": true, "probe": cmp.Or(row.Probe, &ledgerCheck{}), "subscription": row}, nil
 }
@@ -274,42 +259,10 @@ func pingRequest(route string, p providerInfo) chatRequest {
 	return req
 }
 
-// donation is the strict body (and the CLI's request) of POST …/subscriptions/{agent_id}.
-type donation struct {
-	Provider string      `json:"provider"`
-	Label    string      `json:"label"`
-	APIKey   string      `json:"api_key"`
-	OAuth    *oauthGrant `json:"oauth"`
-}
-
-// donatedSubscription is the 201 answer: metadata only, never the secret.
-type donatedSubscription struct {
-	ID       string `json:"id"`
-	Provider string `json:"provider"`
-	AgentID  string `json:"agent_id"`
-	Label    string `json:"label"`
-	Status   string `json:"status"`
-}
-
-// credentialBody is the strict body of PUT …/credential: exactly one of
-// an OAuth grant or an API key (checkCredential enforces "exactly").
-type credentialBody struct {
-	OAuth  *oauthGrant `json:"oauth"`
-	APIKey string      `json:"api_key"`
-}
-
-// stores are the state files an engine reads (main.go's deps adds the clients file).
-type stores struct {
-	st      state
-	vault   *vault
-	journal *journal
-	reg     *registry
-}
-
 // core is the daemon's parts that the server and every request's engine
 // share, built once by serve.
 type core struct {
-	stores     // st, vault, journal, reg
+	deps       // the state files
 	sys        // log, now
 	getenv     func(string) string
 	localCreds map[string]string // -local-credentials-stdin's keys; non-nil: the only direct ones (SPEC §16)
@@ -371,11 +324,6 @@ func (c *core) hasDirect(provider string) bool {
 // anyDirectPayer reports whether something could serve without an agent
 // (SPEC §13, §14): a direct credential or a declared deployment.
 func (c *core) anyDirectPayer() bool {
-	if doc, err := c.reg.current(); len(c.localCreds) > 0 || (err == nil && len(doc.Deployments) > 0) {
-		return true
-	}
-	vd, err := c.vault.load()
-	return c.localCreds == nil && err == nil && slices.ContainsFunc(slices.Collect(maps.Values(vd.Direct)), func(k vaultCredential) bool {
-		return k.APIKey != ""
-	})
+	doc, err := c.reg.current()
+	return err == nil && len(doc.Deployments) > 0 || slices.ContainsFunc(providerTable, func(p providerInfo) bool { return c.hasDirect(p.id) })
 }
