@@ -183,22 +183,23 @@ func (e *engine) attemptRoute(ctx context.Context, j *job, c call, req *callerRe
 	var unfit *apiError // a candidate skipped: no max_tokens known, or a request its format cannot express
 candidates:
 	for _, res := range sels {
-		p, pool, queue := res.Provider, j.pool, []overlayItem{{}} // a direct key makes the one call
-		cand, creq := c, req
-		if selecting {
-			e.route, cand.res = res.Route, res
+		p, cand, creq := res.Provider, c, req
+		if cand.res = res; selecting {
+			e.route = res.Route
 		}
-		if res.Mode != modeDirect && res.Mode != modeAlias { // a pool pays
+		queue, pays := []overlayItem{{}}, res.Mode != modeDirect && res.Mode != modeAlias // a direct key makes the one call
+		if pays {
 			var err error
-			if pool == nil && poolRefused[p.id] {
+			switch queue = j.pool; {
+			case poolRefused[p.id]:
 				e.note(res.Route, "skipped: every "+p.id+" subscription already refused")
 				continue
-			} else if pool == nil {
-				if pool, err = e.eligible(e.agent, p.id); err != nil {
+			case queue == nil:
+				if queue, err = e.eligible(p.id); err != nil {
 					return asAPIError(err).withAttempts(e.t.attempts)
 				}
 			}
-			if len(pool) == 0 {
+			if len(queue) == 0 {
 				e.note(res.Route, fmt.Sprintf("no usable %q subscription", p.id))
 				continue
 			}
@@ -214,14 +215,13 @@ candidates:
 			if cand.baseURL, err = e.baseURL(p); err != nil {
 				return asAPIError(err)
 			}
-			queue = slices.Clone(pool)
 		}
 		begin, before, rejected := e.now(), e.t.attempts, false
 		for calls := 0; len(queue) > 0 && calls < b.calls && !rejected; {
 			c, sub := cand, &queue[0]
 			queue = queue[1:]
 			var err error
-			if pool == nil {
+			if !pays {
 				sub = nil
 			} else if c.cred, err = e.subscriptionCredential(ctx, j.kind, *sub, ""); errors.Is(err, errSkipSubscription) {
 				continue
@@ -255,17 +255,10 @@ candidates:
 				if (!b.rotate || c.cred.AccessToken == "" || slices.Contains(e.refreshed, sub.ID)) && !e.credentialReplaced(*sub, c.cred) {
 					e.ledger.setCredential(sub.ID, p.id, credNeedsReauth, cmp.Or(ref.sentence, ref.err.Message))
 					e.note(sub.ID, "authentication refused: "+ref.sentence)
-					continue
-				}
-				// Refresh a grant not yet refreshed here, retry if a call remains.
-				_, err := e.subscriptionCredential(ctx, j.kind, *sub, c.cred.AccessToken)
-				if err != nil && !errors.Is(err, errSkipSubscription) {
+				} else if _, err := e.subscriptionCredential(ctx, j.kind, *sub, c.cred.AccessToken); err == nil && calls < b.calls {
+					queue = append([]overlayItem{*sub}, queue...) // refreshed: retried while a call remains
+				} else if err != nil && !errors.Is(err, errSkipSubscription) {
 					return asAPIError(err).withAttempts(e.t.attempts)
-				} else if err == nil {
-					e.note(sub.ID, "refused the access token; refreshed")
-					if calls < b.calls {
-						queue = append([]overlayItem{*sub}, queue...)
-					}
 				}
 				continue
 			case ref.class == refusalRate || ref.class == refusalQuota:
@@ -384,18 +377,16 @@ func (e *engine) commit(ctx context.Context, j *job, c call, req *callerRequest,
 	start time.Time) *apiError {
 	defer resp.Body.Close()
 	p, now := c.res.Provider.id, e.now()
-	until := now.Add(maxPin)
-	if sub != nil {
+	u, ae, streamed := j.commit(ctx, c, req, resp)
+	if sub != nil && budgets[j.kind].spends {
+		e.ledger.recordUse(sub.ID, p, ae == nil, u.InputTokens, u.OutputTokens)
 		led, _ := e.ledger.entry(sub.ID) // its windows: this answer's and a usage report's (SPEC §7.2.2)
+		until := now.Add(maxPin)
 		for _, win := range led.Windows {
 			if at := time.UnixMilli(win.ResetsAtMs); win.ResetsAtMs > 0 && at.After(now) && at.Before(until) {
 				until = at
 			}
 		}
-	}
-	u, ae, streamed := j.commit(ctx, c, req, resp)
-	if sub != nil && budgets[j.kind].spends {
-		e.ledger.recordUse(sub.ID, p, ae == nil, u.InputTokens, u.OutputTokens)
 		if ae == nil { // only a success pins (SPEC §7.2.4)
 			e.pins.Store(e.agent+"\x00"+p, pin{sub.ID, until})
 		}

@@ -118,6 +118,30 @@ func openDeps(getenv func(string) string, sy sys) deps {
 	return deps{st, newVault(vpath, verr), j, newRegistry(rpath, rerr, j, sy.log), newClientStore(cpath, cerr)}
 }
 
+// readLocalCredentials reads `{"provider":"api key",…}` from stdin when asked, keys trimmed as credentials set trims
+// them; nil when not asked (the vault's keys are read).
+func readLocalCredentials(asked bool, r io.Reader) (map[string]string, error) {
+	if !asked {
+		return nil, nil
+	}
+	b, err := io.ReadAll(r)
+	creds := map[string]string{}
+	if err == nil {
+		err = decodeStrict("-local-credentials-stdin", b, &creds)
+	}
+	if err == nil && creds == nil { // null: no map, and the vault's keys would be read
+		err = errors.New("-local-credentials-stdin: not a JSON object")
+	}
+	for p, key := range creds {
+		if info, ok := lookupProvider(p); err == nil && (!ok || info.cred != credDirect) {
+			err = fmt.Errorf("-local-credentials-stdin: %q is not a provider that takes a direct API key", p)
+		} else if creds[p] = strings.TrimSpace(key); err == nil && (creds[p] == "" || !printable(creds[p])) {
+			err = fmt.Errorf("-local-credentials-stdin: the API key for %q is empty or not one line of printable text", p)
+		}
+	}
+	return creds, err
+}
+
 // newLogger makes the JSON slog logger at BRAMA_LOG_LEVEL (info unless level names another).
 func newLogger(w io.Writer, level string) *slog.Logger {
 	var lv slog.Level

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"maps"
 	"net/http"
@@ -47,7 +46,7 @@ func (e *engine) candidates(res resolution) ([]resolution, error) {
 	var provs []string
 	free := map[string][]float64{} // each provider with an eligible subscription: its freest one's
 	for _, p := range providerTable {
-		if subs, err := e.eligible(e.agent, p.id); err != nil {
+		if subs, err := e.eligible(p.id); err != nil {
 			return nil, err
 		} else if len(subs) > 0 {
 			free[p.id], provs = e.freedomOf(subs[0].ID, e.now()), append(provs, p.id)
@@ -85,27 +84,23 @@ func (e *engine) candidates(res resolution) ([]resolution, error) {
 // eligible is the agent's non-retired subscriptions of provider with an
 // active credential, in order: blocked last, then freest first, the pinned
 // one first among equals, ties in overlay order (SPEC §2.3, §7.2.2).
-func (e *engine) eligible(agent, provider string) ([]overlayItem, error) {
-	pool, err := e.inv.pool(agent, provider)
+func (e *engine) eligible(provider string) ([]overlayItem, error) {
+	pool, err := e.inv.pool(e.agent, provider)
 	now, free := e.now(), map[string][]float64{}
 	pool = slices.DeleteFunc(pool, func(it overlayItem) bool { return e.ledger.credentialState(it.ID) != credActive })
 	for _, it := range pool {
 		free[it.ID] = append(e.freedomOf(it.ID, now), 1)
 	}
-	if pn, ok := e.pins.Load(agent + "\x00" + provider); ok && now.Before(pn.(pin).until) && free[pn.(pin).id] != nil {
+	if pn, ok := e.pins.Load(e.agent + "\x00" + provider); ok && now.Before(pn.(pin).until) && free[pn.(pin).id] != nil {
 		free[pn.(pin).id][2] = 0 // first among equals
 	}
 	slices.SortStableFunc(pool, func(a, b overlayItem) int { return slices.Compare(free[a.ID], free[b.ID]) })
 	return pool, err
 }
 
-// freedomOf is how free a subscription is, compared in order (SPEC §7.2.2).
+// freedomOf is how free a subscription is, compared in order (SPEC §7.2.2): unblocked first, then the least full.
 func (e *engine) freedomOf(id string, now time.Time) []float64 {
-	blocked := 0.0
-	if !e.ledger.blockedUntil(id).IsZero() {
-		blocked = 1
-	}
-	return []float64{blocked, e.ledger.fullness(id, now)}
+	return []float64{map[bool]float64{true: 0, false: 1}[e.ledger.blockedUntil(id).IsZero()], e.ledger.fullness(id, now)}
 }
 
 // errSkipSubscription: no call on this subscription; the walk noted why.
@@ -154,7 +149,9 @@ func (e *engine) subscriptionCredential(ctx context.Context, kind routeKind, sub
 				e.skipped = append(e.skipped, sub.ID)
 				return upstreamCredential{}, errSkipSubscription
 			}
-			g = &ng
+			if g = &ng; refusedToken != "" {
+				e.note(sub.ID, "refused the access token; refreshed")
+			}
 		}
 		cred = upstreamCredential{AccessToken: g.AccessToken, AccountID: g.AccountID}
 	}
@@ -289,30 +286,6 @@ func (c *core) directKey(provider string) (string, error) {
 		return "", err
 	}
 	return "", nil
-}
-
-// readLocalCredentials reads `{"provider":"api key",…}` from stdin when asked, keys trimmed as credentials set trims
-// them; nil when not asked (the vault's keys are read).
-func readLocalCredentials(asked bool, r io.Reader) (map[string]string, error) {
-	if !asked {
-		return nil, nil
-	}
-	b, err := io.ReadAll(r)
-	creds := map[string]string{}
-	if err == nil {
-		err = decodeStrict("-local-credentials-stdin", b, &creds)
-	}
-	if err == nil && creds == nil { // null: no map, and the vault's keys would be read
-		err = errors.New("-local-credentials-stdin: not a JSON object")
-	}
-	for p, key := range creds {
-		if info, ok := lookupProvider(p); err == nil && (!ok || info.cred != credDirect) {
-			err = fmt.Errorf("-local-credentials-stdin: %q is not a provider that takes a direct API key", p)
-		} else if creds[p] = strings.TrimSpace(key); err == nil && (creds[p] == "" || !printable(creds[p])) {
-			err = fmt.Errorf("-local-credentials-stdin: the API key for %q is empty or not one line of printable text", p)
-		}
-	}
-	return creds, err
 }
 
 // hasDirect reports whether a direct credential exists for provider.

@@ -71,7 +71,7 @@ func (s *server) routes() {
 		t, _ := s.reg.aliases(s.hasDirect, nil)
 		data := s.catalog.modelList(t.Aliases, func(p providerInfo) bool {
 			if p.cred == credSubscription && ri.agentID != "" {
-				subs, err := s.engine(ri.agentID, &ri.tally).eligible(ri.agentID, p.id)
+				subs, err := s.engine(ri.agentID, &ri.tally).eligible(p.id)
 				return err == nil && len(subs) > 0
 			}
 			return p.cred == credDirect && s.hasDirect(p.id)
