@@ -13,9 +13,8 @@ import (
 	"time"
 )
 
-// The attempt engine (SPEC §7): plan checks before dispatch, attemptRoute
-// walks candidates and payers within the budget table, send counts each call,
-// commit holds the one abort, settle records spend once. Every call kind uses it.
+// The attempt engine (SPEC §7): plan checks before dispatch, attemptRoute walks candidates and payers within the budget
+// table, send counts each call, commit holds the one abort, settle records spend once. Every call kind uses it.
 
 // routeKind is what the budget table is keyed by.
 type routeKind int
@@ -46,9 +45,8 @@ var budgets = map[routeKind]budget{
 	kindCountTokens:  {calls: 1},
 }
 
-// engine is one request's attempt engine: the daemon's parts, the request's
-// account (tally) for the log line, and the walk's account of its calls and
-// skips, from which a walk without an answer chooses its one refusal (§7.2.5).
+// engine is one request's attempt engine: the daemon's parts, the log line's tally, and the walk's account of its calls
+// and skips, from which a walk without an answer chooses its one refusal (§7.2.5).
 type engine struct {
 	*core
 	agent              string      // the paying agent of this request ("" for a direct route)
@@ -169,11 +167,9 @@ func (e *engine) applyMaxTokens(req *chatRequest, res resolution) error {
 	return nil
 }
 
-// attemptRoute serves c with j (SPEC §7.1–§7.3): c's route, or a selector's
-// candidates each with its own output limit, paid by a direct key, the probed
-// subscription or the agent's pool (read when reached; one that refused all is
-// skipped after). A rotating kind moves on only after a refusal proving nothing
-// was generated: a second call could double cost or tool effects.
+// attemptRoute serves c with j (SPEC §7.1–§7.3): c's route, or a selector's candidates each with its own output limit,
+// paid by a direct key, the probed subscription or the agent's pool (read when reached; one that refused all is skipped
+// after). A rotating kind moves on only after a refusal proving nothing was generated: else cost or tool effects double.
 func (e *engine) attemptRoute(ctx context.Context, j *job, c call, req *callerRequest, sels []resolution) *apiError {
 	b, selecting := budgets[j.kind], j.kind == kindSelector
 	if !selecting {
@@ -333,9 +329,8 @@ func (e *engine) exhausted(res resolution, tried bool, unfit *apiError) *apiErro
 // testingOnlyBeforeCall runs as send starts a call (nil in production).
 var testingOnlyBeforeCall func(context.Context)
 
-// send makes one provider call, the one place an attempt is counted: a 2xx
-// with its body unread, else the failure (and a whole non-2xx's refusal);
-// plan windows reach sub's ledger from every answer (SPEC §6.3).
+// send makes one provider call, the one place an attempt is counted: a 2xx with its body unread, else the failure (and a
+// whole non-2xx's refusal); plan windows reach sub's ledger from every answer (SPEC §6.3).
 func (e *engine) send(hr *http.Request, c call, sub *overlayItem) (*http.Response, *providerRefusal, *apiError) {
 	p := c.res.Provider
 	if testingOnlyBeforeCall != nil {
@@ -369,10 +364,8 @@ func (e *engine) send(hr *http.Request, c call, sub *overlayItem) (*http.Respons
 	return nil, &ref, ref.err
 }
 
-// commit answers from a committed call, never retried (SPEC §7.5), and
-// keeps sub's ledger: plan windows, spend, a success's pin until the
-// earliest window reset, a block after an in-band rate or quota error. A
-// failed stream, its in-band error written, aborts the response: the one abort.
+// commit answers from a committed call, never retried (SPEC §7.5), and keeps sub's ledger: spend, a success's pin until
+// the earliest window reset, a block after an in-band rate or quota error. A failed stream aborts: the one abort.
 func (e *engine) commit(ctx context.Context, j *job, c call, req *callerRequest, sub *overlayItem, resp *http.Response,
 	start time.Time) *apiError {
 	defer resp.Body.Close()
@@ -440,9 +433,8 @@ func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *call
 	return ae
 }
 
-// deliver answers from a committed call, passthrough or translated, naming
-// the model asked (a selector's: its candidate's route); a stream's failure
-// is written in-band (streamed), a buffered one not.
+// deliver answers from a committed call, passthrough or translated, naming the model asked (a selector's: its
+// candidate's route); a stream's failure is written in-band (streamed), a buffered one not.
 func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, c call, req *callerRequest, resp *http.Response) (
 	u usage, failure *apiError, streamed bool) {
 	w.Header().Set("Brama-Route", c.res.Route)

@@ -15,8 +15,7 @@ import (
 	"time"
 )
 
-// Who pays (SPEC §7.2, §7.3, §11.3): pools, refresh, blocks, selectors'
-// candidates, the probe; the daemon's parts the engine works with.
+// Who pays (SPEC §7.2, §7.3, §11.3): pools, refresh, blocks, selectors' candidates, the probe; the daemon's parts.
 
 // Block lengths (SPEC §7.2.4) and the probe's output limit (§11.3).
 const (
@@ -26,18 +25,15 @@ const (
 	probeMaxTokens = 16
 )
 
-// pin is the subscription that last served an agent's provider, until its
-// earliest window reset (at most 24 h); the engine's pins, memory only.
+// pin is the subscription that last served an agent's provider, until its earliest window reset (at most 24 h); memory only.
 type pin struct {
 	id    string
 	until time.Time
 }
 
-// candidates lists the routes a selector or best walks, in order (SPEC
-// §7.3): best's, then each model of each provider where the agent has an
-// eligible subscription, freest first (ties by id): every alias's P/…
-// destination (alias-name order), then the catalogue's three newest text
-// models of P's vendor; any-vision-capable keeps those taking images.
+// candidates lists the routes a selector or best walks, in order (SPEC §7.3): best's, then for each provider P where the
+// agent has an eligible subscription, freest first (ties by id), every alias's P/… destination (alias-name order), then
+// the catalogue's three newest text models of P; any-vision-capable keeps those taking images.
 func (e *engine) candidates(res resolution) ([]resolution, error) {
 	var aliases map[string]string // an invalid registry offers none
 	if doc, err := e.reg.current(); err == nil && doc != nil {
@@ -81,9 +77,8 @@ func (e *engine) candidates(res resolution) ([]resolution, error) {
 	return out, nil
 }
 
-// eligible is the agent's non-retired subscriptions of provider with an
-// active credential, in order: blocked last, then freest first, the pinned
-// one first among equals, ties in overlay order (SPEC §2.3, §7.2.2).
+// eligible is the agent's non-retired subscriptions of provider with an active credential, in order: blocked last, then
+// freest first, the pinned one first among equals, ties in overlay order (SPEC §2.3, §7.2.2).
 func (e *engine) eligible(provider string) ([]overlayItem, error) {
 	pool, err := e.inv.pool(e.agent, provider)
 	now, free := e.now(), map[string][]float64{}
@@ -106,11 +101,9 @@ func (e *engine) freedomOf(id string, now time.Time) []float64 {
 // errSkipSubscription: no call on this subscription; the walk noted why.
 var errSkipSubscription = errors.New("subscription skipped")
 
-// subscriptionCredential is what a call of kind on sub presents, an expired
-// grant or a just refusedToken refreshed first (SPEC §7.2.3, §11.1). A
-// blocked sub is skipped when the kind rotates, one marked since the pool
-// was read unless probed; one no header could carry (a vault edited by
-// hand) is skipped and marked for a sign-in (SPEC §17).
+// subscriptionCredential is what a call of kind on sub presents, an expired grant or a just refusedToken refreshed first
+// (SPEC §7.2.3, §11.1). Skipped: a blocked sub when the kind rotates, one marked since the pool was read unless probed,
+// one no header could carry (a vault edited by hand: marked for a sign-in, SPEC §17).
 func (e *engine) subscriptionCredential(ctx context.Context, kind routeKind, sub overlayItem, refusedToken string) (upstreamCredential, error) {
 	if until := e.ledger.blockedUntil(sub.ID); budgets[kind].rotate && !until.IsZero() {
 		e.blocks = append(e.blocks, until)
@@ -164,9 +157,8 @@ func (e *engine) subscriptionCredential(ctx context.Context, kind routeKind, sub
 	return cred, nil
 }
 
-// credentialReplaced: the vault no longer holds what a call on sub presented
-// (a sign-in or refresh landed meanwhile), so its 401 or 403 marks nothing
-// and the current credential gets the next call (SPEC §10.3, §11.1).
+// credentialReplaced: the vault no longer holds what a call on sub presented (a sign-in or refresh landed meanwhile), so
+// its 401 or 403 marks nothing and the current credential gets the next call (SPEC §10.3, §11.1).
 func (e *engine) credentialReplaced(sub overlayItem, used upstreamCredential) bool {
 	vc, err := e.inv.credential(sub.ID)
 	if err != nil || vc.OAuth == nil {
@@ -175,8 +167,8 @@ func (e *engine) credentialReplaced(sub overlayItem, used upstreamCredential) bo
 	return vc.OAuth.AccessToken != used.AccessToken
 }
 
-// block blocks sub until the stated wait, else the last reset of a window
-// the ledger holds as used up, else 15 min; at most 7 days (SPEC §7.2.4).
+// block blocks sub until the stated wait, else the last reset of a window the ledger holds used up, else 15 min; at most
+// 7 days (SPEC §7.2.4).
 func (e *engine) block(sub overlayItem, stated time.Duration, why string) time.Time {
 	now, wait := e.now(), time.Duration(0)
 	led, _ := e.ledger.entry(sub.ID)
@@ -190,9 +182,8 @@ func (e *engine) block(sub overlayItem, stated time.Duration, why string) time.T
 	return until
 }
 
-// probe runs one completion probe on the live subscription it with model
-// ("": the built-in one), as a request would meet it (SPEC §11.3); 409 before
-// any call when blocked or model-less. Its answer: the probe and the row after it.
+// probe runs one completion probe on the live subscription it with model ("": the built-in one), as a request would meet
+// it (SPEC §11.3); 409 before any call when blocked or model-less. Its answer: the probe and the row after it.
 func (e *engine) probe(ctx context.Context, it overlayItem, model string) (any, error) {
 	if until := e.ledger.blockedUntil(it.ID); !until.IsZero() {
 		return nil, refuse("state_conflict", "subscription %s is blocked until %s; a probe is not sent inside a recorded block",
@@ -222,14 +213,13 @@ func (e *engine) probe(ctx context.Context, it overlayItem, model string) (any, 
 	}
 	e.inv.invalidate() // the listing shows the probe at once (SPEC §10.2)
 	level := map[bool]slog.Level{true: slog.LevelInfo, false: slog.LevelWarn}[ok]
-	e.log.Log(ctx, level, map[bool]string{true: "usage_probe_ok", false: "usage_probe_failed"}[ok], "request_id", e.t.requestID,
-		"subscription_id", it.ID, "agent_id", e.agent, "provider", res.Provider.id, "route", res.Route, "detail", ledgerSentence(detail))
+	e.log.Log(ctx, level, "usage_probe_"+map[bool]string{true: "ok", false: "failed"}[ok], "request_id", e.t.requestID,
+		"subscription_id", it.ID, "agent_id", e.agent, "provider", it.Provider, "route", res.Route, "detail", ledgerSentence(detail))
 	row := e.inv.row(it, false, e.now())
 	return map[string]any{"ok": true, "probe": cmp.Or(row.Probe, &ledgerCheck{}), "subscription": row}, nil
 }
 
-// ping makes the probe's and onboarding's one completion on c (SPEC §11.3),
-// paid by pool when given: its usage, or the refusal.
+// ping makes the probe's and onboarding's one completion on c (SPEC §11.3), paid by pool when given.
 func (e *engine) ping(ctx context.Context, c call, pool []overlayItem) (u usage, ae *apiError) {
 	req := pingRequest(c.res.Route, c.res.Provider)
 	ae = e.attemptRoute(ctx, &job{kind: kindProbe, pool: pool,
@@ -256,8 +246,7 @@ func pingRequest(route string, p providerInfo) chatRequest {
 	return req
 }
 
-// core is the daemon's parts that the server and every request's engine
-// share, built once by serve.
+// core is the daemon's parts that the server and every request's engine share, built once by serve.
 type core struct {
 	deps       // the state files
 	sys        // log, now
@@ -275,8 +264,8 @@ type core struct {
 	maint      *maintainer
 }
 
-// directKey is provider's direct API key (SPEC §7.1): -local-credentials-stdin's
-// when given (the only source then, §16), else the vault's, whose read may fail.
+// directKey is provider's direct API key (SPEC §7.1): -local-credentials-stdin's when given (then the only source, §16),
+// else the vault's, whose read may fail.
 func (c *core) directKey(provider string) (string, error) {
 	if c.localCreds != nil {
 		return c.localCreds[provider], nil
@@ -294,9 +283,9 @@ func (c *core) hasDirect(provider string) bool {
 	return key != ""
 }
 
-// anyDirectPayer reports whether something could serve without an agent
-// (SPEC §13, §14): a direct credential or a declared deployment.
+// anyDirectPayer: a direct credential or a declared deployment could serve without an agent (SPEC §13, §14).
 func (c *core) anyDirectPayer() bool {
 	doc, err := c.reg.current()
-	return err == nil && len(doc.Deployments) > 0 || slices.ContainsFunc(providerTable, func(p providerInfo) bool { return c.hasDirect(p.id) })
+	keyed := slices.ContainsFunc(providerTable, func(p providerInfo) bool { return c.hasDirect(p.id) })
+	return keyed || err == nil && len(doc.Deployments) > 0
 }
