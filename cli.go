@@ -371,7 +371,7 @@ func (e *cliEnv) printAliases(d deps, asJSON bool, err error) error {
 	if err != nil {
 		return err
 	}
-	t, err := d.reg.aliases(func(p string) bool { return d.vault.directKey(p) != "" }, nil)
+	t, err := d.reg.aliases((&core{deps: d}).hasDirect, nil)
 	if err != nil || asJSON {
 		b, _ := json.Marshal(t)
 		return e.say(err, "%s\n", b)
