@@ -371,7 +371,7 @@ func (e *cliEnv) printAliases(d deps, asJSON bool, err error) error {
 	if err != nil {
 		return err
 	}
-	t, err := d.reg.aliases(func(p string) bool { return d.vault.directKey(p) != "" }, nil)
+	t, err := d.reg.aliases((&core{deps: d}).hasDirect, nil)
 	if err != nil || asJSON {
 		b, _ := json.Marshal(t)
 		return e.say(err, "%s\n", b)
@@ -561,7 +561,7 @@ func subscriptionSignIn(e *cliEnv, o opts, _ []string) error {
 	} else if id == "" {
 		return e.donate(agent, "?via="+signInVia, donation{Provider: provider, Label: o.s("label"), OAuth: &grant})
 	}
-	if _, err = e.call("PUT", subscriptionPath(agent, id, "credential"), credentialBody{OAuth: &grant}, nil); err == nil {
+	if _, err = e.call("PUT", subscriptionPath(agent, id, "credential"), vaultCredential{OAuth: &grant}, nil); err == nil {
 		fmt.Fprintf(e.stderr, "brama: signed in; subscription %s of agent %s has a new %s grant\n", id, agent, provider)
 	}
 	return e.say(err, "%s\n", id)

@@ -13,9 +13,8 @@ import (
 	"time"
 )
 
-// The attempt engine (SPEC §7): plan checks before dispatch, attemptRoute
-// walks candidates and payers within the budget table, send counts each call,
-// commit holds the one abort, settle records spend once. Every call kind uses it.
+// The attempt engine (SPEC §7): plan checks before dispatch, attemptRoute walks candidates and payers within the budget
+// table, send counts each call, commit holds the one abort, settle records spend once. Every call kind uses it.
 
 // routeKind is what the budget table is keyed by.
 type routeKind int
@@ -46,20 +45,19 @@ var budgets = map[routeKind]budget{
 	kindCountTokens:  {calls: 1},
 }
 
-// engine is one request's attempt engine: the daemon's parts, the request's
-// account (tally) for the log line, and the walk's account of its calls and
-// skips, from which a walk without an answer chooses its one refusal (§7.2.5).
+// engine is one request's attempt engine: the daemon's parts, the log line's tally, and the walk's account of its calls
+// and skips, from which a walk without an answer chooses its one refusal (§7.2.5).
 type engine struct {
 	*core
-	agent              string    // the paying agent of this request ("" for a direct route)
-	t                  *tally    // the request's record (server.go's requestInfo) written in place
-	reasons            []string  // "<subscription id or route>: <reason>"
-	rate, quota, auth  bool      // a call was refused 429, for quota, 401/403
-	rejectedStatus     int       // (selectors) the last 400, 404, 413 or 422 (SPEC §7.2.5 e)
-	refreshTransport   *apiError // the first refresh that met no answer (SPEC §7.2.3)
-	blockEnd           time.Time // the earliest end of a block met
-	refreshed, skipped []string  // grants refreshed in this request; those whose refresh failed (SPEC §7.2.3)
-	route              string    // (selectors) the candidate being walked, which every note names (SPEC §7.3)
+	agent              string      // the paying agent of this request ("" for a direct route)
+	t                  *tally      // the request's record (server.go's requestInfo) written in place
+	reasons            []string    // "<subscription id or route>: <reason>"
+	rate, quota, auth  bool        // a call was refused 429, for quota, 401/403
+	rejectedStatus     int         // (selectors) the last 400, 404, 413 or 422 (SPEC §7.2.5 e)
+	refreshTransport   *apiError   // the first refresh that met no answer (SPEC §7.2.3)
+	blocks             []time.Time // the ends of the blocks met
+	refreshed, skipped []string    // grants refreshed in this request; those whose refresh failed (SPEC §7.2.3)
+	route              string      // (selectors) the candidate being walked, which every note names (SPEC §7.3)
 }
 
 // tally is one request's account: what the log line learns from the engine.
@@ -85,7 +83,7 @@ type job struct {
 
 // plan resolves a request's head and makes every check before dispatch but
 // §6.4's output limit: allowlist, model, who pays, direct key.
-func (e *engine) plan(cl client, agent string, req *chatRequest) (call, error) {
+func (e *engine) plan(cl client, req *chatRequest) (call, error) {
 	if !cl.mayUse(req.Model) { // SPEC §3.1
 		return call{}, refuse("forbidden", "this client may not use model %q", req.Model)
 	}
@@ -100,7 +98,7 @@ func (e *engine) plan(cl client, agent string, req *chatRequest) (call, error) {
 	c := call{res: res, baseURL: res.BaseURL}
 	switch {
 	case res.Mode != modeDirect && res.Mode != modeAlias:
-		if agent == "" {
+		if e.agent == "" {
 			err = refuse("forbidden", "this route is paid by an agent's subscriptions; use a bearer bound to an agent: brama clients add ID -agent AGENT")
 		}
 	case res.Provider.cred == credDirect:
@@ -130,7 +128,7 @@ func (e *engine) baseURL(p providerInfo) (string, error) {
 // planChat is plan plus a chat call's output limit (SPEC §6.4), a
 // selector's candidates, and the translation parse if a call crosses formats.
 func (e *engine) planChat(cl client, req *callerRequest) (c call, cands []resolution, err error) {
-	if c, err = e.plan(cl, e.agent, &req.head); err != nil {
+	if c, err = e.plan(cl, &req.head); err != nil {
 		return c, nil, err
 	}
 	if models := req.body.value("models"); cl.AllowedModels != nil && c.res.Provider.id == "openrouter" && models != nil {
@@ -169,11 +167,9 @@ func (e *engine) applyMaxTokens(req *chatRequest, res resolution) error {
 	return nil
 }
 
-// attemptRoute serves c with j (SPEC §7.1–§7.3): c's route, or a selector's
-// candidates each with its own output limit, paid by a direct key, the probed
-// subscription or the agent's pool (read when reached; one that refused all is
-// skipped after). A rotating kind moves on only after a refusal proving nothing
-// was generated: a second call could double cost or tool effects.
+// attemptRoute serves c with j (SPEC §7.1–§7.3): c's route, or a selector's candidates each with its own output limit,
+// paid by a direct key, the probed subscription or the agent's pool (read when reached; one that refused all is skipped
+// after). A rotating kind moves on only after a refusal proving nothing was generated: else cost or tool effects double.
 func (e *engine) attemptRoute(ctx context.Context, j *job, c call, req *callerRequest, sels []resolution) *apiError {
 	b, selecting := budgets[j.kind], j.kind == kindSelector
 	if !selecting {
@@ -183,22 +179,23 @@ func (e *engine) attemptRoute(ctx context.Context, j *job, c call, req *callerRe
 	var unfit *apiError // a candidate skipped: no max_tokens known, or a request its format cannot express
 candidates:
 	for _, res := range sels {
-		p, pool, queue := res.Provider, j.pool, []overlayItem{{}} // a direct key makes the one call
-		cand, creq := c, req
-		if selecting {
-			e.route, cand.res = res.Route, res
+		p, cand, creq := res.Provider, c, req
+		if cand.res = res; selecting {
+			e.route = res.Route
 		}
-		if res.Mode != modeDirect && res.Mode != modeAlias { // a pool pays
+		queue, pays := []overlayItem{{}}, res.Mode != modeDirect && res.Mode != modeAlias // a direct key makes the one call
+		if pays {
 			var err error
-			if pool == nil && poolRefused[p.id] {
+			switch queue = j.pool; {
+			case poolRefused[p.id]:
 				e.note(res.Route, "skipped: every "+p.id+" subscription already refused")
 				continue
-			} else if pool == nil {
-				if pool, err = e.eligible(e.agent, p.id); err != nil {
+			case queue == nil:
+				if queue, err = e.eligible(p.id); err != nil {
 					return asAPIError(err).withAttempts(e.t.attempts)
 				}
 			}
-			if len(pool) == 0 {
+			if len(queue) == 0 {
 				e.note(res.Route, fmt.Sprintf("no usable %q subscription", p.id))
 				continue
 			}
@@ -214,14 +211,13 @@ candidates:
 			if cand.baseURL, err = e.baseURL(p); err != nil {
 				return asAPIError(err)
 			}
-			queue = slices.Clone(pool)
 		}
 		begin, before, rejected := e.now(), e.t.attempts, false
 		for calls := 0; len(queue) > 0 && calls < b.calls && !rejected; {
 			c, sub := cand, &queue[0]
 			queue = queue[1:]
 			var err error
-			if pool == nil {
+			if !pays {
 				sub = nil
 			} else if c.cred, err = e.subscriptionCredential(ctx, j.kind, *sub, ""); errors.Is(err, errSkipSubscription) {
 				continue
@@ -255,21 +251,14 @@ candidates:
 				if (!b.rotate || c.cred.AccessToken == "" || slices.Contains(e.refreshed, sub.ID)) && !e.credentialReplaced(*sub, c.cred) {
 					e.ledger.setCredential(sub.ID, p.id, credNeedsReauth, cmp.Or(ref.sentence, ref.err.Message))
 					e.note(sub.ID, "authentication refused: "+ref.sentence)
-					continue
-				}
-				// Refresh a grant not yet refreshed here, retry if a call remains.
-				_, err := e.subscriptionCredential(ctx, j.kind, *sub, c.cred.AccessToken)
-				if err != nil && !errors.Is(err, errSkipSubscription) {
+				} else if _, err := e.subscriptionCredential(ctx, j.kind, *sub, c.cred.AccessToken); err == nil && calls < b.calls {
+					queue = append([]overlayItem{*sub}, queue...) // refreshed: retried while a call remains
+				} else if err != nil && !errors.Is(err, errSkipSubscription) {
 					return asAPIError(err).withAttempts(e.t.attempts)
-				} else if err == nil {
-					e.note(sub.ID, "refused the access token; refreshed")
-					if calls < b.calls {
-						queue = append([]overlayItem{*sub}, queue...)
-					}
 				}
 				continue
 			case ref.class == refusalRate || ref.class == refusalQuota:
-				e.metBlock(e.block(*sub, ref.retryAfter, ref.sentence))
+				e.blocks = append(e.blocks, e.block(*sub, ref.retryAfter, ref.sentence))
 				e.rate, e.quota = e.rate || ref.class == refusalRate, e.quota || ref.class == refusalQuota
 				e.note(sub.ID, map[bool]string{true: "rate limited: ", false: "quota exhausted: "}[ref.class == refusalRate]+ref.sentence)
 				continue
@@ -316,7 +305,7 @@ func (e *engine) exhausted(res resolution, tried bool, unfit *apiError) *apiErro
 		ae = refuse("credential_unauthorized", "no subscription of agent %q can serve %s", e.agent, route)
 	case n == 0 && e.refreshTransport != nil:
 		ae = e.refreshTransport
-	case n == 0 && !e.blockEnd.IsZero(): // no call, so every block met was a skip
+	case n == 0 && len(e.blocks) > 0: // no call, so every block met was a skip
 		ae = refuse("subscription_unavailable", "every eligible subscription is blocked: %s", list)
 	case n == 0:
 		ae = refuse("subscription_reauthorization_required", "no subscription could be refreshed; sign in again: %s", list)
@@ -331,8 +320,8 @@ func (e *engine) exhausted(res resolution, tried bool, unfit *apiError) *apiErro
 	default:
 		ae = refuse("provider_failure", "every candidate was refused: %s", list)
 	}
-	if ae.Status() == http.StatusTooManyRequests && !e.blockEnd.IsZero() { // SPEC §7.2.5
-		ae.RetryAfter = max(e.blockEnd.Sub(e.now()), time.Second)
+	if ae.Status() == http.StatusTooManyRequests && len(e.blocks) > 0 { // SPEC §7.2.5
+		ae.RetryAfter = max(slices.MinFunc(e.blocks, time.Time.Compare).Sub(e.now()), time.Second)
 	}
 	return ae.withAttempts(n)
 }
@@ -340,9 +329,8 @@ func (e *engine) exhausted(res resolution, tried bool, unfit *apiError) *apiErro
 // testingOnlyBeforeCall runs as send starts a call (nil in production).
 var testingOnlyBeforeCall func(context.Context)
 
-// send makes one provider call, the one place an attempt is counted: a 2xx
-// with its body unread, else the failure (and a whole non-2xx's refusal);
-// plan windows reach sub's ledger from every answer (SPEC §6.3).
+// send makes one provider call, the one place an attempt is counted: a 2xx with its body unread, else the failure (and a
+// whole non-2xx's refusal); plan windows reach sub's ledger from every answer (SPEC §6.3).
 func (e *engine) send(hr *http.Request, c call, sub *overlayItem) (*http.Response, *providerRefusal, *apiError) {
 	p := c.res.Provider
 	if testingOnlyBeforeCall != nil {
@@ -376,26 +364,22 @@ func (e *engine) send(hr *http.Request, c call, sub *overlayItem) (*http.Respons
 	return nil, &ref, ref.err
 }
 
-// commit answers from a committed call, never retried (SPEC §7.5), and
-// keeps sub's ledger: plan windows, spend, a success's pin until the
-// earliest window reset, a block after an in-band rate or quota error. A
-// failed stream, its in-band error written, aborts the response: the one abort.
+// commit answers from a committed call, never retried (SPEC §7.5), and keeps sub's ledger: spend, a success's pin until
+// the earliest window reset, a block after an in-band rate or quota error. A failed stream aborts: the one abort.
 func (e *engine) commit(ctx context.Context, j *job, c call, req *callerRequest, sub *overlayItem, resp *http.Response,
 	start time.Time) *apiError {
 	defer resp.Body.Close()
 	p, now := c.res.Provider.id, e.now()
-	until := now.Add(maxPin)
-	if sub != nil {
+	u, ae, streamed := j.commit(ctx, c, req, resp)
+	if sub != nil && budgets[j.kind].spends {
+		e.ledger.recordUse(sub.ID, p, ae == nil, u.InputTokens, u.OutputTokens)
 		led, _ := e.ledger.entry(sub.ID) // its windows: this answer's and a usage report's (SPEC §7.2.2)
+		until := now.Add(maxPin)
 		for _, win := range led.Windows {
 			if at := time.UnixMilli(win.ResetsAtMs); win.ResetsAtMs > 0 && at.After(now) && at.Before(until) {
 				until = at
 			}
 		}
-	}
-	u, ae, streamed := j.commit(ctx, c, req, resp)
-	if sub != nil && budgets[j.kind].spends {
-		e.ledger.recordUse(sub.ID, p, ae == nil, u.InputTokens, u.OutputTokens)
 		if ae == nil { // only a success pins (SPEC §7.2.4)
 			e.pins.Store(e.agent+"\x00"+p, pin{sub.ID, until})
 		}
@@ -449,9 +433,8 @@ func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *call
 	return ae
 }
 
-// deliver answers from a committed call, passthrough or translated, naming
-// the model asked (a selector's: its candidate's route); a stream's failure
-// is written in-band (streamed), a buffered one not.
+// deliver answers from a committed call, passthrough or translated, naming the model asked (a selector's: its
+// candidate's route); a stream's failure is written in-band (streamed), a buffered one not.
 func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, c call, req *callerRequest, resp *http.Response) (
 	u usage, failure *apiError, streamed bool) {
 	w.Header().Set("Brama-Route", c.res.Route)
@@ -482,12 +465,9 @@ func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, c call, req
 			u, err = sa.translate(p.protocol, resp.Body)
 		}
 		if err != nil {
-			failure = asAPIError(err).redactedFor(c.cred.bearer()).withAttempts(attempts)
-			if ctx.Err() != nil {
-				failure = refuse("client_cancelled", "the caller hung up during the stream").because(err).withAttempts(attempts)
-			}
-			if e.t.remember != nil { // before the caller can read it and fall back
-				e.t.remember(failure, attempts, false, true)
+			failure = asAPIError(err).redactedFor(c.cred.bearer()).withAttempts(attempts) // a hang-up's is settle's
+			if e.t.remember != nil {                                                      // before the caller can read it and fall back
+				e.t.remember(failure, attempts, ctx.Err() != nil, true)
 			}
 			sa.do(func() error { return sa.cs.fail(failure) })
 			e.log.Warn("stream_failed_after_commit", "request_id", e.t.requestID, "code", failure.Code, "cause", redact(fmt.Sprint(failure.Err), c.cred.bearer()))

@@ -101,7 +101,10 @@ func exitCode(err error, stderr io.Writer) int {
 
 // deps are the state files every command and the server share.
 type deps struct {
-	stores
+	st      state
+	vault   *vault
+	journal *journal
+	reg     *registry
 	clients *clientStore
 }
 
@@ -112,7 +115,31 @@ func openDeps(getenv func(string) string, sy sys) deps {
 	vpath, verr := st.fileOrState(getenv, "BRAMA_VAULT_FILE", "vault", "vault.json")
 	rpath, rerr := registryPath(st, getenv)
 	j := newJournal(st, sy)
-	return deps{stores{st, newVault(vpath, verr), j, newRegistry(rpath, rerr, j, sy.log)}, newClientStore(cpath, cerr)}
+	return deps{st, newVault(vpath, verr), j, newRegistry(rpath, rerr, j, sy.log), newClientStore(cpath, cerr)}
+}
+
+// readLocalCredentials reads `{"provider":"api key",…}` from stdin when asked, keys trimmed as credentials set trims
+// them; nil when not asked (the vault's keys are read).
+func readLocalCredentials(asked bool, r io.Reader) (map[string]string, error) {
+	if !asked {
+		return nil, nil
+	}
+	b, err := io.ReadAll(r)
+	creds := map[string]string{}
+	if err == nil {
+		err = decodeStrict("-local-credentials-stdin", b, &creds)
+	}
+	if err == nil && creds == nil { // null: no map, and the vault's keys would be read
+		err = errors.New("-local-credentials-stdin: not a JSON object")
+	}
+	for p, key := range creds {
+		if info, ok := lookupProvider(p); err == nil && (!ok || info.cred != credDirect) {
+			err = fmt.Errorf("-local-credentials-stdin: %q is not a provider that takes a direct API key", p)
+		} else if creds[p] = strings.TrimSpace(key); err == nil && (creds[p] == "" || !printable(creds[p])) {
+			err = fmt.Errorf("-local-credentials-stdin: the API key for %q is empty or not one line of printable text", p)
+		}
+	}
+	return creds, err
 }
 
 // newLogger makes the JSON slog logger at BRAMA_LOG_LEVEL (info unless level names another).
@@ -168,8 +195,8 @@ func serve(e *cliEnv, o opts, _ []string) error {
 	}
 	oauth := newOAuth(e.getenv, client, d.vault, ledger, log, now)
 	defer oauth.shutdown(e.cut)
-	s := &server{clients: d.clients, guard: guard, maxBody: maxBody, answers: newAnswerStore(d.st, log, now),
-		replay: newReplayGuard(e.getenv, log, now), core: core{stores: d.stores, sys: sy, getenv: e.getenv, client: client,
+	s := &server{guard: guard, maxBody: maxBody, answers: newAnswerStore(d.st, log, now),
+		replay: newReplayGuard(e.getenv, log, now), core: core{deps: d, sys: sy, getenv: e.getenv, client: client,
 			keepAlive: testingOnlyKeepAlive, catalog: newCatalog(d.st, e.getenv, client, log, now), perf: newPerfRegistry(d.st, sy),
 			ledger: ledger, inv: inv, oauth: oauth, maint: newMaintainer(inv, ledger, oauth, client, e.getenv, log, now),
 			localCreds: localCreds}}
@@ -327,7 +354,7 @@ func (e *cliEnv) bearer() error {
 func (e *cliEnv) call(method, path string, body, out any) ([]byte, error) {
 	var rd io.Reader
 	if body != nil {
-		b, _ := json.Marshal(body) // a donation, credentialBody or map of strings cannot fail
+		b, _ := json.Marshal(body) // a donation, vaultCredential or map of strings cannot fail
 		rd = bytes.NewReader(b)
 	}
 	req, _ := http.NewRequestWithContext(e.ctx, method, e.gateway+path, rd) // the gateway is checked, the path escaped
@@ -442,7 +469,7 @@ func onboard(e *cliEnv, o opts, _ []string) error {
 	}
 	// The call planned as the daemon would (a bare deployment as local-openai/<name>), refusing subscription routes
 	// and selectors: their ledger is the daemon's (SPEC §2.3, §14). No model: some payer must exist.
-	s := &server{core: core{stores: d.stores, sys: sy, getenv: e.getenv, client: newProviderClient()}}
+	s := &server{core: core{deps: d, sys: sy, getenv: e.getenv, client: newProviderClient()}}
 	c, req := call{}, pingRequest(model, providerInfo{})
 	if model == "" && !s.anyDirectPayer() {
 		return next("brama credentials set <provider>", errRefused)
@@ -453,7 +480,7 @@ func onboard(e *cliEnv, o opts, _ []string) error {
 				req.Model = "local-openai/" + model
 			}
 		}
-		c, err = s.engine("", &tally{}).plan(client{}, "", &req)
+		c, err = s.engine("", &tally{}).plan(client{}, &req)
 		switch ae := asAPIError(err); {
 		case err == nil:
 		case ae.Code == "forbidden": // plan wants an agent: a subscription route, a selector or best

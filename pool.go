@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"maps"
 	"net/http"
@@ -16,8 +15,7 @@ import (
 	"time"
 )
 
-// Who pays (SPEC §7.2, §7.3, §11.3): pools, refresh, blocks, selectors'
-// candidates, the probe; the daemon's parts the engine works with.
+// Who pays (SPEC §7.2, §7.3, §11.3): pools, refresh, blocks, selectors' candidates, the probe; the daemon's parts.
 
 // Block lengths (SPEC §7.2.4) and the probe's output limit (§11.3).
 const (
@@ -27,33 +25,27 @@ const (
 	probeMaxTokens = 16
 )
 
-// pin is the subscription that last served an agent's provider, until its
-// earliest window reset (at most 24 h); the engine's pins, memory only.
+// pin is the subscription that last served an agent's provider, until its earliest window reset (at most 24 h); memory only.
 type pin struct {
 	id    string
 	until time.Time
 }
 
-// candidates lists the routes a selector or best walks, in order (SPEC
-// §7.3): best's, then each model of each provider where the agent has an
-// eligible subscription, freest first (ties by id): every alias's P/…
-// destination (alias-name order), then the catalogue's three newest text
-// models of P's vendor; any-vision-capable keeps those taking images.
+// candidates lists the routes a selector or best walks, in order (SPEC §7.3): best's, then for each provider P where the
+// agent has an eligible subscription, freest first (ties by id), every alias's P/… destination (alias-name order), then
+// the catalogue's three newest text models of P; any-vision-capable keeps those taking images.
 func (e *engine) candidates(res resolution) ([]resolution, error) {
 	var aliases map[string]string // an invalid registry offers none
 	if doc, err := e.reg.current(); err == nil && doc != nil {
 		aliases = doc.Routes
 	}
-	items, err := e.inv.pool(e.agent, "")
 	var provs []string
 	free := map[string][]float64{} // each provider with an eligible subscription: its freest one's
-	for _, it := range items {
-		if _, seen := free[it.Provider]; seen || err != nil {
-			continue
-		}
-		var subs []overlayItem
-		if subs, err = e.eligible(e.agent, it.Provider); len(subs) > 0 {
-			free[it.Provider], provs = e.freedomOf(subs[0].ID, e.now()), append(provs, it.Provider)
+	for _, p := range providerTable {
+		if subs, err := e.eligible(p.id); err != nil {
+			return nil, err
+		} else if len(subs) > 0 {
+			free[p.id], provs = e.freedomOf(subs[0].ID, e.now()), append(provs, p.id)
 		}
 	}
 	slices.SortFunc(provs, func(a, b string) int { return cmp.Or(slices.Compare(free[a], free[b]), strings.Compare(a, b)) })
@@ -82,46 +74,39 @@ func (e *engine) candidates(res resolution) ([]resolution, error) {
 			add(p + "/" + m.ID)
 		}
 	}
-	return out, err
+	return out, nil
 }
 
-// eligible is the agent's non-retired subscriptions of provider with an
-// active credential, in order: blocked last, then freest first, the pinned
-// one first among equals, ties in overlay order (SPEC §2.3, §7.2.2).
-func (e *engine) eligible(agent, provider string) ([]overlayItem, error) {
-	pool, err := e.inv.pool(agent, provider)
+// eligible is the agent's non-retired subscriptions of provider with an active credential, in order: blocked last, then
+// freest first, the pinned one first among equals, ties in overlay order (SPEC §2.3, §7.2.2).
+func (e *engine) eligible(provider string) ([]overlayItem, error) {
+	pool, err := e.inv.pool(e.agent, provider)
 	now, free := e.now(), map[string][]float64{}
 	pool = slices.DeleteFunc(pool, func(it overlayItem) bool { return e.ledger.credentialState(it.ID) != credActive })
 	for _, it := range pool {
 		free[it.ID] = append(e.freedomOf(it.ID, now), 1)
 	}
-	if pn, ok := e.pins.Load(agent + "\x00" + provider); ok && now.Before(pn.(pin).until) && free[pn.(pin).id] != nil {
+	if pn, ok := e.pins.Load(e.agent + "\x00" + provider); ok && now.Before(pn.(pin).until) && free[pn.(pin).id] != nil {
 		free[pn.(pin).id][2] = 0 // first among equals
 	}
 	slices.SortStableFunc(pool, func(a, b overlayItem) int { return slices.Compare(free[a.ID], free[b.ID]) })
 	return pool, err
 }
 
-// freedomOf is how free a subscription is, compared in order (SPEC §7.2.2).
+// freedomOf is how free a subscription is, compared in order (SPEC §7.2.2): unblocked first, then the least full.
 func (e *engine) freedomOf(id string, now time.Time) []float64 {
-	blocked := 0.0
-	if !e.ledger.blockedUntil(id).IsZero() {
-		blocked = 1
-	}
-	return []float64{blocked, e.ledger.fullness(id, now)}
+	return []float64{map[bool]float64{true: 0, false: 1}[e.ledger.blockedUntil(id).IsZero()], e.ledger.fullness(id, now)}
 }
 
 // errSkipSubscription: no call on this subscription; the walk noted why.
 var errSkipSubscription = errors.New("subscription skipped")
 
-// subscriptionCredential is what a call of kind on sub presents, an expired
-// grant or a just refusedToken refreshed first (SPEC §7.2.3, §11.1). A
-// blocked sub is skipped when the kind rotates, one marked since the pool
-// was read unless probed; one no header could carry (a vault edited by
-// hand) is skipped and marked for a sign-in (SPEC §17).
+// subscriptionCredential is what a call of kind on sub presents, an expired grant or a just refusedToken refreshed first
+// (SPEC §7.2.3, §11.1). Skipped: a blocked sub when the kind rotates, one marked since the pool was read unless probed,
+// one no header could carry (a vault edited by hand: marked for a sign-in, SPEC §17).
 func (e *engine) subscriptionCredential(ctx context.Context, kind routeKind, sub overlayItem, refusedToken string) (upstreamCredential, error) {
 	if until := e.ledger.blockedUntil(sub.ID); budgets[kind].rotate && !until.IsZero() {
-		e.metBlock(until)
+		e.blocks = append(e.blocks, until)
 		e.note(sub.ID, "blocked until "+until.UTC().Format(time.RFC3339))
 		return upstreamCredential{}, errSkipSubscription
 	} else if kind != kindProbe && e.ledger.credentialState(sub.ID) != credActive { // the probe may revive it
@@ -157,7 +142,9 @@ func (e *engine) subscriptionCredential(ctx context.Context, kind routeKind, sub
 				e.skipped = append(e.skipped, sub.ID)
 				return upstreamCredential{}, errSkipSubscription
 			}
-			g = &ng
+			if g = &ng; refusedToken != "" {
+				e.note(sub.ID, "refused the access token; refreshed")
+			}
 		}
 		cred = upstreamCredential{AccessToken: g.AccessToken, AccountID: g.AccountID}
 	}
@@ -170,9 +157,8 @@ func (e *engine) subscriptionCredential(ctx context.Context, kind routeKind, sub
 	return cred, nil
 }
 
-// credentialReplaced: the vault no longer holds what a call on sub presented
-// (a sign-in or refresh landed meanwhile), so its 401 or 403 marks nothing
-// and the current credential gets the next call (SPEC §10.3, §11.1).
+// credentialReplaced: the vault no longer holds what a call on sub presented (a sign-in or refresh landed meanwhile), so
+// its 401 or 403 marks nothing and the current credential gets the next call (SPEC §10.3, §11.1).
 func (e *engine) credentialReplaced(sub overlayItem, used upstreamCredential) bool {
 	vc, err := e.inv.credential(sub.ID)
 	if err != nil || vc.OAuth == nil {
@@ -181,8 +167,8 @@ func (e *engine) credentialReplaced(sub overlayItem, used upstreamCredential) bo
 	return vc.OAuth.AccessToken != used.AccessToken
 }
 
-// block blocks sub until the stated wait, else the last reset of a window
-// the ledger holds as used up, else 15 min; at most 7 days (SPEC §7.2.4).
+// block blocks sub until the stated wait, else the last reset of a window the ledger holds used up, else 15 min; at most
+// 7 days (SPEC §7.2.4).
 func (e *engine) block(sub overlayItem, stated time.Duration, why string) time.Time {
 	now, wait := e.now(), time.Duration(0)
 	led, _ := e.ledger.entry(sub.ID)
@@ -196,16 +182,8 @@ func (e *engine) block(sub overlayItem, stated time.Duration, why string) time.T
 	return until
 }
 
-// metBlock keeps the earliest end of a block the walk met.
-func (e *engine) metBlock(until time.Time) {
-	if e.blockEnd.IsZero() || until.Before(e.blockEnd) {
-		e.blockEnd = until
-	}
-}
-
-// probe runs one completion probe on the live subscription it with model
-// ("": the built-in one), as a request would meet it (SPEC §11.3); 409 before
-// any call when blocked or model-less. Its answer: the probe and the row after it.
+// probe runs one completion probe on the live subscription it with model ("": the built-in one), as a request would meet
+// it (SPEC §11.3); 409 before any call when blocked or model-less. Its answer: the probe and the row after it.
 func (e *engine) probe(ctx context.Context, it overlayItem, model string) (any, error) {
 	if until := e.ledger.blockedUntil(it.ID); !until.IsZero() {
 		return nil, refuse("state_conflict", "subscription %s is blocked until %s; a probe is not sent inside a recorded block",
@@ -223,12 +201,10 @@ func (e *engine) probe(ctx context.Context, it overlayItem, model string) (any, 
 	res.Mode = modeSubscription // paid by the probed subscription, whatever its provider
 	u, ae := e.ping(ctx, call{res: res}, []overlayItem{it})
 	ok, detail := ae == nil, fmt.Sprintf("%s answered (%d output tokens)", res.Route, u.OutputTokens)
-	switch {
-	case ok:
-	case e.t.attempts == 0 && len(e.reasons) == 0: // refused before any call, as a probe's own refusal
+	if !ok && e.t.attempts == 0 && len(e.reasons) == 0 { // refused before any call, as a probe's own refusal
 		ae.Attempts = nil
 		return nil, ae
-	default: // the provider refused, its answer could not be read, or the grant could not be refreshed
+	} else if !ok { // the provider refused, its answer could not be read, or the grant could not be refreshed
 		detail = ae.Message
 	}
 	e.ledger.recordProbe(it.ID, res.Provider.id, ok, detail)
@@ -236,18 +212,14 @@ func (e *engine) probe(ctx context.Context, it overlayItem, model string) (any, 
 		e.ledger.setCredential(it.ID, res.Provider.id, credActive, "") // SPEC §10.3: a successful probe reactivates
 	}
 	e.inv.invalidate() // the listing shows the probe at once (SPEC §10.2)
-	msg, level := "usage_probe_ok", slog.LevelInfo
-	if !ok {
-		msg, level = "usage_probe_failed", slog.LevelWarn
-	}
-	e.log.Log(ctx, level, msg, "request_id", e.t.requestID, "subscription_id", it.ID, "agent_id", e.agent,
-		"provider", res.Provider.id, "route", res.Route, "detail", ledgerSentence(detail))
+	level := map[bool]slog.Level{true: slog.LevelInfo, false: slog.LevelWarn}[ok]
+	e.log.Log(ctx, level, "usage_probe_"+map[bool]string{true: "ok", false: "failed"}[ok], "request_id", e.t.requestID,
+		"subscription_id", it.ID, "agent_id", e.agent, "provider", it.Provider, "route", res.Route, "detail", ledgerSentence(detail))
 	row := e.inv.row(it, false, e.now())
 	return map[string]any{"ok": true, "probe": cmp.Or(row.Probe, &ledgerCheck{}), "subscription": row}, nil
 }
 
-// ping makes the probe's and onboarding's one completion on c (SPEC §11.3),
-// paid by pool when given: its usage, or the refusal.
+// ping makes the probe's and onboarding's one completion on c (SPEC §11.3), paid by pool when given.
 func (e *engine) ping(ctx context.Context, c call, pool []overlayItem) (u usage, ae *apiError) {
 	req := pingRequest(c.res.Route, c.res.Provider)
 	ae = e.attemptRoute(ctx, &job{kind: kindProbe, pool: pool,
@@ -274,42 +246,9 @@ func pingRequest(route string, p providerInfo) chatRequest {
 	return req
 }
 
-// donation is the strict body (and the CLI's request) of POST …/subscriptions/{agent_id}.
-type donation struct {
-	Provider string      `json:"provider"`
-	Label    string      `json:"label"`
-	APIKey   string      `json:"api_key"`
-	OAuth    *oauthGrant `json:"oauth"`
-}
-
-// donatedSubscription is the 201 answer: metadata only, never the secret.
-type donatedSubscription struct {
-	ID       string `json:"id"`
-	Provider string `json:"provider"`
-	AgentID  string `json:"agent_id"`
-	Label    string `json:"label"`
-	Status   string `json:"status"`
-}
-
-// credentialBody is the strict body of PUT …/credential: exactly one of
-// an OAuth grant or an API key (checkCredential enforces "exactly").
-type credentialBody struct {
-	OAuth  *oauthGrant `json:"oauth"`
-	APIKey string      `json:"api_key"`
-}
-
-// stores are the state files an engine reads (main.go's deps adds the clients file).
-type stores struct {
-	st      state
-	vault   *vault
-	journal *journal
-	reg     *registry
-}
-
-// core is the daemon's parts that the server and every request's engine
-// share, built once by serve.
+// core is the daemon's parts that the server and every request's engine share, built once by serve.
 type core struct {
-	stores     // st, vault, journal, reg
+	deps       // the state files
 	sys        // log, now
 	getenv     func(string) string
 	localCreds map[string]string // -local-credentials-stdin's keys; non-nil: the only direct ones (SPEC §16)
@@ -325,8 +264,8 @@ type core struct {
 	maint      *maintainer
 }
 
-// directKey is provider's direct API key (SPEC §7.1): -local-credentials-stdin's
-// when given (the only source then, §16), else the vault's, whose read may fail.
+// directKey is provider's direct API key (SPEC §7.1): -local-credentials-stdin's when given (then the only source, §16),
+// else the vault's, whose read may fail.
 func (c *core) directKey(provider string) (string, error) {
 	if c.localCreds != nil {
 		return c.localCreds[provider], nil
@@ -338,44 +277,15 @@ func (c *core) directKey(provider string) (string, error) {
 	return "", nil
 }
 
-// readLocalCredentials reads `{"provider":"api key",…}` from stdin when asked, keys trimmed as credentials set trims
-// them; nil when not asked (the vault's keys are read).
-func readLocalCredentials(asked bool, r io.Reader) (map[string]string, error) {
-	if !asked {
-		return nil, nil
-	}
-	b, err := io.ReadAll(r)
-	creds := map[string]string{}
-	if err == nil {
-		err = decodeStrict("-local-credentials-stdin", b, &creds)
-	}
-	if err == nil && creds == nil { // null: no map, and the vault's keys would be read
-		err = errors.New("-local-credentials-stdin: not a JSON object")
-	}
-	for p, key := range creds {
-		if info, ok := lookupProvider(p); err == nil && (!ok || info.cred != credDirect) {
-			err = fmt.Errorf("-local-credentials-stdin: %q is not a provider that takes a direct API key", p)
-		} else if creds[p] = strings.TrimSpace(key); err == nil && (creds[p] == "" || !printable(creds[p])) {
-			err = fmt.Errorf("-local-credentials-stdin: the API key for %q is empty or not one line of printable text", p)
-		}
-	}
-	return creds, err
-}
-
 // hasDirect reports whether a direct credential exists for provider.
 func (c *core) hasDirect(provider string) bool {
 	key, _ := c.directKey(provider)
 	return key != ""
 }
 
-// anyDirectPayer reports whether something could serve without an agent
-// (SPEC §13, §14): a direct credential or a declared deployment.
+// anyDirectPayer: a direct credential or a declared deployment could serve without an agent (SPEC §13, §14).
 func (c *core) anyDirectPayer() bool {
-	if doc, err := c.reg.current(); len(c.localCreds) > 0 || (err == nil && len(doc.Deployments) > 0) {
-		return true
-	}
-	vd, err := c.vault.load()
-	return c.localCreds == nil && err == nil && slices.ContainsFunc(slices.Collect(maps.Values(vd.Direct)), func(k vaultCredential) bool {
-		return k.APIKey != ""
-	})
+	doc, err := c.reg.current()
+	keyed := slices.ContainsFunc(providerTable, func(p providerInfo) bool { return c.hasDirect(p.id) })
+	return keyed || err == nil && len(doc.Deployments) > 0
 }

@@ -23,7 +23,6 @@ import (
 // server is the HTTP face of Brama: what the handlers share.
 type server struct {
 	core
-	clients *clientStore
 	guard   transportGuard
 	mux     *http.ServeMux
 	answers *answerStore // signed answers (SPEC §12)
@@ -78,7 +77,7 @@ func (s *server) routes() {
 		for _, p := range providerTable {
 			serves := p.cred == credDirect && s.hasDirect(p.id)
 			if p.cred == credSubscription && ri.agentID != "" {
-				subs, err := s.engine(ri.agentID, &ri.tally).eligible(ri.agentID, p.id)
+				subs, err := s.engine(ri.agentID, &ri.tally).eligible(p.id)
 				serves = err == nil && len(subs) > 0
 			}
 			for _, m := range s.catalog.models(p.id) {
@@ -148,9 +147,9 @@ func (s *server) routes() {
 			return map[string]bool{"ok": true}, err
 		}))
 	handle("PUT /v1/admin/subscriptions/{agent_id}/{subscription_id}/credential",
-		reply(s, 200, requiredBody, func(r *http.Request, b *credentialBody) (any, error) {
+		reply(s, 200, requiredBody, func(r *http.Request, b *vaultCredential) (any, error) {
 			it, err := s.inv.store(overlayItem{AgentID: r.PathValue("agent_id"), ID: r.PathValue("subscription_id")},
-				vaultCredential{OAuth: b.OAuth, APIKey: b.APIKey}, infoFrom(r.Context()).client.ID)
+				*b, infoFrom(r.Context()).client.ID)
 			if s.credentialChanged(it); err != nil {
 				return nil, err
 			}
@@ -589,7 +588,7 @@ func (s *server) handleModelCall(embeddings bool) handler {
 		}
 		e := s.engine(ri.agentID, &ri.tally)
 		ri.requestedModel = req.head.Model
-		c, err := e.plan(ri.client, ri.agentID, &req.head)
+		c, err := e.plan(ri.client, &req.head)
 		if ri.routingMode, ri.route = c.res.Mode, c.res.Route; err != nil {
 			return err
 		} else if embeddings {

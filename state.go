@@ -460,14 +460,6 @@ func (d *vaultDoc) validate() error {
 	return nil
 }
 
-func (v *vault) directKey(provider string) string {
-	doc, err := v.load()
-	if err != nil {
-		return ""
-	}
-	return doc.Direct[provider].APIKey
-}
-
 // keepUnwritten keeps g, the rotation of old, until a vault write takes it.
 func (v *vault) keepUnwritten(id string, old, g oauthGrant) {
 	v.umu.Lock()

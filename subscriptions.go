@@ -207,6 +207,23 @@ func unusable(err error) error {
 // invalidate drops every cached listing: a pass or a probe changed the rows (the overlay is re-read on change).
 func (inv *inventory) invalidate() { inv.write(func() error { return nil }) }
 
+// donation is the strict body (and the CLI's request) of POST …/subscriptions/{agent_id}.
+type donation struct {
+	Provider string      `json:"provider"`
+	Label    string      `json:"label"`
+	APIKey   string      `json:"api_key"`
+	OAuth    *oauthGrant `json:"oauth"`
+}
+
+// donatedSubscription is the 201 answer: metadata only, never the secret.
+type donatedSubscription struct {
+	ID       string `json:"id"`
+	Provider string `json:"provider"`
+	AgentID  string `json:"agent_id"`
+	Label    string `json:"label"`
+	Status   string `json:"status"`
+}
+
 // store is the one credential write (SPEC §10.1): an item without an ID is a donation under a fresh id, one with
 // an ID replaces the credential of the agent's non-retired subscription; by, when set, is the client that signed in.
 // Every file is read before either is touched. A donation writes the vault, then the overlay, and takes the secret
