@@ -110,7 +110,7 @@ func openDeps(getenv func(string) string, sy sys) deps {
 	st := resolveState(getenv)
 	cpath, cerr := st.fileOrState(getenv, "BRAMA_CLIENTS_FILE", "clients file", "clients.json")
 	vpath, verr := st.fileOrState(getenv, "BRAMA_VAULT_FILE", "vault", "vault.json")
-	rpath, rerr := registryPath(st, getenv)
+	rpath, rerr := st.fileOrState(getenv, "BRAMA_ROUTES_FILE", registryRole, "routes.json")
 	j := newJournal(st, sy)
 	return deps{stores{st, newVault(vpath, verr), j, newRegistry(rpath, rerr, j, sy.log)}, newClientStore(cpath, cerr)}
 }

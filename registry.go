@@ -21,7 +21,7 @@ import (
 	"unicode/utf8"
 )
 
-// The route registry (SPEC §4) and the clients file (§3.1): two small strict documents, each parsed into its type,
+// The route registry (SPEC §4) and the clients file (§3.1): two small strict documents, each decoded into its type,
 // checked by a rule table, read cached by file identity and written by a flocked read-modify-rename; then alias
 // states and resolution (§5).
 
@@ -32,12 +32,13 @@ var (
 	cgnatPrefix     = netip.MustParsePrefix("100.64.0.0/10") // with loopback, where a deployment may listen
 )
 
-// The registry's limits (SPEC §4.1: a destination's, and a canonical route's model's, is 512 bytes), routing modes (§5.3)
-// and alias states (§4.3); registryRole names the file in guard errors.
+// The registry's limits (SPEC §4.1: a destination's, and a canonical route's model's, is 512 bytes), routing modes (§5.3),
+// alias states (§4.3), a client's roles (§3.1) and the 401 of a token no client holds; registryRole names the file in errors.
 const (
 	registryRole, maxRegistryBytes, maxDestinationBytes                       = "route registry", 1 << 20, 512
 	modeAny, modeAnyVision, modeBest, modeSubscription, modeAlias, modeDirect = "any", "any-vision-capable", "best", "subscription", "alias", "direct"
 	stateServing, stateNoRoute, stateCapabilityAbsent, stateRoutesInvalid     = "serving", "no_route", "capability_absent", "routes_file_invalid"
+	roleAdmin, roleCaller, notAClient                                         = "admin", "caller", "this token is not one of this gateway's clients"
 )
 
 // routesDoc is one schema-1 registry document; a parsed one has non-nil Deployments and Routes, and is shared: read only.
@@ -64,17 +65,28 @@ type (
 	}
 )
 
+// client is one bearer-token holder (SPEC §3.1), kept in clients.json (clientsDoc); only the token's SHA-256 is kept.
+type (
+	client struct {
+		ID            string   `json:"id"`
+		TokenSHA256   string   `json:"token_sha256"`
+		Role          string   `json:"role"`
+		AgentID       string   `json:"agent_id,omitempty"`
+		AllowedModels []string `json:"allowed_models,omitempty"`
+	}
+	clientsDoc struct {
+		Clients []client `json:"clients"` // nil: there is no clients file
+	}
+)
+
 func emptyRoutesDoc() *routesDoc {
 	return &routesDoc{SchemaVersion: 1, Deployments: []deployment{}, Routes: map[string]string{}}
 }
 
 // encodeRegistry is the one canonical encoding every writer commits (sorted routes, [] and {} when empty): migrate is idempotent.
 func encodeRegistry(d *routesDoc) []byte {
-	out := emptyRoutesDoc()
-	out.Deployments = append(out.Deployments, d.Deployments...)
-	maps.Copy(out.Routes, d.Routes)
-	b, _ := marshalState(out) // strings and ints always marshal
-	return b
+	b, _ := marshalState(routesDoc{1, append([]deployment{}, d.Deployments...), maps.Collect(maps.All(d.Routes))})
+	return b // strings and ints always marshal
 }
 
 // routesInvalidError says why a registry document is refused; safe to show an operator.
@@ -84,58 +96,57 @@ func invalidf(format string, args ...any) error {
 	return &routesInvalidError{fmt.Errorf(format, args...)}
 }
 
-func parseRegistry(b []byte) (*routesDoc, error) {
-	doc, _, err := readRegistry(b, false)
-	return doc, err
-}
+func parseRegistry(b []byte) (*routesDoc, error) { return readRegistry(b, nil) }
 
-// readRegistry reads a document under SPEC §4.1's guards (an unknown provider passes: only writers refuse it);
-// to migrate, it drops the top-level members schema 1 lacks, and refuses an empty document.
-func readRegistry(b []byte, migrate bool) (doc *routesDoc, dropped []string, err error) {
-	blank := strings.Trim(string(b), " \t\r\n") == "" // JSON's whitespace, not Unicode's
+// readRegistry reads a document under SPEC §4.1's guards (an unknown provider passes: only writers refuse it); with
+// dropped (migrate), it drops into it the top-level members schema 1 lacks, and refuses an empty document.
+func readRegistry(b []byte, dropped *[]string) (*routesDoc, error) {
+	migrate, blank := dropped != nil, strings.Trim(string(b), " \t\r\n") == "" // JSON's whitespace, not Unicode's
 	switch {
 	case len(b) > maxRegistryBytes: // SPEC §4.1
-		return nil, nil, invalidf("registry is %d bytes; the limit is 1 MiB (%d bytes)", len(b), maxRegistryBytes)
+		return nil, invalidf("registry is %d bytes; the limit is 1 MiB (%d bytes)", len(b), maxRegistryBytes)
 	case blank && !migrate:
-		return emptyRoutesDoc(), nil, nil
+		return emptyRoutesDoc(), nil
 	case blank:
-		return nil, nil, invalidf("registry is empty; there is no document to migrate")
+		return nil, invalidf("registry is empty; there is no document to migrate")
 	case utf8.Valid(b) && !json.Valid(b):
-		return nil, nil, invalidf("registry is not valid JSON: %v", json.Unmarshal(b, new(any)))
+		return nil, invalidf("registry is not valid JSON: %v", json.Unmarshal(b, new(any)))
 	}
 	var top map[string]json.RawMessage
 	var te *json.UnmarshalTypeError
 	if err := decodeStrict("registry", b, &top); errors.As(err, &te) || err == nil && top == nil {
-		return nil, nil, invalidf("registry must be one JSON object")
+		return nil, invalidf("registry must be one JSON object")
 	} else if err != nil {
-		return nil, nil, invalidf("%s", clipName(err.Error()))
+		return nil, invalidf("%s", clipName(err.Error()))
 	}
 	known := func(k string) bool { return k == "schema_version" || k == "deployments" || k == "routes" }
-	dropped = slices.DeleteFunc(append([]string{}, slices.Sorted(maps.Keys(top))...), known)
-	if len(dropped) > 0 && !migrate {
-		return nil, nil, invalidf("registry field %q is not part of schema 1; run brama routes migrate", clipName(dropped[0]))
+	unknown := slices.DeleteFunc(append([]string{}, slices.Sorted(maps.Keys(top))...), known)
+	if len(unknown) > 0 && !migrate {
+		return nil, invalidf("registry field %q is not part of schema 1; run brama routes migrate", clipName(unknown[0]))
+	} else if migrate {
+		*dropped = unknown
 	}
 	maps.DeleteFunc(top, func(k string, _ json.RawMessage) bool { return !known(k) })
 	b, _ = json.Marshal(top) // raw members always marshal
-	doc = emptyRoutesDoc()
+	doc := emptyRoutesDoc()
 	switch err := decodeStrict("registry", b, doc); { // decodeStrict calls validate
 	case errors.As(err, &te):
-		return nil, nil, invalidf("registry field %q cannot be %s (see SPEC §4.1; a destination is one string)", te.Field, clipName(te.Value))
+		return nil, invalidf("registry field %q cannot be %s (see SPEC §4.1; a destination is one string)", te.Field, clipName(te.Value))
 	case errors.As(err, new(*routesInvalidError)):
-		return nil, nil, err
+		return nil, err
 	case err != nil:
-		return nil, nil, invalidf("%s", clipName(err.Error()))
+		return nil, invalidf("%s", clipName(err.Error()))
 	case string(top["schema_version"]) == "null": // the typed decode takes null, and a model's "", for absent; schema 1 refuses them
-		return nil, nil, invalidf(`registry field "schema_version" must be 1, not null`)
+		return nil, invalidf(`registry field "schema_version" must be 1, not null`)
 	}
 	var deps []struct{ Name, Model, Adapters json.RawMessage }
 	json.Unmarshal(top["deployments"], &deps) // decodeStrict took these bytes
 	for _, d := range deps {
 		if m := string(d.Model); m == "null" || m == `""` || string(d.Adapters) == "null" {
-			return nil, nil, invalidf(`registry deployment %s member "model" must be a non-empty string, and "adapters" an array, when present`, clipName(string(d.Name)))
+			return nil, invalidf(`registry deployment %s member "model" must be a non-empty string, and "adapters" an array, when present`, clipName(string(d.Name)))
 		}
 	}
-	return doc, dropped, nil
+	return doc, nil
 }
 
 // validate applies SPEC §4.1's guards to a decoded document, refusing with the first broken one: a deployment's endpoint
@@ -151,19 +162,18 @@ func (doc *routesDoc) validate() error {
 		if len(d.Adapters) == 0 {
 			d.Adapters = nil // [] and absent are one document
 		}
-		badAdapter := ""
-		if i := slices.IndexFunc(d.Adapters, func(a adapter) bool { return !namePattern.MatchString(a.Name) }); i >= 0 {
-			badAdapter = clipName(d.Adapters[i].Name)
+		for _, a := range d.Adapters {
+			errs = append(errs, firstBroken([]rule{{!namePattern.MatchString(a.Name),
+				"registry deployment %q adapter %q: an adapter name must match [a-z0-9._-]{1,128}"}}, clipName(d.Name), clipName(a.Name)))
 		}
 		addr, err := netip.ParseAddr(d.Endpoint.Host)
-		errs = append(errs, firstBroken([]rule{ // arguments: name, host, port, model, the first bad adapter
-			{badAdapter != "", "registry deployment %[1]q adapter %[5]q: an adapter name must match [a-z0-9._-]{1,128}"},
+		errs = append(errs, firstBroken([]rule{ // arguments: name, host, port, model
 			{!namePattern.MatchString(d.Name), "registry deployment %[1]q: a deployment name must match [a-z0-9._-]{1,128}"},
 			{slices.ContainsFunc(doc.Deployments[:i], func(o deployment) bool { return o.Name == d.Name }), "registry deployment %[1]q is declared twice; deployment names must be unique"},
 			{err != nil || !addr.Is4() || !(addr.IsLoopback() || cgnatPrefix.Contains(addr)), "registry deployment %[1]q: endpoint host %[2]q is not an IPv4 loopback or 100.64.0.0/10 literal"},
 			{d.Endpoint.Port < 1 || d.Endpoint.Port > 65535, "registry deployment %[1]q: endpoint port %[3]d is not a port (1-65535)"},
 			{d.Model != "" && !validModel(d.Model), "registry deployment %[1]q: model %[4]q is not 1-512 bytes without control characters"},
-		}, clipName(d.Name), clipName(d.Endpoint.Host), d.Endpoint.Port, clipName(d.Model), badAdapter))
+		}, clipName(d.Name), clipName(d.Endpoint.Host), d.Endpoint.Port, clipName(d.Model)))
 	}
 	for _, alias := range slices.Sorted(maps.Keys(doc.Routes)) {
 		dest := doc.Routes[alias]
@@ -191,6 +201,25 @@ func (doc *routesDoc) validate() error {
 	return cmp.Or(errs...)
 }
 
+// validate applies SPEC §3.1's rules, naming the first one a client breaks (decodeStrict and every write call it).
+func (doc *clientsDoc) validate() error {
+	for i, c := range doc.Clients {
+		if err := firstBroken([]rule{
+			{!idPattern.MatchString(c.ID), "id must match [a-z0-9-]{1,64}"},
+			{slices.ContainsFunc(doc.Clients[:i], func(o client) bool { return o.ID == c.ID }), "duplicate client id"},
+			{!isHexDigest(c.TokenSHA256), "token_sha256 must be 64 lower-case hex characters"},
+			{slices.ContainsFunc(doc.Clients[:i], func(o client) bool { return o.TokenSHA256 == c.TokenSHA256 }), "duplicate token digest"},
+			{c.Role != roleAdmin && c.Role != roleCaller, "role must be admin or caller"},
+			{c.AgentID != "" && !idPattern.MatchString(c.AgentID), "agent_id must match [a-z0-9-]{1,64}"},
+			{slices.ContainsFunc(c.AllowedModels, func(m string) bool { return strings.TrimSpace(m) == "" || strings.Contains(m, "*") }),
+				"allowed_models entries must be exact names (no empty or wildcard entry)"},
+		}); err != nil {
+			return fmt.Errorf("clients file: client %d (%q): %v", i, c.ID, err)
+		}
+	}
+	return nil
+}
+
 // rule is one guard of a table: when bad, why (a format over the table's arguments) refuses the document.
 type rule struct {
 	bad bool
@@ -215,12 +244,10 @@ func validModel(m string) bool {
 }
 
 // match is name's exact alias's destination, else the longest prefix alias's, <provider>/* as <provider>/name (SPEC §5.1);
-// a name with "/" or "*" matches no prefix alias: "o*" must not take over openai/….
+// a name with "/" or "*" matches no prefix alias: "o*" must not take over openai/…, and is itself no model.
 func (doc *routesDoc) match(name string) (dest string, ok bool) {
-	if strings.Contains(name, "*") { // only a prefix alias holds one, and its own name is no model
-		return "", false
-	} else if dest, ok = doc.Routes[name]; ok || strings.Contains(name, "/") || !validModel(name) {
-		return dest, ok
+	if dest, ok = doc.Routes[name]; ok || strings.ContainsAny(name, "/*") || !validModel(name) {
+		return dest, ok && !strings.Contains(name, "*")
 	}
 	longest := ""
 	for alias, d := range doc.Routes {
@@ -257,11 +284,6 @@ func (d deployment) baseURL() string {
 // clipName shortens a name before an error quotes it: the reason is logged and may reach a client.
 func clipName(s string) string { return truncateUTF8(s, 128) }
 
-// registryPath is BRAMA_ROUTES_FILE, else $STATE/routes.json, else the *noStateError (SPEC §2.1).
-func registryPath(st state, getenv func(string) string) (string, error) {
-	return st.fileOrState(getenv, "BRAMA_ROUTES_FILE", registryRole, "routes.json")
-}
-
 // registry is the registry file, read cached by file identity (SPEC §4.2), written under its lock (§4.4).
 type registry struct {
 	stateFile[*routesDoc] // path "" when pathErr is set; keeps a parse failure
@@ -295,30 +317,19 @@ func (r *registry) current() (*routesDoc, error) {
 	return doc, err
 }
 
-// set points alias at destination, and remove deletes it (SPEC §4.4); by is the client id or "cli".
-func (r *registry) set(alias, destination, by string) (*routesDoc, error) {
-	return r.write(alias, &destination, by)
-}
-
-func (r *registry) remove(alias, by string) (*routesDoc, error) { return r.write(alias, nil, by) }
-
-// write points alias at *to or, nil, removes it, journaling the change.
-func (r *registry) write(alias string, to *string, by string) (*routesDoc, error) {
+// set points alias at *to or, nil, removes it (SPEC §4.4), journaling the change by a client id or "cli"; the route must
+// serve with every credential assumed (capability_absent is then an unknown provider or deployment: writers refuse it).
+func (r *registry) set(alias string, to *string, by string) (*routesDoc, error) {
 	return r.commit(func(doc *routesDoc) (*journalRecord, error) {
-		rec := journalRecord{Kind: "route_change", Alias: alias, To: to, By: cmp.Or(by, "cli")}
-		if old, ok := doc.Routes[alias]; ok {
-			rec.From = &old
-		}
-		switch {
-		case to == nil && rec.From == nil:
+		old, ok := doc.Routes[alias]
+		rec := journalRecord{Kind: "route_change", Alias: alias, From: map[bool]*string{true: &old}[ok], To: to, By: cmp.Or(by, "cli")}
+		if delete(doc.Routes, alias); to == nil && !ok {
 			return nil, withAlias(refuse("alias_unknown", "alias %q is not declared in the route registry", alias), alias, stateNoRoute, nil)
-		case to == nil:
-			delete(doc.Routes, alias)
+		} else if to == nil {
 			return &rec, nil
 		}
 		*to = strings.TrimSpace(*to)
 		doc.Routes[alias] = *to
-		// Every credential assumed, capability_absent is an unknown provider or deployment: writers refuse it.
 		_, st, reason := doc.destination(*to, func(string) bool { return true })
 		if err := doc.validate(); err != nil || st != stateServing { // the document was valid: a refusal is this route's
 			return nil, refuse("invalid_request", "%v", cmp.Or(err, fmt.Errorf("registry route %q: %s", alias, reason)))
@@ -327,7 +338,7 @@ func (r *registry) write(alias string, to *string, by string) (*routesDoc, error
 	})
 }
 
-// setDeployment declares d or removes d.Name (refused while an alias routes to it: commit re-parses). Nothing is journaled.
+// setDeployment declares d or removes d.Name (refused while an alias routes to it: commit validates). Nothing is journaled.
 func (r *registry) setDeployment(d deployment, remove bool) (*routesDoc, error) {
 	return r.commit(func(doc *routesDoc) (*journalRecord, error) {
 		n := len(doc.Deployments)
@@ -346,14 +357,12 @@ func (r *registry) setDeployment(d deployment, remove bool) (*routesDoc, error) 
 
 // commit is SPEC §4.4's read-modify-rename under the flock (its own file description: writers of this process wait too),
 // journaling change's record after it: a failed append is only logged.
-func (r *registry) commit(change func(doc *routesDoc) (*journalRecord, error)) (*routesDoc, error) {
+func (r *registry) commit(change func(doc *routesDoc) (*journalRecord, error)) (doc *routesDoc, err error) {
 	if err := r.pathErr; err != nil {
 		return nil, refuse("dependency_unavailable", "the route registry cannot be written: %v", err).because(err)
 	}
-	var committed *routesDoc
-	err := withFileLock(r.path, func() error {
-		doc, err := r.fresh() // parsed just now; nobody else holds it
-		if err != nil {
+	err = withFileLock(r.path, func() error {
+		if doc, err = r.fresh(); err != nil { // parsed just now; nobody else holds it
 			return refuse("state_conflict", "the route registry on disk is invalid (repair it or run brama routes migrate): %v", err).because(err)
 		}
 		rec, err := change(doc)
@@ -361,42 +370,40 @@ func (r *registry) commit(change func(doc *routesDoc) (*journalRecord, error)) (
 			return err
 		}
 		staged, journalErr := encodeRegistry(doc), r.j.ready()
-		if committed, err = parseRegistry(staged); rec != nil && journalErr != nil {
-			e := refuse("dependency_unavailable", "route registry not changed: the journal cannot record it: %v", journalErr)
-			return e.because(journalErr)
-		} else if len(staged) > maxRegistryBytes {
+		switch err := doc.validate(); {
+		case rec != nil && journalErr != nil:
+			return refuse("dependency_unavailable", "route registry not changed: the journal cannot record it: %v", journalErr).because(journalErr)
+		case len(staged) > maxRegistryBytes:
 			return refuse("state_conflict", "the route registry would be %d bytes; the limit is 1 MiB (%d bytes)", len(staged), maxRegistryBytes)
-		} else if err != nil {
+		case err != nil:
 			return refuse("invalid_request", "route registry not changed: %v", err).because(err)
-		} else if err := writeFileAtomic(r.path, staged); err != nil {
-			return refuse("internal_error", "route registry not changed: %v", err).because(err)
-		} else if rec == nil {
-			return nil
+		}
+		if err := writeFileAtomic(r.path, staged); err != nil || rec == nil {
+			return err
 		}
 		if err := r.j.append(*rec); err != nil { // under the flock, so records follow the renames
 			r.log.Error("journal_append_failed", "kind", rec.Kind, "alias", rec.Alias, "cause", err.Error())
 		}
 		return nil
 	})
-	if err != nil && !errors.As(err, new(*apiError)) { // change's refusals come back as they are
-		err = refuse("internal_error", "route registry lock: %v", err).because(err)
+	if err != nil && !errors.As(err, new(*apiError)) { // a failed lock or rename; change's refusals come back as they are
+		err = refuse("internal_error", "route registry not changed: %v", err).because(err)
 	}
-	return committed, err // callers read err first
+	return doc, err // callers read err first
 }
 
 // migrateRegistry is `brama routes migrate` (SPEC §4.4): drop what schema 1 lacks, commit the rest under the lock.
-func migrateRegistry(path string) (committed []byte, dropped []string, doc *routesDoc, err error) {
+func migrateRegistry(path string) (committed []byte, dropped []string, err error) {
 	if _, err := guardFile(registryRole, path); err != nil {
-		return nil, nil, nil, err // before the lock: an absent file gets no lock file either
+		return nil, nil, err // before the lock: an absent file gets no lock file either
 	}
-	f := stateFile[*routesDoc]{role: registryRole, path: path, absentErr: true, parse: func(b []byte) (*routesDoc, error) {
-		doc, dropped, err = readRegistry(b, true)
-		return doc, err
-	}}
-	if err := f.update(func(*routesDoc) error { return nil }); err != nil {
-		return nil, nil, nil, err
-	}
-	return encodeRegistry(doc), dropped, doc, nil // what update wrote: marshalState of a parsed document
+	f := stateFile[*routesDoc]{role: registryRole, path: path, absentErr: true,
+		parse: func(b []byte) (*routesDoc, error) { return readRegistry(b, &dropped) }}
+	err = f.update(func(doc *routesDoc) error {
+		committed = encodeRegistry(doc) // what update writes: marshalState of a parsed document
+		return nil
+	})
+	return committed, dropped, err
 }
 
 // aliasRow is one line of GET /v1/aliases and `brama routes list`.
@@ -509,8 +516,7 @@ func resolveModel(name string, doc *routesDoc, docErr error, hasDirect func(stri
 	case declared && st != stateServing:
 		return resolution{}, withAlias(refuse("alias_unserviceable", "alias %q cannot serve: %s", name, reason), name, st, &dest)
 	case res.Provider.cred == credNone && res.BaseURL == "": // undeclared: local-openai needs the deployment, for its endpoint
-		e := refuse("invalid_request", "model %q names no single deployment or adapter in the route registry", truncateUTF8(res.Route, 200))
-		return resolution{}, e
+		return resolution{}, refuse("invalid_request", "model %q names no single deployment or adapter in the route registry", truncateUTF8(res.Route, 200))
 	case declared && res.Mode == modeDirect:
 		res.Mode, res.Alias = modeAlias, name
 	case declared:
@@ -519,59 +525,18 @@ func resolveModel(name string, doc *routesDoc, docErr error, hasDirect func(stri
 	return res, nil
 }
 
-// client is one bearer-token holder (SPEC §3.1), kept in clients.json; only the token's SHA-256 is kept.
-type client struct {
-	ID            string   `json:"id"`
-	TokenSHA256   string   `json:"token_sha256"`
-	Role          string   `json:"role"`
-	AgentID       string   `json:"agent_id,omitempty"`
-	AllowedModels []string `json:"allowed_models,omitempty"`
-}
-
 // mayUse applies allowed_models (SPEC §3.1): none listed, any model.
 func (c client) mayUse(model string) bool {
 	return c.AllowedModels == nil || slices.Contains(c.AllowedModels, model)
 }
 
-// Roles of a client (SPEC §3.1), and the 401 of a token no client holds.
-const (
-	roleAdmin, roleCaller = "admin", "caller"
-	notAClient            = "this token is not one of this gateway's clients"
-)
-
-// clientsDoc is clients.json: every client, each with its token's digest only.
-type clientsDoc struct {
-	Clients []client `json:"clients"`
-}
-
-// parseClients strictly parses clients.json; nil, no file, is no clients.
+// parseClients strictly parses clients.json (decodeStrict validates); nil, no file, is a nil list: serve makes the first.
 func parseClients(b []byte) (*clientsDoc, error) {
-	doc := &clientsDoc{Clients: []client{}}
 	if b == nil {
-		return doc, nil
+		return &clientsDoc{}, nil
 	}
+	doc := &clientsDoc{Clients: []client{}}
 	return doc, decodeStrict("clients file", b, doc)
-}
-
-// validate applies SPEC §3.1's rules, naming the first one a client breaks.
-func (doc *clientsDoc) validate() error {
-	ids, digests := map[string]bool{}, map[string]bool{}
-	for i, c := range doc.Clients {
-		if err := firstBroken([]rule{
-			{!idPattern.MatchString(c.ID), "id must match [a-z0-9-]{1,64}"},
-			{ids[c.ID], "duplicate client id"},
-			{!isHexDigest(c.TokenSHA256), "token_sha256 must be 64 lower-case hex characters"},
-			{digests[c.TokenSHA256], "duplicate token digest"},
-			{c.Role != roleAdmin && c.Role != roleCaller, "role must be admin or caller"},
-			{c.AgentID != "" && !idPattern.MatchString(c.AgentID), "agent_id must match [a-z0-9-]{1,64}"},
-			{slices.ContainsFunc(c.AllowedModels, func(m string) bool { return strings.TrimSpace(m) == "" || strings.Contains(m, "*") }),
-				"allowed_models entries must be exact names (no empty or wildcard entry)"},
-		}); err != nil {
-			return fmt.Errorf("clients file: client %d (%q): %v", i, c.ID, err)
-		}
-		ids[c.ID], digests[c.TokenSHA256] = true, true
-	}
-	return nil
 }
 
 // newToken makes a bearer token: "brama_" and 43 base64url characters.
@@ -581,16 +546,19 @@ func newToken() string {
 	return "brama_" + base64.RawURLEncoding.EncodeToString(b)
 }
 
-func tokenDigest(token string) string { return hexSHA256([]byte(token)) }
+func hexSHA256(b []byte) string { return fmt.Sprintf("%x", sha256.Sum256(b)) }
 
-// clientStore is the clients file, re-read on change (SPEC §2.3), or without a state directory the process's memory.
+func isHexDigest(s string) bool { return len(s) == 64 && strings.Trim(s, "0123456789abcdef") == "" }
+
+// clientStore is the clients file, re-read on change (SPEC §2.3) and written by its update, or without a state
+// directory the process's memory.
 type clientStore struct {
 	stateFile[*clientsDoc]
 	memory *clientsDoc
 }
 
 func newClientStore(path string, pathErr error) *clientStore {
-	return &clientStore{stateFile: stateFile[*clientsDoc]{role: "clients file", path: path, pathErr: pathErr, parse: parseClients, absentErr: true}}
+	return &clientStore{stateFile: stateFile[*clientsDoc]{role: "clients file", path: path, pathErr: pathErr, parse: parseClients}}
 }
 
 func (c *clientStore) load() (*clientsDoc, error) {
@@ -606,7 +574,7 @@ func (c *clientStore) authenticate(token string) (found client, err error) {
 	if err != nil {
 		return found, refuse("unauthenticated", "the clients file is unusable, so no token can be checked (GET /readyz says why)").because(err)
 	}
-	want := []byte(tokenDigest(token))
+	want := []byte(hexSHA256([]byte(token)))
 	for _, cl := range doc.Clients {
 		if subtle.ConstantTimeCompare(want, []byte(cl.TokenSHA256)) == 1 {
 			found = cl
@@ -618,23 +586,18 @@ func (c *clientStore) authenticate(token string) (found client, err error) {
 	return found, err
 }
 
-// update changes the clients file under its lock (SPEC §2.3); an absent file is an empty one.
-func (c *clientStore) update(fn func(d *clientsDoc) error) error {
-	return (&stateFile[*clientsDoc]{role: "clients file", path: c.path, pathErr: c.pathErr, parse: parseClients}).update(fn)
-}
-
-// ensureFirstClient creates the admin client "local", its token printed once, when no clients file exists (SPEC
-// §3.1); in memory with no state (§2.1).
+// ensureFirstClient creates the admin client "local", its token printed once, when no clients file exists (SPEC §3.1);
+// in memory with no state (§2.1).
 func ensureFirstClient(c *clientStore, stderr io.Writer) error {
 	tok := newToken()
-	local, kept, created := client{ID: "local", TokenSHA256: tokenDigest(tok), Role: roleAdmin}, "", c.pathErr != nil
+	local, kept, created := client{ID: "local", TokenSHA256: hexSHA256([]byte(tok)), Role: roleAdmin}, "", c.pathErr != nil
 	if created {
 		c.memory, kept = &clientsDoc{Clients: []client{local}}, fmt.Sprintf(" for this process only (not kept: %v)", c.pathErr)
-	} else if _, err := c.load(); !errors.Is(err, errFileAbsent) {
-		return err // nil, or a clients file that must be repaired before serving
+	} else if doc, err := c.load(); err != nil || doc.Clients != nil {
+		return err // a clients file, or one that must be repaired before serving
 	} else if err := c.update(func(d *clientsDoc) error {
-		if created = len(d.Clients) == 0; created {
-			d.Clients = append(d.Clients, local)
+		if created = d.Clients == nil; created { // still no file under the lock
+			d.Clients = []client{local}
 		}
 		return nil
 	}); err != nil {
@@ -645,7 +608,3 @@ func ensureFirstClient(c *clientStore, stderr io.Writer) error {
 	}
 	return nil
 }
-
-func hexSHA256(b []byte) string { return fmt.Sprintf("%x", sha256.Sum256(b)) }
-
-func isHexDigest(s string) bool { return len(s) == 64 && strings.Trim(s, "0123456789abcdef") == "" }
