@@ -21,9 +21,7 @@ import (
 	"unicode/utf8"
 )
 
-// The route registry (SPEC §4) and the clients file (§3.1): two small strict documents, each decoded into its type,
-// checked by a rule table, read cached by file identity and written by a flocked read-modify-rename; then alias
-// states and resolution (§5).
+// The route registry (SPEC §4) and the clients file (§3.1), each a strict document with a rule table; alias resolution (§5).
 
 var (
 	aliasPattern    = regexp.MustCompile(`^([a-z0-9._/-]{1,128}|[a-z0-9._-]{1,128}\*)$`) // exact, or a prefix alias
@@ -92,14 +90,11 @@ func encodeRegistry(d *routesDoc) []byte {
 // routesInvalidError says why a registry document is refused; safe to show an operator.
 type routesInvalidError struct{ error }
 
-func invalidf(format string, args ...any) error {
-	return &routesInvalidError{fmt.Errorf(format, args...)}
-}
+func invalidf(why string, args ...any) error { return &routesInvalidError{fmt.Errorf(why, args...)} }
 
 func parseRegistry(b []byte) (*routesDoc, error) { return readRegistry(b, nil) }
 
-// readRegistry reads a document under SPEC §4.1's guards (an unknown provider passes: only writers refuse it); with
-// dropped (migrate), it drops into it the top-level members schema 1 lacks, and refuses an empty document.
+// readRegistry applies SPEC §4.1's guards (writers refuse an unknown provider); to migrate, it drops into dropped what schema 1 lacks.
 func readRegistry(b []byte, dropped *[]string) (*routesDoc, error) {
 	migrate, blank := dropped != nil, strings.Trim(string(b), " \t\r\n") == "" // JSON's whitespace, not Unicode's
 	switch {
@@ -267,10 +262,8 @@ func (doc *routesDoc) lookupLocal(name string) (dep deployment, upstream string,
 		if d.Name == name {
 			dep, upstream, n = d, cmp.Or(d.Model, d.Name), n+1
 		}
-		for _, a := range d.Adapters {
-			if a.Name == name {
-				dep, upstream, n = d, a.Name, n+1
-			}
+		if slices.Contains(d.Adapters, adapter{name}) { // one deployment's adapters name one route
+			dep, upstream, n = d, name, n+1
 		}
 	}
 	return dep, upstream, n
@@ -317,22 +310,21 @@ func (r *registry) current() (*routesDoc, error) {
 	return doc, err
 }
 
-// set points alias at *to or, nil, removes it (SPEC §4.4), journaling the change by a client id or "cli"; the route must
-// serve with every credential assumed (capability_absent is then an unknown provider or deployment: writers refuse it).
+// set points alias at *to, or removes it (nil), journaled (SPEC §4.4); with every credential assumed the route must serve.
 func (r *registry) set(alias string, to *string, by string) (*routesDoc, error) {
 	return r.commit(func(doc *routesDoc) (*journalRecord, error) {
 		old, ok := doc.Routes[alias]
 		rec := journalRecord{Kind: "route_change", Alias: alias, From: map[bool]*string{true: &old}[ok], To: to, By: cmp.Or(by, "cli")}
-		if delete(doc.Routes, alias); to == nil && !ok {
+		if to == nil && !ok {
 			return nil, withAlias(refuse("alias_unknown", "alias %q is not declared in the route registry", alias), alias, stateNoRoute, nil)
 		} else if to == nil {
+			delete(doc.Routes, alias)
 			return &rec, nil
 		}
 		*to = strings.TrimSpace(*to)
-		doc.Routes[alias] = *to
-		_, st, reason := doc.destination(*to, func(string) bool { return true })
-		if err := doc.validate(); err != nil || st != stateServing { // the document was valid: a refusal is this route's
-			return nil, refuse("invalid_request", "%v", cmp.Or(err, fmt.Errorf("registry route %q: %s", alias, reason)))
+		doc.Routes[alias] = *to // commit refuses an invalid document first: its refusal names the guard
+		if _, st, reason := doc.destination(*to, func(string) bool { return true }); st != stateServing && doc.validate() == nil {
+			return nil, refuse("invalid_request", "registry route %q: %s", alias, reason)
 		}
 		return &rec, nil
 	})
@@ -343,20 +335,17 @@ func (r *registry) setDeployment(d deployment, remove bool) (*routesDoc, error) 
 	return r.commit(func(doc *routesDoc) (*journalRecord, error) {
 		n := len(doc.Deployments)
 		doc.Deployments = slices.DeleteFunc(doc.Deployments, func(o deployment) bool { return o.Name == d.Name })
-		switch {
-		case remove && len(doc.Deployments) == n:
-			return nil, refuse("invalid_request", "no deployment %q is declared", d.Name)
-		case !remove && len(doc.Deployments) != n:
-			return nil, refuse("invalid_request", "deployment %q is already declared; rm it first", d.Name)
-		case !remove:
+		if declared := len(doc.Deployments) < n; declared != remove {
+			why := map[bool]string{true: "no deployment %q is declared", false: "deployment %q is already declared; rm it first"}[remove]
+			return nil, refuse("invalid_request", why, d.Name)
+		} else if !remove {
 			doc.Deployments = append(doc.Deployments, d)
 		}
 		return nil, nil
 	})
 }
 
-// commit is SPEC §4.4's read-modify-rename under the flock (its own file description: writers of this process wait too),
-// journaling change's record after it: a failed append is only logged.
+// commit is SPEC §4.4's read-modify-rename under the flock, journaling change's record after it (a failed append is logged).
 func (r *registry) commit(change func(doc *routesDoc) (*journalRecord, error)) (doc *routesDoc, err error) {
 	if err := r.pathErr; err != nil {
 		return nil, refuse("dependency_unavailable", "the route registry cannot be written: %v", err).because(err)
@@ -366,17 +355,16 @@ func (r *registry) commit(change func(doc *routesDoc) (*journalRecord, error)) (
 			return refuse("state_conflict", "the route registry on disk is invalid (repair it or run brama routes migrate): %v", err).because(err)
 		}
 		rec, err := change(doc)
-		if err != nil {
-			return err
-		}
 		staged, journalErr := encodeRegistry(doc), r.j.ready()
-		switch err := doc.validate(); {
+		switch invalid := doc.validate(); {
+		case err != nil:
+			return err
 		case rec != nil && journalErr != nil:
 			return refuse("dependency_unavailable", "route registry not changed: the journal cannot record it: %v", journalErr).because(journalErr)
 		case len(staged) > maxRegistryBytes:
 			return refuse("state_conflict", "the route registry would be %d bytes; the limit is 1 MiB (%d bytes)", len(staged), maxRegistryBytes)
-		case err != nil:
-			return refuse("invalid_request", "route registry not changed: %v", err).because(err)
+		case invalid != nil:
+			return refuse("invalid_request", "route registry not changed: %v", invalid).because(invalid)
 		}
 		if err := writeFileAtomic(r.path, staged); err != nil || rec == nil {
 			return err
@@ -406,12 +394,10 @@ func migrateRegistry(path string) (committed []byte, dropped []string, err error
 	return committed, dropped, err
 }
 
-// aliasRow is one line of GET /v1/aliases and `brama routes list`.
+// aliasRow is one line of GET /v1/aliases and `brama routes list`: an alias refusal's details and a one-sentence reason.
 type aliasRow struct {
-	Alias  string  `json:"alias"`
-	State  string  `json:"state"`
-	Route  *string `json:"route"`
-	Reason string  `json:"reason"` // one sentence
+	aliasDetails
+	Reason string `json:"reason"`
 }
 
 // aliasTable is the body of GET /v1/aliases (SPEC §4.3).
@@ -434,7 +420,7 @@ func (r *registry) aliases(hasDirect, mayUse func(string) bool) (aliasTable, err
 			reason = fmt.Sprintf("Every name starting with %q that no exact alias declares. %s", prefix, reason)
 		}
 		if mayUse == nil || mayUse(alias) {
-			t.Aliases = append(t.Aliases, aliasRow{Alias: alias, State: st, Route: &dest, Reason: reason})
+			t.Aliases = append(t.Aliases, aliasRow{aliasDetails{alias, st, &dest}, reason})
 			t.Unserviceable += map[bool]int{true: 1}[st != stateServing]
 		}
 	}
@@ -547,18 +533,12 @@ func newToken() string {
 }
 
 func hexSHA256(b []byte) string { return fmt.Sprintf("%x", sha256.Sum256(b)) }
-
 func isHexDigest(s string) bool { return len(s) == 64 && strings.Trim(s, "0123456789abcdef") == "" }
 
-// clientStore is the clients file, re-read on change (SPEC §2.3) and written by its update, or without a state
-// directory the process's memory.
+// clientStore is the clients file (SPEC §2.3), or without a state directory the process's memory.
 type clientStore struct {
 	stateFile[*clientsDoc]
 	memory *clientsDoc
-}
-
-func newClientStore(path string, pathErr error) *clientStore {
-	return &clientStore{stateFile: stateFile[*clientsDoc]{role: "clients file", path: path, pathErr: pathErr, parse: parseClients}}
 }
 
 func (c *clientStore) load() (*clientsDoc, error) {
@@ -586,8 +566,7 @@ func (c *clientStore) authenticate(token string) (found client, err error) {
 	return found, err
 }
 
-// ensureFirstClient creates the admin client "local", its token printed once, when no clients file exists (SPEC §3.1);
-// in memory with no state (§2.1).
+// ensureFirstClient creates the admin client "local" when no clients file exists (SPEC §3.1; in memory with no state, §2.1).
 func ensureFirstClient(c *clientStore, stderr io.Writer) error {
 	tok := newToken()
 	local, kept, created := client{ID: "local", TokenSHA256: hexSHA256([]byte(tok)), Role: roleAdmin}, "", c.pathErr != nil
