@@ -90,11 +90,11 @@ func encodeRegistry(d *routesDoc) []byte {
 // routesInvalidError says why a registry document is refused; safe to show an operator.
 type routesInvalidError struct{ error }
 
-func invalidf(why string, args ...any) error { return &routesInvalidError{fmt.Errorf(why, args...)} }
-
+func invalidf(why string, args ...any) error     { return &routesInvalidError{fmt.Errorf(why, args...)} }
 func parseRegistry(b []byte) (*routesDoc, error) { return readRegistry(b, nil) }
+func clipName(s string) string                   { return truncateUTF8(s, 128) } // a quoted name is logged and may reach a client
 
-// readRegistry applies SPEC §4.1's guards (writers refuse an unknown provider); to migrate, it drops into dropped what schema 1 lacks.
+// readRegistry applies SPEC §4.1's guards (writers refuse an unknown provider); migrating, it fills dropped.
 func readRegistry(b []byte, dropped *[]string) (*routesDoc, error) {
 	migrate, blank := dropped != nil, strings.Trim(string(b), " \t\r\n") == "" // JSON's whitespace, not Unicode's
 	switch {
@@ -274,9 +274,6 @@ func (d deployment) baseURL() string {
 	return fmt.Sprintf("http://%s:%d/v1", d.Endpoint.Host, d.Endpoint.Port)
 }
 
-// clipName shortens a name before an error quotes it: the reason is logged and may reach a client.
-func clipName(s string) string { return truncateUTF8(s, 128) }
-
 // registry is the registry file, read cached by file identity (SPEC §4.2), written under its lock (§4.4).
 type registry struct {
 	stateFile[*routesDoc] // path "" when pathErr is set; keeps a parse failure
@@ -314,7 +311,8 @@ func (r *registry) current() (*routesDoc, error) {
 func (r *registry) set(alias string, to *string, by string) (*routesDoc, error) {
 	return r.commit(func(doc *routesDoc) (*journalRecord, error) {
 		old, ok := doc.Routes[alias]
-		rec := journalRecord{Kind: "route_change", Alias: alias, From: map[bool]*string{true: &old}[ok], To: to, By: cmp.Or(by, "cli")}
+		rec := journalRecord{Kind: "route_change", Alias: alias, To: to, By: cmp.Or(by, "cli")}
+		rec.From = map[bool]*string{true: &old}[ok] // nil: a new alias
 		if to == nil && !ok {
 			return nil, withAlias(refuse("alias_unknown", "alias %q is not declared in the route registry", alias), alias, stateNoRoute, nil)
 		} else if to == nil {
@@ -335,9 +333,10 @@ func (r *registry) setDeployment(d deployment, remove bool) (*routesDoc, error) 
 	return r.commit(func(doc *routesDoc) (*journalRecord, error) {
 		n := len(doc.Deployments)
 		doc.Deployments = slices.DeleteFunc(doc.Deployments, func(o deployment) bool { return o.Name == d.Name })
-		if declared := len(doc.Deployments) < n; declared != remove {
-			why := map[bool]string{true: "no deployment %q is declared", false: "deployment %q is already declared; rm it first"}[remove]
-			return nil, refuse("invalid_request", why, d.Name)
+		if declared := len(doc.Deployments) < n; declared && !remove {
+			return nil, refuse("invalid_request", "deployment %q is already declared; rm it first", d.Name)
+		} else if !declared && remove {
+			return nil, refuse("invalid_request", "no deployment %q is declared", d.Name)
 		} else if !remove {
 			doc.Deployments = append(doc.Deployments, d)
 		}
@@ -360,9 +359,10 @@ func (r *registry) commit(change func(doc *routesDoc) (*journalRecord, error)) (
 		case err != nil:
 			return err
 		case rec != nil && journalErr != nil:
-			return refuse("dependency_unavailable", "route registry not changed: the journal cannot record it: %v", journalErr).because(journalErr)
+			e := refuse("dependency_unavailable", "route registry not changed: the journal cannot record it: %v", journalErr)
+			return e.because(journalErr)
 		case len(staged) > maxRegistryBytes:
-			return refuse("state_conflict", "the route registry would be %d bytes; the limit is 1 MiB (%d bytes)", len(staged), maxRegistryBytes)
+			return refuse("state_conflict", "the route registry would be %d bytes, over the 1 MiB limit", len(staged))
 		case invalid != nil:
 			return refuse("invalid_request", "route registry not changed: %v", invalid).because(invalid)
 		}
