@@ -58,20 +58,20 @@ func commands() []command {
 		{name: "routes set", args: "ALIAS DESTINATION", pos: 2, purpose: "set an alias (journaled route_change, by cli)", example: "brama routes set chat openai/gpt-4o",
 			run: func(e *cliEnv, _ opts, p []string) error {
 				d := e.deps()
-				_, err := d.reg.set(p[0], p[1], "cli")
+				_, err := d.reg.set(p[0], &p[1], "cli")
 				return e.printAliases(d, false, e.wrote(d.reg.path, err, "set %s -> %s\n", p[0], p[1]))
 			}},
 		{name: "routes rm", args: "ALIAS", pos: 1, purpose: "remove an alias", example: "brama routes rm chat",
 			run: func(e *cliEnv, _ opts, p []string) error {
 				d := e.deps()
-				_, err := d.reg.remove(p[0], "cli")
+				_, err := d.reg.set(p[0], nil, "cli")
 				return e.printAliases(d, false, e.wrote(d.reg.path, err, "removed %s\n", p[0]))
 			}},
 		{name: "routes migrate", args: "[-file F] [-json]", purpose: "drop retired top-level fields, commit, print the committed document (idempotent)", example: "brama routes migrate", run: routesMigrate, flags: []flagSpec{{"file", "", "registry `file` to migrate (default: the registry Brama reads)"}, {"json", false, `print {"ok":true,"file":F,"dropped":[…],"document":{…}}`}}},
 		{name: "clients add", args: "ID [-admin] [-agent A] [-allow NAME]...", pos: 1, purpose: "make a client; its token is printed once on stdout", example: "brama clients add app -allow chat", flags: []flagSpec{{"admin", false, "give the client the admin role (reaches /v1/admin/*)"}, agent("bind the client's bearer to `agent`"), {"allow", []string(nil), "allow only this model `name` (repeatable; exact names)"}},
 			run: func(e *cliEnv, o opts, p []string) error {
 				tok, role := newToken(), map[bool]string{false: roleCaller, true: roleAdmin}[o.b("admin")]
-				c := client{ID: p[0], TokenSHA256: tokenDigest(tok), Role: role, AgentID: o.s("agent"), AllowedModels: *o["allow"].(*[]string)}
+				c := client{ID: p[0], TokenSHA256: hexSHA256([]byte(tok)), Role: role, AgentID: o.s("agent"), AllowedModels: *o["allow"].(*[]string)}
 				cs := e.deps().clients
 				err := e.wrote(cs.path, cs.update(func(d *clientsDoc) error { // validate refuses a second client of that id
 					d.Clients = append(d.Clients, c)
@@ -388,11 +388,11 @@ func (e *cliEnv) printAliases(d deps, asJSON bool, err error) error {
 func routesMigrate(e *cliEnv, o opts, _ []string) error {
 	path, err := o.s("file"), error(nil)
 	if path == "" {
-		path, err = registryPath(resolveState(e.getenv), e.getenv)
+		path, err = resolveState(e.getenv).fileOrState(e.getenv, "BRAMA_ROUTES_FILE", registryRole, "routes.json")
 	}
 	out, dropped := []byte(nil), []string(nil)
 	if err == nil {
-		out, dropped, _, err = migrateRegistry(path)
+		out, dropped, err = migrateRegistry(path)
 	}
 	if err != nil {
 		fmt.Fprintf(e.stderr, "route migration error: %v\n", err)

@@ -111,11 +111,12 @@ type deps struct {
 // openDeps resolves every state file path (SPEC §2.1, §2.2); nothing is read yet.
 func openDeps(getenv func(string) string, sy sys) deps {
 	st := resolveState(getenv)
-	cpath, cerr := st.fileOrState(getenv, "BRAMA_CLIENTS_FILE", "clients file", "clients.json")
+	clients := &clientStore{stateFile: stateFile[*clientsDoc]{role: "clients file", parse: parseClients}}
+	clients.path, clients.pathErr = st.fileOrState(getenv, "BRAMA_CLIENTS_FILE", "clients file", "clients.json")
 	vpath, verr := st.fileOrState(getenv, "BRAMA_VAULT_FILE", "vault", "vault.json")
-	rpath, rerr := registryPath(st, getenv)
+	rpath, rerr := st.fileOrState(getenv, "BRAMA_ROUTES_FILE", registryRole, "routes.json")
 	j := newJournal(st, sy)
-	return deps{st, newVault(vpath, verr), j, newRegistry(rpath, rerr, j, sy.log), newClientStore(cpath, cerr)}
+	return deps{st, newVault(vpath, verr), j, newRegistry(rpath, rerr, j, sy.log), clients}
 }
 
 // readLocalCredentials reads `{"provider":"api key",…}` from stdin when asked, keys trimmed as credentials set trims

@@ -84,7 +84,7 @@ func TestPrefixAliasGuards(t *testing.T) {
 				t.Errorf("parse: %v, want %q", err, tc.want)
 			}
 			f := newRegFixture(t)
-			if _, err := f.reg.set(tc.alias, tc.dest, "t"); err == nil || !strings.Contains(err.Error(), tc.want) {
+			if _, err := f.reg.set(tc.alias, ptr(tc.dest), "t"); err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("set: %v, want %q", err, tc.want)
 			}
 		})
@@ -92,7 +92,7 @@ func TestPrefixAliasGuards(t *testing.T) {
 	// Writers refuse what readers accept as capability_absent.
 	f := newRegFixture(t)
 	for dest, want := range map[string]string{"nope/*": `Provider "nope" is not one Brama knows`, "local-openai/*": `No single deployment or adapter named "*"`} {
-		if _, err := f.reg.set("x-*", dest, "t"); err == nil || !strings.Contains(err.Error(), want) {
+		if _, err := f.reg.set("x-*", ptr(dest), "t"); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("set x-* %s: %v, want %q", dest, err, want)
 		}
 	}
@@ -318,7 +318,7 @@ func TestCredentialsAndClientsList(t *testing.T) {
 	if out != want {
 		t.Errorf("clients list:\n%s\nwant:\n%s", out, want)
 	}
-	for _, secret := range []string{tok1, tok2, tokenDigest(tok1), tokenDigest(tok2)} {
+	for _, secret := range []string{tok1, tok2, hexSHA256([]byte(tok1)), hexSHA256([]byte(tok2))} {
 		if strings.Contains(out, secret) {
 			t.Error("clients list shows a token or digest")
 		}

@@ -2,9 +2,14 @@ package main
 
 import (
 	"cmp"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"net/netip"
@@ -16,7 +21,7 @@ import (
 	"unicode/utf8"
 )
 
-// The route registry (SPEC §4): document, guards, cached read, writes, migrate, alias states, resolution (§5).
+// The route registry (SPEC §4) and the clients file (§3.1), each a strict document with a rule table; alias resolution (§5).
 
 var (
 	aliasPattern    = regexp.MustCompile(`^([a-z0-9._/-]{1,128}|[a-z0-9._-]{1,128}\*)$`) // exact, or a prefix alias
@@ -25,12 +30,13 @@ var (
 	cgnatPrefix     = netip.MustParsePrefix("100.64.0.0/10") // with loopback, where a deployment may listen
 )
 
-// The registry's limits (SPEC §4.1: a destination's, and a canonical route's model's, is 512 bytes), routing modes (§5.3)
-// and alias states (§4.3); registryRole names the file in guard errors.
+// The registry's limits (SPEC §4.1: a destination's, and a canonical route's model's, is 512 bytes), routing modes (§5.3),
+// alias states (§4.3), a client's roles (§3.1) and the 401 of a token no client holds; registryRole names the file in errors.
 const (
 	registryRole, maxRegistryBytes, maxDestinationBytes                       = "route registry", 1 << 20, 512
 	modeAny, modeAnyVision, modeBest, modeSubscription, modeAlias, modeDirect = "any", "any-vision-capable", "best", "subscription", "alias", "direct"
 	stateServing, stateNoRoute, stateCapabilityAbsent, stateRoutesInvalid     = "serving", "no_route", "capability_absent", "routes_file_invalid"
+	roleAdmin, roleCaller, notAClient                                         = "admin", "caller", "this token is not one of this gateway's clients"
 )
 
 // routesDoc is one schema-1 registry document; a parsed one has non-nil Deployments and Routes, and is shared: read only.
@@ -57,78 +63,85 @@ type (
 	}
 )
 
+// client is one bearer-token holder (SPEC §3.1), kept in clients.json (clientsDoc); only the token's SHA-256 is kept.
+type (
+	client struct {
+		ID            string   `json:"id"`
+		TokenSHA256   string   `json:"token_sha256"`
+		Role          string   `json:"role"`
+		AgentID       string   `json:"agent_id,omitempty"`
+		AllowedModels []string `json:"allowed_models,omitempty"`
+	}
+	clientsDoc struct {
+		Clients []client `json:"clients"` // nil: there is no clients file
+	}
+)
+
 func emptyRoutesDoc() *routesDoc {
 	return &routesDoc{SchemaVersion: 1, Deployments: []deployment{}, Routes: map[string]string{}}
 }
 
 // encodeRegistry is the one canonical encoding every writer commits (sorted routes, [] and {} when empty): migrate is idempotent.
 func encodeRegistry(d *routesDoc) []byte {
-	out := emptyRoutesDoc()
-	out.Deployments = append(out.Deployments, d.Deployments...)
-	maps.Copy(out.Routes, d.Routes)
-	b, _ := marshalState(out) // strings and ints always marshal
-	return b
+	b, _ := marshalState(routesDoc{1, append([]deployment{}, d.Deployments...), maps.Collect(maps.All(d.Routes))})
+	return b // strings and ints always marshal
 }
 
 // routesInvalidError says why a registry document is refused; safe to show an operator.
 type routesInvalidError struct{ error }
 
-func invalidf(format string, args ...any) error {
-	return &routesInvalidError{fmt.Errorf(format, args...)}
-}
+func invalidf(why string, args ...any) error     { return &routesInvalidError{fmt.Errorf(why, args...)} }
+func parseRegistry(b []byte) (*routesDoc, error) { return readRegistry(b, nil) }
+func clipName(s string) string                   { return truncateUTF8(s, 128) } // a quoted name is logged and may reach a client
 
-func parseRegistry(b []byte) (*routesDoc, error) {
-	doc, _, err := readRegistry(b, false)
-	return doc, err
-}
-
-// readRegistry reads a document under SPEC §4.1's guards (an unknown provider passes: only writers refuse it);
-// to migrate, it drops the top-level members schema 1 lacks, and refuses an empty document.
-func readRegistry(b []byte, migrate bool) (doc *routesDoc, dropped []string, err error) {
-	blank := strings.Trim(string(b), " \t\r\n") == "" // JSON's whitespace, not Unicode's
+// readRegistry applies SPEC §4.1's guards (writers refuse an unknown provider); migrating, it fills dropped.
+func readRegistry(b []byte, dropped *[]string) (*routesDoc, error) {
+	migrate, blank := dropped != nil, strings.Trim(string(b), " \t\r\n") == "" // JSON's whitespace, not Unicode's
 	switch {
 	case len(b) > maxRegistryBytes: // SPEC §4.1
-		return nil, nil, invalidf("registry is %d bytes; the limit is 1 MiB (%d bytes)", len(b), maxRegistryBytes)
+		return nil, invalidf("registry is %d bytes; the limit is 1 MiB (%d bytes)", len(b), maxRegistryBytes)
 	case blank && !migrate:
-		return emptyRoutesDoc(), nil, nil
+		return emptyRoutesDoc(), nil
 	case blank:
-		return nil, nil, invalidf("registry is empty; there is no document to migrate")
+		return nil, invalidf("registry is empty; there is no document to migrate")
 	case utf8.Valid(b) && !json.Valid(b):
-		return nil, nil, invalidf("registry is not valid JSON: %v", json.Unmarshal(b, new(any)))
+		return nil, invalidf("registry is not valid JSON: %v", json.Unmarshal(b, new(any)))
 	}
 	var top map[string]json.RawMessage
 	var te *json.UnmarshalTypeError
 	if err := decodeStrict("registry", b, &top); errors.As(err, &te) || err == nil && top == nil {
-		return nil, nil, invalidf("registry must be one JSON object")
+		return nil, invalidf("registry must be one JSON object")
 	} else if err != nil {
-		return nil, nil, invalidf("%s", clipName(err.Error()))
+		return nil, invalidf("%s", clipName(err.Error()))
 	}
 	known := func(k string) bool { return k == "schema_version" || k == "deployments" || k == "routes" }
-	dropped = slices.DeleteFunc(append([]string{}, slices.Sorted(maps.Keys(top))...), known)
-	if len(dropped) > 0 && !migrate {
-		return nil, nil, invalidf("registry field %q is not part of schema 1; run brama routes migrate", clipName(dropped[0]))
+	unknown := slices.DeleteFunc(append([]string{}, slices.Sorted(maps.Keys(top))...), known)
+	if len(unknown) > 0 && !migrate {
+		return nil, invalidf("registry field %q is not part of schema 1; run brama routes migrate", clipName(unknown[0]))
+	} else if migrate {
+		*dropped = unknown
 	}
 	maps.DeleteFunc(top, func(k string, _ json.RawMessage) bool { return !known(k) })
 	b, _ = json.Marshal(top) // raw members always marshal
-	doc = emptyRoutesDoc()
+	doc := emptyRoutesDoc()
 	switch err := decodeStrict("registry", b, doc); { // decodeStrict calls validate
 	case errors.As(err, &te):
-		return nil, nil, invalidf("registry field %q cannot be %s (see SPEC §4.1; a destination is one string)", te.Field, clipName(te.Value))
+		return nil, invalidf("registry field %q cannot be %s (see SPEC §4.1; a destination is one string)", te.Field, clipName(te.Value))
 	case errors.As(err, new(*routesInvalidError)):
-		return nil, nil, err
+		return nil, err
 	case err != nil:
-		return nil, nil, invalidf("%s", clipName(err.Error()))
+		return nil, invalidf("%s", clipName(err.Error()))
 	case string(top["schema_version"]) == "null": // the typed decode takes null, and a model's "", for absent; schema 1 refuses them
-		return nil, nil, invalidf(`registry field "schema_version" must be 1, not null`)
+		return nil, invalidf(`registry field "schema_version" must be 1, not null`)
 	}
 	var deps []struct{ Name, Model, Adapters json.RawMessage }
 	json.Unmarshal(top["deployments"], &deps) // decodeStrict took these bytes
 	for _, d := range deps {
 		if m := string(d.Model); m == "null" || m == `""` || string(d.Adapters) == "null" {
-			return nil, nil, invalidf(`registry deployment %s member "model" must be a non-empty string, and "adapters" an array, when present`, clipName(string(d.Name)))
+			return nil, invalidf(`registry deployment %s member "model" must be a non-empty string, and "adapters" an array, when present`, clipName(string(d.Name)))
 		}
 	}
-	return doc, dropped, nil
+	return doc, nil
 }
 
 // validate applies SPEC §4.1's guards to a decoded document, refusing with the first broken one: a deployment's endpoint
@@ -144,19 +157,18 @@ func (doc *routesDoc) validate() error {
 		if len(d.Adapters) == 0 {
 			d.Adapters = nil // [] and absent are one document
 		}
-		badAdapter := ""
-		if i := slices.IndexFunc(d.Adapters, func(a adapter) bool { return !namePattern.MatchString(a.Name) }); i >= 0 {
-			badAdapter = clipName(d.Adapters[i].Name)
+		for _, a := range d.Adapters {
+			errs = append(errs, firstBroken([]rule{{!namePattern.MatchString(a.Name),
+				"registry deployment %q adapter %q: an adapter name must match [a-z0-9._-]{1,128}"}}, clipName(d.Name), clipName(a.Name)))
 		}
 		addr, err := netip.ParseAddr(d.Endpoint.Host)
-		errs = append(errs, firstBroken([]rule{ // arguments: name, host, port, model, the first bad adapter
-			{badAdapter != "", "registry deployment %[1]q adapter %[5]q: an adapter name must match [a-z0-9._-]{1,128}"},
+		errs = append(errs, firstBroken([]rule{ // arguments: name, host, port, model
 			{!namePattern.MatchString(d.Name), "registry deployment %[1]q: a deployment name must match [a-z0-9._-]{1,128}"},
 			{slices.ContainsFunc(doc.Deployments[:i], func(o deployment) bool { return o.Name == d.Name }), "registry deployment %[1]q is declared twice; deployment names must be unique"},
 			{err != nil || !addr.Is4() || !(addr.IsLoopback() || cgnatPrefix.Contains(addr)), "registry deployment %[1]q: endpoint host %[2]q is not an IPv4 loopback or 100.64.0.0/10 literal"},
 			{d.Endpoint.Port < 1 || d.Endpoint.Port > 65535, "registry deployment %[1]q: endpoint port %[3]d is not a port (1-65535)"},
 			{d.Model != "" && !validModel(d.Model), "registry deployment %[1]q: model %[4]q is not 1-512 bytes without control characters"},
-		}, clipName(d.Name), clipName(d.Endpoint.Host), d.Endpoint.Port, clipName(d.Model), badAdapter))
+		}, clipName(d.Name), clipName(d.Endpoint.Host), d.Endpoint.Port, clipName(d.Model)))
 	}
 	for _, alias := range slices.Sorted(maps.Keys(doc.Routes)) {
 		dest := doc.Routes[alias]
@@ -184,6 +196,25 @@ func (doc *routesDoc) validate() error {
 	return cmp.Or(errs...)
 }
 
+// validate applies SPEC §3.1's rules, naming the first one a client breaks (decodeStrict and every write call it).
+func (doc *clientsDoc) validate() error {
+	for i, c := range doc.Clients {
+		if err := firstBroken([]rule{
+			{!idPattern.MatchString(c.ID), "id must match [a-z0-9-]{1,64}"},
+			{slices.ContainsFunc(doc.Clients[:i], func(o client) bool { return o.ID == c.ID }), "duplicate client id"},
+			{!isHexDigest(c.TokenSHA256), "token_sha256 must be 64 lower-case hex characters"},
+			{slices.ContainsFunc(doc.Clients[:i], func(o client) bool { return o.TokenSHA256 == c.TokenSHA256 }), "duplicate token digest"},
+			{c.Role != roleAdmin && c.Role != roleCaller, "role must be admin or caller"},
+			{c.AgentID != "" && !idPattern.MatchString(c.AgentID), "agent_id must match [a-z0-9-]{1,64}"},
+			{slices.ContainsFunc(c.AllowedModels, func(m string) bool { return strings.TrimSpace(m) == "" || strings.Contains(m, "*") }),
+				"allowed_models entries must be exact names (no empty or wildcard entry)"},
+		}); err != nil {
+			return fmt.Errorf("clients file: client %d (%q): %v", i, c.ID, err)
+		}
+	}
+	return nil
+}
+
 // rule is one guard of a table: when bad, why (a format over the table's arguments) refuses the document.
 type rule struct {
 	bad bool
@@ -208,12 +239,10 @@ func validModel(m string) bool {
 }
 
 // match is name's exact alias's destination, else the longest prefix alias's, <provider>/* as <provider>/name (SPEC §5.1);
-// a name with "/" or "*" matches no prefix alias: "o*" must not take over openai/….
+// a name with "/" or "*" matches no prefix alias: "o*" must not take over openai/…, and is itself no model.
 func (doc *routesDoc) match(name string) (dest string, ok bool) {
-	if strings.Contains(name, "*") { // only a prefix alias holds one, and its own name is no model
-		return "", false
-	} else if dest, ok = doc.Routes[name]; ok || strings.Contains(name, "/") || !validModel(name) {
-		return dest, ok
+	if dest, ok = doc.Routes[name]; ok || strings.ContainsAny(name, "/*") || !validModel(name) {
+		return dest, ok && !strings.Contains(name, "*")
 	}
 	longest := ""
 	for alias, d := range doc.Routes {
@@ -233,10 +262,8 @@ func (doc *routesDoc) lookupLocal(name string) (dep deployment, upstream string,
 		if d.Name == name {
 			dep, upstream, n = d, cmp.Or(d.Model, d.Name), n+1
 		}
-		for _, a := range d.Adapters {
-			if a.Name == name {
-				dep, upstream, n = d, a.Name, n+1
-			}
+		if slices.Contains(d.Adapters, adapter{name}) { // one deployment's adapters name one route
+			dep, upstream, n = d, name, n+1
 		}
 	}
 	return dep, upstream, n
@@ -245,14 +272,6 @@ func (doc *routesDoc) lookupLocal(name string) (dep deployment, upstream string,
 // baseURL is the deployment's OpenAI-compatible endpoint (SPEC §4.1); the host is an IPv4 literal, needing no brackets.
 func (d deployment) baseURL() string {
 	return fmt.Sprintf("http://%s:%d/v1", d.Endpoint.Host, d.Endpoint.Port)
-}
-
-// clipName shortens a name before an error quotes it: the reason is logged and may reach a client.
-func clipName(s string) string { return truncateUTF8(s, 128) }
-
-// registryPath is BRAMA_ROUTES_FILE, else $STATE/routes.json, else the *noStateError (SPEC §2.1).
-func registryPath(st state, getenv func(string) string) (string, error) {
-	return st.fileOrState(getenv, "BRAMA_ROUTES_FILE", registryRole, "routes.json")
 }
 
 // registry is the registry file, read cached by file identity (SPEC §4.2), written under its lock (§4.4).
@@ -288,116 +307,97 @@ func (r *registry) current() (*routesDoc, error) {
 	return doc, err
 }
 
-// set points alias at destination, and remove deletes it (SPEC §4.4); by is the client id or "cli".
-func (r *registry) set(alias, destination, by string) (*routesDoc, error) {
-	return r.write(alias, &destination, by)
-}
-
-func (r *registry) remove(alias, by string) (*routesDoc, error) { return r.write(alias, nil, by) }
-
-// write points alias at *to or, nil, removes it, journaling the change.
-func (r *registry) write(alias string, to *string, by string) (*routesDoc, error) {
+// set points alias at *to, or removes it (nil), journaled (SPEC §4.4); with every credential assumed the route must serve.
+func (r *registry) set(alias string, to *string, by string) (*routesDoc, error) {
 	return r.commit(func(doc *routesDoc) (*journalRecord, error) {
+		old, ok := doc.Routes[alias]
 		rec := journalRecord{Kind: "route_change", Alias: alias, To: to, By: cmp.Or(by, "cli")}
-		if old, ok := doc.Routes[alias]; ok {
-			rec.From = &old
-		}
-		switch {
-		case to == nil && rec.From == nil:
+		rec.From = map[bool]*string{true: &old}[ok] // nil: a new alias
+		if to == nil && !ok {
 			return nil, withAlias(refuse("alias_unknown", "alias %q is not declared in the route registry", alias), alias, stateNoRoute, nil)
-		case to == nil:
+		} else if to == nil {
 			delete(doc.Routes, alias)
 			return &rec, nil
 		}
 		*to = strings.TrimSpace(*to)
-		doc.Routes[alias] = *to
-		// Every credential assumed, capability_absent is an unknown provider or deployment: writers refuse it.
-		_, st, reason := doc.destination(*to, func(string) bool { return true })
-		if err := doc.validate(); err != nil || st != stateServing { // the document was valid: a refusal is this route's
-			return nil, refuse("invalid_request", "%v", cmp.Or(err, fmt.Errorf("registry route %q: %s", alias, reason)))
+		doc.Routes[alias] = *to // commit refuses an invalid document first: its refusal names the guard
+		if _, st, reason := doc.destination(*to, func(string) bool { return true }); st != stateServing && doc.validate() == nil {
+			return nil, refuse("invalid_request", "registry route %q: %s", alias, reason)
 		}
 		return &rec, nil
 	})
 }
 
-// setDeployment declares d or removes d.Name (refused while an alias routes to it: commit re-parses). Nothing is journaled.
+// setDeployment declares d or removes d.Name (refused while an alias routes to it: commit validates). Nothing is journaled.
 func (r *registry) setDeployment(d deployment, remove bool) (*routesDoc, error) {
 	return r.commit(func(doc *routesDoc) (*journalRecord, error) {
 		n := len(doc.Deployments)
 		doc.Deployments = slices.DeleteFunc(doc.Deployments, func(o deployment) bool { return o.Name == d.Name })
-		switch {
-		case remove && len(doc.Deployments) == n:
-			return nil, refuse("invalid_request", "no deployment %q is declared", d.Name)
-		case !remove && len(doc.Deployments) != n:
+		if declared := len(doc.Deployments) < n; declared && !remove {
 			return nil, refuse("invalid_request", "deployment %q is already declared; rm it first", d.Name)
-		case !remove:
+		} else if !declared && remove {
+			return nil, refuse("invalid_request", "no deployment %q is declared", d.Name)
+		} else if !remove {
 			doc.Deployments = append(doc.Deployments, d)
 		}
 		return nil, nil
 	})
 }
 
-// commit is SPEC §4.4's read-modify-rename under the flock (its own file description: writers of this process wait too),
-// journaling change's record after it: a failed append is only logged.
-func (r *registry) commit(change func(doc *routesDoc) (*journalRecord, error)) (*routesDoc, error) {
+// commit is SPEC §4.4's read-modify-rename under the flock, journaling change's record after it (a failed append is logged).
+func (r *registry) commit(change func(doc *routesDoc) (*journalRecord, error)) (doc *routesDoc, err error) {
 	if err := r.pathErr; err != nil {
 		return nil, refuse("dependency_unavailable", "the route registry cannot be written: %v", err).because(err)
 	}
-	var committed *routesDoc
-	err := withFileLock(r.path, func() error {
-		doc, err := r.fresh() // parsed just now; nobody else holds it
-		if err != nil {
+	err = withFileLock(r.path, func() error {
+		if doc, err = r.fresh(); err != nil { // parsed just now; nobody else holds it
 			return refuse("state_conflict", "the route registry on disk is invalid (repair it or run brama routes migrate): %v", err).because(err)
 		}
 		rec, err := change(doc)
-		if err != nil {
-			return err
-		}
 		staged, journalErr := encodeRegistry(doc), r.j.ready()
-		if committed, err = parseRegistry(staged); rec != nil && journalErr != nil {
+		switch invalid := doc.validate(); {
+		case err != nil:
+			return err
+		case rec != nil && journalErr != nil:
 			e := refuse("dependency_unavailable", "route registry not changed: the journal cannot record it: %v", journalErr)
 			return e.because(journalErr)
-		} else if len(staged) > maxRegistryBytes {
-			return refuse("state_conflict", "the route registry would be %d bytes; the limit is 1 MiB (%d bytes)", len(staged), maxRegistryBytes)
-		} else if err != nil {
-			return refuse("invalid_request", "route registry not changed: %v", err).because(err)
-		} else if err := writeFileAtomic(r.path, staged); err != nil {
-			return refuse("internal_error", "route registry not changed: %v", err).because(err)
-		} else if rec == nil {
-			return nil
+		case len(staged) > maxRegistryBytes:
+			return refuse("state_conflict", "the route registry would be %d bytes, over the 1 MiB limit", len(staged))
+		case invalid != nil:
+			return refuse("invalid_request", "route registry not changed: %v", invalid).because(invalid)
+		}
+		if err := writeFileAtomic(r.path, staged); err != nil || rec == nil {
+			return err
 		}
 		if err := r.j.append(*rec); err != nil { // under the flock, so records follow the renames
 			r.log.Error("journal_append_failed", "kind", rec.Kind, "alias", rec.Alias, "cause", err.Error())
 		}
 		return nil
 	})
-	if err != nil && !errors.As(err, new(*apiError)) { // change's refusals come back as they are
-		err = refuse("internal_error", "route registry lock: %v", err).because(err)
+	if err != nil && !errors.As(err, new(*apiError)) { // a failed lock or rename; change's refusals come back as they are
+		err = refuse("internal_error", "route registry not changed: %v", err).because(err)
 	}
-	return committed, err // callers read err first
+	return doc, err // callers read err first
 }
 
 // migrateRegistry is `brama routes migrate` (SPEC §4.4): drop what schema 1 lacks, commit the rest under the lock.
-func migrateRegistry(path string) (committed []byte, dropped []string, doc *routesDoc, err error) {
+func migrateRegistry(path string) (committed []byte, dropped []string, err error) {
 	if _, err := guardFile(registryRole, path); err != nil {
-		return nil, nil, nil, err // before the lock: an absent file gets no lock file either
+		return nil, nil, err // before the lock: an absent file gets no lock file either
 	}
-	f := stateFile[*routesDoc]{role: registryRole, path: path, absentErr: true, parse: func(b []byte) (*routesDoc, error) {
-		doc, dropped, err = readRegistry(b, true)
-		return doc, err
-	}}
-	if err := f.update(func(*routesDoc) error { return nil }); err != nil {
-		return nil, nil, nil, err
-	}
-	return encodeRegistry(doc), dropped, doc, nil // what update wrote: marshalState of a parsed document
+	f := stateFile[*routesDoc]{role: registryRole, path: path, absentErr: true,
+		parse: func(b []byte) (*routesDoc, error) { return readRegistry(b, &dropped) }}
+	err = f.update(func(doc *routesDoc) error {
+		committed = encodeRegistry(doc) // what update writes: marshalState of a parsed document
+		return nil
+	})
+	return committed, dropped, err
 }
 
-// aliasRow is one line of GET /v1/aliases and `brama routes list`.
+// aliasRow is one line of GET /v1/aliases and `brama routes list`: an alias refusal's details and a one-sentence reason.
 type aliasRow struct {
-	Alias  string  `json:"alias"`
-	State  string  `json:"state"`
-	Route  *string `json:"route"`
-	Reason string  `json:"reason"` // one sentence
+	aliasDetails
+	Reason string `json:"reason"`
 }
 
 // aliasTable is the body of GET /v1/aliases (SPEC §4.3).
@@ -420,7 +420,7 @@ func (r *registry) aliases(hasDirect, mayUse func(string) bool) (aliasTable, err
 			reason = fmt.Sprintf("Every name starting with %q that no exact alias declares. %s", prefix, reason)
 		}
 		if mayUse == nil || mayUse(alias) {
-			t.Aliases = append(t.Aliases, aliasRow{Alias: alias, State: st, Route: &dest, Reason: reason})
+			t.Aliases = append(t.Aliases, aliasRow{aliasDetails{alias, st, &dest}, reason})
 			t.Unserviceable += map[bool]int{true: 1}[st != stateServing]
 		}
 	}
@@ -502,12 +502,88 @@ func resolveModel(name string, doc *routesDoc, docErr error, hasDirect func(stri
 	case declared && st != stateServing:
 		return resolution{}, withAlias(refuse("alias_unserviceable", "alias %q cannot serve: %s", name, reason), name, st, &dest)
 	case res.Provider.cred == credNone && res.BaseURL == "": // undeclared: local-openai needs the deployment, for its endpoint
-		e := refuse("invalid_request", "model %q names no single deployment or adapter in the route registry", truncateUTF8(res.Route, 200))
-		return resolution{}, e
+		return resolution{}, refuse("invalid_request", "model %q names no single deployment or adapter in the route registry", truncateUTF8(res.Route, 200))
 	case declared && res.Mode == modeDirect:
 		res.Mode, res.Alias = modeAlias, name
 	case declared:
 		res.Alias = name
 	}
 	return res, nil
+}
+
+// mayUse applies allowed_models (SPEC §3.1): none listed, any model.
+func (c client) mayUse(model string) bool {
+	return c.AllowedModels == nil || slices.Contains(c.AllowedModels, model)
+}
+
+// parseClients strictly parses clients.json (decodeStrict validates); nil, no file, is a nil list: serve makes the first.
+func parseClients(b []byte) (*clientsDoc, error) {
+	if b == nil {
+		return &clientsDoc{}, nil
+	}
+	doc := &clientsDoc{Clients: []client{}}
+	return doc, decodeStrict("clients file", b, doc)
+}
+
+// newToken makes a bearer token: "brama_" and 43 base64url characters.
+func newToken() string {
+	b := make([]byte, 32)
+	rand.Read(b)
+	return "brama_" + base64.RawURLEncoding.EncodeToString(b)
+}
+
+func hexSHA256(b []byte) string { return fmt.Sprintf("%x", sha256.Sum256(b)) }
+func isHexDigest(s string) bool { return len(s) == 64 && strings.Trim(s, "0123456789abcdef") == "" }
+
+// clientStore is the clients file (SPEC §2.3), or without a state directory the process's memory.
+type clientStore struct {
+	stateFile[*clientsDoc]
+	memory *clientsDoc
+}
+
+func (c *clientStore) load() (*clientsDoc, error) {
+	if c.memory != nil {
+		return c.memory, nil
+	}
+	return c.stateFile.load()
+}
+
+// authenticate finds token's client, comparing every digest in constant time; a refusal never says whose a token is (SPEC §3.1).
+func (c *clientStore) authenticate(token string) (found client, err error) {
+	doc, err := c.load()
+	if err != nil {
+		return found, refuse("unauthenticated", "the clients file is unusable, so no token can be checked (GET /readyz says why)").because(err)
+	}
+	want := []byte(hexSHA256([]byte(token)))
+	for _, cl := range doc.Clients {
+		if subtle.ConstantTimeCompare(want, []byte(cl.TokenSHA256)) == 1 {
+			found = cl
+		}
+	}
+	if found.ID == "" { // every client has an id
+		err = refuse("unauthenticated", notAClient)
+	}
+	return found, err
+}
+
+// ensureFirstClient creates the admin client "local" when no clients file exists (SPEC §3.1; in memory with no state, §2.1).
+func ensureFirstClient(c *clientStore, stderr io.Writer) error {
+	tok := newToken()
+	local, kept, created := client{ID: "local", TokenSHA256: hexSHA256([]byte(tok)), Role: roleAdmin}, "", c.pathErr != nil
+	if created {
+		c.memory, kept = &clientsDoc{Clients: []client{local}}, fmt.Sprintf(" for this process only (not kept: %v)", c.pathErr)
+	} else if doc, err := c.load(); err != nil || doc.Clients != nil {
+		return err // a clients file, or one that must be repaired before serving
+	} else if err := c.update(func(d *clientsDoc) error {
+		if created = d.Clients == nil; created { // still no file under the lock
+			d.Clients = []client{local}
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	if created {
+		fmt.Fprintf(stderr, "brama: created admin client \"local\"%s; bearer token (shown once): %s\n", kept, tok)
+	}
+	return nil
 }

@@ -169,9 +169,9 @@ func TestRegistryWithoutStateDir(t *testing.T) {
 	if err != nil || len(doc.Routes) != 0 {
 		t.Fatalf("current = %v, %v; want the empty registry", doc, err)
 	}
-	_, err = r.set("chat", "openai/gpt-4o", "cli")
+	_, err = r.set("chat", ptr("openai/gpt-4o"), "cli")
 	wantAPIError(t, err, "dependency_unavailable", "$HOME is not defined")
-	_, err = r.remove("chat", "cli")
+	_, err = r.set("chat", nil, "cli")
 	wantAPIError(t, err, "dependency_unavailable", "$HOME is not defined")
 }
 
@@ -260,19 +260,19 @@ func TestRegistrySetRemove(t *testing.T) {
 		routes map[string]string
 		rec    journalRecord
 	}{
-		{name: "create", do: func() (*routesDoc, error) { return f.reg.set("chat", "  anthropic/claude-sonnet-4-5 ", "local") },
+		{name: "create", do: func() (*routesDoc, error) { return f.reg.set("chat", ptr("  anthropic/claude-sonnet-4-5 "), "local") },
 			routes: map[string]string{"chat": "anthropic/claude-sonnet-4-5"},
 			rec:    journalRecord{Kind: "route_change", Alias: "chat", To: regStr("anthropic/claude-sonnet-4-5"), By: "local"}},
-		{name: "bare deployment", do: func() (*routesDoc, error) { return f.reg.set("cheap", "qwen-local", "cli") },
+		{name: "bare deployment", do: func() (*routesDoc, error) { return f.reg.set("cheap", ptr("qwen-local"), "cli") },
 			routes: map[string]string{"chat": "anthropic/claude-sonnet-4-5", "cheap": "qwen-local"},
 			rec:    journalRecord{Kind: "route_change", Alias: "cheap", To: regStr("qwen-local"), By: "cli"}},
-		{name: "replace", do: func() (*routesDoc, error) { return f.reg.set("chat", "best", "local") },
+		{name: "replace", do: func() (*routesDoc, error) { return f.reg.set("chat", ptr("best"), "local") },
 			routes: map[string]string{"chat": "best", "cheap": "qwen-local"},
 			rec:    journalRecord{Kind: "route_change", Alias: "chat", From: regStr("anthropic/claude-sonnet-4-5"), To: regStr("best"), By: "local"}},
-		{name: "best needs no credential yet", do: func() (*routesDoc, error) { return f.reg.set("best", "openai/gpt-4o", "local") },
+		{name: "best needs no credential yet", do: func() (*routesDoc, error) { return f.reg.set("best", ptr("openai/gpt-4o"), "local") },
 			routes: map[string]string{"best": "openai/gpt-4o", "chat": "best", "cheap": "qwen-local"},
 			rec:    journalRecord{Kind: "route_change", Alias: "best", To: regStr("openai/gpt-4o"), By: "local"}},
-		{name: "delete", do: func() (*routesDoc, error) { return f.reg.remove("cheap", "cli") },
+		{name: "delete", do: func() (*routesDoc, error) { return f.reg.set("cheap", nil, "cli") },
 			routes: map[string]string{"best": "openai/gpt-4o", "chat": "best"},
 			rec:    journalRecord{Kind: "route_change", Alias: "cheap", From: regStr("qwen-local"), By: "cli"}},
 	}
@@ -317,27 +317,29 @@ func TestRegistryWriteRefusals(t *testing.T) {
 		msg     string
 		details *aliasDetails
 	}{
-		{name: "alias pattern", do: func(r *registry) (*routesDoc, error) { return r.set("Chat", "best", "cli") },
+		{name: "alias pattern", do: func(r *registry) (*routesDoc, error) { return r.set("Chat", ptr("best"), "cli") },
 			code: "invalid_request", msg: `alias "Chat" must match`},
-		{name: "alias any", do: func(r *registry) (*routesDoc, error) { return r.set("any", "best", "cli") },
+		{name: "alias any", do: func(r *registry) (*routesDoc, error) { return r.set("any", ptr("best"), "cli") },
 			code: "invalid_request", msg: "selector name"},
-		{name: "wildcard destination", do: func(r *registry) (*routesDoc, error) { return r.set("a", "openai/*", "cli") },
+		{name: "wildcard destination", do: func(r *registry) (*routesDoc, error) { return r.set("a", ptr("openai/*"), "cli") },
 			code: "invalid_request", msg: `contains "*"`},
-		{name: "control character", do: func(r *registry) (*routesDoc, error) { return r.set("a", "openai/a\x00b", "cli") },
+		{name: "control character", do: func(r *registry) (*routesDoc, error) { return r.set("a", ptr("openai/a\x00b"), "cli") },
 			code: "invalid_request", msg: "control character"},
-		{name: "unknown provider", do: func(r *registry) (*routesDoc, error) { return r.set("a", "nosuch/model", "cli") },
+		{name: "unknown provider", do: func(r *registry) (*routesDoc, error) { return r.set("a", ptr("nosuch/model"), "cli") },
 			code: "invalid_request", msg: `Provider "nosuch" is not one Brama knows`},
-		{name: "bare name matching no deployment", file: regDoc(`{}`), do: func(r *registry) (*routesDoc, error) { return r.set("a", "llama", "cli") },
+		{name: "bare name matching no deployment", file: regDoc(`{}`), do: func(r *registry) (*routesDoc, error) { return r.set("a", ptr("llama"), "cli") },
 			code: "invalid_request", msg: `"llama" names no deployment or adapter`},
-		{name: "local-openai naming no deployment", file: regDoc(`{}`), do: func(r *registry) (*routesDoc, error) { return r.set("a", "local-openai/llama", "cli") },
+		{name: "local-openai naming no deployment", file: regDoc(`{}`), do: func(r *registry) (*routesDoc, error) { return r.set("a", ptr("local-openai/llama"), "cli") },
 			code: "invalid_request", msg: `No single deployment or adapter named "llama"`},
-		{name: "best to best", do: func(r *registry) (*routesDoc, error) { return r.set("best", "best", "cli") },
+		{name: "best to best", do: func(r *registry) (*routesDoc, error) { return r.set("best", ptr("best"), "cli") },
 			code: "invalid_request", msg: "must name a canonical route"},
-		{name: "registry on disk invalid", file: `{"routes":{},"fallbacks":{}}`, do: func(r *registry) (*routesDoc, error) { return r.set("a", "best", "cli") },
+		{name: "registry on disk invalid", file: `{"routes":{},"fallbacks":{}}`, do: func(r *registry) (*routesDoc, error) { return r.set("a", ptr("best"), "cli") },
 			code: "state_conflict", msg: `registry field "fallbacks"`},
-		{name: "result too large", file: `{"routes":{` + regManyRoutes(2500) + `}}`, do: func(r *registry) (*routesDoc, error) { return r.set("a", "openai/"+strings.Repeat("m", 500), "cli") },
+		{name: "result too large", file: `{"routes":{` + regManyRoutes(2500) + `}}`, do: func(r *registry) (*routesDoc, error) {
+			return r.set("a", ptr("openai/"+strings.Repeat("m", 500)), "cli")
+		},
 			code: "state_conflict", msg: "the route registry would be"},
-		{name: "remove unknown alias", file: regDoc(`{"b":"best"}`), do: func(r *registry) (*routesDoc, error) { return r.remove("a", "cli") },
+		{name: "remove unknown alias", file: regDoc(`{"b":"best"}`), do: func(r *registry) (*routesDoc, error) { return r.set("a", nil, "cli") },
 			code: "alias_unknown", msg: `alias "a" is not declared`, details: &aliasDetails{Alias: "a", State: "no_route"}},
 	}
 	for _, tt := range tests {
@@ -385,7 +387,7 @@ func TestRegistryConcurrentSet(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, err := f.reg.set(fmt.Sprintf("alias-%02d", i), "openai/gpt-4o", "cli")
+			_, err := f.reg.set(fmt.Sprintf("alias-%02d", i), ptr("openai/gpt-4o"), "cli")
 			errs <- err
 		}()
 	}
@@ -421,7 +423,7 @@ func TestRegistryRenameFailure(t *testing.T) {
 	testingOnlyRename = func(oldpath, newpath string) error { return errors.New("injected rename failure") }
 	t.Cleanup(func() { testingOnlyRename = nil })
 
-	_, err := f.reg.set("chat", "openai/gpt-4o", "cli")
+	_, err := f.reg.set("chat", ptr("openai/gpt-4o"), "cli")
 	wantAPIError(t, err, "internal_error", "injected rename failure")
 	if got := regRead(t, f.path); got != before {
 		t.Errorf("registry bytes changed after a failed rename:\n%s", got)
@@ -441,9 +443,9 @@ func TestRegistryJournalNotReady(t *testing.T) {
 	// The registry file is named explicitly, but there is no state
 	// directory, so there is no journal (SPEC §2.1).
 	f.reg.j = newJournal(state{cause: errors.New("$HOME is not defined")}, testSys(t, nil))
-	_, err := f.reg.set("chat", "openai/gpt-4o", "cli")
+	_, err := f.reg.set("chat", ptr("openai/gpt-4o"), "cli")
 	wantAPIError(t, err, "dependency_unavailable", "$HOME is not defined")
-	_, err = f.reg.remove("chat", "cli")
+	_, err = f.reg.set("chat", nil, "cli")
 	wantAPIError(t, err, "dependency_unavailable", "$HOME is not defined")
 	if got := regRead(t, f.path); got != before {
 		t.Errorf("registry changed although the journal could not record it:\n%s", got)
@@ -453,7 +455,7 @@ func TestRegistryJournalNotReady(t *testing.T) {
 func TestRegistryJournalAppendFailsAfterRename(t *testing.T) {
 	f := newRegFixture(t)
 	f.j.testingOnlySync = func(*os.File) error { return errors.New("injected fsync failure") }
-	doc, err := f.reg.set("chat", "openai/gpt-4o", "cli")
+	doc, err := f.reg.set("chat", ptr("openai/gpt-4o"), "cli")
 	if err != nil {
 		t.Fatalf("set = %v; a journal failure after the rename must not fail the write", err)
 	}
@@ -489,7 +491,7 @@ func TestMigrateRegistry(t *testing.T) {
   }
 }
 `
-	committed, dropped, doc, err := migrateRegistry(path)
+	committed, dropped, err := migrateRegistry(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -499,11 +501,11 @@ func TestMigrateRegistry(t *testing.T) {
 	if diff := cmp.Diff([]string{"comment", "fallbacks"}, dropped); diff != "" {
 		t.Errorf("dropped (-want +got):\n%s", diff)
 	}
-	if got := regRead(t, path); got != want || doc.Routes["smart"] != "best" {
+	if got := regRead(t, path); got != want {
 		t.Errorf("file holds:\n%s", got)
 	}
 
-	again, dropped, _, err := migrateRegistry(path)
+	again, dropped, err := migrateRegistry(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -552,7 +554,7 @@ func TestMigrateRegistryRefusals(t *testing.T) {
 					}
 				}
 			}
-			_, _, _, err := migrateRegistry(path)
+			_, _, err := migrateRegistry(path)
 			if err == nil || !strings.Contains(err.Error(), tt.msg) {
 				t.Fatalf("migrate error = %v, want one containing %q", err, tt.msg)
 			}
@@ -795,4 +797,9 @@ func FuzzParseRegistry(f *testing.F) {
 			t.Fatalf("canonical encoding is not stable:\n%s\n%s", enc, again)
 		}
 	})
+}
+
+// registryPath is where main and routes migrate find the registry (SPEC §2.1).
+func registryPath(st state, getenv func(string) string) (string, error) {
+	return st.fileOrState(getenv, "BRAMA_ROUTES_FILE", registryRole, "routes.json")
 }

@@ -116,13 +116,13 @@ func (s *server) routes() {
 		Alias string `json:"alias"`
 		Route string `json:"route"`
 	}) (any, error) {
-		doc, err := s.reg.set(b.Alias, b.Route, infoFrom(r.Context()).client.ID)
+		doc, err := s.reg.set(b.Alias, &b.Route, infoFrom(r.Context()).client.ID)
 		return s.routesWritten(b.Alias, doc, err)
 	}))
 	handle("DELETE /v1/admin/routes", reply(s, 200, requiredBody, func(r *http.Request, b *struct {
 		Alias string `json:"alias"`
 	}) (any, error) {
-		doc, err := s.reg.remove(b.Alias, infoFrom(r.Context()).client.ID)
+		doc, err := s.reg.set(b.Alias, nil, infoFrom(r.Context()).client.ID)
 		return s.routesWritten(b.Alias, doc, err)
 	}))
 	for _, p := range []string{"/v1/subscriptions/{agent_id}", "/v1/admin/subscriptions/{agent_id}"} {

@@ -148,7 +148,7 @@ func TestClientsFileHoldsDigestsOnly(t *testing.T) {
 		assertNoSecret(t, secret, logsBesidesFirstStart(d.stderr.String()), env["BRAMA_STATE_DIR"])
 	}
 	b, err := os.ReadFile(filepath.Join(env["BRAMA_STATE_DIR"], "clients.json"))
-	if err != nil || !bytes.Contains(b, []byte(tokenDigest(tok))) {
+	if err != nil || !bytes.Contains(b, []byte(hexSHA256([]byte(tok)))) {
 		t.Errorf("clients.json lacks the token's digest: %v", err)
 	}
 	assertOwnerOnly(t, env["BRAMA_STATE_DIR"])

@@ -37,7 +37,7 @@ import (
 // may use names of its own layer and the layers below, never above.
 var layers = [][]string{
 	{"state", "journal"}, // ground
-	{"providers", "clients", "registry", "subscriptions", "ledger", // domain
+	{"providers", "registry", "subscriptions", "ledger", // domain
 		"oauth", "catalog"},
 	{"formats", "sse", "chat", "messages", "responses", "passthrough", "relay"}, // wire
 	{"dispatch", "pool", "answers", "maintain"},                                 // flow
