@@ -345,7 +345,7 @@ func decodeChat(body []byte) (chatAnswer, error) {
 		c.FinishReason = ptrTo(map[bool]string{false: finishStop, true: finishToolCalls}[len(c.Message.ToolCalls) > 0])
 	}
 	return answerOf(func(emit func(streamEvent) error) error {
-		u := &chatUpstreamStream{tools: map[int]int{}}
+		u := newStreamReader(protoOpenAIChat, true)
 		err := u.chunk(&r, emit)
 		if err == nil {
 			_, err = u.ended(emit)
@@ -376,83 +376,64 @@ func chatUsageOf(u usage) *chatUsage {
 	return &chatUsage{u.InputTokens, u.OutputTokens, u.InputTokens + u.OutputTokens}
 }
 
-// chatCallerStream writes chat.completion.chunk frames. Chat has no block framing: a tool call's deltas carry its call index.
-type chatCallerStream struct {
-	sse        *callerStream
-	id, model  string
-	created    int64
-	finishSent bool
+// chatFrames writes chat.completion.chunk frames. Chat has no block framing: a tool call's deltas carry its
+// call index; finish_reason goes out once, when the finish event arrives or at the end.
+func (s *callerStream) chatFrames(step streamStep, b *streamBlock, d string) error {
+	var delta chatMessage
+	switch {
+	case step == stepBegin:
+		s.id, s.created = newAnswerID("chatcmpl-"), time.Now().Unix()
+		delta = chatMessage{Role: "assistant", Content: jsonText("")}
+	case step == stepOpen && !b.text: // its id, type and name, a function's arguments empty
+		tc := chatCall(answerIDOr(b.id, "call_"), b.name, "", b.custom)
+		if tc.Function != nil {
+			tc.Function.Arguments = ptrTo("")
+		}
+		tc.Index = &b.index
+		delta.ToolCalls = []chatToolCall{tc}
+	case step == stepDelta && b.text:
+		delta.Content = jsonText(d)
+	case step == stepDelta:
+		tc := chatToolCall{Index: &b.index, Function: &chatFunction{Arguments: &d}}
+		if b.custom {
+			tc = chatToolCall{Index: &b.index, Custom: &chatFunction{Input: &d}}
+		}
+		delta.ToolCalls = []chatToolCall{tc}
+	case step == stepFail: // the envelope of SPEC §8.1 as a final data frame
+		return s.frame("", s.failure.body())
+	case step == stepFinish || step == stepEnd:
+		return s.chatTail(step == stepEnd)
+	default:
+		return nil
+	}
+	return s.chatChunk(&delta, nil, nil)
 }
 
-func newChatCallerStream(sse *callerStream, _ chatRequest, model string) blockWriter {
-	return &chatCallerStream{sse: sse, id: newAnswerID("chatcmpl-"), created: time.Now().Unix(), model: model}
+// chatTail writes the finish chunk if not yet sent; at the end, then the usage chunk (choices: []) when the caller
+// asked and usage was reported, and [DONE].
+func (s *callerStream) chatTail(end bool) error {
+	var err error
+	if !s.finishSent {
+		s.finishSent = true
+		err = s.chatChunk(&chatMessage{}, ptrTo(answerFinish(s.reason)), nil)
+	}
+	if err == nil && end && s.req.StreamUsage && s.usage.Reported {
+		err = s.chatChunk(nil, nil, chatUsageOf(s.usage))
+	}
+	if err != nil || !end {
+		return err
+	}
+	return s.write("data: [DONE]\n\n")
 }
 
-// chunk writes one chunk with a single choice, or with usage and none.
-func (s *chatCallerStream) chunk(d *chatMessage, finish *string, u *chatUsage) error {
+// chatChunk writes one chunk with a single choice, or with usage and none.
+func (s *callerStream) chatChunk(d *chatMessage, finish *string, u *chatUsage) error {
 	c := chatCompletion{ID: s.id, Object: "chat.completion.chunk", Created: s.created, Model: s.model, Choices: []chatChoice{}, Usage: u}
 	if d != nil {
 		c.Choices = []chatChoice{{Delta: d, FinishReason: finish}}
 	}
-	return s.sse.frame("", c)
+	return s.frame("", c)
 }
-
-func (s *chatCallerStream) begin() error {
-	return s.chunk(&chatMessage{Role: "assistant", Content: jsonText("")}, nil, nil)
-}
-
-// open starts a call: its id, type and name, a function's arguments empty.
-func (s *chatCallerStream) open(_ int, b *streamBlock) error {
-	if b.text {
-		return nil
-	}
-	tc := chatCall(answerIDOr(b.id, "call_"), b.name, "", b.custom)
-	if tc.Function != nil {
-		tc.Function.Arguments = ptrTo("")
-	}
-	return s.call(b, tc)
-}
-
-func (s *chatCallerStream) delta(_ int, b *streamBlock, d string) error {
-	switch {
-	case b.text:
-		return s.chunk(&chatMessage{Content: jsonText(d)}, nil, nil)
-	case b.custom:
-		return s.call(b, chatToolCall{Custom: &chatFunction{Input: &d}})
-	}
-	return s.call(b, chatToolCall{Function: &chatFunction{Arguments: &d}})
-}
-
-func (s *chatCallerStream) call(b *streamBlock, tc chatToolCall) error {
-	tc.Index = &b.index
-	return s.chunk(&chatMessage{ToolCalls: []chatToolCall{tc}}, nil, nil)
-}
-
-func (s *chatCallerStream) close(int, *streamBlock, string) error { return nil }
-
-// finishNow writes the chunk carrying finish_reason, once: when the finish event arrives, or at the end.
-func (s *chatCallerStream) finishNow(finish string) error {
-	if s.finishSent {
-		return nil
-	}
-	s.finishSent = true
-	return s.chunk(&chatMessage{}, ptrTo(answerFinish(finish)), nil)
-}
-
-// end writes the finish chunk if not yet sent, the usage chunk (choices: []) when the caller asked and usage was reported, then [DONE].
-func (s *chatCallerStream) end(finish string, u usage) error {
-	err := s.finishNow(finish)
-	if err == nil && s.sse.req.StreamUsage && u.Reported {
-		err = s.chunk(nil, nil, chatUsageOf(u))
-	}
-	if err != nil {
-		return err
-	}
-	return s.sse.write("data: [DONE]\n\n")
-}
-
-// fail writes the envelope of SPEC §8.1 as a final data frame.
-func (s *chatCallerStream) fail(e *apiError) error { return s.sse.frame("", e.body()) }
 
 // The chat part of the one stream reader (sse.go's streamReader).
 

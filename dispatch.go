@@ -453,7 +453,7 @@ func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, cand *candi
 		defer sa.close()
 		var err error
 		if pass {
-			pw := &passthroughWatch{protocol: p.protocol, dropUsage: req.addsUsage(p)}
+			pw := &streamReader{protocol: p.protocol, dropUsage: req.addsUsage(p)}
 			err = relayWatched(pw, resp.Body, sa.relay)
 			u = pw.usage
 		} else {

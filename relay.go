@@ -327,37 +327,51 @@ func (sa *streamAnswer) translate(protocol string, body io.Reader) (usage, error
 // errCallerStreamDone is returned by a callerStream used after finish or fail.
 var errCallerStreamDone = errors.New("caller stream already ended")
 
-// callerStream writes a streamed answer in the caller's dialect (SPEC §7.5), one
-// block at a time, framed by the dialect's blockWriter; the first write error sticks.
-type callerStream struct {
-	w            io.Writer
-	flush        func()
-	err          error
-	bw           blockWriter
-	req          chatRequest
-	started      bool
-	done         bool   // finish or fail ran
-	finishReason string // the tail: finish and usage arrive in either order, usage maybe never
-	usage        usage
-	open         int // index of the open block, -1 when none
-	blocks       []*streamBlock
-	toolBlock    map[int]int // neutral tool call index → block index
-}
+// streamStep is what a dialect's frames function writes: the answer begins, a block opens, grows or closes,
+// the finish event arrives (chat writes its finish chunk then), the answer ends or fails.
+type streamStep int
 
-// blockWriter is one dialect's framing of a streamed answer's blocks, in order.
-type blockWriter interface {
-	begin() error
-	open(i int, b *streamBlock) error
-	delta(i int, b *streamBlock, s string) error
-	close(i int, b *streamBlock, full string) error
-	finishNow(finish string) error    // the finish event arrived (chat writes its finish chunk)
-	end(finish string, u usage) error // the terminal sequence
-	fail(e *apiError) error
+const (
+	stepBegin streamStep = iota
+	stepOpen
+	stepDelta
+	stepClose
+	stepFinish
+	stepEnd
+	stepFail
+)
+
+// callerStream writes a streamed answer in the caller's dialect (SPEC §7.5), one block at a time, each step
+// framed by the dialect's frames function; the first write error sticks. The same writer, frames discarded,
+// builds the messages and responses dialects' buffered answers (wholeAnswer).
+type callerStream struct {
+	w       io.Writer
+	flush   func()
+	err     error
+	frames  func(s *callerStream, step streamStep, b *streamBlock, text string) error
+	req     chatRequest
+	model   string
+	started bool
+	done    bool   // finish or fail ran
+	reason  string // the tail: finish and usage arrive in either order, usage maybe never
+	usage   usage
+	failure *apiError    // stepFail's
+	open    *streamBlock // nil when none
+	blocks  []*streamBlock
+	// the dialect's own: chat's chunk id, creation time and whether its finish chunk went out,
+	// responses' next sequence_number, and the message or response the last event repeats whole
+	id         string
+	created    int64
+	finishSent bool
+	seq        int
+	msg        messagesAnswer
+	resp       responsesObject
 }
 
 // streamBlock is one block: text, or a tool call named as the caller declared it; a custom call made as a function is wrapped, its input held to the close.
 type streamBlock struct {
 	text            bool
+	pos             int // its index among the blocks
 	index           int // the call's index among calls
 	id, name        string
 	flat            string // the name providers saw
@@ -367,19 +381,13 @@ type streamBlock struct {
 
 // newCallerStream writes dialect to w, flushing every frame (flush may be nil), reporting model (SPEC §7.6).
 func newCallerStream(dialect string, req chatRequest, w io.Writer, flush func(), model string) *callerStream {
-	return newBlockStream(w, flush, req, model, formatOf(dialect).callerStream)
+	return &callerStream{w: w, flush: flush, frames: formatOf(dialect).frames, req: req, model: model}
 }
 
-func newBlockStream(w io.Writer, flush func(), req chatRequest, model string, newWriter func(*callerStream, chatRequest, string) blockWriter) *callerStream {
-	s := &callerStream{w: w, flush: flush, req: req, open: -1, toolBlock: map[int]int{}}
-	s.bw = newWriter(s, req, model)
-	return s
-}
-
-// wholeAnswerThrough writes a through newWriter's block writer, frames discarded, and returns it,
-// holding the whole answer, with the first refusal a block met (messages: arguments not an object).
-func wholeAnswerThrough(req chatRequest, a chatAnswer, newWriter func(*callerStream, chatRequest, string) blockWriter) (blockWriter, error) {
-	s := newBlockStream(io.Discard, nil, req, a.Model, newWriter)
+// wholeAnswer writes a through a dialect's frames, discarded, and returns the writer holding the whole
+// answer, with the first refusal a block met (messages: arguments not an object).
+func wholeAnswer(frames func(*callerStream, streamStep, *streamBlock, string) error, req chatRequest, a chatAnswer) (*callerStream, error) {
+	s := &callerStream{w: io.Discard, frames: frames, req: req, model: a.Model}
 	err := s.event(streamEvent{Kind: eventText, Text: a.Text})
 	if err == nil {
 		err = emitCalls(s.event, 0, a.ToolCalls)
@@ -388,9 +396,9 @@ func wholeAnswerThrough(req chatRequest, a chatAnswer, newWriter func(*callerStr
 		err = emitTail(s.event, a.Finish, a.Usage)
 	}
 	if err != nil {
-		return s.bw, err
+		return s, err
 	}
-	return s.bw, s.finish()
+	return s, s.finish()
 }
 
 func (s *callerStream) start() error {
@@ -398,7 +406,7 @@ func (s *callerStream) start() error {
 		return nil
 	}
 	s.started = true
-	return s.bw.begin()
+	return s.frames(s, stepBegin, nil, "")
 }
 
 // event writes one neutral event. Arguments for a call whose block closed (a provider interleaving calls) still go to its index, where SDKs gather them.
@@ -411,11 +419,11 @@ func (s *callerStream) event(ev streamEvent) error {
 	}
 	switch ev.Kind {
 	case eventFinish:
-		s.finishReason = ev.Finish
+		s.reason = ev.Finish
 		if err := s.closeOpen(); err != nil {
 			return err
 		}
-		return s.bw.finishNow(s.finishReason)
+		return s.frames(s, stepFinish, nil, "")
 	case eventUsage:
 		s.usage, s.usage.Reported = ev.Usage, true
 		return nil
@@ -423,60 +431,65 @@ func (s *callerStream) event(ev streamEvent) error {
 		if ev.Text == "" {
 			return nil
 		}
-		if s.open < 0 || !s.blocks[s.open].text {
-			if _, err := s.openBlock(&streamBlock{text: true}); err != nil {
+		if s.open == nil || !s.open.text {
+			if err := s.openBlock(&streamBlock{text: true}); err != nil {
 				return err
 			}
 		}
-		b := s.blocks[s.open]
-		b.buf.WriteString(ev.Text)
-		return s.bw.delta(s.open, b, ev.Text)
+		s.open.buf.WriteString(ev.Text)
+		return s.frames(s, stepDelta, s.open, ev.Text)
 	case eventToolCallStart:
 		name, _, custom := s.req.callerTool(ev.ToolCall)
-		i, err := s.openBlock(&streamBlock{index: ev.Index, id: ev.ToolCall.ID, name: name,
+		return s.openBlock(&streamBlock{index: ev.Index, id: ev.ToolCall.ID, name: name,
 			flat: ev.ToolCall.Name, custom: custom, wrapped: custom && !ev.ToolCall.Custom})
-		s.toolBlock[ev.Index] = i
-		return err
 	case eventToolCallArgs:
-		i, ok := s.toolBlock[ev.Index]
-		if !ok {
+		b := s.callBlock(ev.Index)
+		if b == nil {
 			return fmt.Errorf("arguments for tool call %d before its start", ev.Index)
 		}
-		b := s.blocks[i]
 		if b.buf.WriteString(ev.Text); ev.Text == "" || b.wrapped {
 			return nil
 		}
-		return s.bw.delta(i, b, ev.Text)
+		return s.frames(s, stepDelta, b, ev.Text)
 	}
 	return fmt.Errorf("unknown stream event kind %q", ev.Kind)
 }
 
-func (s *callerStream) openBlock(b *streamBlock) (int, error) {
+func (s *callerStream) openBlock(b *streamBlock) error {
 	if err := s.closeOpen(); err != nil {
-		return 0, err
+		return err
 	}
-	s.open, s.blocks = len(s.blocks), append(s.blocks, b)
-	return s.open, s.bw.open(s.open, b)
+	b.pos, s.open, s.blocks = len(s.blocks), b, append(s.blocks, b)
+	return s.frames(s, stepOpen, b, "")
+}
+
+// callBlock is the block of the call at a neutral index, nil before its start.
+func (s *callerStream) callBlock(index int) *streamBlock {
+	for _, b := range s.blocks {
+		if !b.text && b.index == index {
+			return b
+		}
+	}
+	return nil
 }
 
 // closeOpen closes the open block; a wrapped call's input goes out first.
 func (s *callerStream) closeOpen() error {
-	i := s.open
-	if i < 0 {
+	b := s.open
+	if b == nil {
 		return nil
 	}
-	s.open = -1
-	b := s.blocks[i]
+	s.open = nil
 	full := b.buf.String()
 	if b.wrapped {
 		full = customInput(full)
 		b.buf.Reset()
 		b.buf.WriteString(full)
-		if err := s.bw.delta(i, b, full); err != nil {
+		if err := s.frames(s, stepDelta, b, full); err != nil {
 			return err
 		}
 	}
-	return s.bw.close(i, b, full)
+	return s.frames(s, stepClose, b, full)
 }
 
 // finish writes the dialect's terminal sequence.
@@ -486,7 +499,7 @@ func (s *callerStream) finish() error {
 			return err
 		}
 	}
-	return s.bw.end(s.finishReason, s.usage)
+	return s.frames(s, stepEnd, nil, "")
 }
 
 // fail writes the dialect's in-band error, never a terminal success event.
@@ -494,7 +507,8 @@ func (s *callerStream) fail(e *apiError) error {
 	if err := s.end(); err != nil {
 		return err
 	}
-	return s.bw.fail(e)
+	s.failure = e
+	return s.frames(s, stepFail, nil, "")
 }
 
 func (s *callerStream) end() error {

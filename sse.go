@@ -134,27 +134,9 @@ type streamReader struct {
 	elems   [2]jsonMember     // element storage for an event's choices
 }
 
-// Names other files still use for the reader: decodeChat's and decodeResponses' buffered answers, dispatch's relay.
-type (
-	chatUpstreamStream      = streamReader
-	responsesUpstreamStream = streamReader
-	passthroughWatch        = streamReader
-)
-
-// streamTranslator is formats.go's constructor type for a translating reader.
-type streamTranslator interface {
-	ended(emit func(streamEvent) error) (bool, error)
-}
-
 func newStreamReader(protocol string, translate bool) *streamReader {
 	return &streamReader{protocol: protocol, translate: translate, tools: map[int]int{}, blocks: map[int]int{},
 		argsSeen: map[int]bool{}, items: map[int]*responsesStreamItem{}}
-}
-
-func newChatUpstreamStream() streamTranslator     { return newStreamReader(protoOpenAIChat, true) }
-func newMessagesUpstreamStream() streamTranslator { return newStreamReader(protoAnthropic, true) }
-func newResponsesUpstreamStream() streamTranslator {
-	return newStreamReader(protoOpenAIResponses, true)
 }
 
 var errEventNotObject = errors.New("the event data is not one JSON object")
@@ -162,11 +144,10 @@ var errEventNotObject = errors.New("the event data is not one JSON object")
 // readUpstreamStream emits a provider stream's neutral events, nil only after its terminal
 // signal (SPEC §7.5): a cut or in-band error is provider_incomplete, a malformed event provider_failure.
 func readUpstreamStream(protocol string, body io.Reader, emit func(streamEvent) error) error {
-	f := formatOf(protocol)
-	if f == nil {
+	if formatOf(protocol) == nil {
 		return refuse("provider_failure", "unknown wire format %q", protocol)
 	}
-	return f.upstreamStream().(*streamReader).run(body, emit, nil)
+	return newStreamReader(protocol, true).run(body, emit, nil)
 }
 
 // relayWatched relays a committed stream's blocks to relay (nil: a buffered caller) as received,
