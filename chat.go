@@ -307,10 +307,6 @@ var chatFinishes = map[string]string{finishLength: finishLength, "model_length":
 
 func chatFinish(r string) string { return cmp.Or(chatFinishes[r], finishStop) }
 
-func (u *chatUsage) neutral() usage {
-	return usage{InputTokens: u.PromptTokens, OutputTokens: u.CompletionTokens, Reported: true}
-}
-
 // chatContentText is an answer's or a chunk's content as text: a string, or the text of its parts, as some compatible providers send it.
 func chatContentText(content json.RawMessage) (string, error) {
 	var t string
@@ -327,30 +323,28 @@ func chatContentText(content json.RawMessage) (string, error) {
 	return t, err
 }
 
-// decodeChat reads a complete Chat Completions answer as a stream of its one chunk: a custom call
-// without input is read as a function call, no finish_reason is tool_calls beside calls, else stop.
+// decodeChat reads a complete Chat Completions answer as a stream's last chunk: a custom call without input is
+// read as a function call, no finish_reason is tool_calls beside calls, else stop.
 func decodeChat(body []byte) (chatAnswer, error) {
 	var r chatCompletion
 	if err := json.Unmarshal(body, &r); err != nil || len(r.Choices) == 0 || r.Choices[0].Message == nil || !rawIsNull(r.Error) {
 		return chatAnswer{}, malformedAnswer(protoOpenAIChat, err)
 	}
-	c := &r.Choices[0]
-	c.Index, c.Delta = 0, c.Message
-	for i, tc := range c.Message.ToolCalls {
+	m := r.Choices[0].Message
+	for i, tc := range m.ToolCalls {
 		if tc.Custom != nil && tc.Custom.Input == nil {
-			c.Message.ToolCalls[i].Custom = nil
+			m.ToolCalls[i].Custom = nil
 		}
 	}
-	if valueOr(c.FinishReason, "") == "" {
-		c.FinishReason = ptrTo(map[bool]string{false: finishStop, true: finishToolCalls}[len(c.Message.ToolCalls) > 0])
-	}
+	rd := newStreamReader(protoOpenAIChat, true)
+	rd.finish = map[bool]string{false: finishStop, true: finishToolCalls}[len(m.ToolCalls) > 0]
+	rd.finish = chatFinish(cmp.Or(valueOr(r.Choices[0].FinishReason, ""), rd.finish))
+	rd.usage, _ = usageOf(protoOpenAIChat, rawMember(body, "usage"))
 	return answerOf(func(emit func(streamEvent) error) error {
-		u := newStreamReader(protoOpenAIChat, true)
-		err := u.chunk(&r, emit)
-		if err == nil {
-			_, err = u.ended(emit)
+		if err := rd.delta(m, emit); err != nil {
+			return err
 		}
-		return err
+		return rd.ended(emit)
 	})
 }
 
@@ -480,15 +474,6 @@ func (r *streamReader) readChat(event string, e rawObject, emit func(streamEvent
 		r.finished = r.choices[0] == r.choices[1] && (r.finish != "" || !r.translate) // translation reads choice 0
 	}
 	return !(r.dropUsage && u.Reported && len(choices.members) == 0), nil
-}
-
-// chunk reads a whole chat answer's choice 0 (decodeChat's), as a stream's last chunk.
-func (r *streamReader) chunk(ch *chatCompletion, emit func(streamEvent) error) error {
-	if ch.Usage != nil {
-		r.usage = ch.Usage.neutral()
-	}
-	r.finish = chatFinish(valueOr(ch.Choices[0].FinishReason, ""))
-	return r.delta(ch.Choices[0].Delta, emit)
 }
 
 // delta emits a chat delta's text (a refusal's too) and tool call pieces.

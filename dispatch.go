@@ -465,7 +465,7 @@ func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, cand *candi
 				failure = refuse("client_cancelled", "the caller hung up during the stream").because(err).withAttempts(attempts)
 			}
 			e.refused(failure, false, true) // before the caller can read it and fall back
-			sa.do(func() error { return sa.cs.fail(failure) })
+			sa.do(func() error { return sa.fail(failure) })
 			e.log.Warn("stream_failed_after_commit", "request_id", e.t.requestID, "code", failure.Code, "cause", redact(fmt.Sprint(failure.Err), c.cred.bearer()))
 		}
 		return u, failure, true

@@ -73,10 +73,8 @@ type (
 		Usage        *messagesUsage  `json:"usage"`
 	}
 	messagesUsage struct {
-		InputTokens              int `json:"input_tokens"`
-		OutputTokens             int `json:"output_tokens"`
-		CacheCreationInputTokens int `json:"cache_creation_input_tokens,omitempty"`
-		CacheReadInputTokens     int `json:"cache_read_input_tokens,omitempty"`
+		InputTokens  int `json:"input_tokens"`
+		OutputTokens int `json:"output_tokens"`
 	}
 	messagesEvent struct {
 		Type         string          `json:"type"`
@@ -427,11 +425,6 @@ func (req chatRequest) adaptiveEffort(model string) bool {
 	return req.thinkingBudget() > 0 && adaptiveModels.MatchString(model)
 }
 
-// usage is u in Brama's terms: Anthropic reports cached input apart, the neutral count (like OpenAI's prompt_tokens) includes it.
-func (u *messagesUsage) usage() usage {
-	return usage{InputTokens: u.InputTokens + u.CacheCreationInputTokens + u.CacheReadInputTokens, OutputTokens: u.OutputTokens, Reported: true}
-}
-
 func messagesFinish(reason string) string { return cmp.Or(messagesFinishes[reason], finishStop) }
 
 func messagesStopReason(f string) *string { return ptrTo(cmp.Or(messagesStopReasons[f], "end_turn")) }
@@ -457,9 +450,7 @@ func decodeMessages(body []byte) (chatAnswer, error) {
 			a.ToolCalls = append(a.ToolCalls, toolCall{ID: b.ID, Name: b.Name, Arguments: args.String()})
 		}
 	}
-	if r.Usage != nil {
-		a.Usage = r.Usage.usage()
-	}
+	a.Usage, _ = usageOf(protoAnthropic, rawMember(body, "usage"))
 	return a, nil
 }
 

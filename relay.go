@@ -235,93 +235,70 @@ func providerFacts(h, provider http.Header, same bool) {
 // SSE comment (SPEC §7.5). It writes; it never cuts.
 const keepAliveEvery = 15 * time.Second
 
-// streamAnswer is the caller side of a committed stream: one lock for the
-// relay and the keep-alive timer, and the dialect's writer (SPEC §7.5).
-type streamAnswer struct {
-	mu        sync.Mutex // guards cs, w, unflushed and ended
-	w         io.Writer
-	flush     func()
-	cs        *callerStream
-	unflushed bool // relay wrote bytes not yet flushed
-	ended     bool
-	every     time.Duration
-	timer     *time.Timer
-}
-
-// openStreamAnswer sends the 200 and starts the keep-alive timer, a
-// comment after every silence of every; model is what the dialect's events
-// report, req's tools name translated calls.
-func openStreamAnswer(w http.ResponseWriter, dialect string, req chatRequest, model string, attempts int, every time.Duration) *streamAnswer {
+// openStreamAnswer sends the 200 and starts the keep-alive timer, a comment after every silence of every
+// (SPEC §7.5); model is what the dialect's events report, req's tools name translated calls.
+func openStreamAnswer(w http.ResponseWriter, dialect string, req chatRequest, model string, attempts int, every time.Duration) *callerStream {
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("X-Accel-Buffering", "no")
 	h.Set("Brama-Attempts", strconv.Itoa(attempts))
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
-	flush := func() { rc.Flush() }
-	flush() // committed: the caller has its 200 now, however long the provider stays silent
-	sa := &streamAnswer{w: w, flush: flush, cs: newCallerStream(dialect, req, w, flush, model), every: every}
-	sa.mu.Lock() // the timer's first run reads sa.timer, under mu
-	defer sa.mu.Unlock()
-	sa.timer = time.AfterFunc(sa.every, func() { sa.do(sa.cs.keepAlive) })
-	return sa
+	s := newCallerStream(dialect, req, w, func() { rc.Flush() }, model)
+	s.flush()   // committed: the caller has its 200 now, however long the provider stays silent
+	s.mu.Lock() // the timer's first run reads s.timer, under mu
+	defer s.mu.Unlock()
+	s.every, s.timer = every, time.AfterFunc(every, func() { s.do(s.keepAlive) })
+	return s
 }
 
 // do runs f under the lock, unless closed, and restarts the silence timer.
-func (sa *streamAnswer) do(f func() error) error {
-	sa.mu.Lock()
-	defer sa.mu.Unlock()
-	if sa.ended {
+func (s *callerStream) do(f func() error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
 		return nil
 	}
-	sa.timer.Reset(sa.every)
+	s.timer.Reset(s.every)
 	return f()
 }
 
-// relay writes one event (nil: none) and, when the relay may wait next,
-// flushes what was written (SPEC §7.5) and restarts the silence timer; not
-// per event: a timer reset per event costs CPU.
-func (sa *streamAnswer) relay(b []byte, flush bool) error {
-	sa.mu.Lock()
-	defer sa.mu.Unlock()
-	if sa.ended {
+// relay writes one event as received (nil: none) and, when the relay may wait next, flushes what was written
+// (SPEC §7.5) and restarts the silence timer; not per event: a timer reset per event costs CPU.
+func (s *callerStream) relay(b []byte, flush bool) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
 		return nil
 	}
-	_, err := sa.w.Write(b)
-	sa.unflushed = sa.unflushed || len(b) > 0
-	if flush && sa.unflushed {
-		sa.flush()
-		sa.unflushed = false
-		sa.timer.Reset(sa.every)
+	_, err := s.w.Write(b)
+	s.unflushed = s.unflushed || len(b) > 0
+	if flush && s.unflushed {
+		s.flush()
+		s.unflushed = false
+		s.timer.Reset(s.every)
 	}
 	return err
 }
 
 // close stops the timer: nothing more is written.
-func (sa *streamAnswer) close() {
-	sa.mu.Lock()
-	defer sa.mu.Unlock()
-	sa.ended = true
-	sa.timer.Stop()
+func (s *callerStream) close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	s.timer.Stop()
 }
 
-// translate relays a committed stream of protocol translated to the
-// caller's dialect.
-func (sa *streamAnswer) translate(protocol string, body io.Reader) (usage, error) {
-	var u usage
-	err := sa.do(sa.cs.start)
+// translate relays a committed stream of protocol translated to the caller's dialect.
+func (s *callerStream) translate(protocol string, body io.Reader) (usage, error) {
+	err := s.do(s.start)
 	if err == nil {
-		err = readUpstreamStream(protocol, body, func(ev streamEvent) error {
-			if ev.Kind == eventUsage {
-				u = ev.Usage
-			}
-			return sa.do(func() error { return sa.cs.event(ev) })
-		})
+		err = readUpstreamStream(protocol, body, func(ev streamEvent) error { return s.do(func() error { return s.event(ev) }) })
 	}
 	if err == nil {
-		err = sa.do(sa.cs.finish)
+		err = s.do(s.finish)
 	}
-	return u, err
+	return s.usage, err
 }
 
 // errCallerStreamDone is returned by a callerStream used after finish or fail.
@@ -342,22 +319,28 @@ const (
 )
 
 // callerStream writes a streamed answer in the caller's dialect (SPEC §7.5), one block at a time, each step
-// framed by the dialect's frames function; the first write error sticks. The same writer, frames discarded,
-// builds the messages and responses dialects' buffered answers (wholeAnswer).
+// framed by the dialect's frames function; the first write error sticks. A committed stream's writer also
+// relays a same-format stream and keeps it alive, under one lock; the same writer, frames discarded, builds
+// the messages and responses dialects' buffered answers (wholeAnswer).
 type callerStream struct {
-	w       io.Writer
-	flush   func()
-	err     error
-	frames  func(s *callerStream, step streamStep, b *streamBlock, text string) error
-	req     chatRequest
-	model   string
-	started bool
-	done    bool   // finish or fail ran
-	reason  string // the tail: finish and usage arrive in either order, usage maybe never
-	usage   usage
-	failure *apiError    // stepFail's
-	open    *streamBlock // nil when none
-	blocks  []*streamBlock
+	mu        sync.Mutex // a committed stream's: guards everything below against the keep-alive timer
+	closed    bool
+	unflushed bool // relay wrote bytes not yet flushed
+	every     time.Duration
+	timer     *time.Timer
+	w         io.Writer
+	flush     func()
+	err       error
+	frames    func(s *callerStream, step streamStep, b *streamBlock, text string) error
+	req       chatRequest
+	model     string
+	started   bool
+	done      bool   // finish or fail ran
+	reason    string // the tail: finish and usage arrive in either order, usage maybe never
+	usage     usage
+	failure   *apiError    // stepFail's
+	open      *streamBlock // nil when none
+	blocks    []*streamBlock
 	// the dialect's own: chat's chunk id, creation time and whether its finish chunk went out,
 	// responses' next sequence_number, and the message or response the last event repeats whole
 	id         string

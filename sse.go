@@ -170,7 +170,7 @@ func (r *streamReader) run(body io.Reader, emit func(streamEvent) error, relay f
 		case err != nil && !r.finished:
 			return streamCut(err)
 		case err != nil && r.protocol == protoOpenAIChat && !r.sawDone:
-			if _, err := r.ended(emit); err != nil || relay == nil {
+			if err := r.ended(emit); err != nil || relay == nil {
 				return err
 			}
 			return relay([]byte("data: [DONE]\n\n"), false)
@@ -201,8 +201,7 @@ func (r *streamReader) read(event string, data []byte, emit func(streamEvent) er
 			return false, false, streamCut(io.EOF)
 		}
 		r.sawDone = true
-		_, err := r.ended(emit)
-		return true, true, err
+		return true, true, r.ended(emit)
 	}
 	if !json.Valid(data) {
 		return false, false, malformedEvent(r.protocol, errEventNotObject)
@@ -237,17 +236,17 @@ func (r *streamReader) decode(o rawObject, key string, v any) error {
 }
 
 // ended closes a chat answer whose choice 0 finished: the held calls, then the tail.
-func (r *streamReader) ended(emit func(streamEvent) error) (bool, error) {
+func (r *streamReader) ended(emit func(streamEvent) error) error {
 	if r.finish == "" {
-		return false, nil
+		return nil
 	}
 	if r.refusal {
 		r.finish = finishContentFilter
 	}
 	if err := emitCalls(emit, 1, r.held); err != nil {
-		return true, err
+		return err
 	}
-	return true, emitTail(emit, r.finish, r.usage)
+	return emitTail(emit, r.finish, r.usage)
 }
 
 // readMessages: message_stop ends; usage comes in message_start (emitted at once: a stream cut
