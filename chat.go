@@ -503,25 +503,26 @@ func (r *streamReader) delta(d *chatMessage, emit func(streamEvent) error) error
 func (r *streamReader) toolDelta(i int, tc chatToolCall, emit func(streamEvent) error) error {
 	i = valueOr(tc.Index, i)
 	call, _ := tc.call()
-	ni, ok := r.tools[i]
-	if !ok || call.ID != "" && r.ids[ni] != "" && call.ID != r.ids[ni] { // an id after an id-less start is that call's
+	c := r.calls[i]
+	if c == nil || call.ID != "" && c.id != "" && call.ID != c.id { // an id after an id-less start is that call's
 		if call.Name == "" {
 			return eventWithout(protoOpenAIChat, "tool call", "a name")
 		}
-		ni, r.tools[i], r.ids = len(r.ids), len(r.ids), append(r.ids, call.ID)
+		c = &upstreamCall{tool: r.ncalls, id: call.ID}
+		r.calls[i], r.ncalls = c, r.ncalls+1
 		start := toolCall{ID: call.ID, Name: call.Name, Custom: call.Custom}
-		if ni > 0 {
+		if c.tool > 0 {
 			r.held = append(r.held, start)
-		} else if err := emit(streamEvent{Kind: eventToolCallStart, Index: ni, ToolCall: start}); err != nil {
+		} else if err := emit(streamEvent{Kind: eventToolCallStart, ToolCall: start}); err != nil {
 			return err
 		}
 	}
 	switch {
 	case call.Arguments == "":
 		return nil
-	case ni > 0:
-		r.held[ni-1].Arguments += call.Arguments
+	case c.tool > 0:
+		r.held[c.tool-1].Arguments += call.Arguments
 		return nil
 	}
-	return emit(streamEvent{Kind: eventToolCallArgs, Index: ni, Text: call.Arguments})
+	return emit(streamEvent{Kind: eventToolCallArgs, Text: call.Arguments})
 }

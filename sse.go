@@ -114,19 +114,14 @@ type streamReader struct {
 	finish    string
 	usage     usage
 	refusal   bool // a refusal came: the finish is content_filter
-	// chat: the choice indexes seen and finished (n ≤ 128), data: [DONE], the tool calls by the
-	// provider's index, their ids, and the calls after the first, held to the end
+	// translation: the provider's calls (responses: its items) by the provider's index for them (chat's tool
+	// index, messages' content block index, responses' output_index), and the tool calls started
+	calls  map[int]*upstreamCall
+	ncalls int
+	// chat: the choice indexes seen and finished (n ≤ 128), data: [DONE], the calls after the first, held to the end
 	choices [2][2]uint64
 	sawDone bool
-	tools   map[int]int
-	ids     []string
 	held    []toolCall
-	// messages: content block index → neutral tool index, and which tools streamed arguments
-	blocks   map[int]int
-	argsSeen map[int]bool
-	// responses: items by output_index, tool calls so far
-	items map[int]*responsesStreamItem
-	ntool int
 	// a buffered codex caller (non-nil raw): output_item.done items by output_index, the final response
 	raw     map[int][]byte
 	final   json.RawMessage
@@ -134,9 +129,15 @@ type streamReader struct {
 	elems   [2]jsonMember     // element storage for an event's choices
 }
 
+// upstreamCall is one of the provider's calls (or a responses message item) as translation follows it.
+type upstreamCall struct {
+	tool     int    // the neutral tool index; -1: a responses message item
+	id       string // chat: the call's id, telling a new call at a reused index
+	streamed bool   // text or arguments emitted: the end emits none
+}
+
 func newStreamReader(protocol string, translate bool) *streamReader {
-	return &streamReader{protocol: protocol, translate: translate, tools: map[int]int{}, blocks: map[int]int{},
-		argsSeen: map[int]bool{}, items: map[int]*responsesStreamItem{}}
+	return &streamReader{protocol: protocol, translate: translate, calls: map[int]*upstreamCall{}}
 }
 
 var errEventNotObject = errors.New("the event data is not one JSON object")
@@ -301,7 +302,7 @@ func (r *streamReader) readBlock(typ string, e rawObject, emit func(streamEvent)
 	if err := cmp.Or(r.decode(e, "index", &index), r.decode(e, "content_block", &b), r.decode(e, "delta", &d)); err != nil {
 		return err
 	}
-	ni, isTool := r.blocks[index]
+	c, isTool := r.calls[index]
 	switch {
 	case typ == "content_block_start" && b == nil:
 		return eventWithout(protoAnthropic, typ, "content_block")
@@ -310,8 +311,8 @@ func (r *streamReader) readBlock(typ string, e rawObject, emit func(streamEvent)
 	case typ == "content_block_start" && b.Type == "tool_use" && (b.Name == "" || isTool):
 		return eventWithout(protoAnthropic, typ, "a fresh index and a name")
 	case typ == "content_block_start" && b.Type == "tool_use":
-		r.blocks[index] = len(r.blocks)
-		return emit(streamEvent{Kind: eventToolCallStart, Index: r.blocks[index], ToolCall: toolCall{ID: b.ID, Name: b.Name}})
+		r.calls[index], r.ncalls = &upstreamCall{tool: r.ncalls}, r.ncalls+1
+		return emit(streamEvent{Kind: eventToolCallStart, Index: r.ncalls - 1, ToolCall: toolCall{ID: b.ID, Name: b.Name}})
 	case typ == "content_block_delta" && d == nil:
 		return eventWithout(protoAnthropic, typ, "delta")
 	case typ == "content_block_delta" && d.Type == "text_delta" && valueOr(d.Text, "") != "":
@@ -319,11 +320,11 @@ func (r *streamReader) readBlock(typ string, e rawObject, emit func(streamEvent)
 	case typ == "content_block_delta" && d.Type == "input_json_delta" && !isTool:
 		return eventWithout(protoAnthropic, typ, "a tool_use block")
 	case typ == "content_block_delta" && d.Type == "input_json_delta" && valueOr(d.PartialJSON, "") != "":
-		r.argsSeen[ni] = true
-		return emit(streamEvent{Kind: eventToolCallArgs, Index: ni, Text: *d.PartialJSON})
-	case typ == "content_block_stop" && isTool && !r.argsSeen[ni]: // a tool without parameters streamed none; callers expect "{}"
-		r.argsSeen[ni] = true
-		return emit(streamEvent{Kind: eventToolCallArgs, Index: ni, Text: "{}"})
+		c.streamed = true
+		return emit(streamEvent{Kind: eventToolCallArgs, Index: c.tool, Text: *d.PartialJSON})
+	case typ == "content_block_stop" && isTool && !c.streamed: // a tool without parameters streamed none; callers expect "{}"
+		c.streamed = true
+		return emit(streamEvent{Kind: eventToolCallArgs, Index: c.tool, Text: "{}"})
 	}
 	return nil
 }
@@ -362,11 +363,6 @@ func (r *streamReader) readResponses(typ string, e rawObject, emit func(streamEv
 		return err == nil, true, err
 	}
 	return err == nil, false, err
-}
-
-type responsesStreamItem struct {
-	tool     int  // neutral tool index, -1 for a message
-	streamed bool // text or argument deltas emitted: done emits the rest
 }
 
 // readItem reads an output item's start, deltas and end; a buffered codex caller keeps each ended item as sent.
@@ -415,13 +411,13 @@ func (r *streamReader) readItem(typ string, e rawObject, emit func(streamEvent) 
 // completed emits the final response's items the stream never showed (a minimal stream, a buffered answer), then the tail.
 func (r *streamReader) completed(resp *responsesObject, emit func(streamEvent) error) error {
 	for i, it := range resp.Output {
-		if _, seen := r.items[i]; !seen && it != nil {
+		if _, seen := r.calls[i]; !seen && it != nil {
 			if err := r.done(i, it, emit); err != nil {
 				return err
 			}
 		}
 	}
-	finish := map[bool]string{false: finishStop, true: finishToolCalls}[r.ntool > 0]
+	finish := map[bool]string{false: finishStop, true: finishToolCalls}[r.ncalls > 0]
 	if r.refusal {
 		finish = finishContentFilter
 	}
@@ -437,17 +433,17 @@ func (r *streamReader) completed(resp *responsesObject, emit func(streamEvent) e
 }
 
 // item is the state of output index i: a tool call once seen as one.
-func (r *streamReader) item(i int, item *responsesItem, emit func(streamEvent) error) (*responsesStreamItem, error) {
-	it, ok := r.items[i]
+func (r *streamReader) item(i int, item *responsesItem, emit func(streamEvent) error) (*upstreamCall, error) {
+	it, ok := r.calls[i]
 	if !ok {
-		it = &responsesStreamItem{tool: -1}
-		r.items[i] = it
+		it = &upstreamCall{tool: -1}
+		r.calls[i] = it
 	}
 	if tc, isCall := item.call(); isCall && it.tool < 0 {
 		if item.Name == "" {
 			return nil, eventWithout(protoOpenAIResponses, "a call item", "a name")
 		}
-		it.tool, r.ntool, tc.Arguments = r.ntool, r.ntool+1, ""
+		it.tool, r.ncalls, tc.Arguments = r.ncalls, r.ncalls+1, ""
 		return it, emit(streamEvent{Kind: eventToolCallStart, Index: it.tool, ToolCall: tc})
 	}
 	return it, nil
