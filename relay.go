@@ -81,40 +81,19 @@ func assembleStream(protocol string, body io.Reader) (chatAnswer, error) {
 	return answerOf(func(emit func(streamEvent) error) error { return readUpstreamStream(protocol, body, emit) })
 }
 
-// answerOf builds one answer from the neutral events run emits.
+// answerOf builds one answer from the neutral events run emits, gathered by a caller stream that writes nothing.
 func answerOf(run func(emit func(streamEvent) error) error) (chatAnswer, error) {
-	var (
-		a    chatAnswer
-		text strings.Builder
-		args []strings.Builder
-	)
-	err := run(func(ev streamEvent) error {
-		switch ev.Kind {
-		case eventText:
-			text.WriteString(ev.Text)
-		case eventToolCallStart:
-			for len(a.ToolCalls) <= ev.Index {
-				a.ToolCalls, args = append(a.ToolCalls, toolCall{}), append(args, strings.Builder{})
-			}
-			a.ToolCalls[ev.Index] = ev.ToolCall
-		case eventToolCallArgs:
-			if ev.Index >= len(args) {
-				return refuse("provider_failure", "the provider stream sent arguments for a tool call it never started")
-			}
-			args[ev.Index].WriteString(ev.Text)
-		case eventFinish:
-			a.Finish = ev.Finish
-		case eventUsage:
-			a.Usage = ev.Usage
-		}
-		return nil
-	})
-	if err != nil {
+	s := &callerStream{frames: func(*callerStream, streamStep, *streamBlock, string) error { return nil }}
+	if err := run(s.event); err != nil {
 		return chatAnswer{}, err
 	}
-	a.Text = text.String()
-	for i := range a.ToolCalls {
-		a.ToolCalls[i].Arguments = args[i].String()
+	a := chatAnswer{Finish: s.reason, Usage: s.usage}
+	for _, b := range s.blocks {
+		if b.text {
+			a.Text += b.buf.String()
+		} else {
+			a.ToolCalls = append(a.ToolCalls, toolCall{ID: b.id, Name: b.flat, Arguments: b.buf.String(), Custom: b.custom})
+		}
 	}
 	return a, nil
 }
