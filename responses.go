@@ -324,7 +324,9 @@ func decodeResponses(body []byte) (chatAnswer, error) {
 		return chatAnswer{}, malformedAnswer(protoOpenAIResponses, err)
 	}
 	return answerOf(func(emit func(streamEvent) error) error {
-		return newStreamReader(protoOpenAIResponses, true).completed(&r, emit)
+		rd := newStreamReader(protoOpenAIResponses, true)
+		rd.usage, _ = usageOf(protoOpenAIResponses, rawMember(body, "usage"))
+		return rd.completed(&r, emit)
 	})
 }
 

@@ -294,15 +294,12 @@ func (r *streamReader) readMessages(typ string, e rawObject, emit func(streamEve
 
 // readBlock translates a content block's start, delta and stop.
 func (r *streamReader) readBlock(typ string, e rawObject, emit func(streamEvent) error) error {
-	var (
-		index int
-		b     *messagesBlock
-		d     *messagesBlock
-	)
-	if err := cmp.Or(r.decode(e, "index", &index), r.decode(e, "content_block", &b), r.decode(e, "delta", &d)); err != nil {
-		return err
+	var ev messagesEvent
+	if json.Unmarshal(e.src, &ev) != nil {
+		return eventWithout(protoAnthropic, typ, "a valid index, content_block and delta")
 	}
-	c, isTool := r.calls[index]
+	b, d := ev.ContentBlock, ev.Delta
+	c, isTool := r.calls[valueOr(ev.Index, 0)]
 	switch {
 	case typ == "content_block_start" && b == nil:
 		return eventWithout(protoAnthropic, typ, "content_block")
@@ -311,7 +308,7 @@ func (r *streamReader) readBlock(typ string, e rawObject, emit func(streamEvent)
 	case typ == "content_block_start" && b.Type == "tool_use" && (b.Name == "" || isTool):
 		return eventWithout(protoAnthropic, typ, "a fresh index and a name")
 	case typ == "content_block_start" && b.Type == "tool_use":
-		r.calls[index], r.ncalls = &upstreamCall{tool: r.ncalls}, r.ncalls+1
+		r.calls[valueOr(ev.Index, 0)], r.ncalls = &upstreamCall{tool: r.ncalls}, r.ncalls+1
 		return emit(streamEvent{Kind: eventToolCallStart, Index: r.ncalls - 1, ToolCall: toolCall{ID: b.ID, Name: b.Name}})
 	case typ == "content_block_delta" && d == nil:
 		return eventWithout(protoAnthropic, typ, "delta")
@@ -425,9 +422,6 @@ func (r *streamReader) completed(resp *responsesObject, emit func(streamEvent) e
 		if valueOr(resp.IncompleteDetails, responsesIncomplete{}).Reason == reason {
 			finish = f
 		}
-	}
-	if ru := resp.Usage; ru != nil {
-		r.usage = usage{InputTokens: ru.InputTokens, OutputTokens: ru.OutputTokens, Reported: true}
 	}
 	return emitTail(emit, finish, r.usage)
 }
