@@ -119,9 +119,8 @@ func emitTail(emit func(streamEvent) error, finish string, u usage) error {
 	return emit(streamEvent{Kind: eventUsage, Usage: u})
 }
 
-// relayBuffered answers a buffered passthrough call with the provider's
-// body; a codex stream (SPEC §6.2) is read whole and assembled. A body that
-// is not a JSON object is no answer of the format (provider_failure).
+// relayBuffered answers a buffered passthrough call with the provider's body; a codex stream (SPEC §6.2) is read whole
+// and assembled. A body that is not a JSON object is no answer of the format (provider_failure).
 func relayBuffered(w http.ResponseWriter, cr *callerRequest, c call, resp *http.Response, attempts int) (u usage, _ *apiError) {
 	p := c.res.Provider
 	ct := cmp.Or(resp.Header.Get("Content-Type"), "application/json")
@@ -185,8 +184,7 @@ func readProviderAnswer(p providerInfo, req chatRequest, resp *http.Response) (c
 	return decodeUpstreamAnswer(p.protocol, body)
 }
 
-// readWhole reads a committed answer's body, or SPEC §8.2's refusal of one
-// cut mid-body.
+// readWhole reads a committed answer's body, or SPEC §8.2's refusal of one cut mid-body.
 func readWhole(p providerInfo, resp *http.Response) ([]byte, error) {
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
@@ -195,10 +193,9 @@ func readWhole(p providerInfo, resp *http.Response) ([]byte, error) {
 	return body, nil
 }
 
-// providerFacts gives the caller what SPEC §17 lets a provider's answer
-// tell: its request id as request-id (X-Request-Id is Brama's own) and, for
-// a same-format answer, its rate-limit headers as received; nothing else
-// (no cookie, nothing naming the provider account).
+// providerFacts gives the caller what SPEC §17 lets a provider's answer tell: its request id as request-id
+// (X-Request-Id is Brama's own) and, for a same-format answer, its rate-limit headers as received; nothing else (no
+// cookie, nothing naming the provider account).
 func providerFacts(h, provider http.Header, same bool) {
 	if id := cmp.Or(provider.Get("Request-Id"), provider.Get("X-Request-Id")); id != "" {
 		h.Set("Request-Id", id)

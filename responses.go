@@ -94,8 +94,6 @@ type (
 		Text           *string          `json:"text,omitempty"`
 		Arguments      *string          `json:"arguments,omitempty"`
 		Input          *string          `json:"input,omitempty"`
-		Code           json.RawMessage  `json:"code,omitempty"`
-		Error          json.RawMessage  `json:"error,omitempty"`
 	}
 )
 

@@ -539,8 +539,7 @@ func usageOf(protocol string, raw json.RawMessage) (usage, error) {
 	return u.count(protocol), nil
 }
 
-// count is the usage in Brama's terms (nil: unreported); Anthropic's cached
-// input counts, as OpenAI's does.
+// count is the usage in Brama's terms (nil: unreported); Anthropic's cached input counts, as OpenAI's does.
 func (u *passthroughUsage) count(protocol string) usage {
 	switch {
 	case u == nil:
