@@ -297,7 +297,7 @@ const (
 // callerStream writes a streamed answer in the caller's dialect (SPEC §7.5), one block at a time, each step
 // framed by the dialect's frames function; the first write error sticks. A committed stream's writer also
 // relays a same-format stream and keeps it alive, under one lock; the same writer, frames discarded, builds
-// the messages and responses dialects' buffered answers (wholeAnswer).
+// the messages and responses dialects' buffered answers (wholeAnswer) and gathers a provider's (answerOf).
 type callerStream struct {
 	mu        sync.Mutex // a committed stream's: guards everything below against the keep-alive timer
 	closed    bool

@@ -298,8 +298,8 @@ func (r *streamReader) readBlock(typ string, e rawObject, emit func(streamEvent)
 	if json.Unmarshal(e.src, &ev) != nil {
 		return eventWithout(protoAnthropic, typ, "a valid index, content_block and delta")
 	}
-	b, d := ev.ContentBlock, ev.Delta
-	c, isTool := r.calls[valueOr(ev.Index, 0)]
+	index, b, d := valueOr(ev.Index, 0), ev.ContentBlock, ev.Delta
+	c, isTool := r.calls[index]
 	switch {
 	case typ == "content_block_start" && b == nil:
 		return eventWithout(protoAnthropic, typ, "content_block")
@@ -308,8 +308,9 @@ func (r *streamReader) readBlock(typ string, e rawObject, emit func(streamEvent)
 	case typ == "content_block_start" && b.Type == "tool_use" && (b.Name == "" || isTool):
 		return eventWithout(protoAnthropic, typ, "a fresh index and a name")
 	case typ == "content_block_start" && b.Type == "tool_use":
-		r.calls[valueOr(ev.Index, 0)], r.ncalls = &upstreamCall{tool: r.ncalls}, r.ncalls+1
-		return emit(streamEvent{Kind: eventToolCallStart, Index: r.ncalls - 1, ToolCall: toolCall{ID: b.ID, Name: b.Name}})
+		r.calls[index] = &upstreamCall{tool: r.ncalls}
+		r.ncalls++
+		return emit(streamEvent{Kind: eventToolCallStart, Index: r.calls[index].tool, ToolCall: toolCall{ID: b.ID, Name: b.Name}})
 	case typ == "content_block_delta" && d == nil:
 		return eventWithout(protoAnthropic, typ, "delta")
 	case typ == "content_block_delta" && d.Type == "text_delta" && valueOr(d.Text, "") != "":
