@@ -354,10 +354,10 @@ func wholeAnswer(frames func(*callerStream, streamStep, *streamBlock, string) er
 	if err == nil {
 		err = emitTail(s.event, a.Finish, a.Usage)
 	}
-	if err != nil {
-		return s, err
+	if err == nil {
+		err = s.finish()
 	}
-	return s, s.finish()
+	return s, err
 }
 
 func (s *callerStream) start() error {
