@@ -307,10 +307,6 @@ var chatFinishes = map[string]string{finishLength: finishLength, "model_length":
 
 func chatFinish(r string) string { return cmp.Or(chatFinishes[r], finishStop) }
 
-func (u *chatUsage) neutral() usage {
-	return usage{InputTokens: u.PromptTokens, OutputTokens: u.CompletionTokens, Reported: true}
-}
-
 // chatContentText is an answer's or a chunk's content as text: a string, or the text of its parts, as some compatible providers send it.
 func chatContentText(content json.RawMessage) (string, error) {
 	var t string
@@ -327,30 +323,28 @@ func chatContentText(content json.RawMessage) (string, error) {
 	return t, err
 }
 
-// decodeChat reads a complete Chat Completions answer as a stream of its one chunk: a custom call
-// without input is read as a function call, no finish_reason is tool_calls beside calls, else stop.
+// decodeChat reads a complete Chat Completions answer as a stream's last chunk: a custom call without input is
+// read as a function call, no finish_reason is tool_calls beside calls, else stop.
 func decodeChat(body []byte) (chatAnswer, error) {
 	var r chatCompletion
 	if err := json.Unmarshal(body, &r); err != nil || len(r.Choices) == 0 || r.Choices[0].Message == nil || !rawIsNull(r.Error) {
 		return chatAnswer{}, malformedAnswer(protoOpenAIChat, err)
 	}
-	c := &r.Choices[0]
-	c.Index, c.Delta = 0, c.Message
-	for i, tc := range c.Message.ToolCalls {
+	m := r.Choices[0].Message
+	for i, tc := range m.ToolCalls {
 		if tc.Custom != nil && tc.Custom.Input == nil {
-			c.Message.ToolCalls[i].Custom = nil
+			m.ToolCalls[i].Custom = nil
 		}
 	}
-	if valueOr(c.FinishReason, "") == "" {
-		c.FinishReason = ptrTo(map[bool]string{false: finishStop, true: finishToolCalls}[len(c.Message.ToolCalls) > 0])
-	}
+	rd := newStreamReader(protoOpenAIChat, true)
+	rd.finish = map[bool]string{false: finishStop, true: finishToolCalls}[len(m.ToolCalls) > 0]
+	rd.finish = chatFinish(cmp.Or(valueOr(r.Choices[0].FinishReason, ""), rd.finish))
+	rd.usage, _ = usageOf(protoOpenAIChat, rawMember(body, "usage"))
 	return answerOf(func(emit func(streamEvent) error) error {
-		u := &chatUpstreamStream{tools: map[int]int{}}
-		err := u.chunk(&r, emit)
-		if err == nil {
-			_, err = u.ended(emit)
+		if err := rd.delta(m, emit); err != nil {
+			return err
 		}
-		return err
+		return rd.ended(emit)
 	})
 }
 
@@ -376,83 +370,64 @@ func chatUsageOf(u usage) *chatUsage {
 	return &chatUsage{u.InputTokens, u.OutputTokens, u.InputTokens + u.OutputTokens}
 }
 
-// chatCallerStream writes chat.completion.chunk frames. Chat has no block framing: a tool call's deltas carry its call index.
-type chatCallerStream struct {
-	sse        *callerStream
-	id, model  string
-	created    int64
-	finishSent bool
+// chatFrames writes chat.completion.chunk frames. Chat has no block framing: a tool call's deltas carry its
+// call index; finish_reason goes out once, when the finish event arrives or at the end.
+func (s *callerStream) chatFrames(step streamStep, b *streamBlock, d string) error {
+	var delta chatMessage
+	switch {
+	case step == stepBegin:
+		s.id, s.created = newAnswerID("chatcmpl-"), time.Now().Unix()
+		delta = chatMessage{Role: "assistant", Content: jsonText("")}
+	case step == stepOpen && !b.text: // its id, type and name, a function's arguments empty
+		tc := chatCall(answerIDOr(b.id, "call_"), b.name, "", b.custom)
+		if tc.Function != nil {
+			tc.Function.Arguments = ptrTo("")
+		}
+		tc.Index = &b.index
+		delta.ToolCalls = []chatToolCall{tc}
+	case step == stepDelta && b.text:
+		delta.Content = jsonText(d)
+	case step == stepDelta:
+		tc := chatToolCall{Index: &b.index, Function: &chatFunction{Arguments: &d}}
+		if b.custom {
+			tc = chatToolCall{Index: &b.index, Custom: &chatFunction{Input: &d}}
+		}
+		delta.ToolCalls = []chatToolCall{tc}
+	case step == stepFail: // the envelope of SPEC §8.1 as a final data frame
+		return s.frame("", s.failure.body())
+	case step == stepFinish || step == stepEnd:
+		return s.chatTail(step == stepEnd)
+	default:
+		return nil
+	}
+	return s.chatChunk(&delta, nil, nil)
 }
 
-func newChatCallerStream(sse *callerStream, _ chatRequest, model string) blockWriter {
-	return &chatCallerStream{sse: sse, id: newAnswerID("chatcmpl-"), created: time.Now().Unix(), model: model}
+// chatTail writes the finish chunk if not yet sent; at the end, then the usage chunk (choices: []) when the caller
+// asked and usage was reported, and [DONE].
+func (s *callerStream) chatTail(end bool) error {
+	var err error
+	if !s.finishSent {
+		s.finishSent = true
+		err = s.chatChunk(&chatMessage{}, ptrTo(answerFinish(s.reason)), nil)
+	}
+	if err == nil && end && s.req.StreamUsage && s.usage.Reported {
+		err = s.chatChunk(nil, nil, chatUsageOf(s.usage))
+	}
+	if err != nil || !end {
+		return err
+	}
+	return s.write("data: [DONE]\n\n")
 }
 
-// chunk writes one chunk with a single choice, or with usage and none.
-func (s *chatCallerStream) chunk(d *chatMessage, finish *string, u *chatUsage) error {
+// chatChunk writes one chunk with a single choice, or with usage and none.
+func (s *callerStream) chatChunk(d *chatMessage, finish *string, u *chatUsage) error {
 	c := chatCompletion{ID: s.id, Object: "chat.completion.chunk", Created: s.created, Model: s.model, Choices: []chatChoice{}, Usage: u}
 	if d != nil {
 		c.Choices = []chatChoice{{Delta: d, FinishReason: finish}}
 	}
-	return s.sse.frame("", c)
+	return s.frame("", c)
 }
-
-func (s *chatCallerStream) begin() error {
-	return s.chunk(&chatMessage{Role: "assistant", Content: jsonText("")}, nil, nil)
-}
-
-// open starts a call: its id, type and name, a function's arguments empty.
-func (s *chatCallerStream) open(_ int, b *streamBlock) error {
-	if b.text {
-		return nil
-	}
-	tc := chatCall(answerIDOr(b.id, "call_"), b.name, "", b.custom)
-	if tc.Function != nil {
-		tc.Function.Arguments = ptrTo("")
-	}
-	return s.call(b, tc)
-}
-
-func (s *chatCallerStream) delta(_ int, b *streamBlock, d string) error {
-	switch {
-	case b.text:
-		return s.chunk(&chatMessage{Content: jsonText(d)}, nil, nil)
-	case b.custom:
-		return s.call(b, chatToolCall{Custom: &chatFunction{Input: &d}})
-	}
-	return s.call(b, chatToolCall{Function: &chatFunction{Arguments: &d}})
-}
-
-func (s *chatCallerStream) call(b *streamBlock, tc chatToolCall) error {
-	tc.Index = &b.index
-	return s.chunk(&chatMessage{ToolCalls: []chatToolCall{tc}}, nil, nil)
-}
-
-func (s *chatCallerStream) close(int, *streamBlock, string) error { return nil }
-
-// finishNow writes the chunk carrying finish_reason, once: when the finish event arrives, or at the end.
-func (s *chatCallerStream) finishNow(finish string) error {
-	if s.finishSent {
-		return nil
-	}
-	s.finishSent = true
-	return s.chunk(&chatMessage{}, ptrTo(answerFinish(finish)), nil)
-}
-
-// end writes the finish chunk if not yet sent, the usage chunk (choices: []) when the caller asked and usage was reported, then [DONE].
-func (s *chatCallerStream) end(finish string, u usage) error {
-	err := s.finishNow(finish)
-	if err == nil && s.sse.req.StreamUsage && u.Reported {
-		err = s.chunk(nil, nil, chatUsageOf(u))
-	}
-	if err != nil {
-		return err
-	}
-	return s.sse.write("data: [DONE]\n\n")
-}
-
-// fail writes the envelope of SPEC §8.1 as a final data frame.
-func (s *chatCallerStream) fail(e *apiError) error { return s.sse.frame("", e.body()) }
 
 // The chat part of the one stream reader (sse.go's streamReader).
 
@@ -501,15 +476,6 @@ func (r *streamReader) readChat(event string, e rawObject, emit func(streamEvent
 	return !(r.dropUsage && u.Reported && len(choices.members) == 0), nil
 }
 
-// chunk reads a whole chat answer's choice 0 (decodeChat's), as a stream's last chunk.
-func (r *streamReader) chunk(ch *chatCompletion, emit func(streamEvent) error) error {
-	if ch.Usage != nil {
-		r.usage = ch.Usage.neutral()
-	}
-	r.finish = chatFinish(valueOr(ch.Choices[0].FinishReason, ""))
-	return r.delta(ch.Choices[0].Delta, emit)
-}
-
 // delta emits a chat delta's text (a refusal's too) and tool call pieces.
 func (r *streamReader) delta(d *chatMessage, emit func(streamEvent) error) error {
 	t, err := chatContentText(d.Content)
@@ -537,25 +503,26 @@ func (r *streamReader) delta(d *chatMessage, emit func(streamEvent) error) error
 func (r *streamReader) toolDelta(i int, tc chatToolCall, emit func(streamEvent) error) error {
 	i = valueOr(tc.Index, i)
 	call, _ := tc.call()
-	ni, ok := r.tools[i]
-	if !ok || call.ID != "" && r.ids[ni] != "" && call.ID != r.ids[ni] { // an id after an id-less start is that call's
+	c := r.calls[i]
+	if c == nil || call.ID != "" && c.id != "" && call.ID != c.id { // an id after an id-less start is that call's
 		if call.Name == "" {
 			return eventWithout(protoOpenAIChat, "tool call", "a name")
 		}
-		ni, r.tools[i], r.ids = len(r.ids), len(r.ids), append(r.ids, call.ID)
+		c = &upstreamCall{tool: r.ncalls, id: call.ID}
+		r.calls[i], r.ncalls = c, r.ncalls+1
 		start := toolCall{ID: call.ID, Name: call.Name, Custom: call.Custom}
-		if ni > 0 {
+		if c.tool > 0 {
 			r.held = append(r.held, start)
-		} else if err := emit(streamEvent{Kind: eventToolCallStart, Index: ni, ToolCall: start}); err != nil {
+		} else if err := emit(streamEvent{Kind: eventToolCallStart, ToolCall: start}); err != nil {
 			return err
 		}
 	}
 	switch {
 	case call.Arguments == "":
 		return nil
-	case ni > 0:
-		r.held[ni-1].Arguments += call.Arguments
+	case c.tool > 0:
+		r.held[c.tool-1].Arguments += call.Arguments
 		return nil
 	}
-	return emit(streamEvent{Kind: eventToolCallArgs, Index: ni, Text: call.Arguments})
+	return emit(streamEvent{Kind: eventToolCallArgs, Text: call.Arguments})
 }

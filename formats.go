@@ -178,15 +178,14 @@ type wireFormat struct {
 	encode            func(req chatRequest, model string, o upstreamOptions) (any, error)
 	decode            func(body []byte) (chatAnswer, error)
 	render            func(req chatRequest, a chatAnswer) (any, error)
-	callerStream      func(sse *callerStream, req chatRequest, model string) blockWriter
-	upstreamStream    func() streamTranslator
+	frames            func(s *callerStream, step streamStep, b *streamBlock, text string) error // the caller stream writer's
 }
 
 // wireFormats is the one table of the three formats; it never changes.
 var wireFormats = []wireFormat{
-	{dialectChat, protoOpenAIChat, "/chat/completions", parseChatCompletions, encodeChat, decodeChat, renderChat, newChatCallerStream, newChatUpstreamStream},
-	{dialectMessages, protoAnthropic, "/v1/messages", parseMessages, encodeMessages, decodeMessages, renderMessages, newMessagesCallerStream, newMessagesUpstreamStream},
-	{dialectResponses, protoOpenAIResponses, "/responses", parseResponses, encodeResponses, decodeResponses, renderResponses, newResponsesCallerStream, newResponsesUpstreamStream},
+	{dialectChat, protoOpenAIChat, "/chat/completions", parseChatCompletions, encodeChat, decodeChat, renderChat, (*callerStream).chatFrames},
+	{dialectMessages, protoAnthropic, "/v1/messages", parseMessages, encodeMessages, decodeMessages, renderMessages, (*callerStream).messagesFrames},
+	{dialectResponses, protoOpenAIResponses, "/responses", parseResponses, encodeResponses, decodeResponses, renderResponses, (*callerStream).responsesFrames},
 }
 
 // formatOf is the row of a dialect or protocol (every error its parse returns is an invalid_request *apiError).

@@ -73,10 +73,8 @@ type (
 		Usage        *messagesUsage  `json:"usage"`
 	}
 	messagesUsage struct {
-		InputTokens              int `json:"input_tokens"`
-		OutputTokens             int `json:"output_tokens"`
-		CacheCreationInputTokens int `json:"cache_creation_input_tokens,omitempty"`
-		CacheReadInputTokens     int `json:"cache_read_input_tokens,omitempty"`
+		InputTokens  int `json:"input_tokens"`
+		OutputTokens int `json:"output_tokens"`
 	}
 	messagesEvent struct {
 		Type         string          `json:"type"`
@@ -427,11 +425,6 @@ func (req chatRequest) adaptiveEffort(model string) bool {
 	return req.thinkingBudget() > 0 && adaptiveModels.MatchString(model)
 }
 
-// usage is u in Brama's terms: Anthropic reports cached input apart, the neutral count (like OpenAI's prompt_tokens) includes it.
-func (u *messagesUsage) usage() usage {
-	return usage{InputTokens: u.InputTokens + u.CacheCreationInputTokens + u.CacheReadInputTokens, OutputTokens: u.OutputTokens, Reported: true}
-}
-
 func messagesFinish(reason string) string { return cmp.Or(messagesFinishes[reason], finishStop) }
 
 func messagesStopReason(f string) *string { return ptrTo(cmp.Or(messagesStopReasons[f], "end_turn")) }
@@ -457,79 +450,63 @@ func decodeMessages(body []byte) (chatAnswer, error) {
 			a.ToolCalls = append(a.ToolCalls, toolCall{ID: b.ID, Name: b.Name, Arguments: args.String()})
 		}
 	}
-	if r.Usage != nil {
-		a.Usage = r.Usage.usage()
-	}
+	a.Usage, _ = usageOf(protoAnthropic, rawMember(body, "usage"))
 	return a, nil
 }
 
 // renderMessages is the message the stream that would carry a builds; usage is always present (zeros when unreported): Anthropic's SDKs require it.
 func renderMessages(req chatRequest, a chatAnswer) (any, error) {
-	bw, err := wholeAnswerThrough(req, a, newMessagesCallerStream)
-	return bw.(*messagesCallerStream).msg, err
+	s, err := wholeAnswer((*callerStream).messagesFrames, req, a)
+	return s.msg, err
 }
 
-// messagesCallerStream writes Anthropic's events a block at a time; the message it keeps gets the blocks' whole
-// text and arguments at the end, when the arguments of calls a provider interleaved are all in.
-type messagesCallerStream struct {
-	sse *callerStream
-	msg messagesAnswer
-}
+// messagesSteps names each step's event.
+var messagesSteps = [...]string{stepBegin: "message_start", stepOpen: "content_block_start", stepDelta: "content_block_delta",
+	stepClose: "content_block_stop", stepEnd: "message_delta", stepFail: "error"}
 
-func newMessagesCallerStream(sse *callerStream, _ chatRequest, model string) blockWriter {
-	return &messagesCallerStream{sse: sse, msg: messagesAnswer{ID: newAnswerID("msg_"), Type: "message", Role: "assistant",
-		Model: model, Content: []messagesBlock{}, Usage: &messagesUsage{}}}
-}
-
-func (s *messagesCallerStream) emit(ev messagesEvent) error { return s.sse.frame(ev.Type, ev) }
-
-// begin writes message_start. Input tokens go out as 0 (providers report usage at the end) and for real in message_delta, which the SDKs take over.
-func (s *messagesCallerStream) begin() error {
-	return s.emit(messagesEvent{Type: "message_start", Message: &s.msg})
-}
-
-func (s *messagesCallerStream) open(i int, b *streamBlock) error {
-	cb := messagesBlock{Type: "text", Text: ptrTo("")}
-	if !b.text {
-		cb = messagesBlock{Type: "tool_use", ID: answerIDOr(b.id, "toolu_"), Name: b.name, Input: json.RawMessage(`{}`)}
+// messagesFrames writes Anthropic's events a block at a time; the message it keeps gets the blocks' whole text and
+// arguments at the end, when the arguments of calls a provider interleaved are all in.
+func (s *callerStream) messagesFrames(step streamStep, b *streamBlock, d string) error {
+	ev := messagesEvent{Type: messagesSteps[step]}
+	if b != nil {
+		ev.Index = &b.pos
 	}
-	s.msg.Content = append(s.msg.Content, cb)
-	return s.emit(messagesEvent{Type: "content_block_start", Index: &i, ContentBlock: &cb})
-}
-
-func (s *messagesCallerStream) delta(i int, b *streamBlock, d string) error {
-	delta := &messagesBlock{Type: "text_delta", Text: &d}
-	if !b.text {
-		delta = &messagesBlock{Type: "input_json_delta", PartialJSON: &d}
-	}
-	return s.emit(messagesEvent{Type: "content_block_delta", Index: &i, Delta: delta})
-}
-
-func (s *messagesCallerStream) close(i int, b *streamBlock, full string) error {
-	if _, err := toolArguments(full); !b.text && err != nil { // {} would run the tool on nothing (SPEC §17)
-		return refuse("provider_incomplete", "the provider's answer holds a tool call whose arguments are not a JSON object, which a tool_use input must be")
-	}
-	return s.emit(messagesEvent{Type: "content_block_stop", Index: &i})
-}
-
-func (s *messagesCallerStream) finishNow(string) error { return nil }
-
-// end fills the kept blocks, then writes message_delta and message_stop (a write error sticks: the second writes nothing).
-func (s *messagesCallerStream) end(finish string, u usage) error {
-	for i, b := range s.sse.blocks {
-		if b.text {
-			s.msg.Content[i].Text = ptrTo(b.buf.String())
-		} else {
-			s.msg.Content[i].Input, _ = toolArguments(b.buf.String()) // nil, left out, when no JSON object
+	switch {
+	case step == stepBegin: // input tokens go out as 0 (providers report usage at the end) and for real in message_delta, which the SDKs take over
+		s.msg = messagesAnswer{ID: newAnswerID("msg_"), Type: "message", Role: "assistant", Model: s.model,
+			Content: []messagesBlock{}, Usage: &messagesUsage{}}
+		ev.Message = &s.msg
+	case step == stepOpen:
+		cb := messagesBlock{Type: "text", Text: ptrTo("")}
+		if !b.text {
+			cb = messagesBlock{Type: "tool_use", ID: answerIDOr(b.id, "toolu_"), Name: b.name, Input: json.RawMessage(`{}`)}
 		}
+		s.msg.Content = append(s.msg.Content, cb)
+		ev.ContentBlock = &cb
+	case step == stepDelta && b.text:
+		ev.Delta = &messagesBlock{Type: "text_delta", Text: &d}
+	case step == stepDelta:
+		ev.Delta = &messagesBlock{Type: "input_json_delta", PartialJSON: &d}
+	case step == stepClose:
+		if _, err := toolArguments(d); !b.text && err != nil { // {} would run the tool on nothing (SPEC §17)
+			return refuse("provider_incomplete", "the provider's answer holds a tool call whose arguments are not a JSON object, which a tool_use input must be")
+		}
+	case step == stepEnd: // the kept blocks filled, then message_delta and message_stop (a write error sticks: the second writes nothing)
+		for i, b := range s.blocks {
+			if b.text {
+				s.msg.Content[i].Text = ptrTo(b.buf.String())
+			} else {
+				s.msg.Content[i].Input, _ = toolArguments(b.buf.String()) // nil, left out, when no JSON object
+			}
+		}
+		s.msg.StopReason = messagesStopReason(answerFinish(s.reason))
+		s.msg.Usage = &messagesUsage{InputTokens: s.usage.InputTokens, OutputTokens: s.usage.OutputTokens}
+		ev.Delta, ev.Usage = &messagesBlock{StopReason: *s.msg.StopReason, StopSequence: json.RawMessage("null")}, s.msg.Usage
+		return cmp.Or(s.frame(ev.Type, ev), s.frame("message_stop", messagesEvent{Type: "message_stop"}))
+	case step == stepFail:
+		ev.Error = must(json.Marshal(s.failure.body().Error))
+	default:
+		return nil
 	}
-	s.msg.StopReason = messagesStopReason(answerFinish(finish))
-	s.msg.Usage = &messagesUsage{InputTokens: u.InputTokens, OutputTokens: u.OutputTokens}
-	delta := &messagesBlock{StopReason: *s.msg.StopReason, StopSequence: json.RawMessage("null")}
-	err := s.emit(messagesEvent{Type: "message_delta", Delta: delta, Usage: s.msg.Usage})
-	return cmp.Or(err, s.emit(messagesEvent{Type: "message_stop"}))
-}
-
-func (s *messagesCallerStream) fail(e *apiError) error {
-	return s.emit(messagesEvent{Type: "error", Error: must(json.Marshal(e.body().Error))})
+	return s.frame(ev.Type, ev)
 }

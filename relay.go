@@ -81,40 +81,19 @@ func assembleStream(protocol string, body io.Reader) (chatAnswer, error) {
 	return answerOf(func(emit func(streamEvent) error) error { return readUpstreamStream(protocol, body, emit) })
 }
 
-// answerOf builds one answer from the neutral events run emits.
+// answerOf builds one answer from the neutral events run emits, gathered by a caller stream that writes nothing.
 func answerOf(run func(emit func(streamEvent) error) error) (chatAnswer, error) {
-	var (
-		a    chatAnswer
-		text strings.Builder
-		args []strings.Builder
-	)
-	err := run(func(ev streamEvent) error {
-		switch ev.Kind {
-		case eventText:
-			text.WriteString(ev.Text)
-		case eventToolCallStart:
-			for len(a.ToolCalls) <= ev.Index {
-				a.ToolCalls, args = append(a.ToolCalls, toolCall{}), append(args, strings.Builder{})
-			}
-			a.ToolCalls[ev.Index] = ev.ToolCall
-		case eventToolCallArgs:
-			if ev.Index >= len(args) {
-				return refuse("provider_failure", "the provider stream sent arguments for a tool call it never started")
-			}
-			args[ev.Index].WriteString(ev.Text)
-		case eventFinish:
-			a.Finish = ev.Finish
-		case eventUsage:
-			a.Usage = ev.Usage
-		}
-		return nil
-	})
-	if err != nil {
+	s := &callerStream{frames: func(*callerStream, streamStep, *streamBlock, string) error { return nil }}
+	if err := run(s.event); err != nil {
 		return chatAnswer{}, err
 	}
-	a.Text = text.String()
-	for i := range a.ToolCalls {
-		a.ToolCalls[i].Arguments = args[i].String()
+	a := chatAnswer{Finish: s.reason, Usage: s.usage}
+	for _, b := range s.blocks {
+		if b.text {
+			a.Text += b.buf.String()
+		} else {
+			a.ToolCalls = append(a.ToolCalls, toolCall{ID: b.id, Name: b.flat, Arguments: b.buf.String(), Custom: b.custom})
+		}
 	}
 	return a, nil
 }
@@ -140,9 +119,8 @@ func emitTail(emit func(streamEvent) error, finish string, u usage) error {
 	return emit(streamEvent{Kind: eventUsage, Usage: u})
 }
 
-// relayBuffered answers a buffered passthrough call with the provider's
-// body; a codex stream (SPEC §6.2) is read whole and assembled. A body that
-// is not a JSON object is no answer of the format (provider_failure).
+// relayBuffered answers a buffered passthrough call with the provider's body; a codex stream (SPEC §6.2) is read whole
+// and assembled. A body that is not a JSON object is no answer of the format (provider_failure).
 func relayBuffered(w http.ResponseWriter, cr *callerRequest, c call, resp *http.Response, attempts int) (u usage, _ *apiError) {
 	p := c.res.Provider
 	ct := cmp.Or(resp.Header.Get("Content-Type"), "application/json")
@@ -203,8 +181,7 @@ func readProviderAnswer(p providerInfo, req chatRequest, resp *http.Response) (c
 	return decodeUpstreamAnswer(p.protocol, body)
 }
 
-// readWhole reads a committed answer's body, or SPEC §8.2's refusal of one
-// cut mid-body.
+// readWhole reads a committed answer's body, or SPEC §8.2's refusal of one cut mid-body.
 func readWhole(p providerInfo, resp *http.Response) ([]byte, error) {
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
@@ -213,10 +190,9 @@ func readWhole(p providerInfo, resp *http.Response) ([]byte, error) {
 	return body, nil
 }
 
-// providerFacts gives the caller what SPEC §17 lets a provider's answer
-// tell: its request id as request-id (X-Request-Id is Brama's own) and, for
-// a same-format answer, its rate-limit headers as received; nothing else
-// (no cookie, nothing naming the provider account).
+// providerFacts gives the caller what SPEC §17 lets a provider's answer tell: its request id as request-id
+// (X-Request-Id is Brama's own) and, for a same-format answer, its rate-limit headers as received; nothing else (no
+// cookie, nothing naming the provider account).
 func providerFacts(h, provider http.Header, same bool) {
 	if id := cmp.Or(provider.Get("Request-Id"), provider.Get("X-Request-Id")); id != "" {
 		h.Set("Request-Id", id)
@@ -232,129 +208,126 @@ func providerFacts(h, provider http.Header, same bool) {
 // SSE comment (SPEC §7.5). It writes; it never cuts.
 const keepAliveEvery = 15 * time.Second
 
-// streamAnswer is the caller side of a committed stream: one lock for the
-// relay and the keep-alive timer, and the dialect's writer (SPEC §7.5).
-type streamAnswer struct {
-	mu        sync.Mutex // guards cs, w, unflushed and ended
-	w         io.Writer
-	flush     func()
-	cs        *callerStream
-	unflushed bool // relay wrote bytes not yet flushed
-	ended     bool
-	every     time.Duration
-	timer     *time.Timer
-}
-
-// openStreamAnswer sends the 200 and starts the keep-alive timer, a
-// comment after every silence of every; model is what the dialect's events
-// report, req's tools name translated calls.
-func openStreamAnswer(w http.ResponseWriter, dialect string, req chatRequest, model string, attempts int, every time.Duration) *streamAnswer {
+// openStreamAnswer sends the 200 and starts the keep-alive timer, a comment after every silence of every
+// (SPEC §7.5); model is what the dialect's events report, req's tools name translated calls.
+func openStreamAnswer(w http.ResponseWriter, dialect string, req chatRequest, model string, attempts int, every time.Duration) *callerStream {
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("X-Accel-Buffering", "no")
 	h.Set("Brama-Attempts", strconv.Itoa(attempts))
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
-	flush := func() { rc.Flush() }
-	flush() // committed: the caller has its 200 now, however long the provider stays silent
-	sa := &streamAnswer{w: w, flush: flush, cs: newCallerStream(dialect, req, w, flush, model), every: every}
-	sa.mu.Lock() // the timer's first run reads sa.timer, under mu
-	defer sa.mu.Unlock()
-	sa.timer = time.AfterFunc(sa.every, func() { sa.do(sa.cs.keepAlive) })
-	return sa
+	s := newCallerStream(dialect, req, w, func() { rc.Flush() }, model)
+	s.flush()   // committed: the caller has its 200 now, however long the provider stays silent
+	s.mu.Lock() // the timer's first run reads s.timer, under mu
+	defer s.mu.Unlock()
+	s.every, s.timer = every, time.AfterFunc(every, func() { s.do(s.keepAlive) })
+	return s
 }
 
 // do runs f under the lock, unless closed, and restarts the silence timer.
-func (sa *streamAnswer) do(f func() error) error {
-	sa.mu.Lock()
-	defer sa.mu.Unlock()
-	if sa.ended {
+func (s *callerStream) do(f func() error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
 		return nil
 	}
-	sa.timer.Reset(sa.every)
+	s.timer.Reset(s.every)
 	return f()
 }
 
-// relay writes one event (nil: none) and, when the relay may wait next,
-// flushes what was written (SPEC §7.5) and restarts the silence timer; not
-// per event: a timer reset per event costs CPU.
-func (sa *streamAnswer) relay(b []byte, flush bool) error {
-	sa.mu.Lock()
-	defer sa.mu.Unlock()
-	if sa.ended {
+// relay writes one event as received (nil: none) and, when the relay may wait next, flushes what was written
+// (SPEC §7.5) and restarts the silence timer; not per event: a timer reset per event costs CPU.
+func (s *callerStream) relay(b []byte, flush bool) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
 		return nil
 	}
-	_, err := sa.w.Write(b)
-	sa.unflushed = sa.unflushed || len(b) > 0
-	if flush && sa.unflushed {
-		sa.flush()
-		sa.unflushed = false
-		sa.timer.Reset(sa.every)
+	_, err := s.w.Write(b)
+	s.unflushed = s.unflushed || len(b) > 0
+	if flush && s.unflushed {
+		s.flush()
+		s.unflushed = false
+		s.timer.Reset(s.every)
 	}
 	return err
 }
 
 // close stops the timer: nothing more is written.
-func (sa *streamAnswer) close() {
-	sa.mu.Lock()
-	defer sa.mu.Unlock()
-	sa.ended = true
-	sa.timer.Stop()
+func (s *callerStream) close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	s.timer.Stop()
 }
 
-// translate relays a committed stream of protocol translated to the
-// caller's dialect.
-func (sa *streamAnswer) translate(protocol string, body io.Reader) (usage, error) {
-	var u usage
-	err := sa.do(sa.cs.start)
+// translate relays a committed stream of protocol translated to the caller's dialect.
+func (s *callerStream) translate(protocol string, body io.Reader) (usage, error) {
+	err := s.do(s.start)
 	if err == nil {
-		err = readUpstreamStream(protocol, body, func(ev streamEvent) error {
-			if ev.Kind == eventUsage {
-				u = ev.Usage
-			}
-			return sa.do(func() error { return sa.cs.event(ev) })
-		})
+		err = readUpstreamStream(protocol, body, func(ev streamEvent) error { return s.do(func() error { return s.event(ev) }) })
 	}
 	if err == nil {
-		err = sa.do(sa.cs.finish)
+		err = s.do(s.finish)
 	}
-	return u, err
+	return s.usage, err
 }
 
 // errCallerStreamDone is returned by a callerStream used after finish or fail.
 var errCallerStreamDone = errors.New("caller stream already ended")
 
-// callerStream writes a streamed answer in the caller's dialect (SPEC §7.5), one
-// block at a time, framed by the dialect's blockWriter; the first write error sticks.
-type callerStream struct {
-	w            io.Writer
-	flush        func()
-	err          error
-	bw           blockWriter
-	req          chatRequest
-	started      bool
-	done         bool   // finish or fail ran
-	finishReason string // the tail: finish and usage arrive in either order, usage maybe never
-	usage        usage
-	open         int // index of the open block, -1 when none
-	blocks       []*streamBlock
-	toolBlock    map[int]int // neutral tool call index → block index
-}
+// streamStep is what a dialect's frames function writes: the answer begins, a block opens, grows or closes,
+// the finish event arrives (chat writes its finish chunk then), the answer ends or fails.
+type streamStep int
 
-// blockWriter is one dialect's framing of a streamed answer's blocks, in order.
-type blockWriter interface {
-	begin() error
-	open(i int, b *streamBlock) error
-	delta(i int, b *streamBlock, s string) error
-	close(i int, b *streamBlock, full string) error
-	finishNow(finish string) error    // the finish event arrived (chat writes its finish chunk)
-	end(finish string, u usage) error // the terminal sequence
-	fail(e *apiError) error
+const (
+	stepBegin streamStep = iota
+	stepOpen
+	stepDelta
+	stepClose
+	stepFinish
+	stepEnd
+	stepFail
+)
+
+// callerStream writes a streamed answer in the caller's dialect (SPEC §7.5), one block at a time, each step
+// framed by the dialect's frames function; the first write error sticks. A committed stream's writer also
+// relays a same-format stream and keeps it alive, under one lock; the same writer, frames discarded, builds
+// the messages and responses dialects' buffered answers (wholeAnswer) and gathers a provider's (answerOf).
+type callerStream struct {
+	mu        sync.Mutex // a committed stream's: guards everything below against the keep-alive timer
+	closed    bool
+	unflushed bool // relay wrote bytes not yet flushed
+	every     time.Duration
+	timer     *time.Timer
+	w         io.Writer
+	flush     func()
+	err       error
+	frames    func(s *callerStream, step streamStep, b *streamBlock, text string) error
+	req       chatRequest
+	model     string
+	started   bool
+	done      bool   // finish or fail ran
+	reason    string // the tail: finish and usage arrive in either order, usage maybe never
+	usage     usage
+	failure   *apiError    // stepFail's
+	open      *streamBlock // nil when none
+	blocks    []*streamBlock
+	// the dialect's own: chat's chunk id, creation time and whether its finish chunk went out,
+	// responses' next sequence_number, and the message or response the last event repeats whole
+	id         string
+	created    int64
+	finishSent bool
+	seq        int
+	msg        messagesAnswer
+	resp       responsesObject
 }
 
 // streamBlock is one block: text, or a tool call named as the caller declared it; a custom call made as a function is wrapped, its input held to the close.
 type streamBlock struct {
 	text            bool
+	pos             int // its index among the blocks
 	index           int // the call's index among calls
 	id, name        string
 	flat            string // the name providers saw
@@ -364,19 +337,13 @@ type streamBlock struct {
 
 // newCallerStream writes dialect to w, flushing every frame (flush may be nil), reporting model (SPEC §7.6).
 func newCallerStream(dialect string, req chatRequest, w io.Writer, flush func(), model string) *callerStream {
-	return newBlockStream(w, flush, req, model, formatOf(dialect).callerStream)
+	return &callerStream{w: w, flush: flush, frames: formatOf(dialect).frames, req: req, model: model}
 }
 
-func newBlockStream(w io.Writer, flush func(), req chatRequest, model string, newWriter func(*callerStream, chatRequest, string) blockWriter) *callerStream {
-	s := &callerStream{w: w, flush: flush, req: req, open: -1, toolBlock: map[int]int{}}
-	s.bw = newWriter(s, req, model)
-	return s
-}
-
-// wholeAnswerThrough writes a through newWriter's block writer, frames discarded, and returns it,
-// holding the whole answer, with the first refusal a block met (messages: arguments not an object).
-func wholeAnswerThrough(req chatRequest, a chatAnswer, newWriter func(*callerStream, chatRequest, string) blockWriter) (blockWriter, error) {
-	s := newBlockStream(io.Discard, nil, req, a.Model, newWriter)
+// wholeAnswer writes a through a dialect's frames, discarded, and returns the writer holding the whole
+// answer, with the first refusal a block met (messages: arguments not an object).
+func wholeAnswer(frames func(*callerStream, streamStep, *streamBlock, string) error, req chatRequest, a chatAnswer) (*callerStream, error) {
+	s := &callerStream{w: io.Discard, frames: frames, req: req, model: a.Model}
 	err := s.event(streamEvent{Kind: eventText, Text: a.Text})
 	if err == nil {
 		err = emitCalls(s.event, 0, a.ToolCalls)
@@ -384,10 +351,10 @@ func wholeAnswerThrough(req chatRequest, a chatAnswer, newWriter func(*callerStr
 	if err == nil {
 		err = emitTail(s.event, a.Finish, a.Usage)
 	}
-	if err != nil {
-		return s.bw, err
+	if err == nil {
+		err = s.finish()
 	}
-	return s.bw, s.finish()
+	return s, err
 }
 
 func (s *callerStream) start() error {
@@ -395,7 +362,7 @@ func (s *callerStream) start() error {
 		return nil
 	}
 	s.started = true
-	return s.bw.begin()
+	return s.frames(s, stepBegin, nil, "")
 }
 
 // event writes one neutral event. Arguments for a call whose block closed (a provider interleaving calls) still go to its index, where SDKs gather them.
@@ -408,11 +375,11 @@ func (s *callerStream) event(ev streamEvent) error {
 	}
 	switch ev.Kind {
 	case eventFinish:
-		s.finishReason = ev.Finish
+		s.reason = ev.Finish
 		if err := s.closeOpen(); err != nil {
 			return err
 		}
-		return s.bw.finishNow(s.finishReason)
+		return s.frames(s, stepFinish, nil, "")
 	case eventUsage:
 		s.usage, s.usage.Reported = ev.Usage, true
 		return nil
@@ -420,60 +387,65 @@ func (s *callerStream) event(ev streamEvent) error {
 		if ev.Text == "" {
 			return nil
 		}
-		if s.open < 0 || !s.blocks[s.open].text {
-			if _, err := s.openBlock(&streamBlock{text: true}); err != nil {
+		if s.open == nil || !s.open.text {
+			if err := s.openBlock(&streamBlock{text: true}); err != nil {
 				return err
 			}
 		}
-		b := s.blocks[s.open]
-		b.buf.WriteString(ev.Text)
-		return s.bw.delta(s.open, b, ev.Text)
+		s.open.buf.WriteString(ev.Text)
+		return s.frames(s, stepDelta, s.open, ev.Text)
 	case eventToolCallStart:
 		name, _, custom := s.req.callerTool(ev.ToolCall)
-		i, err := s.openBlock(&streamBlock{index: ev.Index, id: ev.ToolCall.ID, name: name,
+		return s.openBlock(&streamBlock{index: ev.Index, id: ev.ToolCall.ID, name: name,
 			flat: ev.ToolCall.Name, custom: custom, wrapped: custom && !ev.ToolCall.Custom})
-		s.toolBlock[ev.Index] = i
-		return err
 	case eventToolCallArgs:
-		i, ok := s.toolBlock[ev.Index]
-		if !ok {
+		b := s.callBlock(ev.Index)
+		if b == nil {
 			return fmt.Errorf("arguments for tool call %d before its start", ev.Index)
 		}
-		b := s.blocks[i]
 		if b.buf.WriteString(ev.Text); ev.Text == "" || b.wrapped {
 			return nil
 		}
-		return s.bw.delta(i, b, ev.Text)
+		return s.frames(s, stepDelta, b, ev.Text)
 	}
 	return fmt.Errorf("unknown stream event kind %q", ev.Kind)
 }
 
-func (s *callerStream) openBlock(b *streamBlock) (int, error) {
+func (s *callerStream) openBlock(b *streamBlock) error {
 	if err := s.closeOpen(); err != nil {
-		return 0, err
+		return err
 	}
-	s.open, s.blocks = len(s.blocks), append(s.blocks, b)
-	return s.open, s.bw.open(s.open, b)
+	b.pos, s.open, s.blocks = len(s.blocks), b, append(s.blocks, b)
+	return s.frames(s, stepOpen, b, "")
+}
+
+// callBlock is the block of the call at a neutral index, nil before its start.
+func (s *callerStream) callBlock(index int) *streamBlock {
+	for _, b := range s.blocks {
+		if !b.text && b.index == index {
+			return b
+		}
+	}
+	return nil
 }
 
 // closeOpen closes the open block; a wrapped call's input goes out first.
 func (s *callerStream) closeOpen() error {
-	i := s.open
-	if i < 0 {
+	b := s.open
+	if b == nil {
 		return nil
 	}
-	s.open = -1
-	b := s.blocks[i]
+	s.open = nil
 	full := b.buf.String()
 	if b.wrapped {
 		full = customInput(full)
 		b.buf.Reset()
 		b.buf.WriteString(full)
-		if err := s.bw.delta(i, b, full); err != nil {
+		if err := s.frames(s, stepDelta, b, full); err != nil {
 			return err
 		}
 	}
-	return s.bw.close(i, b, full)
+	return s.frames(s, stepClose, b, full)
 }
 
 // finish writes the dialect's terminal sequence.
@@ -483,7 +455,7 @@ func (s *callerStream) finish() error {
 			return err
 		}
 	}
-	return s.bw.end(s.finishReason, s.usage)
+	return s.frames(s, stepEnd, nil, "")
 }
 
 // fail writes the dialect's in-band error, never a terminal success event.
@@ -491,7 +463,8 @@ func (s *callerStream) fail(e *apiError) error {
 	if err := s.end(); err != nil {
 		return err
 	}
-	return s.bw.fail(e)
+	s.failure = e
+	return s.frames(s, stepFail, nil, "")
 }
 
 func (s *callerStream) end() error {

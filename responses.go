@@ -94,8 +94,6 @@ type (
 		Text           *string          `json:"text,omitempty"`
 		Arguments      *string          `json:"arguments,omitempty"`
 		Input          *string          `json:"input,omitempty"`
-		Code           json.RawMessage  `json:"code,omitempty"`
-		Error          json.RawMessage  `json:"error,omitempty"`
 	}
 )
 
@@ -324,7 +322,9 @@ func decodeResponses(body []byte) (chatAnswer, error) {
 		return chatAnswer{}, malformedAnswer(protoOpenAIResponses, err)
 	}
 	return answerOf(func(emit func(streamEvent) error) error {
-		return newResponsesUpstreamStream().(*responsesUpstreamStream).completed(&r, emit)
+		rd := newStreamReader(protoOpenAIResponses, true)
+		rd.usage, _ = usageOf(protoOpenAIResponses, rawMember(body, "usage"))
+		return rd.completed(&r, emit)
 	})
 }
 
@@ -334,52 +334,8 @@ func outputText(text string) responsesPart {
 
 // renderResponses is the final response of the stream that would carry a.
 func renderResponses(req chatRequest, a chatAnswer) (any, error) {
-	bw, err := wholeAnswerThrough(req, a, newResponsesCallerStream)
-	return bw.(*responsesCallerStream).resp, err
-}
-
-// responsesCallerStream writes Responses events, one output item at a time, and keeps the whole response for response.completed.
-type responsesCallerStream struct {
-	sse  *callerStream
-	req  chatRequest
-	seq  int // sequence_number of the next event
-	resp responsesObject
-}
-
-func newResponsesCallerStream(sse *callerStream, req chatRequest, model string) blockWriter {
-	resp := responsesObject{ID: newAnswerID("resp_"), Object: "response", CreatedAt: time.Now().Unix(), Model: model, Output: []*responsesItem{}}
-	return &responsesCallerStream{sse: sse, req: req, resp: resp}
-}
-
-// emit writes events, numbered in order.
-func (s *responsesCallerStream) emit(evs ...responsesEvent) error {
-	for _, ev := range evs {
-		ev.SequenceNumber = s.seq
-		s.seq++
-		if err := s.sse.frame(ev.Type, ev); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func (s *responsesCallerStream) begin() error {
-	s.resp.Status = "in_progress"
-	return s.emit(responsesEvent{Type: "response.created", Response: &s.resp})
-}
-
-func (s *responsesCallerStream) open(i int, b *streamBlock) error {
-	it := &responsesItem{Type: "message", ID: newAnswerID("msg_"), Role: "assistant", Content: json.RawMessage("[]")}
-	if !b.text {
-		it = responsesCall(s.req, newAnswerID("fc_"), answerIDOr(b.id, "call_"), b.flat, "", b.custom)
-		it.fill("")
-	}
-	it.Status = "in_progress"
-	s.resp.Output = append(s.resp.Output, it)
-	if err := s.emit(responsesEvent{Type: "response.output_item.added", OutputIndex: &i, Item: it}); err != nil || !b.text {
-		return err
-	}
-	return s.emit(partEvent("response.content_part.added", it.ID, i, ""))
+	s, err := wholeAnswer((*callerStream).responsesFrames, req, a)
+	return s.resp, err
 }
 
 // responsesEvents names each item type's delta and done events.
@@ -387,17 +343,77 @@ var responsesEvents = map[string][2]string{"message": {"response.output_text.del
 	"function_call":    {"response.function_call_arguments.delta", "response.function_call_arguments.done"},
 	"custom_tool_call": {"response.custom_tool_call_input.delta", "response.custom_tool_call_input.done"}}
 
-// delta writes the next piece; an item already done (a provider interleaving calls) gets its final input updated.
-func (s *responsesCallerStream) delta(i int, b *streamBlock, d string) error {
-	it := s.resp.Output[i]
-	if it.Status == "completed" {
-		it.fill(b.buf.String())
+// responsesFrames writes Responses events, one output item at a time, and keeps the whole response for
+// response.completed (and the buffered answer).
+func (s *callerStream) responsesFrames(step streamStep, b *streamBlock, d string) error {
+	var it *responsesItem
+	if b != nil && step != stepOpen {
+		it = s.resp.Output[b.pos]
 	}
-	ev := responsesEvent{Type: responsesEvents[it.Type][0], ItemID: it.ID, OutputIndex: &i, Delta: &d}
-	if b.text {
-		ev.ContentIndex = ptrTo(0)
+	switch step {
+	case stepBegin:
+		s.resp = responsesObject{ID: newAnswerID("resp_"), Object: "response", CreatedAt: time.Now().Unix(), Model: s.model,
+			Status: "in_progress", Output: []*responsesItem{}}
+		return s.emitNumbered(responsesEvent{Type: "response.created", Response: &s.resp})
+	case stepOpen:
+		it = &responsesItem{Type: "message", ID: newAnswerID("msg_"), Role: "assistant", Content: json.RawMessage("[]")}
+		if !b.text {
+			it = responsesCall(s.req, newAnswerID("fc_"), answerIDOr(b.id, "call_"), b.flat, "", b.custom)
+			it.fill("")
+		}
+		it.Status = "in_progress"
+		s.resp.Output = append(s.resp.Output, it)
+		added := responsesEvent{Type: "response.output_item.added", OutputIndex: &b.pos, Item: it}
+		if !b.text {
+			return s.emitNumbered(added)
+		}
+		return s.emitNumbered(added, partEvent("response.content_part.added", it.ID, b.pos, ""))
+	case stepDelta: // an item already done (a provider interleaving calls) gets its final input updated
+		if it.Status == "completed" {
+			it.fill(b.buf.String())
+		}
+		ev := responsesEvent{Type: responsesEvents[it.Type][0], ItemID: it.ID, OutputIndex: &b.pos, Delta: &d}
+		if b.text {
+			ev.ContentIndex = ptrTo(0)
+		}
+		return s.emitNumbered(ev)
+	case stepClose: // its text's (and its part's) or its call's done events, then the item's
+		it.Status = "completed"
+		it.fill(d)
+		done := responsesEvent{Type: responsesEvents[it.Type][1], ItemID: it.ID, OutputIndex: &b.pos, Arguments: it.Arguments, Input: it.Input}
+		itemDone := responsesEvent{Type: "response.output_item.done", OutputIndex: &b.pos, Item: it}
+		if it.Type != "message" {
+			return s.emitNumbered(done, itemDone)
+		}
+		done.ContentIndex, done.Text = ptrTo(0), &d
+		return s.emitNumbered(done, partEvent("response.content_part.done", it.ID, b.pos, d), itemDone)
+	case stepEnd: // "incomplete" with a reason as OpenAI reports it (SPEC §7.5): SDK stream helpers wait for this event
+		s.resp.Status = "completed"
+		if reason := responsesIncompletes[s.reason]; reason != "" {
+			s.resp.Status, s.resp.IncompleteDetails = "incomplete", &responsesIncomplete{reason}
+		}
+		if u := s.usage; u.Reported { // else null
+			s.resp.Usage = &responsesUsage{InputTokens: u.InputTokens, OutputTokens: u.OutputTokens, TotalTokens: u.InputTokens + u.OutputTokens}
+		}
+		return s.emitNumbered(responsesEvent{Type: "response.completed", Response: &s.resp})
+	case stepFail:
+		e := s.failure.body().Error
+		s.resp.Status, s.resp.Error = "failed", &responsesError{Code: e.Code, Message: e.Message}
+		return s.emitNumbered(responsesEvent{Type: "response.failed", Response: &s.resp})
 	}
-	return s.emit(ev)
+	return nil
+}
+
+// emitNumbered writes Responses events, numbered in order.
+func (s *callerStream) emitNumbered(evs ...responsesEvent) error {
+	for _, ev := range evs {
+		ev.SequenceNumber = s.seq
+		s.seq++
+		if err := s.frame(ev.Type, ev); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // fill sets an item's whole text, arguments or input.
@@ -412,45 +428,9 @@ func (it *responsesItem) fill(full string) {
 	}
 }
 
-// close writes the item's done events: its text's (and its part's) or its call's, then the item's.
-func (s *responsesCallerStream) close(i int, _ *streamBlock, full string) error {
-	it := s.resp.Output[i]
-	it.Status = "completed"
-	it.fill(full)
-	done := responsesEvent{Type: responsesEvents[it.Type][1], ItemID: it.ID, OutputIndex: &i,
-		Arguments: it.Arguments, Input: it.Input}
-	itemDone := responsesEvent{Type: "response.output_item.done", OutputIndex: &i, Item: it}
-	if it.Type != "message" {
-		return s.emit(done, itemDone)
-	}
-	done.ContentIndex, done.Text = ptrTo(0), &full
-	return s.emit(done, partEvent("response.content_part.done", it.ID, i, full), itemDone)
-}
-
 // partEvent is an event of message item i's one content part, its text so far.
 func partEvent(typ, itemID string, i int, text string) responsesEvent {
 	return responsesEvent{Type: typ, ItemID: itemID, OutputIndex: &i, ContentIndex: ptrTo(0), Part: ptrTo(outputText(text))}
-}
-
-func (s *responsesCallerStream) finishNow(string) error { return nil }
-
-// end writes response.completed, "incomplete" with a reason as OpenAI reports
-// it (SPEC §7.5): SDK stream helpers wait for that event; usage null when unreported.
-func (s *responsesCallerStream) end(finish string, u usage) error {
-	s.resp.Status = "completed"
-	if reason := responsesIncompletes[finish]; reason != "" {
-		s.resp.Status, s.resp.IncompleteDetails = "incomplete", &responsesIncomplete{reason}
-	}
-	if u.Reported {
-		s.resp.Usage = &responsesUsage{InputTokens: u.InputTokens, OutputTokens: u.OutputTokens, TotalTokens: u.InputTokens + u.OutputTokens}
-	}
-	return s.emit(responsesEvent{Type: "response.completed", Response: &s.resp})
-}
-
-func (s *responsesCallerStream) fail(e *apiError) error {
-	b := e.body().Error
-	s.resp.Status, s.resp.Error = "failed", &responsesError{Code: b.Code, Message: b.Message}
-	return s.emit(responsesEvent{Type: "response.failed", Response: &s.resp})
 }
 
 // responsesContent is parts as Responses input (an assistant's text: output) parts, no empty text.

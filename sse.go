@@ -114,19 +114,14 @@ type streamReader struct {
 	finish    string
 	usage     usage
 	refusal   bool // a refusal came: the finish is content_filter
-	// chat: the choice indexes seen and finished (n ≤ 128), data: [DONE], the tool calls by the
-	// provider's index, their ids, and the calls after the first, held to the end
+	// translation: the provider's calls (responses: its items) by the provider's index for them (chat's tool
+	// index, messages' content block index, responses' output_index), and the tool calls started
+	calls  map[int]*upstreamCall
+	ncalls int
+	// chat: the choice indexes seen and finished (n ≤ 128), data: [DONE], the calls after the first, held to the end
 	choices [2][2]uint64
 	sawDone bool
-	tools   map[int]int
-	ids     []string
 	held    []toolCall
-	// messages: content block index → neutral tool index, and which tools streamed arguments
-	blocks   map[int]int
-	argsSeen map[int]bool
-	// responses: items by output_index, tool calls so far
-	items map[int]*responsesStreamItem
-	ntool int
 	// a buffered codex caller (non-nil raw): output_item.done items by output_index, the final response
 	raw     map[int][]byte
 	final   json.RawMessage
@@ -134,27 +129,15 @@ type streamReader struct {
 	elems   [2]jsonMember     // element storage for an event's choices
 }
 
-// Names other files still use for the reader: decodeChat's and decodeResponses' buffered answers, dispatch's relay.
-type (
-	chatUpstreamStream      = streamReader
-	responsesUpstreamStream = streamReader
-	passthroughWatch        = streamReader
-)
-
-// streamTranslator is formats.go's constructor type for a translating reader.
-type streamTranslator interface {
-	ended(emit func(streamEvent) error) (bool, error)
+// upstreamCall is one of the provider's calls (or a responses message item) as translation follows it.
+type upstreamCall struct {
+	tool     int    // the neutral tool index; -1: a responses message item
+	id       string // chat: the call's id, telling a new call at a reused index
+	streamed bool   // text or arguments emitted: the end emits none
 }
 
 func newStreamReader(protocol string, translate bool) *streamReader {
-	return &streamReader{protocol: protocol, translate: translate, tools: map[int]int{}, blocks: map[int]int{},
-		argsSeen: map[int]bool{}, items: map[int]*responsesStreamItem{}}
-}
-
-func newChatUpstreamStream() streamTranslator     { return newStreamReader(protoOpenAIChat, true) }
-func newMessagesUpstreamStream() streamTranslator { return newStreamReader(protoAnthropic, true) }
-func newResponsesUpstreamStream() streamTranslator {
-	return newStreamReader(protoOpenAIResponses, true)
+	return &streamReader{protocol: protocol, translate: translate, calls: map[int]*upstreamCall{}}
 }
 
 var errEventNotObject = errors.New("the event data is not one JSON object")
@@ -162,11 +145,10 @@ var errEventNotObject = errors.New("the event data is not one JSON object")
 // readUpstreamStream emits a provider stream's neutral events, nil only after its terminal
 // signal (SPEC §7.5): a cut or in-band error is provider_incomplete, a malformed event provider_failure.
 func readUpstreamStream(protocol string, body io.Reader, emit func(streamEvent) error) error {
-	f := formatOf(protocol)
-	if f == nil {
+	if formatOf(protocol) == nil {
 		return refuse("provider_failure", "unknown wire format %q", protocol)
 	}
-	return f.upstreamStream().(*streamReader).run(body, emit, nil)
+	return newStreamReader(protocol, true).run(body, emit, nil)
 }
 
 // relayWatched relays a committed stream's blocks to relay (nil: a buffered caller) as received,
@@ -189,7 +171,7 @@ func (r *streamReader) run(body io.Reader, emit func(streamEvent) error, relay f
 		case err != nil && !r.finished:
 			return streamCut(err)
 		case err != nil && r.protocol == protoOpenAIChat && !r.sawDone:
-			if _, err := r.ended(emit); err != nil || relay == nil {
+			if err := r.ended(emit); err != nil || relay == nil {
 				return err
 			}
 			return relay([]byte("data: [DONE]\n\n"), false)
@@ -220,8 +202,7 @@ func (r *streamReader) read(event string, data []byte, emit func(streamEvent) er
 			return false, false, streamCut(io.EOF)
 		}
 		r.sawDone = true
-		_, err := r.ended(emit)
-		return true, true, err
+		return true, true, r.ended(emit)
 	}
 	if !json.Valid(data) {
 		return false, false, malformedEvent(r.protocol, errEventNotObject)
@@ -256,17 +237,17 @@ func (r *streamReader) decode(o rawObject, key string, v any) error {
 }
 
 // ended closes a chat answer whose choice 0 finished: the held calls, then the tail.
-func (r *streamReader) ended(emit func(streamEvent) error) (bool, error) {
+func (r *streamReader) ended(emit func(streamEvent) error) error {
 	if r.finish == "" {
-		return false, nil
+		return nil
 	}
 	if r.refusal {
 		r.finish = finishContentFilter
 	}
 	if err := emitCalls(emit, 1, r.held); err != nil {
-		return true, err
+		return err
 	}
-	return true, emitTail(emit, r.finish, r.usage)
+	return emitTail(emit, r.finish, r.usage)
 }
 
 // readMessages: message_stop ends; usage comes in message_start (emitted at once: a stream cut
@@ -313,15 +294,12 @@ func (r *streamReader) readMessages(typ string, e rawObject, emit func(streamEve
 
 // readBlock translates a content block's start, delta and stop.
 func (r *streamReader) readBlock(typ string, e rawObject, emit func(streamEvent) error) error {
-	var (
-		index int
-		b     *messagesBlock
-		d     *messagesBlock
-	)
-	if err := cmp.Or(r.decode(e, "index", &index), r.decode(e, "content_block", &b), r.decode(e, "delta", &d)); err != nil {
-		return err
+	var ev messagesEvent
+	if json.Unmarshal(e.src, &ev) != nil {
+		return eventWithout(protoAnthropic, typ, "a valid index, content_block and delta")
 	}
-	ni, isTool := r.blocks[index]
+	index, b, d := valueOr(ev.Index, 0), ev.ContentBlock, ev.Delta
+	c, isTool := r.calls[index]
 	switch {
 	case typ == "content_block_start" && b == nil:
 		return eventWithout(protoAnthropic, typ, "content_block")
@@ -330,8 +308,9 @@ func (r *streamReader) readBlock(typ string, e rawObject, emit func(streamEvent)
 	case typ == "content_block_start" && b.Type == "tool_use" && (b.Name == "" || isTool):
 		return eventWithout(protoAnthropic, typ, "a fresh index and a name")
 	case typ == "content_block_start" && b.Type == "tool_use":
-		r.blocks[index] = len(r.blocks)
-		return emit(streamEvent{Kind: eventToolCallStart, Index: r.blocks[index], ToolCall: toolCall{ID: b.ID, Name: b.Name}})
+		r.calls[index] = &upstreamCall{tool: r.ncalls}
+		r.ncalls++
+		return emit(streamEvent{Kind: eventToolCallStart, Index: r.calls[index].tool, ToolCall: toolCall{ID: b.ID, Name: b.Name}})
 	case typ == "content_block_delta" && d == nil:
 		return eventWithout(protoAnthropic, typ, "delta")
 	case typ == "content_block_delta" && d.Type == "text_delta" && valueOr(d.Text, "") != "":
@@ -339,11 +318,11 @@ func (r *streamReader) readBlock(typ string, e rawObject, emit func(streamEvent)
 	case typ == "content_block_delta" && d.Type == "input_json_delta" && !isTool:
 		return eventWithout(protoAnthropic, typ, "a tool_use block")
 	case typ == "content_block_delta" && d.Type == "input_json_delta" && valueOr(d.PartialJSON, "") != "":
-		r.argsSeen[ni] = true
-		return emit(streamEvent{Kind: eventToolCallArgs, Index: ni, Text: *d.PartialJSON})
-	case typ == "content_block_stop" && isTool && !r.argsSeen[ni]: // a tool without parameters streamed none; callers expect "{}"
-		r.argsSeen[ni] = true
-		return emit(streamEvent{Kind: eventToolCallArgs, Index: ni, Text: "{}"})
+		c.streamed = true
+		return emit(streamEvent{Kind: eventToolCallArgs, Index: c.tool, Text: *d.PartialJSON})
+	case typ == "content_block_stop" && isTool && !c.streamed: // a tool without parameters streamed none; callers expect "{}"
+		c.streamed = true
+		return emit(streamEvent{Kind: eventToolCallArgs, Index: c.tool, Text: "{}"})
 	}
 	return nil
 }
@@ -382,11 +361,6 @@ func (r *streamReader) readResponses(typ string, e rawObject, emit func(streamEv
 		return err == nil, true, err
 	}
 	return err == nil, false, err
-}
-
-type responsesStreamItem struct {
-	tool     int  // neutral tool index, -1 for a message
-	streamed bool // text or argument deltas emitted: done emits the rest
 }
 
 // readItem reads an output item's start, deltas and end; a buffered codex caller keeps each ended item as sent.
@@ -435,13 +409,13 @@ func (r *streamReader) readItem(typ string, e rawObject, emit func(streamEvent) 
 // completed emits the final response's items the stream never showed (a minimal stream, a buffered answer), then the tail.
 func (r *streamReader) completed(resp *responsesObject, emit func(streamEvent) error) error {
 	for i, it := range resp.Output {
-		if _, seen := r.items[i]; !seen && it != nil {
+		if _, seen := r.calls[i]; !seen && it != nil {
 			if err := r.done(i, it, emit); err != nil {
 				return err
 			}
 		}
 	}
-	finish := map[bool]string{false: finishStop, true: finishToolCalls}[r.ntool > 0]
+	finish := map[bool]string{false: finishStop, true: finishToolCalls}[r.ncalls > 0]
 	if r.refusal {
 		finish = finishContentFilter
 	}
@@ -450,24 +424,21 @@ func (r *streamReader) completed(resp *responsesObject, emit func(streamEvent) e
 			finish = f
 		}
 	}
-	if ru := resp.Usage; ru != nil {
-		r.usage = usage{InputTokens: ru.InputTokens, OutputTokens: ru.OutputTokens, Reported: true}
-	}
 	return emitTail(emit, finish, r.usage)
 }
 
 // item is the state of output index i: a tool call once seen as one.
-func (r *streamReader) item(i int, item *responsesItem, emit func(streamEvent) error) (*responsesStreamItem, error) {
-	it, ok := r.items[i]
+func (r *streamReader) item(i int, item *responsesItem, emit func(streamEvent) error) (*upstreamCall, error) {
+	it, ok := r.calls[i]
 	if !ok {
-		it = &responsesStreamItem{tool: -1}
-		r.items[i] = it
+		it = &upstreamCall{tool: -1}
+		r.calls[i] = it
 	}
 	if tc, isCall := item.call(); isCall && it.tool < 0 {
 		if item.Name == "" {
 			return nil, eventWithout(protoOpenAIResponses, "a call item", "a name")
 		}
-		it.tool, r.ntool, tc.Arguments = r.ntool, r.ntool+1, ""
+		it.tool, r.ncalls, tc.Arguments = r.ncalls, r.ncalls+1, ""
 		return it, emit(streamEvent{Kind: eventToolCallStart, Index: it.tool, ToolCall: tc})
 	}
 	return it, nil
@@ -579,8 +550,7 @@ func usageOf(protocol string, raw json.RawMessage) (usage, error) {
 	return u.count(protocol), nil
 }
 
-// count is the usage in Brama's terms (nil: unreported); Anthropic's cached
-// input counts, as OpenAI's does.
+// count is the usage in Brama's terms (nil: unreported); Anthropic's cached input counts, as OpenAI's does.
 func (u *passthroughUsage) count(protocol string) usage {
 	switch {
 	case u == nil:
