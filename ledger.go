@@ -113,11 +113,9 @@ func nudge(ch chan struct{}) {
 type ledger struct {
 	log        *slog.Logger
 	now        func() time.Time
-	name       string        // ledger.json; "" when there is no state directory
-	unplaced   error         // why there is no file (set when name is "")
+	name       string        // ledger.json; "" when there is no state directory or the file is unreadable
 	unreadable error         // why ledger.json could not be read: it is then never written
 	changed    chan struct{} // nudged after every change: maintenance re-arms
-	warned     sync.Once     // ledger_unplaced is logged once
 
 	testingOnlyAfterFunc func(d time.Duration, f func()) ledgerStopper // the write-behind's time.AfterFunc
 
@@ -133,20 +131,24 @@ type ledger struct {
 // newLedger loads ledger.json; an unreadable one is served empty, logged without its bytes and never overwritten (to repair).
 func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
 	l := &ledger{log: log, now: now, entries: map[string]*ledgerEntry{}, changed: make(chan struct{}, 1)}
-	if l.name, l.unplaced = st.path("ledger", ledgerFile); l.unplaced != nil {
-		return l // ledger_unplaced is logged at the first mutation
-	}
-	b, _, err := readGuarded("ledger", l.name)
-	if errors.Is(err, errFileAbsent) {
+	name, err := st.path("ledger", ledgerFile)
+	if err != nil {
+		log.Warn("ledger_unplaced", "cause", err.Error())
 		return l
 	}
+	b, _, err := readGuarded("ledger", name)
+	if errors.Is(err, errFileAbsent) {
+		err = nil // b is empty: no subscriptions yet
+	}
 	if err == nil {
-		l.entries, err = parseLedger("ledger "+l.name, b)
+		l.entries, err = parseLedger("ledger "+name, b)
 	}
 	if err != nil {
 		l.entries, l.unreadable = map[string]*ledgerEntry{}, err
-		log.Error("ledger_unreadable", "file", l.name, "cause", err.Error())
+		log.Error("ledger_unreadable", "file", name, "cause", err.Error())
+		return l
 	}
+	l.name = name
 	return l
 }
 
@@ -261,15 +263,14 @@ func (l *ledger) recordUse(id, provider string, ok bool, in, out int) {
 	})
 }
 
-// recordUsageRead and recordProbe record a check's outcome; a refused usage read keeps the windows.
-func (l *ledger) recordUsageRead(id, provider string, ok bool, detail string) {
-	l.mutate(id, provider, false, func(e *ledgerEntry, now time.Time) {
-		e.UsageRead = ledgerCheck{now.UnixMilli(), ok, ledgerSentence(detail)}
-	})
-}
-func (l *ledger) recordProbe(id, provider string, ok bool, detail string) {
-	l.mutate(id, provider, true, func(e *ledgerEntry, now time.Time) {
-		e.Probe = ledgerCheck{now.UnixMilli(), ok, ledgerSentence(detail)}
+// recordCheck records a usage read's or (at once) a probe's outcome; a refused usage read keeps the windows.
+func (l *ledger) recordCheck(id, provider string, probe, ok bool, detail string) {
+	l.mutate(id, provider, probe, func(e *ledgerEntry, now time.Time) {
+		check := &e.UsageRead
+		if probe {
+			check = &e.Probe
+		}
+		*check = ledgerCheck{now.UnixMilli(), ok, ledgerSentence(detail)}
 	})
 }
 
@@ -340,32 +341,27 @@ func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEn
 	l.statusSeq += uint64(boolCount(immediate))
 	switch {
 	case l.name == "":
-		l.warned.Do(func() { l.log.Warn("ledger_unplaced", "cause", l.unplaced.Error()) })
-	case l.unreadable != nil: // never overwrite a file an operator may still recover
 	case immediate || now.Sub(l.lastWrite) >= ledgerWriteEvery: // a zero lastWrite is long ago
 		l.mu.Unlock()
-		l.writeIf(func() bool { return true })
+		l.write(nil)
 		return
 	case l.timer == nil:
 		var t ledgerStopper
-		t = afterFunc(l.testingOnlyAfterFunc, ledgerWriteEvery-now.Sub(l.lastWrite), func() {
-			l.writeIf(func() bool { return l.timer == t }) // not when stopped or superseded while firing
-		})
+		t = afterFunc(l.testingOnlyAfterFunc, ledgerWriteEvery-now.Sub(l.lastWrite), func() { l.write(t) })
 		l.timer = t
 	}
 	l.mu.Unlock()
 }
 
 // flush writes pending changes now (at shutdown), unless there is no file to write.
-func (l *ledger) flush() error {
-	return l.writeIf(func() bool { return l.name != "" && l.unreadable == nil })
-}
+func (l *ledger) flush() error { return l.write(nil) }
 
-// writeIf, when ok (asked under l.mu) holds, writes a snapshot and stops any write-behind (the snapshot holds its changes);
-// l.file keeps a newer snapshot, so racing writes never leave older state. Ids not sub_<16 hex> stay in memory (the file parses).
-func (l *ledger) writeIf(ok func() bool) error {
+// write writes a snapshot and stops any write-behind (the snapshot holds its changes), unless there is no file or it is called
+// by a write-behind t stopped or superseded while firing; l.file keeps a newer snapshot, so racing writes never leave older state.
+// Ids not sub_<16 hex> stay in memory (the file parses).
+func (l *ledger) write(t ledgerStopper) error {
 	l.mu.Lock()
-	if !ok() {
+	if l.name == "" || t != nil && l.timer != t {
 		l.mu.Unlock()
 		return nil
 	}

@@ -135,8 +135,8 @@ func TestLedgerRoundTrip(t *testing.T) {
 	l.recordUse(ledgerIDA, "claude-code", false, -1, 0)
 	l.block(ledgerIDA, "claude-code", ledgerT0.Add(15*time.Minute), "429 from provider")
 	l.setGrantTimes(ledgerIDA, "claude-code", ms+7200_000, ms)
-	l.recordUsageRead(ledgerIDA, "claude-code", false, "usage report answered 500")
-	l.recordProbe(ledgerIDA, "claude-code", true, "pong")
+	l.recordCheck(ledgerIDA, "claude-code", false, false, "usage report answered 500")
+	l.recordCheck(ledgerIDA, "claude-code", true, true, "pong")
 	clock.set(ledgerT0.Add(time.Second))
 	l.setCredential(ledgerIDB, "codex", credNeedsReauth, "invalid_grant")
 	if err := l.flush(); err != nil {
@@ -331,7 +331,7 @@ func TestLedgerUnplaced(t *testing.T) {
 	l.recordUse(ledgerIDA, "codex", true, 1, 2)
 	l.block(ledgerIDA, "codex", ledgerT0.Add(time.Minute), "429")
 	l.setCredential(ledgerIDB, "codex", credNeedsReauth, "401")
-	l.recordUsageRead(ledgerIDA, "codex", true, "")
+	l.recordCheck(ledgerIDA, "codex", false, true, "")
 	if err := l.flush(); err != nil {
 		t.Errorf("flush = %v", err)
 	}
@@ -477,8 +477,8 @@ func TestLedgerSentences(t *testing.T) {
 			l, _, _, _ := newTestLedger(state{dir: dir})
 			l.setCredential(ledgerIDA, "claude-code", credNeedsReauth, c.cause)
 			l.block(ledgerIDA, "claude-code", ledgerT0.Add(time.Minute), c.cause)
-			l.recordUsageRead(ledgerIDA, "claude-code", false, c.cause)
-			l.recordProbe(ledgerIDA, "claude-code", false, c.cause)
+			l.recordCheck(ledgerIDA, "claude-code", false, false, c.cause)
+			l.recordCheck(ledgerIDA, "claude-code", true, false, c.cause)
 			if err := l.flush(); err != nil {
 				t.Fatal(err)
 			}
