@@ -20,14 +20,10 @@ const (
 	ledgerWriteEvery = time.Second        // SPEC §10.3: coalesced changes are written at most once per second
 	ledgerMaxBlock   = 7 * 24 * time.Hour // SPEC §7.2.4: a reset stated months away parks no subscription for months
 	// Credential states (SPEC §10.3); credDisabled is shown for retired rows, never stored.
-	credActive      = "active"
-	credNeedsReauth = "needs_reauthorization"
-	credDisabled    = "disabled"
+	credActive, credNeedsReauth, credDisabled = "active", "needs_reauthorization", "disabled"
 	// Where a plan window's reading came from: an answer's headers (SPEC §6.3) or a usage report (§11.2).
-	windowSourceTraffic = "traffic"
-	windowSourceReport  = "usage_report"
-	// planMaxResetSeconds bounds a reset delay or a window's length (about year 5138), so ms cannot overflow.
-	planMaxResetSeconds = 1e11
+	windowSourceTraffic, windowSourceReport = "traffic", "usage_report"
+	planMaxResetSeconds                     = 1e11 // bounds a reset delay or a window's length (year 5138): ms cannot overflow
 )
 
 // planWindow is one plan window's latest reading; traffic and reports share an id, so either replaces the other.
@@ -90,7 +86,7 @@ func isSubscriptionID(id string) bool {
 	return ok && len(rest) == 16 && strings.Trim(rest, "0123456789abcdef") == ""
 }
 
-// ledgerStopper is a timer at a ledger moment (the write-behind, maintenance's due timer).
+// ledgerStopper is a timer at a ledger moment (the write-behind, maintenance's due timer); tests fake it.
 type ledgerStopper interface{ Stop() bool }
 
 func afterFunc(testingOnly func(time.Duration, func()) ledgerStopper, d time.Duration, f func()) ledgerStopper {
@@ -100,7 +96,7 @@ func afterFunc(testingOnly func(time.Duration, func()) ledgerStopper, d time.Dur
 	return time.AfterFunc(d, f)
 }
 
-// nudge signals ch (buffered 1) without ever blocking: maintenance's loop wakes.
+// nudge signals ch (buffered 1) without blocking.
 func nudge(ch chan struct{}) {
 	select {
 	case ch <- struct{}{}:
@@ -137,10 +133,7 @@ func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
 		return l
 	}
 	b, _, err := readGuarded("ledger", name)
-	if errors.Is(err, errFileAbsent) {
-		err = nil // b is empty: no subscriptions yet
-	}
-	if err == nil {
+	if err == nil || errors.Is(err, errFileAbsent) { // absent: b is empty, no subscriptions yet
 		l.entries, err = parseLedger("ledger "+name, b)
 	}
 	if err != nil {
@@ -339,18 +332,16 @@ func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEn
 	fn(e, now)
 	l.seq++
 	l.statusSeq += uint64(boolCount(immediate))
-	switch {
-	case l.name == "":
-	case immediate || now.Sub(l.lastWrite) >= ledgerWriteEvery: // a zero lastWrite is long ago
-		l.mu.Unlock()
-		l.write(nil)
-		return
-	case l.timer == nil:
+	due := immediate || now.Sub(l.lastWrite) >= ledgerWriteEvery // a zero lastWrite is long ago
+	if !due && l.timer == nil && l.name != "" {
 		var t ledgerStopper
 		t = afterFunc(l.testingOnlyAfterFunc, ledgerWriteEvery-now.Sub(l.lastWrite), func() { l.write(t) })
 		l.timer = t
 	}
 	l.mu.Unlock()
+	if due {
+		l.write(nil)
+	}
 }
 
 // flush writes pending changes now (at shutdown), unless there is no file to write.
@@ -493,14 +484,14 @@ type instant struct {
 func (t *instant) UnmarshalJSON(b []byte) error {
 	s, _ := jsonString(b)
 	*t = instantOf(cmp.Or(s, string(b)))
-	if tm, err := time.Parse(time.RFC3339Nano, strings.TrimSpace(s)); err == nil {
-		t.ms = epochMs(float64(tm.UnixMilli()))
-	}
 	t.set = true
 	return nil
 }
 
 func instantOf(s string) instant {
+	if tm, err := time.Parse(time.RFC3339Nano, strings.TrimSpace(s)); err == nil {
+		return instant{ms: epochMs(float64(tm.UnixMilli()))}
+	}
 	n := numberOf(s)
 	if n.v < 1e12 {
 		n.v *= 1000
