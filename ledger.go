@@ -2,7 +2,6 @@ package main
 
 import (
 	"cmp"
-	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -127,26 +126,24 @@ type ledger struct {
 // newLedger loads ledger.json; an unreadable one is served empty, logged without its bytes and never overwritten (to repair).
 func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
 	l := &ledger{log: log, now: now, entries: map[string]*ledgerEntry{}, changed: make(chan struct{}, 1)}
-	name, err := st.path("ledger", ledgerFile)
-	if err != nil {
-		log.Warn("ledger_unplaced", "cause", err.Error())
+	f := stateFile[map[string]*ledgerEntry]{role: "ledger", parse: parseLedger}
+	if f.path, f.pathErr = st.path("ledger", ledgerFile); f.pathErr != nil {
+		log.Warn("ledger_unplaced", "cause", f.pathErr.Error())
 		return l
 	}
-	b, _, err := readGuarded("ledger", name)
-	if err == nil || errors.Is(err, errFileAbsent) { // absent: b is empty, no subscriptions yet
-		l.entries, err = parseLedger("ledger "+name, b)
-	}
+	entries, _, err := f.read()
 	if err != nil {
-		l.entries, l.unreadable = map[string]*ledgerEntry{}, err
-		log.Error("ledger_unreadable", "file", name, "cause", err.Error())
+		l.unreadable = err
+		log.Error("ledger_unreadable", "file", f.path, "cause", err.Error())
 		return l
 	}
-	l.name = name
+	l.name, l.entries = f.path, entries
 	return l
 }
 
-// parseLedger strictly parses ledger.json (SPEC §2.2), naming role and the member refused; empty bytes are empty.
-func parseLedger(role string, b []byte) (map[string]*ledgerEntry, error) {
+// parseLedger strictly parses ledger.json (SPEC §2.2), naming the member refused; empty bytes are empty.
+func parseLedger(b []byte) (map[string]*ledgerEntry, error) {
+	const role = ledgerFile
 	doc := ledgerDoc{SchemaVersion: 1}
 	if err := decodeStrict(role, b, &doc); err != nil && len(b) > 0 {
 		return nil, err

@@ -111,7 +111,7 @@ func readLedgerFile(t *testing.T, dir string) map[string]ledgerEntry {
 	if err != nil {
 		t.Fatal(err)
 	}
-	subs, err := parseLedger("ledger", b)
+	subs, err := parseLedger(b)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -566,7 +566,7 @@ func FuzzLedgerFile(f *testing.F) {
 	f.Add([]byte(`{"schema_version":2}`))
 	f.Add([]byte(``))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		subs, err := parseLedger("ledger", data)
+		subs, err := parseLedger(data)
 		if err != nil {
 			if subs != nil {
 				t.Fatalf("refused with entries: %v", err)
@@ -577,7 +577,7 @@ func FuzzLedgerFile(f *testing.F) {
 		if err != nil {
 			t.Fatalf("accepted ledger does not encode: %v", err)
 		}
-		again, err := parseLedger("ledger", b)
+		again, err := parseLedger(b)
 		if err != nil {
 			t.Fatalf("re-encoded ledger refused: %v\n%s", err, b)
 		}
