@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -114,10 +115,11 @@ type ledger struct {
 
 	testingOnlyAfterFunc func(d time.Duration, f func()) ledgerStopper // the write-behind's time.AfterFunc
 
-	mu        sync.Mutex // guards entries, seq, statusSeq, lastWrite, timer
+	statusSeq atomic.Uint64 // immediate mutations (a subscription's status) so far: a listing's cache key
+
+	mu        sync.Mutex // guards entries, seq, lastWrite, timer
 	entries   map[string]*ledgerEntry
 	seq       uint64        // mutations applied so far
-	statusSeq uint64        // of them, the immediate ones: a listing's cache key
 	lastWrite time.Time     // injected-clock moment of the last snapshot taken for the file
 	timer     ledgerStopper // the armed write-behind, nil when none
 	file      snapshotFile
@@ -308,13 +310,6 @@ func (l *ledger) nextDue(now time.Time, retired map[string]bool) (best time.Time
 	return best
 }
 
-// statusVersion changes at every immediate mutation (a subscription's status).
-func (l *ledger) statusVersion() uint64 {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.statusSeq
-}
-
 // mutate applies fn to id's record (created active), then writes: now when immediate or the last write is a second old, else
 // by one write-behind.
 func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEntry, now time.Time)) {
@@ -328,7 +323,9 @@ func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEn
 	e.Provider = cmp.Or(provider, e.Provider)
 	fn(e, now)
 	l.seq++
-	l.statusSeq += uint64(boolCount(immediate))
+	if immediate {
+		l.statusSeq.Add(1)
+	}
 	due := immediate || now.Sub(l.lastWrite) >= ledgerWriteEvery // a zero lastWrite is long ago
 	if !due && l.timer == nil && l.name != "" {
 		var t ledgerStopper

@@ -28,7 +28,6 @@ type maintainer struct {
 	l     *ledger
 	log   *slog.Logger
 	clock func() time.Time
-
 	// Test hooks (nil in production): the due timer's AfterFunc, and every finished pass.
 	testingOnlyAfterFunc func(d time.Duration, f func()) ledgerStopper
 	testingOnlyPassDone  func(reason string, started time.Time, rep passReport)
@@ -77,11 +76,11 @@ type (
 )
 
 func newMaintainer(inv *inventory, o *oauthClient) *maintainer {
-	return &maintainer{inv: inv, o: o, l: o.ledger, log: o.log, clock: o.now, asked: map[string]*passTicket{}, fresh: map[string]bool{}}
+	return &maintainer{inv: inv, o: o, l: o.ledger, log: o.log, clock: o.now,
+		asked: map[string]*passTicket{}, fresh: map[string]bool{}}
 }
 
-// run starts the loop, counted in wg, with the start pass pending (the listener is up); at its end it stops the timer and
-// answers anyone waiting.
+// run starts the loop (in wg) with the start pass pending; at its end it stops the timer and answers anyone waiting.
 func (m *maintainer) run(ctx context.Context, wg *sync.WaitGroup) {
 	m.mu.Lock()
 	m.looping = true
@@ -141,7 +140,6 @@ func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
 	m.running, m.fresh[agent] = true, true
 	m.passes++
 	m.mu.Unlock()
-
 	m.log.Info("maintenance_pass_started", "reason", t.reason, "agent_id", agent)
 	rep := m.passOnce(ctx, agent)
 	m.mu.Lock()
@@ -159,8 +157,7 @@ func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
 	return true
 }
 
-// want asks for a pass over agent's subscriptions ("": everyone's) unless one is asked already, and returns the ticket it will
-// answer. m.mu is held.
+// want asks for a pass over agent's subscriptions ("": everyone's) once and returns the ticket it will answer; m.mu is held.
 func (m *maintainer) want(agent, reason string) *passTicket {
 	if m.asked[agent] == nil {
 		m.asked[agent] = &passTicket{reason: reason, done: make(chan struct{})}
@@ -168,8 +165,7 @@ func (m *maintainer) want(agent, reason string) *passTicket {
 	return m.asked[agent]
 }
 
-// arm replaces the due timer with one for due (none when zero); a timer firing after it was replaced or stopped does nothing.
-// m.mu is held.
+// arm replaces the due timer with one for due (none when zero); a replaced or stopped one firing does nothing. m.mu is held.
 func (m *maintainer) arm(due, now time.Time) {
 	if m.timer != nil {
 		m.timer.Stop()
@@ -218,8 +214,7 @@ func (m *maintainer) changed() {
 	}
 }
 
-// passNow answers POST /v1/admin/maintain from a pass that starts after the call (a running one may predate the change the
-// operator wants seen).
+// passNow answers POST /v1/admin/maintain from a pass started after the call (a running one may predate the operator's change).
 func (m *maintainer) passNow(ctx context.Context) (passReport, error) {
 	t, err := m.ask("maintain")
 	if err != nil {
@@ -268,17 +263,15 @@ func (m *maintainer) metrics() map[string]float64 {
 	return out
 }
 
-// pass is one pass's run over its subscriptions; each step records its subscription's outcome in it, and the report is
-// counted from them at the end.
+// pass is one pass's run; its steps record each subscription's outcome on it, and the report counts them at the end.
 type pass struct {
 	m    *maintainer
 	ctx  context.Context
 	subs []*passSub
 }
 
-// passSub is one non-retired subscription as a pass found it. reportable: active, of a provider whose report its credential
-// reads; oauth: active, with a grant of an OAuth provider; tried: its one refresh attempt of the pass was made. The outcomes
-// stay unset once ctx ended: what a stopped pass skipped is neither done nor failed.
+// passSub is one non-retired subscription of a pass. reportable: active, its credential reads its provider's report; oauth:
+// active, with a grant; tried: its one refresh attempt was made. Outcomes stay unset once ctx ended (skipped: neither).
 type passSub struct {
 	it                       overlayItem
 	cred                     vaultCredential
@@ -425,9 +418,8 @@ func (p *pass) refresh(s *passSub) (oauthGrant, error) {
 	return g, err
 }
 
-// usageReport is one provider's report (SPEC §11.2): where it is read (below the base URL, or at codex's own address that only
-// BRAMA_PROVIDER_CODEX_USAGE_URL moves), its reader, whether an API key reads it, whether the grant's account goes in
-// chatgpt-account-id, the GET's headers.
+// usageReport is one provider's report (SPEC §11.2): its path below the base URL or codex's own url (moved only by
+// BRAMA_PROVIDER_CODEX_USAGE_URL), its reader, whether an API key reads it or the grant's account is sent, the GET's headers.
 type usageReport struct {
 	path, url       string
 	read            func(body []byte, now time.Time) ([]planWindow, error)
@@ -490,8 +482,7 @@ func (m *maintainer) fetchUsage(ctx context.Context, provider string, cred vault
 	return nil, &endpointError{Op: "usage report GET", Endpoint: endpointName(endpoint), Status: status, Received: len(body), Err: err}
 }
 
-// errUsageReport classifies every refused report body: the readers take what they recognize of the providers' undocumented
-// shapes, never a guessed number.
+// errUsageReport: the readers take what they recognize of the providers' undocumented shapes, never a guessed number.
 var errUsageReport = errors.New("the usage report is not usable")
 
 // reportReader reads a report as T leniently (a member of another type than T says is absent; its number and instant members take
