@@ -86,15 +86,10 @@ func isSubscriptionID(id string) bool {
 	return ok && len(rest) == 16 && strings.Trim(rest, "0123456789abcdef") == ""
 }
 
-// ledgerStopper is a timer at a ledger moment (the write-behind, maintenance's due timer); tests fake it.
+// ledgerStopper is a timer at a ledger moment (the write-behind, maintenance's due timer); tests fake afterFunc.
 type ledgerStopper interface{ Stop() bool }
 
-func afterFunc(testingOnly func(time.Duration, func()) ledgerStopper, d time.Duration, f func()) ledgerStopper {
-	if testingOnly != nil {
-		return testingOnly(d, f)
-	}
-	return time.AfterFunc(d, f)
-}
+func afterFunc(d time.Duration, f func()) ledgerStopper { return time.AfterFunc(d, f) }
 
 // nudge signals ch (buffered 1) without blocking.
 func nudge(ch chan struct{}) {
@@ -104,18 +99,15 @@ func nudge(ch chan struct{}) {
 	}
 }
 
-// ledger is the ledger dispatch orders by (SPEC §10.3) and its file, written at once for credential, block and probe changes
-// (the "immediate" ones), else at most once per second.
+// ledger is what dispatch orders by (SPEC §10.3); credential, block and probe changes are written at once, others once a second.
 type ledger struct {
 	log        *slog.Logger
 	now        func() time.Time
+	afterFunc  func(d time.Duration, f func()) ledgerStopper
 	name       string        // ledger.json; "" when there is no state directory or the file is unreadable
 	unreadable error         // why ledger.json could not be read: it is then never written
 	changed    chan struct{} // nudged after every change: maintenance re-arms
-
-	testingOnlyAfterFunc func(d time.Duration, f func()) ledgerStopper // the write-behind's time.AfterFunc
-
-	statusSeq atomic.Uint64 // immediate mutations (a subscription's status) so far: a listing's cache key
+	statusSeq  atomic.Uint64 // immediate mutations (a subscription's status) so far: a listing's cache key
 
 	mu        sync.Mutex // guards entries, seq, lastWrite, timer
 	entries   map[string]*ledgerEntry
@@ -127,7 +119,7 @@ type ledger struct {
 
 // newLedger loads ledger.json; an unreadable one is served empty, logged without its bytes and never overwritten (to repair).
 func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
-	l := &ledger{log: log, now: now, entries: map[string]*ledgerEntry{}, changed: make(chan struct{}, 1)}
+	l := &ledger{log: log, now: now, entries: map[string]*ledgerEntry{}, changed: make(chan struct{}, 1), afterFunc: afterFunc}
 	f := stateFile[map[string]*ledgerEntry]{role: "ledger", parse: parseLedger}
 	if f.path, f.pathErr = st.path("ledger", ledgerFile); f.pathErr != nil {
 		log.Warn("ledger_unplaced", "cause", f.pathErr.Error())
@@ -310,8 +302,7 @@ func (l *ledger) nextDue(now time.Time, retired map[string]bool) (best time.Time
 	return best
 }
 
-// mutate applies fn to id's record (created active), then writes: now when immediate or the last write is a second old, else
-// by one write-behind.
+// mutate applies fn to id's record (created active), then writes it now (immediate, or a second since), else by one write-behind.
 func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEntry, now time.Time)) {
 	defer nudge(l.changed)
 	now := l.now()
@@ -329,7 +320,7 @@ func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEn
 	due := immediate || now.Sub(l.lastWrite) >= ledgerWriteEvery // a zero lastWrite is long ago
 	if !due && l.timer == nil && l.name != "" {
 		var t ledgerStopper
-		t = afterFunc(l.testingOnlyAfterFunc, ledgerWriteEvery-now.Sub(l.lastWrite), func() { l.write(t) })
+		t = l.afterFunc(ledgerWriteEvery-now.Sub(l.lastWrite), func() { l.write(t) })
 		l.timer = t
 	}
 	l.mu.Unlock()
@@ -341,9 +332,8 @@ func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEn
 // flush writes pending changes now (at shutdown), unless there is no file to write.
 func (l *ledger) flush() error { return l.write(nil) }
 
-// write writes a snapshot and stops any write-behind (the snapshot holds its changes), unless there is no file or it is called
-// by a write-behind t stopped or superseded while firing; l.file keeps a newer snapshot, so racing writes never leave older state.
-// Ids not sub_<16 hex> stay in memory (the file parses).
+// write writes a snapshot and stops any write-behind, unless there is no file or t (a write-behind) was stopped or superseded
+// while firing; l.file keeps a newer snapshot over an older one. Ids not sub_<16 hex> stay in memory (the file parses).
 func (l *ledger) write(t ledgerStopper) error {
 	l.mu.Lock()
 	if l.name == "" || t != nil && l.timer != t {
@@ -416,13 +406,12 @@ func parsePlanWindows(provider string, h http.Header, now time.Time) (ws []planW
 
 // reading is one window as headers or a usage report member state it, for all three providers (each reads its own members).
 type reading struct {
-	Utilization number  // claude-code's percent
-	ResetsAt    instant `json:"resets_at"`
-	UsedPercent number  `json:"used_percent"` // codex's percent
-	Seconds     number  `json:"limit_window_seconds"`
-	After       number  `json:"reset_after_seconds"`
-	ResetAt     instant `json:"reset_at"`
-
+	Utilization            number  // claude-code's percent
+	ResetsAt               instant `json:"resets_at"`
+	UsedPercent            number  `json:"used_percent"` // codex's percent
+	Seconds                number  `json:"limit_window_seconds"`
+	After                  number  `json:"reset_after_seconds"`
+	ResetAt                instant `json:"reset_at"`
 	Limit, Used, Remaining number  // kimi's counters
 	ResetTime              instant `json:"resetTime"`  // Kimi's name
 	ResetTimeSpec          instant `json:"reset_time"` // SPEC's

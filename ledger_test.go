@@ -100,7 +100,7 @@ func newTestLedger(st state) (*ledger, *testClock, *ledgerTimers, *syncBuffer) {
 	logs := &syncBuffer{}
 	l := newLedger(st, slog.New(slog.NewJSONHandler(logs, nil)), clock.now)
 	timers := &ledgerTimers{}
-	l.testingOnlyAfterFunc = timers.afterFunc
+	l.afterFunc = timers.afterFunc
 	return l, clock, timers, logs
 }
 

@@ -23,14 +23,14 @@ var errMaintenanceStopped = errors.New("the maintenance scheduler is not running
 // maintainer runs one daemon's passes (SPEC §11.2: read the usage reports, then refresh the grants that fell due, never on a
 // period of Brama's own) one at a time on loop's goroutine.
 type maintainer struct {
-	inv   *inventory
-	o     *oauthClient // also holds the provider client (no timeout, no redirects, no proxy) and getenv
-	l     *ledger
-	log   *slog.Logger
-	clock func() time.Time
-	// Test hooks (nil in production): the due timer's AfterFunc, and every finished pass.
-	testingOnlyAfterFunc func(d time.Duration, f func()) ledgerStopper
-	testingOnlyPassDone  func(reason string, started time.Time, rep passReport)
+	inv       *inventory
+	o         *oauthClient // also holds the provider client (no timeout, no redirects, no proxy) and getenv
+	l         *ledger
+	log       *slog.Logger
+	clock     func() time.Time
+	afterFunc func(d time.Duration, f func()) ledgerStopper
+	// testingOnlyPassDone (nil in production) sees every finished pass.
+	testingOnlyPassDone func(reason string, started time.Time, rep passReport)
 
 	mu               sync.Mutex             // guards the fields below
 	looping, running bool                   // loop runs (so passNow can be answered); a pass runs
@@ -76,7 +76,7 @@ type (
 )
 
 func newMaintainer(inv *inventory, o *oauthClient) *maintainer {
-	return &maintainer{inv: inv, o: o, l: o.ledger, log: o.log, clock: o.now,
+	return &maintainer{inv: inv, o: o, l: o.ledger, log: o.log, clock: o.now, afterFunc: afterFunc,
 		asked: map[string]*passTicket{}, fresh: map[string]bool{}}
 }
 
@@ -175,7 +175,7 @@ func (m *maintainer) arm(due, now time.Time) {
 		return
 	}
 	var t ledgerStopper
-	t = afterFunc(m.testingOnlyAfterFunc, due.Sub(now), func() {
+	t = m.afterFunc(due.Sub(now), func() {
 		m.mu.Lock()
 		defer m.mu.Unlock()
 		if m.timer == t { // fired: the next turn arms afresh

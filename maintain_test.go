@@ -243,7 +243,7 @@ func newMaintFixture(t *testing.T) *maintFixture {
 	t.Cleanup(fx.o.wg.Wait)
 	fx.m = newMaintainer(fx.inv, fx.o)
 	fx.timers = &fakeTimers{clock: clock, armed: make(chan time.Time, 64)}
-	fx.m.testingOnlyAfterFunc = fx.timers.after
+	fx.m.afterFunc = fx.timers.after
 	fx.m.testingOnlyPassDone = func(reason string, started time.Time, rep passReport) {
 		fx.passes <- passEvent{reason, started, rep}
 	}
