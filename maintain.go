@@ -380,11 +380,8 @@ func (p *pass) readUsage(s *passSub) {
 	switch {
 	case p.ctx.Err() != nil:
 	case err != nil:
-		secrets := []string{cred.APIKey}
-		if g := cred.OAuth; g != nil {
-			secrets = append(secrets, g.AccessToken, g.RefreshToken, g.IDToken)
-		}
-		s.failed = ledgerSentence(redact(err.Error(), secrets...))
+		g := cmp.Or(cred.OAuth, &oauthGrant{})
+		s.failed = ledgerSentence(redact(err.Error(), cred.APIKey, g.AccessToken, g.RefreshToken, g.IDToken))
 		m.l.recordCheck(id, provider, false, false, s.failed)
 		m.log.Warn("usage_read_failed", "subscription_id", id, "provider", provider, "error", s.failed)
 	default:
