@@ -320,7 +320,7 @@ func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEn
 	due := immediate || now.Sub(l.lastWrite) >= ledgerWriteEvery // a zero lastWrite is long ago
 	if !due && l.timer == nil && l.name != "" {
 		var t ledgerStopper
-		t = l.afterFunc(ledgerWriteEvery-now.Sub(l.lastWrite), func() { l.write(t) })
+		t = l.afterFunc(ledgerWriteEvery-now.Sub(l.lastWrite), func() { l.write(&t) })
 		l.timer = t
 	}
 	l.mu.Unlock()
@@ -334,9 +334,9 @@ func (l *ledger) flush() error { return l.write(nil) }
 
 // write writes a snapshot and stops any write-behind, unless there is no file or t (a write-behind) was stopped or superseded
 // while firing; l.file keeps a newer snapshot over an older one. Ids not sub_<16 hex> stay in memory (the file parses).
-func (l *ledger) write(t ledgerStopper) error {
+func (l *ledger) write(t *ledgerStopper) error {
 	l.mu.Lock()
-	if l.name == "" || t != nil && l.timer != t {
+	if l.name == "" || t != nil && l.timer != *t { // *t is read under l.mu, where it was set
 		l.mu.Unlock()
 		return nil
 	}
