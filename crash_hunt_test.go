@@ -221,7 +221,7 @@ func TestStrictDecoderMatchesMemberNamesExactly(t *testing.T) {
 		{"vault member in a map", `{"schema_version":1,"direct":{"openai":{"API_KEY":"A"}}}`, `"API_KEY"`,
 			func(b []byte) error { _, err := parseVault(b); return err }},
 		{"ledger window", `{"schema_version":1,"subscriptions":{"sub_0123456789abcdef":{"provider":"codex","windows":[{"ID":"codex:primary"}],"credential":{"state":"active"}}}}`, `"ID"`,
-			func(b []byte) error { _, err := parseLedger("ledger", b); return err }},
+			func(b []byte) error { _, err := parseLedger(b); return err }},
 		{"overlay", `{"schema_version":1,"Items":[]}`, `"Items"`,
 			func(b []byte) error { _, err := parseOverlay(b); return err }},
 		{"clients file", `{"clients":[{"id":"app","Role":"admin","role":"caller","token_sha256":"` + strings.Repeat("a", 64) + `"}]}`, `"Role"`,

@@ -2,7 +2,6 @@ package main
 
 import (
 	"cmp"
-	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -12,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -20,14 +20,10 @@ const (
 	ledgerWriteEvery = time.Second        // SPEC §10.3: coalesced changes are written at most once per second
 	ledgerMaxBlock   = 7 * 24 * time.Hour // SPEC §7.2.4: a reset stated months away parks no subscription for months
 	// Credential states (SPEC §10.3); credDisabled is shown for retired rows, never stored.
-	credActive      = "active"
-	credNeedsReauth = "needs_reauthorization"
-	credDisabled    = "disabled"
+	credActive, credNeedsReauth, credDisabled = "active", "needs_reauthorization", "disabled"
 	// Where a plan window's reading came from: an answer's headers (SPEC §6.3) or a usage report (§11.2).
-	windowSourceTraffic = "traffic"
-	windowSourceReport  = "usage_report"
-	// planMaxResetSeconds bounds a reset delay or a window's length (about year 5138), so ms cannot overflow.
-	planMaxResetSeconds = 1e11
+	windowSourceTraffic, windowSourceReport = "traffic", "usage_report"
+	planMaxResetSeconds                     = 1e11 // bounds a reset delay or a window's length (year 5138): ms cannot overflow
 )
 
 // planWindow is one plan window's latest reading; traffic and reports share an id, so either replaces the other.
@@ -90,17 +86,12 @@ func isSubscriptionID(id string) bool {
 	return ok && len(rest) == 16 && strings.Trim(rest, "0123456789abcdef") == ""
 }
 
-// ledgerStopper is a timer at a ledger moment (the write-behind, maintenance's due timer).
+// ledgerStopper is a timer at a ledger moment (the write-behind, maintenance's due timer); tests fake afterFunc.
 type ledgerStopper interface{ Stop() bool }
 
-func afterFunc(testingOnly func(time.Duration, func()) ledgerStopper, d time.Duration, f func()) ledgerStopper {
-	if testingOnly != nil {
-		return testingOnly(d, f)
-	}
-	return time.AfterFunc(d, f)
-}
+func afterFunc(d time.Duration, f func()) ledgerStopper { return time.AfterFunc(d, f) }
 
-// nudge signals ch (buffered 1) without ever blocking: maintenance's loop wakes.
+// nudge signals ch (buffered 1) without blocking.
 func nudge(ch chan struct{}) {
 	select {
 	case ch <- struct{}{}:
@@ -108,23 +99,19 @@ func nudge(ch chan struct{}) {
 	}
 }
 
-// ledger is the ledger dispatch orders by (SPEC §10.3) and its file, written at once for credential, block and probe changes
-// (the "immediate" ones), else at most once per second.
+// ledger is what dispatch orders by (SPEC §10.3); credential, block and probe changes are written at once, others once a second.
 type ledger struct {
 	log        *slog.Logger
 	now        func() time.Time
-	name       string        // ledger.json; "" when there is no state directory
-	unplaced   error         // why there is no file (set when name is "")
+	afterFunc  func(d time.Duration, f func()) ledgerStopper
+	name       string        // ledger.json; "" when there is no state directory or the file is unreadable
 	unreadable error         // why ledger.json could not be read: it is then never written
 	changed    chan struct{} // nudged after every change: maintenance re-arms
-	warned     sync.Once     // ledger_unplaced is logged once
+	statusSeq  atomic.Uint64 // immediate mutations (a subscription's status) so far: a listing's cache key
 
-	testingOnlyAfterFunc func(d time.Duration, f func()) ledgerStopper // the write-behind's time.AfterFunc
-
-	mu        sync.Mutex // guards entries, seq, statusSeq, lastWrite, timer
+	mu        sync.Mutex // guards entries, seq, lastWrite, timer
 	entries   map[string]*ledgerEntry
 	seq       uint64        // mutations applied so far
-	statusSeq uint64        // of them, the immediate ones: a listing's cache key
 	lastWrite time.Time     // injected-clock moment of the last snapshot taken for the file
 	timer     ledgerStopper // the armed write-behind, nil when none
 	file      snapshotFile
@@ -132,26 +119,25 @@ type ledger struct {
 
 // newLedger loads ledger.json; an unreadable one is served empty, logged without its bytes and never overwritten (to repair).
 func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
-	l := &ledger{log: log, now: now, entries: map[string]*ledgerEntry{}, changed: make(chan struct{}, 1)}
-	if l.name, l.unplaced = st.path("ledger", ledgerFile); l.unplaced != nil {
-		return l // ledger_unplaced is logged at the first mutation
-	}
-	b, _, err := readGuarded("ledger", l.name)
-	if errors.Is(err, errFileAbsent) {
+	l := &ledger{log: log, now: now, entries: map[string]*ledgerEntry{}, changed: make(chan struct{}, 1), afterFunc: afterFunc}
+	f := stateFile[map[string]*ledgerEntry]{role: "ledger", parse: parseLedger}
+	if f.path, f.pathErr = st.path("ledger", ledgerFile); f.pathErr != nil {
+		log.Warn("ledger_unplaced", "cause", f.pathErr.Error())
 		return l
 	}
-	if err == nil {
-		l.entries, err = parseLedger("ledger "+l.name, b)
-	}
+	entries, _, err := f.read()
 	if err != nil {
-		l.entries, l.unreadable = map[string]*ledgerEntry{}, err
-		log.Error("ledger_unreadable", "file", l.name, "cause", err.Error())
+		l.unreadable = err
+		log.Error("ledger_unreadable", "file", f.path, "cause", err.Error())
+		return l
 	}
+	l.name, l.entries = f.path, entries
 	return l
 }
 
-// parseLedger strictly parses ledger.json (SPEC §2.2), naming role and the member refused; empty bytes are empty.
-func parseLedger(role string, b []byte) (map[string]*ledgerEntry, error) {
+// parseLedger strictly parses ledger.json (SPEC §2.2), naming the member refused; empty bytes are empty.
+func parseLedger(b []byte) (map[string]*ledgerEntry, error) {
+	const role = ledgerFile
 	doc := ledgerDoc{SchemaVersion: 1}
 	if err := decodeStrict(role, b, &doc); err != nil && len(b) > 0 {
 		return nil, err
@@ -261,15 +247,14 @@ func (l *ledger) recordUse(id, provider string, ok bool, in, out int) {
 	})
 }
 
-// recordUsageRead and recordProbe record a check's outcome; a refused usage read keeps the windows.
-func (l *ledger) recordUsageRead(id, provider string, ok bool, detail string) {
-	l.mutate(id, provider, false, func(e *ledgerEntry, now time.Time) {
-		e.UsageRead = ledgerCheck{now.UnixMilli(), ok, ledgerSentence(detail)}
-	})
-}
-func (l *ledger) recordProbe(id, provider string, ok bool, detail string) {
-	l.mutate(id, provider, true, func(e *ledgerEntry, now time.Time) {
-		e.Probe = ledgerCheck{now.UnixMilli(), ok, ledgerSentence(detail)}
+// recordCheck records a usage read's or (at once) a probe's outcome; a refused usage read keeps the windows.
+func (l *ledger) recordCheck(id, provider string, probe, ok bool, detail string) {
+	l.mutate(id, provider, probe, func(e *ledgerEntry, now time.Time) {
+		check := &e.UsageRead
+		if probe {
+			check = &e.Probe
+		}
+		*check = ledgerCheck{now.UnixMilli(), ok, ledgerSentence(detail)}
 	})
 }
 
@@ -317,15 +302,7 @@ func (l *ledger) nextDue(now time.Time, retired map[string]bool) (best time.Time
 	return best
 }
 
-// statusVersion changes at every immediate mutation (a subscription's status).
-func (l *ledger) statusVersion() uint64 {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.statusSeq
-}
-
-// mutate applies fn to id's record (created active), then writes: now when immediate or the last write is a second old, else
-// by one write-behind.
+// mutate applies fn to id's record (created active), then writes it now (immediate, or a second since), else by one write-behind.
 func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEntry, now time.Time)) {
 	defer nudge(l.changed)
 	now := l.now()
@@ -337,35 +314,29 @@ func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEn
 	e.Provider = cmp.Or(provider, e.Provider)
 	fn(e, now)
 	l.seq++
-	l.statusSeq += uint64(boolCount(immediate))
-	switch {
-	case l.name == "":
-		l.warned.Do(func() { l.log.Warn("ledger_unplaced", "cause", l.unplaced.Error()) })
-	case l.unreadable != nil: // never overwrite a file an operator may still recover
-	case immediate || now.Sub(l.lastWrite) >= ledgerWriteEvery: // a zero lastWrite is long ago
-		l.mu.Unlock()
-		l.writeIf(func() bool { return true })
-		return
-	case l.timer == nil:
+	if immediate {
+		l.statusSeq.Add(1)
+	}
+	due := immediate || now.Sub(l.lastWrite) >= ledgerWriteEvery // a zero lastWrite is long ago
+	if !due && l.timer == nil && l.name != "" {
 		var t ledgerStopper
-		t = afterFunc(l.testingOnlyAfterFunc, ledgerWriteEvery-now.Sub(l.lastWrite), func() {
-			l.writeIf(func() bool { return l.timer == t }) // not when stopped or superseded while firing
-		})
+		t = l.afterFunc(ledgerWriteEvery-now.Sub(l.lastWrite), func() { l.write(&t) })
 		l.timer = t
 	}
 	l.mu.Unlock()
+	if due {
+		l.write(nil)
+	}
 }
 
 // flush writes pending changes now (at shutdown), unless there is no file to write.
-func (l *ledger) flush() error {
-	return l.writeIf(func() bool { return l.name != "" && l.unreadable == nil })
-}
+func (l *ledger) flush() error { return l.write(nil) }
 
-// writeIf, when ok (asked under l.mu) holds, writes a snapshot and stops any write-behind (the snapshot holds its changes);
-// l.file keeps a newer snapshot, so racing writes never leave older state. Ids not sub_<16 hex> stay in memory (the file parses).
-func (l *ledger) writeIf(ok func() bool) error {
+// write writes a snapshot and stops any write-behind, unless there is no file or t (a write-behind) was stopped or superseded
+// while firing; l.file keeps a newer snapshot over an older one. Ids not sub_<16 hex> stay in memory (the file parses).
+func (l *ledger) write(t *ledgerStopper) error {
 	l.mu.Lock()
-	if !ok() {
+	if l.name == "" || t != nil && l.timer != *t { // *t is read under l.mu, where it was set
 		l.mu.Unlock()
 		return nil
 	}
@@ -435,13 +406,12 @@ func parsePlanWindows(provider string, h http.Header, now time.Time) (ws []planW
 
 // reading is one window as headers or a usage report member state it, for all three providers (each reads its own members).
 type reading struct {
-	Utilization number  // claude-code's percent
-	ResetsAt    instant `json:"resets_at"`
-	UsedPercent number  `json:"used_percent"` // codex's percent
-	Seconds     number  `json:"limit_window_seconds"`
-	After       number  `json:"reset_after_seconds"`
-	ResetAt     instant `json:"reset_at"`
-
+	Utilization            number  // claude-code's percent
+	ResetsAt               instant `json:"resets_at"`
+	UsedPercent            number  `json:"used_percent"` // codex's percent
+	Seconds                number  `json:"limit_window_seconds"`
+	After                  number  `json:"reset_after_seconds"`
+	ResetAt                instant `json:"reset_at"`
 	Limit, Used, Remaining number  // kimi's counters
 	ResetTime              instant `json:"resetTime"`  // Kimi's name
 	ResetTimeSpec          instant `json:"reset_time"` // SPEC's
@@ -497,14 +467,14 @@ type instant struct {
 func (t *instant) UnmarshalJSON(b []byte) error {
 	s, _ := jsonString(b)
 	*t = instantOf(cmp.Or(s, string(b)))
-	if tm, err := time.Parse(time.RFC3339Nano, strings.TrimSpace(s)); err == nil {
-		t.ms = epochMs(float64(tm.UnixMilli()))
-	}
 	t.set = true
 	return nil
 }
 
 func instantOf(s string) instant {
+	if tm, err := time.Parse(time.RFC3339Nano, strings.TrimSpace(s)); err == nil {
+		return instant{ms: epochMs(float64(tm.UnixMilli()))}
+	}
 	n := numberOf(s)
 	if n.v < 1e12 {
 		n.v *= 1000

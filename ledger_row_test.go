@@ -23,8 +23,8 @@ func TestLedgerRow(t *testing.T) {
 		{name: "blocked, probed, fresh window", set: func(l *ledger) {
 			l.recordWindows(ledgerIDA, "claude-code", []planWindow{{ID: "anthropic:5h", Label: "5 hours", UsedFraction: 0.5, ResetsAtMs: ms + 1000, RecordedAtMs: ms, Source: "traffic"}})
 			l.block(ledgerIDA, "claude-code", ledgerT0.Add(time.Minute), "429 rate limited")
-			l.recordProbe(ledgerIDA, "claude-code", true, "ok")
-			l.recordUsageRead(ledgerIDA, "claude-code", true, "")
+			l.recordCheck(ledgerIDA, "claude-code", true, true, "ok")
+			l.recordCheck(ledgerIDA, "claude-code", false, true, "")
 		}, want: `{"id":"` + ledgerIDA + `","provider":"claude-code","label":"work","status":"active",
 			"windows":[{"id":"anthropic:5h","label":"5 hours","used_fraction":0.5,"resets_at_ms":1759320001000,"recorded_at_ms":1759320000000,"source":"traffic"}],
 			"block":{"until_ms":1759320060000,"reason":"429 rate limited","recorded_at_ms":1759320000000},
@@ -39,7 +39,7 @@ func TestLedgerRow(t *testing.T) {
 			"block":null,"credential":{"state":"active","cause":"","recorded_at_ms":0,"expires_at_ms":0,"refreshed_at_ms":0},
 			"measured":{"requests":0,"failures":0,"input_tokens":0,"output_tokens":0,"last_used_ms":0},"usage_read":null,"probe":null,"stale":true}`},
 		{name: "failed usage read is stale", set: func(l *ledger) {
-			l.recordUsageRead(ledgerIDA, "claude-code", false, "usage report answered 503")
+			l.recordCheck(ledgerIDA, "claude-code", false, false, "usage report answered 503")
 			l.recordUse(ledgerIDA, "claude-code", true, 3, 4)
 		}, want: `{"id":"` + ledgerIDA + `","provider":"claude-code","label":"work","status":"active","windows":[],"block":null,
 			"credential":{"state":"active","cause":"","recorded_at_ms":0,"expires_at_ms":0,"refreshed_at_ms":0},

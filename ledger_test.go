@@ -100,7 +100,7 @@ func newTestLedger(st state) (*ledger, *testClock, *ledgerTimers, *syncBuffer) {
 	logs := &syncBuffer{}
 	l := newLedger(st, slog.New(slog.NewJSONHandler(logs, nil)), clock.now)
 	timers := &ledgerTimers{}
-	l.testingOnlyAfterFunc = timers.afterFunc
+	l.afterFunc = timers.afterFunc
 	return l, clock, timers, logs
 }
 
@@ -111,7 +111,7 @@ func readLedgerFile(t *testing.T, dir string) map[string]ledgerEntry {
 	if err != nil {
 		t.Fatal(err)
 	}
-	subs, err := parseLedger("ledger", b)
+	subs, err := parseLedger(b)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,8 +135,8 @@ func TestLedgerRoundTrip(t *testing.T) {
 	l.recordUse(ledgerIDA, "claude-code", false, -1, 0)
 	l.block(ledgerIDA, "claude-code", ledgerT0.Add(15*time.Minute), "429 from provider")
 	l.setGrantTimes(ledgerIDA, "claude-code", ms+7200_000, ms)
-	l.recordUsageRead(ledgerIDA, "claude-code", false, "usage report answered 500")
-	l.recordProbe(ledgerIDA, "claude-code", true, "pong")
+	l.recordCheck(ledgerIDA, "claude-code", false, false, "usage report answered 500")
+	l.recordCheck(ledgerIDA, "claude-code", true, true, "pong")
 	clock.set(ledgerT0.Add(time.Second))
 	l.setCredential(ledgerIDB, "codex", credNeedsReauth, "invalid_grant")
 	if err := l.flush(); err != nil {
@@ -331,7 +331,7 @@ func TestLedgerUnplaced(t *testing.T) {
 	l.recordUse(ledgerIDA, "codex", true, 1, 2)
 	l.block(ledgerIDA, "codex", ledgerT0.Add(time.Minute), "429")
 	l.setCredential(ledgerIDB, "codex", credNeedsReauth, "401")
-	l.recordUsageRead(ledgerIDA, "codex", true, "")
+	l.recordCheck(ledgerIDA, "codex", false, true, "")
 	if err := l.flush(); err != nil {
 		t.Errorf("flush = %v", err)
 	}
@@ -477,8 +477,8 @@ func TestLedgerSentences(t *testing.T) {
 			l, _, _, _ := newTestLedger(state{dir: dir})
 			l.setCredential(ledgerIDA, "claude-code", credNeedsReauth, c.cause)
 			l.block(ledgerIDA, "claude-code", ledgerT0.Add(time.Minute), c.cause)
-			l.recordUsageRead(ledgerIDA, "claude-code", false, c.cause)
-			l.recordProbe(ledgerIDA, "claude-code", false, c.cause)
+			l.recordCheck(ledgerIDA, "claude-code", false, false, c.cause)
+			l.recordCheck(ledgerIDA, "claude-code", true, false, c.cause)
 			if err := l.flush(); err != nil {
 				t.Fatal(err)
 			}
@@ -566,7 +566,7 @@ func FuzzLedgerFile(f *testing.F) {
 	f.Add([]byte(`{"schema_version":2}`))
 	f.Add([]byte(``))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		subs, err := parseLedger("ledger", data)
+		subs, err := parseLedger(data)
 		if err != nil {
 			if subs != nil {
 				t.Fatalf("refused with entries: %v", err)
@@ -577,7 +577,7 @@ func FuzzLedgerFile(f *testing.F) {
 		if err != nil {
 			t.Fatalf("accepted ledger does not encode: %v", err)
 		}
-		again, err := parseLedger("ledger", b)
+		again, err := parseLedger(b)
 		if err != nil {
 			t.Fatalf("re-encoded ledger refused: %v\n%s", err, b)
 		}

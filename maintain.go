@@ -23,17 +23,14 @@ var errMaintenanceStopped = errors.New("the maintenance scheduler is not running
 // maintainer runs one daemon's passes (SPEC §11.2: read the usage reports, then refresh the grants that fell due, never on a
 // period of Brama's own) one at a time on loop's goroutine.
 type maintainer struct {
-	inv    *inventory
-	l      *ledger
-	o      *oauthClient
-	client *http.Client // the provider client: no timeout, no redirects, no proxy
-	getenv func(string) string
-	log    *slog.Logger
-	clock  func() time.Time
-
-	// Test hooks (nil in production): the due timer's AfterFunc, and every finished pass.
-	testingOnlyAfterFunc func(d time.Duration, f func()) ledgerStopper
-	testingOnlyPassDone  func(reason string, started time.Time, rep passReport)
+	inv       *inventory
+	o         *oauthClient // also holds the provider client (no timeout, no redirects, no proxy) and getenv
+	l         *ledger
+	log       *slog.Logger
+	clock     func() time.Time
+	afterFunc func(d time.Duration, f func()) ledgerStopper
+	// testingOnlyPassDone (nil in production) sees every finished pass.
+	testingOnlyPassDone func(reason string, started time.Time, rep passReport)
 
 	mu               sync.Mutex             // guards the fields below
 	looping, running bool                   // loop runs (so passNow can be answered); a pass runs
@@ -44,13 +41,6 @@ type maintainer struct {
 	lastAt           [2]time.Time           // when the last pass started and ended; zero before the first ends
 	timer            ledgerStopper          // the armed due timer; nil when none or it fired
 	timerAt          time.Time              // the moment it is armed for; zero none
-}
-
-// passTicket is one asked pass: why, and its answer for its waiters (rep.err the refusal), set before done closes.
-type passTicket struct {
-	reason string
-	done   chan struct{}
-	rep    passReport
 }
 
 // passReport is the body of POST /v1/admin/maintain (SPEC §11.2); err (never sent): the pass could not list the subscriptions.
@@ -67,6 +57,12 @@ type passReport struct {
 }
 
 type (
+	// passTicket is one asked pass: why, and its answer for its waiters (rep.err the refusal), set before done closes.
+	passTicket struct {
+		reason string
+		done   chan struct{}
+		rep    passReport
+	}
 	usageFailure struct { // one failed read, its error redacted
 		SubscriptionID string `json:"subscription_id"`
 		Provider       string `json:"provider"`
@@ -79,14 +75,12 @@ type (
 	}
 )
 
-func newMaintainer(inv *inventory, l *ledger, o *oauthClient, client *http.Client, getenv func(string) string, log *slog.Logger,
-	now func() time.Time) *maintainer {
-	return &maintainer{inv: inv, l: l, o: o, client: client, getenv: getenv, log: log, clock: now,
+func newMaintainer(inv *inventory, o *oauthClient) *maintainer {
+	return &maintainer{inv: inv, o: o, l: o.ledger, log: o.log, clock: o.now, afterFunc: afterFunc,
 		asked: map[string]*passTicket{}, fresh: map[string]bool{}}
 }
 
-// run starts the loop, counted in wg, with the start pass pending (the listener is up); at its end it stops the timer and
-// answers anyone waiting.
+// run starts the loop (in wg) with the start pass pending; at its end it stops the timer and answers anyone waiting.
 func (m *maintainer) run(ctx context.Context, wg *sync.WaitGroup) {
 	m.mu.Lock()
 	m.looping = true
@@ -104,12 +98,11 @@ func (m *maintainer) run(ctx context.Context, wg *sync.WaitGroup) {
 			}
 		}
 		m.mu.Lock()
+		defer m.mu.Unlock()
 		m.looping = false
 		m.arm(time.Time{}, time.Time{})
-		t := m.asked[""]
-		delete(m.asked, "")
-		m.mu.Unlock()
-		if t != nil {
+		if t := m.asked[""]; t != nil {
+			delete(m.asked, "")
 			t.rep.err = errMaintenanceStopped
 			close(t.done)
 		}
@@ -147,7 +140,6 @@ func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
 	m.running, m.fresh[agent] = true, true
 	m.passes++
 	m.mu.Unlock()
-
 	m.log.Info("maintenance_pass_started", "reason", t.reason, "agent_id", agent)
 	rep := m.passOnce(ctx, agent)
 	m.mu.Lock()
@@ -165,8 +157,7 @@ func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
 	return true
 }
 
-// want asks for a pass over agent's subscriptions ("": everyone's) unless one is asked already, and returns the ticket it will
-// answer. m.mu is held.
+// want asks for a pass over agent's subscriptions ("": everyone's) once and returns the ticket it will answer; m.mu is held.
 func (m *maintainer) want(agent, reason string) *passTicket {
 	if m.asked[agent] == nil {
 		m.asked[agent] = &passTicket{reason: reason, done: make(chan struct{})}
@@ -174,8 +165,7 @@ func (m *maintainer) want(agent, reason string) *passTicket {
 	return m.asked[agent]
 }
 
-// arm replaces the due timer with one for due (none when zero); a timer firing after it was replaced or stopped does nothing.
-// m.mu is held.
+// arm replaces the due timer with one for due (none when zero); a replaced or stopped one firing does nothing. m.mu is held.
 func (m *maintainer) arm(due, now time.Time) {
 	if m.timer != nil {
 		m.timer.Stop()
@@ -185,7 +175,7 @@ func (m *maintainer) arm(due, now time.Time) {
 		return
 	}
 	var t ledgerStopper
-	t = afterFunc(m.testingOnlyAfterFunc, due.Sub(now), func() {
+	t = m.afterFunc(due.Sub(now), func() {
 		m.mu.Lock()
 		defer m.mu.Unlock()
 		if m.timer == t { // fired: the next turn arms afresh
@@ -224,8 +214,7 @@ func (m *maintainer) changed() {
 	}
 }
 
-// passNow answers POST /v1/admin/maintain from a pass that starts after the call (a running one may predate the change the
-// operator wants seen).
+// passNow answers POST /v1/admin/maintain from a pass started after the call (a running one may predate the operator's change).
 func (m *maintainer) passNow(ctx context.Context) (passReport, error) {
 	t, err := m.ask("maintain")
 	if err != nil {
@@ -274,32 +263,31 @@ func (m *maintainer) metrics() map[string]float64 {
 	return out
 }
 
-// pass is one pass's run: its subscriptions and the report its steps fill in (under mu).
+// pass is one pass's run; its steps record each subscription's outcome on it, and the report counts them at the end.
 type pass struct {
 	m    *maintainer
 	ctx  context.Context
 	subs []*passSub
-	mu   sync.Mutex
-	rep  passReport
 }
 
-// passSub is one non-retired subscription as a pass found it. reportable: active, of a provider whose report its credential
-// reads; oauth: active, with a grant of an OAuth provider; tried: its one refresh attempt of the pass was made.
+// passSub is one non-retired subscription of a pass. reportable: active, its credential reads its provider's report; oauth:
+// active, with a grant; tried: its one refresh attempt was made. Outcomes stay unset once ctx ended (skipped: neither).
 type passSub struct {
 	it                       overlayItem
 	cred                     vaultCredential
 	credErr                  error // the vault holds no usable credential for it
 	entry                    ledgerEntry
 	reportable, oauth, tried bool
+	read, refreshed, refused bool   // refused: the attempt gave no grant (one a sign-in superseded failed nothing)
+	failed                   string // why its due read failed, redacted
 }
 
 // passOnce runs one pass over agent's subscriptions ("": everyone's): the usage report pass, then the refresh pass (SPEC §11.2);
 // per subscription at most one read and one refresh attempt, none retried; ctx alone ends it (§7.4).
-func (m *maintainer) passOnce(ctx context.Context, agent string) passReport {
+func (m *maintainer) passOnce(ctx context.Context, agent string) (rep passReport) {
 	start := m.clock()
 	m.o.vault.writeUnwritten(m.o.log)
 	p := &pass{m: m, ctx: ctx}
-	p.rep.Usage.Failed = []usageFailure{}
 	items, retired, err := m.inv.view() // none when err: the counts stay 0 and OK false
 	for _, it := range items {
 		if retired[it.ID] || agent != "" && it.AgentID != agent {
@@ -313,8 +301,6 @@ func (m *maintainer) passOnce(ctx context.Context, agent string) passReport {
 		_, published := usageReports[it.Provider]
 		s.reportable = active && published && (s.credErr != nil || usageReportable(it.Provider, s.cred))
 		s.oauth = active && row.tokenURL != "" && s.credErr == nil && s.cred.OAuth != nil
-		p.rep.Usage.Subscriptions += boolCount(s.reportable)
-		p.rep.Credentials.Subscriptions += boolCount(s.oauth)
 		p.subs = append(p.subs, s)
 	}
 	// Reads run one at a time per provider, providers side by side (SPEC §17); refreshes side by side.
@@ -324,7 +310,17 @@ func (m *maintainer) passOnce(ctx context.Context, agent string) passReport {
 		err = fmt.Errorf("%w: the server is stopping, so this pass ended before its reads and refreshes", errMaintenanceStopped)
 	}
 	m.inv.invalidate() // the listing shows the pass at once (SPEC §10.2)
-	rep := p.rep
+	rep.Usage.Failed = []usageFailure{}
+	for _, s := range p.subs {
+		rep.Usage.Subscriptions += boolCount(s.reportable)
+		rep.Usage.Read += boolCount(s.read)
+		if s.failed != "" {
+			rep.Usage.Failed = append(rep.Usage.Failed, usageFailure{s.it.ID, s.it.Provider, s.failed})
+		}
+		rep.Credentials.Subscriptions += boolCount(s.oauth)
+		rep.Credentials.Refreshed += boolCount(s.refreshed)
+		rep.Credentials.Refused += boolCount(s.refused)
+	}
 	rep.OK = err == nil && len(rep.Usage.Failed) == 0 && rep.Credentials.Refused == 0
 	if due := m.l.nextDue(m.clock(), retired); !due.IsZero() {
 		rep.NextDueAt = ptrTo(due.UTC().Format(time.RFC3339))
@@ -358,15 +354,6 @@ func (p *pass) sideBySide(key func(*passSub) string, step func(*passSub)) {
 	wg.Wait()
 }
 
-// count records an outcome in the report, none once ctx ended: what a stopped pass skipped is not counted.
-func (p *pass) count(f func(*passReport)) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.ctx.Err() == nil {
-		f(&p.rep)
-	}
-}
-
 // readUsage reads s's due report into the ledger, nothing when ctx ended; a grant expired by the request path's rule is first
 // refreshed: s's one attempt.
 func (p *pass) readUsage(s *passSub) {
@@ -393,19 +380,15 @@ func (p *pass) readUsage(s *passSub) {
 	switch {
 	case p.ctx.Err() != nil:
 	case err != nil:
-		secrets := []string{cred.APIKey}
-		if g := cred.OAuth; g != nil {
-			secrets = append(secrets, g.AccessToken, g.RefreshToken, g.IDToken)
-		}
-		msg := ledgerSentence(redact(err.Error(), secrets...))
-		m.l.recordUsageRead(id, provider, false, msg)
-		m.log.Warn("usage_read_failed", "subscription_id", id, "provider", provider, "error", msg)
-		p.count(func(r *passReport) { r.Usage.Failed = append(r.Usage.Failed, usageFailure{id, provider, msg}) })
+		g := cmp.Or(cred.OAuth, &oauthGrant{})
+		s.failed = ledgerSentence(redact(err.Error(), cred.APIKey, g.AccessToken, g.RefreshToken, g.IDToken))
+		m.l.recordCheck(id, provider, false, false, s.failed)
+		m.log.Warn("usage_read_failed", "subscription_id", id, "provider", provider, "error", s.failed)
 	default:
+		s.read = true
 		m.l.recordWindows(id, provider, ws)
-		m.l.recordUsageRead(id, provider, true, strconv.Itoa(len(ws))+" window(s) read")
+		m.l.recordCheck(id, provider, false, true, strconv.Itoa(len(ws))+" window(s) read")
 		m.log.Info("usage_read_ok", "subscription_id", id, "provider", provider, "windows", len(ws))
-		p.count(func(r *passReport) { r.Usage.Read++ })
 	}
 }
 
@@ -422,22 +405,20 @@ func (p *pass) refreshIfDue(s *passSub) {
 	}
 }
 
-// refresh is s's one refresh attempt of the pass; one a sign-in superseded failed nothing.
+// refresh is s's one refresh attempt of the pass.
 func (p *pass) refresh(s *passSub) (oauthGrant, error) {
 	s.tried = true
 	g, err := p.m.o.refresh(p.ctx, s.it.ID, s.it.Provider, "")
-	p.count(func(r *passReport) {
-		r.Credentials.Refreshed += boolCount(err == nil)
-		r.Credentials.Refused += boolCount(err != nil && !errors.Is(err, errRefreshSuperseded))
-	})
+	if p.ctx.Err() == nil {
+		s.refreshed, s.refused = err == nil, err != nil && !errors.Is(err, errRefreshSuperseded)
+	}
 	return g, err
 }
 
-// usageReport is one provider's report (SPEC §11.2): where it is read (below the base URL, or at codex's own address that env
-// alone overrides), its reader, whether an API key reads it, whether the grant's account goes in chatgpt-account-id, the GET's
-// headers.
+// usageReport is one provider's report (SPEC §11.2): its path below the base URL or codex's own url (moved only by
+// BRAMA_PROVIDER_CODEX_USAGE_URL), its reader, whether an API key reads it or the grant's account is sent, the GET's headers.
 type usageReport struct {
-	path, url, env  string
+	path, url       string
 	read            func(body []byte, now time.Time) ([]planWindow, error)
 	apiKey, account bool
 	headers         [][2]string
@@ -446,7 +427,7 @@ type usageReport struct {
 var usageReports = map[string]usageReport{
 	"claude-code": {path: "/api/oauth/usage", read: reportReader(claudeCodeUsage),
 		headers: [][2]string{{"anthropic-version", "2023-06-01"}, {"anthropic-beta", "oauth-2025-04-20"}}},
-	"codex": {url: "https://chatgpt.com/backend-api/wham/usage", env: "BRAMA_PROVIDER_CODEX_USAGE_URL", read: reportReader(codexUsage), account: true,
+	"codex": {url: "https://chatgpt.com/backend-api/wham/usage", read: reportReader(codexUsage), account: true,
 		headers: [][2]string{{"OpenAI-Beta", "responses=experimental"}, {"originator", "codex_cli_rs"}}},
 	"kimi": {path: "/usages", read: reportReader(kimiUsage), apiKey: true},
 }
@@ -456,19 +437,16 @@ func usageReportable(provider string, cred vaultCredential) bool {
 	return ok && (cred.OAuth != nil || (r.apiKey && cred.APIKey != ""))
 }
 
-func (m *maintainer) usageEndpoint(provider string) (string, error) {
+func usageEndpoint(provider string, getenv func(string) string) (string, error) {
 	r, ok := usageReports[provider]
-	info, known := lookupProvider(provider)
-	if !ok || !known {
+	info, _ := lookupProvider(provider)
+	switch {
+	case !ok:
 		return "", fmt.Errorf("provider %q publishes no usage report", provider)
+	case r.url != "":
+		return envURL(getenv, "PROVIDER", provider, "USAGE_URL", r.url, errBaseURL)
 	}
-	base, err := providerBaseURL(info, m.getenv)
-	if r.url != "" {
-		base = cmp.Or(strings.TrimSpace(m.getenv(r.env)), r.url)
-		if err = checkBaseURL(base); err != nil {
-			err = fmt.Errorf("%s: %w: %v", r.env, errBaseURL, err)
-		}
-	}
+	base, err := providerBaseURL(info, getenv)
 	if err != nil {
 		return "", err
 	}
@@ -477,7 +455,7 @@ func (m *maintainer) usageEndpoint(provider string) (string, error) {
 
 // fetchUsage GETs and reads provider's report; it sets the headers itself (setProviderHeaders would add a Content-Type).
 func (m *maintainer) fetchUsage(ctx context.Context, provider string, cred vaultCredential) ([]planWindow, error) {
-	endpoint, err := m.usageEndpoint(provider)
+	endpoint, err := usageEndpoint(provider, m.o.getenv)
 	if err != nil {
 		return nil, err
 	}
@@ -489,7 +467,7 @@ func (m *maintainer) fetchUsage(ctx context.Context, provider string, cred vault
 			h = append(h, [2]string{"chatgpt-account-id", g.AccountID})
 		}
 	}
-	status, body, err := callEndpoint(ctx, m.client, http.MethodGet, endpoint, nil, append(h, [2]string{"Authorization", "Bearer " + token})...)
+	status, body, err := callEndpoint(ctx, m.o.client, http.MethodGet, endpoint, nil, append(h, [2]string{"Authorization", "Bearer " + token})...)
 	if err == nil && status/100 == 2 {
 		var ws []planWindow
 		if ws, err = r.read(body, m.clock()); err == nil {
@@ -501,8 +479,7 @@ func (m *maintainer) fetchUsage(ctx context.Context, provider string, cred vault
 	return nil, &endpointError{Op: "usage report GET", Endpoint: endpointName(endpoint), Status: status, Received: len(body), Err: err}
 }
 
-// errUsageReport classifies every refused report body: the readers take what they recognize of the providers' undocumented
-// shapes, never a guessed number.
+// errUsageReport: the readers take what they recognize of the providers' undocumented shapes, never a guessed number.
 var errUsageReport = errors.New("the usage report is not usable")
 
 // reportReader reads a report as T leniently (a member of another type than T says is absent; its number and instant members take

@@ -31,7 +31,7 @@ func (fx *maintFixture) seedReading(id, provider string, ok bool, resets ...time
 		ws = append(ws, w)
 	}
 	fx.l.recordWindows(id, provider, ws)
-	fx.l.recordUsageRead(id, provider, ok, "seeded")
+	fx.l.recordCheck(id, provider, false, ok, "seeded")
 }
 
 // TestUsagePassReadsOnlyWhenDue proves SPEC §11.2's "read once when": a
@@ -404,8 +404,7 @@ func TestUsageEndpoints(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			m := &maintainer{getenv: func(k string) string { return tc.env[k] }}
-			got, err := m.usageEndpoint(tc.provider)
+			got, err := usageEndpoint(tc.provider, func(k string) string { return tc.env[k] })
 			if (err == nil) != (tc.want != "") || got != tc.want {
 				t.Errorf("usageEndpoint = %q, %v; want %q", got, err, tc.want)
 			}

@@ -241,9 +241,9 @@ func newMaintFixture(t *testing.T) *maintFixture {
 	client := newProviderClient()
 	fx.o = newOAuth(getenv, client, v, fx.l, log, clock.now)
 	t.Cleanup(fx.o.wg.Wait)
-	fx.m = newMaintainer(fx.inv, fx.l, fx.o, client, getenv, log, clock.now)
+	fx.m = newMaintainer(fx.inv, fx.o)
 	fx.timers = &fakeTimers{clock: clock, armed: make(chan time.Time, 64)}
-	fx.m.testingOnlyAfterFunc = fx.timers.after
+	fx.m.afterFunc = fx.timers.after
 	fx.m.testingOnlyPassDone = func(reason string, started time.Time, rep passReport) {
 		fx.passes <- passEvent{reason, started, rep}
 	}
@@ -344,7 +344,7 @@ func TestMaintainPassesAtLedgerMoments(t *testing.T) {
 	}
 	// Ledger changes that move nothing re-arm nothing and start no pass.
 	fx.l.recordUse(id, "claude-code", true, 1, 1)
-	fx.l.recordUsageRead(id, "claude-code", true, "")
+	fx.l.recordCheck(id, "claude-code", false, true, "")
 
 	fx.clock.advance(T.Sub(fx.clock.now()))
 	fx.timers.fire(t, T)

@@ -207,7 +207,7 @@ func (e *engine) probe(ctx context.Context, it overlayItem, model string) (any, 
 	} else if !ok { // the provider refused, its answer could not be read, or the grant could not be refreshed
 		detail = ae.Message
 	}
-	e.ledger.recordProbe(it.ID, res.Provider.id, ok, detail)
+	e.ledger.recordCheck(it.ID, res.Provider.id, true, ok, detail)
 	if ok && e.ledger.credentialState(it.ID) != credActive {
 		e.ledger.setCredential(it.ID, res.Provider.id, credActive, "") // SPEC §10.3: a successful probe reactivates
 	}

@@ -347,7 +347,7 @@ func (inv *inventory) list(agent string) ([]subscriptionRow, error) {
 	now := inv.now()
 	inv.mu.Lock() // held while computing: a write or an invalidation waits, so no listing outlives one
 	defer inv.mu.Unlock()
-	status, age := inv.l.statusVersion(), now.Sub(inv.cachedAt)
+	status, age := inv.l.statusSeq.Load(), now.Sub(inv.cachedAt)
 	if status != inv.cacheStatus || age < 0 || age >= inv.ttl {
 		clear(inv.cache)
 		inv.cachedAt, inv.cacheStatus = now, status
