@@ -35,14 +35,6 @@ var (
 	errShuttingDown      = errors.New("brama is shutting down")
 )
 
-// signInProvider is provider's row when it has a sign-in.
-func signInProvider(provider string) (providerInfo, error) {
-	if p, _ := lookupProvider(provider); p.authorizeURL != "" {
-		return p, nil
-	}
-	return providerInfo{}, fmt.Errorf("provider %q: %w", provider, errNoSignIn)
-}
-
 // oauthClient refreshes and exchanges grants, one refresh per subscription
 // shared by all who ask at once (STYLE B8): a burst of 401s spends one token.
 type oauthClient struct {
@@ -384,34 +376,32 @@ func jwtClaims(token string) (c claims) {
 	return c
 }
 
-// newPKCE is a fresh verifier, 32 random bytes, and its S256 challenge (RFC 7636 §4.1–4.2).
-func newPKCE() (verifier, challenge string) {
-	b := make([]byte, 32)
-	rand.Read(b) // never fails (crypto/rand, Go 1.24)
-	verifier = base64.RawURLEncoding.EncodeToString(b)
-	sum := sha256.Sum256([]byte(verifier))
-	return verifier, base64.RawURLEncoding.EncodeToString(sum[:])
-}
+// signIn is one sign-in under way (SPEC §11.1; RFC 6749 §4.1 with PKCE, RFC 7636): the URL the user
+// opens, and the verifier and state its exchange needs.
+type signIn struct{ provider, url, verifier, state string }
 
-// authorizeURL is where the user signs in, with the challenge and state.
-func authorizeURL(provider, state, challenge string) (string, error) {
-	p, err := signInProvider(provider)
-	if err != nil {
-		return "", err
+// newSignIn starts provider's sign-in: a fresh verifier (32 random bytes, RFC 7636 §4.1) with its S256
+// challenge, and a fresh state made the same way (RFC 6749 §10.12).
+func newSignIn(provider string) (signIn, error) {
+	p, _ := lookupProvider(provider)
+	if p.authorizeURL == "" {
+		return signIn{}, fmt.Errorf("provider %q: %w", provider, errNoSignIn)
 	}
-	q := url.Values{"response_type": {"code"}, "client_id": {p.clientID}, "redirect_uri": {p.redirectURI},
-		"scope": {p.scope}, "code_challenge": {challenge}, "code_challenge_method": {"S256"}, "state": {state}}
+	b, encode := make([]byte, 64), base64.RawURLEncoding.EncodeToString
+	rand.Read(b) // never fails (crypto/rand, Go 1.24)
+	s := signIn{provider: provider, verifier: encode(b[:32]), state: encode(b[32:])}
+	challenge := sha256.Sum256([]byte(s.verifier))
+	q := url.Values{"response_type": {"code"}, "client_id": {p.clientID}, "redirect_uri": {p.redirectURI}, "scope": {p.scope},
+		"code_challenge": {encode(challenge[:])}, "code_challenge_method": {"S256"}, "state": {s.state}}
 	maps.Copy(q, p.extra)
-	return p.authorizeURL + "?" + q.Encode(), nil
+	s.url = p.authorizeURL + "?" + q.Encode()
+	return s, nil
 }
 
 // exchangeCode is the sign-in's exchange of what the user pasted for a grant (SPEC §11.1, RFC 6749
 // §4.1.3 with PKCE).
-func (o *oauthClient) exchangeCode(ctx context.Context, provider, code, verifier, state string) (oauthGrant, error) {
-	p, err := signInProvider(provider)
-	if err != nil {
-		return oauthGrant{}, err
-	}
+func (o *oauthClient) exchangeCode(ctx context.Context, s signIn, code string) (oauthGrant, error) {
+	p, _ := lookupProvider(s.provider)
 	// What was pasted: a redirect URL (codex), "code#state" (claude-code's page) or a bare code.
 	var pasted string
 	if u, err := url.Parse(strings.TrimSpace(code)); err == nil && u.Scheme != "" && u.Host != "" {
@@ -420,17 +410,17 @@ func (o *oauthClient) exchangeCode(ctx context.Context, provider, code, verifier
 		code, pasted, _ = strings.Cut(strings.TrimSpace(code), "#")
 	}
 	switch {
-	case pasted != "" && pasted != state:
+	case pasted != "" && pasted != s.state:
 		return oauthGrant{}, errStateMismatch
 	case code == "":
 		return oauthGrant{}, fmt.Errorf("%w: no authorization code in what was pasted", errTokenMalformed)
 	}
 	fields := map[string]string{"grant_type": "authorization_code", "code": code, "redirect_uri": p.redirectURI,
-		"client_id": p.clientID, "code_verifier": verifier}
+		"client_id": p.clientID, "code_verifier": s.verifier}
 	if p.echoState {
-		fields["state"] = state
+		fields["state"] = s.state
 	}
-	ans, err := o.tokenCall(ctx, p, fields, code, verifier)
+	ans, err := o.tokenCall(ctx, p, fields, code, s.verifier)
 	if err != nil {
 		return oauthGrant{}, err
 	}
