@@ -68,10 +68,6 @@ func newOAuth(getenv func(string) string, client *http.Client, v *vault, l *ledg
 		inflight: map[string]*refreshCall{}, flights: flights, cut: cut}
 }
 
-func (o *oauthClient) tokenURL(p providerInfo) (string, error) {
-	return envURL(o.getenv, "OAUTH", p.id, "TOKEN_URL", p.tokenURL, errTokenURL)
-}
-
 // shutdown waits for every flight to end, so a token the provider rotated is
 // kept (SPEC §11.1: no time limit); cut closing cancels the flights left.
 func (o *oauthClient) shutdown(cut <-chan struct{}) {
@@ -131,18 +127,8 @@ func (o *oauthClient) refresh(ctx context.Context, id, provider, refusedAccessTo
 // replaced the grant meanwhile.
 func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused string) (g oauthGrant, err error) {
 	log := o.log.With("subscription_id", id, "provider", provider)
-	var old oauthGrant
-	holds := func(d *vaultDoc) bool { // the vault still has the grant this flight started from
-		c := d.Subscriptions[id].OAuth
-		return c != nil && c.RefreshToken == old.RefreshToken
-	}
+	var re *endpointError
 	defer func() {
-		var re *endpointError
-		if errors.As(err, &re) && re.Definitive {
-			if d, lerr := o.vault.load(); lerr == nil && !holds(d) {
-				err = fmt.Errorf("refresh %s: %w", id, errRefreshSuperseded)
-			}
-		}
 		switch {
 		case err == nil:
 		case errors.Is(err, errRefreshSuperseded):
@@ -160,7 +146,11 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 	} else if doc.Subscriptions[id].OAuth == nil {
 		return oauthGrant{}, fmt.Errorf("refresh %s: the vault holds no OAuth grant for it", id)
 	}
-	old = *doc.Subscriptions[id].OAuth // doc is the vault's shared cache: copy, never write into it
+	old := *doc.Subscriptions[id].OAuth // doc is the vault's shared cache: copy, never write into it
+	holds := func(d *vaultDoc) bool { // the vault still has the grant this flight started from
+		c := d.Subscriptions[id].OAuth
+		return c != nil && c.RefreshToken == old.RefreshToken
+	}
 	// Another token is current: the caller retries with it, unless it lapsed too.
 	if refused != "" && old.AccessToken != refused && !expiredForRequest(old, o.now()) {
 		log.Debug("credential_refresh_skipped")
@@ -169,6 +159,11 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 	p, _ := lookupProvider(provider)
 	fields := map[string]string{"grant_type": "refresh_token", "refresh_token": old.RefreshToken, "client_id": p.clientID}
 	ans, err := o.tokenCall(ctx, p, fields, old.RefreshToken, old.AccessToken)
+	if errors.As(err, &re) && re.Definitive { // a sign-in meanwhile makes the refusal moot
+		if d, lerr := o.vault.load(); lerr == nil && !holds(d) {
+			err = errRefreshSuperseded
+		}
+	}
 	if err != nil {
 		return oauthGrant{}, err
 	}
@@ -182,7 +177,7 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 		return nil
 	})
 	if errors.Is(err, errRefreshSuperseded) {
-		return oauthGrant{}, fmt.Errorf("refresh %s: %w", id, err)
+		return oauthGrant{}, err
 	} else if err != nil {
 		// The provider may already have retired the refresh token the vault
 		// still holds: the new grant is used and kept until written (SPEC §17).
@@ -200,7 +195,7 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 type endpointError struct {
 	Op         string // "": a token call
 	Definitive bool   // the grant was disowned; Sentence (redacted, ≤200 bytes) is the provider's word
-	Endpoint   string // scheme, host and path; never a query
+	Endpoint   string // checkBaseURL holds it to scheme, host and path
 	Status     int    // 0: none was received
 	Received   int
 	Sentence   string
@@ -226,24 +221,16 @@ func (e *endpointError) Error() string {
 
 func (e *endpointError) Unwrap() error { return e.Err }
 
-// endpointName is raw without user info, query or fragment, for messages.
-func endpointName(raw string) string {
-	if u, err := url.Parse(raw); err == nil {
-		return (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}).String()
-	}
-	return "(unparsable URL)"
-}
-
 // tokenCall POSTs fields to p's token endpoint in p's body format and reads the answer, quoting
 // no secret; a refresh without a refresh token is refused unsent: only a sign-in helps.
 func (o *oauthClient) tokenCall(ctx context.Context, p providerInfo, fields map[string]string,
 	secrets ...string) (tokenAnswer, error) {
-	endpoint, err := o.tokenURL(p)
+	endpoint, err := envURL(o.getenv, "OAUTH", p.id, "TOKEN_URL", p.tokenURL, errTokenURL)
 	if err != nil {
 		return tokenAnswer{}, err
 	}
 	if v, ok := fields["refresh_token"]; ok && v == "" {
-		return tokenAnswer{}, &endpointError{Definitive: true, Endpoint: endpointName(endpoint),
+		return tokenAnswer{}, &endpointError{Definitive: true, Endpoint: endpoint,
 			Sentence: errNoRefreshToken.Error(), Err: errNoRefreshToken}
 	}
 	body, ctype := must(json.Marshal(fields)), "application/json"
@@ -255,7 +242,7 @@ func (o *oauthClient) tokenCall(ctx context.Context, p providerInfo, fields map[
 		body, ctype = []byte(vals.Encode()), "application/x-www-form-urlencoded"
 	}
 	status, b, err := callEndpoint(ctx, o.client, http.MethodPost, endpoint, body, [2]string{"Content-Type", ctype})
-	return readTokenAnswer(endpointName(endpoint), status, b, err, secrets...)
+	return readTokenAnswer(endpoint, status, b, err, secrets...)
 }
 
 // definitiveErrors say the grant or client is no good (RFC 6749 §5.2, RFC 6750 §3.1; OpenAI
