@@ -147,7 +147,8 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 		return oauthGrant{}, fmt.Errorf("refresh %s: the vault holds no OAuth grant for it", id)
 	}
 	old := *doc.Subscriptions[id].OAuth // doc is the vault's shared cache: copy, never write into it
-	holds := func(d *vaultDoc) bool { // the vault still has the grant this flight started from
+	// holds: the vault still has the grant this flight started from.
+	holds := func(d *vaultDoc) bool {
 		c := d.Subscriptions[id].OAuth
 		return c != nil && c.RefreshToken == old.RefreshToken
 	}
