@@ -120,21 +120,17 @@ func envURL(getenv func(string) string, kind, id, what, builtin string, sentinel
 // credential in clear text; no user info (transport errors would quote it), query or fragment.
 func checkBaseURL(raw string) error {
 	u, err := url.Parse(raw)
-	switch {
-	case err != nil || u.Host == "" || u.Opaque != "":
+	if err != nil || u.Host == "" || u.Opaque != "" {
 		return errors.New("not a URL with a host")
+	}
+	ip, _ := netip.ParseAddr(u.Hostname()) // no name is resolved: only localhost counts
+	switch {
 	case u.User != nil || u.RawQuery != "" || u.ForceQuery || u.Fragment != "":
 		return errors.New("user info, a query or a fragment is not allowed")
-	case u.Scheme == "https" || u.Scheme == "http" && isLoopbackHost(u.Hostname()):
+	case u.Scheme == "https" || u.Scheme == "http" && (ip.Unmap().IsLoopback() || strings.EqualFold(u.Hostname(), "localhost")):
 		return nil
 	}
 	return errors.New("scheme must be https, or http to a loopback host")
-}
-
-// isLoopbackHost reports whether host is localhost or a loopback address; it resolves no names.
-func isLoopbackHost(host string) bool {
-	ip, err := netip.ParseAddr(host)
-	return strings.EqualFold(host, "localhost") || err == nil && ip.Unmap().IsLoopback()
 }
 
 // newProviderClient is the one client for provider calls: no redirects (one could carry a credential
