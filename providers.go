@@ -232,11 +232,6 @@ func codexInstructions(instructions, input json.RawMessage) []byte {
 	return jsonText(cmp.Or(strings.TrimSpace(strings.Join(texts, "\n\n")), codexDefaultInstructions))
 }
 
-// upstreamStreams reports whether the call to p streams: when asked, and always for codex.
-func upstreamStreams(p providerInfo, req chatRequest) bool {
-	return req.Stream || p.codex
-}
-
 // setProviderHeaders sets what a call to p carries (SPEC §6.2, §7.6): the credential, p's header,
 // the format's version and beta headers, the caller's merged with p's; no other caller header.
 func setProviderHeaders(h http.Header, p providerInfo, cred upstreamCredential, caller http.Header, stream bool) {
