@@ -45,12 +45,11 @@ type oauthClient struct {
 	log    *slog.Logger
 	now    func() time.Time
 
-	mu       sync.Mutex // guards inflight, closed
-	inflight map[string]*refreshCall
-	closed   bool               // shutdown began: no new flight starts
-	wg       sync.WaitGroup     // counts flights, which run detached from their callers
-	flights  context.Context    // every flight's context: cancelled at serve's second stop signal only
-	cut      context.CancelFunc // cancels flights
+	mu       sync.Mutex              // guards inflight
+	inflight map[string]*refreshCall // nil once shutdown began: no new flight starts
+	wg       sync.WaitGroup          // counts flights, which run detached from their callers
+	flights  context.Context         // every flight's context: cancelled at serve's second stop signal only
+	cut      context.CancelFunc      // cancels flights
 
 	testingOnlyJoined func(id string) // runs once a caller joined id's flight (nil in production)
 }
@@ -72,10 +71,10 @@ func newOAuth(getenv func(string) string, client *http.Client, v *vault, l *ledg
 // kept (SPEC §11.1: no time limit); cut closing cancels the flights left.
 func (o *oauthClient) shutdown(cut <-chan struct{}) {
 	o.mu.Lock()
-	o.closed = true
 	if n := len(o.inflight); n > 0 {
 		o.log.Info("serve_waiting_for_refreshes", "flights", n)
 	}
+	o.inflight = nil
 	o.mu.Unlock()
 	go func() {
 		select {
@@ -92,7 +91,7 @@ func (o *oauthClient) shutdown(cut <-chan struct{}) {
 // from one flight shared by concurrent calls, which a caller's hang-up does not end (STYLE B8).
 func (o *oauthClient) refresh(ctx context.Context, id, provider, refusedAccessToken string) (oauthGrant, error) {
 	o.mu.Lock()
-	if o.closed {
+	if o.inflight == nil {
 		o.mu.Unlock()
 		return oauthGrant{}, errShuttingDown
 	}
@@ -303,10 +302,8 @@ func readTokenAnswer(endpoint string, status int, body []byte, readErr error, se
 		re.Err = fmt.Errorf("%w: %s", errTokenRefused, quote(ans.Error))
 	case ans.Error != "":
 		re.Err = errTokenRefused
-	case ans.AccessToken == "":
-		re.Err = fmt.Errorf("%w: no access_token", errTokenMalformed)
-	case controlAt(ans.AccessToken) >= 0: // no header could carry it (SPEC §17)
-		re.Err = fmt.Errorf("%w: the access_token holds a control character", errTokenMalformed)
+	case ans.AccessToken == "" || controlAt(ans.AccessToken) >= 0: // no header could carry it (SPEC §17)
+		re.Err = fmt.Errorf("%w: no access_token, or one holding a control character", errTokenMalformed)
 	case status/100 != 2:
 		re.Err = fmt.Errorf("%w: an access token with HTTP %d", errTokenMalformed, status)
 	default:
