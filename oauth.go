@@ -158,7 +158,7 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 	}
 	p, _ := lookupProvider(provider)
 	fields := map[string]string{"grant_type": "refresh_token", "refresh_token": old.RefreshToken, "client_id": p.clientID}
-	ans, err := o.tokenCall(ctx, p, fields, old.RefreshToken, old.AccessToken)
+	g, err = o.tokenCall(ctx, p, old, fields, old.RefreshToken, old.AccessToken)
 	if errors.As(err, &re) && re.Definitive { // a sign-in meanwhile makes the refusal moot
 		if d, lerr := o.vault.load(); lerr == nil && !holds(d) {
 			err = errRefreshSuperseded
@@ -167,8 +167,6 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 	if err != nil {
 		return oauthGrant{}, err
 	}
-	now := o.now()
-	g = answerGrant(provider, old, ans, now)
 	err = o.vault.update(func(d *vaultDoc) error {
 		if !holds(d) {
 			return errRefreshSuperseded
@@ -185,7 +183,7 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 		log.Error("credential_refresh_unwritten", "error", redact(err.Error()))
 	}
 	o.ledger.setCredential(id, provider, credActive, "")
-	o.ledger.setGrantTimes(id, provider, g.ExpiresAtMs, now.UnixMilli())
+	o.ledger.setGrantTimes(id, provider, g.ExpiresAtMs, o.now().UnixMilli())
 	log.Info("credential_refresh_ok", "expires_at_ms", g.ExpiresAtMs)
 	return g, nil
 }
@@ -221,16 +219,16 @@ func (e *endpointError) Error() string {
 
 func (e *endpointError) Unwrap() error { return e.Err }
 
-// tokenCall POSTs fields to p's token endpoint in p's body format and reads the answer, quoting
+// tokenCall POSTs fields to p's token endpoint in p's body format and returns g renewed by the answer, quoting
 // no secret; a refresh without a refresh token is refused unsent: only a sign-in helps.
-func (o *oauthClient) tokenCall(ctx context.Context, p providerInfo, fields map[string]string,
-	secrets ...string) (tokenAnswer, error) {
+func (o *oauthClient) tokenCall(ctx context.Context, p providerInfo, g oauthGrant, fields map[string]string,
+	secrets ...string) (oauthGrant, error) {
 	endpoint, err := envURL(o.getenv, "OAUTH", p.id, "TOKEN_URL", p.tokenURL, errTokenURL)
 	if err != nil {
-		return tokenAnswer{}, err
+		return oauthGrant{}, err
 	}
 	if v, ok := fields["refresh_token"]; ok && v == "" {
-		return tokenAnswer{}, &endpointError{Definitive: true, Endpoint: endpoint,
+		return oauthGrant{}, &endpointError{Definitive: true, Endpoint: endpoint,
 			Sentence: errNoRefreshToken.Error(), Err: errNoRefreshToken}
 	}
 	body, ctype := must(json.Marshal(fields)), "application/json"
@@ -242,7 +240,17 @@ func (o *oauthClient) tokenCall(ctx context.Context, p providerInfo, fields map[
 		body, ctype = []byte(vals.Encode()), "application/x-www-form-urlencoded"
 	}
 	status, b, err := callEndpoint(ctx, o.client, http.MethodPost, endpoint, body, [2]string{"Content-Type", ctype})
-	return readTokenAnswer(endpoint, status, b, err, secrets...)
+	ans, err := readTokenAnswer(endpoint, status, b, err, secrets...)
+	if err != nil {
+		return oauthGrant{}, err
+	}
+	// A refresh or id token not sent again is kept (SPEC §11.1).
+	g.AccessToken, g.ExpiresAtMs = ans.AccessToken, 0
+	g.RefreshToken, g.IDToken = cmp.Or(ans.RefreshToken, g.RefreshToken), cmp.Or(ans.IDToken, g.IDToken)
+	if ans.ExpiresIn > 0 {
+		g.ExpiresAtMs = o.now().UnixMilli() + ans.ExpiresIn*1000
+	}
+	return fillGrant(p.id, g), nil
 }
 
 // definitiveErrors say the grant or client is no good (RFC 6749 §5.2, RFC 6750 §3.1; OpenAI
@@ -315,16 +323,6 @@ func readTokenAnswer(endpoint string, status int, body []byte, readErr error, se
 			fmt.Sprintf("the token endpoint answered %d %s", status, http.StatusText(status)))
 	}
 	return ans, re
-}
-
-// answerGrant is g renewed by ans (SPEC §11.1): a refresh or id token not sent again is kept.
-func answerGrant(provider string, g oauthGrant, ans tokenAnswer, now time.Time) oauthGrant {
-	g.AccessToken, g.ExpiresAtMs = ans.AccessToken, 0
-	g.RefreshToken, g.IDToken = cmp.Or(ans.RefreshToken, g.RefreshToken), cmp.Or(ans.IDToken, g.IDToken)
-	if ans.ExpiresIn > 0 {
-		g.ExpiresAtMs = now.UnixMilli() + ans.ExpiresIn*1000
-	}
-	return fillGrant(provider, g)
 }
 
 // expiredForRequest is SPEC §11.1's request-path rule: now ≥ expires_at_ms − 60 s, never when unknown.
@@ -405,9 +403,5 @@ func (o *oauthClient) exchangeCode(ctx context.Context, s signIn, code string) (
 	if p.echoState {
 		fields["state"] = s.state
 	}
-	ans, err := o.tokenCall(ctx, p, fields, code, s.verifier)
-	if err != nil {
-		return oauthGrant{}, err
-	}
-	return answerGrant(p.id, oauthGrant{}, ans, o.now()), nil
+	return o.tokenCall(ctx, p, oauthGrant{}, fields, code, s.verifier)
 }
