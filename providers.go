@@ -314,11 +314,8 @@ func classifyRefusal(provider string, status int, header http.Header, body []byt
 	var b struct{ Error, Detail json.RawMessage } // no other shape is quoted: a raw body never is
 	json.Unmarshal(body, &b)                      // a body of another shape leaves both empty
 	f, ok := errorObject(b.Error)
-	if !ok { // {"error":"text"}, or codex's {"detail":"text"} or {"detail":{"message":…}} (its status decides)
-		s, _ := jsonString(b.Error)
-		detail, _ := jsonString(b.Detail)
-		d, _ := errorObject(b.Detail)
-		f.msg = cmp.Or(s, detail, d.msg)
+	if d, _ := errorObject(b.Detail); !ok { // {"error":"text"}, or codex's {"detail":"text"} or {"detail":{"message":…}}
+		f.msg = cmp.Or(f.msg, d.msg) // the status decides codex's class
 	}
 	r := providerRefusal{class: refusalOther, sentence: cleanQuoted(f.msg, presented, maxSentenceBytes)}
 	ec, rejected := "provider_failure", 0 // a malformed answer, 408, 409, a direct route's 401/403
@@ -361,11 +358,12 @@ func classifyRefusal(provider string, status int, header http.Header, body []byt
 
 type errorFields struct{ typ, code, msg string }
 
-// errorObject reads {"type","code","message"}; code may be a number (OpenRouter's HTTP status).
+// errorObject reads {"type","code","message"}; code may be a number (OpenRouter's HTTP status). A
+// string is not an object but its message.
 func errorObject(raw json.RawMessage) (errorFields, bool) {
 	var e struct{ Type, Code, Message json.RawMessage }
-	if len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &e) != nil {
-		return errorFields{}, false
+	if s, _ := jsonString(raw); len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &e) != nil {
+		return errorFields{msg: s}, false
 	}
 	typ, _ := jsonString(e.Type)
 	code, _ := jsonScalar(e.Code)
