@@ -43,16 +43,10 @@ type catalogModalities struct{ Input, Output []string }
 
 type catalogData = map[string]map[string]modelInfo // vendor → model id → info
 
-// catalogVendors maps a provider id to the catalogue's vendor key where they differ (SPEC §7.3,
-// models.dev's keys); local-openai serves whatever a deployment runs: none.
-var catalogVendors = map[string]string{"claude-code": "anthropic", "codex": "openai", "openai-responses": "openai",
-	"kimi": "moonshotai", "together": "togetherai", "fireworks": "fireworks-ai", "local-openai": ""}
-
+// catalogVendor is the catalogue's key for provider's models ("" when none).
 func catalogVendor(provider string) string {
-	if v, ok := catalogVendors[provider]; ok {
-		return v
-	}
-	return provider
+	p, _ := lookupProvider(provider)
+	return p.vendor
 }
 
 // catalog is the model metadata of SPEC §6.4. Its source is a file (read on demand) or a URL (read in the

@@ -530,7 +530,8 @@ func parseImportFile(provider string, b []byte) (oauthGrant, error) {
 // gateway, the bearer and -id are checked first: a code is good once and for minutes only.
 func subscriptionSignIn(e *cliEnv, o opts, _ []string) error {
 	provider, agent, id := o.s("provider"), o.s("agent"), o.s("id")
-	if _, err := signInProvider(provider); err != nil {
+	pending, err := newSignIn(provider)
+	if err != nil {
 		return &usageError{msg: fmt.Sprintf("-provider %q has no sign-in (claude-code or codex); donate its grant or replace it with PUT …/credential", provider)}
 	} else if id != "" && o.s("label") != "" {
 		return &usageError{msg: "-label names a new subscription; with -id the subscription keeps its label"}
@@ -543,19 +544,13 @@ func subscriptionSignIn(e *cliEnv, o opts, _ []string) error {
 	}) {
 		return fmt.Errorf("agent %q has no subscription %q that is %s and not retired; nothing to sign in", agent, id, provider)
 	}
-	verifier, challenge := newPKCE()
-	state, _ := newPKCE() // a fresh verifier is a fine state (RFC 6749 §10.12)
-	authURL, err := authorizeURL(provider, state, challenge)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(e.stderr, "brama: open this URL, sign in, then paste the code (or the whole redirect URL) as the next line:\n%s\n", authURL)
+	fmt.Fprintf(e.stderr, "brama: open this URL, sign in, then paste the code (or the whole redirect URL) as the next line:\n%s\n", pending.url)
 	code := e.line()
 	if code == "" {
 		return errors.New("sign-in stopped: no authorization code on stdin")
 	}
 	oa := newOAuth(e.getenv, newProviderClient(), nil, nil, slog.New(slog.DiscardHandler), time.Now)
-	grant, err := oa.exchangeCode(e.ctx, provider, code, verifier, state)
+	grant, err := oa.exchangeCode(e.ctx, pending, code)
 	if err != nil {
 		return fmt.Errorf("sign-in failed, nothing was stored: %w", err)
 	} else if id == "" {

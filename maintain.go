@@ -476,7 +476,7 @@ func (m *maintainer) fetchUsage(ctx context.Context, provider string, cred vault
 	} else if err != nil && status != 0 {
 		err = fmt.Errorf("the body ended early: %w", err)
 	}
-	return nil, &endpointError{Op: "usage report GET", Endpoint: endpointName(endpoint), Status: status, Received: len(body), Err: err}
+	return nil, &endpointError{Op: "usage report GET", Endpoint: endpoint, Status: status, Received: len(body), Err: err}
 }
 
 // errUsageReport: the readers take what they recognize of the providers' undocumented shapes, never a guessed number.

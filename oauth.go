@@ -35,14 +35,6 @@ var (
 	errShuttingDown      = errors.New("brama is shutting down")
 )
 
-// signInProvider is provider's row when it has a sign-in.
-func signInProvider(provider string) (providerInfo, error) {
-	if p, _ := lookupProvider(provider); p.authorizeURL != "" {
-		return p, nil
-	}
-	return providerInfo{}, fmt.Errorf("provider %q: %w", provider, errNoSignIn)
-}
-
 // oauthClient refreshes and exchanges grants, one refresh per subscription
 // shared by all who ask at once (STYLE B8): a burst of 401s spends one token.
 type oauthClient struct {
@@ -53,12 +45,11 @@ type oauthClient struct {
 	log    *slog.Logger
 	now    func() time.Time
 
-	mu       sync.Mutex // guards inflight, closed
-	inflight map[string]*refreshCall
-	closed   bool               // shutdown began: no new flight starts
-	wg       sync.WaitGroup     // counts flights, which run detached from their callers
-	flights  context.Context    // every flight's context: cancelled at serve's second stop signal only
-	cut      context.CancelFunc // cancels flights
+	mu       sync.Mutex              // guards inflight
+	inflight map[string]*refreshCall // nil once shutdown began: no new flight starts
+	wg       sync.WaitGroup          // counts flights, which run detached from their callers
+	flights  context.Context         // every flight's context: cancelled at serve's second stop signal only
+	cut      context.CancelFunc      // cancels flights
 
 	testingOnlyJoined func(id string) // runs once a caller joined id's flight (nil in production)
 }
@@ -76,18 +67,14 @@ func newOAuth(getenv func(string) string, client *http.Client, v *vault, l *ledg
 		inflight: map[string]*refreshCall{}, flights: flights, cut: cut}
 }
 
-func (o *oauthClient) tokenURL(p providerInfo) (string, error) {
-	return envURL(o.getenv, "OAUTH", p.id, "TOKEN_URL", p.tokenURL, errTokenURL)
-}
-
 // shutdown waits for every flight to end, so a token the provider rotated is
 // kept (SPEC §11.1: no time limit); cut closing cancels the flights left.
 func (o *oauthClient) shutdown(cut <-chan struct{}) {
 	o.mu.Lock()
-	o.closed = true
 	if n := len(o.inflight); n > 0 {
 		o.log.Info("serve_waiting_for_refreshes", "flights", n)
 	}
+	o.inflight = nil
 	o.mu.Unlock()
 	go func() {
 		select {
@@ -104,7 +91,7 @@ func (o *oauthClient) shutdown(cut <-chan struct{}) {
 // from one flight shared by concurrent calls, which a caller's hang-up does not end (STYLE B8).
 func (o *oauthClient) refresh(ctx context.Context, id, provider, refusedAccessToken string) (oauthGrant, error) {
 	o.mu.Lock()
-	if o.closed {
+	if o.inflight == nil {
 		o.mu.Unlock()
 		return oauthGrant{}, errShuttingDown
 	}
@@ -139,18 +126,8 @@ func (o *oauthClient) refresh(ctx context.Context, id, provider, refusedAccessTo
 // replaced the grant meanwhile.
 func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused string) (g oauthGrant, err error) {
 	log := o.log.With("subscription_id", id, "provider", provider)
-	var old oauthGrant
-	holds := func(d *vaultDoc) bool { // the vault still has the grant this flight started from
-		c := d.Subscriptions[id].OAuth
-		return c != nil && c.RefreshToken == old.RefreshToken
-	}
+	var re *endpointError
 	defer func() {
-		var re *endpointError
-		if errors.As(err, &re) && re.Definitive {
-			if d, lerr := o.vault.load(); lerr == nil && !holds(d) {
-				err = fmt.Errorf("refresh %s: %w", id, errRefreshSuperseded)
-			}
-		}
 		switch {
 		case err == nil:
 		case errors.Is(err, errRefreshSuperseded):
@@ -168,7 +145,12 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 	} else if doc.Subscriptions[id].OAuth == nil {
 		return oauthGrant{}, fmt.Errorf("refresh %s: the vault holds no OAuth grant for it", id)
 	}
-	old = *doc.Subscriptions[id].OAuth // doc is the vault's shared cache: copy, never write into it
+	old := *doc.Subscriptions[id].OAuth // doc is the vault's shared cache: copy, never write into it
+	// holds: the vault still has the grant this flight started from.
+	holds := func(d *vaultDoc) bool {
+		c := d.Subscriptions[id].OAuth
+		return c != nil && c.RefreshToken == old.RefreshToken
+	}
 	// Another token is current: the caller retries with it, unless it lapsed too.
 	if refused != "" && old.AccessToken != refused && !expiredForRequest(old, o.now()) {
 		log.Debug("credential_refresh_skipped")
@@ -176,12 +158,15 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 	}
 	p, _ := lookupProvider(provider)
 	fields := map[string]string{"grant_type": "refresh_token", "refresh_token": old.RefreshToken, "client_id": p.clientID}
-	ans, err := o.tokenCall(ctx, p, fields, old.RefreshToken, old.AccessToken)
+	g, err = o.tokenCall(ctx, p, old, fields, old.RefreshToken, old.AccessToken)
+	if errors.As(err, &re) && re.Definitive { // a sign-in meanwhile makes the refusal moot
+		if d, lerr := o.vault.load(); lerr == nil && !holds(d) {
+			err = errRefreshSuperseded
+		}
+	}
 	if err != nil {
 		return oauthGrant{}, err
 	}
-	now := o.now()
-	g = answerGrant(provider, old, ans, now)
 	err = o.vault.update(func(d *vaultDoc) error {
 		if !holds(d) {
 			return errRefreshSuperseded
@@ -190,7 +175,7 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 		return nil
 	})
 	if errors.Is(err, errRefreshSuperseded) {
-		return oauthGrant{}, fmt.Errorf("refresh %s: %w", id, err)
+		return oauthGrant{}, err
 	} else if err != nil {
 		// The provider may already have retired the refresh token the vault
 		// still holds: the new grant is used and kept until written (SPEC §17).
@@ -198,7 +183,7 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 		log.Error("credential_refresh_unwritten", "error", redact(err.Error()))
 	}
 	o.ledger.setCredential(id, provider, credActive, "")
-	o.ledger.setGrantTimes(id, provider, g.ExpiresAtMs, now.UnixMilli())
+	o.ledger.setGrantTimes(id, provider, g.ExpiresAtMs, o.now().UnixMilli())
 	log.Info("credential_refresh_ok", "expires_at_ms", g.ExpiresAtMs)
 	return g, nil
 }
@@ -208,7 +193,7 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 type endpointError struct {
 	Op         string // "": a token call
 	Definitive bool   // the grant was disowned; Sentence (redacted, ≤200 bytes) is the provider's word
-	Endpoint   string // scheme, host and path; never a query
+	Endpoint   string // checkBaseURL holds it to scheme, host and path
 	Status     int    // 0: none was received
 	Received   int
 	Sentence   string
@@ -234,24 +219,16 @@ func (e *endpointError) Error() string {
 
 func (e *endpointError) Unwrap() error { return e.Err }
 
-// endpointName is raw without user info, query or fragment, for messages.
-func endpointName(raw string) string {
-	if u, err := url.Parse(raw); err == nil {
-		return (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}).String()
-	}
-	return "(unparsable URL)"
-}
-
-// tokenCall POSTs fields to p's token endpoint in p's body format and reads the answer, quoting
+// tokenCall POSTs fields to p's token endpoint in p's body format and returns g renewed by the answer, quoting
 // no secret; a refresh without a refresh token is refused unsent: only a sign-in helps.
-func (o *oauthClient) tokenCall(ctx context.Context, p providerInfo, fields map[string]string,
-	secrets ...string) (tokenAnswer, error) {
-	endpoint, err := o.tokenURL(p)
+func (o *oauthClient) tokenCall(ctx context.Context, p providerInfo, g oauthGrant, fields map[string]string,
+	secrets ...string) (oauthGrant, error) {
+	endpoint, err := envURL(o.getenv, "OAUTH", p.id, "TOKEN_URL", p.tokenURL, errTokenURL)
 	if err != nil {
-		return tokenAnswer{}, err
+		return oauthGrant{}, err
 	}
 	if v, ok := fields["refresh_token"]; ok && v == "" {
-		return tokenAnswer{}, &endpointError{Definitive: true, Endpoint: endpointName(endpoint),
+		return oauthGrant{}, &endpointError{Definitive: true, Endpoint: endpoint,
 			Sentence: errNoRefreshToken.Error(), Err: errNoRefreshToken}
 	}
 	body, ctype := must(json.Marshal(fields)), "application/json"
@@ -263,7 +240,17 @@ func (o *oauthClient) tokenCall(ctx context.Context, p providerInfo, fields map[
 		body, ctype = []byte(vals.Encode()), "application/x-www-form-urlencoded"
 	}
 	status, b, err := callEndpoint(ctx, o.client, http.MethodPost, endpoint, body, [2]string{"Content-Type", ctype})
-	return readTokenAnswer(endpointName(endpoint), status, b, err, secrets...)
+	ans, err := readTokenAnswer(endpoint, status, b, err, secrets...)
+	if err != nil {
+		return oauthGrant{}, err
+	}
+	// A refresh or id token not sent again is kept (SPEC §11.1).
+	g.AccessToken, g.ExpiresAtMs = ans.AccessToken, 0
+	g.RefreshToken, g.IDToken = cmp.Or(ans.RefreshToken, g.RefreshToken), cmp.Or(ans.IDToken, g.IDToken)
+	if ans.ExpiresIn > 0 {
+		g.ExpiresAtMs = o.now().UnixMilli() + ans.ExpiresIn*1000
+	}
+	return fillGrant(p.id, g), nil
 }
 
 // definitiveErrors say the grant or client is no good (RFC 6749 §5.2, RFC 6750 §3.1; OpenAI
@@ -323,10 +310,8 @@ func readTokenAnswer(endpoint string, status int, body []byte, readErr error, se
 		re.Err = fmt.Errorf("%w: %s", errTokenRefused, quote(ans.Error))
 	case ans.Error != "":
 		re.Err = errTokenRefused
-	case ans.AccessToken == "":
-		re.Err = fmt.Errorf("%w: no access_token", errTokenMalformed)
-	case controlAt(ans.AccessToken) >= 0: // no header could carry it (SPEC §17)
-		re.Err = fmt.Errorf("%w: the access_token holds a control character", errTokenMalformed)
+	case ans.AccessToken == "" || controlAt(ans.AccessToken) >= 0: // no header could carry it (SPEC §17)
+		re.Err = fmt.Errorf("%w: no access_token, or one holding a control character", errTokenMalformed)
 	case status/100 != 2:
 		re.Err = fmt.Errorf("%w: an access token with HTTP %d", errTokenMalformed, status)
 	default:
@@ -338,16 +323,6 @@ func readTokenAnswer(endpoint string, status int, body []byte, readErr error, se
 			fmt.Sprintf("the token endpoint answered %d %s", status, http.StatusText(status)))
 	}
 	return ans, re
-}
-
-// answerGrant is g renewed by ans (SPEC §11.1): a refresh or id token not sent again is kept.
-func answerGrant(provider string, g oauthGrant, ans tokenAnswer, now time.Time) oauthGrant {
-	g.AccessToken, g.ExpiresAtMs = ans.AccessToken, 0
-	g.RefreshToken, g.IDToken = cmp.Or(ans.RefreshToken, g.RefreshToken), cmp.Or(ans.IDToken, g.IDToken)
-	if ans.ExpiresIn > 0 {
-		g.ExpiresAtMs = now.UnixMilli() + ans.ExpiresIn*1000
-	}
-	return fillGrant(provider, g)
 }
 
 // expiredForRequest is SPEC §11.1's request-path rule: now ≥ expires_at_ms − 60 s, never when unknown.
@@ -384,34 +359,32 @@ func jwtClaims(token string) (c claims) {
 	return c
 }
 
-// newPKCE is a fresh verifier, 32 random bytes, and its S256 challenge (RFC 7636 §4.1–4.2).
-func newPKCE() (verifier, challenge string) {
-	b := make([]byte, 32)
-	rand.Read(b) // never fails (crypto/rand, Go 1.24)
-	verifier = base64.RawURLEncoding.EncodeToString(b)
-	sum := sha256.Sum256([]byte(verifier))
-	return verifier, base64.RawURLEncoding.EncodeToString(sum[:])
-}
+// signIn is one sign-in under way (SPEC §11.1; RFC 6749 §4.1 with PKCE, RFC 7636): the URL the user
+// opens, and the verifier and state its exchange needs.
+type signIn struct{ provider, url, verifier, state string }
 
-// authorizeURL is where the user signs in, with the challenge and state.
-func authorizeURL(provider, state, challenge string) (string, error) {
-	p, err := signInProvider(provider)
-	if err != nil {
-		return "", err
+// newSignIn starts provider's sign-in: a fresh verifier (32 random bytes, RFC 7636 §4.1) with its S256
+// challenge, and a fresh state made the same way (RFC 6749 §10.12).
+func newSignIn(provider string) (signIn, error) {
+	p, _ := lookupProvider(provider)
+	if p.authorizeURL == "" {
+		return signIn{}, fmt.Errorf("provider %q: %w", provider, errNoSignIn)
 	}
-	q := url.Values{"response_type": {"code"}, "client_id": {p.clientID}, "redirect_uri": {p.redirectURI},
-		"scope": {p.scope}, "code_challenge": {challenge}, "code_challenge_method": {"S256"}, "state": {state}}
+	b, encode := make([]byte, 64), base64.RawURLEncoding.EncodeToString
+	rand.Read(b) // never fails (crypto/rand, Go 1.24)
+	s := signIn{provider: provider, verifier: encode(b[:32]), state: encode(b[32:])}
+	challenge := sha256.Sum256([]byte(s.verifier))
+	q := url.Values{"response_type": {"code"}, "client_id": {p.clientID}, "redirect_uri": {p.redirectURI}, "scope": {p.scope},
+		"code_challenge": {encode(challenge[:])}, "code_challenge_method": {"S256"}, "state": {s.state}}
 	maps.Copy(q, p.extra)
-	return p.authorizeURL + "?" + q.Encode(), nil
+	s.url = p.authorizeURL + "?" + q.Encode()
+	return s, nil
 }
 
 // exchangeCode is the sign-in's exchange of what the user pasted for a grant (SPEC §11.1, RFC 6749
 // §4.1.3 with PKCE).
-func (o *oauthClient) exchangeCode(ctx context.Context, provider, code, verifier, state string) (oauthGrant, error) {
-	p, err := signInProvider(provider)
-	if err != nil {
-		return oauthGrant{}, err
-	}
+func (o *oauthClient) exchangeCode(ctx context.Context, s signIn, code string) (oauthGrant, error) {
+	p, _ := lookupProvider(s.provider)
 	// What was pasted: a redirect URL (codex), "code#state" (claude-code's page) or a bare code.
 	var pasted string
 	if u, err := url.Parse(strings.TrimSpace(code)); err == nil && u.Scheme != "" && u.Host != "" {
@@ -420,19 +393,15 @@ func (o *oauthClient) exchangeCode(ctx context.Context, provider, code, verifier
 		code, pasted, _ = strings.Cut(strings.TrimSpace(code), "#")
 	}
 	switch {
-	case pasted != "" && pasted != state:
+	case pasted != "" && pasted != s.state:
 		return oauthGrant{}, errStateMismatch
 	case code == "":
 		return oauthGrant{}, fmt.Errorf("%w: no authorization code in what was pasted", errTokenMalformed)
 	}
 	fields := map[string]string{"grant_type": "authorization_code", "code": code, "redirect_uri": p.redirectURI,
-		"client_id": p.clientID, "code_verifier": verifier}
+		"client_id": p.clientID, "code_verifier": s.verifier}
 	if p.echoState {
-		fields["state"] = state
+		fields["state"] = s.state
 	}
-	ans, err := o.tokenCall(ctx, p, fields, code, verifier)
-	if err != nil {
-		return oauthGrant{}, err
-	}
-	return answerGrant(p.id, oauthGrant{}, ans, o.now()), nil
+	return o.tokenCall(ctx, p, oauthGrant{}, fields, code, s.verifier)
 }

@@ -27,9 +27,8 @@ func TestTokenURLOverride(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			env := map[string]string{"BRAMA_OAUTH_" + strings.ToUpper(strings.ReplaceAll(tc.provider, "-", "_")) + "_TOKEN_URL": tc.value}
-			o := &oauthClient{getenv: testEnv(env)}
 			p, _ := lookupProvider(tc.provider)
-			got, err := o.tokenURL(p)
+			got, err := envURL(testEnv(env), "OAUTH", p.id, "TOKEN_URL", p.tokenURL, errTokenURL)
 			if (err == nil) != tc.ok || got != tc.want {
 				t.Errorf("tokenURL = %q, %v; want %q, ok %v", got, err, tc.want, tc.ok)
 			}

@@ -14,16 +14,9 @@ import (
 	"github.com/google/go-cmp/cmp"
 )
 
-func TestNewPKCE(t *testing.T) {
-	v1, c1 := newPKCE()
-	v2, _ := newPKCE()
-	sum := sha256.Sum256([]byte(v1))
-	if len(v1) != 43 || v1 == v2 || c1 != base64.RawURLEncoding.EncodeToString(sum[:]) {
-		t.Errorf("newPKCE = %q, %q (second verifier %q): want 43 fresh characters and their S256 challenge", v1, c1, v2)
-	}
-}
-
-func TestAuthorizeURL(t *testing.T) {
+// TestNewSignIn: the authorize URL carries the provider's parameters, a fresh state and the S256 challenge
+// of a fresh 43-character verifier (RFC 7636 §4.1–4.2).
+func TestNewSignIn(t *testing.T) {
 	tests := []struct {
 		name, provider string
 		wantBase       string
@@ -45,25 +38,33 @@ func TestAuthorizeURL(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			raw, err := authorizeURL(tc.provider, "ST", "CH")
+			s, err := newSignIn(tc.provider)
 			if err != nil {
 				t.Fatal(err)
 			}
-			u, err := url.Parse(raw)
+			again, _ := newSignIn(tc.provider)
+			u, err := url.Parse(s.url)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if base := u.Scheme + "://" + u.Host + u.Path; base != tc.wantBase {
 				t.Errorf("authorize URL base = %q, want %q", base, tc.wantBase)
 			}
-			if diff := cmp.Diff(tc.want, u.Query()); diff != "" {
+			q, sum := u.Query(), sha256.Sum256([]byte(s.verifier))
+			if len(s.verifier) != 43 || len(s.state) != 43 || s.verifier == s.state || s.verifier == again.verifier ||
+				s.state == again.state || q.Get("state") != s.state || q.Get("code_challenge") != base64.RawURLEncoding.EncodeToString(sum[:]) {
+				t.Errorf("sign-in %+v (another: %+v): want fresh 43-character verifier and state, the state and the S256 challenge in the URL", s, again)
+			}
+			q.Set("state", "ST")
+			q.Set("code_challenge", "CH")
+			if diff := cmp.Diff(tc.want, q); diff != "" {
 				t.Errorf("authorize parameters (-want +got):\n%s", diff)
 			}
 		})
 	}
 	for _, p := range []string{"kimi", "openai"} {
-		if _, err := authorizeURL(p, "ST", "CH"); err == nil {
-			t.Errorf("authorizeURL(%q) succeeded, want a refusal", p)
+		if _, err := newSignIn(p); !errors.Is(err, errNoSignIn) {
+			t.Errorf("newSignIn(%q) = %v, want %v", p, err, errNoSignIn)
 		}
 	}
 }
@@ -95,7 +96,6 @@ func TestExchangeCode(t *testing.T) {
 			wantGrant: oauthGrant{AccessToken: "at", RefreshToken: "rt", IDToken: idToken, AccountID: "acct-7", ExpiresAtMs: oauthNow.Add(10 * time.Second).UnixMilli()},
 		},
 		{name: "a pasted state from another sign-in", provider: "claude-code", pasted: "c#OTHER", wantErr: errStateMismatch},
-		{name: "kimi has no sign-in", provider: "kimi", pasted: "c", wantErr: errNoSignIn},
 		{name: "refused code", provider: "codex", pasted: "c", answer: map[string]any{"error": "invalid_grant"}, wantErr: errTokenRefused},
 	}
 	for _, tc := range tests {
@@ -119,7 +119,7 @@ func TestExchangeCode(t *testing.T) {
 				writeJSON(w, status, tc.answer)
 			})
 			f := newOAuthFixture(t, tc.provider, srv.URL)
-			g, err := f.o.exchangeCode(context.Background(), tc.provider, tc.pasted, "VER", "ST")
+			g, err := f.o.exchangeCode(context.Background(), signIn{provider: tc.provider, verifier: "VER", state: "ST"}, tc.pasted)
 			if tc.wantErr != nil {
 				if !errors.Is(err, tc.wantErr) {
 					t.Errorf("exchangeCode error = %v, want %v", err, tc.wantErr)

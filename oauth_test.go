@@ -555,8 +555,8 @@ func TestOAuthSecretsNeverQuoted(t *testing.T) {
 			verifierSeen <- fields["code_verifier"]
 			writeJSON(w, 400, map[string]string{"error": "invalid_grant", "error_description": "bad " + fields["code_verifier"] + " " + fields["code"]})
 		}, func(f *oauthFixture) error {
-			verifier, _ := newPKCE()
-			_, err := f.o.exchangeCode(context.Background(), "claude-code", code+"#st", verifier, "st")
+			s, _ := newSignIn("claude-code")
+			_, err := f.o.exchangeCode(context.Background(), s, code+"#"+s.state)
 			return err
 		}},
 	}

@@ -300,7 +300,7 @@ func buildPassthroughRequest(ctx context.Context, c call, cr *callerRequest) (*h
 			edits = append(edits, memberEdit{"instructions", ins})
 		}
 	}
-	return cr.passthrough(ctx, c, formatOf(p.protocol).path, upstreamStreams(p, cr.head), edits...)
+	return cr.passthrough(ctx, c, formatOf(p.protocol).path, cr.head.Stream || p.codex, edits...)
 }
 
 // passthrough is a same-format request to path, count_tokens too: the
@@ -337,7 +337,7 @@ func newPassthroughRequest(ctx context.Context, c call, caller http.Header, path
 // addsUsage reports whether Brama asks a chat stream for usage itself, the
 // caller not (SPEC §6.2); that usage chunk is not relayed (§7.6).
 func (cr *callerRequest) addsUsage(p providerInfo) bool {
-	return p.protocol == protoOpenAIChat && upstreamStreams(p, cr.head) && !cr.asksUsage()
+	return p.protocol == protoOpenAIChat && (cr.head.Stream || p.codex) && !cr.asksUsage()
 }
 
 // asksUsage reports whether the caller sent stream_options.include_usage: true.
@@ -495,7 +495,7 @@ func rawMember(raw json.RawMessage, name string) json.RawMessage {
 
 // buildUpstreamRequest is req's call to p in p's protocol and wire details (SPEC §6.2), for model.
 func buildUpstreamRequest(ctx context.Context, p providerInfo, baseURL string, cred upstreamCredential, req chatRequest, model string) (*http.Request, error) {
-	stream, f := upstreamStreams(p, req), formatOf(p.protocol) // f is never nil: TestEveryProviderHasAWireFormat
+	stream, f := req.Stream || p.codex, formatOf(p.protocol) // f is never nil: TestEveryProviderHasAWireFormat
 	oauth := p.id == "claude-code" && cred.AccessToken != ""
 	body, err := f.encode(req, model, upstreamOptions{stream: stream, oauth: oauth, codex: p.codex, openai: p.id == "openai"})
 	if err != nil {

@@ -539,7 +539,7 @@ func TestProviderHeadersMatchTranslation(t *testing.T) {
 					t.Fatalf("%s: %v", p.id, err)
 				}
 				got := http.Header{}
-				setProviderHeaders(got, p, cred, nil, upstreamStreams(p, req))
+				setProviderHeaders(got, p, cred, nil, req.Stream || p.codex)
 				if fmt.Sprint(got) != fmt.Sprint(hr.Header) {
 					t.Errorf("%s %+v stream=%v:\n got %v\nwant %v", p.id, cred, stream, got, hr.Header)
 				}

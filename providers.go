@@ -35,20 +35,18 @@ const (
 	credSubscription = "subscription" // an agent's OAuth grant or API key
 )
 
-// providerInfo is one row of SPEC §6.1's table: every fact that differs between providers.
+// providerInfo is one row of SPEC §6.1's table (and §11.1's token and sign-in tables): every fact that
+// differs between providers.
 type providerInfo struct {
 	id, protocol, cred string
 	baseURL            string    // built in; BRAMA_PROVIDER_<ID>_BASE_URL overrides
+	vendor             string    // the catalogue's key (SPEC §7.3, models.dev's); local-openai runs anything: none
 	probe              string    // SPEC §11.3's built-in probe model
 	beta               string    // the beta token its calls need (SPEC §6.2); on anthropic-messages only with OAuth
 	header             [2]string // a fixed header name and value its calls carry
 	codex              bool      // SPEC §6.2's codex rules: always streamed, never stored, no output limit, refusals by status
-	oauthFacts                   // zero without OAuth grants
-}
 
-// oauthFacts is a provider's row of SPEC §11.1's token and sign-in tables.
-type oauthFacts struct {
-	tokenURL, clientID string // tokenURL: BRAMA_OAUTH_<ID>_TOKEN_URL overrides
+	tokenURL, clientID string // "" without OAuth grants; tokenURL: BRAMA_OAUTH_<ID>_TOKEN_URL overrides
 	form               bool   // the token endpoint takes a form body, not JSON
 	echoState          bool   // the sign-in's exchange sends the state back
 	accountID          bool   // the grant carries the id_token's chatgpt_account_id (SPEC §6.2)
@@ -59,33 +57,33 @@ type oauthFacts struct {
 
 // providerTable lists every provider Brama knows, and nothing else does.
 var providerTable = []providerInfo{
-	{id: "openai", protocol: protoOpenAIChat, cred: credDirect, baseURL: "https://api.openai.com/v1"},
-	{id: "openai-responses", protocol: protoOpenAIResponses, cred: credDirect, baseURL: "https://api.openai.com/v1"},
-	{id: "anthropic", protocol: protoAnthropic, cred: credDirect, baseURL: "https://api.anthropic.com", probe: "claude-haiku-4-5"},
-	{id: "openrouter", protocol: protoOpenAIChat, cred: credDirect, baseURL: "https://openrouter.ai/api/v1"},
-	{id: "groq", protocol: protoOpenAIChat, cred: credDirect, baseURL: "https://api.groq.com/openai/v1"},
-	{id: "mistral", protocol: protoOpenAIChat, cred: credDirect, baseURL: "https://api.mistral.ai/v1"},
-	{id: "deepseek", protocol: protoOpenAIChat, cred: credDirect, baseURL: "https://api.deepseek.com/v1", probe: "deepseek-chat"},
-	{id: "xai", protocol: protoOpenAIChat, cred: credDirect, baseURL: "https://api.x.ai/v1"},
-	{id: "together", protocol: protoOpenAIChat, cred: credDirect, baseURL: "https://api.together.xyz/v1"},
-	{id: "fireworks", protocol: protoOpenAIChat, cred: credDirect, baseURL: "https://api.fireworks.ai/inference/v1"},
-	{id: "cerebras", protocol: protoOpenAIChat, cred: credDirect, baseURL: "https://api.cerebras.ai/v1"},
+	{id: "openai", protocol: protoOpenAIChat, cred: credDirect, baseURL: "https://api.openai.com/v1", vendor: "openai"},
+	{id: "openai-responses", protocol: protoOpenAIResponses, cred: credDirect, baseURL: "https://api.openai.com/v1", vendor: "openai"},
+	{id: "anthropic", protocol: protoAnthropic, cred: credDirect, baseURL: "https://api.anthropic.com", vendor: "anthropic", probe: "claude-haiku-4-5"},
+	{id: "openrouter", protocol: protoOpenAIChat, cred: credDirect, baseURL: "https://openrouter.ai/api/v1", vendor: "openrouter"},
+	{id: "groq", protocol: protoOpenAIChat, cred: credDirect, baseURL: "https://api.groq.com/openai/v1", vendor: "groq"},
+	{id: "mistral", protocol: protoOpenAIChat, cred: credDirect, baseURL: "https://api.mistral.ai/v1", vendor: "mistral"},
+	{id: "deepseek", protocol: protoOpenAIChat, cred: credDirect, baseURL: "https://api.deepseek.com/v1", vendor: "deepseek", probe: "deepseek-chat"},
+	{id: "xai", protocol: protoOpenAIChat, cred: credDirect, baseURL: "https://api.x.ai/v1", vendor: "xai"},
+	{id: "together", protocol: protoOpenAIChat, cred: credDirect, baseURL: "https://api.together.xyz/v1", vendor: "togetherai"},
+	{id: "fireworks", protocol: protoOpenAIChat, cred: credDirect, baseURL: "https://api.fireworks.ai/inference/v1", vendor: "fireworks-ai"},
+	{id: "cerebras", protocol: protoOpenAIChat, cred: credDirect, baseURL: "https://api.cerebras.ai/v1", vendor: "cerebras"},
 	{id: "local-openai", protocol: protoOpenAIChat, cred: credNone},
-	{id: "claude-code", protocol: protoAnthropic, cred: credSubscription, baseURL: "https://api.anthropic.com",
-		probe: "claude-haiku-4-5", beta: "oauth-2025-04-20", oauthFacts: oauthFacts{
-			tokenURL: "https://platform.claude.com/v1/oauth/token", // console.anthropic.com's now answers 404
-			clientID: "9d1c250a-e61b-44d9-88ed-5944d1962f5e", echoState: true,
-			authorizeURL: "https://claude.com/cai/oauth/authorize",          // claude.ai's refuses every grant now
-			redirectURI:  "https://platform.claude.com/oauth/code/callback", // the only one still registered
-			scope:        "org:create_api_key user:profile user:inference", extra: url.Values{"code": {"true"}}}},
-	{id: "codex", protocol: protoOpenAIResponses, cred: credSubscription, baseURL: "https://chatgpt.com/backend-api/codex",
+	{id: "claude-code", protocol: protoAnthropic, cred: credSubscription, baseURL: "https://api.anthropic.com", vendor: "anthropic",
+		probe: "claude-haiku-4-5", beta: "oauth-2025-04-20",
+		tokenURL: "https://platform.claude.com/v1/oauth/token", // console.anthropic.com's now answers 404
+		clientID: "9d1c250a-e61b-44d9-88ed-5944d1962f5e", echoState: true,
+		authorizeURL: "https://claude.com/cai/oauth/authorize",          // claude.ai's refuses every grant now
+		redirectURI:  "https://platform.claude.com/oauth/code/callback", // the only one still registered
+		scope:        "org:create_api_key user:profile user:inference", extra: url.Values{"code": {"true"}}},
+	{id: "codex", protocol: protoOpenAIResponses, cred: credSubscription, baseURL: "https://chatgpt.com/backend-api/codex", vendor: "openai",
 		probe: "gpt-5.3-codex-spark", beta: "responses=experimental", header: [2]string{"originator", "codex_cli_rs"}, codex: true,
-		oauthFacts: oauthFacts{tokenURL: "https://auth.openai.com/oauth/token", clientID: "app_EMoamEEZ73f0CkXaXp7hrann",
-			form: true, accountID: true, authorizeURL: "https://auth.openai.com/oauth/authorize",
-			redirectURI: "http://localhost:1455/auth/callback", scope: "openid profile email offline_access",
-			extra: url.Values{"id_token_add_organizations": {"true"}, "codex_cli_simplified_flow": {"true"}}}},
-	{id: "kimi", protocol: protoOpenAIChat, cred: credSubscription, baseURL: "https://api.kimi.com/coding/v1", probe: "kimi-for-coding",
-		oauthFacts: oauthFacts{tokenURL: "https://auth.kimi.com/api/oauth/token", clientID: "17e5f671-d194-4dfb-9706-5516cb48c098", form: true}},
+		tokenURL: "https://auth.openai.com/oauth/token", clientID: "app_EMoamEEZ73f0CkXaXp7hrann",
+		form: true, accountID: true, authorizeURL: "https://auth.openai.com/oauth/authorize",
+		redirectURI: "http://localhost:1455/auth/callback", scope: "openid profile email offline_access",
+		extra: url.Values{"id_token_add_organizations": {"true"}, "codex_cli_simplified_flow": {"true"}}},
+	{id: "kimi", protocol: protoOpenAIChat, cred: credSubscription, baseURL: "https://api.kimi.com/coding/v1", vendor: "moonshotai",
+		probe: "kimi-for-coding", tokenURL: "https://auth.kimi.com/api/oauth/token", clientID: "17e5f671-d194-4dfb-9706-5516cb48c098", form: true},
 }
 
 func lookupProvider(id string) (providerInfo, bool) {
@@ -122,21 +120,17 @@ func envURL(getenv func(string) string, kind, id, what, builtin string, sentinel
 // credential in clear text; no user info (transport errors would quote it), query or fragment.
 func checkBaseURL(raw string) error {
 	u, err := url.Parse(raw)
-	switch {
-	case err != nil || u.Host == "" || u.Opaque != "":
+	if err != nil || u.Host == "" || u.Opaque != "" {
 		return errors.New("not a URL with a host")
+	}
+	ip, _ := netip.ParseAddr(u.Hostname()) // no name is resolved: only localhost counts
+	switch {
 	case u.User != nil || u.RawQuery != "" || u.ForceQuery || u.Fragment != "":
 		return errors.New("user info, a query or a fragment is not allowed")
-	case u.Scheme == "https" || u.Scheme == "http" && isLoopbackHost(u.Hostname()):
+	case u.Scheme == "https" || u.Scheme == "http" && (ip.Unmap().IsLoopback() || strings.EqualFold(u.Hostname(), "localhost")):
 		return nil
 	}
 	return errors.New("scheme must be https, or http to a loopback host")
-}
-
-// isLoopbackHost reports whether host is localhost or a loopback address; it resolves no names.
-func isLoopbackHost(host string) bool {
-	ip, err := netip.ParseAddr(host)
-	return strings.EqualFold(host, "localhost") || err == nil && ip.Unmap().IsLoopback()
 }
 
 // newProviderClient is the one client for provider calls: no redirects (one could carry a credential
@@ -192,26 +186,23 @@ const (
 // claudeCodeSystem is OAuth traffic's system: the Claude Code identity, then
 // the caller's blocks byte for byte (cache_control); nil if already so.
 func claudeCodeSystem(raw json.RawMessage) ([]byte, error) {
-	text := func(s string) string { return `{"text":` + string(jsonText(s)) + `,"type":"text"}` }
-	identity := text(claudeCodeIdentity)
-	var s string
+	block := func(s string) string { return `{"text":` + string(jsonText(s)) + `,"type":"text"}` }
+	if s, ok := jsonString(raw); ok || raw == nil { // a string is one text block
+		raw = json.RawMessage("[" + block(s) + "]")
+		if s == "" {
+			raw = json.RawMessage("[]")
+		}
+	}
 	var own []struct{ Type, Text string }
-	isString := json.Unmarshal(raw, &s) == nil // JSON null too
 	switch {
-	case raw == nil || isString && s == "":
-	case s == claudeCodeIdentity:
-		return nil, nil
-	case isString:
-		return []byte(`[` + identity + `,` + text(s) + `]`), nil
 	case json.Unmarshal(raw, &own) != nil:
 		return nil, refuse("invalid_request", "system must be a string or an array of content blocks")
-	case len(own) == 0:
+	case len(own) == 0: // [] or null
+		return []byte("[" + block(claudeCodeIdentity) + "]"), nil
 	case own[0].Type == "text" && own[0].Text == claudeCodeIdentity:
 		return nil, nil
-	default:
-		return append([]byte(`[`+identity+`,`), bytes.TrimSpace(raw)[1:]...), nil
 	}
-	return []byte(`[` + identity + `]`), nil
+	return append([]byte("["+block(claudeCodeIdentity)+","), bytes.TrimSpace(raw)[1:]...), nil
 }
 
 // codexInstructions is a codex body's instructions (SPEC §6.2): nil to keep
@@ -220,33 +211,25 @@ func codexInstructions(instructions, input json.RawMessage) []byte {
 	if own, _ := jsonString(instructions); strings.TrimSpace(own) != "" {
 		return nil
 	}
-	var items []struct {
-		Role    string          `json:"role"`
-		Content json.RawMessage `json:"content"`
-	}
+	var items []struct{ Role, Content json.RawMessage }
 	var texts []string
 	if json.Unmarshal(input, &items) != nil {
 		items = nil // anything but an array of objects has none
 	}
 	for _, it := range items {
+		if role, _ := jsonString(it.Role); role != "system" && role != "developer" {
+			continue
+		}
 		var parts []struct{ Text string }
+		json.Unmarshal(it.Content, &parts) // a string leaves parts empty
 		if s, ok := jsonString(it.Content); ok {
 			parts = append(parts, struct{ Text string }{s})
-		} else {
-			json.Unmarshal(it.Content, &parts)
 		}
 		for _, p := range parts {
-			if it.Role == "system" || it.Role == "developer" {
-				texts = append(texts, p.Text)
-			}
+			texts = append(texts, p.Text)
 		}
 	}
 	return jsonText(cmp.Or(strings.TrimSpace(strings.Join(texts, "\n\n")), codexDefaultInstructions))
-}
-
-// upstreamStreams reports whether the call to p streams: when asked, and always for codex.
-func upstreamStreams(p providerInfo, req chatRequest) bool {
-	return req.Stream || p.codex
 }
 
 // setProviderHeaders sets what a call to p carries (SPEC §6.2, §7.6): the credential, p's header,
@@ -324,26 +307,22 @@ type providerRefusal struct {
 // quotaCodes say the account's credit is spent: OpenAI's (insufficient_quota comes with 429), Anthropic's.
 var quotaCodes = map[string]bool{"insufficient_quota": true, "billing_hard_limit_reached": true, "billing_not_active": true, "billing_error": true}
 
-// classifyRefusal classifies a non-2xx answer of a provider (an id, else a protocol); presented is
-// redacted from what is quoted only after the class was decided: a short key must not change a code.
-func classifyRefusal(protocol string, status int, header http.Header, body []byte, presented string, now time.Time) providerRefusal {
-	p, known := lookupProvider(protocol)
+// classifyRefusal classifies a non-2xx answer of a provider; presented is redacted from what is
+// quoted only after the class was decided: a short key must not change a code.
+func classifyRefusal(provider string, status int, header http.Header, body []byte, presented string, now time.Time) providerRefusal {
+	p, _ := lookupProvider(provider)
 	var b struct{ Error, Detail json.RawMessage } // no other shape is quoted: a raw body never is
 	json.Unmarshal(body, &b)                      // a body of another shape leaves both empty
 	f, ok := errorObject(b.Error)
-	if !ok { // {"error":"text"}, or codex's {"detail":"text"} or {"detail":{"message":…}} (its status decides)
-		s, _ := jsonString(b.Error)
-		detail, _ := jsonString(b.Detail)
-		d, _ := errorObject(b.Detail)
-		f.msg = cmp.Or(s, detail, d.msg)
+	if d, _ := errorObject(b.Detail); !ok { // {"error":"text"}, or codex's {"detail":"text"} or {"detail":{"message":…}}
+		f.msg = cmp.Or(f.msg, d.msg) // the status decides codex's class
 	}
-	typ, code, msg := f.typ, f.code, f.msg
-	r := providerRefusal{class: refusalOther, sentence: cleanQuoted(msg, presented, maxSentenceBytes)}
+	r := providerRefusal{class: refusalOther, sentence: cleanQuoted(f.msg, presented, maxSentenceBytes)}
 	ec, rejected := "provider_failure", 0 // a malformed answer, 408, 409, a direct route's 401/403
 	switch {
 	case status == http.StatusUnauthorized || status == http.StatusForbidden:
 		r.class = refusalAuth
-	case status/100 == 4 && (status == http.StatusPaymentRequired || !p.codex && (quotaCodes[typ] || quotaCodes[code])):
+	case status/100 == 4 && (status == http.StatusPaymentRequired || !p.codex && (quotaCodes[f.typ] || quotaCodes[f.code])):
 		r.class, ec = refusalQuota, "provider_quota_exhausted" // a quota refusal keeps its 502
 	case status == http.StatusTooManyRequests:
 		r.class, ec = refusalRate, "provider_rate_limited"
@@ -360,14 +339,11 @@ func classifyRefusal(protocol string, status int, header http.Header, body []byt
 	if r.class == refusalRate || r.class == refusalQuota {
 		r.retryAfter = wait
 	}
-	m := fmt.Sprintf("provider answered %d", status)
-	if known {
-		m = fmt.Sprintf("provider %q answered %d", p.id, status)
-	}
-	if label := cmp.Or(cleanQuoted(code, presented, 64), cleanQuoted(typ, presented, 64)); label != "" {
+	m := fmt.Sprintf("provider %q answered %d", provider, status)
+	if label := cmp.Or(cleanQuoted(f.code, presented, 64), cleanQuoted(f.typ, presented, 64)); label != "" {
 		m += " (" + label + ")"
 	}
-	if quoted := cleanQuoted(msg, presented, 1000); quoted != "" { // enough for a context-length refusal's numbers
+	if quoted := cleanQuoted(f.msg, presented, 1000); quoted != "" { // enough for a context-length refusal's numbers
 		m += ": " + quoted
 	}
 	r.err = refuse(ec, "%s", m)
@@ -382,11 +358,12 @@ func classifyRefusal(protocol string, status int, header http.Header, body []byt
 
 type errorFields struct{ typ, code, msg string }
 
-// errorObject reads {"type","code","message"}; code may be a number (OpenRouter's HTTP status).
+// errorObject reads {"type","code","message"}; code may be a number (OpenRouter's HTTP status). A
+// string is not an object but its message.
 func errorObject(raw json.RawMessage) (errorFields, bool) {
 	var e struct{ Type, Code, Message json.RawMessage }
-	if len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &e) != nil {
-		return errorFields{}, false
+	if s, _ := jsonString(raw); len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &e) != nil {
+		return errorFields{msg: s}, false
 	}
 	typ, _ := jsonString(e.Type)
 	code, _ := jsonScalar(e.Code)

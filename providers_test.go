@@ -145,7 +145,7 @@ func TestProviderCallRoundTrip(t *testing.T) {
 			}
 			defer resp.Body.Close()
 			var got chatAnswer
-			if upstreamStreams(p, req) {
+			if req.Stream || p.codex {
 				got, err = assembleStream(p.protocol, resp.Body)
 			} else {
 				b, rerr := io.ReadAll(resp.Body)

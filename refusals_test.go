@@ -40,7 +40,7 @@ func TestClassifyRefusal(t *testing.T) {
 			refusalQuota, "provider_quota_exhausted", 0, "You exceeded your current quota, please check your plan and billing details.", "(insufficient_quota)"},
 		{"openai quota by type only", protoOpenAIChat, 429, nil,
 			`{"error":{"message":"m","type":"insufficient_quota","code":null}}`,
-			refusalQuota, "provider_quota_exhausted", 0, "m", "provider answered 429 (insufficient_quota): m"},
+			refusalQuota, "provider_quota_exhausted", 0, "m", `provider "openai-chat" answered 429 (insufficient_quota): m`},
 		{"openai 404 model", "openai", 404, nil,
 			`{"error":{"message":"The model 'gpt-9' does not exist","type":"invalid_request_error","code":"model_not_found"}}`,
 			refusalModel, "provider_rejected", 0, "The model 'gpt-9' does not exist", "answered 404"},

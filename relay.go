@@ -126,7 +126,7 @@ func relayBuffered(w http.ResponseWriter, cr *callerRequest, c call, resp *http.
 	ct := cmp.Or(resp.Header.Get("Content-Type"), "application/json")
 	var body []byte
 	var err error
-	if upstreamStreams(p, cr.head) {
+	if cr.head.Stream || p.codex {
 		pw := &streamReader{protocol: p.protocol, raw: map[int][]byte{}}
 		if err = relayWatched(pw, resp.Body, nil); err == nil {
 			body = assembledResponse(pw)
@@ -171,7 +171,7 @@ func writeAnswer(w http.ResponseWriter, contentType string, attempts int, body [
 // readProviderAnswer reads and closes a committed buffered answer.
 func readProviderAnswer(p providerInfo, req chatRequest, resp *http.Response) (chatAnswer, error) {
 	defer resp.Body.Close()
-	if upstreamStreams(p, req) {
+	if req.Stream || p.codex {
 		return assembleStream(p.protocol, resp.Body)
 	}
 	body, err := readWhole(p, resp)

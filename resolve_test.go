@@ -194,7 +194,7 @@ func TestResolveModel(t *testing.T) {
 			if err != nil {
 				t.Fatalf("resolveModel(%q) = %v", tt.model, err)
 			}
-			if diff := cmp.Diff(tt.want, got, cmp.AllowUnexported(providerInfo{}, oauthFacts{}), cmpopts.EquateEmpty()); diff != "" {
+			if diff := cmp.Diff(tt.want, got, cmp.AllowUnexported(providerInfo{}), cmpopts.EquateEmpty()); diff != "" {
 				t.Errorf("resolution (-want +got):\n%s", diff)
 			}
 		})

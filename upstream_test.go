@@ -282,29 +282,6 @@ func TestBuildUpstreamRequestRefuses(t *testing.T) {
 	}
 }
 
-func TestUpstreamStreams(t *testing.T) {
-	codex, _ := lookupProvider("codex")
-	openai, _ := lookupProvider("openai")
-	tests := []struct {
-		name   string
-		p      providerInfo
-		stream bool
-		want   bool
-	}{
-		{"codex buffered", codex, false, true},
-		{"codex stream", codex, true, true},
-		{"openai buffered", openai, false, false},
-		{"openai stream", openai, true, true},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if got := upstreamStreams(tt.p, chatRequest{Stream: tt.stream}); got != tt.want {
-				t.Errorf("upstreamStreams = %v, want %v", got, tt.want)
-			}
-		})
-	}
-}
-
 func TestDecodeUpstreamAnswer(t *testing.T) {
 	tests := []struct {
 		name     string
