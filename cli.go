@@ -489,7 +489,8 @@ func subscriptionImport(e *cliEnv, o opts, _ []string) error {
 var errImportFile = errors.New("not a usable credential file")
 
 // parseImportFile reads the grant from the file claude-code or codex keeps (SPEC §10.1), ignoring their tools' other
-// members; fillGrant adds what the JWT claims say (SPEC §6.2). Errors wrap errImportFile, never quote a token.
+// members; checkCredential refuses it as a donation would and adds what the JWT claims say (SPEC §6.2). Errors wrap
+// errImportFile, never quote a token.
 func parseImportFile(provider string, b []byte) (oauthGrant, error) {
 	var f struct {
 		C *struct {
@@ -499,28 +500,25 @@ func parseImportFile(provider string, b []byte) (oauthGrant, error) {
 		} `json:"claudeAiOauth"`
 		T *oauthGrant `json:"tokens"` // access_token, refresh_token, id_token, account_id
 	}
-	object, err := importFiles[provider].object, json.Unmarshal(b, &f)
-	g, te := (*oauthGrant)(nil), (*json.UnmarshalTypeError)(nil)
-	if f.C != nil && provider == "claude-code" {
-		g = &oauthGrant{AccessToken: f.C.AccessToken, RefreshToken: f.C.RefreshToken, ExpiresAtMs: f.C.ExpiresAt}
-	} else if f.T != nil && provider == "codex" {
-		g = &oauthGrant{AccessToken: f.T.AccessToken, RefreshToken: f.T.RefreshToken, IDToken: f.T.IDToken, AccountID: f.T.AccountID}
+	err, te := json.Unmarshal(b, &f), (*json.UnmarshalTypeError)(nil)
+	grants := map[string]*oauthGrant{"codex": f.T}
+	if f.C != nil {
+		grants["claude-code"] = &oauthGrant{AccessToken: f.C.AccessToken, RefreshToken: f.C.RefreshToken, ExpiresAtMs: f.C.ExpiresAt}
 	}
+	cred := vaultCredential{OAuth: grants[provider]}
 	switch {
-	case object == "":
+	case importFiles[provider].object == "":
 		err = fmt.Errorf("import reads claude-code or codex files, not %q", provider)
 	case errors.As(err, &te): // a syntax error's text can quote bytes of the file, which may be a token
 		err = fmt.Errorf("member %s is not a %s", te.Field, te.Type)
 	case err != nil:
 		err = errors.New("not JSON (" + jsonErrorKind(err) + ")")
-	case g == nil:
-		err = fmt.Errorf("no %s object", object)
-	case g.AccessToken == "" || g.RefreshToken == "":
-		err = fmt.Errorf("the %s grant lacks its access or refresh token", provider)
-	case g.ExpiresAtMs < 0:
-		err = fmt.Errorf("the %s grant's expiry is negative", provider)
+	case cred.OAuth == nil:
+		err = fmt.Errorf("no %s object", importFiles[provider].object)
 	default:
-		return fillGrant(provider, *g), nil
+		if cred, err = checkCredential(provider, cred); err == nil {
+			return *cred.OAuth, nil
+		}
 	}
 	return oauthGrant{}, fmt.Errorf("%w: %w", errImportFile, err)
 }

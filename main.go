@@ -383,19 +383,21 @@ func (e *cliEnv) call(method, path string, body, out any) ([]byte, error) {
 	return nil, fmt.Errorf("the gateway refused (%d %s): %s", resp.StatusCode, env.Error.Code, env.Error.Message)
 }
 
-// onboardSteps are the first-use journey (SPEC §14) in order; onboarding.json keeps the steps done.
-var onboardSteps = []string{"state-directory", "client", "route", "answer"}
-
 const (
 	onboardFile = "onboarding.json"
 	onboardRole = "onboarding progress"
 )
 
-// onboardProgress is onboarding.json: each step done, when first done (RFC 3339 UTC), and (route, answer) the model
-// it named.
+// onboardProgress is onboarding.json: the first-use journey's steps (SPEC §14) in order, each done when first done
+// (RFC 3339 UTC) and (route, answer) with the model it named; the strict decoder refuses an unknown step.
 type onboardProgress struct {
-	SchemaVersion int                    `json:"schema_version"`
-	Steps         map[string]onboardStep `json:"steps"`
+	SchemaVersion int `json:"schema_version"`
+	Steps         struct {
+		StateDirectory *onboardStep `json:"state-directory,omitempty"`
+		Client         *onboardStep `json:"client,omitempty"`
+		Route          *onboardStep `json:"route,omitempty"`
+		Answer         *onboardStep `json:"answer,omitempty"`
+	} `json:"steps"`
 }
 
 type onboardStep struct {
@@ -408,25 +410,16 @@ var errOnboardingInvalid = errors.New("onboarding progress is invalid")
 
 // parseOnboarding is decodeStrict on onboarding.json; empty is no progress.
 func parseOnboarding(b []byte) (*onboardProgress, error) {
-	prog := &onboardProgress{SchemaVersion: 1, Steps: map[string]onboardStep{}}
+	prog := &onboardProgress{SchemaVersion: 1}
 	if err := decodeStrict(onboardFile, b, prog); len(b) > 0 && err != nil {
 		return nil, fmt.Errorf("%w: %w (remove the file to start the journey again)", errOnboardingInvalid, err)
 	}
 	return prog, nil
 }
 
-// validate refuses another schema and unknown steps (the decoder refuses an unreadable time).
 func (prog *onboardProgress) validate() error {
 	if prog.SchemaVersion != 1 {
 		return fmt.Errorf("schema_version %d is not 1", prog.SchemaVersion)
-	}
-	for name := range prog.Steps {
-		if !slices.Contains(onboardSteps, name) {
-			return fmt.Errorf("unknown step %q", truncateUTF8(name, 64))
-		}
-	}
-	if prog.Steps == nil {
-		prog.Steps = map[string]onboardStep{}
 	}
 	return nil
 }
@@ -442,20 +435,20 @@ func onboard(e *cliEnv, o opts, _ []string) error {
 	if err != nil { // a file failing the guards is refused, never overwritten
 		return fmt.Errorf("the state directory is not usable: %w", err)
 	}
-	done := func(step, model string) error {
-		if _, ok := prog.Steps[step]; !ok {
-			prog.Steps[step] = onboardStep{DoneAt: sy.now().UTC().Truncate(time.Millisecond), Model: model}
+	done := func(step **onboardStep, name, model string) error {
+		if *step == nil {
+			*step = &onboardStep{DoneAt: sy.now().UTC().Truncate(time.Millisecond), Model: model}
 		}
 		if err := writeState(path, prog); err != nil {
 			return fmt.Errorf("the state directory is not usable: %s cannot be written: %w", onboardRole, err)
 		}
-		return e.say(nil, "done %s\n", step)
+		return e.say(nil, "done %s\n", name)
 	}
 	next := func(cmd string, err error) error {
 		fmt.Fprintf(e.stdout, "next: %s\n", cmd)
 		return err
 	}
-	if err := done("state-directory", ""); err != nil {
+	if err := done(&prog.Steps.StateDirectory, "state-directory", ""); err != nil {
 		return err
 	}
 	switch doc, err := d.clients.load(); { // serve makes the first admin client
@@ -464,7 +457,7 @@ func onboard(e *cliEnv, o opts, _ []string) error {
 	case err != nil:
 		return fmt.Errorf("the clients file is unusable: %w", err)
 	}
-	if err := done("client", ""); err != nil {
+	if err := done(&prog.Steps.Client, "client", ""); err != nil {
 		return err
 	}
 	// The call planned as the daemon would (a bare deployment as local-openai/<name>), refusing subscription routes
@@ -491,16 +484,16 @@ func onboard(e *cliEnv, o opts, _ []string) error {
 			return fmt.Errorf("-model %q cannot serve: %s", req.Model, ae.Message)
 		}
 	}
-	if err := done("route", c.res.Route); err != nil {
+	if err := done(&prog.Steps.Route, "route", c.res.Route); err != nil {
 		return err
 	}
-	if _, ok := prog.Steps["answer"]; ok && model == "" {
-		return done("answer", "") // done on an earlier run
+	if prog.Steps.Answer != nil && model == "" {
+		return done(&prog.Steps.Answer, "answer", "") // done on an earlier run
 	} else if model == "" || !o.b("allow-provider-cost") {
 		return next("brama onboard -model "+cmp.Or(model, "<route>")+" -allow-provider-cost", nil)
 	}
 	if _, ae := s.engine("", &tally{}).ping(e.ctx, c, nil); ae != nil { // one ping, as the probe's (SPEC §11.3)
 		return fmt.Errorf("no model answer: %s", ae.Message)
 	}
-	return done("answer", c.res.Route)
+	return done(&prog.Steps.Answer, "answer", c.res.Route)
 }
