@@ -253,17 +253,17 @@ func commands() []command {
 	}
 }
 
-// lookup finds args' command: two words, else one; else a usage error naming the group's commands.
+// lookup finds args' command (one word, or two for a group's); else a usage error naming the group's commands.
 func lookup(args []string) (command, []string, error) {
-	cmds := commands()
-	for n := min(2, len(args)); n > 0; n-- {
-		if i := slices.IndexFunc(cmds, func(c command) bool { return c.name == strings.Join(args[:n], " ") }); i >= 0 {
-			return cmds[i], args[n:], nil
-		}
-	}
 	var subs []string
-	for _, c := range cmds {
-		if group, sub, ok := strings.Cut(c.name, " "); ok && group == args[0] {
+	for _, c := range commands() {
+		group, sub, two := strings.Cut(c.name, " ")
+		switch {
+		case !two && c.name == args[0]:
+			return c, args[1:], nil
+		case two && group == args[0] && len(args) > 1 && sub == args[1]:
+			return c, args[2:], nil
+		case two && group == args[0]:
 			subs = append(subs, sub)
 		}
 	}

@@ -227,21 +227,15 @@ func serve(e *cliEnv, o opts, _ []string) error {
 	s.catalog.start(bg, &wg)
 	s.maint.run(bg, &wg) // the listener is up: the start pass may begin
 	defer s.perf.flush()
-	serveErr := make(chan error, 1)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		serveErr <- srv.Serve(ln)
-	}()
-	select {
-	case <-e.ctx.Done():
-	case err = <-serveErr:
+	// No grace period of Brama's own (SPEC §7.4): requests end when their providers do, or at the second signal.
+	drained := make(chan error, 1)
+	defer context.AfterFunc(e.ctx, func() {
+		log.Info("serve_draining")
+		drained <- srv.Shutdown(context.WithoutCancel(e.ctx))
+	})()
+	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
-	// No grace period of Brama's own (SPEC §7.4): requests end when their providers do, or at the second signal.
-	log.Info("serve_draining")
-	drained := make(chan error, 1)
-	go func() { drained <- srv.Shutdown(context.WithoutCancel(e.ctx)) }()
 	select {
 	case <-drained:
 	case <-e.cut:
@@ -383,10 +377,7 @@ func (e *cliEnv) call(method, path string, body, out any) ([]byte, error) {
 	return nil, fmt.Errorf("the gateway refused (%d %s): %s", resp.StatusCode, env.Error.Code, env.Error.Message)
 }
 
-const (
-	onboardFile = "onboarding.json"
-	onboardRole = "onboarding progress"
-)
+const onboardFile, onboardRole = "onboarding.json", "onboarding progress"
 
 // onboardProgress is onboarding.json: the first-use journey's steps (SPEC §14) in order, each done when first done
 // (RFC 3339 UTC) and (route, answer) with the model it named; the strict decoder refuses an unknown step.
@@ -408,20 +399,17 @@ type onboardStep struct {
 // errOnboardingInvalid wraps every refusal of parseOnboarding.
 var errOnboardingInvalid = errors.New("onboarding progress is invalid")
 
-// parseOnboarding is decodeStrict on onboarding.json; empty is no progress.
+// parseOnboarding is decodeStrict on onboarding.json, schema 1; empty is no progress.
 func parseOnboarding(b []byte) (*onboardProgress, error) {
 	prog := &onboardProgress{SchemaVersion: 1}
-	if err := decodeStrict(onboardFile, b, prog); len(b) > 0 && err != nil {
+	err := decodeStrict(onboardFile, b, prog)
+	if err == nil && prog.SchemaVersion != 1 {
+		err = fmt.Errorf("schema_version %d is not 1", prog.SchemaVersion)
+	}
+	if len(b) > 0 && err != nil {
 		return nil, fmt.Errorf("%w: %w (remove the file to start the journey again)", errOnboardingInvalid, err)
 	}
 	return prog, nil
-}
-
-func (prog *onboardProgress) validate() error {
-	if prog.SchemaVersion != 1 {
-		return fmt.Errorf("schema_version %d is not 1", prog.SchemaVersion)
-	}
-	return nil
 }
 
 // onboard walks the first-use journey in-process, no daemon or bearer: each step passed is recorded and printed
