@@ -287,8 +287,7 @@ func help(w io.Writer) {
 	})
 }
 
-// runCommand runs args' command, its flags and positionals in either order (SPEC §16.1): -h prints its help on
-// stdout; a usage error names its help.
+// runCommand runs args' command, flags and positionals in either order (SPEC §16.1); -h prints its help on stdout.
 func (e *cliEnv) runCommand(args []string) error {
 	c, args, err := lookup(args)
 	if err != nil {
@@ -365,8 +364,7 @@ func table(w io.Writer, err error, header string, rows func(yield func(...string
 	return tw.Flush()
 }
 
-// printAliases prints the alias table (GET /v1/aliases), unless err: one aligned row per alias and the unserviceable
-// count, or with asJSON the body.
+// printAliases prints GET /v1/aliases, unless err: with asJSON its body, else one row per alias and a count.
 func (e *cliEnv) printAliases(d deps, asJSON bool, err error) error {
 	if err != nil {
 		return err
@@ -413,20 +411,17 @@ func subscriptionPath(segments ...string) string {
 	return "/v1/admin/subscriptions/" + strings.Join(segments, "/")
 }
 
-// donate posts body for agent (query "?via=sign-in" marks a sign-in's) and prints the new id alone on stdout, for
-// scripts.
+// donate posts body for agent (query "?via=sign-in" marks a sign-in's) and prints the new id alone on stdout.
 func (e *cliEnv) donate(agent, query string, body donation) error {
 	var ans struct{ Subscription donatedSubscription }
 	if _, err := e.call("POST", subscriptionPath(agent)+query, body, &ans); err != nil || ans.Subscription.ID == "" {
 		return cmp.Or(err, errors.New("the gateway's answer names no subscription"))
 	}
-	how := map[bool]string{false: "donated", true: "signed in; donated"}[query != ""]
-	fmt.Fprintf(e.stderr, "brama: %s %s subscription %s to agent %s\n", how, ans.Subscription.Provider, ans.Subscription.ID, agent)
+	fmt.Fprintf(e.stderr, "brama: donated %s subscription %s to agent %s\n", ans.Subscription.Provider, ans.Subscription.ID, agent)
 	return e.say(nil, "%s\n", ans.Subscription.ID)
 }
 
-// subscriptionList prints one aligned row per subscription and a count (SPEC §16.1; USED is the fullest window's
-// share), or with -json the body.
+// subscriptionList prints with -json the body, else one row per subscription (USED: the fullest window's) and a count.
 func subscriptionList(e *cliEnv, o opts, _ []string) error {
 	var l struct{ Subscriptions []subscriptionRow }
 	b, err := e.call("GET", subscriptionPath(o.s("agent")), nil, &l)
@@ -488,8 +483,8 @@ func subscriptionImport(e *cliEnv, o opts, _ []string) error {
 // errImportFile marks a credential file import cannot use.
 var errImportFile = errors.New("not a usable credential file")
 
-// parseImportFile reads the grant from the file claude-code or codex keeps (SPEC §10.1), ignoring their tools' other
-// members; checkCredential refuses it as a donation would and adds what the JWT claims say (SPEC §6.2). Errors wrap
+// parseImportFile reads the grant from the file claude-code or codex (the caller checks which) keeps (SPEC §10.1);
+// checkCredential refuses it as a donation would and adds what the JWT claims say (SPEC §6.2). Errors wrap
 // errImportFile, never quote a token.
 func parseImportFile(provider string, b []byte) (oauthGrant, error) {
 	var f struct {
@@ -507,8 +502,6 @@ func parseImportFile(provider string, b []byte) (oauthGrant, error) {
 	}
 	cred := vaultCredential{OAuth: grants[provider]}
 	switch {
-	case importFiles[provider].object == "":
-		err = fmt.Errorf("import reads claude-code or codex files, not %q", provider)
 	case errors.As(err, &te): // a syntax error's text can quote bytes of the file, which may be a token
 		err = fmt.Errorf("member %s is not a %s", te.Field, te.Type)
 	case err != nil:

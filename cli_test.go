@@ -44,7 +44,6 @@ func TestParseImportFile(t *testing.T) {
 		{name: "negative expiry", provider: "claude-code", file: `{"claudeAiOauth":{"accessToken":"a","refreshToken":"r","expiresAt":-5}}`, wantErr: "negative"},
 		{name: "expiry not a number", provider: "claude-code", file: `{"claudeAiOauth":{"accessToken":"a","refreshToken":"r","expiresAt":"soon"}}`, wantErr: "expiresAt"},
 		{name: "not JSON, token not quoted", provider: "codex", file: `{"tokens":{"access_token":"sk-secret-0123456789" "x"}}`, wantErr: "syntax error at byte"},
-		{name: "kimi has no file", provider: "kimi", file: `{}`, wantErr: "not \"kimi\""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -118,8 +118,7 @@ func openDeps(getenv func(string) string, sy sys) deps {
 	return deps{st, newVault(vpath, verr), j, newRegistry(rpath, rerr, j, sy.log), newClientStore(cpath, cerr)}
 }
 
-// readLocalCredentials reads `{"provider":"api key",…}` from stdin when asked, keys trimmed as credentials set trims
-// them; nil when not asked (the vault's keys are read).
+// readLocalCredentials reads `{"provider":"api key",…}` from stdin when asked, keys trimmed; nil: the vault's are read.
 func readLocalCredentials(asked bool, r io.Reader) (map[string]string, error) {
 	if !asked {
 		return nil, nil
@@ -248,8 +247,7 @@ func serve(e *cliEnv, o opts, _ []string) error {
 	return nil
 }
 
-// serveNotes is what serve prints under its address: the state directory, and the one step to run next while nothing
-// can pay for a call yet.
+// serveNotes is what serve prints under its address: the state directory, and the next step while nothing can pay.
 func serveNotes(s *server) string {
 	where := "state: " + s.st.dir
 	if s.st.dir == "" {
@@ -262,8 +260,7 @@ func serveNotes(s *server) string {
 		"; or a local model: brama deployments add NAME -port 11434"
 }
 
-// checkListenAddr refuses an -addr net.Listen would misread: empty (every interface), no port or an empty one (a
-// random port), or a bad port.
+// checkListenAddr refuses an -addr net.Listen would misread as every interface or a random port, or a bad port.
 func checkListenAddr(addr string) error {
 	_, port, err := net.SplitHostPort(addr)
 	if err == nil && port == "" {
@@ -302,8 +299,7 @@ func (e *cliEnv) say(err error, format string, args ...any) error {
 	return err
 }
 
-// wrote reports a write, unless err: the file, and a warning when no serve holds the state directory (nothing serves
-// the change until one starts), on stderr; the success line on stdout.
+// wrote reports a write, unless err: on stderr the file, and a warning when no serve holds the state directory to serve it.
 func (e *cliEnv) wrote(path string, err error, format string, args ...any) error {
 	if err != nil {
 		return err
