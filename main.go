@@ -305,21 +305,18 @@ func (e *cliEnv) wrote(path string, err error, format string, args ...any) error
 		return err
 	}
 	fmt.Fprintf(e.stderr, "brama: wrote %s\n", path)
-	if st := resolveState(e.getenv); st.dir != "" && !serveHolds(st) {
-		fmt.Fprintf(e.stderr, "brama: warning: no brama serve holds %s; the change serves once one starts: brama serve\n",
-			filepath.Join(st.dir, "serve.lock"))
+	if st := resolveState(e.getenv); st.dir != "" {
+		name := filepath.Join(st.dir, "serve.lock")
+		lock, err := os.OpenFile(name, os.O_RDONLY|syscall.O_NOFOLLOW, 0) // creates no file
+		if err == nil {
+			defer lock.Close()
+			err = syscall.Flock(int(lock.Fd()), syscall.LOCK_SH|syscall.LOCK_NB)
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) { // EWOULDBLOCK: a serve holds it
+			fmt.Fprintf(e.stderr, "brama: warning: no brama serve holds %s; the change serves once one starts: brama serve\n", name)
+		}
 	}
 	return e.say(nil, format, args...)
-}
-
-// serveHolds says whether a brama serve holds s's serve.lock; it creates no file.
-func serveHolds(s state) bool {
-	f, err := os.OpenFile(filepath.Join(s.dir, "serve.lock"), os.O_RDONLY|syscall.O_NOFOLLOW, 0)
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	return errors.Is(syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB), syscall.EWOULDBLOCK)
 }
 
 func (e *cliEnv) line() string {
