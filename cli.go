@@ -253,17 +253,17 @@ func commands() []command {
 	}
 }
 
-// lookup finds args' command: two words, else one; else a usage error naming the group's commands.
+// lookup finds args' command (one word, or two for a group's); else a usage error naming the group's commands.
 func lookup(args []string) (command, []string, error) {
-	cmds := commands()
-	for n := min(2, len(args)); n > 0; n-- {
-		if i := slices.IndexFunc(cmds, func(c command) bool { return c.name == strings.Join(args[:n], " ") }); i >= 0 {
-			return cmds[i], args[n:], nil
-		}
-	}
 	var subs []string
-	for _, c := range cmds {
-		if group, sub, ok := strings.Cut(c.name, " "); ok && group == args[0] {
+	for _, c := range commands() {
+		group, sub, two := strings.Cut(c.name, " ")
+		switch {
+		case !two && c.name == args[0]:
+			return c, args[1:], nil
+		case two && group == args[0] && len(args) > 1 && sub == args[1]:
+			return c, args[2:], nil
+		case two && group == args[0]:
 			subs = append(subs, sub)
 		}
 	}
@@ -287,8 +287,7 @@ func help(w io.Writer) {
 	})
 }
 
-// runCommand runs args' command, its flags and positionals in either order (SPEC §16.1): -h prints its help on
-// stdout; a usage error names its help.
+// runCommand runs args' command, flags and positionals in either order (SPEC §16.1); -h prints its help on stdout.
 func (e *cliEnv) runCommand(args []string) error {
 	c, args, err := lookup(args)
 	if err != nil {
@@ -365,8 +364,7 @@ func table(w io.Writer, err error, header string, rows func(yield func(...string
 	return tw.Flush()
 }
 
-// printAliases prints the alias table (GET /v1/aliases), unless err: one aligned row per alias and the unserviceable
-// count, or with asJSON the body.
+// printAliases prints GET /v1/aliases, unless err: with asJSON its body, else one row per alias and a count.
 func (e *cliEnv) printAliases(d deps, asJSON bool, err error) error {
 	if err != nil {
 		return err
@@ -413,20 +411,17 @@ func subscriptionPath(segments ...string) string {
 	return "/v1/admin/subscriptions/" + strings.Join(segments, "/")
 }
 
-// donate posts body for agent (query "?via=sign-in" marks a sign-in's) and prints the new id alone on stdout, for
-// scripts.
+// donate posts body for agent (query "?via=sign-in" marks a sign-in's) and prints the new id alone on stdout.
 func (e *cliEnv) donate(agent, query string, body donation) error {
 	var ans struct{ Subscription donatedSubscription }
 	if _, err := e.call("POST", subscriptionPath(agent)+query, body, &ans); err != nil || ans.Subscription.ID == "" {
 		return cmp.Or(err, errors.New("the gateway's answer names no subscription"))
 	}
-	how := map[bool]string{false: "donated", true: "signed in; donated"}[query != ""]
-	fmt.Fprintf(e.stderr, "brama: %s %s subscription %s to agent %s\n", how, ans.Subscription.Provider, ans.Subscription.ID, agent)
+	fmt.Fprintf(e.stderr, "brama: donated %s subscription %s to agent %s\n", ans.Subscription.Provider, ans.Subscription.ID, agent)
 	return e.say(nil, "%s\n", ans.Subscription.ID)
 }
 
-// subscriptionList prints one aligned row per subscription and a count (SPEC §16.1; USED is the fullest window's
-// share), or with -json the body.
+// subscriptionList prints with -json the body, else one row per subscription (USED: the fullest window's) and a count.
 func subscriptionList(e *cliEnv, o opts, _ []string) error {
 	var l struct{ Subscriptions []subscriptionRow }
 	b, err := e.call("GET", subscriptionPath(o.s("agent")), nil, &l)
@@ -488,8 +483,9 @@ func subscriptionImport(e *cliEnv, o opts, _ []string) error {
 // errImportFile marks a credential file import cannot use.
 var errImportFile = errors.New("not a usable credential file")
 
-// parseImportFile reads the grant from the file claude-code or codex keeps (SPEC §10.1), ignoring their tools' other
-// members; fillGrant adds what the JWT claims say (SPEC §6.2). Errors wrap errImportFile, never quote a token.
+// parseImportFile reads the grant from the file claude-code or codex (the caller checks which) keeps (SPEC §10.1);
+// checkCredential refuses it as a donation would and adds what the JWT claims say (SPEC §6.2). Errors wrap
+// errImportFile, never quote a token.
 func parseImportFile(provider string, b []byte) (oauthGrant, error) {
 	var f struct {
 		C *struct {
@@ -499,28 +495,23 @@ func parseImportFile(provider string, b []byte) (oauthGrant, error) {
 		} `json:"claudeAiOauth"`
 		T *oauthGrant `json:"tokens"` // access_token, refresh_token, id_token, account_id
 	}
-	object, err := importFiles[provider].object, json.Unmarshal(b, &f)
-	g, te := (*oauthGrant)(nil), (*json.UnmarshalTypeError)(nil)
-	if f.C != nil && provider == "claude-code" {
-		g = &oauthGrant{AccessToken: f.C.AccessToken, RefreshToken: f.C.RefreshToken, ExpiresAtMs: f.C.ExpiresAt}
-	} else if f.T != nil && provider == "codex" {
-		g = &oauthGrant{AccessToken: f.T.AccessToken, RefreshToken: f.T.RefreshToken, IDToken: f.T.IDToken, AccountID: f.T.AccountID}
+	err, te := json.Unmarshal(b, &f), (*json.UnmarshalTypeError)(nil)
+	grants := map[string]*oauthGrant{"codex": f.T}
+	if f.C != nil {
+		grants["claude-code"] = &oauthGrant{AccessToken: f.C.AccessToken, RefreshToken: f.C.RefreshToken, ExpiresAtMs: f.C.ExpiresAt}
 	}
+	cred := vaultCredential{OAuth: grants[provider]}
 	switch {
-	case object == "":
-		err = fmt.Errorf("import reads claude-code or codex files, not %q", provider)
 	case errors.As(err, &te): // a syntax error's text can quote bytes of the file, which may be a token
 		err = fmt.Errorf("member %s is not a %s", te.Field, te.Type)
 	case err != nil:
 		err = errors.New("not JSON (" + jsonErrorKind(err) + ")")
-	case g == nil:
-		err = fmt.Errorf("no %s object", object)
-	case g.AccessToken == "" || g.RefreshToken == "":
-		err = fmt.Errorf("the %s grant lacks its access or refresh token", provider)
-	case g.ExpiresAtMs < 0:
-		err = fmt.Errorf("the %s grant's expiry is negative", provider)
+	case cred.OAuth == nil:
+		err = fmt.Errorf("no %s object", importFiles[provider].object)
 	default:
-		return fillGrant(provider, *g), nil
+		if cred, err = checkCredential(provider, cred); err == nil {
+			return *cred.OAuth, nil
+		}
 	}
 	return oauthGrant{}, fmt.Errorf("%w: %w", errImportFile, err)
 }

@@ -119,8 +119,7 @@ func openDeps(getenv func(string) string, sy sys) deps {
 	return deps{st, newVault(vpath, verr), j, newRegistry(rpath, rerr, j, sy.log), clients}
 }
 
-// readLocalCredentials reads `{"provider":"api key",…}` from stdin when asked, keys trimmed as credentials set trims
-// them; nil when not asked (the vault's keys are read).
+// readLocalCredentials reads `{"provider":"api key",…}` from stdin when asked, keys trimmed; nil: the vault's are read.
 func readLocalCredentials(asked bool, r io.Reader) (map[string]string, error) {
 	if !asked {
 		return nil, nil
@@ -228,21 +227,15 @@ func serve(e *cliEnv, o opts, _ []string) error {
 	s.catalog.start(bg, &wg)
 	s.maint.run(bg, &wg) // the listener is up: the start pass may begin
 	defer s.perf.flush()
-	serveErr := make(chan error, 1)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		serveErr <- srv.Serve(ln)
-	}()
-	select {
-	case <-e.ctx.Done():
-	case err = <-serveErr:
+	// No grace period of Brama's own (SPEC §7.4): requests end when their providers do, or at the second signal.
+	drained := make(chan error, 1)
+	defer context.AfterFunc(e.ctx, func() {
+		log.Info("serve_draining")
+		drained <- srv.Shutdown(context.WithoutCancel(e.ctx))
+	})()
+	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
-	// No grace period of Brama's own (SPEC §7.4): requests end when their providers do, or at the second signal.
-	log.Info("serve_draining")
-	drained := make(chan error, 1)
-	go func() { drained <- srv.Shutdown(context.WithoutCancel(e.ctx)) }()
 	select {
 	case <-drained:
 	case <-e.cut:
@@ -255,8 +248,7 @@ func serve(e *cliEnv, o opts, _ []string) error {
 	return nil
 }
 
-// serveNotes is what serve prints under its address: the state directory, and the one step to run next while nothing
-// can pay for a call yet.
+// serveNotes is what serve prints under its address: the state directory, and the next step while nothing can pay.
 func serveNotes(s *server) string {
 	where := "state: " + s.st.dir
 	if s.st.dir == "" {
@@ -269,8 +261,7 @@ func serveNotes(s *server) string {
 		"; or a local model: brama deployments add NAME -port 11434"
 }
 
-// checkListenAddr refuses an -addr net.Listen would misread: empty (every interface), no port or an empty one (a
-// random port), or a bad port.
+// checkListenAddr refuses an -addr net.Listen would misread as every interface or a random port, or a bad port.
 func checkListenAddr(addr string) error {
 	_, port, err := net.SplitHostPort(addr)
 	if err == nil && port == "" {
@@ -309,28 +300,24 @@ func (e *cliEnv) say(err error, format string, args ...any) error {
 	return err
 }
 
-// wrote reports a write, unless err: the file, and a warning when no serve holds the state directory (nothing serves
-// the change until one starts), on stderr; the success line on stdout.
+// wrote reports a write, unless err: on stderr the file, and a warning when no serve holds the state directory to serve it.
 func (e *cliEnv) wrote(path string, err error, format string, args ...any) error {
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(e.stderr, "brama: wrote %s\n", path)
-	if st := resolveState(e.getenv); st.dir != "" && !serveHolds(st) {
-		fmt.Fprintf(e.stderr, "brama: warning: no brama serve holds %s; the change serves once one starts: brama serve\n",
-			filepath.Join(st.dir, "serve.lock"))
+	if st := resolveState(e.getenv); st.dir != "" {
+		name := filepath.Join(st.dir, "serve.lock")
+		lock, err := os.OpenFile(name, os.O_RDONLY|syscall.O_NOFOLLOW, 0) // creates no file
+		if err == nil {
+			defer lock.Close()
+			err = syscall.Flock(int(lock.Fd()), syscall.LOCK_SH|syscall.LOCK_NB)
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) { // EWOULDBLOCK: a serve holds it
+			fmt.Fprintf(e.stderr, "brama: warning: no brama serve holds %s; the change serves once one starts: brama serve\n", name)
+		}
 	}
 	return e.say(nil, format, args...)
-}
-
-// serveHolds says whether a brama serve holds s's serve.lock; it creates no file.
-func serveHolds(s state) bool {
-	f, err := os.OpenFile(filepath.Join(s.dir, "serve.lock"), os.O_RDONLY|syscall.O_NOFOLLOW, 0)
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	return errors.Is(syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB), syscall.EWOULDBLOCK)
 }
 
 func (e *cliEnv) line() string {
@@ -384,19 +371,18 @@ func (e *cliEnv) call(method, path string, body, out any) ([]byte, error) {
 	return nil, fmt.Errorf("the gateway refused (%d %s): %s", resp.StatusCode, env.Error.Code, env.Error.Message)
 }
 
-// onboardSteps are the first-use journey (SPEC §14) in order; onboarding.json keeps the steps done.
-var onboardSteps = []string{"state-directory", "client", "route", "answer"}
+const onboardFile, onboardRole = "onboarding.json", "onboarding progress"
 
-const (
-	onboardFile = "onboarding.json"
-	onboardRole = "onboarding progress"
-)
-
-// onboardProgress is onboarding.json: each step done, when first done (RFC 3339 UTC), and (route, answer) the model
-// it named.
+// onboardProgress is onboarding.json: the first-use journey's steps (SPEC §14) in order, each done when first done
+// (RFC 3339 UTC) and (route, answer) with the model it named; the strict decoder refuses an unknown step.
 type onboardProgress struct {
-	SchemaVersion int                    `json:"schema_version"`
-	Steps         map[string]onboardStep `json:"steps"`
+	SchemaVersion int `json:"schema_version"`
+	Steps         struct {
+		StateDirectory *onboardStep `json:"state-directory,omitempty"`
+		Client         *onboardStep `json:"client,omitempty"`
+		Route          *onboardStep `json:"route,omitempty"`
+		Answer         *onboardStep `json:"answer,omitempty"`
+	} `json:"steps"`
 }
 
 type onboardStep struct {
@@ -407,29 +393,17 @@ type onboardStep struct {
 // errOnboardingInvalid wraps every refusal of parseOnboarding.
 var errOnboardingInvalid = errors.New("onboarding progress is invalid")
 
-// parseOnboarding is decodeStrict on onboarding.json; empty is no progress.
+// parseOnboarding is decodeStrict on onboarding.json, schema 1; empty is no progress.
 func parseOnboarding(b []byte) (*onboardProgress, error) {
-	prog := &onboardProgress{SchemaVersion: 1, Steps: map[string]onboardStep{}}
-	if err := decodeStrict(onboardFile, b, prog); len(b) > 0 && err != nil {
+	prog := &onboardProgress{SchemaVersion: 1}
+	err := decodeStrict(onboardFile, b, prog)
+	if err == nil && prog.SchemaVersion != 1 {
+		err = fmt.Errorf("schema_version %d is not 1", prog.SchemaVersion)
+	}
+	if len(b) > 0 && err != nil {
 		return nil, fmt.Errorf("%w: %w (remove the file to start the journey again)", errOnboardingInvalid, err)
 	}
 	return prog, nil
-}
-
-// validate refuses another schema and unknown steps (the decoder refuses an unreadable time).
-func (prog *onboardProgress) validate() error {
-	if prog.SchemaVersion != 1 {
-		return fmt.Errorf("schema_version %d is not 1", prog.SchemaVersion)
-	}
-	for name := range prog.Steps {
-		if !slices.Contains(onboardSteps, name) {
-			return fmt.Errorf("unknown step %q", truncateUTF8(name, 64))
-		}
-	}
-	if prog.Steps == nil {
-		prog.Steps = map[string]onboardStep{}
-	}
-	return nil
 }
 
 // onboard walks the first-use journey in-process, no daemon or bearer: each step passed is recorded and printed
@@ -443,20 +417,20 @@ func onboard(e *cliEnv, o opts, _ []string) error {
 	if err != nil { // a file failing the guards is refused, never overwritten
 		return fmt.Errorf("the state directory is not usable: %w", err)
 	}
-	done := func(step, model string) error {
-		if _, ok := prog.Steps[step]; !ok {
-			prog.Steps[step] = onboardStep{DoneAt: sy.now().UTC().Truncate(time.Millisecond), Model: model}
+	done := func(step **onboardStep, name, model string) error {
+		if *step == nil {
+			*step = &onboardStep{DoneAt: sy.now().UTC().Truncate(time.Millisecond), Model: model}
 		}
 		if err := writeState(path, prog); err != nil {
 			return fmt.Errorf("the state directory is not usable: %s cannot be written: %w", onboardRole, err)
 		}
-		return e.say(nil, "done %s\n", step)
+		return e.say(nil, "done %s\n", name)
 	}
 	next := func(cmd string, err error) error {
 		fmt.Fprintf(e.stdout, "next: %s\n", cmd)
 		return err
 	}
-	if err := done("state-directory", ""); err != nil {
+	if err := done(&prog.Steps.StateDirectory, "state-directory", ""); err != nil {
 		return err
 	}
 	switch doc, err := d.clients.load(); { // serve makes the first admin client
@@ -465,7 +439,7 @@ func onboard(e *cliEnv, o opts, _ []string) error {
 	case err != nil:
 		return fmt.Errorf("the clients file is unusable: %w", err)
 	}
-	if err := done("client", ""); err != nil {
+	if err := done(&prog.Steps.Client, "client", ""); err != nil {
 		return err
 	}
 	// The call planned as the daemon would (a bare deployment as local-openai/<name>), refusing subscription routes
@@ -492,16 +466,16 @@ func onboard(e *cliEnv, o opts, _ []string) error {
 			return fmt.Errorf("-model %q cannot serve: %s", req.Model, ae.Message)
 		}
 	}
-	if err := done("route", c.res.Route); err != nil {
+	if err := done(&prog.Steps.Route, "route", c.res.Route); err != nil {
 		return err
 	}
-	if _, ok := prog.Steps["answer"]; ok && model == "" {
-		return done("answer", "") // done on an earlier run
+	if prog.Steps.Answer != nil && model == "" {
+		return done(&prog.Steps.Answer, "answer", "") // done on an earlier run
 	} else if model == "" || !o.b("allow-provider-cost") {
 		return next("brama onboard -model "+cmp.Or(model, "<route>")+" -allow-provider-cost", nil)
 	}
 	if _, ae := s.engine("", &tally{}).ping(e.ctx, c, nil); ae != nil { // one ping, as the probe's (SPEC §11.3)
 		return fmt.Errorf("no model answer: %s", ae.Message)
 	}
-	return done("answer", c.res.Route)
+	return done(&prog.Steps.Answer, "answer", c.res.Route)
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -40,11 +41,11 @@ func TestOnboardJourney(t *testing.T) {
 	steps := func(t *testing.T) map[string]onboardStep {
 		t.Helper()
 		b, _, err := readGuarded(onboardRole, progress)
-		var prog *onboardProgress
 		if err == nil {
-			prog, err = parseOnboarding(b)
+			_, err = parseOnboarding(b)
 		}
-		if err != nil {
+		var prog struct{ Steps map[string]onboardStep }
+		if err != nil || json.Unmarshal(b, &prog) != nil {
 			t.Fatalf("progress: %v", err)
 		}
 		return prog.Steps
@@ -142,7 +143,7 @@ func TestOnboardRefusesUnreadableProgress(t *testing.T) {
 		mentions      string
 	}{
 		{"group readable", `{"schema_version":1,"steps":{}}`, 0o644, "chmod 600"},
-		{"unknown step", `{"schema_version":1,"steps":{"dance":{"done_at":"2025-01-01T00:00:00.000Z"}}}`, 0o600, `unknown step "dance"`},
+		{"unknown step", `{"schema_version":1,"steps":{"dance":{"done_at":"2025-01-01T00:00:00.000Z"}}}`, 0o600, `"dance"`},
 		{"not json", `{"schema_version":1,`, 0o600, "onboarding.json"},
 	}
 	for _, tc := range tests {
