@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"io"
@@ -196,13 +197,11 @@ func skipJSONValue(b []byte, i int) int {
 // callerRequest is a caller's chat request: the raw body, the head Brama
 // acts on, the neutral request once a call across formats needs it.
 type callerRequest struct {
-	dialect string
-	body    rawObject
-	header  http.Header // the caller's request headers
-	query   string      // the caller's raw query string
-	// head holds only Model, Stream and MaxTokens, the output limit a call
-	// sends (SPEC §6.4).
-	head        chatRequest
+	dialect     string
+	body        rawObject
+	header      http.Header
+	query       string
+	head        chatRequest  // only Model, Stream and MaxTokens, the output limit a call sends (SPEC §6.4)
 	callerLimit bool         // the caller named an output limit
 	neutral     *chatRequest // the whole body parsed for translation; nil until a call needs it
 }
@@ -234,11 +233,10 @@ func readCallerRequest(dialect string, r *http.Request, body []byte) (*callerReq
 			if json.Unmarshal(v, &n) != nil || n < 1 {
 				return nil, refuse("invalid_request", "%s must be an integer of at least 1", name)
 			}
-			if !cr.callerLimit {
-				cr.head.MaxTokens, cr.callerLimit = n, true
-			}
+			cr.head.MaxTokens = cmp.Or(cr.head.MaxTokens, n) // the first name present wins
 		}
 	}
+	cr.callerLimit = cr.head.MaxTokens > 0
 	return cr, nil
 }
 
@@ -247,23 +245,13 @@ func (cr *callerRequest) translates(p providerInfo) bool {
 	return formatOf(cr.dialect).protocol != p.protocol
 }
 
-// parseForTranslation parses the whole body into the neutral request, once.
+// parseForTranslation parses the whole body into the neutral request (at plan time, once).
 func (cr *callerRequest) parseForTranslation() error {
-	if cr.neutral != nil {
-		return nil
-	}
 	req, err := formatOf(cr.dialect).parse(cr.body.src)
 	if err == nil {
 		cr.neutral = &req
 	}
 	return err
-}
-
-// withLimit is cr for one call whose output limit is limit (SPEC §6.4).
-func (cr *callerRequest) withLimit(limit int) *callerRequest {
-	c := *cr
-	c.head.MaxTokens = limit
-	return &c
 }
 
 // translated is the neutral request one call across formats sends.
@@ -274,10 +262,13 @@ func (cr *callerRequest) translated() chatRequest {
 	return req
 }
 
-// buildPassthroughRequest is a same-format call's request (SPEC §7.6): the
-// output limit (§6.4) and the provider's rules (§6.2) edited, all else kept.
-func buildPassthroughRequest(ctx context.Context, c call, cr *callerRequest) (*http.Request, error) {
+// buildChatRequest is a chat call's request: translated, or the caller's body (SPEC §7.6) with the output
+// limit (§6.4) and the provider's rules (§6.2) edited, all else kept.
+func buildChatRequest(ctx context.Context, c call, cr *callerRequest) (*http.Request, error) {
 	p := c.res.Provider
+	if cr.translates(p) {
+		return buildUpstreamRequest(ctx, c, cr.translated())
+	}
 	var edits []memberEdit
 	if cr.head.MaxTokens > 0 && !cr.callerLimit && !p.codex {
 		names := outputLimitNames[formatOf(p.protocol).dialect]
@@ -321,16 +312,16 @@ func (cr *callerRequest) passthrough(ctx context.Context, c call, path string, s
 	if p.protocol == protoAnthropic && cr.query != "" {
 		path += "?" + cr.query // Anthropic's clients send ?beta=true; the API takes it (README)
 	}
-	return newPassthroughRequest(ctx, c, cr.header, path, cr.body.edit(append(base, edits...)...), stream)
+	return newProviderRequest(ctx, c, cr.header, path, cr.body.edit(append(base, edits...)...), stream)
 }
 
-// newPassthroughRequest is a call sending body as is, with p's headers.
-func newPassthroughRequest(ctx context.Context, c call, caller http.Header, path string, body []byte, stream bool) (*http.Request, error) {
+// newProviderRequest is a call of c sending body as is, with its provider's headers and the extra ones.
+func newProviderRequest(ctx context.Context, c call, extra http.Header, path string, body []byte, stream bool) (*http.Request, error) {
 	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, c.baseURL+path, bytes.NewReader(body))
 	if err != nil {
 		return nil, refuse("internal_error", "internal error").because(err)
 	}
-	setProviderHeaders(hr.Header, c.res.Provider, c.cred, caller, stream)
+	setProviderHeaders(hr.Header, c.res.Provider, c.cred, extra, stream)
 	return hr, nil
 }
 
@@ -353,26 +344,20 @@ type call struct {
 	cred    upstreamCredential
 }
 
-// countTokensAnswer is the body of every count_tokens answer.
-type countTokensAnswer struct {
-	InputTokens *int `json:"input_tokens"`
-}
-
 // estimateInputTokens is SPEC §15's local estimate: the bytes of the system
 // text, every text part, tool_use input and tool_result content, and the
 // tools as sent, ÷ 4 rounded up.
 func estimateInputTokens(o rawObject) int {
-	type block struct {
-		Type, Text     string
-		Input, Content json.RawMessage
-	}
 	var textOf func(raw json.RawMessage) int
-	textOf = func(raw json.RawMessage) int { // a string, or blocks
+	textOf = func(raw json.RawMessage) int { // a string, or blocks; a message (no type) counts as its content
 		var s string
 		if json.Unmarshal(raw, &s) == nil {
 			return len(s)
 		}
-		var blocks []block
+		var blocks []struct {
+			Type, Text     string
+			Input, Content json.RawMessage
+		}
 		json.Unmarshal(raw, &blocks)
 		n := 0
 		for _, b := range blocks {
@@ -381,18 +366,13 @@ func estimateInputTokens(o rawObject) int {
 				n += len(b.Text)
 			case "tool_use":
 				n += len(b.Input)
-			case "tool_result":
+			case "tool_result", "":
 				n += textOf(b.Content)
 			}
 		}
 		return n
 	}
-	n := textOf(o.value("system"))
-	var msgs []block // only their content counts
-	json.Unmarshal(o.value("messages"), &msgs)
-	for _, m := range msgs {
-		n += textOf(m.Content)
-	}
+	n := textOf(o.value("system")) + textOf(o.value("messages"))
 	if t := o.value("tools"); !rawIsNull(t) {
 		n += len(t)
 	}
@@ -483,20 +463,19 @@ func rawItems(raw json.RawMessage) (items []json.RawMessage) {
 
 // rawMember is raw's member name (any case, as encoding/json matches), nil when none.
 func rawMember(raw json.RawMessage, name string) json.RawMessage {
-	var m map[string]json.RawMessage
-	json.Unmarshal(raw, &m)
-	for k, v := range m {
-		if strings.EqualFold(k, name) {
-			return v
-		}
+	o, _ := splitRaw(raw, '{', nil)
+	i := slices.IndexFunc(o.members, func(m jsonMember) bool { return strings.EqualFold(string(m.key), name) })
+	if i < 0 {
+		return nil
 	}
-	return nil
+	return o.src[o.members[i].val:o.members[i].end]
 }
 
-// buildUpstreamRequest is req's call to p in p's protocol and wire details (SPEC §6.2), for model.
-func buildUpstreamRequest(ctx context.Context, p providerInfo, baseURL string, cred upstreamCredential, req chatRequest, model string) (*http.Request, error) {
+// buildUpstreamRequest is req's call c in its provider's protocol and wire details (SPEC §6.2).
+func buildUpstreamRequest(ctx context.Context, c call, req chatRequest) (*http.Request, error) {
+	p, model := c.res.Provider, c.res.Model
 	stream, f := upstreamStreams(p, req), formatOf(p.protocol) // f is never nil: TestEveryProviderHasAWireFormat
-	oauth := p.id == "claude-code" && cred.AccessToken != ""
+	oauth := p.id == "claude-code" && c.cred.AccessToken != ""
 	body, err := f.encode(req, model, upstreamOptions{stream: stream, oauth: oauth, codex: p.codex, openai: p.id == "openai"})
 	if err != nil {
 		return nil, err
@@ -504,10 +483,6 @@ func buildUpstreamRequest(ctx context.Context, p providerInfo, baseURL string, c
 	b, err := json.Marshal(body)
 	if err != nil {
 		return nil, refuse("invalid_request", "the request cannot be encoded for provider %q", p.id).because(err)
-	}
-	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, baseURL+f.path, bytes.NewReader(b))
-	if err != nil {
-		return nil, refuse("internal_error", "internal error").because(err)
 	}
 	options := http.Header{} // the format's own options a translation needs
 	strict := slices.ContainsFunc(req.Tools, func(t tool) bool { return t.Strict != nil })
@@ -518,6 +493,5 @@ func buildUpstreamRequest(ctx context.Context, p providerInfo, baseURL string, c
 	if p.protocol == protoAnthropic && req.adaptiveEffort(model) {
 		options.Add("Anthropic-Beta", effortBeta)
 	}
-	setProviderHeaders(hr.Header, p, cred, options, stream)
-	return hr, nil
+	return newProviderRequest(ctx, c, options, f.path, b, stream)
 }
