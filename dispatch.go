@@ -148,7 +148,8 @@ func (e *engine) planChat(cl client, req *callerRequest) (c call, cands []resolu
 		targets = cands
 	}
 	if err == nil && slices.ContainsFunc(targets, func(t resolution) bool { return req.translates(t.Provider) }) {
-		err = req.parseForTranslation()
+		req.neutral = new(chatRequest) // the whole body parsed once, at plan time
+		*req.neutral, err = formatOf(req.dialect).parse(req.body.src)
 	}
 	return c, cands, err
 }

@@ -199,8 +199,7 @@ func skipJSONValue(b []byte, i int) int {
 type callerRequest struct {
 	dialect     string
 	body        rawObject
-	header      http.Header
-	query       string
+	caller      *http.Request // its headers and query
 	head        chatRequest  // only Model, Stream and MaxTokens, the output limit a call sends (SPEC §6.4)
 	callerLimit bool         // the caller named an output limit
 	neutral     *chatRequest // the whole body parsed for translation; nil until a call needs it
@@ -220,7 +219,7 @@ func readCallerRequest(dialect string, r *http.Request, body []byte) (*callerReq
 	if err != nil {
 		return nil, err
 	}
-	cr := &callerRequest{dialect: dialect, body: o, header: r.Header, query: r.URL.RawQuery}
+	cr := &callerRequest{dialect: dialect, body: o, caller: r}
 	if json.Unmarshal(o.value("model"), &cr.head.Model) != nil || cr.head.Model == "" {
 		return nil, refuse("invalid_request", "model is required and must be a non-empty string")
 	}
@@ -240,18 +239,8 @@ func readCallerRequest(dialect string, r *http.Request, body []byte) (*callerReq
 	return cr, nil
 }
 
-// translates reports whether a call to p crosses formats.
 func (cr *callerRequest) translates(p providerInfo) bool {
 	return formatOf(cr.dialect).protocol != p.protocol
-}
-
-// parseForTranslation parses the whole body into the neutral request (at plan time, once).
-func (cr *callerRequest) parseForTranslation() error {
-	req, err := formatOf(cr.dialect).parse(cr.body.src)
-	if err == nil {
-		cr.neutral = &req
-	}
-	return err
 }
 
 // translated is the neutral request one call across formats sends.
@@ -297,8 +286,7 @@ func buildChatRequest(ctx context.Context, c call, cr *callerRequest) (*http.Req
 // passthrough is a same-format request to path, count_tokens too: the
 // route's model, claude-code's system (SPEC §6.2), edits.
 func (cr *callerRequest) passthrough(ctx context.Context, c call, path string, stream bool, edits ...memberEdit) (*http.Request, error) {
-	m, _ := json.Marshal(c.res.Model)
-	base := []memberEdit{{"model", m}}
+	base := []memberEdit{{"model", jsonText(c.res.Model)}}
 	p := c.res.Provider
 	if p.id == "claude-code" && c.cred.AccessToken != "" {
 		sys, err := claudeCodeSystem(cr.body.value("system"))
@@ -309,10 +297,10 @@ func (cr *callerRequest) passthrough(ctx context.Context, c call, path string, s
 			base = append(base, memberEdit{"system", sys})
 		}
 	}
-	if p.protocol == protoAnthropic && cr.query != "" {
-		path += "?" + cr.query // Anthropic's clients send ?beta=true; the API takes it (README)
+	if p.protocol == protoAnthropic && cr.caller.URL.RawQuery != "" {
+		path += "?" + cr.caller.URL.RawQuery // Anthropic's clients send ?beta=true; the API takes it (README)
 	}
-	return newProviderRequest(ctx, c, cr.header, path, cr.body.edit(append(base, edits...)...), stream)
+	return newProviderRequest(ctx, c, cr.caller.Header, path, cr.body.edit(append(base, edits...)...), stream)
 }
 
 // newProviderRequest is a call of c sending body as is, with its provider's headers and the extra ones.
@@ -396,9 +384,7 @@ func (req chatRequest) droppedFor(p providerInfo) []string {
 	add(anthropic && req.Effort != "" && budget == 0, req.EffortName)
 	add(anthropic && budget > 0, sampling...)
 	add(anthropic && req.Verbosity != "", "verbosity")
-	for _, t := range req.Tools {
-		add(anthropic && t.Type == toolCustom && t.Format != nil, "format")
-	}
+	add(anthropic && slices.ContainsFunc(req.Tools, func(t tool) bool { return t.Type == toolCustom && t.Format != nil }), "format")
 	add(p.protocol == protoOpenAIResponses && len(req.Stop) > 0, req.StopName)
 	for _, m := range req.Messages {
 		for _, pt := range m.Parts {
@@ -424,25 +410,6 @@ func textOf(ps []part) string {
 		}
 	}
 	return b.String()
-}
-
-func jsonText(s string) json.RawMessage { return must(json.Marshal(s)) }
-
-func ptrTo[T any](v T) *T { return &v }
-
-func valueOr[T any](p *T, or T) T {
-	if p == nil {
-		return or
-	}
-	return *p
-}
-
-// must is v for marshalling that cannot fail (plain values).
-func must(v []byte, err error) json.RawMessage {
-	if err != nil {
-		panic(err)
-	}
-	return v
 }
 
 // rawIsNull reports an absent or null value (raw is valid JSON: only null starts with n).
