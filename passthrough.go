@@ -172,22 +172,19 @@ func skipJSONValue(b []byte, i int) int {
 	for depth := 0; i < len(b); i++ {
 		switch b[i] {
 		case '"':
-			i = skipJSONString(b, i) - 1
+			i = skipJSONString(b, i) - 1 // at the closing quote
 		case '{', '[':
 			depth++
 		case '}', ']':
-			if depth--; depth < 0 {
-				return i // a scalar's end
-			}
+			depth--
 		case ',', ' ', '\t', '\n', '\r':
 			if depth == 0 {
 				return i
 			}
-			continue
-		default:
-			continue
 		}
-		if depth == 0 {
+		if depth < 0 {
+			return i // a scalar's end
+		} else if depth == 0 && (b[i] == '"' || b[i] == '}' || b[i] == ']') {
 			return i + 1
 		}
 	}
@@ -200,9 +197,9 @@ type callerRequest struct {
 	dialect     string
 	body        rawObject
 	caller      *http.Request // its headers and query
-	head        chatRequest  // only Model, Stream and MaxTokens, the output limit a call sends (SPEC §6.4)
-	callerLimit bool         // the caller named an output limit
-	neutral     *chatRequest // the whole body parsed for translation; nil until a call needs it
+	head        chatRequest   // only Model, Stream and MaxTokens, the output limit a call sends (SPEC §6.4)
+	callerLimit bool          // the caller named an output limit
+	neutral     *chatRequest  // the whole body parsed for translation; nil until a call needs it
 }
 
 // outputLimitNames are each dialect's names for the output limit.
