@@ -197,7 +197,7 @@ type callerRequest struct {
 	dialect     string
 	body        rawObject
 	caller      *http.Request // its headers and query
-	head        chatRequest   // only Model, Stream and MaxTokens, the output limit a call sends (SPEC §6.4)
+	head        chatRequest   // Model, Stream, StreamUsage, and MaxTokens, the output limit a call sends (SPEC §6.4)
 	callerLimit bool          // the caller named an output limit
 	neutral     *chatRequest  // the whole body parsed for translation; nil until a call needs it
 }
@@ -233,6 +233,8 @@ func readCallerRequest(dialect string, r *http.Request, body []byte) (*callerReq
 		}
 	}
 	cr.callerLimit = cr.head.MaxTokens > 0
+	so, _ := splitRaw(o.value("stream_options"), '{', nil)
+	cr.head.StreamUsage = dialect == dialectChat && string(so.value("include_usage")) == "true"
 	return cr, nil
 }
 
@@ -243,8 +245,7 @@ func (cr *callerRequest) translates(p providerInfo) bool {
 // translated is the neutral request one call across formats sends.
 func (cr *callerRequest) translated() chatRequest {
 	req := *cr.neutral
-	req.Model, req.Stream, req.MaxTokens = cr.head.Model, cr.head.Stream, cr.head.MaxTokens
-	req.StreamUsage = cr.dialect == dialectChat && cr.asksUsage()
+	req.Model, req.Stream, req.MaxTokens, req.StreamUsage = cr.head.Model, cr.head.Stream, cr.head.MaxTokens, cr.head.StreamUsage
 	return req
 }
 
@@ -272,10 +273,9 @@ func buildChatRequest(ctx context.Context, c call, cr *callerRequest) (*http.Req
 		edits = append(edits, memberEdit{"stream_options", opts})
 	}
 	if p.codex { // SPEC §6.2: always streamed, never stored, never an output limit
-		edits = append(edits, memberEdit{"stream", []byte("true")}, memberEdit{"store", []byte("false")}, memberEdit{"max_output_tokens", nil})
-		if ins := codexInstructions(cr.body.value("instructions"), cr.body.value("input")); ins != nil {
-			edits = append(edits, memberEdit{"instructions", ins})
-		}
+		ins := codexInstructions(cr.body.value("instructions"), cr.body.value("input"))
+		edits = append(edits, memberEdit{"stream", []byte("true")}, memberEdit{"store", []byte("false")},
+			memberEdit{"max_output_tokens", nil}, memberEdit{"instructions", ins})
 	}
 	return cr.passthrough(ctx, c, formatOf(p.protocol).path, upstreamStreams(p, cr.head), edits...)
 }
@@ -290,9 +290,7 @@ func (cr *callerRequest) passthrough(ctx context.Context, c call, path string, s
 		if err != nil {
 			return nil, err
 		}
-		if sys != nil {
-			base = append(base, memberEdit{"system", sys})
-		}
+		base = append(base, memberEdit{"system", sys})
 	}
 	if p.protocol == protoAnthropic && cr.caller.URL.RawQuery != "" {
 		path += "?" + cr.caller.URL.RawQuery // Anthropic's clients send ?beta=true; the API takes it (README)
@@ -313,13 +311,7 @@ func newProviderRequest(ctx context.Context, c call, extra http.Header, path str
 // addsUsage reports whether Brama asks a chat stream for usage itself, the
 // caller not (SPEC §6.2); that usage chunk is not relayed (§7.6).
 func (cr *callerRequest) addsUsage(p providerInfo) bool {
-	return p.protocol == protoOpenAIChat && upstreamStreams(p, cr.head) && !cr.asksUsage()
-}
-
-// asksUsage reports whether the caller sent stream_options.include_usage: true.
-func (cr *callerRequest) asksUsage() bool {
-	o, _ := splitRaw(cr.body.value("stream_options"), '{', nil)
-	return string(o.value("include_usage")) == "true"
+	return p.protocol == protoOpenAIChat && upstreamStreams(p, cr.head) && !cr.head.StreamUsage
 }
 
 // call is one planned provider call: where, with what, as which model.
@@ -381,7 +373,8 @@ func (req chatRequest) droppedFor(p providerInfo) []string {
 	add(anthropic && req.Effort != "" && budget == 0, req.EffortName)
 	add(anthropic && budget > 0, sampling...)
 	add(anthropic && req.Verbosity != "", "verbosity")
-	add(anthropic && slices.ContainsFunc(req.Tools, func(t tool) bool { return t.Type == toolCustom && t.Format != nil }), "format")
+	customFormat := slices.ContainsFunc(req.Tools, func(t tool) bool { return t.Type == toolCustom && t.Format != nil })
+	add(anthropic && customFormat, "format")
 	add(p.protocol == protoOpenAIResponses && len(req.Stop) > 0, req.StopName)
 	for _, m := range req.Messages {
 		for _, pt := range m.Parts {

@@ -190,7 +190,7 @@ const (
 )
 
 // claudeCodeSystem is OAuth traffic's system: the Claude Code identity, then
-// the caller's blocks byte for byte (cache_control); nil if already so.
+// the caller's blocks byte for byte (cache_control); raw itself if already so.
 func claudeCodeSystem(raw json.RawMessage) ([]byte, error) {
 	text := func(s string) string { return `{"text":` + string(jsonText(s)) + `,"type":"text"}` }
 	identity := text(claudeCodeIdentity)
@@ -200,25 +200,25 @@ func claudeCodeSystem(raw json.RawMessage) ([]byte, error) {
 	switch {
 	case raw == nil || isString && s == "":
 	case s == claudeCodeIdentity:
-		return nil, nil
+		return raw, nil
 	case isString:
 		return []byte(`[` + identity + `,` + text(s) + `]`), nil
 	case json.Unmarshal(raw, &own) != nil:
 		return nil, refuse("invalid_request", "system must be a string or an array of content blocks")
 	case len(own) == 0:
 	case own[0].Type == "text" && own[0].Text == claudeCodeIdentity:
-		return nil, nil
+		return raw, nil
 	default:
 		return append([]byte(`[`+identity+`,`), bytes.TrimSpace(raw)[1:]...), nil
 	}
 	return []byte(`[` + identity + `]`), nil
 }
 
-// codexInstructions is a codex body's instructions (SPEC §6.2): nil to keep
-// the caller's, else its system and developer items' text, else the default.
+// codexInstructions is a codex body's instructions (SPEC §6.2): the caller's
+// own, else its system and developer items' text, else the default.
 func codexInstructions(instructions, input json.RawMessage) []byte {
 	if own, _ := jsonString(instructions); strings.TrimSpace(own) != "" {
-		return nil
+		return instructions
 	}
 	var items []struct {
 		Role    string          `json:"role"`
