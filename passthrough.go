@@ -36,8 +36,7 @@ type rawObject struct {
 // any handler: state.go's depth scan).
 func parseRawObject(src []byte) (rawObject, error) {
 	if !json.Valid(src) {
-		var v any
-		return rawObject{}, decodeCallerJSON(src, &v, "")
+		return rawObject{}, decodeCallerJSON(src, new(any), "")
 	}
 	o, ok := splitRaw(src, '{', make([]jsonMember, 0, 8))
 	if !ok {
@@ -284,15 +283,14 @@ func buildChatRequest(ctx context.Context, c call, cr *callerRequest) (*http.Req
 // route's model, claude-code's system (SPEC §6.2), edits.
 func (cr *callerRequest) passthrough(ctx context.Context, c call, path string, stream bool, edits ...memberEdit) (*http.Request, error) {
 	base := []memberEdit{{"model", jsonText(c.res.Model)}}
-	p := c.res.Provider
-	if p.id == "claude-code" && c.cred.AccessToken != "" {
+	if c.res.Provider.id == "claude-code" && c.cred.AccessToken != "" {
 		sys, err := claudeCodeSystem(cr.body.value("system"))
 		if err != nil {
 			return nil, err
 		}
 		base = append(base, memberEdit{"system", sys})
 	}
-	if p.protocol == protoAnthropic && cr.caller.URL.RawQuery != "" {
+	if c.res.Provider.protocol == protoAnthropic && cr.caller.URL.RawQuery != "" {
 		path += "?" + cr.caller.URL.RawQuery // Anthropic's clients send ?beta=true; the API takes it (README)
 	}
 	return newProviderRequest(ctx, c, cr.caller.Header, path, cr.body.edit(append(base, edits...)...), stream)
