@@ -18,9 +18,8 @@ import (
 // (relay.go), read by the stream reader only for usage (§13), the terminal
 // signal and the in-band error (§7.5).
 
-// jsonMember is one member of a rawObject: key (rawText), sep where its
-// segment starts (just past the previous value or the '{': it holds the
-// comma), val:end its value.
+// jsonMember is one member of a rawObject: key (rawText), sep where its segment starts (just past the previous
+// value or the '{': it holds the comma), val:end its value.
 type jsonMember struct {
 	key           []byte
 	sep, val, end int
@@ -45,9 +44,8 @@ func parseRawObject(src []byte) (rawObject, error) {
 	return o, nil
 }
 
-// splitRaw splits the valid JSON object or array (open '{' or '[') at the
-// start of src into members kept in scratch's storage: a stream's watch
-// splits one event after another without allocating.
+// splitRaw splits the valid JSON object or array (open '{' or '[') at the start of src into members kept in
+// scratch's storage: a stream's watch splits one event after another without allocating.
 func splitRaw(src []byte, open byte, scratch []jsonMember) (rawObject, bool) {
 	i := skipJSONSpace(src, 0)
 	if i >= len(src) || src[i] != open {
@@ -319,9 +317,8 @@ type call struct {
 	cred    upstreamCredential
 }
 
-// estimateInputTokens is SPEC §15's local estimate: the bytes of the system
-// text, every text part, tool_use input and tool_result content, and the
-// tools as sent, ÷ 4 rounded up.
+// estimateInputTokens is SPEC §15's local estimate: the bytes of the system text, every text part, tool_use
+// input and tool_result content, and the tools as sent, ÷ 4 rounded up.
 func estimateInputTokens(o rawObject) int {
 	var textOf func(raw json.RawMessage) int
 	textOf = func(raw json.RawMessage) int { // a string, or blocks; a message (no type) counts as its content
