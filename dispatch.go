@@ -148,7 +148,8 @@ func (e *engine) planChat(cl client, req *callerRequest) (c call, cands []resolu
 		targets = cands
 	}
 	if err == nil && slices.ContainsFunc(targets, func(t resolution) bool { return req.translates(t.Provider) }) {
-		err = req.parseForTranslation()
+		req.neutral = new(chatRequest) // the whole body parsed once, at plan time
+		*req.neutral, err = formatOf(req.dialect).parse(req.body.src)
 	}
 	return c, cands, err
 }
@@ -206,7 +207,9 @@ candidates:
 					e.note(res.Route, "skipped: "+unfit.Message)
 					continue
 				}
-				creq = req.withLimit(head.MaxTokens)
+				limited := *req
+				limited.head.MaxTokens = head.MaxTokens
+				creq = &limited
 			}
 			if cand.baseURL, err = e.baseURL(p); err != nil {
 				return asAPIError(err)
@@ -416,12 +419,7 @@ func (e *engine) settle(ctx context.Context, j *job, c call, start time.Time, u 
 func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *callerRequest, c call, cands []resolution) *apiError {
 	chatKinds := map[string]routeKind{modeDirect: kindDirect, modeAlias: kindDirect, modeSubscription: kindSubscription}
 	j := &job{kind: chatKinds[c.res.Mode], // else a selector's
-		build: func(ctx context.Context, c call, req *callerRequest) (*http.Request, error) {
-			if req.translates(c.res.Provider) {
-				return buildUpstreamRequest(ctx, c.res.Provider, c.baseURL, c.cred, req.translated(), c.res.Model)
-			}
-			return buildPassthroughRequest(ctx, c, req)
-		},
+		build: buildChatRequest,
 		commit: func(ctx context.Context, c call, req *callerRequest, resp *http.Response) (usage, *apiError, bool) {
 			return e.deliver(ctx, w, c, req, resp)
 		},
@@ -499,7 +497,7 @@ func (e *engine) countTokens(ctx context.Context, w http.ResponseWriter, req *ca
 			w.Header().Set("Brama-Route", c.res.Route)
 		}
 		w.Header().Set("Brama-Estimate", "true")
-		writeJSON(w, http.StatusOK, countTokensAnswer{ptrTo(estimateInputTokens(req.body))})
+		writeJSON(w, http.StatusOK, map[string]int{"input_tokens": estimateInputTokens(req.body)})
 		return nil
 	}
 	return e.once(ctx, c, req, &job{kind: kindCountTokens,
@@ -507,7 +505,9 @@ func (e *engine) countTokens(ctx context.Context, w http.ResponseWriter, req *ca
 			return req.passthrough(ctx, c, "/v1/messages/count_tokens", false)
 		},
 		commit: func(_ context.Context, c call, _ *callerRequest, resp *http.Response) (usage, *apiError, bool) {
-			var ans countTokensAnswer
+			var ans struct {
+				InputTokens *int `json:"input_tokens"`
+			}
 			b, err := readWhole(c.res.Provider, resp)
 			if err == nil {
 				if err = json.Unmarshal(b, &ans); err != nil || ans.InputTokens == nil {
@@ -537,7 +537,7 @@ func (e *engine) serveEmbeddings(ctx context.Context, w http.ResponseWriter, mod
 	out, _ := json.Marshal(body)
 	return e.once(ctx, c, &callerRequest{}, &job{kind: kindEmbeddings,
 		build: func(ctx context.Context, c call, _ *callerRequest) (*http.Request, error) {
-			return newPassthroughRequest(ctx, c, nil, "/embeddings", out, false)
+			return newProviderRequest(ctx, c, nil, "/embeddings", out, false)
 		},
 		commit: func(_ context.Context, c call, req *callerRequest, resp *http.Response) (usage, *apiError, bool) {
 			w.Header().Set("Brama-Route", c.res.Route)

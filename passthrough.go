@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"io"
@@ -17,9 +18,8 @@ import (
 // (relay.go), read by the stream reader only for usage (§13), the terminal
 // signal and the in-band error (§7.5).
 
-// jsonMember is one member of a rawObject: key (rawText), sep where its
-// segment starts (just past the previous value or the '{': it holds the
-// comma), val:end its value.
+// jsonMember is one member of a rawObject: key (rawText), sep where its segment starts (just past the previous
+// value or the '{': it holds the comma), val:end its value.
 type jsonMember struct {
 	key           []byte
 	sep, val, end int
@@ -35,8 +35,7 @@ type rawObject struct {
 // any handler: state.go's depth scan).
 func parseRawObject(src []byte) (rawObject, error) {
 	if !json.Valid(src) {
-		var v any
-		return rawObject{}, decodeCallerJSON(src, &v, "")
+		return rawObject{}, decodeCallerJSON(src, new(any), "")
 	}
 	o, ok := splitRaw(src, '{', make([]jsonMember, 0, 8))
 	if !ok {
@@ -45,9 +44,8 @@ func parseRawObject(src []byte) (rawObject, error) {
 	return o, nil
 }
 
-// splitRaw splits the valid JSON object or array (open '{' or '[') at the
-// start of src into members kept in scratch's storage: a stream's watch
-// splits one event after another without allocating.
+// splitRaw splits the valid JSON object or array (open '{' or '[') at the start of src into members kept in
+// scratch's storage: a stream's watch splits one event after another without allocating.
 func splitRaw(src []byte, open byte, scratch []jsonMember) (rawObject, bool) {
 	i := skipJSONSpace(src, 0)
 	if i >= len(src) || src[i] != open {
@@ -171,22 +169,19 @@ func skipJSONValue(b []byte, i int) int {
 	for depth := 0; i < len(b); i++ {
 		switch b[i] {
 		case '"':
-			i = skipJSONString(b, i) - 1
+			i = skipJSONString(b, i) - 1 // at the closing quote
 		case '{', '[':
 			depth++
 		case '}', ']':
-			if depth--; depth < 0 {
-				return i // a scalar's end
-			}
+			depth--
 		case ',', ' ', '\t', '\n', '\r':
 			if depth == 0 {
 				return i
 			}
-			continue
-		default:
-			continue
 		}
-		if depth == 0 {
+		if depth < 0 {
+			return i // a scalar's end
+		} else if depth == 0 && (b[i] == '"' || b[i] == '}' || b[i] == ']') {
 			return i + 1
 		}
 	}
@@ -196,15 +191,12 @@ func skipJSONValue(b []byte, i int) int {
 // callerRequest is a caller's chat request: the raw body, the head Brama
 // acts on, the neutral request once a call across formats needs it.
 type callerRequest struct {
-	dialect string
-	body    rawObject
-	header  http.Header // the caller's request headers
-	query   string      // the caller's raw query string
-	// head holds only Model, Stream and MaxTokens, the output limit a call
-	// sends (SPEC §6.4).
-	head        chatRequest
-	callerLimit bool         // the caller named an output limit
-	neutral     *chatRequest // the whole body parsed for translation; nil until a call needs it
+	dialect     string
+	body        rawObject
+	caller      *http.Request // its headers and query
+	head        chatRequest   // Model, Stream, StreamUsage, and MaxTokens, the output limit a call sends (SPEC §6.4)
+	callerLimit bool          // the caller named an output limit
+	neutral     *chatRequest  // the whole body parsed for translation; nil until a call needs it
 }
 
 // outputLimitNames are each dialect's names for the output limit.
@@ -221,7 +213,7 @@ func readCallerRequest(dialect string, r *http.Request, body []byte) (*callerReq
 	if err != nil {
 		return nil, err
 	}
-	cr := &callerRequest{dialect: dialect, body: o, header: r.Header, query: r.URL.RawQuery}
+	cr := &callerRequest{dialect: dialect, body: o, caller: r}
 	if json.Unmarshal(o.value("model"), &cr.head.Model) != nil || cr.head.Model == "" {
 		return nil, refuse("invalid_request", "model is required and must be a non-empty string")
 	}
@@ -234,50 +226,33 @@ func readCallerRequest(dialect string, r *http.Request, body []byte) (*callerReq
 			if json.Unmarshal(v, &n) != nil || n < 1 {
 				return nil, refuse("invalid_request", "%s must be an integer of at least 1", name)
 			}
-			if !cr.callerLimit {
-				cr.head.MaxTokens, cr.callerLimit = n, true
-			}
+			cr.head.MaxTokens = cmp.Or(cr.head.MaxTokens, n) // the first name present wins
 		}
 	}
+	cr.callerLimit = cr.head.MaxTokens > 0
+	so, _ := splitRaw(o.value("stream_options"), '{', nil)
+	cr.head.StreamUsage = dialect == dialectChat && string(so.value("include_usage")) == "true"
 	return cr, nil
 }
 
-// translates reports whether a call to p crosses formats.
 func (cr *callerRequest) translates(p providerInfo) bool {
 	return formatOf(cr.dialect).protocol != p.protocol
-}
-
-// parseForTranslation parses the whole body into the neutral request, once.
-func (cr *callerRequest) parseForTranslation() error {
-	if cr.neutral != nil {
-		return nil
-	}
-	req, err := formatOf(cr.dialect).parse(cr.body.src)
-	if err == nil {
-		cr.neutral = &req
-	}
-	return err
-}
-
-// withLimit is cr for one call whose output limit is limit (SPEC §6.4).
-func (cr *callerRequest) withLimit(limit int) *callerRequest {
-	c := *cr
-	c.head.MaxTokens = limit
-	return &c
 }
 
 // translated is the neutral request one call across formats sends.
 func (cr *callerRequest) translated() chatRequest {
 	req := *cr.neutral
-	req.Model, req.Stream, req.MaxTokens = cr.head.Model, cr.head.Stream, cr.head.MaxTokens
-	req.StreamUsage = cr.dialect == dialectChat && cr.asksUsage()
+	req.Model, req.Stream, req.MaxTokens, req.StreamUsage = cr.head.Model, cr.head.Stream, cr.head.MaxTokens, cr.head.StreamUsage
 	return req
 }
 
-// buildPassthroughRequest is a same-format call's request (SPEC §7.6): the
-// output limit (§6.4) and the provider's rules (§6.2) edited, all else kept.
-func buildPassthroughRequest(ctx context.Context, c call, cr *callerRequest) (*http.Request, error) {
+// buildChatRequest is a chat call's request: translated, or the caller's body (SPEC §7.6) with the output
+// limit (§6.4) and the provider's rules (§6.2) edited, all else kept.
+func buildChatRequest(ctx context.Context, c call, cr *callerRequest) (*http.Request, error) {
 	p := c.res.Provider
+	if cr.translates(p) {
+		return buildUpstreamRequest(ctx, c, cr.translated())
+	}
 	var edits []memberEdit
 	if cr.head.MaxTokens > 0 && !cr.callerLimit && !p.codex {
 		names := outputLimitNames[formatOf(p.protocol).dialect]
@@ -295,10 +270,9 @@ func buildPassthroughRequest(ctx context.Context, c call, cr *callerRequest) (*h
 		edits = append(edits, memberEdit{"stream_options", opts})
 	}
 	if p.codex { // SPEC §6.2: always streamed, never stored, never an output limit
-		edits = append(edits, memberEdit{"stream", []byte("true")}, memberEdit{"store", []byte("false")}, memberEdit{"max_output_tokens", nil})
-		if ins := codexInstructions(cr.body.value("instructions"), cr.body.value("input")); ins != nil {
-			edits = append(edits, memberEdit{"instructions", ins})
-		}
+		ins := codexInstructions(cr.body.value("instructions"), cr.body.value("input"))
+		edits = append(edits, memberEdit{"stream", []byte("true")}, memberEdit{"store", []byte("false")},
+			memberEdit{"max_output_tokens", nil}, memberEdit{"instructions", ins})
 	}
 	return cr.passthrough(ctx, c, formatOf(p.protocol).path, cr.head.Stream || p.codex, edits...)
 }
@@ -306,44 +280,35 @@ func buildPassthroughRequest(ctx context.Context, c call, cr *callerRequest) (*h
 // passthrough is a same-format request to path, count_tokens too: the
 // route's model, claude-code's system (SPEC §6.2), edits.
 func (cr *callerRequest) passthrough(ctx context.Context, c call, path string, stream bool, edits ...memberEdit) (*http.Request, error) {
-	m, _ := json.Marshal(c.res.Model)
-	base := []memberEdit{{"model", m}}
-	p := c.res.Provider
-	if p.id == "claude-code" && c.cred.AccessToken != "" {
+	base := []memberEdit{{"model", jsonText(c.res.Model)}}
+	if c.res.Provider.id == "claude-code" && c.cred.AccessToken != "" {
 		sys, err := claudeCodeSystem(cr.body.value("system"))
 		if err != nil {
 			return nil, err
-		}
-		if sys != nil {
+		} else if sys != nil { // nil: the identity already leads
 			base = append(base, memberEdit{"system", sys})
 		}
 	}
-	if p.protocol == protoAnthropic && cr.query != "" {
-		path += "?" + cr.query // Anthropic's clients send ?beta=true; the API takes it (README)
+	if c.res.Provider.protocol == protoAnthropic && cr.caller.URL.RawQuery != "" {
+		path += "?" + cr.caller.URL.RawQuery // Anthropic's clients send ?beta=true; the API takes it (README)
 	}
-	return newPassthroughRequest(ctx, c, cr.header, path, cr.body.edit(append(base, edits...)...), stream)
+	return newProviderRequest(ctx, c, cr.caller.Header, path, cr.body.edit(append(base, edits...)...), stream)
 }
 
-// newPassthroughRequest is a call sending body as is, with p's headers.
-func newPassthroughRequest(ctx context.Context, c call, caller http.Header, path string, body []byte, stream bool) (*http.Request, error) {
+// newProviderRequest is a call of c sending body as is, with its provider's headers and the extra ones.
+func newProviderRequest(ctx context.Context, c call, extra http.Header, path string, body []byte, stream bool) (*http.Request, error) {
 	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, c.baseURL+path, bytes.NewReader(body))
 	if err != nil {
 		return nil, refuse("internal_error", "internal error").because(err)
 	}
-	setProviderHeaders(hr.Header, c.res.Provider, c.cred, caller, stream)
+	setProviderHeaders(hr.Header, c.res.Provider, c.cred, extra, stream)
 	return hr, nil
 }
 
 // addsUsage reports whether Brama asks a chat stream for usage itself, the
 // caller not (SPEC §6.2); that usage chunk is not relayed (§7.6).
 func (cr *callerRequest) addsUsage(p providerInfo) bool {
-	return p.protocol == protoOpenAIChat && (cr.head.Stream || p.codex) && !cr.asksUsage()
-}
-
-// asksUsage reports whether the caller sent stream_options.include_usage: true.
-func (cr *callerRequest) asksUsage() bool {
-	o, _ := splitRaw(cr.body.value("stream_options"), '{', nil)
-	return string(o.value("include_usage")) == "true"
+	return p.protocol == protoOpenAIChat && (cr.head.Stream || p.codex) && !cr.head.StreamUsage
 }
 
 // call is one planned provider call: where, with what, as which model.
@@ -353,26 +318,19 @@ type call struct {
 	cred    upstreamCredential
 }
 
-// countTokensAnswer is the body of every count_tokens answer.
-type countTokensAnswer struct {
-	InputTokens *int `json:"input_tokens"`
-}
-
-// estimateInputTokens is SPEC §15's local estimate: the bytes of the system
-// text, every text part, tool_use input and tool_result content, and the
-// tools as sent, ÷ 4 rounded up.
+// estimateInputTokens is SPEC §15's local estimate: the bytes of the system text, every text part, tool_use
+// input and tool_result content, and the tools as sent, ÷ 4 rounded up.
 func estimateInputTokens(o rawObject) int {
-	type block struct {
-		Type, Text     string
-		Input, Content json.RawMessage
-	}
 	var textOf func(raw json.RawMessage) int
-	textOf = func(raw json.RawMessage) int { // a string, or blocks
+	textOf = func(raw json.RawMessage) int { // a string, or blocks; a message (no type) counts as its content
 		var s string
 		if json.Unmarshal(raw, &s) == nil {
 			return len(s)
 		}
-		var blocks []block
+		var blocks []struct {
+			Type, Text     string
+			Input, Content json.RawMessage
+		}
 		json.Unmarshal(raw, &blocks)
 		n := 0
 		for _, b := range blocks {
@@ -381,18 +339,13 @@ func estimateInputTokens(o rawObject) int {
 				n += len(b.Text)
 			case "tool_use":
 				n += len(b.Input)
-			case "tool_result":
+			case "tool_result", "":
 				n += textOf(b.Content)
 			}
 		}
 		return n
 	}
-	n := textOf(o.value("system"))
-	var msgs []block // only their content counts
-	json.Unmarshal(o.value("messages"), &msgs)
-	for _, m := range msgs {
-		n += textOf(m.Content)
-	}
+	n := textOf(o.value("system")) + textOf(o.value("messages"))
 	if t := o.value("tools"); !rawIsNull(t) {
 		n += len(t)
 	}
@@ -416,9 +369,8 @@ func (req chatRequest) droppedFor(p providerInfo) []string {
 	add(anthropic && req.Effort != "" && budget == 0, req.EffortName)
 	add(anthropic && budget > 0, sampling...)
 	add(anthropic && req.Verbosity != "", "verbosity")
-	for _, t := range req.Tools {
-		add(anthropic && t.Type == toolCustom && t.Format != nil, "format")
-	}
+	customFormat := slices.ContainsFunc(req.Tools, func(t tool) bool { return t.Type == toolCustom && t.Format != nil })
+	add(anthropic && customFormat, "format")
 	add(p.protocol == protoOpenAIResponses && len(req.Stop) > 0, req.StopName)
 	for _, m := range req.Messages {
 		for _, pt := range m.Parts {
@@ -446,25 +398,6 @@ func textOf(ps []part) string {
 	return b.String()
 }
 
-func jsonText(s string) json.RawMessage { return must(json.Marshal(s)) }
-
-func ptrTo[T any](v T) *T { return &v }
-
-func valueOr[T any](p *T, or T) T {
-	if p == nil {
-		return or
-	}
-	return *p
-}
-
-// must is v for marshalling that cannot fail (plain values).
-func must(v []byte, err error) json.RawMessage {
-	if err != nil {
-		panic(err)
-	}
-	return v
-}
-
 // rawIsNull reports an absent or null value (raw is valid JSON: only null starts with n).
 func rawIsNull(raw json.RawMessage) bool { s := rawShape(raw); return s == 0 || s == 'n' }
 
@@ -483,20 +416,19 @@ func rawItems(raw json.RawMessage) (items []json.RawMessage) {
 
 // rawMember is raw's member name (any case, as encoding/json matches), nil when none.
 func rawMember(raw json.RawMessage, name string) json.RawMessage {
-	var m map[string]json.RawMessage
-	json.Unmarshal(raw, &m)
-	for k, v := range m {
-		if strings.EqualFold(k, name) {
-			return v
-		}
+	o, _ := splitRaw(raw, '{', nil)
+	i := slices.IndexFunc(o.members, func(m jsonMember) bool { return strings.EqualFold(string(m.key), name) })
+	if i < 0 {
+		return nil
 	}
-	return nil
+	return o.src[o.members[i].val:o.members[i].end]
 }
 
-// buildUpstreamRequest is req's call to p in p's protocol and wire details (SPEC §6.2), for model.
-func buildUpstreamRequest(ctx context.Context, p providerInfo, baseURL string, cred upstreamCredential, req chatRequest, model string) (*http.Request, error) {
+// buildUpstreamRequest is req's call c in its provider's protocol and wire details (SPEC §6.2).
+func buildUpstreamRequest(ctx context.Context, c call, req chatRequest) (*http.Request, error) {
+	p, model := c.res.Provider, c.res.Model
 	stream, f := req.Stream || p.codex, formatOf(p.protocol) // f is never nil: TestEveryProviderHasAWireFormat
-	oauth := p.id == "claude-code" && cred.AccessToken != ""
+	oauth := p.id == "claude-code" && c.cred.AccessToken != ""
 	body, err := f.encode(req, model, upstreamOptions{stream: stream, oauth: oauth, codex: p.codex, openai: p.id == "openai"})
 	if err != nil {
 		return nil, err
@@ -504,10 +436,6 @@ func buildUpstreamRequest(ctx context.Context, p providerInfo, baseURL string, c
 	b, err := json.Marshal(body)
 	if err != nil {
 		return nil, refuse("invalid_request", "the request cannot be encoded for provider %q", p.id).because(err)
-	}
-	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, baseURL+f.path, bytes.NewReader(b))
-	if err != nil {
-		return nil, refuse("internal_error", "internal error").because(err)
 	}
 	options := http.Header{} // the format's own options a translation needs
 	strict := slices.ContainsFunc(req.Tools, func(t tool) bool { return t.Strict != nil })
@@ -518,6 +446,5 @@ func buildUpstreamRequest(ctx context.Context, p providerInfo, baseURL string, c
 	if p.protocol == protoAnthropic && req.adaptiveEffort(model) {
 		options.Add("Anthropic-Beta", effortBeta)
 	}
-	setProviderHeaders(hr.Header, p, cred, options, stream)
-	return hr, nil
+	return newProviderRequest(ctx, c, options, f.path, b, stream)
 }

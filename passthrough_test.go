@@ -534,7 +534,7 @@ func TestProviderHeadersMatchTranslation(t *testing.T) {
 		for _, cred := range creds {
 			for _, stream := range []bool{false, true} {
 				req := chatRequest{Model: "m", Stream: stream, MaxTokens: 10, Messages: []message{{Role: "user", Parts: []part{{Type: partText, Text: "hi"}}}}}
-				hr, err := buildUpstreamRequest(t.Context(), p, "http://127.0.0.1:9", cred, req, "m")
+				hr, err := buildUpstreamRequest(t.Context(), call{res: resolution{Provider: p, Model: "m"}, baseURL: "http://127.0.0.1:9", cred: cred}, req)
 				if err != nil {
 					t.Fatalf("%s: %v", p.id, err)
 				}
@@ -595,9 +595,9 @@ func TestPassthroughBodyEdits(t *testing.T) {
 				t.Fatal(err)
 			}
 			if tt.limit > 0 {
-				cr = cr.withLimit(tt.limit)
+				cr.head.MaxTokens = tt.limit
 			}
-			hr, err := buildPassthroughRequest(t.Context(), call{res: resolution{Provider: tt.p, Model: "m"}, baseURL: "http://127.0.0.1:9", cred: tt.cred}, cr)
+			hr, err := buildChatRequest(t.Context(), call{res: resolution{Provider: tt.p, Model: "m"}, baseURL: "http://127.0.0.1:9", cred: tt.cred}, cr)
 			if err != nil {
 				t.Fatal(err)
 			}

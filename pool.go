@@ -224,7 +224,7 @@ func (e *engine) ping(ctx context.Context, c call, pool []overlayItem) (u usage,
 	req := pingRequest(c.res.Route, c.res.Provider)
 	ae = e.attemptRoute(ctx, &job{kind: kindProbe, pool: pool,
 		build: func(ctx context.Context, c call, _ *callerRequest) (*http.Request, error) {
-			return buildUpstreamRequest(ctx, c.res.Provider, c.baseURL, c.cred, req, c.res.Model)
+			return buildUpstreamRequest(ctx, c, req)
 		},
 		commit: func(_ context.Context, c call, _ *callerRequest, resp *http.Response) (usage, *apiError, bool) {
 			a, err := readProviderAnswer(c.res.Provider, req, resp)

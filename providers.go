@@ -205,11 +205,11 @@ func claudeCodeSystem(raw json.RawMessage) ([]byte, error) {
 	return append([]byte("["+block(claudeCodeIdentity)+","), bytes.TrimSpace(raw)[1:]...), nil
 }
 
-// codexInstructions is a codex body's instructions (SPEC §6.2): nil to keep
-// the caller's, else its system and developer items' text, else the default.
+// codexInstructions is a codex body's instructions (SPEC §6.2): the caller's
+// own, else its system and developer items' text, else the default.
 func codexInstructions(instructions, input json.RawMessage) []byte {
 	if own, _ := jsonString(instructions); strings.TrimSpace(own) != "" {
-		return nil
+		return instructions
 	}
 	var items []struct{ Role, Content json.RawMessage }
 	var texts []string

@@ -502,3 +502,24 @@ func (v *vault) writeUnwritten(log *slog.Logger) {
 		}
 	}
 }
+
+// The value helpers every layer uses.
+
+func jsonText(s string) json.RawMessage { return must(json.Marshal(s)) }
+
+func ptrTo[T any](v T) *T { return &v }
+
+func valueOr[T any](p *T, or T) T {
+	if p == nil {
+		return or
+	}
+	return *p
+}
+
+// must is v for marshalling that cannot fail (plain values).
+func must(v []byte, err error) json.RawMessage {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
