@@ -43,9 +43,6 @@ type journalRecord struct {
 	By             string  `json:"by,omitempty"`
 }
 
-// journalFields are journalRecord's keys in its order: a line's keys match exactly (encoding/json would fold case).
-var journalFields = strings.Fields("kind at subscription_id reason provider result detail alias from to by")
-
 // MarshalJSON writes from and to (null when nil) on route_change only, where they say "created" or "deleted" (SPEC §9).
 func (r journalRecord) MarshalJSON() ([]byte, error) {
 	type plain journalRecord // without this method
@@ -284,9 +281,11 @@ func parseJournalLine(line []byte) (r journalRecord, reason string) {
 	case m == nil: // valid JSON: an array, a scalar or null
 		return r, "not a JSON object"
 	}
-	for i, name := range journalFields { // kind and at first: non-empty strings
+	rv := reflect.ValueOf(&r).Elem()
+	for i := range rv.NumField() { // kind and at first: non-empty strings; keys match the tags exactly (json folds case)
+		name, _, _ := strings.Cut(rv.Type().Field(i).Tag.Get("json"), ",")
 		raw, ok := m[name]
-		field := reflect.ValueOf(&r).Elem().Field(i).Addr().Interface()
+		field := rv.Field(i).Addr().Interface()
 		switch {
 		case i < 2 && !ok:
 			return journalRecord{}, "missing " + name

@@ -127,7 +127,7 @@ type ledger struct {
 	statusSeq uint64        // of them, the immediate ones: a listing's cache key
 	lastWrite time.Time     // injected-clock moment of the last snapshot taken for the file
 	timer     ledgerStopper // the armed write-behind, nil when none
-	file      snapshotFile
+	writeMu   sync.Mutex    // held from snapshot to rename: racing writes never leave older state
 }
 
 // newLedger loads ledger.json; an unreadable one is served empty, logged without its bytes and never overwritten (to repair).
@@ -362,8 +362,10 @@ func (l *ledger) flush() error {
 }
 
 // writeIf, when ok (asked under l.mu) holds, writes a snapshot and stops any write-behind (the snapshot holds its changes);
-// l.file keeps a newer snapshot, so racing writes never leave older state. Ids not sub_<16 hex> stay in memory (the file parses).
+// snapshots reach the file in order (writeMu). Ids not sub_<16 hex> stay in memory (the file parses).
 func (l *ledger) writeIf(ok func() bool) error {
+	l.writeMu.Lock()
+	defer l.writeMu.Unlock()
 	l.mu.Lock()
 	if !ok() {
 		l.mu.Unlock()
@@ -377,9 +379,8 @@ func (l *ledger) writeIf(ok func() bool) error {
 	doc := ledgerDoc{SchemaVersion: 1, Subscriptions: maps.Clone(l.entries)}
 	maps.DeleteFunc(doc.Subscriptions, func(id string, _ *ledgerEntry) bool { return !isSubscriptionID(id) })
 	data, _ := marshalState(doc) // cannot fail: no floats outside [0,1], no channels
-	seq := l.seq
 	l.mu.Unlock()
-	if err := l.file.write(l.name, seq, data); err != nil {
+	if err := writeFileAtomic(l.name, data); err != nil {
 		err = fmt.Errorf("write ledger %s: %w", l.name, err)
 		l.log.Warn("ledger_write_failed", "cause", err.Error())
 		return err

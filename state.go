@@ -283,25 +283,6 @@ func writeState(name string, v any) error {
 	return writeFileAtomic(name, b)
 }
 
-// snapshotFile drops a snapshot older than the file's: racing flushes never put old over new.
-type snapshotFile struct {
-	mu      sync.Mutex // serializes the file's writes
-	written uint64     // seq of the newest snapshot on disk
-}
-
-func (f *snapshotFile) write(name string, seq uint64, data []byte) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if seq <= f.written {
-		return nil
-	}
-	err := writeFileAtomic(name, data)
-	if err == nil {
-		f.written = seq
-	}
-	return err
-}
-
 // withFileLock runs fn holding the flock on name+".lock" (SPEC §2.3).
 func withFileLock(name string, fn func() error) error {
 	lf, err := flockFile(name+".lock", 0, syscall.LOCK_EX)
@@ -410,26 +391,20 @@ type oauthGrant struct {
 // (SPEC §17): each parse puts it in while the vault holds the refresh token it replaced, so every vault write takes it.
 type vault struct {
 	stateFile[*vaultDoc]
-	umu       sync.Mutex // guards unwritten; taken under stateFile's mu, never around it
-	unwritten map[string]unwrittenGrant
-}
-
-// unwrittenGrant is a rotated grant only memory holds, and the refresh token it replaces.
-type unwrittenGrant struct {
-	from  string
-	grant oauthGrant
+	umu       sync.Mutex               // guards unwritten; taken under stateFile's mu, never around it
+	unwritten map[string][2]oauthGrant // by subscription id: the stored grant replaced, and its rotation only memory holds
 }
 
 func newVault(path string, pathErr error) *vault {
-	v := &vault{unwritten: map[string]unwrittenGrant{}}
+	v := &vault{unwritten: map[string][2]oauthGrant{}}
 	v.role, v.path, v.pathErr = "vault", path, pathErr
 	v.parse = func(b []byte) (*vaultDoc, error) {
 		doc, err := parseVault(b)
 		v.umu.Lock()
 		defer v.umu.Unlock()
 		for id, u := range v.unwritten {
-			if c := doc.Subscriptions[id].OAuth; err == nil && c != nil && c.RefreshToken == u.from {
-				doc.Subscriptions[id] = vaultCredential{OAuth: &u.grant}
+			if c := doc.Subscriptions[id].OAuth; err == nil && c != nil && c.RefreshToken == u[0].RefreshToken {
+				doc.Subscriptions[id] = vaultCredential{OAuth: &u[1]}
 			}
 		}
 		return doc, err
@@ -463,11 +438,10 @@ func (d *vaultDoc) validate() error {
 // keepUnwritten keeps g, the rotation of old, until a vault write takes it.
 func (v *vault) keepUnwritten(id string, old, g oauthGrant) {
 	v.umu.Lock()
-	from := old.RefreshToken
-	if u := v.unwritten[id]; u.grant.RefreshToken == from {
-		from = u.from // old was itself unwritten
+	if u := v.unwritten[id]; u[1].RefreshToken == old.RefreshToken {
+		old = u[0] // old was itself unwritten
 	}
-	v.unwritten[id] = unwrittenGrant{from, g}
+	v.unwritten[id] = [2]oauthGrant{old, g}
 	v.umu.Unlock()
 	v.mu.Lock()
 	v.id = fileIdentity{} // the next load parses again, putting g in
@@ -488,7 +462,7 @@ func (v *vault) update(change func(*vaultDoc) error) error {
 	err := v.stateFile.update(change)
 	if err == nil {
 		v.umu.Lock()
-		maps.DeleteFunc(v.unwritten, func(id string, u unwrittenGrant) bool { return taken[id] == u })
+		maps.DeleteFunc(v.unwritten, func(id string, u [2]oauthGrant) bool { return taken[id] == u })
 		v.umu.Unlock()
 	}
 	return err
