@@ -66,7 +66,7 @@ type journalBadLine struct {
 type journal struct {
 	sys
 	name            string                 // "" when there is no state directory
-	noState         error                  // why name is "" (a *noStateError)
+	noState         error                  // why name is "" (wrapping errNoState)
 	testingOnlySync func(f *os.File) error // replaces f.Sync's result in append
 	mu              sync.Mutex             // guards broken; held across an append so this process's appends queue
 	broken          error                  // noState, or the fsync failure after which nothing is appended
@@ -509,12 +509,11 @@ func (e *apiError) body() envelope { return envelope{Error: *e} }
 // asAPIError classifies any error: an apiError as itself, no state directory as dependency_unavailable, else internal_error.
 func asAPIError(err error) *apiError {
 	var ae *apiError
-	var ns *noStateError
 	switch {
 	case errors.As(err, &ae):
 		return ae
-	case errors.As(err, &ns):
-		return refuse("dependency_unavailable", "%s", ns.Error()).because(err)
+	case errors.Is(err, errNoState):
+		return refuse("dependency_unavailable", "%s", err.Error()).because(err)
 	}
 	return refuse("internal_error", "internal error").because(err)
 }
@@ -555,13 +554,10 @@ func writeAPIError(w http.ResponseWriter, r *http.Request, err error) *apiError 
 
 // truncateUTF8 cuts s to at most n bytes without splitting a rune.
 func truncateUTF8(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
+	for n > 0 && n < len(s) && !utf8.RuneStart(s[n]) {
 		n--
 	}
-	return s[:n]
+	return s[:min(n, len(s))]
 }
 
 // secretShaped matches API-key-shaped tokens (sk-…, sk-ant-…, brama_…), never quoted back (SPEC §8.1).

@@ -31,14 +31,8 @@ type state struct {
 	cause error
 }
 
-// noStateError is the refusal when no state directory resolved (SPEC §2.1).
-type noStateError struct {
-	what  string // the consumer, e.g. "journal"
-	cause error
-}
-
-func (e *noStateError) Error() string { return e.what + " has no state directory: " + e.cause.Error() }
-func (e *noStateError) Unwrap() error { return e.cause }
+// errNoState is in every refusal for want of a state directory (SPEC §2.1): "<consumer> has no state directory: <cause>".
+var errNoState = errors.New("no state directory")
 
 // resolveState picks BRAMA_STATE_DIR, else <home>/.brama, and nothing else.
 func resolveState(getenv func(string) string) state {
@@ -59,7 +53,7 @@ func resolveState(getenv func(string) string) state {
 
 func (s state) path(what, file string) (string, error) {
 	if s.dir == "" {
-		return "", &noStateError{what: what, cause: s.cause}
+		return "", fmt.Errorf("%s has %w: %w", what, errNoState, s.cause)
 	}
 	return filepath.Join(s.dir, file), nil
 }
@@ -70,7 +64,7 @@ func (s state) fileOrState(getenv func(string) string, env, what, file string) (
 	case p == "":
 		return s.path(what, file)
 	case !filepath.IsAbs(p):
-		return "", &noStateError{what: what, cause: fmt.Errorf("%s %q is not an absolute path", env, p)}
+		return "", fmt.Errorf("%s has %w: %s %q is not an absolute path", what, errNoState, env, p)
 	default:
 		return p, nil
 	}
