@@ -56,12 +56,6 @@ func (r journalRecord) MarshalJSON() ([]byte, error) {
 	}{plain: plain(r)})
 }
 
-// journalBadLine is one unreadable line: its number and a reason that never quotes it.
-type journalBadLine struct {
-	Line   int
-	Reason string
-}
-
 // journal is SPEC §9's append-only $STATE/journal.jsonl; any process may append, so it keeps no file open.
 type journal struct {
 	sys
@@ -80,7 +74,7 @@ type journalFold struct {
 	off    int64           // bytes folded, always just after a '\n'
 	lines  int             // lines folded, for line numbers
 	retire map[string]bool // subscription ids whose last retire/reinstate is retire
-	bad    []journalBadLine
+	bad    []string // /readyz's warning per unreadable line: its number and a reason that never quotes it
 	badN   int
 }
 
@@ -200,7 +194,7 @@ func (j *journal) folded() (journalFold, error) {
 		case reason != "":
 			j.log.Warn("journal_line_unreadable", "line", fo.lines, "reason", reason)
 			if fo.badN++; len(fo.bad) < maxReportedBadLines {
-				fo.bad = append(fo.bad, journalBadLine{Line: fo.lines, Reason: reason})
+				fo.bad = append(fo.bad, fmt.Sprintf("journal line %d is unreadable: %s", fo.lines, reason))
 			}
 		case rec.SubscriptionID == "":
 		case rec.Kind == "retire":

@@ -480,7 +480,7 @@ func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 	}
 	if fo, err := s.journal.folded(); err == nil {
 		for _, b := range fo.bad {
-			warn("journal line %d is unreadable: %s", b.Line, b.Reason)
+			warn("%s", b)
 		}
 		if fo.badN > len(fo.bad) {
 			warn("the journal holds %d more unreadable lines (brama journal check lists them)", fo.badN-len(fo.bad))
