@@ -74,7 +74,7 @@ type journalFold struct {
 	off    int64           // bytes folded, always just after a '\n'
 	lines  int             // lines folded, for line numbers
 	retire map[string]bool // subscription ids whose last retire/reinstate is retire
-	bad    []string // /readyz's warning per unreadable line: its number and a reason that never quotes it
+	bad    []string        // /readyz's warning per unreadable line: its number and a reason that never quotes it
 	badN   int
 }
 
@@ -95,13 +95,12 @@ func newJournal(st state, sy sys) *journal {
 // writable, or its nearest existing ancestor lets this process create files (access(2): W_OK, W_OK|X_OK).
 func (j *journal) ready() error {
 	j.mu.Lock()
-	err := j.broken
-	j.mu.Unlock()
-	if err != nil {
-		return err
+	defer j.mu.Unlock()
+	if j.broken != nil {
+		return j.broken
 	}
 	path, mode := j.name, uint32(0x2)
-	_, err = guardFile("journal", path)
+	_, err := guardFile("journal", path)
 	for errors.Is(err, errFileAbsent) || errors.Is(err, fs.ErrNotExist) && filepath.Dir(path) != path {
 		path, mode = filepath.Dir(path), 0x2|0x1 // a plain file fails X_OK
 		_, err = os.Stat(path)
@@ -470,7 +469,6 @@ func vaultUnreadable(err error) *apiError {
 func (e *apiError) Error() string { return e.Code + ": " + e.Message }
 func (e *apiError) Unwrap() error { return e.Err }
 
-// Status is the HTTP status the code fixes, unless withStatus chose another.
 func (e *apiError) Status() int { return cmp.Or(e.status, codes[e.Code].status) }
 
 // withStatus answers e with status (0: the table's), for invalid_request's 413 and provider_rejected's 4xx (SPEC §8.2).
@@ -497,7 +495,6 @@ type envelope struct {
 	Error apiError `json:"error"`
 }
 
-// body is the envelope a client receives for e.
 func (e *apiError) body() envelope { return envelope{Error: *e} }
 
 // asAPIError classifies any error: an apiError as itself, no state directory as dependency_unavailable, else internal_error.

@@ -87,7 +87,6 @@ func envSeconds(getenv func(string) string, name string, least int64, def time.D
 	return time.Duration(n) * time.Second, err
 }
 
-// errFileAbsent marks a state file that does not exist yet.
 var errFileAbsent = errors.New("file does not exist")
 
 // fileIdentity tells a changed file from an unchanged one (SPEC §2.3, §4.2).
@@ -382,7 +381,8 @@ type oauthGrant struct {
 }
 
 // vault is vault.json, re-read on change so a CLI's edit reaches the daemon. A rotated grant the vault refused is kept
-// (SPEC §17): each parse puts it in while the vault holds the refresh token it replaced, so every vault write takes it.
+// (SPEC §17): each parse puts it in while the vault holds the refresh token it replaced (so every vault write takes it),
+// and forgets it once the vault holds another.
 type vault struct {
 	stateFile[*vaultDoc]
 	umu       sync.Mutex               // guards unwritten; taken under stateFile's mu, never around it
@@ -397,8 +397,12 @@ func newVault(path string, pathErr error) *vault {
 		v.umu.Lock()
 		defer v.umu.Unlock()
 		for id, u := range v.unwritten {
-			if c := doc.Subscriptions[id].OAuth; err == nil && c != nil && c.RefreshToken == u[0].RefreshToken {
+			switch c := doc.Subscriptions[id].OAuth; {
+			case err != nil:
+			case c != nil && c.RefreshToken == u[0].RefreshToken:
 				doc.Subscriptions[id] = vaultCredential{OAuth: &u[1]}
+			default: // the file holds it now, or a sign-in replaced both
+				delete(v.unwritten, id)
 			}
 		}
 		return doc, err
@@ -442,24 +446,12 @@ func (v *vault) keepUnwritten(id string, old, g oauthGrant) {
 	v.mu.Unlock()
 }
 
+// unwrittenIDs loads the vault first: the parse forgets the grants the file holds now.
 func (v *vault) unwrittenIDs() []string {
+	v.load()
 	v.umu.Lock()
 	defer v.umu.Unlock()
 	return slices.Sorted(maps.Keys(v.unwritten))
-}
-
-// update writes change and the unwritten grants, which memory then forgets.
-func (v *vault) update(change func(*vaultDoc) error) error {
-	v.umu.Lock()
-	taken := maps.Clone(v.unwritten)
-	v.umu.Unlock()
-	err := v.stateFile.update(change)
-	if err == nil {
-		v.umu.Lock()
-		maps.DeleteFunc(v.unwritten, func(id string, u [2]oauthGrant) bool { return taken[id] == u })
-		v.umu.Unlock()
-	}
-	return err
 }
 
 // writeUnwritten writes the unwritten grants again (each pass, SPEC §17).
