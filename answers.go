@@ -76,7 +76,8 @@ func decodeAnswerRecord(b []byte) (*answerRecord, error) {
 }
 
 func readAnswerFile(name string) (*answerRecord, error) {
-	return (&stateFile[*answerRecord]{role: "kept answer", path: name, parse: decodeAnswerRecord, absentErr: true}).fresh()
+	rec, _, err := (&stateFile[*answerRecord]{role: "kept answer", path: name, parse: decodeAnswerRecord, absentErr: true}).read()
+	return rec, err
 }
 
 // validate checks that the record's members agree with its state, so a replay never meets a missing member.

@@ -179,12 +179,7 @@ func (f *stateFile[T]) load() (T, error) {
 	return f.doc, f.err
 }
 
-func (f *stateFile[T]) fresh() (T, error) {
-	doc, _, err := f.read()
-	return doc, err
-}
-
-// read reads and parses the file; the identity is zero unless parse ran.
+// read reads and parses the file past the cache; the identity is zero unless parse ran.
 func (f *stateFile[T]) read() (doc T, id fileIdentity, err error) {
 	if f.pathErr != nil {
 		return doc, id, f.pathErr
@@ -205,7 +200,7 @@ func (f *stateFile[T]) update(change func(T) error) error {
 		return f.pathErr
 	}
 	return withFileLock(f.path, func() error {
-		doc, err := f.fresh()
+		doc, _, err := f.read()
 		if err == nil {
 			err = change(doc)
 		}
