@@ -543,7 +543,6 @@ func writeAPIError(w http.ResponseWriter, r *http.Request, err error) *apiError 
 	return ae
 }
 
-// truncateUTF8 cuts s to at most n bytes without splitting a rune.
 func truncateUTF8(s string, n int) string {
 	for n > 0 && n < len(s) && !utf8.RuneStart(s[n]) {
 		n--

@@ -376,8 +376,7 @@ type oauthGrant struct {
 }
 
 // vault is vault.json, re-read on change so a CLI's edit reaches the daemon. A rotated grant the vault refused is kept
-// (SPEC §17): each parse puts it in while the vault holds the refresh token it replaced (so every vault write takes it),
-// and forgets it once the vault holds another.
+// (SPEC §17): each parse puts it in while the vault holds the token it replaced (every write takes it), then forgets it.
 type vault struct {
 	stateFile[*vaultDoc]
 	umu       sync.Mutex               // guards unwritten; taken under stateFile's mu, never around it
@@ -392,12 +391,10 @@ func newVault(path string, pathErr error) *vault {
 		v.umu.Lock()
 		defer v.umu.Unlock()
 		for id, u := range v.unwritten {
-			switch c := doc.Subscriptions[id].OAuth; {
-			case err != nil:
-			case c != nil && c.RefreshToken == u[0].RefreshToken:
+			if c := doc.Subscriptions[id].OAuth; err == nil && c != nil && c.RefreshToken == u[0].RefreshToken {
 				doc.Subscriptions[id] = vaultCredential{OAuth: &u[1]}
-			default: // the file holds it now, or a sign-in replaced both
-				delete(v.unwritten, id)
+			} else if err == nil {
+				delete(v.unwritten, id) // the file holds it now, or a sign-in replaced both
 			}
 		}
 		return doc, err
