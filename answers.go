@@ -76,7 +76,8 @@ func decodeAnswerRecord(b []byte) (*answerRecord, error) {
 }
 
 func readAnswerFile(name string) (*answerRecord, error) {
-	return (&stateFile[*answerRecord]{role: "kept answer", path: name, parse: decodeAnswerRecord, absentErr: true}).fresh()
+	rec, _, err := (&stateFile[*answerRecord]{role: "kept answer", path: name, parse: decodeAnswerRecord, absentErr: true}).read()
+	return rec, err
 }
 
 // validate checks that the record's members agree with its state, so a replay never meets a missing member.
@@ -157,10 +158,10 @@ func newAnswerStore(st state, log *slog.Logger, now func() time.Time) *answerSto
 	return &answerStore{sys: sys{log: log, now: now}, st: st, bootID: rand.Text()}
 }
 
-// answerUnplaced is SPEC §2.1's refusal when an answer cannot be kept.
-func answerUnplaced(cause error) *apiError {
-	if ns := (*noStateError)(nil); errors.As(cause, &ns) {
-		cause = ns.cause
+// unplaced is SPEC §2.1's refusal when an answer cannot be kept.
+func (a *answerStore) unplaced(cause error) *apiError {
+	if errors.Is(cause, errNoState) {
+		cause = a.st.cause
 	}
 	return refuse("internal_error", "this request's one signed answer has no place to be kept: %v", cause).because(cause)
 }
@@ -221,7 +222,7 @@ func (a *answerStore) reserve(c signedCall) (*answerTicket, *answerRecord, error
 	}
 	key, kerr := readAnswerKey(a.st, true)
 	if err = cmp.Or(err, kerr); err != nil {
-		return nil, nil, answerUnplaced(err)
+		return nil, nil, a.unplaced(err)
 	}
 	t := &answerTicket{path, answerRecord{SchemaVersion: 1, State: answerInProgress, BootID: a.bootID, Client: c.client,
 		KeySHA256: hexSHA256([]byte(c.keys[0])), RequestSHA256: hexSHA256(c.body),
@@ -232,7 +233,7 @@ func (a *answerStore) reserve(c signedCall) (*answerTicket, *answerRecord, error
 		if err := publishFile(path, data); err == nil {
 			return t, nil, nil
 		} else if !errors.Is(err, fs.ErrExist) {
-			return nil, nil, answerUnplaced(err)
+			return nil, nil, a.unplaced(err)
 		}
 		rec, err := readAnswerFile(path)
 		if errors.Is(err, errFileAbsent) {

@@ -335,11 +335,10 @@ type perfRegistry struct {
 	path      string     // perf.json; "" when pathErr is set
 	pathErr   error      // no state directory: the numbers live in memory only
 	unplaced  sync.Once  // logs perf_stats_unplaced at the first record
-	mu        sync.Mutex // guards routes, lastFlush, seq
+	mu        sync.Mutex // guards routes, lastFlush
 	routes    map[string]perfEntry
 	lastFlush time.Time
-	seq       uint64       // snapshots taken for writing, in order
-	file      snapshotFile // perf.json, written in snapshot order: racing writes never leave older numbers
+	writeMu   sync.Mutex // held from snapshot to rename: racing writes never leave older numbers
 }
 
 // newPerfRegistry starts from perf.json; a bad one is logged and replaced at the next flush: telemetry never stops serving.
@@ -394,12 +393,14 @@ func (p *perfRegistry) flush() error {
 	if p.pathErr != nil {
 		return nil
 	}
+	p.writeMu.Lock()
+	defer p.writeMu.Unlock()
 	p.mu.Lock()
-	p.lastFlush, p.seq = p.now(), p.seq+1
-	seq, doc := p.seq, perfDocument{SchemaVersion: 1, FlushedAt: p.lastFlush.UTC(), Routes: maps.Clone(p.routes)}
+	p.lastFlush = p.now()
+	doc := perfDocument{SchemaVersion: 1, FlushedAt: p.lastFlush.UTC(), Routes: maps.Clone(p.routes)}
 	p.mu.Unlock()
 	b, _ := marshalState(doc) // whole and finite numbers: it cannot fail
-	if err := p.file.write(p.path, seq, b); err != nil {
+	if err := writeFileAtomic(p.path, b); err != nil {
 		p.log.Warn("perf_stats_flush_failed", "cause", "write perf telemetry: "+err.Error())
 		return fmt.Errorf("write perf telemetry: %w", err)
 	}

@@ -43,9 +43,6 @@ type journalRecord struct {
 	By             string  `json:"by,omitempty"`
 }
 
-// journalFields are journalRecord's keys in its order: a line's keys match exactly (encoding/json would fold case).
-var journalFields = strings.Fields("kind at subscription_id reason provider result detail alias from to by")
-
 // MarshalJSON writes from and to (null when nil) on route_change only, where they say "created" or "deleted" (SPEC §9).
 func (r journalRecord) MarshalJSON() ([]byte, error) {
 	type plain journalRecord // without this method
@@ -59,17 +56,11 @@ func (r journalRecord) MarshalJSON() ([]byte, error) {
 	}{plain: plain(r)})
 }
 
-// journalBadLine is one unreadable line: its number and a reason that never quotes it.
-type journalBadLine struct {
-	Line   int
-	Reason string
-}
-
 // journal is SPEC §9's append-only $STATE/journal.jsonl; any process may append, so it keeps no file open.
 type journal struct {
 	sys
 	name            string                 // "" when there is no state directory
-	noState         error                  // why name is "" (a *noStateError)
+	noState         error                  // why name is "" (wrapping errNoState)
 	testingOnlySync func(f *os.File) error // replaces f.Sync's result in append
 	mu              sync.Mutex             // guards broken; held across an append so this process's appends queue
 	broken          error                  // noState, or the fsync failure after which nothing is appended
@@ -83,7 +74,7 @@ type journalFold struct {
 	off    int64           // bytes folded, always just after a '\n'
 	lines  int             // lines folded, for line numbers
 	retire map[string]bool // subscription ids whose last retire/reinstate is retire
-	bad    []journalBadLine
+	bad    []string        // /readyz's warning per unreadable line: its number and a reason that never quotes it
 	badN   int
 }
 
@@ -104,13 +95,12 @@ func newJournal(st state, sy sys) *journal {
 // writable, or its nearest existing ancestor lets this process create files (access(2): W_OK, W_OK|X_OK).
 func (j *journal) ready() error {
 	j.mu.Lock()
-	err := j.broken
-	j.mu.Unlock()
-	if err != nil {
-		return err
+	defer j.mu.Unlock()
+	if j.broken != nil {
+		return j.broken
 	}
 	path, mode := j.name, uint32(0x2)
-	_, err = guardFile("journal", path)
+	_, err := guardFile("journal", path)
 	for errors.Is(err, errFileAbsent) || errors.Is(err, fs.ErrNotExist) && filepath.Dir(path) != path {
 		path, mode = filepath.Dir(path), 0x2|0x1 // a plain file fails X_OK
 		_, err = os.Stat(path)
@@ -203,7 +193,7 @@ func (j *journal) folded() (journalFold, error) {
 		case reason != "":
 			j.log.Warn("journal_line_unreadable", "line", fo.lines, "reason", reason)
 			if fo.badN++; len(fo.bad) < maxReportedBadLines {
-				fo.bad = append(fo.bad, journalBadLine{Line: fo.lines, Reason: reason})
+				fo.bad = append(fo.bad, fmt.Sprintf("journal line %d is unreadable: %s", fo.lines, reason))
 			}
 		case rec.SubscriptionID == "":
 		case rec.Kind == "retire":
@@ -284,9 +274,11 @@ func parseJournalLine(line []byte) (r journalRecord, reason string) {
 	case m == nil: // valid JSON: an array, a scalar or null
 		return r, "not a JSON object"
 	}
-	for i, name := range journalFields { // kind and at first: non-empty strings
+	rv := reflect.ValueOf(&r).Elem()
+	for i := range rv.NumField() { // kind and at first: non-empty strings; keys match the tags exactly (json folds case)
+		name, _, _ := strings.Cut(rv.Type().Field(i).Tag.Get("json"), ",")
 		raw, ok := m[name]
-		field := reflect.ValueOf(&r).Elem().Field(i).Addr().Interface()
+		field := rv.Field(i).Addr().Interface()
 		switch {
 		case i < 2 && !ok:
 			return journalRecord{}, "missing " + name
@@ -477,7 +469,6 @@ func vaultUnreadable(err error) *apiError {
 func (e *apiError) Error() string { return e.Code + ": " + e.Message }
 func (e *apiError) Unwrap() error { return e.Err }
 
-// Status is the HTTP status the code fixes, unless withStatus chose another.
 func (e *apiError) Status() int { return cmp.Or(e.status, codes[e.Code].status) }
 
 // withStatus answers e with status (0: the table's), for invalid_request's 413 and provider_rejected's 4xx (SPEC §8.2).
@@ -504,18 +495,16 @@ type envelope struct {
 	Error apiError `json:"error"`
 }
 
-// body is the envelope a client receives for e.
 func (e *apiError) body() envelope { return envelope{Error: *e} }
 
 // asAPIError classifies any error: an apiError as itself, no state directory as dependency_unavailable, else internal_error.
 func asAPIError(err error) *apiError {
 	var ae *apiError
-	var ns *noStateError
 	switch {
 	case errors.As(err, &ae):
 		return ae
-	case errors.As(err, &ns):
-		return refuse("dependency_unavailable", "%s", ns.Error()).because(err)
+	case errors.Is(err, errNoState):
+		return refuse("dependency_unavailable", "%s", err.Error()).because(err)
 	}
 	return refuse("internal_error", "internal error").because(err)
 }
@@ -554,15 +543,11 @@ func writeAPIError(w http.ResponseWriter, r *http.Request, err error) *apiError 
 	return ae
 }
 
-// truncateUTF8 cuts s to at most n bytes without splitting a rune.
 func truncateUTF8(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
+	for n > 0 && n < len(s) && !utf8.RuneStart(s[n]) {
 		n--
 	}
-	return s[:n]
+	return s[:min(n, len(s))]
 }
 
 // secretShaped matches API-key-shaped tokens (sk-…, sk-ant-…, brama_…), never quoted back (SPEC §8.1).

@@ -327,9 +327,8 @@ func TestJournalNoStateDirectory(t *testing.T) {
 	for _, tt := range ops {
 		t.Run(tt.name, func(t *testing.T) {
 			err := tt.op()
-			var ns *noStateError
-			if !errors.As(err, &ns) {
-				t.Fatalf("err = %v, want a *noStateError", err)
+			if !errors.Is(err, errNoState) {
+				t.Fatalf("err = %v, want errNoState", err)
 			}
 			if !errors.Is(err, cause) || !strings.Contains(err.Error(), "$HOME is not defined") || !strings.Contains(err.Error(), "journal") {
 				t.Errorf("err %q does not name the journal and the cause", err)

@@ -114,7 +114,7 @@ type ledger struct {
 	seq       uint64        // mutations applied so far
 	lastWrite time.Time     // injected-clock moment of the last snapshot taken for the file
 	timer     ledgerStopper // the armed write-behind, nil when none
-	file      snapshotFile
+	writeMu   sync.Mutex    // held from snapshot to rename: racing writes never leave older state
 }
 
 // newLedger loads ledger.json; an unreadable one is served empty, logged without its bytes and never overwritten (to repair).
@@ -333,8 +333,10 @@ func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEn
 func (l *ledger) flush() error { return l.write(nil) }
 
 // write writes a snapshot and stops any write-behind, unless there is no file or t (a write-behind) was stopped or superseded
-// while firing; l.file keeps a newer snapshot over an older one. Ids not sub_<16 hex> stay in memory (the file parses).
+// while firing; snapshots reach the file in order (writeMu). Ids not sub_<16 hex> stay in memory (the file parses).
 func (l *ledger) write(t *ledgerStopper) error {
+	l.writeMu.Lock()
+	defer l.writeMu.Unlock()
 	l.mu.Lock()
 	if l.name == "" || t != nil && l.timer != *t { // *t is read under l.mu, where it was set
 		l.mu.Unlock()
@@ -348,9 +350,8 @@ func (l *ledger) write(t *ledgerStopper) error {
 	doc := ledgerDoc{SchemaVersion: 1, Subscriptions: maps.Clone(l.entries)}
 	maps.DeleteFunc(doc.Subscriptions, func(id string, _ *ledgerEntry) bool { return !isSubscriptionID(id) })
 	data, _ := marshalState(doc) // cannot fail: no floats outside [0,1], no channels
-	seq := l.seq
 	l.mu.Unlock()
-	if err := l.file.write(l.name, seq, data); err != nil {
+	if err := writeFileAtomic(l.name, data); err != nil {
 		err = fmt.Errorf("write ledger %s: %w", l.name, err)
 		l.log.Warn("ledger_write_failed", "cause", err.Error())
 		return err

@@ -413,7 +413,7 @@ func onboard(e *cliEnv, o opts, _ []string) error {
 	model, sy := o.s("model"), e.sys()
 	d := openDeps(e.getenv, sy)
 	path, pathErr := d.st.path(onboardRole, onboardFile)
-	prog, err := (&stateFile[*onboardProgress]{role: onboardRole, path: path, pathErr: pathErr, parse: parseOnboarding}).fresh()
+	prog, _, err := (&stateFile[*onboardProgress]{role: onboardRole, path: path, pathErr: pathErr, parse: parseOnboarding}).read()
 	if err != nil { // a file failing the guards is refused, never overwritten
 		return fmt.Errorf("the state directory is not usable: %w", err)
 	}

@@ -271,7 +271,7 @@ func (c *core) directKey(provider string) (string, error) {
 		return c.localCreds[provider], nil
 	} else if doc, err := c.vault.load(); err == nil {
 		return doc.Direct[provider].APIKey, nil
-	} else if !errors.As(err, new(*noStateError)) { // no state directory: no key
+	} else if !errors.Is(err, errNoState) { // no state directory: no key
 		return "", err
 	}
 	return "", nil

@@ -350,7 +350,7 @@ func (r *registry) commit(change func(doc *routesDoc) (*journalRecord, error)) (
 		return nil, refuse("dependency_unavailable", "the route registry cannot be written: %v", err).because(err)
 	}
 	err = withFileLock(r.path, func() error {
-		if doc, err = r.fresh(); err != nil { // parsed just now; nobody else holds it
+		if doc, _, err = r.read(); err != nil { // parsed just now; nobody else holds it
 			return refuse("state_conflict", "the route registry on disk is invalid (repair it or run brama routes migrate): %v", err).because(err)
 		}
 		rec, err := change(doc)

@@ -148,10 +148,9 @@ func TestRegistryPath(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			got, err := registryPath(tt.st, func(k string) string { return tt.env[k] })
-			var ns *noStateError
 			if tt.wantErr {
-				if !errors.As(err, &ns) || !strings.Contains(err.Error(), "$HOME is not defined") {
-					t.Fatalf("err = %v, want a *noStateError naming the cause", err)
+				if !errors.Is(err, errNoState) || !strings.Contains(err.Error(), "$HOME is not defined") {
+					t.Fatalf("err = %v, want errNoState naming the cause", err)
 				}
 				return
 			}

@@ -454,7 +454,7 @@ func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 	} else if perm := fi.Mode().Perm(); perm&0o022 != 0 {
 		warn("the state directory has mode %#o: group or other may remove or replace its files, the journal too (chmod 700)", perm)
 	}
-	noState, absent := func(err error) bool { return errors.As(err, new(*noStateError)) }, func(err error) bool { return errors.Is(err, errFileAbsent) }
+	noState, absent := func(err error) bool { return errors.Is(err, errNoState) }, func(err error) bool { return errors.Is(err, errFileAbsent) }
 	errOf := func(_ any, err error) error { return err }
 	_, keyErr := readAnswerKey(s.st, false)
 	check := func(what, env, path string, pathErr, err error, expected func(error) bool) { // expected nil: none is
@@ -480,7 +480,7 @@ func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 	}
 	if fo, err := s.journal.folded(); err == nil {
 		for _, b := range fo.bad {
-			warn("journal line %d is unreadable: %s", b.Line, b.Reason)
+			warn("%s", b)
 		}
 		if fo.badN > len(fo.bad) {
 			warn("the journal holds %d more unreadable lines (brama journal check lists them)", fo.badN-len(fo.bad))

@@ -31,14 +31,8 @@ type state struct {
 	cause error
 }
 
-// noStateError is the refusal when no state directory resolved (SPEC §2.1).
-type noStateError struct {
-	what  string // the consumer, e.g. "journal"
-	cause error
-}
-
-func (e *noStateError) Error() string { return e.what + " has no state directory: " + e.cause.Error() }
-func (e *noStateError) Unwrap() error { return e.cause }
+// errNoState is in every refusal for want of a state directory (SPEC §2.1): "<consumer> has no state directory: <cause>".
+var errNoState = errors.New("no state directory")
 
 // resolveState picks BRAMA_STATE_DIR, else <home>/.brama, and nothing else.
 func resolveState(getenv func(string) string) state {
@@ -59,7 +53,7 @@ func resolveState(getenv func(string) string) state {
 
 func (s state) path(what, file string) (string, error) {
 	if s.dir == "" {
-		return "", &noStateError{what: what, cause: s.cause}
+		return "", fmt.Errorf("%s has %w: %w", what, errNoState, s.cause)
 	}
 	return filepath.Join(s.dir, file), nil
 }
@@ -70,7 +64,7 @@ func (s state) fileOrState(getenv func(string) string, env, what, file string) (
 	case p == "":
 		return s.path(what, file)
 	case !filepath.IsAbs(p):
-		return "", &noStateError{what: what, cause: fmt.Errorf("%s %q is not an absolute path", env, p)}
+		return "", fmt.Errorf("%s has %w: %s %q is not an absolute path", what, errNoState, env, p)
 	default:
 		return p, nil
 	}
@@ -93,7 +87,6 @@ func envSeconds(getenv func(string) string, name string, least int64, def time.D
 	return time.Duration(n) * time.Second, err
 }
 
-// errFileAbsent marks a state file that does not exist yet.
 var errFileAbsent = errors.New("file does not exist")
 
 // fileIdentity tells a changed file from an unchanged one (SPEC §2.3, §4.2).
@@ -186,12 +179,7 @@ func (f *stateFile[T]) load() (T, error) {
 	return f.doc, f.err
 }
 
-func (f *stateFile[T]) fresh() (T, error) {
-	doc, _, err := f.read()
-	return doc, err
-}
-
-// read reads and parses the file; the identity is zero unless parse ran.
+// read reads and parses the file past the cache; the identity is zero unless parse ran.
 func (f *stateFile[T]) read() (doc T, id fileIdentity, err error) {
 	if f.pathErr != nil {
 		return doc, id, f.pathErr
@@ -212,7 +200,7 @@ func (f *stateFile[T]) update(change func(T) error) error {
 		return f.pathErr
 	}
 	return withFileLock(f.path, func() error {
-		doc, err := f.fresh()
+		doc, _, err := f.read()
 		if err == nil {
 			err = change(doc)
 		}
@@ -281,25 +269,6 @@ func writeState(name string, v any) error {
 		return err
 	}
 	return writeFileAtomic(name, b)
-}
-
-// snapshotFile drops a snapshot older than the file's: racing flushes never put old over new.
-type snapshotFile struct {
-	mu      sync.Mutex // serializes the file's writes
-	written uint64     // seq of the newest snapshot on disk
-}
-
-func (f *snapshotFile) write(name string, seq uint64, data []byte) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if seq <= f.written {
-		return nil
-	}
-	err := writeFileAtomic(name, data)
-	if err == nil {
-		f.written = seq
-	}
-	return err
 }
 
 // withFileLock runs fn holding the flock on name+".lock" (SPEC §2.3).
@@ -407,29 +376,25 @@ type oauthGrant struct {
 }
 
 // vault is vault.json, re-read on change so a CLI's edit reaches the daemon. A rotated grant the vault refused is kept
-// (SPEC §17): each parse puts it in while the vault holds the refresh token it replaced, so every vault write takes it.
+// (SPEC §17): each parse puts it in while the vault holds the token it replaced (every write takes it), then forgets it.
 type vault struct {
 	stateFile[*vaultDoc]
-	umu       sync.Mutex // guards unwritten; taken under stateFile's mu, never around it
-	unwritten map[string]unwrittenGrant
-}
-
-// unwrittenGrant is a rotated grant only memory holds, and the refresh token it replaces.
-type unwrittenGrant struct {
-	from  string
-	grant oauthGrant
+	umu       sync.Mutex               // guards unwritten; taken under stateFile's mu, never around it
+	unwritten map[string][2]oauthGrant // by subscription id: the stored grant replaced, and its rotation only memory holds
 }
 
 func newVault(path string, pathErr error) *vault {
-	v := &vault{unwritten: map[string]unwrittenGrant{}}
+	v := &vault{unwritten: map[string][2]oauthGrant{}}
 	v.role, v.path, v.pathErr = "vault", path, pathErr
 	v.parse = func(b []byte) (*vaultDoc, error) {
 		doc, err := parseVault(b)
 		v.umu.Lock()
 		defer v.umu.Unlock()
 		for id, u := range v.unwritten {
-			if c := doc.Subscriptions[id].OAuth; err == nil && c != nil && c.RefreshToken == u.from {
-				doc.Subscriptions[id] = vaultCredential{OAuth: &u.grant}
+			if c := doc.Subscriptions[id].OAuth; err == nil && c != nil && c.RefreshToken == u[0].RefreshToken {
+				doc.Subscriptions[id] = vaultCredential{OAuth: &u[1]}
+			} else if err == nil {
+				delete(v.unwritten, id) // the file holds it now, or a sign-in replaced both
 			}
 		}
 		return doc, err
@@ -463,35 +428,22 @@ func (d *vaultDoc) validate() error {
 // keepUnwritten keeps g, the rotation of old, until a vault write takes it.
 func (v *vault) keepUnwritten(id string, old, g oauthGrant) {
 	v.umu.Lock()
-	from := old.RefreshToken
-	if u := v.unwritten[id]; u.grant.RefreshToken == from {
-		from = u.from // old was itself unwritten
+	if u := v.unwritten[id]; u[1].RefreshToken == old.RefreshToken {
+		old = u[0] // old was itself unwritten
 	}
-	v.unwritten[id] = unwrittenGrant{from, g}
+	v.unwritten[id] = [2]oauthGrant{old, g}
 	v.umu.Unlock()
 	v.mu.Lock()
 	v.id = fileIdentity{} // the next load parses again, putting g in
 	v.mu.Unlock()
 }
 
+// unwrittenIDs loads the vault first: the parse forgets the grants the file holds now.
 func (v *vault) unwrittenIDs() []string {
+	v.load()
 	v.umu.Lock()
 	defer v.umu.Unlock()
 	return slices.Sorted(maps.Keys(v.unwritten))
-}
-
-// update writes change and the unwritten grants, which memory then forgets.
-func (v *vault) update(change func(*vaultDoc) error) error {
-	v.umu.Lock()
-	taken := maps.Clone(v.unwritten)
-	v.umu.Unlock()
-	err := v.stateFile.update(change)
-	if err == nil {
-		v.umu.Lock()
-		maps.DeleteFunc(v.unwritten, func(id string, u unwrittenGrant) bool { return taken[id] == u })
-		v.umu.Unlock()
-	}
-	return err
 }
 
 // writeUnwritten writes the unwritten grants again (each pass, SPEC §17).

@@ -28,7 +28,7 @@ func (w testLogWriter) Write(p []byte) (int, error) {
 
 // readVault reads the vault file at path as serve would, past any cache.
 func readVault(path string) (*vaultDoc, fileIdentity, error) {
-	doc, err := newVault(path, nil).fresh()
+	doc, _, err := newVault(path, nil).read()
 	return doc, fileIdentity{}, err
 }
 
