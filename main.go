@@ -99,15 +99,6 @@ func exitCode(err error, stderr io.Writer) int {
 	return 1
 }
 
-// deps are the state files every command and the server share.
-type deps struct {
-	st      state
-	vault   *vault
-	journal *journal
-	reg     *registry
-	clients *clientStore
-}
-
 // openDeps resolves every state file path (SPEC §2.1, §2.2); nothing is read yet.
 func openDeps(getenv func(string) string, sy sys) deps {
 	st := resolveState(getenv)

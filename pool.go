@@ -246,6 +246,15 @@ func pingRequest(route string, p providerInfo) chatRequest {
 	return req
 }
 
+// deps are the state files every command and the server share.
+type deps struct {
+	st      state
+	vault   *vault
+	journal *journal
+	reg     *registry
+	clients *clientStore
+}
+
 // core is the daemon's parts that the server and every request's engine share, built once by serve.
 type core struct {
 	deps       // the state files
