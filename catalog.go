@@ -38,8 +38,16 @@ type modelInfo struct {
 	Limit       catalogLimit      `json:"limit"`
 	Modalities  catalogModalities `json:"modalities"`
 }
-type catalogLimit struct{ Context, Output float64 }
-type catalogModalities struct{ Input, Output []string }
+
+// catalogLimit and catalogModalities keep api.json's member names, so the cache is in its shape.
+type catalogLimit struct {
+	Context float64 `json:"context"`
+	Output  float64 `json:"output"`
+}
+type catalogModalities struct {
+	Input  []string `json:"input"`
+	Output []string `json:"output"`
+}
 
 type catalogData = map[string]map[string]modelInfo // vendor → model id → info
 

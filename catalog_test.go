@@ -529,6 +529,9 @@ func TestCatalogCache(t *testing.T) {
 	if err := json.Unmarshal(b, &cc); err != nil || !cc.FetchedAt.Equal(newCatalogClock().now()) {
 		t.Errorf("cache = %s (%v), want fetched_at of the read", b, err)
 	}
+	if !bytes.Contains(cc.Body, []byte(`"context":`)) || !bytes.Contains(cc.Body, []byte(`"input":`)) || bytes.Contains(cc.Body, []byte(`"Context"`)) {
+		t.Errorf("cache body %.200s: want api.json's member names (limit.context, modalities.input)", cc.Body)
+	}
 
 	failing := newCatalogServer(t, nil, func(int64) int { return http.StatusInternalServerError }, nil)
 	tests := []struct {
