@@ -175,7 +175,7 @@ func (inv *inventory) owned(agent, id, ifRetired string) (overlayItem, error) {
 func (inv *inventory) credential(id string) (vaultCredential, error) {
 	doc, err := inv.vault.load()
 	if err != nil {
-		return vaultCredential{}, vaultUnreadable(err)
+		return vaultCredential{}, refuse("credential_unauthorized", "the vault is unreadable").because(err)
 	}
 	c, ok := doc.Subscriptions[id]
 	if !ok || (c.APIKey == "" && c.OAuth == nil) {
