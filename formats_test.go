@@ -265,8 +265,8 @@ func TestStreamKeepAliveAndErrors(t *testing.T) {
 			var buf bytes.Buffer
 			flushes := 0
 			s := newCallerStream(d, chatRequest{}, &buf, func() { flushes++ }, "m")
-			if err := s.keepAlive(); err != nil || buf.String() != ": keep-alive\n\n" || flushes != 1 {
-				t.Errorf("keepAlive wrote %q, %d flushes, err %v", buf.String(), flushes, err)
+			if err := s.write(": keep-alive\n\n"); err != nil || buf.String() != ": keep-alive\n\n" || flushes != 1 {
+				t.Errorf("write wrote %q, %d flushes, err %v", buf.String(), flushes, err)
 			}
 			if err := s.event(streamEvent{Kind: "bogus"}); err == nil {
 				t.Error("unknown event kind accepted")
