@@ -5,22 +5,16 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
-	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"time"
 )
 
-// Native first (SPEC §7.6): a same-format call sends the caller's body as
-// received but for the few top-level members §6.2 and §6.4 name, edited by
-// their byte spans, never re-encoded; its answer is relayed as received
-// (relay.go), read by the stream reader only for usage (§13), the terminal
-// signal and the in-band error (§7.5).
+// Native first (SPEC §7.6): a same-format call sends the caller's body as received but for the few top-level
+// members §6.2 and §6.4 name, edited by their byte spans, never re-encoded; its answer is relayed as received, read
+// by the stream reader only for usage (§13), the terminal signal and the in-band error (§7.5).
 
 // jsonMember is one member of a rawObject: key (rawText), sep where its segment starts (just past the previous
 // value or the '{': it holds the comma), val:end its value.
@@ -35,8 +29,7 @@ type rawObject struct {
 	members []jsonMember
 }
 
-// parseRawObject splits a caller's body (too deep a body was refused before
-// any handler: state.go's depth scan).
+// parseRawObject splits a caller's body (too deep a body was refused before any handler: state.go's depth scan).
 func parseRawObject(src []byte) (rawObject, error) {
 	if !json.Valid(src) {
 		return rawObject{}, decodeCallerJSON(src, new(any), "")
@@ -75,8 +68,7 @@ func splitRaw(src []byte, open byte, scratch []jsonMember) (rawObject, bool) {
 	}
 }
 
-// value is the raw value of the last member named key (encoding/json's rule
-// for a repeated key), nil when absent.
+// value is the raw value of the last member named key (encoding/json's rule for a repeated key), nil when absent.
 func (o rawObject) value(key string) json.RawMessage {
 	var v json.RawMessage
 	for _, m := range o.members {
@@ -87,8 +79,7 @@ func (o rawObject) value(key string) json.RawMessage {
 	return v
 }
 
-// memberEdit replaces every member named key with value, or adds it at the
-// end when absent; a nil value removes the member.
+// memberEdit replaces every member named key with value, or adds it at the end when absent; a nil value removes it.
 type memberEdit struct {
 	key   string
 	value []byte
@@ -96,16 +87,12 @@ type memberEdit struct {
 
 // edit is the object with edits applied and every other byte kept.
 func (o rawObject) edit(edits ...memberEdit) []byte {
-	if len(edits) == 0 {
-		return o.src
-	}
 	out := bytes.NewBuffer(make([]byte, 0, len(o.src)+64))
 	o.writeEdited(out, edits...)
 	return out.Bytes()
 }
 
-// writeEdited writes edit's bytes piece by piece: a digest of them holds no
-// copy of the body (the replay guard's, SPEC §17).
+// writeEdited writes edit's bytes piece by piece: a digest of them holds no copy of the body (the replay guard's, SPEC §17).
 func (o rawObject) writeEdited(w io.Writer, edits ...memberEdit) {
 	open := skipJSONSpace(o.src, 0) + 1
 	w.Write(o.src[:open])
@@ -210,8 +197,7 @@ var outputLimitNames = map[string][]string{
 	dialectResponses: {"max_output_tokens"},
 }
 
-// readCallerRequest reads the head of a caller's body: a member Brama does
-// not know is never a refusal on the passthrough path.
+// readCallerRequest reads the head of a caller's body: a member Brama does not know is never a refusal on the passthrough path.
 func readCallerRequest(dialect string, r *http.Request, body []byte) (*callerRequest, error) {
 	o, err := parseRawObject(body)
 	if err != nil {
@@ -281,8 +267,7 @@ func buildChatRequest(ctx context.Context, c call, cr *callerRequest) (*http.Req
 	return cr.passthrough(ctx, c, formatOf(p.protocol).path, cr.head.Stream || p.codex, edits...)
 }
 
-// passthrough is a same-format request to path, count_tokens too: the
-// route's model, claude-code's system (SPEC §6.2), edits.
+// passthrough is a same-format request to path, count_tokens too: the route's model, claude-code's system (SPEC §6.2), edits.
 func (cr *callerRequest) passthrough(ctx context.Context, c call, path string, stream bool, edits ...memberEdit) (*http.Request, error) {
 	base := []memberEdit{{"model", jsonText(c.res.Model)}}
 	if c.res.Provider.id == "claude-code" && c.cred.AccessToken != "" {
@@ -309,8 +294,7 @@ func newProviderRequest(ctx context.Context, c call, extra http.Header, path str
 	return hr, nil
 }
 
-// addsUsage reports whether Brama asks a chat stream for usage itself, the
-// caller not (SPEC §6.2); that usage chunk is not relayed (§7.6).
+// addsUsage reports whether Brama asks a chat stream for usage, the caller not (SPEC §6.2); that chunk is not relayed (§7.6).
 func (cr *callerRequest) addsUsage(p providerInfo) bool {
 	return p.protocol == protoOpenAIChat && (cr.head.Stream || p.codex) && !cr.head.StreamUsage
 }
@@ -446,288 +430,4 @@ func buildUpstreamRequest(ctx context.Context, c call, req chatRequest) (*http.R
 		options.Add("Anthropic-Beta", effortBeta)
 	}
 	return newProviderRequest(ctx, c, options, f.path, b, stream)
-}
-
-// keepAliveEvery is how long a stream may be silent before Brama writes an
-// SSE comment (SPEC §7.5). It writes; it never cuts.
-const keepAliveEvery = 15 * time.Second
-
-// openStreamAnswer sends the 200 and starts the keep-alive timer, a comment after every silence of every
-// (SPEC §7.5); model is what the dialect's events report, req's tools name translated calls.
-func openStreamAnswer(w http.ResponseWriter, dialect string, req chatRequest, model string, attempts int, every time.Duration) *callerStream {
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("X-Accel-Buffering", "no")
-	h.Set("Brama-Attempts", strconv.Itoa(attempts))
-	w.WriteHeader(http.StatusOK)
-	rc := http.NewResponseController(w)
-	s := newCallerStream(dialect, req, w, func() { rc.Flush() }, model)
-	s.flush()   // committed: the caller has its 200 now, however long the provider stays silent
-	s.mu.Lock() // the timer's first run reads s.timer, under mu
-	defer s.mu.Unlock()
-	s.every, s.timer = every, time.AfterFunc(every, func() { s.do(func() error { return s.write(": keep-alive\n\n") }) })
-	return s
-}
-
-// do runs f under the lock, unless closed, and restarts the silence timer.
-func (s *callerStream) do(f func() error) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return nil
-	}
-	s.timer.Reset(s.every)
-	return f()
-}
-
-// relay writes one event as received (nil: none) and, when the relay may wait next, flushes what was written
-// (SPEC §7.5) and restarts the silence timer; not per event: a timer reset per event costs CPU.
-func (s *callerStream) relay(b []byte, flush bool) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return nil
-	}
-	_, err := s.w.Write(b)
-	s.unflushed = s.unflushed || len(b) > 0
-	if flush && s.unflushed {
-		s.flush()
-		s.unflushed = false
-		s.timer.Reset(s.every)
-	}
-	return err
-}
-
-// close stops the timer: nothing more is written.
-func (s *callerStream) close() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.closed = true
-	s.timer.Stop()
-}
-
-// translate relays a committed stream of protocol translated to the caller's dialect.
-func (s *callerStream) translate(protocol string, body io.Reader) (usage, error) {
-	err := s.do(s.start)
-	if err == nil {
-		err = readUpstreamStream(protocol, body, func(ev streamEvent) error { return s.do(func() error { return s.event(ev) }) })
-	}
-	if err == nil {
-		err = s.do(s.finish)
-	}
-	return s.usage, err
-}
-
-// errCallerStreamDone is returned by a callerStream used after finish or fail.
-var errCallerStreamDone = errors.New("caller stream already ended")
-
-// streamStep is what a dialect's frames function writes: the answer begins, a block opens, grows or closes,
-// the finish event arrives (chat writes its finish chunk then), the answer ends or fails.
-type streamStep int
-
-const (
-	stepBegin streamStep = iota
-	stepOpen
-	stepDelta
-	stepClose
-	stepFinish
-	stepEnd
-	stepFail
-)
-
-// callerStream writes a streamed answer in the caller's dialect (SPEC §7.5), one block at a time, each step
-// framed by the dialect's frames function; the first write error sticks. A committed stream's writer also
-// relays a same-format stream and keeps it alive, under one lock; the same writer, frames discarded, builds
-// the messages and responses dialects' buffered answers (wholeAnswer) and gathers a provider's (answerOf).
-type callerStream struct {
-	mu        sync.Mutex // a committed stream's: guards everything below against the keep-alive timer
-	closed    bool
-	unflushed bool // relay wrote bytes not yet flushed
-	every     time.Duration
-	timer     *time.Timer
-	w         io.Writer
-	flush     func()
-	err       error
-	frames    func(s *callerStream, step streamStep, b *streamBlock, text string) error
-	req       chatRequest
-	model     string
-	started   bool
-	done      bool   // finish or fail ran
-	reason    string // the tail: finish and usage arrive in either order, usage maybe never
-	usage     usage
-	failure   *apiError    // stepFail's
-	open      *streamBlock // nil when none
-	blocks    []*streamBlock
-	// the dialect's own: chat's chunk id, creation time and whether its finish chunk went out,
-	// responses' next sequence_number, and the message or response the last event repeats whole
-	id         string
-	created    int64
-	finishSent bool
-	seq        int
-	msg        messagesAnswer
-	resp       responsesObject
-}
-
-// streamBlock is one block: text, or a tool call named as the caller declared it; a custom call made as a function is wrapped, its input held to the close.
-type streamBlock struct {
-	text            bool
-	pos             int // its index among the blocks
-	index           int // the call's index among calls
-	id, name        string
-	flat            string // the name providers saw
-	custom, wrapped bool
-	buf             strings.Builder
-}
-
-// newCallerStream writes dialect to w, flushing every frame (flush may be nil), reporting model (SPEC §7.6).
-func newCallerStream(dialect string, req chatRequest, w io.Writer, flush func(), model string) *callerStream {
-	return &callerStream{w: w, flush: flush, frames: formatOf(dialect).frames, req: req, model: model}
-}
-
-// wholeAnswer writes a through a dialect's frames, discarded, and returns the writer holding the whole
-// answer, with the first refusal a block met (messages: arguments not an object).
-func wholeAnswer(frames func(*callerStream, streamStep, *streamBlock, string) error, req chatRequest, a chatAnswer) (*callerStream, error) {
-	s := &callerStream{w: io.Discard, frames: frames, req: req, model: a.Model}
-	err := s.event(streamEvent{Kind: eventText, Text: a.Text})
-	if err == nil {
-		err = emitCalls(s.event, 0, a.ToolCalls)
-	}
-	if err == nil {
-		err = emitTail(s.event, a.Finish, a.Usage)
-	}
-	if err == nil {
-		err = s.finish()
-	}
-	return s, err
-}
-
-func (s *callerStream) start() error {
-	if s.started {
-		return nil
-	}
-	s.started = true
-	return s.frames(s, stepBegin, nil, "")
-}
-
-// event writes one neutral event. Arguments for a call whose block closed (a provider interleaving calls) still go to its index, where SDKs gather them.
-func (s *callerStream) event(ev streamEvent) error {
-	if s.done {
-		return errCallerStreamDone
-	}
-	if err := s.start(); err != nil {
-		return err
-	}
-	switch ev.Kind {
-	case eventFinish:
-		s.reason = ev.Finish
-		if err := s.closeOpen(); err != nil {
-			return err
-		}
-		return s.frames(s, stepFinish, nil, "")
-	case eventUsage:
-		s.usage, s.usage.Reported = ev.Usage, true
-		return nil
-	case eventText:
-		if ev.Text == "" {
-			return nil
-		}
-		if s.open == nil || !s.open.text {
-			if err := s.openBlock(&streamBlock{text: true}); err != nil {
-				return err
-			}
-		}
-		s.open.buf.WriteString(ev.Text)
-		return s.frames(s, stepDelta, s.open, ev.Text)
-	case eventToolCallStart:
-		name, _, custom := s.req.callerTool(ev.ToolCall)
-		return s.openBlock(&streamBlock{index: ev.Index, id: ev.ToolCall.ID, name: name,
-			flat: ev.ToolCall.Name, custom: custom, wrapped: custom && !ev.ToolCall.Custom})
-	case eventToolCallArgs:
-		i := slices.IndexFunc(s.blocks, func(b *streamBlock) bool { return !b.text && b.index == ev.Index })
-		if i < 0 {
-			return fmt.Errorf("arguments for tool call %d before its start", ev.Index)
-		}
-		b := s.blocks[i]
-		if b.buf.WriteString(ev.Text); ev.Text == "" || b.wrapped {
-			return nil
-		}
-		return s.frames(s, stepDelta, b, ev.Text)
-	}
-	return fmt.Errorf("unknown stream event kind %q", ev.Kind)
-}
-
-func (s *callerStream) openBlock(b *streamBlock) error {
-	if err := s.closeOpen(); err != nil {
-		return err
-	}
-	b.pos, s.open, s.blocks = len(s.blocks), b, append(s.blocks, b)
-	return s.frames(s, stepOpen, b, "")
-}
-
-// closeOpen closes the open block; a wrapped call's input goes out first.
-func (s *callerStream) closeOpen() error {
-	b := s.open
-	if b == nil {
-		return nil
-	}
-	s.open = nil
-	full := b.buf.String()
-	if b.wrapped {
-		full = customInput(full)
-		b.buf.Reset()
-		b.buf.WriteString(full)
-		if err := s.frames(s, stepDelta, b, full); err != nil {
-			return err
-		}
-	}
-	return s.frames(s, stepClose, b, full)
-}
-
-// finish writes the dialect's terminal sequence.
-func (s *callerStream) finish() error {
-	for _, step := range []func() error{s.end, s.start, s.closeOpen} {
-		if err := step(); err != nil {
-			return err
-		}
-	}
-	return s.frames(s, stepEnd, nil, "")
-}
-
-// fail writes the dialect's in-band error, never a terminal success event.
-func (s *callerStream) fail(e *apiError) error {
-	if err := s.end(); err != nil {
-		return err
-	}
-	s.failure = e
-	return s.frames(s, stepFail, nil, "")
-}
-
-func (s *callerStream) end() error {
-	if s.done {
-		return errCallerStreamDone
-	}
-	s.done = true
-	return s.err
-}
-
-// frame writes one event: "event: <name>\n" when name is set, then the data.
-func (s *callerStream) frame(name string, v any) error {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-	if name != "" {
-		name = "event: " + name + "\n"
-	}
-	return s.write(name + "data: " + string(b) + "\n\n")
-}
-
-func (s *callerStream) write(frame string) error {
-	if s.err != nil {
-		return s.err
-	}
-	if _, s.err = io.WriteString(s.w, frame); s.err == nil && s.flush != nil {
-		s.flush()
-	}
-	return s.err
 }

@@ -39,7 +39,7 @@ var layers = [][]string{
 	{"state", "journal"}, // ground
 	{"providers", "registry", "subscriptions", "ledger", // domain
 		"oauth", "catalog"},
-	{"formats", "chat", "messages", "responses", "passthrough", "relay"}, // wire
+	{"formats", "sse", "chat", "messages", "responses", "passthrough", "relay"}, // wire
 	{"dispatch", "pool", "answers", "maintain"},                                 // flow
 	{"main", "cli", "server"},                                                   // faces
 }
