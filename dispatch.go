@@ -472,10 +472,10 @@ func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, c call, req
 		}
 		return u, failure, true
 	case pass:
-		u, failure = relayBuffered(w, req, c, resp, attempts)
+		u, failure = relayBuffered(w, c, resp, attempts)
 		return u, failure, false
 	}
-	a, err := readProviderAnswer(p, tr, resp)
+	a, err := readProviderAnswer(p, resp)
 	if err != nil {
 		return u, asAPIError(err).redactedFor(c.cred.bearer()).withAttempts(attempts), false
 	}
@@ -539,9 +539,9 @@ func (e *engine) serveEmbeddings(ctx context.Context, w http.ResponseWriter, mod
 		build: func(ctx context.Context, c call, _ *callerRequest) (*http.Request, error) {
 			return newProviderRequest(ctx, c, nil, "/embeddings", out, false)
 		},
-		commit: func(_ context.Context, c call, req *callerRequest, resp *http.Response) (usage, *apiError, bool) {
+		commit: func(_ context.Context, c call, _ *callerRequest, resp *http.Response) (usage, *apiError, bool) {
 			w.Header().Set("Brama-Route", c.res.Route)
-			u, ae := relayBuffered(w, req, c, resp, e.t.attempts) // a JSON object as received, else provider_failure
+			u, ae := relayBuffered(w, c, resp, e.t.attempts) // a JSON object as received, else provider_failure
 			return u, ae, false
 		}})
 }

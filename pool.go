@@ -227,7 +227,7 @@ func (e *engine) ping(ctx context.Context, c call, pool []overlayItem) (u usage,
 			return buildUpstreamRequest(ctx, c, req)
 		},
 		commit: func(_ context.Context, c call, _ *callerRequest, resp *http.Response) (usage, *apiError, bool) {
-			a, err := readProviderAnswer(c.res.Provider, req, resp)
+			a, err := readProviderAnswer(c.res.Provider, resp)
 			if u = a.Usage; err != nil { // an in-band limit blocks, as a request's
 				return u, asAPIError(err), false
 			}
