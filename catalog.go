@@ -8,12 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
 	"maps"
 	"math"
 	"net/http"
-	"net/url"
 	"os"
 	"regexp"
 	"slices"
@@ -50,12 +48,6 @@ type catalogModalities struct {
 }
 
 type catalogData = map[string]map[string]modelInfo // vendor → model id → info
-
-// catalogVendor is the catalogue's key for provider's models ("" when none).
-func catalogVendor(provider string) string {
-	p, _ := lookupProvider(provider)
-	return p.vendor
-}
 
 // catalog is the model metadata of SPEC §6.4. Its source is a file (read on demand) or a URL (read in the
 // background, each good read kept in the model metadata cache); either read settles memory for one TTL.
@@ -167,14 +159,8 @@ func (c *catalog) read(ctx context.Context) (catalogData, error) {
 			err = fmt.Errorf("HTTP status %d", status)
 		}
 	}
-	pe, ue := (*fs.PathError)(nil), (*url.Error)(nil)
-	if errors.As(err, &pe) {
-		err = pe.Err
-	} else if errors.As(err, &ue) {
-		err = ue.Err
-	}
-	if err != nil {
-		return nil, fmt.Errorf("catalogue read: %w", err)
+	if err != nil { // a *fs.PathError or *url.Error: quote only its cause
+		return nil, fmt.Errorf("catalogue read: %w", cmp.Or(errors.Unwrap(err), err))
 	}
 	return parseCatalog(b)
 }
@@ -215,32 +201,32 @@ func (c *catalog) current() (catalogData, string) {
 	return c.data, ""
 }
 
-// lookup is the entry for model of provider's vendor, or a short cause.
+// lookup is the entry for model of provider's catalogue vendor (the provider row's), or a short cause naming vendor/model.
 func (c *catalog) lookup(provider, model string) (info modelInfo, ok bool, cause string) {
-	vendor := catalogVendor(provider)
-	if vendor == "" {
+	p, _ := lookupProvider(provider)
+	if p.vendor == "" {
 		return modelInfo{}, false, "the catalogue has no vendor for provider " + provider
 	}
 	data, cause := c.current()
-	if info, ok = data[vendor][model]; !ok && data != nil {
-		cause = fmt.Sprintf("the catalogue has no entry for %s/%s", vendor, model)
+	if info, ok = data[p.vendor][model]; ok && info.Limit.Output <= 0 {
+		cause = fmt.Sprintf("the catalogue has no output limit for %s/%s", p.vendor, model)
+	} else if !ok && data != nil {
+		cause = fmt.Sprintf("the catalogue has no entry for %s/%s", p.vendor, model)
 	}
 	return info, ok, cause
 }
 
 // outputLimit is §6.4's max_tokens lookup: the model's output limit, or 0 with the cause.
 func (c *catalog) outputLimit(provider, model string) (int, string) {
-	info, ok, cause := c.lookup(provider, model)
-	if ok && info.Limit.Output <= 0 {
-		cause = fmt.Sprintf("the catalogue has no output limit for %s/%s", catalogVendor(provider), model)
-	}
+	info, _, cause := c.lookup(provider, model)
 	return int(info.Limit.Output), cause
 }
 
 // models lists provider's vendor's models, newest release first (unknown last), then by id (SPEC §7.3).
 func (c *catalog) models(provider string) []modelInfo {
 	data, _ := c.current() // parseCatalog leaves no vendor "": local-openai has none
-	return slices.SortedFunc(maps.Values(data[catalogVendor(provider)]), func(a, b modelInfo) int {
+	p, _ := lookupProvider(provider)
+	return slices.SortedFunc(maps.Values(data[p.vendor]), func(a, b modelInfo) int {
 		return cmp.Or(strings.Compare(b.ReleaseDate, a.ReleaseDate), strings.Compare(a.ID, b.ID))
 	})
 }
@@ -275,29 +261,22 @@ func parseCatalog(b []byte) (catalogData, error) {
 					m.ReleaseDate = ""
 				}
 			}
-			m.ID, m.Limit = id, catalogLimit{tokenCount(m.Limit.Context), tokenCount(m.Limit.Output)}
-			m.Modalities = catalogModalities{someStrings(m.Modalities.Input), someStrings(m.Modalities.Output)}
+			for _, n := range []*float64{&m.Limit.Context, &m.Limit.Output} { // a positive whole token count, else 0 (unknown)
+				if *n <= 0 || *n > math.MaxInt32 || *n != math.Trunc(*n) {
+					*n = 0
+				}
+			}
+			for _, s := range []*[]string{&m.Modalities.Input, &m.Modalities.Output} { // what was not a string decoded as ""
+				if *s = slices.DeleteFunc(*s, func(x string) bool { return x == "" }); len(*s) == 0 {
+					*s = nil
+				}
+			}
+			m.ID = id
 			out[vendor][id] = m
 		}
 	}
 	delete(out, "")
 	return out, nil
-}
-
-// tokenCount is a positive whole token count, else 0 (unknown).
-func tokenCount(f float64) float64 {
-	if f <= 0 || f > math.MaxInt32 || f != math.Trunc(f) {
-		return 0
-	}
-	return f
-}
-
-// someStrings drops what was not a string (decoded as ""); nil when none is left.
-func someStrings(s []string) []string {
-	if s = slices.DeleteFunc(s, func(x string) bool { return x == "" }); len(s) == 0 {
-		return nil
-	}
-	return s
 }
 
 // marshalCatalog encodes data back into api.json's shape for the model metadata cache; parseCatalog reads it back.
@@ -352,11 +331,9 @@ type perfRegistry struct {
 // newPerfRegistry starts from perf.json; a bad one is logged and replaced at the next flush: telemetry never stops serving.
 func newPerfRegistry(st state, sy sys) *perfRegistry {
 	p := &perfRegistry{sys: sy, routes: map[string]perfEntry{}}
-	if p.path, p.pathErr = st.path("perf telemetry", "perf.json"); p.pathErr != nil {
-		return p
-	}
+	p.path, p.pathErr = st.path("perf telemetry", "perf.json")
 	var doc perfDocument
-	b, _, err := readGuarded("perf telemetry", p.path)
+	b, _, err := readGuarded("perf telemetry", p.path) // path "": absent
 	if err == nil {
 		err = decodeStrict("perf telemetry", b, &doc)
 	}
@@ -407,8 +384,7 @@ func (p *perfRegistry) flush() error {
 	p.lastFlush = p.now()
 	doc := perfDocument{SchemaVersion: 1, FlushedAt: p.lastFlush.UTC(), Routes: maps.Clone(p.routes)}
 	p.mu.Unlock()
-	b, _ := marshalState(doc) // whole and finite numbers: it cannot fail
-	if err := writeFileAtomic(p.path, b); err != nil {
+	if err := writeState(p.path, doc); err != nil {
 		p.log.Warn("perf_stats_flush_failed", "cause", "write perf telemetry: "+err.Error())
 		return fmt.Errorf("write perf telemetry: %w", err)
 	}

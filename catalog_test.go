@@ -167,13 +167,13 @@ func TestCatalogVendor(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := catalogVendor(tt.provider); got != tt.want {
-				t.Errorf("catalogVendor(%q) = %q, want %q", tt.provider, got, tt.want)
+			if p, _ := lookupProvider(tt.provider); p.vendor != tt.want {
+				t.Errorf("vendor of %q = %q, want %q", tt.provider, p.vendor, tt.want)
 			}
 		})
 	}
 	for _, p := range providerTable {
-		if p.id != "local-openai" && catalogVendor(p.id) == "" {
+		if p.id != "local-openai" && p.vendor == "" {
 			t.Errorf("provider %s has no catalogue vendor", p.id)
 		}
 	}
