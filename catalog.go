@@ -417,25 +417,23 @@ var promMetricName = regexp.MustCompile(`^[a-zA-Z_:][a-zA-Z0-9_:]*$`)
 // skipping a name outside the grammar or taken by a route family. Label values escape \, " and newline
 // and must be valid UTF-8 (the exposition format).
 func writeMetrics(w io.Writer, perf map[string]perfEntry, extra map[string]float64) {
-	var b strings.Builder
 	label := strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`)
 	routes, extra := slices.Sorted(maps.Keys(perf)), maps.Clone(extra)
 	for _, f := range perfFamilies {
 		if len(routes) > 0 {
-			fmt.Fprintf(&b, "# HELP %s %s\n# TYPE %s %s\n", f.name, f.help, f.name, f.typ)
+			fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s %s\n", f.name, f.help, f.name, f.typ)
 		}
 		for _, r := range routes {
-			fmt.Fprintf(&b, "%s{route=\"%s\"} %s\n", f.name, label.Replace(strings.ToValidUTF8(r, "\uFFFD")), formatMetric(f.value(perf[r])))
+			fmt.Fprintf(w, "%s{route=\"%s\"} %s\n", f.name, label.Replace(strings.ToValidUTF8(r, "\uFFFD")), formatMetric(f.value(perf[r])))
 		}
 		delete(extra, f.name)
 	}
 	for _, n := range slices.Sorted(maps.Keys(extra)) {
 		if promMetricName.MatchString(n) {
 			typ := map[bool]string{true: "counter", false: "gauge"}[strings.HasSuffix(n, "_total")]
-			fmt.Fprintf(&b, "# TYPE %s %s\n%s %s\n", n, typ, n, formatMetric(extra[n]))
+			fmt.Fprintf(w, "# TYPE %s %s\n%s %s\n", n, typ, n, formatMetric(extra[n]))
 		}
 	}
-	io.WriteString(w, b.String())
 }
 
 // formatMetric is a value as Prometheus parses it: integers whole; FormatFloat spells NaN, +Inf and -Inf so.

@@ -280,19 +280,11 @@ type registry struct {
 	j                     *journal
 	log                   *slog.Logger
 	lastLogged            atomic.Value // string: the failure last logged as inference_routes_invalid
-	parses                atomic.Int32 // files parsed so far; lets tests prove an unchanged file costs none
 }
 
 func newRegistry(path string, pathErr error, j *journal, log *slog.Logger) *registry {
-	r := &registry{j: j, log: log}
-	r.stateFile = stateFile[*routesDoc]{role: registryRole, path: path, pathErr: pathErr, keepErr: true,
-		parse: func(b []byte) (*routesDoc, error) {
-			if b != nil { // nil: the file is absent
-				r.parses.Add(1)
-			}
-			return parseRegistry(b)
-		}}
-	return r
+	return &registry{j: j, log: log,
+		stateFile: stateFile[*routesDoc]{role: registryRole, path: path, pathErr: pathErr, keepErr: true, parse: parseRegistry}}
 }
 
 // current returns the shared document; each distinct failure is logged once.
