@@ -256,10 +256,9 @@ func parseCatalog(b []byte) (catalogData, error) {
 				continue
 			}
 			json.Unmarshal(raw, &m)
-			if _, err := time.Parse("2006-01-02", m.ReleaseDate); err != nil {
-				if _, err := time.Parse("2006-01", m.ReleaseDate); err != nil { // some carry only the month
-					m.ReleaseDate = ""
-				}
+			_, notDay := time.Parse("2006-01-02", m.ReleaseDate)
+			if _, notMonth := time.Parse("2006-01", m.ReleaseDate); notDay != nil && notMonth != nil { // some carry only the month
+				m.ReleaseDate = ""
 			}
 			for _, n := range []*float64{&m.Limit.Context, &m.Limit.Output} { // a positive whole token count, else 0 (unknown)
 				if *n <= 0 || *n > math.MaxInt32 || *n != math.Trunc(*n) {

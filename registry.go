@@ -293,7 +293,11 @@ func (r *registry) current() (*routesDoc, error) {
 		return emptyRoutesDoc(), nil
 	}
 	doc, err := r.load()
-	if reason := fmt.Sprint(err); r.lastLogged.Swap(reason) != reason && err != nil { // a success stores "<nil>"
+	reason := "" // a success: the same failure after a repair is logged again
+	if err != nil {
+		reason = err.Error()
+	}
+	if r.lastLogged.Swap(reason) != reason && err != nil {
 		r.log.Warn("inference_routes_invalid", "reason", reason)
 	}
 	return doc, err
@@ -303,7 +307,7 @@ func (r *registry) current() (*routesDoc, error) {
 func (r *registry) set(alias string, to *string, by string) (*routesDoc, error) {
 	return r.commit(func(doc *routesDoc) (*journalRecord, error) {
 		old, ok := doc.Routes[alias]
-		rec := journalRecord{Kind: "route_change", Alias: alias, To: to, By: cmp.Or(by, "cli")}
+		rec := journalRecord{Kind: "route_change", Alias: alias, To: to, By: by}
 		rec.From = map[bool]*string{true: &old}[ok] // nil: a new alias
 		if to == nil && !ok {
 			return nil, withAlias(refuse("alias_unknown", "alias %q is not declared in the route registry", alias), alias, stateNoRoute, nil)
