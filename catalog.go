@@ -47,7 +47,13 @@ type catalogModalities struct {
 	Output []string `json:"output"`
 }
 
-type catalogData = map[string]map[string]modelInfo // vendor → model id → info
+// catalogData is api.json's shape (vendor → "models" → id → model) in memory, so the cache is its one json.Marshal.
+type (
+	catalogData   = map[string]catalogVendor
+	catalogVendor struct {
+		Models map[string]modelInfo `json:"models"`
+	}
+)
 
 // catalog is the model metadata of SPEC §6.4. Its source is a file (read on demand) or a URL (read in the
 // background, each good read kept in the model metadata cache); either read settles memory for one TTL.
@@ -69,7 +75,7 @@ type catalog struct {
 	refreshing          bool          // a background read is queued or running (single flight)
 }
 
-// catalogCache is $STATE/model-metadata.json: the last good catalogue (marshalCatalog) and its fetch time.
+// catalogCache is $STATE/model-metadata.json: the last good catalogue and its fetch time.
 type catalogCache struct {
 	FetchedAt time.Time       `json:"fetched_at"`
 	Body      json.RawMessage `json:"body"`
@@ -131,7 +137,8 @@ func (c *catalog) start(ctx context.Context, wg *sync.WaitGroup) {
 			}
 			c.mu.Unlock()
 			if err == nil && c.cachePath != "" { // outside the lock: no lookup waits on the disk
-				if err := writeState(c.cachePath, catalogCache{c.now().UTC(), marshalCatalog(data)}); err != nil {
+				body, _ := json.Marshal(data) // only maps, strings, numbers and string slices: it cannot fail
+				if err := writeState(c.cachePath, catalogCache{c.now().UTC(), body}); err != nil {
 					c.log.Warn("model_metadata_cache_write_failed", "cause", err.Error())
 				}
 			}
@@ -208,7 +215,7 @@ func (c *catalog) lookup(provider, model string) (info modelInfo, ok bool, cause
 		return modelInfo{}, false, "the catalogue has no vendor for provider " + provider
 	}
 	data, cause := c.current()
-	if info, ok = data[p.vendor][model]; ok && info.Limit.Output <= 0 {
+	if info, ok = data[p.vendor].Models[model]; ok && info.Limit.Output <= 0 {
 		cause = fmt.Sprintf("the catalogue has no output limit for %s/%s", p.vendor, model)
 	} else if !ok && data != nil {
 		cause = fmt.Sprintf("the catalogue has no entry for %s/%s", p.vendor, model)
@@ -226,7 +233,7 @@ func (c *catalog) outputLimit(provider, model string) (int, string) {
 func (c *catalog) models(provider string) []modelInfo {
 	data, _ := c.current() // parseCatalog leaves no vendor "": local-openai has none
 	p, _ := lookupProvider(provider)
-	return slices.SortedFunc(maps.Values(data[p.vendor]), func(a, b modelInfo) int {
+	return slices.SortedFunc(maps.Values(data[p.vendor].Models), func(a, b modelInfo) int {
 		return cmp.Or(strings.Compare(b.ReleaseDate, a.ReleaseDate), strings.Compare(a.ID, b.ID))
 	})
 }
@@ -249,7 +256,7 @@ func parseCatalog(b []byte) (catalogData, error) {
 			return nil, fmt.Errorf("%w: provider %q is not an object", errCatalogShape, truncateUTF8(vendor, 64))
 		}
 		json.Unmarshal(raw, &v)
-		out[vendor] = map[string]modelInfo{}
+		out[vendor] = catalogVendor{map[string]modelInfo{}}
 		for id, raw := range v.Models {
 			var m modelInfo
 			if id == "" || !isObject(raw) {
@@ -271,21 +278,11 @@ func parseCatalog(b []byte) (catalogData, error) {
 				}
 			}
 			m.ID = id
-			out[vendor][id] = m
+			out[vendor].Models[id] = m
 		}
 	}
 	delete(out, "")
 	return out, nil
-}
-
-// marshalCatalog encodes data back into api.json's shape for the model metadata cache; parseCatalog reads it back.
-func marshalCatalog(data catalogData) []byte {
-	out := map[string]map[string]map[string]modelInfo{} // vendor → "models" → id → model
-	for vendor, models := range data {
-		out[vendor] = map[string]map[string]modelInfo{"models": models}
-	}
-	b, _ := json.Marshal(out) // only maps, strings, numbers and string slices: it cannot fail
-	return b
 }
 
 // listedModel is one entry of GET /v1/models, in OpenAI's list shape.
