@@ -135,14 +135,14 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 		return req.addSystemOf(m.Content, what+".content", "text")
 	case "tool":
 		if m.ToolCallID == "" {
-			return refuseInvalid("%s.tool_call_id is required", what)
+			return refuse("invalid_request", "%s.tool_call_id is required", what)
 		}
 		text, err := req.callerTextOf(m.Content, what+".content", "text", "\n")
 		req.Messages = appendPart(req.Messages, "user", part{Type: partToolResult, ToolCallID: m.ToolCallID, Text: text})
 		return err
 	case "user", "assistant":
 	default:
-		return refuseInvalid("%s.role %s is not one of system, developer, user, assistant, tool", what, quoteCallerToken(m.Role))
+		return refuse("invalid_request", "%s.role %s is not one of system, developer, user, assistant, tool", what, quoteCallerToken(m.Role))
 	}
 	var parts []part
 	var err error
@@ -161,14 +161,14 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 		c, ok := tc.call()
 		switch {
 		case !ok || !slices.Contains([]string{"", toolFunction, toolCustom}, tc.Type):
-			return refuseInvalid("%s.tool_calls[%d] must be a function or custom call", what, i)
+			return refuse("invalid_request", "%s.tool_calls[%d] must be a function or custom call", what, i)
 		case c.ID == "" || c.Name == "":
-			return refuseInvalid("%s.tool_calls[%d] needs an id and a name", what, i)
+			return refuse("invalid_request", "%s.tool_calls[%d] needs an id and a name", what, i)
 		}
 		parts = append(parts, part{Type: partToolCall, ToolCallID: c.ID, ToolName: c.Name, Arguments: c.Arguments, Custom: c.Custom})
 	}
 	if err == nil && len(parts) == 0 {
-		err = refuseInvalid("%s needs content (text, image or file parts) or tool_calls", what)
+		err = refuse("invalid_request", "%s needs content (text, image or file parts) or tool_calls", what)
 	}
 	req.Messages = append(req.Messages, message{Role: m.Role, Parts: parts})
 	return err
@@ -179,11 +179,11 @@ func (req *chatRequest) chatParts(raw json.RawMessage, what string) ([]part, err
 	return callerParts(req, raw, what, "content parts", func(cp chatPart, raw json.RawMessage, path string) (p part, err error) {
 		switch {
 		case cp.Type == "text" && cp.Text == nil:
-			return p, refuseInvalid("%s.text is required", path)
+			return p, refuse("invalid_request", "%s.text is required", path)
 		case cp.Type == "text":
 			p = part{Type: partText, Text: *cp.Text}
 		case cp.Type == "image_url" && cp.ImageURL == nil:
-			return p, refuseInvalid("%s.image_url must be an object with a url", path)
+			return p, refuse("invalid_request", "%s.image_url must be an object with a url", path)
 		case cp.Type == "image_url":
 			p = part{Type: partImage, ImageURL: cp.ImageURL.URL, Detail: cp.ImageURL.Detail}
 			err = checkCallerURL(p.ImageURL, path+".image_url.url")
@@ -218,7 +218,7 @@ func (req *chatRequest) addChatTool(t chatToolCall, raw json.RawMessage, what st
 
 // encodeChat builds a Chat Completions body; tool results become role "tool" messages placed first, right after the assistant turn that called them.
 func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
-	out := chatRequestBody{callerHead: req.head(model, o), ParallelToolCalls: req.ParallelToolCalls, ReasoningEffort: req.Effort,
+	out := chatRequestBody{callerHead: callerHead{model, req.Temperature, req.TopP, o.stream}, ParallelToolCalls: req.ParallelToolCalls, ReasoningEffort: req.Effort,
 		Verbosity: req.Verbosity, ToolChoice: req.openAIToolChoice(true), Stop: jsonArray(req.Stop), openAIShared: req.Shared}
 	switch {
 	case req.MaxTokens > 0 && o.openai: // as a passthrough call to it is (passthrough.go)

@@ -486,3 +486,8 @@ func TestAdaptiveThinking(t *testing.T) {
 		}
 	}
 }
+
+// joinText joins two instruction texts as the parsers do (chatRequest.addSystem).
+func joinText(sys, more string) string {
+	return strings.Join(slices.DeleteFunc([]string{sys, more}, func(s string) bool { return s == "" }), "\n\n")
+}
