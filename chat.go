@@ -109,21 +109,18 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 		output = ptrTo(valueOr(f.JSONSchema, outputFormat{}))
 		output.Type = f.Type
 	}
-	switch rawShape(b.Stop) {
-	case '"':
+	if rawShape(b.Stop) == '"' { // one sequence, or an array of them
 		b.Stop = slices.Concat([]byte("["), b.Stop, []byte("]"))
-	case 0:
-		b.Stop = json.RawMessage("null")
 	}
 	err = cmp.Or(req.setLimit("max_completion_tokens", b.MaxCompletionTokens), // the newer name wins
 		readList(b.Messages, "messages", req.addChatMessage),
 		readList(b.Tools, "tools", req.addChatTool),
 		req.setOpenAIToolChoice(b.ToolChoice, true),
-		decodeCallerJSON(b.Stop, &req.Stop, "stop"),
+		readList(b.Stop, "stop", func(stop string, _ json.RawMessage, _ string) error { // [] asks for nothing
+			req.Stop, req.StopName = append(req.Stop, stop), "stop"
+			return nil
+		}),
 		req.setOutput(output, "response_format"))
-	if req.StopName = "stop"; len(req.Stop) == 0 {
-		req.Stop, req.StopName = nil, "" // [] asks for nothing
-	}
 	return req.finishParse(err, "messages must hold at least one user, assistant or tool message")
 }
 
@@ -153,12 +150,7 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 		parts = nil
 	}
 	for i, tc := range m.ToolCalls {
-		if tc.Type == toolCustom { // a custom call reads no function, nor a function call custom
-			tc.Function = nil
-		} else {
-			tc.Custom = nil
-		}
-		c, ok := tc.call()
+		c, ok := tc.call(tc.Type == toolCustom) // a custom call reads no function, nor a function call custom
 		switch {
 		case !ok || !slices.Contains([]string{"", toolFunction, toolCustom}, tc.Type):
 			return refuse("invalid_request", "%s.tool_calls[%d] must be a function or custom call", what, i)
@@ -265,11 +257,7 @@ func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
 	for _, t := range req.Tools {
 		f := &chatFunction{tool: t}
 		f.Type = ""
-		tc := chatToolCall{Type: t.Type, Function: f}
-		if t.Type == toolCustom {
-			tc.Function, tc.Custom = nil, f
-		}
-		tools = append(tools, tc)
+		tools = append(tools, map[bool]chatToolCall{false: {Type: t.Type, Function: f}, true: {Type: t.Type, Custom: f}}[t.Type == toolCustom])
 	}
 	out.Tools = jsonArray(tools)
 	if f := req.Output; f != nil {
@@ -290,15 +278,16 @@ func chatCall(id, name, args string, custom bool) chatToolCall {
 	return chatToolCall{ID: id, Type: toolFunction, Function: f}
 }
 
-// call is tc as a neutral call: a custom call when it carries custom, else a function call; ok is false when it carries neither.
-func (tc chatToolCall) call() (toolCall, bool) {
-	c, f := toolCall{ID: tc.ID, Custom: tc.Custom != nil}, cmp.Or(tc.Custom, tc.Function)
+// call is tc as a neutral call: a custom call read from its custom member, else a function call from its function;
+// ok is false when that member, or a custom call's input, is missing.
+func (tc chatToolCall) call(custom bool) (toolCall, bool) {
+	c, f := toolCall{ID: tc.ID, Custom: custom}, map[bool]*chatFunction{false: tc.Function, true: tc.Custom}[custom]
 	if f == nil {
 		return c, false
 	}
-	in := map[bool]*string{false: f.Arguments, true: f.Input}[c.Custom]
+	in := map[bool]*string{false: f.Arguments, true: f.Input}[custom]
 	c.Name, c.Arguments = f.Name, valueOr(in, "")
-	return c, !c.Custom || in != nil
+	return c, !custom || in != nil
 }
 
 // chatFinishes maps Chat Completions finish reasons to neutral ones; any other is a stop.
@@ -395,29 +384,23 @@ func (s *callerStream) chatFrames(step streamStep, b *streamBlock, d string) err
 		delta.ToolCalls = []chatToolCall{tc}
 	case step == stepFail: // the envelope of SPEC §8.1 as a final data frame
 		return s.frame("", s.failure.body())
-	case step == stepFinish || step == stepEnd:
-		return s.chatTail(step == stepEnd)
+	case step == stepFinish || step == stepEnd: // the finish chunk if not yet sent; at the end, then the usage chunk
+		var err error // (choices: []) when the caller asked and usage was reported, and [DONE]
+		if !s.finishSent {
+			s.finishSent = true
+			err = s.chatChunk(&chatMessage{}, ptrTo(answerFinish(s.reason)), nil)
+		}
+		if err == nil && step == stepEnd && s.req.StreamUsage && s.usage.Reported {
+			err = s.chatChunk(nil, nil, chatUsageOf(s.usage))
+		}
+		if err != nil || step != stepEnd {
+			return err
+		}
+		return s.write("data: [DONE]\n\n")
 	default:
 		return nil
 	}
 	return s.chatChunk(&delta, nil, nil)
-}
-
-// chatTail writes the finish chunk if not yet sent; at the end, then the usage chunk (choices: []) when the caller
-// asked and usage was reported, and [DONE].
-func (s *callerStream) chatTail(end bool) error {
-	var err error
-	if !s.finishSent {
-		s.finishSent = true
-		err = s.chatChunk(&chatMessage{}, ptrTo(answerFinish(s.reason)), nil)
-	}
-	if err == nil && end && s.req.StreamUsage && s.usage.Reported {
-		err = s.chatChunk(nil, nil, chatUsageOf(s.usage))
-	}
-	if err != nil || !end {
-		return err
-	}
-	return s.write("data: [DONE]\n\n")
 }
 
 // chatChunk writes one chunk with a single choice, or with usage and none.
@@ -502,7 +485,7 @@ func (r *streamReader) delta(d *chatMessage, emit func(streamEvent) error) error
 // it (Ollama's parallel calls all at 0, servers that send no index), then any arguments.
 func (r *streamReader) toolDelta(i int, tc chatToolCall, emit func(streamEvent) error) error {
 	i = valueOr(tc.Index, i)
-	call, _ := tc.call()
+	call, _ := tc.call(tc.Custom != nil)
 	c := r.calls[i]
 	if c == nil || call.ID != "" && c.id != "" && call.ID != c.id { // an id after an id-less start is that call's
 		if call.Name == "" {
