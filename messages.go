@@ -170,8 +170,7 @@ func (req *chatRequest) addMessagesTool(t messagesTool, raw json.RawMessage, wha
 	if err == nil && t.Name == "" {
 		err = refuse("invalid_request", "%s.name is required", what)
 	}
-	nt := tool{Type: toolFunction, Name: t.Name, Description: t.Description, Parameters: schema, Strict: t.Strict}
-	req.Tools = append(req.Tools, nt)
+	req.Tools = append(req.Tools, tool{Type: toolFunction, Name: t.Name, Description: t.Description, Parameters: schema, Strict: t.Strict})
 	return err // on an error the whole request is refused
 }
 

@@ -106,19 +106,14 @@ func parseResponses(body []byte) (chatRequest, error) {
 	if err != nil {
 		return chatRequest{}, err
 	}
-	var raw struct {
-		Reasoning, Text, Conversation, Prompt json.RawMessage
-		Previous                              json.RawMessage `json:"previous_response_id"`
-	}
-	json.Unmarshal(body, &raw)
-	for i, ref := range []json.RawMessage{raw.Previous, raw.Conversation, raw.Prompt} { // refused as item_reference is
-		if !rawIsNull(ref) {
-			return chatRequest{}, refuse("invalid_request", "%s is not supported across formats: it names what only the provider that stored it holds; send the instructions and items themselves",
-				[]string{"previous_response_id", "conversation", "prompt"}[i])
+	for _, ref := range []string{"previous_response_id", "conversation", "prompt"} { // refused as item_reference is
+		if !rawIsNull(rawMember(body, ref)) {
+			return chatRequest{}, refuse("invalid_request", "%s is not supported across formats: it names what only the "+
+				"provider that stored it holds; send the instructions and items themselves", ref)
 		}
 	}
-	req.dropUnknown(raw.Reasoning, "effort")
-	req.dropUnknown(raw.Text, "format verbosity")
+	req.dropUnknown(rawMember(body, "reasoning"), "effort")
+	req.dropUnknown(rawMember(body, "text"), "format verbosity")
 	req.Shared, req.ParallelToolCalls, req.System = b.openAIShared, b.ParallelToolCalls, valueOr(b.Instructions, "")
 	switch rawShape(b.Input) {
 	case '"':
@@ -256,8 +251,12 @@ func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, err
 			}
 			if p.Type == partToolCall {
 				items = append(items, *responsesCall(req, "", p.ToolCallID, p.ToolName, p.Arguments, p.Custom))
-			} else if p.Type == partToolResult {
-				items = append(items, responsesResult(p))
+			} else if p.Type == partToolResult { // its text, or parts with its images and documents
+				output := jsonText(p.Text)
+				if len(p.Media) > 0 {
+					output = must(json.Marshal(responsesContent(append([]part{{Type: partText, Text: p.Text}}, p.Media...), false)))
+				}
+				items = append(items, responsesItem{Type: responsesCallTypes[p.Custom] + "_output", CallID: p.ToolCallID, Output: output})
 			}
 		}
 	}
@@ -273,15 +272,6 @@ func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, err
 		out.Text = &responsesOption{Format: schemaOutput(req.Output), Verbosity: req.Verbosity}
 	}
 	return out, nil
-}
-
-// responsesResult is a tool result as its output item: its text, or parts with its images and documents.
-func responsesResult(p part) responsesItem {
-	output := jsonText(p.Text)
-	if len(p.Media) > 0 {
-		output = must(json.Marshal(responsesContent(append([]part{{Type: partText, Text: p.Text}}, p.Media...), false)))
-	}
-	return responsesItem{Type: responsesCallTypes[p.Custom] + "_output", CallID: p.ToolCallID, Output: output}
 }
 
 // responsesCallTypes are a call's item type, a custom tool's or a function's; "_output" makes its result's.
