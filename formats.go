@@ -146,10 +146,6 @@ func customInput(args string) string {
 	return in.Input
 }
 
-func (req *chatRequest) toolKind(name string) string {
-	return valueOr(req.findTool(name), tool{Type: toolFunction}).Type
-}
-
 // toolChoice says whether and which tool the model must call.
 type toolChoice struct{ Mode, Name string }
 
@@ -215,11 +211,9 @@ func decodeUpstreamAnswer(protocol string, body []byte) (chatAnswer, error) {
 	return chatAnswer{}, refuse("provider_failure", "unknown wire format %q", protocol)
 }
 
-// emptySchema stands in for a tool without parameters where the protocol requires a schema.
-var emptySchema = json.RawMessage(`{"type":"object","properties":{}}`)
-
+// orEmptySchema stands in an empty object schema for a tool without parameters where the protocol requires one.
 func orEmptySchema(schema json.RawMessage) json.RawMessage {
-	return json.RawMessage(cmp.Or(string(schema), string(emptySchema)))
+	return json.RawMessage(cmp.Or(string(schema), `{"type":"object","properties":{}}`))
 }
 
 // argumentsText is a tool call's arguments as JSON text; empty becomes "{}".
@@ -438,7 +432,7 @@ func (req *chatRequest) finishParse(err error, refusal string) (chatRequest, err
 		for j := range m.Parts {
 			switch p := &m.Parts[j]; p.Type {
 			case partToolCall:
-				p.Custom = p.Custom || req.toolKind(p.ToolName) == toolCustom
+				p.Custom = p.Custom || valueOr(req.findTool(p.ToolName), tool{}).Type == toolCustom
 				custom[p.ToolCallID] = p.Custom
 			case partToolResult:
 				p.Custom = p.Custom || custom[p.ToolCallID]
@@ -552,7 +546,7 @@ func (req *chatRequest) setOpenAIToolChoice(raw json.RawMessage, nested bool) er
 // openAIToolChoice is req's tool_choice as the OpenAI formats write it; a named tool's name nested under its type in chat.
 func (req chatRequest) openAIToolChoice(nested bool) json.RawMessage {
 	c := req.ToolChoice
-	switch kind := req.toolKind(valueOr(c, toolChoice{}).Name); {
+	switch kind := valueOr(req.findTool(valueOr(c, toolChoice{}).Name), tool{Type: toolFunction}).Type; {
 	case c == nil:
 		return nil
 	case c.Mode != toolChoiceTool:

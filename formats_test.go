@@ -420,7 +420,7 @@ func roundTripNeutral(req chatRequest) chatRequest {
 	for i, tl := range req.Tools {
 		req.Tools[i].Namespace = "" // flattened toward every provider
 		if tl.Type == toolFunction && tl.Parameters == nil {
-			req.Tools[i].Parameters = emptySchema // the schema a protocol that requires one gets
+			req.Tools[i].Parameters = orEmptySchema(nil) // the schema a protocol that requires one gets
 		}
 		if !valueOr(tl.Strict, false) {
 			req.Tools[i].Strict = nil // responses gets strict false written out (its own default is true)
