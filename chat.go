@@ -139,7 +139,8 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 		return err
 	case "user", "assistant":
 	default:
-		return refuse("invalid_request", "%s.role %s is not one of system, developer, user, assistant, tool", what, quoteCallerToken(m.Role))
+		return refuse("invalid_request", "%s.role %s is not one of system, developer, user, assistant, tool", what,
+			quoteCallerToken(m.Role))
 	}
 	var parts []part
 	var err error
@@ -210,8 +211,9 @@ func (req *chatRequest) addChatTool(t chatToolCall, raw json.RawMessage, what st
 
 // encodeChat builds a Chat Completions body; tool results become role "tool" messages placed first, right after the assistant turn that called them.
 func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
-	out := chatRequestBody{callerHead: callerHead{model, req.Temperature, req.TopP, o.stream}, ParallelToolCalls: req.ParallelToolCalls, ReasoningEffort: req.Effort,
-		Verbosity: req.Verbosity, ToolChoice: req.openAIToolChoice(true), Stop: jsonArray(req.Stop), openAIShared: req.Shared}
+	out := chatRequestBody{callerHead: callerHead{model, req.Temperature, req.TopP, o.stream}, ParallelToolCalls: req.ParallelToolCalls,
+		ReasoningEffort: req.Effort, Verbosity: req.Verbosity, ToolChoice: req.openAIToolChoice(true), Stop: jsonArray(req.Stop),
+		openAIShared: req.Shared}
 	switch {
 	case req.MaxTokens > 0 && o.openai: // as a passthrough call to it is (passthrough.go)
 		out.MaxCompletionTokens = &req.MaxTokens
@@ -257,7 +259,8 @@ func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
 	for _, t := range req.Tools {
 		f := &chatFunction{tool: t}
 		f.Type = ""
-		tools = append(tools, map[bool]chatToolCall{false: {Type: t.Type, Function: f}, true: {Type: t.Type, Custom: f}}[t.Type == toolCustom])
+		nested := map[bool]chatToolCall{false: {Type: t.Type, Function: f}, true: {Type: t.Type, Custom: f}}
+		tools = append(tools, nested[t.Type == toolCustom])
 	}
 	out.Tools = jsonArray(tools)
 	if f := req.Output; f != nil {

@@ -170,7 +170,8 @@ func (req *chatRequest) addMessagesTool(t messagesTool, raw json.RawMessage, wha
 	if err == nil && t.Name == "" {
 		err = refuse("invalid_request", "%s.name is required", what)
 	}
-	req.Tools = append(req.Tools, tool{Type: toolFunction, Name: t.Name, Description: t.Description, Parameters: schema, Strict: t.Strict})
+	nt := tool{Type: toolFunction, Name: t.Name, Description: t.Description, Parameters: schema, Strict: t.Strict}
+	req.Tools = append(req.Tools, nt)
 	return err // on an error the whole request is refused
 }
 
@@ -316,7 +317,8 @@ func messagesSourceOf(url string) (*messagesSource, error) {
 
 // encodeMessages builds a Messages body: claude-code's identity first, custom tools as functions (SPEC §7.6).
 func encodeMessages(req chatRequest, model string, o upstreamOptions) (any, error) {
-	out, turns := messagesRequestBody{callerHead: callerHead{model, req.Temperature, req.TopP, o.stream}, StopSequences: req.Stop}, []messagesTurn{}
+	out := messagesRequestBody{callerHead: callerHead{model, req.Temperature, req.TopP, o.stream}, StopSequences: req.Stop}
+	turns := []messagesTurn{}
 	if req.MaxTokens > 0 {
 		out.MaxTokens = &req.MaxTokens
 	}

@@ -153,7 +153,8 @@ func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, 
 			return req.addSystemOf(it.Content, what+".content", "input_text")
 		}
 		if it.Role != "user" && it.Role != "assistant" {
-			return refuse("invalid_request", "%s.role %s is not one of user, assistant, system, developer", what, quoteCallerToken(it.Role))
+			return refuse("invalid_request", "%s.role %s is not one of user, assistant, system, developer", what,
+				quoteCallerToken(it.Role))
 		}
 		parts, err := req.responsesParts(it.Content, what+".content")
 		if err == nil && len(parts) == 0 && it.Role == "user" {
@@ -222,7 +223,8 @@ var responsesPartMembers = map[string]string{"input_text": "type text", "output_
 
 // encodeResponses builds a Responses body: text, images and files in message items, tool calls and results items of their own; codex gets SPEC §6.2's body.
 func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, error) {
-	out := responsesRequestBody{callerHead: callerHead{model, req.Temperature, req.TopP, o.stream}, ParallelToolCalls: req.ParallelToolCalls, openAIShared: req.Shared}
+	out := responsesRequestBody{callerHead: callerHead{model, req.Temperature, req.TopP, o.stream}, ParallelToolCalls: req.ParallelToolCalls,
+		openAIShared: req.Shared}
 	if req.System != "" {
 		out.Instructions = &req.System
 	}
