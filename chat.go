@@ -299,22 +299,6 @@ var chatFinishes = map[string]string{finishLength: finishLength, "model_length":
 
 func chatFinish(r string) string { return cmp.Or(chatFinishes[r], finishStop) }
 
-// chatContentText is an answer's or a chunk's content as text: a string, or the text of its parts, as some compatible providers send it.
-func chatContentText(content json.RawMessage) (string, error) {
-	var t string
-	if rawIsNull(content) || json.Unmarshal(content, &t) == nil {
-		return t, nil
-	}
-	var parts []chatPart
-	err := json.Unmarshal(content, &parts)
-	for _, p := range parts {
-		if p.Type == "text" && p.Text != nil {
-			t += *p.Text
-		}
-	}
-	return t, err
-}
-
 // decodeChat reads a complete Chat Completions answer as a stream's last chunk: a custom call without input is
 // read as a function call, no finish_reason is tool_calls beside calls, else stop.
 func decodeChat(body []byte) (chatAnswer, error) {
@@ -462,11 +446,20 @@ func (r *streamReader) readChat(event string, e rawObject, emit func(streamEvent
 	return !(r.dropUsage && u.Reported && len(choices.members) == 0), nil
 }
 
-// delta emits a chat delta's text (a refusal's too) and tool call pieces.
+// delta emits a chat delta's (or an answer's) text, a refusal's too, and tool call pieces. Content is a string, or
+// parts whose text counts, as some compatible providers send it.
 func (r *streamReader) delta(d *chatMessage, emit func(streamEvent) error) error {
-	t, err := chatContentText(d.Content)
-	if err != nil {
-		return malformedEvent(protoOpenAIChat, err)
+	var t string
+	if !rawIsNull(d.Content) && json.Unmarshal(d.Content, &t) != nil {
+		var parts []chatPart
+		if err := json.Unmarshal(d.Content, &parts); err != nil {
+			return malformedEvent(protoOpenAIChat, err)
+		}
+		for _, p := range parts {
+			if p.Type == "text" && p.Text != nil {
+				t += *p.Text
+			}
+		}
 	}
 	if d.Refusal != "" {
 		t, r.refusal = t+d.Refusal, true
