@@ -347,7 +347,8 @@ func chatUsageOf(u usage) *chatUsage {
 }
 
 // chatFrames writes chat.completion.chunk frames. Chat has no block framing: a tool call's deltas carry its
-// call index; finish_reason goes out once, when the finish event arrives or at the end.
+// call index; finish_reason goes out once, when the finish event arrives or at the end, where the usage chunk
+// (choices: []) follows when the caller asked and usage was reported, then [DONE].
 func (s *callerStream) chatFrames(step streamStep, b *streamBlock, d string) error {
 	var delta chatMessage
 	switch {
@@ -371,8 +372,8 @@ func (s *callerStream) chatFrames(step streamStep, b *streamBlock, d string) err
 		delta.ToolCalls = []chatToolCall{tc}
 	case step == stepFail: // the envelope of SPEC §8.1 as a final data frame
 		return s.frame("", s.failure.body())
-	case step == stepFinish || step == stepEnd: // the finish chunk if not yet sent; at the end, then the usage chunk
-		var err error // (choices: []) when the caller asked and usage was reported, and [DONE]
+	case step == stepFinish || step == stepEnd:
+		var err error
 		if !s.finishSent {
 			s.finishSent = true
 			err = s.chatChunk(&chatMessage{}, ptrTo(answerFinish(s.reason)), nil)
