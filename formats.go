@@ -351,11 +351,16 @@ func callerParts[T any](req *chatRequest, raw json.RawMessage, what, kind string
 	return nil, refuse("invalid_request", "%s must be a string or an array of %s", what, kind)
 }
 
-// addSystemOf adds content that may only be text as instructions (addSystem): a string, or an array of
-// {"type":textType,"text":…} parts, joined with "\n\n", their other members (cache_control) dropped and named.
+// addSystemOf adds content that may only be text as instructions: a string, or an array of {"type":textType,"text":…}
+// parts, joined with "\n\n", their other members (cache_control) dropped and named. Before any turn it joins the
+// leading System, after one it is a system turn.
 func (req *chatRequest) addSystemOf(raw json.RawMessage, what, textType string) error {
 	text, err := req.callerTextOf(raw, what, textType, "\n\n")
-	req.addSystem(text) // on an error the whole request is refused
+	if len(req.Messages) == 0 { // on an error the whole request is refused
+		req.System = strings.Join(slices.DeleteFunc([]string{req.System, text}, func(s string) bool { return s == "" }), "\n\n")
+	} else {
+		req.Messages = append(req.Messages, message{Role: "system", Parts: []part{{Type: partText, Text: text}}})
+	}
 	return err
 }
 
@@ -407,15 +412,6 @@ func appendPart(msgs []message, role string, p part) []message {
 		return msgs
 	}
 	return append(msgs, message{Role: role, Parts: []part{p}})
-}
-
-// addSystem adds instruction text to the leading System before any turn, else as a system turn.
-func (req *chatRequest) addSystem(text string) {
-	if len(req.Messages) == 0 {
-		req.System = strings.Join(slices.DeleteFunc([]string{req.System, text}, func(s string) bool { return s == "" }), "\n\n")
-	} else {
-		req.Messages = append(req.Messages, message{Role: "system", Parts: []part{{Type: partText, Text: text}}})
-	}
 }
 
 // finishParse refuses a request without a turn (refusal: the text saying so), else links calls to custom tools

@@ -487,7 +487,7 @@ func TestAdaptiveThinking(t *testing.T) {
 	}
 }
 
-// joinText joins two instruction texts as the parsers do (chatRequest.addSystem).
+// joinText joins two instruction texts as the parsers do (chatRequest.addSystemOf).
 func joinText(sys, more string) string {
 	return strings.Join(slices.DeleteFunc([]string{sys, more}, func(s string) bool { return s == "" }), "\n\n")
 }
