@@ -109,21 +109,18 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 		output = ptrTo(valueOr(f.JSONSchema, outputFormat{}))
 		output.Type = f.Type
 	}
-	switch rawShape(b.Stop) {
-	case '"':
+	if rawShape(b.Stop) == '"' { // one sequence, or an array of them
 		b.Stop = slices.Concat([]byte("["), b.Stop, []byte("]"))
-	case 0:
-		b.Stop = json.RawMessage("null")
 	}
 	err = cmp.Or(req.setLimit("max_completion_tokens", b.MaxCompletionTokens), // the newer name wins
 		readList(b.Messages, "messages", req.addChatMessage),
 		readList(b.Tools, "tools", req.addChatTool),
 		req.setOpenAIToolChoice(b.ToolChoice, true),
-		decodeCallerJSON(b.Stop, &req.Stop, "stop"),
+		readList(b.Stop, "stop", func(stop string, _ json.RawMessage, _ string) error { // [] asks for nothing
+			req.Stop, req.StopName = append(req.Stop, stop), "stop"
+			return nil
+		}),
 		req.setOutput(output, "response_format"))
-	if req.StopName = "stop"; len(req.Stop) == 0 {
-		req.Stop, req.StopName = nil, "" // [] asks for nothing
-	}
 	return req.finishParse(err, "messages must hold at least one user, assistant or tool message")
 }
 
@@ -135,14 +132,15 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 		return req.addSystemOf(m.Content, what+".content", "text")
 	case "tool":
 		if m.ToolCallID == "" {
-			return refuseInvalid("%s.tool_call_id is required", what)
+			return refuse("invalid_request", "%s.tool_call_id is required", what)
 		}
 		text, err := req.callerTextOf(m.Content, what+".content", "text", "\n")
 		req.Messages = appendPart(req.Messages, "user", part{Type: partToolResult, ToolCallID: m.ToolCallID, Text: text})
 		return err
 	case "user", "assistant":
 	default:
-		return refuseInvalid("%s.role %s is not one of system, developer, user, assistant, tool", what, quoteCallerToken(m.Role))
+		return refuse("invalid_request", "%s.role %s is not one of system, developer, user, assistant, tool", what,
+			quoteCallerToken(m.Role))
 	}
 	var parts []part
 	var err error
@@ -153,22 +151,17 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 		parts = nil
 	}
 	for i, tc := range m.ToolCalls {
-		if tc.Type == toolCustom { // a custom call reads no function, nor a function call custom
-			tc.Function = nil
-		} else {
-			tc.Custom = nil
-		}
-		c, ok := tc.call()
+		c, ok := tc.call(tc.Type == toolCustom) // a custom call reads no function, nor a function call custom
 		switch {
 		case !ok || !slices.Contains([]string{"", toolFunction, toolCustom}, tc.Type):
-			return refuseInvalid("%s.tool_calls[%d] must be a function or custom call", what, i)
+			return refuse("invalid_request", "%s.tool_calls[%d] must be a function or custom call", what, i)
 		case c.ID == "" || c.Name == "":
-			return refuseInvalid("%s.tool_calls[%d] needs an id and a name", what, i)
+			return refuse("invalid_request", "%s.tool_calls[%d] needs an id and a name", what, i)
 		}
 		parts = append(parts, part{Type: partToolCall, ToolCallID: c.ID, ToolName: c.Name, Arguments: c.Arguments, Custom: c.Custom})
 	}
 	if err == nil && len(parts) == 0 {
-		err = refuseInvalid("%s needs content (text, image or file parts) or tool_calls", what)
+		err = refuse("invalid_request", "%s needs content (text, image or file parts) or tool_calls", what)
 	}
 	req.Messages = append(req.Messages, message{Role: m.Role, Parts: parts})
 	return err
@@ -179,11 +172,11 @@ func (req *chatRequest) chatParts(raw json.RawMessage, what string) ([]part, err
 	return callerParts(req, raw, what, "content parts", func(cp chatPart, raw json.RawMessage, path string) (p part, err error) {
 		switch {
 		case cp.Type == "text" && cp.Text == nil:
-			return p, refuseInvalid("%s.text is required", path)
+			return p, refuse("invalid_request", "%s.text is required", path)
 		case cp.Type == "text":
 			p = part{Type: partText, Text: *cp.Text}
 		case cp.Type == "image_url" && cp.ImageURL == nil:
-			return p, refuseInvalid("%s.image_url must be an object with a url", path)
+			return p, refuse("invalid_request", "%s.image_url must be an object with a url", path)
 		case cp.Type == "image_url":
 			p = part{Type: partImage, ImageURL: cp.ImageURL.URL, Detail: cp.ImageURL.Detail}
 			err = checkCallerURL(p.ImageURL, path+".image_url.url")
@@ -218,8 +211,9 @@ func (req *chatRequest) addChatTool(t chatToolCall, raw json.RawMessage, what st
 
 // encodeChat builds a Chat Completions body; tool results become role "tool" messages placed first, right after the assistant turn that called them.
 func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
-	out := chatRequestBody{callerHead: req.head(model, o), ParallelToolCalls: req.ParallelToolCalls, ReasoningEffort: req.Effort,
-		Verbosity: req.Verbosity, ToolChoice: req.openAIToolChoice(true), Stop: jsonArray(req.Stop), openAIShared: req.Shared}
+	out := chatRequestBody{callerHead: callerHead{model, req.Temperature, req.TopP, o.stream}, ParallelToolCalls: req.ParallelToolCalls,
+		ReasoningEffort: req.Effort, Verbosity: req.Verbosity, ToolChoice: req.openAIToolChoice(true), Stop: jsonArray(req.Stop),
+		openAIShared: req.Shared}
 	switch {
 	case req.MaxTokens > 0 && o.openai: // as a passthrough call to it is (passthrough.go)
 		out.MaxCompletionTokens = &req.MaxTokens
@@ -265,11 +259,8 @@ func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
 	for _, t := range req.Tools {
 		f := &chatFunction{tool: t}
 		f.Type = ""
-		tc := chatToolCall{Type: t.Type, Function: f}
-		if t.Type == toolCustom {
-			tc.Function, tc.Custom = nil, f
-		}
-		tools = append(tools, tc)
+		nested := map[bool]chatToolCall{false: {Type: t.Type, Function: f}, true: {Type: t.Type, Custom: f}}
+		tools = append(tools, nested[t.Type == toolCustom])
 	}
 	out.Tools = jsonArray(tools)
 	if f := req.Output; f != nil {
@@ -290,15 +281,16 @@ func chatCall(id, name, args string, custom bool) chatToolCall {
 	return chatToolCall{ID: id, Type: toolFunction, Function: f}
 }
 
-// call is tc as a neutral call: a custom call when it carries custom, else a function call; ok is false when it carries neither.
-func (tc chatToolCall) call() (toolCall, bool) {
-	c, f := toolCall{ID: tc.ID, Custom: tc.Custom != nil}, cmp.Or(tc.Custom, tc.Function)
+// call is tc as a neutral call: a custom call read from its custom member, else a function call from its function;
+// ok is false when that member, or a custom call's input, is missing.
+func (tc chatToolCall) call(custom bool) (toolCall, bool) {
+	c, f := toolCall{ID: tc.ID, Custom: custom}, map[bool]*chatFunction{false: tc.Function, true: tc.Custom}[custom]
 	if f == nil {
 		return c, false
 	}
-	in := map[bool]*string{false: f.Arguments, true: f.Input}[c.Custom]
+	in := map[bool]*string{false: f.Arguments, true: f.Input}[custom]
 	c.Name, c.Arguments = f.Name, valueOr(in, "")
-	return c, !c.Custom || in != nil
+	return c, !custom || in != nil
 }
 
 // chatFinishes maps Chat Completions finish reasons to neutral ones; any other is a stop.
@@ -306,22 +298,6 @@ var chatFinishes = map[string]string{finishLength: finishLength, "model_length":
 	finishToolCalls: finishToolCalls, "function_call": finishToolCalls, finishContentFilter: finishContentFilter}
 
 func chatFinish(r string) string { return cmp.Or(chatFinishes[r], finishStop) }
-
-// chatContentText is an answer's or a chunk's content as text: a string, or the text of its parts, as some compatible providers send it.
-func chatContentText(content json.RawMessage) (string, error) {
-	var t string
-	if rawIsNull(content) || json.Unmarshal(content, &t) == nil {
-		return t, nil
-	}
-	var parts []chatPart
-	err := json.Unmarshal(content, &parts)
-	for _, p := range parts {
-		if p.Type == "text" && p.Text != nil {
-			t += *p.Text
-		}
-	}
-	return t, err
-}
 
 // decodeChat reads a complete Chat Completions answer as a stream's last chunk: a custom call without input is
 // read as a function call, no finish_reason is tool_calls beside calls, else stop.
@@ -371,7 +347,8 @@ func chatUsageOf(u usage) *chatUsage {
 }
 
 // chatFrames writes chat.completion.chunk frames. Chat has no block framing: a tool call's deltas carry its
-// call index; finish_reason goes out once, when the finish event arrives or at the end.
+// call index; finish_reason goes out once, when the finish event arrives or at the end, where the usage chunk
+// (choices: []) follows when the caller asked and usage was reported, then [DONE].
 func (s *callerStream) chatFrames(step streamStep, b *streamBlock, d string) error {
 	var delta chatMessage
 	switch {
@@ -396,28 +373,22 @@ func (s *callerStream) chatFrames(step streamStep, b *streamBlock, d string) err
 	case step == stepFail: // the envelope of SPEC §8.1 as a final data frame
 		return s.frame("", s.failure.body())
 	case step == stepFinish || step == stepEnd:
-		return s.chatTail(step == stepEnd)
+		var err error
+		if !s.finishSent {
+			s.finishSent = true
+			err = s.chatChunk(&chatMessage{}, ptrTo(answerFinish(s.reason)), nil)
+		}
+		if err == nil && step == stepEnd && s.req.StreamUsage && s.usage.Reported {
+			err = s.chatChunk(nil, nil, chatUsageOf(s.usage))
+		}
+		if err != nil || step != stepEnd {
+			return err
+		}
+		return s.write("data: [DONE]\n\n")
 	default:
 		return nil
 	}
 	return s.chatChunk(&delta, nil, nil)
-}
-
-// chatTail writes the finish chunk if not yet sent; at the end, then the usage chunk (choices: []) when the caller
-// asked and usage was reported, and [DONE].
-func (s *callerStream) chatTail(end bool) error {
-	var err error
-	if !s.finishSent {
-		s.finishSent = true
-		err = s.chatChunk(&chatMessage{}, ptrTo(answerFinish(s.reason)), nil)
-	}
-	if err == nil && end && s.req.StreamUsage && s.usage.Reported {
-		err = s.chatChunk(nil, nil, chatUsageOf(s.usage))
-	}
-	if err != nil || !end {
-		return err
-	}
-	return s.write("data: [DONE]\n\n")
 }
 
 // chatChunk writes one chunk with a single choice, or with usage and none.
@@ -476,11 +447,20 @@ func (r *streamReader) readChat(event string, e rawObject, emit func(streamEvent
 	return !(r.dropUsage && u.Reported && len(choices.members) == 0), nil
 }
 
-// delta emits a chat delta's text (a refusal's too) and tool call pieces.
+// delta emits a chat delta's (or an answer's) text, a refusal's too, and tool call pieces. Content is a string, or
+// parts whose text counts, as some compatible providers send it.
 func (r *streamReader) delta(d *chatMessage, emit func(streamEvent) error) error {
-	t, err := chatContentText(d.Content)
-	if err != nil {
-		return malformedAnswer(protoOpenAIChat, err)
+	var t string
+	if !rawIsNull(d.Content) && json.Unmarshal(d.Content, &t) != nil {
+		var parts []chatPart
+		if err := json.Unmarshal(d.Content, &parts); err != nil {
+			return malformedAnswer(protoOpenAIChat, err)
+		}
+		for _, p := range parts {
+			if p.Type == "text" && p.Text != nil {
+				t += *p.Text
+			}
+		}
 	}
 	if d.Refusal != "" {
 		t, r.refusal = t+d.Refusal, true
@@ -502,7 +482,7 @@ func (r *streamReader) delta(d *chatMessage, emit func(streamEvent) error) error
 // it (Ollama's parallel calls all at 0, servers that send no index), then any arguments.
 func (r *streamReader) toolDelta(i int, tc chatToolCall, emit func(streamEvent) error) error {
 	i = valueOr(tc.Index, i)
-	call, _ := tc.call()
+	call, _ := tc.call(tc.Custom != nil)
 	c := r.calls[i]
 	if c == nil || call.ID != "" && c.id != "" && call.ID != c.id { // an id after an id-less start is that call's
 		if call.Name == "" {

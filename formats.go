@@ -146,10 +146,6 @@ func customInput(args string) string {
 	return in.Input
 }
 
-func (req *chatRequest) toolKind(name string) string {
-	return valueOr(req.findTool(name), tool{Type: toolFunction}).Type
-}
-
 // toolChoice says whether and which tool the model must call.
 type toolChoice struct{ Mode, Name string }
 
@@ -215,11 +211,9 @@ func decodeUpstreamAnswer(protocol string, body []byte) (chatAnswer, error) {
 	return chatAnswer{}, refuse("provider_failure", "unknown wire format %q", protocol)
 }
 
-// emptySchema stands in for a tool without parameters where the protocol requires a schema.
-var emptySchema = json.RawMessage(`{"type":"object","properties":{}}`)
-
+// orEmptySchema stands in an empty object schema for a tool without parameters where the protocol requires one.
 func orEmptySchema(schema json.RawMessage) json.RawMessage {
-	return json.RawMessage(cmp.Or(string(schema), string(emptySchema)))
+	return json.RawMessage(cmp.Or(string(schema), `{"type":"object","properties":{}}`))
 }
 
 // argumentsText is a tool call's arguments as JSON text; empty becomes "{}".
@@ -248,13 +242,8 @@ func schemaOutput(f *outputFormat) *outputFormat {
 	return &s
 }
 
-// refuseInvalid refuses a caller's body: a member with no counterpart elsewhere is dropped
-// and named (chatRequest.Dropped), one unreadable refused as invalid_request, never quoted.
-func refuseInvalid(format string, args ...any) *apiError {
-	return refuse("invalid_request", format, args...)
-}
-
-// decodeCallerJSON unmarshals data into v; an error is an invalid_request naming the member at fault under what ("" for the body), quoting nothing (SPEC §7.6).
+// decodeCallerJSON unmarshals data into v; an error is an invalid_request naming the member at fault under what
+// ("" for the body), quoting nothing (SPEC §7.6). A member with no counterpart elsewhere is dropped and named instead.
 func decodeCallerJSON(data []byte, v any, what string) error {
 	err := json.Unmarshal(data, v)
 	var se *json.SyntaxError
@@ -263,14 +252,14 @@ func decodeCallerJSON(data []byte, v any, what string) error {
 	case err == nil:
 		return nil
 	case errors.As(err, &se):
-		return refuseInvalid("malformed JSON at byte %d", se.Offset).because(err)
+		return refuse("invalid_request", "malformed JSON at byte %d", se.Offset).because(err)
 	case !errors.As(err, &te):
-		return refuseInvalid("malformed JSON").because(err)
+		return refuse("invalid_request", "malformed JSON").because(err)
 	case what+te.Field == "":
-		return refuseInvalid("the request body must be a JSON object").because(err)
+		return refuse("invalid_request", "the request body must be a JSON object").because(err)
 	}
 	field := strings.Trim(what+"."+te.Field, ".")
-	return refuseInvalid("%s: got %s, not the type it takes", field, truncateUTF8(te.Value, 32)).because(err)
+	return refuse("invalid_request", "%s: got %s, not the type it takes", field, truncateUTF8(te.Value, 32)).because(err)
 }
 
 // dropUnknown names, in the body's order, every member of the JSON object raw not in known
@@ -293,17 +282,13 @@ type callerHead struct {
 	Stream      bool     `json:"stream,omitempty"`
 }
 
-func (req chatRequest) head(model string, o upstreamOptions) callerHead {
-	return callerHead{Model: model, Temperature: req.Temperature, TopP: req.TopP, Stream: o.stream}
-}
-
 // newCallerRequest decodes body into b (embedding h), checks the shared members, names the unknown ones.
 func newCallerRequest(body []byte, b any, h *callerHead, known, limitName string, limit **int) (chatRequest, error) {
 	if err := decodeCallerJSON(body, b, ""); err != nil {
 		return chatRequest{}, err
 	}
 	if h.Model == "" {
-		return chatRequest{}, refuseInvalid("model is required and must be a non-empty string")
+		return chatRequest{}, refuse("invalid_request", "model is required and must be a non-empty string")
 	}
 	req := chatRequest{Model: h.Model, Temperature: h.Temperature, TopP: h.TopP, Stream: h.Stream}
 	req.dropUnknown(body, known)
@@ -315,7 +300,7 @@ func (req *chatRequest) setLimit(name string, v *int) error {
 	switch {
 	case v == nil:
 	case *v < 1:
-		return refuseInvalid("%s must be at least 1", name)
+		return refuse("invalid_request", "%s must be at least 1", name)
 	default:
 		req.MaxTokens, req.LimitName = *v, name
 	}
@@ -363,14 +348,19 @@ func callerParts[T any](req *chatRequest, raw json.RawMessage, what, kind string
 			return err
 		})
 	}
-	return nil, refuseInvalid("%s must be a string or an array of %s", what, kind)
+	return nil, refuse("invalid_request", "%s must be a string or an array of %s", what, kind)
 }
 
-// addSystemOf adds content that may only be text as instructions (addSystem): a string, or an array of
-// {"type":textType,"text":…} parts, joined with "\n\n", their other members (cache_control) dropped and named.
+// addSystemOf adds content that may only be text as instructions: a string, or an array of {"type":textType,"text":…}
+// parts, joined with "\n\n", their other members (cache_control) dropped and named. Before any turn it joins the
+// leading System, after one it is a system turn.
 func (req *chatRequest) addSystemOf(raw json.RawMessage, what, textType string) error {
 	text, err := req.callerTextOf(raw, what, textType, "\n\n")
-	req.addSystem(text) // on an error the whole request is refused
+	if len(req.Messages) == 0 { // on an error the whole request is refused
+		req.System = strings.Join(slices.DeleteFunc([]string{req.System, text}, func(s string) bool { return s == "" }), "\n\n")
+	} else {
+		req.Messages = append(req.Messages, message{Role: "system", Parts: []part{{Type: partText, Text: text}}})
+	}
 	return err
 }
 
@@ -379,7 +369,7 @@ func (req *chatRequest) callerTextOf(raw json.RawMessage, what, textType, sep st
 	parts, err := callerParts(req, raw, what, textType+" parts", func(p chatPart, raw json.RawMessage, path string) (part, error) {
 		req.dropUnknown(raw, "type text")
 		if p.Type != textType || p.Text == nil {
-			return part{}, refuseInvalid("%s must be a %s part with text", path, textType)
+			return part{}, refuse("invalid_request", "%s must be a %s part with text", path, textType)
 		}
 		return part{Type: partText, Text: *p.Text}, nil
 	})
@@ -397,7 +387,7 @@ func checkSchema(raw json.RawMessage, what string) (json.RawMessage, error) {
 	case rawIsNull(raw):
 		return nil, nil
 	case rawShape(raw) != '{' || json.Compact(&b, raw) != nil:
-		return nil, refuseInvalid("%s must be a JSON object", what)
+		return nil, refuse("invalid_request", "%s must be a JSON object", what)
 	}
 	return b.Bytes(), nil
 }
@@ -407,7 +397,7 @@ func checkCallerURL(url, what string) error {
 	if strings.HasPrefix(url, "https://") || strings.HasPrefix(url, "data:") {
 		return nil
 	}
-	return refuseInvalid("%s must be an https URL or a data URL", what)
+	return refuse("invalid_request", "%s must be an https URL or a data URL", what)
 }
 
 func quoteCallerToken(s string) string { return fmt.Sprintf("%q", truncateUTF8(s, 64)) }
@@ -424,24 +414,11 @@ func appendPart(msgs []message, role string, p part) []message {
 	return append(msgs, message{Role: role, Parts: []part{p}})
 }
 
-// addSystem adds instruction text to the leading System before any turn, else as a system turn.
-func (req *chatRequest) addSystem(text string) {
-	if len(req.Messages) == 0 {
-		req.System = joinText(req.System, text)
-	} else {
-		req.Messages = append(req.Messages, message{Role: "system", Parts: []part{{Type: partText, Text: text}}})
-	}
-}
-
-func joinText(sys, more string) string {
-	return strings.Join(slices.DeleteFunc([]string{sys, more}, func(s string) bool { return s == "" }), "\n\n")
-}
-
 // finishParse refuses a request without a turn (refusal: the text saying so), else links calls to custom tools
 // and their results, whichever format they came from.
 func (req *chatRequest) finishParse(err error, refusal string) (chatRequest, error) {
 	if err == nil && len(req.Messages) == 0 {
-		err = refuseInvalid("%s", refusal)
+		err = refuse("invalid_request", "%s", refusal)
 	}
 	if err != nil {
 		return chatRequest{}, err
@@ -451,7 +428,7 @@ func (req *chatRequest) finishParse(err error, refusal string) (chatRequest, err
 		for j := range m.Parts {
 			switch p := &m.Parts[j]; p.Type {
 			case partToolCall:
-				p.Custom = p.Custom || req.toolKind(p.ToolName) == toolCustom
+				p.Custom = p.Custom || valueOr(req.findTool(p.ToolName), tool{}).Type == toolCustom
 				custom[p.ToolCallID] = p.Custom
 			case partToolResult:
 				p.Custom = p.Custom || custom[p.ToolCallID]
@@ -468,9 +445,9 @@ func (req *chatRequest) setOutput(o *outputFormat, what string) error {
 	case o.Type == "json_object":
 		req.Output = &outputFormat{Type: o.Type}
 	case o.Type != "json_schema":
-		return refuseInvalid("%s.type %s is not text, json_object or json_schema", what, quoteCallerToken(o.Type))
+		return refuse("invalid_request", "%s.type %s is not text, json_object or json_schema", what, quoteCallerToken(o.Type))
 	case rawShape(o.Schema) != '{':
-		return refuseInvalid("%s needs a JSON Schema object", what)
+		return refuse("invalid_request", "%s needs a JSON Schema object", what)
 	default:
 		req.Output = o
 	}
@@ -496,7 +473,7 @@ func toolResult(id string, parts []part, custom bool) part {
 // (a hosted tool: web_search, …) is dropped and named.
 func (req *chatRequest) addOpenAITool(t tool, raw json.RawMessage, what string) error {
 	if t.Name == "" && slices.Contains([]string{toolFunction, toolCustom, "namespace"}, t.Type) {
-		return refuseInvalid("%s needs a name", what)
+		return refuse("invalid_request", "%s needs a name", what)
 	}
 	switch t.Type {
 	case toolFunction, toolCustom:
@@ -535,7 +512,7 @@ func (req *chatRequest) setOpenAIToolChoice(raw json.RawMessage, nested bool) er
 		return nil
 	case '"':
 		if json.Unmarshal(raw, &tc.Type); !slices.Contains([]string{toolChoiceAuto, toolChoiceNone, toolChoiceRequired}, tc.Type) {
-			return refuseInvalid("tool_choice must be \"auto\", \"none\", \"required\" or a tool")
+			return refuse("invalid_request", "tool_choice must be \"auto\", \"none\", \"required\" or a tool")
 		}
 		req.ToolChoice = &toolChoice{Mode: tc.Type}
 		return nil
@@ -544,7 +521,7 @@ func (req *chatRequest) setOpenAIToolChoice(raw json.RawMessage, nested bool) er
 			return err
 		}
 	default:
-		return refuseInvalid("tool_choice must be a string or an object")
+		return refuse("invalid_request", "tool_choice must be a string or an object")
 	}
 	if nested {
 		tc.Name = tc.Function.Name + tc.Custom.Name
@@ -553,7 +530,7 @@ func (req *chatRequest) setOpenAIToolChoice(raw json.RawMessage, nested bool) er
 	case tc.Type != toolFunction && tc.Type != toolCustom:
 		req.Dropped = append(req.Dropped, "tool_choice")
 	case tc.Name == "":
-		return refuseInvalid("tool_choice must name a tool: {\"type\":\"function\",…}")
+		return refuse("invalid_request", "tool_choice must name a tool: {\"type\":\"function\",…}")
 	case tc.Namespace != "":
 		req.ToolChoice = &toolChoice{Mode: toolChoiceTool, Name: tc.Namespace + "__" + tc.Name}
 	default:
@@ -565,7 +542,7 @@ func (req *chatRequest) setOpenAIToolChoice(raw json.RawMessage, nested bool) er
 // openAIToolChoice is req's tool_choice as the OpenAI formats write it; a named tool's name nested under its type in chat.
 func (req chatRequest) openAIToolChoice(nested bool) json.RawMessage {
 	c := req.ToolChoice
-	switch kind := req.toolKind(valueOr(c, toolChoice{}).Name); {
+	switch kind := valueOr(req.findTool(valueOr(c, toolChoice{}).Name), tool{Type: toolFunction}).Type; {
 	case c == nil:
 		return nil
 	case c.Mode != toolChoiceTool:

@@ -426,7 +426,7 @@ func roundTripNeutral(req chatRequest) chatRequest {
 	for i, tl := range req.Tools {
 		req.Tools[i].Namespace = "" // flattened toward every provider
 		if tl.Type == toolFunction && tl.Parameters == nil {
-			req.Tools[i].Parameters = emptySchema // the schema a protocol that requires one gets
+			req.Tools[i].Parameters = orEmptySchema(nil) // the schema a protocol that requires one gets
 		}
 		if !valueOr(tl.Strict, false) {
 			req.Tools[i].Strict = nil // responses gets strict false written out (its own default is true)
@@ -491,4 +491,9 @@ func TestAdaptiveThinking(t *testing.T) {
 			t.Errorf("adaptiveModels.MatchString(%q) = %v, want %v", model, got, want)
 		}
 	}
+}
+
+// joinText joins two instruction texts as the parsers do (chatRequest.addSystemOf).
+func joinText(sys, more string) string {
+	return strings.Join(slices.DeleteFunc([]string{sys, more}, func(s string) bool { return s == "" }), "\n\n")
 }

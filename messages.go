@@ -120,7 +120,7 @@ func parseMessages(body []byte) (chatRequest, error) {
 	if tc := b.ToolChoice; tc != nil {
 		req.ToolChoice = &toolChoice{Mode: messagesChoices[tc.Type], Name: tc.Name}
 		if req.ToolChoice.Mode == "" || req.ToolChoice.Mode == toolChoiceTool && tc.Name == "" {
-			err = cmp.Or(err, error(refuseInvalid(`tool_choice.type must be auto, any or none, or tool with a name`)))
+			err = cmp.Or(err, error(refuse("invalid_request", `tool_choice.type must be auto, any or none, or tool with a name`)))
 		}
 		if p := tc.DisableParallelToolUse; p != nil {
 			req.ParallelToolCalls = ptrTo(!*p)
@@ -156,7 +156,7 @@ func (req *chatRequest) addMessagesTurn(m messagesTurn, _ json.RawMessage, what 
 		req.Messages = append(req.Messages, message{Role: m.Role, Parts: parts})
 		return err
 	}
-	return refuseInvalid("%s.role %s is not user, assistant or system", what, quoteCallerToken(m.Role))
+	return refuse("invalid_request", "%s.role %s is not user, assistant or system", what, quoteCallerToken(m.Role))
 }
 
 // addMessagesTool adds a client tool, naming raw's unknown members; a server tool (web_search_…, bash_…, …) is dropped and named.
@@ -168,7 +168,7 @@ func (req *chatRequest) addMessagesTool(t messagesTool, raw json.RawMessage, wha
 	req.dropUnknown(raw, "type name description input_schema strict")
 	schema, err := checkSchema(t.InputSchema, what+".input_schema")
 	if err == nil && t.Name == "" {
-		err = refuseInvalid("%s.name is required", what)
+		err = refuse("invalid_request", "%s.name is required", what)
 	}
 	nt := tool{Type: toolFunction, Name: t.Name, Description: t.Description, Parameters: schema, Strict: t.Strict}
 	req.Tools = append(req.Tools, nt)
@@ -185,12 +185,12 @@ var messagesBlockMembers = map[string]string{"text": "type text", "image": "type
 func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what string) ([]part, error) {
 	read := func(bl messagesBlock, rb json.RawMessage, path string) (p part, err error) {
 		if bl.Type == "tool_use" && role != "assistant" || bl.Type == "tool_result" && role != "user" {
-			return p, refuseInvalid("%s.type %s is not allowed in a %s turn", path, quoteCallerToken(bl.Type), role)
+			return p, refuse("invalid_request", "%s.type %s is not allowed in a %s turn", path, quoteCallerToken(bl.Type), role)
 		}
 		switch bl.Type {
 		case "text":
 			if bl.Text == nil {
-				return p, refuseInvalid("%s.text is required", path)
+				return p, refuse("invalid_request", "%s.text is required", path)
 			}
 			p = part{Type: partText, Text: *bl.Text}
 		case "image", "document":
@@ -205,7 +205,7 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 		case "tool_use":
 			in, err := checkSchema(bl.Input, path+".input") // the same rule: a JSON object, compacted
 			if err == nil && (bl.ID == "" || bl.Name == "") {
-				err = refuseInvalid("%s needs an id and a name", path)
+				err = refuse("invalid_request", "%s needs an id and a name", path)
 			}
 			if err != nil {
 				return p, err
@@ -213,7 +213,7 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 			p = part{Type: partToolCall, ToolCallID: bl.ID, ToolName: bl.Name, Arguments: cmp.Or(string(in), "{}")}
 		case "tool_result":
 			if bl.ToolUseID == "" {
-				return p, refuseInvalid("%s.tool_use_id is required", path)
+				return p, refuse("invalid_request", "%s.tool_use_id is required", path)
 			}
 			var inner []part
 			if !rawIsNull(bl.Content) {
@@ -233,7 +233,7 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 	}
 	parts, err := callerParts(req, raw, what, "content blocks", read)
 	if err == nil && len(parts) == 0 && role != "result" {
-		return nil, refuseInvalid("%s must hold at least one content block Brama can carry", what)
+		return nil, refuse("invalid_request", "%s must hold at least one content block Brama can carry", what)
 	}
 	return parts, err
 }
@@ -242,7 +242,7 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 func messagesSourceURL(src *messagesSource, what string) (string, error) {
 	switch {
 	case src == nil:
-		return "", refuseInvalid("%s must be an object", what)
+		return "", refuse("invalid_request", "%s must be an object", what)
 	case src.Type == "base64" && src.MediaType != "" && src.Data != "":
 		return "data:" + src.MediaType + ";base64," + src.Data, nil
 	case src.Type == "text":
@@ -252,7 +252,7 @@ func messagesSourceURL(src *messagesSource, what string) (string, error) {
 	case src.Type == "file":
 		return "", nil
 	}
-	return "", refuseInvalid("%s must be base64 data with a media_type, text, a url or a file", what)
+	return "", refuse("invalid_request", "%s must be base64 data with a media_type, text, a url or a file", what)
 }
 
 // messagesContent is parts as blocks, tool results first and no empty text (the API requires both); a custom tool's call
@@ -307,7 +307,7 @@ func messagesSourceOf(url string) (*messagesSource, error) {
 	meta, data, ok := strings.Cut(rest, ",")
 	media, isBase64 := strings.CutSuffix(meta, ";base64")
 	if !ok || !isBase64 || media == "" || data == "" {
-		return nil, refuseInvalid("an image or file data URL must be base64 with a media type")
+		return nil, refuse("invalid_request", "an image or file data URL must be base64 with a media type")
 	}
 	if text, err := base64.StdEncoding.DecodeString(data); media == "text/plain" && err == nil {
 		return &messagesSource{Type: "text", MediaType: media, Data: string(text)}, nil
@@ -317,7 +317,8 @@ func messagesSourceOf(url string) (*messagesSource, error) {
 
 // encodeMessages builds a Messages body: claude-code's identity first, custom tools as functions (SPEC §7.6).
 func encodeMessages(req chatRequest, model string, o upstreamOptions) (any, error) {
-	out, turns := messagesRequestBody{callerHead: req.head(model, o), StopSequences: req.Stop}, []messagesTurn{}
+	out := messagesRequestBody{callerHead: callerHead{model, req.Temperature, req.TopP, o.stream}, StopSequences: req.Stop}
+	turns := []messagesTurn{}
 	if req.MaxTokens > 0 {
 		out.MaxTokens = &req.MaxTokens
 	}
@@ -367,7 +368,7 @@ func encodeMessages(req chatRequest, model string, o upstreamOptions) (any, erro
 	}
 	if f := req.Output; f != nil {
 		if f.Type != "json_schema" {
-			return nil, refuseInvalid("structured output without a JSON Schema (JSON mode) cannot be expressed to an anthropic-messages provider; send a JSON Schema")
+			return nil, refuse("invalid_request", "structured output without a JSON Schema (JSON mode) cannot be expressed to an anthropic-messages provider; send a JSON Schema")
 		}
 		cfg.Format = &outputFormat{Type: f.Type, Schema: f.Schema}
 	}
@@ -390,7 +391,7 @@ func toolArguments(args string) (json.RawMessage, error) {
 	}
 	var buf bytes.Buffer
 	if err := json.Compact(&buf, []byte(args)); err != nil || buf.Bytes()[0] != '{' {
-		return nil, refuseInvalid("a tool call's arguments are not a JSON object")
+		return nil, refuse("invalid_request", "a tool call's arguments are not a JSON object")
 	}
 	return buf.Bytes(), nil
 }

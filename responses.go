@@ -106,29 +106,24 @@ func parseResponses(body []byte) (chatRequest, error) {
 	if err != nil {
 		return chatRequest{}, err
 	}
-	var raw struct {
-		Reasoning, Text, Conversation, Prompt json.RawMessage
-		Previous                              json.RawMessage `json:"previous_response_id"`
-	}
-	json.Unmarshal(body, &raw)
-	for i, ref := range []json.RawMessage{raw.Previous, raw.Conversation, raw.Prompt} { // refused as item_reference is
-		if !rawIsNull(ref) {
-			return chatRequest{}, refuseInvalid("%s is not supported across formats: it names what only the provider that stored it holds; send the instructions and items themselves",
-				[]string{"previous_response_id", "conversation", "prompt"}[i])
+	for _, ref := range []string{"previous_response_id", "conversation", "prompt"} { // refused as item_reference is
+		if !rawIsNull(rawMember(body, ref)) {
+			return chatRequest{}, refuse("invalid_request", "%s is not supported across formats: it names what only the "+
+				"provider that stored it holds; send the instructions and items themselves", ref)
 		}
 	}
-	req.dropUnknown(raw.Reasoning, "effort")
-	req.dropUnknown(raw.Text, "format verbosity")
+	req.dropUnknown(rawMember(body, "reasoning"), "effort")
+	req.dropUnknown(rawMember(body, "text"), "format verbosity")
 	req.Shared, req.ParallelToolCalls, req.System = b.openAIShared, b.ParallelToolCalls, valueOr(b.Instructions, "")
 	switch rawShape(b.Input) {
 	case '"':
 		if err = req.addResponsesItem(responsesItem{Role: "user", Content: b.Input}, nil, "input"); string(b.Input) == `""` {
-			err = refuseInvalid("input must not be empty")
+			err = refuse("invalid_request", "input must not be empty")
 		}
 	case '[':
 		err = readList(b.Input, "input", req.addResponsesItem)
 	default:
-		err = refuseInvalid("input is required: a string or an array of items")
+		err = refuse("invalid_request", "input is required: a string or an array of items")
 	}
 	if b.Reasoning != nil && b.Reasoning.Effort != "" {
 		req.Effort, req.EffortName = b.Reasoning.Effort, "effort"
@@ -158,11 +153,12 @@ func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, 
 			return req.addSystemOf(it.Content, what+".content", "input_text")
 		}
 		if it.Role != "user" && it.Role != "assistant" {
-			return refuseInvalid("%s.role %s is not one of user, assistant, system, developer", what, quoteCallerToken(it.Role))
+			return refuse("invalid_request", "%s.role %s is not one of user, assistant, system, developer", what,
+				quoteCallerToken(it.Role))
 		}
 		parts, err := req.responsesParts(it.Content, what+".content")
 		if err == nil && len(parts) == 0 && it.Role == "user" {
-			err = refuseInvalid("%s.content must hold at least one text, image or file part", what)
+			err = refuse("invalid_request", "%s.content must hold at least one text, image or file part", what)
 		}
 		if len(parts) > 0 { // an earlier answer of only a refusal adds no turn: its parts are named
 			req.Messages = append(req.Messages, message{Role: it.Role, Parts: parts})
@@ -171,7 +167,7 @@ func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, 
 	case "function_call", "custom_tool_call":
 		tc, _ := it.call()
 		if it.CallID == "" || it.Name == "" {
-			return refuseInvalid("%s needs a call_id and a name", what)
+			return refuse("invalid_request", "%s needs a call_id and a name", what)
 		}
 		if !tc.Custom && valueOr(it.Arguments, "") == "" {
 			tc.Arguments = "" // absent arguments stay absent
@@ -180,10 +176,10 @@ func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, 
 		return nil
 	case "function_call_output", "custom_tool_call_output":
 		if it.CallID == "" {
-			return refuseInvalid("%s.call_id is required", what)
+			return refuse("invalid_request", "%s.call_id is required", what)
 		}
 		if s := rawShape(it.Output); s != '"' && s != '[' {
-			return refuseInvalid("%s.output must be a string or an array of parts", what)
+			return refuse("invalid_request", "%s.output must be a string or an array of parts", what)
 		}
 		parts, err := req.responsesParts(it.Output, what+".output")
 		req.Messages = appendPart(req.Messages, "user", toolResult(it.CallID, parts, it.Type == "custom_tool_call_output"))
@@ -192,7 +188,7 @@ func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, 
 		return readList(it.Tools, what+".tools", req.addOpenAITool)
 	case "item_reference": // an earlier answer's text or reasoning, by the id Brama or OpenAI gave it, is dropped and named as the items are
 		if !strings.HasPrefix(it.ID, "msg_") && !strings.HasPrefix(it.ID, "rs_") {
-			return refuseInvalid("%s: item references are not supported but to an earlier answer's text or reasoning; send the items themselves", what)
+			return refuse("invalid_request", "%s: item references are not supported but to an earlier answer's text or reasoning; send the items themselves", what)
 		}
 	}
 	req.Dropped = append(req.Dropped, it.Type)
@@ -204,7 +200,7 @@ func (req *chatRequest) responsesParts(raw json.RawMessage, what string) ([]part
 	read := func(rp responsesPart, raw json.RawMessage, path string) (p part, err error) {
 		switch {
 		case (rp.Type == "input_text" || rp.Type == "output_text") && rp.Text == nil:
-			return p, refuseInvalid("%s.text is required", path)
+			return p, refuse("invalid_request", "%s.text is required", path)
 		case rp.Type == "input_text" || rp.Type == "output_text":
 			p = part{Type: partText, Text: *rp.Text}
 		case rp.Type == "input_image" && rp.ImageURL != nil:
@@ -227,7 +223,8 @@ var responsesPartMembers = map[string]string{"input_text": "type text", "output_
 
 // encodeResponses builds a Responses body: text, images and files in message items, tool calls and results items of their own; codex gets SPEC §6.2's body.
 func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, error) {
-	out := responsesRequestBody{callerHead: req.head(model, o), ParallelToolCalls: req.ParallelToolCalls, openAIShared: req.Shared}
+	out := responsesRequestBody{callerHead: callerHead{model, req.Temperature, req.TopP, o.stream}, ParallelToolCalls: req.ParallelToolCalls,
+		openAIShared: req.Shared}
 	if req.System != "" {
 		out.Instructions = &req.System
 	}
@@ -256,8 +253,12 @@ func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, err
 			}
 			if p.Type == partToolCall {
 				items = append(items, *responsesCall(req, "", p.ToolCallID, p.ToolName, p.Arguments, p.Custom))
-			} else if p.Type == partToolResult {
-				items = append(items, responsesResult(p))
+			} else if p.Type == partToolResult { // its text, or parts with its images and documents
+				output := jsonText(p.Text)
+				if len(p.Media) > 0 {
+					output = must(json.Marshal(responsesContent(append([]part{{Type: partText, Text: p.Text}}, p.Media...), false)))
+				}
+				items = append(items, responsesItem{Type: responsesCallTypes[p.Custom] + "_output", CallID: p.ToolCallID, Output: output})
 			}
 		}
 	}
@@ -273,15 +274,6 @@ func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, err
 		out.Text = &responsesOption{Format: schemaOutput(req.Output), Verbosity: req.Verbosity}
 	}
 	return out, nil
-}
-
-// responsesResult is a tool result as its output item: its text, or parts with its images and documents.
-func responsesResult(p part) responsesItem {
-	output := jsonText(p.Text)
-	if len(p.Media) > 0 {
-		output = must(json.Marshal(responsesContent(append([]part{{Type: partText, Text: p.Text}}, p.Media...), false)))
-	}
-	return responsesItem{Type: responsesCallTypes[p.Custom] + "_output", CallID: p.ToolCallID, Output: output}
 }
 
 // responsesCallTypes are a call's item type, a custom tool's or a function's; "_output" makes its result's.
