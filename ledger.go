@@ -17,8 +17,7 @@ import (
 
 const (
 	ledgerFile       = "ledger.json"
-	ledgerWriteEvery = time.Second        // SPEC §10.3: coalesced changes are written at most once per second
-	ledgerMaxBlock   = 7 * 24 * time.Hour // SPEC §7.2.4: a reset stated months away parks no subscription for months
+	ledgerWriteEvery = time.Second // SPEC §10.3: coalesced changes are written at most once per second
 	// Credential states (SPEC §10.3); credDisabled is shown for retired rows, never stored.
 	credActive, credNeedsReauth, credDisabled = "active", "needs_reauthorization", "disabled"
 	// Where a plan window's reading came from: an answer's headers (SPEC §6.3) or a usage report (§11.2).
@@ -109,9 +108,8 @@ type ledger struct {
 	changed    chan struct{} // nudged after every change: maintenance re-arms
 	statusSeq  atomic.Uint64 // immediate mutations (a subscription's status) so far: a listing's cache key
 
-	mu        sync.Mutex // guards entries, seq, lastWrite, timer
+	mu        sync.Mutex // guards entries, lastWrite, timer
 	entries   map[string]*ledgerEntry
-	seq       uint64        // mutations applied so far
 	lastWrite time.Time     // injected-clock moment of the last snapshot taken for the file
 	timer     ledgerStopper // the armed write-behind, nil when none
 	writeMu   sync.Mutex    // held from snapshot to rename: racing writes never leave older state
@@ -203,10 +201,10 @@ func (l *ledger) recordWindows(id, provider string, ws []planWindow) {
 	})
 }
 
-// block records a block until until, capped at 7 days from now; it ends when the last one stated has (two racing refusals).
+// block records a block until until, capped at 7 days from now (SPEC §7.2.4: no reset months away parks it); it ends when the last one stated has (two racing refusals).
 func (l *ledger) block(id, provider string, until time.Time, reason string) {
 	l.mutate(id, provider, true, func(e *ledgerEntry, now time.Time) {
-		if ms := min(until.UnixMilli(), now.Add(ledgerMaxBlock).UnixMilli()); ms >= e.Block.UntilMs {
+		if ms := min(until.UnixMilli(), now.Add(maxRetryAfter).UnixMilli()); ms >= e.Block.UntilMs {
 			e.Block = ledgerBlock{UntilMs: ms, Reason: ledgerSentence(reason), RecordedAtMs: now.UnixMilli()}
 		}
 	})
@@ -220,12 +218,8 @@ func (l *ledger) blockedUntil(id string) time.Time {
 	return time.Time{}
 }
 
-// setCredential records the credential state and cause; another state is a caller's bug, logged and ignored (the file parses).
+// setCredential records the credential state (credActive or credNeedsReauth, callers pass constants) and cause.
 func (l *ledger) setCredential(id, provider, state, cause string) {
-	if state != credActive && state != credNeedsReauth {
-		l.log.Error("ledger_bad_state", "subscription_id", id, "state", state)
-		return
-	}
 	l.mutate(id, provider, true, func(e *ledgerEntry, now time.Time) {
 		e.Credential.State, e.Credential.Cause, e.Credential.RecordedAtMs = state, ledgerSentence(cause), now.UnixMilli()
 	})
@@ -313,7 +307,6 @@ func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEn
 	e := l.entries[id]
 	e.Provider = cmp.Or(provider, e.Provider)
 	fn(e, now)
-	l.seq++
 	if immediate {
 		l.statusSeq.Add(1)
 	}

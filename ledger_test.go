@@ -494,17 +494,6 @@ func TestLedgerSentences(t *testing.T) {
 	}
 }
 
-func TestLedgerSetCredentialRefusesOtherStates(t *testing.T) {
-	l, _, _, logs := newTestLedger(state{dir: t.TempDir()})
-	l.setCredential(ledgerIDA, "codex", credDisabled, "")
-	if _, ok := l.entry(ledgerIDA); ok {
-		t.Error("a disabled state was recorded")
-	}
-	if n := len(ledgerLogLines(t, logs, "ledger_bad_state")); n != 1 {
-		t.Errorf("%d ledger_bad_state records, want 1", n)
-	}
-}
-
 func TestLedgerSubscribe(t *testing.T) {
 	l, _, _, _ := newTestLedger(state{dir: t.TempDir()})
 	ch := l.changed

@@ -10,13 +10,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net"
 	"net/http"
 	"net/netip"
 	"net/url"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 )
@@ -346,10 +344,7 @@ func classifyRefusal(provider string, status int, header http.Header, body []byt
 	if quoted := cleanQuoted(f.msg, presented, 1000); quoted != "" { // enough for a context-length refusal's numbers
 		m += ": " + quoted
 	}
-	r.err = refuse(ec, "%s", m)
-	if rejected != 0 {
-		r.err.withStatus(rejected)
-	}
+	r.err = refuse(ec, "%s", m).withStatus(rejected)
 	if r.err.Retryable {
 		r.err.RetryAfter = wait // the provider's own wait, on any route (SPEC §8.1)
 	}
@@ -385,23 +380,20 @@ func jsonScalar(raw json.RawMessage) (string, bool) {
 	return n.String(), true
 }
 
-// maxRetryAfter bounds a stated reset; a block never outlasts it (SPEC §7.2).
+// maxRetryAfter bounds a stated reset; a block never outlasts it (SPEC §7.2.4: no reset months away parks a subscription).
 const maxRetryAfter = 7 * 24 * time.Hour
 
 // retryAfter is the wait stated by retry-after-ms, retry-after, else the latest reset among the
 // limits the headers show as spent; 0 when none is.
 func retryAfter(h http.Header, now time.Time) time.Duration {
-	if ms, err := strconv.ParseFloat(strings.TrimSpace(h.Get("Retry-After-Ms")), 64); err == nil && ms > 0 && !math.IsInf(ms, 0) {
+	if ms := numberOf(h.Get("Retry-After-Ms")).v; ms > 0 {
 		return time.Duration(min(ms, maxRetryAfter.Seconds()*1000) * float64(time.Millisecond))
 	}
 	if d := statedWait(h, "Retry-After", now); d > 0 {
 		return d // a wait already over states none: the reset headers below may
 	}
 	var d time.Duration
-	spent := func(k string, full float64) bool {
-		f, err := strconv.ParseFloat(strings.TrimSpace(h.Get(k)), 64)
-		return err == nil && f >= full
-	}
+	spent := func(k string, full float64) bool { return numberOf(h.Get(k)).v >= full }
 	// OpenAI's x-ratelimit-{remaining,reset}-<limit>, Anthropic's anthropic-ratelimit-<limit>-{remaining,reset}.
 	for _, k := range []string{"X-Ratelimit-%s-requests", "X-Ratelimit-%s-tokens", "Anthropic-Ratelimit-requests-%s",
 		"Anthropic-Ratelimit-tokens-%s", "Anthropic-Ratelimit-input-tokens-%s", "Anthropic-Ratelimit-output-tokens-%s"} {
@@ -422,25 +414,19 @@ func retryAfter(h http.Header, now time.Time) time.Duration {
 	return d
 }
 
-// statedWait is the wait header k states, at most maxRetryAfter: seconds, an epoch second (from 1e9),
-// a Go duration (OpenAI's "6m0s"), RFC 3339 (Anthropic) or an HTTP date (retry-after).
+// statedWait is the wait header k states, at most maxRetryAfter: seconds, a Go duration (OpenAI's "6m0s"), an HTTP date
+// (retry-after), or a moment as instantOf reads it (RFC 3339, Anthropic's; a number from 1e9 is an epoch second).
 func statedWait(h http.Header, k string, now time.Time) time.Duration {
 	v := strings.TrimSpace(h.Get(k))
-	s, err := strconv.ParseFloat(v, 64)
-	if s > 1e9 {
-		s -= float64(now.Unix())
+	s := numberOf(v).v
+	if d, err := time.ParseDuration(v); err == nil {
+		s = d.Seconds()
+	} else if t, err := http.ParseTime(v); err == nil {
+		s = t.Sub(now).Seconds()
+	} else if at := instantOf(v).ms; s > 1e9 || s == 0 && at > 0 {
+		s = float64(at-now.UnixMilli()) / 1000
 	}
-	if d, derr := time.ParseDuration(v); err != nil && derr == nil {
-		s, err = d.Seconds(), nil
-	}
-	t, terr := time.Parse(time.RFC3339, v)
-	if terr != nil {
-		t, terr = http.ParseTime(v)
-	}
-	if err != nil && terr == nil {
-		s, err = t.Sub(now).Seconds(), nil
-	}
-	if err != nil || !(s > 0) { // one already over (or NaN) states none
+	if !(s > 0) { // one already over states none
 		return 0
 	}
 	return time.Duration(min(s, maxRetryAfter.Seconds()) * float64(time.Second))
