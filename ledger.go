@@ -75,7 +75,7 @@ type (
 	// ledgerDoc is ledger.json (SPEC §2.2).
 	ledgerDoc struct {
 		SchemaVersion int                     `json:"schema_version"`
-		Subscriptions map[string]*ledgerEntry `json:"subscriptions"`
+		Subscriptions map[string]ledgerEntry `json:"subscriptions"`
 	}
 )
 
@@ -109,7 +109,7 @@ type ledger struct {
 	statusSeq  atomic.Uint64 // immediate mutations (a subscription's status) so far: a listing's cache key
 
 	mu        sync.Mutex // guards entries, lastWrite, timer
-	entries   map[string]*ledgerEntry
+	entries   map[string]ledgerEntry
 	lastWrite time.Time     // injected-clock moment of the last snapshot taken for the file
 	timer     ledgerStopper // the armed write-behind, nil when none
 	writeMu   sync.Mutex    // held from snapshot to rename: racing writes never leave older state
@@ -117,8 +117,8 @@ type ledger struct {
 
 // newLedger loads ledger.json; an unreadable one is served empty, logged without its bytes and never overwritten (to repair).
 func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
-	l := &ledger{log: log, now: now, entries: map[string]*ledgerEntry{}, changed: make(chan struct{}, 1), afterFunc: afterFunc}
-	f := stateFile[map[string]*ledgerEntry]{role: "ledger", parse: parseLedger}
+	l := &ledger{log: log, now: now, entries: map[string]ledgerEntry{}, changed: make(chan struct{}, 1), afterFunc: afterFunc}
+	f := stateFile[map[string]ledgerEntry]{role: "ledger", parse: parseLedger}
 	if f.path, f.pathErr = st.path("ledger", ledgerFile); f.pathErr != nil {
 		log.Warn("ledger_unplaced", "cause", f.pathErr.Error())
 		return l
@@ -134,7 +134,7 @@ func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
 }
 
 // parseLedger strictly parses ledger.json (SPEC §2.2), naming the member refused; empty bytes are empty.
-func parseLedger(b []byte) (map[string]*ledgerEntry, error) {
+func parseLedger(b []byte) (map[string]ledgerEntry, error) {
 	const role = ledgerFile
 	doc := ledgerDoc{SchemaVersion: 1}
 	if err := decodeStrict(role, b, &doc); err != nil && len(b) > 0 {
@@ -143,8 +143,7 @@ func parseLedger(b []byte) (map[string]*ledgerEntry, error) {
 	if doc.SchemaVersion != 1 {
 		return nil, fmt.Errorf("%s: schema_version %d is not 1", role, doc.SchemaVersion)
 	}
-	for id, e := range doc.Subscriptions {
-		e = cmp.Or(e, &ledgerEntry{}) // null: refused as a missing credential state
+	for id, e := range doc.Subscriptions { // null is the zero entry: refused as a missing credential state
 		bad := slices.IndexFunc(e.Windows, func(w planWindow) bool { return !(w.UsedFraction >= 0 && w.UsedFraction <= 1) })
 		if err := firstBroken([]rule{
 			{!isSubscriptionID(id), fmt.Sprintf("subscriptions member %q is not sub_<16 hex>", id)},
@@ -155,7 +154,7 @@ func parseLedger(b []byte) (map[string]*ledgerEntry, error) {
 		}
 	}
 	if doc.Subscriptions == nil { // null or absent: none (a nil map would panic at the first mutation)
-		doc.Subscriptions = map[string]*ledgerEntry{}
+		doc.Subscriptions = map[string]ledgerEntry{}
 	}
 	return doc.Subscriptions, nil
 }
@@ -164,13 +163,16 @@ func parseLedger(b []byte) (map[string]*ledgerEntry, error) {
 func (l *ledger) entry(id string) (ledgerEntry, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	return l.entryLocked(id)
+}
+
+func (l *ledger) entryLocked(id string) (ledgerEntry, bool) {
 	e, ok := l.entries[id]
 	if !ok {
-		return ledgerEntry{Credential: ledgerCredential{State: credActive}}, false
+		e.Credential.State = credActive
 	}
-	c := *e
-	c.Windows = slices.Clone(e.Windows)
-	return c, true
+	e.Windows = slices.Clone(e.Windows)
+	return e, ok
 }
 
 func (l *ledger) credentialState(id string) string {
@@ -244,11 +246,7 @@ func (l *ledger) recordUse(id, provider string, ok bool, in, out int) {
 // recordCheck records a usage read's or (at once) a probe's outcome; a refused usage read keeps the windows.
 func (l *ledger) recordCheck(id, provider string, probe, ok bool, detail string) {
 	l.mutate(id, provider, probe, func(e *ledgerEntry, now time.Time) {
-		check := &e.UsageRead
-		if probe {
-			check = &e.Probe
-		}
-		*check = ledgerCheck{now.UnixMilli(), ok, ledgerSentence(detail)}
+		*map[bool]*ledgerCheck{false: &e.UsageRead, true: &e.Probe}[probe] = ledgerCheck{now.UnixMilli(), ok, ledgerSentence(detail)}
 	})
 }
 
@@ -301,12 +299,10 @@ func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEn
 	defer nudge(l.changed)
 	now := l.now()
 	l.mu.Lock()
-	if l.entries[id] == nil {
-		l.entries[id] = &ledgerEntry{Credential: ledgerCredential{State: credActive}}
-	}
-	e := l.entries[id]
+	e, _ := l.entryLocked(id)
 	e.Provider = cmp.Or(provider, e.Provider)
-	fn(e, now)
+	fn(&e, now)
+	l.entries[id] = e
 	if immediate {
 		l.statusSeq.Add(1)
 	}
@@ -341,7 +337,7 @@ func (l *ledger) write(t *ledgerStopper) error {
 	}
 	l.lastWrite = l.now()
 	doc := ledgerDoc{SchemaVersion: 1, Subscriptions: maps.Clone(l.entries)}
-	maps.DeleteFunc(doc.Subscriptions, func(id string, _ *ledgerEntry) bool { return !isSubscriptionID(id) })
+	maps.DeleteFunc(doc.Subscriptions, func(id string, _ ledgerEntry) bool { return !isSubscriptionID(id) })
 	data, _ := marshalState(doc) // cannot fail: no floats outside [0,1], no channels
 	l.mu.Unlock()
 	if err := writeFileAtomic(l.name, data); err != nil {

@@ -115,11 +115,7 @@ func readLedgerFile(t *testing.T, dir string) map[string]ledgerEntry {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]ledgerEntry{}
-	for id, e := range subs {
-		out[id] = *e
-	}
-	return out
+	return subs
 }
 
 func TestLedgerRoundTrip(t *testing.T) {
