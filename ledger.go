@@ -74,7 +74,7 @@ type (
 	}
 	// ledgerDoc is ledger.json (SPEC §2.2).
 	ledgerDoc struct {
-		SchemaVersion int                     `json:"schema_version"`
+		SchemaVersion int                    `json:"schema_version"`
 		Subscriptions map[string]ledgerEntry `json:"subscriptions"`
 	}
 )
