@@ -160,24 +160,19 @@ func parseLedger(b []byte) (map[string]ledgerEntry, error) {
 }
 
 // entry is a copy of id's record; a missing one reads as an active credential.
-func (l *ledger) entry(id string) (ledgerEntry, bool) {
+func (l *ledger) entry(id string) ledgerEntry {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.entryLocked(id)
 }
 
-func (l *ledger) entryLocked(id string) (ledgerEntry, bool) {
+func (l *ledger) entryLocked(id string) ledgerEntry {
 	e, ok := l.entries[id]
 	if !ok {
 		e.Credential.State = credActive
 	}
 	e.Windows = slices.Clone(e.Windows)
-	return e, ok
-}
-
-func (l *ledger) credentialState(id string) string {
-	e, _ := l.entry(id)
-	return e.Credential.State
+	return e
 }
 
 // ledgerSentence is how a cause, reason or detail is kept (SPEC §10.3).
@@ -214,7 +209,7 @@ func (l *ledger) block(id, provider string, until time.Time, reason string) {
 
 // blockedUntil is the end of id's block, or zero when it is not blocked now.
 func (l *ledger) blockedUntil(id string) time.Time {
-	if e, _ := l.entry(id); e.Block.UntilMs > l.now().UnixMilli() {
+	if e := l.entry(id); e.Block.UntilMs > l.now().UnixMilli() {
 		return time.UnixMilli(e.Block.UntilMs)
 	}
 	return time.Time{}
@@ -252,7 +247,7 @@ func (l *ledger) recordCheck(id, provider string, probe, ok bool, detail string)
 
 // fullness is the highest used_fraction of id's windows not yet reset (SPEC §7.2 step 2).
 func (l *ledger) fullness(id string, now time.Time) (full float64) {
-	e, _ := l.entry(id)
+	e := l.entry(id)
 	for _, w := range e.Windows {
 		if w.ResetsAtMs == 0 || w.ResetsAtMs > now.UnixMilli() {
 			full = max(full, w.UsedFraction)
@@ -299,7 +294,7 @@ func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEn
 	defer nudge(l.changed)
 	now := l.now()
 	l.mu.Lock()
-	e, _ := l.entryLocked(id)
+	e := l.entryLocked(id)
 	e.Provider = cmp.Or(provider, e.Provider)
 	fn(&e, now)
 	l.entries[id] = e

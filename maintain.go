@@ -295,7 +295,7 @@ func (m *maintainer) passOnce(ctx context.Context, agent string) (rep passReport
 		}
 		s := &passSub{it: it}
 		s.cred, s.credErr = m.inv.credential(it.ID)
-		s.entry, _ = m.l.entry(it.ID)
+		s.entry = m.l.entry(it.ID)
 		row, _ := lookupProvider(it.Provider)
 		active := s.entry.Credential.State == credActive
 		_, published := usageReports[it.Provider]
@@ -398,7 +398,7 @@ func (p *pass) refreshIfDue(s *passSub) {
 	if !s.oauth || s.tried {
 		return
 	}
-	e, _ := p.m.l.entry(s.it.ID)
+	e := p.m.l.entry(s.it.ID)
 	cur, err := p.m.inv.credential(s.it.ID)
 	if e.Credential.State == credActive && err == nil && cur.OAuth != nil && refreshDue(*cur.OAuth, e.Credential.RefreshedAtMs, p.m.clock()) {
 		p.refresh(s)
