@@ -135,23 +135,20 @@ func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
 
 // parseLedger strictly parses ledger.json (SPEC §2.2), naming the member refused; empty bytes are empty.
 func parseLedger(b []byte) (map[string]ledgerEntry, error) {
-	const role = ledgerFile
 	doc := ledgerDoc{SchemaVersion: 1}
-	if err := decodeStrict(role, b, &doc); err != nil && len(b) > 0 {
+	if err := decodeStrict(ledgerFile, b, &doc); err != nil && len(b) > 0 {
 		return nil, err
 	}
-	if doc.SchemaVersion != 1 {
-		return nil, fmt.Errorf("%s: schema_version %d is not 1", role, doc.SchemaVersion)
-	}
+	rules := []rule{{doc.SchemaVersion != 1, fmt.Sprintf("schema_version %d is not 1", doc.SchemaVersion)}}
 	for id, e := range doc.Subscriptions { // null is the zero entry: refused as a missing credential state
 		bad := slices.IndexFunc(e.Windows, func(w planWindow) bool { return !(w.UsedFraction >= 0 && w.UsedFraction <= 1) })
-		if err := firstBroken([]rule{
-			{!isSubscriptionID(id), fmt.Sprintf("subscriptions member %q is not sub_<16 hex>", id)},
-			{e.Credential.State != credActive && e.Credential.State != credNeedsReauth,
+		rules = append(rules, rule{!isSubscriptionID(id), fmt.Sprintf("subscriptions member %q is not sub_<16 hex>", id)},
+			rule{e.Credential.State != credActive && e.Credential.State != credNeedsReauth,
 				fmt.Sprintf("subscriptions.%s.credential.state %q is not %q or %q", id, e.Credential.State, credActive, credNeedsReauth)},
-			{bad >= 0, fmt.Sprintf("subscriptions.%s.windows[%d].used_fraction is outside [0,1]", id, bad)}}); err != nil {
-			return nil, fmt.Errorf("%s: %w", role, err)
-		}
+			rule{bad >= 0, fmt.Sprintf("subscriptions.%s.windows[%d].used_fraction is outside [0,1]", id, bad)})
+	}
+	if err := firstBroken(rules); err != nil {
+		return nil, fmt.Errorf("%s: %w", ledgerFile, err)
 	}
 	if doc.Subscriptions == nil { // null or absent: none (a nil map would panic at the first mutation)
 		doc.Subscriptions = map[string]ledgerEntry{}

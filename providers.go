@@ -298,7 +298,7 @@ const (
 type providerRefusal struct {
 	err        *apiError     // the code the caller gets on a direct/alias route (no attempts set here)
 	class      string        // one of the refusal classes
-	retryAfter time.Duration // from retry-after or reset headers; 0 when none stated
+	retryAfter time.Duration // from retry-after or reset headers; 0 when none stated (a block's, for rate and quota)
 	sentence   string        // the provider's own error message, redacted, ≤ maxSentenceBytes
 }
 
@@ -315,7 +315,8 @@ func classifyRefusal(provider string, status int, header http.Header, body []byt
 	if d, _ := errorObject(b.Detail); !ok { // {"error":"text"}, or codex's {"detail":"text"} or {"detail":{"message":…}}
 		f.msg = cmp.Or(f.msg, d.msg) // the status decides codex's class
 	}
-	r := providerRefusal{class: refusalOther, sentence: cleanQuoted(f.msg, presented, maxSentenceBytes)}
+	r := providerRefusal{class: refusalOther, retryAfter: retryAfter(header, now),
+		sentence: cleanQuoted(f.msg, presented, maxSentenceBytes)}
 	ec, rejected := "provider_failure", 0 // a malformed answer, 408, 409, a direct route's 401/403
 	switch {
 	case status == http.StatusUnauthorized || status == http.StatusForbidden:
@@ -333,10 +334,6 @@ func classifyRefusal(provider string, status int, header http.Header, body []byt
 	case status >= 500:
 		ec = "dependency_unavailable"
 	}
-	wait := retryAfter(header, now)
-	if r.class == refusalRate || r.class == refusalQuota {
-		r.retryAfter = wait
-	}
 	m := fmt.Sprintf("provider %q answered %d", provider, status)
 	if label := cmp.Or(cleanQuoted(f.code, presented, 64), cleanQuoted(f.typ, presented, 64)); label != "" {
 		m += " (" + label + ")"
@@ -346,7 +343,7 @@ func classifyRefusal(provider string, status int, header http.Header, body []byt
 	}
 	r.err = refuse(ec, "%s", m).withStatus(rejected)
 	if r.err.Retryable {
-		r.err.RetryAfter = wait // the provider's own wait, on any route (SPEC §8.1)
+		r.err.RetryAfter = r.retryAfter // the provider's own wait, on any route (SPEC §8.1)
 	}
 	return r
 }
