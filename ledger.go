@@ -195,7 +195,7 @@ func (l *ledger) recordWindows(id, provider string, ws []planWindow) {
 	})
 }
 
-// block records a block until until, capped at 7 days from now (SPEC §7.2.4: no reset months away parks it); it ends when the last one stated has (two racing refusals).
+// block records a block until until, at most maxRetryAfter from now; it ends when the last one stated has (two racing refusals).
 func (l *ledger) block(id, provider string, until time.Time, reason string) {
 	l.mutate(id, provider, true, func(e *ledgerEntry, now time.Time) {
 		if ms := min(until.UnixMilli(), now.Add(maxRetryAfter).UnixMilli()); ms >= e.Block.UntilMs {

@@ -95,11 +95,9 @@ func lookupProvider(id string) (providerInfo, bool) {
 // errBaseURL marks a base URL override Brama refuses to call (SPEC §6.1).
 var errBaseURL = errors.New("unusable provider base URL")
 
-// providerBaseURL is BRAMA_PROVIDER_<ID>_BASE_URL, else p's built-in base URL.
+// providerBaseURL is BRAMA_PROVIDER_<ID>_BASE_URL, else p's built-in base URL (local-openai has none: its endpoint is the
+// registry deployment's).
 func providerBaseURL(p providerInfo, getenv func(string) string) (string, error) {
-	if p.cred == credNone {
-		return "", fmt.Errorf("provider %q: %w: its endpoint comes from the registry deployment", p.id, errBaseURL)
-	}
 	raw, err := envURL(getenv, "PROVIDER", p.id, "BASE_URL", p.baseURL, errBaseURL)
 	return strings.TrimRight(raw, "/"), err
 }
