@@ -160,15 +160,17 @@ func parseLedger(b []byte) (map[string]ledgerEntry, error) {
 func (l *ledger) entry(id string) ledgerEntry {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.entryLocked(id)
+	e := l.entryLocked(id)
+	e.Windows = slices.Clone(e.Windows)
+	return e
 }
 
+// entryLocked is id's record as kept, sharing its windows; a missing one is active.
 func (l *ledger) entryLocked(id string) ledgerEntry {
 	e, ok := l.entries[id]
 	if !ok {
 		e.Credential.State = credActive
 	}
-	e.Windows = slices.Clone(e.Windows)
 	return e
 }
 
