@@ -19,15 +19,10 @@ import (
 	"time"
 )
 
-// Provider protocols (SPEC §6.1).
+// Provider protocols and the credential kinds a provider takes (SPEC §6.1).
 const (
-	protoOpenAIChat      = "openai-chat"
-	protoAnthropic       = "anthropic-messages"
-	protoOpenAIResponses = "openai-responses"
-)
+	protoOpenAIChat, protoAnthropic, protoOpenAIResponses = "openai-chat", "anthropic-messages", "openai-responses"
 
-// Credential kinds a provider takes (SPEC §6.1).
-const (
 	credDirect       = "direct"       // the deployment's API key
 	credNone         = "none"         // local-openai: the deployment endpoint needs none
 	credSubscription = "subscription" // an agent's OAuth grant or API key
