@@ -232,24 +232,12 @@ func setProviderHeaders(h http.Header, p providerInfo, cred upstreamCredential, 
 			caller.Del(strings.TrimSpace(f))
 		}
 	}
-	h.Set("Content-Type", "application/json")
-	h.Set("Accept", map[bool]string{false: "application/json", true: "text/event-stream"}[stream])
-	betaName, need, bearer := "openai-beta", p.beta, cred.bearer()
+	betaName, need, bearer, apiKey := "openai-beta", p.beta, cred.bearer(), ""
 	if p.protocol == protoAnthropic {
 		h.Set("anthropic-version", cmp.Or(caller.Get("anthropic-version"), "2023-06-01"))
-		betaName, bearer = "anthropic-beta", cred.AccessToken
-		if bearer == "" {
-			need = ""
+		if betaName, bearer = "anthropic-beta", cred.AccessToken; bearer == "" { // an API key: x-api-key, no OAuth beta
+			need, apiKey = "", cred.APIKey
 		}
-		if bearer == "" && cred.APIKey != "" {
-			h.Set("x-api-key", cred.APIKey)
-		}
-	}
-	if p.accountID && cred.AccountID != "" {
-		h.Set("chatgpt-account-id", cred.AccountID)
-	}
-	if p.header[0] != "" {
-		h.Set(p.header[0], p.header[1])
 	}
 	var beta []string // the caller's tokens and p's, in order, each once
 	for _, t := range strings.Split(strings.Join(caller.Values(betaName), ",")+","+need, ",") {
@@ -257,11 +245,16 @@ func setProviderHeaders(h http.Header, p providerInfo, cred upstreamCredential, 
 			beta = append(beta, t)
 		}
 	}
-	if len(beta) > 0 {
-		h.Set(betaName, strings.Join(beta, ","))
-	}
 	if bearer != "" {
-		h.Set("Authorization", "Bearer "+bearer)
+		bearer = "Bearer " + bearer
+	}
+	accept := map[bool]string{false: "application/json", true: "text/event-stream"}[stream]
+	for _, kv := range [...][2]string{{"Content-Type", "application/json"}, {"Accept", accept}, {"x-api-key", apiKey},
+		{"chatgpt-account-id", map[bool]string{true: cred.AccountID}[p.accountID]}, p.header,
+		{betaName, strings.Join(beta, ",")}, {"Authorization", bearer}} {
+		if kv[1] != "" { // unset: the call carries no such header
+			h.Set(kv[0], kv[1])
+		}
 	}
 }
 
