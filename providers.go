@@ -397,19 +397,21 @@ func retryAfter(h http.Header, now time.Time) time.Duration {
 	return d
 }
 
-// statedWait is the wait header k states, at most maxRetryAfter: seconds, a Go duration (OpenAI's "6m0s"), an HTTP date
-// (retry-after), or a moment as instantOf reads it (RFC 3339, Anthropic's; a number from 1e9 is an epoch second).
+// statedWait is the wait header k states, at most maxRetryAfter: seconds, an epoch second (from 1e9), a Go duration (OpenAI's
+// "6m0s"), RFC 3339 (Anthropic) or an HTTP date (retry-after).
 func statedWait(h http.Header, k string, now time.Time) time.Duration {
 	v := strings.TrimSpace(h.Get(k))
 	s := numberOf(v).v
-	if d, err := time.ParseDuration(v); err == nil {
+	if s > 1e9 {
+		s -= float64(now.Unix())
+	} else if d, err := time.ParseDuration(v); err == nil {
 		s = d.Seconds()
+	} else if t, err := time.Parse(time.RFC3339, v); err == nil {
+		s = t.Sub(now).Seconds()
 	} else if t, err := http.ParseTime(v); err == nil {
 		s = t.Sub(now).Seconds()
-	} else if at := instantOf(v).ms; s > 1e9 || s == 0 && at > 0 {
-		s = float64(at-now.UnixMilli()) / 1000
 	}
-	if !(s > 0) { // one already over states none
+	if !(s > 0) { // one already over (or none) states none
 		return 0
 	}
 	return time.Duration(min(s, maxRetryAfter.Seconds()) * float64(time.Second))
