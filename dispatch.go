@@ -294,7 +294,7 @@ func (e *engine) exhausted(res resolution, tried bool, unfit *apiError) *apiErro
 	n, list, route := e.t.attempts, strings.Join(e.reasons, "; "), cmp.Or(res.Route, res.Mode)
 	needsSignIn := func() bool { // no subscription of the route's provider (of a selector's: any) is active
 		items, err := e.inv.pool(e.agent, res.Provider.id) // a selector's has none: every provider
-		active := func(it overlayItem) bool { return e.ledger.credentialState(it.ID) == credActive }
+		active := func(it overlayItem) bool { return e.ledger.entry(it.ID).Credential.State == credActive }
 		return err == nil && len(items) > 0 && !slices.ContainsFunc(items, active)
 	}
 	var ae *apiError
@@ -376,7 +376,7 @@ func (e *engine) commit(ctx context.Context, j *job, c call, req *callerRequest,
 	u, ae, streamed := j.commit(ctx, c, req, resp)
 	if sub != nil && budgets[j.kind].spends {
 		e.ledger.recordUse(sub.ID, p, ae == nil, u.InputTokens, u.OutputTokens)
-		led, _ := e.ledger.entry(sub.ID) // its windows: this answer's and a usage report's (SPEC §7.2.2)
+		led := e.ledger.entry(sub.ID) // its windows: this answer's and a usage report's (SPEC §7.2.2)
 		until := now.Add(maxPin)
 		for _, win := range led.Windows {
 			if at := time.UnixMilli(win.ResetsAtMs); win.ResetsAtMs > 0 && at.After(now) && at.Before(until) {

@@ -17,8 +17,7 @@ import (
 
 const (
 	ledgerFile       = "ledger.json"
-	ledgerWriteEvery = time.Second        // SPEC §10.3: coalesced changes are written at most once per second
-	ledgerMaxBlock   = 7 * 24 * time.Hour // SPEC §7.2.4: a reset stated months away parks no subscription for months
+	ledgerWriteEvery = time.Second // SPEC §10.3: coalesced changes are written at most once per second
 	// Credential states (SPEC §10.3); credDisabled is shown for retired rows, never stored.
 	credActive, credNeedsReauth, credDisabled = "active", "needs_reauthorization", "disabled"
 	// Where a plan window's reading came from: an answer's headers (SPEC §6.3) or a usage report (§11.2).
@@ -75,8 +74,8 @@ type (
 	}
 	// ledgerDoc is ledger.json (SPEC §2.2).
 	ledgerDoc struct {
-		SchemaVersion int                     `json:"schema_version"`
-		Subscriptions map[string]*ledgerEntry `json:"subscriptions"`
+		SchemaVersion int                    `json:"schema_version"`
+		Subscriptions map[string]ledgerEntry `json:"subscriptions"`
 	}
 )
 
@@ -109,9 +108,8 @@ type ledger struct {
 	changed    chan struct{} // nudged after every change: maintenance re-arms
 	statusSeq  atomic.Uint64 // immediate mutations (a subscription's status) so far: a listing's cache key
 
-	mu        sync.Mutex // guards entries, seq, lastWrite, timer
-	entries   map[string]*ledgerEntry
-	seq       uint64        // mutations applied so far
+	mu        sync.Mutex // guards entries, lastWrite, timer
+	entries   map[string]ledgerEntry
 	lastWrite time.Time     // injected-clock moment of the last snapshot taken for the file
 	timer     ledgerStopper // the armed write-behind, nil when none
 	writeMu   sync.Mutex    // held from snapshot to rename: racing writes never leave older state
@@ -119,8 +117,8 @@ type ledger struct {
 
 // newLedger loads ledger.json; an unreadable one is served empty, logged without its bytes and never overwritten (to repair).
 func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
-	l := &ledger{log: log, now: now, entries: map[string]*ledgerEntry{}, changed: make(chan struct{}, 1), afterFunc: afterFunc}
-	f := stateFile[map[string]*ledgerEntry]{role: "ledger", parse: parseLedger}
+	l := &ledger{log: log, now: now, entries: map[string]ledgerEntry{}, changed: make(chan struct{}, 1), afterFunc: afterFunc}
+	f := stateFile[map[string]ledgerEntry]{role: "ledger", parse: parseLedger}
 	if f.path, f.pathErr = st.path("ledger", ledgerFile); f.pathErr != nil {
 		log.Warn("ledger_unplaced", "cause", f.pathErr.Error())
 		return l
@@ -136,48 +134,44 @@ func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
 }
 
 // parseLedger strictly parses ledger.json (SPEC §2.2), naming the member refused; empty bytes are empty.
-func parseLedger(b []byte) (map[string]*ledgerEntry, error) {
-	const role = ledgerFile
+func parseLedger(b []byte) (map[string]ledgerEntry, error) {
 	doc := ledgerDoc{SchemaVersion: 1}
-	if err := decodeStrict(role, b, &doc); err != nil && len(b) > 0 {
+	if err := decodeStrict(ledgerFile, b, &doc); err != nil && len(b) > 0 {
 		return nil, err
 	}
-	if doc.SchemaVersion != 1 {
-		return nil, fmt.Errorf("%s: schema_version %d is not 1", role, doc.SchemaVersion)
-	}
-	for id, e := range doc.Subscriptions {
-		e = cmp.Or(e, &ledgerEntry{}) // null: refused as a missing credential state
+	rules := []rule{{doc.SchemaVersion != 1, fmt.Sprintf("schema_version %d is not 1", doc.SchemaVersion)}}
+	for id, e := range doc.Subscriptions { // null is the zero entry: refused as a missing credential state
 		bad := slices.IndexFunc(e.Windows, func(w planWindow) bool { return !(w.UsedFraction >= 0 && w.UsedFraction <= 1) })
-		if err := firstBroken([]rule{
-			{!isSubscriptionID(id), fmt.Sprintf("subscriptions member %q is not sub_<16 hex>", id)},
-			{e.Credential.State != credActive && e.Credential.State != credNeedsReauth,
+		rules = append(rules, rule{!isSubscriptionID(id), fmt.Sprintf("subscriptions member %q is not sub_<16 hex>", id)},
+			rule{e.Credential.State != credActive && e.Credential.State != credNeedsReauth,
 				fmt.Sprintf("subscriptions.%s.credential.state %q is not %q or %q", id, e.Credential.State, credActive, credNeedsReauth)},
-			{bad >= 0, fmt.Sprintf("subscriptions.%s.windows[%d].used_fraction is outside [0,1]", id, bad)}}); err != nil {
-			return nil, fmt.Errorf("%s: %w", role, err)
-		}
+			rule{bad >= 0, fmt.Sprintf("subscriptions.%s.windows[%d].used_fraction is outside [0,1]", id, bad)})
+	}
+	if err := firstBroken(rules); err != nil {
+		return nil, fmt.Errorf("%s: %w", ledgerFile, err)
 	}
 	if doc.Subscriptions == nil { // null or absent: none (a nil map would panic at the first mutation)
-		doc.Subscriptions = map[string]*ledgerEntry{}
+		doc.Subscriptions = map[string]ledgerEntry{}
 	}
 	return doc.Subscriptions, nil
 }
 
 // entry is a copy of id's record; a missing one reads as an active credential.
-func (l *ledger) entry(id string) (ledgerEntry, bool) {
+func (l *ledger) entry(id string) ledgerEntry {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	e, ok := l.entries[id]
-	if !ok {
-		return ledgerEntry{Credential: ledgerCredential{State: credActive}}, false
-	}
-	c := *e
-	c.Windows = slices.Clone(e.Windows)
-	return c, true
+	e := l.entryLocked(id)
+	e.Windows = slices.Clone(e.Windows)
+	return e
 }
 
-func (l *ledger) credentialState(id string) string {
-	e, _ := l.entry(id)
-	return e.Credential.State
+// entryLocked is id's record as kept, sharing its windows; a missing one is active.
+func (l *ledger) entryLocked(id string) ledgerEntry {
+	e, ok := l.entries[id]
+	if !ok {
+		e.Credential.State = credActive
+	}
+	return e
 }
 
 // ledgerSentence is how a cause, reason or detail is kept (SPEC §10.3).
@@ -203,10 +197,10 @@ func (l *ledger) recordWindows(id, provider string, ws []planWindow) {
 	})
 }
 
-// block records a block until until, capped at 7 days from now; it ends when the last one stated has (two racing refusals).
+// block records a block until until, at most maxRetryAfter from now; it ends when the last one stated has (two racing refusals).
 func (l *ledger) block(id, provider string, until time.Time, reason string) {
 	l.mutate(id, provider, true, func(e *ledgerEntry, now time.Time) {
-		if ms := min(until.UnixMilli(), now.Add(ledgerMaxBlock).UnixMilli()); ms >= e.Block.UntilMs {
+		if ms := min(until.UnixMilli(), now.Add(maxRetryAfter).UnixMilli()); ms >= e.Block.UntilMs {
 			e.Block = ledgerBlock{UntilMs: ms, Reason: ledgerSentence(reason), RecordedAtMs: now.UnixMilli()}
 		}
 	})
@@ -214,18 +208,14 @@ func (l *ledger) block(id, provider string, until time.Time, reason string) {
 
 // blockedUntil is the end of id's block, or zero when it is not blocked now.
 func (l *ledger) blockedUntil(id string) time.Time {
-	if e, _ := l.entry(id); e.Block.UntilMs > l.now().UnixMilli() {
+	if e := l.entry(id); e.Block.UntilMs > l.now().UnixMilli() {
 		return time.UnixMilli(e.Block.UntilMs)
 	}
 	return time.Time{}
 }
 
-// setCredential records the credential state and cause; another state is a caller's bug, logged and ignored (the file parses).
+// setCredential records the credential state (credActive or credNeedsReauth, callers pass constants) and cause.
 func (l *ledger) setCredential(id, provider, state, cause string) {
-	if state != credActive && state != credNeedsReauth {
-		l.log.Error("ledger_bad_state", "subscription_id", id, "state", state)
-		return
-	}
 	l.mutate(id, provider, true, func(e *ledgerEntry, now time.Time) {
 		e.Credential.State, e.Credential.Cause, e.Credential.RecordedAtMs = state, ledgerSentence(cause), now.UnixMilli()
 	})
@@ -250,17 +240,13 @@ func (l *ledger) recordUse(id, provider string, ok bool, in, out int) {
 // recordCheck records a usage read's or (at once) a probe's outcome; a refused usage read keeps the windows.
 func (l *ledger) recordCheck(id, provider string, probe, ok bool, detail string) {
 	l.mutate(id, provider, probe, func(e *ledgerEntry, now time.Time) {
-		check := &e.UsageRead
-		if probe {
-			check = &e.Probe
-		}
-		*check = ledgerCheck{now.UnixMilli(), ok, ledgerSentence(detail)}
+		*map[bool]*ledgerCheck{false: &e.UsageRead, true: &e.Probe}[probe] = ledgerCheck{now.UnixMilli(), ok, ledgerSentence(detail)}
 	})
 }
 
 // fullness is the highest used_fraction of id's windows not yet reset (SPEC §7.2 step 2).
 func (l *ledger) fullness(id string, now time.Time) (full float64) {
-	e, _ := l.entry(id)
+	e := l.entry(id)
 	for _, w := range e.Windows {
 		if w.ResetsAtMs == 0 || w.ResetsAtMs > now.UnixMilli() {
 			full = max(full, w.UsedFraction)
@@ -307,13 +293,10 @@ func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEn
 	defer nudge(l.changed)
 	now := l.now()
 	l.mu.Lock()
-	if l.entries[id] == nil {
-		l.entries[id] = &ledgerEntry{Credential: ledgerCredential{State: credActive}}
-	}
-	e := l.entries[id]
+	e := l.entryLocked(id)
 	e.Provider = cmp.Or(provider, e.Provider)
-	fn(e, now)
-	l.seq++
+	fn(&e, now)
+	l.entries[id] = e
 	if immediate {
 		l.statusSeq.Add(1)
 	}
@@ -348,7 +331,7 @@ func (l *ledger) write(t *ledgerStopper) error {
 	}
 	l.lastWrite = l.now()
 	doc := ledgerDoc{SchemaVersion: 1, Subscriptions: maps.Clone(l.entries)}
-	maps.DeleteFunc(doc.Subscriptions, func(id string, _ *ledgerEntry) bool { return !isSubscriptionID(id) })
+	maps.DeleteFunc(doc.Subscriptions, func(id string, _ ledgerEntry) bool { return !isSubscriptionID(id) })
 	data, _ := marshalState(doc) // cannot fail: no floats outside [0,1], no channels
 	l.mu.Unlock()
 	if err := writeFileAtomic(l.name, data); err != nil {

@@ -69,7 +69,7 @@ func TestLedgerRow(t *testing.T) {
 			if diff := cmp.Diff(want, got); diff != "" {
 				t.Errorf("row mismatch (-want +got):\n%s", diff)
 			}
-			if c.retired && l.credentialState(ledgerIDA) == credDisabled {
+			if c.retired && l.entry(ledgerIDA).Credential.State == credDisabled {
 				t.Error("disabled was stored")
 			}
 		})

@@ -289,7 +289,7 @@ func (m *maintainer) passOnce(ctx context.Context, agent string) (rep passReport
 		}
 		s := &passSub{it: it}
 		s.cred, s.credErr = m.inv.credential(it.ID)
-		s.entry, _ = m.l.entry(it.ID)
+		s.entry = m.l.entry(it.ID)
 		row, _ := lookupProvider(it.Provider)
 		active := s.entry.Credential.State == credActive
 		_, published := usageReports[it.Provider]
@@ -392,7 +392,7 @@ func (m *maintainer) refreshIfDue(ctx context.Context, s *passSub) {
 	if !s.oauth || s.tried {
 		return
 	}
-	e, _ := m.l.entry(s.it.ID)
+	e := m.l.entry(s.it.ID)
 	cur, err := m.inv.credential(s.it.ID)
 	if e.Credential.State == credActive && err == nil && cur.OAuth != nil && refreshDue(*cur.OAuth, e.Credential.RefreshedAtMs, m.clock()) {
 		m.refresh(ctx, s)

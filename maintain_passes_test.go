@@ -93,11 +93,11 @@ func TestUsagePassReadsOnlyWhenDue(t *testing.T) {
 	if rep.OK || rep.Usage.Subscriptions != 7 || rep.Usage.Read != 5 || rep.Credentials != (credentialSummary{}) {
 		t.Errorf("report = %+v; want not ok, 7 subscriptions, 5 read", rep)
 	}
-	e, _ := fx.l.entry(ids["failing provider"])
+	e := fx.l.entry(ids["failing provider"])
 	if e.UsageRead.OK || len(e.Windows) != 1 || e.Windows[0].Label != "seeded" || strings.Contains(e.UsageRead.Detail, failingKey) {
 		t.Errorf("failed read entry = %+v; want ok=false with the earlier window kept and no key", e)
 	}
-	e, _ = fx.l.entry(ids["a window's reset passed"])
+	e = fx.l.entry(ids["a window's reset passed"])
 	if !e.UsageRead.OK || len(e.Windows) != 2 || e.Windows[0].Label == "seeded" || e.Windows[1].Label == "seeded" {
 		t.Errorf("read entry = %+v; want both seeded windows replaced by the report's", e)
 	}
@@ -140,8 +140,8 @@ func TestRefreshPassDefinitiveRefusal(t *testing.T) {
 	if want := (credentialSummary{Subscriptions: 3, Refreshed: 1, Refused: 1}); rep.Credentials != want || rep.OK {
 		t.Errorf("first pass credentials = %+v ok=%v, want %+v and not ok", rep.Credentials, rep.OK, want)
 	}
-	if fx.l.credentialState(cc) != credNeedsReauth {
-		t.Fatalf("claude-code credential = %s, want needs_reauthorization", fx.l.credentialState(cc))
+	if fx.l.entry(cc).Credential.State != credNeedsReauth {
+		t.Fatalf("claude-code credential = %s, want needs_reauthorization", fx.l.entry(cc).Credential.State)
 	}
 	if n := fx.fake.count("/token/codex"); n != 1 {
 		t.Errorf("codex token calls = %d, want 1 (expiry unknown, never refreshed)", n)
@@ -178,8 +178,8 @@ func TestRefreshPassDefinitiveRefusal(t *testing.T) {
 	if n := fx.fake.count("/token/claude-code"); n != 2 {
 		t.Errorf("after the sign-in the token endpoint was called %d times in total, want 2", n)
 	}
-	if fx.l.credentialState(cc) != credActive || rep.Credentials.Refreshed != 1 || !rep.OK {
-		t.Errorf("after the sign-in: state %s, report %+v", fx.l.credentialState(cc), rep)
+	if fx.l.entry(cc).Credential.State != credActive || rep.Credentials.Refreshed != 1 || !rep.OK {
+		t.Errorf("after the sign-in: state %s, report %+v", fx.l.entry(cc).Credential.State, rep)
 	}
 	if n := fx.fake.count(fakeClaudeUsage, signIn.OAuth.AccessToken); n != 0 {
 		t.Errorf("the expired signed-in token was sent to the usage report %d times; the refreshed one should be", n)
@@ -205,7 +205,7 @@ func TestRefreshPassTransportFailure(t *testing.T) {
 		if n := fx.fake.count("/token/kimi"); n != pass {
 			t.Errorf("after pass %d: %d token calls, want %d", pass, n, pass)
 		}
-		if st := fx.l.credentialState(id); st != credActive {
+		if st := fx.l.entry(id).Credential.State; st != credActive {
 			t.Errorf("after pass %d: credential %s, want active", pass, st)
 		}
 	}
@@ -266,7 +266,7 @@ func TestUsageReadRequests(t *testing.T) {
 	if fx.fake.count(fakeCodexUsage, "plantedCodexKey") != 0 {
 		t.Error("a codex API key was sent to the ChatGPT usage report")
 	}
-	e, _ := fx.l.entry(cc)
+	e := fx.l.entry(cc)
 	var ids []string
 	for _, w := range e.Windows {
 		ids = append(ids, w.ID+"/"+w.Source)
@@ -309,7 +309,7 @@ func TestUsageReadFailuresQuoteNothing(t *testing.T) {
 			if len(rep.Usage.Failed) != 1 || !strings.Contains(rep.Usage.Failed[0].Error, tc.want) {
 				t.Fatalf("failed = %+v, want an error containing %q", rep.Usage.Failed, tc.want)
 			}
-			e, _ := fx.l.entry(id)
+			e := fx.l.entry(id)
 			if e.UsageRead.OK || e.UsageRead.Detail != rep.Usage.Failed[0].Error {
 				t.Errorf("usage_read = %+v", e.UsageRead)
 			}

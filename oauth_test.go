@@ -207,7 +207,7 @@ func TestRefreshSuccess(t *testing.T) {
 			if fi, err := os.Stat(f.vaultPath); err != nil || fi.Mode().Perm() != 0o600 {
 				t.Errorf("vault file: %v, mode %v; want 0600", err, fi.Mode().Perm())
 			}
-			e, _ := f.l.entry(oauthSubID)
+			e := f.l.entry(oauthSubID)
 			c := e.Credential
 			if c.State != credActive || c.ExpiresAtMs != tc.wantGrant.ExpiresAtMs || c.RefreshedAtMs != oauthNow.UnixMilli() {
 				t.Errorf("ledger credential = %+v, want active, expires %d, refreshed %d", c, tc.wantGrant.ExpiresAtMs, oauthNow.UnixMilli())
@@ -305,7 +305,7 @@ func TestRefreshFailures(t *testing.T) {
 			old := oauthGrant{AccessToken: "at-old", RefreshToken: "rt-old", ExpiresAtMs: 7}
 			f.seed(t, oauthSubID, old)
 			f.l.setGrantTimes(oauthSubID, "claude-code", 7, 3)
-			before, _ := f.l.entry(oauthSubID)
+			before := f.l.entry(oauthSubID)
 
 			_, err := f.o.refresh(context.Background(), oauthSubID, "claude-code", "")
 			var re *endpointError
@@ -329,7 +329,7 @@ func TestRefreshFailures(t *testing.T) {
 			if diff := cmp.Diff(old, f.stored(t, oauthSubID)); diff != "" {
 				t.Errorf("vault changed (-want +got):\n%s", diff)
 			}
-			after, _ := f.l.entry(oauthSubID)
+			after := f.l.entry(oauthSubID)
 			if tc.definitive {
 				if after.Credential.State != credNeedsReauth || after.Credential.Cause != tc.sentence {
 					t.Errorf("ledger credential = %+v, want needs_reauthorization with %q", after.Credential, tc.sentence)
@@ -430,7 +430,7 @@ func TestRefreshSuperseded(t *testing.T) {
 			f = newOAuthFixture(t, "claude-code", srv.URL)
 			f.seed(t, oauthSubID, oauthGrant{AccessToken: "at-old", RefreshToken: "rt-old"})
 			f.l.setGrantTimes(oauthSubID, "claude-code", 5, 6)
-			before, _ := f.l.entry(oauthSubID)
+			before := f.l.entry(oauthSubID)
 			_, err := f.o.refresh(context.Background(), oauthSubID, "claude-code", "")
 			if !errors.Is(err, errRefreshSuperseded) {
 				t.Fatalf("refresh error = %v, want errRefreshSuperseded", err)
@@ -438,7 +438,7 @@ func TestRefreshSuperseded(t *testing.T) {
 			if got := f.stored(t, oauthSubID); got != replaced {
 				t.Errorf("vault = %+v, want the sign-in's grant kept", got)
 			}
-			after, _ := f.l.entry(oauthSubID)
+			after := f.l.entry(oauthSubID)
 			if diff := cmp.Diff(before, after); diff != "" {
 				t.Errorf("superseded refresh changed the ledger (-before +after):\n%s", diff)
 			}
@@ -459,7 +459,7 @@ func TestRefreshWithoutRefreshToken(t *testing.T) {
 	if !errors.As(err, &re) || !re.Definitive || !errors.Is(err, errNoRefreshToken) {
 		t.Errorf("refresh error = %v, want a definitive errNoRefreshToken", err)
 	}
-	if e, _ := f.l.entry(oauthSubID); e.Credential.State != credNeedsReauth || e.Credential.Cause != errNoRefreshToken.Error() {
+	if e := f.l.entry(oauthSubID); e.Credential.State != credNeedsReauth || e.Credential.Cause != errNoRefreshToken.Error() {
 		t.Errorf("ledger credential = %+v, want needs_reauthorization", e.Credential)
 	}
 	if calls.Load() != 0 {
@@ -493,7 +493,7 @@ func TestRefreshVaultWriteFails(t *testing.T) {
 	if doc, err := f.v.load(); err != nil || doc.Subscriptions[oauthSubID].OAuth.RefreshToken != "rt-new" || len(f.v.unwrittenIDs()) != 1 {
 		t.Errorf("the daemon's view of the vault lost the rotated grant: %v", err)
 	}
-	if st := f.l.credentialState(oauthSubID); st != credActive {
+	if st := f.l.entry(oauthSubID).Credential.State; st != credActive {
 		t.Errorf("credential state = %q, want %q", st, credActive)
 	}
 	f.v.writeUnwritten(f.o.log) // the vault still refuses: kept
@@ -571,7 +571,7 @@ func TestOAuthSecretsNeverQuoted(t *testing.T) {
 			} else {
 				_, err = f.o.refresh(context.Background(), oauthSubID, "claude-code", access)
 			}
-			e, _ := f.l.entry(oauthSubID)
+			e := f.l.entry(oauthSubID)
 			planted := []string{access, refresh, fresh, code, skShaped}
 			select {
 			case v := <-verifierSeen:
@@ -599,7 +599,7 @@ func TestRefreshRefusesBadOverrideWithoutLedgerChange(t *testing.T) {
 	if !errors.Is(err, errTokenURL) {
 		t.Errorf("refresh error = %v, want errTokenURL", err)
 	}
-	if st := f.l.credentialState(oauthSubID); st != credActive {
+	if st := f.l.entry(oauthSubID).Credential.State; st != credActive {
 		t.Errorf("credential state = %q, want active", st)
 	}
 }

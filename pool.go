@@ -82,7 +82,7 @@ func (e *engine) candidates(res resolution) ([]resolution, error) {
 func (e *engine) eligible(provider string) ([]overlayItem, error) {
 	pool, err := e.inv.pool(e.agent, provider)
 	now, free := e.now(), map[string][]float64{}
-	pool = slices.DeleteFunc(pool, func(it overlayItem) bool { return e.ledger.credentialState(it.ID) != credActive })
+	pool = slices.DeleteFunc(pool, func(it overlayItem) bool { return e.ledger.entry(it.ID).Credential.State != credActive })
 	for _, it := range pool {
 		free[it.ID] = append(e.freedomOf(it.ID, now), 1)
 	}
@@ -109,7 +109,7 @@ func (e *engine) subscriptionCredential(ctx context.Context, kind routeKind, sub
 		e.blocks = append(e.blocks, until)
 		e.note(sub.ID, "blocked until "+until.UTC().Format(time.RFC3339))
 		return upstreamCredential{}, errSkipSubscription
-	} else if kind != kindProbe && e.ledger.credentialState(sub.ID) != credActive { // the probe may revive it
+	} else if kind != kindProbe && e.ledger.entry(sub.ID).Credential.State != credActive { // the probe may revive it
 		e.note(sub.ID, "credential refused meanwhile; sign in again")
 		return upstreamCredential{}, errSkipSubscription
 	}
@@ -171,7 +171,7 @@ func (e *engine) credentialReplaced(sub overlayItem, used upstreamCredential) bo
 // 7 days (SPEC §7.2.4).
 func (e *engine) block(sub overlayItem, stated time.Duration, why string) time.Time {
 	now, wait := e.now(), time.Duration(0)
-	led, _ := e.ledger.entry(sub.ID)
+	led := e.ledger.entry(sub.ID)
 	for _, w := range led.Windows {
 		if at := time.UnixMilli(w.ResetsAtMs); w.UsedFraction >= 1 && w.ResetsAtMs > 0 && at.After(now) {
 			wait = max(wait, at.Sub(now))
@@ -208,7 +208,7 @@ func (e *engine) probe(ctx context.Context, it overlayItem, model string) (any, 
 		detail = ae.Message
 	}
 	e.ledger.recordCheck(it.ID, res.Provider.id, true, ok, detail)
-	if ok && e.ledger.credentialState(it.ID) != credActive {
+	if ok && e.ledger.entry(it.ID).Credential.State != credActive {
 		e.ledger.setCredential(it.ID, res.Provider.id, credActive, "") // SPEC §10.3: a successful probe reactivates
 	}
 	e.inv.invalidate() // the listing shows the probe at once (SPEC §10.2)

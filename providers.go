@@ -10,26 +10,19 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net"
 	"net/http"
 	"net/netip"
 	"net/url"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 )
 
-// Provider protocols (SPEC §6.1).
+// Provider protocols and the credential kinds a provider takes (SPEC §6.1).
 const (
-	protoOpenAIChat      = "openai-chat"
-	protoAnthropic       = "anthropic-messages"
-	protoOpenAIResponses = "openai-responses"
-)
+	protoOpenAIChat, protoAnthropic, protoOpenAIResponses = "openai-chat", "anthropic-messages", "openai-responses"
 
-// Credential kinds a provider takes (SPEC §6.1).
-const (
 	credDirect       = "direct"       // the deployment's API key
 	credNone         = "none"         // local-openai: the deployment endpoint needs none
 	credSubscription = "subscription" // an agent's OAuth grant or API key
@@ -97,11 +90,9 @@ func lookupProvider(id string) (providerInfo, bool) {
 // errBaseURL marks a base URL override Brama refuses to call (SPEC §6.1).
 var errBaseURL = errors.New("unusable provider base URL")
 
-// providerBaseURL is BRAMA_PROVIDER_<ID>_BASE_URL, else p's built-in base URL.
+// providerBaseURL is BRAMA_PROVIDER_<ID>_BASE_URL, else p's built-in base URL (local-openai has none: its endpoint is the
+// registry deployment's).
 func providerBaseURL(p providerInfo, getenv func(string) string) (string, error) {
-	if p.cred == credNone {
-		return "", fmt.Errorf("provider %q: %w: its endpoint comes from the registry deployment", p.id, errBaseURL)
-	}
 	raw, err := envURL(getenv, "PROVIDER", p.id, "BASE_URL", p.baseURL, errBaseURL)
 	return strings.TrimRight(raw, "/"), err
 }
@@ -241,24 +232,12 @@ func setProviderHeaders(h http.Header, p providerInfo, cred upstreamCredential, 
 			caller.Del(strings.TrimSpace(f))
 		}
 	}
-	h.Set("Content-Type", "application/json")
-	h.Set("Accept", map[bool]string{false: "application/json", true: "text/event-stream"}[stream])
-	betaName, need, bearer := "openai-beta", p.beta, cred.bearer()
+	betaName, need, bearer, apiKey := "openai-beta", p.beta, cred.bearer(), ""
 	if p.protocol == protoAnthropic {
 		h.Set("anthropic-version", cmp.Or(caller.Get("anthropic-version"), "2023-06-01"))
-		betaName, bearer = "anthropic-beta", cred.AccessToken
-		if bearer == "" {
-			need = ""
+		if betaName, bearer = "anthropic-beta", cred.AccessToken; bearer == "" { // an API key: x-api-key, no OAuth beta
+			need, apiKey = "", cred.APIKey
 		}
-		if bearer == "" && cred.APIKey != "" {
-			h.Set("x-api-key", cred.APIKey)
-		}
-	}
-	if p.accountID && cred.AccountID != "" {
-		h.Set("chatgpt-account-id", cred.AccountID)
-	}
-	if p.header[0] != "" {
-		h.Set(p.header[0], p.header[1])
 	}
 	var beta []string // the caller's tokens and p's, in order, each once
 	for _, t := range strings.Split(strings.Join(caller.Values(betaName), ",")+","+need, ",") {
@@ -266,11 +245,16 @@ func setProviderHeaders(h http.Header, p providerInfo, cred upstreamCredential, 
 			beta = append(beta, t)
 		}
 	}
-	if len(beta) > 0 {
-		h.Set(betaName, strings.Join(beta, ","))
-	}
 	if bearer != "" {
-		h.Set("Authorization", "Bearer "+bearer)
+		bearer = "Bearer " + bearer
+	}
+	accept := map[bool]string{false: "application/json", true: "text/event-stream"}[stream]
+	for _, kv := range [...][2]string{{"Content-Type", "application/json"}, {"Accept", accept}, {"x-api-key", apiKey},
+		{"chatgpt-account-id", map[bool]string{true: cred.AccountID}[p.accountID]}, p.header,
+		{betaName, strings.Join(beta, ",")}, {"Authorization", bearer}} {
+		if kv[1] != "" { // unset: the call carries no such header
+			h.Set(kv[0], kv[1])
+		}
 	}
 }
 
@@ -300,7 +284,7 @@ const (
 type providerRefusal struct {
 	err        *apiError     // the code the caller gets on a direct/alias route (no attempts set here)
 	class      string        // one of the refusal classes
-	retryAfter time.Duration // from retry-after or reset headers; 0 when none stated
+	retryAfter time.Duration // from retry-after or reset headers; 0 when none stated (a block's, for rate and quota)
 	sentence   string        // the provider's own error message, redacted, ≤ maxSentenceBytes
 }
 
@@ -317,7 +301,8 @@ func classifyRefusal(provider string, status int, header http.Header, body []byt
 	if d, _ := errorObject(b.Detail); !ok { // {"error":"text"}, or codex's {"detail":"text"} or {"detail":{"message":…}}
 		f.msg = cmp.Or(f.msg, d.msg) // the status decides codex's class
 	}
-	r := providerRefusal{class: refusalOther, sentence: cleanQuoted(f.msg, presented, maxSentenceBytes)}
+	r := providerRefusal{class: refusalOther, retryAfter: retryAfter(header, now),
+		sentence: cleanQuoted(f.msg, presented, maxSentenceBytes)}
 	ec, rejected := "provider_failure", 0 // a malformed answer, 408, 409, a direct route's 401/403
 	switch {
 	case status == http.StatusUnauthorized || status == http.StatusForbidden:
@@ -335,10 +320,6 @@ func classifyRefusal(provider string, status int, header http.Header, body []byt
 	case status >= 500:
 		ec = "dependency_unavailable"
 	}
-	wait := retryAfter(header, now)
-	if r.class == refusalRate || r.class == refusalQuota {
-		r.retryAfter = wait
-	}
 	m := fmt.Sprintf("provider %q answered %d", provider, status)
 	if label := cmp.Or(cleanQuoted(f.code, presented, 64), cleanQuoted(f.typ, presented, 64)); label != "" {
 		m += " (" + label + ")"
@@ -346,12 +327,9 @@ func classifyRefusal(provider string, status int, header http.Header, body []byt
 	if quoted := cleanQuoted(f.msg, presented, 1000); quoted != "" { // enough for a context-length refusal's numbers
 		m += ": " + quoted
 	}
-	r.err = refuse(ec, "%s", m)
-	if rejected != 0 {
-		r.err.withStatus(rejected)
-	}
+	r.err = refuse(ec, "%s", m).withStatus(rejected)
 	if r.err.Retryable {
-		r.err.RetryAfter = wait // the provider's own wait, on any route (SPEC §8.1)
+		r.err.RetryAfter = r.retryAfter // the provider's own wait, on any route (SPEC §8.1)
 	}
 	return r
 }
@@ -385,23 +363,20 @@ func jsonScalar(raw json.RawMessage) (string, bool) {
 	return n.String(), true
 }
 
-// maxRetryAfter bounds a stated reset; a block never outlasts it (SPEC §7.2).
+// maxRetryAfter bounds a stated reset; a block never outlasts it (SPEC §7.2.4: no reset months away parks a subscription).
 const maxRetryAfter = 7 * 24 * time.Hour
 
 // retryAfter is the wait stated by retry-after-ms, retry-after, else the latest reset among the
 // limits the headers show as spent; 0 when none is.
 func retryAfter(h http.Header, now time.Time) time.Duration {
-	if ms, err := strconv.ParseFloat(strings.TrimSpace(h.Get("Retry-After-Ms")), 64); err == nil && ms > 0 && !math.IsInf(ms, 0) {
+	if ms := numberOf(h.Get("Retry-After-Ms")).v; ms > 0 {
 		return time.Duration(min(ms, maxRetryAfter.Seconds()*1000) * float64(time.Millisecond))
 	}
 	if d := statedWait(h, "Retry-After", now); d > 0 {
 		return d // a wait already over states none: the reset headers below may
 	}
 	var d time.Duration
-	spent := func(k string, full float64) bool {
-		f, err := strconv.ParseFloat(strings.TrimSpace(h.Get(k)), 64)
-		return err == nil && f >= full
-	}
+	spent := func(k string, full float64) bool { return numberOf(h.Get(k)).v >= full }
 	// OpenAI's x-ratelimit-{remaining,reset}-<limit>, Anthropic's anthropic-ratelimit-<limit>-{remaining,reset}.
 	for _, k := range []string{"X-Ratelimit-%s-requests", "X-Ratelimit-%s-tokens", "Anthropic-Ratelimit-requests-%s",
 		"Anthropic-Ratelimit-tokens-%s", "Anthropic-Ratelimit-input-tokens-%s", "Anthropic-Ratelimit-output-tokens-%s"} {
@@ -422,25 +397,21 @@ func retryAfter(h http.Header, now time.Time) time.Duration {
 	return d
 }
 
-// statedWait is the wait header k states, at most maxRetryAfter: seconds, an epoch second (from 1e9),
-// a Go duration (OpenAI's "6m0s"), RFC 3339 (Anthropic) or an HTTP date (retry-after).
+// statedWait is the wait header k states, at most maxRetryAfter: seconds, an epoch second (from 1e9), a Go duration (OpenAI's
+// "6m0s"), RFC 3339 (Anthropic) or an HTTP date (retry-after).
 func statedWait(h http.Header, k string, now time.Time) time.Duration {
 	v := strings.TrimSpace(h.Get(k))
-	s, err := strconv.ParseFloat(v, 64)
+	s := numberOf(v).v
 	if s > 1e9 {
 		s -= float64(now.Unix())
+	} else if d, err := time.ParseDuration(v); err == nil {
+		s = d.Seconds()
+	} else if t, err := time.Parse(time.RFC3339, v); err == nil {
+		s = t.Sub(now).Seconds()
+	} else if t, err := http.ParseTime(v); err == nil {
+		s = t.Sub(now).Seconds()
 	}
-	if d, derr := time.ParseDuration(v); err != nil && derr == nil {
-		s, err = d.Seconds(), nil
-	}
-	t, terr := time.Parse(time.RFC3339, v)
-	if terr != nil {
-		t, terr = http.ParseTime(v)
-	}
-	if err != nil && terr == nil {
-		s, err = t.Sub(now).Seconds(), nil
-	}
-	if err != nil || !(s > 0) { // one already over (or NaN) states none
+	if !(s > 0) { // one already over (or none) states none
 		return 0
 	}
 	return time.Duration(min(s, maxRetryAfter.Seconds()) * float64(time.Second))

@@ -367,7 +367,7 @@ func (inv *inventory) list(agent string) ([]subscriptionRow, error) {
 
 // row builds item's row from its ledger record (SPEC §10.4): null what is not in force or never happened.
 func (inv *inventory) row(item overlayItem, retired bool, now time.Time) subscriptionRow {
-	e, _ := inv.l.entry(item.ID)
+	e := inv.l.entry(item.ID)
 	ms := now.UnixMilli()
 	r := subscriptionRow{ID: item.ID, Provider: item.Provider, Label: item.Label, Status: "active",
 		Windows: append([]planWindow{}, e.Windows...), Measured: e.Measured, Credential: &e.Credential,
@@ -458,7 +458,7 @@ func (inv *inventory) readiness() (warnings []string, payer bool) {
 	for _, it := range items {
 		switch {
 		case retired[it.ID]:
-		case inv.l.credentialState(it.ID) == credActive:
+		case inv.l.entry(it.ID).Credential.State == credActive:
 			payer = true
 		default:
 			reauth++

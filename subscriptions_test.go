@@ -249,7 +249,7 @@ func TestInventoryListingCache(t *testing.T) {
 	if c, _ := inv.credential(a.ID); c.APIKey != "sk-cache-new-0123456789" {
 		t.Errorf("credential after replacement = %+v", c)
 	}
-	if s := inv.l.credentialState(a.ID); s != credActive {
+	if s := inv.l.entry(a.ID).Credential.State; s != credActive {
 		t.Errorf("ledger credential after replacement = %s, want active", s)
 	}
 	if n := len(journalRecords(t, j)); n != 3 {
@@ -420,7 +420,7 @@ func TestInventoryDonationFillsGrant(t *testing.T) {
 	if g.ExpiresAtMs != 0 {
 		t.Error("donate changed the caller's grant")
 	}
-	if e, _ := inv.l.entry(it.ID); e.Credential.ExpiresAtMs != 1790000000000 || e.Credential.State != credActive {
+	if e := inv.l.entry(it.ID); e.Credential.ExpiresAtMs != 1790000000000 || e.Credential.State != credActive {
 		t.Errorf("ledger credential = %+v, want active with the grant's expiry", e.Credential)
 	}
 }
