@@ -135,11 +135,9 @@ func readLocalCredentials(asked bool, r io.Reader) (map[string]string, error) {
 
 // newLogger makes the JSON slog logger at BRAMA_LOG_LEVEL (info unless level names another).
 func newLogger(w io.Writer, level string) *slog.Logger {
-	var lv slog.Level
-	level = strings.TrimSpace(level)
-	err := lv.UnmarshalText([]byte(level))
+	lv := new(slog.Level)
 	log := slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: lv}))
-	if err != nil && level != "" {
+	if level = strings.TrimSpace(level); lv.UnmarshalText([]byte(level)) != nil && level != "" {
 		log.Warn("log_level_invalid", "value", level, "using", "info")
 	}
 	return log
