@@ -56,11 +56,11 @@ func (s *server) routes() {
 		writeJSON(w, 200, map[string]string{"status": "ok", "version": version})
 	})
 	s.mux.HandleFunc("GET /readyz", s.handleReady)
-	handle("POST /v1/chat/completions", s.handleChat(dialectChat))
-	handle("POST /v1/messages", s.handleChat(dialectMessages))
-	handle("POST /v1/messages/count_tokens", s.handleModelCall(false))
-	handle("POST /v1/responses", s.handleChat(dialectResponses))
-	handle("POST /v1/embeddings", s.handleModelCall(true))
+	handle("POST /v1/chat/completions", s.handleModel(dialectChat, false))
+	handle("POST /v1/messages", s.handleModel(dialectMessages, false))
+	handle("POST /v1/messages/count_tokens", s.handleModel(dialectMessages, true))
+	handle("POST /v1/responses", s.handleModel(dialectResponses, false))
+	handle("POST /v1/embeddings", s.handleModel("", false))
 	// Aliases, then a provider's catalogue models when a direct key, or the caller's agent's subscription, can serve them.
 	handle("GET /v1/models", reply(s, 200, false, func(r *http.Request, _ *struct{}) (any, error) {
 		ri, data := infoFrom(r.Context()), []listedModel{}
@@ -526,19 +526,37 @@ func (s *server) routesWritten(alias string, doc *routesDoc, err error) (any, er
 	return map[string]any{"ok": true, "routes": json.RawMessage(encodeRegistry(doc))}, nil
 }
 
-// handleChat serves a chat route: read the head, resolve, pay, call; the whole body is parsed only to translate (SPEC §7.6).
-func (s *server) handleChat(dialect string) handler {
-	return func(w http.ResponseWriter, r *http.Request) error {
-		ri := infoFrom(r.Context())
-		req, err := readCallerRequest(dialect, r, ri.body)
+// handleModel serves a model route: read the head, resolve, pay, call; the whole body is parsed only to translate
+// (SPEC §7.6). count_tokens (SPEC §15) resolves as /v1/messages does, §6.4's max_tokens rule aside; embeddings
+// (dialect "") return an openai-chat provider's JSON as is.
+func (s *server) handleModel(dialect string, count bool) handler {
+	return func(w http.ResponseWriter, r *http.Request) (err error) {
+		ri, req, body := infoFrom(r.Context()), &callerRequest{}, map[string]json.RawMessage(nil)
+		if dialect != "" {
+			req, err = readCallerRequest(dialect, r, ri.body)
+		} else if json.Unmarshal(ri.body, &body) != nil || body == nil {
+			err = refuse("invalid_request", "the body must be a JSON object")
+		} else if json.Unmarshal(body["model"], &req.head.Model) != nil || req.head.Model == "" {
+			err = refuse("invalid_request", "model must be a non-empty string")
+		}
 		if err != nil {
 			return err
 		}
-		ri.requestedModel, ri.streamed = req.head.Model, req.head.Stream
-		e := s.engine(ri.agentID, &ri.tally)
-		c, cands, err := e.planChat(ri.client, req)
-		if ri.routingMode, ri.route = c.res.Mode, c.res.Route; err != nil {
+		e, chat := s.engine(ri.agentID, &ri.tally), dialect != "" && !count
+		ri.requestedModel, ri.streamed = req.head.Model, chat && req.head.Stream
+		c, cands := call{}, []resolution(nil)
+		if chat {
+			c, cands, err = e.planChat(ri.client, req)
+		} else {
+			c, err = e.plan(ri.client, &req.head)
+		}
+		switch ri.routingMode, ri.route = c.res.Mode, c.res.Route; {
+		case err != nil:
 			return err
+		case dialect == "":
+			return e.serveEmbeddings(r.Context(), w, req.head.Model, body, c)
+		case count:
+			return e.countTokens(r.Context(), w, req, c)
 		}
 		route := func(w http.ResponseWriter) {
 			if ae := e.serveChat(r.Context(), w, req, c, cands); ae != nil {
@@ -561,31 +579,5 @@ func (s *server) handleChat(dialect string) handler {
 		e.t.remember = s.replay.rememberer(ri.client.ID, scope, req.body, c, cands)
 		route(w)
 		return nil
-	}
-}
-
-// handleModelCall serves POST /v1/embeddings (an openai-chat provider's JSON returned as is) and
-// /v1/messages/count_tokens (SPEC §15, resolving as /v1/messages does, §6.4's max_tokens rule aside).
-func (s *server) handleModelCall(embeddings bool) handler {
-	return func(w http.ResponseWriter, r *http.Request) (err error) {
-		ri, req, body := infoFrom(r.Context()), &callerRequest{}, map[string]json.RawMessage(nil)
-		if !embeddings {
-			if req, err = readCallerRequest(dialectMessages, r, ri.body); err != nil {
-				return err
-			}
-		} else if json.Unmarshal(ri.body, &body) != nil || body == nil {
-			return refuse("invalid_request", "the body must be a JSON object")
-		} else if json.Unmarshal(body["model"], &req.head.Model) != nil || req.head.Model == "" {
-			return refuse("invalid_request", "model must be a non-empty string")
-		}
-		e := s.engine(ri.agentID, &ri.tally)
-		ri.requestedModel = req.head.Model
-		c, err := e.plan(ri.client, &req.head)
-		if ri.routingMode, ri.route = c.res.Mode, c.res.Route; err != nil {
-			return err
-		} else if embeddings {
-			return e.serveEmbeddings(r.Context(), w, req.head.Model, body, c)
-		}
-		return e.countTokens(r.Context(), w, req, c)
 	}
 }
