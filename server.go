@@ -126,10 +126,11 @@ func (s *server) routes() {
 			rows, err := s.inv.list(r.PathValue("agent_id"))
 			return map[string]any{"subscriptions": rows}, err
 		}))
-		// On the admin route ?via=sign-in is a sign-in, journaled as one (SPEC §11.1).
 		handle("POST "+p, reply(s, 201, true, func(r *http.Request, b *donation) (any, error) {
-			by := map[bool]string{true: infoFrom(r.Context()).client.ID}[strings.HasPrefix(r.URL.Path, "/v1/admin/") &&
-				r.URL.Query().Get("via") == signInVia]
+			by := "" // on the admin route ?via=sign-in is a sign-in, journaled as one (SPEC §11.1)
+			if strings.HasPrefix(r.URL.Path, "/v1/admin/") && r.URL.Query().Get("via") == signInVia {
+				by = infoFrom(r.Context()).client.ID
+			}
 			it, err := s.inv.store(overlayItem{AgentID: r.PathValue("agent_id"), Provider: b.Provider, Label: b.Label},
 				vaultCredential{APIKey: b.APIKey, OAuth: b.OAuth}, by)
 			if s.credentialChanged(it); err != nil {
