@@ -60,7 +60,7 @@ func (s *server) routes() {
 	handle("POST /v1/messages", s.handleModel(dialectMessages, false))
 	handle("POST /v1/messages/count_tokens", s.handleModel(dialectMessages, true))
 	handle("POST /v1/responses", s.handleModel(dialectResponses, false))
-	handle("POST /v1/embeddings", s.handleModel("", false))
+	handle("POST /v1/embeddings", s.handleEmbeddings)
 	// Aliases, then a provider's catalogue models when a direct key, or the caller's agent's subscription, can serve them.
 	handle("GET /v1/models", reply(s, 200, false, func(r *http.Request, _ *struct{}) (any, error) {
 		ri, data := infoFrom(r.Context()), []listedModel{}
@@ -527,35 +527,25 @@ func (s *server) routesWritten(alias string, doc *routesDoc, err error) (any, er
 	return map[string]any{"ok": true, "routes": json.RawMessage(encodeRegistry(doc))}, nil
 }
 
-// handleModel serves a model route: read the head, resolve, pay, call; the whole body is parsed only to translate
-// (SPEC §7.6). count_tokens (SPEC §15) resolves as /v1/messages does, §6.4's max_tokens rule aside; embeddings
-// (dialect "") return an openai-chat provider's JSON as is.
+// handleModel serves a chat route: read the head, resolve, pay, call; the whole body is parsed only to translate
+// (SPEC §7.6). count_tokens (SPEC §15) resolves as /v1/messages does, §6.4's max_tokens rule aside.
 func (s *server) handleModel(dialect string, count bool) handler {
-	return func(w http.ResponseWriter, r *http.Request) (err error) {
-		ri, req, body := infoFrom(r.Context()), &callerRequest{}, map[string]json.RawMessage(nil)
-		if dialect != "" {
-			req, err = readCallerRequest(dialect, r, ri.body)
-		} else if json.Unmarshal(ri.body, &body) != nil || body == nil {
-			err = refuse("invalid_request", "the body must be a JSON object")
-		} else if json.Unmarshal(body["model"], &req.head.Model) != nil || req.head.Model == "" {
-			err = refuse("invalid_request", "model must be a non-empty string")
-		}
+	return func(w http.ResponseWriter, r *http.Request) error {
+		ri := infoFrom(r.Context())
+		req, err := readCallerRequest(dialect, r, ri.body)
 		if err != nil {
 			return err
 		}
-		e, chat := s.engine(ri.agentID, &ri.tally), dialect != "" && !count
-		ri.requestedModel, ri.streamed = req.head.Model, chat && req.head.Stream
-		c, cands := call{}, []resolution(nil)
-		if chat {
-			c, cands, err = e.planChat(ri.client, req)
-		} else {
+		e, c, cands := s.engine(ri.agentID, &ri.tally), call{}, []resolution(nil)
+		ri.requestedModel, ri.streamed = req.head.Model, req.head.Stream && !count
+		if count {
 			c, err = e.plan(ri.client, &req.head)
+		} else {
+			c, cands, err = e.planChat(ri.client, req)
 		}
 		switch ri.routingMode, ri.route = c.res.Mode, c.res.Route; {
 		case err != nil:
 			return err
-		case dialect == "":
-			return e.serveEmbeddings(r.Context(), w, req.head.Model, body, c)
 		case count:
 			return e.countTokens(r.Context(), w, req, c)
 		}
@@ -581,4 +571,21 @@ func (s *server) handleModel(dialect string, count bool) handler {
 		route(w)
 		return nil
 	}
+}
+
+// handleEmbeddings serves POST /v1/embeddings: a direct or alias route to an openai-chat provider, its JSON returned
+// as is (SPEC §15).
+func (s *server) handleEmbeddings(w http.ResponseWriter, r *http.Request) error {
+	ri, body, head := infoFrom(r.Context()), map[string]json.RawMessage(nil), chatRequest{}
+	if json.Unmarshal(ri.body, &body) != nil || body == nil {
+		return refuse("invalid_request", "the body must be a JSON object")
+	} else if json.Unmarshal(body["model"], &head.Model) != nil || head.Model == "" {
+		return refuse("invalid_request", "model must be a non-empty string")
+	}
+	e := s.engine(ri.agentID, &ri.tally)
+	c, err := e.plan(ri.client, &head)
+	if ri.requestedModel, ri.routingMode, ri.route = head.Model, c.res.Mode, c.res.Route; err != nil {
+		return err
+	}
+	return e.serveEmbeddings(r.Context(), w, head.Model, body, c)
 }
