@@ -359,12 +359,12 @@ func (s *server) caller(role string, w http.ResponseWriter, r *http.Request) err
 	return nil
 }
 
-// reply makes f a handler: the body, when required or not blank, strictly decoded into B (malformed JSON or an
-// unknown member is a 400 naming it), f's value written with status.
+// reply makes f a handler: the body, when required or a POST's not blank one (GET and DELETE bodies are not read),
+// strictly decoded into B (malformed JSON or an unknown member is a 400 naming it), f's value written with status.
 func reply[B any](s *server, status int, required bool, f func(*http.Request, *B) (any, error)) handler {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		var b B
-		if body := infoFrom(r.Context()).body; required || len(bytes.TrimSpace(body)) > 0 {
+		if body := infoFrom(r.Context()).body; required || r.Method == "POST" && len(bytes.TrimSpace(body)) > 0 {
 			if err := decodeStrict("request body", body, &b); err != nil {
 				return refuse("invalid_request", "%s", err.Error())
 			}
