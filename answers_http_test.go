@@ -16,7 +16,7 @@ import (
 )
 
 // End-to-end tests of signed answers (SPEC §12) through a real daemon.
-// They need the wiring (handleChat, routes, serve) to pass.
+// They need the wiring (handleModel, routes, serve) to pass.
 
 // answerPromptMarker is a planted marker: kept answers and logs must never
 // hold the prompt (SPEC §12 item 7).

@@ -55,18 +55,8 @@ func commands() []command {
 			run: func(e *cliEnv, _ opts, _ []string) error { return e.say(nil, "brama %s\n", version) }},
 		{name: "routes list", args: "[-json]", purpose: "one aligned row per alias, then the count that cannot serve", example: "brama routes list", flags: []flagSpec{asJSON("GET /v1/aliases")},
 			run: func(e *cliEnv, o opts, _ []string) error { return e.printAliases(e.deps(), o.b("json"), nil) }},
-		{name: "routes set", args: "ALIAS DESTINATION", pos: 2, purpose: "set an alias (journaled route_change, by cli)", example: "brama routes set chat openai/gpt-4o",
-			run: func(e *cliEnv, _ opts, p []string) error {
-				d := e.deps()
-				_, err := d.reg.set(p[0], &p[1], "cli")
-				return e.printAliases(d, false, e.wrote(d.reg.path, err, "set %s -> %s\n", p[0], p[1]))
-			}},
-		{name: "routes rm", args: "ALIAS", pos: 1, purpose: "remove an alias", example: "brama routes rm chat",
-			run: func(e *cliEnv, _ opts, p []string) error {
-				d := e.deps()
-				_, err := d.reg.set(p[0], nil, "cli")
-				return e.printAliases(d, false, e.wrote(d.reg.path, err, "removed %s\n", p[0]))
-			}},
+		{name: "routes set", args: "ALIAS DESTINATION", pos: 2, purpose: "set an alias (journaled route_change, by cli)", example: "brama routes set chat openai/gpt-4o", run: setRoute},
+		{name: "routes rm", args: "ALIAS", pos: 1, purpose: "remove an alias", example: "brama routes rm chat", run: setRoute},
 		{name: "routes migrate", args: "[-file F] [-json]", purpose: "drop retired top-level fields, commit, print the committed document (idempotent)", example: "brama routes migrate", run: routesMigrate, flags: []flagSpec{{"file", "", "registry `file` to migrate (default: the registry Brama reads)"}, {"json", false, `print {"ok":true,"file":F,"dropped":[…],"document":{…}}`}}},
 		{name: "clients add", args: "ID [-admin] [-agent A] [-allow NAME]...", pos: 1, purpose: "make a client; its token is printed once on stdout", example: "brama clients add app -allow chat", flags: []flagSpec{{"admin", false, "give the client the admin role (reaches /v1/admin/*)"}, agent("bind the client's bearer to `agent`"), {"allow", []string(nil), "allow only this model `name` (repeatable; exact names)"}},
 			run: func(e *cliEnv, o opts, p []string) error {
@@ -222,10 +212,10 @@ func commands() []command {
 		{name: "onboard", args: "[-model ROUTE] [-allow-provider-cost]", purpose: "walk the first-use journey in-process: state directory, client, a route that can serve, one real answer", example: "brama onboard -model openai/gpt-4o-mini -allow-provider-cost", run: onboard, flags: []flagSpec{{"model", "", "the `route` of the one real call: a direct route, a deployment, or an alias to one"}, {"allow-provider-cost", false, "make the one real (billable) model call"}}},
 		{name: "answers verify", args: "[-signature v1=HEX] FILE", pos: 1, purpose: "check a kept answer's signature (or a raw body against -signature); prints ok", example: "brama answers verify ~/.brama/answers/local/3f….json", flags: []flagSpec{{"signature", "", "check `v1=HEX` (a Brama-Answer-Signature) over FILE's raw bytes instead of reading FILE as a kept answer"}},
 			run: func(e *cliEnv, o opts, p []string) error {
-				if sig := strings.ToLower(o.s("signature")); sig != "" && !isAnswerSignature(sig) {
-					return &usageError{msg: "-signature must be v1= followed by 64 hex digits"}
+				if sig := strings.ToLower(o.s("signature")); sig == "" || isAnswerSignature(sig) {
+					return e.say(verifyAnswerFile(resolveState(e.getenv), p[0], sig), "ok\n")
 				}
-				return e.say(verifyAnswerFile(resolveState(e.getenv), p[0], strings.ToLower(o.s("signature"))), "ok\n")
+				return &usageError{msg: "-signature must be v1= followed by 64 hex digits"}
 			}},
 		{name: "answers prune", args: "-older-than DURATION", need: []string{"older-than"}, purpose: "remove complete kept answers older than that (never one in progress)", example: "brama answers prune -older-than 720h", flags: []flagSpec{{"older-than", "", "remove complete answers kept longer ago than this `duration` (e.g. 720h)"}},
 			run: func(e *cliEnv, o opts, _ []string) error {
@@ -257,14 +247,10 @@ func commands() []command {
 func lookup(args []string) (command, []string, error) {
 	var subs []string
 	for _, c := range commands() {
-		group, sub, two := strings.Cut(c.name, " ")
-		switch {
-		case !two && c.name == args[0]:
-			return c, args[1:], nil
-		case two && group == args[0] && len(args) > 1 && sub == args[1]:
-			return c, args[2:], nil
-		case two && group == args[0]:
-			subs = append(subs, sub)
+		if words := strings.Fields(c.name); len(args) >= len(words) && slices.Equal(words, args[:len(words)]) {
+			return c, args[len(words):], nil
+		} else if len(words) == 2 && words[0] == args[0] {
+			subs = append(subs, words[1])
 		}
 	}
 	if len(subs) == 0 {
@@ -362,6 +348,16 @@ func table(w io.Writer, err error, header string, rows func(yield func(...string
 	}
 	rows(func(cells ...string) { fmt.Fprintln(tw, strings.Join(cells, "\t")) })
 	return tw.Flush()
+}
+
+// setRoute is routes set (ALIAS DESTINATION) and routes rm (ALIAS); either prints the aliases after.
+func setRoute(e *cliEnv, _ opts, p []string) error {
+	d, dest, said := e.deps(), (*string)(nil), "removed "+p[0]
+	if len(p) == 2 {
+		dest, said = &p[1], fmt.Sprintf("set %s -> %s", p[0], p[1])
+	}
+	_, err := d.reg.set(p[0], dest, "cli")
+	return e.printAliases(d, false, e.wrote(d.reg.path, err, "%s\n", said))
 }
 
 // printAliases prints GET /v1/aliases, unless err: with asJSON its body, else one row per alias and a count.

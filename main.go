@@ -135,11 +135,9 @@ func readLocalCredentials(asked bool, r io.Reader) (map[string]string, error) {
 
 // newLogger makes the JSON slog logger at BRAMA_LOG_LEVEL (info unless level names another).
 func newLogger(w io.Writer, level string) *slog.Logger {
-	var lv slog.Level
-	level = strings.TrimSpace(level)
-	err := lv.UnmarshalText([]byte(level))
+	lv := new(slog.Level)
 	log := slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: lv}))
-	if err != nil && level != "" {
+	if level = strings.TrimSpace(level); lv.UnmarshalText([]byte(level)) != nil && level != "" {
 		log.Warn("log_level_invalid", "value", level, "using", "info")
 	}
 	return log
@@ -402,8 +400,9 @@ func parseOnboarding(b []byte) (*onboardProgress, error) {
 // call is made only with -allow-provider-cost, and only ctx cancels it (SPEC §7.4).
 func onboard(e *cliEnv, o opts, _ []string) error {
 	model, sy := o.s("model"), e.sys()
-	d := openDeps(e.getenv, sy)
-	path, pathErr := d.st.path(onboardRole, onboardFile)
+	// The call is planned as the daemon would, with the daemon's state files but no ledger.
+	eng := &engine{core: &core{deps: openDeps(e.getenv, sy), sys: sy, getenv: e.getenv, client: newProviderClient()}, t: &tally{}}
+	path, pathErr := eng.st.path(onboardRole, onboardFile)
 	prog, _, err := (&stateFile[*onboardProgress]{role: onboardRole, path: path, pathErr: pathErr, parse: parseOnboarding}).read()
 	if err != nil { // a file failing the guards is refused, never overwritten
 		return fmt.Errorf("the state directory is not usable: %w", err)
@@ -424,7 +423,7 @@ func onboard(e *cliEnv, o opts, _ []string) error {
 	if err := done(&prog.Steps.StateDirectory, "state-directory", ""); err != nil {
 		return err
 	}
-	switch doc, err := d.clients.load(); { // serve makes the first admin client
+	switch doc, err := eng.clients.load(); { // serve makes the first admin client
 	case errors.Is(err, errFileAbsent) || err == nil && len(doc.Clients) == 0:
 		return next("brama clients add <id> -admin", errRefused)
 	case err != nil:
@@ -433,20 +432,19 @@ func onboard(e *cliEnv, o opts, _ []string) error {
 	if err := done(&prog.Steps.Client, "client", ""); err != nil {
 		return err
 	}
-	// The call planned as the daemon would (a bare deployment as local-openai/<name>), refusing subscription routes
-	// and selectors: their ledger is the daemon's (SPEC §2.3, §14). No model: some payer must exist.
-	s := &server{core: core{deps: d, sys: sy, getenv: e.getenv, client: newProviderClient()}}
+	// A bare deployment is called as local-openai/<name>; subscription routes and selectors are refused: their ledger
+	// is the daemon's (SPEC §2.3, §14). No model: some payer must exist.
 	c, req := call{}, pingRequest(model, providerInfo{})
-	if model == "" && !s.anyDirectPayer() {
+	if model == "" && !eng.anyDirectPayer() {
 		return next("brama credentials set <provider>", errRefused)
 	} else if model != "" {
-		doc, docErr := s.reg.current()
+		doc, docErr := eng.reg.current()
 		if docErr == nil && doc.Routes[model] == "" {
 			if _, _, n := doc.lookupLocal(model); n == 1 {
 				req.Model = "local-openai/" + model
 			}
 		}
-		c, err = s.engine("", &tally{}).plan(client{}, &req)
+		c, err = eng.plan(client{}, &req)
 		switch ae := asAPIError(err); {
 		case err == nil:
 		case ae.Code == "forbidden": // plan wants an agent: a subscription route, a selector or best
@@ -465,7 +463,7 @@ func onboard(e *cliEnv, o opts, _ []string) error {
 	} else if model == "" || !o.b("allow-provider-cost") {
 		return next("brama onboard -model "+cmp.Or(model, "<route>")+" -allow-provider-cost", nil)
 	}
-	if _, ae := s.engine("", &tally{}).ping(e.ctx, c, nil); ae != nil { // one ping, as the probe's (SPEC §11.3)
+	if _, ae := eng.ping(e.ctx, c, nil); ae != nil { // one ping, as the probe's (SPEC §11.3)
 		return fmt.Errorf("no model answer: %s", ae.Message)
 	}
 	return done(&prog.Steps.Answer, "answer", c.res.Route)

@@ -14,6 +14,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -34,13 +35,8 @@ type server struct {
 
 type handler func(http.ResponseWriter, *http.Request) error // a route's function; routes writes its error in the envelope
 
-// The body limit's default; how reply reads a body: not at all, empty or strict JSON, strict JSON.
-const (
-	defaultMaxRequestBytes = 64 << 20
-	noBody                 = iota
-	optionalBody
-	requiredBody
-)
+// defaultMaxRequestBytes is the body limit unless BRAMA_MAX_REQUEST_BYTES names another.
+const defaultMaxRequestBytes = 64 << 20
 
 // routes is the only place URL patterns appear. Every route but /health and /readyz needs a client
 // (SPEC §3.1), an admin one under /v1/admin/; a handler's error is written in the envelope.
@@ -60,13 +56,13 @@ func (s *server) routes() {
 		writeJSON(w, 200, map[string]string{"status": "ok", "version": version})
 	})
 	s.mux.HandleFunc("GET /readyz", s.handleReady)
-	handle("POST /v1/chat/completions", s.handleChat(dialectChat))
-	handle("POST /v1/messages", s.handleChat(dialectMessages))
-	handle("POST /v1/messages/count_tokens", s.handleModelCall(false))
-	handle("POST /v1/responses", s.handleChat(dialectResponses))
-	handle("POST /v1/embeddings", s.handleModelCall(true))
+	handle("POST /v1/chat/completions", s.handleModel(dialectChat, false))
+	handle("POST /v1/messages", s.handleModel(dialectMessages, false))
+	handle("POST /v1/messages/count_tokens", s.handleModel(dialectMessages, true))
+	handle("POST /v1/responses", s.handleModel(dialectResponses, false))
+	handle("POST /v1/embeddings", s.handleEmbeddings)
 	// Aliases, then a provider's catalogue models when a direct key, or the caller's agent's subscription, can serve them.
-	handle("GET /v1/models", reply(s, 200, noBody, func(r *http.Request, _ *struct{}) (any, error) {
+	handle("GET /v1/models", reply(s, 200, false, func(r *http.Request, _ *struct{}) (any, error) {
 		ri, data := infoFrom(r.Context()), []listedModel{}
 		t, _ := s.reg.aliases(s.hasDirect, ri.client.mayUse)
 		for _, a := range t.Aliases {
@@ -88,7 +84,7 @@ func (s *server) routes() {
 		}
 		return map[string]any{"object": "list", "data": data}, nil
 	}))
-	handle("GET /v1/aliases", reply(s, 200, noBody, func(r *http.Request, _ *struct{}) (any, error) {
+	handle("GET /v1/aliases", reply(s, 200, false, func(r *http.Request, _ *struct{}) (any, error) {
 		t, err := s.reg.aliases(s.hasDirect, infoFrom(r.Context()).client.mayUse) // as /v1/models (SPEC §3.1)
 		if err != nil {
 			return nil, refuse("dependency_unavailable", "the route registry is unusable: %s", s.hidePath(err.Error(), s.reg.path)).because(err)
@@ -112,32 +108,44 @@ func (s *server) routes() {
 		w.Write(encodeRegistry(doc)) // the committed file's bytes
 		return nil
 	})
-	handle("PUT /v1/admin/routes", reply(s, 200, requiredBody, func(r *http.Request, b *struct {
+	handle("PUT /v1/admin/routes", reply(s, 200, true, func(r *http.Request, b *struct {
 		Alias string `json:"alias"`
 		Route string `json:"route"`
 	}) (any, error) {
 		doc, err := s.reg.set(b.Alias, &b.Route, infoFrom(r.Context()).client.ID)
 		return s.routesWritten(b.Alias, doc, err)
 	}))
-	handle("DELETE /v1/admin/routes", reply(s, 200, requiredBody, func(r *http.Request, b *struct {
+	handle("DELETE /v1/admin/routes", reply(s, 200, true, func(r *http.Request, b *struct {
 		Alias string `json:"alias"`
 	}) (any, error) {
 		doc, err := s.reg.set(b.Alias, nil, infoFrom(r.Context()).client.ID)
 		return s.routesWritten(b.Alias, doc, err)
 	}))
 	for _, p := range []string{"/v1/subscriptions/{agent_id}", "/v1/admin/subscriptions/{agent_id}"} {
-		handle("GET "+p, reply(s, 200, noBody, func(r *http.Request, _ *struct{}) (any, error) {
+		handle("GET "+p, reply(s, 200, false, func(r *http.Request, _ *struct{}) (any, error) {
 			rows, err := s.inv.list(r.PathValue("agent_id"))
 			return map[string]any{"subscriptions": rows}, err
 		}))
-		handle("POST "+p, reply(s, 201, requiredBody, s.donateSubscription))
-		handle("DELETE "+p+"/{subscription_id}", reply(s, 200, noBody, func(r *http.Request, _ *struct{}) (any, error) {
+		handle("POST "+p, reply(s, 201, true, func(r *http.Request, b *donation) (any, error) {
+			by := "" // on the admin route ?via=sign-in is a sign-in, journaled as one (SPEC §11.1)
+			if strings.HasPrefix(r.URL.Path, "/v1/admin/") && r.URL.Query().Get("via") == signInVia {
+				by = infoFrom(r.Context()).client.ID
+			}
+			it, err := s.inv.store(overlayItem{AgentID: r.PathValue("agent_id"), Provider: b.Provider, Label: b.Label},
+				vaultCredential{APIKey: b.APIKey, OAuth: b.OAuth}, by)
+			if s.credentialChanged(it); err != nil {
+				return nil, err
+			}
+			return map[string]donatedSubscription{"subscription": {ID: it.ID, Provider: it.Provider, AgentID: it.AgentID,
+				Label: it.Label, Status: "active"}}, nil
+		}))
+		handle("DELETE "+p+"/{subscription_id}", reply(s, 200, false, func(r *http.Request, _ *struct{}) (any, error) {
 			reason := cmp.Or(r.URL.Query().Get("reason"), "retired by "+infoFrom(r.Context()).client.ID)
 			return map[string]bool{"ok": true}, s.inv.setRetired("retire", r.PathValue("agent_id"), r.PathValue("subscription_id"), reason)
 		}))
 	}
 	handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/reinstate",
-		reply(s, 200, requiredBody, func(r *http.Request, b *struct {
+		reply(s, 200, true, func(r *http.Request, b *struct {
 			Reason string `json:"reason"`
 		}) (any, error) {
 			err := s.inv.setRetired("reinstate", r.PathValue("agent_id"), r.PathValue("subscription_id"), b.Reason)
@@ -147,7 +155,7 @@ func (s *server) routes() {
 			return map[string]bool{"ok": true}, err
 		}))
 	handle("PUT /v1/admin/subscriptions/{agent_id}/{subscription_id}/credential",
-		reply(s, 200, requiredBody, func(r *http.Request, b *vaultCredential) (any, error) {
+		reply(s, 200, true, func(r *http.Request, b *vaultCredential) (any, error) {
 			it, err := s.inv.store(overlayItem{AgentID: r.PathValue("agent_id"), ID: r.PathValue("subscription_id")},
 				*b, infoFrom(r.Context()).client.ID)
 			if s.credentialChanged(it); err != nil {
@@ -157,7 +165,7 @@ func (s *server) routes() {
 		}))
 	// A provider's refusal of a probe is a 200 too: probe.ok false.
 	handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/probe",
-		reply(s, 200, optionalBody, func(r *http.Request, b *struct {
+		reply(s, 200, false, func(r *http.Request, b *struct {
 			Model string `json:"model"`
 		}) (any, error) {
 			it, err := s.inv.owned(r.PathValue("agent_id"), r.PathValue("subscription_id"), "a retired subscription is never probed")
@@ -166,14 +174,14 @@ func (s *server) routes() {
 			}
 			return s.engine(r.PathValue("agent_id"), &infoFrom(r.Context()).tally).probe(r.Context(), it, b.Model)
 		}))
-	handle("POST /v1/admin/maintain", reply(s, 200, optionalBody, func(r *http.Request, _ *struct{}) (any, error) {
+	handle("POST /v1/admin/maintain", reply(s, 200, false, func(r *http.Request, _ *struct{}) (any, error) {
 		rep, err := s.maint.passNow(r.Context())
 		if errors.Is(err, errMaintenanceStopped) { // it could not list the subscriptions
 			return nil, refuse("dependency_unavailable", "no pass can run: %v", err).because(err)
 		}
 		return rep, err
 	}))
-	handle("POST /v1/admin/vault/prune-orphans", reply(s, 200, optionalBody, func(r *http.Request, _ *struct{}) (any, error) {
+	handle("POST /v1/admin/vault/prune-orphans", reply(s, 200, false, func(r *http.Request, _ *struct{}) (any, error) {
 		ids, err := s.inv.pruneOrphans() // the vault's credentials no subscription names (SPEC §17)
 		return map[string]any{"ok": true, "removed": ids}, err
 	}))
@@ -351,12 +359,12 @@ func (s *server) caller(role string, w http.ResponseWriter, r *http.Request) err
 	return nil
 }
 
-// reply makes f a handler: the body strictly decoded into B as mode says (malformed JSON or an
-// unknown member is a 400 naming it), f's value written with status.
-func reply[B any](s *server, status, mode int, f func(*http.Request, *B) (any, error)) handler {
+// reply makes f a handler: the body, when required or a POST's not blank one (GET and DELETE bodies are not read),
+// strictly decoded into B (malformed JSON or an unknown member is a 400 naming it), f's value written with status.
+func reply[B any](s *server, status int, required bool, f func(*http.Request, *B) (any, error)) handler {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		var b B
-		if body := infoFrom(r.Context()).body; mode == requiredBody || mode == optionalBody && len(bytes.TrimSpace(body)) > 0 {
+		if body := infoFrom(r.Context()).body; required || r.Method == "POST" && len(bytes.TrimSpace(body)) > 0 {
 			if err := decodeStrict("request body", body, &b); err != nil {
 				return refuse("invalid_request", "%s", err.Error())
 			}
@@ -454,24 +462,23 @@ func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 	} else if perm := fi.Mode().Perm(); perm&0o022 != 0 {
 		warn("the state directory has mode %#o: group or other may remove or replace its files, the journal too (chmod 700)", perm)
 	}
-	noState, absent := func(err error) bool { return errors.Is(err, errNoState) }, func(err error) bool { return errors.Is(err, errFileAbsent) }
 	errOf := func(_ any, err error) error { return err }
 	_, keyErr := readAnswerKey(s.st, false)
-	check := func(what, env, path string, pathErr, err error, expected func(error) bool) { // expected nil: none is
+	check := func(what, env, path string, pathErr, err error, expected ...error) {
 		if pathErr != nil && !errors.Is(pathErr, s.st.cause) { // not the value: it may lie outside the state directory
 			warn("%s is not an absolute path, so that file has no place (§2.1's no state directory)", env)
 		}
-		if err != nil && (expected == nil || !expected(err)) {
+		if err != nil && !slices.ContainsFunc(expected, func(e error) bool { return errors.Is(err, e) }) {
 			rd.Reasons = append(rd.Reasons, what+s.hidePath(err.Error(), path))
 		}
 	}
-	check("route registry unusable: ", "BRAMA_ROUTES_FILE", s.reg.path, s.reg.pathErr, errOf(s.reg.current()), noState)
-	check("vault unusable: ", "BRAMA_VAULT_FILE", s.vault.path, s.vault.pathErr, errOf(s.vault.load()), noState)
-	check("clients file unusable: ", "BRAMA_CLIENTS_FILE", s.clients.path, s.clients.pathErr, errOf(s.clients.load()), absent)
-	check("", "", "", nil, errOf(s.inv.overlay.load()), noState) // the error names the overlay and the rule
-	check("ledger unusable (served empty, never overwritten): ", "", "", nil, s.ledger.unreadable, nil)
-	check("journal unusable: ", "", "", nil, errOf(s.journal.size()), noState)
-	check("answer key unusable (every signed answer is refused): ", "", "", nil, keyErr, func(err error) bool { return absent(err) || noState(err) })
+	check("route registry unusable: ", "BRAMA_ROUTES_FILE", s.reg.path, s.reg.pathErr, errOf(s.reg.current()), errNoState)
+	check("vault unusable: ", "BRAMA_VAULT_FILE", s.vault.path, s.vault.pathErr, errOf(s.vault.load()), errNoState)
+	check("clients file unusable: ", "BRAMA_CLIENTS_FILE", s.clients.path, s.clients.pathErr, errOf(s.clients.load()), errFileAbsent)
+	check("", "", "", nil, errOf(s.inv.overlay.load()), errNoState) // the error names the overlay and the rule
+	check("ledger unusable (served empty, never overwritten): ", "", "", nil, s.ledger.unreadable)
+	check("journal unusable: ", "", "", nil, errOf(s.journal.size()), errNoState)
+	check("answer key unusable (every signed answer is refused): ", "", "", nil, keyErr, errFileAbsent, errNoState)
 	if ids := s.vault.unwrittenIDs(); len(ids) > 0 {
 		warn("the vault refused to keep the rotated OAuth grant of %s: it is used from memory and written again at the next maintenance pass (a restart before that loses it)", strings.Join(ids, ", "))
 	}
@@ -503,20 +510,6 @@ func (s *server) hidePath(msg, path string) string {
 	return strings.ReplaceAll(msg, path, "(named by environment)")
 }
 
-// donateSubscription serves POST …/subscriptions/{agent_id}; on the admin route ?via=sign-in is a sign-in (SPEC §11.1).
-func (s *server) donateSubscription(r *http.Request, b *donation) (any, error) {
-	by := "" // a sign-in is journaled as one
-	if strings.HasPrefix(r.URL.Path, "/v1/admin/") && r.URL.Query().Get("via") == signInVia {
-		by = infoFrom(r.Context()).client.ID
-	}
-	cred := vaultCredential{APIKey: b.APIKey, OAuth: b.OAuth}
-	it, err := s.inv.store(overlayItem{AgentID: r.PathValue("agent_id"), Provider: b.Provider, Label: b.Label}, cred, by)
-	if s.credentialChanged(it); err != nil {
-		return nil, err
-	}
-	return map[string]donatedSubscription{"subscription": {ID: it.ID, Provider: it.Provider, AgentID: it.AgentID, Label: it.Label, Status: "active"}}, nil
-}
-
 // credentialChanged tells maintenance and the replay guard (SPEC §17) of its new credential; it.ID "" is no change.
 func (s *server) credentialChanged(it overlayItem) {
 	if it.ID != "" {
@@ -534,19 +527,27 @@ func (s *server) routesWritten(alias string, doc *routesDoc, err error) (any, er
 	return map[string]any{"ok": true, "routes": json.RawMessage(encodeRegistry(doc))}, nil
 }
 
-// handleChat serves a chat route: read the head, resolve, pay, call; the whole body is parsed only to translate (SPEC §7.6).
-func (s *server) handleChat(dialect string) handler {
+// handleModel serves a chat route: read the head, resolve, pay, call; the whole body is parsed only to translate
+// (SPEC §7.6). count_tokens (SPEC §15) resolves as /v1/messages does, §6.4's max_tokens rule aside.
+func (s *server) handleModel(dialect string, count bool) handler {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		ri := infoFrom(r.Context())
 		req, err := readCallerRequest(dialect, r, ri.body)
 		if err != nil {
 			return err
 		}
-		ri.requestedModel, ri.streamed = req.head.Model, req.head.Stream
-		e := s.engine(ri.agentID, &ri.tally)
-		c, cands, err := e.planChat(ri.client, req)
-		if ri.routingMode, ri.route = c.res.Mode, c.res.Route; err != nil {
+		e, c, cands := s.engine(ri.agentID, &ri.tally), call{}, []resolution(nil)
+		ri.requestedModel, ri.streamed = req.head.Model, req.head.Stream && !count
+		if count {
+			c, err = e.plan(ri.client, &req.head)
+		} else {
+			c, cands, err = e.planChat(ri.client, req)
+		}
+		switch ri.routingMode, ri.route = c.res.Mode, c.res.Route; {
+		case err != nil:
 			return err
+		case count:
+			return e.countTokens(r.Context(), w, req, c)
 		}
 		route := func(w http.ResponseWriter) {
 			if ae := e.serveChat(r.Context(), w, req, c, cands); ae != nil {
@@ -572,28 +573,19 @@ func (s *server) handleChat(dialect string) handler {
 	}
 }
 
-// handleModelCall serves POST /v1/embeddings (an openai-chat provider's JSON returned as is) and
-// /v1/messages/count_tokens (SPEC §15, resolving as /v1/messages does, §6.4's max_tokens rule aside).
-func (s *server) handleModelCall(embeddings bool) handler {
-	return func(w http.ResponseWriter, r *http.Request) (err error) {
-		ri, req, body := infoFrom(r.Context()), &callerRequest{}, map[string]json.RawMessage(nil)
-		if !embeddings {
-			if req, err = readCallerRequest(dialectMessages, r, ri.body); err != nil {
-				return err
-			}
-		} else if json.Unmarshal(ri.body, &body) != nil || body == nil {
-			return refuse("invalid_request", "the body must be a JSON object")
-		} else if json.Unmarshal(body["model"], &req.head.Model) != nil || req.head.Model == "" {
-			return refuse("invalid_request", "model must be a non-empty string")
-		}
-		e := s.engine(ri.agentID, &ri.tally)
-		ri.requestedModel = req.head.Model
-		c, err := e.plan(ri.client, &req.head)
-		if ri.routingMode, ri.route = c.res.Mode, c.res.Route; err != nil {
-			return err
-		} else if embeddings {
-			return e.serveEmbeddings(r.Context(), w, req.head.Model, body, c)
-		}
-		return e.countTokens(r.Context(), w, req, c)
+// handleEmbeddings serves POST /v1/embeddings: a direct or alias route to an openai-chat provider, its JSON returned
+// as is (SPEC §15).
+func (s *server) handleEmbeddings(w http.ResponseWriter, r *http.Request) error {
+	ri, body, head := infoFrom(r.Context()), map[string]json.RawMessage(nil), chatRequest{}
+	if json.Unmarshal(ri.body, &body) != nil || body == nil {
+		return refuse("invalid_request", "the body must be a JSON object")
+	} else if json.Unmarshal(body["model"], &head.Model) != nil || head.Model == "" {
+		return refuse("invalid_request", "model must be a non-empty string")
 	}
+	e := s.engine(ri.agentID, &ri.tally)
+	c, err := e.plan(ri.client, &head)
+	if ri.requestedModel, ri.routingMode, ri.route = head.Model, c.res.Mode, c.res.Route; err != nil {
+		return err
+	}
+	return e.serveEmbeddings(r.Context(), w, head.Model, body, c)
 }
