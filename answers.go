@@ -24,6 +24,146 @@ import (
 	"time"
 )
 
+// serveChat answers a planned chat request on w, passthrough or translated
+// (SPEC §7.6), or returns the refusal, told first to the replay guard (§8.1).
+func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *callerRequest, c call, cands []resolution) *apiError {
+	chatKinds := map[string]routeKind{modeDirect: kindDirect, modeAlias: kindDirect, modeSubscription: kindSubscription}
+	j := &job{kind: chatKinds[c.res.Mode], // else a selector's
+		build: buildChatRequest,
+		commit: func(ctx context.Context, c call, req *callerRequest, resp *http.Response) (usage, *apiError, bool) {
+			return e.deliver(ctx, w, c, req, resp)
+		},
+	}
+	ae := e.attemptRoute(ctx, j, c, req, cands)
+	if ae != nil && e.t.remember != nil { // the replay guard learns a refusal before the caller reads it
+		e.t.remember(ae, e.t.attempts, ctx.Err() != nil, false)
+	}
+	return ae
+}
+
+// deliver answers from a committed call, passthrough or translated, naming the model asked (a selector's: its
+// candidate's route); a stream's failure is written in-band (streamed), a buffered one not.
+func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, c call, req *callerRequest, resp *http.Response) (
+	u usage, failure *apiError, streamed bool) {
+	w.Header().Set("Brama-Route", c.res.Route)
+	p, attempts, model := c.res.Provider, e.t.attempts, cmp.Or(e.route, req.head.Model)
+	e.t.route = c.res.Route
+	pass, tr := !req.translates(p), chatRequest{}
+	if !pass {
+		tr = req.translated()
+		if dropped := tr.droppedFor(p); len(dropped) > 0 { // SPEC §7.6: nothing is dropped silently
+			w.Header().Set("Brama-Dropped", headerText(strings.Join(dropped, ", ")))
+			e.t.dropped = dropped
+		}
+	}
+	switch {
+	case req.head.Stream: // after commit nothing is retried: a failure is written in-band (SPEC §7.5)
+		if pass {
+			model = c.res.Model
+		}
+		providerFacts(w.Header(), resp.Header, pass)
+		sa := openStreamAnswer(w, req.dialect, tr, model, attempts, cmp.Or(e.keepAlive, keepAliveEvery))
+		defer sa.close()
+		var err error
+		if pass {
+			pw := &streamReader{protocol: p.protocol, dropUsage: req.addsUsage(p)}
+			err = relayWatched(pw, resp.Body, sa.relay)
+			u = pw.usage
+		} else {
+			u, err = sa.translate(p.protocol, resp.Body)
+		}
+		if err != nil {
+			failure = asAPIError(err).redactedFor(c.cred.bearer()).withAttempts(attempts) // a hang-up's is settle's
+			if e.t.remember != nil {                                                      // before the caller can read it and fall back
+				e.t.remember(failure, attempts, ctx.Err() != nil, true)
+			}
+			sa.do(func() error { return sa.fail(failure) })
+			e.log.Warn("stream_failed_after_commit", "request_id", e.t.requestID, "code", failure.Code, "cause", redact(fmt.Sprint(failure.Err), c.cred.bearer()))
+		}
+		return u, failure, true
+	case pass:
+		u, failure = relayBuffered(w, req, c, resp, attempts)
+		return u, failure, false
+	}
+	a, err := readProviderAnswer(p, tr, resp)
+	if err != nil {
+		return u, asAPIError(err).redactedFor(c.cred.bearer()).withAttempts(attempts), false
+	}
+	a.Model = model
+	out, err := renderAnswer(req.dialect, tr, a)
+	if err != nil {
+		return a.Usage, asAPIError(err).withAttempts(attempts), false
+	}
+	providerFacts(w.Header(), resp.Header, false)
+	writeAnswer(w, "application/json", attempts, out)
+	return a.Usage, nil, false
+}
+
+// countTokens answers POST /v1/messages/count_tokens (SPEC §15): the
+// anthropic-messages provider's own count (one call), else a local estimate.
+func (e *engine) countTokens(ctx context.Context, w http.ResponseWriter, req *callerRequest, c call) error {
+	if c.res.Provider.protocol != protoAnthropic { // also selectors and best: no one route to ask
+		if c.res.Route != "" {
+			w.Header().Set("Brama-Route", c.res.Route)
+		}
+		w.Header().Set("Brama-Estimate", "true")
+		writeJSON(w, http.StatusOK, map[string]int{"input_tokens": estimateInputTokens(req.body)})
+		return nil
+	}
+	return e.once(ctx, c, req, &job{kind: kindCountTokens,
+		build: func(ctx context.Context, c call, req *callerRequest) (*http.Request, error) {
+			return req.passthrough(ctx, c, "/v1/messages/count_tokens", false)
+		},
+		commit: func(_ context.Context, c call, _ *callerRequest, resp *http.Response) (usage, *apiError, bool) {
+			var ans struct {
+				InputTokens *int `json:"input_tokens"`
+			}
+			b, err := readWhole(c.res.Provider, resp)
+			if err == nil {
+				if err = json.Unmarshal(b, &ans); err != nil || ans.InputTokens == nil {
+					err = malformedAnswer(protoAnthropic, err)
+				}
+			}
+			if err != nil {
+				return usage{}, asAPIError(err).withAttempts(e.t.attempts), false
+			}
+			w.Header().Set("Brama-Route", c.res.Route)
+			providerFacts(w.Header(), resp.Header, true)
+			writeAnswer(w, "application/json", e.t.attempts, fmt.Appendf(nil, "{\"input_tokens\":%d}\n", *ans.InputTokens))
+			return usage{}, nil, false
+		}})
+}
+
+// serveEmbeddings makes the one call of POST /v1/embeddings (SPEC §15) on a
+// direct route to an openai-chat provider; its JSON is written as is.
+func (e *engine) serveEmbeddings(ctx context.Context, w http.ResponseWriter, model string, body map[string]json.RawMessage, c call) error {
+	switch {
+	case c.res.Mode != modeDirect && c.res.Mode != modeAlias:
+		return refuse("invalid_request", "embeddings take a direct or alias route; %q is paid by a subscription", model)
+	case c.res.Provider.protocol != protoOpenAIChat:
+		return refuse("invalid_request", "embeddings need an openai-chat provider; %q speaks %s", c.res.Provider.id, c.res.Provider.protocol)
+	}
+	body["model"], _ = json.Marshal(c.res.Model)
+	out, _ := json.Marshal(body)
+	return e.once(ctx, c, &callerRequest{}, &job{kind: kindEmbeddings,
+		build: func(ctx context.Context, c call, _ *callerRequest) (*http.Request, error) {
+			return newProviderRequest(ctx, c, nil, "/embeddings", out, false)
+		},
+		commit: func(_ context.Context, c call, req *callerRequest, resp *http.Response) (usage, *apiError, bool) {
+			w.Header().Set("Brama-Route", c.res.Route)
+			u, ae := relayBuffered(w, req, c, resp, e.t.attempts) // a JSON object as received, else provider_failure
+			return u, ae, false
+		}})
+}
+
+// once is attemptRoute for count_tokens and embeddings: nil when answered.
+func (e *engine) once(ctx context.Context, c call, req *callerRequest, j *job) error {
+	if ae := e.attemptRoute(ctx, j, c, req, nil); ae != nil {
+		return ae
+	}
+	return nil
+}
+
 // Two guards against spending twice: signed answers (SPEC §12) under an Idempotency-Key, else the replay guard (§8.1, §17).
 
 const (
