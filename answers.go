@@ -99,18 +99,11 @@ func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, c call, req
 	return a.Usage, nil, false
 }
 
-// countTokens answers POST /v1/messages/count_tokens (SPEC §15): the
-// anthropic-messages provider's own count (one call), else a local estimate.
-func (e *engine) countTokens(ctx context.Context, w http.ResponseWriter, req *callerRequest, c call) error {
-	if c.res.Provider.protocol != protoAnthropic { // also selectors and best: no one route to ask
-		if c.res.Route != "" {
-			w.Header().Set("Brama-Route", c.res.Route)
-		}
-		w.Header().Set("Brama-Estimate", "true")
-		writeJSON(w, http.StatusOK, map[string]int{"input_tokens": estimateInputTokens(req.body)})
-		return nil
-	}
-	return e.once(ctx, c, req, &job{kind: kindCountTokens,
+// serveModelCall makes the one call of POST /v1/messages/count_tokens (embed nil: the anthropic-messages provider's own
+// count, else a local estimate) or of POST /v1/embeddings (a direct route to an openai-chat provider, its JSON as is), SPEC §15.
+func (e *engine) serveModelCall(ctx context.Context, w http.ResponseWriter, req *callerRequest, embed map[string]json.RawMessage,
+	c call) error {
+	p, j := c.res.Provider, &job{kind: kindCountTokens,
 		build: func(ctx context.Context, c call, req *callerRequest) (*http.Request, error) {
 			return req.passthrough(ctx, c, "/v1/messages/count_tokens", false)
 		},
@@ -131,40 +124,37 @@ func (e *engine) countTokens(ctx context.Context, w http.ResponseWriter, req *ca
 			providerFacts(w.Header(), resp.Header, true)
 			writeAnswer(w, "application/json", e.t.attempts, fmt.Appendf(nil, "{\"input_tokens\":%d}\n", *ans.InputTokens))
 			return usage{}, nil, false
-		}})
-}
-
-// serveEmbeddings makes the one call of POST /v1/embeddings (SPEC §15) on a
-// direct route to an openai-chat provider; its JSON is written as is.
-func (e *engine) serveEmbeddings(ctx context.Context, w http.ResponseWriter, model string, body map[string]json.RawMessage, c call) error {
+		}}
 	switch {
-	case c.res.Mode != modeDirect && c.res.Mode != modeAlias:
-		return refuse("invalid_request", "embeddings take a direct or alias route; %q is paid by a subscription", model)
-	case c.res.Provider.protocol != protoOpenAIChat:
-		return refuse("invalid_request", "embeddings need an openai-chat provider; %q speaks %s", c.res.Provider.id, c.res.Provider.protocol)
-	}
-	body["model"], _ = json.Marshal(c.res.Model)
-	out, _ := json.Marshal(body)
-	return e.once(ctx, c, &callerRequest{}, &job{kind: kindEmbeddings,
-		build: func(ctx context.Context, c call, _ *callerRequest) (*http.Request, error) {
+	case embed != nil && c.res.Mode != modeDirect && c.res.Mode != modeAlias:
+		return refuse("invalid_request", "embeddings take a direct or alias route; %q is paid by a subscription", req.head.Model)
+	case embed != nil && p.protocol != protoOpenAIChat:
+		return refuse("invalid_request", "embeddings need an openai-chat provider; %q speaks %s", p.id, p.protocol)
+	case embed != nil:
+		embed["model"], _ = json.Marshal(c.res.Model)
+		out, _ := json.Marshal(embed)
+		j.kind = kindEmbeddings
+		j.build = func(ctx context.Context, c call, _ *callerRequest) (*http.Request, error) {
 			return newProviderRequest(ctx, c, nil, "/embeddings", out, false)
-		},
-		commit: func(_ context.Context, c call, req *callerRequest, resp *http.Response) (usage, *apiError, bool) {
+		}
+		j.commit = func(_ context.Context, c call, req *callerRequest, resp *http.Response) (usage, *apiError, bool) {
 			w.Header().Set("Brama-Route", c.res.Route)
 			u, ae := relayBuffered(w, req, c, resp, e.t.attempts) // a JSON object as received, else provider_failure
 			return u, ae, false
-		}})
-}
-
-// once is attemptRoute for count_tokens and embeddings: nil when answered.
-func (e *engine) once(ctx context.Context, c call, req *callerRequest, j *job) error {
+		}
+	case p.protocol != protoAnthropic: // count_tokens; also selectors and best: no one route to ask
+		if c.res.Route != "" {
+			w.Header().Set("Brama-Route", c.res.Route)
+		}
+		w.Header().Set("Brama-Estimate", "true")
+		writeJSON(w, http.StatusOK, map[string]int{"input_tokens": estimateInputTokens(req.body)})
+		return nil
+	}
 	if ae := e.attemptRoute(ctx, j, c, req, nil); ae != nil {
 		return ae
 	}
 	return nil
 }
-
-// Two guards against spending twice: signed answers (SPEC §12) under an Idempotency-Key, else the replay guard (§8.1, §17).
 
 const (
 	answerInProgress = "in_progress" // record states (SPEC §12 item 4)
@@ -182,7 +172,8 @@ var (
 	errReplayRefused  = errors.New("replay guard: the same request was refused after a provider call") // the log's cause
 )
 
-// answerRecord is one kept-answer file (SPEC §12); in progress, the members only completion knows are null.
+// answerRecord is one kept-answer file (SPEC §12); in progress, the members only completion knows are null. Reserved by
+// this process, it knows its path and the key that will sign it.
 type answerRecord struct {
 	SchemaVersion int     `json:"schema_version"`
 	State         string  `json:"state"`
@@ -197,13 +188,8 @@ type answerRecord struct {
 	Attempts      *int    `json:"attempts"`    // null: unknown (an abandoned answer)
 	Route         string  `json:"route"`
 	Signature     *string `json:"signature"`
-}
-
-// answerTicket is a reservation this process holds, with the key that will sign it.
-type answerTicket struct {
-	path string
-	rec  answerRecord
-	key  []byte
+	path          string
+	key           []byte
 }
 
 // decodeAnswerRecord strictly parses a kept-answer file (decodeStrict runs validate); every error wraps errAnswerCorrupt.
@@ -249,10 +235,6 @@ func signAnswer(key, body []byte) string {
 	m := hmac.New(sha256.New, key)
 	m.Write(body)
 	return fmt.Sprintf("v1=%x", m.Sum(nil))
-}
-
-func signedBy(key, body []byte, sig string) bool {
-	return hmac.Equal([]byte(signAnswer(key, body)), []byte(sig))
 }
 
 // checkIdempotencyKey applies SPEC §12: one header of 1..255 printable ASCII characters, on a buffered request.
@@ -306,12 +288,6 @@ func (a *answerStore) unplaced(cause error) *apiError {
 	return refuse("internal_error", "this request's one signed answer has no place to be kept: %v", cause).because(cause)
 }
 
-// answerBusy is the 409 of a key whose answer is still being produced, the one retryable state_conflict (SPEC §8.1).
-func answerBusy() *apiError {
-	const msg = "the answer for this Idempotency-Key is still being produced; retry later"
-	return &apiError{Code: "state_conflict", Type: codes["state_conflict"].typ, Message: msg, Retryable: true}
-}
-
 // signedCall is a chat request carrying an Idempotency-Key as the store sees it.
 type signedCall struct {
 	client, route string
@@ -323,6 +299,8 @@ type signedCall struct {
 }
 
 // serve answers c (SPEC §12), replaying a kept answer or keeping dispatch's; the error is a refusal for the caller to write.
+// After dispatch the reservation is kept (signed) or released (item 3). After a provider call started, a hang-up or panic
+// is kept (499, 500) so the key never spends twice; a retryable refusal, or one before dispatch, is released.
 func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signedCall, dispatch func(http.ResponseWriter)) (replayed bool, err error) {
 	t, kept, err := a.reserve(c)
 	if kept != nil {
@@ -334,7 +312,38 @@ func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signed
 	rec, panicked := &httptest.ResponseRecorder{HeaderMap: http.Header{}, Body: new(bytes.Buffer)}, true // Code 0 until written
 	// Deferred, so that after a panic too the key is kept or released; the panic goes on (the connection is lost anyway).
 	defer func() {
-		if rec = a.settle(ctx, c, t, rec, panicked); !panicked {
+		calls, dispatched := c.t.attempts, c.t.attempts > 0 || rec.HeaderMap.Get("Brama-Attempts") != ""
+		var cut *apiError
+		switch {
+		case rec.Code >= 200 && rec.Code <= 299 && !panicked:
+		case calls > 0 && panicked:
+			cut = refuse("internal_error", "the answer failed inside Brama after a provider call started")
+		case calls > 0 && context.Cause(ctx) == errServerShutdown: // a stopped process's answer (item 2)
+			cut = refuse("internal_error", abandonedMessage)
+		case calls > 0 && ctx.Err() != nil:
+			cut = refuse("client_cancelled", "the caller hung up after a provider call started")
+		case panicked, ctx.Err() != nil, rec.HeaderMap.Get("X-Should-Retry") == "true", !dispatched:
+			if err := errors.Join(os.Remove(t.path), syncDir(filepath.Dir(t.path))); err != nil {
+				a.log.Error("answer_release_failed", "request_id", c.t.requestID, "err", err)
+			}
+			dispatched = false
+		}
+		route := cmp.Or(rec.HeaderMap.Get("Brama-Route"), c.route) // a selector's: the candidate that answered
+		if cut != nil {
+			rec = httptest.NewRecorder()
+			c.envelope(rec, cut.withAttempts(calls))
+			c.t.outcome, c.t.retryable = cut.Code, false
+		}
+		if dispatched {
+			rec.Body = bytes.NewBuffer(withoutPromptEcho(rec.Body.Bytes())) // the first answer is the kept body (item 7)
+			if err := a.complete(t, rec.Code, rec.Body.Bytes(), &calls, route); err == nil {
+				rec.HeaderMap.Set("Brama-Answer-Signature", *t.Signature)
+			} else { // paid for: given unsigned rather than lost; in progress, the key never spends twice (item 2)
+				a.unkept.Store(t.path, true)
+				a.log.Error("answer_unkept", "request_id", c.t.requestID, "err", err)
+			}
+		}
+		if !panicked {
 			maps.Copy(w.Header(), rec.HeaderMap)
 			w.WriteHeader(cmp.Or(rec.Code, http.StatusOK))
 			w.Write(rec.Body.Bytes())
@@ -345,9 +354,9 @@ func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signed
 	return false, nil
 }
 
-// reserve, the last step before the first provider call (SPEC §12 item 1), returns this request's ticket, a record to
-// replay (its signature checked), or a refusal: a bad key, item 2's, or, with no place, §2.1's.
-func (a *answerStore) reserve(c signedCall) (*answerTicket, *answerRecord, error) {
+// reserve, the last step before the first provider call (SPEC §12 item 1), returns this request's reservation, a record
+// to replay (its signature checked), or a refusal: a bad key, a busy one, item 2's, or, with no place, §2.1's.
+func (a *answerStore) reserve(c signedCall) (*answerRecord, *answerRecord, error) {
 	if err := checkIdempotencyKey(c.keys, c.stream); err != nil {
 		return nil, nil, err
 	}
@@ -364,11 +373,11 @@ func (a *answerStore) reserve(c signedCall) (*answerTicket, *answerRecord, error
 	if err = cmp.Or(err, kerr); err != nil {
 		return nil, nil, a.unplaced(err)
 	}
-	t := &answerTicket{path, answerRecord{SchemaVersion: 1, State: answerInProgress, BootID: a.bootID, Client: c.client,
+	t := &answerRecord{SchemaVersion: 1, State: answerInProgress, BootID: a.bootID, Client: c.client,
 		KeySHA256: hexSHA256([]byte(c.keys[0])), RequestSHA256: hexSHA256(c.body),
-		StartedAt: a.now().UTC().Format(journalTimeFormat), Route: c.route}, key}
-	data, _ := marshalState(&t.rec) // strings and ints always encode
-	// A record removed between our failed link and our read (released, or pruned) frees the key: try again, a few times.
+		StartedAt: a.now().UTC().Format(journalTimeFormat), Route: c.route, path: path, key: key}
+	data, _ := marshalState(t) // strings and ints always encode
+	// A record removed (released, or pruned) or completed since our failed link frees or answers the key: try a few times.
 	for range 3 {
 		if err := publishFile(path, data); err == nil {
 			return t, nil, nil
@@ -378,75 +387,40 @@ func (a *answerStore) reserve(c signedCall) (*answerTicket, *answerRecord, error
 		rec, err := readAnswerFile(path)
 		if errors.Is(err, errFileAbsent) {
 			continue
-		} else if err == nil && rec.State == answerComplete && !signedBy(key, rec.Body, *rec.Signature) {
+		} else if err == nil && rec.State == answerComplete && !hmac.Equal([]byte(signAnswer(key, rec.Body)), []byte(*rec.Signature)) {
 			err = errSignatureMismatch
 		}
 		_, unkept := a.unkept.Load(path)
 		switch open := err == nil && rec.State == answerInProgress; {
 		case err != nil:
 			return nil, nil, refuse("internal_error", "the kept answer for this Idempotency-Key is unreadable").because(err)
-		case rec.RequestSHA256 != t.rec.RequestSHA256:
+		case rec.RequestSHA256 != t.RequestSHA256:
 			return nil, nil, refuse("state_conflict", "this Idempotency-Key was used with another request body")
 		case open && rec.BootID != a.bootID: // a stopped process's: kept as item 2's refusal, attempts unknown
 			e := httptest.NewRecorder()
 			ae := c.envelope(e, refuse("internal_error", abandonedMessage))
-			if rec, err = a.complete(&answerTicket{path, *rec, key}, ae.Status(), e.Body.Bytes(), nil, rec.Route); err != nil {
+			rec.path, rec.key = path, key
+			if err = a.complete(rec, ae.Status(), e.Body.Bytes(), nil, rec.Route); err != nil {
 				return nil, nil, refuse("internal_error", "the abandoned answer for this Idempotency-Key could not be kept").because(err)
 			}
 			a.log.Warn("answer_abandoned", "client", rec.Client, "key_sha256", rec.KeySHA256, "boot_id", rec.BootID)
 		case open && unkept:
 			return nil, nil, refuse("internal_error", unkeptMessage)
 		case open:
-			return nil, nil, answerBusy()
+			continue // still being produced
 		}
 		return nil, rec, nil
 	}
-	return nil, nil, answerBusy()
+	const busy = "the answer for this Idempotency-Key is still being produced; retry later" // the one retryable 409 (SPEC §8.1)
+	return nil, nil, &apiError{Code: "state_conflict", Type: codes["state_conflict"].typ, Message: busy, Retryable: true}
 }
 
-// settle keeps (signed) or releases the reservation after dispatch (SPEC §12 item 3). After a provider call started, a
-// hang-up or panic is kept (499, 500) so the key never spends twice; a retryable refusal, or one before dispatch, is released.
-func (a *answerStore) settle(ctx context.Context, c signedCall, t *answerTicket, rec *httptest.ResponseRecorder, panicked bool) *httptest.ResponseRecorder {
-	calls, dispatched := c.t.attempts, c.t.attempts > 0 || rec.HeaderMap.Get("Brama-Attempts") != ""
-	var cut *apiError
-	switch {
-	case rec.Code >= 200 && rec.Code <= 299 && !panicked:
-	case calls > 0 && panicked:
-		cut = refuse("internal_error", "the answer failed inside Brama after a provider call started")
-	case calls > 0 && context.Cause(ctx) == errServerShutdown: // a stopped process's answer (item 2)
-		cut = refuse("internal_error", abandonedMessage)
-	case calls > 0 && ctx.Err() != nil:
-		cut = refuse("client_cancelled", "the caller hung up after a provider call started")
-	case panicked, ctx.Err() != nil, rec.HeaderMap.Get("X-Should-Retry") == "true", !dispatched:
-		if err := errors.Join(os.Remove(t.path), syncDir(filepath.Dir(t.path))); err != nil {
-			a.log.Error("answer_release_failed", "request_id", c.t.requestID, "err", err)
-		}
-		return rec
-	}
-	route := cmp.Or(rec.HeaderMap.Get("Brama-Route"), c.route) // a selector's: the candidate that answered
-	if cut != nil {
-		rec = httptest.NewRecorder()
-		c.envelope(rec, cut.withAttempts(calls))
-		c.t.outcome, c.t.retryable = cut.Code, false
-	}
-	rec.Body = bytes.NewBuffer(withoutPromptEcho(rec.Body.Bytes())) // the first answer is the kept body (item 7)
-	kept, err := a.complete(t, rec.Code, rec.Body.Bytes(), &calls, route)
-	if err != nil {
-		// Paid for: given unsigned rather than lost. In progress, the key never spends twice (refused; abandoned after a restart).
-		a.unkept.Store(t.path, true)
-		a.log.Error("answer_unkept", "request_id", c.t.requestID, "err", err)
-		return rec
-	}
-	rec.HeaderMap.Set("Brama-Answer-Signature", *kept.Signature)
-	return rec
-}
-
-// complete keeps an answer (SPEC §12 item 3) in place of the reservation t.
-func (a *answerStore) complete(t *answerTicket, status int, body []byte, attempts *int, route string) (*answerRecord, error) {
-	rec, done, sig := t.rec, a.now().UTC().Format(journalTimeFormat), signAnswer(t.key, body)
+// complete keeps an answer (SPEC §12 item 3) in place of the reservation rec.
+func (a *answerStore) complete(rec *answerRecord, status int, body []byte, attempts *int, route string) error {
+	done, sig := a.now().UTC().Format(journalTimeFormat), signAnswer(rec.key, body)
 	rec.State, rec.CompletedAt, rec.Status, rec.Body, rec.Signature = answerComplete, &done, &status, append([]byte{}, body...), &sig
 	rec.Attempts, rec.Route = attempts, cmp.Or(route, rec.Route)
-	return &rec, writeState(t.path, &rec)
+	return writeState(rec.path, rec)
 }
 
 // replay answers from a complete record, with no provider call.
@@ -499,7 +473,7 @@ func verifyAnswerFile(st state, file, sig string) error {
 		}
 		body, sig = rec.Body, *rec.Signature
 	}
-	if !signedBy(key, body, sig) {
+	if !hmac.Equal([]byte(signAnswer(key, body)), []byte(sig)) {
 		return errSignatureMismatch
 	}
 	return nil

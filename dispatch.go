@@ -17,8 +17,9 @@ import (
 	"time"
 )
 
-// The attempt engine (SPEC §7): plan checks before dispatch, attemptRoute walks candidates and payers within the budget
-// table, send counts each call, commit holds the one abort, settle records spend once. Every call kind uses it.
+// The attempt engine (SPEC §7): plan checks before dispatch, attemptRoute walks candidates and who pays for them (a direct
+// key or a pool: order, refresh, blocks) within the budget table, send counts each call, commit holds the one abort,
+// settle records spend once. Every call kind uses it, the probe too; the daemon's parts (core) close the file.
 
 // routeKind is what the budget table is keyed by.
 type routeKind int
@@ -48,6 +49,14 @@ var budgets = map[routeKind]budget{
 	kindEmbeddings:   {calls: 1, spends: true},
 	kindCountTokens:  {calls: 1},
 }
+
+// Block lengths (SPEC §7.2.4) and the probe's output limit (§11.3).
+const (
+	defaultBlock   = 15 * time.Minute
+	maxBlock       = 7 * 24 * time.Hour
+	maxPin         = 24 * time.Hour
+	probeMaxTokens = 16
+)
 
 // engine is one request's attempt engine: the daemon's parts, the log line's tally, and the walk's account of its calls
 // and skips, from which a walk without an answer chooses its one refusal (§7.2.5).
@@ -205,14 +214,12 @@ candidates:
 				continue
 			}
 			if selecting {
-				head := req.head
-				if err = e.applyMaxTokens(&head, res); err != nil {
+				limited := *req
+				if err = e.applyMaxTokens(&limited.head, res); err != nil {
 					unfit = asAPIError(err)
 					e.note(res.Route, "skipped: "+unfit.Message)
 					continue
 				}
-				limited := *req
-				limited.head.MaxTokens = head.MaxTokens
 				creq = &limited
 			}
 			if cand.baseURL, err = e.baseURL(p); err != nil {
@@ -417,14 +424,6 @@ func (e *engine) settle(ctx context.Context, j *job, c call, start time.Time, u 
 	}
 	return failure
 }
-
-// Block lengths (SPEC §7.2.4) and the probe's output limit (§11.3).
-const (
-	defaultBlock   = 15 * time.Minute
-	maxBlock       = 7 * 24 * time.Hour
-	maxPin         = 24 * time.Hour
-	probeMaxTokens = 16
-)
 
 // pin is the subscription that last served an agent's provider, until its earliest window reset (at most 24 h); memory only.
 type pin struct {
@@ -633,8 +632,7 @@ func (e *engine) ping(ctx context.Context, c call, pool []overlayItem) (u usage,
 				return u, asAPIError(err), false
 			}
 			return u, nil, false
-		},
-	}, c, nil, nil)
+		}}, c, nil, nil)
 	return u, ae
 }
 

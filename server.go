@@ -591,9 +591,7 @@ func (s *server) handleModelCall(embeddings bool) handler {
 		c, err := e.plan(ri.client, &req.head)
 		if ri.routingMode, ri.route = c.res.Mode, c.res.Route; err != nil {
 			return err
-		} else if embeddings {
-			return e.serveEmbeddings(r.Context(), w, req.head.Model, body, c)
 		}
-		return e.countTokens(r.Context(), w, req, c)
+		return e.serveModelCall(r.Context(), w, req, body, c)
 	}
 }
