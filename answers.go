@@ -237,19 +237,6 @@ func signAnswer(key, body []byte) string {
 	return fmt.Sprintf("v1=%x", m.Sum(nil))
 }
 
-// checkIdempotencyKey applies SPEC §12: one header of 1..255 printable ASCII characters, on a buffered request.
-func checkIdempotencyKey(keys []string, stream bool) error {
-	switch k := keys[0]; {
-	case len(keys) > 1:
-		return refuse("invalid_request", "send one Idempotency-Key header")
-	case len(k) < 1 || len(k) > 255 || strings.ContainsFunc(k, func(r rune) bool { return r < 0x20 || r > 0x7e }):
-		return refuse("invalid_request", "Idempotency-Key must be 1 to 255 printable ASCII characters")
-	case stream:
-		return refuse("invalid_request", "Idempotency-Key keeps one buffered answer; it cannot be used with stream: true")
-	}
-	return nil
-}
-
 // readAnswerKey reads and guards $STATE/answer-key; create makes an absent one with publishFile, so of two creators one wins.
 func readAnswerKey(st state, create bool) (key []byte, err error) {
 	name, err := st.path("answer key", "answer-key")
@@ -357,8 +344,13 @@ func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signed
 // reserve, the last step before the first provider call (SPEC §12 item 1), returns this request's reservation, a record
 // to replay (its signature checked), or a refusal: a bad key, a busy one, item 2's, or, with no place, §2.1's.
 func (a *answerStore) reserve(c signedCall) (*answerRecord, *answerRecord, error) {
-	if err := checkIdempotencyKey(c.keys, c.stream); err != nil {
-		return nil, nil, err
+	switch k := c.keys[0]; { // SPEC §12: one header of 1..255 printable ASCII characters, on a buffered request
+	case len(c.keys) > 1:
+		return nil, nil, refuse("invalid_request", "send one Idempotency-Key header")
+	case len(k) < 1 || len(k) > 255 || strings.ContainsFunc(k, func(r rune) bool { return r < 0x20 || r > 0x7e }):
+		return nil, nil, refuse("invalid_request", "Idempotency-Key must be 1 to 255 printable ASCII characters")
+	case c.stream:
+		return nil, nil, refuse("invalid_request", "Idempotency-Key keeps one buffered answer; it cannot be used with stream: true")
 	}
 	path, err := a.st.path("signed answers", filepath.Join("answers", c.client, hexSHA256([]byte(c.keys[0]))+".json"))
 	if !idPattern.MatchString(c.client) {
@@ -580,25 +572,8 @@ func (g *replayGuard) lock() time.Time {
 	return now
 }
 
-// remember keeps e for client's request until the window ends. A refusal that may have generated is kept under the loose
-// key, which the same request also has: a caller that fixes its output limit after provider_rejected asks a new request.
-func (g *replayGuard) remember(client, scope string, body rawObject, e replayEntry) {
-	e.key = replayKeyOf(client, scope, body, e.code == "provider_incomplete" || e.code == "provider_failure")
-	now := g.lock()
-	defer g.mu.Unlock()
-	e.at, e.until, e.client = now, now.Add(g.window), client
-	if g.refused[client] == nil {
-		g.refused[client] = map[[sha256.Size]byte]*replayEntry{}
-	}
-	g.refused[client][e.key] = &e
-	g.queue = append(g.queue, &e)
-}
-
 // forget drops every refusal of a request through alias or provider ("" names none): the operator's fix (SPEC §17).
 func (g *replayGuard) forget(alias, provider string) {
-	if g == nil {
-		return
-	}
 	g.lock()
 	defer g.mu.Unlock()
 	for _, m := range g.refused { // a map left empty goes with its client's next queue item
@@ -611,7 +586,7 @@ func (g *replayGuard) forget(alias, provider string) {
 // refusalFor is the refusal a request of client repeats, nil for none: the status and code of the one remembered under its
 // strict or its loose key, not retryable, no call made. A client with none remembered takes no digest.
 func (g *replayGuard) refusalFor(client string, scope func() string, body rawObject) *apiError {
-	if g == nil || g.window <= 0 {
+	if g.window <= 0 {
 		return nil
 	}
 	g.lock()
@@ -634,22 +609,32 @@ func (g *replayGuard) refusalFor(client string, scope func() string, body rawObj
 	return ae.withStatus(e.status).because(errReplayRefused).withAttempts(0)
 }
 
-// rememberer is tally.remember (nil: off): a non-retryable refusal after a call, not a reauthorization (signing in must pass).
+// rememberer is tally.remember (nil: off): a non-retryable refusal after a call, not a reauthorization (signing in must
+// pass), is kept for client's request until the window ends. A refusal that may have generated is kept under the loose
+// key, which the same request also has: a caller that fixes its output limit after provider_rejected asks a new request.
 func (g *replayGuard) rememberer(client string, scope func() string, body rawObject, c call, cands []resolution) func(ae *apiError, attempts int, hungUp, streamed bool) {
-	if g == nil || g.window <= 0 {
+	if g.window <= 0 {
 		return nil
 	}
 	return func(ae *apiError, attempts int, hungUp, streamed bool) {
 		if attempts == 0 || hungUp || ae.Code == "client_cancelled" || ae.Code == "subscription_reauthorization_required" || ae.Retryable {
 			return
 		}
-		e := replayEntry{status: ae.Status(), code: ae.Code, message: truncateUTF8(ae.Message, maxReplayMessage), alias: c.res.Alias}
+		loose := ae.Code == "provider_incomplete" || ae.Code == "provider_failure"
+		e := &replayEntry{status: ae.Status(), code: ae.Code, message: truncateUTF8(ae.Message, maxReplayMessage),
+			alias: c.res.Alias, client: client, key: replayKeyOf(client, scope(), body, loose)}
 		if streamed { // met in-band under a 200: its code's status, no message
 			e.status, e.message = 0, ""
 		}
 		for _, cand := range append([]resolution{c.res}, cands...) { // a provider twice does no harm
 			e.providers = append(e.providers, cand.Provider.id)
 		}
-		g.remember(client, scope(), body, e)
+		now := g.lock()
+		defer g.mu.Unlock()
+		if e.at, e.until = now, now.Add(g.window); g.refused[client] == nil {
+			g.refused[client] = map[[sha256.Size]byte]*replayEntry{}
+		}
+		g.refused[client][e.key] = e
+		g.queue = append(g.queue, e)
 	}
 }

@@ -111,6 +111,7 @@ func TestAnswersPrune(t *testing.T) {
 	}
 }
 
+// TestCheckIdempotencyKey: SPEC §12's key is one header of 1..255 printable ASCII characters.
 func TestCheckIdempotencyKey(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -127,8 +128,9 @@ func TestCheckIdempotencyKey(t *testing.T) {
 		{name: "UTF-8", key: "ключ"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if err := checkIdempotencyKey([]string{tc.key}, false); (err == nil) != tc.ok {
-				t.Errorf("checkIdempotencyKey(%q) = %v, want ok %v", tc.key, err, tc.ok)
+			a := newAnswerStore(state{dir: t.TempDir()}, slog.New(slog.DiscardHandler), time.Now)
+			if _, _, err := a.reserve(signedCall{client: "local", keys: []string{tc.key}, body: []byte("{}")}); (err == nil) != tc.ok {
+				t.Errorf("reserve with key %q = %v, want ok %v", tc.key, err, tc.ok)
 			}
 		})
 	}
