@@ -17,12 +17,61 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 )
+
+// How each call kind is answered: commit answers from the one committed call (its spend settled once); a chat request
+// (passthrough or translated), count_tokens and embeddings, the probe; signed answers under an Idempotency-Key (SPEC §12).
+
+// commit answers from a committed call, never retried (SPEC §7.5), and keeps sub's ledger: spend, a success's pin until
+// the earliest window reset, a block after an in-band rate or quota error. A failed stream aborts: the one abort.
+func (e *engine) commit(ctx context.Context, j *job, c call, req *callerRequest, sub *overlayItem, resp *http.Response,
+	start time.Time) *apiError {
+	defer resp.Body.Close()
+	p, now := c.res.Provider.id, e.now()
+	u, ae, streamed := j.commit(ctx, c, req, resp)
+	if sub != nil && budgets[j.kind].spends {
+		e.ledger.recordUse(sub.ID, p, ae == nil, u.InputTokens, u.OutputTokens)
+		led, _ := e.ledger.entry(sub.ID) // its windows: this answer's and a usage report's (SPEC §7.2.2)
+		until := now.Add(maxPin)
+		for _, win := range led.Windows {
+			if at := time.UnixMilli(win.ResetsAtMs); win.ResetsAtMs > 0 && at.After(now) && at.Before(until) {
+				until = at
+			}
+		}
+		if ae == nil { // only a success pins (SPEC §7.2.4)
+			e.pins.Store(e.agent+"\x00"+p, pin{sub.ID, until})
+		}
+	}
+	var se *upstreamStreamError
+	if sub != nil && ae != nil && errors.As(ae, &se) && (se.Class == refusalRate || se.Class == refusalQuota) {
+		e.block(*sub, retryAfter(resp.Header, now), "the provider ended a committed answer with "+se.Code)
+	}
+	if ae = e.settle(ctx, j, c, start, u, ae); ae != nil && streamed {
+		panic(http.ErrAbortHandler)
+	}
+	return ae
+}
+
+// settle records a request's spend and outcome once, however it ended, and
+// returns its refusal: client_cancelled when the caller hung up (SPEC §7.4).
+func (e *engine) settle(ctx context.Context, j *job, c call, start time.Time, u usage, failure *apiError) *apiError {
+	if failure != nil && ctx.Err() != nil && failure.Code != "client_cancelled" {
+		failure = refuse("client_cancelled", "the caller went away while the provider answered").because(failure).withAttempts(e.t.attempts)
+	}
+	if !budgets[j.kind].spends {
+		return failure
+	}
+	e.t.input, e.t.output = u.InputTokens, u.OutputTokens
+	e.perf.record(c.res.Route, failure == nil, e.now().Sub(start), u.OutputTokens)
+	if failure != nil {
+		e.t.outcome, e.t.retryable = failure.Code, failure.Retryable
+	}
+	return failure
+}
 
 // serveChat answers a planned chat request on w, passthrough or translated
 // (SPEC §7.6), or returns the refusal, told first to the replay guard (§8.1).
@@ -156,12 +205,73 @@ func (e *engine) serveModelCall(ctx context.Context, w http.ResponseWriter, req 
 	return nil
 }
 
+// probe runs one completion probe on the live subscription it with model ("": the built-in one), as a request would meet
+// it (SPEC §11.3); 409 before any call when blocked or model-less. Its answer: the probe and the row after it.
+func (e *engine) probe(ctx context.Context, it overlayItem, model string) (any, error) {
+	if until := e.ledger.blockedUntil(it.ID); !until.IsZero() {
+		return nil, refuse("state_conflict", "subscription %s is blocked until %s; a probe is not sent inside a recorded block",
+			it.ID, until.UTC().Format(time.RFC3339))
+	}
+	builtin, _ := lookupProvider(it.Provider)
+	model = cmp.Or(strings.TrimPrefix(strings.TrimSpace(model), it.Provider+"/"), builtin.probe)
+	if model == "" {
+		return nil, refuse("state_conflict", "name a model for this probe: provider %q has no built-in probe model", it.Provider)
+	}
+	res, err := resolveModel(it.Provider+"/"+model, nil, nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	res.Mode = modeSubscription // paid by the probed subscription, whatever its provider
+	u, ae := e.ping(ctx, call{res: res}, []overlayItem{it})
+	ok, detail := ae == nil, fmt.Sprintf("%s answered (%d output tokens)", res.Route, u.OutputTokens)
+	if !ok && e.t.attempts == 0 && len(e.reasons) == 0 { // refused before any call, as a probe's own refusal
+		ae.Attempts = nil
+		return nil, ae
+	} else if !ok { // the provider refused, its answer could not be read, or the grant could not be refreshed
+		detail = ae.Message
+	}
+	e.ledger.recordCheck(it.ID, res.Provider.id, true, ok, detail)
+	if ok && e.ledger.credentialState(it.ID) != credActive {
+		e.ledger.setCredential(it.ID, res.Provider.id, credActive, "") // SPEC §10.3: a successful probe reactivates
+	}
+	e.inv.invalidate() // the listing shows the probe at once (SPEC §10.2)
+	level := map[bool]slog.Level{true: slog.LevelInfo, false: slog.LevelWarn}[ok]
+	e.log.Log(ctx, level, "usage_probe_"+map[bool]string{true: "ok", false: "failed"}[ok], "request_id", e.t.requestID,
+		"subscription_id", it.ID, "agent_id", e.agent, "provider", it.Provider, "route", res.Route, "detail", ledgerSentence(detail))
+	row := e.inv.row(it, false, e.now())
+	return map[string]any{"ok": true, "probe": cmp.Or(row.Probe, &ledgerCheck{}), "subscription": row}, nil
+}
+
+// ping makes the probe's and onboarding's one completion on c (SPEC §11.3), paid by pool when given.
+func (e *engine) ping(ctx context.Context, c call, pool []overlayItem) (u usage, ae *apiError) {
+	req := pingRequest(c.res.Route, c.res.Provider)
+	ae = e.attemptRoute(ctx, &job{kind: kindProbe, pool: pool,
+		build: func(ctx context.Context, c call, _ *callerRequest) (*http.Request, error) {
+			return buildUpstreamRequest(ctx, c, req)
+		},
+		commit: func(_ context.Context, c call, _ *callerRequest, resp *http.Response) (usage, *apiError, bool) {
+			a, err := readProviderAnswer(c.res.Provider, req, resp)
+			if u = a.Usage; err != nil { // an in-band limit blocks, as a request's
+				return u, asAPIError(err), false
+			}
+			return u, nil, false
+		}}, c, nil, nil)
+	return u, ae
+}
+
+// pingRequest is the probe's and onboarding's completion (SPEC §6.2, §11.3).
+func pingRequest(route string, p providerInfo) chatRequest {
+	req := chatRequest{Model: route, Messages: []message{{Role: "user", Parts: []part{{Type: partText, Text: "ping"}}}}}
+	if !p.codex {
+		req.MaxTokens = probeMaxTokens
+	}
+	return req
+}
+
 const (
 	answerInProgress = "in_progress" // record states (SPEC §12 item 4)
 	answerComplete   = "complete"
 	abandonedMessage = "this answer's process stopped before it was kept; a provider call may have been made" // SPEC §12 item 2
-	unkeptMessage    = "this answer was given once but could not be kept (see the log's answer_unkept); a provider call was made"
-	maxReplayMessage = 256 // message bytes a replay entry keeps: 10,000 entries stay a few MB
 )
 
 var (
@@ -169,7 +279,6 @@ var (
 	errSignatureMismatch = errors.New("signature mismatch") // `brama answers verify`'s refusal
 	// errServerShutdown is serve's second signal: the requests it cancels keep item 2's refusal.
 	errServerShutdown = errors.New("the server is shutting down")
-	errReplayRefused  = errors.New("replay guard: the same request was refused after a provider call") // the log's cause
 )
 
 // answerRecord is one kept-answer file (SPEC §12); in progress, the members only completion knows are null. Reserved by
@@ -397,7 +506,8 @@ func (a *answerStore) reserve(c signedCall) (*answerRecord, *answerRecord, error
 			}
 			a.log.Warn("answer_abandoned", "client", rec.Client, "key_sha256", rec.KeySHA256, "boot_id", rec.BootID)
 		case open && unkept:
-			return nil, nil, refuse("internal_error", unkeptMessage)
+			const unkept = "this answer was given once but could not be kept (see the log's answer_unkept); a provider call was made"
+			return nil, nil, refuse("internal_error", unkept)
 		case open:
 			continue // still being produced
 		}
@@ -487,154 +597,4 @@ func pruneAnswers(dir string, cutoff time.Time, skip func(name string, err error
 		}
 	}
 	return removed, nil
-}
-
-// replayGuard remembers refusals after a provider call, in memory (SPEC §8.1: the Codex CLI and the official SDKs re-send a
-// refused request, each maybe billed again). Every entry lives one window, so queue is in expiry order.
-type replayGuard struct {
-	window  time.Duration // 0: off
-	now     func() time.Time
-	mu      sync.Mutex                                    // guards refused and queue
-	refused map[string]map[[sha256.Size]byte]*replayEntry // client id → digest → refusal; a client with none takes no digest
-	queue   []*replayEntry                                // a forgotten entry stays queued until its time passes
-}
-
-// replayEntry is one remembered refusal (status 0: its code's); a fix of its alias or providers forgets it (SPEC §17).
-type replayEntry struct {
-	status        int
-	code, message string
-	alias, client string
-	providers     []string
-	at, until     time.Time
-	key           [sha256.Size]byte
-}
-
-// newReplayGuard reads BRAMA_REPLAY_GUARD_SECS: unset is 120 s, 0 turns the guard off; anything unreadable is logged and 120 s.
-func newReplayGuard(getenv func(string) string, log *slog.Logger, now func() time.Time) *replayGuard {
-	const name, def = "BRAMA_REPLAY_GUARD_SECS", 120 * time.Second
-	window, err := envSeconds(getenv, name, 0, def)
-	if err != nil {
-		log.Warn("replay_guard_secs_invalid", "value", strings.TrimSpace(getenv(name)), "using_secs", int(def/time.Second))
-	}
-	return &replayGuard{window: window, now: now, refused: map[string]map[[sha256.Size]byte]*replayEntry{}}
-}
-
-// replayLeftOut is what a digest leaves out, strict and loose: stream members (SPEC §17: a buffered fallback from a failed
-// stream asks the same request), client_metadata (digested apart in key order: the Codex CLI re-sends it from a hash map),
-// and for the loose key the output limit (Claude Code's fallback asks 64000 of 128000).
-var replayLeftOut = map[bool][]memberEdit{
-	false: {{key: "stream"}, {key: "stream_options"}, {key: "client_metadata"}},
-	true: {{key: "stream"}, {key: "stream_options"}, {key: "client_metadata"},
-		{key: "max_tokens"}, {key: "max_completion_tokens"}, {key: "max_output_tokens"}},
-}
-
-// replayKeyOf digests client, scope and the body's bytes but replayLeftOut: no generic decode, so the cost is the body's.
-func replayKeyOf(clientID, scope string, body rawObject, loose bool) [sha256.Size]byte {
-	h := sha256.New()
-	fmt.Fprintf(h, "%d:%s%d:%s%t:", len(clientID), clientID, len(scope), scope, loose)
-	meta := body.value("client_metadata")
-	if o, ok := splitRaw(meta, '{', nil); ok {
-		slices.SortFunc(o.members, func(a, b jsonMember) int { return bytes.Compare(a.key, b.key) })
-		for _, m := range o.members {
-			fmt.Fprintf(h, "%d:%s", len(m.key), m.key)
-			h.Write(o.src[m.val:m.end])
-		}
-	} else {
-		h.Write(meta) // not an object: its bytes as they are
-	}
-	body.writeEdited(h, replayLeftOut[loose]...)
-	return [sha256.Size]byte(h.Sum(nil))
-}
-
-// replayScope is what reaches a provider beside the body: route, key fingerprint (SPEC §17), agent, version headers (§6.2).
-func replayScope(agent string, h http.Header, c call) string {
-	return fmt.Sprintf("%q", []string{agent, c.res.Route, c.res.BaseURL, fmt.Sprintf("%x", sha256.Sum256([]byte(c.cred.APIKey))),
-		strings.Join(h.Values("anthropic-version"), ","), strings.Join(h.Values("anthropic-beta"), ","), strings.Join(h.Values("openai-beta"), ",")})
-}
-
-// lock takes mu and forgets every entry whose time has passed, so refused holds only live ones.
-func (g *replayGuard) lock() time.Time {
-	now := g.now()
-	g.mu.Lock()
-	for len(g.queue) > 0 && !now.Before(g.queue[0].until) {
-		q := g.queue[0]
-		g.queue = g.queue[1:]
-		if g.refused[q.client][q.key] == q {
-			delete(g.refused[q.client], q.key)
-		}
-		if len(g.refused[q.client]) == 0 {
-			delete(g.refused, q.client)
-		}
-	}
-	if len(g.queue) == 0 {
-		g.queue = nil // let the backing array go
-	}
-	return now
-}
-
-// forget drops every refusal of a request through alias or provider ("" names none): the operator's fix (SPEC §17).
-func (g *replayGuard) forget(alias, provider string) {
-	g.lock()
-	defer g.mu.Unlock()
-	for _, m := range g.refused { // a map left empty goes with its client's next queue item
-		maps.DeleteFunc(m, func(_ [sha256.Size]byte, e *replayEntry) bool {
-			return alias != "" && e.alias == alias || provider != "" && slices.Contains(e.providers, provider)
-		})
-	}
-}
-
-// refusalFor is the refusal a request of client repeats, nil for none: the status and code of the one remembered under its
-// strict or its loose key, not retryable, no call made. A client with none remembered takes no digest.
-func (g *replayGuard) refusalFor(client string, scope func() string, body rawObject) *apiError {
-	if g.window <= 0 {
-		return nil
-	}
-	g.lock()
-	held := len(g.refused[client]) > 0
-	g.mu.Unlock()
-	if !held {
-		return nil
-	}
-	s := scope()
-	strict, loose := replayKeyOf(client, s, body, false), replayKeyOf(client, s, body, true)
-	g.lock()
-	e := cmp.Or(g.refused[client][strict], g.refused[client][loose])
-	g.mu.Unlock()
-	if e == nil {
-		return nil
-	}
-	ae := refuse(e.code, "this request repeats one refused at %s after a provider call (%s); the same request is refused without a provider call until %s (BRAMA_REPLAY_GUARD_SECS)",
-		e.at.UTC().Format(time.RFC3339), strings.TrimSuffix(e.code+": "+e.message, ": "), e.until.UTC().Format(time.RFC3339))
-	ae.Retryable = false
-	return ae.withStatus(e.status).because(errReplayRefused).withAttempts(0)
-}
-
-// rememberer is tally.remember (nil: off): a non-retryable refusal after a call, not a reauthorization (signing in must
-// pass), is kept for client's request until the window ends. A refusal that may have generated is kept under the loose
-// key, which the same request also has: a caller that fixes its output limit after provider_rejected asks a new request.
-func (g *replayGuard) rememberer(client string, scope func() string, body rawObject, c call, cands []resolution) func(ae *apiError, attempts int, hungUp, streamed bool) {
-	if g.window <= 0 {
-		return nil
-	}
-	return func(ae *apiError, attempts int, hungUp, streamed bool) {
-		if attempts == 0 || hungUp || ae.Code == "client_cancelled" || ae.Code == "subscription_reauthorization_required" || ae.Retryable {
-			return
-		}
-		loose := ae.Code == "provider_incomplete" || ae.Code == "provider_failure"
-		e := &replayEntry{status: ae.Status(), code: ae.Code, message: truncateUTF8(ae.Message, maxReplayMessage),
-			alias: c.res.Alias, client: client, key: replayKeyOf(client, scope(), body, loose)}
-		if streamed { // met in-band under a 200: its code's status, no message
-			e.status, e.message = 0, ""
-		}
-		for _, cand := range append([]resolution{c.res}, cands...) { // a provider twice does no harm
-			e.providers = append(e.providers, cand.Provider.id)
-		}
-		now := g.lock()
-		defer g.mu.Unlock()
-		if e.at, e.until = now, now.Add(g.window); g.refused[client] == nil {
-			g.refused[client] = map[[sha256.Size]byte]*replayEntry{}
-		}
-		g.refused[client][e.key] = e
-		g.queue = append(g.queue, e)
-	}
 }

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"maps"
 	"net/http"
 	"slices"
@@ -18,8 +17,8 @@ import (
 )
 
 // The attempt engine (SPEC §7): plan checks before dispatch, attemptRoute walks candidates and who pays for them (a direct
-// key or a pool: order, refresh, blocks) within the budget table, send counts each call, commit holds the one abort,
-// settle records spend once. Every call kind uses it, the probe too; the daemon's parts (core) close the file.
+// key or a pool: order, refresh, blocks) within the budget table, send counts each call, exhausted is the one refusal of
+// a walk without an answer; every call kind's answer is answers.go's. The daemon's parts (core) close the file.
 
 // routeKind is what the budget table is keyed by.
 type routeKind int
@@ -378,53 +377,6 @@ func (e *engine) send(hr *http.Request, c call, sub *overlayItem) (*http.Respons
 	return nil, &ref, ref.err
 }
 
-// commit answers from a committed call, never retried (SPEC §7.5), and keeps sub's ledger: spend, a success's pin until
-// the earliest window reset, a block after an in-band rate or quota error. A failed stream aborts: the one abort.
-func (e *engine) commit(ctx context.Context, j *job, c call, req *callerRequest, sub *overlayItem, resp *http.Response,
-	start time.Time) *apiError {
-	defer resp.Body.Close()
-	p, now := c.res.Provider.id, e.now()
-	u, ae, streamed := j.commit(ctx, c, req, resp)
-	if sub != nil && budgets[j.kind].spends {
-		e.ledger.recordUse(sub.ID, p, ae == nil, u.InputTokens, u.OutputTokens)
-		led, _ := e.ledger.entry(sub.ID) // its windows: this answer's and a usage report's (SPEC §7.2.2)
-		until := now.Add(maxPin)
-		for _, win := range led.Windows {
-			if at := time.UnixMilli(win.ResetsAtMs); win.ResetsAtMs > 0 && at.After(now) && at.Before(until) {
-				until = at
-			}
-		}
-		if ae == nil { // only a success pins (SPEC §7.2.4)
-			e.pins.Store(e.agent+"\x00"+p, pin{sub.ID, until})
-		}
-	}
-	var se *upstreamStreamError
-	if sub != nil && ae != nil && errors.As(ae, &se) && (se.Class == refusalRate || se.Class == refusalQuota) {
-		e.block(*sub, retryAfter(resp.Header, now), "the provider ended a committed answer with "+se.Code)
-	}
-	if ae = e.settle(ctx, j, c, start, u, ae); ae != nil && streamed {
-		panic(http.ErrAbortHandler)
-	}
-	return ae
-}
-
-// settle records a request's spend and outcome once, however it ended, and
-// returns its refusal: client_cancelled when the caller hung up (SPEC §7.4).
-func (e *engine) settle(ctx context.Context, j *job, c call, start time.Time, u usage, failure *apiError) *apiError {
-	if failure != nil && ctx.Err() != nil && failure.Code != "client_cancelled" {
-		failure = refuse("client_cancelled", "the caller went away while the provider answered").because(failure).withAttempts(e.t.attempts)
-	}
-	if !budgets[j.kind].spends {
-		return failure
-	}
-	e.t.input, e.t.output = u.InputTokens, u.OutputTokens
-	e.perf.record(c.res.Route, failure == nil, e.now().Sub(start), u.OutputTokens)
-	if failure != nil {
-		e.t.outcome, e.t.retryable = failure.Code, failure.Retryable
-	}
-	return failure
-}
-
 // pin is the subscription that last served an agent's provider, until its earliest window reset (at most 24 h); memory only.
 type pin struct {
 	id    string
@@ -580,69 +532,6 @@ func (e *engine) block(sub overlayItem, stated time.Duration, why string) time.T
 	until := now.Add(min(cmp.Or(max(stated, 0), wait, defaultBlock), maxBlock))
 	e.ledger.block(sub.ID, sub.Provider, until, why)
 	return until
-}
-
-// probe runs one completion probe on the live subscription it with model ("": the built-in one), as a request would meet
-// it (SPEC §11.3); 409 before any call when blocked or model-less. Its answer: the probe and the row after it.
-func (e *engine) probe(ctx context.Context, it overlayItem, model string) (any, error) {
-	if until := e.ledger.blockedUntil(it.ID); !until.IsZero() {
-		return nil, refuse("state_conflict", "subscription %s is blocked until %s; a probe is not sent inside a recorded block",
-			it.ID, until.UTC().Format(time.RFC3339))
-	}
-	builtin, _ := lookupProvider(it.Provider)
-	model = cmp.Or(strings.TrimPrefix(strings.TrimSpace(model), it.Provider+"/"), builtin.probe)
-	if model == "" {
-		return nil, refuse("state_conflict", "name a model for this probe: provider %q has no built-in probe model", it.Provider)
-	}
-	res, err := resolveModel(it.Provider+"/"+model, nil, nil, nil)
-	if err != nil {
-		return nil, err
-	}
-	res.Mode = modeSubscription // paid by the probed subscription, whatever its provider
-	u, ae := e.ping(ctx, call{res: res}, []overlayItem{it})
-	ok, detail := ae == nil, fmt.Sprintf("%s answered (%d output tokens)", res.Route, u.OutputTokens)
-	if !ok && e.t.attempts == 0 && len(e.reasons) == 0 { // refused before any call, as a probe's own refusal
-		ae.Attempts = nil
-		return nil, ae
-	} else if !ok { // the provider refused, its answer could not be read, or the grant could not be refreshed
-		detail = ae.Message
-	}
-	e.ledger.recordCheck(it.ID, res.Provider.id, true, ok, detail)
-	if ok && e.ledger.credentialState(it.ID) != credActive {
-		e.ledger.setCredential(it.ID, res.Provider.id, credActive, "") // SPEC §10.3: a successful probe reactivates
-	}
-	e.inv.invalidate() // the listing shows the probe at once (SPEC §10.2)
-	level := map[bool]slog.Level{true: slog.LevelInfo, false: slog.LevelWarn}[ok]
-	e.log.Log(ctx, level, "usage_probe_"+map[bool]string{true: "ok", false: "failed"}[ok], "request_id", e.t.requestID,
-		"subscription_id", it.ID, "agent_id", e.agent, "provider", it.Provider, "route", res.Route, "detail", ledgerSentence(detail))
-	row := e.inv.row(it, false, e.now())
-	return map[string]any{"ok": true, "probe": cmp.Or(row.Probe, &ledgerCheck{}), "subscription": row}, nil
-}
-
-// ping makes the probe's and onboarding's one completion on c (SPEC §11.3), paid by pool when given.
-func (e *engine) ping(ctx context.Context, c call, pool []overlayItem) (u usage, ae *apiError) {
-	req := pingRequest(c.res.Route, c.res.Provider)
-	ae = e.attemptRoute(ctx, &job{kind: kindProbe, pool: pool,
-		build: func(ctx context.Context, c call, _ *callerRequest) (*http.Request, error) {
-			return buildUpstreamRequest(ctx, c, req)
-		},
-		commit: func(_ context.Context, c call, _ *callerRequest, resp *http.Response) (usage, *apiError, bool) {
-			a, err := readProviderAnswer(c.res.Provider, req, resp)
-			if u = a.Usage; err != nil { // an in-band limit blocks, as a request's
-				return u, asAPIError(err), false
-			}
-			return u, nil, false
-		}}, c, nil, nil)
-	return u, ae
-}
-
-// pingRequest is the probe's and onboarding's completion (SPEC §6.2, §11.3).
-func pingRequest(route string, p providerInfo) chatRequest {
-	req := chatRequest{Model: route, Messages: []message{{Role: "user", Parts: []part{{Type: partText, Text: "ping"}}}}}
-	if !p.codex {
-		req.MaxTokens = probeMaxTokens
-	}
-	return req
 }
 
 // deps are the state files every command and the server share.
