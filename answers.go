@@ -408,7 +408,7 @@ func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signed
 	rec, panicked := &httptest.ResponseRecorder{HeaderMap: http.Header{}, Body: new(bytes.Buffer)}, true // Code 0 until written
 	// Deferred, so that after a panic too the key is kept or released; the panic goes on (the connection is lost anyway).
 	defer func() {
-		calls, dispatched := c.t.attempts, c.t.attempts > 0 || rec.HeaderMap.Get("Brama-Attempts") != ""
+		calls, dispatched, keep := c.t.attempts, c.t.attempts > 0 || rec.HeaderMap.Get("Brama-Attempts") != "", true
 		var cut *apiError
 		switch {
 		case rec.Code >= 200 && rec.Code <= 299 && !panicked:
@@ -422,7 +422,7 @@ func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signed
 			if err := errors.Join(os.Remove(t.path), syncDir(filepath.Dir(t.path))); err != nil {
 				a.log.Error("answer_release_failed", "request_id", c.t.requestID, "err", err)
 			}
-			dispatched = false
+			keep = false
 		}
 		route := cmp.Or(rec.HeaderMap.Get("Brama-Route"), c.route) // a selector's: the candidate that answered
 		if cut != nil {
@@ -430,7 +430,7 @@ func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signed
 			c.envelope(rec, cut.withAttempts(calls))
 			c.t.outcome, c.t.retryable = cut.Code, false
 		}
-		if dispatched {
+		if keep {
 			rec.Body = bytes.NewBuffer(withoutPromptEcho(rec.Body.Bytes())) // the first answer is the kept body (item 7)
 			if err := a.complete(t, rec.Code, rec.Body.Bytes(), &calls, route); err == nil {
 				rec.HeaderMap.Set("Brama-Answer-Signature", *t.Signature)

@@ -119,10 +119,7 @@ func (g *replayGuard) forget(alias, provider string) {
 // refusalFor is the refusal a request of client repeats, nil for none: the status and code of the one remembered under its
 // strict or its loose key, not retryable, no call made. A client with none remembered takes no digest.
 func (g *replayGuard) refusalFor(client string, scope func() string, body rawObject) *apiError {
-	if g.window <= 0 {
-		return nil
-	}
-	g.lock()
+	g.lock() // off: nothing is remembered
 	held := len(g.refused[client]) > 0
 	g.mu.Unlock()
 	if !held {
