@@ -76,8 +76,8 @@ func (e *engine) settle(ctx context.Context, j *job, c call, start time.Time, u 
 // serveChat answers a planned chat request on w, passthrough or translated
 // (SPEC §7.6), or returns the refusal, told first to the replay guard (§8.1).
 func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *callerRequest, c call, cands []resolution) *apiError {
-	chatKinds := map[string]routeKind{modeDirect: kindDirect, modeAlias: kindDirect, modeSubscription: kindSubscription}
-	j := &job{kind: chatKinds[c.res.Mode], // else a selector's
+	kinds := map[string]routeKind{modeDirect: kindDirect, modeAlias: kindDirect, modeSubscription: kindSubscription}
+	j := &job{kind: kinds[c.res.Mode], // else a selector's
 		build: buildChatRequest,
 		commit: func(ctx context.Context, c call, req *callerRequest, resp *http.Response) (usage, *apiError, bool) {
 			return e.deliver(ctx, w, c, req, resp)
@@ -399,8 +399,20 @@ type signedCall struct {
 // is kept (499, 500) so the key never spends twice; a retryable refusal, or one before dispatch, is released.
 func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signedCall, dispatch func(http.ResponseWriter)) (replayed bool, err error) {
 	t, kept, err := a.reserve(c)
-	if kept != nil {
-		a.replay(w, c.t, kept)
+	if h := w.Header(); kept != nil { // replayed, with no provider call
+		var env envelope
+		if json.Unmarshal(kept.Body, &env) == nil && env.Error.Code != "" {
+			c.t.outcome, c.t.retryable = env.Error.Code, env.Error.Retryable
+			h.Set("X-Should-Retry", strconv.FormatBool(env.Error.Retryable)) // SPEC §8.1
+		}
+		c.t.attempts = 0
+		maps.Copy(h, http.Header{"Brama-Answer-Signature": {*kept.Signature}, "Brama-Answer-Replayed": {"true"},
+			"Brama-Attempts": {"0"}, "Content-Type": {"application/json"}})
+		if kept.Route != "" { // README: every answer names its route
+			h.Set("Brama-Route", kept.Route)
+		}
+		w.WriteHeader(*kept.Status)
+		w.Write(kept.Body)
 	}
 	if t == nil {
 		return kept != nil, err
@@ -523,24 +535,6 @@ func (a *answerStore) complete(rec *answerRecord, status int, body []byte, attem
 	rec.State, rec.CompletedAt, rec.Status, rec.Body, rec.Signature = answerComplete, &done, &status, append([]byte{}, body...), &sig
 	rec.Attempts, rec.Route = attempts, cmp.Or(route, rec.Route)
 	return writeState(rec.path, rec)
-}
-
-// replay answers from a complete record, with no provider call.
-func (a *answerStore) replay(w http.ResponseWriter, t *tally, rec *answerRecord) {
-	body, h := rec.Body, w.Header()
-	var env envelope
-	if json.Unmarshal(body, &env) == nil && env.Error.Code != "" {
-		t.outcome, t.retryable = env.Error.Code, env.Error.Retryable
-		h.Set("X-Should-Retry", strconv.FormatBool(env.Error.Retryable)) // SPEC §8.1
-	}
-	t.attempts = 0
-	maps.Copy(h, http.Header{"Brama-Answer-Signature": {*rec.Signature}, "Brama-Answer-Replayed": {"true"}, "Brama-Attempts": {"0"},
-		"Content-Type": {"application/json"}})
-	if rec.Route != "" { // README: every answer names its route
-		h.Set("Brama-Route", rec.Route)
-	}
-	w.WriteHeader(*rec.Status)
-	w.Write(body)
 }
 
 // withoutPromptEcho nulls the members that repeat the caller's input, as OpenAI Responses' instructions (SPEC §12 item 7).
