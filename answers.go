@@ -518,8 +518,8 @@ func (a *answerStore) reserve(c signedCall) (*answerRecord, *answerRecord, error
 			}
 			a.log.Warn("answer_abandoned", "client", rec.Client, "key_sha256", rec.KeySHA256, "boot_id", rec.BootID)
 		case open && unkept:
-			const unkept = "this answer was given once but could not be kept (see the log's answer_unkept); a provider call was made"
-			return nil, nil, refuse("internal_error", unkept)
+			const why = "this answer was given once but could not be kept (see the log's answer_unkept); a provider call was made"
+			return nil, nil, refuse("internal_error", why)
 		case open:
 			continue // still being produced
 		}
