@@ -131,10 +131,10 @@ func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, c call, req
 		}
 		return u, failure, true
 	case pass:
-		u, failure = relayBuffered(w, req, c, resp, attempts)
+		u, failure = relayBuffered(w, c, resp, attempts)
 		return u, failure, false
 	}
-	a, err := readProviderAnswer(p, tr, resp)
+	a, err := readProviderAnswer(p, resp)
 	if err != nil {
 		return u, asAPIError(err).redactedFor(c.cred.bearer()).withAttempts(attempts), false
 	}
@@ -186,9 +186,9 @@ func (e *engine) serveModelCall(ctx context.Context, w http.ResponseWriter, req 
 		j.build = func(ctx context.Context, c call, _ *callerRequest) (*http.Request, error) {
 			return newProviderRequest(ctx, c, nil, "/embeddings", out, false)
 		}
-		j.commit = func(_ context.Context, c call, req *callerRequest, resp *http.Response) (usage, *apiError, bool) {
+		j.commit = func(_ context.Context, c call, _ *callerRequest, resp *http.Response) (usage, *apiError, bool) {
 			w.Header().Set("Brama-Route", c.res.Route)
-			u, ae := relayBuffered(w, req, c, resp, e.t.attempts) // a JSON object as received, else provider_failure
+			u, ae := relayBuffered(w, c, resp, e.t.attempts) // a JSON object as received, else provider_failure
 			return u, ae, false
 		}
 	case p.protocol != protoAnthropic: // count_tokens; also selectors and best: no one route to ask
@@ -250,7 +250,7 @@ func (e *engine) ping(ctx context.Context, c call, pool []overlayItem) (u usage,
 			return buildUpstreamRequest(ctx, c, req)
 		},
 		commit: func(_ context.Context, c call, _ *callerRequest, resp *http.Response) (usage, *apiError, bool) {
-			a, err := readProviderAnswer(c.res.Provider, req, resp)
+			a, err := readProviderAnswer(c.res.Provider, resp)
 			if u = a.Usage; err != nil { // an in-band limit blocks, as a request's
 				return u, asAPIError(err), false
 			}

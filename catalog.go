@@ -8,12 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
 	"maps"
 	"math"
 	"net/http"
-	"net/url"
 	"os"
 	"regexp"
 	"slices"
@@ -49,13 +47,13 @@ type catalogModalities struct {
 	Output []string `json:"output"`
 }
 
-type catalogData = map[string]map[string]modelInfo // vendor → model id → info
-
-// catalogVendor is the catalogue's key for provider's models ("" when none).
-func catalogVendor(provider string) string {
-	p, _ := lookupProvider(provider)
-	return p.vendor
-}
+// catalogData is api.json's shape (vendor → "models" → id → model) in memory, so the cache is its one json.Marshal.
+type (
+	catalogData   = map[string]catalogVendor
+	catalogVendor struct {
+		Models map[string]modelInfo `json:"models"`
+	}
+)
 
 // catalog is the model metadata of SPEC §6.4. Its source is a file (read on demand) or a URL (read in the
 // background, each good read kept in the model metadata cache); either read settles memory for one TTL.
@@ -77,7 +75,7 @@ type catalog struct {
 	refreshing          bool          // a background read is queued or running (single flight)
 }
 
-// catalogCache is $STATE/model-metadata.json: the last good catalogue (marshalCatalog) and its fetch time.
+// catalogCache is $STATE/model-metadata.json: the last good catalogue and its fetch time.
 type catalogCache struct {
 	FetchedAt time.Time       `json:"fetched_at"`
 	Body      json.RawMessage `json:"body"`
@@ -139,7 +137,8 @@ func (c *catalog) start(ctx context.Context, wg *sync.WaitGroup) {
 			}
 			c.mu.Unlock()
 			if err == nil && c.cachePath != "" { // outside the lock: no lookup waits on the disk
-				if err := writeState(c.cachePath, catalogCache{c.now().UTC(), marshalCatalog(data)}); err != nil {
+				body, _ := json.Marshal(data) // only maps, strings, numbers and string slices: it cannot fail
+				if err := writeState(c.cachePath, catalogCache{c.now().UTC(), body}); err != nil {
 					c.log.Warn("model_metadata_cache_write_failed", "cause", err.Error())
 				}
 			}
@@ -167,14 +166,8 @@ func (c *catalog) read(ctx context.Context) (catalogData, error) {
 			err = fmt.Errorf("HTTP status %d", status)
 		}
 	}
-	pe, ue := (*fs.PathError)(nil), (*url.Error)(nil)
-	if errors.As(err, &pe) {
-		err = pe.Err
-	} else if errors.As(err, &ue) {
-		err = ue.Err
-	}
-	if err != nil {
-		return nil, fmt.Errorf("catalogue read: %w", err)
+	if err != nil { // a *fs.PathError or *url.Error: quote only its cause
+		return nil, fmt.Errorf("catalogue read: %w", cmp.Or(errors.Unwrap(err), err))
 	}
 	return parseCatalog(b)
 }
@@ -215,32 +208,32 @@ func (c *catalog) current() (catalogData, string) {
 	return c.data, ""
 }
 
-// lookup is the entry for model of provider's vendor, or a short cause.
+// lookup is the entry for model of provider's catalogue vendor (the provider row's), or a short cause naming vendor/model.
 func (c *catalog) lookup(provider, model string) (info modelInfo, ok bool, cause string) {
-	vendor := catalogVendor(provider)
-	if vendor == "" {
+	p, _ := lookupProvider(provider)
+	if p.vendor == "" {
 		return modelInfo{}, false, "the catalogue has no vendor for provider " + provider
 	}
 	data, cause := c.current()
-	if info, ok = data[vendor][model]; !ok && data != nil {
-		cause = fmt.Sprintf("the catalogue has no entry for %s/%s", vendor, model)
+	if info, ok = data[p.vendor].Models[model]; ok && info.Limit.Output <= 0 {
+		cause = fmt.Sprintf("the catalogue has no output limit for %s/%s", p.vendor, model)
+	} else if !ok && data != nil {
+		cause = fmt.Sprintf("the catalogue has no entry for %s/%s", p.vendor, model)
 	}
 	return info, ok, cause
 }
 
 // outputLimit is §6.4's max_tokens lookup: the model's output limit, or 0 with the cause.
 func (c *catalog) outputLimit(provider, model string) (int, string) {
-	info, ok, cause := c.lookup(provider, model)
-	if ok && info.Limit.Output <= 0 {
-		cause = fmt.Sprintf("the catalogue has no output limit for %s/%s", catalogVendor(provider), model)
-	}
+	info, _, cause := c.lookup(provider, model)
 	return int(info.Limit.Output), cause
 }
 
 // models lists provider's vendor's models, newest release first (unknown last), then by id (SPEC §7.3).
 func (c *catalog) models(provider string) []modelInfo {
 	data, _ := c.current() // parseCatalog leaves no vendor "": local-openai has none
-	return slices.SortedFunc(maps.Values(data[catalogVendor(provider)]), func(a, b modelInfo) int {
+	p, _ := lookupProvider(provider)
+	return slices.SortedFunc(maps.Values(data[p.vendor].Models), func(a, b modelInfo) int {
 		return cmp.Or(strings.Compare(b.ReleaseDate, a.ReleaseDate), strings.Compare(a.ID, b.ID))
 	})
 }
@@ -263,51 +256,33 @@ func parseCatalog(b []byte) (catalogData, error) {
 			return nil, fmt.Errorf("%w: provider %q is not an object", errCatalogShape, truncateUTF8(vendor, 64))
 		}
 		json.Unmarshal(raw, &v)
-		out[vendor] = map[string]modelInfo{}
+		out[vendor] = catalogVendor{map[string]modelInfo{}}
 		for id, raw := range v.Models {
 			var m modelInfo
 			if id == "" || !isObject(raw) {
 				continue
 			}
 			json.Unmarshal(raw, &m)
-			if _, err := time.Parse("2006-01-02", m.ReleaseDate); err != nil {
-				if _, err := time.Parse("2006-01", m.ReleaseDate); err != nil { // some carry only the month
-					m.ReleaseDate = ""
+			_, notDay := time.Parse("2006-01-02", m.ReleaseDate)
+			if _, notMonth := time.Parse("2006-01", m.ReleaseDate); notDay != nil && notMonth != nil { // some carry only the month
+				m.ReleaseDate = ""
+			}
+			for _, n := range []*float64{&m.Limit.Context, &m.Limit.Output} { // a positive whole token count, else 0 (unknown)
+				if *n <= 0 || *n > math.MaxInt32 || *n != math.Trunc(*n) {
+					*n = 0
 				}
 			}
-			m.ID, m.Limit = id, catalogLimit{tokenCount(m.Limit.Context), tokenCount(m.Limit.Output)}
-			m.Modalities = catalogModalities{someStrings(m.Modalities.Input), someStrings(m.Modalities.Output)}
-			out[vendor][id] = m
+			for _, s := range []*[]string{&m.Modalities.Input, &m.Modalities.Output} { // what was not a string decoded as ""
+				if *s = slices.DeleteFunc(*s, func(x string) bool { return x == "" }); len(*s) == 0 {
+					*s = nil
+				}
+			}
+			m.ID = id
+			out[vendor].Models[id] = m
 		}
 	}
 	delete(out, "")
 	return out, nil
-}
-
-// tokenCount is a positive whole token count, else 0 (unknown).
-func tokenCount(f float64) float64 {
-	if f <= 0 || f > math.MaxInt32 || f != math.Trunc(f) {
-		return 0
-	}
-	return f
-}
-
-// someStrings drops what was not a string (decoded as ""); nil when none is left.
-func someStrings(s []string) []string {
-	if s = slices.DeleteFunc(s, func(x string) bool { return x == "" }); len(s) == 0 {
-		return nil
-	}
-	return s
-}
-
-// marshalCatalog encodes data back into api.json's shape for the model metadata cache; parseCatalog reads it back.
-func marshalCatalog(data catalogData) []byte {
-	out := map[string]map[string]map[string]modelInfo{} // vendor → "models" → id → model
-	for vendor, models := range data {
-		out[vendor] = map[string]map[string]modelInfo{"models": models}
-	}
-	b, _ := json.Marshal(out) // only maps, strings, numbers and string slices: it cannot fail
-	return b
 }
 
 // listedModel is one entry of GET /v1/models, in OpenAI's list shape.
@@ -352,11 +327,9 @@ type perfRegistry struct {
 // newPerfRegistry starts from perf.json; a bad one is logged and replaced at the next flush: telemetry never stops serving.
 func newPerfRegistry(st state, sy sys) *perfRegistry {
 	p := &perfRegistry{sys: sy, routes: map[string]perfEntry{}}
-	if p.path, p.pathErr = st.path("perf telemetry", "perf.json"); p.pathErr != nil {
-		return p
-	}
+	p.path, p.pathErr = st.path("perf telemetry", "perf.json")
 	var doc perfDocument
-	b, _, err := readGuarded("perf telemetry", p.path)
+	b, _, err := readGuarded("perf telemetry", p.path) // path "": absent
 	if err == nil {
 		err = decodeStrict("perf telemetry", b, &doc)
 	}
@@ -407,8 +380,7 @@ func (p *perfRegistry) flush() error {
 	p.lastFlush = p.now()
 	doc := perfDocument{SchemaVersion: 1, FlushedAt: p.lastFlush.UTC(), Routes: maps.Clone(p.routes)}
 	p.mu.Unlock()
-	b, _ := marshalState(doc) // whole and finite numbers: it cannot fail
-	if err := writeFileAtomic(p.path, b); err != nil {
+	if err := writeState(p.path, doc); err != nil {
 		p.log.Warn("perf_stats_flush_failed", "cause", "write perf telemetry: "+err.Error())
 		return fmt.Errorf("write perf telemetry: %w", err)
 	}
@@ -441,25 +413,23 @@ var promMetricName = regexp.MustCompile(`^[a-zA-Z_:][a-zA-Z0-9_:]*$`)
 // skipping a name outside the grammar or taken by a route family. Label values escape \, " and newline
 // and must be valid UTF-8 (the exposition format).
 func writeMetrics(w io.Writer, perf map[string]perfEntry, extra map[string]float64) {
-	var b strings.Builder
 	label := strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`)
 	routes, extra := slices.Sorted(maps.Keys(perf)), maps.Clone(extra)
 	for _, f := range perfFamilies {
 		if len(routes) > 0 {
-			fmt.Fprintf(&b, "# HELP %s %s\n# TYPE %s %s\n", f.name, f.help, f.name, f.typ)
+			fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s %s\n", f.name, f.help, f.name, f.typ)
 		}
 		for _, r := range routes {
-			fmt.Fprintf(&b, "%s{route=\"%s\"} %s\n", f.name, label.Replace(strings.ToValidUTF8(r, "\uFFFD")), formatMetric(f.value(perf[r])))
+			fmt.Fprintf(w, "%s{route=\"%s\"} %s\n", f.name, label.Replace(strings.ToValidUTF8(r, "\uFFFD")), formatMetric(f.value(perf[r])))
 		}
 		delete(extra, f.name)
 	}
 	for _, n := range slices.Sorted(maps.Keys(extra)) {
 		if promMetricName.MatchString(n) {
 			typ := map[bool]string{true: "counter", false: "gauge"}[strings.HasSuffix(n, "_total")]
-			fmt.Fprintf(&b, "# TYPE %s %s\n%s %s\n", n, typ, n, formatMetric(extra[n]))
+			fmt.Fprintf(w, "# TYPE %s %s\n%s %s\n", n, typ, n, formatMetric(extra[n]))
 		}
 	}
-	io.WriteString(w, b.String())
 }
 
 // formatMetric is a value as Prometheus parses it: integers whole; FormatFloat spells NaN, +Inf and -Inf so.

@@ -167,13 +167,13 @@ func TestCatalogVendor(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := catalogVendor(tt.provider); got != tt.want {
-				t.Errorf("catalogVendor(%q) = %q, want %q", tt.provider, got, tt.want)
+			if p, _ := lookupProvider(tt.provider); p.vendor != tt.want {
+				t.Errorf("vendor of %q = %q, want %q", tt.provider, p.vendor, tt.want)
 			}
 		})
 	}
 	for _, p := range providerTable {
-		if p.id != "local-openai" && catalogVendor(p.id) == "" {
+		if p.id != "local-openai" && p.vendor == "" {
 			t.Errorf("provider %s has no catalogue vendor", p.id)
 		}
 	}
@@ -183,34 +183,34 @@ func TestParseCatalog(t *testing.T) {
 	tests := []struct {
 		name    string
 		in      string
-		want    map[string]map[string]modelInfo
+		want    catalogData
 		wantErr bool
 	}{
-		{name: "empty object", in: `{}`, want: map[string]map[string]modelInfo{}},
+		{name: "empty object", in: `{}`, want: catalogData{}},
 		{name: "null", in: `null`, wantErr: true},
 		{name: "array", in: `[]`, wantErr: true},
 		{name: "not JSON", in: `{"a":`, wantErr: true},
 		{name: "provider not an object", in: `{"a":[1]}`, wantErr: true},
 		{name: "provider null", in: `{"a":null}`, wantErr: true},
-		{name: "no models", in: `{"a":{"id":"a"}}`, want: map[string]map[string]modelInfo{"a": {}}},
-		{name: "models not an object", in: `{"a":{"models":[1,2]}}`, want: map[string]map[string]modelInfo{"a": {}}},
+		{name: "no models", in: `{"a":{"id":"a"}}`, want: catalogData{"a": {map[string]modelInfo{}}}},
+		{name: "models not an object", in: `{"a":{"models":[1,2]}}`, want: catalogData{"a": {map[string]modelInfo{}}}},
 		{
 			name: "all fields, unknown ones ignored",
 			in:   `{"a":{"id":"a","extra":{"x":1},"models":{"m":{"id":"other","cost":{"input":1},"release_date":"2025-01-02","limit":{"context":1000,"output":100,"input":5},"modalities":{"input":["text","image"],"output":["text"]}}}}}`,
-			want: map[string]map[string]modelInfo{"a": {"m": {
+			want: catalogData{"a": {map[string]modelInfo{"m": {
 				ID: "m", ReleaseDate: "2025-01-02", Limit: catalogLimit{Context: 1000, Output: 100},
 				Modalities: catalogModalities{Input: []string{"text", "image"}, Output: []string{"text"}},
-			}}},
+			}}}},
 		},
 		{
 			name: "wrong types are left out",
 			in:   `{"a":{"models":{"m":{"release_date":20250102,"limit":{"context":"big","output":1.5},"modalities":{"input":"text","output":["text",3]}},"n":"x","o":null}}}`,
-			want: map[string]map[string]modelInfo{"a": {"m": {ID: "m", Modalities: catalogModalities{Output: []string{"text"}}}}},
+			want: catalogData{"a": {map[string]modelInfo{"m": {ID: "m", Modalities: catalogModalities{Output: []string{"text"}}}}}},
 		},
 		{
 			name: "bad dates and limits",
 			in:   `{"a":{"models":{"m":{"release_date":"soon","limit":{"context":-5,"output":1e300}},"n":{"release_date":"2025-06","limit":{"output":4096.0}}}}}`,
-			want: map[string]map[string]modelInfo{"a": {"m": {ID: "m"}, "n": {ID: "n", ReleaseDate: "2025-06", Limit: catalogLimit{Output: 4096}}}},
+			want: catalogData{"a": {map[string]modelInfo{"m": {ID: "m"}, "n": {ID: "n", ReleaseDate: "2025-06", Limit: catalogLimit{Output: 4096}}}}},
 		},
 	}
 	for _, tt := range tests {
@@ -239,10 +239,10 @@ func TestParseCatalogFixture(t *testing.T) {
 	}
 	want := modelInfo{ID: "claude-sonnet-4-5", ReleaseDate: "2025-09-29", Limit: catalogLimit{Output: 64000, Context: 200000},
 		Modalities: catalogModalities{Input: []string{"text", "image", "pdf"}, Output: []string{"text"}}}
-	if diff := cmp.Diff(want, got["anthropic"]["claude-sonnet-4-5"]); diff != "" {
+	if diff := cmp.Diff(want, got["anthropic"].Models["claude-sonnet-4-5"]); diff != "" {
 		t.Errorf("claude-sonnet-4-5 mismatch (-want +got):\n%s", diff)
 	}
-	again, err := parseCatalog(marshalCatalog(got))
+	again, err := parseCatalog(mustMarshal(t, got))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -680,7 +680,7 @@ func FuzzParseCatalog(f *testing.F) {
 			}
 			return
 		}
-		again, err := parseCatalog(marshalCatalog(got))
+		again, err := parseCatalog(mustMarshal(t, got))
 		if err != nil {
 			t.Fatalf("re-encoded catalogue refused: %v", err)
 		}
@@ -713,4 +713,14 @@ func TestCatalogURLFailureQuotesNoQuery(t *testing.T) {
 			assertNoSecret(t, planted, string(body)+d.stderr.String(), env["BRAMA_STATE_DIR"])
 		})
 	}
+}
+
+// mustMarshal is the model metadata cache's encoding of a catalogue: api.json's shape, which parseCatalog reads back.
+func mustMarshal(t *testing.T, data catalogData) []byte {
+	t.Helper()
+	b, err := json.Marshal(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

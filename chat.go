@@ -480,7 +480,7 @@ func (r *streamReader) readChat(event string, e rawObject, emit func(streamEvent
 func (r *streamReader) delta(d *chatMessage, emit func(streamEvent) error) error {
 	t, err := chatContentText(d.Content)
 	if err != nil {
-		return malformedEvent(protoOpenAIChat, err)
+		return malformedAnswer(protoOpenAIChat, err)
 	}
 	if d.Refusal != "" {
 		t, r.refusal = t+d.Refusal, true

@@ -117,7 +117,7 @@ func (e *engine) plan(cl client, req *chatRequest) (call, error) {
 		key, vaultErr := e.directKey(res.Provider.id)
 		switch {
 		case vaultErr != nil:
-			err = vaultUnreadable(vaultErr).withAttempts(0)
+			err = refuse("credential_unauthorized", "the vault is unreadable").because(vaultErr).withAttempts(0)
 		case key == "":
 			err = refuse("credential_unauthorized", "no direct credential for provider %q", res.Provider.id).withAttempts(0)
 		default:

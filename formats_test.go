@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"io"
 	"slices"
 	"strings"
 	"testing"
@@ -22,6 +23,11 @@ type testSSEFrame struct {
 // splitTestSSE parses an SSE body into frames. It is strict about the shape
 // Brama writes: every frame ends with a blank line, lines are "event: ",
 // "data: " or ": " comments, and at most one data line per frame.
+// newCallerStream writes dialect to w, flushing every frame (flush may be nil), reporting model.
+func newCallerStream(dialect string, req chatRequest, w io.Writer, flush func(), model string) *callerStream {
+	return &callerStream{w: w, flush: flush, frames: formatOf(dialect).frames, req: req, model: model}
+}
+
 func splitTestSSE(t *testing.T, body string) []testSSEFrame {
 	t.Helper()
 	if body != "" && !strings.HasSuffix(body, "\n\n") {
@@ -265,8 +271,8 @@ func TestStreamKeepAliveAndErrors(t *testing.T) {
 			var buf bytes.Buffer
 			flushes := 0
 			s := newCallerStream(d, chatRequest{}, &buf, func() { flushes++ }, "m")
-			if err := s.keepAlive(); err != nil || buf.String() != ": keep-alive\n\n" || flushes != 1 {
-				t.Errorf("keepAlive wrote %q, %d flushes, err %v", buf.String(), flushes, err)
+			if err := s.write(": keep-alive\n\n"); err != nil || buf.String() != ": keep-alive\n\n" || flushes != 1 {
+				t.Errorf("write wrote %q, %d flushes, err %v", buf.String(), flushes, err)
 			}
 			if err := s.event(streamEvent{Kind: "bogus"}); err == nil {
 				t.Error("unknown event kind accepted")

@@ -453,17 +453,9 @@ type aliasDetails struct {
 
 // refuse is how every refusal is made: code and a client-safe message.
 func refuse(code, format string, args ...any) *apiError {
-	c, ok := codes[code]
-	if !ok {
-		panic("brama: unknown error code " + code)
-	}
+	c := codes[code] // an unknown code has status 0, which WriteHeader refuses loudly
 	msg := truncateUTF8(fmt.Sprintf(format, args...), maxMessageBytes)
 	return &apiError{Code: code, Message: msg, Type: c.typ, Retryable: c.retryable}
-}
-
-// vaultUnreadable is SPEC §2.2's refusal wherever a credential is needed.
-func vaultUnreadable(err error) *apiError {
-	return refuse("credential_unauthorized", "the vault is unreadable; no credential can be produced").because(err)
 }
 
 func (e *apiError) Error() string { return e.Code + ": " + e.Message }

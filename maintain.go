@@ -263,15 +263,9 @@ func (m *maintainer) metrics() map[string]float64 {
 	return out
 }
 
-// pass is one pass's run; its steps record each subscription's outcome on it, and the report counts them at the end.
-type pass struct {
-	m    *maintainer
-	ctx  context.Context
-	subs []*passSub
-}
-
-// passSub is one non-retired subscription of a pass. reportable: active, its credential reads its provider's report; oauth:
-// active, with a grant; tried: its one refresh attempt was made. Outcomes stay unset once ctx ended (skipped: neither).
+// passSub is one non-retired subscription of a pass and its outcomes, which the report counts at the end. reportable: active,
+// its credential reads its provider's report; oauth: active, with a grant; tried: its one refresh attempt was made. Outcomes
+// stay unset once ctx ended (skipped: neither).
 type passSub struct {
 	it                       overlayItem
 	cred                     vaultCredential
@@ -287,7 +281,7 @@ type passSub struct {
 func (m *maintainer) passOnce(ctx context.Context, agent string) (rep passReport) {
 	start := m.clock()
 	m.o.vault.writeUnwritten(m.o.log)
-	p := &pass{m: m, ctx: ctx}
+	var subs []*passSub
 	items, retired, err := m.inv.view() // none when err: the counts stay 0 and OK false
 	for _, it := range items {
 		if retired[it.ID] || agent != "" && it.AgentID != agent {
@@ -301,17 +295,17 @@ func (m *maintainer) passOnce(ctx context.Context, agent string) (rep passReport
 		_, published := usageReports[it.Provider]
 		s.reportable = active && published && (s.credErr != nil || usageReportable(it.Provider, s.cred))
 		s.oauth = active && row.tokenURL != "" && s.credErr == nil && s.cred.OAuth != nil
-		p.subs = append(p.subs, s)
+		subs = append(subs, s)
 	}
 	// Reads run one at a time per provider, providers side by side (SPEC §17); refreshes side by side.
-	p.sideBySide(func(s *passSub) string { return s.it.Provider }, p.readUsage)
-	p.sideBySide(func(s *passSub) string { return s.it.ID }, p.refreshIfDue)
+	sideBySide(ctx, subs, func(s *passSub) string { return s.it.Provider }, m.readUsage)
+	sideBySide(ctx, subs, func(s *passSub) string { return s.it.ID }, m.refreshIfDue)
 	if err == nil && ctx.Err() != nil { // what it skipped is neither read nor failed: not ok
 		err = fmt.Errorf("%w: the server is stopping, so this pass ended before its reads and refreshes", errMaintenanceStopped)
 	}
 	m.inv.invalidate() // the listing shows the pass at once (SPEC §10.2)
 	rep.Usage.Failed = []usageFailure{}
-	for _, s := range p.subs {
+	for _, s := range subs {
 		rep.Usage.Subscriptions += boolCount(s.reportable)
 		rep.Usage.Read += boolCount(s.read)
 		if s.failed != "" {
@@ -336,9 +330,9 @@ func (m *maintainer) passOnce(ctx context.Context, agent string) (rep passReport
 }
 
 // sideBySide runs step on each subscription, one at a time per key, keys side by side, until all have ended (at ctx's end too).
-func (p *pass) sideBySide(key func(*passSub) string, step func(*passSub)) {
+func sideBySide(ctx context.Context, subs []*passSub, key func(*passSub) string, step func(context.Context, *passSub)) {
 	groups := map[string][]*passSub{}
-	for _, s := range p.subs {
+	for _, s := range subs {
 		groups[key(s)] = append(groups[key(s)], s)
 	}
 	var wg sync.WaitGroup
@@ -347,7 +341,7 @@ func (p *pass) sideBySide(key func(*passSub) string, step func(*passSub)) {
 		go func() {
 			defer wg.Done()
 			for _, s := range ss {
-				step(s)
+				step(ctx, s)
 			}
 		}()
 	}
@@ -356,15 +350,15 @@ func (p *pass) sideBySide(key func(*passSub) string, step func(*passSub)) {
 
 // readUsage reads s's due report into the ledger, nothing when ctx ended; a grant expired by the request path's rule is first
 // refreshed: s's one attempt.
-func (p *pass) readUsage(s *passSub) {
-	m, id, provider := p.m, s.it.ID, s.it.Provider
+func (m *maintainer) readUsage(ctx context.Context, s *passSub) {
+	id, provider := s.it.ID, s.it.Provider
 	if !s.reportable || !usageDue(s.entry, m.clock()) {
 		return
 	}
 	cred, err := s.cred, s.credErr
 	if err == nil && cred.OAuth != nil && expiredForRequest(*cred.OAuth, m.clock()) {
 		var g oauthGrant
-		g, err = p.refresh(s)
+		g, err = m.refresh(ctx, s)
 		if errors.Is(err, errRefreshSuperseded) { // a sign-in replaced it meanwhile: read with that (SPEC §11.1)
 			cred, err = m.inv.credential(id)
 		} else if err != nil {
@@ -375,10 +369,10 @@ func (p *pass) readUsage(s *passSub) {
 	}
 	var ws []planWindow
 	if err == nil {
-		ws, err = m.fetchUsage(p.ctx, provider, cred)
+		ws, err = m.fetchUsage(ctx, provider, cred)
 	}
 	switch {
-	case p.ctx.Err() != nil:
+	case ctx.Err() != nil:
 	case err != nil:
 		g := cmp.Or(cred.OAuth, &oauthGrant{})
 		s.failed = ledgerSentence(redact(err.Error(), cred.APIKey, g.AccessToken, g.RefreshToken, g.IDToken))
@@ -394,22 +388,22 @@ func (p *pass) readUsage(s *passSub) {
 
 // refreshIfDue makes s's one attempt when its grant is due, unless its read spent it (the usage pass or a request may have
 // refreshed it meanwhile); needs_reauthorization (set meanwhile too) waits for sign-in.
-func (p *pass) refreshIfDue(s *passSub) {
+func (m *maintainer) refreshIfDue(ctx context.Context, s *passSub) {
 	if !s.oauth || s.tried {
 		return
 	}
-	e, _ := p.m.l.entry(s.it.ID)
-	cur, err := p.m.inv.credential(s.it.ID)
-	if e.Credential.State == credActive && err == nil && cur.OAuth != nil && refreshDue(*cur.OAuth, e.Credential.RefreshedAtMs, p.m.clock()) {
-		p.refresh(s)
+	e, _ := m.l.entry(s.it.ID)
+	cur, err := m.inv.credential(s.it.ID)
+	if e.Credential.State == credActive && err == nil && cur.OAuth != nil && refreshDue(*cur.OAuth, e.Credential.RefreshedAtMs, m.clock()) {
+		m.refresh(ctx, s)
 	}
 }
 
 // refresh is s's one refresh attempt of the pass.
-func (p *pass) refresh(s *passSub) (oauthGrant, error) {
+func (m *maintainer) refresh(ctx context.Context, s *passSub) (oauthGrant, error) {
 	s.tried = true
-	g, err := p.m.o.refresh(p.ctx, s.it.ID, s.it.Provider, "")
-	if p.ctx.Err() == nil {
+	g, err := m.o.refresh(ctx, s.it.ID, s.it.Provider, "")
+	if ctx.Err() == nil {
 		s.refreshed, s.refused = err == nil, err != nil && !errors.Is(err, errRefreshSuperseded)
 	}
 	return g, err

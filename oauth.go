@@ -146,11 +146,6 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 		return oauthGrant{}, fmt.Errorf("refresh %s: the vault holds no OAuth grant for it", id)
 	}
 	old := *doc.Subscriptions[id].OAuth // doc is the vault's shared cache: copy, never write into it
-	// holds: the vault still has the grant this flight started from.
-	holds := func(d *vaultDoc) bool {
-		c := d.Subscriptions[id].OAuth
-		return c != nil && c.RefreshToken == old.RefreshToken
-	}
 	// Another token is current: the caller retries with it, unless it lapsed too.
 	if refused != "" && old.AccessToken != refused && !expiredForRequest(old, o.now()) {
 		log.Debug("credential_refresh_skipped")
@@ -159,28 +154,27 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 	p, _ := lookupProvider(provider)
 	fields := map[string]string{"grant_type": "refresh_token", "refresh_token": old.RefreshToken, "client_id": p.clientID}
 	g, err = o.tokenCall(ctx, p, old, fields, old.RefreshToken, old.AccessToken)
-	if errors.As(err, &re) && re.Definitive { // a sign-in meanwhile makes the refusal moot
-		if d, lerr := o.vault.load(); lerr == nil && !holds(d) {
-			err = errRefreshSuperseded
+	if err != nil && !(errors.As(err, &re) && re.Definitive) {
+		return oauthGrant{}, err
+	}
+	werr := o.vault.update(func(d *vaultDoc) error { // a definitive refusal writes nothing
+		if c := d.Subscriptions[id].OAuth; c == nil || c.RefreshToken != old.RefreshToken {
+			return errRefreshSuperseded // a sign-in meanwhile makes the grant, or the refusal, moot
+		} else if err == nil {
+			d.Subscriptions[id] = vaultCredential{OAuth: &g}
 		}
+		return err
+	})
+	if errors.Is(werr, errRefreshSuperseded) {
+		err = werr
 	}
 	if err != nil {
 		return oauthGrant{}, err
-	}
-	err = o.vault.update(func(d *vaultDoc) error {
-		if !holds(d) {
-			return errRefreshSuperseded
-		}
-		d.Subscriptions[id] = vaultCredential{OAuth: &g}
-		return nil
-	})
-	if errors.Is(err, errRefreshSuperseded) {
-		return oauthGrant{}, err
-	} else if err != nil {
+	} else if werr != nil {
 		// The provider may already have retired the refresh token the vault
 		// still holds: the new grant is used and kept until written (SPEC §17).
 		o.vault.keepUnwritten(id, old, g)
-		log.Error("credential_refresh_unwritten", "error", redact(err.Error()))
+		log.Error("credential_refresh_unwritten", "error", redact(werr.Error()))
 	}
 	o.ledger.setCredential(id, provider, credActive, "")
 	o.ledger.setGrantTimes(id, provider, g.ExpiresAtMs, o.now().UnixMilli())

@@ -12,11 +12,9 @@ import (
 	"strings"
 )
 
-// Native first (SPEC §7.6): a same-format call sends the caller's body as
-// received but for the few top-level members §6.2 and §6.4 name, edited by
-// their byte spans, never re-encoded; its answer is relayed as received
-// (relay.go), read by the stream reader only for usage (§13), the terminal
-// signal and the in-band error (§7.5).
+// Native first (SPEC §7.6): a same-format call sends the caller's body as received but for the few top-level
+// members §6.2 and §6.4 name, edited by their byte spans, never re-encoded; its answer is relayed as received, read
+// by the stream reader only for usage (§13), the terminal signal and the in-band error (§7.5).
 
 // jsonMember is one member of a rawObject: key (rawText), sep where its segment starts (just past the previous
 // value or the '{': it holds the comma), val:end its value.
@@ -31,8 +29,7 @@ type rawObject struct {
 	members []jsonMember
 }
 
-// parseRawObject splits a caller's body (too deep a body was refused before
-// any handler: state.go's depth scan).
+// parseRawObject splits a caller's body (too deep a body was refused before any handler: state.go's depth scan).
 func parseRawObject(src []byte) (rawObject, error) {
 	if !json.Valid(src) {
 		return rawObject{}, decodeCallerJSON(src, new(any), "")
@@ -71,8 +68,7 @@ func splitRaw(src []byte, open byte, scratch []jsonMember) (rawObject, bool) {
 	}
 }
 
-// value is the raw value of the last member named key (encoding/json's rule
-// for a repeated key), nil when absent.
+// value is the raw value of the last member named key (encoding/json's rule for a repeated key), nil when absent.
 func (o rawObject) value(key string) json.RawMessage {
 	var v json.RawMessage
 	for _, m := range o.members {
@@ -83,8 +79,7 @@ func (o rawObject) value(key string) json.RawMessage {
 	return v
 }
 
-// memberEdit replaces every member named key with value, or adds it at the
-// end when absent; a nil value removes the member.
+// memberEdit replaces every member named key with value, or adds it at the end when absent; a nil value removes it.
 type memberEdit struct {
 	key   string
 	value []byte
@@ -92,16 +87,12 @@ type memberEdit struct {
 
 // edit is the object with edits applied and every other byte kept.
 func (o rawObject) edit(edits ...memberEdit) []byte {
-	if len(edits) == 0 {
-		return o.src
-	}
 	out := bytes.NewBuffer(make([]byte, 0, len(o.src)+64))
 	o.writeEdited(out, edits...)
 	return out.Bytes()
 }
 
-// writeEdited writes edit's bytes piece by piece: a digest of them holds no
-// copy of the body (the replay guard's, SPEC §17).
+// writeEdited writes edit's bytes piece by piece: a digest of them holds no copy of the body (the replay guard's, SPEC §17).
 func (o rawObject) writeEdited(w io.Writer, edits ...memberEdit) {
 	open := skipJSONSpace(o.src, 0) + 1
 	w.Write(o.src[:open])
@@ -206,8 +197,7 @@ var outputLimitNames = map[string][]string{
 	dialectResponses: {"max_output_tokens"},
 }
 
-// readCallerRequest reads the head of a caller's body: a member Brama does
-// not know is never a refusal on the passthrough path.
+// readCallerRequest reads the head of a caller's body: a member Brama does not know is never a refusal on the passthrough path.
 func readCallerRequest(dialect string, r *http.Request, body []byte) (*callerRequest, error) {
 	o, err := parseRawObject(body)
 	if err != nil {
@@ -277,8 +267,7 @@ func buildChatRequest(ctx context.Context, c call, cr *callerRequest) (*http.Req
 	return cr.passthrough(ctx, c, formatOf(p.protocol).path, cr.head.Stream || p.codex, edits...)
 }
 
-// passthrough is a same-format request to path, count_tokens too: the
-// route's model, claude-code's system (SPEC §6.2), edits.
+// passthrough is a same-format request to path, count_tokens too: the route's model, claude-code's system (SPEC §6.2), edits.
 func (cr *callerRequest) passthrough(ctx context.Context, c call, path string, stream bool, edits ...memberEdit) (*http.Request, error) {
 	base := []memberEdit{{"model", jsonText(c.res.Model)}}
 	if c.res.Provider.id == "claude-code" && c.cred.AccessToken != "" {
@@ -305,8 +294,7 @@ func newProviderRequest(ctx context.Context, c call, extra http.Header, path str
 	return hr, nil
 }
 
-// addsUsage reports whether Brama asks a chat stream for usage itself, the
-// caller not (SPEC §6.2); that usage chunk is not relayed (§7.6).
+// addsUsage reports whether Brama asks a chat stream for usage, the caller not (SPEC §6.2); that chunk is not relayed (§7.6).
 func (cr *callerRequest) addsUsage(p providerInfo) bool {
 	return p.protocol == protoOpenAIChat && (cr.head.Stream || p.codex) && !cr.head.StreamUsage
 }
@@ -407,11 +395,6 @@ func rawShape(raw json.RawMessage) byte {
 		return 0
 	}
 	return raw[0]
-}
-
-func rawItems(raw json.RawMessage) (items []json.RawMessage) {
-	json.Unmarshal(raw, &items)
-	return items
 }
 
 // rawMember is raw's member name (any case, as encoding/json matches), nil when none.

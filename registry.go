@@ -280,19 +280,11 @@ type registry struct {
 	j                     *journal
 	log                   *slog.Logger
 	lastLogged            atomic.Value // string: the failure last logged as inference_routes_invalid
-	parses                atomic.Int32 // files parsed so far; lets tests prove an unchanged file costs none
 }
 
 func newRegistry(path string, pathErr error, j *journal, log *slog.Logger) *registry {
-	r := &registry{j: j, log: log}
-	r.stateFile = stateFile[*routesDoc]{role: registryRole, path: path, pathErr: pathErr, keepErr: true,
-		parse: func(b []byte) (*routesDoc, error) {
-			if b != nil { // nil: the file is absent
-				r.parses.Add(1)
-			}
-			return parseRegistry(b)
-		}}
-	return r
+	return &registry{j: j, log: log,
+		stateFile: stateFile[*routesDoc]{role: registryRole, path: path, pathErr: pathErr, keepErr: true, parse: parseRegistry}}
 }
 
 // current returns the shared document; each distinct failure is logged once.
@@ -301,7 +293,11 @@ func (r *registry) current() (*routesDoc, error) {
 		return emptyRoutesDoc(), nil
 	}
 	doc, err := r.load()
-	if reason := fmt.Sprint(err); r.lastLogged.Swap(reason) != reason && err != nil { // a success stores "<nil>"
+	reason := "" // a success: the same failure after a repair is logged again
+	if err != nil {
+		reason = err.Error()
+	}
+	if r.lastLogged.Swap(reason) != reason && err != nil {
 		r.log.Warn("inference_routes_invalid", "reason", reason)
 	}
 	return doc, err
@@ -311,7 +307,7 @@ func (r *registry) current() (*routesDoc, error) {
 func (r *registry) set(alias string, to *string, by string) (*routesDoc, error) {
 	return r.commit(func(doc *routesDoc) (*journalRecord, error) {
 		old, ok := doc.Routes[alias]
-		rec := journalRecord{Kind: "route_change", Alias: alias, To: to, By: cmp.Or(by, "cli")}
+		rec := journalRecord{Kind: "route_change", Alias: alias, To: to, By: by}
 		rec.From = map[bool]*string{true: &old}[ok] // nil: a new alias
 		if to == nil && !ok {
 			return nil, withAlias(refuse("alias_unknown", "alias %q is not declared in the route registry", alias), alias, stateNoRoute, nil)

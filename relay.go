@@ -17,8 +17,8 @@ import (
 	"time"
 )
 
-// The answer (SPEC §7.5, §7.6): the neutral answer and stream events, a same-format answer relayed as
-// received, a translated stream written block by block in the caller's dialect, the keep-alive.
+// The answer (SPEC §7.5, §7.6): the neutral answer and stream events, a buffered answer read whole or relayed
+// as received, a stream written block by block in the caller's dialect, or relayed, and the keep-alive.
 
 // Finish reasons, in the neutral (OpenAI chat) vocabulary.
 const (
@@ -76,11 +76,6 @@ type streamEvent struct {
 	Usage    usage
 }
 
-// assembleStream is a whole stream as one answer: a buffered caller of codex, which only streams (SPEC §6.2).
-func assembleStream(protocol string, body io.Reader) (chatAnswer, error) {
-	return answerOf(func(emit func(streamEvent) error) error { return readUpstreamStream(protocol, body, emit) })
-}
-
 // answerOf builds one answer from the neutral events run emits, gathered by a caller stream that writes nothing.
 func answerOf(run func(emit func(streamEvent) error) error) (chatAnswer, error) {
 	s := &callerStream{frames: func(*callerStream, streamStep, *streamBlock, string) error { return nil }}
@@ -121,12 +116,11 @@ func emitTail(emit func(streamEvent) error, finish string, u usage) error {
 
 // relayBuffered answers a buffered passthrough call with the provider's body; a codex stream (SPEC §6.2) is read whole
 // and assembled. A body that is not a JSON object is no answer of the format (provider_failure).
-func relayBuffered(w http.ResponseWriter, cr *callerRequest, c call, resp *http.Response, attempts int) (u usage, _ *apiError) {
-	p := c.res.Provider
-	ct := cmp.Or(resp.Header.Get("Content-Type"), "application/json")
+func relayBuffered(w http.ResponseWriter, c call, resp *http.Response, attempts int) (u usage, _ *apiError) {
+	p, ct := c.res.Provider, cmp.Or(resp.Header.Get("Content-Type"), "application/json")
 	var body []byte
 	var err error
-	if cr.head.Stream || p.codex {
+	if p.codex {
 		pw := &streamReader{protocol: p.protocol, raw: map[int][]byte{}}
 		if err = relayWatched(pw, resp.Body, nil); err == nil {
 			body = assembledResponse(pw)
@@ -146,8 +140,7 @@ func relayBuffered(w http.ResponseWriter, cr *callerRequest, c call, resp *http.
 	return u, nil
 }
 
-// assembledResponse is a watched codex stream's final response, its output
-// the output_item.done items in output_index order when any.
+// assembledResponse is a watched codex stream's final response, its output the output_item.done items in output_index order.
 func assembledResponse(pw *streamReader) []byte {
 	if len(pw.raw) == 0 {
 		return pw.final
@@ -168,11 +161,11 @@ func writeAnswer(w http.ResponseWriter, contentType string, attempts int, body [
 	w.Write(body)
 }
 
-// readProviderAnswer reads and closes a committed buffered answer.
-func readProviderAnswer(p providerInfo, req chatRequest, resp *http.Response) (chatAnswer, error) {
+// readProviderAnswer reads and closes a committed buffered answer, a codex stream (SPEC §6.2) assembled.
+func readProviderAnswer(p providerInfo, resp *http.Response) (chatAnswer, error) {
 	defer resp.Body.Close()
-	if req.Stream || p.codex {
-		return assembleStream(p.protocol, resp.Body)
+	if p.codex {
+		return answerOf(func(emit func(streamEvent) error) error { return readUpstreamStream(p.protocol, resp.Body, emit) })
 	}
 	body, err := readWhole(p, resp)
 	if err != nil {
@@ -204,8 +197,7 @@ func providerFacts(h, provider http.Header, same bool) {
 	}
 }
 
-// keepAliveEvery is how long a stream may be silent before Brama writes an
-// SSE comment (SPEC §7.5). It writes; it never cuts.
+// keepAliveEvery is how long a stream may be silent before Brama writes an SSE comment (SPEC §7.5). It writes; it never cuts.
 const keepAliveEvery = 15 * time.Second
 
 // openStreamAnswer sends the 200 and starts the keep-alive timer, a comment after every silence of every
@@ -217,11 +209,11 @@ func openStreamAnswer(w http.ResponseWriter, dialect string, req chatRequest, mo
 	h.Set("Brama-Attempts", strconv.Itoa(attempts))
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
-	s := newCallerStream(dialect, req, w, func() { rc.Flush() }, model)
+	s := &callerStream{w: w, flush: func() { rc.Flush() }, frames: formatOf(dialect).frames, req: req, model: model}
 	s.flush()   // committed: the caller has its 200 now, however long the provider stays silent
 	s.mu.Lock() // the timer's first run reads s.timer, under mu
 	defer s.mu.Unlock()
-	s.every, s.timer = every, time.AfterFunc(every, func() { s.do(s.keepAlive) })
+	s.every, s.timer = every, time.AfterFunc(every, func() { s.do(func() error { return s.write(": keep-alive\n\n") }) })
 	return s
 }
 
@@ -335,11 +327,6 @@ type streamBlock struct {
 	buf             strings.Builder
 }
 
-// newCallerStream writes dialect to w, flushing every frame (flush may be nil), reporting model (SPEC §7.6).
-func newCallerStream(dialect string, req chatRequest, w io.Writer, flush func(), model string) *callerStream {
-	return &callerStream{w: w, flush: flush, frames: formatOf(dialect).frames, req: req, model: model}
-}
-
 // wholeAnswer writes a through a dialect's frames, discarded, and returns the writer holding the whole
 // answer, with the first refusal a block met (messages: arguments not an object).
 func wholeAnswer(frames func(*callerStream, streamStep, *streamBlock, string) error, req chatRequest, a chatAnswer) (*callerStream, error) {
@@ -399,10 +386,11 @@ func (s *callerStream) event(ev streamEvent) error {
 		return s.openBlock(&streamBlock{index: ev.Index, id: ev.ToolCall.ID, name: name,
 			flat: ev.ToolCall.Name, custom: custom, wrapped: custom && !ev.ToolCall.Custom})
 	case eventToolCallArgs:
-		b := s.callBlock(ev.Index)
-		if b == nil {
+		i := slices.IndexFunc(s.blocks, func(b *streamBlock) bool { return !b.text && b.index == ev.Index })
+		if i < 0 {
 			return fmt.Errorf("arguments for tool call %d before its start", ev.Index)
 		}
+		b := s.blocks[i]
 		if b.buf.WriteString(ev.Text); ev.Text == "" || b.wrapped {
 			return nil
 		}
@@ -417,16 +405,6 @@ func (s *callerStream) openBlock(b *streamBlock) error {
 	}
 	b.pos, s.open, s.blocks = len(s.blocks), b, append(s.blocks, b)
 	return s.frames(s, stepOpen, b, "")
-}
-
-// callBlock is the block of the call at a neutral index, nil before its start.
-func (s *callerStream) callBlock(index int) *streamBlock {
-	for _, b := range s.blocks {
-		if !b.text && b.index == index {
-			return b
-		}
-	}
-	return nil
 }
 
 // closeOpen closes the open block; a wrapped call's input goes out first.
@@ -474,9 +452,6 @@ func (s *callerStream) end() error {
 	s.done = true
 	return s.err
 }
-
-// keepAlive writes the SSE comment sent after 15 s without an event.
-func (s *callerStream) keepAlive() error { return s.write(": keep-alive\n\n") }
 
 // frame writes one event: "event: <name>\n" when name is set, then the data.
 func (s *callerStream) frame(name string, v any) error {

@@ -12,10 +12,7 @@ import (
 )
 
 // The provider side of a stream (SPEC §7.5): the SSE reader, and the one reader per protocol that
-// translation and passthrough share.
-
-// sseEvent is one dispatched server-sent event: its event name and its data lines joined with "\n".
-type sseEvent struct{ Event, Data string }
+// translation and passthrough share; the failures they name, and usage.
 
 // sseReader splits a text/event-stream body into blocks (an event's lines and the blank line
 // ending it) as received, WHATWG grammar, with no line limit or timeout (SPEC §7.4).
@@ -29,7 +26,8 @@ type sseReader struct {
 	buf       [16<<10 - 256]byte // the scanner's first buffer: with the reader, one 16 KiB allocation
 }
 
-// newSSEReader reads blocks from r, lines ending at a byte of ends: translation's "\r\n" (WHATWG), passthrough's "\n" (README: a bare "\r" is no line end).
+// newSSEReader reads blocks from r, lines ending at a byte of ends: translation's "\r\n" (WHATWG),
+// passthrough's "\n" (README: a bare "\r" is no line end, the caller reads what was sent).
 func newSSEReader(r io.Reader, ends string) *sseReader {
 	s := &sseReader{sc: *bufio.NewScanner(r), ends: ends, data: []byte{}} // data: non-nil, see next
 	s.sc.Buffer(s.buf[:], math.MaxInt)
@@ -140,14 +138,9 @@ func newStreamReader(protocol string, translate bool) *streamReader {
 	return &streamReader{protocol: protocol, translate: translate, calls: map[int]*upstreamCall{}}
 }
 
-var errEventNotObject = errors.New("the event data is not one JSON object")
-
 // readUpstreamStream emits a provider stream's neutral events, nil only after its terminal
 // signal (SPEC §7.5): a cut or in-band error is provider_incomplete, a malformed event provider_failure.
 func readUpstreamStream(protocol string, body io.Reader, emit func(streamEvent) error) error {
-	if formatOf(protocol) == nil {
-		return refuse("provider_failure", "unknown wire format %q", protocol)
-	}
 	return newStreamReader(protocol, true).run(body, emit, nil)
 }
 
@@ -157,8 +150,7 @@ func relayWatched(r *streamReader, body io.Reader, relay func(block []byte, flus
 	return r.run(body, func(streamEvent) error { return nil }, relay)
 }
 
-// run reads body's events to the terminal signal: translation's lines end at "\r\n" (WHATWG),
-// passthrough's at "\n" (README: a bare "\r" is no line end, the caller reads what was sent).
+// run reads body's events to the terminal signal, lines ending as newSSEReader says.
 func (r *streamReader) run(body io.Reader, emit func(streamEvent) error, relay func([]byte, bool) error) error {
 	ends := "\n"
 	if r.translate {
@@ -204,23 +196,22 @@ func (r *streamReader) read(event string, data []byte, emit func(streamEvent) er
 		r.sawDone = true
 		return true, true, r.ended(emit)
 	}
-	if !json.Valid(data) {
-		return false, false, malformedEvent(r.protocol, errEventNotObject)
-	}
-	e, ok := splitRaw(data, '{', r.scratch[0][:])
-	if !ok {
-		return false, false, malformedEvent(r.protocol, errEventNotObject)
+	e, ok := rawObject{}, json.Valid(data)
+	if ok {
+		e, ok = splitRaw(data, '{', r.scratch[0][:])
 	}
 	typ := cmp.Or(string(rawText(e.value("type"))), event) // a switch on it allocates nothing
+	if event == "error" && r.protocol == protoAnthropic {
+		typ = event
+	}
 	switch {
+	case !ok:
+		err = eventWithout(r.protocol, "data", "one JSON object")
 	case r.protocol == protoOpenAIChat:
 		keep, err = r.readChat(event, e, emit)
 	case typ == "":
 		err = eventWithout(r.protocol, "event", "a type")
 	case r.protocol == protoAnthropic:
-		if event == "error" {
-			typ = event
-		}
 		keep, end, err = r.readMessages(typ, e, emit)
 	default:
 		keep, end, err = r.readResponses(typ, e, emit)
@@ -236,11 +227,9 @@ func (r *streamReader) decode(o rawObject, key string, v any) error {
 	return nil
 }
 
-// ended closes a chat answer whose choice 0 finished: the held calls, then the tail.
+// ended closes a chat answer whose choice 0 finished (translation's terminal signal; passthrough emits nothing):
+// the held calls, then the tail.
 func (r *streamReader) ended(emit func(streamEvent) error) error {
-	if r.finish == "" {
-		return nil
-	}
 	if r.refusal {
 		r.finish = finishContentFilter
 	}
@@ -251,7 +240,7 @@ func (r *streamReader) ended(emit func(streamEvent) error) error {
 }
 
 // readMessages: message_stop ends; usage comes in message_start (emitted at once: a stream cut
-// later still records it) and message_delta, whose output count is the whole.
+// later still records it) and message_delta, whose output count is the whole. r.finish is the stop_reason.
 func (r *streamReader) readMessages(typ string, e rawObject, emit func(streamEvent) error) (keep, end bool, err error) {
 	switch typ {
 	case "error":
@@ -271,9 +260,7 @@ func (r *streamReader) readMessages(typ string, e rawObject, emit func(streamEve
 		}
 		err = r.decode(e, "delta", &d)
 		u, uerr := usageOf(r.protocol, e.value("usage"))
-		if d.StopReason != "" {
-			r.finish = messagesFinish(d.StopReason)
-		}
+		r.finish = cmp.Or(d.StopReason, r.finish)
 		if u.InputTokens > 0 { // newer streams repeat the cumulative input count
 			r.usage.InputTokens = u.InputTokens
 		}
@@ -283,7 +270,7 @@ func (r *streamReader) readMessages(typ string, e rawObject, emit func(streamEve
 		err = cmp.Or(err, uerr)
 	case "message_stop":
 		r.finished = true
-		return true, true, emitTail(emit, answerFinish(r.finish), r.usage)
+		return true, true, emitTail(emit, messagesFinish(r.finish), r.usage)
 	case "content_block_start", "content_block_delta", "content_block_stop":
 		if r.translate {
 			err = r.readBlock(typ, e, emit)
@@ -385,13 +372,11 @@ func (r *streamReader) readItem(typ string, e rawObject, emit func(streamEvent) 
 	if !r.translate {
 		return nil
 	}
-	it, err := r.item(ev.OutputIndex, &item, emit)
+	it, err := r.item(ev.OutputIndex, &item, typ == "response.output_item.done", emit)
 	out := streamEvent{Kind: eventText, Text: ev.Delta}
 	switch {
-	case err != nil || typ == "response.output_item.added":
+	case err != nil || isItem:
 		return err
-	case typ == "response.output_item.done":
-		return r.done(ev.OutputIndex, &item, emit)
 	case typ == "response.refusal.delta":
 		r.refusal = true
 	case typ != "response.output_text.delta" && it.tool < 0:
@@ -410,7 +395,7 @@ func (r *streamReader) readItem(typ string, e rawObject, emit func(streamEvent) 
 func (r *streamReader) completed(resp *responsesObject, emit func(streamEvent) error) error {
 	for i, it := range resp.Output {
 		if _, seen := r.calls[i]; !seen && it != nil {
-			if err := r.done(i, it, emit); err != nil {
+			if _, err := r.item(i, it, true, emit); err != nil {
 				return err
 			}
 		}
@@ -427,49 +412,50 @@ func (r *streamReader) completed(resp *responsesObject, emit func(streamEvent) e
 	return emitTail(emit, finish, r.usage)
 }
 
-// item is the state of output index i: a tool call once seen as one.
-func (r *streamReader) item(i int, item *responsesItem, emit func(streamEvent) error) (*upstreamCall, error) {
+// item is the state of output index i, a tool call once seen as one; when done, it emits whatever the item's deltas did not.
+func (r *streamReader) item(i int, item *responsesItem, done bool, emit func(streamEvent) error) (*upstreamCall, error) {
 	it, ok := r.calls[i]
 	if !ok {
 		it = &upstreamCall{tool: -1}
 		r.calls[i] = it
 	}
-	if tc, isCall := item.call(); isCall && it.tool < 0 {
+	tc, isCall := item.call()
+	if isCall && it.tool < 0 {
 		if item.Name == "" {
 			return nil, eventWithout(protoOpenAIResponses, "a call item", "a name")
 		}
-		it.tool, r.ncalls, tc.Arguments = r.ncalls, r.ncalls+1, ""
-		return it, emit(streamEvent{Kind: eventToolCallStart, Index: it.tool, ToolCall: tc})
+		it.tool, r.ncalls = r.ncalls, r.ncalls+1
+		start := toolCall{ID: tc.ID, Name: tc.Name, Custom: tc.Custom}
+		if err := emit(streamEvent{Kind: eventToolCallStart, Index: it.tool, ToolCall: start}); err != nil {
+			return nil, err
+		}
 	}
-	return it, nil
-}
-
-// done completes an output item, emitting whatever its deltas did not.
-func (r *streamReader) done(i int, item *responsesItem, emit func(streamEvent) error) error {
-	it, err := r.item(i, item, emit)
-	if err != nil || it.streamed {
-		return err
+	if !done || it.streamed {
+		return it, nil
 	}
 	it.streamed = true
-	if tc, ok := item.call(); ok && tc.Arguments != "" {
-		return emit(streamEvent{Kind: eventToolCallArgs, Index: it.tool, Text: tc.Arguments})
+	if isCall && tc.Arguments != "" {
+		return it, emit(streamEvent{Kind: eventToolCallArgs, Index: it.tool, Text: tc.Arguments})
 	}
 	var scratch chatRequest // a message item's text, a refusal's too
 	parts, _ := scratch.responsesParts(item.Content, "")
 	text := textOf(parts)
-	for _, p := range rawItems(item.Content) {
+	var raw []json.RawMessage
+	json.Unmarshal(item.Content, &raw)
+	for _, p := range raw {
 		var rp responsesPart
 		if json.Unmarshal(p, &rp); rp.Type == "refusal" {
 			text, r.refusal = text+rp.Refusal, true
 		}
 	}
 	if item.Type == "message" && text != "" {
-		return emit(streamEvent{Kind: eventText, Text: text})
+		return it, emit(streamEvent{Kind: eventText, Text: text})
 	}
-	return nil
+	return it, nil
 }
 
-// upstreamStreamError is an in-band error's cause: its redacted code, and the refusalRate or refusalQuota class the dispatcher records a block for (SPEC §6.2).
+// upstreamStreamError is an in-band error's cause: its redacted code, and the refusalRate or refusalQuota class the
+// dispatcher records a block for (SPEC §6.2).
 type upstreamStreamError struct{ Code, Class string }
 
 func (e *upstreamStreamError) Error() string { return "provider stream error " + e.Code }
@@ -478,39 +464,39 @@ func (e *upstreamStreamError) Error() string { return "provider stream error " +
 var streamErrorCodes = map[string]string{"rate_limit_exceeded": refusalRate, "rate_limit_error": refusalRate,
 	"usage_limit_reached": refusalRate, "insufficient_quota": refusalQuota, "billing_error": refusalQuota}
 
-const inBandMessage = "the provider stream failed with error %q"
-
-// inBandError is provider_incomplete: the caller cannot know what was billed (SPEC §6.2, §7.5); the dispatcher redacts the credential (apiError.redactedFor).
+// inBandError is provider_incomplete: the caller cannot know what was billed (SPEC §6.2, §7.5).
 func inBandError(code string) *apiError {
 	class := streamErrorCodes[code]
 	if quotaCodes[code] {
 		class = refusalQuota
 	}
-	code = cmp.Or(cleanQuoted(code, "", 64), "unspecified")
-	return refuse("provider_incomplete", inBandMessage, code).because(&upstreamStreamError{Code: code, Class: class})
+	se := &upstreamStreamError{Code: cmp.Or(cleanQuoted(code, "", 64), "unspecified"), Class: class}
+	return (&apiError{Err: se}).redactedFor("") // writes the message
 }
 
-// redactedFor redacts the presented credential from an in-band stream error's code: its reader does not know it (SPEC §8.1).
+// redactedFor redacts the presented credential from an in-band stream error's code, which its reader
+// does not know (SPEC §8.1), and (re)writes its message; other errors are returned as they are.
 func (e *apiError) redactedFor(presented string) *apiError {
 	var se *upstreamStreamError
-	if presented != "" && errors.As(e.Err, &se) {
+	if errors.As(e.Err, &se) {
 		se.Code = redact(se.Code, presented)
-		e.Message = refuse("provider_incomplete", inBandMessage, se.Code).Message
+		*e = *refuse("provider_incomplete", "the provider stream failed with error %q", se.Code).because(e.Err)
 	}
 	return e
 }
 
-func malformedEvent(protocol string, cause error) *apiError {
-	return refuse("provider_failure", "the provider sent a malformed %s stream event", protocol).because(cause)
-}
-
-// malformedAnswer refuses a 2xx body that is not the protocol's answer, never quoted.
+// malformedAnswer refuses a 2xx body or stream event that is not the protocol's answer, never quoted.
 func malformedAnswer(protocol string, cause error) *apiError {
 	return refuse("provider_failure", "the provider answered with a malformed %s body", protocol).because(cause)
 }
 
-// streamCut is the failure of a stream cut before its terminal signal: the
-// provider may have generated and billed (SPEC §7.5, §8.2).
+// eventWithout is the malformed event of typ lacking what it must carry.
+func eventWithout(protocol, typ, what string) *apiError {
+	return malformedAnswer(protocol, errors.New(typ+" without "+what))
+}
+
+// streamCut is the failure of a stream cut before its terminal signal: the provider may have
+// generated and billed (SPEC §7.5, §8.2).
 func streamCut(err error) *apiError {
 	if errors.Is(err, io.EOF) {
 		return refuse("provider_incomplete", "the provider stream ended before its terminal signal")
@@ -522,13 +508,7 @@ func streamCut(err error) *apiError {
 		cleanQuoted(err.Error(), "", 300)).because(err)
 }
 
-// eventWithout is the failure of a typ event lacking what it must carry.
-func eventWithout(protocol, typ, what string) *apiError {
-	return malformedEvent(protocol, errors.New(typ+" without "+what))
-}
-
-// passthroughUsage holds the usage members of all three formats (flat: the
-// wire types embedded cost an allocation per event).
+// passthroughUsage holds the usage members of all three formats (flat: the wire types embedded cost an allocation per event).
 type passthroughUsage struct {
 	PromptTokens             int `json:"prompt_tokens"`
 	CompletionTokens         int `json:"completion_tokens"`
@@ -538,25 +518,17 @@ type passthroughUsage struct {
 	CacheReadInputTokens     int `json:"cache_read_input_tokens"`
 }
 
-// usageOf reads a stream event's usage member; absent or null is unreported.
+// usageOf reads a usage member in Brama's terms, absent or null unreported; Anthropic's cached input counts, as OpenAI's does.
 func usageOf(protocol string, raw json.RawMessage) (usage, error) {
 	if rawIsNull(raw) {
 		return usage{}, nil
 	}
 	u := new(passthroughUsage) // after the null test: it escapes, an allocation per event
 	if err := json.Unmarshal(raw, u); err != nil {
-		return usage{}, malformedEvent(protocol, err)
+		return usage{}, malformedAnswer(protocol, err)
 	}
-	return u.count(protocol), nil
-}
-
-// count is the usage in Brama's terms (nil: unreported); Anthropic's cached input counts, as OpenAI's does.
-func (u *passthroughUsage) count(protocol string) usage {
-	switch {
-	case u == nil:
-		return usage{}
-	case protocol == protoOpenAIChat:
-		return usage{InputTokens: u.PromptTokens, OutputTokens: u.CompletionTokens, Reported: true}
+	if protocol == protoOpenAIChat {
+		return usage{u.PromptTokens, u.CompletionTokens, true}, nil
 	}
-	return usage{InputTokens: u.InputTokens + u.CacheCreationInputTokens + u.CacheReadInputTokens, OutputTokens: u.OutputTokens, Reported: true}
+	return usage{u.InputTokens + u.CacheCreationInputTokens + u.CacheReadInputTokens, u.OutputTokens, true}, nil
 }

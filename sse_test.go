@@ -12,6 +12,9 @@ import (
 )
 
 // readAllSSE reads events until the reader's first error.
+// sseEvent is one dispatched server-sent event: its event name and its data lines joined with "\n".
+type sseEvent struct{ Event, Data string }
+
 func readAllSSE(r io.Reader) ([]sseEvent, error) {
 	s := newSSEReader(r, "\r\n")
 	var evs []sseEvent

@@ -200,7 +200,9 @@ func (f *stateFile[T]) update(change func(T) error) error {
 		return f.pathErr
 	}
 	return withFileLock(f.path, func() error {
+		f.mu.Lock() // a parse may keep state (the vault's unwritten grants)
 		doc, _, err := f.read()
+		f.mu.Unlock()
 		if err == nil {
 			err = change(doc)
 		}
@@ -379,17 +381,14 @@ type oauthGrant struct {
 // (SPEC §17): each parse puts it in while the vault holds the token it replaced (every write takes it), then forgets it.
 type vault struct {
 	stateFile[*vaultDoc]
-	umu       sync.Mutex               // guards unwritten; taken under stateFile's mu, never around it
-	unwritten map[string][2]oauthGrant // by subscription id: the stored grant replaced, and its rotation only memory holds
+	unwritten map[string][2]oauthGrant // under mu, by subscription id: the stored grant replaced, and its rotation
 }
 
 func newVault(path string, pathErr error) *vault {
 	v := &vault{unwritten: map[string][2]oauthGrant{}}
-	v.role, v.path, v.pathErr = "vault", path, pathErr
-	v.parse = func(b []byte) (*vaultDoc, error) {
+	v.stateFile = stateFile[*vaultDoc]{role: "vault", path: path, pathErr: pathErr}
+	v.parse = func(b []byte) (*vaultDoc, error) { // stateFile runs it under mu
 		doc, err := parseVault(b)
-		v.umu.Lock()
-		defer v.umu.Unlock()
 		for id, u := range v.unwritten {
 			if c := doc.Subscriptions[id].OAuth; err == nil && c != nil && c.RefreshToken == u[0].RefreshToken {
 				doc.Subscriptions[id] = vaultCredential{OAuth: &u[1]}
@@ -427,22 +426,20 @@ func (d *vaultDoc) validate() error {
 
 // keepUnwritten keeps g, the rotation of old, until a vault write takes it.
 func (v *vault) keepUnwritten(id string, old, g oauthGrant) {
-	v.umu.Lock()
+	v.mu.Lock()
+	defer v.mu.Unlock()
 	if u := v.unwritten[id]; u[1].RefreshToken == old.RefreshToken {
 		old = u[0] // old was itself unwritten
 	}
 	v.unwritten[id] = [2]oauthGrant{old, g}
-	v.umu.Unlock()
-	v.mu.Lock()
 	v.id = fileIdentity{} // the next load parses again, putting g in
-	v.mu.Unlock()
 }
 
 // unwrittenIDs loads the vault first: the parse forgets the grants the file holds now.
 func (v *vault) unwrittenIDs() []string {
 	v.load()
-	v.umu.Lock()
-	defer v.umu.Unlock()
+	v.mu.Lock()
+	defer v.mu.Unlock()
 	return slices.Sorted(maps.Keys(v.unwritten))
 }
 

@@ -12,6 +12,11 @@ import (
 	"github.com/google/go-cmp/cmp"
 )
 
+// assembleStream is a whole stream as one answer, as a buffered caller of codex gets it (SPEC §6.2).
+func assembleStream(protocol string, body io.Reader) (chatAnswer, error) {
+	return answerOf(func(emit func(streamEvent) error) error { return readUpstreamStream(protocol, body, emit) })
+}
+
 // collectStream runs readUpstreamStream over body and returns what it emitted.
 func collectStream(t *testing.T, protocol string, body io.Reader) ([]streamEvent, error) {
 	t.Helper()

@@ -175,15 +175,13 @@ func (inv *inventory) owned(agent, id, ifRetired string) (overlayItem, error) {
 func (inv *inventory) credential(id string) (vaultCredential, error) {
 	doc, err := inv.vault.load()
 	if err != nil {
-		return vaultCredential{}, vaultUnreadable(err)
+		return vaultCredential{}, refuse("credential_unauthorized", "the vault is unreadable").because(err)
 	}
-	c, ok := doc.Subscriptions[id]
-	if !ok || (c.APIKey == "" && c.OAuth == nil) {
-		return vaultCredential{}, refuse("credential_unauthorized", "the vault holds no credential for subscription %q", id)
-	}
-	if c.OAuth != nil {
-		g := *c.OAuth
-		c.OAuth = &g
+	c := doc.Subscriptions[id]
+	if c.APIKey == "" && c.OAuth == nil {
+		return c, refuse("credential_unauthorized", "the vault holds no credential for subscription %q", id)
+	} else if c.OAuth != nil {
+		c.OAuth = ptrTo(*c.OAuth) // doc is the vault's shared cache
 	}
 	return c, nil
 }
@@ -269,10 +267,10 @@ func (inv *inventory) store(it overlayItem, cred vaultCredential, by string) (ov
 		if err != nil || !fresh {
 			return err
 		}
-		doc, err := inv.overlay.load()
-		if err == nil {
-			err = writeState(inv.overlay.path, &overlayDoc{SchemaVersion: 1, Items: append(slices.Clone(doc.Items), it)})
-		}
+		err = inv.overlay.update(func(d *overlayDoc) error {
+			d.Items = append(d.Items, it)
+			return nil
+		})
 		if err == nil {
 			inv.log.Info("subscription_donated", "subscription_id", it.ID, "provider", it.Provider, "agent_id", it.AgentID)
 			return nil
