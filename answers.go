@@ -17,21 +17,261 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 )
 
-// Two guards against spending twice: signed answers (SPEC §12) under an Idempotency-Key, else the replay guard (§8.1, §17).
+// How each call kind is answered: commit answers from the one committed call (its spend settled once); a chat request
+// (passthrough or translated), count_tokens and embeddings, the probe; signed answers under an Idempotency-Key (SPEC §12).
+
+// commit answers from a committed call, never retried (SPEC §7.5), and keeps sub's ledger: spend, a success's pin until
+// the earliest window reset, a block after an in-band rate or quota error. A failed stream aborts: the one abort.
+func (e *engine) commit(ctx context.Context, j *job, c call, req *callerRequest, sub *overlayItem, resp *http.Response,
+	start time.Time) *apiError {
+	defer resp.Body.Close()
+	p, now := c.res.Provider.id, e.now()
+	u, ae, streamed := j.commit(ctx, c, req, resp)
+	if sub != nil && budgets[j.kind].spends {
+		e.ledger.recordUse(sub.ID, p, ae == nil, u.InputTokens, u.OutputTokens)
+		led := e.ledger.entry(sub.ID) // its windows: this answer's and a usage report's (SPEC §7.2.2)
+		until := now.Add(maxPin)
+		for _, win := range led.Windows {
+			if at := time.UnixMilli(win.ResetsAtMs); win.ResetsAtMs > 0 && at.After(now) && at.Before(until) {
+				until = at
+			}
+		}
+		if ae == nil { // only a success pins (SPEC §7.2.4)
+			e.pins.Store(e.agent+"\x00"+p, pin{sub.ID, until})
+		}
+	}
+	var se *upstreamStreamError
+	if sub != nil && ae != nil && errors.As(ae, &se) && (se.Class == refusalRate || se.Class == refusalQuota) {
+		e.block(*sub, retryAfter(resp.Header, now), "the provider ended a committed answer with "+se.Code)
+	}
+	if ae = e.settle(ctx, j, c, start, u, ae); ae != nil && streamed {
+		panic(http.ErrAbortHandler)
+	}
+	return ae
+}
+
+// settle records a request's spend and outcome once, however it ended, and
+// returns its refusal: client_cancelled when the caller hung up (SPEC §7.4).
+func (e *engine) settle(ctx context.Context, j *job, c call, start time.Time, u usage, failure *apiError) *apiError {
+	if failure != nil && ctx.Err() != nil && failure.Code != "client_cancelled" {
+		failure = refuse("client_cancelled", "the caller went away while the provider answered").because(failure).withAttempts(e.t.attempts)
+	}
+	if !budgets[j.kind].spends {
+		return failure
+	}
+	e.t.input, e.t.output = u.InputTokens, u.OutputTokens
+	e.perf.record(c.res.Route, failure == nil, e.now().Sub(start), u.OutputTokens)
+	if failure != nil {
+		e.t.outcome, e.t.retryable = failure.Code, failure.Retryable
+	}
+	return failure
+}
+
+// serveChat answers a planned chat request on w, passthrough or translated
+// (SPEC §7.6), or returns the refusal, told first to the replay guard (§8.1).
+func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *callerRequest, c call, cands []resolution) *apiError {
+	kinds := map[string]routeKind{modeDirect: kindDirect, modeAlias: kindDirect, modeSubscription: kindSubscription}
+	j := &job{kind: kinds[c.res.Mode], // else a selector's
+		build: buildChatRequest,
+		commit: func(ctx context.Context, c call, req *callerRequest, resp *http.Response) (usage, *apiError, bool) {
+			return e.deliver(ctx, w, c, req, resp)
+		},
+	}
+	ae := e.attemptRoute(ctx, j, c, req, cands)
+	if ae != nil && e.t.remember != nil { // the replay guard learns a refusal before the caller reads it
+		e.t.remember(ae, e.t.attempts, ctx.Err() != nil, false)
+	}
+	return ae
+}
+
+// deliver answers from a committed call, passthrough or translated, naming the model asked (a selector's: its
+// candidate's route); a stream's failure is written in-band (streamed), a buffered one not.
+func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, c call, req *callerRequest, resp *http.Response) (
+	u usage, failure *apiError, streamed bool) {
+	w.Header().Set("Brama-Route", c.res.Route)
+	p, attempts, model := c.res.Provider, e.t.attempts, cmp.Or(e.route, req.head.Model)
+	e.t.route = c.res.Route
+	pass, tr := !req.translates(p), chatRequest{}
+	if !pass {
+		tr = req.translated()
+		if dropped := tr.droppedFor(p); len(dropped) > 0 { // SPEC §7.6: nothing is dropped silently
+			w.Header().Set("Brama-Dropped", headerText(strings.Join(dropped, ", ")))
+			e.t.dropped = dropped
+		}
+	}
+	switch {
+	case req.head.Stream: // after commit nothing is retried: a failure is written in-band (SPEC §7.5)
+		if pass {
+			model = c.res.Model
+		}
+		providerFacts(w.Header(), resp.Header, pass)
+		sa := openStreamAnswer(w, req.dialect, tr, model, attempts, cmp.Or(e.keepAlive, keepAliveEvery))
+		defer sa.close()
+		var err error
+		if pass {
+			pw := &streamReader{protocol: p.protocol, dropUsage: req.addsUsage(p)}
+			err = relayWatched(pw, resp.Body, sa.relay)
+			u = pw.usage
+		} else {
+			u, err = sa.translate(p.protocol, resp.Body)
+		}
+		if err != nil {
+			failure = asAPIError(err).redactedFor(c.cred.bearer()).withAttempts(attempts) // a hang-up's is settle's
+			if e.t.remember != nil {                                                      // before the caller can read it and fall back
+				e.t.remember(failure, attempts, ctx.Err() != nil, true)
+			}
+			sa.do(func() error { return sa.fail(failure) })
+			e.log.Warn("stream_failed_after_commit", "request_id", e.t.requestID, "code", failure.Code, "cause", redact(fmt.Sprint(failure.Err), c.cred.bearer()))
+		}
+		return u, failure, true
+	case pass:
+		u, failure = relayBuffered(w, c, resp, attempts)
+		return u, failure, false
+	}
+	a, err := readProviderAnswer(p, resp)
+	if err != nil {
+		return u, asAPIError(err).redactedFor(c.cred.bearer()).withAttempts(attempts), false
+	}
+	a.Model = model
+	out, err := renderAnswer(req.dialect, tr, a)
+	if err != nil {
+		return a.Usage, asAPIError(err).withAttempts(attempts), false
+	}
+	providerFacts(w.Header(), resp.Header, false)
+	writeAnswer(w, "application/json", attempts, out)
+	return a.Usage, nil, false
+}
+
+// serveModelCall makes the one call of POST /v1/messages/count_tokens (embed nil: the anthropic-messages provider's own
+// count, else a local estimate) or of POST /v1/embeddings (a direct route to an openai-chat provider, its JSON as is), SPEC §15.
+func (e *engine) serveModelCall(ctx context.Context, w http.ResponseWriter, req *callerRequest, embed map[string]json.RawMessage,
+	c call) error {
+	p, j := c.res.Provider, &job{kind: kindCountTokens,
+		build: func(ctx context.Context, c call, req *callerRequest) (*http.Request, error) {
+			return req.passthrough(ctx, c, "/v1/messages/count_tokens", false)
+		},
+		commit: func(_ context.Context, c call, _ *callerRequest, resp *http.Response) (usage, *apiError, bool) {
+			var ans struct {
+				InputTokens *int `json:"input_tokens"`
+			}
+			b, err := readWhole(c.res.Provider, resp)
+			if err == nil {
+				if err = json.Unmarshal(b, &ans); err != nil || ans.InputTokens == nil {
+					err = malformedAnswer(protoAnthropic, err)
+				}
+			}
+			if err != nil {
+				return usage{}, asAPIError(err).withAttempts(e.t.attempts), false
+			}
+			w.Header().Set("Brama-Route", c.res.Route)
+			providerFacts(w.Header(), resp.Header, true)
+			writeAnswer(w, "application/json", e.t.attempts, fmt.Appendf(nil, "{\"input_tokens\":%d}\n", *ans.InputTokens))
+			return usage{}, nil, false
+		}}
+	switch {
+	case embed != nil && c.res.Mode != modeDirect && c.res.Mode != modeAlias:
+		return refuse("invalid_request", "embeddings take a direct or alias route; %q is paid by a subscription", req.head.Model)
+	case embed != nil && p.protocol != protoOpenAIChat:
+		return refuse("invalid_request", "embeddings need an openai-chat provider; %q speaks %s", p.id, p.protocol)
+	case embed != nil:
+		embed["model"], _ = json.Marshal(c.res.Model)
+		out, _ := json.Marshal(embed)
+		j.kind = kindEmbeddings
+		j.build = func(ctx context.Context, c call, _ *callerRequest) (*http.Request, error) {
+			return newProviderRequest(ctx, c, nil, "/embeddings", out, false)
+		}
+		j.commit = func(_ context.Context, c call, _ *callerRequest, resp *http.Response) (usage, *apiError, bool) {
+			w.Header().Set("Brama-Route", c.res.Route)
+			u, ae := relayBuffered(w, c, resp, e.t.attempts) // a JSON object as received, else provider_failure
+			return u, ae, false
+		}
+	case p.protocol != protoAnthropic: // count_tokens; also selectors and best: no one route to ask
+		if c.res.Route != "" {
+			w.Header().Set("Brama-Route", c.res.Route)
+		}
+		w.Header().Set("Brama-Estimate", "true")
+		writeJSON(w, http.StatusOK, map[string]int{"input_tokens": estimateInputTokens(req.body)})
+		return nil
+	}
+	if ae := e.attemptRoute(ctx, j, c, req, nil); ae != nil {
+		return ae
+	}
+	return nil
+}
+
+// probe runs one completion probe on the live subscription it with model ("": the built-in one), as a request would meet
+// it (SPEC §11.3); 409 before any call when blocked or model-less. Its answer: the probe and the row after it.
+func (e *engine) probe(ctx context.Context, it overlayItem, model string) (any, error) {
+	if until := e.ledger.blockedUntil(it.ID); !until.IsZero() {
+		return nil, refuse("state_conflict", "subscription %s is blocked until %s; a probe is not sent inside a recorded block",
+			it.ID, until.UTC().Format(time.RFC3339))
+	}
+	builtin, _ := lookupProvider(it.Provider)
+	model = cmp.Or(strings.TrimPrefix(strings.TrimSpace(model), it.Provider+"/"), builtin.probe)
+	if model == "" {
+		return nil, refuse("state_conflict", "name a model for this probe: provider %q has no built-in probe model", it.Provider)
+	}
+	res, err := resolveModel(it.Provider+"/"+model, nil, nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	res.Mode = modeSubscription // paid by the probed subscription, whatever its provider
+	u, ae := e.ping(ctx, call{res: res}, []overlayItem{it})
+	ok, detail := ae == nil, fmt.Sprintf("%s answered (%d output tokens)", res.Route, u.OutputTokens)
+	if !ok && e.t.attempts == 0 && len(e.reasons) == 0 { // refused before any call, as a probe's own refusal
+		ae.Attempts = nil
+		return nil, ae
+	} else if !ok { // the provider refused, its answer could not be read, or the grant could not be refreshed
+		detail = ae.Message
+	}
+	e.ledger.recordCheck(it.ID, res.Provider.id, true, ok, detail)
+	if ok && e.ledger.entry(it.ID).Credential.State != credActive {
+		e.ledger.setCredential(it.ID, res.Provider.id, credActive, "") // SPEC §10.3: a successful probe reactivates
+	}
+	e.inv.invalidate() // the listing shows the probe at once (SPEC §10.2)
+	level := map[bool]slog.Level{true: slog.LevelInfo, false: slog.LevelWarn}[ok]
+	e.log.Log(ctx, level, "usage_probe_"+map[bool]string{true: "ok", false: "failed"}[ok], "request_id", e.t.requestID,
+		"subscription_id", it.ID, "agent_id", e.agent, "provider", it.Provider, "route", res.Route, "detail", ledgerSentence(detail))
+	row := e.inv.row(it, false, e.now())
+	return map[string]any{"ok": true, "probe": cmp.Or(row.Probe, &ledgerCheck{}), "subscription": row}, nil
+}
+
+// ping makes the probe's and onboarding's one completion on c (SPEC §11.3), paid by pool when given.
+func (e *engine) ping(ctx context.Context, c call, pool []overlayItem) (u usage, ae *apiError) {
+	req := pingRequest(c.res.Route, c.res.Provider)
+	ae = e.attemptRoute(ctx, &job{kind: kindProbe, pool: pool,
+		build: func(ctx context.Context, c call, _ *callerRequest) (*http.Request, error) {
+			return buildUpstreamRequest(ctx, c, req)
+		},
+		commit: func(_ context.Context, c call, _ *callerRequest, resp *http.Response) (usage, *apiError, bool) {
+			a, err := readProviderAnswer(c.res.Provider, resp)
+			if u = a.Usage; err != nil { // an in-band limit blocks, as a request's
+				return u, asAPIError(err), false
+			}
+			return u, nil, false
+		}}, c, nil, nil)
+	return u, ae
+}
+
+// pingRequest is the probe's and onboarding's completion (SPEC §6.2, §11.3).
+func pingRequest(route string, p providerInfo) chatRequest {
+	req := chatRequest{Model: route, Messages: []message{{Role: "user", Parts: []part{{Type: partText, Text: "ping"}}}}}
+	if !p.codex {
+		req.MaxTokens = probeMaxTokens
+	}
+	return req
+}
 
 const (
 	answerInProgress = "in_progress" // record states (SPEC §12 item 4)
 	answerComplete   = "complete"
 	abandonedMessage = "this answer's process stopped before it was kept; a provider call may have been made" // SPEC §12 item 2
-	unkeptMessage    = "this answer was given once but could not be kept (see the log's answer_unkept); a provider call was made"
-	maxReplayMessage = 256 // message bytes a replay entry keeps: 10,000 entries stay a few MB
 )
 
 var (
@@ -39,10 +279,10 @@ var (
 	errSignatureMismatch = errors.New("signature mismatch") // `brama answers verify`'s refusal
 	// errServerShutdown is serve's second signal: the requests it cancels keep item 2's refusal.
 	errServerShutdown = errors.New("the server is shutting down")
-	errReplayRefused  = errors.New("replay guard: the same request was refused after a provider call") // the log's cause
 )
 
-// answerRecord is one kept-answer file (SPEC §12); in progress, the members only completion knows are null.
+// answerRecord is one kept-answer file (SPEC §12); in progress, the members only completion knows are null. Reserved by
+// this process, it knows its path and the key that will sign it.
 type answerRecord struct {
 	SchemaVersion int     `json:"schema_version"`
 	State         string  `json:"state"`
@@ -57,13 +297,8 @@ type answerRecord struct {
 	Attempts      *int    `json:"attempts"`    // null: unknown (an abandoned answer)
 	Route         string  `json:"route"`
 	Signature     *string `json:"signature"`
-}
-
-// answerTicket is a reservation this process holds, with the key that will sign it.
-type answerTicket struct {
-	path string
-	rec  answerRecord
-	key  []byte
+	path          string
+	key           []byte
 }
 
 // decodeAnswerRecord strictly parses a kept-answer file (decodeStrict runs validate); every error wraps errAnswerCorrupt.
@@ -111,23 +346,6 @@ func signAnswer(key, body []byte) string {
 	return fmt.Sprintf("v1=%x", m.Sum(nil))
 }
 
-func signedBy(key, body []byte, sig string) bool {
-	return hmac.Equal([]byte(signAnswer(key, body)), []byte(sig))
-}
-
-// checkIdempotencyKey applies SPEC §12: one header of 1..255 printable ASCII characters, on a buffered request.
-func checkIdempotencyKey(keys []string, stream bool) error {
-	switch k := keys[0]; {
-	case len(keys) > 1:
-		return refuse("invalid_request", "send one Idempotency-Key header")
-	case len(k) < 1 || len(k) > 255 || strings.ContainsFunc(k, func(r rune) bool { return r < 0x20 || r > 0x7e }):
-		return refuse("invalid_request", "Idempotency-Key must be 1 to 255 printable ASCII characters")
-	case stream:
-		return refuse("invalid_request", "Idempotency-Key keeps one buffered answer; it cannot be used with stream: true")
-	}
-	return nil
-}
-
 // readAnswerKey reads and guards $STATE/answer-key; create makes an absent one with publishFile, so of two creators one wins.
 func readAnswerKey(st state, create bool) (key []byte, err error) {
 	name, err := st.path("answer key", "answer-key")
@@ -166,12 +384,6 @@ func (a *answerStore) unplaced(cause error) *apiError {
 	return refuse("internal_error", "this request's one signed answer has no place to be kept: %v", cause).because(cause)
 }
 
-// answerBusy is the 409 of a key whose answer is still being produced, the one retryable state_conflict (SPEC §8.1).
-func answerBusy() *apiError {
-	const msg = "the answer for this Idempotency-Key is still being produced; retry later"
-	return &apiError{Code: "state_conflict", Type: codes["state_conflict"].typ, Message: msg, Retryable: true}
-}
-
 // signedCall is a chat request carrying an Idempotency-Key as the store sees it.
 type signedCall struct {
 	client, route string
@@ -183,10 +395,24 @@ type signedCall struct {
 }
 
 // serve answers c (SPEC §12), replaying a kept answer or keeping dispatch's; the error is a refusal for the caller to write.
+// After dispatch the reservation is kept (signed) or released (item 3). After a provider call started, a hang-up or panic
+// is kept (499, 500) so the key never spends twice; a retryable refusal, or one before dispatch, is released.
 func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signedCall, dispatch func(http.ResponseWriter)) (replayed bool, err error) {
 	t, kept, err := a.reserve(c)
-	if kept != nil {
-		a.replay(w, c.t, kept)
+	if h := w.Header(); kept != nil { // replayed, with no provider call
+		var env envelope
+		if json.Unmarshal(kept.Body, &env) == nil && env.Error.Code != "" {
+			c.t.outcome, c.t.retryable = env.Error.Code, env.Error.Retryable
+			h.Set("X-Should-Retry", strconv.FormatBool(env.Error.Retryable)) // SPEC §8.1
+		}
+		c.t.attempts = 0
+		maps.Copy(h, http.Header{"Brama-Answer-Signature": {*kept.Signature}, "Brama-Answer-Replayed": {"true"},
+			"Brama-Attempts": {"0"}, "Content-Type": {"application/json"}})
+		if kept.Route != "" { // README: every answer names its route
+			h.Set("Brama-Route", kept.Route)
+		}
+		w.WriteHeader(*kept.Status)
+		w.Write(kept.Body)
 	}
 	if t == nil {
 		return kept != nil, err
@@ -194,7 +420,38 @@ func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signed
 	rec, panicked := &httptest.ResponseRecorder{HeaderMap: http.Header{}, Body: new(bytes.Buffer)}, true // Code 0 until written
 	// Deferred, so that after a panic too the key is kept or released; the panic goes on (the connection is lost anyway).
 	defer func() {
-		if rec = a.settle(ctx, c, t, rec, panicked); !panicked {
+		calls, dispatched, keep := c.t.attempts, c.t.attempts > 0 || rec.HeaderMap.Get("Brama-Attempts") != "", true
+		var cut *apiError
+		switch {
+		case rec.Code >= 200 && rec.Code <= 299 && !panicked:
+		case calls > 0 && panicked:
+			cut = refuse("internal_error", "the answer failed inside Brama after a provider call started")
+		case calls > 0 && context.Cause(ctx) == errServerShutdown: // a stopped process's answer (item 2)
+			cut = refuse("internal_error", abandonedMessage)
+		case calls > 0 && ctx.Err() != nil:
+			cut = refuse("client_cancelled", "the caller hung up after a provider call started")
+		case panicked, ctx.Err() != nil, rec.HeaderMap.Get("X-Should-Retry") == "true", !dispatched:
+			if err := errors.Join(os.Remove(t.path), syncDir(filepath.Dir(t.path))); err != nil {
+				a.log.Error("answer_release_failed", "request_id", c.t.requestID, "err", err)
+			}
+			keep = false
+		}
+		route := cmp.Or(rec.HeaderMap.Get("Brama-Route"), c.route) // a selector's: the candidate that answered
+		if cut != nil {
+			rec = httptest.NewRecorder()
+			c.envelope(rec, cut.withAttempts(calls))
+			c.t.outcome, c.t.retryable = cut.Code, false
+		}
+		if keep {
+			rec.Body = bytes.NewBuffer(withoutPromptEcho(rec.Body.Bytes())) // the first answer is the kept body (item 7)
+			if err := a.complete(t, rec.Code, rec.Body.Bytes(), &calls, route); err == nil {
+				rec.HeaderMap.Set("Brama-Answer-Signature", *t.Signature)
+			} else { // paid for: given unsigned rather than lost; in progress, the key never spends twice (item 2)
+				a.unkept.Store(t.path, true)
+				a.log.Error("answer_unkept", "request_id", c.t.requestID, "err", err)
+			}
+		}
+		if !panicked {
 			maps.Copy(w.Header(), rec.HeaderMap)
 			w.WriteHeader(cmp.Or(rec.Code, http.StatusOK))
 			w.Write(rec.Body.Bytes())
@@ -205,11 +462,16 @@ func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signed
 	return false, nil
 }
 
-// reserve, the last step before the first provider call (SPEC §12 item 1), returns this request's ticket, a record to
-// replay (its signature checked), or a refusal: a bad key, item 2's, or, with no place, §2.1's.
-func (a *answerStore) reserve(c signedCall) (*answerTicket, *answerRecord, error) {
-	if err := checkIdempotencyKey(c.keys, c.stream); err != nil {
-		return nil, nil, err
+// reserve, the last step before the first provider call (SPEC §12 item 1), returns this request's reservation, a record
+// to replay (its signature checked), or a refusal: a bad key, a busy one, item 2's, or, with no place, §2.1's.
+func (a *answerStore) reserve(c signedCall) (*answerRecord, *answerRecord, error) {
+	switch k := c.keys[0]; { // SPEC §12: one header of 1..255 printable ASCII characters, on a buffered request
+	case len(c.keys) > 1:
+		return nil, nil, refuse("invalid_request", "send one Idempotency-Key header")
+	case len(k) < 1 || len(k) > 255 || strings.ContainsFunc(k, func(r rune) bool { return r < 0x20 || r > 0x7e }):
+		return nil, nil, refuse("invalid_request", "Idempotency-Key must be 1 to 255 printable ASCII characters")
+	case c.stream:
+		return nil, nil, refuse("invalid_request", "Idempotency-Key keeps one buffered answer; it cannot be used with stream: true")
 	}
 	path, err := a.st.path("signed answers", filepath.Join("answers", c.client, hexSHA256([]byte(c.keys[0]))+".json"))
 	if !idPattern.MatchString(c.client) {
@@ -224,11 +486,11 @@ func (a *answerStore) reserve(c signedCall) (*answerTicket, *answerRecord, error
 	if err = cmp.Or(err, kerr); err != nil {
 		return nil, nil, a.unplaced(err)
 	}
-	t := &answerTicket{path, answerRecord{SchemaVersion: 1, State: answerInProgress, BootID: a.bootID, Client: c.client,
+	t := &answerRecord{SchemaVersion: 1, State: answerInProgress, BootID: a.bootID, Client: c.client,
 		KeySHA256: hexSHA256([]byte(c.keys[0])), RequestSHA256: hexSHA256(c.body),
-		StartedAt: a.now().UTC().Format(journalTimeFormat), Route: c.route}, key}
-	data, _ := marshalState(&t.rec) // strings and ints always encode
-	// A record removed between our failed link and our read (released, or pruned) frees the key: try again, a few times.
+		StartedAt: a.now().UTC().Format(journalTimeFormat), Route: c.route, path: path, key: key}
+	data, _ := marshalState(t) // strings and ints always encode
+	// A record removed (released, or pruned) or completed since our failed link frees or answers the key: try a few times.
 	for range 3 {
 		if err := publishFile(path, data); err == nil {
 			return t, nil, nil
@@ -238,93 +500,41 @@ func (a *answerStore) reserve(c signedCall) (*answerTicket, *answerRecord, error
 		rec, err := readAnswerFile(path)
 		if errors.Is(err, errFileAbsent) {
 			continue
-		} else if err == nil && rec.State == answerComplete && !signedBy(key, rec.Body, *rec.Signature) {
+		} else if err == nil && rec.State == answerComplete && !hmac.Equal([]byte(signAnswer(key, rec.Body)), []byte(*rec.Signature)) {
 			err = errSignatureMismatch
 		}
 		_, unkept := a.unkept.Load(path)
 		switch open := err == nil && rec.State == answerInProgress; {
 		case err != nil:
 			return nil, nil, refuse("internal_error", "the kept answer for this Idempotency-Key is unreadable").because(err)
-		case rec.RequestSHA256 != t.rec.RequestSHA256:
+		case rec.RequestSHA256 != t.RequestSHA256:
 			return nil, nil, refuse("state_conflict", "this Idempotency-Key was used with another request body")
 		case open && rec.BootID != a.bootID: // a stopped process's: kept as item 2's refusal, attempts unknown
 			e := httptest.NewRecorder()
 			ae := c.envelope(e, refuse("internal_error", abandonedMessage))
-			if rec, err = a.complete(&answerTicket{path, *rec, key}, ae.Status(), e.Body.Bytes(), nil, rec.Route); err != nil {
+			rec.path, rec.key = path, key
+			if err = a.complete(rec, ae.Status(), e.Body.Bytes(), nil, rec.Route); err != nil {
 				return nil, nil, refuse("internal_error", "the abandoned answer for this Idempotency-Key could not be kept").because(err)
 			}
 			a.log.Warn("answer_abandoned", "client", rec.Client, "key_sha256", rec.KeySHA256, "boot_id", rec.BootID)
 		case open && unkept:
-			return nil, nil, refuse("internal_error", unkeptMessage)
+			const why = "this answer was given once but could not be kept (see the log's answer_unkept); a provider call was made"
+			return nil, nil, refuse("internal_error", why)
 		case open:
-			return nil, nil, answerBusy()
+			continue // still being produced
 		}
 		return nil, rec, nil
 	}
-	return nil, nil, answerBusy()
+	const busy = "the answer for this Idempotency-Key is still being produced; retry later" // the one retryable 409 (SPEC §8.1)
+	return nil, nil, &apiError{Code: "state_conflict", Type: codes["state_conflict"].typ, Message: busy, Retryable: true}
 }
 
-// settle keeps (signed) or releases the reservation after dispatch (SPEC §12 item 3). After a provider call started, a
-// hang-up or panic is kept (499, 500) so the key never spends twice; a retryable refusal, or one before dispatch, is released.
-func (a *answerStore) settle(ctx context.Context, c signedCall, t *answerTicket, rec *httptest.ResponseRecorder, panicked bool) *httptest.ResponseRecorder {
-	calls, dispatched := c.t.attempts, c.t.attempts > 0 || rec.HeaderMap.Get("Brama-Attempts") != ""
-	var cut *apiError
-	switch {
-	case rec.Code >= 200 && rec.Code <= 299 && !panicked:
-	case calls > 0 && panicked:
-		cut = refuse("internal_error", "the answer failed inside Brama after a provider call started")
-	case calls > 0 && context.Cause(ctx) == errServerShutdown: // a stopped process's answer (item 2)
-		cut = refuse("internal_error", abandonedMessage)
-	case calls > 0 && ctx.Err() != nil:
-		cut = refuse("client_cancelled", "the caller hung up after a provider call started")
-	case panicked, ctx.Err() != nil, rec.HeaderMap.Get("X-Should-Retry") == "true", !dispatched:
-		if err := errors.Join(os.Remove(t.path), syncDir(filepath.Dir(t.path))); err != nil {
-			a.log.Error("answer_release_failed", "request_id", c.t.requestID, "err", err)
-		}
-		return rec
-	}
-	route := cmp.Or(rec.HeaderMap.Get("Brama-Route"), c.route) // a selector's: the candidate that answered
-	if cut != nil {
-		rec = httptest.NewRecorder()
-		c.envelope(rec, cut.withAttempts(calls))
-		c.t.outcome, c.t.retryable = cut.Code, false
-	}
-	rec.Body = bytes.NewBuffer(withoutPromptEcho(rec.Body.Bytes())) // the first answer is the kept body (item 7)
-	kept, err := a.complete(t, rec.Code, rec.Body.Bytes(), &calls, route)
-	if err != nil {
-		// Paid for: given unsigned rather than lost. In progress, the key never spends twice (refused; abandoned after a restart).
-		a.unkept.Store(t.path, true)
-		a.log.Error("answer_unkept", "request_id", c.t.requestID, "err", err)
-		return rec
-	}
-	rec.HeaderMap.Set("Brama-Answer-Signature", *kept.Signature)
-	return rec
-}
-
-// complete keeps an answer (SPEC §12 item 3) in place of the reservation t.
-func (a *answerStore) complete(t *answerTicket, status int, body []byte, attempts *int, route string) (*answerRecord, error) {
-	rec, done, sig := t.rec, a.now().UTC().Format(journalTimeFormat), signAnswer(t.key, body)
+// complete keeps an answer (SPEC §12 item 3) in place of the reservation rec.
+func (a *answerStore) complete(rec *answerRecord, status int, body []byte, attempts *int, route string) error {
+	done, sig := a.now().UTC().Format(journalTimeFormat), signAnswer(rec.key, body)
 	rec.State, rec.CompletedAt, rec.Status, rec.Body, rec.Signature = answerComplete, &done, &status, append([]byte{}, body...), &sig
 	rec.Attempts, rec.Route = attempts, cmp.Or(route, rec.Route)
-	return &rec, writeState(t.path, &rec)
-}
-
-// replay answers from a complete record, with no provider call.
-func (a *answerStore) replay(w http.ResponseWriter, t *tally, rec *answerRecord) {
-	body, h := rec.Body, w.Header()
-	var env envelope
-	if json.Unmarshal(body, &env) == nil && env.Error.Code != "" {
-		t.outcome, t.retryable = env.Error.Code, env.Error.Retryable
-		h.Set("X-Should-Retry", strconv.FormatBool(env.Error.Retryable)) // SPEC §8.1
-	}
-	t.attempts = 0
-	maps.Copy(h, http.Header{"Brama-Answer-Signature": {*rec.Signature}, "Brama-Answer-Replayed": {"true"}, "Brama-Attempts": {"0"},
-		"Content-Type": {"application/json"}})
-	if rec.Route != "" { // README: every answer names its route
-		h.Set("Brama-Route", rec.Route)
-	}
-	w.WriteHeader(*rec.Status)
-	w.Write(body)
+	return writeState(rec.path, rec)
 }
 
 // withoutPromptEcho nulls the members that repeat the caller's input, as OpenAI Responses' instructions (SPEC §12 item 7).
@@ -359,7 +569,7 @@ func verifyAnswerFile(st state, file, sig string) error {
 		}
 		body, sig = rec.Body, *rec.Signature
 	}
-	if !signedBy(key, body, sig) {
+	if !hmac.Equal([]byte(signAnswer(key, body)), []byte(sig)) {
 		return errSignatureMismatch
 	}
 	return nil
@@ -381,161 +591,4 @@ func pruneAnswers(dir string, cutoff time.Time, skip func(name string, err error
 		}
 	}
 	return removed, nil
-}
-
-// replayGuard remembers refusals after a provider call, in memory (SPEC §8.1: the Codex CLI and the official SDKs re-send a
-// refused request, each maybe billed again). Every entry lives one window, so queue is in expiry order.
-type replayGuard struct {
-	window  time.Duration // 0: off
-	now     func() time.Time
-	mu      sync.Mutex                                    // guards refused and queue
-	refused map[string]map[[sha256.Size]byte]*replayEntry // client id → digest → refusal; a client with none takes no digest
-	queue   []*replayEntry                                // a forgotten entry stays queued until its time passes
-}
-
-// replayEntry is one remembered refusal (status 0: its code's); a fix of its alias or providers forgets it (SPEC §17).
-type replayEntry struct {
-	status        int
-	code, message string
-	alias, client string
-	providers     []string
-	at, until     time.Time
-	key           [sha256.Size]byte
-}
-
-// newReplayGuard reads BRAMA_REPLAY_GUARD_SECS: unset is 120 s, 0 turns the guard off; anything unreadable is logged and 120 s.
-func newReplayGuard(getenv func(string) string, log *slog.Logger, now func() time.Time) *replayGuard {
-	const name, def = "BRAMA_REPLAY_GUARD_SECS", 120 * time.Second
-	window, err := envSeconds(getenv, name, 0, def)
-	if err != nil {
-		log.Warn("replay_guard_secs_invalid", "value", strings.TrimSpace(getenv(name)), "using_secs", int(def/time.Second))
-	}
-	return &replayGuard{window: window, now: now, refused: map[string]map[[sha256.Size]byte]*replayEntry{}}
-}
-
-// replayLeftOut is what a digest leaves out, strict and loose: stream members (SPEC §17: a buffered fallback from a failed
-// stream asks the same request), client_metadata (digested apart in key order: the Codex CLI re-sends it from a hash map),
-// and for the loose key the output limit (Claude Code's fallback asks 64000 of 128000).
-var replayLeftOut = map[bool][]memberEdit{
-	false: {{key: "stream"}, {key: "stream_options"}, {key: "client_metadata"}},
-	true: {{key: "stream"}, {key: "stream_options"}, {key: "client_metadata"},
-		{key: "max_tokens"}, {key: "max_completion_tokens"}, {key: "max_output_tokens"}},
-}
-
-// replayKeyOf digests client, scope and the body's bytes but replayLeftOut: no generic decode, so the cost is the body's.
-func replayKeyOf(clientID, scope string, body rawObject, loose bool) [sha256.Size]byte {
-	h := sha256.New()
-	fmt.Fprintf(h, "%d:%s%d:%s%t:", len(clientID), clientID, len(scope), scope, loose)
-	meta := body.value("client_metadata")
-	if o, ok := splitRaw(meta, '{', nil); ok {
-		slices.SortFunc(o.members, func(a, b jsonMember) int { return bytes.Compare(a.key, b.key) })
-		for _, m := range o.members {
-			fmt.Fprintf(h, "%d:%s", len(m.key), m.key)
-			h.Write(o.src[m.val:m.end])
-		}
-	} else {
-		h.Write(meta) // not an object: its bytes as they are
-	}
-	body.writeEdited(h, replayLeftOut[loose]...)
-	return [sha256.Size]byte(h.Sum(nil))
-}
-
-// replayScope is what reaches a provider beside the body: route, key fingerprint (SPEC §17), agent, version headers (§6.2).
-func replayScope(agent string, h http.Header, c call) string {
-	return fmt.Sprintf("%q", []string{agent, c.res.Route, c.res.BaseURL, fmt.Sprintf("%x", sha256.Sum256([]byte(c.cred.APIKey))),
-		strings.Join(h.Values("anthropic-version"), ","), strings.Join(h.Values("anthropic-beta"), ","), strings.Join(h.Values("openai-beta"), ",")})
-}
-
-// lock takes mu and forgets every entry whose time has passed, so refused holds only live ones.
-func (g *replayGuard) lock() time.Time {
-	now := g.now()
-	g.mu.Lock()
-	for len(g.queue) > 0 && !now.Before(g.queue[0].until) {
-		q := g.queue[0]
-		g.queue = g.queue[1:]
-		if g.refused[q.client][q.key] == q {
-			delete(g.refused[q.client], q.key)
-		}
-		if len(g.refused[q.client]) == 0 {
-			delete(g.refused, q.client)
-		}
-	}
-	if len(g.queue) == 0 {
-		g.queue = nil // let the backing array go
-	}
-	return now
-}
-
-// remember keeps e for client's request until the window ends. A refusal that may have generated is kept under the loose
-// key, which the same request also has: a caller that fixes its output limit after provider_rejected asks a new request.
-func (g *replayGuard) remember(client, scope string, body rawObject, e replayEntry) {
-	e.key = replayKeyOf(client, scope, body, e.code == "provider_incomplete" || e.code == "provider_failure")
-	now := g.lock()
-	defer g.mu.Unlock()
-	e.at, e.until, e.client = now, now.Add(g.window), client
-	if g.refused[client] == nil {
-		g.refused[client] = map[[sha256.Size]byte]*replayEntry{}
-	}
-	g.refused[client][e.key] = &e
-	g.queue = append(g.queue, &e)
-}
-
-// forget drops every refusal of a request through alias or provider ("" names none): the operator's fix (SPEC §17).
-func (g *replayGuard) forget(alias, provider string) {
-	if g == nil {
-		return
-	}
-	g.lock()
-	defer g.mu.Unlock()
-	for _, m := range g.refused { // a map left empty goes with its client's next queue item
-		maps.DeleteFunc(m, func(_ [sha256.Size]byte, e *replayEntry) bool {
-			return alias != "" && e.alias == alias || provider != "" && slices.Contains(e.providers, provider)
-		})
-	}
-}
-
-// refusalFor is the refusal a request of client repeats, nil for none: the status and code of the one remembered under its
-// strict or its loose key, not retryable, no call made. A client with none remembered takes no digest.
-func (g *replayGuard) refusalFor(client string, scope func() string, body rawObject) *apiError {
-	if g == nil || g.window <= 0 {
-		return nil
-	}
-	g.lock()
-	held := len(g.refused[client]) > 0
-	g.mu.Unlock()
-	if !held {
-		return nil
-	}
-	s := scope()
-	strict, loose := replayKeyOf(client, s, body, false), replayKeyOf(client, s, body, true)
-	g.lock()
-	e := cmp.Or(g.refused[client][strict], g.refused[client][loose])
-	g.mu.Unlock()
-	if e == nil {
-		return nil
-	}
-	ae := refuse(e.code, "this request repeats one refused at %s after a provider call (%s); the same request is refused without a provider call until %s (BRAMA_REPLAY_GUARD_SECS)",
-		e.at.UTC().Format(time.RFC3339), strings.TrimSuffix(e.code+": "+e.message, ": "), e.until.UTC().Format(time.RFC3339))
-	ae.Retryable = false
-	return ae.withStatus(e.status).because(errReplayRefused).withAttempts(0)
-}
-
-// rememberer is tally.remember (nil: off): a non-retryable refusal after a call, not a reauthorization (signing in must pass).
-func (g *replayGuard) rememberer(client string, scope func() string, body rawObject, c call, cands []resolution) func(ae *apiError, attempts int, hungUp, streamed bool) {
-	if g == nil || g.window <= 0 {
-		return nil
-	}
-	return func(ae *apiError, attempts int, hungUp, streamed bool) {
-		if attempts == 0 || hungUp || ae.Code == "client_cancelled" || ae.Code == "subscription_reauthorization_required" || ae.Retryable {
-			return
-		}
-		e := replayEntry{status: ae.Status(), code: ae.Code, message: truncateUTF8(ae.Message, maxReplayMessage), alias: c.res.Alias}
-		if streamed { // met in-band under a 200: its code's status, no message
-			e.status, e.message = 0, ""
-		}
-		for _, cand := range append([]resolution{c.res}, cands...) { // a provider twice does no harm
-			e.providers = append(e.providers, cand.Provider.id)
-		}
-		g.remember(client, scope(), body, e)
-	}
 }

@@ -7,14 +7,18 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 )
 
-// The attempt engine (SPEC §7): plan checks before dispatch, attemptRoute walks candidates and payers within the budget
-// table, send counts each call, commit holds the one abort, settle records spend once. Every call kind uses it.
+// The attempt engine (SPEC §7): plan checks before dispatch, attemptRoute walks candidates and who pays for them (a direct
+// key or a pool: order, refresh, blocks) within the budget table, send counts each call, exhausted is the one refusal of
+// a walk without an answer; every call kind's answer is answers.go's. The daemon's parts (core) close the file.
 
 // routeKind is what the budget table is keyed by.
 type routeKind int
@@ -44,6 +48,14 @@ var budgets = map[routeKind]budget{
 	kindEmbeddings:   {calls: 1, spends: true},
 	kindCountTokens:  {calls: 1},
 }
+
+// Block lengths (SPEC §7.2.4) and the probe's output limit (§11.3).
+const (
+	defaultBlock   = 15 * time.Minute
+	maxBlock       = 7 * 24 * time.Hour
+	maxPin         = 24 * time.Hour
+	probeMaxTokens = 16
+)
 
 // engine is one request's attempt engine: the daemon's parts, the log line's tally, and the walk's account of its calls
 // and skips, from which a walk without an answer chooses its one refusal (§7.2.5).
@@ -201,14 +213,12 @@ candidates:
 				continue
 			}
 			if selecting {
-				head := req.head
-				if err = e.applyMaxTokens(&head, res); err != nil {
+				limited := *req
+				if err = e.applyMaxTokens(&limited.head, res); err != nil {
 					unfit = asAPIError(err)
 					e.note(res.Route, "skipped: "+unfit.Message)
 					continue
 				}
-				limited := *req
-				limited.head.MaxTokens = head.MaxTokens
 				creq = &limited
 			}
 			if cand.baseURL, err = e.baseURL(p); err != nil {
@@ -367,189 +377,212 @@ func (e *engine) send(hr *http.Request, c call, sub *overlayItem) (*http.Respons
 	return nil, &ref, ref.err
 }
 
-// commit answers from a committed call, never retried (SPEC §7.5), and keeps sub's ledger: spend, a success's pin until
-// the earliest window reset, a block after an in-band rate or quota error. A failed stream aborts: the one abort.
-func (e *engine) commit(ctx context.Context, j *job, c call, req *callerRequest, sub *overlayItem, resp *http.Response,
-	start time.Time) *apiError {
-	defer resp.Body.Close()
-	p, now := c.res.Provider.id, e.now()
-	u, ae, streamed := j.commit(ctx, c, req, resp)
-	if sub != nil && budgets[j.kind].spends {
-		e.ledger.recordUse(sub.ID, p, ae == nil, u.InputTokens, u.OutputTokens)
-		led := e.ledger.entry(sub.ID) // its windows: this answer's and a usage report's (SPEC §7.2.2)
-		until := now.Add(maxPin)
-		for _, win := range led.Windows {
-			if at := time.UnixMilli(win.ResetsAtMs); win.ResetsAtMs > 0 && at.After(now) && at.Before(until) {
-				until = at
+// pin is the subscription that last served an agent's provider, until its earliest window reset (at most 24 h); memory only.
+type pin struct {
+	id    string
+	until time.Time
+}
+
+// candidates lists the routes a selector or best walks, in order (SPEC §7.3): best's, then for each provider P where the
+// agent has an eligible subscription, freest first (ties by id), every alias's P/… destination (alias-name order), then
+// the catalogue's three newest text models of P; any-vision-capable keeps those taking images.
+func (e *engine) candidates(res resolution) ([]resolution, error) {
+	var aliases map[string]string // an invalid registry offers none
+	if doc, err := e.reg.current(); err == nil && doc != nil {
+		aliases = doc.Routes
+	}
+	var provs []string
+	free := map[string][]float64{} // each provider with an eligible subscription: its freest one's
+	for _, p := range providerTable {
+		if subs, err := e.eligible(p.id); err != nil {
+			return nil, err
+		} else if len(subs) > 0 {
+			free[p.id], provs = e.freedomOf(subs[0].ID, e.now()), append(provs, p.id)
+		}
+	}
+	slices.SortFunc(provs, func(a, b string) int { return cmp.Or(slices.Compare(free[a], free[b]), strings.Compare(a, b)) })
+	var out []resolution
+	add := func(route string) {
+		pid, model, _ := strings.Cut(route, "/")
+		p, known := lookupProvider(pid)
+		info, _, _ := e.catalog.lookup(pid, model)
+		seen := slices.ContainsFunc(out, func(r resolution) bool { return r.Route == route })
+		sees := res.Mode != modeAnyVision || slices.Contains(info.Modalities.Input, "image")
+		if known && model != "" && p.cred != credNone && !seen && sees {
+			out = append(out, resolution{Mode: modeSubscription, Route: route, Provider: p, Model: model})
+		}
+	}
+	if res.Mode == modeBest {
+		add(aliases["best"])
+	}
+	for _, p := range provs {
+		for _, alias := range slices.Sorted(maps.Keys(aliases)) {
+			if strings.HasPrefix(aliases[alias], p+"/") {
+				add(aliases[alias])
 			}
 		}
-		if ae == nil { // only a success pins (SPEC §7.2.4)
-			e.pins.Store(e.agent+"\x00"+p, pin{sub.ID, until})
+		texts := slices.DeleteFunc(e.catalog.models(p), func(m modelInfo) bool { return !slices.Contains(m.Modalities.Output, "text") })
+		for _, m := range texts[:min(3, len(texts))] {
+			add(p + "/" + m.ID)
 		}
 	}
-	var se *upstreamStreamError
-	if sub != nil && ae != nil && errors.As(ae, &se) && (se.Class == refusalRate || se.Class == refusalQuota) {
-		e.block(*sub, retryAfter(resp.Header, now), "the provider ended a committed answer with "+se.Code)
-	}
-	if ae = e.settle(ctx, j, c, start, u, ae); ae != nil && streamed {
-		panic(http.ErrAbortHandler)
-	}
-	return ae
+	return out, nil
 }
 
-// settle records a request's spend and outcome once, however it ended, and
-// returns its refusal: client_cancelled when the caller hung up (SPEC §7.4).
-func (e *engine) settle(ctx context.Context, j *job, c call, start time.Time, u usage, failure *apiError) *apiError {
-	if failure != nil && ctx.Err() != nil && failure.Code != "client_cancelled" {
-		failure = refuse("client_cancelled", "the caller went away while the provider answered").because(failure).withAttempts(e.t.attempts)
+// eligible is the agent's non-retired subscriptions of provider with an active credential, in order: blocked last, then
+// freest first, the pinned one first among equals, ties in overlay order (SPEC §2.3, §7.2.2).
+func (e *engine) eligible(provider string) ([]overlayItem, error) {
+	pool, err := e.inv.pool(e.agent, provider)
+	now, free := e.now(), map[string][]float64{}
+	pool = slices.DeleteFunc(pool, func(it overlayItem) bool { return e.ledger.entry(it.ID).Credential.State != credActive })
+	for _, it := range pool {
+		free[it.ID] = append(e.freedomOf(it.ID, now), 1)
 	}
-	if !budgets[j.kind].spends {
-		return failure
+	if pn, ok := e.pins.Load(e.agent + "\x00" + provider); ok && now.Before(pn.(pin).until) && free[pn.(pin).id] != nil {
+		free[pn.(pin).id][2] = 0 // first among equals
 	}
-	e.t.input, e.t.output = u.InputTokens, u.OutputTokens
-	e.perf.record(c.res.Route, failure == nil, e.now().Sub(start), u.OutputTokens)
-	if failure != nil {
-		e.t.outcome, e.t.retryable = failure.Code, failure.Retryable
-	}
-	return failure
+	slices.SortStableFunc(pool, func(a, b overlayItem) int { return slices.Compare(free[a.ID], free[b.ID]) })
+	return pool, err
 }
 
-// serveChat answers a planned chat request on w, passthrough or translated
-// (SPEC §7.6), or returns the refusal, told first to the replay guard (§8.1).
-func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *callerRequest, c call, cands []resolution) *apiError {
-	chatKinds := map[string]routeKind{modeDirect: kindDirect, modeAlias: kindDirect, modeSubscription: kindSubscription}
-	j := &job{kind: chatKinds[c.res.Mode], // else a selector's
-		build: buildChatRequest,
-		commit: func(ctx context.Context, c call, req *callerRequest, resp *http.Response) (usage, *apiError, bool) {
-			return e.deliver(ctx, w, c, req, resp)
-		},
-	}
-	ae := e.attemptRoute(ctx, j, c, req, cands)
-	if ae != nil && e.t.remember != nil { // the replay guard learns a refusal before the caller reads it
-		e.t.remember(ae, e.t.attempts, ctx.Err() != nil, false)
-	}
-	return ae
+// freedomOf is how free a subscription is, compared in order (SPEC §7.2.2): unblocked first, then the least full.
+func (e *engine) freedomOf(id string, now time.Time) []float64 {
+	return []float64{map[bool]float64{true: 0, false: 1}[e.ledger.blockedUntil(id).IsZero()], e.ledger.fullness(id, now)}
 }
 
-// deliver answers from a committed call, passthrough or translated, naming the model asked (a selector's: its
-// candidate's route); a stream's failure is written in-band (streamed), a buffered one not.
-func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, c call, req *callerRequest, resp *http.Response) (
-	u usage, failure *apiError, streamed bool) {
-	w.Header().Set("Brama-Route", c.res.Route)
-	p, attempts, model := c.res.Provider, e.t.attempts, cmp.Or(e.route, req.head.Model)
-	e.t.route = c.res.Route
-	pass, tr := !req.translates(p), chatRequest{}
-	if !pass {
-		tr = req.translated()
-		if dropped := tr.droppedFor(p); len(dropped) > 0 { // SPEC §7.6: nothing is dropped silently
-			w.Header().Set("Brama-Dropped", headerText(strings.Join(dropped, ", ")))
-			e.t.dropped = dropped
-		}
+// errSkipSubscription: no call on this subscription; the walk noted why.
+var errSkipSubscription = errors.New("subscription skipped")
+
+// subscriptionCredential is what a call of kind on sub presents, an expired grant or a just refusedToken refreshed first
+// (SPEC §7.2.3, §11.1). Skipped: a blocked sub when the kind rotates, one marked since the pool was read unless probed,
+// one no header could carry (a vault edited by hand: marked for a sign-in, SPEC §17).
+func (e *engine) subscriptionCredential(ctx context.Context, kind routeKind, sub overlayItem, refusedToken string) (upstreamCredential, error) {
+	if until := e.ledger.blockedUntil(sub.ID); budgets[kind].rotate && !until.IsZero() {
+		e.blocks = append(e.blocks, until)
+		e.note(sub.ID, "blocked until "+until.UTC().Format(time.RFC3339))
+		return upstreamCredential{}, errSkipSubscription
+	} else if kind != kindProbe && e.ledger.entry(sub.ID).Credential.State != credActive { // the probe may revive it
+		e.note(sub.ID, "credential refused meanwhile; sign in again")
+		return upstreamCredential{}, errSkipSubscription
 	}
-	switch {
-	case req.head.Stream: // after commit nothing is retried: a failure is written in-band (SPEC §7.5)
-		if pass {
-			model = c.res.Model
-		}
-		providerFacts(w.Header(), resp.Header, pass)
-		sa := openStreamAnswer(w, req.dialect, tr, model, attempts, cmp.Or(e.keepAlive, keepAliveEvery))
-		defer sa.close()
-		var err error
-		if pass {
-			pw := &streamReader{protocol: p.protocol, dropUsage: req.addsUsage(p)}
-			err = relayWatched(pw, resp.Body, sa.relay)
-			u = pw.usage
-		} else {
-			u, err = sa.translate(p.protocol, resp.Body)
-		}
-		if err != nil {
-			failure = asAPIError(err).redactedFor(c.cred.bearer()).withAttempts(attempts) // a hang-up's is settle's
-			if e.t.remember != nil {                                                      // before the caller can read it and fall back
-				e.t.remember(failure, attempts, ctx.Err() != nil, true)
-			}
-			sa.do(func() error { return sa.fail(failure) })
-			e.log.Warn("stream_failed_after_commit", "request_id", e.t.requestID, "code", failure.Code, "cause", redact(fmt.Sprint(failure.Err), c.cred.bearer()))
-		}
-		return u, failure, true
-	case pass:
-		u, failure = relayBuffered(w, c, resp, attempts)
-		return u, failure, false
-	}
-	a, err := readProviderAnswer(p, resp)
+	vc, err := e.inv.credential(sub.ID) // its refusal is SPEC §2.2's
 	if err != nil {
-		return u, asAPIError(err).redactedFor(c.cred.bearer()).withAttempts(attempts), false
+		return upstreamCredential{}, err
 	}
-	a.Model = model
-	out, err := renderAnswer(req.dialect, tr, a)
-	if err != nil {
-		return a.Usage, asAPIError(err).withAttempts(attempts), false
-	}
-	providerFacts(w.Header(), resp.Header, false)
-	writeAnswer(w, "application/json", attempts, out)
-	return a.Usage, nil, false
-}
-
-// countTokens answers POST /v1/messages/count_tokens (SPEC §15): the
-// anthropic-messages provider's own count (one call), else a local estimate.
-func (e *engine) countTokens(ctx context.Context, w http.ResponseWriter, req *callerRequest, c call) error {
-	if c.res.Provider.protocol != protoAnthropic { // also selectors and best: no one route to ask
-		if c.res.Route != "" {
-			w.Header().Set("Brama-Route", c.res.Route)
+	cred := upstreamCredential{APIKey: vc.APIKey}
+	if g := vc.OAuth; g != nil {
+		if slices.Contains(e.skipped, sub.ID) { // a later candidate of the same provider walks this pool again
+			return upstreamCredential{}, errSkipSubscription
 		}
-		w.Header().Set("Brama-Estimate", "true")
-		writeJSON(w, http.StatusOK, map[string]int{"input_tokens": estimateInputTokens(req.body)})
-		return nil
-	}
-	return e.once(ctx, c, req, &job{kind: kindCountTokens,
-		build: func(ctx context.Context, c call, req *callerRequest) (*http.Request, error) {
-			return req.passthrough(ctx, c, "/v1/messages/count_tokens", false)
-		},
-		commit: func(_ context.Context, c call, _ *callerRequest, resp *http.Response) (usage, *apiError, bool) {
-			var ans struct {
-				InputTokens *int `json:"input_tokens"`
-			}
-			b, err := readWhole(c.res.Provider, resp)
-			if err == nil {
-				if err = json.Unmarshal(b, &ans); err != nil || ans.InputTokens == nil {
-					err = malformedAnswer(protoAnthropic, err)
+		if refusedToken != "" || (expiredForRequest(*g, e.now()) && !slices.Contains(e.refreshed, sub.ID)) {
+			e.refreshed = append(e.refreshed, sub.ID)
+			ng, err := e.oauth.refresh(ctx, sub.ID, sub.Provider, refusedToken)
+			var re *endpointError
+			switch {
+			case errors.Is(err, errRefreshSuperseded): // a sign-in replaced the grant meanwhile: the call uses its (SPEC §11.1)
+				return e.subscriptionCredential(ctx, kind, sub, "")
+			case err != nil && ctx.Err() != nil: // the caller hung up while it waited: no skip, no call (SPEC §7.4)
+				return upstreamCredential{}, refuse("client_cancelled", "the caller went away during a grant refresh").because(err)
+			case errors.As(err, &re) && !re.Definitive:
+				if e.refreshTransport == nil {
+					e.refreshTransport = refuse("dependency_unavailable", "%s", redact(re.Error())).because(err)
 				}
+				e.maint.request("credential_refresh_transport_failure", e.agent)
 			}
 			if err != nil {
-				return usage{}, asAPIError(err).withAttempts(e.t.attempts), false
+				e.note(sub.ID, "grant refresh failed: "+redact(err.Error()))
+				e.skipped = append(e.skipped, sub.ID)
+				return upstreamCredential{}, errSkipSubscription
 			}
-			w.Header().Set("Brama-Route", c.res.Route)
-			providerFacts(w.Header(), resp.Header, true)
-			writeAnswer(w, "application/json", e.t.attempts, fmt.Appendf(nil, "{\"input_tokens\":%d}\n", *ans.InputTokens))
-			return usage{}, nil, false
-		}})
+			if g = &ng; refusedToken != "" {
+				e.note(sub.ID, "refused the access token; refreshed")
+			}
+		}
+		cred = upstreamCredential{AccessToken: g.AccessToken, AccountID: g.AccountID}
+	}
+	if controlAt(cred.APIKey+cred.AccessToken+cred.AccountID) >= 0 {
+		const why = "the vault's credential holds a control character and cannot be sent; sign in again"
+		e.ledger.setCredential(sub.ID, sub.Provider, credNeedsReauth, why)
+		e.note(sub.ID, why)
+		return upstreamCredential{}, errSkipSubscription
+	}
+	return cred, nil
 }
 
-// serveEmbeddings makes the one call of POST /v1/embeddings (SPEC §15) on a
-// direct route to an openai-chat provider; its JSON is written as is.
-func (e *engine) serveEmbeddings(ctx context.Context, w http.ResponseWriter, model string, body map[string]json.RawMessage, c call) error {
-	switch {
-	case c.res.Mode != modeDirect && c.res.Mode != modeAlias:
-		return refuse("invalid_request", "embeddings take a direct or alias route; %q is paid by a subscription", model)
-	case c.res.Provider.protocol != protoOpenAIChat:
-		return refuse("invalid_request", "embeddings need an openai-chat provider; %q speaks %s", c.res.Provider.id, c.res.Provider.protocol)
+// credentialReplaced: the vault no longer holds what a call on sub presented (a sign-in or refresh landed meanwhile), so
+// its 401 or 403 marks nothing and the current credential gets the next call (SPEC §10.3, §11.1).
+func (e *engine) credentialReplaced(sub overlayItem, used upstreamCredential) bool {
+	vc, err := e.inv.credential(sub.ID)
+	if err != nil || vc.OAuth == nil {
+		return err == nil && vc.APIKey != used.APIKey
 	}
-	body["model"], _ = json.Marshal(c.res.Model)
-	out, _ := json.Marshal(body)
-	return e.once(ctx, c, &callerRequest{}, &job{kind: kindEmbeddings,
-		build: func(ctx context.Context, c call, _ *callerRequest) (*http.Request, error) {
-			return newProviderRequest(ctx, c, nil, "/embeddings", out, false)
-		},
-		commit: func(_ context.Context, c call, _ *callerRequest, resp *http.Response) (usage, *apiError, bool) {
-			w.Header().Set("Brama-Route", c.res.Route)
-			u, ae := relayBuffered(w, c, resp, e.t.attempts) // a JSON object as received, else provider_failure
-			return u, ae, false
-		}})
+	return vc.OAuth.AccessToken != used.AccessToken
 }
 
-// once is attemptRoute for count_tokens and embeddings: nil when answered.
-func (e *engine) once(ctx context.Context, c call, req *callerRequest, j *job) error {
-	if ae := e.attemptRoute(ctx, j, c, req, nil); ae != nil {
-		return ae
+// block blocks sub until the stated wait, else the last reset of a window the ledger holds used up, else 15 min; at most
+// 7 days (SPEC §7.2.4).
+func (e *engine) block(sub overlayItem, stated time.Duration, why string) time.Time {
+	now, wait := e.now(), time.Duration(0)
+	led := e.ledger.entry(sub.ID)
+	for _, w := range led.Windows {
+		if at := time.UnixMilli(w.ResetsAtMs); w.UsedFraction >= 1 && w.ResetsAtMs > 0 && at.After(now) {
+			wait = max(wait, at.Sub(now))
+		}
 	}
-	return nil
+	until := now.Add(min(cmp.Or(max(stated, 0), wait, defaultBlock), maxBlock))
+	e.ledger.block(sub.ID, sub.Provider, until, why)
+	return until
+}
+
+// deps are the state files every command and the server share.
+type deps struct {
+	st      state
+	vault   *vault
+	journal *journal
+	reg     *registry
+	clients *clientStore
+}
+
+// core is the daemon's parts that the server and every request's engine share, built once by serve.
+type core struct {
+	deps       // the state files
+	sys        // log, now
+	getenv     func(string) string
+	localCreds map[string]string // -local-credentials-stdin's keys; non-nil: the only direct ones (SPEC §16)
+	client     *http.Client      // provider calls: no timeout, no redirects, no proxy
+	catalog    *catalog
+	perf       *perfRegistry
+	keepAlive  time.Duration // 0: keepAliveEvery; tests shorten it
+	attempts   atomic.Int64  // provider calls made since start, for /metrics
+	ledger     *ledger
+	inv        *inventory
+	oauth      *oauthClient
+	pins       sync.Map // agent "\x00" provider → the subscription that last served it (pin)
+	maint      *maintainer
+}
+
+// directKey is provider's direct API key (SPEC §7.1): -local-credentials-stdin's when given (then the only source, §16),
+// else the vault's, whose read may fail.
+func (c *core) directKey(provider string) (string, error) {
+	if c.localCreds != nil {
+		return c.localCreds[provider], nil
+	} else if doc, err := c.vault.load(); err == nil {
+		return doc.Direct[provider].APIKey, nil
+	} else if !errors.Is(err, errNoState) { // no state directory: no key
+		return "", err
+	}
+	return "", nil
+}
+
+// hasDirect reports whether a direct credential exists for provider.
+func (c *core) hasDirect(provider string) bool {
+	key, _ := c.directKey(provider)
+	return key != ""
+}
+
+// anyDirectPayer: a direct credential or a declared deployment could serve without an agent (SPEC §13, §14).
+func (c *core) anyDirectPayer() bool {
+	doc, err := c.reg.current()
+	keyed := slices.ContainsFunc(providerTable, func(p providerInfo) bool { return c.hasDirect(p.id) })
+	return keyed || err == nil && len(doc.Deployments) > 0
 }

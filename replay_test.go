@@ -259,13 +259,13 @@ func TestReplayGuardForgets(t *testing.T) {
 	g := newReplayGuard(testEnv(map[string]string{"BRAMA_REPLAY_GUARD_SECS": "60"}), nil, clock.now)
 	body := func(i int) rawObject { return rawBody(t, fmt.Sprintf(`{"n":%d}`, i)) }
 	for i := range 10_000 {
-		g.remember("c", "", body(i), replayEntry{status: 400, code: "provider_rejected"})
+		refuseOnce(g, "c", body(i), "")
 	}
 	if n := g.size(); n != 10_000 {
 		t.Fatalf("size = %d, want 10000", n)
 	}
 	clock.advance(30 * time.Second)
-	g.remember("c", "", body(0), replayEntry{status: 400, code: "provider_rejected"}) // refused again (two were in flight)
+	refuseOnce(g, "c", body(0), "") // refused again (two were in flight)
 	clock.advance(30 * time.Second)
 	if g.refusalFor("c", noScope, body(1)) != nil {
 		t.Error("an entry outlived its window")
@@ -360,7 +360,7 @@ func BenchmarkReplayGuardMemory(b *testing.B) {
 		g := newReplayGuard(testEnv(nil), nil, clock.now)
 		for i := range 10_000 {
 			msg := truncateUTF8(fmt.Sprintf("provider \"openai\" answered 400 (context_length_exceeded): request %d %s", i, strings.Repeat("x", maxReplayMessage)), maxReplayMessage)
-			g.remember("client", "", rawBody(b, fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"question %d"}]}`, i)), replayEntry{status: 400, code: "provider_rejected", message: msg})
+			refuseOnce(g, "client", rawBody(b, fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"question %d"}]}`, i)), msg)
 		}
 		runtime.GC()
 		runtime.ReadMemStats(&after)
@@ -394,7 +394,7 @@ func BenchmarkReplayDigest(b *testing.B) {
 		body := replayBenchBody(mib << 20)
 		b.Run(fmt.Sprintf("%dMiB", mib), func(b *testing.B) {
 			g := newReplayGuard(testEnv(nil), nil, time.Now)
-			g.remember("c", "", rawBody(b, `{"model":"m"}`), replayEntry{status: 400, code: "provider_rejected"})
+			refuseOnce(g, "c", rawBody(b, `{"model":"m"}`), "")
 			b.ReportAllocs()
 			b.SetBytes(int64(len(body)))
 			var m0, m1 runtime.MemStats
@@ -430,4 +430,9 @@ func (g *replayGuard) size() int {
 		n += len(m)
 	}
 	return n
+}
+
+// refuseOnce has g remember a provider 400 with message after one call, as a request's engine would.
+func refuseOnce(g *replayGuard, client string, body rawObject, message string) {
+	g.rememberer(client, noScope, body, call{}, nil)(refuse("provider_rejected", "%s", message).withStatus(400), 1, false, false)
 }

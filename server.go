@@ -547,7 +547,7 @@ func (s *server) handleModel(dialect string, count bool) handler {
 		case err != nil:
 			return err
 		case count:
-			return e.countTokens(r.Context(), w, req, c)
+			return e.serveModelCall(r.Context(), w, req, nil, c)
 		}
 		route := func(w http.ResponseWriter) {
 			if ae := e.serveChat(r.Context(), w, req, c, cands); ae != nil {
@@ -587,5 +587,5 @@ func (s *server) handleEmbeddings(w http.ResponseWriter, r *http.Request) error 
 	if ri.requestedModel, ri.routingMode, ri.route = head.Model, c.res.Mode, c.res.Route; err != nil {
 		return err
 	}
-	return e.serveEmbeddings(r.Context(), w, head.Model, body, c)
+	return e.serveModelCall(r.Context(), w, &callerRequest{head: head}, body, c)
 }

@@ -40,7 +40,7 @@ var layers = [][]string{
 	{"providers", "registry", "subscriptions", "ledger", // domain
 		"oauth", "catalog"},
 	{"formats", "sse", "chat", "messages", "responses", "passthrough", "relay"}, // wire
-	{"dispatch", "pool", "answers", "maintain"},                                 // flow
+	{"dispatch", "answers", "replay", "maintain"},                               // flow
 	{"main", "cli", "server"},                                                   // faces
 }
 
