@@ -114,14 +114,7 @@ func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, c call, req
 		sa := openStreamAnswer(w, req.dialect, tr, model, attempts, cmp.Or(e.keepAlive, keepAliveEvery))
 		defer sa.close()
 		var err error
-		if pass {
-			pw := &streamReader{protocol: p.protocol, dropUsage: req.addsUsage(p)}
-			err = relayWatched(pw, resp.Body, sa.relay)
-			u = pw.usage
-		} else {
-			u, err = sa.translate(p.protocol, resp.Body)
-		}
-		if err != nil {
+		if u, err = sa.answer(p.protocol, resp.Body, !pass, req.addsUsage(p)); err != nil {
 			failure = asAPIError(err).redactedFor(c.cred.bearer()).withAttempts(attempts) // a hang-up's is settle's
 			if e.t.remember != nil {                                                      // before the caller can read it and fall back
 				e.t.remember(failure, attempts, ctx.Err() != nil, true)

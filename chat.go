@@ -312,15 +312,14 @@ func decodeChat(body []byte) (chatAnswer, error) {
 			m.ToolCalls[i].Custom = nil
 		}
 	}
-	rd := newStreamReader(protoOpenAIChat, true)
-	rd.finish = map[bool]string{false: finishStop, true: finishToolCalls}[len(m.ToolCalls) > 0]
-	rd.finish = chatFinish(cmp.Or(valueOr(r.Choices[0].FinishReason, ""), rd.finish))
-	rd.usage, _ = usageOf(protoOpenAIChat, rawMember(body, "usage"))
-	return answerOf(func(emit func(streamEvent) error) error {
-		if err := rd.delta(m, emit); err != nil {
+	return answerOf(protoOpenAIChat, func(rd *streamReader) error {
+		rd.finish = map[bool]string{false: finishStop, true: finishToolCalls}[len(m.ToolCalls) > 0]
+		rd.finish = chatFinish(cmp.Or(valueOr(r.Choices[0].FinishReason, ""), rd.finish))
+		rd.usage, _ = usageOf(protoOpenAIChat, rawMember(body, "usage"))
+		if err := rd.delta(m); err != nil {
 			return err
 		}
-		return rd.ended(emit)
+		return rd.ended()
 	})
 }
 
@@ -384,7 +383,7 @@ func (s *callerStream) chatFrames(step streamStep, b *streamBlock, d string) err
 		if err != nil || step != stepEnd {
 			return err
 		}
-		return s.write("data: [DONE]\n\n")
+		return s.write([]byte("data: [DONE]\n\n"), true)
 	default:
 		return nil
 	}
@@ -403,7 +402,7 @@ func (s *callerStream) chatChunk(d *chatMessage, finish *string, u *chatUsage) e
 // The chat part of the one stream reader (sse.go's streamReader).
 
 // readChat: each choice's finish_reason is the terminal signal (n > 1: the last choice's); usage may follow alone.
-func (r *streamReader) readChat(event string, e rawObject, emit func(streamEvent) error) (keep bool, err error) {
+func (r *streamReader) readChat(event string, e rawObject) (keep bool, err error) {
 	if event == "error" || !rawIsNull(e.value("error")) {
 		f, _ := errorObject(e.value("error"))
 		return false, inBandError(cmp.Or(f.code, f.typ))
@@ -425,12 +424,12 @@ func (r *streamReader) readChat(event string, e rawObject, emit func(streamEvent
 			continue
 		}
 		n, _ := strconv.Atoi(string(co.value("index"))) // absent: choice 0
-		if r.translate && n == 0 {                      // Brama never asks a translated call for n > 1
+		if r.out != nil && n == 0 {                     // Brama never asks a translated call for n > 1
 			var d chatMessage
 			if err := r.decode(co, "delta", &d); err != nil {
 				return false, err
 			}
-			if err := r.delta(&d, emit); err != nil {
+			if err := r.delta(&d); err != nil {
 				return false, err
 			}
 		}
@@ -442,14 +441,14 @@ func (r *streamReader) readChat(event string, e rawObject, emit func(streamEvent
 				r.finish = chatFinish(string(f))
 			}
 		}
-		r.finished = r.choices[0] == r.choices[1] && (r.finish != "" || !r.translate) // translation reads choice 0
+		r.finished = r.choices[0] == r.choices[1] && (r.finish != "" || r.out == nil) // translation reads choice 0
 	}
 	return !(r.dropUsage && u.Reported && len(choices.members) == 0), nil
 }
 
 // delta emits a chat delta's (or an answer's) text, a refusal's too, and tool call pieces. Content is a string, or
 // parts whose text counts, as some compatible providers send it.
-func (r *streamReader) delta(d *chatMessage, emit func(streamEvent) error) error {
+func (r *streamReader) delta(d *chatMessage) error {
 	var t string
 	if !rawIsNull(d.Content) && json.Unmarshal(d.Content, &t) != nil {
 		var parts []chatPart
@@ -465,13 +464,11 @@ func (r *streamReader) delta(d *chatMessage, emit func(streamEvent) error) error
 	if d.Refusal != "" {
 		t, r.refusal = t+d.Refusal, true
 	}
-	if t != "" {
-		if err := emit(streamEvent{Kind: eventText, Text: t}); err != nil {
-			return err
-		}
+	if err := r.out.text(t); err != nil {
+		return err
 	}
 	for i, tc := range d.ToolCalls {
-		if err := r.toolDelta(i, tc, emit); err != nil {
+		if err := r.toolDelta(i, tc); err != nil {
 			return err
 		}
 	}
@@ -480,7 +477,7 @@ func (r *streamReader) delta(d *chatMessage, emit func(streamEvent) error) error
 
 // toolDelta emits the start of a call new at its index, or carrying another id at
 // it (Ollama's parallel calls all at 0, servers that send no index), then any arguments.
-func (r *streamReader) toolDelta(i int, tc chatToolCall, emit func(streamEvent) error) error {
+func (r *streamReader) toolDelta(i int, tc chatToolCall) error {
 	i = valueOr(tc.Index, i)
 	call, _ := tc.call(tc.Custom != nil)
 	c := r.calls[i]
@@ -493,7 +490,7 @@ func (r *streamReader) toolDelta(i int, tc chatToolCall, emit func(streamEvent) 
 		start := toolCall{ID: call.ID, Name: call.Name, Custom: call.Custom}
 		if c.tool > 0 {
 			r.held = append(r.held, start)
-		} else if err := emit(streamEvent{Kind: eventToolCallStart, ToolCall: start}); err != nil {
+		} else if err := r.out.call(0, start); err != nil {
 			return err
 		}
 	}
@@ -504,5 +501,5 @@ func (r *streamReader) toolDelta(i int, tc chatToolCall, emit func(streamEvent) 
 		r.held[c.tool-1].Arguments += call.Arguments
 		return nil
 	}
-	return emit(streamEvent{Kind: eventToolCallArgs, Text: call.Arguments})
+	return r.out.args(0, call.Arguments)
 }

@@ -131,7 +131,7 @@ func runCallerStream(t *testing.T, dialect string, events []streamEvent) (string
 		t.Fatal(err)
 	}
 	for _, ev := range events {
-		if err := s.event(ev); err != nil {
+		if err := feed(s, ev); err != nil {
 			t.Fatalf("event %+v: %v", ev, err)
 		}
 	}
@@ -230,9 +230,9 @@ func TestStreamFail(t *testing.T) {
 			flushes := 0
 			s := newCallerStream(tc.dialect, chatRequest{}, &buf, func() { flushes++ }, "m")
 			s.start()
-			s.event(streamEvent{Kind: eventText, Text: "partial"})
-			s.event(streamEvent{Kind: eventToolCallStart, ToolCall: toolCall{ID: "c", Name: "f"}})
-			s.event(streamEvent{Kind: eventFinish, Finish: finishStop})
+			feed(s, streamEvent{Kind: eventText, Text: "partial"})
+			feed(s, streamEvent{Kind: eventToolCallStart, ToolCall: toolCall{ID: "c", Name: "f"}})
+			feed(s, streamEvent{Kind: eventFinish, Finish: finishStop})
 			if err := s.fail(refuse("provider_incomplete", "stream ended early").withAttempts(2)); err != nil {
 				t.Fatal(err)
 			}
@@ -271,14 +271,11 @@ func TestStreamKeepAliveAndErrors(t *testing.T) {
 			var buf bytes.Buffer
 			flushes := 0
 			s := newCallerStream(d, chatRequest{}, &buf, func() { flushes++ }, "m")
-			if err := s.write(": keep-alive\n\n"); err != nil || buf.String() != ": keep-alive\n\n" || flushes != 1 {
+			if err := s.write([]byte(": keep-alive\n\n"), true); err != nil || buf.String() != ": keep-alive\n\n" || flushes != 1 {
 				t.Errorf("write wrote %q, %d flushes, err %v", buf.String(), flushes, err)
 			}
-			if err := s.event(streamEvent{Kind: "bogus"}); err == nil {
-				t.Error("unknown event kind accepted")
-			}
 			if d != dialectChat {
-				if err := s.event(streamEvent{Kind: eventToolCallArgs, Index: 4, Text: "{}"}); err == nil {
+				if err := feed(s, streamEvent{Kind: eventToolCallArgs, Index: 4, Text: "{}"}); err == nil {
 					t.Error("arguments before the tool call's start accepted")
 				}
 			}
@@ -288,7 +285,7 @@ func TestStreamKeepAliveAndErrors(t *testing.T) {
 			if err := s.start(); !errors.Is(err, errDialectBrokenPipe) {
 				t.Fatalf("start on a broken writer = %v", err)
 			}
-			if err := s.event(streamEvent{Kind: eventText, Text: "x"}); !errors.Is(err, errDialectBrokenPipe) || w.writes != 1 {
+			if err := feed(s, streamEvent{Kind: eventText, Text: "x"}); !errors.Is(err, errDialectBrokenPipe) || w.writes != 1 {
 				t.Errorf("event after a write error = %v after %d writes, want the same error and no new write", err, w.writes)
 			}
 		})

@@ -57,29 +57,10 @@ func answerIDOr(id, prefix string) string { return cmp.Or(id, newAnswerID(prefix
 
 func answerFinish(f string) string { return cmp.Or(f, finishStop) }
 
-// Stream event kinds, from a provider protocol to a caller dialect.
-const (
-	eventText          = "text"            // Text
-	eventToolCallStart = "tool_call_start" // Index, ToolCall's ID, Name and Custom
-	eventToolCallArgs  = "tool_call_args"  // Index, Text: the next piece of arguments
-	eventFinish        = "finish"
-	eventUsage         = "usage"
-)
-
-// streamEvent is one translated piece of a stream; finish and usage only after its terminal signal (SPEC §7.5).
-type streamEvent struct {
-	Kind     string
-	Text     string
-	Index    int // tool call index, 0-based, in call order
-	ToolCall toolCall
-	Finish   string
-	Usage    usage
-}
-
-// answerOf builds one answer from the neutral events run emits, gathered by a caller stream that writes nothing.
-func answerOf(run func(emit func(streamEvent) error) error) (chatAnswer, error) {
+// answerOf gathers the answer a reader of protocol gives a caller stream that writes nothing; read runs the reader.
+func answerOf(protocol string, read func(r *streamReader) error) (chatAnswer, error) {
 	s := &callerStream{frames: func(*callerStream, streamStep, *streamBlock, string) error { return nil }}
-	if err := run(s.event); err != nil {
+	if err := read(newStreamReader(protocol, s)); err != nil {
 		return chatAnswer{}, err
 	}
 	a := chatAnswer{Finish: s.reason, Usage: s.usage}
@@ -93,27 +74,6 @@ func answerOf(run func(emit func(streamEvent) error) error) (chatAnswer, error) 
 	return a, nil
 }
 
-// emitCalls emits whole calls, their neutral indexes from first on.
-func emitCalls(emit func(streamEvent) error, first int, calls []toolCall) error {
-	for i, tc := range calls {
-		start := toolCall{ID: tc.ID, Name: tc.Name, Custom: tc.Custom}
-		if err := emit(streamEvent{Kind: eventToolCallStart, Index: first + i, ToolCall: start}); err != nil {
-			return err
-		}
-		if err := emit(streamEvent{Kind: eventToolCallArgs, Index: first + i, Text: tc.Arguments}); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func emitTail(emit func(streamEvent) error, finish string, u usage) error {
-	if err := emit(streamEvent{Kind: eventFinish, Finish: finish}); err != nil || !u.Reported {
-		return err
-	}
-	return emit(streamEvent{Kind: eventUsage, Usage: u})
-}
-
 // relayBuffered answers a buffered passthrough call with the provider's body; a codex stream (SPEC §6.2) is read whole
 // and assembled. A body that is not a JSON object is no answer of the format (provider_failure).
 func relayBuffered(w http.ResponseWriter, c call, resp *http.Response, attempts int) (u usage, _ *apiError) {
@@ -122,7 +82,7 @@ func relayBuffered(w http.ResponseWriter, c call, resp *http.Response, attempts 
 	var err error
 	if p.codex {
 		pw := &streamReader{protocol: p.protocol, raw: map[int][]byte{}}
-		if err = relayWatched(pw, resp.Body, nil); err == nil {
+		if err = pw.run(resp.Body, nil); err == nil {
 			body = assembledResponse(pw)
 		}
 		u, ct = pw.usage, "application/json" // an assembled answer is Brama's JSON
@@ -165,7 +125,7 @@ func writeAnswer(w http.ResponseWriter, contentType string, attempts int, body [
 func readProviderAnswer(p providerInfo, resp *http.Response) (chatAnswer, error) {
 	defer resp.Body.Close()
 	if p.codex {
-		return answerOf(func(emit func(streamEvent) error) error { return readUpstreamStream(p.protocol, resp.Body, emit) })
+		return answerOf(p.protocol, func(r *streamReader) error { return r.run(resp.Body, nil) })
 	}
 	body, err := readWhole(p, resp)
 	if err != nil {
@@ -201,7 +161,7 @@ func providerFacts(h, provider http.Header, same bool) {
 const keepAliveEvery = 15 * time.Second
 
 // openStreamAnswer sends the 200 and starts the keep-alive timer, a comment after every silence of every
-// (SPEC §7.5); model is what the dialect's events report, req's tools name translated calls.
+// (SPEC §7.5), restarted at each flush; model is what the dialect's events report, req's tools name translated calls.
 func openStreamAnswer(w http.ResponseWriter, dialect string, req chatRequest, model string, attempts int, every time.Duration) *callerStream {
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
@@ -209,61 +169,63 @@ func openStreamAnswer(w http.ResponseWriter, dialect string, req chatRequest, mo
 	h.Set("Brama-Attempts", strconv.Itoa(attempts))
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
-	s := &callerStream{w: w, flush: func() { rc.Flush() }, frames: formatOf(dialect).frames, req: req, model: model}
-	s.flush()   // committed: the caller has its 200 now, however long the provider stays silent
-	s.mu.Lock() // the timer's first run reads s.timer, under mu
+	rc.Flush() // committed: the caller has its 200 now, however long the provider stays silent
+	s := &callerStream{w: w, frames: formatOf(dialect).frames, req: req, model: model}
+	s.mu.Lock() // the timer's first run reads s.flush, under mu
 	defer s.mu.Unlock()
-	s.every, s.timer = every, time.AfterFunc(every, func() { s.do(func() error { return s.write(": keep-alive\n\n") }) })
+	s.timer = time.AfterFunc(every, func() { s.do(func() error { return s.write([]byte(": keep-alive\n\n"), true) }) })
+	s.flush = func() {
+		rc.Flush()
+		s.timer.Reset(every)
+	}
 	return s
 }
 
-// do runs f under the lock, unless closed, and restarts the silence timer.
+// do runs f under the lock unless the stream is closed: the one way in for the keep-alive, a failure and close.
 func (s *callerStream) do(f func() error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
 		return nil
 	}
-	s.timer.Reset(s.every)
 	return f()
-}
-
-// relay writes one event as received (nil: none) and, when the relay may wait next, flushes what was written
-// (SPEC §7.5) and restarts the silence timer; not per event: a timer reset per event costs CPU.
-func (s *callerStream) relay(b []byte, flush bool) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return nil
-	}
-	_, err := s.w.Write(b)
-	s.unflushed = s.unflushed || len(b) > 0
-	if flush && s.unflushed {
-		s.flush()
-		s.unflushed = false
-		s.timer.Reset(s.every)
-	}
-	return err
 }
 
 // close stops the timer: nothing more is written.
 func (s *callerStream) close() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.closed = true
-	s.timer.Stop()
+	s.do(func() error {
+		s.closed = true
+		s.timer.Stop()
+		return nil
+	})
 }
 
-// translate relays a committed stream of protocol translated to the caller's dialect.
-func (s *callerStream) translate(protocol string, body io.Reader) (usage, error) {
-	err := s.do(s.start)
+// answer reads a committed stream of protocol to its terminal signal, relayed as received (a same-format call, Brama's
+// own usage request dropped when dropUsage) or translated. It holds the lock but while it waits on the provider (Read).
+func (s *callerStream) answer(protocol string, body io.Reader, translate, dropUsage bool) (usage, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.body = body
+	if !translate {
+		r := &streamReader{protocol: protocol, dropUsage: dropUsage}
+		err := r.run(s, s.write)
+		return r.usage, err
+	}
+	err := s.start()
 	if err == nil {
-		err = readUpstreamStream(protocol, body, func(ev streamEvent) error { return s.do(func() error { return s.event(ev) }) })
+		err = newStreamReader(protocol, s).run(s, nil)
 	}
 	if err == nil {
-		err = s.do(s.finish)
+		err = s.finish()
 	}
 	return s.usage, err
+}
+
+// Read reads the provider's stream with the lock released: the keep-alive writes while the provider is silent.
+func (s *callerStream) Read(p []byte) (int, error) {
+	s.mu.Unlock()
+	defer s.mu.Lock()
+	return s.body.Read(p)
 }
 
 // errCallerStreamDone is returned by a callerStream used after finish or fail.
@@ -290,11 +252,11 @@ const (
 type callerStream struct {
 	mu        sync.Mutex // a committed stream's: guards everything below against the keep-alive timer
 	closed    bool
-	unflushed bool // relay wrote bytes not yet flushed
-	every     time.Duration
+	unflushed bool // bytes written, not yet flushed
 	timer     *time.Timer
+	body      io.Reader // the provider's stream, read by answer
 	w         io.Writer
-	flush     func()
+	flush     func() // nil: nothing to flush (a buffered answer)
 	err       error
 	frames    func(s *callerStream, step streamStep, b *streamBlock, text string) error
 	req       chatRequest
@@ -331,12 +293,15 @@ type streamBlock struct {
 // answer, with the first refusal a block met (messages: arguments not an object).
 func wholeAnswer(frames func(*callerStream, streamStep, *streamBlock, string) error, req chatRequest, a chatAnswer) (*callerStream, error) {
 	s := &callerStream{w: io.Discard, frames: frames, req: req, model: a.Model}
-	err := s.event(streamEvent{Kind: eventText, Text: a.Text})
+	err := s.start()
 	if err == nil {
-		err = emitCalls(s.event, 0, a.ToolCalls)
+		err = s.text(a.Text)
 	}
 	if err == nil {
-		err = emitTail(s.event, a.Finish, a.Usage)
+		err = s.calls(0, a.ToolCalls)
+	}
+	if err == nil {
+		err = s.tail(a.Finish, a.Usage)
 	}
 	if err == nil {
 		err = s.finish()
@@ -352,51 +317,59 @@ func (s *callerStream) start() error {
 	return s.frames(s, stepBegin, nil, "")
 }
 
-// event writes one neutral event. Arguments for a call whose block closed (a provider interleaving calls) still go to its index, where SDKs gather them.
-func (s *callerStream) event(ev streamEvent) error {
-	if s.done {
-		return errCallerStreamDone
+// text writes the next piece of the answer's text, in the open text block or a new one.
+func (s *callerStream) text(t string) error {
+	if t == "" {
+		return nil
 	}
-	if err := s.start(); err != nil {
-		return err
-	}
-	switch ev.Kind {
-	case eventFinish:
-		s.reason = ev.Finish
-		if err := s.closeOpen(); err != nil {
+	if s.open == nil || !s.open.text {
+		if err := s.openBlock(&streamBlock{text: true}); err != nil {
 			return err
 		}
-		return s.frames(s, stepFinish, nil, "")
-	case eventUsage:
-		s.usage, s.usage.Reported = ev.Usage, true
-		return nil
-	case eventText:
-		if ev.Text == "" {
-			return nil
-		}
-		if s.open == nil || !s.open.text {
-			if err := s.openBlock(&streamBlock{text: true}); err != nil {
-				return err
-			}
-		}
-		s.open.buf.WriteString(ev.Text)
-		return s.frames(s, stepDelta, s.open, ev.Text)
-	case eventToolCallStart:
-		name, _, custom := s.req.callerTool(ev.ToolCall)
-		return s.openBlock(&streamBlock{index: ev.Index, id: ev.ToolCall.ID, name: name,
-			flat: ev.ToolCall.Name, custom: custom, wrapped: custom && !ev.ToolCall.Custom})
-	case eventToolCallArgs:
-		i := slices.IndexFunc(s.blocks, func(b *streamBlock) bool { return !b.text && b.index == ev.Index })
-		if i < 0 {
-			return fmt.Errorf("arguments for tool call %d before its start", ev.Index)
-		}
-		b := s.blocks[i]
-		if b.buf.WriteString(ev.Text); ev.Text == "" || b.wrapped {
-			return nil
-		}
-		return s.frames(s, stepDelta, b, ev.Text)
 	}
-	return fmt.Errorf("unknown stream event kind %q", ev.Kind)
+	s.open.buf.WriteString(t)
+	return s.frames(s, stepDelta, s.open, t)
+}
+
+// call opens the block of tool call index (0-based, in call order): its id, name and kind.
+func (s *callerStream) call(index int, tc toolCall) error {
+	name, _, custom := s.req.callerTool(tc)
+	return s.openBlock(&streamBlock{index: index, id: tc.ID, name: name, flat: tc.Name, custom: custom, wrapped: custom && !tc.Custom})
+}
+
+// args writes the next piece of call index's arguments. A call whose block closed (a provider interleaving calls)
+// still gets them at its index, where SDKs gather them.
+func (s *callerStream) args(index int, piece string) error {
+	i := slices.IndexFunc(s.blocks, func(b *streamBlock) bool { return !b.text && b.index == index })
+	if i < 0 {
+		return fmt.Errorf("arguments for tool call %d before its start", index)
+	}
+	b := s.blocks[i]
+	if b.buf.WriteString(piece); piece == "" || b.wrapped {
+		return nil
+	}
+	return s.frames(s, stepDelta, b, piece)
+}
+
+// calls writes whole calls, their indexes from first on.
+func (s *callerStream) calls(first int, calls []toolCall) (err error) {
+	for i := 0; err == nil && i < len(calls); i++ {
+		if err = s.call(first+i, calls[i]); err == nil {
+			err = s.args(first+i, calls[i].Arguments)
+		}
+	}
+	return err
+}
+
+// tail takes the provider's terminal signal (SPEC §7.5): its finish, and its usage when reported.
+func (s *callerStream) tail(finish string, u usage) error {
+	if s.reason = finish; u.Reported {
+		s.usage = u
+	}
+	if err := s.closeOpen(); err != nil {
+		return err
+	}
+	return s.frames(s, stepFinish, nil, "")
 }
 
 func (s *callerStream) openBlock(b *streamBlock) error {
@@ -462,15 +435,20 @@ func (s *callerStream) frame(name string, v any) error {
 	if name != "" {
 		name = "event: " + name + "\n"
 	}
-	return s.write(name + "data: " + string(b) + "\n\n")
+	return s.write(slices.Concat([]byte(name+"data: "), b, []byte("\n\n")), true)
 }
 
-func (s *callerStream) write(frame string) error {
+// write writes b and, when flush is set, flushes what is unflushed (SPEC §7.5), which restarts the silence timer; a
+// relay flushes only where it may wait next: a timer reset per event costs CPU. The first write error sticks.
+func (s *callerStream) write(b []byte, flush bool) error {
 	if s.err != nil {
 		return s.err
 	}
-	if _, s.err = io.WriteString(s.w, frame); s.err == nil && s.flush != nil {
+	_, s.err = s.w.Write(b)
+	s.unflushed = s.unflushed || len(b) > 0
+	if s.err == nil && flush && s.unflushed && s.flush != nil {
 		s.flush()
+		s.unflushed = false
 	}
 	return s.err
 }

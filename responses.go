@@ -313,10 +313,9 @@ func decodeResponses(body []byte) (chatAnswer, error) {
 	if err := json.Unmarshal(body, &r); err != nil || r.Status != "completed" && r.Status != "incomplete" {
 		return chatAnswer{}, malformedAnswer(protoOpenAIResponses, err)
 	}
-	return answerOf(func(emit func(streamEvent) error) error {
-		rd := newStreamReader(protoOpenAIResponses, true)
+	return answerOf(protoOpenAIResponses, func(rd *streamReader) error {
 		rd.usage, _ = usageOf(protoOpenAIResponses, rawMember(body, "usage"))
-		return rd.completed(&r, emit)
+		return rd.completed(&r)
 	})
 }
 

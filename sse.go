@@ -106,7 +106,7 @@ func (s *sseReader) ready() bool {
 // tool calls as neutral events. Passthrough relays the bytes and runs it for that bookkeeping only.
 type streamReader struct {
 	protocol  string
-	translate bool // emit text and tool calls; passthrough skips decoding them
+	out       *callerStream // translation's writer (text and tool calls); nil: passthrough skips decoding them
 	dropUsage bool // chat passthrough: Brama asked for usage itself, so the usage chunk is not relayed
 	finished  bool // the terminal signal came (chat: every choice's finish_reason)
 	finish    string
@@ -134,26 +134,16 @@ type upstreamCall struct {
 	streamed bool   // text or arguments emitted: the end emits none
 }
 
-func newStreamReader(protocol string, translate bool) *streamReader {
-	return &streamReader{protocol: protocol, translate: translate, calls: map[int]*upstreamCall{}}
+func newStreamReader(protocol string, out *callerStream) *streamReader {
+	return &streamReader{protocol: protocol, out: out, calls: map[int]*upstreamCall{}}
 }
 
-// readUpstreamStream emits a provider stream's neutral events, nil only after its terminal
-// signal (SPEC §7.5): a cut or in-band error is provider_incomplete, a malformed event provider_failure.
-func readUpstreamStream(protocol string, body io.Reader, emit func(streamEvent) error) error {
-	return newStreamReader(protocol, true).run(body, emit, nil)
-}
-
-// relayWatched relays a committed stream's blocks to relay (nil: a buffered caller) as received,
-// r reading them for its bookkeeping; a chat stream ended without [DONE] gets it.
-func relayWatched(r *streamReader, body io.Reader, relay func(block []byte, flush bool) error) error {
-	return r.run(body, func(streamEvent) error { return nil }, relay)
-}
-
-// run reads body's events to the terminal signal, lines ending as newSSEReader says.
-func (r *streamReader) run(body io.Reader, emit func(streamEvent) error, relay func([]byte, bool) error) error {
+// run reads body's events to the terminal signal (SPEC §7.5), lines ending as newSSEReader says, and relays
+// them as received to relay when set; nil only after the terminal signal: a cut or in-band error is
+// provider_incomplete, a malformed event provider_failure. A chat stream ended without [DONE] gets it.
+func (r *streamReader) run(body io.Reader, relay func(block []byte, flush bool) error) error {
 	ends := "\n"
-	if r.translate {
+	if r.out != nil {
 		ends = "\r\n"
 	}
 	rd := newSSEReader(body, ends)
@@ -163,14 +153,14 @@ func (r *streamReader) run(body io.Reader, emit func(streamEvent) error, relay f
 		case err != nil && !r.finished:
 			return streamCut(err)
 		case err != nil && r.protocol == protoOpenAIChat && !r.sawDone:
-			if err := r.ended(emit); err != nil || relay == nil {
+			if err := r.ended(); err != nil || relay == nil {
 				return err
 			}
 			return relay([]byte("data: [DONE]\n\n"), false)
 		case err != nil:
 			return nil
 		}
-		keep, end, err := r.read(event, data, emit)
+		keep, end, err := r.read(event, data)
 		if !keep {
 			raw = nil
 		}
@@ -185,7 +175,7 @@ func (r *streamReader) run(body io.Reader, emit func(streamEvent) error, relay f
 
 // read takes one event: whether to relay it, whether it ends the stream, or the failure; only
 // the members named here are decoded, the rest only checked valid.
-func (r *streamReader) read(event string, data []byte, emit func(streamEvent) error) (keep, end bool, err error) {
+func (r *streamReader) read(event string, data []byte) (keep, end bool, err error) {
 	if data == nil {
 		return true, false, nil // no data line dispatches nothing (WHATWG)
 	}
@@ -194,7 +184,7 @@ func (r *streamReader) read(event string, data []byte, emit func(streamEvent) er
 			return false, false, streamCut(io.EOF)
 		}
 		r.sawDone = true
-		return true, true, r.ended(emit)
+		return true, true, r.ended()
 	}
 	e, ok := rawObject{}, json.Valid(data)
 	if ok {
@@ -208,13 +198,13 @@ func (r *streamReader) read(event string, data []byte, emit func(streamEvent) er
 	case !ok:
 		err = eventWithout(r.protocol, "data", "one JSON object")
 	case r.protocol == protoOpenAIChat:
-		keep, err = r.readChat(event, e, emit)
+		keep, err = r.readChat(event, e)
 	case typ == "":
 		err = eventWithout(r.protocol, "event", "a type")
 	case r.protocol == protoAnthropic:
-		keep, end, err = r.readMessages(typ, e, emit)
+		keep, end, err = r.readMessages(typ, e)
 	default:
-		keep, end, err = r.readResponses(typ, e, emit)
+		keep, end, err = r.readResponses(typ, e)
 	}
 	return keep, end, err
 }
@@ -227,21 +217,23 @@ func (r *streamReader) decode(o rawObject, key string, v any) error {
 	return nil
 }
 
-// ended closes a chat answer whose choice 0 finished (translation's terminal signal; passthrough emits nothing):
-// the held calls, then the tail.
-func (r *streamReader) ended(emit func(streamEvent) error) error {
+// ended closes a translated answer at its terminal signal: chat's held calls, then the tail.
+func (r *streamReader) ended() error {
+	if r.out == nil {
+		return nil
+	}
 	if r.refusal {
 		r.finish = finishContentFilter
 	}
-	if err := emitCalls(emit, 1, r.held); err != nil {
+	if err := r.out.calls(1, r.held); err != nil {
 		return err
 	}
-	return emitTail(emit, r.finish, r.usage)
+	return r.out.tail(r.finish, r.usage)
 }
 
 // readMessages: message_stop ends; usage comes in message_start (emitted at once: a stream cut
 // later still records it) and message_delta, whose output count is the whole. r.finish is the stop_reason.
-func (r *streamReader) readMessages(typ string, e rawObject, emit func(streamEvent) error) (keep, end bool, err error) {
+func (r *streamReader) readMessages(typ string, e rawObject) (keep, end bool, err error) {
 	switch typ {
 	case "error":
 		f, _ := errorObject(e.value("error"))
@@ -251,8 +243,8 @@ func (r *streamReader) readMessages(typ string, e rawObject, emit func(streamEve
 		if !ok {
 			return false, false, eventWithout(protoAnthropic, typ, "message")
 		}
-		if r.usage, err = usageOf(r.protocol, m.value("usage")); err == nil && r.usage.Reported {
-			err = emit(streamEvent{Kind: eventUsage, Usage: r.usage})
+		if r.usage, err = usageOf(r.protocol, m.value("usage")); err == nil && r.out != nil && r.usage.Reported {
+			r.out.usage = r.usage // a stream cut later still records it
 		}
 	case "message_delta":
 		var d struct {
@@ -260,7 +252,9 @@ func (r *streamReader) readMessages(typ string, e rawObject, emit func(streamEve
 		}
 		err = r.decode(e, "delta", &d)
 		u, uerr := usageOf(r.protocol, e.value("usage"))
-		r.finish = cmp.Or(d.StopReason, r.finish)
+		if d.StopReason != "" {
+			r.finish = messagesFinish(d.StopReason)
+		}
 		if u.InputTokens > 0 { // newer streams repeat the cumulative input count
 			r.usage.InputTokens = u.InputTokens
 		}
@@ -269,18 +263,18 @@ func (r *streamReader) readMessages(typ string, e rawObject, emit func(streamEve
 		}
 		err = cmp.Or(err, uerr)
 	case "message_stop":
-		r.finished = true
-		return true, true, emitTail(emit, messagesFinish(r.finish), r.usage)
+		r.finished, r.finish = true, cmp.Or(r.finish, finishStop)
+		return true, true, r.ended()
 	case "content_block_start", "content_block_delta", "content_block_stop":
-		if r.translate {
-			err = r.readBlock(typ, e, emit)
+		if r.out != nil {
+			err = r.readBlock(typ, e)
 		}
 	} // ping and event types added later carry nothing Brama reads
 	return err == nil, false, err
 }
 
 // readBlock translates a content block's start, delta and stop.
-func (r *streamReader) readBlock(typ string, e rawObject, emit func(streamEvent) error) error {
+func (r *streamReader) readBlock(typ string, e rawObject) error {
 	var ev messagesEvent
 	if json.Unmarshal(e.src, &ev) != nil {
 		return eventWithout(protoAnthropic, typ, "a valid index, content_block and delta")
@@ -291,31 +285,31 @@ func (r *streamReader) readBlock(typ string, e rawObject, emit func(streamEvent)
 	case typ == "content_block_start" && b == nil:
 		return eventWithout(protoAnthropic, typ, "content_block")
 	case typ == "content_block_start" && b.Type == "text" && valueOr(b.Text, "") != "":
-		return emit(streamEvent{Kind: eventText, Text: *b.Text})
+		return r.out.text(*b.Text)
 	case typ == "content_block_start" && b.Type == "tool_use" && (b.Name == "" || isTool):
 		return eventWithout(protoAnthropic, typ, "a fresh index and a name")
 	case typ == "content_block_start" && b.Type == "tool_use":
 		r.calls[index] = &upstreamCall{tool: r.ncalls}
 		r.ncalls++
-		return emit(streamEvent{Kind: eventToolCallStart, Index: r.calls[index].tool, ToolCall: toolCall{ID: b.ID, Name: b.Name}})
+		return r.out.call(r.calls[index].tool, toolCall{ID: b.ID, Name: b.Name})
 	case typ == "content_block_delta" && d == nil:
 		return eventWithout(protoAnthropic, typ, "delta")
 	case typ == "content_block_delta" && d.Type == "text_delta" && valueOr(d.Text, "") != "":
-		return emit(streamEvent{Kind: eventText, Text: *d.Text})
+		return r.out.text(*d.Text)
 	case typ == "content_block_delta" && d.Type == "input_json_delta" && !isTool:
 		return eventWithout(protoAnthropic, typ, "a tool_use block")
 	case typ == "content_block_delta" && d.Type == "input_json_delta" && valueOr(d.PartialJSON, "") != "":
 		c.streamed = true
-		return emit(streamEvent{Kind: eventToolCallArgs, Index: c.tool, Text: *d.PartialJSON})
+		return r.out.args(c.tool, *d.PartialJSON)
 	case typ == "content_block_stop" && isTool && !c.streamed: // a tool without parameters streamed none; callers expect "{}"
 		c.streamed = true
-		return emit(streamEvent{Kind: eventToolCallArgs, Index: c.tool, Text: "{}"})
+		return r.out.args(c.tool, "{}")
 	}
 	return nil
 }
 
 // readResponses: response.completed (or .incomplete) ends, with usage; items are keyed by output_index.
-func (r *streamReader) readResponses(typ string, e rawObject, emit func(streamEvent) error) (keep, end bool, err error) {
+func (r *streamReader) readResponses(typ string, e rawObject) (keep, end bool, err error) {
 	switch typ {
 	case "error":
 		code, _ := jsonScalar(e.value("code"))
@@ -327,8 +321,8 @@ func (r *streamReader) readResponses(typ string, e rawObject, emit func(streamEv
 		return false, false, inBandError(f.code)
 	case "response.output_item.added", "response.output_item.done", "response.output_text.delta", "response.refusal.delta",
 		"response.function_call_arguments.delta", "response.custom_tool_call_input.delta":
-		if r.translate || r.raw != nil && typ == "response.output_item.done" {
-			err = r.readItem(typ, e, emit)
+		if r.out != nil || r.raw != nil && typ == "response.output_item.done" {
+			err = r.readItem(typ, e)
 		}
 	case "response.completed", "response.incomplete":
 		resp, ok := splitRaw(e.value("response"), '{', r.scratch[1][:])
@@ -339,10 +333,10 @@ func (r *streamReader) readResponses(typ string, e rawObject, emit func(streamEv
 		if r.finished = true; r.raw != nil {
 			r.final = bytes.Clone(e.value("response"))
 		}
-		if err == nil && r.translate {
+		if err == nil && r.out != nil {
 			var ro responsesObject
 			if err = r.decode(e, "response", &ro); err == nil {
-				err = r.completed(&ro, emit)
+				err = r.completed(&ro)
 			}
 		}
 		return err == nil, true, err
@@ -351,7 +345,7 @@ func (r *streamReader) readResponses(typ string, e rawObject, emit func(streamEv
 }
 
 // readItem reads an output item's start, deltas and end; a buffered codex caller keeps each ended item as sent.
-func (r *streamReader) readItem(typ string, e rawObject, emit func(streamEvent) error) error {
+func (r *streamReader) readItem(typ string, e rawObject) error {
 	var ev struct {
 		OutputIndex int             `json:"output_index"`
 		Item        json.RawMessage `json:"item"`
@@ -360,7 +354,7 @@ func (r *streamReader) readItem(typ string, e rawObject, emit func(streamEvent) 
 	var item responsesItem
 	isItem := strings.HasPrefix(typ, "response.output_item.")
 	err := json.Unmarshal(e.src, &ev)
-	if err == nil && isItem && r.translate {
+	if err == nil && isItem && r.out != nil {
 		err = json.Unmarshal(ev.Item, &item)
 	}
 	if err != nil || isItem && rawShape(ev.Item) != '{' {
@@ -369,33 +363,31 @@ func (r *streamReader) readItem(typ string, e rawObject, emit func(streamEvent) 
 	if r.raw != nil && typ == "response.output_item.done" {
 		r.raw[ev.OutputIndex] = ev.Item // decoding copied it out of the reader's buffer
 	}
-	if !r.translate {
+	if r.out == nil {
 		return nil
 	}
-	it, err := r.item(ev.OutputIndex, &item, typ == "response.output_item.done", emit)
-	out := streamEvent{Kind: eventText, Text: ev.Delta}
+	it, err := r.item(ev.OutputIndex, &item, typ == "response.output_item.done")
+	text := typ == "response.output_text.delta" || typ == "response.refusal.delta"
+	r.refusal = r.refusal || typ == "response.refusal.delta"
 	switch {
 	case err != nil || isItem:
 		return err
-	case typ == "response.refusal.delta":
-		r.refusal = true
-	case typ != "response.output_text.delta" && it.tool < 0:
+	case !text && it.tool < 0:
 		return eventWithout(protoOpenAIResponses, typ, "a call item")
-	case typ != "response.output_text.delta":
-		out.Kind, out.Index = eventToolCallArgs, it.tool
-	}
-	if ev.Delta == "" {
+	case ev.Delta == "":
 		return nil
 	}
-	it.streamed = true
-	return emit(out)
+	if it.streamed = true; text {
+		return r.out.text(ev.Delta)
+	}
+	return r.out.args(it.tool, ev.Delta)
 }
 
 // completed emits the final response's items the stream never showed (a minimal stream, a buffered answer), then the tail.
-func (r *streamReader) completed(resp *responsesObject, emit func(streamEvent) error) error {
+func (r *streamReader) completed(resp *responsesObject) error {
 	for i, it := range resp.Output {
 		if _, seen := r.calls[i]; !seen && it != nil {
-			if _, err := r.item(i, it, true, emit); err != nil {
+			if _, err := r.item(i, it, true); err != nil {
 				return err
 			}
 		}
@@ -409,11 +401,11 @@ func (r *streamReader) completed(resp *responsesObject, emit func(streamEvent) e
 			finish = f
 		}
 	}
-	return emitTail(emit, finish, r.usage)
+	return r.out.tail(finish, r.usage)
 }
 
 // item is the state of output index i, a tool call once seen as one; when done, it emits whatever the item's deltas did not.
-func (r *streamReader) item(i int, item *responsesItem, done bool, emit func(streamEvent) error) (*upstreamCall, error) {
+func (r *streamReader) item(i int, item *responsesItem, done bool) (*upstreamCall, error) {
 	it, ok := r.calls[i]
 	if !ok {
 		it = &upstreamCall{tool: -1}
@@ -425,8 +417,7 @@ func (r *streamReader) item(i int, item *responsesItem, done bool, emit func(str
 			return nil, eventWithout(protoOpenAIResponses, "a call item", "a name")
 		}
 		it.tool, r.ncalls = r.ncalls, r.ncalls+1
-		start := toolCall{ID: tc.ID, Name: tc.Name, Custom: tc.Custom}
-		if err := emit(streamEvent{Kind: eventToolCallStart, Index: it.tool, ToolCall: start}); err != nil {
+		if err := r.out.call(it.tool, toolCall{ID: tc.ID, Name: tc.Name, Custom: tc.Custom}); err != nil {
 			return nil, err
 		}
 	}
@@ -435,7 +426,7 @@ func (r *streamReader) item(i int, item *responsesItem, done bool, emit func(str
 	}
 	it.streamed = true
 	if isCall && tc.Arguments != "" {
-		return it, emit(streamEvent{Kind: eventToolCallArgs, Index: it.tool, Text: tc.Arguments})
+		return it, r.out.args(it.tool, tc.Arguments)
 	}
 	var scratch chatRequest // a message item's text, a refusal's too
 	parts, _ := scratch.responsesParts(item.Content, "")
@@ -449,7 +440,7 @@ func (r *streamReader) item(i int, item *responsesItem, done bool, emit func(str
 		}
 	}
 	if item.Type == "message" && text != "" {
-		return it, emit(streamEvent{Kind: eventText, Text: text})
+		return it, r.out.text(text)
 	}
 	return it, nil
 }

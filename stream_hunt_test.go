@@ -169,12 +169,13 @@ func TestLongToolCallStreamsInLinearMemory(t *testing.T) {
 			s := newCallerStream(dialect, chatRequest{}, io.Discard, nil, "m")
 			var before, after runtime.MemStats
 			runtime.ReadMemStats(&before)
-			s.event(streamEvent{Kind: eventToolCallStart, Index: 0, ToolCall: toolCall{ID: "call_1", Name: "write"}})
-			s.event(streamEvent{Kind: eventToolCallArgs, Index: 0, Text: `{"lines":[`})
+			s.start()
+			feed(s, streamEvent{Kind: eventToolCallStart, Index: 0, ToolCall: toolCall{ID: "call_1", Name: "write"}})
+			feed(s, streamEvent{Kind: eventToolCallArgs, Index: 0, Text: `{"lines":[`})
 			for range deltas {
-				s.event(streamEvent{Kind: eventToolCallArgs, Index: 0, Text: piece})
+				feed(s, streamEvent{Kind: eventToolCallArgs, Index: 0, Text: piece})
 			}
-			s.event(streamEvent{Kind: eventToolCallArgs, Index: 0, Text: `""]}`})
+			feed(s, streamEvent{Kind: eventToolCallArgs, Index: 0, Text: `""]}`})
 			if err := s.finish(); err != nil {
 				t.Fatal(err)
 			}

@@ -14,14 +14,71 @@ import (
 
 // assembleStream is a whole stream as one answer, as a buffered caller of codex gets it (SPEC §6.2).
 func assembleStream(protocol string, body io.Reader) (chatAnswer, error) {
-	return answerOf(func(emit func(streamEvent) error) error { return readUpstreamStream(protocol, body, emit) })
+	return answerOf(protocol, func(r *streamReader) error { return r.run(body, nil) })
 }
 
-// collectStream runs readUpstreamStream over body and returns what it emitted.
+// streamEvent is one call a stream reader makes of its caller stream, as a value the tests compare.
+type streamEvent struct {
+	Kind     string
+	Text     string
+	Index    int
+	ToolCall toolCall
+	Finish   string
+	Usage    usage
+}
+
+const (
+	eventText          = "text"
+	eventToolCallStart = "tool_call_start"
+	eventToolCallArgs  = "tool_call_args"
+	eventFinish        = "finish"
+	eventUsage         = "usage"
+)
+
+// feed makes ev's call of s.
+func feed(s *callerStream, ev streamEvent) error {
+	switch ev.Kind {
+	case eventText:
+		return s.text(ev.Text)
+	case eventToolCallStart:
+		return s.call(ev.Index, ev.ToolCall)
+	case eventToolCallArgs:
+		return s.args(ev.Index, ev.Text)
+	case eventFinish:
+		return s.tail(ev.Finish, usage{})
+	}
+	s.usage = ev.Usage
+	return nil
+}
+
+// readEvents runs a translating reader of protocol over body into a caller stream whose frames record
+// each call as an event (the tail: finish, then usage when reported) and give it to each, which may fail it.
+func readEvents(protocol string, body io.Reader, each func(streamEvent) error) (*callerStream, error) {
+	s := &callerStream{frames: func(s *callerStream, step streamStep, b *streamBlock, d string) error {
+		switch {
+		case step == stepOpen && !b.text:
+			return each(streamEvent{Kind: eventToolCallStart, Index: b.index, ToolCall: toolCall{ID: b.id, Name: b.flat, Custom: b.custom}})
+		case step == stepDelta && b.text:
+			return each(text(d))
+		case step == stepDelta:
+			return each(args(b.index, d))
+		case step == stepFinish:
+			err := each(finish(s.reason))
+			if err == nil && s.usage.Reported {
+				err = each(streamEvent{Kind: eventUsage, Usage: s.usage})
+			}
+			return err
+		}
+		return nil
+	}}
+	return s, newStreamReader(protocol, s).run(body, nil)
+}
+
+// collectStream runs a translating reader over body and returns the events it made.
 func collectStream(t *testing.T, protocol string, body io.Reader) ([]streamEvent, error) {
 	t.Helper()
 	var got []streamEvent
-	err := readUpstreamStream(protocol, body, func(ev streamEvent) error {
+	_, err := readEvents(protocol, body, func(ev streamEvent) error {
 		got = append(got, ev)
 		return nil
 	})
@@ -63,7 +120,6 @@ func TestReadUpstreamStreamFixtures(t *testing.T) {
 			finish(finishToolCalls), used(31, 17),
 		}},
 		{"anthropic-messages", protoAnthropic, "anthropic-messages.sse", []streamEvent{
-			used(40, 1), // message_start's, for a stream cut later
 			text("Hel"), text("lo"),
 			start(0, "toolu_01", "get_weather"), args(0, `{"city": `), args(0, `"Paris"}`),
 			start(1, "toolu_02", "get_time"), args(1, "{}"),
@@ -204,7 +260,7 @@ func TestReadUpstreamStreamEmitError(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			n := 0
-			err := readUpstreamStream(tt.protocol, strings.NewReader(fixture(t, tt.file)), func(streamEvent) error {
+			_, err := readEvents(tt.protocol, strings.NewReader(fixture(t, tt.file)), func(streamEvent) error {
 				n++
 				if n == 2 {
 					return errStop
@@ -307,7 +363,7 @@ func FuzzUpstreamStream(f *testing.F) {
 	f.Fuzz(func(t *testing.T, protocol string, body []byte) {
 		var evs []streamEvent
 		started := map[int]bool{}
-		err := readUpstreamStream(protocol, bytes.NewReader(body), func(ev streamEvent) error {
+		_, err := readEvents(protocol, bytes.NewReader(body), func(ev streamEvent) error {
 			if ev.Kind == eventToolCallArgs && !started[ev.Index] {
 				t.Fatalf("arguments for tool call %d before its start", ev.Index)
 			}
@@ -357,7 +413,12 @@ func TestReadUpstreamStreamAnthropicCumulativeUsage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff([]streamEvent{used(5, 1), finish(finishLength), used(120, 8)}, got); diff != "" {
+	if diff := cmp.Diff([]streamEvent{finish(finishLength), used(120, 8)}, got); diff != "" {
 		t.Errorf("events (-want +got):\n%s", diff)
+	}
+	// message_start's usage reaches the caller stream at once: a stream cut later still records it
+	s, err := readEvents(protoAnthropic, strings.NewReader(cutAt(t, body, "event: message_delta")), func(streamEvent) error { return nil })
+	if want := (usage{5, 1, true}); err == nil || s.usage != want {
+		t.Errorf("cut after message_start: usage %+v, err %v; want %+v and an error", s.usage, err, want)
 	}
 }
