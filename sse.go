@@ -107,8 +107,8 @@ func (s *sseReader) ready() bool {
 type streamReader struct {
 	protocol  string
 	out       *callerStream // translation's writer (text and tool calls); nil: passthrough skips decoding them
-	dropUsage bool // chat passthrough: Brama asked for usage itself, so the usage chunk is not relayed
-	finished  bool // the terminal signal came (chat: every choice's finish_reason)
+	dropUsage bool          // chat passthrough: Brama asked for usage itself, so the usage chunk is not relayed
+	finished  bool          // the terminal signal came (chat: every choice's finish_reason)
 	finish    string
 	usage     usage
 	refusal   bool // a refusal came: the finish is content_filter
