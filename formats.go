@@ -1,11 +1,14 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"math"
 	"slices"
 	"strings"
 )
@@ -552,4 +555,91 @@ func (req chatRequest) openAIToolChoice(nested bool) json.RawMessage {
 	default:
 		return must(json.Marshal(map[string]string{"type": kind, "name": c.Name}))
 	}
+}
+
+// sseReader splits a text/event-stream body into blocks (an event's lines and the blank line
+// ending it) as received, WHATWG grammar, with no line limit or timeout (SPEC §7.4).
+type sseReader struct {
+	sc        bufio.Scanner
+	ends      string             // the bytes that end a line (a "\r\n" pair is one end)
+	started   bool               // the byte-order mark check is done
+	rest      []byte             // what the scanner holds past the last line, for ready
+	searched  int                // bytes of the coming line already searched for its end
+	raw, data []byte             // the last block and its data, reused by next
+	buf       [16<<10 - 256]byte // the scanner's first buffer: with the reader, one 16 KiB allocation
+}
+
+// newSSEReader reads blocks from r, lines ending at a byte of ends: translation's "\r\n" (WHATWG),
+// passthrough's "\n" (README: a bare "\r" is no line end, the caller reads what was sent).
+func newSSEReader(r io.Reader, ends string) *sseReader {
+	s := &sseReader{sc: *bufio.NewScanner(r), ends: ends, data: []byte{}} // data: non-nil, see next
+	s.sc.Buffer(s.buf[:], math.MaxInt)
+	s.sc.Split(s.split)
+	return s
+}
+
+// split cuts one line with its terminator ("\r\n", or one byte of ends); a final line without one is
+// io.ErrUnexpectedEOF (the body was cut). A long line comes a read at a time: the search resumes where the last one ended.
+func (s *sseReader) split(data []byte, atEOF bool) (int, []byte, error) {
+	i := bytes.IndexAny(data[s.searched:], s.ends)
+	if i >= 0 {
+		i += s.searched
+	}
+	switch {
+	case i < 0 && atEOF && len(data) > 0 && (s.started || string(data) != "\ufeff"): // a lone BOM: an empty body
+		return 0, nil, io.ErrUnexpectedEOF
+	case i < 0:
+		s.searched = len(data)
+		return 0, nil, nil
+	case data[i] == '\r' && i+1 == len(data) && !atEOF: // a "\n" may follow
+		s.searched = i
+		return 0, nil, nil
+	case data[i] == '\r' && i+1 < len(data) && data[i+1] == '\n':
+		i++
+	}
+	s.rest, s.searched = data[i+1:], 0
+	return i + 1, data[:i+1], nil
+}
+
+// next returns the next block, its event name and its data lines (nil: none), valid until
+// the next call; io.EOF after the last, which needs no blank line after it.
+func (s *sseReader) next() (raw []byte, event string, data []byte, err error) {
+	s.raw, s.data = s.raw[:0], s.data[:0]
+	for s.sc.Scan() {
+		line := s.sc.Bytes()
+		if !s.started {
+			line, s.started = bytes.TrimPrefix(line, []byte("\ufeff")), true
+		}
+		content := bytes.TrimRight(line, "\r\n")
+		if len(content) == 0 && len(s.raw) == 0 || bytes.HasPrefix(content, []byte(":")) {
+			continue // blank lines between blocks and comments carry nothing: none is kept (SPEC §17)
+		}
+		s.raw = append(s.raw, line...)
+		if len(content) == 0 {
+			return s.raw, event, data, nil
+		}
+		field, value, _ := bytes.Cut(content, []byte(":"))
+		value = bytes.TrimPrefix(value, []byte(" "))
+		switch string(field) {
+		case "event":
+			event = string(value)
+		case "data":
+			if data != nil {
+				s.data = append(s.data, '\n')
+			}
+			s.data = append(s.data, value...)
+			data = s.data // non-nil even for an empty line: s.data starts non-nil
+		} // "id", "retry" and unknown fields carry nothing Brama uses
+	}
+	if err := s.sc.Err(); err != nil || len(s.raw) == 0 {
+		return nil, "", nil, cmp.Or(err, io.EOF)
+	}
+	s.raw = append(s.raw, '\n') // the provider never ended the block; end it for the caller
+	return s.raw, event, data, nil
+}
+
+// ready reports whether a whole next block is buffered (no wait to read it).
+func (s *sseReader) ready() bool {
+	b := bytes.TrimLeft(s.rest, "\r\n") // blank lines before a block are skipped, not an end
+	return bytes.Contains(b, []byte("\n\n")) || bytes.Contains(b, []byte("\n\r\n"))
 }

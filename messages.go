@@ -511,3 +511,82 @@ func (s *callerStream) messagesFrames(step streamStep, b *streamBlock, d string)
 	}
 	return s.frame(ev.Type, ev)
 }
+
+// The messages part of the one stream reader (relay.go's streamReader).
+
+// readMessages: message_stop ends; usage comes in message_start (emitted at once: a stream cut
+// later still records it) and message_delta, whose output count is the whole. r.finish is the stop_reason.
+func (r *streamReader) readMessages(typ string, e rawObject) (keep, end bool, err error) {
+	switch typ {
+	case "error":
+		f, _ := errorObject(e.value("error"))
+		return false, false, inBandError(cmp.Or(f.typ, f.code))
+	case "message_start":
+		m, ok := splitRaw(e.value("message"), '{', r.scratch[1][:])
+		if !ok {
+			return false, false, eventWithout(protoAnthropic, typ, "message")
+		}
+		if r.usage, err = usageOf(r.protocol, m.value("usage")); err == nil && r.out != nil && r.usage.Reported {
+			r.out.usage = r.usage // a stream cut later still records it
+		}
+	case "message_delta":
+		var d struct {
+			StopReason string `json:"stop_reason"`
+		}
+		err = r.decode(e, "delta", &d)
+		u, uerr := usageOf(r.protocol, e.value("usage"))
+		if d.StopReason != "" {
+			r.finish = messagesFinish(d.StopReason)
+		}
+		if u.InputTokens > 0 { // newer streams repeat the cumulative input count
+			r.usage.InputTokens = u.InputTokens
+		}
+		if u.Reported {
+			r.usage.OutputTokens, r.usage.Reported = u.OutputTokens, true
+		}
+		err = cmp.Or(err, uerr)
+	case "message_stop":
+		r.finished, r.finish = true, cmp.Or(r.finish, finishStop)
+		return true, true, r.ended()
+	case "content_block_start", "content_block_delta", "content_block_stop":
+		if r.out != nil {
+			err = r.readBlock(typ, e)
+		}
+	} // ping and event types added later carry nothing Brama reads
+	return err == nil, false, err
+}
+
+// readBlock translates a content block's start, delta and stop.
+func (r *streamReader) readBlock(typ string, e rawObject) error {
+	var ev messagesEvent
+	if json.Unmarshal(e.src, &ev) != nil {
+		return eventWithout(protoAnthropic, typ, "a valid index, content_block and delta")
+	}
+	index, b, d := valueOr(ev.Index, 0), ev.ContentBlock, ev.Delta
+	c, isTool := r.calls[index]
+	switch {
+	case typ == "content_block_start" && b == nil:
+		return eventWithout(protoAnthropic, typ, "content_block")
+	case typ == "content_block_start" && b.Type == "text" && valueOr(b.Text, "") != "":
+		return r.out.text(*b.Text)
+	case typ == "content_block_start" && b.Type == "tool_use" && (b.Name == "" || isTool):
+		return eventWithout(protoAnthropic, typ, "a fresh index and a name")
+	case typ == "content_block_start" && b.Type == "tool_use":
+		r.calls[index] = &upstreamCall{tool: r.ncalls}
+		r.ncalls++
+		return r.out.call(r.calls[index].tool, toolCall{ID: b.ID, Name: b.Name})
+	case typ == "content_block_delta" && d == nil:
+		return eventWithout(protoAnthropic, typ, "delta")
+	case typ == "content_block_delta" && d.Type == "text_delta" && valueOr(d.Text, "") != "":
+		return r.out.text(*d.Text)
+	case typ == "content_block_delta" && d.Type == "input_json_delta" && !isTool:
+		return eventWithout(protoAnthropic, typ, "a tool_use block")
+	case typ == "content_block_delta" && d.Type == "input_json_delta" && valueOr(d.PartialJSON, "") != "":
+		c.streamed = true
+		return r.out.args(c.tool, *d.PartialJSON)
+	case typ == "content_block_stop" && isTool && !c.streamed: // a tool without parameters streamed none; callers expect "{}"
+		c.streamed = true
+		return r.out.args(c.tool, "{}")
+	}
+	return nil
+}

@@ -452,3 +452,212 @@ func (s *callerStream) write(b []byte, flush bool) error {
 	}
 	return s.err
 }
+
+// streamReader is the one reader of a provider stream per protocol (SPEC §7.5): the terminal signal,
+// the in-band error, usage and malformed events for every path, and, when translating, the text and
+// tool calls as neutral events. Passthrough relays the bytes and runs it for that bookkeeping only.
+type streamReader struct {
+	protocol  string
+	out       *callerStream // translation's writer (text and tool calls); nil: passthrough skips decoding them
+	dropUsage bool          // chat passthrough: Brama asked for usage itself, so the usage chunk is not relayed
+	finished  bool          // the terminal signal came (chat: every choice's finish_reason)
+	finish    string
+	usage     usage
+	refusal   bool // a refusal came: the finish is content_filter
+	// translation: the provider's calls (responses: its items) by the provider's index for them (chat's tool
+	// index, messages' content block index, responses' output_index), and the tool calls started
+	calls  map[int]*upstreamCall
+	ncalls int
+	// chat: the choice indexes seen and finished (n ≤ 128), data: [DONE], the calls after the first, held to the end
+	choices [2][2]uint64
+	sawDone bool
+	held    []toolCall
+	// a buffered codex caller (non-nil raw): output_item.done items by output_index, the final response
+	raw     map[int][]byte
+	final   json.RawMessage
+	scratch [2][16]jsonMember // member storage for an event and one of its members
+	elems   [2]jsonMember     // element storage for an event's choices
+}
+
+// upstreamCall is one of the provider's calls (or a responses message item) as translation follows it.
+type upstreamCall struct {
+	tool     int    // the neutral tool index; -1: a responses message item
+	id       string // chat: the call's id, telling a new call at a reused index
+	streamed bool   // text or arguments emitted: the end emits none
+}
+
+func newStreamReader(protocol string, out *callerStream) *streamReader {
+	return &streamReader{protocol: protocol, out: out, calls: map[int]*upstreamCall{}}
+}
+
+// run reads body's events to the terminal signal (SPEC §7.5), lines ending as newSSEReader says, and relays
+// them as received to relay when set; nil only after the terminal signal: a cut or in-band error is
+// provider_incomplete, a malformed event provider_failure. A chat stream ended without [DONE] gets it.
+func (r *streamReader) run(body io.Reader, relay func(block []byte, flush bool) error) error {
+	ends := "\n"
+	if r.out != nil {
+		ends = "\r\n"
+	}
+	rd := newSSEReader(body, ends)
+	for {
+		raw, event, data, err := rd.next()
+		switch {
+		case err != nil && !r.finished:
+			return streamCut(err)
+		case err != nil && r.protocol == protoOpenAIChat && !r.sawDone:
+			if err := r.ended(); err != nil || relay == nil {
+				return err
+			}
+			return relay([]byte("data: [DONE]\n\n"), false)
+		case err != nil:
+			return nil
+		}
+		keep, end, err := r.read(event, data)
+		if !keep {
+			raw = nil
+		}
+		if err == nil && relay != nil { // flush if the next read may wait on the provider
+			err = relay(raw, !end && !rd.ready())
+		}
+		if err != nil || end {
+			return err
+		}
+	}
+}
+
+// read takes one event: whether to relay it, whether it ends the stream, or the failure; only
+// the members named here are decoded, the rest only checked valid.
+func (r *streamReader) read(event string, data []byte) (keep, end bool, err error) {
+	if data == nil {
+		return true, false, nil // no data line dispatches nothing (WHATWG)
+	}
+	if r.protocol == protoOpenAIChat && string(data) == "[DONE]" {
+		if !r.finished {
+			return false, false, streamCut(io.EOF)
+		}
+		r.sawDone = true
+		return true, true, r.ended()
+	}
+	e, ok := rawObject{}, json.Valid(data)
+	if ok {
+		e, ok = splitRaw(data, '{', r.scratch[0][:])
+	}
+	typ := cmp.Or(string(rawText(e.value("type"))), event) // a switch on it allocates nothing
+	if event == "error" && r.protocol == protoAnthropic {
+		typ = event
+	}
+	switch {
+	case !ok:
+		err = eventWithout(r.protocol, "data", "one JSON object")
+	case r.protocol == protoOpenAIChat:
+		keep, err = r.readChat(event, e)
+	case typ == "":
+		err = eventWithout(r.protocol, "event", "a type")
+	case r.protocol == protoAnthropic:
+		keep, end, err = r.readMessages(typ, e)
+	default:
+		keep, end, err = r.readResponses(typ, e)
+	}
+	return keep, end, err
+}
+
+// decode decodes o's member key into v (absent or null leaves v as it is); a failure is a malformed event.
+func (r *streamReader) decode(o rawObject, key string, v any) error {
+	if raw := o.value(key); !rawIsNull(raw) && json.Unmarshal(raw, v) != nil {
+		return eventWithout(r.protocol, "event", "a valid "+key)
+	}
+	return nil
+}
+
+// ended closes a translated answer at its terminal signal: chat's held calls, then the tail.
+func (r *streamReader) ended() error {
+	if r.out == nil {
+		return nil
+	}
+	if r.refusal {
+		r.finish = finishContentFilter
+	}
+	if err := r.out.calls(1, r.held); err != nil {
+		return err
+	}
+	return r.out.tail(r.finish, r.usage)
+}
+
+// upstreamStreamError is an in-band error's cause: its redacted code, and the refusalRate or refusalQuota class the
+// dispatcher records a block for (SPEC §6.2).
+type upstreamStreamError struct{ Code, Class string }
+
+func (e *upstreamStreamError) Error() string { return "provider stream error " + e.Code }
+
+// streamErrorCodes classifies in-band error codes that say "rate" or "quota".
+var streamErrorCodes = map[string]string{"rate_limit_exceeded": refusalRate, "rate_limit_error": refusalRate,
+	"usage_limit_reached": refusalRate, "insufficient_quota": refusalQuota, "billing_error": refusalQuota}
+
+// inBandError is provider_incomplete: the caller cannot know what was billed (SPEC §6.2, §7.5).
+func inBandError(code string) *apiError {
+	class := streamErrorCodes[code]
+	if quotaCodes[code] {
+		class = refusalQuota
+	}
+	se := &upstreamStreamError{Code: cmp.Or(cleanQuoted(code, "", 64), "unspecified"), Class: class}
+	return (&apiError{Err: se}).redactedFor("") // writes the message
+}
+
+// redactedFor redacts the presented credential from an in-band stream error's code, which its reader
+// does not know (SPEC §8.1), and (re)writes its message; other errors are returned as they are.
+func (e *apiError) redactedFor(presented string) *apiError {
+	var se *upstreamStreamError
+	if errors.As(e.Err, &se) {
+		se.Code = redact(se.Code, presented)
+		*e = *refuse("provider_incomplete", "the provider stream failed with error %q", se.Code).because(e.Err)
+	}
+	return e
+}
+
+// malformedAnswer refuses a 2xx body or stream event that is not the protocol's answer, never quoted.
+func malformedAnswer(protocol string, cause error) *apiError {
+	return refuse("provider_failure", "the provider answered with a malformed %s body", protocol).because(cause)
+}
+
+// eventWithout is the malformed event of typ lacking what it must carry.
+func eventWithout(protocol, typ, what string) *apiError {
+	return malformedAnswer(protocol, errors.New(typ+" without "+what))
+}
+
+// streamCut is the failure of a stream cut before its terminal signal: the provider may have
+// generated and billed (SPEC §7.5, §8.2).
+func streamCut(err error) *apiError {
+	if errors.Is(err, io.EOF) {
+		return refuse("provider_incomplete", "the provider stream ended before its terminal signal")
+	}
+	if ae := classifyTransport(err); ae.Code == "client_cancelled" {
+		return ae
+	}
+	return refuse("provider_incomplete", "the provider stream failed before its terminal signal: %s",
+		cleanQuoted(err.Error(), "", 300)).because(err)
+}
+
+// passthroughUsage holds the usage members of all three formats (flat: the wire types embedded cost an allocation per event).
+type passthroughUsage struct {
+	PromptTokens             int `json:"prompt_tokens"`
+	CompletionTokens         int `json:"completion_tokens"`
+	InputTokens              int `json:"input_tokens"`
+	OutputTokens             int `json:"output_tokens"`
+	CacheCreationInputTokens int `json:"cache_creation_input_tokens"`
+	CacheReadInputTokens     int `json:"cache_read_input_tokens"`
+}
+
+// usageOf reads a usage member in Brama's terms, absent or null unreported; Anthropic's cached input counts, as OpenAI's does.
+func usageOf(protocol string, raw json.RawMessage) (usage, error) {
+	if rawIsNull(raw) {
+		return usage{}, nil
+	}
+	u := new(passthroughUsage) // after the null test: it escapes, an allocation per event
+	if err := json.Unmarshal(raw, u); err != nil {
+		return usage{}, malformedAnswer(protocol, err)
+	}
+	if protocol == protoOpenAIChat {
+		return usage{u.PromptTokens, u.CompletionTokens, true}, nil
+	}
+	return usage{u.InputTokens + u.CacheCreationInputTokens + u.CacheReadInputTokens, u.OutputTokens, true}, nil
+}

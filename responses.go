@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"cmp"
 	"encoding/json"
 	"slices"
@@ -440,4 +441,143 @@ func responsesContent(ps []part, assistant bool) []responsesPart {
 		}
 	}
 	return out
+}
+
+// The responses part of the one stream reader (relay.go's streamReader).
+
+// readResponses: response.completed (or .incomplete) ends, with usage; items are keyed by output_index.
+func (r *streamReader) readResponses(typ string, e rawObject) (keep, end bool, err error) {
+	switch typ {
+	case "error":
+		code, _ := jsonScalar(e.value("code"))
+		f, _ := errorObject(e.value("error"))
+		return false, false, inBandError(cmp.Or(code, f.code, f.typ))
+	case "response.failed":
+		resp, _ := splitRaw(e.value("response"), '{', r.scratch[1][:])
+		f, _ := errorObject(resp.value("error"))
+		return false, false, inBandError(f.code)
+	case "response.output_item.added", "response.output_item.done", "response.output_text.delta", "response.refusal.delta",
+		"response.function_call_arguments.delta", "response.custom_tool_call_input.delta":
+		if r.out != nil || r.raw != nil && typ == "response.output_item.done" {
+			err = r.readItem(typ, e)
+		}
+	case "response.completed", "response.incomplete":
+		resp, ok := splitRaw(e.value("response"), '{', r.scratch[1][:])
+		if !ok {
+			return false, false, eventWithout(protoOpenAIResponses, typ, "response")
+		}
+		r.usage, err = usageOf(r.protocol, resp.value("usage"))
+		if r.finished = true; r.raw != nil {
+			r.final = bytes.Clone(e.value("response"))
+		}
+		if err == nil && r.out != nil {
+			var ro responsesObject
+			if err = r.decode(e, "response", &ro); err == nil {
+				err = r.completed(&ro)
+			}
+		}
+		return err == nil, true, err
+	}
+	return err == nil, false, err
+}
+
+// readItem reads an output item's start, deltas and end; a buffered codex caller keeps each ended item as sent.
+func (r *streamReader) readItem(typ string, e rawObject) error {
+	var ev struct {
+		OutputIndex int             `json:"output_index"`
+		Item        json.RawMessage `json:"item"`
+		Delta       string          `json:"delta"`
+	}
+	var item responsesItem
+	isItem := strings.HasPrefix(typ, "response.output_item.")
+	err := json.Unmarshal(e.src, &ev)
+	if err == nil && isItem && r.out != nil {
+		err = json.Unmarshal(ev.Item, &item)
+	}
+	if err != nil || isItem && rawShape(ev.Item) != '{' {
+		return eventWithout(protoOpenAIResponses, typ, "an index and an item")
+	}
+	if r.raw != nil && typ == "response.output_item.done" {
+		r.raw[ev.OutputIndex] = ev.Item // decoding copied it out of the reader's buffer
+	}
+	if r.out == nil {
+		return nil
+	}
+	it, err := r.item(ev.OutputIndex, &item, typ == "response.output_item.done")
+	text := typ == "response.output_text.delta" || typ == "response.refusal.delta"
+	r.refusal = r.refusal || typ == "response.refusal.delta"
+	switch {
+	case err != nil || isItem:
+		return err
+	case !text && it.tool < 0:
+		return eventWithout(protoOpenAIResponses, typ, "a call item")
+	case ev.Delta == "":
+		return nil
+	}
+	if it.streamed = true; text {
+		return r.out.text(ev.Delta)
+	}
+	return r.out.args(it.tool, ev.Delta)
+}
+
+// completed emits the final response's items the stream never showed (a minimal stream, a buffered answer), then the tail.
+func (r *streamReader) completed(resp *responsesObject) error {
+	for i, it := range resp.Output {
+		if _, seen := r.calls[i]; !seen && it != nil {
+			if _, err := r.item(i, it, true); err != nil {
+				return err
+			}
+		}
+	}
+	finish := map[bool]string{false: finishStop, true: finishToolCalls}[r.ncalls > 0]
+	if r.refusal {
+		finish = finishContentFilter
+	}
+	for f, reason := range responsesIncompletes {
+		if valueOr(resp.IncompleteDetails, responsesIncomplete{}).Reason == reason {
+			finish = f
+		}
+	}
+	return r.out.tail(finish, r.usage)
+}
+
+// item is the state of output index i, a tool call once seen as one; when done, it emits whatever the item's deltas did not.
+func (r *streamReader) item(i int, item *responsesItem, done bool) (*upstreamCall, error) {
+	it, ok := r.calls[i]
+	if !ok {
+		it = &upstreamCall{tool: -1}
+		r.calls[i] = it
+	}
+	tc, isCall := item.call()
+	if isCall && it.tool < 0 {
+		if item.Name == "" {
+			return nil, eventWithout(protoOpenAIResponses, "a call item", "a name")
+		}
+		it.tool, r.ncalls = r.ncalls, r.ncalls+1
+		if err := r.out.call(it.tool, toolCall{ID: tc.ID, Name: tc.Name, Custom: tc.Custom}); err != nil {
+			return nil, err
+		}
+	}
+	if !done || it.streamed {
+		return it, nil
+	}
+	it.streamed = true
+	if isCall && tc.Arguments != "" {
+		return it, r.out.args(it.tool, tc.Arguments)
+	}
+	var scratch chatRequest // a message item's text, a refusal's too
+	parts, _ := scratch.responsesParts(item.Content, "")
+	text := textOf(parts)
+	var raw []json.RawMessage
+	json.Unmarshal(item.Content, &raw)
+	for _, p := range raw {
+		var rp responsesPart
+		if json.Unmarshal(p, &rp); rp.Type == "refusal" {
+			text, r.refusal = text+rp.Refusal, true
+		}
+	}
+	if item.Type == "message" && text != "" {
+		return it, r.out.text(text)
+	}
+	return it, nil
 }

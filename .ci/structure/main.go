@@ -39,7 +39,7 @@ var layers = [][]string{
 	{"state", "journal"}, // ground
 	{"providers", "registry", "subscriptions", "ledger", // domain
 		"oauth", "catalog"},
-	{"formats", "sse", "chat", "messages", "responses", "passthrough", "relay"}, // wire
+	{"formats", "chat", "messages", "responses", "passthrough", "relay"}, // wire
 	{"dispatch", "answers", "replay", "maintain"},                               // flow
 	{"main", "cli", "server"},                                                   // faces
 }
