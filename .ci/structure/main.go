@@ -40,8 +40,8 @@ var layers = [][]string{
 	{"providers", "registry", "subscriptions", "ledger", // domain
 		"oauth", "catalog"},
 	{"formats", "chat", "messages", "responses", "passthrough", "relay"}, // wire
-	{"dispatch", "answers", "replay", "maintain"},                               // flow
-	{"main", "cli", "server"},                                                   // faces
+	{"dispatch", "answers", "replay", "maintain"},                        // flow
+	{"main", "cli", "server"},                                            // faces
 }
 
 // layerOf is a file's layer (its index in layers), -1 for none.
