@@ -14,7 +14,7 @@ import (
 )
 
 // The request side of the wire formats (chat.go, messages.go, responses.go; SPEC §7.6): the neutral
-// request, the table of formats, reading a caller's body. sse.go holds the answer side and streams.
+// request, the table of formats, reading a caller's body; the SSE reader (relay.go holds the answer side).
 
 // chatRequest is one chat request in no particular format; a *Name field is the caller's member for the one before it.
 type chatRequest struct {
@@ -470,91 +470,6 @@ func toolResult(id string, parts []part, custom bool) part {
 	}
 	r.Text = strings.Join(texts, "\n")
 	return r
-}
-
-// addOpenAITool adds a function, custom or namespace tool (raw: its members); any other
-// (a hosted tool: web_search, …) is dropped and named.
-func (req *chatRequest) addOpenAITool(t tool, raw json.RawMessage, what string) error {
-	if t.Name == "" && slices.Contains([]string{toolFunction, toolCustom, "namespace"}, t.Type) {
-		return refuse("invalid_request", "%s needs a name", what)
-	}
-	switch t.Type {
-	case toolFunction, toolCustom:
-		req.dropUnknown(raw, "type name description parameters strict format")
-		params, err := checkSchema(t.Parameters, what+".parameters")
-		if t.Tools, t.Parameters = nil, params; t.Type == toolCustom {
-			t.Parameters, t.Strict = nil, nil
-		} else {
-			t.Format = nil
-		}
-		req.Tools = append(req.Tools, t)
-		return err // on an error the whole request is refused
-	case "namespace":
-		if t.Description != "" {
-			req.Dropped = append(req.Dropped, "description")
-		}
-		n := len(req.Tools)
-		err := readList(t.Tools, what+".tools", req.addOpenAITool)
-		for j := n; j < len(req.Tools); j++ {
-			req.Tools[j].Namespace, req.Tools[j].Name = t.Name, t.Name+"__"+req.Tools[j].Name
-		}
-		return err
-	}
-	req.Dropped = append(req.Dropped, cmp.Or(t.Type, "tools"))
-	return nil
-}
-
-// setOpenAIToolChoice reads tool_choice: a mode or one tool (nested in chat, flat in responses); other objects (allowed_tools, a hosted tool) are dropped.
-func (req *chatRequest) setOpenAIToolChoice(raw json.RawMessage, nested bool) error {
-	var tc struct {
-		Type, Name, Namespace string
-		Function, Custom      struct{ Name string }
-	}
-	switch rawShape(raw) {
-	case 0, 'n': // absent, or null
-		return nil
-	case '"':
-		if json.Unmarshal(raw, &tc.Type); !slices.Contains([]string{toolChoiceAuto, toolChoiceNone, toolChoiceRequired}, tc.Type) {
-			return refuse("invalid_request", "tool_choice must be \"auto\", \"none\", \"required\" or a tool")
-		}
-		req.ToolChoice = &toolChoice{Mode: tc.Type}
-		return nil
-	case '{':
-		if err := decodeCallerJSON(raw, &tc, "tool_choice"); err != nil {
-			return err
-		}
-	default:
-		return refuse("invalid_request", "tool_choice must be a string or an object")
-	}
-	if nested {
-		tc.Name = tc.Function.Name + tc.Custom.Name
-	}
-	switch {
-	case tc.Type != toolFunction && tc.Type != toolCustom:
-		req.Dropped = append(req.Dropped, "tool_choice")
-	case tc.Name == "":
-		return refuse("invalid_request", "tool_choice must name a tool: {\"type\":\"function\",…}")
-	case tc.Namespace != "":
-		req.ToolChoice = &toolChoice{Mode: toolChoiceTool, Name: tc.Namespace + "__" + tc.Name}
-	default:
-		req.ToolChoice = &toolChoice{Mode: toolChoiceTool, Name: tc.Name}
-	}
-	return nil
-}
-
-// openAIToolChoice is req's tool_choice as the OpenAI formats write it; a named tool's name nested under its type in chat.
-func (req chatRequest) openAIToolChoice(nested bool) json.RawMessage {
-	c := req.ToolChoice
-	switch kind := valueOr(req.findTool(valueOr(c, toolChoice{}).Name), tool{Type: toolFunction}).Type; {
-	case c == nil:
-		return nil
-	case c.Mode != toolChoiceTool:
-		return jsonText(c.Mode)
-	case nested:
-		return must(json.Marshal(map[string]any{"type": kind, kind: map[string]string{"name": c.Name}}))
-	default:
-		return must(json.Marshal(map[string]string{"type": kind, "name": c.Name}))
-	}
 }
 
 // sseReader splits a text/event-stream body into blocks (an event's lines and the blank line

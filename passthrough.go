@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -430,4 +431,57 @@ func buildUpstreamRequest(ctx context.Context, c call, req chatRequest) (*http.R
 		options.Add("Anthropic-Beta", effortBeta)
 	}
 	return newProviderRequest(ctx, c, options, f.path, b, stream)
+}
+
+// relayBuffered answers a buffered passthrough call with the provider's body; a codex stream (SPEC §6.2) is read whole
+// and assembled. A body that is not a JSON object is no answer of the format (provider_failure).
+func relayBuffered(w http.ResponseWriter, c call, resp *http.Response, attempts int) (u usage, _ *apiError) {
+	p, ct := c.res.Provider, cmp.Or(resp.Header.Get("Content-Type"), "application/json")
+	var body []byte
+	var err error
+	if p.codex {
+		pw := &streamReader{protocol: p.protocol, raw: map[int][]byte{}}
+		if err = pw.run(resp.Body, nil); err == nil {
+			body = assembledResponse(pw)
+		}
+		u, ct = pw.usage, "application/json" // an assembled answer is Brama's JSON
+	} else if body, err = readWhole(p, resp); err == nil {
+		o, notObject := parseRawObject(body) // not decoded: only its usage is read
+		if u, err = usageOf(p.protocol, o.value("usage")); notObject != nil || err != nil {
+			err = malformedAnswer(p.protocol, cmp.Or(notObject, err))
+		}
+	}
+	if err != nil {
+		return u, asAPIError(err).redactedFor(c.cred.bearer()).withAttempts(attempts)
+	}
+	providerFacts(w.Header(), resp.Header, true)
+	writeAnswer(w, ct, attempts, body)
+	return u, nil
+}
+
+// assembledResponse is a watched codex stream's final response, its output the output_item.done items in output_index order.
+func assembledResponse(pw *streamReader) []byte {
+	if len(pw.raw) == 0 {
+		return pw.final
+	}
+	var items [][]byte
+	for _, i := range slices.Sorted(maps.Keys(pw.raw)) {
+		items = append(items, pw.raw[i])
+	}
+	o, _ := splitRaw(pw.final, '{', nil)
+	return o.edit(memberEdit{"output", append(append([]byte("["), bytes.Join(items, []byte(","))...), ']')})
+}
+
+// providerFacts gives the caller what SPEC §17 lets a provider's answer tell: its request id as request-id
+// (X-Request-Id is Brama's own) and, for a same-format answer, its rate-limit headers as received; nothing else (no
+// cookie, nothing naming the provider account).
+func providerFacts(h, provider http.Header, same bool) {
+	if id := cmp.Or(provider.Get("Request-Id"), provider.Get("X-Request-Id")); id != "" {
+		h.Set("Request-Id", id)
+	}
+	for name, vs := range provider {
+		if same && (name == "Retry-After" || strings.HasPrefix(name, "Anthropic-Ratelimit-") || strings.HasPrefix(name, "X-Ratelimit-")) {
+			h[name] = vs
+		}
+	}
 }

@@ -1,14 +1,12 @@
 package main
 
 import (
-	"bytes"
 	"cmp"
 	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -74,45 +72,6 @@ func answerOf(protocol string, read func(r *streamReader) error) (chatAnswer, er
 	return a, nil
 }
 
-// relayBuffered answers a buffered passthrough call with the provider's body; a codex stream (SPEC §6.2) is read whole
-// and assembled. A body that is not a JSON object is no answer of the format (provider_failure).
-func relayBuffered(w http.ResponseWriter, c call, resp *http.Response, attempts int) (u usage, _ *apiError) {
-	p, ct := c.res.Provider, cmp.Or(resp.Header.Get("Content-Type"), "application/json")
-	var body []byte
-	var err error
-	if p.codex {
-		pw := &streamReader{protocol: p.protocol, raw: map[int][]byte{}}
-		if err = pw.run(resp.Body, nil); err == nil {
-			body = assembledResponse(pw)
-		}
-		u, ct = pw.usage, "application/json" // an assembled answer is Brama's JSON
-	} else if body, err = readWhole(p, resp); err == nil {
-		o, notObject := parseRawObject(body) // not decoded: only its usage is read
-		if u, err = usageOf(p.protocol, o.value("usage")); notObject != nil || err != nil {
-			err = malformedAnswer(p.protocol, cmp.Or(notObject, err))
-		}
-	}
-	if err != nil {
-		return u, asAPIError(err).redactedFor(c.cred.bearer()).withAttempts(attempts)
-	}
-	providerFacts(w.Header(), resp.Header, true)
-	writeAnswer(w, ct, attempts, body)
-	return u, nil
-}
-
-// assembledResponse is a watched codex stream's final response, its output the output_item.done items in output_index order.
-func assembledResponse(pw *streamReader) []byte {
-	if len(pw.raw) == 0 {
-		return pw.final
-	}
-	var items [][]byte
-	for _, i := range slices.Sorted(maps.Keys(pw.raw)) {
-		items = append(items, pw.raw[i])
-	}
-	o, _ := splitRaw(pw.final, '{', nil)
-	return o.edit(memberEdit{"output", append(append([]byte("["), bytes.Join(items, []byte(","))...), ']')})
-}
-
 // writeAnswer writes a buffered 200 answer with its attempts.
 func writeAnswer(w http.ResponseWriter, contentType string, attempts int, body []byte) {
 	w.Header().Set("Content-Type", contentType)
@@ -141,20 +100,6 @@ func readWhole(p providerInfo, resp *http.Response) ([]byte, error) {
 		return nil, refuse("provider_incomplete", "provider %q answer was cut after %d bytes", p.id, len(body)).because(err)
 	}
 	return body, nil
-}
-
-// providerFacts gives the caller what SPEC §17 lets a provider's answer tell: its request id as request-id
-// (X-Request-Id is Brama's own) and, for a same-format answer, its rate-limit headers as received; nothing else (no
-// cookie, nothing naming the provider account).
-func providerFacts(h, provider http.Header, same bool) {
-	if id := cmp.Or(provider.Get("Request-Id"), provider.Get("X-Request-Id")); id != "" {
-		h.Set("Request-Id", id)
-	}
-	for name, vs := range provider {
-		if same && (name == "Retry-After" || strings.HasPrefix(name, "Anthropic-Ratelimit-") || strings.HasPrefix(name, "X-Ratelimit-")) {
-			h[name] = vs
-		}
-	}
 }
 
 // keepAliveEvery is how long a stream may be silent before Brama writes an SSE comment (SPEC §7.5). It writes; it never cuts.
@@ -261,7 +206,6 @@ type callerStream struct {
 	frames    func(s *callerStream, step streamStep, b *streamBlock, text string) error
 	req       chatRequest
 	model     string
-	started   bool
 	done      bool   // finish or fail ran
 	reason    string // the tail: finish and usage arrive in either order, usage maybe never
 	usage     usage
@@ -298,10 +242,7 @@ func wholeAnswer(frames func(*callerStream, streamStep, *streamBlock, string) er
 		err = s.text(a.Text)
 	}
 	if err == nil {
-		err = s.calls(0, a.ToolCalls)
-	}
-	if err == nil {
-		err = s.tail(a.Finish, a.Usage)
+		err = s.tail(0, a.ToolCalls, a.Finish, a.Usage)
 	}
 	if err == nil {
 		err = s.finish()
@@ -309,13 +250,7 @@ func wholeAnswer(frames func(*callerStream, streamStep, *streamBlock, string) er
 	return s, err
 }
 
-func (s *callerStream) start() error {
-	if s.started {
-		return nil
-	}
-	s.started = true
-	return s.frames(s, stepBegin, nil, "")
-}
+func (s *callerStream) start() error { return s.frames(s, stepBegin, nil, "") }
 
 // text writes the next piece of the answer's text, in the open text block or a new one.
 func (s *callerStream) text(t string) error {
@@ -351,23 +286,22 @@ func (s *callerStream) args(index int, piece string) error {
 	return s.frames(s, stepDelta, b, piece)
 }
 
-// calls writes whole calls, their indexes from first on.
-func (s *callerStream) calls(first int, calls []toolCall) (err error) {
+// tail takes the provider's terminal signal (SPEC §7.5): whole calls it held back (their indexes from first
+// on), its finish, and its usage when reported.
+func (s *callerStream) tail(first int, calls []toolCall, finish string, u usage) (err error) {
 	for i := 0; err == nil && i < len(calls); i++ {
 		if err = s.call(first+i, calls[i]); err == nil {
 			err = s.args(first+i, calls[i].Arguments)
 		}
 	}
-	return err
-}
-
-// tail takes the provider's terminal signal (SPEC §7.5): its finish, and its usage when reported.
-func (s *callerStream) tail(finish string, u usage) error {
-	if s.reason = finish; u.Reported {
-		s.usage = u
+	if err == nil {
+		err = s.closeOpen()
 	}
-	if err := s.closeOpen(); err != nil {
+	if s.reason = finish; err != nil {
 		return err
+	}
+	if u.Reported {
+		s.usage = u
 	}
 	return s.frames(s, stepFinish, nil, "")
 }
@@ -401,7 +335,7 @@ func (s *callerStream) closeOpen() error {
 
 // finish writes the dialect's terminal sequence.
 func (s *callerStream) finish() error {
-	for _, step := range []func() error{s.end, s.start, s.closeOpen} {
+	for _, step := range []func() error{s.end, s.closeOpen} {
 		if err := step(); err != nil {
 			return err
 		}
@@ -577,10 +511,7 @@ func (r *streamReader) ended() error {
 	if r.refusal {
 		r.finish = finishContentFilter
 	}
-	if err := r.out.calls(1, r.held); err != nil {
-		return err
-	}
-	return r.out.tail(r.finish, r.usage)
+	return r.out.tail(1, r.held, r.finish, r.usage)
 }
 
 // upstreamStreamError is an in-band error's cause: its redacted code, and the refusalRate or refusalQuota class the

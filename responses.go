@@ -538,7 +538,7 @@ func (r *streamReader) completed(resp *responsesObject) error {
 			finish = f
 		}
 	}
-	return r.out.tail(finish, r.usage)
+	return r.out.tail(0, nil, finish, r.usage)
 }
 
 // item is the state of output index i, a tool call once seen as one; when done, it emits whatever the item's deltas did not.
@@ -565,14 +565,15 @@ func (r *streamReader) item(i int, item *responsesItem, done bool) (*upstreamCal
 	if isCall && tc.Arguments != "" {
 		return it, r.out.args(it.tool, tc.Arguments)
 	}
-	var scratch chatRequest // a message item's text, a refusal's too
-	parts, _ := scratch.responsesParts(item.Content, "")
-	text := textOf(parts)
+	text, _ := jsonString(item.Content) // a message item's text: a string, or its text and refusal parts
 	var raw []json.RawMessage
 	json.Unmarshal(item.Content, &raw)
 	for _, p := range raw {
 		var rp responsesPart
-		if json.Unmarshal(p, &rp); rp.Type == "refusal" {
+		switch json.Unmarshal(p, &rp); rp.Type {
+		case "input_text", "output_text":
+			text += valueOr(rp.Text, "")
+		case "refusal":
 			text, r.refusal = text+rp.Refusal, true
 		}
 	}

@@ -45,7 +45,7 @@ func feed(s *callerStream, ev streamEvent) error {
 	case eventToolCallArgs:
 		return s.args(ev.Index, ev.Text)
 	case eventFinish:
-		return s.tail(ev.Finish, usage{})
+		return s.tail(0, nil, ev.Finish, usage{})
 	}
 	s.usage = ev.Usage
 	return nil
