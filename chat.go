@@ -531,8 +531,8 @@ func (r *streamReader) readChat(event string, e rawObject) (keep bool, err error
 	return !(r.dropUsage && u.Reported && len(choices.members) == 0), nil
 }
 
-// delta emits a chat delta's (or an answer's) text, a refusal's too, and tool call pieces. Content is a string, or
-// parts whose text counts, as some compatible providers send it.
+// delta gives the caller stream a chat delta's (or an answer's) text, a refusal's too, and tool call pieces. Content is
+// a string, or parts whose text counts, as some compatible providers send it; calls after the first are held to the end.
 func (r *streamReader) delta(d *chatMessage) error {
 	var t string
 	if !rawIsNull(d.Content) && json.Unmarshal(d.Content, &t) != nil {
@@ -552,39 +552,32 @@ func (r *streamReader) delta(d *chatMessage) error {
 	if err := r.out.text(t); err != nil {
 		return err
 	}
+	// a call starts new at its index, or carrying another id at it (Ollama's parallel calls all at 0, servers that send no index)
 	for i, tc := range d.ToolCalls {
-		if err := r.toolDelta(i, tc); err != nil {
-			return err
+		i = valueOr(tc.Index, i)
+		call, _ := tc.call(tc.Custom != nil)
+		c := r.calls[i]
+		if c == nil || call.ID != "" && c.id != "" && call.ID != c.id { // an id after an id-less start is that call's
+			if call.Name == "" {
+				return eventWithout(protoOpenAIChat, "tool call", "a name")
+			}
+			c = &upstreamCall{tool: r.ncalls, id: call.ID}
+			r.calls[i], r.ncalls = c, r.ncalls+1
+			start := toolCall{ID: call.ID, Name: call.Name, Custom: call.Custom}
+			if c.tool > 0 {
+				r.held = append(r.held, start)
+			} else if err := r.out.call(0, start); err != nil {
+				return err
+			}
+		}
+		switch {
+		case c.tool > 0:
+			r.held[c.tool-1].Arguments += call.Arguments
+		case call.Arguments != "":
+			if err := r.out.args(0, call.Arguments); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
-}
-
-// toolDelta emits the start of a call new at its index, or carrying another id at
-// it (Ollama's parallel calls all at 0, servers that send no index), then any arguments.
-func (r *streamReader) toolDelta(i int, tc chatToolCall) error {
-	i = valueOr(tc.Index, i)
-	call, _ := tc.call(tc.Custom != nil)
-	c := r.calls[i]
-	if c == nil || call.ID != "" && c.id != "" && call.ID != c.id { // an id after an id-less start is that call's
-		if call.Name == "" {
-			return eventWithout(protoOpenAIChat, "tool call", "a name")
-		}
-		c = &upstreamCall{tool: r.ncalls, id: call.ID}
-		r.calls[i], r.ncalls = c, r.ncalls+1
-		start := toolCall{ID: call.ID, Name: call.Name, Custom: call.Custom}
-		if c.tool > 0 {
-			r.held = append(r.held, start)
-		} else if err := r.out.call(0, start); err != nil {
-			return err
-		}
-	}
-	switch {
-	case call.Arguments == "":
-		return nil
-	case c.tool > 0:
-		r.held[c.tool-1].Arguments += call.Arguments
-		return nil
-	}
-	return r.out.args(0, call.Arguments)
 }

@@ -514,8 +514,8 @@ func (s *callerStream) messagesFrames(step streamStep, b *streamBlock, d string)
 
 // The messages part of the one stream reader (relay.go's streamReader).
 
-// readMessages: message_stop ends; usage comes in message_start (emitted at once: a stream cut
-// later still records it) and message_delta, whose output count is the whole. r.finish is the stop_reason.
+// readMessages: message_stop ends; usage comes in message_start (given the caller stream at once: a stream
+// cut later still records it) and message_delta, whose output count is the whole.
 func (r *streamReader) readMessages(typ string, e rawObject) (keep, end bool, err error) {
 	switch typ {
 	case "error":
@@ -567,8 +567,8 @@ func (r *streamReader) readBlock(typ string, e rawObject) error {
 	switch {
 	case typ == "content_block_start" && b == nil:
 		return eventWithout(protoAnthropic, typ, "content_block")
-	case typ == "content_block_start" && b.Type == "text" && valueOr(b.Text, "") != "":
-		return r.out.text(*b.Text)
+	case typ == "content_block_start" && b.Type == "text":
+		return r.out.text(valueOr(b.Text, ""))
 	case typ == "content_block_start" && b.Type == "tool_use" && (b.Name == "" || isTool):
 		return eventWithout(protoAnthropic, typ, "a fresh index and a name")
 	case typ == "content_block_start" && b.Type == "tool_use":
@@ -577,8 +577,8 @@ func (r *streamReader) readBlock(typ string, e rawObject) error {
 		return r.out.call(r.calls[index].tool, toolCall{ID: b.ID, Name: b.Name})
 	case typ == "content_block_delta" && d == nil:
 		return eventWithout(protoAnthropic, typ, "delta")
-	case typ == "content_block_delta" && d.Type == "text_delta" && valueOr(d.Text, "") != "":
-		return r.out.text(*d.Text)
+	case typ == "content_block_delta" && d.Type == "text_delta":
+		return r.out.text(valueOr(d.Text, ""))
 	case typ == "content_block_delta" && d.Type == "input_json_delta" && !isTool:
 		return eventWithout(protoAnthropic, typ, "a tool_use block")
 	case typ == "content_block_delta" && d.Type == "input_json_delta" && valueOr(d.PartialJSON, "") != "":
