@@ -15,8 +15,9 @@ import (
 	"time"
 )
 
-// The answer (SPEC §7.5, §7.6): the neutral answer and stream events, a buffered answer read whole or relayed
-// as received, a stream written block by block in the caller's dialect, or relayed, and the keep-alive.
+// The answer (SPEC §7.5, §7.6): the neutral answer, a buffered answer read whole or relayed
+// as received, a stream written block by block in the caller's dialect, or relayed, and the keep-alive; the one
+// reader of a provider stream (streamReader), its failures and usage.
 
 // Finish reasons, in the neutral (OpenAI chat) vocabulary.
 const (
@@ -389,7 +390,7 @@ func (s *callerStream) write(b []byte, flush bool) error {
 
 // streamReader is the one reader of a provider stream per protocol (SPEC §7.5): the terminal signal,
 // the in-band error, usage and malformed events for every path, and, when translating, the text and
-// tool calls as neutral events. Passthrough relays the bytes and runs it for that bookkeeping only.
+// tool calls given its caller stream (out). Passthrough relays the bytes and runs it for that bookkeeping only.
 type streamReader struct {
 	protocol  string
 	out       *callerStream // translation's writer (text and tool calls); nil: passthrough skips decoding them
@@ -417,7 +418,7 @@ type streamReader struct {
 type upstreamCall struct {
 	tool     int    // the neutral tool index; -1: a responses message item
 	id       string // chat: the call's id, telling a new call at a reused index
-	streamed bool   // text or arguments emitted: the end emits none
+	streamed bool   // text or arguments given: the end gives none
 }
 
 func newStreamReader(protocol string, out *callerStream) *streamReader {

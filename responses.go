@@ -520,7 +520,7 @@ func (r *streamReader) readItem(typ string, e rawObject) error {
 	return r.out.args(it.tool, ev.Delta)
 }
 
-// completed emits the final response's items the stream never showed (a minimal stream, a buffered answer), then the tail.
+// completed gives the final response's items the stream never showed (a minimal stream, a buffered answer), then the tail.
 func (r *streamReader) completed(resp *responsesObject) error {
 	for i, it := range resp.Output {
 		if _, seen := r.calls[i]; !seen && it != nil {
@@ -541,7 +541,7 @@ func (r *streamReader) completed(resp *responsesObject) error {
 	return r.out.tail(0, nil, finish, r.usage)
 }
 
-// item is the state of output index i, a tool call once seen as one; when done, it emits whatever the item's deltas did not.
+// item is the state of output index i, a tool call once seen as one; when done, it gives whatever the item's deltas did not.
 func (r *streamReader) item(i int, item *responsesItem, done bool) (*upstreamCall, error) {
 	it, ok := r.calls[i]
 	if !ok {
