@@ -363,9 +363,6 @@ func jsonScalar(raw json.RawMessage) (string, bool) {
 	return n.String(), true
 }
 
-// maxRetryAfter bounds a stated reset; a block never outlasts it (SPEC §7.2.4: no reset months away parks a subscription).
-const maxRetryAfter = 7 * 24 * time.Hour
-
 // retryAfter is the wait stated by retry-after-ms, retry-after, else the latest reset among the
 // limits the headers show as spent; 0 when none is.
 func retryAfter(h http.Header, now time.Time) time.Duration {
