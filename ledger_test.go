@@ -902,3 +902,56 @@ func TestLedgerWithoutSubscriptions(t *testing.T) {
 		}
 	}
 }
+
+// TestRefusalStatingItsUsedUpWindowBlocksUntilItResets: a 429 whose own headers state a plan window used up (claude-code's
+// utilization, codex's used percent) and no Retry-After blocks until that window resets, not 15 min (SPEC §6.3, §7.2.4).
+func TestRefusalStatingItsUsedUpWindowBlocksUntilItResets(t *testing.T) {
+	reset := time.Now().Add(3 * time.Hour)
+	for _, tc := range []struct {
+		name     string
+		headers  map[string]string
+		wantHour bool
+	}{
+		{"claude-code 5h window used up", map[string]string{"anthropic-ratelimit-unified-5h-utilization": "1.0",
+			"anthropic-ratelimit-unified-5h-reset":       strconv.FormatInt(reset.Unix(), 10),
+			"anthropic-ratelimit-unified-7d-utilization": "0.4"}, true},
+		{"claude-code window half used", map[string]string{"anthropic-ratelimit-unified-5h-utilization": "0.5",
+			"anthropic-ratelimit-unified-5h-reset": strconv.FormatInt(reset.Unix(), 10)}, false},
+		{"codex primary window used up", map[string]string{"x-codex-primary-used-percent": "100",
+			"x-codex-primary-reset-after-seconds": "10800", "x-codex-secondary-used-percent": "40",
+			"x-codex-secondary-reset-after-seconds": "90000"}, true},
+		{"codex both windows used up: the later reset", map[string]string{"x-codex-primary-used-percent": "100",
+			"x-codex-primary-reset-after-seconds": "60", "x-codex-secondary-used-percent": "100.0",
+			"x-codex-secondary-reset-after-seconds": "10800"}, true},
+		{"codex used-up window stating only reset-at", map[string]string{"x-codex-primary-used-percent": "100",
+			"x-codex-primary-reset-at": strconv.FormatInt(reset.Unix(), 10)}, true},
+		{"codex windows partly used", map[string]string{"x-codex-primary-used-percent": "60",
+			"x-codex-primary-reset-after-seconds": "10800"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			provider := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+				for k, v := range tc.headers {
+					w.Header().Set(k, v)
+				}
+				http.Error(w, `{"type":"error","error":{"type":"rate_limit_error","message":"slow down"}}`, http.StatusTooManyRequests)
+			})
+			d, tok := (*daemon)(nil), ""
+			path, body := "/v1/messages", chatBody(dialectMessages, "claude-code/claude-test", false, "")
+			if strings.HasPrefix(tc.name, "codex") {
+				d, tok, _ = codexDaemon(t, provider.URL)
+				path, body = "/v1/chat/completions", chatBody(dialectChat, "codex/gpt-5", false, "")
+			} else {
+				d, tok = oauthSetup(t, provider, provider)
+				donateGrant(t, d, "acc-one", "ref-one", time.Now().Add(time.Hour).UnixMilli())
+			}
+			status, h, b := d.call("POST", path, tok, body)
+			wait, _ := strconv.Atoi(h.Get("Retry-After"))
+			if status != http.StatusTooManyRequests {
+				t.Fatalf("call: %d %s, want 429", status, b)
+			}
+			if hours := wait > 2*3600; hours != tc.wantHour || !tc.wantHour && wait > 900 {
+				t.Errorf("Retry-After %d s, want the window's reset (%v) or at most 15 min", wait, tc.wantHour)
+			}
+		})
+	}
+}
