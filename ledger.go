@@ -121,17 +121,16 @@ type ledger struct {
 func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
 	l := &ledger{log: log, now: now, entries: map[string]ledgerEntry{}, changed: make(chan struct{}, 1), afterFunc: afterFunc}
 	f := stateFile[map[string]ledgerEntry]{role: "ledger", parse: parseLedger}
-	if f.path, f.pathErr = st.path("ledger", ledgerFile); f.pathErr != nil {
-		log.Warn("ledger_unplaced", "cause", f.pathErr.Error())
-		return l
-	}
-	entries, _, err := f.read()
-	if err != nil {
+	f.path, f.pathErr = st.path("ledger", ledgerFile)
+	switch entries, _, err := f.read(); { // read returns pathErr when set
+	case f.pathErr != nil:
+		log.Warn("ledger_unplaced", "cause", err.Error())
+	case err != nil:
 		l.unreadable = err
 		log.Error("ledger_unreadable", "file", f.path, "cause", err.Error())
-		return l
+	default:
+		l.name, l.entries = f.path, entries
 	}
-	l.name, l.entries = f.path, entries
 	return l
 }
 
@@ -263,9 +262,7 @@ func (l *ledger) recordCheck(id, provider string, probe, ok bool, detail string)
 // freedom is how free id is at now, compared in order (SPEC §7.2.2): unblocked first, then the least full (the highest
 // used_fraction of its windows not yet reset).
 func (l *ledger) freedom(id string, now time.Time) []float64 {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	e, full := l.entryLocked(id), 0.0
+	e, full := l.entry(id), 0.0
 	for _, w := range e.Windows {
 		if w.ResetsAtMs == 0 || w.ResetsAtMs > now.UnixMilli() {
 			full = max(full, w.UsedFraction)
@@ -276,9 +273,7 @@ func (l *ledger) freedom(id string, now time.Time) []float64 {
 
 // firstReset is the earliest reset of id's windows after now and before until, else until (a pin's end, SPEC §7.2.4).
 func (l *ledger) firstReset(id string, now, until time.Time) time.Time {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, w := range l.entryLocked(id).Windows {
+	for _, w := range l.entry(id).Windows {
 		if at := time.UnixMilli(w.ResetsAtMs); at.After(now) && at.Before(until) {
 			until = at
 		}
