@@ -98,18 +98,16 @@ func clipName(s string) string                   { return truncateUTF8(s, 128) }
 // drops the fields schema 1 lacks into dropped. A member null (or a model "") is refused: the typed decode takes it for absent.
 func readRegistry(b []byte, dropped *[]string) (*routesDoc, error) {
 	var top map[string]json.RawMessage
-	blank := strings.Trim(string(b), " \t\r\n") == "" // JSON's whitespace, not Unicode's
-	switch err := decodeStrict("registry", b, &top); {
+	switch blank := strings.Trim(string(b), " \t\r\n") == ""; { // JSON's whitespace, not Unicode's
 	case len(b) > maxRegistryBytes: // SPEC §4.1
 		return nil, invalidf("registry is %d bytes; the limit is 1 MiB (%d bytes)", len(b), maxRegistryBytes)
 	case blank && dropped == nil:
 		return emptyRoutesDoc(), nil
 	case blank:
 		return nil, invalidf("registry is empty; there is no document to migrate")
-	case err != nil:
-		return nil, invalidf("%s", clipName(err.Error()))
-	case top == nil:
-		return nil, invalidf("registry must be one JSON object, not null")
+	}
+	if err := decodeStrict("registry", b, &top); err != nil || top == nil {
+		return nil, invalidf("%s", clipName(cmp.Or(err, errors.New("registry must be one JSON object, not null")).Error()))
 	}
 	known := func(k string) bool { return k == "schema_version" || k == "deployments" || k == "routes" }
 	unknown := slices.DeleteFunc(slices.Sorted(maps.Keys(top)), known)
