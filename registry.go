@@ -272,7 +272,7 @@ type registry struct {
 
 func newRegistry(path string, pathErr error, j *journal, log *slog.Logger) *registry {
 	return &registry{j: j, log: log,
-		stateFile: stateFile[*routesDoc]{role: registryRole, path: path, pathErr: pathErr, keepErr: true, parse: parseRegistry}}
+		stateFile: stateFile[*routesDoc]{role: registryRole, path: path, pathErr: pathErr, parse: parseRegistry}}
 }
 
 // current returns the shared document; each distinct failure is logged once.
