@@ -106,8 +106,10 @@ func readRegistry(b []byte, dropped *[]string) (*routesDoc, error) {
 	case blank:
 		return nil, invalidf("registry is empty; there is no document to migrate")
 	}
-	if err := decodeStrict("registry", b, &top); err != nil || top == nil {
-		return nil, invalidf("%s", clipName(cmp.Or(err, errors.New("registry must be one JSON object, not null")).Error()))
+	if err := decodeStrict("registry", b, &top); err != nil {
+		return nil, invalidf("%s", clipName(err.Error()))
+	} else if top == nil {
+		return nil, invalidf("registry must be one JSON object, not null")
 	}
 	known := func(k string) bool { return k == "schema_version" || k == "deployments" || k == "routes" }
 	unknown := slices.DeleteFunc(slices.Sorted(maps.Keys(top)), known)
