@@ -74,7 +74,7 @@ func TestClassifyRefusal(t *testing.T) {
 			http.Header{"Anthropic-Ratelimit-Unified-5h-Utilization": {"1.0"}, "Anthropic-Ratelimit-Unified-5h-Reset": {"1748782800"},
 				"Anthropic-Ratelimit-Unified-7d-Utilization": {"0.4"}, "Anthropic-Ratelimit-Unified-7d-Reset": {"1749000000"}},
 			`{"type":"error","error":{"type":"rate_limit_error","message":"Rate limited"}}`,
-			refusalRate, "provider_rate_limited", 0, "Rate limited", `provider "claude-code" answered 429`}, // windows block via the ledger: TestRefusalStatingItsUsedUpWindowBlocksUntilItResets
+			refusalRate, "provider_rate_limited", 0, "Rate limited", `provider "claude-code" answered 429`}, // TestRefusalStatingItsUsedUpWindowBlocksUntilItResets
 		{"codex 429 detail", "codex", 429,
 			http.Header{"X-Codex-Primary-Used-Percent": {"100"}, "X-Codex-Primary-Reset-After-Seconds": {"3600"},
 				"X-Codex-Secondary-Used-Percent": {"40"}, "X-Codex-Secondary-Reset-After-Seconds": {"90000"}},
