@@ -35,20 +35,13 @@ func (e *engine) commit(ctx context.Context, j *job, c call, req *callerRequest,
 	u, ae, streamed := j.commit(ctx, c, req, resp)
 	if sub != nil && budgets[j.kind].spends {
 		e.ledger.recordUse(sub.ID, p, ae == nil, u.InputTokens, u.OutputTokens)
-		led := e.ledger.entry(sub.ID) // its windows: this answer's and a usage report's (SPEC §7.2.2)
-		until := now.Add(maxPin)
-		for _, win := range led.Windows {
-			if at := time.UnixMilli(win.ResetsAtMs); win.ResetsAtMs > 0 && at.After(now) && at.Before(until) {
-				until = at
-			}
-		}
-		if ae == nil { // only a success pins (SPEC §7.2.4)
-			e.pins.Store(e.agent+"\x00"+p, pin{sub.ID, until})
+		if ae == nil { // only a success pins (SPEC §7.2.4), until a window (this answer's, a usage report's) resets
+			e.pins.Store(e.agent+"\x00"+p, pin{sub.ID, e.ledger.firstReset(sub.ID, now, now.Add(maxPin))})
 		}
 	}
 	var se *upstreamStreamError
 	if sub != nil && ae != nil && errors.As(ae, &se) && (se.Class == refusalRate || se.Class == refusalQuota) {
-		e.block(*sub, retryAfter(resp.Header, now), "the provider ended a committed answer with "+se.Code)
+		e.ledger.block(sub.ID, p, retryAfter(resp.Header, now), "the provider ended a committed answer with "+se.Code)
 	}
 	if ae = e.settle(ctx, j, c, start, u, ae); ae != nil && streamed {
 		panic(http.ErrAbortHandler)
@@ -224,9 +217,6 @@ func (e *engine) probe(ctx context.Context, it overlayItem, model string) (any, 
 		detail = ae.Message
 	}
 	e.ledger.recordCheck(it.ID, res.Provider.id, true, ok, detail)
-	if ok && e.ledger.entry(it.ID).Credential.State != credActive {
-		e.ledger.setCredential(it.ID, res.Provider.id, credActive, "") // SPEC §10.3: a successful probe reactivates
-	}
 	e.inv.invalidate() // the listing shows the probe at once (SPEC §10.2)
 	level := map[bool]slog.Level{true: slog.LevelInfo, false: slog.LevelWarn}[ok]
 	e.log.Log(ctx, level, "usage_probe_"+map[bool]string{true: "ok", false: "failed"}[ok], "request_id", e.t.requestID,

@@ -51,8 +51,6 @@ var budgets = map[routeKind]budget{
 
 // Block lengths (SPEC §7.2.4) and the probe's output limit (§11.3).
 const (
-	defaultBlock   = 15 * time.Minute
-	maxBlock       = 7 * 24 * time.Hour
 	maxPin         = 24 * time.Hour
 	probeMaxTokens = 16
 )
@@ -271,7 +269,7 @@ candidates:
 				}
 				continue
 			case ref.class == refusalRate || ref.class == refusalQuota:
-				e.blocks = append(e.blocks, e.block(*sub, ref.retryAfter, ref.sentence))
+				e.blocks = append(e.blocks, e.ledger.block(sub.ID, p.id, ref.retryAfter, ref.sentence))
 				e.rate, e.quota = e.rate || ref.class == refusalRate, e.quota || ref.class == refusalQuota
 				e.note(sub.ID, map[bool]string{true: "rate limited: ", false: "quota exhausted: "}[ref.class == refusalRate]+ref.sentence)
 				continue
@@ -397,7 +395,7 @@ func (e *engine) candidates(res resolution) ([]resolution, error) {
 		if subs, err := e.eligible(p.id); err != nil {
 			return nil, err
 		} else if len(subs) > 0 {
-			free[p.id], provs = e.freedomOf(subs[0].ID, e.now()), append(provs, p.id)
+			free[p.id], provs = e.ledger.freedom(subs[0].ID, e.now()), append(provs, p.id)
 		}
 	}
 	slices.SortFunc(provs, func(a, b string) int { return cmp.Or(slices.Compare(free[a], free[b]), strings.Compare(a, b)) })
@@ -436,18 +434,13 @@ func (e *engine) eligible(provider string) ([]overlayItem, error) {
 	now, free := e.now(), map[string][]float64{}
 	pool = slices.DeleteFunc(pool, func(it overlayItem) bool { return e.ledger.entry(it.ID).Credential.State != credActive })
 	for _, it := range pool {
-		free[it.ID] = append(e.freedomOf(it.ID, now), 1)
+		free[it.ID] = append(e.ledger.freedom(it.ID, now), 1)
 	}
 	if pn, ok := e.pins.Load(e.agent + "\x00" + provider); ok && now.Before(pn.(pin).until) && free[pn.(pin).id] != nil {
 		free[pn.(pin).id][2] = 0 // first among equals
 	}
 	slices.SortStableFunc(pool, func(a, b overlayItem) int { return slices.Compare(free[a.ID], free[b.ID]) })
 	return pool, err
-}
-
-// freedomOf is how free a subscription is, compared in order (SPEC §7.2.2): unblocked first, then the least full.
-func (e *engine) freedomOf(id string, now time.Time) []float64 {
-	return []float64{map[bool]float64{true: 0, false: 1}[e.ledger.blockedUntil(id).IsZero()], e.ledger.fullness(id, now)}
 }
 
 // errSkipSubscription: no call on this subscription; the walk noted why.
@@ -517,21 +510,6 @@ func (e *engine) credentialReplaced(sub overlayItem, used upstreamCredential) bo
 		return err == nil && vc.APIKey != used.APIKey
 	}
 	return vc.OAuth.AccessToken != used.AccessToken
-}
-
-// block blocks sub until the stated wait, else the last reset of a window the ledger holds used up, else 15 min; at most
-// 7 days (SPEC §7.2.4).
-func (e *engine) block(sub overlayItem, stated time.Duration, why string) time.Time {
-	now, wait := e.now(), time.Duration(0)
-	led := e.ledger.entry(sub.ID)
-	for _, w := range led.Windows {
-		if at := time.UnixMilli(w.ResetsAtMs); w.UsedFraction >= 1 && w.ResetsAtMs > 0 && at.After(now) {
-			wait = max(wait, at.Sub(now))
-		}
-	}
-	until := now.Add(min(cmp.Or(max(stated, 0), wait, defaultBlock), maxBlock))
-	e.ledger.block(sub.ID, sub.Provider, until, why)
-	return until
 }
 
 // deps are the state files every command and the server share.

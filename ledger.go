@@ -23,6 +23,8 @@ const (
 	// Where a plan window's reading came from: an answer's headers (SPEC §6.3) or a usage report (§11.2).
 	windowSourceTraffic, windowSourceReport = "traffic", "usage_report"
 	planMaxResetSeconds                     = 1e11 // bounds a reset delay or a window's length (year 5138): ms cannot overflow
+	// A block's length when nothing states one, and the bound of any (SPEC §7.2.4: no reset months away parks a subscription).
+	defaultBlock, maxRetryAfter = 15 * time.Minute, 7 * 24 * time.Hour
 )
 
 // planWindow is one plan window's latest reading; traffic and reports share an id, so either replaces the other.
@@ -119,17 +121,16 @@ type ledger struct {
 func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
 	l := &ledger{log: log, now: now, entries: map[string]ledgerEntry{}, changed: make(chan struct{}, 1), afterFunc: afterFunc}
 	f := stateFile[map[string]ledgerEntry]{role: "ledger", parse: parseLedger}
-	if f.path, f.pathErr = st.path("ledger", ledgerFile); f.pathErr != nil {
-		log.Warn("ledger_unplaced", "cause", f.pathErr.Error())
-		return l
-	}
-	entries, _, err := f.read()
-	if err != nil {
+	f.path, f.pathErr = st.path("ledger", ledgerFile)
+	switch entries, _, err := f.read(); { // read returns pathErr when set
+	case f.pathErr != nil:
+		log.Warn("ledger_unplaced", "cause", err.Error())
+	case err != nil:
 		l.unreadable = err
 		log.Error("ledger_unreadable", "file", f.path, "cause", err.Error())
-		return l
+	default:
+		l.name, l.entries = f.path, entries
 	}
-	l.name, l.entries = f.path, entries
 	return l
 }
 
@@ -197,13 +198,23 @@ func (l *ledger) recordWindows(id, provider string, ws []planWindow) {
 	})
 }
 
-// block records a block until until, at most maxRetryAfter from now; it ends when the last one stated has (two racing refusals).
-func (l *ledger) block(id, provider string, until time.Time, reason string) {
+// block blocks id after a rate or quota refusal (SPEC §7.2.4) for the stated wait, else until the last reset of a window it
+// holds used up, else defaultBlock; at most maxRetryAfter. It returns this block's end; the recorded one ends when the last
+// one stated does (two racing refusals).
+func (l *ledger) block(id, provider string, stated time.Duration, reason string) (until time.Time) {
 	l.mutate(id, provider, true, func(e *ledgerEntry, now time.Time) {
-		if ms := min(until.UnixMilli(), now.Add(maxRetryAfter).UnixMilli()); ms >= e.Block.UntilMs {
-			e.Block = ledgerBlock{UntilMs: ms, Reason: ledgerSentence(reason), RecordedAtMs: now.UnixMilli()}
+		used := time.Duration(0)
+		for _, w := range e.Windows {
+			if at := time.UnixMilli(w.ResetsAtMs); w.UsedFraction >= 1 && at.After(now) {
+				used = max(used, at.Sub(now))
+			}
+		}
+		until = now.Add(min(cmp.Or(max(stated, 0), used, defaultBlock), maxRetryAfter))
+		if until.UnixMilli() >= e.Block.UntilMs {
+			e.Block = ledgerBlock{UntilMs: until.UnixMilli(), Reason: ledgerSentence(reason), RecordedAtMs: now.UnixMilli()}
 		}
 	})
+	return until
 }
 
 // blockedUntil is the end of id's block, or zero when it is not blocked now.
@@ -237,22 +248,37 @@ func (l *ledger) recordUse(id, provider string, ok bool, in, out int) {
 	})
 }
 
-// recordCheck records a usage read's or (at once) a probe's outcome; a refused usage read keeps the windows.
+// recordCheck records a usage read's or (at once) a probe's outcome; a refused usage read keeps the windows, a probe
+// answered reactivates the credential (SPEC §10.3).
 func (l *ledger) recordCheck(id, provider string, probe, ok bool, detail string) {
 	l.mutate(id, provider, probe, func(e *ledgerEntry, now time.Time) {
 		*map[bool]*ledgerCheck{false: &e.UsageRead, true: &e.Probe}[probe] = ledgerCheck{now.UnixMilli(), ok, ledgerSentence(detail)}
+		if c := &e.Credential; probe && ok && c.State != credActive {
+			c.State, c.Cause, c.RecordedAtMs = credActive, "", now.UnixMilli()
+		}
 	})
 }
 
-// fullness is the highest used_fraction of id's windows not yet reset (SPEC §7.2 step 2).
-func (l *ledger) fullness(id string, now time.Time) (full float64) {
-	e := l.entry(id)
+// freedom is how free id is at now, compared in order (SPEC §7.2.2): unblocked first, then the least full (the highest
+// used_fraction of its windows not yet reset).
+func (l *ledger) freedom(id string, now time.Time) []float64 {
+	e, full := l.entry(id), 0.0
 	for _, w := range e.Windows {
 		if w.ResetsAtMs == 0 || w.ResetsAtMs > now.UnixMilli() {
 			full = max(full, w.UsedFraction)
 		}
 	}
-	return full
+	return []float64{float64(boolCount(e.Block.UntilMs > now.UnixMilli())), full}
+}
+
+// firstReset is the earliest reset of id's windows after now and before until, else until (a pin's end, SPEC §7.2.4).
+func (l *ledger) firstReset(id string, now, until time.Time) time.Time {
+	for _, w := range l.entry(id).Windows {
+		if at := time.UnixMilli(w.ResetsAtMs); at.After(now) && at.Before(until) {
+			until = at
+		}
+	}
+	return until
 }
 
 // usageDue is SPEC §11.2's "read once when": no reading, a failed one, a reset passed or unnamed.

@@ -22,7 +22,7 @@ func TestLedgerRow(t *testing.T) {
 			"measured":{"requests":0,"failures":0,"input_tokens":0,"output_tokens":0,"last_used_ms":0},"usage_read":null,"probe":null,"stale":false}`},
 		{name: "blocked, probed, fresh window", set: func(l *ledger) {
 			l.recordWindows(ledgerIDA, "claude-code", []planWindow{{ID: "anthropic:5h", Label: "5 hours", UsedFraction: 0.5, ResetsAtMs: ms + 1000, RecordedAtMs: ms, Source: "traffic"}})
-			l.block(ledgerIDA, "claude-code", ledgerT0.Add(time.Minute), "429 rate limited")
+			l.block(ledgerIDA, "claude-code", time.Minute, "429 rate limited")
 			l.recordCheck(ledgerIDA, "claude-code", true, true, "ok")
 			l.recordCheck(ledgerIDA, "claude-code", false, true, "")
 		}, want: `{"id":"` + ledgerIDA + `","provider":"claude-code","label":"work","status":"active",
@@ -33,7 +33,8 @@ func TestLedgerRow(t *testing.T) {
 			"usage_read":{"at_ms":1759320000000,"ok":true,"detail":""},"probe":{"at_ms":1759320000000,"ok":true,"detail":"ok"},"stale":false}`},
 		{name: "ended block is null, passed reset is stale", set: func(l *ledger) {
 			l.recordWindows(ledgerIDA, "claude-code", []planWindow{{ID: "anthropic:5h", Label: "5 hours", UsedFraction: 0.9, ResetsAtMs: ms, RecordedAtMs: ms - 1000, Source: "traffic"}})
-			l.block(ledgerIDA, "claude-code", ledgerT0, "429")
+			l.now = func() time.Time { return ledgerT0.Add(-time.Hour) } // a minute's block an hour ago
+			l.block(ledgerIDA, "claude-code", time.Minute, "429")
 		}, want: `{"id":"` + ledgerIDA + `","provider":"claude-code","label":"work","status":"active",
 			"windows":[{"id":"anthropic:5h","label":"5 hours","used_fraction":0.9,"resets_at_ms":1759320000000,"recorded_at_ms":1759319999000,"source":"traffic"}],
 			"block":null,"credential":{"state":"active","cause":"","recorded_at_ms":0,"expires_at_ms":0,"refreshed_at_ms":0},

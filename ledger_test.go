@@ -129,7 +129,7 @@ func TestLedgerRoundTrip(t *testing.T) {
 	l.recordWindows(ledgerIDA, "claude-code", []planWindow{{ID: "anthropic:5h", Label: "5 hours", UsedFraction: 0.5, RecordedAtMs: ms, Source: "usage_report"}})
 	l.recordUse(ledgerIDA, "claude-code", true, 10, 20)
 	l.recordUse(ledgerIDA, "claude-code", false, -1, 0)
-	l.block(ledgerIDA, "claude-code", ledgerT0.Add(15*time.Minute), "429 from provider")
+	l.block(ledgerIDA, "claude-code", 15*time.Minute, "429 from provider")
 	l.setGrantTimes(ledgerIDA, "claude-code", ms+7200_000, ms)
 	l.recordCheck(ledgerIDA, "claude-code", false, false, "usage report answered 500")
 	l.recordCheck(ledgerIDA, "claude-code", true, true, "pong")
@@ -240,7 +240,7 @@ func TestLedgerUnreadableIsNeverOverwritten(t *testing.T) {
 			if _, ok := l.entries[ledgerIDA]; ok {
 				t.Error("an unreadable ledger is not served empty")
 			}
-			l.block(ledgerIDA, "codex", ledgerT0.Add(time.Minute), "429")
+			l.block(ledgerIDA, "codex", time.Minute, "429")
 			l.recordUse(ledgerIDA, "codex", true, 1, 1)
 			clock.set(ledgerT0.Add(100 * time.Millisecond))
 			l.recordUse(ledgerIDA, "codex", true, 1, 1)
@@ -286,7 +286,7 @@ func TestLedgerWriteCoalescing(t *testing.T) {
 		{name: "third joins the armed write-behind", at: 600 * time.Millisecond, do: use, wantRequests: 1, wantTimers: 1, wantDelay: 700 * time.Millisecond},
 		{name: "the write-behind writes all three", at: time.Second, fire: true, wantRequests: 3, wantTimers: 1, wantDelay: 700 * time.Millisecond},
 		{name: "a block writes at once", at: 1100 * time.Millisecond, do: func(l *ledger) {
-			l.block(ledgerIDA, "claude-code", ledgerT0.Add(time.Hour), "429")
+			l.block(ledgerIDA, "claude-code", time.Hour, "429")
 		}, wantRequests: 3, wantBlocked: true, wantTimers: 1, wantDelay: 700 * time.Millisecond},
 		{name: "a use after the block waits", at: 1500 * time.Millisecond, do: use, wantRequests: 3, wantBlocked: true, wantTimers: 2, wantDelay: 600 * time.Millisecond},
 		{name: "a credential change writes at once and takes the pending use along", at: 1600 * time.Millisecond, do: func(l *ledger) {
@@ -326,7 +326,7 @@ func TestLedgerWriteCoalescing(t *testing.T) {
 func TestLedgerUnplaced(t *testing.T) {
 	l, _, timers, logs := newTestLedger(state{cause: errors.New("$HOME is not defined")})
 	l.recordUse(ledgerIDA, "codex", true, 1, 2)
-	l.block(ledgerIDA, "codex", ledgerT0.Add(time.Minute), "429")
+	l.block(ledgerIDA, "codex", time.Minute, "429")
 	l.setCredential(ledgerIDB, "codex", credNeedsReauth, "401")
 	l.recordCheck(ledgerIDA, "codex", false, true, "")
 	if err := l.flush(); err != nil {
@@ -369,8 +369,8 @@ func TestLedgerFullness(t *testing.T) {
 			if c.windows != nil {
 				l.recordWindows(ledgerIDA, "codex", c.windows)
 			}
-			if got := l.fullness(ledgerIDA, ledgerT0); got != c.want {
-				t.Errorf("fullness = %v, want %v", got, c.want)
+			if got := l.freedom(ledgerIDA, ledgerT0); got[1] != c.want {
+				t.Errorf("freedom = %v, want fullness %v", got, c.want)
 			}
 		})
 	}
@@ -391,16 +391,16 @@ func TestLedgerNextDue(t *testing.T) {
 		{name: "grant expiry is earliest", set: func(l *ledger) {
 			l.setGrantTimes(ledgerIDA, "codex", at(time.Minute), 0)
 			l.recordWindows(ledgerIDB, "claude-code", []planWindow{{ID: "anthropic:5h", ResetsAtMs: at(time.Hour)}})
-			l.block(ledgerIDB, "claude-code", ledgerT0.Add(2*time.Minute), "429")
+			l.block(ledgerIDB, "claude-code", 2*time.Minute, "429")
 		}, want: time.Minute},
 		{name: "window reset is earliest, past ones ignored", set: func(l *ledger) {
 			l.setGrantTimes(ledgerIDA, "codex", at(-time.Minute), 0)
 			l.recordWindows(ledgerIDA, "codex", []planWindow{{ID: "codex:primary", ResetsAtMs: at(-time.Second)}, {ID: "codex:secondary", ResetsAtMs: at(30 * time.Second)}})
-			l.block(ledgerIDB, "claude-code", ledgerT0.Add(2*time.Minute), "429")
+			l.block(ledgerIDB, "claude-code", 2*time.Minute, "429")
 		}, want: 30 * time.Second},
 		{name: "block end is earliest", set: func(l *ledger) {
 			l.setGrantTimes(ledgerIDA, "codex", at(time.Hour), 0)
-			l.block(ledgerIDB, "claude-code", ledgerT0.Add(time.Second), "429")
+			l.block(ledgerIDB, "claude-code", time.Second, "429")
 		}, want: time.Second},
 	}
 	for _, c := range cases {
@@ -425,7 +425,8 @@ func TestLedgerNextDue(t *testing.T) {
 func TestLedgerBlock(t *testing.T) {
 	cases := []struct {
 		name      string
-		until     time.Duration // since ledgerT0
+		until     time.Duration // the stated wait, at ledgerT0
+		window    time.Duration // the reset of a used-up window, since ledgerT0 (0: none)
 		then      time.Duration // a second block recorded at once (0: none)
 		at        time.Duration // when blockedUntil is asked
 		wantUntil time.Duration // -1: not blocked
@@ -433,16 +434,22 @@ func TestLedgerBlock(t *testing.T) {
 		{name: "inside the block", until: 15 * time.Minute, at: time.Minute, wantUntil: 15 * time.Minute},
 		{name: "block ended", until: 15 * time.Minute, at: 15 * time.Minute, wantUntil: -1},
 		{name: "capped at 7 days", until: 30 * 24 * time.Hour, at: time.Hour, wantUntil: 7 * 24 * time.Hour},
-		{name: "a moment in the past blocks nothing", until: -time.Minute, at: 0, wantUntil: -1},
+		{name: "no stated wait blocks 15 minutes", until: -time.Minute, at: 0, wantUntil: 15 * time.Minute},
+		{name: "no stated wait: until the used-up window resets", window: 3 * time.Hour, at: time.Hour, wantUntil: 3 * time.Hour},
+		{name: "a stated wait wins over the used-up window", until: time.Minute, window: 3 * time.Hour, wantUntil: time.Minute},
 		{name: "a later, shorter block keeps the longer", until: 2 * time.Hour, then: time.Minute, at: 2 * time.Minute, wantUntil: 2 * time.Hour},
 		{name: "a later, longer block extends it", until: 15 * time.Minute, then: 2 * time.Hour, at: time.Minute, wantUntil: 2 * time.Hour},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			l, clock, _, _ := newTestLedger(state{dir: t.TempDir()})
-			l.block(ledgerIDA, "claude-code", ledgerT0.Add(c.until), "429")
+			if c.window != 0 {
+				reset := ledgerT0.Add(c.window).UnixMilli()
+				l.recordWindows(ledgerIDA, "claude-code", []planWindow{{ID: "anthropic:5h", UsedFraction: 1, ResetsAtMs: reset}})
+			}
+			l.block(ledgerIDA, "claude-code", c.until, "429")
 			if c.then != 0 {
-				l.block(ledgerIDA, "claude-code", ledgerT0.Add(c.then), "429 again")
+				l.block(ledgerIDA, "claude-code", c.then, "429 again")
 			}
 			clock.set(ledgerT0.Add(c.at))
 			got := l.blockedUntil(ledgerIDA)
@@ -473,7 +480,7 @@ func TestLedgerSentences(t *testing.T) {
 			dir := t.TempDir()
 			l, _, _, _ := newTestLedger(state{dir: dir})
 			l.setCredential(ledgerIDA, "claude-code", credNeedsReauth, c.cause)
-			l.block(ledgerIDA, "claude-code", ledgerT0.Add(time.Minute), c.cause)
+			l.block(ledgerIDA, "claude-code", time.Minute, c.cause)
 			l.recordCheck(ledgerIDA, "claude-code", false, false, c.cause)
 			l.recordCheck(ledgerIDA, "claude-code", true, false, c.cause)
 			if err := l.flush(); err != nil {
@@ -525,10 +532,11 @@ func TestLedgerConcurrent(t *testing.T) {
 				l.recordUse(ledgerIDA, "codex", j%2 == 0, 1, 1)
 				l.recordWindows(ledgerIDB, "codex", []planWindow{{ID: "codex:primary", UsedFraction: 0.1, ResetsAtMs: int64(j)}})
 				if j%10 == 0 {
-					l.block(ledgerIDB, "codex", ledgerT0.Add(time.Minute), "429")
+					l.block(ledgerIDB, "codex", time.Minute, "429")
 				}
 				(&inventory{l: l}).row(overlayItem{ID: ledgerIDA}, false, ledgerT0)
-				l.fullness(ledgerIDB, ledgerT0)
+				l.freedom(ledgerIDB, ledgerT0)
+				l.firstReset(ledgerIDB, ledgerT0, ledgerT0.Add(time.Hour))
 				l.nextDue(ledgerT0, nil)
 				if timers.count() > 0 && j%7 == 0 {
 					timers.fireLast(t)
@@ -892,5 +900,58 @@ func TestLedgerWithoutSubscriptions(t *testing.T) {
 		if got := readLedgerFile(t, dir)[ledgerIDA].Measured.Requests; got != 1 {
 			t.Errorf("%s: requests = %d after one use, want 1", content, got)
 		}
+	}
+}
+
+// TestRefusalStatingItsUsedUpWindowBlocksUntilItResets: a 429 whose own headers state a plan window used up (claude-code's
+// utilization, codex's used percent) and no Retry-After blocks until that window resets, not 15 min (SPEC §6.3, §7.2.4).
+func TestRefusalStatingItsUsedUpWindowBlocksUntilItResets(t *testing.T) {
+	reset := time.Now().Add(3 * time.Hour)
+	for _, tc := range []struct {
+		name     string
+		headers  map[string]string
+		wantHour bool
+	}{
+		{"claude-code 5h window used up", map[string]string{"anthropic-ratelimit-unified-5h-utilization": "1.0",
+			"anthropic-ratelimit-unified-5h-reset":       strconv.FormatInt(reset.Unix(), 10),
+			"anthropic-ratelimit-unified-7d-utilization": "0.4"}, true},
+		{"claude-code window half used", map[string]string{"anthropic-ratelimit-unified-5h-utilization": "0.5",
+			"anthropic-ratelimit-unified-5h-reset": strconv.FormatInt(reset.Unix(), 10)}, false},
+		{"codex primary window used up", map[string]string{"x-codex-primary-used-percent": "100",
+			"x-codex-primary-reset-after-seconds": "10800", "x-codex-secondary-used-percent": "40",
+			"x-codex-secondary-reset-after-seconds": "90000"}, true},
+		{"codex both windows used up: the later reset", map[string]string{"x-codex-primary-used-percent": "100",
+			"x-codex-primary-reset-after-seconds": "60", "x-codex-secondary-used-percent": "100.0",
+			"x-codex-secondary-reset-after-seconds": "10800"}, true},
+		{"codex used-up window stating only reset-at", map[string]string{"x-codex-primary-used-percent": "100",
+			"x-codex-primary-reset-at": strconv.FormatInt(reset.Unix(), 10)}, true},
+		{"codex windows partly used", map[string]string{"x-codex-primary-used-percent": "60",
+			"x-codex-primary-reset-after-seconds": "10800"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			provider := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+				for k, v := range tc.headers {
+					w.Header().Set(k, v)
+				}
+				http.Error(w, `{"type":"error","error":{"type":"rate_limit_error","message":"slow down"}}`, http.StatusTooManyRequests)
+			})
+			d, tok := (*daemon)(nil), ""
+			path, body := "/v1/messages", chatBody(dialectMessages, "claude-code/claude-test", false, "")
+			if strings.HasPrefix(tc.name, "codex") {
+				d, tok, _ = codexDaemon(t, provider.URL)
+				path, body = "/v1/chat/completions", chatBody(dialectChat, "codex/gpt-5", false, "")
+			} else {
+				d, tok = oauthSetup(t, provider, provider)
+				donateGrant(t, d, "acc-one", "ref-one", time.Now().Add(time.Hour).UnixMilli())
+			}
+			status, h, b := d.call("POST", path, tok, body)
+			wait, _ := strconv.Atoi(h.Get("Retry-After"))
+			if status != http.StatusTooManyRequests {
+				t.Fatalf("call: %d %s, want 429", status, b)
+			}
+			if hours := wait > 2*3600; hours != tc.wantHour || !tc.wantHour && wait > 900 {
+				t.Errorf("Retry-After %d s, want the window's reset (%v) or at most 15 min", wait, tc.wantHour)
+			}
+		})
 	}
 }

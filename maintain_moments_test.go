@@ -27,7 +27,7 @@ func TestMaintainServesAMomentThatPassedDuringAPass(t *testing.T) {
 	}
 	// While the start pass holds its read, a 429 blocks the subscription for
 	// a minute, and two minutes go by before the pass ends.
-	fx.l.block(id, "kimi", maintT0.Add(time.Minute), "HTTP 429")
+	fx.l.block(id, "kimi", time.Minute, "HTTP 429")
 	fx.clock.advance(2 * time.Minute)
 	close(release)
 	if ev := fx.nextPass(t); ev.reason != "start" {

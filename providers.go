@@ -363,11 +363,8 @@ func jsonScalar(raw json.RawMessage) (string, bool) {
 	return n.String(), true
 }
 
-// maxRetryAfter bounds a stated reset; a block never outlasts it (SPEC §7.2.4: no reset months away parks a subscription).
-const maxRetryAfter = 7 * 24 * time.Hour
-
-// retryAfter is the wait stated by retry-after-ms, retry-after, else the latest reset among the
-// limits the headers show as spent; 0 when none is.
+// retryAfter is the wait stated by retry-after-ms, retry-after, else the latest reset among the limits the headers show as
+// spent (claude-code's rejected plan windows among them; a used-up window the ledger recorded blocks without it); 0 when none is.
 func retryAfter(h http.Header, now time.Time) time.Duration {
 	if ms := numberOf(h.Get("Retry-After-Ms")).v; ms > 0 {
 		return time.Duration(min(ms, maxRetryAfter.Seconds()*1000) * float64(time.Millisecond))
@@ -376,7 +373,6 @@ func retryAfter(h http.Header, now time.Time) time.Duration {
 		return d // a wait already over states none: the reset headers below may
 	}
 	var d time.Duration
-	spent := func(k string, full float64) bool { return numberOf(h.Get(k)).v >= full }
 	// OpenAI's x-ratelimit-{remaining,reset}-<limit>, Anthropic's anthropic-ratelimit-<limit>-{remaining,reset}.
 	for _, k := range []string{"X-Ratelimit-%s-requests", "X-Ratelimit-%s-tokens", "Anthropic-Ratelimit-requests-%s",
 		"Anthropic-Ratelimit-tokens-%s", "Anthropic-Ratelimit-input-tokens-%s", "Anthropic-Ratelimit-output-tokens-%s"} {
@@ -384,14 +380,9 @@ func retryAfter(h http.Header, now time.Time) time.Duration {
 			d = max(d, statedWait(h, fmt.Sprintf(k, "Reset"), now))
 		}
 	}
-	for _, k := range []string{"", "5h-", "7d-"} { // claude-code's plan windows (SPEC §6.3)
-		if p := "Anthropic-Ratelimit-Unified-" + k; h.Get(p+"Status") == "rejected" || spent(p+"Utilization", 1) {
+	for _, k := range []string{"", "5h-", "7d-"} { // claude-code's (SPEC §6.3)
+		if p := "Anthropic-Ratelimit-Unified-" + k; h.Get(p+"Status") == "rejected" {
 			d = max(d, statedWait(h, p+"Reset", now))
-		}
-	}
-	for _, k := range []string{"Primary", "Secondary"} { // codex's plan windows (SPEC §6.3)
-		if p := "X-Codex-" + k + "-"; spent(p+"Used-Percent", 100) {
-			d = max(d, statedWait(h, p+"Reset-After-Seconds", now), statedWait(h, p+"Reset-At", now))
 		}
 	}
 	return d

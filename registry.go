@@ -94,51 +94,45 @@ func invalidf(why string, args ...any) error     { return &routesInvalidError{fm
 func parseRegistry(b []byte) (*routesDoc, error) { return readRegistry(b, nil) }
 func clipName(s string) string                   { return truncateUTF8(s, 128) } // a quoted name is logged and may reach a client
 
-// readRegistry applies SPEC §4.1's guards (writers refuse an unknown provider); migrating, it fills dropped.
+// readRegistry applies SPEC §4.1's guards (writers refuse an unknown provider) with decodeStrict's texts; migrating, it
+// drops the fields schema 1 lacks into dropped. A member null (or a model "") is refused: the typed decode takes it for absent.
 func readRegistry(b []byte, dropped *[]string) (*routesDoc, error) {
-	migrate, blank := dropped != nil, strings.Trim(string(b), " \t\r\n") == "" // JSON's whitespace, not Unicode's
-	switch {
+	var top map[string]json.RawMessage
+	switch blank := strings.Trim(string(b), " \t\r\n") == ""; { // JSON's whitespace, not Unicode's
 	case len(b) > maxRegistryBytes: // SPEC §4.1
 		return nil, invalidf("registry is %d bytes; the limit is 1 MiB (%d bytes)", len(b), maxRegistryBytes)
-	case blank && !migrate:
+	case blank && dropped == nil:
 		return emptyRoutesDoc(), nil
 	case blank:
 		return nil, invalidf("registry is empty; there is no document to migrate")
-	case utf8.Valid(b) && !json.Valid(b):
-		return nil, invalidf("registry is not valid JSON: %v", json.Unmarshal(b, new(any)))
 	}
-	var top map[string]json.RawMessage
-	var te *json.UnmarshalTypeError
-	if err := decodeStrict("registry", b, &top); errors.As(err, &te) || err == nil && top == nil {
-		return nil, invalidf("registry must be one JSON object")
-	} else if err != nil {
+	if err := decodeStrict("registry", b, &top); err != nil {
 		return nil, invalidf("%s", clipName(err.Error()))
+	} else if top == nil {
+		return nil, invalidf("registry must be one JSON object, not null")
 	}
 	known := func(k string) bool { return k == "schema_version" || k == "deployments" || k == "routes" }
-	unknown := slices.DeleteFunc(append([]string{}, slices.Sorted(maps.Keys(top))...), known)
-	if len(unknown) > 0 && !migrate {
+	unknown := slices.DeleteFunc(slices.Sorted(maps.Keys(top)), known)
+	if len(unknown) > 0 && dropped == nil {
 		return nil, invalidf("registry field %q is not part of schema 1; run brama routes migrate", clipName(unknown[0]))
-	} else if migrate {
+	} else if dropped != nil {
 		*dropped = unknown
 	}
 	maps.DeleteFunc(top, func(k string, _ json.RawMessage) bool { return !known(k) })
-	b, _ = json.Marshal(top) // raw members always marshal
 	doc := emptyRoutesDoc()
-	switch err := decodeStrict("registry", b, doc); { // decodeStrict calls validate
-	case errors.As(err, &te):
-		return nil, invalidf("registry field %q cannot be %s (see SPEC §4.1; a destination is one string)", te.Field, clipName(te.Value))
+	switch err := decodeStrict("registry", must(json.Marshal(top)), doc); { // decodeStrict calls validate
 	case errors.As(err, new(*routesInvalidError)):
 		return nil, err
 	case err != nil:
 		return nil, invalidf("%s", clipName(err.Error()))
-	case string(top["schema_version"]) == "null": // the typed decode takes null, and a model's "", for absent; schema 1 refuses them
-		return nil, invalidf(`registry field "schema_version" must be 1, not null`)
 	}
-	var deps []struct{ Name, Model, Adapters json.RawMessage }
-	json.Unmarshal(top["deployments"], &deps) // decodeStrict took these bytes
-	for _, d := range deps {
-		if m := string(d.Model); m == "null" || m == `""` || string(d.Adapters) == "null" {
-			return nil, invalidf(`registry deployment %s member "model" must be a non-empty string, and "adapters" an array, when present`, clipName(string(d.Name)))
+	var deps []map[string]json.RawMessage
+	json.Unmarshal(top["deployments"], &deps) // decodeStrict took these bytes: their members are known
+	for _, members := range append(deps, top) {
+		for _, k := range slices.Sorted(maps.Keys(members)) {
+			if v := string(members[k]); v == "null" || k == "model" && v == `""` {
+				return nil, invalidf("registry member %q cannot be %s", k, v)
+			}
 		}
 	}
 	return doc, nil
@@ -147,11 +141,8 @@ func readRegistry(b []byte, dropped *[]string) (*routesDoc, error) {
 // validate applies SPEC §4.1's guards to a decoded document, refusing with the first broken one: a deployment's endpoint
 // must never point unauthenticated calls at the internet, and no alias may shadow a selector.
 func (doc *routesDoc) validate() error {
-	errs := []error{firstBroken([]rule{
-		{doc.SchemaVersion != 1, fmt.Sprintf(`registry field "schema_version" must be 1, not %d`, doc.SchemaVersion)},
-		{doc.Deployments == nil, `registry field "deployments" must be an array of deployments, not null`},
-		{doc.Routes == nil, `registry field "routes" must be an object mapping each alias to one destination, not null`},
-	})}
+	schema := rule{doc.SchemaVersion != 1, `registry field "schema_version" must be 1, not %d`}
+	errs := []error{firstBroken([]rule{schema}, doc.SchemaVersion)}
 	for i := range doc.Deployments {
 		d := &doc.Deployments[i]
 		if len(d.Adapters) == 0 {
@@ -284,7 +275,7 @@ type registry struct {
 
 func newRegistry(path string, pathErr error, j *journal, log *slog.Logger) *registry {
 	return &registry{j: j, log: log,
-		stateFile: stateFile[*routesDoc]{role: registryRole, path: path, pathErr: pathErr, keepErr: true, parse: parseRegistry}}
+		stateFile: stateFile[*routesDoc]{role: registryRole, path: path, pathErr: pathErr, parse: parseRegistry}}
 }
 
 // current returns the shared document; each distinct failure is logged once.

@@ -158,12 +158,11 @@ type stateFile[T any] struct {
 	pathErr    error // why there is no file (no state directory), else nil
 	parse      func([]byte) (T, error)
 	absentErr  bool
-	keepErr    bool // a parse failure is kept too: an unchanged bad file is not parsed again
 
 	mu  sync.Mutex
 	doc T
-	err error        // with keepErr, the parse failure kept with doc
-	id  fileIdentity // of the file doc and err came from; zero: nothing kept
+	err error        // the parse failure kept with doc: an unchanged bad file is not parsed again
+	id  fileIdentity // of the file doc and err came from; zero: nothing kept (a file that could not be read)
 }
 
 func (f *stateFile[T]) load() (T, error) {
@@ -173,9 +172,6 @@ func (f *stateFile[T]) load() (T, error) {
 		return f.doc, f.err
 	}
 	f.doc, f.id, f.err = f.read()
-	if f.err != nil && !f.keepErr {
-		f.id = fileIdentity{} // an absent or bad file is not kept
-	}
 	return f.doc, f.err
 }
 
