@@ -420,36 +420,29 @@ func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signed
 	rec, panicked := &httptest.ResponseRecorder{HeaderMap: http.Header{}, Body: new(bytes.Buffer)}, true // Code 0 until written
 	// Deferred, so that after a panic too the key is kept or released; the panic goes on (the connection is lost anyway).
 	defer func() {
-		calls, dispatched, keep := c.t.attempts, c.t.attempts > 0 || rec.HeaderMap.Get("Brama-Attempts") != "", true
-		var cut *apiError
+		calls, cut := c.t.attempts, (*apiError)(nil)
+		t.Route = cmp.Or(rec.HeaderMap.Get("Brama-Route"), t.Route) // a selector's: the candidate that answered
 		switch {
-		case rec.Code >= 200 && rec.Code <= 299 && !panicked:
+		case rec.Code/100 == 2 && !panicked:
 		case calls > 0 && panicked:
 			cut = refuse("internal_error", "the answer failed inside Brama after a provider call started")
 		case calls > 0 && context.Cause(ctx) == errServerShutdown: // a stopped process's answer (item 2)
 			cut = refuse("internal_error", abandonedMessage)
 		case calls > 0 && ctx.Err() != nil:
 			cut = refuse("client_cancelled", "the caller hung up after a provider call started")
-		case panicked, ctx.Err() != nil, rec.HeaderMap.Get("X-Should-Retry") == "true", !dispatched:
-			if err := errors.Join(os.Remove(t.path), syncDir(filepath.Dir(t.path))); err != nil {
+		case panicked, ctx.Err() != nil, rec.HeaderMap.Get("X-Should-Retry") == "true", calls == 0 && rec.HeaderMap.Get("Brama-Attempts") == "":
+			if err := errors.Join(os.Remove(t.path), syncDir(filepath.Dir(t.path))); err != nil { // released: no call, or retryable
 				a.log.Error("answer_release_failed", "request_id", c.t.requestID, "err", err)
 			}
-			keep = false
+			t = nil
 		}
-		route := cmp.Or(rec.HeaderMap.Get("Brama-Route"), c.route) // a selector's: the candidate that answered
 		if cut != nil {
 			rec = httptest.NewRecorder()
 			c.envelope(rec, cut.withAttempts(calls))
 			c.t.outcome, c.t.retryable = cut.Code, false
 		}
-		if keep {
-			rec.Body = bytes.NewBuffer(withoutPromptEcho(rec.Body.Bytes())) // the first answer is the kept body (item 7)
-			if err := a.complete(t, rec.Code, rec.Body.Bytes(), &calls, route); err == nil {
-				rec.HeaderMap.Set("Brama-Answer-Signature", *t.Signature)
-			} else { // paid for: given unsigned rather than lost; in progress, the key never spends twice (item 2)
-				a.unkept.Store(t.path, true)
-				a.log.Error("answer_unkept", "request_id", c.t.requestID, "err", err)
-			}
+		if err := a.keep(t, rec, &calls); err != nil { // paid for: given unsigned rather than lost
+			a.log.Error("answer_unkept", "request_id", c.t.requestID, "err", err)
 		}
 		if !panicked {
 			maps.Copy(w.Header(), rec.HeaderMap)
@@ -511,9 +504,9 @@ func (a *answerStore) reserve(c signedCall) (*answerRecord, *answerRecord, error
 			return nil, nil, refuse("state_conflict", "this Idempotency-Key was used with another request body")
 		case open && rec.BootID != a.bootID: // a stopped process's: kept as item 2's refusal, attempts unknown
 			e := httptest.NewRecorder()
-			ae := c.envelope(e, refuse("internal_error", abandonedMessage))
+			c.envelope(e, refuse("internal_error", abandonedMessage))
 			rec.path, rec.key = path, key
-			if err = a.complete(rec, ae.Status(), e.Body.Bytes(), nil, rec.Route); err != nil {
+			if err = a.keep(rec, e, nil); err != nil {
 				return nil, nil, refuse("internal_error", "the abandoned answer for this Idempotency-Key could not be kept").because(err)
 			}
 			a.log.Warn("answer_abandoned", "client", rec.Client, "key_sha256", rec.KeySHA256, "boot_id", rec.BootID)
@@ -529,12 +522,23 @@ func (a *answerStore) reserve(c signedCall) (*answerRecord, *answerRecord, error
 	return nil, nil, &apiError{Code: "state_conflict", Type: codes["state_conflict"].typ, Message: busy, Retryable: true}
 }
 
-// complete keeps an answer (SPEC §12 item 3) in place of the reservation rec.
-func (a *answerStore) complete(rec *answerRecord, status int, body []byte, attempts *int, route string) error {
-	done, sig := a.now().UTC().Format(journalTimeFormat), signAnswer(rec.key, body)
-	rec.State, rec.CompletedAt, rec.Status, rec.Body, rec.Signature = answerComplete, &done, &status, append([]byte{}, body...), &sig
-	rec.Attempts, rec.Route = attempts, cmp.Or(route, rec.Route)
-	return writeState(rec.path, rec)
+// keep completes the reservation t (nil: released) with the answer w holds (SPEC §12 item 3), signing w; attempts nil is
+// unknown (item 2). The one way a record is completed: a kept answer, a cut one, a stopped process's. A keep that fails
+// leaves t in progress, marked unkept: its key never spends twice (item 2).
+func (a *answerStore) keep(t *answerRecord, w *httptest.ResponseRecorder, attempts *int) error {
+	if t == nil {
+		return nil
+	}
+	body := withoutPromptEcho(w.Body.Bytes()) // the first answer is the kept body (item 7)
+	done, sig, status := a.now().UTC().Format(journalTimeFormat), signAnswer(t.key, body), w.Code
+	t.State, t.CompletedAt, t.Status, t.Body, t.Signature = answerComplete, &done, &status, append([]byte{}, body...), &sig
+	t.Attempts, w.Body = attempts, bytes.NewBuffer(body)
+	if err := writeState(t.path, t); err != nil {
+		a.unkept.Store(t.path, true)
+		return err
+	}
+	w.HeaderMap.Set("Brama-Answer-Signature", sig)
+	return nil
 }
 
 // withoutPromptEcho nulls the members that repeat the caller's input, as OpenAI Responses' instructions (SPEC §12 item 7).

@@ -82,7 +82,7 @@ func TestAnswersPrune(t *testing.T) {
 			t.Fatal(err)
 		}
 		if complete {
-			if err := a.complete(tk, 200, []byte(`{"ok":true}`), new(int), "r"); err != nil {
+			if err := a.keep(tk, answered(200, `{"ok":true}`), new(int)); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -212,10 +212,15 @@ func TestSignedAnswerEmptyBodyKept(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := a.complete(tk, 204, nil, new(int), "r"); err != nil {
+	if err := a.keep(tk, answered(204, ""), new(int)); err != nil {
 		t.Fatal(err)
 	}
 	if rec, err := readAnswerFile(tk.path); err != nil || rec.Body == nil || len(rec.Body) != 0 {
 		t.Fatalf("kept empty answer: %+v, %v", rec, err)
 	}
+}
+
+// answered is a recorded answer of status and body, as dispatch would leave it for keep.
+func answered(status int, body string) *httptest.ResponseRecorder {
+	return &httptest.ResponseRecorder{Code: status, HeaderMap: http.Header{}, Body: bytes.NewBufferString(body)}
 }
