@@ -226,7 +226,7 @@ candidates:
 			}
 		}
 		begin, before, rejected := e.now(), e.t.attempts, false
-		for calls := 0; len(queue) > 0 && calls < b.calls && !rejected; {
+		for len(queue) > 0 && e.t.attempts-before < b.calls && !rejected { // a call that was not made ends the walk
 			c, sub := cand, &queue[0]
 			queue = queue[1:]
 			var err error
@@ -250,7 +250,6 @@ candidates:
 			}
 			made := e.t.attempts
 			resp, ref, failure := e.send(hr, c, sub)
-			calls++
 			if resp != nil {
 				return e.commit(ctx, j, c, creq, sub, resp, start)
 			}
@@ -264,7 +263,7 @@ candidates:
 				if (!b.rotate || c.cred.AccessToken == "" || slices.Contains(e.refreshed, sub.ID)) && !e.credentialReplaced(*sub, c.cred) {
 					e.ledger.setCredential(sub.ID, p.id, credNeedsReauth, cmp.Or(ref.sentence, ref.err.Message))
 					e.note(sub.ID, "authentication refused: "+ref.sentence)
-				} else if _, err := e.subscriptionCredential(ctx, j.kind, *sub, c.cred.AccessToken); err == nil && calls < b.calls {
+				} else if _, err := e.subscriptionCredential(ctx, j.kind, *sub, c.cred.AccessToken); err == nil && e.t.attempts-before < b.calls {
 					queue = append([]overlayItem{*sub}, queue...) // refreshed: retried while a call remains
 				} else if err != nil && !errors.Is(err, errSkipSubscription) {
 					return asAPIError(err).withAttempts(e.t.attempts)
