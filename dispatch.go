@@ -100,9 +100,10 @@ func (e *engine) plan(cl client, req *chatRequest) (call, error) {
 		return call{}, refuse("forbidden", "this client may not use model %q", req.Model)
 	}
 	doc, docErr := e.reg.current()
+	key, vaultErr := "", error(nil) // read once, by resolution: the direct route's provider's
 	res, err := resolveModel(req.Model, doc, docErr, func(p string) bool { // an unreadable vault: its refusal (SPEC §2.2)
-		key, err := e.directKey(p)
-		return key != "" || err != nil
+		key, vaultErr = e.directKey(p)
+		return key != "" || vaultErr != nil
 	})
 	if err != nil {
 		return call{}, err
@@ -114,7 +115,6 @@ func (e *engine) plan(cl client, req *chatRequest) (call, error) {
 			err = refuse("forbidden", "this route is paid by an agent's subscriptions; use a bearer bound to an agent: brama clients add ID -agent AGENT")
 		}
 	case res.Provider.cred == credDirect:
-		key, vaultErr := e.directKey(res.Provider.id)
 		switch {
 		case vaultErr != nil:
 			err = refuse("credential_unauthorized", "the vault is unreadable").because(vaultErr).withAttempts(0)
