@@ -100,8 +100,8 @@ func (e *engine) plan(cl client, req *chatRequest) (call, error) {
 		return call{}, refuse("forbidden", "this client may not use model %q", req.Model)
 	}
 	doc, docErr := e.reg.current()
-	key, vaultErr := "", error(nil) // read once, by resolution: the direct route's provider's
-	res, err := resolveModel(req.Model, doc, docErr, func(p string) bool { // an unreadable vault: its refusal (SPEC §2.2)
+	key, vaultErr := "", error(nil) // read once, as resolution asks for the route's provider: an unreadable vault refuses (§2.2)
+	res, err := resolveModel(req.Model, doc, docErr, func(p string) bool {
 		key, vaultErr = e.directKey(p)
 		return key != "" || vaultErr != nil
 	})
