@@ -38,7 +38,7 @@ type replayEntry struct {
 	code, message string
 	alias, client string
 	providers     []string
-	at, until     time.Time
+	until         time.Time // refused at until - window
 	key           [sha256.Size]byte
 }
 
@@ -138,7 +138,7 @@ func (g *replayGuard) refusalFor(client string, scope func() string, body rawObj
 		return nil
 	}
 	ae := refuse(e.code, "this request repeats one refused at %s after a provider call (%s); the same request is refused without a provider call until %s (BRAMA_REPLAY_GUARD_SECS)",
-		e.at.UTC().Format(time.RFC3339), strings.TrimSuffix(e.code+": "+e.message, ": "), e.until.UTC().Format(time.RFC3339))
+		e.until.Add(-g.window).UTC().Format(time.RFC3339), strings.TrimSuffix(e.code+": "+e.message, ": "), e.until.UTC().Format(time.RFC3339))
 	ae.Retryable = false
 	return ae.withStatus(e.status).because(errReplayRefused).withAttempts(0)
 }
@@ -165,7 +165,7 @@ func (g *replayGuard) rememberer(client string, scope func() string, body rawObj
 		}
 		now := g.lock()
 		defer g.mu.Unlock()
-		if e.at, e.until = now, now.Add(g.window); g.refused[e.key] == nil {
+		if e.until = now.Add(g.window); g.refused[e.key] == nil {
 			g.held[client]++
 		}
 		g.refused[e.key] = e
