@@ -529,7 +529,16 @@ func (a *answerStore) keep(t *answerRecord, w *httptest.ResponseRecorder, attemp
 	if t == nil {
 		return nil
 	}
-	body := withoutPromptEcho(w.Body.Bytes()) // the first answer is the kept body (item 7)
+	body := w.Body.Bytes() // the first answer is the kept body, the members repeating the caller's input null (item 7)
+	if o, err := parseRawObject(body); err == nil {
+		var edits []memberEdit
+		for _, k := range []string{"instructions", "input", "prompt", "messages", "system"} { // OpenAI Responses' instructions
+			if v := o.value(k); v != nil && string(v) != "null" {
+				edits = append(edits, memberEdit{k, []byte("null")})
+			}
+		}
+		body = o.edit(edits...)
+	}
 	done, sig, status := a.now().UTC().Format(journalTimeFormat), signAnswer(t.key, body), w.Code
 	t.State, t.CompletedAt, t.Status, t.Body, t.Signature = answerComplete, &done, &status, append([]byte{}, body...), &sig
 	t.Attempts, w.Body = attempts, bytes.NewBuffer(body)
@@ -539,21 +548,6 @@ func (a *answerStore) keep(t *answerRecord, w *httptest.ResponseRecorder, attemp
 	}
 	w.HeaderMap.Set("Brama-Answer-Signature", sig)
 	return nil
-}
-
-// withoutPromptEcho nulls the members that repeat the caller's input, as OpenAI Responses' instructions (SPEC §12 item 7).
-func withoutPromptEcho(body []byte) []byte {
-	o, err := parseRawObject(body)
-	if err != nil {
-		return body
-	}
-	var edits []memberEdit
-	for _, k := range []string{"instructions", "input", "prompt", "messages", "system"} {
-		if v := o.value(k); v != nil && string(v) != "null" {
-			edits = append(edits, memberEdit{k, []byte("null")})
-		}
-	}
-	return o.edit(edits...)
 }
 
 // verifyAnswerFile is `brama answers verify` (SPEC §12 item 6): sig over file, or a kept answer's own signature.
