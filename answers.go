@@ -421,7 +421,8 @@ func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signed
 	rec, panicked := &httptest.ResponseRecorder{HeaderMap: http.Header{}, Body: new(bytes.Buffer)}, true // Code 0 until written
 	// Deferred, so that after a panic too the key is kept or released; the panic goes on (the connection is lost anyway).
 	defer func() {
-		calls, cut := c.t.attempts, (*apiError)(nil)
+		calls, dispatched := c.t.attempts, c.t.attempts > 0 || rec.HeaderMap.Get("Brama-Attempts") != ""
+		var cut *apiError
 		t.Route = cmp.Or(rec.HeaderMap.Get("Brama-Route"), t.Route) // a selector's: the candidate that answered
 		switch {
 		case rec.Code/100 == 2 && !panicked:
@@ -431,8 +432,8 @@ func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signed
 			cut = refuse("internal_error", abandonedMessage)
 		case calls > 0 && ctx.Err() != nil:
 			cut = refuse("client_cancelled", "the caller hung up after a provider call started")
-		case panicked, ctx.Err() != nil, rec.HeaderMap.Get("X-Should-Retry") == "true", calls == 0 && rec.HeaderMap.Get("Brama-Attempts") == "":
-			if err := errors.Join(os.Remove(t.path), syncDir(filepath.Dir(t.path))); err != nil { // released: no call, or retryable
+		case panicked, ctx.Err() != nil, rec.HeaderMap.Get("X-Should-Retry") == "true", !dispatched: // released
+			if err := errors.Join(os.Remove(t.path), syncDir(filepath.Dir(t.path))); err != nil {
 				a.log.Error("answer_release_failed", "request_id", c.t.requestID, "err", err)
 			}
 			t = nil

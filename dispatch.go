@@ -263,7 +263,8 @@ candidates:
 				if (!b.rotate || c.cred.AccessToken == "" || slices.Contains(e.refreshed, sub.ID)) && !e.credentialReplaced(*sub, c.cred) {
 					e.ledger.setCredential(sub.ID, p.id, credNeedsReauth, cmp.Or(ref.sentence, ref.err.Message))
 					e.note(sub.ID, "authentication refused: "+ref.sentence)
-				} else if _, err := e.subscriptionCredential(ctx, j.kind, *sub, c.cred.AccessToken); err == nil && e.t.attempts-before < b.calls {
+				} else if _, err := e.subscriptionCredential(ctx, j.kind, *sub, c.cred.AccessToken); err == nil &&
+					e.t.attempts-before < b.calls {
 					queue = append([]overlayItem{*sub}, queue...) // refreshed: retried while a call remains
 				} else if err != nil && !errors.Is(err, errSkipSubscription) {
 					return asAPIError(err).withAttempts(e.t.attempts)
@@ -297,12 +298,9 @@ func (e *engine) note(who, reason string) {
 	e.reasons = append(e.reasons, who+": "+reason)
 }
 
-// exhausted is the one refusal of a walk without an answer (SPEC §7.2.5): after calls, the first row that holds of what
-// they met; with none, why not.
+// exhausted is the one refusal of a walk without an answer (SPEC §7.2.5):
+// after calls, chosen from what they met; with none, from why not.
 func (e *engine) exhausted(res resolution, tried bool, unfit *apiError) *apiError {
-	if !tried && unfit != nil { // every usable candidate needs a max_tokens nobody knows (SPEC §6.4) or another format
-		return unfit
-	}
 	n, list, route := e.t.attempts, strings.Join(e.reasons, "; "), cmp.Or(res.Route, res.Mode)
 	needsSignIn := func() bool { // no subscription of the route's provider (of a selector's: any) is active
 		items, err := e.inv.pool(e.agent, res.Provider.id) // a selector's has none: every provider
@@ -310,25 +308,30 @@ func (e *engine) exhausted(res resolution, tried bool, unfit *apiError) *apiErro
 		return err == nil && len(items) > 0 && !slices.ContainsFunc(items, active)
 	}
 	var ae *apiError
-	for _, row := range []struct {
-		holds bool
-		ae    *apiError
-	}{
-		{!tried && needsSignIn(), refuse("subscription_reauthorization_required",
-			"no subscription of agent %q for %s is active; sign in again", e.agent, route)},
-		{!tried, refuse("credential_unauthorized", "no subscription of agent %q can serve %s", e.agent, route)},
-		{n == 0 && e.refreshTransport != nil, e.refreshTransport},
-		{n == 0 && len(e.blocks) > 0, refuse("subscription_unavailable", "every eligible subscription is blocked: %s", list)}, // all skips
-		{n == 0, refuse("subscription_reauthorization_required", "no subscription could be refreshed; sign in again: %s", list)},
-		{e.rate, refuse("provider_rate_limited", "the provider refused for rate: %s", list)},
-		{e.quota, refuse("provider_quota_exhausted", "the provider says the quota is spent: %s", list)},
-		{e.auth, refuse("subscription_reauthorization_required", "the provider refused the credentials; sign in again: %s", list)},
-		{e.rejectedStatus != 0, refuse("provider_rejected", "every candidate refused the request: %s", list).withStatus(e.rejectedStatus)},
-		{true, refuse("provider_failure", "every candidate was refused: %s", list)},
-	} {
-		if ae = row.ae; row.holds {
-			break
-		}
+	switch {
+	case !tried && unfit != nil: // every usable candidate needs a max_tokens nobody knows (SPEC §6.4) or another format
+		return unfit
+	case !tried && needsSignIn():
+		ae = refuse("subscription_reauthorization_required", "no subscription of agent %q for %s is active; sign in again",
+			e.agent, route)
+	case !tried:
+		ae = refuse("credential_unauthorized", "no subscription of agent %q can serve %s", e.agent, route)
+	case n == 0 && e.refreshTransport != nil:
+		ae = e.refreshTransport
+	case n == 0 && len(e.blocks) > 0: // no call, so every block met was a skip
+		ae = refuse("subscription_unavailable", "every eligible subscription is blocked: %s", list)
+	case n == 0:
+		ae = refuse("subscription_reauthorization_required", "no subscription could be refreshed; sign in again: %s", list)
+	case e.rate:
+		ae = refuse("provider_rate_limited", "the provider refused for rate: %s", list)
+	case e.quota:
+		ae = refuse("provider_quota_exhausted", "the provider says the quota is spent: %s", list)
+	case e.auth:
+		ae = refuse("subscription_reauthorization_required", "the provider refused the credentials; sign in again: %s", list)
+	case e.rejectedStatus != 0: // a selector's calls all refused the request: the last status
+		ae = refuse("provider_rejected", "every candidate refused the request: %s", list).withStatus(e.rejectedStatus)
+	default:
+		ae = refuse("provider_failure", "every candidate was refused: %s", list)
 	}
 	if ae.Status() == http.StatusTooManyRequests && len(e.blocks) > 0 { // SPEC §7.2.5
 		ae.RetryAfter = max(slices.MinFunc(e.blocks, time.Time.Compare).Sub(e.now()), time.Second)

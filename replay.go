@@ -137,8 +137,9 @@ func (g *replayGuard) refusalFor(client string, scope func() string, body rawObj
 	if e == nil {
 		return nil
 	}
+	at := e.until.Add(-g.window) // when it was refused
 	ae := refuse(e.code, "this request repeats one refused at %s after a provider call (%s); the same request is refused without a provider call until %s (BRAMA_REPLAY_GUARD_SECS)",
-		e.until.Add(-g.window).UTC().Format(time.RFC3339), strings.TrimSuffix(e.code+": "+e.message, ": "), e.until.UTC().Format(time.RFC3339))
+		at.UTC().Format(time.RFC3339), strings.TrimSuffix(e.code+": "+e.message, ": "), e.until.UTC().Format(time.RFC3339))
 	ae.Retryable = false
 	return ae.withStatus(e.status).because(errReplayRefused).withAttempts(0)
 }
