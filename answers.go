@@ -381,58 +381,53 @@ type signedCall struct {
 // After dispatch the reservation is kept (signed) or released (item 3). After a provider call started, a hang-up or panic
 // is kept (499, 500) so the key never spends twice; a retryable refusal, or one before dispatch, is released.
 func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signedCall, dispatch func(http.ResponseWriter)) (replayed bool, err error) {
-	t, kept, err := a.reserve(c)
-	if h := w.Header(); kept != nil { // replayed, with no provider call
+	t, err := a.reserve(c)
+	if err != nil {
+		return false, err
+	}
+	if h := w.Header(); t.State == answerComplete { // replayed, with no provider call
 		var env envelope
-		if json.Unmarshal(kept.Body, &env) == nil && env.Error.Code != "" {
+		if json.Unmarshal(t.Body, &env) == nil && env.Error.Code != "" {
 			c.t.outcome, c.t.retryable = env.Error.Code, env.Error.Retryable
 			h.Set("X-Should-Retry", strconv.FormatBool(env.Error.Retryable)) // SPEC §8.1
 		}
 		c.t.attempts = 0
-		maps.Copy(h, http.Header{"Brama-Answer-Signature": {*kept.Signature}, "Brama-Answer-Replayed": {"true"},
+		maps.Copy(h, http.Header{"Brama-Answer-Signature": {*t.Signature}, "Brama-Answer-Replayed": {"true"},
 			"Brama-Attempts": {"0"}, "Content-Type": {"application/json"}})
-		if kept.Route != "" { // README: every answer names its route
-			h.Set("Brama-Route", kept.Route)
+		if t.Route != "" { // README: every answer names its route
+			h.Set("Brama-Route", t.Route)
 		}
-		w.WriteHeader(*kept.Status)
-		w.Write(kept.Body)
-	}
-	if t == nil {
-		return kept != nil, err
+		w.WriteHeader(*t.Status)
+		w.Write(t.Body)
+		return true, nil
 	}
 	rec, panicked := &httptest.ResponseRecorder{HeaderMap: http.Header{}, Body: new(bytes.Buffer)}, true // Code 0 until written
 	// Deferred, so that after a panic too the key is kept or released; the panic goes on (the connection is lost anyway).
 	defer func() {
-		calls, dispatched, keep := c.t.attempts, c.t.attempts > 0 || rec.HeaderMap.Get("Brama-Attempts") != "", true
+		calls, dispatched := c.t.attempts, c.t.attempts > 0 || rec.HeaderMap.Get("Brama-Attempts") != ""
 		var cut *apiError
+		t.Route = cmp.Or(rec.HeaderMap.Get("Brama-Route"), t.Route) // a selector's: the candidate that answered
 		switch {
-		case rec.Code >= 200 && rec.Code <= 299 && !panicked:
+		case rec.Code/100 == 2 && !panicked:
 		case calls > 0 && panicked:
 			cut = refuse("internal_error", "the answer failed inside Brama after a provider call started")
 		case calls > 0 && context.Cause(ctx) == errServerShutdown: // a stopped process's answer (item 2)
 			cut = refuse("internal_error", abandonedMessage)
 		case calls > 0 && ctx.Err() != nil:
 			cut = refuse("client_cancelled", "the caller hung up after a provider call started")
-		case panicked, ctx.Err() != nil, rec.HeaderMap.Get("X-Should-Retry") == "true", !dispatched:
+		case panicked, ctx.Err() != nil, rec.HeaderMap.Get("X-Should-Retry") == "true", !dispatched: // released
 			if err := errors.Join(os.Remove(t.path), syncDir(filepath.Dir(t.path))); err != nil {
 				a.log.Error("answer_release_failed", "request_id", c.t.requestID, "err", err)
 			}
-			keep = false
+			t = nil
 		}
-		route := cmp.Or(rec.HeaderMap.Get("Brama-Route"), c.route) // a selector's: the candidate that answered
 		if cut != nil {
 			rec = httptest.NewRecorder()
 			c.envelope(rec, cut.withAttempts(calls))
 			c.t.outcome, c.t.retryable = cut.Code, false
 		}
-		if keep {
-			rec.Body = bytes.NewBuffer(withoutPromptEcho(rec.Body.Bytes())) // the first answer is the kept body (item 7)
-			if err := a.complete(t, rec.Code, rec.Body.Bytes(), &calls, route); err == nil {
-				rec.HeaderMap.Set("Brama-Answer-Signature", *t.Signature)
-			} else { // paid for: given unsigned rather than lost; in progress, the key never spends twice (item 2)
-				a.unkept.Store(t.path, true)
-				a.log.Error("answer_unkept", "request_id", c.t.requestID, "err", err)
-			}
+		if err := a.keep(t, rec, &calls); err != nil { // paid for: given unsigned rather than lost
+			a.log.Error("answer_unkept", "request_id", c.t.requestID, "err", err)
 		}
 		if !panicked {
 			maps.Copy(w.Header(), rec.HeaderMap)
@@ -445,21 +440,20 @@ func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signed
 	return false, nil
 }
 
-// reserve, the last step before the first provider call (SPEC §12 item 1), returns this request's reservation, a record
-// to replay (its signature checked), or a refusal: a bad key, a busy one, item 2's, or, with no place, §2.1's.
-func (a *answerStore) reserve(c signedCall) (*answerRecord, *answerRecord, error) {
+// reserve, the last step before the first provider call (SPEC §12 item 1), returns the key's record: this request's
+// reservation (in progress) or a complete one to replay (its signature checked); else a refusal: a bad key, a busy one,
+// one left unkept, or, with no place, §2.1's. A stopped process's reservation is first completed as item 2's refusal.
+func (a *answerStore) reserve(c signedCall) (*answerRecord, error) {
 	switch k := c.keys[0]; { // SPEC §12: one header of 1..255 printable ASCII characters, on a buffered request
 	case len(c.keys) > 1:
-		return nil, nil, refuse("invalid_request", "send one Idempotency-Key header")
+		return nil, refuse("invalid_request", "send one Idempotency-Key header")
 	case len(k) < 1 || len(k) > 255 || strings.ContainsFunc(k, func(r rune) bool { return r < 0x20 || r > 0x7e }):
-		return nil, nil, refuse("invalid_request", "Idempotency-Key must be 1 to 255 printable ASCII characters")
+		return nil, refuse("invalid_request", "Idempotency-Key must be 1 to 255 printable ASCII characters")
 	case c.stream:
-		return nil, nil, refuse("invalid_request", "Idempotency-Key keeps one buffered answer; it cannot be used with stream: true")
+		return nil, refuse("invalid_request", "Idempotency-Key keeps one buffered answer; it cannot be used with stream: true")
 	}
+	// A client id names a directory: the clients file's validation holds it to idPattern.
 	path, err := a.st.path("signed answers", filepath.Join("answers", c.client, hexSHA256([]byte(c.keys[0]))+".json"))
-	if !idPattern.MatchString(c.client) {
-		err = fmt.Errorf("client id %q cannot name a directory", c.client)
-	}
 	for _, d := range []string{filepath.Dir(filepath.Dir(path)), filepath.Dir(path)} { // never a planted symlink
 		if fi, lerr := os.Lstat(d); err == nil && lerr == nil && !fi.IsDir() {
 			err = fmt.Errorf("%s is a symlink or not a directory", d)
@@ -467,7 +461,7 @@ func (a *answerStore) reserve(c signedCall) (*answerRecord, *answerRecord, error
 	}
 	key, kerr := readAnswerKey(a.st, true)
 	if err = cmp.Or(err, kerr); err != nil {
-		return nil, nil, a.unplaced(err)
+		return nil, a.unplaced(err)
 	}
 	t := &answerRecord{SchemaVersion: 1, State: answerInProgress, BootID: a.bootID, Client: c.client,
 		KeySHA256: hexSHA256([]byte(c.keys[0])), RequestSHA256: hexSHA256(c.body),
@@ -476,9 +470,9 @@ func (a *answerStore) reserve(c signedCall) (*answerRecord, *answerRecord, error
 	// A record removed (released, or pruned) or completed since our failed link frees or answers the key: try a few times.
 	for range 3 {
 		if err := publishFile(path, data); err == nil {
-			return t, nil, nil
+			return t, nil
 		} else if !errors.Is(err, fs.ErrExist) {
-			return nil, nil, a.unplaced(err)
+			return nil, a.unplaced(err)
 		}
 		rec, err := readAnswerFile(path)
 		if errors.Is(err, errFileAbsent) {
@@ -489,50 +483,55 @@ func (a *answerStore) reserve(c signedCall) (*answerRecord, *answerRecord, error
 		_, unkept := a.unkept.Load(path)
 		switch open := err == nil && rec.State == answerInProgress; {
 		case err != nil:
-			return nil, nil, refuse("internal_error", "the kept answer for this Idempotency-Key is unreadable").because(err)
+			return nil, refuse("internal_error", "the kept answer for this Idempotency-Key is unreadable").because(err)
 		case rec.RequestSHA256 != t.RequestSHA256:
-			return nil, nil, refuse("state_conflict", "this Idempotency-Key was used with another request body")
+			return nil, refuse("state_conflict", "this Idempotency-Key was used with another request body")
 		case open && rec.BootID != a.bootID: // a stopped process's: kept as item 2's refusal, attempts unknown
 			e := httptest.NewRecorder()
-			ae := c.envelope(e, refuse("internal_error", abandonedMessage))
+			c.envelope(e, refuse("internal_error", abandonedMessage))
 			rec.path, rec.key = path, key
-			if err = a.complete(rec, ae.Status(), e.Body.Bytes(), nil, rec.Route); err != nil {
-				return nil, nil, refuse("internal_error", "the abandoned answer for this Idempotency-Key could not be kept").because(err)
+			if err = a.keep(rec, e, nil); err != nil {
+				return nil, refuse("internal_error", "the abandoned answer for this Idempotency-Key could not be kept").because(err)
 			}
 			a.log.Warn("answer_abandoned", "client", rec.Client, "key_sha256", rec.KeySHA256, "boot_id", rec.BootID)
 		case open && unkept:
 			const why = "this answer was given once but could not be kept (see the log's answer_unkept); a provider call was made"
-			return nil, nil, refuse("internal_error", why)
+			return nil, refuse("internal_error", why)
 		case open:
 			continue // still being produced
 		}
-		return nil, rec, nil
+		return rec, nil
 	}
 	const busy = "the answer for this Idempotency-Key is still being produced; retry later" // the one retryable 409 (SPEC §8.1)
-	return nil, nil, &apiError{Code: "state_conflict", Type: codes["state_conflict"].typ, Message: busy, Retryable: true}
+	return nil, &apiError{Code: "state_conflict", Type: codes["state_conflict"].typ, Message: busy, Retryable: true}
 }
 
-// complete keeps an answer (SPEC §12 item 3) in place of the reservation rec.
-func (a *answerStore) complete(rec *answerRecord, status int, body []byte, attempts *int, route string) error {
-	done, sig := a.now().UTC().Format(journalTimeFormat), signAnswer(rec.key, body)
-	rec.State, rec.CompletedAt, rec.Status, rec.Body, rec.Signature = answerComplete, &done, &status, append([]byte{}, body...), &sig
-	rec.Attempts, rec.Route = attempts, cmp.Or(route, rec.Route)
-	return writeState(rec.path, rec)
-}
-
-// withoutPromptEcho nulls the members that repeat the caller's input, as OpenAI Responses' instructions (SPEC §12 item 7).
-func withoutPromptEcho(body []byte) []byte {
-	o, err := parseRawObject(body)
-	if err != nil {
-		return body
+// keep completes the reservation t (nil: released) with the answer w holds (SPEC §12 item 3), signing w; attempts nil is
+// unknown (item 2). The one way a record is completed: a kept answer, a cut one, a stopped process's. A keep that fails
+// leaves t in progress, marked unkept: its key never spends twice (item 2).
+func (a *answerStore) keep(t *answerRecord, w *httptest.ResponseRecorder, attempts *int) error {
+	if t == nil {
+		return nil
 	}
-	var edits []memberEdit
-	for _, k := range []string{"instructions", "input", "prompt", "messages", "system"} {
-		if v := o.value(k); v != nil && string(v) != "null" {
-			edits = append(edits, memberEdit{k, []byte("null")})
+	body := w.Body.Bytes() // the first answer is the kept body, the members repeating the caller's input null (item 7)
+	if o, err := parseRawObject(body); err == nil {
+		var edits []memberEdit
+		for _, k := range []string{"instructions", "input", "prompt", "messages", "system"} { // OpenAI Responses' instructions
+			if v := o.value(k); v != nil && string(v) != "null" {
+				edits = append(edits, memberEdit{k, []byte("null")})
+			}
 		}
+		body = o.edit(edits...)
 	}
-	return o.edit(edits...)
+	done, sig, status := a.now().UTC().Format(journalTimeFormat), signAnswer(t.key, body), w.Code
+	t.State, t.CompletedAt, t.Status, t.Body, t.Signature = answerComplete, &done, &status, append([]byte{}, body...), &sig
+	t.Attempts, w.Body = attempts, bytes.NewBuffer(body)
+	if err := writeState(t.path, t); err != nil {
+		a.unkept.Store(t.path, true)
+		return err
+	}
+	w.HeaderMap.Set("Brama-Answer-Signature", sig)
+	return nil
 }
 
 // verifyAnswerFile is `brama answers verify` (SPEC §12 item 6): sig over file, or a kept answer's own signature.

@@ -77,12 +77,12 @@ func TestAnswersPrune(t *testing.T) {
 	longAgo := func() time.Time { return time.Date(2000, 1, 2, 3, 4, 5, 0, time.UTC) }
 	keep := func(key string, now func() time.Time, complete bool) string {
 		a.now = now
-		tk, _, err := a.reserve(signedCall{client: "local", keys: []string{key}, body: []byte("{}"), route: "r"})
+		tk, err := a.reserve(signedCall{client: "local", keys: []string{key}, body: []byte("{}"), route: "r"})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if complete {
-			if err := a.complete(tk, 200, []byte(`{"ok":true}`), new(int), "r"); err != nil {
+			if err := a.keep(tk, answered(200, `{"ok":true}`), new(int)); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -129,7 +129,7 @@ func TestCheckIdempotencyKey(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a := newAnswerStore(state{dir: t.TempDir()}, slog.New(slog.DiscardHandler), time.Now)
-			if _, _, err := a.reserve(signedCall{client: "local", keys: []string{tc.key}, body: []byte("{}")}); (err == nil) != tc.ok {
+			if _, err := a.reserve(signedCall{client: "local", keys: []string{tc.key}, body: []byte("{}")}); (err == nil) != tc.ok {
 				t.Errorf("reserve with key %q = %v, want ok %v", tc.key, err, tc.ok)
 			}
 		})
@@ -208,14 +208,19 @@ func FuzzAnswerRecord(f *testing.F) {
 // body_base64 "" (not null), so the record stays readable and replayable.
 func TestSignedAnswerEmptyBodyKept(t *testing.T) {
 	a := newAnswerStore(state{dir: t.TempDir()}, slog.New(slog.DiscardHandler), time.Now)
-	tk, _, err := a.reserve(signedCall{client: "local", keys: []string{"k"}, body: []byte("{}"), route: "r"})
+	tk, err := a.reserve(signedCall{client: "local", keys: []string{"k"}, body: []byte("{}"), route: "r"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := a.complete(tk, 204, nil, new(int), "r"); err != nil {
+	if err := a.keep(tk, answered(204, ""), new(int)); err != nil {
 		t.Fatal(err)
 	}
 	if rec, err := readAnswerFile(tk.path); err != nil || rec.Body == nil || len(rec.Body) != 0 {
 		t.Fatalf("kept empty answer: %+v, %v", rec, err)
 	}
+}
+
+// answered is a recorded answer of status and body, as dispatch would leave it for keep.
+func answered(status int, body string) *httptest.ResponseRecorder {
+	return &httptest.ResponseRecorder{Code: status, HeaderMap: http.Header{}, Body: bytes.NewBufferString(body)}
 }

@@ -98,9 +98,10 @@ func (e *engine) plan(cl client, req *chatRequest) (call, error) {
 		return call{}, refuse("forbidden", "this client may not use model %q", req.Model)
 	}
 	doc, docErr := e.reg.current()
-	res, err := resolveModel(req.Model, doc, docErr, func(p string) bool { // an unreadable vault: its refusal (SPEC §2.2)
-		key, err := e.directKey(p)
-		return key != "" || err != nil
+	key, vaultErr := "", error(nil) // read once, as resolution asks for the route's provider: an unreadable vault refuses (§2.2)
+	res, err := resolveModel(req.Model, doc, docErr, func(p string) bool {
+		key, vaultErr = e.directKey(p)
+		return key != "" || vaultErr != nil
 	})
 	if err != nil {
 		return call{}, err
@@ -112,7 +113,6 @@ func (e *engine) plan(cl client, req *chatRequest) (call, error) {
 			err = refuse("forbidden", "this route is paid by an agent's subscriptions; use a bearer bound to an agent: brama clients add ID -agent AGENT")
 		}
 	case res.Provider.cred == credDirect:
-		key, vaultErr := e.directKey(res.Provider.id)
 		switch {
 		case vaultErr != nil:
 			err = refuse("credential_unauthorized", "the vault is unreadable").because(vaultErr).withAttempts(0)
@@ -224,7 +224,7 @@ candidates:
 			}
 		}
 		begin, before, rejected := e.now(), e.t.attempts, false
-		for calls := 0; len(queue) > 0 && calls < b.calls && !rejected; {
+		for len(queue) > 0 && e.t.attempts-before < b.calls && !rejected { // a call that was not made ends the walk
 			c, sub := cand, &queue[0]
 			queue = queue[1:]
 			var err error
@@ -248,7 +248,6 @@ candidates:
 			}
 			made := e.t.attempts
 			resp, ref, failure := e.send(hr, c, sub)
-			calls++
 			if resp != nil {
 				return e.commit(ctx, j, c, creq, sub, resp, start)
 			}
@@ -262,7 +261,8 @@ candidates:
 				if (!b.rotate || c.cred.AccessToken == "" || slices.Contains(e.refreshed, sub.ID)) && !e.credentialReplaced(*sub, c.cred) {
 					e.ledger.setCredential(sub.ID, p.id, credNeedsReauth, cmp.Or(ref.sentence, ref.err.Message))
 					e.note(sub.ID, "authentication refused: "+ref.sentence)
-				} else if _, err := e.subscriptionCredential(ctx, j.kind, *sub, c.cred.AccessToken); err == nil && calls < b.calls {
+				} else if _, err := e.subscriptionCredential(ctx, j.kind, *sub, c.cred.AccessToken); err == nil &&
+					e.t.attempts-before < b.calls {
 					queue = append([]overlayItem{*sub}, queue...) // refreshed: retried while a call remains
 				} else if err != nil && !errors.Is(err, errSkipSubscription) {
 					return asAPIError(err).withAttempts(e.t.attempts)

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -27,9 +26,10 @@ var errReplayRefused = errors.New("replay guard: the same request was refused af
 type replayGuard struct {
 	window  time.Duration // 0: off
 	now     func() time.Time
-	mu      sync.Mutex                                    // guards refused and queue
-	refused map[string]map[[sha256.Size]byte]*replayEntry // client id → digest → refusal; a client with none takes no digest
-	queue   []*replayEntry                                // a forgotten entry stays queued until its time passes
+	mu      sync.Mutex                         // guards refused, held and queue
+	refused map[[sha256.Size]byte]*replayEntry // digest (its client's own) → refusal
+	held    map[string]int                     // client id → its entries in refused: a client with none takes no digest
+	queue   []*replayEntry                     // a forgotten entry stays queued until its time passes
 }
 
 // replayEntry is one remembered refusal (status 0: its code's); a fix of its alias or providers forgets it (SPEC §17).
@@ -38,7 +38,7 @@ type replayEntry struct {
 	code, message string
 	alias, client string
 	providers     []string
-	at, until     time.Time
+	until         time.Time // refused at until - window
 	key           [sha256.Size]byte
 }
 
@@ -49,7 +49,7 @@ func newReplayGuard(getenv func(string) string, log *slog.Logger, now func() tim
 	if err != nil {
 		log.Warn("replay_guard_secs_invalid", "value", strings.TrimSpace(getenv(name)), "using_secs", int(def/time.Second))
 	}
-	return &replayGuard{window: window, now: now, refused: map[string]map[[sha256.Size]byte]*replayEntry{}}
+	return &replayGuard{window: window, now: now, refused: map[[sha256.Size]byte]*replayEntry{}, held: map[string]int{}}
 }
 
 // replayLeftOut is what a digest leaves out, strict and loose: stream members (SPEC §17: a buffered fallback from a failed
@@ -90,14 +90,10 @@ func (g *replayGuard) lock() time.Time {
 	now := g.now()
 	g.mu.Lock()
 	for len(g.queue) > 0 && !now.Before(g.queue[0].until) {
-		q := g.queue[0]
+		if q := g.queue[0]; g.refused[q.key] == q {
+			g.drop(q)
+		}
 		g.queue = g.queue[1:]
-		if g.refused[q.client][q.key] == q {
-			delete(g.refused[q.client], q.key)
-		}
-		if len(g.refused[q.client]) == 0 {
-			delete(g.refused, q.client)
-		}
 	}
 	if len(g.queue) == 0 {
 		g.queue = nil // let the backing array go
@@ -105,14 +101,22 @@ func (g *replayGuard) lock() time.Time {
 	return now
 }
 
+// drop forgets e, and its client with its last entry: a client pays for a digest only while it holds one.
+func (g *replayGuard) drop(e *replayEntry) {
+	delete(g.refused, e.key)
+	if g.held[e.client]--; g.held[e.client] == 0 {
+		delete(g.held, e.client)
+	}
+}
+
 // forget drops every refusal of a request through alias or provider ("" names none): the operator's fix (SPEC §17).
 func (g *replayGuard) forget(alias, provider string) {
 	g.lock()
 	defer g.mu.Unlock()
-	for _, m := range g.refused { // a map left empty goes with its client's next queue item
-		maps.DeleteFunc(m, func(_ [sha256.Size]byte, e *replayEntry) bool {
-			return alias != "" && e.alias == alias || provider != "" && slices.Contains(e.providers, provider)
-		})
+	for _, e := range g.refused {
+		if alias != "" && e.alias == alias || provider != "" && slices.Contains(e.providers, provider) {
+			g.drop(e)
+		}
 	}
 }
 
@@ -120,7 +124,7 @@ func (g *replayGuard) forget(alias, provider string) {
 // strict or its loose key, not retryable, no call made. A client with none remembered takes no digest.
 func (g *replayGuard) refusalFor(client string, scope func() string, body rawObject) *apiError {
 	g.lock() // off: nothing is remembered
-	held := len(g.refused[client]) > 0
+	held := g.held[client] > 0
 	g.mu.Unlock()
 	if !held {
 		return nil
@@ -128,13 +132,14 @@ func (g *replayGuard) refusalFor(client string, scope func() string, body rawObj
 	s := scope()
 	strict, loose := replayKeyOf(client, s, body, false), replayKeyOf(client, s, body, true)
 	g.lock()
-	e := cmp.Or(g.refused[client][strict], g.refused[client][loose])
+	e := cmp.Or(g.refused[strict], g.refused[loose])
 	g.mu.Unlock()
 	if e == nil {
 		return nil
 	}
+	at := e.until.Add(-g.window) // when it was refused
 	ae := refuse(e.code, "this request repeats one refused at %s after a provider call (%s); the same request is refused without a provider call until %s (BRAMA_REPLAY_GUARD_SECS)",
-		e.at.UTC().Format(time.RFC3339), strings.TrimSuffix(e.code+": "+e.message, ": "), e.until.UTC().Format(time.RFC3339))
+		at.UTC().Format(time.RFC3339), strings.TrimSuffix(e.code+": "+e.message, ": "), e.until.UTC().Format(time.RFC3339))
 	ae.Retryable = false
 	return ae.withStatus(e.status).because(errReplayRefused).withAttempts(0)
 }
@@ -161,10 +166,10 @@ func (g *replayGuard) rememberer(client string, scope func() string, body rawObj
 		}
 		now := g.lock()
 		defer g.mu.Unlock()
-		if e.at, e.until = now, now.Add(g.window); g.refused[client] == nil {
-			g.refused[client] = map[[sha256.Size]byte]*replayEntry{}
+		if e.until = now.Add(g.window); g.refused[e.key] == nil {
+			g.held[client]++
 		}
-		g.refused[client][e.key] = e
+		g.refused[e.key] = e
 		g.queue = append(g.queue, e)
 	}
 }

@@ -276,12 +276,12 @@ func TestReplayGuardForgets(t *testing.T) {
 	if n, q := g.size(), len(g.queue); n != 1 || q != 1 {
 		t.Errorf("after the window: %d entries, %d queued; want 1, 1", n, q)
 	}
-	if len(g.refused["c"]) == 0 || len(g.refused["other"]) != 0 {
-		t.Errorf("held per client: %v", g.refused)
+	if g.held["c"] != 1 || g.held["other"] != 0 {
+		t.Errorf("held per client: %v", g.held)
 	}
 	clock.advance(30 * time.Second)
-	if n := g.size(); n != 0 || g.queue != nil || len(g.refused) != 0 {
-		t.Errorf("after every window: %d entries, queue %v, per client %v", n, g.queue, g.refused)
+	if n := g.size(); n != 0 || g.queue != nil || len(g.held) != 0 {
+		t.Errorf("after every window: %d entries, queue %v, per client %v", n, g.queue, g.held)
 	}
 }
 
@@ -425,14 +425,27 @@ func noScope() string { return "" }
 func (g *replayGuard) size() int {
 	g.lock()
 	defer g.mu.Unlock()
-	n := 0
-	for _, m := range g.refused {
-		n += len(m)
-	}
-	return n
+	return len(g.refused)
 }
 
 // refuseOnce has g remember a provider 400 with message after one call, as a request's engine would.
 func refuseOnce(g *replayGuard, client string, body rawObject, message string) {
 	g.rememberer(client, noScope, body, call{}, nil)(refuse("provider_rejected", "%s", message).withStatus(400), 1, false, false)
+}
+
+// TestReplayGuardFixReleasesClient: after the operator's fixes forget a
+// client's last refusal, its requests take no digest again (SPEC §17).
+func TestReplayGuardFixReleasesClient(t *testing.T) {
+	g := newReplayGuard(testEnv(nil), nil, time.Now)
+	refused := refuse("provider_rejected", "no").withStatus(400)
+	g.rememberer("c", noScope, rawBody(t, `{"n":1}`), call{res: resolution{Alias: "fixme"}}, nil)(refused, 1, false, false)
+	g.rememberer("c", noScope, rawBody(t, `{"n":2}`), call{res: resolution{Provider: providerInfo{id: "kimi"}}}, nil)(refused, 1, false, false)
+	g.forget("fixme", "")
+	if g.size() != 1 || g.held["c"] != 1 {
+		t.Fatalf("after the alias's fix: %d entries, held %v; want 1, c:1", g.size(), g.held)
+	}
+	g.forget("", "kimi")
+	if g.size() != 0 || len(g.held) != 0 {
+		t.Errorf("after the provider's fix: %d entries, held %v; want none", g.size(), g.held)
+	}
 }
