@@ -176,15 +176,14 @@ type wireFormat struct {
 	parse             func(body []byte) (chatRequest, error)
 	encode            func(req chatRequest, model string, o upstreamOptions) (any, error)
 	decode            func(body []byte) (chatAnswer, error)
-	render            func(req chatRequest, a chatAnswer) (any, error)
 	frames            func(s *callerStream, step streamStep, b *streamBlock, text string) error // the caller stream writer's
 }
 
 // wireFormats is the one table of the three formats; it never changes.
 var wireFormats = []wireFormat{
-	{dialectChat, protoOpenAIChat, "/chat/completions", parseChatCompletions, encodeChat, decodeChat, renderChat, (*callerStream).chatFrames},
-	{dialectMessages, protoAnthropic, "/v1/messages", parseMessages, encodeMessages, decodeMessages, renderMessages, (*callerStream).messagesFrames},
-	{dialectResponses, protoOpenAIResponses, "/responses", parseResponses, encodeResponses, decodeResponses, renderResponses, (*callerStream).responsesFrames},
+	{dialectChat, protoOpenAIChat, "/chat/completions", parseChatCompletions, encodeChat, decodeChat, (*callerStream).chatFrames},
+	{dialectMessages, protoAnthropic, "/v1/messages", parseMessages, encodeMessages, decodeMessages, (*callerStream).messagesFrames},
+	{dialectResponses, protoOpenAIResponses, "/responses", parseResponses, encodeResponses, decodeResponses, (*callerStream).responsesFrames},
 }
 
 // formatOf is the row of a dialect or protocol (every error its parse returns is an invalid_request *apiError).
@@ -195,15 +194,6 @@ func formatOf(name string) *wireFormat {
 		}
 	}
 	return nil
-}
-
-// renderAnswer is a buffered answer as dialect's body; req's tools name the calls.
-func renderAnswer(dialect string, req chatRequest, a chatAnswer) ([]byte, error) {
-	v, err := formatOf(dialect).render(req, a)
-	if err != nil {
-		return nil, err
-	}
-	return json.Marshal(v)
 }
 
 // decodeUpstreamAnswer decodes a 2xx non-stream body (Model is the dispatcher's, SPEC §7.6); an unknown protocol fails.

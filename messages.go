@@ -455,18 +455,12 @@ func decodeMessages(body []byte) (chatAnswer, error) {
 	return a, nil
 }
 
-// renderMessages is the message the stream that would carry a builds; usage is always present (zeros when unreported): Anthropic's SDKs require it.
-func renderMessages(req chatRequest, a chatAnswer) (any, error) {
-	s, err := wholeAnswer((*callerStream).messagesFrames, req, a)
-	return s.msg, err
-}
-
 // messagesSteps names each step's event.
 var messagesSteps = [...]string{stepBegin: "message_start", stepOpen: "content_block_start", stepDelta: "content_block_delta",
 	stepClose: "content_block_stop", stepEnd: "message_delta", stepFail: "error"}
 
-// messagesFrames writes Anthropic's events a block at a time; the message it keeps gets the blocks' whole text and
-// arguments at the end, when the arguments of calls a provider interleaved are all in.
+// messagesFrames writes Anthropic's events a block at a time; the message it keeps (usage always there, zeros when
+// unreported: the SDKs require it) gets the blocks' whole text and arguments at the end, when all are in.
 func (s *callerStream) messagesFrames(step streamStep, b *streamBlock, d string) error {
 	ev := messagesEvent{Type: messagesSteps[step]}
 	if b != nil {
@@ -476,7 +470,7 @@ func (s *callerStream) messagesFrames(step streamStep, b *streamBlock, d string)
 	case step == stepBegin: // input tokens go out as 0 (providers report usage at the end) and for real in message_delta, which the SDKs take over
 		s.msg = messagesAnswer{ID: newAnswerID("msg_"), Type: "message", Role: "assistant", Model: s.model,
 			Content: []messagesBlock{}, Usage: &messagesUsage{}}
-		ev.Message = &s.msg
+		ev.Message, s.whole = &s.msg, &s.msg
 	case step == stepOpen:
 		cb := messagesBlock{Type: "text", Text: ptrTo("")}
 		if !b.text {

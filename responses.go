@@ -324,12 +324,6 @@ func outputText(text string) responsesPart {
 	return responsesPart{Type: "output_text", Text: &text, Annotations: json.RawMessage("[]")}
 }
 
-// renderResponses is the final response of the stream that would carry a.
-func renderResponses(req chatRequest, a chatAnswer) (any, error) {
-	s, err := wholeAnswer((*callerStream).responsesFrames, req, a)
-	return s.resp, err
-}
-
 // responsesEvents names each item type's delta and done events.
 var responsesEvents = map[string][2]string{"message": {"response.output_text.delta", "response.output_text.done"},
 	"function_call":    {"response.function_call_arguments.delta", "response.function_call_arguments.done"},
@@ -346,6 +340,7 @@ func (s *callerStream) responsesFrames(step streamStep, b *streamBlock, d string
 	case stepBegin:
 		s.resp = responsesObject{ID: newAnswerID("resp_"), Object: "response", CreatedAt: time.Now().Unix(), Model: s.model,
 			Status: "in_progress", Output: []*responsesItem{}}
+		s.whole = &s.resp
 		return s.emitNumbered(responsesEvent{Type: "response.created", Response: &s.resp})
 	case stepOpen:
 		it = &responsesItem{Type: "message", ID: newAnswerID("msg_"), Role: "assistant", Content: json.RawMessage("[]")}
