@@ -95,7 +95,7 @@ var chatNested = map[string]string{"text": "", "image_url": "url detail", "file"
 // parseChatCompletions parses a caller's body; every step runs and the first refusal wins.
 func parseChatCompletions(body []byte) (chatRequest, error) {
 	var b chatRequestBody
-	req, err := newCallerRequest(body, &b, &b.callerHead, chatKnown, "max_tokens", &b.MaxTokens)
+	req, err := newCallerRequest(dialectChat, body, &b, &b.callerHead, chatKnown)
 	if err != nil {
 		return chatRequest{}, err
 	}
@@ -112,8 +112,7 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 	if rawShape(b.Stop) == '"' { // one sequence, or an array of them
 		b.Stop = slices.Concat([]byte("["), b.Stop, []byte("]"))
 	}
-	err = cmp.Or(req.setLimit("max_completion_tokens", b.MaxCompletionTokens), // the newer name wins
-		readList(b.Messages, "messages", req.addChatMessage),
+	err = cmp.Or(readList(b.Messages, "messages", req.addChatMessage),
 		readList(b.Tools, "tools", req.addChatTool),
 		req.setOpenAIToolChoice(b.ToolChoice, true),
 		readList(b.Stop, "stop", func(stop string, _ json.RawMessage, _ string) error { // [] asks for nothing

@@ -30,7 +30,7 @@ func TestParseChatCompletions(t *testing.T) {
 			body: `{"model":"m","messages":[{"role":"system","content":"a"},{"role":"user","content":"q"},{"role":"developer","content":[{"type":"text","text":"b"}]}],
 				"max_tokens":100,"temperature":0.5,"stream":true,"stream_options":{"include_usage":true},"n":3,"seed":{"x":[1]}}`,
 			want: chatRequest{Model: "m", System: "a", Messages: []message{dialectUserText("q"), {Role: "system", Parts: []part{{Type: partText, Text: "b"}}}},
-				MaxTokens: 100, LimitName: "max_tokens", Temperature: dialectFloatPtr(0.5), Stream: true, Dropped: []string{"n", "seed"}},
+				MaxTokens: 100, LimitName: "max_tokens", Temperature: dialectFloatPtr(0.5), Stream: true, StreamUsage: true, Dropped: []string{"n", "seed"}},
 		},
 		{
 			name: "images",

@@ -275,29 +275,20 @@ type callerHead struct {
 	Stream      bool     `json:"stream,omitempty"`
 }
 
-// newCallerRequest decodes body into b (embedding h), checks the shared members, names the unknown ones.
-func newCallerRequest(body []byte, b any, h *callerHead, known, limitName string, limit **int) (chatRequest, error) {
-	if err := decodeCallerJSON(body, b, ""); err != nil {
+// newCallerRequest reads body's head as the passthrough path does (readCallerRequest: model, stream, the output limit),
+// decodes body into b (embedding h), and names the unknown members.
+func newCallerRequest(dialect string, body []byte, b any, h *callerHead, known string) (chatRequest, error) {
+	cr, err := readCallerRequest(dialect, nil, body)
+	if err == nil {
+		err = decodeCallerJSON(body, b, "")
+	}
+	if err != nil {
 		return chatRequest{}, err
 	}
-	if h.Model == "" {
-		return chatRequest{}, refuse("invalid_request", "model is required and must be a non-empty string")
-	}
-	req := chatRequest{Model: h.Model, Temperature: h.Temperature, TopP: h.TopP, Stream: h.Stream}
+	req := cr.head
+	req.Temperature, req.TopP = h.Temperature, h.TopP
 	req.dropUnknown(body, known)
-	return req, req.setLimit(limitName, *limit)
-}
-
-// setLimit reads the caller's output limit named name, refused below 1 (SPEC §8.2 "bad limits").
-func (req *chatRequest) setLimit(name string, v *int) error {
-	switch {
-	case v == nil:
-	case *v < 1:
-		return refuse("invalid_request", "%s must be at least 1", name)
-	default:
-		req.MaxTokens, req.LimitName = *v, name
-	}
-	return nil
+	return req, nil
 }
 
 // readList reads the caller's array raw at path what: each element decoded into a T, then given with its

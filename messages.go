@@ -109,7 +109,7 @@ const (
 // parseMessages reads a caller's Messages body; every step runs and the first refusal wins.
 func parseMessages(body []byte) (chatRequest, error) {
 	var b messagesRequestBody
-	req, err := newCallerRequest(body, &b, &b.callerHead, messagesKnown, "max_tokens", &b.MaxTokens)
+	req, err := newCallerRequest(dialectMessages, body, &b, &b.callerHead, messagesKnown)
 	if err != nil {
 		return chatRequest{}, err
 	}

@@ -183,12 +183,11 @@ func skipJSONValue(b []byte, i int) int {
 // callerRequest is a caller's chat request: the raw body, the head Brama
 // acts on, the neutral request once a call across formats needs it.
 type callerRequest struct {
-	dialect     string
-	body        rawObject
-	caller      *http.Request // its headers and query
-	head        chatRequest   // Model, Stream, StreamUsage, and MaxTokens, the output limit a call sends (SPEC §6.4)
-	callerLimit bool          // the caller named an output limit
-	neutral     *chatRequest  // the whole body parsed for translation; nil until a call needs it
+	dialect string
+	body    rawObject
+	caller  *http.Request // its headers and query
+	head    chatRequest   // Model, Stream, StreamUsage, LimitName, and MaxTokens, the output limit a call sends (SPEC §6.4)
+	neutral *chatRequest  // the whole body parsed for translation; nil until a call needs it
 }
 
 // outputLimitNames are each dialect's names for the output limit.
@@ -198,7 +197,8 @@ var outputLimitNames = map[string][]string{
 	dialectResponses: {"max_output_tokens"},
 }
 
-// readCallerRequest reads the head of a caller's body: a member Brama does not know is never a refusal on the passthrough path.
+// readCallerRequest reads the head of a caller's body, the one check of its model, stream and output limit: a member
+// Brama does not know is never a refusal on the passthrough path.
 func readCallerRequest(dialect string, r *http.Request, body []byte) (*callerRequest, error) {
 	o, err := parseRawObject(body)
 	if err != nil {
@@ -217,10 +217,11 @@ func readCallerRequest(dialect string, r *http.Request, body []byte) (*callerReq
 			if json.Unmarshal(v, &n) != nil || n < 1 {
 				return nil, refuse("invalid_request", "%s must be an integer of at least 1", name)
 			}
-			cr.head.MaxTokens = cmp.Or(cr.head.MaxTokens, n) // the first name present wins
+			if cr.head.LimitName == "" { // the first name present wins
+				cr.head.MaxTokens, cr.head.LimitName = n, name
+			}
 		}
 	}
-	cr.callerLimit = cr.head.MaxTokens > 0
 	so, _ := splitRaw(o.value("stream_options"), '{', nil)
 	cr.head.StreamUsage = dialect == dialectChat && string(so.value("include_usage")) == "true"
 	return cr, nil
@@ -233,7 +234,7 @@ func (cr *callerRequest) translates(p providerInfo) bool {
 // translated is the neutral request one call across formats sends.
 func (cr *callerRequest) translated() chatRequest {
 	req := *cr.neutral
-	req.Model, req.Stream, req.MaxTokens, req.StreamUsage = cr.head.Model, cr.head.Stream, cr.head.MaxTokens, cr.head.StreamUsage
+	req.MaxTokens = cr.head.MaxTokens // the model's own when the caller gave none (SPEC §6.4)
 	return req
 }
 
@@ -245,7 +246,7 @@ func buildChatRequest(ctx context.Context, c call, cr *callerRequest) (*http.Req
 		return buildUpstreamRequest(ctx, c, cr.translated())
 	}
 	var edits []memberEdit
-	if cr.head.MaxTokens > 0 && !cr.callerLimit && !p.codex {
+	if cr.head.MaxTokens > 0 && cr.head.LimitName == "" && !p.codex {
 		names := outputLimitNames[formatOf(p.protocol).dialect]
 		name := names[len(names)-1]
 		if p.id == "openai" { // its reasoning models refuse max_tokens

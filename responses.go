@@ -103,7 +103,7 @@ const responsesKnown = "model instructions input tools tool_choice parallel_tool
 // parseResponses reads a caller's Responses body; every step runs and the first refusal wins.
 func parseResponses(body []byte) (chatRequest, error) {
 	var b responsesRequestBody
-	req, err := newCallerRequest(body, &b, &b.callerHead, responsesKnown, "max_output_tokens", &b.MaxOutputTokens)
+	req, err := newCallerRequest(dialectResponses, body, &b, &b.callerHead, responsesKnown)
 	if err != nil {
 		return chatRequest{}, err
 	}
