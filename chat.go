@@ -294,17 +294,17 @@ func (req chatRequest) openAIToolChoice(nested bool) json.RawMessage {
 }
 
 // encodeChat builds a Chat Completions body; tool results become role "tool" messages placed first, right after the assistant turn that called them.
-func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
-	out := chatRequestBody{callerHead: callerHead{model, req.Temperature, req.TopP, o.stream}, ParallelToolCalls: req.ParallelToolCalls,
+func encodeChat(req chatRequest, c call) (any, error) {
+	out := chatRequestBody{callerHead: callerHead{c.res.Model, req.Temperature, req.TopP, req.Stream}, ParallelToolCalls: req.ParallelToolCalls,
 		ReasoningEffort: req.Effort, Verbosity: req.Verbosity, ToolChoice: req.openAIToolChoice(true), Stop: jsonArray(req.Stop),
 		openAIShared: req.Shared}
 	switch {
-	case req.MaxTokens > 0 && o.openai: // as a passthrough call to it is (passthrough.go)
+	case req.MaxTokens > 0 && c.res.Provider.id == "openai": // its reasoning models take only this, as a passthrough call sends
 		out.MaxCompletionTokens = &req.MaxTokens
 	case req.MaxTokens > 0:
 		out.MaxTokens = &req.MaxTokens
 	}
-	if o.stream {
+	if req.Stream {
 		out.StreamOptions = json.RawMessage(`{"include_usage":true}`)
 	}
 	msgs := []chatMessage{}

@@ -161,20 +161,12 @@ type outputFormat struct {
 	Strict      *bool           `json:"strict,omitempty"`
 }
 
-// upstreamOptions are the per-provider rules an encoder applies (SPEC §6.2).
-type upstreamOptions struct {
-	stream bool
-	oauth  bool // claude-code: the identity system block first
-	codex  bool // codex: SPEC §6.2's body rules
-	openai bool // openai: the output limit as max_completion_tokens, as its reasoning models take it
-}
-
 // wireFormat is one row of the format table: a format's dialect, protocol and translations.
 type wireFormat struct {
 	dialect, protocol string
 	path              string // the provider endpoint below the base URL
 	parse             func(body []byte) (chatRequest, error)
-	encode            func(req chatRequest, model string, o upstreamOptions) (any, error)
+	encode            func(req chatRequest, c call) (any, error) // req.Stream: whether c streams; c's provider rules (SPEC §6.2)
 	decode            func(body []byte) (chatAnswer, error)
 	frames            func(s *callerStream, step streamStep, b *streamBlock, text string) error // the caller stream writer's
 }

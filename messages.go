@@ -316,14 +316,15 @@ func messagesSourceOf(url string) (*messagesSource, error) {
 }
 
 // encodeMessages builds a Messages body: claude-code's identity first, custom tools as functions (SPEC §7.6).
-func encodeMessages(req chatRequest, model string, o upstreamOptions) (any, error) {
-	out := messagesRequestBody{callerHead: callerHead{model, req.Temperature, req.TopP, o.stream}, StopSequences: req.Stop}
+func encodeMessages(req chatRequest, c call) (any, error) {
+	model := c.res.Model
+	out := messagesRequestBody{callerHead: callerHead{model, req.Temperature, req.TopP, req.Stream}, StopSequences: req.Stop}
 	turns := []messagesTurn{}
 	if req.MaxTokens > 0 {
 		out.MaxTokens = &req.MaxTokens
 	}
 	switch {
-	case o.oauth:
+	case c.claudeCode():
 		sys, _ := messagesContent([]part{{Type: partText, Text: claudeCodeIdentity}, {Type: partText, Text: req.System}})
 		out.System = must(json.Marshal(sys))
 	case req.System != "":

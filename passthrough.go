@@ -272,7 +272,7 @@ func buildChatRequest(ctx context.Context, c call, cr *callerRequest) (*http.Req
 // passthrough is a same-format request to path, count_tokens too: the route's model, claude-code's system (SPEC §6.2), edits.
 func (cr *callerRequest) passthrough(ctx context.Context, c call, path string, stream bool, edits ...memberEdit) (*http.Request, error) {
 	base := []memberEdit{{"model", jsonText(c.res.Model)}}
-	if c.res.Provider.id == "claude-code" && c.cred.AccessToken != "" {
+	if c.claudeCode() {
 		sys, err := claudeCodeSystem(cr.body.value("system"))
 		if err != nil {
 			return nil, err
@@ -307,6 +307,9 @@ type call struct {
 	baseURL string
 	cred    upstreamCredential
 }
+
+// claudeCode reports a claude-code call signed in with OAuth: its system starts with the identity (SPEC §6.2).
+func (c call) claudeCode() bool { return c.res.Provider.id == "claude-code" && c.cred.AccessToken != "" }
 
 // estimateInputTokens is SPEC §15's local estimate: the bytes of the system text, every text part, tool_use
 // input and tool_result content, and the tools as sent, ÷ 4 rounded up.
@@ -412,9 +415,9 @@ func rawMember(raw json.RawMessage, name string) json.RawMessage {
 // buildUpstreamRequest is req's call c in its provider's protocol and wire details (SPEC §6.2).
 func buildUpstreamRequest(ctx context.Context, c call, req chatRequest) (*http.Request, error) {
 	p, model := c.res.Provider, c.res.Model
-	stream, f := req.Stream || p.codex, formatOf(p.protocol) // f is never nil: TestEveryProviderHasAWireFormat
-	oauth := p.id == "claude-code" && c.cred.AccessToken != ""
-	body, err := f.encode(req, model, upstreamOptions{stream: stream, oauth: oauth, codex: p.codex, openai: p.id == "openai"})
+	f := formatOf(p.protocol) // never nil: TestEveryProviderHasAWireFormat
+	req.Stream = req.Stream || p.codex
+	body, err := f.encode(req, c)
 	if err != nil {
 		return nil, err
 	}
@@ -431,7 +434,7 @@ func buildUpstreamRequest(ctx context.Context, c call, req chatRequest) (*http.R
 	if p.protocol == protoAnthropic && req.adaptiveEffort(model) {
 		options.Add("Anthropic-Beta", effortBeta)
 	}
-	return newProviderRequest(ctx, c, options, f.path, b, stream)
+	return newProviderRequest(ctx, c, options, f.path, b, req.Stream)
 }
 
 // relayBuffered answers a buffered passthrough call with the provider's body; a codex stream (SPEC §6.2) is read whole

@@ -223,8 +223,9 @@ var responsesPartMembers = map[string]string{"input_text": "type text", "output_
 	"input_image": "type image_url detail", "input_file": "type file_data file_url filename"}
 
 // encodeResponses builds a Responses body: text, images and files in message items, tool calls and results items of their own; codex gets SPEC §6.2's body.
-func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, error) {
-	out := responsesRequestBody{callerHead: callerHead{model, req.Temperature, req.TopP, o.stream}, ParallelToolCalls: req.ParallelToolCalls,
+func encodeResponses(req chatRequest, c call) (any, error) {
+	codex := c.res.Provider.codex
+	out := responsesRequestBody{callerHead: callerHead{c.res.Model, req.Temperature, req.TopP, req.Stream}, ParallelToolCalls: req.ParallelToolCalls,
 		openAIShared: req.Shared}
 	if req.System != "" {
 		out.Instructions = &req.System
@@ -232,7 +233,7 @@ func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, err
 	if req.MaxTokens > 0 {
 		out.MaxOutputTokens = &req.MaxTokens
 	}
-	if o.codex {
+	if codex {
 		out.Store, out.Instructions = json.RawMessage("false"), ptrTo(cmp.Or(req.System, codexDefaultInstructions))
 		out.MaxOutputTokens, out.Temperature, out.TopP, out.Metadata, out.SafetyIdentifier, out.User = nil, nil, nil, nil, nil, nil
 	}
@@ -242,7 +243,7 @@ func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, err
 	items := []responsesItem{}
 	for _, m := range req.Messages {
 		role := m.Role
-		if role == "system" && o.codex { // its backend refuses system items: "developer", as the Codex CLI sends
+		if role == "system" && codex { // its backend refuses system items: "developer", as the Codex CLI sends
 			role = "developer"
 		}
 		var content []responsesPart
