@@ -309,7 +309,9 @@ type call struct {
 }
 
 // claudeCode reports a claude-code call signed in with OAuth: its system starts with the identity (SPEC §6.2).
-func (c call) claudeCode() bool { return c.res.Provider.id == "claude-code" && c.cred.AccessToken != "" }
+func (c call) claudeCode() bool {
+	return c.res.Provider.id == "claude-code" && c.cred.AccessToken != ""
+}
 
 // estimateInputTokens is SPEC §15's local estimate: the bytes of the system text, every text part, tool_use
 // input and tool_result content, and the tools as sent, ÷ 4 rounded up.
