@@ -233,18 +233,16 @@ func decodeCallerJSON(data []byte, v any, what string) error {
 	err := json.Unmarshal(data, v)
 	var se *json.SyntaxError
 	var te *json.UnmarshalTypeError
-	switch {
+	switch { // a body not an object was refused before (readCallerRequest): a type error has a path
 	case err == nil:
 		return nil
 	case errors.As(err, &se):
 		return refuse("invalid_request", "malformed JSON at byte %d", se.Offset).because(err)
-	case !errors.As(err, &te):
-		return refuse("invalid_request", "malformed JSON").because(err)
-	case what+te.Field == "":
-		return refuse("invalid_request", "the request body must be a JSON object").because(err)
+	case errors.As(err, &te):
+		field := strings.Trim(what+"."+te.Field, ".")
+		return refuse("invalid_request", "%s: got %s, not the type it takes", field, truncateUTF8(te.Value, 32)).because(err)
 	}
-	field := strings.Trim(what+"."+te.Field, ".")
-	return refuse("invalid_request", "%s: got %s, not the type it takes", field, truncateUTF8(te.Value, 32)).because(err)
+	return refuse("invalid_request", "malformed JSON").because(err)
 }
 
 // dropUnknown names, in the body's order, every member of the JSON object raw not in known

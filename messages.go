@@ -429,8 +429,6 @@ func (req chatRequest) adaptiveEffort(model string) bool {
 
 func messagesFinish(reason string) string { return cmp.Or(messagesFinishes[reason], finishStop) }
 
-func messagesStopReason(f string) *string { return ptrTo(cmp.Or(messagesStopReasons[f], "end_turn")) }
-
 func decodeMessages(body []byte) (chatAnswer, error) {
 	var r messagesAnswer
 	if err := json.Unmarshal(body, &r); err != nil || r.Type != "message" {
@@ -495,7 +493,7 @@ func (s *callerStream) messagesFrames(step streamStep, b *streamBlock, d string)
 				s.msg.Content[i].Input, _ = toolArguments(b.buf.String()) // nil, left out, when no JSON object
 			}
 		}
-		s.msg.StopReason = messagesStopReason(answerFinish(s.reason))
+		s.msg.StopReason = ptrTo(cmp.Or(messagesStopReasons[s.reason], "end_turn"))
 		s.msg.Usage = &messagesUsage{InputTokens: s.usage.InputTokens, OutputTokens: s.usage.OutputTokens}
 		ev.Delta, ev.Usage = &messagesBlock{StopReason: *s.msg.StopReason, StopSequence: json.RawMessage("null")}, s.msg.Usage
 		return cmp.Or(s.frame(ev.Type, ev), s.frame("message_stop", messagesEvent{Type: "message_stop"}))
