@@ -130,6 +130,8 @@ func TestParseChatCompletionsRefuses(t *testing.T) {
 		{"user content empty parts", `{"model":"m","messages":[{"role":"user","content":[]}]}`},
 		{"audio part", `{"model":"m","messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"` + dialectPromptText + `"}}]}]}`},
 		{"text part without text", `{"model":"m","messages":[{"role":"user","content":[{"type":"text"}]}]}`},
+		{"image_url missing", `{"model":"m","messages":[{"role":"user","content":[{"type":"image_url"}]}]}`},
+		{"image_url without url", `{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"detail":"low"}}]}]}`},
 		{"image_url string", `{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":"https://x/a.png"}]}]}`},
 		{"image_url http", `{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"http://x/` + dialectPromptText + `"}}]}]}`},
 		{"system content parts of images", `{"model":"m","messages":[{"role":"system","content":[{"type":"image_url"}]},` + u + `]}`},
