@@ -95,7 +95,7 @@ var chatNested = map[string]string{"text": "", "image_url": "url detail", "file"
 // parseChatCompletions parses a caller's body; every step runs and the first refusal wins.
 func parseChatCompletions(body []byte) (chatRequest, error) {
 	var b chatRequestBody
-	req, err := newCallerRequest(body, &b, &b.callerHead, chatKnown, "max_tokens", &b.MaxTokens)
+	req, err := newCallerRequest(dialectChat, body, &b, &b.callerHead, chatKnown)
 	if err != nil {
 		return chatRequest{}, err
 	}
@@ -112,8 +112,7 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 	if rawShape(b.Stop) == '"' { // one sequence, or an array of them
 		b.Stop = slices.Concat([]byte("["), b.Stop, []byte("]"))
 	}
-	err = cmp.Or(req.setLimit("max_completion_tokens", b.MaxCompletionTokens), // the newer name wins
-		readList(b.Messages, "messages", req.addChatMessage),
+	err = cmp.Or(readList(b.Messages, "messages", req.addChatMessage),
 		readList(b.Tools, "tools", req.addChatTool),
 		req.setOpenAIToolChoice(b.ToolChoice, true),
 		readList(b.Stop, "stop", func(stop string, _ json.RawMessage, _ string) error { // [] asks for nothing
@@ -295,17 +294,17 @@ func (req chatRequest) openAIToolChoice(nested bool) json.RawMessage {
 }
 
 // encodeChat builds a Chat Completions body; tool results become role "tool" messages placed first, right after the assistant turn that called them.
-func encodeChat(req chatRequest, model string, o upstreamOptions) (any, error) {
-	out := chatRequestBody{callerHead: callerHead{model, req.Temperature, req.TopP, o.stream}, ParallelToolCalls: req.ParallelToolCalls,
+func encodeChat(req chatRequest, c call) (any, error) {
+	out := chatRequestBody{callerHead: callerHead{c.res.Model, req.Temperature, req.TopP, req.Stream}, ParallelToolCalls: req.ParallelToolCalls,
 		ReasoningEffort: req.Effort, Verbosity: req.Verbosity, ToolChoice: req.openAIToolChoice(true), Stop: jsonArray(req.Stop),
 		openAIShared: req.Shared}
 	switch {
-	case req.MaxTokens > 0 && o.openai: // as a passthrough call to it is (passthrough.go)
+	case req.MaxTokens > 0 && c.res.Provider.id == "openai": // its reasoning models take only this, as a passthrough call sends
 		out.MaxCompletionTokens = &req.MaxTokens
 	case req.MaxTokens > 0:
 		out.MaxTokens = &req.MaxTokens
 	}
-	if o.stream {
+	if req.Stream {
 		out.StreamOptions = json.RawMessage(`{"include_usage":true}`)
 	}
 	msgs := []chatMessage{}
@@ -408,28 +407,6 @@ func decodeChat(body []byte) (chatAnswer, error) {
 	})
 }
 
-// renderChat is the chat.completion for a: content null beside only tool calls, as OpenAI sends it; usage left out, not zeros, when unreported.
-func renderChat(req chatRequest, a chatAnswer) (any, error) {
-	m := chatMessage{Role: "assistant", Content: json.RawMessage("null")}
-	if a.Text != "" || len(a.ToolCalls) == 0 {
-		m.Content = jsonText(a.Text)
-	}
-	for _, tc := range a.ToolCalls {
-		name, args, custom := req.callerTool(tc)
-		m.ToolCalls = append(m.ToolCalls, chatCall(answerIDOr(tc.ID, "call_"), name, args, custom))
-	}
-	return chatCompletion{ID: newAnswerID("chatcmpl-"), Object: "chat.completion", Created: time.Now().Unix(), Model: a.Model,
-		Choices: []chatChoice{{Message: &m, FinishReason: ptrTo(answerFinish(a.Finish))}}, Usage: chatUsageOf(a.Usage)}, nil
-}
-
-// chatUsageOf is u as chat writes it; nil (left out, not zeros) when unreported.
-func chatUsageOf(u usage) *chatUsage {
-	if !u.Reported {
-		return nil
-	}
-	return &chatUsage{u.InputTokens, u.OutputTokens, u.InputTokens + u.OutputTokens}
-}
-
 // chatFrames writes chat.completion.chunk frames. Chat has no block framing: a tool call's deltas carry its
 // call index; finish_reason goes out once, when the finish event arrives or at the end, where the usage chunk
 // (choices: []) follows when the caller asked and usage was reported, then [DONE].
@@ -462,17 +439,40 @@ func (s *callerStream) chatFrames(step streamStep, b *streamBlock, d string) err
 			s.finishSent = true
 			err = s.chatChunk(&chatMessage{}, ptrTo(answerFinish(s.reason)), nil)
 		}
-		if err == nil && step == stepEnd && s.req.StreamUsage && s.usage.Reported {
-			err = s.chatChunk(nil, nil, chatUsageOf(s.usage))
-		}
 		if err != nil || step != stepEnd {
 			return err
 		}
-		return s.write([]byte("data: [DONE]\n\n"), true)
+		var u *chatUsage // left out, not zeros, when unreported
+		if s.usage.Reported {
+			u = &chatUsage{s.usage.InputTokens, s.usage.OutputTokens, s.usage.InputTokens + s.usage.OutputTokens}
+		}
+		if s.flush == nil { // a buffered answer: content null beside only tool calls, as OpenAI sends it
+			s.whole = s.chatWhole(u)
+		}
+		if s.req.StreamUsage && u != nil {
+			err = s.chatChunk(nil, nil, u)
+		}
+		return cmp.Or(err, s.write([]byte("data: [DONE]\n\n"), true))
 	default:
 		return nil
 	}
 	return s.chatChunk(&delta, nil, nil)
+}
+
+// chatWhole is the chat.completion of the blocks written: the text (written first) and the calls.
+func (s *callerStream) chatWhole(u *chatUsage) chatCompletion {
+	m := chatMessage{Role: "assistant", Content: jsonText("")}
+	for _, b := range s.blocks {
+		if b.text {
+			m.Content = jsonText(b.buf.String())
+			continue
+		} else if b.pos == 0 {
+			m.Content = json.RawMessage("null")
+		}
+		m.ToolCalls = append(m.ToolCalls, chatCall(answerIDOr(b.id, "call_"), b.name, b.buf.String(), b.custom))
+	}
+	return chatCompletion{ID: s.id, Object: "chat.completion", Created: s.created, Model: s.model,
+		Choices: []chatChoice{{Message: &m, FinishReason: ptrTo(answerFinish(s.reason))}}, Usage: u}
 }
 
 // chatChunk writes one chunk with a single choice, or with usage and none.

@@ -30,7 +30,7 @@ func TestParseChatCompletions(t *testing.T) {
 			body: `{"model":"m","messages":[{"role":"system","content":"a"},{"role":"user","content":"q"},{"role":"developer","content":[{"type":"text","text":"b"}]}],
 				"max_tokens":100,"temperature":0.5,"stream":true,"stream_options":{"include_usage":true},"n":3,"seed":{"x":[1]}}`,
 			want: chatRequest{Model: "m", System: "a", Messages: []message{dialectUserText("q"), {Role: "system", Parts: []part{{Type: partText, Text: "b"}}}},
-				MaxTokens: 100, LimitName: "max_tokens", Temperature: dialectFloatPtr(0.5), Stream: true, Dropped: []string{"n", "seed"}},
+				MaxTokens: 100, LimitName: "max_tokens", Temperature: dialectFloatPtr(0.5), Stream: true, StreamUsage: true, Dropped: []string{"n", "seed"}},
 		},
 		{
 			name: "images",
@@ -130,6 +130,8 @@ func TestParseChatCompletionsRefuses(t *testing.T) {
 		{"user content empty parts", `{"model":"m","messages":[{"role":"user","content":[]}]}`},
 		{"audio part", `{"model":"m","messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"` + dialectPromptText + `"}}]}]}`},
 		{"text part without text", `{"model":"m","messages":[{"role":"user","content":[{"type":"text"}]}]}`},
+		{"image_url missing", `{"model":"m","messages":[{"role":"user","content":[{"type":"image_url"}]}]}`},
+		{"image_url without url", `{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"detail":"low"}}]}]}`},
 		{"image_url string", `{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":"https://x/a.png"}]}]}`},
 		{"image_url http", `{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"http://x/` + dialectPromptText + `"}}]}]}`},
 		{"system content parts of images", `{"model":"m","messages":[{"role":"system","content":[{"type":"image_url"}]},` + u + `]}`},

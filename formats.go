@@ -161,30 +161,21 @@ type outputFormat struct {
 	Strict      *bool           `json:"strict,omitempty"`
 }
 
-// upstreamOptions are the per-provider rules an encoder applies (SPEC §6.2).
-type upstreamOptions struct {
-	stream bool
-	oauth  bool // claude-code: the identity system block first
-	codex  bool // codex: SPEC §6.2's body rules
-	openai bool // openai: the output limit as max_completion_tokens, as its reasoning models take it
-}
-
 // wireFormat is one row of the format table: a format's dialect, protocol and translations.
 type wireFormat struct {
 	dialect, protocol string
 	path              string // the provider endpoint below the base URL
 	parse             func(body []byte) (chatRequest, error)
-	encode            func(req chatRequest, model string, o upstreamOptions) (any, error)
+	encode            func(req chatRequest, c call) (any, error) // req.Stream: whether c streams; c's provider rules (SPEC §6.2)
 	decode            func(body []byte) (chatAnswer, error)
-	render            func(req chatRequest, a chatAnswer) (any, error)
 	frames            func(s *callerStream, step streamStep, b *streamBlock, text string) error // the caller stream writer's
 }
 
 // wireFormats is the one table of the three formats; it never changes.
 var wireFormats = []wireFormat{
-	{dialectChat, protoOpenAIChat, "/chat/completions", parseChatCompletions, encodeChat, decodeChat, renderChat, (*callerStream).chatFrames},
-	{dialectMessages, protoAnthropic, "/v1/messages", parseMessages, encodeMessages, decodeMessages, renderMessages, (*callerStream).messagesFrames},
-	{dialectResponses, protoOpenAIResponses, "/responses", parseResponses, encodeResponses, decodeResponses, renderResponses, (*callerStream).responsesFrames},
+	{dialectChat, protoOpenAIChat, "/chat/completions", parseChatCompletions, encodeChat, decodeChat, (*callerStream).chatFrames},
+	{dialectMessages, protoAnthropic, "/v1/messages", parseMessages, encodeMessages, decodeMessages, (*callerStream).messagesFrames},
+	{dialectResponses, protoOpenAIResponses, "/responses", parseResponses, encodeResponses, decodeResponses, (*callerStream).responsesFrames},
 }
 
 // formatOf is the row of a dialect or protocol (every error its parse returns is an invalid_request *apiError).
@@ -195,15 +186,6 @@ func formatOf(name string) *wireFormat {
 		}
 	}
 	return nil
-}
-
-// renderAnswer is a buffered answer as dialect's body; req's tools name the calls.
-func renderAnswer(dialect string, req chatRequest, a chatAnswer) ([]byte, error) {
-	v, err := formatOf(dialect).render(req, a)
-	if err != nil {
-		return nil, err
-	}
-	return json.Marshal(v)
 }
 
 // decodeUpstreamAnswer decodes a 2xx non-stream body (Model is the dispatcher's, SPEC §7.6); an unknown protocol fails.
@@ -251,18 +233,16 @@ func decodeCallerJSON(data []byte, v any, what string) error {
 	err := json.Unmarshal(data, v)
 	var se *json.SyntaxError
 	var te *json.UnmarshalTypeError
-	switch {
+	switch { // a body not an object was refused before (readCallerRequest): a type error has a path
 	case err == nil:
 		return nil
 	case errors.As(err, &se):
 		return refuse("invalid_request", "malformed JSON at byte %d", se.Offset).because(err)
-	case !errors.As(err, &te):
-		return refuse("invalid_request", "malformed JSON").because(err)
-	case what+te.Field == "":
-		return refuse("invalid_request", "the request body must be a JSON object").because(err)
+	case errors.As(err, &te):
+		field := strings.Trim(what+"."+te.Field, ".")
+		return refuse("invalid_request", "%s: got %s, not the type it takes", field, truncateUTF8(te.Value, 32)).because(err)
 	}
-	field := strings.Trim(what+"."+te.Field, ".")
-	return refuse("invalid_request", "%s: got %s, not the type it takes", field, truncateUTF8(te.Value, 32)).because(err)
+	return refuse("invalid_request", "malformed JSON").because(err)
 }
 
 // dropUnknown names, in the body's order, every member of the JSON object raw not in known
@@ -285,29 +265,20 @@ type callerHead struct {
 	Stream      bool     `json:"stream,omitempty"`
 }
 
-// newCallerRequest decodes body into b (embedding h), checks the shared members, names the unknown ones.
-func newCallerRequest(body []byte, b any, h *callerHead, known, limitName string, limit **int) (chatRequest, error) {
-	if err := decodeCallerJSON(body, b, ""); err != nil {
+// newCallerRequest reads body's head as the passthrough path does (readCallerRequest: model, stream, the output limit),
+// decodes body into b (embedding h), and names the unknown members.
+func newCallerRequest(dialect string, body []byte, b any, h *callerHead, known string) (chatRequest, error) {
+	cr, err := readCallerRequest(dialect, nil, body)
+	if err == nil {
+		err = decodeCallerJSON(body, b, "")
+	}
+	if err != nil {
 		return chatRequest{}, err
 	}
-	if h.Model == "" {
-		return chatRequest{}, refuse("invalid_request", "model is required and must be a non-empty string")
-	}
-	req := chatRequest{Model: h.Model, Temperature: h.Temperature, TopP: h.TopP, Stream: h.Stream}
+	req := cr.head
+	req.Temperature, req.TopP = h.Temperature, h.TopP
 	req.dropUnknown(body, known)
-	return req, req.setLimit(limitName, *limit)
-}
-
-// setLimit reads the caller's output limit named name, refused below 1 (SPEC §8.2 "bad limits").
-func (req *chatRequest) setLimit(name string, v *int) error {
-	switch {
-	case v == nil:
-	case *v < 1:
-		return refuse("invalid_request", "%s must be at least 1", name)
-	default:
-		req.MaxTokens, req.LimitName = *v, name
-	}
-	return nil
+	return req, nil
 }
 
 // readList reads the caller's array raw at path what: each element decoded into a T, then given with its

@@ -109,7 +109,7 @@ const (
 // parseMessages reads a caller's Messages body; every step runs and the first refusal wins.
 func parseMessages(body []byte) (chatRequest, error) {
 	var b messagesRequestBody
-	req, err := newCallerRequest(body, &b, &b.callerHead, messagesKnown, "max_tokens", &b.MaxTokens)
+	req, err := newCallerRequest(dialectMessages, body, &b, &b.callerHead, messagesKnown)
 	if err != nil {
 		return chatRequest{}, err
 	}
@@ -316,14 +316,15 @@ func messagesSourceOf(url string) (*messagesSource, error) {
 }
 
 // encodeMessages builds a Messages body: claude-code's identity first, custom tools as functions (SPEC §7.6).
-func encodeMessages(req chatRequest, model string, o upstreamOptions) (any, error) {
-	out := messagesRequestBody{callerHead: callerHead{model, req.Temperature, req.TopP, o.stream}, StopSequences: req.Stop}
+func encodeMessages(req chatRequest, c call) (any, error) {
+	model := c.res.Model
+	out := messagesRequestBody{callerHead: callerHead{model, req.Temperature, req.TopP, req.Stream}, StopSequences: req.Stop}
 	turns := []messagesTurn{}
 	if req.MaxTokens > 0 {
 		out.MaxTokens = &req.MaxTokens
 	}
 	switch {
-	case o.oauth:
+	case c.claudeCode():
 		sys, _ := messagesContent([]part{{Type: partText, Text: claudeCodeIdentity}, {Type: partText, Text: req.System}})
 		out.System = must(json.Marshal(sys))
 	case req.System != "":
@@ -428,8 +429,6 @@ func (req chatRequest) adaptiveEffort(model string) bool {
 
 func messagesFinish(reason string) string { return cmp.Or(messagesFinishes[reason], finishStop) }
 
-func messagesStopReason(f string) *string { return ptrTo(cmp.Or(messagesStopReasons[f], "end_turn")) }
-
 func decodeMessages(body []byte) (chatAnswer, error) {
 	var r messagesAnswer
 	if err := json.Unmarshal(body, &r); err != nil || r.Type != "message" {
@@ -455,18 +454,12 @@ func decodeMessages(body []byte) (chatAnswer, error) {
 	return a, nil
 }
 
-// renderMessages is the message the stream that would carry a builds; usage is always present (zeros when unreported): Anthropic's SDKs require it.
-func renderMessages(req chatRequest, a chatAnswer) (any, error) {
-	s, err := wholeAnswer((*callerStream).messagesFrames, req, a)
-	return s.msg, err
-}
-
 // messagesSteps names each step's event.
 var messagesSteps = [...]string{stepBegin: "message_start", stepOpen: "content_block_start", stepDelta: "content_block_delta",
 	stepClose: "content_block_stop", stepEnd: "message_delta", stepFail: "error"}
 
-// messagesFrames writes Anthropic's events a block at a time; the message it keeps gets the blocks' whole text and
-// arguments at the end, when the arguments of calls a provider interleaved are all in.
+// messagesFrames writes Anthropic's events a block at a time; the message it keeps (usage always there, zeros when
+// unreported: the SDKs require it) gets the blocks' whole text and arguments at the end, when all are in.
 func (s *callerStream) messagesFrames(step streamStep, b *streamBlock, d string) error {
 	ev := messagesEvent{Type: messagesSteps[step]}
 	if b != nil {
@@ -476,7 +469,7 @@ func (s *callerStream) messagesFrames(step streamStep, b *streamBlock, d string)
 	case step == stepBegin: // input tokens go out as 0 (providers report usage at the end) and for real in message_delta, which the SDKs take over
 		s.msg = messagesAnswer{ID: newAnswerID("msg_"), Type: "message", Role: "assistant", Model: s.model,
 			Content: []messagesBlock{}, Usage: &messagesUsage{}}
-		ev.Message = &s.msg
+		ev.Message, s.whole = &s.msg, &s.msg
 	case step == stepOpen:
 		cb := messagesBlock{Type: "text", Text: ptrTo("")}
 		if !b.text {
@@ -500,7 +493,7 @@ func (s *callerStream) messagesFrames(step streamStep, b *streamBlock, d string)
 				s.msg.Content[i].Input, _ = toolArguments(b.buf.String()) // nil, left out, when no JSON object
 			}
 		}
-		s.msg.StopReason = messagesStopReason(answerFinish(s.reason))
+		s.msg.StopReason = ptrTo(cmp.Or(messagesStopReasons[s.reason], "end_turn"))
 		s.msg.Usage = &messagesUsage{InputTokens: s.usage.InputTokens, OutputTokens: s.usage.OutputTokens}
 		ev.Delta, ev.Usage = &messagesBlock{StopReason: *s.msg.StopReason, StopSequence: json.RawMessage("null")}, s.msg.Usage
 		return cmp.Or(s.frame(ev.Type, ev), s.frame("message_stop", messagesEvent{Type: "message_stop"}))

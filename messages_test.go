@@ -188,11 +188,11 @@ func TestRenderMessagesAnswer(t *testing.T) {
 	}
 }
 
-// finishFromTestStopReason inverts messagesStopReason for the tests.
+// finishFromTestStopReason inverts messagesStopReasons (else end_turn) for the tests.
 func finishFromTestStopReason(t *testing.T, r string) string {
 	t.Helper()
 	for _, f := range []string{finishStop, finishLength, finishToolCalls, finishContentFilter} {
-		if *messagesStopReason(f) == r {
+		if want, ok := messagesStopReasons[f]; ok && want == r || !ok && r == "end_turn" {
 			return f
 		}
 	}

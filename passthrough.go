@@ -183,12 +183,11 @@ func skipJSONValue(b []byte, i int) int {
 // callerRequest is a caller's chat request: the raw body, the head Brama
 // acts on, the neutral request once a call across formats needs it.
 type callerRequest struct {
-	dialect     string
-	body        rawObject
-	caller      *http.Request // its headers and query
-	head        chatRequest   // Model, Stream, StreamUsage, and MaxTokens, the output limit a call sends (SPEC §6.4)
-	callerLimit bool          // the caller named an output limit
-	neutral     *chatRequest  // the whole body parsed for translation; nil until a call needs it
+	dialect string
+	body    rawObject
+	caller  *http.Request // its headers and query
+	head    chatRequest   // Model, Stream, StreamUsage, LimitName, and MaxTokens, the output limit a call sends (SPEC §6.4)
+	neutral *chatRequest  // the whole body parsed for translation; nil until a call needs it
 }
 
 // outputLimitNames are each dialect's names for the output limit.
@@ -198,7 +197,8 @@ var outputLimitNames = map[string][]string{
 	dialectResponses: {"max_output_tokens"},
 }
 
-// readCallerRequest reads the head of a caller's body: a member Brama does not know is never a refusal on the passthrough path.
+// readCallerRequest reads the head of a caller's body, the one check of its model, stream and output limit: a member
+// Brama does not know is never a refusal on the passthrough path.
 func readCallerRequest(dialect string, r *http.Request, body []byte) (*callerRequest, error) {
 	o, err := parseRawObject(body)
 	if err != nil {
@@ -217,10 +217,11 @@ func readCallerRequest(dialect string, r *http.Request, body []byte) (*callerReq
 			if json.Unmarshal(v, &n) != nil || n < 1 {
 				return nil, refuse("invalid_request", "%s must be an integer of at least 1", name)
 			}
-			cr.head.MaxTokens = cmp.Or(cr.head.MaxTokens, n) // the first name present wins
+			if cr.head.LimitName == "" { // the first name present wins
+				cr.head.MaxTokens, cr.head.LimitName = n, name
+			}
 		}
 	}
-	cr.callerLimit = cr.head.MaxTokens > 0
 	so, _ := splitRaw(o.value("stream_options"), '{', nil)
 	cr.head.StreamUsage = dialect == dialectChat && string(so.value("include_usage")) == "true"
 	return cr, nil
@@ -233,7 +234,7 @@ func (cr *callerRequest) translates(p providerInfo) bool {
 // translated is the neutral request one call across formats sends.
 func (cr *callerRequest) translated() chatRequest {
 	req := *cr.neutral
-	req.Model, req.Stream, req.MaxTokens, req.StreamUsage = cr.head.Model, cr.head.Stream, cr.head.MaxTokens, cr.head.StreamUsage
+	req.MaxTokens = cr.head.MaxTokens // the model's own when the caller gave none (SPEC §6.4)
 	return req
 }
 
@@ -245,7 +246,7 @@ func buildChatRequest(ctx context.Context, c call, cr *callerRequest) (*http.Req
 		return buildUpstreamRequest(ctx, c, cr.translated())
 	}
 	var edits []memberEdit
-	if cr.head.MaxTokens > 0 && !cr.callerLimit && !p.codex {
+	if cr.head.MaxTokens > 0 && cr.head.LimitName == "" && !p.codex {
 		names := outputLimitNames[formatOf(p.protocol).dialect]
 		name := names[len(names)-1]
 		if p.id == "openai" { // its reasoning models refuse max_tokens
@@ -271,7 +272,7 @@ func buildChatRequest(ctx context.Context, c call, cr *callerRequest) (*http.Req
 // passthrough is a same-format request to path, count_tokens too: the route's model, claude-code's system (SPEC §6.2), edits.
 func (cr *callerRequest) passthrough(ctx context.Context, c call, path string, stream bool, edits ...memberEdit) (*http.Request, error) {
 	base := []memberEdit{{"model", jsonText(c.res.Model)}}
-	if c.res.Provider.id == "claude-code" && c.cred.AccessToken != "" {
+	if c.claudeCode() {
 		sys, err := claudeCodeSystem(cr.body.value("system"))
 		if err != nil {
 			return nil, err
@@ -305,6 +306,11 @@ type call struct {
 	res     resolution
 	baseURL string
 	cred    upstreamCredential
+}
+
+// claudeCode reports a claude-code call signed in with OAuth: its system starts with the identity (SPEC §6.2).
+func (c call) claudeCode() bool {
+	return c.res.Provider.id == "claude-code" && c.cred.AccessToken != ""
 }
 
 // estimateInputTokens is SPEC §15's local estimate: the bytes of the system text, every text part, tool_use
@@ -411,9 +417,9 @@ func rawMember(raw json.RawMessage, name string) json.RawMessage {
 // buildUpstreamRequest is req's call c in its provider's protocol and wire details (SPEC §6.2).
 func buildUpstreamRequest(ctx context.Context, c call, req chatRequest) (*http.Request, error) {
 	p, model := c.res.Provider, c.res.Model
-	stream, f := req.Stream || p.codex, formatOf(p.protocol) // f is never nil: TestEveryProviderHasAWireFormat
-	oauth := p.id == "claude-code" && c.cred.AccessToken != ""
-	body, err := f.encode(req, model, upstreamOptions{stream: stream, oauth: oauth, codex: p.codex, openai: p.id == "openai"})
+	f := formatOf(p.protocol) // never nil: TestEveryProviderHasAWireFormat
+	req.Stream = req.Stream || p.codex
+	body, err := f.encode(req, c)
 	if err != nil {
 		return nil, err
 	}
@@ -430,7 +436,7 @@ func buildUpstreamRequest(ctx context.Context, c call, req chatRequest) (*http.R
 	if p.protocol == protoAnthropic && req.adaptiveEffort(model) {
 		options.Add("Anthropic-Beta", effortBeta)
 	}
-	return newProviderRequest(ctx, c, options, f.path, b, stream)
+	return newProviderRequest(ctx, c, options, f.path, b, req.Stream)
 }
 
 // relayBuffered answers a buffered passthrough call with the provider's body; a codex stream (SPEC §6.2) is read whole

@@ -194,7 +194,7 @@ const (
 // callerStream writes a streamed answer in the caller's dialect (SPEC §7.5), one block at a time, each step
 // framed by the dialect's frames function; the first write error sticks. A committed stream's writer also
 // relays a same-format stream and keeps it alive, under one lock; the same writer, frames discarded, builds
-// the messages and responses dialects' buffered answers (wholeAnswer) and gathers a provider's (answerOf).
+// every dialect's buffered answer (renderAnswer) and gathers a provider's (answerOf).
 type callerStream struct {
 	mu        sync.Mutex // a committed stream's: guards everything below against the keep-alive timer
 	closed    bool
@@ -221,6 +221,7 @@ type callerStream struct {
 	seq        int
 	msg        messagesAnswer
 	resp       responsesObject
+	whole      any // a buffered answer's body: the message, the response, the chat.completion
 }
 
 // streamBlock is one block: text, or a tool call named as the caller declared it; a custom call made as a function is wrapped, its input held to the close.
@@ -234,10 +235,10 @@ type streamBlock struct {
 	buf             strings.Builder
 }
 
-// wholeAnswer writes a through a dialect's frames, discarded, and returns the writer holding the whole
-// answer, with the first refusal a block met (messages: arguments not an object).
-func wholeAnswer(frames func(*callerStream, streamStep, *streamBlock, string) error, req chatRequest, a chatAnswer) (*callerStream, error) {
-	s := &callerStream{w: io.Discard, frames: frames, req: req, model: a.Model}
+// renderAnswer is a buffered answer as dialect's body: a written through the dialect's frames, discarded, which
+// keep the whole answer; the first refusal a block met fails it (messages: arguments not an object).
+func renderAnswer(dialect string, req chatRequest, a chatAnswer) ([]byte, error) {
+	s := &callerStream{w: io.Discard, frames: formatOf(dialect).frames, req: req, model: a.Model}
 	err := s.start()
 	if err == nil {
 		err = s.text(a.Text)
@@ -248,7 +249,10 @@ func wholeAnswer(frames func(*callerStream, streamStep, *streamBlock, string) er
 	if err == nil {
 		err = s.finish()
 	}
-	return s, err
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(s.whole)
 }
 
 func (s *callerStream) start() error { return s.frames(s, stepBegin, nil, "") }

@@ -103,7 +103,7 @@ const responsesKnown = "model instructions input tools tool_choice parallel_tool
 // parseResponses reads a caller's Responses body; every step runs and the first refusal wins.
 func parseResponses(body []byte) (chatRequest, error) {
 	var b responsesRequestBody
-	req, err := newCallerRequest(body, &b, &b.callerHead, responsesKnown, "max_output_tokens", &b.MaxOutputTokens)
+	req, err := newCallerRequest(dialectResponses, body, &b, &b.callerHead, responsesKnown)
 	if err != nil {
 		return chatRequest{}, err
 	}
@@ -223,8 +223,9 @@ var responsesPartMembers = map[string]string{"input_text": "type text", "output_
 	"input_image": "type image_url detail", "input_file": "type file_data file_url filename"}
 
 // encodeResponses builds a Responses body: text, images and files in message items, tool calls and results items of their own; codex gets SPEC §6.2's body.
-func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, error) {
-	out := responsesRequestBody{callerHead: callerHead{model, req.Temperature, req.TopP, o.stream}, ParallelToolCalls: req.ParallelToolCalls,
+func encodeResponses(req chatRequest, c call) (any, error) {
+	codex := c.res.Provider.codex
+	out := responsesRequestBody{callerHead: callerHead{c.res.Model, req.Temperature, req.TopP, req.Stream}, ParallelToolCalls: req.ParallelToolCalls,
 		openAIShared: req.Shared}
 	if req.System != "" {
 		out.Instructions = &req.System
@@ -232,7 +233,7 @@ func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, err
 	if req.MaxTokens > 0 {
 		out.MaxOutputTokens = &req.MaxTokens
 	}
-	if o.codex {
+	if codex {
 		out.Store, out.Instructions = json.RawMessage("false"), ptrTo(cmp.Or(req.System, codexDefaultInstructions))
 		out.MaxOutputTokens, out.Temperature, out.TopP, out.Metadata, out.SafetyIdentifier, out.User = nil, nil, nil, nil, nil, nil
 	}
@@ -242,7 +243,7 @@ func encodeResponses(req chatRequest, model string, o upstreamOptions) (any, err
 	items := []responsesItem{}
 	for _, m := range req.Messages {
 		role := m.Role
-		if role == "system" && o.codex { // its backend refuses system items: "developer", as the Codex CLI sends
+		if role == "system" && codex { // its backend refuses system items: "developer", as the Codex CLI sends
 			role = "developer"
 		}
 		var content []responsesPart
@@ -324,12 +325,6 @@ func outputText(text string) responsesPart {
 	return responsesPart{Type: "output_text", Text: &text, Annotations: json.RawMessage("[]")}
 }
 
-// renderResponses is the final response of the stream that would carry a.
-func renderResponses(req chatRequest, a chatAnswer) (any, error) {
-	s, err := wholeAnswer((*callerStream).responsesFrames, req, a)
-	return s.resp, err
-}
-
 // responsesEvents names each item type's delta and done events.
 var responsesEvents = map[string][2]string{"message": {"response.output_text.delta", "response.output_text.done"},
 	"function_call":    {"response.function_call_arguments.delta", "response.function_call_arguments.done"},
@@ -346,6 +341,7 @@ func (s *callerStream) responsesFrames(step streamStep, b *streamBlock, d string
 	case stepBegin:
 		s.resp = responsesObject{ID: newAnswerID("resp_"), Object: "response", CreatedAt: time.Now().Unix(), Model: s.model,
 			Status: "in_progress", Output: []*responsesItem{}}
+		s.whole = &s.resp
 		return s.emitNumbered(responsesEvent{Type: "response.created", Response: &s.resp})
 	case stepOpen:
 		it = &responsesItem{Type: "message", ID: newAnswerID("msg_"), Role: "assistant", Content: json.RawMessage("[]")}
