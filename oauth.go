@@ -232,7 +232,7 @@ func (o *oauthClient) tokenCall(ctx context.Context, p providerInfo, g oauthGran
 		}
 		body, ctype = []byte(vals.Encode()), "application/x-www-form-urlencoded"
 	}
-	status, b, err := callEndpoint(ctx, o.client, http.MethodPost, endpoint, body, [2]string{"Content-Type", ctype})
+	status, b, err := callEndpoint(ctx, o.client, http.MethodPost, endpoint, body, http.Header{"Content-Type": {ctype}})
 	ans, err := readTokenAnswer(endpoint, status, b, err, secrets...)
 	if err != nil {
 		return oauthGrant{}, err
