@@ -162,7 +162,7 @@ func (c *catalog) read(ctx context.Context) (catalogData, error) {
 		b, err = os.ReadFile(c.path)
 	} else {
 		var status int
-		if status, b, err = callEndpoint(ctx, c.client, http.MethodGet, c.url, nil); err == nil && status/100 != 2 {
+		if status, b, err = callEndpoint(ctx, c.client, http.MethodGet, c.url, nil, nil); err == nil && status/100 != 2 {
 			err = fmt.Errorf("HTTP status %d", status)
 		}
 	}

@@ -232,10 +232,11 @@ func (l *ledger) setCredential(id, provider, state, cause string) {
 	})
 }
 
-// setGrantTimes records the grant's expiry and last refresh, 0 unknown or never.
-func (l *ledger) setGrantTimes(id, provider string, expiresAtMs, refreshedAtMs int64) {
-	l.mutate(id, provider, true, func(e *ledgerEntry, _ time.Time) {
-		e.Credential.ExpiresAtMs, e.Credential.RefreshedAtMs = expiresAtMs, refreshedAtMs
+// activate records a working grant in one write: the credential active, its expiry and last refresh (0 unknown or never).
+func (l *ledger) activate(id, provider string, expiresAtMs, refreshedAtMs int64) {
+	l.mutate(id, provider, true, func(e *ledgerEntry, now time.Time) {
+		e.Credential = ledgerCredential{State: credActive, RecordedAtMs: now.UnixMilli(), ExpiresAtMs: expiresAtMs,
+			RefreshedAtMs: refreshedAtMs}
 	})
 }
 

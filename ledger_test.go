@@ -130,7 +130,7 @@ func TestLedgerRoundTrip(t *testing.T) {
 	l.recordUse(ledgerIDA, "claude-code", true, 10, 20)
 	l.recordUse(ledgerIDA, "claude-code", false, -1, 0)
 	l.block(ledgerIDA, "claude-code", 15*time.Minute, "429 from provider")
-	l.setGrantTimes(ledgerIDA, "claude-code", ms+7200_000, ms)
+	l.activate(ledgerIDA, "claude-code", ms+7200_000, ms)
 	l.recordCheck(ledgerIDA, "claude-code", false, false, "usage report answered 500")
 	l.recordCheck(ledgerIDA, "claude-code", true, true, "pong")
 	clock.set(ledgerT0.Add(time.Second))
@@ -146,7 +146,7 @@ func TestLedgerRoundTrip(t *testing.T) {
 			{ID: "anthropic:7d", Label: "7 days", UsedFraction: 1, ResetsAtMs: ms + 86400_000, RecordedAtMs: ms, Source: "traffic"},
 		},
 		Block:      ledgerBlock{UntilMs: ms + 900_000, Reason: "429 from provider", RecordedAtMs: ms},
-		Credential: ledgerCredential{State: credActive, ExpiresAtMs: ms + 7200_000, RefreshedAtMs: ms},
+		Credential: ledgerCredential{State: credActive, RecordedAtMs: ms, ExpiresAtMs: ms + 7200_000, RefreshedAtMs: ms},
 		Measured:   ledgerMeasured{Requests: 2, Failures: 1, InputTokens: 10, OutputTokens: 20, LastUsedMs: ms},
 		UsageRead:  ledgerCheck{AtMs: ms, OK: false, Detail: "usage report answered 500"},
 		Probe:      ledgerCheck{AtMs: ms, OK: true, Detail: "pong"},
@@ -385,21 +385,21 @@ func TestLedgerNextDue(t *testing.T) {
 	}{
 		{name: "empty ledger", set: func(*ledger) {}, want: -1},
 		{name: "only past moments", set: func(l *ledger) {
-			l.setGrantTimes(ledgerIDA, "codex", at(-time.Hour), 0)
+			l.activate(ledgerIDA, "codex", at(-time.Hour), 0)
 			l.recordWindows(ledgerIDA, "codex", []planWindow{{ID: "codex:primary", ResetsAtMs: at(0)}})
 		}, want: -1},
 		{name: "grant expiry is earliest", set: func(l *ledger) {
-			l.setGrantTimes(ledgerIDA, "codex", at(time.Minute), 0)
+			l.activate(ledgerIDA, "codex", at(time.Minute), 0)
 			l.recordWindows(ledgerIDB, "claude-code", []planWindow{{ID: "anthropic:5h", ResetsAtMs: at(time.Hour)}})
 			l.block(ledgerIDB, "claude-code", 2*time.Minute, "429")
 		}, want: time.Minute},
 		{name: "window reset is earliest, past ones ignored", set: func(l *ledger) {
-			l.setGrantTimes(ledgerIDA, "codex", at(-time.Minute), 0)
+			l.activate(ledgerIDA, "codex", at(-time.Minute), 0)
 			l.recordWindows(ledgerIDA, "codex", []planWindow{{ID: "codex:primary", ResetsAtMs: at(-time.Second)}, {ID: "codex:secondary", ResetsAtMs: at(30 * time.Second)}})
 			l.block(ledgerIDB, "claude-code", 2*time.Minute, "429")
 		}, want: 30 * time.Second},
 		{name: "block end is earliest", set: func(l *ledger) {
-			l.setGrantTimes(ledgerIDA, "codex", at(time.Hour), 0)
+			l.activate(ledgerIDA, "codex", at(time.Hour), 0)
 			l.block(ledgerIDB, "claude-code", time.Second, "429")
 		}, want: time.Second},
 	}
@@ -514,7 +514,7 @@ func TestLedgerSubscribe(t *testing.T) {
 		t.Fatal("two signals buffered; want one")
 	default:
 	}
-	l.setGrantTimes(ledgerIDA, "codex", 1, 0)
+	l.activate(ledgerIDA, "codex", 1, 0)
 	<-ch
 }
 
@@ -607,8 +607,8 @@ func TestLedgerUsageReportReplacesItsWindows(t *testing.T) {
 func TestLedgerNextDueSkipsNeedsReauthorization(t *testing.T) {
 	l, clock, _, _ := newTestLedger(state{dir: t.TempDir()})
 	now := clock.now()
-	l.setGrantTimes(ledgerIDA, "kimi", now.Add(time.Hour).UnixMilli(), 0)
-	l.setGrantTimes(ledgerIDB, "kimi", now.Add(2*time.Hour).UnixMilli(), 0)
+	l.activate(ledgerIDA, "kimi", now.Add(time.Hour).UnixMilli(), 0)
+	l.activate(ledgerIDB, "kimi", now.Add(2*time.Hour).UnixMilli(), 0)
 	l.setCredential(ledgerIDA, "kimi", credNeedsReauth, "refused")
 	if due := l.nextDue(now, nil); due.IsZero() || !due.Equal(now.Add(2*time.Hour).Truncate(time.Millisecond)) {
 		t.Errorf("nextDue = %v, want the active grant's expiry (the one needing sign-in has nothing due)", due)

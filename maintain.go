@@ -1,19 +1,13 @@
 package main
 
 import (
-	"bytes"
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"net/http"
-	"regexp"
-	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 )
@@ -292,8 +286,7 @@ func (m *maintainer) passOnce(ctx context.Context, agent string) (rep passReport
 		s.entry = m.l.entry(it.ID)
 		row, _ := lookupProvider(it.Provider)
 		active := s.entry.Credential.State == credActive
-		_, published := usageReports[it.Provider]
-		s.reportable = active && published && (s.credErr != nil || usageReportable(it.Provider, s.cred))
+		s.reportable = active && row.usage != "" && (s.credErr != nil || row.usageReadable(s.cred))
 		s.oauth = active && row.tokenURL != "" && s.credErr == nil && s.cred.OAuth != nil
 		subs = append(subs, s)
 	}
@@ -409,153 +402,24 @@ func (m *maintainer) refresh(ctx context.Context, s *passSub) (oauthGrant, error
 	return g, err
 }
 
-// usageReport is one provider's report (SPEC §11.2): its path below the base URL or codex's own url (moved only by
-// BRAMA_PROVIDER_CODEX_USAGE_URL), its reader, whether an API key reads it or the grant's account is sent, the GET's headers.
-type usageReport struct {
-	path, url       string
-	read            func(body []byte, now time.Time) ([]planWindow, error)
-	apiKey, account bool
-	headers         [][2]string
-}
-
-var usageReports = map[string]usageReport{
-	"claude-code": {path: "/api/oauth/usage", read: reportReader(claudeCodeUsage),
-		headers: [][2]string{{"anthropic-version", "2023-06-01"}, {"anthropic-beta", "oauth-2025-04-20"}}},
-	"codex": {url: "https://chatgpt.com/backend-api/wham/usage", read: reportReader(codexUsage), account: true,
-		headers: [][2]string{{"OpenAI-Beta", "responses=experimental"}, {"originator", "codex_cli_rs"}}},
-	"kimi": {path: "/usages", read: reportReader(kimiUsage), apiKey: true},
-}
-
-func usageReportable(provider string, cred vaultCredential) bool {
-	r, ok := usageReports[provider]
-	return ok && (cred.OAuth != nil || (r.apiKey && cred.APIKey != ""))
-}
-
-func usageEndpoint(provider string, getenv func(string) string) (string, error) {
-	r, ok := usageReports[provider]
-	info, _ := lookupProvider(provider)
-	switch {
-	case !ok:
-		return "", fmt.Errorf("provider %q publishes no usage report", provider)
-	case r.url != "":
-		return envURL(getenv, "PROVIDER", provider, "USAGE_URL", r.url, errBaseURL)
-	}
-	base, err := providerBaseURL(info, getenv)
-	if err != nil {
-		return "", err
-	}
-	return base + r.path, nil
-}
-
-// fetchUsage GETs and reads provider's report; it sets the headers itself (setProviderHeaders would add a Content-Type).
+// fetchUsage GETs and reads provider's report with the headers of provider's calls but their Content-Type (a GET has no body).
 func (m *maintainer) fetchUsage(ctx context.Context, provider string, cred vaultCredential) ([]planWindow, error) {
-	endpoint, err := usageEndpoint(provider, m.o.getenv)
+	p, _ := lookupProvider(provider)
+	endpoint, err := p.usageEndpoint(m.o.getenv)
 	if err != nil {
 		return nil, err
 	}
-	r := usageReports[provider]
-	token, h := cred.APIKey, slices.Clone(r.headers)
-	if g := cred.OAuth; g != nil {
-		token = g.AccessToken
-		if r.account && g.AccountID != "" {
-			h = append(h, [2]string{"chatgpt-account-id", g.AccountID})
-		}
-	}
-	status, body, err := callEndpoint(ctx, m.o.client, http.MethodGet, endpoint, nil, append(h, [2]string{"Authorization", "Bearer " + token})...)
+	g, h := cmp.Or(cred.OAuth, &oauthGrant{}), http.Header{}
+	setProviderHeaders(h, p, upstreamCredential{cred.APIKey, g.AccessToken, g.AccountID}, nil, false)
+	h.Del("Content-Type")
+	status, body, err := callEndpoint(ctx, m.o.client, http.MethodGet, endpoint, nil, h)
 	if err == nil && status/100 == 2 {
 		var ws []planWindow
-		if ws, err = r.read(body, m.clock()); err == nil {
+		if ws, err = p.readUsage(body, m.clock()); err == nil {
 			return ws, nil
 		}
 	} else if err != nil && status != 0 {
 		err = fmt.Errorf("the body ended early: %w", err)
 	}
 	return nil, &endpointError{Op: "usage report GET", Endpoint: endpoint, Status: status, Received: len(body), Err: err}
-}
-
-// errUsageReport: the readers take what they recognize of the providers' undocumented shapes, never a guessed number.
-var errUsageReport = errors.New("the usage report is not usable")
-
-// reportReader reads a report as T leniently (a member of another type than T says is absent; its number and instant members take
-// any JSON value): a JSON object naming a window, else errUsageReport saying why without quoting the body.
-func reportReader[T any](read func(T, time.Time) []planWindow) func([]byte, time.Time) ([]planWindow, error) {
-	return func(body []byte, now time.Time) ([]planWindow, error) {
-		var doc T
-		err := json.Unmarshal(body, &doc)
-		if errors.As(err, new(*json.UnmarshalTypeError)) {
-			err = nil
-		}
-		if err != nil || !bytes.HasPrefix(bytes.TrimSpace(body), []byte("{")) {
-			return nil, fmt.Errorf("%w: the body is not a JSON object (%s)", errUsageReport, jsonErrorKind(err))
-		}
-		if ws := read(doc, now); len(ws) > 0 {
-			return ws, nil
-		}
-		return nil, fmt.Errorf("%w: it names no plan window", errUsageReport)
-	}
-}
-
-// jsonErrorKind says what was wrong with a JSON document without quoting a fragment of it.
-func jsonErrorKind(err error) string {
-	if se := (*json.SyntaxError)(nil); errors.As(err, &se) {
-		return "syntax error at byte " + strconv.FormatInt(se.Offset, 10)
-	}
-	return "unexpected shape"
-}
-
-// claudeWindowKey is the shape of a member kept as a window id.
-var claudeWindowKey = regexp.MustCompile(`^[a-z0-9_]{1,64}$`)
-
-// claudeCodeUsage reads {base}/api/oauth/usage: a member with "utilization" percent and "resets_at" is a window, anthropicWindows
-// first under their traffic ids, then anthropic:<member> by name.
-func claudeCodeUsage(r map[string]reading, now time.Time) (ws []planWindow) {
-	add := func(k, id, label string) {
-		if m := r[k]; m.Utilization.ok && m.ResetsAt.set && claudeWindowKey.MatchString(k) {
-			ws = append(ws, newWindow(id, label, m.Utilization.v/100, m.ResetsAt.ms, now, windowSourceReport))
-		}
-	}
-	for _, w := range anthropicWindows {
-		add(w.member, w.id, w.label)
-		delete(r, w.member)
-	}
-	for _, k := range slices.Sorted(maps.Keys(r)) {
-		add(k, "anthropic:"+k, strings.ReplaceAll(k, "_", " "))
-	}
-	return ws
-}
-
-// codexUsage reads rate_limit's primary_window and secondary_window (SPEC §11.2).
-func codexUsage(r struct {
-	RateLimit map[string]reading `json:"rate_limit"`
-}, now time.Time) (ws []planWindow) {
-	for _, which := range []string{"primary", "secondary"} {
-		if w, ok := r.RateLimit[which+"_window"].codexWindow(which, now, windowSourceReport); ok {
-			ws = append(ws, w)
-		}
-	}
-	return ws
-}
-
-// kimiTimeUnits is minutes per window.timeUnit of a Kimi limit.
-var kimiTimeUnits = map[string]float64{"TIME_UNIT_SECOND": 1.0 / 60, "TIME_UNIT_MINUTE": 1, "TIME_UNIT_HOUR": 60, "TIME_UNIT_DAY": 24 * 60}
-
-// kimiUsage reads {base}/usages (SPEC §11.2): a window is used/limit (limit > 0), or else 1 − remaining/limit; a limit's detail
-// counters win over its top level's, and so does their reset.
-func kimiUsage(r struct {
-	Usage  reading
-	Limits []reading
-}, now time.Time) (ws []planWindow) {
-	add := func(c *reading, id, label string, reset int64) {
-		used := cmp.Or(c.Used, number{c.Limit.v - c.Remaining.v, c.Remaining.ok})
-		if reset = cmp.Or(c.ResetTime.ms, c.ResetTimeSpec.ms, reset); c.Limit.v > 0 && used.ok {
-			ws = append(ws, newWindow(id, label, used.v/c.Limit.v, reset, now, windowSourceReport))
-		}
-	}
-	add(&r.Usage, "kimi:usage", "plan usage", 0)
-	for i, l := range r.Limits {
-		n := strconv.Itoa(i)
-		label := windowLabel(l.Window.Duration.v*kimiTimeUnits[l.Window.TimeUnit], "limit "+n)
-		add(cmp.Or(l.Detail, &l), "kimi:limit-"+n, label, cmp.Or(l.ResetTime.ms, l.ResetTimeSpec.ms))
-	}
-	return ws
 }

@@ -233,9 +233,8 @@ func TestUsageReadRequests(t *testing.T) {
 		path string
 		want map[string]string // header → value ("" must be absent)
 	}{
-		// A usage read is a GET without a body: no Content-Type, which is
-		// why fetchUsage writes its headers itself and does not call
-		// setProviderHeaders (which always sets it for a call's JSON body).
+		// A usage read is a GET without a body: the chat route's headers
+		// but no Content-Type.
 		{name: "claude-code", path: fakeClaudeUsage, want: map[string]string{
 			"Anthropic-Version": "2023-06-01", "Anthropic-Beta": "oauth-2025-04-20", "Chatgpt-Account-Id": "", "Originator": "", "Content-Type": ""}},
 		{name: "codex", path: fakeCodexUsage, want: map[string]string{
@@ -379,8 +378,8 @@ func TestUsageAndRefreshDue(t *testing.T) {
 		{"anthropic", vaultCredential{APIKey: "k"}, false},
 	}
 	for _, tc := range reportable {
-		if got := usageReportable(tc.provider, tc.cred); got != tc.want {
-			t.Errorf("usageReportable(%s, api key %v) = %v, want %v", tc.provider, tc.cred.APIKey != "", got, tc.want)
+		if p, _ := lookupProvider(tc.provider); p.usageReadable(tc.cred) != tc.want {
+			t.Errorf("usageReadable(%s, api key %v) = %v", tc.provider, tc.cred.APIKey != "", !tc.want)
 		}
 	}
 }
@@ -404,7 +403,8 @@ func TestUsageEndpoints(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := usageEndpoint(tc.provider, func(k string) string { return tc.env[k] })
+			p, _ := lookupProvider(tc.provider)
+			got, err := p.usageEndpoint(func(k string) string { return tc.env[k] })
 			if (err == nil) != (tc.want != "") || got != tc.want {
 				t.Errorf("usageEndpoint = %q, %v; want %q", got, err, tc.want)
 			}
@@ -498,7 +498,8 @@ func TestParseUsageReports(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := usageReports[tc.provider].read([]byte(tc.body), usageT0)
+			p, _ := lookupProvider(tc.provider)
+			got, err := p.readUsage([]byte(tc.body), usageT0)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("err = %v, want one containing %q", err, tc.wantErr)
@@ -558,7 +559,8 @@ func TestUsageInstant(t *testing.T) {
 // panic, every error classified, every accepted window well-formed and
 // re-encodable.
 func checkUsageParse(t *testing.T, provider, prefix string, data []byte) {
-	ws, err := usageReports[provider].read(data, usageT0)
+	p, _ := lookupProvider(provider)
+	ws, err := p.readUsage(data, usageT0)
 	if err != nil {
 		if !errors.Is(err, errUsageReport) {
 			t.Fatalf("unclassified error: %v", err)

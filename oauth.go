@@ -176,8 +176,7 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 		o.vault.keepUnwritten(id, old, g)
 		log.Error("credential_refresh_unwritten", "error", redact(werr.Error()))
 	}
-	o.ledger.setCredential(id, provider, credActive, "")
-	o.ledger.setGrantTimes(id, provider, g.ExpiresAtMs, o.now().UnixMilli())
+	o.ledger.activate(id, provider, g.ExpiresAtMs, o.now().UnixMilli())
 	log.Info("credential_refresh_ok", "expires_at_ms", g.ExpiresAtMs)
 	return g, nil
 }
@@ -233,7 +232,7 @@ func (o *oauthClient) tokenCall(ctx context.Context, p providerInfo, g oauthGran
 		}
 		body, ctype = []byte(vals.Encode()), "application/x-www-form-urlencoded"
 	}
-	status, b, err := callEndpoint(ctx, o.client, http.MethodPost, endpoint, body, [2]string{"Content-Type", ctype})
+	status, b, err := callEndpoint(ctx, o.client, http.MethodPost, endpoint, body, http.Header{"Content-Type": {ctype}})
 	ans, err := readTokenAnswer(endpoint, status, b, err, secrets...)
 	if err != nil {
 		return oauthGrant{}, err

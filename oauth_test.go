@@ -304,7 +304,7 @@ func TestRefreshFailures(t *testing.T) {
 			f := newOAuthFixture(t, "claude-code", endpoint)
 			old := oauthGrant{AccessToken: "at-old", RefreshToken: "rt-old", ExpiresAtMs: 7}
 			f.seed(t, oauthSubID, old)
-			f.l.setGrantTimes(oauthSubID, "claude-code", 7, 3)
+			f.l.activate(oauthSubID, "claude-code", 7, 3)
 			before := f.l.entry(oauthSubID)
 
 			_, err := f.o.refresh(context.Background(), oauthSubID, "claude-code", "")
@@ -429,7 +429,7 @@ func TestRefreshSuperseded(t *testing.T) {
 			})
 			f = newOAuthFixture(t, "claude-code", srv.URL)
 			f.seed(t, oauthSubID, oauthGrant{AccessToken: "at-old", RefreshToken: "rt-old"})
-			f.l.setGrantTimes(oauthSubID, "claude-code", 5, 6)
+			f.l.activate(oauthSubID, "claude-code", 5, 6)
 			before := f.l.entry(oauthSubID)
 			_, err := f.o.refresh(context.Background(), oauthSubID, "claude-code", "")
 			if !errors.Is(err, errRefreshSuperseded) {

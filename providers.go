@@ -10,11 +10,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
 	"net/url"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -46,6 +49,10 @@ type providerInfo struct {
 
 	authorizeURL, redirectURI, scope string     // authorizeURL "": no sign-in
 	extra                            url.Values // further authorize parameters
+
+	usage       string // the usage report (SPEC §11.2): a path below the base URL, or a URL of its own; "": none
+	readUsage   func(body []byte, now time.Time) ([]planWindow, error)
+	usageAPIKey bool // an API key reads the report too, not only a grant
 }
 
 // providerTable lists every provider Brama knows, and nothing else does.
@@ -68,15 +75,18 @@ var providerTable = []providerInfo{
 		clientID: "9d1c250a-e61b-44d9-88ed-5944d1962f5e", echoState: true,
 		authorizeURL: "https://claude.com/cai/oauth/authorize",          // claude.ai's refuses every grant now
 		redirectURI:  "https://platform.claude.com/oauth/code/callback", // the only one still registered
-		scope:        "org:create_api_key user:profile user:inference", extra: url.Values{"code": {"true"}}},
+		scope:        "org:create_api_key user:profile user:inference", extra: url.Values{"code": {"true"}},
+		usage: "/api/oauth/usage", readUsage: reportReader(claudeCodeUsage)},
 	{id: "codex", protocol: protoOpenAIResponses, cred: credSubscription, baseURL: "https://chatgpt.com/backend-api/codex", vendor: "openai",
 		probe: "gpt-5.3-codex-spark", beta: "responses=experimental", header: [2]string{"originator", "codex_cli_rs"}, codex: true,
 		tokenURL: "https://auth.openai.com/oauth/token", clientID: "app_EMoamEEZ73f0CkXaXp7hrann",
 		form: true, accountID: true, authorizeURL: "https://auth.openai.com/oauth/authorize",
 		redirectURI: "http://localhost:1455/auth/callback", scope: "openid profile email offline_access",
-		extra: url.Values{"id_token_add_organizations": {"true"}, "codex_cli_simplified_flow": {"true"}}},
+		extra: url.Values{"id_token_add_organizations": {"true"}, "codex_cli_simplified_flow": {"true"}},
+		usage: "https://chatgpt.com/backend-api/wham/usage", readUsage: reportReader(codexUsage)},
 	{id: "kimi", protocol: protoOpenAIChat, cred: credSubscription, baseURL: "https://api.kimi.com/coding/v1", vendor: "moonshotai",
-		probe: "kimi-for-coding", tokenURL: "https://auth.kimi.com/api/oauth/token", clientID: "17e5f671-d194-4dfb-9706-5516cb48c098", form: true},
+		probe: "kimi-for-coding", tokenURL: "https://auth.kimi.com/api/oauth/token", clientID: "17e5f671-d194-4dfb-9706-5516cb48c098", form: true,
+		usage: "/usages", readUsage: reportReader(kimiUsage), usageAPIKey: true},
 }
 
 func lookupProvider(id string) (providerInfo, bool) {
@@ -85,6 +95,26 @@ func lookupProvider(id string) (providerInfo, bool) {
 		return providerInfo{}, false
 	}
 	return providerTable[i], true
+}
+
+// usageReadable says whether cred reads p's usage report.
+func (p providerInfo) usageReadable(cred vaultCredential) bool {
+	return p.usage != "" && (cred.OAuth != nil || p.usageAPIKey && cred.APIKey != "")
+}
+
+// usageEndpoint is p's usage report URL: below its base URL, or its own, which only BRAMA_PROVIDER_<ID>_USAGE_URL moves.
+func (p providerInfo) usageEndpoint(getenv func(string) string) (string, error) {
+	switch {
+	case p.usage == "":
+		return "", fmt.Errorf("provider %q publishes no usage report", p.id)
+	case !strings.HasPrefix(p.usage, "/"):
+		return envURL(getenv, "PROVIDER", p.id, "USAGE_URL", p.usage, errBaseURL)
+	}
+	base, err := providerBaseURL(p, getenv)
+	if err != nil {
+		return "", err
+	}
+	return base + p.usage, nil
 }
 
 // errBaseURL marks a base URL override Brama refuses to call (SPEC §6.1).
@@ -140,14 +170,14 @@ func newProviderClient() *http.Client {
 // callEndpoint sends one request and reads the answer whole (OAuth, usage reports, the catalogue);
 // status is 0 when none came.
 func callEndpoint(ctx context.Context, client *http.Client, method, endpoint string, body []byte,
-	headers ...[2]string) (status int, b []byte, err error) {
+	headers http.Header) (status int, b []byte, err error) {
 	req, err := http.NewRequestWithContext(ctx, method, endpoint, bytes.NewReader(body))
 	if err != nil {
 		return 0, nil, err
 	}
 	req.Header.Set("Accept", "application/json")
-	for _, kv := range headers {
-		req.Header.Set(kv[0], kv[1])
+	for k, v := range headers {
+		req.Header[k] = v
 	}
 	resp, err := client.Do(req)
 	if err != nil {
@@ -432,4 +462,91 @@ func classifyTransport(err error) *apiError {
 		code, m = "dependency_unavailable", "TLS handshake with the provider failed, nothing was sent: %s"
 	}
 	return refuse(code, m, cleanQuoted(cause.Error(), "", 300)).because(err)
+}
+
+// errUsageReport: the readers take what they recognize of the providers' undocumented shapes, never a guessed number.
+var errUsageReport = errors.New("the usage report is not usable")
+
+// reportReader reads a report as T leniently (a member of another type than T says is absent; its number and instant members take
+// any JSON value): a JSON object naming a window, else errUsageReport saying why without quoting the body.
+func reportReader[T any](read func(T, time.Time) []planWindow) func([]byte, time.Time) ([]planWindow, error) {
+	return func(body []byte, now time.Time) ([]planWindow, error) {
+		var doc T
+		err := json.Unmarshal(body, &doc)
+		if errors.As(err, new(*json.UnmarshalTypeError)) {
+			err = nil
+		}
+		if err != nil || !bytes.HasPrefix(bytes.TrimSpace(body), []byte("{")) {
+			return nil, fmt.Errorf("%w: the body is not a JSON object (%s)", errUsageReport, jsonErrorKind(err))
+		}
+		if ws := read(doc, now); len(ws) > 0 {
+			return ws, nil
+		}
+		return nil, fmt.Errorf("%w: it names no plan window", errUsageReport)
+	}
+}
+
+// jsonErrorKind says what was wrong with a JSON document without quoting a fragment of it.
+func jsonErrorKind(err error) string {
+	if se := (*json.SyntaxError)(nil); errors.As(err, &se) {
+		return "syntax error at byte " + strconv.FormatInt(se.Offset, 10)
+	}
+	return "unexpected shape"
+}
+
+// claudeWindowKey is the shape of a member kept as a window id.
+var claudeWindowKey = regexp.MustCompile(`^[a-z0-9_]{1,64}$`)
+
+// claudeCodeUsage reads {base}/api/oauth/usage: a member with "utilization" percent and "resets_at" is a window, anthropicWindows
+// first under their traffic ids, then anthropic:<member> by name.
+func claudeCodeUsage(r map[string]reading, now time.Time) (ws []planWindow) {
+	add := func(k, id, label string) {
+		if m := r[k]; m.Utilization.ok && m.ResetsAt.set && claudeWindowKey.MatchString(k) {
+			ws = append(ws, newWindow(id, label, m.Utilization.v/100, m.ResetsAt.ms, now, windowSourceReport))
+		}
+	}
+	for _, w := range anthropicWindows {
+		add(w.member, w.id, w.label)
+		delete(r, w.member)
+	}
+	for _, k := range slices.Sorted(maps.Keys(r)) {
+		add(k, "anthropic:"+k, strings.ReplaceAll(k, "_", " "))
+	}
+	return ws
+}
+
+// codexUsage reads rate_limit's primary_window and secondary_window (SPEC §11.2).
+func codexUsage(r struct {
+	RateLimit map[string]reading `json:"rate_limit"`
+}, now time.Time) (ws []planWindow) {
+	for _, which := range []string{"primary", "secondary"} {
+		if w, ok := r.RateLimit[which+"_window"].codexWindow(which, now, windowSourceReport); ok {
+			ws = append(ws, w)
+		}
+	}
+	return ws
+}
+
+// kimiTimeUnits is minutes per window.timeUnit of a Kimi limit.
+var kimiTimeUnits = map[string]float64{"TIME_UNIT_SECOND": 1.0 / 60, "TIME_UNIT_MINUTE": 1, "TIME_UNIT_HOUR": 60, "TIME_UNIT_DAY": 24 * 60}
+
+// kimiUsage reads {base}/usages (SPEC §11.2): a window is used/limit (limit > 0), or else 1 − remaining/limit; a limit's detail
+// counters win over its top level's, and so does their reset.
+func kimiUsage(r struct {
+	Usage  reading
+	Limits []reading
+}, now time.Time) (ws []planWindow) {
+	add := func(c *reading, id, label string, reset int64) {
+		used := cmp.Or(c.Used, number{c.Limit.v - c.Remaining.v, c.Remaining.ok})
+		if reset = cmp.Or(c.ResetTime.ms, c.ResetTimeSpec.ms, reset); c.Limit.v > 0 && used.ok {
+			ws = append(ws, newWindow(id, label, used.v/c.Limit.v, reset, now, windowSourceReport))
+		}
+	}
+	add(&r.Usage, "kimi:usage", "plan usage", 0)
+	for i, l := range r.Limits {
+		n := strconv.Itoa(i)
+		label := windowLabel(l.Window.Duration.v*kimiTimeUnits[l.Window.TimeUnit], "limit "+n)
+		add(cmp.Or(l.Detail, &l), "kimi:limit-"+n, label, cmp.Or(l.ResetTime.ms, l.ResetTimeSpec.ms))
+	}
+	return ws
 }

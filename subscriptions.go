@@ -280,11 +280,8 @@ func (inv *inventory) store(it overlayItem, cred vaultCredential, by string) (ov
 			"vault_rollback_error", verr) // null: taken back; else kept until brama subscription prune-orphans
 		return refuse("internal_error", "the overlay was not written: %v", err).because(err)
 	})
-	if err == nil && !fresh {
-		inv.l.setCredential(it.ID, it.Provider, credActive, "")
-	}
 	if err == nil && (!fresh || cred.OAuth != nil) {
-		inv.l.setGrantTimes(it.ID, it.Provider, cmp.Or(cred.OAuth, &oauthGrant{}).ExpiresAtMs, 0) // an API key: none
+		inv.l.activate(it.ID, it.Provider, cmp.Or(cred.OAuth, &oauthGrant{}).ExpiresAtMs, 0) // an API key: none
 	}
 	if by == "" || err != nil && (asAPIError(err).Status() < 500 || fresh || it.Provider == "") {
 		return map[bool]overlayItem{true: it}[err == nil], err
