@@ -385,10 +385,10 @@ func chatFinish(r string) string { return cmp.Or(chatFinishes[r], finishStop) }
 
 // decodeChat reads a complete Chat Completions answer as a stream's last chunk: a custom call without input is
 // read as a function call, no finish_reason is tool_calls beside calls, else stop.
-func decodeChat(body []byte) (chatAnswer, error) {
+func decodeChat(body []byte, rd *streamReader) error {
 	var r chatCompletion
 	if err := json.Unmarshal(body, &r); err != nil || len(r.Choices) == 0 || r.Choices[0].Message == nil || !rawIsNull(r.Error) {
-		return chatAnswer{}, malformedAnswer(protoOpenAIChat, err)
+		return malformedAnswer(protoOpenAIChat, err)
 	}
 	m := r.Choices[0].Message
 	for i, tc := range m.ToolCalls {
@@ -396,15 +396,13 @@ func decodeChat(body []byte) (chatAnswer, error) {
 			m.ToolCalls[i].Custom = nil
 		}
 	}
-	return answerOf(protoOpenAIChat, func(rd *streamReader) error {
-		rd.finish = map[bool]string{false: finishStop, true: finishToolCalls}[len(m.ToolCalls) > 0]
-		rd.finish = chatFinish(cmp.Or(valueOr(r.Choices[0].FinishReason, ""), rd.finish))
-		rd.usage, _ = usageOf(protoOpenAIChat, rawMember(body, "usage"))
-		if err := rd.delta(m); err != nil {
-			return err
-		}
-		return rd.ended()
-	})
+	rd.finish = map[bool]string{false: finishStop, true: finishToolCalls}[len(m.ToolCalls) > 0]
+	rd.finish = chatFinish(cmp.Or(valueOr(r.Choices[0].FinishReason, ""), rd.finish))
+	rd.usage, _ = usageOf(protoOpenAIChat, rawMember(body, "usage"))
+	if err := rd.delta(m); err != nil {
+		return err
+	}
+	return rd.ended()
 }
 
 // chatFrames writes chat.completion.chunk frames. Chat has no block framing: a tool call's deltas carry its
@@ -459,17 +457,18 @@ func (s *callerStream) chatFrames(step streamStep, b *streamBlock, d string) err
 	return s.chatChunk(&delta, nil, nil)
 }
 
-// chatWhole is the chat.completion of the blocks written: the text (written first) and the calls.
+// chatWhole is the chat.completion of the blocks written: the text of them all, and the calls.
 func (s *callerStream) chatWhole(u *chatUsage) chatCompletion {
-	m := chatMessage{Role: "assistant", Content: jsonText("")}
+	text, m := "", chatMessage{Role: "assistant"}
 	for _, b := range s.blocks {
 		if b.text {
-			m.Content = jsonText(b.buf.String())
-			continue
-		} else if b.pos == 0 {
-			m.Content = json.RawMessage("null")
+			text += b.buf.String()
+		} else {
+			m.ToolCalls = append(m.ToolCalls, chatCall(answerIDOr(b.id, "call_"), b.name, b.buf.String(), b.custom))
 		}
-		m.ToolCalls = append(m.ToolCalls, chatCall(answerIDOr(b.id, "call_"), b.name, b.buf.String(), b.custom))
+	}
+	if m.Content = jsonText(text); text == "" && len(m.ToolCalls) > 0 {
+		m.Content = json.RawMessage("null")
 	}
 	return chatCompletion{ID: s.id, Object: "chat.completion", Created: s.created, Model: s.model,
 		Choices: []chatChoice{{Message: &m, FinishReason: ptrTo(answerFinish(s.reason))}}, Usage: u}

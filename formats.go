@@ -166,8 +166,8 @@ type wireFormat struct {
 	dialect, protocol string
 	path              string // the provider endpoint below the base URL
 	parse             func(body []byte) (chatRequest, error)
-	encode            func(req chatRequest, c call) (any, error) // req.Stream: whether c streams; c's provider rules (SPEC §6.2)
-	decode            func(body []byte) (chatAnswer, error)
+	encode            func(req chatRequest, c call) (any, error)                                // req.Stream: whether c streams; c's provider rules (SPEC §6.2)
+	decode            func(body []byte, r *streamReader) error                                  // a 2xx buffered body given r's caller stream
 	frames            func(s *callerStream, step streamStep, b *streamBlock, text string) error // the caller stream writer's
 }
 
@@ -186,14 +186,6 @@ func formatOf(name string) *wireFormat {
 		}
 	}
 	return nil
-}
-
-// decodeUpstreamAnswer decodes a 2xx non-stream body (Model is the dispatcher's, SPEC §7.6); an unknown protocol fails.
-func decodeUpstreamAnswer(protocol string, body []byte) (chatAnswer, error) {
-	if f := formatOf(protocol); f != nil {
-		return f.decode(body)
-	}
-	return chatAnswer{}, refuse("provider_failure", "unknown wire format %q", protocol)
 }
 
 // orEmptySchema stands in an empty object schema for a tool without parameters where the protocol requires one.

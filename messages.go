@@ -429,29 +429,36 @@ func (req chatRequest) adaptiveEffort(model string) bool {
 
 func messagesFinish(reason string) string { return cmp.Or(messagesFinishes[reason], finishStop) }
 
-func decodeMessages(body []byte) (chatAnswer, error) {
+// decodeMessages gives a whole message's blocks to rd's caller stream in their order, a call without input "{}".
+func decodeMessages(body []byte, rd *streamReader) (err error) {
 	var r messagesAnswer
 	if err := json.Unmarshal(body, &r); err != nil || r.Type != "message" {
-		return chatAnswer{}, malformedAnswer(protoAnthropic, err)
+		return malformedAnswer(protoAnthropic, err)
 	}
-	a := chatAnswer{Finish: messagesFinish(valueOr(r.StopReason, ""))}
-	for _, b := range r.Content {
-		switch {
+	rd.finish = messagesFinish(valueOr(r.StopReason, ""))
+	rd.usage, _ = usageOf(protoAnthropic, rawMember(body, "usage"))
+	for i := 0; err == nil && i < len(r.Content); i++ {
+		switch b := r.Content[i]; {
 		case b.Type == "text" && b.Text != nil:
-			a.Text += *b.Text
+			err = rd.out.text(*b.Text)
 		case b.Type == "tool_use" && b.Name == "":
-			return chatAnswer{}, malformedAnswer(protoAnthropic, nil)
+			return malformedAnswer(protoAnthropic, nil)
 		case b.Type == "tool_use":
 			args := bytes.NewBufferString("{}")
 			if !rawIsNull(b.Input) {
 				args.Reset()
 				json.Compact(args, b.Input) // cannot fail: Input came out of the decoded body
 			}
-			a.ToolCalls = append(a.ToolCalls, toolCall{ID: b.ID, Name: b.Name, Arguments: args.String()})
+			if err = rd.out.call(rd.ncalls, toolCall{ID: b.ID, Name: b.Name}); err == nil {
+				err = rd.out.args(rd.ncalls, args.String())
+			}
+			rd.ncalls++
 		}
 	}
-	a.Usage, _ = usageOf(protoAnthropic, rawMember(body, "usage"))
-	return a, nil
+	if err != nil {
+		return err
+	}
+	return rd.ended()
 }
 
 // messagesSteps names each step's event.

@@ -27,15 +27,6 @@ const (
 	finishContentFilter = "content_filter"
 )
 
-// chatAnswer is one complete answer in no particular format.
-type chatAnswer struct {
-	Model     string // the name reported to the caller (SPEC §7.6)
-	Text      string
-	ToolCalls []toolCall
-	Finish    string
-	Usage     usage
-}
-
 // toolCall is one tool call the model made.
 type toolCall struct {
 	ID        string
@@ -56,23 +47,6 @@ func answerIDOr(id, prefix string) string { return cmp.Or(id, newAnswerID(prefix
 
 func answerFinish(f string) string { return cmp.Or(f, finishStop) }
 
-// answerOf gathers the answer a reader of protocol gives a caller stream that writes nothing; read runs the reader.
-func answerOf(protocol string, read func(r *streamReader) error) (chatAnswer, error) {
-	s := &callerStream{frames: func(*callerStream, streamStep, *streamBlock, string) error { return nil }}
-	if err := read(newStreamReader(protocol, s)); err != nil {
-		return chatAnswer{}, err
-	}
-	a := chatAnswer{Finish: s.reason, Usage: s.usage}
-	for _, b := range s.blocks {
-		if b.text {
-			a.Text += b.buf.String()
-		} else {
-			a.ToolCalls = append(a.ToolCalls, toolCall{ID: b.id, Name: b.flat, Arguments: b.buf.String(), Custom: b.custom})
-		}
-	}
-	return a, nil
-}
-
 // writeAnswer writes a buffered 200 answer with its attempts.
 func writeAnswer(w http.ResponseWriter, contentType string, attempts int, body []byte) {
 	w.Header().Set("Content-Type", contentType)
@@ -81,17 +55,29 @@ func writeAnswer(w http.ResponseWriter, contentType string, attempts int, body [
 	w.Write(body)
 }
 
-// readProviderAnswer reads and closes a committed buffered answer, a codex stream (SPEC §6.2) assembled.
-func readProviderAnswer(p providerInfo, resp *http.Response) (chatAnswer, error) {
+// readAnswer reads and closes a committed buffered answer of p (a codex stream, SPEC §6.2, read whole) straight into
+// dialect's frames, discarded, which keep the whole body; the first refusal a block met fails it (messages:
+// arguments not an object). Model is what the body reports.
+func readAnswer(dialect string, req chatRequest, model string, p providerInfo, resp *http.Response) ([]byte, usage, error) {
 	defer resp.Body.Close()
-	if p.codex {
-		return answerOf(p.protocol, func(r *streamReader) error { return r.run(resp.Body, nil) })
+	s := &callerStream{w: io.Discard, frames: formatOf(dialect).frames, req: req, model: model}
+	r, err := newStreamReader(p.protocol, s), s.start()
+	if err == nil && p.codex {
+		err = r.run(resp.Body, nil)
+	} else if err == nil {
+		var body []byte
+		if body, err = readWhole(p, resp); err == nil {
+			err = formatOf(p.protocol).decode(body, r)
+		}
 	}
-	body, err := readWhole(p, resp)
+	if err == nil {
+		err = s.finish()
+	}
 	if err != nil {
-		return chatAnswer{}, err
+		return nil, s.usage, err
 	}
-	return decodeUpstreamAnswer(p.protocol, body)
+	body, err := json.Marshal(s.whole)
+	return body, s.usage, err
 }
 
 // readWhole reads a committed answer's body, or SPEC §8.2's refusal of one cut mid-body.
@@ -194,7 +180,7 @@ const (
 // callerStream writes a streamed answer in the caller's dialect (SPEC §7.5), one block at a time, each step
 // framed by the dialect's frames function; the first write error sticks. A committed stream's writer also
 // relays a same-format stream and keeps it alive, under one lock; the same writer, frames discarded, builds
-// every dialect's buffered answer (renderAnswer) and gathers a provider's (answerOf).
+// every dialect's buffered answer (readAnswer).
 type callerStream struct {
 	mu        sync.Mutex // a committed stream's: guards everything below against the keep-alive timer
 	closed    bool
@@ -233,26 +219,6 @@ type streamBlock struct {
 	flat            string // the name providers saw
 	custom, wrapped bool
 	buf             strings.Builder
-}
-
-// renderAnswer is a buffered answer as dialect's body: a written through the dialect's frames, discarded, which
-// keep the whole answer; the first refusal a block met fails it (messages: arguments not an object).
-func renderAnswer(dialect string, req chatRequest, a chatAnswer) ([]byte, error) {
-	s := &callerStream{w: io.Discard, frames: formatOf(dialect).frames, req: req, model: a.Model}
-	err := s.start()
-	if err == nil {
-		err = s.text(a.Text)
-	}
-	if err == nil {
-		err = s.tail(0, a.ToolCalls, a.Finish, a.Usage)
-	}
-	if err == nil {
-		err = s.finish()
-	}
-	if err != nil {
-		return nil, err
-	}
-	return json.Marshal(s.whole)
 }
 
 func (s *callerStream) start() error { return s.frames(s, stepBegin, nil, "") }
@@ -294,6 +260,9 @@ func (s *callerStream) args(index int, piece string) error {
 // tail takes the provider's terminal signal (SPEC §7.5): whole calls it held back (their indexes from first
 // on), its finish, and its usage when reported.
 func (s *callerStream) tail(first int, calls []toolCall, finish string, u usage) (err error) {
+	if s.reason = finish; u.Reported { // recorded even when a block is refused: the provider answered
+		s.usage = u
+	}
 	for i := 0; err == nil && i < len(calls); i++ {
 		if err = s.call(first+i, calls[i]); err == nil {
 			err = s.args(first+i, calls[i].Arguments)
@@ -302,11 +271,8 @@ func (s *callerStream) tail(first int, calls []toolCall, finish string, u usage)
 	if err == nil {
 		err = s.closeOpen()
 	}
-	if s.reason = finish; err != nil {
+	if err != nil {
 		return err
-	}
-	if u.Reported {
-		s.usage = u
 	}
 	return s.frames(s, stepFinish, nil, "")
 }

@@ -310,15 +310,13 @@ func (it *responsesItem) call() (toolCall, bool) {
 // responsesIncompletes maps finishes to incomplete_details.reason, both ways.
 var responsesIncompletes = map[string]string{finishLength: "max_output_tokens", finishContentFilter: "content_filter"}
 
-func decodeResponses(body []byte) (chatAnswer, error) {
+func decodeResponses(body []byte, rd *streamReader) error {
 	var r responsesObject
 	if err := json.Unmarshal(body, &r); err != nil || r.Status != "completed" && r.Status != "incomplete" {
-		return chatAnswer{}, malformedAnswer(protoOpenAIResponses, err)
+		return malformedAnswer(protoOpenAIResponses, err)
 	}
-	return answerOf(protoOpenAIResponses, func(rd *streamReader) error {
-		rd.usage, _ = usageOf(protoOpenAIResponses, rawMember(body, "usage"))
-		return rd.completed(&r)
-	})
+	rd.usage, _ = usageOf(protoOpenAIResponses, rawMember(body, "usage"))
+	return rd.completed(&r)
 }
 
 func outputText(text string) responsesPart {
