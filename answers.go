@@ -93,9 +93,9 @@ func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, c call, req
 	pass, tr := !req.translates(p), chatRequest{}
 	if !pass {
 		tr = req.translated()
-		if dropped := tr.droppedFor(p); len(dropped) > 0 { // SPEC §7.6: nothing is dropped silently
-			w.Header().Set("Brama-Dropped", headerText(strings.Join(dropped, ", ")))
-			e.t.dropped = dropped
+		if len(req.dropped) > 0 { // SPEC §7.6: nothing is dropped silently
+			w.Header().Set("Brama-Dropped", headerText(strings.Join(req.dropped, ", ")))
+			e.t.dropped = req.dropped
 		}
 	}
 	switch {
@@ -225,7 +225,7 @@ func (e *engine) ping(ctx context.Context, c call, pool []overlayItem) (u usage,
 	req := pingRequest(c.res.Route, c.res.Provider)
 	ae = e.attemptRoute(ctx, &job{kind: kindProbe, pool: pool,
 		build: func(ctx context.Context, c call, _ *callerRequest) (*http.Request, error) {
-			return buildUpstreamRequest(ctx, c, req)
+			return buildUpstreamRequest(ctx, c, &req)
 		},
 		commit: func(_ context.Context, c call, _ *callerRequest, resp *http.Response) (usage, *apiError, bool) {
 			var err error

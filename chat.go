@@ -199,7 +199,7 @@ func (req *chatRequest) dropUnknownChat(raw json.RawMessage, typ string) {
 // addChatTool adds a function or custom tool as Responses' flat one; another type is dropped and named.
 func (req *chatRequest) addChatTool(t chatToolCall, raw json.RawMessage, what string) error {
 	if t.Type != toolFunction && t.Type != toolCustom {
-		req.Dropped = append(req.Dropped, cmp.Or(t.Type, "tools"))
+		req.drop(true, cmp.Or(t.Type, "tools"))
 		return nil
 	}
 	req.dropUnknownChat(raw, t.Type)
@@ -227,7 +227,7 @@ func (req *chatRequest) addOpenAITool(t tool, raw json.RawMessage, what string) 
 		return err // on an error the whole request is refused
 	case "namespace":
 		if t.Description != "" {
-			req.Dropped = append(req.Dropped, "description")
+			req.drop(true, "description")
 		}
 		n := len(req.Tools)
 		err := readList(t.Tools, what+".tools", req.addOpenAITool)
@@ -236,7 +236,7 @@ func (req *chatRequest) addOpenAITool(t tool, raw json.RawMessage, what string) 
 		}
 		return err
 	}
-	req.Dropped = append(req.Dropped, cmp.Or(t.Type, "tools"))
+	req.drop(true, cmp.Or(t.Type, "tools"))
 	return nil
 }
 
@@ -267,7 +267,7 @@ func (req *chatRequest) setOpenAIToolChoice(raw json.RawMessage, nested bool) er
 	}
 	switch {
 	case tc.Type != toolFunction && tc.Type != toolCustom:
-		req.Dropped = append(req.Dropped, "tool_choice")
+		req.drop(true, "tool_choice")
 	case tc.Name == "":
 		return refuse("invalid_request", "tool_choice must name a tool: {\"type\":\"function\",…}")
 	case tc.Namespace != "":
@@ -294,7 +294,7 @@ func (req chatRequest) openAIToolChoice(nested bool) json.RawMessage {
 }
 
 // encodeChat builds a Chat Completions body; tool results become role "tool" messages placed first, right after the assistant turn that called them.
-func encodeChat(req chatRequest, c call) (any, error) {
+func encodeChat(req *chatRequest, c call) (any, error) {
 	out := chatRequestBody{callerHead: callerHead{c.res.Model, req.Temperature, req.TopP, req.Stream}, ParallelToolCalls: req.ParallelToolCalls,
 		ReasoningEffort: req.Effort, Verbosity: req.Verbosity, ToolChoice: req.openAIToolChoice(true), Stop: jsonArray(req.Stop),
 		openAIShared: req.Shared}
@@ -326,6 +326,9 @@ func encodeChat(req chatRequest, c call) (any, error) {
 				msg.ToolCalls = append(msg.ToolCalls, chatCall(p.ToolCallID, p.ToolName, p.Arguments, p.Custom))
 			case partToolResult:
 				msgs = append(msgs, chatMessage{Role: "tool", ToolCallID: p.ToolCallID, Content: jsonText(p.Text)})
+				for _, q := range p.Media { // a tool message holds only text
+					req.drop(true, q.Type)
+				}
 			}
 		}
 		switch {

@@ -37,7 +37,7 @@ type chatRequest struct {
 	Shared            openAIShared
 	Stream            bool
 	StreamUsage       bool     // a chat caller sent stream_options.include_usage: true
-	Dropped           []string // caller member names with no counterpart in any other format
+	Dropped           []string // caller member names the request loses (drop)
 }
 
 // openAIShared holds the members Chat Completions and Responses share under one name and shape: carried between them as sent, dropped toward messages.
@@ -166,7 +166,7 @@ type wireFormat struct {
 	dialect, protocol string
 	path              string // the provider endpoint below the base URL
 	parse             func(body []byte) (chatRequest, error)
-	encode            func(req chatRequest, c call) (any, error)                                // req.Stream: whether c streams; c's provider rules (SPEC §6.2)
+	encode            func(req *chatRequest, c call) (any, error)                               // req.Stream: whether c streams; c's provider rules (SPEC §6.2)
 	decode            func(body []byte, r *streamReader) error                                  // a 2xx buffered body given r's caller stream
 	frames            func(s *callerStream, step streamStep, b *streamBlock, text string) error // the caller stream writer's
 }
@@ -244,7 +244,17 @@ func (req *chatRequest) dropUnknown(raw json.RawMessage, known string) {
 	for _, m := range o.members {
 		// encoding/json matches member names without regard to case.
 		if k := string(m.key); !slices.ContainsFunc(strings.Fields(known), func(n string) bool { return strings.EqualFold(n, k) }) {
-			req.Dropped = append(req.Dropped, k)
+			req.drop(true, k)
+		}
+	}
+}
+
+// drop names, when cond holds, caller members the request loses, each once: the parser those with no counterpart
+// in any other format, the encoder those its format or provider lacks (SPEC §7.6: nothing is dropped silently).
+func (req *chatRequest) drop(cond bool, names ...string) {
+	for _, n := range names {
+		if cond && !slices.Contains(req.Dropped, n) {
+			req.Dropped = append(req.Dropped, n)
 		}
 	}
 }
@@ -307,7 +317,7 @@ func callerParts[T any](req *chatRequest, raw json.RawMessage, what, kind string
 			if err == nil && p.Type == "" {
 				var it struct{ Type string }
 				json.Unmarshal(raw, &it)
-				req.Dropped = append(req.Dropped, cmp.Or(it.Type, what[strings.LastIndex(what, ".")+1:]))
+				req.drop(true, cmp.Or(it.Type, what[strings.LastIndex(what, ".")+1:]))
 				return nil
 			}
 			parts = append(parts, p)
@@ -420,7 +430,7 @@ func (req *chatRequest) setOutput(o *outputFormat, what string) error {
 	return nil
 }
 
-// toolResult is a tool result of parts: its text, and its media, which chat drops (droppedFor).
+// toolResult is a tool result of parts: its text, and its media, which chat drops.
 func toolResult(id string, parts []part, custom bool) part {
 	r := part{Type: partToolResult, ToolCallID: id, Custom: custom}
 	var texts []string

@@ -135,7 +135,7 @@ func parseMessages(body []byte) (chatRequest, error) {
 		req.Effort, req.EffortName = effortNames[min(i, len(effortNames)-1)], "thinking"
 	case "disabled":
 	default: // adaptive: no effort of its own to carry
-		req.Dropped = append(req.Dropped, "thinking")
+		req.drop(true, "thinking")
 	}
 	o := valueOr(b.OutputConfig, messagesOption{})
 	if o.Effort != "" {
@@ -162,7 +162,7 @@ func (req *chatRequest) addMessagesTurn(m messagesTurn, _ json.RawMessage, what 
 // addMessagesTool adds a client tool, naming raw's unknown members; a server tool (web_search_…, bash_…, …) is dropped and named.
 func (req *chatRequest) addMessagesTool(t messagesTool, raw json.RawMessage, what string) error {
 	if t.Type != "" && t.Type != toolCustom {
-		req.Dropped = append(req.Dropped, t.Type)
+		req.drop(true, t.Type)
 		return nil
 	}
 	req.dropUnknown(raw, "type name description input_schema strict")
@@ -256,8 +256,8 @@ func messagesSourceURL(src *messagesSource, what string) (string, error) {
 }
 
 // messagesContent is parts as blocks, tool results first and no empty text (the API requires both); a custom tool's call
-// is the one-string-member object (SPEC §7.6).
-func messagesContent(ps []part) ([]messagesBlock, error) {
+// is the one-string-member object (SPEC §7.6); an image's detail is dropped.
+func (req *chatRequest) messagesContent(ps []part) ([]messagesBlock, error) {
 	var results, rest []messagesBlock
 	for _, p := range ps {
 		var b messagesBlock
@@ -278,10 +278,11 @@ func messagesContent(ps []part) ([]messagesBlock, error) {
 			b = messagesBlock{Type: "tool_result", ToolUseID: messagesToolID(p.ToolCallID), Content: jsonText(p.Text), IsError: p.IsError}
 			if len(p.Media) > 0 { // images and documents: blocks
 				var inner []messagesBlock
-				inner, err = messagesContent(append([]part{{Type: partText, Text: p.Text}}, p.Media...))
+				inner, err = req.messagesContent(append([]part{{Type: partText, Text: p.Text}}, p.Media...))
 				b.Content = must(json.Marshal(inner))
 			}
 		default:
+			req.drop(p.Detail != "", "detail")
 			b = messagesBlock{Type: p.Type, Title: p.Filename}
 			b.Source, err = messagesSourceOf(p.ImageURL + p.FileURL)
 		}
@@ -316,39 +317,38 @@ func messagesSourceOf(url string) (*messagesSource, error) {
 }
 
 // encodeMessages builds a Messages body: claude-code's identity first, custom tools as functions (SPEC §7.6).
-func encodeMessages(req chatRequest, c call) (any, error) {
+func encodeMessages(req *chatRequest, c call) (any, error) {
 	model := c.res.Model
 	out := messagesRequestBody{callerHead: callerHead{model, req.Temperature, req.TopP, req.Stream}, StopSequences: req.Stop}
-	turns := []messagesTurn{}
 	if req.MaxTokens > 0 {
 		out.MaxTokens = &req.MaxTokens
 	}
 	switch {
 	case c.claudeCode():
-		sys, _ := messagesContent([]part{{Type: partText, Text: claudeCodeIdentity}, {Type: partText, Text: req.System}})
+		sys, _ := req.messagesContent([]part{{Type: partText, Text: claudeCodeIdentity}, {Type: partText, Text: req.System}})
 		out.System = must(json.Marshal(sys))
 	case req.System != "":
 		out.System = jsonText(req.System)
 	}
-	for _, m := range req.Messages {
-		if m.Role == "system" {
-			turns = append(turns, messagesTurn{Role: "system", Content: jsonText(textOf(m.Parts))})
-			continue
+	req.drop(true, req.Shared.names()...)
+	var cfg messagesOption
+	if budget := req.thinkingBudget(); budget > 0 { // the API refuses temperature and top_p beside thinking
+		req.drop(req.Temperature != nil, "temperature")
+		req.drop(req.TopP != nil, "top_p")
+		out.Thinking, out.Temperature, out.TopP = &messagesOption{Type: "enabled", BudgetTokens: budget}, nil, nil
+		if req.adaptiveEffort(model) { // an effort, not a budget; Anthropic has no "minimal"
+			out.Thinking, cfg.Effort = &messagesOption{Type: "adaptive"}, strings.Replace(req.Effort, "minimal", "low", 1)
 		}
-		blocks, err := messagesContent(m.Parts)
-		if err != nil {
-			return nil, err
-		}
-		if len(blocks) > 0 { // only empty text: the API refuses an empty turn
-			turns = append(turns, messagesTurn{Role: m.Role, Content: must(json.Marshal(blocks))})
-		}
+	} else {
+		req.drop(req.Effort != "", req.EffortName)
 	}
-	out.Messages = must(json.Marshal(turns))
+	req.drop(req.Verbosity != "", "verbosity")
 	var tools []messagesTool
 	for _, t := range req.Tools {
 		schema := orEmptySchema(t.Parameters)
 		if t.Type == toolCustom { // the one-string-member function a custom tool becomes (SPEC §7.6)
 			schema = json.RawMessage(`{"type":"object","properties":{"input":{"type":"string"}},"required":["input"]}`)
+			req.drop(t.Format != nil, "format")
 		}
 		tools = append(tools, messagesTool{tool{Name: t.Name, Description: t.Description, Strict: t.Strict}, schema})
 	}
@@ -360,13 +360,21 @@ func encodeMessages(req chatRequest, c call) (any, error) {
 			out.ToolChoice.DisableParallelToolUse = ptrTo(true)
 		}
 	}
-	var cfg messagesOption
-	if budget := req.thinkingBudget(); budget > 0 { // the API refuses temperature and top_p beside thinking
-		out.Thinking, out.Temperature, out.TopP = &messagesOption{Type: "enabled", BudgetTokens: budget}, nil, nil
-		if req.adaptiveEffort(model) { // an effort, not a budget; Anthropic has no "minimal"
-			out.Thinking, cfg.Effort = &messagesOption{Type: "adaptive"}, strings.Replace(req.Effort, "minimal", "low", 1)
+	turns := []messagesTurn{}
+	for _, m := range req.Messages {
+		if m.Role == "system" {
+			turns = append(turns, messagesTurn{Role: "system", Content: jsonText(textOf(m.Parts))})
+			continue
+		}
+		blocks, err := req.messagesContent(m.Parts)
+		if err != nil {
+			return nil, err
+		}
+		if len(blocks) > 0 { // only empty text: the API refuses an empty turn
+			turns = append(turns, messagesTurn{Role: m.Role, Content: must(json.Marshal(blocks))})
 		}
 	}
+	out.Messages = must(json.Marshal(turns))
 	if f := req.Output; f != nil {
 		if f.Type != "json_schema" {
 			return nil, refuse("invalid_request", "structured output without a JSON Schema (JSON mode) cannot be expressed to an anthropic-messages provider; send a JSON Schema")

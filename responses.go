@@ -192,7 +192,7 @@ func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, 
 			return refuse("invalid_request", "%s: item references are not supported but to an earlier answer's text or reasoning; send the items themselves", what)
 		}
 	}
-	req.Dropped = append(req.Dropped, it.Type)
+	req.drop(true, it.Type)
 	return nil
 }
 
@@ -223,7 +223,7 @@ var responsesPartMembers = map[string]string{"input_text": "type text", "output_
 	"input_image": "type image_url detail", "input_file": "type file_data file_url filename"}
 
 // encodeResponses builds a Responses body: text, images and files in message items, tool calls and results items of their own; codex gets SPEC §6.2's body.
-func encodeResponses(req chatRequest, c call) (any, error) {
+func encodeResponses(req *chatRequest, c call) (any, error) {
 	codex := c.res.Provider.codex
 	out := responsesRequestBody{callerHead: callerHead{c.res.Model, req.Temperature, req.TopP, req.Stream}, ParallelToolCalls: req.ParallelToolCalls,
 		openAIShared: req.Shared}
@@ -233,7 +233,12 @@ func encodeResponses(req chatRequest, c call) (any, error) {
 	if req.MaxTokens > 0 {
 		out.MaxOutputTokens = &req.MaxTokens
 	}
-	if codex {
+	req.drop(len(req.Stop) > 0, req.StopName)
+	if codex { // it never gets an output limit, and its backend refuses these (SPEC §6.2)
+		req.drop(req.LimitName != "", req.LimitName)
+		req.drop(req.Temperature != nil, "temperature")
+		req.drop(req.TopP != nil, "top_p")
+		req.drop(true, openAIShared{Metadata: out.Metadata, SafetyIdentifier: out.SafetyIdentifier, User: out.User}.names()...)
 		out.Store, out.Instructions = json.RawMessage("false"), ptrTo(cmp.Or(req.System, codexDefaultInstructions))
 		out.MaxOutputTokens, out.Temperature, out.TopP, out.Metadata, out.SafetyIdentifier, out.User = nil, nil, nil, nil, nil, nil
 	}
@@ -254,7 +259,7 @@ func encodeResponses(req chatRequest, c call) (any, error) {
 				items, content = append(items, responsesItem{Type: "message", Role: role, Content: must(json.Marshal(content))}), nil
 			}
 			if p.Type == partToolCall {
-				items = append(items, *responsesCall(req, "", p.ToolCallID, p.ToolName, p.Arguments, p.Custom))
+				items = append(items, *responsesCall(*req, "", p.ToolCallID, p.ToolName, p.Arguments, p.Custom))
 			} else if p.Type == partToolResult { // its text, or parts with its images and documents
 				output := jsonText(p.Text)
 				if len(p.Media) > 0 {
