@@ -384,8 +384,6 @@ func (tc chatToolCall) call(custom bool) (toolCall, bool) {
 var chatFinishes = map[string]string{finishLength: finishLength, "model_length": finishLength,
 	finishToolCalls: finishToolCalls, "function_call": finishToolCalls, finishContentFilter: finishContentFilter}
 
-func chatFinish(r string) string { return cmp.Or(chatFinishes[r], finishStop) }
-
 // decodeChat reads a complete Chat Completions answer as a stream's last chunk: a custom call without input is
 // read as a function call, no finish_reason is tool_calls beside calls, else stop.
 func decodeChat(body []byte, rd *streamReader) error {
@@ -400,7 +398,7 @@ func decodeChat(body []byte, rd *streamReader) error {
 		}
 	}
 	rd.finish = map[bool]string{false: finishStop, true: finishToolCalls}[len(m.ToolCalls) > 0]
-	rd.finish = chatFinish(cmp.Or(valueOr(r.Choices[0].FinishReason, ""), rd.finish))
+	rd.finish = cmp.Or(chatFinishes[cmp.Or(valueOr(r.Choices[0].FinishReason, ""), rd.finish)], finishStop)
 	rd.usage, _ = usageOf(protoOpenAIChat, rawMember(body, "usage"))
 	if err := rd.delta(m); err != nil {
 		return err
@@ -525,7 +523,7 @@ func (r *streamReader) readChat(event string, e rawObject) (keep bool, err error
 		if f := rawText(co.value("finish_reason")); len(f) > 0 {
 			r.choices[1][i/64] |= 1 << (i % 64)
 			if n == 0 {
-				r.finish = chatFinish(string(f))
+				r.finish = cmp.Or(chatFinishes[string(f)], finishStop)
 			}
 		}
 		r.finished = r.choices[0] == r.choices[1] && (r.finish != "" || r.out == nil) // translation reads choice 0

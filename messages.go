@@ -435,20 +435,17 @@ func (req chatRequest) adaptiveEffort(model string) bool {
 	return req.thinkingBudget() > 0 && adaptiveModels.MatchString(model)
 }
 
-func messagesFinish(reason string) string { return cmp.Or(messagesFinishes[reason], finishStop) }
-
-// decodeMessages gives a whole message's blocks to rd's caller stream in their order, a call without input "{}".
-func decodeMessages(body []byte, rd *streamReader) (err error) {
+// decodeMessages gives a whole message to rd's caller stream: its text, then its calls (a call without input "{}").
+func decodeMessages(body []byte, rd *streamReader) error {
 	var r messagesAnswer
 	if err := json.Unmarshal(body, &r); err != nil || r.Type != "message" {
 		return malformedAnswer(protoAnthropic, err)
 	}
-	rd.finish = messagesFinish(valueOr(r.StopReason, ""))
-	rd.usage, _ = usageOf(protoAnthropic, rawMember(body, "usage"))
-	for i := 0; err == nil && i < len(r.Content); i++ {
-		switch b := r.Content[i]; {
+	var calls []toolCall
+	for _, b := range r.Content {
+		switch {
 		case b.Type == "text" && b.Text != nil:
-			err = rd.out.text(*b.Text)
+			rd.out.text(*b.Text) // a text block refuses nothing: only a call's close can fail
 		case b.Type == "tool_use" && b.Name == "":
 			return malformedAnswer(protoAnthropic, nil)
 		case b.Type == "tool_use":
@@ -457,16 +454,11 @@ func decodeMessages(body []byte, rd *streamReader) (err error) {
 				args.Reset()
 				json.Compact(args, b.Input) // cannot fail: Input came out of the decoded body
 			}
-			if err = rd.out.call(rd.ncalls, toolCall{ID: b.ID, Name: b.Name}); err == nil {
-				err = rd.out.args(rd.ncalls, args.String())
-			}
-			rd.ncalls++
+			calls = append(calls, toolCall{ID: b.ID, Name: b.Name, Arguments: args.String()})
 		}
 	}
-	if err != nil {
-		return err
-	}
-	return rd.ended()
+	u, _ := usageOf(protoAnthropic, rawMember(body, "usage"))
+	return rd.out.tail(0, calls, cmp.Or(messagesFinishes[valueOr(r.StopReason, "")], finishStop), u)
 }
 
 // messagesSteps names each step's event.
@@ -544,7 +536,7 @@ func (r *streamReader) readMessages(typ string, e rawObject) (keep, end bool, er
 		err = r.decode(e, "delta", &d)
 		u, uerr := usageOf(r.protocol, e.value("usage"))
 		if d.StopReason != "" {
-			r.finish = messagesFinish(d.StopReason)
+			r.finish = cmp.Or(messagesFinishes[d.StopReason], finishStop)
 		}
 		if u.InputTokens > 0 { // newer streams repeat the cumulative input count
 			r.usage.InputTokens = u.InputTokens
