@@ -491,9 +491,8 @@ type upstreamStreamError struct{ Code, Class string }
 
 func (e *upstreamStreamError) Error() string { return "provider stream error " + e.Code }
 
-// streamErrorCodes classifies in-band error codes that say "rate" or "quota".
-var streamErrorCodes = map[string]string{"rate_limit_exceeded": refusalRate, "rate_limit_error": refusalRate,
-	"usage_limit_reached": refusalRate, "insufficient_quota": refusalQuota, "billing_error": refusalQuota}
+// streamErrorCodes classifies in-band error codes that say "rate" (quotaCodes those that say "quota").
+var streamErrorCodes = map[string]string{"rate_limit_exceeded": refusalRate, "rate_limit_error": refusalRate, "usage_limit_reached": refusalRate}
 
 // inBandError is provider_incomplete: the caller cannot know what was billed (SPEC §6.2, §7.5).
 func inBandError(code string) *apiError {
