@@ -130,18 +130,6 @@ func (req *chatRequest) findTool(name string) *tool {
 	return nil
 }
 
-// callerTool is a provider's call as the caller declared it: its name in its group, whether custom; a custom call made as a function gets its input back.
-func (req chatRequest) callerTool(tc toolCall) (name, args string, custom bool) {
-	switch t := req.findTool(tc.Name); {
-	case t == nil:
-		return tc.Name, tc.Arguments, tc.Custom
-	case t.Type == toolCustom && !tc.Custom:
-		return t.memberName(), customInput(tc.Arguments), true
-	default:
-		return t.memberName(), tc.Arguments, t.Type == toolCustom
-	}
-}
-
 // customInput is the "input" member of a custom call made as a function (toward messages).
 func customInput(args string) string {
 	var in struct{ Input string }

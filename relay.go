@@ -237,10 +237,15 @@ func (s *callerStream) text(t string) error {
 	return s.frames(s, stepDelta, s.open, t)
 }
 
-// call opens the block of tool call index (0-based, in call order): its id, name and kind.
+// call opens the block of tool call index (0-based, in call order): its id, and its name and kind as the caller
+// declared the tool; a custom tool's call made as a function is wrapped.
 func (s *callerStream) call(index int, tc toolCall) error {
-	name, _, custom := s.req.callerTool(tc)
-	return s.openBlock(&streamBlock{index: index, id: tc.ID, name: name, flat: tc.Name, custom: custom, wrapped: custom && !tc.Custom})
+	b := &streamBlock{index: index, id: tc.ID, name: tc.Name, flat: tc.Name, custom: tc.Custom}
+	if t := s.req.findTool(tc.Name); t != nil {
+		b.name, b.custom = t.memberName(), t.Type == toolCustom
+	}
+	b.wrapped = b.custom && !tc.Custom
+	return s.openBlock(b)
 }
 
 // args writes the next piece of call index's arguments. A call whose block closed (a provider interleaving calls)
