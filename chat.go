@@ -154,10 +154,10 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 		switch {
 		case !ok || !slices.Contains([]string{"", toolFunction, toolCustom}, tc.Type):
 			return refuse("invalid_request", "%s.tool_calls[%d] must be a function or custom call", what, i)
-		case c.ID == "" || c.Name == "":
+		case c.ToolCallID == "" || c.ToolName == "":
 			return refuse("invalid_request", "%s.tool_calls[%d] needs an id and a name", what, i)
 		}
-		parts = append(parts, part{Type: partToolCall, ToolCallID: c.ID, ToolName: c.Name, Arguments: c.Arguments, Custom: c.Custom})
+		parts = append(parts, c)
 	}
 	if err == nil && len(parts) == 0 {
 		err = refuse("invalid_request", "%s needs content (text, image or file parts) or tool_calls", what)
@@ -368,15 +368,16 @@ func chatCall(id, name, args string, custom bool) chatToolCall {
 	return chatToolCall{ID: id, Type: toolFunction, Function: f}
 }
 
-// call is tc as a neutral call: a custom call read from its custom member, else a function call from its function;
-// ok is false when that member, or a custom call's input, is missing.
-func (tc chatToolCall) call(custom bool) (toolCall, bool) {
-	c, f := toolCall{ID: tc.ID, Custom: custom}, map[bool]*chatFunction{false: tc.Function, true: tc.Custom}[custom]
+// call is tc as a neutral tool_call part: a custom call read from its custom member, else a function call from its
+// function; ok is false when that member, or a custom call's input, is missing.
+func (tc chatToolCall) call(custom bool) (part, bool) {
+	c := part{Type: partToolCall, ToolCallID: tc.ID, Custom: custom}
+	f := map[bool]*chatFunction{false: tc.Function, true: tc.Custom}[custom]
 	if f == nil {
 		return c, false
 	}
 	in := map[bool]*string{false: f.Arguments, true: f.Input}[custom]
-	c.Name, c.Arguments = f.Name, valueOr(in, "")
+	c.ToolName, c.Arguments = f.Name, valueOr(in, "")
 	return c, !custom || in != nil
 }
 
@@ -557,13 +558,13 @@ func (r *streamReader) delta(d *chatMessage) error {
 		i = valueOr(tc.Index, i)
 		call, _ := tc.call(tc.Custom != nil)
 		c := r.calls[i]
-		if c == nil || call.ID != "" && c.id != "" && call.ID != c.id { // an id after an id-less start is that call's
-			if call.Name == "" {
+		if c == nil || call.ToolCallID != "" && c.id != "" && call.ToolCallID != c.id { // an id after an id-less start is that call's
+			if call.ToolName == "" {
 				return eventWithout(protoOpenAIChat, "tool call", "a name")
 			}
-			c = &upstreamCall{tool: r.ncalls, id: call.ID}
+			c = &upstreamCall{tool: r.ncalls, id: call.ToolCallID}
 			r.calls[i], r.ncalls = c, r.ncalls+1
-			start := toolCall{ID: call.ID, Name: call.Name, Custom: call.Custom}
+			start := part{Type: partToolCall, ToolCallID: call.ToolCallID, ToolName: call.ToolName, Custom: call.Custom}
 			if c.tool > 0 {
 				r.held = append(r.held, start)
 			} else if err := r.out.call(0, start); err != nil {

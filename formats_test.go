@@ -22,6 +22,19 @@ type chatAnswer struct {
 	Usage     usage
 }
 
+// toolCall is one tool call of a chatAnswer (a tool_call part's facts).
+type toolCall struct {
+	ID        string
+	Name      string // as the provider saw it (flattened)
+	Arguments string
+	Custom    bool
+}
+
+// callPart is tc as the tool_call part a caller stream takes.
+func callPart(tc toolCall) part {
+	return part{Type: partToolCall, ToolCallID: tc.ID, ToolName: tc.Name, Arguments: tc.Arguments, Custom: tc.Custom}
+}
+
 // answerOf gathers the answer a reader of protocol gives a caller stream that writes nothing; read runs the reader.
 func answerOf(protocol string, read func(r *streamReader) error) (chatAnswer, error) {
 	s := &callerStream{frames: func(*callerStream, streamStep, *streamBlock, string) error { return nil }}
@@ -52,7 +65,11 @@ func renderAnswer(dialect string, req chatRequest, a chatAnswer) ([]byte, error)
 		err = s.text(a.Text)
 	}
 	if err == nil {
-		err = s.tail(0, a.ToolCalls, a.Finish, a.Usage)
+		var calls []part
+		for _, tc := range a.ToolCalls {
+			calls = append(calls, callPart(tc))
+		}
+		err = s.tail(0, calls, a.Finish, a.Usage)
 	}
 	if err == nil {
 		err = s.finish()

@@ -441,7 +441,7 @@ func decodeMessages(body []byte, rd *streamReader) error {
 	if err := json.Unmarshal(body, &r); err != nil || r.Type != "message" {
 		return malformedAnswer(protoAnthropic, err)
 	}
-	var calls []toolCall
+	var calls []part
 	for _, b := range r.Content {
 		switch {
 		case b.Type == "text" && b.Text != nil:
@@ -454,7 +454,7 @@ func decodeMessages(body []byte, rd *streamReader) error {
 				args.Reset()
 				json.Compact(args, b.Input) // cannot fail: Input came out of the decoded body
 			}
-			calls = append(calls, toolCall{ID: b.ID, Name: b.Name, Arguments: args.String()})
+			calls = append(calls, part{Type: partToolCall, ToolCallID: b.ID, ToolName: b.Name, Arguments: args.String()})
 		}
 	}
 	u, _ := usageOf(protoAnthropic, rawMember(body, "usage"))
@@ -574,7 +574,7 @@ func (r *streamReader) readBlock(typ string, e rawObject) error {
 	case typ == "content_block_start" && b.Type == "tool_use":
 		r.calls[index] = &upstreamCall{tool: r.ncalls}
 		r.ncalls++
-		return r.out.call(r.calls[index].tool, toolCall{ID: b.ID, Name: b.Name})
+		return r.out.call(r.calls[index].tool, part{Type: partToolCall, ToolCallID: b.ID, ToolName: b.Name})
 	case typ == "content_block_delta" && d == nil:
 		return eventWithout(protoAnthropic, typ, "delta")
 	case typ == "content_block_delta" && d.Type == "text_delta":

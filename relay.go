@@ -27,14 +27,6 @@ const (
 	finishContentFilter = "content_filter"
 )
 
-// toolCall is one tool call the model made.
-type toolCall struct {
-	ID        string
-	Name      string // as the provider saw it (flattened)
-	Arguments string // JSON text, or a custom tool's free-form input
-	Custom    bool   // the provider called it as a custom tool
-}
-
 // usage counts tokens as the provider reported them.
 type usage struct {
 	InputTokens, OutputTokens int
@@ -239,9 +231,9 @@ func (s *callerStream) text(t string) error {
 
 // call opens the block of tool call index (0-based, in call order): its id, and its name and kind as the caller
 // declared the tool; a custom tool's call made as a function is wrapped.
-func (s *callerStream) call(index int, tc toolCall) error {
-	b := &streamBlock{index: index, id: tc.ID, name: tc.Name, flat: tc.Name, custom: tc.Custom}
-	if t := s.req.findTool(tc.Name); t != nil {
+func (s *callerStream) call(index int, tc part) error {
+	b := &streamBlock{index: index, id: tc.ToolCallID, name: tc.ToolName, flat: tc.ToolName, custom: tc.Custom}
+	if t := s.req.findTool(tc.ToolName); t != nil {
 		b.name, b.custom = t.memberName(), t.Type == toolCustom
 	}
 	b.wrapped = b.custom && !tc.Custom
@@ -264,7 +256,7 @@ func (s *callerStream) args(index int, piece string) error {
 
 // tail takes the provider's terminal signal (SPEC §7.5): whole calls it held back (their indexes from first
 // on), its finish, and its usage when reported.
-func (s *callerStream) tail(first int, calls []toolCall, finish string, u usage) (err error) {
+func (s *callerStream) tail(first int, calls []part, finish string, u usage) (err error) {
 	if s.reason = finish; u.Reported { // recorded even when a block is refused: the provider answered
 		s.usage = u
 	}
@@ -381,7 +373,7 @@ type streamReader struct {
 	// chat: the choice indexes seen and finished (n ≤ 128), data: [DONE], the calls after the first, held to the end
 	choices [2][2]uint64
 	sawDone bool
-	held    []toolCall
+	held    []part
 	// a buffered codex caller (non-nil raw): output_item.done items by output_index, the final response
 	raw     map[int][]byte
 	final   json.RawMessage

@@ -173,7 +173,7 @@ func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, 
 		if !tc.Custom && valueOr(it.Arguments, "") == "" {
 			tc.Arguments = "" // absent arguments stay absent
 		}
-		req.Messages = appendPart(req.Messages, "assistant", part{Type: partToolCall, ToolCallID: tc.ID, ToolName: tc.Name, Arguments: tc.Arguments, Custom: tc.Custom})
+		req.Messages = appendPart(req.Messages, "assistant", tc)
 		return nil
 	case "function_call_output", "custom_tool_call_output":
 		if it.CallID == "" {
@@ -299,11 +299,11 @@ func responsesCall(req chatRequest, id, callID, name, args string, custom bool) 
 	return it
 }
 
-// call is a call item as a neutral call, its name flattened.
-func (it *responsesItem) call() (toolCall, bool) {
-	tc := toolCall{ID: it.CallID, Name: it.Name, Custom: it.Type == "custom_tool_call"}
+// call is a call item as a neutral tool_call part, its name flattened.
+func (it *responsesItem) call() (part, bool) {
+	tc := part{Type: partToolCall, ToolCallID: it.CallID, ToolName: it.Name, Custom: it.Type == "custom_tool_call"}
 	if it.Namespace != "" {
-		tc.Name = it.Namespace + "__" + it.Name
+		tc.ToolName = it.Namespace + "__" + it.Name
 	}
 	tc.Arguments = argumentsText(valueOr(it.Arguments, ""))
 	if tc.Custom {
@@ -553,7 +553,7 @@ func (r *streamReader) item(i int, item *responsesItem, done bool) (*upstreamCal
 			return nil, eventWithout(protoOpenAIResponses, "a call item", "a name")
 		}
 		it.tool, r.ncalls = r.ncalls, r.ncalls+1
-		if err := r.out.call(it.tool, toolCall{ID: tc.ID, Name: tc.Name, Custom: tc.Custom}); err != nil {
+		if err := r.out.call(it.tool, tc); err != nil {
 			return nil, err
 		}
 	}

@@ -41,7 +41,7 @@ func feed(s *callerStream, ev streamEvent) error {
 	case eventText:
 		return s.text(ev.Text)
 	case eventToolCallStart:
-		return s.call(ev.Index, ev.ToolCall)
+		return s.call(ev.Index, callPart(ev.ToolCall))
 	case eventToolCallArgs:
 		return s.args(ev.Index, ev.Text)
 	case eventFinish:
