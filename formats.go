@@ -130,13 +130,6 @@ func (req *chatRequest) findTool(name string) *tool {
 	return nil
 }
 
-// customInput is the "input" member of a custom call made as a function (toward messages).
-func customInput(args string) string {
-	var in struct{ Input string }
-	json.Unmarshal([]byte(args), &in)
-	return in.Input
-}
-
 // toolChoice says whether and which tool the model must call.
 type toolChoice struct{ Mode, Name string }
 

@@ -282,7 +282,8 @@ func (s *callerStream) openBlock(b *streamBlock) error {
 	return s.frames(s, stepOpen, b, "")
 }
 
-// closeOpen closes the open block; a wrapped call's input goes out first.
+// closeOpen closes the open block; a wrapped call's input (the "input" member of the function made of a custom
+// tool toward messages) goes out first.
 func (s *callerStream) closeOpen() error {
 	b := s.open
 	if b == nil {
@@ -291,7 +292,9 @@ func (s *callerStream) closeOpen() error {
 	s.open = nil
 	full := b.buf.String()
 	if b.wrapped {
-		full = customInput(full)
+		var in struct{ Input string }
+		json.Unmarshal([]byte(full), &in)
+		full = in.Input
 		b.buf.Reset()
 		b.buf.WriteString(full)
 		if err := s.frames(s, stepDelta, b, full); err != nil {
