@@ -15,8 +15,8 @@ import (
 	"time"
 )
 
-// The answer (SPEC §7.5, §7.6): the neutral answer, a buffered answer read whole or relayed
-// as received, a stream written block by block in the caller's dialect, or relayed, and the keep-alive; the one
+// The answer (SPEC §7.5, §7.6): a buffered answer read whole into the caller's dialect or relayed as
+// received, a stream written block by block in the caller's dialect, or relayed, and the keep-alive; the one
 // reader of a provider stream (streamReader), its failures and usage.
 
 // Finish reasons, in the neutral (OpenAI chat) vocabulary.
