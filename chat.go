@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"encoding/json"
+	"net/http"
 	"slices"
 	"strconv"
 	"time"
@@ -294,7 +295,7 @@ func (req chatRequest) openAIToolChoice(nested bool) json.RawMessage {
 }
 
 // encodeChat builds a Chat Completions body; tool results become role "tool" messages placed first, right after the assistant turn that called them.
-func encodeChat(req *chatRequest, c call) (any, error) {
+func encodeChat(req *chatRequest, c call, _ http.Header) (any, error) {
 	out := chatRequestBody{callerHead: callerHead{c.res.Model, req.Temperature, req.TopP, req.Stream}, ParallelToolCalls: req.ParallelToolCalls,
 		ReasoningEffort: req.Effort, Verbosity: req.Verbosity, ToolChoice: req.openAIToolChoice(true), Stop: jsonArray(req.Stop),
 		openAIShared: req.Shared}

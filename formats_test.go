@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net/http"
 	"slices"
 	"strings"
 	"testing"
@@ -429,7 +430,7 @@ func fuzzDialectParse(f *testing.F, dialect string, seeds ...string) {
 		if req.MaxTokens < 0 {
 			t.Fatalf("accepted max tokens %d", req.MaxTokens)
 		}
-		enc, err := wf.encode(&req, call{res: resolution{Model: req.Model}})
+		enc, err := wf.encode(&req, call{res: resolution{Model: req.Model}}, http.Header{})
 		if err != nil || len(roundTripNeutral(req).Messages) == 0 || roundTripNeutral(req).Messages[0].Role == "system" { // nothing a provider takes
 			return // not every accepted request can be sent (JSON mode toward messages, arguments that are not an object)
 		}

@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"encoding/base64"
 	"encoding/json"
+	"net/http"
 	"regexp"
 	"slices"
 	"strings"
@@ -316,8 +317,9 @@ func messagesSourceOf(url string) (*messagesSource, error) {
 	return &messagesSource{Type: "base64", MediaType: media, Data: data}, nil
 }
 
-// encodeMessages builds a Messages body: claude-code's identity first, custom tools as functions (SPEC §7.6).
-func encodeMessages(req *chatRequest, c call) (any, error) {
+// encodeMessages builds a Messages body: claude-code's identity first, custom tools as functions (SPEC §7.6); the
+// betas it needs go in h.
+func encodeMessages(req *chatRequest, c call, h http.Header) (any, error) {
 	model := c.res.Model
 	out := messagesRequestBody{callerHead: callerHead{model, req.Temperature, req.TopP, req.Stream}, StopSequences: req.Stop}
 	if req.MaxTokens > 0 {
@@ -336,7 +338,7 @@ func encodeMessages(req *chatRequest, c call) (any, error) {
 		req.drop(req.Temperature != nil, "temperature")
 		req.drop(req.TopP != nil, "top_p")
 		out.Thinking, out.Temperature, out.TopP = &messagesOption{Type: "enabled", BudgetTokens: budget}, nil, nil
-		if req.adaptiveEffort(model) { // an effort, not a budget; Anthropic has no "minimal"
+		if adaptiveModels.MatchString(model) { // an effort, not a budget; Anthropic has no "minimal"
 			out.Thinking, cfg.Effort = &messagesOption{Type: "adaptive"}, strings.Replace(req.Effort, "minimal", "low", 1)
 		}
 	} else {
@@ -384,6 +386,13 @@ func encodeMessages(req *chatRequest, c call) (any, error) {
 	if cfg != (messagesOption{}) {
 		out.OutputConfig = &cfg
 	}
+	// SPEC §7.6: the structured-outputs beta, for a JSON Schema output format or a tool's strict, true or false.
+	if req.Output != nil || slices.ContainsFunc(req.Tools, func(t tool) bool { return t.Strict != nil }) {
+		h.Add("Anthropic-Beta", structuredOutputsBeta)
+	}
+	if cfg.Effort != "" {
+		h.Add("Anthropic-Beta", effortBeta)
+	}
 	return out, nil
 }
 
@@ -429,11 +438,6 @@ func (req chatRequest) thinkingBudget() int {
 // adaptiveModels: a Claude 4.6 or later model (claude-opus-4-7, claude-opus-5, claude-haiku-5-1) takes thinking as adaptive with
 // output_config.effort and refuses a budget (Claude Code 2.1.332 decides so too); an earlier, dated (claude-opus-4-20250514) or unknown model takes a budget.
 var adaptiveModels = regexp.MustCompile(`^claude-(?:opus|sonnet|haiku)-(?:0?[5-9]|[1-9]\d|0?4-(?:0?[6-9]|[1-9]\d))(?:-|$)`)
-
-// adaptiveEffort: toward model, req's effort goes as output_config.effort and its beta, not a budget.
-func (req chatRequest) adaptiveEffort(model string) bool {
-	return req.thinkingBudget() > 0 && adaptiveModels.MatchString(model)
-}
 
 // decodeMessages gives a whole message to rd's caller stream: its text, then its calls (a call without input "{}").
 func decodeMessages(body []byte, rd *streamReader) error {

@@ -385,25 +385,16 @@ func rawMember(raw json.RawMessage, name string) json.RawMessage {
 
 // buildUpstreamRequest is req's call c in its provider's protocol and wire details (SPEC §6.2).
 func buildUpstreamRequest(ctx context.Context, c call, req *chatRequest) (*http.Request, error) {
-	p, model := c.res.Provider, c.res.Model
-	f := formatOf(p.protocol) // never nil: TestEveryProviderHasAWireFormat
+	p, options := c.res.Provider, http.Header{} // options: the format's own headers a translation needs
+	f := formatOf(p.protocol)                   // never nil: TestEveryProviderHasAWireFormat
 	req.Stream = req.Stream || p.codex
-	body, err := f.encode(req, c)
+	body, err := f.encode(req, c, options)
 	if err != nil {
 		return nil, err
 	}
 	b, err := json.Marshal(body)
 	if err != nil {
 		return nil, refuse("invalid_request", "the request cannot be encoded for provider %q", p.id).because(err)
-	}
-	options := http.Header{} // the format's own options a translation needs
-	strict := slices.ContainsFunc(req.Tools, func(t tool) bool { return t.Strict != nil })
-	// SPEC §7.6: the structured-outputs beta, for a JSON Schema output format or a tool's strict, true or false.
-	if p.protocol == protoAnthropic && (req.Output != nil || strict) {
-		options.Add("Anthropic-Beta", structuredOutputsBeta)
-	}
-	if p.protocol == protoAnthropic && req.adaptiveEffort(model) {
-		options.Add("Anthropic-Beta", effortBeta)
 	}
 	return newProviderRequest(ctx, c, options, f.path, b, req.Stream)
 }

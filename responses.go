@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"encoding/json"
+	"net/http"
 	"slices"
 	"strings"
 	"time"
@@ -223,7 +224,7 @@ var responsesPartMembers = map[string]string{"input_text": "type text", "output_
 	"input_image": "type image_url detail", "input_file": "type file_data file_url filename"}
 
 // encodeResponses builds a Responses body: text, images and files in message items, tool calls and results items of their own; codex gets SPEC §6.2's body.
-func encodeResponses(req *chatRequest, c call) (any, error) {
+func encodeResponses(req *chatRequest, c call, _ http.Header) (any, error) {
 	codex := c.res.Provider.codex
 	out := responsesRequestBody{callerHead: callerHead{c.res.Model, req.Temperature, req.TopP, req.Stream}, ParallelToolCalls: req.ParallelToolCalls,
 		openAIShared: req.Shared}
