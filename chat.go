@@ -409,8 +409,8 @@ func decodeChat(body []byte, rd *streamReader) error {
 }
 
 // chatFrames writes chat.completion.chunk frames. Chat has no block framing: a tool call's deltas carry its
-// call index; finish_reason goes out once, when the finish event arrives or at the end, where the usage chunk
-// (choices: []) follows when the caller asked and usage was reported, then [DONE].
+// call index; at the end finish_reason goes out once, then the usage chunk (choices: []) when the caller asked and
+// usage was reported, then [DONE].
 func (s *callerStream) chatFrames(step streamStep, b *streamBlock, d string) error {
 	var delta chatMessage
 	switch {
@@ -434,13 +434,8 @@ func (s *callerStream) chatFrames(step streamStep, b *streamBlock, d string) err
 		delta.ToolCalls = []chatToolCall{tc}
 	case step == stepFail: // the envelope of SPEC §8.1 as a final data frame
 		return s.frame("", s.failure.body())
-	case step == stepFinish || step == stepEnd:
-		var err error
-		if !s.finishSent {
-			s.finishSent = true
-			err = s.chatChunk(&chatMessage{}, ptrTo(answerFinish(s.reason)), nil)
-		}
-		if err != nil || step != stepEnd {
+	case step == stepEnd:
+		if err := s.chatChunk(&chatMessage{}, ptrTo(answerFinish(s.reason)), nil); err != nil {
 			return err
 		}
 		var u *chatUsage // left out, not zeros, when unreported
@@ -450,6 +445,7 @@ func (s *callerStream) chatFrames(step streamStep, b *streamBlock, d string) err
 		if s.flush == nil { // a buffered answer: content null beside only tool calls, as OpenAI sends it
 			s.whole = s.chatWhole(u)
 		}
+		var err error
 		if s.req.StreamUsage && u != nil {
 			err = s.chatChunk(nil, nil, u)
 		}

@@ -332,9 +332,8 @@ func decodeChatAnswer(t *testing.T, body []byte) chatAnswer {
 	return a
 }
 
-// TestChatStreamFinishOnce checks the finish chunk is written when the
-// finish event arrives and not again at finish(), and that finish() alone
-// still writes one (defaulting to stop).
+// TestChatStreamFinishOnce checks the finish chunk is written once, at
+// finish(), after a finish event or without one (then defaulting to stop).
 func TestChatStreamFinishOnce(t *testing.T) {
 	for _, events := range [][]streamEvent{{{Kind: eventFinish, Finish: finishLength}}, nil} {
 		body, _ := runCallerStream(t, dialectChat, events)

@@ -156,7 +156,7 @@ func (s *callerStream) Read(p []byte) (int, error) {
 var errCallerStreamDone = errors.New("caller stream already ended")
 
 // streamStep is what a dialect's frames function writes: the answer begins, a block opens, grows or closes,
-// the finish event arrives (chat writes its finish chunk then), the answer ends or fails.
+// the answer ends (the tail, its finish and usage, came just before) or fails.
 type streamStep int
 
 const (
@@ -164,7 +164,6 @@ const (
 	stepOpen
 	stepDelta
 	stepClose
-	stepFinish
 	stepEnd
 	stepFail
 )
@@ -191,15 +190,14 @@ type callerStream struct {
 	failure   *apiError    // stepFail's
 	open      *streamBlock // nil when none
 	blocks    []*streamBlock
-	// the dialect's own: chat's chunk id, creation time and whether its finish chunk went out,
-	// responses' next sequence_number, and the message or response the last event repeats whole
-	id         string
-	created    int64
-	finishSent bool
-	seq        int
-	msg        messagesAnswer
-	resp       responsesObject
-	whole      any // a buffered answer's body: the message, the response, the chat.completion
+	// the dialect's own: chat's chunk id and creation time, responses' next sequence_number, and the message or
+	// response the last event repeats whole
+	id      string
+	created int64
+	seq     int
+	msg     messagesAnswer
+	resp    responsesObject
+	whole   any // a buffered answer's body: the message, the response, the chat.completion
 }
 
 // streamBlock is one block: text, or a tool call named as the caller declared it; a custom call made as a function is wrapped, its input held to the close.
@@ -268,10 +266,7 @@ func (s *callerStream) tail(first int, calls []part, finish string, u usage) (er
 	if err == nil {
 		err = s.closeOpen()
 	}
-	if err != nil {
-		return err
-	}
-	return s.frames(s, stepFinish, nil, "")
+	return err
 }
 
 func (s *callerStream) openBlock(b *streamBlock) error {
