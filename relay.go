@@ -49,7 +49,7 @@ func writeAnswer(w http.ResponseWriter, contentType string, attempts int, body [
 
 // readAnswer reads and closes a committed buffered answer of p (a codex stream, SPEC §6.2, read whole) straight into
 // dialect's frames, discarded, which keep the whole body; the first refusal a block met fails it (messages:
-// arguments not an object). Model is what the body reports.
+// arguments not an object); model is what the body reports.
 func readAnswer(dialect string, req chatRequest, model string, p providerInfo, resp *http.Response) ([]byte, usage, error) {
 	defer resp.Body.Close()
 	s := &callerStream{w: io.Discard, frames: formatOf(dialect).frames, req: req, model: model}
