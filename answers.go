@@ -93,9 +93,9 @@ func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, c call, req
 	pass, tr := !req.translates(p), chatRequest{}
 	if !pass {
 		tr = req.translated()
-		if dropped := tr.droppedFor(p); len(dropped) > 0 { // SPEC §7.6: nothing is dropped silently
-			w.Header().Set("Brama-Dropped", headerText(strings.Join(dropped, ", ")))
-			e.t.dropped = dropped
+		if len(req.dropped) > 0 { // SPEC §7.6: nothing is dropped silently
+			w.Header().Set("Brama-Dropped", headerText(strings.Join(req.dropped, ", ")))
+			e.t.dropped = req.dropped
 		}
 	}
 	switch {
@@ -120,18 +120,13 @@ func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, c call, req
 		u, failure = relayBuffered(w, c, resp, attempts)
 		return u, failure, false
 	}
-	a, err := readProviderAnswer(p, resp)
+	out, u, err := readAnswer(req.dialect, tr, model, p, resp)
 	if err != nil {
 		return u, asAPIError(err).redactedFor(c.cred.bearer()).withAttempts(attempts), false
 	}
-	a.Model = model
-	out, err := renderAnswer(req.dialect, tr, a)
-	if err != nil {
-		return a.Usage, asAPIError(err).withAttempts(attempts), false
-	}
 	providerFacts(w.Header(), resp.Header, false)
 	writeAnswer(w, "application/json", attempts, out)
-	return a.Usage, nil, false
+	return u, nil, false
 }
 
 // serveModelCall makes the one call of POST /v1/messages/count_tokens (embed nil: the anthropic-messages provider's own
@@ -230,11 +225,11 @@ func (e *engine) ping(ctx context.Context, c call, pool []overlayItem) (u usage,
 	req := pingRequest(c.res.Route, c.res.Provider)
 	ae = e.attemptRoute(ctx, &job{kind: kindProbe, pool: pool,
 		build: func(ctx context.Context, c call, _ *callerRequest) (*http.Request, error) {
-			return buildUpstreamRequest(ctx, c, req)
+			return buildUpstreamRequest(ctx, c, &req)
 		},
 		commit: func(_ context.Context, c call, _ *callerRequest, resp *http.Response) (usage, *apiError, bool) {
-			a, err := readProviderAnswer(c.res.Provider, resp)
-			if u = a.Usage; err != nil { // an in-band limit blocks, as a request's
+			var err error
+			if _, u, err = readAnswer(dialectChat, req, "", c.res.Provider, resp); err != nil { // an in-band limit blocks, as a request's
 				return u, asAPIError(err), false
 			}
 			return u, nil, false

@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"encoding/json"
+	"net/http"
 	"slices"
 	"strconv"
 	"time"
@@ -154,10 +155,10 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 		switch {
 		case !ok || !slices.Contains([]string{"", toolFunction, toolCustom}, tc.Type):
 			return refuse("invalid_request", "%s.tool_calls[%d] must be a function or custom call", what, i)
-		case c.ID == "" || c.Name == "":
+		case c.ToolCallID == "" || c.ToolName == "":
 			return refuse("invalid_request", "%s.tool_calls[%d] needs an id and a name", what, i)
 		}
-		parts = append(parts, part{Type: partToolCall, ToolCallID: c.ID, ToolName: c.Name, Arguments: c.Arguments, Custom: c.Custom})
+		parts = append(parts, c)
 	}
 	if err == nil && len(parts) == 0 {
 		err = refuse("invalid_request", "%s needs content (text, image or file parts) or tool_calls", what)
@@ -199,7 +200,7 @@ func (req *chatRequest) dropUnknownChat(raw json.RawMessage, typ string) {
 // addChatTool adds a function or custom tool as Responses' flat one; another type is dropped and named.
 func (req *chatRequest) addChatTool(t chatToolCall, raw json.RawMessage, what string) error {
 	if t.Type != toolFunction && t.Type != toolCustom {
-		req.Dropped = append(req.Dropped, cmp.Or(t.Type, "tools"))
+		req.drop(true, cmp.Or(t.Type, "tools"))
 		return nil
 	}
 	req.dropUnknownChat(raw, t.Type)
@@ -227,7 +228,7 @@ func (req *chatRequest) addOpenAITool(t tool, raw json.RawMessage, what string) 
 		return err // on an error the whole request is refused
 	case "namespace":
 		if t.Description != "" {
-			req.Dropped = append(req.Dropped, "description")
+			req.drop(true, "description")
 		}
 		n := len(req.Tools)
 		err := readList(t.Tools, what+".tools", req.addOpenAITool)
@@ -236,7 +237,7 @@ func (req *chatRequest) addOpenAITool(t tool, raw json.RawMessage, what string) 
 		}
 		return err
 	}
-	req.Dropped = append(req.Dropped, cmp.Or(t.Type, "tools"))
+	req.drop(true, cmp.Or(t.Type, "tools"))
 	return nil
 }
 
@@ -267,7 +268,7 @@ func (req *chatRequest) setOpenAIToolChoice(raw json.RawMessage, nested bool) er
 	}
 	switch {
 	case tc.Type != toolFunction && tc.Type != toolCustom:
-		req.Dropped = append(req.Dropped, "tool_choice")
+		req.drop(true, "tool_choice")
 	case tc.Name == "":
 		return refuse("invalid_request", "tool_choice must name a tool: {\"type\":\"function\",…}")
 	case tc.Namespace != "":
@@ -294,7 +295,7 @@ func (req chatRequest) openAIToolChoice(nested bool) json.RawMessage {
 }
 
 // encodeChat builds a Chat Completions body; tool results become role "tool" messages placed first, right after the assistant turn that called them.
-func encodeChat(req chatRequest, c call) (any, error) {
+func encodeChat(req *chatRequest, c call, _ http.Header) (any, error) {
 	out := chatRequestBody{callerHead: callerHead{c.res.Model, req.Temperature, req.TopP, req.Stream}, ParallelToolCalls: req.ParallelToolCalls,
 		ReasoningEffort: req.Effort, Verbosity: req.Verbosity, ToolChoice: req.openAIToolChoice(true), Stop: jsonArray(req.Stop),
 		openAIShared: req.Shared}
@@ -326,6 +327,9 @@ func encodeChat(req chatRequest, c call) (any, error) {
 				msg.ToolCalls = append(msg.ToolCalls, chatCall(p.ToolCallID, p.ToolName, p.Arguments, p.Custom))
 			case partToolResult:
 				msgs = append(msgs, chatMessage{Role: "tool", ToolCallID: p.ToolCallID, Content: jsonText(p.Text)})
+				for _, q := range p.Media { // a tool message holds only text
+					req.drop(true, q.Type)
+				}
 			}
 		}
 		switch {
@@ -365,15 +369,16 @@ func chatCall(id, name, args string, custom bool) chatToolCall {
 	return chatToolCall{ID: id, Type: toolFunction, Function: f}
 }
 
-// call is tc as a neutral call: a custom call read from its custom member, else a function call from its function;
-// ok is false when that member, or a custom call's input, is missing.
-func (tc chatToolCall) call(custom bool) (toolCall, bool) {
-	c, f := toolCall{ID: tc.ID, Custom: custom}, map[bool]*chatFunction{false: tc.Function, true: tc.Custom}[custom]
+// call is tc as a neutral tool_call part: a custom call read from its custom member, else a function call from its
+// function; ok is false when that member, or a custom call's input, is missing.
+func (tc chatToolCall) call(custom bool) (part, bool) {
+	c := part{Type: partToolCall, ToolCallID: tc.ID, Custom: custom}
+	f := map[bool]*chatFunction{false: tc.Function, true: tc.Custom}[custom]
 	if f == nil {
 		return c, false
 	}
 	in := map[bool]*string{false: f.Arguments, true: f.Input}[custom]
-	c.Name, c.Arguments = f.Name, valueOr(in, "")
+	c.ToolName, c.Arguments = f.Name, valueOr(in, "")
 	return c, !custom || in != nil
 }
 
@@ -381,14 +386,12 @@ func (tc chatToolCall) call(custom bool) (toolCall, bool) {
 var chatFinishes = map[string]string{finishLength: finishLength, "model_length": finishLength,
 	finishToolCalls: finishToolCalls, "function_call": finishToolCalls, finishContentFilter: finishContentFilter}
 
-func chatFinish(r string) string { return cmp.Or(chatFinishes[r], finishStop) }
-
 // decodeChat reads a complete Chat Completions answer as a stream's last chunk: a custom call without input is
 // read as a function call, no finish_reason is tool_calls beside calls, else stop.
-func decodeChat(body []byte) (chatAnswer, error) {
+func decodeChat(body []byte, rd *streamReader) error {
 	var r chatCompletion
 	if err := json.Unmarshal(body, &r); err != nil || len(r.Choices) == 0 || r.Choices[0].Message == nil || !rawIsNull(r.Error) {
-		return chatAnswer{}, malformedAnswer(protoOpenAIChat, err)
+		return malformedAnswer(protoOpenAIChat, err)
 	}
 	m := r.Choices[0].Message
 	for i, tc := range m.ToolCalls {
@@ -396,20 +399,18 @@ func decodeChat(body []byte) (chatAnswer, error) {
 			m.ToolCalls[i].Custom = nil
 		}
 	}
-	return answerOf(protoOpenAIChat, func(rd *streamReader) error {
-		rd.finish = map[bool]string{false: finishStop, true: finishToolCalls}[len(m.ToolCalls) > 0]
-		rd.finish = chatFinish(cmp.Or(valueOr(r.Choices[0].FinishReason, ""), rd.finish))
-		rd.usage, _ = usageOf(protoOpenAIChat, rawMember(body, "usage"))
-		if err := rd.delta(m); err != nil {
-			return err
-		}
-		return rd.ended()
-	})
+	rd.finish = map[bool]string{false: finishStop, true: finishToolCalls}[len(m.ToolCalls) > 0]
+	rd.finish = cmp.Or(chatFinishes[cmp.Or(valueOr(r.Choices[0].FinishReason, ""), rd.finish)], finishStop)
+	rd.usage, _ = usageOf(protoOpenAIChat, rawMember(body, "usage"))
+	if err := rd.delta(m); err != nil {
+		return err
+	}
+	return rd.ended()
 }
 
 // chatFrames writes chat.completion.chunk frames. Chat has no block framing: a tool call's deltas carry its
-// call index; finish_reason goes out once, when the finish event arrives or at the end, where the usage chunk
-// (choices: []) follows when the caller asked and usage was reported, then [DONE].
+// call index; at the end finish_reason goes out once, then the usage chunk (choices: []) when the caller asked and
+// usage was reported, then [DONE].
 func (s *callerStream) chatFrames(step streamStep, b *streamBlock, d string) error {
 	var delta chatMessage
 	switch {
@@ -433,13 +434,8 @@ func (s *callerStream) chatFrames(step streamStep, b *streamBlock, d string) err
 		delta.ToolCalls = []chatToolCall{tc}
 	case step == stepFail: // the envelope of SPEC §8.1 as a final data frame
 		return s.frame("", s.failure.body())
-	case step == stepFinish || step == stepEnd:
-		var err error
-		if !s.finishSent {
-			s.finishSent = true
-			err = s.chatChunk(&chatMessage{}, ptrTo(answerFinish(s.reason)), nil)
-		}
-		if err != nil || step != stepEnd {
+	case step == stepEnd:
+		if err := s.chatChunk(&chatMessage{}, ptrTo(answerFinish(s.reason)), nil); err != nil {
 			return err
 		}
 		var u *chatUsage // left out, not zeros, when unreported
@@ -449,6 +445,7 @@ func (s *callerStream) chatFrames(step streamStep, b *streamBlock, d string) err
 		if s.flush == nil { // a buffered answer: content null beside only tool calls, as OpenAI sends it
 			s.whole = s.chatWhole(u)
 		}
+		var err error
 		if s.req.StreamUsage && u != nil {
 			err = s.chatChunk(nil, nil, u)
 		}
@@ -459,17 +456,18 @@ func (s *callerStream) chatFrames(step streamStep, b *streamBlock, d string) err
 	return s.chatChunk(&delta, nil, nil)
 }
 
-// chatWhole is the chat.completion of the blocks written: the text (written first) and the calls.
+// chatWhole is the chat.completion of the blocks written: the text of them all, and the calls.
 func (s *callerStream) chatWhole(u *chatUsage) chatCompletion {
-	m := chatMessage{Role: "assistant", Content: jsonText("")}
+	text, m := "", chatMessage{Role: "assistant"}
 	for _, b := range s.blocks {
 		if b.text {
-			m.Content = jsonText(b.buf.String())
-			continue
-		} else if b.pos == 0 {
-			m.Content = json.RawMessage("null")
+			text += b.buf.String()
+		} else {
+			m.ToolCalls = append(m.ToolCalls, chatCall(answerIDOr(b.id, "call_"), b.name, b.buf.String(), b.custom))
 		}
-		m.ToolCalls = append(m.ToolCalls, chatCall(answerIDOr(b.id, "call_"), b.name, b.buf.String(), b.custom))
+	}
+	if m.Content = jsonText(text); text == "" && len(m.ToolCalls) > 0 {
+		m.Content = json.RawMessage("null")
 	}
 	return chatCompletion{ID: s.id, Object: "chat.completion", Created: s.created, Model: s.model,
 		Choices: []chatChoice{{Message: &m, FinishReason: ptrTo(answerFinish(s.reason))}}, Usage: u}
@@ -523,7 +521,7 @@ func (r *streamReader) readChat(event string, e rawObject) (keep bool, err error
 		if f := rawText(co.value("finish_reason")); len(f) > 0 {
 			r.choices[1][i/64] |= 1 << (i % 64)
 			if n == 0 {
-				r.finish = chatFinish(string(f))
+				r.finish = cmp.Or(chatFinishes[string(f)], finishStop)
 			}
 		}
 		r.finished = r.choices[0] == r.choices[1] && (r.finish != "" || r.out == nil) // translation reads choice 0
@@ -557,13 +555,13 @@ func (r *streamReader) delta(d *chatMessage) error {
 		i = valueOr(tc.Index, i)
 		call, _ := tc.call(tc.Custom != nil)
 		c := r.calls[i]
-		if c == nil || call.ID != "" && c.id != "" && call.ID != c.id { // an id after an id-less start is that call's
-			if call.Name == "" {
+		if c == nil || call.ToolCallID != "" && c.id != "" && call.ToolCallID != c.id { // an id after an id-less start is that call's
+			if call.ToolName == "" {
 				return eventWithout(protoOpenAIChat, "tool call", "a name")
 			}
-			c = &upstreamCall{tool: r.ncalls, id: call.ID}
+			c = &upstreamCall{tool: r.ncalls, id: call.ToolCallID}
 			r.calls[i], r.ncalls = c, r.ncalls+1
-			start := toolCall{ID: call.ID, Name: call.Name, Custom: call.Custom}
+			start := part{Type: partToolCall, ToolCallID: call.ToolCallID, ToolName: call.ToolName, Custom: call.Custom}
 			if c.tool > 0 {
 				r.held = append(r.held, start)
 			} else if err := r.out.call(0, start); err != nil {

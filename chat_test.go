@@ -2,6 +2,8 @@ package main
 
 import (
 	"encoding/json"
+	"io"
+	"net/http"
 	"strings"
 	"testing"
 
@@ -330,9 +332,8 @@ func decodeChatAnswer(t *testing.T, body []byte) chatAnswer {
 	return a
 }
 
-// TestChatStreamFinishOnce checks the finish chunk is written when the
-// finish event arrives and not again at finish(), and that finish() alone
-// still writes one (defaulting to stop).
+// TestChatStreamFinishOnce checks the finish chunk is written once, at
+// finish(), after a finish event or without one (then defaulting to stop).
 func TestChatStreamFinishOnce(t *testing.T) {
 	for _, events := range [][]streamEvent{{{Kind: eventFinish, Finish: finishLength}}, nil} {
 		body, _ := runCallerStream(t, dialectChat, events)
@@ -342,5 +343,23 @@ func TestChatStreamFinishOnce(t *testing.T) {
 		if len(events) == 0 && !strings.Contains(body, `"finish_reason":"stop"`) {
 			t.Errorf("finish() without a finish event did not default to stop: %q", body)
 		}
+	}
+}
+
+// TestBufferedAnswerTextAfterACall: a provider's buffered answer goes into the caller's frames in its order; text
+// after a call opens a new block, and a chat caller's message still holds all of the text and the call.
+func TestBufferedAnswerTextAfterACall(t *testing.T) {
+	body := `{"id":"r","object":"response","status":"completed","model":"m","output":[
+		{"type":"message","role":"assistant","content":[{"type":"output_text","text":"a"}]},
+		{"type":"function_call","call_id":"c1","name":"f","arguments":"{}"},
+		{"type":"message","role":"assistant","content":[{"type":"output_text","text":"b"}]}]}`
+	resp := &http.Response{StatusCode: 200, Header: http.Header{}, Body: io.NopCloser(strings.NewReader(body))}
+	out, _, err := readAnswer(dialectChat, chatRequest{}, "alias", providerInfo{id: "openai", protocol: protoOpenAIResponses}, resp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := chatAnswer{Model: "alias", Text: "ab", Finish: finishToolCalls, ToolCalls: []toolCall{{ID: "c1", Name: "f", Arguments: "{}"}}}
+	if diff := cmp.Diff(want, decodeChatAnswer(t, out)); diff != "" {
+		t.Errorf("answer mismatch (-want +got):\n%s", diff)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net/http"
 	"slices"
 	"strings"
 )
@@ -37,7 +38,7 @@ type chatRequest struct {
 	Shared            openAIShared
 	Stream            bool
 	StreamUsage       bool     // a chat caller sent stream_options.include_usage: true
-	Dropped           []string // caller member names with no counterpart in any other format
+	Dropped           []string // caller member names the request loses (drop)
 }
 
 // openAIShared holds the members Chat Completions and Responses share under one name and shape: carried between them as sent, dropped toward messages.
@@ -130,25 +131,6 @@ func (req *chatRequest) findTool(name string) *tool {
 	return nil
 }
 
-// callerTool is a provider's call as the caller declared it: its name in its group, whether custom; a custom call made as a function gets its input back.
-func (req chatRequest) callerTool(tc toolCall) (name, args string, custom bool) {
-	switch t := req.findTool(tc.Name); {
-	case t == nil:
-		return tc.Name, tc.Arguments, tc.Custom
-	case t.Type == toolCustom && !tc.Custom:
-		return t.memberName(), customInput(tc.Arguments), true
-	default:
-		return t.memberName(), tc.Arguments, t.Type == toolCustom
-	}
-}
-
-// customInput is the "input" member of a custom call made as a function (toward messages).
-func customInput(args string) string {
-	var in struct{ Input string }
-	json.Unmarshal([]byte(args), &in)
-	return in.Input
-}
-
 // toolChoice says whether and which tool the model must call.
 type toolChoice struct{ Mode, Name string }
 
@@ -166,8 +148,8 @@ type wireFormat struct {
 	dialect, protocol string
 	path              string // the provider endpoint below the base URL
 	parse             func(body []byte) (chatRequest, error)
-	encode            func(req chatRequest, c call) (any, error) // req.Stream: whether c streams; c's provider rules (SPEC §6.2)
-	decode            func(body []byte) (chatAnswer, error)
+	encode            func(req *chatRequest, c call, h http.Header) (any, error)                // req.Stream: whether c streams; h: its headers
+	decode            func(body []byte, r *streamReader) error                                  // a 2xx buffered body given r's caller stream
 	frames            func(s *callerStream, step streamStep, b *streamBlock, text string) error // the caller stream writer's
 }
 
@@ -186,14 +168,6 @@ func formatOf(name string) *wireFormat {
 		}
 	}
 	return nil
-}
-
-// decodeUpstreamAnswer decodes a 2xx non-stream body (Model is the dispatcher's, SPEC §7.6); an unknown protocol fails.
-func decodeUpstreamAnswer(protocol string, body []byte) (chatAnswer, error) {
-	if f := formatOf(protocol); f != nil {
-		return f.decode(body)
-	}
-	return chatAnswer{}, refuse("provider_failure", "unknown wire format %q", protocol)
 }
 
 // orEmptySchema stands in an empty object schema for a tool without parameters where the protocol requires one.
@@ -252,7 +226,17 @@ func (req *chatRequest) dropUnknown(raw json.RawMessage, known string) {
 	for _, m := range o.members {
 		// encoding/json matches member names without regard to case.
 		if k := string(m.key); !slices.ContainsFunc(strings.Fields(known), func(n string) bool { return strings.EqualFold(n, k) }) {
-			req.Dropped = append(req.Dropped, k)
+			req.drop(true, k)
+		}
+	}
+}
+
+// drop names, when cond holds, caller members the request loses, each once: the parser those with no counterpart
+// in any other format, the encoder those its format or provider lacks (SPEC §7.6: nothing is dropped silently).
+func (req *chatRequest) drop(cond bool, names ...string) {
+	for _, n := range names {
+		if cond && !slices.Contains(req.Dropped, n) {
+			req.Dropped = append(req.Dropped, n)
 		}
 	}
 }
@@ -315,7 +299,7 @@ func callerParts[T any](req *chatRequest, raw json.RawMessage, what, kind string
 			if err == nil && p.Type == "" {
 				var it struct{ Type string }
 				json.Unmarshal(raw, &it)
-				req.Dropped = append(req.Dropped, cmp.Or(it.Type, what[strings.LastIndex(what, ".")+1:]))
+				req.drop(true, cmp.Or(it.Type, what[strings.LastIndex(what, ".")+1:]))
 				return nil
 			}
 			parts = append(parts, p)
@@ -428,7 +412,7 @@ func (req *chatRequest) setOutput(o *outputFormat, what string) error {
 	return nil
 }
 
-// toolResult is a tool result of parts: its text, and its media, which chat drops (droppedFor).
+// toolResult is a tool result of parts: its text, and its media, which chat drops.
 func toolResult(id string, parts []part, custom bool) part {
 	r := part{Type: partToolResult, ToolCallID: id, Custom: custom}
 	var texts []string

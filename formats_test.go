@@ -5,12 +5,81 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net/http"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 )
+
+// chatAnswer is one complete answer in no particular format: what the tests compare a dialect's body or a
+// provider's answer by (production code writes a provider's answer straight into the caller's frames).
+type chatAnswer struct {
+	Model     string
+	Text      string
+	ToolCalls []toolCall
+	Finish    string
+	Usage     usage
+}
+
+// toolCall is one tool call of a chatAnswer (a tool_call part's facts).
+type toolCall struct {
+	ID        string
+	Name      string // as the provider saw it (flattened)
+	Arguments string
+	Custom    bool
+}
+
+// callPart is tc as the tool_call part a caller stream takes.
+func callPart(tc toolCall) part {
+	return part{Type: partToolCall, ToolCallID: tc.ID, ToolName: tc.Name, Arguments: tc.Arguments, Custom: tc.Custom}
+}
+
+// answerOf gathers the answer a reader of protocol gives a caller stream that writes nothing; read runs the reader.
+func answerOf(protocol string, read func(r *streamReader) error) (chatAnswer, error) {
+	s := &callerStream{frames: func(*callerStream, streamStep, *streamBlock, string) error { return nil }}
+	if err := read(newStreamReader(protocol, s)); err != nil {
+		return chatAnswer{}, err
+	}
+	a := chatAnswer{Finish: s.reason, Usage: s.usage}
+	for _, b := range s.blocks {
+		if b.text {
+			a.Text += b.buf.String()
+		} else {
+			a.ToolCalls = append(a.ToolCalls, toolCall{ID: b.id, Name: b.flat, Arguments: b.buf.String(), Custom: b.custom})
+		}
+	}
+	return a, nil
+}
+
+// decodeUpstreamAnswer is the answer a 2xx buffered body of protocol gives.
+func decodeUpstreamAnswer(protocol string, body []byte) (chatAnswer, error) {
+	return answerOf(protocol, func(r *streamReader) error { return formatOf(protocol).decode(body, r) })
+}
+
+// renderAnswer is a as dialect's buffered body, written through the dialect's frames as readAnswer writes a provider's.
+func renderAnswer(dialect string, req chatRequest, a chatAnswer) ([]byte, error) {
+	s := &callerStream{w: io.Discard, frames: formatOf(dialect).frames, req: req, model: a.Model}
+	err := s.start()
+	if err == nil {
+		err = s.text(a.Text)
+	}
+	if err == nil {
+		var calls []part
+		for _, tc := range a.ToolCalls {
+			calls = append(calls, callPart(tc))
+		}
+		err = s.tail(0, calls, a.Finish, a.Usage)
+	}
+	if err == nil {
+		err = s.finish()
+	}
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(s.whole)
+}
 
 // testSSEFrame is one parsed server-sent event; comment frames have only
 // Comment set.
@@ -361,7 +430,7 @@ func fuzzDialectParse(f *testing.F, dialect string, seeds ...string) {
 		if req.MaxTokens < 0 {
 			t.Fatalf("accepted max tokens %d", req.MaxTokens)
 		}
-		enc, err := wf.encode(req, call{res: resolution{Model: req.Model}})
+		enc, err := wf.encode(&req, call{res: resolution{Model: req.Model}}, http.Header{})
 		if err != nil || len(roundTripNeutral(req).Messages) == 0 || roundTripNeutral(req).Messages[0].Role == "system" { // nothing a provider takes
 			return // not every accepted request can be sent (JSON mode toward messages, arguments that are not an object)
 		}

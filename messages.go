@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"encoding/base64"
 	"encoding/json"
+	"net/http"
 	"regexp"
 	"slices"
 	"strings"
@@ -135,7 +136,7 @@ func parseMessages(body []byte) (chatRequest, error) {
 		req.Effort, req.EffortName = effortNames[min(i, len(effortNames)-1)], "thinking"
 	case "disabled":
 	default: // adaptive: no effort of its own to carry
-		req.Dropped = append(req.Dropped, "thinking")
+		req.drop(true, "thinking")
 	}
 	o := valueOr(b.OutputConfig, messagesOption{})
 	if o.Effort != "" {
@@ -162,7 +163,7 @@ func (req *chatRequest) addMessagesTurn(m messagesTurn, _ json.RawMessage, what 
 // addMessagesTool adds a client tool, naming raw's unknown members; a server tool (web_search_…, bash_…, …) is dropped and named.
 func (req *chatRequest) addMessagesTool(t messagesTool, raw json.RawMessage, what string) error {
 	if t.Type != "" && t.Type != toolCustom {
-		req.Dropped = append(req.Dropped, t.Type)
+		req.drop(true, t.Type)
 		return nil
 	}
 	req.dropUnknown(raw, "type name description input_schema strict")
@@ -256,8 +257,8 @@ func messagesSourceURL(src *messagesSource, what string) (string, error) {
 }
 
 // messagesContent is parts as blocks, tool results first and no empty text (the API requires both); a custom tool's call
-// is the one-string-member object (SPEC §7.6).
-func messagesContent(ps []part) ([]messagesBlock, error) {
+// is the one-string-member object (SPEC §7.6); an image's detail is dropped.
+func (req *chatRequest) messagesContent(ps []part) ([]messagesBlock, error) {
 	var results, rest []messagesBlock
 	for _, p := range ps {
 		var b messagesBlock
@@ -278,10 +279,11 @@ func messagesContent(ps []part) ([]messagesBlock, error) {
 			b = messagesBlock{Type: "tool_result", ToolUseID: messagesToolID(p.ToolCallID), Content: jsonText(p.Text), IsError: p.IsError}
 			if len(p.Media) > 0 { // images and documents: blocks
 				var inner []messagesBlock
-				inner, err = messagesContent(append([]part{{Type: partText, Text: p.Text}}, p.Media...))
+				inner, err = req.messagesContent(append([]part{{Type: partText, Text: p.Text}}, p.Media...))
 				b.Content = must(json.Marshal(inner))
 			}
 		default:
+			req.drop(p.Detail != "", "detail")
 			b = messagesBlock{Type: p.Type, Title: p.Filename}
 			b.Source, err = messagesSourceOf(p.ImageURL + p.FileURL)
 		}
@@ -315,40 +317,40 @@ func messagesSourceOf(url string) (*messagesSource, error) {
 	return &messagesSource{Type: "base64", MediaType: media, Data: data}, nil
 }
 
-// encodeMessages builds a Messages body: claude-code's identity first, custom tools as functions (SPEC §7.6).
-func encodeMessages(req chatRequest, c call) (any, error) {
+// encodeMessages builds a Messages body: claude-code's identity first, custom tools as functions (SPEC §7.6); the
+// betas it needs go in h.
+func encodeMessages(req *chatRequest, c call, h http.Header) (any, error) {
 	model := c.res.Model
 	out := messagesRequestBody{callerHead: callerHead{model, req.Temperature, req.TopP, req.Stream}, StopSequences: req.Stop}
-	turns := []messagesTurn{}
 	if req.MaxTokens > 0 {
 		out.MaxTokens = &req.MaxTokens
 	}
 	switch {
 	case c.claudeCode():
-		sys, _ := messagesContent([]part{{Type: partText, Text: claudeCodeIdentity}, {Type: partText, Text: req.System}})
+		sys, _ := req.messagesContent([]part{{Type: partText, Text: claudeCodeIdentity}, {Type: partText, Text: req.System}})
 		out.System = must(json.Marshal(sys))
 	case req.System != "":
 		out.System = jsonText(req.System)
 	}
-	for _, m := range req.Messages {
-		if m.Role == "system" {
-			turns = append(turns, messagesTurn{Role: "system", Content: jsonText(textOf(m.Parts))})
-			continue
+	req.drop(true, req.Shared.names()...)
+	var cfg messagesOption
+	if budget := req.thinkingBudget(); budget > 0 { // the API refuses temperature and top_p beside thinking
+		req.drop(req.Temperature != nil, "temperature")
+		req.drop(req.TopP != nil, "top_p")
+		out.Thinking, out.Temperature, out.TopP = &messagesOption{Type: "enabled", BudgetTokens: budget}, nil, nil
+		if adaptiveModels.MatchString(model) { // an effort, not a budget; Anthropic has no "minimal"
+			out.Thinking, cfg.Effort = &messagesOption{Type: "adaptive"}, strings.Replace(req.Effort, "minimal", "low", 1)
 		}
-		blocks, err := messagesContent(m.Parts)
-		if err != nil {
-			return nil, err
-		}
-		if len(blocks) > 0 { // only empty text: the API refuses an empty turn
-			turns = append(turns, messagesTurn{Role: m.Role, Content: must(json.Marshal(blocks))})
-		}
+	} else {
+		req.drop(req.Effort != "", req.EffortName)
 	}
-	out.Messages = must(json.Marshal(turns))
+	req.drop(req.Verbosity != "", "verbosity")
 	var tools []messagesTool
 	for _, t := range req.Tools {
 		schema := orEmptySchema(t.Parameters)
 		if t.Type == toolCustom { // the one-string-member function a custom tool becomes (SPEC §7.6)
 			schema = json.RawMessage(`{"type":"object","properties":{"input":{"type":"string"}},"required":["input"]}`)
+			req.drop(t.Format != nil, "format")
 		}
 		tools = append(tools, messagesTool{tool{Name: t.Name, Description: t.Description, Strict: t.Strict}, schema})
 	}
@@ -360,13 +362,21 @@ func encodeMessages(req chatRequest, c call) (any, error) {
 			out.ToolChoice.DisableParallelToolUse = ptrTo(true)
 		}
 	}
-	var cfg messagesOption
-	if budget := req.thinkingBudget(); budget > 0 { // the API refuses temperature and top_p beside thinking
-		out.Thinking, out.Temperature, out.TopP = &messagesOption{Type: "enabled", BudgetTokens: budget}, nil, nil
-		if req.adaptiveEffort(model) { // an effort, not a budget; Anthropic has no "minimal"
-			out.Thinking, cfg.Effort = &messagesOption{Type: "adaptive"}, strings.Replace(req.Effort, "minimal", "low", 1)
+	turns := []messagesTurn{}
+	for _, m := range req.Messages {
+		if m.Role == "system" {
+			turns = append(turns, messagesTurn{Role: "system", Content: jsonText(textOf(m.Parts))})
+			continue
+		}
+		blocks, err := req.messagesContent(m.Parts)
+		if err != nil {
+			return nil, err
+		}
+		if len(blocks) > 0 { // only empty text: the API refuses an empty turn
+			turns = append(turns, messagesTurn{Role: m.Role, Content: must(json.Marshal(blocks))})
 		}
 	}
+	out.Messages = must(json.Marshal(turns))
 	if f := req.Output; f != nil {
 		if f.Type != "json_schema" {
 			return nil, refuse("invalid_request", "structured output without a JSON Schema (JSON mode) cannot be expressed to an anthropic-messages provider; send a JSON Schema")
@@ -375,6 +385,13 @@ func encodeMessages(req chatRequest, c call) (any, error) {
 	}
 	if cfg != (messagesOption{}) {
 		out.OutputConfig = &cfg
+	}
+	// SPEC §7.6: the structured-outputs beta, for a JSON Schema output format or a tool's strict, true or false.
+	if req.Output != nil || slices.ContainsFunc(req.Tools, func(t tool) bool { return t.Strict != nil }) {
+		h.Add("Anthropic-Beta", structuredOutputsBeta)
+	}
+	if cfg.Effort != "" {
+		h.Add("Anthropic-Beta", effortBeta)
 	}
 	return out, nil
 }
@@ -422,36 +439,30 @@ func (req chatRequest) thinkingBudget() int {
 // output_config.effort and refuses a budget (Claude Code 2.1.332 decides so too); an earlier, dated (claude-opus-4-20250514) or unknown model takes a budget.
 var adaptiveModels = regexp.MustCompile(`^claude-(?:opus|sonnet|haiku)-(?:0?[5-9]|[1-9]\d|0?4-(?:0?[6-9]|[1-9]\d))(?:-|$)`)
 
-// adaptiveEffort: toward model, req's effort goes as output_config.effort and its beta, not a budget.
-func (req chatRequest) adaptiveEffort(model string) bool {
-	return req.thinkingBudget() > 0 && adaptiveModels.MatchString(model)
-}
-
-func messagesFinish(reason string) string { return cmp.Or(messagesFinishes[reason], finishStop) }
-
-func decodeMessages(body []byte) (chatAnswer, error) {
+// decodeMessages gives a whole message to rd's caller stream: its text, then its calls (a call without input "{}").
+func decodeMessages(body []byte, rd *streamReader) error {
 	var r messagesAnswer
 	if err := json.Unmarshal(body, &r); err != nil || r.Type != "message" {
-		return chatAnswer{}, malformedAnswer(protoAnthropic, err)
+		return malformedAnswer(protoAnthropic, err)
 	}
-	a := chatAnswer{Finish: messagesFinish(valueOr(r.StopReason, ""))}
+	var calls []part
 	for _, b := range r.Content {
 		switch {
 		case b.Type == "text" && b.Text != nil:
-			a.Text += *b.Text
+			rd.out.text(*b.Text) // a text block refuses nothing: only a call's close can fail
 		case b.Type == "tool_use" && b.Name == "":
-			return chatAnswer{}, malformedAnswer(protoAnthropic, nil)
+			return malformedAnswer(protoAnthropic, nil)
 		case b.Type == "tool_use":
 			args := bytes.NewBufferString("{}")
 			if !rawIsNull(b.Input) {
 				args.Reset()
 				json.Compact(args, b.Input) // cannot fail: Input came out of the decoded body
 			}
-			a.ToolCalls = append(a.ToolCalls, toolCall{ID: b.ID, Name: b.Name, Arguments: args.String()})
+			calls = append(calls, part{Type: partToolCall, ToolCallID: b.ID, ToolName: b.Name, Arguments: args.String()})
 		}
 	}
-	a.Usage, _ = usageOf(protoAnthropic, rawMember(body, "usage"))
-	return a, nil
+	u, _ := usageOf(protoAnthropic, rawMember(body, "usage"))
+	return rd.out.tail(0, calls, cmp.Or(messagesFinishes[valueOr(r.StopReason, "")], finishStop), u)
 }
 
 // messagesSteps names each step's event.
@@ -529,7 +540,7 @@ func (r *streamReader) readMessages(typ string, e rawObject) (keep, end bool, er
 		err = r.decode(e, "delta", &d)
 		u, uerr := usageOf(r.protocol, e.value("usage"))
 		if d.StopReason != "" {
-			r.finish = messagesFinish(d.StopReason)
+			r.finish = cmp.Or(messagesFinishes[d.StopReason], finishStop)
 		}
 		if u.InputTokens > 0 { // newer streams repeat the cumulative input count
 			r.usage.InputTokens = u.InputTokens
@@ -567,7 +578,7 @@ func (r *streamReader) readBlock(typ string, e rawObject) error {
 	case typ == "content_block_start" && b.Type == "tool_use":
 		r.calls[index] = &upstreamCall{tool: r.ncalls}
 		r.ncalls++
-		return r.out.call(r.calls[index].tool, toolCall{ID: b.ID, Name: b.Name})
+		return r.out.call(r.calls[index].tool, part{Type: partToolCall, ToolCallID: b.ID, ToolName: b.Name})
 	case typ == "content_block_delta" && d == nil:
 		return eventWithout(protoAnthropic, typ, "delta")
 	case typ == "content_block_delta" && d.Type == "text_delta":

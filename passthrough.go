@@ -188,6 +188,7 @@ type callerRequest struct {
 	caller  *http.Request // its headers and query
 	head    chatRequest   // Model, Stream, StreamUsage, LimitName, and MaxTokens, the output limit a call sends (SPEC §6.4)
 	neutral *chatRequest  // the whole body parsed for translation; nil until a call needs it
+	dropped []string      // what the last translated call's request lost (chatRequest.drop)
 }
 
 // outputLimitNames are each dialect's names for the output limit.
@@ -234,7 +235,8 @@ func (cr *callerRequest) translates(p providerInfo) bool {
 // translated is the neutral request one call across formats sends.
 func (cr *callerRequest) translated() chatRequest {
 	req := *cr.neutral
-	req.MaxTokens = cr.head.MaxTokens // the model's own when the caller gave none (SPEC §6.4)
+	req.MaxTokens = cr.head.MaxTokens      // the model's own when the caller gave none (SPEC §6.4)
+	req.Dropped = slices.Clip(req.Dropped) // an encoder's drops are its call's own
 	return req
 }
 
@@ -243,7 +245,10 @@ func (cr *callerRequest) translated() chatRequest {
 func buildChatRequest(ctx context.Context, c call, cr *callerRequest) (*http.Request, error) {
 	p := c.res.Provider
 	if cr.translates(p) {
-		return buildUpstreamRequest(ctx, c, cr.translated())
+		req := cr.translated()
+		hr, err := buildUpstreamRequest(ctx, c, &req)
+		cr.dropped = req.Dropped
+		return hr, err
 	}
 	var edits []memberEdit
 	if cr.head.MaxTokens > 0 && cr.head.LimitName == "" && !p.codex {
@@ -347,42 +352,6 @@ func estimateInputTokens(o rawObject) int {
 	return (n + 3) / 4
 }
 
-// droppedFor names every caller member the request to p loses, each once: those with no
-// counterpart in any other format, and those p's format or p itself lacks (SPEC §7.6).
-func (req chatRequest) droppedFor(p providerInfo) []string {
-	d := slices.Clone(req.Dropped)
-	add := func(cond bool, names ...string) {
-		if cond {
-			d = append(d, names...)
-		}
-	}
-	sampling := slices.DeleteFunc([]string{"temperature", "top_p"}, func(n string) bool {
-		return n == "temperature" && req.Temperature == nil || n == "top_p" && req.TopP == nil
-	})
-	anthropic, budget := p.protocol == protoAnthropic, req.thinkingBudget()
-	add(anthropic, req.Shared.names()...)
-	add(anthropic && req.Effort != "" && budget == 0, req.EffortName)
-	add(anthropic && budget > 0, sampling...)
-	add(anthropic && req.Verbosity != "", "verbosity")
-	customFormat := slices.ContainsFunc(req.Tools, func(t tool) bool { return t.Type == toolCustom && t.Format != nil })
-	add(anthropic && customFormat, "format")
-	add(p.protocol == protoOpenAIResponses && len(req.Stop) > 0, req.StopName)
-	for _, m := range req.Messages {
-		for _, pt := range m.Parts {
-			for _, q := range append([]part{pt}, pt.Media...) {
-				add(anthropic && q.Detail != "", "detail")
-				add(p.protocol == protoOpenAIChat && q.Type != pt.Type, q.Type) // a tool message holds only text
-			}
-		}
-	}
-	codex := p.codex // it never gets an output limit, and its backend refuses these (SPEC §6.2)
-	add(codex && req.LimitName != "", req.LimitName)
-	add(codex, sampling...)
-	add(codex, openAIShared{Metadata: req.Shared.Metadata, SafetyIdentifier: req.Shared.SafetyIdentifier, User: req.Shared.User}.names()...)
-	seen := map[string]bool{}
-	return slices.DeleteFunc(d, func(n string) bool { dup := seen[n]; seen[n] = true; return dup })
-}
-
 func textOf(ps []part) string {
 	var b strings.Builder
 	for _, p := range ps {
@@ -415,26 +384,17 @@ func rawMember(raw json.RawMessage, name string) json.RawMessage {
 }
 
 // buildUpstreamRequest is req's call c in its provider's protocol and wire details (SPEC §6.2).
-func buildUpstreamRequest(ctx context.Context, c call, req chatRequest) (*http.Request, error) {
-	p, model := c.res.Provider, c.res.Model
-	f := formatOf(p.protocol) // never nil: TestEveryProviderHasAWireFormat
+func buildUpstreamRequest(ctx context.Context, c call, req *chatRequest) (*http.Request, error) {
+	p, options := c.res.Provider, http.Header{} // options: the format's own headers a translation needs
+	f := formatOf(p.protocol)                   // never nil: TestEveryProviderHasAWireFormat
 	req.Stream = req.Stream || p.codex
-	body, err := f.encode(req, c)
+	body, err := f.encode(req, c, options)
 	if err != nil {
 		return nil, err
 	}
 	b, err := json.Marshal(body)
 	if err != nil {
 		return nil, refuse("invalid_request", "the request cannot be encoded for provider %q", p.id).because(err)
-	}
-	options := http.Header{} // the format's own options a translation needs
-	strict := slices.ContainsFunc(req.Tools, func(t tool) bool { return t.Strict != nil })
-	// SPEC §7.6: the structured-outputs beta, for a JSON Schema output format or a tool's strict, true or false.
-	if p.protocol == protoAnthropic && (req.Output != nil || strict) {
-		options.Add("Anthropic-Beta", structuredOutputsBeta)
-	}
-	if p.protocol == protoAnthropic && req.adaptiveEffort(model) {
-		options.Add("Anthropic-Beta", effortBeta)
 	}
 	return newProviderRequest(ctx, c, options, f.path, b, req.Stream)
 }

@@ -534,7 +534,7 @@ func TestProviderHeadersMatchTranslation(t *testing.T) {
 		for _, cred := range creds {
 			for _, stream := range []bool{false, true} {
 				req := chatRequest{Model: "m", Stream: stream, MaxTokens: 10, Messages: []message{{Role: "user", Parts: []part{{Type: partText, Text: "hi"}}}}}
-				hr, err := buildUpstreamRequest(t.Context(), call{res: resolution{Provider: p, Model: "m"}, baseURL: "http://127.0.0.1:9", cred: cred}, req)
+				hr, err := buildUpstreamRequest(t.Context(), call{res: resolution{Provider: p, Model: "m"}, baseURL: "http://127.0.0.1:9", cred: cred}, &req)
 				if err != nil {
 					t.Fatalf("%s: %v", p.id, err)
 				}

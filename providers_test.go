@@ -135,7 +135,7 @@ func TestProviderCallRoundTrip(t *testing.T) {
 				t.Fatal(err)
 			}
 			req := chatRequest{Messages: []message{{Role: "user", Parts: []part{{Type: partText, Text: "hi"}}}}, Stream: tt.stream}
-			hr, err := buildUpstreamRequest(context.Background(), call{res: resolution{Provider: p, Model: "m"}, baseURL: base, cred: tt.cred}, req)
+			hr, err := buildUpstreamRequest(context.Background(), call{res: resolution{Provider: p, Model: "m"}, baseURL: base, cred: tt.cred}, &req)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -15,8 +15,8 @@ import (
 	"time"
 )
 
-// The answer (SPEC §7.5, §7.6): the neutral answer, a buffered answer read whole or relayed
-// as received, a stream written block by block in the caller's dialect, or relayed, and the keep-alive; the one
+// The answer (SPEC §7.5, §7.6): a buffered answer read whole into the caller's dialect or relayed as
+// received, a stream written block by block in the caller's dialect, or relayed, and the keep-alive; the one
 // reader of a provider stream (streamReader), its failures and usage.
 
 // Finish reasons, in the neutral (OpenAI chat) vocabulary.
@@ -26,23 +26,6 @@ const (
 	finishToolCalls     = "tool_calls"
 	finishContentFilter = "content_filter"
 )
-
-// chatAnswer is one complete answer in no particular format.
-type chatAnswer struct {
-	Model     string // the name reported to the caller (SPEC §7.6)
-	Text      string
-	ToolCalls []toolCall
-	Finish    string
-	Usage     usage
-}
-
-// toolCall is one tool call the model made.
-type toolCall struct {
-	ID        string
-	Name      string // as the provider saw it (flattened)
-	Arguments string // JSON text, or a custom tool's free-form input
-	Custom    bool   // the provider called it as a custom tool
-}
 
 // usage counts tokens as the provider reported them.
 type usage struct {
@@ -56,23 +39,6 @@ func answerIDOr(id, prefix string) string { return cmp.Or(id, newAnswerID(prefix
 
 func answerFinish(f string) string { return cmp.Or(f, finishStop) }
 
-// answerOf gathers the answer a reader of protocol gives a caller stream that writes nothing; read runs the reader.
-func answerOf(protocol string, read func(r *streamReader) error) (chatAnswer, error) {
-	s := &callerStream{frames: func(*callerStream, streamStep, *streamBlock, string) error { return nil }}
-	if err := read(newStreamReader(protocol, s)); err != nil {
-		return chatAnswer{}, err
-	}
-	a := chatAnswer{Finish: s.reason, Usage: s.usage}
-	for _, b := range s.blocks {
-		if b.text {
-			a.Text += b.buf.String()
-		} else {
-			a.ToolCalls = append(a.ToolCalls, toolCall{ID: b.id, Name: b.flat, Arguments: b.buf.String(), Custom: b.custom})
-		}
-	}
-	return a, nil
-}
-
 // writeAnswer writes a buffered 200 answer with its attempts.
 func writeAnswer(w http.ResponseWriter, contentType string, attempts int, body []byte) {
 	w.Header().Set("Content-Type", contentType)
@@ -81,17 +47,29 @@ func writeAnswer(w http.ResponseWriter, contentType string, attempts int, body [
 	w.Write(body)
 }
 
-// readProviderAnswer reads and closes a committed buffered answer, a codex stream (SPEC §6.2) assembled.
-func readProviderAnswer(p providerInfo, resp *http.Response) (chatAnswer, error) {
+// readAnswer reads and closes a committed buffered answer of p (a codex stream, SPEC §6.2, read whole) straight into
+// dialect's frames, discarded, which keep the whole body; the first refusal a block met fails it (messages:
+// arguments not an object); model is what the body reports.
+func readAnswer(dialect string, req chatRequest, model string, p providerInfo, resp *http.Response) ([]byte, usage, error) {
 	defer resp.Body.Close()
-	if p.codex {
-		return answerOf(p.protocol, func(r *streamReader) error { return r.run(resp.Body, nil) })
+	s := &callerStream{w: io.Discard, frames: formatOf(dialect).frames, req: req, model: model}
+	r, err := newStreamReader(p.protocol, s), s.start()
+	if err == nil && p.codex {
+		err = r.run(resp.Body, nil)
+	} else if err == nil {
+		var body []byte
+		if body, err = readWhole(p, resp); err == nil {
+			err = formatOf(p.protocol).decode(body, r)
+		}
 	}
-	body, err := readWhole(p, resp)
+	if err == nil {
+		err = s.finish()
+	}
 	if err != nil {
-		return chatAnswer{}, err
+		return nil, s.usage, err
 	}
-	return decodeUpstreamAnswer(p.protocol, body)
+	body, err := json.Marshal(s.whole)
+	return body, s.usage, err
 }
 
 // readWhole reads a committed answer's body, or SPEC §8.2's refusal of one cut mid-body.
@@ -178,7 +156,7 @@ func (s *callerStream) Read(p []byte) (int, error) {
 var errCallerStreamDone = errors.New("caller stream already ended")
 
 // streamStep is what a dialect's frames function writes: the answer begins, a block opens, grows or closes,
-// the finish event arrives (chat writes its finish chunk then), the answer ends or fails.
+// the answer ends (the tail, its finish and usage, came just before) or fails.
 type streamStep int
 
 const (
@@ -186,7 +164,6 @@ const (
 	stepOpen
 	stepDelta
 	stepClose
-	stepFinish
 	stepEnd
 	stepFail
 )
@@ -194,7 +171,7 @@ const (
 // callerStream writes a streamed answer in the caller's dialect (SPEC §7.5), one block at a time, each step
 // framed by the dialect's frames function; the first write error sticks. A committed stream's writer also
 // relays a same-format stream and keeps it alive, under one lock; the same writer, frames discarded, builds
-// every dialect's buffered answer (renderAnswer) and gathers a provider's (answerOf).
+// every dialect's buffered answer (readAnswer).
 type callerStream struct {
 	mu        sync.Mutex // a committed stream's: guards everything below against the keep-alive timer
 	closed    bool
@@ -213,15 +190,14 @@ type callerStream struct {
 	failure   *apiError    // stepFail's
 	open      *streamBlock // nil when none
 	blocks    []*streamBlock
-	// the dialect's own: chat's chunk id, creation time and whether its finish chunk went out,
-	// responses' next sequence_number, and the message or response the last event repeats whole
-	id         string
-	created    int64
-	finishSent bool
-	seq        int
-	msg        messagesAnswer
-	resp       responsesObject
-	whole      any // a buffered answer's body: the message, the response, the chat.completion
+	// the dialect's own: chat's chunk id and creation time, responses' next sequence_number, and the message or
+	// response the last event repeats whole
+	id      string
+	created int64
+	seq     int
+	msg     messagesAnswer
+	resp    responsesObject
+	whole   any // a buffered answer's body: the message, the response, the chat.completion
 }
 
 // streamBlock is one block: text, or a tool call named as the caller declared it; a custom call made as a function is wrapped, its input held to the close.
@@ -233,26 +209,6 @@ type streamBlock struct {
 	flat            string // the name providers saw
 	custom, wrapped bool
 	buf             strings.Builder
-}
-
-// renderAnswer is a buffered answer as dialect's body: a written through the dialect's frames, discarded, which
-// keep the whole answer; the first refusal a block met fails it (messages: arguments not an object).
-func renderAnswer(dialect string, req chatRequest, a chatAnswer) ([]byte, error) {
-	s := &callerStream{w: io.Discard, frames: formatOf(dialect).frames, req: req, model: a.Model}
-	err := s.start()
-	if err == nil {
-		err = s.text(a.Text)
-	}
-	if err == nil {
-		err = s.tail(0, a.ToolCalls, a.Finish, a.Usage)
-	}
-	if err == nil {
-		err = s.finish()
-	}
-	if err != nil {
-		return nil, err
-	}
-	return json.Marshal(s.whole)
 }
 
 func (s *callerStream) start() error { return s.frames(s, stepBegin, nil, "") }
@@ -271,10 +227,15 @@ func (s *callerStream) text(t string) error {
 	return s.frames(s, stepDelta, s.open, t)
 }
 
-// call opens the block of tool call index (0-based, in call order): its id, name and kind.
-func (s *callerStream) call(index int, tc toolCall) error {
-	name, _, custom := s.req.callerTool(tc)
-	return s.openBlock(&streamBlock{index: index, id: tc.ID, name: name, flat: tc.Name, custom: custom, wrapped: custom && !tc.Custom})
+// call opens the block of tool call index (0-based, in call order): its id, and its name and kind as the caller
+// declared the tool; a custom tool's call made as a function is wrapped.
+func (s *callerStream) call(index int, tc part) error {
+	b := &streamBlock{index: index, id: tc.ToolCallID, name: tc.ToolName, flat: tc.ToolName, custom: tc.Custom}
+	if t := s.req.findTool(tc.ToolName); t != nil {
+		b.name, b.custom = t.memberName(), t.Type == toolCustom
+	}
+	b.wrapped = b.custom && !tc.Custom
+	return s.openBlock(b)
 }
 
 // args writes the next piece of call index's arguments. A call whose block closed (a provider interleaving calls)
@@ -293,7 +254,10 @@ func (s *callerStream) args(index int, piece string) error {
 
 // tail takes the provider's terminal signal (SPEC §7.5): whole calls it held back (their indexes from first
 // on), its finish, and its usage when reported.
-func (s *callerStream) tail(first int, calls []toolCall, finish string, u usage) (err error) {
+func (s *callerStream) tail(first int, calls []part, finish string, u usage) (err error) {
+	if s.reason = finish; u.Reported { // recorded even when a block is refused: the provider answered
+		s.usage = u
+	}
 	for i := 0; err == nil && i < len(calls); i++ {
 		if err = s.call(first+i, calls[i]); err == nil {
 			err = s.args(first+i, calls[i].Arguments)
@@ -302,13 +266,7 @@ func (s *callerStream) tail(first int, calls []toolCall, finish string, u usage)
 	if err == nil {
 		err = s.closeOpen()
 	}
-	if s.reason = finish; err != nil {
-		return err
-	}
-	if u.Reported {
-		s.usage = u
-	}
-	return s.frames(s, stepFinish, nil, "")
+	return err
 }
 
 func (s *callerStream) openBlock(b *streamBlock) error {
@@ -319,7 +277,8 @@ func (s *callerStream) openBlock(b *streamBlock) error {
 	return s.frames(s, stepOpen, b, "")
 }
 
-// closeOpen closes the open block; a wrapped call's input goes out first.
+// closeOpen closes the open block; a wrapped call's input (the "input" member of the function made of a custom
+// tool toward messages) goes out first.
 func (s *callerStream) closeOpen() error {
 	b := s.open
 	if b == nil {
@@ -328,7 +287,9 @@ func (s *callerStream) closeOpen() error {
 	s.open = nil
 	full := b.buf.String()
 	if b.wrapped {
-		full = customInput(full)
+		var in struct{ Input string }
+		json.Unmarshal([]byte(full), &in)
+		full = in.Input
 		b.buf.Reset()
 		b.buf.WriteString(full)
 		if err := s.frames(s, stepDelta, b, full); err != nil {
@@ -410,7 +371,7 @@ type streamReader struct {
 	// chat: the choice indexes seen and finished (n ≤ 128), data: [DONE], the calls after the first, held to the end
 	choices [2][2]uint64
 	sawDone bool
-	held    []toolCall
+	held    []part
 	// a buffered codex caller (non-nil raw): output_item.done items by output_index, the final response
 	raw     map[int][]byte
 	final   json.RawMessage
@@ -525,9 +486,8 @@ type upstreamStreamError struct{ Code, Class string }
 
 func (e *upstreamStreamError) Error() string { return "provider stream error " + e.Code }
 
-// streamErrorCodes classifies in-band error codes that say "rate" or "quota".
-var streamErrorCodes = map[string]string{"rate_limit_exceeded": refusalRate, "rate_limit_error": refusalRate,
-	"usage_limit_reached": refusalRate, "insufficient_quota": refusalQuota, "billing_error": refusalQuota}
+// streamErrorCodes classifies in-band error codes that say "rate" (quotaCodes those that say "quota").
+var streamErrorCodes = map[string]string{"rate_limit_exceeded": refusalRate, "rate_limit_error": refusalRate, "usage_limit_reached": refusalRate}
 
 // inBandError is provider_incomplete: the caller cannot know what was billed (SPEC §6.2, §7.5).
 func inBandError(code string) *apiError {

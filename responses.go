@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"encoding/json"
+	"net/http"
 	"slices"
 	"strings"
 	"time"
@@ -173,7 +174,7 @@ func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, 
 		if !tc.Custom && valueOr(it.Arguments, "") == "" {
 			tc.Arguments = "" // absent arguments stay absent
 		}
-		req.Messages = appendPart(req.Messages, "assistant", part{Type: partToolCall, ToolCallID: tc.ID, ToolName: tc.Name, Arguments: tc.Arguments, Custom: tc.Custom})
+		req.Messages = appendPart(req.Messages, "assistant", tc)
 		return nil
 	case "function_call_output", "custom_tool_call_output":
 		if it.CallID == "" {
@@ -192,7 +193,7 @@ func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, 
 			return refuse("invalid_request", "%s: item references are not supported but to an earlier answer's text or reasoning; send the items themselves", what)
 		}
 	}
-	req.Dropped = append(req.Dropped, it.Type)
+	req.drop(true, it.Type)
 	return nil
 }
 
@@ -223,7 +224,7 @@ var responsesPartMembers = map[string]string{"input_text": "type text", "output_
 	"input_image": "type image_url detail", "input_file": "type file_data file_url filename"}
 
 // encodeResponses builds a Responses body: text, images and files in message items, tool calls and results items of their own; codex gets SPEC §6.2's body.
-func encodeResponses(req chatRequest, c call) (any, error) {
+func encodeResponses(req *chatRequest, c call, _ http.Header) (any, error) {
 	codex := c.res.Provider.codex
 	out := responsesRequestBody{callerHead: callerHead{c.res.Model, req.Temperature, req.TopP, req.Stream}, ParallelToolCalls: req.ParallelToolCalls,
 		openAIShared: req.Shared}
@@ -233,7 +234,12 @@ func encodeResponses(req chatRequest, c call) (any, error) {
 	if req.MaxTokens > 0 {
 		out.MaxOutputTokens = &req.MaxTokens
 	}
-	if codex {
+	req.drop(len(req.Stop) > 0, req.StopName)
+	if codex { // it never gets an output limit, and its backend refuses these (SPEC §6.2)
+		req.drop(req.LimitName != "", req.LimitName)
+		req.drop(req.Temperature != nil, "temperature")
+		req.drop(req.TopP != nil, "top_p")
+		req.drop(true, openAIShared{Metadata: out.Metadata, SafetyIdentifier: out.SafetyIdentifier, User: out.User}.names()...)
 		out.Store, out.Instructions = json.RawMessage("false"), ptrTo(cmp.Or(req.System, codexDefaultInstructions))
 		out.MaxOutputTokens, out.Temperature, out.TopP, out.Metadata, out.SafetyIdentifier, out.User = nil, nil, nil, nil, nil, nil
 	}
@@ -254,7 +260,7 @@ func encodeResponses(req chatRequest, c call) (any, error) {
 				items, content = append(items, responsesItem{Type: "message", Role: role, Content: must(json.Marshal(content))}), nil
 			}
 			if p.Type == partToolCall {
-				items = append(items, *responsesCall(req, "", p.ToolCallID, p.ToolName, p.Arguments, p.Custom))
+				items = append(items, *responsesCall(*req, "", p.ToolCallID, p.ToolName, p.Arguments, p.Custom))
 			} else if p.Type == partToolResult { // its text, or parts with its images and documents
 				output := jsonText(p.Text)
 				if len(p.Media) > 0 {
@@ -294,11 +300,11 @@ func responsesCall(req chatRequest, id, callID, name, args string, custom bool) 
 	return it
 }
 
-// call is a call item as a neutral call, its name flattened.
-func (it *responsesItem) call() (toolCall, bool) {
-	tc := toolCall{ID: it.CallID, Name: it.Name, Custom: it.Type == "custom_tool_call"}
+// call is a call item as a neutral tool_call part, its name flattened.
+func (it *responsesItem) call() (part, bool) {
+	tc := part{Type: partToolCall, ToolCallID: it.CallID, ToolName: it.Name, Custom: it.Type == "custom_tool_call"}
 	if it.Namespace != "" {
-		tc.Name = it.Namespace + "__" + it.Name
+		tc.ToolName = it.Namespace + "__" + it.Name
 	}
 	tc.Arguments = argumentsText(valueOr(it.Arguments, ""))
 	if tc.Custom {
@@ -310,15 +316,13 @@ func (it *responsesItem) call() (toolCall, bool) {
 // responsesIncompletes maps finishes to incomplete_details.reason, both ways.
 var responsesIncompletes = map[string]string{finishLength: "max_output_tokens", finishContentFilter: "content_filter"}
 
-func decodeResponses(body []byte) (chatAnswer, error) {
+func decodeResponses(body []byte, rd *streamReader) error {
 	var r responsesObject
 	if err := json.Unmarshal(body, &r); err != nil || r.Status != "completed" && r.Status != "incomplete" {
-		return chatAnswer{}, malformedAnswer(protoOpenAIResponses, err)
+		return malformedAnswer(protoOpenAIResponses, err)
 	}
-	return answerOf(protoOpenAIResponses, func(rd *streamReader) error {
-		rd.usage, _ = usageOf(protoOpenAIResponses, rawMember(body, "usage"))
-		return rd.completed(&r)
-	})
+	rd.usage, _ = usageOf(protoOpenAIResponses, rawMember(body, "usage"))
+	return rd.completed(&r)
 }
 
 func outputText(text string) responsesPart {
@@ -550,7 +554,7 @@ func (r *streamReader) item(i int, item *responsesItem, done bool) (*upstreamCal
 			return nil, eventWithout(protoOpenAIResponses, "a call item", "a name")
 		}
 		it.tool, r.ncalls = r.ncalls, r.ncalls+1
-		if err := r.out.call(it.tool, toolCall{ID: tc.ID, Name: tc.Name, Custom: tc.Custom}); err != nil {
+		if err := r.out.call(it.tool, tc); err != nil {
 			return nil, err
 		}
 	}

@@ -41,7 +41,7 @@ func feed(s *callerStream, ev streamEvent) error {
 	case eventText:
 		return s.text(ev.Text)
 	case eventToolCallStart:
-		return s.call(ev.Index, ev.ToolCall)
+		return s.call(ev.Index, callPart(ev.ToolCall))
 	case eventToolCallArgs:
 		return s.args(ev.Index, ev.Text)
 	case eventFinish:
@@ -62,16 +62,17 @@ func readEvents(protocol string, body io.Reader, each func(streamEvent) error) (
 			return each(text(d))
 		case step == stepDelta:
 			return each(args(b.index, d))
-		case step == stepFinish:
-			err := each(finish(s.reason))
-			if err == nil && s.usage.Reported {
-				err = each(streamEvent{Kind: eventUsage, Usage: s.usage})
-			}
-			return err
 		}
 		return nil
 	}}
-	return s, newStreamReader(protocol, s).run(body, nil)
+	err := newStreamReader(protocol, s).run(body, nil) // nil once the tail came: the finish and usage follow
+	if err == nil {
+		err = each(finish(s.reason))
+	}
+	if err == nil && s.usage.Reported {
+		err = each(streamEvent{Kind: eventUsage, Usage: s.usage})
+	}
+	return s, err
 }
 
 // collectStream runs a translating reader over body and returns the events it made.

@@ -147,7 +147,7 @@ func TestBuildUpstreamRequest(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			hr, err := buildUpstreamRequest(context.Background(), call{res: resolution{Provider: tt.p, Model: tt.model}, baseURL: "https://base.test/v1", cred: tt.cred}, tt.req)
+			hr, err := buildUpstreamRequest(context.Background(), call{res: resolution{Provider: tt.p, Model: tt.model}, baseURL: "https://base.test/v1", cred: tt.cred}, &tt.req)
 			if err != nil {
 				t.Fatalf("buildUpstreamRequest: %v", err)
 			}
@@ -249,7 +249,7 @@ func TestBuildUpstreamRequestDetails(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			hr, err := buildUpstreamRequest(context.Background(), call{res: resolution{Provider: tt.p, Model: "m"}, baseURL: "http://127.0.0.1:1/v1", cred: tt.cred}, tt.req)
+			hr, err := buildUpstreamRequest(context.Background(), call{res: resolution{Provider: tt.p, Model: "m"}, baseURL: "http://127.0.0.1:1/v1", cred: tt.cred}, &tt.req)
 			if err != nil {
 				t.Fatalf("buildUpstreamRequest: %v", err)
 			}
@@ -273,7 +273,7 @@ func TestBuildUpstreamRequestRefuses(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			req := chatRequest{Messages: []message{{Role: "assistant", Parts: []part{tt.p}}}}
-			_, err := buildUpstreamRequest(context.Background(), call{res: resolution{Provider: anthropic, Model: "m"}, baseURL: "https://x.test", cred: upstreamCredential{APIKey: "k"}}, req)
+			_, err := buildUpstreamRequest(context.Background(), call{res: resolution{Provider: anthropic, Model: "m"}, baseURL: "https://x.test", cred: upstreamCredential{APIKey: "k"}}, &req)
 			var ae *apiError
 			if !errors.As(err, &ae) || ae.Code != "invalid_request" {
 				t.Errorf("err = %v, want invalid_request", err)
@@ -344,7 +344,6 @@ func TestDecodeUpstreamAnswerMalformed(t *testing.T) {
 		{"anthropic nameless tool", protoAnthropic, `{"type":"message","content":[{"type":"tool_use","id":"t","input":{}}]}`},
 		{"responses failed", protoOpenAIResponses, `{"status":"failed","error":{"code":"server_error"},"output":[]}`},
 		{"responses wrong shape", protoOpenAIResponses, `{"status":"completed","output":{}}`},
-		{"unknown protocol", "grpc", `{}`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
