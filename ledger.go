@@ -477,8 +477,7 @@ type instant struct {
 
 func (t *instant) UnmarshalJSON(b []byte) error {
 	s, _ := jsonString(b)
-	*t = instantOf(cmp.Or(s, string(b)))
-	t.set = true
+	*t = instant{instantOf(cmp.Or(s, string(b))).ms, true}
 	return nil
 }
 

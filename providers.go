@@ -473,10 +473,7 @@ func reportReader[T any](read func(T, time.Time) []planWindow) func([]byte, time
 	return func(body []byte, now time.Time) ([]planWindow, error) {
 		var doc T
 		err := json.Unmarshal(body, &doc)
-		if errors.As(err, new(*json.UnmarshalTypeError)) {
-			err = nil
-		}
-		if err != nil || !bytes.HasPrefix(bytes.TrimSpace(body), []byte("{")) {
+		if err != nil && !errors.As(err, new(*json.UnmarshalTypeError)) || !bytes.HasPrefix(bytes.TrimSpace(body), []byte("{")) {
 			return nil, fmt.Errorf("%w: the body is not a JSON object (%s)", errUsageReport, jsonErrorKind(err))
 		}
 		if ws := read(doc, now); len(ws) > 0 {
@@ -516,11 +513,9 @@ func claudeCodeUsage(r map[string]reading, now time.Time) (ws []planWindow) {
 }
 
 // codexUsage reads rate_limit's primary_window and secondary_window (SPEC §11.2).
-func codexUsage(r struct {
-	RateLimit map[string]reading `json:"rate_limit"`
-}, now time.Time) (ws []planWindow) {
+func codexUsage(r map[string]map[string]reading, now time.Time) (ws []planWindow) {
 	for _, which := range []string{"primary", "secondary"} {
-		if w, ok := r.RateLimit[which+"_window"].codexWindow(which, now, windowSourceReport); ok {
+		if w, ok := r["rate_limit"][which+"_window"].codexWindow(which, now, windowSourceReport); ok {
 			ws = append(ws, w)
 		}
 	}
