@@ -57,6 +57,16 @@ func BenchmarkGatewayBuffered(b *testing.B) {
 	}
 }
 
+// BenchmarkGatewayTranslatedBuffered is a Messages caller's buffered answer from an OpenAI chat route: the
+// provider's body translated into the caller's dialect.
+func BenchmarkGatewayTranslatedBuffered(b *testing.B) {
+	_, d := benchSetup(b)
+	body := chatBody(dialectMessages, "openai/gpt-test", false, "")
+	for b.Loop() {
+		benchPost(b, d.url+"/v1/messages", d.token, body)
+	}
+}
+
 func BenchmarkDirectStreamed(b *testing.B) {
 	fake, _ := benchSetup(b)
 	body := `{"model":"gpt-test","messages":[{"role":"user","content":"hi"}],"stream":true}`
