@@ -424,7 +424,7 @@ func statedWait(h http.Header, k string, now time.Time) time.Duration {
 	v := strings.TrimSpace(h.Get(k))
 	s := numberOf(v).v
 	if s > 1e9 {
-		s -= float64(now.Unix())
+		s -= float64(now.UnixMilli()) / 1000 // from the instant, not its second: the block ends at the reset
 	} else if d, err := time.ParseDuration(v); err == nil {
 		s = d.Seconds()
 	} else if t, err := time.Parse(time.RFC3339, v); err == nil {

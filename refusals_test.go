@@ -200,7 +200,7 @@ func TestClassifyRefusalSentenceBound(t *testing.T) {
 }
 
 func TestRetryAfter(t *testing.T) {
-	now := time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
+	now := time.Date(2025, 6, 1, 12, 0, 0, 250e6, time.UTC) // an epoch reset counts from the instant, not its second
 	tests := []struct {
 		name   string
 		header http.Header
@@ -213,7 +213,7 @@ func TestRetryAfter(t *testing.T) {
 		{"garbage", http.Header{"Retry-After": {"soon"}}, 0},
 		{"past date or 0 leaves the reset headers", http.Header{"Retry-After": {"0"},
 			"Anthropic-Ratelimit-Unified-Status": {"rejected"}, "Anthropic-Ratelimit-Unified-Reset": {"1748779800"},
-		}, 10 * time.Minute},
+		}, 10*time.Minute - 250*time.Millisecond},
 		{"capped", http.Header{"Retry-After": {"99999999999"}}, maxRetryAfter},
 		{"openai exhausted limit only", http.Header{
 			"X-Ratelimit-Remaining-Requests": {"0"}, "X-Ratelimit-Reset-Requests": {"6m0s"},
@@ -224,7 +224,7 @@ func TestRetryAfter(t *testing.T) {
 		}, 0},
 		{"claude-code unified rejected", http.Header{
 			"Anthropic-Ratelimit-Unified-Status": {"rejected"}, "Anthropic-Ratelimit-Unified-Reset": {"1748779800"},
-		}, 10 * time.Minute},
+		}, 10*time.Minute - 250*time.Millisecond},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
