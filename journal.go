@@ -489,10 +489,13 @@ type envelope struct {
 
 func (e *apiError) body() envelope { return envelope{Error: *e} }
 
-// asAPIError classifies any error: an apiError as itself, no state directory as dependency_unavailable, else internal_error.
+// asAPIError classifies an error: nil as nil, an apiError as itself, no state directory as dependency_unavailable, else
+// internal_error.
 func asAPIError(err error) *apiError {
 	var ae *apiError
 	switch {
+	case err == nil:
+		return nil
 	case errors.As(err, &ae):
 		return ae
 	case errors.Is(err, errNoState):
