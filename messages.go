@@ -15,7 +15,7 @@ import (
 type (
 	messagesRequestBody struct {
 		callerHead
-		MaxTokens     *int            `json:"max_tokens,omitempty"`
+		MaxTokens     int             `json:"max_tokens,omitempty"`
 		System        json.RawMessage `json:"system,omitempty"` // string, or text blocks
 		Messages      json.RawMessage `json:"messages"`
 		Tools         json.RawMessage `json:"tools,omitempty"`
@@ -97,8 +97,8 @@ var (
 	messagesFinishes = map[string]string{"max_tokens": finishLength, "tool_use": finishToolCalls,
 		"refusal": finishContentFilter, "model_context_window_exceeded": finishLength}
 	messagesStopReasons = map[string]string{finishLength: "max_tokens", finishToolCalls: "tool_use", finishContentFilter: "refusal"}
-	effortNames         = []string{"minimal", "low", "medium", "high", "xhigh"}
-	effortBudgets       = []int{1024, 2048, 8192, 24576, 32768}
+	effortNames         = []string{"none", "minimal", "low", "medium", "high", "xhigh"}
+	effortBudgets       = []int{0, 1024, 2048, 8192, 24576, 32768}
 )
 
 // Anthropic-beta values: output_config.effort's, and a JSON Schema output format's (SPEC §7.6).
@@ -133,7 +133,7 @@ func parseMessages(body []byte) (chatRequest, error) {
 	switch t := valueOr(b.Thinking, messagesOption{Type: "disabled"}); t.Type {
 	case "enabled":
 		i, _ := slices.BinarySearch(effortBudgets, t.BudgetTokens) // the nearest effort at or above the budget
-		req.Effort, req.EffortName = effortNames[min(i, len(effortNames)-1)], "thinking"
+		req.Effort, req.EffortName = effortNames[min(max(i, 1), len(effortNames)-1)], "thinking"
 	case "disabled":
 	default: // adaptive: no effort of its own to carry
 		req.drop(true, "thinking")
@@ -256,10 +256,11 @@ func messagesSourceURL(src *messagesSource, what string) (string, error) {
 	return "", refuse("invalid_request", "%s must be base64 data with a media_type, text, a url or a file", what)
 }
 
-// messagesContent is parts as blocks, tool results first and no empty text (the API requires both); a custom tool's call
-// is the one-string-member object (SPEC §7.6); an image's detail is dropped.
-func (req *chatRequest) messagesContent(ps []part) ([]messagesBlock, error) {
-	var results, rest []messagesBlock
+// messagesContent is parts as a JSON array of blocks (nil for none), tool results first and no empty text (the API
+// requires both); a custom tool's call is the one-string-member object (SPEC §7.6); an image's detail is dropped; an
+// image's or document's data URL is base64 data (text for text/plain), any other URL a url source.
+func (req *chatRequest) messagesContent(ps []part) (json.RawMessage, error) {
+	var blocks []messagesBlock
 	for _, p := range ps {
 		var b messagesBlock
 		var err error
@@ -278,67 +279,63 @@ func (req *chatRequest) messagesContent(ps []part) ([]messagesBlock, error) {
 		case partToolResult:
 			b = messagesBlock{Type: "tool_result", ToolUseID: messagesToolID(p.ToolCallID), Content: jsonText(p.Text), IsError: p.IsError}
 			if len(p.Media) > 0 { // images and documents: blocks
-				var inner []messagesBlock
-				inner, err = req.messagesContent(append([]part{{Type: partText, Text: p.Text}}, p.Media...))
-				b.Content = must(json.Marshal(inner))
+				b.Content, err = req.messagesContent(append([]part{{Type: partText, Text: p.Text}}, p.Media...))
 			}
 		default:
 			req.drop(p.Detail != "", "detail")
-			b = messagesBlock{Type: p.Type, Title: p.Filename}
-			b.Source, err = messagesSourceOf(p.ImageURL + p.FileURL)
+			url := p.ImageURL + p.FileURL
+			b = messagesBlock{Type: p.Type, Title: p.Filename, Source: &messagesSource{Type: "url", URL: url}}
+			if rest, isData := strings.CutPrefix(url, "data:"); isData {
+				meta, data, ok := strings.Cut(rest, ",")
+				media, isBase64 := strings.CutSuffix(meta, ";base64")
+				if !ok || !isBase64 || media == "" || data == "" {
+					return nil, refuse("invalid_request", "an image or file data URL must be base64 with a media type")
+				}
+				b.Source = &messagesSource{Type: "base64", MediaType: media, Data: data}
+				if text, err := base64.StdEncoding.DecodeString(data); media == "text/plain" && err == nil {
+					b.Source = &messagesSource{Type: "text", MediaType: media, Data: string(text)}
+				}
+			}
 		}
 		if err != nil {
 			return nil, err
 		}
-		if b.Type == "tool_result" {
-			results = append(results, b)
-		} else {
-			rest = append(rest, b)
-		}
+		blocks = append(blocks, b)
 	}
-	return append(results, rest...), nil
-}
-
-// messagesSourceOf is an image's or document's URL as a source: a data URL base64 data
-// (text for text/plain), any other a url source.
-func messagesSourceOf(url string) (*messagesSource, error) {
-	rest, isData := strings.CutPrefix(url, "data:")
-	if !isData {
-		return &messagesSource{Type: "url", URL: url}, nil
-	}
-	meta, data, ok := strings.Cut(rest, ",")
-	media, isBase64 := strings.CutSuffix(meta, ";base64")
-	if !ok || !isBase64 || media == "" || data == "" {
-		return nil, refuse("invalid_request", "an image or file data URL must be base64 with a media type")
-	}
-	if text, err := base64.StdEncoding.DecodeString(data); media == "text/plain" && err == nil {
-		return &messagesSource{Type: "text", MediaType: media, Data: string(text)}, nil
-	}
-	return &messagesSource{Type: "base64", MediaType: media, Data: data}, nil
+	slices.SortStableFunc(blocks, func(a, b messagesBlock) int {
+		return boolCount(b.Type == "tool_result") - boolCount(a.Type == "tool_result")
+	})
+	return jsonArray(blocks), nil
 }
 
 // encodeMessages builds a Messages body: claude-code's identity first, custom tools as functions (SPEC §7.6); the
-// betas it needs go in h.
+// betas it needs go in h. Thinking takes the effort's budget below max_tokens, at least 1024, and none in a tool
+// loop, where Anthropic wants back thinking blocks no format carries.
 func encodeMessages(req *chatRequest, c call, h http.Header) (any, error) {
-	model := c.res.Model
-	out := messagesRequestBody{callerHead: callerHead{model, req.Temperature, req.TopP, req.Stream}, StopSequences: req.Stop}
-	if req.MaxTokens > 0 {
-		out.MaxTokens = &req.MaxTokens
-	}
+	out := messagesRequestBody{callerHead: callerHead{c.res.Model, req.Temperature, req.TopP, req.Stream},
+		MaxTokens: req.MaxTokens, StopSequences: req.Stop}
 	switch {
 	case c.claudeCode():
-		sys, _ := req.messagesContent([]part{{Type: partText, Text: claudeCodeIdentity}, {Type: partText, Text: req.System}})
-		out.System = must(json.Marshal(sys))
+		out.System, _ = req.messagesContent([]part{{Type: partText, Text: claudeCodeIdentity}, {Type: partText, Text: req.System}})
 	case req.System != "":
 		out.System = jsonText(req.System)
 	}
 	req.drop(true, req.Shared.names()...)
+	budget, inLoop := effortBudgets[max(0, slices.Index(effortNames, req.Effort))], false // unknown names: none
+	if req.MaxTokens > 0 {
+		budget = min(budget, req.MaxTokens-1)
+	}
+	for _, m := range req.Messages {
+		if m.Role == "assistant" {
+			inLoop = slices.ContainsFunc(m.Parts, func(p part) bool { return p.Type == partToolCall })
+		}
+	}
 	var cfg messagesOption
-	if budget := req.thinkingBudget(); budget > 0 { // the API refuses temperature and top_p beside thinking
+	if budget >= 1024 && !inLoop { // the API refuses temperature and top_p beside thinking
 		req.drop(req.Temperature != nil, "temperature")
 		req.drop(req.TopP != nil, "top_p")
 		out.Thinking, out.Temperature, out.TopP = &messagesOption{Type: "enabled", BudgetTokens: budget}, nil, nil
-		if adaptiveModels.MatchString(model) { // an effort, not a budget; Anthropic has no "minimal"
+		if adaptiveModels.MatchString(c.res.Model) { // an effort, not a budget; Anthropic has no "minimal"
 			out.Thinking, cfg.Effort = &messagesOption{Type: "adaptive"}, strings.Replace(req.Effort, "minimal", "low", 1)
 		}
 	} else {
@@ -357,23 +354,20 @@ func encodeMessages(req *chatRequest, c call, h http.Header) (any, error) {
 	out.Tools = jsonArray(tools)
 	serial := req.ParallelToolCalls != nil && !*req.ParallelToolCalls && len(req.Tools) > 0
 	if c := valueOr(req.ToolChoice, toolChoice{Mode: toolChoiceAuto}); req.ToolChoice != nil || serial {
-		out.ToolChoice = &messagesOption{Type: strings.Replace(c.Mode, toolChoiceRequired, "any", 1), Name: c.Name}
-		if serial && c.Mode != toolChoiceNone {
-			out.ToolChoice.DisableParallelToolUse = ptrTo(true)
-		}
+		out.ToolChoice = &messagesOption{Type: strings.Replace(c.Mode, toolChoiceRequired, "any", 1), Name: c.Name,
+			DisableParallelToolUse: ifSet(ptrTo(true), serial && c.Mode != toolChoiceNone)}
 	}
 	turns := []messagesTurn{}
 	for _, m := range req.Messages {
+		content, err := req.messagesContent(m.Parts)
 		if m.Role == "system" {
-			turns = append(turns, messagesTurn{Role: "system", Content: jsonText(textOf(m.Parts))})
-			continue
+			content = jsonText(textOf(m.Parts))
 		}
-		blocks, err := req.messagesContent(m.Parts)
 		if err != nil {
 			return nil, err
 		}
-		if len(blocks) > 0 { // only empty text: the API refuses an empty turn
-			turns = append(turns, messagesTurn{Role: m.Role, Content: must(json.Marshal(blocks))})
+		if content != nil { // only empty text: the API refuses an empty turn
+			turns = append(turns, messagesTurn{Role: m.Role, Content: content})
 		}
 	}
 	out.Messages = must(json.Marshal(turns))
@@ -404,35 +398,11 @@ var notToolID = regexp.MustCompile(`[^a-zA-Z0-9_-]`)
 
 // toolArguments is a call's arguments as the JSON object anthropic embeds: empty is {}, anything but an object is refused, never approximated.
 func toolArguments(args string) (json.RawMessage, error) {
-	if strings.TrimSpace(args) == "" {
-		return json.RawMessage(`{}`), nil
-	}
 	var buf bytes.Buffer
-	if err := json.Compact(&buf, []byte(args)); err != nil || buf.Bytes()[0] != '{' {
+	if err := json.Compact(&buf, []byte(argumentsText(args))); err != nil || buf.Bytes()[0] != '{' {
 		return nil, refuse("invalid_request", "a tool call's arguments are not a JSON object")
 	}
 	return buf.Bytes(), nil
-}
-
-// thinkingBudget is the budget toward messages: below max_tokens, at least 1024, and
-// 0 in a tool loop, where Anthropic wants back thinking blocks no format carries.
-func (req chatRequest) thinkingBudget() int {
-	budget, inLoop := 0, false // "none" and unknown names: no thinking
-	if i := slices.Index(effortNames, req.Effort); i >= 0 {
-		budget = effortBudgets[i]
-	}
-	if req.MaxTokens > 0 {
-		budget = min(budget, req.MaxTokens-1)
-	}
-	for _, m := range req.Messages {
-		if m.Role == "assistant" {
-			inLoop = slices.ContainsFunc(m.Parts, func(p part) bool { return p.Type == partToolCall })
-		}
-	}
-	if budget < 1024 || inLoop {
-		return 0
-	}
-	return budget
 }
 
 // adaptiveModels: a Claude 4.6 or later model (claude-opus-4-7, claude-opus-5, claude-haiku-5-1) takes thinking as adaptive with
