@@ -168,16 +168,12 @@ func (req *chatRequest) addMessagesTool(t messagesTool, raw json.RawMessage, wha
 	}
 	req.dropUnknown(raw, "type name description input_schema strict")
 	schema, err := checkSchema(t.InputSchema, what+".input_schema")
-	if err == nil && t.Name == "" {
-		err = refuse("invalid_request", "%s.name is required", what)
-	}
-	nt := tool{Type: toolFunction, Name: t.Name, Description: t.Description, Parameters: schema, Strict: t.Strict}
-	req.Tools = append(req.Tools, nt)
-	return err // on an error the whole request is refused
+	t.Type, t.Parameters = toolFunction, schema
+	return cmp.Or(err, req.addOpenAITool(t.tool, nil, what))
 }
 
-// messagesBlockMembers names the members Brama carries of each block type it reads;
-// is_error only while false (no OpenAI format has the flag).
+// messagesBlockMembers names the members Brama carries of each block type it reads; is_error is named dropped
+// when true (no OpenAI format has the flag).
 var messagesBlockMembers = map[string]string{"text": "type text", "image": "type source", "document": "type source title",
 	"tool_use": "type id name input", "tool_result": "type tool_use_id content is_error"}
 
@@ -194,10 +190,19 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 				return p, refuse("invalid_request", "%s.text is required", path)
 			}
 			p = part{Type: partText, Text: *bl.Text}
-		case "image", "document":
-			url, err := messagesSourceURL(bl.Source, path+".source")
-			if err != nil || url == "" { // a file reference: dropped
-				return p, err
+		case "image", "document": // a source as the neutral URL: base64 data and text a data URL, a url source itself
+			var url string
+			switch src := valueOr(bl.Source, messagesSource{}); {
+			case src.Type == "base64" && src.MediaType != "" && src.Data != "":
+				url = "data:" + src.MediaType + ";base64," + src.Data
+			case src.Type == "text":
+				url = "data:text/plain;base64," + base64.StdEncoding.EncodeToString([]byte(src.Data))
+			case src.Type == "url":
+				url, err = src.URL, checkCallerURL(src.URL, path+".source.url")
+			case src.Type == "file": // a file reference (no counterpart): dropped
+				return p, nil
+			default:
+				return p, refuse("invalid_request", "%s.source must be base64 data with a media_type, text, a url or a file", path)
 			}
 			p = part{Type: partImage, ImageURL: url}
 			if bl.Type == "document" {
@@ -225,11 +230,8 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 		default: // thinking, …: dropped
 			return p, nil
 		}
-		known := messagesBlockMembers[bl.Type]
-		if bl.IsError {
-			known = strings.TrimSuffix(known, " is_error")
-		}
-		req.dropUnknown(rb, known)
+		req.dropUnknown(rb, messagesBlockMembers[bl.Type])
+		req.drop(bl.IsError, "is_error")
 		return p, err
 	}
 	parts, err := callerParts(req, raw, what, "content blocks", read)
@@ -237,23 +239,6 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 		return nil, refuse("invalid_request", "%s must hold at least one content block Brama can carry", what)
 	}
 	return parts, err
-}
-
-// messagesSourceURL is a source as the neutral URL: base64 data and text a data URL, a url source itself; a file reference (no counterpart) is "".
-func messagesSourceURL(src *messagesSource, what string) (string, error) {
-	switch {
-	case src == nil:
-		return "", refuse("invalid_request", "%s must be an object", what)
-	case src.Type == "base64" && src.MediaType != "" && src.Data != "":
-		return "data:" + src.MediaType + ";base64," + src.Data, nil
-	case src.Type == "text":
-		return "data:text/plain;base64," + base64.StdEncoding.EncodeToString([]byte(src.Data)), nil
-	case src.Type == "url":
-		return src.URL, checkCallerURL(src.URL, what+".url")
-	case src.Type == "file":
-		return "", nil
-	}
-	return "", refuse("invalid_request", "%s must be base64 data with a media_type, text, a url or a file", what)
 }
 
 // messagesContent is parts as a JSON array of blocks (nil for none), tool results first and no empty text (the API
@@ -409,30 +394,25 @@ func toolArguments(args string) (json.RawMessage, error) {
 // output_config.effort and refuses a budget (Claude Code 2.1.332 decides so too); an earlier, dated (claude-opus-4-20250514) or unknown model takes a budget.
 var adaptiveModels = regexp.MustCompile(`^claude-(?:opus|sonnet|haiku)-(?:0?[5-9]|[1-9]\d|0?4-(?:0?[6-9]|[1-9]\d))(?:-|$)`)
 
-// decodeMessages gives a whole message to rd's caller stream: its text, then its calls (a call without input "{}").
+// decodeMessages gives a whole message to rd's caller stream block by block, as its stream would (a call's input
+// compacted, none "{}").
 func decodeMessages(body []byte, rd *streamReader) error {
 	var r messagesAnswer
 	if err := json.Unmarshal(body, &r); err != nil || r.Type != "message" {
 		return malformedAnswer(protoAnthropic, err)
 	}
-	var calls []part
-	for _, b := range r.Content {
-		switch {
-		case b.Type == "text" && b.Text != nil:
-			rd.out.text(*b.Text) // a text block refuses nothing: only a call's close can fail
-		case b.Type == "tool_use" && b.Name == "":
-			return malformedAnswer(protoAnthropic, nil)
-		case b.Type == "tool_use":
-			args := bytes.NewBufferString("{}")
-			if !rawIsNull(b.Input) {
-				args.Reset()
-				json.Compact(args, b.Input) // cannot fail: Input came out of the decoded body
-			}
-			calls = append(calls, part{Type: partToolCall, ToolCallID: b.ID, ToolName: b.Name, Arguments: args.String()})
+	for i, b := range r.Content {
+		err := rd.readBlock("content_block_start", i, &b, nil)
+		if in := new(bytes.Buffer); err == nil && b.Type == "tool_use" && !rawIsNull(b.Input) {
+			json.Compact(in, b.Input) // cannot fail: Input came out of the decoded body
+			err = rd.readBlock("content_block_delta", i, nil, &messagesBlock{Type: "input_json_delta", PartialJSON: ptrTo(in.String())})
+		}
+		if err = cmp.Or(err, rd.readBlock("content_block_stop", i, nil, nil)); err != nil {
+			return err
 		}
 	}
 	u, _ := usageOf(protoAnthropic, rawMember(body, "usage"))
-	return rd.out.tail(0, calls, cmp.Or(messagesFinishes[valueOr(r.StopReason, "")], finishStop), u)
+	return rd.out.tail(0, nil, answerFinish(messagesFinishes[valueOr(r.StopReason, "")]), u)
 }
 
 // messagesSteps names each step's event.
@@ -504,39 +484,29 @@ func (r *streamReader) readMessages(typ string, e rawObject) (keep, end bool, er
 			r.out.usage = r.usage // a stream cut later still records it
 		}
 	case "message_delta":
-		var d struct {
-			StopReason string `json:"stop_reason"`
-		}
+		var d messagesBlock
 		err = r.decode(e, "delta", &d)
 		u, uerr := usageOf(r.protocol, e.value("usage"))
-		if d.StopReason != "" {
-			r.finish = cmp.Or(messagesFinishes[d.StopReason], finishStop)
+		if u.Reported { // newer streams repeat the cumulative input count
+			r.usage = usage{cmp.Or(u.InputTokens, r.usage.InputTokens), u.OutputTokens, true}
 		}
-		if u.InputTokens > 0 { // newer streams repeat the cumulative input count
-			r.usage.InputTokens = u.InputTokens
-		}
-		if u.Reported {
-			r.usage.OutputTokens, r.usage.Reported = u.OutputTokens, true
-		}
-		err = cmp.Or(err, uerr)
+		r.finish, err = cmp.Or(messagesFinishes[d.StopReason], r.finish), cmp.Or(err, uerr) // any other reason: a stop, at message_stop
 	case "message_stop":
 		r.finished, r.finish = true, cmp.Or(r.finish, finishStop)
 		return true, true, r.ended()
 	case "content_block_start", "content_block_delta", "content_block_stop":
-		if r.out != nil {
-			err = r.readBlock(typ, e)
+		var ev messagesEvent
+		if r.out != nil && json.Unmarshal(e.src, &ev) != nil {
+			err = eventWithout(protoAnthropic, typ, "a valid index, content_block and delta")
+		} else if r.out != nil {
+			err = r.readBlock(typ, valueOr(ev.Index, 0), ev.ContentBlock, ev.Delta)
 		}
 	} // ping and event types added later carry nothing Brama reads
 	return err == nil, false, err
 }
 
-// readBlock translates a content block's start, delta and stop.
-func (r *streamReader) readBlock(typ string, e rawObject) error {
-	var ev messagesEvent
-	if json.Unmarshal(e.src, &ev) != nil {
-		return eventWithout(protoAnthropic, typ, "a valid index, content_block and delta")
-	}
-	index, b, d := valueOr(ev.Index, 0), ev.ContentBlock, ev.Delta
+// readBlock translates a content block's start (b), delta (d) and stop, streamed or of a whole message (decodeMessages).
+func (r *streamReader) readBlock(typ string, index int, b, d *messagesBlock) error {
 	c, isTool := r.calls[index]
 	switch {
 	case typ == "content_block_start" && b == nil:
