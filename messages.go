@@ -130,13 +130,11 @@ func parseMessages(body []byte) (chatRequest, error) {
 	if len(b.StopSequences) > 0 { // [] asks for nothing
 		req.Stop, req.StopName = b.StopSequences, "stop_sequences"
 	}
-	switch t := valueOr(b.Thinking, messagesOption{Type: "disabled"}); t.Type {
-	case "enabled":
+	if t := valueOr(b.Thinking, messagesOption{Type: "disabled"}); t.Type == "enabled" {
 		i, _ := slices.BinarySearch(effortBudgets, t.BudgetTokens) // the nearest effort at or above the budget
 		req.Effort, req.EffortName = effortNames[min(max(i, 1), len(effortNames)-1)], "thinking"
-	case "disabled":
-	default: // adaptive: no effort of its own to carry
-		req.drop(true, "thinking")
+	} else {
+		req.drop(t.Type != "disabled", "thinking") // adaptive: no effort of its own to carry
 	}
 	o := valueOr(b.OutputConfig, messagesOption{})
 	if o.Effort != "" {
@@ -420,7 +418,7 @@ var messagesSteps = [...]string{stepBegin: "message_start", stepOpen: "content_b
 	stepClose: "content_block_stop", stepEnd: "message_delta", stepFail: "error"}
 
 // messagesFrames writes Anthropic's events a block at a time; the message it keeps (usage always there, zeros when
-// unreported: the SDKs require it) gets the blocks' whole text and arguments at the end, when all are in.
+// unreported: the SDKs require it) gets each block's whole text or arguments at its close.
 func (s *callerStream) messagesFrames(step streamStep, b *streamBlock, d string) error {
 	ev := messagesEvent{Type: messagesSteps[step]}
 	if b != nil {
@@ -442,18 +440,15 @@ func (s *callerStream) messagesFrames(step streamStep, b *streamBlock, d string)
 		ev.Delta = &messagesBlock{Type: "text_delta", Text: &d}
 	case step == stepDelta:
 		ev.Delta = &messagesBlock{Type: "input_json_delta", PartialJSON: &d}
+	case step == stepClose && b.text: // the kept block gets its whole text, a call its whole input
+		s.msg.Content[b.pos].Text = &d
 	case step == stepClose:
-		if _, err := toolArguments(d); !b.text && err != nil { // {} would run the tool on nothing (SPEC §17)
+		in, err := toolArguments(d)
+		if err != nil { // {} would run the tool on nothing (SPEC §17)
 			return refuse("provider_incomplete", "the provider's answer holds a tool call whose arguments are not a JSON object, which a tool_use input must be")
 		}
-	case step == stepEnd: // the kept blocks filled, then message_delta and message_stop (a write error sticks: the second writes nothing)
-		for i, b := range s.blocks {
-			if b.text {
-				s.msg.Content[i].Text = ptrTo(b.buf.String())
-			} else {
-				s.msg.Content[i].Input, _ = toolArguments(b.buf.String()) // nil, left out, when no JSON object
-			}
-		}
+		s.msg.Content[b.pos].Input = in
+	case step == stepEnd: // message_delta and message_stop (a write error sticks: the second writes nothing)
 		s.msg.StopReason = ptrTo(cmp.Or(messagesStopReasons[s.reason], "end_turn"))
 		s.msg.Usage = &messagesUsage{InputTokens: s.usage.InputTokens, OutputTokens: s.usage.OutputTokens}
 		ev.Delta, ev.Usage = &messagesBlock{StopReason: *s.msg.StopReason, StopSequence: json.RawMessage("null")}, s.msg.Usage
