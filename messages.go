@@ -207,12 +207,9 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 				p = part{Type: partDocument, FileURL: url, Filename: bl.Title}
 			}
 		case "tool_use":
-			in, err := checkSchema(bl.Input, path+".input") // the same rule: a JSON object, compacted
-			if err == nil && (bl.ID == "" || bl.Name == "") {
+			var in json.RawMessage // the rule of a schema: a JSON object, compacted
+			if in, err = checkSchema(bl.Input, path+".input"); err == nil && (bl.ID == "" || bl.Name == "") {
 				err = refuse("invalid_request", "%s needs an id and a name", path)
-			}
-			if err != nil {
-				return p, err
 			}
 			p = part{Type: partToolCall, ToolCallID: bl.ID, ToolName: bl.Name, Arguments: cmp.Or(string(in), "{}")}
 		case "tool_result":
@@ -360,9 +357,7 @@ func encodeMessages(req *chatRequest, c call, h http.Header) (any, error) {
 		}
 		cfg.Format = &outputFormat{Type: f.Type, Schema: f.Schema}
 	}
-	if cfg != (messagesOption{}) {
-		out.OutputConfig = &cfg
-	}
+	out.OutputConfig = ifSet(&cfg, cfg != (messagesOption{}))
 	// SPEC §7.6: the structured-outputs beta, for a JSON Schema output format or a tool's strict, true or false.
 	if req.Output != nil || slices.ContainsFunc(req.Tools, func(t tool) bool { return t.Strict != nil }) {
 		h.Add("Anthropic-Beta", structuredOutputsBeta)
