@@ -200,7 +200,7 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 			case src.Type == "file": // a file reference (no counterpart): dropped
 				return p, nil
 			default:
-				return p, refuse("invalid_request", "%s.source must be base64 data with a media_type, text, a url or a file", path)
+				return p, refuse("invalid_request", "%s.source must be base64 with a media_type, text, url or file", path)
 			}
 			p = part{Type: partImage, ImageURL: url}
 			if bl.Type == "document" {
@@ -213,14 +213,13 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 			}
 			p = part{Type: partToolCall, ToolCallID: bl.ID, ToolName: bl.Name, Arguments: cmp.Or(string(in), "{}")}
 		case "tool_result":
-			if bl.ToolUseID == "" {
-				return p, refuse("invalid_request", "%s.tool_use_id is required", path)
-			}
 			var inner []part
 			if !rawIsNull(bl.Content) {
 				inner, err = req.messagesParts("result", bl.Content, path+".content")
 			}
-			p = toolResult(bl.ToolUseID, inner, false)
+			if p = toolResult(bl.ToolUseID, inner, false); bl.ToolUseID == "" {
+				err = refuse("invalid_request", "%s.tool_use_id is required", path)
+			}
 			p.IsError = bl.IsError
 		default: // thinking, …: dropped
 			return p, nil
@@ -296,7 +295,8 @@ func encodeMessages(req *chatRequest, c call, h http.Header) (any, error) {
 		MaxTokens: req.MaxTokens, StopSequences: req.Stop}
 	switch {
 	case c.claudeCode():
-		out.System, _ = req.messagesContent([]part{{Type: partText, Text: claudeCodeIdentity}, {Type: partText, Text: req.System}})
+		identity := []part{{Type: partText, Text: claudeCodeIdentity}, {Type: partText, Text: req.System}}
+		out.System, _ = req.messagesContent(identity)
 	case req.System != "":
 		out.System = jsonText(req.System)
 	}
@@ -398,7 +398,8 @@ func decodeMessages(body []byte, rd *streamReader) error {
 		err := rd.readBlock("content_block_start", i, &b, nil)
 		if in := new(bytes.Buffer); err == nil && b.Type == "tool_use" && !rawIsNull(b.Input) {
 			json.Compact(in, b.Input) // cannot fail: Input came out of the decoded body
-			err = rd.readBlock("content_block_delta", i, nil, &messagesBlock{Type: "input_json_delta", PartialJSON: ptrTo(in.String())})
+			d := messagesBlock{Type: "input_json_delta", PartialJSON: ptrTo(in.String())}
+			err = rd.readBlock("content_block_delta", i, nil, &d)
 		}
 		if err = cmp.Or(err, rd.readBlock("content_block_stop", i, nil, nil)); err != nil {
 			return err
@@ -480,7 +481,8 @@ func (r *streamReader) readMessages(typ string, e rawObject) (keep, end bool, er
 		if u.Reported { // newer streams repeat the cumulative input count
 			r.usage = usage{cmp.Or(u.InputTokens, r.usage.InputTokens), u.OutputTokens, true}
 		}
-		r.finish, err = cmp.Or(messagesFinishes[d.StopReason], r.finish), cmp.Or(err, uerr) // any other reason: a stop, at message_stop
+		r.finish = cmp.Or(messagesFinishes[d.StopReason], r.finish) // any other reason: a stop, at message_stop
+		err = cmp.Or(err, uerr)
 	case "message_stop":
 		r.finished, r.finish = true, cmp.Or(r.finish, finishStop)
 		return true, true, r.ended()
