@@ -396,8 +396,9 @@ func decodeMessages(body []byte, rd *streamReader) error {
 	}
 	for i, b := range r.Content {
 		err := rd.readBlock("content_block_start", i, &b, nil)
-		if in := new(bytes.Buffer); err == nil && b.Type == "tool_use" && !rawIsNull(b.Input) {
-			json.Compact(in, b.Input) // cannot fail: Input came out of the decoded body
+		if err == nil && b.Type == "tool_use" && !rawIsNull(b.Input) {
+			var in bytes.Buffer
+			json.Compact(&in, b.Input) // cannot fail: Input came out of the decoded body
 			d := messagesBlock{Type: "input_json_delta", PartialJSON: ptrTo(in.String())}
 			err = rd.readBlock("content_block_delta", i, nil, &d)
 		}
