@@ -489,7 +489,8 @@ func (r *streamReader) readMessages(typ string, e rawObject) (keep, end bool, er
 		return true, true, r.ended()
 	case "content_block_start", "content_block_delta", "content_block_stop":
 		var ev messagesEvent
-		if r.out != nil && json.Unmarshal(e.src, &ev) != nil {
+		if r.out != nil && (json.Unmarshal(e.src, &ev) != nil || typ == "content_block_start" && ev.ContentBlock == nil ||
+			typ == "content_block_delta" && ev.Delta == nil) {
 			err = eventWithout(protoAnthropic, typ, "a valid index, content_block and delta")
 		} else if r.out != nil {
 			err = r.readBlock(typ, valueOr(ev.Index, 0), ev.ContentBlock, ev.Delta)
@@ -502,8 +503,6 @@ func (r *streamReader) readMessages(typ string, e rawObject) (keep, end bool, er
 func (r *streamReader) readBlock(typ string, index int, b, d *messagesBlock) error {
 	c, isTool := r.calls[index]
 	switch {
-	case typ == "content_block_start" && b == nil:
-		return eventWithout(protoAnthropic, typ, "content_block")
 	case typ == "content_block_start" && b.Type == "text":
 		return r.out.text(valueOr(b.Text, ""))
 	case typ == "content_block_start" && b.Type == "tool_use" && (b.Name == "" || isTool):
@@ -512,8 +511,6 @@ func (r *streamReader) readBlock(typ string, index int, b, d *messagesBlock) err
 		r.calls[index] = &upstreamCall{tool: r.ncalls}
 		r.ncalls++
 		return r.out.call(r.calls[index].tool, part{Type: partToolCall, ToolCallID: b.ID, ToolName: b.Name})
-	case typ == "content_block_delta" && d == nil:
-		return eventWithout(protoAnthropic, typ, "delta")
 	case typ == "content_block_delta" && d.Type == "text_delta":
 		return r.out.text(valueOr(d.Text, ""))
 	case typ == "content_block_delta" && d.Type == "input_json_delta" && !isTool:
