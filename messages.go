@@ -217,7 +217,8 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 			if !rawIsNull(bl.Content) {
 				inner, err = req.messagesParts("result", bl.Content, path+".content")
 			}
-			if p = toolResult(bl.ToolUseID, inner, false); bl.ToolUseID == "" {
+			p = toolResult(bl.ToolUseID, inner, false)
+			if bl.ToolUseID == "" {
 				err = refuse("invalid_request", "%s.tool_use_id is required", path)
 			}
 			p.IsError = bl.IsError
