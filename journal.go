@@ -153,16 +153,13 @@ func (j *journal) append(rec journalRecord) error {
 	if err = f.Sync(); j.testingOnlySync != nil {
 		err = j.testingOnlySync(f)
 	}
+	if err == nil && fi.Size() == 0 {
+		err = syncDir(filepath.Dir(j.name)) // a new file's name must be durable too
+	}
 	if err != nil {
 		j.broken = fmt.Errorf("%w: %w", errJournalUnusable, err) // never retry fsync; the page cache may be lying
-		return j.broken
 	}
-	if fi.Size() == 0 {
-		if err := syncDir(filepath.Dir(j.name)); err != nil {
-			return fmt.Errorf("journal: make the new file durable: %w", err)
-		}
-	}
-	return nil
+	return j.broken
 }
 
 // size is the journal's size in bytes for /metrics (SPEC §13).
@@ -192,9 +189,6 @@ func (j *journal) folded() (journalFold, error) {
 		switch {
 		case reason != "":
 			j.log.Warn("journal_line_unreadable", "line", fo.lines, "reason", reason)
-			if fo.badN++; len(fo.bad) < maxReportedBadLines {
-				fo.bad = append(fo.bad, fmt.Sprintf("journal line %d is unreadable: %s", fo.lines, reason))
-			}
 		case rec.SubscriptionID == "":
 		case rec.Kind == "retire":
 			fo.retire[rec.SubscriptionID] = true
@@ -211,17 +205,15 @@ func (j *journal) folded() (journalFold, error) {
 // checkJournal is `brama journal check` (SPEC §16.1): each unreadable line's number and reason; ok when none.
 func checkJournal(j *journal, stdout io.Writer) (ok bool, err error) {
 	var fo journalFold
-	ok = true
 	torn, err := j.scan(&fo, func(_ journalRecord, reason string) {
 		if reason != "" {
 			fmt.Fprintf(stdout, "line %d: %s\n", fo.lines, reason)
-			ok = false
 		}
 	})
 	if torn {
 		fmt.Fprintln(stdout, "final line torn (ignored)")
 	}
-	return ok && err == nil, err
+	return fo.badN == 0 && err == nil, err
 }
 
 // scan visits the journal's lines after fo, from the start when fo is of another file, a longer one or none.
@@ -243,7 +235,8 @@ func (j *journal) scan(fo *journalFold, visit func(journalRecord, string)) (torn
 	return fo.readLines(io.NewSectionReader(f, fo.off, full.size-fo.off), visit)
 }
 
-// readLines visits each complete line of r, parsed; a final line without '\n' (torn, or being written) is only reported.
+// readLines visits each complete line of r, parsed, counting the bad ones; a final line without '\n' (torn, or being
+// written) is only reported.
 func (fo *journalFold) readLines(r io.Reader, visit func(rec journalRecord, reason string)) (torn bool, err error) {
 	br := bufio.NewReader(r)
 	for {
@@ -255,7 +248,11 @@ func (fo *journalFold) readLines(r io.Reader, visit func(rec journalRecord, reas
 		}
 		fo.off += int64(len(line))
 		fo.lines++
-		visit(parseJournalLine(line[:len(line)-1]))
+		rec, reason := parseJournalLine(line[:len(line)-1])
+		if fo.badN += boolCount(reason != ""); reason != "" && len(fo.bad) < maxReportedBadLines {
+			fo.bad = append(fo.bad, fmt.Sprintf("journal line %d is unreadable: %s", fo.lines, reason))
+		}
+		visit(rec, reason)
 	}
 }
 
@@ -292,6 +289,14 @@ func parseJournalLine(line []byte) (r journalRecord, reason string) {
 		}
 	}
 	return r, ""
+}
+
+// boolCount is 1 for true: a count of the cases that hold.
+func boolCount(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // validator is a document with rules beyond its shape; validate may fill in sections.

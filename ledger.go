@@ -369,13 +369,6 @@ func (l *ledger) write(t *ledgerStopper) error {
 	return nil
 }
 
-func boolCount(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
-}
-
 // planFraction clamps f to [0,1]; NaN reads as 0.
 func planFraction(f float64) float64 {
 	if !(f >= 0) {
