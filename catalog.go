@@ -70,7 +70,6 @@ type catalog struct {
 	why                 string        // why data is nil
 	nextTry             time.Time     // a TTL after the last read, good or bad, or the cache's fetch
 	fileID              string        // a file source's size and mtime at the last read
-	reads               int           // source reads settled, for tests
 	kick                chan struct{} // wakes the background reader; nil until start
 	refreshing          bool          // a background read is queued or running (single flight)
 }
@@ -174,7 +173,6 @@ func (c *catalog) read(ctx context.Context) (catalogData, error) {
 
 // settleLocked records a read that ended now: a good one replaces memory, a failed one keeps it; either waits one TTL.
 func (c *catalog) settleLocked(data catalogData, err error) {
-	c.reads++
 	c.nextTry = c.now().Add(c.ttl)
 	if err != nil {
 		c.why = err.Error()
