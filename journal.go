@@ -174,13 +174,8 @@ func (j *journal) size() (int64, error) {
 	return max(id.size, 0), err // an absent file's identity has size -1
 }
 
-// retired is the retired subscription ids: the later of retire and reinstate in file order decides (SPEC §9).
-func (j *journal) retired() (map[string]bool, error) {
-	fo, err := j.folded()
-	return fo.retire, err
-}
-
-// folded folds the lines completed since the last call, logging each bad one, and returns a copy.
+// folded folds the lines completed since the last call, logging each bad one, and returns a copy: retire holds the retired
+// subscription ids, where the later of retire and reinstate in file order decides (SPEC §9).
 func (j *journal) folded() (journalFold, error) {
 	j.readMu.Lock()
 	defer j.readMu.Unlock()
@@ -216,7 +211,8 @@ func checkJournal(j *journal, stdout io.Writer) (ok bool, err error) {
 	return fo.badN == 0 && err == nil, err
 }
 
-// scan visits the journal's lines after fo, from the start when fo is of another file, a longer one or none.
+// scan visits each complete line after fo, parsed, counting the bad ones; from the start when fo is of another file, a
+// longer one or none.
 func (j *journal) scan(fo *journalFold, visit func(journalRecord, string)) (torn bool, err error) {
 	if j.noState != nil {
 		return false, j.noState
@@ -232,14 +228,8 @@ func (j *journal) scan(fo *journalFold, visit func(journalRecord, string)) (torn
 		return false, nil
 	}
 	defer f.Close()
-	return fo.readLines(io.NewSectionReader(f, fo.off, full.size-fo.off), visit)
-}
-
-// readLines visits each complete line of r, parsed, counting the bad ones; a final line without '\n' (torn, or being
-// written) is only reported.
-func (fo *journalFold) readLines(r io.Reader, visit func(rec journalRecord, reason string)) (torn bool, err error) {
-	br := bufio.NewReader(r)
-	for {
+	br := bufio.NewReader(io.NewSectionReader(f, fo.off, full.size-fo.off))
+	for { // a final line without '\n' (torn, or being written) is only reported
 		line, err := br.ReadBytes('\n')
 		if err == io.EOF {
 			return len(line) > 0, nil
@@ -260,13 +250,12 @@ func (fo *journalFold) readLines(r io.Reader, visit func(rec journalRecord, reas
 func parseJournalLine(line []byte) (r journalRecord, reason string) {
 	var m map[string]json.RawMessage
 	err := json.Unmarshal(line, &m)
-	var syntax *json.SyntaxError
 	switch lead := bytes.Trim(line, " \t\r"); { // JSON's whitespace, not Unicode's
 	case len(lead) == 0:
 		return r, "empty line"
-	case errors.As(err, &syntax) && lead[0] == '{':
+	case err != nil && lead[0] == '{': // only a syntax error: a map takes any object
 		return r, "malformed or incomplete JSON object (an interrupted write?)"
-	case errors.As(err, &syntax):
+	case errors.As(err, new(*json.SyntaxError)):
 		return r, "not JSON"
 	case m == nil: // valid JSON: an array, a scalar or null
 		return r, "not a JSON object"
