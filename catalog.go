@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -246,18 +245,17 @@ func parseCatalog(b []byte) (catalogData, error) {
 	if err := json.Unmarshal(b, &top); err != nil || top == nil {
 		return nil, fmt.Errorf("%w: %v", errCatalogShape, cmp.Or(err, errors.New("null")))
 	}
-	isObject := func(raw json.RawMessage) bool { return bytes.HasPrefix(raw, []byte("{")) } // a RawMessage starts at its value
 	out := make(catalogData, len(top))
-	for vendor, raw := range top {
+	for vendor, raw := range top { // a RawMessage starts at its value, never empty
 		var v struct{ Models map[string]json.RawMessage }
-		if !isObject(raw) {
+		if raw[0] != '{' {
 			return nil, fmt.Errorf("%w: provider %q is not an object", errCatalogShape, truncateUTF8(vendor, 64))
 		}
 		json.Unmarshal(raw, &v)
 		out[vendor] = catalogVendor{map[string]modelInfo{}}
 		for id, raw := range v.Models {
 			var m modelInfo
-			if id == "" || !isObject(raw) {
+			if id == "" || raw[0] != '{' {
 				continue
 			}
 			json.Unmarshal(raw, &m)
