@@ -196,12 +196,11 @@ func (e *endpointError) Error() string {
 	if ue := (*url.Error)(nil); errors.As(e.Err, &ue) { // its "Post <url>:" repeats the endpoint
 		cause = ue.Err
 	}
-	if e.Definitive {
-		cause = errors.New(e.Sentence)
-	}
 	msg := fmt.Sprintf("%s %s: %s, %d bytes received", cmp.Or(e.Op, "OAuth token POST"), e.Endpoint, got, e.Received)
-	if cause != nil {
-		msg += ": " + cause.Error()
+	if e.Definitive {
+		return msg + ": " + e.Sentence
+	} else if cause != nil {
+		return msg + ": " + cause.Error()
 	}
 	return msg
 }
