@@ -60,10 +60,9 @@ func (r journalRecord) MarshalJSON() ([]byte, error) {
 type journal struct {
 	sys
 	name            string                 // "" when there is no state directory
-	noState         error                  // why name is "" (wrapping errNoState)
 	testingOnlySync func(f *os.File) error // replaces f.Sync's result in append
 	mu              sync.Mutex             // guards broken; held across an append so this process's appends queue
-	broken          error                  // noState, or the fsync failure after which nothing is appended
+	broken          error                  // why name is "" (errNoState), or the fsync failure after which nothing is appended
 	readMu          sync.Mutex             // guards fold
 	fold            journalFold
 }
@@ -86,8 +85,7 @@ var errJournalUnusable = errors.New("journal unusable after a failed fsync")
 // newJournal places the journal in st; without a state directory every operation refuses with the cause (SPEC §2.1).
 func newJournal(st state, sy sys) *journal {
 	j := &journal{sys: sy}
-	j.name, j.noState = st.path("journal", "journal.jsonl")
-	j.broken = j.noState
+	j.name, j.broken = st.path("journal", "journal.jsonl")
 	return j
 }
 
@@ -164,8 +162,8 @@ func (j *journal) append(rec journalRecord) error {
 
 // size is the journal's size in bytes for /metrics (SPEC §13).
 func (j *journal) size() (int64, error) {
-	if j.noState != nil {
-		return 0, j.noState
+	if j.name == "" { // broken is then never written again
+		return 0, j.broken
 	}
 	id, err := guardFile("journal", j.name)
 	if errors.Is(err, errFileAbsent) {
@@ -214,8 +212,8 @@ func checkJournal(j *journal, stdout io.Writer) (ok bool, err error) {
 // scan visits each complete line after fo, parsed, counting the bad ones; from the start when fo is of another file, a
 // longer one or none.
 func (j *journal) scan(fo *journalFold, visit func(journalRecord, string)) (torn bool, err error) {
-	if j.noState != nil {
-		return false, j.noState
+	if j.name == "" {
+		return false, j.broken
 	}
 	f, full, err := openGuarded("journal", j.name)
 	if err != nil && !errors.Is(err, errFileAbsent) {

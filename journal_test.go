@@ -35,8 +35,8 @@ func (j *journal) retired() (map[string]bool, error) {
 
 // readAll returns the journal's bytes; absent is empty.
 func (j *journal) readAll() ([]byte, error) {
-	if j.noState != nil {
-		return nil, j.noState
+	if j.name == "" {
+		return nil, j.broken
 	}
 	data, _, err := readGuarded("journal", j.name)
 	if errors.Is(err, errFileAbsent) {
