@@ -339,11 +339,9 @@ func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEn
 	}
 }
 
-// flush writes pending changes now (at shutdown), unless there is no file to write.
-func (l *ledger) flush() { l.write(nil) }
-
-// write writes a snapshot and stops any write-behind, unless there is no file or t (a write-behind) was stopped or superseded
-// while firing; snapshots reach the file in order (writeMu). Ids not sub_<16 hex> stay in memory (the file parses).
+// write writes a snapshot now (nil t: also at shutdown) and stops any write-behind, unless there is no file or t (a
+// write-behind) was stopped or superseded while firing; snapshots reach the file in order (writeMu). Ids not sub_<16 hex>
+// stay in memory (the file parses).
 func (l *ledger) write(t *ledgerStopper) {
 	l.writeMu.Lock()
 	defer l.writeMu.Unlock()
