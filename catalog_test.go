@@ -133,12 +133,6 @@ func startCatalog(t *testing.T, c *catalog) (done chan struct{}, stop func()) {
 	return done, stop
 }
 
-// outputLimit is the model's output limit, or 0 with the cause (what applyMaxTokens reads of lookup).
-func (c *catalog) outputLimit(provider, model string) (int, string) {
-	info, _, cause := c.lookup(provider, model)
-	return int(info.Limit.Output), cause
-}
-
 // reads counts the source reads the catalogue logged as settled, good or failed.
 func (l *catalogLogs) reads(t *testing.T) int {
 	return len(l.lines(t, "model_catalog_read")) + len(l.lines(t, "model_catalog_read_failed"))

@@ -170,11 +170,11 @@ func (e *engine) applyMaxTokens(req *chatRequest, res resolution) error {
 	if req.MaxTokens != 0 || res.Provider.codex {
 		return nil
 	}
-	info, _, cause := e.catalog.lookup(res.Provider.id, res.Model) // SPEC §6.4: the model's output limit, or 0 and the cause
-	if info.Limit.Output <= 0 && res.Provider.protocol == protoAnthropic {
+	limit, cause := e.catalog.outputLimit(res.Provider.id, res.Model)
+	if limit <= 0 && res.Provider.protocol == protoAnthropic {
 		return refuse("invalid_request", "max_tokens is required: the model's own limit is unknown (%s)", cause)
 	}
-	req.MaxTokens = int(info.Limit.Output)
+	req.MaxTokens = max(limit, 0)
 	return nil
 }
 
