@@ -347,7 +347,7 @@ func (p *perfRegistry) record(route string, ok bool, latency time.Duration, outp
 	p.mu.Lock()
 	if e, served := p.routes[route]; served || ok {
 		e.Count++
-		e.Failures += map[bool]int64{false: 1}[ok]
+		e.Failures += int64(boolCount(!ok))
 		e.TotalLatencyMs += ms
 		e.LastLatencyMs = ms
 		e.OutputTokens += int64(max(outputTokens, 0))
