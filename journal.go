@@ -151,13 +151,16 @@ func (j *journal) append(rec journalRecord) error {
 	if err = f.Sync(); j.testingOnlySync != nil {
 		err = j.testingOnlySync(f)
 	}
-	if err == nil && fi.Size() == 0 {
-		err = syncDir(filepath.Dir(j.name)) // a new file's name must be durable too
-	}
 	if err != nil {
 		j.broken = fmt.Errorf("%w: %w", errJournalUnusable, err) // never retry fsync; the page cache may be lying
+		return j.broken
 	}
-	return j.broken
+	if fi.Size() == 0 {
+		if err := syncDir(filepath.Dir(j.name)); err != nil {
+			return fmt.Errorf("journal: make the new file durable: %w", err)
+		}
+	}
+	return nil
 }
 
 // size is the journal's size in bytes for /metrics (SPEC §13).
@@ -237,9 +240,10 @@ func (j *journal) scan(fo *journalFold, visit func(journalRecord, string)) (torn
 		fo.off += int64(len(line))
 		fo.lines++
 		rec, reason := parseJournalLine(line[:len(line)-1])
-		if fo.badN += boolCount(reason != ""); reason != "" && len(fo.bad) < maxReportedBadLines {
+		if reason != "" && fo.badN < maxReportedBadLines {
 			fo.bad = append(fo.bad, fmt.Sprintf("journal line %d is unreadable: %s", fo.lines, reason))
 		}
+		fo.badN += boolCount(reason != "")
 		visit(rec, reason)
 	}
 }
