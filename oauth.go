@@ -167,7 +167,7 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 		return oauthGrant{}, werr
 	} else if err != nil {
 		return oauthGrant{}, err
-	} else if werr != nil { // the provider may have retired the vault's refresh token: keep the new grant until written (SPEC §17)
+	} else if werr != nil { // the provider may have retired the vault's refresh token: keep the new grant (SPEC §17)
 		o.vault.keepUnwritten(id, old, g)
 		log.Error("credential_refresh_unwritten", "error", redact(werr.Error()))
 	}
