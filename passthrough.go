@@ -399,19 +399,37 @@ func buildUpstreamRequest(ctx context.Context, c call, req *chatRequest) (*http.
 	return newProviderRequest(ctx, c, options, f.path, b, req.Stream)
 }
 
-// relayBuffered answers a buffered passthrough call with the provider's body; a codex stream (SPEC §6.2) is read whole
-// and assembled. A body that is not a JSON object is no answer of the format (provider_failure).
-func relayBuffered(w http.ResponseWriter, c call, resp *http.Response, attempts int) (u usage, _ *apiError) {
-	p, ct := c.res.Provider, cmp.Or(resp.Header.Get("Content-Type"), "application/json")
+// relayBuffered reads a committed buffered answer of c whole (a codex stream, SPEC §6.2, to its end) and writes it to w
+// (nil: none, the probe's) with attempts: through s into its dialect (frames discarded: only the body they keep counts;
+// the first refusal a block met fails it), or, s nil, as received: a JSON object whose usage is read, or a codex
+// stream assembled (provider_failure when not).
+func relayBuffered(w http.ResponseWriter, c call, resp *http.Response, attempts int, s *callerStream) (u usage, _ *apiError) {
+	p, ct := c.res.Provider, "application/json" // an assembled or translated answer is Brama's JSON
 	var body []byte
 	var err error
-	if p.codex {
-		pw := &streamReader{protocol: p.protocol, raw: map[int][]byte{}}
-		if err = pw.run(resp.Body, nil); err == nil {
-			body = assembledResponse(pw)
+	if !p.codex {
+		body, err = readWhole(p, resp)
+	}
+	switch {
+	case err != nil:
+	case s != nil:
+		err = s.translate(p.protocol, func(r *streamReader) error {
+			if p.codex {
+				return r.run(resp.Body, nil)
+			}
+			return formatOf(p.protocol).decode(body, r)
+		})
+		if u = s.usage; err == nil {
+			body, err = json.Marshal(s.whole)
 		}
-		u, ct = pw.usage, "application/json" // an assembled answer is Brama's JSON
-	} else if body, err = readWhole(p, resp); err == nil {
+	case p.codex:
+		r := &streamReader{protocol: p.protocol, raw: map[int][]byte{}}
+		if err = r.run(resp.Body, nil); err == nil {
+			body = assembledResponse(r)
+		}
+		u = r.usage
+	default:
+		ct = cmp.Or(resp.Header.Get("Content-Type"), ct)
 		o, notObject := parseRawObject(body) // not decoded: only its usage is read
 		if u, err = usageOf(p.protocol, o.value("usage")); notObject != nil || err != nil {
 			err = malformedAnswer(p.protocol, cmp.Or(notObject, err))
@@ -420,21 +438,23 @@ func relayBuffered(w http.ResponseWriter, c call, resp *http.Response, attempts 
 	if err != nil {
 		return u, asAPIError(err).redactedFor(c.cred.bearer()).withAttempts(attempts)
 	}
-	providerFacts(w.Header(), resp.Header, true)
-	writeAnswer(w, ct, attempts, body)
+	if w != nil {
+		providerFacts(w.Header(), resp.Header, s == nil)
+		writeAnswer(w, ct, attempts, body)
+	}
 	return u, nil
 }
 
-// assembledResponse is a watched codex stream's final response, its output the output_item.done items in output_index order.
-func assembledResponse(pw *streamReader) []byte {
-	if len(pw.raw) == 0 {
-		return pw.final
+// assembledResponse is a codex stream's final response, its output the output_item.done items in output_index order.
+func assembledResponse(r *streamReader) []byte {
+	if len(r.raw) == 0 {
+		return r.final
 	}
 	var items [][]byte
-	for _, i := range slices.Sorted(maps.Keys(pw.raw)) {
-		items = append(items, pw.raw[i])
+	for _, i := range slices.Sorted(maps.Keys(r.raw)) {
+		items = append(items, r.raw[i])
 	}
-	o, _ := splitRaw(pw.final, '{', nil)
+	o, _ := splitRaw(r.final, '{', nil)
 	return o.edit(memberEdit{"output", append(append([]byte("["), bytes.Join(items, []byte(","))...), ']')})
 }
 

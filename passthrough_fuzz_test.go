@@ -50,9 +50,9 @@ func FuzzPassthroughStream(f *testing.F) {
 			t.Fatalf("relayed blocks frame other events (-first +second):\n%s", diff)
 		}
 		for i, proto := range []string{protoOpenAIChat, protoAnthropic, protoOpenAIResponses, protoOpenAIChat, protoAnthropic, protoOpenAIResponses} {
-			pw := newStreamReader(proto, nil)
-			if i >= 3 { // the same reader translating too
-				pw.out = &callerStream{frames: func(*callerStream, streamStep, *streamBlock, string) error { return nil }}
+			pw := (&callerStream{frames: func(*callerStream, streamStep, *streamBlock, string) error { return nil }}).reader(proto)
+			if i < 3 { // the same reader translating too from 3 on
+				pw.out = nil
 			}
 			pw.dropUsage, pw.raw = true, map[int][]byte{}
 			for _, ev := range evs {

@@ -47,31 +47,6 @@ func writeAnswer(w http.ResponseWriter, contentType string, attempts int, body [
 	w.Write(body)
 }
 
-// readAnswer reads and closes a committed buffered answer of p (a codex stream, SPEC §6.2, read whole) straight into
-// dialect's frames, discarded, which keep the whole body; the first refusal a block met fails it (messages:
-// arguments not an object); model is what the body reports.
-func readAnswer(dialect string, req chatRequest, model string, p providerInfo, resp *http.Response) ([]byte, usage, error) {
-	defer resp.Body.Close()
-	s := &callerStream{w: io.Discard, frames: formatOf(dialect).frames, req: req, model: model}
-	r, err := newStreamReader(p.protocol, s), s.start()
-	if err == nil && p.codex {
-		err = r.run(resp.Body, nil)
-	} else if err == nil {
-		var body []byte
-		if body, err = readWhole(p, resp); err == nil {
-			err = formatOf(p.protocol).decode(body, r)
-		}
-	}
-	if err == nil {
-		err = s.finish()
-	}
-	if err != nil {
-		return nil, s.usage, err
-	}
-	body, err := json.Marshal(s.whole)
-	return body, s.usage, err
-}
-
 // readWhole reads a committed answer's body, or SPEC §8.2's refusal of one cut mid-body.
 func readWhole(p providerInfo, resp *http.Response) ([]byte, error) {
 	body, err := io.ReadAll(resp.Body)
@@ -131,18 +106,24 @@ func (s *callerStream) answer(protocol string, body io.Reader, translate, dropUs
 	defer s.mu.Unlock()
 	s.body = body
 	if !translate {
-		r := &streamReader{protocol: protocol, dropUsage: dropUsage}
-		err := r.run(s, s.write)
-		return r.usage, err
+		s.rd = streamReader{protocol: protocol, dropUsage: dropUsage}
+		err := s.rd.run(s, s.write)
+		return s.rd.usage, err
 	}
+	err := s.translate(protocol, func(r *streamReader) error { return r.run(s, nil) })
+	return s.usage, err
+}
+
+// translate writes, start to finish, the answer read gives s's reader of protocol.
+func (s *callerStream) translate(protocol string, read func(r *streamReader) error) error {
 	err := s.start()
 	if err == nil {
-		err = newStreamReader(protocol, s).run(s, nil)
+		err = read(s.reader(protocol))
 	}
 	if err == nil {
 		err = s.finish()
 	}
-	return s.usage, err
+	return err
 }
 
 // Read reads the provider's stream with the lock released: the keep-alive writes while the provider is silent.
@@ -171,13 +152,14 @@ const (
 // callerStream writes a streamed answer in the caller's dialect (SPEC §7.5), one block at a time, each step
 // framed by the dialect's frames function; the first write error sticks. A committed stream's writer also
 // relays a same-format stream and keeps it alive, under one lock; the same writer, frames discarded, builds
-// every dialect's buffered answer (readAnswer).
+// every dialect's buffered answer (relayBuffered).
 type callerStream struct {
 	mu        sync.Mutex // a committed stream's: guards everything below against the keep-alive timer
 	closed    bool
 	unflushed bool // bytes written, not yet flushed
 	timer     *time.Timer
-	body      io.Reader // the provider's stream, read by answer
+	body      io.Reader    // the provider's stream, read by answer
+	rd        streamReader // its one reader
 	w         io.Writer
 	flush     func() // nil: nothing to flush (a buffered answer)
 	err       error
@@ -326,10 +308,10 @@ func (s *callerStream) end() error {
 	return s.err
 }
 
-// frame writes one event: "event: <name>\n" when name is set, then the data. A buffered answer's frames
-// (readAnswer) are discarded unmarshalled: only the body they keep counts.
+// frame writes one event: "event: <name>\n" when name is set, then the data. A buffered answer's frames (no
+// writer: relayBuffered) are discarded unmarshalled: only the body they keep counts.
 func (s *callerStream) frame(name string, v any) error {
-	if s.w == io.Discard {
+	if s.w == nil {
 		return nil
 	}
 	b, err := json.Marshal(v)
@@ -345,7 +327,7 @@ func (s *callerStream) frame(name string, v any) error {
 // write writes b and, when flush is set, flushes what is unflushed (SPEC §7.5), which restarts the silence timer; a
 // relay flushes only where it may wait next: a timer reset per event costs CPU. The first write error sticks.
 func (s *callerStream) write(b []byte, flush bool) error {
-	if s.err != nil {
+	if s.err != nil || s.w == nil { // no writer: a buffered answer
 		return s.err
 	}
 	_, s.err = s.w.Write(b)
@@ -390,8 +372,10 @@ type upstreamCall struct {
 	streamed bool   // text or arguments given: the end gives none
 }
 
-func newStreamReader(protocol string, out *callerStream) *streamReader {
-	return &streamReader{protocol: protocol, out: out, calls: map[int]*upstreamCall{}}
+// reader is s's one reader of a provider stream of protocol, translating into s.
+func (s *callerStream) reader(protocol string) *streamReader {
+	s.rd = streamReader{protocol: protocol, out: s, calls: map[int]*upstreamCall{}}
+	return &s.rd
 }
 
 // run reads body's events to the terminal signal (SPEC §7.5), lines ending as newSSEReader says, and relays
