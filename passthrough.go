@@ -60,7 +60,7 @@ func splitRaw(src []byte, open byte, scratch []jsonMember) (rawObject, bool) {
 		}
 		m.val = i
 		if open == '{' {
-			k := skipJSONString(src, i)
+			k := skipJSONValue(src, i)
 			m.key, m.val = rawText(src[i:k]), skipJSONSpace(src, skipJSONSpace(src, k)+1) // past ':'
 		}
 		m.end = skipJSONValue(src, m.val)
@@ -143,25 +143,17 @@ func rawText(raw []byte) []byte {
 
 func skipJSONSpace(b []byte, i int) int { return len(b) - len(bytes.TrimLeft(b[i:], " \t\n\r")) }
 
-// skipJSONString returns the index just past the string that opens at i.
-func skipJSONString(b []byte, i int) int {
-	for i++; i < len(b); i++ {
-		if b[i] == '\\' {
-			i++
-		} else if b[i] == '"' {
-			return i + 1
-		}
-	}
-	return len(b)
-}
-
-// skipJSONValue returns the index just past the valid value at i. It counts
-// brackets without recursion, so no depth can exhaust a stack.
+// skipJSONValue returns the index just past the valid value (or key) at i. It counts brackets without recursion, so
+// no depth can exhaust a stack.
 func skipJSONValue(b []byte, i int) int {
 	for depth := 0; i < len(b); i++ {
 		switch b[i] {
-		case '"':
-			i = skipJSONString(b, i) - 1 // at the closing quote
+		case '"': // to the closing quote
+			for i++; i < len(b) && b[i] != '"'; i++ {
+				if b[i] == '\\' {
+					i++
+				}
+			}
 		case '{', '[':
 			depth++
 		case '}', ']':
@@ -173,7 +165,7 @@ func skipJSONValue(b []byte, i int) int {
 		}
 		if depth < 0 {
 			return i // a scalar's end
-		} else if depth == 0 && (b[i] == '"' || b[i] == '}' || b[i] == ']') {
+		} else if depth == 0 && i < len(b) && (b[i] == '"' || b[i] == '}' || b[i] == ']') {
 			return i + 1
 		}
 	}

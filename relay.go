@@ -121,7 +121,7 @@ func (s *callerStream) translate(protocol string, read func(r *streamReader) err
 		err = read(s.reader(protocol))
 	}
 	if err == nil {
-		err = s.finish()
+		err = s.finish(nil)
 	}
 	return err
 }
@@ -133,7 +133,7 @@ func (s *callerStream) Read(p []byte) (int, error) {
 	return s.body.Read(p)
 }
 
-// errCallerStreamDone is returned by a callerStream used after finish or fail.
+// errCallerStreamDone is returned by a callerStream finished before.
 var errCallerStreamDone = errors.New("caller stream already ended")
 
 // streamStep is what a dialect's frames function writes: the answer begins, a block opens, grows or closes,
@@ -281,31 +281,23 @@ func (s *callerStream) closeOpen() error {
 	return s.frames(s, stepClose, b, full)
 }
 
-// finish writes the dialect's terminal sequence.
-func (s *callerStream) finish() error {
-	for _, step := range []func() error{s.end, s.closeOpen} {
-		if err := step(); err != nil {
-			return err
-		}
-	}
-	return s.frames(s, stepEnd, nil, "")
-}
-
-// fail writes the dialect's in-band error, never a terminal success event.
-func (s *callerStream) fail(e *apiError) error {
-	if err := s.end(); err != nil {
-		return err
-	}
-	s.failure = e
-	return s.frames(s, stepFail, nil, "")
-}
-
-func (s *callerStream) end() error {
+// finish writes the dialect's terminal sequence or, given a failure, its in-band error, never a terminal success
+// event after it; once.
+func (s *callerStream) finish(failure *apiError) error {
 	if s.done {
 		return errCallerStreamDone
 	}
-	s.done = true
-	return s.err
+	s.done, s.failure = true, failure
+	switch {
+	case s.err != nil:
+		return s.err
+	case failure != nil:
+		return s.frames(s, stepFail, nil, "")
+	}
+	if err := s.closeOpen(); err != nil {
+		return err
+	}
+	return s.frames(s, stepEnd, nil, "")
 }
 
 // frame writes one event: "event: <name>\n" when name is set, then the data. A buffered answer's frames (no
