@@ -92,10 +92,10 @@ func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, c call, req
 	e.t.route = c.res.Route
 	pass, tr := !req.translates(p), chatRequest{}
 	if !pass {
-		tr = req.translated()
-		if len(req.dropped) > 0 { // SPEC §7.6: nothing is dropped silently
-			w.Header().Set("Brama-Dropped", headerText(strings.Join(req.dropped, ", ")))
-			e.t.dropped = req.dropped
+		tr = req.sent
+		if len(tr.Dropped) > 0 { // SPEC §7.6: nothing is dropped silently
+			w.Header().Set("Brama-Dropped", headerText(strings.Join(tr.Dropped, ", ")))
+			e.t.dropped = tr.Dropped
 		}
 	}
 	switch {

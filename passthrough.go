@@ -180,7 +180,7 @@ type callerRequest struct {
 	caller  *http.Request // its headers and query
 	head    chatRequest   // Model, Stream, StreamUsage, LimitName, and MaxTokens, the output limit a call sends (SPEC §6.4)
 	neutral *chatRequest  // the whole body parsed for translation; nil until a call needs it
-	dropped []string      // what the last translated call's request lost (chatRequest.drop)
+	sent    chatRequest   // the last translated call's request, Dropped what it lost (chatRequest.drop)
 }
 
 // outputLimitNames are each dialect's names for the output limit.
@@ -224,23 +224,15 @@ func (cr *callerRequest) translates(p providerInfo) bool {
 	return formatOf(cr.dialect).protocol != p.protocol
 }
 
-// translated is the neutral request one call across formats sends.
-func (cr *callerRequest) translated() chatRequest {
-	req := *cr.neutral
-	req.MaxTokens = cr.head.MaxTokens      // the model's own when the caller gave none (SPEC §6.4)
-	req.Dropped = slices.Clip(req.Dropped) // an encoder's drops are its call's own
-	return req
-}
-
 // buildChatRequest is a chat call's request: translated, or the caller's body (SPEC §7.6) with the output
 // limit (§6.4) and the provider's rules (§6.2) edited, all else kept.
 func buildChatRequest(ctx context.Context, c call, cr *callerRequest) (*http.Request, error) {
 	p := c.res.Provider
 	if cr.translates(p) {
-		req := cr.translated()
-		hr, err := buildUpstreamRequest(ctx, c, &req)
-		cr.dropped = req.Dropped
-		return hr, err
+		cr.sent = *cr.neutral
+		cr.sent.MaxTokens = cr.head.MaxTokens          // the model's own when the caller gave none (SPEC §6.4)
+		cr.sent.Dropped = slices.Clip(cr.sent.Dropped) // an encoder's drops are its call's own
+		return buildUpstreamRequest(ctx, c, &cr.sent)
 	}
 	var edits []memberEdit
 	if cr.head.MaxTokens > 0 && cr.head.LimitName == "" && !p.codex {
