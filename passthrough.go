@@ -312,20 +312,13 @@ func estimateInputTokens(o rawObject) int {
 			return len(s)
 		}
 		var blocks []struct {
-			Type, Text     string
+			Text           string
 			Input, Content json.RawMessage
 		}
 		json.Unmarshal(raw, &blocks)
 		n := 0
-		for _, b := range blocks {
-			switch b.Type {
-			case "text":
-				n += len(b.Text)
-			case "tool_use":
-				n += len(b.Input)
-			case "tool_result", "":
-				n += textOf(b.Content)
-			}
+		for _, b := range blocks { // a text part has only text, a tool_use only input, a tool_result only content
+			n += len(b.Text) + len(b.Input) + textOf(b.Content)
 		}
 		return n
 	}
