@@ -92,7 +92,7 @@ func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, c call, req
 	e.t.route = c.res.Route
 	pass, tr := !req.translates(p), chatRequest{}
 	if !pass {
-		tr = req.sent
+		tr = *req.sent
 		if len(tr.Dropped) > 0 { // SPEC §7.6: nothing is dropped silently
 			w.Header().Set("Brama-Dropped", headerText(strings.Join(tr.Dropped, ", ")))
 			e.t.dropped = tr.Dropped

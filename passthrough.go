@@ -180,7 +180,7 @@ type callerRequest struct {
 	caller  *http.Request // its headers and query
 	head    chatRequest   // Model, Stream, StreamUsage, LimitName, and MaxTokens, the output limit a call sends (SPEC §6.4)
 	neutral *chatRequest  // the whole body parsed for translation; nil until a call needs it
-	sent    chatRequest   // the last translated call's request, Dropped what it lost (chatRequest.drop)
+	sent    *chatRequest  // the last translated call's request, Dropped what it lost (chatRequest.drop)
 }
 
 // outputLimitNames are each dialect's names for the output limit.
@@ -229,10 +229,11 @@ func (cr *callerRequest) translates(p providerInfo) bool {
 func buildChatRequest(ctx context.Context, c call, cr *callerRequest) (*http.Request, error) {
 	p := c.res.Provider
 	if cr.translates(p) {
-		cr.sent = *cr.neutral
-		cr.sent.MaxTokens = cr.head.MaxTokens          // the model's own when the caller gave none (SPEC §6.4)
-		cr.sent.Dropped = slices.Clip(cr.sent.Dropped) // an encoder's drops are its call's own
-		return buildUpstreamRequest(ctx, c, &cr.sent)
+		req := *cr.neutral
+		req.MaxTokens = cr.head.MaxTokens      // the model's own when the caller gave none (SPEC §6.4)
+		req.Dropped = slices.Clip(req.Dropped) // an encoder's drops are its call's own
+		cr.sent = &req
+		return buildUpstreamRequest(ctx, c, &req)
 	}
 	var edits []memberEdit
 	if cr.head.MaxTokens > 0 && cr.head.LimitName == "" && !p.codex {

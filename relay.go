@@ -166,7 +166,7 @@ type callerStream struct {
 	frames    func(s *callerStream, step streamStep, b *streamBlock, text string) error
 	req       chatRequest
 	model     string
-	done      bool   // finish or fail ran
+	done      bool   // finish ran
 	reason    string // the tail: finish and usage arrive in either order, usage maybe never
 	usage     usage
 	failure   *apiError    // stepFail's
