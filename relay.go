@@ -80,11 +80,11 @@ func openStreamAnswer(w http.ResponseWriter, dialect string, req chatRequest, mo
 	return s
 }
 
-// do runs f under the lock unless the stream is closed: the one way in for the keep-alive, a failure and close.
+// do runs f under the lock unless the stream is done: the way in for the keep-alive and a failure.
 func (s *callerStream) do(f func() error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed {
+	if s.done {
 		return nil
 	}
 	return f()
@@ -92,11 +92,10 @@ func (s *callerStream) do(f func() error) error {
 
 // close stops the timer: nothing more is written.
 func (s *callerStream) close() {
-	s.do(func() error {
-		s.closed = true
-		s.timer.Stop()
-		return nil
-	})
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.done = true
+	s.timer.Stop()
 }
 
 // answer reads a committed stream of protocol to its terminal signal, relayed as received (a same-format call, Brama's
@@ -155,8 +154,7 @@ const (
 // every dialect's buffered answer (relayBuffered).
 type callerStream struct {
 	mu        sync.Mutex // a committed stream's: guards everything below against the keep-alive timer
-	closed    bool
-	unflushed bool // bytes written, not yet flushed
+	unflushed bool       // bytes written, not yet flushed
 	timer     *time.Timer
 	body      io.Reader    // the provider's stream, read by answer
 	rd        streamReader // its one reader
@@ -166,7 +164,7 @@ type callerStream struct {
 	frames    func(s *callerStream, step streamStep, b *streamBlock, text string) error
 	req       chatRequest
 	model     string
-	done      bool   // finish ran
+	done      bool   // finish or close ran
 	reason    string // the tail: finish and usage arrive in either order, usage maybe never
 	usage     usage
 	failure   *apiError    // stepFail's
