@@ -39,7 +39,7 @@ func answerIDOr(id, prefix string) string { return cmp.Or(id, newAnswerID(prefix
 
 func answerFinish(f string) string { return cmp.Or(f, finishStop) }
 
-// writeAnswer writes a buffered 200 answer with its attempts.
+// writeAnswer writes a 200 answer with its attempts: a buffered body, or a stream's head.
 func writeAnswer(w http.ResponseWriter, contentType string, attempts int, body []byte) {
 	w.Header().Set("Content-Type", contentType)
 	w.Header().Set("Brama-Attempts", strconv.Itoa(attempts))
@@ -62,11 +62,8 @@ const keepAliveEvery = 15 * time.Second
 // openStreamAnswer sends the 200 and starts the keep-alive timer, a comment after every silence of every
 // (SPEC §7.5), restarted at each flush; model is what the dialect's events report, req's tools name translated calls.
 func openStreamAnswer(w http.ResponseWriter, dialect string, req chatRequest, model string, attempts int, every time.Duration) *callerStream {
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("X-Accel-Buffering", "no")
-	h.Set("Brama-Attempts", strconv.Itoa(attempts))
-	w.WriteHeader(http.StatusOK)
+	w.Header().Set("X-Accel-Buffering", "no")
+	writeAnswer(w, "text/event-stream", attempts, nil)
 	rc := http.NewResponseController(w)
 	rc.Flush() // committed: the caller has its 200 now, however long the provider stays silent
 	s := &callerStream{w: w, frames: formatOf(dialect).frames, req: req, model: model}
