@@ -50,11 +50,10 @@ func FuzzPassthroughStream(f *testing.F) {
 			t.Fatalf("relayed blocks frame other events (-first +second):\n%s", diff)
 		}
 		for i, proto := range []string{protoOpenAIChat, protoAnthropic, protoOpenAIResponses, protoOpenAIChat, protoAnthropic, protoOpenAIResponses} {
-			pw := (&callerStream{frames: func(*callerStream, streamStep, *streamBlock, string) error { return nil }}).reader(proto)
-			if i < 3 { // the same reader translating too from 3 on
-				pw.out = nil
+			pw := &streamReader{protocol: proto, dropUsage: true, calls: map[int]*upstreamCall{}, raw: map[int][]byte{}}
+			if i >= 3 { // the same reader translating too
+				pw.out = &callerStream{frames: func(*callerStream, streamStep, *streamBlock, string) error { return nil }}
 			}
-			pw.dropUsage, pw.raw = true, map[int][]byte{}
 			for _, ev := range evs {
 				_, end, err := pw.read(ev.Event, []byte(ev.Data))
 				var ae *apiError

@@ -110,11 +110,12 @@ func (s *callerStream) answer(protocol string, body io.Reader, translate, dropUs
 	return s.usage, err
 }
 
-// translate writes, start to finish, the answer read gives s's reader of protocol.
+// translate writes, start to finish, the answer read gives s's reader of protocol (translating into s).
 func (s *callerStream) translate(protocol string, read func(r *streamReader) error) error {
 	err := s.start()
 	if err == nil {
-		err = read(s.reader(protocol))
+		s.rd = streamReader{protocol: protocol, out: s, calls: map[int]*upstreamCall{}}
+		err = read(&s.rd)
 	}
 	if err == nil {
 		err = s.finish(nil)
@@ -357,12 +358,6 @@ type upstreamCall struct {
 	tool     int    // the neutral tool index; -1: a responses message item
 	id       string // chat: the call's id, telling a new call at a reused index
 	streamed bool   // text or arguments given: the end gives none
-}
-
-// reader is s's one reader of a provider stream of protocol, translating into s.
-func (s *callerStream) reader(protocol string) *streamReader {
-	s.rd = streamReader{protocol: protocol, out: s, calls: map[int]*upstreamCall{}}
-	return &s.rd
 }
 
 // run reads body's events to the terminal signal (SPEC §7.5), lines ending as newSSEReader says, and relays
