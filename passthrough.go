@@ -402,8 +402,15 @@ func relayBuffered(w http.ResponseWriter, c call, resp *http.Response, attempts 
 		}
 	case p.codex:
 		r := &streamReader{protocol: p.protocol, raw: map[int][]byte{}}
-		if err = r.run(resp.Body, nil); err == nil {
-			body = assembledResponse(r)
+		if err = r.run(resp.Body, nil); err == nil && len(r.raw) == 0 {
+			body = r.final
+		} else if err == nil { // the final response, its output the output_item.done items in output_index order
+			var items [][]byte
+			for _, i := range slices.Sorted(maps.Keys(r.raw)) {
+				items = append(items, r.raw[i])
+			}
+			o, _ := splitRaw(r.final, '{', nil)
+			body = o.edit(memberEdit{"output", append(append([]byte("["), bytes.Join(items, []byte(","))...), ']')})
 		}
 		u = r.usage
 	default:
@@ -421,19 +428,6 @@ func relayBuffered(w http.ResponseWriter, c call, resp *http.Response, attempts 
 		writeAnswer(w, ct, attempts, body)
 	}
 	return u, nil
-}
-
-// assembledResponse is a codex stream's final response, its output the output_item.done items in output_index order.
-func assembledResponse(r *streamReader) []byte {
-	if len(r.raw) == 0 {
-		return r.final
-	}
-	var items [][]byte
-	for _, i := range slices.Sorted(maps.Keys(r.raw)) {
-		items = append(items, r.raw[i])
-	}
-	o, _ := splitRaw(r.final, '{', nil)
-	return o.edit(memberEdit{"output", append(append([]byte("["), bytes.Join(items, []byte(","))...), ']')})
 }
 
 // providerFacts gives the caller what SPEC §17 lets a provider's answer tell: its request id as request-id

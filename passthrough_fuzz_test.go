@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net/http"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -64,10 +65,10 @@ func FuzzPassthroughStream(f *testing.F) {
 					break
 				}
 			}
-			if pw.final != nil {
-				assembledResponse(pw) // must not panic whatever the items are
-			}
 		}
+		codex := call{res: resolution{Provider: providerInfo{protocol: protoOpenAIResponses, codex: true}}}
+		resp := &http.Response{Header: http.Header{}, Body: io.NopCloser(bytes.NewReader(in))}
+		relayBuffered(nil, codex, resp, 1, nil) // a codex stream assembled: must not panic whatever the items are
 	})
 }
 
