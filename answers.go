@@ -112,7 +112,7 @@ func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, c call, req
 			if e.t.remember != nil {                                                      // before the caller can read it and fall back
 				e.t.remember(failure, attempts, ctx.Err() != nil, true)
 			}
-			sa.do(func() error { return sa.finish(failure) })
+			sa.do(func() { sa.finish(failure) })
 			e.log.Warn("stream_failed_after_commit", "request_id", e.t.requestID, "code", failure.Code, "cause", redact(fmt.Sprint(failure.Err), c.cred.bearer()))
 		}
 		return u, failure, true

@@ -69,7 +69,7 @@ func openStreamAnswer(w http.ResponseWriter, dialect string, req chatRequest, mo
 	s := &callerStream{w: w, frames: formatOf(dialect).frames, req: req, model: model}
 	s.mu.Lock() // the timer's first run reads s.flush, under mu
 	defer s.mu.Unlock()
-	s.timer = time.AfterFunc(every, func() { s.do(func() error { return s.write([]byte(": keep-alive\n\n"), true) }) })
+	s.timer = time.AfterFunc(every, func() { s.do(func() { s.write([]byte(": keep-alive\n\n"), true) }) })
 	s.flush = func() {
 		rc.Flush()
 		s.timer.Reset(every)
@@ -78,13 +78,12 @@ func openStreamAnswer(w http.ResponseWriter, dialect string, req chatRequest, mo
 }
 
 // do runs f under the lock unless the stream is done: the way in for the keep-alive and a failure.
-func (s *callerStream) do(f func() error) error {
+func (s *callerStream) do(f func()) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.done {
-		return nil
+	if !s.done {
+		f()
 	}
-	return f()
 }
 
 // close stops the timer: nothing more is written.
