@@ -92,10 +92,10 @@ func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, c call, req
 	e.t.route = c.res.Route
 	pass, tr := !req.translates(p), chatRequest{}
 	if !pass {
-		tr = req.translated()
-		if len(req.dropped) > 0 { // SPEC §7.6: nothing is dropped silently
-			w.Header().Set("Brama-Dropped", headerText(strings.Join(req.dropped, ", ")))
-			e.t.dropped = req.dropped
+		tr = *req.sent
+		if len(tr.Dropped) > 0 { // SPEC §7.6: nothing is dropped silently
+			w.Header().Set("Brama-Dropped", headerText(strings.Join(tr.Dropped, ", ")))
+			e.t.dropped = tr.Dropped
 		}
 	}
 	switch {
@@ -112,21 +112,16 @@ func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, c call, req
 			if e.t.remember != nil {                                                      // before the caller can read it and fall back
 				e.t.remember(failure, attempts, ctx.Err() != nil, true)
 			}
-			sa.do(func() error { return sa.fail(failure) })
+			sa.do(func() { sa.finish(failure) })
 			e.log.Warn("stream_failed_after_commit", "request_id", e.t.requestID, "code", failure.Code, "cause", redact(fmt.Sprint(failure.Err), c.cred.bearer()))
 		}
 		return u, failure, true
 	case pass:
-		u, failure = relayBuffered(w, c, resp, attempts)
+		u, failure = relayBuffered(w, c, resp, attempts, nil)
 		return u, failure, false
 	}
-	out, u, err := readAnswer(req.dialect, tr, model, p, resp)
-	if err != nil {
-		return u, asAPIError(err).redactedFor(c.cred.bearer()).withAttempts(attempts), false
-	}
-	providerFacts(w.Header(), resp.Header, false)
-	writeAnswer(w, "application/json", attempts, out)
-	return u, nil, false
+	u, failure = relayBuffered(w, c, resp, attempts, &callerStream{frames: formatOf(req.dialect).frames, req: tr, model: model})
+	return u, failure, false
 }
 
 // serveModelCall makes the one call of POST /v1/messages/count_tokens (embed nil: the anthropic-messages provider's own
@@ -169,7 +164,7 @@ func (e *engine) serveModelCall(ctx context.Context, w http.ResponseWriter, req 
 		}
 		j.commit = func(_ context.Context, c call, _ *callerRequest, resp *http.Response) (usage, *apiError, bool) {
 			w.Header().Set("Brama-Route", c.res.Route)
-			u, ae := relayBuffered(w, c, resp, e.t.attempts) // a JSON object as received, else provider_failure
+			u, ae := relayBuffered(w, c, resp, e.t.attempts, nil) // a JSON object as received, else provider_failure
 			return u, ae, false
 		}
 	case p.protocol != protoAnthropic: // count_tokens; also selectors and best: no one route to ask
@@ -228,11 +223,8 @@ func (e *engine) ping(ctx context.Context, c call, pool []overlayItem) (u usage,
 			return buildUpstreamRequest(ctx, c, &req)
 		},
 		commit: func(_ context.Context, c call, _ *callerRequest, resp *http.Response) (usage, *apiError, bool) {
-			var err error
-			if _, u, err = readAnswer(dialectChat, req, "", c.res.Provider, resp); err != nil { // an in-band limit blocks, as a request's
-				return u, asAPIError(err), false
-			}
-			return u, nil, false
+			u, ae = relayBuffered(nil, c, resp, e.t.attempts, &callerStream{frames: formatOf(dialectChat).frames, req: req})
+			return u, ae, false // an in-band limit blocks, as a request's
 		}}, c, nil, nil)
 	return u, ae
 }

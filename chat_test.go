@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -354,12 +355,12 @@ func TestBufferedAnswerTextAfterACall(t *testing.T) {
 		{"type":"function_call","call_id":"c1","name":"f","arguments":"{}"},
 		{"type":"message","role":"assistant","content":[{"type":"output_text","text":"b"}]}]}`
 	resp := &http.Response{StatusCode: 200, Header: http.Header{}, Body: io.NopCloser(strings.NewReader(body))}
-	out, _, err := readAnswer(dialectChat, chatRequest{}, "alias", providerInfo{id: "openai", protocol: protoOpenAIResponses}, resp)
-	if err != nil {
-		t.Fatal(err)
+	rec, c := httptest.NewRecorder(), call{res: resolution{Provider: providerInfo{id: "openai", protocol: protoOpenAIResponses}}}
+	if _, ae := relayBuffered(rec, c, resp, 1, &callerStream{frames: formatOf(dialectChat).frames, model: "alias"}); ae != nil {
+		t.Fatal(ae)
 	}
 	want := chatAnswer{Model: "alias", Text: "ab", Finish: finishToolCalls, ToolCalls: []toolCall{{ID: "c1", Name: "f", Arguments: "{}"}}}
-	if diff := cmp.Diff(want, decodeChatAnswer(t, out)); diff != "" {
+	if diff := cmp.Diff(want, decodeChatAnswer(t, rec.Body.Bytes())); diff != "" {
 		t.Errorf("answer mismatch (-want +got):\n%s", diff)
 	}
 }

@@ -39,7 +39,7 @@ func callPart(tc toolCall) part {
 // answerOf gathers the answer a reader of protocol gives a caller stream that writes nothing; read runs the reader.
 func answerOf(protocol string, read func(r *streamReader) error) (chatAnswer, error) {
 	s := &callerStream{frames: func(*callerStream, streamStep, *streamBlock, string) error { return nil }}
-	if err := read(newStreamReader(protocol, s)); err != nil {
+	if err := s.translate(protocol, read); err != nil {
 		return chatAnswer{}, err
 	}
 	a := chatAnswer{Finish: s.reason, Usage: s.usage}
@@ -73,7 +73,7 @@ func renderAnswer(dialect string, req chatRequest, a chatAnswer) ([]byte, error)
 		err = s.tail(0, calls, a.Finish, a.Usage)
 	}
 	if err == nil {
-		err = s.finish()
+		err = s.finish(nil)
 	}
 	if err != nil {
 		return nil, err
@@ -204,7 +204,7 @@ func runCallerStream(t *testing.T, dialect string, events []streamEvent) (string
 			t.Fatalf("event %+v: %v", ev, err)
 		}
 	}
-	if err := s.finish(); err != nil {
+	if err := s.finish(nil); err != nil {
 		t.Fatal(err)
 	}
 	return buf.String(), flushes
@@ -302,10 +302,10 @@ func TestStreamFail(t *testing.T) {
 			feed(s, streamEvent{Kind: eventText, Text: "partial"})
 			feed(s, streamEvent{Kind: eventToolCallStart, ToolCall: toolCall{ID: "c", Name: "f"}})
 			feed(s, streamEvent{Kind: eventFinish, Finish: finishStop})
-			if err := s.fail(refuse("provider_incomplete", "stream ended early").withAttempts(2)); err != nil {
+			if err := s.finish(refuse("provider_incomplete", "stream ended early").withAttempts(2)); err != nil {
 				t.Fatal(err)
 			}
-			if err := s.finish(); !errors.Is(err, errCallerStreamDone) {
+			if err := s.finish(nil); !errors.Is(err, errCallerStreamDone) {
 				t.Errorf("finish after fail = %v, want errStreamDone", err)
 			}
 			frames := splitTestSSE(t, buf.String())

@@ -60,7 +60,7 @@ func splitRaw(src []byte, open byte, scratch []jsonMember) (rawObject, bool) {
 		}
 		m.val = i
 		if open == '{' {
-			k := skipJSONString(src, i)
+			k := skipJSONValue(src, i)
 			m.key, m.val = rawText(src[i:k]), skipJSONSpace(src, skipJSONSpace(src, k)+1) // past ':'
 		}
 		m.end = skipJSONValue(src, m.val)
@@ -143,25 +143,17 @@ func rawText(raw []byte) []byte {
 
 func skipJSONSpace(b []byte, i int) int { return len(b) - len(bytes.TrimLeft(b[i:], " \t\n\r")) }
 
-// skipJSONString returns the index just past the string that opens at i.
-func skipJSONString(b []byte, i int) int {
-	for i++; i < len(b); i++ {
-		if b[i] == '\\' {
-			i++
-		} else if b[i] == '"' {
-			return i + 1
-		}
-	}
-	return len(b)
-}
-
-// skipJSONValue returns the index just past the valid value at i. It counts
-// brackets without recursion, so no depth can exhaust a stack.
+// skipJSONValue returns the index just past the valid value (or key) at i. It counts brackets without recursion, so
+// no depth can exhaust a stack.
 func skipJSONValue(b []byte, i int) int {
 	for depth := 0; i < len(b); i++ {
 		switch b[i] {
-		case '"':
-			i = skipJSONString(b, i) - 1 // at the closing quote
+		case '"': // to the closing quote
+			for i++; i < len(b) && b[i] != '"'; i++ {
+				if b[i] == '\\' {
+					i++
+				}
+			}
 		case '{', '[':
 			depth++
 		case '}', ']':
@@ -173,7 +165,7 @@ func skipJSONValue(b []byte, i int) int {
 		}
 		if depth < 0 {
 			return i // a scalar's end
-		} else if depth == 0 && (b[i] == '"' || b[i] == '}' || b[i] == ']') {
+		} else if depth == 0 && i < len(b) && (b[i] == '"' || b[i] == '}' || b[i] == ']') {
 			return i + 1
 		}
 	}
@@ -188,7 +180,7 @@ type callerRequest struct {
 	caller  *http.Request // its headers and query
 	head    chatRequest   // Model, Stream, StreamUsage, LimitName, and MaxTokens, the output limit a call sends (SPEC §6.4)
 	neutral *chatRequest  // the whole body parsed for translation; nil until a call needs it
-	dropped []string      // what the last translated call's request lost (chatRequest.drop)
+	sent    *chatRequest  // the last translated call's request, Dropped what it lost (chatRequest.drop)
 }
 
 // outputLimitNames are each dialect's names for the output limit.
@@ -232,23 +224,16 @@ func (cr *callerRequest) translates(p providerInfo) bool {
 	return formatOf(cr.dialect).protocol != p.protocol
 }
 
-// translated is the neutral request one call across formats sends.
-func (cr *callerRequest) translated() chatRequest {
-	req := *cr.neutral
-	req.MaxTokens = cr.head.MaxTokens      // the model's own when the caller gave none (SPEC §6.4)
-	req.Dropped = slices.Clip(req.Dropped) // an encoder's drops are its call's own
-	return req
-}
-
 // buildChatRequest is a chat call's request: translated, or the caller's body (SPEC §7.6) with the output
 // limit (§6.4) and the provider's rules (§6.2) edited, all else kept.
 func buildChatRequest(ctx context.Context, c call, cr *callerRequest) (*http.Request, error) {
 	p := c.res.Provider
 	if cr.translates(p) {
-		req := cr.translated()
-		hr, err := buildUpstreamRequest(ctx, c, &req)
-		cr.dropped = req.Dropped
-		return hr, err
+		req := *cr.neutral
+		req.MaxTokens = cr.head.MaxTokens      // the model's own when the caller gave none (SPEC §6.4)
+		req.Dropped = slices.Clip(req.Dropped) // an encoder's drops are its call's own
+		cr.sent = &req
+		return buildUpstreamRequest(ctx, c, &req)
 	}
 	var edits []memberEdit
 	if cr.head.MaxTokens > 0 && cr.head.LimitName == "" && !p.codex {
@@ -328,20 +313,13 @@ func estimateInputTokens(o rawObject) int {
 			return len(s)
 		}
 		var blocks []struct {
-			Type, Text     string
+			Text           string
 			Input, Content json.RawMessage
 		}
 		json.Unmarshal(raw, &blocks)
 		n := 0
-		for _, b := range blocks {
-			switch b.Type {
-			case "text":
-				n += len(b.Text)
-			case "tool_use":
-				n += len(b.Input)
-			case "tool_result", "":
-				n += textOf(b.Content)
-			}
+		for _, b := range blocks { // a text part has only text, a tool_use only input, a tool_result only content
+			n += len(b.Text) + len(b.Input) + textOf(b.Content)
 		}
 		return n
 	}
@@ -399,19 +377,44 @@ func buildUpstreamRequest(ctx context.Context, c call, req *chatRequest) (*http.
 	return newProviderRequest(ctx, c, options, f.path, b, req.Stream)
 }
 
-// relayBuffered answers a buffered passthrough call with the provider's body; a codex stream (SPEC §6.2) is read whole
-// and assembled. A body that is not a JSON object is no answer of the format (provider_failure).
-func relayBuffered(w http.ResponseWriter, c call, resp *http.Response, attempts int) (u usage, _ *apiError) {
-	p, ct := c.res.Provider, cmp.Or(resp.Header.Get("Content-Type"), "application/json")
+// relayBuffered reads a committed buffered answer of c whole (a codex stream, SPEC §6.2, to its end) and writes it to w
+// (nil: none, the probe's) with attempts: through s into its dialect (frames discarded: only the body they keep counts;
+// the first refusal a block met fails it), or, s nil, as received: a JSON object whose usage is read, or a codex
+// stream assembled (provider_failure when not).
+func relayBuffered(w http.ResponseWriter, c call, resp *http.Response, attempts int, s *callerStream) (u usage, _ *apiError) {
+	p, ct := c.res.Provider, "application/json" // an assembled or translated answer is Brama's JSON
 	var body []byte
 	var err error
-	if p.codex {
-		pw := &streamReader{protocol: p.protocol, raw: map[int][]byte{}}
-		if err = pw.run(resp.Body, nil); err == nil {
-			body = assembledResponse(pw)
+	if !p.codex {
+		body, err = readWhole(p, resp)
+	}
+	switch {
+	case err != nil:
+	case s != nil:
+		err = s.translate(p.protocol, func(r *streamReader) error {
+			if p.codex {
+				return r.run(resp.Body, nil)
+			}
+			return formatOf(p.protocol).decode(body, r)
+		})
+		if u = s.usage; err == nil {
+			body, err = json.Marshal(s.whole)
 		}
-		u, ct = pw.usage, "application/json" // an assembled answer is Brama's JSON
-	} else if body, err = readWhole(p, resp); err == nil {
+	case p.codex:
+		r := &streamReader{protocol: p.protocol, raw: map[int][]byte{}}
+		if err = r.run(resp.Body, nil); err == nil && len(r.raw) == 0 {
+			body = r.final
+		} else if err == nil { // the final response, its output the output_item.done items in output_index order
+			var items [][]byte
+			for _, i := range slices.Sorted(maps.Keys(r.raw)) {
+				items = append(items, r.raw[i])
+			}
+			o, _ := splitRaw(r.final, '{', nil)
+			body = o.edit(memberEdit{"output", append(append([]byte("["), bytes.Join(items, []byte(","))...), ']')})
+		}
+		u = r.usage
+	default:
+		ct = cmp.Or(resp.Header.Get("Content-Type"), ct)
 		o, notObject := parseRawObject(body) // not decoded: only its usage is read
 		if u, err = usageOf(p.protocol, o.value("usage")); notObject != nil || err != nil {
 			err = malformedAnswer(p.protocol, cmp.Or(notObject, err))
@@ -420,22 +423,11 @@ func relayBuffered(w http.ResponseWriter, c call, resp *http.Response, attempts 
 	if err != nil {
 		return u, asAPIError(err).redactedFor(c.cred.bearer()).withAttempts(attempts)
 	}
-	providerFacts(w.Header(), resp.Header, true)
-	writeAnswer(w, ct, attempts, body)
+	if w != nil {
+		providerFacts(w.Header(), resp.Header, s == nil)
+		writeAnswer(w, ct, attempts, body)
+	}
 	return u, nil
-}
-
-// assembledResponse is a watched codex stream's final response, its output the output_item.done items in output_index order.
-func assembledResponse(pw *streamReader) []byte {
-	if len(pw.raw) == 0 {
-		return pw.final
-	}
-	var items [][]byte
-	for _, i := range slices.Sorted(maps.Keys(pw.raw)) {
-		items = append(items, pw.raw[i])
-	}
-	o, _ := splitRaw(pw.final, '{', nil)
-	return o.edit(memberEdit{"output", append(append([]byte("["), bytes.Join(items, []byte(","))...), ']')})
 }
 
 // providerFacts gives the caller what SPEC §17 lets a provider's answer tell: its request id as request-id

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net/http"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -50,11 +51,10 @@ func FuzzPassthroughStream(f *testing.F) {
 			t.Fatalf("relayed blocks frame other events (-first +second):\n%s", diff)
 		}
 		for i, proto := range []string{protoOpenAIChat, protoAnthropic, protoOpenAIResponses, protoOpenAIChat, protoAnthropic, protoOpenAIResponses} {
-			pw := newStreamReader(proto, nil)
+			pw := &streamReader{protocol: proto, dropUsage: true, calls: map[int]*upstreamCall{}, raw: map[int][]byte{}}
 			if i >= 3 { // the same reader translating too
 				pw.out = &callerStream{frames: func(*callerStream, streamStep, *streamBlock, string) error { return nil }}
 			}
-			pw.dropUsage, pw.raw = true, map[int][]byte{}
 			for _, ev := range evs {
 				_, end, err := pw.read(ev.Event, []byte(ev.Data))
 				var ae *apiError
@@ -65,10 +65,10 @@ func FuzzPassthroughStream(f *testing.F) {
 					break
 				}
 			}
-			if pw.final != nil {
-				assembledResponse(pw) // must not panic whatever the items are
-			}
 		}
+		codex := call{res: resolution{Provider: providerInfo{protocol: protoOpenAIResponses, codex: true}}}
+		resp := &http.Response{Header: http.Header{}, Body: io.NopCloser(bytes.NewReader(in))}
+		relayBuffered(nil, codex, resp, 1, nil) // a codex stream assembled: must not panic whatever the items are
 	})
 }
 

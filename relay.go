@@ -39,37 +39,12 @@ func answerIDOr(id, prefix string) string { return cmp.Or(id, newAnswerID(prefix
 
 func answerFinish(f string) string { return cmp.Or(f, finishStop) }
 
-// writeAnswer writes a buffered 200 answer with its attempts.
+// writeAnswer writes a 200 answer with its attempts: a buffered body, or a stream's head.
 func writeAnswer(w http.ResponseWriter, contentType string, attempts int, body []byte) {
 	w.Header().Set("Content-Type", contentType)
 	w.Header().Set("Brama-Attempts", strconv.Itoa(attempts))
 	w.WriteHeader(http.StatusOK)
 	w.Write(body)
-}
-
-// readAnswer reads and closes a committed buffered answer of p (a codex stream, SPEC §6.2, read whole) straight into
-// dialect's frames, discarded, which keep the whole body; the first refusal a block met fails it (messages:
-// arguments not an object); model is what the body reports.
-func readAnswer(dialect string, req chatRequest, model string, p providerInfo, resp *http.Response) ([]byte, usage, error) {
-	defer resp.Body.Close()
-	s := &callerStream{w: io.Discard, frames: formatOf(dialect).frames, req: req, model: model}
-	r, err := newStreamReader(p.protocol, s), s.start()
-	if err == nil && p.codex {
-		err = r.run(resp.Body, nil)
-	} else if err == nil {
-		var body []byte
-		if body, err = readWhole(p, resp); err == nil {
-			err = formatOf(p.protocol).decode(body, r)
-		}
-	}
-	if err == nil {
-		err = s.finish()
-	}
-	if err != nil {
-		return nil, s.usage, err
-	}
-	body, err := json.Marshal(s.whole)
-	return body, s.usage, err
 }
 
 // readWhole reads a committed answer's body, or SPEC §8.2's refusal of one cut mid-body.
@@ -87,17 +62,14 @@ const keepAliveEvery = 15 * time.Second
 // openStreamAnswer sends the 200 and starts the keep-alive timer, a comment after every silence of every
 // (SPEC §7.5), restarted at each flush; model is what the dialect's events report, req's tools name translated calls.
 func openStreamAnswer(w http.ResponseWriter, dialect string, req chatRequest, model string, attempts int, every time.Duration) *callerStream {
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("X-Accel-Buffering", "no")
-	h.Set("Brama-Attempts", strconv.Itoa(attempts))
-	w.WriteHeader(http.StatusOK)
+	w.Header().Set("X-Accel-Buffering", "no")
+	writeAnswer(w, "text/event-stream", attempts, nil)
 	rc := http.NewResponseController(w)
 	rc.Flush() // committed: the caller has its 200 now, however long the provider stays silent
 	s := &callerStream{w: w, frames: formatOf(dialect).frames, req: req, model: model}
 	s.mu.Lock() // the timer's first run reads s.flush, under mu
 	defer s.mu.Unlock()
-	s.timer = time.AfterFunc(every, func() { s.do(func() error { return s.write([]byte(": keep-alive\n\n"), true) }) })
+	s.timer = time.AfterFunc(every, func() { s.do(func() { s.write([]byte(": keep-alive\n\n"), true) }) })
 	s.flush = func() {
 		rc.Flush()
 		s.timer.Reset(every)
@@ -105,23 +77,21 @@ func openStreamAnswer(w http.ResponseWriter, dialect string, req chatRequest, mo
 	return s
 }
 
-// do runs f under the lock unless the stream is closed: the one way in for the keep-alive, a failure and close.
-func (s *callerStream) do(f func() error) error {
+// do runs f under the lock unless the stream is done: the way in for the keep-alive and a failure.
+func (s *callerStream) do(f func()) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed {
-		return nil
+	if !s.done {
+		f()
 	}
-	return f()
 }
 
 // close stops the timer: nothing more is written.
 func (s *callerStream) close() {
-	s.do(func() error {
-		s.closed = true
-		s.timer.Stop()
-		return nil
-	})
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.done = true
+	s.timer.Stop()
 }
 
 // answer reads a committed stream of protocol to its terminal signal, relayed as received (a same-format call, Brama's
@@ -131,18 +101,25 @@ func (s *callerStream) answer(protocol string, body io.Reader, translate, dropUs
 	defer s.mu.Unlock()
 	s.body = body
 	if !translate {
-		r := &streamReader{protocol: protocol, dropUsage: dropUsage}
-		err := r.run(s, s.write)
-		return r.usage, err
+		s.rd = streamReader{protocol: protocol, dropUsage: dropUsage}
+		err := s.rd.run(s, s.write)
+		return s.rd.usage, err
 	}
+	err := s.translate(protocol, func(r *streamReader) error { return r.run(s, nil) })
+	return s.usage, err
+}
+
+// translate writes, start to finish, the answer read gives s's reader of protocol (translating into s).
+func (s *callerStream) translate(protocol string, read func(r *streamReader) error) error {
 	err := s.start()
 	if err == nil {
-		err = newStreamReader(protocol, s).run(s, nil)
+		s.rd = streamReader{protocol: protocol, out: s, calls: map[int]*upstreamCall{}}
+		err = read(&s.rd)
 	}
 	if err == nil {
-		err = s.finish()
+		err = s.finish(nil)
 	}
-	return s.usage, err
+	return err
 }
 
 // Read reads the provider's stream with the lock released: the keep-alive writes while the provider is silent.
@@ -152,7 +129,7 @@ func (s *callerStream) Read(p []byte) (int, error) {
 	return s.body.Read(p)
 }
 
-// errCallerStreamDone is returned by a callerStream used after finish or fail.
+// errCallerStreamDone is returned by a callerStream finished before.
 var errCallerStreamDone = errors.New("caller stream already ended")
 
 // streamStep is what a dialect's frames function writes: the answer begins, a block opens, grows or closes,
@@ -171,20 +148,20 @@ const (
 // callerStream writes a streamed answer in the caller's dialect (SPEC §7.5), one block at a time, each step
 // framed by the dialect's frames function; the first write error sticks. A committed stream's writer also
 // relays a same-format stream and keeps it alive, under one lock; the same writer, frames discarded, builds
-// every dialect's buffered answer (readAnswer).
+// every dialect's buffered answer (relayBuffered).
 type callerStream struct {
 	mu        sync.Mutex // a committed stream's: guards everything below against the keep-alive timer
-	closed    bool
-	unflushed bool // bytes written, not yet flushed
+	unflushed bool       // bytes written, not yet flushed
 	timer     *time.Timer
-	body      io.Reader // the provider's stream, read by answer
+	body      io.Reader    // the provider's stream, read by answer
+	rd        streamReader // its one reader
 	w         io.Writer
 	flush     func() // nil: nothing to flush (a buffered answer)
 	err       error
 	frames    func(s *callerStream, step streamStep, b *streamBlock, text string) error
 	req       chatRequest
 	model     string
-	done      bool   // finish or fail ran
+	done      bool   // finish or close ran
 	reason    string // the tail: finish and usage arrive in either order, usage maybe never
 	usage     usage
 	failure   *apiError    // stepFail's
@@ -299,37 +276,29 @@ func (s *callerStream) closeOpen() error {
 	return s.frames(s, stepClose, b, full)
 }
 
-// finish writes the dialect's terminal sequence.
-func (s *callerStream) finish() error {
-	for _, step := range []func() error{s.end, s.closeOpen} {
-		if err := step(); err != nil {
-			return err
-		}
+// finish writes the dialect's terminal sequence or, given a failure, its in-band error, never a terminal success
+// event after it; once.
+func (s *callerStream) finish(failure *apiError) error {
+	if s.done {
+		return errCallerStreamDone
+	}
+	s.done, s.failure = true, failure
+	switch {
+	case s.err != nil:
+		return s.err
+	case failure != nil:
+		return s.frames(s, stepFail, nil, "")
+	}
+	if err := s.closeOpen(); err != nil {
+		return err
 	}
 	return s.frames(s, stepEnd, nil, "")
 }
 
-// fail writes the dialect's in-band error, never a terminal success event.
-func (s *callerStream) fail(e *apiError) error {
-	if err := s.end(); err != nil {
-		return err
-	}
-	s.failure = e
-	return s.frames(s, stepFail, nil, "")
-}
-
-func (s *callerStream) end() error {
-	if s.done {
-		return errCallerStreamDone
-	}
-	s.done = true
-	return s.err
-}
-
-// frame writes one event: "event: <name>\n" when name is set, then the data. A buffered answer's frames
-// (readAnswer) are discarded unmarshalled: only the body they keep counts.
+// frame writes one event: "event: <name>\n" when name is set, then the data. A buffered answer's frames (no
+// writer: relayBuffered) are discarded unmarshalled: only the body they keep counts.
 func (s *callerStream) frame(name string, v any) error {
-	if s.w == io.Discard {
+	if s.w == nil {
 		return nil
 	}
 	b, err := json.Marshal(v)
@@ -345,7 +314,7 @@ func (s *callerStream) frame(name string, v any) error {
 // write writes b and, when flush is set, flushes what is unflushed (SPEC §7.5), which restarts the silence timer; a
 // relay flushes only where it may wait next: a timer reset per event costs CPU. The first write error sticks.
 func (s *callerStream) write(b []byte, flush bool) error {
-	if s.err != nil {
+	if s.err != nil || s.w == nil { // no writer: a buffered answer
 		return s.err
 	}
 	_, s.err = s.w.Write(b)
@@ -388,10 +357,6 @@ type upstreamCall struct {
 	tool     int    // the neutral tool index; -1: a responses message item
 	id       string // chat: the call's id, telling a new call at a reused index
 	streamed bool   // text or arguments given: the end gives none
-}
-
-func newStreamReader(protocol string, out *callerStream) *streamReader {
-	return &streamReader{protocol: protocol, out: out, calls: map[int]*upstreamCall{}}
 }
 
 // run reads body's events to the terminal signal (SPEC §7.5), lines ending as newSSEReader says, and relays

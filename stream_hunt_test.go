@@ -176,7 +176,7 @@ func TestLongToolCallStreamsInLinearMemory(t *testing.T) {
 				feed(s, streamEvent{Kind: eventToolCallArgs, Index: 0, Text: piece})
 			}
 			feed(s, streamEvent{Kind: eventToolCallArgs, Index: 0, Text: `""]}`})
-			if err := s.finish(); err != nil {
+			if err := s.finish(nil); err != nil {
 				t.Fatal(err)
 			}
 			runtime.ReadMemStats(&after)
