@@ -24,8 +24,8 @@ import (
 	"time"
 )
 
-// How each call kind is answered: commit answers from the one committed call (its spend settled once); a chat request
-// (passthrough or translated), count_tokens and embeddings, the probe; signed answers under an Idempotency-Key (SPEC §12); the replay guard (§8.1).
+// How a call kind is answered: commit answers from the one committed call (its spend settled once); a chat request
+// (passthrough or translated), count_tokens and embeddings. Signed answers (SPEC §12); the replay guard (§8.1).
 
 // commit answers from a committed call, never retried (SPEC §7.5), and keeps sub's ledger: spend, a success's pin until
 // the earliest window reset, a block after an in-band rate or quota error. A failed stream aborts: the one abort.
@@ -185,66 +185,6 @@ func (e *engine) serveModelCall(ctx context.Context, w http.ResponseWriter, req 
 		return ae
 	}
 	return nil
-}
-
-// probe runs one completion probe on the live subscription it with model ("": the built-in one), as a request would meet
-// it (SPEC §11.3); 409 before any call when blocked or model-less. Its answer: the probe and the row after it.
-func (e *engine) probe(ctx context.Context, it overlayItem, model string) (any, error) {
-	if until := e.ledger.blockedUntil(it.ID); !until.IsZero() {
-		return nil, refuse("state_conflict", "subscription %s is blocked until %s; a probe is not sent inside a recorded block",
-			it.ID, until.UTC().Format(time.RFC3339))
-	}
-	builtin, _ := lookupProvider(it.Provider)
-	model = cmp.Or(strings.TrimPrefix(strings.TrimSpace(model), it.Provider+"/"), builtin.probe)
-	if model == "" {
-		return nil, refuse("state_conflict", "name a model for this probe: provider %q has no built-in probe model", it.Provider)
-	}
-	res, err := resolveModel(it.Provider+"/"+model, nil, nil, nil)
-	if err != nil {
-		return nil, err
-	}
-	res.Mode = modeSubscription // paid by the probed subscription, whatever its provider
-	u, ae := e.ping(ctx, call{res: res}, []overlayItem{it})
-	ok, detail := ae == nil, fmt.Sprintf("%s answered (%d output tokens)", res.Route, u.OutputTokens)
-	if !ok && e.t.attempts == 0 && len(e.reasons) == 0 { // refused before any call, as a probe's own refusal
-		ae.Attempts = nil
-		return nil, ae
-	} else if !ok { // the provider refused, its answer could not be read, or the grant could not be refreshed
-		detail = ae.Message
-	}
-	e.ledger.recordCheck(it.ID, res.Provider.id, true, ok, detail)
-	e.inv.invalidate() // the listing shows the probe at once (SPEC §10.2)
-	level := map[bool]slog.Level{true: slog.LevelInfo, false: slog.LevelWarn}[ok]
-	e.log.Log(ctx, level, "usage_probe_"+map[bool]string{true: "ok", false: "failed"}[ok], "request_id", e.t.requestID,
-		"subscription_id", it.ID, "agent_id", e.agent, "provider", it.Provider, "route", res.Route, "detail", ledgerSentence(detail))
-	row := e.inv.row(it, false, e.now())
-	return map[string]any{"ok": true, "probe": cmp.Or(row.Probe, &ledgerCheck{}), "subscription": row}, nil
-}
-
-// ping makes the probe's and onboarding's one completion on c (SPEC §11.3), paid by pool when given.
-func (e *engine) ping(ctx context.Context, c call, pool []overlayItem) (u usage, ae *apiError) {
-	req := pingRequest(c.res.Route, c.res.Provider)
-	ae = e.attemptRoute(ctx, &job{kind: kindProbe, pool: pool,
-		build: func(ctx context.Context, c call, _ *callerRequest) (*http.Request, error) {
-			return buildUpstreamRequest(ctx, c, &req)
-		},
-		commit: func(_ context.Context, c call, _ *callerRequest, resp *http.Response) (usage, *apiError, bool) {
-			var err error
-			if _, u, err = readAnswer(dialectChat, req, "", c.res.Provider, resp); err != nil { // an in-band limit blocks, as a request's
-				return u, asAPIError(err), false
-			}
-			return u, nil, false
-		}}, c, nil, nil)
-	return u, ae
-}
-
-// pingRequest is the probe's and onboarding's completion (SPEC §6.2, §11.3).
-func pingRequest(route string, p providerInfo) chatRequest {
-	req := chatRequest{Model: route, Messages: []message{{Role: "user", Parts: []part{{Type: partText, Text: "ping"}}}}}
-	if !p.codex {
-		req.MaxTokens = probeMaxTokens
-	}
-	return req
 }
 
 const (
