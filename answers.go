@@ -67,95 +67,90 @@ func (e *engine) settle(ctx context.Context, j *job, c call, start time.Time, u 
 	return failure
 }
 
-// serveChat answers a planned chat request on w, passthrough or translated
-// (SPEC §7.6), or returns the refusal, told first to the replay guard (§8.1).
+// serveChat answers a planned chat request on w, passthrough or translated (SPEC §7.6), naming the model asked (a
+// selector's: its candidate's route), or returns the refusal, told first to the replay guard (§8.1). After commit nothing
+// is retried: a stream's failure is written in-band (streamed, §7.5), a buffered one returned.
 func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *callerRequest, c call, cands []resolution) *apiError {
-	kinds := map[string]routeKind{modeDirect: kindDirect, modeAlias: kindDirect, modeSubscription: kindSubscription}
-	j := &job{kind: kinds[c.res.Mode], // else a selector's
-		build: buildChatRequest,
-		commit: func(ctx context.Context, c call, req *callerRequest, resp *http.Response) (usage, *apiError, bool) {
-			return e.deliver(ctx, w, c, req, resp)
-		},
+	deliver := func(ctx context.Context, c call, req *callerRequest, resp *http.Response) (u usage, failure *apiError, _ bool) {
+		w.Header().Set("Brama-Route", c.res.Route)
+		p, attempts, model := c.res.Provider, e.t.attempts, cmp.Or(e.route, req.head.Model)
+		e.t.route = c.res.Route
+		pass, tr := !req.translates(p), chatRequest{}
+		if !pass {
+			tr = req.translated()
+			if len(req.dropped) > 0 { // SPEC §7.6: nothing is dropped silently
+				w.Header().Set("Brama-Dropped", headerText(strings.Join(req.dropped, ", ")))
+				e.t.dropped = req.dropped
+			}
+		}
+		switch {
+		case req.head.Stream:
+			if pass {
+				model = c.res.Model
+			}
+			providerFacts(w.Header(), resp.Header, pass)
+			sa := openStreamAnswer(w, req.dialect, tr, model, attempts, cmp.Or(e.keepAlive, keepAliveEvery))
+			defer sa.close()
+			var err error
+			if u, err = sa.answer(p.protocol, resp.Body, !pass, req.addsUsage(p)); err != nil {
+				failure = asAPIError(err).redactedFor(c.cred.bearer()).withAttempts(attempts) // a hang-up's is settle's
+				if e.t.remember != nil {
+					e.t.remember(failure, attempts, ctx.Err() != nil, true) // before the caller can read it and fall back
+				}
+				sa.do(func() error { return sa.fail(failure) })
+				e.log.Warn("stream_failed_after_commit", "request_id", e.t.requestID, "code", failure.Code, "cause", redact(fmt.Sprint(failure.Err), c.cred.bearer()))
+			}
+			return u, failure, true
+		case pass:
+			u, failure = relayBuffered(w, c, resp, attempts)
+			return u, failure, false
+		}
+		out, u, err := readAnswer(req.dialect, tr, model, p, resp)
+		if err != nil {
+			return u, asAPIError(err).redactedFor(c.cred.bearer()).withAttempts(attempts), false
+		}
+		providerFacts(w.Header(), resp.Header, false)
+		writeAnswer(w, "application/json", attempts, out)
+		return u, nil, false
 	}
-	ae := e.attemptRoute(ctx, j, c, req, cands)
+	kinds := map[string]routeKind{modeDirect: kindDirect, modeAlias: kindDirect, modeSubscription: kindSubscription} // else kindSelector
+	ae := e.attemptRoute(ctx, &job{kind: kinds[c.res.Mode], build: buildChatRequest, commit: deliver}, c, req, cands)
 	if ae != nil && e.t.remember != nil { // the replay guard learns a refusal before the caller reads it
 		e.t.remember(ae, e.t.attempts, ctx.Err() != nil, false)
 	}
 	return ae
 }
 
-// deliver answers from a committed call, passthrough or translated, naming the model asked (a selector's: its
-// candidate's route); a stream's failure is written in-band (streamed), a buffered one not.
-func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, c call, req *callerRequest, resp *http.Response) (
-	u usage, failure *apiError, streamed bool) {
-	w.Header().Set("Brama-Route", c.res.Route)
-	p, attempts, model := c.res.Provider, e.t.attempts, cmp.Or(e.route, req.head.Model)
-	e.t.route = c.res.Route
-	pass, tr := !req.translates(p), chatRequest{}
-	if !pass {
-		tr = req.translated()
-		if len(req.dropped) > 0 { // SPEC §7.6: nothing is dropped silently
-			w.Header().Set("Brama-Dropped", headerText(strings.Join(req.dropped, ", ")))
-			e.t.dropped = req.dropped
-		}
-	}
-	switch {
-	case req.head.Stream: // after commit nothing is retried: a failure is written in-band (SPEC §7.5)
-		if pass {
-			model = c.res.Model
-		}
-		providerFacts(w.Header(), resp.Header, pass)
-		sa := openStreamAnswer(w, req.dialect, tr, model, attempts, cmp.Or(e.keepAlive, keepAliveEvery))
-		defer sa.close()
-		var err error
-		if u, err = sa.answer(p.protocol, resp.Body, !pass, req.addsUsage(p)); err != nil {
-			failure = asAPIError(err).redactedFor(c.cred.bearer()).withAttempts(attempts) // a hang-up's is settle's
-			if e.t.remember != nil {                                                      // before the caller can read it and fall back
-				e.t.remember(failure, attempts, ctx.Err() != nil, true)
-			}
-			sa.do(func() error { return sa.fail(failure) })
-			e.log.Warn("stream_failed_after_commit", "request_id", e.t.requestID, "code", failure.Code, "cause", redact(fmt.Sprint(failure.Err), c.cred.bearer()))
-		}
-		return u, failure, true
-	case pass:
-		u, failure = relayBuffered(w, c, resp, attempts)
-		return u, failure, false
-	}
-	out, u, err := readAnswer(req.dialect, tr, model, p, resp)
-	if err != nil {
-		return u, asAPIError(err).redactedFor(c.cred.bearer()).withAttempts(attempts), false
-	}
-	providerFacts(w.Header(), resp.Header, false)
-	writeAnswer(w, "application/json", attempts, out)
-	return u, nil, false
-}
-
 // serveModelCall makes the one call of POST /v1/messages/count_tokens (embed nil: the anthropic-messages provider's own
 // count, else a local estimate) or of POST /v1/embeddings (a direct route to an openai-chat provider, its JSON as is), SPEC §15.
 func (e *engine) serveModelCall(ctx context.Context, w http.ResponseWriter, req *callerRequest, embed map[string]json.RawMessage,
 	c call) error {
-	p, j := c.res.Provider, &job{kind: kindCountTokens,
-		build: func(ctx context.Context, c call, req *callerRequest) (*http.Request, error) {
-			return req.passthrough(ctx, c, "/v1/messages/count_tokens", false)
-		},
-		commit: func(_ context.Context, c call, _ *callerRequest, resp *http.Response) (usage, *apiError, bool) {
-			var ans struct {
-				InputTokens *int `json:"input_tokens"`
+	p := c.res.Provider
+	j := &job{kind: kindCountTokens, build: func(ctx context.Context, c call, req *callerRequest) (*http.Request, error) {
+		return req.passthrough(ctx, c, "/v1/messages/count_tokens", false)
+	}}
+	j.commit = func(_ context.Context, c call, _ *callerRequest, resp *http.Response) (u usage, ae *apiError, _ bool) {
+		w.Header().Set("Brama-Route", c.res.Route)
+		if embed != nil { // a JSON object as received, else provider_failure
+			u, ae = relayBuffered(w, c, resp, e.t.attempts)
+			return u, ae, false
+		}
+		var ans struct {
+			InputTokens *int `json:"input_tokens"`
+		}
+		b, err := readWhole(p, resp)
+		if err == nil {
+			if err = json.Unmarshal(b, &ans); err != nil || ans.InputTokens == nil {
+				err = malformedAnswer(protoAnthropic, err)
 			}
-			b, err := readWhole(c.res.Provider, resp)
-			if err == nil {
-				if err = json.Unmarshal(b, &ans); err != nil || ans.InputTokens == nil {
-					err = malformedAnswer(protoAnthropic, err)
-				}
-			}
-			if err != nil {
-				return usage{}, asAPIError(err).withAttempts(e.t.attempts), false
-			}
-			w.Header().Set("Brama-Route", c.res.Route)
-			providerFacts(w.Header(), resp.Header, true)
-			writeAnswer(w, "application/json", e.t.attempts, fmt.Appendf(nil, "{\"input_tokens\":%d}\n", *ans.InputTokens))
-			return usage{}, nil, false
-		}}
+		}
+		if err != nil {
+			return u, asAPIError(err).withAttempts(e.t.attempts), false
+		}
+		providerFacts(w.Header(), resp.Header, true)
+		writeAnswer(w, "application/json", e.t.attempts, fmt.Appendf(nil, "{\"input_tokens\":%d}\n", *ans.InputTokens))
+		return u, nil, false
+	}
 	switch {
 	case embed != nil && c.res.Mode != modeDirect && c.res.Mode != modeAlias:
 		return refuse("invalid_request", "embeddings take a direct or alias route; %q is paid by a subscription", req.head.Model)
@@ -164,14 +159,8 @@ func (e *engine) serveModelCall(ctx context.Context, w http.ResponseWriter, req 
 	case embed != nil:
 		embed["model"], _ = json.Marshal(c.res.Model)
 		out, _ := json.Marshal(embed)
-		j.kind = kindEmbeddings
-		j.build = func(ctx context.Context, c call, _ *callerRequest) (*http.Request, error) {
+		j.kind, j.build = kindDirect, func(ctx context.Context, c call, _ *callerRequest) (*http.Request, error) {
 			return newProviderRequest(ctx, c, nil, "/embeddings", out, false)
-		}
-		j.commit = func(_ context.Context, c call, _ *callerRequest, resp *http.Response) (usage, *apiError, bool) {
-			w.Header().Set("Brama-Route", c.res.Route)
-			u, ae := relayBuffered(w, c, resp, e.t.attempts) // a JSON object as received, else provider_failure
-			return u, ae, false
 		}
 	case p.protocol != protoAnthropic: // count_tokens; also selectors and best: no one route to ask
 		if c.res.Route != "" {
@@ -576,12 +565,6 @@ func replayKeyOf(clientID, scope string, body rawObject, loose bool) [sha256.Siz
 	return [sha256.Size]byte(h.Sum(nil))
 }
 
-// replayScope is what reaches a provider beside the body: route, key fingerprint (SPEC §17), agent, version headers (§6.2).
-func replayScope(agent string, h http.Header, c call) string {
-	return fmt.Sprintf("%q", []string{agent, c.res.Route, c.res.BaseURL, fmt.Sprintf("%x", sha256.Sum256([]byte(c.cred.APIKey))),
-		strings.Join(h.Values("anthropic-version"), ","), strings.Join(h.Values("anthropic-beta"), ","), strings.Join(h.Values("openai-beta"), ",")})
-}
-
 // lock takes mu and forgets every entry whose time has passed, so refused holds only live ones.
 func (g *replayGuard) lock() time.Time {
 	now := g.now()
@@ -617,38 +600,39 @@ func (g *replayGuard) forget(alias, provider string) {
 	}
 }
 
-// refusalFor is the refusal a request of client repeats, nil for none: the status and code of the one remembered under its
-// strict or its loose key, not retryable, no call made. A client with none remembered takes no digest.
-func (g *replayGuard) refusalFor(client string, scope func() string, body rawObject) *apiError {
-	g.lock() // off: nothing is remembered
+// check is the replay guard at a planned request of client (SPEC §8.1). refusal repeats the one remembered under the
+// request's strict or loose key (its status and code, not retryable, no call made); a client with none remembered takes
+// no digest. remember is tally's (nil: off): a non-retryable refusal after a call, not a reauthorization (signing in must
+// pass), is kept for the request until the window ends. A refusal that may have generated is kept under the loose key,
+// which the same request also has: a caller that fixes its output limit after provider_rejected asks a new request.
+func (g *replayGuard) check(client, agent string, h http.Header, body rawObject, c call, cands []resolution) (
+	refusal *apiError, remember func(ae *apiError, attempts int, hungUp, streamed bool)) {
+	if g.window <= 0 {
+		return nil, nil
+	}
+	// scope is what reaches a provider beside the body: route, key fingerprint (SPEC §17), agent, version headers (§6.2).
+	scope := func() string {
+		return fmt.Sprintf("%q", []string{agent, c.res.Route, c.res.BaseURL, fmt.Sprintf("%x", sha256.Sum256([]byte(c.cred.APIKey))),
+			strings.Join(h.Values("anthropic-version"), ","), strings.Join(h.Values("anthropic-beta"), ","), strings.Join(h.Values("openai-beta"), ",")})
+	}
+	g.lock()
 	held := g.held[client] > 0
 	g.mu.Unlock()
-	if !held {
-		return nil
+	if held {
+		s := scope()
+		strict, loose := replayKeyOf(client, s, body, false), replayKeyOf(client, s, body, true)
+		g.lock()
+		e := cmp.Or(g.refused[strict], g.refused[loose])
+		g.mu.Unlock()
+		if e != nil {
+			at := e.until.Add(-g.window) // when it was refused
+			refusal = refuse(e.code, "this request repeats one refused at %s after a provider call (%s); the same request is refused without a provider call until %s (BRAMA_REPLAY_GUARD_SECS)",
+				at.UTC().Format(time.RFC3339), strings.TrimSuffix(e.code+": "+e.message, ": "), e.until.UTC().Format(time.RFC3339))
+			refusal.Retryable = false
+			refusal.withStatus(e.status).because(errReplayRefused).withAttempts(0)
+		}
 	}
-	s := scope()
-	strict, loose := replayKeyOf(client, s, body, false), replayKeyOf(client, s, body, true)
-	g.lock()
-	e := cmp.Or(g.refused[strict], g.refused[loose])
-	g.mu.Unlock()
-	if e == nil {
-		return nil
-	}
-	at := e.until.Add(-g.window) // when it was refused
-	ae := refuse(e.code, "this request repeats one refused at %s after a provider call (%s); the same request is refused without a provider call until %s (BRAMA_REPLAY_GUARD_SECS)",
-		at.UTC().Format(time.RFC3339), strings.TrimSuffix(e.code+": "+e.message, ": "), e.until.UTC().Format(time.RFC3339))
-	ae.Retryable = false
-	return ae.withStatus(e.status).because(errReplayRefused).withAttempts(0)
-}
-
-// rememberer is tally.remember (nil: off): a non-retryable refusal after a call, not a reauthorization (signing in must
-// pass), is kept for client's request until the window ends. A refusal that may have generated is kept under the loose
-// key, which the same request also has: a caller that fixes its output limit after provider_rejected asks a new request.
-func (g *replayGuard) rememberer(client string, scope func() string, body rawObject, c call, cands []resolution) func(ae *apiError, attempts int, hungUp, streamed bool) {
-	if g.window <= 0 {
-		return nil
-	}
-	return func(ae *apiError, attempts int, hungUp, streamed bool) {
+	return refusal, func(ae *apiError, attempts int, hungUp, streamed bool) {
 		if attempts == 0 || hungUp || ae.Code == "client_cancelled" || ae.Code == "subscription_reauthorization_required" || ae.Retryable {
 			return
 		}

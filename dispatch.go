@@ -29,8 +29,7 @@ const (
 	kindDirect                        // a direct or alias route (SPEC §7.1)
 	kindSubscription                  // an explicit subscription route (§7.2)
 	kindProbe                         // the completion probe (§11.3)
-	kindEmbeddings                    // POST /v1/embeddings (§15)
-	kindCountTokens                   // POST /v1/messages/count_tokens (§15)
+	kindCountTokens                   // POST /v1/messages/count_tokens (§15); embeddings take kindDirect
 )
 
 // budget is what one candidate of a route kind may spend.
@@ -46,7 +45,6 @@ var budgets = map[routeKind]budget{
 	kindSubscription: {calls: 2, rotate: true, spends: true},
 	kindSelector:     {calls: 2, rotate: true, spends: true},
 	kindProbe:        {calls: 1},
-	kindEmbeddings:   {calls: 1, spends: true},
 	kindCountTokens:  {calls: 1},
 }
 
