@@ -325,10 +325,8 @@ func (e *engine) exhausted(res resolution, tried bool, unfit *apiError) *apiErro
 		ae = refuse("provider_quota_exhausted", "the provider says the quota is spent: %s", list)
 	case e.auth:
 		ae = refuse("subscription_reauthorization_required", "the provider refused the credentials; sign in again: %s", list)
-	case e.rejectedStatus != 0: // a selector's calls all refused the request: the last status
+	default: // a call made but not answered set rate, quota or auth, or (a selector's) rejectedStatus: its last
 		ae = refuse("provider_rejected", "every candidate refused the request: %s", list).withStatus(e.rejectedStatus)
-	default:
-		ae = refuse("provider_failure", "every candidate was refused: %s", list)
 	}
 	if ae.Status() == http.StatusTooManyRequests && len(e.blocks) > 0 { // SPEC §7.2.5
 		ae.RetryAfter = max(slices.MinFunc(e.blocks, time.Time.Compare).Sub(e.now()), time.Second)
