@@ -113,7 +113,7 @@ func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *call
 		writeAnswer(w, "application/json", attempts, out)
 		return u, nil, false
 	}
-	kinds := map[string]routeKind{modeDirect: kindDirect, modeAlias: kindDirect, modeSubscription: kindSubscription} // else kindSelector
+	kinds := map[string]routeKind{modeDirect: kindDirect, modeAlias: kindDirect, modeSubscription: kindSubscription}
 	ae := e.attemptRoute(ctx, &job{kind: kinds[c.res.Mode], build: buildChatRequest, commit: deliver}, c, req, cands)
 	if ae != nil && e.t.remember != nil { // the replay guard learns a refusal before the caller reads it
 		e.t.remember(ae, e.t.attempts, ctx.Err() != nil, false)
@@ -138,14 +138,10 @@ func (e *engine) serveModelCall(ctx context.Context, w http.ResponseWriter, req 
 		var ans struct {
 			InputTokens *int `json:"input_tokens"`
 		}
-		b, err := readWhole(p, resp)
-		if err == nil {
-			if err = json.Unmarshal(b, &ans); err != nil || ans.InputTokens == nil {
-				err = malformedAnswer(protoAnthropic, err)
-			}
-		}
-		if err != nil {
+		if b, err := readWhole(p, resp); err != nil {
 			return u, asAPIError(err).withAttempts(e.t.attempts), false
+		} else if err = json.Unmarshal(b, &ans); err != nil || ans.InputTokens == nil {
+			return u, asAPIError(malformedAnswer(protoAnthropic, err)).withAttempts(e.t.attempts), false
 		}
 		providerFacts(w.Header(), resp.Header, true)
 		writeAnswer(w, "application/json", e.t.attempts, fmt.Appendf(nil, "{\"input_tokens\":%d}\n", *ans.InputTokens))
@@ -612,8 +608,9 @@ func (g *replayGuard) check(client, agent string, h http.Header, body rawObject,
 	}
 	// scope is what reaches a provider beside the body: route, key fingerprint (SPEC §17), agent, version headers (§6.2).
 	scope := func() string {
-		return fmt.Sprintf("%q", []string{agent, c.res.Route, c.res.BaseURL, fmt.Sprintf("%x", sha256.Sum256([]byte(c.cred.APIKey))),
-			strings.Join(h.Values("anthropic-version"), ","), strings.Join(h.Values("anthropic-beta"), ","), strings.Join(h.Values("openai-beta"), ",")})
+		fingerprint := fmt.Sprintf("%x", sha256.Sum256([]byte(c.cred.APIKey)))
+		return fmt.Sprintf("%q", [][]string{{agent, c.res.Route, c.res.BaseURL, fingerprint},
+			h.Values("anthropic-version"), h.Values("anthropic-beta"), h.Values("openai-beta")})
 	}
 	g.lock()
 	held := g.held[client] > 0

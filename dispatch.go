@@ -25,7 +25,7 @@ import (
 type routeKind int
 
 const (
-	kindSelector     routeKind = iota // one candidate of any, any-vision-capable or best (§7.3)
+	kindSelector     routeKind = iota // the zero kind: one candidate of any, any-vision-capable or best (§7.3)
 	kindDirect                        // a direct or alias route (SPEC §7.1)
 	kindSubscription                  // an explicit subscription route (§7.2)
 	kindProbe                         // the completion probe (§11.3)
@@ -527,9 +527,8 @@ func (e *engine) subscriptionCredential(ctx context.Context, kind routeKind, sub
 			case err != nil && ctx.Err() != nil: // the caller hung up while it waited: no skip, no call (SPEC §7.4)
 				return upstreamCredential{}, refuse("client_cancelled", "the caller went away during a grant refresh").because(err)
 			case errors.As(err, &re) && !re.Definitive:
-				if e.refreshTransport == nil {
-					e.refreshTransport = refuse("dependency_unavailable", "%s", redact(re.Error())).because(err)
-				}
+				e.refreshTransport = cmp.Or(e.refreshTransport,
+					refuse("dependency_unavailable", "%s", redact(re.Error())).because(err))
 				e.maint.request("credential_refresh_transport_failure", e.agent)
 			}
 			if err != nil {
