@@ -106,21 +106,17 @@ func (e *engine) plan(cl client, req *chatRequest) (call, error) {
 		return call{}, err
 	}
 	c := call{res: res, baseURL: res.BaseURL}
-	switch {
-	case res.Mode != modeDirect && res.Mode != modeAlias:
-		if e.agent == "" {
-			err = refuse("forbidden", "this route is paid by an agent's subscriptions; use a bearer bound to an agent: brama clients add ID -agent AGENT")
-		}
-	case res.Provider.cred == credDirect:
-		switch {
-		case vaultErr != nil:
-			err = refuse("credential_unauthorized", "the vault is unreadable").because(vaultErr).withAttempts(0)
-		case key == "":
-			err = refuse("credential_unauthorized", "no direct credential for provider %q", res.Provider.id).withAttempts(0)
-		default:
-			c.cred.APIKey = key
-			c.baseURL, err = e.baseURL(res.Provider)
-		}
+	switch pool := res.Mode != modeDirect && res.Mode != modeAlias; {
+	case pool && e.agent == "":
+		err = refuse("forbidden", "this route is paid by an agent's subscriptions; use a bearer bound to an agent: brama clients add ID -agent AGENT")
+	case pool || res.Provider.cred != credDirect: // a pool, or a deployment without a key, pays
+	case vaultErr != nil:
+		err = refuse("credential_unauthorized", "the vault is unreadable").because(vaultErr).withAttempts(0)
+	case key == "":
+		err = refuse("credential_unauthorized", "no direct credential for provider %q", res.Provider.id).withAttempts(0)
+	default:
+		c.cred.APIKey = key
+		c.baseURL, err = e.baseURL(res.Provider)
 	}
 	return c, err
 }
