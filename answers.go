@@ -17,14 +17,15 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 )
 
-// How each call kind is answered: commit answers from the one committed call (its spend settled once); a chat request
-// (passthrough or translated), count_tokens and embeddings, the probe; signed answers under an Idempotency-Key (SPEC §12).
+// How a call kind is answered: commit answers from the one committed call (its spend settled once); a chat request
+// (passthrough or translated), count_tokens and embeddings. Signed answers (SPEC §12); the replay guard (§8.1).
 
 // commit answers from a committed call, never retried (SPEC §7.5), and keeps sub's ledger: spend, a success's pin until
 // the earliest window reset, a block after an in-band rate or quota error. A failed stream aborts: the one abort.
@@ -66,90 +67,81 @@ func (e *engine) settle(ctx context.Context, j *job, c call, start time.Time, u 
 	return failure
 }
 
-// serveChat answers a planned chat request on w, passthrough or translated
-// (SPEC §7.6), or returns the refusal, told first to the replay guard (§8.1).
+// serveChat answers a planned chat request on w, passthrough or translated (SPEC §7.6), naming the model asked (a
+// selector's: its candidate's route), or returns the refusal, told first to the replay guard (§8.1). After commit nothing
+// is retried: a stream's failure is written in-band (streamed, §7.5), a buffered one returned.
 func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *callerRequest, c call, cands []resolution) *apiError {
-	kinds := map[string]routeKind{modeDirect: kindDirect, modeAlias: kindDirect, modeSubscription: kindSubscription}
-	j := &job{kind: kinds[c.res.Mode], // else a selector's
-		build: buildChatRequest,
-		commit: func(ctx context.Context, c call, req *callerRequest, resp *http.Response) (usage, *apiError, bool) {
-			return e.deliver(ctx, w, c, req, resp)
-		},
+	deliver := func(ctx context.Context, c call, req *callerRequest, resp *http.Response) (u usage, failure *apiError, _ bool) {
+		w.Header().Set("Brama-Route", c.res.Route)
+		p, attempts, model := c.res.Provider, e.t.attempts, cmp.Or(e.route, req.head.Model)
+		e.t.route = c.res.Route
+		pass, tr := !req.translates(p), chatRequest{}
+		if !pass {
+			tr = *req.sent
+			if len(tr.Dropped) > 0 { // SPEC §7.6: nothing is dropped silently
+				w.Header().Set("Brama-Dropped", headerText(strings.Join(tr.Dropped, ", ")))
+				e.t.dropped = tr.Dropped
+			}
+		}
+		switch {
+		case req.head.Stream:
+			if pass {
+				model = c.res.Model
+			}
+			providerFacts(w.Header(), resp.Header, pass)
+			sa := openStreamAnswer(w, req.dialect, tr, model, attempts, cmp.Or(e.keepAlive, keepAliveEvery))
+			defer sa.close()
+			var err error
+			if u, err = sa.answer(p.protocol, resp.Body, !pass, req.addsUsage(p)); err != nil {
+				failure = asAPIError(err).redactedFor(c.cred.bearer()).withAttempts(attempts) // a hang-up's is settle's
+				if e.t.remember != nil {
+					e.t.remember(failure, attempts, ctx.Err() != nil, true) // before the caller can read it and fall back
+				}
+				sa.do(func() { sa.finish(failure) })
+				e.log.Warn("stream_failed_after_commit", "request_id", e.t.requestID, "code", failure.Code, "cause", redact(fmt.Sprint(failure.Err), c.cred.bearer()))
+			}
+			return u, failure, true
+		case pass:
+			u, failure = relayBuffered(w, c, resp, attempts, nil)
+			return u, failure, false
+		}
+		u, failure = relayBuffered(w, c, resp, attempts, &callerStream{frames: formatOf(req.dialect).frames, req: tr, model: model})
+		return u, failure, false
 	}
-	ae := e.attemptRoute(ctx, j, c, req, cands)
+	kinds := map[string]routeKind{modeDirect: kindDirect, modeAlias: kindDirect, modeSubscription: kindSubscription}
+	ae := e.attemptRoute(ctx, &job{kind: kinds[c.res.Mode], build: buildChatRequest, commit: deliver}, c, req, cands)
 	if ae != nil && e.t.remember != nil { // the replay guard learns a refusal before the caller reads it
 		e.t.remember(ae, e.t.attempts, ctx.Err() != nil, false)
 	}
 	return ae
 }
 
-// deliver answers from a committed call, passthrough or translated, naming the model asked (a selector's: its
-// candidate's route); a stream's failure is written in-band (streamed), a buffered one not.
-func (e *engine) deliver(ctx context.Context, w http.ResponseWriter, c call, req *callerRequest, resp *http.Response) (
-	u usage, failure *apiError, streamed bool) {
-	w.Header().Set("Brama-Route", c.res.Route)
-	p, attempts, model := c.res.Provider, e.t.attempts, cmp.Or(e.route, req.head.Model)
-	e.t.route = c.res.Route
-	pass, tr := !req.translates(p), chatRequest{}
-	if !pass {
-		tr = *req.sent
-		if len(tr.Dropped) > 0 { // SPEC §7.6: nothing is dropped silently
-			w.Header().Set("Brama-Dropped", headerText(strings.Join(tr.Dropped, ", ")))
-			e.t.dropped = tr.Dropped
-		}
-	}
-	switch {
-	case req.head.Stream: // after commit nothing is retried: a failure is written in-band (SPEC §7.5)
-		if pass {
-			model = c.res.Model
-		}
-		providerFacts(w.Header(), resp.Header, pass)
-		sa := openStreamAnswer(w, req.dialect, tr, model, attempts, cmp.Or(e.keepAlive, keepAliveEvery))
-		defer sa.close()
-		var err error
-		if u, err = sa.answer(p.protocol, resp.Body, !pass, req.addsUsage(p)); err != nil {
-			failure = asAPIError(err).redactedFor(c.cred.bearer()).withAttempts(attempts) // a hang-up's is settle's
-			if e.t.remember != nil {                                                      // before the caller can read it and fall back
-				e.t.remember(failure, attempts, ctx.Err() != nil, true)
-			}
-			sa.do(func() { sa.finish(failure) })
-			e.log.Warn("stream_failed_after_commit", "request_id", e.t.requestID, "code", failure.Code, "cause", redact(fmt.Sprint(failure.Err), c.cred.bearer()))
-		}
-		return u, failure, true
-	case pass:
-		u, failure = relayBuffered(w, c, resp, attempts, nil)
-		return u, failure, false
-	}
-	u, failure = relayBuffered(w, c, resp, attempts, &callerStream{frames: formatOf(req.dialect).frames, req: tr, model: model})
-	return u, failure, false
-}
-
 // serveModelCall makes the one call of POST /v1/messages/count_tokens (embed nil: the anthropic-messages provider's own
 // count, else a local estimate) or of POST /v1/embeddings (a direct route to an openai-chat provider, its JSON as is), SPEC §15.
 func (e *engine) serveModelCall(ctx context.Context, w http.ResponseWriter, req *callerRequest, embed map[string]json.RawMessage,
 	c call) error {
-	p, j := c.res.Provider, &job{kind: kindCountTokens,
-		build: func(ctx context.Context, c call, req *callerRequest) (*http.Request, error) {
-			return req.passthrough(ctx, c, "/v1/messages/count_tokens", false)
-		},
-		commit: func(_ context.Context, c call, _ *callerRequest, resp *http.Response) (usage, *apiError, bool) {
-			var ans struct {
-				InputTokens *int `json:"input_tokens"`
-			}
-			b, err := readWhole(c.res.Provider, resp)
-			if err == nil {
-				if err = json.Unmarshal(b, &ans); err != nil || ans.InputTokens == nil {
-					err = malformedAnswer(protoAnthropic, err)
-				}
-			}
-			if err != nil {
-				return usage{}, asAPIError(err).withAttempts(e.t.attempts), false
-			}
-			w.Header().Set("Brama-Route", c.res.Route)
-			providerFacts(w.Header(), resp.Header, true)
-			writeAnswer(w, "application/json", e.t.attempts, fmt.Appendf(nil, "{\"input_tokens\":%d}\n", *ans.InputTokens))
-			return usage{}, nil, false
-		}}
+	p := c.res.Provider
+	j := &job{kind: kindCountTokens, build: func(ctx context.Context, c call, req *callerRequest) (*http.Request, error) {
+		return req.passthrough(ctx, c, "/v1/messages/count_tokens", false)
+	}}
+	j.commit = func(_ context.Context, c call, _ *callerRequest, resp *http.Response) (u usage, ae *apiError, _ bool) {
+		w.Header().Set("Brama-Route", c.res.Route)
+		if embed != nil { // a JSON object as received, else provider_failure
+			u, ae = relayBuffered(w, c, resp, e.t.attempts, nil)
+			return u, ae, false
+		}
+		var ans struct {
+			InputTokens *int `json:"input_tokens"`
+		}
+		if b, err := readWhole(p, resp); err != nil {
+			return u, asAPIError(err).withAttempts(e.t.attempts), false
+		} else if err = json.Unmarshal(b, &ans); err != nil || ans.InputTokens == nil {
+			return u, asAPIError(malformedAnswer(protoAnthropic, err)).withAttempts(e.t.attempts), false
+		}
+		providerFacts(w.Header(), resp.Header, true)
+		writeAnswer(w, "application/json", e.t.attempts, fmt.Appendf(nil, "{\"input_tokens\":%d}\n", *ans.InputTokens))
+		return u, nil, false
+	}
 	switch {
 	case embed != nil && c.res.Mode != modeDirect && c.res.Mode != modeAlias:
 		return refuse("invalid_request", "embeddings take a direct or alias route; %q is paid by a subscription", req.head.Model)
@@ -158,14 +150,8 @@ func (e *engine) serveModelCall(ctx context.Context, w http.ResponseWriter, req 
 	case embed != nil:
 		embed["model"], _ = json.Marshal(c.res.Model)
 		out, _ := json.Marshal(embed)
-		j.kind = kindEmbeddings
-		j.build = func(ctx context.Context, c call, _ *callerRequest) (*http.Request, error) {
+		j.kind, j.build = kindDirect, func(ctx context.Context, c call, _ *callerRequest) (*http.Request, error) {
 			return newProviderRequest(ctx, c, nil, "/embeddings", out, false)
-		}
-		j.commit = func(_ context.Context, c call, _ *callerRequest, resp *http.Response) (usage, *apiError, bool) {
-			w.Header().Set("Brama-Route", c.res.Route)
-			u, ae := relayBuffered(w, c, resp, e.t.attempts, nil) // a JSON object as received, else provider_failure
-			return u, ae, false
 		}
 	case p.protocol != protoAnthropic: // count_tokens; also selectors and best: no one route to ask
 		if c.res.Route != "" {
@@ -179,63 +165,6 @@ func (e *engine) serveModelCall(ctx context.Context, w http.ResponseWriter, req 
 		return ae
 	}
 	return nil
-}
-
-// probe runs one completion probe on the live subscription it with model ("": the built-in one), as a request would meet
-// it (SPEC §11.3); 409 before any call when blocked or model-less. Its answer: the probe and the row after it.
-func (e *engine) probe(ctx context.Context, it overlayItem, model string) (any, error) {
-	if until := e.ledger.blockedUntil(it.ID); !until.IsZero() {
-		return nil, refuse("state_conflict", "subscription %s is blocked until %s; a probe is not sent inside a recorded block",
-			it.ID, until.UTC().Format(time.RFC3339))
-	}
-	builtin, _ := lookupProvider(it.Provider)
-	model = cmp.Or(strings.TrimPrefix(strings.TrimSpace(model), it.Provider+"/"), builtin.probe)
-	if model == "" {
-		return nil, refuse("state_conflict", "name a model for this probe: provider %q has no built-in probe model", it.Provider)
-	}
-	res, err := resolveModel(it.Provider+"/"+model, nil, nil, nil)
-	if err != nil {
-		return nil, err
-	}
-	res.Mode = modeSubscription // paid by the probed subscription, whatever its provider
-	u, ae := e.ping(ctx, call{res: res}, []overlayItem{it})
-	ok, detail := ae == nil, fmt.Sprintf("%s answered (%d output tokens)", res.Route, u.OutputTokens)
-	if !ok && e.t.attempts == 0 && len(e.reasons) == 0 { // refused before any call, as a probe's own refusal
-		ae.Attempts = nil
-		return nil, ae
-	} else if !ok { // the provider refused, its answer could not be read, or the grant could not be refreshed
-		detail = ae.Message
-	}
-	e.ledger.recordCheck(it.ID, res.Provider.id, true, ok, detail)
-	e.inv.invalidate() // the listing shows the probe at once (SPEC §10.2)
-	level := map[bool]slog.Level{true: slog.LevelInfo, false: slog.LevelWarn}[ok]
-	e.log.Log(ctx, level, "usage_probe_"+map[bool]string{true: "ok", false: "failed"}[ok], "request_id", e.t.requestID,
-		"subscription_id", it.ID, "agent_id", e.agent, "provider", it.Provider, "route", res.Route, "detail", ledgerSentence(detail))
-	row := e.inv.row(it, false, e.now())
-	return map[string]any{"ok": true, "probe": cmp.Or(row.Probe, &ledgerCheck{}), "subscription": row}, nil
-}
-
-// ping makes the probe's and onboarding's one completion on c (SPEC §11.3), paid by pool when given.
-func (e *engine) ping(ctx context.Context, c call, pool []overlayItem) (u usage, ae *apiError) {
-	req := pingRequest(c.res.Route, c.res.Provider)
-	ae = e.attemptRoute(ctx, &job{kind: kindProbe, pool: pool,
-		build: func(ctx context.Context, c call, _ *callerRequest) (*http.Request, error) {
-			return buildUpstreamRequest(ctx, c, &req)
-		},
-		commit: func(_ context.Context, c call, _ *callerRequest, resp *http.Response) (usage, *apiError, bool) {
-			u, ae = relayBuffered(nil, c, resp, e.t.attempts, &callerStream{frames: formatOf(dialectChat).frames, req: req})
-			return u, ae, false // an in-band limit blocks, as a request's
-		}}, c, nil, nil)
-	return u, ae
-}
-
-// pingRequest is the probe's and onboarding's completion (SPEC §6.2, §11.3).
-func pingRequest(route string, p providerInfo) chatRequest {
-	req := chatRequest{Model: route, Messages: []message{{Role: "user", Parts: []part{{Type: partText, Text: "ping"}}}}}
-	if !p.codex {
-		req.MaxTokens = probeMaxTokens
-	}
-	return req
 }
 
 const (
@@ -560,4 +489,160 @@ func pruneAnswers(dir string, cutoff time.Time, skip func(name string, err error
 		}
 	}
 	return removed, nil
+}
+
+// The replay guard (SPEC §8.1, §17): the same request after a refusal that followed a provider call is refused again,
+// without a call, until the window ends or the operator's fix.
+
+const maxReplayMessage = 256 // message bytes a replay entry keeps: 10,000 entries stay a few MB
+
+var errReplayRefused = errors.New("replay guard: the same request was refused after a provider call") // the log's cause
+
+// replayGuard remembers refusals after a provider call, in memory (SPEC §8.1: the Codex CLI and the official SDKs re-send a
+// refused request, each maybe billed again). Every entry lives one window, so queue is in expiry order.
+type replayGuard struct {
+	window  time.Duration // 0: off
+	now     func() time.Time
+	mu      sync.Mutex                         // guards refused, held and queue
+	refused map[[sha256.Size]byte]*replayEntry // digest (its client's own) → refusal
+	held    map[string]int                     // client id → its entries in refused: a client with none takes no digest
+	queue   []*replayEntry                     // a forgotten entry stays queued until its time passes
+}
+
+// replayEntry is one remembered refusal (status 0: its code's); a fix of its alias or providers forgets it (SPEC §17).
+type replayEntry struct {
+	status        int
+	code, message string
+	alias, client string
+	providers     []string
+	until         time.Time // refused at until - window
+	key           [sha256.Size]byte
+}
+
+// newReplayGuard reads BRAMA_REPLAY_GUARD_SECS: unset is 120 s, 0 turns the guard off; anything unreadable is logged and 120 s.
+func newReplayGuard(getenv func(string) string, log *slog.Logger, now func() time.Time) *replayGuard {
+	const name, def = "BRAMA_REPLAY_GUARD_SECS", 120 * time.Second
+	window, err := envSeconds(getenv, name, 0, def)
+	if err != nil {
+		log.Warn("replay_guard_secs_invalid", "value", strings.TrimSpace(getenv(name)), "using_secs", int(def/time.Second))
+	}
+	return &replayGuard{window: window, now: now, refused: map[[sha256.Size]byte]*replayEntry{}, held: map[string]int{}}
+}
+
+// replayLeftOut is what a digest leaves out, strict and loose: stream members (SPEC §17: a buffered fallback from a failed
+// stream asks the same request), client_metadata (digested apart in key order: the Codex CLI re-sends it from a hash map),
+// and for the loose key the output limit (Claude Code's fallback asks 64000 of 128000).
+var replayLeftOut = map[bool][]memberEdit{
+	false: {{key: "stream"}, {key: "stream_options"}, {key: "client_metadata"}},
+	true: {{key: "stream"}, {key: "stream_options"}, {key: "client_metadata"},
+		{key: "max_tokens"}, {key: "max_completion_tokens"}, {key: "max_output_tokens"}},
+}
+
+// replayKeyOf digests client, scope and the body's bytes but replayLeftOut: no generic decode, so the cost is the body's.
+func replayKeyOf(clientID, scope string, body rawObject, loose bool) [sha256.Size]byte {
+	h := sha256.New()
+	fmt.Fprintf(h, "%d:%s%d:%s%t:", len(clientID), clientID, len(scope), scope, loose)
+	meta := body.value("client_metadata")
+	if o, ok := splitRaw(meta, '{', nil); ok {
+		slices.SortFunc(o.members, func(a, b jsonMember) int { return bytes.Compare(a.key, b.key) })
+		for _, m := range o.members {
+			fmt.Fprintf(h, "%d:%s", len(m.key), m.key)
+			h.Write(o.src[m.val:m.end])
+		}
+	} else {
+		h.Write(meta) // not an object: its bytes as they are
+	}
+	body.writeEdited(h, replayLeftOut[loose]...)
+	return [sha256.Size]byte(h.Sum(nil))
+}
+
+// lock takes mu and forgets every entry whose time has passed, so refused holds only live ones.
+func (g *replayGuard) lock() time.Time {
+	now := g.now()
+	g.mu.Lock()
+	for len(g.queue) > 0 && !now.Before(g.queue[0].until) {
+		if q := g.queue[0]; g.refused[q.key] == q {
+			g.drop(q)
+		}
+		g.queue = g.queue[1:]
+	}
+	if len(g.queue) == 0 {
+		g.queue = nil // let the backing array go
+	}
+	return now
+}
+
+// drop forgets e, and its client with its last entry: a client pays for a digest only while it holds one.
+func (g *replayGuard) drop(e *replayEntry) {
+	delete(g.refused, e.key)
+	if g.held[e.client]--; g.held[e.client] == 0 {
+		delete(g.held, e.client)
+	}
+}
+
+// forget drops every refusal of a request through alias or provider ("" names none): the operator's fix (SPEC §17).
+func (g *replayGuard) forget(alias, provider string) {
+	g.lock()
+	defer g.mu.Unlock()
+	for _, e := range g.refused {
+		if alias != "" && e.alias == alias || provider != "" && slices.Contains(e.providers, provider) {
+			g.drop(e)
+		}
+	}
+}
+
+// check is the replay guard at a planned request of client (SPEC §8.1). refusal repeats the one remembered under the
+// request's strict or loose key (its status and code, not retryable, no call made); a client with none remembered takes
+// no digest. remember is tally's (nil: off): a non-retryable refusal after a call, not a reauthorization (signing in must
+// pass), is kept for the request until the window ends. A refusal that may have generated is kept under the loose key,
+// which the same request also has: a caller that fixes its output limit after provider_rejected asks a new request.
+func (g *replayGuard) check(client, agent string, h http.Header, body rawObject, c call, cands []resolution) (
+	refusal *apiError, remember func(ae *apiError, attempts int, hungUp, streamed bool)) {
+	if g.window <= 0 {
+		return nil, nil
+	}
+	// scope is what reaches a provider beside the body: route, key fingerprint (SPEC §17), agent, version headers (§6.2).
+	scope := func() string {
+		fingerprint := fmt.Sprintf("%x", sha256.Sum256([]byte(c.cred.APIKey)))
+		return fmt.Sprintf("%q", [][]string{{agent, c.res.Route, c.res.BaseURL, fingerprint},
+			h.Values("anthropic-version"), h.Values("anthropic-beta"), h.Values("openai-beta")})
+	}
+	g.lock()
+	held := g.held[client] > 0
+	g.mu.Unlock()
+	if held {
+		s := scope()
+		strict, loose := replayKeyOf(client, s, body, false), replayKeyOf(client, s, body, true)
+		g.lock()
+		e := cmp.Or(g.refused[strict], g.refused[loose])
+		g.mu.Unlock()
+		if e != nil {
+			at := e.until.Add(-g.window) // when it was refused
+			refusal = refuse(e.code, "this request repeats one refused at %s after a provider call (%s); the same request is refused without a provider call until %s (BRAMA_REPLAY_GUARD_SECS)",
+				at.UTC().Format(time.RFC3339), strings.TrimSuffix(e.code+": "+e.message, ": "), e.until.UTC().Format(time.RFC3339))
+			refusal.Retryable = false
+			refusal.withStatus(e.status).because(errReplayRefused).withAttempts(0)
+		}
+	}
+	return refusal, func(ae *apiError, attempts int, hungUp, streamed bool) {
+		if attempts == 0 || hungUp || ae.Code == "client_cancelled" || ae.Code == "subscription_reauthorization_required" || ae.Retryable {
+			return
+		}
+		loose := ae.Code == "provider_incomplete" || ae.Code == "provider_failure"
+		e := &replayEntry{status: ae.Status(), code: ae.Code, message: truncateUTF8(ae.Message, maxReplayMessage),
+			alias: c.res.Alias, client: client, key: replayKeyOf(client, scope(), body, loose)}
+		if streamed { // met in-band under a 200: its code's status, no message
+			e.status, e.message = 0, ""
+		}
+		for _, cand := range append([]resolution{c.res}, cands...) { // a provider twice does no harm
+			e.providers = append(e.providers, cand.Provider.id)
+		}
+		now := g.lock()
+		defer g.mu.Unlock()
+		if e.until = now.Add(g.window); g.refused[e.key] == nil {
+			g.held[client]++
+		}
+		g.refused[e.key] = e
+		g.queue = append(g.queue, e)
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"maps"
 	"net/http"
 	"slices"
@@ -18,18 +19,17 @@ import (
 
 // The attempt engine (SPEC §7): plan checks before dispatch, attemptRoute walks candidates and who pays for them (a direct
 // key or a pool: order, refresh, blocks) within the budget table, send counts each call, exhausted is the one refusal of
-// a walk without an answer; every call kind's answer is answers.go's. The daemon's parts (core) close the file.
+// a walk without an answer; the probe; the other call kinds' answers are answers.go's. The daemon's parts (core) close it.
 
 // routeKind is what the budget table is keyed by.
 type routeKind int
 
 const (
-	kindSelector     routeKind = iota // one candidate of any, any-vision-capable or best (§7.3)
+	kindSelector     routeKind = iota // the zero kind: one candidate of any, any-vision-capable or best (§7.3)
 	kindDirect                        // a direct or alias route (SPEC §7.1)
 	kindSubscription                  // an explicit subscription route (§7.2)
 	kindProbe                         // the completion probe (§11.3)
-	kindEmbeddings                    // POST /v1/embeddings (§15)
-	kindCountTokens                   // POST /v1/messages/count_tokens (§15)
+	kindCountTokens                   // POST /v1/messages/count_tokens (§15); embeddings take kindDirect
 )
 
 // budget is what one candidate of a route kind may spend.
@@ -45,7 +45,6 @@ var budgets = map[routeKind]budget{
 	kindSubscription: {calls: 2, rotate: true, spends: true},
 	kindSelector:     {calls: 2, rotate: true, spends: true},
 	kindProbe:        {calls: 1},
-	kindEmbeddings:   {calls: 1, spends: true},
 	kindCountTokens:  {calls: 1},
 }
 
@@ -107,21 +106,17 @@ func (e *engine) plan(cl client, req *chatRequest) (call, error) {
 		return call{}, err
 	}
 	c := call{res: res, baseURL: res.BaseURL}
-	switch {
-	case res.Mode != modeDirect && res.Mode != modeAlias:
-		if e.agent == "" {
-			err = refuse("forbidden", "this route is paid by an agent's subscriptions; use a bearer bound to an agent: brama clients add ID -agent AGENT")
-		}
-	case res.Provider.cred == credDirect:
-		switch {
-		case vaultErr != nil:
-			err = refuse("credential_unauthorized", "the vault is unreadable").because(vaultErr).withAttempts(0)
-		case key == "":
-			err = refuse("credential_unauthorized", "no direct credential for provider %q", res.Provider.id).withAttempts(0)
-		default:
-			c.cred.APIKey = key
-			c.baseURL, err = e.baseURL(res.Provider)
-		}
+	switch pool := res.Mode != modeDirect && res.Mode != modeAlias; {
+	case pool && e.agent == "":
+		err = refuse("forbidden", "this route is paid by an agent's subscriptions; use a bearer bound to an agent: brama clients add ID -agent AGENT")
+	case pool || res.Provider.cred != credDirect: // a pool, or a deployment without a key, pays
+	case vaultErr != nil:
+		err = refuse("credential_unauthorized", "the vault is unreadable").because(vaultErr).withAttempts(0)
+	case key == "":
+		err = refuse("credential_unauthorized", "no direct credential for provider %q", res.Provider.id).withAttempts(0)
+	default:
+		c.cred.APIKey = key
+		c.baseURL, err = e.baseURL(res.Provider)
 	}
 	return c, err
 }
@@ -326,10 +321,8 @@ func (e *engine) exhausted(res resolution, tried bool, unfit *apiError) *apiErro
 		ae = refuse("provider_quota_exhausted", "the provider says the quota is spent: %s", list)
 	case e.auth:
 		ae = refuse("subscription_reauthorization_required", "the provider refused the credentials; sign in again: %s", list)
-	case e.rejectedStatus != 0: // a selector's calls all refused the request: the last status
+	default: // a call made but not answered set rate, quota or auth, or (a selector's) rejectedStatus: its last
 		ae = refuse("provider_rejected", "every candidate refused the request: %s", list).withStatus(e.rejectedStatus)
-	default:
-		ae = refuse("provider_failure", "every candidate was refused: %s", list)
 	}
 	if ae.Status() == http.StatusTooManyRequests && len(e.blocks) > 0 { // SPEC §7.2.5
 		ae.RetryAfter = max(slices.MinFunc(e.blocks, time.Time.Compare).Sub(e.now()), time.Second)
@@ -373,6 +366,56 @@ func (e *engine) send(hr *http.Request, c call, sub *overlayItem) (*http.Respons
 	}
 	ref := classifyRefusal(p.id, resp.StatusCode, resp.Header, body, c.cred.bearer(), e.now())
 	return nil, &ref, ref.err
+}
+
+// probe runs one completion probe on the live subscription it with model ("": the built-in one), as a request would meet
+// it (SPEC §11.3); 409 before any call when blocked or model-less. Its answer: the probe and the row after it.
+func (e *engine) probe(ctx context.Context, it overlayItem, model string) (any, error) {
+	if until := e.ledger.blockedUntil(it.ID); !until.IsZero() {
+		return nil, refuse("state_conflict", "subscription %s is blocked until %s; a probe is not sent inside a recorded block",
+			it.ID, until.UTC().Format(time.RFC3339))
+	}
+	builtin, _ := lookupProvider(it.Provider)
+	model = cmp.Or(strings.TrimPrefix(strings.TrimSpace(model), it.Provider+"/"), builtin.probe)
+	if model == "" {
+		return nil, refuse("state_conflict", "name a model for this probe: provider %q has no built-in probe model", it.Provider)
+	}
+	res, err := resolveModel(it.Provider+"/"+model, nil, nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	res.Mode = modeSubscription // paid by the probed subscription, whatever its provider
+	u, ae := e.ping(ctx, call{res: res}, []overlayItem{it})
+	ok, detail := ae == nil, fmt.Sprintf("%s answered (%d output tokens)", res.Route, u.OutputTokens)
+	if !ok && e.t.attempts == 0 && len(e.reasons) == 0 { // refused before any call, as a probe's own refusal
+		ae.Attempts = nil
+		return nil, ae
+	} else if !ok { // the provider refused, its answer could not be read, or the grant could not be refreshed
+		detail = ae.Message
+	}
+	e.ledger.recordCheck(it.ID, res.Provider.id, true, ok, detail)
+	e.inv.invalidate() // the listing shows the probe at once (SPEC §10.2)
+	level := map[bool]slog.Level{true: slog.LevelInfo, false: slog.LevelWarn}[ok]
+	e.log.Log(ctx, level, "usage_probe_"+map[bool]string{true: "ok", false: "failed"}[ok], "request_id", e.t.requestID,
+		"subscription_id", it.ID, "agent_id", e.agent, "provider", it.Provider, "route", res.Route, "detail", ledgerSentence(detail))
+	row := e.inv.row(it, false, e.now())
+	return map[string]any{"ok": true, "probe": cmp.Or(row.Probe, &ledgerCheck{}), "subscription": row}, nil
+}
+
+// ping makes the probe's and onboarding's one completion on c (SPEC §11.3), paid by pool when given; codex's encoder
+// drops the output limit (§6.2).
+func (e *engine) ping(ctx context.Context, c call, pool []overlayItem) (u usage, ae *apiError) {
+	ping := []message{{Role: "user", Parts: []part{{Type: partText, Text: "ping"}}}}
+	req := chatRequest{Model: c.res.Route, MaxTokens: probeMaxTokens, Messages: ping}
+	ae = e.attemptRoute(ctx, &job{kind: kindProbe, pool: pool,
+		build: func(ctx context.Context, c call, _ *callerRequest) (*http.Request, error) {
+			return buildUpstreamRequest(ctx, c, &req)
+		},
+		commit: func(_ context.Context, c call, _ *callerRequest, resp *http.Response) (usage, *apiError, bool) {
+			u, ae = relayBuffered(nil, c, resp, e.t.attempts, &callerStream{frames: formatOf(dialectChat).frames, req: req})
+			return u, ae, false // an in-band limit blocks, as a request's
+		}}, c, nil, nil)
+	return u, ae
 }
 
 // pin is the subscription that last served an agent's provider, until its earliest window reset (at most 24 h); memory only.
@@ -477,9 +520,8 @@ func (e *engine) subscriptionCredential(ctx context.Context, kind routeKind, sub
 			case err != nil && ctx.Err() != nil: // the caller hung up while it waited: no skip, no call (SPEC §7.4)
 				return upstreamCredential{}, refuse("client_cancelled", "the caller went away during a grant refresh").because(err)
 			case errors.As(err, &re) && !re.Definitive:
-				if e.refreshTransport == nil {
-					e.refreshTransport = refuse("dependency_unavailable", "%s", redact(re.Error())).because(err)
-				}
+				e.refreshTransport = cmp.Or(e.refreshTransport,
+					refuse("dependency_unavailable", "%s", redact(re.Error())).because(err))
 				e.maint.request("credential_refresh_transport_failure", e.agent)
 			}
 			if err != nil {

@@ -557,8 +557,8 @@ func TestAnthropicMaxTokensRule(t *testing.T) {
 }
 
 // TestBudgets pins the one table of attempt limits to SPEC §7.1–§7.3,
-// §11.3 and §15: one call on a direct route, the probe, embeddings and
-// count_tokens; at most two on a subscription route and on each selector
+// §11.3 and §15: one call on a direct route (embeddings take one), the probe
+// and count_tokens; at most two on a subscription route and on each selector
 // candidate; only those two rotate.
 func TestBudgets(t *testing.T) {
 	want := map[routeKind]budget{
@@ -566,7 +566,6 @@ func TestBudgets(t *testing.T) {
 		kindSubscription: {calls: 2, rotate: true, spends: true},
 		kindSelector:     {calls: 2, rotate: true, spends: true},
 		kindProbe:        {calls: 1},
-		kindEmbeddings:   {calls: 1, spends: true},
 		kindCountTokens:  {calls: 1},
 	}
 	if diff := cmp.Diff(want, budgets, cmp.AllowUnexported(budget{})); diff != "" {

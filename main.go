@@ -434,7 +434,7 @@ func onboard(e *cliEnv, o opts, _ []string) error {
 	}
 	// A bare deployment is called as local-openai/<name>; subscription routes and selectors are refused: their ledger
 	// is the daemon's (SPEC §2.3, §14). No model: some payer must exist.
-	c, req := call{}, pingRequest(model, providerInfo{})
+	c, req := call{}, chatRequest{Model: model}
 	if model == "" && !eng.anyDirectPayer() {
 		return next("brama credentials set <provider>", errRefused)
 	} else if model != "" {

@@ -214,27 +214,6 @@ func mustJSON(v any) []byte {
 	return b
 }
 
-func TestPingRequest(t *testing.T) {
-	tests := []struct {
-		name     string
-		provider string
-		want     int
-	}{
-		{"kimi", "kimi", probeMaxTokens},
-		{"claude-code", "claude-code", probeMaxTokens},
-		{"codex takes no output limit", "codex", 0},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			p, _ := lookupProvider(tc.provider)
-			req := pingRequest(tc.provider+"/m", p)
-			if req.MaxTokens != tc.want || len(req.Messages) != 1 || req.Messages[0].Parts[0].Text != "ping" || req.Stream {
-				t.Errorf("pingRequest = %+v", req)
-			}
-		})
-	}
-}
-
 // TestProbeInBandLimitBlocks: a codex probe whose answer ends with an in-band
 // usage limit records the block a request's would (97aaef9), so the next probe
 // is refused inside it and a request makes no call (SPEC §11.3, §7.2.4).

@@ -267,10 +267,10 @@ func TestReplayGuardForgets(t *testing.T) {
 	clock.advance(30 * time.Second)
 	refuseOnce(g, "c", body(0), "") // refused again (two were in flight)
 	clock.advance(30 * time.Second)
-	if g.refusalFor("c", noScope, body(1)) != nil {
+	if refusalOf(g, "c", body(1)) != nil {
 		t.Error("an entry outlived its window")
 	}
-	if g.refusalFor("c", noScope, body(0)) == nil {
+	if refusalOf(g, "c", body(0)) == nil {
 		t.Error("the later refusal of key 0 was forgotten with its first entry")
 	}
 	if n, q := g.size(), len(g.queue); n != 1 || q != 1 {
@@ -406,7 +406,7 @@ func BenchmarkReplayDigest(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				if g.refusalFor("c", noScope, o) != nil {
+				if refusalOf(g, "c", o) != nil {
 					b.Fatal("a different body matched")
 				}
 			}
@@ -419,7 +419,17 @@ func BenchmarkReplayDigest(b *testing.B) {
 	}
 }
 
-func noScope() string { return "" }
+// refusalOf is the guard's refusal of a request of client with body (no agent, headers or call).
+func refusalOf(g *replayGuard, client string, body rawObject) *apiError {
+	refusal, _ := g.check(client, "", nil, body, call{}, nil)
+	return refusal
+}
+
+// rememberOf is the guard's remember for a request of client with body on c.
+func rememberOf(g *replayGuard, client string, body rawObject, c call) func(ae *apiError, attempts int, hungUp, streamed bool) {
+	_, remember := g.check(client, "", nil, body, c, nil)
+	return remember
+}
 
 // size is the number of refusals remembered now.
 func (g *replayGuard) size() int {
@@ -430,7 +440,7 @@ func (g *replayGuard) size() int {
 
 // refuseOnce has g remember a provider 400 with message after one call, as a request's engine would.
 func refuseOnce(g *replayGuard, client string, body rawObject, message string) {
-	g.rememberer(client, noScope, body, call{}, nil)(refuse("provider_rejected", "%s", message).withStatus(400), 1, false, false)
+	rememberOf(g, client, body, call{})(refuse("provider_rejected", "%s", message).withStatus(400), 1, false, false)
 }
 
 // TestReplayGuardFixReleasesClient: after the operator's fixes forget a
@@ -438,8 +448,8 @@ func refuseOnce(g *replayGuard, client string, body rawObject, message string) {
 func TestReplayGuardFixReleasesClient(t *testing.T) {
 	g := newReplayGuard(testEnv(nil), nil, time.Now)
 	refused := refuse("provider_rejected", "no").withStatus(400)
-	g.rememberer("c", noScope, rawBody(t, `{"n":1}`), call{res: resolution{Alias: "fixme"}}, nil)(refused, 1, false, false)
-	g.rememberer("c", noScope, rawBody(t, `{"n":2}`), call{res: resolution{Provider: providerInfo{id: "kimi"}}}, nil)(refused, 1, false, false)
+	rememberOf(g, "c", rawBody(t, `{"n":1}`), call{res: resolution{Alias: "fixme"}})(refused, 1, false, false)
+	rememberOf(g, "c", rawBody(t, `{"n":2}`), call{res: resolution{Provider: providerInfo{id: "kimi"}}})(refused, 1, false, false)
 	g.forget("fixme", "")
 	if g.size() != 1 || g.held["c"] != 1 {
 		t.Fatalf("after the alias's fix: %d entries, held %v; want 1, c:1", g.size(), g.held)

@@ -565,12 +565,12 @@ func (s *server) handleModel(dialect string, count bool) handler {
 			ri.counted = ri.counted || replayed
 			return err
 		}
-		scope := func() string { return replayScope(ri.agentID, r.Header, c) }   // taken only when the guard can use it
-		if ae := s.replay.refusalFor(ri.client.ID, scope, req.body); ae != nil { // SPEC §8.1
+		ae, remember := s.replay.check(ri.client.ID, ri.agentID, r.Header, req.body, c, cands)
+		if ae != nil { // SPEC §8.1
 			w.Header().Set("Brama-Replay-Refused", "true")
 			return ae
 		}
-		e.t.remember = s.replay.rememberer(ri.client.ID, scope, req.body, c, cands)
+		e.t.remember = remember
 		route(w)
 		return nil
 	}

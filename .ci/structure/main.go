@@ -40,7 +40,7 @@ var layers = [][]string{
 	{"providers", "registry", "subscriptions", "ledger", // domain
 		"oauth", "catalog"},
 	{"formats", "chat", "messages", "responses", "passthrough", "relay"}, // wire
-	{"dispatch", "answers", "replay", "maintain"},                        // flow
+	{"dispatch", "answers", "maintain"},                                  // flow
 	{"main", "cli", "server"},                                            // faces
 }
 
