@@ -14,14 +14,14 @@ import (
 type (
 	responsesRequestBody struct {
 		callerHead
-		Instructions      *string          `json:"instructions,omitempty"`
-		Input             json.RawMessage  `json:"input"`
-		Tools             json.RawMessage  `json:"tools,omitempty"`
-		ToolChoice        json.RawMessage  `json:"tool_choice,omitempty"`
-		ParallelToolCalls *bool            `json:"parallel_tool_calls,omitempty"`
-		MaxOutputTokens   *int             `json:"max_output_tokens,omitempty"`
-		Reasoning         *responsesOption `json:"reasoning,omitempty"`
-		Text              *responsesOption `json:"text,omitempty"`
+		Instructions      string          `json:"instructions,omitempty"`
+		Input             json.RawMessage `json:"input"`
+		Tools             json.RawMessage `json:"tools,omitempty"`
+		ToolChoice        json.RawMessage `json:"tool_choice,omitempty"`
+		ParallelToolCalls *bool           `json:"parallel_tool_calls,omitempty"`
+		MaxOutputTokens   int             `json:"max_output_tokens,omitempty"`
+		Reasoning         responsesOption `json:"reasoning,omitzero"`
+		Text              responsesOption `json:"text,omitzero"`
 		openAIShared
 	}
 	responsesOption struct { // reasoning and text share one shape, each its own members
@@ -54,34 +54,16 @@ type (
 		Annotations json.RawMessage `json:"annotations,omitempty"`
 		Refusal     string          `json:"refusal,omitempty"` // answers only: the model refused
 	}
-	responsesObject struct {
-		ID                string               `json:"id"`
-		Object            string               `json:"object"`
-		CreatedAt         int64                `json:"created_at"`
-		Status            string               `json:"status"`
-		Error             *responsesError      `json:"error"`
-		IncompleteDetails *responsesIncomplete `json:"incomplete_details"`
-		Model             string               `json:"model"`
-		Output            []*responsesItem     `json:"output"`
-		Usage             *responsesUsage      `json:"usage"`
-	}
-	responsesError struct {
-		Code    string `json:"code"`
-		Message string `json:"message"`
-	}
-	responsesIncomplete struct {
-		Reason string `json:"reason"`
-	}
-	responsesUsage struct { // the details always go: strict clients require them; Brama counts neither
-		InputTokens        int `json:"input_tokens"`
-		InputTokensDetails struct {
-			CachedTokens int `json:"cached_tokens"`
-		} `json:"input_tokens_details"`
-		OutputTokens        int `json:"output_tokens"`
-		OutputTokensDetails struct {
-			ReasoningTokens int `json:"reasoning_tokens"`
-		} `json:"output_tokens_details"`
-		TotalTokens int `json:"total_tokens"`
+	responsesObject struct { // the answer Brama writes; error, incomplete_details and usage are null until set
+		ID                string           `json:"id"`
+		Object            string           `json:"object"`
+		CreatedAt         int64            `json:"created_at"`
+		Status            string           `json:"status"`
+		Error             any              `json:"error"`
+		IncompleteDetails any              `json:"incomplete_details"`
+		Model             string           `json:"model"`
+		Output            []*responsesItem `json:"output"`
+		Usage             any              `json:"usage"`
 	}
 	responsesEvent struct {
 		Type           string           `json:"type"`
@@ -116,7 +98,7 @@ func parseResponses(body []byte) (chatRequest, error) {
 	}
 	req.dropUnknown(rawMember(body, "reasoning"), "effort")
 	req.dropUnknown(rawMember(body, "text"), "format verbosity")
-	req.Shared, req.ParallelToolCalls, req.System = b.openAIShared, b.ParallelToolCalls, valueOr(b.Instructions, "")
+	req.Shared, req.ParallelToolCalls, req.System, req.Verbosity = b.openAIShared, b.ParallelToolCalls, b.Instructions, b.Text.Verbosity
 	switch rawShape(b.Input) {
 	case '"':
 		if err = req.addResponsesItem(responsesItem{Role: "user", Content: b.Input}, nil, "input"); string(b.Input) == `""` {
@@ -127,13 +109,11 @@ func parseResponses(body []byte) (chatRequest, error) {
 	default:
 		err = refuse("invalid_request", "input is required: a string or an array of items")
 	}
-	if b.Reasoning != nil && b.Reasoning.Effort != "" {
+	if b.Reasoning.Effort != "" {
 		req.Effort, req.EffortName = b.Reasoning.Effort, "effort"
 	}
-	text := valueOr(b.Text, responsesOption{})
-	req.Verbosity = text.Verbosity
 	err = cmp.Or(err, readList(b.Tools, "tools", req.addOpenAITool), req.setOpenAIToolChoice(b.ToolChoice, false),
-		req.setOutput(text.Format, "text.format"))
+		req.setOutput(b.Text.Format, "text.format"))
 	return req.finishParse(err, "input must hold at least one user, assistant or tool item")
 }
 
@@ -226,25 +206,18 @@ var responsesPartMembers = map[string]string{"input_text": "type text", "output_
 // encodeResponses builds a Responses body: text, images and files in message items, tool calls and results items of their own; codex gets SPEC §6.2's body.
 func encodeResponses(req *chatRequest, c call, _ http.Header) (any, error) {
 	codex := c.res.Provider.codex
-	out := responsesRequestBody{callerHead: callerHead{c.res.Model, req.Temperature, req.TopP, req.Stream}, ParallelToolCalls: req.ParallelToolCalls,
-		openAIShared: req.Shared}
-	if req.System != "" {
-		out.Instructions = &req.System
-	}
-	if req.MaxTokens > 0 {
-		out.MaxOutputTokens = &req.MaxTokens
-	}
+	out := responsesRequestBody{callerHead: callerHead{c.res.Model, req.Temperature, req.TopP, req.Stream}, Instructions: req.System,
+		ParallelToolCalls: req.ParallelToolCalls, MaxOutputTokens: req.MaxTokens, Reasoning: responsesOption{Effort: req.Effort},
+		Text: responsesOption{Format: schemaOutput(req.Output), Verbosity: req.Verbosity}, openAIShared: req.Shared}
 	req.drop(len(req.Stop) > 0, req.StopName)
 	if codex { // it never gets an output limit, and its backend refuses these (SPEC §6.2)
 		req.drop(req.LimitName != "", req.LimitName)
 		req.drop(req.Temperature != nil, "temperature")
 		req.drop(req.TopP != nil, "top_p")
 		req.drop(true, openAIShared{Metadata: out.Metadata, SafetyIdentifier: out.SafetyIdentifier, User: out.User}.names()...)
-		out.Store, out.Instructions = json.RawMessage("false"), ptrTo(cmp.Or(req.System, codexDefaultInstructions))
-		out.MaxOutputTokens, out.Temperature, out.TopP, out.Metadata, out.SafetyIdentifier, out.User = nil, nil, nil, nil, nil, nil
-	}
-	if req.Effort != "" {
-		out.Reasoning = &responsesOption{Effort: req.Effort}
+		out.callerHead, out.MaxOutputTokens = callerHead{Model: c.res.Model, Stream: req.Stream}, 0
+		out.Store, out.Instructions = json.RawMessage("false"), cmp.Or(req.System, codexDefaultInstructions)
+		out.Metadata, out.SafetyIdentifier, out.User = nil, nil, nil
 	}
 	items := []responsesItem{}
 	for _, m := range req.Messages {
@@ -278,9 +251,6 @@ func encodeResponses(req *chatRequest, c call, _ http.Header) (any, error) {
 		}
 	}
 	out.Tools, out.ToolChoice = jsonArray(tools), req.openAIToolChoice(false)
-	if req.Output != nil || req.Verbosity != "" {
-		out.Text = &responsesOption{Format: schemaOutput(req.Output), Verbosity: req.Verbosity}
-	}
 	return out, nil
 }
 
@@ -313,21 +283,38 @@ func (it *responsesItem) call() (part, bool) {
 	return tc, tc.Custom || it.Type == "function_call"
 }
 
+// fill sets an item's whole text, arguments or input.
+func (it *responsesItem) fill(full string) {
+	switch it.Type {
+	case "message":
+		it.Content = must(json.Marshal([]responsesPart{outputText(full)}))
+	case "custom_tool_call":
+		it.Input = &full
+	default:
+		it.Arguments = &full
+	}
+}
+
+// responsesContent is parts as Responses input (an assistant's text: output) parts, no empty text.
+func responsesContent(ps []part, assistant bool) []responsesPart {
+	var out []responsesPart
+	for _, p := range ps {
+		switch {
+		case p.Type == partText && p.Text != "":
+			out = append(out, responsesPart{Type: map[bool]string{false: "input_text", true: "output_text"}[assistant], Text: ptrTo(p.Text)})
+		case p.Type == partImage:
+			out = append(out, responsesPart{Type: "input_image", ImageURL: ptrTo(p.ImageURL), Detail: p.Detail})
+		case p.Type == partDocument && strings.HasPrefix(p.FileURL, "data:"):
+			out = append(out, responsesPart{Type: "input_file", FileData: p.FileURL, Filename: p.Filename})
+		case p.Type == partDocument:
+			out = append(out, responsesPart{Type: "input_file", FileURL: p.FileURL, Filename: p.Filename})
+		}
+	}
+	return out
+}
+
 // responsesIncompletes maps finishes to incomplete_details.reason, both ways.
 var responsesIncompletes = map[string]string{finishLength: "max_output_tokens", finishContentFilter: "content_filter"}
-
-func decodeResponses(body []byte, rd *streamReader) error {
-	var r responsesObject
-	if err := json.Unmarshal(body, &r); err != nil || r.Status != "completed" && r.Status != "incomplete" {
-		return malformedAnswer(protoOpenAIResponses, err)
-	}
-	rd.usage, _ = usageOf(protoOpenAIResponses, rawMember(body, "usage"))
-	return rd.completed(&r)
-}
-
-func outputText(text string) responsesPart {
-	return responsesPart{Type: "output_text", Text: &text, Annotations: json.RawMessage("[]")}
-}
 
 // responsesEvents names each item type's delta and done events.
 var responsesEvents = map[string][2]string{"message": {"response.output_text.delta", "response.output_text.done"},
@@ -353,109 +340,92 @@ func (s *callerStream) responsesFrames(step streamStep, b *streamBlock, d string
 			it = responsesCall(s.req, newAnswerID("fc_"), answerIDOr(b.id, "call_"), b.flat, "", b.custom)
 			it.fill("")
 		}
-		it.Status = "in_progress"
-		s.resp.Output = append(s.resp.Output, it)
-		added := responsesEvent{Type: "response.output_item.added", OutputIndex: &b.pos, Item: it}
-		if !b.text {
-			return s.emitNumbered(added)
-		}
-		return s.emitNumbered(added, partEvent("response.content_part.added", it.ID, b.pos, ""))
+		it.Status, s.resp.Output = "in_progress", append(s.resp.Output, it)
+		return s.emitNumbered(responsesEvent{Type: "response.output_item.added", OutputIndex: &b.pos, Item: it},
+			partEvent("response.content_part.added", it, b, ""))
 	case stepDelta: // an item already done (a provider interleaving calls) gets its final input updated
 		if it.Status == "completed" {
 			it.fill(b.buf.String())
 		}
-		ev := responsesEvent{Type: responsesEvents[it.Type][0], ItemID: it.ID, OutputIndex: &b.pos, Delta: &d}
-		if b.text {
-			ev.ContentIndex = ptrTo(0)
-		}
+		ev := itemEvent(responsesEvents[it.Type][0], it, b)
+		ev.Delta = &d
 		return s.emitNumbered(ev)
 	case stepClose: // its text's (and its part's) or its call's done events, then the item's
 		it.Status = "completed"
 		it.fill(d)
-		done := responsesEvent{Type: responsesEvents[it.Type][1], ItemID: it.ID, OutputIndex: &b.pos, Arguments: it.Arguments, Input: it.Input}
-		itemDone := responsesEvent{Type: "response.output_item.done", OutputIndex: &b.pos, Item: it}
-		if it.Type != "message" {
-			return s.emitNumbered(done, itemDone)
+		done := itemEvent(responsesEvents[it.Type][1], it, b)
+		if done.Arguments, done.Input = it.Arguments, it.Input; b.text {
+			done.Text = &d
 		}
-		done.ContentIndex, done.Text = ptrTo(0), &d
-		return s.emitNumbered(done, partEvent("response.content_part.done", it.ID, b.pos, d), itemDone)
+		return s.emitNumbered(done, partEvent("response.content_part.done", it, b, d),
+			responsesEvent{Type: "response.output_item.done", OutputIndex: &b.pos, Item: it})
 	case stepEnd: // "incomplete" with a reason as OpenAI reports it (SPEC §7.5): SDK stream helpers wait for this event
 		s.resp.Status = "completed"
 		if reason := responsesIncompletes[s.reason]; reason != "" {
-			s.resp.Status, s.resp.IncompleteDetails = "incomplete", &responsesIncomplete{reason}
+			s.resp.Status, s.resp.IncompleteDetails = "incomplete", map[string]string{"reason": reason}
 		}
-		if u := s.usage; u.Reported { // else null
-			s.resp.Usage = &responsesUsage{InputTokens: u.InputTokens, OutputTokens: u.OutputTokens, TotalTokens: u.InputTokens + u.OutputTokens}
+		if u := s.usage; u.Reported { // else null; the details always go: strict clients require them, Brama counts neither
+			s.resp.Usage = map[string]any{"input_tokens": u.InputTokens, "input_tokens_details": map[string]int{"cached_tokens": 0},
+				"output_tokens": u.OutputTokens, "output_tokens_details": map[string]int{"reasoning_tokens": 0},
+				"total_tokens": u.InputTokens + u.OutputTokens}
 		}
 		return s.emitNumbered(responsesEvent{Type: "response.completed", Response: &s.resp})
-	case stepFail:
-		e := s.failure.body().Error
-		s.resp.Status, s.resp.Error = "failed", &responsesError{Code: e.Code, Message: e.Message}
-		return s.emitNumbered(responsesEvent{Type: "response.failed", Response: &s.resp})
 	}
-	return nil
+	e := s.failure.body().Error // stepFail
+	s.resp.Status, s.resp.Error = "failed", map[string]string{"code": e.Code, "message": e.Message}
+	return s.emitNumbered(responsesEvent{Type: "response.failed", Response: &s.resp})
 }
 
-// emitNumbered writes Responses events, numbered in order.
-func (s *callerStream) emitNumbered(evs ...responsesEvent) error {
+// itemEvent is an event of block b's item, at its one content part for a message.
+func itemEvent(typ string, it *responsesItem, b *streamBlock) responsesEvent {
+	ev := responsesEvent{Type: typ, ItemID: it.ID, OutputIndex: &b.pos}
+	if b.text {
+		ev.ContentIndex = ptrTo(0)
+	}
+	return ev
+}
+
+// partEvent is the event of a message's content part, its text so far; a call's is none (emitNumbered skips it).
+func partEvent(typ string, it *responsesItem, b *streamBlock, text string) (ev responsesEvent) {
+	if b.text {
+		ev = itemEvent(typ, it, b)
+		ev.Part = ptrTo(outputText(text))
+	}
+	return ev
+}
+
+// emitNumbered writes Responses events, numbered in order; an untyped one is none.
+func (s *callerStream) emitNumbered(evs ...responsesEvent) (err error) {
 	for _, ev := range evs {
-		ev.SequenceNumber = s.seq
-		s.seq++
-		if err := s.frame(ev.Type, ev); err != nil {
-			return err
+		if ev.Type != "" && err == nil {
+			ev.SequenceNumber, s.seq = s.seq, s.seq+1
+			err = s.frame(ev.Type, ev)
 		}
 	}
-	return nil
+	return err
 }
 
-// fill sets an item's whole text, arguments or input.
-func (it *responsesItem) fill(full string) {
-	switch it.Type {
-	case "message":
-		it.Content = must(json.Marshal([]responsesPart{outputText(full)}))
-	case "custom_tool_call":
-		it.Input = &full
-	default:
-		it.Arguments = &full
-	}
-}
-
-// partEvent is an event of message item i's one content part, its text so far.
-func partEvent(typ, itemID string, i int, text string) responsesEvent {
-	return responsesEvent{Type: typ, ItemID: itemID, OutputIndex: &i, ContentIndex: ptrTo(0), Part: ptrTo(outputText(text))}
-}
-
-// responsesContent is parts as Responses input (an assistant's text: output) parts, no empty text.
-func responsesContent(ps []part, assistant bool) []responsesPart {
-	var out []responsesPart
-	for _, p := range ps {
-		switch {
-		case p.Type == partText && p.Text != "":
-			out = append(out, responsesPart{Type: map[bool]string{false: "input_text", true: "output_text"}[assistant], Text: ptrTo(p.Text)})
-		case p.Type == partImage:
-			out = append(out, responsesPart{Type: "input_image", ImageURL: ptrTo(p.ImageURL), Detail: p.Detail})
-		case p.Type == partDocument && strings.HasPrefix(p.FileURL, "data:"):
-			out = append(out, responsesPart{Type: "input_file", FileData: p.FileURL, Filename: p.Filename})
-		case p.Type == partDocument:
-			out = append(out, responsesPart{Type: "input_file", FileURL: p.FileURL, Filename: p.Filename})
-		}
-	}
-	return out
+func outputText(text string) responsesPart {
+	return responsesPart{Type: "output_text", Text: &text, Annotations: json.RawMessage("[]")}
 }
 
 // The responses part of the one stream reader (relay.go's streamReader).
 
+// decodeResponses reads a buffered answer, a response completed or incomplete.
+func decodeResponses(body []byte, rd *streamReader) error {
+	rd.usage, _ = usageOf(protoOpenAIResponses, rawMember(body, "usage"))
+	return rd.completed(body, true)
+}
+
 // readResponses: response.completed (or .incomplete) ends, with usage; items are keyed by output_index.
 func (r *streamReader) readResponses(typ string, e rawObject) (keep, end bool, err error) {
 	switch typ {
-	case "error":
+	case "error", "response.failed": // the code is the event's, its error's, or its failed response's error's
+		resp, _ := splitRaw(e.value("response"), '{', r.scratch[1][:])
 		code, _ := jsonScalar(e.value("code"))
 		f, _ := errorObject(e.value("error"))
-		return false, false, inBandError(cmp.Or(code, f.code, f.typ))
-	case "response.failed":
-		resp, _ := splitRaw(e.value("response"), '{', r.scratch[1][:])
-		f, _ := errorObject(resp.value("error"))
-		return false, false, inBandError(f.code)
+		failed, _ := errorObject(resp.value("error"))
+		return false, false, inBandError(cmp.Or(code, f.code, f.typ, failed.code))
 	case "response.output_item.added", "response.output_item.done", "response.output_text.delta", "response.refusal.delta",
 		"response.function_call_arguments.delta", "response.custom_tool_call_input.delta":
 		if r.out != nil || r.raw != nil && typ == "response.output_item.done" {
@@ -471,10 +441,7 @@ func (r *streamReader) readResponses(typ string, e rawObject) (keep, end bool, e
 			r.final = bytes.Clone(e.value("response"))
 		}
 		if err == nil && r.out != nil {
-			var ro responsesObject
-			if err = r.decode(e, "response", &ro); err == nil {
-				err = r.completed(&ro)
-			}
+			err = r.completed(e.value("response"), false)
 		}
 		return err == nil, true, err
 	}
@@ -497,34 +464,39 @@ func (r *streamReader) readItem(typ string, e rawObject) error {
 	if err != nil || isItem && rawShape(ev.Item) != '{' {
 		return eventWithout(protoOpenAIResponses, typ, "an index and an item")
 	}
-	if r.raw != nil && typ == "response.output_item.done" {
+	if r.out == nil { // output_item.done, readResponses decides
 		r.raw[ev.OutputIndex] = ev.Item // decoding copied it out of the reader's buffer
-	}
-	if r.out == nil {
 		return nil
 	}
-	it, err := r.item(ev.OutputIndex, &item, typ == "response.output_item.done")
-	text := typ == "response.output_text.delta" || typ == "response.refusal.delta"
+	it, seen := r.calls[ev.OutputIndex]
+	if !seen {
+		it = &upstreamCall{tool: -1}
+		r.calls[ev.OutputIndex] = it
+	}
 	r.refusal = r.refusal || typ == "response.refusal.delta"
-	switch {
-	case err != nil || isItem:
-		return err
-	case !text && it.tool < 0:
-		return eventWithout(protoOpenAIResponses, typ, "a call item")
-	case ev.Delta == "":
-		return nil
+	switch typ {
+	case "response.output_item.added", "response.output_item.done":
+		return r.item(it, &item, typ == "response.output_item.done")
+	case "response.function_call_arguments.delta", "response.custom_tool_call_input.delta":
+		return r.itemDelta(it, ev.Delta, false)
 	}
-	if it.streamed = true; text {
-		return r.out.text(ev.Delta)
-	}
-	return r.out.args(it.tool, ev.Delta)
+	return r.itemDelta(it, ev.Delta, true)
 }
 
-// completed gives the final response's items the stream never showed (a minimal stream, a buffered answer), then the tail.
-func (r *streamReader) completed(resp *responsesObject) error {
-	for i, it := range resp.Output {
-		if _, seen := r.calls[i]; !seen && it != nil {
-			if _, err := r.item(i, it, true); err != nil {
+// completed reads the final response (buffered: its status checked), gives its items the stream never showed (a
+// minimal stream, a buffered answer), then the tail.
+func (r *streamReader) completed(raw json.RawMessage, buffered bool) error {
+	var resp struct {
+		Status            string
+		IncompleteDetails struct{ Reason string } `json:"incomplete_details"`
+		Output            []*responsesItem
+	}
+	if err := json.Unmarshal(raw, &resp); err != nil || buffered && resp.Status != "completed" && resp.Status != "incomplete" {
+		return malformedAnswer(protoOpenAIResponses, err)
+	}
+	for i, item := range resp.Output {
+		if _, seen := r.calls[i]; !seen && item != nil {
+			if err := r.item(&upstreamCall{tool: -1}, item, true); err != nil {
 				return err
 			}
 		}
@@ -534,51 +506,58 @@ func (r *streamReader) completed(resp *responsesObject) error {
 		finish = finishContentFilter
 	}
 	for f, reason := range responsesIncompletes {
-		if valueOr(resp.IncompleteDetails, responsesIncomplete{}).Reason == reason {
+		if resp.IncompleteDetails.Reason == reason {
 			finish = f
 		}
 	}
 	return r.out.tail(0, nil, finish, r.usage)
 }
 
-// item is the state of output index i, a tool call once seen as one; when done, it gives whatever the item's deltas did not.
-func (r *streamReader) item(i int, item *responsesItem, done bool) (*upstreamCall, error) {
-	it, ok := r.calls[i]
-	if !ok {
-		it = &upstreamCall{tool: -1}
-		r.calls[i] = it
-	}
+// item takes an output item as added or done: a call starts its tool call; a done item whose deltas never came
+// gives its text or arguments whole.
+func (r *streamReader) item(it *upstreamCall, item *responsesItem, done bool) error {
 	tc, isCall := item.call()
 	if isCall && it.tool < 0 {
 		if item.Name == "" {
-			return nil, eventWithout(protoOpenAIResponses, "a call item", "a name")
+			return eventWithout(protoOpenAIResponses, "a call item", "a name")
 		}
 		it.tool, r.ncalls = r.ncalls, r.ncalls+1
 		if err := r.out.call(it.tool, tc); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	if !done || it.streamed {
-		return it, nil
-	}
-	it.streamed = true
-	if isCall && tc.Arguments != "" {
-		return it, r.out.args(it.tool, tc.Arguments)
+	switch {
+	case !done || it.streamed:
+		return nil
+	case isCall:
+		return r.itemDelta(it, tc.Arguments, false)
+	case item.Type != "message":
+		return nil
 	}
 	text, _ := jsonString(item.Content) // a message item's text: a string, or its text and refusal parts
-	var raw []json.RawMessage
-	json.Unmarshal(item.Content, &raw)
-	for _, p := range raw {
-		var rp responsesPart
-		switch json.Unmarshal(p, &rp); rp.Type {
+	var parts []responsesPart
+	json.Unmarshal(item.Content, &parts)
+	for _, p := range parts {
+		switch p.Type {
 		case "input_text", "output_text":
-			text += valueOr(rp.Text, "")
+			text += valueOr(p.Text, "")
 		case "refusal":
-			text, r.refusal = text+rp.Refusal, true
+			text, r.refusal = text+p.Refusal, true
 		}
 	}
-	if item.Type == "message" && text != "" {
-		return it, r.out.text(text)
+	return r.itemDelta(it, text, true)
+}
+
+// itemDelta gives the next piece of an item's text, or of its call's arguments.
+func (r *streamReader) itemDelta(it *upstreamCall, piece string, text bool) error {
+	switch {
+	case !text && it.tool < 0:
+		return eventWithout(protoOpenAIResponses, "a delta", "a call item")
+	case piece == "":
+		return nil
 	}
-	return it, nil
+	if it.streamed = true; text {
+		return r.out.text(piece)
+	}
+	return r.out.args(it.tool, piece)
 }
