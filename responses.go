@@ -98,7 +98,8 @@ func parseResponses(body []byte) (chatRequest, error) {
 	}
 	req.dropUnknown(rawMember(body, "reasoning"), "effort")
 	req.dropUnknown(rawMember(body, "text"), "format verbosity")
-	req.Shared, req.ParallelToolCalls, req.System, req.Verbosity = b.openAIShared, b.ParallelToolCalls, b.Instructions, b.Text.Verbosity
+	req.Shared, req.ParallelToolCalls = b.openAIShared, b.ParallelToolCalls
+	req.System, req.Verbosity = b.Instructions, b.Text.Verbosity
 	switch rawShape(b.Input) {
 	case '"':
 		if err = req.addResponsesItem(responsesItem{Role: "user", Content: b.Input}, nil, "input"); string(b.Input) == `""` {
@@ -227,9 +228,9 @@ func encodeResponses(req *chatRequest, c call, _ http.Header) (any, error) {
 		}
 		var content []responsesPart
 		for i, p := range m.Parts {
-			content = append(content, responsesContent([]part{p}, m.Role == "assistant")...) // none for a call or a result
-			call := p.Type == partToolCall || p.Type == partToolResult
-			if len(content) > 0 && (call || i == len(m.Parts)-1) { // the content so far is one message item
+			// a call or a result has no content; the content before it (or at the end) is one message item
+			content = append(content, responsesContent([]part{p}, m.Role == "assistant")...)
+			if len(content) > 0 && (p.Type == partToolCall || p.Type == partToolResult || i == len(m.Parts)-1) {
 				items, content = append(items, responsesItem{Type: "message", Role: role, Content: must(json.Marshal(content))}), nil
 			}
 			if p.Type == partToolCall {
@@ -313,8 +314,8 @@ func responsesContent(ps []part, assistant bool) []responsesPart {
 	return out
 }
 
-// responsesIncompletes maps finishes to incomplete_details.reason, both ways.
-var responsesIncompletes = map[string]string{finishLength: "max_output_tokens", finishContentFilter: "content_filter"}
+// responsesFinishes maps incomplete_details.reason to finishes, both ways.
+var responsesFinishes = map[string]string{"max_output_tokens": finishLength, "content_filter": finishContentFilter}
 
 // responsesEvents names each item type's delta and done events.
 var responsesEvents = map[string][2]string{"message": {"response.output_text.delta", "response.output_text.done"},
@@ -342,27 +343,29 @@ func (s *callerStream) responsesFrames(step streamStep, b *streamBlock, d string
 		}
 		it.Status, s.resp.Output = "in_progress", append(s.resp.Output, it)
 		return s.emitNumbered(responsesEvent{Type: "response.output_item.added", OutputIndex: &b.pos, Item: it},
-			partEvent("response.content_part.added", it, b, ""))
+			itemEvent("response.content_part.added", it, b, ptrTo(outputText(""))))
 	case stepDelta: // an item already done (a provider interleaving calls) gets its final input updated
 		if it.Status == "completed" {
 			it.fill(b.buf.String())
 		}
-		ev := itemEvent(responsesEvents[it.Type][0], it, b)
+		ev := itemEvent(responsesEvents[it.Type][0], it, b, nil)
 		ev.Delta = &d
 		return s.emitNumbered(ev)
 	case stepClose: // its text's (and its part's) or its call's done events, then the item's
 		it.Status = "completed"
 		it.fill(d)
-		done := itemEvent(responsesEvents[it.Type][1], it, b)
+		done := itemEvent(responsesEvents[it.Type][1], it, b, nil)
 		if done.Arguments, done.Input = it.Arguments, it.Input; b.text {
 			done.Text = &d
 		}
-		return s.emitNumbered(done, partEvent("response.content_part.done", it, b, d),
+		return s.emitNumbered(done, itemEvent("response.content_part.done", it, b, ptrTo(outputText(d))),
 			responsesEvent{Type: "response.output_item.done", OutputIndex: &b.pos, Item: it})
 	case stepEnd: // "incomplete" with a reason as OpenAI reports it (SPEC §7.5): SDK stream helpers wait for this event
 		s.resp.Status = "completed"
-		if reason := responsesIncompletes[s.reason]; reason != "" {
-			s.resp.Status, s.resp.IncompleteDetails = "incomplete", map[string]string{"reason": reason}
+		for reason, finish := range responsesFinishes {
+			if finish == s.reason {
+				s.resp.Status, s.resp.IncompleteDetails = "incomplete", map[string]string{"reason": reason}
+			}
 		}
 		if u := s.usage; u.Reported { // else null; the details always go: strict clients require them, Brama counts neither
 			s.resp.Usage = map[string]any{"input_tokens": u.InputTokens, "input_tokens_details": map[string]int{"cached_tokens": 0},
@@ -376,20 +379,15 @@ func (s *callerStream) responsesFrames(step streamStep, b *streamBlock, d string
 	return s.emitNumbered(responsesEvent{Type: "response.failed", Response: &s.resp})
 }
 
-// itemEvent is an event of block b's item, at its one content part for a message.
-func itemEvent(typ string, it *responsesItem, b *streamBlock) responsesEvent {
-	ev := responsesEvent{Type: typ, ItemID: it.ID, OutputIndex: &b.pos}
+// itemEvent is an event of block b's item, at its one content part for a message; a part (the part so far) makes it
+// that part's event, which a call has none of (emitNumbered skips it).
+func itemEvent(typ string, it *responsesItem, b *streamBlock, part *responsesPart) responsesEvent {
+	if part != nil && !b.text {
+		return responsesEvent{}
+	}
+	ev := responsesEvent{Type: typ, ItemID: it.ID, OutputIndex: &b.pos, Part: part}
 	if b.text {
 		ev.ContentIndex = ptrTo(0)
-	}
-	return ev
-}
-
-// partEvent is the event of a message's content part, its text so far; a call's is none (emitNumbered skips it).
-func partEvent(typ string, it *responsesItem, b *streamBlock, text string) (ev responsesEvent) {
-	if b.text {
-		ev = itemEvent(typ, it, b)
-		ev.Part = ptrTo(outputText(text))
 	}
 	return ev
 }
@@ -457,11 +455,8 @@ func (r *streamReader) readItem(typ string, e rawObject) error {
 	}
 	var item responsesItem
 	isItem := strings.HasPrefix(typ, "response.output_item.")
-	err := json.Unmarshal(e.src, &ev)
-	if err == nil && isItem && r.out != nil {
-		err = json.Unmarshal(ev.Item, &item)
-	}
-	if err != nil || isItem && rawShape(ev.Item) != '{' {
+	if json.Unmarshal(e.src, &ev) != nil ||
+		isItem && (rawShape(ev.Item) != '{' || r.out != nil && json.Unmarshal(ev.Item, &item) != nil) {
 		return eventWithout(protoOpenAIResponses, typ, "an index and an item")
 	}
 	if r.out == nil { // output_item.done, readResponses decides
@@ -473,14 +468,11 @@ func (r *streamReader) readItem(typ string, e rawObject) error {
 		it = &upstreamCall{tool: -1}
 		r.calls[ev.OutputIndex] = it
 	}
-	r.refusal = r.refusal || typ == "response.refusal.delta"
-	switch typ {
-	case "response.output_item.added", "response.output_item.done":
+	if isItem {
 		return r.item(it, &item, typ == "response.output_item.done")
-	case "response.function_call_arguments.delta", "response.custom_tool_call_input.delta":
-		return r.itemDelta(it, ev.Delta, false)
 	}
-	return r.itemDelta(it, ev.Delta, true)
+	r.refusal = r.refusal || typ == "response.refusal.delta"
+	return r.itemDelta(it, ev.Delta, typ == "response.output_text.delta" || typ == "response.refusal.delta")
 }
 
 // completed reads the final response (buffered: its status checked), gives its items the stream never showed (a
@@ -501,16 +493,9 @@ func (r *streamReader) completed(raw json.RawMessage, buffered bool) error {
 			}
 		}
 	}
-	finish := map[bool]string{false: finishStop, true: finishToolCalls}[r.ncalls > 0]
-	if r.refusal {
-		finish = finishContentFilter
-	}
-	for f, reason := range responsesIncompletes {
-		if resp.IncompleteDetails.Reason == reason {
-			finish = f
-		}
-	}
-	return r.out.tail(0, nil, finish, r.usage)
+	r.finish = map[bool]string{false: finishStop, true: finishToolCalls}[r.ncalls > 0]
+	r.finish = cmp.Or(responsesFinishes[resp.IncompleteDetails.Reason], r.finish)
+	return r.ended()
 }
 
 // item takes an output item as added or done: a call starts its tool call; a done item whose deltas never came
@@ -537,13 +522,9 @@ func (r *streamReader) item(it *upstreamCall, item *responsesItem, done bool) er
 	text, _ := jsonString(item.Content) // a message item's text: a string, or its text and refusal parts
 	var parts []responsesPart
 	json.Unmarshal(item.Content, &parts)
-	for _, p := range parts {
-		switch p.Type {
-		case "input_text", "output_text":
-			text += valueOr(p.Text, "")
-		case "refusal":
-			text, r.refusal = text+p.Refusal, true
-		}
+	for _, p := range parts { // a text part has no refusal, a refusal part no text
+		text += valueOr(p.Text, "") + p.Refusal
+		r.refusal = r.refusal || p.Type == "refusal"
 	}
 	return r.itemDelta(it, text, true)
 }
