@@ -161,9 +161,6 @@ func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, 
 		if it.CallID == "" {
 			return refuse("invalid_request", "%s.call_id is required", what)
 		}
-		if s := rawShape(it.Output); s != '"' && s != '[' {
-			return refuse("invalid_request", "%s.output must be a string or an array of parts", what)
-		}
 		parts, err := req.responsesParts(it.Output, what+".output")
 		req.Messages = appendPart(req.Messages, "user", toolResult(it.CallID, parts, it.Type == "custom_tool_call_output"))
 		return err
@@ -180,7 +177,7 @@ func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, 
 
 // responsesParts reads content: a string or text, image and file parts; others (a refusal, a file id) are dropped and named.
 func (req *chatRequest) responsesParts(raw json.RawMessage, what string) ([]part, error) {
-	read := func(rp responsesPart, raw json.RawMessage, path string) (p part, err error) {
+	return callerParts(req, raw, what, "content parts", func(rp responsesPart, raw json.RawMessage, path string) (p part, err error) {
 		switch {
 		case (rp.Type == "input_text" || rp.Type == "output_text") && rp.Text == nil:
 			return p, refuse("invalid_request", "%s.text is required", path)
@@ -196,8 +193,7 @@ func (req *chatRequest) responsesParts(raw json.RawMessage, what string) ([]part
 		}
 		req.dropUnknown(raw, responsesPartMembers[rp.Type])
 		return p, err
-	}
-	return callerParts(req, raw, what, "content parts", read)
+	})
 }
 
 // responsesPartMembers names the members Brama carries of each part type.
@@ -325,10 +321,6 @@ var responsesEvents = map[string][2]string{"message": {"response.output_text.del
 // responsesFrames writes Responses events, one output item at a time, and keeps the whole response for
 // response.completed (and the buffered answer).
 func (s *callerStream) responsesFrames(step streamStep, b *streamBlock, d string) error {
-	var it *responsesItem
-	if b != nil && step != stepOpen {
-		it = s.resp.Output[b.pos]
-	}
 	switch step {
 	case stepBegin:
 		s.resp = responsesObject{ID: newAnswerID("resp_"), Object: "response", CreatedAt: time.Now().Unix(), Model: s.model,
@@ -336,7 +328,7 @@ func (s *callerStream) responsesFrames(step streamStep, b *streamBlock, d string
 		s.whole = &s.resp
 		return s.emitNumbered(responsesEvent{Type: "response.created", Response: &s.resp})
 	case stepOpen:
-		it = &responsesItem{Type: "message", ID: newAnswerID("msg_"), Role: "assistant", Content: json.RawMessage("[]")}
+		it := &responsesItem{Type: "message", ID: newAnswerID("msg_"), Role: "assistant", Content: json.RawMessage("[]")}
 		if !b.text {
 			it = responsesCall(s.req, newAnswerID("fc_"), answerIDOr(b.id, "call_"), b.flat, "", b.custom)
 			it.fill("")
@@ -345,6 +337,7 @@ func (s *callerStream) responsesFrames(step streamStep, b *streamBlock, d string
 		return s.emitNumbered(responsesEvent{Type: "response.output_item.added", OutputIndex: &b.pos, Item: it},
 			itemEvent("response.content_part.added", it, b, ptrTo(outputText(""))))
 	case stepDelta: // an item already done (a provider interleaving calls) gets its final input updated
+		it := s.resp.Output[b.pos]
 		if it.Status == "completed" {
 			it.fill(b.buf.String())
 		}
@@ -352,6 +345,7 @@ func (s *callerStream) responsesFrames(step streamStep, b *streamBlock, d string
 		ev.Delta = &d
 		return s.emitNumbered(ev)
 	case stepClose: // its text's (and its part's) or its call's done events, then the item's
+		it := s.resp.Output[b.pos]
 		it.Status = "completed"
 		it.fill(d)
 		done := itemEvent(responsesEvents[it.Type][1], it, b, nil)
@@ -415,7 +409,8 @@ func decodeResponses(body []byte, rd *streamReader) error {
 	return rd.completed(body, true)
 }
 
-// readResponses: response.completed (or .incomplete) ends, with usage; items are keyed by output_index.
+// readResponses: response.completed (or .incomplete) ends, with usage; an output item's start, deltas and end are
+// keyed by output_index, and a buffered codex caller keeps each ended item as sent.
 func (r *streamReader) readResponses(typ string, e rawObject) (keep, end bool, err error) {
 	switch typ {
 	case "error", "response.failed": // the code is the event's, its error's, or its failed response's error's
@@ -424,11 +419,6 @@ func (r *streamReader) readResponses(typ string, e rawObject) (keep, end bool, e
 		f, _ := errorObject(e.value("error"))
 		failed, _ := errorObject(resp.value("error"))
 		return false, false, inBandError(cmp.Or(code, f.code, f.typ, failed.code))
-	case "response.output_item.added", "response.output_item.done", "response.output_text.delta", "response.refusal.delta",
-		"response.function_call_arguments.delta", "response.custom_tool_call_input.delta":
-		if r.out != nil || r.raw != nil && typ == "response.output_item.done" {
-			err = r.readItem(typ, e)
-		}
 	case "response.completed", "response.incomplete":
 		resp, ok := splitRaw(e.value("response"), '{', r.scratch[1][:])
 		if !ok {
@@ -442,37 +432,39 @@ func (r *streamReader) readResponses(typ string, e rawObject) (keep, end bool, e
 			err = r.completed(e.value("response"), false)
 		}
 		return err == nil, true, err
+	case "response.output_item.added", "response.output_item.done", "response.output_text.delta", "response.refusal.delta",
+		"response.function_call_arguments.delta", "response.custom_tool_call_input.delta":
+		if r.out == nil && (r.raw == nil || typ != "response.output_item.done") {
+			break // a passthrough relay decodes none of them, a buffered codex caller only the ended items
+		}
+		var ev struct {
+			OutputIndex int             `json:"output_index"`
+			Item        json.RawMessage `json:"item"`
+			Delta       string          `json:"delta"`
+		}
+		var item responsesItem
+		isItem := strings.HasPrefix(typ, "response.output_item.")
+		if json.Unmarshal(e.src, &ev) != nil ||
+			isItem && (rawShape(ev.Item) != '{' || r.out != nil && json.Unmarshal(ev.Item, &item) != nil) {
+			return false, false, eventWithout(protoOpenAIResponses, typ, "an index and an item")
+		}
+		if r.out == nil {
+			r.raw[ev.OutputIndex] = ev.Item // decoding copied it out of the reader's buffer
+			break
+		}
+		it, seen := r.calls[ev.OutputIndex]
+		if !seen {
+			it = &upstreamCall{tool: -1}
+			r.calls[ev.OutputIndex] = it
+		}
+		r.refusal = r.refusal || typ == "response.refusal.delta"
+		if isItem {
+			err = r.item(it, &item, typ == "response.output_item.done")
+		} else {
+			err = r.itemDelta(it, ev.Delta, typ == "response.output_text.delta" || typ == "response.refusal.delta")
+		}
 	}
 	return err == nil, false, err
-}
-
-// readItem reads an output item's start, deltas and end; a buffered codex caller keeps each ended item as sent.
-func (r *streamReader) readItem(typ string, e rawObject) error {
-	var ev struct {
-		OutputIndex int             `json:"output_index"`
-		Item        json.RawMessage `json:"item"`
-		Delta       string          `json:"delta"`
-	}
-	var item responsesItem
-	isItem := strings.HasPrefix(typ, "response.output_item.")
-	if json.Unmarshal(e.src, &ev) != nil ||
-		isItem && (rawShape(ev.Item) != '{' || r.out != nil && json.Unmarshal(ev.Item, &item) != nil) {
-		return eventWithout(protoOpenAIResponses, typ, "an index and an item")
-	}
-	if r.out == nil { // output_item.done, readResponses decides
-		r.raw[ev.OutputIndex] = ev.Item // decoding copied it out of the reader's buffer
-		return nil
-	}
-	it, seen := r.calls[ev.OutputIndex]
-	if !seen {
-		it = &upstreamCall{tool: -1}
-		r.calls[ev.OutputIndex] = it
-	}
-	if isItem {
-		return r.item(it, &item, typ == "response.output_item.done")
-	}
-	r.refusal = r.refusal || typ == "response.refusal.delta"
-	return r.itemDelta(it, ev.Delta, typ == "response.output_text.delta" || typ == "response.refusal.delta")
 }
 
 // completed reads the final response (buffered: its status checked), gives its items the stream never showed (a
