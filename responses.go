@@ -122,10 +122,9 @@ func parseResponses(body []byte) (chatRequest, error) {
 var carriedItems = map[string]bool{"message": true, "function_call": true, "custom_tool_call": true,
 	"function_call_output": true, "custom_tool_call_output": true, "additional_tools": true}
 
-// addResponsesItem adds one input item. Reasoning and hosted tool calls are
-// dropped and named, and so is a reference to an earlier answer's text or
-// reasoning (the Vercel AI SDK's store: true sends one); any other reference
-// is refused: Brama keeps no responses.
+// addResponsesItem adds one input item. Reasoning and hosted tool calls are dropped and named, and so is a reference
+// to an earlier answer's text or reasoning (the Vercel AI SDK's store: true sends one); any other reference is
+// refused: Brama keeps no responses.
 func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, what string) error {
 	if carriedItems[cmp.Or(it.Type, "message")] {
 		req.dropUnknown(raw, "type id status role content call_id namespace name arguments input output tools")
@@ -177,17 +176,17 @@ func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, 
 
 // responsesParts reads content: a string or text, image and file parts; others (a refusal, a file id) are dropped and named.
 func (req *chatRequest) responsesParts(raw json.RawMessage, what string) ([]part, error) {
-	return callerParts(req, raw, what, "content parts", func(rp responsesPart, raw json.RawMessage, path string) (p part, err error) {
+	return callerParts(req, raw, what, "content parts", func(rp responsesPart, raw json.RawMessage, at string) (p part, err error) {
 		switch {
 		case (rp.Type == "input_text" || rp.Type == "output_text") && rp.Text == nil:
-			return p, refuse("invalid_request", "%s.text is required", path)
+			return p, refuse("invalid_request", "%s.text is required", at)
 		case rp.Type == "input_text" || rp.Type == "output_text":
 			p = part{Type: partText, Text: *rp.Text}
 		case rp.Type == "input_image" && rp.ImageURL != nil:
-			p, err = part{Type: partImage, ImageURL: *rp.ImageURL, Detail: rp.Detail}, checkCallerURL(*rp.ImageURL, path+".image_url")
+			p, err = part{Type: partImage, ImageURL: *rp.ImageURL, Detail: rp.Detail}, checkCallerURL(*rp.ImageURL, at+".image_url")
 		case rp.Type == "input_file" && rp.FileData+rp.FileURL != "":
 			p = part{Type: partDocument, FileURL: rp.FileData + rp.FileURL, Filename: rp.Filename}
-			err = checkCallerURL(p.FileURL, path)
+			err = checkCallerURL(p.FileURL, at)
 		default:
 			return p, nil
 		}
@@ -403,12 +402,6 @@ func outputText(text string) responsesPart {
 
 // The responses part of the one stream reader (relay.go's streamReader).
 
-// decodeResponses reads a buffered answer, a response completed or incomplete.
-func decodeResponses(body []byte, rd *streamReader) error {
-	rd.usage, _ = usageOf(protoOpenAIResponses, rawMember(body, "usage"))
-	return rd.completed(body, true)
-}
-
 // readResponses: response.completed (or .incomplete) ends, with usage; an output item's start, deltas and end are
 // keyed by output_index, and a buffered codex caller keeps each ended item as sent.
 func (r *streamReader) readResponses(typ string, e rawObject) (keep, end bool, err error) {
@@ -429,7 +422,7 @@ func (r *streamReader) readResponses(typ string, e rawObject) (keep, end bool, e
 			r.final = bytes.Clone(e.value("response"))
 		}
 		if err == nil && r.out != nil {
-			err = r.completed(e.value("response"), false)
+			err = decodeResponses(e.value("response"), r)
 		}
 		return err == nil, true, err
 	case "response.output_item.added", "response.output_item.done", "response.output_text.delta", "response.refusal.delta",
@@ -467,16 +460,19 @@ func (r *streamReader) readResponses(typ string, e rawObject) (keep, end bool, e
 	return err == nil, false, err
 }
 
-// completed reads the final response (buffered: its status checked), gives its items the stream never showed (a
-// minimal stream, a buffered answer), then the tail.
-func (r *streamReader) completed(raw json.RawMessage, buffered bool) error {
+// decodeResponses reads the final response, a buffered answer (completed or incomplete) or a finished stream's last:
+// the items the stream never showed (a minimal stream, a buffered answer), then the tail.
+func decodeResponses(body []byte, r *streamReader) error {
 	var resp struct {
 		Status            string
 		IncompleteDetails struct{ Reason string } `json:"incomplete_details"`
 		Output            []*responsesItem
 	}
-	if err := json.Unmarshal(raw, &resp); err != nil || buffered && resp.Status != "completed" && resp.Status != "incomplete" {
+	if err := json.Unmarshal(body, &resp); err != nil || !r.finished && resp.Status != "completed" && resp.Status != "incomplete" {
 		return malformedAnswer(protoOpenAIResponses, err)
+	}
+	if !r.finished { // a stream read its usage with its terminal signal
+		r.usage, _ = usageOf(protoOpenAIResponses, rawMember(body, "usage"))
 	}
 	for i, item := range resp.Output {
 		if _, seen := r.calls[i]; !seen && item != nil {
