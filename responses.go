@@ -228,8 +228,16 @@ func encodeResponses(req *chatRequest, c call, _ http.Header) (any, error) {
 			if len(content) > 0 && (p.Type == partToolCall || p.Type == partToolResult || i == len(m.Parts)-1) {
 				items, content = append(items, responsesItem{Type: "message", Role: role, Content: must(json.Marshal(content))}), nil
 			}
-			if p.Type == partToolCall {
-				items = append(items, *responsesCall(*req, "", p.ToolCallID, p.ToolName, p.Arguments, p.Custom))
+			if p.Type == partToolCall { // named in its namespace as the caller declared it
+				it, args := responsesItem{Type: responsesCallTypes[p.Custom], CallID: p.ToolCallID, Name: p.ToolName}, p.Arguments
+				if t := req.findTool(p.ToolName); t != nil {
+					it.Namespace, it.Name = t.Namespace, t.memberName()
+				}
+				if !p.Custom {
+					args = argumentsText(args)
+				}
+				it.fill(args)
+				items = append(items, it)
 			} else if p.Type == partToolResult { // its text, or parts with its images and documents
 				output := jsonText(p.Text)
 				if len(p.Media) > 0 {
@@ -252,19 +260,6 @@ func encodeResponses(req *chatRequest, c call, _ http.Header) (any, error) {
 
 // responsesCallTypes are a call's item type, a custom tool's or a function's; "_output" makes its result's.
 var responsesCallTypes = map[bool]string{false: "function_call", true: "custom_tool_call"}
-
-// responsesCall is a call as its item, named in its namespace as the caller declared it.
-func responsesCall(req chatRequest, id, callID, name, args string, custom bool) *responsesItem {
-	it := &responsesItem{Type: responsesCallTypes[custom], ID: id, CallID: callID, Name: name}
-	if t := req.findTool(name); t != nil {
-		it.Namespace, it.Name = t.Namespace, t.memberName()
-	}
-	if !custom {
-		args = argumentsText(args)
-	}
-	it.fill(args)
-	return it
-}
 
 // call is a call item as a neutral tool_call part, its name flattened.
 func (it *responsesItem) call() (part, bool) {
@@ -329,7 +324,8 @@ func (s *callerStream) responsesFrames(step streamStep, b *streamBlock, d string
 	case stepOpen:
 		it := &responsesItem{Type: "message", ID: newAnswerID("msg_"), Role: "assistant", Content: json.RawMessage("[]")}
 		if !b.text {
-			it = responsesCall(s.req, newAnswerID("fc_"), answerIDOr(b.id, "call_"), b.flat, "", b.custom)
+			it = &responsesItem{Type: responsesCallTypes[b.custom], ID: newAnswerID("fc_"), CallID: answerIDOr(b.id, "call_"),
+				Namespace: valueOr(s.req.findTool(b.flat), tool{}).Namespace, Name: b.name}
 			it.fill("")
 		}
 		it.Status, s.resp.Output = "in_progress", append(s.resp.Output, it)
@@ -407,10 +403,9 @@ func outputText(text string) responsesPart {
 func (r *streamReader) readResponses(typ string, e rawObject) (keep, end bool, err error) {
 	switch typ {
 	case "error", "response.failed": // the code is the event's, its error's, or its failed response's error's
-		resp, _ := splitRaw(e.value("response"), '{', r.scratch[1][:])
 		code, _ := jsonScalar(e.value("code"))
 		f, _ := errorObject(e.value("error"))
-		failed, _ := errorObject(resp.value("error"))
+		failed, _ := errorObject(rawMember(e.value("response"), "error"))
 		return false, false, inBandError(cmp.Or(code, f.code, f.typ, failed.code))
 	case "response.completed", "response.incomplete":
 		resp, ok := splitRaw(e.value("response"), '{', r.scratch[1][:])
@@ -451,11 +446,18 @@ func (r *streamReader) readResponses(typ string, e rawObject) (keep, end bool, e
 			r.calls[ev.OutputIndex] = it
 		}
 		r.refusal = r.refusal || typ == "response.refusal.delta"
-		if isItem {
+		text := typ == "response.output_text.delta" || typ == "response.refusal.delta"
+		switch {
+		case isItem:
 			err = r.item(it, &item, typ == "response.output_item.done")
-		} else {
-			err = r.itemDelta(it, ev.Delta, typ == "response.output_text.delta" || typ == "response.refusal.delta")
+		case text:
+			err = r.out.text(ev.Delta)
+		case it.tool < 0:
+			err = eventWithout(protoOpenAIResponses, typ, "a call item")
+		default:
+			err = r.out.args(it.tool, ev.Delta)
 		}
+		it.streamed = it.streamed || ev.Delta != "" || typ == "response.output_item.done" // the end gives no more
 	}
 	return err == nil, false, err
 }
@@ -503,7 +505,7 @@ func (r *streamReader) item(it *upstreamCall, item *responsesItem, done bool) er
 	case !done || it.streamed:
 		return nil
 	case isCall:
-		return r.itemDelta(it, tc.Arguments, false)
+		return r.out.args(it.tool, tc.Arguments)
 	case item.Type != "message":
 		return nil
 	}
@@ -514,19 +516,5 @@ func (r *streamReader) item(it *upstreamCall, item *responsesItem, done bool) er
 		text += valueOr(p.Text, "") + p.Refusal
 		r.refusal = r.refusal || p.Type == "refusal"
 	}
-	return r.itemDelta(it, text, true)
-}
-
-// itemDelta gives the next piece of an item's text, or of its call's arguments.
-func (r *streamReader) itemDelta(it *upstreamCall, piece string, text bool) error {
-	switch {
-	case !text && it.tool < 0:
-		return eventWithout(protoOpenAIResponses, "a delta", "a call item")
-	case piece == "":
-		return nil
-	}
-	if it.streamed = true; text {
-		return r.out.text(piece)
-	}
-	return r.out.args(it.tool, piece)
+	return r.out.text(text)
 }
