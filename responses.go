@@ -217,10 +217,8 @@ func encodeResponses(req *chatRequest, c call, _ http.Header) (any, error) {
 	}
 	items := []responsesItem{}
 	for _, m := range req.Messages {
-		role := m.Role
-		if role == "system" && codex { // its backend refuses system items: "developer", as the Codex CLI sends
-			role = "developer"
-		}
+		// codex's backend refuses system items: "developer", as the Codex CLI sends
+		role := map[bool]string{false: m.Role, true: "developer"}[m.Role == "system" && codex]
 		var content []responsesPart
 		for i, p := range m.Parts {
 			// a call or a result has no content; the content before it (or at the end) is one message item
@@ -330,24 +328,22 @@ func (s *callerStream) responsesFrames(step streamStep, b *streamBlock, d string
 		}
 		it.Status, s.resp.Output = "in_progress", append(s.resp.Output, it)
 		return s.emitNumbered(responsesEvent{Type: "response.output_item.added", OutputIndex: &b.pos, Item: it},
-			itemEvent("response.content_part.added", it, b, ptrTo(outputText(""))))
+			itemEvent(responsesEvent{Type: "response.content_part.added", Part: ptrTo(outputText(""))}, it, b))
 	case stepDelta: // an item already done (a provider interleaving calls) gets its final input updated
 		it := s.resp.Output[b.pos]
 		if it.Status == "completed" {
 			it.fill(b.buf.String())
 		}
-		ev := itemEvent(responsesEvents[it.Type][0], it, b, nil)
-		ev.Delta = &d
-		return s.emitNumbered(ev)
+		return s.emitNumbered(itemEvent(responsesEvent{Type: responsesEvents[it.Type][0], Delta: &d}, it, b))
 	case stepClose: // its text's (and its part's) or its call's done events, then the item's
 		it := s.resp.Output[b.pos]
 		it.Status = "completed"
 		it.fill(d)
-		done := itemEvent(responsesEvents[it.Type][1], it, b, nil)
-		if done.Arguments, done.Input = it.Arguments, it.Input; b.text {
+		done := itemEvent(responsesEvent{Type: responsesEvents[it.Type][1], Arguments: it.Arguments, Input: it.Input}, it, b)
+		if b.text {
 			done.Text = &d
 		}
-		return s.emitNumbered(done, itemEvent("response.content_part.done", it, b, ptrTo(outputText(d))),
+		return s.emitNumbered(done, itemEvent(responsesEvent{Type: "response.content_part.done", Part: ptrTo(outputText(d))}, it, b),
 			responsesEvent{Type: "response.output_item.done", OutputIndex: &b.pos, Item: it})
 	case stepEnd: // "incomplete" with a reason as OpenAI reports it (SPEC §7.5): SDK stream helpers wait for this event
 		s.resp.Status = "completed"
@@ -368,13 +364,13 @@ func (s *callerStream) responsesFrames(step streamStep, b *streamBlock, d string
 	return s.emitNumbered(responsesEvent{Type: "response.failed", Response: &s.resp})
 }
 
-// itemEvent is an event of block b's item, at its one content part for a message; a part (the part so far) makes it
-// that part's event, which a call has none of (emitNumbered skips it).
-func itemEvent(typ string, it *responsesItem, b *streamBlock, part *responsesPart) responsesEvent {
-	if part != nil && !b.text {
+// itemEvent is ev, an event of block b's item it, at its one content part for a message; a content part's event a
+// call has none of (emitNumbered skips it).
+func itemEvent(ev responsesEvent, it *responsesItem, b *streamBlock) responsesEvent {
+	if ev.Part != nil && !b.text {
 		return responsesEvent{}
 	}
-	ev := responsesEvent{Type: typ, ItemID: it.ID, OutputIndex: &b.pos, Part: part}
+	ev.ItemID, ev.OutputIndex = it.ID, &b.pos
 	if b.text {
 		ev.ContentIndex = ptrTo(0)
 	}
@@ -502,12 +498,10 @@ func (r *streamReader) item(it *upstreamCall, item *responsesItem, done bool) er
 		}
 	}
 	switch {
-	case !done || it.streamed:
+	case !done || it.streamed || !isCall && item.Type != "message": // reasoning gives nothing
 		return nil
 	case isCall:
 		return r.out.args(it.tool, tc.Arguments)
-	case item.Type != "message":
-		return nil
 	}
 	text, _ := jsonString(item.Content) // a message item's text: a string, or its text and refusal parts
 	var parts []responsesPart
