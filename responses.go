@@ -466,11 +466,12 @@ func decodeResponses(body []byte, r *streamReader) error {
 		IncompleteDetails struct{ Reason string } `json:"incomplete_details"`
 		Output            []*responsesItem
 	}
-	if err := json.Unmarshal(body, &resp); err != nil || !r.finished && resp.Status != "completed" && resp.Status != "incomplete" {
-		return malformedAnswer(protoOpenAIResponses, err)
+	err := json.Unmarshal(body, &resp)
+	if err == nil && !r.finished { // a stream read its usage with its terminal signal
+		r.usage, err = usageOf(protoOpenAIResponses, rawMember(body, "usage"))
 	}
-	if !r.finished { // a stream read its usage with its terminal signal
-		r.usage, _ = usageOf(protoOpenAIResponses, rawMember(body, "usage"))
+	if err != nil || !r.finished && resp.Status != "completed" && resp.Status != "incomplete" {
+		return malformedAnswer(protoOpenAIResponses, err)
 	}
 	for i, item := range resp.Output {
 		if _, seen := r.calls[i]; !seen && item != nil {
