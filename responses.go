@@ -227,14 +227,11 @@ func encodeResponses(req *chatRequest, c call, _ http.Header) (any, error) {
 				items, content = append(items, responsesItem{Type: "message", Role: role, Content: must(json.Marshal(content))}), nil
 			}
 			if p.Type == partToolCall { // named in its namespace as the caller declared it
-				it, args := responsesItem{Type: responsesCallTypes[p.Custom], CallID: p.ToolCallID, Name: p.ToolName}, p.Arguments
+				it := responsesItem{Type: responsesCallTypes[p.Custom], CallID: p.ToolCallID, Name: p.ToolName}
 				if t := req.findTool(p.ToolName); t != nil {
 					it.Namespace, it.Name = t.Namespace, t.memberName()
 				}
-				if !p.Custom {
-					args = argumentsText(args)
-				}
-				it.fill(args)
+				it.fill(map[bool]string{false: argumentsText(p.Arguments), true: p.Arguments}[p.Custom]) // a custom tool's input as is
 				items = append(items, it)
 			} else if p.Type == partToolResult { // its text, or parts with its images and documents
 				output := jsonText(p.Text)
@@ -265,10 +262,7 @@ func (it *responsesItem) call() (part, bool) {
 	if it.Namespace != "" {
 		tc.ToolName = it.Namespace + "__" + it.Name
 	}
-	tc.Arguments = argumentsText(valueOr(it.Arguments, ""))
-	if tc.Custom {
-		tc.Arguments = valueOr(it.Input, "")
-	}
+	tc.Arguments = map[bool]string{false: argumentsText(valueOr(it.Arguments, "")), true: valueOr(it.Input, "")}[tc.Custom]
 	return tc, tc.Custom || it.Type == "function_call"
 }
 
@@ -442,11 +436,10 @@ func (r *streamReader) readResponses(typ string, e rawObject) (keep, end bool, e
 			r.calls[ev.OutputIndex] = it
 		}
 		r.refusal = r.refusal || typ == "response.refusal.delta"
-		text := typ == "response.output_text.delta" || typ == "response.refusal.delta"
 		switch {
 		case isItem:
 			err = r.item(it, &item, typ == "response.output_item.done")
-		case text:
+		case typ == "response.output_text.delta" || typ == "response.refusal.delta":
 			err = r.out.text(ev.Delta)
 		case it.tool < 0:
 			err = eventWithout(protoOpenAIResponses, typ, "a call item")
