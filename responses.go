@@ -446,7 +446,7 @@ func (r *streamReader) readResponses(typ string, e rawObject) (keep, end bool, e
 		default:
 			err = r.out.args(it.tool, ev.Delta)
 		}
-		it.streamed = it.streamed || ev.Delta != "" || typ == "response.output_item.done" // the end gives no more
+		it.streamed = it.streamed || ev.Delta != "" || typ == "response.output_item.done" // a done item gives nothing again
 	}
 	return err == nil, false, err
 }
