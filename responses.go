@@ -14,14 +14,14 @@ import (
 type (
 	responsesRequestBody struct {
 		callerHead
-		Instructions      *string          `json:"instructions,omitempty"`
-		Input             json.RawMessage  `json:"input"`
-		Tools             json.RawMessage  `json:"tools,omitempty"`
-		ToolChoice        json.RawMessage  `json:"tool_choice,omitempty"`
-		ParallelToolCalls *bool            `json:"parallel_tool_calls,omitempty"`
-		MaxOutputTokens   *int             `json:"max_output_tokens,omitempty"`
-		Reasoning         *responsesOption `json:"reasoning,omitempty"`
-		Text              *responsesOption `json:"text,omitempty"`
+		Instructions      string          `json:"instructions,omitempty"`
+		Input             json.RawMessage `json:"input"`
+		Tools             json.RawMessage `json:"tools,omitempty"`
+		ToolChoice        json.RawMessage `json:"tool_choice,omitempty"`
+		ParallelToolCalls *bool           `json:"parallel_tool_calls,omitempty"`
+		MaxOutputTokens   int             `json:"max_output_tokens,omitempty"`
+		Reasoning         responsesOption `json:"reasoning,omitzero"`
+		Text              responsesOption `json:"text,omitzero"`
 		openAIShared
 	}
 	responsesOption struct { // reasoning and text share one shape, each its own members
@@ -54,34 +54,16 @@ type (
 		Annotations json.RawMessage `json:"annotations,omitempty"`
 		Refusal     string          `json:"refusal,omitempty"` // answers only: the model refused
 	}
-	responsesObject struct {
-		ID                string               `json:"id"`
-		Object            string               `json:"object"`
-		CreatedAt         int64                `json:"created_at"`
-		Status            string               `json:"status"`
-		Error             *responsesError      `json:"error"`
-		IncompleteDetails *responsesIncomplete `json:"incomplete_details"`
-		Model             string               `json:"model"`
-		Output            []*responsesItem     `json:"output"`
-		Usage             *responsesUsage      `json:"usage"`
-	}
-	responsesError struct {
-		Code    string `json:"code"`
-		Message string `json:"message"`
-	}
-	responsesIncomplete struct {
-		Reason string `json:"reason"`
-	}
-	responsesUsage struct { // the details always go: strict clients require them; Brama counts neither
-		InputTokens        int `json:"input_tokens"`
-		InputTokensDetails struct {
-			CachedTokens int `json:"cached_tokens"`
-		} `json:"input_tokens_details"`
-		OutputTokens        int `json:"output_tokens"`
-		OutputTokensDetails struct {
-			ReasoningTokens int `json:"reasoning_tokens"`
-		} `json:"output_tokens_details"`
-		TotalTokens int `json:"total_tokens"`
+	responsesObject struct { // the answer Brama writes; error, incomplete_details and usage are null until set
+		ID                string           `json:"id"`
+		Object            string           `json:"object"`
+		CreatedAt         int64            `json:"created_at"`
+		Status            string           `json:"status"`
+		Error             any              `json:"error"`
+		IncompleteDetails any              `json:"incomplete_details"`
+		Model             string           `json:"model"`
+		Output            []*responsesItem `json:"output"`
+		Usage             any              `json:"usage"`
 	}
 	responsesEvent struct {
 		Type           string           `json:"type"`
@@ -116,7 +98,8 @@ func parseResponses(body []byte) (chatRequest, error) {
 	}
 	req.dropUnknown(rawMember(body, "reasoning"), "effort")
 	req.dropUnknown(rawMember(body, "text"), "format verbosity")
-	req.Shared, req.ParallelToolCalls, req.System = b.openAIShared, b.ParallelToolCalls, valueOr(b.Instructions, "")
+	req.Shared, req.ParallelToolCalls = b.openAIShared, b.ParallelToolCalls
+	req.System, req.Verbosity = b.Instructions, b.Text.Verbosity
 	switch rawShape(b.Input) {
 	case '"':
 		if err = req.addResponsesItem(responsesItem{Role: "user", Content: b.Input}, nil, "input"); string(b.Input) == `""` {
@@ -127,13 +110,11 @@ func parseResponses(body []byte) (chatRequest, error) {
 	default:
 		err = refuse("invalid_request", "input is required: a string or an array of items")
 	}
-	if b.Reasoning != nil && b.Reasoning.Effort != "" {
+	if b.Reasoning.Effort != "" {
 		req.Effort, req.EffortName = b.Reasoning.Effort, "effort"
 	}
-	text := valueOr(b.Text, responsesOption{})
-	req.Verbosity = text.Verbosity
 	err = cmp.Or(err, readList(b.Tools, "tools", req.addOpenAITool), req.setOpenAIToolChoice(b.ToolChoice, false),
-		req.setOutput(text.Format, "text.format"))
+		req.setOutput(b.Text.Format, "text.format"))
 	return req.finishParse(err, "input must hold at least one user, assistant or tool item")
 }
 
@@ -141,10 +122,9 @@ func parseResponses(body []byte) (chatRequest, error) {
 var carriedItems = map[string]bool{"message": true, "function_call": true, "custom_tool_call": true,
 	"function_call_output": true, "custom_tool_call_output": true, "additional_tools": true}
 
-// addResponsesItem adds one input item. Reasoning and hosted tool calls are
-// dropped and named, and so is a reference to an earlier answer's text or
-// reasoning (the Vercel AI SDK's store: true sends one); any other reference
-// is refused: Brama keeps no responses.
+// addResponsesItem adds one input item. Reasoning and hosted tool calls are dropped and named, and so is a reference
+// to an earlier answer's text or reasoning (the Vercel AI SDK's store: true sends one); any other reference is
+// refused: Brama keeps no responses.
 func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, what string) error {
 	if carriedItems[cmp.Or(it.Type, "message")] {
 		req.dropUnknown(raw, "type id status role content call_id namespace name arguments input output tools")
@@ -180,9 +160,6 @@ func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, 
 		if it.CallID == "" {
 			return refuse("invalid_request", "%s.call_id is required", what)
 		}
-		if s := rawShape(it.Output); s != '"' && s != '[' {
-			return refuse("invalid_request", "%s.output must be a string or an array of parts", what)
-		}
 		parts, err := req.responsesParts(it.Output, what+".output")
 		req.Messages = appendPart(req.Messages, "user", toolResult(it.CallID, parts, it.Type == "custom_tool_call_output"))
 		return err
@@ -199,24 +176,23 @@ func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, 
 
 // responsesParts reads content: a string or text, image and file parts; others (a refusal, a file id) are dropped and named.
 func (req *chatRequest) responsesParts(raw json.RawMessage, what string) ([]part, error) {
-	read := func(rp responsesPart, raw json.RawMessage, path string) (p part, err error) {
+	return callerParts(req, raw, what, "content parts", func(rp responsesPart, raw json.RawMessage, at string) (p part, err error) {
 		switch {
 		case (rp.Type == "input_text" || rp.Type == "output_text") && rp.Text == nil:
-			return p, refuse("invalid_request", "%s.text is required", path)
+			return p, refuse("invalid_request", "%s.text is required", at)
 		case rp.Type == "input_text" || rp.Type == "output_text":
 			p = part{Type: partText, Text: *rp.Text}
 		case rp.Type == "input_image" && rp.ImageURL != nil:
-			p, err = part{Type: partImage, ImageURL: *rp.ImageURL, Detail: rp.Detail}, checkCallerURL(*rp.ImageURL, path+".image_url")
+			p, err = part{Type: partImage, ImageURL: *rp.ImageURL, Detail: rp.Detail}, checkCallerURL(*rp.ImageURL, at+".image_url")
 		case rp.Type == "input_file" && rp.FileData+rp.FileURL != "":
 			p = part{Type: partDocument, FileURL: rp.FileData + rp.FileURL, Filename: rp.Filename}
-			err = checkCallerURL(p.FileURL, path)
+			err = checkCallerURL(p.FileURL, at)
 		default:
 			return p, nil
 		}
 		req.dropUnknown(raw, responsesPartMembers[rp.Type])
 		return p, err
-	}
-	return callerParts(req, raw, what, "content parts", read)
+	})
 }
 
 // responsesPartMembers names the members Brama carries of each part type.
@@ -226,41 +202,37 @@ var responsesPartMembers = map[string]string{"input_text": "type text", "output_
 // encodeResponses builds a Responses body: text, images and files in message items, tool calls and results items of their own; codex gets SPEC §6.2's body.
 func encodeResponses(req *chatRequest, c call, _ http.Header) (any, error) {
 	codex := c.res.Provider.codex
-	out := responsesRequestBody{callerHead: callerHead{c.res.Model, req.Temperature, req.TopP, req.Stream}, ParallelToolCalls: req.ParallelToolCalls,
-		openAIShared: req.Shared}
-	if req.System != "" {
-		out.Instructions = &req.System
-	}
-	if req.MaxTokens > 0 {
-		out.MaxOutputTokens = &req.MaxTokens
-	}
+	out := responsesRequestBody{callerHead: callerHead{c.res.Model, req.Temperature, req.TopP, req.Stream}, Instructions: req.System,
+		ParallelToolCalls: req.ParallelToolCalls, MaxOutputTokens: req.MaxTokens, Reasoning: responsesOption{Effort: req.Effort},
+		Text: responsesOption{Format: schemaOutput(req.Output), Verbosity: req.Verbosity}, openAIShared: req.Shared}
 	req.drop(len(req.Stop) > 0, req.StopName)
 	if codex { // it never gets an output limit, and its backend refuses these (SPEC §6.2)
 		req.drop(req.LimitName != "", req.LimitName)
 		req.drop(req.Temperature != nil, "temperature")
 		req.drop(req.TopP != nil, "top_p")
 		req.drop(true, openAIShared{Metadata: out.Metadata, SafetyIdentifier: out.SafetyIdentifier, User: out.User}.names()...)
-		out.Store, out.Instructions = json.RawMessage("false"), ptrTo(cmp.Or(req.System, codexDefaultInstructions))
-		out.MaxOutputTokens, out.Temperature, out.TopP, out.Metadata, out.SafetyIdentifier, out.User = nil, nil, nil, nil, nil, nil
-	}
-	if req.Effort != "" {
-		out.Reasoning = &responsesOption{Effort: req.Effort}
+		out.callerHead, out.MaxOutputTokens = callerHead{Model: c.res.Model, Stream: req.Stream}, 0
+		out.Store, out.Instructions = json.RawMessage("false"), cmp.Or(req.System, codexDefaultInstructions)
+		out.Metadata, out.SafetyIdentifier, out.User = nil, nil, nil
 	}
 	items := []responsesItem{}
 	for _, m := range req.Messages {
-		role := m.Role
-		if role == "system" && codex { // its backend refuses system items: "developer", as the Codex CLI sends
-			role = "developer"
-		}
+		// codex's backend refuses system items: "developer", as the Codex CLI sends
+		role := map[bool]string{false: m.Role, true: "developer"}[m.Role == "system" && codex]
 		var content []responsesPart
 		for i, p := range m.Parts {
-			content = append(content, responsesContent([]part{p}, m.Role == "assistant")...) // none for a call or a result
-			call := p.Type == partToolCall || p.Type == partToolResult
-			if len(content) > 0 && (call || i == len(m.Parts)-1) { // the content so far is one message item
+			// a call or a result has no content; the content before it (or at the end) is one message item
+			content = append(content, responsesContent([]part{p}, m.Role == "assistant")...)
+			if len(content) > 0 && (p.Type == partToolCall || p.Type == partToolResult || i == len(m.Parts)-1) {
 				items, content = append(items, responsesItem{Type: "message", Role: role, Content: must(json.Marshal(content))}), nil
 			}
-			if p.Type == partToolCall {
-				items = append(items, *responsesCall(*req, "", p.ToolCallID, p.ToolName, p.Arguments, p.Custom))
+			if p.Type == partToolCall { // named in its namespace as the caller declared it
+				it := responsesItem{Type: responsesCallTypes[p.Custom], CallID: p.ToolCallID, Name: p.ToolName}
+				if t := req.findTool(p.ToolName); t != nil {
+					it.Namespace, it.Name = t.Namespace, t.memberName()
+				}
+				it.fill(map[bool]string{false: argumentsText(p.Arguments), true: p.Arguments}[p.Custom]) // a custom tool's input as is
+				items = append(items, it)
 			} else if p.Type == partToolResult { // its text, or parts with its images and documents
 				output := jsonText(p.Text)
 				if len(p.Media) > 0 {
@@ -278,27 +250,11 @@ func encodeResponses(req *chatRequest, c call, _ http.Header) (any, error) {
 		}
 	}
 	out.Tools, out.ToolChoice = jsonArray(tools), req.openAIToolChoice(false)
-	if req.Output != nil || req.Verbosity != "" {
-		out.Text = &responsesOption{Format: schemaOutput(req.Output), Verbosity: req.Verbosity}
-	}
 	return out, nil
 }
 
 // responsesCallTypes are a call's item type, a custom tool's or a function's; "_output" makes its result's.
 var responsesCallTypes = map[bool]string{false: "function_call", true: "custom_tool_call"}
-
-// responsesCall is a call as its item, named in its namespace as the caller declared it.
-func responsesCall(req chatRequest, id, callID, name, args string, custom bool) *responsesItem {
-	it := &responsesItem{Type: responsesCallTypes[custom], ID: id, CallID: callID, Name: name}
-	if t := req.findTool(name); t != nil {
-		it.Namespace, it.Name = t.Namespace, t.memberName()
-	}
-	if !custom {
-		args = argumentsText(args)
-	}
-	it.fill(args)
-	return it
-}
 
 // call is a call item as a neutral tool_call part, its name flattened.
 func (it *responsesItem) call() (part, bool) {
@@ -306,106 +262,8 @@ func (it *responsesItem) call() (part, bool) {
 	if it.Namespace != "" {
 		tc.ToolName = it.Namespace + "__" + it.Name
 	}
-	tc.Arguments = argumentsText(valueOr(it.Arguments, ""))
-	if tc.Custom {
-		tc.Arguments = valueOr(it.Input, "")
-	}
+	tc.Arguments = map[bool]string{false: argumentsText(valueOr(it.Arguments, "")), true: valueOr(it.Input, "")}[tc.Custom]
 	return tc, tc.Custom || it.Type == "function_call"
-}
-
-// responsesIncompletes maps finishes to incomplete_details.reason, both ways.
-var responsesIncompletes = map[string]string{finishLength: "max_output_tokens", finishContentFilter: "content_filter"}
-
-func decodeResponses(body []byte, rd *streamReader) error {
-	var r responsesObject
-	if err := json.Unmarshal(body, &r); err != nil || r.Status != "completed" && r.Status != "incomplete" {
-		return malformedAnswer(protoOpenAIResponses, err)
-	}
-	rd.usage, _ = usageOf(protoOpenAIResponses, rawMember(body, "usage"))
-	return rd.completed(&r)
-}
-
-func outputText(text string) responsesPart {
-	return responsesPart{Type: "output_text", Text: &text, Annotations: json.RawMessage("[]")}
-}
-
-// responsesEvents names each item type's delta and done events.
-var responsesEvents = map[string][2]string{"message": {"response.output_text.delta", "response.output_text.done"},
-	"function_call":    {"response.function_call_arguments.delta", "response.function_call_arguments.done"},
-	"custom_tool_call": {"response.custom_tool_call_input.delta", "response.custom_tool_call_input.done"}}
-
-// responsesFrames writes Responses events, one output item at a time, and keeps the whole response for
-// response.completed (and the buffered answer).
-func (s *callerStream) responsesFrames(step streamStep, b *streamBlock, d string) error {
-	var it *responsesItem
-	if b != nil && step != stepOpen {
-		it = s.resp.Output[b.pos]
-	}
-	switch step {
-	case stepBegin:
-		s.resp = responsesObject{ID: newAnswerID("resp_"), Object: "response", CreatedAt: time.Now().Unix(), Model: s.model,
-			Status: "in_progress", Output: []*responsesItem{}}
-		s.whole = &s.resp
-		return s.emitNumbered(responsesEvent{Type: "response.created", Response: &s.resp})
-	case stepOpen:
-		it = &responsesItem{Type: "message", ID: newAnswerID("msg_"), Role: "assistant", Content: json.RawMessage("[]")}
-		if !b.text {
-			it = responsesCall(s.req, newAnswerID("fc_"), answerIDOr(b.id, "call_"), b.flat, "", b.custom)
-			it.fill("")
-		}
-		it.Status = "in_progress"
-		s.resp.Output = append(s.resp.Output, it)
-		added := responsesEvent{Type: "response.output_item.added", OutputIndex: &b.pos, Item: it}
-		if !b.text {
-			return s.emitNumbered(added)
-		}
-		return s.emitNumbered(added, partEvent("response.content_part.added", it.ID, b.pos, ""))
-	case stepDelta: // an item already done (a provider interleaving calls) gets its final input updated
-		if it.Status == "completed" {
-			it.fill(b.buf.String())
-		}
-		ev := responsesEvent{Type: responsesEvents[it.Type][0], ItemID: it.ID, OutputIndex: &b.pos, Delta: &d}
-		if b.text {
-			ev.ContentIndex = ptrTo(0)
-		}
-		return s.emitNumbered(ev)
-	case stepClose: // its text's (and its part's) or its call's done events, then the item's
-		it.Status = "completed"
-		it.fill(d)
-		done := responsesEvent{Type: responsesEvents[it.Type][1], ItemID: it.ID, OutputIndex: &b.pos, Arguments: it.Arguments, Input: it.Input}
-		itemDone := responsesEvent{Type: "response.output_item.done", OutputIndex: &b.pos, Item: it}
-		if it.Type != "message" {
-			return s.emitNumbered(done, itemDone)
-		}
-		done.ContentIndex, done.Text = ptrTo(0), &d
-		return s.emitNumbered(done, partEvent("response.content_part.done", it.ID, b.pos, d), itemDone)
-	case stepEnd: // "incomplete" with a reason as OpenAI reports it (SPEC §7.5): SDK stream helpers wait for this event
-		s.resp.Status = "completed"
-		if reason := responsesIncompletes[s.reason]; reason != "" {
-			s.resp.Status, s.resp.IncompleteDetails = "incomplete", &responsesIncomplete{reason}
-		}
-		if u := s.usage; u.Reported { // else null
-			s.resp.Usage = &responsesUsage{InputTokens: u.InputTokens, OutputTokens: u.OutputTokens, TotalTokens: u.InputTokens + u.OutputTokens}
-		}
-		return s.emitNumbered(responsesEvent{Type: "response.completed", Response: &s.resp})
-	case stepFail:
-		e := s.failure.body().Error
-		s.resp.Status, s.resp.Error = "failed", &responsesError{Code: e.Code, Message: e.Message}
-		return s.emitNumbered(responsesEvent{Type: "response.failed", Response: &s.resp})
-	}
-	return nil
-}
-
-// emitNumbered writes Responses events, numbered in order.
-func (s *callerStream) emitNumbered(evs ...responsesEvent) error {
-	for _, ev := range evs {
-		ev.SequenceNumber = s.seq
-		s.seq++
-		if err := s.frame(ev.Type, ev); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // fill sets an item's whole text, arguments or input.
@@ -418,11 +276,6 @@ func (it *responsesItem) fill(full string) {
 	default:
 		it.Arguments = &full
 	}
-}
-
-// partEvent is an event of message item i's one content part, its text so far.
-func partEvent(typ, itemID string, i int, text string) responsesEvent {
-	return responsesEvent{Type: typ, ItemID: itemID, OutputIndex: &i, ContentIndex: ptrTo(0), Part: ptrTo(outputText(text))}
 }
 
 // responsesContent is parts as Responses input (an assistant's text: output) parts, no empty text.
@@ -443,24 +296,107 @@ func responsesContent(ps []part, assistant bool) []responsesPart {
 	return out
 }
 
+// responsesFinishes maps incomplete_details.reason to finishes, both ways.
+var responsesFinishes = map[string]string{"max_output_tokens": finishLength, "content_filter": finishContentFilter}
+
+// responsesEvents names each item type's delta and done events.
+var responsesEvents = map[string][2]string{"message": {"response.output_text.delta", "response.output_text.done"},
+	"function_call":    {"response.function_call_arguments.delta", "response.function_call_arguments.done"},
+	"custom_tool_call": {"response.custom_tool_call_input.delta", "response.custom_tool_call_input.done"}}
+
+// responsesFrames writes Responses events, one output item at a time, and keeps the whole response for
+// response.completed (and the buffered answer).
+func (s *callerStream) responsesFrames(step streamStep, b *streamBlock, d string) error {
+	switch step {
+	case stepBegin:
+		s.resp = responsesObject{ID: newAnswerID("resp_"), Object: "response", CreatedAt: time.Now().Unix(), Model: s.model,
+			Status: "in_progress", Output: []*responsesItem{}}
+		s.whole = &s.resp
+		return s.emitNumbered(responsesEvent{Type: "response.created", Response: &s.resp})
+	case stepOpen:
+		it := &responsesItem{Type: "message", ID: newAnswerID("msg_"), Role: "assistant", Content: json.RawMessage("[]")}
+		if !b.text {
+			it = &responsesItem{Type: responsesCallTypes[b.custom], ID: newAnswerID("fc_"), CallID: answerIDOr(b.id, "call_"),
+				Namespace: valueOr(s.req.findTool(b.flat), tool{}).Namespace, Name: b.name}
+			it.fill("")
+		}
+		it.Status, s.resp.Output = "in_progress", append(s.resp.Output, it)
+		return s.emitNumbered(responsesEvent{Type: "response.output_item.added", OutputIndex: &b.pos, Item: it},
+			itemEvent(responsesEvent{Type: "response.content_part.added", Part: ptrTo(outputText(""))}, it, b))
+	case stepDelta: // an item already done (a provider interleaving calls) gets its final input updated
+		it := s.resp.Output[b.pos]
+		if it.Status == "completed" {
+			it.fill(b.buf.String())
+		}
+		return s.emitNumbered(itemEvent(responsesEvent{Type: responsesEvents[it.Type][0], Delta: &d}, it, b))
+	case stepClose: // its text's (and its part's) or its call's done events, then the item's
+		it := s.resp.Output[b.pos]
+		it.Status = "completed"
+		it.fill(d)
+		done := itemEvent(responsesEvent{Type: responsesEvents[it.Type][1], Arguments: it.Arguments, Input: it.Input}, it, b)
+		if b.text {
+			done.Text = &d
+		}
+		return s.emitNumbered(done, itemEvent(responsesEvent{Type: "response.content_part.done", Part: ptrTo(outputText(d))}, it, b),
+			responsesEvent{Type: "response.output_item.done", OutputIndex: &b.pos, Item: it})
+	case stepEnd: // "incomplete" with a reason as OpenAI reports it (SPEC §7.5): SDK stream helpers wait for this event
+		s.resp.Status = "completed"
+		for reason, finish := range responsesFinishes {
+			if finish == s.reason {
+				s.resp.Status, s.resp.IncompleteDetails = "incomplete", map[string]string{"reason": reason}
+			}
+		}
+		if u := s.usage; u.Reported { // else null; the details always go: strict clients require them, Brama counts neither
+			s.resp.Usage = map[string]any{"input_tokens": u.InputTokens, "input_tokens_details": map[string]int{"cached_tokens": 0},
+				"output_tokens": u.OutputTokens, "output_tokens_details": map[string]int{"reasoning_tokens": 0},
+				"total_tokens": u.InputTokens + u.OutputTokens}
+		}
+		return s.emitNumbered(responsesEvent{Type: "response.completed", Response: &s.resp})
+	}
+	e := s.failure.body().Error // stepFail
+	s.resp.Status, s.resp.Error = "failed", map[string]string{"code": e.Code, "message": e.Message}
+	return s.emitNumbered(responsesEvent{Type: "response.failed", Response: &s.resp})
+}
+
+// itemEvent is ev, an event of block b's item it, at its one content part for a message; a content part's event a
+// call has none of (emitNumbered skips it).
+func itemEvent(ev responsesEvent, it *responsesItem, b *streamBlock) responsesEvent {
+	if ev.Part != nil && !b.text {
+		return responsesEvent{}
+	}
+	ev.ItemID, ev.OutputIndex = it.ID, &b.pos
+	if b.text {
+		ev.ContentIndex = ptrTo(0)
+	}
+	return ev
+}
+
+// emitNumbered writes Responses events, numbered in order; an untyped one is none.
+func (s *callerStream) emitNumbered(evs ...responsesEvent) (err error) {
+	for _, ev := range evs {
+		if ev.Type != "" && err == nil {
+			ev.SequenceNumber, s.seq = s.seq, s.seq+1
+			err = s.frame(ev.Type, ev)
+		}
+	}
+	return err
+}
+
+func outputText(text string) responsesPart {
+	return responsesPart{Type: "output_text", Text: &text, Annotations: json.RawMessage("[]")}
+}
+
 // The responses part of the one stream reader (relay.go's streamReader).
 
-// readResponses: response.completed (or .incomplete) ends, with usage; items are keyed by output_index.
+// readResponses: response.completed (or .incomplete) ends, with usage; an output item's start, deltas and end are
+// keyed by output_index, and a buffered codex caller keeps each ended item as sent.
 func (r *streamReader) readResponses(typ string, e rawObject) (keep, end bool, err error) {
 	switch typ {
-	case "error":
+	case "error", "response.failed": // the code is the event's, its error's, or its failed response's error's
 		code, _ := jsonScalar(e.value("code"))
 		f, _ := errorObject(e.value("error"))
-		return false, false, inBandError(cmp.Or(code, f.code, f.typ))
-	case "response.failed":
-		resp, _ := splitRaw(e.value("response"), '{', r.scratch[1][:])
-		f, _ := errorObject(resp.value("error"))
-		return false, false, inBandError(f.code)
-	case "response.output_item.added", "response.output_item.done", "response.output_text.delta", "response.refusal.delta",
-		"response.function_call_arguments.delta", "response.custom_tool_call_input.delta":
-		if r.out != nil || r.raw != nil && typ == "response.output_item.done" {
-			err = r.readItem(typ, e)
-		}
+		failed, _ := errorObject(rawMember(e.value("response"), "error"))
+		return false, false, inBandError(cmp.Or(code, f.code, f.typ, failed.code))
 	case "response.completed", "response.incomplete":
 		resp, ok := splitRaw(e.value("response"), '{', r.scratch[1][:])
 		if !ok {
@@ -471,114 +407,102 @@ func (r *streamReader) readResponses(typ string, e rawObject) (keep, end bool, e
 			r.final = bytes.Clone(e.value("response"))
 		}
 		if err == nil && r.out != nil {
-			var ro responsesObject
-			if err = r.decode(e, "response", &ro); err == nil {
-				err = r.completed(&ro)
-			}
+			err = decodeResponses(e.value("response"), r)
 		}
 		return err == nil, true, err
+	case "response.output_item.added", "response.output_item.done", "response.output_text.delta", "response.refusal.delta",
+		"response.function_call_arguments.delta", "response.custom_tool_call_input.delta":
+		if r.out == nil && (r.raw == nil || typ != "response.output_item.done") {
+			break // a passthrough relay decodes none of them, a buffered codex caller only the ended items
+		}
+		var ev struct {
+			OutputIndex int             `json:"output_index"`
+			Item        json.RawMessage `json:"item"`
+			Delta       string          `json:"delta"`
+		}
+		var item responsesItem
+		isItem := strings.HasPrefix(typ, "response.output_item.")
+		if json.Unmarshal(e.src, &ev) != nil ||
+			isItem && (rawShape(ev.Item) != '{' || r.out != nil && json.Unmarshal(ev.Item, &item) != nil) {
+			return false, false, eventWithout(protoOpenAIResponses, typ, "an index and an item")
+		}
+		if r.out == nil {
+			r.raw[ev.OutputIndex] = ev.Item // decoding copied it out of the reader's buffer
+			break
+		}
+		it, seen := r.calls[ev.OutputIndex]
+		if !seen {
+			it = &upstreamCall{tool: -1}
+			r.calls[ev.OutputIndex] = it
+		}
+		r.refusal = r.refusal || typ == "response.refusal.delta"
+		switch {
+		case isItem:
+			err = r.item(it, &item, typ == "response.output_item.done")
+		case typ == "response.output_text.delta" || typ == "response.refusal.delta":
+			err = r.out.text(ev.Delta)
+		case it.tool < 0:
+			err = eventWithout(protoOpenAIResponses, typ, "a call item")
+		default:
+			err = r.out.args(it.tool, ev.Delta)
+		}
+		it.streamed = it.streamed || ev.Delta != "" || typ == "response.output_item.done" // a done item gives nothing again
 	}
 	return err == nil, false, err
 }
 
-// readItem reads an output item's start, deltas and end; a buffered codex caller keeps each ended item as sent.
-func (r *streamReader) readItem(typ string, e rawObject) error {
-	var ev struct {
-		OutputIndex int             `json:"output_index"`
-		Item        json.RawMessage `json:"item"`
-		Delta       string          `json:"delta"`
+// decodeResponses reads the final response, a buffered answer (completed or incomplete) or a finished stream's last:
+// the items the stream never showed (a minimal stream, a buffered answer), then the tail.
+func decodeResponses(body []byte, r *streamReader) error {
+	var resp struct {
+		Status            string
+		IncompleteDetails struct{ Reason string } `json:"incomplete_details"`
+		Output            []*responsesItem
 	}
-	var item responsesItem
-	isItem := strings.HasPrefix(typ, "response.output_item.")
-	err := json.Unmarshal(e.src, &ev)
-	if err == nil && isItem && r.out != nil {
-		err = json.Unmarshal(ev.Item, &item)
+	err := json.Unmarshal(body, &resp)
+	if err == nil && !r.finished { // a stream read its usage with its terminal signal
+		r.usage, err = usageOf(protoOpenAIResponses, rawMember(body, "usage"))
 	}
-	if err != nil || isItem && rawShape(ev.Item) != '{' {
-		return eventWithout(protoOpenAIResponses, typ, "an index and an item")
+	if err != nil || !r.finished && resp.Status != "completed" && resp.Status != "incomplete" {
+		return malformedAnswer(protoOpenAIResponses, err)
 	}
-	if r.raw != nil && typ == "response.output_item.done" {
-		r.raw[ev.OutputIndex] = ev.Item // decoding copied it out of the reader's buffer
-	}
-	if r.out == nil {
-		return nil
-	}
-	it, err := r.item(ev.OutputIndex, &item, typ == "response.output_item.done")
-	text := typ == "response.output_text.delta" || typ == "response.refusal.delta"
-	r.refusal = r.refusal || typ == "response.refusal.delta"
-	switch {
-	case err != nil || isItem:
-		return err
-	case !text && it.tool < 0:
-		return eventWithout(protoOpenAIResponses, typ, "a call item")
-	case ev.Delta == "":
-		return nil
-	}
-	if it.streamed = true; text {
-		return r.out.text(ev.Delta)
-	}
-	return r.out.args(it.tool, ev.Delta)
-}
-
-// completed gives the final response's items the stream never showed (a minimal stream, a buffered answer), then the tail.
-func (r *streamReader) completed(resp *responsesObject) error {
-	for i, it := range resp.Output {
-		if _, seen := r.calls[i]; !seen && it != nil {
-			if _, err := r.item(i, it, true); err != nil {
+	for i, item := range resp.Output {
+		if _, seen := r.calls[i]; !seen && item != nil {
+			if err := r.item(&upstreamCall{tool: -1}, item, true); err != nil {
 				return err
 			}
 		}
 	}
-	finish := map[bool]string{false: finishStop, true: finishToolCalls}[r.ncalls > 0]
-	if r.refusal {
-		finish = finishContentFilter
-	}
-	for f, reason := range responsesIncompletes {
-		if valueOr(resp.IncompleteDetails, responsesIncomplete{}).Reason == reason {
-			finish = f
-		}
-	}
-	return r.out.tail(0, nil, finish, r.usage)
+	r.finish = map[bool]string{false: finishStop, true: finishToolCalls}[r.ncalls > 0]
+	r.finish = cmp.Or(responsesFinishes[resp.IncompleteDetails.Reason], r.finish)
+	return r.ended()
 }
 
-// item is the state of output index i, a tool call once seen as one; when done, it gives whatever the item's deltas did not.
-func (r *streamReader) item(i int, item *responsesItem, done bool) (*upstreamCall, error) {
-	it, ok := r.calls[i]
-	if !ok {
-		it = &upstreamCall{tool: -1}
-		r.calls[i] = it
-	}
+// item takes an output item as added or done: a call starts its tool call; a done item whose deltas never came
+// gives its text or arguments whole.
+func (r *streamReader) item(it *upstreamCall, item *responsesItem, done bool) error {
 	tc, isCall := item.call()
 	if isCall && it.tool < 0 {
 		if item.Name == "" {
-			return nil, eventWithout(protoOpenAIResponses, "a call item", "a name")
+			return eventWithout(protoOpenAIResponses, "a call item", "a name")
 		}
 		it.tool, r.ncalls = r.ncalls, r.ncalls+1
 		if err := r.out.call(it.tool, tc); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	if !done || it.streamed {
-		return it, nil
-	}
-	it.streamed = true
-	if isCall && tc.Arguments != "" {
-		return it, r.out.args(it.tool, tc.Arguments)
+	switch {
+	case !done || it.streamed || !isCall && item.Type != "message": // reasoning gives nothing
+		return nil
+	case isCall:
+		return r.out.args(it.tool, tc.Arguments)
 	}
 	text, _ := jsonString(item.Content) // a message item's text: a string, or its text and refusal parts
-	var raw []json.RawMessage
-	json.Unmarshal(item.Content, &raw)
-	for _, p := range raw {
-		var rp responsesPart
-		switch json.Unmarshal(p, &rp); rp.Type {
-		case "input_text", "output_text":
-			text += valueOr(rp.Text, "")
-		case "refusal":
-			text, r.refusal = text+rp.Refusal, true
-		}
+	var parts []responsesPart
+	json.Unmarshal(item.Content, &parts)
+	for _, p := range parts { // a text part has no refusal, a refusal part no text
+		text += valueOr(p.Text, "") + p.Refusal
+		r.refusal = r.refusal || p.Type == "refusal"
 	}
-	if item.Type == "message" && text != "" {
-		return it, r.out.text(text)
-	}
-	return it, nil
+	return r.out.text(text)
 }

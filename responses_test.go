@@ -135,13 +135,17 @@ type testResponsesObject struct {
 	Object            string
 	Status            string
 	Model             string
-	IncompleteDetails *responsesIncomplete `json:"incomplete_details"`
+	IncompleteDetails *struct{ Reason string } `json:"incomplete_details"`
 	Output            []struct {
 		Type, ID, Status, Role, Name, Arguments string
 		CallID                                  string `json:"call_id"`
 		Content                                 []responsesPart
 	}
-	Usage *responsesUsage
+	Usage *struct {
+		InputTokens  int `json:"input_tokens"`
+		OutputTokens int `json:"output_tokens"`
+		TotalTokens  int `json:"total_tokens"`
+	}
 }
 
 // answerFromTestResponse turns a response object back into an answer. The

@@ -344,6 +344,7 @@ func TestDecodeUpstreamAnswerMalformed(t *testing.T) {
 		{"anthropic nameless tool", protoAnthropic, `{"type":"message","content":[{"type":"tool_use","id":"t","input":{}}]}`},
 		{"responses failed", protoOpenAIResponses, `{"status":"failed","error":{"code":"server_error"},"output":[]}`},
 		{"responses wrong shape", protoOpenAIResponses, `{"status":"completed","output":{}}`},
+		{"responses usage not an object", protoOpenAIResponses, `{"status":"completed","output":[],"usage":"many"}`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
