@@ -61,17 +61,16 @@ type (
 		Input     *string `json:"input,omitempty"`     // a custom call's
 	}
 	chatFormat struct {
-		Type       string        `json:"type"`
-		JSONSchema *outputFormat `json:"json_schema,omitempty"`
+		Type       string       `json:"type"`
+		JSONSchema outputFormat `json:"json_schema,omitzero"`
 	}
 	chatCompletion struct { // the answer, and each chunk of a stream
-		ID      string          `json:"id,omitempty"`
-		Object  string          `json:"object,omitempty"`
-		Created int64           `json:"created,omitempty"`
-		Model   string          `json:"model,omitempty"`
-		Choices []chatChoice    `json:"choices"`
-		Usage   *chatUsage      `json:"usage,omitempty"`
-		Error   json.RawMessage `json:"error,omitempty"`
+		ID      string       `json:"id,omitempty"`
+		Object  string       `json:"object,omitempty"`
+		Created int64        `json:"created,omitempty"`
+		Model   string       `json:"model,omitempty"`
+		Choices []chatChoice `json:"choices"`
+		Usage   *chatUsage   `json:"usage,omitempty"`
 	}
 	chatChoice struct {
 		Index        int          `json:"index"`
@@ -107,8 +106,7 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 	}
 	var output *outputFormat
 	if f := b.ResponseFormat; f != nil {
-		output = ptrTo(valueOr(f.JSONSchema, outputFormat{}))
-		output.Type = f.Type
+		f.JSONSchema.Type, output = f.Type, &f.JSONSchema
 	}
 	if rawShape(b.Stop) == '"' { // one sequence, or an array of them
 		b.Stop = slices.Concat([]byte("["), b.Stop, []byte("]"))
@@ -352,10 +350,8 @@ func encodeChat(req *chatRequest, c call, _ http.Header) (any, error) {
 	}
 	out.Tools = jsonArray(tools)
 	if f := req.Output; f != nil {
-		out.ResponseFormat = &chatFormat{Type: f.Type}
-		if s := schemaOutput(f); s != nil {
-			s.Type, out.ResponseFormat.JSONSchema = "", s
-		}
+		out.ResponseFormat = &chatFormat{f.Type, valueOr(schemaOutput(f), outputFormat{})}
+		out.ResponseFormat.JSONSchema.Type = ""
 	}
 	return out, nil
 }
@@ -386,19 +382,15 @@ func (tc chatToolCall) call(custom bool) (part, bool) {
 var chatFinishes = map[string]string{finishLength: finishLength, "model_length": finishLength,
 	finishToolCalls: finishToolCalls, "function_call": finishToolCalls, finishContentFilter: finishContentFilter}
 
-// decodeChat reads a complete Chat Completions answer as a stream's last chunk: a custom call without input is
-// read as a function call, no finish_reason is tool_calls beside calls, else stop.
+// decodeChat reads a complete Chat Completions answer as a stream's last chunk: no finish_reason is tool_calls beside
+// calls, else stop.
 func decodeChat(body []byte, rd *streamReader) error {
 	var r chatCompletion
-	if err := json.Unmarshal(body, &r); err != nil || len(r.Choices) == 0 || r.Choices[0].Message == nil || !rawIsNull(r.Error) {
+	err := json.Unmarshal(body, &r)
+	if err != nil || len(r.Choices) == 0 || r.Choices[0].Message == nil || !rawIsNull(rawMember(body, "error")) {
 		return malformedAnswer(protoOpenAIChat, err)
 	}
 	m := r.Choices[0].Message
-	for i, tc := range m.ToolCalls {
-		if tc.Custom != nil && tc.Custom.Input == nil {
-			m.ToolCalls[i].Custom = nil
-		}
-	}
 	rd.finish = map[bool]string{false: finishStop, true: finishToolCalls}[len(m.ToolCalls) > 0]
 	rd.finish = cmp.Or(chatFinishes[cmp.Or(valueOr(r.Choices[0].FinishReason, ""), rd.finish)], finishStop)
 	rd.usage, _ = usageOf(protoOpenAIChat, rawMember(body, "usage"))
@@ -408,9 +400,9 @@ func decodeChat(body []byte, rd *streamReader) error {
 	return rd.ended()
 }
 
-// chatFrames writes chat.completion.chunk frames. Chat has no block framing: a tool call's deltas carry its
-// call index; at the end finish_reason goes out once, then the usage chunk (choices: []) when the caller asked and
-// usage was reported, then [DONE].
+// chatFrames writes chat.completion.chunk frames. Chat has no block framing: a tool call's deltas carry its call
+// index; at the end finish_reason goes out once, then the usage chunk (choices: []) when the caller asked and usage
+// was reported, then [DONE]. A buffered answer is the chat.completion of the blocks: the text of them all, the calls.
 func (s *callerStream) chatFrames(step streamStep, b *streamBlock, d string) error {
 	var delta chatMessage
 	switch {
@@ -434,52 +426,41 @@ func (s *callerStream) chatFrames(step streamStep, b *streamBlock, d string) err
 		delta.ToolCalls = []chatToolCall{tc}
 	case step == stepFail: // the envelope of SPEC §8.1 as a final data frame
 		return s.frame("", s.failure.body())
-	case step == stepEnd:
-		if err := s.chatChunk(&chatMessage{}, ptrTo(answerFinish(s.reason)), nil); err != nil {
-			return err
-		}
-		var u *chatUsage // left out, not zeros, when unreported
-		if s.usage.Reported {
-			u = &chatUsage{s.usage.InputTokens, s.usage.OutputTokens, s.usage.InputTokens + s.usage.OutputTokens}
-		}
-		if s.flush == nil { // a buffered answer: content null beside only tool calls, as OpenAI sends it
-			s.whole = s.chatWhole(u)
-		}
-		var err error
-		if s.req.StreamUsage && u != nil {
-			err = s.chatChunk(nil, nil, u)
-		}
-		return cmp.Or(err, s.write([]byte("data: [DONE]\n\n"), true))
-	default:
+	case step != stepEnd:
 		return nil
 	}
-	return s.chatChunk(&delta, nil, nil)
-}
-
-// chatWhole is the chat.completion of the blocks written: the text of them all, and the calls.
-func (s *callerStream) chatWhole(u *chatUsage) chatCompletion {
-	text, m := "", chatMessage{Role: "assistant"}
-	for _, b := range s.blocks {
-		if b.text {
-			text += b.buf.String()
-		} else {
-			m.ToolCalls = append(m.ToolCalls, chatCall(answerIDOr(b.id, "call_"), b.name, b.buf.String(), b.custom))
+	if step != stepEnd {
+		return s.frame("", s.chatChunk("chat.completion.chunk", nil, chatChoice{Delta: &delta}))
+	}
+	finish := ptrTo(answerFinish(s.reason))
+	var u *chatUsage // left out, not zeros, when unreported
+	if s.usage.Reported {
+		u = &chatUsage{s.usage.InputTokens, s.usage.OutputTokens, s.usage.InputTokens + s.usage.OutputTokens}
+	}
+	if s.flush == nil { // a buffered answer: content null beside only tool calls, as OpenAI sends it
+		text, m := "", chatMessage{Role: "assistant"}
+		for _, b := range s.blocks {
+			if b.text {
+				text += b.buf.String()
+			} else {
+				m.ToolCalls = append(m.ToolCalls, chatCall(answerIDOr(b.id, "call_"), b.name, b.buf.String(), b.custom))
+			}
 		}
+		if m.Content = jsonText(text); text == "" && len(m.ToolCalls) > 0 {
+			m.Content = json.RawMessage("null")
+		}
+		s.whole = s.chatChunk("chat.completion", u, chatChoice{Message: &m, FinishReason: finish})
 	}
-	if m.Content = jsonText(text); text == "" && len(m.ToolCalls) > 0 {
-		m.Content = json.RawMessage("null")
+	s.frame("", s.chatChunk("chat.completion.chunk", nil, chatChoice{Delta: &chatMessage{}, FinishReason: finish}))
+	if s.req.StreamUsage && u != nil {
+		s.frame("", s.chatChunk("chat.completion.chunk", u))
 	}
-	return chatCompletion{ID: s.id, Object: "chat.completion", Created: s.created, Model: s.model,
-		Choices: []chatChoice{{Message: &m, FinishReason: ptrTo(answerFinish(s.reason))}}, Usage: u}
+	return s.write([]byte("data: [DONE]\n\n"), true) // the first write error sticks: this returns it
 }
 
-// chatChunk writes one chunk with a single choice, or with usage and none.
-func (s *callerStream) chatChunk(d *chatMessage, finish *string, u *chatUsage) error {
-	c := chatCompletion{ID: s.id, Object: "chat.completion.chunk", Created: s.created, Model: s.model, Choices: []chatChoice{}, Usage: u}
-	if d != nil {
-		c.Choices = []chatChoice{{Delta: d, FinishReason: finish}}
-	}
-	return s.frame("", c)
+// chatChunk is a chat.completion of object (the answer, or a chunk) with its one choice, or none beside usage.
+func (s *callerStream) chatChunk(object string, u *chatUsage, choices ...chatChoice) chatCompletion {
+	return chatCompletion{ID: s.id, Object: object, Created: s.created, Model: s.model, Choices: append([]chatChoice{}, choices...), Usage: u}
 }
 
 // The chat part of the one stream reader (relay.go's streamReader).
@@ -492,13 +473,12 @@ func (r *streamReader) readChat(event string, e rawObject) (keep bool, err error
 	}
 	u, err := usageOf(r.protocol, e.value("usage"))
 	choices, ok := splitRaw(e.value("choices"), '[', r.elems[:])
-	if err == nil && !ok && !rawIsNull(e.value("choices")) {
-		err = eventWithout(r.protocol, "chunk", "a choices array")
-	}
-	if err != nil {
+	switch {
+	case err != nil:
 		return false, err
-	}
-	if u.Reported {
+	case !ok && !rawIsNull(e.value("choices")):
+		return false, eventWithout(r.protocol, "chunk", "a choices array")
+	case u.Reported:
 		r.usage = u
 	}
 	for _, c := range choices.members {
@@ -539,8 +519,8 @@ func (r *streamReader) delta(d *chatMessage) error {
 			return malformedAnswer(protoOpenAIChat, err)
 		}
 		for _, p := range parts {
-			if p.Type == "text" && p.Text != nil {
-				t += *p.Text
+			if p.Type == "text" {
+				t += valueOr(p.Text, "")
 			}
 		}
 	}
@@ -561,20 +541,18 @@ func (r *streamReader) delta(d *chatMessage) error {
 			}
 			c = &upstreamCall{tool: r.ncalls, id: call.ToolCallID}
 			r.calls[i], r.ncalls = c, r.ncalls+1
-			start := part{Type: partToolCall, ToolCallID: call.ToolCallID, ToolName: call.ToolName, Custom: call.Custom}
 			if c.tool > 0 {
-				r.held = append(r.held, start)
-			} else if err := r.out.call(0, start); err != nil {
+				r.held = append(r.held, call)
+				continue
+			}
+			if err := r.out.call(0, call); err != nil {
 				return err
 			}
 		}
-		switch {
-		case c.tool > 0:
+		if c.tool > 0 {
 			r.held[c.tool-1].Arguments += call.Arguments
-		case call.Arguments != "":
-			if err := r.out.args(0, call.Arguments); err != nil {
-				return err
-			}
+		} else if err := r.out.args(0, call.Arguments); err != nil {
+			return err
 		}
 	}
 	return nil
