@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -123,6 +124,7 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 }
 
 // addChatMessage adds one Chat Completions message, naming raw's unknown members; "" beside tool calls is no text.
+// Content is a string or text, image_url and file parts; others (audio, an earlier refusal) are dropped and named.
 func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what string) error {
 	req.dropUnknown(raw, "role content tool_calls tool_call_id")
 	switch m.Role {
@@ -143,18 +145,33 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 	var parts []part
 	var err error
 	if m.Role == "user" || !rawIsNull(m.Content) {
-		parts, err = req.chatParts(m.Content, what+".content")
+		parts, err = callerParts(req, m.Content, what+".content", "content parts",
+			func(cp chatPart, raw json.RawMessage, path string) (p part, err error) {
+				switch img, file := valueOr(cp.ImageURL, chatURL{}), valueOr(cp.File, chatURL{}); {
+				case cp.Type == "text" && cp.Text == nil:
+					return p, refuse("invalid_request", "%s.text is required", path)
+				case cp.Type == "text":
+					p = part{Type: partText, Text: *cp.Text}
+				case cp.Type == "image_url":
+					p = part{Type: partImage, ImageURL: img.URL, Detail: img.Detail}
+					err = checkCallerURL(p.ImageURL, path+".image_url.url")
+				case cp.Type == "file" && file.FileData != "":
+					p = part{Type: partDocument, FileURL: file.FileData, Filename: file.Filename}
+					err = checkCallerURL(p.FileURL, path+".file.file_data")
+				default: // a part Brama does not carry
+					return p, nil
+				}
+				req.dropUnknownChat(raw, cp.Type)
+				return p, err
+			})
 	}
 	if len(parts) == 1 && parts[0].Text == "" && len(m.ToolCalls) > 0 {
 		parts = nil
 	}
 	for i, tc := range m.ToolCalls {
 		c, ok := tc.call(tc.Type == toolCustom) // a custom call reads no function, nor a function call custom
-		switch {
-		case !ok || !slices.Contains([]string{"", toolFunction, toolCustom}, tc.Type):
-			return refuse("invalid_request", "%s.tool_calls[%d] must be a function or custom call", what, i)
-		case c.ToolCallID == "" || c.ToolName == "":
-			return refuse("invalid_request", "%s.tool_calls[%d] needs an id and a name", what, i)
+		if !ok {
+			return refuse("invalid_request", "%s.tool_calls[%d] must be a function or custom call with an id and a name", what, i)
 		}
 		parts = append(parts, c)
 	}
@@ -163,30 +180,6 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 	}
 	req.Messages = append(req.Messages, message{Role: m.Role, Parts: parts})
 	return err
-}
-
-// chatParts reads content: a string or text, image_url and file parts; others (audio, an earlier refusal) are dropped and named.
-func (req *chatRequest) chatParts(raw json.RawMessage, what string) ([]part, error) {
-	return callerParts(req, raw, what, "content parts", func(cp chatPart, raw json.RawMessage, path string) (p part, err error) {
-		switch {
-		case cp.Type == "text" && cp.Text == nil:
-			return p, refuse("invalid_request", "%s.text is required", path)
-		case cp.Type == "text":
-			p = part{Type: partText, Text: *cp.Text}
-		case cp.Type == "image_url" && cp.ImageURL == nil:
-			return p, refuse("invalid_request", "%s.image_url must be an object with a url", path)
-		case cp.Type == "image_url":
-			p = part{Type: partImage, ImageURL: cp.ImageURL.URL, Detail: cp.ImageURL.Detail}
-			err = checkCallerURL(p.ImageURL, path+".image_url.url")
-		case cp.Type == "file" && cp.File != nil && cp.File.FileData != "":
-			p = part{Type: partDocument, FileURL: cp.File.FileData, Filename: cp.File.Filename}
-			err = checkCallerURL(p.FileURL, path+".file.file_data")
-		default: // a part Brama does not carry
-			return p, nil
-		}
-		req.dropUnknownChat(raw, cp.Type)
-		return p, err
-	})
 }
 
 // dropUnknownChat names raw's members other than type and its typ object, then that object's not in chatNested.
@@ -225,9 +218,7 @@ func (req *chatRequest) addOpenAITool(t tool, raw json.RawMessage, what string) 
 		req.Tools = append(req.Tools, t)
 		return err // on an error the whole request is refused
 	case "namespace":
-		if t.Description != "" {
-			req.drop(true, "description")
-		}
+		req.drop(t.Description != "", "description")
 		n := len(req.Tools)
 		err := readList(t.Tools, what+".tools", req.addOpenAITool)
 		for j := n; j < len(req.Tools); j++ {
@@ -269,10 +260,8 @@ func (req *chatRequest) setOpenAIToolChoice(raw json.RawMessage, nested bool) er
 		req.drop(true, "tool_choice")
 	case tc.Name == "":
 		return refuse("invalid_request", "tool_choice must name a tool: {\"type\":\"function\",…}")
-	case tc.Namespace != "":
-		req.ToolChoice = &toolChoice{Mode: toolChoiceTool, Name: tc.Namespace + "__" + tc.Name}
-	default:
-		req.ToolChoice = &toolChoice{Mode: toolChoiceTool, Name: tc.Name}
+	default: // a namespace member by its flat name
+		req.ToolChoice = &toolChoice{Mode: toolChoiceTool, Name: strings.TrimPrefix(tc.Namespace+"__"+tc.Name, "__")}
 	}
 	return nil
 }
@@ -366,16 +355,13 @@ func chatCall(id, name, args string, custom bool) chatToolCall {
 }
 
 // call is tc as a neutral tool_call part: a custom call read from its custom member, else a function call from its
-// function; ok is false when that member, or a custom call's input, is missing.
+// function; ok is false when that member, its id or name, a custom call's input, or a known type is missing.
 func (tc chatToolCall) call(custom bool) (part, bool) {
-	c := part{Type: partToolCall, ToolCallID: tc.ID, Custom: custom}
-	f := map[bool]*chatFunction{false: tc.Function, true: tc.Custom}[custom]
-	if f == nil {
-		return c, false
-	}
+	f := valueOr(map[bool]*chatFunction{false: tc.Function, true: tc.Custom}[custom], chatFunction{})
 	in := map[bool]*string{false: f.Arguments, true: f.Input}[custom]
-	c.ToolName, c.Arguments = f.Name, valueOr(in, "")
-	return c, !custom || in != nil
+	c := part{Type: partToolCall, ToolCallID: tc.ID, ToolName: f.Name, Arguments: valueOr(in, ""), Custom: custom}
+	return c, c.ToolCallID != "" && c.ToolName != "" && (!custom || in != nil) &&
+		slices.Contains([]string{"", toolFunction, toolCustom}, tc.Type)
 }
 
 // chatFinishes maps Chat Completions finish reasons to neutral ones; any other is a stop.
@@ -460,7 +446,9 @@ func (s *callerStream) chatFrames(step streamStep, b *streamBlock, d string) err
 
 // chatChunk is a chat.completion of object (the answer, or a chunk) with its one choice, or none beside usage.
 func (s *callerStream) chatChunk(object string, u *chatUsage, choices ...chatChoice) chatCompletion {
-	return chatCompletion{ID: s.id, Object: object, Created: s.created, Model: s.model, Choices: append([]chatChoice{}, choices...), Usage: u}
+	c := chatCompletion{ID: s.id, Object: object, Created: s.created, Model: s.model, Usage: u}
+	c.Choices = append([]chatChoice{}, choices...)
+	return c
 }
 
 // The chat part of the one stream reader (relay.go's streamReader).
