@@ -161,13 +161,12 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 				default: // a part Brama does not carry
 					return p, nil
 				}
-				req.dropUnknownChat(raw, cp.Type)
+				req.dropUnknown(raw, "type "+cp.Type) // then the members of its object not in chatNested
+				req.dropUnknown(rawMember(raw, cp.Type), chatNested[cp.Type])
 				return p, err
 			})
 	}
-	if len(parts) == 1 && parts[0].Text == "" && len(m.ToolCalls) > 0 {
-		parts = nil
-	}
+	parts = slices.DeleteFunc(parts, func(p part) bool { return p.Type == partText && p.Text == "" && len(m.ToolCalls) > 0 })
 	for i, tc := range m.ToolCalls {
 		c, ok := tc.call(tc.Type == toolCustom) // a custom call reads no function, nor a function call custom
 		if !ok {
@@ -182,19 +181,14 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 	return err
 }
 
-// dropUnknownChat names raw's members other than type and its typ object, then that object's not in chatNested.
-func (req *chatRequest) dropUnknownChat(raw json.RawMessage, typ string) {
-	req.dropUnknown(raw, "type "+typ)
-	req.dropUnknown(rawMember(raw, typ), chatNested[typ])
-}
-
 // addChatTool adds a function or custom tool as Responses' flat one; another type is dropped and named.
 func (req *chatRequest) addChatTool(t chatToolCall, raw json.RawMessage, what string) error {
 	if t.Type != toolFunction && t.Type != toolCustom {
 		req.drop(true, cmp.Or(t.Type, "tools"))
 		return nil
 	}
-	req.dropUnknownChat(raw, t.Type)
+	req.dropUnknown(raw, "type "+t.Type)
+	req.dropUnknown(rawMember(raw, t.Type), chatNested[t.Type])
 	flat := valueOr(map[string]*chatFunction{toolFunction: t.Function, toolCustom: t.Custom}[t.Type], chatFunction{}).tool
 	flat.Type = t.Type
 	return req.addOpenAITool(flat, nil, what)
@@ -286,10 +280,9 @@ func encodeChat(req *chatRequest, c call, _ http.Header) (any, error) {
 	out := chatRequestBody{callerHead: callerHead{c.res.Model, req.Temperature, req.TopP, req.Stream}, ParallelToolCalls: req.ParallelToolCalls,
 		ReasoningEffort: req.Effort, Verbosity: req.Verbosity, ToolChoice: req.openAIToolChoice(true), Stop: jsonArray(req.Stop),
 		openAIShared: req.Shared}
-	switch {
-	case req.MaxTokens > 0 && c.res.Provider.id == "openai": // its reasoning models take only this, as a passthrough call sends
+	if req.MaxTokens > 0 && c.res.Provider.id == "openai" { // its reasoning models take only this, as a passthrough call sends
 		out.MaxCompletionTokens = &req.MaxTokens
-	case req.MaxTokens > 0:
+	} else if req.MaxTokens > 0 {
 		out.MaxTokens = &req.MaxTokens
 	}
 	if req.Stream {
@@ -311,7 +304,7 @@ func encodeChat(req *chatRequest, c call, _ http.Header) (any, error) {
 			case partDocument:
 				parts = append(parts, chatPart{Type: "file", File: &chatURL{FileData: p.FileURL, Filename: p.Filename}})
 			case partToolCall:
-				msg.ToolCalls = append(msg.ToolCalls, chatCall(p.ToolCallID, p.ToolName, p.Arguments, p.Custom))
+				msg.ToolCalls = append(msg.ToolCalls, chatCall(nil, p.ToolCallID, p.ToolName, p.Arguments, p.Custom))
 			case partToolResult:
 				msgs = append(msgs, chatMessage{Role: "tool", ToolCallID: p.ToolCallID, Content: jsonText(p.Text)})
 				for _, q := range p.Media { // a tool message holds only text
@@ -345,13 +338,19 @@ func encodeChat(req *chatRequest, c call, _ http.Header) (any, error) {
 	return out, nil
 }
 
-// chatCall is a call as Chat Completions writes it: a custom one's input, a function's arguments ("{}" for none).
-func chatCall(id, name, args string, custom bool) chatToolCall {
+// chatCall is a call as Chat Completions writes it: a custom one's input, a function's arguments ("{}" for none but in
+// a stream's call, which carries its index).
+func chatCall(index *int, id, name, args string, custom bool) chatToolCall {
+	f := &chatFunction{tool: tool{Name: name}}
 	if custom {
-		return chatToolCall{ID: id, Type: toolCustom, Custom: &chatFunction{tool: tool{Name: name}, Input: &args}}
+		f.Input = &args
+		return chatToolCall{Index: index, ID: id, Type: toolCustom, Custom: f}
 	}
-	f := &chatFunction{tool: tool{Name: name}, Arguments: ptrTo(argumentsText(args))}
-	return chatToolCall{ID: id, Type: toolFunction, Function: f}
+	if index == nil {
+		args = argumentsText(args)
+	}
+	f.Arguments = &args
+	return chatToolCall{Index: index, ID: id, Type: toolFunction, Function: f}
 }
 
 // call is tc as a neutral tool_call part: a custom call read from its custom member, else a function call from its
@@ -396,27 +395,19 @@ func (s *callerStream) chatFrames(step streamStep, b *streamBlock, d string) err
 		s.id, s.created = newAnswerID("chatcmpl-"), time.Now().Unix()
 		delta = chatMessage{Role: "assistant", Content: jsonText("")}
 	case step == stepOpen && !b.text: // its id, type and name, a function's arguments empty
-		tc := chatCall(answerIDOr(b.id, "call_"), b.name, "", b.custom)
-		if tc.Function != nil {
-			tc.Function.Arguments = ptrTo("")
-		}
-		tc.Index = &b.index
-		delta.ToolCalls = []chatToolCall{tc}
+		delta.ToolCalls = []chatToolCall{chatCall(&b.index, answerIDOr(b.id, "call_"), b.name, "", b.custom)}
 	case step == stepDelta && b.text:
 		delta.Content = jsonText(d)
-	case step == stepDelta:
-		tc := chatToolCall{Index: &b.index, Function: &chatFunction{Arguments: &d}}
-		if b.custom {
-			tc = chatToolCall{Index: &b.index, Custom: &chatFunction{Input: &d}}
-		}
-		delta.ToolCalls = []chatToolCall{tc}
+	case step == stepDelta: // the piece alone at its index
+		delta.ToolCalls = []chatToolCall{chatCall(&b.index, "", "", d, b.custom)}
+		delta.ToolCalls[0].Type = ""
 	case step == stepFail: // the envelope of SPEC §8.1 as a final data frame
 		return s.frame("", s.failure.body())
 	case step != stepEnd:
 		return nil
 	}
 	if step != stepEnd {
-		return s.frame("", s.chatChunk("chat.completion.chunk", nil, chatChoice{Delta: &delta}))
+		return s.chatChunk(nil, chatChoice{Delta: &delta})
 	}
 	finish := ptrTo(answerFinish(s.reason))
 	var u *chatUsage // left out, not zeros, when unreported
@@ -429,26 +420,24 @@ func (s *callerStream) chatFrames(step streamStep, b *streamBlock, d string) err
 			if b.text {
 				text += b.buf.String()
 			} else {
-				m.ToolCalls = append(m.ToolCalls, chatCall(answerIDOr(b.id, "call_"), b.name, b.buf.String(), b.custom))
+				m.ToolCalls = append(m.ToolCalls, chatCall(nil, answerIDOr(b.id, "call_"), b.name, b.buf.String(), b.custom))
 			}
 		}
 		if m.Content = jsonText(text); text == "" && len(m.ToolCalls) > 0 {
 			m.Content = json.RawMessage("null")
 		}
-		s.whole = s.chatChunk("chat.completion", u, chatChoice{Message: &m, FinishReason: finish})
+		s.whole = chatCompletion{s.id, "chat.completion", s.created, s.model, []chatChoice{{Message: &m, FinishReason: finish}}, u}
 	}
-	s.frame("", s.chatChunk("chat.completion.chunk", nil, chatChoice{Delta: &chatMessage{}, FinishReason: finish}))
+	s.chatChunk(nil, chatChoice{Delta: &chatMessage{}, FinishReason: finish})
 	if s.req.StreamUsage && u != nil {
-		s.frame("", s.chatChunk("chat.completion.chunk", u))
+		s.chatChunk(u)
 	}
 	return s.write([]byte("data: [DONE]\n\n"), true) // the first write error sticks: this returns it
 }
 
-// chatChunk is a chat.completion of object (the answer, or a chunk) with its one choice, or none beside usage.
-func (s *callerStream) chatChunk(object string, u *chatUsage, choices ...chatChoice) chatCompletion {
-	c := chatCompletion{ID: s.id, Object: object, Created: s.created, Model: s.model, Usage: u}
-	c.Choices = append([]chatChoice{}, choices...)
-	return c
+// chatChunk writes a chat.completion.chunk of this answer: its one choice, or none beside usage.
+func (s *callerStream) chatChunk(u *chatUsage, choices ...chatChoice) error {
+	return s.frame("", chatCompletion{s.id, "chat.completion.chunk", s.created, s.model, append([]chatChoice{}, choices...), u})
 }
 
 // The chat part of the one stream reader (relay.go's streamReader).
