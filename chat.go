@@ -24,7 +24,7 @@ type (
 		MaxTokens           *int            `json:"max_tokens,omitempty"`
 		MaxCompletionTokens *int            `json:"max_completion_tokens,omitempty"`
 		Stop                json.RawMessage `json:"stop,omitempty"`
-		ResponseFormat      *chatFormat     `json:"response_format,omitempty"`
+		ResponseFormat      chatFormat      `json:"response_format,omitzero"`
 		ReasoningEffort     string          `json:"reasoning_effort,omitempty"`
 		Verbosity           string          `json:"verbosity,omitempty"`
 		StreamOptions       json.RawMessage `json:"stream_options,omitempty"`
@@ -105,11 +105,8 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 	if req.Effort != "" {
 		req.EffortName = "reasoning_effort"
 	}
-	var output *outputFormat
-	if f := b.ResponseFormat; f != nil {
-		f.JSONSchema.Type, output = f.Type, &f.JSONSchema
-	}
-	if rawShape(b.Stop) == '"' { // one sequence, or an array of them
+	b.ResponseFormat.JSONSchema.Type = b.ResponseFormat.Type // "" when none
+	if rawShape(b.Stop) == '"' {                             // one sequence, or an array of them
 		b.Stop = slices.Concat([]byte("["), b.Stop, []byte("]"))
 	}
 	err = cmp.Or(readList(b.Messages, "messages", req.addChatMessage),
@@ -119,7 +116,7 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 			req.Stop, req.StopName = append(req.Stop, stop), "stop"
 			return nil
 		}),
-		req.setOutput(output, "response_format"))
+		req.setOutput(&b.ResponseFormat.JSONSchema, "response_format"))
 	return req.finishParse(err, "messages must hold at least one user, assistant or tool message")
 }
 
@@ -332,7 +329,7 @@ func encodeChat(req *chatRequest, c call, _ http.Header) (any, error) {
 	}
 	out.Tools = jsonArray(tools)
 	if f := req.Output; f != nil {
-		out.ResponseFormat = &chatFormat{f.Type, valueOr(schemaOutput(f), outputFormat{})}
+		out.ResponseFormat = chatFormat{f.Type, valueOr(schemaOutput(f), outputFormat{})}
 		out.ResponseFormat.JSONSchema.Type = ""
 	}
 	return out, nil
@@ -341,16 +338,14 @@ func encodeChat(req *chatRequest, c call, _ http.Header) (any, error) {
 // chatCall is a call as Chat Completions writes it: a custom one's input, a function's arguments ("{}" for none but in
 // a stream's call, which carries its index).
 func chatCall(index *int, id, name, args string, custom bool) chatToolCall {
-	f := &chatFunction{tool: tool{Name: name}}
-	if custom {
-		f.Input = &args
-		return chatToolCall{Index: index, ID: id, Type: toolCustom, Custom: f}
-	}
-	if index == nil {
+	if !custom && index == nil {
 		args = argumentsText(args)
 	}
-	f.Arguments = &args
-	return chatToolCall{Index: index, ID: id, Type: toolFunction, Function: f}
+	tc := chatToolCall{Index: index, ID: id, Type: toolFunction, Function: &chatFunction{tool: tool{Name: name}, Arguments: &args}}
+	if custom {
+		tc.Type, tc.Function, tc.Custom = toolCustom, nil, &chatFunction{tool: tool{Name: name}, Input: &args}
+	}
+	return tc
 }
 
 // call is tc as a neutral tool_call part: a custom call read from its custom member, else a function call from its
@@ -501,9 +496,7 @@ func (r *streamReader) delta(d *chatMessage) error {
 			}
 		}
 	}
-	if d.Refusal != "" {
-		t, r.refusal = t+d.Refusal, true
-	}
+	t, r.refusal = t+d.Refusal, r.refusal || d.Refusal != "" // a refusal's text, and the finish content_filter
 	if err := r.out.text(t); err != nil {
 		return err
 	}
