@@ -398,36 +398,35 @@ func (s *callerStream) chatFrames(step streamStep, b *streamBlock, d string) err
 		delta.ToolCalls[0].Type = ""
 	case step == stepFail: // the envelope of SPEC §8.1 as a final data frame
 		return s.frame("", s.failure.body())
-	case step != stepEnd:
+	case step == stepEnd:
+		finish := ptrTo(answerFinish(s.reason))
+		var u *chatUsage // left out, not zeros, when unreported
+		if s.usage.Reported {
+			u = &chatUsage{s.usage.InputTokens, s.usage.OutputTokens, s.usage.InputTokens + s.usage.OutputTokens}
+		}
+		if s.flush == nil { // a buffered answer: content null beside only tool calls, as OpenAI sends it
+			text, m := "", chatMessage{Role: "assistant"}
+			for _, b := range s.blocks {
+				if b.text {
+					text += b.buf.String()
+				} else {
+					m.ToolCalls = append(m.ToolCalls, chatCall(nil, answerIDOr(b.id, "call_"), b.name, b.buf.String(), b.custom))
+				}
+			}
+			if m.Content = jsonText(text); text == "" && len(m.ToolCalls) > 0 {
+				m.Content = json.RawMessage("null")
+			}
+			s.whole = chatCompletion{s.id, "chat.completion", s.created, s.model, []chatChoice{{Message: &m, FinishReason: finish}}, u}
+		}
+		s.chatChunk(nil, chatChoice{Delta: &chatMessage{}, FinishReason: finish})
+		if s.req.StreamUsage && u != nil {
+			s.chatChunk(u)
+		}
+		return s.write([]byte("data: [DONE]\n\n"), true) // the first write error sticks: this returns it
+	default:
 		return nil
 	}
-	if step != stepEnd {
-		return s.chatChunk(nil, chatChoice{Delta: &delta})
-	}
-	finish := ptrTo(answerFinish(s.reason))
-	var u *chatUsage // left out, not zeros, when unreported
-	if s.usage.Reported {
-		u = &chatUsage{s.usage.InputTokens, s.usage.OutputTokens, s.usage.InputTokens + s.usage.OutputTokens}
-	}
-	if s.flush == nil { // a buffered answer: content null beside only tool calls, as OpenAI sends it
-		text, m := "", chatMessage{Role: "assistant"}
-		for _, b := range s.blocks {
-			if b.text {
-				text += b.buf.String()
-			} else {
-				m.ToolCalls = append(m.ToolCalls, chatCall(nil, answerIDOr(b.id, "call_"), b.name, b.buf.String(), b.custom))
-			}
-		}
-		if m.Content = jsonText(text); text == "" && len(m.ToolCalls) > 0 {
-			m.Content = json.RawMessage("null")
-		}
-		s.whole = chatCompletion{s.id, "chat.completion", s.created, s.model, []chatChoice{{Message: &m, FinishReason: finish}}, u}
-	}
-	s.chatChunk(nil, chatChoice{Delta: &chatMessage{}, FinishReason: finish})
-	if s.req.StreamUsage && u != nil {
-		s.chatChunk(u)
-	}
-	return s.write([]byte("data: [DONE]\n\n"), true) // the first write error sticks: this returns it
+	return s.chatChunk(nil, chatChoice{Delta: &delta})
 }
 
 // chatChunk writes a chat.completion.chunk of this answer: its one choice, or none beside usage.
@@ -490,10 +489,8 @@ func (r *streamReader) delta(d *chatMessage) error {
 		if err := json.Unmarshal(d.Content, &parts); err != nil {
 			return malformedAnswer(protoOpenAIChat, err)
 		}
-		for _, p := range parts {
-			if p.Type == "text" {
-				t += valueOr(p.Text, "")
-			}
+		for _, p := range parts { // a text part's; no other carries text
+			t += valueOr(p.Text, "")
 		}
 	}
 	t, r.refusal = t+d.Refusal, r.refusal || d.Refusal != "" // a refusal's text, and the finish content_filter
