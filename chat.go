@@ -110,7 +110,17 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 		b.Stop = slices.Concat([]byte("["), b.Stop, []byte("]"))
 	}
 	err = cmp.Or(readList(b.Messages, "messages", req.addChatMessage),
-		readList(b.Tools, "tools", req.addChatTool),
+		readList(b.Tools, "tools", func(t chatToolCall, raw json.RawMessage, what string) error { // as Responses' flat tool
+			if t.Type != toolFunction && t.Type != toolCustom { // another type is dropped and named
+				req.drop(true, cmp.Or(t.Type, "tools"))
+				return nil
+			}
+			req.dropUnknown(raw, "type "+t.Type)
+			req.dropUnknown(rawMember(raw, t.Type), chatNested[t.Type])
+			flat := valueOr(map[string]*chatFunction{toolFunction: t.Function, toolCustom: t.Custom}[t.Type], chatFunction{}).tool
+			flat.Type = t.Type
+			return req.addOpenAITool(flat, nil, what)
+		}),
 		req.setOpenAIToolChoice(b.ToolChoice, true),
 		readList(b.Stop, "stop", func(stop string, _ json.RawMessage, _ string) error { // [] asks for nothing
 			req.Stop, req.StopName = append(req.Stop, stop), "stop"
@@ -176,19 +186,6 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 	}
 	req.Messages = append(req.Messages, message{Role: m.Role, Parts: parts})
 	return err
-}
-
-// addChatTool adds a function or custom tool as Responses' flat one; another type is dropped and named.
-func (req *chatRequest) addChatTool(t chatToolCall, raw json.RawMessage, what string) error {
-	if t.Type != toolFunction && t.Type != toolCustom {
-		req.drop(true, cmp.Or(t.Type, "tools"))
-		return nil
-	}
-	req.dropUnknown(raw, "type "+t.Type)
-	req.dropUnknown(rawMember(raw, t.Type), chatNested[t.Type])
-	flat := valueOr(map[string]*chatFunction{toolFunction: t.Function, toolCustom: t.Custom}[t.Type], chatFunction{}).tool
-	flat.Type = t.Type
-	return req.addOpenAITool(flat, nil, what)
 }
 
 // addOpenAITool adds a function, custom or namespace tool (raw: its members); any other
@@ -362,8 +359,7 @@ func (tc chatToolCall) call(custom bool) (part, bool) {
 var chatFinishes = map[string]string{finishLength: finishLength, "model_length": finishLength,
 	finishToolCalls: finishToolCalls, "function_call": finishToolCalls, finishContentFilter: finishContentFilter}
 
-// decodeChat reads a complete Chat Completions answer as a stream's last chunk: no finish_reason is tool_calls beside
-// calls, else stop.
+// decodeChat reads a complete answer as a stream's last chunk; no finish_reason is tool_calls beside calls, else stop.
 func decodeChat(body []byte, rd *streamReader) error {
 	var r chatCompletion
 	err := json.Unmarshal(body, &r)
