@@ -100,9 +100,8 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 	if err != nil {
 		return chatRequest{}, err
 	}
-	req.Shared, req.ParallelToolCalls = b.openAIShared, b.ParallelToolCalls
-	req.Effort, req.Verbosity = b.ReasoningEffort, b.Verbosity
-	if req.Effort != "" {
+	req.Shared, req.ParallelToolCalls, req.Verbosity = b.openAIShared, b.ParallelToolCalls, b.Verbosity
+	if req.Effort = b.ReasoningEffort; req.Effort != "" {
 		req.EffortName = "reasoning_effort"
 	}
 	b.ResponseFormat.JSONSchema.Type = b.ResponseFormat.Type // "" when none
@@ -154,7 +153,7 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 	if m.Role == "user" || !rawIsNull(m.Content) {
 		parts, err = callerParts(req, m.Content, what+".content", "content parts",
 			func(cp chatPart, raw json.RawMessage, path string) (p part, err error) {
-				switch img, file := valueOr(cp.ImageURL, chatURL{}), valueOr(cp.File, chatURL{}); {
+				switch img, doc := valueOr(cp.ImageURL, chatURL{}), valueOr(cp.File, chatURL{}); {
 				case cp.Type == "text" && cp.Text == nil:
 					return p, refuse("invalid_request", "%s.text is required", path)
 				case cp.Type == "text":
@@ -162,8 +161,8 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 				case cp.Type == "image_url":
 					p = part{Type: partImage, ImageURL: img.URL, Detail: img.Detail}
 					err = checkCallerURL(p.ImageURL, path+".image_url.url")
-				case cp.Type == "file" && file.FileData != "":
-					p = part{Type: partDocument, FileURL: file.FileData, Filename: file.Filename}
+				case cp.Type == "file" && doc.FileData != "":
+					p = part{Type: partDocument, FileURL: doc.FileData, Filename: doc.Filename}
 					err = checkCallerURL(p.FileURL, path+".file.file_data")
 				default: // a part Brama does not carry
 					return p, nil
