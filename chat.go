@@ -10,9 +10,8 @@ import (
 	"time"
 )
 
-// OpenAI Chat Completions (caller POST /v1/chat/completions, provider {base}/chat/completions): both directions, buffered and streamed.
-
-// Chat Completions wire shapes, for the caller's body and the provider's. A tool is declared in the shape a call is
+// OpenAI Chat Completions (caller POST /v1/chat/completions, provider {base}/chat/completions), both directions, buffered
+// and streamed. Its wire shapes serve the caller's body and the provider's; a tool is declared in the shape a call is
 // made: its type, then under it the members of Responses' flat tool (tool).
 type (
 	chatRequestBody struct {
@@ -104,10 +103,10 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 	if req.Effort = b.ReasoningEffort; req.Effort != "" {
 		req.EffortName = "reasoning_effort"
 	}
-	b.ResponseFormat.JSONSchema.Type = b.ResponseFormat.Type // "" when none
-	if rawShape(b.Stop) == '"' {                             // one sequence, or an array of them
+	if rawShape(b.Stop) == '"' { // one sequence, or an array of them
 		b.Stop = slices.Concat([]byte("["), b.Stop, []byte("]"))
 	}
+	b.ResponseFormat.JSONSchema.Type = b.ResponseFormat.Type // "" when none
 	err = cmp.Or(readList(b.Messages, "messages", req.addChatMessage),
 		readList(b.Tools, "tools", func(t chatToolCall, raw json.RawMessage, what string) error { // as Responses' flat tool
 			if t.Type != toolFunction && t.Type != toolCustom { // another type is dropped and named
@@ -145,8 +144,7 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 		return err
 	case "user", "assistant":
 	default:
-		return refuse("invalid_request", "%s.role %s is not one of system, developer, user, assistant, tool", what,
-			quoteCallerToken(m.Role))
+		return refuse("invalid_request", "%s.role %s is not system, developer, user, assistant or tool", what, quoteCallerToken(m.Role))
 	}
 	var parts []part
 	var err error
@@ -429,9 +427,8 @@ func (s *callerStream) chatChunk(u *chatUsage, choices ...chatChoice) error {
 	return s.frame("", chatCompletion{s.id, "chat.completion.chunk", s.created, s.model, append([]chatChoice{}, choices...), u})
 }
 
-// The chat part of the one stream reader (relay.go's streamReader).
-
-// readChat: each choice's finish_reason is the terminal signal (n > 1: the last choice's); usage may follow alone.
+// readChat is the chat part of the one stream reader (relay.go's streamReader): each choice's finish_reason is the
+// terminal signal (n > 1: the last choice's); usage may follow alone.
 func (r *streamReader) readChat(event string, e rawObject) (keep bool, err error) {
 	if event == "error" || !rawIsNull(e.value("error")) {
 		f, _ := errorObject(e.value("error"))
