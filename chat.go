@@ -230,12 +230,10 @@ func (req *chatRequest) setOpenAIToolChoice(raw json.RawMessage, nested bool) er
 		}
 		req.ToolChoice = &toolChoice{Mode: tc.Type}
 		return nil
-	case '{':
+	default: // an object, or a type error naming tool_choice
 		if err := decodeCallerJSON(raw, &tc, "tool_choice"); err != nil {
 			return err
 		}
-	default:
-		return refuse("invalid_request", "tool_choice must be a string or an object")
 	}
 	if nested {
 		tc.Name = tc.Function.Name + tc.Custom.Name
@@ -500,11 +498,9 @@ func (r *streamReader) delta(d *chatMessage) error {
 			}
 			c = &upstreamCall{tool: r.ncalls, id: call.ToolCallID}
 			r.calls[i], r.ncalls = c, r.ncalls+1
-			if c.tool > 0 {
-				r.held = append(r.held, call)
-				continue
-			}
-			if err := r.out.call(0, call); err != nil {
+			if c.tool > 0 { // its start, then its pieces below
+				r.held = append(r.held, part{Type: partToolCall, ToolCallID: call.ToolCallID, ToolName: call.ToolName, Custom: call.Custom})
+			} else if err := r.out.call(0, call); err != nil {
 				return err
 			}
 		}
