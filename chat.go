@@ -354,7 +354,8 @@ func (tc chatToolCall) call(custom bool) (part, bool) {
 var chatFinishes = map[string]string{finishLength: finishLength, "model_length": finishLength,
 	finishToolCalls: finishToolCalls, "function_call": finishToolCalls, finishContentFilter: finishContentFilter}
 
-// decodeChat reads a complete answer as a stream's last chunk; no finish_reason is tool_calls beside calls, else stop.
+// decodeChat reads a complete answer as a stream's last chunk (a custom call without input as its stream's would be);
+// no finish_reason is tool_calls beside calls, else stop.
 func decodeChat(body []byte, rd *streamReader) error {
 	var r chatCompletion
 	err := json.Unmarshal(body, &r)
@@ -490,7 +491,7 @@ func (r *streamReader) delta(d *chatMessage) error {
 	// a call starts new at its index, or carrying another id at it (Ollama's parallel calls all at 0, servers that send no index)
 	for i, tc := range d.ToolCalls {
 		i = valueOr(tc.Index, i)
-		call, _ := tc.call(tc.Custom != nil)
+		call, _ := tc.call(tc.Function == nil) // a custom call's deltas carry no function
 		c := r.calls[i]
 		if c == nil || call.ToolCallID != "" && c.id != "" && call.ToolCallID != c.id { // an id after an id-less start is that call's
 			if call.ToolName == "" {
