@@ -65,12 +65,12 @@ type (
 		JSONSchema outputFormat `json:"json_schema,omitzero"`
 	}
 	chatCompletion struct { // the answer, and each chunk of a stream
-		ID      string       `json:"id,omitempty"`
-		Object  string       `json:"object,omitempty"`
-		Created int64        `json:"created,omitempty"`
-		Model   string       `json:"model,omitempty"`
-		Choices []chatChoice `json:"choices"`
-		Usage   *chatUsage   `json:"usage,omitempty"`
+		ID      string          `json:"id,omitempty"`
+		Object  string          `json:"object,omitempty"`
+		Created int64           `json:"created,omitempty"`
+		Model   string          `json:"model,omitempty"`
+		Choices []chatChoice    `json:"choices"`
+		Usage   json.RawMessage `json:"usage,omitempty"` // a chatUsage
 	}
 	chatChoice struct {
 		Index        int          `json:"index"`
@@ -365,8 +365,8 @@ func decodeChat(body []byte, rd *streamReader) error {
 	m := r.Choices[0].Message
 	rd.finish = map[bool]string{false: finishStop, true: finishToolCalls}[len(m.ToolCalls) > 0]
 	rd.finish = cmp.Or(chatFinishes[cmp.Or(valueOr(r.Choices[0].FinishReason, ""), rd.finish)], finishStop)
-	rd.usage, _ = usageOf(protoOpenAIChat, rawMember(body, "usage"))
-	if err := rd.delta(m); err != nil {
+	rd.usage, err = usageOf(protoOpenAIChat, r.Usage)
+	if err = cmp.Or(err, rd.delta(m)); err != nil { // malformed usage refuses the answer, as it does a stream
 		return err
 	}
 	return rd.ended()
@@ -392,9 +392,9 @@ func (s *callerStream) chatFrames(step streamStep, b *streamBlock, d string) err
 		return s.frame("", s.failure.body())
 	case step == stepEnd:
 		finish := ptrTo(answerFinish(s.reason))
-		var u *chatUsage // left out, not zeros, when unreported
+		var u json.RawMessage // left out, not zeros, when unreported
 		if s.usage.Reported {
-			u = &chatUsage{s.usage.InputTokens, s.usage.OutputTokens, s.usage.InputTokens + s.usage.OutputTokens}
+			u = must(json.Marshal(chatUsage{s.usage.InputTokens, s.usage.OutputTokens, s.usage.InputTokens + s.usage.OutputTokens}))
 		}
 		if s.flush == nil { // a buffered answer: content null beside only tool calls, as OpenAI sends it
 			text, m := "", chatMessage{Role: "assistant"}
@@ -422,7 +422,7 @@ func (s *callerStream) chatFrames(step streamStep, b *streamBlock, d string) err
 }
 
 // chatChunk writes a chat.completion.chunk of this answer: its one choice, or none beside usage.
-func (s *callerStream) chatChunk(u *chatUsage, choices ...chatChoice) error {
+func (s *callerStream) chatChunk(u json.RawMessage, choices ...chatChoice) error {
 	return s.frame("", chatCompletion{s.id, "chat.completion.chunk", s.created, s.model, append([]chatChoice{}, choices...), u})
 }
 

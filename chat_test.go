@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"strings"
@@ -390,6 +391,19 @@ func TestBufferedCustomCallWithoutInput(t *testing.T) {
 	for _, want := range []string{`"custom":{"name":"p","input":""}`, `"finish_reason":"tool_calls"`} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("answer %s lacks %s", out, want)
+		}
+	}
+}
+
+// TestBufferedChatUsageMalformed: a buffered answer whose usage is not one refuses the answer, as a chunk's does a stream.
+func TestBufferedChatUsageMalformed(t *testing.T) {
+	for _, u := range []string{`"x"`, `{"prompt_tokens":"3"}`} {
+		body := `{"choices":[{"message":{"content":"a"}}],"usage":` + u + `}`
+		resp := &http.Response{StatusCode: 200, Header: http.Header{}, Body: io.NopCloser(strings.NewReader(body))}
+		_, _, err := readAnswer(dialectChat, chatRequest{}, "alias", providerInfo{id: "openai", protocol: protoOpenAIChat}, resp)
+		var ae *apiError
+		if !errors.As(err, &ae) || ae.Code != "provider_failure" {
+			t.Errorf("usage %s: err = %v, want provider_failure", u, err)
 		}
 	}
 }
