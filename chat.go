@@ -6,12 +6,12 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 )
 
-// OpenAI Chat Completions (caller POST /v1/chat/completions, provider {base}/chat/completions): both directions, buffered and streamed.
-
-// Chat Completions wire shapes, for the caller's body and the provider's. A tool is declared in the shape a call is
+// OpenAI Chat Completions (caller POST /v1/chat/completions, provider {base}/chat/completions), both directions, buffered
+// and streamed. Its wire shapes serve the caller's body and the provider's; a tool is declared in the shape a call is
 // made: its type, then under it the members of Responses' flat tool (tool).
 type (
 	chatRequestBody struct {
@@ -23,7 +23,7 @@ type (
 		MaxTokens           *int            `json:"max_tokens,omitempty"`
 		MaxCompletionTokens *int            `json:"max_completion_tokens,omitempty"`
 		Stop                json.RawMessage `json:"stop,omitempty"`
-		ResponseFormat      *chatFormat     `json:"response_format,omitempty"`
+		ResponseFormat      chatFormat      `json:"response_format,omitzero"`
 		ReasoningEffort     string          `json:"reasoning_effort,omitempty"`
 		Verbosity           string          `json:"verbosity,omitempty"`
 		StreamOptions       json.RawMessage `json:"stream_options,omitempty"`
@@ -61,8 +61,8 @@ type (
 		Input     *string `json:"input,omitempty"`     // a custom call's
 	}
 	chatFormat struct {
-		Type       string        `json:"type"`
-		JSONSchema *outputFormat `json:"json_schema,omitempty"`
+		Type       string       `json:"type"`
+		JSONSchema outputFormat `json:"json_schema,omitzero"`
 	}
 	chatCompletion struct { // the answer, and each chunk of a stream
 		ID      string          `json:"id,omitempty"`
@@ -70,8 +70,7 @@ type (
 		Created int64           `json:"created,omitempty"`
 		Model   string          `json:"model,omitempty"`
 		Choices []chatChoice    `json:"choices"`
-		Usage   *chatUsage      `json:"usage,omitempty"`
-		Error   json.RawMessage `json:"error,omitempty"`
+		Usage   json.RawMessage `json:"usage,omitempty"` // a chatUsage
 	}
 	chatChoice struct {
 		Index        int          `json:"index"`
@@ -100,31 +99,37 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 	if err != nil {
 		return chatRequest{}, err
 	}
-	req.Shared, req.ParallelToolCalls = b.openAIShared, b.ParallelToolCalls
-	req.Effort, req.Verbosity = b.ReasoningEffort, b.Verbosity
-	if req.Effort != "" {
+	req.Shared, req.ParallelToolCalls, req.Verbosity = b.openAIShared, b.ParallelToolCalls, b.Verbosity
+	if req.Effort = b.ReasoningEffort; req.Effort != "" {
 		req.EffortName = "reasoning_effort"
-	}
-	var output *outputFormat
-	if f := b.ResponseFormat; f != nil {
-		output = ptrTo(valueOr(f.JSONSchema, outputFormat{}))
-		output.Type = f.Type
 	}
 	if rawShape(b.Stop) == '"' { // one sequence, or an array of them
 		b.Stop = slices.Concat([]byte("["), b.Stop, []byte("]"))
 	}
+	b.ResponseFormat.JSONSchema.Type = b.ResponseFormat.Type // "" when none
 	err = cmp.Or(readList(b.Messages, "messages", req.addChatMessage),
-		readList(b.Tools, "tools", req.addChatTool),
+		readList(b.Tools, "tools", func(t chatToolCall, raw json.RawMessage, what string) error { // as Responses' flat tool
+			if t.Type != toolFunction && t.Type != toolCustom { // another type is dropped and named
+				req.drop(true, cmp.Or(t.Type, "tools"))
+				return nil
+			}
+			req.dropUnknown(raw, "type "+t.Type)
+			req.dropUnknown(rawMember(raw, t.Type), chatNested[t.Type])
+			flat := valueOr(map[string]*chatFunction{toolFunction: t.Function, toolCustom: t.Custom}[t.Type], chatFunction{}).tool
+			flat.Type = t.Type
+			return req.addOpenAITool(flat, nil, what)
+		}),
 		req.setOpenAIToolChoice(b.ToolChoice, true),
 		readList(b.Stop, "stop", func(stop string, _ json.RawMessage, _ string) error { // [] asks for nothing
 			req.Stop, req.StopName = append(req.Stop, stop), "stop"
 			return nil
 		}),
-		req.setOutput(output, "response_format"))
+		req.setOutput(&b.ResponseFormat.JSONSchema, "response_format"))
 	return req.finishParse(err, "messages must hold at least one user, assistant or tool message")
 }
 
 // addChatMessage adds one Chat Completions message, naming raw's unknown members; "" beside tool calls is no text.
+// Content is a string or text, image_url and file parts; others (audio, an earlier refusal) are dropped and named.
 func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what string) error {
 	req.dropUnknown(raw, "role content tool_calls tool_call_id")
 	switch m.Role {
@@ -139,24 +144,37 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 		return err
 	case "user", "assistant":
 	default:
-		return refuse("invalid_request", "%s.role %s is not one of system, developer, user, assistant, tool", what,
-			quoteCallerToken(m.Role))
+		return refuse("invalid_request", "%s.role %s is not system, developer, user, assistant or tool", what, quoteCallerToken(m.Role))
 	}
 	var parts []part
 	var err error
 	if m.Role == "user" || !rawIsNull(m.Content) {
-		parts, err = req.chatParts(m.Content, what+".content")
+		parts, err = callerParts(req, m.Content, what+".content", "content parts",
+			func(cp chatPart, raw json.RawMessage, path string) (p part, err error) {
+				switch img, doc := valueOr(cp.ImageURL, chatURL{}), valueOr(cp.File, chatURL{}); {
+				case cp.Type == "text" && cp.Text == nil:
+					return p, refuse("invalid_request", "%s.text is required", path)
+				case cp.Type == "text":
+					p = part{Type: partText, Text: *cp.Text}
+				case cp.Type == "image_url":
+					p = part{Type: partImage, ImageURL: img.URL, Detail: img.Detail}
+					err = checkCallerURL(p.ImageURL, path+".image_url.url")
+				case cp.Type == "file" && doc.FileData != "":
+					p = part{Type: partDocument, FileURL: doc.FileData, Filename: doc.Filename}
+					err = checkCallerURL(p.FileURL, path+".file.file_data")
+				default: // a part Brama does not carry
+					return p, nil
+				}
+				req.dropUnknown(raw, "type "+cp.Type) // then the members of its object not in chatNested
+				req.dropUnknown(rawMember(raw, cp.Type), chatNested[cp.Type])
+				return p, err
+			})
 	}
-	if len(parts) == 1 && parts[0].Text == "" && len(m.ToolCalls) > 0 {
-		parts = nil
-	}
+	parts = slices.DeleteFunc(parts, func(p part) bool { return p.Type == partText && p.Text == "" && len(m.ToolCalls) > 0 })
 	for i, tc := range m.ToolCalls {
 		c, ok := tc.call(tc.Type == toolCustom) // a custom call reads no function, nor a function call custom
-		switch {
-		case !ok || !slices.Contains([]string{"", toolFunction, toolCustom}, tc.Type):
-			return refuse("invalid_request", "%s.tool_calls[%d] must be a function or custom call", what, i)
-		case c.ToolCallID == "" || c.ToolName == "":
-			return refuse("invalid_request", "%s.tool_calls[%d] needs an id and a name", what, i)
+		if !ok {
+			return refuse("invalid_request", "%s.tool_calls[%d] must be a function or custom call with an id and a name", what, i)
 		}
 		parts = append(parts, c)
 	}
@@ -165,48 +183,6 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 	}
 	req.Messages = append(req.Messages, message{Role: m.Role, Parts: parts})
 	return err
-}
-
-// chatParts reads content: a string or text, image_url and file parts; others (audio, an earlier refusal) are dropped and named.
-func (req *chatRequest) chatParts(raw json.RawMessage, what string) ([]part, error) {
-	return callerParts(req, raw, what, "content parts", func(cp chatPart, raw json.RawMessage, path string) (p part, err error) {
-		switch {
-		case cp.Type == "text" && cp.Text == nil:
-			return p, refuse("invalid_request", "%s.text is required", path)
-		case cp.Type == "text":
-			p = part{Type: partText, Text: *cp.Text}
-		case cp.Type == "image_url" && cp.ImageURL == nil:
-			return p, refuse("invalid_request", "%s.image_url must be an object with a url", path)
-		case cp.Type == "image_url":
-			p = part{Type: partImage, ImageURL: cp.ImageURL.URL, Detail: cp.ImageURL.Detail}
-			err = checkCallerURL(p.ImageURL, path+".image_url.url")
-		case cp.Type == "file" && cp.File != nil && cp.File.FileData != "":
-			p = part{Type: partDocument, FileURL: cp.File.FileData, Filename: cp.File.Filename}
-			err = checkCallerURL(p.FileURL, path+".file.file_data")
-		default: // a part Brama does not carry
-			return p, nil
-		}
-		req.dropUnknownChat(raw, cp.Type)
-		return p, err
-	})
-}
-
-// dropUnknownChat names raw's members other than type and its typ object, then that object's not in chatNested.
-func (req *chatRequest) dropUnknownChat(raw json.RawMessage, typ string) {
-	req.dropUnknown(raw, "type "+typ)
-	req.dropUnknown(rawMember(raw, typ), chatNested[typ])
-}
-
-// addChatTool adds a function or custom tool as Responses' flat one; another type is dropped and named.
-func (req *chatRequest) addChatTool(t chatToolCall, raw json.RawMessage, what string) error {
-	if t.Type != toolFunction && t.Type != toolCustom {
-		req.drop(true, cmp.Or(t.Type, "tools"))
-		return nil
-	}
-	req.dropUnknownChat(raw, t.Type)
-	flat := valueOr(map[string]*chatFunction{toolFunction: t.Function, toolCustom: t.Custom}[t.Type], chatFunction{}).tool
-	flat.Type = t.Type
-	return req.addOpenAITool(flat, nil, what)
 }
 
 // addOpenAITool adds a function, custom or namespace tool (raw: its members); any other
@@ -227,9 +203,7 @@ func (req *chatRequest) addOpenAITool(t tool, raw json.RawMessage, what string) 
 		req.Tools = append(req.Tools, t)
 		return err // on an error the whole request is refused
 	case "namespace":
-		if t.Description != "" {
-			req.drop(true, "description")
-		}
+		req.drop(t.Description != "", "description")
 		n := len(req.Tools)
 		err := readList(t.Tools, what+".tools", req.addOpenAITool)
 		for j := n; j < len(req.Tools); j++ {
@@ -256,12 +230,10 @@ func (req *chatRequest) setOpenAIToolChoice(raw json.RawMessage, nested bool) er
 		}
 		req.ToolChoice = &toolChoice{Mode: tc.Type}
 		return nil
-	case '{':
+	default: // an object, or a type error naming tool_choice
 		if err := decodeCallerJSON(raw, &tc, "tool_choice"); err != nil {
 			return err
 		}
-	default:
-		return refuse("invalid_request", "tool_choice must be a string or an object")
 	}
 	if nested {
 		tc.Name = tc.Function.Name + tc.Custom.Name
@@ -271,10 +243,8 @@ func (req *chatRequest) setOpenAIToolChoice(raw json.RawMessage, nested bool) er
 		req.drop(true, "tool_choice")
 	case tc.Name == "":
 		return refuse("invalid_request", "tool_choice must name a tool: {\"type\":\"function\",…}")
-	case tc.Namespace != "":
-		req.ToolChoice = &toolChoice{Mode: toolChoiceTool, Name: tc.Namespace + "__" + tc.Name}
-	default:
-		req.ToolChoice = &toolChoice{Mode: toolChoiceTool, Name: tc.Name}
+	default: // a namespace member by its flat name
+		req.ToolChoice = &toolChoice{Mode: toolChoiceTool, Name: strings.TrimPrefix(tc.Namespace+"__"+tc.Name, "__")}
 	}
 	return nil
 }
@@ -299,10 +269,9 @@ func encodeChat(req *chatRequest, c call, _ http.Header) (any, error) {
 	out := chatRequestBody{callerHead: callerHead{c.res.Model, req.Temperature, req.TopP, req.Stream}, ParallelToolCalls: req.ParallelToolCalls,
 		ReasoningEffort: req.Effort, Verbosity: req.Verbosity, ToolChoice: req.openAIToolChoice(true), Stop: jsonArray(req.Stop),
 		openAIShared: req.Shared}
-	switch {
-	case req.MaxTokens > 0 && c.res.Provider.id == "openai": // its reasoning models take only this, as a passthrough call sends
+	if req.MaxTokens > 0 && c.res.Provider.id == "openai" { // its reasoning models take only this, as a passthrough call sends
 		out.MaxCompletionTokens = &req.MaxTokens
-	case req.MaxTokens > 0:
+	} else if req.MaxTokens > 0 {
 		out.MaxTokens = &req.MaxTokens
 	}
 	if req.Stream {
@@ -324,7 +293,7 @@ func encodeChat(req *chatRequest, c call, _ http.Header) (any, error) {
 			case partDocument:
 				parts = append(parts, chatPart{Type: "file", File: &chatURL{FileData: p.FileURL, Filename: p.Filename}})
 			case partToolCall:
-				msg.ToolCalls = append(msg.ToolCalls, chatCall(p.ToolCallID, p.ToolName, p.Arguments, p.Custom))
+				msg.ToolCalls = append(msg.ToolCalls, chatCall(nil, p.ToolCallID, p.ToolName, p.Arguments, p.Custom))
 			case partToolResult:
 				msgs = append(msgs, chatMessage{Role: "tool", ToolCallID: p.ToolCallID, Content: jsonText(p.Text)})
 				for _, q := range p.Media { // a tool message holds only text
@@ -352,65 +321,60 @@ func encodeChat(req *chatRequest, c call, _ http.Header) (any, error) {
 	}
 	out.Tools = jsonArray(tools)
 	if f := req.Output; f != nil {
-		out.ResponseFormat = &chatFormat{Type: f.Type}
-		if s := schemaOutput(f); s != nil {
-			s.Type, out.ResponseFormat.JSONSchema = "", s
-		}
+		out.ResponseFormat = chatFormat{f.Type, valueOr(schemaOutput(f), outputFormat{})}
+		out.ResponseFormat.JSONSchema.Type = ""
 	}
 	return out, nil
 }
 
-// chatCall is a call as Chat Completions writes it: a custom one's input, a function's arguments ("{}" for none).
-func chatCall(id, name, args string, custom bool) chatToolCall {
-	if custom {
-		return chatToolCall{ID: id, Type: toolCustom, Custom: &chatFunction{tool: tool{Name: name}, Input: &args}}
+// chatCall is a call as Chat Completions writes it: a custom one's input, a function's arguments ("{}" for none but in
+// a stream's call, which carries its index).
+func chatCall(index *int, id, name, args string, custom bool) chatToolCall {
+	if !custom && index == nil {
+		args = argumentsText(args)
 	}
-	f := &chatFunction{tool: tool{Name: name}, Arguments: ptrTo(argumentsText(args))}
-	return chatToolCall{ID: id, Type: toolFunction, Function: f}
+	tc := chatToolCall{Index: index, ID: id, Type: toolFunction, Function: &chatFunction{tool: tool{Name: name}, Arguments: &args}}
+	if custom {
+		tc.Type, tc.Function, tc.Custom = toolCustom, nil, &chatFunction{tool: tool{Name: name}, Input: &args}
+	}
+	return tc
 }
 
 // call is tc as a neutral tool_call part: a custom call read from its custom member, else a function call from its
-// function; ok is false when that member, or a custom call's input, is missing.
+// function; ok is false when that member, its id or name, a custom call's input, or a known type is missing.
 func (tc chatToolCall) call(custom bool) (part, bool) {
-	c := part{Type: partToolCall, ToolCallID: tc.ID, Custom: custom}
-	f := map[bool]*chatFunction{false: tc.Function, true: tc.Custom}[custom]
-	if f == nil {
-		return c, false
-	}
+	f := valueOr(map[bool]*chatFunction{false: tc.Function, true: tc.Custom}[custom], chatFunction{})
 	in := map[bool]*string{false: f.Arguments, true: f.Input}[custom]
-	c.ToolName, c.Arguments = f.Name, valueOr(in, "")
-	return c, !custom || in != nil
+	c := part{Type: partToolCall, ToolCallID: tc.ID, ToolName: f.Name, Arguments: valueOr(in, ""), Custom: custom}
+	return c, c.ToolCallID != "" && c.ToolName != "" && (!custom || in != nil) &&
+		slices.Contains([]string{"", toolFunction, toolCustom}, tc.Type)
 }
 
 // chatFinishes maps Chat Completions finish reasons to neutral ones; any other is a stop.
 var chatFinishes = map[string]string{finishLength: finishLength, "model_length": finishLength,
 	finishToolCalls: finishToolCalls, "function_call": finishToolCalls, finishContentFilter: finishContentFilter}
 
-// decodeChat reads a complete Chat Completions answer as a stream's last chunk: a custom call without input is
-// read as a function call, no finish_reason is tool_calls beside calls, else stop.
+// decodeChat reads a complete answer as a stream's last chunk (a custom call without input as its stream's would be);
+// no finish_reason is tool_calls beside calls, else stop.
 func decodeChat(body []byte, rd *streamReader) error {
 	var r chatCompletion
-	if err := json.Unmarshal(body, &r); err != nil || len(r.Choices) == 0 || r.Choices[0].Message == nil || !rawIsNull(r.Error) {
+	err := json.Unmarshal(body, &r)
+	if err != nil || len(r.Choices) == 0 || r.Choices[0].Message == nil || !rawIsNull(rawMember(body, "error")) {
 		return malformedAnswer(protoOpenAIChat, err)
 	}
 	m := r.Choices[0].Message
-	for i, tc := range m.ToolCalls {
-		if tc.Custom != nil && tc.Custom.Input == nil {
-			m.ToolCalls[i].Custom = nil
-		}
-	}
 	rd.finish = map[bool]string{false: finishStop, true: finishToolCalls}[len(m.ToolCalls) > 0]
 	rd.finish = cmp.Or(chatFinishes[cmp.Or(valueOr(r.Choices[0].FinishReason, ""), rd.finish)], finishStop)
-	rd.usage, _ = usageOf(protoOpenAIChat, rawMember(body, "usage"))
-	if err := rd.delta(m); err != nil {
+	rd.usage, err = usageOf(protoOpenAIChat, r.Usage)
+	if err = cmp.Or(err, rd.delta(m)); err != nil { // malformed usage refuses the answer, as it does a stream
 		return err
 	}
 	return rd.ended()
 }
 
-// chatFrames writes chat.completion.chunk frames. Chat has no block framing: a tool call's deltas carry its
-// call index; at the end finish_reason goes out once, then the usage chunk (choices: []) when the caller asked and
-// usage was reported, then [DONE].
+// chatFrames writes chat.completion.chunk frames. Chat has no block framing: a tool call's deltas carry its call
+// index; at the end finish_reason goes out once, then the usage chunk (choices: []) when the caller asked and usage
+// was reported, then [DONE]. A buffered answer is the chat.completion of the blocks: the text of them all, the calls.
 func (s *callerStream) chatFrames(step streamStep, b *streamBlock, d string) error {
 	var delta chatMessage
 	switch {
@@ -418,73 +382,52 @@ func (s *callerStream) chatFrames(step streamStep, b *streamBlock, d string) err
 		s.id, s.created = newAnswerID("chatcmpl-"), time.Now().Unix()
 		delta = chatMessage{Role: "assistant", Content: jsonText("")}
 	case step == stepOpen && !b.text: // its id, type and name, a function's arguments empty
-		tc := chatCall(answerIDOr(b.id, "call_"), b.name, "", b.custom)
-		if tc.Function != nil {
-			tc.Function.Arguments = ptrTo("")
-		}
-		tc.Index = &b.index
-		delta.ToolCalls = []chatToolCall{tc}
+		delta.ToolCalls = []chatToolCall{chatCall(&b.index, answerIDOr(b.id, "call_"), b.name, "", b.custom)}
 	case step == stepDelta && b.text:
 		delta.Content = jsonText(d)
-	case step == stepDelta:
-		tc := chatToolCall{Index: &b.index, Function: &chatFunction{Arguments: &d}}
-		if b.custom {
-			tc = chatToolCall{Index: &b.index, Custom: &chatFunction{Input: &d}}
-		}
-		delta.ToolCalls = []chatToolCall{tc}
+	case step == stepDelta: // the piece alone at its index
+		delta.ToolCalls = []chatToolCall{chatCall(&b.index, "", "", d, b.custom)}
+		delta.ToolCalls[0].Type = ""
 	case step == stepFail: // the envelope of SPEC §8.1 as a final data frame
 		return s.frame("", s.failure.body())
 	case step == stepEnd:
-		if err := s.chatChunk(&chatMessage{}, ptrTo(answerFinish(s.reason)), nil); err != nil {
-			return err
-		}
-		var u *chatUsage // left out, not zeros, when unreported
+		finish := ptrTo(answerFinish(s.reason))
+		var u json.RawMessage // left out, not zeros, when unreported
 		if s.usage.Reported {
-			u = &chatUsage{s.usage.InputTokens, s.usage.OutputTokens, s.usage.InputTokens + s.usage.OutputTokens}
+			u = must(json.Marshal(chatUsage{s.usage.InputTokens, s.usage.OutputTokens, s.usage.InputTokens + s.usage.OutputTokens}))
 		}
 		if s.flush == nil { // a buffered answer: content null beside only tool calls, as OpenAI sends it
-			s.whole = s.chatWhole(u)
+			text, m := "", chatMessage{Role: "assistant"}
+			for _, b := range s.blocks {
+				if b.text {
+					text += b.buf.String()
+				} else {
+					m.ToolCalls = append(m.ToolCalls, chatCall(nil, answerIDOr(b.id, "call_"), b.name, b.buf.String(), b.custom))
+				}
+			}
+			if m.Content = jsonText(text); text == "" && len(m.ToolCalls) > 0 {
+				m.Content = json.RawMessage("null")
+			}
+			s.whole = chatCompletion{s.id, "chat.completion", s.created, s.model, []chatChoice{{Message: &m, FinishReason: finish}}, u}
 		}
-		var err error
+		s.chatChunk(nil, chatChoice{Delta: &chatMessage{}, FinishReason: finish})
 		if s.req.StreamUsage && u != nil {
-			err = s.chatChunk(nil, nil, u)
+			s.chatChunk(u)
 		}
-		return cmp.Or(err, s.write([]byte("data: [DONE]\n\n"), true))
+		return s.write([]byte("data: [DONE]\n\n"), true) // the first write error sticks: this returns it
 	default:
 		return nil
 	}
-	return s.chatChunk(&delta, nil, nil)
+	return s.chatChunk(nil, chatChoice{Delta: &delta})
 }
 
-// chatWhole is the chat.completion of the blocks written: the text of them all, and the calls.
-func (s *callerStream) chatWhole(u *chatUsage) chatCompletion {
-	text, m := "", chatMessage{Role: "assistant"}
-	for _, b := range s.blocks {
-		if b.text {
-			text += b.buf.String()
-		} else {
-			m.ToolCalls = append(m.ToolCalls, chatCall(answerIDOr(b.id, "call_"), b.name, b.buf.String(), b.custom))
-		}
-	}
-	if m.Content = jsonText(text); text == "" && len(m.ToolCalls) > 0 {
-		m.Content = json.RawMessage("null")
-	}
-	return chatCompletion{ID: s.id, Object: "chat.completion", Created: s.created, Model: s.model,
-		Choices: []chatChoice{{Message: &m, FinishReason: ptrTo(answerFinish(s.reason))}}, Usage: u}
+// chatChunk writes a chat.completion.chunk of this answer: its one choice, or none beside usage.
+func (s *callerStream) chatChunk(u json.RawMessage, choices ...chatChoice) error {
+	return s.frame("", chatCompletion{s.id, "chat.completion.chunk", s.created, s.model, append([]chatChoice{}, choices...), u})
 }
 
-// chatChunk writes one chunk with a single choice, or with usage and none.
-func (s *callerStream) chatChunk(d *chatMessage, finish *string, u *chatUsage) error {
-	c := chatCompletion{ID: s.id, Object: "chat.completion.chunk", Created: s.created, Model: s.model, Choices: []chatChoice{}, Usage: u}
-	if d != nil {
-		c.Choices = []chatChoice{{Delta: d, FinishReason: finish}}
-	}
-	return s.frame("", c)
-}
-
-// The chat part of the one stream reader (relay.go's streamReader).
-
-// readChat: each choice's finish_reason is the terminal signal (n > 1: the last choice's); usage may follow alone.
+// readChat is the chat part of the one stream reader (relay.go's streamReader): each choice's finish_reason is the
+// terminal signal (n > 1: the last choice's); usage may follow alone.
 func (r *streamReader) readChat(event string, e rawObject) (keep bool, err error) {
 	if event == "error" || !rawIsNull(e.value("error")) {
 		f, _ := errorObject(e.value("error"))
@@ -492,13 +435,12 @@ func (r *streamReader) readChat(event string, e rawObject) (keep bool, err error
 	}
 	u, err := usageOf(r.protocol, e.value("usage"))
 	choices, ok := splitRaw(e.value("choices"), '[', r.elems[:])
-	if err == nil && !ok && !rawIsNull(e.value("choices")) {
-		err = eventWithout(r.protocol, "chunk", "a choices array")
-	}
-	if err != nil {
+	switch {
+	case err != nil:
 		return false, err
-	}
-	if u.Reported {
+	case !ok && !rawIsNull(e.value("choices")):
+		return false, eventWithout(r.protocol, "chunk", "a choices array")
+	case u.Reported:
 		r.usage = u
 	}
 	for _, c := range choices.members {
@@ -538,22 +480,18 @@ func (r *streamReader) delta(d *chatMessage) error {
 		if err := json.Unmarshal(d.Content, &parts); err != nil {
 			return malformedAnswer(protoOpenAIChat, err)
 		}
-		for _, p := range parts {
-			if p.Type == "text" && p.Text != nil {
-				t += *p.Text
-			}
+		for _, p := range parts { // a text part's; no other carries text
+			t += valueOr(p.Text, "")
 		}
 	}
-	if d.Refusal != "" {
-		t, r.refusal = t+d.Refusal, true
-	}
+	t, r.refusal = t+d.Refusal, r.refusal || d.Refusal != "" // a refusal's text, and the finish content_filter
 	if err := r.out.text(t); err != nil {
 		return err
 	}
 	// a call starts new at its index, or carrying another id at it (Ollama's parallel calls all at 0, servers that send no index)
 	for i, tc := range d.ToolCalls {
 		i = valueOr(tc.Index, i)
-		call, _ := tc.call(tc.Custom != nil)
+		call, _ := tc.call(tc.Function == nil) // a custom call's deltas carry no function
 		c := r.calls[i]
 		if c == nil || call.ToolCallID != "" && c.id != "" && call.ToolCallID != c.id { // an id after an id-less start is that call's
 			if call.ToolName == "" {
@@ -561,20 +499,16 @@ func (r *streamReader) delta(d *chatMessage) error {
 			}
 			c = &upstreamCall{tool: r.ncalls, id: call.ToolCallID}
 			r.calls[i], r.ncalls = c, r.ncalls+1
-			start := part{Type: partToolCall, ToolCallID: call.ToolCallID, ToolName: call.ToolName, Custom: call.Custom}
-			if c.tool > 0 {
-				r.held = append(r.held, start)
-			} else if err := r.out.call(0, start); err != nil {
+			if c.tool > 0 { // its start, then its pieces below
+				r.held = append(r.held, part{Type: partToolCall, ToolCallID: call.ToolCallID, ToolName: call.ToolName, Custom: call.Custom})
+			} else if err := r.out.call(0, call); err != nil {
 				return err
 			}
 		}
-		switch {
-		case c.tool > 0:
+		if c.tool > 0 {
 			r.held[c.tool-1].Arguments += call.Arguments
-		case call.Arguments != "":
-			if err := r.out.args(0, call.Arguments); err != nil {
-				return err
-			}
+		} else if err := r.out.args(0, call.Arguments); err != nil {
+			return err
 		}
 	}
 	return nil

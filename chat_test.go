@@ -93,6 +93,20 @@ func TestParseChatCompletions(t *testing.T) {
 				Dropped: []string{"refusal"}},
 		},
 		{
+			name: "an image beside tool calls is kept (only empty text is no content)",
+			body: `{"model":"m","messages":[{"role":"user","content":"q"},{"role":"assistant","content":[{"type":"image_url","image_url":{"url":"https://x/a.png"}},{"type":"text","text":""}],
+				"tool_calls":[{"id":"c","function":{"name":"f","arguments":"{}"}}]}]}`,
+			want: chatRequest{Model: "m", Messages: []message{dialectUserText("q"), {Role: "assistant", Parts: []part{
+				{Type: partImage, ImageURL: "https://x/a.png"}, {Type: partToolCall, ToolCallID: "c", ToolName: "f", Arguments: "{}"}}}}},
+		},
+		{
+			name: "a lone image beside tool calls is kept",
+			body: `{"model":"m","messages":[{"role":"user","content":"q"},{"role":"assistant","content":[{"type":"image_url","image_url":{"url":"https://x/a.png"}}],
+				"tool_calls":[{"id":"c","function":{"name":"f","arguments":"{}"}}]}]}`,
+			want: chatRequest{Model: "m", Messages: []message{dialectUserText("q"), {Role: "assistant", Parts: []part{
+				{Type: partImage, ImageURL: "https://x/a.png"}, {Type: partToolCall, ToolCallID: "c", ToolName: "f", Arguments: "{}"}}}}},
+		},
+		{
 			name: "a tool of another type is named by its type",
 			body: `{"model":"m","messages":[{"role":"user","content":"q"}],"tools":[{"type":"web_search"},{"function":{"name":"f"}}]}`,
 			want: chatRequest{Model: "m", Messages: []message{dialectUserText("q")}, Dropped: []string{"web_search", "tools"}},
@@ -362,5 +376,34 @@ func TestBufferedAnswerTextAfterACall(t *testing.T) {
 	want := chatAnswer{Model: "alias", Text: "ab", Finish: finishToolCalls, ToolCalls: []toolCall{{ID: "c1", Name: "f", Arguments: "{}"}}}
 	if diff := cmp.Diff(want, decodeChatAnswer(t, rec.Body.Bytes())); diff != "" {
 		t.Errorf("answer mismatch (-want +got):\n%s", diff)
+	}
+}
+
+// TestBufferedCustomCallWithoutInput: a buffered answer's custom call without input is read as the same call
+// streamed is, a custom call with empty input (it was refused as a nameless function call).
+func TestBufferedCustomCallWithoutInput(t *testing.T) {
+	body := `{"choices":[{"message":{"tool_calls":[{"id":"c1","type":"custom","custom":{"name":"p"}}]}}]}`
+	resp := &http.Response{StatusCode: 200, Header: http.Header{}, Body: io.NopCloser(strings.NewReader(body))}
+	rec, c := httptest.NewRecorder(), call{res: resolution{Provider: providerInfo{id: "openai", protocol: protoOpenAIChat}}}
+	if _, ae := relayBuffered(rec, c, resp, 1, &callerStream{frames: formatOf(dialectChat).frames, model: "alias"}); ae != nil {
+		t.Fatal(ae)
+	}
+	for _, want := range []string{`"custom":{"name":"p","input":""}`, `"finish_reason":"tool_calls"`} {
+		if out := rec.Body.String(); !strings.Contains(out, want) {
+			t.Errorf("answer %s lacks %s", out, want)
+		}
+	}
+}
+
+// TestBufferedChatUsageMalformed: a buffered answer whose usage is not one refuses the answer, as a chunk's does a stream.
+func TestBufferedChatUsageMalformed(t *testing.T) {
+	for _, u := range []string{`"x"`, `{"prompt_tokens":"3"}`} {
+		body := `{"choices":[{"message":{"content":"a"}}],"usage":` + u + `}`
+		resp := &http.Response{StatusCode: 200, Header: http.Header{}, Body: io.NopCloser(strings.NewReader(body))}
+		c := call{res: resolution{Provider: providerInfo{id: "openai", protocol: protoOpenAIChat}}}
+		_, ae := relayBuffered(httptest.NewRecorder(), c, resp, 1, &callerStream{frames: formatOf(dialectChat).frames, model: "alias"})
+		if ae == nil || ae.Code != "provider_failure" {
+			t.Errorf("usage %s: err = %v, want provider_failure", u, ae)
+		}
 	}
 }
