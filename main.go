@@ -159,7 +159,14 @@ func serve(e *cliEnv, o opts, _ []string) error {
 	maxBody, bodyErr := envWhole(e.getenv, "BRAMA_MAX_REQUEST_BYTES", "bytes", 1, defaultMaxRequestBytes, 64)
 	guard, guardErr := newTransportGuard(e.getenv("BRAMA_TRUSTED_PROXY_IPS"))
 	localCreds, credsErr := readLocalCredentials(o.b("local-credentials-stdin"), e.in)
-	if err := cmp.Or(checkListenAddr(o.s("addr")), bodyErr, guardErr, credsErr); err != nil {
+	_, port, addrErr := net.SplitHostPort(o.s("addr")) // net.Listen would take no port for a random one
+	if _, err := net.LookupPort("tcp", port); addrErr == nil && (port == "" || err != nil) {
+		addrErr = cmp.Or(err, errors.New("no port"))
+	}
+	if addrErr != nil {
+		addrErr = &usageError{msg: fmt.Sprintf("-addr %q is not HOST:PORT to listen on (e.g. 127.0.0.1:8080): %v", o.s("addr"), addrErr)}
+	}
+	if err := cmp.Or(addrErr, bodyErr, guardErr, credsErr); err != nil {
 		return err
 	}
 	signal.Ignore(syscall.SIGPIPE) // a log reader gone (`serve 2>&1 | logger`) ends no generation: its lines are lost
@@ -206,7 +213,14 @@ func serve(e *cliEnv, o opts, _ []string) error {
 		// Only sending headers is bounded: a long generation is never cut (SPEC §7.4).
 		ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 120 * time.Second,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
-	fmt.Fprintf(e.stdout, "listening on http://%s\n%s\n", ln.Addr(), serveNotes(s))
+	// Under the address: the state directory, and the next step while nothing can pay.
+	fmt.Fprintf(e.stdout, "listening on http://%s\nstate: %s\n", ln.Addr(), cmp.Or(d.st.dir, fmt.Sprintf("none (%v): nothing is kept", d.st.cause)))
+	if v, _ := s.vault.load(); s.anyDirectPayer() || v != nil && len(v.Subscriptions) > 0 {
+		fmt.Fprintln(e.stdout, "ready: brama routes list shows what each alias serves")
+	} else {
+		fmt.Fprintln(e.stdout, "next: brama credentials set anthropic (the API key on stdin), then brama routes set 'claude-*' 'anthropic/*'"+
+			"; or a local model: brama deployments add NAME -port 11434")
+	}
 	log.Info("serve_started", "addr", ln.Addr().String(), "version", version, "state_dir", d.st.dir != "")
 
 	var wg sync.WaitGroup
@@ -234,33 +248,6 @@ func serve(e *cliEnv, o opts, _ []string) error {
 	}
 	s.inflight.Lock() // every request still being served has written its log line
 	s.inflight.Unlock()
-	return nil
-}
-
-// serveNotes is what serve prints under its address: the state directory, and the next step while nothing can pay.
-func serveNotes(s *server) string {
-	where := "state: " + s.st.dir
-	if s.st.dir == "" {
-		where = fmt.Sprintf("state: none (%v): nothing is kept", s.st.cause)
-	}
-	if v, _ := s.vault.load(); s.anyDirectPayer() || v != nil && len(v.Subscriptions) > 0 {
-		return where + "\nready: brama routes list shows what each alias serves"
-	}
-	return where + "\nnext: brama credentials set anthropic (the API key on stdin), then brama routes set 'claude-*' 'anthropic/*'" +
-		"; or a local model: brama deployments add NAME -port 11434"
-}
-
-// checkListenAddr refuses an -addr net.Listen would misread as every interface or a random port, or a bad port.
-func checkListenAddr(addr string) error {
-	_, port, err := net.SplitHostPort(addr)
-	if err == nil && port == "" {
-		err = errors.New("no port")
-	} else if err == nil {
-		_, err = net.LookupPort("tcp", port)
-	}
-	if err != nil {
-		return &usageError{msg: fmt.Sprintf("-addr %q is not HOST:PORT to listen on (e.g. 127.0.0.1:8080): %v", addr, err)}
-	}
 	return nil
 }
 

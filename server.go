@@ -108,19 +108,23 @@ func (s *server) routes() {
 		w.Write(encodeRegistry(doc)) // the committed file's bytes
 		return nil
 	})
-	handle("PUT /v1/admin/routes", reply(s, 200, true, func(r *http.Request, b *struct {
-		Alias string `json:"alias"`
-		Route string `json:"route"`
-	}) (any, error) {
-		doc, err := s.reg.set(b.Alias, &b.Route, infoFrom(r.Context()).client.ID)
-		return s.routesWritten(b.Alias, doc, err)
-	}))
-	handle("DELETE /v1/admin/routes", reply(s, 200, true, func(r *http.Request, b *struct {
-		Alias string `json:"alias"`
-	}) (any, error) {
-		doc, err := s.reg.set(b.Alias, nil, infoFrom(r.Context()).client.ID)
-		return s.routesWritten(b.Alias, doc, err)
-	}))
+	// PUT sets an alias, DELETE removes it; the alias may serve now (SPEC §17). The answer is the committed document.
+	for _, method := range []string{"PUT", "DELETE"} {
+		handle(method+" /v1/admin/routes", reply(s, 200, true, func(r *http.Request, b *struct {
+			Alias string  `json:"alias"`
+			Route *string `json:"route"`
+		}) (any, error) {
+			if (r.Method == "PUT") != (b.Route != nil) {
+				return nil, refuse("invalid_request", "PUT names an alias and its route; DELETE the alias alone")
+			}
+			doc, err := s.reg.set(b.Alias, b.Route, infoFrom(r.Context()).client.ID)
+			if err != nil {
+				return nil, err
+			}
+			s.replay.forget(b.Alias, "")
+			return map[string]any{"ok": true, "routes": json.RawMessage(encodeRegistry(doc))}, nil
+		}))
+	}
 	for _, p := range []string{"/v1/subscriptions/{agent_id}", "/v1/admin/subscriptions/{agent_id}"} {
 		handle("GET "+p, reply(s, 200, false, func(r *http.Request, _ *struct{}) (any, error) {
 			rows, err := s.inv.list(r.PathValue("agent_id"))
@@ -443,17 +447,10 @@ func (g transportGuard) allows(r *http.Request) bool {
 	return ip.IsLoopback() || xfp+fwd != "" && https(xfp) && https(fwd)
 }
 
-// readiness is GET /readyz's body.
-type readiness struct {
-	Ready    bool     `json:"ready"`
-	Reasons  []string `json:"reasons"`
-	Warnings []string `json:"warnings"`
-}
-
-// handleReady applies SPEC §13; sentences name files by role, never by a path outside the state directory.
+// handleReady answers GET /readyz by SPEC §13 (ready, reasons, warnings); sentences name files by role, never by a path outside the state directory.
 func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
-	rd := readiness{Reasons: []string{}, Warnings: []string{}}
-	warn := func(format string, args ...any) { rd.Warnings = append(rd.Warnings, fmt.Sprintf(format, args...)) }
+	reasons, warnings := []string{}, []string{}
+	warn := func(format string, args ...any) { warnings = append(warnings, fmt.Sprintf(format, args...)) }
 	if s.st.dir == "" {
 		warn("no state directory: %v", s.st.cause)
 	} else if fi, err := os.Stat(s.st.dir); err != nil { // unreadable: its files say why
@@ -469,7 +466,7 @@ func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 			warn("%s is not an absolute path, so that file has no place (§2.1's no state directory)", env)
 		}
 		if err != nil && !slices.ContainsFunc(expected, func(e error) bool { return errors.Is(err, e) }) {
-			rd.Reasons = append(rd.Reasons, what+s.hidePath(err.Error(), path))
+			reasons = append(reasons, what+s.hidePath(err.Error(), path))
 		}
 	}
 	check("route registry unusable: ", "BRAMA_ROUTES_FILE", s.reg.path, s.reg.pathErr, errOf(s.reg.current()), errNoState)
@@ -494,12 +491,11 @@ func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	invWarnings, subPayer := s.inv.readiness()
-	rd.Warnings = append(rd.Warnings, invWarnings...)
-	if !subPayer && !s.anyDirectPayer() {
-		rd.Reasons = append(rd.Reasons, "no payer: no direct credential, declared deployment or active subscription")
+	if warnings = append(warnings, invWarnings...); !subPayer && !s.anyDirectPayer() {
+		reasons = append(reasons, "no payer: no direct credential, declared deployment or active subscription")
 	}
-	rd.Ready = len(rd.Reasons) == 0
-	writeJSON(w, map[bool]int{true: 200, false: 503}[rd.Ready], rd)
+	ready := len(reasons) == 0 // the body's members in this order, as a map's keys are written
+	writeJSON(w, map[bool]int{true: 200, false: 503}[ready], map[string]any{"ready": ready, "reasons": reasons, "warnings": warnings})
 }
 
 // hidePath keeps a file's location out of a sentence unless it lies inside the state directory.
@@ -516,15 +512,6 @@ func (s *server) credentialChanged(it overlayItem) {
 		s.maint.changed()
 		s.replay.forget("", it.Provider)
 	}
-}
-
-// routesWritten answers a write of /v1/admin/routes with the committed document; the alias may serve now (SPEC §17).
-func (s *server) routesWritten(alias string, doc *routesDoc, err error) (any, error) {
-	if err != nil {
-		return nil, err
-	}
-	s.replay.forget(alias, "")
-	return map[string]any{"ok": true, "routes": json.RawMessage(encodeRegistry(doc))}, nil
 }
 
 // handleModel serves a chat route: read the head, resolve, pay, call; the whole body is parsed only to translate
