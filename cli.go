@@ -243,26 +243,6 @@ func commands() []command {
 	}
 }
 
-// lookup finds args' command (one word, or two for a group's); else a usage error naming the group's commands.
-func lookup(args []string) (command, []string, error) {
-	var subs []string
-	for _, c := range commands() {
-		if words := strings.Fields(c.name); len(args) >= len(words) && slices.Equal(words, args[:len(words)]) {
-			return c, args[len(words):], nil
-		} else if len(words) == 2 && words[0] == args[0] {
-			subs = append(subs, words[1])
-		}
-	}
-	if len(subs) == 0 {
-		return command{}, nil, &usageError{msg: fmt.Sprintf("unknown command %q; see brama help", args[0])}
-	}
-	msg := fmt.Sprintf("%s wants one of %s; see brama help", args[0], strings.Join(subs, ", "))
-	if len(args) > 1 && !strings.HasPrefix(args[1], "-") {
-		msg = fmt.Sprintf("unknown command %q: %s", args[0]+" "+args[1], msg)
-	}
-	return command{}, nil, &usageError{msg: msg}
-}
-
 // help lists every command with its purpose.
 func help(w io.Writer) {
 	fmt.Fprint(w, "usage: brama COMMAND [flags] [arguments]; brama COMMAND -h prints its flags and an example\n\n")
@@ -273,11 +253,26 @@ func help(w io.Writer) {
 	})
 }
 
-// runCommand runs args' command, flags and positionals in either order (SPEC §16.1); -h prints its help on stdout.
+// runCommand runs args' command (one word, or two for a group's), flags and positionals in either order (SPEC §16.1);
+// -h prints its help on stdout. An unknown command is a usage error naming the group's commands.
 func (e *cliEnv) runCommand(args []string) error {
-	c, args, err := lookup(args)
-	if err != nil {
-		return err
+	c, subs, pos, err := command{}, []string(nil), []string(nil), error(nil)
+	for _, row := range commands() {
+		if words := strings.Fields(row.name); len(args) >= len(words) && slices.Equal(words, args[:len(words)]) {
+			c, args = row, args[len(words):]
+			break
+		} else if len(words) == 2 && words[0] == args[0] {
+			subs = append(subs, words[1])
+		}
+	}
+	if c.run == nil && len(subs) == 0 {
+		return &usageError{msg: fmt.Sprintf("unknown command %q; see brama help", args[0])}
+	} else if c.run == nil {
+		msg := fmt.Sprintf("%s wants one of %s; see brama help", args[0], strings.Join(subs, ", "))
+		if len(args) > 1 && !strings.HasPrefix(args[1], "-") {
+			msg = fmt.Sprintf("unknown command %q: %s", args[0]+" "+args[1], msg)
+		}
+		return &usageError{msg: msg}
 	}
 	fs, o := flag.NewFlagSet("brama "+c.name, flag.ContinueOnError), opts{}
 	fs.SetOutput(io.Discard)
@@ -300,7 +295,6 @@ func (e *cliEnv) runCommand(args []string) error {
 			})
 		}
 	}
-	var pos []string
 	for err = fs.Parse(args); err == nil && fs.NArg() > 0; err = fs.Parse(fs.Args()[1:]) {
 		pos = append(pos, fs.Arg(0))
 	}

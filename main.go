@@ -116,11 +116,8 @@ func readLocalCredentials(asked bool, r io.Reader) (map[string]string, error) {
 		return nil, nil
 	}
 	b, err := io.ReadAll(r)
-	creds := map[string]string{}
-	if err == nil {
-		err = decodeStrict("-local-credentials-stdin", b, &creds)
-	}
-	if err == nil && creds == nil { // null: no map, and the vault's keys would be read
+	var creds map[string]string
+	if err = cmp.Or(err, decodeStrict("-local-credentials-stdin", b, &creds)); err == nil && creds == nil { // null: no map
 		err = errors.New("-local-credentials-stdin: not a JSON object")
 	}
 	for p, key := range creds {
