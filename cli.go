@@ -54,10 +54,29 @@ func commands() []command {
 		{name: "version", purpose: "print the version /health reports", example: "brama version",
 			run: func(e *cliEnv, _ opts, _ []string) error { return e.say(nil, "brama %s\n", version) }},
 		{name: "routes list", args: "[-json]", purpose: "one aligned row per alias, then the count that cannot serve", example: "brama routes list", flags: []flagSpec{asJSON("GET /v1/aliases")},
-			run: func(e *cliEnv, o opts, _ []string) error { return e.printAliases(e.deps(), o.b("json"), nil) }},
-		{name: "routes set", args: "ALIAS DESTINATION", pos: 2, purpose: "set an alias (journaled route_change, by cli)", example: "brama routes set chat openai/gpt-4o", run: setRoute},
-		{name: "routes rm", args: "ALIAS", pos: 1, purpose: "remove an alias", example: "brama routes rm chat", run: setRoute},
-		{name: "routes migrate", args: "[-file F] [-json]", purpose: "drop retired top-level fields, commit, print the committed document (idempotent)", example: "brama routes migrate", run: routesMigrate, flags: []flagSpec{{"file", "", "registry `file` to migrate (default: the registry Brama reads)"}, {"json", false, `print {"ok":true,"file":F,"dropped":[…],"document":{…}}`}}},
+			run: routesCommand},
+		{name: "routes set", args: "ALIAS DESTINATION", pos: 2, purpose: "set an alias (journaled route_change, by cli)", example: "brama routes set chat openai/gpt-4o", run: routesCommand},
+		{name: "routes rm", args: "ALIAS", pos: 1, purpose: "remove an alias", example: "brama routes rm chat", run: routesCommand},
+		{name: "routes migrate", args: "[-file F] [-json]", purpose: "drop retired top-level fields, commit, print the committed document (idempotent)", example: "brama routes migrate", flags: []flagSpec{{"file", "", "registry `file` to migrate (default: the registry Brama reads)"}, {"json", false, `print {"ok":true,"file":F,"dropped":[…],"document":{…}}`}},
+			run: func(e *cliEnv, o opts, _ []string) error { // commit the registry without its retired fields (SPEC §5), print what was committed
+				path, err := o.s("file"), error(nil)
+				if path == "" {
+					path, err = resolveState(e.getenv).fileOrState(e.getenv, "BRAMA_ROUTES_FILE", registryRole, "routes.json")
+				}
+				out, dropped := []byte(nil), []string(nil)
+				if err == nil {
+					out, dropped, err = migrateRegistry(path)
+				}
+				if err != nil {
+					fmt.Fprintf(e.stderr, "route migration error: %v\n", err)
+					return errRefused
+				}
+				if o.b("json") {
+					out, _ = json.Marshal(map[string]any{"ok": true, "file": path, "dropped": append([]string{}, dropped...), "document": json.RawMessage(out)})
+					out = append(out, '\n')
+				}
+				return e.wrote(path, nil, "%s", out)
+			}},
 		{name: "clients add", args: "ID [-admin] [-agent A] [-allow NAME]...", pos: 1, purpose: "make a client; its token is printed once on stdout", example: "brama clients add app -allow chat", flags: []flagSpec{{"admin", false, "give the client the admin role (reaches /v1/admin/*)"}, agent("bind the client's bearer to `agent`"), {"allow", []string(nil), "allow only this model `name` (repeatable; exact names)"}},
 			run: func(e *cliEnv, o opts, p []string) error {
 				tok, role := newToken(), map[bool]string{false: roleCaller, true: roleAdmin}[o.b("admin")]
@@ -176,7 +195,32 @@ func commands() []command {
 				}
 				return e.donate(o.s("agent"), "", body)
 			}},
-		{name: "subscription list", args: "-agent A [-json]", need: []string{"agent"}, gateway: true, purpose: "one aligned row per subscription", example: "BRAMA_TOKEN=$T brama subscription list -agent a1", run: subscriptionList, flags: []flagSpec{agent("the `agent` whose subscriptions to list"), asJSON("GET /v1/subscriptions/{agent_id}")}},
+		{name: "subscription list", args: "-agent A [-json]", need: []string{"agent"}, gateway: true, purpose: "one aligned row per subscription", example: "BRAMA_TOKEN=$T brama subscription list -agent a1", flags: []flagSpec{agent("the `agent` whose subscriptions to list"), asJSON("GET /v1/subscriptions/{agent_id}")},
+			run: func(e *cliEnv, o opts, _ []string) error { // USED: the fullest window's
+				var l struct{ Subscriptions []subscriptionRow }
+				b, err := e.call("GET", subscriptionPath(o.s("agent")), nil, &l)
+				if err != nil || o.b("json") {
+					return e.say(err, "%s", b)
+				}
+				retired := 0
+				table(e.stdout, nil, "ID\tPROVIDER\tSTATUS\tCREDENTIAL\tUSED\tLABEL", func(yield func(...string)) {
+					for _, r := range l.Subscriptions {
+						cred, used, top := "-", "-", 0.0
+						if r.Credential != nil {
+							cred = r.Credential.State
+						}
+						for _, w := range r.Windows {
+							top = max(top, w.UsedFraction)
+							used = fmt.Sprintf("%.0f%%", top*100) + map[bool]string{true: " (stale)"}[r.Stale]
+						}
+						if r.Status == "retired" {
+							retired++
+						}
+						yield(r.ID, r.Provider, r.Status, cred, used, cmp.Or(r.Label, "-"))
+					}
+				})
+				return e.say(nil, "%d subscription(s), %d retired\n", len(l.Subscriptions), retired)
+			}},
 		{name: "subscription retire", args: "-agent A [-reason R] ID", pos: 1, need: []string{"agent"}, gateway: true, purpose: "retire a subscription (journaled)", example: "brama subscription retire -agent a1 sub_0123456789abcdef", flags: []flagSpec{agent("the `agent` that owns the subscription"), reason(`why (journaled; default "retired by <client id>")`)},
 			run: func(e *cliEnv, o opts, p []string) error { // an empty reason is the daemon's default
 				_, err := e.call("DELETE", subscriptionPath(o.s("agent"), p[0])+"?reason="+url.QueryEscape(o.s("reason")), nil, nil)
@@ -344,23 +388,21 @@ func table(w io.Writer, err error, header string, rows func(yield func(...string
 	return tw.Flush()
 }
 
-// setRoute is routes set (ALIAS DESTINATION) and routes rm (ALIAS); either prints the aliases after.
-func setRoute(e *cliEnv, _ opts, p []string) error {
-	d, dest, said := e.deps(), (*string)(nil), "removed "+p[0]
+// routesCommand is routes list, set (ALIAS DESTINATION) and rm (ALIAS): after a write, each prints GET /v1/aliases,
+// with -json its body, else one row per alias and a count.
+func routesCommand(e *cliEnv, o opts, p []string) error {
+	d, dest, said := e.deps(), (*string)(nil), "removed "
 	if len(p) == 2 {
-		dest, said = &p[1], fmt.Sprintf("set %s -> %s", p[0], p[1])
+		dest, said = &p[1], "set "
 	}
-	_, err := d.reg.set(p[0], dest, "cli")
-	return e.printAliases(d, false, e.wrote(d.reg.path, err, "%s\n", said))
-}
-
-// printAliases prints GET /v1/aliases, unless err: with asJSON its body, else one row per alias and a count.
-func (e *cliEnv) printAliases(d deps, asJSON bool, err error) error {
-	if err != nil {
-		return err
+	if len(p) > 0 {
+		_, err := d.reg.set(p[0], dest, "cli")
+		if err = e.wrote(d.reg.path, err, "%s%s\n", said, strings.Join(p, " -> ")); err != nil {
+			return err
+		}
 	}
 	t, err := d.reg.aliases((&core{deps: d}).hasDirect, nil)
-	if err != nil || asJSON {
+	if err != nil || o["json"] != nil && o.b("json") {
 		b, _ := json.Marshal(t)
 		return e.say(err, "%s\n", b)
 	}
@@ -370,27 +412,6 @@ func (e *cliEnv) printAliases(d deps, asJSON bool, err error) error {
 		}
 	})
 	return e.say(nil, "%d alias(es), %d cannot serve\n", len(t.Aliases), t.Unserviceable)
-}
-
-// routesMigrate commits the registry without its retired fields (SPEC §5) and prints what it committed.
-func routesMigrate(e *cliEnv, o opts, _ []string) error {
-	path, err := o.s("file"), error(nil)
-	if path == "" {
-		path, err = resolveState(e.getenv).fileOrState(e.getenv, "BRAMA_ROUTES_FILE", registryRole, "routes.json")
-	}
-	out, dropped := []byte(nil), []string(nil)
-	if err == nil {
-		out, dropped, err = migrateRegistry(path)
-	}
-	if err != nil {
-		fmt.Fprintf(e.stderr, "route migration error: %v\n", err)
-		return errRefused
-	}
-	if o.b("json") {
-		out, _ = json.Marshal(map[string]any{"ok": true, "file": path, "dropped": append([]string{}, dropped...), "document": json.RawMessage(out)})
-		out = append(out, '\n')
-	}
-	return e.wrote(path, nil, "%s", out)
 }
 
 // subscriptionPath is the admin path of an agent's subscriptions, then the segments after it, each escaped.
@@ -409,33 +430,6 @@ func (e *cliEnv) donate(agent, query string, body donation) error {
 	}
 	fmt.Fprintf(e.stderr, "brama: donated %s subscription %s to agent %s\n", ans.Subscription.Provider, ans.Subscription.ID, agent)
 	return e.say(nil, "%s\n", ans.Subscription.ID)
-}
-
-// subscriptionList prints with -json the body, else one row per subscription (USED: the fullest window's) and a count.
-func subscriptionList(e *cliEnv, o opts, _ []string) error {
-	var l struct{ Subscriptions []subscriptionRow }
-	b, err := e.call("GET", subscriptionPath(o.s("agent")), nil, &l)
-	if err != nil || o.b("json") {
-		return e.say(err, "%s", b)
-	}
-	retired := 0
-	table(e.stdout, nil, "ID\tPROVIDER\tSTATUS\tCREDENTIAL\tUSED\tLABEL", func(yield func(...string)) {
-		for _, r := range l.Subscriptions {
-			cred, used, top := "-", "-", 0.0
-			if r.Credential != nil {
-				cred = r.Credential.State
-			}
-			for _, w := range r.Windows {
-				top = max(top, w.UsedFraction)
-				used = fmt.Sprintf("%.0f%%", top*100) + map[bool]string{true: " (stale)"}[r.Stale]
-			}
-			if r.Status == "retired" {
-				retired++
-			}
-			yield(r.ID, r.Provider, r.Status, cred, used, cmp.Or(r.Label, "-"))
-		}
-	})
-	return e.say(nil, "%d subscription(s), %d retired\n", len(l.Subscriptions), retired)
 }
 
 // maintainReport is maintain's text: the pass's verdict, usage reads and refreshes (SPEC §11.2).
