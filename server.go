@@ -109,22 +109,22 @@ func (s *server) routes() {
 		return nil
 	})
 	// PUT sets an alias, DELETE removes it; the alias may serve now (SPEC §17). The answer is the committed document.
-	for _, method := range []string{"PUT", "DELETE"} {
-		handle(method+" /v1/admin/routes", reply(s, 200, true, func(r *http.Request, b *struct {
-			Alias string  `json:"alias"`
-			Route *string `json:"route"`
-		}) (any, error) {
-			if (r.Method == "PUT") != (b.Route != nil) {
-				return nil, refuse("invalid_request", "PUT names an alias and its route; DELETE the alias alone")
-			}
-			doc, err := s.reg.set(b.Alias, b.Route, infoFrom(r.Context()).client.ID)
-			if err != nil {
-				return nil, err
-			}
-			s.replay.forget(b.Alias, "")
-			return map[string]any{"ok": true, "routes": json.RawMessage(encodeRegistry(doc))}, nil
-		}))
-	}
+	setRoute := reply(s, 200, true, func(r *http.Request, b *struct {
+		Alias string  `json:"alias"`
+		Route *string `json:"route"`
+	}) (any, error) {
+		if (r.Method == "PUT") != (b.Route != nil) {
+			return nil, refuse("invalid_request", "PUT names an alias and its route; DELETE the alias alone")
+		}
+		doc, err := s.reg.set(b.Alias, b.Route, infoFrom(r.Context()).client.ID)
+		if err != nil {
+			return nil, err
+		}
+		s.replay.forget(b.Alias, "")
+		return map[string]any{"ok": true, "routes": json.RawMessage(encodeRegistry(doc))}, nil
+	})
+	handle("PUT /v1/admin/routes", setRoute)
+	handle("DELETE /v1/admin/routes", setRoute)
 	for _, p := range []string{"/v1/subscriptions/{agent_id}", "/v1/admin/subscriptions/{agent_id}"} {
 		handle("GET "+p, reply(s, 200, false, func(r *http.Request, _ *struct{}) (any, error) {
 			rows, err := s.inv.list(r.PathValue("agent_id"))
