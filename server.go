@@ -191,12 +191,15 @@ func (s *server) routes() {
 	}))
 }
 
-// requestInfo is what a request's log line reports (SPEC §13), the engine's tally written in place.
+// requestInfo is what a request's log line reports (SPEC §13), the engine's tally written in place, and the writer
+// that remembers the status for it (Unwrap keeps Flush reachable).
 type requestInfo struct {
+	http.ResponseWriter
 	tally
 	client                               client
 	agentID, routingMode, requestedModel string
-	streamed, counted                    bool   // counted: the attempts key is logged even at 0, the request reached dispatch
+	status                               int
+	streamed, counted, broken            bool   // counted: the attempts key is logged even at 0, the request reached dispatch
 	body                                 []byte // the raw request body, read once by caller (nil: not yet)
 }
 
@@ -218,34 +221,28 @@ func (s *server) engine(agent string, t *tally) *engine {
 	return &engine{core: &s.core, agent: agent, t: t}
 }
 
-// statusWriter remembers the status for the log line (Unwrap keeps Flush reachable). An answer written before the body
-// was read closes the connection (SPEC §7.4): without a read deadline net/http would still read 256 KiB of it, slowly.
-type statusWriter struct {
-	http.ResponseWriter
-	ri     *requestInfo // ri.body nil: a body not read yet
-	status int
-	broken bool // a write failed: the answer did not reach the caller whole
+// WriteHeader: an answer written before the body was read closes the connection (SPEC §7.4): without a read deadline
+// net/http would still read 256 KiB of it, slowly.
+func (ri *requestInfo) WriteHeader(code int) {
+	if ri.status == 0 && ri.body == nil {
+		ri.Header().Set("Connection", "close")
+		http.NewResponseController(ri.ResponseWriter).SetReadDeadline(time.Now())
+	}
+	ri.status = cmp.Or(ri.status, code)
+	ri.ResponseWriter.WriteHeader(code)
 }
 
-func (w *statusWriter) WriteHeader(code int) {
-	if w.status == 0 && w.ri.body == nil {
-		w.Header().Set("Connection", "close")
-		http.NewResponseController(w.ResponseWriter).SetReadDeadline(time.Now())
+// Write notes a failed write (broken): the answer did not reach the caller whole.
+func (ri *requestInfo) Write(b []byte) (int, error) {
+	if ri.status == 0 {
+		ri.WriteHeader(http.StatusOK)
 	}
-	w.status = cmp.Or(w.status, code)
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *statusWriter) Write(b []byte) (int, error) {
-	if w.status == 0 {
-		w.WriteHeader(http.StatusOK)
-	}
-	n, err := w.ResponseWriter.Write(b)
-	w.broken = w.broken || err != nil
+	n, err := ri.ResponseWriter.Write(b)
+	ri.broken = ri.broken || err != nil
 	return n, err
 }
 
-func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+func (ri *requestInfo) Unwrap() http.ResponseWriter { return ri.ResponseWriter }
 
 var testingOnlyBeforeLog func(*http.Request)
 
@@ -254,13 +251,12 @@ var testingOnlyBeforeLog func(*http.Request)
 func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.inflight.RLock()
 	defer s.inflight.RUnlock()
-	start, ri := time.Now(), &requestInfo{tally: tally{requestID: rand.Text()}}
+	start, ri := time.Now(), &requestInfo{ResponseWriter: w, tally: tally{requestID: rand.Text()}}
 	w.Header().Set("X-Request-Id", ri.requestID)
 	w.Header().Set("Cache-Control", "no-store") // every answer is one caller's
 	if r.Body == nil || r.Body == http.NoBody {
 		ri.body = []byte{} // nothing to read
 	}
-	sw := &statusWriter{ResponseWriter: w, ri: ri}
 	r = r.WithContext(context.WithValue(r.Context(), infoKey{}, ri))
 	defer func() {
 		if testingOnlyBeforeLog != nil {
@@ -268,13 +264,13 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		ri.outcome = cmp.Or(ri.outcome, "ok")
 		// A hang-up after the whole answer was written (the Codex CLI's after response.completed) leaves it ok.
-		if ri.outcome == "ok" && ri.attemptsKey() != nil && sw.broken && r.Context().Err() != nil {
+		if ri.outcome == "ok" && ri.attemptsKey() != nil && ri.broken && r.Context().Err() != nil {
 			ri.outcome = "client_cancelled"
 		}
 		if ri.outcome == "client_cancelled" && context.Cause(r.Context()) == errServerShutdown {
 			ri.outcome = "server_shutdown"
 		}
-		args := []any{"request_id", ri.requestID, "method", r.Method, "path", r.URL.Path, "status", sw.status,
+		args := []any{"request_id", ri.requestID, "method", r.Method, "path", r.URL.Path, "status", ri.status,
 			"client_id", ri.client.ID, "agent_id", ri.agentID, "routing_mode", ri.routingMode,
 			"requested_model", ri.requestedModel, "route", ri.route, "outcome", ri.outcome, "retryable", ri.retryable,
 			"latency_ms", time.Since(start).Milliseconds(), "input_tokens", ri.input, "output_tokens", ri.output,
@@ -286,21 +282,21 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}()
 	switch h, pattern := s.mux.Handler(r); {
 	case !s.guard.allows(r):
-		s.fail(sw, r, refuse("secure_transport_required", "this listener accepts plain HTTP only from loopback or a trusted proxy that received https"))
+		s.fail(ri, r, refuse("secure_transport_required", "this listener accepts plain HTTP only from loopback or a trusted proxy that received https"))
 	case r.RequestURI == "*" || r.URL.EscapedPath() != path.Clean(r.URL.EscapedPath()):
 		// OPTIONS * names the server (RFC 9110 §9.3.7); an unclean path (//, ., ..) would get the mux's own 307 in HTML.
-		s.fail(sw, r, refuse("not_found", "no route for %s", r.URL.Path))
+		s.fail(ri, r, refuse("not_found", "no route for %s", r.URL.Path))
 	case pattern == "": // say in the envelope what the mux would answer: 404, or 405 with Allow
 		rec, err := httptest.NewRecorder(), refuse("not_found", "no route for %s", r.URL.Path)
 		if h.ServeHTTP(rec, r); rec.Code == http.StatusMethodNotAllowed {
-			sw.Header()["Allow"] = rec.Header()["Allow"]
+			ri.Header()["Allow"] = rec.Header()["Allow"]
 			err = refuse("method_not_allowed", "%s is not allowed on %s", r.Method, r.URL.Path)
 		} else if strings.HasPrefix(r.URL.Path, "/v1/v1/") {
 			err = refuse("not_found", "no route for %s; the client's base URL likely ends in /v1 and should not (e.g. ANTHROPIC_BASE_URL=http://127.0.0.1:8080, without /v1)", r.URL.Path)
 		}
-		s.fail(sw, r, err)
+		s.fail(ri, r, err)
 	default:
-		s.mux.ServeHTTP(sw, r) // not h.ServeHTTP: only the mux sets r.PathValue
+		s.mux.ServeHTTP(ri, r) // not h.ServeHTTP: only the mux sets r.PathValue
 	}
 }
 
