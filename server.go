@@ -62,7 +62,7 @@ func (s *server) routes() {
 	handle("POST /v1/responses", s.handleModel(dialectResponses, false))
 	handle("POST /v1/embeddings", s.handleEmbeddings)
 	// Aliases, then a provider's catalogue models when a direct key, or the caller's agent's subscription, can serve them.
-	handle("GET /v1/models", reply(s, 200, false, func(r *http.Request, _ *struct{}) (any, error) {
+	handle("GET /v1/models", reply(200, false, func(r *http.Request, _ *struct{}) (any, error) {
 		ri, data := infoFrom(r.Context()), []listedModel{}
 		t, _ := s.reg.aliases(s.hasDirect, ri.client.mayUse)
 		for _, a := range t.Aliases {
@@ -84,7 +84,7 @@ func (s *server) routes() {
 		}
 		return map[string]any{"object": "list", "data": data}, nil
 	}))
-	handle("GET /v1/aliases", reply(s, 200, false, func(r *http.Request, _ *struct{}) (any, error) {
+	handle("GET /v1/aliases", reply(200, false, func(r *http.Request, _ *struct{}) (any, error) {
 		t, err := s.reg.aliases(s.hasDirect, infoFrom(r.Context()).client.mayUse) // as /v1/models (SPEC §3.1)
 		if err != nil {
 			return nil, refuse("dependency_unavailable", "the route registry is unusable: %s", s.hidePath(err.Error(), s.reg.path)).because(err)
@@ -109,7 +109,7 @@ func (s *server) routes() {
 		return nil
 	})
 	// PUT sets an alias, DELETE removes it; the alias may serve now (SPEC §17). The answer is the committed document.
-	setRoute := reply(s, 200, true, func(r *http.Request, b *struct {
+	setRoute := reply(200, true, func(r *http.Request, b *struct {
 		Alias string  `json:"alias"`
 		Route *string `json:"route"`
 	}) (any, error) {
@@ -126,11 +126,11 @@ func (s *server) routes() {
 	handle("PUT /v1/admin/routes", setRoute)
 	handle("DELETE /v1/admin/routes", setRoute)
 	for _, p := range []string{"/v1/subscriptions/{agent_id}", "/v1/admin/subscriptions/{agent_id}"} {
-		handle("GET "+p, reply(s, 200, false, func(r *http.Request, _ *struct{}) (any, error) {
+		handle("GET "+p, reply(200, false, func(r *http.Request, _ *struct{}) (any, error) {
 			rows, err := s.inv.list(r.PathValue("agent_id"))
 			return map[string]any{"subscriptions": rows}, err
 		}))
-		handle("POST "+p, reply(s, 201, true, func(r *http.Request, b *donation) (any, error) {
+		handle("POST "+p, reply(201, true, func(r *http.Request, b *donation) (any, error) {
 			by := "" // on the admin route ?via=sign-in is a sign-in, journaled as one (SPEC §11.1)
 			if strings.HasPrefix(r.URL.Path, "/v1/admin/") && r.URL.Query().Get("via") == signInVia {
 				by = infoFrom(r.Context()).client.ID
@@ -143,13 +143,13 @@ func (s *server) routes() {
 			return map[string]donatedSubscription{"subscription": {ID: it.ID, Provider: it.Provider, AgentID: it.AgentID,
 				Label: it.Label, Status: "active"}}, nil
 		}))
-		handle("DELETE "+p+"/{subscription_id}", reply(s, 200, false, func(r *http.Request, _ *struct{}) (any, error) {
+		handle("DELETE "+p+"/{subscription_id}", reply(200, false, func(r *http.Request, _ *struct{}) (any, error) {
 			reason := cmp.Or(r.URL.Query().Get("reason"), "retired by "+infoFrom(r.Context()).client.ID)
 			return map[string]bool{"ok": true}, s.inv.setRetired("retire", r.PathValue("agent_id"), r.PathValue("subscription_id"), reason)
 		}))
 	}
 	handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/reinstate",
-		reply(s, 200, true, func(r *http.Request, b *struct {
+		reply(200, true, func(r *http.Request, b *struct {
 			Reason string `json:"reason"`
 		}) (any, error) {
 			err := s.inv.setRetired("reinstate", r.PathValue("agent_id"), r.PathValue("subscription_id"), b.Reason)
@@ -159,7 +159,7 @@ func (s *server) routes() {
 			return map[string]bool{"ok": true}, err
 		}))
 	handle("PUT /v1/admin/subscriptions/{agent_id}/{subscription_id}/credential",
-		reply(s, 200, true, func(r *http.Request, b *vaultCredential) (any, error) {
+		reply(200, true, func(r *http.Request, b *vaultCredential) (any, error) {
 			it, err := s.inv.store(overlayItem{AgentID: r.PathValue("agent_id"), ID: r.PathValue("subscription_id")},
 				*b, infoFrom(r.Context()).client.ID)
 			if s.credentialChanged(it); err != nil {
@@ -169,7 +169,7 @@ func (s *server) routes() {
 		}))
 	// A provider's refusal of a probe is a 200 too: probe.ok false.
 	handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/probe",
-		reply(s, 200, false, func(r *http.Request, b *struct {
+		reply(200, false, func(r *http.Request, b *struct {
 			Model string `json:"model"`
 		}) (any, error) {
 			it, err := s.inv.owned(r.PathValue("agent_id"), r.PathValue("subscription_id"), "a retired subscription is never probed")
@@ -178,14 +178,14 @@ func (s *server) routes() {
 			}
 			return s.engine(r.PathValue("agent_id"), &infoFrom(r.Context()).tally).probe(r.Context(), it, b.Model)
 		}))
-	handle("POST /v1/admin/maintain", reply(s, 200, false, func(r *http.Request, _ *struct{}) (any, error) {
+	handle("POST /v1/admin/maintain", reply(200, false, func(r *http.Request, _ *struct{}) (any, error) {
 		rep, err := s.maint.passNow(r.Context())
 		if errors.Is(err, errMaintenanceStopped) { // it could not list the subscriptions
 			return nil, refuse("dependency_unavailable", "no pass can run: %v", err).because(err)
 		}
 		return rep, err
 	}))
-	handle("POST /v1/admin/vault/prune-orphans", reply(s, 200, false, func(r *http.Request, _ *struct{}) (any, error) {
+	handle("POST /v1/admin/vault/prune-orphans", reply(200, false, func(r *http.Request, _ *struct{}) (any, error) {
 		ids, err := s.inv.pruneOrphans() // the vault's credentials no subscription names (SPEC §17)
 		return map[string]any{"ok": true, "removed": ids}, err
 	}))
@@ -338,11 +338,10 @@ func (s *server) caller(role string, w http.ResponseWriter, r *http.Request) err
 		return refuse("forbidden", "this request acts for agent %q, not %q", agent, p)
 	}
 	limit := cmp.Or(s.maxBody, defaultMaxRequestBytes) // 0 outside serve
+	var body []byte
 	if ce := r.Header.Get("Content-Encoding"); r.ContentLength <= limit && ce != "" && !strings.EqualFold(ce, "identity") {
 		return refuse("invalid_request", "a compressed request body (Content-Encoding) is not read; send it uncompressed")
-	}
-	var body []byte
-	if r.ContentLength <= limit {
+	} else if r.ContentLength <= limit {
 		body, err = io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	}
 	switch {
@@ -361,7 +360,7 @@ func (s *server) caller(role string, w http.ResponseWriter, r *http.Request) err
 
 // reply makes f a handler: the body, when required or a POST's not blank one (GET and DELETE bodies are not read),
 // strictly decoded into B (malformed JSON or an unknown member is a 400 naming it), f's value written with status.
-func reply[B any](s *server, status int, required bool, f func(*http.Request, *B) (any, error)) handler {
+func reply[B any](status int, required bool, f func(*http.Request, *B) (any, error)) handler {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		var b B
 		if body := infoFrom(r.Context()).body; required || r.Method == "POST" && len(bytes.TrimSpace(body)) > 0 {
@@ -479,10 +478,7 @@ func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 		warn("%s", cause)
 	}
 	if fo, err := s.journal.folded(); err == nil {
-		for _, b := range fo.bad {
-			warn("%s", b)
-		}
-		if fo.badN > len(fo.bad) {
+		if warnings = append(warnings, fo.bad...); fo.badN > len(fo.bad) {
 			warn("the journal holds %d more unreadable lines (brama journal check lists them)", fo.badN-len(fo.bad))
 		}
 	}
