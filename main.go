@@ -130,16 +130,6 @@ func readLocalCredentials(asked bool, r io.Reader) (map[string]string, error) {
 	return creds, err
 }
 
-// newLogger makes the JSON slog logger at BRAMA_LOG_LEVEL (info unless level names another).
-func newLogger(w io.Writer, level string) *slog.Logger {
-	lv := new(slog.Level)
-	log := slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: lv}))
-	if level = strings.TrimSpace(level); lv.UnmarshalText([]byte(level)) != nil && level != "" {
-		log.Warn("log_level_invalid", "value", level, "using", "info")
-	}
-	return log
-}
-
 // Tests replace the serving process's clock and shorten the stream keep-alive interval.
 var (
 	testingOnlyNow       func() time.Time
@@ -258,11 +248,17 @@ type cliEnv struct {
 	gateway, auth  string // a gateway command's daemon URL, and its bearer once read
 }
 
-// deps opens the state files; sys is a command's logger (to stderr, at BRAMA_LOG_LEVEL) and clock.
+// deps opens the state files; sys is a command's clock and JSON logger, to stderr at BRAMA_LOG_LEVEL (info, with a
+// warning, when slog cannot read it).
 func (e *cliEnv) deps() deps { return openDeps(e.getenv, e.sys()) }
 
 func (e *cliEnv) sys() sys {
-	return sys{log: newLogger(e.stderr, e.getenv("BRAMA_LOG_LEVEL")), now: time.Now}
+	lv, level := new(slog.Level), strings.TrimSpace(e.getenv("BRAMA_LOG_LEVEL"))
+	log := slog.New(slog.NewJSONHandler(e.stderr, &slog.HandlerOptions{Level: lv}))
+	if lv.UnmarshalText([]byte(level)) != nil && level != "" {
+		log.Warn("log_level_invalid", "value", level, "using", "info")
+	}
+	return sys{log: log, now: time.Now}
 }
 
 // say prints a command's success line, unless err.

@@ -73,7 +73,7 @@ func (s *server) routes() {
 		for _, p := range providerTable {
 			serves := p.cred == credDirect && s.hasDirect(p.id)
 			if p.cred == credSubscription && ri.agentID != "" {
-				subs, err := s.engine(ri.agentID, &ri.tally).eligible(p.id)
+				subs, err := (&engine{core: &s.core, agent: ri.agentID, t: &ri.tally}).eligible(p.id)
 				serves = err == nil && len(subs) > 0
 			}
 			for _, m := range s.catalog.models(p.id) {
@@ -176,7 +176,8 @@ func (s *server) routes() {
 			if err != nil {
 				return nil, err
 			}
-			return s.engine(r.PathValue("agent_id"), &infoFrom(r.Context()).tally).probe(r.Context(), it, b.Model)
+			e := &engine{core: &s.core, agent: r.PathValue("agent_id"), t: &infoFrom(r.Context()).tally}
+			return e.probe(r.Context(), it, b.Model)
 		}))
 	handle("POST /v1/admin/maintain", reply(200, false, func(r *http.Request, _ *struct{}) (any, error) {
 		rep, err := s.maint.passNow(r.Context())
@@ -215,10 +216,6 @@ type infoKey struct{} // infoFrom's key; outside ServeHTTP it gives a zero reque
 func infoFrom(ctx context.Context) *requestInfo {
 	ri, _ := ctx.Value(infoKey{}).(*requestInfo)
 	return cmp.Or(ri, &requestInfo{})
-}
-
-func (s *server) engine(agent string, t *tally) *engine {
-	return &engine{core: &s.core, agent: agent, t: t}
 }
 
 // WriteHeader: an answer written before the body was read closes the connection (SPEC §7.4): without a read deadline
@@ -515,7 +512,7 @@ func (s *server) handleModel(dialect string, count bool) handler {
 		if err != nil {
 			return err
 		}
-		e, c, cands := s.engine(ri.agentID, &ri.tally), call{}, []resolution(nil)
+		e, c, cands := &engine{core: &s.core, agent: ri.agentID, t: &ri.tally}, call{}, []resolution(nil)
 		ri.requestedModel, ri.streamed = req.head.Model, req.head.Stream && !count
 		if count {
 			c, err = e.plan(ri.client, &req.head)
@@ -561,7 +558,7 @@ func (s *server) handleEmbeddings(w http.ResponseWriter, r *http.Request) error 
 	} else if json.Unmarshal(body["model"], &head.Model) != nil || head.Model == "" {
 		return refuse("invalid_request", "model must be a non-empty string")
 	}
-	e := s.engine(ri.agentID, &ri.tally)
+	e := &engine{core: &s.core, agent: ri.agentID, t: &ri.tally}
 	c, err := e.plan(ri.client, &head)
 	if ri.requestedModel, ri.routingMode, ri.route = head.Model, c.res.Mode, c.res.Route; err != nil {
 		return err
