@@ -58,7 +58,7 @@ func commands() []command {
 		{name: "routes set", args: "ALIAS DESTINATION", pos: 2, purpose: "set an alias (journaled route_change, by cli)", example: "brama routes set chat openai/gpt-4o", run: routesCommand},
 		{name: "routes rm", args: "ALIAS", pos: 1, purpose: "remove an alias", example: "brama routes rm chat", run: routesCommand},
 		{name: "routes migrate", args: "[-file F] [-json]", purpose: "drop retired top-level fields, commit, print the committed document (idempotent)", example: "brama routes migrate", flags: []flagSpec{{"file", "", "registry `file` to migrate (default: the registry Brama reads)"}, {"json", false, `print {"ok":true,"file":F,"dropped":[…],"document":{…}}`}},
-			run: func(e *cliEnv, o opts, _ []string) error { // commit the registry without its retired fields (SPEC §5), print what was committed
+			run: func(e *cliEnv, o opts, _ []string) error { // drop retired fields (SPEC §5), print what was committed
 				path, err := o.s("file"), error(nil)
 				if path == "" {
 					path, err = resolveState(e.getenv).fileOrState(e.getenv, "BRAMA_ROUTES_FILE", registryRole, "routes.json")
@@ -72,7 +72,8 @@ func commands() []command {
 					return errRefused
 				}
 				if o.b("json") {
-					out, _ = json.Marshal(map[string]any{"ok": true, "file": path, "dropped": append([]string{}, dropped...), "document": json.RawMessage(out)})
+					dropped, doc := append([]string{}, dropped...), json.RawMessage(out) // dropped: [] when none
+					out, _ = json.Marshal(map[string]any{"ok": true, "file": path, "dropped": dropped, "document": doc})
 					out = append(out, '\n')
 				}
 				return e.wrote(path, nil, "%s", out)

@@ -146,12 +146,13 @@ func serve(e *cliEnv, o opts, _ []string) error {
 	maxBody, bodyErr := envWhole(e.getenv, "BRAMA_MAX_REQUEST_BYTES", "bytes", 1, defaultMaxRequestBytes, 64)
 	guard, guardErr := newTransportGuard(e.getenv("BRAMA_TRUSTED_PROXY_IPS"))
 	localCreds, credsErr := readLocalCredentials(o.b("local-credentials-stdin"), e.in)
-	_, port, addrErr := net.SplitHostPort(o.s("addr")) // net.Listen would take no port for a random one
+	addr := o.s("addr")
+	_, port, addrErr := net.SplitHostPort(addr) // net.Listen would take no port for a random one
 	if _, err := net.LookupPort("tcp", port); addrErr == nil && (port == "" || err != nil) {
 		addrErr = cmp.Or(err, errors.New("no port"))
 	}
 	if addrErr != nil {
-		addrErr = &usageError{msg: fmt.Sprintf("-addr %q is not HOST:PORT to listen on (e.g. 127.0.0.1:8080): %v", o.s("addr"), addrErr)}
+		addrErr = &usageError{msg: fmt.Sprintf("-addr %q is not HOST:PORT to listen on (e.g. 127.0.0.1:8080): %v", addr, addrErr)}
 	}
 	if err := cmp.Or(addrErr, bodyErr, guardErr, credsErr); err != nil {
 		return err
@@ -183,7 +184,7 @@ func serve(e *cliEnv, o opts, _ []string) error {
 			keepAlive: testingOnlyKeepAlive, catalog: newCatalog(d.st, e.getenv, client, log, now), perf: newPerfRegistry(d.st, sy),
 			ledger: ledger, inv: inv, oauth: oauth, maint: newMaintainer(inv, oauth),
 			localCreds: localCreds}}
-	ln, err := net.Listen("tcp", o.s("addr")) // before the first client: its token is shown once, not to a start that fails
+	ln, err := net.Listen("tcp", addr) // before the first client: its token is shown once, not to a start that fails
 	if err != nil {
 		return err
 	}
@@ -201,13 +202,13 @@ func serve(e *cliEnv, o opts, _ []string) error {
 		ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 120 * time.Second,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	// Under the address: the state directory, and the next step while nothing can pay.
-	fmt.Fprintf(e.stdout, "listening on http://%s\nstate: %s\n", ln.Addr(), cmp.Or(d.st.dir, fmt.Sprintf("none (%v): nothing is kept", d.st.cause)))
-	if v, _ := s.vault.load(); s.anyDirectPayer() || v != nil && len(v.Subscriptions) > 0 {
-		fmt.Fprintln(e.stdout, "ready: brama routes list shows what each alias serves")
-	} else {
-		fmt.Fprintln(e.stdout, "next: brama credentials set anthropic (the API key on stdin), then brama routes set 'claude-*' 'anthropic/*'"+
-			"; or a local model: brama deployments add NAME -port 11434")
+	where := cmp.Or(d.st.dir, fmt.Sprintf("none (%v): nothing is kept", d.st.cause))
+	next := "ready: brama routes list shows what each alias serves"
+	if v, _ := s.vault.load(); !s.anyDirectPayer() && (v == nil || len(v.Subscriptions) == 0) {
+		next = "next: brama credentials set anthropic (the API key on stdin), then brama routes set 'claude-*' 'anthropic/*'" +
+			"; or a local model: brama deployments add NAME -port 11434"
 	}
+	fmt.Fprintf(e.stdout, "listening on http://%s\nstate: %s\n%s\n", ln.Addr(), where, next)
 	log.Info("serve_started", "addr", ln.Addr().String(), "version", version, "state_dir", d.st.dir != "")
 
 	var wg sync.WaitGroup

@@ -439,7 +439,8 @@ func (g transportGuard) allows(r *http.Request) bool {
 	return ip.IsLoopback() || xfp+fwd != "" && https(xfp) && https(fwd)
 }
 
-// handleReady answers GET /readyz by SPEC §13 (ready, reasons, warnings); sentences name files by role, never by a path outside the state directory.
+// handleReady answers GET /readyz by SPEC §13 (ready, reasons, warnings); sentences name files by role, never by a
+// path outside the state directory.
 func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 	reasons, warnings := []string{}, []string{}
 	warn := func(format string, args ...any) { warnings = append(warnings, fmt.Sprintf(format, args...)) }
@@ -483,8 +484,9 @@ func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 	if warnings = append(warnings, invWarnings...); !subPayer && !s.anyDirectPayer() {
 		reasons = append(reasons, "no payer: no direct credential, declared deployment or active subscription")
 	}
-	ready := len(reasons) == 0 // the body's members in this order, as a map's keys are written
-	writeJSON(w, map[bool]int{true: 200, false: 503}[ready], map[string]any{"ready": ready, "reasons": reasons, "warnings": warnings})
+	ready := len(reasons) == 0 // a map's keys are written sorted: ready, reasons, warnings
+	writeJSON(w, map[bool]int{true: 200, false: 503}[ready],
+		map[string]any{"ready": ready, "reasons": reasons, "warnings": warnings})
 }
 
 // hidePath keeps a file's location out of a sentence unless it lies inside the state directory.
