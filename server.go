@@ -28,7 +28,7 @@ type server struct {
 	mux     *http.ServeMux
 	answers *answerStore // signed answers (SPEC §12)
 	replay  *replayGuard // SPEC §8.1; nil: off
-	maxBody int64        // BRAMA_MAX_REQUEST_BYTES; 0: the default
+	maxBody int64        // BRAMA_MAX_REQUEST_BYTES, the body limit
 	// inflight is read-held by every request, so serve can wait for their log lines (a WaitGroup may not grow while waited on).
 	inflight sync.RWMutex
 }
@@ -72,8 +72,8 @@ func (s *server) routes() {
 		}
 		for _, p := range providerTable {
 			serves := p.cred == credDirect && s.hasDirect(p.id)
-			if p.cred == credSubscription && ri.agentID != "" {
-				subs, err := (&engine{core: &s.core, agent: ri.agentID, t: &ri.tally}).eligible(p.id)
+			if p.cred == credSubscription && ri.client.AgentID != "" {
+				subs, err := (&engine{core: &s.core, agent: ri.client.AgentID, t: &ri.tally}).eligible(p.id)
 				serves = err == nil && len(subs) > 0
 			}
 			for _, m := range s.catalog.models(p.id) {
@@ -197,11 +197,11 @@ func (s *server) routes() {
 type requestInfo struct {
 	http.ResponseWriter
 	tally
-	client                               client
-	agentID, routingMode, requestedModel string
-	status                               int
-	streamed, counted, broken            bool   // counted: the attempts key is logged even at 0, the request reached dispatch
-	body                                 []byte // the raw request body, read once by caller (nil: not yet)
+	client                      client
+	routingMode, requestedModel string
+	status                      int
+	streamed, counted, broken   bool   // counted: the attempts key is logged even at 0, the request reached dispatch
+	body                        []byte // the raw request body, read once by caller (nil: not yet)
 }
 
 // attemptsKey is the attempts to report; nil before dispatch (SPEC §8.1).
@@ -268,7 +268,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			ri.outcome = "server_shutdown"
 		}
 		args := []any{"request_id", ri.requestID, "method", r.Method, "path", r.URL.Path, "status", ri.status,
-			"client_id", ri.client.ID, "agent_id", ri.agentID, "routing_mode", ri.routingMode,
+			"client_id", ri.client.ID, "agent_id", ri.client.AgentID, "routing_mode", ri.routingMode,
 			"requested_model", ri.requestedModel, "route", ri.route, "outcome", ri.outcome, "retryable", ri.retryable,
 			"latency_ms", time.Since(start).Milliseconds(), "input_tokens", ri.input, "output_tokens", ri.output,
 			"dropped", strings.Join(ri.dropped, ", "), "streamed", ri.streamed}
@@ -301,7 +301,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	ri, ae := infoFrom(r.Context()), writeAPIError(w, r, err)
 	if ae.Code == "subscription_reauthorization_required" {
-		s.maint.request(ae.Code, cmp.Or(ri.agentID, r.PathValue("agent_id")))
+		s.maint.request(ae.Code, cmp.Or(ri.client.AgentID, r.PathValue("agent_id")))
 	}
 	ri.outcome, ri.retryable = ae.Code, ae.Retryable
 	if ae.Attempts != nil { // the engine's own count, when it made calls, wins
@@ -322,8 +322,7 @@ func (s *server) caller(role string, w http.ResponseWriter, r *http.Request) err
 	} else if ri.client, err = s.clients.authenticate(tok); err != nil {
 		return err
 	}
-	ri.agentID = ri.client.AgentID
-	switch agent, p := ri.agentID, r.PathValue("agent_id"); {
+	switch agent, p := ri.client.AgentID, r.PathValue("agent_id"); {
 	case role != "" && ri.client.Role != role:
 		return refuse("forbidden", "this route needs an admin client")
 	case p == "": // not a route acting for an agent (SPEC §3.2)
@@ -334,7 +333,7 @@ func (s *server) caller(role string, w http.ResponseWriter, r *http.Request) err
 	case agent != "" && agent != p:
 		return refuse("forbidden", "this request acts for agent %q, not %q", agent, p)
 	}
-	limit := cmp.Or(s.maxBody, defaultMaxRequestBytes) // 0 outside serve
+	limit := s.maxBody
 	var body []byte
 	if ce := r.Header.Get("Content-Encoding"); r.ContentLength <= limit && ce != "" && !strings.EqualFold(ce, "identity") {
 		return refuse("invalid_request", "a compressed request body (Content-Encoding) is not read; send it uncompressed")
@@ -347,8 +346,7 @@ func (s *server) caller(role string, w http.ResponseWriter, r *http.Request) err
 	case err != nil:
 		return refuse("invalid_request", "the request body could not be read").because(err)
 	}
-	ri.body = body // not nil: io.ReadAll returns an empty slice for an empty body
-	r.Body = io.NopCloser(bytes.NewReader(body))
+	ri.body = body // not nil: io.ReadAll returns an empty slice for an empty body; handlers read it, never r.Body
 	if err := checkNesting(body); err != nil {
 		return refuse("invalid_request", "the request body %v", err)
 	}
@@ -514,7 +512,7 @@ func (s *server) handleModel(dialect string, count bool) handler {
 		if err != nil {
 			return err
 		}
-		e, c, cands := &engine{core: &s.core, agent: ri.agentID, t: &ri.tally}, call{}, []resolution(nil)
+		e, c, cands := &engine{core: &s.core, agent: ri.client.AgentID, t: &ri.tally}, call{}, []resolution(nil)
 		ri.requestedModel, ri.streamed = req.head.Model, req.head.Stream && !count
 		if count {
 			c, err = e.plan(ri.client, &req.head)
@@ -540,8 +538,8 @@ func (s *server) handleModel(dialect string, count bool) handler {
 			ri.counted = ri.counted || replayed
 			return err
 		}
-		scope := func() string { return replayScope(ri.agentID, r.Header, c) }   // taken only when the guard can use it
-		if ae := s.replay.refusalFor(ri.client.ID, scope, req.body); ae != nil { // SPEC §8.1
+		scope := func() string { return replayScope(ri.client.AgentID, r.Header, c) } // taken only when the guard can use it
+		if ae := s.replay.refusalFor(ri.client.ID, scope, req.body); ae != nil {      // SPEC §8.1
 			w.Header().Set("Brama-Replay-Refused", "true")
 			return ae
 		}
@@ -560,7 +558,7 @@ func (s *server) handleEmbeddings(w http.ResponseWriter, r *http.Request) error 
 	} else if json.Unmarshal(body["model"], &head.Model) != nil || head.Model == "" {
 		return refuse("invalid_request", "model must be a non-empty string")
 	}
-	e := &engine{core: &s.core, agent: ri.agentID, t: &ri.tally}
+	e := &engine{core: &s.core, agent: ri.client.AgentID, t: &ri.tally}
 	c, err := e.plan(ri.client, &head)
 	if ri.requestedModel, ri.routingMode, ri.route = head.Model, c.res.Mode, c.res.Route; err != nil {
 		return err
