@@ -212,11 +212,8 @@ func (ri *requestInfo) attemptsKey() *int {
 	return nil
 }
 
-type infoKey struct{} // infoFrom's key; outside ServeHTTP it gives a zero requestInfo
-func infoFrom(ctx context.Context) *requestInfo {
-	ri, _ := ctx.Value(infoKey{}).(*requestInfo)
-	return cmp.Or(ri, &requestInfo{})
-}
+type infoKey struct{} // infoFrom's key, set by ServeHTTP for every request
+func infoFrom(ctx context.Context) *requestInfo { return ctx.Value(infoKey{}).(*requestInfo) }
 
 // WriteHeader: an answer written before the body was read closes the connection (SPEC §7.4): without a read deadline
 // net/http would still read 256 KiB of it, slowly.
