@@ -109,7 +109,7 @@ func commands() []command {
 				if errors.Is(err, errFileAbsent) {
 					doc, err = &clientsDoc{}, nil
 				}
-				return table(e.stdout, err, "ID\tROLE\tAGENT\tALLOWED", func(yield func(...string)) {
+				return table(e.stdout, err, "ID\tROLE\tAGENT\tALLOWED\n", func(yield func(...string)) {
 					for _, c := range doc.Clients {
 						allow := "(any model)"
 						if c.AllowedModels != nil {
@@ -134,7 +134,7 @@ func commands() []command {
 		{name: "deployments list", purpose: "one row per deployment: name, endpoint, model, adapters", example: "brama deployments list",
 			run: func(e *cliEnv, _ opts, _ []string) error {
 				doc, err := e.deps().reg.current()
-				return table(e.stdout, err, "NAME\tENDPOINT\tMODEL\tADAPTERS", func(yield func(...string)) {
+				return table(e.stdout, err, "NAME\tENDPOINT\tMODEL\tADAPTERS\n", func(yield func(...string)) {
 					for _, d := range doc.Deployments {
 						var names []string
 						for _, a := range d.Adapters {
@@ -204,7 +204,7 @@ func commands() []command {
 					return e.say(err, "%s", b)
 				}
 				retired := 0
-				table(e.stdout, nil, "ID\tPROVIDER\tSTATUS\tCREDENTIAL\tUSED\tLABEL", func(yield func(...string)) {
+				table(e.stdout, nil, "ID\tPROVIDER\tSTATUS\tCREDENTIAL\tUSED\tLABEL\n", func(yield func(...string)) {
 					for _, r := range l.Subscriptions {
 						cred, used, top := "-", "-", 0.0
 						if r.Credential != nil {
@@ -376,15 +376,13 @@ func (e *cliEnv) runCommand(args []string) error {
 	return err
 }
 
-// table prints the rows rows yields aligned under header ("": none), cells tab-separated, unless err.
+// table prints the rows rows yields aligned under header (its line, or ""), cells tab-separated, unless err.
 func table(w io.Writer, err error, header string, rows func(yield func(...string))) error {
 	if err != nil {
 		return err
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	if header != "" {
-		fmt.Fprintln(tw, header)
-	}
+	fmt.Fprint(tw, header)
 	rows(func(cells ...string) { fmt.Fprintln(tw, strings.Join(cells, "\t")) })
 	return tw.Flush()
 }
@@ -407,7 +405,7 @@ func routesCommand(e *cliEnv, o opts, p []string) error {
 		b, _ := json.Marshal(t)
 		return e.say(err, "%s\n", b)
 	}
-	table(e.stdout, nil, "ALIAS\tSTATE\tROUTE\tREASON", func(yield func(...string)) {
+	table(e.stdout, nil, "ALIAS\tSTATE\tROUTE\tREASON\n", func(yield func(...string)) {
 		for _, a := range t.Aliases {
 			yield(a.Alias, a.State, valueOr(a.Route, "-"), a.Reason)
 		}

@@ -419,8 +419,7 @@ func onboard(e *cliEnv, o opts, _ []string) error {
 	if model == "" && !eng.anyDirectPayer() {
 		return next("brama credentials set <provider>", errRefused)
 	} else if model != "" {
-		doc, docErr := eng.reg.current()
-		if docErr == nil && doc.Routes[model] == "" {
+		if doc, err := eng.reg.current(); err == nil && doc.Routes[model] == "" {
 			if _, _, n := doc.lookupLocal(model); n == 1 {
 				req.Model = "local-openai/" + model
 			}
