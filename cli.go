@@ -23,7 +23,6 @@ type command struct {
 	name, args, purpose, example string     // name: one or two words; args: the usage line after it
 	pos                          int        // positionals it takes
 	need                         []string   // flags that must be given, not blank
-	gateway                      bool       // calls the daemon's admin API: -gateway, then the bearer
 	flags                        []flagSpec // declared in this order
 	run                          func(e *cliEnv, o opts, pos []string) error
 }
@@ -49,6 +48,7 @@ func commands() []command {
 	label := flagSpec{"label", "", "an optional `label` (printable, at most 128 bytes)"}
 	signIn := flagSpec{"provider", "", "claude-code or codex"}
 	reason := func(help string) flagSpec { return flagSpec{"reason", "", help} }
+	gateway := flagSpec{"gateway", "http://127.0.0.1:8080", "the brama serve `URL` to call"} // the daemon's admin API
 	return []command{
 		{name: "serve", args: "[-addr ADDR] [-local-credentials-stdin]", purpose: "run the daemon", example: "brama serve -addr 127.0.0.1:8080", run: serve, flags: []flagSpec{{"addr", "127.0.0.1:8080", "`address` to listen on"}, {"local-credentials-stdin", false, "read a JSON object provider → API key from stdin and keep it in memory only; it becomes the only source of direct credentials"}}},
 		{name: "version", purpose: "print the version /health reports", example: "brama version",
@@ -178,7 +178,7 @@ func commands() []command {
 					}
 				})
 			}},
-		{name: "subscription add", args: "-provider P -agent A [-label L] [-oauth-file F]", need: []string{"provider", "agent"}, gateway: true, purpose: "donate a subscription through the daemon (the API key on stdin after the bearer line, or a grant file); prints the new id", example: `printf '%s\n' "$KEY" | BRAMA_TOKEN=$T brama subscription add -provider kimi -agent a1`, flags: []flagSpec{{"provider", "", "the `provider` of the subscription (claude-code, codex, kimi, openai, …)"}, agent("the `agent` that receives it"), label, {"oauth-file", "", "read an OAuth grant {\"access_token\",\"refresh_token\",\"expires_at_ms\",…} from `file` instead of an API key on stdin"}},
+		{name: "subscription add", args: "-provider P -agent A [-label L] [-oauth-file F]", need: []string{"provider", "agent"}, purpose: "donate a subscription through the daemon (the API key on stdin after the bearer line, or a grant file); prints the new id", example: `printf '%s\n' "$KEY" | BRAMA_TOKEN=$T brama subscription add -provider kimi -agent a1`, flags: []flagSpec{gateway, {"provider", "", "the `provider` of the subscription (claude-code, codex, kimi, openai, …)"}, agent("the `agent` that receives it"), label, {"oauth-file", "", "read an OAuth grant {\"access_token\",\"refresh_token\",\"expires_at_ms\",…} from `file` instead of an API key on stdin"}},
 			run: func(e *cliEnv, o opts, _ []string) error {
 				body := donation{Provider: o.s("provider"), Label: o.s("label")}
 				if err := e.bearer(); err != nil { // the bearer line comes first
@@ -196,7 +196,7 @@ func commands() []command {
 				}
 				return e.donate(o.s("agent"), "", body)
 			}},
-		{name: "subscription list", args: "-agent A [-json]", need: []string{"agent"}, gateway: true, purpose: "one aligned row per subscription", example: "BRAMA_TOKEN=$T brama subscription list -agent a1", flags: []flagSpec{agent("the `agent` whose subscriptions to list"), asJSON("GET /v1/subscriptions/{agent_id}")},
+		{name: "subscription list", args: "-agent A [-json]", need: []string{"agent"}, purpose: "one aligned row per subscription", example: "BRAMA_TOKEN=$T brama subscription list -agent a1", flags: []flagSpec{gateway, agent("the `agent` whose subscriptions to list"), asJSON("GET /v1/subscriptions/{agent_id}")},
 			run: func(e *cliEnv, o opts, _ []string) error { // USED: the fullest window's
 				var l struct{ Subscriptions []subscriptionRow }
 				b, err := e.call("GET", subscriptionPath(o.s("agent")), nil, &l)
@@ -222,25 +222,25 @@ func commands() []command {
 				})
 				return e.say(nil, "%d subscription(s), %d retired\n", len(l.Subscriptions), retired)
 			}},
-		{name: "subscription retire", args: "-agent A [-reason R] ID", pos: 1, need: []string{"agent"}, gateway: true, purpose: "retire a subscription (journaled)", example: "brama subscription retire -agent a1 sub_0123456789abcdef", flags: []flagSpec{agent("the `agent` that owns the subscription"), reason(`why (journaled; default "retired by <client id>")`)},
+		{name: "subscription retire", args: "-agent A [-reason R] ID", pos: 1, need: []string{"agent"}, purpose: "retire a subscription (journaled)", example: "brama subscription retire -agent a1 sub_0123456789abcdef", flags: []flagSpec{gateway, agent("the `agent` that owns the subscription"), reason(`why (journaled; default "retired by <client id>")`)},
 			run: func(e *cliEnv, o opts, p []string) error { // an empty reason is the daemon's default
 				_, err := e.call("DELETE", subscriptionPath(o.s("agent"), p[0])+"?reason="+url.QueryEscape(o.s("reason")), nil, nil)
 				return e.say(err, "retired %s\n", p[0])
 			}},
-		{name: "subscription reinstate", args: "-agent A -reason R ID", pos: 1, need: []string{"agent", "reason"}, gateway: true, purpose: "put a retired subscription back", example: `brama subscription reinstate -agent a1 -reason "back" sub_0123456789abcdef`, flags: []flagSpec{agent("the `agent` that owns the subscription"), reason("why (required; journaled)")},
+		{name: "subscription reinstate", args: "-agent A -reason R ID", pos: 1, need: []string{"agent", "reason"}, purpose: "put a retired subscription back", example: `brama subscription reinstate -agent a1 -reason "back" sub_0123456789abcdef`, flags: []flagSpec{gateway, agent("the `agent` that owns the subscription"), reason("why (required; journaled)")},
 			run: func(e *cliEnv, o opts, p []string) error {
 				_, err := e.call("POST", subscriptionPath(o.s("agent"), p[0], "reinstate"), map[string]string{"reason": o.s("reason")}, nil)
 				return e.say(err, "reinstated %s\n", p[0])
 			}},
-		{name: "subscription import", args: "-provider claude-code|codex -from FILE -agent A [-label L]", need: []string{"provider", "from", "agent"}, gateway: true, purpose: "hand a Claude Code or Codex CLI grant over to Brama", example: "brama subscription import -provider claude-code -from ~/.claude/.credentials.json -agent a1", run: subscriptionImport, flags: []flagSpec{signIn, {"from", "", "the tool's credential `file` (~/.claude/.credentials.json, ~/.codex/auth.json)"}, agent("the `agent` that receives the grant"), label}},
-		{name: "subscription sign-in", args: "-provider claude-code|codex -agent A [-id ID | -label L]", need: []string{"provider", "agent"}, gateway: true, purpose: "sign in with the provider (PKCE): the URL on stderr, the pasted code from stdin; replaces -id's grant or donates a new subscription", example: "BRAMA_TOKEN=$T brama subscription sign-in -provider claude-code -agent a1", run: subscriptionSignIn, flags: []flagSpec{signIn, agent("the `agent` that owns (or receives) the subscription"), {"id", "", "replace the credential of this subscription `id` instead of donating a new one"}, {"label", "", "a `label` for a new subscription"}}},
-		{name: "subscription prune-orphans", args: "[-gateway URL]", gateway: true, purpose: "remove the vault's subscription credentials no subscription names", example: "BRAMA_TOKEN=$T brama subscription prune-orphans",
+		{name: "subscription import", args: "-provider claude-code|codex -from FILE -agent A [-label L]", need: []string{"provider", "from", "agent"}, purpose: "hand a Claude Code or Codex CLI grant over to Brama", example: "brama subscription import -provider claude-code -from ~/.claude/.credentials.json -agent a1", run: subscriptionImport, flags: []flagSpec{gateway, signIn, {"from", "", "the tool's credential `file` (~/.claude/.credentials.json, ~/.codex/auth.json)"}, agent("the `agent` that receives the grant"), label}},
+		{name: "subscription sign-in", args: "-provider claude-code|codex -agent A [-id ID | -label L]", need: []string{"provider", "agent"}, purpose: "sign in with the provider (PKCE): the URL on stderr, the pasted code from stdin; replaces -id's grant or donates a new subscription", example: "BRAMA_TOKEN=$T brama subscription sign-in -provider claude-code -agent a1", run: subscriptionSignIn, flags: []flagSpec{gateway, signIn, agent("the `agent` that owns (or receives) the subscription"), {"id", "", "replace the credential of this subscription `id` instead of donating a new one"}, {"label", "", "a `label` for a new subscription"}}},
+		{name: "subscription prune-orphans", args: "[-gateway URL]", flags: []flagSpec{gateway}, purpose: "remove the vault's subscription credentials no subscription names", example: "BRAMA_TOKEN=$T brama subscription prune-orphans",
 			run: func(e *cliEnv, _ opts, _ []string) error {
 				var body struct{ Removed []string }
 				_, err := e.call("POST", "/v1/admin/vault/prune-orphans", nil, &body)
 				return e.say(err, "removed %d orphaned credential(s) from the vault: %s\n", len(body.Removed), strings.Join(body.Removed, " "))
 			}},
-		{name: "maintain", args: "[-gateway URL] [-json]", gateway: true, purpose: "run one maintenance pass now; exit 0 only when it was ok", example: "BRAMA_TOKEN=$T brama maintain", flags: []flagSpec{asJSON("POST /v1/admin/maintain")},
+		{name: "maintain", args: "[-gateway URL] [-json]", purpose: "run one maintenance pass now; exit 0 only when it was ok", example: "BRAMA_TOKEN=$T brama maintain", flags: []flagSpec{gateway, asJSON("POST /v1/admin/maintain")},
 			run: func(e *cliEnv, o opts, _ []string) error {
 				var rep passReport
 				b, err := e.call("POST", "/v1/admin/maintain", nil, &rep)
@@ -321,9 +321,6 @@ func (e *cliEnv) runCommand(args []string) error {
 	}
 	fs, o := flag.NewFlagSet("brama "+c.name, flag.ContinueOnError), opts{}
 	fs.SetOutput(io.Discard)
-	if c.gateway {
-		c.flags = append(c.flags, flagSpec{"gateway", "http://127.0.0.1:8080", "the brama serve `URL` to call"})
-	}
 	for _, f := range c.flags {
 		switch d := f.def.(type) {
 		case string:
@@ -361,7 +358,7 @@ func (e *cliEnv) runCommand(args []string) error {
 		err = &usageError{c.name, "want " + cmp.Or(c.args, "no arguments")}
 	case len(missing) > 0:
 		err = &usageError{c.name, "want -" + strings.Join(missing, " and -")}
-	case c.gateway: // the bearer and credentials never cross in clear text but to a loopback host
+	case o["gateway"] != nil: // the bearer and credentials never cross in clear text but to a loopback host
 		e.gateway = strings.TrimRight(strings.TrimSpace(o.s("gateway")), "/")
 		if err = checkBaseURL(e.gateway); err != nil {
 			err = &usageError{c.name, fmt.Sprintf("-gateway %q: %v", o.s("gateway"), err)}

@@ -213,6 +213,7 @@ func (ri *requestInfo) attemptsKey() *int {
 }
 
 type infoKey struct{} // infoFrom's key, set by ServeHTTP for every request
+
 func infoFrom(ctx context.Context) *requestInfo { return ctx.Value(infoKey{}).(*requestInfo) }
 
 // WriteHeader: an answer written before the body was read closes the connection (SPEC §7.4): without a read deadline
