@@ -111,10 +111,7 @@ func commands() []command {
 				}
 				return table(e.stdout, err, "ID\tROLE\tAGENT\tALLOWED\n", func(yield func(...string)) {
 					for _, c := range doc.Clients {
-						allow := "(any model)"
-						if c.AllowedModels != nil {
-							allow = strings.Join(c.AllowedModels, ",")
-						}
+						allow := map[bool]string{true: "(any model)"}[c.AllowedModels == nil] + strings.Join(c.AllowedModels, ",")
 						yield(c.ID, c.Role, cmp.Or(c.AgentID, "-"), allow)
 					}
 				})
