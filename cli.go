@@ -449,8 +449,7 @@ func subscriptionImport(e *cliEnv, o opts, _ []string) error {
 	g, err := parseImportFile(provider, b)
 	if err != nil {
 		return fmt.Errorf("%s: %w", o.s("from"), err)
-	}
-	if err = e.donate(o.s("agent"), "", donation{Provider: provider, Label: o.s("label"), OAuth: &g}); err == nil { // a refresh rotates the shared grant
+	} else if err = e.donate(o.s("agent"), "", donation{Provider: provider, Label: o.s("label"), OAuth: &g}); err == nil { // a refresh rotates the shared grant
 		fmt.Fprintf(e.stderr, "brama: %s and Brama now share one grant: after Brama's first refresh, %[1]s will need to sign in again; "+
 			"and if %[1]s refreshes first, Brama's copy stops working until `brama subscription sign-in` replaces it.\n", tool)
 	}
