@@ -43,7 +43,7 @@ func TestConcurrentAdminRouteWrites(t *testing.T) {
 		t.Errorf("registry holds %d aliases, want 32", len(doc.Routes))
 	}
 	jb, _ := os.ReadFile(filepath.Join(dir, "journal.jsonl"))
-	recs, bad, torn := readJournalLines(jb)
+	recs, bad, torn := readJournalLines(t, jb)
 	n := 0
 	for _, r := range recs {
 		if r.Kind == "route_change" && r.By == "local" && r.From == nil && r.To != nil {
@@ -217,7 +217,7 @@ func TestTornJournalThenAppend(t *testing.T) {
 		t.Fatalf("PUT after a torn journal: %d %s", s, b)
 	}
 	b, _ := os.ReadFile(jpath)
-	recs, _, torn := readJournalLines(b)
+	recs, _, torn := readJournalLines(t, b)
 	if torn || len(recs) != 2 || recs[1].Alias != "y" {
 		t.Errorf("after the append: %d readable records (want 2: the old and the new), torn=%v", len(recs), torn)
 	}

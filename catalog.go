@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -70,7 +69,6 @@ type catalog struct {
 	why                 string        // why data is nil
 	nextTry             time.Time     // a TTL after the last read, good or bad, or the cache's fetch
 	fileID              string        // a file source's size and mtime at the last read
-	reads               int           // source reads settled, for tests
 	kick                chan struct{} // wakes the background reader; nil until start
 	refreshing          bool          // a background read is queued or running (single flight)
 }
@@ -174,7 +172,6 @@ func (c *catalog) read(ctx context.Context) (catalogData, error) {
 
 // settleLocked records a read that ended now: a good one replaces memory, a failed one keeps it; either waits one TTL.
 func (c *catalog) settleLocked(data catalogData, err error) {
-	c.reads++
 	c.nextTry = c.now().Add(c.ttl)
 	if err != nil {
 		c.why = err.Error()
@@ -248,18 +245,17 @@ func parseCatalog(b []byte) (catalogData, error) {
 	if err := json.Unmarshal(b, &top); err != nil || top == nil {
 		return nil, fmt.Errorf("%w: %v", errCatalogShape, cmp.Or(err, errors.New("null")))
 	}
-	isObject := func(raw json.RawMessage) bool { return bytes.HasPrefix(raw, []byte("{")) } // a RawMessage starts at its value
 	out := make(catalogData, len(top))
-	for vendor, raw := range top {
+	for vendor, raw := range top { // a RawMessage starts at its value, never empty
 		var v struct{ Models map[string]json.RawMessage }
-		if !isObject(raw) {
+		if raw[0] != '{' {
 			return nil, fmt.Errorf("%w: provider %q is not an object", errCatalogShape, truncateUTF8(vendor, 64))
 		}
 		json.Unmarshal(raw, &v)
 		out[vendor] = catalogVendor{map[string]modelInfo{}}
 		for id, raw := range v.Models {
 			var m modelInfo
-			if id == "" || !isObject(raw) {
+			if id == "" || raw[0] != '{' {
 				continue
 			}
 			json.Unmarshal(raw, &m)
@@ -351,7 +347,7 @@ func (p *perfRegistry) record(route string, ok bool, latency time.Duration, outp
 	p.mu.Lock()
 	if e, served := p.routes[route]; served || ok {
 		e.Count++
-		e.Failures += map[bool]int64{false: 1}[ok]
+		e.Failures += int64(boolCount(!ok))
 		e.TotalLatencyMs += ms
 		e.LastLatencyMs = ms
 		e.OutputTokens += int64(max(outputTokens, 0))
@@ -370,9 +366,9 @@ func (p *perfRegistry) record(route string, ok bool, latency time.Duration, outp
 }
 
 // flush writes a snapshot of the registry into perf.json now; without a state directory the numbers are only in memory.
-func (p *perfRegistry) flush() error {
+func (p *perfRegistry) flush() {
 	if p.pathErr != nil {
-		return nil
+		return
 	}
 	p.writeMu.Lock()
 	defer p.writeMu.Unlock()
@@ -382,9 +378,7 @@ func (p *perfRegistry) flush() error {
 	p.mu.Unlock()
 	if err := writeState(p.path, doc); err != nil {
 		p.log.Warn("perf_stats_flush_failed", "cause", "write perf telemetry: "+err.Error())
-		return fmt.Errorf("write perf telemetry: %w", err)
 	}
-	return nil
 }
 
 func (p *perfRegistry) snapshot() map[string]perfEntry {

@@ -133,10 +133,9 @@ func startCatalog(t *testing.T, c *catalog) (done chan struct{}, stop func()) {
 	return done, stop
 }
 
-func (c *catalog) testReads() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.reads
+// reads counts the source reads the catalogue logged as settled, good or failed.
+func (l *catalogLogs) reads(t *testing.T) int {
+	return len(l.lines(t, "model_catalog_read")) + len(l.lines(t, "model_catalog_read_failed"))
 }
 
 func (c *catalog) testPendingKicks() int {
@@ -290,7 +289,8 @@ func TestCatalogFileSource(t *testing.T) {
 	}
 	writeModel(100)
 	clock := newCatalogClock()
-	c := newCatalog(state{dir: t.TempDir()}, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_PATH": file}), http.DefaultClient, quietLog(), clock.now)
+	var logs catalogLogs
+	c := newCatalog(state{dir: t.TempDir()}, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_PATH": file}), http.DefaultClient, logs.logger(), clock.now)
 
 	steps := []struct {
 		name      string
@@ -315,7 +315,7 @@ func TestCatalogFileSource(t *testing.T) {
 		if got != s.wantLimit || cause != "" {
 			t.Errorf("%s: outputLimit = %d, %q; want %d", s.name, got, cause, s.wantLimit)
 		}
-		if r := c.testReads(); r != s.wantReads {
+		if r := logs.reads(t); r != s.wantReads {
 			t.Errorf("%s: %d reads, want %d", s.name, r, s.wantReads)
 		}
 	}
@@ -327,7 +327,7 @@ func TestCatalogFileSource(t *testing.T) {
 		t.Errorf("after a failed re-read: limit %d, want the older 200", got)
 	}
 	c.outputLimit("anthropic", "m")
-	if r := c.testReads(); r != 3 {
+	if r := logs.reads(t); r != 3 {
 		t.Errorf("%d reads, want 3 (no retry within the TTL)", r)
 	}
 }
@@ -339,7 +339,8 @@ func TestCatalogFileSourceCorrupt(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "api.json")
 	os.WriteFile(file, []byte(`{"anthropic":`), 0o644)
 	clock := newCatalogClock()
-	c := newCatalog(state{dir: t.TempDir()}, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_PATH": file}), http.DefaultClient, quietLog(), clock.now)
+	var logs catalogLogs
+	c := newCatalog(state{dir: t.TempDir()}, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_PATH": file}), http.DefaultClient, logs.logger(), clock.now)
 	for _, s := range []struct {
 		name      string
 		advance   time.Duration
@@ -362,7 +363,7 @@ func TestCatalogFileSourceCorrupt(t *testing.T) {
 		if got, _ := c.outputLimit("anthropic", "m"); got != s.wantLimit {
 			t.Errorf("%s: outputLimit = %d, want %d", s.name, got, s.wantLimit)
 		}
-		if r := c.testReads(); r != s.wantReads {
+		if r := logs.reads(t); r != s.wantReads {
 			t.Errorf("%s: %d reads, want %d", s.name, r, s.wantReads)
 		}
 	}

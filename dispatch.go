@@ -237,7 +237,7 @@ candidates:
 			}
 			start := e.now()
 			hr, err := j.build(ctx, c, creq)
-			if ae := asAPIError(err); err != nil && selecting && ae.Code == "invalid_request" {
+			if ae := asAPIError(err); ae != nil && selecting && ae.Code == "invalid_request" {
 				unfit = ae // its format cannot express the request (SPEC §7.6)
 				e.note(res.Route, "skipped: "+ae.Message)
 				continue candidates

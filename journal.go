@@ -60,10 +60,9 @@ func (r journalRecord) MarshalJSON() ([]byte, error) {
 type journal struct {
 	sys
 	name            string                 // "" when there is no state directory
-	noState         error                  // why name is "" (wrapping errNoState)
 	testingOnlySync func(f *os.File) error // replaces f.Sync's result in append
 	mu              sync.Mutex             // guards broken; held across an append so this process's appends queue
-	broken          error                  // noState, or the fsync failure after which nothing is appended
+	broken          error                  // why name is "" (errNoState), or the fsync failure after which nothing is appended
 	readMu          sync.Mutex             // guards fold
 	fold            journalFold
 }
@@ -86,8 +85,7 @@ var errJournalUnusable = errors.New("journal unusable after a failed fsync")
 // newJournal places the journal in st; without a state directory every operation refuses with the cause (SPEC §2.1).
 func newJournal(st state, sy sys) *journal {
 	j := &journal{sys: sy}
-	j.name, j.noState = st.path("journal", "journal.jsonl")
-	j.broken = j.noState
+	j.name, j.broken = st.path("journal", "journal.jsonl")
 	return j
 }
 
@@ -167,8 +165,8 @@ func (j *journal) append(rec journalRecord) error {
 
 // size is the journal's size in bytes for /metrics (SPEC §13).
 func (j *journal) size() (int64, error) {
-	if j.noState != nil {
-		return 0, j.noState
+	if j.name == "" { // broken is then never written again
+		return 0, j.broken
 	}
 	id, err := guardFile("journal", j.name)
 	if errors.Is(err, errFileAbsent) {
@@ -177,13 +175,8 @@ func (j *journal) size() (int64, error) {
 	return max(id.size, 0), err // an absent file's identity has size -1
 }
 
-// retired is the retired subscription ids: the later of retire and reinstate in file order decides (SPEC §9).
-func (j *journal) retired() (map[string]bool, error) {
-	fo, err := j.folded()
-	return fo.retire, err
-}
-
-// folded folds the lines completed since the last call, logging each bad one, and returns a copy.
+// folded folds the lines completed since the last call, logging each bad one, and returns a copy: retire holds the retired
+// subscription ids, where the later of retire and reinstate in file order decides (SPEC §9).
 func (j *journal) folded() (journalFold, error) {
 	j.readMu.Lock()
 	defer j.readMu.Unlock()
@@ -192,9 +185,6 @@ func (j *journal) folded() (journalFold, error) {
 		switch {
 		case reason != "":
 			j.log.Warn("journal_line_unreadable", "line", fo.lines, "reason", reason)
-			if fo.badN++; len(fo.bad) < maxReportedBadLines {
-				fo.bad = append(fo.bad, fmt.Sprintf("journal line %d is unreadable: %s", fo.lines, reason))
-			}
 		case rec.SubscriptionID == "":
 		case rec.Kind == "retire":
 			fo.retire[rec.SubscriptionID] = true
@@ -211,23 +201,22 @@ func (j *journal) folded() (journalFold, error) {
 // checkJournal is `brama journal check` (SPEC §16.1): each unreadable line's number and reason; ok when none.
 func checkJournal(j *journal, stdout io.Writer) (ok bool, err error) {
 	var fo journalFold
-	ok = true
 	torn, err := j.scan(&fo, func(_ journalRecord, reason string) {
 		if reason != "" {
 			fmt.Fprintf(stdout, "line %d: %s\n", fo.lines, reason)
-			ok = false
 		}
 	})
 	if torn {
 		fmt.Fprintln(stdout, "final line torn (ignored)")
 	}
-	return ok && err == nil, err
+	return fo.badN == 0 && err == nil, err
 }
 
-// scan visits the journal's lines after fo, from the start when fo is of another file, a longer one or none.
+// scan visits each complete line after fo, parsed, counting the bad ones; from the start when fo is of another file, a
+// longer one or none.
 func (j *journal) scan(fo *journalFold, visit func(journalRecord, string)) (torn bool, err error) {
-	if j.noState != nil {
-		return false, j.noState
+	if j.name == "" {
+		return false, j.broken
 	}
 	f, full, err := openGuarded("journal", j.name)
 	if err != nil && !errors.Is(err, errFileAbsent) {
@@ -240,13 +229,8 @@ func (j *journal) scan(fo *journalFold, visit func(journalRecord, string)) (torn
 		return false, nil
 	}
 	defer f.Close()
-	return fo.readLines(io.NewSectionReader(f, fo.off, full.size-fo.off), visit)
-}
-
-// readLines visits each complete line of r, parsed; a final line without '\n' (torn, or being written) is only reported.
-func (fo *journalFold) readLines(r io.Reader, visit func(rec journalRecord, reason string)) (torn bool, err error) {
-	br := bufio.NewReader(r)
-	for {
+	br := bufio.NewReader(io.NewSectionReader(f, fo.off, full.size-fo.off))
+	for { // a final line without '\n' (torn, or being written) is only reported
 		line, err := br.ReadBytes('\n')
 		if err == io.EOF {
 			return len(line) > 0, nil
@@ -255,7 +239,12 @@ func (fo *journalFold) readLines(r io.Reader, visit func(rec journalRecord, reas
 		}
 		fo.off += int64(len(line))
 		fo.lines++
-		visit(parseJournalLine(line[:len(line)-1]))
+		rec, reason := parseJournalLine(line[:len(line)-1])
+		if reason != "" && fo.badN < maxReportedBadLines {
+			fo.bad = append(fo.bad, fmt.Sprintf("journal line %d is unreadable: %s", fo.lines, reason))
+		}
+		fo.badN += boolCount(reason != "")
+		visit(rec, reason)
 	}
 }
 
@@ -263,13 +252,12 @@ func (fo *journalFold) readLines(r io.Reader, visit func(rec journalRecord, reas
 func parseJournalLine(line []byte) (r journalRecord, reason string) {
 	var m map[string]json.RawMessage
 	err := json.Unmarshal(line, &m)
-	var syntax *json.SyntaxError
 	switch lead := bytes.Trim(line, " \t\r"); { // JSON's whitespace, not Unicode's
 	case len(lead) == 0:
 		return r, "empty line"
-	case errors.As(err, &syntax) && lead[0] == '{':
+	case err != nil && lead[0] == '{': // only a syntax error: a map takes any object
 		return r, "malformed or incomplete JSON object (an interrupted write?)"
-	case errors.As(err, &syntax):
+	case errors.As(err, new(*json.SyntaxError)):
 		return r, "not JSON"
 	case m == nil: // valid JSON: an array, a scalar or null
 		return r, "not a JSON object"
@@ -292,6 +280,14 @@ func parseJournalLine(line []byte) (r journalRecord, reason string) {
 		}
 	}
 	return r, ""
+}
+
+// boolCount is 1 for true: a count of the cases that hold.
+func boolCount(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // validator is a document with rules beyond its shape; validate may fill in sections.
@@ -489,10 +485,13 @@ type envelope struct {
 
 func (e *apiError) body() envelope { return envelope{Error: *e} }
 
-// asAPIError classifies any error: an apiError as itself, no state directory as dependency_unavailable, else internal_error.
+// asAPIError classifies an error: nil as nil, an apiError as itself, no state directory as dependency_unavailable, else
+// internal_error.
 func asAPIError(err error) *apiError {
 	var ae *apiError
 	switch {
+	case err == nil:
+		return nil
 	case errors.As(err, &ae):
 		return ae
 	case errors.Is(err, errNoState):

@@ -20,15 +20,20 @@ type badLine struct {
 // readJournalLines parses journal bytes as the journal reads its file (SPEC
 // §9): each line ending in '\n' is a record or a bad line; a final line
 // without one is torn and ignored.
-func readJournalLines(data []byte) (recs []journalRecord, bad []badLine, torn bool) {
+func readJournalLines(t *testing.T, data []byte) (recs []journalRecord, bad []badLine, torn bool) {
+	j, _ := newTestJournal(t)
+	writeJournalFile(t, j, string(data))
 	var fo journalFold
-	torn, _ = fo.readLines(bytes.NewReader(data), func(rec journalRecord, reason string) {
+	torn, err := j.scan(&fo, func(rec journalRecord, reason string) {
 		if reason != "" {
 			bad = append(bad, badLine{Line: fo.lines, Reason: reason})
 		} else {
 			recs = append(recs, rec)
 		}
 	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	return recs, bad, torn
 }
 
@@ -100,7 +105,7 @@ func TestReadJournalLines(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			recs, bad, torn := readJournalLines([]byte(tt.data))
+			recs, bad, torn := readJournalLines(t, []byte(tt.data))
 			if diff := cmp.Diff(tt.recs, recs); diff != "" {
 				t.Errorf("records (-want +got):\n%s", diff)
 			}
@@ -120,7 +125,7 @@ func FuzzJournalLines(f *testing.F) {
 	f.Add([]byte("{\"kind\":\"route_change\",\"at\":\"t\",\"alias\":\"best\",\"from\":null,\"to\":\"a/b\",\"by\":\"cli\"}\n"))
 	f.Add([]byte("{\"kind\":\"check\",\"at\":\"t\",\"score\":0.5,\"attempted\":3}\n\n[1]\n{\"KIND\":\"x\"}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		recs, bad, torn := readJournalLines(data)
+		recs, bad, torn := readJournalLines(t, data)
 		lines := bytes.Count(data, []byte("\n"))
 		prev := 0
 		for _, b := range bad {
@@ -143,7 +148,7 @@ func FuzzJournalLines(f *testing.F) {
 			if err != nil {
 				t.Fatalf("accepted record does not marshal: %v", err)
 			}
-			again, bad, torn := readJournalLines(append(line, '\n'))
+			again, bad, torn := readJournalLines(t, append(line, '\n'))
 			if len(bad) != 0 || torn || len(again) != 1 {
 				t.Fatalf("re-encoded record %s does not parse: %v", line, bad)
 			}

@@ -18,16 +18,25 @@ import (
 // journalTestNow is a fixed clock: no test asserts on the wall clock.
 // read returns every readable record in file order. Serving never needs
 // them all (it folds), so this lives with the tests.
-func (j *journal) read() ([]journalRecord, error) {
-	data, err := j.readAll()
-	recs, _, _ := readJournalLines(data)
+func (j *journal) read() (recs []journalRecord, err error) {
+	_, err = j.scan(&journalFold{}, func(rec journalRecord, reason string) {
+		if reason == "" {
+			recs = append(recs, rec)
+		}
+	})
 	return recs, err
+}
+
+// retired is the journal's retired set (folded's retire).
+func (j *journal) retired() (map[string]bool, error) {
+	fo, err := j.folded()
+	return fo.retire, err
 }
 
 // readAll returns the journal's bytes; absent is empty.
 func (j *journal) readAll() ([]byte, error) {
-	if j.noState != nil {
-		return nil, j.noState
+	if j.name == "" {
+		return nil, j.broken
 	}
 	data, _, err := readGuarded("journal", j.name)
 	if errors.Is(err, errFileAbsent) {
@@ -194,7 +203,7 @@ func TestJournalConcurrentAppends(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	recs, bad, torn := readJournalLines(data)
+	recs, bad, torn := readJournalLines(t, data)
 	if len(bad) != 0 || torn {
 		t.Fatalf("bad lines %v, torn %v", bad, torn)
 	}

@@ -339,18 +339,16 @@ func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEn
 	}
 }
 
-// flush writes pending changes now (at shutdown), unless there is no file to write.
-func (l *ledger) flush() error { return l.write(nil) }
-
-// write writes a snapshot and stops any write-behind, unless there is no file or t (a write-behind) was stopped or superseded
-// while firing; snapshots reach the file in order (writeMu). Ids not sub_<16 hex> stay in memory (the file parses).
-func (l *ledger) write(t *ledgerStopper) error {
+// write writes a snapshot now (nil t: also at shutdown) and stops any write-behind, unless there is no file or t (a
+// write-behind) was stopped or superseded while firing; snapshots reach the file in order (writeMu). Ids not sub_<16 hex>
+// stay in memory (the file parses).
+func (l *ledger) write(t *ledgerStopper) {
 	l.writeMu.Lock()
 	defer l.writeMu.Unlock()
 	l.mu.Lock()
 	if l.name == "" || t != nil && l.timer != *t { // *t is read under l.mu, where it was set
 		l.mu.Unlock()
-		return nil
+		return
 	}
 	if l.timer != nil {
 		l.timer.Stop()
@@ -362,18 +360,8 @@ func (l *ledger) write(t *ledgerStopper) error {
 	data, _ := marshalState(doc) // cannot fail: no floats outside [0,1], no channels
 	l.mu.Unlock()
 	if err := writeFileAtomic(l.name, data); err != nil {
-		err = fmt.Errorf("write ledger %s: %w", l.name, err)
-		l.log.Warn("ledger_write_failed", "cause", err.Error())
-		return err
+		l.log.Warn("ledger_write_failed", "cause", fmt.Sprintf("write ledger %s: %v", l.name, err))
 	}
-	return nil
-}
-
-func boolCount(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 // planFraction clamps f to [0,1]; NaN reads as 0.

@@ -172,7 +172,7 @@ func serve(e *cliEnv, o opts, _ []string) error {
 		}
 	}
 	client, ledger := newProviderClient(), newLedger(d.st, log, now)
-	defer ledger.flush()
+	defer ledger.write(nil) // pending changes
 	inv := newInventory(d.st, d.vault, d.journal, ledger, e.getenv, sy)
 	if ids, _ := inv.orphans(); len(ids) > 0 { // kept: /readyz names them (SPEC §17)
 		log.Warn("vault_orphans_unremoved", "count", len(ids), "remove_with", "brama subscription prune-orphans")

@@ -106,9 +106,9 @@ func (m *maintainer) run(ctx context.Context, wg *sync.WaitGroup) {
 // loopOnce, at now, runs the pending pass (true): over everyone, else over one agent's subscriptions, or else arms the one timer
 // at the ledger's next due moment (false); a moment passed before its timer fired is due now.
 func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
-	m.mu.Lock()                     // first: the journal read must not come between now and the pending check
-	retired, _ := m.inv.j.retired() // unreadable: no moment is skipped
-	due := m.l.nextDue(now, retired)
+	m.mu.Lock()                 // first: the journal read must not come between now and the pending check
+	fold, _ := m.inv.j.folded() // unreadable: no moment is skipped
+	due := m.l.nextDue(now, fold.retire)
 	if m.asked[""] == nil && m.timer != nil && !m.timerAt.After(now) {
 		m.arm(time.Time{}, now)
 		m.want("", "due")
@@ -138,7 +138,7 @@ func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
 	rep := m.passOnce(ctx, agent)
 	m.mu.Lock()
 	m.running = false
-	if missed := m.l.nextDue(now, retired); !missed.IsZero() && !missed.After(m.clock()) {
+	if missed := m.l.nextDue(now, fold.retire); !missed.IsZero() && !missed.After(m.clock()) {
 		m.want("", "due") // it passed during the pass
 	}
 	m.lastOK, m.lastAt = rep.OK, [2]time.Time{now, m.clock()}

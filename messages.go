@@ -15,7 +15,7 @@ import (
 type (
 	messagesRequestBody struct {
 		callerHead
-		MaxTokens     *int            `json:"max_tokens,omitempty"`
+		MaxTokens     int             `json:"max_tokens,omitempty"`
 		System        json.RawMessage `json:"system,omitempty"` // string, or text blocks
 		Messages      json.RawMessage `json:"messages"`
 		Tools         json.RawMessage `json:"tools,omitempty"`
@@ -97,8 +97,8 @@ var (
 	messagesFinishes = map[string]string{"max_tokens": finishLength, "tool_use": finishToolCalls,
 		"refusal": finishContentFilter, "model_context_window_exceeded": finishLength}
 	messagesStopReasons = map[string]string{finishLength: "max_tokens", finishToolCalls: "tool_use", finishContentFilter: "refusal"}
-	effortNames         = []string{"minimal", "low", "medium", "high", "xhigh"}
-	effortBudgets       = []int{1024, 2048, 8192, 24576, 32768}
+	effortNames         = []string{"none", "minimal", "low", "medium", "high", "xhigh"}
+	effortBudgets       = []int{0, 1024, 2048, 8192, 24576, 32768}
 )
 
 // Anthropic-beta values: output_config.effort's, and a JSON Schema output format's (SPEC §7.6).
@@ -130,13 +130,11 @@ func parseMessages(body []byte) (chatRequest, error) {
 	if len(b.StopSequences) > 0 { // [] asks for nothing
 		req.Stop, req.StopName = b.StopSequences, "stop_sequences"
 	}
-	switch t := valueOr(b.Thinking, messagesOption{Type: "disabled"}); t.Type {
-	case "enabled":
+	if t := valueOr(b.Thinking, messagesOption{Type: "disabled"}); t.Type == "enabled" {
 		i, _ := slices.BinarySearch(effortBudgets, t.BudgetTokens) // the nearest effort at or above the budget
-		req.Effort, req.EffortName = effortNames[min(i, len(effortNames)-1)], "thinking"
-	case "disabled":
-	default: // adaptive: no effort of its own to carry
-		req.drop(true, "thinking")
+		req.Effort, req.EffortName = effortNames[min(max(i, 1), len(effortNames)-1)], "thinking"
+	} else {
+		req.drop(t.Type != "disabled", "thinking") // adaptive: no effort of its own to carry
 	}
 	o := valueOr(b.OutputConfig, messagesOption{})
 	if o.Effort != "" {
@@ -168,16 +166,12 @@ func (req *chatRequest) addMessagesTool(t messagesTool, raw json.RawMessage, wha
 	}
 	req.dropUnknown(raw, "type name description input_schema strict")
 	schema, err := checkSchema(t.InputSchema, what+".input_schema")
-	if err == nil && t.Name == "" {
-		err = refuse("invalid_request", "%s.name is required", what)
-	}
-	nt := tool{Type: toolFunction, Name: t.Name, Description: t.Description, Parameters: schema, Strict: t.Strict}
-	req.Tools = append(req.Tools, nt)
-	return err // on an error the whole request is refused
+	t.Type, t.Parameters = toolFunction, schema
+	return cmp.Or(err, req.addOpenAITool(t.tool, nil, what))
 }
 
-// messagesBlockMembers names the members Brama carries of each block type it reads;
-// is_error only while false (no OpenAI format has the flag).
+// messagesBlockMembers names the members Brama carries of each block type it reads; is_error is named dropped
+// when true (no OpenAI format has the flag).
 var messagesBlockMembers = map[string]string{"text": "type text", "image": "type source", "document": "type source title",
 	"tool_use": "type id name input", "tool_result": "type tool_use_id content is_error"}
 
@@ -194,42 +188,45 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 				return p, refuse("invalid_request", "%s.text is required", path)
 			}
 			p = part{Type: partText, Text: *bl.Text}
-		case "image", "document":
-			url, err := messagesSourceURL(bl.Source, path+".source")
-			if err != nil || url == "" { // a file reference: dropped
-				return p, err
+		case "image", "document": // a source as the neutral URL: base64 data and text a data URL, a url source itself
+			var url string
+			switch src := valueOr(bl.Source, messagesSource{}); {
+			case src.Type == "base64" && src.MediaType != "" && src.Data != "":
+				url = "data:" + src.MediaType + ";base64," + src.Data
+			case src.Type == "text":
+				url = "data:text/plain;base64," + base64.StdEncoding.EncodeToString([]byte(src.Data))
+			case src.Type == "url":
+				url, err = src.URL, checkCallerURL(src.URL, path+".source.url")
+			case src.Type == "file": // a file reference (no counterpart): dropped
+				return p, nil
+			default:
+				return p, refuse("invalid_request", "%s.source must be base64 with a media_type, text, url or file", path)
 			}
 			p = part{Type: partImage, ImageURL: url}
 			if bl.Type == "document" {
 				p = part{Type: partDocument, FileURL: url, Filename: bl.Title}
 			}
 		case "tool_use":
-			in, err := checkSchema(bl.Input, path+".input") // the same rule: a JSON object, compacted
-			if err == nil && (bl.ID == "" || bl.Name == "") {
+			var in json.RawMessage // the rule of a schema: a JSON object, compacted
+			if in, err = checkSchema(bl.Input, path+".input"); err == nil && (bl.ID == "" || bl.Name == "") {
 				err = refuse("invalid_request", "%s needs an id and a name", path)
-			}
-			if err != nil {
-				return p, err
 			}
 			p = part{Type: partToolCall, ToolCallID: bl.ID, ToolName: bl.Name, Arguments: cmp.Or(string(in), "{}")}
 		case "tool_result":
-			if bl.ToolUseID == "" {
-				return p, refuse("invalid_request", "%s.tool_use_id is required", path)
-			}
 			var inner []part
 			if !rawIsNull(bl.Content) {
 				inner, err = req.messagesParts("result", bl.Content, path+".content")
 			}
 			p = toolResult(bl.ToolUseID, inner, false)
+			if bl.ToolUseID == "" {
+				err = refuse("invalid_request", "%s.tool_use_id is required", path)
+			}
 			p.IsError = bl.IsError
 		default: // thinking, …: dropped
 			return p, nil
 		}
-		known := messagesBlockMembers[bl.Type]
-		if bl.IsError {
-			known = strings.TrimSuffix(known, " is_error")
-		}
-		req.dropUnknown(rb, known)
+		req.dropUnknown(rb, messagesBlockMembers[bl.Type])
+		req.drop(bl.IsError, "is_error")
 		return p, err
 	}
 	parts, err := callerParts(req, raw, what, "content blocks", read)
@@ -239,27 +236,11 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 	return parts, err
 }
 
-// messagesSourceURL is a source as the neutral URL: base64 data and text a data URL, a url source itself; a file reference (no counterpart) is "".
-func messagesSourceURL(src *messagesSource, what string) (string, error) {
-	switch {
-	case src == nil:
-		return "", refuse("invalid_request", "%s must be an object", what)
-	case src.Type == "base64" && src.MediaType != "" && src.Data != "":
-		return "data:" + src.MediaType + ";base64," + src.Data, nil
-	case src.Type == "text":
-		return "data:text/plain;base64," + base64.StdEncoding.EncodeToString([]byte(src.Data)), nil
-	case src.Type == "url":
-		return src.URL, checkCallerURL(src.URL, what+".url")
-	case src.Type == "file":
-		return "", nil
-	}
-	return "", refuse("invalid_request", "%s must be base64 data with a media_type, text, a url or a file", what)
-}
-
-// messagesContent is parts as blocks, tool results first and no empty text (the API requires both); a custom tool's call
-// is the one-string-member object (SPEC §7.6); an image's detail is dropped.
-func (req *chatRequest) messagesContent(ps []part) ([]messagesBlock, error) {
-	var results, rest []messagesBlock
+// messagesContent is parts as a JSON array of blocks (nil for none), tool results first and no empty text (the API
+// requires both); a custom tool's call is the one-string-member object (SPEC §7.6); an image's detail is dropped; an
+// image's or document's data URL is base64 data (text for text/plain), any other URL a url source.
+func (req *chatRequest) messagesContent(ps []part) (json.RawMessage, error) {
+	var blocks []messagesBlock
 	for _, p := range ps {
 		var b messagesBlock
 		var err error
@@ -278,67 +259,64 @@ func (req *chatRequest) messagesContent(ps []part) ([]messagesBlock, error) {
 		case partToolResult:
 			b = messagesBlock{Type: "tool_result", ToolUseID: messagesToolID(p.ToolCallID), Content: jsonText(p.Text), IsError: p.IsError}
 			if len(p.Media) > 0 { // images and documents: blocks
-				var inner []messagesBlock
-				inner, err = req.messagesContent(append([]part{{Type: partText, Text: p.Text}}, p.Media...))
-				b.Content = must(json.Marshal(inner))
+				b.Content, err = req.messagesContent(append([]part{{Type: partText, Text: p.Text}}, p.Media...))
 			}
 		default:
 			req.drop(p.Detail != "", "detail")
-			b = messagesBlock{Type: p.Type, Title: p.Filename}
-			b.Source, err = messagesSourceOf(p.ImageURL + p.FileURL)
+			url := p.ImageURL + p.FileURL
+			b = messagesBlock{Type: p.Type, Title: p.Filename, Source: &messagesSource{Type: "url", URL: url}}
+			if rest, isData := strings.CutPrefix(url, "data:"); isData {
+				meta, data, ok := strings.Cut(rest, ",")
+				media, isBase64 := strings.CutSuffix(meta, ";base64")
+				if !ok || !isBase64 || media == "" || data == "" {
+					return nil, refuse("invalid_request", "an image or file data URL must be base64 with a media type")
+				}
+				b.Source = &messagesSource{Type: "base64", MediaType: media, Data: data}
+				if text, err := base64.StdEncoding.DecodeString(data); media == "text/plain" && err == nil {
+					b.Source = &messagesSource{Type: "text", MediaType: media, Data: string(text)}
+				}
+			}
 		}
 		if err != nil {
 			return nil, err
 		}
-		if b.Type == "tool_result" {
-			results = append(results, b)
-		} else {
-			rest = append(rest, b)
-		}
+		blocks = append(blocks, b)
 	}
-	return append(results, rest...), nil
-}
-
-// messagesSourceOf is an image's or document's URL as a source: a data URL base64 data
-// (text for text/plain), any other a url source.
-func messagesSourceOf(url string) (*messagesSource, error) {
-	rest, isData := strings.CutPrefix(url, "data:")
-	if !isData {
-		return &messagesSource{Type: "url", URL: url}, nil
-	}
-	meta, data, ok := strings.Cut(rest, ",")
-	media, isBase64 := strings.CutSuffix(meta, ";base64")
-	if !ok || !isBase64 || media == "" || data == "" {
-		return nil, refuse("invalid_request", "an image or file data URL must be base64 with a media type")
-	}
-	if text, err := base64.StdEncoding.DecodeString(data); media == "text/plain" && err == nil {
-		return &messagesSource{Type: "text", MediaType: media, Data: string(text)}, nil
-	}
-	return &messagesSource{Type: "base64", MediaType: media, Data: data}, nil
+	slices.SortStableFunc(blocks, func(a, b messagesBlock) int {
+		return boolCount(b.Type == "tool_result") - boolCount(a.Type == "tool_result")
+	})
+	return jsonArray(blocks), nil
 }
 
 // encodeMessages builds a Messages body: claude-code's identity first, custom tools as functions (SPEC §7.6); the
-// betas it needs go in h.
+// betas it needs go in h. Thinking takes the effort's budget below max_tokens, at least 1024, and none in a tool
+// loop, where Anthropic wants back thinking blocks no format carries.
 func encodeMessages(req *chatRequest, c call, h http.Header) (any, error) {
-	model := c.res.Model
-	out := messagesRequestBody{callerHead: callerHead{model, req.Temperature, req.TopP, req.Stream}, StopSequences: req.Stop}
-	if req.MaxTokens > 0 {
-		out.MaxTokens = &req.MaxTokens
-	}
+	out := messagesRequestBody{callerHead: callerHead{c.res.Model, req.Temperature, req.TopP, req.Stream},
+		MaxTokens: req.MaxTokens, StopSequences: req.Stop}
 	switch {
 	case c.claudeCode():
-		sys, _ := req.messagesContent([]part{{Type: partText, Text: claudeCodeIdentity}, {Type: partText, Text: req.System}})
-		out.System = must(json.Marshal(sys))
+		identity := []part{{Type: partText, Text: claudeCodeIdentity}, {Type: partText, Text: req.System}}
+		out.System, _ = req.messagesContent(identity)
 	case req.System != "":
 		out.System = jsonText(req.System)
 	}
 	req.drop(true, req.Shared.names()...)
+	budget, inLoop := effortBudgets[max(0, slices.Index(effortNames, req.Effort))], false // unknown names: none
+	if req.MaxTokens > 0 {
+		budget = min(budget, req.MaxTokens-1)
+	}
+	for _, m := range req.Messages {
+		if m.Role == "assistant" {
+			inLoop = slices.ContainsFunc(m.Parts, func(p part) bool { return p.Type == partToolCall })
+		}
+	}
 	var cfg messagesOption
-	if budget := req.thinkingBudget(); budget > 0 { // the API refuses temperature and top_p beside thinking
+	if budget >= 1024 && !inLoop { // the API refuses temperature and top_p beside thinking
 		req.drop(req.Temperature != nil, "temperature")
 		req.drop(req.TopP != nil, "top_p")
 		out.Thinking, out.Temperature, out.TopP = &messagesOption{Type: "enabled", BudgetTokens: budget}, nil, nil
-		if adaptiveModels.MatchString(model) { // an effort, not a budget; Anthropic has no "minimal"
+		if adaptiveModels.MatchString(c.res.Model) { // an effort, not a budget; Anthropic has no "minimal"
 			out.Thinking, cfg.Effort = &messagesOption{Type: "adaptive"}, strings.Replace(req.Effort, "minimal", "low", 1)
 		}
 	} else {
@@ -357,23 +335,20 @@ func encodeMessages(req *chatRequest, c call, h http.Header) (any, error) {
 	out.Tools = jsonArray(tools)
 	serial := req.ParallelToolCalls != nil && !*req.ParallelToolCalls && len(req.Tools) > 0
 	if c := valueOr(req.ToolChoice, toolChoice{Mode: toolChoiceAuto}); req.ToolChoice != nil || serial {
-		out.ToolChoice = &messagesOption{Type: strings.Replace(c.Mode, toolChoiceRequired, "any", 1), Name: c.Name}
-		if serial && c.Mode != toolChoiceNone {
-			out.ToolChoice.DisableParallelToolUse = ptrTo(true)
-		}
+		out.ToolChoice = &messagesOption{Type: strings.Replace(c.Mode, toolChoiceRequired, "any", 1), Name: c.Name,
+			DisableParallelToolUse: ifSet(ptrTo(true), serial && c.Mode != toolChoiceNone)}
 	}
 	turns := []messagesTurn{}
 	for _, m := range req.Messages {
+		content, err := req.messagesContent(m.Parts)
 		if m.Role == "system" {
-			turns = append(turns, messagesTurn{Role: "system", Content: jsonText(textOf(m.Parts))})
-			continue
+			content = jsonText(textOf(m.Parts))
 		}
-		blocks, err := req.messagesContent(m.Parts)
 		if err != nil {
 			return nil, err
 		}
-		if len(blocks) > 0 { // only empty text: the API refuses an empty turn
-			turns = append(turns, messagesTurn{Role: m.Role, Content: must(json.Marshal(blocks))})
+		if content != nil { // only empty text: the API refuses an empty turn
+			turns = append(turns, messagesTurn{Role: m.Role, Content: content})
 		}
 	}
 	out.Messages = must(json.Marshal(turns))
@@ -383,9 +358,7 @@ func encodeMessages(req *chatRequest, c call, h http.Header) (any, error) {
 		}
 		cfg.Format = &outputFormat{Type: f.Type, Schema: f.Schema}
 	}
-	if cfg != (messagesOption{}) {
-		out.OutputConfig = &cfg
-	}
+	out.OutputConfig = ifSet(&cfg, cfg != (messagesOption{}))
 	// SPEC §7.6: the structured-outputs beta, for a JSON Schema output format or a tool's strict, true or false.
 	if req.Output != nil || slices.ContainsFunc(req.Tools, func(t tool) bool { return t.Strict != nil }) {
 		h.Add("Anthropic-Beta", structuredOutputsBeta)
@@ -404,65 +377,38 @@ var notToolID = regexp.MustCompile(`[^a-zA-Z0-9_-]`)
 
 // toolArguments is a call's arguments as the JSON object anthropic embeds: empty is {}, anything but an object is refused, never approximated.
 func toolArguments(args string) (json.RawMessage, error) {
-	if strings.TrimSpace(args) == "" {
-		return json.RawMessage(`{}`), nil
-	}
 	var buf bytes.Buffer
-	if err := json.Compact(&buf, []byte(args)); err != nil || buf.Bytes()[0] != '{' {
+	if err := json.Compact(&buf, []byte(argumentsText(args))); err != nil || buf.Bytes()[0] != '{' {
 		return nil, refuse("invalid_request", "a tool call's arguments are not a JSON object")
 	}
 	return buf.Bytes(), nil
-}
-
-// thinkingBudget is the budget toward messages: below max_tokens, at least 1024, and
-// 0 in a tool loop, where Anthropic wants back thinking blocks no format carries.
-func (req chatRequest) thinkingBudget() int {
-	budget, inLoop := 0, false // "none" and unknown names: no thinking
-	if i := slices.Index(effortNames, req.Effort); i >= 0 {
-		budget = effortBudgets[i]
-	}
-	if req.MaxTokens > 0 {
-		budget = min(budget, req.MaxTokens-1)
-	}
-	for _, m := range req.Messages {
-		if m.Role == "assistant" {
-			inLoop = slices.ContainsFunc(m.Parts, func(p part) bool { return p.Type == partToolCall })
-		}
-	}
-	if budget < 1024 || inLoop {
-		return 0
-	}
-	return budget
 }
 
 // adaptiveModels: a Claude 4.6 or later model (claude-opus-4-7, claude-opus-5, claude-haiku-5-1) takes thinking as adaptive with
 // output_config.effort and refuses a budget (Claude Code 2.1.332 decides so too); an earlier, dated (claude-opus-4-20250514) or unknown model takes a budget.
 var adaptiveModels = regexp.MustCompile(`^claude-(?:opus|sonnet|haiku)-(?:0?[5-9]|[1-9]\d|0?4-(?:0?[6-9]|[1-9]\d))(?:-|$)`)
 
-// decodeMessages gives a whole message to rd's caller stream: its text, then its calls (a call without input "{}").
+// decodeMessages gives a whole message to rd's caller stream block by block, as its stream would (a call's input
+// compacted, none "{}").
 func decodeMessages(body []byte, rd *streamReader) error {
 	var r messagesAnswer
 	if err := json.Unmarshal(body, &r); err != nil || r.Type != "message" {
 		return malformedAnswer(protoAnthropic, err)
 	}
-	var calls []part
-	for _, b := range r.Content {
-		switch {
-		case b.Type == "text" && b.Text != nil:
-			rd.out.text(*b.Text) // a text block refuses nothing: only a call's close can fail
-		case b.Type == "tool_use" && b.Name == "":
-			return malformedAnswer(protoAnthropic, nil)
-		case b.Type == "tool_use":
-			args := bytes.NewBufferString("{}")
-			if !rawIsNull(b.Input) {
-				args.Reset()
-				json.Compact(args, b.Input) // cannot fail: Input came out of the decoded body
-			}
-			calls = append(calls, part{Type: partToolCall, ToolCallID: b.ID, ToolName: b.Name, Arguments: args.String()})
+	for i, b := range r.Content {
+		err := rd.readBlock("content_block_start", i, &b, nil)
+		if err == nil && b.Type == "tool_use" && !rawIsNull(b.Input) {
+			var in bytes.Buffer
+			json.Compact(&in, b.Input) // cannot fail: Input came out of the decoded body
+			d := messagesBlock{Type: "input_json_delta", PartialJSON: ptrTo(in.String())}
+			err = rd.readBlock("content_block_delta", i, nil, &d)
+		}
+		if err = cmp.Or(err, rd.readBlock("content_block_stop", i, nil, nil)); err != nil {
+			return err
 		}
 	}
 	u, _ := usageOf(protoAnthropic, rawMember(body, "usage"))
-	return rd.out.tail(0, calls, cmp.Or(messagesFinishes[valueOr(r.StopReason, "")], finishStop), u)
+	return rd.out.tail(0, nil, answerFinish(messagesFinishes[valueOr(r.StopReason, "")]), u)
 }
 
 // messagesSteps names each step's event.
@@ -470,7 +416,7 @@ var messagesSteps = [...]string{stepBegin: "message_start", stepOpen: "content_b
 	stepClose: "content_block_stop", stepEnd: "message_delta", stepFail: "error"}
 
 // messagesFrames writes Anthropic's events a block at a time; the message it keeps (usage always there, zeros when
-// unreported: the SDKs require it) gets the blocks' whole text and arguments at the end, when all are in.
+// unreported: the SDKs require it) gets each block's whole text or arguments at its close.
 func (s *callerStream) messagesFrames(step streamStep, b *streamBlock, d string) error {
 	ev := messagesEvent{Type: messagesSteps[step]}
 	if b != nil {
@@ -492,18 +438,15 @@ func (s *callerStream) messagesFrames(step streamStep, b *streamBlock, d string)
 		ev.Delta = &messagesBlock{Type: "text_delta", Text: &d}
 	case step == stepDelta:
 		ev.Delta = &messagesBlock{Type: "input_json_delta", PartialJSON: &d}
+	case step == stepClose && b.text: // the kept block gets its whole text, a call its whole input
+		s.msg.Content[b.pos].Text = &d
 	case step == stepClose:
-		if _, err := toolArguments(d); !b.text && err != nil { // {} would run the tool on nothing (SPEC §17)
+		in, err := toolArguments(d)
+		if err != nil { // {} would run the tool on nothing (SPEC §17)
 			return refuse("provider_incomplete", "the provider's answer holds a tool call whose arguments are not a JSON object, which a tool_use input must be")
 		}
-	case step == stepEnd: // the kept blocks filled, then message_delta and message_stop (a write error sticks: the second writes nothing)
-		for i, b := range s.blocks {
-			if b.text {
-				s.msg.Content[i].Text = ptrTo(b.buf.String())
-			} else {
-				s.msg.Content[i].Input, _ = toolArguments(b.buf.String()) // nil, left out, when no JSON object
-			}
-		}
+		s.msg.Content[b.pos].Input = in
+	case step == stepEnd: // message_delta and message_stop (a write error sticks: the second writes nothing)
 		s.msg.StopReason = ptrTo(cmp.Or(messagesStopReasons[s.reason], "end_turn"))
 		s.msg.Usage = &messagesUsage{InputTokens: s.usage.InputTokens, OutputTokens: s.usage.OutputTokens}
 		ev.Delta, ev.Usage = &messagesBlock{StopReason: *s.msg.StopReason, StopSequence: json.RawMessage("null")}, s.msg.Usage
@@ -534,43 +477,33 @@ func (r *streamReader) readMessages(typ string, e rawObject) (keep, end bool, er
 			r.out.usage = r.usage // a stream cut later still records it
 		}
 	case "message_delta":
-		var d struct {
-			StopReason string `json:"stop_reason"`
-		}
+		var d messagesBlock
 		err = r.decode(e, "delta", &d)
 		u, uerr := usageOf(r.protocol, e.value("usage"))
-		if d.StopReason != "" {
-			r.finish = cmp.Or(messagesFinishes[d.StopReason], finishStop)
+		if u.Reported { // newer streams repeat the cumulative input count
+			r.usage = usage{cmp.Or(u.InputTokens, r.usage.InputTokens), u.OutputTokens, true}
 		}
-		if u.InputTokens > 0 { // newer streams repeat the cumulative input count
-			r.usage.InputTokens = u.InputTokens
-		}
-		if u.Reported {
-			r.usage.OutputTokens, r.usage.Reported = u.OutputTokens, true
-		}
+		r.finish = cmp.Or(messagesFinishes[d.StopReason], r.finish) // any other reason: a stop, at message_stop
 		err = cmp.Or(err, uerr)
 	case "message_stop":
 		r.finished, r.finish = true, cmp.Or(r.finish, finishStop)
 		return true, true, r.ended()
 	case "content_block_start", "content_block_delta", "content_block_stop":
-		if r.out != nil {
-			err = r.readBlock(typ, e)
+		var ev messagesEvent
+		if r.out != nil && (json.Unmarshal(e.src, &ev) != nil || typ == "content_block_start" && ev.ContentBlock == nil ||
+			typ == "content_block_delta" && ev.Delta == nil) {
+			err = eventWithout(protoAnthropic, typ, "a valid index, content_block and delta")
+		} else if r.out != nil {
+			err = r.readBlock(typ, valueOr(ev.Index, 0), ev.ContentBlock, ev.Delta)
 		}
 	} // ping and event types added later carry nothing Brama reads
 	return err == nil, false, err
 }
 
-// readBlock translates a content block's start, delta and stop.
-func (r *streamReader) readBlock(typ string, e rawObject) error {
-	var ev messagesEvent
-	if json.Unmarshal(e.src, &ev) != nil {
-		return eventWithout(protoAnthropic, typ, "a valid index, content_block and delta")
-	}
-	index, b, d := valueOr(ev.Index, 0), ev.ContentBlock, ev.Delta
+// readBlock translates a content block's start (b), delta (d) and stop, streamed or of a whole message (decodeMessages).
+func (r *streamReader) readBlock(typ string, index int, b, d *messagesBlock) error {
 	c, isTool := r.calls[index]
 	switch {
-	case typ == "content_block_start" && b == nil:
-		return eventWithout(protoAnthropic, typ, "content_block")
 	case typ == "content_block_start" && b.Type == "text":
 		return r.out.text(valueOr(b.Text, ""))
 	case typ == "content_block_start" && b.Type == "tool_use" && (b.Name == "" || isTool):
@@ -579,8 +512,6 @@ func (r *streamReader) readBlock(typ string, e rawObject) error {
 		r.calls[index] = &upstreamCall{tool: r.ncalls}
 		r.ncalls++
 		return r.out.call(r.calls[index].tool, part{Type: partToolCall, ToolCallID: b.ID, ToolName: b.Name})
-	case typ == "content_block_delta" && d == nil:
-		return eventWithout(protoAnthropic, typ, "delta")
 	case typ == "content_block_delta" && d.Type == "text_delta":
 		return r.out.text(valueOr(d.Text, ""))
 	case typ == "content_block_delta" && d.Type == "input_json_delta" && !isTool:

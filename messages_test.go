@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"io"
 	"strings"
 	"testing"
 
@@ -290,4 +291,27 @@ func decodeMessagesAnswer(t *testing.T, body []byte) chatAnswer {
 		}
 	}
 	return a
+}
+
+// TestDecodeMessagesBlockOrder: a buffered message reaches a Messages caller with its blocks in the provider's order,
+// as its stream does: text after a call is a block of its own, not joined to the text before the call.
+func TestDecodeMessagesBlockOrder(t *testing.T) {
+	body := `{"type":"message","content":[{"type":"text","text":"a"},{"type":"tool_use","id":"toolu_1","name":"f","input":{ "x": 1 }},
+		{"type":"text","text":"b"}],"stop_reason":"tool_use","usage":{"input_tokens":3,"output_tokens":4}}`
+	s := &callerStream{w: io.Discard, frames: formatOf(dialectMessages).frames}
+	err := s.start()
+	if err == nil {
+		err = decodeMessages([]byte(body), newStreamReader(protoAnthropic, s))
+	}
+	if err == nil {
+		err = s.finish()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []messagesBlock{{Type: "text", Text: ptrTo("a")},
+		{Type: "tool_use", ID: "toolu_1", Name: "f", Input: json.RawMessage(`{"x":1}`)}, {Type: "text", Text: ptrTo("b")}}
+	if diff := cmp.Diff(want, s.msg.Content); diff != "" {
+		t.Errorf("content mismatch (-want +got):\n%s", diff)
+	}
 }

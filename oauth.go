@@ -17,7 +17,6 @@ import (
 	"net/url"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -32,7 +31,6 @@ var (
 	errNoRefreshToken    = errors.New("the stored grant has no refresh token")
 	errRefreshSuperseded = errors.New("the vault's grant changed during the refresh; its result was discarded")
 	errStateMismatch     = errors.New("the pasted code belongs to another sign-in (state differs)")
-	errShuttingDown      = errors.New("brama is shutting down")
 )
 
 // oauthClient refreshes and exchanges grants, one refresh per subscription
@@ -93,7 +91,7 @@ func (o *oauthClient) refresh(ctx context.Context, id, provider, refusedAccessTo
 	o.mu.Lock()
 	if o.inflight == nil {
 		o.mu.Unlock()
-		return oauthGrant{}, errShuttingDown
+		return oauthGrant{}, errors.New("brama is shutting down")
 	}
 	c, ok := o.inflight[id]
 	if !ok {
@@ -166,13 +164,10 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 		return err
 	})
 	if errors.Is(werr, errRefreshSuperseded) {
-		err = werr
-	}
-	if err != nil {
+		return oauthGrant{}, werr
+	} else if err != nil {
 		return oauthGrant{}, err
-	} else if werr != nil {
-		// The provider may already have retired the refresh token the vault
-		// still holds: the new grant is used and kept until written (SPEC §17).
+	} else if werr != nil { // the provider may have retired the vault's refresh token: keep the new grant (SPEC §17)
 		o.vault.keepUnwritten(id, old, g)
 		log.Error("credential_refresh_unwritten", "error", redact(werr.Error()))
 	}
@@ -277,13 +272,12 @@ func readTokenAnswer(endpoint string, status int, body []byte, readErr error, se
 	}
 	var raw struct {
 		tokenAnswer
-		Expires json.RawMessage `json:"expires_in"` // a number, or a string holding one
+		Expires number          `json:"expires_in"` // a number, or a string holding one
 		Err     json.RawMessage `json:"error"`      // a string, or {"type","code","message"}
 	}
 	err := json.Unmarshal(body, &raw)
 	ans := raw.tokenAnswer
-	n, _ := jsonScalar(raw.Expires)
-	if f, err := strconv.ParseFloat(n, 64); err == nil && f >= 1 && f <= 100*365*24*3600 { // more is unusable, not an overflow
+	if f := raw.Expires.v; f >= 1 && f <= 100*365*24*3600 { // more is unusable, not an overflow
 		ans.ExpiresIn = int64(f)
 	}
 	ans.Error, _ = jsonString(raw.Err)

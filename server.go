@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -265,15 +266,17 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if ri.outcome == "client_cancelled" && context.Cause(r.Context()) == errServerShutdown {
 			ri.outcome = "server_shutdown"
 		}
-		args := []any{"request_id", ri.requestID, "method", r.Method, "path", r.URL.Path, "status", ri.status,
-			"client_id", ri.client.ID, "agent_id", ri.client.AgentID, "routing_mode", ri.routingMode,
-			"requested_model", ri.requestedModel, "route", ri.route, "outcome", ri.outcome, "retryable", ri.retryable,
-			"latency_ms", time.Since(start).Milliseconds(), "input_tokens", ri.input, "output_tokens", ri.output,
-			"dropped", strings.Join(ri.dropped, ", "), "streamed", ri.streamed}
+		str, num := slog.String, slog.Int // typed attributes: a value boxed into any costs an allocation
+		attrs := []slog.Attr{str("request_id", ri.requestID), str("method", r.Method), str("path", r.URL.Path),
+			num("status", ri.status), str("client_id", ri.client.ID), str("agent_id", ri.client.AgentID),
+			str("routing_mode", ri.routingMode), str("requested_model", ri.requestedModel), str("route", ri.route),
+			str("outcome", ri.outcome), slog.Bool("retryable", ri.retryable), slog.Int64("latency_ms", time.Since(start).Milliseconds()),
+			num("input_tokens", ri.input), num("output_tokens", ri.output), str("dropped", strings.Join(ri.dropped, ", ")),
+			slog.Bool("streamed", ri.streamed)}
 		if n := ri.attemptsKey(); n != nil {
-			args = append(args, "attempts", *n)
+			attrs = append(attrs, num("attempts", *n))
 		}
-		s.log.InfoContext(r.Context(), "request", args...)
+		s.log.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
 	}()
 	switch h, pattern := s.mux.Handler(r); {
 	case !s.guard.allows(r):

@@ -104,7 +104,7 @@ func opJournal(t *testing.T, env map[string]string, kind string) []journalRecord
 	if err != nil {
 		t.Fatalf("journal: %v", err)
 	}
-	recs, bad, _ := readJournalLines(b)
+	recs, bad, _ := readJournalLines(t, b)
 	if len(bad) > 0 {
 		t.Errorf("journal has unreadable lines: %+v", bad)
 	}

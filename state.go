@@ -106,7 +106,7 @@ func checkFileInfo(role, name string, fi fs.FileInfo, err error) (fileIdentity, 
 	why := ""
 	switch {
 	case errors.Is(err, fs.ErrNotExist): // size -1: absence is an identity too, kept by a stateFile
-		return fileIdentity{size: -1}, fmt.Errorf("%s %s: %w", role, name, errFileAbsent)
+		return fileIdentity{size: -1}, &fs.PathError{Op: role, Path: name, Err: errFileAbsent} // no formatting: a hot path
 	case errors.Is(err, syscall.ELOOP) || err == nil && fi.Mode()&fs.ModeSymlink != 0:
 		why = "is a symlink; refusing to follow it"
 	case err != nil:
@@ -166,9 +166,10 @@ type stateFile[T any] struct {
 }
 
 func (f *stateFile[T]) load() (T, error) {
+	id, _ := guardFile(f.role, f.path) // outside the lock: concurrent requests do not queue behind one lstat
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if id, _ := guardFile(f.role, f.path); f.id != (fileIdentity{}) && id == f.id {
+	if f.id != (fileIdentity{}) && id == f.id {
 		return f.doc, f.err
 	}
 	f.doc, f.id, f.err = f.read()

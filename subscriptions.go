@@ -141,11 +141,11 @@ func newInventory(st state, v *vault, j *journal, l *ledger, getenv func(string)
 // view is every overlay item (the caller's own slice, in overlay order) and the journal's retired set (SPEC §9).
 func (inv *inventory) view() ([]overlayItem, map[string]bool, error) {
 	doc, err := inv.overlay.load()
-	retired, jerr := inv.j.retired()
+	fold, jerr := inv.j.folded()
 	if err = unusable(cmp.Or(err, jerr)); err != nil { // each names its file
 		return nil, nil, err
 	}
-	return slices.Clone(doc.Items), retired, nil
+	return slices.Clone(doc.Items), fold.retire, nil
 }
 
 // pool is agent's non-retired items of provider ("": all) from the journal, never the cache (SPEC §7.2, §2.3).

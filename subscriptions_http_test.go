@@ -227,7 +227,7 @@ func TestSubscriptionRetireAndReinstate(t *testing.T) {
 	journalPath := filepath.Join(env["BRAMA_STATE_DIR"], "journal.jsonl")
 	journalOf := func() []journalRecord {
 		jb, _ := os.ReadFile(journalPath)
-		recs, bad, torn := readJournalLines(jb)
+		recs, bad, torn := readJournalLines(t, jb)
 		if len(bad) != 0 || torn {
 			t.Fatalf("journal has bad lines: %+v torn=%v", bad, torn)
 		}
