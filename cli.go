@@ -23,7 +23,6 @@ type command struct {
 	name, args, purpose, example string     // name: one or two words; args: the usage line after it
 	pos                          int        // positionals it takes
 	need                         []string   // flags that must be given, not blank
-	gateway                      bool       // calls the daemon's admin API: -gateway, then the bearer
 	flags                        []flagSpec // declared in this order
 	run                          func(e *cliEnv, o opts, pos []string) error
 }
@@ -49,15 +48,36 @@ func commands() []command {
 	label := flagSpec{"label", "", "an optional `label` (printable, at most 128 bytes)"}
 	signIn := flagSpec{"provider", "", "claude-code or codex"}
 	reason := func(help string) flagSpec { return flagSpec{"reason", "", help} }
+	gateway := flagSpec{"gateway", "http://127.0.0.1:8080", "the brama serve `URL` to call"} // the daemon's admin API
 	return []command{
 		{name: "serve", args: "[-addr ADDR] [-local-credentials-stdin]", purpose: "run the daemon", example: "brama serve -addr 127.0.0.1:8080", run: serve, flags: []flagSpec{{"addr", "127.0.0.1:8080", "`address` to listen on"}, {"local-credentials-stdin", false, "read a JSON object provider → API key from stdin and keep it in memory only; it becomes the only source of direct credentials"}}},
 		{name: "version", purpose: "print the version /health reports", example: "brama version",
 			run: func(e *cliEnv, _ opts, _ []string) error { return e.say(nil, "brama %s\n", version) }},
 		{name: "routes list", args: "[-json]", purpose: "one aligned row per alias, then the count that cannot serve", example: "brama routes list", flags: []flagSpec{asJSON("GET /v1/aliases")},
-			run: func(e *cliEnv, o opts, _ []string) error { return e.printAliases(e.deps(), o.b("json"), nil) }},
-		{name: "routes set", args: "ALIAS DESTINATION", pos: 2, purpose: "set an alias (journaled route_change, by cli)", example: "brama routes set chat openai/gpt-4o", run: setRoute},
-		{name: "routes rm", args: "ALIAS", pos: 1, purpose: "remove an alias", example: "brama routes rm chat", run: setRoute},
-		{name: "routes migrate", args: "[-file F] [-json]", purpose: "drop retired top-level fields, commit, print the committed document (idempotent)", example: "brama routes migrate", run: routesMigrate, flags: []flagSpec{{"file", "", "registry `file` to migrate (default: the registry Brama reads)"}, {"json", false, `print {"ok":true,"file":F,"dropped":[…],"document":{…}}`}}},
+			run: routesCommand},
+		{name: "routes set", args: "ALIAS DESTINATION", pos: 2, purpose: "set an alias (journaled route_change, by cli)", example: "brama routes set chat openai/gpt-4o", run: routesCommand},
+		{name: "routes rm", args: "ALIAS", pos: 1, purpose: "remove an alias", example: "brama routes rm chat", run: routesCommand},
+		{name: "routes migrate", args: "[-file F] [-json]", purpose: "drop retired top-level fields, commit, print the committed document (idempotent)", example: "brama routes migrate", flags: []flagSpec{{"file", "", "registry `file` to migrate (default: the registry Brama reads)"}, {"json", false, `print {"ok":true,"file":F,"dropped":[…],"document":{…}}`}},
+			run: func(e *cliEnv, o opts, _ []string) error { // drop retired fields (SPEC §5), print what was committed
+				path, err := o.s("file"), error(nil)
+				if path == "" {
+					path, err = resolveState(e.getenv).fileOrState(e.getenv, "BRAMA_ROUTES_FILE", registryRole, "routes.json")
+				}
+				out, dropped := []byte(nil), []string(nil)
+				if err == nil {
+					out, dropped, err = migrateRegistry(path)
+				}
+				if err != nil {
+					fmt.Fprintf(e.stderr, "route migration error: %v\n", err)
+					return errRefused
+				}
+				if o.b("json") {
+					dropped, doc := append([]string{}, dropped...), json.RawMessage(out) // dropped: [] when none
+					out, _ = json.Marshal(map[string]any{"ok": true, "file": path, "dropped": dropped, "document": doc})
+					out = append(out, '\n')
+				}
+				return e.wrote(path, nil, "%s", out)
+			}},
 		{name: "clients add", args: "ID [-admin] [-agent A] [-allow NAME]...", pos: 1, purpose: "make a client; its token is printed once on stdout", example: "brama clients add app -allow chat", flags: []flagSpec{{"admin", false, "give the client the admin role (reaches /v1/admin/*)"}, agent("bind the client's bearer to `agent`"), {"allow", []string(nil), "allow only this model `name` (repeatable; exact names)"}},
 			run: func(e *cliEnv, o opts, p []string) error {
 				tok, role := newToken(), map[bool]string{false: roleCaller, true: roleAdmin}[o.b("admin")]
@@ -89,12 +109,9 @@ func commands() []command {
 				if errors.Is(err, errFileAbsent) {
 					doc, err = &clientsDoc{}, nil
 				}
-				return table(e.stdout, err, "ID\tROLE\tAGENT\tALLOWED", func(yield func(...string)) {
+				return table(e.stdout, err, "ID\tROLE\tAGENT\tALLOWED\n", func(yield func(...string)) {
 					for _, c := range doc.Clients {
-						allow := "(any model)"
-						if c.AllowedModels != nil {
-							allow = strings.Join(c.AllowedModels, ",")
-						}
+						allow := map[bool]string{true: "(any model)"}[c.AllowedModels == nil] + strings.Join(c.AllowedModels, ",")
 						yield(c.ID, c.Role, cmp.Or(c.AgentID, "-"), allow)
 					}
 				})
@@ -114,7 +131,7 @@ func commands() []command {
 		{name: "deployments list", purpose: "one row per deployment: name, endpoint, model, adapters", example: "brama deployments list",
 			run: func(e *cliEnv, _ opts, _ []string) error {
 				doc, err := e.deps().reg.current()
-				return table(e.stdout, err, "NAME\tENDPOINT\tMODEL\tADAPTERS", func(yield func(...string)) {
+				return table(e.stdout, err, "NAME\tENDPOINT\tMODEL\tADAPTERS\n", func(yield func(...string)) {
 					for _, d := range doc.Deployments {
 						var names []string
 						for _, a := range d.Adapters {
@@ -158,7 +175,7 @@ func commands() []command {
 					}
 				})
 			}},
-		{name: "subscription add", args: "-provider P -agent A [-label L] [-oauth-file F]", need: []string{"provider", "agent"}, gateway: true, purpose: "donate a subscription through the daemon (the API key on stdin after the bearer line, or a grant file); prints the new id", example: `printf '%s\n' "$KEY" | BRAMA_TOKEN=$T brama subscription add -provider kimi -agent a1`, flags: []flagSpec{{"provider", "", "the `provider` of the subscription (claude-code, codex, kimi, openai, …)"}, agent("the `agent` that receives it"), label, {"oauth-file", "", "read an OAuth grant {\"access_token\",\"refresh_token\",\"expires_at_ms\",…} from `file` instead of an API key on stdin"}},
+		{name: "subscription add", args: "-provider P -agent A [-label L] [-oauth-file F]", need: []string{"provider", "agent"}, purpose: "donate a subscription through the daemon (the API key on stdin after the bearer line, or a grant file); prints the new id", example: `printf '%s\n' "$KEY" | BRAMA_TOKEN=$T brama subscription add -provider kimi -agent a1`, flags: []flagSpec{gateway, {"provider", "", "the `provider` of the subscription (claude-code, codex, kimi, openai, …)"}, agent("the `agent` that receives it"), label, {"oauth-file", "", "read an OAuth grant {\"access_token\",\"refresh_token\",\"expires_at_ms\",…} from `file` instead of an API key on stdin"}},
 			run: func(e *cliEnv, o opts, _ []string) error {
 				body := donation{Provider: o.s("provider"), Label: o.s("label")}
 				if err := e.bearer(); err != nil { // the bearer line comes first
@@ -176,26 +193,51 @@ func commands() []command {
 				}
 				return e.donate(o.s("agent"), "", body)
 			}},
-		{name: "subscription list", args: "-agent A [-json]", need: []string{"agent"}, gateway: true, purpose: "one aligned row per subscription", example: "BRAMA_TOKEN=$T brama subscription list -agent a1", run: subscriptionList, flags: []flagSpec{agent("the `agent` whose subscriptions to list"), asJSON("GET /v1/subscriptions/{agent_id}")}},
-		{name: "subscription retire", args: "-agent A [-reason R] ID", pos: 1, need: []string{"agent"}, gateway: true, purpose: "retire a subscription (journaled)", example: "brama subscription retire -agent a1 sub_0123456789abcdef", flags: []flagSpec{agent("the `agent` that owns the subscription"), reason(`why (journaled; default "retired by <client id>")`)},
+		{name: "subscription list", args: "-agent A [-json]", need: []string{"agent"}, purpose: "one aligned row per subscription", example: "BRAMA_TOKEN=$T brama subscription list -agent a1", flags: []flagSpec{gateway, agent("the `agent` whose subscriptions to list"), asJSON("GET /v1/subscriptions/{agent_id}")},
+			run: func(e *cliEnv, o opts, _ []string) error { // USED: the fullest window's
+				var l struct{ Subscriptions []subscriptionRow }
+				b, err := e.call("GET", subscriptionPath(o.s("agent")), nil, &l)
+				if err != nil || o.b("json") {
+					return e.say(err, "%s", b)
+				}
+				retired := 0
+				table(e.stdout, nil, "ID\tPROVIDER\tSTATUS\tCREDENTIAL\tUSED\tLABEL\n", func(yield func(...string)) {
+					for _, r := range l.Subscriptions {
+						cred, used, top := "-", "-", 0.0
+						if r.Credential != nil {
+							cred = r.Credential.State
+						}
+						for _, w := range r.Windows {
+							top = max(top, w.UsedFraction)
+							used = fmt.Sprintf("%.0f%%", top*100) + map[bool]string{true: " (stale)"}[r.Stale]
+						}
+						if r.Status == "retired" {
+							retired++
+						}
+						yield(r.ID, r.Provider, r.Status, cred, used, cmp.Or(r.Label, "-"))
+					}
+				})
+				return e.say(nil, "%d subscription(s), %d retired\n", len(l.Subscriptions), retired)
+			}},
+		{name: "subscription retire", args: "-agent A [-reason R] ID", pos: 1, need: []string{"agent"}, purpose: "retire a subscription (journaled)", example: "brama subscription retire -agent a1 sub_0123456789abcdef", flags: []flagSpec{gateway, agent("the `agent` that owns the subscription"), reason(`why (journaled; default "retired by <client id>")`)},
 			run: func(e *cliEnv, o opts, p []string) error { // an empty reason is the daemon's default
 				_, err := e.call("DELETE", subscriptionPath(o.s("agent"), p[0])+"?reason="+url.QueryEscape(o.s("reason")), nil, nil)
 				return e.say(err, "retired %s\n", p[0])
 			}},
-		{name: "subscription reinstate", args: "-agent A -reason R ID", pos: 1, need: []string{"agent", "reason"}, gateway: true, purpose: "put a retired subscription back", example: `brama subscription reinstate -agent a1 -reason "back" sub_0123456789abcdef`, flags: []flagSpec{agent("the `agent` that owns the subscription"), reason("why (required; journaled)")},
+		{name: "subscription reinstate", args: "-agent A -reason R ID", pos: 1, need: []string{"agent", "reason"}, purpose: "put a retired subscription back", example: `brama subscription reinstate -agent a1 -reason "back" sub_0123456789abcdef`, flags: []flagSpec{gateway, agent("the `agent` that owns the subscription"), reason("why (required; journaled)")},
 			run: func(e *cliEnv, o opts, p []string) error {
 				_, err := e.call("POST", subscriptionPath(o.s("agent"), p[0], "reinstate"), map[string]string{"reason": o.s("reason")}, nil)
 				return e.say(err, "reinstated %s\n", p[0])
 			}},
-		{name: "subscription import", args: "-provider claude-code|codex -from FILE -agent A [-label L]", need: []string{"provider", "from", "agent"}, gateway: true, purpose: "hand a Claude Code or Codex CLI grant over to Brama", example: "brama subscription import -provider claude-code -from ~/.claude/.credentials.json -agent a1", run: subscriptionImport, flags: []flagSpec{signIn, {"from", "", "the tool's credential `file` (~/.claude/.credentials.json, ~/.codex/auth.json)"}, agent("the `agent` that receives the grant"), label}},
-		{name: "subscription sign-in", args: "-provider claude-code|codex -agent A [-id ID | -label L]", need: []string{"provider", "agent"}, gateway: true, purpose: "sign in with the provider (PKCE): the URL on stderr, the pasted code from stdin; replaces -id's grant or donates a new subscription", example: "BRAMA_TOKEN=$T brama subscription sign-in -provider claude-code -agent a1", run: subscriptionSignIn, flags: []flagSpec{signIn, agent("the `agent` that owns (or receives) the subscription"), {"id", "", "replace the credential of this subscription `id` instead of donating a new one"}, {"label", "", "a `label` for a new subscription"}}},
-		{name: "subscription prune-orphans", args: "[-gateway URL]", gateway: true, purpose: "remove the vault's subscription credentials no subscription names", example: "BRAMA_TOKEN=$T brama subscription prune-orphans",
+		{name: "subscription import", args: "-provider claude-code|codex -from FILE -agent A [-label L]", need: []string{"provider", "from", "agent"}, purpose: "hand a Claude Code or Codex CLI grant over to Brama", example: "brama subscription import -provider claude-code -from ~/.claude/.credentials.json -agent a1", run: subscriptionImport, flags: []flagSpec{gateway, signIn, {"from", "", "the tool's credential `file` (~/.claude/.credentials.json, ~/.codex/auth.json)"}, agent("the `agent` that receives the grant"), label}},
+		{name: "subscription sign-in", args: "-provider claude-code|codex -agent A [-id ID | -label L]", need: []string{"provider", "agent"}, purpose: "sign in with the provider (PKCE): the URL on stderr, the pasted code from stdin; replaces -id's grant or donates a new subscription", example: "BRAMA_TOKEN=$T brama subscription sign-in -provider claude-code -agent a1", run: subscriptionSignIn, flags: []flagSpec{gateway, signIn, agent("the `agent` that owns (or receives) the subscription"), {"id", "", "replace the credential of this subscription `id` instead of donating a new one"}, {"label", "", "a `label` for a new subscription"}}},
+		{name: "subscription prune-orphans", args: "[-gateway URL]", flags: []flagSpec{gateway}, purpose: "remove the vault's subscription credentials no subscription names", example: "BRAMA_TOKEN=$T brama subscription prune-orphans",
 			run: func(e *cliEnv, _ opts, _ []string) error {
 				var body struct{ Removed []string }
 				_, err := e.call("POST", "/v1/admin/vault/prune-orphans", nil, &body)
 				return e.say(err, "removed %d orphaned credential(s) from the vault: %s\n", len(body.Removed), strings.Join(body.Removed, " "))
 			}},
-		{name: "maintain", args: "[-gateway URL] [-json]", gateway: true, purpose: "run one maintenance pass now; exit 0 only when it was ok", example: "BRAMA_TOKEN=$T brama maintain", flags: []flagSpec{asJSON("POST /v1/admin/maintain")},
+		{name: "maintain", args: "[-gateway URL] [-json]", purpose: "run one maintenance pass now; exit 0 only when it was ok", example: "BRAMA_TOKEN=$T brama maintain", flags: []flagSpec{gateway, asJSON("POST /v1/admin/maintain")},
 			run: func(e *cliEnv, o opts, _ []string) error {
 				var rep passReport
 				b, err := e.call("POST", "/v1/admin/maintain", nil, &rep)
@@ -243,26 +285,6 @@ func commands() []command {
 	}
 }
 
-// lookup finds args' command (one word, or two for a group's); else a usage error naming the group's commands.
-func lookup(args []string) (command, []string, error) {
-	var subs []string
-	for _, c := range commands() {
-		if words := strings.Fields(c.name); len(args) >= len(words) && slices.Equal(words, args[:len(words)]) {
-			return c, args[len(words):], nil
-		} else if len(words) == 2 && words[0] == args[0] {
-			subs = append(subs, words[1])
-		}
-	}
-	if len(subs) == 0 {
-		return command{}, nil, &usageError{msg: fmt.Sprintf("unknown command %q; see brama help", args[0])}
-	}
-	msg := fmt.Sprintf("%s wants one of %s; see brama help", args[0], strings.Join(subs, ", "))
-	if len(args) > 1 && !strings.HasPrefix(args[1], "-") {
-		msg = fmt.Sprintf("unknown command %q: %s", args[0]+" "+args[1], msg)
-	}
-	return command{}, nil, &usageError{msg: msg}
-}
-
 // help lists every command with its purpose.
 func help(w io.Writer) {
 	fmt.Fprint(w, "usage: brama COMMAND [flags] [arguments]; brama COMMAND -h prints its flags and an example\n\n")
@@ -273,17 +295,29 @@ func help(w io.Writer) {
 	})
 }
 
-// runCommand runs args' command, flags and positionals in either order (SPEC §16.1); -h prints its help on stdout.
+// runCommand runs args' command (one word, or two for a group's), flags and positionals in either order (SPEC §16.1);
+// -h prints its help on stdout. An unknown command is a usage error naming the group's commands.
 func (e *cliEnv) runCommand(args []string) error {
-	c, args, err := lookup(args)
-	if err != nil {
-		return err
+	c, subs, pos, err := command{}, []string(nil), []string(nil), error(nil)
+	for _, row := range commands() {
+		if words := strings.Fields(row.name); len(args) >= len(words) && slices.Equal(words, args[:len(words)]) {
+			c, args = row, args[len(words):]
+			break
+		} else if len(words) == 2 && words[0] == args[0] {
+			subs = append(subs, words[1])
+		}
+	}
+	if c.run == nil && len(subs) == 0 {
+		return &usageError{msg: fmt.Sprintf("unknown command %q; see brama help", args[0])}
+	} else if c.run == nil {
+		msg := fmt.Sprintf("%s wants one of %s; see brama help", args[0], strings.Join(subs, ", "))
+		if len(args) > 1 && !strings.HasPrefix(args[1], "-") {
+			msg = fmt.Sprintf("unknown command %q: %s", args[0]+" "+args[1], msg)
+		}
+		return &usageError{msg: msg}
 	}
 	fs, o := flag.NewFlagSet("brama "+c.name, flag.ContinueOnError), opts{}
 	fs.SetOutput(io.Discard)
-	if c.gateway {
-		c.flags = append(c.flags, flagSpec{"gateway", "http://127.0.0.1:8080", "the brama serve `URL` to call"})
-	}
 	for _, f := range c.flags {
 		switch d := f.def.(type) {
 		case string:
@@ -300,7 +334,6 @@ func (e *cliEnv) runCommand(args []string) error {
 			})
 		}
 	}
-	var pos []string
 	for err = fs.Parse(args); err == nil && fs.NArg() > 0; err = fs.Parse(fs.Args()[1:]) {
 		pos = append(pos, fs.Arg(0))
 	}
@@ -322,7 +355,7 @@ func (e *cliEnv) runCommand(args []string) error {
 		err = &usageError{c.name, "want " + cmp.Or(c.args, "no arguments")}
 	case len(missing) > 0:
 		err = &usageError{c.name, "want -" + strings.Join(missing, " and -")}
-	case c.gateway: // the bearer and credentials never cross in clear text but to a loopback host
+	case o["gateway"] != nil: // the bearer and credentials never cross in clear text but to a loopback host
 		e.gateway = strings.TrimRight(strings.TrimSpace(o.s("gateway")), "/")
 		if err = checkBaseURL(e.gateway); err != nil {
 			err = &usageError{c.name, fmt.Sprintf("-gateway %q: %v", o.s("gateway"), err)}
@@ -337,66 +370,41 @@ func (e *cliEnv) runCommand(args []string) error {
 	return err
 }
 
-// table prints the rows rows yields aligned under header ("": none), cells tab-separated, unless err.
+// table prints the rows rows yields aligned under header (its line, or ""), cells tab-separated, unless err.
 func table(w io.Writer, err error, header string, rows func(yield func(...string))) error {
 	if err != nil {
 		return err
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	if header != "" {
-		fmt.Fprintln(tw, header)
-	}
+	fmt.Fprint(tw, header)
 	rows(func(cells ...string) { fmt.Fprintln(tw, strings.Join(cells, "\t")) })
 	return tw.Flush()
 }
 
-// setRoute is routes set (ALIAS DESTINATION) and routes rm (ALIAS); either prints the aliases after.
-func setRoute(e *cliEnv, _ opts, p []string) error {
-	d, dest, said := e.deps(), (*string)(nil), "removed "+p[0]
+// routesCommand is routes list, set (ALIAS DESTINATION) and rm (ALIAS): after a write, each prints GET /v1/aliases,
+// with -json its body, else one row per alias and a count.
+func routesCommand(e *cliEnv, o opts, p []string) error {
+	d, dest, said := e.deps(), (*string)(nil), "removed "
 	if len(p) == 2 {
-		dest, said = &p[1], fmt.Sprintf("set %s -> %s", p[0], p[1])
+		dest, said = &p[1], "set "
 	}
-	_, err := d.reg.set(p[0], dest, "cli")
-	return e.printAliases(d, false, e.wrote(d.reg.path, err, "%s\n", said))
-}
-
-// printAliases prints GET /v1/aliases, unless err: with asJSON its body, else one row per alias and a count.
-func (e *cliEnv) printAliases(d deps, asJSON bool, err error) error {
-	if err != nil {
-		return err
+	if len(p) > 0 {
+		_, err := d.reg.set(p[0], dest, "cli")
+		if err = e.wrote(d.reg.path, err, "%s%s\n", said, strings.Join(p, " -> ")); err != nil {
+			return err
+		}
 	}
 	t, err := d.reg.aliases((&core{deps: d}).hasDirect, nil)
-	if err != nil || asJSON {
+	if err != nil || o["json"] != nil && o.b("json") {
 		b, _ := json.Marshal(t)
 		return e.say(err, "%s\n", b)
 	}
-	table(e.stdout, nil, "ALIAS\tSTATE\tROUTE\tREASON", func(yield func(...string)) {
+	table(e.stdout, nil, "ALIAS\tSTATE\tROUTE\tREASON\n", func(yield func(...string)) {
 		for _, a := range t.Aliases {
 			yield(a.Alias, a.State, valueOr(a.Route, "-"), a.Reason)
 		}
 	})
 	return e.say(nil, "%d alias(es), %d cannot serve\n", len(t.Aliases), t.Unserviceable)
-}
-
-// routesMigrate commits the registry without its retired fields (SPEC §5) and prints what it committed.
-func routesMigrate(e *cliEnv, o opts, _ []string) error {
-	path, err := o.s("file"), error(nil)
-	if path == "" {
-		path, err = resolveState(e.getenv).fileOrState(e.getenv, "BRAMA_ROUTES_FILE", registryRole, "routes.json")
-	}
-	out, dropped := []byte(nil), []string(nil)
-	if err == nil {
-		out, dropped, err = migrateRegistry(path)
-	}
-	if err != nil {
-		fmt.Fprintf(e.stderr, "route migration error: %v\n", err)
-		return errRefused
-	}
-	if o.b("json") {
-		out, _ = json.Marshal(map[string]any{"ok": true, "file": path, "dropped": append([]string{}, dropped...), "document": json.RawMessage(out)})
-		out = append(out, '\n')
-	}
-	return e.wrote(path, nil, "%s", out)
 }
 
 // subscriptionPath is the admin path of an agent's subscriptions, then the segments after it, each escaped.
@@ -415,33 +423,6 @@ func (e *cliEnv) donate(agent, query string, body donation) error {
 	}
 	fmt.Fprintf(e.stderr, "brama: donated %s subscription %s to agent %s\n", ans.Subscription.Provider, ans.Subscription.ID, agent)
 	return e.say(nil, "%s\n", ans.Subscription.ID)
-}
-
-// subscriptionList prints with -json the body, else one row per subscription (USED: the fullest window's) and a count.
-func subscriptionList(e *cliEnv, o opts, _ []string) error {
-	var l struct{ Subscriptions []subscriptionRow }
-	b, err := e.call("GET", subscriptionPath(o.s("agent")), nil, &l)
-	if err != nil || o.b("json") {
-		return e.say(err, "%s", b)
-	}
-	retired := 0
-	table(e.stdout, nil, "ID\tPROVIDER\tSTATUS\tCREDENTIAL\tUSED\tLABEL", func(yield func(...string)) {
-		for _, r := range l.Subscriptions {
-			cred, used, top := "-", "-", 0.0
-			if r.Credential != nil {
-				cred = r.Credential.State
-			}
-			for _, w := range r.Windows {
-				top = max(top, w.UsedFraction)
-				used = fmt.Sprintf("%.0f%%", top*100) + map[bool]string{true: " (stale)"}[r.Stale]
-			}
-			if r.Status == "retired" {
-				retired++
-			}
-			yield(r.ID, r.Provider, r.Status, cred, used, cmp.Or(r.Label, "-"))
-		}
-	})
-	return e.say(nil, "%d subscription(s), %d retired\n", len(l.Subscriptions), retired)
 }
 
 // maintainReport is maintain's text: the pass's verdict, usage reads and refreshes (SPEC §11.2).
@@ -468,8 +449,7 @@ func subscriptionImport(e *cliEnv, o opts, _ []string) error {
 	g, err := parseImportFile(provider, b)
 	if err != nil {
 		return fmt.Errorf("%s: %w", o.s("from"), err)
-	}
-	if err = e.donate(o.s("agent"), "", donation{Provider: provider, Label: o.s("label"), OAuth: &g}); err == nil { // a refresh rotates the shared grant
+	} else if err = e.donate(o.s("agent"), "", donation{Provider: provider, Label: o.s("label"), OAuth: &g}); err == nil { // a refresh rotates the shared grant
 		fmt.Fprintf(e.stderr, "brama: %s and Brama now share one grant: after Brama's first refresh, %[1]s will need to sign in again; "+
 			"and if %[1]s refreshes first, Brama's copy stops working until `brama subscription sign-in` replaces it.\n", tool)
 	}

@@ -166,7 +166,7 @@ func TestServeOnAPortInUse(t *testing.T) {
 func TestLogLevelInvalidIsLogged(t *testing.T) {
 	for level, warned := range map[string]bool{"verbose": true, "2": true, "": false, "debug": false, " WARN ": false, "info+2": false} {
 		var logs bytes.Buffer
-		newLogger(&logs, level).Error("probe")
+		(&cliEnv{stderr: &logs, getenv: testEnv(map[string]string{"BRAMA_LOG_LEVEL": level})}).sys().log.Error("probe")
 		if got := strings.Contains(logs.String(), `"msg":"log_level_invalid"`); got != warned {
 			t.Errorf("BRAMA_LOG_LEVEL=%q: logged log_level_invalid %v, want %v:\n%s", level, got, warned, logs.String())
 		}

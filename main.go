@@ -116,11 +116,8 @@ func readLocalCredentials(asked bool, r io.Reader) (map[string]string, error) {
 		return nil, nil
 	}
 	b, err := io.ReadAll(r)
-	creds := map[string]string{}
-	if err == nil {
-		err = decodeStrict("-local-credentials-stdin", b, &creds)
-	}
-	if err == nil && creds == nil { // null: no map, and the vault's keys would be read
+	var creds map[string]string
+	if err = cmp.Or(err, decodeStrict("-local-credentials-stdin", b, &creds)); err == nil && creds == nil { // null: no map
 		err = errors.New("-local-credentials-stdin: not a JSON object")
 	}
 	for p, key := range creds {
@@ -131,16 +128,6 @@ func readLocalCredentials(asked bool, r io.Reader) (map[string]string, error) {
 		}
 	}
 	return creds, err
-}
-
-// newLogger makes the JSON slog logger at BRAMA_LOG_LEVEL (info unless level names another).
-func newLogger(w io.Writer, level string) *slog.Logger {
-	lv := new(slog.Level)
-	log := slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: lv}))
-	if level = strings.TrimSpace(level); lv.UnmarshalText([]byte(level)) != nil && level != "" {
-		log.Warn("log_level_invalid", "value", level, "using", "info")
-	}
-	return log
 }
 
 // Tests replace the serving process's clock and shorten the stream keep-alive interval.
@@ -159,7 +146,15 @@ func serve(e *cliEnv, o opts, _ []string) error {
 	maxBody, bodyErr := envWhole(e.getenv, "BRAMA_MAX_REQUEST_BYTES", "bytes", 1, defaultMaxRequestBytes, 64)
 	guard, guardErr := newTransportGuard(e.getenv("BRAMA_TRUSTED_PROXY_IPS"))
 	localCreds, credsErr := readLocalCredentials(o.b("local-credentials-stdin"), e.in)
-	if err := cmp.Or(checkListenAddr(o.s("addr")), bodyErr, guardErr, credsErr); err != nil {
+	addr := o.s("addr")
+	_, port, addrErr := net.SplitHostPort(addr) // net.Listen would take no port for a random one
+	if _, err := net.LookupPort("tcp", port); addrErr == nil && (port == "" || err != nil) {
+		addrErr = cmp.Or(err, errors.New("no port"))
+	}
+	if addrErr != nil {
+		addrErr = &usageError{msg: fmt.Sprintf("-addr %q is not HOST:PORT to listen on (e.g. 127.0.0.1:8080): %v", addr, addrErr)}
+	}
+	if err := cmp.Or(addrErr, bodyErr, guardErr, credsErr); err != nil {
 		return err
 	}
 	signal.Ignore(syscall.SIGPIPE) // a log reader gone (`serve 2>&1 | logger`) ends no generation: its lines are lost
@@ -189,7 +184,7 @@ func serve(e *cliEnv, o opts, _ []string) error {
 			keepAlive: testingOnlyKeepAlive, catalog: newCatalog(d.st, e.getenv, client, log, now), perf: newPerfRegistry(d.st, sy),
 			ledger: ledger, inv: inv, oauth: oauth, maint: newMaintainer(inv, oauth),
 			localCreds: localCreds}}
-	ln, err := net.Listen("tcp", o.s("addr")) // before the first client: its token is shown once, not to a start that fails
+	ln, err := net.Listen("tcp", addr) // before the first client: its token is shown once, not to a start that fails
 	if err != nil {
 		return err
 	}
@@ -206,7 +201,14 @@ func serve(e *cliEnv, o opts, _ []string) error {
 		// Only sending headers is bounded: a long generation is never cut (SPEC §7.4).
 		ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 120 * time.Second,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
-	fmt.Fprintf(e.stdout, "listening on http://%s\n%s\n", ln.Addr(), serveNotes(s))
+	// Under the address: the state directory, and the next step while nothing can pay.
+	where := cmp.Or(d.st.dir, fmt.Sprintf("none (%v): nothing is kept", d.st.cause))
+	next := "ready: brama routes list shows what each alias serves"
+	if v, _ := s.vault.load(); !s.anyDirectPayer() && (v == nil || len(v.Subscriptions) == 0) {
+		next = "next: brama credentials set anthropic (the API key on stdin), then brama routes set 'claude-*' 'anthropic/*'" +
+			"; or a local model: brama deployments add NAME -port 11434"
+	}
+	fmt.Fprintf(e.stdout, "listening on http://%s\nstate: %s\n%s\n", ln.Addr(), where, next)
 	log.Info("serve_started", "addr", ln.Addr().String(), "version", version, "state_dir", d.st.dir != "")
 
 	var wg sync.WaitGroup
@@ -237,33 +239,6 @@ func serve(e *cliEnv, o opts, _ []string) error {
 	return nil
 }
 
-// serveNotes is what serve prints under its address: the state directory, and the next step while nothing can pay.
-func serveNotes(s *server) string {
-	where := "state: " + s.st.dir
-	if s.st.dir == "" {
-		where = fmt.Sprintf("state: none (%v): nothing is kept", s.st.cause)
-	}
-	if v, _ := s.vault.load(); s.anyDirectPayer() || v != nil && len(v.Subscriptions) > 0 {
-		return where + "\nready: brama routes list shows what each alias serves"
-	}
-	return where + "\nnext: brama credentials set anthropic (the API key on stdin), then brama routes set 'claude-*' 'anthropic/*'" +
-		"; or a local model: brama deployments add NAME -port 11434"
-}
-
-// checkListenAddr refuses an -addr net.Listen would misread as every interface or a random port, or a bad port.
-func checkListenAddr(addr string) error {
-	_, port, err := net.SplitHostPort(addr)
-	if err == nil && port == "" {
-		err = errors.New("no port")
-	} else if err == nil {
-		_, err = net.LookupPort("tcp", port)
-	}
-	if err != nil {
-		return &usageError{msg: fmt.Sprintf("-addr %q is not HOST:PORT to listen on (e.g. 127.0.0.1:8080): %v", addr, err)}
-	}
-	return nil
-}
-
 // cliEnv is what every command reads and writes besides its arguments.
 type cliEnv struct {
 	ctx            context.Context // serve's first stop signal; a CLI command ends on a signal (main)
@@ -274,11 +249,17 @@ type cliEnv struct {
 	gateway, auth  string // a gateway command's daemon URL, and its bearer once read
 }
 
-// deps opens the state files; sys is a command's logger (to stderr, at BRAMA_LOG_LEVEL) and clock.
+// deps opens the state files; sys is a command's clock and JSON logger, to stderr at BRAMA_LOG_LEVEL (info, with a
+// warning, when slog cannot read it).
 func (e *cliEnv) deps() deps { return openDeps(e.getenv, e.sys()) }
 
 func (e *cliEnv) sys() sys {
-	return sys{log: newLogger(e.stderr, e.getenv("BRAMA_LOG_LEVEL")), now: time.Now}
+	lv, level := new(slog.Level), strings.TrimSpace(e.getenv("BRAMA_LOG_LEVEL"))
+	log := slog.New(slog.NewJSONHandler(e.stderr, &slog.HandlerOptions{Level: lv}))
+	if lv.UnmarshalText([]byte(level)) != nil && level != "" {
+		log.Warn("log_level_invalid", "value", level, "using", "info")
+	}
+	return sys{log: log, now: time.Now}
 }
 
 // say prints a command's success line, unless err.
@@ -438,8 +419,7 @@ func onboard(e *cliEnv, o opts, _ []string) error {
 	if model == "" && !eng.anyDirectPayer() {
 		return next("brama credentials set <provider>", errRefused)
 	} else if model != "" {
-		doc, docErr := eng.reg.current()
-		if docErr == nil && doc.Routes[model] == "" {
+		if doc, err := eng.reg.current(); err == nil && doc.Routes[model] == "" {
 			if _, _, n := doc.lookupLocal(model); n == 1 {
 				req.Model = "local-openai/" + model
 			}

@@ -289,7 +289,7 @@ func TestReplayGuardForgets(t *testing.T) {
 func TestNewReplayGuardWindow(t *testing.T) {
 	for v, want := range map[string]time.Duration{"": 120 * time.Second, "0": 0, "5": 5 * time.Second, "-1": 120 * time.Second, "x": 120 * time.Second} {
 		var logs syncBuffer
-		g := newReplayGuard(testEnv(map[string]string{"BRAMA_REPLAY_GUARD_SECS": v}), newLogger(&logs, ""), time.Now)
+		g := newReplayGuard(testEnv(map[string]string{"BRAMA_REPLAY_GUARD_SECS": v}), (&cliEnv{stderr: &logs, getenv: testEnv(nil)}).sys().log, time.Now)
 		if g.window != want || (strings.Contains(logs.String(), "replay_guard_secs_invalid") != (v == "-1" || v == "x")) {
 			t.Errorf("BRAMA_REPLAY_GUARD_SECS=%q: window %v, logs %q", v, g.window, logs.String())
 		}

@@ -29,7 +29,7 @@ type server struct {
 	mux     *http.ServeMux
 	answers *answerStore // signed answers (SPEC §12)
 	replay  *replayGuard // SPEC §8.1; nil: off
-	maxBody int64        // BRAMA_MAX_REQUEST_BYTES; 0: the default
+	maxBody int64        // BRAMA_MAX_REQUEST_BYTES, the body limit
 	// inflight is read-held by every request, so serve can wait for their log lines (a WaitGroup may not grow while waited on).
 	inflight sync.RWMutex
 }
@@ -63,7 +63,7 @@ func (s *server) routes() {
 	handle("POST /v1/responses", s.handleModel(dialectResponses, false))
 	handle("POST /v1/embeddings", s.handleEmbeddings)
 	// Aliases, then a provider's catalogue models when a direct key, or the caller's agent's subscription, can serve them.
-	handle("GET /v1/models", reply(s, 200, false, func(r *http.Request, _ *struct{}) (any, error) {
+	handle("GET /v1/models", reply(200, false, func(r *http.Request, _ *struct{}) (any, error) {
 		ri, data := infoFrom(r.Context()), []listedModel{}
 		t, _ := s.reg.aliases(s.hasDirect, ri.client.mayUse)
 		for _, a := range t.Aliases {
@@ -73,8 +73,8 @@ func (s *server) routes() {
 		}
 		for _, p := range providerTable {
 			serves := p.cred == credDirect && s.hasDirect(p.id)
-			if p.cred == credSubscription && ri.agentID != "" {
-				subs, err := s.engine(ri.agentID, &ri.tally).eligible(p.id)
+			if p.cred == credSubscription && ri.client.AgentID != "" {
+				subs, err := (&engine{core: &s.core, agent: ri.client.AgentID, t: &ri.tally}).eligible(p.id)
 				serves = err == nil && len(subs) > 0
 			}
 			for _, m := range s.catalog.models(p.id) {
@@ -85,7 +85,7 @@ func (s *server) routes() {
 		}
 		return map[string]any{"object": "list", "data": data}, nil
 	}))
-	handle("GET /v1/aliases", reply(s, 200, false, func(r *http.Request, _ *struct{}) (any, error) {
+	handle("GET /v1/aliases", reply(200, false, func(r *http.Request, _ *struct{}) (any, error) {
 		t, err := s.reg.aliases(s.hasDirect, infoFrom(r.Context()).client.mayUse) // as /v1/models (SPEC §3.1)
 		if err != nil {
 			return nil, refuse("dependency_unavailable", "the route registry is unusable: %s", s.hidePath(err.Error(), s.reg.path)).because(err)
@@ -109,25 +109,29 @@ func (s *server) routes() {
 		w.Write(encodeRegistry(doc)) // the committed file's bytes
 		return nil
 	})
-	handle("PUT /v1/admin/routes", reply(s, 200, true, func(r *http.Request, b *struct {
-		Alias string `json:"alias"`
-		Route string `json:"route"`
+	// PUT sets an alias, DELETE removes it; the alias may serve now (SPEC §17). The answer is the committed document.
+	setRoute := reply(200, true, func(r *http.Request, b *struct {
+		Alias string  `json:"alias"`
+		Route *string `json:"route"`
 	}) (any, error) {
-		doc, err := s.reg.set(b.Alias, &b.Route, infoFrom(r.Context()).client.ID)
-		return s.routesWritten(b.Alias, doc, err)
-	}))
-	handle("DELETE /v1/admin/routes", reply(s, 200, true, func(r *http.Request, b *struct {
-		Alias string `json:"alias"`
-	}) (any, error) {
-		doc, err := s.reg.set(b.Alias, nil, infoFrom(r.Context()).client.ID)
-		return s.routesWritten(b.Alias, doc, err)
-	}))
+		if (r.Method == "PUT") != (b.Route != nil) {
+			return nil, refuse("invalid_request", "PUT names an alias and its route; DELETE the alias alone")
+		}
+		doc, err := s.reg.set(b.Alias, b.Route, infoFrom(r.Context()).client.ID)
+		if err != nil {
+			return nil, err
+		}
+		s.replay.forget(b.Alias, "")
+		return map[string]any{"ok": true, "routes": json.RawMessage(encodeRegistry(doc))}, nil
+	})
+	handle("PUT /v1/admin/routes", setRoute)
+	handle("DELETE /v1/admin/routes", setRoute)
 	for _, p := range []string{"/v1/subscriptions/{agent_id}", "/v1/admin/subscriptions/{agent_id}"} {
-		handle("GET "+p, reply(s, 200, false, func(r *http.Request, _ *struct{}) (any, error) {
+		handle("GET "+p, reply(200, false, func(r *http.Request, _ *struct{}) (any, error) {
 			rows, err := s.inv.list(r.PathValue("agent_id"))
 			return map[string]any{"subscriptions": rows}, err
 		}))
-		handle("POST "+p, reply(s, 201, true, func(r *http.Request, b *donation) (any, error) {
+		handle("POST "+p, reply(201, true, func(r *http.Request, b *donation) (any, error) {
 			by := "" // on the admin route ?via=sign-in is a sign-in, journaled as one (SPEC §11.1)
 			if strings.HasPrefix(r.URL.Path, "/v1/admin/") && r.URL.Query().Get("via") == signInVia {
 				by = infoFrom(r.Context()).client.ID
@@ -140,13 +144,13 @@ func (s *server) routes() {
 			return map[string]donatedSubscription{"subscription": {ID: it.ID, Provider: it.Provider, AgentID: it.AgentID,
 				Label: it.Label, Status: "active"}}, nil
 		}))
-		handle("DELETE "+p+"/{subscription_id}", reply(s, 200, false, func(r *http.Request, _ *struct{}) (any, error) {
+		handle("DELETE "+p+"/{subscription_id}", reply(200, false, func(r *http.Request, _ *struct{}) (any, error) {
 			reason := cmp.Or(r.URL.Query().Get("reason"), "retired by "+infoFrom(r.Context()).client.ID)
 			return map[string]bool{"ok": true}, s.inv.setRetired("retire", r.PathValue("agent_id"), r.PathValue("subscription_id"), reason)
 		}))
 	}
 	handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/reinstate",
-		reply(s, 200, true, func(r *http.Request, b *struct {
+		reply(200, true, func(r *http.Request, b *struct {
 			Reason string `json:"reason"`
 		}) (any, error) {
 			err := s.inv.setRetired("reinstate", r.PathValue("agent_id"), r.PathValue("subscription_id"), b.Reason)
@@ -156,7 +160,7 @@ func (s *server) routes() {
 			return map[string]bool{"ok": true}, err
 		}))
 	handle("PUT /v1/admin/subscriptions/{agent_id}/{subscription_id}/credential",
-		reply(s, 200, true, func(r *http.Request, b *vaultCredential) (any, error) {
+		reply(200, true, func(r *http.Request, b *vaultCredential) (any, error) {
 			it, err := s.inv.store(overlayItem{AgentID: r.PathValue("agent_id"), ID: r.PathValue("subscription_id")},
 				*b, infoFrom(r.Context()).client.ID)
 			if s.credentialChanged(it); err != nil {
@@ -166,35 +170,39 @@ func (s *server) routes() {
 		}))
 	// A provider's refusal of a probe is a 200 too: probe.ok false.
 	handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/probe",
-		reply(s, 200, false, func(r *http.Request, b *struct {
+		reply(200, false, func(r *http.Request, b *struct {
 			Model string `json:"model"`
 		}) (any, error) {
 			it, err := s.inv.owned(r.PathValue("agent_id"), r.PathValue("subscription_id"), "a retired subscription is never probed")
 			if err != nil {
 				return nil, err
 			}
-			return s.engine(r.PathValue("agent_id"), &infoFrom(r.Context()).tally).probe(r.Context(), it, b.Model)
+			e := &engine{core: &s.core, agent: r.PathValue("agent_id"), t: &infoFrom(r.Context()).tally}
+			return e.probe(r.Context(), it, b.Model)
 		}))
-	handle("POST /v1/admin/maintain", reply(s, 200, false, func(r *http.Request, _ *struct{}) (any, error) {
+	handle("POST /v1/admin/maintain", reply(200, false, func(r *http.Request, _ *struct{}) (any, error) {
 		rep, err := s.maint.passNow(r.Context())
 		if errors.Is(err, errMaintenanceStopped) { // it could not list the subscriptions
 			return nil, refuse("dependency_unavailable", "no pass can run: %v", err).because(err)
 		}
 		return rep, err
 	}))
-	handle("POST /v1/admin/vault/prune-orphans", reply(s, 200, false, func(r *http.Request, _ *struct{}) (any, error) {
+	handle("POST /v1/admin/vault/prune-orphans", reply(200, false, func(r *http.Request, _ *struct{}) (any, error) {
 		ids, err := s.inv.pruneOrphans() // the vault's credentials no subscription names (SPEC §17)
 		return map[string]any{"ok": true, "removed": ids}, err
 	}))
 }
 
-// requestInfo is what a request's log line reports (SPEC §13), the engine's tally written in place.
+// requestInfo is what a request's log line reports (SPEC §13), the engine's tally written in place, and the writer
+// that remembers the status for it (Unwrap keeps Flush reachable).
 type requestInfo struct {
+	http.ResponseWriter
 	tally
-	client                               client
-	agentID, routingMode, requestedModel string
-	streamed, counted                    bool   // counted: the attempts key is logged even at 0, the request reached dispatch
-	body                                 []byte // the raw request body, read once by caller (nil: not yet)
+	client                      client
+	routingMode, requestedModel string
+	status                      int
+	streamed, counted, broken   bool   // counted: the attempts key is logged even at 0, the request reached dispatch
+	body                        []byte // the raw request body, read once by caller (nil: not yet)
 }
 
 // attemptsKey is the attempts to report; nil before dispatch (SPEC §8.1).
@@ -205,44 +213,32 @@ func (ri *requestInfo) attemptsKey() *int {
 	return nil
 }
 
-type infoKey struct{} // infoFrom's key; outside ServeHTTP it gives a zero requestInfo
-func infoFrom(ctx context.Context) *requestInfo {
-	ri, _ := ctx.Value(infoKey{}).(*requestInfo)
-	return cmp.Or(ri, &requestInfo{})
-}
+type infoKey struct{} // infoFrom's key, set by ServeHTTP for every request
 
-func (s *server) engine(agent string, t *tally) *engine {
-	return &engine{core: &s.core, agent: agent, t: t}
-}
+func infoFrom(ctx context.Context) *requestInfo { return ctx.Value(infoKey{}).(*requestInfo) }
 
-// statusWriter remembers the status for the log line (Unwrap keeps Flush reachable). An answer written before the body
-// was read closes the connection (SPEC §7.4): without a read deadline net/http would still read 256 KiB of it, slowly.
-type statusWriter struct {
-	http.ResponseWriter
-	ri     *requestInfo // ri.body nil: a body not read yet
-	status int
-	broken bool // a write failed: the answer did not reach the caller whole
-}
-
-func (w *statusWriter) WriteHeader(code int) {
-	if w.status == 0 && w.ri.body == nil {
-		w.Header().Set("Connection", "close")
-		http.NewResponseController(w.ResponseWriter).SetReadDeadline(time.Now())
+// WriteHeader: an answer written before the body was read closes the connection (SPEC §7.4): without a read deadline
+// net/http would still read 256 KiB of it, slowly.
+func (ri *requestInfo) WriteHeader(code int) {
+	if ri.status == 0 && ri.body == nil {
+		ri.Header().Set("Connection", "close")
+		http.NewResponseController(ri.ResponseWriter).SetReadDeadline(time.Now())
 	}
-	w.status = cmp.Or(w.status, code)
-	w.ResponseWriter.WriteHeader(code)
+	ri.status = cmp.Or(ri.status, code)
+	ri.ResponseWriter.WriteHeader(code)
 }
 
-func (w *statusWriter) Write(b []byte) (int, error) {
-	if w.status == 0 {
-		w.WriteHeader(http.StatusOK)
+// Write notes a failed write (broken): the answer did not reach the caller whole.
+func (ri *requestInfo) Write(b []byte) (int, error) {
+	if ri.status == 0 {
+		ri.WriteHeader(http.StatusOK)
 	}
-	n, err := w.ResponseWriter.Write(b)
-	w.broken = w.broken || err != nil
+	n, err := ri.ResponseWriter.Write(b)
+	ri.broken = ri.broken || err != nil
 	return n, err
 }
 
-func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+func (ri *requestInfo) Unwrap() http.ResponseWriter { return ri.ResponseWriter }
 
 var testingOnlyBeforeLog func(*http.Request)
 
@@ -251,13 +247,12 @@ var testingOnlyBeforeLog func(*http.Request)
 func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.inflight.RLock()
 	defer s.inflight.RUnlock()
-	start, ri := time.Now(), &requestInfo{tally: tally{requestID: rand.Text()}}
+	start, ri := time.Now(), &requestInfo{ResponseWriter: w, tally: tally{requestID: rand.Text()}}
 	w.Header().Set("X-Request-Id", ri.requestID)
 	w.Header().Set("Cache-Control", "no-store") // every answer is one caller's
 	if r.Body == nil || r.Body == http.NoBody {
 		ri.body = []byte{} // nothing to read
 	}
-	sw := &statusWriter{ResponseWriter: w, ri: ri}
 	r = r.WithContext(context.WithValue(r.Context(), infoKey{}, ri))
 	defer func() {
 		if testingOnlyBeforeLog != nil {
@@ -265,7 +260,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		ri.outcome = cmp.Or(ri.outcome, "ok")
 		// A hang-up after the whole answer was written (the Codex CLI's after response.completed) leaves it ok.
-		if ri.outcome == "ok" && ri.attemptsKey() != nil && sw.broken && r.Context().Err() != nil {
+		if ri.outcome == "ok" && ri.attemptsKey() != nil && ri.broken && r.Context().Err() != nil {
 			ri.outcome = "client_cancelled"
 		}
 		if ri.outcome == "client_cancelled" && context.Cause(r.Context()) == errServerShutdown {
@@ -273,7 +268,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		str, num := slog.String, slog.Int // typed attributes: a value boxed into any costs an allocation
 		attrs := []slog.Attr{str("request_id", ri.requestID), str("method", r.Method), str("path", r.URL.Path),
-			num("status", sw.status), str("client_id", ri.client.ID), str("agent_id", ri.agentID),
+			num("status", ri.status), str("client_id", ri.client.ID), str("agent_id", ri.client.AgentID),
 			str("routing_mode", ri.routingMode), str("requested_model", ri.requestedModel), str("route", ri.route),
 			str("outcome", ri.outcome), slog.Bool("retryable", ri.retryable), slog.Int64("latency_ms", time.Since(start).Milliseconds()),
 			num("input_tokens", ri.input), num("output_tokens", ri.output), str("dropped", strings.Join(ri.dropped, ", ")),
@@ -285,21 +280,21 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}()
 	switch h, pattern := s.mux.Handler(r); {
 	case !s.guard.allows(r):
-		s.fail(sw, r, refuse("secure_transport_required", "this listener accepts plain HTTP only from loopback or a trusted proxy that received https"))
+		s.fail(ri, r, refuse("secure_transport_required", "this listener accepts plain HTTP only from loopback or a trusted proxy that received https"))
 	case r.RequestURI == "*" || r.URL.EscapedPath() != path.Clean(r.URL.EscapedPath()):
 		// OPTIONS * names the server (RFC 9110 §9.3.7); an unclean path (//, ., ..) would get the mux's own 307 in HTML.
-		s.fail(sw, r, refuse("not_found", "no route for %s", r.URL.Path))
+		s.fail(ri, r, refuse("not_found", "no route for %s", r.URL.Path))
 	case pattern == "": // say in the envelope what the mux would answer: 404, or 405 with Allow
 		rec, err := httptest.NewRecorder(), refuse("not_found", "no route for %s", r.URL.Path)
 		if h.ServeHTTP(rec, r); rec.Code == http.StatusMethodNotAllowed {
-			sw.Header()["Allow"] = rec.Header()["Allow"]
+			ri.Header()["Allow"] = rec.Header()["Allow"]
 			err = refuse("method_not_allowed", "%s is not allowed on %s", r.Method, r.URL.Path)
 		} else if strings.HasPrefix(r.URL.Path, "/v1/v1/") {
 			err = refuse("not_found", "no route for %s; the client's base URL likely ends in /v1 and should not (e.g. ANTHROPIC_BASE_URL=http://127.0.0.1:8080, without /v1)", r.URL.Path)
 		}
-		s.fail(sw, r, err)
+		s.fail(ri, r, err)
 	default:
-		s.mux.ServeHTTP(sw, r) // not h.ServeHTTP: only the mux sets r.PathValue
+		s.mux.ServeHTTP(ri, r) // not h.ServeHTTP: only the mux sets r.PathValue
 	}
 }
 
@@ -307,7 +302,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	ri, ae := infoFrom(r.Context()), writeAPIError(w, r, err)
 	if ae.Code == "subscription_reauthorization_required" {
-		s.maint.request(ae.Code, cmp.Or(ri.agentID, r.PathValue("agent_id")))
+		s.maint.request(ae.Code, cmp.Or(ri.client.AgentID, r.PathValue("agent_id")))
 	}
 	ri.outcome, ri.retryable = ae.Code, ae.Retryable
 	if ae.Attempts != nil { // the engine's own count, when it made calls, wins
@@ -328,8 +323,7 @@ func (s *server) caller(role string, w http.ResponseWriter, r *http.Request) err
 	} else if ri.client, err = s.clients.authenticate(tok); err != nil {
 		return err
 	}
-	ri.agentID = ri.client.AgentID
-	switch agent, p := ri.agentID, r.PathValue("agent_id"); {
+	switch agent, p := ri.client.AgentID, r.PathValue("agent_id"); {
 	case role != "" && ri.client.Role != role:
 		return refuse("forbidden", "this route needs an admin client")
 	case p == "": // not a route acting for an agent (SPEC §3.2)
@@ -340,12 +334,11 @@ func (s *server) caller(role string, w http.ResponseWriter, r *http.Request) err
 	case agent != "" && agent != p:
 		return refuse("forbidden", "this request acts for agent %q, not %q", agent, p)
 	}
-	limit := cmp.Or(s.maxBody, defaultMaxRequestBytes) // 0 outside serve
+	limit := s.maxBody
+	var body []byte
 	if ce := r.Header.Get("Content-Encoding"); r.ContentLength <= limit && ce != "" && !strings.EqualFold(ce, "identity") {
 		return refuse("invalid_request", "a compressed request body (Content-Encoding) is not read; send it uncompressed")
-	}
-	var body []byte
-	if r.ContentLength <= limit {
+	} else if r.ContentLength <= limit {
 		body, err = io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	}
 	switch {
@@ -354,8 +347,7 @@ func (s *server) caller(role string, w http.ResponseWriter, r *http.Request) err
 	case err != nil:
 		return refuse("invalid_request", "the request body could not be read").because(err)
 	}
-	ri.body = body // not nil: io.ReadAll returns an empty slice for an empty body
-	r.Body = io.NopCloser(bytes.NewReader(body))
+	ri.body = body // not nil: io.ReadAll returns an empty slice for an empty body; handlers read it, never r.Body
 	if err := checkNesting(body); err != nil {
 		return refuse("invalid_request", "the request body %v", err)
 	}
@@ -364,7 +356,7 @@ func (s *server) caller(role string, w http.ResponseWriter, r *http.Request) err
 
 // reply makes f a handler: the body, when required or a POST's not blank one (GET and DELETE bodies are not read),
 // strictly decoded into B (malformed JSON or an unknown member is a 400 naming it), f's value written with status.
-func reply[B any](s *server, status int, required bool, f func(*http.Request, *B) (any, error)) handler {
+func reply[B any](status int, required bool, f func(*http.Request, *B) (any, error)) handler {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		var b B
 		if body := infoFrom(r.Context()).body; required || r.Method == "POST" && len(bytes.TrimSpace(body)) > 0 {
@@ -446,17 +438,11 @@ func (g transportGuard) allows(r *http.Request) bool {
 	return ip.IsLoopback() || xfp+fwd != "" && https(xfp) && https(fwd)
 }
 
-// readiness is GET /readyz's body.
-type readiness struct {
-	Ready    bool     `json:"ready"`
-	Reasons  []string `json:"reasons"`
-	Warnings []string `json:"warnings"`
-}
-
-// handleReady applies SPEC §13; sentences name files by role, never by a path outside the state directory.
+// handleReady answers GET /readyz by SPEC §13 (ready, reasons, warnings); sentences name files by role, never by a
+// path outside the state directory.
 func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
-	rd := readiness{Reasons: []string{}, Warnings: []string{}}
-	warn := func(format string, args ...any) { rd.Warnings = append(rd.Warnings, fmt.Sprintf(format, args...)) }
+	reasons, warnings := []string{}, []string{}
+	warn := func(format string, args ...any) { warnings = append(warnings, fmt.Sprintf(format, args...)) }
 	if s.st.dir == "" {
 		warn("no state directory: %v", s.st.cause)
 	} else if fi, err := os.Stat(s.st.dir); err != nil { // unreadable: its files say why
@@ -472,7 +458,7 @@ func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 			warn("%s is not an absolute path, so that file has no place (§2.1's no state directory)", env)
 		}
 		if err != nil && !slices.ContainsFunc(expected, func(e error) bool { return errors.Is(err, e) }) {
-			rd.Reasons = append(rd.Reasons, what+s.hidePath(err.Error(), path))
+			reasons = append(reasons, what+s.hidePath(err.Error(), path))
 		}
 	}
 	check("route registry unusable: ", "BRAMA_ROUTES_FILE", s.reg.path, s.reg.pathErr, errOf(s.reg.current()), errNoState)
@@ -489,20 +475,17 @@ func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 		warn("%s", cause)
 	}
 	if fo, err := s.journal.folded(); err == nil {
-		for _, b := range fo.bad {
-			warn("%s", b)
-		}
-		if fo.badN > len(fo.bad) {
+		if warnings = append(warnings, fo.bad...); fo.badN > len(fo.bad) {
 			warn("the journal holds %d more unreadable lines (brama journal check lists them)", fo.badN-len(fo.bad))
 		}
 	}
 	invWarnings, subPayer := s.inv.readiness()
-	rd.Warnings = append(rd.Warnings, invWarnings...)
-	if !subPayer && !s.anyDirectPayer() {
-		rd.Reasons = append(rd.Reasons, "no payer: no direct credential, declared deployment or active subscription")
+	if warnings = append(warnings, invWarnings...); !subPayer && !s.anyDirectPayer() {
+		reasons = append(reasons, "no payer: no direct credential, declared deployment or active subscription")
 	}
-	rd.Ready = len(rd.Reasons) == 0
-	writeJSON(w, map[bool]int{true: 200, false: 503}[rd.Ready], rd)
+	ready := len(reasons) == 0 // a map's keys are written sorted: ready, reasons, warnings
+	writeJSON(w, map[bool]int{true: 200, false: 503}[ready],
+		map[string]any{"ready": ready, "reasons": reasons, "warnings": warnings})
 }
 
 // hidePath keeps a file's location out of a sentence unless it lies inside the state directory.
@@ -521,15 +504,6 @@ func (s *server) credentialChanged(it overlayItem) {
 	}
 }
 
-// routesWritten answers a write of /v1/admin/routes with the committed document; the alias may serve now (SPEC §17).
-func (s *server) routesWritten(alias string, doc *routesDoc, err error) (any, error) {
-	if err != nil {
-		return nil, err
-	}
-	s.replay.forget(alias, "")
-	return map[string]any{"ok": true, "routes": json.RawMessage(encodeRegistry(doc))}, nil
-}
-
 // handleModel serves a chat route: read the head, resolve, pay, call; the whole body is parsed only to translate
 // (SPEC §7.6). count_tokens (SPEC §15) resolves as /v1/messages does, §6.4's max_tokens rule aside.
 func (s *server) handleModel(dialect string, count bool) handler {
@@ -539,7 +513,7 @@ func (s *server) handleModel(dialect string, count bool) handler {
 		if err != nil {
 			return err
 		}
-		e, c, cands := s.engine(ri.agentID, &ri.tally), call{}, []resolution(nil)
+		e, c, cands := &engine{core: &s.core, agent: ri.client.AgentID, t: &ri.tally}, call{}, []resolution(nil)
 		ri.requestedModel, ri.streamed = req.head.Model, req.head.Stream && !count
 		if count {
 			c, err = e.plan(ri.client, &req.head)
@@ -565,7 +539,7 @@ func (s *server) handleModel(dialect string, count bool) handler {
 			ri.counted = ri.counted || replayed
 			return err
 		}
-		ae, remember := s.replay.check(ri.client.ID, ri.agentID, r.Header, req.body, c, cands)
+		ae, remember := s.replay.check(ri.client.ID, ri.client.AgentID, r.Header, req.body, c, cands)
 		if ae != nil { // SPEC §8.1
 			w.Header().Set("Brama-Replay-Refused", "true")
 			return ae
@@ -585,7 +559,7 @@ func (s *server) handleEmbeddings(w http.ResponseWriter, r *http.Request) error 
 	} else if json.Unmarshal(body["model"], &head.Model) != nil || head.Model == "" {
 		return refuse("invalid_request", "model must be a non-empty string")
 	}
-	e := s.engine(ri.agentID, &ri.tally)
+	e := &engine{core: &s.core, agent: ri.client.AgentID, t: &ri.tally}
 	c, err := e.plan(ri.client, &head)
 	if ri.requestedModel, ri.routingMode, ri.route = head.Model, c.res.Mode, c.res.Route; err != nil {
 		return err

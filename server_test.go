@@ -11,6 +11,13 @@ import (
 	"testing"
 )
 
+// readiness is GET /readyz's body, as the tests read it.
+type readiness struct {
+	Ready    bool     `json:"ready"`
+	Reasons  []string `json:"reasons"`
+	Warnings []string `json:"warnings"`
+}
+
 // runCLI runs one brama command in-process and returns stdout, stderr and
 // the exit code main would use.
 func runCLI(t *testing.T, env map[string]string, stdin string, args ...string) (string, string, int) {
