@@ -158,6 +158,7 @@ type stateFile[T any] struct {
 	pathErr    error // why there is no file (no state directory), else nil
 	parse      func([]byte) (T, error)
 	absentErr  bool
+	memory     *T // with pathErr set, what load answers instead of refusing (nil: refuse)
 
 	mu  sync.Mutex
 	doc T
@@ -166,6 +167,9 @@ type stateFile[T any] struct {
 }
 
 func (f *stateFile[T]) load() (T, error) {
+	if f.pathErr != nil && f.memory != nil { // set before serving starts
+		return *f.memory, nil
+	}
 	id, _ := guardFile(f.role, f.path) // outside the lock: concurrent requests do not queue behind one lstat
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -441,28 +441,17 @@ func (inv *inventory) pruneOrphans() ([]string, error) {
 // credential is active. An unusable overlay or journal is a reason the server names.
 func (inv *inventory) readiness() (warnings []string, payer bool) {
 	items, retired, err := inv.view()
-	if err != nil {
-		return nil, false
-	}
-	if orphans, _ := inv.orphans(); len(orphans) > 0 {
+	if orphans, _ := inv.orphans(); err == nil && len(orphans) > 0 {
 		fix := map[bool]string{false: "brama subscription prune-orphans removes them",
 			true: overlayFile + " is missing or empty: restore it from a backup (donations are refused until then)",
 		}[inv.overlayLost(len(orphans)) != nil]
 		warnings = append(warnings, fmt.Sprintf("the vault holds %d subscription credential(s) with no overlay entry, unused: %s; %s",
 			len(orphans), strings.Join(orphans, ", "), fix))
 	}
-	reauth := 0
-	for _, it := range items {
-		switch {
-		case retired[it.ID]:
-		case inv.l.entry(it.ID).Credential.State == credActive:
-			payer = true
-		default:
-			reauth++
-		}
+	items = slices.DeleteFunc(items, func(it overlayItem) bool { return retired[it.ID] })
+	reauth := slices.DeleteFunc(items, func(it overlayItem) bool { return inv.l.entry(it.ID).Credential.State == credActive })
+	if len(reauth) > 0 {
+		warnings = append(warnings, fmt.Sprintf("%d subscription(s) need reauthorization (brama subscription sign-in)", len(reauth)))
 	}
-	if reauth > 0 {
-		warnings = append(warnings, fmt.Sprintf("%d subscription(s) need reauthorization (brama subscription sign-in)", reauth))
-	}
-	return warnings, payer
+	return warnings, len(reauth) < len(items)
 }
