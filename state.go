@@ -36,19 +36,17 @@ var errNoState = errors.New("no state directory")
 
 // resolveState picks BRAMA_STATE_DIR, else <home>/.brama, and nothing else.
 func resolveState(getenv func(string) string) state {
-	d, what := strings.TrimSpace(getenv("BRAMA_STATE_DIR")), "BRAMA_STATE_DIR"
+	d, what, sub := strings.TrimSpace(getenv("BRAMA_STATE_DIR")), "BRAMA_STATE_DIR", ""
 	if d == "" {
-		d, what = strings.TrimSpace(getenv("HOME")), "$HOME"
+		d, what, sub = strings.TrimSpace(getenv("HOME")), "$HOME", ".brama"
 	}
 	switch {
 	case d == "":
 		return state{cause: errors.New("$HOME is not defined")} // os.UserHomeDir's words on Unix
 	case !filepath.IsAbs(d): // it would be the working directory's
 		return state{cause: fmt.Errorf("%s %q is not an absolute path", what, d)}
-	case what == "$HOME":
-		return state{dir: filepath.Join(d, ".brama")}
 	}
-	return state{dir: filepath.Clean(d)} // "/var/lib/brama/" is the same directory
+	return state{dir: filepath.Join(d, sub)} // Join cleans: "/var/lib/brama/" is the same directory
 }
 
 func (s state) path(what, file string) (string, error) {
@@ -411,16 +409,11 @@ func parseVault(b []byte) (*vaultDoc, error) {
 	return doc, decodeStrict("vault", b, doc)
 }
 
-// validate refuses another schema and makes every section non-nil.
+// validate refuses another schema and makes every section non-nil (a copy: maps.Collect never answers nil).
 func (d *vaultDoc) validate() error {
+	d.Direct, d.Subscriptions = maps.Collect(maps.All(d.Direct)), maps.Collect(maps.All(d.Subscriptions))
 	if d.SchemaVersion != 1 {
 		return fmt.Errorf("vault: schema_version %d is not 1", d.SchemaVersion)
-	}
-	if d.Direct == nil {
-		d.Direct = map[string]vaultCredential{}
-	}
-	if d.Subscriptions == nil {
-		d.Subscriptions = map[string]vaultCredential{}
 	}
 	return nil
 }

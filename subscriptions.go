@@ -24,10 +24,7 @@ const (
 	signInVia   = "sign-in" // the query by which a donation is journaled as a sign-in (SPEC §11.1)
 )
 
-var (
-	idPattern         = regexp.MustCompile(`^[a-z0-9-]{1,64}$`)               // client and agent ids
-	errOverlayInvalid = errors.New("donated-subscription overlay is invalid") // a bad file, not an I/O failure
-)
+var idPattern = regexp.MustCompile(`^[a-z0-9-]{1,64}$`) // client and agent ids
 
 // overlayItem is one donated subscription: metadata only, no secret, no status.
 type overlayItem struct {
@@ -48,7 +45,7 @@ type overlayDoc struct {
 func parseOverlay(b []byte) (*overlayDoc, error) {
 	doc := &overlayDoc{SchemaVersion: 1, Items: []overlayItem{}}
 	if err := decodeStrict(overlayFile, b, doc); len(b) > 0 && err != nil {
-		return nil, fmt.Errorf("%w: %w", errOverlayInvalid, err)
+		return nil, fmt.Errorf("donated-subscription overlay is invalid: %w", err) // a bad file, not an I/O failure
 	}
 	return doc, nil
 }
