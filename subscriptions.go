@@ -101,8 +101,7 @@ func checkCredential(provider string, cred vaultCredential) (vaultCredential, er
 		return cred, refuse("invalid_request", "%s", err)
 	}
 	if !isKey {
-		filled := fillGrant(provider, *g)
-		cred.OAuth = &filled
+		cred.OAuth = ptrTo(fillGrant(provider, *g))
 	}
 	return cred, nil
 }
