@@ -360,8 +360,7 @@ func (inv *inventory) list(agent string) ([]subscriptionRow, error) {
 
 // row builds item's row from its ledger record (SPEC §10.4): null what is not in force or never happened.
 func (inv *inventory) row(item overlayItem, retired bool, now time.Time) subscriptionRow {
-	e := inv.l.entry(item.ID)
-	ms := now.UnixMilli()
+	e, ms := inv.l.entry(item.ID), now.UnixMilli()
 	r := subscriptionRow{ID: item.ID, Provider: item.Provider, Label: item.Label, Status: "active",
 		Windows: append([]planWindow{}, e.Windows...), Measured: e.Measured, Credential: &e.Credential,
 		Block: ifSet(&e.Block, e.Block.UntilMs > ms), UsageRead: ifSet(&e.UsageRead, e.UsageRead.AtMs != 0),
@@ -444,10 +443,11 @@ func (inv *inventory) readiness() (warnings []string, payer bool) {
 		warnings = append(warnings, fmt.Sprintf("the vault holds %d subscription credential(s) with no overlay entry, unused: %s; %s",
 			len(orphans), strings.Join(orphans, ", "), fix))
 	}
-	items = slices.DeleteFunc(items, func(it overlayItem) bool { return retired[it.ID] })
-	reauth := slices.DeleteFunc(items, func(it overlayItem) bool { return inv.l.entry(it.ID).Credential.State == credActive })
-	if len(reauth) > 0 {
-		warnings = append(warnings, fmt.Sprintf("%d subscription(s) need reauthorization (brama subscription sign-in)", len(reauth)))
+	active := func(it overlayItem) bool { return inv.l.entry(it.ID).Credential.State == credActive }
+	live := slices.DeleteFunc(items, func(it overlayItem) bool { return retired[it.ID] })
+	payer = slices.ContainsFunc(live, active)
+	if reauth := len(slices.DeleteFunc(live, active)); reauth > 0 {
+		warnings = append(warnings, fmt.Sprintf("%d subscription(s) need reauthorization (brama subscription sign-in)", reauth))
 	}
-	return warnings, len(reauth) < len(items)
+	return warnings, payer
 }

@@ -426,3 +426,39 @@ func TestInventoryDonationFillsGrant(t *testing.T) {
 		t.Errorf("ledger credential = %+v, want active with the grant's expiry", e.Credential)
 	}
 }
+
+// TestInventoryReadiness: an active credential makes a payer; every non-retired subscription not active is counted
+// in one reauthorization warning; a retired one counts for neither (SPEC §13).
+func TestInventoryReadiness(t *testing.T) {
+	inv, _ := newTestInventory(t, stateEnv(t), &testClock{t: time.Unix(1_800_000_000, 0)})
+	var ids []string
+	for range 3 {
+		it, err := inv.store(overlayItem{AgentID: "a1", Provider: "kimi"}, vaultCredential{APIKey: "sk-ready-0123456789"}, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, it.ID)
+	}
+	if err := inv.setRetired("retire", "a1", ids[2], "gone"); err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []struct {
+		reauth  string // the subscription whose credential is refused now
+		warning string
+		payer   bool
+	}{
+		{"", "", true},
+		{ids[2], "", true}, // retired: not counted
+		{ids[1], "1 subscription(s) need reauthorization", true},
+		{ids[0], "2 subscription(s) need reauthorization", false},
+	} {
+		if step.reauth != "" {
+			inv.l.setCredential(step.reauth, "kimi", credNeedsReauth, "refused")
+		}
+		warnings, payer := inv.readiness()
+		if got := strings.Join(warnings, "\n"); payer != step.payer || (step.warning == "") != (got == "") ||
+			!strings.Contains(got, step.warning) {
+			t.Errorf("after %q: warnings %q, payer %v; want %q, payer %v", step.reauth, got, payer, step.warning, step.payer)
+		}
+	}
+}
