@@ -545,7 +545,8 @@ func ensureFirstClient(c *clientStore, stderr io.Writer) error {
 	tok := newToken()
 	local, kept, created := client{ID: "local", TokenSHA256: hexSHA256([]byte(tok)), Role: roleAdmin}, "", c.pathErr != nil
 	if created {
-		c.memory, kept = ptrTo(&clientsDoc{Clients: []client{local}}), fmt.Sprintf(" for this process only (not kept: %v)", c.pathErr)
+		c.memory = ptrTo(&clientsDoc{Clients: []client{local}})
+		kept = fmt.Sprintf(" for this process only (not kept: %v)", c.pathErr)
 	} else if doc, err := c.load(); err != nil || doc.Clients != nil {
 		return err // a clients file, or one that must be repaired before serving
 	} else if err := c.update(func(d *clientsDoc) error {
