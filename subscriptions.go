@@ -254,10 +254,9 @@ func (inv *inventory) store(it overlayItem, cred vaultCredential, by string) (ov
 					return refuse("state_conflict", "this OAuth grant is held by another subscription (a retired one too); sign in anew")
 				}
 			}
-			if lost := inv.overlayLost(len(doc.Subscriptions)); fresh && lost != nil {
-				return lost
+			if doc.Subscriptions[it.ID] = cred; fresh { // refused, nothing is written
+				return inv.overlayLost(len(doc.Subscriptions) - 1)
 			}
-			doc.Subscriptions[it.ID] = cred
 			return nil
 		}))
 		if err != nil || !fresh {
