@@ -274,15 +274,12 @@ type registry struct {
 }
 
 func newRegistry(path string, pathErr error, j *journal, log *slog.Logger) *registry {
-	return &registry{j: j, log: log,
-		stateFile: stateFile[*routesDoc]{role: registryRole, path: path, pathErr: pathErr, parse: parseRegistry}}
+	return &registry{j: j, log: log, stateFile: stateFile[*routesDoc]{role: registryRole, path: path, pathErr: pathErr,
+		parse: parseRegistry, memory: ptrTo(emptyRoutesDoc())}} // no state directory: an empty registry
 }
 
 // current returns the shared document; each distinct failure is logged once.
 func (r *registry) current() (*routesDoc, error) {
-	if r.pathErr != nil {
-		return emptyRoutesDoc(), nil
-	}
 	doc, err := r.load()
 	reason := "" // a success: the same failure after a repair is logged again
 	if err != nil {
@@ -523,17 +520,7 @@ func hexSHA256(b []byte) string { return fmt.Sprintf("%x", sha256.Sum256(b)) }
 func isHexDigest(s string) bool { return len(s) == 64 && strings.Trim(s, "0123456789abcdef") == "" }
 
 // clientStore is the clients file (SPEC §2.3), or without a state directory the process's memory.
-type clientStore struct {
-	stateFile[*clientsDoc]
-	memory *clientsDoc
-}
-
-func (c *clientStore) load() (*clientsDoc, error) {
-	if c.memory != nil {
-		return c.memory, nil
-	}
-	return c.stateFile.load()
-}
+type clientStore struct{ stateFile[*clientsDoc] }
 
 // authenticate finds token's client, comparing every digest in constant time; a refusal never says whose a token is (SPEC §3.1).
 func (c *clientStore) authenticate(token string) (found client, err error) {
@@ -558,7 +545,8 @@ func ensureFirstClient(c *clientStore, stderr io.Writer) error {
 	tok := newToken()
 	local, kept, created := client{ID: "local", TokenSHA256: hexSHA256([]byte(tok)), Role: roleAdmin}, "", c.pathErr != nil
 	if created {
-		c.memory, kept = &clientsDoc{Clients: []client{local}}, fmt.Sprintf(" for this process only (not kept: %v)", c.pathErr)
+		c.memory = ptrTo(&clientsDoc{Clients: []client{local}})
+		kept = fmt.Sprintf(" for this process only (not kept: %v)", c.pathErr)
 	} else if doc, err := c.load(); err != nil || doc.Clients != nil {
 		return err // a clients file, or one that must be repaired before serving
 	} else if err := c.update(func(d *clientsDoc) error {

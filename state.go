@@ -36,19 +36,17 @@ var errNoState = errors.New("no state directory")
 
 // resolveState picks BRAMA_STATE_DIR, else <home>/.brama, and nothing else.
 func resolveState(getenv func(string) string) state {
-	d, what := strings.TrimSpace(getenv("BRAMA_STATE_DIR")), "BRAMA_STATE_DIR"
+	d, what, sub := strings.TrimSpace(getenv("BRAMA_STATE_DIR")), "BRAMA_STATE_DIR", ""
 	if d == "" {
-		d, what = strings.TrimSpace(getenv("HOME")), "$HOME"
+		d, what, sub = strings.TrimSpace(getenv("HOME")), "$HOME", ".brama"
 	}
 	switch {
 	case d == "":
 		return state{cause: errors.New("$HOME is not defined")} // os.UserHomeDir's words on Unix
 	case !filepath.IsAbs(d): // it would be the working directory's
 		return state{cause: fmt.Errorf("%s %q is not an absolute path", what, d)}
-	case what == "$HOME":
-		return state{dir: filepath.Join(d, ".brama")}
 	}
-	return state{dir: filepath.Clean(d)} // "/var/lib/brama/" is the same directory
+	return state{dir: filepath.Join(d, sub)} // Join cleans: "/var/lib/brama/" is the same directory
 }
 
 func (s state) path(what, file string) (string, error) {
@@ -158,6 +156,7 @@ type stateFile[T any] struct {
 	pathErr    error // why there is no file (no state directory), else nil
 	parse      func([]byte) (T, error)
 	absentErr  bool
+	memory     *T // with pathErr set, what load answers instead of refusing (nil: refuse)
 
 	mu  sync.Mutex
 	doc T
@@ -166,6 +165,9 @@ type stateFile[T any] struct {
 }
 
 func (f *stateFile[T]) load() (T, error) {
+	if f.pathErr != nil && f.memory != nil { // set before serving starts
+		return *f.memory, nil
+	}
 	id, _ := guardFile(f.role, f.path) // outside the lock: concurrent requests do not queue behind one lstat
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -407,16 +409,11 @@ func parseVault(b []byte) (*vaultDoc, error) {
 	return doc, decodeStrict("vault", b, doc)
 }
 
-// validate refuses another schema and makes every section non-nil.
+// validate refuses another schema and makes every section non-nil (a copy: maps.Collect never answers nil).
 func (d *vaultDoc) validate() error {
+	d.Direct, d.Subscriptions = maps.Collect(maps.All(d.Direct)), maps.Collect(maps.All(d.Subscriptions))
 	if d.SchemaVersion != 1 {
 		return fmt.Errorf("vault: schema_version %d is not 1", d.SchemaVersion)
-	}
-	if d.Direct == nil {
-		d.Direct = map[string]vaultCredential{}
-	}
-	if d.Subscriptions == nil {
-		d.Subscriptions = map[string]vaultCredential{}
 	}
 	return nil
 }

@@ -24,10 +24,7 @@ const (
 	signInVia   = "sign-in" // the query by which a donation is journaled as a sign-in (SPEC §11.1)
 )
 
-var (
-	idPattern         = regexp.MustCompile(`^[a-z0-9-]{1,64}$`)               // client and agent ids
-	errOverlayInvalid = errors.New("donated-subscription overlay is invalid") // a bad file, not an I/O failure
-)
+var idPattern = regexp.MustCompile(`^[a-z0-9-]{1,64}$`) // client and agent ids
 
 // overlayItem is one donated subscription: metadata only, no secret, no status.
 type overlayItem struct {
@@ -48,7 +45,7 @@ type overlayDoc struct {
 func parseOverlay(b []byte) (*overlayDoc, error) {
 	doc := &overlayDoc{SchemaVersion: 1, Items: []overlayItem{}}
 	if err := decodeStrict(overlayFile, b, doc); len(b) > 0 && err != nil {
-		return nil, fmt.Errorf("%w: %w", errOverlayInvalid, err)
+		return nil, fmt.Errorf("donated-subscription overlay is invalid: %w", err) // a bad file, not an I/O failure
 	}
 	return doc, nil
 }
@@ -104,8 +101,7 @@ func checkCredential(provider string, cred vaultCredential) (vaultCredential, er
 		return cred, refuse("invalid_request", "%s", err)
 	}
 	if !isKey {
-		filled := fillGrant(provider, *g)
-		cred.OAuth = &filled
+		cred.OAuth = ptrTo(fillGrant(provider, *g))
 	}
 	return cred, nil
 }
@@ -258,10 +254,9 @@ func (inv *inventory) store(it overlayItem, cred vaultCredential, by string) (ov
 					return refuse("state_conflict", "this OAuth grant is held by another subscription (a retired one too); sign in anew")
 				}
 			}
-			if lost := inv.overlayLost(len(doc.Subscriptions)); fresh && lost != nil {
-				return lost
+			if doc.Subscriptions[it.ID] = cred; fresh { // refused, nothing is written
+				return inv.overlayLost(len(doc.Subscriptions) - 1)
 			}
-			doc.Subscriptions[it.ID] = cred
 			return nil
 		}))
 		if err != nil || !fresh {
@@ -364,8 +359,7 @@ func (inv *inventory) list(agent string) ([]subscriptionRow, error) {
 
 // row builds item's row from its ledger record (SPEC §10.4): null what is not in force or never happened.
 func (inv *inventory) row(item overlayItem, retired bool, now time.Time) subscriptionRow {
-	e := inv.l.entry(item.ID)
-	ms := now.UnixMilli()
+	e, ms := inv.l.entry(item.ID), now.UnixMilli()
 	r := subscriptionRow{ID: item.ID, Provider: item.Provider, Label: item.Label, Status: "active",
 		Windows: append([]planWindow{}, e.Windows...), Measured: e.Measured, Credential: &e.Credential,
 		Block: ifSet(&e.Block, e.Block.UntilMs > ms), UsageRead: ifSet(&e.UsageRead, e.UsageRead.AtMs != 0),
@@ -441,27 +435,17 @@ func (inv *inventory) pruneOrphans() ([]string, error) {
 // credential is active. An unusable overlay or journal is a reason the server names.
 func (inv *inventory) readiness() (warnings []string, payer bool) {
 	items, retired, err := inv.view()
-	if err != nil {
-		return nil, false
-	}
-	if orphans, _ := inv.orphans(); len(orphans) > 0 {
+	if orphans, _ := inv.orphans(); err == nil && len(orphans) > 0 {
 		fix := map[bool]string{false: "brama subscription prune-orphans removes them",
 			true: overlayFile + " is missing or empty: restore it from a backup (donations are refused until then)",
 		}[inv.overlayLost(len(orphans)) != nil]
 		warnings = append(warnings, fmt.Sprintf("the vault holds %d subscription credential(s) with no overlay entry, unused: %s; %s",
 			len(orphans), strings.Join(orphans, ", "), fix))
 	}
-	reauth := 0
-	for _, it := range items {
-		switch {
-		case retired[it.ID]:
-		case inv.l.entry(it.ID).Credential.State == credActive:
-			payer = true
-		default:
-			reauth++
-		}
-	}
-	if reauth > 0 {
+	active := func(it overlayItem) bool { return inv.l.entry(it.ID).Credential.State == credActive }
+	live := slices.DeleteFunc(items, func(it overlayItem) bool { return retired[it.ID] })
+	payer = slices.ContainsFunc(live, active)
+	if reauth := len(slices.DeleteFunc(live, active)); reauth > 0 {
 		warnings = append(warnings, fmt.Sprintf("%d subscription(s) need reauthorization (brama subscription sign-in)", reauth))
 	}
 	return warnings, payer

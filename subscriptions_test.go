@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -47,8 +46,8 @@ func TestParseOverlay(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			doc, err := parseOverlay([]byte(tc.doc))
 			if tc.want != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.want) || !errors.Is(err, errOverlayInvalid) {
-					t.Fatalf("err = %v, want errOverlayInvalid naming %q", err, tc.want)
+				if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.HasPrefix(err.Error(), overlayInvalid) {
+					t.Fatalf("err = %v, want %q naming %q", err, overlayInvalid, tc.want)
 				}
 				return
 			}
@@ -62,7 +61,10 @@ func TestParseOverlay(t *testing.T) {
 	}
 }
 
-// FuzzParseOverlay: no panic, every refusal is errOverlayInvalid, and an
+// overlayInvalid begins every refusal of the overlay file.
+const overlayInvalid = "donated-subscription overlay is invalid: "
+
+// FuzzParseOverlay: no panic, every refusal is overlayInvalid's, and an
 // accepted overlay re-encodes to a document that parses to the same value.
 func FuzzParseOverlay(f *testing.F) {
 	f.Add([]byte(`{"schema_version":1,"items":[{"id":"sub_0123456789abcdef","provider":"kimi","agent_id":"a1","label":"work","created_at":"2026-01-02T03:04:05.000Z"}]}`))
@@ -72,7 +74,7 @@ func FuzzParseOverlay(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		doc, err := parseOverlay(data)
 		if err != nil {
-			if !errors.Is(err, errOverlayInvalid) {
+			if !strings.HasPrefix(err.Error(), overlayInvalid) {
 				t.Fatalf("unclassified error: %v", err)
 			}
 			return
@@ -422,5 +424,41 @@ func TestInventoryDonationFillsGrant(t *testing.T) {
 	}
 	if e := inv.l.entry(it.ID); e.Credential.ExpiresAtMs != 1790000000000 || e.Credential.State != credActive {
 		t.Errorf("ledger credential = %+v, want active with the grant's expiry", e.Credential)
+	}
+}
+
+// TestInventoryReadiness: an active credential makes a payer; every non-retired subscription not active is counted
+// in one reauthorization warning; a retired one counts for neither (SPEC §13).
+func TestInventoryReadiness(t *testing.T) {
+	inv, _ := newTestInventory(t, stateEnv(t), &testClock{t: time.Unix(1_800_000_000, 0)})
+	var ids []string
+	for range 3 {
+		it, err := inv.store(overlayItem{AgentID: "a1", Provider: "kimi"}, vaultCredential{APIKey: "sk-ready-0123456789"}, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, it.ID)
+	}
+	if err := inv.setRetired("retire", "a1", ids[2], "gone"); err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []struct {
+		reauth  string // the subscription whose credential is refused now
+		warning string
+		payer   bool
+	}{
+		{"", "", true},
+		{ids[2], "", true}, // retired: not counted
+		{ids[1], "1 subscription(s) need reauthorization", true},
+		{ids[0], "2 subscription(s) need reauthorization", false},
+	} {
+		if step.reauth != "" {
+			inv.l.setCredential(step.reauth, "kimi", credNeedsReauth, "refused")
+		}
+		warnings, payer := inv.readiness()
+		if got := strings.Join(warnings, "\n"); payer != step.payer || (step.warning == "") != (got == "") ||
+			!strings.Contains(got, step.warning) {
+			t.Errorf("after %q: warnings %q, payer %v; want %q, payer %v", step.reauth, got, payer, step.warning, step.payer)
+		}
 	}
 }
