@@ -104,10 +104,7 @@ func (p providerInfo) usageReadable(cred vaultCredential) bool {
 
 // usageEndpoint is p's usage report URL: below its base URL, or its own, which only BRAMA_PROVIDER_<ID>_USAGE_URL moves.
 func (p providerInfo) usageEndpoint(getenv func(string) string) (string, error) {
-	switch {
-	case p.usage == "":
-		return "", fmt.Errorf("provider %q publishes no usage report", p.id)
-	case !strings.HasPrefix(p.usage, "/"):
+	if !strings.HasPrefix(p.usage, "/") { // "": no report, which no URL check passes
 		return envURL(getenv, "PROVIDER", p.id, "USAGE_URL", p.usage, errBaseURL)
 	}
 	base, err := providerBaseURL(p, getenv)
@@ -403,16 +400,13 @@ func retryAfter(h http.Header, now time.Time) time.Duration {
 		return d // a wait already over states none: the reset headers below may
 	}
 	var d time.Duration
-	// OpenAI's x-ratelimit-{remaining,reset}-<limit>, Anthropic's anthropic-ratelimit-<limit>-{remaining,reset}.
+	// OpenAI's x-ratelimit-{remaining,reset}-<limit>, Anthropic's anthropic-ratelimit-<limit>-{remaining,reset}, claude-code's
+	// anthropic-ratelimit-unified-<window>-{status,reset} (SPEC §6.3).
 	for _, k := range []string{"X-Ratelimit-%s-requests", "X-Ratelimit-%s-tokens", "Anthropic-Ratelimit-requests-%s",
-		"Anthropic-Ratelimit-tokens-%s", "Anthropic-Ratelimit-input-tokens-%s", "Anthropic-Ratelimit-output-tokens-%s"} {
-		if strings.TrimSpace(h.Get(fmt.Sprintf(k, "Remaining"))) == "0" {
+		"Anthropic-Ratelimit-tokens-%s", "Anthropic-Ratelimit-input-tokens-%s", "Anthropic-Ratelimit-output-tokens-%s",
+		"Anthropic-Ratelimit-Unified-%s", "Anthropic-Ratelimit-Unified-5h-%s", "Anthropic-Ratelimit-Unified-7d-%s"} {
+		if strings.TrimSpace(h.Get(fmt.Sprintf(k, "Remaining"))) == "0" || h.Get(fmt.Sprintf(k, "Status")) == "rejected" {
 			d = max(d, statedWait(h, fmt.Sprintf(k, "Reset"), now))
-		}
-	}
-	for _, k := range []string{"", "5h-", "7d-"} { // claude-code's (SPEC §6.3)
-		if p := "Anthropic-Ratelimit-Unified-" + k; h.Get(p+"Status") == "rejected" {
-			d = max(d, statedWait(h, p+"Reset", now))
 		}
 	}
 	return d
