@@ -345,14 +345,11 @@ func (m *maintainer) readUsage(ctx context.Context, s *passSub) {
 	}
 	cred, err := s.cred, s.credErr
 	if err == nil && cred.OAuth != nil && expiredForRequest(*cred.OAuth, m.o.now()) {
-		var g oauthGrant
-		g, err = m.refresh(ctx, s)
-		if errors.Is(err, errRefreshSuperseded) { // a sign-in replaced it meanwhile: read with that (SPEC §11.1)
+		// Read with the grant it wrote, or with the one a sign-in that superseded it wrote (SPEC §11.1).
+		if err = m.refresh(ctx, s); err == nil || errors.Is(err, errRefreshSuperseded) {
 			cred, err = m.inv.credential(id)
-		} else if err != nil {
-			err = fmt.Errorf("not read: the expired grant could not be refreshed: %w", err)
 		} else {
-			cred.OAuth = &g
+			err = fmt.Errorf("not read: the expired grant could not be refreshed: %w", err)
 		}
 	}
 	var ws []planWindow
@@ -388,13 +385,13 @@ func (m *maintainer) refreshIfDue(ctx context.Context, s *passSub) {
 }
 
 // refresh is s's one refresh attempt of the pass.
-func (m *maintainer) refresh(ctx context.Context, s *passSub) (oauthGrant, error) {
+func (m *maintainer) refresh(ctx context.Context, s *passSub) error {
 	s.tried = true
-	g, err := m.o.refresh(ctx, s.it.ID, s.it.Provider, "")
+	_, err := m.o.refresh(ctx, s.it.ID, s.it.Provider, "")
 	if ctx.Err() == nil {
 		s.refreshed, s.refused = err == nil, err != nil && !errors.Is(err, errRefreshSuperseded)
 	}
-	return g, err
+	return err
 }
 
 // fetchUsage GETs and reads provider's report with the headers of provider's calls but their Content-Type (a GET has no body).

@@ -173,9 +173,7 @@ func callEndpoint(ctx context.Context, client *http.Client, method, endpoint str
 		return 0, nil, err
 	}
 	req.Header.Set("Accept", "application/json")
-	for k, v := range headers {
-		req.Header[k] = v
-	}
+	maps.Copy(req.Header, headers)
 	resp, err := client.Do(req)
 	if err != nil {
 		return 0, nil, err
