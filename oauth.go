@@ -25,7 +25,6 @@ import (
 // What an *endpointError or another failure of this file wraps.
 var (
 	errNoSignIn          = errors.New("provider has no sign-in; donate its grant or replace it with PUT …/credential")
-	errTokenURL          = errors.New("unusable OAuth token URL")
 	errTokenMalformed    = errors.New("token endpoint answer is not a usable token answer")
 	errTokenRefused      = errors.New("token endpoint answered with an error")
 	errNoRefreshToken    = errors.New("the stored grant has no refresh token")
@@ -211,7 +210,7 @@ func (e *endpointError) Unwrap() error { return e.Err }
 // no secret; a refresh without a refresh token is refused unsent: only a sign-in helps.
 func (o *oauthClient) tokenCall(ctx context.Context, p providerInfo, g oauthGrant, fields map[string]string,
 	secrets ...string) (oauthGrant, error) {
-	endpoint, err := envURL(o.getenv, "OAUTH", p.id, "TOKEN_URL", p.tokenURL, errTokenURL)
+	endpoint, err := envURL(o.getenv, "OAUTH", p.id, "TOKEN_URL", p.tokenURL)
 	if err != nil {
 		return oauthGrant{}, err
 	}

@@ -105,7 +105,7 @@ func (p providerInfo) usageReadable(cred vaultCredential) bool {
 // usageEndpoint is p's usage report URL: below its base URL, or its own, which only BRAMA_PROVIDER_<ID>_USAGE_URL moves.
 func (p providerInfo) usageEndpoint(getenv func(string) string) (string, error) {
 	if !strings.HasPrefix(p.usage, "/") { // "": no report, which no URL check passes
-		return envURL(getenv, "PROVIDER", p.id, "USAGE_URL", p.usage, errBaseURL)
+		return envURL(getenv, "PROVIDER", p.id, "USAGE_URL", p.usage)
 	}
 	base, err := providerBaseURL(p, getenv)
 	if err != nil {
@@ -114,22 +114,19 @@ func (p providerInfo) usageEndpoint(getenv func(string) string) (string, error) 
 	return base + p.usage, nil
 }
 
-// errBaseURL marks a base URL override Brama refuses to call (SPEC §6.1).
-var errBaseURL = errors.New("unusable provider base URL")
-
 // providerBaseURL is BRAMA_PROVIDER_<ID>_BASE_URL, else p's built-in base URL (local-openai has none: its endpoint is the
 // registry deployment's).
 func providerBaseURL(p providerInfo, getenv func(string) string) (string, error) {
-	raw, err := envURL(getenv, "PROVIDER", p.id, "BASE_URL", p.baseURL, errBaseURL)
+	raw, err := envURL(getenv, "PROVIDER", p.id, "BASE_URL", p.baseURL)
 	return strings.TrimRight(raw, "/"), err
 }
 
-// envURL is BRAMA_<kind>_<ID>_<what>, else builtin, under checkBaseURL's rule; failures wrap sentinel.
-func envURL(getenv func(string) string, kind, id, what, builtin string, sentinel error) (string, error) {
+// envURL is BRAMA_<kind>_<ID>_<what>, else builtin, under checkBaseURL's rule (SPEC §6.1); a failure names the variable.
+func envURL(getenv func(string) string, kind, id, what, builtin string) (string, error) {
 	env := "BRAMA_" + kind + "_" + strings.ToUpper(strings.ReplaceAll(id, "-", "_")) + "_" + what
 	raw := cmp.Or(strings.TrimSpace(getenv(env)), builtin)
 	if err := checkBaseURL(raw); err != nil {
-		return "", fmt.Errorf("%s: %w: %v", env, sentinel, err)
+		return "", fmt.Errorf("%s: unusable URL: %w", env, err)
 	}
 	return raw, nil
 }
