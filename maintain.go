@@ -276,9 +276,8 @@ func (m *maintainer) passOnce(ctx context.Context, agent string) (rep passReport
 		if retired[it.ID] || agent != "" && it.AgentID != agent {
 			continue
 		}
-		s := &passSub{it: it}
+		s := &passSub{it: it, entry: m.o.ledger.entry(it.ID)}
 		s.cred, s.credErr = m.inv.credential(it.ID)
-		s.entry = m.o.ledger.entry(it.ID)
 		row, _ := lookupProvider(it.Provider)
 		active := s.entry.Credential.State == credActive
 		s.reportable = active && row.usage != "" && (s.credErr != nil || row.usageReadable(s.cred))

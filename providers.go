@@ -200,11 +200,10 @@ const (
 // the caller's blocks byte for byte (cache_control); nil if already so.
 func claudeCodeSystem(raw json.RawMessage) ([]byte, error) {
 	block := func(s string) string { return `{"text":` + string(jsonText(s)) + `,"type":"text"}` }
-	if s, ok := jsonString(raw); ok || raw == nil { // a string is one text block
+	if s, ok := jsonString(raw); s != "" { // a string is one text block
 		raw = json.RawMessage("[" + block(s) + "]")
-		if s == "" {
-			raw = json.RawMessage("[]")
-		}
+	} else if ok || raw == nil {
+		raw = json.RawMessage("[]")
 	}
 	var own []struct{ Type, Text string }
 	switch {
