@@ -266,13 +266,10 @@ func setProviderHeaders(h http.Header, p providerInfo, cred upstreamCredential, 
 			beta = append(beta, t)
 		}
 	}
-	if bearer != "" {
-		bearer = "Bearer " + bearer
-	}
 	accept := map[bool]string{false: "application/json", true: "text/event-stream"}[stream]
 	for _, kv := range [...][2]string{{"Content-Type", "application/json"}, {"Accept", accept}, {"x-api-key", apiKey},
 		{"chatgpt-account-id", map[bool]string{true: cred.AccountID}[p.accountID]}, p.header,
-		{betaName, strings.Join(beta, ",")}, {"Authorization", bearer}} {
+		{betaName, strings.Join(beta, ",")}, {"Authorization", map[bool]string{true: "Bearer " + bearer}[bearer != ""]}} {
 		if kv[1] != "" { // unset: the call carries no such header
 			h.Set(kv[0], kv[1])
 		}
