@@ -322,7 +322,7 @@ func fillGrant(provider string, g oauthGrant) oauthGrant {
 	if exp := jwtClaims(g.AccessToken).Exp; g.ExpiresAtMs == 0 && exp >= 1 && exp <= math.MaxInt64/1000/2 {
 		g.ExpiresAtMs = int64(exp) * 1000
 	}
-	if p, _ := lookupProvider(provider); p.accountID && g.AccountID == "" {
+	if p, _ := lookupProvider(provider); p.codex && g.AccountID == "" {
 		g.AccountID = jwtClaims(g.IDToken).Auth.AccountID
 	}
 	return g

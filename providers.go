@@ -40,12 +40,11 @@ type providerInfo struct {
 	probe              string    // SPEC §11.3's built-in probe model
 	beta               string    // the beta token its calls need (SPEC §6.2); on anthropic-messages only with OAuth
 	header             [2]string // a fixed header name and value its calls carry
-	codex              bool      // SPEC §6.2's codex rules: always streamed, never stored, no output limit, refusals by status
+	codex              bool      // SPEC §6.2's codex rules: streamed, unstored, no output limit, refusals by status, account id
 
 	tokenURL, clientID string // "" without OAuth grants; tokenURL: BRAMA_OAUTH_<ID>_TOKEN_URL overrides
 	form               bool   // the token endpoint takes a form body, not JSON
 	echoState          bool   // the sign-in's exchange sends the state back
-	accountID          bool   // the grant carries the id_token's chatgpt_account_id (SPEC §6.2)
 
 	authorizeURL, redirectURI, scope string     // authorizeURL "": no sign-in
 	extra                            url.Values // further authorize parameters
@@ -80,7 +79,7 @@ var providerTable = []providerInfo{
 	{id: "codex", protocol: protoOpenAIResponses, cred: credSubscription, baseURL: "https://chatgpt.com/backend-api/codex", vendor: "openai",
 		probe: "gpt-5.3-codex-spark", beta: "responses=experimental", header: [2]string{"originator", "codex_cli_rs"}, codex: true,
 		tokenURL: "https://auth.openai.com/oauth/token", clientID: "app_EMoamEEZ73f0CkXaXp7hrann",
-		form: true, accountID: true, authorizeURL: "https://auth.openai.com/oauth/authorize",
+		form: true, authorizeURL: "https://auth.openai.com/oauth/authorize",
 		redirectURI: "http://localhost:1455/auth/callback", scope: "openid profile email offline_access",
 		extra: url.Values{"id_token_add_organizations": {"true"}, "codex_cli_simplified_flow": {"true"}},
 		usage: "https://chatgpt.com/backend-api/wham/usage", readUsage: reportReader(codexUsage)},
@@ -267,7 +266,7 @@ func setProviderHeaders(h http.Header, p providerInfo, cred upstreamCredential, 
 	}
 	accept := map[bool]string{false: "application/json", true: "text/event-stream"}[stream]
 	for _, kv := range [...][2]string{{"Content-Type", "application/json"}, {"Accept", accept}, {"x-api-key", apiKey},
-		{"chatgpt-account-id", map[bool]string{true: cred.AccountID}[p.accountID]}, p.header,
+		{"chatgpt-account-id", map[bool]string{true: cred.AccountID}[p.codex]}, p.header,
 		{betaName, strings.Join(beta, ",")}, {"Authorization", map[bool]string{true: "Bearer " + bearer}[bearer != ""]}} {
 		if kv[1] != "" { // unset: the call carries no such header
 			h.Set(kv[0], kv[1])
