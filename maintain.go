@@ -16,11 +16,10 @@ var errMaintenanceStopped = errors.New("the maintenance scheduler is not running
 // maintainer runs one daemon's passes (SPEC §11.2: read the usage reports, then refresh the grants that fell due, never on a
 // period of Brama's own) one at a time on loop's goroutine.
 type maintainer struct {
-	inv       *inventory
-	o         *oauthClient // also holds the ledger, the log, the clock, the provider client and getenv
-	afterFunc func(d time.Duration, f func()) ledgerStopper
-	// testingOnlyPassDone (nil in production) sees every finished pass.
-	testingOnlyPassDone func(reason string, started time.Time, rep passReport)
+	inv                 *inventory
+	o                   *oauthClient // also holds the ledger, the log, the clock, the provider client and getenv
+	afterFunc           func(d time.Duration, f func()) ledgerStopper
+	testingOnlyPassDone func(reason string, started time.Time, rep passReport) // nil in production; sees every finished pass
 
 	mu               sync.Mutex             // guards the fields below
 	looping, running bool                   // loop runs (so passNow can be answered); a pass runs
