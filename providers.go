@@ -447,22 +447,20 @@ func classifyTransport(err error) *apiError {
 	return refuse(code, m, cleanQuoted(cause.Error(), "", 300)).because(err)
 }
 
-// errUsageReport: the readers take what they recognize of the providers' undocumented shapes, never a guessed number.
-var errUsageReport = errors.New("the usage report is not usable")
-
 // reportReader reads a report as T leniently (a member of another type than T says is absent; its number and instant members take
-// any JSON value): a JSON object naming a window, else errUsageReport saying why without quoting the body.
+// any JSON value): a JSON object naming a window, else an error saying why without quoting the body. The readers take what
+// they recognize of the providers' undocumented shapes, never a guessed number.
 func reportReader[T any](read func(T, time.Time) []planWindow) func([]byte, time.Time) ([]planWindow, error) {
 	return func(body []byte, now time.Time) ([]planWindow, error) {
 		var doc T
 		err := json.Unmarshal(body, &doc)
 		if err != nil && !errors.As(err, new(*json.UnmarshalTypeError)) || !bytes.HasPrefix(bytes.TrimSpace(body), []byte("{")) {
-			return nil, fmt.Errorf("%w: the body is not a JSON object (%s)", errUsageReport, jsonErrorKind(err))
+			return nil, errors.New("the usage report is not usable: the body is not a JSON object (" + jsonErrorKind(err) + ")")
 		}
 		if ws := read(doc, now); len(ws) > 0 {
 			return ws, nil
 		}
-		return nil, fmt.Errorf("%w: it names no plan window", errUsageReport)
+		return nil, errors.New("the usage report is not usable: it names no plan window")
 	}
 }
 
