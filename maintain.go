@@ -258,7 +258,6 @@ type passSub struct {
 	it                       overlayItem
 	cred                     vaultCredential
 	credErr                  error // the vault holds no usable credential for it
-	entry                    ledgerEntry
 	reportable, oauth, tried bool
 	read, refreshed, refused bool   // refused: the attempt gave no grant (one a sign-in superseded failed nothing)
 	failed                   string // why its due read failed, redacted
@@ -275,10 +274,10 @@ func (m *maintainer) passOnce(ctx context.Context, agent string) (rep passReport
 		if retired[it.ID] || agent != "" && it.AgentID != agent {
 			continue
 		}
-		s := &passSub{it: it, entry: m.o.ledger.entry(it.ID)}
+		s := &passSub{it: it}
 		s.cred, s.credErr = m.inv.credential(it.ID)
 		row, _ := lookupProvider(it.Provider)
-		active := s.entry.Credential.State == credActive
+		active := m.o.ledger.entry(it.ID).Credential.State == credActive
 		s.reportable = active && row.usage != "" && (s.credErr != nil || row.usageReadable(s.cred))
 		s.oauth = active && row.tokenURL != "" && s.credErr == nil && s.cred.OAuth != nil
 		subs = append(subs, s)
@@ -338,7 +337,7 @@ func sideBySide(ctx context.Context, subs []*passSub, key func(*passSub) string,
 // refreshed: s's one attempt.
 func (m *maintainer) readUsage(ctx context.Context, s *passSub) {
 	id, provider := s.it.ID, s.it.Provider
-	if !s.reportable || !usageDue(s.entry, m.o.now()) {
+	if !s.reportable || !usageDue(m.o.ledger.entry(id), m.o.now()) {
 		return
 	}
 	cred, err := s.cred, s.credErr

@@ -428,8 +428,7 @@ func classifyTransport(err error) *apiError {
 	if ue := (*url.Error)(nil); errors.As(err, &ue) {
 		cause = ue.Err // drop "Post <url>:"; the URL says nothing new
 	}
-	var op *net.OpError
-	var dns *net.DNSError
+	op, dns := (*net.OpError)(nil), (*net.DNSError)(nil)
 	dial := errors.As(err, &op) && op.Op == "dial"
 	code, m := "provider_incomplete", "the provider connection failed after the request was sent: %s"
 	switch {
