@@ -256,8 +256,6 @@ func (m *maintainer) metrics() map[string]float64 {
 // stay unset once ctx ended (skipped: neither).
 type passSub struct {
 	it                       overlayItem
-	cred                     vaultCredential
-	credErr                  error // the vault holds no usable credential for it
 	reportable, oauth, tried bool
 	read, refreshed, refused bool   // refused: the attempt gave no grant (one a sign-in superseded failed nothing)
 	failed                   string // why its due read failed, redacted
@@ -274,13 +272,11 @@ func (m *maintainer) passOnce(ctx context.Context, agent string) (rep passReport
 		if retired[it.ID] || agent != "" && it.AgentID != agent {
 			continue
 		}
-		s := &passSub{it: it}
-		s.cred, s.credErr = m.inv.credential(it.ID)
+		cred, credErr := m.inv.credential(it.ID) // an error fails its due read
 		row, _ := lookupProvider(it.Provider)
 		active := m.o.ledger.entry(it.ID).Credential.State == credActive
-		s.reportable = active && row.usage != "" && (s.credErr != nil || row.usageReadable(s.cred))
-		s.oauth = active && row.tokenURL != "" && s.credErr == nil && s.cred.OAuth != nil
-		subs = append(subs, s)
+		subs = append(subs, &passSub{it: it, reportable: active && row.usage != "" && (credErr != nil || row.usageReadable(cred)),
+			oauth: active && row.tokenURL != "" && credErr == nil && cred.OAuth != nil})
 	}
 	// Reads run one at a time per provider, providers side by side (SPEC §17); refreshes side by side.
 	sideBySide(ctx, subs, func(s *passSub) string { return s.it.Provider }, m.readUsage)
@@ -340,7 +336,7 @@ func (m *maintainer) readUsage(ctx context.Context, s *passSub) {
 	if !s.reportable || !usageDue(m.o.ledger.entry(id), m.o.now()) {
 		return
 	}
-	cred, err := s.cred, s.credErr
+	cred, err := m.inv.credential(id)
 	if err == nil && cred.OAuth != nil && expiredForRequest(*cred.OAuth, m.o.now()) {
 		// Read with the grant it wrote, or with the one a sign-in that superseded it wrote (SPEC §11.1).
 		if err = m.refresh(ctx, s); err == nil || errors.Is(err, errRefreshSuperseded) {
