@@ -367,12 +367,10 @@ func (m *maintainer) readUsage(ctx context.Context, s *passSub) {
 // refreshIfDue makes s's one attempt when its grant is due, unless its read spent it (the usage pass or a request may have
 // refreshed it meanwhile); needs_reauthorization (set meanwhile too) waits for sign-in.
 func (m *maintainer) refreshIfDue(ctx context.Context, s *passSub) {
-	if !s.oauth || s.tried {
-		return
-	}
 	e := m.o.ledger.entry(s.it.ID)
 	cur, err := m.inv.credential(s.it.ID)
-	if e.Credential.State == credActive && err == nil && cur.OAuth != nil && refreshDue(*cur.OAuth, e.Credential.RefreshedAtMs, m.o.now()) {
+	if s.oauth && !s.tried && e.Credential.State == credActive && err == nil && cur.OAuth != nil &&
+		refreshDue(*cur.OAuth, e.Credential.RefreshedAtMs, m.o.now()) {
 		m.refresh(ctx, s)
 	}
 }
