@@ -178,12 +178,9 @@ func callEndpoint(ctx context.Context, client *http.Client, method, endpoint str
 	return resp.StatusCode, b, err
 }
 
-// upstreamCredential is what a call presents.
-type upstreamCredential struct {
-	APIKey      string // direct key or an agent's own key
-	AccessToken string // OAuth bearer (claude-code, codex, kimi)
-	AccountID   string // codex chatgpt-account-id
-}
+// upstreamCredential is what a call presents: a direct key or an agent's own, else an OAuth grant's bearer (and codex's
+// chatgpt-account-id).
+type upstreamCredential struct{ APIKey, AccessToken, AccountID string }
 
 func (c upstreamCredential) bearer() string { return cmp.Or(c.AccessToken, c.APIKey) }
 
